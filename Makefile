@@ -1,0 +1,29 @@
+# Two user-facing targets: `make demo` and `make test`. Everything else is their plumbing.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+DATA ?= .uprof-data
+
+.PHONY: setup demo test bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# torch first: the pinned CPU build is on local disk; any later resolver then keeps it
+# instead of pulling a multi-GB CUDA build.
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	HF_HUB_OFFLINE=1 $(BIN)/uprof demo --data-dir $(DATA)/demo --fresh
+
+test: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) $(DATA)

@@ -1,0 +1,61 @@
+"""Tamper-evident audit log of uprof: RFC 9162 Merkle log, C2SP signed checkpoints,
+RFC 8785 canonical entries, exports with inclusion proofs, offline verifier, erasure receipts.
+
+Imports only ``domain`` and the standard library, SQLAlchemy, cryptography and rfc8785.
+The format is documented in docs/audit-format.md.
+"""
+
+from audit.canonical import canonical_bytes
+from audit.checkpoint import CheckpointBody, sign_checkpoint, verify_checkpoint
+from audit.entry import ENTRY_FIELDS, validate_entry
+from audit.errors import AuditEntryError, AuditKeyError, VerificationError
+from audit.export import ExportSummary, export_csv, export_jsonl
+from audit.keys import (
+    key_id,
+    load_or_create_signing_key,
+    load_public_key,
+    note_key_id,
+    public_key_pem,
+)
+from audit.log import AuditLog, AuditRecord, StoredCheckpoint, StoredEntry
+from audit.receipts import (
+    issue_erasure_receipt,
+    new_commitment_nonce,
+    subject_commitment,
+    verify_receipt,
+    verify_subject_commitment,
+)
+from audit.tables import metadata
+from audit.verify import VerificationReport, verify_export
+
+__all__ = [
+    "ENTRY_FIELDS",
+    "AuditEntryError",
+    "AuditKeyError",
+    "AuditLog",
+    "AuditRecord",
+    "CheckpointBody",
+    "ExportSummary",
+    "StoredCheckpoint",
+    "StoredEntry",
+    "VerificationError",
+    "VerificationReport",
+    "canonical_bytes",
+    "export_csv",
+    "export_jsonl",
+    "issue_erasure_receipt",
+    "key_id",
+    "load_or_create_signing_key",
+    "load_public_key",
+    "metadata",
+    "new_commitment_nonce",
+    "note_key_id",
+    "public_key_pem",
+    "sign_checkpoint",
+    "subject_commitment",
+    "validate_entry",
+    "verify_checkpoint",
+    "verify_export",
+    "verify_receipt",
+    "verify_subject_commitment",
+]

@@ -1,0 +1,192 @@
+"""Export a filtered audit trail with inclusion proofs, as JSONL or CSV.
+
+The format is described in ``audit.export_format`` and docs/audit-format.md. Each export first
+signs and stores a fresh checkpoint, then writes every matching entry below that tree size with
+its inclusion proof against it, then a signed trailer.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from hashlib import sha256
+from pathlib import Path
+from typing import Any, TextIO
+
+from audit._codec import b64encode
+from audit.canonical import canonical_bytes
+from audit.entry import normalise_timestamp
+from audit.export_format import (
+    CSV_COLUMNS,
+    CSV_COPIED_FIELDS,
+    CSV_PROOF_SEPARATOR,
+    EXPORT_FORMAT,
+    EXPORT_SIGNATURE_CONTEXT,
+    entry_line,
+)
+from audit.keys import note_key_id
+from audit.log import AuditLog, StoredEntry
+
+_PROOF_BATCH = 500
+
+
+@dataclass(frozen=True)
+class ExportSummary:
+    """What an export wrote."""
+
+    tree_size: int
+    entry_count: int
+    checkpoint: str
+    export_sha256: str
+
+
+@dataclass(frozen=True)
+class _Row:
+    kind: str
+    line: str  # canonical JSONL line, without newline
+    stored: StoredEntry | None = None
+    proof_b64: tuple[str, ...] = ()
+
+
+def _filter(
+    subject_ref: str | None,
+    app_id: str | None,
+    action: str | None,
+    since: str | datetime | None,
+    until: str | datetime | None,
+) -> dict[str, str]:
+    chosen: dict[str, str] = {}
+    for name, value in (("subject_ref", subject_ref), ("app_id", app_id), ("action", action)):
+        if value is not None:
+            chosen[name] = value
+    if since is not None:
+        chosen["since"] = normalise_timestamp(since, "since")
+    if until is not None:
+        chosen["until"] = normalise_timestamp(until, "until")
+    return chosen
+
+
+def _rows(log: AuditLog, chosen: dict[str, str], summary: dict[str, Any]) -> Iterator[_Row]:
+    """Yield header, entry rows and trailer; fill ``summary`` as it goes."""
+    checkpoint = log.checkpoint_record()
+    header = {
+        "checkpoint": checkpoint.note,
+        "exported_at": log.now(),
+        "filter": chosen,
+        "filtered": bool(chosen),
+        "format": EXPORT_FORMAT,
+        "key_id": log.key_id,
+        "kind": "header",
+        "note_key_id": note_key_id(log.origin, log.public_key).hex(),
+        "origin": log.origin,
+        "tree_size": checkpoint.tree_size,
+    }
+    digest = sha256()
+    header_line = canonical_bytes(header).decode("utf-8")
+    digest.update(header_line.encode("utf-8") + b"\n")
+    yield _Row("header", header_line)
+
+    count = 0
+    batch: list[StoredEntry] = []
+    stream = log.entries(**chosen, tree_size=checkpoint.tree_size)
+    while True:
+        batch = [entry for _, entry in zip(range(_PROOF_BATCH), stream, strict=False)]
+        if not batch:
+            break
+        proofs = log.inclusion_proofs([e.leaf_index for e in batch], checkpoint.tree_size)
+        for stored, proof in zip(batch, proofs, strict=True):
+            proof_b64 = tuple(b64encode(h) for h in proof)
+            line = entry_line(stored.entry_json, proof_b64, stored.leaf_index)
+            digest.update(line.encode("utf-8") + b"\n")
+            count += 1
+            yield _Row("entry", line, stored, proof_b64)
+
+    export_digest = digest.digest()
+    trailer = {
+        "entry_count": count,
+        "export_sha256": export_digest.hex(),
+        "kind": "trailer",
+        "signature": b64encode(log.sign(EXPORT_SIGNATURE_CONTEXT + export_digest)),
+    }
+    summary.update(
+        tree_size=checkpoint.tree_size,
+        entry_count=count,
+        checkpoint=checkpoint.note,
+        export_sha256=export_digest.hex(),
+    )
+    yield _Row("trailer", canonical_bytes(trailer).decode("utf-8"))
+
+
+def _open_target(dest: str | os.PathLike[str] | TextIO) -> tuple[TextIO, bool]:
+    if isinstance(dest, str | os.PathLike):
+        return Path(dest).open("w", encoding="utf-8", newline=""), True
+    return dest, False
+
+
+def export_jsonl(
+    log: AuditLog,
+    dest: str | os.PathLike[str] | TextIO,
+    *,
+    subject_ref: str | None = None,
+    app_id: str | None = None,
+    action: str | None = None,
+    since: str | datetime | None = None,
+    until: str | datetime | None = None,
+) -> ExportSummary:
+    """Write the trail (optionally filtered; ``since`` inclusive, ``until`` exclusive) as JSONL."""
+    chosen = _filter(subject_ref, app_id, action, since, until)
+    summary: dict[str, Any] = {}
+    out, owned = _open_target(dest)
+    try:
+        for row in _rows(log, chosen, summary):
+            out.write(row.line + "\n")
+    finally:
+        if owned:
+            out.close()
+    return ExportSummary(**summary)
+
+
+def export_csv(
+    log: AuditLog,
+    dest: str | os.PathLike[str] | TextIO,
+    *,
+    subject_ref: str | None = None,
+    app_id: str | None = None,
+    action: str | None = None,
+    since: str | datetime | None = None,
+    until: str | datetime | None = None,
+) -> ExportSummary:
+    """Write the same trail as ``export_jsonl`` in CSV (one record per line)."""
+    chosen = _filter(subject_ref, app_id, action, since, until)
+    summary: dict[str, Any] = {}
+    out, owned = _open_target(dest)
+    try:
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(CSV_COLUMNS)
+        for row in _rows(log, chosen, summary):
+            writer.writerow(csv_record(row.kind, row.line, row.stored, row.proof_b64))
+    finally:
+        if owned:
+            out.close()
+    return ExportSummary(**summary)
+
+
+def csv_record(
+    kind: str, line: str, stored: StoredEntry | None, proof_b64: tuple[str, ...]
+) -> list[str]:
+    """Return the CSV cells for one row of the export."""
+    if stored is None:
+        return [kind, "", "", "", "", "", "", "", line]
+    entry = stored.entry
+    copies = [str(entry.get(name, "")) for name in CSV_COPIED_FIELDS]
+    return [
+        kind,
+        str(stored.leaf_index),
+        *copies,
+        stored.entry_json,
+        CSV_PROOF_SEPARATOR.join(proof_b64),
+        "",
+    ]

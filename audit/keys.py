@@ -1,0 +1,124 @@
+"""Ed25519 signing keys for the audit log: load-or-create, export and key ids.
+
+Two key ids exist, for two audiences:
+
+- ``key_id(public_key)``: hex SHA-256 of the raw 32-byte public key. Receipts and export
+  headers carry it so a verifier can tell which pinned key to use (FIELD-NOTES §5.4).
+- ``note_key_id(name, public_key)``: the 4-byte C2SP signed-note key id,
+  ``SHA-256(name || 0x0A || 0x01 || public_key)[:4]`` (0x01 = Ed25519 signature type),
+  carried in checkpoint signature lines.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from hashlib import sha256
+from pathlib import Path
+
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from audit.errors import AuditKeyError
+
+#: C2SP signed-note signature type byte for Ed25519.
+ED25519_NOTE_ALGORITHM = b"\x01"
+
+
+def load_or_create_signing_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
+    """Load the Ed25519 key at ``path``, or create it there (PEM PKCS#8, mode 0600).
+
+    A new key is written to a private temporary file and hard-linked into place, so the key
+    file appears complete or not at all, and two processes starting together end up with the
+    same key. A key file readable or writable by group or others is refused, like ssh does.
+    """
+    key_path = Path(path)
+    if key_path.exists():
+        return load_signing_key(key_path)
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    key_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp_path = key_path.with_name(f".{key_path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(pem)
+            out.flush()
+            os.fsync(out.fileno())
+        try:
+            os.link(tmp_path, key_path)
+        except FileExistsError:
+            return load_signing_key(key_path)  # another process won the race
+    finally:
+        tmp_path.unlink(missing_ok=True)
+    return key
+
+
+def load_signing_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
+    """Load an existing Ed25519 private key (PEM) that only its owner can read."""
+    key_path = Path(path)
+    try:
+        mode = key_path.stat().st_mode
+    except FileNotFoundError:
+        raise AuditKeyError(f"signing key file {key_path} does not exist") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise AuditKeyError(
+            f"signing key file {key_path} has mode {stat.S_IMODE(mode):04o}; run `chmod 600` on it"
+        )
+    try:
+        key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
+        raise AuditKeyError(
+            f"signing key file {key_path} is not a PEM private key: {exc}"
+        ) from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise AuditKeyError(
+            f"signing key file {key_path} holds a {type(key).__name__}, not Ed25519"
+        )
+    return key
+
+
+def public_key_pem(key: Ed25519PrivateKey | Ed25519PublicKey) -> bytes:
+    """Export the public half as PEM SubjectPublicKeyInfo (what verifiers pin)."""
+    public = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
+    return public.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+
+
+def load_public_key(data: bytes | str | Ed25519PublicKey) -> Ed25519PublicKey:
+    """Accept a public key as PEM, as 32 raw bytes, or as a key object."""
+    if isinstance(data, Ed25519PublicKey):
+        return data
+    raw = data.encode() if isinstance(data, str) else bytes(data)
+    if len(raw) == 32:
+        return Ed25519PublicKey.from_public_bytes(raw)
+    try:
+        key = serialization.load_pem_public_key(raw)
+    except (ValueError, UnsupportedAlgorithm) as exc:
+        raise AuditKeyError(f"not a PEM public key: {exc}") from None
+    if not isinstance(key, Ed25519PublicKey):
+        raise AuditKeyError(f"public key is a {type(key).__name__}, not Ed25519")
+    return key
+
+
+def raw_public_key(key: Ed25519PrivateKey | Ed25519PublicKey) -> bytes:
+    """Return the 32 raw bytes of the public key."""
+    public = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
+    return public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def key_id(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
+    """Return hex SHA-256 of the raw 32-byte public key."""
+    return sha256(raw_public_key(key)).hexdigest()
+
+
+def note_key_id(name: str, key: Ed25519PrivateKey | Ed25519PublicKey) -> bytes:
+    """Return the 4-byte C2SP note key id for ``name`` and this Ed25519 key."""
+    return sha256(name.encode() + b"\n" + ED25519_NOTE_ALGORITHM + raw_public_key(key)).digest()[:4]

@@ -1,0 +1,489 @@
+"""The append-only, tamper-evident audit log (RFC 9162 Merkle tree over SQL rows).
+
+Writes. ``append``/``append_many`` validate every entry against the allowlist
+(``audit.entry``) and canonicalise it (RFC 8785) before touching the database, so a refused
+batch writes nothing. Inside one transaction they take the log's write lock, read the current
+size and the frontier (at most log2(n) perfect nodes), insert the new leaves at the next dense
+indexes and every perfect node those leaves complete. Nothing is ever rehashed.
+
+Write lock. PostgreSQL: ``pg_advisory_xact_lock`` under READ COMMITTED, so the size read after
+the lock is current. SQLite: ``BEGIN IMMEDIATE`` takes the database write lock up front (other
+writers wait on the busy timeout). On any backend a unique-key clash or a busy database rolls
+the whole batch back and retries it, so indexes stay dense 0..n-1 without gaps.
+
+There is no UPDATE or DELETE path anywhere in this package, and the tables carry triggers
+that refuse them (``audit.tables.append_only_ddl``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from hashlib import sha256
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from audit.canonical import canonical_bytes
+from audit.checkpoint import check_origin, sign_checkpoint, verify_checkpoint
+from audit.entry import format_timestamp, normalise_timestamp, validate_entry
+from audit.errors import VerificationError
+from audit.keys import key_id
+from audit.merkle import (
+    EMPTY_ROOT,
+    Frontier,
+    NodeGetter,
+    consistency_path,
+    frontier_keys,
+    inclusion_path,
+    leaf_hash,
+    tree_hash,
+)
+from audit.tables import audit_checkpoints, audit_entries, audit_nodes
+from domain.errors import InvalidInputError
+
+#: Any constant works; it only has to be the same in every process that writes this log.
+_PG_APPEND_LOCK = int.from_bytes(sha256(b"uprof.audit.append").digest()[:8], "big", signed=True)
+_MAX_ATTEMPTS = 30
+_INSERT_CHUNK = 500
+_FETCH_CHUNK = 400
+_PAGE = 1000
+
+NodeKey = tuple[int, int]
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """Where an appended entry landed."""
+
+    leaf_index: int
+    leaf_hash: bytes
+
+
+@dataclass(frozen=True)
+class StoredEntry:
+    """One entry as stored: its index, canonical JSON text and leaf hash."""
+
+    leaf_index: int
+    recorded_at: str
+    entry_json: str
+    leaf_hash: bytes
+
+    @property
+    def entry(self) -> dict[str, Any]:
+        parsed: dict[str, Any] = json.loads(self.entry_json)
+        return parsed
+
+
+@dataclass(frozen=True)
+class StoredCheckpoint:
+    """A signed checkpoint kept by the log."""
+
+    tree_size: int
+    root: bytes
+    note: str
+    created_at: str
+
+
+@dataclass(frozen=True)
+class _PreparedEntry:
+    row: dict[str, Any]
+    leaf: bytes
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class AuditLog:
+    """An RFC 9162 Merkle log of audit entries stored in SQL, with C2SP signed checkpoints.
+
+    ``engine`` must have the ``audit.tables`` tables (Alembic in production,
+    ``metadata.create_all`` in tests). ``origin`` names the log in its checkpoints and is the
+    checkpoint key name. ``clock`` returns an aware datetime (tests pass a fixed one).
+    """
+
+    def __init__(
+        self,
+        engine: sa.Engine,
+        signing_key: Ed25519PrivateKey,
+        origin: str,
+        *,
+        clock: Callable[[], datetime] = _utc_now,
+    ) -> None:
+        self._engine = engine
+        self._key = signing_key
+        self.origin = check_origin(origin)
+        self._clock = clock
+
+    # --- identity -------------------------------------------------------------------------
+
+    @property
+    def public_key(self) -> Ed25519PublicKey:
+        return self._key.public_key()
+
+    @property
+    def key_id(self) -> str:
+        """Hex SHA-256 of the raw public key (what receipts and exports name)."""
+        return key_id(self._key)
+
+    def sign(self, message: bytes) -> bytes:
+        """Sign ``message`` with the log key (receipt bodies, export digests)."""
+        return self._key.sign(message)
+
+    def now(self) -> str:
+        """Return the log clock's time in the log's timestamp format."""
+        return format_timestamp(self._clock())
+
+    # --- writes ---------------------------------------------------------------------------
+
+    def append(self, entry: Mapping[str, Any]) -> AuditRecord:
+        """Validate, store and hash one entry; return its leaf index and hash."""
+        return self.append_many([entry])[0]
+
+    def append_many(self, entries: Iterable[Mapping[str, Any]]) -> list[AuditRecord]:
+        """Append entries atomically at consecutive indexes; all or nothing.
+
+        Raises AuditEntryError (nothing written) if any entry is refused.
+        """
+        prepared = [self._prepare(entry) for entry in entries]
+        if not prepared:
+            return []
+        delay = 0.005
+        for attempt in range(_MAX_ATTEMPTS):
+            try:
+                return self._write(prepared)
+            except sa.exc.IntegrityError:
+                # Another writer took these indexes (only without a working lock).
+                if attempt == _MAX_ATTEMPTS - 1:
+                    raise
+            except sa.exc.OperationalError as exc:
+                if "locked" not in str(exc).lower() or attempt == _MAX_ATTEMPTS - 1:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _prepare(self, entry: Mapping[str, Any]) -> _PreparedEntry:
+        validate_entry(entry)
+        stored = dict(entry)
+        stored["recorded_at"] = normalise_timestamp(
+            stored.get("recorded_at") or self._clock(), "recorded_at"
+        )
+        canonical = canonical_bytes(stored)
+        row = {
+            "recorded_at": stored["recorded_at"],
+            "action": stored["action"],
+            "app_id": stored.get("app_id"),
+            "subject_ref": stored.get("subject_ref"),
+            "entry_json": canonical.decode("utf-8"),
+        }
+        return _PreparedEntry(row, leaf_hash(canonical))
+
+    def _write(self, prepared: Sequence[_PreparedEntry]) -> list[AuditRecord]:
+        with self._write_transaction() as conn:
+            size = self._size(conn)
+            keys = frontier_keys(size)
+            known = self._fetch_nodes(conn, keys)
+            frontier = Frontier(size, [known[k] for k in keys])
+            entry_rows, node_rows, records = [], [], []
+            for offset, item in enumerate(prepared):
+                index = size + offset
+                entry_rows.append({**item.row, "leaf_index": index, "leaf_hash": item.leaf})
+                for level, node_index, h in frontier.append(item.leaf):
+                    node_rows.append({"level": level, "node_index": node_index, "hash": h})
+                records.append(AuditRecord(index, item.leaf))
+            for start in range(0, len(entry_rows), _INSERT_CHUNK):
+                conn.execute(audit_entries.insert(), entry_rows[start : start + _INSERT_CHUNK])
+            for start in range(0, len(node_rows), _INSERT_CHUNK):
+                conn.execute(audit_nodes.insert(), node_rows[start : start + _INSERT_CHUNK])
+        return records
+
+    @contextmanager
+    def _write_transaction(self) -> Iterator[sa.Connection]:
+        dialect = self._engine.dialect.name
+        with self._engine.connect() as conn:
+            if dialect == "postgresql":
+                conn = conn.execution_options(isolation_level="READ COMMITTED")
+            with conn.begin():
+                if dialect == "postgresql":
+                    conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_APPEND_LOCK)))
+                elif dialect == "sqlite":
+                    dbapi = conn.connection.dbapi_connection
+                    if not getattr(dbapi, "in_transaction", True):
+                        # pysqlite begins lazily and DEFERRED; take the write lock now instead,
+                        # so two writers cannot both read the same size.
+                        conn.exec_driver_sql("BEGIN IMMEDIATE")
+                yield conn
+
+    def checkpoint(self) -> str:
+        """Sign, store and return a checkpoint note for the current tree size."""
+        return self.checkpoint_record().note
+
+    def checkpoint_record(self) -> StoredCheckpoint:
+        """Like ``checkpoint`` but return the stored record (size, root, note, time)."""
+        with self._engine.connect() as conn:
+            size = self._size(conn)
+            root = self._root(conn, size)
+        note = sign_checkpoint(self._key, self.origin, size, root)
+        record = StoredCheckpoint(size, root, note, self.now())
+        try:
+            with self._engine.begin() as conn:
+                conn.execute(
+                    audit_checkpoints.insert().values(
+                        tree_size=size, root=root, note=note, created_at=record.created_at
+                    )
+                )
+        except sa.exc.IntegrityError:
+            stored = self._checkpoint_at(size)
+            if stored is None:
+                raise
+            if stored.root != root:
+                raise VerificationError(
+                    f"stored checkpoint for tree size {size} has a different root than the "
+                    "tree recomputed from the log: the log or its checkpoints were altered"
+                ) from None
+            # Same size signed before (perhaps under an older key): the new note is just as
+            # valid for this root; keep the stored record and hand out the current signature.
+            return StoredCheckpoint(size, root, note, stored.created_at)
+        return record
+
+    # --- reads ----------------------------------------------------------------------------
+
+    def size(self) -> int:
+        """Return the number of entries (the next leaf index)."""
+        with self._engine.connect() as conn:
+            return self._size(conn)
+
+    def root(self, tree_size: int | None = None) -> bytes:
+        """Return the Merkle root of the first ``tree_size`` entries (default: all)."""
+        with self._engine.connect() as conn:
+            size = self._checked_size(conn, tree_size)
+            return self._root(conn, size)
+
+    def inclusion_proof(self, leaf_index: int, tree_size: int | None = None) -> list[bytes]:
+        """Return the RFC 9162 inclusion proof of ``leaf_index`` in the tree of ``tree_size``."""
+        return self.inclusion_proofs([leaf_index], tree_size)[0]
+
+    def inclusion_proofs(
+        self, leaf_indexes: Sequence[int], tree_size: int | None = None
+    ) -> list[list[bytes]]:
+        """Return inclusion proofs for many leaves, fetching the nodes they need in bulk."""
+        with self._engine.connect() as conn:
+            size = self._checked_size(conn, tree_size)
+            for index in leaf_indexes:
+                if not 0 <= index < size:
+                    raise InvalidInputError(
+                        f"leaf_index {index} is outside the tree of size {size}"
+                    )
+            return self._with_nodes(
+                conn, lambda node: [inclusion_path(node, i, size) for i in leaf_indexes]
+            )
+
+    def consistency_proof(self, old_size: int, new_size: int | None = None) -> list[bytes]:
+        """Return the RFC 9162 consistency proof from ``old_size`` to ``new_size``."""
+        with self._engine.connect() as conn:
+            size = self._checked_size(conn, new_size)
+            if not 0 <= old_size <= size:
+                raise InvalidInputError(f"old_size {old_size} is outside 0..{size}")
+            return self._with_nodes(conn, lambda node: consistency_path(node, old_size, size))
+
+    def latest_checkpoint(self) -> StoredCheckpoint | None:
+        """Return the stored checkpoint with the largest tree size, or None."""
+        query = sa.select(audit_checkpoints).order_by(audit_checkpoints.c.tree_size.desc()).limit(1)
+        with self._engine.connect() as conn:
+            row = conn.execute(query).first()
+        return None if row is None else StoredCheckpoint(**row._asdict())
+
+    def checkpoints(self) -> list[StoredCheckpoint]:
+        """Return every stored checkpoint, oldest first."""
+        query = sa.select(audit_checkpoints).order_by(audit_checkpoints.c.tree_size)
+        with self._engine.connect() as conn:
+            return [StoredCheckpoint(**row._asdict()) for row in conn.execute(query)]
+
+    def entries(
+        self,
+        subject_ref: str | None = None,
+        app_id: str | None = None,
+        action: str | None = None,
+        since: str | datetime | None = None,
+        until: str | datetime | None = None,
+        *,
+        tree_size: int | None = None,
+    ) -> Iterator[StoredEntry]:
+        """Yield stored entries in leaf order, filtered; ``since`` inclusive, ``until`` exclusive.
+
+        ``tree_size`` limits the scan to the first ``tree_size`` leaves (an export's checkpoint).
+        Pages through the table by leaf index, so a long scan holds no connection between pages.
+        """
+        conditions = []
+        if subject_ref is not None:
+            conditions.append(audit_entries.c.subject_ref == subject_ref)
+        if app_id is not None:
+            conditions.append(audit_entries.c.app_id == app_id)
+        if action is not None:
+            conditions.append(audit_entries.c.action == action)
+        if since is not None:
+            conditions.append(audit_entries.c.recorded_at >= normalise_timestamp(since, "since"))
+        if until is not None:
+            conditions.append(audit_entries.c.recorded_at < normalise_timestamp(until, "until"))
+        if tree_size is not None:
+            conditions.append(audit_entries.c.leaf_index < tree_size)
+        columns = (
+            audit_entries.c.leaf_index,
+            audit_entries.c.recorded_at,
+            audit_entries.c.entry_json,
+            audit_entries.c.leaf_hash,
+        )
+        after = -1
+        while True:
+            query = (
+                sa.select(*columns)
+                .where(audit_entries.c.leaf_index > after, *conditions)
+                .order_by(audit_entries.c.leaf_index)
+                .limit(_PAGE)
+            )
+            with self._engine.connect() as conn:
+                rows = conn.execute(query).all()
+            for row in rows:
+                yield StoredEntry(
+                    row.leaf_index, row.recorded_at, row.entry_json, bytes(row.leaf_hash)
+                )
+            if len(rows) < _PAGE:
+                return
+            after = rows[-1].leaf_index
+
+    def verify_integrity(self) -> int:
+        """Recompute the whole log from ``entry_json`` and check every stored hash and checkpoint.
+
+        Returns the number of entries checked; raises VerificationError at the first mismatch
+        (a leaf hash, a perfect node, a gap in indexes, or a checkpoint root or signature).
+        """
+        checkpoints = {c.tree_size: c for c in self.checkpoints()}
+        public_key = self.public_key
+        frontier = Frontier()
+        pending: dict[NodeKey, bytes] = {}
+
+        def check_pending(conn: sa.Connection) -> None:
+            stored = self._fetch_nodes(conn, list(pending))
+            for key, expected in pending.items():
+                if stored[key] != expected:
+                    raise VerificationError(f"stored Merkle node {key} does not match the leaves")
+            pending.clear()
+
+        self._check_checkpoint(checkpoints.get(0), EMPTY_ROOT, public_key)
+        for stored_entry in self.entries():
+            index = frontier.size
+            if stored_entry.leaf_index != index:
+                raise VerificationError("leaf indexes are not dense", leaf_index=index)
+            leaf = leaf_hash(stored_entry.entry_json.encode("utf-8"))
+            if leaf != stored_entry.leaf_hash:
+                raise VerificationError(
+                    "stored leaf hash does not match the entry", leaf_index=index
+                )
+            for level, node_index, h in frontier.append(leaf):
+                pending[(level, node_index)] = h
+            if len(pending) >= _FETCH_CHUNK:
+                with self._engine.connect() as conn:
+                    check_pending(conn)
+            self._check_checkpoint(checkpoints.get(frontier.size), frontier.root(), public_key)
+        if pending:
+            with self._engine.connect() as conn:
+                check_pending(conn)
+        if any(size > frontier.size for size in checkpoints):
+            raise VerificationError("a stored checkpoint covers more entries than the log holds")
+        return frontier.size
+
+    def _check_checkpoint(
+        self, stored: StoredCheckpoint | None, root: bytes, public_key: Ed25519PublicKey
+    ) -> None:
+        if stored is None:
+            return
+        if stored.root != root:
+            raise VerificationError(
+                f"stored checkpoint for tree size {stored.tree_size} has a different root"
+            )
+        size, note_root = verify_checkpoint(stored.note, public_key, self.origin)
+        if (size, note_root) != (stored.tree_size, root):
+            raise VerificationError(f"checkpoint note for tree size {stored.tree_size} disagrees")
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _checkpoint_at(self, tree_size: int) -> StoredCheckpoint | None:
+        query = sa.select(audit_checkpoints).where(audit_checkpoints.c.tree_size == tree_size)
+        with self._engine.connect() as conn:
+            row = conn.execute(query).first()
+        return None if row is None else StoredCheckpoint(**row._asdict())
+
+    @staticmethod
+    def _size(conn: sa.Connection) -> int:
+        last = conn.execute(sa.select(sa.func.max(audit_entries.c.leaf_index))).scalar()
+        return 0 if last is None else int(last) + 1
+
+    def _checked_size(self, conn: sa.Connection, tree_size: int | None) -> int:
+        size = self._size(conn)
+        if tree_size is None:
+            return size
+        if not 0 <= tree_size <= size:
+            raise InvalidInputError(f"tree_size {tree_size} is outside 0..{size}")
+        return tree_size
+
+    def _root(self, conn: sa.Connection, size: int) -> bytes:
+        return self._with_nodes(conn, lambda node: tree_hash(node, size))
+
+    def _with_nodes(self, conn: sa.Connection, build: Callable[[NodeGetter], _T]) -> _T:
+        """Run ``build`` twice: once to learn which perfect nodes it reads, then with them fetched.
+
+        The shape of a proof depends only on indexes and sizes, never on hash values, so a dry
+        run with placeholder hashes names every node; one bulk fetch then serves the real run.
+        """
+        wanted: set[NodeKey] = set()
+        placeholder = bytes(32)
+
+        def record(level: int, index: int) -> bytes:
+            wanted.add((level, index))
+            return placeholder
+
+        build(record)
+        nodes = self._fetch_nodes(conn, list(wanted))
+        return build(lambda level, index: nodes[(level, index)])
+
+    @staticmethod
+    def _fetch_nodes(conn: sa.Connection, keys: Sequence[NodeKey]) -> dict[NodeKey, bytes]:
+        """Fetch perfect nodes: level 0 from the leaves, higher levels from ``audit_nodes``."""
+        found: dict[NodeKey, bytes] = {}
+        leaves = sorted({index for level, index in keys if level == 0})
+        inner = sorted({(level, index) for level, index in keys if level > 0})
+        for start in range(0, len(leaves), _FETCH_CHUNK):
+            chunk = leaves[start : start + _FETCH_CHUNK]
+            query = sa.select(audit_entries.c.leaf_index, audit_entries.c.leaf_hash).where(
+                audit_entries.c.leaf_index.in_(chunk)
+            )
+            for index, h in conn.execute(query):
+                found[(0, index)] = bytes(h)
+        for start in range(0, len(inner), _FETCH_CHUNK):
+            chunk = inner[start : start + _FETCH_CHUNK]
+            by_level: dict[int, list[int]] = {}
+            for level, index in chunk:
+                by_level.setdefault(level, []).append(index)
+            condition = sa.or_(
+                *(
+                    sa.and_(audit_nodes.c.level == level, audit_nodes.c.node_index.in_(indexes))
+                    for level, indexes in by_level.items()
+                )
+            )
+            query = sa.select(audit_nodes.c.level, audit_nodes.c.node_index, audit_nodes.c.hash)
+            for level, index, h in conn.execute(query.where(condition)):
+                found[(level, index)] = bytes(h)
+        missing = [key for key in keys if key not in found]
+        if missing:
+            raise VerificationError(
+                f"the log is missing Merkle nodes {missing[:5]}: its tables are incomplete"
+            )
+        return found

@@ -1,0 +1,239 @@
+"""Signed erasure receipts (FIELD-NOTES §5.4, §5.5), verifiable offline with the public key.
+
+A receipt is ``{"body", "body_sig", "inclusion", "checkpoint"}``:
+
+- ``body``: what was erased, how and what may survive (``gov.erasure-receipt/v1``); it names
+  the subject only through ``subject_commitment = SHA-256(subject_id || nonce)``.
+- ``body_sig``: base64 Ed25519 signature over ``RFC 8785(body)``.
+- ``inclusion``: ``{"leaf_index", "tree_size", "hashes"}`` (base64, leaf to root) for the log
+  entry that records the receipt.
+- ``checkpoint``: the C2SP signed note for ``tree_size``.
+
+The log entry is derived from the body, so a verifier rebuilds it without trusting anything
+else: ``{"action": "erasure.receipt", "receipt_id": body.receipt_id, "receipt_sha256":
+hex SHA-256(RFC 8785(body)), "recorded_at": body.issued_at}``. The log holds that hash, not the
+body (the body may name a tenant and request details that have no place in the shared log).
+"""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from hashlib import sha256
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from audit._codec import b64decode_strict, b64encode, hexdecode_strict
+from audit.canonical import canonical_bytes
+from audit.checkpoint import verify_checkpoint
+from audit.entry import normalise_timestamp, validate_entry
+from audit.errors import AuditEntryError, VerificationError
+from audit.keys import key_id, load_public_key
+from audit.log import AuditLog
+from audit.merkle import HASH_SIZE, leaf_hash, verify_inclusion
+
+RECEIPT_TYPE = "gov.erasure-receipt/v1"
+RECEIPT_ACTION = "erasure.receipt"
+RECEIPT_KEYS = frozenset({"body", "body_sig", "inclusion", "checkpoint"})
+INCLUSION_KEYS = frozenset({"leaf_index", "tree_size", "hashes"})
+BODY_KEYS = frozenset(
+    {"type", "receipt_id", "issued_at", "issuer", "request", "subject", "actions", "residual"}
+)
+#: FIELD-NOTES §5.4: the steps of the erasure cascade a receipt may cite.
+ACTION_TYPES = frozenset(
+    {
+        "tombstone_appended",
+        "dek_destroyed",
+        "projection_purged",
+        "embeddings_purged",
+        "cache_invalidated",
+    }
+)
+NONCE_BYTES = 32
+
+
+def new_commitment_nonce() -> bytes:
+    """Return a fresh random nonce for ``subject_commitment`` (give it only to the subject)."""
+    return secrets.token_bytes(NONCE_BYTES)
+
+
+def subject_commitment(subject_id: str, nonce: bytes) -> str:
+    """Return hex ``SHA-256(subject_id (UTF-8) || nonce)``."""
+    if len(nonce) < 16:
+        raise AuditEntryError("the commitment nonce must have at least 16 random bytes")
+    return sha256(subject_id.encode("utf-8") + nonce).hexdigest()
+
+
+def receipt_log_entry(body: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the audit log entry that records ``body`` (derived, so verifiers can rebuild it)."""
+    entry = {
+        "action": RECEIPT_ACTION,
+        "receipt_id": body["receipt_id"],
+        "receipt_sha256": sha256(canonical_bytes(body)).hexdigest(),
+        "recorded_at": body["issued_at"],
+    }
+    validate_entry(entry)
+    return entry
+
+
+def issue_erasure_receipt(
+    log: AuditLog,
+    *,
+    request_id: str,
+    received_at: str | datetime,
+    basis: str,
+    scope: Any,
+    tenant: str,
+    subject_commitment: str,
+    actions: Sequence[Mapping[str, Any]],
+    residual: Mapping[str, Any],
+    receipt_id: str | None = None,
+    issued_at: str | datetime | None = None,
+) -> dict[str, Any]:
+    """Sign a receipt body, record its hash in the log, checkpoint, and return the receipt.
+
+    ``actions`` are objects with a ``type`` from ``ACTION_TYPES`` plus their details (stream,
+    version, notification id, ``dek_commitment``, projection name and tracking position, ...).
+    ``residual`` states what may survive (backup retention days, KEK rotation days, a note).
+    All values must be canonical-JSON safe (no floats). Raises AuditEntryError otherwise.
+    """
+    hexdecode_or_refuse(subject_commitment, "subject_commitment")
+    for position, action in enumerate(actions):
+        if not isinstance(action, Mapping) or action.get("type") not in ACTION_TYPES:
+            raise AuditEntryError(
+                f"actions[{position}] needs a 'type' among {sorted(ACTION_TYPES)}"
+            )
+    body = {
+        "type": RECEIPT_TYPE,
+        "receipt_id": receipt_id or str(uuid.uuid4()),
+        "issued_at": normalise_timestamp(issued_at, "issued_at") if issued_at else log.now(),
+        "issuer": {"origin": log.origin, "key_id": log.key_id},
+        "request": {
+            "request_id": request_id,
+            "received_at": normalise_timestamp(received_at, "received_at"),
+            "basis": basis,
+            "scope": scope,
+        },
+        "subject": {"tenant": tenant, "subject_commitment": subject_commitment},
+        "actions": [dict(action) for action in actions],
+        "residual": dict(residual),
+    }
+    canonical = canonical_bytes(body)  # refuses floats and out-of-range integers
+    entry = receipt_log_entry(body)
+    record = log.append(entry)
+    if record.leaf_hash != leaf_hash(canonical_bytes(entry)):  # the log must store it verbatim
+        raise VerificationError("the log stored the receipt entry differently from its body")
+    checkpoint = log.checkpoint_record()
+    proof = log.inclusion_proof(record.leaf_index, checkpoint.tree_size)
+    return {
+        "body": body,
+        "body_sig": b64encode(log.sign(canonical)),
+        "inclusion": {
+            "leaf_index": record.leaf_index,
+            "tree_size": checkpoint.tree_size,
+            "hashes": [b64encode(h) for h in proof],
+        },
+        "checkpoint": checkpoint.note,
+    }
+
+
+def hexdecode_or_refuse(value: Any, what: str) -> None:
+    try:
+        hexdecode_strict(value, what, size=32)
+    except VerificationError:
+        raise AuditEntryError(f"{what} must be 64 lowercase hex digits (a SHA-256)") from None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def verify_receipt(
+    receipt: Mapping[str, Any],
+    public_key: Ed25519PublicKey | bytes | str,
+    *,
+    origin: str | None = None,
+) -> None:
+    """Verify a receipt offline with only the issuer's public key; raise VerificationError.
+
+    Checks the body signature and issuer key id, the checkpoint note, and that the entry
+    derived from the body sits at ``inclusion.leaf_index`` of the checkpointed tree. Pass
+    ``origin`` to also pin the log's origin.
+    """
+    key = load_public_key(public_key)
+    if not isinstance(receipt, Mapping) or set(receipt) != RECEIPT_KEYS:
+        raise VerificationError(f"a receipt is an object with exactly {sorted(RECEIPT_KEYS)}")
+    body = receipt["body"]
+    _check_body_shape(body)
+    try:
+        canonical = canonical_bytes(body)
+        entry = receipt_log_entry(body)
+    except AuditEntryError as exc:
+        raise VerificationError(f"receipt body cannot be canonicalised: {exc}") from None
+
+    # 1. The body signature and the issuer's key id (FIELD-NOTES §5.5 step 1).
+    signature = b64decode_strict(receipt["body_sig"], "body_sig", size=64)
+    try:
+        key.verify(signature, canonical)
+    except InvalidSignature:
+        raise VerificationError("receipt body signature does not verify") from None
+    if body["issuer"]["key_id"] != key_id(key):
+        raise VerificationError("issuer.key_id is not the id of the pinned public key")
+    issuer_origin = body["issuer"]["origin"]
+    if origin is not None and issuer_origin != origin:
+        raise VerificationError(f"receipt was issued by log {issuer_origin!r}, not {origin!r}")
+
+    # 2. The checkpoint (step 2).
+    if not isinstance(receipt["checkpoint"], str):
+        raise VerificationError("receipt checkpoint is not a signed note")
+    tree_size, root = verify_checkpoint(receipt["checkpoint"], key, issuer_origin)
+
+    # 3. The inclusion of the derived log entry (step 3).
+    inclusion = receipt["inclusion"]
+    if not isinstance(inclusion, Mapping) or set(inclusion) != INCLUSION_KEYS:
+        raise VerificationError(f"receipt inclusion needs exactly {sorted(INCLUSION_KEYS)}")
+    leaf_index, size, hashes = inclusion["leaf_index"], inclusion["tree_size"], inclusion["hashes"]
+    if not _is_int(leaf_index) or not _is_int(size) or not isinstance(hashes, list):
+        raise VerificationError("receipt inclusion has the wrong types")
+    if size != tree_size:
+        raise VerificationError(
+            f"receipt inclusion is for tree size {size}, the checkpoint for {tree_size}"
+        )
+    proof = [
+        b64decode_strict(h, f"inclusion hash {i}", size=HASH_SIZE) for i, h in enumerate(hashes)
+    ]
+    verify_inclusion(leaf_hash(canonical_bytes(entry)), leaf_index, tree_size, proof, root)
+
+
+def verify_subject_commitment(receipt: Mapping[str, Any], subject_id: str, nonce: bytes) -> None:
+    """Check that a receipt is about ``subject_id`` (the subject holds the nonce)."""
+    try:
+        stated = receipt["body"]["subject"]["subject_commitment"]
+    except (KeyError, TypeError):
+        raise VerificationError("receipt has no subject commitment") from None
+    if stated != subject_commitment(subject_id, nonce):
+        raise VerificationError("the subject commitment does not match this subject and nonce")
+
+
+def _check_body_shape(body: Any) -> None:
+    if not isinstance(body, Mapping) or set(body) != BODY_KEYS:
+        raise VerificationError(f"receipt body needs exactly {sorted(BODY_KEYS)}")
+    if body["type"] != RECEIPT_TYPE:
+        raise VerificationError(f"receipt type {body['type']!r} is not {RECEIPT_TYPE!r}")
+    issuer = body["issuer"]
+    if (
+        not isinstance(issuer, Mapping)
+        or set(issuer) != {"origin", "key_id"}
+        or not isinstance(issuer["origin"], str)
+        or not isinstance(issuer["key_id"], str)
+    ):
+        raise VerificationError("receipt issuer needs string 'origin' and 'key_id'")
+    subject = body["subject"]
+    if not isinstance(subject, Mapping) or "subject_commitment" not in subject:
+        raise VerificationError("receipt subject needs a subject_commitment")
+    if not isinstance(body["receipt_id"], str) or not isinstance(body["issued_at"], str):
+        raise VerificationError("receipt_id and issued_at must be strings")

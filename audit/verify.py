@@ -1,0 +1,469 @@
+"""Offline verification of audit exports: needs only the log's public key and origin.
+
+``verify_export`` raises ``VerificationError`` at the first problem, naming the line number
+and, for an entry, its ``leaf_index``; on success it returns a ``VerificationReport``. It checks:
+
+1. the header: canonical JSON, format, origin and key ids, and the checkpoint note's signature;
+2. every entry: canonical line, ``leaf_index`` inside the checkpoint's tree and strictly
+   increasing (so unique), matching the header's declared filter, and an inclusion proof that
+   leads from ``SHA-256(0x00 || entry bytes)`` to the checkpoint root;
+3. for an unfiltered export: indexes dense ``0..n-1`` with ``n`` the checkpoint's tree size,
+   and the root recomputed from all leaves equal to the checkpoint root;
+4. the trailer: entry count, SHA-256 of every line before it, and the log key's signature over
+   that digest; nothing may follow it.
+
+This module imports no database code.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from hashlib import sha256
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from audit._codec import b64decode_strict, hexdecode_strict
+from audit.canonical import canonical_bytes
+from audit.checkpoint import verify_checkpoint
+from audit.errors import AuditEntryError, VerificationError
+from audit.export_format import (
+    CSV_COLUMNS,
+    CSV_COPIED_FIELDS,
+    CSV_PROOF_SEPARATOR,
+    ENTRY_KEYS,
+    EXPORT_FORMAT,
+    EXPORT_SIGNATURE_CONTEXT,
+    FILTER_KEYS,
+    HEADER_KEYS,
+    TRAILER_KEYS,
+    csv_line,
+    entry_line,
+    split_entry_line,
+)
+from audit.keys import key_id, load_public_key, note_key_id
+from audit.merkle import HASH_SIZE, Frontier, leaf_hash, verify_inclusion
+
+_DECIMAL_RE = re.compile(r"^(0|[1-9][0-9]{0,18})$")
+
+
+@dataclass(frozen=True)
+class VerificationReport:
+    """What a successfully verified export proved."""
+
+    format: str  # "jsonl" | "csv"
+    origin: str
+    key_id: str
+    tree_size: int
+    root: bytes
+    entry_count: int
+    filtered: bool
+    filter: dict[str, str] = field(default_factory=dict)
+    first_leaf_index: int | None = None
+    last_leaf_index: int | None = None
+    exported_at: str = ""
+    export_sha256: str = ""
+
+
+class _StrictJSONError(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        raise _StrictJSONError("duplicate object key")
+    return result
+
+
+def _no_float(text: str) -> Any:
+    raise _StrictJSONError(f"non-integer number {text}")
+
+
+def _strict_json(text: str, line_number: int) -> Any:
+    try:
+        return json.loads(
+            text,
+            object_pairs_hook=_no_duplicates,
+            parse_float=_no_float,
+            parse_constant=_no_float,
+        )
+    except (ValueError, RecursionError) as exc:
+        raise VerificationError(
+            f"line is not valid JSON ({exc})", line_number=line_number
+        ) from None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class _ExportVerifier:
+    """The checks shared by both encodings, fed one logical line at a time."""
+
+    def __init__(self, public_key: Ed25519PublicKey, origin: str, fmt: str) -> None:
+        self._key = public_key
+        self._origin = origin
+        self._format = fmt
+        self._digest = sha256()
+        self._header: dict[str, Any] | None = None
+        self._tree_size = 0
+        self._root = b""
+        self._filter: dict[str, str] = {}
+        self._filtered = False
+        self._frontier = Frontier()
+        self._count = 0
+        self._last = -1
+        self._first: int | None = None
+        self._report: VerificationReport | None = None
+
+    # header ---------------------------------------------------------------------------------
+
+    def header(self, obj: Any, line: str, line_number: int) -> None:
+        def fail(reason: str) -> VerificationError:
+            return VerificationError(f"export header: {reason}", line_number=line_number)
+
+        if not isinstance(obj, dict) or obj.get("kind") != "header":
+            raise fail("the first record must be the header")
+        if set(obj) != HEADER_KEYS:
+            raise fail(f"fields must be {sorted(HEADER_KEYS)}")
+        self._require_canonical(obj, line, line_number)
+        if obj["format"] != EXPORT_FORMAT:
+            raise fail(f"unknown format {obj['format']!r}")
+        if obj["origin"] != self._origin:
+            raise fail(f"origin {obj['origin']!r} is not the expected {self._origin!r}")
+        if obj["key_id"] != key_id(self._key):
+            raise fail("key_id is not the pinned public key's id")
+        if obj["note_key_id"] != note_key_id(self._origin, self._key).hex():
+            raise fail("note_key_id does not match the pinned public key")
+        try:
+            self._tree_size, self._root = verify_checkpoint(
+                obj["checkpoint"], self._key, self._origin
+            )
+        except VerificationError as exc:
+            raise fail(exc.reason) from None
+        if not _is_int(obj["tree_size"]) or obj["tree_size"] != self._tree_size:
+            raise fail("tree_size differs from the signed checkpoint")
+        chosen = obj["filter"]
+        if not isinstance(chosen, dict) or not set(chosen) <= FILTER_KEYS:
+            raise fail(f"filter must be an object with keys among {sorted(FILTER_KEYS)}")
+        if not all(isinstance(v, str) for v in chosen.values()):
+            raise fail("filter values must be strings")
+        if obj["filtered"] is not bool(chosen):
+            raise fail("'filtered' must be true exactly when a filter is given")
+        if not isinstance(obj["exported_at"], str):
+            raise fail("exported_at must be a string")
+        self._filter, self._filtered = chosen, bool(chosen)
+        self._header = obj
+        self._digest.update(line.encode("utf-8") + b"\n")
+
+    # entries --------------------------------------------------------------------------------
+
+    def entry(
+        self,
+        leaf_index: Any,
+        entry_obj: Any,
+        entry_json: str,
+        proof_b64: list[str],
+        line: str,
+        line_number: int,
+    ) -> None:
+        index = leaf_index if _is_int(leaf_index) else None
+
+        def fail(reason: str) -> VerificationError:
+            return VerificationError(reason, line_number=line_number, leaf_index=index)
+
+        if self._header is None:
+            raise fail("entry before the export header")
+        if index is None:
+            raise fail("leaf_index is not an integer")
+        if not 0 <= index < self._tree_size:
+            raise fail(f"leaf_index outside the checkpoint's tree of size {self._tree_size}")
+        if index <= self._last:
+            raise fail(
+                f"leaf indexes must be strictly increasing (previous entry was {self._last}): "
+                "entries were reordered or duplicated"
+            )
+        if not self._filtered and index != self._count:
+            raise fail(
+                f"unfiltered export must hold every index 0..{self._tree_size - 1}; "
+                f"index {self._count} is missing (entries deleted or reordered)"
+            )
+        if not isinstance(entry_obj, dict):
+            raise fail("entry is not a JSON object")
+        self._check_filter(entry_obj, fail)
+        hashes = []
+        for position, text in enumerate(proof_b64):
+            try:
+                hashes.append(b64decode_strict(text, f"inclusion hash {position}", size=HASH_SIZE))
+            except VerificationError as exc:
+                raise fail(exc.reason) from None
+        leaf = leaf_hash(entry_json.encode("utf-8"))
+        try:
+            verify_inclusion(leaf, index, self._tree_size, hashes, self._root)
+        except VerificationError as exc:
+            raise fail(f"{exc.reason}: the entry or its proof was altered") from None
+        if not self._filtered:
+            self._frontier.append(leaf)
+        self._digest.update(line.encode("utf-8") + b"\n")
+        self._count += 1
+        self._last = index
+        if self._first is None:
+            self._first = index
+
+    def _check_filter(self, entry: dict[str, Any], fail: Any) -> None:
+        for name in ("subject_ref", "app_id", "action"):
+            if name in self._filter and entry.get(name) != self._filter[name]:
+                raise fail(f"entry does not match the export's filter on {name}")
+        recorded_at = entry.get("recorded_at")
+        if "since" in self._filter or "until" in self._filter:
+            if not isinstance(recorded_at, str):
+                raise fail("entry has no recorded_at to match the export's time filter")
+            if "since" in self._filter and recorded_at < self._filter["since"]:
+                raise fail("entry is older than the export's 'since'")
+            if "until" in self._filter and recorded_at >= self._filter["until"]:
+                raise fail("entry is not older than the export's 'until'")
+
+    # trailer --------------------------------------------------------------------------------
+
+    def trailer(self, obj: Any, line: str, line_number: int) -> None:
+        def fail(reason: str) -> VerificationError:
+            return VerificationError(f"export trailer: {reason}", line_number=line_number)
+
+        if self._header is None:
+            raise fail("trailer before the export header")
+        if set(obj) != TRAILER_KEYS:
+            raise fail(f"fields must be {sorted(TRAILER_KEYS)}")
+        self._require_canonical(obj, line, line_number)
+        if not _is_int(obj["entry_count"]) or obj["entry_count"] != self._count:
+            raise fail(f"entry_count differs from the {self._count} entries present")
+        if not self._filtered:
+            if self._count != self._tree_size:
+                raise fail(
+                    f"unfiltered export ends after {self._count} of {self._tree_size} entries"
+                )
+            if self._frontier.root() != self._root:
+                raise fail("root recomputed from all entries differs from the checkpoint root")
+        digest = self._digest.digest()
+        try:
+            claimed = hexdecode_strict(obj["export_sha256"], "export_sha256", size=32)
+            signature = b64decode_strict(obj["signature"], "export signature", size=64)
+        except VerificationError as exc:
+            raise fail(exc.reason) from None
+        if claimed != digest:
+            raise fail("export_sha256 does not match the lines above: the file was altered")
+        try:
+            self._key.verify(signature, EXPORT_SIGNATURE_CONTEXT + digest)
+        except InvalidSignature:
+            raise fail("signature over the export does not verify with the pinned key") from None
+        header = self._header
+        self._report = VerificationReport(
+            format=self._format,
+            origin=self._origin,
+            key_id=header["key_id"],
+            tree_size=self._tree_size,
+            root=self._root,
+            entry_count=self._count,
+            filtered=self._filtered,
+            filter=dict(self._filter),
+            first_leaf_index=self._first,
+            last_leaf_index=None if self._first is None else self._last,
+            exported_at=header["exported_at"],
+            export_sha256=digest.hex(),
+        )
+
+    @property
+    def done(self) -> bool:
+        return self._report is not None
+
+    def report(self, last_line: int) -> VerificationReport:
+        if self._report is None:
+            raise VerificationError(
+                "export ends without its trailer: it was truncated", line_number=last_line
+            )
+        return self._report
+
+    @staticmethod
+    def _require_canonical(obj: Any, line: str, line_number: int) -> None:
+        try:
+            canonical = canonical_bytes(obj).decode("utf-8")
+        except AuditEntryError as exc:
+            raise VerificationError(str(exc), line_number=line_number) from None
+        if canonical != line:
+            raise VerificationError(
+                "line is not in RFC 8785 canonical form", line_number=line_number
+            )
+
+
+# --- Input ------------------------------------------------------------------------------------
+
+
+def _numbered_lines(
+    source: str | os.PathLike[str] | Iterable[str | bytes],
+) -> Iterator[tuple[int, str]]:
+    """Yield (line number, text without newline); a file must end every line with \\n."""
+    if isinstance(source, str | os.PathLike):
+        with Path(source).open("rb") as handle:
+            for number, raw in enumerate(handle, start=1):
+                if not raw.endswith(b"\n"):
+                    raise VerificationError("last line has no newline", line_number=number)
+                yield number, _decode(raw[:-1], number)
+        return
+    for number, item in enumerate(source, start=1):
+        text = _decode(item, number) if isinstance(item, bytes) else item
+        if not isinstance(text, str):
+            raise VerificationError("export lines must be text", line_number=number)
+        if text.endswith("\n"):
+            text = text[:-1]
+        yield number, text
+
+
+def _decode(raw: bytes, number: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise VerificationError("line is not UTF-8", line_number=number) from None
+
+
+# --- Entry points -----------------------------------------------------------------------------
+
+
+def verify_export(
+    source: str | os.PathLike[str] | Iterable[str | bytes],
+    public_key: Ed25519PublicKey | bytes | str,
+    origin: str,
+) -> VerificationReport:
+    """Verify a JSONL or CSV export offline; raise VerificationError at the first problem.
+
+    ``source`` is a file path, or an iterable of lines (with or without their newlines).
+    ``public_key`` is the pinned key (object, PEM, or 32 raw bytes); ``origin`` the log's name.
+    """
+    key = load_public_key(public_key)
+    lines = _numbered_lines(source)
+    first = next(lines, None)
+    if first is None:
+        raise VerificationError("export is empty", line_number=0)
+    if first[1].startswith("{"):
+        return _verify_jsonl(first, lines, key, origin)
+    return _verify_csv(first, lines, key, origin)
+
+
+def _verify_jsonl(
+    first: tuple[int, str], lines: Iterator[tuple[int, str]], key: Ed25519PublicKey, origin: str
+) -> VerificationReport:
+    verifier = _ExportVerifier(key, origin, "jsonl")
+    number, line = first
+    verifier.header(_strict_json(line, number), line, number)
+    for number, line in lines:
+        if verifier.done:
+            raise VerificationError("content after the export trailer", line_number=number)
+        obj = _strict_json(line, number)
+        kind = obj.get("kind") if isinstance(obj, dict) else None
+        if kind == "entry":
+            _jsonl_entry(verifier, obj, line, number)
+        elif kind == "trailer":
+            verifier.trailer(obj, line, number)
+        else:
+            raise VerificationError(f"unexpected record kind {kind!r}", line_number=number)
+    return verifier.report(number)
+
+
+def _jsonl_entry(verifier: _ExportVerifier, obj: dict[str, Any], line: str, number: int) -> None:
+    leaf_index = obj.get("leaf_index")
+    shown = leaf_index if _is_int(leaf_index) else None
+    proof = obj.get("inclusion")
+    if set(obj) != ENTRY_KEYS:
+        raise VerificationError(
+            f"entry fields must be {sorted(ENTRY_KEYS)}", line_number=number, leaf_index=shown
+        )
+    if shown is None or not isinstance(proof, list) or not all(isinstance(h, str) for h in proof):
+        raise VerificationError(
+            "entry needs an integer leaf_index and a list of base64 hashes",
+            line_number=number,
+            leaf_index=shown,
+        )
+    entry_json = split_entry_line(line, proof, shown)
+    if entry_json is None:
+        raise VerificationError(
+            "entry line is not in canonical form", line_number=number, leaf_index=shown
+        )
+    verifier.entry(shown, obj["entry"], entry_json, proof, line, number)
+
+
+def _verify_csv(
+    first: tuple[int, str], lines: Iterator[tuple[int, str]], key: Ed25519PublicKey, origin: str
+) -> VerificationReport:
+    verifier = _ExportVerifier(key, origin, "csv")
+    number, line = first
+    if line + "\n" != csv_line(CSV_COLUMNS):
+        raise VerificationError(
+            "neither a JSONL export (no '{') nor a CSV export (wrong column row)",
+            line_number=number,
+        )
+    seen_header = False
+    for number, line in lines:
+        if verifier.done:
+            raise VerificationError("content after the export trailer", line_number=number)
+        cells = _csv_cells(line, number)
+        kind, data = cells[0], cells[-1]
+        if kind in ("header", "trailer"):
+            if any(cells[1:-1]):
+                raise VerificationError(f"{kind} row has data outside 'data'", line_number=number)
+            obj = _strict_json(data, number)
+            if kind == "header" and not seen_header:
+                verifier.header(obj, data, number)
+                seen_header = True
+            elif kind == "trailer" and isinstance(obj, dict) and obj.get("kind") == "trailer":
+                verifier.trailer(obj, data, number)
+            else:
+                raise VerificationError(f"unexpected {kind} row", line_number=number)
+        elif kind == "entry" and seen_header:
+            _csv_entry(verifier, cells, number)
+        else:
+            raise VerificationError(f"unexpected row kind {kind!r}", line_number=number)
+    return verifier.report(number)
+
+
+def _csv_cells(line: str, number: int) -> list[str]:
+    try:
+        rows = list(csv.reader([line]))
+    except csv.Error as exc:
+        raise VerificationError(f"row is not valid CSV ({exc})", line_number=number) from None
+    if len(rows) != 1 or len(rows[0]) != len(CSV_COLUMNS):
+        raise VerificationError(f"row must have {len(CSV_COLUMNS)} cells", line_number=number)
+    if csv_line(rows[0]) != line + "\n":
+        raise VerificationError(
+            "row is not written the way the exporter writes it", line_number=number
+        )
+    return rows[0]
+
+
+def _csv_entry(verifier: _ExportVerifier, cells: list[str], number: int) -> None:
+    named = dict(zip(CSV_COLUMNS, cells, strict=True))
+    if not _DECIMAL_RE.match(named["leaf_index"]):
+        raise VerificationError("leaf_index is not a decimal integer", line_number=number)
+    leaf_index = int(named["leaf_index"])
+    if named["data"]:
+        raise VerificationError(
+            "entry row has a 'data' cell", line_number=number, leaf_index=leaf_index
+        )
+    entry_json = named["entry"]
+    entry_obj = _strict_json(entry_json, number)
+    if isinstance(entry_obj, dict):
+        for name in CSV_COPIED_FIELDS:
+            if named[name] != str(entry_obj.get(name, "")):
+                raise VerificationError(
+                    f"column {name!r} differs from the signed entry",
+                    line_number=number,
+                    leaf_index=leaf_index,
+                )
+    proof = named["inclusion"].split(CSV_PROOF_SEPARATOR) if named["inclusion"] else []
+    line = entry_line(entry_json, proof, leaf_index)
+    verifier.entry(leaf_index, entry_obj, entry_json, proof, line, number)

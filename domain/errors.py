@@ -1,0 +1,63 @@
+"""One error root for uprof, mapped to exit codes / HTTP statuses only at the edges.
+
+UprofError
+├── InvalidInputError        bad input from a caller; nothing was written
+├── ConsentRequiredError     no consent in force for (subject, app, category, purpose)
+├── EvidenceError            a proposal cites evidence that is missing or belongs elsewhere
+├── PermissionDeniedError    a policy or visibility rule refused the request
+├── IdentityError            the subject could not be resolved, or resolved ambiguously
+├── SubjectNotFoundError     no such data subject
+├── SubjectErasedError       the subject was erased; its stream refuses reads and writes
+├── IntentTransitionError    an intent lifecycle change that the lifecycle forbids
+└── ReadTimeoutError         projections did not catch up within the wait bound
+"""
+
+from __future__ import annotations
+
+
+class UprofError(Exception):
+    """Base of every error uprof raises on purpose."""
+
+    #: Short hint for the caller: what they can do about it.
+    hint: str = ""
+
+    def diagnostics(self) -> str:
+        """Say what happened and what the caller can do."""
+        message = str(self)
+        return f"{message}\n  hint: {self.hint}" if self.hint else message
+
+
+class InvalidInputError(UprofError):
+    hint = "fix the named field and send the request again; nothing was stored"
+
+
+class ConsentRequiredError(UprofError):
+    hint = "ask the user to grant consent for this app, category and purpose"
+
+
+class EvidenceError(UprofError):
+    hint = "cite events captured for this same subject (see `uprof evidence`)"
+
+
+class PermissionDeniedError(UprofError):
+    hint = "the policy in policies/ decides who may read what; ask the operator"
+
+
+class IdentityError(UprofError):
+    hint = "name the subject explicitly on the request"
+
+
+class SubjectNotFoundError(UprofError):
+    hint = "check the subject reference; capture creates a subject on first use"
+
+
+class SubjectErasedError(UprofError):
+    hint = "this subject was erased; its data cannot be read or written again"
+
+
+class IntentTransitionError(UprofError):
+    hint = "only active intents can be fulfilled, abandoned or expired"
+
+
+class ReadTimeoutError(UprofError):
+    hint = "projections are behind; retry or raise the wait bound"

@@ -1,0 +1,34 @@
+"""Text normalisation shared by the write side (de-duplication) and the read side."""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from datetime import datetime
+
+_SPACE_RE = re.compile(r"\s+")
+_EDGE_PUNCT = " \t\n.,;:!?\"'()[]{}"
+
+
+def normalise_value(value: str) -> str:
+    """Fold a value for equality: NFKC, case-folded, collapsed spaces, no edge punctuation."""
+    folded = unicodedata.normalize("NFKC", value).casefold()
+    return _SPACE_RE.sub(" ", folded).strip(_EDGE_PUNCT)
+
+
+def decayed(confidence: float, *, since: datetime, now: datetime, half_life_days: float) -> float:
+    """Halve a confidence every ``half_life_days`` of silence (never below zero)."""
+    days = max(0.0, (now - since).total_seconds() / 86_400.0)
+    return confidence * math.pow(0.5, days / half_life_days)
+
+
+def combine(old: float, new: float) -> float:
+    """Noisy-OR: two independent observations raise confidence, never above 1."""
+    return 1.0 - (1.0 - old) * (1.0 - new)
+
+
+def clamp(x: float, low: float = 0.0, high: float = 1.0) -> float:
+    if math.isnan(x):
+        return low
+    return max(low, min(high, x))

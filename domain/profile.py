@@ -1,0 +1,659 @@
+"""The SubjectProfile aggregate: one event stream per data subject.
+
+Its state is deliberately small — consents, the current attribute set, active
+intents and counters — so that loading it (snapshot plus a short tail) costs the
+same whether the subject has a hundred events or a hundred thousand. Memories are
+recorded as events but never held here; the read side keeps them.
+
+Commands decide (consent gate, evidence rule, merge/conflict/supersession,
+intent lifecycle); the ``@event`` methods only apply what was decided, so replay
+never re-decides.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from eventsourcing.domain import Aggregate, event
+
+from domain.errors import (
+    ConsentRequiredError,
+    IntentTransitionError,
+    InvalidInputError,
+    SubjectErasedError,
+)
+from domain.normalise import clamp, combine, decayed, normalise_value
+from domain.values import (
+    INFERRED_CONFIDENCE_CAP,
+    MAX_EVIDENCE_IN_AGGREGATE,
+    AttributeProposal,
+    AttributeStatus,
+    ConsentGrant,
+    ExperienceProposal,
+    IntentProposal,
+    IntentStatus,
+    IntentUpdateProposal,
+    Interaction,
+    MemoryProposal,
+    ProposalBatch,
+    Provenance,
+    SharingPolicy,
+    attribute_spec,
+    check_category,
+)
+
+#: Confidence of an attribute halves after this many days without new evidence.
+ATTRIBUTE_HALF_LIFE_DAYS = 180.0
+#: Consent that capture itself needs: the raw interaction is "conversation" data.
+CAPTURE_CATEGORY = "conversation"
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _evidence_label(evidence: tuple[str, ...], explicit: bool, confidence: float) -> tuple[str, float]:
+    """Apply I1: no evidence means inferred, with confidence capped."""
+    confidence = clamp(confidence)
+    if not evidence:
+        return Provenance.INFERRED.value, min(confidence, INFERRED_CONFIDENCE_CAP)
+    return (Provenance.EXPLICIT if explicit else Provenance.INFERRED).value, confidence
+
+
+class SubjectProfile(Aggregate):
+    """Everything uprof knows about one data subject, as a stream of facts."""
+
+    @event("Registered")
+    def __init__(self, id: uuid.UUID, tenant: str) -> None:  # noqa: A002 (eventsourcing's name)
+        """Open the stream; ``id`` comes from the key store (random, never derived)."""
+        self.tenant = tenant
+        self.consents: dict[str, dict[str, Any]] = {}
+        self.attributes: dict[str, dict[str, Any]] = {}
+        self.intents: dict[str, dict[str, Any]] = {}
+        self.capture_count = 0
+        self.memory_count = 0
+        self.erased = False
+
+    # ------------------------------------------------------------------ consent
+
+    def grant_consent(
+        self,
+        *,
+        app_id: str,
+        categories: tuple[str, ...],
+        purposes: tuple[str, ...],
+        legal_basis: str,
+        granted_at: datetime,
+        expires_at: datetime | None = None,
+        notice_version: str = "",
+    ) -> str:
+        """Record a consent in force from ``granted_at``; returns its id."""
+        self._refuse_if_erased()
+        if not app_id:
+            raise InvalidInputError("consent.app_id must not be empty")
+        if not categories or not purposes:
+            raise InvalidInputError("consent needs at least one category and one purpose")
+        for category in categories:
+            if category != "*":
+                check_category(category)
+        if expires_at is not None and expires_at <= granted_at:
+            raise InvalidInputError("consent.expires_at must be after granted_at")
+        consent_id = _new_id()
+        self._consent_granted(
+            consent_id=consent_id,
+            app_id=app_id,
+            categories=sorted(set(categories)),
+            purposes=sorted(set(purposes)),
+            legal_basis=legal_basis or "consent",
+            granted_at=granted_at,
+            expires_at=expires_at,
+            notice_version=notice_version,
+        )
+        return consent_id
+
+    @event("ConsentGranted")
+    def _consent_granted(
+        self,
+        consent_id: str,
+        app_id: str,
+        categories: list[str],
+        purposes: list[str],
+        legal_basis: str,
+        granted_at: datetime,
+        expires_at: datetime | None,
+        notice_version: str,
+    ) -> None:
+        self.consents[consent_id] = {
+            "app_id": app_id,
+            "categories": list(categories),
+            "purposes": list(purposes),
+            "legal_basis": legal_basis,
+            "granted_at": granted_at,
+            "expires_at": expires_at,
+        }
+
+    def withdraw_consent(
+        self, *, consent_id: str, withdrawn_at: datetime, erase_requested: bool = False
+    ) -> None:
+        """Withdraw one consent; collection under it stops with the next request."""
+        self._refuse_if_erased()
+        if consent_id not in self.consents:
+            raise InvalidInputError(f"no consent {consent_id!r} in force for this subject")
+        self._consent_withdrawn(
+            consent_id=consent_id, withdrawn_at=withdrawn_at, erase_requested=erase_requested
+        )
+
+    @event("ConsentWithdrawn")
+    def _consent_withdrawn(
+        self, consent_id: str, withdrawn_at: datetime, erase_requested: bool
+    ) -> None:
+        self.consents.pop(consent_id, None)
+
+    def consents_in_force(self, at: datetime) -> list[ConsentGrant]:
+        grants = []
+        for consent_id, c in sorted(self.consents.items()):
+            grant = ConsentGrant(
+                consent_id=consent_id,
+                app_id=c["app_id"],
+                categories=tuple(c["categories"]),
+                purposes=tuple(c["purposes"]),
+                legal_basis=c["legal_basis"],
+                granted_at=c["granted_at"],
+                expires_at=c["expires_at"],
+            )
+            if grant.expires_at is None or at < grant.expires_at:
+                grants.append(grant)
+        return grants
+
+    def has_consent(self, *, app_id: str, category: str, purpose: str, at: datetime) -> bool:
+        return any(
+            g.covers(app_id=app_id, category=category, purpose=purpose, at=at)
+            for g in self.consents_in_force(at)
+        )
+
+    # ------------------------------------------------------------------ capture
+
+    def capture(self, interaction: Interaction, *, now: datetime) -> str:
+        """Pass the consent gate and record the interaction; returns the capture id.
+
+        Raises ConsentRequiredError (and records nothing) when no consent in force
+        at ``now`` lets this app collect conversation data for this purpose.
+        """
+        self._refuse_if_erased()
+        if not self.has_consent(
+            app_id=interaction.app_id,
+            category=CAPTURE_CATEGORY,
+            purpose=interaction.purpose,
+            at=now,
+        ):
+            raise ConsentRequiredError(
+                f"app {interaction.app_id!r} has no consent in force to capture "
+                f"{CAPTURE_CATEGORY!r} data for purpose {interaction.purpose!r}"
+            )
+        capture_id = _new_id()
+        self._interaction_captured(
+            capture_id=capture_id,
+            app_id=interaction.app_id,
+            agent_id=interaction.agent_id,
+            agent_type=interaction.agent_type,
+            session_id=interaction.session_id,
+            actor=interaction.actor,
+            user_input=interaction.user_input,
+            agent_response=interaction.agent_response,
+            occurred_at=interaction.occurred_at,
+            source_ref=interaction.source_ref,
+            purpose=interaction.purpose,
+            sharing=SharingPolicy.parse(interaction.sharing).render(),
+            context=dict(interaction.context),
+        )
+        return capture_id
+
+    @event("InteractionCaptured")
+    def _interaction_captured(
+        self,
+        capture_id: str,
+        app_id: str,
+        agent_id: str,
+        agent_type: str,
+        session_id: str,
+        actor: str,
+        user_input: str,
+        agent_response: str,
+        occurred_at: datetime,
+        source_ref: str,
+        purpose: str,
+        sharing: str,
+        context: dict[str, str],
+    ) -> None:
+        self.capture_count += 1
+
+    # --------------------------------------------------------------- extraction
+
+    def apply_proposals(self, batch: ProposalBatch, *, observed_at: datetime, now: datetime) -> int:
+        """Run the update engine over validated proposals; returns how many were applied.
+
+        Evidence ids in ``batch`` must already have been checked by the kernel
+        (they exist and belong to this subject). Proposals in a category the app
+        holds no consent for at ``now`` are dropped (I2).
+        """
+        self._refuse_if_erased()
+        applied = 0
+        for proposal in batch.proposals:
+            if isinstance(proposal, AttributeProposal):
+                applied += self._propose_attribute(proposal, batch, observed_at, now)
+            elif isinstance(proposal, MemoryProposal):
+                applied += self._propose_memory(proposal, batch, observed_at, now)
+            elif isinstance(proposal, IntentProposal):
+                applied += self._propose_intent(proposal, batch, observed_at, now)
+            elif isinstance(proposal, IntentUpdateProposal):
+                applied += self._propose_intent_update(proposal, batch, observed_at)
+            elif isinstance(proposal, ExperienceProposal):
+                applied += self._propose_experience(proposal, batch, observed_at, now)
+        return applied
+
+    def _consented(self, batch: ProposalBatch, category: str, now: datetime) -> bool:
+        return self.has_consent(
+            app_id=batch.app_id, category=category, purpose=batch.purpose, at=now
+        )
+
+    def _propose_attribute(
+        self, p: AttributeProposal, batch: ProposalBatch, observed_at: datetime, now: datetime
+    ) -> int:
+        spec = attribute_spec(p.key)
+        if not self._consented(batch, spec.category, now):
+            return 0
+        value = p.value.strip()
+        norm = normalise_value(value)
+        if not norm:
+            return 0
+        provenance, confidence = _evidence_label(p.evidence, p.explicit, p.confidence)
+        same_key = {
+            item_id: a
+            for item_id, a in self.attributes.items()
+            if a["key"] == p.key and a["status"] != AttributeStatus.SUPERSEDED.value
+        }
+        match = next((i for i, a in same_key.items() if a["norm"] == norm), None)
+        if p.negated:
+            if match is None:
+                return 0
+            self._attribute_superseded(item_id=match, superseded_by="", reason="retracted")
+            return 1
+        if match is not None:
+            old = same_key[match]
+            base = decayed(
+                old["confidence"],
+                since=old["last_observed_at"],
+                now=observed_at,
+                half_life_days=ATTRIBUTE_HALF_LIFE_DAYS,
+            )
+            explicit_now = old["provenance"] == Provenance.EXPLICIT.value or (
+                provenance == Provenance.EXPLICIT.value
+            )
+            new_conf = combine(base, confidence)
+            if not old["evidence"] and not p.evidence:
+                new_conf = min(new_conf, INFERRED_CONFIDENCE_CAP)
+            self._attribute_reinforced(
+                item_id=match,
+                confidence=round(new_conf, 6),
+                evidence=list(p.evidence),
+                provenance=(Provenance.EXPLICIT if explicit_now else Provenance.INFERRED).value,
+                observed_at=observed_at,
+            )
+            return 1
+        item_id = _new_id()
+        conflicting = spec.single_valued and bool(same_key) and not p.supersedes
+        self._attribute_recorded(
+            item_id=item_id,
+            key=p.key,
+            category=spec.category,
+            value=value,
+            norm=norm,
+            confidence=round(confidence, 6),
+            provenance=provenance,
+            evidence=list(p.evidence),
+            owner_agent=batch.owner_agent,
+            sharing=SharingPolicy.parse(batch.sharing).render(),
+            author=batch.author,
+            status=(AttributeStatus.CONFLICTING if conflicting else AttributeStatus.CURRENT).value,
+            observed_at=observed_at,
+        )
+        if spec.single_valued and same_key:
+            if p.supersedes:
+                for old_id in sorted(same_key):
+                    self._attribute_superseded(
+                        item_id=old_id, superseded_by=item_id, reason="superseded"
+                    )
+            else:
+                self._attribute_conflict_flagged(
+                    item_id=item_id, conflicts_with=sorted(same_key)
+                )
+        return 1
+
+    @event("AttributeRecorded")
+    def _attribute_recorded(
+        self,
+        item_id: str,
+        key: str,
+        category: str,
+        value: str,
+        norm: str,
+        confidence: float,
+        provenance: str,
+        evidence: list[str],
+        owner_agent: str,
+        sharing: str,
+        author: str,
+        status: str,
+        observed_at: datetime,
+    ) -> None:
+        self.attributes[item_id] = {
+            "key": key,
+            "norm": norm,
+            "confidence": confidence,
+            "provenance": provenance,
+            "evidence": list(evidence)[-MAX_EVIDENCE_IN_AGGREGATE:],
+            "status": status,
+            "last_observed_at": observed_at,
+        }
+
+    @event("AttributeReinforced")
+    def _attribute_reinforced(
+        self,
+        item_id: str,
+        confidence: float,
+        evidence: list[str],
+        provenance: str,
+        observed_at: datetime,
+    ) -> None:
+        a = self.attributes[item_id]
+        a["confidence"] = confidence
+        a["provenance"] = provenance
+        a["evidence"] = (a["evidence"] + [e for e in evidence if e not in a["evidence"]])[
+            -MAX_EVIDENCE_IN_AGGREGATE:
+        ]
+        a["last_observed_at"] = max(a["last_observed_at"], observed_at)
+
+    @event("AttributeConflictFlagged")
+    def _attribute_conflict_flagged(self, item_id: str, conflicts_with: list[str]) -> None:
+        for other in conflicts_with:
+            if other in self.attributes:
+                self.attributes[other]["status"] = AttributeStatus.CONFLICTING.value
+        self.attributes[item_id]["status"] = AttributeStatus.CONFLICTING.value
+
+    @event("AttributeSuperseded")
+    def _attribute_superseded(self, item_id: str, superseded_by: str, reason: str) -> None:
+        self.attributes[item_id]["status"] = AttributeStatus.SUPERSEDED.value
+        # A winner of a conflict that is resolved by supersession is current again.
+        if superseded_by and superseded_by in self.attributes:
+            self.attributes[superseded_by]["status"] = AttributeStatus.CURRENT.value
+
+    # ------------------------------------------------------------------ memories
+
+    def _propose_memory(
+        self, p: MemoryProposal, batch: ProposalBatch, observed_at: datetime, now: datetime
+    ) -> int:
+        category = check_category(p.category)
+        if not p.text.strip() or not self._consented(batch, category, now):
+            return 0
+        provenance, importance = _evidence_label(p.evidence, True, p.importance)
+        self._memory_recorded(
+            item_id=_new_id(),
+            text=p.text.strip(),
+            category=category,
+            importance=round(importance, 6),
+            provenance=provenance,
+            evidence=list(p.evidence),
+            source_refs=list(p.source_refs),
+            owner_agent=batch.owner_agent,
+            sharing=SharingPolicy.parse(batch.sharing).render(),
+            author=batch.author,
+            occurred_at=p.occurred_at or observed_at,
+        )
+        return 1
+
+    @event("MemoryRecorded")
+    def _memory_recorded(
+        self,
+        item_id: str,
+        text: str,
+        category: str,
+        importance: float,
+        provenance: str,
+        evidence: list[str],
+        source_refs: list[str],
+        owner_agent: str,
+        sharing: str,
+        author: str,
+        occurred_at: datetime,
+    ) -> None:
+        self.memory_count += 1
+
+    def archive_memories(self, item_ids: list[str], *, reason: str) -> None:
+        """Move cold memories out of retrieval (MemoryOS eviction); they stay as evidence."""
+        self._refuse_if_erased()
+        if item_ids:
+            self._memories_archived(item_ids=sorted(set(item_ids)), reason=reason)
+
+    @event("MemoriesArchived")
+    def _memories_archived(self, item_ids: list[str], reason: str) -> None:
+        pass
+
+    # ------------------------------------------------------------------- intents
+
+    def _propose_intent(
+        self, p: IntentProposal, batch: ProposalBatch, observed_at: datetime, now: datetime
+    ) -> int:
+        category = check_category(p.category)
+        norm = normalise_value(p.description)
+        if not norm or not self._consented(batch, category, now):
+            return 0
+        provenance, confidence = _evidence_label(p.evidence, True, p.confidence)
+        for item_id, intent in self.intents.items():
+            if intent["norm"] == norm:
+                self._intent_reinforced(
+                    item_id=item_id,
+                    confidence=round(combine(intent["confidence"], confidence), 6),
+                    evidence=list(p.evidence),
+                    expires_at=p.expires_at or intent["expires_at"],
+                    observed_at=observed_at,
+                )
+                return 1
+        self._intent_recorded(
+            item_id=_new_id(),
+            description=p.description.strip(),
+            norm=norm,
+            category=category,
+            confidence=round(confidence, 6),
+            provenance=provenance,
+            evidence=list(p.evidence),
+            owner_agent=batch.owner_agent,
+            sharing=SharingPolicy.parse(batch.sharing).render(),
+            author=batch.author,
+            expires_at=p.expires_at,
+            observed_at=observed_at,
+        )
+        return 1
+
+    @event("IntentRecorded")
+    def _intent_recorded(
+        self,
+        item_id: str,
+        description: str,
+        norm: str,
+        category: str,
+        confidence: float,
+        provenance: str,
+        evidence: list[str],
+        owner_agent: str,
+        sharing: str,
+        author: str,
+        expires_at: datetime | None,
+        observed_at: datetime,
+    ) -> None:
+        self.intents[item_id] = {
+            "norm": norm,
+            "confidence": confidence,
+            "expires_at": expires_at,
+            "owner_agent": owner_agent,
+        }
+
+    @event("IntentReinforced")
+    def _intent_reinforced(
+        self,
+        item_id: str,
+        confidence: float,
+        evidence: list[str],
+        expires_at: datetime | None,
+        observed_at: datetime,
+    ) -> None:
+        self.intents[item_id]["confidence"] = confidence
+        self.intents[item_id]["expires_at"] = expires_at
+
+    def _propose_intent_update(
+        self, p: IntentUpdateProposal, batch: ProposalBatch, observed_at: datetime
+    ) -> int:
+        item_id = p.intent_id or self._find_intent(p.description)
+        if not item_id:
+            return 0
+        self.change_intent_status(
+            item_id, p.status, evidence=p.evidence, observed_at=observed_at
+        )
+        return 1
+
+    def _find_intent(self, description: str) -> str:
+        """Match an active intent by description: equal, or one contains the other."""
+        norm = normalise_value(description)
+        if not norm:
+            return ""
+        for item_id, intent in sorted(self.intents.items()):
+            if intent["norm"] == norm:
+                return item_id
+        for item_id, intent in sorted(self.intents.items()):
+            if norm in intent["norm"] or intent["norm"] in norm:
+                return item_id
+        return ""
+
+    def change_intent_status(
+        self,
+        item_id: str,
+        status: IntentStatus,
+        *,
+        evidence: tuple[str, ...] = (),
+        observed_at: datetime,
+    ) -> None:
+        """Move an active intent to fulfilled, abandoned or expired."""
+        self._refuse_if_erased()
+        if item_id not in self.intents:
+            raise IntentTransitionError(f"intent {item_id!r} is not active")
+        if status == IntentStatus.ACTIVE:
+            raise IntentTransitionError("an active intent cannot become active again")
+        self._intent_status_changed(
+            item_id=item_id, status=status.value, evidence=list(evidence), observed_at=observed_at
+        )
+
+    @event("IntentStatusChanged")
+    def _intent_status_changed(
+        self, item_id: str, status: str, evidence: list[str], observed_at: datetime
+    ) -> None:
+        self.intents.pop(item_id, None)
+
+    def expire_intents(self, now: datetime) -> list[str]:
+        """Expire every active intent whose deadline has passed; returns their ids."""
+        due = sorted(
+            item_id
+            for item_id, intent in self.intents.items()
+            if intent["expires_at"] is not None and intent["expires_at"] <= now
+        )
+        for item_id in due:
+            self.change_intent_status(item_id, IntentStatus.EXPIRED, observed_at=now)
+        return due
+
+    # ---------------------------------------------------------------- experience
+
+    def _propose_experience(
+        self, p: ExperienceProposal, batch: ProposalBatch, observed_at: datetime, now: datetime
+    ) -> int:
+        if not self._consented(batch, "experience", now):
+            return 0
+        if not (p.situation.strip() and p.action.strip()):
+            raise InvalidInputError("experience.situation and experience.action are required")
+        provenance, confidence = _evidence_label(p.evidence, True, p.confidence)
+        self._experience_recorded(
+            item_id=_new_id(),
+            situation=p.situation.strip(),
+            action=p.action.strip(),
+            outcome=p.outcome.strip(),
+            insight=p.insight.strip(),
+            confidence=round(confidence, 6),
+            provenance=provenance,
+            evidence=list(p.evidence),
+            owner_agent=batch.owner_agent,
+            sharing=SharingPolicy.parse(batch.sharing).render(),
+            author=batch.author,
+            observed_at=observed_at,
+        )
+        return 1
+
+    @event("ExperienceRecorded")
+    def _experience_recorded(
+        self,
+        item_id: str,
+        situation: str,
+        action: str,
+        outcome: str,
+        insight: str,
+        confidence: float,
+        provenance: str,
+        evidence: list[str],
+        owner_agent: str,
+        sharing: str,
+        author: str,
+        observed_at: datetime,
+    ) -> None:
+        self.memory_count += 1
+
+    # ------------------------------------------------------------------ reading
+
+    def record_slice_served(
+        self,
+        *,
+        app_id: str,
+        agent_id: str,
+        purpose: str,
+        item_ids: list[str],
+        served_at: datetime,
+        budget_tokens: int,
+        n_tokens: int,
+    ) -> None:
+        """Record who read which items for which purpose (feeds heat and audit)."""
+        self._refuse_if_erased()
+        self._slice_served(
+            app_id=app_id,
+            agent_id=agent_id,
+            purpose=purpose,
+            item_ids=list(item_ids),
+            served_at=served_at,
+            budget_tokens=budget_tokens,
+            n_tokens=n_tokens,
+        )
+
+    @event("SliceServed")
+    def _slice_served(
+        self,
+        app_id: str,
+        agent_id: str,
+        purpose: str,
+        item_ids: list[str],
+        served_at: datetime,
+        budget_tokens: int,
+        n_tokens: int,
+    ) -> None:
+        pass
+
+    # ------------------------------------------------------------------ erasure
+
+    def _refuse_if_erased(self) -> None:
+        if self.erased:
+            raise SubjectErasedError("this subject has been erased")

@@ -1,0 +1,293 @@
+"""Value objects shared by the aggregates, the extractors and the read side.
+
+Everything here is frozen and made of plain values, so it can travel inside
+event payloads unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+
+from domain.errors import InvalidInputError
+
+#: An item with no evidence is inferred, and its confidence never exceeds this cap (I1).
+INFERRED_CONFIDENCE_CAP = 0.5
+#: Confidence a bare extraction gets when the extractor does not say.
+DEFAULT_CONFIDENCE = 0.6
+#: Most evidence pointers kept per item on the write side; the read side keeps all.
+MAX_EVIDENCE_IN_AGGREGATE = 32
+
+
+class Layer(StrEnum):
+    ATTRIBUTE = "attribute"
+    MEMORY = "memory"
+    INTENT = "intent"
+
+
+class Provenance(StrEnum):
+    """Whether the user said it (explicit) or it was concluded (inferred)."""
+
+    EXPLICIT = "explicit"
+    INFERRED = "inferred"
+
+
+class AttributeStatus(StrEnum):
+    CURRENT = "current"
+    CONFLICTING = "conflicting"
+    SUPERSEDED = "superseded"
+
+
+class IntentStatus(StrEnum):
+    ACTIVE = "active"
+    FULFILLED = "fulfilled"
+    ABANDONED = "abandoned"
+    EXPIRED = "expired"
+
+
+#: The closed category catalogue that consent, policy and items share.
+CATEGORIES: tuple[str, ...] = (
+    "identity",
+    "location",
+    "occupation",
+    "language",
+    "preference",
+    "diet",
+    "pet",
+    "family",
+    "schedule",
+    "goal",
+    "health",
+    "contact",
+    "conversation",
+    "experience",
+)
+
+#: Attribute keys the kernel knows. single-valued keys produce conflicts or
+#: supersessions when a different value arrives; multi-valued keys accumulate.
+@dataclass(frozen=True)
+class AttributeKeySpec:
+    category: str
+    single_valued: bool
+
+
+ATTRIBUTE_KEYS: dict[str, AttributeKeySpec] = {
+    "name": AttributeKeySpec("identity", True),
+    "age": AttributeKeySpec("identity", True),
+    "home_location": AttributeKeySpec("location", True),
+    "origin": AttributeKeySpec("location", True),
+    "occupation": AttributeKeySpec("occupation", True),
+    "employer": AttributeKeySpec("occupation", True),
+    "language": AttributeKeySpec("language", False),
+    "likes": AttributeKeySpec("preference", False),
+    "dislikes": AttributeKeySpec("preference", False),
+    "diet": AttributeKeySpec("diet", True),
+    "allergy": AttributeKeySpec("health", False),
+    "pet": AttributeKeySpec("pet", False),
+    "family": AttributeKeySpec("family", False),
+    "routine": AttributeKeySpec("schedule", False),
+    "email": AttributeKeySpec("contact", True),
+    "phone": AttributeKeySpec("contact", True),
+}
+
+
+def attribute_spec(key: str) -> AttributeKeySpec:
+    """Look up a known attribute key, or refuse it with a clear error."""
+    try:
+        return ATTRIBUTE_KEYS[key]
+    except KeyError:
+        known = ", ".join(sorted(ATTRIBUTE_KEYS))
+        raise InvalidInputError(f"unknown attribute key {key!r}; known keys: {known}") from None
+
+
+def check_category(category: str) -> str:
+    if category not in CATEGORIES:
+        raise InvalidInputError(
+            f"unknown category {category!r}; known categories: {', '.join(CATEGORIES)}"
+        )
+    return category
+
+
+# --- Sharing between agents (kernel-managed shared memory) -------------------------
+
+_SHARING_RE = re.compile(r"^(private|shared|shared:[a-z0-9_.-]+(,[a-z0-9_.-]+)*)$")
+
+
+@dataclass(frozen=True)
+class SharingPolicy:
+    """Who besides the owner agent may see an item.
+
+    ``private``: the owner agent only. ``shared``: every agent the policy allows.
+    ``shared:typeA,typeB``: agents of those types only. Anything missing or
+    malformed parses as private (I4): sharing must be stated, never assumed.
+    """
+
+    mode: str  # "private" | "shared"
+    agent_types: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, raw: str | None) -> SharingPolicy:
+        if not raw or not _SHARING_RE.match(raw.strip()):
+            return PRIVATE
+        raw = raw.strip()
+        if raw == "private":
+            return PRIVATE
+        if raw == "shared":
+            return cls("shared")
+        return cls("shared", tuple(sorted(set(raw.split(":", 1)[1].split(",")))))
+
+    def render(self) -> str:
+        if self.mode == "private":
+            return "private"
+        return "shared:" + ",".join(self.agent_types) if self.agent_types else "shared"
+
+    def allows(self, *, owner_agent: str, reader_agent: str, reader_agent_type: str) -> bool:
+        if reader_agent == owner_agent:
+            return True
+        if self.mode != "shared":
+            return False
+        return not self.agent_types or reader_agent_type in self.agent_types
+
+
+PRIVATE = SharingPolicy("private")
+
+
+# --- Captured interactions -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Interaction:
+    """One interaction as an app or agent reports it.
+
+    ``source_ref`` is the caller's own reference for the turn, kept verbatim.
+    ``actor`` names who spoke the user side (a person's name in multi-party logs).
+    """
+
+    app_id: str
+    agent_id: str
+    occurred_at: datetime
+    user_input: str = ""
+    agent_response: str = ""
+    session_id: str = ""
+    actor: str = ""
+    source_ref: str = ""
+    purpose: str = "personalization"
+    sharing: str = "private"
+    agent_type: str = ""
+    context: tuple[tuple[str, str], ...] = ()
+
+    def text(self) -> str:
+        """The user-side text that extraction and retrieval work on."""
+        return self.user_input
+
+
+@dataclass(frozen=True)
+class CapturedInteraction:
+    """An interaction after the consent gate accepted it and the log stored it."""
+
+    capture_id: str
+    interaction: Interaction
+
+
+# --- Proposals from extractors and agents --------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttributeProposal:
+    key: str
+    value: str
+    evidence: tuple[str, ...] = ()
+    confidence: float = DEFAULT_CONFIDENCE
+    explicit: bool = True
+    #: The statement says the old value no longer holds ("I moved to Lisbon").
+    supersedes: bool = False
+    #: Set by the extractor when the statement negates the value ("I no longer eat meat").
+    negated: bool = False
+
+
+@dataclass(frozen=True)
+class MemoryProposal:
+    text: str
+    evidence: tuple[str, ...] = ()
+    category: str = "conversation"
+    importance: float = 0.5
+    source_refs: tuple[str, ...] = ()
+    occurred_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class IntentProposal:
+    description: str
+    evidence: tuple[str, ...] = ()
+    category: str = "goal"
+    confidence: float = DEFAULT_CONFIDENCE
+    expires_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class IntentUpdateProposal:
+    """Move an intent along its lifecycle (matched by id, or by description)."""
+
+    status: IntentStatus
+    intent_id: str = ""
+    description: str = ""
+    evidence: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ExperienceProposal:
+    """A structured experience memory shared across agents (INMS)."""
+
+    situation: str
+    action: str
+    outcome: str
+    insight: str
+    evidence: tuple[str, ...] = ()
+    confidence: float = DEFAULT_CONFIDENCE
+
+
+Proposal = (
+    AttributeProposal | MemoryProposal | IntentProposal | IntentUpdateProposal | ExperienceProposal
+)
+
+
+@dataclass(frozen=True)
+class ProposalBatch:
+    """Proposals made by one author (extractor or agent) about one subject."""
+
+    proposals: tuple[Proposal, ...]
+    author: str
+    owner_agent: str
+    sharing: str = "private"
+    app_id: str = ""
+    purpose: str = "personalization"
+    extras: dict[str, str] = field(default_factory=dict)
+
+
+# --- Consent ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConsentGrant:
+    """One consent in force: an app may use categories for purposes until expiry."""
+
+    consent_id: str
+    app_id: str
+    categories: tuple[str, ...]
+    purposes: tuple[str, ...]
+    legal_basis: str
+    granted_at: datetime
+    expires_at: datetime | None = None
+
+    def covers(self, *, app_id: str, category: str, purpose: str, at: datetime) -> bool:
+        if self.app_id != app_id:
+            return False
+        if self.expires_at is not None and at >= self.expires_at:
+            return False
+        if at < self.granted_at:
+            return False
+        category_ok = "*" in self.categories or category in self.categories
+        purpose_ok = "*" in self.purposes or purpose in self.purposes
+        return category_ok and purpose_ok

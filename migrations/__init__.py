@@ -1,0 +1,1 @@
+"""Alembic migrations for every table uprof owns (not the eventsourcing tables)."""

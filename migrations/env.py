@@ -1,0 +1,48 @@
+"""Alembic environment: runs on a connection handed in by uprof.storage.
+
+Two branches: ``views`` (read models and the audit log) and ``keys`` (the key
+store, kept in its own database file on SQLite). The eventsourcing tables are
+created by eventsourcing itself and are excluded here (FIELD-NOTES §1).
+"""
+
+from __future__ import annotations
+
+from alembic import context
+
+from audit.tables import metadata as audit_metadata
+from projections.profile.tables import metadata as profile_metadata
+from uprof.crypto.tables import metadata as keys_metadata
+
+config = context.config
+connection = config.attributes.get("connection")
+if connection is None:
+    raise RuntimeError(
+        "run migrations through `uprof db upgrade` (uprof.storage.migrate), "
+        "which supplies the database connection from Settings"
+    )
+
+TARGETS = {
+    "views": [profile_metadata, audit_metadata],
+    "keys": [keys_metadata],
+}
+target_metadata = TARGETS[config.attributes.get("branch", "views")]
+
+OWN_TABLES = {t for md in (profile_metadata, audit_metadata, keys_metadata) for t in md.tables}
+
+
+def include_object(obj, name, type_, reflected, compare_to):  # type: ignore[no-untyped-def]
+    # eventsourcing owns its tables (events, snapshots, tracking); leave them alone.
+    if type_ == "table":
+        return name in OWN_TABLES
+    return True
+
+
+context.configure(
+    connection=connection,
+    target_metadata=target_metadata,
+    include_object=include_object,
+    render_as_batch=connection.dialect.name == "sqlite",
+    compare_type=True,
+)
+with context.begin_transaction():
+    context.run_migrations()

@@ -1,0 +1,1 @@
+"""Read models built from the event log. Each subpackage: tables, projector, queries."""

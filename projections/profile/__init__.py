@@ -1,0 +1,1 @@
+"""The profile read model: captures, attributes, memories, intents and consents."""

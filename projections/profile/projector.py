@@ -1,0 +1,475 @@
+"""Turn profile events into read-model rows, exactly once.
+
+``ProfileProjector.apply_batch`` writes the rows of a batch of notifications and
+moves the tracking position in the same transaction (P4): a crash either keeps
+both or neither, and a replayed position is skipped. Memory embeddings are
+computed here, batched, never on the capture path.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import numpy as np
+import sqlalchemy as sa
+
+from domain.profile import SubjectProfile as P
+from domain.shredded import Shredded
+from projections.profile import tables as t
+
+PROJECTION_NAME = "profile"
+
+
+class TextEmbedder(Protocol):
+    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+def _json(values: Sequence[str]) -> str:
+    return json.dumps(list(values), separators=(",", ":"))
+
+
+def _merge_json(existing: str, extra: Sequence[str]) -> str:
+    current = json.loads(existing)
+    current.extend(e for e in extra if e not in current)
+    return _json(current)
+
+
+class ProfileProjector:
+    """Writes attributes, memories, intents, consents and captures from events."""
+
+    name = PROJECTION_NAME
+
+    def __init__(self, embedder: TextEmbedder | None) -> None:
+        self._embedder = embedder
+        self._handlers: dict[type, Callable[[sa.Connection, int, Any], None]] = {
+            P.Registered: self._registered,
+            P.InteractionCaptured: self._captured,
+            P.ConsentGranted: self._consent_granted,
+            P.ConsentWithdrawn: self._consent_withdrawn,
+            P.AttributeRecorded: self._attribute_recorded,
+            P.AttributeReinforced: self._attribute_reinforced,
+            P.AttributeConflictFlagged: self._attribute_conflict,
+            P.AttributeSuperseded: self._attribute_superseded,
+            P.MemoryRecorded: self._memory_recorded,
+            P.ExperienceRecorded: self._experience_recorded,
+            P.MemoriesArchived: self._memories_archived,
+            P.IntentRecorded: self._intent_recorded,
+            P.IntentReinforced: self._intent_reinforced,
+            P.IntentStatusChanged: self._intent_status_changed,
+            P.SliceServed: self._slice_served,
+        }
+        self._vectors: dict[str, bytes] = {}
+
+    # ----------------------------------------------------------------- batches
+
+    def position(self, conn: sa.Connection, application_name: str) -> int:
+        row = conn.execute(
+            sa.select(t.projection_tracking.c.notification_id).where(
+                t.projection_tracking.c.projection_name == self.name,
+                t.projection_tracking.c.application_name == application_name,
+            )
+        ).first()
+        return int(row.notification_id) if row else 0
+
+    def apply_batch(
+        self,
+        conn: sa.Connection,
+        application_name: str,
+        batch: Sequence[tuple[int, Any]],
+        last_position: int,
+        vectors: dict[str, bytes] | None = None,
+    ) -> int:
+        """Apply (notification_id, event) pairs and set the position to ``last_position``.
+
+        Must be called inside a transaction. Pairs at or below the stored position
+        are skipped (exactly once). ``vectors`` are the memory embeddings from
+        ``embed_memories``; computed here when not given. Returns how many events
+        were applied.
+        """
+        position = self.position(conn, application_name)
+        fresh = [(nid, ev) for nid, ev in batch if nid > position]
+        if vectors is None:
+            vectors = self.embed_memories([ev for _, ev in fresh])
+        self._vectors = vectors
+        for notification_id, event in fresh:
+            handler = self._handlers.get(type(event))
+            if handler is not None:
+                handler(conn, notification_id, event)
+            if not isinstance(event, Shredded):
+                self._touch_subject(conn, notification_id, event)
+        if last_position > position:
+            self._set_position(conn, application_name, position, last_position)
+        self._vectors = {}
+        return len(fresh)
+
+    def _set_position(
+        self, conn: sa.Connection, application_name: str, old: int, new: int
+    ) -> None:
+        tracking = t.projection_tracking
+        if old == 0 and not conn.execute(
+            sa.select(tracking.c.notification_id).where(
+                tracking.c.projection_name == self.name,
+                tracking.c.application_name == application_name,
+            )
+        ).first():
+            conn.execute(
+                tracking.insert().values(
+                    projection_name=self.name,
+                    application_name=application_name,
+                    notification_id=new,
+                )
+            )
+            return
+        # Guarded update: a concurrent runner that already moved past ``old`` makes this
+        # match no row, and the whole batch rolls back instead of applying twice.
+        result = conn.execute(
+            tracking.update()
+            .where(
+                tracking.c.projection_name == self.name,
+                tracking.c.application_name == application_name,
+                tracking.c.notification_id == old,
+            )
+            .values(notification_id=new)
+        )
+        if result.rowcount != 1:
+            raise RuntimeError(
+                f"projection {self.name!r} position moved concurrently (expected {old})"
+            )
+
+    def embed_memories(self, events: Sequence[Any]) -> dict[str, bytes]:
+        """Embed the memory texts among ``events`` in one model call."""
+        if self._embedder is None:
+            return {}
+        pending = [
+            (e.item_id, _memory_embedding_text(e))
+            for e in events
+            if isinstance(e, P.MemoryRecorded | P.ExperienceRecorded)
+        ]
+        if not pending:
+            return {}
+        matrix = self._embedder.embed([text for _, text in pending]).astype(np.float32)
+        return {item_id: matrix[i].tobytes() for i, (item_id, _) in enumerate(pending)}
+
+    def _touch_subject(self, conn: sa.Connection, notification_id: int, event: Any) -> None:
+        values: dict[str, Any] = {"last_notification_id": notification_id}
+        if isinstance(event, P.InteractionCaptured):
+            values["last_capture_notification_id"] = notification_id
+            values["capture_count"] = t.subjects.c.capture_count + 1
+        if isinstance(event, P.MemoryRecorded | P.ExperienceRecorded | P.MemoriesArchived):
+            values["memory_notification_id"] = notification_id
+        conn.execute(
+            t.subjects.update()
+            .where(t.subjects.c.stream_id == str(event.originator_id))
+            .values(**values)
+        )
+
+    # ------------------------------------------------------------------ events
+
+    def _registered(self, conn: sa.Connection, nid: int, e: Any) -> None:
+        conn.execute(
+            t.subjects.insert().values(
+                stream_id=str(e.originator_id),
+                tenant=e.tenant,
+                capture_count=0,
+                last_notification_id=nid,
+                last_capture_notification_id=0,
+                memory_notification_id=0,
+                registered_at=e.timestamp,
+            )
+        )
+
+    def _captured(self, conn: sa.Connection, nid: int, e: Any) -> None:
+        stream_id = str(e.originator_id)
+        conn.execute(
+            t.captures.insert().values(
+                capture_id=e.capture_id,
+                stream_id=stream_id,
+                notification_id=nid,
+                app_id=e.app_id,
+                agent_id=e.agent_id,
+                agent_type=e.agent_type,
+                session_id=e.session_id,
+                actor=e.actor,
+                purpose=e.purpose,
+                sharing=e.sharing,
+                source_ref=e.source_ref,
+                user_input=e.user_input,
+                agent_response=e.agent_response,
+                occurred_at=e.occurred_at,
+                recorded_at=e.timestamp,
+            )
+        )
+        if e.session_id:
+            self._count_session(conn, stream_id, e.session_id, e.occurred_at)
+
+    def _count_session(
+        self, conn: sa.Connection, stream_id: str, session_id: str, at: datetime
+    ) -> None:
+        sa_t = t.session_activity
+        updated = conn.execute(
+            sa_t.update()
+            .where(sa_t.c.stream_id == stream_id, sa_t.c.session_id == session_id)
+            .values(captures=sa_t.c.captures + 1, last_at=at)
+        )
+        if updated.rowcount == 0:
+            conn.execute(
+                sa_t.insert().values(
+                    stream_id=stream_id, session_id=session_id, captures=1, last_at=at
+                )
+            )
+
+    def _consent_granted(self, conn: sa.Connection, nid: int, e: Any) -> None:
+        conn.execute(
+            t.consents.insert().values(
+                consent_id=e.consent_id,
+                stream_id=str(e.originator_id),
+                app_id=e.app_id,
+                categories=_json(e.categories),
+                purposes=_json(e.purposes),
+                legal_basis=e.legal_basis,
+                granted_at=e.granted_at,
+                expires_at=e.expires_at,
+                withdrawn_at=None,
+                erase_requested=False,
+            )
+        )
+
+    def _consent_withdrawn(self, conn: sa.Connection, nid: int, e: Any) -> None:
+        conn.execute(
+            t.consents.update()
+            .where(t.consents.c.consent_id == e.consent_id)
+            .values(withdrawn_at=e.withdrawn_at, erase_requested=e.erase_requested)
+        )
+
+    def _attribute_recorded(self, conn: sa.Connection, nid: int, e: Any) -> None:
+        conn.execute(
+            t.attributes.insert().values(
+                item_id=e.item_id,
+                stream_id=str(e.originator_id),
+                key=e.key,
+                category=e.category,
+                value=e.value,
+                confidence=e.confidence,
+                provenance=e.provenance,
+                status=e.status,
+                conflicts_with="[]",
+                superseded_by="",
+                owner_agent=e.owner_agent,
+                sharing=e.sharing,
+                author=e.author,
+                evidence=_json(e.evidence),
+                first_observed_at=e.observed_at,
+                last_observed_at=e.observed_at,
+                recorded_at=e.timestamp,
+            )
+        )
+
+    def _attribute_reinforced(self, conn: sa.Connection, nid: int, e: Any) -> None:
+        row = conn.execute(
+            sa.select(t.attributes.c.evidence, t.attributes.c.last_observed_at).where(
+                t.attributes.c.item_id == e.item_id
+            )
+        ).one()
+        conn.execute(
+            t.attributes.update()
+            .where(t.attributes.c.item_id == e.item_id)
+            .values(
+                confidence=e.confidence,
+                provenance=e.provenance,
+                evidence=_merge_json(row.evidence, e.evidence),
+                last_observed_at=max(_aware(row.last_observed_at), e.observed_at),
+            )
+        )
+
+    def _attribute_conflict(self, conn: sa.Connection, nid: int, e: Any) -> None:
+        ids = [e.item_id, *e.conflicts_with]
+        rows = conn.execute(
+            sa.select(t.attributes.c.item_id, t.attributes.c.conflicts_with).where(
+                t.attributes.c.item_id.in_(ids)
+            )
+        ).all()
+        for row in rows:
+            others = [i for i in ids if i != row.item_id]
+            conn.execute(
+                t.attributes.update()
+                .where(t.attributes.c.item_id == row.item_id)
+                .values(status="conflicting", conflicts_with=_merge_json(row.conflicts_with, others))
+            )
+
+    def _attribute_superseded(self, conn: sa.Connection, nid: int, e: Any) -> None:
+        conn.execute(
+            t.attributes.update()
+            .where(t.attributes.c.item_id == e.item_id)
+            .values(status="superseded", superseded_by=e.superseded_by)
+        )
+        if e.superseded_by:
+            conn.execute(
+                t.attributes.update()
+                .where(t.attributes.c.item_id == e.superseded_by)
+                .values(status="current")
+            )
+
+    def _memory_row(self, conn: sa.Connection, e: Any) -> dict[str, Any]:
+        session_id, actor = "", ""
+        if e.evidence:
+            origin = conn.execute(
+                sa.select(t.captures.c.session_id, t.captures.c.actor).where(
+                    t.captures.c.capture_id == e.evidence[0]
+                )
+            ).first()
+            if origin is not None:
+                session_id, actor = origin.session_id, origin.actor
+        return {
+            "item_id": e.item_id,
+            "stream_id": str(e.originator_id),
+            "category": "experience",
+            "provenance": e.provenance,
+            "evidence": _json(e.evidence),
+            "source_refs": "[]",
+            "owner_agent": e.owner_agent,
+            "sharing": e.sharing,
+            "author": e.author,
+            "actor": actor,
+            "session_id": session_id,
+            "recorded_at": e.timestamp,
+            "visits": 0,
+            "last_visited_at": None,
+            "archived": False,
+            "embedding": self._vectors.get(e.item_id),
+            "detail": "{}",
+        }
+
+    def _memory_recorded(self, conn: sa.Connection, nid: int, e: Any) -> None:
+        row = self._memory_row(conn, e)
+        row.update(
+            kind="memory",
+            text=e.text,
+            category=e.category,
+            importance=e.importance,
+            source_refs=_json(e.source_refs),
+            occurred_at=e.occurred_at,
+        )
+        conn.execute(t.memories.insert().values(**row))
+
+    def _experience_recorded(self, conn: sa.Connection, nid: int, e: Any) -> None:
+        row = self._memory_row(conn, e)
+        detail = {
+            "situation": e.situation,
+            "action": e.action,
+            "outcome": e.outcome,
+            "insight": e.insight,
+        }
+        row.update(
+            kind="experience",
+            text=_memory_embedding_text(e),
+            importance=e.confidence,
+            occurred_at=e.observed_at,
+            detail=json.dumps(detail, separators=(",", ":"), sort_keys=True),
+        )
+        conn.execute(t.memories.insert().values(**row))
+
+    def _memories_archived(self, conn: sa.Connection, nid: int, e: Any) -> None:
+        conn.execute(
+            t.memories.update().where(t.memories.c.item_id.in_(e.item_ids)).values(archived=True)
+        )
+
+    def _intent_recorded(self, conn: sa.Connection, nid: int, e: Any) -> None:
+        conn.execute(
+            t.intents.insert().values(
+                item_id=e.item_id,
+                stream_id=str(e.originator_id),
+                description=e.description,
+                category=e.category,
+                confidence=e.confidence,
+                provenance=e.provenance,
+                status="active",
+                evidence=_json(e.evidence),
+                owner_agent=e.owner_agent,
+                sharing=e.sharing,
+                author=e.author,
+                expires_at=e.expires_at,
+                observed_at=e.observed_at,
+                status_changed_at=None,
+            )
+        )
+
+    def _intent_reinforced(self, conn: sa.Connection, nid: int, e: Any) -> None:
+        row = conn.execute(
+            sa.select(t.intents.c.evidence).where(t.intents.c.item_id == e.item_id)
+        ).one()
+        conn.execute(
+            t.intents.update()
+            .where(t.intents.c.item_id == e.item_id)
+            .values(
+                confidence=e.confidence,
+                expires_at=e.expires_at,
+                evidence=_merge_json(row.evidence, e.evidence),
+            )
+        )
+
+    def _intent_status_changed(self, conn: sa.Connection, nid: int, e: Any) -> None:
+        row = conn.execute(
+            sa.select(t.intents.c.evidence).where(t.intents.c.item_id == e.item_id)
+        ).one()
+        conn.execute(
+            t.intents.update()
+            .where(t.intents.c.item_id == e.item_id)
+            .values(
+                status=e.status,
+                status_changed_at=e.observed_at,
+                evidence=_merge_json(row.evidence, e.evidence),
+            )
+        )
+
+    def _slice_served(self, conn: sa.Connection, nid: int, e: Any) -> None:
+        stream_id = str(e.originator_id)
+        if not e.item_ids:
+            return
+        conn.execute(
+            t.memories.update()
+            .where(t.memories.c.item_id.in_(e.item_ids))
+            .values(visits=t.memories.c.visits + 1, last_visited_at=e.served_at)
+        )
+        reads = t.item_reads
+        for item_id in e.item_ids:
+            updated = conn.execute(
+                reads.update()
+                .where(
+                    reads.c.stream_id == stream_id,
+                    reads.c.item_id == item_id,
+                    reads.c.app_id == e.app_id,
+                    reads.c.purpose == e.purpose,
+                )
+                .values(reads=reads.c.reads + 1, last_read_at=e.served_at)
+            )
+            if updated.rowcount == 0:
+                conn.execute(
+                    reads.insert().values(
+                        stream_id=stream_id,
+                        item_id=item_id,
+                        app_id=e.app_id,
+                        purpose=e.purpose,
+                        reads=1,
+                        last_read_at=e.served_at,
+                    )
+                )
+
+
+def _memory_embedding_text(e: Any) -> str:
+    if isinstance(e, P.ExperienceRecorded):
+        parts = [
+            f"Situation: {e.situation}",
+            f"Action: {e.action}",
+            f"Outcome: {e.outcome}" if e.outcome else "",
+            f"Insight: {e.insight}" if e.insight else "",
+        ]
+        return " ".join(p for p in parts if p)
+    return str(e.text)
+
+
+def _aware(value: datetime) -> datetime:
+    """SQLite returns naive datetimes; every stored time is UTC."""
+    return value if value.tzinfo else value.replace(tzinfo=UTC)

@@ -1,0 +1,325 @@
+"""Read queries over the profile read model; they return frozen rows, never ORM objects."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import numpy as np
+import sqlalchemy as sa
+
+from projections.profile import tables as t
+
+
+def aware(value: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes; every stored time is UTC."""
+    if value is None:
+        return None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class AttributeRow:
+    item_id: str
+    key: str
+    category: str
+    value: str
+    confidence: float
+    provenance: str
+    status: str
+    conflicts_with: tuple[str, ...]
+    superseded_by: str
+    owner_agent: str
+    sharing: str
+    author: str
+    evidence: tuple[str, ...]
+    first_observed_at: datetime
+    last_observed_at: datetime
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    item_id: str
+    kind: str
+    text: str
+    category: str
+    importance: float
+    provenance: str
+    evidence: tuple[str, ...]
+    source_refs: tuple[str, ...]
+    owner_agent: str
+    sharing: str
+    author: str
+    actor: str
+    session_id: str
+    occurred_at: datetime
+    recorded_at: datetime
+    visits: int
+    last_visited_at: datetime | None
+    archived: bool
+    detail: dict[str, str]
+
+
+@dataclass(frozen=True)
+class IntentRow:
+    item_id: str
+    description: str
+    category: str
+    confidence: float
+    provenance: str
+    status: str
+    evidence: tuple[str, ...]
+    owner_agent: str
+    sharing: str
+    author: str
+    expires_at: datetime | None
+    observed_at: datetime
+    status_changed_at: datetime | None
+
+
+@dataclass(frozen=True)
+class ConsentRow:
+    consent_id: str
+    app_id: str
+    categories: tuple[str, ...]
+    purposes: tuple[str, ...]
+    legal_basis: str
+    granted_at: datetime
+    expires_at: datetime | None
+    withdrawn_at: datetime | None
+    erase_requested: bool
+
+
+@dataclass(frozen=True)
+class CaptureRow:
+    capture_id: str
+    stream_id: str
+    notification_id: int
+    app_id: str
+    agent_id: str
+    session_id: str
+    actor: str
+    purpose: str
+    source_ref: str
+    user_input: str
+    agent_response: str
+    occurred_at: datetime
+
+
+def _tuple(raw: str) -> tuple[str, ...]:
+    return tuple(json.loads(raw))
+
+
+class ProfileQueries:
+    """Queries scoped to one subject stream at a time (I5: no cross-subject reads)."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self._engine = engine
+
+    def attributes(self, stream_id: str, *, include_superseded: bool = True) -> list[AttributeRow]:
+        q = sa.select(t.attributes).where(t.attributes.c.stream_id == stream_id)
+        if not include_superseded:
+            q = q.where(t.attributes.c.status != "superseded")
+        with self._engine.connect() as conn:
+            rows = conn.execute(q.order_by(t.attributes.c.category, t.attributes.c.key)).all()
+        return [
+            AttributeRow(
+                item_id=r.item_id,
+                key=r.key,
+                category=r.category,
+                value=r.value,
+                confidence=r.confidence,
+                provenance=r.provenance,
+                status=r.status,
+                conflicts_with=_tuple(r.conflicts_with),
+                superseded_by=r.superseded_by,
+                owner_agent=r.owner_agent,
+                sharing=r.sharing,
+                author=r.author,
+                evidence=_tuple(r.evidence),
+                first_observed_at=aware(r.first_observed_at),  # type: ignore[arg-type]
+                last_observed_at=aware(r.last_observed_at),  # type: ignore[arg-type]
+            )
+            for r in rows
+        ]
+
+    def memories(
+        self, stream_id: str, *, include_archived: bool = False, with_vectors: bool = False
+    ) -> tuple[list[MemoryRow], np.ndarray | None]:
+        """Return memories (oldest first) and, if asked, their stacked embedding matrix."""
+        q = sa.select(t.memories).where(t.memories.c.stream_id == stream_id)
+        if not include_archived:
+            q = q.where(t.memories.c.archived.is_(False))
+        with self._engine.connect() as conn:
+            rows = conn.execute(q.order_by(t.memories.c.occurred_at, t.memories.c.item_id)).all()
+        memories = [
+            MemoryRow(
+                item_id=r.item_id,
+                kind=r.kind,
+                text=r.text,
+                category=r.category,
+                importance=r.importance,
+                provenance=r.provenance,
+                evidence=_tuple(r.evidence),
+                source_refs=_tuple(r.source_refs),
+                owner_agent=r.owner_agent,
+                sharing=r.sharing,
+                author=r.author,
+                actor=r.actor,
+                session_id=r.session_id,
+                occurred_at=aware(r.occurred_at),  # type: ignore[arg-type]
+                recorded_at=aware(r.recorded_at),  # type: ignore[arg-type]
+                visits=r.visits,
+                last_visited_at=aware(r.last_visited_at),
+                archived=r.archived,
+                detail=json.loads(r.detail),
+            )
+            for r in rows
+        ]
+        if not with_vectors:
+            return memories, None
+        if not rows or any(r.embedding is None for r in rows):
+            return memories, None
+        matrix = np.frombuffer(b"".join(r.embedding for r in rows), dtype=np.float32)
+        return memories, matrix.reshape(len(rows), -1)
+
+    def intents(self, stream_id: str, *, status: str | None = None) -> list[IntentRow]:
+        q = sa.select(t.intents).where(t.intents.c.stream_id == stream_id)
+        if status is not None:
+            q = q.where(t.intents.c.status == status)
+        with self._engine.connect() as conn:
+            rows = conn.execute(q.order_by(t.intents.c.observed_at, t.intents.c.item_id)).all()
+        return [
+            IntentRow(
+                item_id=r.item_id,
+                description=r.description,
+                category=r.category,
+                confidence=r.confidence,
+                provenance=r.provenance,
+                status=r.status,
+                evidence=_tuple(r.evidence),
+                owner_agent=r.owner_agent,
+                sharing=r.sharing,
+                author=r.author,
+                expires_at=aware(r.expires_at),
+                observed_at=aware(r.observed_at),  # type: ignore[arg-type]
+                status_changed_at=aware(r.status_changed_at),
+            )
+            for r in rows
+        ]
+
+    def consents(self, stream_id: str) -> list[ConsentRow]:
+        q = sa.select(t.consents).where(t.consents.c.stream_id == stream_id)
+        with self._engine.connect() as conn:
+            rows = conn.execute(q.order_by(t.consents.c.granted_at)).all()
+        return [
+            ConsentRow(
+                consent_id=r.consent_id,
+                app_id=r.app_id,
+                categories=_tuple(r.categories),
+                purposes=_tuple(r.purposes),
+                legal_basis=r.legal_basis,
+                granted_at=aware(r.granted_at),  # type: ignore[arg-type]
+                expires_at=aware(r.expires_at),
+                withdrawn_at=aware(r.withdrawn_at),
+                erase_requested=r.erase_requested,
+            )
+            for r in rows
+        ]
+
+    def captures(self, capture_ids: Iterable[str]) -> dict[str, CaptureRow]:
+        """Look up captures by id across subjects (callers check the stream)."""
+        ids = sorted(set(capture_ids))
+        if not ids:
+            return {}
+        with self._engine.connect() as conn:
+            rows = conn.execute(sa.select(t.captures).where(t.captures.c.capture_id.in_(ids))).all()
+        return {
+            r.capture_id: CaptureRow(
+                capture_id=r.capture_id,
+                stream_id=r.stream_id,
+                notification_id=r.notification_id,
+                app_id=r.app_id,
+                agent_id=r.agent_id,
+                session_id=r.session_id,
+                actor=r.actor,
+                purpose=r.purpose,
+                source_ref=r.source_ref,
+                user_input=r.user_input,
+                agent_response=r.agent_response,
+                occurred_at=aware(r.occurred_at),  # type: ignore[arg-type]
+            )
+            for r in rows
+        }
+
+    def session_activity(self, stream_id: str) -> dict[str, int]:
+        sa_t = t.session_activity
+        with self._engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(sa_t.c.session_id, sa_t.c.captures).where(sa_t.c.stream_id == stream_id)
+            ).all()
+        return {r.session_id: r.captures for r in rows}
+
+    def item_reads(self, stream_id: str) -> list[tuple[str, str, str, int, datetime]]:
+        r_t = t.item_reads
+        with self._engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(r_t).where(r_t.c.stream_id == stream_id).order_by(r_t.c.last_read_at)
+            ).all()
+        return [
+            (r.item_id, r.app_id, r.purpose, r.reads, aware(r.last_read_at))  # type: ignore[misc]
+            for r in rows
+        ]
+
+    def memory_version(self, stream_id: str) -> int:
+        """Position of the last event that changed the subject's memories (0: none)."""
+        with self._engine.connect() as conn:
+            row = conn.execute(
+                sa.select(t.subjects.c.memory_notification_id).where(
+                    t.subjects.c.stream_id == stream_id
+                )
+            ).first()
+        return int(row[0]) if row else 0
+
+    def position(self, projection_name: str, application_name: str) -> int:
+        tr = t.projection_tracking
+        with self._engine.connect() as conn:
+            row = conn.execute(
+                sa.select(tr.c.notification_id).where(
+                    tr.c.projection_name == projection_name,
+                    tr.c.application_name == application_name,
+                )
+            ).first()
+        return int(row[0]) if row else 0
+
+    def table_digest(self, stream_ids: Sequence[str] | None = None) -> dict[str, list[tuple]]:
+        """Every row of every view, sorted: for rebuild-equals-live checks.
+
+        Embeddings are left out: a batched model run may differ in the last float
+        bits from an unbatched one; ``embedding_matrix`` compares them with a tolerance.
+        """
+        digest: dict[str, list[tuple]] = {}
+        with self._engine.connect() as conn:
+            for table in t.SUBJECT_TABLES:
+                cols = [c for c in table.c if c.name != "embedding"]
+                q = sa.select(*cols)
+                if stream_ids is not None:
+                    q = q.where(table.c.stream_id.in_(list(stream_ids)))
+                rows = [tuple(r) for r in conn.execute(q)]
+                digest[table.name] = sorted(rows, key=repr)
+        return digest
+
+    def embedding_matrix(self) -> tuple[list[str], np.ndarray]:
+        """All memory ids (sorted) and their vectors, for rebuild comparisons."""
+        with self._engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(t.memories.c.item_id, t.memories.c.embedding)
+                .where(t.memories.c.embedding.is_not(None))
+                .order_by(t.memories.c.item_id)
+            ).all()
+        if not rows:
+            return [], np.zeros((0, 0), dtype=np.float32)
+        matrix = np.frombuffer(b"".join(r.embedding for r in rows), dtype=np.float32)
+        return [r.item_id for r in rows], matrix.reshape(len(rows), -1)

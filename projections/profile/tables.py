@@ -1,0 +1,174 @@
+"""Tables of the profile read model (owned by alembic, branch ``views``).
+
+Every row carries the subject's random ``stream_id``; nothing here names a person.
+List-valued columns (evidence, source refs) hold JSON text so that the same schema
+works on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from projections.naming import NAMING_CONVENTION
+
+metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
+
+TZ = sa.DateTime(timezone=True)
+
+#: Position of each projection in each application's notification log.
+projection_tracking = sa.Table(
+    "projection_tracking",
+    metadata,
+    sa.Column("projection_name", sa.String(64), primary_key=True),
+    sa.Column("application_name", sa.String(64), primary_key=True),
+    sa.Column("notification_id", sa.BigInteger, nullable=False),
+)
+
+subjects = sa.Table(
+    "profile_subjects",
+    metadata,
+    sa.Column("stream_id", sa.String(36), primary_key=True),
+    sa.Column("tenant", sa.String(128), nullable=False),
+    sa.Column("capture_count", sa.Integer, nullable=False, default=0),
+    sa.Column("last_notification_id", sa.BigInteger, nullable=False, default=0),
+    sa.Column("last_capture_notification_id", sa.BigInteger, nullable=False, default=0),
+    #: Moves only when the subject's memories change (not on reads): a cache key.
+    sa.Column("memory_notification_id", sa.BigInteger, nullable=False, default=0),
+    sa.Column("registered_at", TZ, nullable=False),
+)
+
+captures = sa.Table(
+    "captures",
+    metadata,
+    sa.Column("capture_id", sa.String(32), primary_key=True),
+    sa.Column("stream_id", sa.String(36), nullable=False, index=True),
+    sa.Column("notification_id", sa.BigInteger, nullable=False),
+    sa.Column("app_id", sa.String(128), nullable=False),
+    sa.Column("agent_id", sa.String(128), nullable=False),
+    sa.Column("agent_type", sa.String(64), nullable=False),
+    sa.Column("session_id", sa.String(128), nullable=False),
+    sa.Column("actor", sa.String(128), nullable=False),
+    sa.Column("purpose", sa.String(64), nullable=False),
+    sa.Column("sharing", sa.String(256), nullable=False),
+    sa.Column("source_ref", sa.String(256), nullable=False),
+    sa.Column("user_input", sa.Text, nullable=False),
+    sa.Column("agent_response", sa.Text, nullable=False),
+    sa.Column("occurred_at", TZ, nullable=False),
+    sa.Column("recorded_at", TZ, nullable=False),
+)
+
+attributes = sa.Table(
+    "attributes",
+    metadata,
+    sa.Column("item_id", sa.String(32), primary_key=True),
+    sa.Column("stream_id", sa.String(36), nullable=False, index=True),
+    sa.Column("key", sa.String(64), nullable=False),
+    sa.Column("category", sa.String(32), nullable=False),
+    sa.Column("value", sa.Text, nullable=False),
+    sa.Column("confidence", sa.Float, nullable=False),
+    sa.Column("provenance", sa.String(16), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("conflicts_with", sa.Text, nullable=False, default="[]"),
+    sa.Column("superseded_by", sa.String(32), nullable=False, default=""),
+    sa.Column("owner_agent", sa.String(128), nullable=False),
+    sa.Column("sharing", sa.String(256), nullable=False),
+    sa.Column("author", sa.String(64), nullable=False),
+    sa.Column("evidence", sa.Text, nullable=False),
+    sa.Column("first_observed_at", TZ, nullable=False),
+    sa.Column("last_observed_at", TZ, nullable=False),
+    sa.Column("recorded_at", TZ, nullable=False),
+)
+
+memories = sa.Table(
+    "memories",
+    metadata,
+    sa.Column("item_id", sa.String(32), primary_key=True),
+    sa.Column("stream_id", sa.String(36), nullable=False, index=True),
+    sa.Column("kind", sa.String(16), nullable=False),  # "memory" | "experience"
+    sa.Column("text", sa.Text, nullable=False),
+    sa.Column("category", sa.String(32), nullable=False),
+    sa.Column("importance", sa.Float, nullable=False),
+    sa.Column("provenance", sa.String(16), nullable=False),
+    sa.Column("evidence", sa.Text, nullable=False),
+    sa.Column("source_refs", sa.Text, nullable=False),
+    sa.Column("owner_agent", sa.String(128), nullable=False),
+    sa.Column("sharing", sa.String(256), nullable=False),
+    sa.Column("author", sa.String(64), nullable=False),
+    sa.Column("actor", sa.String(128), nullable=False),
+    sa.Column("session_id", sa.String(128), nullable=False),
+    sa.Column("occurred_at", TZ, nullable=False),
+    sa.Column("recorded_at", TZ, nullable=False),
+    sa.Column("visits", sa.Integer, nullable=False, default=0),
+    sa.Column("last_visited_at", TZ, nullable=True),
+    sa.Column("archived", sa.Boolean, nullable=False, default=False),
+    sa.Column("embedding", sa.LargeBinary, nullable=True),
+    sa.Column("detail", sa.Text, nullable=False, default="{}"),
+)
+
+intents = sa.Table(
+    "intents",
+    metadata,
+    sa.Column("item_id", sa.String(32), primary_key=True),
+    sa.Column("stream_id", sa.String(36), nullable=False, index=True),
+    sa.Column("description", sa.Text, nullable=False),
+    sa.Column("category", sa.String(32), nullable=False),
+    sa.Column("confidence", sa.Float, nullable=False),
+    sa.Column("provenance", sa.String(16), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("evidence", sa.Text, nullable=False),
+    sa.Column("owner_agent", sa.String(128), nullable=False),
+    sa.Column("sharing", sa.String(256), nullable=False),
+    sa.Column("author", sa.String(64), nullable=False),
+    sa.Column("expires_at", TZ, nullable=True),
+    sa.Column("observed_at", TZ, nullable=False),
+    sa.Column("status_changed_at", TZ, nullable=True),
+)
+
+consents = sa.Table(
+    "consents",
+    metadata,
+    sa.Column("consent_id", sa.String(32), primary_key=True),
+    sa.Column("stream_id", sa.String(36), nullable=False, index=True),
+    sa.Column("app_id", sa.String(128), nullable=False),
+    sa.Column("categories", sa.Text, nullable=False),
+    sa.Column("purposes", sa.Text, nullable=False),
+    sa.Column("legal_basis", sa.String(64), nullable=False),
+    sa.Column("granted_at", TZ, nullable=False),
+    sa.Column("expires_at", TZ, nullable=True),
+    sa.Column("withdrawn_at", TZ, nullable=True),
+    sa.Column("erase_requested", sa.Boolean, nullable=False, default=False),
+)
+
+#: Captures per session, the "interactions" term of MemoryOS heat.
+session_activity = sa.Table(
+    "session_activity",
+    metadata,
+    sa.Column("stream_id", sa.String(36), primary_key=True),
+    sa.Column("session_id", sa.String(128), primary_key=True),
+    sa.Column("captures", sa.Integer, nullable=False),
+    sa.Column("last_at", TZ, nullable=False),
+)
+
+#: Which app read which item when, for the privacy center ("who read this").
+item_reads = sa.Table(
+    "item_reads",
+    metadata,
+    sa.Column("stream_id", sa.String(36), primary_key=True),
+    sa.Column("item_id", sa.String(32), primary_key=True),
+    sa.Column("app_id", sa.String(128), primary_key=True),
+    sa.Column("purpose", sa.String(64), primary_key=True),
+    sa.Column("reads", sa.Integer, nullable=False),
+    sa.Column("last_read_at", TZ, nullable=False),
+)
+
+#: Tables holding a subject's data, in the order the erasure cascade purges them.
+SUBJECT_TABLES = (
+    item_reads,
+    session_activity,
+    consents,
+    intents,
+    memories,
+    attributes,
+    captures,
+    subjects,
+)

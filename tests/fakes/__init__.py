@@ -1,0 +1,1 @@
+"""In-memory fakes for every port (P11)."""

@@ -1,0 +1,75 @@
+"""Fakes of the clock, the audit trail and a tiny extractor."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from domain.values import (
+    AttributeProposal,
+    CapturedInteraction,
+    IntentProposal,
+    MemoryProposal,
+    ProposalBatch,
+)
+
+
+@dataclass
+class FakeClock:
+    """A clock that moves only when told to."""
+
+    current: datetime = field(default_factory=lambda: datetime(2026, 1, 1, 12, tzinfo=UTC))
+
+    def now(self) -> datetime:
+        return self.current
+
+    def advance(self, **kwargs: float) -> datetime:
+        self.current += timedelta(**kwargs)
+        return self.current
+
+
+@dataclass
+class InMemoryAuditTrail:
+    entries: list[dict[str, Any]] = field(default_factory=list)
+
+    def record(self, action: str, **fields: Any) -> None:
+        self.entries.append({"action": action, **fields})
+
+    def actions(self) -> list[str]:
+        return [e["action"] for e in self.entries]
+
+
+_LIVE_IN = re.compile(r"\bI live in ([A-Z][a-zA-Z]+)")
+_WANT = re.compile(r"\bI want to ([a-z ]+)")
+
+
+class FakeExtractor:
+    """Deterministic stand-in: one memory per capture, 'I live in X', 'I want to Y'."""
+
+    name = "fake"
+
+    def extract(self, capture: CapturedInteraction) -> ProposalBatch:
+        i = capture.interaction
+        evidence = (capture.capture_id,)
+        proposals: list[Any] = [
+            MemoryProposal(
+                text=i.user_input,
+                evidence=evidence,
+                source_refs=(i.source_ref,) if i.source_ref else (),
+                occurred_at=i.occurred_at,
+            )
+        ]
+        if m := _LIVE_IN.search(i.user_input):
+            proposals.append(AttributeProposal("home_location", m.group(1), evidence, 0.9))
+        if m := _WANT.search(i.user_input):
+            proposals.append(IntentProposal(m.group(1).strip(), evidence))
+        return ProposalBatch(
+            tuple(proposals),
+            author="fake",
+            owner_agent=i.agent_id,
+            sharing=i.sharing,
+            app_id=i.app_id,
+            purpose=i.purpose,
+        )

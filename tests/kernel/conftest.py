@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+
+from domain.values import Interaction
+from tests.conftest import Backend
+from tests.fakes.ports import FakeClock, FakeExtractor
+from uprof.adapters.embeddings import HashingEmbedder
+from uprof.bootstrap import bootstrap
+from uprof.kernel import Uprof
+from uprof.settings import Settings
+
+APP = "app:planner"
+
+
+def settings_for(backend: Backend) -> Settings:
+    return Settings(
+        data_dir=backend.data_dir / "data",
+        database_url=backend.url if backend.kind == "postgres" else None,
+        embedder="hashing",
+    )
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def kernel(backend: Backend, clock: FakeClock) -> Iterator[Uprof]:
+    k = bootstrap(
+        settings_for(backend), clock=clock, embedder=HashingEmbedder(), extractor=FakeExtractor()
+    )
+    try:
+        yield k
+    finally:
+        k.close()
+
+
+def say(text: str, *, app: str = APP, agent: str = "agent:one", ref: str = "", day: int = 1,
+        sharing: str = "shared", purpose: str = "personalization", session: str = "s1") -> Interaction:
+    return Interaction(
+        app_id=app,
+        agent_id=agent,
+        occurred_at=datetime(2025, 1, day, 9, tzinfo=UTC),
+        user_input=text,
+        source_ref=ref,
+        sharing=sharing,
+        purpose=purpose,
+        session_id=session,
+    )
+
+
+def consent(kernel: Uprof, subject: str = "alice", app: str = APP, categories=("*",)) -> str:
+    return kernel.grant_consent(
+        subject, app_id=app, categories=list(categories), purposes=["personalization"]
+    )

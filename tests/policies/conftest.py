@@ -1,0 +1,33 @@
+"""Fixtures for the authorization tests: the packaged seed, in memory or as a file copy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from policies import CasbinAuthorizer, copy_seed_policy
+
+
+@pytest.fixture
+def seeded() -> CasbinAuthorizer:
+    """The packaged model and seed policy, changes kept in memory."""
+    return CasbinAuthorizer.seeded()
+
+
+@pytest.fixture
+def policy_file(tmp_path: Path) -> Path:
+    """A writable copy of the seed policy."""
+    path = tmp_path / "policy.csv"
+    assert copy_seed_policy(path)
+    return path
+
+
+@pytest.fixture
+def model_file(tmp_path: Path) -> Path:
+    """A copy of the packaged model, so tests can edit it."""
+    from policies import packaged_model_text
+
+    path = tmp_path / "model.conf"
+    path.write_text(packaged_model_text(), encoding="utf-8")
+    return path

@@ -1,0 +1,74 @@
+"""The seed policy's intended meaning, written out by hand.
+
+Independent of the enforcer on purpose: it restates seed_policy.csv as plain sets, so a
+change to the policy file or the model that changes any decision fails the matrix test.
+"""
+
+from __future__ import annotations
+
+#: The catalogue as this table was written against; a test checks it still equals CATEGORIES.
+ALL_CATEGORIES = (
+    "identity",
+    "location",
+    "occupation",
+    "language",
+    "preference",
+    "diet",
+    "pet",
+    "family",
+    "schedule",
+    "goal",
+    "health",
+    "contact",
+    "conversation",
+    "experience",
+)
+ACTIONS = ("read", "capture", "propose", "erase", "export", "audit")
+PURPOSES = (
+    "personalization",
+    "scheduling",
+    "erasure",
+    "access-request",
+    "compliance",
+    "marketing",
+    "research",
+)
+TENANTS = ("default", "acme")
+UNKNOWN_APP = "app:unknown"
+APPS = ("app:planner", "app:calendar", "app:privacy-console", "app:compliance-console", UNKNOWN_APP)
+
+_ASSISTANT = ("preference", "diet", "language", "conversation", "goal", "schedule")
+_SCHEDULER_READS = ("schedule", "goal", "contact", "location")
+_SCHEDULER_WRITES = ("schedule", "goal")
+
+#: (action, category, purpose) each app may do in tenant "default"; everything else is denied.
+ALLOWED_IN_DEFAULT: dict[str, frozenset[tuple[str, str, str]]] = {
+    "app:planner": frozenset(
+        (action, category, "personalization")
+        for action in ("read", "capture", "propose")
+        for category in _ASSISTANT
+    ),
+    "app:calendar": frozenset(
+        {("read", category, "scheduling") for category in _SCHEDULER_READS}
+        | {
+            (action, category, "scheduling")
+            for action in ("capture", "propose")
+            for category in _SCHEDULER_WRITES
+        }
+    ),
+    "app:privacy-console": frozenset(
+        {("erase", category, "erasure") for category in ALL_CATEGORIES}
+        | {("export", category, "access-request") for category in ALL_CATEGORIES}
+    ),
+    "app:compliance-console": frozenset(
+        ("audit", category, "compliance") for category in ALL_CATEGORIES
+    ),
+    UNKNOWN_APP: frozenset(),
+}
+
+
+def expected_allowed(app: str, tenant: str, action: str, category: str, purpose: str) -> bool:
+    """Return what the seed policy should decide for one request."""
+    if tenant != "default":
+        return False
+    return (action, category, purpose) in ALLOWED_IN_DEFAULT.get(app, frozenset())

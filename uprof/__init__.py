@@ -1,0 +1,3 @@
+"""uprof: a governed, event-sourced profile service for multi-agent LLM systems."""
+
+__version__ = "0.1.0"

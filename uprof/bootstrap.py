@@ -1,0 +1,179 @@
+"""The one composition root: build engines, keys, models and services from Settings (P5).
+
+Importing this module builds nothing; ``bootstrap(settings)`` does. Tests pass
+fakes for the clock, embedder, extractor and audit trail.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+from audit.keys import load_or_create_signing_key
+from audit.log import AuditLog
+from projections.profile.projector import ProfileProjector
+from projections.profile.queries import ProfileQueries
+from uprof.adapters.audit_trail import AuditLogTrail
+from uprof.adapters.clock import SystemClock
+from uprof.crypto.keystore import KeyStore
+from uprof.eventstore import ProfilesApplication
+from uprof.kernel import Uprof
+from uprof.ports import AuditTrail, Clock, Embedder, Extractor, TokenCounter
+from uprof.services.capture import CaptureService
+from uprof.services.consent import ConsentService
+from uprof.services.extraction import EvidenceChecker, ExtractionWorker
+from uprof.services.maintenance import MaintenanceService
+from uprof.services.profile import ProfileService
+from uprof.services.projection import ProjectionRunner
+from uprof.services.proposals import ProposalService
+from uprof.services.slices import Authorizer, SliceService
+from uprof.services.subjects import SubjectResolver
+from uprof.settings import Settings
+from uprof.storage import create_engine, layout_for, migrate
+
+MASTER_KEY_FILE = "master.key"
+AUDIT_KEY_FILE = "audit-signing.pem"
+
+
+def _secret_file(path: Path, size: int = 32) -> bytes:
+    """Read a secret file, creating it (mode 0600) on first start."""
+    if path.exists():
+        data = path.read_bytes()
+        if len(data) < size:
+            raise ValueError(f"{path.name} is shorter than {size} bytes; refusing to start")
+        return data
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = secrets.token_bytes(size)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    return data
+
+
+def master_secret(settings: Settings) -> bytes:
+    if settings.master_secret is not None:
+        raw = settings.master_secret.get_secret_value().encode()
+        if len(raw) < 32:
+            raise ValueError("UPROF_MASTER_SECRET must be at least 32 characters")
+        return raw
+    return _secret_file(settings.data_dir / MASTER_KEY_FILE)
+
+
+def build_embedder(settings: Settings) -> Embedder:
+    if settings.embedder == "hashing":
+        from uprof.adapters.embeddings import HashingEmbedder
+
+        return HashingEmbedder()
+    from uprof.adapters.embeddings import MiniLMEmbedder
+
+    return MiniLMEmbedder()
+
+
+def build_extractor(settings: Settings) -> Extractor:
+    from uprof.adapters.extraction import OpenAICompatibleExtractor, RuleBasedExtractor
+
+    rules = RuleBasedExtractor()
+    if settings.extractor == "rules":
+        return rules
+    key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else None
+    return OpenAICompatibleExtractor(
+        base_url=settings.llm_base_url,
+        model=settings.llm_model,
+        api_key=key,
+        timeout_s=settings.llm_timeout_s,
+        fallback=rules,
+    )
+
+
+def build_authorizer(settings: Settings) -> Authorizer:
+    from policies import CasbinAuthorizer
+
+    # The packaged seed is read-only; policy edits go to a copy named by the setting.
+    return CasbinAuthorizer.from_files(
+        settings.policy_model_path, settings.policy_path, save_changes=False
+    )
+
+
+def build_counter() -> TokenCounter:
+    from uprof.adapters.tokens import TiktokenCounter
+
+    return TiktokenCounter()
+
+
+def bootstrap(
+    settings: Settings,
+    *,
+    clock: Clock | None = None,
+    embedder: Embedder | None = None,
+    extractor: Extractor | None = None,
+    audit: AuditTrail | None = None,
+    authorizer: Authorizer | None = None,
+    counter: TokenCounter | None = None,
+) -> Uprof:
+    """Build a ready deployment: migrate stores, open the log, wire the services."""
+    clock = clock or SystemClock()
+    layout = layout_for(settings)
+    views = create_engine(layout.views_url)
+    keys = views if layout.keys_url == layout.views_url else create_engine(layout.keys_url)
+    migrate(views, "views")
+    migrate(keys, "keys")
+
+    keystore = KeyStore(keys, master_secret=master_secret(settings))
+    app = ProfilesApplication(env=layout.eventsourcing_env, keystore=keystore)
+    subjects = SubjectResolver(keystore, settings.tenant)
+    queries = ProfileQueries(views)
+    if audit is None:
+        signing_key = load_or_create_signing_key(settings.data_dir / AUDIT_KEY_FILE)
+        audit_log = AuditLog(views, signing_key, settings.audit_origin, clock=clock.now)
+        audit = AuditLogTrail(audit_log, settings.tenant)
+    embedder = embedder or build_embedder(settings)
+    extractor = extractor or build_extractor(settings)
+    evidence = EvidenceChecker(queries)
+
+    def close() -> None:
+        app.close()
+        views.dispose()
+        keys.dispose()
+
+    kernel_ref: list[Uprof] = []
+
+    def ensure_fresh(timeout_s: float) -> bool:
+        return kernel_ref[0].ensure_fresh(timeout_s)
+
+    slice_service = SliceService(
+        app,
+        subjects,
+        queries,
+        authorizer or build_authorizer(settings),
+        embedder,
+        counter or build_counter(),
+        clock,
+        audit,
+        ensure_fresh=ensure_fresh,
+        default_wait_s=settings.read_wait_timeout_s,
+    )
+    kernel = Uprof(
+        settings=settings,
+        app=app,
+        keystore=keystore,
+        subjects=subjects,
+        queries=queries,
+        clock=clock,
+        audit=audit,
+        capture_service=CaptureService(app, subjects, clock, audit),
+        consent_service=ConsentService(app, subjects, clock, audit),
+        proposal_service=ProposalService(app, subjects, evidence, clock, audit),
+        profile_service=ProfileService(app, queries),
+        extraction=ExtractionWorker(
+            app, extractor, evidence, clock, batch_size=settings.projection_batch_size
+        ),
+        projections=ProjectionRunner(
+            app, views, ProfileProjector(embedder), batch_size=settings.projection_batch_size
+        ),
+        maintenance=MaintenanceService(app, subjects, queries),
+        slice_service=slice_service,
+        closers=(close,),
+    )
+    kernel_ref.append(kernel)
+    return kernel

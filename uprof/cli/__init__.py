@@ -1,0 +1,1 @@
+"""The ``uprof`` command line (Typer + Rich)."""

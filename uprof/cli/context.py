@@ -1,0 +1,103 @@
+"""Shared CLI plumbing: settings from options, one kernel per command, error mapping."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from domain.errors import (
+    ConsentRequiredError,
+    EvidenceError,
+    IdentityError,
+    InvalidInputError,
+    PermissionDeniedError,
+    SubjectErasedError,
+    SubjectNotFoundError,
+    UprofError,
+)
+from uprof.kernel import Uprof
+from uprof.settings import Settings
+
+console = Console()
+err_console = Console(stderr=True)
+
+#: Exit codes by error class; the first match wins (subclasses before bases).
+EXIT_CODES: tuple[tuple[type[UprofError], int], ...] = (
+    (InvalidInputError, 2),
+    (ConsentRequiredError, 3),
+    (PermissionDeniedError, 3),
+    (EvidenceError, 4),
+    (IdentityError, 4),
+    (SubjectNotFoundError, 5),
+    (SubjectErasedError, 5),
+    (UprofError, 1),
+)
+
+
+class CliState:
+    """Options given before the command name."""
+
+    data_dir: Path | None = None
+    database_url: str | None = None
+    embedder: str | None = None
+
+
+STATE = CliState()
+
+
+def settings() -> Settings:
+    overrides: dict[str, object] = {}
+    if STATE.data_dir is not None:
+        overrides["data_dir"] = STATE.data_dir
+    if STATE.database_url is not None:
+        overrides["database_url"] = STATE.database_url
+    if STATE.embedder is not None:
+        overrides["embedder"] = STATE.embedder
+    return Settings(**overrides)  # type: ignore[arg-type]
+
+
+@contextmanager
+def kernel() -> Iterator[Uprof]:
+    """Build the deployment for one command and map uprof errors to exit codes."""
+    from uprof.bootstrap import bootstrap
+
+    k = None
+    try:
+        k = bootstrap(settings())
+        yield k
+    except UprofError as e:
+        fail(e)
+    finally:
+        if k is not None:
+            k.close()
+
+
+def fail(error: UprofError) -> None:
+    err_console.print(f"[bold red]error:[/] {error.diagnostics()}", highlight=False)
+    code = next(code for cls, code in EXIT_CODES if isinstance(error, cls))
+    raise typer.Exit(code)
+
+
+def parse_time(value: str | None, option: str) -> datetime | None:
+    """Parse an ISO 8601 time given on the command line; it must carry a timezone."""
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        err_console.print(f"[bold red]error:[/] {option} {value!r} is not an ISO 8601 time")
+        raise typer.Exit(2) from None
+    if parsed.tzinfo is None:
+        err_console.print(f"[bold red]error:[/] {option} needs a timezone, e.g. {value}Z")
+        raise typer.Exit(2)
+    return parsed
+
+
+def is_interactive() -> bool:
+    return sys.stderr.isatty()

@@ -1,0 +1,122 @@
+"""``uprof demo``: the main job on the embedded default, end to end.
+
+Two users talk to two apps over several sessions. The demo grants consent,
+captures the scripted conversation through the public API, lets extraction and
+projections run, prints each profile in its three layers, the evidence behind
+one item and the profile as it stood after the first session.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from uprof.cli.context import STATE, console, kernel
+from uprof.cli.render import print_evidence, print_profile
+from uprof.kernel import Uprof
+from uprof.schemas.capture import InteractionIn
+
+
+@dataclass(frozen=True)
+class Turn:
+    day: int
+    session: str
+    app: str
+    agent: str
+    user: str
+    reply: str
+
+
+PLANNER, CALENDAR = "app:planner", "app:calendar"
+
+#: Written for this project. Each user speaks to a planning assistant and a calendar agent.
+SCRIPT: dict[str, list[Turn]] = {
+    "maya": [
+        Turn(1, "m1", PLANNER, "agent:planner", "Hi! My name is Maya Lindqvist.", "Nice to meet you, Maya."),
+        Turn(1, "m1", PLANNER, "agent:planner", "I live in Gothenburg and I work as a marine biologist.", "That sounds fascinating."),
+        Turn(1, "m1", PLANNER, "agent:planner", "I'm vegetarian, so please skip the steakhouse ideas.", "Noted, vegetarian options only."),
+        Turn(1, "m1", PLANNER, "agent:planner", "I love kayaking and I hate crowded museums.", "Kayaking trips it is."),
+        Turn(2, "m2", CALENDAR, "agent:calendar", "Every Tuesday I swim at 7am before work.", "I'll keep Tuesday mornings free."),
+        Turn(2, "m2", CALENDAR, "agent:calendar", "I'm planning to visit my sister Elin in Oslo next month.", "Shall I look at train times?"),
+        Turn(3, "m3", PLANNER, "agent:planner", "I speak Swedish and English, and I'm learning Portuguese.", "Great mix."),
+        Turn(3, "m3", PLANNER, "agent:planner", "I have a dog named Skipper who comes on every hike.", "Dog-friendly trails then."),
+        Turn(9, "m4", PLANNER, "agent:planner", "Big news: I moved to Lisbon for a new research post.", "Congratulations on the move!"),
+        Turn(9, "m4", PLANNER, "agent:planner", "I want to run the Lisbon half marathon in March.", "I'll build a training plan."),
+    ],
+    "tomas": [
+        Turn(1, "t1", PLANNER, "agent:planner", "I'm Tomas, I work as a software engineer in Brno.", "Hello Tomas."),
+        Turn(1, "t1", PLANNER, "agent:planner", "I'm allergic to peanuts, so be careful with recipes.", "Understood, no peanuts."),
+        Turn(2, "t2", CALENDAR, "agent:calendar", "My daughter Klara has piano lessons every Thursday.", "I'll block Thursday afternoons."),
+        Turn(2, "t2", CALENDAR, "agent:calendar", "I need to renew my passport before the summer.", "I'll remind you in April."),
+        Turn(4, "t3", PLANNER, "agent:planner", "I enjoy board games and I really like Thai food.", "Thai night with board games?"),
+        Turn(4, "t3", PLANNER, "agent:planner", "I live in Prague now, actually, not Brno.", "Updated."),
+    ],
+}
+
+CONSENTS = (
+    (PLANNER, ["conversation", "identity", "location", "occupation", "language", "preference",
+               "diet", "pet", "family", "goal", "health"], ["personalization"]),
+    (CALENDAR, ["conversation", "schedule", "goal", "family", "location"], ["personalization"]),
+)
+
+
+def run_script(k: Uprof, start: datetime) -> datetime:
+    """Capture every user's first session, return the time it was done, then the rest."""
+    for subject in SCRIPT:
+        for app_id, categories, purposes in CONSENTS:
+            k.grant_consent(subject, app_id=app_id, categories=categories, purposes=purposes)
+    first_sessions = {subject: turns[0].session for subject, turns in SCRIPT.items()}
+    split: datetime | None = None
+    for phase in ("first", "rest"):
+        for subject, turns in SCRIPT.items():
+            selected = [
+                t for t in turns if (t.session == first_sessions[subject]) == (phase == "first")
+            ]
+            rows = [
+                InteractionIn(
+                    subject=subject, app_id=t.app, agent_id=t.agent, agent_type=t.agent.split(":")[1],
+                    user_input=t.user, agent_response=t.reply, session_id=t.session,
+                    occurred_at=start + timedelta(days=t.day, minutes=i), sharing="shared",
+                    source_ref=f"{t.session}:{i + 1}",
+                ).to_domain()
+                for i, t in enumerate(selected)
+            ]
+            k.capture_many(subject, rows)
+        k.process()
+        if split is None:
+            split = datetime.now(tz=UTC)
+    assert split is not None
+    return split
+
+
+def demo(
+    data_dir: Annotated[
+        Path, typer.Option(help="Where the demo keeps its SQLite stores.")
+    ] = Path(".uprof-data/demo"),
+    fresh: Annotated[bool, typer.Option(help="Start from an empty data folder.")] = False,
+) -> None:
+    """Run the scripted two-user, two-app conversation and show the profiles."""
+    if fresh and data_dir.exists():
+        shutil.rmtree(data_dir)
+    STATE.data_dir = data_dir
+    with kernel() as k:
+        console.rule("[bold]uprof demo[/]: capture → consent gate → extraction → projections")
+        console.print(f"stores: {data_dir} (SQLite: events, views+audit, keys)")
+        after_first = run_script(k, datetime(2026, 3, 2, 9, tzinfo=UTC))
+        lag = k.lag()
+        console.print(
+            f"log position {lag.log_position}; extraction pending {lag.extraction_pending}; "
+            f"projection pending {lag.projection_pending}"
+        )
+        for subject in SCRIPT:
+            print_profile(console, subject, k.profile(subject))
+        maya = k.profile("maya")
+        conflicted = next((a for a in maya.attributes if a.key == "home_location"), None)
+        if conflicted is not None:
+            print_evidence(console, k.evidence("maya", conflicted.item_id))
+        print_profile(console, "maya (after session 1)", k.profile("maya", as_of=after_first))

@@ -1,0 +1,217 @@
+"""``uprof``: capture, consent, profiles, projections, benchmarks and the demo."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from uprof.cli.context import STATE, console, kernel, parse_time
+from uprof.cli.render import print_evidence, print_profile
+from uprof.schemas.capture import InteractionIn
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+consent_app = typer.Typer(no_args_is_help=True, help="Grant, withdraw and list consents.")
+profile_app = typer.Typer(no_args_is_help=True, help="Show profiles and the evidence behind items.")
+projections_app = typer.Typer(no_args_is_help=True, help="Run, rebuild and inspect projections.")
+app.add_typer(consent_app, name="consent")
+app.add_typer(profile_app, name="profile")
+app.add_typer(projections_app, name="projections")
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console,
+    )
+
+
+@app.callback()
+def main(
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Folder of the embedded SQLite stores (UPROF_DATA_DIR).")
+    ] = None,
+    database_url: Annotated[
+        str | None, typer.Option(help="PostgreSQL URL instead of SQLite (UPROF_DATABASE_URL).")
+    ] = None,
+    embedder: Annotated[
+        str | None, typer.Option(help="minilm (default) or hashing (fast, lexical fallback).")
+    ] = None,
+) -> None:
+    STATE.data_dir = data_dir
+    STATE.database_url = database_url
+    STATE.embedder = embedder
+
+
+# ----------------------------------------------------------------------- capture
+
+
+@app.command()
+def capture(
+    subject: Annotated[str, typer.Option(help="Who the interaction is about.")],
+    app_id: Annotated[str, typer.Option("--app", help="The app reporting it.")],
+    agent: Annotated[str, typer.Option(help="The agent that took part.")],
+    text: Annotated[str, typer.Option(help="What the user said.")],
+    response: Annotated[str, typer.Option(help="What the agent answered.")] = "",
+    session: Annotated[str, typer.Option(help="Session id.")] = "",
+    source_ref: Annotated[str, typer.Option(help="Your own reference, kept verbatim.")] = "",
+    at: Annotated[str | None, typer.Option(help="When it happened (ISO 8601, with zone).")] = None,
+    purpose: Annotated[str, typer.Option(help="Purpose it is collected for.")] = "personalization",
+    sharing: Annotated[str, typer.Option(help="private | shared | shared:<types>")] = "private",
+) -> None:
+    """Capture one interaction through the consent gate."""
+    row = InteractionIn(
+        subject=subject, app_id=app_id, agent_id=agent, user_input=text, agent_response=response,
+        session_id=session, source_ref=source_ref, purpose=purpose, sharing=sharing,
+        occurred_at=parse_time(at, "--at") or datetime.now(tz=UTC),
+    )
+    with kernel() as k:
+        ack = k.capture(subject, row.to_domain())
+        console.print(f"captured [bold]{ack.capture_id}[/] at log position {ack.notification_id}")
+
+
+@app.command("import")
+def import_jsonl(
+    path: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="JSONL, one per line.")],
+) -> None:
+    """Capture every interaction of a JSONL file (all lines checked before any is written)."""
+    from uprof.services.importer import import_interactions
+
+    lines = path.read_text(encoding="utf-8").splitlines()
+    with kernel() as k, _progress() as bar:
+        task = bar.add_task("capturing", total=sum(1 for line in lines if line.strip()))
+        report = import_interactions(k, lines, progress=lambda n: bar.advance(task, n))
+    console.print(f"captured {report.captured} interactions for {report.subjects} subjects")
+
+
+# ----------------------------------------------------------------------- consent
+
+
+@consent_app.command("grant")
+def consent_grant(
+    subject: Annotated[str, typer.Option()],
+    app_id: Annotated[str, typer.Option("--app")],
+    category: Annotated[list[str], typer.Option(help="Repeat; * for every category.")],
+    purpose: Annotated[list[str], typer.Option(help="Repeat for several purposes.")],
+    basis: Annotated[str, typer.Option(help="Lawful basis.")] = "consent",
+    expires: Annotated[str | None, typer.Option(help="Expiry (ISO 8601, with zone).")] = None,
+) -> None:
+    """Grant an app consent to use categories for purposes."""
+    with kernel() as k:
+        consent_id = k.grant_consent(
+            subject, app_id=app_id, categories=category, purposes=purpose, legal_basis=basis,
+            expires_at=parse_time(expires, "--expires"),
+        )
+        console.print(f"consent [bold]{consent_id}[/] granted")
+
+
+@consent_app.command("withdraw")
+def consent_withdraw(
+    subject: Annotated[str, typer.Option()],
+    consent_id: Annotated[str, typer.Option("--consent")],
+) -> None:
+    """Withdraw a consent: the next capture under it is refused."""
+    with kernel() as k:
+        k.withdraw_consent(subject, consent_id)
+        console.print(f"consent {consent_id} withdrawn")
+
+
+@consent_app.command("list")
+def consent_list(subject: Annotated[str, typer.Option()]) -> None:
+    """List a subject's consents."""
+    with kernel() as k:
+        view = k.profile(subject)
+        rows = [
+            {
+                "consent_id": c.consent_id, "app": c.app_id, "categories": c.categories,
+                "purposes": c.purposes, "basis": c.legal_basis,
+                "granted_at": c.granted_at.isoformat(),
+                "withdrawn_at": c.withdrawn_at.isoformat() if c.withdrawn_at else None,
+            }
+            for c in view.consents
+        ]
+        console.print_json(json.dumps(rows))
+
+
+# ----------------------------------------------------------------------- profile
+
+
+@profile_app.command("show")
+def profile_show(
+    subject: Annotated[str, typer.Option()],
+    as_of: Annotated[str | None, typer.Option(help="Show it as it stood then (ISO 8601).")] = None,
+    memories: Annotated[int, typer.Option(help="How many recent memories to list.")] = 12,
+) -> None:
+    """Show a subject's attributes, intents, memories and consents with evidence."""
+    with kernel() as k:
+        view = k.profile(subject, as_of=parse_time(as_of, "--as-of"))
+        print_profile(console, subject, view, max_memories=memories)
+
+
+@profile_app.command("evidence")
+def profile_evidence(
+    subject: Annotated[str, typer.Option()],
+    item: Annotated[str, typer.Option(help="Item id (from `profile show`; a prefix works).")],
+) -> None:
+    """Show the captured events behind one item."""
+    with kernel() as k:
+        item_id = _expand_item(k, subject, item)
+        print_evidence(console, k.evidence(subject, item_id))
+
+
+def _expand_item(k, subject: str, prefix: str) -> str:  # type: ignore[no-untyped-def]
+    view = k.profile(subject)
+    ids = [a.item_id for a in view.attributes] + [i.item_id for i in view.intents]
+    ids += [m.item_id for m in view.memories]
+    matches = [i for i in ids if i.startswith(prefix)]
+    return matches[0] if len(matches) == 1 else prefix
+
+
+# ------------------------------------------------------------------- projections
+
+
+@projections_app.command("run")
+def projections_run() -> None:
+    """Extract and project everything not yet processed."""
+    with kernel() as k:
+        console.print(f"processed {k.process()} notifications")
+
+
+@projections_app.command("rebuild")
+def projections_rebuild() -> None:
+    """Drop the read models and rebuild them from the event log."""
+    with kernel() as k, _progress() as bar:
+        task = bar.add_task("rebuilding", total=k.app.max_notification_id())
+        count = k.rebuild(progress=lambda done, total: bar.update(task, completed=done, total=total))
+    console.print(f"rebuilt from {count} events")
+
+
+@projections_app.command("lag")
+def projections_lag() -> None:
+    """Report how far extraction and projections are behind the log."""
+    with kernel() as k:
+        lag = k.lag()
+        console.print_json(
+            json.dumps(
+                {
+                    "log_position": lag.log_position,
+                    "extraction_pending": lag.extraction_pending,
+                    "projection_pending": lag.projection_pending,
+                    "caught_up": lag.caught_up,
+                }
+            )
+        )
+
+
+def _register_optional_commands() -> None:
+    from uprof.cli import bench, demo
+
+    app.command("demo")(demo.demo)
+    app.add_typer(bench.bench_app, name="bench")
+
+
+_register_optional_commands()

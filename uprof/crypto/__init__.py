@@ -1,0 +1,1 @@
+"""Per-subject envelope encryption: key store, KEK handling and the event mapper."""

@@ -1,0 +1,57 @@
+"""Key-store tables (owned by alembic, branch ``keys``).
+
+Kept apart from the read models on purpose: on SQLite it is its own file, so it can
+have its own backup policy, and the KEK is never stored beside the wrapped DEKs.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from uprof.naming import NAMING_CONVENTION
+
+metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
+
+#: Lookup from a keyed hash of (tenant, subject reference) to the random stream id.
+#: No identifier is stored in plaintext; the row is deleted at erasure.
+subject_index = sa.Table(
+    "subject_index",
+    metadata,
+    sa.Column("ref_hash", sa.String(64), primary_key=True),
+    sa.Column("tenant", sa.String(128), nullable=False),
+    sa.Column("stream_id", sa.String(36), nullable=False, unique=True),
+    sa.Column("pseudonym", sa.String(64), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+#: Sessions and known identifiers bound to a subject (identity resolution, steps 2-3).
+#: Keyed by a keyed hash, so the identifier itself is not stored; deleted at erasure.
+subject_aliases = sa.Table(
+    "subject_aliases",
+    metadata,
+    sa.Column("alias_hash", sa.String(64), primary_key=True),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("tenant", sa.String(128), nullable=False),
+    sa.Column("stream_id", sa.String(36), nullable=False, index=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+#: One wrapped data key per (stream, version). Destroying the rows shreds the stream.
+subject_keys = sa.Table(
+    "subject_keys",
+    metadata,
+    sa.Column("stream_id", sa.String(36), primary_key=True),
+    sa.Column("key_version", sa.Integer, primary_key=True),
+    sa.Column("wrapped_dek", sa.LargeBinary, nullable=False),
+    sa.Column("kek_id", sa.String(64), nullable=False),
+    sa.Column("dek_commitment", sa.String(64), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+#: Streams whose keys were destroyed; their ids are never reused (FIELD-NOTES §3.4).
+shredded_streams = sa.Table(
+    "shredded_streams",
+    metadata,
+    sa.Column("stream_id", sa.String(36), primary_key=True),
+    sa.Column("shredded_at", sa.DateTime(timezone=True), nullable=False),
+)

@@ -1,0 +1,116 @@
+"""The profiles event store: an eventsourcing application over SQLite or PostgreSQL.
+
+It uses a *process* recorder, so that events and a tracking position can commit
+in one transaction: the extraction worker reads captures from this same log and
+appends its results atomically with the position it reached (exactly once).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+from uuid import UUID
+
+from eventsourcing.application import Application, ProcessingEvent
+from eventsourcing.persistence import (
+    IntegrityError,
+    Mapper,
+    Notification,
+    ProcessRecorder,
+    RecordConflictError,
+    Tracking,
+)
+from eventsourcing.utils import get_topic
+
+from domain.errors import SubjectErasedError, SubjectNotFoundError
+from domain.profile import SubjectProfile
+from uprof.crypto.keystore import KeyStore
+from uprof.crypto.mapper import SubjectKeyMapper
+
+T = TypeVar("T")
+
+#: Snapshot every N events, so loading a subject costs the same at any history length.
+SNAPSHOT_INTERVAL = 100
+#: Attempts for a command that lost an optimistic-concurrency race.
+CONFLICT_RETRIES = 20
+
+
+def topic_of(event_class: type) -> str:
+    return get_topic(event_class)
+
+
+class ProfilesApplication(Application[UUID]):
+    """Event store of every subject's stream, sealed per subject."""
+
+    name = "profiles"
+    snapshotting_intervals = {SubjectProfile: SNAPSHOT_INTERVAL}  # noqa: RUF012
+
+    def __init__(self, env: dict[str, str], keystore: KeyStore) -> None:
+        self._keystore = keystore
+        super().__init__(env)
+
+    def construct_mapper(self) -> Mapper[UUID]:
+        return SubjectKeyMapper(self.construct_transcoder(), self._keystore)
+
+    def construct_recorder(self) -> ProcessRecorder:  # type: ignore[override]
+        return self.factory.process_recorder()
+
+    @property
+    def process_recorder(self) -> ProcessRecorder:
+        assert isinstance(self.recorder, ProcessRecorder)
+        return self.recorder
+
+    # ------------------------------------------------------------------ subjects
+
+    def load(self, stream_id: UUID) -> SubjectProfile:
+        """Load a subject (snapshot plus tail); refuse erased or unknown subjects."""
+        if self._keystore.is_shredded(str(stream_id)):
+            raise SubjectErasedError("this subject has been erased")
+        try:
+            profile = self.repository.get(stream_id)
+        except Exception as e:  # AggregateNotFoundError
+            if type(e).__name__ == "AggregateNotFoundError":
+                raise SubjectNotFoundError("no such subject stream") from None
+            raise
+        assert isinstance(profile, SubjectProfile)
+        return profile
+
+    def exists(self, stream_id: UUID) -> bool:
+        return bool(self.recorder.select_events(stream_id, limit=1))
+
+    def save_tracked(self, aggregates: Sequence[SubjectProfile], tracking: Tracking | None) -> None:
+        """Save aggregates' pending events together with a tracking position."""
+        processing_event: ProcessingEvent[UUID] = ProcessingEvent(tracking=tracking)
+        processing_event.collect_events(*aggregates)
+        self._record(processing_event)
+        self._take_snapshots(processing_event)
+
+    def with_retry(self, command: Callable[[], T]) -> T:
+        """Run a load-decide-save command, retrying when another writer saved first."""
+        for attempt in range(CONFLICT_RETRIES):
+            try:
+                return command()
+            except (RecordConflictError, IntegrityError):
+                # A version conflict means another writer saved first; reload and retry,
+                # backing off a little so that writers on one subject interleave.
+                time.sleep(min(0.05, 0.001 * (2**attempt)))
+        return command()
+
+    # --------------------------------------------------------------------- log
+
+    def max_notification_id(self) -> int:
+        return self.recorder.max_notification_id() or 0
+
+    def notifications_after(
+        self, position: int, limit: int, topics: Iterable[str] = ()
+    ) -> list[Notification]:
+        return self.recorder.select_notifications(
+            start=position, limit=limit, topics=tuple(topics), inclusive_of_start=False
+        )
+
+    def decode(self, notification: Notification) -> Any:
+        return self.mapper.to_domain_event(notification)
+
+    def tracking_position(self, name: str) -> int:
+        return self.process_recorder.max_tracking_id(name) or 0

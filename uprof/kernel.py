@@ -1,0 +1,214 @@
+"""The in-process API of uprof: one object per deployment, built by ``bootstrap``.
+
+REST, MCP, the SDK's embedded mode and the CLI all call these methods; none of
+them reaches past it into services or storage.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from uuid import UUID
+
+from domain.errors import SubjectNotFoundError
+from domain.values import Interaction, ProposalBatch
+from projections.profile.queries import ProfileQueries
+from uprof.crypto.keystore import KeyStore
+from uprof.eventstore import ProfilesApplication
+from uprof.ports import AuditTrail, Clock
+from uprof.services.capture import CaptureAck, CaptureService
+from uprof.services.consent import ConsentService
+from uprof.services.extraction import ExtractionWorker
+from uprof.services.maintenance import MaintenanceService
+from uprof.services.profile import EvidenceView, ProfileService, ProfileView
+from uprof.services.projection import ProjectionRunner
+from uprof.services.proposals import ProposalService
+from uprof.services.slices import ProfileSlice, SliceRequest, SliceService
+from uprof.services.subjects import SubjectRequest, SubjectResolver
+from uprof.settings import Settings
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class Lag:
+    """How far the derived stores are behind the log."""
+
+    log_position: int
+    extraction_pending: int
+    projection_pending: int
+
+    @property
+    def caught_up(self) -> bool:
+        return self.extraction_pending == 0 and self.projection_pending == 0
+
+
+@dataclass
+class Uprof:
+    """Facade over the services of one deployment."""
+
+    settings: Settings
+    app: ProfilesApplication
+    keystore: KeyStore
+    subjects: SubjectResolver
+    queries: ProfileQueries
+    clock: Clock
+    audit: AuditTrail
+    capture_service: CaptureService
+    consent_service: ConsentService
+    proposal_service: ProposalService
+    profile_service: ProfileService
+    extraction: ExtractionWorker
+    projections: ProjectionRunner
+    maintenance: MaintenanceService
+    slice_service: SliceService
+    closers: Sequence[Callable[[], None]] = ()
+
+    # ----------------------------------------------------------------- writes
+
+    def capture(self, subject: str, interaction: Interaction) -> CaptureAck:
+        return self.capture_service.capture(subject, interaction)
+
+    def capture_many(self, subject: str, interactions: Sequence[Interaction]) -> list[CaptureAck]:
+        return self.capture_service.capture_many(subject, interactions)
+
+    def grant_consent(
+        self,
+        subject: str,
+        *,
+        app_id: str,
+        categories: Sequence[str],
+        purposes: Sequence[str],
+        legal_basis: str = "consent",
+        expires_at: datetime | None = None,
+    ) -> str:
+        return self.consent_service.grant(
+            subject,
+            app_id=app_id,
+            categories=categories,
+            purposes=purposes,
+            legal_basis=legal_basis,
+            expires_at=expires_at,
+        )
+
+    def withdraw_consent(self, subject: str, consent_id: str, *, erase: bool = False) -> None:
+        self.consent_service.withdraw(subject, consent_id, erase_requested=erase)
+
+    def submit_proposals(
+        self, subject: str, batch: ProposalBatch, *, observed_at: datetime | None = None
+    ) -> int:
+        # Agents cite events they just captured: let the captures view catch up first.
+        self.process()
+        return self.proposal_service.submit(subject, batch, observed_at=observed_at)
+
+    # ------------------------------------------------------------------ reads
+
+    def stream_of(self, subject: str) -> UUID:
+        handle = self.subjects.find(subject)
+        if handle is None:
+            raise SubjectNotFoundError("no such subject")
+        return handle.stream_id
+
+    def profile(self, subject: str, *, as_of: datetime | None = None) -> ProfileView:
+        stream_id = self.stream_of(subject)
+        if as_of is not None:
+            return self.profile_service.as_of(stream_id, as_of)
+        self.process()
+        return self.profile_service.current(stream_id)
+
+    def evidence(self, subject: str, item_id: str) -> EvidenceView:
+        self.process()
+        return self.profile_service.evidence(self.stream_of(subject), item_id)
+
+    def slice(
+        self,
+        subject: str | SubjectRequest,
+        query: str,
+        *,
+        budget_tokens: int,
+        purpose: str,
+        app_id: str,
+        agent_id: str,
+        agent_type: str = "",
+        now: datetime | None = None,
+        lexical_only: bool = False,
+        wait_timeout_s: float | None = None,
+    ) -> ProfileSlice:
+        """Serve the profile slice an app may see for a query, within budget_tokens."""
+        request = subject if isinstance(subject, SubjectRequest) else SubjectRequest(subject=subject)
+        return self.slice_service.slice(
+            SliceRequest(
+                subject=request,
+                query=query,
+                budget_tokens=budget_tokens,
+                purpose=purpose,
+                app_id=app_id,
+                agent_id=agent_id,
+                agent_type=agent_type,
+                now=now,
+                lexical_only=lexical_only,
+                wait_timeout_s=wait_timeout_s,
+            )
+        )
+
+    def register_session(self, session_id: str, subject: str) -> None:
+        self.subjects.register_session(session_id, subject, now=self.clock.now())
+
+    def register_identifier(self, identifier: str, subject: str) -> None:
+        self.subjects.register_identifier(identifier, subject, now=self.clock.now())
+
+    # --------------------------------------------------------------- pipeline
+
+    def ensure_fresh(self, timeout_s: float) -> bool:
+        """Read-your-writes: bring derived stores up to the log head, within timeout_s.
+
+        Embedded (no background workers) the caller's thread does the work;
+        with workers running it waits for them, bounded, and says if it gave up.
+        """
+        if self.settings.background_workers:
+            return self.wait_until_caught_up(timeout_s)
+        self.process()
+        return True
+
+    def process(self, progress: Progress | None = None) -> int:
+        """Run extraction and projections until both have caught up with the log."""
+        total = 0
+        while True:
+            extracted = self.extraction.run_until_idle()
+            projected = self.projections.run_until_idle(progress)
+            total += projected
+            if extracted == 0 and projected == 0:
+                return total
+
+    def wait_until_caught_up(self, timeout_s: float) -> bool:
+        """Wait (bounded) for background workers to reach the current log head."""
+        deadline = time.monotonic() + timeout_s
+        while not self.lag().caught_up:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def lag(self) -> Lag:
+        return Lag(
+            log_position=self.app.max_notification_id(),
+            extraction_pending=self.extraction.lag(),
+            projection_pending=self.projections.lag(),
+        )
+
+    def rebuild(self, progress: Progress | None = None) -> int:
+        """Drop the read models and replay the whole log into them."""
+        self.extraction.run_until_idle()
+        return self.projections.rebuild(progress)
+
+    def run_maintenance(self, *, now: datetime | None = None) -> dict[str, int]:
+        """Expire overdue intents and archive cold memories (the decay job)."""
+        result = self.maintenance.run(now=now or self.clock.now())
+        self.process()
+        return result
+
+    def close(self) -> None:
+        for close in self.closers:
+            close()

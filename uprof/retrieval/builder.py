@@ -1,0 +1,267 @@
+"""``build_slice``: rank the three layers, pack them under the budget, render, verify."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import numpy as np
+
+from domain.values import Layer
+from uprof.ports import TokenCounter
+from uprof.retrieval import render
+from uprof.retrieval.candidates import Candidate
+from uprof.retrieval.index import MemoryIndex
+from uprof.retrieval.packer import PackProblem, PackResult, pack
+from uprof.retrieval.ranker import Query, analyse_query, rank_memories, rank_profile_items
+from uprof.retrieval.slices import LeftOut, PackedSlice, SliceOptions
+
+#: A summarised intent keeps this share of the full intent's utility.
+SUMMARY_VALUE = 0.6
+#: Overhead groups with fixed ids; day groups follow them.
+_LEGEND, _SECTION = 0, {Layer.ATTRIBUTE: 1, Layer.INTENT: 2, Layer.MEMORY: 3}
+_FIXED_GROUPS = 4
+_ACTIVE = frozenset({"", "active"})
+
+
+@dataclass(frozen=True)
+class _Choice:
+    """One way to show one candidate: which candidate, which line, what it is worth."""
+
+    candidate: Candidate
+    line: str
+    cost: int
+    utility: float
+    day_group: int  # -1 unless the line sits under a day line
+    memory_row: int  # position in the memory index, -1 for attributes and intents
+    pool_pos: int  # position in the memory pool (similarity matrix), -1 otherwise
+
+
+def _profile_choices(
+    candidates: Sequence[Candidate],
+    utilities: np.ndarray,
+    counter: TokenCounter,
+    min_utility: float,
+    left_out: list[LeftOut],
+    *,
+    summarise: bool,
+) -> list[_Choice]:
+    """Choices for attributes or intents, best first; weak ones go to the left-out report."""
+    out: list[_Choice] = []
+    order = sorted(range(len(candidates)), key=lambda i: (-utilities[i], candidates[i].item_id))
+    for i in order:
+        candidate, utility = candidates[i], float(utilities[i])
+        if utility < min_utility:
+            left_out.append(_low(candidate, f"utility {utility:.3f} below {min_utility}"))
+            continue
+        if summarise:
+            full = render.intent_line(candidate, summary=False)
+            short = render.intent_line(candidate, summary=True)
+            variants = [(full, utility)] + ([(short, utility * SUMMARY_VALUE)] if short != full else [])
+        else:
+            variants = [(render.attribute_line(candidate), utility)]
+        out += [_Choice(candidate, line, counter.count(line) + 1, value, -1, -1, -1) for line, value in variants]
+    return out
+
+
+def _low(candidate: Candidate, detail: str) -> LeftOut:
+    return LeftOut(candidate.item_id, candidate.layer, "low_relevance", detail)
+
+
+def _memory_choices(
+    index: MemoryIndex,
+    rows: np.ndarray,
+    utility: np.ndarray,
+    options: SliceOptions,
+    day_groups: dict[int, int],
+    left_out: list[LeftOut],
+) -> list[_Choice]:
+    """Choices for the memory pool; day lines become shared overhead groups when grouping."""
+    grouped = options.group_memories_by_day
+    lines = index.lines if grouped else index.dated_lines
+    costs = index.line_costs if grouped else index.dated_line_costs
+    out: list[_Choice] = []
+    for pos, (row, value) in enumerate(zip(rows.tolist(), utility.tolist(), strict=True)):
+        candidate = index.candidates[row]
+        if value < options.min_utility:
+            left_out.append(_low(candidate, f"utility {value:.3f} below {options.min_utility}"))
+            continue
+        day = -1
+        if grouped:
+            day = day_groups.setdefault(int(index.day_of[row]), _FIXED_GROUPS + len(day_groups))
+        out.append(_Choice(candidate, lines[row], int(costs[row]), value, day, row, pos))
+    return out
+
+
+def _problem(
+    choices: list[_Choice],
+    similarity: np.ndarray,
+    group_costs: np.ndarray,
+    budget: int,
+    options: SliceOptions,
+) -> PackProblem:
+    m = len(choices)
+    owners: dict[str, int] = {}
+    owner = np.asarray([owners.setdefault(c.candidate.item_id, len(owners)) for c in choices])
+    groups = np.asarray(
+        [[_LEGEND, _SECTION[c.candidate.layer], c.day_group] for c in choices], dtype=np.int64
+    ).reshape(m, 3)
+    pool = np.asarray([c.pool_pos for c in choices], dtype=np.int64)
+    sim = np.zeros((m, m), dtype=np.float32)
+    memories = np.flatnonzero(pool >= 0)
+    if len(memories):
+        sim[np.ix_(memories, memories)] = similarity[np.ix_(pool[memories], pool[memories])]
+        np.fill_diagonal(sim, 0.0)  # an item is not its own duplicate
+    return PackProblem(
+        costs=np.asarray([c.cost for c in choices], dtype=np.int64),
+        utility=np.asarray([c.utility for c in choices], dtype=np.float64),
+        owner=owner,
+        groups=groups,
+        group_costs=group_costs,
+        similarity=sim,
+        budget=budget,
+        mmr_penalty=options.mmr_penalty,
+        duplicate_threshold=options.duplicate_threshold,
+    )
+
+
+def _render(chosen: Sequence[_Choice], index: MemoryIndex, grouped: bool) -> str:
+    """Sections in fixed order; profile items best first, memories chronologically."""
+    lines: list[str] = []
+    for layer in render.SECTION_ORDER:
+        picked = [c for c in chosen if c.candidate.layer == layer]
+        if not picked:
+            continue
+        if not lines:
+            lines.append(render.LEGEND)
+        lines.append(render.SECTION_HEADERS[layer])
+        if layer != Layer.MEMORY:
+            lines += [c.line for c in sorted(picked, key=lambda c: (-c.utility, c.candidate.item_id))]
+            continue
+        last_day = None
+        for c in sorted(picked, key=lambda c: c.memory_row):
+            day = int(index.day_of[c.memory_row])
+            if grouped and day != last_day:
+                lines.append(index.day_headers[day])
+                last_day = day
+            lines.append(c.line)
+    return render.assemble(lines)
+
+
+def build_slice(
+    *,
+    query: str,
+    attributes: Sequence[Candidate],
+    intents: Sequence[Candidate],
+    memory_index: MemoryIndex,
+    budget_tokens: int,
+    counter: TokenCounter,
+    query_vector: np.ndarray | None,
+    now: datetime,
+    options: SliceOptions = SliceOptions(),  # noqa: B008 - frozen, so sharing it is safe
+    attribute_vectors: np.ndarray | None = None,
+    intent_vectors: np.ndarray | None = None,
+) -> PackedSlice:
+    """Choose and render the most useful gated items for query within budget_tokens.
+
+    query_vector is the query's embedding from the embedder that built the
+    index's vectors (None: lexical-only). attribute_vectors / intent_vectors
+    optionally add embedding match for those layers (one row per candidate).
+    The returned text is counted with counter and never exceeds budget_tokens.
+    """
+    q = analyse_query(query)
+    left_out: list[LeftOut] = []
+    ranking = rank_memories(memory_index, q, query_vector, now, options)
+    active = [c for c in intents if c.status in _ACTIVE]
+    active_rows = [i for i, c in enumerate(intents) if c.status in _ACTIVE]
+    left_out += [_low(c, f"intent is {c.status}") for c in intents if c.status not in _ACTIVE]
+    intent_vecs = None if intent_vectors is None else np.asarray(intent_vectors)[active_rows]
+    choices = _profile_choices(
+        attributes,
+        rank_profile_items(attributes, q, attribute_vectors, query_vector, options.attribute_base_utility),
+        counter,
+        options.min_utility,
+        left_out,
+        summarise=False,
+    )
+    choices += _profile_choices(
+        active,
+        rank_profile_items(active, q, intent_vecs, query_vector, options.intent_base_utility),
+        counter,
+        options.min_utility,
+        left_out,
+        summarise=True,
+    )
+    day_groups: dict[int, int] = {}
+    choices += _memory_choices(
+        memory_index, ranking.rows, ranking.utility, options, day_groups, left_out
+    )
+    group_costs = _group_costs(memory_index, day_groups, counter)
+    problem = _problem(choices, ranking.similarity, group_costs, max(budget_tokens, 0), options)
+    result = pack(problem)
+    return _finish(choices, problem, result, memory_index, ranking.rows, left_out, counter, options)
+
+
+def _group_costs(index: MemoryIndex, day_groups: dict[int, int], counter: TokenCounter) -> np.ndarray:
+    costs = np.zeros(_FIXED_GROUPS + len(day_groups), dtype=np.int64)
+    costs[_LEGEND] = counter.count(render.LEGEND) + 1
+    for layer, group in _SECTION.items():
+        costs[group] = counter.count(render.SECTION_HEADERS[layer]) + 1
+    for day, group in day_groups.items():
+        costs[group] = int(index.day_header_costs[day])
+    return costs
+
+
+def _finish(
+    choices: list[_Choice],
+    problem: PackProblem,
+    result: PackResult,
+    index: MemoryIndex,
+    pool_rows: np.ndarray,
+    left_out: list[LeftOut],
+    counter: TokenCounter,
+    options: SliceOptions,
+) -> PackedSlice:
+    """Render, verify the real token count (dropping the weakest items if ever over), report."""
+    grouped = options.group_memories_by_day
+    chosen = list(result.chosen)
+    text = _render([choices[j] for j in chosen], index, grouped)
+    n_tokens = counter.count(text)
+    # Costs are exact for newline-joined lines, but the real count is the contract:
+    # should the tokenizer ever merge across a line break, shed the weakest items.
+    while n_tokens > problem.budget and chosen:
+        chosen.remove(min(chosen, key=lambda j: (problem.utility[j] / problem.costs[j], -j)))
+        text = _render([choices[j] for j in chosen], index, grouped)
+        n_tokens = counter.count(text)
+    taken = {choices[j].candidate.item_id for j in chosen}
+    reported: set[str] = set(taken) | {lo.item_id for lo in left_out}
+    for j, choice in enumerate(choices):
+        item_id = choice.candidate.item_id
+        if item_id in reported:
+            continue
+        reported.add(item_id)
+        if j in result.duplicate_of:
+            twin = choices[result.duplicate_of[j]].candidate.item_id
+            left_out.append(LeftOut(item_id, choice.candidate.layer, "duplicate", f"near-duplicate of {twin}"))
+        else:
+            left_out.append(
+                LeftOut(item_id, choice.candidate.layer, "budget", f"{choice.cost} tokens did not fit")
+            )
+    in_pool = np.zeros(len(index), dtype=bool)
+    in_pool[pool_rows] = True
+    left_out += [index.not_retrieved[i] for i in np.flatnonzero(~in_pool).tolist()]
+    items = _in_rendered_order([choices[j] for j in chosen])
+    return PackedSlice(text=text, items=items, n_tokens=n_tokens, left_out=tuple(left_out))
+
+
+def _in_rendered_order(chosen: list[_Choice]) -> tuple[Candidate, ...]:
+    """Items in the order their lines appear in the text."""
+    rank = {layer: i for i, layer in enumerate(render.SECTION_ORDER)}
+
+    def key(c: _Choice) -> tuple[int, float, int, str]:
+        if c.candidate.layer == Layer.MEMORY:
+            return (rank[Layer.MEMORY], 0.0, c.memory_row, "")
+        return (rank[c.candidate.layer], -c.utility, 0, c.candidate.item_id)
+
+    return tuple(c.candidate for c in sorted(chosen, key=key))

@@ -1,0 +1,222 @@
+"""The per-subject memory index: BM25 postings, the dense matrix and precomputed costs.
+
+Built once from a subject's memory candidates and reused across queries; the
+caller caches it per subject and rebuilds it when the subject's projection
+moves. Everything a query needs that does not depend on the query is computed
+here, so ``build_slice`` only scores, picks and renders:
+
+* a BM25 term-weight matrix (documents x terms, idf and length normalisation
+  folded in), so a query's scores are a sum over a few sparse columns;
+* the dense matrix of unit-length embeddings (or None: lexical-only mode);
+* the rendered line of every memory and its cl100k cost, both layouts (grouped
+  under a day line, or with the date on the line), plus day-line costs;
+* chronological order, day groups, time-adjacent neighbours, speakers, heat;
+* the ready-made "not retrieved" left-out records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import scipy.sparse as sp
+
+from domain.values import Layer
+from uprof.ports import TokenCounter
+from uprof.retrieval import render
+from uprof.retrieval.candidates import Candidate
+from uprof.retrieval.slices import LeftOut
+from uprof.retrieval.text import terms
+
+#: BM25 (Okapi) constants: the usual defaults, not fitted to any dataset.
+BM25_K1 = 1.2
+BM25_B = 0.75
+#: Memories this close in time count as neighbours (turns of one conversation).
+NEIGHBOUR_GAP = timedelta(minutes=30)
+NOT_RETRIEVED = "not among the memories most relevant to the query"
+
+
+def count_all(counter: TokenCounter, texts: Sequence[str]) -> np.ndarray:
+    """Token counts of many texts, batched when the counter can batch."""
+    batch = getattr(counter, "count_batch", None)
+    counts = batch(texts) if callable(batch) else [counter.count(t) for t in texts]
+    return np.asarray(counts, dtype=np.int32)
+
+
+def _as_utc(moment: datetime) -> datetime:
+    """Naive datetimes are taken as UTC, never as the machine's local time."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def epoch_seconds(moment: datetime | None) -> float:
+    return np.nan if moment is None else _as_utc(moment).timestamp()
+
+
+def _chronological(candidates: Sequence[Candidate]) -> list[int]:
+    """Positions in chronological order; undated first, ties by item id (deterministic)."""
+
+    def key(i: int) -> tuple[int, float, str]:
+        moment = candidates[i].occurred_at
+        return (0, 0.0, candidates[i].item_id) if moment is None else (
+            1,
+            _as_utc(moment).timestamp(),
+            candidates[i].item_id,
+        )
+
+    return sorted(range(len(candidates)), key=key)
+
+
+@dataclass(frozen=True)
+class _Bm25:
+    vocabulary: dict[str, int]
+    weights: sp.csc_matrix  # (n_docs, n_terms) float32 BM25 term weights
+    term_sets: sp.csr_matrix  # (n_docs, n_terms) float32 unit-length binary rows
+
+
+def _build_bm25(documents: Sequence[list[str]]) -> _Bm25:
+    """BM25 weights w[d, t] = idf(t) * tf (k1 + 1) / (tf + k1 (1 - b + b |d| / avgdl))."""
+    vocabulary: dict[str, int] = {}
+    rows: list[int] = []
+    cols: list[int] = []
+    for doc, doc_terms in enumerate(documents):
+        for term in doc_terms:
+            rows.append(doc)
+            cols.append(vocabulary.setdefault(term, len(vocabulary)))
+    n_docs, n_terms = len(documents), len(vocabulary)
+    ones = np.ones(len(rows), dtype=np.float32)
+    tf = sp.csr_matrix((ones, (rows, cols)), shape=(n_docs, n_terms), dtype=np.float32)
+    tf.sum_duplicates()
+    lengths = np.asarray([len(d) for d in documents], dtype=np.float32)
+    avg = float(lengths.mean()) if n_docs and lengths.mean() > 0 else 1.0
+    df = np.bincount(tf.indices, minlength=n_terms).astype(np.float32)
+    idf = np.log1p((n_docs - df + 0.5) / (df + 0.5)).astype(np.float32)
+    norm = BM25_K1 * (1 - BM25_B + BM25_B * lengths / avg)
+    row_of = np.repeat(np.arange(n_docs), np.diff(tf.indptr))
+    data = tf.data * (BM25_K1 + 1) / (tf.data + norm[row_of]) * idf[tf.indices]
+    weights = sp.csr_matrix((data, tf.indices, tf.indptr), shape=tf.shape).tocsc()
+    binary = sp.csr_matrix((np.ones_like(tf.data), tf.indices, tf.indptr), shape=tf.shape)
+    row_norms = np.sqrt(np.maximum(np.diff(binary.indptr), 1)).astype(np.float32)
+    binary.data /= row_norms[row_of]
+    return _Bm25(vocabulary, weights, binary)
+
+
+def _neighbours(stamps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Previous and next memory within NEIGHBOUR_GAP in time, else -1."""
+    n = len(stamps)
+    gap = NEIGHBOUR_GAP.total_seconds()
+    close = np.abs(np.diff(stamps)) <= gap  # NaN compares False: undated has no neighbours
+    prev = np.full(n, -1, dtype=np.int64)
+    nxt = np.full(n, -1, dtype=np.int64)
+    idx = np.flatnonzero(close)
+    prev[idx + 1] = idx
+    nxt[idx] = idx + 1
+    return prev, nxt
+
+
+@dataclass(frozen=True, eq=False)
+class MemoryIndex:
+    """Everything query-independent about one subject's memories (see module docstring).
+
+    Arrays are aligned with ``candidates``, which are in chronological order.
+    """
+
+    candidates: tuple[Candidate, ...]
+    vectors: np.ndarray | None
+    bm25: _Bm25
+    lines: tuple[str, ...]  # grouped layout: "Caroline: <text>"
+    line_costs: np.ndarray  # tokens of line + its newline
+    dated_lines: tuple[str, ...]  # flat layout: "[8 May 2023] Caroline: <text>"
+    dated_line_costs: np.ndarray
+    day_of: np.ndarray  # day-group id of each memory
+    day_headers: tuple[str, ...]  # "[8 May 2023]" per day-group id
+    day_header_costs: np.ndarray
+    timestamps: np.ndarray  # epoch seconds, NaN when undated
+    prev: np.ndarray
+    next: np.ndarray
+    actor_of: np.ndarray  # index into actor_terms, -1 when no actor
+    actor_terms: tuple[frozenset[str], ...]
+    heat: np.ndarray  # heat scaled to [0, 1] by the hottest memory
+    not_retrieved: tuple[LeftOut, ...]
+
+    @classmethod
+    def build(
+        cls,
+        candidates: Sequence[Candidate],
+        vectors: np.ndarray | None,
+        counter: TokenCounter,
+    ) -> MemoryIndex:
+        """Index memory candidates; vectors (float32, one unit row per candidate) may be None."""
+        if any(c.layer != Layer.MEMORY for c in candidates):
+            raise ValueError("MemoryIndex holds memory candidates only")
+        if vectors is not None and vectors.shape[0] != len(candidates):
+            raise ValueError("one embedding row per candidate is required")
+        order = _chronological(candidates)
+        ordered = tuple(candidates[i] for i in order)
+        dense = None if vectors is None else _unit_rows(np.asarray(vectors)[order])
+        actor_names = sorted({c.actor for c in ordered if c.actor})
+        actor_index = {name: i for i, name in enumerate(actor_names)}
+        # Speakers' names are indexed through the actor feature, not as words of the text.
+        docs = [terms(c.text) for c in ordered]
+        lines = tuple(render.memory_line(c, with_date=False) for c in ordered)
+        dated = tuple(render.memory_line(c, with_date=True) for c in ordered)
+        days = [c.occurred_at.date() if c.occurred_at is not None else None for c in ordered]
+        day_keys = sorted(set(days), key=lambda d: (d is not None, d))
+        day_id = {d: i for i, d in enumerate(day_keys)}
+        first_of_day = {d: c.occurred_at for c, d in zip(ordered, days, strict=True)}
+        headers = tuple(render.day_header(first_of_day[d]) for d in day_keys)
+        stamps = np.asarray([epoch_seconds(c.occurred_at) for c in ordered], dtype=np.float64)
+        prev, nxt = _neighbours(stamps)
+        heat = np.asarray([max(c.heat, 0.0) for c in ordered], dtype=np.float32)
+        if heat.size and heat.max() > 0:
+            heat /= heat.max()
+        return cls(
+            candidates=ordered,
+            vectors=dense,
+            bm25=_build_bm25(docs),
+            lines=lines,
+            line_costs=count_all(counter, lines) + 1,
+            dated_lines=dated,
+            dated_line_costs=count_all(counter, dated) + 1,
+            day_of=np.asarray([day_id[d] for d in days], dtype=np.int64),
+            day_headers=headers,
+            day_header_costs=count_all(counter, headers) + 1,
+            timestamps=stamps,
+            prev=prev,
+            next=nxt,
+            actor_of=np.asarray([actor_index.get(c.actor, -1) for c in ordered], dtype=np.int64),
+            actor_terms=tuple(frozenset(terms(name)) for name in actor_names),
+            heat=heat,
+            not_retrieved=tuple(
+                LeftOut(c.item_id, Layer.MEMORY, "low_relevance", NOT_RETRIEVED) for c in ordered
+            ),
+        )
+
+    def __len__(self) -> int:
+        return len(self.candidates)
+
+    def bm25_scores(self, query_terms: Sequence[str]) -> np.ndarray:
+        """BM25 score of every memory for the query terms (repeated terms count again)."""
+        weights = self.bm25.weights
+        scores = np.zeros(len(self), dtype=np.float32)
+        for term in query_terms:
+            col = self.bm25.vocabulary.get(term)
+            if col is None:
+                continue
+            lo, hi = weights.indptr[col], weights.indptr[col + 1]
+            scores[weights.indices[lo:hi]] += weights.data[lo:hi]
+        return scores
+
+    def lexical_similarity(self, rows: np.ndarray) -> np.ndarray:
+        """Cosine of the term sets of the given memories, pairwise (for MMR without vectors)."""
+        sub = self.bm25.term_sets[rows]
+        return np.asarray((sub @ sub.T).todense(), dtype=np.float32)
+
+
+def _unit_rows(matrix: np.ndarray) -> np.ndarray:
+    """float32, C-contiguous, rows scaled to unit length (zero rows stay zero)."""
+    out = np.array(matrix, dtype=np.float32, copy=True, order="C")
+    norms = np.linalg.norm(out, axis=1, keepdims=True)
+    np.divide(out, norms, out=out, where=norms > 0)
+    return out

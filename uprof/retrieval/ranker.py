@@ -1,0 +1,227 @@
+"""Relevance of each layer's candidates to a query, as packing utilities in [0, 1].
+
+The three layers are served differently (UProf):
+
+* attributes by category match (a small cue lexicon maps query words to the
+  catalogue's categories) and by word or embedding overlap with the query;
+* memories by hybrid retrieval: BM25 and MiniLM cosine, each scaled to [0, 1]
+  over the subject's memories and mixed linearly, plus small speaker, recency
+  and heat terms; then relevance flows to time-adjacent turns, because a
+  question and its answer often sit in two neighbouring turns;
+* active intents, which are the user's current context, always keep a base
+  utility and gain more when the query touches them.
+
+A utility is what the packer maximises per token. Memories' fused relevance is
+divided by the best one and raised to ``sharpness``, so the top memory is worth
+1 and weak ones fall off fast: cheap but mediocre turns then cannot crowd out an
+expensive but clearly relevant one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import numpy as np
+
+from uprof.retrieval.candidates import Candidate
+from uprof.retrieval.index import MemoryIndex, epoch_seconds
+from uprof.retrieval.slices import SliceOptions
+from uprof.retrieval.text import stem, terms, words
+
+_SECONDS_PER_DAY = 86_400.0
+
+#: Words that signal a category of the catalogue (stemmed at import, like queries).
+_CATEGORY_CUES_RAW: dict[str, str] = {
+    "identity": "name names age old birthday born gender identity pronoun pronouns nationality",
+    "location": "live lives living city country home move moved town address neighborhood "
+    "located location hometown",
+    "occupation": "job jobs work works working career occupation employer company profession "
+    "office colleague boss business employed",
+    "language": "language languages speak speaks english spanish french german chinese "
+    "translate fluent",
+    "preference": "like likes favorite favourite prefer prefers preference enjoy enjoys love "
+    "hate dislike recommend recommendation suggest suggestion hobby hobbies taste style",
+    "diet": "eat eats eating food foods meal meals diet vegetarian vegan cook cooking recipe "
+    "restaurant dinner lunch breakfast snack drink drinks allergy allergic gluten",
+    "pet": "pet pets dog dogs cat cats puppy kitten animal animals vet",
+    "family": "family kid kids child children son daughter wife husband partner mother father "
+    "mom dad sister brother parent parents grandma grandpa married",
+    "schedule": "schedule routine morning evening weekend weekends calendar appointment "
+    "meeting daily weekly",
+    "goal": "goal goals plan plans planning want wants aim hope dream aspire intend",
+    "health": "health healthy doctor allergy allergies medication medicine sick ill pain "
+    "exercise sleep injury",
+    "contact": "email phone contact call number reach",
+}
+CATEGORY_CUES: dict[str, frozenset[str]] = {
+    category: frozenset(stem(w) for w in cues.split())
+    for category, cues in _CATEGORY_CUES_RAW.items()
+}
+
+
+@dataclass(frozen=True)
+class Query:
+    """A query analysed once for all layers."""
+
+    text: str
+    terms: tuple[str, ...]  # stemmed content words, repeats kept
+    cues: frozenset[str]  # every stemmed word, stopwords included (for category cues)
+    categories: frozenset[str]  # catalogue categories the query points at
+
+
+def analyse_query(text: str) -> Query:
+    """Split the query into content terms and the categories its words point at."""
+    cues = frozenset(stem(w) for w in words(text))
+    categories = frozenset(cat for cat, cue in CATEGORY_CUES.items() if cue & cues)
+    return Query(text=text, terms=tuple(terms(text)), cues=cues, categories=categories)
+
+
+@dataclass(frozen=True)
+class MemoryRanking:
+    """The memory pool for one query, best first."""
+
+    rows: np.ndarray  # positions in the index
+    utility: np.ndarray  # aligned with rows, in (0, 1], descending
+    similarity: np.ndarray  # (len(rows), len(rows)) pairwise similarity, for MMR
+
+
+def _scaled_dense(index: MemoryIndex, query_vector: np.ndarray) -> np.ndarray:
+    """Cosines mapped to [0, 1]: the median memory is 0, the best is 1.
+
+    The median, not 0, is the floor because MiniLM cosines of unrelated
+    sentences sit well above zero; scaling from it makes the dense score
+    comparable with BM25 scaled by its maximum.
+    """
+    assert index.vectors is not None
+    cosines = index.vectors @ np.asarray(query_vector, dtype=np.float32).reshape(-1)
+    floor = float(np.median(cosines))
+    span = float(cosines.max()) - floor
+    if span <= 1e-9:
+        return np.zeros_like(cosines)
+    return np.clip((cosines - floor) / span, 0.0, 1.0)
+
+
+def _query_actors(index: MemoryIndex, query: Query) -> tuple[np.ndarray, frozenset[str]]:
+    """Which speakers the query names (mask over actor ids) and the name terms it used."""
+    named = np.zeros(len(index.actor_terms), dtype=bool)
+    used: set[str] = set()
+    query_terms = set(query.terms)
+    for i, name_terms in enumerate(index.actor_terms):
+        hit = name_terms & query_terms
+        if hit:
+            named[i] = True
+            used |= hit
+    return named, frozenset(used)
+
+
+def memory_relevance(
+    index: MemoryIndex,
+    query: Query,
+    query_vector: np.ndarray | None,
+    now: datetime,
+    options: SliceOptions,
+) -> np.ndarray:
+    """Fused relevance of every memory, before neighbour flow (float32, >= 0)."""
+    named, name_terms = _query_actors(index, query)
+    # A speaker's name in the question says whose turn to look at; as a BM25 word it
+    # would instead favour the other speaker's turns that greet them by name.
+    lexical_terms = [t for t in query.terms if t not in name_terms]
+    lexical = index.bm25_scores(lexical_terms)
+    top = float(lexical.max()) if len(lexical) else 0.0
+    if top > 0:
+        lexical /= top
+    if index.vectors is not None and query_vector is not None:
+        dense = _scaled_dense(index, query_vector)
+        weight = options.lexical_weight if top > 0 else 0.0
+        fused = weight * lexical + (1.0 - weight) * dense
+    else:
+        fused = lexical
+    if named.any():
+        speaker = (index.actor_of >= 0) & named[np.maximum(index.actor_of, 0)]
+        fused = fused + options.actor_weight * speaker
+    if options.recency_weight > 0:
+        age_days = np.maximum(epoch_seconds(now) - index.timestamps, 0.0) / _SECONDS_PER_DAY
+        recency = np.exp2(-age_days / options.recency_half_life_days)
+        fused = fused + options.recency_weight * np.nan_to_num(recency, nan=0.0)
+    if options.heat_weight > 0:
+        fused = fused + options.heat_weight * index.heat
+    return np.asarray(fused, dtype=np.float32)
+
+
+def _with_neighbours(index: MemoryIndex, relevance: np.ndarray, weight: float) -> np.ndarray:
+    """Let a share of each memory's relevance flow to its time-adjacent neighbours."""
+    if weight <= 0 or len(relevance) == 0:
+        return relevance
+    padded = np.append(relevance, np.float32(0.0))  # index -1 reads the 0 pad
+    neighbour = np.maximum(padded[index.prev], padded[index.next])
+    return np.maximum(relevance, weight * neighbour)
+
+
+def rank_memories(
+    index: MemoryIndex,
+    query: Query,
+    query_vector: np.ndarray | None,
+    now: datetime,
+    options: SliceOptions,
+) -> MemoryRanking:
+    """Score all memories, keep the best ``pool_size``, and return their utilities."""
+    n = len(index)
+    if n == 0 or options.pool_size <= 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return MemoryRanking(empty, np.zeros(0), np.zeros((0, 0), dtype=np.float32))
+    relevance = _with_neighbours(
+        index, memory_relevance(index, query, query_vector, now, options), options.neighbour_weight
+    )
+    size = min(options.pool_size, n)
+    rows = np.argpartition(-relevance, size - 1)[:size] if size < n else np.arange(n)
+    # Best first; equal relevance falls back to chronological order (rows are chronological).
+    rows = rows[np.lexsort((rows, -relevance[rows]))]
+    best = float(relevance[rows[0]])
+    utility = (relevance[rows] / best) ** options.sharpness if best > 0 else np.zeros(size)
+    if index.vectors is not None:
+        pool_vectors = index.vectors[rows]
+        similarity = pool_vectors @ pool_vectors.T
+    else:
+        similarity = index.lexical_similarity(rows)
+    return MemoryRanking(rows, np.asarray(utility, dtype=np.float64), similarity)
+
+
+def _overlap(query: Query, text: str) -> float:
+    """Share of the query's distinct content terms that the text contains."""
+    wanted = set(query.terms)
+    if not wanted:
+        return 0.0
+    return len(wanted & set(terms(text))) / len(wanted)
+
+
+def _dense_match(vectors: np.ndarray | None, query_vector: np.ndarray | None, n: int) -> np.ndarray:
+    """Cosine of each item with the query, mapped to [0, 1] from 0.2 (unrelated) to 0.7."""
+    if vectors is None or query_vector is None or n == 0:
+        return np.zeros(n)
+    cosines = np.asarray(vectors, dtype=np.float32) @ np.asarray(query_vector, dtype=np.float32)
+    return np.clip((cosines - 0.2) / 0.5, 0.0, 1.0).astype(np.float64)
+
+
+def _confidence_factor(candidate: Candidate) -> float:
+    """Less confident items are worth less, never nothing (the mark tells the model why)."""
+    return 0.5 + 0.5 * min(max(candidate.confidence, 0.0), 1.0)
+
+
+def rank_profile_items(
+    candidates: Sequence[Candidate],
+    query: Query,
+    vectors: np.ndarray | None,
+    query_vector: np.ndarray | None,
+    base_utility: float,
+) -> np.ndarray:
+    """Utilities of attributes or intents: base, raised by category, word and embedding match."""
+    dense = _dense_match(vectors, query_vector, len(candidates))
+    out = np.zeros(len(candidates))
+    for i, candidate in enumerate(candidates):
+        category = 0.8 if candidate.category in query.categories else 0.0
+        match = max(category, _overlap(query, candidate.text), float(dense[i]))
+        out[i] = (base_utility + (1.0 - base_utility) * match) * _confidence_factor(candidate)
+    return out
+

@@ -1,0 +1,75 @@
+"""What the engine returns: the slice, its items and the report of what was left out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+from domain.values import Layer
+from uprof.retrieval.candidates import Candidate
+
+LeftOutReason = Literal["budget", "duplicate", "low_relevance"]
+
+
+class LeftOut(NamedTuple):
+    """One candidate that is not in the slice, and why.
+
+    A NamedTuple rather than a dataclass: a subject with thousands of memories
+    reports thousands of these per query, and tuples are several times cheaper
+    to build (the index even keeps the common "not retrieved" ones ready-made).
+    """
+
+    item_id: str
+    layer: Layer
+    reason: LeftOutReason
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class PackedSlice:
+    """The exact text to inject, the items in it, its cl100k size and the left-out report."""
+
+    text: str
+    items: tuple[Candidate, ...]
+    n_tokens: int
+    left_out: tuple[LeftOut, ...]
+
+
+@dataclass(frozen=True)
+class SliceOptions:
+    """Knobs of ranking and packing. Defaults are sensible generic values, not tuned per dataset.
+
+    Relevance of a memory is a fusion of its lexical (BM25) and dense (cosine)
+    scores, each scaled to [0, 1] over the subject's memories, plus small
+    recency, heat and speaker terms. It becomes a packing utility in [0, 1]
+    (the best memory is 1) that the packer trades against token cost.
+    """
+
+    #: Share of the lexical score in the fusion; the dense score gets the rest.
+    lexical_weight: float = 0.5
+    #: Bonus for memories spoken by a person the query names.
+    actor_weight: float = 0.1
+    #: Bonus for recent memories, halving every ``recency_half_life_days``.
+    recency_weight: float = 0.05
+    recency_half_life_days: float = 180.0
+    #: Bonus for hot memories (MemoryOS heat, scaled by the subject's hottest memory).
+    heat_weight: float = 0.05
+    #: How much of a strong memory's relevance flows to the turns right before and after it
+    #: (a question and its answer are often split over two adjacent turns).
+    neighbour_weight: float = 0.5
+    #: Utilities are relevance ** sharpness: higher values follow the ranking more strictly.
+    sharpness: float = 3.0
+    #: Memories considered for packing (the best by relevance, plus their neighbours).
+    pool_size: int = 200
+    #: Marginal-relevance penalty: gain = utility * (1 - mmr_penalty * max similarity to chosen).
+    mmr_penalty: float = 0.5
+    #: Similarity at or above which a candidate is a near-duplicate of a chosen item.
+    duplicate_threshold: float = 0.95
+    #: Candidates whose utility falls below this are left out as low relevance.
+    min_utility: float = 0.01
+    #: Memories grouped under one date line per day (False: a date on every line).
+    group_memories_by_day: bool = True
+    #: Utility of attributes that neither match the query's categories nor its words.
+    attribute_base_utility: float = 0.15
+    #: Utility of active intents that the query does not touch.
+    intent_base_utility: float = 0.2

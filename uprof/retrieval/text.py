@@ -1,0 +1,81 @@
+"""Lexical analysis shared by the index (documents) and the ranker (queries).
+
+Both sides must analyse text identically, or BM25 silently stops matching.
+Words are Unicode letter/digit runs, lower-cased; a light suffix stemmer folds
+the inflections that matter most in conversation ("painting", "paints",
+"painted" -> "paint"); function words and question words are dropped because
+they match nearly every conversational turn and carry no topic.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from functools import lru_cache
+
+_WORD_RE = re.compile(r"[^\W_]+")
+
+#: Function words, auxiliaries, pronouns and question words. Kept small on purpose:
+#: BM25's idf already discounts frequent words, this list only removes the words
+#: that questions are made of ("what did ... do when ...") and answers are not.
+STOPWORDS: frozenset[str] = frozenset(
+    """
+    a about above after again against all am an and any are as at be because been
+    before being below between both but by can could did do does doing down during
+    each few for from further had has have having he her here hers herself him himself
+    his how i if in into is it its itself just me more most my myself no nor not now of
+    off on once only or other our ours ourselves out over own same she should so some
+    such than that the their theirs them themselves then there these they this those
+    through to too under until up very was we were what when where which while who whom
+    why will with would you your yours yourself yourselves s t m d ll re ve don didn
+    doesn isn wasn aren weren won wouldn couldn shouldn let lets also ever yes oh hey hi
+    hello really got get gets getting go going went gone kind sort thing things like
+    much many well may might must shall
+    """.split()
+)
+
+_VOWELS = frozenset("aeiouy")
+#: Doubled final consonants left by stripping "-ing"/"-ed" ("running" -> "runn" -> "run").
+_UNDOUBLE = frozenset("bdgkmnprt")
+
+
+def normalise(text: str) -> str:
+    """NFKC and lower-case: the form every comparison works on."""
+    return unicodedata.normalize("NFKC", text).lower()
+
+
+@lru_cache(maxsize=65536)
+def stem(word: str) -> str:
+    """Fold common English inflections; conservative, so distinct words stay distinct.
+
+    Not Porter: only plural "-s"/"-ies"/"-es", "-ing", "-ed" and a final "-e", which
+    is enough for conversational text and cheap enough to run on every query.
+    """
+    if len(word) <= 3 or not word.isalpha():
+        return word
+    if word.endswith("ies") and len(word) > 4:
+        word = word[:-3] + "y"
+    elif word.endswith(("sses", "shes", "ches", "xes")):
+        word = word[:-2]
+    elif word.endswith("s") and not word.endswith(("ss", "us", "is")):
+        word = word[:-1]
+    for suffix in ("ing", "ed"):
+        base = word[: -len(suffix)]
+        if word.endswith(suffix) and len(base) >= 3 and _VOWELS & set(base):
+            word = base
+            if len(word) > 3 and word[-1] == word[-2] and word[-1] in _UNDOUBLE:
+                word = word[:-1]
+            break
+    if word.endswith("e") and len(word) > 3:
+        word = word[:-1]
+    return word
+
+
+def words(text: str) -> list[str]:
+    """Normalised word tokens, stopwords included."""
+    return _WORD_RE.findall(normalise(text))
+
+
+def terms(text: str) -> list[str]:
+    """Index terms: stemmed content words, in order, duplicates kept (BM25 needs tf)."""
+    return [stem(w) for w in words(text) if w not in STOPWORDS]

@@ -1,0 +1,1 @@
+"""Pydantic wire models: what crosses the edge (JSONL, REST, MCP), validated strictly."""

@@ -1,0 +1,102 @@
+"""Consent: users grant and withdraw; the gate reads it from the subject's stream."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from domain.errors import InvalidInputError, SubjectNotFoundError
+from domain.profile import SubjectProfile
+from uprof.eventstore import ProfilesApplication
+from uprof.ports import AuditTrail, Clock
+from uprof.services.capture import to_utc
+from uprof.services.subjects import SubjectResolver
+
+PURPOSE_MAX = 64
+
+
+def check_purposes(purposes: Sequence[str]) -> tuple[str, ...]:
+    cleaned = tuple(p.strip() for p in purposes if p.strip())
+    for p in cleaned:
+        if len(p) > PURPOSE_MAX or any(ch in p for ch in ",\n\r"):
+            raise InvalidInputError(f"purpose {p!r} is malformed (no commas or newlines)")
+    return cleaned
+
+
+class ConsentService:
+    def __init__(
+        self, app: ProfilesApplication, subjects: SubjectResolver, clock: Clock, audit: AuditTrail
+    ) -> None:
+        self._app = app
+        self._subjects = subjects
+        self._clock = clock
+        self._audit = audit
+
+    def grant(
+        self,
+        subject_ref: str,
+        *,
+        app_id: str,
+        categories: Sequence[str],
+        purposes: Sequence[str],
+        legal_basis: str = "consent",
+        expires_at: datetime | None = None,
+        notice_version: str = "",
+    ) -> str:
+        """Record a consent (creating the subject on first consent); returns its id."""
+        now = self._clock.now()
+        expires = to_utc(expires_at, "expires_at") if expires_at is not None else None
+        clean_purposes = check_purposes(purposes)
+        handle = self._subjects.find_or_create(subject_ref, now=now)
+
+        def command() -> str:
+            if self._app.exists(handle.stream_id):
+                profile = self._app.load(handle.stream_id)
+            else:
+                profile = SubjectProfile(id=handle.stream_id, tenant=self._subjects.tenant)
+            consent_id = profile.grant_consent(
+                app_id=app_id.strip(),
+                categories=tuple(c.strip() for c in categories),
+                purposes=clean_purposes,
+                legal_basis=legal_basis,
+                granted_at=now,
+                expires_at=expires,
+                notice_version=notice_version,
+            )
+            self._app.save(profile)
+            return consent_id
+
+        consent_id = self._app.with_retry(command)
+        self._audit.record(
+            "consent.granted",
+            subject_ref=handle.pseudonym,
+            app_id=app_id,
+            consent_id=consent_id,
+            categories=sorted(set(categories)),
+            purposes=sorted(set(clean_purposes)),
+            legal_basis=legal_basis,
+        )
+        return consent_id
+
+    def withdraw(self, subject_ref: str, consent_id: str, *, erase_requested: bool = False) -> None:
+        """Withdraw a consent; the next capture or read under it is refused."""
+        handle = self._subjects.find(subject_ref)
+        if handle is None:
+            raise SubjectNotFoundError("no such subject")
+
+        def command() -> None:
+            profile = self._app.load(handle.stream_id)
+            profile.withdraw_consent(
+                consent_id=consent_id,
+                withdrawn_at=self._clock.now(),
+                erase_requested=erase_requested,
+            )
+            self._app.save(profile)
+
+        self._app.with_retry(command)
+        self._audit.record(
+            "consent.withdrawn",
+            subject_ref=handle.pseudonym,
+            consent_id=consent_id,
+            reason_code="erase-requested" if erase_requested else "withdrawn",
+        )

@@ -1,0 +1,62 @@
+"""Structured proposals submitted directly by agents, bound to evidence by the kernel."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from domain.errors import SubjectNotFoundError
+from domain.values import ProposalBatch
+from uprof.eventstore import ProfilesApplication
+from uprof.ports import AuditTrail, Clock
+from uprof.services.capture import to_utc
+from uprof.services.extraction import EvidenceChecker
+from uprof.services.subjects import SubjectResolver
+
+
+class ProposalService:
+    def __init__(
+        self,
+        app: ProfilesApplication,
+        subjects: SubjectResolver,
+        evidence: EvidenceChecker,
+        clock: Clock,
+        audit: AuditTrail,
+    ) -> None:
+        self._app = app
+        self._subjects = subjects
+        self._evidence = evidence
+        self._clock = clock
+        self._audit = audit
+
+    def submit(
+        self, subject_ref: str, batch: ProposalBatch, *, observed_at: datetime | None = None
+    ) -> int:
+        """Apply an agent's proposals; returns how many the update engine applied.
+
+        Raises EvidenceError if any proposal cites an event that does not exist or
+        belongs to another subject; then nothing is applied. Proposals without
+        evidence are kept as inferred with capped confidence.
+        """
+        handle = self._subjects.find(subject_ref)
+        if handle is None:
+            raise SubjectNotFoundError("no such subject")
+        self._evidence.check(handle.stream_id, batch, known={})
+        now = self._clock.now()
+        when = to_utc(observed_at, "observed_at") if observed_at is not None else now
+
+        def command() -> int:
+            profile = self._app.load(handle.stream_id)
+            applied = profile.apply_proposals(batch, observed_at=when, now=now)
+            self._app.save(profile)
+            return applied
+
+        applied = self._app.with_retry(command)
+        self._audit.record(
+            "proposal.applied",
+            subject_ref=handle.pseudonym,
+            app_id=batch.app_id,
+            agent_id=batch.owner_agent,
+            purpose=batch.purpose,
+            counts={"items": applied},
+        )
+        return applied

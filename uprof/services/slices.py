@@ -1,0 +1,427 @@
+"""Serve a budgeted profile slice: resolve, wait, gate, rank, pack, record.
+
+Order of a request:
+1. resolve the subject at the boundary (explicit, session, identifier; never a guess);
+2. read-your-writes: wait (bounded) until extraction and projections reached the log;
+3. gate every item: Casbin policy (app × category × purpose, deny by default),
+   the subject's consent for that app in force now, and the visibility rule
+   (private items only to their owner agent);
+4. rank and pack under the token budget (uprof.retrieval);
+5. record the read as a ``SliceServed`` event and an audit entry.
+
+Items withheld by the gate are reported as counts per reason, never by id: a
+caller must not learn that an item it may not see exists.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+from uuid import UUID
+
+import numpy as np
+
+from domain.errors import InvalidInputError
+from domain.heat import heat
+from domain.values import CATEGORIES, Layer, Provenance, SharingPolicy
+from projections.profile.queries import MemoryRow, ProfileQueries
+from uprof.eventstore import ProfilesApplication
+from uprof.ports import AuditTrail, Clock, Embedder, TokenCounter
+from uprof.retrieval import Candidate, MemoryIndex, PackedSlice, build_slice
+from uprof.retrieval.index import NOT_RETRIEVED
+from uprof.services.subjects import SubjectRequest, SubjectResolver
+
+MAX_BUDGET_TOKENS = 32_768
+MAX_QUERY_CHARS = 4_000
+
+
+class DecisionLike(Protocol):
+    allowed: bool
+    rule: tuple[str, ...]
+
+
+class Authorizer(Protocol):
+    def decisions_for(
+        self, *, app_id: str, tenant: str, action: str, purpose: str, categories: Sequence[str]
+    ) -> Mapping[str, DecisionLike]: ...
+
+
+@dataclass(frozen=True)
+class SliceRequest:
+    """One app's request. ``app_id`` must come from authentication, never from the body."""
+
+    subject: SubjectRequest
+    query: str
+    budget_tokens: int
+    purpose: str
+    app_id: str
+    agent_id: str
+    agent_type: str = ""
+    now: datetime | None = None
+    lexical_only: bool = False
+    wait_timeout_s: float | None = None
+
+
+@dataclass(frozen=True)
+class SliceItem:
+    """One item in the slice, with its provenance labels."""
+
+    item_id: str
+    layer: str
+    category: str
+    text: str
+    confidence: float
+    provenance: str
+    status: str
+    source_refs: tuple[str, ...]
+    evidence: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LeftOutItem:
+    item_id: str
+    layer: str
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class ProfileSlice:
+    """The exact text to inject, what is in it, and what was left out and why."""
+
+    text: str
+    n_tokens: int
+    budget_tokens: int
+    items: tuple[SliceItem, ...]
+    left_out: tuple[LeftOutItem, ...]
+    withheld: Mapping[str, int]
+    fresh: bool
+    waited_ms: float
+    purpose: str
+    app_id: str
+    subject_pseudonym: str
+
+
+@dataclass
+class _CachedMemories:
+    version: int
+    rows: list[MemoryRow]
+    vectors: np.ndarray | None
+    indexes: dict[tuple[Any, ...], tuple[MemoryIndex, tuple[int, ...]]] = field(default_factory=dict)
+
+
+class SliceService:
+    def __init__(
+        self,
+        app: ProfilesApplication,
+        subjects: SubjectResolver,
+        queries: ProfileQueries,
+        authorizer: Authorizer,
+        embedder: Embedder,
+        counter: TokenCounter,
+        clock: Clock,
+        audit: AuditTrail,
+        ensure_fresh: Callable[[float], bool],
+        default_wait_s: float,
+    ) -> None:
+        self._app = app
+        self._subjects = subjects
+        self._queries = queries
+        self._authorizer = authorizer
+        self._embedder = embedder
+        self._counter = counter
+        self._clock = clock
+        self._audit = audit
+        self._ensure_fresh = ensure_fresh
+        self._default_wait_s = default_wait_s
+        self._cache: dict[str, _CachedMemories] = {}
+        self._lock = threading.Lock()
+
+    def flush(self, stream_id: UUID | None = None) -> None:
+        """Drop cached memories (all, or one subject's): erasure calls this."""
+        with self._lock:
+            if stream_id is None:
+                self._cache.clear()
+            else:
+                self._cache.pop(str(stream_id), None)
+
+    # ----------------------------------------------------------------- public
+
+    def slice(self, request: SliceRequest) -> ProfileSlice:
+        self._check(request)
+        handle = self._subjects.resolve(request.subject, calling_agent=request.agent_id)
+        began = time.perf_counter()
+        wait = self._default_wait_s if request.wait_timeout_s is None else request.wait_timeout_s
+        fresh = self._ensure_fresh(wait)
+        waited_ms = (time.perf_counter() - began) * 1000
+        now = request.now or self._clock.now()
+        profile = self._app.load(handle.stream_id)
+        allowed = self._allowed_categories(request, profile, now)
+        stream = str(handle.stream_id)
+
+        withheld: Counter[str] = Counter()
+        attributes = self._gate(
+            [self._attribute(a) for a in self._queries.attributes(stream, include_superseded=False)],
+            request, allowed, withheld,
+        )
+        intents = self._gate(
+            [self._intent(i) for i in self._queries.intents(stream, status="active")],
+            request, allowed, withheld,
+        )
+        index = self._memory_index(stream, request, allowed, now, withheld)
+        query_vector = None
+        if not request.lexical_only and index.vectors is not None and len(index):
+            query_vector = self._embedder.embed([request.query])[0]
+        packed = build_slice(
+            query=request.query,
+            attributes=attributes,
+            intents=intents,
+            memory_index=index,
+            budget_tokens=request.budget_tokens,
+            counter=self._counter,
+            query_vector=query_vector,
+            now=now,
+        )
+        self._record(handle.stream_id, handle.pseudonym, request, packed, now)
+        return ProfileSlice(
+            text=packed.text,
+            n_tokens=packed.n_tokens,
+            budget_tokens=request.budget_tokens,
+            items=tuple(_item(c) for c in packed.items),
+            left_out=tuple(
+                LeftOutItem(lo.item_id, str(lo.layer), lo.reason, lo.detail)
+                for lo in packed.left_out
+                # The long tail of never-retrieved memories is summarised, not listed.
+                if lo.detail != NOT_RETRIEVED
+            ),
+            withheld=dict(withheld),
+            fresh=fresh,
+            waited_ms=round(waited_ms, 3),
+            purpose=request.purpose,
+            app_id=request.app_id,
+            subject_pseudonym=handle.pseudonym,
+        )
+
+    # ----------------------------------------------------------------- gating
+
+    @staticmethod
+    def _check(request: SliceRequest) -> None:
+        if not 0 <= request.budget_tokens <= MAX_BUDGET_TOKENS:
+            raise InvalidInputError(f"budget_tokens must be between 0 and {MAX_BUDGET_TOKENS}")
+        if len(request.query) > MAX_QUERY_CHARS:
+            raise InvalidInputError(f"query must be at most {MAX_QUERY_CHARS} characters")
+        for name in ("app_id", "agent_id", "purpose"):
+            if not getattr(request, name).strip():
+                raise InvalidInputError(f"{name} must not be empty")
+
+    def _allowed_categories(self, request: SliceRequest, profile: Any, now: datetime) -> dict[str, str]:
+        """Category -> "" when servable, else the reason it is withheld."""
+        decisions = self._authorizer.decisions_for(
+            app_id=request.app_id,
+            tenant=self._subjects.tenant,
+            action="read",
+            purpose=request.purpose,
+            categories=list(CATEGORIES),
+        )
+        verdict = {}
+        for category in CATEGORIES:
+            decision = decisions.get(category)
+            if decision is None or not decision.allowed:
+                verdict[category] = "policy"
+            elif not profile.has_consent(
+                app_id=request.app_id, category=category, purpose=request.purpose, at=now
+            ):
+                verdict[category] = "consent"
+            else:
+                verdict[category] = ""
+        return verdict
+
+    @staticmethod
+    def _visible(owner: str, sharing: str, request: SliceRequest) -> bool:
+        """I4: private items only to their owner agent; bad or missing policy = private."""
+        return SharingPolicy.parse(sharing).allows(
+            owner_agent=owner, reader_agent=request.agent_id, reader_agent_type=request.agent_type
+        )
+
+    def _gate(
+        self,
+        pairs: list[tuple[Candidate, str, str]],
+        request: SliceRequest,
+        allowed: dict[str, str],
+        withheld: Counter[str],
+    ) -> list[Candidate]:
+        kept = []
+        for candidate, owner, sharing in pairs:
+            reason = allowed.get(candidate.category, "policy")
+            if not reason and not self._visible(owner, sharing, request):
+                reason = "visibility"
+            if reason:
+                withheld[reason] += 1
+            else:
+                kept.append(candidate)
+        return kept
+
+    # --------------------------------------------------------------- memories
+
+    def _memories(self, stream: str) -> _CachedMemories:
+        version = self._queries.memory_version(stream)
+        with self._lock:
+            cached = self._cache.get(stream)
+        if cached is not None and cached.version == version:
+            return cached
+        rows, vectors = self._queries.memories(stream, with_vectors=True)
+        cached = _CachedMemories(version, rows, vectors)
+        with self._lock:
+            self._cache[stream] = cached
+        return cached
+
+    def _memory_index(
+        self,
+        stream: str,
+        request: SliceRequest,
+        allowed: dict[str, str],
+        now: datetime,
+        withheld: Counter[str],
+    ) -> MemoryIndex:
+        cached = self._memories(stream)
+        sessions = self._queries.session_activity(stream) if cached.rows else {}
+        keep: list[int] = []
+        for i, m in enumerate(cached.rows):
+            reason = allowed.get(m.category, "policy")
+            if not reason and not self._visible(m.owner_agent, m.sharing, request):
+                reason = "visibility"
+            if reason:
+                withheld[reason] += 1
+            else:
+                keep.append(i)
+        key = (tuple(keep), request.lexical_only)
+        hit = cached.indexes.get(key)
+        if hit is not None:
+            return hit[0]
+        candidates = [_memory_candidate(cached.rows[i], sessions, now) for i in keep]
+        vectors = None
+        if cached.vectors is not None and not request.lexical_only:
+            vectors = cached.vectors[keep] if keep else cached.vectors[:0]
+        index = MemoryIndex.build(candidates, vectors, self._counter)
+        # Keep a handful of reader views per subject; more readers rebuild on demand.
+        if len(cached.indexes) >= 8:
+            cached.indexes.clear()
+        cached.indexes[key] = (index, tuple(keep))
+        return index
+
+    # --------------------------------------------------------------- recording
+
+    def _record(
+        self,
+        stream_id: UUID,
+        pseudonym: str,
+        request: SliceRequest,
+        packed: PackedSlice,
+        now: datetime,
+    ) -> None:
+        item_ids = [c.item_id for c in packed.items]
+
+        def command() -> None:
+            profile = self._app.load(stream_id)
+            profile.record_slice_served(
+                app_id=request.app_id,
+                agent_id=request.agent_id,
+                purpose=request.purpose,
+                item_ids=item_ids,
+                served_at=now,
+                budget_tokens=request.budget_tokens,
+                n_tokens=packed.n_tokens,
+            )
+            self._app.save(profile)
+
+        self._app.with_retry(command)
+        self._audit.record(
+            "slice.served",
+            subject_ref=pseudonym,
+            app_id=request.app_id,
+            agent_id=request.agent_id,
+            purpose=request.purpose,
+            item_refs=item_ids,
+            counts={"tokens": packed.n_tokens, "budget": request.budget_tokens},
+        )
+
+    # ------------------------------------------------------------- conversions
+
+    @staticmethod
+    def _attribute(a: Any) -> tuple[Candidate, str, str]:
+        label = a.key.replace("_", " ")
+        return (
+            Candidate(
+                item_id=a.item_id,
+                layer=Layer.ATTRIBUTE,
+                category=a.category,
+                text=f"{label}: {a.value}",
+                confidence=a.confidence,
+                provenance=Provenance(a.provenance),
+                evidence=a.evidence,
+                source_refs=(),
+                occurred_at=a.last_observed_at,
+                status=a.status,
+            ),
+            a.owner_agent,
+            a.sharing,
+        )
+
+    @staticmethod
+    def _intent(i: Any) -> tuple[Candidate, str, str]:
+        return (
+            Candidate(
+                item_id=i.item_id,
+                layer=Layer.INTENT,
+                category=i.category,
+                text=i.description,
+                confidence=i.confidence,
+                provenance=Provenance(i.provenance),
+                evidence=i.evidence,
+                source_refs=(),
+                occurred_at=i.observed_at,
+                status=i.status,
+            ),
+            i.owner_agent,
+            i.sharing,
+        )
+
+
+def _memory_candidate(m: MemoryRow, sessions: Mapping[str, int], now: datetime) -> Candidate:
+    return Candidate(
+        item_id=m.item_id,
+        layer=Layer.MEMORY,
+        category=m.category,
+        text=m.text,
+        confidence=m.importance,
+        provenance=Provenance(m.provenance),
+        evidence=m.evidence,
+        source_refs=m.source_refs,
+        occurred_at=m.occurred_at,
+        actor=m.actor,
+        heat=heat(
+            visits=m.visits,
+            interactions=sessions.get(m.session_id, 0),
+            last_touched=m.last_visited_at or m.occurred_at,
+            now=now,
+        ),
+    )
+
+
+def _item(c: Candidate) -> SliceItem:
+    return SliceItem(
+        item_id=c.item_id,
+        layer=str(c.layer),
+        category=c.category,
+        text=c.text,
+        confidence=round(c.confidence, 4),
+        provenance=str(c.provenance),
+        status=c.status,
+        source_refs=c.source_refs,
+        evidence=c.evidence,
+    )

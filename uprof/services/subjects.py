@@ -1,0 +1,116 @@
+"""Identity resolution at the kernel boundary.
+
+Order (kernel-managed shared memory, fixed): 1) the subject named explicitly on
+the request; 2) the subject a registered session belongs to; 3) the known
+identifier registry (e.g. an e-mail an app knows the user by). Never the
+calling agent's own id. Sources that disagree, or none at all, is an error:
+ambiguity is never resolved by guessing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from uuid import UUID
+
+from domain.errors import IdentityError, InvalidInputError, SubjectNotFoundError
+from uprof.crypto.keystore import KeyStore, SubjectHandle
+
+MAX_REF_LENGTH = 256
+SESSION, IDENTIFIER = "session", "identifier"
+
+
+@dataclass(frozen=True)
+class SubjectRequest:
+    """What a request says about whom it concerns."""
+
+    subject: str | None = None
+    session_id: str | None = None
+    identifier: str | None = None
+
+
+def check_subject_ref(subject_ref: str) -> str:
+    ref = subject_ref.strip()
+    if not ref:
+        raise InvalidInputError("subject must not be empty")
+    if len(ref) > MAX_REF_LENGTH:
+        raise InvalidInputError(f"subject must be at most {MAX_REF_LENGTH} characters")
+    return ref
+
+
+def _fold_identifier(identifier: str) -> str:
+    return identifier.strip().casefold()
+
+
+class SubjectResolver:
+    """Map a request to a subject stream in the fixed priority order."""
+
+    def __init__(self, keystore: KeyStore, tenant: str) -> None:
+        self._keystore = keystore
+        self.tenant = tenant
+
+    # ------------------------------------------------------------- registries
+
+    def register_session(self, session_id: str, subject_ref: str, *, now: datetime) -> None:
+        """Bind a session to a subject (apps do this when the user signs in)."""
+        handle = self._require(subject_ref)
+        self._keystore.bind_alias(self.tenant, SESSION, session_id, handle.stream_id, now=now)
+
+    def register_identifier(self, identifier: str, subject_ref: str, *, now: datetime) -> None:
+        """Record that an identifier (e-mail, handle) names a subject."""
+        handle = self._require(subject_ref)
+        self._keystore.bind_alias(
+            self.tenant, IDENTIFIER, _fold_identifier(identifier), handle.stream_id, now=now
+        )
+
+    def _require(self, subject_ref: str) -> SubjectHandle:
+        handle = self.find(subject_ref)
+        if handle is None:
+            raise SubjectNotFoundError("no such subject")
+        return handle
+
+    # -------------------------------------------------------------- resolution
+
+    def resolve(self, request: SubjectRequest, *, calling_agent: str = "") -> SubjectHandle:
+        """Return the subject the request concerns, or raise IdentityError."""
+        found: list[tuple[str, SubjectHandle]] = []
+        if request.subject:
+            ref = check_subject_ref(request.subject)
+            if calling_agent and ref == calling_agent:
+                raise IdentityError("a request may not name the calling agent as its subject")
+            handle = self.find(ref)
+            if handle is None:
+                raise SubjectNotFoundError("no such subject")
+            found.append(("subject", handle))
+        if request.session_id:
+            handle = self._keystore.resolve_alias(self.tenant, SESSION, request.session_id)
+            if handle is None and not found:
+                raise IdentityError("the session is not registered to any subject")
+            if handle is not None:
+                found.append(("session", handle))
+        if request.identifier:
+            handle = self._keystore.resolve_alias(
+                self.tenant, IDENTIFIER, _fold_identifier(request.identifier)
+            )
+            if handle is None and not found:
+                raise IdentityError("the identifier is not registered to any subject")
+            if handle is not None:
+                found.append(("identifier", handle))
+        if not found:
+            raise IdentityError("the request names no subject (subject, session or identifier)")
+        if len({h.stream_id for _, h in found}) > 1:
+            sources = ", ".join(source for source, _ in found)
+            raise IdentityError(f"ambiguous identity: {sources} name different subjects")
+        return found[0][1]
+
+    def find(self, subject_ref: str) -> SubjectHandle | None:
+        return self._keystore.resolve(self.tenant, check_subject_ref(subject_ref))
+
+    def find_or_create(self, subject_ref: str, *, now: datetime) -> SubjectHandle:
+        return self._keystore.resolve_or_create(self.tenant, check_subject_ref(subject_ref), now=now)
+
+    def pseudonym(self, subject_ref: str) -> str:
+        return self._keystore.pseudonym(self.tenant, check_subject_ref(subject_ref))
+
+    def stream_ids(self) -> list[UUID]:
+        return self._keystore.stream_ids(self.tenant)

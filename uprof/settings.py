@@ -1,0 +1,64 @@
+"""Settings: one typed object, validated at start and passed in (P6).
+
+Every field can come from the environment with the ``UPROF_`` prefix, e.g.
+``UPROF_DATABASE_URL=postgresql+psycopg://user@host/db`` switches every store to
+PostgreSQL; unset, uprof keeps SQLite files under ``UPROF_DATA_DIR``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+POLICIES_DIR = Path(__file__).resolve().parent.parent / "policies"
+
+
+class Settings(BaseSettings):
+    """Configuration of one uprof deployment."""
+
+    model_config = SettingsConfigDict(env_prefix="UPROF_", extra="forbid")
+
+    data_dir: Path = Path(".uprof-data")
+    #: None: embedded SQLite files in ``data_dir``. Else a SQLAlchemy PostgreSQL URL.
+    database_url: str | None = None
+    tenant: str = "default"
+    #: Root secret for key wrapping; None: a mode-0600 file ``master.key`` in data_dir.
+    master_secret: SecretStr | None = None
+
+    extractor: Literal["rules", "llm"] = "rules"
+    llm_base_url: str = "http://127.0.0.1:11434/v1"
+    llm_model: str = "llama3.1"
+    llm_api_key: SecretStr | None = None
+    llm_timeout_s: float = 30.0
+
+    embedder: Literal["minilm", "hashing"] = "minilm"
+    projection_batch_size: int = Field(default=256, ge=1, le=10_000)
+    #: How long a read waits for projections to reach the subject's latest write.
+    read_wait_timeout_s: float = Field(default=5.0, ge=0.0, le=120.0)
+
+    #: True when extraction/projection run in background threads (the server); reads
+    #: then wait for them instead of doing the work inline.
+    background_workers: bool = False
+
+    policy_model_path: Path = POLICIES_DIR / "model.conf"
+    policy_path: Path = POLICIES_DIR / "seed_policy.csv"
+    audit_origin: str = "uprof.local/audit"
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgres_only(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        if not value.startswith(("postgresql://", "postgresql+psycopg://")):
+            raise ValueError(
+                "database_url must be a PostgreSQL URL (postgresql+psycopg://...); "
+                "leave it unset for the embedded SQLite default"
+            )
+        return value
+
+    @property
+    def is_postgres(self) -> bool:
+        return self.database_url is not None

@@ -1,0 +1,104 @@
+"""Storage wiring: engines, eventsourcing settings and migrations, for SQLite or PostgreSQL.
+
+Embedded (no database URL): three SQLite files in the data folder —
+``events.sqlite`` (the eventsourcing log), ``views.sqlite`` (read models and
+audit log) and ``keys.sqlite`` (the key store, backed up on its own policy).
+PostgreSQL: one database for all three; eventsourcing names its tables after
+the application (``profiles_events``), alembic owns the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+
+from uprof.settings import Settings
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+
+
+@dataclass(frozen=True)
+class StorageLayout:
+    """Where each store lives for one deployment."""
+
+    views_url: str
+    keys_url: str
+    eventsourcing_env: dict[str, str]
+    events_path: Path | None  # the SQLite event file, for residue scans
+
+
+def layout_for(settings: Settings) -> StorageLayout:
+    if settings.database_url is None:
+        data = settings.data_dir
+        data.mkdir(parents=True, exist_ok=True)
+        events = data / "events.sqlite"
+        return StorageLayout(
+            views_url=f"sqlite:///{data / 'views.sqlite'}",
+            keys_url=f"sqlite:///{data / 'keys.sqlite'}",
+            eventsourcing_env={
+                "PERSISTENCE_MODULE": "eventsourcing.sqlite",
+                "SQLITE_DBNAME": str(events),
+                "SQLITE_LOCK_TIMEOUT": "30",
+            },
+            events_path=events,
+        )
+    url = sa.engine.make_url(settings.database_url)
+    return StorageLayout(
+        views_url=settings.database_url,
+        keys_url=settings.database_url,
+        eventsourcing_env={
+            "PERSISTENCE_MODULE": "eventsourcing.postgres",
+            "POSTGRES_DBNAME": url.database or "postgres",
+            "POSTGRES_HOST": url.host or "127.0.0.1",
+            "POSTGRES_PORT": str(url.port or 5432),
+            "POSTGRES_USER": url.username or "postgres",
+            "POSTGRES_PASSWORD": url.password or "",
+            "POSTGRES_POOL_SIZE": "5",
+            "POSTGRES_MAX_OVERFLOW": "10",
+        },
+        events_path=None,
+    )
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    # Deleted rows must not linger in free pages (FIELD-NOTES §4); never rely on the
+    # build default. WAL lets readers run beside the projection writer.
+    cursor.execute("PRAGMA secure_delete=ON")
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def create_engine(url: str) -> sa.Engine:
+    """Build an engine with the settings uprof relies on for this backend."""
+    if url.startswith("sqlite"):
+        engine = sa.create_engine(url, connect_args={"timeout": 30})
+        sa.event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+
+
+def migrate(engine: sa.Engine, branch: str) -> None:
+    """Bring one store's tables to the newest revision of its alembic branch."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.attributes["branch"] = branch
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, f"{branch}@head")
+
+
+def sqlite_checkpoint(engine: sa.Engine) -> None:
+    """Fold the WAL into the main file and truncate it (shredded bytes must not linger)."""
+    if engine.dialect.name != "sqlite":
+        return
+    with engine.connect() as conn:
+        conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
