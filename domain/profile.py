@@ -65,6 +65,18 @@ def _evidence_label(evidence: tuple[str, ...], explicit: bool, confidence: float
 class SubjectProfile(Aggregate):
     """Everything uprof knows about one data subject, as a stream of facts."""
 
+    class ContentShredded(Aggregate.Event):
+        """What an event reads as once the key that sealed it is destroyed.
+
+        Built by the key mapper, never raised by a command: it keeps the stream's
+        version numbering intact and applies nothing (its content is gone).
+        """
+
+        topic: str
+
+        def apply(self, aggregate: Any) -> None:
+            pass
+
     @event("Registered")
     def __init__(self, id: uuid.UUID, tenant: str) -> None:  # noqa: A002 (eventsourcing's name)
         """Open the stream; ``id`` comes from the key store (random, never derived)."""
@@ -350,11 +362,17 @@ class SubjectProfile(Aggregate):
     ) -> None:
         self.attributes[item_id] = {
             "key": key,
+            "category": category,
+            "value": value,
             "norm": norm,
             "confidence": confidence,
             "provenance": provenance,
             "evidence": list(evidence)[-MAX_EVIDENCE_IN_AGGREGATE:],
             "status": status,
+            "owner_agent": owner_agent,
+            "sharing": sharing,
+            "author": author,
+            "first_observed_at": observed_at,
             "last_observed_at": observed_at,
         }
 
@@ -367,7 +385,9 @@ class SubjectProfile(Aggregate):
         provenance: str,
         observed_at: datetime,
     ) -> None:
-        a = self.attributes[item_id]
+        a = self.attributes.get(item_id)
+        if a is None:  # its recording event was shredded with an erased capture
+            return
         a["confidence"] = confidence
         a["provenance"] = provenance
         a["evidence"] = (a["evidence"] + [e for e in evidence if e not in a["evidence"]])[
@@ -377,14 +397,14 @@ class SubjectProfile(Aggregate):
 
     @event("AttributeConflictFlagged")
     def _attribute_conflict_flagged(self, item_id: str, conflicts_with: list[str]) -> None:
-        for other in conflicts_with:
+        for other in [item_id, *conflicts_with]:
             if other in self.attributes:
                 self.attributes[other]["status"] = AttributeStatus.CONFLICTING.value
-        self.attributes[item_id]["status"] = AttributeStatus.CONFLICTING.value
 
     @event("AttributeSuperseded")
     def _attribute_superseded(self, item_id: str, superseded_by: str, reason: str) -> None:
-        self.attributes[item_id]["status"] = AttributeStatus.SUPERSEDED.value
+        if item_id in self.attributes:
+            self.attributes[item_id]["status"] = AttributeStatus.SUPERSEDED.value
         # A winner of a conflict that is resolved by supersession is current again.
         if superseded_by and superseded_by in self.attributes:
             self.attributes[superseded_by]["status"] = AttributeStatus.CURRENT.value
@@ -494,6 +514,7 @@ class SubjectProfile(Aggregate):
     ) -> None:
         self.intents[item_id] = {
             "norm": norm,
+            "evidence": list(evidence)[-MAX_EVIDENCE_IN_AGGREGATE:],
             "confidence": confidence,
             "expires_at": expires_at,
             "owner_agent": owner_agent,
@@ -508,8 +529,9 @@ class SubjectProfile(Aggregate):
         expires_at: datetime | None,
         observed_at: datetime,
     ) -> None:
-        self.intents[item_id]["confidence"] = confidence
-        self.intents[item_id]["expires_at"] = expires_at
+        if item_id in self.intents:
+            self.intents[item_id]["confidence"] = confidence
+            self.intents[item_id]["expires_at"] = expires_at
 
     def _propose_intent_update(
         self, p: IntentUpdateProposal, batch: ProposalBatch, observed_at: datetime
@@ -653,6 +675,117 @@ class SubjectProfile(Aggregate):
         pass
 
     # ------------------------------------------------------------------ erasure
+
+    def erase_items(self, item_ids: list[str], *, reason: str) -> None:
+        """Remove items from the profile; the derived stores purge them (ids only)."""
+        self._refuse_if_erased()
+        ids = sorted(set(item_ids))
+        if ids:
+            self._items_erased(item_ids=ids, reason=reason)
+
+    @event("ItemsErased")
+    def _items_erased(self, item_ids: list[str], reason: str) -> None:
+        for item_id in item_ids:
+            self.attributes.pop(item_id, None)
+            self.intents.pop(item_id, None)
+
+    def erase_capture(self, capture_id: str, *, cited_by: list[str], now: datetime) -> dict[str, int]:
+        """Erase one captured event and everything derived only from it.
+
+        ``cited_by`` are the memory and intent ids whose evidence cites the capture
+        (the read side knows them; this aggregate does not keep memories). An
+        attribute that other evidence still backs is restated without this capture,
+        with the confidence of what remains, so it survives the capture's shredding.
+        """
+        self._refuse_if_erased()
+        restated = erased = 0
+        doomed = set(cited_by)
+        for item_id, a in sorted(self.attributes.items()):
+            if capture_id not in a["evidence"]:
+                continue
+            remaining = [e for e in a["evidence"] if e != capture_id]
+            if not remaining:
+                doomed.add(item_id)
+                continue
+            # Each remaining observation counts once at the default extraction strength.
+            confidence = 0.0
+            for _ in remaining:
+                confidence = combine(confidence, min(a["confidence"], 0.6))
+            self._attribute_restated(
+                item_id=item_id,
+                key=a["key"],
+                category=a["category"],
+                value=a["value"],
+                norm=a["norm"],
+                confidence=round(confidence, 6),
+                provenance=a["provenance"],
+                evidence=remaining,
+                owner_agent=a["owner_agent"],
+                sharing=a["sharing"],
+                author=a["author"],
+                status=a["status"],
+                first_observed_at=a["first_observed_at"],
+                observed_at=a["last_observed_at"],
+            )
+            restated += 1
+        for item_id, intent in sorted(self.intents.items()):
+            if capture_id in intent.get("evidence", []):
+                doomed.add(item_id)
+        if doomed:
+            self._items_erased(item_ids=sorted(doomed), reason="evidence-erased")
+            erased = len(doomed)
+        self._capture_erased(capture_id=capture_id, erased_at=now)
+        return {"items_erased": erased, "attributes_restated": restated}
+
+    @event("AttributeRestated")
+    def _attribute_restated(
+        self,
+        item_id: str,
+        key: str,
+        category: str,
+        value: str,
+        norm: str,
+        confidence: float,
+        provenance: str,
+        evidence: list[str],
+        owner_agent: str,
+        sharing: str,
+        author: str,
+        status: str,
+        first_observed_at: datetime,
+        observed_at: datetime,
+    ) -> None:
+        self.attributes[item_id] = {
+            "key": key,
+            "category": category,
+            "value": value,
+            "norm": norm,
+            "confidence": confidence,
+            "provenance": provenance,
+            "evidence": list(evidence),
+            "status": status,
+            "owner_agent": owner_agent,
+            "sharing": sharing,
+            "author": author,
+            "first_observed_at": first_observed_at,
+            "last_observed_at": observed_at,
+        }
+
+    @event("CaptureErased")
+    def _capture_erased(self, capture_id: str, erased_at: datetime) -> None:
+        self.capture_count = max(0, self.capture_count - 1)
+
+    def erase(self, *, request_id: str, basis: str, now: datetime) -> None:
+        """Append the tombstone; afterwards the stream refuses every write."""
+        self._refuse_if_erased()
+        self._subject_erased(request_id=request_id, basis=basis, erased_at=now)
+
+    @event("SubjectErased")
+    def _subject_erased(self, request_id: str, basis: str, erased_at: datetime) -> None:
+        self.erased = True
+        self.consents = {}
+        self.attributes = {}
+        self.intents = {}
 
     def _refuse_if_erased(self) -> None:
         if self.erased:

@@ -16,12 +16,14 @@ from projections.profile.projector import ProfileProjector
 from projections.profile.queries import ProfileQueries
 from uprof.adapters.audit_trail import AuditLogTrail
 from uprof.adapters.clock import SystemClock
-from uprof.crypto.keystore import KeyStore
+from uprof.crypto.fields import ViewSealer
+from uprof.crypto.keystore import KekRing, KeyStore
 from uprof.eventstore import ProfilesApplication
 from uprof.kernel import Uprof
 from uprof.ports import AuditTrail, Clock, Embedder, Extractor, TokenCounter
 from uprof.services.capture import CaptureService
 from uprof.services.consent import ConsentService
+from uprof.services.erasure import ErasureService
 from uprof.services.extraction import EvidenceChecker, ExtractionWorker
 from uprof.services.maintenance import MaintenanceService
 from uprof.services.profile import ProfileService
@@ -33,6 +35,7 @@ from uprof.settings import Settings
 from uprof.storage import create_engine, layout_for, migrate
 
 MASTER_KEY_FILE = "master.key"
+KEK_RING_FILE = "keks.json"
 AUDIT_KEY_FILE = "audit-signing.pem"
 
 
@@ -119,13 +122,19 @@ def bootstrap(
     migrate(views, "views")
     migrate(keys, "keys")
 
-    keystore = KeyStore(keys, master_secret=master_secret(settings))
-    app = ProfilesApplication(env=layout.eventsourcing_env, keystore=keystore)
+    keystore = KeyStore(
+        keys,
+        master_secret=master_secret(settings),
+        kek_ring=KekRing(settings.data_dir / KEK_RING_FILE),
+    )
+    events = views if layout.events_url == layout.views_url else create_engine(layout.events_url)
+    app = ProfilesApplication(env=layout.eventsourcing_env, keystore=keystore, events_engine=events)
     subjects = SubjectResolver(keystore, settings.tenant)
-    queries = ProfileQueries(views)
+    sealer = ViewSealer(keystore)
+    queries = ProfileQueries(views, sealer)
+    signing_key = load_or_create_signing_key(settings.data_dir / AUDIT_KEY_FILE)
+    audit_log = AuditLog(views, signing_key, settings.audit_origin, clock=clock.now)
     if audit is None:
-        signing_key = load_or_create_signing_key(settings.data_dir / AUDIT_KEY_FILE)
-        audit_log = AuditLog(views, signing_key, settings.audit_origin, clock=clock.now)
         audit = AuditLogTrail(audit_log, settings.tenant)
     embedder = embedder or build_embedder(settings)
     extractor = extractor or build_extractor(settings)
@@ -133,8 +142,8 @@ def bootstrap(
 
     def close() -> None:
         app.close()
-        views.dispose()
-        keys.dispose()
+        for engine in {id(e): e for e in (views, keys, events)}.values():
+            engine.dispose()
 
     kernel_ref: list[Uprof] = []
 
@@ -153,6 +162,20 @@ def bootstrap(
         ensure_fresh=ensure_fresh,
         default_wait_s=settings.read_wait_timeout_s,
     )
+    erasure_service = ErasureService(
+        app,
+        keystore,
+        subjects,
+        queries,
+        views,
+        engines=list({id(e): e for e in (views, keys, events)}.values()),
+        clock=clock,
+        audit=audit,
+        log=audit_log,
+        catch_up=lambda nid, timeout: kernel_ref[0].catch_up(nid, timeout),
+        flush_caches=lambda stream: kernel_ref[0].flush_caches(stream),
+        tenant=settings.tenant,
+    )
     kernel = Uprof(
         settings=settings,
         app=app,
@@ -161,18 +184,25 @@ def bootstrap(
         queries=queries,
         clock=clock,
         audit=audit,
-        capture_service=CaptureService(app, subjects, clock, audit),
+        capture_service=CaptureService(app, subjects, keystore, clock, audit),
         consent_service=ConsentService(app, subjects, clock, audit),
         proposal_service=ProposalService(app, subjects, evidence, clock, audit),
-        profile_service=ProfileService(app, queries),
+        profile_service=ProfileService(app, queries, sealer),
         extraction=ExtractionWorker(
             app, extractor, evidence, clock, batch_size=settings.projection_batch_size
         ),
         projections=ProjectionRunner(
-            app, views, ProfileProjector(embedder), batch_size=settings.projection_batch_size
+            app,
+            views,
+            ProfileProjector(embedder, sealer),
+            batch_size=settings.projection_batch_size,
         ),
         maintenance=MaintenanceService(app, subjects, queries),
         slice_service=slice_service,
+        erasure_service=erasure_service,
+        audit_log=audit_log,
+        views_engine=views,
+        keys_engine=keys,
         closers=(close,),
     )
     kernel_ref.append(kernel)

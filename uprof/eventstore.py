@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 from uuid import UUID
 
+import sqlalchemy as sa
 from eventsourcing.application import Application, ProcessingEvent
 from eventsourcing.persistence import (
     IntegrityError,
@@ -46,8 +47,12 @@ class ProfilesApplication(Application[UUID]):
     name = "profiles"
     snapshotting_intervals = {SubjectProfile: SNAPSHOT_INTERVAL}  # noqa: RUF012
 
-    def __init__(self, env: dict[str, str], keystore: KeyStore) -> None:
+    def __init__(
+        self, env: dict[str, str], keystore: KeyStore, events_engine: sa.Engine
+    ) -> None:
         self._keystore = keystore
+        #: A SQLAlchemy view of the same store, for snapshot purges and WAL checkpoints.
+        self.events_engine = events_engine
         super().__init__(env)
 
     def construct_mapper(self) -> Mapper[UUID]:
@@ -114,3 +119,16 @@ class ProfilesApplication(Application[UUID]):
 
     def tracking_position(self, name: str) -> int:
         return self.process_recorder.max_tracking_id(name) or 0
+
+    def drop_snapshots(self, stream_id: UUID) -> int:
+        """Delete a stream's snapshot rows: a snapshot is a cache of state that may hold
+        content an erasure just shredded. Returns how many rows went."""
+        if self.snapshots is None:
+            return 0
+        table = self.snapshots.recorder.events_table_name  # type: ignore[attr-defined]
+        with self.events_engine.begin() as conn:
+            result = conn.execute(
+                sa.text(f"DELETE FROM {table} WHERE originator_id = :stream_id"),
+                {"stream_id": str(stream_id)},
+            )
+        return int(result.rowcount or 0)

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 from domain.errors import SubjectNotFoundError
@@ -20,11 +21,18 @@ from uprof.eventstore import ProfilesApplication
 from uprof.ports import AuditTrail, Clock
 from uprof.services.capture import CaptureAck, CaptureService
 from uprof.services.consent import ConsentService
+from uprof.services.erasure import ErasureResult, ErasureService
 from uprof.services.extraction import ExtractionWorker
 from uprof.services.maintenance import MaintenanceService
 from uprof.services.profile import EvidenceView, ProfileService, ProfileView
 from uprof.services.projection import ProjectionRunner
 from uprof.services.proposals import ProposalService
+from uprof.services.residue import (
+    ResidueReport,
+    check_shredded_streams,
+    scan_files,
+    scan_postgres,
+)
 from uprof.services.slices import ProfileSlice, SliceRequest, SliceService
 from uprof.services.subjects import SubjectRequest, SubjectResolver
 from uprof.settings import Settings
@@ -64,6 +72,10 @@ class Uprof:
     projections: ProjectionRunner
     maintenance: MaintenanceService
     slice_service: SliceService
+    erasure_service: ErasureService
+    audit_log: Any
+    views_engine: Any
+    keys_engine: Any
     closers: Sequence[Callable[[], None]] = ()
 
     # ----------------------------------------------------------------- writes
@@ -93,8 +105,48 @@ class Uprof:
             expires_at=expires_at,
         )
 
-    def withdraw_consent(self, subject: str, consent_id: str, *, erase: bool = False) -> None:
+    def withdraw_consent(
+        self, subject: str, consent_id: str, *, erase: bool = False
+    ) -> ErasureResult | None:
+        """Withdraw a consent; with ``erase``, also erase what was collected under it."""
+        grant = next(
+            (c for c in self.profile(subject).consents if c.consent_id == consent_id), None
+        )
         self.consent_service.withdraw(subject, consent_id, erase_requested=erase)
+        if not erase or grant is None:
+            return None
+        stream = str(self.stream_of(subject))
+        collected = self.queries.captures_by(
+            stream, app_id=grant.app_id, purposes=grant.purposes, since=grant.granted_at
+        )
+        if not collected:
+            return None
+        return self.erasure_service.erase_captures(
+            subject, collected, scope="consent-withdrawal"
+        )
+
+    def erase_subject(self, subject: str, *, basis: str = "GDPR-Art.17(1)") -> ErasureResult:
+        """Erase a subject entirely: tombstone, key destruction, purge, signed receipt."""
+        return self.erasure_service.erase_subject(subject, basis=basis)
+
+    def residue_scan(self, terms: Sequence[str]) -> ResidueReport:
+        """Scan every store for the terms and for decryptable data of erased subjects."""
+        report = ResidueReport()
+        scan_files(self.settings.data_dir, terms, report)
+        scan_postgres(self.views_engine, terms, report)
+        check_shredded_streams(
+            self.app, self.keys_engine, self.views_engine, self.keystore.shredded_stream_ids(),
+            report,
+        )
+        return report
+
+    def erase_capture(self, subject: str, capture_id: str) -> ErasureResult:
+        """Erase one captured event and everything derived only from it."""
+        return self.erasure_service.erase_capture(subject, capture_id)
+
+    def erase_item(self, subject: str, item_id: str, *, with_evidence: bool = False) -> ErasureResult:
+        """Erase one item (and, if asked, the captured events behind it)."""
+        return self.erasure_service.erase_item(subject, item_id, with_evidence=with_evidence)
 
     def submit_proposals(
         self, subject: str, batch: ProposalBatch, *, observed_at: datetime | None = None
@@ -181,6 +233,18 @@ class Uprof:
             total += projected
             if extracted == 0 and projected == 0:
                 return total
+
+    def catch_up(self, notification_id: int, timeout_s: float) -> bool:
+        """Make sure projections have passed ``notification_id`` (bounded when in background)."""
+        if self.settings.background_workers:
+            return self.projections.wait_for(notification_id, timeout_s)
+        self.process()
+        return self.projections.position >= notification_id
+
+    def flush_caches(self, stream_id: UUID) -> None:
+        """Forget everything cached about a subject (keys, slice indexes)."""
+        self.keystore.evict(str(stream_id))
+        self.slice_service.flush(stream_id)
 
     def wait_until_caught_up(self, timeout_s: float) -> bool:
         """Wait (bounded) for background workers to reach the current log head."""

@@ -28,6 +28,7 @@ class StorageLayout:
 
     views_url: str
     keys_url: str
+    events_url: str  # the same store eventsourcing writes, for snapshot purges and scans
     eventsourcing_env: dict[str, str]
     events_path: Path | None  # the SQLite event file, for residue scans
 
@@ -40,6 +41,7 @@ def layout_for(settings: Settings) -> StorageLayout:
         return StorageLayout(
             views_url=f"sqlite:///{data / 'views.sqlite'}",
             keys_url=f"sqlite:///{data / 'keys.sqlite'}",
+            events_url=f"sqlite:///{events}",
             eventsourcing_env={
                 "PERSISTENCE_MODULE": "eventsourcing.sqlite",
                 "SQLITE_DBNAME": str(events),
@@ -51,6 +53,7 @@ def layout_for(settings: Settings) -> StorageLayout:
     return StorageLayout(
         views_url=settings.database_url,
         keys_url=settings.database_url,
+        events_url=settings.database_url,
         eventsourcing_env={
             "PERSISTENCE_MODULE": "eventsourcing.postgres",
             "POSTGRES_DBNAME": url.database or "postgres",

@@ -50,6 +50,15 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("stream_id", "key_version", name=op.f("pk_subject_keys")),
     )
     op.create_table(
+        "capture_keys",
+        sa.Column("capture_id", sa.String(length=32), nullable=False),
+        sa.Column("stream_id", sa.String(length=36), nullable=False),
+        sa.Column("wrapped_key", sa.LargeBinary(), nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("capture_id", name=op.f("pk_capture_keys")),
+    )
+    op.create_index(op.f("ix_capture_keys_stream_id"), "capture_keys", ["stream_id"], unique=False)
+    op.create_table(
         "shredded_streams",
         sa.Column("stream_id", sa.String(length=36), nullable=False),
         sa.Column("shredded_at", sa.DateTime(timezone=True), nullable=False),
@@ -59,6 +68,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("shredded_streams")
+    op.drop_index(op.f("ix_capture_keys_stream_id"), table_name="capture_keys")
+    op.drop_table("capture_keys")
     op.drop_table("subject_keys")
     op.drop_index(op.f("ix_subject_aliases_stream_id"), table_name="subject_aliases")
     op.drop_table("subject_aliases")

@@ -15,12 +15,20 @@ from typing import Any, Protocol
 
 import numpy as np
 import sqlalchemy as sa
+from eventsourcing.utils import get_topic
 
 from domain.profile import SubjectProfile as P
-from domain.shredded import Shredded
+from domain.errors import SubjectErasedError
 from projections.profile import tables as t
+from projections.profile.sealing import FieldSealer, context
 
 PROJECTION_NAME = "profile"
+CAPTURED = get_topic(P.InteractionCaptured)
+CAPTURE_ERASED = get_topic(P.CaptureErased)
+MEMORY_TOPICS = frozenset(
+    get_topic(cls)
+    for cls in (P.MemoryRecorded, P.ExperienceRecorded, P.MemoriesArchived, P.ItemsErased)
+)
 
 
 class TextEmbedder(Protocol):
@@ -42,8 +50,9 @@ class ProfileProjector:
 
     name = PROJECTION_NAME
 
-    def __init__(self, embedder: TextEmbedder | None) -> None:
+    def __init__(self, embedder: TextEmbedder | None, sealer: FieldSealer) -> None:
         self._embedder = embedder
+        self._sealer = sealer
         self._handlers: dict[type, Callable[[sa.Connection, int, Any], None]] = {
             P.Registered: self._registered,
             P.InteractionCaptured: self._captured,
@@ -60,6 +69,10 @@ class ProfileProjector:
             P.IntentReinforced: self._intent_reinforced,
             P.IntentStatusChanged: self._intent_status_changed,
             P.SliceServed: self._slice_served,
+            P.AttributeRestated: self._attribute_restated,
+            P.ItemsErased: self._items_erased,
+            P.CaptureErased: self._capture_erased,
+            P.SubjectErased: self._subject_erased,
         }
         self._vectors: dict[str, bytes] = {}
 
@@ -97,9 +110,13 @@ class ProfileProjector:
         for notification_id, event in fresh:
             handler = self._handlers.get(type(event))
             if handler is not None:
-                handler(conn, notification_id, event)
-            if not isinstance(event, Shredded):
-                self._touch_subject(conn, notification_id, event)
+                try:
+                    handler(conn, notification_id, event)
+                except SubjectErasedError:
+                    # The subject was erased after this event was read: its tombstone,
+                    # later in the log, purges whatever the subject still has here.
+                    continue
+            self._touch_subject(conn, notification_id, event)
         if last_position > position:
             self._set_position(conn, application_name, position, last_position)
         self._vectors = {}
@@ -154,17 +171,30 @@ class ProfileProjector:
         return {item_id: matrix[i].tobytes() for i, (item_id, _) in enumerate(pending)}
 
     def _touch_subject(self, conn: sa.Connection, notification_id: int, event: Any) -> None:
+        # By topic, so that an event shredded since it was first projected moves the
+        # counters exactly as it did then: a rebuild must equal the live views.
+        topic = event.topic if isinstance(event, P.ContentShredded) else get_topic(type(event))
         values: dict[str, Any] = {"last_notification_id": notification_id}
-        if isinstance(event, P.InteractionCaptured):
+        if topic == CAPTURED:
             values["last_capture_notification_id"] = notification_id
             values["capture_count"] = t.subjects.c.capture_count + 1
-        if isinstance(event, P.MemoryRecorded | P.ExperienceRecorded | P.MemoriesArchived):
+        elif topic == CAPTURE_ERASED:
+            values["capture_count"] = t.subjects.c.capture_count - 1
+        if topic in MEMORY_TOPICS:
             values["memory_notification_id"] = notification_id
         conn.execute(
             t.subjects.update()
             .where(t.subjects.c.stream_id == str(event.originator_id))
             .values(**values)
         )
+
+    def _seal(self, e: Any, table: str, column: str, row_id: str, data: str | bytes) -> bytes:
+        raw = data.encode("utf-8") if isinstance(data, str) else data
+        return self._sealer.seal(str(e.originator_id), context(table, column, row_id), raw)
+
+    def _open(self, stream_id: str, table: str, column: str, row_id: str, data: bytes) -> str:
+        plain = self._sealer.open(stream_id, context(table, column, row_id), data)
+        return "" if plain is None else plain.decode("utf-8")
 
     # ------------------------------------------------------------------ events
 
@@ -192,12 +222,14 @@ class ProfileProjector:
                 agent_id=e.agent_id,
                 agent_type=e.agent_type,
                 session_id=e.session_id,
-                actor=e.actor,
+                actor=self._seal(e, "captures", "actor", e.capture_id, e.actor),
                 purpose=e.purpose,
                 sharing=e.sharing,
-                source_ref=e.source_ref,
-                user_input=e.user_input,
-                agent_response=e.agent_response,
+                source_ref=self._seal(e, "captures", "source_ref", e.capture_id, e.source_ref),
+                user_input=self._seal(e, "captures", "user_input", e.capture_id, e.user_input),
+                agent_response=self._seal(
+                    e, "captures", "agent_response", e.capture_id, e.agent_response
+                ),
                 occurred_at=e.occurred_at,
                 recorded_at=e.timestamp,
             )
@@ -220,6 +252,13 @@ class ProfileProjector:
                     stream_id=stream_id, session_id=session_id, captures=1, last_at=at
                 )
             )
+
+    def _uncount_session(self, conn: sa.Connection, stream_id: str, session_id: str) -> None:
+        sa_t = t.session_activity
+        where = (sa_t.c.stream_id == stream_id, sa_t.c.session_id == session_id)
+        conn.execute(sa_t.update().where(*where).values(captures=sa_t.c.captures - 1))
+        # A session with no captures left has no row, exactly as if it never had one.
+        conn.execute(sa_t.delete().where(*where, sa_t.c.captures <= 0))
 
     def _consent_granted(self, conn: sa.Connection, nid: int, e: Any) -> None:
         conn.execute(
@@ -251,7 +290,7 @@ class ProfileProjector:
                 stream_id=str(e.originator_id),
                 key=e.key,
                 category=e.category,
-                value=e.value,
+                value=self._seal(e, "attributes", "value", e.item_id, e.value),
                 confidence=e.confidence,
                 provenance=e.provenance,
                 status=e.status,
@@ -272,7 +311,9 @@ class ProfileProjector:
             sa.select(t.attributes.c.evidence, t.attributes.c.last_observed_at).where(
                 t.attributes.c.item_id == e.item_id
             )
-        ).one()
+        ).first()
+        if row is None:  # recorded under a capture that has since been erased
+            return
         conn.execute(
             t.attributes.update()
             .where(t.attributes.c.item_id == e.item_id)
@@ -314,42 +355,48 @@ class ProfileProjector:
 
     def _memory_row(self, conn: sa.Connection, e: Any) -> dict[str, Any]:
         session_id, actor = "", ""
+        stream_id = str(e.originator_id)
         if e.evidence:
             origin = conn.execute(
                 sa.select(t.captures.c.session_id, t.captures.c.actor).where(
-                    t.captures.c.capture_id == e.evidence[0]
+                    t.captures.c.capture_id == e.evidence[0],
+                    t.captures.c.stream_id == stream_id,
                 )
             ).first()
             if origin is not None:
-                session_id, actor = origin.session_id, origin.actor
+                session_id = origin.session_id
+                actor = self._open(stream_id, "captures", "actor", e.evidence[0], origin.actor)
+        vector = self._vectors.get(e.item_id)
         return {
             "item_id": e.item_id,
             "stream_id": str(e.originator_id),
             "category": "experience",
             "provenance": e.provenance,
             "evidence": _json(e.evidence),
-            "source_refs": "[]",
+            "source_refs": self._seal(e, "memories", "source_refs", e.item_id, "[]"),
             "owner_agent": e.owner_agent,
             "sharing": e.sharing,
             "author": e.author,
-            "actor": actor,
+            "actor": self._seal(e, "memories", "actor", e.item_id, actor),
             "session_id": session_id,
             "recorded_at": e.timestamp,
             "visits": 0,
             "last_visited_at": None,
             "archived": False,
-            "embedding": self._vectors.get(e.item_id),
-            "detail": "{}",
+            "embedding": (
+                None if vector is None else self._seal(e, "memories", "embedding", e.item_id, vector)
+            ),
+            "detail": self._seal(e, "memories", "detail", e.item_id, "{}"),
         }
 
     def _memory_recorded(self, conn: sa.Connection, nid: int, e: Any) -> None:
         row = self._memory_row(conn, e)
         row.update(
             kind="memory",
-            text=e.text,
+            text=self._seal(e, "memories", "text", e.item_id, e.text),
             category=e.category,
             importance=e.importance,
-            source_refs=_json(e.source_refs),
+            source_refs=self._seal(e, "memories", "source_refs", e.item_id, _json(e.source_refs)),
             occurred_at=e.occurred_at,
         )
         conn.execute(t.memories.insert().values(**row))
@@ -364,10 +411,13 @@ class ProfileProjector:
         }
         row.update(
             kind="experience",
-            text=_memory_embedding_text(e),
+            text=self._seal(e, "memories", "text", e.item_id, _memory_embedding_text(e)),
             importance=e.confidence,
             occurred_at=e.observed_at,
-            detail=json.dumps(detail, separators=(",", ":"), sort_keys=True),
+            detail=self._seal(
+                e, "memories", "detail", e.item_id,
+                json.dumps(detail, separators=(",", ":"), sort_keys=True),
+            ),
         )
         conn.execute(t.memories.insert().values(**row))
 
@@ -381,7 +431,7 @@ class ProfileProjector:
             t.intents.insert().values(
                 item_id=e.item_id,
                 stream_id=str(e.originator_id),
-                description=e.description,
+                description=self._seal(e, "intents", "description", e.item_id, e.description),
                 category=e.category,
                 confidence=e.confidence,
                 provenance=e.provenance,
@@ -399,7 +449,9 @@ class ProfileProjector:
     def _intent_reinforced(self, conn: sa.Connection, nid: int, e: Any) -> None:
         row = conn.execute(
             sa.select(t.intents.c.evidence).where(t.intents.c.item_id == e.item_id)
-        ).one()
+        ).first()
+        if row is None:
+            return
         conn.execute(
             t.intents.update()
             .where(t.intents.c.item_id == e.item_id)
@@ -413,7 +465,9 @@ class ProfileProjector:
     def _intent_status_changed(self, conn: sa.Connection, nid: int, e: Any) -> None:
         row = conn.execute(
             sa.select(t.intents.c.evidence).where(t.intents.c.item_id == e.item_id)
-        ).one()
+        ).first()
+        if row is None:
+            return
         conn.execute(
             t.intents.update()
             .where(t.intents.c.item_id == e.item_id)
@@ -456,6 +510,66 @@ class ProfileProjector:
                         last_read_at=e.served_at,
                     )
                 )
+
+
+    # ----------------------------------------------------------------- erasure
+
+    def _attribute_restated(self, conn: sa.Connection, nid: int, e: Any) -> None:
+        conn.execute(t.attributes.delete().where(t.attributes.c.item_id == e.item_id))
+        conn.execute(
+            t.attributes.insert().values(
+                item_id=e.item_id,
+                stream_id=str(e.originator_id),
+                key=e.key,
+                category=e.category,
+                value=self._seal(e, "attributes", "value", e.item_id, e.value),
+                confidence=e.confidence,
+                provenance=e.provenance,
+                status=e.status,
+                conflicts_with="[]",
+                superseded_by="",
+                owner_agent=e.owner_agent,
+                sharing=e.sharing,
+                author=e.author,
+                evidence=_json(e.evidence),
+                first_observed_at=e.first_observed_at,
+                last_observed_at=e.observed_at,
+                recorded_at=e.timestamp,
+            )
+        )
+
+    def _items_erased(self, conn: sa.Connection, nid: int, e: Any) -> None:
+        ids = list(e.item_ids)
+        stream_id = str(e.originator_id)
+        for table in (t.attributes, t.memories, t.intents):
+            conn.execute(
+                table.delete().where(table.c.stream_id == stream_id, table.c.item_id.in_(ids))
+            )
+        conn.execute(
+            t.item_reads.delete().where(
+                t.item_reads.c.stream_id == stream_id, t.item_reads.c.item_id.in_(ids)
+            )
+        )
+
+    def _capture_erased(self, conn: sa.Connection, nid: int, e: Any) -> None:
+        stream_id = str(e.originator_id)
+        origin = conn.execute(
+            sa.select(t.captures.c.session_id).where(t.captures.c.capture_id == e.capture_id)
+        ).first()
+        if origin is not None and origin.session_id:
+            self._uncount_session(conn, stream_id, origin.session_id)
+        conn.execute(
+            t.captures.delete().where(
+                t.captures.c.stream_id == str(e.originator_id),
+                t.captures.c.capture_id == e.capture_id,
+            )
+        )
+
+    def _subject_erased(self, conn: sa.Connection, nid: int, e: Any) -> None:
+        """Purge every row of the subject in every view (the erasure cascade, step 4)."""
+        stream_id = str(e.originator_id)
+        for table in t.SUBJECT_TABLES:
+            conn.execute(table.delete().where(table.c.stream_id == stream_id))
 
 
 def _memory_embedding_text(e: Any) -> str:

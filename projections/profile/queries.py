@@ -11,6 +11,7 @@ import numpy as np
 import sqlalchemy as sa
 
 from projections.profile import tables as t
+from projections.profile.sealing import FieldSealer, context
 
 
 def aware(value: datetime | None) -> datetime | None:
@@ -115,8 +116,16 @@ def _tuple(raw: str) -> tuple[str, ...]:
 class ProfileQueries:
     """Queries scoped to one subject stream at a time (I5: no cross-subject reads)."""
 
-    def __init__(self, engine: sa.Engine) -> None:
+    def __init__(self, engine: sa.Engine, sealer: FieldSealer) -> None:
         self._engine = engine
+        self._sealer = sealer
+
+    def _text(self, stream_id: str, table: str, column: str, row_id: str, data: bytes) -> str:
+        raw = self._sealer.open(stream_id, context(table, column, row_id), data)
+        return "" if raw is None else raw.decode("utf-8")
+
+    def _bytes(self, stream_id: str, table: str, column: str, row_id: str, data: bytes) -> bytes:
+        return self._sealer.open(stream_id, context(table, column, row_id), data) or b""
 
     def attributes(self, stream_id: str, *, include_superseded: bool = True) -> list[AttributeRow]:
         q = sa.select(t.attributes).where(t.attributes.c.stream_id == stream_id)
@@ -129,7 +138,7 @@ class ProfileQueries:
                 item_id=r.item_id,
                 key=r.key,
                 category=r.category,
-                value=r.value,
+                value=self._text(stream_id, "attributes", "value", r.item_id, r.value),
                 confidence=r.confidence,
                 provenance=r.provenance,
                 status=r.status,
@@ -158,23 +167,28 @@ class ProfileQueries:
             MemoryRow(
                 item_id=r.item_id,
                 kind=r.kind,
-                text=r.text,
+                text=self._text(stream_id, "memories", "text", r.item_id, r.text),
                 category=r.category,
                 importance=r.importance,
                 provenance=r.provenance,
                 evidence=_tuple(r.evidence),
-                source_refs=_tuple(r.source_refs),
+                source_refs=_tuple(
+                    self._text(stream_id, "memories", "source_refs", r.item_id, r.source_refs)
+                    or "[]"
+                ),
                 owner_agent=r.owner_agent,
                 sharing=r.sharing,
                 author=r.author,
-                actor=r.actor,
+                actor=self._text(stream_id, "memories", "actor", r.item_id, r.actor),
                 session_id=r.session_id,
                 occurred_at=aware(r.occurred_at),  # type: ignore[arg-type]
                 recorded_at=aware(r.recorded_at),  # type: ignore[arg-type]
                 visits=r.visits,
                 last_visited_at=aware(r.last_visited_at),
                 archived=r.archived,
-                detail=json.loads(r.detail),
+                detail=json.loads(
+                    self._text(stream_id, "memories", "detail", r.item_id, r.detail) or "{}"
+                ),
             )
             for r in rows
         ]
@@ -182,7 +196,12 @@ class ProfileQueries:
             return memories, None
         if not rows or any(r.embedding is None for r in rows):
             return memories, None
-        matrix = np.frombuffer(b"".join(r.embedding for r in rows), dtype=np.float32)
+        vectors = [
+            self._bytes(stream_id, "memories", "embedding", r.item_id, r.embedding) for r in rows
+        ]
+        if any(not v for v in vectors):
+            return memories, None
+        matrix = np.frombuffer(b"".join(vectors), dtype=np.float32)
         return memories, matrix.reshape(len(rows), -1)
 
     def intents(self, stream_id: str, *, status: str | None = None) -> list[IntentRow]:
@@ -194,7 +213,7 @@ class ProfileQueries:
         return [
             IntentRow(
                 item_id=r.item_id,
-                description=r.description,
+                description=self._text(stream_id, "intents", "description", r.item_id, r.description),
                 category=r.category,
                 confidence=r.confidence,
                 provenance=r.provenance,
@@ -244,15 +263,35 @@ class ProfileQueries:
                 app_id=r.app_id,
                 agent_id=r.agent_id,
                 session_id=r.session_id,
-                actor=r.actor,
+                actor=self._text(r.stream_id, "captures", "actor", r.capture_id, r.actor),
                 purpose=r.purpose,
-                source_ref=r.source_ref,
-                user_input=r.user_input,
-                agent_response=r.agent_response,
+                source_ref=self._text(
+                    r.stream_id, "captures", "source_ref", r.capture_id, r.source_ref
+                ),
+                user_input=self._text(
+                    r.stream_id, "captures", "user_input", r.capture_id, r.user_input
+                ),
+                agent_response=self._text(
+                    r.stream_id, "captures", "agent_response", r.capture_id, r.agent_response
+                ),
                 occurred_at=aware(r.occurred_at),  # type: ignore[arg-type]
             )
             for r in rows
         }
+
+    def captures_by(
+        self, stream_id: str, *, app_id: str, purposes: Sequence[str], since: datetime
+    ) -> list[str]:
+        """Ids of a subject's captures from one app for some purposes, recorded since a time."""
+        q = sa.select(t.captures.c.capture_id).where(
+            t.captures.c.stream_id == stream_id,
+            t.captures.c.app_id == app_id,
+            t.captures.c.recorded_at >= since,
+        )
+        if "*" not in purposes:
+            q = q.where(t.captures.c.purpose.in_(list(purposes)))
+        with self._engine.connect() as conn:
+            return list(conn.execute(q).scalars())
 
     def session_activity(self, stream_id: str) -> dict[str, int]:
         sa_t = t.session_activity
@@ -315,11 +354,14 @@ class ProfileQueries:
         """All memory ids (sorted) and their vectors, for rebuild comparisons."""
         with self._engine.connect() as conn:
             rows = conn.execute(
-                sa.select(t.memories.c.item_id, t.memories.c.embedding)
+                sa.select(t.memories.c.item_id, t.memories.c.stream_id, t.memories.c.embedding)
                 .where(t.memories.c.embedding.is_not(None))
                 .order_by(t.memories.c.item_id)
             ).all()
         if not rows:
             return [], np.zeros((0, 0), dtype=np.float32)
-        matrix = np.frombuffer(b"".join(r.embedding for r in rows), dtype=np.float32)
+        vectors = [
+            self._bytes(r.stream_id, "memories", "embedding", r.item_id, r.embedding) for r in rows
+        ]
+        matrix = np.frombuffer(b"".join(vectors), dtype=np.float32)
         return [r.item_id for r in rows], matrix.reshape(len(rows), -1)

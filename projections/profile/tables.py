@@ -1,8 +1,11 @@
 """Tables of the profile read model (owned by alembic, branch ``views``).
 
 Every row carries the subject's random ``stream_id``; nothing here names a person.
-List-valued columns (evidence, source refs) hold JSON text so that the same schema
-works on SQLite and PostgreSQL.
+Columns holding what a person said or what was learnt about them are ``SEALED``:
+AES-SIV ciphertext under a key derived from the subject's data key, bound to
+table, column and row. A backup of these tables taken before an erasure is
+therefore unreadable once the erasure destroyed the key (I9). List-valued
+columns hold JSON so the same schema works on SQLite and PostgreSQL.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from projections.naming import NAMING_CONVENTION
 metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
 
 TZ = sa.DateTime(timezone=True)
+#: Ciphertext of personal content (see module docstring).
+SEALED = sa.LargeBinary
 
 #: Position of each projection in each application's notification log.
 projection_tracking = sa.Table(
@@ -47,12 +52,12 @@ captures = sa.Table(
     sa.Column("agent_id", sa.String(128), nullable=False),
     sa.Column("agent_type", sa.String(64), nullable=False),
     sa.Column("session_id", sa.String(128), nullable=False),
-    sa.Column("actor", sa.String(128), nullable=False),
+    sa.Column("actor", SEALED, nullable=False),
     sa.Column("purpose", sa.String(64), nullable=False),
     sa.Column("sharing", sa.String(256), nullable=False),
-    sa.Column("source_ref", sa.String(256), nullable=False),
-    sa.Column("user_input", sa.Text, nullable=False),
-    sa.Column("agent_response", sa.Text, nullable=False),
+    sa.Column("source_ref", SEALED, nullable=False),
+    sa.Column("user_input", SEALED, nullable=False),
+    sa.Column("agent_response", SEALED, nullable=False),
     sa.Column("occurred_at", TZ, nullable=False),
     sa.Column("recorded_at", TZ, nullable=False),
 )
@@ -64,7 +69,7 @@ attributes = sa.Table(
     sa.Column("stream_id", sa.String(36), nullable=False, index=True),
     sa.Column("key", sa.String(64), nullable=False),
     sa.Column("category", sa.String(32), nullable=False),
-    sa.Column("value", sa.Text, nullable=False),
+    sa.Column("value", SEALED, nullable=False),
     sa.Column("confidence", sa.Float, nullable=False),
     sa.Column("provenance", sa.String(16), nullable=False),
     sa.Column("status", sa.String(16), nullable=False),
@@ -85,24 +90,24 @@ memories = sa.Table(
     sa.Column("item_id", sa.String(32), primary_key=True),
     sa.Column("stream_id", sa.String(36), nullable=False, index=True),
     sa.Column("kind", sa.String(16), nullable=False),  # "memory" | "experience"
-    sa.Column("text", sa.Text, nullable=False),
+    sa.Column("text", SEALED, nullable=False),
     sa.Column("category", sa.String(32), nullable=False),
     sa.Column("importance", sa.Float, nullable=False),
     sa.Column("provenance", sa.String(16), nullable=False),
     sa.Column("evidence", sa.Text, nullable=False),
-    sa.Column("source_refs", sa.Text, nullable=False),
+    sa.Column("source_refs", SEALED, nullable=False),
     sa.Column("owner_agent", sa.String(128), nullable=False),
     sa.Column("sharing", sa.String(256), nullable=False),
     sa.Column("author", sa.String(64), nullable=False),
-    sa.Column("actor", sa.String(128), nullable=False),
+    sa.Column("actor", SEALED, nullable=False),
     sa.Column("session_id", sa.String(128), nullable=False),
     sa.Column("occurred_at", TZ, nullable=False),
     sa.Column("recorded_at", TZ, nullable=False),
     sa.Column("visits", sa.Integer, nullable=False, default=0),
     sa.Column("last_visited_at", TZ, nullable=True),
     sa.Column("archived", sa.Boolean, nullable=False, default=False),
-    sa.Column("embedding", sa.LargeBinary, nullable=True),
-    sa.Column("detail", sa.Text, nullable=False, default="{}"),
+    sa.Column("embedding", SEALED, nullable=True),
+    sa.Column("detail", SEALED, nullable=False),
 )
 
 intents = sa.Table(
@@ -110,7 +115,7 @@ intents = sa.Table(
     metadata,
     sa.Column("item_id", sa.String(32), primary_key=True),
     sa.Column("stream_id", sa.String(36), nullable=False, index=True),
-    sa.Column("description", sa.Text, nullable=False),
+    sa.Column("description", SEALED, nullable=False),
     sa.Column("category", sa.String(32), nullable=False),
     sa.Column("confidence", sa.Float, nullable=False),
     sa.Column("provenance", sa.String(16), nullable=False),

@@ -1,29 +1,46 @@
-"""Key store: random stream ids, per-subject data keys wrapped by a KEK.
+"""Key store: random stream ids, per-subject data keys, per-capture keys, a KEK ring.
 
-Hierarchy (FIELD-NOTES §3.4): a master secret (a mode-0600 file in the data
-folder, or a setting) derives the KEK and the index key with HKDF. Each subject
-stream gets a random AES-256 data key (DEK), stored only wrapped with AES-KW
-(RFC 3394). Destroying a stream's DEK rows makes every event of that stream
-unreadable, wherever copies of the events live.
+Hierarchy (FIELD-NOTES §3.4)::
+
+    KEK ring (random keys with epochs; a mode-0600 file, or a KMS later)
+      └─ subject DEK (AES-256, one per stream and version, stored AES-KW wrapped by the KEK)
+           └─ capture key (AES-256, one per captured event, AES-KW wrapped by the subject DEK)
+
+The master secret derives only the lookup keys (subject index, pseudonyms).
+Destroying a subject's DEK rows makes every event of that stream unreadable,
+wherever copies of the events live; destroying one capture key shreds that one
+event and every extracted item sealed under it. KEK rotation re-wraps the DEKs
+under a new epoch and forgets the old KEK, so key-store backups older than the
+rotation can no longer unwrap anything.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
+import json
+import os
 import threading
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 
 import sqlalchemy as sa
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from cryptography.hazmat.primitives.keywrap import aes_key_unwrap, aes_key_wrap
+from cryptography.hazmat.primitives.keywrap import InvalidUnwrap, aes_key_unwrap, aes_key_wrap
 
 from domain.errors import SubjectErasedError
-from uprof.crypto.tables import shredded_streams, subject_aliases, subject_index, subject_keys
+from uprof.crypto.tables import (
+    capture_keys,
+    shredded_streams,
+    subject_aliases,
+    subject_index,
+    subject_keys,
+)
 
 
 def derive_key(master: bytes, label: str) -> bytes:
@@ -41,6 +58,68 @@ def dek_commitment(stream_id: str, key_version: int, wrapped_dek: bytes) -> str:
     h.update(key_version.to_bytes(4, "big"))
     h.update(wrapped_dek)
     return h.hexdigest()
+
+
+class KekRing:
+    """Key-encryption keys by epoch, kept in a mode-0600 JSON file.
+
+    Only the newest epoch wraps; older epochs stay until a rotation has re-wrapped
+    every DEK, then they are deleted from the file.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        if not path.exists():
+            self._write({1: AESGCM.generate_key(bit_length=256)})
+        self.keys = self._read()
+
+    def _read(self) -> dict[int, bytes]:
+        raw = json.loads(self._path.read_text(encoding="utf-8"))
+        return {int(e["epoch"]): base64.b64decode(e["key"]) for e in raw["keks"]}
+
+    def _write(self, keys: dict[int, bytes]) -> None:
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        body = {
+            "keks": [
+                {"epoch": epoch, "key": base64.b64encode(key).decode()}
+                for epoch, key in sorted(keys.items())
+            ]
+        }
+        tmp = self._path.with_name(self._path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(body, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self._path)
+
+    @property
+    def current_epoch(self) -> int:
+        return max(self.keys)
+
+    def kek_id(self, epoch: int) -> str:
+        return f"kek-{epoch}"
+
+    def key_for(self, kek_id: str) -> bytes:
+        epoch = int(kek_id.removeprefix("kek-"))
+        try:
+            return self.keys[epoch]
+        except KeyError:
+            raise SubjectErasedError(f"key-encryption key {kek_id} no longer exists") from None
+
+    def add_epoch(self) -> int:
+        epoch = self.current_epoch + 1
+        keys = dict(self.keys)
+        keys[epoch] = AESGCM.generate_key(bit_length=256)
+        self._write(keys)
+        self.keys = keys
+        return epoch
+
+    def forget_before(self, epoch: int) -> list[int]:
+        forgotten = sorted(e for e in self.keys if e < epoch)
+        self._write({e: k for e, k in self.keys.items() if e >= epoch})
+        self.keys = self._read()
+        return forgotten
 
 
 @dataclass(frozen=True)
@@ -65,24 +144,31 @@ class CreatedKey:
     dek_commitment: str
 
 
+@dataclass(frozen=True)
+class Destruction:
+    """What destroying a stream's keys removed (for the receipt)."""
+
+    deks: tuple[DestroyedKey, ...]
+    capture_keys: int
+    aliases: int
+
+
 class KeyStore:
-    """Resolve subjects to streams and hand out their data keys.
+    """Resolve subjects to streams and hand out their keys (cached, evicted on erasure)."""
 
-    Unwrapped DEKs are cached in memory per stream; ``destroy`` evicts them.
-    """
-
-    def __init__(self, engine: sa.Engine, *, master_secret: bytes, kek_epoch: int = 1) -> None:
+    def __init__(self, engine: sa.Engine, *, master_secret: bytes, kek_ring: KekRing) -> None:
         if len(master_secret) < 32:
             raise ValueError("the master secret must be at least 32 bytes")
         self._engine = engine
-        self._kek = derive_key(master_secret, f"uprof/kek/{kek_epoch}")
-        self.kek_id = hashlib.sha256(b"kek-id" + self._kek).hexdigest()[:16]
+        self._ring = kek_ring
         self._index_key = derive_key(master_secret, "uprof/subject-index/1")
         self._pseudonym_key = derive_key(master_secret, "uprof/pseudonym/1")
-        self._cache: dict[str, tuple[int, bytes]] = {}
+        self._deks: dict[str, dict[int, bytes]] = {}
+        self._capture_keys: dict[str, dict[str, bytes]] = {}
+        self._view_keys: dict[str, bytes] = {}
         self._lock = threading.Lock()
         #: Keys created since the caller last drained them (for KeyCreated audit entries).
-        self.created_keys: list[CreatedKey] = []
+        self._created: list[CreatedKey] = []
 
     # ---------------------------------------------------------------- subjects
 
@@ -112,10 +198,12 @@ class KeyStore:
         found = self.resolve(tenant, subject_ref)
         if found is not None:
             return found
+        # A random id, never one derived from the identifier (FIELD-NOTES §2.1).
         stream_id = uuid.uuid4()
         pseudonym = self.pseudonym(tenant, subject_ref)
         dek = AESGCM.generate_key(bit_length=256)
-        wrapped = aes_key_wrap(self._kek, dek)
+        epoch = self._ring.current_epoch
+        wrapped = aes_key_wrap(self._ring.keys[epoch], dek)
         commitment = dek_commitment(str(stream_id), 1, wrapped)
         try:
             with self._engine.begin() as conn:
@@ -133,7 +221,7 @@ class KeyStore:
                         stream_id=str(stream_id),
                         key_version=1,
                         wrapped_dek=wrapped,
-                        kek_id=self.kek_id,
+                        kek_id=self._ring.kek_id(epoch),
                         dek_commitment=commitment,
                         created_at=now,
                     )
@@ -145,9 +233,18 @@ class KeyStore:
                 raise
             return raced
         with self._lock:
-            self._cache[str(stream_id)] = (1, dek)
-            self.created_keys.append(CreatedKey(str(stream_id), 1, commitment))
+            self._deks[str(stream_id)] = {1: dek}
+            self._created.append(CreatedKey(str(stream_id), 1, commitment))
         return SubjectHandle(stream_id, pseudonym, created=True)
+
+    def stream_ids(self, tenant: str | None = None) -> list[uuid.UUID]:
+        query = sa.select(subject_index.c.stream_id)
+        if tenant is not None:
+            query = query.where(subject_index.c.tenant == tenant)
+        with self._engine.connect() as conn:
+            return [uuid.UUID(r.stream_id) for r in conn.execute(query)]
+
+    # ----------------------------------------------------------------- aliases
 
     def _alias_hash(self, tenant: str, kind: str, alias: str) -> str:
         msg = f"alias\x1f{tenant}\x1f{kind}\x1f{alias}".encode()
@@ -162,8 +259,11 @@ class KeyStore:
             conn.execute(subject_aliases.delete().where(subject_aliases.c.alias_hash == alias_hash))
             conn.execute(
                 subject_aliases.insert().values(
-                    alias_hash=alias_hash, kind=kind, tenant=tenant,
-                    stream_id=str(stream_id), created_at=now,
+                    alias_hash=alias_hash,
+                    kind=kind,
+                    tenant=tenant,
+                    stream_id=str(stream_id),
+                    created_at=now,
                 )
             )
 
@@ -181,14 +281,26 @@ class KeyStore:
             return None
         return SubjectHandle(uuid.UUID(row.stream_id), row.pseudonym, created=False)
 
-    def stream_ids(self, tenant: str | None = None) -> list[uuid.UUID]:
-        query = sa.select(subject_index.c.stream_id)
-        if tenant is not None:
-            query = query.where(subject_index.c.tenant == tenant)
-        with self._engine.connect() as conn:
-            return [uuid.UUID(r.stream_id) for r in conn.execute(query)]
+    # -------------------------------------------------------------- data keys
 
-    # -------------------------------------------------------------------- keys
+    def _load_deks(self, stream_id: str) -> dict[int, bytes]:
+        cached = self._deks.get(stream_id)
+        if cached is not None:
+            return cached
+        with self._engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(
+                    subject_keys.c.key_version, subject_keys.c.wrapped_dek, subject_keys.c.kek_id
+                ).where(subject_keys.c.stream_id == stream_id)
+            ).all()
+        keys = {
+            r.key_version: aes_key_unwrap(self._ring.key_for(r.kek_id), r.wrapped_dek)
+            for r in rows
+        }
+        if keys:
+            with self._lock:
+                self._deks[stream_id] = keys
+        return keys
 
     def current_key(self, stream_id: str) -> tuple[int, bytes]:
         """Return (version, DEK) to encrypt new events of a stream.
@@ -196,35 +308,105 @@ class KeyStore:
         Raises SubjectErasedError when the stream's keys were destroyed, so that
         nothing new is ever written to a shredded stream.
         """
-        cached = self._cache.get(stream_id)
-        if cached is not None:
-            return cached
-        keys = self._load_keys(stream_id)
+        keys = self._load_deks(stream_id)
         if not keys:
             raise SubjectErasedError("this subject's keys have been destroyed")
         version = max(keys)
-        with self._lock:
-            self._cache[stream_id] = (version, keys[version])
         return version, keys[version]
 
     def key(self, stream_id: str, version: int) -> bytes | None:
         """Return the DEK of one version, or None when destroyed or unknown."""
-        cached = self._cache.get(stream_id)
-        if cached is not None and cached[0] == version:
-            return cached[1]
-        return self._load_keys(stream_id).get(version)
+        return self._load_deks(stream_id).get(version)
 
-    def _load_keys(self, stream_id: str) -> dict[int, bytes]:
+    def view_key(self, stream_id: str) -> bytes | None:
+        """The 64-byte AES-SIV key sealing a subject's read-model fields, or None if gone.
+
+        Derived from the subject's first DEK, so destroying the DEK also makes every
+        copy of the read-model fields unreadable.
+        """
+        cached = self._view_keys.get(stream_id)
+        if cached is not None:
+            return cached
+        deks = self._load_deks(stream_id)
+        if not deks:
+            return None
+        key = HKDF(
+            algorithm=hashes.SHA256(), length=64, salt=None, info=b"uprof/view-fields/1"
+        ).derive(deks[min(deks)])
+        with self._lock:
+            self._view_keys[stream_id] = key
+        return key
+
+    # ----------------------------------------------------------- capture keys
+
+    def create_capture_keys(
+        self, stream_id: str, capture_ids: list[str], *, now: datetime
+    ) -> None:
+        """Create one key per captured event, before the events are saved."""
+        _, dek = self.current_key(stream_id)
+        fresh = {cid: AESGCM.generate_key(bit_length=256) for cid in capture_ids}
+        with self._engine.begin() as conn:
+            conn.execute(
+                capture_keys.insert(),
+                [
+                    {
+                        "capture_id": cid,
+                        "stream_id": stream_id,
+                        "wrapped_key": aes_key_wrap(dek, key),
+                        "created_at": now,
+                    }
+                    for cid, key in fresh.items()
+                ],
+            )
+        with self._lock:
+            self._capture_keys.setdefault(stream_id, {}).update(fresh)
+
+    def capture_key(self, stream_id: str, capture_id: str) -> bytes | None:
+        """Return a capture's key, or None when it (or its subject's DEK) is gone."""
+        cached = self._capture_keys.get(stream_id)
+        if cached is not None and capture_id in cached:
+            return cached[capture_id]
+        # A miss loads every key of the stream at once: projections read streams in runs.
+        deks = self._load_deks(stream_id)
+        if not deks:
+            return None
+        dek = deks[max(deks)]
         with self._engine.connect() as conn:
             rows = conn.execute(
-                sa.select(subject_keys.c.key_version, subject_keys.c.wrapped_dek).where(
-                    subject_keys.c.stream_id == stream_id
+                sa.select(capture_keys.c.capture_id, capture_keys.c.wrapped_key).where(
+                    capture_keys.c.stream_id == stream_id
                 )
             ).all()
-        return {r.key_version: aes_key_unwrap(self._kek, r.wrapped_dek) for r in rows}
+        keys = {}
+        for r in rows:
+            try:
+                keys[r.capture_id] = aes_key_unwrap(dek, r.wrapped_key)
+            except InvalidUnwrap:
+                continue
+        with self._lock:
+            self._capture_keys[stream_id] = keys
+        return keys.get(capture_id)
 
-    def destroy(self, stream_id: str, *, now: datetime) -> list[DestroyedKey]:
-        """Destroy every DEK of a stream and its index row; the stream becomes unreadable."""
+    def destroy_capture_key(self, stream_id: str, capture_id: str) -> str | None:
+        """Destroy one capture's key (item-level shredding).
+
+        Returns a commitment to the destroyed wrapped key (for the receipt), or None
+        when there was no such key.
+        """
+        where = (capture_keys.c.capture_id == capture_id, capture_keys.c.stream_id == stream_id)
+        with self._engine.begin() as conn:
+            row = conn.execute(sa.select(capture_keys.c.wrapped_key).where(*where)).first()
+            conn.execute(capture_keys.delete().where(*where))
+        with self._lock:
+            self._capture_keys.get(stream_id, {}).pop(capture_id, None)
+        if row is None:
+            return None
+        return hashlib.sha256(b"capture-key-commit" + capture_id.encode() + row.wrapped_key).hexdigest()
+
+    # ------------------------------------------------------------ destruction
+
+    def destroy(self, stream_id: str, *, now: datetime) -> Destruction:
+        """Destroy every key of a stream and its index rows; the stream becomes unreadable."""
         with self._engine.begin() as conn:
             rows = conn.execute(
                 sa.select(subject_keys.c.key_version, subject_keys.c.dek_commitment).where(
@@ -232,10 +414,13 @@ class KeyStore:
                 )
             ).all()
             conn.execute(subject_keys.delete().where(subject_keys.c.stream_id == stream_id))
-            conn.execute(subject_index.delete().where(subject_index.c.stream_id == stream_id))
-            conn.execute(
+            n_capture = conn.execute(
+                capture_keys.delete().where(capture_keys.c.stream_id == stream_id)
+            ).rowcount
+            n_alias = conn.execute(
                 subject_aliases.delete().where(subject_aliases.c.stream_id == stream_id)
-            )
+            ).rowcount
+            conn.execute(subject_index.delete().where(subject_index.c.stream_id == stream_id))
             exists = conn.execute(
                 sa.select(shredded_streams.c.stream_id).where(
                     shredded_streams.c.stream_id == stream_id
@@ -243,9 +428,19 @@ class KeyStore:
             ).first()
             if exists is None:
                 conn.execute(shredded_streams.insert().values(stream_id=stream_id, shredded_at=now))
+        self.evict(stream_id)
+        return Destruction(
+            deks=tuple(DestroyedKey(r.key_version, r.dek_commitment) for r in rows),
+            capture_keys=n_capture,
+            aliases=n_alias,
+        )
+
+    def evict(self, stream_id: str) -> None:
+        """Forget a stream's cached keys."""
         with self._lock:
-            self._cache.pop(stream_id, None)
-        return [DestroyedKey(r.key_version, r.dek_commitment) for r in rows]
+            self._deks.pop(stream_id, None)
+            self._capture_keys.pop(stream_id, None)
+            self._view_keys.pop(stream_id, None)
 
     def is_shredded(self, stream_id: str) -> bool:
         with self._engine.connect() as conn:
@@ -256,11 +451,42 @@ class KeyStore:
             ).first()
         return row is not None
 
+    def shredded_stream_ids(self) -> list[str]:
+        with self._engine.connect() as conn:
+            return list(conn.execute(sa.select(shredded_streams.c.stream_id)).scalars())
+
     def drain_created_keys(self) -> list[CreatedKey]:
         with self._lock:
-            created, self.created_keys = self.created_keys, []
+            created, self._created = self._created, []
         return created
 
-    def flush_cache(self) -> None:
-        with self._lock:
-            self._cache.clear()
+    # ------------------------------------------------------------ KEK rotation
+
+    def rotate_kek(self) -> dict[str, int]:
+        """Re-wrap every DEK under a new KEK epoch, then forget the older epochs."""
+        new_epoch = self._ring.add_epoch()
+        new_kek = self._ring.keys[new_epoch]
+        new_id = self._ring.kek_id(new_epoch)
+        rewrapped = 0
+        with self._engine.begin() as conn:
+            rows = conn.execute(
+                sa.select(
+                    subject_keys.c.stream_id,
+                    subject_keys.c.key_version,
+                    subject_keys.c.wrapped_dek,
+                    subject_keys.c.kek_id,
+                ).where(subject_keys.c.kek_id != new_id)
+            ).all()
+            for r in rows:
+                dek = aes_key_unwrap(self._ring.key_for(r.kek_id), r.wrapped_dek)
+                conn.execute(
+                    subject_keys.update()
+                    .where(
+                        subject_keys.c.stream_id == r.stream_id,
+                        subject_keys.c.key_version == r.key_version,
+                    )
+                    .values(wrapped_dek=aes_key_wrap(new_kek, dek), kek_id=new_id)
+                )
+                rewrapped += 1
+        forgotten = self._ring.forget_before(new_epoch)
+        return {"epoch": new_epoch, "deks_rewrapped": rewrapped, "epochs_forgotten": len(forgotten)}

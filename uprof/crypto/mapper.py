@@ -1,18 +1,23 @@
-"""SubjectKeyMapper: seal each event's state under its own stream's data key.
+"""SubjectKeyMapper: seal each event's state under the key its content belongs to.
 
-Stored state layout (FIELD-NOTES §3.2)::
+Stored state layouts (FIELD-NOTES §3.2, extended for item-level shredding)::
 
-    0x01 | dek_version (4 bytes, big-endian) | nonce (12) | AES-GCM ciphertext+tag
+    0x00 | JSON state                                      tombstones only (ids, no content)
+    0x01 | dek_version (4, big-endian) | nonce (12) | ct     under the subject's DEK
+    0x02 | capture_id (16)             | nonce (12) | ct     under one capture's key
 
-with associated data ``f"{originator_id}|{originator_version}|{topic}"``, so a
-ciphertext moved to another row fails to open. When the key is gone the mapper
-returns a ``Shredded`` placeholder instead of raising, so projections and the
-extraction worker keep running past erased subjects.
+A captured interaction is sealed under its own capture key, and every extracted
+item under the key of the first capture it cites, so erasing one captured event
+shreds the items that came only from it. Associated data is
+``f"{originator_id}|{originator_version}|{topic}"``: a ciphertext moved to another
+row fails to open. Without its key an event reads as ``ContentShredded``, so
+projections, the extraction worker and aggregate replay keep running.
 """
 
 from __future__ import annotations
 
 import os
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -24,19 +29,43 @@ from eventsourcing.persistence import (
     StoredEvent,
     Transcoder,
 )
+from eventsourcing.utils import get_topic
 
-from domain.shredded import Shredded
+from domain.profile import SubjectProfile
 from uprof.crypto.keystore import KeyStore
 
-FORMAT_V1 = b"\x01"
+PLAIN, SUBJECT_SEALED, CAPTURE_SEALED = b"\x00", b"\x01", b"\x02"
+NONCE = 12
+TAG = 16
+#: Events that carry ids and times only, stored unencrypted so that every reader
+#: sees them even after the keys are gone (they are the purge signals).
+TOMBSTONE_TOPICS = frozenset(
+    get_topic(cls)
+    for cls in (
+        SubjectProfile.SubjectErased,
+        SubjectProfile.CaptureErased,
+        SubjectProfile.ItemsErased,
+    )
+)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _aad(originator_id: Any, originator_version: int, topic: str) -> bytes:
     return f"{originator_id}|{originator_version}|{topic}".encode()
 
 
+def _capture_of(domain_event: Any) -> tuple[str | None, bool]:
+    """The capture whose key seals this event (None: the subject's DEK), and if it must."""
+    if isinstance(domain_event, SubjectProfile.InteractionCaptured):
+        return domain_event.capture_id, True
+    evidence = getattr(domain_event, "evidence", None)
+    if evidence:
+        return str(evidence[0]), False
+    return None, False
+
+
 class SubjectKeyMapper(Mapper[UUID]):
-    """Mapper that encrypts per stream; built by the profiles application."""
+    """Mapper that encrypts per subject and per capture; built by the profiles app."""
 
     def __init__(self, transcoder: Transcoder, keystore: KeyStore) -> None:
         super().__init__(transcoder=transcoder)
@@ -44,40 +73,52 @@ class SubjectKeyMapper(Mapper[UUID]):
 
     def to_stored_event(self, domain_event: Any) -> StoredEvent:
         stored = super().to_stored_event(domain_event)
-        version, key = self.keystore.current_key(str(stored.originator_id))
-        nonce = os.urandom(12)
-        sealed = AESGCM(key).encrypt(
-            nonce, stored.state, _aad(stored.originator_id, stored.originator_version, stored.topic)
-        )
-        return StoredEvent(
-            originator_id=stored.originator_id,
-            originator_version=stored.originator_version,
-            topic=stored.topic,
-            state=FORMAT_V1 + version.to_bytes(4, "big") + nonce + sealed,
-        )
+        stream = str(stored.originator_id)
+        if stored.topic in TOMBSTONE_TOPICS:
+            return self._replace(stored, PLAIN + stored.state)
+        aad = _aad(stored.originator_id, stored.originator_version, stored.topic)
+        nonce = os.urandom(NONCE)
+        capture_id, required = _capture_of(domain_event)
+        key = self.keystore.capture_key(stream, capture_id) if capture_id else None
+        if required and key is None:
+            msg = f"no key for capture {capture_id}: create capture keys before saving"
+            raise MapperDeserialisationError(msg)
+        if capture_id and key is not None:
+            sealed = AESGCM(key).encrypt(nonce, stored.state, aad)
+            return self._replace(stored, CAPTURE_SEALED + bytes.fromhex(capture_id) + nonce + sealed)
+        # Raises SubjectErasedError for a shredded stream: nothing new is ever written to it.
+        version, dek = self.keystore.current_key(stream)
+        sealed = AESGCM(dek).encrypt(nonce, stored.state, aad)
+        return self._replace(stored, SUBJECT_SEALED + version.to_bytes(4, "big") + nonce + sealed)
 
     def to_domain_event(self, stored_event: StoredEvent) -> Any:
         state = stored_event.state
-        if state[:1] != FORMAT_V1 or len(state) < 1 + 4 + 12 + 16:
+        kind = state[:1]
+        if kind == PLAIN and stored_event.topic in TOMBSTONE_TOPICS:
+            return super().to_domain_event(self._replace(stored_event, state[1:]))
+        stream = str(stored_event.originator_id)
+        if kind == SUBJECT_SEALED and len(state) >= 1 + 4 + NONCE + TAG:
+            key = self.keystore.key(stream, int.from_bytes(state[1:5], "big"))
+            body = state[5:]
+        elif kind == CAPTURE_SEALED and len(state) >= 1 + 16 + NONCE + TAG:
+            key = self.keystore.capture_key(stream, state[1:17].hex())
+            body = state[17:]
+        else:
             msg = (
                 f"stored event {stored_event.originator_id}@{stored_event.originator_version} "
-                "is not in the sealed format"
+                "is not in a known sealed format"
             )
             raise MapperDeserialisationError(msg)
-        version = int.from_bytes(state[1:5], "big")
-        key = self.keystore.key(str(stored_event.originator_id), version)
         if key is None:
-            return Shredded(
-                originator_id=UUID(str(stored_event.originator_id)),
+            return SubjectProfile.ContentShredded(
+                originator_id=UUID(stream),
                 originator_version=stored_event.originator_version,
+                timestamp=_EPOCH,
                 topic=stored_event.topic,
             )
+        aad = _aad(stored_event.originator_id, stored_event.originator_version, stored_event.topic)
         try:
-            plain = AESGCM(key).decrypt(
-                state[5:17],
-                state[17:],
-                _aad(stored_event.originator_id, stored_event.originator_version, stored_event.topic),
-            )
+            plain = AESGCM(key).decrypt(body[:NONCE], body[NONCE:], aad)
         except InvalidTag as e:
             # Never include state in the message: ids and versions only (FIELD-NOTES §3.3).
             msg = (
@@ -85,11 +126,13 @@ class SubjectKeyMapper(Mapper[UUID]):
                 "failed authentication (moved or altered ciphertext)"
             )
             raise MapperDeserialisationError(msg) from e
-        opened = StoredEvent(
-            originator_id=stored_event.originator_id,
-            originator_version=stored_event.originator_version,
-            topic=stored_event.topic,
-            state=plain,
-        )
-        return super().to_domain_event(opened)
+        return super().to_domain_event(self._replace(stored_event, plain))
 
+    @staticmethod
+    def _replace(stored: StoredEvent, state: bytes) -> StoredEvent:
+        return StoredEvent(
+            originator_id=stored.originator_id,
+            originator_version=stored.originator_version,
+            topic=stored.topic,
+            state=state,
+        )

@@ -48,6 +48,18 @@ subject_keys = sa.Table(
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
 )
 
+#: One key per captured event, wrapped by its subject's data key (item-level shredding:
+#: destroying it shreds that event and every item sealed under it; destroying the
+#: subject's DEK makes all of them unreadable at once, backups included).
+capture_keys = sa.Table(
+    "capture_keys",
+    metadata,
+    sa.Column("capture_id", sa.String(32), primary_key=True),
+    sa.Column("stream_id", sa.String(36), nullable=False, index=True),
+    sa.Column("wrapped_key", sa.LargeBinary, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
 #: Streams whose keys were destroyed; their ids are never reused (FIELD-NOTES §3.4).
 shredded_streams = sa.Table(
     "shredded_streams",

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from domain.errors import ConsentRequiredError, InvalidInputError
 from domain.profile import SubjectProfile
 from domain.values import Interaction
+from uprof.crypto.keystore import KeyStore
 from uprof.eventstore import ProfilesApplication
 from uprof.ports import AuditTrail, Clock
 from uprof.services.subjects import SubjectResolver
@@ -54,10 +55,12 @@ class CaptureService:
         self,
         app: ProfilesApplication,
         subjects: SubjectResolver,
+        keystore: KeyStore,
         clock: Clock,
         audit: AuditTrail,
     ) -> None:
         self._app = app
+        self._keystore = keystore
         self._subjects = subjects
         self._clock = clock
         self._audit = audit
@@ -99,6 +102,8 @@ class CaptureService:
 
         def save() -> tuple[list[str], list[int]]:
             profile, ids = command()
+            # Each captured event gets its own key before it is sealed (item-level shredding).
+            self._keystore.create_capture_keys(str(handle.stream_id), ids, now=self._clock.now())
             recordings = self._app.save(profile)
             return ids, [r.notification.id for r in recordings]
 

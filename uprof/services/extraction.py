@@ -21,7 +21,6 @@ from eventsourcing.persistence import IntegrityError, RecordConflictError, Track
 
 from domain.errors import EvidenceError, SubjectErasedError, SubjectNotFoundError
 from domain.profile import SubjectProfile
-from domain.shredded import Shredded
 from domain.values import CapturedInteraction, Interaction, ProposalBatch
 from projections.profile.queries import ProfileQueries
 from uprof.eventstore import CONFLICT_RETRIES, ProfilesApplication, topic_of
@@ -124,7 +123,7 @@ class ExtractionWorker:
         by_stream: dict[UUID, list[Any]] = defaultdict(list)
         for notification in notifications:
             event = self._app.decode(notification)
-            if isinstance(event, Shredded):
+            if isinstance(event, SubjectProfile.ContentShredded):
                 continue
             by_stream[event.originator_id].append(event)
         profiles = []

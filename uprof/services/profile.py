@@ -9,9 +9,10 @@ from uuid import UUID
 import sqlalchemy as sa
 
 from domain.errors import InvalidInputError, SubjectNotFoundError
-from domain.shredded import Shredded
+from domain.profile import SubjectProfile
 from projections.profile import tables as t
 from projections.profile.projector import ProfileProjector
+from projections.profile.sealing import FieldSealer
 from projections.profile.queries import (
     AttributeRow,
     CaptureRow,
@@ -58,9 +59,12 @@ def read_profile(queries: ProfileQueries, stream_id: str, as_of: datetime | None
 
 
 class ProfileService:
-    def __init__(self, app: ProfilesApplication, queries: ProfileQueries) -> None:
+    def __init__(
+        self, app: ProfilesApplication, queries: ProfileQueries, sealer: FieldSealer
+    ) -> None:
         self._app = app
         self._queries = queries
+        self._sealer = sealer
 
     def current(self, stream_id: UUID) -> ProfileView:
         return read_profile(self._queries, str(stream_id), None)
@@ -79,17 +83,17 @@ class ProfileService:
         events = []
         for position, record in enumerate(stored, start=1):
             event = self._app.mapper.to_domain_event(record)
-            if isinstance(event, Shredded) or event.timestamp > when:
+            if isinstance(event, SubjectProfile.ContentShredded) or event.timestamp > when:
                 continue
             events.append((position, event))
         scratch = sa.create_engine("sqlite://")
         try:
             t.metadata.create_all(scratch)
             with scratch.begin() as conn:
-                ProfileProjector(embedder=None).apply_batch(
+                ProfileProjector(embedder=None, sealer=self._sealer).apply_batch(
                     conn, self._app.name, events, len(stored), vectors={}
                 )
-            return read_profile(ProfileQueries(scratch), str(stream_id), when)
+            return read_profile(ProfileQueries(scratch, self._sealer), str(stream_id), when)
         finally:
             scratch.dispose()
 

@@ -1,0 +1,344 @@
+"""Erasure: of a whole subject, of one captured event, or of one item — with a receipt.
+
+The subject cascade, in order (FIELD-NOTES §3.5):
+1. audit ``erasure.requested`` (pseudonymous, no content);
+2. append the ``SubjectErased`` tombstone while the key still exists; the stream
+   refuses every later write;
+3. destroy every data key of the stream (subject DEKs and capture keys) and its
+   index and alias rows; evict key caches; delete the stream's snapshot rows;
+4. projections purge every derived row (views, embeddings) on the tombstone;
+   slice caches are flushed;
+5. wait until projections have passed the tombstone; checkpoint SQLite WALs so
+   no deleted bytes linger;
+6. issue the signed receipt citing tombstone position, destroyed-key commitments
+   and purge counts, with an honest ``residual`` statement.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import sqlalchemy as sa
+
+from audit.log import AuditLog
+from audit.receipts import issue_erasure_receipt, new_commitment_nonce, subject_commitment
+from domain.errors import InvalidInputError, SubjectNotFoundError
+from projections.profile import tables as t
+from projections.profile.queries import ProfileQueries
+from uprof.crypto.keystore import KeyStore
+from uprof.eventstore import ProfilesApplication
+from uprof.ports import AuditTrail, Clock
+from uprof.services.subjects import SubjectResolver
+from uprof.storage import sqlite_checkpoint
+
+DEFAULT_BASIS = "GDPR-Art.17(1)"
+#: Stated in every receipt: what a receipt cannot rule out (docs/governance.md).
+RESIDUAL = {
+    "backup_retention_days": 35,
+    "kek_rotation_days": 90,
+    "note": (
+        "Event ciphertext stays in the log and in backups; it is unreadable once the keys "
+        "are destroyed. Key-store backups taken before this erasure can unwrap the destroyed "
+        "keys until the key-encryption key of their epoch is rotated away. PostgreSQL dead "
+        "tuples and WAL may hold deleted view rows until vacuumed and recycled. A receipt "
+        "proves what the operator recorded, not that no other copy exists."
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ErasureResult:
+    """The signed receipt, and the nonce that lets only the subject link it to themselves."""
+
+    receipt: dict[str, Any]
+    subject_nonce_hex: str
+    counts: dict[str, int]
+
+
+class ErasureService:
+    def __init__(
+        self,
+        app: ProfilesApplication,
+        keystore: KeyStore,
+        subjects: SubjectResolver,
+        queries: ProfileQueries,
+        views: sa.Engine,
+        engines: Sequence[sa.Engine],
+        clock: Clock,
+        audit: AuditTrail,
+        log: AuditLog,
+        catch_up: Callable[[int, float], bool],
+        flush_caches: Callable[[UUID], None],
+        tenant: str,
+    ) -> None:
+        self._app = app
+        self._keystore = keystore
+        self._subjects = subjects
+        self._queries = queries
+        self._views = views
+        self._engines = engines
+        self._clock = clock
+        self._audit = audit
+        self._log = log
+        self._catch_up = catch_up
+        self._flush_caches = flush_caches
+        self._tenant = tenant
+
+    # ----------------------------------------------------------------- subject
+
+    def erase_subject(
+        self, subject_ref: str, *, basis: str = DEFAULT_BASIS, timeout_s: float = 30.0
+    ) -> ErasureResult:
+        handle = self._require(subject_ref)
+        stream = handle.stream_id
+        request_id = str(uuid.uuid4())
+        received_at = self._clock.now()
+        self._audit.record(
+            "erasure.requested", subject_ref=handle.pseudonym, request_id=request_id,
+            legal_basis=_token(basis), reason_code="subject",
+        )
+        before = self._row_counts(str(stream))
+
+        def tombstone() -> int:
+            profile = self._app.load(stream)
+            profile.erase(request_id=request_id, basis=basis, now=received_at)
+            return self._app.save(profile)[-1].notification.id
+
+        tombstone_id = self._app.with_retry(tombstone)
+        destruction = self._keystore.destroy(str(stream), now=self._clock.now())
+        for key in destruction.deks:
+            self._audit.record(
+                "key.destroyed", subject_ref=handle.pseudonym, request_id=request_id,
+                key_version=key.key_version, dek_commitment=key.dek_commitment,
+            )
+        snapshots = self._app.drop_snapshots(stream)
+        self._flush_caches(stream)
+        caught_up = self._catch_up(tombstone_id, timeout_s)
+        after = self._row_counts(str(stream))
+        if not caught_up or any(after.values()):
+            raise RuntimeError(
+                "erasure did not complete: projections have not purged the subject yet; "
+                "the tombstone and key destruction are recorded, retry to get the receipt"
+            )
+        for engine in self._engines:
+            sqlite_checkpoint(engine)
+        counts = {f"rows_{name}": n for name, n in before.items()}
+        counts.update(
+            snapshots=snapshots,
+            deks=len(destruction.deks),
+            capture_keys=destruction.capture_keys,
+            aliases=destruction.aliases,
+        )
+        self._audit.record(
+            "projection.purged", subject_ref=handle.pseudonym, request_id=request_id,
+            projection="profile", tracking_position=tombstone_id, counts=counts,
+        )
+        actions: list[dict[str, Any]] = [
+            {"type": "tombstone_appended", "stream": str(stream), "notification_id": tombstone_id},
+            *(
+                {"type": "dek_destroyed", "key_version": k.key_version,
+                 "dek_commitment": k.dek_commitment}
+                for k in destruction.deks
+            ),
+            {"type": "projection_purged", "name": "profile", "tracking_position": tombstone_id,
+             "rows": sum(before.values())},
+            {"type": "embeddings_purged", "rows": before.get("memories", 0)},
+            {"type": "cache_invalidated", "caches": ["subject-keys", "capture-keys",
+                                                     "slice-index", "snapshots"]},
+        ]
+        return self._receipt(subject_ref, request_id, received_at, basis, "subject", actions, counts)
+
+    # ---------------------------------------------------------------- captures
+
+    def erase_capture(
+        self, subject_ref: str, capture_id: str, *, basis: str = DEFAULT_BASIS,
+        timeout_s: float = 30.0,
+    ) -> ErasureResult:
+        """Erase one captured event and every item derived only from it."""
+        return self.erase_captures(
+            subject_ref, [capture_id], scope="capture", basis=basis, timeout_s=timeout_s
+        )
+
+    def erase_captures(
+        self, subject_ref: str, capture_ids: Sequence[str], *, scope: str,
+        basis: str = DEFAULT_BASIS, timeout_s: float = 30.0,
+    ) -> ErasureResult:
+        """Erase captured events of one subject, each with what derives only from it.
+
+        Each capture's key is destroyed, which shreds the event and every item
+        sealed under it; attributes that other evidence backs are restated first.
+        """
+        handle = self._require(subject_ref)
+        stream = handle.stream_id
+        self._catch_up(self._app.max_notification_id(), timeout_s)
+        ids = sorted(set(capture_ids))
+        rows = self._queries.captures(ids)
+        foreign = [c for c in ids if c not in rows or rows[c].stream_id != str(stream)]
+        if foreign:
+            raise InvalidInputError(f"no captured event {foreign[0]!r} for this subject")
+        request_id = str(uuid.uuid4())
+        received_at = self._clock.now()
+        self._audit.record(
+            "erasure.requested", subject_ref=handle.pseudonym, request_id=request_id,
+            legal_basis=_token(basis), reason_code=scope, event_ids=ids[:1000],
+        )
+        cited = {c: self._items_citing(str(stream), c) for c in ids}
+
+        def command() -> tuple[int, dict[str, int]]:
+            profile = self._app.load(stream)
+            totals = {"items_erased": 0, "attributes_restated": 0}
+            for capture_id in ids:
+                outcome = profile.erase_capture(capture_id, cited_by=cited[capture_id], now=received_at)
+                for name, n in outcome.items():
+                    totals[name] += n
+            return self._app.save(profile)[-1].notification.id, totals
+
+        tombstone_id, totals = self._app.with_retry(command)
+        commitments = [
+            c for c in (self._keystore.destroy_capture_key(str(stream), cid) for cid in ids) if c
+        ]
+        # Snapshots may hold the shredded items' values: they are caches, drop them.
+        snapshots = self._app.drop_snapshots(stream)
+        self._flush_caches(stream)
+        self._catch_up(tombstone_id, timeout_s)
+        for engine in self._engines:
+            sqlite_checkpoint(engine)
+        counts = dict(totals, captures=len(ids), snapshots=snapshots, capture_keys=len(commitments))
+        self._audit.record(
+            "projection.purged", subject_ref=handle.pseudonym, request_id=request_id,
+            projection="profile", tracking_position=tombstone_id, counts=counts,
+        )
+        actions: list[dict[str, Any]] = [
+            {"type": "tombstone_appended", "stream": str(stream), "notification_id": tombstone_id},
+            *(
+                {"type": "dek_destroyed", "key_kind": "capture", "dek_commitment": c}
+                for c in commitments
+            ),
+            {"type": "projection_purged", "name": "profile", "tracking_position": tombstone_id,
+             "rows": totals["items_erased"] + len(ids)},
+            {"type": "cache_invalidated", "caches": ["capture-keys", "slice-index", "snapshots"]},
+        ]
+        return self._receipt(subject_ref, request_id, received_at, basis, scope, actions, counts)
+
+    # -------------------------------------------------------------------- item
+
+    def erase_item(
+        self, subject_ref: str, item_id: str, *, with_evidence: bool = False,
+        basis: str = DEFAULT_BASIS, timeout_s: float = 30.0,
+    ) -> ErasureResult:
+        """Erase one item; with_evidence also erases (and shreds) the events it came from."""
+        handle = self._require(subject_ref)
+        stream = handle.stream_id
+        self._catch_up(self._app.max_notification_id(), timeout_s)
+        evidence = self._evidence_of(str(stream), item_id)
+        if evidence is None:
+            raise InvalidInputError(f"no item {item_id!r} in this subject's profile")
+        if with_evidence and evidence:
+            present = list(self._queries.captures(evidence))
+            if present:
+                result = self.erase_captures(
+                    subject_ref, present, scope="item-with-evidence", basis=basis,
+                    timeout_s=timeout_s,
+                )
+                if self._evidence_of(str(stream), item_id) is None:
+                    return result
+        request_id = str(uuid.uuid4())
+        received_at = self._clock.now()
+
+        def command() -> int:
+            profile = self._app.load(stream)
+            profile.erase_items([item_id], reason="user-request")
+            return self._app.save(profile)[-1].notification.id
+
+        tombstone_id = self._app.with_retry(command)
+        self._flush_caches(stream)
+        self._catch_up(tombstone_id, timeout_s)
+        for engine in self._engines:
+            sqlite_checkpoint(engine)
+        self._audit.record(
+            "projection.purged", subject_ref=handle.pseudonym, request_id=request_id,
+            projection="profile", tracking_position=tombstone_id, item_refs=[item_id],
+        )
+        actions: list[dict[str, Any]] = [
+            {"type": "tombstone_appended", "stream": str(stream), "notification_id": tombstone_id},
+            {"type": "projection_purged", "name": "profile", "tracking_position": tombstone_id,
+             "rows": 1},
+            {"type": "cache_invalidated", "caches": ["slice-index"]},
+        ]
+        return self._receipt(
+            subject_ref, request_id, received_at, basis, "item", actions, {"items_erased": 1}
+        )
+
+    # ----------------------------------------------------------------- helpers
+
+    def _require(self, subject_ref: str) -> Any:
+        handle = self._subjects.find(subject_ref)
+        if handle is None:
+            raise SubjectNotFoundError("no such subject (or already erased)")
+        return handle
+
+    def _row_counts(self, stream_id: str) -> dict[str, int]:
+        with self._views.connect() as conn:
+            return {
+                table.name: int(
+                    conn.execute(
+                        sa.select(sa.func.count()).select_from(table).where(
+                            table.c.stream_id == stream_id
+                        )
+                    ).scalar_one()
+                )
+                for table in t.SUBJECT_TABLES
+            }
+
+    def _items_citing(self, stream_id: str, capture_id: str) -> list[str]:
+        memories, _ = self._queries.memories(stream_id, include_archived=True)
+        ids = [m.item_id for m in memories if capture_id in m.evidence]
+        ids += [i.item_id for i in self._queries.intents(stream_id) if capture_id in i.evidence]
+        return ids
+
+    def _evidence_of(self, stream_id: str, item_id: str) -> tuple[str, ...] | None:
+        for a in self._queries.attributes(stream_id):
+            if a.item_id == item_id:
+                return a.evidence
+        for i in self._queries.intents(stream_id):
+            if i.item_id == item_id:
+                return i.evidence
+        memories, _ = self._queries.memories(stream_id, include_archived=True)
+        for m in memories:
+            if m.item_id == item_id:
+                return m.evidence
+        return None
+
+    def _receipt(
+        self,
+        subject_ref: str,
+        request_id: str,
+        received_at: datetime,
+        basis: str,
+        scope: str,
+        actions: list[dict[str, Any]],
+        counts: dict[str, int],
+    ) -> ErasureResult:
+        nonce = new_commitment_nonce()
+        receipt = issue_erasure_receipt(
+            self._log,
+            request_id=request_id,
+            received_at=received_at,
+            basis=basis,
+            scope=scope,
+            tenant=self._tenant,
+            subject_commitment=subject_commitment(subject_ref, nonce),
+            actions=actions,
+            residual=RESIDUAL,
+        )
+        return ErasureResult(receipt, nonce.hex(), counts)
+
+
+def _token(text: str) -> str:
+    """Audit tokens allow no spaces: keep the basis recognisable but token-shaped."""
+    return "".join(ch if ch.isalnum() or ch in "_.:/*#=-" else "-" for ch in text)[:200]
