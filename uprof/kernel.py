@@ -34,6 +34,7 @@ from uprof.services.residue import (
     scan_postgres,
 )
 from uprof.services.slices import ProfileSlice, SliceRequest, SliceService
+from uprof.services.subject_export import build_subject_export
 from uprof.services.subjects import SubjectRequest, SubjectResolver
 from uprof.settings import Settings
 
@@ -128,6 +129,18 @@ class Uprof:
     def erase_subject(self, subject: str, *, basis: str = "GDPR-Art.17(1)") -> ErasureResult:
         """Erase a subject entirely: tombstone, key destruction, purge, signed receipt."""
         return self.erasure_service.erase_subject(subject, basis=basis)
+
+    def export_subject(self, subject: str) -> dict[str, Any]:
+        """Everything held about a subject, with evidence, as portable JSON (Art. 15/20)."""
+        stream_id = self.stream_of(subject)
+        view = self.profile(subject)
+        export = build_subject_export(self.queries, stream_id, view, exported_at=self.clock.now())
+        self.audit.record(
+            "subject.exported", subject_ref=self.subjects.pseudonym(subject),
+            counts={"captures": len(export["captured_events"]), "items": len(view.attributes)
+                    + len(view.memories) + len(view.intents)},
+        )
+        return export
 
     def residue_scan(self, terms: Sequence[str]) -> ResidueReport:
         """Scan every store for the terms and for decryptable data of erased subjects."""

@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import numpy as np
 import sqlalchemy as sa
@@ -255,8 +256,20 @@ class ProfileQueries:
             return {}
         with self._engine.connect() as conn:
             rows = conn.execute(sa.select(t.captures).where(t.captures.c.capture_id.in_(ids))).all()
-        return {
-            r.capture_id: CaptureRow(
+        return {r.capture_id: self._capture_row(r) for r in rows}
+
+    def all_captures(self, stream_id: str) -> list[CaptureRow]:
+        """Every capture of one subject, oldest first."""
+        with self._engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(t.captures)
+                .where(t.captures.c.stream_id == stream_id)
+                .order_by(t.captures.c.notification_id)
+            ).all()
+        return [self._capture_row(r) for r in rows]
+
+    def _capture_row(self, r: Any) -> CaptureRow:
+        return CaptureRow(
                 capture_id=r.capture_id,
                 stream_id=r.stream_id,
                 notification_id=r.notification_id,
@@ -276,8 +289,6 @@ class ProfileQueries:
                 ),
                 occurred_at=aware(r.occurred_at),  # type: ignore[arg-type]
             )
-            for r in rows
-        }
 
     def captures_by(
         self, stream_id: str, *, app_id: str, purposes: Sequence[str], since: datetime

@@ -8,6 +8,7 @@ one item and the profile as it stood after the first session.
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -17,6 +18,8 @@ from typing import Annotated
 import typer
 
 from uprof.cli.context import STATE, console, kernel
+from domain.errors import ConsentRequiredError
+from uprof.cli.govern import print_slice
 from uprof.cli.render import print_evidence, print_profile
 from uprof.kernel import Uprof
 from uprof.schemas.capture import InteractionIn
@@ -61,8 +64,9 @@ SCRIPT: dict[str, list[Turn]] = {
 CONSENTS = (
     (PLANNER, ["conversation", "identity", "location", "occupation", "language", "preference",
                "diet", "pet", "family", "goal", "health"], ["personalization"]),
-    (CALENDAR, ["conversation", "schedule", "goal", "family", "location"], ["personalization"]),
+    (CALENDAR, ["conversation", "schedule", "goal", "family", "location"], ["scheduling"]),
 )
+PURPOSE = {PLANNER: "personalization", CALENDAR: "scheduling"}
 
 
 def run_script(k: Uprof, start: datetime) -> datetime:
@@ -82,7 +86,7 @@ def run_script(k: Uprof, start: datetime) -> datetime:
                     subject=subject, app_id=t.app, agent_id=t.agent, agent_type=t.agent.split(":")[1],
                     user_input=t.user, agent_response=t.reply, session_id=t.session,
                     occurred_at=start + timedelta(days=t.day, minutes=i), sharing="shared",
-                    source_ref=f"{t.session}:{i + 1}",
+                    source_ref=f"{t.session}:{i + 1}", purpose=PURPOSE[t.app],
                 ).to_domain()
                 for i, t in enumerate(selected)
             ]
@@ -92,6 +96,56 @@ def run_script(k: Uprof, start: datetime) -> datetime:
             split = datetime.now(tz=UTC)
     assert split is not None
     return split
+
+
+def show_slices(k: Uprof) -> None:
+    """The same question from two apps with different policies: what each sees and why."""
+    query = "Plan my next week around my routines, plans and food preferences."
+    console.rule("[bold]slices[/]: one query, two apps, different policies")
+    for app_id, agent, purpose in (
+        (PLANNER, "agent:planner", "personalization"),
+        (CALENDAR, "agent:calendar", "scheduling"),
+    ):
+        result = k.slice(
+            "maya", query, budget_tokens=160, purpose=purpose, app_id=app_id, agent_id=agent,
+            agent_type=agent.split(":")[1],
+        )
+        print_slice(result, title=f"{app_id} ({purpose})")
+
+
+def govern(k: Uprof, out: Path) -> None:
+    """Withdraw a consent with erasure, erase a user, verify the receipt offline, scan residue."""
+    from audit.keys import public_key_pem
+    from audit.receipts import verify_receipt
+
+    console.rule("[bold]governance[/]")
+    calendar = next(c for c in k.profile("maya").consents if c.app_id == CALENDAR)
+    withdrawal = k.withdraw_consent("maya", calendar.consent_id, erase=True)
+    erased = withdrawal.counts.get("captures", 0) if withdrawal else 0
+    console.print(f"maya withdrew the calendar consent; {erased} calendar events erased")
+    try:
+        k.capture("maya", InteractionIn(
+            subject="maya", app_id=CALENDAR, agent_id="agent:calendar", user_input="one more",
+            occurred_at=datetime.now(tz=UTC), purpose="scheduling").to_domain())
+    except ConsentRequiredError as e:
+        console.print(f"next calendar capture refused: [italic]{e}[/]")
+
+    result = k.erase_subject("tomas")
+    out.mkdir(parents=True, exist_ok=True)
+    receipt_path, key_path = out / "tomas-erasure-receipt.json", out / "audit-public-key.pem"
+    receipt_path.write_text(json.dumps(result.receipt, indent=2) + "\n", encoding="utf-8")
+    key_path.write_bytes(public_key_pem(k.audit_log.public_key))
+    # Offline verification needs only these two files (`uprof audit verify-receipt` does this).
+    verify_receipt(json.loads(receipt_path.read_text()), key_path.read_bytes())
+    console.print(f"tomas erased; receipt {result.receipt['body']['receipt_id']} verified offline "
+                  f"with {key_path.name} only ({receipt_path})")
+    report = k.residue_scan(["Tomas", "Klara", "peanuts", "Brno", "passport"])
+    console.print(
+        f"residue scan: {len(report.findings)} findings in {report.files_scanned} files "
+        f"and {report.streams_checked} erased streams ({report.events_checked} events checked)"
+    )
+    for finding in report.findings:
+        console.print(f"  [red]{finding.kind}[/] {finding.location}: {finding.detail}")
 
 
 def demo(
@@ -120,3 +174,5 @@ def demo(
         if conflicted is not None:
             print_evidence(console, k.evidence("maya", conflicted.item_id))
         print_profile(console, "maya (after session 1)", k.profile("maya", as_of=after_first))
+        show_slices(k)
+        govern(k, data_dir / "out")

@@ -208,10 +208,11 @@ def projections_lag() -> None:
 
 
 def _register_optional_commands() -> None:
-    from uprof.cli import bench, demo
+    from uprof.cli import bench, demo, govern
 
     app.command("demo")(demo.demo)
     app.add_typer(bench.bench_app, name="bench")
+    govern.register(app)
 
 
 _register_optional_commands()

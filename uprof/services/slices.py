@@ -398,7 +398,9 @@ def _memory_candidate(m: MemoryRow, sessions: Mapping[str, int], now: datetime) 
         layer=Layer.MEMORY,
         category=m.category,
         text=m.text,
-        confidence=m.importance,
+        # A memory is a record of what was said: certain when it cites its event; its
+        # importance only steers ranking (through heat), never the label.
+        confidence=1.0 if m.provenance == Provenance.EXPLICIT else m.importance,
         provenance=Provenance(m.provenance),
         evidence=m.evidence,
         source_refs=m.source_refs,

@@ -1,0 +1,254 @@
+"""Governance commands: slices, erasure, subject export, audit trail, residue, keys."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from uprof.cli.context import console, err_console, kernel
+from uprof.services.subjects import SubjectRequest
+
+erase_app = typer.Typer(no_args_is_help=True, help="Erase a subject, one event or one item.")
+audit_app = typer.Typer(no_args_is_help=True, help="Export and verify the audit trail; residue.")
+keys_app = typer.Typer(no_args_is_help=True, help="Key management.")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("slice")(slice_command)
+    app.command("export-subject")(export_subject)
+    app.add_typer(erase_app, name="erase")
+    app.add_typer(audit_app, name="audit")
+    app.add_typer(keys_app, name="keys")
+
+
+# ------------------------------------------------------------------------- slices
+
+
+def slice_command(
+    query: Annotated[str, typer.Argument(help="What the app is about to answer.")],
+    app_id: Annotated[str, typer.Option("--app", help="The reading app (its policy applies).")],
+    agent: Annotated[str, typer.Option(help="The reading agent (visibility applies).")],
+    purpose: Annotated[str, typer.Option(help="Purpose of the read.")],
+    budget: Annotated[int, typer.Option(help="Hard budget in cl100k tokens.")] = 512,
+    subject: Annotated[str | None, typer.Option(help="Subject, named explicitly.")] = None,
+    session: Annotated[str | None, typer.Option(help="Or a registered session id.")] = None,
+    agent_type: Annotated[str, typer.Option(help="Type of the reading agent.")] = "",
+    lexical: Annotated[bool, typer.Option(help="Lexical only (no query embedding).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the full slice as JSON.")] = False,
+) -> None:
+    """Serve the profile slice an app may see for a query, within a token budget."""
+    with kernel() as k:
+        result = k.slice(
+            SubjectRequest(subject=subject, session_id=session), query, budget_tokens=budget,
+            purpose=purpose, app_id=app_id, agent_id=agent, agent_type=agent_type,
+            lexical_only=lexical,
+        )
+        if as_json:
+            console.print_json(json.dumps(slice_json(result)))
+            return
+        print_slice(result, title=f"{app_id} / {agent} / {purpose}")
+
+
+def slice_json(result: object) -> dict[str, object]:
+    from dataclasses import asdict
+
+    return asdict(result)  # type: ignore[call-overload,no-any-return]
+
+
+def print_slice(result: object, *, title: str) -> None:
+    r = result  # a ProfileSlice
+    console.rule(f"[bold]slice[/] {title}: {r.n_tokens}/{r.budget_tokens} tokens")  # type: ignore[attr-defined]
+    console.print(r.text or "[dim](empty)[/]", highlight=False)  # type: ignore[attr-defined]
+    table = Table(title="items", title_justify="left", expand=True)
+    for column in ("layer", "category", "label", "conf", "source refs", "evidence"):
+        table.add_column(column, overflow="fold")
+    for item in r.items:  # type: ignore[attr-defined]
+        table.add_row(
+            item.layer, item.category, item.provenance, f"{item.confidence:.2f}",
+            ", ".join(item.source_refs) or "—", ", ".join(e[:8] for e in item.evidence),
+        )
+    console.print(table)
+    withheld = ", ".join(f"{k}: {v}" for k, v in sorted(r.withheld.items())) or "none"  # type: ignore[attr-defined]
+    reasons: dict[str, int] = {}
+    for lo in r.left_out:  # type: ignore[attr-defined]
+        reasons[lo.reason] = reasons.get(lo.reason, 0) + 1
+    dropped = ", ".join(f"{k}: {v}" for k, v in sorted(reasons.items())) or "none"
+    console.print(f"withheld by the gate (counts only): {withheld}; left out: {dropped}")
+
+
+# ------------------------------------------------------------------------ erasure
+
+
+def _write_receipt(result: object, out: Path | None) -> None:
+    receipt = result.receipt  # type: ignore[attr-defined]
+    if out is not None:
+        out.write_text(json.dumps(receipt, indent=2) + "\n", encoding="utf-8")
+        console.print(f"receipt written to {out}")
+    else:
+        console.print_json(json.dumps(receipt))
+    console.print(
+        f"[bold]keep this nonce private[/]: it proves the receipt is yours: "
+        f"{result.subject_nonce_hex}"  # type: ignore[attr-defined]
+    )
+
+
+@erase_app.command("subject")
+def erase_subject(
+    subject: Annotated[str, typer.Option()],
+    out: Annotated[Path | None, typer.Option(help="Write the signed receipt here.")] = None,
+    basis: Annotated[str, typer.Option(help="Legal basis.")] = "GDPR-Art.17(1)",
+) -> None:
+    """Erase a subject entirely and print (or save) the signed receipt."""
+    with kernel() as k:
+        _write_receipt(k.erase_subject(subject, basis=basis), out)
+
+
+@erase_app.command("event")
+def erase_event(
+    subject: Annotated[str, typer.Option()],
+    capture: Annotated[str, typer.Option(help="Capture id of the event.")],
+    out: Annotated[Path | None, typer.Option()] = None,
+) -> None:
+    """Erase one captured event and everything derived only from it."""
+    with kernel() as k:
+        _write_receipt(k.erase_capture(subject, capture), out)
+
+
+@erase_app.command("item")
+def erase_item(
+    subject: Annotated[str, typer.Option()],
+    item: Annotated[str, typer.Option(help="Item id.")],
+    with_evidence: Annotated[bool, typer.Option(help="Also erase the source events.")] = False,
+    out: Annotated[Path | None, typer.Option()] = None,
+) -> None:
+    """Erase one item of the profile."""
+    with kernel() as k:
+        _write_receipt(k.erase_item(subject, item, with_evidence=with_evidence), out)
+
+
+def export_subject(
+    subject: Annotated[str, typer.Option()],
+    out: Annotated[Path, typer.Option(help="Where to write the JSON export.")],
+) -> None:
+    """Export everything held about a subject, with evidence (GDPR Art. 15/20)."""
+    with kernel() as k:
+        export = k.export_subject(subject)
+    out.write_text(json.dumps(export, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    console.print(f"exported {len(export['captured_events'])} events to {out}")
+
+
+# -------------------------------------------------------------------------- audit
+
+
+@audit_app.command("export")
+def audit_export(
+    out: Annotated[Path, typer.Option(help="Output file (.jsonl or .csv).")],
+    fmt: Annotated[str, typer.Option("--format", help="jsonl or csv")] = "jsonl",
+    subject: Annotated[str | None, typer.Option(help="Only this subject.")] = None,
+    app_id: Annotated[str | None, typer.Option("--app")] = None,
+    action: Annotated[str | None, typer.Option()] = None,
+    since: Annotated[str | None, typer.Option(help="RFC 3339, inclusive.")] = None,
+    until: Annotated[str | None, typer.Option(help="RFC 3339, exclusive.")] = None,
+) -> None:
+    """Export the audit trail with inclusion proofs and a signed checkpoint."""
+    from audit.export import export_csv, export_jsonl
+
+    if fmt not in ("jsonl", "csv"):
+        raise typer.BadParameter("--format must be jsonl or csv")
+    with kernel() as k:
+        ref = k.subjects.pseudonym(subject) if subject else None
+        export = export_csv if fmt == "csv" else export_jsonl
+        summary = export(
+            k.audit_log, out, subject_ref=ref, app_id=app_id, action=action, since=since,
+            until=until,
+        )
+    console.print(f"exported to {out}: {summary}")
+
+
+@audit_app.command("public-key")
+def audit_public_key(out: Annotated[Path, typer.Option(help="Write the PEM here.")]) -> None:
+    """Write the audit log's public key (all a verifier needs, with the origin)."""
+    from audit.keys import public_key_pem
+
+    with kernel() as k:
+        out.write_bytes(public_key_pem(k.audit_log.public_key))
+        console.print(f"public key written to {out}; origin: {k.audit_log.origin}")
+
+
+@audit_app.command("verify")
+def audit_verify(
+    path: Annotated[Path, typer.Argument(exists=True, dir_okay=False)],
+    public_key: Annotated[Path, typer.Option(exists=True, help="The log's public key (PEM).")],
+    origin: Annotated[str, typer.Option(help="The log's origin name.")] = "uprof.local/audit",
+) -> None:
+    """Verify an exported trail offline, with only the public key."""
+    from audit.errors import VerificationError
+    from audit.verify import verify_export
+
+    try:
+        report = verify_export(path, public_key.read_bytes(), origin)
+    except VerificationError as e:
+        err_console.print(f"[bold red]verification failed:[/] {e}")
+        raise typer.Exit(1) from None
+    console.print(
+        f"[green]verified[/]: {report.entry_count} entries, tree size {report.tree_size}, "
+        f"format {report.format}, key {report.key_id[:16]}…"
+    )
+
+
+@audit_app.command("verify-receipt")
+def audit_verify_receipt(
+    path: Annotated[Path, typer.Argument(exists=True, dir_okay=False)],
+    public_key: Annotated[Path, typer.Option(exists=True, help="The log's public key (PEM).")],
+    subject: Annotated[str | None, typer.Option(help="Check it is this subject's...")] = None,
+    nonce: Annotated[str | None, typer.Option(help="...with the nonce given at erasure.")] = None,
+) -> None:
+    """Verify an erasure receipt offline, with only the public key."""
+    from audit.errors import VerificationError
+    from audit.receipts import verify_receipt, verify_subject_commitment
+
+    try:
+        receipt = json.loads(path.read_text(encoding="utf-8"))
+        verify_receipt(receipt, public_key.read_bytes())
+        if subject and nonce:
+            verify_subject_commitment(receipt, subject, bytes.fromhex(nonce))
+    except (VerificationError, ValueError) as e:
+        err_console.print(f"[bold red]receipt does not verify:[/] {e}")
+        raise typer.Exit(1) from None
+    body = receipt["body"]
+    console.print(
+        f"[green]receipt verified[/]: {body['receipt_id']} issued {body['issued_at']}, "
+        f"{len(body['actions'])} actions, scope {body['request']['scope']}"
+        + (", subject matches" if subject and nonce else "")
+    )
+
+
+@audit_app.command("residue")
+def audit_residue(
+    term: Annotated[list[str], typer.Option(help="A string the erased subject's data held.")],
+) -> None:
+    """Scan every store for the terms and for decryptable data of erased subjects."""
+    with kernel() as k:
+        report = k.residue_scan(term)
+    console.print(
+        f"scanned {report.files_scanned} files ({report.bytes_scanned} bytes), "
+        f"{report.tables_scanned} tables, {report.streams_checked} erased streams "
+        f"({report.events_checked} events)"
+    )
+    if report.clean:
+        console.print("[green]residue: 0[/]")
+        return
+    for finding in report.findings:
+        console.print(f"[red]{finding.kind}[/] at {finding.location}: {finding.detail}")
+    raise typer.Exit(1)
+
+
+@keys_app.command("rotate")
+def keys_rotate() -> None:
+    """Re-wrap every data key under a new KEK epoch and forget the old KEK."""
+    with kernel() as k:
+        console.print_json(json.dumps(k.keystore.rotate_kek()))

@@ -1,0 +1,116 @@
+"""``uprof serve`` (the REST API under uvicorn) and ``uprof apps create|list|revoke``.
+
+``register(app)`` adds both to the main Typer app; uprof/cli/main.py calls it.
+The server builds its settings with ``background_workers=True``: extraction and
+projections run in a background thread and reads wait for them (bounded) instead
+of doing the work on request threads.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from domain.errors import UprofError
+from uprof.cli.context import console, fail, settings
+
+apps_app = typer.Typer(no_args_is_help=True, help="Create, list and revoke app API keys.")
+
+
+def serve(
+    host: Annotated[str, typer.Option(help="Interface to bind (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8765,
+    max_body_bytes: Annotated[int, typer.Option(help="Largest request body accepted.")] = 1_048_576,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+) -> None:
+    """Serve the REST API (OpenAPI at /docs); extraction and projections run in the background."""
+    import uvicorn
+
+    from uprof.api import ApiKeyStore, create_app
+    from uprof.bootstrap import bootstrap
+
+    server_settings = settings().model_copy(update={"background_workers": True})
+    try:
+        kernel = bootstrap(server_settings)
+    except UprofError as e:
+        fail(e)
+        return
+    keys = ApiKeyStore.open(server_settings)
+    try:
+        api = create_app(kernel, keys, max_body_bytes=max_body_bytes)
+        console.print(f"uprof API on http://{host}:{port} (OpenAPI at /docs)")
+        uvicorn.run(api, host=host, port=port, log_level=log_level)
+    finally:
+        keys.close()
+        kernel.close()
+
+
+@apps_app.command("create")
+def apps_create(
+    app_id: Annotated[str, typer.Argument(help="The app's id as the policy names it, e.g. app:planner.")],
+    role: Annotated[
+        list[str] | None, typer.Option(help="Repeat: app (default), operator (full profile reads).")
+    ] = None,
+) -> None:
+    """Issue an API key for an app; the key is printed once and never stored in plaintext."""
+    from uprof.api import ApiKeyStore
+
+    store = ApiKeyStore.open(settings())
+    try:
+        issued = store.create(app_id, role or ["app"])
+    except UprofError as e:
+        fail(e)
+        return
+    finally:
+        store.close()
+    console.print(f"key id [bold]{issued.info.key_id}[/] for {app_id} "
+                  f"(roles: {' '.join(issued.info.roles)})")
+    console.print("API key (shown once, store it now):")
+    # Plain print: rich would wrap or colour the key, and scripts capture this line.
+    print(issued.token)
+
+
+@apps_app.command("list")
+def apps_list(
+    app_id: Annotated[str | None, typer.Option("--app", help="Only this app's keys.")] = None,
+) -> None:
+    """List API keys (ids, apps, roles, dates; never the keys themselves)."""
+    from uprof.api import ApiKeyStore
+
+    store = ApiKeyStore.open(settings())
+    try:
+        rows = store.list(app_id)
+    finally:
+        store.close()
+    console.print_json(json.dumps([
+        {
+            "key_id": r.key_id, "app_id": r.app_id, "roles": list(r.roles),
+            "created_at": r.created_at.isoformat(),
+            "revoked_at": r.revoked_at.isoformat() if r.revoked_at else None,
+        }
+        for r in rows
+    ]))
+
+
+@apps_app.command("revoke")
+def apps_revoke(key_id: Annotated[str, typer.Argument(help="The key id from `uprof apps list`.")]) -> None:
+    """Revoke an API key: the next request with it gets 401."""
+    from uprof.api import ApiKeyStore
+
+    store = ApiKeyStore.open(settings())
+    try:
+        revoked = store.revoke(key_id)
+    finally:
+        store.close()
+    if not revoked:
+        console.print(f"no live key with id {key_id}")
+        raise typer.Exit(5)
+    console.print(f"key {key_id} revoked")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``serve`` and the ``apps`` group to the main CLI."""
+    app.command("serve")(serve)
+    app.add_typer(apps_app, name="apps")
