@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from hashlib import sha256
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from audit._codec import b64encode
 from audit.canonical import canonical_bytes
@@ -24,7 +24,6 @@ from audit.export_format import (
     CSV_COPIED_FIELDS,
     CSV_PROOF_SEPARATOR,
     EXPORT_FORMAT,
-    EXPORT_SIGNATURE_CONTEXT,
     entry_line,
 )
 from audit.keys import note_key_id
@@ -49,6 +48,7 @@ class _Row:
     line: str  # canonical JSONL line, without newline
     stored: StoredEntry | None = None
     proof_b64: tuple[str, ...] = ()
+    summary: ExportSummary | None = None  # on the trailer
 
 
 def _filter(
@@ -69,8 +69,8 @@ def _filter(
     return chosen
 
 
-def _rows(log: AuditLog, chosen: dict[str, str], summary: dict[str, Any]) -> Iterator[_Row]:
-    """Yield header, entry rows and trailer; fill ``summary`` as it goes."""
+def _rows(log: AuditLog, chosen: dict[str, str]) -> Iterator[_Row]:
+    """Yield the header, the entry rows and the trailer (which carries the summary)."""
     checkpoint = log.checkpoint_record()
     header = {
         "checkpoint": checkpoint.note,
@@ -90,7 +90,6 @@ def _rows(log: AuditLog, chosen: dict[str, str], summary: dict[str, Any]) -> Ite
     yield _Row("header", header_line)
 
     count = 0
-    batch: list[StoredEntry] = []
     stream = log.entries(**chosen, tree_size=checkpoint.tree_size)
     while True:
         batch = [entry for _, entry in zip(range(_PROOF_BATCH), stream, strict=False)]
@@ -109,15 +108,10 @@ def _rows(log: AuditLog, chosen: dict[str, str], summary: dict[str, Any]) -> Ite
         "entry_count": count,
         "export_sha256": export_digest.hex(),
         "kind": "trailer",
-        "signature": b64encode(log.sign(EXPORT_SIGNATURE_CONTEXT + export_digest)),
+        "signature": b64encode(log.sign_export_digest(export_digest)),
     }
-    summary.update(
-        tree_size=checkpoint.tree_size,
-        entry_count=count,
-        checkpoint=checkpoint.note,
-        export_sha256=export_digest.hex(),
-    )
-    yield _Row("trailer", canonical_bytes(trailer).decode("utf-8"))
+    summary = ExportSummary(checkpoint.tree_size, count, checkpoint.note, export_digest.hex())
+    yield _Row("trailer", canonical_bytes(trailer).decode("utf-8"), summary=summary)
 
 
 def _open_target(dest: str | os.PathLike[str] | TextIO) -> tuple[TextIO, bool]:
@@ -137,16 +131,7 @@ def export_jsonl(
     until: str | datetime | None = None,
 ) -> ExportSummary:
     """Write the trail (optionally filtered; ``since`` inclusive, ``until`` exclusive) as JSONL."""
-    chosen = _filter(subject_ref, app_id, action, since, until)
-    summary: dict[str, Any] = {}
-    out, owned = _open_target(dest)
-    try:
-        for row in _rows(log, chosen, summary):
-            out.write(row.line + "\n")
-    finally:
-        if owned:
-            out.close()
-    return ExportSummary(**summary)
+    return _export(log, dest, _filter(subject_ref, app_id, action, since, until), as_csv=False)
 
 
 def export_csv(
@@ -160,18 +145,30 @@ def export_csv(
     until: str | datetime | None = None,
 ) -> ExportSummary:
     """Write the same trail as ``export_jsonl`` in CSV (one record per line)."""
-    chosen = _filter(subject_ref, app_id, action, since, until)
-    summary: dict[str, Any] = {}
+    return _export(log, dest, _filter(subject_ref, app_id, action, since, until), as_csv=True)
+
+
+def _export(
+    log: AuditLog, dest: str | os.PathLike[str] | TextIO, chosen: dict[str, str], *, as_csv: bool
+) -> ExportSummary:
     out, owned = _open_target(dest)
+    summary = None
     try:
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(CSV_COLUMNS)
-        for row in _rows(log, chosen, summary):
-            writer.writerow(csv_record(row.kind, row.line, row.stored, row.proof_b64))
+        if as_csv:
+            writer.writerow(CSV_COLUMNS)
+        for row in _rows(log, chosen):
+            if as_csv:
+                writer.writerow(csv_record(row.kind, row.line, row.stored, row.proof_b64))
+            else:
+                out.write(row.line + "\n")
+            summary = row.summary or summary
     finally:
         if owned:
             out.close()
-    return ExportSummary(**summary)
+    if summary is None:  # the trailer always comes last; this guards the generator's contract
+        raise RuntimeError("export ended without its trailer")
+    return summary
 
 
 def csv_record(

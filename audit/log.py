@@ -33,6 +33,7 @@ from audit.canonical import canonical_bytes
 from audit.checkpoint import check_origin, sign_checkpoint, verify_checkpoint
 from audit.entry import format_timestamp, normalise_timestamp, validate_entry
 from audit.errors import VerificationError
+from audit.export_format import EXPORT_SIGNATURE_CONTEXT
 from audit.keys import key_id
 from audit.merkle import (
     EMPTY_ROOT,
@@ -133,9 +134,18 @@ class AuditLog:
         """Hex SHA-256 of the raw public key (what receipts and exports name)."""
         return key_id(self._key)
 
-    def sign(self, message: bytes) -> bytes:
-        """Sign ``message`` with the log key (receipt bodies, export digests)."""
-        return self._key.sign(message)
+    # No general "sign these bytes" method: each signed message kind has its own, with a shape
+    # that cannot be mistaken for a checkpoint body (which starts with the origin).
+
+    def sign_json(self, obj: Mapping[str, Any]) -> bytes:
+        """Sign the RFC 8785 bytes of a JSON object (receipt bodies); they start with ``{``."""
+        return self._key.sign(canonical_bytes(obj))
+
+    def sign_export_digest(self, digest: bytes) -> bytes:
+        """Sign ``EXPORT_SIGNATURE_CONTEXT || digest`` (a 32-byte SHA-256 of an export)."""
+        if len(digest) != 32:
+            raise InvalidInputError("an export digest is 32 bytes")
+        return self._key.sign(EXPORT_SIGNATURE_CONTEXT + digest)
 
     def now(self) -> str:
         """Return the log clock's time in the log's timestamp format."""

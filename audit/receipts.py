@@ -122,7 +122,7 @@ def issue_erasure_receipt(
         "actions": [dict(action) for action in actions],
         "residual": dict(residual),
     }
-    canonical = canonical_bytes(body)  # refuses floats and out-of-range integers
+    body_sig = log.sign_json(body)  # canonicalising refuses floats and huge integers
     entry = receipt_log_entry(body)
     record = log.append(entry)
     if record.leaf_hash != leaf_hash(canonical_bytes(entry)):  # the log must store it verbatim
@@ -131,7 +131,7 @@ def issue_erasure_receipt(
     proof = log.inclusion_proof(record.leaf_index, checkpoint.tree_size)
     return {
         "body": body,
-        "body_sig": b64encode(log.sign(canonical)),
+        "body_sig": b64encode(body_sig),
         "inclusion": {
             "leaf_index": record.leaf_index,
             "tree_size": checkpoint.tree_size,

@@ -1,0 +1,282 @@
+"""Exhaustive RFC 9162 checks against a naive, literal transcription of the RFC definitions."""
+
+from __future__ import annotations
+
+import random
+from hashlib import sha256
+
+import pytest
+
+from audit.errors import VerificationError
+from audit.merkle import (
+    EMPTY_ROOT,
+    Frontier,
+    MerkleTree,
+    frontier_keys,
+    leaf_hash,
+    node_hash,
+    root_from_inclusion_proof,
+    verify_consistency,
+    verify_inclusion,
+)
+
+MAX_SIZE = 40
+
+
+# --- Naive reference: RFC 9162 §2.1.1, §2.1.3.1, §2.1.4.1 written out literally ------------
+
+
+def ref_k(n: int) -> int:
+    k = 1
+    while k * 2 < n:
+        k *= 2
+    return k
+
+
+def ref_mth(leaves: list[bytes]) -> bytes:
+    n = len(leaves)
+    if n == 0:
+        return sha256(b"").digest()
+    if n == 1:
+        return sha256(b"\x00" + leaves[0]).digest()
+    k = ref_k(n)
+    return sha256(b"\x01" + ref_mth(leaves[:k]) + ref_mth(leaves[k:])).digest()
+
+
+def ref_path(m: int, leaves: list[bytes]) -> list[bytes]:
+    n = len(leaves)
+    if n == 1:
+        return []
+    k = ref_k(n)
+    if m < k:
+        return [*ref_path(m, leaves[:k]), ref_mth(leaves[k:])]
+    return [*ref_path(m - k, leaves[k:]), ref_mth(leaves[:k])]
+
+
+def ref_subproof(m: int, leaves: list[bytes], b: bool) -> list[bytes]:
+    n = len(leaves)
+    if m == n:
+        return [] if b else [ref_mth(leaves)]
+    k = ref_k(n)
+    if m <= k:
+        return [*ref_subproof(m, leaves[:k], b), ref_mth(leaves[k:])]
+    return [*ref_subproof(m - k, leaves[k:], False), ref_mth(leaves[:k])]
+
+
+def ref_proof(m: int, leaves: list[bytes]) -> list[bytes]:
+    return ref_subproof(m, leaves, True)
+
+
+LEAVES = [f"entry-{i}".encode() for i in range(MAX_SIZE)]
+TREE = MerkleTree(leaf_hash(d) for d in LEAVES)
+REF_ROOTS = {n: ref_mth(LEAVES[:n]) for n in range(MAX_SIZE + 1)}
+
+
+def rejected(verify: object, *args: object) -> bool:
+    """True when the verifier raises VerificationError (cheaper than pytest.raises in loops)."""
+    try:
+        verify(*args)  # type: ignore[operator]
+    except VerificationError:
+        return True
+    return False
+
+
+def flip(data: bytes, bit: int) -> bytes:
+    out = bytearray(data)
+    out[bit // 8] ^= 1 << (bit % 8)
+    return bytes(out)
+
+
+# --- Hashing ---------------------------------------------------------------------------------
+
+
+def test_leaf_and_node_hashes_use_distinct_prefixes() -> None:
+    assert leaf_hash(b"x") == sha256(b"\x00x").digest()
+    assert node_hash(b"a" * 32, b"b" * 32) == sha256(b"\x01" + b"a" * 32 + b"b" * 32).digest()
+    assert EMPTY_ROOT == sha256(b"").digest()
+
+
+def test_empty_tree_root_is_hash_of_nothing() -> None:
+    assert MerkleTree().root() == EMPTY_ROOT
+    assert Frontier().root() == EMPTY_ROOT
+
+
+def test_known_answer_from_rfc6962_test_vectors() -> None:
+    # The 8-leaf tree of the Certificate Transparency reference tests (RFC 6962 test vectors).
+    data = [
+        b"",
+        b"\x00",
+        b"\x10",
+        b"\x20\x21",
+        b"\x30\x31",
+        b"\x40\x41\x42\x43",
+        b"\x50\x51\x52\x53\x54\x55\x56\x57",
+        b"\x60\x61\x62\x63\x64\x65\x66\x67\x68\x69\x6a\x6b\x6c\x6d\x6e\x6f",
+    ]
+    tree = MerkleTree(leaf_hash(d) for d in data)
+    assert tree.root().hex() == "5dc9da79a70659a9ad559cb701ded9a2ab9d823aad2f4960cfe370eff4604328"
+    assert tree.root(1).hex() == "6e340b9cffb37a989ca544e6bb780a2c78901d3fb33738768511a30617afa01d"
+    assert tree.root(3).hex() == "aeb6bcfe274b70a14fb067a5e5578264db0fa9b51af5e0ba159158f329e06e77"
+
+
+@pytest.mark.parametrize("size", range(MAX_SIZE + 1))
+def test_root_matches_reference_for_every_size(size: int) -> None:
+    assert TREE.root(size) == REF_ROOTS[size]
+    assert MerkleTree(leaf_hash(d) for d in LEAVES[:size]).root() == REF_ROOTS[size]
+
+
+def test_frontier_appends_match_the_full_tree_and_emit_every_perfect_node() -> None:
+    frontier = Frontier()
+    for i, data in enumerate(LEAVES):
+        for level, index, h in frontier.append(leaf_hash(data)):
+            assert TREE.node(level, index) == h
+        assert frontier.root() == REF_ROOTS[i + 1]
+        size = i + 1
+        resumed = Frontier(size, [TREE.node(lv, ix) for lv, ix in frontier_keys(size)])
+        assert resumed.root() == REF_ROOTS[size]
+
+
+# --- Inclusion -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", range(1, MAX_SIZE + 1))
+def test_inclusion_proofs_match_reference_and_verify_for_every_index(size: int) -> None:
+    root = REF_ROOTS[size]
+    for index in range(size):
+        proof = TREE.inclusion_proof(index, size)
+        assert proof == ref_path(index, LEAVES[:size])
+        verify_inclusion(leaf_hash(LEAVES[index]), index, size, proof, root)
+
+
+@pytest.mark.parametrize("size", range(1, MAX_SIZE + 1))
+def test_inclusion_proof_rejects_any_single_bit_flip(size: int) -> None:
+    root = REF_ROOTS[size]
+    for index in range(size):
+        leaf = leaf_hash(LEAVES[index])
+        proof = TREE.inclusion_proof(index, size)
+        for bit in range(256):
+            assert rejected(verify_inclusion, leaf, index, size, proof, flip(root, bit))
+            assert rejected(verify_inclusion, flip(leaf, bit), index, size, proof, root)
+            for position in range(len(proof)):
+                bad = list(proof)
+                bad[position] = flip(bad[position], bit)
+                assert rejected(verify_inclusion, leaf, index, size, bad, root), (position, bit)
+
+
+@pytest.mark.parametrize("size", range(1, MAX_SIZE + 1))
+def test_inclusion_proof_rejects_wrong_index_size_or_length(size: int) -> None:
+    root = REF_ROOTS[size]
+    for index in range(size):
+        leaf = leaf_hash(LEAVES[index])
+        proof = TREE.inclusion_proof(index, size)
+        for other in range(size + 2):
+            if other != index:
+                with pytest.raises(VerificationError):
+                    verify_inclusion(leaf, other, size, proof, root)
+        # The size is bound to the root by the signed checkpoint, not by the path; a claimed
+        # size is caught here whenever it implies a path of another shape.
+        for other_size in range(index + 1, MAX_SIZE + 1):
+            if len(ref_path(index, LEAVES[:other_size])) != len(proof):
+                with pytest.raises(VerificationError):
+                    verify_inclusion(leaf, index, other_size, proof, root)
+        with pytest.raises(VerificationError):
+            verify_inclusion(leaf, index, size, [*proof, b"\x00" * 32], root)
+        if proof:
+            with pytest.raises(VerificationError):
+                verify_inclusion(leaf, index, size, proof[:-1], root)
+            with pytest.raises(VerificationError):
+                verify_inclusion(leaf, index, size, [proof[0][:31], *proof[1:]], root)
+        if len(set(proof)) > 1:
+            with pytest.raises(VerificationError):
+                verify_inclusion(leaf, index, size, proof[::-1], root)
+
+
+def test_inclusion_rejects_negative_and_out_of_range_indices() -> None:
+    with pytest.raises(VerificationError, match="leaf_index -1"):
+        root_from_inclusion_proof(leaf_hash(b"x"), -1, 4, [])
+    with pytest.raises(VerificationError, match="outside a tree of size 0"):
+        root_from_inclusion_proof(leaf_hash(b"x"), 0, 0, [])
+
+
+# --- Consistency -----------------------------------------------------------------------------
+
+
+def all_size_pairs() -> list[tuple[int, int]]:
+    return [(m, n) for n in range(1, MAX_SIZE + 1) for m in range(n + 1)]
+
+
+@pytest.mark.parametrize("new_size", range(1, MAX_SIZE + 1))
+def test_consistency_proofs_match_reference_and_verify_for_every_pair(new_size: int) -> None:
+    for old_size in range(new_size + 1):
+        proof = TREE.consistency_proof(old_size, new_size)
+        expected = [] if old_size in (0, new_size) else ref_proof(old_size, LEAVES[:new_size])
+        assert proof == expected
+        verify_consistency(old_size, new_size, REF_ROOTS[old_size], REF_ROOTS[new_size], proof)
+
+
+@pytest.mark.parametrize("new_size", range(1, MAX_SIZE + 1))
+def test_consistency_proof_rejects_any_single_bit_flip(new_size: int) -> None:
+    new_root = REF_ROOTS[new_size]
+    for old_size in range(1, new_size + 1):
+        old_root = REF_ROOTS[old_size]
+        proof = TREE.consistency_proof(old_size, new_size)
+        for bit in range(256):
+            assert rejected(
+                verify_consistency, old_size, new_size, flip(old_root, bit), new_root, proof
+            )
+            assert rejected(
+                verify_consistency, old_size, new_size, old_root, flip(new_root, bit), proof
+            )
+            for position in range(len(proof)):
+                bad = list(proof)
+                bad[position] = flip(bad[position], bit)
+                assert rejected(verify_consistency, old_size, new_size, old_root, new_root, bad)
+
+
+@pytest.mark.parametrize("new_size", range(1, MAX_SIZE + 1))
+def test_consistency_proof_rejects_wrong_sizes_and_lengths(new_size: int) -> None:
+    for old_size in range(1, new_size):
+        old_root, new_root = REF_ROOTS[old_size], REF_ROOTS[new_size]
+        proof = TREE.consistency_proof(old_size, new_size)
+        # Sizes are bound to roots by signed checkpoints; here a wrong size must be caught
+        # whenever it implies a proof of another shape.
+        for other_old in range(1, new_size):
+            if len(ref_proof(other_old, LEAVES[:new_size])) != len(proof):
+                with pytest.raises(VerificationError):
+                    verify_consistency(other_old, new_size, old_root, new_root, proof)
+        for other_new in range(old_size + 1, MAX_SIZE + 1):
+            if len(ref_proof(old_size, LEAVES[:other_new])) != len(proof):
+                with pytest.raises(VerificationError):
+                    verify_consistency(old_size, other_new, old_root, new_root, proof)
+        with pytest.raises(VerificationError):
+            verify_consistency(old_size, new_size, old_root, new_root, [*proof, proof[-1]])
+        with pytest.raises(VerificationError):
+            verify_consistency(old_size, new_size, old_root, new_root, proof[:-1])
+        with pytest.raises(VerificationError):
+            verify_consistency(new_size, old_size, new_root, old_root, proof)
+
+
+def test_consistency_edge_cases() -> None:
+    verify_consistency(0, 5, EMPTY_ROOT, REF_ROOTS[5], [])
+    with pytest.raises(VerificationError):
+        verify_consistency(0, 5, REF_ROOTS[1], REF_ROOTS[5], [])
+    with pytest.raises(VerificationError):
+        verify_consistency(0, 5, EMPTY_ROOT, REF_ROOTS[5], [REF_ROOTS[5]])
+    with pytest.raises(VerificationError):
+        verify_consistency(5, 5, REF_ROOTS[5], REF_ROOTS[5], [REF_ROOTS[5]])
+    with pytest.raises(VerificationError):
+        verify_consistency(5, 5, REF_ROOTS[5], REF_ROOTS[4], [])
+
+
+def test_random_large_trees_agree_with_reference() -> None:
+    rng = random.Random(9162)
+    for _ in range(5):
+        size = rng.randrange(41, 300)
+        leaves = [rng.randbytes(rng.randrange(0, 20)) for _ in range(size)]
+        tree = MerkleTree(leaf_hash(d) for d in leaves)
+        assert tree.root() == ref_mth(leaves)
+        for _ in range(10):
+            index = rng.randrange(size)
+            assert tree.inclusion_proof(index) == ref_path(index, leaves)
+            old = rng.randrange(1, size)
+            assert tree.consistency_proof(old) == ref_proof(old, leaves)

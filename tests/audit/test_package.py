@@ -1,0 +1,101 @@
+"""Package rules: table naming, import boundaries, and no mutation paths in the source."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from audit.tables import NAMING_CONVENTION, append_only_ddl, metadata
+
+AUDIT_DIR = Path(__file__).resolve().parents[2] / "audit"
+REPO = AUDIT_DIR.parent
+
+
+def test_tables_use_the_shared_naming_convention() -> None:
+    for key, template in NAMING_CONVENTION.items():
+        assert metadata.naming_convention[key] == template
+    assert set(metadata.tables) == {"audit_entries", "audit_nodes", "audit_checkpoints"}
+    entries = metadata.tables["audit_entries"]
+    index_names = {ix.name for ix in entries.indexes}
+    assert index_names == {
+        "ix_audit_entries_subject_ref",
+        "ix_audit_entries_app_id",
+        "ix_audit_entries_action",
+        "ix_audit_entries_recorded_at",
+    }
+    assert entries.primary_key.name == "pk_audit_entries"
+    checks = {c.name for c in entries.constraints if isinstance(c, sa.CheckConstraint)}
+    assert checks == {"ck_audit_entries_leaf_index_non_negative"}
+    assert metadata.tables["audit_nodes"].primary_key.name == "pk_audit_nodes"
+
+
+def test_append_only_ddl_covers_every_table() -> None:
+    for dialect in ("sqlite", "postgresql"):
+        ddl = " ".join(append_only_ddl(dialect))
+        for table in metadata.tables:
+            assert f"ON {table}" in ddl
+        assert "%" not in ddl
+    assert append_only_ddl("mysql") == []
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_audit_imports_only_domain_and_its_allowed_libraries() -> None:
+    allowed = {"audit", "domain", "sqlalchemy", "cryptography", "rfc8785", "__future__"}
+    stdlib = set(sys.stdlib_module_names)
+    for path in AUDIT_DIR.glob("*.py"):
+        foreign = _imports(path) - allowed - stdlib
+        assert not foreign, f"{path.name} imports {foreign}"
+        assert not _imports(path) & {"uprof", "projections", "policies"}
+
+
+def test_source_has_no_update_or_delete_paths() -> None:
+    for path in AUDIT_DIR.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                assert node.func.attr not in {"delete", "on_conflict_do_update"}, path.name
+                if node.func.attr == "update":
+                    # Only hash objects are updated (streaming digests), never tables.
+                    assert isinstance(node.func.value, ast.Attribute | ast.Name), path.name
+                    name = ast.unparse(node.func.value)
+                    assert "digest" in name, f"{path.name}: {name}.update()"
+            if isinstance(node, ast.Call):
+                for arg in node.args:
+                    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                        text = arg.value.upper()
+                        assert not text.startswith(("UPDATE ", "DELETE ", "TRUNCATE ")), path.name
+
+
+def test_benchmark_runs_small(tmp_path: Path, capsys: object) -> None:
+    spec = importlib.util.spec_from_file_location(
+        "audit_bench", REPO / "benchmarks" / "audit_bench.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert (
+        module.main(
+            ["--entries", "300", "--batch", "100", "--runs", "1", "--workdir", str(tmp_path)]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out  # type: ignore[attr-defined]
+    result = json.loads(out)
+    assert result["entries"] == 300
+    assert result["append_entries_per_s"]["median"] > 0
+    assert result["verify_entries_per_s"]["median"] > 0

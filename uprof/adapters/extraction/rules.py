@@ -1,0 +1,160 @@
+"""The offline, English, rule-based extractor: the default ``Extractor``.
+
+It reads only the user's side of an interaction (``user_input``): what the agent
+said is never evidence of a user trait. Every proposal cites the capture as its
+evidence and is marked explicit, because the user said it in the first person.
+One memory per turn keeps the user's own words, minus a leading greeting.
+
+Usage::
+
+    extractor = RuleBasedExtractor()
+    batch = extractor.extract(capture)   # ProposalBatch, author "rules/v1"
+"""
+
+from __future__ import annotations
+
+import re
+
+from domain.values import CapturedInteraction, MemoryProposal, Proposal, ProposalBatch
+from uprof.adapters.extraction.engine import Sentence, Turn, run_rules
+from uprof.adapters.extraction.facts import ATTRIBUTE_RULES
+from uprof.adapters.extraction.lexicon import EMOTION_WORDS, FILLER_WORDS, LIFE_EVENT_WORDS
+from uprof.adapters.extraction.plans import INTENT_RULES
+from uprof.adapters.extraction.text import normalise, restore_elided_subject, split_sentences
+
+AUTHOR = "rules/v1"
+#: Rules read at most this much of a turn; a pasted document is not self-description.
+MAX_RULE_CHARS = 20_000
+#: Longest memory text kept; longer turns are cut at a sentence end.
+DEFAULT_MEMORY_MAX_CHARS = 600
+
+_RULES = ATTRIBUTE_RULES + INTENT_RULES
+
+_GREETING_RE = re.compile(
+    r"^(?:(?:hi|hello|hey|hiya|heya|yo|howdy|greetings|good\s+(?:morning|afternoon|evening|day))"
+    r"(?:\s+there)?(?:\s+(?-i:[A-Z])[\w-]*)?\s*[!,.:;\u2014-]+\s*"
+    r"|(?:hi|hello|hey)\s+(?=(?-i:[A-Z])))",
+    re.IGNORECASE,
+)
+_TOKEN_RE = re.compile(r"[a-z][a-z']*")
+_SENTENCE_END_RE = re.compile(r"[.!?](?=\s)")
+
+
+class RuleBasedExtractor:
+    """Extract attributes, intents, intent updates and a memory from the user's words."""
+
+    name = "rules"
+
+    def __init__(
+        self, *, author: str = AUTHOR, memory_max_chars: int = DEFAULT_MEMORY_MAX_CHARS
+    ) -> None:
+        if memory_max_chars < 40:
+            raise ValueError("memory_max_chars must be at least 40")
+        self.author = author
+        self.memory_max_chars = memory_max_chars
+
+    def extract(self, capture: CapturedInteraction) -> ProposalBatch:
+        """Propose what the user said about themselves in this one captured turn."""
+        interaction = capture.interaction
+        text = normalise(interaction.user_input or "")
+        turn = Turn(
+            capture_id=capture.capture_id,
+            occurred_at=interaction.occurred_at,
+            lowercase_mode=_is_lowercase_typist(text),
+            capitals_unreliable=_capitals_unreliable(text),
+        )
+        for raw in split_sentences(text[:MAX_RULE_CHARS]):
+            sentence = restore_elided_subject(raw)
+            run_rules(Sentence(sentence, sentence.lower(), turn), _RULES)
+
+        proposals: list[Proposal] = [
+            *turn.attributes.values(),
+            *turn.intents.values(),
+            *turn.updates.values(),
+        ]
+        memory = self._memory(capture, text, turn)
+        if memory is not None:
+            proposals.append(memory)
+        return ProposalBatch(
+            proposals=tuple(proposals),
+            author=self.author,
+            owner_agent=interaction.agent_id,
+            sharing=interaction.sharing,
+            app_id=interaction.app_id,
+            purpose=interaction.purpose,
+        )
+
+    def _memory(self, capture: CapturedInteraction, text: str, turn: Turn) -> MemoryProposal | None:
+        """One memory in the user's own words, unless the turn is only a greeting or thanks."""
+        body = strip_greeting(" ".join(text.split()))
+        if is_small_talk(body):
+            return None
+        interaction = capture.interaction
+        return MemoryProposal(
+            text=truncate(body, self.memory_max_chars),
+            evidence=(capture.capture_id,),
+            category="conversation",
+            importance=importance(body, found_facts=turn.found_anything()),
+            source_refs=(interaction.source_ref,) if interaction.source_ref else (),
+            occurred_at=interaction.occurred_at,
+        )
+
+
+def _is_lowercase_typist(text: str) -> bool:
+    """No capital letter anywhere, but some letters: capitals cannot mark names."""
+    return not any(c.isupper() for c in text) and any(c.isalpha() for c in text)
+
+
+def _capitals_unreliable(text: str) -> bool:
+    """Title Case or SHOUTING: most words start with a capital, so capitals mark nothing."""
+    words = [w for w in text.split() if w[:1].isalpha()]
+    if len(words) < 4:
+        return False
+    capitalised = sum(1 for w in words if w[0].isupper() and w != "I" and not w.startswith("I'"))
+    return capitalised / len(words) > 0.6
+
+
+def strip_greeting(text: str) -> str:
+    """Drop up to two leading greetings ("Hi there! Hey Sam, ..."); keep everything else."""
+    for _ in range(2):
+        m = _GREETING_RE.match(text)
+        if m is None or m.end() == 0:
+            break
+        text = text[m.end() :]
+    return text.strip()
+
+
+def is_small_talk(text: str) -> bool:
+    """A turn made only of greetings, thanks and acknowledgements ("ok", "thanks!")."""
+    tokens = _TOKEN_RE.findall(text.lower())
+    return not tokens or all(t in FILLER_WORDS for t in tokens)
+
+
+def truncate(text: str, limit: int) -> str:
+    """Cut text to limit characters at a sentence end, else at a word, marking the cut."""
+    if len(text) <= limit:
+        return text
+    window = text[: limit - 1]
+    ends = [m.end() for m in _SENTENCE_END_RE.finditer(window)]
+    if ends and ends[-1] >= limit // 2:
+        return window[: ends[-1]].rstrip()
+    space = window.rfind(" ")
+    cut = window[:space] if space >= limit // 2 else window
+    return cut.rstrip(" ,;:") + "\u2026"
+
+
+def importance(text: str, *, found_facts: bool) -> float:
+    """How much a memory matters, from cheap cues: facts, plans, feelings, life events."""
+    tokens = _TOKEN_RE.findall(text.lower())
+    score = 0.3
+    if found_facts:
+        score += 0.3
+    if any(t in EMOTION_WORDS for t in tokens):
+        score += 0.15
+    if any(t in LIFE_EVENT_WORDS for t in tokens):
+        score += 0.15
+    if len(tokens) >= 25:
+        score += 0.05
+    if len(tokens) <= 3 and not found_facts:
+        score -= 0.1  # short small talk that was not pure filler
+    return round(min(max(score, 0.05), 0.95), 2)
