@@ -113,6 +113,8 @@ class _CachedMemories:
     rows: list[MemoryRow]
     vectors: np.ndarray | None
     indexes: dict[tuple[Any, ...], tuple[MemoryIndex, tuple[int, ...]]] = field(default_factory=dict)
+    #: capture id -> the caller's source refs of that capture (from the memory citing it)
+    refs_by_capture: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 class SliceService:
@@ -159,18 +161,25 @@ class SliceService:
         wait = self._default_wait_s if request.wait_timeout_s is None else request.wait_timeout_s
         fresh = self._ensure_fresh(wait)
         waited_ms = (time.perf_counter() - began) * 1000
-        now = request.now or self._clock.now()
+        # Consent is judged at the real time of the read; ``request.now`` only sets the
+        # "present" that ranking measures recency from (benchmarks replay old dialogues).
+        real_now = self._clock.now()
+        now = request.now or real_now
         profile = self._app.load(handle.stream_id)
-        allowed = self._allowed_categories(request, profile, now)
+        allowed = self._allowed_categories(request, profile, real_now)
         stream = str(handle.stream_id)
 
         withheld: Counter[str] = Counter()
+        refs = self._memories(stream).refs_by_capture
         attributes = self._gate(
-            [self._attribute(a) for a in self._queries.attributes(stream, include_superseded=False)],
+            [
+                self._attribute(a, refs)
+                for a in self._queries.attributes(stream, include_superseded=False)
+            ],
             request, allowed, withheld,
         )
         intents = self._gate(
-            [self._intent(i) for i in self._queries.intents(stream, status="active")],
+            [self._intent(i, refs) for i in self._queries.intents(stream, status="active")],
             request, allowed, withheld,
         )
         index = self._memory_index(stream, request, allowed, now, withheld)
@@ -187,7 +196,7 @@ class SliceService:
             query_vector=query_vector,
             now=now,
         )
-        self._record(handle.stream_id, handle.pseudonym, request, packed, now)
+        self._record(handle.stream_id, handle.pseudonym, request, packed, real_now)
         return ProfileSlice(
             text=packed.text,
             n_tokens=packed.n_tokens,
@@ -275,7 +284,8 @@ class SliceService:
         if cached is not None and cached.version == version:
             return cached
         rows, vectors = self._queries.memories(stream, with_vectors=True)
-        cached = _CachedMemories(version, rows, vectors)
+        refs = {e: m.source_refs for m in rows if m.source_refs for e in m.evidence}
+        cached = _CachedMemories(version, rows, vectors, refs_by_capture=refs)
         with self._lock:
             self._cache[stream] = cached
         return cached
@@ -353,7 +363,7 @@ class SliceService:
     # ------------------------------------------------------------- conversions
 
     @staticmethod
-    def _attribute(a: Any) -> tuple[Candidate, str, str]:
+    def _attribute(a: Any, refs: Mapping[str, tuple[str, ...]]) -> tuple[Candidate, str, str]:
         label = a.key.replace("_", " ")
         return (
             Candidate(
@@ -364,7 +374,7 @@ class SliceService:
                 confidence=a.confidence,
                 provenance=Provenance(a.provenance),
                 evidence=a.evidence,
-                source_refs=(),
+                source_refs=_refs_of(a.evidence, refs),
                 occurred_at=a.last_observed_at,
                 status=a.status,
             ),
@@ -373,7 +383,7 @@ class SliceService:
         )
 
     @staticmethod
-    def _intent(i: Any) -> tuple[Candidate, str, str]:
+    def _intent(i: Any, refs: Mapping[str, tuple[str, ...]]) -> tuple[Candidate, str, str]:
         return (
             Candidate(
                 item_id=i.item_id,
@@ -383,13 +393,21 @@ class SliceService:
                 confidence=i.confidence,
                 provenance=Provenance(i.provenance),
                 evidence=i.evidence,
-                source_refs=(),
+                source_refs=_refs_of(i.evidence, refs),
                 occurred_at=i.observed_at,
                 status=i.status,
             ),
             i.owner_agent,
             i.sharing,
         )
+
+
+def _refs_of(evidence: Sequence[str], refs: Mapping[str, tuple[str, ...]]) -> tuple[str, ...]:
+    """The callers' own references of the captured events an item cites, in order."""
+    out: list[str] = []
+    for e in evidence:
+        out.extend(r for r in refs.get(e, ()) if r not in out)
+    return tuple(out)
 
 
 def _memory_candidate(m: MemoryRow, sessions: Mapping[str, int], now: datetime) -> Candidate:

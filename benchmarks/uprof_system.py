@@ -1,0 +1,98 @@
+"""uprof as a system under test for the LoCoMo and PrefEval harnesses.
+
+Ingestion goes through the public capture API, exactly as production traffic
+does: a consent is granted for the benchmark app, every turn is captured (consent
+gate, per-capture keys, sealed events), extraction and projections run, and the
+question is answered by the same ``slice`` call apps make (policy, consent and
+visibility gates included). Nothing is written to storage directly.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+
+from benchmarks.bench_common import BenchSlice, BenchTurn, SliceItemRef
+from domain.values import Interaction
+from policies import CasbinAuthorizer
+from policies.rules import PolicyRule
+from uprof.bootstrap import bootstrap
+from uprof.kernel import Uprof
+from uprof.settings import Settings
+
+APP = "app:bench"
+AGENT = "agent:bench"
+PURPOSE = "benchmark"
+CAPTURE_BATCH = 1_000
+
+
+def bench_authorizer() -> CasbinAuthorizer:
+    """The seed policy plus one rule: the benchmark app may read everything for benchmarking."""
+    authorizer = CasbinAuthorizer.seeded()
+    authorizer.add_rule(PolicyRule(APP, "default", "read", "any", PURPOSE))
+    return authorizer
+
+
+class UprofBenchSystem:
+    """One throwaway SQLite deployment; each subject key becomes one data subject."""
+
+    def __init__(self, *, embedder: str = "minilm", lexical_only: bool = False) -> None:
+        self.name = "uprof-lexical" if lexical_only else "uprof"
+        self._dir = Path(tempfile.mkdtemp(prefix="uprof-bench-"))
+        self._lexical = lexical_only
+        self.kernel: Uprof = bootstrap(
+            Settings(data_dir=self._dir / "data", embedder=embedder),  # type: ignore[arg-type]
+            authorizer=bench_authorizer(),
+        )
+
+    def ingest(self, subject_key: str, turns: Sequence[BenchTurn]) -> None:
+        k = self.kernel
+        k.grant_consent(subject_key, app_id=APP, categories=["*"], purposes=[PURPOSE])
+        interactions = [
+            Interaction(
+                app_id=APP,
+                agent_id=AGENT,
+                occurred_at=t.occurred_at,
+                user_input=t.content,
+                actor=t.actor,
+                source_ref=t.source_ref,
+                session_id=f"session-{t.session}",
+                purpose=PURPOSE,
+                sharing="shared",
+            )
+            for t in turns
+        ]
+        for lo in range(0, len(interactions), CAPTURE_BATCH):
+            k.capture_many(subject_key, interactions[lo : lo + CAPTURE_BATCH])
+        k.process()
+
+    def slice(self, subject_key: str, query: str, budget_tokens: int, now: datetime) -> BenchSlice:
+        result = self.kernel.slice(
+            subject_key,
+            query,
+            budget_tokens=budget_tokens,
+            purpose=PURPOSE,
+            app_id=APP,
+            agent_id=AGENT,
+            now=now,
+            lexical_only=self._lexical,
+        )
+        return BenchSlice(
+            text=result.text,
+            items=tuple(SliceItemRef(source_refs=i.source_refs) for i in result.items),
+        )
+
+    def close(self) -> None:
+        self.kernel.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def make_uprof() -> UprofBenchSystem:
+    return UprofBenchSystem()
+
+
+def make_uprof_lexical() -> UprofBenchSystem:
+    return UprofBenchSystem(embedder="hashing", lexical_only=True)
