@@ -11,6 +11,7 @@ from domain.errors import ConsentRequiredError, EvidenceError, InvalidInputError
 from domain.values import (
     INFERRED_CONFIDENCE_CAP,
     AttributeProposal,
+    IntentProposal,
     IntentStatus,
     IntentUpdateProposal,
     ProposalBatch,
@@ -241,3 +242,22 @@ def test_audit_records_refusals_without_content(kernel: Uprof) -> None:
     assert len(refused) == 1
     assert "canary" not in repr(entries)
     assert "alice" not in repr(entries)
+
+
+def test_decay_job_expires_intents_and_archives_the_coldest(kernel: Uprof, clock: FakeClock) -> None:
+    from uprof.services.maintenance import MaintenanceService
+
+    consent(kernel)
+    kernel.capture_many("alice", [say(f"note number {i}", day=1 + i) for i in range(5)])
+    batch = ProposalBatch(
+        (IntentProposal("renew the passport", (), expires_at=clock.now() + timedelta(days=1)),),
+        author="agent", owner_agent="agent:one", app_id=APP,
+    )
+    kernel.submit_proposals("alice", batch)
+    kernel.maintenance = MaintenanceService(kernel.app, kernel.subjects, kernel.queries, capacity=3)
+    clock.advance(days=2)
+    assert kernel.run_maintenance() == {"intents_expired": 1, "memories_archived": 2}
+    view = kernel.profile("alice")
+    assert [i.status for i in view.intents] == ["expired"]
+    archived = sorted(m.text for m in view.memories if m.archived)
+    assert archived == ["note number 0", "note number 1"]  # the oldest, never visited

@@ -207,6 +207,13 @@ def projections_lag() -> None:
         )
 
 
+@app.command()
+def maintain() -> None:
+    """Run the decay job: expire overdue intents, archive the coldest memories past capacity."""
+    with kernel() as k:
+        console.print_json(json.dumps(k.run_maintenance()))
+
+
 def _register_optional_commands() -> None:
     from uprof.cli import bench, demo, govern
 
