@@ -9,7 +9,8 @@ UprofError
 ├── SubjectNotFoundError     no such data subject
 ├── SubjectErasedError       the subject was erased; its stream refuses reads and writes
 ├── IntentTransitionError    an intent lifecycle change that the lifecycle forbids
-└── ReadTimeoutError         projections did not catch up within the wait bound
+├── ReadTimeoutError         projections did not catch up within the wait bound
+└── ErasureIncompleteError   keys are destroyed but derived stores are not purged yet
 """
 
 from __future__ import annotations
@@ -61,3 +62,7 @@ class IntentTransitionError(UprofError):
 
 class ReadTimeoutError(UprofError):
     hint = "projections are behind; retry or raise the wait bound"
+
+
+class ErasureIncompleteError(UprofError):
+    hint = "the tombstone and key destruction are recorded; retry to finish and get the receipt"

@@ -102,6 +102,27 @@ def attribute_spec(key: str) -> AttributeKeySpec:
         raise InvalidInputError(f"unknown attribute key {key!r}; known keys: {known}") from None
 
 
+#: App, agent and purpose ids: short tokens, so they can travel into the audit log,
+#: which refuses anything that could be a name, a sentence or an address.
+_TOKEN_RE = re.compile(r"^[A-Za-z0-9_.:/*#=\-]{1,128}$")
+
+
+def check_token(field_name: str, value: str) -> str:
+    """Refuse an id that is not a short token (letters, digits, ``_.:/*#=-``)."""
+    if not _TOKEN_RE.match(value or ""):
+        raise InvalidInputError(
+            f"{field_name} must be 1-128 letters, digits or _.:/*#=- (got {len(value or '')} chars)"
+        )
+    return value
+
+
+def check_text(field_name: str, value: str) -> str:
+    """Refuse text with NUL characters (no store keeps them faithfully)."""
+    if "\x00" in value:
+        raise InvalidInputError(f"{field_name} must not contain NUL characters")
+    return value
+
+
 def check_category(category: str) -> str:
     if category not in CATEGORIES:
         raise InvalidInputError(

@@ -11,6 +11,7 @@ from alembic import context
 
 from audit.tables import metadata as audit_metadata
 from projections.profile.tables import metadata as profile_metadata
+from uprof.api.tables import metadata as api_metadata
 from uprof.crypto.tables import metadata as keys_metadata
 
 config = context.config
@@ -23,11 +24,13 @@ if connection is None:
 
 TARGETS = {
     "views": [profile_metadata, audit_metadata],
-    "keys": [keys_metadata],
+    "keys": [keys_metadata, api_metadata],
 }
 target_metadata = TARGETS[config.attributes.get("branch", "views")]
 
-OWN_TABLES = {t for md in (profile_metadata, audit_metadata, keys_metadata) for t in md.tables}
+OWN_TABLES = {
+    t for md in (profile_metadata, audit_metadata, keys_metadata, api_metadata) for t in md.tables
+}
 
 
 def include_object(obj, name, type_, reflected, compare_to):  # type: ignore[no-untyped-def]

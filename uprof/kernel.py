@@ -165,7 +165,7 @@ class Uprof:
         self, subject: str, batch: ProposalBatch, *, observed_at: datetime | None = None
     ) -> int:
         # Agents cite events they just captured: let the captures view catch up first.
-        self.process()
+        self.ensure_fresh(self.settings.read_wait_timeout_s)
         return self.proposal_service.submit(subject, batch, observed_at=observed_at)
 
     # ------------------------------------------------------------------ reads
@@ -180,11 +180,11 @@ class Uprof:
         stream_id = self.stream_of(subject)
         if as_of is not None:
             return self.profile_service.as_of(stream_id, as_of)
-        self.process()
+        self.ensure_fresh(self.settings.read_wait_timeout_s)
         return self.profile_service.current(stream_id)
 
     def evidence(self, subject: str, item_id: str) -> EvidenceView:
-        self.process()
+        self.ensure_fresh(self.settings.read_wait_timeout_s)
         return self.profile_service.evidence(self.stream_of(subject), item_id)
 
     def slice(
@@ -283,7 +283,7 @@ class Uprof:
     def run_maintenance(self, *, now: datetime | None = None) -> dict[str, int]:
         """Expire overdue intents and archive cold memories (the decay job)."""
         result = self.maintenance.run(now=now or self.clock.now())
-        self.process()
+        self.ensure_fresh(self.settings.read_wait_timeout_s)
         return result
 
     def close(self) -> None:

@@ -75,6 +75,10 @@ class ProfileProjector:
             P.SubjectErased: self._subject_erased,
         }
         self._vectors: dict[str, bytes] = {}
+        #: Per batch: subject bookkeeping to write once per subject, and the session and
+        #: speaker of captures seen in this batch (their memories need them).
+        self._touched: dict[str, dict[str, int]] = {}
+        self._batch_captures: dict[str, tuple[str, str]] = {}
 
     # ----------------------------------------------------------------- batches
 
@@ -116,10 +120,12 @@ class ProfileProjector:
                     # The subject was erased after this event was read: its tombstone,
                     # later in the log, purges whatever the subject still has here.
                     continue
-            self._touch_subject(conn, notification_id, event)
+            self._touch_subject(notification_id, event)
+        self._flush_subjects(conn)
         if last_position > position:
             self._set_position(conn, application_name, position, last_position)
         self._vectors = {}
+        self._batch_captures = {}
         return len(fresh)
 
     def _set_position(
@@ -133,7 +139,8 @@ class ProfileProjector:
             )
         ).first():
             conn.execute(
-                tracking.insert().values(
+                tracking.insert(),
+                dict(
                     projection_name=self.name,
                     application_name=application_name,
                     notification_id=new,
@@ -170,23 +177,30 @@ class ProfileProjector:
         matrix = self._embedder.embed([text for _, text in pending]).astype(np.float32)
         return {item_id: matrix[i].tobytes() for i, (item_id, _) in enumerate(pending)}
 
-    def _touch_subject(self, conn: sa.Connection, notification_id: int, event: Any) -> None:
+    def _touch_subject(self, notification_id: int, event: Any) -> None:
         # By topic, so that an event shredded since it was first projected moves the
         # counters exactly as it did then: a rebuild must equal the live views.
         topic = event.topic if isinstance(event, P.ContentShredded) else get_topic(type(event))
-        values: dict[str, Any] = {"last_notification_id": notification_id}
+        row = self._touched.setdefault(str(event.originator_id), {"captures": 0})
+        row["last_notification_id"] = notification_id
         if topic == CAPTURED:
-            values["last_capture_notification_id"] = notification_id
-            values["capture_count"] = t.subjects.c.capture_count + 1
+            row["last_capture_notification_id"] = notification_id
+            row["captures"] += 1
         elif topic == CAPTURE_ERASED:
-            values["capture_count"] = t.subjects.c.capture_count - 1
+            row["captures"] -= 1
         if topic in MEMORY_TOPICS:
-            values["memory_notification_id"] = notification_id
-        conn.execute(
-            t.subjects.update()
-            .where(t.subjects.c.stream_id == str(event.originator_id))
-            .values(**values)
-        )
+            row["memory_notification_id"] = notification_id
+
+    def _flush_subjects(self, conn: sa.Connection) -> None:
+        """Write each touched subject's bookkeeping once per batch."""
+        for stream_id, row in self._touched.items():
+            values: dict[str, Any] = {k: v for k, v in row.items() if k != "captures"}
+            if row["captures"]:
+                values["capture_count"] = t.subjects.c.capture_count + row["captures"]
+            conn.execute(
+                t.subjects.update().where(t.subjects.c.stream_id == stream_id).values(**values)
+            )
+        self._touched = {}
 
     def _seal(self, e: Any, table: str, column: str, row_id: str, data: str | bytes) -> bytes:
         raw = data.encode("utf-8") if isinstance(data, str) else data
@@ -200,7 +214,8 @@ class ProfileProjector:
 
     def _registered(self, conn: sa.Connection, nid: int, e: Any) -> None:
         conn.execute(
-            t.subjects.insert().values(
+            t.subjects.insert(),
+            dict(
                 stream_id=str(e.originator_id),
                 tenant=e.tenant,
                 capture_count=0,
@@ -214,7 +229,8 @@ class ProfileProjector:
     def _captured(self, conn: sa.Connection, nid: int, e: Any) -> None:
         stream_id = str(e.originator_id)
         conn.execute(
-            t.captures.insert().values(
+            t.captures.insert(),
+            dict(
                 capture_id=e.capture_id,
                 stream_id=stream_id,
                 notification_id=nid,
@@ -234,6 +250,7 @@ class ProfileProjector:
                 recorded_at=e.timestamp,
             )
         )
+        self._batch_captures[e.capture_id] = (e.session_id, e.actor)
         if e.session_id:
             self._count_session(conn, stream_id, e.session_id, e.occurred_at)
 
@@ -248,7 +265,8 @@ class ProfileProjector:
         )
         if updated.rowcount == 0:
             conn.execute(
-                sa_t.insert().values(
+                sa_t.insert(),
+                dict(
                     stream_id=stream_id, session_id=session_id, captures=1, last_at=at
                 )
             )
@@ -262,7 +280,8 @@ class ProfileProjector:
 
     def _consent_granted(self, conn: sa.Connection, nid: int, e: Any) -> None:
         conn.execute(
-            t.consents.insert().values(
+            t.consents.insert(),
+            dict(
                 consent_id=e.consent_id,
                 stream_id=str(e.originator_id),
                 app_id=e.app_id,
@@ -285,7 +304,8 @@ class ProfileProjector:
 
     def _attribute_recorded(self, conn: sa.Connection, nid: int, e: Any) -> None:
         conn.execute(
-            t.attributes.insert().values(
+            t.attributes.insert(),
+            dict(
                 item_id=e.item_id,
                 stream_id=str(e.originator_id),
                 key=e.key,
@@ -356,7 +376,9 @@ class ProfileProjector:
     def _memory_row(self, conn: sa.Connection, e: Any) -> dict[str, Any]:
         session_id, actor = "", ""
         stream_id = str(e.originator_id)
-        if e.evidence:
+        if e.evidence and e.evidence[0] in self._batch_captures:
+            session_id, actor = self._batch_captures[e.evidence[0]]
+        elif e.evidence:
             origin = conn.execute(
                 sa.select(t.captures.c.session_id, t.captures.c.actor).where(
                     t.captures.c.capture_id == e.evidence[0],
@@ -399,7 +421,7 @@ class ProfileProjector:
             source_refs=self._seal(e, "memories", "source_refs", e.item_id, _json(e.source_refs)),
             occurred_at=e.occurred_at,
         )
-        conn.execute(t.memories.insert().values(**row))
+        conn.execute(t.memories.insert(), row)
 
     def _experience_recorded(self, conn: sa.Connection, nid: int, e: Any) -> None:
         row = self._memory_row(conn, e)
@@ -419,7 +441,7 @@ class ProfileProjector:
                 json.dumps(detail, separators=(",", ":"), sort_keys=True),
             ),
         )
-        conn.execute(t.memories.insert().values(**row))
+        conn.execute(t.memories.insert(), row)
 
     def _memories_archived(self, conn: sa.Connection, nid: int, e: Any) -> None:
         conn.execute(
@@ -428,7 +450,8 @@ class ProfileProjector:
 
     def _intent_recorded(self, conn: sa.Connection, nid: int, e: Any) -> None:
         conn.execute(
-            t.intents.insert().values(
+            t.intents.insert(),
+            dict(
                 item_id=e.item_id,
                 stream_id=str(e.originator_id),
                 description=self._seal(e, "intents", "description", e.item_id, e.description),
@@ -501,7 +524,8 @@ class ProfileProjector:
             )
             if updated.rowcount == 0:
                 conn.execute(
-                    reads.insert().values(
+                    reads.insert(),
+                    dict(
                         stream_id=stream_id,
                         item_id=item_id,
                         app_id=e.app_id,
@@ -517,7 +541,8 @@ class ProfileProjector:
     def _attribute_restated(self, conn: sa.Connection, nid: int, e: Any) -> None:
         conn.execute(t.attributes.delete().where(t.attributes.c.item_id == e.item_id))
         conn.execute(
-            t.attributes.insert().values(
+            t.attributes.insert(),
+            dict(
                 item_id=e.item_id,
                 stream_id=str(e.originator_id),
                 key=e.key,

@@ -215,11 +215,14 @@ def maintain() -> None:
 
 
 def _register_optional_commands() -> None:
-    from uprof.cli import bench, demo, govern
+    from uprof.cli import bench, demo, govern, serve
+    from uprof.mcp import cli as mcp_cli
 
     app.command("demo")(demo.demo)
     app.add_typer(bench.bench_app, name="bench")
     govern.register(app)
+    serve.register(app)
+    mcp_cli.register(app)
 
 
 _register_optional_commands()

@@ -20,7 +20,9 @@ apps_app = typer.Typer(no_args_is_help=True, help="Create, list and revoke app A
 
 
 def serve(
-    host: Annotated[str, typer.Option(help="Interface to bind (loopback by default).")] = "127.0.0.1",
+    host: Annotated[str, typer.Option(help="Interface to bind (loopback by default).")] = (
+        "127.0.0.1"
+    ),
     port: Annotated[int, typer.Option(help="TCP port.")] = 8765,
     max_body_bytes: Annotated[int, typer.Option(help="Largest request body accepted.")] = 1_048_576,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
@@ -29,6 +31,7 @@ def serve(
     import uvicorn
 
     from uprof.api import ApiKeyStore, create_app
+    from uprof.api.logconfig import server_log_config
     from uprof.bootstrap import bootstrap
 
     server_settings = settings().model_copy(update={"background_workers": True})
@@ -41,7 +44,8 @@ def serve(
     try:
         api = create_app(kernel, keys, max_body_bytes=max_body_bytes)
         console.print(f"uprof API on http://{host}:{port} (OpenAPI at /docs)")
-        uvicorn.run(api, host=host, port=port, log_level=log_level)
+        uvicorn.run(api, host=host, port=port, log_level=log_level,
+                    log_config=server_log_config(log_level))
     finally:
         keys.close()
         kernel.close()
@@ -49,7 +53,9 @@ def serve(
 
 @apps_app.command("create")
 def apps_create(
-    app_id: Annotated[str, typer.Argument(help="The app's id as the policy names it, e.g. app:planner.")],
+    app_id: Annotated[
+        str, typer.Argument(help="The app's id as the policy names it, e.g. app:planner.")
+    ],
     role: Annotated[
         list[str] | None, typer.Option(help="Repeat: app (default), operator (full profile reads).")
     ] = None,
@@ -95,7 +101,9 @@ def apps_list(
 
 
 @apps_app.command("revoke")
-def apps_revoke(key_id: Annotated[str, typer.Argument(help="The key id from `uprof apps list`.")]) -> None:
+def apps_revoke(
+    key_id: Annotated[str, typer.Argument(help="The key id from `uprof apps list`.")],
+) -> None:
     """Revoke an API key: the next request with it gets 401."""
     from uprof.api import ApiKeyStore
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -14,7 +14,12 @@ from uprof.retrieval import render
 from uprof.retrieval.candidates import Candidate
 from uprof.retrieval.index import MemoryIndex
 from uprof.retrieval.packer import PackProblem, PackResult, pack
-from uprof.retrieval.ranker import Query, analyse_query, rank_memories, rank_profile_items
+from uprof.retrieval.ranker import (
+    PoolSimilarity,
+    analyse_query,
+    rank_memories,
+    rank_profile_items,
+)
 from uprof.retrieval.slices import LeftOut, PackedSlice, SliceOptions
 
 #: A summarised intent keeps this share of the full intent's utility.
@@ -94,9 +99,24 @@ def _memory_choices(
     return out
 
 
+def _similar_to(choices: list[_Choice], similarity: PoolSimilarity) -> Callable[[int], np.ndarray]:
+    """Similarity of every choice to choice j: memories compare within the pool, others are 0."""
+    pool = np.asarray([c.pool_pos for c in choices], dtype=np.int64)
+    memories = np.flatnonzero(pool >= 0)
+
+    def column(j: int) -> np.ndarray:
+        out = np.zeros(len(choices))
+        if pool[j] >= 0:
+            out[memories] = similarity.column(int(pool[j]))[pool[memories]]
+            out[j] = 0.0  # an item is not its own duplicate
+        return out
+
+    return column
+
+
 def _problem(
     choices: list[_Choice],
-    similarity: np.ndarray,
+    similarity: PoolSimilarity,
     group_costs: np.ndarray,
     budget: int,
     options: SliceOptions,
@@ -107,19 +127,13 @@ def _problem(
     groups = np.asarray(
         [[_LEGEND, _SECTION[c.candidate.layer], c.day_group] for c in choices], dtype=np.int64
     ).reshape(m, 3)
-    pool = np.asarray([c.pool_pos for c in choices], dtype=np.int64)
-    sim = np.zeros((m, m), dtype=np.float32)
-    memories = np.flatnonzero(pool >= 0)
-    if len(memories):
-        sim[np.ix_(memories, memories)] = similarity[np.ix_(pool[memories], pool[memories])]
-        np.fill_diagonal(sim, 0.0)  # an item is not its own duplicate
     return PackProblem(
         costs=np.asarray([c.cost for c in choices], dtype=np.int64),
         utility=np.asarray([c.utility for c in choices], dtype=np.float64),
         owner=owner,
         groups=groups,
         group_costs=group_costs,
-        similarity=sim,
+        similar_to=_similar_to(choices, similarity),
         budget=budget,
         mmr_penalty=options.mmr_penalty,
         duplicate_threshold=options.duplicate_threshold,

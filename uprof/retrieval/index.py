@@ -71,6 +71,8 @@ def _chronological(candidates: Sequence[Candidate]) -> list[int]:
 @dataclass(frozen=True)
 class _Bm25:
     vocabulary: dict[str, int]
+    idf: np.ndarray  # (n_terms,) idf of each indexed term
+    unseen_idf: float  # idf of a term no memory contains
     weights: sp.csc_matrix  # (n_docs, n_terms) float32 BM25 term weights
     term_sets: sp.csr_matrix  # (n_docs, n_terms) float32 unit-length binary rows
 
@@ -99,7 +101,8 @@ def _build_bm25(documents: Sequence[list[str]]) -> _Bm25:
     binary = sp.csr_matrix((np.ones_like(tf.data), tf.indices, tf.indptr), shape=tf.shape)
     row_norms = np.sqrt(np.maximum(np.diff(binary.indptr), 1)).astype(np.float32)
     binary.data /= row_norms[row_of]
-    return _Bm25(vocabulary, weights, binary)
+    unseen = float(np.log1p((n_docs + 0.5) / 0.5))
+    return _Bm25(vocabulary, idf, unseen, weights, binary)
 
 
 def _neighbours(stamps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -208,10 +211,19 @@ class MemoryIndex:
             scores[weights.indices[lo:hi]] += weights.data[lo:hi]
         return scores
 
-    def lexical_similarity(self, rows: np.ndarray) -> np.ndarray:
-        """Cosine of the term sets of the given memories, pairwise (for MMR without vectors)."""
-        sub = self.bm25.term_sets[rows]
-        return np.asarray((sub @ sub.T).todense(), dtype=np.float32)
+    def ideal_bm25(self, query_terms: Sequence[str]) -> float:
+        """BM25 of an average-length memory containing each query term once.
+
+        With tf = 1 and |d| = avgdl a term contributes exactly its idf, so this is
+        the sum of the query terms' idf (terms no memory contains included). It is
+        the score a memory would get for matching the whole query, the natural
+        unit for "how well does the best memory match".
+        """
+        total = 0.0
+        for term in query_terms:
+            col = self.bm25.vocabulary.get(term)
+            total += self.bm25.unseen_idf if col is None else float(self.bm25.idf[col])
+        return total
 
 
 def _unit_rows(matrix: np.ndarray) -> np.ndarray:

@@ -9,21 +9,29 @@ UProf's S* = argmax Rel(S, q) s.t. tok(S) <= B is a knapsack with two twists:
   (maximal marginal relevance), and a near-duplicate adds nothing.
 
 Greedy by marginal gain per marginal token is the standard answer for such
-submodular-with-costs objectives; two fix-ups close most of its gap to the
-optimum: a swap pass (trade several cheap low-value choices for one item that
-did not fit, when that raises the total) followed by a refill of what is left.
-Choices sharing an ``owner`` are alternatives (an intent in full or
-summarised): at most one of them is taken.
+submodular-with-costs objectives; a fix-up pass closes most of its gap to the
+optimum: it tries to bring in each of the best items that did not fit by
+dropping chosen items of the lowest value per token, keeps the trade when the
+total rises, and refills what is left. Choices sharing an ``owner`` are
+alternatives (an intent in full or summarised): at most one of them is taken.
+
+All bookkeeping is incremental (marginal costs, similarity to the chosen set,
+availability), so one greedy step is a handful of vector operations.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
-#: How many of the best unchosen items the swap pass tries to bring in.
+#: How many of the best unchosen items the fix-up pass tries to bring in.
 SWAP_TRIES = 8
+
+
+#: Similarity of every choice to choice j (an (m,) vector), computed only when j is chosen.
+SimilarTo = Callable[[int], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -35,20 +43,10 @@ class PackProblem:
     owner: np.ndarray  # (m,) candidate each choice renders; one choice per owner
     groups: np.ndarray  # (m, k) overhead groups each choice needs, -1 for none
     group_costs: np.ndarray  # (g,) tokens of each overhead line
-    similarity: np.ndarray | None  # (m, m) pairwise similarity for MMR, or None
+    similar_to: SimilarTo | None  # similarity column for MMR, or None
     budget: int
     mmr_penalty: float = 0.5
     duplicate_threshold: float = 0.95
-
-
-@dataclass
-class _State:
-    """Mutable bookkeeping of one packing run."""
-
-    chosen: list[int] = field(default_factory=list)
-    spent: int = 0
-    group_users: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    taken_owner: set[int] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -60,138 +58,162 @@ class PackResult:
     duplicate_of: dict[int, int]  # unchosen choice -> chosen choice it nearly repeats
 
 
-def _extra_costs(problem: PackProblem, users: np.ndarray) -> np.ndarray:
-    """Marginal cost of every choice: its line plus the overhead lines not yet paid."""
-    extra = problem.costs.astype(np.int64).copy()
-    for column in problem.groups.T:
-        needs = column >= 0
-        unpaid = needs.copy()
-        unpaid[needs] = users[column[needs]] == 0
-        extra[unpaid] += problem.group_costs[column[unpaid]]
-    return extra
+_Snapshot = tuple[list[int], int, float, np.ndarray, np.ndarray, np.ndarray, dict[int, float]]
 
 
-def _max_similarity(problem: PackProblem, chosen: list[int]) -> np.ndarray:
-    m = len(problem.costs)
-    if problem.similarity is None or not chosen:
-        return np.zeros(m)
-    return problem.similarity[:, chosen].max(axis=1).astype(np.float64)
+class _Packing:
+    """One packing run: the chosen set and everything derived from it, kept in step."""
+
+    def __init__(self, problem: PackProblem) -> None:
+        self.p = problem
+        m = len(problem.costs)
+        self.chosen: list[int] = []
+        self.spent = 0
+        self.value = 0.0  # sum of the gains the chosen items had when picked
+        self.picked_gain: dict[int, float] = {}
+        self.group_users = np.zeros(len(problem.group_costs), dtype=np.int64)
+        # Marginal cost: own line plus every overhead line that nobody has paid yet.
+        self.extra = problem.costs.astype(np.int64).copy()
+        self.members: list[np.ndarray] = []  # choices needing each group
+        for g in range(len(problem.group_costs)):
+            needing = np.flatnonzero((problem.groups == g).any(axis=1))
+            self.members.append(needing)
+            self.extra[needing] += problem.group_costs[g]
+        self.available = np.ones(m, dtype=bool)
+        self.columns: dict[int, np.ndarray] = {}  # similarity to each choice ever chosen
+        self.max_sim = np.zeros(m)
+
+    def column(self, j: int) -> np.ndarray:
+        if j not in self.columns:
+            assert self.p.similar_to is not None
+            self.columns[j] = np.asarray(self.p.similar_to(j), dtype=np.float64)
+        return self.columns[j]
+
+    # -- moves ----------------------------------------------------------------------
+
+    def take(self, j: int) -> None:
+        gain = float(self.gains()[j])
+        self.chosen.append(j)
+        self.picked_gain[j] = gain
+        self.value += gain
+        self.spent += int(self.extra[j])
+        self.available[self.p.owner == self.p.owner[j]] = False
+        for g in self.p.groups[j]:
+            if g >= 0:
+                self.group_users[g] += 1
+                if self.group_users[g] == 1:  # just paid: cheaper for everyone needing it
+                    self.extra[self.members[g]] -= self.p.group_costs[g]
+        if self.p.similar_to is not None:
+            np.maximum(self.max_sim, self.column(j), out=self.max_sim)
+
+    def drop(self, j: int) -> None:
+        self.chosen.remove(j)
+        self.value -= self.picked_gain.pop(j)
+        self.available[self.p.owner == self.p.owner[j]] = True
+        self.spent -= int(self.p.costs[j])
+        for g in self.p.groups[j]:
+            if g >= 0:
+                self.group_users[g] -= 1
+                if self.group_users[g] == 0:
+                    self.spent -= int(self.p.group_costs[g])
+                    self.extra[self.members[g]] += self.p.group_costs[g]
+        if self.p.similar_to is not None:
+            cols = [self.column(c) for c in self.chosen]
+            self.max_sim = np.max(cols, axis=0) if cols else np.zeros(len(self.p.costs))
+
+    # -- views ----------------------------------------------------------------------
+
+    def gains(self) -> np.ndarray:
+        """Marginal relevance: utility discounted by similarity to the chosen set."""
+        return self.p.utility * (1.0 - self.p.mmr_penalty * np.clip(self.max_sim, 0.0, 1.0))
+
+    def duplicates(self) -> np.ndarray:
+        return self.max_sim >= self.p.duplicate_threshold
+
+    def room(self) -> int:
+        return self.p.budget - self.spent
+
+    def snapshot(self) -> _Snapshot:
+        return (
+            list(self.chosen),
+            self.spent,
+            self.value,
+            self.group_users.copy(),
+            self.extra.copy(),
+            self.max_sim.copy(),
+            dict(self.picked_gain),
+        )
+
+    def restore(self, snap: _Snapshot) -> None:
+        chosen, self.spent, self.value, self.group_users, self.extra, self.max_sim, gains = snap
+        self.chosen, self.picked_gain = chosen, gains
+        self.available[:] = True
+        for c in chosen:
+            self.available[self.p.owner == self.p.owner[c]] = False
 
 
-def _gains(problem: PackProblem, max_sim: np.ndarray) -> np.ndarray:
-    """Marginal relevance: utility discounted by similarity to what is already chosen."""
-    return problem.utility * (1.0 - problem.mmr_penalty * np.clip(max_sim, 0.0, 1.0))
-
-
-def _take(problem: PackProblem, state: _State, j: int, extra: int) -> None:
-    state.chosen.append(j)
-    state.spent += extra
-    state.taken_owner.add(int(problem.owner[j]))
-    for g in problem.groups[j]:
-        if g >= 0:
-            state.group_users[g] += 1
-
-
-def _drop(problem: PackProblem, state: _State, j: int) -> int:
-    """Remove a chosen choice; returns the tokens freed (its line and orphaned overheads)."""
-    state.chosen.remove(j)
-    state.taken_owner.discard(int(problem.owner[j]))
-    freed = int(problem.costs[j])
-    for g in problem.groups[j]:
-        if g >= 0:
-            state.group_users[g] -= 1
-            if state.group_users[g] == 0:
-                freed += int(problem.group_costs[g])
-    state.spent -= freed
-    return freed
-
-
-def _available(problem: PackProblem, state: _State) -> np.ndarray:
-    free = np.ones(len(problem.costs), dtype=bool)
-    if state.taken_owner:
-        free &= ~np.isin(problem.owner, list(state.taken_owner))
-    return free
-
-
-def _is_duplicate(problem: PackProblem, max_sim: np.ndarray) -> np.ndarray:
-    return max_sim >= problem.duplicate_threshold
-
-
-def _greedy(problem: PackProblem, state: _State) -> None:
+def _greedy(state: _Packing) -> None:
     """Add the best gain-per-token choice that fits, until none fits or none gains."""
     while True:
-        max_sim = _max_similarity(problem, state.chosen)
-        gains = _gains(problem, max_sim)
-        extra = _extra_costs(problem, state.group_users)
-        room = problem.budget - state.spent
-        ok = (
-            _available(problem, state)
-            & (extra <= room)
-            & (gains > 0)
-            & ~_is_duplicate(problem, max_sim)
-        )
+        gains = state.gains()
+        ok = state.available & (state.extra <= state.room()) & (gains > 0) & ~state.duplicates()
         if not ok.any():
             return
-        ratio = np.where(ok, gains / np.maximum(extra, 1), -np.inf)
-        j = int(np.argmax(ratio))  # first maximum: ties go to the earlier (better-ranked) choice
-        _take(problem, state, j, int(extra[j]))
+        ratio = np.where(ok, gains / np.maximum(state.extra, 1), -np.inf)
+        state.take(int(np.argmax(ratio)))  # first maximum: ties go to the better-ranked choice
 
 
-def _try_swap(problem: PackProblem, state: _State, newcomer: int) -> bool:
-    """Bring newcomer in by dropping the least valuable chosen items, if the total rises."""
-    max_sim = _max_similarity(problem, state.chosen)
-    if _is_duplicate(problem, max_sim)[newcomer]:
-        return False
-    gain = float(_gains(problem, max_sim)[newcomer])
-    ratios = [(problem.utility[j] / max(problem.costs[j], 1), j) for j in state.chosen]
-    snapshot = (list(state.chosen), state.spent, state.group_users.copy(), set(state.taken_owner))
-    lost = 0.0
-    for _, j in sorted(ratios):
-        need = int(_extra_costs(problem, state.group_users)[newcomer])
-        if need <= problem.budget - state.spent:
+def _try_swap(state: _Packing, newcomer: int) -> bool:
+    """Bring newcomer in by dropping the chosen items worth least per token, if the total rises.
+
+    The total is the sum of the gains items had when picked: an approximation
+    under MMR (a drop does not re-credit items it had discounted), which only
+    makes the pass more reluctant to swap.
+    """
+    p = state.p
+    before = state.value
+    snap = state.snapshot()
+    by_value = sorted(state.chosen, key=lambda j: (state.picked_gain[j] / max(int(p.costs[j]), 1), -j))
+    for j in by_value:
+        if state.extra[newcomer] <= state.room():
             break
-        lost += float(problem.utility[j])
-        if lost >= gain:
-            break
-        _drop(problem, state, j)
-    need = int(_extra_costs(problem, state.group_users)[newcomer])
-    owner_free = int(problem.owner[newcomer]) not in state.taken_owner
-    if lost < gain and owner_free and need <= problem.budget - state.spent:
-        _take(problem, state, newcomer, need)
-        return True
-    state.chosen, state.spent, state.group_users, state.taken_owner = snapshot
+        state.drop(j)
+    if state.available[newcomer] and state.extra[newcomer] <= state.room():
+        state.take(newcomer)
+        _greedy(state)
+        if state.value > before + 1e-12:
+            return True
+    state.restore(snap)
     return False
 
 
 def pack(problem: PackProblem) -> PackResult:
     """Choose choices whose lines and overheads fit the budget, maximising marginal utility."""
     m = len(problem.costs)
-    state = _State(group_users=np.zeros(len(problem.group_costs), dtype=np.int64))
     if m == 0 or problem.budget <= 0:
         return PackResult((), 0, {})
-    _greedy(problem, state)
-    order = np.lexsort((np.arange(m), -problem.utility))
+    state = _Packing(problem)
+    _greedy(state)
     tries = 0
-    for j in order:
-        if tries >= SWAP_TRIES:
+    for j in np.lexsort((np.arange(m), -problem.utility)).tolist():
+        if tries >= SWAP_TRIES or problem.utility[j] <= 0:
             break
-        if j in state.chosen or int(problem.owner[j]) in state.taken_owner:
+        if not state.available[j] or state.duplicates()[j]:
             continue
         tries += 1
-        if _try_swap(problem, state, int(j)):
-            _greedy(problem, state)
-    return PackResult(tuple(state.chosen), state.spent, _duplicates(problem, state.chosen))
+        _try_swap(state, j)
+    return PackResult(tuple(state.chosen), state.spent, _duplicates(state))
 
 
-def _duplicates(problem: PackProblem, chosen: list[int]) -> dict[int, int]:
+def _duplicates(state: _Packing) -> dict[int, int]:
     """Unchosen choices that nearly repeat a chosen one, mapped to the one they repeat."""
-    if problem.similarity is None or not chosen:
+    if state.p.similar_to is None or not state.chosen:
         return {}
-    sims = problem.similarity[:, chosen]
+    sims = np.stack([state.column(c) for c in state.chosen], axis=1)
     best = sims.argmax(axis=1)
+    chosen_set = set(state.chosen)
     out: dict[int, int] = {}
-    chosen_set = set(chosen)
-    for j in np.flatnonzero(sims.max(axis=1) >= problem.duplicate_threshold):
-        if int(j) not in chosen_set:
-            out[int(j)] = chosen[int(best[j])]
+    for j in np.flatnonzero(sims.max(axis=1) >= state.p.duplicate_threshold).tolist():
+        if j not in chosen_set:
+            out[j] = state.chosen[int(best[j])]
     return out

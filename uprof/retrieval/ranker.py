@@ -4,10 +4,12 @@ The three layers are served differently (UProf):
 
 * attributes by category match (a small cue lexicon maps query words to the
   catalogue's categories) and by word or embedding overlap with the query;
-* memories by hybrid retrieval: BM25 and MiniLM cosine, each scaled to [0, 1]
-  over the subject's memories and mixed linearly, plus small speaker, recency
-  and heat terms; then relevance flows to time-adjacent turns, because a
-  question and its answer often sit in two neighbouring turns;
+* memories by hybrid retrieval: BM25 (scaled by the score of a memory that
+  matched the whole query) and MiniLM cosine (after one round of
+  pseudo-relevance feedback, scaled from the median to the best memory),
+  mixed linearly, plus small speaker, recency and heat terms;
+  then each memory gains a share of its time-adjacent neighbours' relevance,
+  because a question and its answer often sit in two neighbouring turns;
 * active intents, which are the user's current context, always keep a base
   utility and gain more when the query touches them.
 
@@ -78,29 +80,70 @@ def analyse_query(text: str) -> Query:
     return Query(text=text, terms=tuple(terms(text)), cues=cues, categories=categories)
 
 
+class PoolSimilarity:
+    """Pairwise similarity inside a memory pool, one column at a time (for MMR).
+
+    Only chosen memories ever need a column, so computing columns on demand
+    costs a few matrix-vector products instead of a full pool x pool product.
+    Dense mode uses embedding cosines; lexical mode the cosine of term sets.
+    """
+
+    def __init__(self, index: MemoryIndex, rows: np.ndarray) -> None:
+        self._dense = None if index.vectors is None else index.vectors[rows]
+        self._terms = index.bm25.term_sets[rows] if index.vectors is None else None
+
+    def column(self, k: int) -> np.ndarray:
+        """Similarity of every pool member to pool member k."""
+        if self._dense is not None:
+            return self._dense @ self._dense[k]
+        assert self._terms is not None
+        return np.asarray((self._terms @ self._terms[k].T).todense()).ravel()
+
+
 @dataclass(frozen=True)
 class MemoryRanking:
     """The memory pool for one query, best first."""
 
     rows: np.ndarray  # positions in the index
     utility: np.ndarray  # aligned with rows, in (0, 1], descending
-    similarity: np.ndarray  # (len(rows), len(rows)) pairwise similarity, for MMR
+    similarity: PoolSimilarity
 
 
-def _scaled_dense(index: MemoryIndex, query_vector: np.ndarray) -> np.ndarray:
+def _scaled(cosines: np.ndarray) -> np.ndarray:
     """Cosines mapped to [0, 1]: the median memory is 0, the best is 1.
 
     The median, not 0, is the floor because MiniLM cosines of unrelated
     sentences sit well above zero; scaling from it makes the dense score
     comparable with BM25 scaled by its maximum.
     """
-    assert index.vectors is not None
-    cosines = index.vectors @ np.asarray(query_vector, dtype=np.float32).reshape(-1)
     floor = float(np.median(cosines))
     span = float(cosines.max()) - floor
     if span <= 1e-9:
         return np.zeros_like(cosines)
     return np.clip((cosines - floor) / span, 0.0, 1.0)
+
+
+def _dense_scores(
+    index: MemoryIndex, query_vector: np.ndarray, lexical: np.ndarray, weight: float, options: SliceOptions
+) -> np.ndarray:
+    """Scaled cosines after one round of pseudo-relevance feedback (Rocchio).
+
+    The query vector is moved towards the mean of the memories that a first
+    fused pass ranks best, then every memory is scored again. Questions are
+    short and abstract ("what activities does she do?") while memories are
+    concrete; the best first hits pull the query towards the concrete wording.
+    """
+    assert index.vectors is not None
+    q = np.asarray(query_vector, dtype=np.float32).reshape(-1)
+    dense = _scaled(index.vectors @ q)
+    k = min(options.feedback_memories, len(index))
+    if k <= 0 or options.feedback_weight <= 0:
+        return dense
+    first = weight * lexical + (1.0 - weight) * dense
+    top = np.argpartition(-first, k - 1)[:k]
+    moved = q + options.feedback_weight * index.vectors[top].mean(axis=0)
+    norm = float(np.linalg.norm(moved))
+    return dense if norm <= 0 else _scaled(index.vectors @ (moved / norm))
 
 
 def _query_actors(index: MemoryIndex, query: Query) -> tuple[np.ndarray, frozenset[str]]:
@@ -131,10 +174,13 @@ def memory_relevance(
     lexical = index.bm25_scores(lexical_terms)
     top = float(lexical.max()) if len(lexical) else 0.0
     if top > 0:
-        lexical /= top
+        # Scaled by a whole-query match, not by the best memory: when the best memory
+        # shares only a word or two with the query, lexical evidence stays weak and the
+        # dense score decides (questions often share no words with their answers).
+        lexical = np.clip(lexical / index.ideal_bm25(lexical_terms), 0.0, 1.0)
     if index.vectors is not None and query_vector is not None:
-        dense = _scaled_dense(index, query_vector)
         weight = options.lexical_weight if top > 0 else 0.0
+        dense = _dense_scores(index, query_vector, lexical, weight, options)
         fused = weight * lexical + (1.0 - weight) * dense
     else:
         fused = lexical
@@ -151,12 +197,16 @@ def memory_relevance(
 
 
 def _with_neighbours(index: MemoryIndex, relevance: np.ndarray, weight: float) -> np.ndarray:
-    """Let a share of each memory's relevance flow to its time-adjacent neighbours."""
+    """Add a share of the better time-adjacent neighbour's relevance to each memory.
+
+    Conversation turns lean on their context: an answer ("yes, twice, with my
+    kids") is relevant when the question before it is. Scoring a turn with its
+    context lifts such pairs together, which multi-hop questions need.
+    """
     if weight <= 0 or len(relevance) == 0:
         return relevance
     padded = np.append(relevance, np.float32(0.0))  # index -1 reads the 0 pad
-    neighbour = np.maximum(padded[index.prev], padded[index.next])
-    return np.maximum(relevance, weight * neighbour)
+    return relevance + weight * np.maximum(padded[index.prev], padded[index.next])
 
 
 def rank_memories(
@@ -170,7 +220,7 @@ def rank_memories(
     n = len(index)
     if n == 0 or options.pool_size <= 0:
         empty = np.zeros(0, dtype=np.int64)
-        return MemoryRanking(empty, np.zeros(0), np.zeros((0, 0), dtype=np.float32))
+        return MemoryRanking(empty, np.zeros(0), PoolSimilarity(index, empty))
     relevance = _with_neighbours(
         index, memory_relevance(index, query, query_vector, now, options), options.neighbour_weight
     )
@@ -180,12 +230,7 @@ def rank_memories(
     rows = rows[np.lexsort((rows, -relevance[rows]))]
     best = float(relevance[rows[0]])
     utility = (relevance[rows] / best) ** options.sharpness if best > 0 else np.zeros(size)
-    if index.vectors is not None:
-        pool_vectors = index.vectors[rows]
-        similarity = pool_vectors @ pool_vectors.T
-    else:
-        similarity = index.lexical_similarity(rows)
-    return MemoryRanking(rows, np.asarray(utility, dtype=np.float64), similarity)
+    return MemoryRanking(rows, np.asarray(utility, dtype=np.float64), PoolSimilarity(index, rows))
 
 
 def _overlap(query: Query, text: str) -> float:

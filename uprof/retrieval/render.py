@@ -24,11 +24,12 @@ from datetime import datetime
 from domain.values import Layer, Provenance
 from uprof.retrieval.candidates import Candidate
 
-LEGEND = "User profile (items are explicit and confident unless marked):"
+#: Says once what an unmarked item is: stated by the user, confidence at least CONFIDENT.
+LEGEND = "Profile (explicit unless marked):"
 SECTION_HEADERS: dict[Layer, str] = {
     Layer.ATTRIBUTE: "Attributes:",
     Layer.INTENT: "Active intents:",
-    Layer.MEMORY: "Memories (oldest first):",
+    Layer.MEMORY: "Memories:",  # chronological; the day lines make the order plain
 }
 #: Sections in the order they are rendered: stable facts, current goals, then history.
 SECTION_ORDER: tuple[Layer, ...] = (Layer.ATTRIBUTE, Layer.INTENT, Layer.MEMORY)

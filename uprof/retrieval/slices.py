@@ -46,17 +46,21 @@ class SliceOptions:
     """
 
     #: Share of the lexical score in the fusion; the dense score gets the rest.
-    lexical_weight: float = 0.5
+    lexical_weight: float = 0.7
+    #: Pseudo-relevance feedback: the query vector moves towards the mean of the best
+    #: ``feedback_memories`` first-pass hits, by ``feedback_weight`` (0 turns it off).
+    feedback_memories: int = 5
+    feedback_weight: float = 0.5
     #: Bonus for memories spoken by a person the query names.
-    actor_weight: float = 0.1
+    actor_weight: float = 0.2
     #: Bonus for recent memories, halving every ``recency_half_life_days``.
     recency_weight: float = 0.05
     recency_half_life_days: float = 180.0
     #: Bonus for hot memories (MemoryOS heat, scaled by the subject's hottest memory).
     heat_weight: float = 0.05
-    #: How much of a strong memory's relevance flows to the turns right before and after it
+    #: Share of the better adjacent turn's relevance added to a memory's own
     #: (a question and its answer are often split over two adjacent turns).
-    neighbour_weight: float = 0.5
+    neighbour_weight: float = 0.3
     #: Utilities are relevance ** sharpness: higher values follow the ranking more strictly.
     sharpness: float = 3.0
     #: Memories considered for packing (the best by relevance, plus their neighbours).

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from domain.errors import ConsentRequiredError, InvalidInputError
 from domain.profile import SubjectProfile
-from domain.values import Interaction
+from domain.values import Interaction, check_text, check_token
 from uprof.crypto.keystore import KeyStore
 from uprof.eventstore import ProfilesApplication
 from uprof.ports import AuditTrail, Clock
@@ -37,16 +37,17 @@ def to_utc(value: datetime, field: str) -> datetime:
 
 def check_interaction(interaction: Interaction) -> Interaction:
     """Validate one interaction; raise InvalidInputError naming the field."""
-    for name in ("app_id", "agent_id"):
-        if not getattr(interaction, name).strip():
-            raise InvalidInputError(f"interaction.{name} must not be empty")
+    for name in ("app_id", "agent_id", "purpose"):
+        check_token(f"interaction.{name}", getattr(interaction, name))
+    if interaction.agent_type:
+        check_token("interaction.agent_type", interaction.agent_type)
     if not (interaction.user_input.strip() or interaction.agent_response.strip()):
         raise InvalidInputError("interaction needs user_input or agent_response text")
+    for name in ("user_input", "agent_response", "actor", "source_ref", "session_id"):
+        check_text(f"interaction.{name}", getattr(interaction, name))
     for name in ("user_input", "agent_response"):
         if len(getattr(interaction, name)) > MAX_TEXT_CHARS:
             raise InvalidInputError(f"interaction.{name} exceeds {MAX_TEXT_CHARS} characters")
-    if not interaction.purpose.strip():
-        raise InvalidInputError("interaction.purpose must not be empty")
     return replace(interaction, occurred_at=to_utc(interaction.occurred_at, "occurred_at"))
 
 

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from domain.errors import InvalidInputError, SubjectNotFoundError
+from domain.values import check_category, check_token
 from domain.profile import SubjectProfile
 from uprof.eventstore import ProfilesApplication
 from uprof.ports import AuditTrail, Clock
@@ -47,6 +48,14 @@ class ConsentService:
         now = self._clock.now()
         expires = to_utc(expires_at, "expires_at") if expires_at is not None else None
         clean_purposes = check_purposes(purposes)
+        check_token("consent.app_id", app_id.strip())
+        for purpose in clean_purposes:
+            check_token("consent.purposes", purpose)
+        for category in categories:
+            if category.strip() != "*":
+                check_category(category.strip())
+        if not clean_purposes or not categories:
+            raise InvalidInputError("consent needs at least one category and one purpose")
         handle = self._subjects.find_or_create(subject_ref, now=now)
 
         def command() -> str:

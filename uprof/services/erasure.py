@@ -27,7 +27,7 @@ import sqlalchemy as sa
 
 from audit.log import AuditLog
 from audit.receipts import issue_erasure_receipt, new_commitment_nonce, subject_commitment
-from domain.errors import InvalidInputError, SubjectNotFoundError
+from domain.errors import ErasureIncompleteError, InvalidInputError, SubjectNotFoundError
 from projections.profile import tables as t
 from projections.profile.queries import ProfileQueries
 from uprof.crypto.keystore import KeyStore
@@ -121,9 +121,8 @@ class ErasureService:
         caught_up = self._catch_up(tombstone_id, timeout_s)
         after = self._row_counts(str(stream))
         if not caught_up or any(after.values()):
-            raise RuntimeError(
-                "erasure did not complete: projections have not purged the subject yet; "
-                "the tombstone and key destruction are recorded, retry to get the receipt"
+            raise ErasureIncompleteError(
+                "erasure did not complete: projections have not purged the subject yet"
             )
         for engine in self._engines:
             sqlite_checkpoint(engine)

@@ -28,7 +28,7 @@ import numpy as np
 
 from domain.errors import InvalidInputError
 from domain.heat import heat
-from domain.values import CATEGORIES, Layer, Provenance, SharingPolicy
+from domain.values import CATEGORIES, Layer, Provenance, SharingPolicy, check_token
 from projections.profile.queries import MemoryRow, ProfileQueries
 from uprof.eventstore import ProfilesApplication
 from uprof.ports import AuditTrail, Clock, Embedder, TokenCounter
@@ -225,8 +225,9 @@ class SliceService:
         if len(request.query) > MAX_QUERY_CHARS:
             raise InvalidInputError(f"query must be at most {MAX_QUERY_CHARS} characters")
         for name in ("app_id", "agent_id", "purpose"):
-            if not getattr(request, name).strip():
-                raise InvalidInputError(f"{name} must not be empty")
+            check_token(name, getattr(request, name))
+        if request.agent_type:
+            check_token("agent_type", request.agent_type)
 
     def _allowed_categories(self, request: SliceRequest, profile: Any, now: datetime) -> dict[str, str]:
         """Category -> "" when servable, else the reason it is withheld."""

@@ -1,0 +1,270 @@
+"""REST benchmark: slice overhead over in-process, and sustained capture over HTTP.
+
+Two figures, both on loopback with the server in its own process (``uprof serve``'s
+wiring: background pipeline worker, API-key auth, metrics and limits on):
+
+1. **Slice overhead.** The same subject and query, sliced alternately in-process
+   (``kernel.slice``) and over REST (``POST /v1/slices``, keep-alive), so both see the
+   same data and the same warm caches; reports p50/p95 of each and the p50 difference.
+   Both sides pass ``wait_timeout_s=0``: each slice records a ``SliceServed`` event,
+   and only the server's worker may run the pipeline (two processes running it at once
+   collide on the projection position), so neither side waits for it; the figure is
+   what HTTP, authentication and JSON add to the same slice.
+2. **Sustained capture.** This process is the load generator: ``--concurrency``
+   clients POST ``/v1/captures`` for ``--subjects`` consenting subjects until
+   ``--captures`` requests or ``--seconds`` have passed, whichever comes first;
+   reports requests/s, p50/p99 and any non-201 answers.
+
+Prints one JSON object. Run: ``python -m benchmarks.api_bench [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+PURPOSE = "personalization"
+AGENT = "agent:bench"
+APP = "app:planner"
+QUERY = "what are my plans and preferences?"
+
+
+def _percentile(samples: Sequence[float], q: float) -> float:
+    ordered = sorted(samples)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _settings(data_dir: Path, embedder: str, background: bool) -> Any:
+    from uprof.settings import Settings
+
+    return Settings(data_dir=data_dir, embedder=embedder, background_workers=background)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ server mode
+
+
+def serve(data_dir: Path, port: int, embedder: str) -> None:
+    """The server process: what ``uprof serve`` runs, with access logs off."""
+    import uvicorn
+
+    from uprof.api import ApiKeyStore, create_app
+    from uprof.api.logconfig import server_log_config
+    from uprof.bootstrap import bootstrap
+
+    settings = _settings(data_dir, embedder, background=True)
+    kernel = bootstrap(settings)
+    keys = ApiKeyStore.open(settings)
+    try:
+        uvicorn.run(create_app(kernel, keys), host="127.0.0.1", port=port, log_level="warning",
+                    access_log=False, log_config=server_log_config("warning"))
+    finally:
+        keys.close()
+        kernel.close()
+
+
+def _start_server(data_dir: Path, embedder: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.api_bench", "--serve", "--data-dir", str(data_dir),
+         "--port", str(port), "--embedder", embedder],
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    process.terminate()
+    raise RuntimeError("server did not start within 120 s")
+
+
+# --------------------------------------------------------------------- figures
+
+
+def _seed(kernel: Any, subjects: int, turns: int) -> None:
+    from domain.values import Interaction
+
+    texts = ["I want to run a half marathon in spring", "I like jazz and long walks",
+             "I live in Lisbon", "I want to learn the cello", "I am vegetarian",
+             "I prefer meetings in the morning", "I want to visit Japan next year"]
+    for s in range(subjects):
+        subject = f"subject-{s}"
+        kernel.grant_consent(subject, app_id=APP, categories=["*"], purposes=[PURPOSE])
+        if s == 0:
+            kernel.capture_many(subject, [
+                Interaction(app_id=APP, agent_id=AGENT, user_input=f"{texts[i % len(texts)]} ({i})",
+                            occurred_at=datetime(2025, 1, 1 + i % 28, 9, tzinfo=UTC),
+                            sharing="shared", purpose=PURPOSE)
+                for i in range(turns)
+            ])
+    kernel.process()
+
+
+def slice_overhead(kernel: Any, url: str, key: str, iterations: int) -> dict[str, Any]:
+    body = {"subject": "subject-0", "query": QUERY, "budget_tokens": 512, "purpose": PURPOSE,
+            "agent_id": AGENT, "wait_timeout_s": 0}
+    local: list[float] = []
+    remote: list[float] = []
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30) as http:
+        for i in range(iterations + 5):
+            began = time.perf_counter()
+            kernel.slice("subject-0", QUERY, budget_tokens=512, purpose=PURPOSE, app_id=APP,
+                         agent_id=AGENT, wait_timeout_s=0)
+            mid = time.perf_counter()
+            response = http.post("/v1/slices", json=body)
+            end = time.perf_counter()
+            if response.status_code != 200:
+                raise RuntimeError(
+                    f"slice over REST failed: {response.status_code} {response.text}"
+                )
+            if i >= 5:  # the first few warm caches and connections
+                local.append(mid - began)
+                remote.append(end - mid)
+    p50_local, p50_remote = statistics.median(local), statistics.median(remote)
+    return {
+        "iterations": iterations,
+        "in_process_p50_ms": _ms(p50_local),
+        "in_process_p95_ms": _ms(_percentile(local, 0.95)),
+        "rest_p50_ms": _ms(p50_remote),
+        "rest_p95_ms": _ms(_percentile(remote, 0.95)),
+        "rest_overhead_p50_ms": _ms(p50_remote - p50_local),
+    }
+
+
+async def _capture_load(url: str, key: str, subjects: int, total: int, seconds: float,
+                        concurrency: int) -> dict[str, Any]:
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    sent = 0
+    deadline = time.monotonic() + seconds
+
+    async def worker(http: httpx.AsyncClient, index: int) -> None:
+        nonlocal sent
+        while sent < total and time.monotonic() < deadline:
+            n = sent
+            sent += 1
+            body = {"subject": f"subject-{n % subjects}", "agent_id": AGENT,
+                    "user_input": f"I want to try activity number {n}",
+                    "occurred_at": "2025-02-01T10:00:00Z", "purpose": PURPOSE,
+                    "sharing": "shared"}
+            began = time.perf_counter()
+            response = await http.post("/v1/captures", json=body)
+            latencies.append(time.perf_counter() - began)
+            statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"},
+                                 timeout=60, limits=limits) as http:
+        began = time.perf_counter()
+        await asyncio.gather(*(worker(http, i) for i in range(concurrency)))
+        elapsed = time.perf_counter() - began
+    return {
+        "requests": len(latencies),
+        "concurrency": concurrency,
+        "seconds": round(elapsed, 3),
+        "requests_per_s": round(len(latencies) / elapsed, 1),
+        "p50_ms": _ms(statistics.median(latencies)),
+        "p99_ms": _ms(_percentile(latencies, 0.99)),
+        "statuses": {str(k): v for k, v in sorted(statuses.items())},
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from uprof.api import ApiKeyStore
+    from uprof.bootstrap import bootstrap
+
+    with tempfile.TemporaryDirectory(prefix="uprof-api-bench-") as tmp:
+        data_dir = Path(tmp)
+        # The bench's own kernel seeds the data (running the pipeline itself, before the
+        # server starts) and then serves the in-process side without running the
+        # pipeline: from then on only the server's worker does (background=True).
+        kernel = bootstrap(_settings(data_dir, args.embedder, background=True))
+        keys = ApiKeyStore.open(_settings(data_dir, args.embedder, background=False))
+        try:
+            _seed(kernel, args.subjects, args.turns)
+            key = keys.create(APP).token
+            server, url = _start_server(data_dir, args.embedder)
+            try:
+                overhead = slice_overhead(kernel, url, key, args.iterations)
+                load = asyncio.run(_capture_load(url, key, args.subjects, args.captures,
+                                                 args.seconds, args.concurrency))
+                lag = httpx.get(f"{url}/readyz", timeout=10).json()
+            finally:
+                server.terminate()
+                server.wait(30)
+        finally:
+            keys.close()
+            kernel.close()
+    return {
+        "benchmark": "api",
+        "backend": "sqlite",
+        "embedder": args.embedder,
+        "cpus": os.cpu_count(),
+        "seeded_turns": args.turns,
+        "slice": overhead,
+        "capture_over_http": load,
+        "pipeline_after_load": {k: lag[k] for k in ("extraction_pending", "projection_pending")},
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.api_bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument("--embedder", choices=["hashing", "minilm"], default="hashing")
+    parser.add_argument("--iterations", type=int, default=200)
+    parser.add_argument("--turns", type=int, default=300, help="captures of the sliced subject")
+    parser.add_argument("--subjects", type=int, default=20)
+    parser.add_argument("--captures", type=int, default=3_000)
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--out", type=Path, help="also write the JSON here")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--data-dir", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        serve(args.data_dir, args.port, args.embedder)
+        return 0
+    if args.quick:
+        args.iterations, args.turns, args.captures, args.seconds = 30, 40, 300, 10.0
+    result = run(args)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,158 @@
+"""Fixtures for the service surfaces: a kernel on each backend, API keys, a live server.
+
+The live server is real uvicorn on a loopback socket in a thread, serving
+``create_app`` over a kernel built like ``uprof serve`` builds it (background
+workers on), with fakes for the clock-independent parts (hashing embedder, the
+deterministic extractor), so tests exercise HTTP, auth and the worker for real.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from tests.conftest import Backend
+from tests.fakes.ports import FakeExtractor
+from uprof.adapters.embeddings import HashingEmbedder
+from uprof.api import ApiKeyStore, create_app
+from uprof.api.logconfig import server_log_config
+from uprof.bootstrap import bootstrap
+from uprof.kernel import Uprof
+from uprof.settings import Settings
+
+PLANNER = "app:planner"  # role:assistant in the seed policy
+CALENDAR = "app:calendar"  # role:scheduler
+PRIVACY = "app:privacy-console"  # role:dpo: erase and export
+WHEN = "2025-01-01T09:00:00Z"
+
+
+def api_settings(backend: Backend, *, background: bool) -> Settings:
+    return Settings(
+        data_dir=backend.data_dir / "data",
+        database_url=backend.url if backend.kind == "postgres" else None,
+        embedder="hashing",
+        background_workers=background,
+        read_wait_timeout_s=10.0,
+    )
+
+
+def build_kernel(settings: Settings) -> Uprof:
+    return bootstrap(settings, embedder=HashingEmbedder(), extractor=FakeExtractor())
+
+
+@pytest.fixture
+def settings(backend: Backend) -> Settings:
+    return api_settings(backend, background=True)
+
+
+@pytest.fixture
+def kernel(settings: Settings) -> Iterator[Uprof]:
+    k = build_kernel(settings)
+    try:
+        yield k
+    finally:
+        k.close()
+
+
+@pytest.fixture
+def keys(settings: Settings) -> Iterator[ApiKeyStore]:
+    store = ApiKeyStore.open(settings)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+class LiveServer:
+    """uvicorn serving an ASGI app on 127.0.0.1 in a daemon thread."""
+
+    def __init__(self, app: Any) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", 0))
+        self.port = self._sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False,
+                                log_config=server_log_config("warning"))
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
+
+    def __enter__(self) -> LiveServer:
+        self._thread.start()
+        deadline = time.monotonic() + 15
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(15)
+        self._sock.close()
+
+
+@dataclass(frozen=True)
+class Apps:
+    """Keys for the apps the tests play."""
+
+    planner: str
+    planner_operator: str
+    calendar: str
+    privacy: str
+
+
+@pytest.fixture
+def apps(keys: ApiKeyStore) -> Apps:
+    return Apps(
+        planner=keys.create(PLANNER).token,
+        planner_operator=keys.create(PLANNER, ["app", "operator"]).token,
+        calendar=keys.create(CALENDAR).token,
+        privacy=keys.create(PRIVACY).token,
+    )
+
+
+@pytest.fixture
+def server(kernel: Uprof, keys: ApiKeyStore) -> Iterator[LiveServer]:
+    with LiveServer(create_app(kernel, keys, max_body_bytes=64_000)) as live:
+        yield live
+
+
+@pytest.fixture
+def http(server: LiveServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        yield client
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def interaction(text: str, *, agent: str = "agent:one", sharing: str = "shared",
+                purpose: str = "personalization", ref: str = "") -> dict[str, Any]:
+    return {"agent_id": agent, "user_input": text, "occurred_at": WHEN, "sharing": sharing,
+            "purpose": purpose, "source_ref": ref}
+
+
+def grant(http: httpx.Client, key: str, subject: str = "alice",
+          categories: tuple[str, ...] = ("*",), purposes: tuple[str, ...] = ("personalization",)
+          ) -> str:
+    response = http.post("/v1/consents", headers=bearer(key), json={
+        "subject": subject, "categories": list(categories), "purposes": list(purposes)})
+    assert response.status_code == 201, response.text
+    return str(response.json()["consent_id"])
+
+
+def now_iso() -> str:
+    return datetime.now(tz=UTC).isoformat()

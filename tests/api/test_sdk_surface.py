@@ -1,0 +1,45 @@
+"""The SDK's public surface is locked (STYLE P13): changing it must change this test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import uprof.sdk
+
+PUBLIC = [
+    "APIError", "AsyncClient", "AttributeOut", "AttributeProposalIn", "AuthenticationError",
+    "CaptureAck", "CapturedEvent", "Client", "ConflictError", "Consent", "ConsentWithdrawn",
+    "ErasureReceipt", "Evidence",
+    "ExperienceProposalIn", "FieldProblem", "GoneError", "IntentOut", "IntentProposalIn",
+    "IntentUpdateIn", "InteractionBody", "InvalidRequestError", "LeftOutItem", "MemoryOut",
+    "MemoryProposalIn", "NotFoundError", "PayloadTooLargeError", "PermissionDeniedError",
+    "Profile", "ProfileSlice", "ServerError", "ServiceUnavailableError", "SliceItem",
+    "TransportError", "UprofClientError", "WhoAmI",
+]
+
+CLIENT_METHODS = [
+    "capture", "capture_many", "consents", "erase_capture", "erase_item", "erase_subject",
+    "evidence", "export_subject", "grant_consent", "profile", "register_identifier",
+    "register_session", "slice", "submit_proposals", "whoami", "withdraw_consent",
+]
+
+
+def test_public_names_are_exactly_the_locked_list() -> None:
+    assert uprof.sdk.__all__ == PUBLIC
+    assert sorted(uprof.sdk.__all__) == uprof.sdk.__all__
+    public_attributes = {n for n in vars(uprof.sdk) if not n.startswith("_")}
+    # Only the listed names and the private modules they come from are visible.
+    assert public_attributes - set(PUBLIC) == set()
+
+
+def test_sync_and_async_clients_offer_the_same_methods() -> None:
+    def methods(cls: type) -> list[str]:
+        return sorted(n for n in vars(cls) if not n.startswith("_") and callable(getattr(cls, n)))
+
+    sync = [m for m in methods(uprof.sdk.Client) if m not in ("close", "embedded")]
+    assert sync == CLIENT_METHODS
+    assert [m for m in methods(uprof.sdk.AsyncClient) if m != "aclose"] == CLIENT_METHODS
+
+
+def test_the_package_ships_py_typed() -> None:
+    assert (Path(uprof.sdk.__file__).parent / "py.typed").exists()

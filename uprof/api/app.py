@@ -1,0 +1,178 @@
+"""The FastAPI app factory: routers, middleware and the one error mapping.
+
+``create_app(kernel, api_keys)`` builds nothing else: the caller built the kernel
+(``bootstrap``) and the key store. No module-level app, settings or engine exist.
+When the kernel's settings ask for background workers, the app's lifespan starts
+the pipeline worker and stops it at shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+import uprof
+from domain.errors import UprofError
+from uprof.api.errors import EdgeError, body_for, classify, validation_problem
+from uprof.api.keys import ApiKeyStore
+from uprof.api.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimitMiddleware
+from uprof.api.metrics import Metrics, MetricsMiddleware
+from uprof.api.routes import (
+    captures,
+    consents,
+    governance,
+    ops,
+    profiles,
+    proposals,
+    slices,
+    subjects,
+)
+from uprof.api.runtime import ServiceRuntime
+from uprof.kernel import Uprof
+from uprof.schemas.api import ErrorBody, ErrorOut, field_problems
+
+_log = logging.getLogger(__name__)
+
+#: Readiness fails when extraction plus projection are further behind than this.
+DEFAULT_MAX_READY_LAG = 10_000
+
+_HTTP_CODES = {
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+}
+
+
+def _operation_id(route: APIRoute) -> str:
+    # Stable operation ids (the function name): generated clients keep their method names.
+    return route.name
+
+
+def create_app(
+    kernel: Uprof,
+    api_keys: ApiKeyStore,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_ready_lag: int = DEFAULT_MAX_READY_LAG,
+) -> FastAPI:
+    """Build the REST API over one kernel; apps authenticate with keys from ``api_keys``."""
+    runtime = ServiceRuntime.for_kernel(kernel)
+    metrics = Metrics()
+    metrics.add_collector(_lag_collector(runtime))
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        runtime.start()
+        try:
+            yield
+        finally:
+            runtime.stop()
+
+    app = FastAPI(
+        title="uprof",
+        version=uprof.__version__,
+        summary="Governed, event-sourced profiles for multi-agent LLM systems.",
+        description=(
+            "Apps authenticate with an API key (`Authorization: Bearer <key>`); the app "
+            "identity of every request is the key's, never a request field. Requests that "
+            "concern a subject carry it in the JSON body, never in the URL."
+        ),
+        lifespan=lifespan,
+        generate_unique_id_function=_operation_id,
+    )
+    app.state.runtime = runtime
+    app.state.api_keys = api_keys
+    app.state.metrics = metrics
+    app.state.max_ready_lag = max_ready_lag
+
+    for module in (captures, proposals, slices, profiles, consents, subjects, governance, ops):
+        app.include_router(module.router)
+
+    _install_error_handlers(app)
+    # Added last = outermost: the size limit refuses before anything else runs, and
+    # the metrics middleware times everything inside it, errors included.
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=max_body_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    return app
+
+
+def _json(error: ErrorOut, status: int, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error.model_dump(mode="json"), status_code=status, headers=headers)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    """Map every failure to the one ``ErrorOut`` shape (STYLE P7: the edge maps, nothing else)."""
+
+    @app.exception_handler(UprofError)
+    async def uprof_error(_: Request, error: UprofError) -> JSONResponse:
+        status, _code = classify(error)
+        if status >= 500:
+            _log.error("uprof error mapped to %d: %s", status, type(error).__name__)
+        return _json(body_for(error), status)
+
+    @app.exception_handler(EdgeError)
+    async def edge_error(_: Request, error: EdgeError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
+        return _json(error.body(), error.status, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, error: RequestValidationError) -> JSONResponse:
+        problem = validation_problem(field_problems(list(error.errors())))
+        return _json(problem.body(), 422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
+        code = _HTTP_CODES.get(error.status_code, "http_error")
+        body = ErrorOut(error=ErrorBody(code=code, message=str(error.detail)))
+        return _json(body, error.status_code, dict(error.headers or {}))
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, error: Exception) -> JSONResponse:
+        # The message may quote stored data; the log keeps the traceback, the caller
+        # gets a generic answer.
+        _log.exception("unhandled error", exc_info=error)
+        body = ErrorOut(error=ErrorBody(code="internal", message="internal server error"))
+        return _json(body, 500)
+
+
+def _lag_collector(runtime: ServiceRuntime) -> Callable[[], list[str]]:
+    def collect() -> list[str]:
+        lines = [
+            "# HELP uprof_projection_lag_events Events recorded but not yet processed, by stage.",
+            "# TYPE uprof_projection_lag_events gauge",
+        ]
+        try:
+            lag = runtime.kernel.lag()
+        except Exception:
+            return [
+                "# HELP uprof_store_up Whether the stores answered the last scrape.",
+                "# TYPE uprof_store_up gauge",
+                "uprof_store_up 0",
+            ]
+        lines += [
+            f'uprof_projection_lag_events{{stage="extraction"}} {lag.extraction_pending}',
+            f'uprof_projection_lag_events{{stage="projection"}} {lag.projection_pending}',
+            "# HELP uprof_log_position Highest notification id in the event log.",
+            "# TYPE uprof_log_position gauge",
+            f"uprof_log_position {lag.log_position}",
+            "# HELP uprof_store_up Whether the stores answered the last scrape.",
+            "# TYPE uprof_store_up gauge",
+            "uprof_store_up 1",
+        ]
+        failures = runtime.worker.status.failures if runtime.worker else 0
+        lines += [
+            "# HELP uprof_pipeline_failures_total Background pipeline runs that failed.",
+            "# TYPE uprof_pipeline_failures_total counter",
+            f"uprof_pipeline_failures_total {failures}",
+        ]
+        return lines
+
+    return collect

@@ -1,0 +1,61 @@
+"""Dependencies of the routes, declared once as ``Annotated`` aliases.
+
+``Scope`` is the one a route needs: it authenticates the request's API key and
+binds the key's app to an ``AppScope``. No route reads an app id from anywhere else.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from uprof.api.errors import unauthenticated
+from uprof.api.keys import ApiKeyStore, Principal
+from uprof.api.runtime import ServiceRuntime
+from uprof.api.scoped import AppScope
+
+#: auto_error=False: a missing header must give our 401 body, not FastAPI's 403.
+bearer_scheme = HTTPBearer(
+    auto_error=False,
+    scheme_name="ApiKey",
+    description="An API key from `uprof apps create`, sent as `Authorization: Bearer <key>`.",
+)
+
+
+def get_runtime(request: Request) -> ServiceRuntime:
+    runtime: ServiceRuntime = request.app.state.runtime
+    return runtime
+
+
+def get_key_store(request: Request) -> ApiKeyStore:
+    store: ApiKeyStore = request.app.state.api_keys
+    return store
+
+
+Runtime = Annotated[ServiceRuntime, Depends(get_runtime)]
+KeyStore = Annotated[ApiKeyStore, Depends(get_key_store)]
+
+
+def authenticate(
+    store: KeyStore,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
+) -> Principal:
+    """Return the principal of the request's API key, or refuse with 401."""
+    if credentials is None:
+        raise unauthenticated("missing API key")
+    principal = store.authenticate(credentials.credentials)
+    if principal is None:
+        raise unauthenticated("invalid or revoked API key")
+    return principal
+
+
+CurrentPrincipal = Annotated[Principal, Depends(authenticate)]
+
+
+def app_scope(runtime: Runtime, principal: CurrentPrincipal) -> AppScope:
+    return AppScope(runtime, principal.app_id, principal.roles)
+
+
+Scope = Annotated[AppScope, Depends(app_scope)]

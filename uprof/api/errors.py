@@ -1,0 +1,103 @@
+"""The one table from uprof errors to HTTP statuses, and the errors only the edge raises.
+
+STYLE P7: services raise ``domain.errors`` classes; this module alone decides what
+status each becomes. The SDK's embedded mode uses the same table, so a caller sees
+the same failure whether it talks to the server or to a kernel in its own process.
+
+Edge-only errors (``EdgeError``) are the ones no service can raise: a missing or
+revoked API key (401), a role the key lacks (403), a body over the size limit (413).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from domain.errors import (
+    ConsentRequiredError,
+    EvidenceError,
+    IdentityError,
+    IntentTransitionError,
+    InvalidInputError,
+    PermissionDeniedError,
+    ReadTimeoutError,
+    SubjectErasedError,
+    SubjectNotFoundError,
+    UprofError,
+)
+from uprof.schemas.api import ErrorBody, ErrorOut, FieldProblem
+
+#: (error class, HTTP status, stable error code); first match wins, subclasses first.
+STATUS_TABLE: tuple[tuple[type[UprofError], int, str], ...] = (
+    (InvalidInputError, 422, "invalid_input"),
+    (EvidenceError, 422, "evidence_invalid"),
+    (IdentityError, 422, "identity_unresolved"),
+    (ConsentRequiredError, 403, "consent_required"),
+    (PermissionDeniedError, 403, "permission_denied"),
+    (SubjectNotFoundError, 404, "subject_not_found"),
+    (SubjectErasedError, 410, "subject_erased"),
+    (IntentTransitionError, 409, "intent_transition"),
+    (ReadTimeoutError, 503, "read_timeout"),
+    (UprofError, 500, "internal"),
+)
+
+
+def classify(error: UprofError) -> tuple[int, str]:
+    """Return (HTTP status, error code) for a uprof error."""
+    return next((status, code) for cls, status, code in STATUS_TABLE if isinstance(error, cls))
+
+
+def body_for(error: UprofError) -> ErrorOut:
+    """The response body for a uprof error: what happened and what to do about it."""
+    _, code = classify(error)
+    return ErrorOut(error=ErrorBody(code=code, message=str(error), hint=error.hint))
+
+
+@dataclass
+class EdgeError(Exception):
+    """A refusal decided at the service edge (authentication, roles, limits)."""
+
+    status: int
+    code: str
+    message: str
+    hint: str = ""
+    fields: list[FieldProblem] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def body(self) -> ErrorOut:
+        return ErrorOut(
+            error=ErrorBody(
+                code=self.code, message=self.message, hint=self.hint, fields=self.fields
+            )
+        )
+
+
+def unauthenticated(message: str = "missing or invalid API key") -> EdgeError:
+    return EdgeError(
+        401, "unauthenticated", message,
+        hint="send 'Authorization: Bearer <key>' with a key from `uprof apps create`",
+    )
+
+
+def role_required(role: str) -> EdgeError:
+    return EdgeError(
+        403, "role_required", f"this API key lacks the {role!r} role",
+        hint=f"ask the operator for a key created with --role {role}",
+    )
+
+
+def payload_too_large(limit_bytes: int) -> EdgeError:
+    return EdgeError(
+        413, "payload_too_large", f"request body exceeds {limit_bytes} bytes",
+        hint="split the batch into smaller requests",
+    )
+
+
+def validation_problem(problems: list[FieldProblem]) -> EdgeError:
+    """A 422 that names each offending field."""
+    summary = "; ".join(f"{p.field}: {p.message}" for p in problems[:5]) or "invalid request"
+    return EdgeError(
+        422, "invalid_request", summary, hint="fix the named fields; nothing was stored",
+        fields=problems,
+    )

@@ -1,0 +1,206 @@
+"""API keys: how an app proves who it is to the REST API and the MCP server.
+
+A key reads ``upk_<key_id>_<secret>``: ``key_id`` (16 hex characters) finds the row,
+``secret`` (32 random bytes, URL-safe base64) is checked against a SHA-256 of
+``key_id:secret``. The plaintext is shown once, at creation, and never stored.
+The app identity of every request is the ``app_id`` of the key's row (I3).
+
+Roles say which surfaces a key may use, not what data it may read (that is the
+Casbin policy and the subject's consent, decided in the kernel):
+
+- ``app``: capture, proposals, slices, consents, sessions and identifiers;
+- ``operator``: also the full, ungated profile and evidence views (what
+  ``uprof profile show`` gives a shell user on the host).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import sqlalchemy as sa
+
+from domain.errors import InvalidInputError
+from policies.rules import app_id_problem
+from uprof.api.tables import api_keys
+from uprof.settings import Settings
+
+ROLE_APP = "app"
+ROLE_OPERATOR = "operator"
+KNOWN_ROLES: tuple[str, ...] = (ROLE_APP, ROLE_OPERATOR)
+KEY_PREFIX = "upk"
+_KEY_RE = re.compile(r"^upk_([0-9a-f]{16})_([A-Za-z0-9_-]{43})$")
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a request comes from, as its API key says."""
+
+    app_id: str
+    key_id: str
+    roles: frozenset[str]
+
+    def has_role(self, role: str) -> bool:
+        return role in self.roles
+
+
+@dataclass(frozen=True)
+class ApiKeyInfo:
+    """A key's row without its hash (for listings)."""
+
+    key_id: str
+    app_id: str
+    roles: tuple[str, ...]
+    created_at: datetime
+    revoked_at: datetime | None
+
+    @property
+    def is_revoked(self) -> bool:
+        return self.revoked_at is not None
+
+
+@dataclass(frozen=True)
+class IssuedKey:
+    """A freshly created key; ``token`` is the only time the plaintext exists."""
+
+    info: ApiKeyInfo
+    token: str
+
+
+def _digest(key_id: str, secret: str) -> str:
+    return hashlib.sha256(f"{key_id}:{secret}".encode()).hexdigest()
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    # SQLite hands back naive datetimes; every stored time is UTC.
+    if value is None:
+        return None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def check_roles(roles: Iterable[str]) -> tuple[str, ...]:
+    cleaned = tuple(sorted({r.strip() for r in roles if r.strip()}))
+    unknown = [r for r in cleaned if r not in KNOWN_ROLES]
+    if unknown or not cleaned:
+        raise InvalidInputError(
+            f"roles must be a non-empty subset of {', '.join(KNOWN_ROLES)}; got {list(roles)!r}"
+        )
+    return cleaned
+
+
+class ApiKeyStore:
+    """Issue, list, revoke and check API keys in the ``api_keys`` table."""
+
+    def __init__(self, engine: sa.Engine, *, now: Callable[[], datetime] | None = None) -> None:
+        self._engine = engine
+        self._now = now or (lambda: datetime.now(tz=UTC))
+
+    @classmethod
+    def open(cls, settings: Settings) -> ApiKeyStore:
+        """Open the store beside the key store of a deployment and make sure its table exists.
+
+        Builds its own engine (the kernel does not expose one); ``close`` disposes it.
+        """
+        from uprof.storage import create_engine, layout_for
+
+        store = cls(create_engine(layout_for(settings).keys_url))
+        store.ensure_schema()
+        return store
+
+    def ensure_schema(self) -> None:
+        """Bring the key-store database (which holds the api_keys table) to its newest revision."""
+        from uprof.storage import migrate
+
+        migrate(self._engine, "keys")
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    # ---------------------------------------------------------------- commands
+
+    def create(self, app_id: str, roles: Iterable[str] = (ROLE_APP,)) -> IssuedKey:
+        """Issue a key for an app; the returned token is shown once and never stored."""
+        problem = app_id_problem(app_id)
+        if problem:
+            raise InvalidInputError(f"app_id: {problem}")
+        clean_roles = check_roles(roles)
+        key_id = secrets.token_hex(8)
+        secret = secrets.token_urlsafe(32)
+        created_at = self._now()
+        with self._engine.begin() as conn:
+            conn.execute(
+                api_keys.insert().values(
+                    key_id=key_id,
+                    app_id=app_id,
+                    key_hash=_digest(key_id, secret),
+                    created_at=created_at,
+                    revoked_at=None,
+                    roles=" ".join(clean_roles),
+                )
+            )
+        info = ApiKeyInfo(key_id, app_id, clean_roles, created_at, None)
+        return IssuedKey(info, f"{KEY_PREFIX}_{key_id}_{secret}")
+
+    def revoke(self, key_id: str) -> bool:
+        """Revoke a key; returns False when no live key has that id."""
+        with self._engine.begin() as conn:
+            result = conn.execute(
+                api_keys.update()
+                .where(api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_(None))
+                .values(revoked_at=self._now())
+            )
+        return result.rowcount == 1
+
+    # ----------------------------------------------------------------- queries
+
+    def list(self, app_id: str | None = None) -> list[ApiKeyInfo]:
+        query = sa.select(
+            api_keys.c.key_id, api_keys.c.app_id, api_keys.c.roles,
+            api_keys.c.created_at, api_keys.c.revoked_at,
+        ).order_by(api_keys.c.created_at, api_keys.c.key_id)
+        if app_id is not None:
+            query = query.where(api_keys.c.app_id == app_id)
+        with self._engine.connect() as conn:
+            rows = conn.execute(query).all()
+        return [
+            ApiKeyInfo(
+                r.key_id, r.app_id, tuple(r.roles.split()), _aware(r.created_at),  # type: ignore[arg-type]
+                _aware(r.revoked_at),
+            )
+            for r in rows
+        ]
+
+    def authenticate(self, token: str | None) -> Principal | None:
+        """Return the principal a presented key stands for, or None (unknown, bad, revoked)."""
+        if not token:
+            return None
+        match = _KEY_RE.fullmatch(token.strip())
+        if match is None:
+            return None
+        key_id, secret = match.groups()
+        with self._engine.connect() as conn:
+            row = conn.execute(
+                sa.select(api_keys.c.app_id, api_keys.c.key_hash, api_keys.c.roles,
+                          api_keys.c.revoked_at).where(api_keys.c.key_id == key_id)
+            ).first()
+        # Compare even when the row is missing, so timing does not tell which ids exist.
+        expected = row.key_hash if row is not None else "0" * 64
+        if not hmac.compare_digest(expected, _digest(key_id, secret)):
+            return None
+        if row is None or row.revoked_at is not None:
+            return None
+        return Principal(row.app_id, key_id, frozenset(row.roles.split()))
+
+    def ping(self) -> bool:
+        """True when the table's database answers (readiness)."""
+        try:
+            with self._engine.connect() as conn:
+                conn.execute(sa.select(sa.func.count()).select_from(api_keys))
+        except sa.exc.SQLAlchemyError:
+            return False
+        return True

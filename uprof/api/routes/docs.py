@@ -1,0 +1,23 @@
+"""Error responses shared by the route declarations (for the OpenAPI document)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from uprof.schemas.api import ErrorOut
+
+_DESCRIPTIONS = {
+    401: "Missing, invalid or revoked API key.",
+    403: "Refused: consent, policy or the key's role.",
+    404: "No such subject or item.",
+    409: "The change conflicts with the item's state.",
+    410: "The subject was erased.",
+    413: "The request body is over the size limit.",
+    422: "Invalid input; `error.fields` names each offending field.",
+}
+
+
+def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The ``responses=`` entry for the given error statuses (401 and 422 always apply)."""
+    wanted = sorted({401, 413, 422, *statuses})
+    return {s: {"model": ErrorOut, "description": _DESCRIPTIONS[s]} for s in wanted}

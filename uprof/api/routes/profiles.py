@@ -1,0 +1,27 @@
+"""The full profile and the evidence behind an item (operator keys only)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from uprof.api.deps import Scope
+from uprof.api.routes.docs import errors
+from uprof.schemas.api import Evidence, EvidenceIn, Profile, ProfileIn
+
+router = APIRouter(prefix="/v1", tags=["profile"])
+
+
+@router.post("/profile/read", response_model=Profile, responses=errors(403, 404, 410))
+def read_profile(body: ProfileIn, scope: Scope) -> Profile:
+    """Read a subject's whole profile (now, or as it stood at ``as_of``).
+
+    Ungated by policy, so it needs a key with the ``operator`` role; apps read
+    through ``/v1/slices``.
+    """
+    return scope.profile(body)
+
+
+@router.post("/evidence/read", response_model=Evidence, responses=errors(403, 404, 410))
+def read_evidence(body: EvidenceIn, scope: Scope) -> Evidence:
+    """Show the captured events behind one item (``operator`` role)."""
+    return scope.evidence(body)

@@ -1,0 +1,31 @@
+"""Identity registries: sessions and identifiers an app knows a subject by."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from uprof.api.deps import CurrentPrincipal, Scope
+from uprof.api.routes.docs import errors
+from uprof.schemas.api import IdentifierIn, Registered, SessionIn, WhoAmI
+
+router = APIRouter(prefix="/v1", tags=["identity"])
+
+
+@router.post("/sessions", status_code=201, response_model=Registered, responses=errors(404, 410))
+def register_session(body: SessionIn, scope: Scope) -> Registered:
+    """Bind a session id of this app to a subject, so slices can name the session."""
+    return scope.register_session(body)
+
+
+@router.post("/identifiers", status_code=201, response_model=Registered,
+             responses=errors(404, 410))
+def register_identifier(body: IdentifierIn, scope: Scope) -> Registered:
+    """Record that an identifier this app knows the user by (an e-mail) names a subject."""
+    return scope.register_identifier(body)
+
+
+@router.get("/whoami", response_model=WhoAmI, responses=errors())
+def whoami(principal: CurrentPrincipal) -> WhoAmI:
+    """Say which app and roles the presented API key stands for."""
+    return WhoAmI(app_id=principal.app_id, key_id=principal.key_id,
+                  roles=sorted(principal.roles))

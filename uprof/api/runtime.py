@@ -1,0 +1,210 @@
+"""What a long-running front door keeps beside the kernel: the pipeline lock and worker.
+
+Two facts of the kernel shape this module:
+
+- ``Uprof.process()`` (extraction, then projections) is not safe to run from two
+  threads at once: both read the same position, and the loser's batch rolls back
+  with "position moved concurrently" (PostgreSQL) or a busy snapshot (SQLite). Some
+  reads (``profile``, ``evidence``, ``submit_proposals``, and ``slice`` when the
+  kernel has no background workers) run it inline. So every such call, and the
+  worker, takes ``pipeline_lock``.
+- With ``settings.background_workers`` the server runs the pipeline in one
+  background thread (``PipelineWorker``) and slices wait (bounded) for it instead
+  of doing the work on the request thread. Every write through a front door calls
+  ``wake()`` so the worker starts at once instead of at its next poll, and so does
+  a slice before it waits: a read waits for the worker, never for its poll interval.
+
+A worker failure is never swallowed: it is logged with its traceback, counted,
+shown by ``/readyz`` (not ready) and retried with a growing back-off.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar, cast
+
+from uprof.kernel import Uprof
+
+_log = logging.getLogger(__name__)
+
+#: Idle poll: how long the worker sleeps when nothing woke it. Writes through this
+#: process wake it at once; this bounds the delay for writes made by other processes.
+IDLE_POLL_S = 0.05
+#: Back-off after a failed run doubles from this, up to MAX_BACKOFF_S.
+FIRST_BACKOFF_S = 0.5
+MAX_BACKOFF_S = 30.0
+#: Attempts of a call that collided with the worker on the projection position.
+COLLISION_RETRIES = 3
+
+T = TypeVar("T")
+
+
+@dataclass
+class WorkerStatus:
+    """What readiness and metrics report about the background worker."""
+
+    state: str = "off"  # off | running | failing | stopped
+    runs: int = 0
+    processed: int = 0
+    failures: int = 0
+    last_error: str = ""
+
+
+class PipelineWorker:
+    """Run the kernel's extraction and projections in one daemon thread until stopped."""
+
+    def __init__(self, kernel: Uprof, lock: threading.Lock) -> None:
+        self._kernel = kernel
+        self._lock = lock
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.status = WorkerStatus()
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self.status.state = "running"
+        self._thread = threading.Thread(target=self._run, name="uprof-pipeline", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+        self.status.state = "stopped"
+
+    def _run(self) -> None:
+        backoff = FIRST_BACKOFF_S
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                with self._lock:
+                    processed = self._kernel.process()
+            except Exception as error:
+                _log.exception("pipeline run failed; retrying in %.1f s", backoff)
+                self.status.failures += 1
+                self.status.last_error = f"{type(error).__name__}: {error}"[:500]
+                self.status.state = "failing"
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                continue
+            backoff = FIRST_BACKOFF_S
+            self.status.runs += 1
+            self.status.processed += processed
+            self.status.state = "running"
+            self.status.last_error = ""
+            if processed == 0:
+                self._wake.wait(IDLE_POLL_S)
+
+
+class GovernanceAuthorizer(Protocol):
+    """The part of ``policies.CasbinAuthorizer`` the governance operations need."""
+
+    def authorize_all(
+        self, *, app_id: str, tenant: str, action: str, purpose: str, categories: Iterable[str]
+    ) -> tuple[Any, ...]: ...
+
+
+@dataclass
+class ServiceRuntime:
+    """The kernel plus what every front door shares: the pipeline lock and the worker."""
+
+    kernel: Uprof
+    pipeline_lock: threading.Lock = field(default_factory=threading.Lock)
+    worker: PipelineWorker | None = None
+    #: Called after every write and before every waiting read (the worker's wake-up).
+    wake: Callable[[], None] = lambda: None
+    #: Checks erasure and export requests. The kernel's governance methods take no app
+    #: and check no policy, so the edge does, with an authorizer built from the same
+    #: policy files as the kernel's (``Settings.policy_model_path``/``policy_path``).
+    authorizer: GovernanceAuthorizer | None = None
+
+    @classmethod
+    def for_kernel(
+        cls, kernel: Uprof, authorizer: GovernanceAuthorizer | None = None
+    ) -> ServiceRuntime:
+        if authorizer is None:
+            from uprof.bootstrap import build_authorizer
+
+            authorizer = cast(GovernanceAuthorizer, build_authorizer(kernel.settings))
+        runtime = cls(kernel, authorizer=authorizer)
+        if kernel.settings.background_workers:
+            runtime.worker = PipelineWorker(kernel, runtime.pipeline_lock)
+            runtime.wake = runtime.worker.wake
+        return runtime
+
+    @property
+    def background(self) -> bool:
+        return self.kernel.settings.background_workers
+
+    @contextmanager
+    def pipeline(self) -> Iterator[None]:
+        """Hold the pipeline lock around a kernel call that may run ``process()`` inline.
+
+        With background workers the kernel never runs the pipeline on the caller's
+        thread (its reads wait for the worker instead), so the lock is not taken: the
+        worker being waited for needs it.
+        """
+        if self.background:
+            self.wake()
+            yield
+            return
+        with self.pipeline_lock:
+            yield
+
+    def call_waiting(self, operation: Callable[[], T]) -> T:
+        """Run a kernel call that, with background workers, waits for the worker.
+
+        Inline (no worker) it runs the pipeline itself, so it takes the lock. With a
+        worker it must not hold the lock (the worker it waits for needs it); if an
+        inline ``process()`` inside the call then collides with the worker on the
+        projection position (a RuntimeError raised before anything is written), the
+        call is retried, a bounded number of times.
+        """
+        if not self.background:
+            with self.pipeline_lock:
+                return operation()
+        for _ in range(COLLISION_RETRIES - 1):
+            try:
+                result = operation()
+            except RuntimeError as error:
+                if "moved concurrently" not in str(error):
+                    raise
+                time.sleep(0.05)
+                continue
+            self.wake()
+            return result
+        result = operation()
+        self.wake()
+        return result
+
+    def start(self) -> None:
+        if self.worker is not None:
+            self.worker.start()
+
+    def stop(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+
+    def worker_state(self) -> str:
+        return self.worker.status.state if self.worker is not None else "inline"
+
+    def wait_caught_up(self, timeout_s: float) -> bool:
+        """Wait (bounded) until derived stores reach the log head; for tests and benchmarks."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.kernel.lag().caught_up:
+                return True
+            time.sleep(0.01)
+        return self.kernel.lag().caught_up

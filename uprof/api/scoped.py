@@ -1,0 +1,328 @@
+"""``AppScope``: the kernel as one authenticated app sees it, in wire models.
+
+REST routes, the MCP tools and the SDK's embedded mode all call these methods, so
+the three front doors cannot drift apart: same checks, same kernel calls, same
+results. What is decided here, and why:
+
+- The app is fixed at construction from the authenticated principal (I3); every
+  kernel call gets it from ``self.app_id``, never from a request model (those
+  forbid an ``app_id`` field).
+- Sessions and identifiers are registered and resolved inside the app's own
+  namespace, so app B cannot rebind a session of app A to another subject (the
+  kernel's registry is tenant-wide and "rebinding replaces").
+- Consents: an app grants, lists and withdraws only its own.
+- The full profile and evidence views are ungated by policy (they are what the
+  operator's ``uprof profile show`` prints), so they need the ``operator`` role;
+  apps read through slices, which the kernel gates by policy, consent and visibility.
+- Erasure and export (the kernel's governance methods take no app and check no
+  policy) are authorized here by the Casbin policy first: ``erase``/``erasure`` and
+  ``export``/``access-request`` over every category; a denial is a 403.
+- Calls that may run the pipeline inline hold the runtime's pipeline lock; calls
+  that wait for the background worker must not (see ``ServiceRuntime.call_waiting``).
+
+This module imports no web framework: the SDK's embedded mode uses it in-process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from domain.errors import InvalidInputError
+from domain.values import (
+    CATEGORIES,
+    AttributeProposal,
+    ExperienceProposal,
+    IntentProposal,
+    IntentStatus,
+    IntentUpdateProposal,
+    Interaction,
+    MemoryProposal,
+    Proposal,
+    ProposalBatch,
+)
+from uprof.api.errors import EdgeError, role_required
+from uprof.api.keys import ROLE_APP, ROLE_OPERATOR
+from uprof.api.runtime import ServiceRuntime
+from uprof.schemas import api as w
+from uprof.services.erasure import ErasureResult
+from uprof.services.subjects import SubjectRequest
+
+#: Separates the app's namespace from a session id or identifier before the kernel hashes it.
+_NAMESPACE_SEPARATOR = "\x1f"
+
+
+class AppScope:
+    """Every operation an authenticated app may ask for, with its identity bound."""
+
+    def __init__(
+        self, runtime: ServiceRuntime, app_id: str, roles: frozenset[str] = frozenset({ROLE_APP})
+    ) -> None:
+        self._runtime = runtime
+        self._kernel = runtime.kernel
+        self.app_id = app_id
+        self.roles = roles
+
+    # ----------------------------------------------------------------- capture
+
+    def capture(self, body: w.CaptureIn) -> w.CaptureAck:
+        ack = self._kernel.capture(body.subject, self._interaction(body))
+        self._runtime.wake()
+        return w.CaptureAck.model_validate(asdict(ack))
+
+    def capture_many(self, body: w.CaptureBatchIn) -> w.CaptureBatchAck:
+        """All or nothing: the kernel records the batch in one transaction."""
+        acks = self._kernel.capture_many(
+            body.subject, [self._interaction(i) for i in body.interactions]
+        )
+        self._runtime.wake()
+        return w.CaptureBatchAck(acks=[w.CaptureAck.model_validate(asdict(a)) for a in acks])
+
+    def _interaction(self, body: w.InteractionBody) -> Interaction:
+        return Interaction(
+            app_id=self.app_id,
+            agent_id=body.agent_id,
+            agent_type=body.agent_type,
+            occurred_at=body.occurred_at,
+            user_input=body.user_input,
+            agent_response=body.agent_response,
+            session_id=body.session_id,
+            actor=body.actor,
+            source_ref=body.source_ref,
+            purpose=body.purpose,
+            sharing=body.sharing,
+            context=tuple(sorted(body.context.items())),
+        )
+
+    # --------------------------------------------------------------- proposals
+
+    def submit_proposals(self, body: w.ProposalsIn) -> w.ProposalsResult:
+        batch = ProposalBatch(
+            proposals=tuple(_proposal(p) for p in body.proposals),
+            author=body.agent_id,
+            owner_agent=body.agent_id,
+            sharing=body.sharing,
+            app_id=self.app_id,
+            purpose=body.purpose,
+        )
+        with self._runtime.pipeline():
+            applied = self._kernel.submit_proposals(
+                body.subject, batch, observed_at=body.observed_at
+            )
+        self._runtime.wake()
+        return w.ProposalsResult(applied=applied)
+
+    # ------------------------------------------------------------------ slices
+
+    def slice(self, body: w.SliceIn) -> w.ProfileSlice:
+        request = SubjectRequest(
+            subject=body.subject,
+            session_id=self._namespaced(body.session_id),
+            identifier=self._namespaced(body.identifier),
+        )
+
+        def serve() -> w.ProfileSlice:
+            result = self._kernel.slice(
+                request,
+                body.query,
+                budget_tokens=body.budget_tokens,
+                purpose=body.purpose,
+                app_id=self.app_id,
+                agent_id=body.agent_id,
+                agent_type=body.agent_type,
+                lexical_only=body.lexical_only,
+                wait_timeout_s=body.wait_timeout_s,
+            )
+            return w.ProfileSlice.model_validate(asdict(result))
+
+        if self._runtime.background:
+            # The read waits (bounded) for the worker: wake it so the wait is the work,
+            # not the poll. Nothing runs inline, so no lock; the slice itself is a write
+            # (SliceServed), hence the second wake.
+            self._runtime.wake()
+            try:
+                return serve()
+            finally:
+                self._runtime.wake()
+        with self._runtime.pipeline():
+            return serve()
+
+    # --------------------------------------------------------- profile, evidence
+
+    def profile(self, body: w.ProfileIn) -> w.Profile:
+        self._require(ROLE_OPERATOR)
+        with self._runtime.pipeline():
+            view = self._kernel.profile(body.subject, as_of=body.as_of)
+        return w.Profile(
+            attributes=[w.AttributeOut.model_validate(asdict(a)) for a in view.attributes],
+            memories=[w.MemoryOut.model_validate(asdict(m)) for m in view.memories],
+            intents=[w.IntentOut.model_validate(asdict(i)) for i in view.intents],
+            consents=[w.Consent.model_validate(asdict(c)) for c in view.consents],
+            as_of=view.as_of,
+        )
+
+    def evidence(self, body: w.EvidenceIn) -> w.Evidence:
+        self._require(ROLE_OPERATOR)
+        with self._runtime.pipeline():
+            view = self._kernel.evidence(body.subject, body.item_id)
+        return w.Evidence(
+            item_id=view.item_id,
+            layer=view.layer,
+            summary=view.summary,
+            captures=[w.CapturedEvent.model_validate(asdict(c)) for c in view.captures],
+        )
+
+    # ------------------------------------------------------------------ consent
+
+    def grant_consent(self, body: w.ConsentGrantIn) -> w.ConsentGranted:
+        # The kernel creates the subject before the aggregate checks expires_at; check
+        # it first so a refused grant leaves nothing behind.
+        if body.expires_at is not None and body.expires_at <= self._kernel.clock.now():
+            raise InvalidInputError("expires_at must be in the future")
+        consent_id = self._kernel.grant_consent(
+            body.subject,
+            app_id=self.app_id,
+            categories=list(body.categories),
+            purposes=list(body.purposes),
+            legal_basis=body.legal_basis,
+            expires_at=body.expires_at,
+        )
+        self._runtime.wake()
+        return w.ConsentGranted(consent_id=consent_id)
+
+    def consents(self, body: w.ConsentListIn) -> w.ConsentList:
+        return w.ConsentList(consents=self._own_consents(body.subject))
+
+    def withdraw_consent(self, body: w.ConsentWithdrawIn) -> w.ConsentWithdrawn:
+        """Withdraw one of this app's consents; another app's consent id is "not found".
+
+        With ``erase`` the kernel also erases what was collected under the consent
+        and returns a signed receipt: the subject's right, exercised through the app
+        that holds the consent, so no further policy check applies.
+        """
+        owned = {c.consent_id for c in self._own_consents(body.subject)}
+        if body.consent_id not in owned:
+            raise EdgeError(
+                404, "consent_not_found", "this app has no consent with that id for the subject",
+                hint="list this app's consents with POST /v1/consents/list",
+            )
+        erasure = self._runtime.call_waiting(
+            lambda: self._kernel.withdraw_consent(body.subject, body.consent_id, erase=body.erase)
+        )
+        self._runtime.wake()
+        # Read it back from the view, so the answer is what the kernel recorded.
+        consent = next(
+            c for c in self._own_consents(body.subject) if c.consent_id == body.consent_id
+        )
+        receipt = _receipt_of(erasure) if erasure is not None else None
+        return w.ConsentWithdrawn(consent=consent, erasure=receipt)
+
+    def _own_consents(self, subject: str) -> list[w.Consent]:
+        with self._runtime.pipeline():
+            view = self._kernel.profile(subject)
+        return [
+            w.Consent.model_validate(asdict(c)) for c in view.consents if c.app_id == self.app_id
+        ]
+
+    # --------------------------------------------------------------- governance
+
+    def erase_subject(self, body: w.SubjectErasureIn) -> w.ErasureReceipt:
+        self._authorize("erase", "erasure")
+        result = self._runtime.call_waiting(
+            lambda: self._kernel.erase_subject(body.subject, basis=body.basis)
+        )
+        return _receipt_of(result)
+
+    def erase_item(self, body: w.ItemErasureIn) -> w.ErasureReceipt:
+        self._authorize("erase", "erasure")
+        result = self._runtime.call_waiting(
+            lambda: self._kernel.erase_item(
+                body.subject, body.item_id, with_evidence=body.with_evidence
+            )
+        )
+        return _receipt_of(result)
+
+    def erase_capture(self, body: w.CaptureErasureIn) -> w.ErasureReceipt:
+        self._authorize("erase", "erasure")
+        result = self._runtime.call_waiting(
+            lambda: self._kernel.erase_capture(body.subject, body.capture_id)
+        )
+        return _receipt_of(result)
+
+    def export_subject(self, body: w.SubjectExportIn) -> w.SubjectExport:
+        self._authorize("export", "access-request")
+        with self._runtime.pipeline():  # export reads the profile, which runs the pipeline
+            export = self._kernel.export_subject(body.subject)
+        return w.SubjectExport(export=export)
+
+    def _authorize(self, action: str, purpose: str) -> None:
+        """Casbin decides (deny by default); a denial raises PermissionDeniedError (403)."""
+        authorizer = self._runtime.authorizer
+        if authorizer is None:
+            raise EdgeError(403, "permission_denied", "no policy is configured for governance")
+        authorizer.authorize_all(
+            app_id=self.app_id, tenant=self._kernel.subjects.tenant, action=action,
+            purpose=purpose, categories=CATEGORIES,
+        )
+
+    # ------------------------------------------------------- identity registries
+
+    def register_session(self, body: w.SessionIn) -> w.Registered:
+        self._kernel.register_session(self._namespaced(body.session_id) or "", body.subject)
+        return w.Registered()
+
+    def register_identifier(self, body: w.IdentifierIn) -> w.Registered:
+        self._kernel.register_identifier(self._namespaced(body.identifier) or "", body.subject)
+        return w.Registered()
+
+    def _namespaced(self, value: str | None) -> str | None:
+        if value is None:
+            return None
+        return f"{self.app_id}{_NAMESPACE_SEPARATOR}{value.strip()}"
+
+    # -------------------------------------------------------------------- roles
+
+    def _require(self, role: str) -> None:
+        if role not in self.roles:
+            raise role_required(role)
+
+    def has_role(self, role: str) -> bool:
+        return role in self.roles
+
+
+
+def _receipt_of(result: ErasureResult) -> w.ErasureReceipt:
+    return w.ErasureReceipt(
+        receipt=result.receipt, subject_nonce_hex=result.subject_nonce_hex, counts=result.counts
+    )
+
+
+def _proposal(p: w.ProposalIn) -> Proposal:
+    """Wire proposal to domain proposal (the kernel checks evidence and lifecycle)."""
+    match p:
+        case w.AttributeProposalIn():
+            return AttributeProposal(
+                key=p.key, value=p.value, evidence=tuple(p.evidence), confidence=p.confidence,
+                explicit=p.explicit, supersedes=p.supersedes, negated=p.negated,
+            )
+        case w.MemoryProposalIn():
+            return MemoryProposal(
+                text=p.text, evidence=tuple(p.evidence), category=p.category,
+                importance=p.importance, source_refs=tuple(p.source_refs),
+                occurred_at=p.occurred_at,
+            )
+        case w.IntentProposalIn():
+            return IntentProposal(
+                description=p.description, evidence=tuple(p.evidence), category=p.category,
+                confidence=p.confidence, expires_at=p.expires_at,
+            )
+        case w.IntentUpdateIn():
+            return IntentUpdateProposal(
+                status=IntentStatus(p.status), intent_id=p.intent_id,
+                description=p.description, evidence=tuple(p.evidence),
+            )
+        case w.ExperienceProposalIn():
+            return ExperienceProposal(
+                situation=p.situation, action=p.action, outcome=p.outcome, insight=p.insight,
+                evidence=tuple(p.evidence), confidence=p.confidence,
+            )
+    raise InvalidInputError(f"unknown proposal kind {p!r}")

@@ -1,0 +1,98 @@
+"""``uprof mcp``: run the MCP server over stdio or streamable HTTP.
+
+``register(app)`` adds the command to the main CLI (uprof/cli/main.py calls it);
+``python -m uprof.mcp`` runs the same command on its own, with the global options
+(--data-dir, --database-url, --embedder) of the main CLI.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+
+from domain.errors import UprofError
+from uprof.cli.context import STATE, err_console, fail, settings
+
+API_KEY_ENV = "UPROF_API_KEY"
+
+
+def mcp(
+    transport: Annotated[
+        str, typer.Option(help="stdio (one app per process, key in UPROF_API_KEY) or http.")
+    ] = "stdio",
+    host: Annotated[str, typer.Option(help="HTTP: interface to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="HTTP: TCP port.")] = 8766,
+    path: Annotated[str, typer.Option(help="HTTP: endpoint path.")] = "/mcp",
+) -> None:
+    """Serve the MCP tools profile_slice, capture and forget, and the profile resource."""
+    if transport not in ("stdio", "http"):
+        raise typer.BadParameter("transport must be stdio or http")
+    run(transport, host=host, port=port, path=path)  # type: ignore[arg-type]
+
+
+def run(transport: Literal["stdio", "http"], *, host: str, port: int, path: str) -> None:
+    from uprof.api.keys import ApiKeyStore
+    from uprof.api.runtime import ServiceRuntime
+    from uprof.bootstrap import bootstrap
+    from uprof.mcp.server import build_server
+
+    server_settings = settings().model_copy(update={"background_workers": True})
+    keys = ApiKeyStore.open(server_settings)
+    try:
+        principal = None
+        if transport == "stdio":
+            # This is the one place the edge reads the environment: the MCP client that
+            # spawns the server passes the key this way (stdio has no headers).
+            principal = keys.authenticate(os.environ.get(API_KEY_ENV))
+            if principal is None:
+                err_console.print(f"error: {API_KEY_ENV} is missing, invalid or revoked")
+                raise typer.Exit(3)
+        kernel = bootstrap(server_settings)
+    except UprofError as e:
+        keys.close()
+        fail(e)
+        return
+    runtime = ServiceRuntime.for_kernel(kernel)
+    runtime.start()
+    try:
+        if transport == "stdio":
+            build_server(runtime, stdio_principal=principal).run("stdio")
+        else:
+            import uvicorn
+
+            from uprof.api.logconfig import server_log_config
+
+            server = build_server(runtime, keys, issuer_url=f"http://{host}:{port}")
+            app = server.streamable_http_app(streamable_http_path=path, host=host)
+            uvicorn.run(app, host=host, port=port, log_level="warning",
+                        log_config=server_log_config("warning"))
+    finally:
+        runtime.stop()
+        kernel.close()
+        keys.close()
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``mcp`` to the main CLI."""
+    app.command("mcp")(mcp)
+
+
+def standalone() -> typer.Typer:
+    """A CLI with only ``mcp`` and the main CLI's global options (for ``python -m uprof.mcp``)."""
+    cli = typer.Typer(add_completion=False, help=__doc__)
+
+    @cli.callback(invoke_without_command=False)
+    def options(
+        data_dir: Annotated[Path | None, typer.Option()] = None,
+        database_url: Annotated[str | None, typer.Option()] = None,
+        embedder: Annotated[str | None, typer.Option()] = None,
+    ) -> None:
+        STATE.data_dir = data_dir
+        STATE.database_url = database_url
+        STATE.embedder = embedder
+
+    register(cli)
+    return cli

@@ -1,0 +1,234 @@
+"""The uprof MCP server: tools ``profile_slice``, ``capture``, ``forget`` and a profile resource.
+
+Every tool calls ``AppScope`` (``uprof.api.scoped``), exactly what the REST routes
+call, so the same consent gate, policy and visibility rules apply. The calling app
+comes from authentication, as over REST (I3):
+
+- stdio: the API key in ``UPROF_API_KEY``, checked once when the server starts
+  (the process serves one app; ``build_server(stdio_principal=...)``);
+- streamable HTTP: ``Authorization: Bearer <key>`` on every request, checked by the
+  SDK's bearer middleware through ``ApiKeyTokenVerifier``; a missing, invalid or
+  revoked key gets 401 before any tool runs.
+
+Failures become tool errors (``is_error``) carrying the same error code as the
+REST body (``consent_required: ...``), never a traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Annotated, TypeVar
+
+import anyio.to_thread
+from mcp.server.auth.middleware.auth_context import get_access_token
+from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.settings import AuthSettings
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import BaseModel, Field, ValidationError
+
+from domain.errors import UprofError
+from uprof.api.errors import EdgeError, classify, unauthenticated
+from uprof.api.keys import ApiKeyStore, Principal
+from uprof.api.runtime import ServiceRuntime
+from uprof.api.scoped import AppScope
+from uprof.schemas import api as w
+from uprof.schemas.api import field_problems
+
+T = TypeVar("T")
+
+INSTRUCTIONS = (
+    "uprof keeps a governed profile of each user. Call profile_slice before answering to get "
+    "what you may know about the user for your purpose, within a token budget; call capture "
+    "to record what the user said; call forget when the user withdraws consent or asks to be "
+    "forgotten. Subjects are the user references your app uses."
+)
+
+
+class ApiKeyTokenVerifier:
+    """Check bearer tokens against the API-key store (the MCP SDK's TokenVerifier protocol)."""
+
+    def __init__(self, api_keys: ApiKeyStore) -> None:
+        self._api_keys = api_keys
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        # The store is synchronous (SQLAlchemy); keep the event loop free.
+        principal = await anyio.to_thread.run_sync(self._api_keys.authenticate, token)
+        if principal is None:
+            return None
+        return AccessToken(
+            token=token, client_id=principal.app_id, scopes=sorted(principal.roles),
+            subject=principal.key_id,
+        )
+
+
+class ForgetResult(BaseModel):
+    """What ``forget`` did: consents withdrawn and erasure receipts."""
+
+    withdrawn: list[w.Consent] = Field(default_factory=list)
+    erasures: list[w.ErasureReceipt] = Field(default_factory=list)
+
+
+def _tool_error(error: UprofError | EdgeError | ValidationError) -> ToolError:
+    """The same error code as the REST body, with the hint, as a tool error."""
+    if isinstance(error, ValidationError):
+        problems = field_problems([dict(e) for e in error.errors()])
+        summary = "; ".join(f"{p.field}: {p.message}" for p in problems)
+        return ToolError(f"invalid_request: {summary}")
+    if isinstance(error, EdgeError):
+        code, message, hint = error.code, error.message, error.hint
+    else:
+        code, message, hint = classify(error)[1], str(error), error.hint
+    return ToolError(f"{code}: {message}" + (f" ({hint})" if hint else ""))
+
+
+def build_server(
+    runtime: ServiceRuntime,
+    api_keys: ApiKeyStore | None = None,
+    *,
+    stdio_principal: Principal | None = None,
+    issuer_url: str = "http://127.0.0.1:8766",
+) -> MCPServer:
+    """Build the MCP server over a runtime.
+
+    Give ``stdio_principal`` for stdio (one app per process), ``api_keys`` for
+    streamable HTTP (a key per request). ``issuer_url`` only fills the SDK's auth
+    settings; uprof issues keys itself (``uprof apps create``), not through OAuth.
+    """
+    verifier = ApiKeyTokenVerifier(api_keys) if api_keys is not None else None
+    auth = (
+        AuthSettings(issuer_url=issuer_url, resource_server_url=None, validate_token_resource=False)
+        if verifier is not None
+        else None
+    )
+    server: MCPServer = MCPServer(
+        "uprof", instructions=INSTRUCTIONS, token_verifier=verifier, auth=auth,
+        log_level="WARNING",
+    )
+
+    def scope() -> AppScope:
+        token = get_access_token()
+        if token is not None:
+            return AppScope(runtime, token.client_id, frozenset(token.scopes))
+        if stdio_principal is not None:
+            return AppScope(runtime, stdio_principal.app_id, stdio_principal.roles)
+        # Neither transport authenticated the caller: fail closed.
+        raise _tool_error(unauthenticated("no API key: set UPROF_API_KEY or send a bearer token"))
+
+    def call(operation: Callable[[AppScope], T]) -> T:
+        app_scope = scope()
+        try:
+            return operation(app_scope)
+        except (UprofError, EdgeError, ValidationError) as error:
+            raise _tool_error(error) from None
+
+    @server.tool()
+    def profile_slice(
+        query: Annotated[str, Field(description="What the agent is about to answer.")],
+        agent_id: Annotated[str, Field(description="The calling agent's id.")],
+        subject: Annotated[str | None, Field(description="The user reference.")] = None,
+        session_id: Annotated[
+            str | None, Field(description="A session registered by this app.")
+        ] = None,
+        purpose: Annotated[str, Field(description="Why the profile is read.")] = "personalization",
+        budget_tokens: Annotated[int, Field(ge=0, le=w.MAX_BUDGET_TOKENS)] = 512,
+        agent_type: str = "",
+    ) -> w.ProfileSlice:
+        """Get the part of the user's profile this app may use for the query, within a token budget.
+
+        The result's `text` is ready to put in the prompt; `withheld` counts items the
+        policy, the user's consent or the sharing rules kept out.
+        """
+        return call(lambda s: s.slice(w.SliceIn(
+            subject=subject, session_id=session_id, query=query, budget_tokens=budget_tokens,
+            purpose=purpose, agent_id=agent_id, agent_type=agent_type,
+        )))
+
+    @server.tool()
+    def capture(
+        subject: Annotated[str, Field(description="The user reference.")],
+        agent_id: Annotated[str, Field(description="The calling agent's id.")],
+        user_input: Annotated[str, Field(description="What the user said.")],
+        agent_response: str = "",
+        session_id: str = "",
+        source_ref: str = "",
+        purpose: str = "personalization",
+        sharing: Annotated[
+            str, Field(description="private | shared | shared:<agent types>")
+        ] = "private",
+        occurred_at: Annotated[
+            str | None, Field(description="ISO 8601 with zone; default now.")
+        ] = None,
+    ) -> w.CaptureAck:
+        """Record one interaction with the user (refused without the user's consent)."""
+        when = occurred_at or datetime.now(tz=UTC).isoformat()
+        return call(lambda s: s.capture(w.CaptureIn.model_validate({
+            "subject": subject, "agent_id": agent_id, "user_input": user_input,
+            "agent_response": agent_response, "session_id": session_id,
+            "source_ref": source_ref, "purpose": purpose, "sharing": sharing,
+            "occurred_at": when,
+        })))
+
+    @server.tool()
+    def forget(
+        subject: Annotated[str, Field(description="The user reference.")],
+        consent_id: Annotated[
+            str | None, Field(description="One consent to withdraw; default: all of this app's.")
+        ] = None,
+        item_id: Annotated[
+            str | None, Field(description="Erase this one profile item instead (policy-gated).")
+        ] = None,
+        erase: Annotated[
+            bool, Field(description="Also erase what was collected under the consent(s).")
+        ] = False,
+    ) -> ForgetResult:
+        """Forget what the user shared with this app.
+
+        By default withdraw this app's consent(s): nothing is captured or served under
+        them from the next request on; with erase=true what they collected is erased
+        too (signed receipts). With item_id, erase that one item instead, which the
+        policy allows only to apps holding the erase right.
+        """
+        def run(s: AppScope) -> ForgetResult:
+            if item_id is not None:
+                receipt = s.erase_item(w.ItemErasureIn(subject=subject, item_id=item_id))
+                return ForgetResult(erasures=[receipt])
+            live = [c for c in s.consents(w.ConsentListIn(subject=subject)).consents
+                    if c.withdrawn_at is None]
+            targets = [c.consent_id for c in live if consent_id in (None, c.consent_id)]
+            if consent_id is not None and not targets:
+                raise EdgeError(404, "consent_not_found",
+                                "this app has no live consent with that id for the subject")
+            result = ForgetResult()
+            for target in targets:
+                done = s.withdraw_consent(
+                    w.ConsentWithdrawIn(subject=subject, consent_id=target, erase=erase))
+                result.withdrawn.append(done.consent)
+                if done.erasure is not None:
+                    result.erasures.append(done.erasure)
+            return result
+
+        return call(run)
+
+    @server.resource(
+        "uprof://profile/{subject}",
+        name="profile",
+        description="Everything this app may see of the user's profile (policy, consent and "
+        "sharing applied), as a JSON profile slice for purpose 'personalization'.",
+        mime_type="application/json",
+    )
+    def profile(subject: str) -> str:
+        result = call(lambda s: s.slice(w.SliceIn(
+            subject=subject, query="", budget_tokens=w.MAX_BUDGET_TOKENS,
+            purpose="personalization", agent_id=_resource_agent(s),
+        )))
+        return result.model_dump_json()
+
+    return server
+
+
+def _resource_agent(scope: AppScope) -> str:
+    # Resources carry no agent argument; read as the app itself, so private items of
+    # individual agents stay with those agents (I4).
+    return f"{scope.app_id}#mcp-resource"

@@ -1,0 +1,566 @@
+"""Wire models of the service surfaces (REST, SDK, MCP), validated strictly.
+
+Rules that hold for every request model here:
+
+- ``extra="forbid"``: an unknown field is refused (422) instead of ignored. In
+  particular no request carries ``app_id``: the app is the one its API key
+  authenticates (I3), so a body that tries to name an app is rejected.
+- Every request that concerns a data subject names it in the JSON body, never in
+  the URL: URLs end up in access logs, proxies and browser history, and a subject
+  reference (an e-mail, a handle) is personal data.
+- Text fields refuse NUL characters and lone surrogates: PostgreSQL cannot store
+  the first, UTF-8 cannot encode the second, and a capture that the log accepts but
+  a projection cannot write would stall the pipeline.
+
+The SDK re-exports the response models, so they double as its typed results.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    model_validator,
+)
+
+from domain.values import ATTRIBUTE_KEYS, CATEGORIES
+
+#: Most interactions accepted in one batch request (the kernel allows more; a request
+#: body is capped in bytes too, see uprof.api.limits).
+MAX_BATCH_INTERACTIONS = 1_000
+#: Most proposals in one request.
+MAX_PROPOSALS = 256
+#: Same bounds as the slice service (uprof.services.slices); repeated here so the
+#: OpenAPI schema states them.
+MAX_BUDGET_TOKENS = 32_768
+MAX_QUERY_CHARS = 4_000
+MAX_TEXT_CHARS = 32_000
+
+
+def _no_nul(value: str) -> str:
+    """Refuse NUL characters and lone surrogates: neither survives storage as text."""
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode (no lone surrogates)") from None
+    return value
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be blank")
+    return value
+
+
+def _utc(value: datetime) -> datetime:
+    # Converting at the edge means a time at the very ends of the calendar (year 1
+    # with a positive offset) is refused here as bad input, not deep inside.
+    try:
+        return value.astimezone(UTC)
+    except (OverflowError, ValueError):
+        raise ValueError("is outside the supported range of times") from None
+
+
+Text = Annotated[str, AfterValidator(_no_nul)]
+#: Ids that the audit log records (agents, purposes, legal bases) must be audit tokens:
+#: refusing anything else here means the kernel never stores an event whose audit
+#: entry would then be refused (audit/entry.py, _TOKEN_RE).
+TOKEN_PATTERN = r"^[A-Za-z0-9_.:/*#=\-]+$"
+AgentId = Annotated[str, Field(min_length=1, max_length=128, pattern=TOKEN_PATTERN)]
+AgentType = Annotated[str, Field(max_length=64, pattern=r"^[A-Za-z0-9_.:/*#=\-]*$")]
+Token = Annotated[str, Field(min_length=1, max_length=64, pattern=TOKEN_PATTERN)]
+SubjectRef = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(_no_nul),
+                       AfterValidator(_not_blank)]
+Purpose = Token
+UtcTime = Annotated[AwareDatetime, AfterValidator(_utc)]
+Category = Literal[CATEGORIES]  # type: ignore[valid-type]
+ConsentCategory = Literal[(*CATEGORIES, "*")]  # type: ignore[valid-type]
+AttributeKey = Literal[tuple(sorted(ATTRIBUTE_KEYS))]  # type: ignore[valid-type]
+Confidence = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+EvidenceIds = Annotated[list[Annotated[str, Field(min_length=1, max_length=64),
+                                       AfterValidator(_no_nul)]], Field(max_length=32)]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Response(BaseModel):
+    # Responses tolerate new fields, so an older SDK keeps working against a newer server.
+    model_config = ConfigDict(extra="ignore")
+
+
+# ----------------------------------------------------------------------- capture
+
+
+class InteractionBody(_Request):
+    """One interaction as an app reports it; the app comes from the API key."""
+
+    agent_id: AgentId
+    agent_type: AgentType = ""
+    user_input: Annotated[Text, Field(max_length=MAX_TEXT_CHARS)] = ""
+    agent_response: Annotated[Text, Field(max_length=MAX_TEXT_CHARS)] = ""
+    occurred_at: UtcTime
+    session_id: Annotated[Text, Field(max_length=128)] = ""
+    actor: Annotated[Text, Field(max_length=128)] = ""
+    source_ref: Annotated[Text, Field(max_length=256)] = ""
+    purpose: Purpose = "personalization"
+    sharing: Annotated[Text, Field(max_length=256)] = "private"
+    context: Annotated[dict[Annotated[str, Field(max_length=64), AfterValidator(_no_nul)],
+                            Annotated[str, Field(max_length=1024), AfterValidator(_no_nul)]],
+                       Field(max_length=64)] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _has_text(self) -> InteractionBody:
+        if not (self.user_input.strip() or self.agent_response.strip()):
+            raise ValueError("user_input or agent_response must hold text")
+        return self
+
+
+class CaptureIn(InteractionBody):
+    """Capture one interaction about ``subject``."""
+
+    subject: SubjectRef
+
+
+class CaptureBatchIn(_Request):
+    """Capture several interactions about one subject, all or nothing."""
+
+    subject: SubjectRef
+    interactions: Annotated[list[InteractionBody], Field(min_length=1,
+                                                         max_length=MAX_BATCH_INTERACTIONS)]
+
+
+class CaptureAck(_Response):
+    """Ids the app can cite later as evidence."""
+
+    capture_id: str
+    notification_id: int
+    subject_pseudonym: str
+
+
+class CaptureBatchAck(_Response):
+    acks: list[CaptureAck]
+
+
+# --------------------------------------------------------------------- proposals
+
+
+class AttributeProposalIn(_Request):
+    kind: Literal["attribute"] = "attribute"
+    key: AttributeKey
+    value: Annotated[Text, Field(min_length=1, max_length=512), AfterValidator(_not_blank)]
+    evidence: EvidenceIds = Field(default_factory=list)
+    confidence: Confidence = 0.6
+    explicit: bool = True
+    supersedes: bool = False
+    negated: bool = False
+
+
+class MemoryProposalIn(_Request):
+    kind: Literal["memory"] = "memory"
+    text: Annotated[Text, Field(min_length=1, max_length=4_000), AfterValidator(_not_blank)]
+    evidence: EvidenceIds = Field(default_factory=list)
+    category: Category = "conversation"
+    importance: Confidence = 0.5
+    source_refs: Annotated[list[Annotated[Text, Field(max_length=256)]],
+                           Field(max_length=32)] = Field(default_factory=list)
+    occurred_at: UtcTime | None = None
+
+
+class IntentProposalIn(_Request):
+    kind: Literal["intent"] = "intent"
+    description: Annotated[Text, Field(min_length=1, max_length=1_000), AfterValidator(_not_blank)]
+    evidence: EvidenceIds = Field(default_factory=list)
+    category: Category = "goal"
+    confidence: Confidence = 0.6
+    expires_at: UtcTime | None = None
+
+
+class IntentUpdateIn(_Request):
+    kind: Literal["intent_update"] = "intent_update"
+    status: Literal["active", "fulfilled", "abandoned", "expired"]
+    intent_id: Annotated[Text, Field(max_length=64)] = ""
+    description: Annotated[Text, Field(max_length=1_000)] = ""
+    evidence: EvidenceIds = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _names_an_intent(self) -> IntentUpdateIn:
+        if not (self.intent_id.strip() or self.description.strip()):
+            raise ValueError("intent_id or description must name the intent")
+        return self
+
+
+class ExperienceProposalIn(_Request):
+    kind: Literal["experience"] = "experience"
+    situation: Annotated[Text, Field(min_length=1, max_length=2_000)]
+    action: Annotated[Text, Field(min_length=1, max_length=2_000)]
+    outcome: Annotated[Text, Field(min_length=1, max_length=2_000)]
+    insight: Annotated[Text, Field(min_length=1, max_length=2_000)]
+    evidence: EvidenceIds = Field(default_factory=list)
+    confidence: Confidence = 0.6
+
+
+ProposalIn = Annotated[
+    AttributeProposalIn | MemoryProposalIn | IntentProposalIn | IntentUpdateIn
+    | ExperienceProposalIn,
+    Field(discriminator="kind"),
+]
+
+
+class ProposalsIn(_Request):
+    """Structured proposals by one agent about one subject, bound to evidence by the kernel."""
+
+    subject: SubjectRef
+    agent_id: AgentId
+    sharing: Annotated[Text, Field(max_length=256)] = "private"
+    purpose: Purpose = "personalization"
+    observed_at: UtcTime | None = None
+    proposals: Annotated[list[ProposalIn], Field(min_length=1, max_length=MAX_PROPOSALS)]
+
+
+class ProposalsResult(_Response):
+    applied: int
+
+
+# ------------------------------------------------------------------------ slices
+
+
+class SliceIn(_Request):
+    """Ask for the slice of a profile this app may see for a query, within a budget.
+
+    Name the subject directly, or by a session or identifier this app registered;
+    sources that disagree are an error, never a guess.
+    """
+
+    subject: SubjectRef | None = None
+    session_id: Annotated[Text, Field(min_length=1, max_length=128)] | None = None
+    identifier: Annotated[Text, Field(min_length=1, max_length=256)] | None = None
+    query: Annotated[Text, Field(max_length=MAX_QUERY_CHARS)]
+    budget_tokens: Annotated[int, Field(ge=0, le=MAX_BUDGET_TOKENS)]
+    purpose: Purpose
+    agent_id: AgentId
+    agent_type: AgentType = ""
+    lexical_only: bool = False
+    wait_timeout_s: Annotated[float, Field(ge=0.0, le=30.0, allow_inf_nan=False)] | None = None
+
+    @model_validator(mode="after")
+    def _names_someone(self) -> SliceIn:
+        if not (self.subject or self.session_id or self.identifier):
+            raise ValueError("name the subject: subject, session_id or identifier")
+        return self
+
+
+class SliceItem(_Response):
+    item_id: str
+    layer: str
+    category: str
+    text: str
+    confidence: float
+    provenance: str
+    status: str
+    source_refs: list[str]
+    evidence: list[str]
+
+
+class LeftOutItem(_Response):
+    item_id: str
+    layer: str
+    reason: str
+    detail: str
+
+
+class ProfileSlice(_Response):
+    """The exact text to inject, the items in it, and what was left out and why."""
+
+    text: str
+    n_tokens: int
+    budget_tokens: int
+    items: list[SliceItem]
+    left_out: list[LeftOutItem]
+    withheld: dict[str, int]
+    fresh: bool
+    waited_ms: float
+    purpose: str
+    app_id: str
+    subject_pseudonym: str
+
+
+# ------------------------------------------------------------- profile, evidence
+
+
+class ProfileIn(_Request):
+    subject: SubjectRef
+    as_of: UtcTime | None = None
+
+
+class AttributeOut(_Response):
+    item_id: str
+    key: str
+    category: str
+    value: str
+    confidence: float
+    provenance: str
+    status: str
+    conflicts_with: list[str]
+    superseded_by: str
+    owner_agent: str
+    sharing: str
+    evidence: list[str]
+    first_observed_at: datetime
+    last_observed_at: datetime
+
+
+class MemoryOut(_Response):
+    item_id: str
+    kind: str
+    text: str
+    category: str
+    importance: float
+    provenance: str
+    evidence: list[str]
+    source_refs: list[str]
+    owner_agent: str
+    sharing: str
+    actor: str
+    session_id: str
+    occurred_at: datetime
+    archived: bool
+
+
+class IntentOut(_Response):
+    item_id: str
+    description: str
+    category: str
+    confidence: float
+    provenance: str
+    status: str
+    evidence: list[str]
+    owner_agent: str
+    sharing: str
+    expires_at: datetime | None
+    observed_at: datetime
+
+
+class Consent(_Response):
+    consent_id: str
+    app_id: str
+    categories: list[str]
+    purposes: list[str]
+    legal_basis: str
+    granted_at: datetime
+    expires_at: datetime | None
+    withdrawn_at: datetime | None
+    erase_requested: bool = False
+
+
+class Profile(_Response):
+    """A subject's three layers and consents, each item with its evidence ids."""
+
+    attributes: list[AttributeOut]
+    memories: list[MemoryOut]
+    intents: list[IntentOut]
+    consents: list[Consent]
+    as_of: datetime | None = None
+
+
+class EvidenceIn(_Request):
+    subject: SubjectRef
+    item_id: Annotated[Text, Field(min_length=1, max_length=64)]
+
+
+class CapturedEvent(_Response):
+    capture_id: str
+    app_id: str
+    agent_id: str
+    session_id: str
+    actor: str
+    purpose: str
+    source_ref: str
+    user_input: str
+    agent_response: str
+    occurred_at: datetime
+
+
+class Evidence(_Response):
+    item_id: str
+    layer: str
+    summary: str
+    captures: list[CapturedEvent]
+
+
+# ----------------------------------------------------------------------- consent
+
+
+class ConsentGrantIn(_Request):
+    """Record the subject's consent for the calling app (never another app)."""
+
+    subject: SubjectRef
+    categories: Annotated[
+        list[ConsentCategory], Field(min_length=1, max_length=len(CATEGORIES) + 1)
+    ]
+    purposes: Annotated[list[Purpose], Field(min_length=1, max_length=16)]
+    legal_basis: Token = "consent"
+    expires_at: UtcTime | None = None
+
+
+class ConsentGranted(_Response):
+    consent_id: str
+
+
+class ConsentWithdrawIn(_Request):
+    subject: SubjectRef
+    consent_id: Annotated[Text, Field(min_length=1, max_length=64)]
+    erase: bool = False
+
+
+class ConsentListIn(_Request):
+    subject: SubjectRef
+
+
+class ConsentList(_Response):
+    consents: list[Consent]
+
+
+# ------------------------------------------------------------ identity registries
+
+
+class SessionIn(_Request):
+    """Bind a session of this app to a subject (sessions are scoped to the app)."""
+
+    session_id: Annotated[Text, Field(min_length=1, max_length=128), AfterValidator(_not_blank)]
+    subject: SubjectRef
+
+
+class IdentifierIn(_Request):
+    """Record that an identifier this app knows the user by names a subject."""
+
+    identifier: Annotated[Text, Field(min_length=1, max_length=256), AfterValidator(_not_blank)]
+    subject: SubjectRef
+
+
+class Registered(_Response):
+    registered: bool = True
+
+
+# --------------------------------------------------------------------- operations
+
+
+class FieldProblem(_Response):
+    field: str
+    message: str
+
+
+class ErrorBody(_Response):
+    code: str
+    message: str
+    hint: str = ""
+    fields: list[FieldProblem] = Field(default_factory=list)
+
+
+class ErrorOut(_Response):
+    """Every 4xx and 5xx answer has this shape."""
+
+    error: ErrorBody
+
+
+class Health(_Response):
+    status: str
+
+
+class Readiness(_Response):
+    ready: bool
+    database: bool
+    log_position: int
+    extraction_pending: int
+    projection_pending: int
+    worker: str
+    detail: str = ""
+
+
+class WhoAmI(_Response):
+    """The app and roles an API key stands for."""
+
+    app_id: str
+    key_id: str
+    roles: list[str]
+
+
+def field_problems(errors: list[dict[str, object]]) -> list[FieldProblem]:
+    """Turn pydantic/FastAPI error dicts into field problems with dotted names.
+
+    The leading "body" of FastAPI locations is dropped: callers think in their
+    JSON's field names (``interactions.0.occurred_at``), not in framework terms.
+    """
+    problems = []
+    for err in errors:
+        loc = [str(part) for part in err.get("loc", ()) or ()]  # type: ignore[attr-defined]
+        if loc and loc[0] in ("body", "query", "path", "header"):
+            loc = loc[1:]
+        # Discriminated unions add the tag name as a location part; keep it, it names the kind.
+        name = ".".join(loc) or "body"
+        problems.append(FieldProblem(field=name, message=str(err.get("msg", "invalid"))))
+    return problems
+
+
+# -------------------------------------------------------------------- governance
+# Checked by the Casbin policy (actions "erase", purpose "erasure"; "export", purpose
+# "access-request"), which the seed grants to role:dpo only.
+
+
+class SubjectErasureIn(_Request):
+    """Erase a subject entirely: tombstone, key destruction, purge, signed receipt."""
+
+    subject: SubjectRef
+    # Not an audit token: the erasure service turns it into one for the audit entry.
+    basis: Annotated[Text, Field(min_length=1, max_length=64), AfterValidator(_not_blank)] = (
+        "GDPR-Art.17(1)"
+    )
+
+
+class ItemErasureIn(_Request):
+    """Erase one profile item (and, if asked, the captured events behind it)."""
+
+    subject: SubjectRef
+    item_id: Annotated[Text, Field(min_length=1, max_length=64)]
+    with_evidence: bool = False
+
+
+class CaptureErasureIn(_Request):
+    """Erase one captured event and everything derived only from it."""
+
+    subject: SubjectRef
+    capture_id: Annotated[Text, Field(min_length=1, max_length=64)]
+
+
+class SubjectExportIn(_Request):
+    subject: SubjectRef
+
+
+class ErasureReceipt(_Response):
+    """The signed receipt (verifiable offline), the subject's nonce, and what was removed."""
+
+    receipt: dict[str, Any]
+    subject_nonce_hex: str
+    counts: dict[str, int]
+
+
+class SubjectExport(_Response):
+    """Everything held about a subject, with evidence (GDPR Art. 15/20), as portable JSON."""
+
+    export: dict[str, Any]
+
+
+class ConsentWithdrawn(_Response):
+    """The withdrawn consent, and the erasure receipt when erasure was asked for."""
+
+    consent: Consent
+    erasure: ErasureReceipt | None = None

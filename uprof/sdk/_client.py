@@ -1,0 +1,355 @@
+"""``Client`` (sync, HTTP or embedded) and ``AsyncClient`` (async, HTTP).
+
+Both expose the same methods with the same arguments; each method validates its
+request with the wire models before anything is sent, and returns a typed model.
+The app is the one the API key (or, embedded, ``app_id``) names: no method takes
+an app id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+import httpx
+from pydantic import BaseModel
+
+from uprof.schemas import api as w
+from uprof.sdk import _operations as ops
+from uprof.sdk._backends import AsyncHttpBackend, EmbeddedBackend, HttpBackend, SyncBackend
+from uprof.sdk._operations import Call
+
+if TYPE_CHECKING:
+    from uprof.kernel import Uprof
+
+DEFAULT_TIMEOUT_S = 30.0
+InteractionLike = w.InteractionBody | Mapping[str, Any]
+ProposalLike = BaseModel | Mapping[str, Any]
+
+
+def _headers(api_key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}", "User-Agent": "uprof-sdk"}
+
+
+# Request builders, shared by both clients so they cannot drift apart.
+
+
+def _capture(subject: str, fields: dict[str, Any]) -> Call[w.CaptureAck]:
+    return Call(ops.CAPTURE, ops.build(w.CaptureIn, subject=subject, **fields))
+
+
+def _capture_many(subject: str, items: Sequence[InteractionLike]) -> Call[w.CaptureBatchAck]:
+    body = ops.build(w.CaptureBatchIn, subject=subject, interactions=ops.interactions_of(items))
+    return Call(ops.CAPTURE_MANY, body)
+
+
+def _proposals(subject: str, items: Sequence[ProposalLike], agent_id: str, sharing: str,
+               purpose: str, observed_at: datetime | None) -> Call[w.ProposalsResult]:
+    fields: dict[str, Any] = {"subject": subject, "agent_id": agent_id, "sharing": sharing,
+                              "purpose": purpose, "proposals": ops.proposals_of(items)}
+    if observed_at is not None:
+        fields["observed_at"] = observed_at
+    return Call(ops.SUBMIT_PROPOSALS, ops.build(w.ProposalsIn, **fields))
+
+
+def _slice(fields: dict[str, Any]) -> Call[w.ProfileSlice]:
+    present = {k: v for k, v in fields.items() if v is not None}
+    return Call(ops.SLICE, ops.build(w.SliceIn, **present))
+
+
+def _profile(subject: str, as_of: datetime | None) -> Call[w.Profile]:
+    fields: dict[str, Any] = {"subject": subject}
+    if as_of is not None:
+        fields["as_of"] = as_of
+    return Call(ops.PROFILE, ops.build(w.ProfileIn, **fields))
+
+
+def _grant(subject: str, categories: Sequence[str], purposes: Sequence[str], legal_basis: str,
+           expires_at: datetime | None) -> Call[w.ConsentGranted]:
+    fields: dict[str, Any] = {"subject": subject, "categories": list(categories),
+                              "purposes": list(purposes), "legal_basis": legal_basis}
+    if expires_at is not None:
+        fields["expires_at"] = expires_at
+    return Call(ops.GRANT_CONSENT, ops.build(w.ConsentGrantIn, **fields))
+
+
+class Client:
+    """The uprof API, synchronously: over HTTP (``Client(url, api_key)``) or in-process.
+
+    >>> # with Client("http://127.0.0.1:8765", api_key) as client:
+    >>> #     client.slice("alice", "what are my goals?", budget_tokens=256,
+    >>> #                  purpose="personalization", agent_id="agent:one")
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        http = httpx.Client(base_url=base_url, headers=_headers(api_key), timeout=timeout_s,
+                            transport=transport)
+        self._backend: SyncBackend = HttpBackend(http)
+
+    @classmethod
+    def embedded(cls, kernel: Uprof, app_id: str, *, roles: Sequence[str] = ("app",)) -> Client:
+        """A client over a kernel in this process, acting as ``app_id`` (same interface, no HTTP).
+
+        The same checks and error mapping as the server apply. The kernel stays the
+        caller's: closing the client does not close it.
+        """
+        client = cls.__new__(cls)
+        client._backend = EmbeddedBackend(kernel, app_id, frozenset(roles))
+        return client
+
+    # ------------------------------------------------------------------ writes
+
+    def capture(
+        self, subject: str, *, agent_id: str, user_input: str = "", agent_response: str = "",
+        occurred_at: datetime | None = None, session_id: str = "", actor: str = "",
+        source_ref: str = "", purpose: str = "personalization", sharing: str = "private",
+        agent_type: str = "", context: Mapping[str, str] | None = None,
+    ) -> w.CaptureAck:
+        """Capture one interaction (refused with PermissionDeniedError without consent)."""
+        fields = ops.interaction(
+            agent_id=agent_id, user_input=user_input, agent_response=agent_response,
+            occurred_at=occurred_at, session_id=session_id, actor=actor, source_ref=source_ref,
+            purpose=purpose, sharing=sharing, agent_type=agent_type, context=context,
+        )
+        return self._backend.send(_capture(subject, fields))
+
+    def capture_many(
+        self, subject: str, interactions: Sequence[InteractionLike]
+    ) -> list[w.CaptureAck]:
+        """Capture several interactions about one subject, all or nothing."""
+        return self._backend.send(_capture_many(subject, interactions)).acks
+
+    def submit_proposals(
+        self, subject: str, proposals: Sequence[ProposalLike], *, agent_id: str,
+        sharing: str = "private", purpose: str = "personalization",
+        observed_at: datetime | None = None,
+    ) -> int:
+        """Submit structured proposals; returns how many the kernel applied."""
+        call = _proposals(subject, proposals, agent_id, sharing, purpose, observed_at)
+        return self._backend.send(call).applied
+
+    def grant_consent(
+        self, subject: str, *, categories: Sequence[str], purposes: Sequence[str],
+        legal_basis: str = "consent", expires_at: datetime | None = None,
+    ) -> str:
+        """Record the subject's consent for this app; returns the consent id."""
+        call = _grant(subject, categories, purposes, legal_basis, expires_at)
+        return self._backend.send(call).consent_id
+
+    def withdraw_consent(
+        self, subject: str, consent_id: str, *, erase: bool = False
+    ) -> w.ConsentWithdrawn:
+        """Withdraw one of this app's consents (with ``erase``, also erase what it collected)."""
+        body = ops.build(w.ConsentWithdrawIn, subject=subject, consent_id=consent_id, erase=erase)
+        return self._backend.send(Call(ops.WITHDRAW_CONSENT, body))
+
+    def erase_subject(self, subject: str, *, basis: str = "GDPR-Art.17(1)") -> w.ErasureReceipt:
+        """Erase a subject entirely (policy: ``erase``/``erasure``); returns the signed receipt."""
+        body = ops.build(w.SubjectErasureIn, subject=subject, basis=basis)
+        return self._backend.send(Call(ops.ERASE_SUBJECT, body))
+
+    def erase_item(
+        self, subject: str, item_id: str, *, with_evidence: bool = False
+    ) -> w.ErasureReceipt:
+        """Erase one profile item (policy: ``erase``/``erasure``)."""
+        body = ops.build(w.ItemErasureIn, subject=subject, item_id=item_id,
+                         with_evidence=with_evidence)
+        return self._backend.send(Call(ops.ERASE_ITEM, body))
+
+    def erase_capture(self, subject: str, capture_id: str) -> w.ErasureReceipt:
+        """Erase one captured event (policy: ``erase``/``erasure``)."""
+        body = ops.build(w.CaptureErasureIn, subject=subject, capture_id=capture_id)
+        return self._backend.send(Call(ops.ERASE_CAPTURE, body))
+
+    def export_subject(self, subject: str) -> dict[str, Any]:
+        """Everything held about a subject (policy: ``export``/``access-request``)."""
+        body = ops.build(w.SubjectExportIn, subject=subject)
+        return self._backend.send(Call(ops.EXPORT_SUBJECT, body)).export
+
+    def register_session(self, session_id: str, subject: str) -> None:
+        body = ops.build(w.SessionIn, session_id=session_id, subject=subject)
+        self._backend.send(Call(ops.REGISTER_SESSION, body))
+
+    def register_identifier(self, identifier: str, subject: str) -> None:
+        body = ops.build(w.IdentifierIn, identifier=identifier, subject=subject)
+        self._backend.send(Call(ops.REGISTER_IDENTIFIER, body))
+
+    # ------------------------------------------------------------------- reads
+
+    def slice(
+        self, subject: str | None, query: str, *, budget_tokens: int, purpose: str,
+        agent_id: str, agent_type: str = "", session_id: str | None = None,
+        identifier: str | None = None, lexical_only: bool = False,
+        wait_timeout_s: float | None = None,
+    ) -> w.ProfileSlice:
+        """The slice of the subject's profile this app may use for ``query``, within budget."""
+        return self._backend.send(_slice({
+            "subject": subject, "query": query, "budget_tokens": budget_tokens,
+            "purpose": purpose, "agent_id": agent_id, "agent_type": agent_type,
+            "session_id": session_id, "identifier": identifier, "lexical_only": lexical_only,
+            "wait_timeout_s": wait_timeout_s,
+        }))
+
+    def profile(self, subject: str, *, as_of: datetime | None = None) -> w.Profile:
+        """The whole profile (needs the ``operator`` role)."""
+        return self._backend.send(_profile(subject, as_of))
+
+    def evidence(self, subject: str, item_id: str) -> w.Evidence:
+        """The captured events behind one item (needs the ``operator`` role)."""
+        body = ops.build(w.EvidenceIn, subject=subject, item_id=item_id)
+        return self._backend.send(Call(ops.EVIDENCE, body))
+
+    def consents(self, subject: str) -> list[w.Consent]:
+        """This app's consents from the subject."""
+        body = ops.build(w.ConsentListIn, subject=subject)
+        return self._backend.send(Call(ops.CONSENTS, body)).consents
+
+    def whoami(self) -> w.WhoAmI:
+        """The app and roles this client acts as."""
+        return self._backend.send(Call(ops.WHOAMI, None))
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def close(self) -> None:
+        self._backend.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class AsyncClient:
+    """The uprof API over HTTP for asyncio code; the same methods as ``Client``, awaited."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        http = httpx.AsyncClient(base_url=base_url, headers=_headers(api_key),
+                                 timeout=timeout_s, transport=transport)
+        self._backend = AsyncHttpBackend(http)
+
+    async def capture(
+        self, subject: str, *, agent_id: str, user_input: str = "", agent_response: str = "",
+        occurred_at: datetime | None = None, session_id: str = "", actor: str = "",
+        source_ref: str = "", purpose: str = "personalization", sharing: str = "private",
+        agent_type: str = "", context: Mapping[str, str] | None = None,
+    ) -> w.CaptureAck:
+        fields = ops.interaction(
+            agent_id=agent_id, user_input=user_input, agent_response=agent_response,
+            occurred_at=occurred_at, session_id=session_id, actor=actor, source_ref=source_ref,
+            purpose=purpose, sharing=sharing, agent_type=agent_type, context=context,
+        )
+        return await self._backend.send(_capture(subject, fields))
+
+    async def capture_many(
+        self, subject: str, interactions: Sequence[InteractionLike]
+    ) -> list[w.CaptureAck]:
+        return (await self._backend.send(_capture_many(subject, interactions))).acks
+
+    async def submit_proposals(
+        self, subject: str, proposals: Sequence[ProposalLike], *, agent_id: str,
+        sharing: str = "private", purpose: str = "personalization",
+        observed_at: datetime | None = None,
+    ) -> int:
+        call = _proposals(subject, proposals, agent_id, sharing, purpose, observed_at)
+        return (await self._backend.send(call)).applied
+
+    async def grant_consent(
+        self, subject: str, *, categories: Sequence[str], purposes: Sequence[str],
+        legal_basis: str = "consent", expires_at: datetime | None = None,
+    ) -> str:
+        call = _grant(subject, categories, purposes, legal_basis, expires_at)
+        return (await self._backend.send(call)).consent_id
+
+    async def withdraw_consent(
+        self, subject: str, consent_id: str, *, erase: bool = False
+    ) -> w.ConsentWithdrawn:
+        body = ops.build(w.ConsentWithdrawIn, subject=subject, consent_id=consent_id, erase=erase)
+        return await self._backend.send(Call(ops.WITHDRAW_CONSENT, body))
+
+    async def erase_subject(
+        self, subject: str, *, basis: str = "GDPR-Art.17(1)"
+    ) -> w.ErasureReceipt:
+        body = ops.build(w.SubjectErasureIn, subject=subject, basis=basis)
+        return await self._backend.send(Call(ops.ERASE_SUBJECT, body))
+
+    async def erase_item(
+        self, subject: str, item_id: str, *, with_evidence: bool = False
+    ) -> w.ErasureReceipt:
+        body = ops.build(w.ItemErasureIn, subject=subject, item_id=item_id,
+                         with_evidence=with_evidence)
+        return await self._backend.send(Call(ops.ERASE_ITEM, body))
+
+    async def erase_capture(self, subject: str, capture_id: str) -> w.ErasureReceipt:
+        body = ops.build(w.CaptureErasureIn, subject=subject, capture_id=capture_id)
+        return await self._backend.send(Call(ops.ERASE_CAPTURE, body))
+
+    async def export_subject(self, subject: str) -> dict[str, Any]:
+        body = ops.build(w.SubjectExportIn, subject=subject)
+        return (await self._backend.send(Call(ops.EXPORT_SUBJECT, body))).export
+
+    async def register_session(self, session_id: str, subject: str) -> None:
+        body = ops.build(w.SessionIn, session_id=session_id, subject=subject)
+        await self._backend.send(Call(ops.REGISTER_SESSION, body))
+
+    async def register_identifier(self, identifier: str, subject: str) -> None:
+        body = ops.build(w.IdentifierIn, identifier=identifier, subject=subject)
+        await self._backend.send(Call(ops.REGISTER_IDENTIFIER, body))
+
+    async def slice(
+        self, subject: str | None, query: str, *, budget_tokens: int, purpose: str,
+        agent_id: str, agent_type: str = "", session_id: str | None = None,
+        identifier: str | None = None, lexical_only: bool = False,
+        wait_timeout_s: float | None = None,
+    ) -> w.ProfileSlice:
+        return await self._backend.send(_slice({
+            "subject": subject, "query": query, "budget_tokens": budget_tokens,
+            "purpose": purpose, "agent_id": agent_id, "agent_type": agent_type,
+            "session_id": session_id, "identifier": identifier, "lexical_only": lexical_only,
+            "wait_timeout_s": wait_timeout_s,
+        }))
+
+    async def profile(self, subject: str, *, as_of: datetime | None = None) -> w.Profile:
+        return await self._backend.send(_profile(subject, as_of))
+
+    async def evidence(self, subject: str, item_id: str) -> w.Evidence:
+        body = ops.build(w.EvidenceIn, subject=subject, item_id=item_id)
+        return await self._backend.send(Call(ops.EVIDENCE, body))
+
+    async def consents(self, subject: str) -> list[w.Consent]:
+        body = ops.build(w.ConsentListIn, subject=subject)
+        return (await self._backend.send(Call(ops.CONSENTS, body))).consents
+
+    async def whoami(self) -> w.WhoAmI:
+        return await self._backend.send(Call(ops.WHOAMI, None))
+
+    async def aclose(self) -> None:
+        await self._backend.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
