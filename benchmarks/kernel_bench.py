@@ -93,7 +93,9 @@ def capture_batched(k: Uprof, subject: str, n: int, batch: int, offset: int = 0)
     start = datetime(2025, 1, 1, tzinfo=UTC)
     began = time.perf_counter()
     for lo in range(0, n, batch):
-        k.capture_many(subject, [interaction(offset + i, start) for i in range(lo, min(n, lo + batch))])
+        k.capture_many(
+            subject, [interaction(offset + i, start) for i in range(lo, min(n, lo + batch))]
+        )
     return n / (time.perf_counter() - began)
 
 
@@ -134,7 +136,9 @@ def baseline_batched(backend_env: dict[str, str], n: int, batch: int) -> float:
         for lo in range(0, n, batch):
             for i in range(lo, min(n, lo + batch)):
                 it = interaction(i, start)
-                log.captured(text=it.user_input, occurred_at=it.occurred_at, source_ref=it.source_ref)
+                log.captured(
+                    text=it.user_input, occurred_at=it.occurred_at, source_ref=it.source_ref
+                )
             app.save(log)
         return n / (time.perf_counter() - began)
     finally:
@@ -209,7 +213,7 @@ def measure_pipeline(backend: str, sizes: Sizes, embedder: str) -> dict[str, Any
             grant(k, "bench")
             capture_batched(k, "bench", sizes.pipeline_events, 500)
             if embedder == "minilm":
-                k.projections._projector.embed_memories([])  # noqa: SLF001 - warm the model
+                k.projections._projector.embed_memories([])
                 _warm(k)
             began = time.perf_counter()
             k.process()
@@ -223,7 +227,7 @@ def measure_pipeline(backend: str, sizes: Sizes, embedder: str) -> dict[str, Any
 
 
 def _warm(k: Uprof) -> None:
-    embed = getattr(k.projections._projector, "_embedder", None)  # noqa: SLF001
+    embed = getattr(k.projections._projector, "_embedder", None)
     if embed is not None:
         embed.embed(["warm up"])
 
@@ -245,7 +249,9 @@ def measure_rebuild(backend: str, sizes: Sizes) -> dict[str, Any]:
             rates.append(total_events / (time.perf_counter() - began))
         rebuilt = k.queries.table_digest()
         ids, vectors = k.queries.embedding_matrix()
-        equal = rebuilt == live and ids == live_ids and bool((abs(vectors - live_vectors) < 1e-6).all())
+        equal = (
+            rebuilt == live and ids == live_ids and bool((abs(vectors - live_vectors) < 1e-6).all())
+        )
     return {
         "backend": backend,
         "log_events": total_events,
@@ -265,7 +271,9 @@ def run(backend: str, *, quick: bool, embedder: str) -> dict[str, Any]:
     }
 
 
-def main(backend: str, out: Path, quick: bool, embedder: str, echo: Callable[[str], None]) -> dict[str, Any]:
+def main(
+    backend: str, out: Path, quick: bool, embedder: str, echo: Callable[[str], None]
+) -> dict[str, Any]:
     result = run(backend, quick=quick, embedder=embedder)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

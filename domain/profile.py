@@ -54,7 +54,9 @@ def _new_id() -> str:
     return uuid.uuid4().hex
 
 
-def _evidence_label(evidence: tuple[str, ...], explicit: bool, confidence: float) -> tuple[str, float]:
+def _evidence_label(
+    evidence: tuple[str, ...], explicit: bool, confidence: float
+) -> tuple[str, float]:
     """Apply I1: no evidence means inferred, with confidence capped."""
     confidence = clamp(confidence)
     if not evidence:
@@ -78,7 +80,7 @@ class SubjectProfile(Aggregate):
             pass
 
     @event("Registered")
-    def __init__(self, id: uuid.UUID, tenant: str) -> None:  # noqa: A002 (eventsourcing's name)
+    def __init__(self, id: uuid.UUID, tenant: str) -> None:
         """Open the stream; ``id`` comes from the key store (random, never derived)."""
         self.tenant = tenant
         self.consents: dict[str, dict[str, Any]] = {}
@@ -338,9 +340,7 @@ class SubjectProfile(Aggregate):
                         item_id=old_id, superseded_by=item_id, reason="superseded"
                     )
             else:
-                self._attribute_conflict_flagged(
-                    item_id=item_id, conflicts_with=sorted(same_key)
-                )
+                self._attribute_conflict_flagged(item_id=item_id, conflicts_with=sorted(same_key))
         return 1
 
     @event("AttributeRecorded")
@@ -539,9 +539,7 @@ class SubjectProfile(Aggregate):
         item_id = p.intent_id or self._find_intent(p.description)
         if not item_id:
             return 0
-        self.change_intent_status(
-            item_id, p.status, evidence=p.evidence, observed_at=observed_at
-        )
+        self.change_intent_status(item_id, p.status, evidence=p.evidence, observed_at=observed_at)
         return 1
 
     def _find_intent(self, description: str) -> str:
@@ -689,7 +687,9 @@ class SubjectProfile(Aggregate):
             self.attributes.pop(item_id, None)
             self.intents.pop(item_id, None)
 
-    def erase_capture(self, capture_id: str, *, cited_by: list[str], now: datetime) -> dict[str, int]:
+    def erase_capture(
+        self, capture_id: str, *, cited_by: list[str], now: datetime
+    ) -> dict[str, int]:
         """Erase one captured event and everything derived only from it.
 
         ``cited_by`` are the memory and intent ids whose evidence cites the capture

@@ -65,6 +65,7 @@ CATEGORIES: tuple[str, ...] = (
     "experience",
 )
 
+
 #: Attribute keys the kernel knows. single-valued keys produce conflicts or
 #: supersessions when a different value arrives; multi-valued keys accumulate.
 @dataclass(frozen=True)

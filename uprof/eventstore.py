@@ -47,9 +47,7 @@ class ProfilesApplication(Application[UUID]):
     name = "profiles"
     snapshotting_intervals = {SubjectProfile: SNAPSHOT_INTERVAL}  # noqa: RUF012
 
-    def __init__(
-        self, env: dict[str, str], keystore: KeyStore, events_engine: sa.Engine
-    ) -> None:
+    def __init__(self, env: dict[str, str], keystore: KeyStore, events_engine: sa.Engine) -> None:
         self._keystore = keystore
         #: A SQLAlchemy view of the same store, for snapshot purges and WAL checkpoints.
         self.events_engine = events_engine
@@ -108,7 +106,10 @@ class ProfilesApplication(Application[UUID]):
                 for e in processing_event.events
                 if e.originator_id == aggregate.id
             ]
-            if versions and max(versions) // SNAPSHOT_INTERVAL > (min(versions) - 1) // SNAPSHOT_INTERVAL:
+            if (
+                versions
+                and max(versions) // SNAPSHOT_INTERVAL > (min(versions) - 1) // SNAPSHOT_INTERVAL
+            ):
                 self.snapshots.put([SubjectProfile.Snapshot.take(aggregate)])
 
     def with_retry(self, command: Callable[[], T]) -> T:

@@ -122,9 +122,7 @@ class Uprof:
         )
         if not collected:
             return None
-        return self.erasure_service.erase_captures(
-            subject, collected, scope="consent-withdrawal"
-        )
+        return self.erasure_service.erase_captures(subject, collected, scope="consent-withdrawal")
 
     def erase_subject(self, subject: str, *, basis: str = "GDPR-Art.17(1)") -> ErasureResult:
         """Erase a subject entirely: tombstone, key destruction, purge, signed receipt."""
@@ -136,9 +134,12 @@ class Uprof:
         view = self.profile(subject)
         export = build_subject_export(self.queries, stream_id, view, exported_at=self.clock.now())
         self.audit.record(
-            "subject.exported", subject_ref=self.subjects.pseudonym(subject),
-            counts={"captures": len(export["captured_events"]), "items": len(view.attributes)
-                    + len(view.memories) + len(view.intents)},
+            "subject.exported",
+            subject_ref=self.subjects.pseudonym(subject),
+            counts={
+                "captures": len(export["captured_events"]),
+                "items": len(view.attributes) + len(view.memories) + len(view.intents),
+            },
         )
         return export
 
@@ -148,7 +149,10 @@ class Uprof:
         scan_files(self.settings.data_dir, terms, report)
         scan_postgres(self.views_engine, terms, report)
         check_shredded_streams(
-            self.app, self.keys_engine, self.views_engine, self.keystore.shredded_stream_ids(),
+            self.app,
+            self.keys_engine,
+            self.views_engine,
+            self.keystore.shredded_stream_ids(),
             report,
         )
         return report
@@ -157,7 +161,9 @@ class Uprof:
         """Erase one captured event and everything derived only from it."""
         return self.erasure_service.erase_capture(subject, capture_id)
 
-    def erase_item(self, subject: str, item_id: str, *, with_evidence: bool = False) -> ErasureResult:
+    def erase_item(
+        self, subject: str, item_id: str, *, with_evidence: bool = False
+    ) -> ErasureResult:
         """Erase one item (and, if asked, the captured events behind it)."""
         return self.erasure_service.erase_item(subject, item_id, with_evidence=with_evidence)
 
@@ -202,7 +208,9 @@ class Uprof:
         wait_timeout_s: float | None = None,
     ) -> ProfileSlice:
         """Serve the profile slice an app may see for a query, within budget_tokens."""
-        request = subject if isinstance(subject, SubjectRequest) else SubjectRequest(subject=subject)
+        request = (
+            subject if isinstance(subject, SubjectRequest) else SubjectRequest(subject=subject)
+        )
         return self.slice_service.slice(
             SliceRequest(
                 subject=request,

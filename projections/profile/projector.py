@@ -17,8 +17,8 @@ import numpy as np
 import sqlalchemy as sa
 from eventsourcing.utils import get_topic
 
-from domain.profile import SubjectProfile as P
 from domain.errors import SubjectErasedError
+from domain.profile import SubjectProfile as P
 from projections.profile import tables as t
 from projections.profile.sealing import FieldSealer, context
 
@@ -128,23 +128,24 @@ class ProfileProjector:
         self._batch_captures = {}
         return len(fresh)
 
-    def _set_position(
-        self, conn: sa.Connection, application_name: str, old: int, new: int
-    ) -> None:
+    def _set_position(self, conn: sa.Connection, application_name: str, old: int, new: int) -> None:
         tracking = t.projection_tracking
-        if old == 0 and not conn.execute(
-            sa.select(tracking.c.notification_id).where(
-                tracking.c.projection_name == self.name,
-                tracking.c.application_name == application_name,
-            )
-        ).first():
+        if (
+            old == 0
+            and not conn.execute(
+                sa.select(tracking.c.notification_id).where(
+                    tracking.c.projection_name == self.name,
+                    tracking.c.application_name == application_name,
+                )
+            ).first()
+        ):
             conn.execute(
                 tracking.insert(),
                 dict(
                     projection_name=self.name,
                     application_name=application_name,
                     notification_id=new,
-                )
+                ),
             )
             return
         # Guarded update: a concurrent runner that already moved past ``old`` makes this
@@ -223,7 +224,7 @@ class ProfileProjector:
                 last_capture_notification_id=0,
                 memory_notification_id=0,
                 registered_at=e.timestamp,
-            )
+            ),
         )
 
     def _captured(self, conn: sa.Connection, nid: int, e: Any) -> None:
@@ -248,7 +249,7 @@ class ProfileProjector:
                 ),
                 occurred_at=e.occurred_at,
                 recorded_at=e.timestamp,
-            )
+            ),
         )
         self._batch_captures[e.capture_id] = (e.session_id, e.actor)
         if e.session_id:
@@ -266,9 +267,7 @@ class ProfileProjector:
         if updated.rowcount == 0:
             conn.execute(
                 sa_t.insert(),
-                dict(
-                    stream_id=stream_id, session_id=session_id, captures=1, last_at=at
-                )
+                dict(stream_id=stream_id, session_id=session_id, captures=1, last_at=at),
             )
 
     def _uncount_session(self, conn: sa.Connection, stream_id: str, session_id: str) -> None:
@@ -292,7 +291,7 @@ class ProfileProjector:
                 expires_at=e.expires_at,
                 withdrawn_at=None,
                 erase_requested=False,
-            )
+            ),
         )
 
     def _consent_withdrawn(self, conn: sa.Connection, nid: int, e: Any) -> None:
@@ -323,7 +322,7 @@ class ProfileProjector:
                 first_observed_at=e.observed_at,
                 last_observed_at=e.observed_at,
                 recorded_at=e.timestamp,
-            )
+            ),
         )
 
     def _attribute_reinforced(self, conn: sa.Connection, nid: int, e: Any) -> None:
@@ -357,7 +356,9 @@ class ProfileProjector:
             conn.execute(
                 t.attributes.update()
                 .where(t.attributes.c.item_id == row.item_id)
-                .values(status="conflicting", conflicts_with=_merge_json(row.conflicts_with, others))
+                .values(
+                    status="conflicting", conflicts_with=_merge_json(row.conflicts_with, others)
+                )
             )
 
     def _attribute_superseded(self, conn: sa.Connection, nid: int, e: Any) -> None:
@@ -406,7 +407,9 @@ class ProfileProjector:
             "last_visited_at": None,
             "archived": False,
             "embedding": (
-                None if vector is None else self._seal(e, "memories", "embedding", e.item_id, vector)
+                None
+                if vector is None
+                else self._seal(e, "memories", "embedding", e.item_id, vector)
             ),
             "detail": self._seal(e, "memories", "detail", e.item_id, "{}"),
         }
@@ -437,7 +440,10 @@ class ProfileProjector:
             importance=e.confidence,
             occurred_at=e.observed_at,
             detail=self._seal(
-                e, "memories", "detail", e.item_id,
+                e,
+                "memories",
+                "detail",
+                e.item_id,
                 json.dumps(detail, separators=(",", ":"), sort_keys=True),
             ),
         )
@@ -466,7 +472,7 @@ class ProfileProjector:
                 expires_at=e.expires_at,
                 observed_at=e.observed_at,
                 status_changed_at=None,
-            )
+            ),
         )
 
     def _intent_reinforced(self, conn: sa.Connection, nid: int, e: Any) -> None:
@@ -532,9 +538,8 @@ class ProfileProjector:
                         purpose=e.purpose,
                         reads=1,
                         last_read_at=e.served_at,
-                    )
+                    ),
                 )
-
 
     # ----------------------------------------------------------------- erasure
 
@@ -560,7 +565,7 @@ class ProfileProjector:
                 first_observed_at=e.first_observed_at,
                 last_observed_at=e.observed_at,
                 recorded_at=e.timestamp,
-            )
+            ),
         )
 
     def _items_erased(self, conn: sa.Connection, nid: int, e: Any) -> None:

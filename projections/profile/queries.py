@@ -214,7 +214,9 @@ class ProfileQueries:
         return [
             IntentRow(
                 item_id=r.item_id,
-                description=self._text(stream_id, "intents", "description", r.item_id, r.description),
+                description=self._text(
+                    stream_id, "intents", "description", r.item_id, r.description
+                ),
                 category=r.category,
                 confidence=r.confidence,
                 provenance=r.provenance,
@@ -270,25 +272,25 @@ class ProfileQueries:
 
     def _capture_row(self, r: Any) -> CaptureRow:
         return CaptureRow(
-                capture_id=r.capture_id,
-                stream_id=r.stream_id,
-                notification_id=r.notification_id,
-                app_id=r.app_id,
-                agent_id=r.agent_id,
-                session_id=r.session_id,
-                actor=self._text(r.stream_id, "captures", "actor", r.capture_id, r.actor),
-                purpose=r.purpose,
-                source_ref=self._text(
-                    r.stream_id, "captures", "source_ref", r.capture_id, r.source_ref
-                ),
-                user_input=self._text(
-                    r.stream_id, "captures", "user_input", r.capture_id, r.user_input
-                ),
-                agent_response=self._text(
-                    r.stream_id, "captures", "agent_response", r.capture_id, r.agent_response
-                ),
-                occurred_at=aware(r.occurred_at),  # type: ignore[arg-type]
-            )
+            capture_id=r.capture_id,
+            stream_id=r.stream_id,
+            notification_id=r.notification_id,
+            app_id=r.app_id,
+            agent_id=r.agent_id,
+            session_id=r.session_id,
+            actor=self._text(r.stream_id, "captures", "actor", r.capture_id, r.actor),
+            purpose=r.purpose,
+            source_ref=self._text(
+                r.stream_id, "captures", "source_ref", r.capture_id, r.source_ref
+            ),
+            user_input=self._text(
+                r.stream_id, "captures", "user_input", r.capture_id, r.user_input
+            ),
+            agent_response=self._text(
+                r.stream_id, "captures", "agent_response", r.capture_id, r.agent_response
+            ),
+            occurred_at=aware(r.occurred_at),  # type: ignore[arg-type]
+        )
 
     def captures_by(
         self, stream_id: str, *, app_id: str, purposes: Sequence[str], since: datetime

@@ -28,8 +28,13 @@ APP = "app:planner"
 
 def profile_with_consent(categories: tuple[str, ...] = ("*",)) -> SubjectProfile:
     p = SubjectProfile(id=uuid.uuid4(), tenant="t")
-    p.grant_consent(app_id=APP, categories=categories, purposes=("personalization",),
-                    legal_basis="consent", granted_at=T0)
+    p.grant_consent(
+        app_id=APP,
+        categories=categories,
+        purposes=("personalization",),
+        legal_basis="consent",
+        granted_at=T0,
+    )
     return p
 
 
@@ -46,8 +51,14 @@ def test_capture_needs_consent_in_force() -> None:
     interaction = Interaction(app_id=APP, agent_id="a", occurred_at=T0, user_input="hi")
     with pytest.raises(ConsentRequiredError):
         p.capture(interaction, now=T0)
-    p.grant_consent(app_id=APP, categories=("conversation",), purposes=("personalization",),
-                    legal_basis="consent", granted_at=T0, expires_at=T0 + timedelta(days=1))
+    p.grant_consent(
+        app_id=APP,
+        categories=("conversation",),
+        purposes=("personalization",),
+        legal_basis="consent",
+        granted_at=T0,
+        expires_at=T0 + timedelta(days=1),
+    )
     assert p.capture(interaction, now=T0 + timedelta(hours=1))
     with pytest.raises(ConsentRequiredError):
         p.capture(interaction, now=T0 + timedelta(days=2))
@@ -55,18 +66,25 @@ def test_capture_needs_consent_in_force() -> None:
 
 def test_single_valued_attribute_conflict_is_kept_not_overwritten() -> None:
     p = profile_with_consent()
-    p.apply_proposals(batch(AttributeProposal("home_location", "Paris", ("e1",))), observed_at=T0, now=T0)
-    p.apply_proposals(batch(AttributeProposal("home_location", "Rome", ("e2",))), observed_at=T0, now=T0)
+    p.apply_proposals(
+        batch(AttributeProposal("home_location", "Paris", ("e1",))), observed_at=T0, now=T0
+    )
+    p.apply_proposals(
+        batch(AttributeProposal("home_location", "Rome", ("e2",))), observed_at=T0, now=T0
+    )
     values = {a["value"]: a["status"] for a in p.attributes.values()}
     assert values == {"Paris": "conflicting", "Rome": "conflicting"}
 
 
 def test_supersession_resolves_the_old_value() -> None:
     p = profile_with_consent()
-    p.apply_proposals(batch(AttributeProposal("home_location", "Paris", ("e1",))), observed_at=T0, now=T0)
+    p.apply_proposals(
+        batch(AttributeProposal("home_location", "Paris", ("e1",))), observed_at=T0, now=T0
+    )
     p.apply_proposals(
         batch(AttributeProposal("home_location", "Rome", ("e2",), supersedes=True)),
-        observed_at=T0, now=T0,
+        observed_at=T0,
+        now=T0,
     )
     values = {a["value"]: a["status"] for a in p.attributes.values()}
     assert values == {"Paris": "superseded", "Rome": "current"}
@@ -75,8 +93,11 @@ def test_supersession_resolves_the_old_value() -> None:
 def test_multi_valued_attributes_accumulate() -> None:
     p = profile_with_consent()
     p.apply_proposals(
-        batch(AttributeProposal("likes", "tea", ("e1",)), AttributeProposal("likes", "jazz", ("e1",))),
-        observed_at=T0, now=T0,
+        batch(
+            AttributeProposal("likes", "tea", ("e1",)), AttributeProposal("likes", "jazz", ("e1",))
+        ),
+        observed_at=T0,
+        now=T0,
     )
     assert {a["status"] for a in p.attributes.values()} == {"current"}
 
@@ -84,9 +105,13 @@ def test_multi_valued_attributes_accumulate() -> None:
 def test_reinforcement_decays_old_confidence_before_combining() -> None:
     fresh, stale = profile_with_consent(), profile_with_consent()
     for p, gap in ((fresh, 0), (stale, 720)):
-        p.apply_proposals(batch(AttributeProposal("likes", "tea", ("e1",), 0.6)), observed_at=T0, now=T0)
+        p.apply_proposals(
+            batch(AttributeProposal("likes", "tea", ("e1",), 0.6)), observed_at=T0, now=T0
+        )
         later = T0 + timedelta(days=gap)
-        p.apply_proposals(batch(AttributeProposal("likes", "tea", ("e2",), 0.6)), observed_at=later, now=later)
+        p.apply_proposals(
+            batch(AttributeProposal("likes", "tea", ("e2",), 0.6)), observed_at=later, now=later
+        )
     (f,), (s,) = fresh.attributes.values(), stale.attributes.values()
     assert f["confidence"] == pytest.approx(0.84)
     assert s["confidence"] < f["confidence"]
@@ -94,18 +119,24 @@ def test_reinforcement_decays_old_confidence_before_combining() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(confidence=st.one_of(st.floats(min_value=-5, max_value=5), st.just(float("nan"))),
-       explicit=st.booleans(), repeats=st.integers(min_value=1, max_value=4))
+@given(
+    confidence=st.one_of(st.floats(min_value=-5, max_value=5), st.just(float("nan"))),
+    explicit=st.booleans(),
+    repeats=st.integers(min_value=1, max_value=4),
+)
 def test_items_without_evidence_are_inferred_and_capped(
     confidence: float, explicit: bool, repeats: int
 ) -> None:
     p = profile_with_consent()
     for _ in range(repeats):
         p.apply_proposals(
-            batch(AttributeProposal("occupation", "pilot", (), confidence, explicit=explicit),
-                  MemoryProposal("a note", (), importance=confidence),
-                  IntentProposal("fly to Rome", (), confidence=confidence)),
-            observed_at=T0, now=T0,
+            batch(
+                AttributeProposal("occupation", "pilot", (), confidence, explicit=explicit),
+                MemoryProposal("a note", (), importance=confidence),
+                IntentProposal("fly to Rome", (), confidence=confidence),
+            ),
+            observed_at=T0,
+            now=T0,
         )
     for a in p.attributes.values():
         assert a["provenance"] == "inferred"
@@ -118,7 +149,8 @@ def test_proposals_outside_consented_categories_are_dropped() -> None:
     p = profile_with_consent(categories=("conversation",))
     applied = p.apply_proposals(
         batch(AttributeProposal("home_location", "Paris", ("e1",)), MemoryProposal("hi", ("e1",))),
-        observed_at=T0, now=T0,
+        observed_at=T0,
+        now=T0,
     )
     assert applied == 1
     assert p.attributes == {}
@@ -129,8 +161,13 @@ def test_intent_lifecycle() -> None:
     p.apply_proposals(batch(IntentProposal("run a marathon", ("e1",))), observed_at=T0, now=T0)
     (intent_id,) = p.intents
     p.apply_proposals(
-        batch(IntentUpdateProposal(IntentStatus.FULFILLED, description="run a marathon", evidence=("e2",))),
-        observed_at=T0, now=T0,
+        batch(
+            IntentUpdateProposal(
+                IntentStatus.FULFILLED, description="run a marathon", evidence=("e2",)
+            )
+        ),
+        observed_at=T0,
+        now=T0,
     )
     assert p.intents == {}
     with pytest.raises(IntentTransitionError):
@@ -141,7 +178,8 @@ def test_intents_expire_at_their_deadline() -> None:
     p = profile_with_consent()
     p.apply_proposals(
         batch(IntentProposal("renew passport", ("e1",), expires_at=T0 + timedelta(days=3))),
-        observed_at=T0, now=T0,
+        observed_at=T0,
+        now=T0,
     )
     assert p.expire_intents(T0 + timedelta(days=1)) == []
     assert len(p.expire_intents(T0 + timedelta(days=4))) == 1
@@ -167,4 +205,6 @@ def test_erased_subject_refuses_every_command() -> None:
     with pytest.raises(SubjectErasedError):
         p.capture(Interaction(app_id=APP, agent_id="a", occurred_at=T0, user_input="x"), now=T0)
     with pytest.raises(SubjectErasedError):
-        p.grant_consent(app_id=APP, categories=("*",), purposes=("x",), legal_basis="c", granted_at=T0)
+        p.grant_consent(
+            app_id=APP, categories=("*",), purposes=("x",), legal_basis="c", granted_at=T0
+        )

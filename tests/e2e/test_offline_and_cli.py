@@ -35,12 +35,21 @@ def test_real_models_run_with_the_network_blocked(tmp_path: Path, no_network: No
     k = bootstrap(Settings(data_dir=tmp_path / "data", embedder="minilm"))
     try:
         k.grant_consent("ana", app_id="app:planner", categories=["*"], purposes=["personalization"])
-        k.capture_many("ana", [
-            line_to_interaction("I'm learning to play the cello with my teacher Rosa."),
-            line_to_interaction("I'm vegan and I love spicy food."),
-        ])
-        result = k.slice("ana", "what instrument do I practise?", budget_tokens=64,
-                         purpose="personalization", app_id="app:planner", agent_id="agent:one")
+        k.capture_many(
+            "ana",
+            [
+                line_to_interaction("I'm learning to play the cello with my teacher Rosa."),
+                line_to_interaction("I'm vegan and I love spicy food."),
+            ],
+        )
+        result = k.slice(
+            "ana",
+            "what instrument do I practise?",
+            budget_tokens=64,
+            purpose="personalization",
+            app_id="app:planner",
+            agent_id="agent:one",
+        )
         assert "cello" in result.text
         assert result.n_tokens <= 64
     finally:
@@ -50,9 +59,14 @@ def test_real_models_run_with_the_network_blocked(tmp_path: Path, no_network: No
 def line_to_interaction(text: str):  # type: ignore[no-untyped-def]
     from uprof.schemas.capture import InteractionIn
 
-    return InteractionIn(subject="ana", app_id="app:planner", agent_id="agent:one",
-                         user_input=text, occurred_at=datetime(2026, 2, 1, tzinfo=UTC),
-                         sharing="shared").to_domain()
+    return InteractionIn(
+        subject="ana",
+        app_id="app:planner",
+        agent_id="agent:one",
+        user_input=text,
+        occurred_at=datetime(2026, 2, 1, tzinfo=UTC),
+        sharing="shared",
+    ).to_domain()
 
 
 def _lines(*rows: dict[str, object]) -> list[str]:
@@ -60,8 +74,14 @@ def _lines(*rows: dict[str, object]) -> list[str]:
 
 
 def _row(subject: str, text: str, app: str = "app:planner") -> dict[str, object]:
-    return {"subject": subject, "app_id": app, "agent_id": "agent:one", "user_input": text,
-            "occurred_at": "2026-02-01T10:00:00Z", "sharing": "shared"}
+    return {
+        "subject": subject,
+        "app_id": app,
+        "agent_id": "agent:one",
+        "user_input": text,
+        "occurred_at": "2026-02-01T10:00:00Z",
+        "sharing": "shared",
+    }
 
 
 def test_importer_writes_nothing_when_one_line_is_bad(tmp_path: Path) -> None:
@@ -90,15 +110,48 @@ def test_cli_walkthrough(tmp_path: Path) -> None:
         assert result.exit_code == 0, result.output
         return result.output
 
-    run("consent", "grant", "--subject", "ana", "--app", "app:planner", "--category", "*",
-        "--purpose", "personalization")
-    run("capture", "--subject", "ana", "--app", "app:planner", "--agent", "agent:one",
-        "--text", "I want to learn the cello", "--sharing", "shared",
-        "--at", "2026-02-01T10:00:00Z")
+    run(
+        "consent",
+        "grant",
+        "--subject",
+        "ana",
+        "--app",
+        "app:planner",
+        "--category",
+        "*",
+        "--purpose",
+        "personalization",
+    )
+    run(
+        "capture",
+        "--subject",
+        "ana",
+        "--app",
+        "app:planner",
+        "--agent",
+        "agent:one",
+        "--text",
+        "I want to learn the cello",
+        "--sharing",
+        "shared",
+        "--at",
+        "2026-02-01T10:00:00Z",
+    )
     assert "learn the cello" in run("profile", "show", "--subject", "ana")
-    assert "cello" in run("slice", "--subject", "ana", "--app", "app:planner", "--agent",
-                          "agent:one", "--purpose", "personalization", "--budget", "64",
-                          "what am I learning?")
+    assert "cello" in run(
+        "slice",
+        "--subject",
+        "ana",
+        "--app",
+        "app:planner",
+        "--agent",
+        "agent:one",
+        "--purpose",
+        "personalization",
+        "--budget",
+        "64",
+        "what am I learning?",
+    )
     # The slice itself was recorded as an event: one more to project.
     assert json.loads(run("projections", "lag"))["projection_pending"] >= 1
     run("projections", "run")
@@ -108,14 +161,29 @@ def test_cli_walkthrough(tmp_path: Path) -> None:
     trail = tmp_path / "trail.jsonl"
     run("erase", "subject", "--subject", "ana", "--out", str(receipt))
     run("audit", "public-key", "--out", str(key))
-    assert "receipt verified" in run("audit", "verify-receipt", str(receipt), "--public-key", str(key))
+    assert "receipt verified" in run(
+        "audit", "verify-receipt", str(receipt), "--public-key", str(key)
+    )
     run("audit", "export", "--out", str(trail))
     assert "verified" in run("audit", "verify", str(trail), "--public-key", str(key))
     assert "residue: 0" in run("audit", "residue", "--term", "cello")
 
     # A refused capture exits non-zero with a clear message and stores nothing.
-    result = runner.invoke(cli, [*data, "capture", "--subject", "ana", "--app", "app:planner",
-                                 "--agent", "a", "--text", "hi"])
+    result = runner.invoke(
+        cli,
+        [
+            *data,
+            "capture",
+            "--subject",
+            "ana",
+            "--app",
+            "app:planner",
+            "--agent",
+            "a",
+            "--text",
+            "hi",
+        ],
+    )
     assert result.exit_code == 3
     assert "consent" in result.output
 

@@ -40,8 +40,17 @@ def kernel(backend: Backend, clock: FakeClock) -> Iterator[Uprof]:
         k.close()
 
 
-def say(text: str, *, app: str = APP, agent: str = "agent:one", ref: str = "", day: int = 1,
-        sharing: str = "shared", purpose: str = "personalization", session: str = "s1") -> Interaction:
+def say(
+    text: str,
+    *,
+    app: str = APP,
+    agent: str = "agent:one",
+    ref: str = "",
+    day: int = 1,
+    sharing: str = "shared",
+    purpose: str = "personalization",
+    session: str = "s1",
+) -> Interaction:
     return Interaction(
         app_id=app,
         agent_id=agent,

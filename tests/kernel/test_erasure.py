@@ -45,7 +45,7 @@ def test_erasure_leaves_no_residue_and_verifies(kernel: Uprof) -> None:
     stream = kernel.stream_of("alice")
     # Before: the scanner does see decryptable data is *not* yet shredded, and terms are sealed.
     result = kernel.erase_subject("alice")
-    report = kernel.residue_scan(list(CANARIES.values()) + ["alice"])
+    report = kernel.residue_scan([*CANARIES.values(), "alice"])
     assert report.clean, report.findings
     assert report.streams_checked == 1 and report.events_checked > 0
     verify_receipt(result.receipt, kernel.audit_log.public_key)
@@ -53,7 +53,9 @@ def test_erasure_leaves_no_residue_and_verifies(kernel: Uprof) -> None:
     with kernel.views_engine.connect() as conn:
         for table in t.SUBJECT_TABLES:
             n = conn.execute(
-                sa.select(sa.func.count()).select_from(table).where(table.c.stream_id == str(stream))
+                sa.select(sa.func.count())
+                .select_from(table)
+                .where(table.c.stream_id == str(stream))
             ).scalar_one()
             assert n == 0, table.name
     for stored in kernel.app.recorder.select_events(stream):
@@ -100,12 +102,15 @@ def test_backup_taken_before_erasure_yields_nothing_readable(
         for engine in (kernel.views_engine, kernel.app.events_engine):
             with engine.connect() as conn:
                 conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
-        shutil.copytree(kernel.settings.data_dir, files_backup,
-                        ignore=shutil.ignore_patterns("keys.sqlite*", "keks.json"))
+        shutil.copytree(
+            kernel.settings.data_dir,
+            files_backup,
+            ignore=shutil.ignore_patterns("keys.sqlite*", "keks.json"),
+        )
     assert backup_rows
     kernel.erase_subject("alice")
     # The backed-up rows are ciphertext whose key no longer exists.
-    sealer = kernel.queries._sealer  # noqa: SLF001 - the same sealer the service uses
+    sealer = kernel.queries._sealer
     for row in backup_rows:
         assert sealer.open(stream, f"memories.text|{row.item_id}", row.text) is None
         assert all(c.encode() not in row.text for c in CANARIES.values())
@@ -149,8 +154,9 @@ def test_erased_subject_refuses_reads_and_writes(kernel: Uprof) -> None:
 def test_rebuild_after_erasures_equals_live(kernel: Uprof) -> None:
     fill_with_canaries(kernel, "alice")
     consent(kernel, subject="bob")
-    acks = kernel.capture_many("bob", [say("I live in Oslo"), say("I live in Oslo again"),
-                                       say("I want to learn to sail")])
+    acks = kernel.capture_many(
+        "bob", [say("I live in Oslo"), say("I live in Oslo again"), say("I want to learn to sail")]
+    )
     kernel.erase_subject("alice")
     kernel.erase_capture("bob", acks[2].capture_id)
     kernel.process()
@@ -162,8 +168,12 @@ def test_rebuild_after_erasures_equals_live(kernel: Uprof) -> None:
 def test_erasing_one_event_keeps_attributes_backed_by_other_evidence(kernel: Uprof) -> None:
     consent(kernel)
     acks = kernel.capture_many(
-        "alice", [say("I live in Porto", ref="a"), say("I live in Porto", ref="b"),
-                  say("I want to learn to sail", ref="c")]
+        "alice",
+        [
+            say("I live in Porto", ref="a"),
+            say("I live in Porto", ref="b"),
+            say("I want to learn to sail", ref="c"),
+        ],
     )
     (before,) = kernel.profile("alice").attributes
     result = kernel.erase_capture("alice", acks[0].capture_id)
@@ -175,8 +185,10 @@ def test_erasing_one_event_keeps_attributes_backed_by_other_evidence(kernel: Upr
     assert after.confidence < before.confidence
     assert {m.source_refs for m in view.memories} == {("b",), ("c",)}
     # The erased event itself no longer opens.
-    events = [kernel.app.mapper.to_domain_event(s)
-              for s in kernel.app.recorder.select_events(kernel.stream_of("alice"))]
+    events = [
+        kernel.app.mapper.to_domain_event(s)
+        for s in kernel.app.recorder.select_events(kernel.stream_of("alice"))
+    ]
     shredded = [e for e in events if isinstance(e, SubjectProfile.ContentShredded)]
     assert any(e.topic.endswith("InteractionCaptured") for e in shredded)
 

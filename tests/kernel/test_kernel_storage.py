@@ -18,10 +18,9 @@ from domain.values import (
 )
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import APP, consent, say
+from tests.kernel.conftest import APP, consent, say, settings_for
 from uprof.kernel import Uprof
 from uprof.storage import create_engine, layout_for
-from tests.kernel.conftest import settings_for
 
 
 def test_capture_without_consent_is_refused_and_stores_nothing(kernel: Uprof) -> None:
@@ -127,13 +126,17 @@ def test_proposal_citing_missing_or_foreign_evidence_is_refused(kernel: Uprof) -
     kernel.capture("alice", say("hello"))
     missing = ProposalBatch(
         (AttributeProposal("occupation", "pilot", ("0" * 32,)),),
-        author="agent", owner_agent="agent:one", app_id=APP,
+        author="agent",
+        owner_agent="agent:one",
+        app_id=APP,
     )
     with pytest.raises(EvidenceError, match="does not name"):
         kernel.submit_proposals("alice", missing)
     foreign = ProposalBatch(
         (AttributeProposal("occupation", "pilot", (bob_ack.capture_id,)),),
-        author="agent", owner_agent="agent:one", app_id=APP,
+        author="agent",
+        owner_agent="agent:one",
+        app_id=APP,
     )
     with pytest.raises(EvidenceError, match="another subject"):
         kernel.submit_proposals("alice", foreign)
@@ -145,7 +148,9 @@ def test_proposal_without_evidence_is_inferred_with_capped_confidence(kernel: Up
     kernel.capture("alice", say("hello"))
     batch = ProposalBatch(
         (AttributeProposal("occupation", "pilot", (), confidence=0.99),),
-        author="agent", owner_agent="agent:one", app_id=APP,
+        author="agent",
+        owner_agent="agent:one",
+        app_id=APP,
     )
     assert kernel.submit_proposals("alice", batch) == 1
     (attribute,) = [a for a in kernel.profile("alice").attributes if a.key == "occupation"]
@@ -158,8 +163,14 @@ def test_intent_lifecycle_from_agent_proposal(kernel: Uprof) -> None:
     ack = kernel.capture("alice", say("I want to learn Spanish"))
     (intent,) = kernel.profile("alice").intents
     done = ProposalBatch(
-        (IntentUpdateProposal(IntentStatus.FULFILLED, intent_id=intent.item_id, evidence=(ack.capture_id,)),),
-        author="agent", owner_agent="agent:one", app_id=APP,
+        (
+            IntentUpdateProposal(
+                IntentStatus.FULFILLED, intent_id=intent.item_id, evidence=(ack.capture_id,)
+            ),
+        ),
+        author="agent",
+        owner_agent="agent:one",
+        app_id=APP,
     )
     kernel.submit_proposals("alice", done)
     (intent,) = kernel.profile("alice").intents
@@ -191,8 +202,8 @@ def test_projection_applies_each_event_once(kernel: Uprof) -> None:
     # Replaying an old batch must change nothing: the position guards it.
     notifications = kernel.app.notifications_after(0, 100)
     events = [(n.id, kernel.app.decode(n)) for n in notifications]
-    with kernel.projections._engine.begin() as conn:  # noqa: SLF001 - white-box check
-        applied = kernel.projections._projector.apply_batch(  # noqa: SLF001
+    with kernel.projections._engine.begin() as conn:
+        applied = kernel.projections._projector.apply_batch(
             conn, kernel.app.name, events, notifications[-1].id
         )
     assert applied == 0
@@ -244,14 +255,18 @@ def test_audit_records_refusals_without_content(kernel: Uprof) -> None:
     assert "alice" not in repr(entries)
 
 
-def test_decay_job_expires_intents_and_archives_the_coldest(kernel: Uprof, clock: FakeClock) -> None:
+def test_decay_job_expires_intents_and_archives_the_coldest(
+    kernel: Uprof, clock: FakeClock
+) -> None:
     from uprof.services.maintenance import MaintenanceService
 
     consent(kernel)
     kernel.capture_many("alice", [say(f"note number {i}", day=1 + i) for i in range(5)])
     batch = ProposalBatch(
         (IntentProposal("renew the passport", (), expires_at=clock.now() + timedelta(days=1)),),
-        author="agent", owner_agent="agent:one", app_id=APP,
+        author="agent",
+        owner_agent="agent:one",
+        app_id=APP,
     )
     kernel.submit_proposals("alice", batch)
     kernel.maintenance = MaintenanceService(kernel.app, kernel.subjects, kernel.queries, capacity=3)

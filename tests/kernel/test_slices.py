@@ -18,8 +18,13 @@ COUNTER = TiktokenCounter()
 
 def planner_slice(kernel: Uprof, query: str, budget: int = 512, agent: str = "agent:one", **kw):
     return kernel.slice(
-        "alice", query, budget_tokens=budget, purpose="personalization", app_id=APP,
-        agent_id=agent, **kw,
+        "alice",
+        query,
+        budget_tokens=budget,
+        purpose="personalization",
+        app_id=APP,
+        agent_id=agent,
+        **kw,
     )
 
 
@@ -28,8 +33,10 @@ def test_slice_never_exceeds_its_budget(kernel: Uprof, budget: int) -> None:
     consent(kernel)
     kernel.capture_many(
         "alice",
-        [say(f"I want to visit place number {i} with my friends and family", day=1 + i % 20)
-         for i in range(40)],
+        [
+            say(f"I want to visit place number {i} with my friends and family", day=1 + i % 20)
+            for i in range(40)
+        ],
     )
     result = planner_slice(kernel, "where do I want to travel?", budget)
     assert COUNTER.count(result.text) == result.n_tokens <= budget
@@ -56,7 +63,11 @@ def test_policy_denied_category_is_withheld_with_a_count(kernel: Uprof) -> None:
 
     kernel.grant_consent("alice", app_id=CALENDAR, categories=["location"], purposes=["scheduling"])
     calendar = kernel.slice(
-        "alice", "where do I live?", budget_tokens=256, purpose="scheduling", app_id=CALENDAR,
+        "alice",
+        "where do I live?",
+        budget_tokens=256,
+        purpose="scheduling",
+        app_id=CALENDAR,
         agent_id="agent:cal",
     )
     assert any(i.layer == "attribute" and "Paris" in i.text for i in calendar.items)
@@ -66,7 +77,11 @@ def test_no_consent_for_the_reading_app_withholds_everything(kernel: Uprof) -> N
     consent(kernel)
     kernel.capture("alice", say("I want to run a marathon"))
     result = kernel.slice(
-        "alice", "goals", budget_tokens=256, purpose="scheduling", app_id=CALENDAR,
+        "alice",
+        "goals",
+        budget_tokens=256,
+        purpose="scheduling",
+        app_id=CALENDAR,
         agent_id="agent:cal",
     )
     assert result.items == ()
@@ -84,7 +99,9 @@ def test_wrong_purpose_is_denied_by_default(kernel: Uprof) -> None:
 
 def test_private_items_are_visible_only_to_their_owner_agent(kernel: Uprof) -> None:
     consent(kernel)
-    kernel.capture("alice", say("my secret plan is to bake bread", agent="agent:one", sharing="private"))
+    kernel.capture(
+        "alice", say("my secret plan is to bake bread", agent="agent:one", sharing="private")
+    )
     kernel.capture("alice", say("we discussed bread recipes", agent="agent:two", sharing="shared"))
     owner = planner_slice(kernel, "bread", agent="agent:one")
     other = planner_slice(kernel, "bread", agent="agent:two")
@@ -105,13 +122,20 @@ def test_randomized_multi_agent_histories_never_leak(kernel: Uprof) -> None:
         sharing = rng.choice(["private", "shared", "shared:planner", "garbage!!", ""])
         marker = f"marker{i:03d}"
         owners[marker] = (subject, agent, sharing)  # type: ignore[assignment]
-        kernel.capture(subject, say(f"note {marker} about topic {i % 5}", agent=agent, sharing=sharing))
+        kernel.capture(
+            subject, say(f"note {marker} about topic {i % 5}", agent=agent, sharing=sharing)
+        )
     for reader in agents:
         for subject in ("alice", "bob"):
             for topic in range(5):
                 result = kernel.slice(
-                    subject, f"topic {topic}", budget_tokens=2048, purpose="personalization",
-                    app_id=APP, agent_id=reader, agent_type="assistant",
+                    subject,
+                    f"topic {topic}",
+                    budget_tokens=2048,
+                    purpose="personalization",
+                    app_id=APP,
+                    agent_id=reader,
+                    agent_type="assistant",
                 )
                 for marker, (owner_subject, owner_agent, sharing) in owners.items():  # type: ignore[misc]
                     if marker not in result.text:
@@ -129,33 +153,57 @@ def test_identity_resolution_order_and_ambiguity(kernel: Uprof) -> None:
     kernel.register_identifier("Alice@Example.org", "alice")
 
     by_session = kernel.slice(
-        SubjectRequest(session_id="sess-1"), "Italian", budget_tokens=128,
-        purpose="personalization", app_id=APP, agent_id="agent:one",
+        SubjectRequest(session_id="sess-1"),
+        "Italian",
+        budget_tokens=128,
+        purpose="personalization",
+        app_id=APP,
+        agent_id="agent:one",
     )
     assert "Italian" in by_session.text
     by_identifier = kernel.slice(
-        SubjectRequest(identifier="alice@example.org"), "Italian", budget_tokens=128,
-        purpose="personalization", app_id=APP, agent_id="agent:one",
+        SubjectRequest(identifier="alice@example.org"),
+        "Italian",
+        budget_tokens=128,
+        purpose="personalization",
+        app_id=APP,
+        agent_id="agent:one",
     )
     assert "Italian" in by_identifier.text
     with pytest.raises(IdentityError, match="ambiguous"):
         kernel.slice(
-            SubjectRequest(subject="bob", session_id="sess-1"), "x", budget_tokens=64,
-            purpose="personalization", app_id=APP, agent_id="agent:one",
+            SubjectRequest(subject="bob", session_id="sess-1"),
+            "x",
+            budget_tokens=64,
+            purpose="personalization",
+            app_id=APP,
+            agent_id="agent:one",
         )
     with pytest.raises(IdentityError):
         kernel.slice(
-            SubjectRequest(session_id="unknown"), "x", budget_tokens=64,
-            purpose="personalization", app_id=APP, agent_id="agent:one",
+            SubjectRequest(session_id="unknown"),
+            "x",
+            budget_tokens=64,
+            purpose="personalization",
+            app_id=APP,
+            agent_id="agent:one",
         )
     with pytest.raises(IdentityError):
         kernel.slice(
-            SubjectRequest(), "x", budget_tokens=64, purpose="personalization", app_id=APP,
+            SubjectRequest(),
+            "x",
+            budget_tokens=64,
+            purpose="personalization",
+            app_id=APP,
             agent_id="agent:one",
         )
     with pytest.raises(SubjectNotFoundError):
         kernel.slice(
-            "nobody", "x", budget_tokens=64, purpose="personalization", app_id=APP,
+            "nobody",
+            "x",
+            budget_tokens=64,
+            purpose="personalization",
+            app_id=APP,
             agent_id="agent:one",
         )
 

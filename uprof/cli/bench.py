@@ -17,7 +17,9 @@ def bench_kernel(
     backend: Annotated[str, typer.Option(help="sqlite or postgres")] = "sqlite",
     out: Annotated[Path | None, typer.Option(help="JSON result file.")] = None,
     quick: Annotated[bool, typer.Option(help="Small sizes, one repetition (smoke run).")] = False,
-    embedder: Annotated[str, typer.Option(help="minilm or hashing for the pipeline figure.")] = "minilm",
+    embedder: Annotated[
+        str, typer.Option(help="minilm or hashing for the pipeline figure.")
+    ] = "minilm",
 ) -> None:
     """Capture throughput and latency, extraction + projection, full rebuild."""
     from benchmarks import kernel_bench

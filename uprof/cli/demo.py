@@ -17,8 +17,8 @@ from typing import Annotated
 
 import typer
 
-from uprof.cli.context import STATE, console, kernel
 from domain.errors import ConsentRequiredError
+from uprof.cli.context import STATE, console, kernel
 from uprof.cli.govern import print_slice
 from uprof.cli.render import print_evidence, print_profile
 from uprof.kernel import Uprof
@@ -40,30 +40,157 @@ PLANNER, CALENDAR = "app:planner", "app:calendar"
 #: Written for this project. Each user speaks to a planning assistant and a calendar agent.
 SCRIPT: dict[str, list[Turn]] = {
     "maya": [
-        Turn(1, "m1", PLANNER, "agent:planner", "Hi! My name is Maya Lindqvist.", "Nice to meet you, Maya."),
-        Turn(1, "m1", PLANNER, "agent:planner", "I live in Gothenburg and I work as a marine biologist.", "That sounds fascinating."),
-        Turn(1, "m1", PLANNER, "agent:planner", "I'm vegetarian, so please skip the steakhouse ideas.", "Noted, vegetarian options only."),
-        Turn(1, "m1", PLANNER, "agent:planner", "I love kayaking and I hate crowded museums.", "Kayaking trips it is."),
-        Turn(2, "m2", CALENDAR, "agent:calendar", "Every Tuesday I swim at 7am before work.", "I'll keep Tuesday mornings free."),
-        Turn(2, "m2", CALENDAR, "agent:calendar", "I'm planning to visit my sister Elin in Oslo next month.", "Shall I look at train times?"),
-        Turn(3, "m3", PLANNER, "agent:planner", "I speak Swedish and English, and I'm learning Portuguese.", "Great mix."),
-        Turn(3, "m3", PLANNER, "agent:planner", "I have a dog named Skipper who comes on every hike.", "Dog-friendly trails then."),
-        Turn(9, "m4", PLANNER, "agent:planner", "Big news: I moved to Lisbon for a new research post.", "Congratulations on the move!"),
-        Turn(9, "m4", PLANNER, "agent:planner", "I want to run the Lisbon half marathon in March.", "I'll build a training plan."),
+        Turn(
+            1,
+            "m1",
+            PLANNER,
+            "agent:planner",
+            "Hi! My name is Maya Lindqvist.",
+            "Nice to meet you, Maya.",
+        ),
+        Turn(
+            1,
+            "m1",
+            PLANNER,
+            "agent:planner",
+            "I live in Gothenburg and I work as a marine biologist.",
+            "That sounds fascinating.",
+        ),
+        Turn(
+            1,
+            "m1",
+            PLANNER,
+            "agent:planner",
+            "I'm vegetarian, so please skip the steakhouse ideas.",
+            "Noted, vegetarian options only.",
+        ),
+        Turn(
+            1,
+            "m1",
+            PLANNER,
+            "agent:planner",
+            "I love kayaking and I hate crowded museums.",
+            "Kayaking trips it is.",
+        ),
+        Turn(
+            2,
+            "m2",
+            CALENDAR,
+            "agent:calendar",
+            "Every Tuesday I swim at 7am before work.",
+            "I'll keep Tuesday mornings free.",
+        ),
+        Turn(
+            2,
+            "m2",
+            CALENDAR,
+            "agent:calendar",
+            "I'm planning to visit my sister Elin in Oslo next month.",
+            "Shall I look at train times?",
+        ),
+        Turn(
+            3,
+            "m3",
+            PLANNER,
+            "agent:planner",
+            "I speak Swedish and English, and I'm learning Portuguese.",
+            "Great mix.",
+        ),
+        Turn(
+            3,
+            "m3",
+            PLANNER,
+            "agent:planner",
+            "I have a dog named Skipper who comes on every hike.",
+            "Dog-friendly trails then.",
+        ),
+        Turn(
+            9,
+            "m4",
+            PLANNER,
+            "agent:planner",
+            "Big news: I moved to Lisbon for a new research post.",
+            "Congratulations on the move!",
+        ),
+        Turn(
+            9,
+            "m4",
+            PLANNER,
+            "agent:planner",
+            "I want to run the Lisbon half marathon in March.",
+            "I'll build a training plan.",
+        ),
     ],
     "tomas": [
-        Turn(1, "t1", PLANNER, "agent:planner", "I'm Tomas, I work as a software engineer in Brno.", "Hello Tomas."),
-        Turn(1, "t1", PLANNER, "agent:planner", "I'm allergic to peanuts, so be careful with recipes.", "Understood, no peanuts."),
-        Turn(2, "t2", CALENDAR, "agent:calendar", "My daughter Klara has piano lessons every Thursday.", "I'll block Thursday afternoons."),
-        Turn(2, "t2", CALENDAR, "agent:calendar", "I need to renew my passport before the summer.", "I'll remind you in April."),
-        Turn(4, "t3", PLANNER, "agent:planner", "I enjoy board games and I really like Thai food.", "Thai night with board games?"),
-        Turn(4, "t3", PLANNER, "agent:planner", "I live in Prague now, actually, not Brno.", "Updated."),
+        Turn(
+            1,
+            "t1",
+            PLANNER,
+            "agent:planner",
+            "I'm Tomas, I work as a software engineer in Brno.",
+            "Hello Tomas.",
+        ),
+        Turn(
+            1,
+            "t1",
+            PLANNER,
+            "agent:planner",
+            "I'm allergic to peanuts, so be careful with recipes.",
+            "Understood, no peanuts.",
+        ),
+        Turn(
+            2,
+            "t2",
+            CALENDAR,
+            "agent:calendar",
+            "My daughter Klara has piano lessons every Thursday.",
+            "I'll block Thursday afternoons.",
+        ),
+        Turn(
+            2,
+            "t2",
+            CALENDAR,
+            "agent:calendar",
+            "I need to renew my passport before the summer.",
+            "I'll remind you in April.",
+        ),
+        Turn(
+            4,
+            "t3",
+            PLANNER,
+            "agent:planner",
+            "I enjoy board games and I really like Thai food.",
+            "Thai night with board games?",
+        ),
+        Turn(
+            4,
+            "t3",
+            PLANNER,
+            "agent:planner",
+            "I live in Prague now, actually, not Brno.",
+            "Updated.",
+        ),
     ],
 }
 
 CONSENTS = (
-    (PLANNER, ["conversation", "identity", "location", "occupation", "language", "preference",
-               "diet", "pet", "family", "goal", "health"], ["personalization"]),
+    (
+        PLANNER,
+        [
+            "conversation",
+            "identity",
+            "location",
+            "occupation",
+            "language",
+            "preference",
+            "diet",
+            "pet",
+            "family",
+            "goal",
+            "health",
+        ],
+        ["personalization"],
+    ),
     (CALENDAR, ["conversation", "schedule", "goal", "family", "location"], ["scheduling"]),
 )
 PURPOSE = {PLANNER: "personalization", CALENDAR: "scheduling"}
@@ -83,10 +210,17 @@ def run_script(k: Uprof, start: datetime) -> datetime:
             ]
             rows = [
                 InteractionIn(
-                    subject=subject, app_id=t.app, agent_id=t.agent, agent_type=t.agent.split(":")[1],
-                    user_input=t.user, agent_response=t.reply, session_id=t.session,
-                    occurred_at=start + timedelta(days=t.day, minutes=i), sharing="shared",
-                    source_ref=f"{t.session}:{i + 1}", purpose=PURPOSE[t.app],
+                    subject=subject,
+                    app_id=t.app,
+                    agent_id=t.agent,
+                    agent_type=t.agent.split(":")[1],
+                    user_input=t.user,
+                    agent_response=t.reply,
+                    session_id=t.session,
+                    occurred_at=start + timedelta(days=t.day, minutes=i),
+                    sharing="shared",
+                    source_ref=f"{t.session}:{i + 1}",
+                    purpose=PURPOSE[t.app],
                 ).to_domain()
                 for i, t in enumerate(selected)
             ]
@@ -107,7 +241,12 @@ def show_slices(k: Uprof) -> None:
         (CALENDAR, "agent:calendar", "scheduling"),
     ):
         result = k.slice(
-            "maya", query, budget_tokens=160, purpose=purpose, app_id=app_id, agent_id=agent,
+            "maya",
+            query,
+            budget_tokens=160,
+            purpose=purpose,
+            app_id=app_id,
+            agent_id=agent,
             agent_type=agent.split(":")[1],
         )
         print_slice(result, title=f"{app_id} ({purpose})")
@@ -124,9 +263,17 @@ def govern(k: Uprof, out: Path) -> None:
     erased = withdrawal.counts.get("captures", 0) if withdrawal else 0
     console.print(f"maya withdrew the calendar consent; {erased} calendar events erased")
     try:
-        k.capture("maya", InteractionIn(
-            subject="maya", app_id=CALENDAR, agent_id="agent:calendar", user_input="one more",
-            occurred_at=datetime.now(tz=UTC), purpose="scheduling").to_domain())
+        k.capture(
+            "maya",
+            InteractionIn(
+                subject="maya",
+                app_id=CALENDAR,
+                agent_id="agent:calendar",
+                user_input="one more",
+                occurred_at=datetime.now(tz=UTC),
+                purpose="scheduling",
+            ).to_domain(),
+        )
     except ConsentRequiredError as e:
         console.print(f"next calendar capture refused: [italic]{e}[/]")
 
@@ -137,8 +284,10 @@ def govern(k: Uprof, out: Path) -> None:
     key_path.write_bytes(public_key_pem(k.audit_log.public_key))
     # Offline verification needs only these two files (`uprof audit verify-receipt` does this).
     verify_receipt(json.loads(receipt_path.read_text()), key_path.read_bytes())
-    console.print(f"tomas erased; receipt {result.receipt['body']['receipt_id']} verified offline "
-                  f"with {key_path.name} only ({receipt_path})")
+    console.print(
+        f"tomas erased; receipt {result.receipt['body']['receipt_id']} verified offline "
+        f"with {key_path.name} only ({receipt_path})"
+    )
     report = k.residue_scan(["Tomas", "Klara", "peanuts", "Brno", "passport"])
     console.print(
         f"residue scan: {len(report.findings)} findings in {report.files_scanned} files "
@@ -149,9 +298,9 @@ def govern(k: Uprof, out: Path) -> None:
 
 
 def demo(
-    data_dir: Annotated[
-        Path, typer.Option(help="Where the demo keeps its SQLite stores.")
-    ] = Path(".uprof-data/demo"),
+    data_dir: Annotated[Path, typer.Option(help="Where the demo keeps its SQLite stores.")] = Path(
+        ".uprof-data/demo"
+    ),
     fresh: Annotated[bool, typer.Option(help="Start from an empty data folder.")] = False,
 ) -> None:
     """Run the scripted two-user, two-app conversation and show the profiles."""

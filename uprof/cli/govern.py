@@ -43,8 +43,13 @@ def slice_command(
     """Serve the profile slice an app may see for a query, within a token budget."""
     with kernel() as k:
         result = k.slice(
-            SubjectRequest(subject=subject, session_id=session), query, budget_tokens=budget,
-            purpose=purpose, app_id=app_id, agent_id=agent, agent_type=agent_type,
+            SubjectRequest(subject=subject, session_id=session),
+            query,
+            budget_tokens=budget,
+            purpose=purpose,
+            app_id=app_id,
+            agent_id=agent,
+            agent_type=agent_type,
             lexical_only=lexical,
         )
         if as_json:
@@ -68,8 +73,12 @@ def print_slice(result: object, *, title: str) -> None:
         table.add_column(column, overflow="fold")
     for item in r.items:  # type: ignore[attr-defined]
         table.add_row(
-            item.layer, item.category, item.provenance, f"{item.confidence:.2f}",
-            ", ".join(item.source_refs) or "—", ", ".join(e[:8] for e in item.evidence),
+            item.layer,
+            item.category,
+            item.provenance,
+            f"{item.confidence:.2f}",
+            ", ".join(item.source_refs) or "—",
+            ", ".join(e[:8] for e in item.evidence),
         )
     console.print(table)
     withheld = ", ".join(f"{k}: {v}" for k, v in sorted(r.withheld.items())) or "none"  # type: ignore[attr-defined]
@@ -163,7 +172,12 @@ def audit_export(
         ref = k.subjects.pseudonym(subject) if subject else None
         export = export_csv if fmt == "csv" else export_jsonl
         summary = export(
-            k.audit_log, out, subject_ref=ref, app_id=app_id, action=action, since=since,
+            k.audit_log,
+            out,
+            subject_ref=ref,
+            app_id=app_id,
+            action=action,
+            since=since,
             until=until,
         )
     console.print(f"exported to {out}: {summary}")

@@ -25,7 +25,10 @@ app.add_typer(projections_app, name="projections")
 
 def _progress() -> Progress:
     return Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
         console=console,
     )
 
@@ -65,8 +68,15 @@ def capture(
 ) -> None:
     """Capture one interaction through the consent gate."""
     row = InteractionIn(
-        subject=subject, app_id=app_id, agent_id=agent, user_input=text, agent_response=response,
-        session_id=session, source_ref=source_ref, purpose=purpose, sharing=sharing,
+        subject=subject,
+        app_id=app_id,
+        agent_id=agent,
+        user_input=text,
+        agent_response=response,
+        session_id=session,
+        source_ref=source_ref,
+        purpose=purpose,
+        sharing=sharing,
         occurred_at=parse_time(at, "--at") or datetime.now(tz=UTC),
     )
     with kernel() as k:
@@ -103,7 +113,11 @@ def consent_grant(
     """Grant an app consent to use categories for purposes."""
     with kernel() as k:
         consent_id = k.grant_consent(
-            subject, app_id=app_id, categories=category, purposes=purpose, legal_basis=basis,
+            subject,
+            app_id=app_id,
+            categories=category,
+            purposes=purpose,
+            legal_basis=basis,
             expires_at=parse_time(expires, "--expires"),
         )
         console.print(f"consent [bold]{consent_id}[/] granted")
@@ -127,8 +141,11 @@ def consent_list(subject: Annotated[str, typer.Option()]) -> None:
         view = k.profile(subject)
         rows = [
             {
-                "consent_id": c.consent_id, "app": c.app_id, "categories": c.categories,
-                "purposes": c.purposes, "basis": c.legal_basis,
+                "consent_id": c.consent_id,
+                "app": c.app_id,
+                "categories": c.categories,
+                "purposes": c.purposes,
+                "basis": c.legal_basis,
                 "granted_at": c.granted_at.isoformat(),
                 "withdrawn_at": c.withdrawn_at.isoformat() if c.withdrawn_at else None,
             }
@@ -186,7 +203,9 @@ def projections_rebuild() -> None:
     """Drop the read models and rebuild them from the event log."""
     with kernel() as k, _progress() as bar:
         task = bar.add_task("rebuilding", total=k.app.max_notification_id())
-        count = k.rebuild(progress=lambda done, total: bar.update(task, completed=done, total=total))
+        count = k.rebuild(
+            progress=lambda done, total: bar.update(task, completed=done, total=total)
+        )
     console.print(f"rebuilt from {count} events")
 
 

@@ -20,7 +20,9 @@ def _when(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M") if value else "—"
 
 
-def print_profile(console: Console, title: str, view: ProfileView, *, max_memories: int = 12) -> None:
+def print_profile(
+    console: Console, title: str, view: ProfileView, *, max_memories: int = 12
+) -> None:
     stamp = f" as of {_when(view.as_of)}" if view.as_of else ""
     console.rule(f"[bold]{title}[/]{stamp}")
 
@@ -34,8 +36,14 @@ def print_profile(console: Console, title: str, view: ProfileView, *, max_memori
         if a.superseded_by:
             status += f" → {a.superseded_by[:SHORT_ID]}"
         attributes.add_row(
-            a.item_id[:SHORT_ID], a.category, a.key, a.value, f"{a.confidence:.2f}", status,
-            a.provenance, _short(a.evidence),
+            a.item_id[:SHORT_ID],
+            a.category,
+            a.key,
+            a.value,
+            f"{a.confidence:.2f}",
+            status,
+            a.provenance,
+            _short(a.evidence),
         )
     console.print(attributes)
 
@@ -44,8 +52,13 @@ def print_profile(console: Console, title: str, view: ProfileView, *, max_memori
         intents.add_column(column, overflow="fold")
     for i in view.intents:
         intents.add_row(
-            i.item_id[:SHORT_ID], i.description, i.status, f"{i.confidence:.2f}", i.provenance,
-            _when(i.expires_at), _short(i.evidence),
+            i.item_id[:SHORT_ID],
+            i.description,
+            i.status,
+            f"{i.confidence:.2f}",
+            i.provenance,
+            _when(i.expires_at),
+            _short(i.evidence),
         )
     console.print(intents)
 
@@ -58,8 +71,13 @@ def print_profile(console: Console, title: str, view: ProfileView, *, max_memori
         memories.add_column(column, overflow="fold")
     for m in view.memories[-max_memories:]:
         memories.add_row(
-            m.item_id[:SHORT_ID], _when(m.occurred_at), m.text, str(m.visits), m.provenance,
-            m.sharing, _short(m.evidence),
+            m.item_id[:SHORT_ID],
+            _when(m.occurred_at),
+            m.text,
+            str(m.visits),
+            m.provenance,
+            m.sharing,
+            _short(m.evidence),
         )
     console.print(memories)
 
@@ -68,8 +86,13 @@ def print_profile(console: Console, title: str, view: ProfileView, *, max_memori
         consents.add_column(column, overflow="fold")
     for c in view.consents:
         consents.add_row(
-            c.consent_id[:SHORT_ID], c.app_id, ", ".join(c.categories), ", ".join(c.purposes),
-            c.legal_basis, _when(c.granted_at), _when(c.withdrawn_at),
+            c.consent_id[:SHORT_ID],
+            c.app_id,
+            ", ".join(c.categories),
+            ", ".join(c.purposes),
+            c.legal_basis,
+            _when(c.granted_at),
+            _when(c.withdrawn_at),
         )
     console.print(consents)
 
@@ -81,7 +104,12 @@ def print_evidence(console: Console, view: EvidenceView) -> None:
         table.add_column(column, overflow="fold")
     for c in view.captures:
         table.add_row(
-            c.capture_id, _when(c.occurred_at), c.app_id, c.agent_id, c.session_id,
-            c.source_ref or "—", c.user_input,
+            c.capture_id,
+            _when(c.occurred_at),
+            c.app_id,
+            c.agent_id,
+            c.session_id,
+            c.source_ref or "—",
+            c.user_input,
         )
     console.print(table)

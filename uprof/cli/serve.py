@@ -44,8 +44,9 @@ def serve(
     try:
         api = create_app(kernel, keys, max_body_bytes=max_body_bytes)
         console.print(f"uprof API on http://{host}:{port} (OpenAPI at /docs)")
-        uvicorn.run(api, host=host, port=port, log_level=log_level,
-                    log_config=server_log_config(log_level))
+        uvicorn.run(
+            api, host=host, port=port, log_level=log_level, log_config=server_log_config(log_level)
+        )
     finally:
         keys.close()
         kernel.close()
@@ -71,8 +72,9 @@ def apps_create(
         return
     finally:
         store.close()
-    console.print(f"key id [bold]{issued.info.key_id}[/] for {app_id} "
-                  f"(roles: {' '.join(issued.info.roles)})")
+    console.print(
+        f"key id [bold]{issued.info.key_id}[/] for {app_id} (roles: {' '.join(issued.info.roles)})"
+    )
     console.print("API key (shown once, store it now):")
     # Plain print: rich would wrap or colour the key, and scripts capture this line.
     print(issued.token)
@@ -90,14 +92,20 @@ def apps_list(
         rows = store.list(app_id)
     finally:
         store.close()
-    console.print_json(json.dumps([
-        {
-            "key_id": r.key_id, "app_id": r.app_id, "roles": list(r.roles),
-            "created_at": r.created_at.isoformat(),
-            "revoked_at": r.revoked_at.isoformat() if r.revoked_at else None,
-        }
-        for r in rows
-    ]))
+    console.print_json(
+        json.dumps(
+            [
+                {
+                    "key_id": r.key_id,
+                    "app_id": r.app_id,
+                    "roles": list(r.roles),
+                    "created_at": r.created_at.isoformat(),
+                    "revoked_at": r.revoked_at.isoformat() if r.revoked_at else None,
+                }
+                for r in rows
+            ]
+        )
+    )
 
 
 @apps_app.command("revoke")

@@ -45,9 +45,7 @@ from uprof.crypto.tables import (
 
 def derive_key(master: bytes, label: str) -> bytes:
     """Derive a 32-byte key for one purpose from the master secret."""
-    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=label.encode()).derive(
-        master
-    )
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=label.encode()).derive(master)
 
 
 def dek_commitment(stream_id: str, key_version: int, wrapped_dek: bytes) -> str:
@@ -294,8 +292,7 @@ class KeyStore:
                 ).where(subject_keys.c.stream_id == stream_id)
             ).all()
         keys = {
-            r.key_version: aes_key_unwrap(self._ring.key_for(r.kek_id), r.wrapped_dek)
-            for r in rows
+            r.key_version: aes_key_unwrap(self._ring.key_for(r.kek_id), r.wrapped_dek) for r in rows
         }
         if keys:
             with self._lock:
@@ -339,9 +336,7 @@ class KeyStore:
 
     # ----------------------------------------------------------- capture keys
 
-    def create_capture_keys(
-        self, stream_id: str, capture_ids: list[str], *, now: datetime
-    ) -> None:
+    def create_capture_keys(self, stream_id: str, capture_ids: list[str], *, now: datetime) -> None:
         """Create one key per captured event, before the events are saved."""
         _, dek = self.current_key(stream_id)
         fresh = {cid: AESGCM.generate_key(bit_length=256) for cid in capture_ids}
@@ -401,7 +396,9 @@ class KeyStore:
             self._capture_keys.get(stream_id, {}).pop(capture_id, None)
         if row is None:
             return None
-        return hashlib.sha256(b"capture-key-commit" + capture_id.encode() + row.wrapped_key).hexdigest()
+        return hashlib.sha256(
+            b"capture-key-commit" + capture_id.encode() + row.wrapped_key
+        ).hexdigest()
 
     # ------------------------------------------------------------ destruction
 

@@ -85,7 +85,9 @@ class SubjectKeyMapper(Mapper[UUID]):
             raise MapperDeserialisationError(msg)
         if capture_id and key is not None:
             sealed = AESGCM(key).encrypt(nonce, stored.state, aad)
-            return self._replace(stored, CAPTURE_SEALED + bytes.fromhex(capture_id) + nonce + sealed)
+            return self._replace(
+                stored, CAPTURE_SEALED + bytes.fromhex(capture_id) + nonce + sealed
+            )
         # Raises SubjectErasedError for a shredded stream: nothing new is ever written to it.
         version, dek = self.keystore.current_key(stream)
         sealed = AESGCM(dek).encrypt(nonce, stored.state, aad)

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from domain.errors import InvalidInputError, SubjectNotFoundError
-from domain.values import check_category, check_token
 from domain.profile import SubjectProfile
+from domain.values import check_category, check_token
 from uprof.eventstore import ProfilesApplication
 from uprof.ports import AuditTrail, Clock
 from uprof.services.capture import to_utc

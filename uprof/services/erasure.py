@@ -99,8 +99,11 @@ class ErasureService:
         request_id = str(uuid.uuid4())
         received_at = self._clock.now()
         self._audit.record(
-            "erasure.requested", subject_ref=handle.pseudonym, request_id=request_id,
-            legal_basis=_token(basis), reason_code="subject",
+            "erasure.requested",
+            subject_ref=handle.pseudonym,
+            request_id=request_id,
+            legal_basis=_token(basis),
+            reason_code="subject",
         )
         before = self._row_counts(str(stream))
 
@@ -113,8 +116,11 @@ class ErasureService:
         destruction = self._keystore.destroy(str(stream), now=self._clock.now())
         for key in destruction.deks:
             self._audit.record(
-                "key.destroyed", subject_ref=handle.pseudonym, request_id=request_id,
-                key_version=key.key_version, dek_commitment=key.dek_commitment,
+                "key.destroyed",
+                subject_ref=handle.pseudonym,
+                request_id=request_id,
+                key_version=key.key_version,
+                dek_commitment=key.dek_commitment,
             )
         snapshots = self._app.drop_snapshots(stream)
         self._flush_caches(stream)
@@ -134,28 +140,47 @@ class ErasureService:
             aliases=destruction.aliases,
         )
         self._audit.record(
-            "projection.purged", subject_ref=handle.pseudonym, request_id=request_id,
-            projection="profile", tracking_position=tombstone_id, counts=counts,
+            "projection.purged",
+            subject_ref=handle.pseudonym,
+            request_id=request_id,
+            projection="profile",
+            tracking_position=tombstone_id,
+            counts=counts,
         )
         actions: list[dict[str, Any]] = [
             {"type": "tombstone_appended", "stream": str(stream), "notification_id": tombstone_id},
             *(
-                {"type": "dek_destroyed", "key_version": k.key_version,
-                 "dek_commitment": k.dek_commitment}
+                {
+                    "type": "dek_destroyed",
+                    "key_version": k.key_version,
+                    "dek_commitment": k.dek_commitment,
+                }
                 for k in destruction.deks
             ),
-            {"type": "projection_purged", "name": "profile", "tracking_position": tombstone_id,
-             "rows": sum(before.values())},
+            {
+                "type": "projection_purged",
+                "name": "profile",
+                "tracking_position": tombstone_id,
+                "rows": sum(before.values()),
+            },
             {"type": "embeddings_purged", "rows": before.get("memories", 0)},
-            {"type": "cache_invalidated", "caches": ["subject-keys", "capture-keys",
-                                                     "slice-index", "snapshots"]},
+            {
+                "type": "cache_invalidated",
+                "caches": ["subject-keys", "capture-keys", "slice-index", "snapshots"],
+            },
         ]
-        return self._receipt(subject_ref, request_id, received_at, basis, "subject", actions, counts)
+        return self._receipt(
+            subject_ref, request_id, received_at, basis, "subject", actions, counts
+        )
 
     # ---------------------------------------------------------------- captures
 
     def erase_capture(
-        self, subject_ref: str, capture_id: str, *, basis: str = DEFAULT_BASIS,
+        self,
+        subject_ref: str,
+        capture_id: str,
+        *,
+        basis: str = DEFAULT_BASIS,
         timeout_s: float = 30.0,
     ) -> ErasureResult:
         """Erase one captured event and every item derived only from it."""
@@ -164,8 +189,13 @@ class ErasureService:
         )
 
     def erase_captures(
-        self, subject_ref: str, capture_ids: Sequence[str], *, scope: str,
-        basis: str = DEFAULT_BASIS, timeout_s: float = 30.0,
+        self,
+        subject_ref: str,
+        capture_ids: Sequence[str],
+        *,
+        scope: str,
+        basis: str = DEFAULT_BASIS,
+        timeout_s: float = 30.0,
     ) -> ErasureResult:
         """Erase captured events of one subject, each with what derives only from it.
 
@@ -183,8 +213,12 @@ class ErasureService:
         request_id = str(uuid.uuid4())
         received_at = self._clock.now()
         self._audit.record(
-            "erasure.requested", subject_ref=handle.pseudonym, request_id=request_id,
-            legal_basis=_token(basis), reason_code=scope, event_ids=ids[:1000],
+            "erasure.requested",
+            subject_ref=handle.pseudonym,
+            request_id=request_id,
+            legal_basis=_token(basis),
+            reason_code=scope,
+            event_ids=ids[:1000],
         )
         cited = {c: self._items_citing(str(stream), c) for c in ids}
 
@@ -192,7 +226,9 @@ class ErasureService:
             profile = self._app.load(stream)
             totals = {"items_erased": 0, "attributes_restated": 0}
             for capture_id in ids:
-                outcome = profile.erase_capture(capture_id, cited_by=cited[capture_id], now=received_at)
+                outcome = profile.erase_capture(
+                    capture_id, cited_by=cited[capture_id], now=received_at
+                )
                 for name, n in outcome.items():
                     totals[name] += n
             return self._app.save(profile)[-1].notification.id, totals
@@ -209,8 +245,12 @@ class ErasureService:
             sqlite_checkpoint(engine)
         counts = dict(totals, captures=len(ids), snapshots=snapshots, capture_keys=len(commitments))
         self._audit.record(
-            "projection.purged", subject_ref=handle.pseudonym, request_id=request_id,
-            projection="profile", tracking_position=tombstone_id, counts=counts,
+            "projection.purged",
+            subject_ref=handle.pseudonym,
+            request_id=request_id,
+            projection="profile",
+            tracking_position=tombstone_id,
+            counts=counts,
         )
         actions: list[dict[str, Any]] = [
             {"type": "tombstone_appended", "stream": str(stream), "notification_id": tombstone_id},
@@ -218,8 +258,12 @@ class ErasureService:
                 {"type": "dek_destroyed", "key_kind": "capture", "dek_commitment": c}
                 for c in commitments
             ),
-            {"type": "projection_purged", "name": "profile", "tracking_position": tombstone_id,
-             "rows": totals["items_erased"] + len(ids)},
+            {
+                "type": "projection_purged",
+                "name": "profile",
+                "tracking_position": tombstone_id,
+                "rows": totals["items_erased"] + len(ids),
+            },
             {"type": "cache_invalidated", "caches": ["capture-keys", "slice-index", "snapshots"]},
         ]
         return self._receipt(subject_ref, request_id, received_at, basis, scope, actions, counts)
@@ -227,8 +271,13 @@ class ErasureService:
     # -------------------------------------------------------------------- item
 
     def erase_item(
-        self, subject_ref: str, item_id: str, *, with_evidence: bool = False,
-        basis: str = DEFAULT_BASIS, timeout_s: float = 30.0,
+        self,
+        subject_ref: str,
+        item_id: str,
+        *,
+        with_evidence: bool = False,
+        basis: str = DEFAULT_BASIS,
+        timeout_s: float = 30.0,
     ) -> ErasureResult:
         """Erase one item; with_evidence also erases (and shreds) the events it came from."""
         handle = self._require(subject_ref)
@@ -241,7 +290,10 @@ class ErasureService:
             present = list(self._queries.captures(evidence))
             if present:
                 result = self.erase_captures(
-                    subject_ref, present, scope="item-with-evidence", basis=basis,
+                    subject_ref,
+                    present,
+                    scope="item-with-evidence",
+                    basis=basis,
                     timeout_s=timeout_s,
                 )
                 if self._evidence_of(str(stream), item_id) is None:
@@ -260,13 +312,21 @@ class ErasureService:
         for engine in self._engines:
             sqlite_checkpoint(engine)
         self._audit.record(
-            "projection.purged", subject_ref=handle.pseudonym, request_id=request_id,
-            projection="profile", tracking_position=tombstone_id, item_refs=[item_id],
+            "projection.purged",
+            subject_ref=handle.pseudonym,
+            request_id=request_id,
+            projection="profile",
+            tracking_position=tombstone_id,
+            item_refs=[item_id],
         )
         actions: list[dict[str, Any]] = [
             {"type": "tombstone_appended", "stream": str(stream), "notification_id": tombstone_id},
-            {"type": "projection_purged", "name": "profile", "tracking_position": tombstone_id,
-             "rows": 1},
+            {
+                "type": "projection_purged",
+                "name": "profile",
+                "tracking_position": tombstone_id,
+                "rows": 1,
+            },
             {"type": "cache_invalidated", "caches": ["slice-index"]},
         ]
         return self._receipt(
@@ -286,9 +346,9 @@ class ErasureService:
             return {
                 table.name: int(
                     conn.execute(
-                        sa.select(sa.func.count()).select_from(table).where(
-                            table.c.stream_id == stream_id
-                        )
+                        sa.select(sa.func.count())
+                        .select_from(table)
+                        .where(table.c.stream_id == stream_id)
                     ).scalar_one()
                 )
                 for table in t.SUBJECT_TABLES

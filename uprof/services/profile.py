@@ -12,7 +12,6 @@ from domain.errors import InvalidInputError, SubjectNotFoundError
 from domain.profile import SubjectProfile
 from projections.profile import tables as t
 from projections.profile.projector import ProfileProjector
-from projections.profile.sealing import FieldSealer
 from projections.profile.queries import (
     AttributeRow,
     CaptureRow,
@@ -21,6 +20,7 @@ from projections.profile.queries import (
     MemoryRow,
     ProfileQueries,
 )
+from projections.profile.sealing import FieldSealer
 from uprof.eventstore import ProfilesApplication
 
 

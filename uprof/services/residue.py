@@ -99,18 +99,28 @@ def scan_postgres(engine: sa.Engine, terms: Sequence[str], report: ResidueReport
             report.tables_scanned += 1
             for column in inspector.get_columns(table_name):
                 name = column["name"]
-                expr = f'encode("{name}"::bytea, \'escape\')' if _is_bytea(column) else f'"{name}"::text'
+                expr = (
+                    f"encode(\"{name}\"::bytea, 'escape')"
+                    if _is_bytea(column)
+                    else f'"{name}"::text'
+                )
                 for term in terms:
-                    hits = conn.execute(
-                        sa.text(
-                            f'SELECT ctid::text FROM "{table_name}" '
-                            f"WHERE position(lower(:term) in lower({expr})) > 0 LIMIT 5"
-                        ),
-                        {"term": term},
-                    ).scalars().all()
+                    hits = (
+                        conn.execute(
+                            sa.text(
+                                f'SELECT ctid::text FROM "{table_name}" '
+                                f"WHERE position(lower(:term) in lower({expr})) > 0 LIMIT 5"
+                            ),
+                            {"term": term},
+                        )
+                        .scalars()
+                        .all()
+                    )
                     for ctid in hits:
                         report.findings.append(
-                            Finding("plaintext", f"{table_name}.{name} row {ctid}", f"term {term!r}")
+                            Finding(
+                                "plaintext", f"{table_name}.{name} row {ctid}", f"term {term!r}"
+                            )
                         )
 
 
@@ -131,9 +141,9 @@ def check_shredded_streams(
         with keys.connect() as conn:
             for table in (subject_keys, capture_keys, subject_index, subject_aliases):
                 n = conn.execute(
-                    sa.select(sa.func.count()).select_from(table).where(
-                        table.c.stream_id == stream_id
-                    )
+                    sa.select(sa.func.count())
+                    .select_from(table)
+                    .where(table.c.stream_id == stream_id)
                 ).scalar_one()
                 if n:
                     report.findings.append(
@@ -142,9 +152,9 @@ def check_shredded_streams(
         with views.connect() as conn:
             for table in t.SUBJECT_TABLES:
                 n = conn.execute(
-                    sa.select(sa.func.count()).select_from(table).where(
-                        table.c.stream_id == stream_id
-                    )
+                    sa.select(sa.func.count())
+                    .select_from(table)
+                    .where(table.c.stream_id == stream_id)
                 ).scalar_one()
                 if n:
                     report.findings.append(

@@ -112,7 +112,9 @@ class _CachedMemories:
     version: int
     rows: list[MemoryRow]
     vectors: np.ndarray | None
-    indexes: dict[tuple[Any, ...], tuple[MemoryIndex, tuple[int, ...]]] = field(default_factory=dict)
+    indexes: dict[tuple[Any, ...], tuple[MemoryIndex, tuple[int, ...]]] = field(
+        default_factory=dict
+    )
     #: capture id -> the caller's source refs of that capture (from the memory citing it)
     refs_by_capture: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
@@ -176,11 +178,15 @@ class SliceService:
                 self._attribute(a, refs)
                 for a in self._queries.attributes(stream, include_superseded=False)
             ],
-            request, allowed, withheld,
+            request,
+            allowed,
+            withheld,
         )
         intents = self._gate(
             [self._intent(i, refs) for i in self._queries.intents(stream, status="active")],
-            request, allowed, withheld,
+            request,
+            allowed,
+            withheld,
         )
         index = self._memory_index(stream, request, allowed, now, withheld)
         query_vector = None
@@ -229,7 +235,9 @@ class SliceService:
         if request.agent_type:
             check_token("agent_type", request.agent_type)
 
-    def _allowed_categories(self, request: SliceRequest, profile: Any, now: datetime) -> dict[str, str]:
+    def _allowed_categories(
+        self, request: SliceRequest, profile: Any, now: datetime
+    ) -> dict[str, str]:
         """Category -> "" when servable, else the reason it is withheld."""
         decisions = self._authorizer.decisions_for(
             app_id=request.app_id,

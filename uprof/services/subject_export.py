@@ -49,8 +49,13 @@ def build_subject_export(
         ],
         "evidence_index": sorted(e for e in cited if e in captures),
         "reads": [
-            {"item_id": item, "app_id": app, "purpose": purpose, "reads": n,
-             "last_read_at": at.isoformat()}
+            {
+                "item_id": item,
+                "app_id": app,
+                "purpose": purpose,
+                "reads": n,
+                "last_read_at": at.isoformat(),
+            }
             for item, app, purpose, n, at in queries.item_reads(str(stream_id))
         ],
     }

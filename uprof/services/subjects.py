@@ -107,7 +107,9 @@ class SubjectResolver:
         return self._keystore.resolve(self.tenant, check_subject_ref(subject_ref))
 
     def find_or_create(self, subject_ref: str, *, now: datetime) -> SubjectHandle:
-        return self._keystore.resolve_or_create(self.tenant, check_subject_ref(subject_ref), now=now)
+        return self._keystore.resolve_or_create(
+            self.tenant, check_subject_ref(subject_ref), now=now
+        )
 
     def pseudonym(self, subject_ref: str) -> str:
         return self._keystore.pseudonym(self.tenant, check_subject_ref(subject_ref))
