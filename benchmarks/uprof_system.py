@@ -85,6 +85,10 @@ class UprofBenchSystem:
             items=tuple(SliceItemRef(source_refs=i.source_refs) for i in result.items),
         )
 
+    def forget(self, subject_key: str) -> None:
+        """Drop the subject's in-memory slice caches (PrefEval makes thousands of subjects)."""
+        self.kernel.flush_caches(self.kernel.stream_of(subject_key))
+
     def close(self) -> None:
         self.kernel.close()
         shutil.rmtree(self._dir, ignore_errors=True)

@@ -28,3 +28,64 @@ def bench_kernel(
         raise typer.BadParameter("backend must be sqlite or postgres")
     target = out or Path(f"docs/bench/kernel-{backend}.json")
     kernel_bench.main(backend, target, quick, embedder, echo=console.print)
+
+
+def _systems(names: str) -> list[str]:
+    return [n.strip() for n in names.split(",") if n.strip()]
+
+
+@bench_app.command("locomo")
+def bench_locomo(
+    data: Annotated[Path, typer.Option(help="locomo10-format JSON (read in place).")] = Path(
+        "../shared/bench/data/locomo_dev.json"
+    ),
+    out: Annotated[Path, typer.Option(help="Results JSON.")] = Path("docs/bench/locomo.json"),
+    systems: Annotated[
+        str, typer.Option(help="Comma list: uprof, uprof-lexical and baselines.")
+    ] = "uprof,recency,bm25,tfidf,embedding,oracle",
+    budgets: Annotated[str, typer.Option(help="Comma list of budgets.")] = "256,512,1024,2048,4096",
+    modes: Annotated[str, typer.Option(help="S, P-routed, P-both.")] = "S",
+    markdown: Annotated[Path, typer.Option(help="Markdown to update.")] = Path("docs/benchmarks.md"),
+    conversations: Annotated[str | None, typer.Option(help="Sample ids subset.")] = None,
+    torch_threads: Annotated[int, typer.Option(help="torch intra-op threads.")] = 1,
+) -> None:
+    """LoCoMo evidence recall at a token budget (SPEC §1), uprof beside the baselines."""
+    from benchmarks.baselines import baseline_factories, set_torch_threads
+    from benchmarks.locomo import run_locomo
+    from benchmarks.uprof_system import make_uprof, make_uprof_lexical
+
+    set_torch_threads(torch_threads or None)
+    names = _systems(systems)
+    factories = baseline_factories([n for n in names if not n.startswith("uprof")])
+    ours = {"uprof": make_uprof, "uprof-lexical": make_uprof_lexical}
+    factories.update({n: ours[n] for n in names if n in ours})
+    run_locomo(
+        data, out, systems=factories, budgets=[int(b) for b in budgets.split(",")],
+        modes=_systems(modes), markdown_path=markdown,
+        sample_ids=_systems(conversations) if conversations else None, progress=console.print,
+    )
+    console.print(f"results in {out}, table in {markdown}")
+
+
+@bench_app.command("prefeval")
+def bench_prefeval(
+    data: Annotated[Path, typer.Option(help="Folder of PrefEval topic files.")] = Path(
+        "../shared/bench/data/prefeval/explicit_preference"
+    ),
+    out: Annotated[Path, typer.Option(help="Results JSON.")] = Path("docs/bench/prefeval.json"),
+    systems: Annotated[str, typer.Option(help="Comma list.")] = "uprof,bm25,embedding",
+    markdown: Annotated[Path, typer.Option(help="Markdown to update.")] = Path("docs/benchmarks.md"),
+    torch_threads: Annotated[int, typer.Option(help="torch intra-op threads.")] = 1,
+) -> None:
+    """PrefEval preference recall under distractors (SPEC §2), uprof beside the baselines."""
+    from benchmarks.baselines import baseline_factories, set_torch_threads
+    from benchmarks.prefeval import run_prefeval
+    from benchmarks.uprof_system import make_uprof, make_uprof_lexical
+
+    set_torch_threads(torch_threads or None)
+    names = _systems(systems)
+    factories = baseline_factories([n for n in names if not n.startswith("uprof")])
+    ours = {"uprof": make_uprof, "uprof-lexical": make_uprof_lexical}
+    factories.update({n: ours[n] for n in names if n in ours})
+    run_prefeval(data, out, systems=factories, markdown_path=markdown, progress=console.print)
+    console.print(f"results in {out}, table in {markdown}")
