@@ -509,28 +509,37 @@ class ProfileProjector:
 
     def _slice_served(self, conn: sa.Connection, nid: int, e: Any) -> None:
         stream_id = str(e.originator_id)
-        if not e.item_ids:
+        ids = sorted(set(e.item_ids))
+        if not ids:
             return
         conn.execute(
             t.memories.update()
-            .where(t.memories.c.item_id.in_(e.item_ids))
+            .where(t.memories.c.stream_id == stream_id, t.memories.c.item_id.in_(ids))
             .values(visits=t.memories.c.visits + 1, last_visited_at=e.served_at)
         )
+        # Three statements per slice however many items it served (reads are frequent).
         reads = t.item_reads
-        for item_id in e.item_ids:
-            updated = conn.execute(
+        scope = (
+            reads.c.stream_id == stream_id,
+            reads.c.app_id == e.app_id,
+            reads.c.purpose == e.purpose,
+        )
+        known = set(
+            conn.execute(sa.select(reads.c.item_id).where(*scope, reads.c.item_id.in_(ids)))
+            .scalars()
+            .all()
+        )
+        if known:
+            conn.execute(
                 reads.update()
-                .where(
-                    reads.c.stream_id == stream_id,
-                    reads.c.item_id == item_id,
-                    reads.c.app_id == e.app_id,
-                    reads.c.purpose == e.purpose,
-                )
+                .where(*scope, reads.c.item_id.in_(sorted(known)))
                 .values(reads=reads.c.reads + 1, last_read_at=e.served_at)
             )
-            if updated.rowcount == 0:
-                conn.execute(
-                    reads.insert(),
+        fresh = [i for i in ids if i not in known]
+        if fresh:
+            conn.execute(
+                reads.insert(),
+                [
                     dict(
                         stream_id=stream_id,
                         item_id=item_id,
@@ -538,8 +547,10 @@ class ProfileProjector:
                         purpose=e.purpose,
                         reads=1,
                         last_read_at=e.served_at,
-                    ),
-                )
+                    )
+                    for item_id in fresh
+                ],
+            )
 
     # ----------------------------------------------------------------- erasure
 

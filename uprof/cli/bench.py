@@ -27,7 +27,8 @@ def bench_kernel(
     if backend not in ("sqlite", "postgres"):
         raise typer.BadParameter("backend must be sqlite or postgres")
     target = out or Path(f"docs/bench/kernel-{backend}.json")
-    kernel_bench.main(backend, target, quick, embedder, echo=console.print)
+    chosen = tuple(p for p in _systems(parts) if p in kernel_bench.PARTS)
+    kernel_bench.main(backend, target, quick, embedder, echo=console.print, parts=chosen)
 
 
 def _systems(names: str) -> list[str]:
@@ -45,7 +46,9 @@ def bench_locomo(
     ] = "uprof,recency,bm25,tfidf,embedding,oracle",
     budgets: Annotated[str, typer.Option(help="Comma list of budgets.")] = "256,512,1024,2048,4096",
     modes: Annotated[str, typer.Option(help="S, P-routed, P-both.")] = "S",
-    markdown: Annotated[Path, typer.Option(help="Markdown to update.")] = Path("docs/benchmarks.md"),
+    markdown: Annotated[Path, typer.Option(help="Markdown to update.")] = Path(
+        "docs/benchmarks.md"
+    ),
     conversations: Annotated[str | None, typer.Option(help="Sample ids subset.")] = None,
     torch_threads: Annotated[int, typer.Option(help="torch intra-op threads.")] = 1,
 ) -> None:
@@ -60,9 +63,14 @@ def bench_locomo(
     ours = {"uprof": make_uprof, "uprof-lexical": make_uprof_lexical}
     factories.update({n: ours[n] for n in names if n in ours})
     run_locomo(
-        data, out, systems=factories, budgets=[int(b) for b in budgets.split(",")],
-        modes=_systems(modes), markdown_path=markdown,
-        sample_ids=_systems(conversations) if conversations else None, progress=console.print,
+        data,
+        out,
+        systems=factories,
+        budgets=[int(b) for b in budgets.split(",")],
+        modes=_systems(modes),
+        markdown_path=markdown,
+        sample_ids=_systems(conversations) if conversations else None,
+        progress=console.print,
     )
     console.print(f"results in {out}, table in {markdown}")
 
@@ -74,7 +82,9 @@ def bench_prefeval(
     ),
     out: Annotated[Path, typer.Option(help="Results JSON.")] = Path("docs/bench/prefeval.json"),
     systems: Annotated[str, typer.Option(help="Comma list.")] = "uprof,bm25,embedding",
-    markdown: Annotated[Path, typer.Option(help="Markdown to update.")] = Path("docs/benchmarks.md"),
+    markdown: Annotated[Path, typer.Option(help="Markdown to update.")] = Path(
+        "docs/benchmarks.md"
+    ),
     torch_threads: Annotated[int, typer.Option(help="torch intra-op threads.")] = 1,
 ) -> None:
     """PrefEval preference recall under distractors (SPEC §2), uprof beside the baselines."""
@@ -89,3 +99,18 @@ def bench_prefeval(
     factories.update({n: ours[n] for n in names if n in ours})
     run_prefeval(data, out, systems=factories, markdown_path=markdown, progress=console.print)
     console.print(f"results in {out}, table in {markdown}")
+
+
+@bench_app.command("slice")
+def bench_slice(
+    memories: Annotated[int, typer.Option(help="Memories in the subject.")] = 5_000,
+    queries: Annotated[int, typer.Option(help="Slices per mode.")] = 200,
+    out: Annotated[Path, typer.Option(help="Results JSON.")] = Path("docs/bench/slice.json"),
+    torch_threads: Annotated[int, typer.Option(help="torch intra-op threads.")] = 1,
+) -> None:
+    """Slice latency through the whole service (hybrid and lexical-only) at B=1024."""
+    from benchmarks import slice_bench
+    from benchmarks.baselines import set_torch_threads
+
+    set_torch_threads(torch_threads or None)
+    slice_bench.main(out, memories, queries, echo=console.print)

@@ -202,7 +202,7 @@ class SliceService:
             query_vector=query_vector,
             now=now,
         )
-        self._record(handle.stream_id, handle.pseudonym, request, packed, real_now)
+        self._record(profile, handle.pseudonym, request, packed, real_now)
         return ProfileSlice(
             text=packed.text,
             n_tokens=packed.n_tokens,
@@ -337,16 +337,18 @@ class SliceService:
 
     def _record(
         self,
-        stream_id: UUID,
+        loaded: Any,
         pseudonym: str,
         request: SliceRequest,
         packed: PackedSlice,
         now: datetime,
     ) -> None:
         item_ids = [c.item_id for c in packed.items]
+        # The subject loaded for the consent check is reused; only a lost race reloads it.
+        attempts = [loaded]
 
         def command() -> None:
-            profile = self._app.load(stream_id)
+            profile = attempts.pop() if attempts else self._app.load(loaded.id)
             profile.record_slice_served(
                 app_id=request.app_id,
                 agent_id=request.agent_id,
