@@ -20,6 +20,9 @@ def bench_kernel(
     embedder: Annotated[
         str, typer.Option(help="minilm or hashing for the pipeline figure.")
     ] = "minilm",
+    parts: Annotated[
+        str, typer.Option(help="Comma list of capture, pipeline, rebuild.")
+    ] = "capture,pipeline,rebuild",
 ) -> None:
     """Capture throughput and latency, extraction + projection, full rebuild."""
     from benchmarks import kernel_bench
