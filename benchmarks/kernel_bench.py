@@ -260,21 +260,37 @@ def measure_rebuild(backend: str, sizes: Sizes) -> dict[str, Any]:
     }
 
 
-def run(backend: str, *, quick: bool, embedder: str) -> dict[str, Any]:
+PARTS = ("capture", "pipeline", "rebuild")
+
+
+def run(
+    backend: str, *, quick: bool, embedder: str, parts: tuple[str, ...] = PARTS
+) -> dict[str, Any]:
     sizes = QUICK if quick else FULL
-    return {
-        "measured_at": datetime.now(tz=UTC).isoformat(timespec="seconds"),
-        "sizes": sizes.__dict__,
-        "capture": measure_capture(backend, sizes),
-        "pipeline": measure_pipeline(backend, sizes, embedder),
-        "rebuild": measure_rebuild(backend, sizes),
+    measured = {
+        "capture": lambda: measure_capture(backend, sizes),
+        "pipeline": lambda: measure_pipeline(backend, sizes, embedder),
+        "rebuild": lambda: measure_rebuild(backend, sizes),
     }
+    result: dict[str, Any] = {"sizes": sizes.__dict__}
+    for part in parts:
+        result[part] = measured[part]()
+        result[part]["measured_at"] = datetime.now(tz=UTC).isoformat(timespec="seconds")
+    return result
 
 
 def main(
-    backend: str, out: Path, quick: bool, embedder: str, echo: Callable[[str], None]
+    backend: str,
+    out: Path,
+    quick: bool,
+    embedder: str,
+    echo: Callable[[str], None],
+    parts: tuple[str, ...] = PARTS,
 ) -> dict[str, Any]:
-    result = run(backend, quick=quick, embedder=embedder)
+    """Measure the parts asked for; parts not re-measured keep their earlier figures in out."""
+    fresh = run(backend, quick=quick, embedder=embedder, parts=parts)
+    result = json.loads(out.read_text(encoding="utf-8")) if out.exists() else {}
+    result.update(fresh)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     echo(json.dumps(result, indent=2))
