@@ -241,3 +241,28 @@ def test_bad_slice_requests_are_refused(kernel: Uprof) -> None:
         planner_slice(kernel, "x", budget=-1)
     with pytest.raises(InvalidInputError, match="purpose"):
         kernel.slice("alice", "x", budget_tokens=10, purpose=" ", app_id=APP, agent_id="a")
+
+
+def test_experience_memories_are_shared_by_agent_type_through_the_gate(kernel: Uprof) -> None:
+    from domain.values import ExperienceProposal, ProposalBatch
+
+    consent(kernel)
+    ack = kernel.capture("alice", say("the flight got cancelled, can you rebook?"))
+    experience = ExperienceProposal(
+        situation="flight cancelled on the day of travel",
+        action="rebooked on the next direct flight and claimed compensation",
+        outcome="user arrived four hours late, satisfied",
+        insight="offer the compensation claim proactively",
+        evidence=(ack.capture_id,),
+    )
+    batch = ProposalBatch(
+        (experience,), author="agent:travel", owner_agent="agent:travel",
+        sharing="shared:assistant", app_id=APP,
+    )
+    assert kernel.submit_proposals("alice", batch) == 1
+    query = "flight cancelled what should I do"
+    peer = planner_slice(kernel, query, agent="agent:other", agent_type="assistant")
+    stranger = planner_slice(kernel, query, agent="agent:other", agent_type="scheduler")
+    assert any("compensation" in i.text for i in peer.items if i.category == "experience")
+    assert not any(i.category == "experience" for i in stranger.items)
+    assert stranger.withheld.get("visibility", 0) >= 1

@@ -37,7 +37,7 @@ TENANTS = ("default", "acme")
 UNKNOWN_APP = "app:unknown"
 APPS = ("app:planner", "app:calendar", "app:privacy-console", "app:compliance-console", UNKNOWN_APP)
 
-_ASSISTANT = ("preference", "diet", "language", "conversation", "goal", "schedule")
+_ASSISTANT = ("preference", "diet", "language", "conversation", "goal", "schedule", "experience")
 _SCHEDULER_READS = ("schedule", "goal", "contact", "location")
 _SCHEDULER_WRITES = ("schedule", "goal")
 
