@@ -23,10 +23,14 @@ def bench_kernel(
     parts: Annotated[
         str, typer.Option(help="Comma list of capture, pipeline, rebuild.")
     ] = "capture,pipeline,rebuild",
+    torch_threads: Annotated[int, typer.Option(help="torch intra-op threads (0: default).")] = 1,
 ) -> None:
     """Capture throughput and latency, extraction + projection, full rebuild."""
     from benchmarks import kernel_bench
+    from benchmarks.baselines import set_torch_threads
 
+    # One thread: on a shared 2-core machine torch's default of one per core contends.
+    set_torch_threads(torch_threads or None)
     if backend not in ("sqlite", "postgres"):
         raise typer.BadParameter("backend must be sqlite or postgres")
     target = out or Path(f"docs/bench/kernel-{backend}.json")
@@ -85,6 +89,9 @@ def bench_prefeval(
     ),
     out: Annotated[Path, typer.Option(help="Results JSON.")] = Path("docs/bench/prefeval.json"),
     systems: Annotated[str, typer.Option(help="Comma list.")] = "uprof,bm25,embedding",
+    distractors: Annotated[str, typer.Option(help="Comma list of N.")] = "10,50,200",
+    budgets: Annotated[str, typer.Option(help="Comma list of budgets.")] = "128,256,512",
+    topics: Annotated[str | None, typer.Option(help="Topic subset (file stems).")] = None,
     markdown: Annotated[Path, typer.Option(help="Markdown to update.")] = Path(
         "docs/benchmarks.md"
     ),
@@ -100,7 +107,12 @@ def bench_prefeval(
     factories = baseline_factories([n for n in names if not n.startswith("uprof")])
     ours = {"uprof": make_uprof, "uprof-lexical": make_uprof_lexical}
     factories.update({n: ours[n] for n in names if n in ours})
-    run_prefeval(data, out, systems=factories, markdown_path=markdown, progress=console.print)
+    run_prefeval(
+        data, out, systems=factories, markdown_path=markdown, progress=console.print,
+        distractor_counts=[int(n) for n in distractors.split(",")],
+        budgets=[int(b) for b in budgets.split(",")],
+        topics=_systems(topics) if topics else None,
+    )
     console.print(f"results in {out}, table in {markdown}")
 
 
