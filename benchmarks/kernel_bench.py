@@ -57,7 +57,7 @@ def interaction(i: int, start: datetime) -> Interaction:
 
 
 @contextmanager
-def deployment(backend: str, *, embedder: str = "hashing") -> Iterator[Uprof]:
+def deployment(backend: str, *, embedder: str = "hashing", **overrides: Any) -> Iterator[Uprof]:
     """A throwaway deployment on SQLite files or a fresh PostgreSQL database."""
     tmp = Path(tempfile.mkdtemp(prefix="uprof-bench-"))
     pg_name = ""
@@ -71,7 +71,7 @@ def deployment(backend: str, *, embedder: str = "hashing") -> Iterator[Uprof]:
         admin.dispose()
         url = sa.engine.make_url(admin_url).set(database=pg_name).render_as_string(False)
     settings = Settings(data_dir=tmp / "data", database_url=url, embedder=embedder)  # type: ignore[arg-type]
-    k = bootstrap(settings)
+    k = bootstrap(settings, **overrides)
     try:
         yield k
     finally:

@@ -147,9 +147,11 @@ class ProfilesApplication(Application[UUID]):
         if self.snapshots is None:
             return 0
         table = self.snapshots.recorder.events_table_name  # type: ignore[attr-defined]
+        # eventsourcing keeps uuids as 32-hex text on SQLite and as uuid on PostgreSQL.
+        key = stream_id.hex if self.events_engine.dialect.name == "sqlite" else str(stream_id)
         with self.events_engine.begin() as conn:
             result = conn.execute(
                 sa.text(f"DELETE FROM {table} WHERE originator_id = :stream_id"),
-                {"stream_id": str(stream_id)},
+                {"stream_id": key},
             )
         return int(result.rowcount or 0)

@@ -231,3 +231,16 @@ def test_capture_by_other_app_is_refused_after_withdrawal(kernel: Uprof) -> None
     kernel.withdraw_consent("alice", consent_id)
     with pytest.raises(ConsentRequiredError):
         kernel.capture("alice", say("x", app=APP))
+
+
+def test_erasure_drops_snapshots_of_long_streams(kernel: Uprof) -> None:
+    consent(kernel)
+    kernel.capture_many("alice", [say(f"entry {i} about {CANARIES['memory']}") for i in range(130)])
+    kernel.process()
+    stream = kernel.stream_of("alice")
+    assert kernel.app.snapshots is not None
+    assert kernel.app.snapshots.recorder.select_events(stream)  # the history was snapshotted
+    kernel.erase_subject("alice")
+    assert not kernel.app.snapshots.recorder.select_events(stream)
+    report = kernel.residue_scan([CANARIES["memory"]])
+    assert report.clean, report.findings

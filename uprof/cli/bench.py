@@ -108,7 +108,11 @@ def bench_prefeval(
     ours = {"uprof": make_uprof, "uprof-lexical": make_uprof_lexical}
     factories.update({n: ours[n] for n in names if n in ours})
     run_prefeval(
-        data, out, systems=factories, markdown_path=markdown, progress=console.print,
+        data,
+        out,
+        systems=factories,
+        markdown_path=markdown,
+        progress=console.print,
         distractor_counts=[int(n) for n in distractors.split(",")],
         budgets=[int(b) for b in budgets.split(",")],
         topics=_systems(topics) if topics else None,
@@ -129,3 +133,17 @@ def bench_slice(
 
     set_torch_threads(torch_threads or None)
     slice_bench.main(out, memories, queries, echo=console.print)
+
+
+@bench_app.command("governance")
+def bench_governance(
+    backend: Annotated[str, typer.Option(help="sqlite or postgres")] = "sqlite",
+    events: Annotated[int, typer.Option(help="Captured events per erased subject.")] = 10_000,
+    subjects: Annotated[int, typer.Option(help="Subjects to erase.")] = 3,
+    out: Annotated[Path | None, typer.Option(help="Results JSON.")] = None,
+) -> None:
+    """Erasure time and residue for large subjects; audit overhead on slices."""
+    from benchmarks import governance_bench
+
+    target = out or Path(f"docs/bench/governance-{backend}.json")
+    governance_bench.main(backend, target, events, subjects, echo=console.print)
