@@ -122,6 +122,9 @@ class AuditLog:
         self._key = signing_key
         self.origin = check_origin(origin)
         self._clock = clock
+        #: (tree size, frontier node hashes) after this instance's last committed append;
+        #: reused when the stored size still matches, so an append needs no node reads.
+        self._frontier: tuple[int, list[bytes]] | None = None
 
     # --- identity -------------------------------------------------------------------------
 
@@ -199,9 +202,14 @@ class AuditLog:
     def _write(self, prepared: Sequence[_PreparedEntry]) -> list[AuditRecord]:
         with self._write_transaction() as conn:
             size = self._size(conn)
-            keys = frontier_keys(size)
-            known = self._fetch_nodes(conn, keys)
-            frontier = Frontier(size, [known[k] for k in keys])
+            cached = self._frontier
+            if cached is not None and cached[0] == size:
+                # Nobody else appended since our last write: the right edge is still ours.
+                frontier = Frontier(size, cached[1])
+            else:
+                keys = frontier_keys(size)
+                known = self._fetch_nodes(conn, keys)
+                frontier = Frontier(size, [known[k] for k in keys])
             entry_rows, node_rows, records = [], [], []
             for offset, item in enumerate(prepared):
                 index = size + offset
@@ -213,6 +221,9 @@ class AuditLog:
                 conn.execute(audit_entries.insert(), entry_rows[start : start + _INSERT_CHUNK])
             for start in range(0, len(node_rows), _INSERT_CHUNK):
                 conn.execute(audit_nodes.insert(), node_rows[start : start + _INSERT_CHUNK])
+            self._frontier = None  # set again only once the transaction has committed
+            after = (frontier.size, frontier.hashes())
+        self._frontier = after
         return records
 
     @contextmanager

@@ -303,6 +303,10 @@ class Frontier:
     def root(self) -> bytes:
         return root_from_frontier([h for _, h in self._stack])
 
+    def hashes(self) -> list[bytes]:
+        """The frontier's node hashes, in the order ``frontier_keys(size)`` names them."""
+        return [h for _, h in self._stack]
+
 
 class MerkleTree:
     """An in-memory RFC 9162 tree keeping every perfect node (for exports, tests and tools)."""
