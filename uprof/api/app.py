@@ -37,6 +37,7 @@ from uprof.api.routes import (
 from uprof.api.runtime import ServiceRuntime
 from uprof.kernel import Uprof
 from uprof.schemas.api import ErrorBody, ErrorOut, field_problems
+from uprof.web import create_router as create_web_router
 
 _log = logging.getLogger(__name__)
 
@@ -95,6 +96,7 @@ def create_app(
 
     for module in (captures, proposals, slices, profiles, consents, subjects, governance, ops):
         app.include_router(module.router)
+    app.include_router(create_web_router())  # privacy center and compliance console
 
     _install_error_handlers(app)
     # Added last = outermost: the size limit refuses before anything else runs, and

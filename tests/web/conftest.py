@@ -1,0 +1,89 @@
+"""Fixtures of the web tests: the live API server of tests/api, and a headless Chromium.
+
+Chromium is Debian's (/usr/bin/chromium, installed by .ci/run), driven by Playwright for
+Python through ``executable_path``; Playwright's own browser download is never used.
+Browser tests skip only when that binary is absent. With ``UPROF_SCREENSHOTS=1`` they also
+save a screenshot of each page to docs/screenshots/.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.api.conftest import (  # noqa: F401  (fixtures, re-exported for this package)
+    apps,
+    bearer,
+    http,
+    kernel,
+    keys,
+    server,
+    settings,
+)
+
+CHROMIUM = Path("/usr/bin/chromium")
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+
+needs_chromium = pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="Debian chromium is not installed at /usr/bin/chromium "
+    "(CI installs it: apt-get install chromium chromium-driver)"
+)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory(prefix="uprof-chromium-") as profile, \
+            sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            profile, executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS,
+            accept_downloads=True,
+        )
+        try:
+            yield context
+        finally:
+            context.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    """A fresh tab with no cookies left from an earlier test."""
+    browser.clear_cookies()
+    tab = browser.new_page()
+    tab.set_default_timeout(20_000)
+    try:
+        yield tab
+    finally:
+        tab.close()
+
+
+def shot(page: Any, name: str) -> None:
+    """Save a full-page screenshot when UPROF_SCREENSHOTS=1."""
+    if os.environ.get("UPROF_SCREENSHOTS") == "1":
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+def privacy_link(client: httpx.Client, operator_key: str, subject: str) -> str:
+    response = client.post("/v1/privacy/links", headers=bearer(operator_key),
+                         json={"subject": subject})
+    assert response.status_code == 201, response.text
+    return str(response.json()["login_path"])
+
+
+def csrf_of(html: str) -> str:
+    match = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert match, "no CSRF token in the page"
+    return match.group(1)
