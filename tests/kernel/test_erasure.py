@@ -244,3 +244,24 @@ def test_erasure_drops_snapshots_of_long_streams(kernel: Uprof) -> None:
     assert not kernel.app.snapshots.recorder.select_events(stream)
     report = kernel.residue_scan([CANARIES["memory"]])
     assert report.clean, report.findings
+
+
+def test_kek_rotation_keeps_data_readable_and_retires_old_wrappings(kernel: Uprof) -> None:
+    from cryptography.hazmat.primitives.keywrap import InvalidUnwrap, aes_key_unwrap
+
+    from uprof.crypto.tables import subject_keys
+
+    consent(kernel)
+    kernel.capture("alice", say(f"I live in {CANARIES['attribute']}"))
+    kernel.process()
+    with kernel.keys_engine.connect() as conn:
+        old_rows = conn.execute(sa.select(subject_keys)).all()  # a key-store "backup"
+    outcome = kernel.keystore.rotate_kek()
+    assert outcome["deks_rewrapped"] == len(old_rows) and outcome["epochs_forgotten"] == 1
+    kernel.keystore.evict(str(kernel.stream_of("alice")))
+    assert [a.value for a in kernel.profile("alice").attributes] == [CANARIES["attribute"]]
+    ring = kernel.keystore._ring  # noqa: SLF001 - the KEKs still on record
+    for row in old_rows:
+        for kek in ring.keys.values():
+            with pytest.raises(InvalidUnwrap):
+                aes_key_unwrap(kek, row.wrapped_dek)
