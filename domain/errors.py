@@ -10,7 +10,8 @@ UprofError
 ├── SubjectErasedError       the subject was erased; its stream refuses reads and writes
 ├── IntentTransitionError    an intent lifecycle change that the lifecycle forbids
 ├── ReadTimeoutError         projections did not catch up within the wait bound
-└── ErasureIncompleteError   keys are destroyed but derived stores are not purged yet
+├── ErasureIncompleteError   keys are destroyed but derived stores are not purged yet
+└── ConcurrencyConflictError other writers kept winning the race for the same subject
 """
 
 from __future__ import annotations
@@ -66,3 +67,7 @@ class ReadTimeoutError(UprofError):
 
 class ErasureIncompleteError(UprofError):
     hint = "the tombstone and key destruction are recorded; retry to finish and get the receipt"
+
+
+class ConcurrencyConflictError(UprofError):
+    hint = "other writers changed this subject at the same time; retry the request"

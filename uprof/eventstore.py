@@ -7,6 +7,7 @@ appends its results atomically with the position it reached (exactly once).
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
@@ -24,7 +25,7 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.utils import get_topic
 
-from domain.errors import SubjectErasedError, SubjectNotFoundError
+from domain.errors import ConcurrencyConflictError, SubjectErasedError, SubjectNotFoundError
 from domain.profile import SubjectProfile
 from uprof.crypto.keystore import KeyStore
 from uprof.crypto.mapper import SubjectKeyMapper
@@ -113,15 +114,20 @@ class ProfilesApplication(Application[UUID]):
                 self.snapshots.put([SubjectProfile.Snapshot.take(aggregate)])
 
     def with_retry(self, command: Callable[[], T]) -> T:
-        """Run a load-decide-save command, retrying when another writer saved first."""
+        """Run a load-decide-save command, retrying when another writer saved first.
+
+        Raises ConcurrencyConflictError (nothing written) when every attempt lost.
+        """
         for attempt in range(CONFLICT_RETRIES):
             try:
                 return command()
             except (RecordConflictError, IntegrityError):
                 # A version conflict means another writer saved first; reload and retry,
-                # backing off a little so that writers on one subject interleave.
-                time.sleep(min(0.05, 0.001 * (2**attempt)))
-        return command()
+                # backing off with jitter so that writers on one subject interleave.
+                time.sleep(random.uniform(0, min(0.1, 0.002 * (2**attempt))))
+        raise ConcurrencyConflictError(
+            f"gave up after {CONFLICT_RETRIES} attempts: other writers kept saving first"
+        )
 
     # --------------------------------------------------------------------- log
 

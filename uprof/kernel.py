@@ -6,14 +6,15 @@ them reaches past it into services or storage.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from domain.errors import SubjectNotFoundError
+from domain.errors import ConcurrencyConflictError, SubjectNotFoundError
 from domain.values import Interaction, ProposalBatch
 from projections.profile.queries import ProfileQueries
 from uprof.crypto.keystore import KeyStore
@@ -78,6 +79,7 @@ class Uprof:
     views_engine: Any
     keys_engine: Any
     closers: Sequence[Callable[[], None]] = ()
+    _process_lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     # ----------------------------------------------------------------- writes
 
@@ -246,14 +248,24 @@ class Uprof:
         return True
 
     def process(self, progress: Progress | None = None) -> int:
-        """Run extraction and projections until both have caught up with the log."""
-        total = 0
-        while True:
-            extracted = self.extraction.run_until_idle()
-            projected = self.projections.run_until_idle(progress)
-            total += projected
-            if extracted == 0 and projected == 0:
-                return total
+        """Run extraction and projections until both have caught up with the log.
+
+        One caller at a time in this process (the runners keep one position each);
+        other processes are kept out by the position guard inside each batch.
+        """
+        with self._process_lock:
+            total = 0
+            while True:
+                try:
+                    extracted = self.extraction.run_until_idle()
+                except ConcurrencyConflictError:
+                    # Captures kept winning; project what is there, extract on the next run.
+                    self.projections.run_until_idle(progress)
+                    raise
+                projected = self.projections.run_until_idle(progress)
+                total += projected
+                if extracted == 0 and projected == 0:
+                    return total
 
     def catch_up(self, notification_id: int, timeout_s: float) -> bool:
         """Make sure projections have passed ``notification_id`` (bounded when in background)."""

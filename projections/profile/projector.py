@@ -106,6 +106,16 @@ class ProfileProjector:
         ``embed_memories``; computed here when not given. Returns how many events
         were applied.
         """
+        # Write to the position row first: that takes the write lock (SQLite) or the row
+        # lock (PostgreSQL), so a concurrent runner waits here and then sees our position.
+        conn.execute(
+            t.projection_tracking.update()
+            .where(
+                t.projection_tracking.c.projection_name == self.name,
+                t.projection_tracking.c.application_name == application_name,
+            )
+            .values(notification_id=t.projection_tracking.c.notification_id)
+        )
         position = self.position(conn, application_name)
         fresh = [(nid, ev) for nid, ev in batch if nid > position]
         if vectors is None:

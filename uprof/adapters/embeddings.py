@@ -15,6 +15,7 @@ import re
 import unicodedata
 import zlib
 from collections.abc import Sequence
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,7 @@ class HashingEmbedder:
     def _features(self, text: str) -> list[tuple[str, float]]:
         words = _WORD_RE.findall(unicodedata.normalize("NFKC", text).lower())
         features: list[tuple[str, float]] = [("w:" + w, 1.0) for w in words]
-        features += [(f"b:{a} {b}", 0.5) for a, b in zip(words, words[1:], strict=False)]
+        features += [(f"b:{a} {b}", 0.5) for a, b in pairwise(words)]
         for word in words:
             padded = f"#{word}#"
             features += [("c:" + padded[i : i + 3], 0.25) for i in range(len(padded) - 2)]

@@ -13,7 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from domain.errors import (
+    ConcurrencyConflictError,
     ConsentRequiredError,
+    ErasureIncompleteError,
     EvidenceError,
     IdentityError,
     IntentTransitionError,
@@ -37,6 +39,8 @@ STATUS_TABLE: tuple[tuple[type[UprofError], int, str], ...] = (
     (SubjectErasedError, 410, "subject_erased"),
     (IntentTransitionError, 409, "intent_transition"),
     (ReadTimeoutError, 503, "read_timeout"),
+    (ConcurrencyConflictError, 409, "conflict_retry"),
+    (ErasureIncompleteError, 503, "erasure_incomplete"),
     (UprofError, 500, "internal"),
 )
 

@@ -12,7 +12,9 @@ import typer
 from rich.console import Console
 
 from domain.errors import (
+    ConcurrencyConflictError,
     ConsentRequiredError,
+    ErasureIncompleteError,
     EvidenceError,
     IdentityError,
     InvalidInputError,
@@ -36,6 +38,8 @@ EXIT_CODES: tuple[tuple[type[UprofError], int], ...] = (
     (IdentityError, 4),
     (SubjectNotFoundError, 5),
     (SubjectErasedError, 5),
+    (ConcurrencyConflictError, 6),
+    (ErasureIncompleteError, 6),
     (UprofError, 1),
 )
 

@@ -234,11 +234,12 @@ def maintain() -> None:
 
 
 def _register_optional_commands() -> None:
-    from uprof.cli import bench, demo, govern, serve
+    from uprof.cli import bench, demo, govern, reliability, serve
     from uprof.mcp import cli as mcp_cli
 
     app.command("demo")(demo.demo)
     app.add_typer(bench.bench_app, name="bench")
+    reliability.register(bench.bench_app)
     govern.register(app)
     serve.register(app)
     mcp_cli.register(app)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
 import numpy as np
 
@@ -28,11 +28,15 @@ SUMMARY_VALUE = 0.6
 _LEGEND, _SECTION = 0, {Layer.ATTRIBUTE: 1, Layer.INTENT: 2, Layer.MEMORY: 3}
 _FIXED_GROUPS = 4
 _ACTIVE = frozenset({"", "active"})
+_REASON_ORDER = {"budget": 0, "duplicate": 1, "low_relevance": 2}
+_EMPTY = "no text to show"
 
 
-@dataclass(frozen=True)
-class _Choice:
-    """One way to show one candidate: which candidate, which line, what it is worth."""
+class _Choice(NamedTuple):
+    """One way to show one candidate: which candidate, which line, what it is worth.
+
+    A NamedTuple: a few hundred are made per query, and tuples are cheap to build.
+    """
 
     candidate: Candidate
     line: str
@@ -57,16 +61,24 @@ def _profile_choices(
     order = sorted(range(len(candidates)), key=lambda i: (-utilities[i], candidates[i].item_id))
     for i in order:
         candidate, utility = candidates[i], float(utilities[i])
+        if not candidate.text.strip():
+            left_out.append(_low(candidate, _EMPTY))
+            continue
         if utility < min_utility:
-            left_out.append(_low(candidate, f"utility {utility:.3f} below {min_utility}"))
+            left_out.append(_low(candidate, f"utility {utility:.3g} below {min_utility:g}"))
             continue
         if summarise:
             full = render.intent_line(candidate, summary=False)
             short = render.intent_line(candidate, summary=True)
-            variants = [(full, utility)] + ([(short, utility * SUMMARY_VALUE)] if short != full else [])
+            variants = [(full, utility)] + (
+                [(short, utility * SUMMARY_VALUE)] if short != full else []
+            )
         else:
             variants = [(render.attribute_line(candidate), utility)]
-        out += [_Choice(candidate, line, counter.count(line) + 1, value, -1, -1, -1) for line, value in variants]
+        out += [
+            _Choice(candidate, line, counter.count(line) + 1, value, -1, -1, -1)
+            for line, value in variants
+        ]
     return out
 
 
@@ -89,8 +101,11 @@ def _memory_choices(
     out: list[_Choice] = []
     for pos, (row, value) in enumerate(zip(rows.tolist(), utility.tolist(), strict=True)):
         candidate = index.candidates[row]
+        if not candidate.text.strip():
+            left_out.append(_low(candidate, _EMPTY))
+            continue
         if value < options.min_utility:
-            left_out.append(_low(candidate, f"utility {value:.3f} below {options.min_utility}"))
+            left_out.append(_low(candidate, f"utility {value:.3g} below {options.min_utility:g}"))
             continue
         day = -1
         if grouped:
@@ -151,7 +166,9 @@ def _render(chosen: Sequence[_Choice], index: MemoryIndex, grouped: bool) -> str
             lines.append(render.LEGEND)
         lines.append(render.SECTION_HEADERS[layer])
         if layer != Layer.MEMORY:
-            lines += [c.line for c in sorted(picked, key=lambda c: (-c.utility, c.candidate.item_id))]
+            lines += [
+                c.line for c in sorted(picked, key=lambda c: (-c.utility, c.candidate.item_id))
+            ]
             continue
         last_day = None
         for c in sorted(picked, key=lambda c: c.memory_row):
@@ -193,7 +210,9 @@ def build_slice(
     intent_vecs = None if intent_vectors is None else np.asarray(intent_vectors)[active_rows]
     choices = _profile_choices(
         attributes,
-        rank_profile_items(attributes, q, attribute_vectors, query_vector, options.attribute_base_utility),
+        rank_profile_items(
+            attributes, q, attribute_vectors, query_vector, options.attribute_base_utility
+        ),
         counter,
         options.min_utility,
         left_out,
@@ -217,7 +236,9 @@ def build_slice(
     return _finish(choices, problem, result, memory_index, ranking.rows, left_out, counter, options)
 
 
-def _group_costs(index: MemoryIndex, day_groups: dict[int, int], counter: TokenCounter) -> np.ndarray:
+def _group_costs(
+    index: MemoryIndex, day_groups: dict[int, int], counter: TokenCounter
+) -> np.ndarray:
     costs = np.zeros(_FIXED_GROUPS + len(day_groups), dtype=np.int64)
     costs[_LEGEND] = counter.count(render.LEGEND) + 1
     for layer, group in _SECTION.items():
@@ -257,11 +278,15 @@ def _finish(
         reported.add(item_id)
         if j in result.duplicate_of:
             twin = choices[result.duplicate_of[j]].candidate.item_id
-            left_out.append(LeftOut(item_id, choice.candidate.layer, "duplicate", f"near-duplicate of {twin}"))
-        else:
             left_out.append(
-                LeftOut(item_id, choice.candidate.layer, "budget", f"{choice.cost} tokens did not fit")
+                LeftOut(item_id, choice.candidate.layer, "duplicate", f"near-duplicate of {twin}")
             )
+        else:
+            detail = f"needs {choice.cost} tokens; the budget went to more relevant items"
+            left_out.append(LeftOut(item_id, choice.candidate.layer, "budget", detail))
+    # Most actionable first: what the budget cut, then duplicates, then the irrelevant;
+    # the memories never retrieved (all low relevance, ready-made by the index) last.
+    left_out.sort(key=lambda lo: _REASON_ORDER[lo.reason])
     in_pool = np.zeros(len(index), dtype=bool)
     in_pool[pool_rows] = True
     left_out += [index.not_retrieved[i] for i in np.flatnonzero(~in_pool).tolist()]

@@ -59,10 +59,14 @@ def _chronological(candidates: Sequence[Candidate]) -> list[int]:
 
     def key(i: int) -> tuple[int, float, str]:
         moment = candidates[i].occurred_at
-        return (0, 0.0, candidates[i].item_id) if moment is None else (
-            1,
-            _as_utc(moment).timestamp(),
-            candidates[i].item_id,
+        return (
+            (0, 0.0, candidates[i].item_id)
+            if moment is None
+            else (
+                1,
+                _as_utc(moment).timestamp(),
+                candidates[i].item_id,
+            )
         )
 
     return sorted(range(len(candidates)), key=key)
@@ -160,7 +164,9 @@ class MemoryIndex:
         dense = None if vectors is None else _unit_rows(np.asarray(vectors)[order])
         actor_names = sorted({c.actor for c in ordered if c.actor})
         actor_index = {name: i for i, name in enumerate(actor_names)}
-        # Speakers' names are indexed through the actor feature, not as words of the text.
+        # Only the text is indexed: the speaker is a separate feature (actor_of), so a
+        # question naming a speaker can favour that speaker's turns without BM25
+        # rewarding every turn that merely addresses them by name.
         docs = [terms(c.text) for c in ordered]
         lines = tuple(render.memory_line(c, with_date=False) for c in ordered)
         dated = tuple(render.memory_line(c, with_date=True) for c in ordered)

@@ -74,11 +74,10 @@ class _Packing:
         self.group_users = np.zeros(len(problem.group_costs), dtype=np.int64)
         # Marginal cost: own line plus every overhead line that nobody has paid yet.
         self.extra = problem.costs.astype(np.int64).copy()
-        self.members: list[np.ndarray] = []  # choices needing each group
-        for g in range(len(problem.group_costs)):
-            needing = np.flatnonzero((problem.groups == g).any(axis=1))
-            self.members.append(needing)
-            self.extra[needing] += problem.group_costs[g]
+        self.members = _members(problem.groups, len(problem.group_costs))
+        for column in problem.groups.T:
+            needs = column >= 0
+            self.extra[needs] += problem.group_costs[column[needs]]
         self.available = np.ones(m, dtype=bool)
         self.columns: dict[int, np.ndarray] = {}  # similarity to each choice ever chosen
         self.max_sim = np.zeros(m)
@@ -152,6 +151,18 @@ class _Packing:
             self.available[self.p.owner == self.p.owner[c]] = False
 
 
+def _members(groups: np.ndarray, n_groups: int) -> list[np.ndarray]:
+    """For each overhead group, the choices that need it (one sort instead of a scan per group)."""
+    m, k = groups.shape
+    flat = groups.ravel()
+    owners = np.repeat(np.arange(m), k)
+    valid = flat >= 0
+    flat, owners = flat[valid], owners[valid]
+    order = np.argsort(flat, kind="stable")
+    counts = np.bincount(flat, minlength=n_groups)
+    return np.split(owners[order], np.cumsum(counts)[:-1]) if n_groups else []
+
+
 def _greedy(state: _Packing) -> None:
     """Add the best gain-per-token choice that fits, until none fits or none gains."""
     while True:
@@ -173,7 +184,9 @@ def _try_swap(state: _Packing, newcomer: int) -> bool:
     p = state.p
     before = state.value
     snap = state.snapshot()
-    by_value = sorted(state.chosen, key=lambda j: (state.picked_gain[j] / max(int(p.costs[j]), 1), -j))
+    by_value = sorted(
+        state.chosen, key=lambda j: (state.picked_gain[j] / max(int(p.costs[j]), 1), -j)
+    )
     for j in by_value:
         if state.extra[newcomer] <= state.room():
             break

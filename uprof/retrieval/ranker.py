@@ -91,13 +91,18 @@ class PoolSimilarity:
     def __init__(self, index: MemoryIndex, rows: np.ndarray) -> None:
         self._dense = None if index.vectors is None else index.vectors[rows]
         self._terms = index.bm25.term_sets[rows] if index.vectors is None else None
+        self._lexical: np.ndarray | None = None
 
     def column(self, k: int) -> np.ndarray:
         """Similarity of every pool member to pool member k."""
         if self._dense is not None:
             return self._dense @ self._dense[k]
-        assert self._terms is not None
-        return np.asarray((self._terms @ self._terms[k].T).todense()).ravel()
+        if self._lexical is None:
+            # One sparse product for the whole pool: sparse column-by-column products
+            # cost far more in call overhead than the arithmetic they do.
+            assert self._terms is not None
+            self._lexical = (self._terms @ self._terms.T).toarray()
+        return self._lexical[:, k]
 
 
 @dataclass(frozen=True)
@@ -124,7 +129,11 @@ def _scaled(cosines: np.ndarray) -> np.ndarray:
 
 
 def _dense_scores(
-    index: MemoryIndex, query_vector: np.ndarray, lexical: np.ndarray, weight: float, options: SliceOptions
+    index: MemoryIndex,
+    query_vector: np.ndarray,
+    lexical: np.ndarray,
+    weight: float,
+    options: SliceOptions,
 ) -> np.ndarray:
     """Scaled cosines after one round of pseudo-relevance feedback (Rocchio).
 
@@ -265,8 +274,9 @@ def rank_profile_items(
     dense = _dense_match(vectors, query_vector, len(candidates))
     out = np.zeros(len(candidates))
     for i, candidate in enumerate(candidates):
-        category = 0.8 if candidate.category in query.categories else 0.0
+        # A category hint is weak evidence when many items share the category: it must
+        # not outrank a real word or meaning match.
+        category = 0.3 if candidate.category in query.categories else 0.0
         match = max(category, _overlap(query, candidate.text), float(dense[i]))
         out[i] = (base_utility + (1.0 - base_utility) * match) * _confidence_factor(candidate)
     return out
-

@@ -80,7 +80,7 @@ def memory_line(candidate: Candidate, *, with_date: bool) -> str:
     """``Caroline: <text>`` (grouped by day) or ``[8 May 2023] Caroline: <text>``."""
     body = one_line(candidate.text)
     if candidate.actor:
-        body = f"{one_line(candidate.actor)}: {body}"
+        body = f"{one_line(candidate.actor)}: {body}".rstrip()
     line = body + provenance_mark(candidate, show_category=True)
     return f"{day_header(candidate.occurred_at)} {line}" if with_date else line
 

@@ -50,7 +50,7 @@ class SliceOptions:
     #: Pseudo-relevance feedback: the query vector moves towards the mean of the best
     #: ``feedback_memories`` first-pass hits, by ``feedback_weight`` (0 turns it off).
     feedback_memories: int = 5
-    feedback_weight: float = 0.5
+    feedback_weight: float = 0.3
     #: Bonus for memories spoken by a person the query names.
     actor_weight: float = 0.2
     #: Bonus for recent memories, halving every ``recency_half_life_days``.

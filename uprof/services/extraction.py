@@ -12,6 +12,8 @@ subject, whoever proposed it (I1).
 
 from __future__ import annotations
 
+import random
+import time
 from collections import defaultdict
 from dataclasses import replace
 from typing import Any
@@ -19,7 +21,12 @@ from uuid import UUID
 
 from eventsourcing.persistence import IntegrityError, RecordConflictError, Tracking
 
-from domain.errors import EvidenceError, SubjectErasedError, SubjectNotFoundError
+from domain.errors import (
+    ConcurrencyConflictError,
+    EvidenceError,
+    SubjectErasedError,
+    SubjectNotFoundError,
+)
 from domain.profile import SubjectProfile
 from domain.values import CapturedInteraction, Interaction, ProposalBatch
 from projections.profile.queries import ProfileQueries
@@ -98,14 +105,18 @@ class ExtractionWorker:
         return len(pending)
 
     def run_once(self) -> int:
-        """Extract one batch of captures; returns how many notifications it consumed."""
-        for _ in range(CONFLICT_RETRIES):
+        """Extract one batch of captures; returns how many notifications it consumed.
+
+        Raises ConcurrencyConflictError when captures kept winning the race for the
+        batch's subjects; the batch is then retried by the next run.
+        """
+        for attempt in range(CONFLICT_RETRIES):
             try:
                 return self._run_batch()
             except (RecordConflictError, IntegrityError):
-                # A capture or a concurrent worker saved first; re-read and redo the batch.
-                continue
-        return self._run_batch()
+                # A capture or a concurrent worker saved first; back off, re-read, redo.
+                time.sleep(random.uniform(0, min(0.2, 0.002 * (2**attempt))))
+        raise ConcurrencyConflictError("extraction kept losing the race to concurrent captures")
 
     def run_until_idle(self) -> int:
         total = 0

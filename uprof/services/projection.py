@@ -28,6 +28,30 @@ class ProjectionRunner:
         self._engine = engine
         self._projector = projector
         self._batch_size = batch_size
+        self._ensure_position_row()
+
+    def _ensure_position_row(self) -> None:
+        """Create the position row up front: batches lock it, so it must always exist."""
+        tracking = t.projection_tracking
+        try:
+            with self._engine.begin() as conn:
+                exists = conn.execute(
+                    sa.select(tracking.c.notification_id).where(
+                        tracking.c.projection_name == self._projector.name,
+                        tracking.c.application_name == self._app.name,
+                    )
+                ).first()
+                if exists is None:
+                    conn.execute(
+                        tracking.insert(),
+                        {
+                            "projection_name": self._projector.name,
+                            "application_name": self._app.name,
+                            "notification_id": 0,
+                        },
+                    )
+        except sa.exc.IntegrityError:
+            pass  # another process created it first
 
     @property
     def position(self) -> int:
@@ -73,14 +97,14 @@ class ProjectionRunner:
         return True
 
     def reset(self) -> None:
-        """Drop every view row and the position, so a rebuild starts from event 1."""
+        """Drop every view row and reset the position, so a rebuild starts from event 1."""
         with self._engine.begin() as conn:
             for table in t.SUBJECT_TABLES:
                 conn.execute(table.delete())
             conn.execute(
-                t.projection_tracking.delete().where(
-                    t.projection_tracking.c.projection_name == self._projector.name
-                )
+                t.projection_tracking.update()
+                .where(t.projection_tracking.c.projection_name == self._projector.name)
+                .values(notification_id=0)
             )
 
     def rebuild(self, progress: Progress | None = None) -> int:

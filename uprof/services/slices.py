@@ -32,11 +32,14 @@ from domain.values import CATEGORIES, Layer, Provenance, SharingPolicy, check_to
 from projections.profile.queries import MemoryRow, ProfileQueries
 from uprof.eventstore import ProfilesApplication
 from uprof.ports import AuditTrail, Clock, Embedder, TokenCounter
-from uprof.retrieval import Candidate, MemoryIndex, PackedSlice, build_slice
+from uprof.retrieval import Candidate, MemoryIndex, PackedSlice, SliceOptions, build_slice
 from uprof.retrieval.index import NOT_RETRIEVED
 from uprof.services.subjects import SubjectRequest, SubjectResolver
 
 MAX_BUDGET_TOKENS = 32_768
+#: Profile items earn their place by matching the query (category, words or meaning);
+#: a small base keeps core facts for open queries without crowding out relevant ones.
+SLICE_OPTIONS = SliceOptions(attribute_base_utility=0.03, intent_base_utility=0.05)
 MAX_QUERY_CHARS = 4_000
 
 
@@ -144,11 +147,15 @@ class SliceService:
         self._ensure_fresh = ensure_fresh
         self._default_wait_s = default_wait_s
         self._cache: dict[str, _CachedMemories] = {}
+        #: Vectors of attribute and intent texts; flushed with the rest on erasure.
+        self._text_vectors: dict[str, np.ndarray] = {}
         self._lock = threading.Lock()
 
     def flush(self, stream_id: UUID | None = None) -> None:
         """Drop cached memories (all, or one subject's): erasure calls this."""
         with self._lock:
+            # Text vectors are keyed by content, not subject: any erasure drops them all.
+            self._text_vectors.clear()
             if stream_id is None:
                 self._cache.clear()
             else:
@@ -189,9 +196,11 @@ class SliceService:
             withheld,
         )
         index = self._memory_index(stream, request, allowed, now, withheld)
-        query_vector = None
-        if not request.lexical_only and index.vectors is not None and len(index):
+        query_vector = attribute_vectors = intent_vectors = None
+        if not request.lexical_only and (len(index) or attributes or intents):
             query_vector = self._embedder.embed([request.query])[0]
+            attribute_vectors = self._item_vectors(attributes)
+            intent_vectors = self._item_vectors(intents)
         packed = build_slice(
             query=request.query,
             attributes=attributes,
@@ -201,6 +210,9 @@ class SliceService:
             counter=self._counter,
             query_vector=query_vector,
             now=now,
+            options=SLICE_OPTIONS,
+            attribute_vectors=attribute_vectors,
+            intent_vectors=intent_vectors,
         )
         self._record(profile, handle.pseudonym, request, packed, real_now)
         return ProfileSlice(
@@ -221,6 +233,16 @@ class SliceService:
             app_id=request.app_id,
             subject_pseudonym=handle.pseudonym,
         )
+
+    def _item_vectors(self, candidates: Sequence[Candidate]) -> np.ndarray | None:
+        """Embeddings of attribute/intent texts, cached by text (they change rarely)."""
+        if not candidates:
+            return None
+        missing = [c.text for c in candidates if c.text not in self._text_vectors]
+        if missing:
+            for text, vector in zip(missing, self._embedder.embed(missing), strict=True):
+                self._text_vectors[text] = vector
+        return np.stack([self._text_vectors[c.text] for c in candidates])
 
     # ----------------------------------------------------------------- gating
 

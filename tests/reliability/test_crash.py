@@ -1,0 +1,16 @@
+"""I12 / I11 under SIGKILL: a capture child and a process() child killed at random points."""
+
+from __future__ import annotations
+
+from benchmarks.reliability import Target, crash_scenario
+
+
+def test_sigkill_loses_and_duplicates_nothing_and_projections_converge(target: Target) -> None:
+    r = crash_scenario(target, kills=3, process_kills=1, seed=42)
+    assert r["children_killed_by_sigkill"] == 3
+    assert r["acked"] > 0, "the children acknowledged nothing: the test would be vacuous"
+    assert r["acked_unique"] == r["acked"]
+    assert r["lost"] == 0
+    assert r["duplicated"] == 0
+    assert r["audit_integrity_ok"]
+    assert r["rebuild_equals_live"]

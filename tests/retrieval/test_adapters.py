@@ -1,0 +1,68 @@
+"""Token counter and embedders."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from uprof.adapters.embeddings import HashingEmbedder, MiniLMEmbedder
+from uprof.adapters.tokens import TiktokenCounter
+
+
+def test_counts_cl100k_ids(counter: TiktokenCounter) -> None:
+    assert counter.count("") == 0
+    assert counter.count("hello") == 1  # [15339] in cl100k_base
+    assert counter.count("[8 May 2023] Caroline: hi") == 10
+
+
+def test_special_token_text_is_counted_as_plain_text(counter: TiktokenCounter) -> None:
+    assert counter.count("<|endoftext|>") > 1
+
+
+def test_batch_count_matches_single(counter: TiktokenCounter) -> None:
+    texts = ["one line", "ünïcödé 🙂", "", "a\nb"]
+    assert counter.count_batch(texts) == [counter.count(t) for t in texts]
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(max_size=300), limit=st.integers(min_value=-2, max_value=80))
+def test_truncate_never_exceeds_the_limit(text: str, limit: int) -> None:
+    counter = TiktokenCounter()
+    cut = counter.truncate(text, limit)
+    assert counter.count(cut) <= max(limit, 0)
+    assert text.startswith(cut.rstrip("\ufffd")) or cut == ""
+    if counter.count(text) <= limit:
+        assert cut == text
+
+
+def test_hashing_embedder_is_deterministic_and_normalised(embedder: HashingEmbedder) -> None:
+    texts = ["I adopted a puppy", "My dog is a golden retriever", "", "quarterly tax filing"]
+    a = embedder.embed(texts)
+    b = HashingEmbedder().embed(list(texts))
+    assert a.dtype == np.float32 and a.shape == (4, 384)
+    np.testing.assert_array_equal(a, b)
+    norms = np.linalg.norm(a, axis=1)
+    np.testing.assert_allclose(norms[[0, 1, 3]], 1.0, rtol=1e-5)
+    assert norms[2] == 0.0  # nothing to hash: a zero row, not NaN
+
+
+def test_hashing_embedder_scores_shared_words_higher(embedder: HashingEmbedder) -> None:
+    q, near, far = embedder.embed(["painting a sunrise", "I painted a sunrise", "tax forms"])
+    assert float(q @ near) > float(q @ far)
+
+
+def test_minilm_refuses_a_missing_model_folder(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(FileNotFoundError):
+        MiniLMEmbedder(tmp_path / "nowhere")
+
+
+@pytest.mark.model
+def test_minilm_embeds_semantically() -> None:
+    embedder = MiniLMEmbedder()
+    vectors = embedder.embed(["I love my dog", "My puppy is adorable", "The invoice is overdue"])
+    assert vectors.shape == (3, 384) and vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-4)
+    assert float(vectors[0] @ vectors[1]) > float(vectors[0] @ vectors[2])
+    assert embedder.embed([]).shape == (0, 384)

@@ -1,0 +1,70 @@
+"""The per-subject memory index."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import numpy as np
+import pytest
+
+from tests.retrieval.factories import T0, attribute, conversation, memory
+from uprof.adapters.embeddings import HashingEmbedder
+from uprof.adapters.tokens import TiktokenCounter
+from uprof.retrieval import MemoryIndex
+
+
+def test_bm25_ranks_the_matching_memory_first(counter: TiktokenCounter) -> None:
+    mems = conversation(
+        [
+            ("Caroline", "I went to a LGBTQ support group yesterday."),
+            ("Melanie", "I painted a sunrise by the lake last year."),
+            ("Caroline", "Work has been busy lately."),
+        ]
+    )
+    index = MemoryIndex.build(mems, None, counter)
+    scores = index.bm25_scores(["paint", "sunris"])
+    assert int(np.argmax(scores)) == 1
+    assert scores[0] == 0 and scores[2] == 0
+
+
+def test_memories_are_kept_in_chronological_order(counter: TiktokenCounter) -> None:
+    late = memory("late", "second", at=T0 + timedelta(days=2))
+    early = memory("early", "first", at=T0)
+    undated = memory("undated", "no date", at=None)
+    index = MemoryIndex.build([late, early, undated], None, counter)
+    assert [c.item_id for c in index.candidates] == ["undated", "early", "late"]
+
+
+def test_neighbours_are_close_in_time_only(counter: TiktokenCounter) -> None:
+    mems = [
+        *conversation([("A", "q?"), ("B", "answer")]),
+        memory("later", "much later", at=T0 + timedelta(days=3)),
+    ]
+    index = MemoryIndex.build(mems, None, counter)
+    assert index.next.tolist() == [1, -1, -1]
+    assert index.prev.tolist() == [-1, 0, -1]
+
+
+def test_costs_are_precomputed_with_the_real_counter(counter: TiktokenCounter) -> None:
+    mems = conversation([("Caroline", "I went to a LGBTQ support group yesterday.")])
+    index = MemoryIndex.build(mems, None, counter)
+    assert index.lines[0] == "Caroline: I went to a LGBTQ support group yesterday."
+    assert index.line_costs[0] == counter.count(index.lines[0]) + 1
+    assert index.dated_lines[0].startswith("[8 May 2023] Caroline: ")
+    assert index.day_headers == ("[8 May 2023]",)
+
+
+def test_vectors_are_reordered_with_their_memories(counter: TiktokenCounter) -> None:
+    embedder = HashingEmbedder()
+    late = memory("late", "dogs and puppies", at=T0 + timedelta(days=1))
+    early = memory("early", "tax forms", at=T0)
+    index = MemoryIndex.build([late, early], embedder.embed([late.text, early.text]), counter)
+    assert index.vectors is not None
+    np.testing.assert_allclose(index.vectors[1], embedder.embed([late.text])[0], rtol=1e-6)
+
+
+def test_rejects_non_memories_and_misaligned_vectors(counter: TiktokenCounter) -> None:
+    with pytest.raises(ValueError):
+        MemoryIndex.build([attribute("a", "diet", "vegan")], None, counter)
+    with pytest.raises(ValueError):
+        MemoryIndex.build([memory("m", "x")], np.zeros((2, 384), dtype=np.float32), counter)

@@ -1,0 +1,72 @@
+"""``uprof bench reliability ...``: the long reliability and security runs.
+
+Mount with ``reliability.register(bench.bench_app)`` (adds the ``reliability`` sub-app).
+Every command forwards to ``benchmarks.reliability.main`` and so writes
+``docs/bench/reliability.json``; see docs/reliability.md for the figures.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+reliability_app = typer.Typer(
+    no_args_is_help=True, help="Crash, concurrency, leakage, erasure, tamper, fuzz and soak runs."
+)
+
+SCENARIOS = ("crash", "concurrency", "leakage", "erasure", "tamper", "fuzz", "soak")
+
+
+@reliability_app.command("run")
+def run(
+    only: Annotated[
+        list[str] | None, typer.Option("--only", help=f"One of {', '.join(SCENARIOS)}; repeatable.")
+    ] = None,
+    backend: Annotated[
+        list[str] | None, typer.Option("--backend", help="sqlite or postgres; repeatable.")
+    ] = None,
+    crash_kills: Annotated[int, typer.Option(help="SIGKILLs of a capturing child.")] = 50,
+    process_kills: Annotated[int, typer.Option(help="SIGKILLs of a child in process().")] = 10,
+    writes_per_thread: Annotated[int, typer.Option(help="Captures per writer thread.")] = 100,
+    slices: Annotated[int, typer.Option(help="Slice requests in the leakage run.")] = 100_000,
+    tamper_trials: Annotated[int, typer.Option(help="Random edits of trail and receipt.")] = 5_000,
+    fuzz_files: Annotated[int, typer.Option(help="Random JSONL files for the importer.")] = 3_000,
+    soak_seconds: Annotated[float, typer.Option(help="Soak duration in seconds.")] = 600.0,
+    out: Annotated[Path | None, typer.Option(help="JSON output file.")] = None,
+) -> None:
+    """Run the long versions (all scenarios, both backends, unless narrowed)."""
+    from benchmarks.reliability import main
+
+    argv: list[str] = []
+    for name in only or []:
+        if name not in SCENARIOS:
+            raise typer.BadParameter(f"unknown scenario {name!r}", param_hint="--only")
+        argv += ["--only", name]
+    for kind in backend or []:
+        argv += ["--backend", kind]
+    argv += [
+        "--crash-kills",
+        str(crash_kills),
+        "--process-kills",
+        str(process_kills),
+        "--writes-per-thread",
+        str(writes_per_thread),
+        "--slices",
+        str(slices),
+        "--tamper-trials",
+        str(tamper_trials),
+        "--fuzz-files",
+        str(fuzz_files),
+        "--soak-seconds",
+        str(soak_seconds),
+    ]
+    if out is not None:
+        argv += ["--out", str(out)]
+    raise typer.Exit(main(argv))
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``reliability`` under ``app`` (meant for the ``bench`` sub-app)."""
+    app.add_typer(reliability_app, name="reliability")
