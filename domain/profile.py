@@ -64,6 +64,39 @@ def _evidence_label(
     return (Provenance.EXPLICIT if explicit else Provenance.INFERRED).value, confidence
 
 
+def _attribute_state(
+    key: str,
+    category: str,
+    value: str,
+    norm: str,
+    confidence: float,
+    provenance: str,
+    evidence: list[str],
+    status: str,
+    owner_agent: str,
+    sharing: str,
+    author: str,
+    first_observed_at: datetime,
+    last_observed_at: datetime,
+) -> dict[str, Any]:
+    """What the aggregate keeps of one attribute (plain values: snapshots store it)."""
+    return {
+        "key": key,
+        "category": category,
+        "value": value,
+        "norm": norm,
+        "confidence": confidence,
+        "provenance": provenance,
+        "evidence": list(evidence)[-MAX_EVIDENCE_IN_AGGREGATE:],
+        "status": status,
+        "owner_agent": owner_agent,
+        "sharing": sharing,
+        "author": author,
+        "first_observed_at": first_observed_at,
+        "last_observed_at": last_observed_at,
+    }
+
+
 class SubjectProfile(Aggregate):
     """Everything uprof knows about one data subject, as a stream of facts."""
 
@@ -360,21 +393,21 @@ class SubjectProfile(Aggregate):
         status: str,
         observed_at: datetime,
     ) -> None:
-        self.attributes[item_id] = {
-            "key": key,
-            "category": category,
-            "value": value,
-            "norm": norm,
-            "confidence": confidence,
-            "provenance": provenance,
-            "evidence": list(evidence)[-MAX_EVIDENCE_IN_AGGREGATE:],
-            "status": status,
-            "owner_agent": owner_agent,
-            "sharing": sharing,
-            "author": author,
-            "first_observed_at": observed_at,
-            "last_observed_at": observed_at,
-        }
+        self.attributes[item_id] = _attribute_state(
+            key,
+            category,
+            value,
+            norm,
+            confidence,
+            provenance,
+            evidence,
+            status,
+            owner_agent,
+            sharing,
+            author,
+            observed_at,
+            observed_at,
+        )
 
     @event("AttributeReinforced")
     def _attribute_reinforced(
@@ -755,21 +788,21 @@ class SubjectProfile(Aggregate):
         first_observed_at: datetime,
         observed_at: datetime,
     ) -> None:
-        self.attributes[item_id] = {
-            "key": key,
-            "category": category,
-            "value": value,
-            "norm": norm,
-            "confidence": confidence,
-            "provenance": provenance,
-            "evidence": list(evidence),
-            "status": status,
-            "owner_agent": owner_agent,
-            "sharing": sharing,
-            "author": author,
-            "first_observed_at": first_observed_at,
-            "last_observed_at": observed_at,
-        }
+        self.attributes[item_id] = _attribute_state(
+            key,
+            category,
+            value,
+            norm,
+            confidence,
+            provenance,
+            evidence,
+            status,
+            owner_agent,
+            sharing,
+            author,
+            first_observed_at,
+            observed_at,
+        )
 
     @event("CaptureErased")
     def _capture_erased(self, capture_id: str, erased_at: datetime) -> None:

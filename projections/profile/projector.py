@@ -312,6 +312,12 @@ class ProfileProjector:
         )
 
     def _attribute_recorded(self, conn: sa.Connection, nid: int, e: Any) -> None:
+        self._insert_attribute(conn, e, first_observed_at=e.observed_at)
+
+    def _insert_attribute(
+        self, conn: sa.Connection, e: Any, *, first_observed_at: datetime
+    ) -> None:
+        """One attribute row from a Recorded or Restated event (same fields)."""
         conn.execute(
             t.attributes.insert(),
             dict(
@@ -329,7 +335,7 @@ class ProfileProjector:
                 sharing=e.sharing,
                 author=e.author,
                 evidence=_json(e.evidence),
-                first_observed_at=e.observed_at,
+                first_observed_at=first_observed_at,
                 last_observed_at=e.observed_at,
                 recorded_at=e.timestamp,
             ),
@@ -566,28 +572,7 @@ class ProfileProjector:
 
     def _attribute_restated(self, conn: sa.Connection, nid: int, e: Any) -> None:
         conn.execute(t.attributes.delete().where(t.attributes.c.item_id == e.item_id))
-        conn.execute(
-            t.attributes.insert(),
-            dict(
-                item_id=e.item_id,
-                stream_id=str(e.originator_id),
-                key=e.key,
-                category=e.category,
-                value=self._seal(e, "attributes", "value", e.item_id, e.value),
-                confidence=e.confidence,
-                provenance=e.provenance,
-                status=e.status,
-                conflicts_with="[]",
-                superseded_by="",
-                owner_agent=e.owner_agent,
-                sharing=e.sharing,
-                author=e.author,
-                evidence=_json(e.evidence),
-                first_observed_at=e.first_observed_at,
-                last_observed_at=e.observed_at,
-                recorded_at=e.timestamp,
-            ),
-        )
+        self._insert_attribute(conn, e, first_observed_at=e.first_observed_at)
 
     def _items_erased(self, conn: sa.Connection, nid: int, e: Any) -> None:
         ids = list(e.item_ids)
