@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -52,7 +53,7 @@ class _Subject:
     index: object | None = None  # ranker-specific index, built lazily and cached
 
 
-class LineBaseline:
+class LineBaseline(ABC):
     """Base class: stores rendered turns per subject and packs ranked lines.
 
     Subclasses implement :meth:`_rank` (candidate positions, best first). Turns are
@@ -91,8 +92,9 @@ class LineBaseline:
     def _pack(self, subject: _Subject, order: Sequence[int], budget: int) -> list[int]:
         return pack_first_fit(order, subject.costs, budget)
 
+    @abstractmethod
     def _rank(self, subject: _Subject, query: str) -> Sequence[int]:
-        raise NotImplementedError
+        """Turn indexes in rank order for the query (each baseline's own rule)."""
 
     @staticmethod
     def _build(subject: _Subject, chosen: list[int], budget: int) -> BenchSlice:

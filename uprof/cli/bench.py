@@ -47,7 +47,7 @@ def bench_locomo(
     data: Annotated[Path, typer.Option(help="locomo10-format JSON (read in place).")] = Path(
         "../shared/bench/data/locomo_dev.json"
     ),
-    out: Annotated[Path, typer.Option(help="Results JSON.")] = Path("docs/bench/locomo.json"),
+    out: Annotated[Path, typer.Option(help="Results JSON.")] = Path("docs/bench/er-at-budget.json"),
     systems: Annotated[
         str, typer.Option(help="Comma list: uprof, uprof-lexical and baselines.")
     ] = "uprof,recency,bm25,tfidf,embedding,oracle",
@@ -87,7 +87,7 @@ def bench_prefeval(
     data: Annotated[Path, typer.Option(help="Folder of PrefEval topic files.")] = Path(
         "../shared/bench/data/prefeval/explicit_preference"
     ),
-    out: Annotated[Path, typer.Option(help="Results JSON.")] = Path("docs/bench/prefeval.json"),
+    out: Annotated[Path, typer.Option(help="Results JSON.")] = Path("docs/bench/pr-at-budget.json"),
     systems: Annotated[str, typer.Option(help="Comma list.")] = "uprof,bm25,embedding",
     distractors: Annotated[str, typer.Option(help="Comma list of N.")] = "10,50,200",
     budgets: Annotated[str, typer.Option(help="Comma list of budgets.")] = "128,256,512",
