@@ -330,20 +330,30 @@ class SliceService:
         withheld: Counter[str],
     ) -> MemoryIndex:
         cached = self._memories(stream)
-        sessions = self._queries.session_activity(stream) if cached.rows else {}
+        # The gate's outcome depends only on the reader, the servable categories and the
+        # memory version: cache it with the index, so a repeated read skips 5k checks.
+        reader = (
+            request.agent_id,
+            request.agent_type,
+            tuple(sorted(allowed.items())),
+            request.lexical_only,
+        )
+        hit = cached.indexes.get(reader)
+        if hit is not None:
+            index, counts = hit
+            withheld.update(counts)
+            return index
+        counts: Counter[str] = Counter()
         keep: list[int] = []
         for i, m in enumerate(cached.rows):
             reason = allowed.get(m.category, "policy")
             if not reason and not self._visible(m.owner_agent, m.sharing, request):
                 reason = "visibility"
             if reason:
-                withheld[reason] += 1
+                counts[reason] += 1
             else:
                 keep.append(i)
-        key = (tuple(keep), request.lexical_only)
-        hit = cached.indexes.get(key)
-        if hit is not None:
-            return hit[0]
+        sessions = self._queries.session_activity(stream) if cached.rows else {}
         candidates = [_memory_candidate(cached.rows[i], sessions, now) for i in keep]
         vectors = None
         if cached.vectors is not None and not request.lexical_only:
@@ -352,7 +362,8 @@ class SliceService:
         # Keep a handful of reader views per subject; more readers rebuild on demand.
         if len(cached.indexes) >= 8:
             cached.indexes.clear()
-        cached.indexes[key] = (index, tuple(keep))
+        cached.indexes[reader] = (index, counts)
+        withheld.update(counts)
         return index
 
     # --------------------------------------------------------------- recording
@@ -437,10 +448,7 @@ class SliceService:
 
 def _refs_of(evidence: Sequence[str], refs: Mapping[str, tuple[str, ...]]) -> tuple[str, ...]:
     """The callers' own references of the captured events an item cites, in order."""
-    out: list[str] = []
-    for e in evidence:
-        out.extend(r for r in refs.get(e, ()) if r not in out)
-    return tuple(out)
+    return tuple(dict.fromkeys(r for e in evidence for r in refs.get(e, ())))
 
 
 def _memory_candidate(m: MemoryRow, sessions: Mapping[str, int], now: datetime) -> Candidate:
