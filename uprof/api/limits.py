@@ -35,6 +35,10 @@ class BodySizeLimitMiddleware:
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.max_body_bytes:
+            if declared <= DRAIN_FACTOR * self.max_body_bytes:
+                # Read and drop a moderately large body first: a client still sending when
+                # the connection closes sees a reset instead of our 413.
+                await _drain(receive)
             await self._refuse(scope, receive, send)
             return
         received = 0
@@ -57,6 +61,17 @@ class BodySizeLimitMiddleware:
         # Connection: close, so the client does not go on streaming the body we refused.
         response = JSONResponse(body, status_code=413, headers={"Connection": "close"})
         await response(scope, receive, send)
+
+
+#: Bodies up to this many times the limit are drained before the 413 is sent.
+DRAIN_FACTOR = 16
+
+
+async def _drain(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return
 
 
 def _content_length(scope: Scope) -> int | None:
