@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -42,6 +42,21 @@ def _systems(names: str) -> list[str]:
     return [n.strip() for n in names.split(",") if n.strip()]
 
 
+def _factories(systems: str, torch_threads: int) -> dict[str, Any]:
+    """Baselines and uprof variants by name, for the LoCoMo and PrefEval harnesses."""
+    from benchmarks.baselines import baseline_factories, set_torch_threads
+    from benchmarks.uprof_system import make_uprof, make_uprof_lexical
+
+    set_torch_threads(torch_threads or None)
+    names = _systems(systems)
+    factories: dict[str, Any] = dict(
+        baseline_factories([n for n in names if not n.startswith("uprof")])
+    )
+    ours = {"uprof": make_uprof, "uprof-lexical": make_uprof_lexical}
+    factories.update({n: ours[n] for n in names if n in ours})
+    return factories
+
+
 @bench_app.command("locomo")
 def bench_locomo(
     data: Annotated[Path, typer.Option(help="locomo10-format JSON (read in place).")] = Path(
@@ -60,15 +75,9 @@ def bench_locomo(
     torch_threads: Annotated[int, typer.Option(help="torch intra-op threads.")] = 1,
 ) -> None:
     """LoCoMo evidence recall at a token budget (SPEC §1), uprof beside the baselines."""
-    from benchmarks.baselines import baseline_factories, set_torch_threads
     from benchmarks.locomo import run_locomo
-    from benchmarks.uprof_system import make_uprof, make_uprof_lexical
 
-    set_torch_threads(torch_threads or None)
-    names = _systems(systems)
-    factories = baseline_factories([n for n in names if not n.startswith("uprof")])
-    ours = {"uprof": make_uprof, "uprof-lexical": make_uprof_lexical}
-    factories.update({n: ours[n] for n in names if n in ours})
+    factories = _factories(systems, torch_threads)
     run_locomo(
         data,
         out,
@@ -98,15 +107,9 @@ def bench_prefeval(
     torch_threads: Annotated[int, typer.Option(help="torch intra-op threads.")] = 1,
 ) -> None:
     """PrefEval preference recall under distractors (SPEC §2), uprof beside the baselines."""
-    from benchmarks.baselines import baseline_factories, set_torch_threads
     from benchmarks.prefeval import run_prefeval
-    from benchmarks.uprof_system import make_uprof, make_uprof_lexical
 
-    set_torch_threads(torch_threads or None)
-    names = _systems(systems)
-    factories = baseline_factories([n for n in names if not n.startswith("uprof")])
-    ours = {"uprof": make_uprof, "uprof-lexical": make_uprof_lexical}
-    factories.update({n: ours[n] for n in names if n in ours})
+    factories = _factories(systems, torch_threads)
     run_prefeval(
         data,
         out,

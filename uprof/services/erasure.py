@@ -130,8 +130,6 @@ class ErasureService:
             raise ErasureIncompleteError(
                 "erasure did not complete: projections have not purged the subject yet"
             )
-        for engine in self._engines:
-            sqlite_checkpoint(engine)
         counts = {f"rows_{name}": n for name, n in before.items()}
         counts.update(
             snapshots=snapshots,
@@ -139,14 +137,7 @@ class ErasureService:
             capture_keys=destruction.capture_keys,
             aliases=destruction.aliases,
         )
-        self._audit.record(
-            "projection.purged",
-            subject_ref=handle.pseudonym,
-            request_id=request_id,
-            projection="profile",
-            tracking_position=tombstone_id,
-            counts=counts,
-        )
+        self._settle(handle.pseudonym, request_id, tombstone_id, counts=counts)
         actions: list[dict[str, Any]] = [
             {"type": "tombstone_appended", "stream": str(stream), "notification_id": tombstone_id},
             *(
@@ -241,17 +232,8 @@ class ErasureService:
         snapshots = self._app.drop_snapshots(stream)
         self._flush_caches(stream)
         self._catch_up(tombstone_id, timeout_s)
-        for engine in self._engines:
-            sqlite_checkpoint(engine)
         counts = dict(totals, captures=len(ids), snapshots=snapshots, capture_keys=len(commitments))
-        self._audit.record(
-            "projection.purged",
-            subject_ref=handle.pseudonym,
-            request_id=request_id,
-            projection="profile",
-            tracking_position=tombstone_id,
-            counts=counts,
-        )
+        self._settle(handle.pseudonym, request_id, tombstone_id, counts=counts)
         actions: list[dict[str, Any]] = [
             {"type": "tombstone_appended", "stream": str(stream), "notification_id": tombstone_id},
             *(
@@ -309,16 +291,7 @@ class ErasureService:
         tombstone_id = self._app.with_retry(command)
         self._flush_caches(stream)
         self._catch_up(tombstone_id, timeout_s)
-        for engine in self._engines:
-            sqlite_checkpoint(engine)
-        self._audit.record(
-            "projection.purged",
-            subject_ref=handle.pseudonym,
-            request_id=request_id,
-            projection="profile",
-            tracking_position=tombstone_id,
-            item_refs=[item_id],
-        )
+        self._settle(handle.pseudonym, request_id, tombstone_id, item_refs=[item_id])
         actions: list[dict[str, Any]] = [
             {"type": "tombstone_appended", "stream": str(stream), "notification_id": tombstone_id},
             {
@@ -334,6 +307,19 @@ class ErasureService:
         )
 
     # ----------------------------------------------------------------- helpers
+
+    def _settle(self, pseudonym: str, request_id: str, tombstone_id: int, **purged: Any) -> None:
+        """Fold SQLite WALs (no deleted bytes linger) and audit what the purge removed."""
+        for engine in self._engines:
+            sqlite_checkpoint(engine)
+        self._audit.record(
+            "projection.purged",
+            subject_ref=pseudonym,
+            request_id=request_id,
+            projection="profile",
+            tracking_position=tombstone_id,
+            **purged,
+        )
 
     def _require(self, subject_ref: str) -> Any:
         handle = self._subjects.find(subject_ref)
