@@ -29,6 +29,9 @@ class _SilentTrail:
     def record(self, action: str, **fields: object) -> None:
         return None
 
+    def record_many(self, entries: object) -> None:
+        return None
+
 
 def measure_erasure(backend: str, events: int, subjects: int) -> dict[str, Any]:
     timings = []

@@ -71,3 +71,7 @@ class ErasureIncompleteError(UprofError):
 
 class ConcurrencyConflictError(UprofError):
     hint = "other writers changed this subject at the same time; retry the request"
+
+
+class ReadRecordingError(UprofError):
+    hint = "reads cannot be recorded right now, so none are served; check the store and retry"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
+from uuid import UUID
 
 from audit.keys import load_or_create_signing_key
 from audit.log import AuditLog
@@ -29,7 +30,8 @@ from uprof.services.maintenance import MaintenanceService
 from uprof.services.profile import ProfileService
 from uprof.services.projection import ProjectionRunner
 from uprof.services.proposals import ProposalService
-from uprof.services.slices import Authorizer, SliceService
+from uprof.services.reads import ReadRecorder
+from uprof.services.slices import Authorizer, Freshness, SliceService
 from uprof.services.subjects import SubjectResolver
 from uprof.settings import Settings
 from uprof.storage import create_engine, layout_for, migrate
@@ -147,9 +149,12 @@ def bootstrap(
 
     kernel_ref: list[Uprof] = []
 
-    def ensure_fresh(timeout_s: float) -> bool:
-        return kernel_ref[0].ensure_fresh(timeout_s)
+    def ensure_subject_fresh(
+        stream_id: UUID, timeout_s: float, known_head: int | None
+    ) -> Freshness:
+        return kernel_ref[0].ensure_subject_fresh(stream_id, timeout_s, known_head=known_head)
 
+    reads = ReadRecorder(app, audit, mode=settings.read_recording)
     slice_service = SliceService(
         app,
         subjects,
@@ -158,8 +163,8 @@ def bootstrap(
         embedder,
         counter or build_counter(),
         clock,
-        audit,
-        ensure_fresh=ensure_fresh,
+        reads,
+        ensure_fresh=ensure_subject_fresh,
         default_wait_s=settings.read_wait_timeout_s,
     )
     erasure_service = ErasureService(
@@ -199,6 +204,7 @@ def bootstrap(
         ),
         maintenance=MaintenanceService(app, subjects, queries),
         slice_service=slice_service,
+        reads=reads,
         erasure_service=erasure_service,
         audit_log=audit_log,
         views_engine=views,

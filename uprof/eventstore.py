@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -42,6 +43,26 @@ def topic_of(event_class: type) -> str:
     return get_topic(event_class)
 
 
+#: Recording a read changes nothing a later read depends on; every other event may.
+READ_TOPIC = topic_of(SubjectProfile.SliceServed)
+CAPTURED_TOPIC = topic_of(SubjectProfile.InteractionCaptured)
+
+
+@dataclass(frozen=True)
+class SubjectHeads:
+    """Where one subject's latest events sit in the log (0: none), read in one snapshot.
+
+    ``content`` is the newest event that can change what a read of the subject
+    returns (anything but a recorded read); ``captured`` the newest capture, which
+    the extraction worker must have passed before its results are in the log;
+    ``extracted`` is how far that worker had got.
+    """
+
+    captured: int
+    content: int
+    extracted: int
+
+
 class ProfilesApplication(Application[UUID]):
     """Event store of every subject's stream, sealed per subject."""
 
@@ -53,6 +74,7 @@ class ProfilesApplication(Application[UUID]):
         #: A SQLAlchemy view of the same store, for snapshot purges and WAL checkpoints.
         self.events_engine = events_engine
         super().__init__(env)
+        self._ensure_head_indexes()
 
     def construct_mapper(self) -> Mapper[UUID]:
         return SubjectKeyMapper(self.construct_transcoder(), self._keystore)
@@ -133,6 +155,73 @@ class ProfilesApplication(Application[UUID]):
 
     def max_notification_id(self) -> int:
         return self.recorder.max_notification_id() or 0
+
+    # Per-subject read-your-writes asks "where is this subject's newest event of a kind?"
+    # Two partial indexes answer it with one index probe each, at any history length.
+    # The library owns the events table; these indexes are ours, created idempotently.
+    # Topics are inlined as literals: a planner can only match a partial index to a
+    # query whose condition it can see (a bound parameter hides it).
+    _HEAD_INDEXES = (
+        ("uprof_head_content", "topic <> '{read}'"),
+        ("uprof_head_captured", "topic = '{captured}'"),
+    )
+
+    def _head_condition(self, template: str) -> str:
+        for topic in (READ_TOPIC, CAPTURED_TOPIC):
+            assert "'" not in topic  # class paths; never caller input
+        return template.format(read=READ_TOPIC, captured=CAPTURED_TOPIC)
+
+    def _events_table(self) -> tuple[str, str]:
+        """(qualified table name, notification id column) for this backend."""
+        recorder = self.recorder
+        table = recorder.events_table_name  # type: ignore[attr-defined]
+        if self.events_engine.dialect.name == "sqlite":
+            return table, "rowid"
+        schema = recorder.datastore.schema  # type: ignore[attr-defined]
+        return f'"{schema}"."{table}"', "notification_id"
+
+    def _tracking_table(self) -> str:
+        """The library's table of process positions (fixed name on SQLite)."""
+        if self.events_engine.dialect.name == "sqlite":
+            return "tracking"
+        recorder = self.recorder
+        schema = recorder.datastore.schema  # type: ignore[attr-defined]
+        return f'"{schema}"."{recorder.tracking_table_name}"'  # type: ignore[attr-defined]
+
+    def _ensure_head_indexes(self) -> None:
+        table, nid = self._events_table()
+        columns = "originator_id" if nid == "rowid" else "originator_id, notification_id"
+        with self.events_engine.begin() as conn:
+            for name, template in self._HEAD_INDEXES:
+                conn.execute(
+                    sa.text(
+                        f"CREATE INDEX IF NOT EXISTS {name} ON {table} ({columns}) "
+                        f"WHERE {self._head_condition(template)}"
+                    )
+                )
+
+    def subject_heads(self, stream_id: UUID) -> SubjectHeads:
+        """The subject's heads and the extraction worker's position, in one statement
+        (one snapshot: no write can fall between the position and the heads)."""
+        table, nid = self._events_table()
+        key = stream_id.hex if nid == "rowid" else str(stream_id)
+        content, captured = (
+            f"(SELECT MAX({nid}) FROM {table} WHERE originator_id = :stream_id "
+            f"AND {self._head_condition(template)})"
+            for _, template in self._HEAD_INDEXES
+        )
+        extracted = (
+            f"(SELECT MAX(notification_id) FROM {self._tracking_table()} "
+            "WHERE application_name = :worker)"
+        )
+        with self.events_engine.connect() as conn:
+            row = conn.execute(
+                sa.text(f"SELECT {content}, {captured}, {extracted}"),
+                {"stream_id": key, "worker": self.name},
+            ).one()
+        return SubjectHeads(
+            captured=int(row[1] or 0), content=int(row[0] or 0), extracted=int(row[2] or 0)
+        )
 
     def notifications_after(
         self, position: int, limit: int, topics: Iterable[str] = ()

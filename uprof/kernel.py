@@ -28,13 +28,14 @@ from uprof.services.maintenance import MaintenanceService
 from uprof.services.profile import EvidenceView, ProfileService, ProfileView
 from uprof.services.projection import ProjectionRunner
 from uprof.services.proposals import ProposalService
+from uprof.services.reads import ReadRecorder
 from uprof.services.residue import (
     ResidueReport,
     check_shredded_streams,
     scan_files,
     scan_postgres,
 )
-from uprof.services.slices import ProfileSlice, SliceRequest, SliceService
+from uprof.services.slices import Freshness, ProfileSlice, SliceRequest, SliceService
 from uprof.services.subject_export import build_subject_export
 from uprof.services.subjects import SubjectRequest, SubjectResolver
 from uprof.settings import Settings
@@ -74,6 +75,7 @@ class Uprof:
     projections: ProjectionRunner
     maintenance: MaintenanceService
     slice_service: SliceService
+    reads: ReadRecorder
     erasure_service: ErasureService
     audit_log: Any
     views_engine: Any
@@ -112,6 +114,7 @@ class Uprof:
         self, subject: str, consent_id: str, *, erase: bool = False
     ) -> ErasureResult | None:
         """Withdraw a consent; with ``erase``, also erase what was collected under it."""
+        self.reads.drain()
         grant = next(
             (c for c in self.profile(subject).consents if c.consent_id == consent_id), None
         )
@@ -128,6 +131,7 @@ class Uprof:
 
     def erase_subject(self, subject: str, *, basis: str = "GDPR-Art.17(1)") -> ErasureResult:
         """Erase a subject entirely: tombstone, key destruction, purge, signed receipt."""
+        self.reads.drain()  # reads served before the erasure are recorded before it
         return self.erasure_service.erase_subject(subject, basis=basis)
 
     def export_subject(self, subject: str) -> dict[str, Any]:
@@ -147,6 +151,7 @@ class Uprof:
 
     def residue_scan(self, terms: Sequence[str]) -> ResidueReport:
         """Scan every store for the terms and for decryptable data of erased subjects."""
+        self.reads.drain()
         report = ResidueReport()
         scan_files(self.settings.data_dir, terms, report)
         scan_postgres(self.views_engine, terms, report)
@@ -161,12 +166,14 @@ class Uprof:
 
     def erase_capture(self, subject: str, capture_id: str) -> ErasureResult:
         """Erase one captured event and everything derived only from it."""
+        self.reads.drain()
         return self.erasure_service.erase_capture(subject, capture_id)
 
     def erase_item(
         self, subject: str, item_id: str, *, with_evidence: bool = False
     ) -> ErasureResult:
         """Erase one item (and, if asked, the captured events behind it)."""
+        self.reads.drain()
         return self.erasure_service.erase_item(subject, item_id, with_evidence=with_evidence)
 
     def submit_proposals(
@@ -237,22 +244,59 @@ class Uprof:
     # --------------------------------------------------------------- pipeline
 
     def ensure_fresh(self, timeout_s: float) -> bool:
-        """Read-your-writes: bring derived stores up to the log head, within timeout_s.
+        """Bring derived stores up to the log head, within timeout_s (reads recorded too).
 
-        Embedded (no background workers) the caller's thread does the work;
-        with workers running it waits for them, bounded, and says if it gave up.
+        For views that show everything, reads included (the privacy center's "who
+        read it", exports). Embedded (no background workers) the caller's thread does
+        the work; with workers running it waits for them, bounded, and says if it gave up.
         """
         if self.settings.background_workers:
+            self.reads.drain()
             return self.wait_until_caught_up(timeout_s)
         self.process()
         return True
+
+    def ensure_subject_fresh(
+        self, stream_id: UUID, timeout_s: float, *, known_head: int | None = None
+    ) -> Freshness:
+        """Read-your-writes for one subject (I7): wait until extraction and projections
+        have passed that subject's newest write, bounded by timeout_s.
+
+        Writes of other subjects and recorded reads do not hold a read up: when the
+        subject is caught up this costs one or two indexed lookups and no processing.
+        ``known_head``: the head at which the caller already holds the subject's views
+        (read when projections had passed it); if that is still the newest write, the
+        projections need not be asked again.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            fresh, head = self._subject_caught_up(stream_id, known_head)
+            if fresh or time.monotonic() >= deadline:
+                return Freshness(fresh=fresh, head=head)
+            if self.settings.background_workers:
+                time.sleep(0.005)
+            else:
+                self.process()
+
+    def _subject_caught_up(self, stream_id: UUID, known_head: int | None) -> tuple[bool, int]:
+        # The extraction position and the heads come from one snapshot: if the worker
+        # had passed the subject's newest capture, its results are in the log and the
+        # content head covers them.
+        heads = self.app.subject_heads(stream_id)
+        if heads.captured > heads.extracted:
+            return False, heads.content
+        if known_head is not None and known_head == heads.content:
+            return True, heads.content
+        return self.projections.position >= heads.content, heads.content
 
     def process(self, progress: Progress | None = None) -> int:
         """Run extraction and projections until both have caught up with the log.
 
         One caller at a time in this process (the runners keep one position each);
         other processes are kept out by the position guard inside each batch.
+        Reads queued for recording are written first, so they are projected too.
         """
+        self.reads.drain()
         with self._process_lock:
             total = 0
             while True:
@@ -307,5 +351,8 @@ class Uprof:
         return result
 
     def close(self) -> None:
-        for close in self.closers:
-            close()
+        try:
+            self.reads.close()
+        finally:
+            for close in self.closers:
+                close()

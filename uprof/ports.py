@@ -47,3 +47,7 @@ class AuditTrail(Protocol):
     def record(self, action: str, **fields: object) -> None:
         """Append one entry (no personal plaintext: pseudonyms, ids, counts only)."""
         ...
+
+    def record_many(self, entries: Sequence[tuple[str, dict[str, object]]]) -> None:
+        """Append (action, fields) entries in order, all or nothing."""
+        ...

@@ -38,6 +38,10 @@ class Settings(BaseSettings):
     projection_batch_size: int = Field(default=256, ge=1, le=10_000)
     #: How long a read waits for projections to reach the subject's latest write.
     read_wait_timeout_s: float = Field(default=5.0, ge=0.0, le=120.0)
+    #: How a served slice is recorded (SliceServed event + audit entry): "async" by a
+    #: recorder thread off the request path, "sync" before the slice is returned.
+    #: See docs/decisions/0007-read-recording.md.
+    read_recording: Literal["async", "sync"] = "async"
 
     #: True when extraction/projection run in background threads (the server); reads
     #: then wait for them instead of doing the work inline.

@@ -325,16 +325,6 @@ class ProfileQueries:
             for r in rows
         ]
 
-    def memory_version(self, stream_id: str) -> int:
-        """Position of the last event that changed the subject's memories (0: none)."""
-        with self._engine.connect() as conn:
-            row = conn.execute(
-                sa.select(t.subjects.c.memory_notification_id).where(
-                    t.subjects.c.stream_id == stream_id
-                )
-            ).first()
-        return int(row[0]) if row else 0
-
     def position(self, projection_name: str, application_name: str) -> int:
         tr = t.projection_tracking
         with self._engine.connect() as conn:

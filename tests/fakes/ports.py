@@ -37,6 +37,10 @@ class InMemoryAuditTrail:
     def record(self, action: str, **fields: Any) -> None:
         self.entries.append({"action": action, **fields})
 
+    def record_many(self, entries: list[tuple[str, dict[str, Any]]]) -> None:
+        for action, fields in entries:
+            self.record(action, **fields)
+
     def actions(self) -> list[str]:
         return [e["action"] for e in self.entries]
 

@@ -6,11 +6,14 @@ from datetime import timedelta
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.retrieval.factories import T0, attribute, conversation, memory
 from uprof.adapters.embeddings import HashingEmbedder
 from uprof.adapters.tokens import TiktokenCounter
 from uprof.retrieval import MemoryIndex
+from uprof.retrieval.ranker import PoolSimilarity
 
 
 def test_bm25_ranks_the_matching_memory_first(counter: TiktokenCounter) -> None:
@@ -68,3 +71,28 @@ def test_rejects_non_memories_and_misaligned_vectors(counter: TiktokenCounter) -
         MemoryIndex.build([attribute("a", "diet", "vegan")], None, counter)
     with pytest.raises(ValueError):
         MemoryIndex.build([memory("m", "x")], np.zeros((2, 384), dtype=np.float32), counter)
+
+
+_WORDS = "dog cat lake sunrise paint group support work busy music cello run marathon".split()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.lists(st.sampled_from(_WORDS), min_size=0, max_size=6), min_size=1, max_size=25),
+    st.data(),
+)
+def test_lexical_pool_similarity_is_the_cosine_of_term_sets(
+    texts: list[list[str]], data: st.DataObject
+) -> None:
+    """Columns read through the pool's postings equal the full term-set cosine product."""
+    mems = conversation([("A", " ".join(words) or "hm") for words in texts])
+    index = MemoryIndex.build(mems, None, TiktokenCounter())
+    rows = np.asarray(
+        data.draw(st.permutations(range(len(mems))))[: data.draw(st.integers(1, len(mems)))]
+    )
+    pool = PoolSimilarity(index, rows)
+    terms = index.bm25.term_sets[rows]
+    expected = (terms @ terms.T).toarray()
+    ks = np.asarray(data.draw(st.lists(st.integers(0, len(rows) - 1), min_size=1, max_size=8)))
+    assert np.allclose(pool.columns(ks), expected[:, ks], atol=1e-6)
+    assert np.allclose(pool.column(int(ks[0])), expected[:, ks[0]], atol=1e-6)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from audit.log import AuditLog
@@ -15,6 +16,12 @@ class AuditLogTrail:
         self._tenant = tenant
 
     def record(self, action: str, **fields: Any) -> None:
+        self.log.append(self._entry(action, fields))
+
+    def record_many(self, entries: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        self.log.append_many([self._entry(action, fields) for action, fields in entries])
+
+    def _entry(self, action: str, fields: dict[str, Any]) -> dict[str, Any]:
         entry = {"action": action, "tenant": self._tenant}
         entry.update({k: v for k, v in fields.items() if v is not None})
-        self.log.append(entry)
+        return entry

@@ -22,6 +22,7 @@ import hmac
 import json
 import os
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -41,6 +42,9 @@ from uprof.crypto.tables import (
     subject_index,
     subject_keys,
 )
+
+#: Recent subject lookups kept for reads (bounded: memory stays flat).
+MAX_CACHED_HANDLES = 10_000
 
 
 def derive_key(master: bytes, label: str) -> bytes:
@@ -164,6 +168,8 @@ class KeyStore:
         self._deks: dict[str, dict[int, bytes]] = {}
         self._capture_keys: dict[str, dict[str, bytes]] = {}
         self._view_keys: dict[str, bytes] = {}
+        #: ref hash -> (when looked up, handle): recent lookups, for reads only.
+        self._handles: dict[str, tuple[float, SubjectHandle]] = {}
         self._lock = threading.Lock()
         #: Keys created since the caller last drained them (for KeyCreated audit entries).
         self._created: list[CreatedKey] = []
@@ -179,17 +185,35 @@ class KeyStore:
         msg = f"{tenant}\x1f{subject_ref}".encode()
         return "subj_" + hmac.new(self._pseudonym_key, msg, hashlib.sha256).hexdigest()[:32]
 
-    def resolve(self, tenant: str, subject_ref: str) -> SubjectHandle | None:
-        """Find a known subject's stream, or None."""
+    def resolve(
+        self, tenant: str, subject_ref: str, *, max_age_s: float = 0.0
+    ) -> SubjectHandle | None:
+        """Find a known subject's stream, or None.
+
+        With ``max_age_s`` a lookup made that recently may be reused (reads ask this;
+        writes never do). An erasure in this process evicts it at once; one in another
+        process shows up to a reader as the stream's tombstone, and the reader evicts.
+        """
+        ref_hash = self._ref_hash(tenant, subject_ref)
+        if max_age_s > 0:
+            with self._lock:
+                hit = self._handles.get(ref_hash)
+            if hit is not None and time.monotonic() - hit[0] <= max_age_s:
+                return hit[1]
         with self._engine.connect() as conn:
             row = conn.execute(
                 sa.select(subject_index.c.stream_id, subject_index.c.pseudonym).where(
-                    subject_index.c.ref_hash == self._ref_hash(tenant, subject_ref)
+                    subject_index.c.ref_hash == ref_hash
                 )
             ).first()
         if row is None:
             return None
-        return SubjectHandle(uuid.UUID(row.stream_id), row.pseudonym, created=False)
+        handle = SubjectHandle(uuid.UUID(row.stream_id), row.pseudonym, created=False)
+        with self._lock:
+            if len(self._handles) >= MAX_CACHED_HANDLES:
+                self._handles.pop(next(iter(self._handles)))
+            self._handles[ref_hash] = (time.monotonic(), handle)
+        return handle
 
     def resolve_or_create(self, tenant: str, subject_ref: str, *, now: datetime) -> SubjectHandle:
         """Find the subject's stream, creating stream id and first DEK on first use."""
@@ -433,11 +457,14 @@ class KeyStore:
         )
 
     def evict(self, stream_id: str) -> None:
-        """Forget a stream's cached keys."""
+        """Forget a stream's cached keys and lookups."""
         with self._lock:
             self._deks.pop(stream_id, None)
             self._capture_keys.pop(stream_id, None)
             self._view_keys.pop(stream_id, None)
+            for ref_hash in [h for h, (_, handle) in self._handles.items()
+                             if str(handle.stream_id) == stream_id]:  # fmt: skip
+                del self._handles[ref_hash]
 
     def is_shredded(self, stream_id: str) -> bool:
         with self._engine.connect() as conn:

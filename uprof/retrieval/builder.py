@@ -129,6 +129,27 @@ def _similar_to(choices: list[_Choice], similarity: PoolSimilarity) -> Callable[
     return column
 
 
+def _similar_to_many(
+    choices: list[_Choice], similarity: PoolSimilarity
+) -> Callable[[np.ndarray], np.ndarray] | None:
+    """Similarity columns of many choices at once, when the pool computes them cheaper so."""
+    if not similarity.batched:
+        return None
+    pool = np.asarray([c.pool_pos for c in choices], dtype=np.int64)
+    memories = np.flatnonzero(pool >= 0)
+
+    def columns(js: np.ndarray) -> np.ndarray:
+        out = np.zeros((len(choices), len(js)))
+        picked = [i for i, j in enumerate(js.tolist()) if pool[j] >= 0]
+        if picked:
+            sims = similarity.columns(pool[js[picked]])
+            out[np.ix_(memories, picked)] = sims[pool[memories]]
+            out[js[picked], picked] = 0.0  # an item is not its own duplicate
+        return out
+
+    return columns
+
+
 def _problem(
     choices: list[_Choice],
     similarity: PoolSimilarity,
@@ -149,6 +170,7 @@ def _problem(
         groups=groups,
         group_costs=group_costs,
         similar_to=_similar_to(choices, similarity),
+        similar_to_many=_similar_to_many(choices, similarity),
         budget=budget,
         mmr_penalty=options.mmr_penalty,
         duplicate_threshold=options.duplicate_threshold,
@@ -289,9 +311,15 @@ def _finish(
     left_out.sort(key=lambda lo: _REASON_ORDER[lo.reason])
     in_pool = np.zeros(len(index), dtype=bool)
     in_pool[pool_rows] = True
-    left_out += [index.not_retrieved[i] for i in np.flatnonzero(~in_pool).tolist()]
     items = _in_rendered_order([choices[j] for j in chosen])
-    return PackedSlice(text=text, items=items, n_tokens=n_tokens, left_out=tuple(left_out))
+    return PackedSlice(
+        text=text,
+        items=items,
+        n_tokens=n_tokens,
+        ranked_out=tuple(left_out),
+        _all_not_retrieved=index.not_retrieved,
+        _not_retrieved_rows=np.flatnonzero(~in_pool),
+    )
 
 
 def _in_rendered_order(chosen: list[_Choice]) -> tuple[Candidate, ...]:

@@ -28,6 +28,9 @@ import numpy as np
 
 #: How many of the best unchosen items the fix-up pass tries to bring in.
 SWAP_TRIES = 8
+#: Similarity columns fetched up front for the most useful choices, when fetching
+#: many at once is cheaper (lexical pools): greedy takes mostly from the top.
+PREFETCH_COLUMNS = 96
 
 
 #: Similarity of every choice to choice j (an (m,) vector), computed only when j is chosen.
@@ -45,6 +48,8 @@ class PackProblem:
     group_costs: np.ndarray  # (g,) tokens of each overhead line
     similar_to: SimilarTo | None  # similarity column for MMR, or None
     budget: int
+    #: The same columns for many choices at once, (m, len(js)); None when not cheaper.
+    similar_to_many: Callable[[np.ndarray], np.ndarray] | None = None
     mmr_penalty: float = 0.5
     duplicate_threshold: float = 0.95
 
@@ -58,7 +63,9 @@ class PackResult:
     duplicate_of: dict[int, int]  # unchosen choice -> chosen choice it nearly repeats
 
 
-_Snapshot = tuple[list[int], int, float, np.ndarray, np.ndarray, np.ndarray, dict[int, float]]
+_Snapshot = tuple[
+    list[int], int, float, np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[int, float]
+]
 
 
 class _Packing:
@@ -81,6 +88,11 @@ class _Packing:
         self.available = np.ones(m, dtype=bool)
         self.columns: dict[int, np.ndarray] = {}  # similarity to each choice ever chosen
         self.max_sim = np.zeros(m)
+        self._gains: np.ndarray | None = None  # gains() for the current max_sim
+        if problem.similar_to_many is not None and m:
+            top = np.argsort(-problem.utility, kind="stable")[:PREFETCH_COLUMNS]
+            block = np.ascontiguousarray(problem.similar_to_many(top).T)
+            self.columns.update(zip(top.tolist(), block, strict=True))
 
     def column(self, j: int) -> np.ndarray:
         if j not in self.columns:
@@ -90,27 +102,29 @@ class _Packing:
 
     # -- moves ----------------------------------------------------------------------
 
-    def take(self, j: int) -> None:
-        gain = float(self.gains()[j])
+    def take(self, j: int, gain: float | None = None) -> None:
+        """Choose j; ``gain`` is its current marginal gain when the caller has it."""
+        gain = float(self.gains()[j]) if gain is None else gain
         self.chosen.append(j)
         self.picked_gain[j] = gain
         self.value += gain
         self.spent += int(self.extra[j])
         self.available[self.p.owner == self.p.owner[j]] = False
-        for g in self.p.groups[j]:
+        for g in self.p.groups[j].tolist():
             if g >= 0:
                 self.group_users[g] += 1
                 if self.group_users[g] == 1:  # just paid: cheaper for everyone needing it
                     self.extra[self.members[g]] -= self.p.group_costs[g]
         if self.p.similar_to is not None:
             np.maximum(self.max_sim, self.column(j), out=self.max_sim)
+            self._gains = None
 
     def drop(self, j: int) -> None:
         self.chosen.remove(j)
         self.value -= self.picked_gain.pop(j)
         self.available[self.p.owner == self.p.owner[j]] = True
         self.spent -= int(self.p.costs[j])
-        for g in self.p.groups[j]:
+        for g in self.p.groups[j].tolist():
             if g >= 0:
                 self.group_users[g] -= 1
                 if self.group_users[g] == 0:
@@ -119,12 +133,19 @@ class _Packing:
         if self.p.similar_to is not None:
             cols = [self.column(c) for c in self.chosen]
             self.max_sim = np.max(cols, axis=0) if cols else np.zeros(len(self.p.costs))
+            self._gains = None
 
     # -- views ----------------------------------------------------------------------
 
     def gains(self) -> np.ndarray:
-        """Marginal relevance: utility discounted by similarity to the chosen set."""
-        return self.p.utility * (1.0 - self.p.mmr_penalty * np.clip(self.max_sim, 0.0, 1.0))
+        """Marginal relevance: utility discounted by similarity to the chosen set.
+
+        Recomputed only when the chosen set's similarity changed (greedy steps ask often).
+        """
+        if self._gains is None:
+            similarity = np.minimum(np.maximum(self.max_sim, 0.0), 1.0)
+            self._gains = self.p.utility * (1.0 - self.p.mmr_penalty * similarity)
+        return self._gains
 
     def duplicates(self) -> np.ndarray:
         return self.max_sim >= self.p.duplicate_threshold
@@ -140,15 +161,15 @@ class _Packing:
             self.group_users.copy(),
             self.extra.copy(),
             self.max_sim.copy(),
+            self.available.copy(),
             dict(self.picked_gain),
         )
 
     def restore(self, snap: _Snapshot) -> None:
-        chosen, self.spent, self.value, self.group_users, self.extra, self.max_sim, gains = snap
+        (chosen, self.spent, self.value, self.group_users, self.extra, self.max_sim,
+         self.available, gains) = snap  # fmt: skip
         self.chosen, self.picked_gain = chosen, gains
-        self.available[:] = True
-        for c in chosen:
-            self.available[self.p.owner == self.p.owner[c]] = False
+        self._gains = None
 
 
 def _members(groups: np.ndarray, n_groups: int) -> list[np.ndarray]:
@@ -171,7 +192,8 @@ def _greedy(state: _Packing) -> None:
         if not ok.any():
             return
         ratio = np.where(ok, gains / np.maximum(state.extra, 1), -np.inf)
-        state.take(int(np.argmax(ratio)))  # first maximum: ties go to the better-ranked choice
+        best = int(np.argmax(ratio))  # first maximum: ties go to the better-ranked choice
+        state.take(best, float(gains[best]))
 
 
 def _try_swap(state: _Packing, newcomer: int) -> bool:
@@ -184,9 +206,12 @@ def _try_swap(state: _Packing, newcomer: int) -> bool:
     p = state.p
     before = state.value
     snap = state.snapshot()
-    by_value = sorted(
-        state.chosen, key=lambda j: (state.picked_gain[j] / max(int(p.costs[j]), 1), -j)
+    # Chosen items, worst value per token first (ties: the later choice first).
+    chosen = np.asarray(state.chosen, dtype=np.int64)
+    worth = np.asarray([state.picked_gain[j] for j in state.chosen]) / np.maximum(
+        p.costs[chosen], 1
     )
+    by_value = chosen[np.lexsort((-chosen, worth))].tolist()
     for j in by_value:
         if state.extra[newcomer] <= state.room():
             break

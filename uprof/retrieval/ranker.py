@@ -83,26 +83,56 @@ def analyse_query(text: str) -> Query:
 class PoolSimilarity:
     """Pairwise similarity inside a memory pool, one column at a time (for MMR).
 
-    Only chosen memories ever need a column, so computing columns on demand
-    costs a few matrix-vector products instead of a full pool x pool product.
-    Dense mode uses embedding cosines; lexical mode the cosine of term sets.
+    Only chosen memories ever need a column (a few dozen of a pool of hundreds),
+    so columns are computed on demand. Dense mode uses embedding cosines; lexical
+    mode the cosine of term sets, read through an inverted list of the pool: the
+    pool members sharing a term with member k are gathered term by term and summed
+    with one bincount, which costs what those few postings cost, not a pool x pool
+    product.
     """
 
     def __init__(self, index: MemoryIndex, rows: np.ndarray) -> None:
         self._dense = None if index.vectors is None else index.vectors[rows]
-        self._terms = index.bm25.term_sets[rows] if index.vectors is None else None
-        self._lexical: np.ndarray | None = None
+        self._size = len(rows)
+        if index.vectors is None:
+            pool_terms = index.bm25.term_sets[rows]
+            self._terms = pool_terms.tocsr()  # row k: member k's terms and weights
+            self._postings = pool_terms.tocsc()  # column t: the members holding term t
+
+    @property
+    def batched(self) -> bool:
+        """True when columns are cheaper fetched many at a time (lexical mode)."""
+        return self._dense is None
 
     def column(self, k: int) -> np.ndarray:
         """Similarity of every pool member to pool member k."""
         if self._dense is not None:
             return self._dense @ self._dense[k]
-        if self._lexical is None:
-            # One sparse product for the whole pool: sparse column-by-column products
-            # cost far more in call overhead than the arithmetic they do.
-            assert self._terms is not None
-            self._lexical = (self._terms @ self._terms.T).toarray()
-        return self._lexical[:, k]
+        return self.columns(np.asarray([k]))[:, 0]
+
+    def columns(self, ks: np.ndarray) -> np.ndarray:
+        """Similarity of every pool member to each of ks, as a (pool, len(ks)) matrix."""
+        if self._dense is not None:
+            return np.stack([self.column(int(k)) for k in ks], axis=1)
+        starts_k, ends_k = self._terms.indptr[ks], self._terms.indptr[ks + 1]
+        own_lengths = ends_k - starts_k
+        # Every (member of ks, term) pair, then every posting of that term.
+        pair_pos = np.repeat(starts_k - (np.cumsum(own_lengths) - own_lengths), own_lengths)
+        pair_pos += np.arange(int(own_lengths.sum()))
+        terms, weights = self._terms.indices[pair_pos], self._terms.data[pair_pos]
+        pair_of = np.repeat(np.arange(len(ks)), own_lengths)
+        starts = self._postings.indptr[terms]
+        lengths = self._postings.indptr[terms + 1] - starts
+        positions = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+        positions += np.arange(int(lengths.sum()))
+        members = self._postings.indices[positions]
+        cells = members * len(ks) + np.repeat(pair_of, lengths)
+        sums = np.bincount(
+            cells,
+            weights=self._postings.data[positions] * np.repeat(weights, lengths),
+            minlength=self._size * len(ks),
+        )
+        return sums.reshape(self._size, len(ks))
 
 
 @dataclass(frozen=True)

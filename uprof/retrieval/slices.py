@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
+
+import numpy as np
 
 from domain.values import Layer
 from uprof.retrieval.candidates import Candidate
@@ -32,7 +34,25 @@ class PackedSlice:
     text: str
     items: tuple[Candidate, ...]
     n_tokens: int
-    left_out: tuple[LeftOut, ...]
+    #: Candidates that were ranked and not taken (budget, duplicate, low relevance),
+    #: most actionable first.
+    ranked_out: tuple[LeftOut, ...]
+    #: The index's ready-made entries for memories outside the retrieved pool, and
+    #: which of them apply: thousands per query, so listed only when asked for.
+    _all_not_retrieved: tuple[LeftOut, ...] = field(default=(), repr=False)
+    _not_retrieved_rows: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def not_retrieved(self) -> tuple[LeftOut, ...]:
+        """Memories never retrieved for the query (all low relevance)."""
+        if self._not_retrieved_rows is None:
+            return ()
+        return tuple(self._all_not_retrieved[i] for i in self._not_retrieved_rows.tolist())
+
+    @property
+    def left_out(self) -> tuple[LeftOut, ...]:
+        """Every candidate not in the slice, and why."""
+        return self.ranked_out + self.not_retrieved
 
 
 @dataclass(frozen=True)

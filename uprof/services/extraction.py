@@ -30,10 +30,8 @@ from domain.errors import (
 from domain.profile import SubjectProfile
 from domain.values import CapturedInteraction, Interaction, ProposalBatch
 from projections.profile.queries import ProfileQueries
-from uprof.eventstore import CONFLICT_RETRIES, ProfilesApplication, topic_of
+from uprof.eventstore import CAPTURED_TOPIC, CONFLICT_RETRIES, ProfilesApplication
 from uprof.ports import Clock, Extractor
-
-CAPTURED_TOPIC = topic_of(SubjectProfile.InteractionCaptured)
 
 
 def evidence_ids(batch: ProposalBatch) -> set[str]:

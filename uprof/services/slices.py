@@ -2,12 +2,17 @@
 
 Order of a request:
 1. resolve the subject at the boundary (explicit, session, identifier; never a guess);
-2. read-your-writes: wait (bounded) until extraction and projections reached the log;
+2. read-your-writes: wait (bounded) until extraction and projections have passed the
+   subject's newest write (other subjects' writes do not hold it up);
 3. gate every item: Casbin policy (app × category × purpose, deny by default),
    the subject's consent for that app in force now, and the visibility rule
    (private items only to their owner agent);
 4. rank and pack under the token budget (uprof.retrieval);
-5. record the read as a ``SliceServed`` event and an audit entry.
+5. record the read as a ``SliceServed`` event and an audit entry (uprof.services.reads).
+
+What a read needs of a subject (its consents, its items, the memory index) is cached
+per subject under the log position of the subject's newest write: any write moves
+that position, so a cached view is never older than the writes a read must reflect.
 
 Items withheld by the gate are reported as counts per reason, never by id: a
 caller must not learn that an item it may not see exists.
@@ -26,14 +31,14 @@ from uuid import UUID
 
 import numpy as np
 
-from domain.errors import InvalidInputError
+from domain.errors import InvalidInputError, SubjectErasedError
 from domain.heat import heat
 from domain.values import CATEGORIES, Layer, Provenance, SharingPolicy, check_token
 from projections.profile.queries import MemoryRow, ProfileQueries
 from uprof.eventstore import ProfilesApplication
-from uprof.ports import AuditTrail, Clock, Embedder, TokenCounter
-from uprof.retrieval import Candidate, MemoryIndex, PackedSlice, SliceOptions, build_slice
-from uprof.retrieval.index import NOT_RETRIEVED
+from uprof.ports import Clock, Embedder, TokenCounter
+from uprof.retrieval import Candidate, MemoryIndex, SliceOptions, build_slice
+from uprof.services.reads import ReadRecorder, ServedRead
 from uprof.services.subjects import SubjectRequest, SubjectResolver
 
 MAX_BUDGET_TOKENS = 32_768
@@ -41,6 +46,8 @@ MAX_BUDGET_TOKENS = 32_768
 #: a small base keeps core facts for open queries without crowding out relevant ones.
 SLICE_OPTIONS = SliceOptions(attribute_base_utility=0.03, intent_base_utility=0.05)
 MAX_QUERY_CHARS = 4_000
+#: A read may reuse a subject lookup this recent (erasures here evict it at once).
+HANDLE_MAX_AGE_S = 2.0
 
 
 class DecisionLike(Protocol):
@@ -110,16 +117,31 @@ class ProfileSlice:
     subject_pseudonym: str
 
 
+@dataclass(frozen=True)
+class Freshness:
+    """Outcome of the read-your-writes wait for one subject."""
+
+    fresh: bool
+    #: Log position of the subject's newest write (the cache key of its view).
+    head: int
+
+
+#: (candidate, owner agent, sharing policy) of an attribute or intent, before the gate.
+_Owned = tuple[Candidate, str, str]
+
+
 @dataclass
-class _CachedMemories:
-    version: int
+class _SubjectView:
+    """Everything a read needs of one subject, as of one head of its stream."""
+
+    head: int
+    profile: Any  # the aggregate, for consent checks only: never mutated
+    attributes: list[_Owned]
+    intents: list[_Owned]
     rows: list[MemoryRow]
     vectors: np.ndarray | None
-    indexes: dict[tuple[Any, ...], tuple[MemoryIndex, tuple[int, ...]]] = field(
-        default_factory=dict
-    )
-    #: capture id -> the caller's source refs of that capture (from the memory citing it)
-    refs_by_capture: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    sessions: dict[str, int]
+    indexes: dict[tuple[Any, ...], tuple[MemoryIndex, Counter[str]]] = field(default_factory=dict)
 
 
 class SliceService:
@@ -132,8 +154,8 @@ class SliceService:
         embedder: Embedder,
         counter: TokenCounter,
         clock: Clock,
-        audit: AuditTrail,
-        ensure_fresh: Callable[[float], bool],
+        reads: ReadRecorder,
+        ensure_fresh: Callable[[UUID, float, int | None], Freshness],
         default_wait_s: float,
     ) -> None:
         self._app = app
@@ -143,10 +165,12 @@ class SliceService:
         self._embedder = embedder
         self._counter = counter
         self._clock = clock
-        self._audit = audit
+        self._reads = reads
         self._ensure_fresh = ensure_fresh
         self._default_wait_s = default_wait_s
-        self._cache: dict[str, _CachedMemories] = {}
+        #: stream -> its view at its newest head; bounded so memory stays flat.
+        self._cache: dict[str, _SubjectView] = {}
+        self.max_cached_subjects = 256
         #: Vectors of attribute and intent texts; flushed with the rest on erasure.
         self._text_vectors: dict[str, np.ndarray] = {}
         self._lock = threading.Lock()
@@ -165,37 +189,24 @@ class SliceService:
 
     def slice(self, request: SliceRequest) -> ProfileSlice:
         self._check(request)
-        handle = self._subjects.resolve(request.subject, calling_agent=request.agent_id)
+        handle = self._subjects.resolve(
+            request.subject, calling_agent=request.agent_id, max_age_s=HANDLE_MAX_AGE_S
+        )
         began = time.perf_counter()
         wait = self._default_wait_s if request.wait_timeout_s is None else request.wait_timeout_s
-        fresh = self._ensure_fresh(wait)
+        freshness = self._ensure_fresh(handle.stream_id, wait, self._cached_head(handle.stream_id))
         waited_ms = (time.perf_counter() - began) * 1000
         # Consent is judged at the real time of the read; ``request.now`` only sets the
         # "present" that ranking measures recency from (benchmarks replay old dialogues).
         real_now = self._clock.now()
         now = request.now or real_now
-        profile = self._app.load(handle.stream_id)
-        allowed = self._allowed_categories(request, profile, real_now)
-        stream = str(handle.stream_id)
+        view = self._subject_view(handle.stream_id, freshness)
+        allowed = self._allowed_categories(request, view.profile, real_now)
 
         withheld: Counter[str] = Counter()
-        refs = self._memories(stream).refs_by_capture
-        attributes = self._gate(
-            [
-                self._attribute(a, refs)
-                for a in self._queries.attributes(stream, include_superseded=False)
-            ],
-            request,
-            allowed,
-            withheld,
-        )
-        intents = self._gate(
-            [self._intent(i, refs) for i in self._queries.intents(stream, status="active")],
-            request,
-            allowed,
-            withheld,
-        )
-        index = self._memory_index(stream, request, allowed, now, withheld)
+        attributes = self._gate(view.attributes, request, allowed, withheld)
+        intents = self._gate(view.intents, request, allowed, withheld)
+        index = self._memory_index(view, request, allowed, now, withheld)
         query_vector = attribute_vectors = intent_vectors = None
         if not request.lexical_only and (len(index) or attributes or intents):
             query_vector = self._embedder.embed([request.query])[0]
@@ -214,20 +225,32 @@ class SliceService:
             attribute_vectors=attribute_vectors,
             intent_vectors=intent_vectors,
         )
-        self._record(profile, handle.pseudonym, request, packed, real_now)
+        self._reads.record(
+            ServedRead(
+                stream_id=handle.stream_id,
+                pseudonym=handle.pseudonym,
+                app_id=request.app_id,
+                agent_id=request.agent_id,
+                purpose=request.purpose,
+                item_ids=tuple(c.item_id for c in packed.items),
+                served_at=real_now,
+                budget_tokens=request.budget_tokens,
+                n_tokens=packed.n_tokens,
+            )
+        )
         return ProfileSlice(
             text=packed.text,
             n_tokens=packed.n_tokens,
             budget_tokens=request.budget_tokens,
             items=tuple(_item(c) for c in packed.items),
+            # The long tail of never-retrieved memories is not listed (it is everything
+            # else the reader may see); what was ranked and dropped is, with its reason.
             left_out=tuple(
                 LeftOutItem(lo.item_id, str(lo.layer), lo.reason, lo.detail)
-                for lo in packed.left_out
-                # The long tail of never-retrieved memories is summarised, not listed.
-                if lo.detail != NOT_RETRIEVED
+                for lo in packed.ranked_out
             ),
             withheld=dict(withheld),
-            fresh=fresh,
+            fresh=freshness.fresh,
             waited_ms=round(waited_ms, 3),
             purpose=request.purpose,
             app_id=request.app_id,
@@ -290,7 +313,7 @@ class SliceService:
 
     def _gate(
         self,
-        pairs: list[tuple[Candidate, str, str]],
+        pairs: list[_Owned],
         request: SliceRequest,
         allowed: dict[str, str],
         withheld: Counter[str],
@@ -306,46 +329,79 @@ class SliceService:
                 kept.append(candidate)
         return kept
 
-    # --------------------------------------------------------------- memories
+    # ------------------------------------------------------------ subject view
 
-    def _memories(self, stream: str) -> _CachedMemories:
-        version = self._queries.memory_version(stream)
+    def _cached_head(self, stream_id: UUID) -> int | None:
+        with self._lock:
+            cached = self._cache.get(str(stream_id))
+        return None if cached is None else cached.head
+
+    def _subject_view(self, stream_id: UUID, freshness: Freshness) -> _SubjectView:
+        """The subject's view at its newest head, cached while that head stands.
+
+        A read that timed out waiting is served from the views as they are and its
+        view is not cached: its head is ahead of what the views hold.
+        """
+        stream = str(stream_id)
         with self._lock:
             cached = self._cache.get(stream)
-        if cached is not None and cached.version == version:
+        if freshness.fresh and cached is not None and cached.head == freshness.head:
             return cached
+        view = self._load_view(stream_id, freshness.head)
+        if freshness.fresh:
+            with self._lock:
+                if len(self._cache) >= self.max_cached_subjects:
+                    self._cache.pop(next(iter(self._cache)))  # oldest inserted goes first
+                self._cache[stream] = view
+        return view
+
+    def _load_view(self, stream_id: UUID, head: int) -> _SubjectView:
+        stream = str(stream_id)
+        try:
+            profile = self._app.load(stream_id)
+        except SubjectErasedError:
+            self._subjects.forget(stream_id)  # erased elsewhere since it was looked up
+            raise
         rows, vectors = self._queries.memories(stream, with_vectors=True)
+        # capture id -> the caller's source refs of that capture (from the memory citing it)
         refs = {e: m.source_refs for m in rows if m.source_refs for e in m.evidence}
-        cached = _CachedMemories(version, rows, vectors, refs_by_capture=refs)
-        with self._lock:
-            self._cache[stream] = cached
-        return cached
+        return _SubjectView(
+            head=head,
+            profile=profile,
+            attributes=[
+                self._attribute(a, refs)
+                for a in self._queries.attributes(stream, include_superseded=False)
+            ],
+            intents=[self._intent(i, refs) for i in self._queries.intents(stream, status="active")],
+            rows=rows,
+            vectors=vectors,
+            sessions=self._queries.session_activity(stream) if rows else {},
+        )
 
     def _memory_index(
         self,
-        stream: str,
+        view: _SubjectView,
         request: SliceRequest,
         allowed: dict[str, str],
         now: datetime,
         withheld: Counter[str],
     ) -> MemoryIndex:
-        cached = self._memories(stream)
         # The gate's outcome depends only on the reader, the servable categories and the
-        # memory version: cache it with the index, so a repeated read skips 5k checks.
+        # subject's view: cache it with the index, so a repeated read skips 5k checks.
         reader = (
             request.agent_id,
             request.agent_type,
             tuple(sorted(allowed.items())),
             request.lexical_only,
         )
-        hit = cached.indexes.get(reader)
+        hit = view.indexes.get(reader)
         if hit is not None:
             index, counts = hit
             withheld.update(counts)
             return index
         counts: Counter[str] = Counter()
         keep: list[int] = []
-        for i, m in enumerate(cached.rows):
+        for i, m in enumerate(view.rows):
             reason = allowed.get(m.category, "policy")
             if not reason and not self._visible(m.owner_agent, m.sharing, request):
                 reason = "visibility"
@@ -353,61 +409,22 @@ class SliceService:
                 counts[reason] += 1
             else:
                 keep.append(i)
-        sessions = self._queries.session_activity(stream) if cached.rows else {}
-        candidates = [_memory_candidate(cached.rows[i], sessions, now) for i in keep]
+        candidates = [_memory_candidate(view.rows[i], view.sessions, now) for i in keep]
         vectors = None
-        if cached.vectors is not None and not request.lexical_only:
-            vectors = cached.vectors[keep] if keep else cached.vectors[:0]
+        if view.vectors is not None and not request.lexical_only:
+            vectors = view.vectors[keep] if keep else view.vectors[:0]
         index = MemoryIndex.build(candidates, vectors, self._counter)
         # Keep a handful of reader views per subject; more readers rebuild on demand.
-        if len(cached.indexes) >= 8:
-            cached.indexes.clear()
-        cached.indexes[reader] = (index, counts)
+        if len(view.indexes) >= 8:
+            view.indexes.clear()
+        view.indexes[reader] = (index, counts)
         withheld.update(counts)
         return index
-
-    # --------------------------------------------------------------- recording
-
-    def _record(
-        self,
-        loaded: Any,
-        pseudonym: str,
-        request: SliceRequest,
-        packed: PackedSlice,
-        now: datetime,
-    ) -> None:
-        item_ids = [c.item_id for c in packed.items]
-        # The subject loaded for the consent check is reused; only a lost race reloads it.
-        attempts = [loaded]
-
-        def command() -> None:
-            profile = attempts.pop() if attempts else self._app.load(loaded.id)
-            profile.record_slice_served(
-                app_id=request.app_id,
-                agent_id=request.agent_id,
-                purpose=request.purpose,
-                item_ids=item_ids,
-                served_at=now,
-                budget_tokens=request.budget_tokens,
-                n_tokens=packed.n_tokens,
-            )
-            self._app.save(profile)
-
-        self._app.with_retry(command)
-        self._audit.record(
-            "slice.served",
-            subject_ref=pseudonym,
-            app_id=request.app_id,
-            agent_id=request.agent_id,
-            purpose=request.purpose,
-            item_refs=item_ids,
-            counts={"tokens": packed.n_tokens, "budget": request.budget_tokens},
-        )
 
     # ------------------------------------------------------------- conversions
 
     @staticmethod
-    def _attribute(a: Any, refs: Mapping[str, tuple[str, ...]]) -> tuple[Candidate, str, str]:
+    def _attribute(a: Any, refs: Mapping[str, tuple[str, ...]]) -> _Owned:
         label = a.key.replace("_", " ")
         return (
             Candidate(
@@ -427,7 +444,7 @@ class SliceService:
         )
 
     @staticmethod
-    def _intent(i: Any, refs: Mapping[str, tuple[str, ...]]) -> tuple[Candidate, str, str]:
+    def _intent(i: Any, refs: Mapping[str, tuple[str, ...]]) -> _Owned:
         return (
             Candidate(
                 item_id=i.item_id,

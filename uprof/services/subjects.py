@@ -71,14 +71,19 @@ class SubjectResolver:
 
     # -------------------------------------------------------------- resolution
 
-    def resolve(self, request: SubjectRequest, *, calling_agent: str = "") -> SubjectHandle:
-        """Return the subject the request concerns, or raise IdentityError."""
+    def resolve(
+        self, request: SubjectRequest, *, calling_agent: str = "", max_age_s: float = 0.0
+    ) -> SubjectHandle:
+        """Return the subject the request concerns, or raise IdentityError.
+
+        ``max_age_s``: an explicit subject looked up that recently may be reused (reads).
+        """
         found: list[tuple[str, SubjectHandle]] = []
         if request.subject:
             ref = check_subject_ref(request.subject)
             if calling_agent and ref == calling_agent:
                 raise IdentityError("a request may not name the calling agent as its subject")
-            handle = self.find(ref)
+            handle = self.find(ref, max_age_s=max_age_s)
             if handle is None:
                 raise SubjectNotFoundError("no such subject")
             found.append(("subject", handle))
@@ -103,8 +108,14 @@ class SubjectResolver:
             raise IdentityError(f"ambiguous identity: {sources} name different subjects")
         return found[0][1]
 
-    def find(self, subject_ref: str) -> SubjectHandle | None:
-        return self._keystore.resolve(self.tenant, check_subject_ref(subject_ref))
+    def find(self, subject_ref: str, *, max_age_s: float = 0.0) -> SubjectHandle | None:
+        return self._keystore.resolve(
+            self.tenant, check_subject_ref(subject_ref), max_age_s=max_age_s
+        )
+
+    def forget(self, stream_id: UUID) -> None:
+        """Drop cached lookups of a stream (a reader found it erased)."""
+        self._keystore.evict(str(stream_id))
 
     def find_or_create(self, subject_ref: str, *, now: datetime) -> SubjectHandle:
         return self._keystore.resolve_or_create(

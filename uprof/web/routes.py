@@ -479,6 +479,7 @@ def create_router() -> APIRouter:
         searched = bool(request.query_params)
         try:
             form, args = audit_filter(request)
+            kernel.reads.drain()  # reads served before this search are in it
             entries = kernel.audit_log.entries(**args)
             rows = list(itertools.islice(entries, MAX_AUDIT_ROWS + 1))
         except (UprofError, ValueError) as problem:
@@ -505,6 +506,7 @@ def create_router() -> APIRouter:
             _, args = audit_filter(request)
             out = io.StringIO()
             writer = export_csv if format == "csv" else export_jsonl
+            kernel.reads.drain()  # reads served before this export are in it
             writer(kernel.audit_log, out, **args)
         except (UprofError, ValueError) as problem:
             return message(request, 422, "Export refused", str(problem))

@@ -1,0 +1,263 @@
+"""Record every served slice: a ``SliceServed`` event on the subject's stream and an
+audit entry, written in the request (``sync``) or by one recorder thread (``async``).
+
+Why a recorder: recording costs more than serving (a subject save, an audit append,
+two commits), and nothing the caller gets back depends on it. In ``async`` mode the
+request hands its read to a bounded queue and returns; the recorder writes what has
+queued up as one save per subject and one audit append, so a burst of reads costs a
+few commits, not one pair each. The trade-off is stated in
+docs/decisions/0007-read-recording.md: a crash can lose the reads served in the
+last write window (records are written as soon as the recorder is free, so the
+window is one write long); a capture or consent change is never deferred.
+
+Fail closed: a read that cannot be queued (backlog full for ``put_timeout_s``) or
+that arrives after the recorder gave up raises ``ReadRecordingError`` and the slice
+is not served. Readers of what was recorded (the privacy center's "who read it",
+audit exports, erasure) call ``drain()`` first, so within one process they always
+see every read served before them.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from uuid import UUID
+
+from domain.errors import ReadRecordingError, SubjectErasedError, SubjectNotFoundError
+from domain.profile import SubjectProfile
+from uprof.eventstore import ProfilesApplication
+from uprof.ports import AuditTrail
+
+log = logging.getLogger(__name__)
+
+MODES = ("sync", "async")
+#: Attempts at writing one batch before the recorder gives up (and reads fail closed).
+WRITE_ATTEMPTS = 5
+#: Subjects whose last saved state the recorder keeps to save the next reads on.
+MAX_SAVED_SUBJECTS = 256
+
+
+@dataclass(frozen=True)
+class ServedRead:
+    """Who read which items of which subject, for what, when."""
+
+    stream_id: UUID
+    pseudonym: str
+    app_id: str
+    agent_id: str
+    purpose: str
+    item_ids: tuple[str, ...]
+    served_at: datetime
+    budget_tokens: int
+    n_tokens: int
+
+
+class ReadRecorder:
+    def __init__(
+        self,
+        app: ProfilesApplication,
+        audit: AuditTrail,
+        *,
+        mode: str = "async",
+        max_pending: int = 10_000,
+        max_batch: int = 500,
+        linger_s: float = 0.05,
+        put_timeout_s: float = 5.0,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"read recording mode must be one of {MODES}, not {mode!r}")
+        self._app = app
+        self._audit = audit
+        self.mode = mode
+        self._max_batch = max_batch
+        self._linger_s = linger_s
+        self._put_timeout_s = put_timeout_s
+        #: The last saved state of recently read subjects: the recorder is most of their
+        #: writers, so the next batch usually saves on top of it without a reload (a
+        #: stale copy loses the version check and is reloaded; see _save_reads).
+        self._saved: dict[UUID, SubjectProfile] = {}
+        self._queue: queue.Queue[ServedRead] = queue.Queue(maxsize=max_pending)
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._failure: BaseException | None = None
+        self.recorded = 0
+
+    # ---------------------------------------------------------------- writers
+
+    def record(self, read: ServedRead) -> None:
+        """Record one served read (now, or queued for the recorder thread)."""
+        if self.mode == "sync":
+            self._write([read])
+            return
+        self._raise_if_failed()
+        self._start()
+        try:
+            self._queue.put(read, timeout=self._put_timeout_s)
+        except queue.Full:
+            raise ReadRecordingError(
+                "the read log is backed up; the slice is refused rather than served unrecorded"
+            ) from None
+
+    def drain(self, timeout_s: float = 30.0) -> None:
+        """Wait until every read queued so far is written (or raise ReadRecordingError)."""
+        if self.mode == "sync":
+            return
+        deadline = time.monotonic() + timeout_s
+        # unfinished_tasks counts reads queued or being written; it reaches 0 only
+        # after the recorder marked each one done.
+        while self._queue.unfinished_tasks:
+            self._raise_if_failed()
+            if time.monotonic() >= deadline:
+                raise ReadRecordingError("timed out waiting for the read log to be written")
+            time.sleep(0.002)
+        self._raise_if_failed()
+
+    def close(self) -> None:
+        """Write what is queued, then stop the recorder thread."""
+        if self._thread is None:
+            return
+        try:
+            self.drain()
+        finally:
+            self._stopping.set()
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    @property
+    def pending(self) -> int:
+        return self._queue.unfinished_tasks
+
+    @property
+    def healthy(self) -> bool:
+        return self._failure is None
+
+    # ---------------------------------------------------------------- recorder
+
+    def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise ReadRecordingError(
+                f"reads cannot be recorded ({type(self._failure).__name__}); slices are refused"
+            )
+
+    def _start(self) -> None:
+        if self._thread is not None:
+            return
+        with self._start_lock:
+            if self._thread is None:
+                self._stopping.clear()
+                self._thread = threading.Thread(
+                    target=self._run, name="uprof-read-recorder", daemon=True
+                )
+                self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                first = self._queue.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            # Linger briefly so a burst of reads shares one save and one audit append
+            # (group commit): the recorder then takes a small share of the CPU that
+            # serving needs, at the price of a window of at most linger_s + one write.
+            batch = [first]
+            deadline = time.monotonic() + self._linger_s
+            while len(batch) < self._max_batch:
+                try:
+                    batch.append(self._queue.get(timeout=max(0.0, deadline - time.monotonic())))
+                except queue.Empty:
+                    break
+            try:
+                self._write_with_retries(batch)
+            except BaseException as e:
+                log.exception("read recorder gave up; slices are refused until restart")
+                self._failure = e
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+            if self._failure is not None:
+                self._discard_queued()
+                return
+
+    def _discard_queued(self) -> None:
+        """After a failure nothing more is written; release waiters on queued reads."""
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                return
+            self._queue.task_done()
+
+    def _write_with_retries(self, batch: Sequence[ServedRead]) -> None:
+        for attempt in range(WRITE_ATTEMPTS):
+            try:
+                self._write(batch)
+                return
+            except Exception:
+                if attempt == WRITE_ATTEMPTS - 1:
+                    raise
+                log.warning("recording %d reads failed; retrying", len(batch), exc_info=True)
+                time.sleep(0.05 * 2**attempt)
+
+    def _write(self, batch: Sequence[ServedRead]) -> None:
+        """One save per subject (all its reads), then one audit append for the batch.
+
+        Retrying a batch may record a subject's reads twice if the audit append
+        failed after the save; that over-counts heat, never hides a read.
+        """
+        by_stream: dict[UUID, list[ServedRead]] = defaultdict(list)
+        for read in batch:
+            by_stream[read.stream_id].append(read)
+        for stream_id, reads in by_stream.items():
+            self._save_reads(stream_id, reads)
+        self._audit.record_many(
+            [
+                (
+                    "slice.served",
+                    {
+                        "subject_ref": read.pseudonym,
+                        "app_id": read.app_id,
+                        "agent_id": read.agent_id,
+                        "purpose": read.purpose,
+                        "occurred_at": read.served_at.isoformat(),
+                        "item_refs": list(read.item_ids),
+                        "counts": {"tokens": read.n_tokens, "budget": read.budget_tokens},
+                    },
+                )
+                for read in batch
+            ]
+        )
+        self.recorded += len(batch)
+
+    def _save_reads(self, stream_id: UUID, reads: Sequence[ServedRead]) -> None:
+        def command() -> None:
+            # A copy that is behind fails the save's version check, is dropped, and the
+            # retry loads the subject afresh (which also sees an erasure).
+            profile = self._saved.pop(stream_id, None) or self._app.load(stream_id)
+            for read in reads:
+                profile.record_slice_served(
+                    app_id=read.app_id,
+                    agent_id=read.agent_id,
+                    purpose=read.purpose,
+                    item_ids=list(read.item_ids),
+                    served_at=read.served_at,
+                    budget_tokens=read.budget_tokens,
+                    n_tokens=read.n_tokens,
+                )
+            self._app.save(profile)
+            if len(self._saved) >= MAX_SAVED_SUBJECTS:
+                self._saved.pop(next(iter(self._saved)))
+            self._saved[stream_id] = profile
+
+        try:
+            self._app.with_retry(command)
+        except (SubjectErasedError, SubjectNotFoundError):
+            # Erased between serving and recording: its stream takes no more events;
+            # the audit entry (pseudonym and ids only) still records that the read happened.
+            pass
