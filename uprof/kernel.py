@@ -81,6 +81,9 @@ class Uprof:
     views_engine: Any
     keys_engine: Any
     closers: Sequence[Callable[[], None]] = ()
+    #: Called when a read finds its subject behind and background workers must catch
+    #: up (a long-running server sets it to its worker's wake-up).
+    wake_workers: Callable[[], None] = lambda: None
     _process_lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     # ----------------------------------------------------------------- writes
@@ -274,6 +277,7 @@ class Uprof:
             if fresh or time.monotonic() >= deadline:
                 return Freshness(fresh=fresh, head=head)
             if self.settings.background_workers:
+                self.wake_workers()
                 time.sleep(0.005)
             else:
                 self.process()

@@ -528,9 +528,15 @@ class ProfileProjector:
         ids = sorted(set(e.item_ids))
         if not ids:
             return
+        # Find the rows by primary key. The subject check is wrapped in an expression
+        # so that no planner can pick the subject's index instead: without statistics
+        # SQLite does, and then scans every memory of the subject (ms per read).
         conn.execute(
             t.memories.update()
-            .where(t.memories.c.stream_id == stream_id, t.memories.c.item_id.in_(ids))
+            .where(
+                t.memories.c.item_id.in_(ids),
+                sa.func.coalesce(t.memories.c.stream_id, "") == stream_id,
+            )
             .values(visits=t.memories.c.visits + 1, last_visited_at=e.served_at)
         )
         # Three statements per slice however many items it served (reads are frequent).

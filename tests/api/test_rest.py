@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
 from tests.api.conftest import CALENDAR, PLANNER, Apps, bearer, grant, interaction
 from uprof.api import ApiKeyStore
 from uprof.kernel import Uprof
+from uprof.settings import Settings
 
 SLICE = {"query": "what do I want to do?", "budget_tokens": 512, "purpose": "personalization",
          "agent_id": "agent:one"}
@@ -68,6 +71,22 @@ def test_revoked_key_is_401_from_the_next_request(
     assert response.status_code == 401
     # Other keys of the same app keep working.
     assert http.get("/v1/whoami", headers=bearer(apps.planner)).json()["app_id"] == PLANNER
+
+
+def test_a_revocation_by_another_process_takes_effect_within_the_cache_time(
+    http: httpx.Client, keys: ApiKeyStore, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server caches live key rows briefly; ``uprof apps revoke`` runs elsewhere."""
+    monkeypatch.setattr("uprof.api.keys.KEY_CACHE_TTL_S", 0.3)
+    issued = keys.create(PLANNER)
+    assert http.get("/v1/whoami", headers=bearer(issued.token)).status_code == 200
+    elsewhere = ApiKeyStore.open(settings)  # another process's store: no shared cache
+    try:
+        assert elsewhere.revoke(issued.info.key_id)
+    finally:
+        elsewhere.close()
+    time.sleep(0.35)
+    assert http.get("/v1/whoami", headers=bearer(issued.token)).status_code == 401
 
 
 def test_tampered_secret_is_401(http: httpx.Client, apps: Apps) -> None:
@@ -133,6 +152,9 @@ def test_capture_then_slice_reads_the_write(http: httpx.Client, apps: Apps) -> N
     assert memory["evidence"] == [capture_id]
     assert memory["source_refs"] == ["D1:3"]
     assert body["n_tokens"] <= 512
+    # The kernel's share of the wait, for callers measuring what the edge adds.
+    name, _, duration = result.headers["Server-Timing"].partition(";dur=")
+    assert name == "slice" and 0 < float(duration) < 30_000
 
 
 def test_batch_capture_is_all_or_nothing(http: httpx.Client, apps: Apps, kernel: Uprof) -> None:

@@ -19,6 +19,8 @@ import hashlib
 import hmac
 import re
 import secrets
+import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -93,12 +95,31 @@ def check_roles(roles: Iterable[str]) -> tuple[str, ...]:
     return cleaned
 
 
+#: How long a key row read for one request may serve the next ones. A revocation made
+#: through this store takes effect at once; one made by another process (``uprof apps
+#: revoke`` beside a running server) within this many seconds.
+KEY_CACHE_TTL_S = 2.0
+#: Live key rows kept (bounded: memory stays flat whatever keys are presented).
+MAX_CACHED_KEYS = 10_000
+
+
+@dataclass(frozen=True)
+class _KeyRow:
+    app_id: str
+    key_hash: str
+    roles: frozenset[str]
+    read_at: float
+
+
 class ApiKeyStore:
     """Issue, list, revoke and check API keys in the ``api_keys`` table."""
 
     def __init__(self, engine: sa.Engine, *, now: Callable[[], datetime] | None = None) -> None:
         self._engine = engine
         self._now = now or (lambda: datetime.now(tz=UTC))
+        #: key_id -> its live row, as read recently (only live keys are kept).
+        self._rows: dict[str, _KeyRow] = {}
+        self._rows_lock = threading.Lock()
 
     @classmethod
     def open(cls, settings: Settings) -> ApiKeyStore:
@@ -154,6 +175,8 @@ class ApiKeyStore:
                 .where(api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_(None))
                 .values(revoked_at=self._now())
             )
+        with self._rows_lock:
+            self._rows.pop(key_id, None)
         return result.rowcount == 1
 
     # ----------------------------------------------------------------- queries
@@ -183,18 +206,36 @@ class ApiKeyStore:
         if match is None:
             return None
         key_id, secret = match.groups()
-        with self._engine.connect() as conn:
-            row = conn.execute(
-                sa.select(api_keys.c.app_id, api_keys.c.key_hash, api_keys.c.roles,
-                          api_keys.c.revoked_at).where(api_keys.c.key_id == key_id)
-            ).first()
+        row = self._live_row(key_id)
         # Compare even when the row is missing, so timing does not tell which ids exist.
         expected = row.key_hash if row is not None else "0" * 64
         if not hmac.compare_digest(expected, _digest(key_id, secret)):
             return None
-        if row is None or row.revoked_at is not None:
+        if row is None:
             return None
-        return Principal(row.app_id, key_id, frozenset(row.roles.split()))
+        return Principal(row.app_id, key_id, row.roles)
+
+    def _live_row(self, key_id: str) -> _KeyRow | None:
+        """The key's row if it is live, from a read at most KEY_CACHE_TTL_S old."""
+        now = time.monotonic()
+        with self._rows_lock:
+            cached = self._rows.get(key_id)
+        if cached is not None and now - cached.read_at <= KEY_CACHE_TTL_S:
+            return cached
+        with self._engine.connect() as conn:
+            found = conn.execute(
+                sa.select(api_keys.c.app_id, api_keys.c.key_hash, api_keys.c.roles,
+                          api_keys.c.revoked_at).where(api_keys.c.key_id == key_id)
+            ).first()
+        with self._rows_lock:
+            if found is None or found.revoked_at is not None:
+                self._rows.pop(key_id, None)
+                return None
+            row = _KeyRow(found.app_id, found.key_hash, frozenset(found.roles.split()), now)
+            if len(self._rows) >= MAX_CACHED_KEYS:
+                self._rows.pop(next(iter(self._rows)))
+            self._rows[key_id] = row
+        return row
 
     def ping(self) -> bool:
         """True when the table's database answers (readiness)."""

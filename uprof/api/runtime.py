@@ -12,7 +12,9 @@ Two facts of the kernel shape this module:
   background thread (``PipelineWorker``) and slices wait (bounded) for it instead
   of doing the work on the request thread. Every write through a front door calls
   ``wake()`` so the worker starts at once instead of at its next poll, and so does
-  a slice before it waits: a read waits for the worker, never for its poll interval.
+  a slice that finds its subject behind (``Uprof.wake_workers``): a read waits for
+  the worker, never for its poll interval. A slice whose subject is caught up wakes
+  nothing, so the worker does not compete with it for the CPU.
 
 A worker failure is never swallowed: it is logged with its traceback, counted,
 shown by ``/readyz`` (not ready) and retried with a growing back-off.
@@ -142,6 +144,7 @@ class ServiceRuntime:
         if kernel.settings.background_workers:
             runtime.worker = PipelineWorker(kernel, runtime.pipeline_lock)
             runtime.wake = runtime.worker.wake
+            kernel.wake_workers = runtime.worker.wake
         return runtime
 
     @property
