@@ -75,6 +75,7 @@ class ProfilesApplication(Application[UUID]):
         self.events_engine = events_engine
         super().__init__(env)
         self._ensure_head_indexes()
+        self._heads_sql = self._build_heads_sql()
 
     def construct_mapper(self) -> Mapper[UUID]:
         return SubjectKeyMapper(self.construct_transcoder(), self._keystore)
@@ -202,26 +203,44 @@ class ProfilesApplication(Application[UUID]):
 
     def subject_heads(self, stream_id: UUID) -> SubjectHeads:
         """The subject's heads and the extraction worker's position, in one statement
-        (one snapshot: no write can fall between the position and the heads)."""
+        (one snapshot: no write can fall between the position and the heads).
+
+        Every read asks this, so it goes to the driver directly: the statement is
+        built once, and SQLAlchemy's per-execution work would cost more than the query.
+        """
+        sqlite = self.events_engine.dialect.name == "sqlite"
+        key = stream_id.hex if sqlite else str(stream_id)
+        raw = self.events_engine.raw_connection()
+        try:
+            cursor = raw.cursor()
+            cursor.execute(self._heads_sql, {"stream_id": key, "worker": self.name})
+            row = cursor.fetchone()
+            cursor.close()
+            if not sqlite:
+                raw.rollback()  # end the read transaction psycopg opened
+        finally:
+            raw.close()
+        assert row is not None
+        return SubjectHeads(
+            captured=int(row[1] or 0), content=int(row[0] or 0), extracted=int(row[2] or 0)
+        )
+
+    def _build_heads_sql(self) -> str:
         table, nid = self._events_table()
-        key = stream_id.hex if nid == "rowid" else str(stream_id)
+        # The driver's own named-parameter style: :name (sqlite3), %(name)s (psycopg).
+        stream, worker = (
+            (":stream_id", ":worker") if nid == "rowid" else ("%(stream_id)s", "%(worker)s")
+        )
         content, captured = (
-            f"(SELECT MAX({nid}) FROM {table} WHERE originator_id = :stream_id "
+            f"(SELECT MAX({nid}) FROM {table} WHERE originator_id = {stream} "
             f"AND {self._head_condition(template)})"
             for _, template in self._HEAD_INDEXES
         )
         extracted = (
             f"(SELECT MAX(notification_id) FROM {self._tracking_table()} "
-            "WHERE application_name = :worker)"
+            f"WHERE application_name = {worker})"
         )
-        with self.events_engine.connect() as conn:
-            row = conn.execute(
-                sa.text(f"SELECT {content}, {captured}, {extracted}"),
-                {"stream_id": key, "worker": self.name},
-            ).one()
-        return SubjectHeads(
-            captured=int(row[1] or 0), content=int(row[0] or 0), extracted=int(row[2] or 0)
-        )
+        return f"SELECT {content}, {captured}, {extracted}"
 
     def notifications_after(
         self, position: int, limit: int, topics: Iterable[str] = ()

@@ -37,7 +37,7 @@ from domain.values import CATEGORIES, Layer, Provenance, SharingPolicy, check_to
 from projections.profile.queries import MemoryRow, ProfileQueries
 from uprof.eventstore import ProfilesApplication
 from uprof.ports import Clock, Embedder, TokenCounter
-from uprof.retrieval import Candidate, MemoryIndex, SliceOptions, build_slice
+from uprof.retrieval import Candidate, LeftOut, MemoryIndex, SliceOptions, build_slice
 from uprof.services.reads import ReadRecorder, ServedRead
 from uprof.services.subjects import SubjectRequest, SubjectResolver
 
@@ -48,6 +48,9 @@ SLICE_OPTIONS = SliceOptions(attribute_base_utility=0.03, intent_base_utility=0.
 MAX_QUERY_CHARS = 4_000
 #: A read may reuse a subject lookup this recent (erasures here evict it at once).
 HANDLE_MAX_AGE_S = 2.0
+#: Subjects whose read view is kept, and attribute/intent texts whose vector is kept.
+MAX_CACHED_SUBJECTS = 128
+MAX_CACHED_TEXTS = 50_000
 
 
 class DecisionLike(Protocol):
@@ -92,12 +95,9 @@ class SliceItem:
     evidence: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class LeftOutItem:
-    item_id: str
-    layer: str
-    reason: str
-    detail: str
+#: One candidate not in the slice, and why: the engine's own record, passed through
+#: as it is (a slice reports hundreds; copying each would cost more than ranking them).
+LeftOutItem = LeftOut
 
 
 @dataclass(frozen=True)
@@ -168,9 +168,10 @@ class SliceService:
         self._reads = reads
         self._ensure_fresh = ensure_fresh
         self._default_wait_s = default_wait_s
-        #: stream -> its view at its newest head; bounded so memory stays flat.
+        #: stream -> its view at its newest head, least recently read first; bounded so
+        #: memory stays flat (a 5,000-memory subject holds about 8 MB of vectors).
         self._cache: dict[str, _SubjectView] = {}
-        self.max_cached_subjects = 256
+        self.max_cached_subjects = MAX_CACHED_SUBJECTS
         #: Vectors of attribute and intent texts; flushed with the rest on erasure.
         self._text_vectors: dict[str, np.ndarray] = {}
         self._lock = threading.Lock()
@@ -245,10 +246,7 @@ class SliceService:
             items=tuple(_item(c) for c in packed.items),
             # The long tail of never-retrieved memories is not listed (it is everything
             # else the reader may see); what was ranked and dropped is, with its reason.
-            left_out=tuple(
-                LeftOutItem(lo.item_id, str(lo.layer), lo.reason, lo.detail)
-                for lo in packed.ranked_out
-            ),
+            left_out=packed.ranked_out,
             withheld=dict(withheld),
             fresh=freshness.fresh,
             waited_ms=round(waited_ms, 3),
@@ -262,6 +260,8 @@ class SliceService:
         if not candidates:
             return None
         missing = [c.text for c in candidates if c.text not in self._text_vectors]
+        if missing and len(self._text_vectors) + len(missing) > MAX_CACHED_TEXTS:
+            self._text_vectors.clear()  # bounded: memory stays flat
         if missing:
             for text, vector in zip(missing, self._embedder.embed(missing), strict=True):
                 self._text_vectors[text] = vector
@@ -344,14 +344,16 @@ class SliceService:
         """
         stream = str(stream_id)
         with self._lock:
-            cached = self._cache.get(stream)
+            cached = self._cache.pop(stream, None)
+            if cached is not None:
+                self._cache[stream] = cached  # now the most recently read
         if freshness.fresh and cached is not None and cached.head == freshness.head:
             return cached
         view = self._load_view(stream_id, freshness.head)
         if freshness.fresh:
             with self._lock:
                 if len(self._cache) >= self.max_cached_subjects:
-                    self._cache.pop(next(iter(self._cache)))  # oldest inserted goes first
+                    self._cache.pop(next(iter(self._cache)))  # least recently read goes
                 self._cache[stream] = view
         return view
 
