@@ -1067,13 +1067,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 lambda t: importer_fuzz(t, examples=args.fuzz_files),
                 f"--fuzz-files {args.fuzz_files}",
             )
-    if "soak" in chosen:
-        record(
-            "soak",
-            "sqlite",
-            lambda t: soak_scenario(t, seconds=args.soak_seconds, sample_every=10.0),
-            f"--soak-seconds {args.soak_seconds:g}",
-        )
+        if "soak" in chosen:
+            record(
+                "soak",
+                kind,
+                lambda t: soak_scenario(t, seconds=args.soak_seconds, sample_every=10.0),
+                f"--soak-seconds {args.soak_seconds:g}",
+            )
     results["_meta"] = {
         "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "last_run_wall_s": round(time.time() - started, 1),
