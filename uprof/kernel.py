@@ -11,10 +11,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from os import PathLike
+from typing import Any, TextIO
 from uuid import UUID
 
-from domain.errors import ConcurrencyConflictError, SubjectNotFoundError
+from audit.export import ExportSummary, export_csv, export_jsonl
+from domain.errors import ConcurrencyConflictError, InvalidInputError, SubjectNotFoundError
 from domain.values import Interaction, ProposalBatch
 from projections.profile.queries import ProfileQueries
 from uprof.crypto.keystore import KeyStore
@@ -151,6 +153,47 @@ class Uprof:
             },
         )
         return export
+
+    def export_audit(
+        self,
+        dest: str | PathLike[str] | TextIO,
+        *,
+        fmt: str = "jsonl",
+        subject_ref: str | None = None,
+        app_id: str | None = None,
+        action: str | None = None,
+        since: str | datetime | None = None,
+        until: str | datetime | None = None,
+        requested_by: str | None = None,
+    ) -> ExportSummary:
+        """Export the audit trail (filtered) with inclusion proofs and a signed checkpoint.
+
+        Reads served before the call are in it; the export itself is audited after it.
+        ``subject_ref`` is a pseudonym (``audit_subject_ref`` maps a subject to it).
+        """
+        if fmt not in ("jsonl", "csv"):
+            raise InvalidInputError("format must be jsonl or csv")
+        self.reads.drain()
+        writer = export_csv if fmt == "csv" else export_jsonl
+        summary = writer(
+            self.audit_log,
+            dest,
+            subject_ref=subject_ref,
+            app_id=app_id,
+            action=action,
+            since=since,
+            until=until,
+        )
+        self.audit.record(
+            "audit.exported",
+            app_id=requested_by,
+            counts={"entries": summary.entry_count, "tree_size": summary.tree_size},
+        )
+        return summary
+
+    def audit_subject_ref(self, subject: str) -> str:
+        """The pseudonym audit entries use for a subject (a pseudonym maps to itself)."""
+        return subject if subject.startswith("subj_") else self.subjects.pseudonym(subject)
 
     def residue_scan(self, terms: Sequence[str]) -> ResidueReport:
         """Scan every store for the terms and for decryptable data of erased subjects."""

@@ -416,3 +416,52 @@ def test_withdrawal_with_erase_returns_a_receipt(http: httpx.Client, apps: Apps)
                          json={"subject": "alice", "consent_id": consent_id, "erase": True})
     assert response.status_code == 200, response.text
     assert response.json()["erasure"]["counts"]
+
+
+# ----------------------------------------------------------------------- audit
+
+
+def test_compliance_exports_the_trail_and_verifies_it_offline_and_online(
+    http: httpx.Client, apps: Apps, tmp_path
+) -> None:
+    from audit.verify import verify_export
+
+    grant(http, apps.planner)
+    http.post("/v1/captures", headers=bearer(apps.planner),
+              json={"subject": "alice", **interaction("I want to learn the cello")})
+    assert slice_for(http, apps.planner).status_code == 200
+    exported = http.post("/v1/audit/export", headers=bearer(apps.planner_operator),
+                         json={"subject": "alice"})
+    assert exported.status_code == 200
+    body = exported.json()
+    actions = [line for line in body["content"].splitlines() if '"slice.served"' in line]
+    assert actions, "the slice served before the export is in it"
+    key = http.get("/v1/audit/key", headers=bearer(apps.planner)).json()
+    report = verify_export(body["content"].splitlines(), key["public_key_pem"], key["origin"])
+    assert report.entry_count == body["summary"]["entry_count"] > 0
+    ok = http.post("/v1/audit/verify", headers=bearer(apps.planner_operator),
+                   json={"content": body["content"]}).json()
+    assert ok["ok"] is True
+    lines = body["content"].splitlines()
+    assert '"tenant"' in lines[1]  # line 2 is the first entry (line 1 is the header)
+    lines[1] = lines[1].replace('"tenant"', '"tenanT"', 1)
+    bad = http.post("/v1/audit/verify", headers=bearer(apps.planner_operator),
+                    json={"content": "\n".join(lines) + "\n"}).json()
+    assert bad["ok"] is False and bad["line_number"] == 2 and "tenanT" in bad["line_text"]
+    csv_export = http.post("/v1/audit/export", headers=bearer(apps.planner_operator),
+                           json={"format": "csv", "action": "slice.served"}).json()
+    assert csv_export["content"].startswith("kind,")
+    audited = http.post("/v1/audit/export", headers=bearer(apps.planner_operator),
+                        json={"action": "audit.exported"}).json()
+    assert audited["summary"]["entry_count"] >= 2  # the exports above were audited
+
+
+def test_the_audit_trail_needs_the_operator_role(http: httpx.Client, apps: Apps) -> None:
+    for path, payload in (("/v1/audit/export", {}), ("/v1/audit/verify", {"content": "x"})):
+        refused = http.post(path, headers=bearer(apps.planner), json=payload)
+        assert refused.status_code == 403
+        assert refused.json()["error"]["code"] == "role_required"
+    assert http.post("/v1/audit/export", json={}).status_code == 401
+    bad = http.post("/v1/audit/export", headers=bearer(apps.planner_operator),
+                    json={"format": "xml"})
+    assert bad.status_code == 422 and bad.json()["error"]["fields"][0]["field"] == "format"

@@ -7,7 +7,8 @@ from pathlib import Path
 import uprof.sdk
 
 PUBLIC = [
-    "APIError", "AsyncClient", "AttributeOut", "AttributeProposalIn", "AuthenticationError",
+    "APIError", "AsyncClient", "AttributeOut", "AttributeProposalIn", "AuditExport", "AuditKey",
+    "AuditVerification", "AuthenticationError",
     "CaptureAck", "CapturedEvent", "Client", "ConflictError", "Consent", "ConsentWithdrawn",
     "ErasureReceipt", "Evidence",
     "ExperienceProposalIn", "FieldProblem", "GoneError", "IntentOut", "IntentProposalIn",
@@ -18,7 +19,7 @@ PUBLIC = [
 ]
 
 CLIENT_METHODS = [
-    "capture", "capture_many", "consents", "erase_capture", "erase_item", "erase_subject",
+    "audit_export", "audit_key", "audit_verify", "capture", "capture_many", "consents", "erase_capture", "erase_item", "erase_subject",
     "evidence", "export_subject", "grant_consent", "profile", "register_identifier",
     "register_session", "slice", "submit_proposals", "whoami", "withdraw_consent",
 ]

@@ -25,6 +25,7 @@ from uprof.api.keys import ApiKeyStore
 from uprof.api.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimitMiddleware
 from uprof.api.metrics import Metrics, MetricsMiddleware
 from uprof.api.routes import (
+    audit,
     captures,
     consents,
     governance,
@@ -94,7 +95,9 @@ def create_app(
     app.state.metrics = metrics
     app.state.max_ready_lag = max_ready_lag
 
-    for module in (captures, proposals, slices, profiles, consents, subjects, governance, ops):
+    for module in (
+        captures, proposals, slices, profiles, consents, subjects, governance, audit, ops,
+    ):
         app.include_router(module.router)
     app.include_router(create_web_router())  # privacy center and compliance console
 

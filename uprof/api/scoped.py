@@ -25,9 +25,12 @@ This module imports no web framework: the SDK's embedded mode uses it in-process
 
 from __future__ import annotations
 
+import io
 import time
 from dataclasses import asdict
 
+from audit.check import check_upload
+from audit.keys import public_key_pem
 from domain.errors import InvalidInputError
 from domain.values import (
     CATEGORIES,
@@ -284,6 +287,45 @@ class AppScope:
         return f"{self.app_id}{_NAMESPACE_SEPARATOR}{value.strip()}"
 
     # -------------------------------------------------------------------- roles
+
+    # -------------------------------------------------------------------- audit
+
+    def audit_export(self, body: w.AuditExportIn) -> w.AuditExport:
+        """The trail with proofs, for compliance teams (``operator`` role)."""
+        self._require(ROLE_OPERATOR)
+        out = io.StringIO()
+        summary = self._kernel.export_audit(
+            out,
+            fmt=body.format,
+            subject_ref=self._kernel.audit_subject_ref(body.subject) if body.subject else None,
+            app_id=body.for_app,
+            action=body.action,
+            since=body.since,
+            until=body.until,
+            requested_by=self.app_id,
+        )
+        return w.AuditExport(
+            format=body.format,
+            content=out.getvalue(),
+            summary=w.AuditExportSummary.model_validate(asdict(summary)),
+        )
+
+    def audit_verify(self, body: w.AuditVerifyIn) -> w.AuditVerification:
+        """Check an export or a receipt against this log's key (``operator`` role)."""
+        self._require(ROLE_OPERATOR)
+        log = self._kernel.audit_log
+        checked = check_upload(body.content.encode(), body.kind, log.public_key, log.origin)
+        return w.AuditVerification.model_validate(asdict(checked))
+
+    def audit_key(self) -> w.AuditKey:
+        """The log's public key and its latest signed checkpoint, to pin for offline checks."""
+        log = self._kernel.audit_log
+        return w.AuditKey(
+            origin=log.origin,
+            key_id=log.key_id,
+            public_key_pem=public_key_pem(log.public_key).decode(),
+            checkpoint=log.checkpoint(),
+        )
 
     def _require(self, role: str) -> None:
         if role not in self.roles:

@@ -164,17 +164,13 @@ def audit_export(
     until: Annotated[str | None, typer.Option(help="RFC 3339, exclusive.")] = None,
 ) -> None:
     """Export the audit trail with inclusion proofs and a signed checkpoint."""
-    from audit.export import export_csv, export_jsonl
-
     if fmt not in ("jsonl", "csv"):
         raise typer.BadParameter("--format must be jsonl or csv")
     with kernel() as k:
-        ref = k.subjects.pseudonym(subject) if subject else None
-        export = export_csv if fmt == "csv" else export_jsonl
-        summary = export(
-            k.audit_log,
+        summary = k.export_audit(
             out,
-            subject_ref=ref,
+            fmt=fmt,
+            subject_ref=k.audit_subject_ref(subject) if subject else None,
             app_id=app_id,
             action=action,
             since=since,

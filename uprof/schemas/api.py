@@ -559,6 +559,62 @@ class SubjectExport(_Response):
     export: dict[str, Any]
 
 
+# ------------------------------------------------------------------------ audit
+
+
+class AuditExportIn(_Request):
+    """Which entries to export; all of them when nothing is named."""
+
+    format: Literal["jsonl", "csv"] = "jsonl"
+    subject: SubjectRef | None = None
+    #: Entries about one app (named ``for_app``: a body never says which app is asking).
+    for_app: Token | None = None
+    action: Token | None = None
+    since: UtcTime | None = None
+    until: UtcTime | None = None
+
+
+class AuditExportSummary(_Response):
+    tree_size: int
+    entry_count: int
+    checkpoint: str
+    export_sha256: str
+
+
+class AuditExport(_Response):
+    """An export with inclusion proofs and a signed checkpoint: save ``content`` as a file
+    and verify it offline with ``uprof audit verify`` and the log's public key."""
+
+    format: str
+    content: str
+    summary: AuditExportSummary
+
+
+class AuditVerifyIn(_Request):
+    kind: Literal["export", "receipt"] = "export"
+    content: Annotated[str, Field(min_length=1)]
+
+
+class AuditVerification(_Response):
+    """Verified or not, and where it fails (1-based line, leaf index) when it does."""
+
+    ok: bool
+    kind: str
+    detail: str
+    line_number: int | None = None
+    leaf_index: int | None = None
+    line_text: str = ""
+
+
+class AuditKey(_Response):
+    """What a third party pins to verify exports and receipts offline."""
+
+    origin: str
+    key_id: str
+    public_key_pem: str
+    checkpoint: str
+
+
 class ConsentWithdrawn(_Response):
     """The withdrawn consent, and the erasure receipt when erasure was asked for."""
 

@@ -104,8 +104,10 @@ class EmbeddedBackend:
 
         op = call.operation
         try:
-            if call.body is None:  # the one bodiless operation
+            if op.name == "whoami":
                 result = self._whoami()
+            elif call.body is None:
+                result = getattr(self._scope, op.name)()
             else:
                 result = getattr(self._scope, op.name)(call.body)
         except EdgeError as error:

@@ -175,6 +175,31 @@ class Client:
         body = ops.build(w.SubjectExportIn, subject=subject)
         return self._backend.send(Call(ops.EXPORT_SUBJECT, body)).export
 
+    def audit_export(
+        self,
+        *,
+        format: str = "jsonl",
+        subject: str | None = None,
+        for_app: str | None = None,
+        action: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> w.AuditExport:
+        """The audit trail with proofs (``operator`` role); ``content`` is the file."""
+        body = ops.build(w.AuditExportIn, **_given(format=format, subject=subject,
+                                                    for_app=for_app, action=action,
+                                                    since=since, until=until))
+        return self._backend.send(Call(ops.AUDIT_EXPORT, body))
+
+    def audit_verify(self, content: str, *, kind: str = "export") -> w.AuditVerification:
+        """Check an export or a receipt against the server's log (``operator`` role)."""
+        body = ops.build(w.AuditVerifyIn, kind=kind, content=content)
+        return self._backend.send(Call(ops.AUDIT_VERIFY, body))
+
+    def audit_key(self) -> w.AuditKey:
+        """The log's public key and latest checkpoint, to pin for offline verification."""
+        return self._backend.send(Call(ops.AUDIT_KEY, None))
+
     def register_session(self, session_id: str, subject: str) -> None:
         body = ops.build(w.SessionIn, session_id=session_id, subject=subject)
         self._backend.send(Call(ops.REGISTER_SESSION, body))
@@ -307,6 +332,28 @@ class AsyncClient:
         body = ops.build(w.SubjectExportIn, subject=subject)
         return (await self._backend.send(Call(ops.EXPORT_SUBJECT, body))).export
 
+    async def audit_export(
+        self,
+        *,
+        format: str = "jsonl",
+        subject: str | None = None,
+        for_app: str | None = None,
+        action: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> w.AuditExport:
+        body = ops.build(w.AuditExportIn, **_given(format=format, subject=subject,
+                                                    for_app=for_app, action=action,
+                                                    since=since, until=until))
+        return await self._backend.send(Call(ops.AUDIT_EXPORT, body))
+
+    async def audit_verify(self, content: str, *, kind: str = "export") -> w.AuditVerification:
+        body = ops.build(w.AuditVerifyIn, kind=kind, content=content)
+        return await self._backend.send(Call(ops.AUDIT_VERIFY, body))
+
+    async def audit_key(self) -> w.AuditKey:
+        return await self._backend.send(Call(ops.AUDIT_KEY, None))
+
     async def register_session(self, session_id: str, subject: str) -> None:
         body = ops.build(w.SessionIn, session_id=session_id, subject=subject)
         await self._backend.send(Call(ops.REGISTER_SESSION, body))
@@ -353,3 +400,8 @@ class AsyncClient:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+def _given(**fields: Any) -> dict[str, Any]:
+    """The fields the caller set (None means "not given", so the server's default holds)."""
+    return {k: v for k, v in fields.items() if v is not None}

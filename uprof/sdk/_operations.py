@@ -52,6 +52,9 @@ ERASE_CAPTURE = Operation(
     "erase_capture", "POST", "/v1/governance/erasures/capture", w.ErasureReceipt
 )
 EXPORT_SUBJECT = Operation("export_subject", "POST", "/v1/governance/exports", w.SubjectExport)
+AUDIT_EXPORT = Operation("audit_export", "POST", "/v1/audit/export", w.AuditExport)
+AUDIT_VERIFY = Operation("audit_verify", "POST", "/v1/audit/verify", w.AuditVerification)
+AUDIT_KEY = Operation("audit_key", "GET", "/v1/audit/key", w.AuditKey)
 
 
 @dataclass(frozen=True)

@@ -455,10 +455,7 @@ def create_router() -> APIRouter:
                 for name in ("subject", "app", "action", "since", "until")}
         kernel = runtime_of(request).kernel
         subject = form["subject"]
-        subject_ref = None
-        if subject:
-            subject_ref = subject if subject.startswith("subj_") else \
-                kernel.subjects.pseudonym(subject)
+        subject_ref = kernel.audit_subject_ref(subject) if subject else None
         args = {
             "subject_ref": subject_ref,
             "app_id": form["app"] or None,
@@ -499,15 +496,11 @@ def create_router() -> APIRouter:
         session = need_operator(request)
         if isinstance(session, Response):
             return session
-        from audit.export import export_csv, export_jsonl
-
         kernel = runtime_of(request).kernel
         try:
             _, args = audit_filter(request)
             out = io.StringIO()
-            writer = export_csv if format == "csv" else export_jsonl
-            kernel.reads.drain()  # reads served before this export are in it
-            writer(kernel.audit_log, out, **args)
+            kernel.export_audit(out, fmt="csv" if format == "csv" else "jsonl", **args)
         except (UprofError, ValueError) as problem:
             return message(request, 422, "Export refused", str(problem))
         ext = "csv" if format == "csv" else "jsonl"
@@ -628,42 +621,13 @@ def _download(text: str, filename: str, media_type: str) -> Response:
 def _verify(raw: bytes, kind: str, public_key: Any, origin: str, filename: str
             ) -> dict[str, Any]:
     """Verify an uploaded export or receipt; say exactly where it fails."""
-    from audit.errors import VerificationError
-    from audit.receipts import verify_receipt
-    from audit.verify import verify_export
+    from dataclasses import asdict
 
-    result: dict[str, Any] = {"ok": False, "kind": kind, "filename": filename,
-                              "line_number": None, "leaf_index": None, "detail": "",
-                              "line_text": ""}
+    from audit.check import check_upload
+
     if len(raw) > MAX_UPLOAD_BYTES:
-        result["detail"] = "the file is too large"
-        return result
-    try:
-        if kind == "receipt":
-            receipt = json.loads(raw.decode("utf-8"))
-            verify_receipt(receipt, public_key, origin=origin)
-            body = receipt["body"]
-            result["detail"] = (f"receipt {body['receipt_id']} issued {body['issued_at']}, "
-                                f"{len(body['actions'])} actions, scope "
-                                f"{body['request']['scope']}")
-        else:
-            lines = raw.splitlines()
-            report = verify_export(lines, public_key, origin)
-            result["detail"] = (f"{report.entry_count} entries, tree size {report.tree_size}, "
-                                f"format {report.format}")
-    except VerificationError as error:
-        result["detail"] = str(error)
-        result["line_number"] = error.line_number
-        result["leaf_index"] = error.leaf_index
-        if error.line_number:
-            lines = raw.splitlines()
-            if 0 < error.line_number <= len(lines):
-                result["line_text"] = lines[error.line_number - 1].decode(
-                    "utf-8", "replace")[:400]
-        return result
-    except (ValueError, KeyError, TypeError) as error:
-        result["detail"] = f"not a readable {kind}: {error}"
-        return result
-    result["ok"] = True
-    return result
+        return {"ok": False, "kind": kind, "filename": filename, "line_number": None,
+                "leaf_index": None, "detail": "the file is too large", "line_text": ""}
+    checked = check_upload(raw, "receipt" if kind == "receipt" else "export", public_key, origin)
+    return {**asdict(checked), "filename": filename}
 

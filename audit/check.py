@@ -1,0 +1,68 @@
+"""Check an audit export or an erasure receipt someone hands in, and say where it fails.
+
+The offline verifiers (``audit.verify.verify_export``, ``audit.receipts.verify_receipt``)
+raise at the first problem; services that take a file from a user (the compliance
+console, the REST API) want an answer instead: verified or not, the failing line and
+leaf, and the failing line's text to show.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from audit.errors import VerificationError
+
+Kind = Literal["export", "receipt"]
+#: How much of a failing line is quoted back.
+QUOTED_CHARS = 400
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    ok: bool
+    kind: Kind
+    detail: str
+    line_number: int | None = None
+    leaf_index: int | None = None
+    line_text: str = ""
+
+
+def check_upload(raw: bytes, kind: Kind, public_key: Any, origin: str) -> CheckResult:
+    """Verify ``raw`` (an export in JSONL or CSV, or a receipt's JSON) with the log's key."""
+    from audit.receipts import verify_receipt
+    from audit.verify import verify_export
+
+    try:
+        if kind == "receipt":
+            receipt = json.loads(raw.decode("utf-8"))
+            verify_receipt(receipt, public_key, origin=origin)
+            body = receipt["body"]
+            detail = (
+                f"receipt {body['receipt_id']} issued {body['issued_at']}, "
+                f"{len(body['actions'])} actions, scope {body['request']['scope']}"
+            )
+        else:
+            report = verify_export(raw.splitlines(), public_key, origin)
+            detail = (
+                f"{report.entry_count} entries, tree size {report.tree_size}, "
+                f"format {report.format}"
+            )
+    except VerificationError as error:
+        line_text = ""
+        if error.line_number:
+            lines = raw.splitlines()
+            if 0 < error.line_number <= len(lines):
+                line_text = lines[error.line_number - 1].decode("utf-8", "replace")
+        return CheckResult(
+            ok=False,
+            kind=kind,
+            detail=str(error),
+            line_number=error.line_number,
+            leaf_index=error.leaf_index,
+            line_text=line_text[:QUOTED_CHARS],
+        )
+    except (ValueError, KeyError, TypeError) as error:
+        return CheckResult(ok=False, kind=kind, detail=f"not a readable {kind}: {error}")
+    return CheckResult(ok=True, kind=kind, detail=detail)
