@@ -109,7 +109,7 @@ class CaptureService:
             return ids, [r.notification.id for r in recordings]
 
         try:
-            ids, notification_ids = self._app.with_retry(save)
+            ids, notification_ids = self._app.with_retry(save, subject=handle.stream_id)
         except ConsentRequiredError:
             self._refused(pseudonym, checked[0], "consent-not-in-force")
             raise

@@ -75,7 +75,7 @@ class ConsentService:
             self._app.save(profile)
             return consent_id
 
-        consent_id = self._app.with_retry(command)
+        consent_id = self._app.with_retry(command, subject=handle.stream_id)
         self._audit.record(
             "consent.granted",
             subject_ref=handle.pseudonym,
@@ -102,7 +102,7 @@ class ConsentService:
             )
             self._app.save(profile)
 
-        self._app.with_retry(command)
+        self._app.with_retry(command, subject=handle.stream_id)
         self._audit.record(
             "consent.withdrawn",
             subject_ref=handle.pseudonym,

@@ -50,7 +50,7 @@ class ProposalService:
             self._app.save(profile)
             return applied
 
-        applied = self._app.with_retry(command)
+        applied = self._app.with_retry(command, subject=handle.stream_id)
         self._audit.record(
             "proposal.applied",
             subject_ref=handle.pseudonym,

@@ -256,7 +256,7 @@ class ReadRecorder:
             self._saved[stream_id] = profile
 
         try:
-            self._app.with_retry(command)
+            self._app.with_retry(command, subject=stream_id)
         except (SubjectErasedError, SubjectNotFoundError):
             # Erased between serving and recording: its stream takes no more events;
             # the audit entry (pseudonym and ids only) still records that the read happened.
