@@ -11,7 +11,7 @@ import contextlib
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from uuid import UUID
@@ -141,6 +141,16 @@ class ProfilesApplication(Application[UUID]):
                 and max(versions) // SNAPSHOT_INTERVAL > (min(versions) - 1) // SNAPSHOT_INTERVAL
             ):
                 self.snapshots.put([SubjectProfile.Snapshot.take(aggregate)])
+
+    @contextlib.contextmanager
+    def writer_turns(self, subjects: Iterable[UUID]) -> Iterator[None]:
+        """Hold the turns of several subjects (in stripe order, so two holders of many
+        never wait on each other in a cycle; holders of one never wait for a second)."""
+        stripes = sorted({hash(s) % len(self._writer_turns) for s in subjects})
+        with contextlib.ExitStack() as held:
+            for stripe in stripes:
+                held.enter_context(self._writer_turns[stripe])
+            yield
 
     def with_retry(self, command: Callable[[], T], *, subject: UUID | None = None) -> T:
         """Run a load-decide-save command, retrying when another writer saved first.

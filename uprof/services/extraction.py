@@ -129,32 +129,36 @@ class ExtractionWorker:
         )
         if not notifications:
             return 0
-        by_stream: dict[UUID, list[Any]] = defaultdict(list)
+        # The extractor (a model, perhaps a remote one) runs first, outside any turn: it
+        # needs the captured event only, not the subject's state.
+        by_stream: dict[UUID, list[tuple[Any, ProposalBatch]]] = defaultdict(list)
         for notification in notifications:
             event = self._app.decode(notification)
             if isinstance(event, SubjectProfile.ContentShredded):
                 continue
-            by_stream[event.originator_id].append(event)
-        profiles = []
+            by_stream[event.originator_id].append((event, self._proposals_for(event)))
         now = self._clock.now()
-        for stream_id, events in by_stream.items():
-            try:
-                profile = self._app.load(stream_id)
-            except (SubjectErasedError, SubjectNotFoundError):
-                continue
-            for event in events:
-                self._extract_one(profile, event, now)
-            profiles.append(profile)
-        self._app.save_tracked(profiles, Tracking(self._app.name, notifications[-1].id))
+        # Then load, apply and save while this process's writers of those subjects wait
+        # their turn, so a capture arriving meanwhile cannot make the batch lose the race.
+        with self._app.writer_turns(by_stream):
+            profiles = []
+            for stream_id, extracted in by_stream.items():
+                try:
+                    profile = self._app.load(stream_id)
+                except (SubjectErasedError, SubjectNotFoundError):
+                    continue
+                for event, batch in extracted:
+                    self._evidence.check(profile.id, batch, known={event.capture_id: profile.id})
+                    profile.apply_proposals(batch, observed_at=event.occurred_at, now=now)
+                profiles.append(profile)
+            self._app.save_tracked(profiles, Tracking(self._app.name, notifications[-1].id))
         return len(notifications)
 
-    def _extract_one(self, profile: SubjectProfile, event: Any, now: Any) -> None:
+    def _proposals_for(self, event: Any) -> ProposalBatch:
         capture = CapturedInteraction(event.capture_id, interaction_of(event))
         batch = self._extractor.extract(capture)
         # An extractor may only cite the capture it was given; anything else is dropped
         # here rather than trusted (the model does not decide what counts as evidence).
         own = {event.capture_id}
         kept = tuple(p for p in batch.proposals if set(p.evidence) <= own)
-        batch = replace(batch, proposals=kept, app_id=event.app_id, purpose=event.purpose)
-        self._evidence.check(profile.id, batch, known={event.capture_id: profile.id})
-        profile.apply_proposals(batch, observed_at=event.occurred_at, now=now)
+        return replace(batch, proposals=kept, app_id=event.app_id, purpose=event.purpose)
