@@ -86,6 +86,7 @@ class ReadRecorder:
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._stopping = threading.Event()
+        self._flush = threading.Event()
         self._failure: BaseException | None = None
         self.recorded = 0
 
@@ -110,13 +111,17 @@ class ReadRecorder:
         if self.mode == "sync":
             return
         deadline = time.monotonic() + timeout_s
-        # unfinished_tasks counts reads queued or being written; it reaches 0 only
-        # after the recorder marked each one done.
-        while self._queue.unfinished_tasks:
-            self._raise_if_failed()
-            if time.monotonic() >= deadline:
-                raise ReadRecordingError("timed out waiting for the read log to be written")
-            time.sleep(0.002)
+        self._flush.set()
+        try:
+            # unfinished_tasks counts reads queued or being written; it reaches 0 only
+            # after the recorder marked each one done.
+            while self._queue.unfinished_tasks:
+                self._raise_if_failed()
+                if time.monotonic() >= deadline:
+                    raise ReadRecordingError("timed out waiting for the read log to be written")
+                time.sleep(0.002)
+        finally:
+            self._flush.clear()
         self._raise_if_failed()
 
     def close(self) -> None:
@@ -166,13 +171,16 @@ class ReadRecorder:
             # Linger briefly so a burst of reads shares one save and one audit append
             # (group commit): the recorder then takes a small share of the CPU that
             # serving needs, at the price of a window of at most linger_s + one write.
+            # A drain() cuts the linger short: its caller is waiting for these records.
             batch = [first]
             deadline = time.monotonic() + self._linger_s
-            while len(batch) < self._max_batch:
+            while len(batch) < self._max_batch and not self._flush.is_set():
+                remaining = deadline - time.monotonic()
                 try:
-                    batch.append(self._queue.get(timeout=max(0.0, deadline - time.monotonic())))
+                    batch.append(self._queue.get(timeout=min(max(remaining, 0.0), 0.005)))
                 except queue.Empty:
-                    break
+                    if remaining <= 0:
+                        break
             try:
                 self._write_with_retries(batch)
             except BaseException as e:
