@@ -216,6 +216,37 @@ def test_a_full_backlog_refuses_the_read(kernel: Uprof) -> None:
     assert trail.written == 2 and recorder.healthy
 
 
+def test_a_drain_ends_while_reads_keep_coming(kernel: Uprof) -> None:
+    """A drain waits for the reads queued before it, not for an empty queue: under a
+    steady stream of reads (a server's) the queue is never empty, and the pipeline worker
+    drains before every run (the erasure-under-load run on PostgreSQL caught this)."""
+    consent(kernel)
+    kernel.capture("alice", say("I want to adopt a greyhound"))
+    kernel.process()
+    recorder = ReadRecorder(kernel.app, kernel.audit, mode="async", linger_s=0.05)
+    stop = threading.Event()
+
+    def keep_reading() -> None:
+        while not stop.is_set():
+            recorder.record(_served(kernel))
+            time.sleep(0.0005)
+
+    producer = threading.Thread(target=keep_reading)
+    producer.start()
+    try:
+        time.sleep(0.2)
+        before = recorder._queued  # noqa: SLF001 - the reads served before the drain
+        began = time.monotonic()
+        recorder.drain(timeout_s=20)
+        assert time.monotonic() - began < 10
+        assert recorder.recorded >= before
+    finally:
+        stop.set()
+        producer.join()
+        recorder.close()
+    assert recorder.pending == 0
+
+
 def test_bad_recording_mode_is_refused(kernel: Uprof) -> None:
     with pytest.raises(ValueError, match="sync"):
         ReadRecorder(kernel.app, kernel.audit, mode="later")

@@ -89,6 +89,12 @@ class ReadRecorder:
         self._flush = threading.Event()
         self._failure: BaseException | None = None
         self.recorded = 0
+        #: Reads queued so far and reads written (or given up on) so far. The queue is
+        #: FIFO and a read is counted in the same critical section as it is queued, so
+        #: "written >= queued at the time I asked" means "every read before me is written".
+        self._counts = threading.Lock()
+        self._queued = 0
+        self._settled = 0
 
     # ---------------------------------------------------------------- writers
 
@@ -99,23 +105,35 @@ class ReadRecorder:
             return
         self._raise_if_failed()
         self._start()
-        try:
-            self._queue.put(read, timeout=self._put_timeout_s)
-        except queue.Full:
-            raise ReadRecordingError(
-                "the read log is backed up; the slice is refused rather than served unrecorded"
-            ) from None
+        deadline = time.monotonic() + self._put_timeout_s
+        while True:
+            with self._counts:
+                try:
+                    self._queue.put_nowait(read)
+                except queue.Full:
+                    pass
+                else:
+                    self._queued += 1
+                    return
+            if time.monotonic() >= deadline:
+                raise ReadRecordingError(
+                    "the read log is backed up; the slice is refused rather than served "
+                    "unrecorded"
+                )
+            time.sleep(0.001)
 
     def drain(self, timeout_s: float = 30.0) -> None:
-        """Wait until every read queued so far is written (or raise ReadRecordingError)."""
+        """Wait until every read queued before this call is written (or raise
+        ReadRecordingError). Reads queued meanwhile do not hold it up: under a steady
+        stream of reads the queue is never empty, and a drain must still end."""
         if self.mode == "sync":
             return
+        with self._counts:
+            target = self._queued
         deadline = time.monotonic() + timeout_s
         self._flush.set()
         try:
-            # unfinished_tasks counts reads queued or being written; it reaches 0 only
-            # after the recorder marked each one done.
-            while self._queue.unfinished_tasks:
+            while self._settled < target:
                 self._raise_if_failed()
                 if time.monotonic() >= deadline:
                     raise ReadRecordingError("timed out waiting for the read log to be written")
@@ -137,7 +155,7 @@ class ReadRecorder:
 
     @property
     def pending(self) -> int:
-        return self._queue.unfinished_tasks
+        return self._queued - self._settled
 
     @property
     def healthy(self) -> bool:
@@ -187,8 +205,8 @@ class ReadRecorder:
                 log.exception("read recorder gave up; slices are refused until restart")
                 self._failure = e
             finally:
-                for _ in batch:
-                    self._queue.task_done()
+                with self._counts:
+                    self._settled += len(batch)
             if self._failure is not None:
                 self._discard_queued()
                 return
@@ -200,7 +218,8 @@ class ReadRecorder:
                 self._queue.get_nowait()
             except queue.Empty:
                 return
-            self._queue.task_done()
+            with self._counts:
+                self._settled += 1
 
     def _write_with_retries(self, batch: Sequence[ServedRead]) -> None:
         for attempt in range(WRITE_ATTEMPTS):
