@@ -6,6 +6,7 @@ them reaches past it into services or storage.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -16,7 +17,12 @@ from typing import Any, TextIO
 from uuid import UUID
 
 from audit.export import ExportSummary, export_csv, export_jsonl
-from domain.errors import ConcurrencyConflictError, InvalidInputError, SubjectNotFoundError
+from domain.errors import (
+    ConcurrencyConflictError,
+    InvalidInputError,
+    ReadRecordingError,
+    SubjectNotFoundError,
+)
 from domain.values import Interaction, ProposalBatch
 from projections.profile.queries import ProfileQueries
 from uprof.crypto.keystore import KeyStore
@@ -43,6 +49,7 @@ from uprof.services.subjects import SubjectRequest, SubjectResolver
 from uprof.settings import Settings
 
 Progress = Callable[[int, int], None]
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -119,7 +126,7 @@ class Uprof:
         self, subject: str, consent_id: str, *, erase: bool = False
     ) -> ErasureResult | None:
         """Withdraw a consent; with ``erase``, also erase what was collected under it."""
-        self.reads.drain()
+        self._settle_reads()
         grant = next(
             (c for c in self.profile(subject).consents if c.consent_id == consent_id), None
         )
@@ -136,7 +143,7 @@ class Uprof:
 
     def erase_subject(self, subject: str, *, basis: str = "GDPR-Art.17(1)") -> ErasureResult:
         """Erase a subject entirely: tombstone, key destruction, purge, signed receipt."""
-        self.reads.drain()  # reads served before the erasure are recorded before it
+        self._settle_reads()  # reads served before the erasure are recorded before it
         return self.erasure_service.erase_subject(subject, basis=basis)
 
     def export_subject(self, subject: str) -> dict[str, Any]:
@@ -197,7 +204,7 @@ class Uprof:
 
     def residue_scan(self, terms: Sequence[str]) -> ResidueReport:
         """Scan every store for the terms and for decryptable data of erased subjects."""
-        self.reads.drain()
+        self._settle_reads()
         report = ResidueReport()
         scan_files(self.settings.data_dir, terms, report)
         scan_postgres(self.views_engine, terms, report)
@@ -212,14 +219,14 @@ class Uprof:
 
     def erase_capture(self, subject: str, capture_id: str) -> ErasureResult:
         """Erase one captured event and everything derived only from it."""
-        self.reads.drain()
+        self._settle_reads()
         return self.erasure_service.erase_capture(subject, capture_id)
 
     def erase_item(
         self, subject: str, item_id: str, *, with_evidence: bool = False
     ) -> ErasureResult:
         """Erase one item (and, if asked, the captured events behind it)."""
-        self.reads.drain()
+        self._settle_reads()
         return self.erasure_service.erase_item(subject, item_id, with_evidence=with_evidence)
 
     def submit_proposals(
@@ -297,10 +304,23 @@ class Uprof:
         the work; with workers running it waits for them, bounded, and says if it gave up.
         """
         if self.settings.background_workers:
-            self.reads.drain()
+            self._settle_reads()
             return self.wait_until_caught_up(timeout_s)
         self.process()
         return True
+
+    def _settle_reads(self) -> None:
+        """Write the reads served so far before work that should follow them.
+
+        Best effort: if the recorder has given up, slices are refused (and readiness
+        says so), but projecting captures, erasing and scanning must go on; losing the
+        records of already-served reads is the failure being reported, not a reason to
+        stop the rest. Audit exports drain strictly instead (``export_audit``).
+        """
+        try:
+            self.reads.drain()
+        except ReadRecordingError as problem:
+            _log.warning("reads not recorded before this step: %s", problem)
 
     def ensure_subject_fresh(
         self, stream_id: UUID, timeout_s: float, *, known_head: int | None = None
@@ -343,7 +363,7 @@ class Uprof:
         other processes are kept out by the position guard inside each batch.
         Reads queued for recording are written first, so they are projected too.
         """
-        self.reads.drain()
+        self._settle_reads()
         with self._process_lock:
             total = 0
             while True:

@@ -36,6 +36,27 @@ def test_health_readiness_and_metrics_answer_without_a_key(http: httpx.Client) -
     assert "uprof_http_request_duration_seconds_bucket" in text
 
 
+def test_readiness_fails_while_reads_cannot_be_recorded(
+    http: httpx.Client, kernel: Uprof, apps: Apps
+) -> None:
+    grant(http, apps.planner)
+    assert http.get("/readyz").status_code == 200
+    kernel.reads._failure = OSError("audit store unavailable")  # noqa: SLF001 - a failed recorder
+    try:
+        ready = http.get("/readyz")
+        assert ready.status_code == 503 and "read recorder" in ready.json()["detail"]
+        # Captures are still taken and projected: only reads are refused.
+        ack = http.post("/v1/captures", headers=bearer(apps.planner),
+                        json={"subject": "alice", **interaction("I want to learn the cello")})
+        assert ack.status_code == 201
+        assert kernel.wait_until_caught_up(10)
+        refused = slice_for(http, apps.planner)
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "read_not_recorded"
+    finally:
+        kernel.reads._failure = None  # noqa: SLF001
+
+
 def test_openapi_documents_every_route_with_bearer_auth(http: httpx.Client) -> None:
     spec = http.get("/openapi.json").json()
     assert {"/v1/captures", "/v1/captures/batch", "/v1/proposals", "/v1/slices",

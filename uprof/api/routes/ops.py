@@ -45,6 +45,8 @@ def readyz(request: Request, runtime: Runtime, store: KeyStore) -> JSONResponse:
     elif worker in ("failing", "stopped"):
         last = runtime.worker.status.last_error if runtime.worker else ""
         detail = f"pipeline worker {worker}: {last}"
+    elif not runtime.kernel.reads.healthy:
+        detail = "the read recorder gave up: slices are refused until restart"
     elif lag.projection_pending + lag.extraction_pending > max_lag:
         detail = f"projections more than {max_lag} events behind"
     body = Readiness(
