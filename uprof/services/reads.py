@@ -27,6 +27,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 from domain.errors import ReadRecordingError, SubjectErasedError, SubjectNotFoundError
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 MODES = ("sync", "async")
 #: Attempts at writing one batch before the recorder gives up (and reads fail closed).
 WRITE_ATTEMPTS = 5
+#: Queued by drain() to end the recorder's linger at once; never written, never counted.
+_FLUSH: Any = object()
 #: Subjects whose last saved state the recorder keeps to save the next reads on.
 MAX_SAVED_SUBJECTS = 256
 
@@ -86,7 +89,6 @@ class ReadRecorder:
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._stopping = threading.Event()
-        self._flush = threading.Event()
         self._failure: BaseException | None = None
         self.recorded = 0
         #: Reads queued so far and reads written (or given up on) so far. The queue is
@@ -131,15 +133,16 @@ class ReadRecorder:
         with self._counts:
             target = self._queued
         deadline = time.monotonic() + timeout_s
-        self._flush.set()
-        try:
-            while self._settled < target:
-                self._raise_if_failed()
-                if time.monotonic() >= deadline:
-                    raise ReadRecordingError("timed out waiting for the read log to be written")
-                time.sleep(0.002)
-        finally:
-            self._flush.clear()
+        if self._settled < target:
+            try:
+                self._queue.put_nowait(_FLUSH)  # uncounted: it only ends a linger
+            except queue.Full:
+                pass  # a full queue is written in full batches, with no linger to cut
+        while self._settled < target:
+            self._raise_if_failed()
+            if time.monotonic() >= deadline:
+                raise ReadRecordingError("timed out waiting for the read log to be written")
+            time.sleep(0.002)
         self._raise_if_failed()
 
     def close(self) -> None:
@@ -186,19 +189,22 @@ class ReadRecorder:
                 first = self._queue.get(timeout=0.2)
             except queue.Empty:
                 continue
+            if first is _FLUSH:
+                continue  # a drain asked, and nothing is waiting to be written
             # Linger briefly so a burst of reads shares one save and one audit append
             # (group commit): the recorder then takes a small share of the CPU that
             # serving needs, at the price of a window of at most linger_s + one write.
-            # A drain() cuts the linger short: its caller is waiting for these records.
-            batch = [first]
+            # A drain() cuts the linger short (it queues _FLUSH): its caller is waiting.
+            batch: list[ServedRead] = [first]
             deadline = time.monotonic() + self._linger_s
-            while len(batch) < self._max_batch and not self._flush.is_set():
-                remaining = deadline - time.monotonic()
+            while len(batch) < self._max_batch:
                 try:
-                    batch.append(self._queue.get(timeout=min(max(remaining, 0.0), 0.005)))
+                    item = self._queue.get(timeout=max(deadline - time.monotonic(), 0.0))
                 except queue.Empty:
-                    if remaining <= 0:
-                        break
+                    break
+                if item is _FLUSH:
+                    break
+                batch.append(item)
             try:
                 self._write_with_retries(batch)
             except BaseException as e:
@@ -215,11 +221,12 @@ class ReadRecorder:
         """After a failure nothing more is written; release waiters on queued reads."""
         while True:
             try:
-                self._queue.get_nowait()
+                item = self._queue.get_nowait()
             except queue.Empty:
                 return
-            with self._counts:
-                self._settled += 1
+            if item is not _FLUSH:
+                with self._counts:
+                    self._settled += 1
 
     def _write_with_retries(self, batch: Sequence[ServedRead]) -> None:
         for attempt in range(WRITE_ATTEMPTS):
