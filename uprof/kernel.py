@@ -303,8 +303,8 @@ class Uprof:
         read it", exports). Embedded (no background workers) the caller's thread does
         the work; with workers running it waits for them, bounded, and says if it gave up.
         """
+        self._settle_reads()
         if self.settings.background_workers:
-            self._settle_reads()
             return self.wait_until_caught_up(timeout_s)
         self.process()
         return True
@@ -361,9 +361,10 @@ class Uprof:
 
         One caller at a time in this process (the runners keep one position each);
         other processes are kept out by the position guard inside each batch.
-        Reads queued for recording are written first, so they are projected too.
+        Reads still with the recorder are projected by a later run: a server's worker
+        runs this every few tens of milliseconds, and making the recorder write at each
+        run would undo its batching. Views that show reads drain it (``ensure_fresh``).
         """
-        self._settle_reads()
         with self._process_lock:
             total = 0
             while True:
@@ -408,6 +409,7 @@ class Uprof:
 
     def rebuild(self, progress: Progress | None = None) -> int:
         """Drop the read models and replay the whole log into them."""
+        self._settle_reads()
         self.extraction.run_until_idle()
         return self.projections.rebuild(progress)
 
