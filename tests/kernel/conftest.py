@@ -29,11 +29,14 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
+def build_kernel(settings: Settings, clock: FakeClock) -> Uprof:
+    """A deployment with the test fakes (one per process it stands for)."""
+    return bootstrap(settings, clock=clock, embedder=HashingEmbedder(), extractor=FakeExtractor())
+
+
 @pytest.fixture
 def kernel(backend: Backend, clock: FakeClock) -> Iterator[Uprof]:
-    k = bootstrap(
-        settings_for(backend), clock=clock, embedder=HashingEmbedder(), extractor=FakeExtractor()
-    )
+    k = build_kernel(settings_for(backend), clock)
     try:
         yield k
     finally:

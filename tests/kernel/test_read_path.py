@@ -17,10 +17,8 @@ import pytest
 
 from domain.errors import ReadRecordingError, SubjectErasedError, SubjectNotFoundError
 from tests.conftest import Backend
-from tests.fakes.ports import FakeClock, FakeExtractor
-from tests.kernel.conftest import APP, consent, say, settings_for
-from uprof.adapters.embeddings import HashingEmbedder
-from uprof.bootstrap import bootstrap
+from tests.fakes.ports import FakeClock
+from tests.kernel.conftest import APP, build_kernel, consent, say, settings_for
 from uprof.kernel import Uprof
 from uprof.services.reads import ReadRecorder, ServedRead
 
@@ -40,9 +38,7 @@ def read(kernel: Uprof, query: str, subject: str = "alice", **kw):
 @pytest.fixture
 def second(backend: Backend, clock: FakeClock) -> Iterator[Uprof]:
     """Another deployment process on the same stores (its own caches and recorder)."""
-    k = bootstrap(
-        settings_for(backend), clock=clock, embedder=HashingEmbedder(), extractor=FakeExtractor()
-    )
+    k = build_kernel(settings_for(backend), clock)
     try:
         yield k
     finally:
@@ -66,7 +62,7 @@ def test_a_read_that_cannot_catch_up_says_so_and_is_not_cached(
     backend: Backend, clock: FakeClock
 ) -> None:
     settings = settings_for(backend).model_copy(update={"background_workers": True})
-    k = bootstrap(settings, clock=clock, embedder=HashingEmbedder(), extractor=FakeExtractor())
+    k = build_kernel(settings, clock)
     try:
         consent(k)
         k.process()
@@ -205,7 +201,7 @@ def test_a_full_backlog_refuses_the_read(kernel: Uprof) -> None:
     try:
         recorder.record(_served(kernel))
         deadline = time.monotonic() + 5
-        while recorder._queue.qsize() and time.monotonic() < deadline:  # noqa: SLF001
+        while recorder._queue.qsize() and time.monotonic() < deadline:
             time.sleep(0.001)  # until the recorder holds the first read in its write
         recorder.record(_served(kernel))  # fills the one place
         with pytest.raises(ReadRecordingError, match="backed up"):
@@ -235,7 +231,7 @@ def test_a_drain_ends_while_reads_keep_coming(kernel: Uprof) -> None:
     producer.start()
     try:
         time.sleep(0.2)
-        before = recorder._queued  # noqa: SLF001 - the reads served before the drain
+        before = recorder._queued
         began = time.monotonic()
         recorder.drain(timeout_s=20)
         assert time.monotonic() - began < 10

@@ -195,13 +195,16 @@ class SliceService:
         )
         began = time.perf_counter()
         wait = self._default_wait_s if request.wait_timeout_s is None else request.wait_timeout_s
-        freshness = self._ensure_fresh(handle.stream_id, wait, self._cached_head(handle.stream_id))
+        cached = self._cached_view(handle.stream_id)
+        freshness = self._ensure_fresh(
+            handle.stream_id, wait, None if cached is None else cached.head
+        )
         waited_ms = (time.perf_counter() - began) * 1000
         # Consent is judged at the real time of the read; ``request.now`` only sets the
         # "present" that ranking measures recency from (benchmarks replay old dialogues).
         real_now = self._clock.now()
         now = request.now or real_now
-        view = self._subject_view(handle.stream_id, freshness)
+        view = self._subject_view(handle.stream_id, freshness, cached)
         allowed = self._allowed_categories(request, view.profile, real_now)
 
         withheld: Counter[str] = Counter()
@@ -331,22 +334,24 @@ class SliceService:
 
     # ------------------------------------------------------------ subject view
 
-    def _cached_head(self, stream_id: UUID) -> int | None:
+    def _cached_view(self, stream_id: UUID) -> _SubjectView | None:
+        """The subject's cached view, if any, marked as the most recently read."""
+        stream = str(stream_id)
         with self._lock:
-            cached = self._cache.get(str(stream_id))
-        return None if cached is None else cached.head
+            cached = self._cache.pop(stream, None)
+            if cached is not None:
+                self._cache[stream] = cached
+        return cached
 
-    def _subject_view(self, stream_id: UUID, freshness: Freshness) -> _SubjectView:
+    def _subject_view(
+        self, stream_id: UUID, freshness: Freshness, cached: _SubjectView | None
+    ) -> _SubjectView:
         """The subject's view at its newest head, cached while that head stands.
 
         A read that timed out waiting is served from the views as they are and its
         view is not cached: its head is ahead of what the views hold.
         """
         stream = str(stream_id)
-        with self._lock:
-            cached = self._cache.pop(stream, None)
-            if cached is not None:
-                self._cache[stream] = cached  # now the most recently read
         if freshness.fresh and cached is not None and cached.head == freshness.head:
             return cached
         view = self._load_view(stream_id, freshness.head)
