@@ -101,6 +101,7 @@ ENTRY_FIELDS: dict[str, Validator] = {
     "counts": _counts,
     # who, pseudonymously
     "tenant": _token,
+    "principal": _token,
     "app_id": _token,
     "agent_id": _token,
     "agent_type": _token,

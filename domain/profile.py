@@ -135,8 +135,13 @@ class SubjectProfile(Aggregate):
         granted_at: datetime,
         expires_at: datetime | None = None,
         notice_version: str = "",
+        collected_by: str = "",
     ) -> str:
-        """Record a consent in force from ``granted_at``; returns its id."""
+        """Record a consent in force from ``granted_at``; returns its id.
+
+        ``collected_by`` names the record the consent rests on (an app's own
+        consent record, or the principal that recorded it).
+        """
         self._refuse_if_erased()
         if not app_id:
             raise InvalidInputError("consent.app_id must not be empty")
@@ -157,6 +162,7 @@ class SubjectProfile(Aggregate):
             granted_at=granted_at,
             expires_at=expires_at,
             notice_version=notice_version,
+            collected_by=collected_by,
         )
         return consent_id
 
@@ -171,6 +177,7 @@ class SubjectProfile(Aggregate):
         granted_at: datetime,
         expires_at: datetime | None,
         notice_version: str,
+        collected_by: str = "",  # absent from consents recorded before it existed
     ) -> None:
         self.consents[consent_id] = {
             "app_id": app_id,

@@ -166,14 +166,31 @@ class SharingPolicy:
         return "shared:" + ",".join(self.agent_types) if self.agent_types else "shared"
 
     def allows(self, *, owner_agent: str, reader_agent: str, reader_agent_type: str) -> bool:
-        if reader_agent == owner_agent:
+        """Owners and readers are qualified agents (``app/agent``, domain.principal).
+
+        ``shared`` reaches every agent the Casbin policy lets read the category;
+        ``shared:types`` only the owner app's own agents of those types, because an
+        agent's type is the word of its app, and an app speaks only for its agents.
+        """
+        if reader_agent and reader_agent == owner_agent:
             return True
         if self.mode != "shared":
             return False
-        return not self.agent_types or reader_agent_type in self.agent_types
+        if not self.agent_types:
+            return True
+        same_app = _app_part(owner_agent) != "" and _app_part(owner_agent) == _app_part(
+            reader_agent
+        )
+        return same_app and reader_agent_type in self.agent_types
 
 
 PRIVATE = SharingPolicy("private")
+
+
+def _app_part(owner: str) -> str:
+    """The app of a qualified agent reference ``app/agent`` ("" for a bare agent id)."""
+    app_id, separator, _ = owner.partition("/")
+    return app_id if separator else ""
 
 
 # --- Captured interactions -----------------------------------------------------------

@@ -32,7 +32,18 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
 #: Everything a policy row can grant or deny.
-ACTIONS: tuple[str, ...] = ("read", "capture", "propose", "erase", "export", "audit")
+ACTIONS: tuple[str, ...] = (
+    "read",
+    "capture",
+    "propose",
+    "consent",
+    "erase",
+    "export",
+    "audit",
+    "inspect",
+    "policy",
+    "operate",
+)
 #: Root of the category hierarchy; usable in rules, never in requests.
 ROOT_CATEGORY = "any"
 #: A rule purpose that matches every purpose.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 from uuid import UUID
 
@@ -100,6 +101,24 @@ def build_authorizer(settings: Settings) -> Authorizer:
     )
 
 
+def capture_permits(authorizer: Authorizer, tenant: str) -> Callable[[str, str], frozenset[str]]:
+    """The categories an app's captures may yield for a purpose (policy action ``capture``).
+
+    Extraction keeps only what the capturing app may write: otherwise app X's
+    captures could change what app Y is served in categories X may not touch.
+    """
+    from domain.values import CATEGORIES
+
+    def permitted(app_id: str, purpose: str) -> frozenset[str]:
+        decisions = authorizer.decisions_for(
+            app_id=app_id, tenant=tenant, action="capture", purpose=purpose,
+            categories=list(CATEGORIES),
+        )
+        return frozenset(c for c, d in decisions.items() if d.allowed)
+
+    return permitted
+
+
 def build_counter() -> TokenCounter:
     from uprof.adapters.tokens import TiktokenCounter
 
@@ -155,11 +174,12 @@ def bootstrap(
         return kernel_ref[0].ensure_subject_fresh(stream_id, timeout_s, known_head=known_head)
 
     reads = ReadRecorder(app, audit, mode=settings.read_recording)
+    authorizer = authorizer or build_authorizer(settings)
     slice_service = SliceService(
         app,
         subjects,
         queries,
-        authorizer or build_authorizer(settings),
+        authorizer,
         embedder,
         counter or build_counter(),
         clock,
@@ -194,7 +214,12 @@ def bootstrap(
         proposal_service=ProposalService(app, subjects, evidence, clock, audit),
         profile_service=ProfileService(app, queries, sealer),
         extraction=ExtractionWorker(
-            app, extractor, evidence, clock, batch_size=settings.projection_batch_size
+            app,
+            extractor,
+            evidence,
+            clock,
+            batch_size=settings.projection_batch_size,
+            may_capture=capture_permits(authorizer, settings.tenant),
         ),
         projections=ProjectionRunner(
             app,
@@ -206,6 +231,7 @@ def bootstrap(
         slice_service=slice_service,
         reads=reads,
         erasure_service=erasure_service,
+        authorizer=authorizer,
         audit_log=audit_log,
         views_engine=views,
         keys_engine=keys,

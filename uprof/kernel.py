@@ -1,7 +1,9 @@
 """The in-process API of uprof: one object per deployment, built by ``bootstrap``.
 
-REST, MCP, the SDK's embedded mode and the CLI all call these methods; none of
-them reaches past it into services or storage.
+Nothing outside the composition root and the authorized door calls it: every
+surface (REST, MCP, web pages, the SDK's embedded mode, the CLI) goes through
+``uprof.facade.Facade``, which binds an authenticated principal and asks the
+policy before calling these methods. The kernel itself trusts its arguments.
 """
 
 from __future__ import annotations
@@ -86,6 +88,8 @@ class Uprof:
     slice_service: SliceService
     reads: ReadRecorder
     erasure_service: ErasureService
+    #: The one policy decision point (Casbin); the facade and the slice gate share it.
+    authorizer: Any
     audit_log: Any
     views_engine: Any
     keys_engine: Any
@@ -112,6 +116,7 @@ class Uprof:
         purposes: Sequence[str],
         legal_basis: str = "consent",
         expires_at: datetime | None = None,
+        collected_by: str = "",
     ) -> str:
         return self.consent_service.grant(
             subject,
@@ -120,7 +125,20 @@ class Uprof:
             purposes=purposes,
             legal_basis=legal_basis,
             expires_at=expires_at,
+            collected_by=collected_by,
         )
+
+    def unconsented(
+        self, subject: str, app_id: str, categories: Sequence[str], purpose: str
+    ) -> list[str]:
+        """The categories for which ``app_id`` holds no consent in force now."""
+        profile = self.app.load(self.stream_of(subject))
+        now = self.clock.now()
+        return [
+            c
+            for c in categories
+            if not profile.has_consent(app_id=app_id, category=c, purpose=purpose, at=now)
+        ]
 
     def withdraw_consent(
         self, subject: str, consent_id: str, *, erase: bool = False
@@ -146,13 +164,14 @@ class Uprof:
         self._settle_reads()  # reads served before the erasure are recorded before it
         return self.erasure_service.erase_subject(subject, basis=basis)
 
-    def export_subject(self, subject: str) -> dict[str, Any]:
+    def export_subject(self, subject: str, *, requested_by: str | None = None) -> dict[str, Any]:
         """Everything held about a subject, with evidence, as portable JSON (Art. 15/20)."""
         stream_id = self.stream_of(subject)
         view = self.profile(subject)
         export = build_subject_export(self.queries, stream_id, view, exported_at=self.clock.now())
         self.audit.record(
             "subject.exported",
+            app_id=requested_by,
             subject_ref=self.subjects.pseudonym(subject),
             counts={
                 "captures": len(export["captured_events"]),
@@ -197,6 +216,35 @@ class Uprof:
             counts={"entries": summary.entry_count, "tree_size": summary.tree_size},
         )
         return summary
+
+    def audit_entries(self, **filters: Any) -> Any:
+        """Audit entries matching filters (reads served before the call included)."""
+        self.reads.drain()
+        return self.audit_log.entries(**filters)
+
+    def verify_audit(self, content: bytes, kind: str) -> Any:
+        """Check an uploaded export or receipt against this log's key and origin."""
+        from audit.check import check_upload
+
+        log = self.audit_log
+        return check_upload(content, kind, log.public_key, log.origin)
+
+    def audit_key(self) -> dict[str, str]:
+        """The log's origin, key id, public key (PEM) and newest signed checkpoint."""
+        from audit.keys import public_key_pem
+
+        log = self.audit_log
+        return {
+            "origin": log.origin,
+            "key_id": log.key_id,
+            "public_key_pem": public_key_pem(log.public_key).decode(),
+            "checkpoint": log.checkpoint(),
+        }
+
+    def item_reads(self, subject: str) -> list[Any]:
+        """(item, app, purpose, count, last read) for every recorded read of the subject."""
+        self.ensure_fresh(self.settings.read_wait_timeout_s)
+        return list(self.queries.item_reads(str(self.stream_of(subject))))
 
     def audit_subject_ref(self, subject: str) -> str:
         """The pseudonym audit entries use for a subject (a pseudonym maps to itself)."""
@@ -268,6 +316,7 @@ class Uprof:
         now: datetime | None = None,
         lexical_only: bool = False,
         wait_timeout_s: float | None = None,
+        principal: str = "",
     ) -> ProfileSlice:
         """Serve the profile slice an app may see for a query, within budget_tokens."""
         request = (
@@ -285,6 +334,7 @@ class Uprof:
                 now=now,
                 lexical_only=lexical_only,
                 wait_timeout_s=wait_timeout_s,
+                principal=principal,
             )
         )
 

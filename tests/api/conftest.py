@@ -149,7 +149,8 @@ def grant(http: httpx.Client, key: str, subject: str = "alice",
           categories: tuple[str, ...] = ("*",), purposes: tuple[str, ...] = ("personalization",)
           ) -> str:
     response = http.post("/v1/consents", headers=bearer(key), json={
-        "subject": subject, "categories": list(categories), "purposes": list(purposes)})
+        "subject": subject, "categories": list(categories), "purposes": list(purposes),
+        "collected_by": "consent-ui:test"})
     assert response.status_code == 201, response.text
     return str(response.json()["consent_id"])
 

@@ -141,7 +141,12 @@ def test_full_profile_needs_the_operator_role(http: httpx.Client, apps: Apps) ->
 
 
 def test_policy_denied_purpose_serves_nothing_and_counts_it(http: httpx.Client, apps: Apps) -> None:
-    grant(http, apps.planner, purposes=("personalization", "advertising"))
+    # The policy lets planner record no consent for advertising: refused, nothing stored.
+    refused = http.post("/v1/consents", headers=bearer(apps.planner), json={
+        "subject": "alice", "categories": ["*"], "purposes": ["personalization", "advertising"],
+        "collected_by": "consent-ui:test"})
+    assert refused.status_code == 403, refused.text
+    grant(http, apps.planner)
     http.post("/v1/captures", headers=bearer(apps.planner),
               json={"subject": "alice", **interaction("I want to run a marathon")})
     # The seed policy allows role:assistant no "advertising" reads: the kernel withholds
@@ -200,7 +205,7 @@ def test_proposals_bind_to_the_subjects_own_evidence(http: httpx.Client, apps: A
     grant(http, apps.planner)
     grant(http, apps.planner, subject="bob")
     own = http.post("/v1/captures", headers=bearer(apps.planner),
-                    json={"subject": "alice", **interaction("I am vegetarian")}).json()
+                    json={"subject": "alice", **interaction("I live in Lisbon")}).json()
     foreign = http.post("/v1/captures", headers=bearer(apps.planner),
                         json={"subject": "bob", **interaction("I eat meat")}).json()
     proposal = {"kind": "attribute", "key": "diet", "value": "vegetarian"}
@@ -447,7 +452,7 @@ def test_compliance_exports_the_trail_and_verifies_it_offline_and_online(
 ) -> None:
     from audit.verify import verify_export
 
-    grant(http, apps.planner)
+    grant(http, apps.planner, categories=("goal",))  # a short first line, quoted in full
     http.post("/v1/captures", headers=bearer(apps.planner),
               json={"subject": "alice", **interaction("I want to learn the cello")})
     assert slice_for(http, apps.planner).status_code == 200

@@ -30,7 +30,8 @@ def exercise(client: Client) -> dict[str, object]:
         client.capture("alice", agent_id="agent:one", user_input="I live in Paris",
                        occurred_at=WHEN)
     seen["refused_code"] = refused.value.code
-    consent_id = client.grant_consent("alice", categories=["*"], purposes=["personalization"])
+    consent_id = client.grant_consent("alice", categories=["*"], purposes=["personalization"],
+                             collected_by="consent-ui:test")
     ack = client.capture("alice", agent_id="agent:one", user_input="I want to learn the cello",
                          occurred_at=WHEN, sharing="shared", source_ref="D1:1")
     acks = client.capture_many("alice", [
@@ -100,7 +101,8 @@ def test_embedded_client_over_an_inline_kernel(backend: Backend) -> None:
 
 def test_operator_reads_profile_and_evidence(server: LiveServer, apps: Apps) -> None:
     with Client(server.url, apps.planner_operator) as client:
-        client.grant_consent("alice", categories=["*"], purposes=["personalization"])
+        client.grant_consent("alice", categories=["*"], purposes=["personalization"],
+                             collected_by="consent-ui:test")
         ack = client.capture("alice", agent_id="agent:one", user_input="I live in Lisbon",
                              occurred_at=WHEN)
         profile = client.profile("alice")
@@ -125,7 +127,8 @@ def test_client_side_validation_names_the_field_before_sending(kernel: Uprof) ->
 def test_async_client_against_the_live_server(server: LiveServer, apps: Apps) -> None:
     async def scenario() -> tuple[str, bool]:
         async with AsyncClient(server.url, apps.planner) as client:
-            await client.grant_consent("bob", categories=["*"], purposes=["personalization"])
+            await client.grant_consent("bob", categories=["*"], purposes=["personalization"],
+                                       collected_by="consent-ui:test")
             acks = await asyncio.gather(*[
                 client.capture("bob", agent_id="agent:one", user_input=f"I want to visit place {i}",
                                occurred_at=WHEN, sharing="shared")

@@ -23,9 +23,21 @@ ALL_CATEGORIES = (
     "conversation",
     "experience",
 )
-ACTIONS = ("read", "capture", "propose", "erase", "export", "audit")
+ACTIONS = (
+    "read",
+    "capture",
+    "propose",
+    "consent",
+    "erase",
+    "export",
+    "audit",
+    "inspect",
+    "policy",
+    "operate",
+)
 PURPOSES = (
     "personalization",
+    "operations",
     "scheduling",
     "erasure",
     "access-request",
@@ -35,18 +47,32 @@ PURPOSES = (
 )
 TENANTS = ("default", "acme")
 UNKNOWN_APP = "app:unknown"
-APPS = ("app:planner", "app:calendar", "app:privacy-console", "app:compliance-console", UNKNOWN_APP)
+OPERATORS = "operators"
+APPS = (
+    "app:planner",
+    "app:calendar",
+    "app:privacy-console",
+    "app:compliance-console",
+    OPERATORS,
+    UNKNOWN_APP,
+)
 
 _ASSISTANT = ("preference", "diet", "language", "conversation", "goal", "schedule", "experience")
 _SCHEDULER_READS = ("schedule", "goal", "contact", "location")
 _SCHEDULER_WRITES = ("schedule", "goal")
+#: What the scheduler may record consent for: what it reads, plus its raw captures.
+_SCHEDULER_CONSENTS = (*_SCHEDULER_READS, "conversation")
 
 #: (action, category, purpose) each app may do in tenant "default"; everything else is denied.
 ALLOWED_IN_DEFAULT: dict[str, frozenset[tuple[str, str, str]]] = {
     "app:planner": frozenset(
-        (action, category, "personalization")
-        for action in ("read", "capture", "propose")
-        for category in _ASSISTANT
+        {
+            (action, category, "personalization")
+            for action in ("read", "capture", "propose", "consent")
+            for category in _ASSISTANT
+        }
+        # May record where users live (for schedulers), never read it back.
+        | {("capture", "location", "personalization"), ("consent", "location", "personalization")}
     ),
     "app:calendar": frozenset(
         {("read", category, "scheduling") for category in _SCHEDULER_READS}
@@ -55,6 +81,8 @@ ALLOWED_IN_DEFAULT: dict[str, frozenset[tuple[str, str, str]]] = {
             for action in ("capture", "propose")
             for category in _SCHEDULER_WRITES
         }
+        | {("capture", "conversation", "scheduling")}
+        | {("consent", category, "scheduling") for category in _SCHEDULER_CONSENTS}
     ),
     "app:privacy-console": frozenset(
         {("erase", category, "erasure") for category in ALL_CATEGORIES}
@@ -62,6 +90,20 @@ ALLOWED_IN_DEFAULT: dict[str, frozenset[tuple[str, str, str]]] = {
     ),
     "app:compliance-console": frozenset(
         ("audit", category, "compliance") for category in ALL_CATEGORIES
+    ),
+    OPERATORS: frozenset(
+        {
+            (action, category, purpose)
+            for action, purpose in (
+                ("inspect", "operations"),
+                ("operate", "operations"),
+                ("policy", "operations"),
+                ("audit", "compliance"),
+                ("erase", "erasure"),
+                ("export", "access-request"),
+            )
+            for category in ALL_CATEGORIES
+        }
     ),
     UNKNOWN_APP: frozenset(),
 }

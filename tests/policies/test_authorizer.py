@@ -181,6 +181,7 @@ def test_policy_table_shows_who_may_do_what(seeded: CasbinAuthorizer) -> None:
         "app:calendar",
         "app:privacy-console",
         "app:compliance-console",
+        "operators",
     }
     assert seeded.policy_table("acme") == ()
 

@@ -25,20 +25,27 @@ def _expected(owner: str, raw: str | None, reader: str, reader_type: str) -> boo
         return False
     if text == "shared":
         return True
-    return reader_type in text.split(":", 1)[1].split(",")
+    # Typed sharing reaches the owner app's own agents only (an app speaks for its agents).
+    owner_app, reader_app = owner.partition("/"), reader.partition("/")
+    same_app = bool(owner_app[1]) and bool(reader_app[1]) and owner_app[0] == reader_app[0]
+    return same_app and reader_type in text.split(":", 1)[1].split(",")
 
 
 @pytest.mark.parametrize(
     ("raw", "reader", "reader_type", "visible"),
     [
-        ("private", "agent:owner", "planner", True),
+        ("private", "app:a/agent:owner", "planner", True),
+        ("private", "app:b/agent:owner", "planner", False),  # another app's "agent:owner"
+        ("shared", "app:b/agent:other", "anything", True),
+        ("shared:planner,travel", "app:b/agent:other", "travel", False),  # type from app b
+        ("shared:planner,travel", "agent:other", "travel", False),  # bare id: no app, no type
         ("private", "agent:other", "planner", False),
         (None, "agent:other", "planner", False),
         ("", "agent:other", "planner", False),
         ("shared", "agent:other", "anything", True),
         (" shared ", "agent:other", "anything", True),
-        ("shared:planner,travel", "agent:other", "travel", True),
-        ("shared:planner,travel", "agent:other", "shopping", False),
+        ("shared:planner,travel", "app:a/agent:other", "travel", True),
+        ("shared:planner,travel", "app:a/agent:other", "shopping", False),
         ("shared:planner", "agent:other", "", False),
         ("Shared", "agent:other", "planner", False),
         ("shared:", "agent:other", "", False),
@@ -49,14 +56,17 @@ def _expected(owner: str, raw: str | None, reader: str, reader_type: str) -> boo
     ],
 )
 def test_visibility_examples(raw: str | None, reader: str, reader_type: str, visible: bool) -> None:
-    assert is_visible("agent:owner", raw, reader, reader_type) is visible
+    assert is_visible("app:a/agent:owner", raw, reader, reader_type) is visible
 
 
 def test_an_item_without_owner_is_not_visible_to_a_reader_without_id() -> None:
     assert not is_visible("", "private", "", "planner")
 
 
-AGENTS = st.sampled_from(["agent:a", "agent:b", "agent:c", "agent:d"]) | st.text(max_size=8)
+AGENTS = (
+    st.sampled_from(["agent:a", "agent:b", "app:x/agent:a", "app:x/agent:b", "app:y/agent:a"])
+    | st.text(max_size=8)
+)
 AGENT_TYPES = st.sampled_from(["planner", "travel", "shopping", ""]) | st.text(max_size=8)
 SHARING = st.one_of(
     st.none(),

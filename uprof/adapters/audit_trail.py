@@ -6,10 +6,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from audit.log import AuditLog
+from domain.principal import acting_principal
 
 
 class AuditLogTrail:
-    """Append one allowlisted, pseudonymous entry per call."""
+    """Append one allowlisted, pseudonymous entry per call, naming the asking principal.
+
+    The principal comes from the facade's context (``acting_principal``); writes the
+    pipeline makes on its own (extraction, projection) carry none, and the read
+    recorder, which runs on its own thread, passes the reader's label explicitly.
+    """
 
     def __init__(self, log: AuditLog, tenant: str) -> None:
         self.log = log
@@ -23,5 +29,8 @@ class AuditLogTrail:
 
     def _entry(self, action: str, fields: dict[str, Any]) -> dict[str, Any]:
         entry = {"action": action, "tenant": self._tenant}
+        principal = acting_principal.get()
+        if principal is not None:
+            entry["principal"] = principal.label
         entry.update({k: v for k, v in fields.items() if v is not None})
         return entry

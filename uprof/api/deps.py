@@ -55,7 +55,7 @@ CurrentPrincipal = Annotated[Principal, Depends(authenticate)]
 
 
 def app_scope(runtime: Runtime, principal: CurrentPrincipal) -> AppScope:
-    return AppScope(runtime, principal.app_id, principal.roles)
+    return AppScope(runtime, principal.app_id, principal.roles, key_id=principal.key_id)
 
 
 Scope = Annotated[AppScope, Depends(app_scope)]

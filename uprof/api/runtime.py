@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar
 
 from uprof.kernel import Uprof
 
@@ -136,11 +136,8 @@ class ServiceRuntime:
     def for_kernel(
         cls, kernel: Uprof, authorizer: GovernanceAuthorizer | None = None
     ) -> ServiceRuntime:
-        if authorizer is None:
-            from uprof.bootstrap import build_authorizer
-
-            authorizer = cast(GovernanceAuthorizer, build_authorizer(kernel.settings))
-        runtime = cls(kernel, authorizer=authorizer)
+        # One policy decision point per deployment: the kernel's (composition root).
+        runtime = cls(kernel, authorizer=authorizer or kernel.authorizer)
         if kernel.settings.background_workers:
             runtime.worker = PipelineWorker(kernel, runtime.pipeline_lock)
             runtime.wake = runtime.worker.wake

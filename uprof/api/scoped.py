@@ -1,24 +1,11 @@
-"""``AppScope``: the kernel as one authenticated app sees it, in wire models.
+"""``AppScope``: the authorized facade as one authenticated API key sees it, in wire models.
 
 REST routes, the MCP tools and the SDK's embedded mode all call these methods, so
-the three front doors cannot drift apart: same checks, same kernel calls, same
-results. What is decided here, and why:
-
-- The app is fixed at construction from the authenticated principal (I3); every
-  kernel call gets it from ``self.app_id``, never from a request model (those
-  forbid an ``app_id`` field).
-- Sessions and identifiers are registered and resolved inside the app's own
-  namespace, so app B cannot rebind a session of app A to another subject (the
-  kernel's registry is tenant-wide and "rebinding replaces").
-- Consents: an app grants, lists and withdraws only its own.
-- The full profile and evidence views are ungated by policy (they are what the
-  operator's ``uprof profile show`` prints), so they need the ``operator`` role;
-  apps read through slices, which the kernel gates by policy, consent and visibility.
-- Erasure and export (the kernel's governance methods take no app and check no
-  policy) are authorized here by the Casbin policy first: ``erase``/``erasure`` and
-  ``export``/``access-request`` over every category; a denial is a 403.
-- Calls that may run the pipeline inline hold the runtime's pipeline lock; calls
-  that wait for the background worker must not (see ``ServiceRuntime.call_waiting``).
+the three front doors cannot drift apart. Each method converts wire models to
+domain values and calls ``uprof.facade.Facade`` for the key's principal, which
+binds the app, qualifies agents and asks the policy (deny by default); nothing
+here decides access. What remains here is wire-level work: shapes, the pipeline
+lock of a long-running server, and reading results back for the response.
 
 This module imports no web framework: the SDK's embedded mode uses it in-process.
 """
@@ -29,11 +16,9 @@ import io
 import time
 from dataclasses import asdict
 
-from audit.check import check_upload
-from audit.keys import public_key_pem
 from domain.errors import InvalidInputError
+from domain.principal import Principal, PrincipalKind
 from domain.values import (
-    CATEGORIES,
     AttributeProposal,
     ExperienceProposal,
     IntentProposal,
@@ -47,37 +32,47 @@ from domain.values import (
 from uprof.api.errors import EdgeError, role_required
 from uprof.api.keys import ROLE_APP, ROLE_OPERATOR
 from uprof.api.runtime import ServiceRuntime
+from uprof.facade import Facade
 from uprof.schemas import api as w
 from uprof.services.erasure import ErasureResult
 from uprof.services.subjects import SubjectRequest
-
-#: Separates the app's namespace from a session id or identifier before the kernel hashes it.
-_NAMESPACE_SEPARATOR = "\x1f"
 
 
 class AppScope:
     """Every operation an authenticated app may ask for, with its identity bound."""
 
     def __init__(
-        self, runtime: ServiceRuntime, app_id: str, roles: frozenset[str] = frozenset({ROLE_APP})
+        self,
+        runtime: ServiceRuntime,
+        app_id: str,
+        roles: frozenset[str] = frozenset({ROLE_APP}),
+        *,
+        key_id: str = "",
     ) -> None:
         self._runtime = runtime
-        self._kernel = runtime.kernel
         self.app_id = app_id
         self.roles = roles
+        self.principal = Principal(
+            tenant=runtime.kernel.subjects.tenant,
+            app_id=app_id,
+            key_id=key_id or "key",
+            kind=PrincipalKind.APP,
+            roles=frozenset(roles),
+        )
+        self._door = Facade(runtime.kernel, self.principal)
         #: How long the kernel took to serve this request's slice (Server-Timing).
         self.kernel_ms = 0.0
 
     # ----------------------------------------------------------------- capture
 
     def capture(self, body: w.CaptureIn) -> w.CaptureAck:
-        ack = self._kernel.capture(body.subject, self._interaction(body))
+        ack = self._door.capture(body.subject, self._interaction(body))
         self._runtime.wake()
         return w.CaptureAck.model_validate(asdict(ack))
 
     def capture_many(self, body: w.CaptureBatchIn) -> w.CaptureBatchAck:
         """All or nothing: the kernel records the batch in one transaction."""
-        acks = self._kernel.capture_many(
+        acks = self._door.capture_many(
             body.subject, [self._interaction(i) for i in body.interactions]
         )
         self._runtime.wake()
@@ -111,7 +106,7 @@ class AppScope:
             purpose=body.purpose,
         )
         with self._runtime.pipeline():
-            applied = self._kernel.submit_proposals(
+            applied = self._door.submit_proposals(
                 body.subject, batch, observed_at=body.observed_at
             )
         self._runtime.wake()
@@ -121,19 +116,16 @@ class AppScope:
 
     def slice(self, body: w.SliceIn) -> w.ProfileSlice:
         request = SubjectRequest(
-            subject=body.subject,
-            session_id=self._namespaced(body.session_id),
-            identifier=self._namespaced(body.identifier),
+            subject=body.subject, session_id=body.session_id, identifier=body.identifier
         )
 
         def serve() -> w.ProfileSlice:
             began = time.perf_counter()
-            result = self._kernel.slice(
+            result = self._door.slice(
                 request,
                 body.query,
                 budget_tokens=body.budget_tokens,
                 purpose=body.purpose,
-                app_id=self.app_id,
                 agent_id=body.agent_id,
                 agent_type=body.agent_type,
                 lexical_only=body.lexical_only,
@@ -147,8 +139,6 @@ class AppScope:
         if self._runtime.background:
             # Nothing runs inline, so no lock. A subject that is behind wakes the worker
             # from inside the kernel (Uprof.wake_workers); a caught-up one wakes nothing.
-            # The read's record is written by the kernel's recorder, projected on the
-            # worker's next run.
             return serve()
         with self._runtime.pipeline():
             return serve()
@@ -158,7 +148,7 @@ class AppScope:
     def profile(self, body: w.ProfileIn) -> w.Profile:
         self._require(ROLE_OPERATOR)
         with self._runtime.pipeline():
-            view = self._kernel.profile(body.subject, as_of=body.as_of)
+            view = self._door.profile(body.subject, as_of=body.as_of)
         return w.Profile(
             attributes=[w.AttributeOut.model_validate(asdict(a)) for a in view.attributes],
             memories=[w.MemoryOut.model_validate(asdict(m)) for m in view.memories],
@@ -170,7 +160,7 @@ class AppScope:
     def evidence(self, body: w.EvidenceIn) -> w.Evidence:
         self._require(ROLE_OPERATOR)
         with self._runtime.pipeline():
-            view = self._kernel.evidence(body.subject, body.item_id)
+            view = self._door.evidence(body.subject, body.item_id)
         return w.Evidence(
             item_id=view.item_id,
             layer=view.layer,
@@ -183,15 +173,15 @@ class AppScope:
     def grant_consent(self, body: w.ConsentGrantIn) -> w.ConsentGranted:
         # The kernel creates the subject before the aggregate checks expires_at; check
         # it first so a refused grant leaves nothing behind.
-        if body.expires_at is not None and body.expires_at <= self._kernel.clock.now():
+        if body.expires_at is not None and body.expires_at <= self._runtime.kernel.clock.now():
             raise InvalidInputError("expires_at must be in the future")
-        consent_id = self._kernel.grant_consent(
+        consent_id = self._door.grant_consent(
             body.subject,
-            app_id=self.app_id,
             categories=list(body.categories),
             purposes=list(body.purposes),
             legal_basis=body.legal_basis,
             expires_at=body.expires_at,
+            collected_by=body.collected_by or "",
         )
         self._runtime.wake()
         return w.ConsentGranted(consent_id=consent_id)
@@ -213,7 +203,7 @@ class AppScope:
                 hint="list this app's consents with POST /v1/consents/list",
             )
         erasure = self._runtime.call_waiting(
-            lambda: self._kernel.withdraw_consent(body.subject, body.consent_id, erase=body.erase)
+            lambda: self._door.withdraw_consent(body.subject, body.consent_id, erase=body.erase)
         )
         self._runtime.wake()
         # Read it back from the view, so the answer is what the kernel recorded.
@@ -225,68 +215,45 @@ class AppScope:
 
     def _own_consents(self, subject: str) -> list[w.Consent]:
         with self._runtime.pipeline():
-            view = self._kernel.profile(subject)
-        return [
-            w.Consent.model_validate(asdict(c)) for c in view.consents if c.app_id == self.app_id
-        ]
+            grants = self._door.consents(subject)
+        return [w.Consent.model_validate(asdict(c)) for c in grants]
 
     # --------------------------------------------------------------- governance
 
     def erase_subject(self, body: w.SubjectErasureIn) -> w.ErasureReceipt:
-        self._authorize("erase", "erasure")
         result = self._runtime.call_waiting(
-            lambda: self._kernel.erase_subject(body.subject, basis=body.basis)
+            lambda: self._door.erase_subject(body.subject, basis=body.basis)
         )
         return _receipt_of(result)
 
     def erase_item(self, body: w.ItemErasureIn) -> w.ErasureReceipt:
-        self._authorize("erase", "erasure")
         result = self._runtime.call_waiting(
-            lambda: self._kernel.erase_item(
+            lambda: self._door.erase_item(
                 body.subject, body.item_id, with_evidence=body.with_evidence
             )
         )
         return _receipt_of(result)
 
     def erase_capture(self, body: w.CaptureErasureIn) -> w.ErasureReceipt:
-        self._authorize("erase", "erasure")
         result = self._runtime.call_waiting(
-            lambda: self._kernel.erase_capture(body.subject, body.capture_id)
+            lambda: self._door.erase_capture(body.subject, body.capture_id)
         )
         return _receipt_of(result)
 
     def export_subject(self, body: w.SubjectExportIn) -> w.SubjectExport:
-        self._authorize("export", "access-request")
         with self._runtime.pipeline():  # export reads the profile, which runs the pipeline
-            export = self._kernel.export_subject(body.subject)
+            export = self._door.export_subject(body.subject)
         return w.SubjectExport(export=export)
-
-    def _authorize(self, action: str, purpose: str) -> None:
-        """Casbin decides (deny by default); a denial raises PermissionDeniedError (403)."""
-        authorizer = self._runtime.authorizer
-        if authorizer is None:
-            raise EdgeError(403, "permission_denied", "no policy is configured for governance")
-        authorizer.authorize_all(
-            app_id=self.app_id, tenant=self._kernel.subjects.tenant, action=action,
-            purpose=purpose, categories=CATEGORIES,
-        )
 
     # ------------------------------------------------------- identity registries
 
     def register_session(self, body: w.SessionIn) -> w.Registered:
-        self._kernel.register_session(self._namespaced(body.session_id) or "", body.subject)
+        self._door.register_session(body.session_id, body.subject)
         return w.Registered()
 
     def register_identifier(self, body: w.IdentifierIn) -> w.Registered:
-        self._kernel.register_identifier(self._namespaced(body.identifier) or "", body.subject)
+        self._door.register_identifier(body.identifier, body.subject)
         return w.Registered()
-
-    def _namespaced(self, value: str | None) -> str | None:
-        if value is None:
-            return None
-        return f"{self.app_id}{_NAMESPACE_SEPARATOR}{value.strip()}"
-
-    # -------------------------------------------------------------------- roles
 
     # -------------------------------------------------------------------- audit
 
@@ -294,15 +261,14 @@ class AppScope:
         """The trail with proofs, for compliance teams (``operator`` role)."""
         self._require(ROLE_OPERATOR)
         out = io.StringIO()
-        summary = self._kernel.export_audit(
+        summary = self._door.export_audit(
             out,
             fmt=body.format,
-            subject_ref=self._kernel.audit_subject_ref(body.subject) if body.subject else None,
+            subject=body.subject,
             app_id=body.for_app,
             action=body.action,
             since=body.since,
             until=body.until,
-            requested_by=self.app_id,
         )
         return w.AuditExport(
             format=body.format,
@@ -313,19 +279,12 @@ class AppScope:
     def audit_verify(self, body: w.AuditVerifyIn) -> w.AuditVerification:
         """Check an export or a receipt against this log's key (``operator`` role)."""
         self._require(ROLE_OPERATOR)
-        log = self._kernel.audit_log
-        checked = check_upload(body.content.encode(), body.kind, log.public_key, log.origin)
+        checked = self._door.verify_audit(body.content.encode(), body.kind)
         return w.AuditVerification.model_validate(asdict(checked))
 
     def audit_key(self) -> w.AuditKey:
         """The log's public key and its latest signed checkpoint, to pin for offline checks."""
-        log = self._kernel.audit_log
-        return w.AuditKey(
-            origin=log.origin,
-            key_id=log.key_id,
-            public_key_pem=public_key_pem(log.public_key).decode(),
-            checkpoint=log.checkpoint(),
-        )
+        return w.AuditKey.model_validate(self._door.audit_key())
 
     def _require(self, role: str) -> None:
         if role not in self.roles:

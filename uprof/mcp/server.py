@@ -110,9 +110,14 @@ def build_server(
     def scope() -> AppScope:
         token = get_access_token()
         if token is not None:
-            return AppScope(runtime, token.client_id, frozenset(token.scopes))
+            return AppScope(
+                runtime, token.client_id, frozenset(token.scopes), key_id=token.subject or ""
+            )
         if stdio_principal is not None:
-            return AppScope(runtime, stdio_principal.app_id, stdio_principal.roles)
+            return AppScope(
+                runtime, stdio_principal.app_id, stdio_principal.roles,
+                key_id=stdio_principal.key_id,
+            )
         # Neither transport authenticated the caller: fail closed.
         raise _tool_error(unauthenticated("no API key: set UPROF_API_KEY or send a bearer token"))
 

@@ -410,6 +410,16 @@ class ConsentGrantIn(_Request):
     purposes: Annotated[list[Purpose], Field(min_length=1, max_length=16)]
     legal_basis: Token = "consent"
     expires_at: UtcTime | None = None
+    #: The app's own record of the user's consent action (required for apps): e.g. the
+    #: id of the consent dialog event the user confirmed.
+    collected_by: Annotated[
+        Token | None,
+        Field(
+            description="the app's reference to the user's consent action it relies on, "
+            "e.g. consent-ui:2024-05-01:1234 (required)",
+            examples=["consent-ui:2024-05-01:1234"],
+        ),
+    ] = None
 
 
 class ConsentGranted(_Response):

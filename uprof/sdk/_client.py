@@ -67,9 +67,10 @@ def _profile(subject: str, as_of: datetime | None) -> Call[w.Profile]:
 
 
 def _grant(subject: str, categories: Sequence[str], purposes: Sequence[str], legal_basis: str,
-           expires_at: datetime | None) -> Call[w.ConsentGranted]:
+           expires_at: datetime | None, collected_by: str | None) -> Call[w.ConsentGranted]:
     fields: dict[str, Any] = {"subject": subject, "categories": list(categories),
-                              "purposes": list(purposes), "legal_basis": legal_basis}
+                              "purposes": list(purposes), "legal_basis": legal_basis,
+                              "collected_by": collected_by}
     if expires_at is not None:
         fields["expires_at"] = expires_at
     return Call(ops.GRANT_CONSENT, ops.build(w.ConsentGrantIn, **fields))
@@ -140,9 +141,14 @@ class Client:
     def grant_consent(
         self, subject: str, *, categories: Sequence[str], purposes: Sequence[str],
         legal_basis: str = "consent", expires_at: datetime | None = None,
+        collected_by: str | None = None,
     ) -> str:
-        """Record the subject's consent for this app; returns the consent id."""
-        call = _grant(subject, categories, purposes, legal_basis, expires_at)
+        """Record the subject's consent for this app; returns the consent id.
+
+        ``collected_by`` names the app's own record of the user's consent action
+        (required: an app records only consents it can show the user gave).
+        """
+        call = _grant(subject, categories, purposes, legal_basis, expires_at, collected_by)
         return self._backend.send(call).consent_id
 
     def withdraw_consent(
@@ -301,8 +307,9 @@ class AsyncClient:
     async def grant_consent(
         self, subject: str, *, categories: Sequence[str], purposes: Sequence[str],
         legal_basis: str = "consent", expires_at: datetime | None = None,
+        collected_by: str | None = None,
     ) -> str:
-        call = _grant(subject, categories, purposes, legal_basis, expires_at)
+        call = _grant(subject, categories, purposes, legal_basis, expires_at, collected_by)
         return (await self._backend.send(call)).consent_id
 
     async def withdraw_consent(

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from domain.errors import ConsentRequiredError, InvalidInputError
+from domain.principal import qualified_agent
 from domain.profile import SubjectProfile
 from domain.values import Interaction, check_text, check_token
 from uprof.crypto.keystore import KeyStore
@@ -48,7 +49,12 @@ def check_interaction(interaction: Interaction) -> Interaction:
     for name in ("user_input", "agent_response"):
         if len(getattr(interaction, name)) > MAX_TEXT_CHARS:
             raise InvalidInputError(f"interaction.{name} exceeds {MAX_TEXT_CHARS} characters")
-    return replace(interaction, occurred_at=to_utc(interaction.occurred_at, "occurred_at"))
+    return replace(
+        interaction,
+        occurred_at=to_utc(interaction.occurred_at, "occurred_at"),
+        # Agents belong to their app: the capture names the qualified agent (I4).
+        agent_id=qualified_agent(interaction.app_id, interaction.agent_id),
+    )
 
 
 class CaptureService:

@@ -43,6 +43,7 @@ class ConsentService:
         legal_basis: str = "consent",
         expires_at: datetime | None = None,
         notice_version: str = "",
+        collected_by: str = "",
     ) -> str:
         """Record a consent (creating the subject on first consent); returns its id."""
         now = self._clock.now()
@@ -71,6 +72,7 @@ class ConsentService:
                 granted_at=now,
                 expires_at=expires,
                 notice_version=notice_version,
+                collected_by=collected_by,
             )
             self._app.save(profile)
             return consent_id

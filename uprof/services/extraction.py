@@ -16,6 +16,7 @@ import random
 import time
 from collections import defaultdict
 from dataclasses import replace
+from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
@@ -27,11 +28,32 @@ from domain.errors import (
     SubjectErasedError,
     SubjectNotFoundError,
 )
+from domain.principal import qualified_agent
 from domain.profile import SubjectProfile
-from domain.values import CapturedInteraction, Interaction, ProposalBatch
+from domain.values import (
+    AttributeProposal,
+    CapturedInteraction,
+    ExperienceProposal,
+    IntentProposal,
+    Interaction,
+    MemoryProposal,
+    ProposalBatch,
+    attribute_spec,
+)
 from projections.profile.queries import ProfileQueries
 from uprof.eventstore import CAPTURED_TOPIC, CONFLICT_RETRIES, ProfilesApplication
 from uprof.ports import Clock, Extractor
+
+
+def category_of(proposal: Any) -> str | None:
+    """The category a proposal writes to; None when only the aggregate knows it."""
+    if isinstance(proposal, AttributeProposal):
+        return attribute_spec(proposal.key).category
+    if isinstance(proposal, MemoryProposal | IntentProposal):
+        return str(proposal.category)
+    if isinstance(proposal, ExperienceProposal):
+        return "experience"
+    return None
 
 
 def evidence_ids(batch: ProposalBatch) -> set[str]:
@@ -86,12 +108,15 @@ class ExtractionWorker:
         evidence: EvidenceChecker,
         clock: Clock,
         batch_size: int = 256,
+        may_capture: Callable[[str, str], frozenset[str]] | None = None,
     ) -> None:
         self._app = app
         self._extractor = extractor
         self._evidence = evidence
         self._clock = clock
         self._batch_size = batch_size
+        #: (app, purpose) -> categories that app's captures may yield; None: all.
+        self._may_capture = may_capture
 
     @property
     def position(self) -> int:
@@ -161,4 +186,15 @@ class ExtractionWorker:
         # here rather than trusted (the model does not decide what counts as evidence).
         own = {event.capture_id}
         kept = tuple(p for p in batch.proposals if set(p.evidence) <= own)
-        return replace(batch, proposals=kept, app_id=event.app_id, purpose=event.purpose)
+        if self._may_capture is not None:
+            # The capturing app's policy bounds what its captures may become.
+            permitted = self._may_capture(event.app_id, event.purpose)
+            kept = tuple(p for p in kept if category_of(p) in permitted | {None})
+        return replace(
+            batch,
+            proposals=kept,
+            app_id=event.app_id,
+            purpose=event.purpose,
+            # Agents belong to their app: the owner is the qualified agent (I4).
+            owner_agent=qualified_agent(event.app_id, batch.owner_agent or event.agent_id),
+        )

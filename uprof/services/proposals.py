@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 
 from domain.errors import SubjectNotFoundError
+from domain.principal import qualified_agent
 from domain.values import ProposalBatch
 from uprof.eventstore import ProfilesApplication
 from uprof.ports import AuditTrail, Clock
@@ -40,6 +42,8 @@ class ProposalService:
         handle = self._subjects.find(subject_ref)
         if handle is None:
             raise SubjectNotFoundError("no such subject")
+        # Agents belong to their app: the owner is the qualified agent (I4).
+        batch = replace(batch, owner_agent=qualified_agent(batch.app_id, batch.owner_agent))
         self._evidence.check(handle.stream_id, batch, known={})
         now = self._clock.now()
         when = to_utc(observed_at, "observed_at") if observed_at is not None else now

@@ -59,6 +59,8 @@ class ServedRead:
     served_at: datetime
     budget_tokens: int
     n_tokens: int
+    #: The authenticated principal that asked (its audit label), when known.
+    principal: str = ""
 
 
 class ReadRecorder:
@@ -256,6 +258,7 @@ class ReadRecorder:
                     "slice.served",
                     {
                         "subject_ref": read.pseudonym,
+                        "principal": read.principal or None,
                         "app_id": read.app_id,
                         "agent_id": read.agent_id,
                         "purpose": read.purpose,

@@ -24,7 +24,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Protocol
 from uuid import UUID
@@ -33,6 +33,7 @@ import numpy as np
 
 from domain.errors import InvalidInputError, SubjectErasedError
 from domain.heat import heat
+from domain.principal import qualified_agent
 from domain.values import CATEGORIES, Layer, Provenance, SharingPolicy, check_token
 from projections.profile.queries import MemoryRow, ProfileQueries
 from uprof.eventstore import ProfilesApplication
@@ -78,6 +79,8 @@ class SliceRequest:
     now: datetime | None = None
     lexical_only: bool = False
     wait_timeout_s: float | None = None
+    #: Audit label of the authenticated principal (uprof.facade sets it).
+    principal: str = ""
 
 
 @dataclass(frozen=True)
@@ -190,6 +193,9 @@ class SliceService:
 
     def slice(self, request: SliceRequest) -> ProfileSlice:
         self._check(request)
+        # Agents belong to their app: the reader is the qualified agent (I4), whatever
+        # the caller wrote, so "agent:one" of app B is never app A's "agent:one".
+        request = replace(request, agent_id=qualified_agent(request.app_id, request.agent_id))
         handle = self._subjects.resolve(
             request.subject, calling_agent=request.agent_id, max_age_s=HANDLE_MAX_AGE_S
         )
@@ -240,6 +246,7 @@ class SliceService:
                 served_at=real_now,
                 budget_tokens=request.budget_tokens,
                 n_tokens=packed.n_tokens,
+                principal=request.principal,
             )
         )
         return ProfileSlice(

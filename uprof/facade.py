@@ -1,0 +1,510 @@
+"""The one authorized door: every operation, for one authenticated principal.
+
+REST, MCP, the web pages, the SDK's embedded mode and the CLI build a ``Principal``
+from whatever authenticated the caller and call these methods; none of them calls
+the kernel (``uprof.kernel.Uprof``) for an operation itself. An import-linter
+contract in pyproject.toml keeps it so.
+
+What is decided here, for every call:
+
+- **Who.** The principal comes from authentication. The app an operation runs
+  for is the principal's (or, for an operator, the app it explicitly acts for);
+  an ``app_id`` inside a request is never trusted.
+- **May they.** Casbin decides each action (deny by default) for the principal's
+  app: ``capture`` (category ``conversation``), ``propose`` (each proposal's
+  category), ``consent`` (each category and purpose granted), ``read`` (slices:
+  gated per item by the kernel), ``inspect`` (full profile and evidence views),
+  ``export`` (subject export), ``erase``, ``audit`` (audit trail, verification,
+  residue scans), ``policy`` (policy changes) and ``operate`` (pipeline runs,
+  rebuilds, maintenance). Operator work (``inspect``, ``audit``, ``policy``,
+  ``operate``, and ``erase``/``export`` unless acting for an app) needs an
+  operator principal and is decided for the policy subject ``operators``. A
+  denial is audited and raised as ``PermissionDeniedError`` (403); nothing is
+  written.
+- **Whose agents.** An agent belongs to its app: owners and readers are qualified
+  as ``app/agent`` before they reach the kernel (``domain.principal``).
+- **Data subjects** (privacy-center principals) act only on their own subject and
+  exercise their rights (consent for any app, erasure, export) without the
+  operator's policy: those rights are not the operator's to withhold.
+- **Audit.** Every entry written while a call runs names the principal
+  (``uprof.adapters.audit_trail`` reads ``domain.principal.acting_principal``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from datetime import datetime
+from os import PathLike
+from typing import Any, TextIO
+
+from audit.export import ExportSummary
+from domain.errors import (
+    ConsentRequiredError,
+    InvalidInputError,
+    PermissionDeniedError,
+    SubjectNotFoundError,
+)
+from domain.principal import OPERATORS, Principal, PrincipalKind, acting_principal
+from domain.values import CATEGORIES, Interaction, ProposalBatch, check_token
+from policies.rules import purpose_problem
+from uprof.kernel import Lag, Uprof
+from uprof.services.capture import CaptureAck
+from uprof.services.erasure import ErasureResult
+from uprof.services.extraction import category_of
+from uprof.services.profile import EvidenceView, ProfileView
+from uprof.services.residue import ResidueReport
+from uprof.services.slices import ProfileSlice
+from uprof.services.subjects import SubjectRequest
+
+#: Category every raw capture is authorized under (what a capture is before extraction).
+CAPTURE_CATEGORY = "conversation"
+#: Purposes the governance actions are decided for.
+ERASURE_PURPOSE = "erasure"
+ACCESS_PURPOSE = "access-request"
+COMPLIANCE_PURPOSE = "compliance"
+OPERATIONS_PURPOSE = "operations"
+#: Separates the app's namespace from a session id or identifier before the kernel hashes it.
+_NAMESPACE_SEPARATOR = "\x1f"
+
+
+class Facade:
+    """Every operation uprof offers, run for one authenticated principal."""
+
+    def __init__(self, kernel: Uprof, principal: Principal) -> None:
+        self._kernel = kernel
+        self.principal = principal
+
+    # ------------------------------------------------------------ decisions
+
+    @contextlib.contextmanager
+    def _as_principal(self) -> Iterator[None]:
+        token = acting_principal.set(self.principal)
+        try:
+            yield
+        finally:
+            acting_principal.reset(token)
+
+    def _authorize(self, action: str, categories: Sequence[str], purpose: str) -> None:
+        """Casbin decides for the principal's app; a denial is audited, then raised."""
+        if self.principal.kind is PrincipalKind.USER:
+            raise PermissionDeniedError(f"a data subject's link cannot {action}")
+        self._decide(self.principal.policy_subject, action, categories, purpose)
+
+    def _authorize_operator(self, action: str, categories: Sequence[str], purpose: str) -> None:
+        """Operator work: an operator principal, decided as the policy's ``operators``.
+
+        The operator role comes from authentication (the CLI's access to the stores,
+        or an API key created with the operator role); the policy still decides
+        what operators may do, so a deployment can narrow it.
+        """
+        if not self.principal.is_operator:
+            raise PermissionDeniedError(
+                f"{action} needs an operator principal (an API key with the operator role)"
+            )
+        self._decide(OPERATORS, action, categories, purpose)
+
+    def _authorize_governance(self, action: str, purpose: str) -> None:
+        """Erasure and export: an operator as operator; an app (e.g. a DPO console) as itself."""
+        if self.principal.is_operator and not self.principal.acting_for:
+            self._authorize_operator(action, CATEGORIES, purpose)
+        else:
+            self._authorize(action, CATEGORIES, purpose)
+
+    def _decide(
+        self, policy_subject: str, action: str, categories: Sequence[str], purpose: str
+    ) -> None:
+        try:
+            self._kernel.authorizer.authorize_all(
+                app_id=policy_subject,
+                tenant=self._kernel.subjects.tenant,
+                action=action,
+                purpose=purpose,
+                categories=list(categories),
+            )
+        except PermissionDeniedError as denied:
+            with self._as_principal():
+                self._kernel.audit.record(
+                    "access.denied",
+                    app_id=policy_subject,
+                    purpose=purpose if _is_token(purpose) else None,
+                    reason_code=action,
+                )
+            raise denied from None
+
+    def _refuse_users(self, what: str) -> None:
+        if self.principal.kind is PrincipalKind.USER:
+            raise PermissionDeniedError(f"a data subject's link cannot do {what}")
+
+    def _own_subject(self, subject: str) -> None:
+        """A data subject's principal acts on its own subject only."""
+        if self.principal.kind is PrincipalKind.USER and subject != self.principal.subject:
+            raise PermissionDeniedError("a privacy link acts for its own subject only")
+
+    def _reader(self, agent_id: str) -> str:
+        return self.principal.owner(agent_id)
+
+    def _namespaced(self, value: str | None) -> str | None:
+        if value is None:
+            return None
+        return f"{self.principal.policy_subject}{_NAMESPACE_SEPARATOR}{value.strip()}"
+
+    # --------------------------------------------------------------- capture
+
+    def capture(self, subject: str, interaction: Interaction) -> CaptureAck:
+        return self.capture_many(subject, [interaction])[0]
+
+    def capture_many(self, subject: str, interactions: Sequence[Interaction]) -> list[CaptureAck]:
+        """Capture as the principal's app; the policy must allow ``capture``."""
+        bound = [self._bind(i) for i in interactions]
+        for purpose in sorted({i.purpose for i in bound}):
+            self._authorize("capture", [CAPTURE_CATEGORY], purpose)
+        with self._as_principal():
+            return self._kernel.capture_many(subject, bound)
+
+    def _bind(self, interaction: Interaction) -> Interaction:
+        return replace(
+            interaction,
+            app_id=self.principal.policy_subject,
+            agent_id=self._reader(interaction.agent_id),
+        )
+
+    # ------------------------------------------------------------- proposals
+
+    def submit_proposals(
+        self, subject: str, batch: ProposalBatch, *, observed_at: datetime | None = None
+    ) -> int:
+        """Propose as the principal's app and agent; every category must be allowed.
+
+        Refused (nothing written) when the policy denies any proposal's category, or
+        when the app holds no consent in force for them: a proposal that would be
+        dropped silently is an error the caller must see.
+        """
+        bound = replace(
+            batch,
+            app_id=self.principal.policy_subject,
+            owner_agent=self._reader(batch.owner_agent),
+            author=self._reader(batch.author) if batch.author else batch.author,
+        )
+        categories = sorted({c for p in bound.proposals if (c := category_of(p))})
+        if categories:
+            self._authorize("propose", categories, bound.purpose)
+        with self._as_principal():
+            missing = self._kernel.unconsented(subject, bound.app_id, categories, bound.purpose)
+            if missing:
+                raise ConsentRequiredError(
+                    f"app {bound.app_id!r} has no consent in force for category "
+                    f"{missing[0]!r} and purpose {bound.purpose!r}"
+                )
+            return self._kernel.submit_proposals(subject, bound, observed_at=observed_at)
+
+    # --------------------------------------------------------------- consent
+
+    def grant_consent(
+        self,
+        subject: str,
+        *,
+        categories: Sequence[str],
+        purposes: Sequence[str],
+        legal_basis: str = "consent",
+        expires_at: datetime | None = None,
+        collected_by: str = "",
+        app_id: str | None = None,
+    ) -> str:
+        """Record a consent the user gave.
+
+        An app records consent for itself only, citing its own consent record
+        (``collected_by``) and holding the policy's ``consent`` action for every
+        category and purpose. A data subject (privacy center) or the operator may
+        record it for any app (``app_id``).
+        """
+        target = self._consent_app(app_id)
+        for purpose in purposes:  # malformed input is a 422 naming the field, not a denial
+            problem = purpose_problem(purpose.strip())
+            if problem is not None:
+                raise InvalidInputError(f"purposes: {problem}")
+        if collected_by.strip():
+            check_token("collected_by", collected_by.strip())
+        if self.principal.kind is PrincipalKind.APP and not collected_by.strip():
+            raise InvalidInputError(
+                "collected_by must name the app's record of the user's consent "
+                "(e.g. consent-ui:2024-05-01:1234)"
+            )
+        if self.principal.kind is not PrincipalKind.USER:
+            categories = self._consentable(target, categories, purposes)
+        self._own_subject(subject)
+        with self._as_principal():
+            return self._kernel.grant_consent(
+                subject,
+                app_id=target,
+                categories=categories,
+                purposes=purposes,
+                legal_basis=legal_basis,
+                expires_at=expires_at,
+                collected_by=collected_by.strip() or self.principal.label,
+            )
+
+    def _consent_app(self, app_id: str | None) -> str:
+        own = self.principal.policy_subject
+        if app_id is None or app_id == own:
+            if self.principal.kind is PrincipalKind.USER:
+                raise InvalidInputError("app_id must name the app the consent is for")
+            return own
+        if self.principal.kind is PrincipalKind.APP:
+            raise PermissionDeniedError("an app may record or change only its own consents")
+        return app_id
+
+    def _consentable(
+        self, app_id: str, categories: Sequence[str], purposes: Sequence[str]
+    ) -> list[str]:
+        """The categories the consent may name, after the policy's ``consent`` action.
+
+        Named categories must each be allowed for every purpose (else 403). ``*``
+        stands for every category the app may record consent for, for all the
+        purposes given: an app never holds consent its policy does not let it collect.
+        """
+        named = [c.strip() for c in categories]
+        if "*" not in named or not purposes:
+            for purpose in purposes:
+                self._authorize_for(app_id, "consent", named, purpose)
+            return named
+        allowed = list(CATEGORIES)
+        for purpose in purposes:
+            decisions = self._kernel.authorizer.decisions_for(
+                app_id=app_id, tenant=self._kernel.subjects.tenant, action="consent",
+                purpose=purpose, categories=list(CATEGORIES),
+            )
+            permitted = [c for c in allowed if decisions[c].allowed]
+            if not permitted:
+                # Nothing to consent to for this purpose: let the policy refuse (audited).
+                self._authorize_for(app_id, "consent", allowed, purpose)
+            allowed = permitted
+        return allowed
+
+    def _authorize_for(
+        self, app_id: str, action: str, categories: Sequence[str], purpose: str
+    ) -> None:
+        principal = self.principal
+        if principal.is_operator and app_id != principal.policy_subject:
+            # The operator records on behalf of an app: the app's policy decides.
+            Facade(self._kernel, principal.as_app(app_id))._authorize(action, categories, purpose)
+            return
+        self._authorize(action, categories, purpose)
+
+    def consents(self, subject: str) -> list[Any]:
+        """The principal's app's consents (all apps' for a subject or the operator)."""
+        self._own_subject(subject)
+        with self._as_principal():
+            view = self._kernel.profile(subject)
+        if self.principal.kind is PrincipalKind.APP:
+            return [c for c in view.consents if c.app_id == self.principal.policy_subject]
+        return list(view.consents)
+
+    def withdraw_consent(
+        self, subject: str, consent_id: str, *, erase: bool = False
+    ) -> ErasureResult | None:
+        """Withdraw a consent: an app only its own; a subject or operator any of theirs.
+
+        Withdrawing only ever narrows what an app holds, so no policy is asked.
+        """
+        self._own_subject(subject)
+        if consent_id not in {c.consent_id for c in self.consents(subject)}:
+            raise SubjectNotFoundError(
+                "no consent with that id for this subject and app",
+                hint="list the consents first (consent list / POST /v1/consents/list)",
+            )
+        with self._as_principal():
+            return self._kernel.withdraw_consent(subject, consent_id, erase=erase)
+
+    # ---------------------------------------------------------------- slices
+
+    def slice(
+        self,
+        subject: str | SubjectRequest,
+        query: str,
+        *,
+        budget_tokens: int,
+        purpose: str,
+        agent_id: str,
+        agent_type: str = "",
+        now: datetime | None = None,
+        lexical_only: bool = False,
+        wait_timeout_s: float | None = None,
+    ) -> ProfileSlice:
+        """The slice the principal's app and agent may see (the kernel gates every item)."""
+        if self.principal.kind is PrincipalKind.USER:
+            raise PermissionDeniedError("slices are served to apps")
+        request = (
+            subject if isinstance(subject, SubjectRequest) else SubjectRequest(subject=subject)
+        )
+        request = replace(
+            request,
+            session_id=self._namespaced(request.session_id),
+            identifier=self._namespaced(request.identifier),
+        )
+        with self._as_principal():
+            return self._kernel.slice(
+                request,
+                query,
+                budget_tokens=budget_tokens,
+                purpose=purpose,
+                app_id=self.principal.policy_subject,
+                agent_id=self._reader(agent_id),
+                agent_type=agent_type,
+                now=now,
+                lexical_only=lexical_only,
+                wait_timeout_s=wait_timeout_s,
+                principal=self.principal.label,
+            )
+
+    def register_session(self, session_id: str, subject: str) -> None:
+        """Bind a session id, inside this app's namespace, to a subject.
+
+        No policy is asked: the binding lives in the app's own namespace and only
+        ever changes how that app's own later requests resolve.
+        """
+        self._refuse_users("registering sessions")
+        with self._as_principal():
+            self._kernel.register_session(self._namespaced(session_id) or "", subject)
+
+    def register_identifier(self, identifier: str, subject: str) -> None:
+        """Bind an identifier, inside this app's namespace, to a subject (no policy asked)."""
+        self._refuse_users("registering identifiers")
+        with self._as_principal():
+            self._kernel.register_identifier(self._namespaced(identifier) or "", subject)
+
+    # ------------------------------------------------------- profile views
+
+    def profile(self, subject: str, *, as_of: datetime | None = None) -> ProfileView:
+        """The whole, ungated profile: the policy's ``inspect`` over every category."""
+        self._authorize_operator("inspect", CATEGORIES, OPERATIONS_PURPOSE)
+        with self._as_principal():
+            return self._kernel.profile(subject, as_of=as_of)
+
+    def evidence(self, subject: str, item_id: str) -> EvidenceView:
+        self._authorize_operator("inspect", CATEGORIES, OPERATIONS_PURPOSE)
+        with self._as_principal():
+            return self._kernel.evidence(subject, item_id)
+
+    def item_reads(self, subject: str) -> list[Any]:
+        """Who read the subject's items (the privacy center's "who saw it")."""
+        self._own_subject(subject)
+        if self.principal.kind is not PrincipalKind.USER:
+            self._authorize_operator("inspect", CATEGORIES, OPERATIONS_PURPOSE)
+        with self._as_principal():
+            return self._kernel.item_reads(subject)
+
+    def subject_view(self, subject: str) -> ProfileView:
+        """A data subject's own profile (privacy center), or ``inspect`` for others."""
+        if self.principal.kind is PrincipalKind.USER:
+            self._own_subject(subject)
+            with self._as_principal():
+                return self._kernel.profile(subject)
+        return self.profile(subject)
+
+    # ------------------------------------------------------------ governance
+
+    def export_subject(self, subject: str) -> dict[str, Any]:
+        self._own_subject(subject)
+        if self.principal.kind is not PrincipalKind.USER:
+            self._authorize_governance("export", ACCESS_PURPOSE)
+        with self._as_principal():
+            return self._kernel.export_subject(subject, requested_by=self.principal.label)
+
+    def erase_subject(self, subject: str, *, basis: str = "GDPR-Art.17(1)") -> ErasureResult:
+        self._own_subject(subject)
+        if self.principal.kind is not PrincipalKind.USER:
+            self._authorize_governance("erase", ERASURE_PURPOSE)
+        with self._as_principal():
+            return self._kernel.erase_subject(subject, basis=basis)
+
+    def erase_item(
+        self, subject: str, item_id: str, *, with_evidence: bool = False
+    ) -> ErasureResult:
+        self._own_subject(subject)
+        if self.principal.kind is not PrincipalKind.USER:
+            self._authorize_governance("erase", ERASURE_PURPOSE)
+        with self._as_principal():
+            return self._kernel.erase_item(subject, item_id, with_evidence=with_evidence)
+
+    def erase_capture(self, subject: str, capture_id: str) -> ErasureResult:
+        self._own_subject(subject)
+        if self.principal.kind is not PrincipalKind.USER:
+            self._authorize_governance("erase", ERASURE_PURPOSE)
+        with self._as_principal():
+            return self._kernel.erase_capture(subject, capture_id)
+
+    # ----------------------------------------------------------------- audit
+
+    def export_audit(
+        self,
+        dest: str | PathLike[str] | TextIO,
+        *,
+        fmt: str = "jsonl",
+        subject: str | None = None,
+        app_id: str | None = None,
+        action: str | None = None,
+        since: str | datetime | None = None,
+        until: str | datetime | None = None,
+    ) -> ExportSummary:
+        self._authorize_operator("audit", CATEGORIES, COMPLIANCE_PURPOSE)
+        with self._as_principal():
+            return self._kernel.export_audit(
+                dest,
+                fmt=fmt,
+                subject_ref=self._kernel.audit_subject_ref(subject) if subject else None,
+                app_id=app_id,
+                action=action,
+                since=since,
+                until=until,
+                requested_by=self.principal.label,
+            )
+
+    def audit_entries(self, **filters: Any) -> Iterator[Any]:
+        """Audit entries for the console's search (same decision as an export)."""
+        self._authorize_operator("audit", CATEGORIES, COMPLIANCE_PURPOSE)
+        with self._as_principal():
+            return self._kernel.audit_entries(**filters)
+
+    def verify_audit(self, content: bytes, kind: str) -> Any:
+        """Check an export or a receipt against this log's key."""
+        self._authorize_operator("audit", CATEGORIES, COMPLIANCE_PURPOSE)
+        return self._kernel.verify_audit(content, kind)
+
+    def audit_key(self) -> dict[str, str]:
+        """The log's public key and newest checkpoint: public, for offline verification."""
+        return self._kernel.audit_key()
+
+    def residue_scan(self, terms: Sequence[str]) -> ResidueReport:
+        self._authorize_operator("audit", CATEGORIES, COMPLIANCE_PURPOSE)
+        with self._as_principal():
+            return self._kernel.residue_scan(terms)
+
+    # -------------------------------------------------------------- pipeline
+
+    def lag(self) -> Lag:
+        return self._kernel.lag()
+
+    def process(self) -> int:
+        self._authorize_operator("operate", CATEGORIES, OPERATIONS_PURPOSE)
+        with self._as_principal():
+            return self._kernel.process()
+
+    def rebuild(self) -> int:
+        self._authorize_operator("operate", CATEGORIES, OPERATIONS_PURPOSE)
+        with self._as_principal():
+            return self._kernel.rebuild()
+
+    def run_maintenance(self) -> dict[str, int]:
+        self._authorize_operator("operate", CATEGORIES, OPERATIONS_PURPOSE)
+        with self._as_principal():
+            return self._kernel.run_maintenance()
+
+
+def _is_token(value: str) -> bool:
+    try:
+        check_token("purpose", value)
+    except InvalidInputError:
+        return False
+    return True
