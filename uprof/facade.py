@@ -33,7 +33,7 @@ What is decided here, for every call:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from datetime import datetime
 from os import PathLike
@@ -58,6 +58,21 @@ from uprof.services.residue import ResidueReport
 from uprof.services.slices import ProfileSlice
 from uprof.services.subjects import SubjectRequest
 
+__all__ = [
+    "CaptureAck",
+    "ErasureResult",
+    "EvidenceView",
+    "ExportSummary",
+    "Facade",
+    "Lag",
+    "Principal",
+    "PrincipalKind",
+    "ProfileSlice",
+    "ProfileView",
+    "ResidueReport",
+    "SubjectRequest",
+]
+
 #: Category every raw capture is authorized under (what a capture is before extraction).
 CAPTURE_CATEGORY = "conversation"
 #: Purposes the governance actions are decided for.
@@ -75,6 +90,10 @@ class Facade:
     def __init__(self, kernel: Uprof, principal: Principal) -> None:
         self._kernel = kernel
         self.principal = principal
+
+    def for_app(self, app_id: str) -> Facade:
+        """The same operator, acting for ``app_id`` (its policy decides; audited as both)."""
+        return Facade(self._kernel, self.principal.as_app(app_id))
 
     # ------------------------------------------------------------ decisions
 
@@ -395,6 +414,24 @@ class Facade:
         with self._as_principal():
             return self._kernel.item_reads(subject)
 
+    def evidence_captures(self, subject: str, capture_ids: set[str]) -> dict[str, Any]:
+        """The subject's captured events behind items (its own subject, or ``inspect``)."""
+        self._own_subject(subject)
+        if self.principal.kind is not PrincipalKind.USER:
+            self._authorize_operator("inspect", CATEGORIES, OPERATIONS_PURPOSE)
+        with self._as_principal():
+            return self._kernel.evidence_captures(subject, capture_ids)
+
+    def subject_exists(self, subject: str) -> bool:
+        """Whether a subject is known (operator work: it reveals that it exists)."""
+        self._authorize_operator("inspect", CATEGORIES, OPERATIONS_PURPOSE)
+        return self._kernel.subject_exists(subject)
+
+    def audit_subject_ref(self, subject: str) -> str:
+        """The pseudonym audit entries use for a subject (what an audit search filters on)."""
+        self._authorize_operator("audit", CATEGORIES, COMPLIANCE_PURPOSE)
+        return self._kernel.audit_subject_ref(subject)
+
     def subject_view(self, subject: str) -> ProfileView:
         """A data subject's own profile (privacy center), or ``inspect`` for others."""
         if self.principal.kind is PrincipalKind.USER:
@@ -483,6 +520,12 @@ class Facade:
 
     # -------------------------------------------------------------- pipeline
 
+    def rotate_keys(self) -> dict[str, int]:
+        """Re-wrap every data key under a new KEK epoch (operator work)."""
+        self._authorize_operator("operate", CATEGORIES, OPERATIONS_PURPOSE)
+        with self._as_principal():
+            return self._kernel.rotate_keys()
+
     def lag(self) -> Lag:
         return self._kernel.lag()
 
@@ -491,10 +534,26 @@ class Facade:
         with self._as_principal():
             return self._kernel.process()
 
-    def rebuild(self) -> int:
+    def rebuild(self, progress: Callable[[int, int], None] | None = None) -> int:
         self._authorize_operator("operate", CATEGORIES, OPERATIONS_PURPOSE)
         with self._as_principal():
-            return self._kernel.rebuild()
+            return self._kernel.rebuild(progress)
+
+    def import_interactions(
+        self, lines: Sequence[str], *, progress: Callable[[int], None] | None = None
+    ) -> Any:
+        """Import a JSONL file as the operator, each record captured as the app it names.
+
+        Every (app, purpose) in the file must be allowed ``capture`` by that app's
+        policy; otherwise nothing is written.
+        """
+        from uprof.services.importer import import_interactions, parse_lines
+
+        rows = parse_lines(lines)
+        for app_id, purpose in sorted({(r.app_id, r.purpose) for r in rows}):
+            self.for_app(app_id)._authorize("capture", [CAPTURE_CATEGORY], purpose)
+        with self._as_principal():
+            return import_interactions(self._kernel, lines, progress=progress)
 
     def run_maintenance(self) -> dict[str, int]:
         self._authorize_operator("operate", CATEGORIES, OPERATIONS_PURPOSE)

@@ -241,6 +241,15 @@ class Uprof:
             "checkpoint": log.checkpoint(),
         }
 
+    def subject_exists(self, subject: str) -> bool:
+        return self.subjects.find(subject) is not None
+
+    def evidence_captures(self, subject: str, capture_ids: set[str]) -> dict[str, Any]:
+        """The captured events among ``capture_ids`` that belong to the subject."""
+        stream = self.stream_of(subject)
+        return {c: row for c, row in self.queries.captures(capture_ids).items()
+                if row.stream_id == stream}
+
     def item_reads(self, subject: str) -> list[Any]:
         """(item, app, purpose, count, last read) for every recorded read of the subject."""
         self.ensure_fresh(self.settings.read_wait_timeout_s)
@@ -435,6 +444,11 @@ class Uprof:
             return self.projections.wait_for(notification_id, timeout_s)
         self.process()
         return self.projections.position >= notification_id
+
+    def rotate_keys(self) -> dict[str, int]:
+        """Re-wrap every data key under a new KEK epoch and forget the old KEK."""
+        result: dict[str, int] = self.keystore.rotate_kek()
+        return result
 
     def flush_caches(self, stream_id: UUID) -> None:
         """Forget everything cached about a subject (keys, slice indexes)."""

@@ -23,6 +23,8 @@ from domain.errors import (
     SubjectNotFoundError,
     UprofError,
 )
+from domain.principal import Principal
+from uprof.facade import Facade
 from uprof.kernel import Uprof
 from uprof.settings import Settings
 
@@ -80,6 +82,19 @@ def kernel() -> Iterator[Uprof]:
     finally:
         if k is not None:
             k.close()
+
+
+@contextmanager
+def door() -> Iterator[Facade]:
+    """The authorized facade, as the local operator.
+
+    Whoever can run this command can read the data and key stores, so the CLI is the
+    operator (``operator:local``): the policy's ``operators`` rows still decide what
+    an operator may do, every call is audited as ``operator:local#cli``, and a
+    command that acts for an app (``--app``) is decided by that app's policy.
+    """
+    with kernel() as k:
+        yield Facade(k, Principal.local_operator(k.subjects.tenant))
 
 
 def fail(error: UprofError) -> None:

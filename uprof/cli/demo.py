@@ -18,10 +18,11 @@ from typing import Annotated
 import typer
 
 from domain.errors import ConsentRequiredError
-from uprof.cli.context import STATE, console, kernel
+from domain.values import Interaction
+from uprof.cli.context import STATE, console, door
 from uprof.cli.govern import print_slice
 from uprof.cli.render import print_evidence, print_profile
-from uprof.kernel import Uprof
+from uprof.facade import Facade
 from uprof.schemas.capture import InteractionIn
 
 
@@ -173,34 +174,23 @@ SCRIPT: dict[str, list[Turn]] = {
     ],
 }
 
+#: What each user agrees to per app: "*" is every category the app's policy lets it hold
+#: consent for (the policy decides; the demo's operator records what the users chose).
 CONSENTS = (
-    (
-        PLANNER,
-        [
-            "conversation",
-            "identity",
-            "location",
-            "occupation",
-            "language",
-            "preference",
-            "diet",
-            "pet",
-            "family",
-            "goal",
-            "health",
-        ],
-        ["personalization"],
-    ),
-    (CALENDAR, ["conversation", "schedule", "goal", "family", "location"], ["scheduling"]),
+    (PLANNER, ["*"], ["personalization"]),
+    (CALENDAR, ["*"], ["scheduling"]),
 )
 PURPOSE = {PLANNER: "personalization", CALENDAR: "scheduling"}
 
 
-def run_script(k: Uprof, start: datetime) -> datetime:
+def run_script(d: Facade, start: datetime) -> datetime:
     """Capture every user's first session, return the time it was done, then the rest."""
     for subject in SCRIPT:
         for app_id, categories, purposes in CONSENTS:
-            k.grant_consent(subject, app_id=app_id, categories=categories, purposes=purposes)
+            d.grant_consent(
+                subject, app_id=app_id, categories=categories, purposes=purposes,
+                collected_by="demo:consent-form",
+            )
     first_sessions = {subject: turns[0].session for subject, turns in SCRIPT.items()}
     split: datetime | None = None
     for phase in ("first", "rest"):
@@ -208,8 +198,10 @@ def run_script(k: Uprof, start: datetime) -> datetime:
             selected = [
                 t for t in turns if (t.session == first_sessions[subject]) == (phase == "first")
             ]
-            rows = [
-                InteractionIn(
+            by_app: dict[str, list[Interaction]] = {}
+            for i, t in enumerate(selected):
+                by_app.setdefault(t.app, []).append(
+                    InteractionIn(
                     subject=subject,
                     app_id=t.app,
                     agent_id=t.agent,
@@ -221,18 +213,18 @@ def run_script(k: Uprof, start: datetime) -> datetime:
                     sharing="shared",
                     source_ref=f"{t.session}:{i + 1}",
                     purpose=PURPOSE[t.app],
-                ).to_domain()
-                for i, t in enumerate(selected)
-            ]
-            k.capture_many(subject, rows)
-        k.process()
+                    ).to_domain()
+                )
+            for app_id, rows in by_app.items():  # each app captures as itself
+                d.for_app(app_id).capture_many(subject, rows)
+        d.process()
         if split is None:
             split = datetime.now(tz=UTC)
     assert split is not None
     return split
 
 
-def show_slices(k: Uprof) -> None:
+def show_slices(d: Facade) -> None:
     """The same question from two apps with different policies: what each sees and why."""
     query = "Plan my next week around my routines, plans and food preferences."
     console.rule("[bold]slices[/]: one query, two apps, different policies")
@@ -240,30 +232,28 @@ def show_slices(k: Uprof) -> None:
         (PLANNER, "agent:planner", "personalization"),
         (CALENDAR, "agent:calendar", "scheduling"),
     ):
-        result = k.slice(
+        result = d.for_app(app_id).slice(
             "maya",
             query,
             budget_tokens=160,
             purpose=purpose,
-            app_id=app_id,
             agent_id=agent,
             agent_type=agent.split(":")[1],
         )
         print_slice(result, title=f"{app_id} ({purpose})")
 
 
-def govern(k: Uprof, out: Path) -> None:
+def govern(d: Facade, out: Path) -> None:
     """Withdraw a consent with erasure, erase a user, verify the receipt offline, scan residue."""
-    from audit.keys import public_key_pem
     from audit.receipts import verify_receipt
 
     console.rule("[bold]governance[/]")
-    calendar = next(c for c in k.profile("maya").consents if c.app_id == CALENDAR)
-    withdrawal = k.withdraw_consent("maya", calendar.consent_id, erase=True)
+    calendar = next(c for c in d.consents("maya") if c.app_id == CALENDAR)
+    withdrawal = d.withdraw_consent("maya", calendar.consent_id, erase=True)
     erased = withdrawal.counts.get("captures", 0) if withdrawal else 0
     console.print(f"maya withdrew the calendar consent; {erased} calendar events erased")
     try:
-        k.capture(
+        d.for_app(CALENDAR).capture(
             "maya",
             InteractionIn(
                 subject="maya",
@@ -277,18 +267,18 @@ def govern(k: Uprof, out: Path) -> None:
     except ConsentRequiredError as e:
         console.print(f"next calendar capture refused: [italic]{e}[/]")
 
-    result = k.erase_subject("tomas")
+    result = d.erase_subject("tomas")
     out.mkdir(parents=True, exist_ok=True)
     receipt_path, key_path = out / "tomas-erasure-receipt.json", out / "audit-public-key.pem"
     receipt_path.write_text(json.dumps(result.receipt, indent=2) + "\n", encoding="utf-8")
-    key_path.write_bytes(public_key_pem(k.audit_log.public_key))
+    key_path.write_text(d.audit_key()["public_key_pem"], encoding="ascii")
     # Offline verification needs only these two files (`uprof audit verify-receipt` does this).
     verify_receipt(json.loads(receipt_path.read_text()), key_path.read_bytes())
     console.print(
         f"tomas erased; receipt {result.receipt['body']['receipt_id']} verified offline "
         f"with {key_path.name} only ({receipt_path})"
     )
-    report = k.residue_scan(["Tomas", "Klara", "peanuts", "Brno", "passport"])
+    report = d.residue_scan(["Tomas", "Klara", "peanuts", "Brno", "passport"])
     console.print(
         f"residue scan: {len(report.findings)} findings in {report.files_scanned} files "
         f"and {report.streams_checked} erased streams ({report.events_checked} events checked)"
@@ -307,21 +297,22 @@ def demo(
     if fresh and data_dir.exists():
         shutil.rmtree(data_dir)
     STATE.data_dir = data_dir
-    with kernel() as k:
+    with door() as d:
         console.rule("[bold]uprof demo[/]: capture → consent gate → extraction → projections")
         console.print(f"stores: {data_dir} (SQLite: events, views+audit, keys)")
-        after_first = run_script(k, datetime(2026, 3, 2, 9, tzinfo=UTC))
-        lag = k.lag()
+        console.print(f"acting as {d.principal.label} (the local operator; apps act as themselves)")
+        after_first = run_script(d, datetime(2026, 3, 2, 9, tzinfo=UTC))
+        lag = d.lag()
         console.print(
             f"log position {lag.log_position}; extraction pending {lag.extraction_pending}; "
             f"projection pending {lag.projection_pending}"
         )
         for subject in SCRIPT:
-            print_profile(console, subject, k.profile(subject))
-        maya = k.profile("maya")
+            print_profile(console, subject, d.profile(subject))
+        maya = d.profile("maya")
         conflicted = next((a for a in maya.attributes if a.key == "home_location"), None)
         if conflicted is not None:
-            print_evidence(console, k.evidence("maya", conflicted.item_id))
-        print_profile(console, "maya (after session 1)", k.profile("maya", as_of=after_first))
-        show_slices(k)
-        govern(k, data_dir / "out")
+            print_evidence(console, d.evidence("maya", conflicted.item_id))
+        print_profile(console, "maya (after session 1)", d.profile("maya", as_of=after_first))
+        show_slices(d)
+        govern(d, data_dir / "out")

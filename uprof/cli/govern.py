@@ -9,8 +9,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from uprof.cli.context import console, err_console, kernel
-from uprof.services.subjects import SubjectRequest
+from uprof.cli.context import console, door, err_console
+from uprof.facade import SubjectRequest
 
 erase_app = typer.Typer(no_args_is_help=True, help="Erase a subject, one event or one item.")
 audit_app = typer.Typer(no_args_is_help=True, help="Export and verify the audit trail; residue.")
@@ -41,13 +41,13 @@ def slice_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the full slice as JSON.")] = False,
 ) -> None:
     """Serve the profile slice an app may see for a query, within a token budget."""
-    with kernel() as k:
-        result = k.slice(
+    with door() as d:
+        # The operator reads as the app: the app's policy, consent and visibility apply.
+        result = d.for_app(app_id).slice(
             SubjectRequest(subject=subject, session_id=session),
             query,
             budget_tokens=budget,
             purpose=purpose,
-            app_id=app_id,
             agent_id=agent,
             agent_type=agent_type,
             lexical_only=lexical,
@@ -112,8 +112,8 @@ def erase_subject(
     basis: Annotated[str, typer.Option(help="Legal basis.")] = "GDPR-Art.17(1)",
 ) -> None:
     """Erase a subject entirely and print (or save) the signed receipt."""
-    with kernel() as k:
-        _write_receipt(k.erase_subject(subject, basis=basis), out)
+    with door() as d:
+        _write_receipt(d.erase_subject(subject, basis=basis), out)
 
 
 @erase_app.command("event")
@@ -123,8 +123,8 @@ def erase_event(
     out: Annotated[Path | None, typer.Option()] = None,
 ) -> None:
     """Erase one captured event and everything derived only from it."""
-    with kernel() as k:
-        _write_receipt(k.erase_capture(subject, capture), out)
+    with door() as d:
+        _write_receipt(d.erase_capture(subject, capture), out)
 
 
 @erase_app.command("item")
@@ -135,8 +135,8 @@ def erase_item(
     out: Annotated[Path | None, typer.Option()] = None,
 ) -> None:
     """Erase one item of the profile."""
-    with kernel() as k:
-        _write_receipt(k.erase_item(subject, item, with_evidence=with_evidence), out)
+    with door() as d:
+        _write_receipt(d.erase_item(subject, item, with_evidence=with_evidence), out)
 
 
 def export_subject(
@@ -144,8 +144,8 @@ def export_subject(
     out: Annotated[Path, typer.Option(help="Where to write the JSON export.")],
 ) -> None:
     """Export everything held about a subject, with evidence (GDPR Art. 15/20)."""
-    with kernel() as k:
-        export = k.export_subject(subject)
+    with door() as d:
+        export = d.export_subject(subject)
     out.write_text(json.dumps(export, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     console.print(f"exported {len(export['captured_events'])} events to {out}")
 
@@ -166,11 +166,11 @@ def audit_export(
     """Export the audit trail with inclusion proofs and a signed checkpoint."""
     if fmt not in ("jsonl", "csv"):
         raise typer.BadParameter("--format must be jsonl or csv")
-    with kernel() as k:
-        summary = k.export_audit(
+    with door() as d:
+        summary = d.export_audit(
             out,
             fmt=fmt,
-            subject_ref=k.audit_subject_ref(subject) if subject else None,
+            subject=subject,
             app_id=app_id,
             action=action,
             since=since,
@@ -182,11 +182,10 @@ def audit_export(
 @audit_app.command("public-key")
 def audit_public_key(out: Annotated[Path, typer.Option(help="Write the PEM here.")]) -> None:
     """Write the audit log's public key (all a verifier needs, with the origin)."""
-    from audit.keys import public_key_pem
-
-    with kernel() as k:
-        out.write_bytes(public_key_pem(k.audit_log.public_key))
-        console.print(f"public key written to {out}; origin: {k.audit_log.origin}")
+    with door() as d:
+        key = d.audit_key()
+        out.write_text(key["public_key_pem"], encoding="ascii")
+        console.print(f"public key written to {out}; origin: {key['origin']}")
 
 
 @audit_app.command("verify")
@@ -242,8 +241,8 @@ def audit_residue(
     term: Annotated[list[str], typer.Option(help="A string the erased subject's data held.")],
 ) -> None:
     """Scan every store for the terms and for decryptable data of erased subjects."""
-    with kernel() as k:
-        report = k.residue_scan(term)
+    with door() as d:
+        report = d.residue_scan(term)
     console.print(
         f"scanned {report.files_scanned} files ({report.bytes_scanned} bytes), "
         f"{report.tables_scanned} tables, {report.streams_checked} erased streams "
@@ -260,5 +259,5 @@ def audit_residue(
 @keys_app.command("rotate")
 def keys_rotate() -> None:
     """Re-wrap every data key under a new KEK epoch and forget the old KEK."""
-    with kernel() as k:
-        console.print_json(json.dumps(k.keystore.rotate_kek()))
+    with door() as d:
+        console.print_json(json.dumps(d.rotate_keys()))

@@ -10,7 +10,8 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from uprof.cli.context import STATE, console, kernel, parse_time
+from uprof.cli.context import STATE, console, door, parse_time
+from uprof.facade import Facade
 from uprof.cli.render import print_evidence, print_profile
 from uprof.schemas.capture import InteractionIn
 
@@ -79,8 +80,8 @@ def capture(
         sharing=sharing,
         occurred_at=parse_time(at, "--at") or datetime.now(tz=UTC),
     )
-    with kernel() as k:
-        ack = k.capture(subject, row.to_domain())
+    with door() as d:
+        ack = d.for_app(app_id).capture(subject, row.to_domain())
         console.print(f"captured [bold]{ack.capture_id}[/] at log position {ack.notification_id}")
 
 
@@ -89,12 +90,10 @@ def import_jsonl(
     path: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="JSONL, one per line.")],
 ) -> None:
     """Capture every interaction of a JSONL file (all lines checked before any is written)."""
-    from uprof.services.importer import import_interactions
-
     lines = path.read_text(encoding="utf-8").splitlines()
-    with kernel() as k, _progress() as bar:
+    with door() as d, _progress() as bar:
         task = bar.add_task("capturing", total=sum(1 for line in lines if line.strip()))
-        report = import_interactions(k, lines, progress=lambda n: bar.advance(task, n))
+        report = d.import_interactions(lines, progress=lambda n: bar.advance(task, n))
     console.print(f"captured {report.captured} interactions for {report.subjects} subjects")
 
 
@@ -109,16 +108,21 @@ def consent_grant(
     purpose: Annotated[list[str], typer.Option(help="Repeat for several purposes.")],
     basis: Annotated[str, typer.Option(help="Lawful basis.")] = "consent",
     expires: Annotated[str | None, typer.Option(help="Expiry (ISO 8601, with zone).")] = None,
+    collected_by: Annotated[
+        str, typer.Option(help="Your record of the user's consent (e.g. form:2024-05-01:17).")
+    ] = "",
 ) -> None:
-    """Grant an app consent to use categories for purposes."""
-    with kernel() as k:
-        consent_id = k.grant_consent(
+    """Record, as the operator, a consent the user gave an app (the app's policy must
+    let it hold consent for those categories and purposes)."""
+    with door() as d:
+        consent_id = d.grant_consent(
             subject,
             app_id=app_id,
             categories=category,
             purposes=purpose,
             legal_basis=basis,
             expires_at=parse_time(expires, "--expires"),
+            collected_by=collected_by,
         )
         console.print(f"consent [bold]{consent_id}[/] granted")
 
@@ -129,16 +133,15 @@ def consent_withdraw(
     consent_id: Annotated[str, typer.Option("--consent")],
 ) -> None:
     """Withdraw a consent: the next capture under it is refused."""
-    with kernel() as k:
-        k.withdraw_consent(subject, consent_id)
+    with door() as d:
+        d.withdraw_consent(subject, consent_id)
         console.print(f"consent {consent_id} withdrawn")
 
 
 @consent_app.command("list")
 def consent_list(subject: Annotated[str, typer.Option()]) -> None:
     """List a subject's consents."""
-    with kernel() as k:
-        view = k.profile(subject)
+    with door() as d:
         rows = [
             {
                 "consent_id": c.consent_id,
@@ -149,7 +152,7 @@ def consent_list(subject: Annotated[str, typer.Option()]) -> None:
                 "granted_at": c.granted_at.isoformat(),
                 "withdrawn_at": c.withdrawn_at.isoformat() if c.withdrawn_at else None,
             }
-            for c in view.consents
+            for c in d.consents(subject)
         ]
         console.print_json(json.dumps(rows))
 
@@ -164,8 +167,8 @@ def profile_show(
     memories: Annotated[int, typer.Option(help="How many recent memories to list.")] = 12,
 ) -> None:
     """Show a subject's attributes, intents, memories and consents with evidence."""
-    with kernel() as k:
-        view = k.profile(subject, as_of=parse_time(as_of, "--as-of"))
+    with door() as d:
+        view = d.profile(subject, as_of=parse_time(as_of, "--as-of"))
         print_profile(console, subject, view, max_memories=memories)
 
 
@@ -175,13 +178,13 @@ def profile_evidence(
     item: Annotated[str, typer.Option(help="Item id (from `profile show`; a prefix works).")],
 ) -> None:
     """Show the captured events behind one item."""
-    with kernel() as k:
-        item_id = _expand_item(k, subject, item)
-        print_evidence(console, k.evidence(subject, item_id))
+    with door() as d:
+        item_id = _expand_item(d, subject, item)
+        print_evidence(console, d.evidence(subject, item_id))
 
 
-def _expand_item(k, subject: str, prefix: str) -> str:  # type: ignore[no-untyped-def]
-    view = k.profile(subject)
+def _expand_item(d: Facade, subject: str, prefix: str) -> str:
+    view = d.profile(subject)
     ids = [a.item_id for a in view.attributes] + [i.item_id for i in view.intents]
     ids += [m.item_id for m in view.memories]
     matches = [i for i in ids if i.startswith(prefix)]
@@ -194,16 +197,16 @@ def _expand_item(k, subject: str, prefix: str) -> str:  # type: ignore[no-untype
 @projections_app.command("run")
 def projections_run() -> None:
     """Extract and project everything not yet processed."""
-    with kernel() as k:
-        console.print(f"processed {k.process()} notifications")
+    with door() as d:
+        console.print(f"processed {d.process()} notifications")
 
 
 @projections_app.command("rebuild")
 def projections_rebuild() -> None:
     """Drop the read models and rebuild them from the event log."""
-    with kernel() as k, _progress() as bar:
-        task = bar.add_task("rebuilding", total=k.app.max_notification_id())
-        count = k.rebuild(
+    with door() as d, _progress() as bar:
+        task = bar.add_task("rebuilding", total=d.lag().log_position)
+        count = d.rebuild(
             progress=lambda done, total: bar.update(task, completed=done, total=total)
         )
     console.print(f"rebuilt from {count} events")
@@ -212,8 +215,8 @@ def projections_rebuild() -> None:
 @projections_app.command("lag")
 def projections_lag() -> None:
     """Report how far extraction and projections are behind the log."""
-    with kernel() as k:
-        lag = k.lag()
+    with door() as d:
+        lag = d.lag()
         console.print_json(
             json.dumps(
                 {
@@ -229,8 +232,8 @@ def projections_lag() -> None:
 @app.command()
 def maintain() -> None:
     """Run the decay job: expire overdue intents, archive the coldest memories past capacity."""
-    with kernel() as k:
-        console.print_json(json.dumps(k.run_maintenance()))
+    with door() as d:
+        console.print_json(json.dumps(d.run_maintenance()))
 
 
 def _register_optional_commands() -> None:

@@ -9,8 +9,10 @@ Rules these handlers keep:
   valid key without it gets 403.
 - Every state-changing form carries the session's CSRF token, checked before anything
   runs; cookies are HttpOnly and SameSite=Strict.
-- Kernel calls go through the runtime like ``AppScope`` does (pipeline lock inline,
-  ``call_waiting`` for calls that wait for the background worker).
+- Every operation goes through ``uprof.facade.Facade``: privacy-center sessions as a
+  data-subject principal bound to their subject, console sessions as the operator key's
+  principal (the policy's ``operators`` rows decide), through the runtime like
+  ``AppScope`` does (pipeline lock inline, ``call_waiting`` for calls that wait).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from uprof.api.errors import EdgeError, classify, role_required
 from uprof.api.keys import ROLE_OPERATOR, ApiKeyStore
 from uprof.api.routes.docs import errors
 from uprof.api.runtime import ServiceRuntime
+from uprof.facade import Facade, Principal, PrincipalKind
 from uprof.schemas.api import SubjectRef
 from uprof.web.state import LinkStore, Session, SessionStore
 
@@ -44,6 +47,8 @@ USER_COOKIE = "uprof_privacy"
 OPERATOR_COOKIE = "uprof_console"
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 MAX_AUDIT_ROWS = 500
+#: How a privacy-center principal is named (audit: ``privacy-center#link``).
+PRIVACY_CENTER = "privacy-center"
 
 _SECURITY_HEADERS = {
     "Content-Security-Policy": (
@@ -139,8 +144,8 @@ def create_router() -> APIRouter:
         """
         if not principal.has_role(ROLE_OPERATOR):
             raise role_required(ROLE_OPERATOR)
-        kernel = runtime_of(request).kernel
-        if kernel.subjects.find(body.subject) is None:
+        door = _key_door(runtime_of(request), principal.app_id, principal.key_id)
+        if not door.subject_exists(body.subject):
             raise EdgeError(404, "subject_not_found", "no such subject")
         token, expires_at = links.issue(body.subject.strip())
         return PrivacyLinkOut(token=token, expires_at=expires_at,
@@ -191,18 +196,18 @@ def create_router() -> APIRouter:
         response.delete_cookie(USER_COOKIE, path="/privacy")
         return response
 
-    def profile_context(runtime: ServiceRuntime, subject: str) -> dict[str, Any]:
-        kernel = runtime.kernel
+    def profile_context(runtime: ServiceRuntime, session: Session) -> dict[str, Any]:
+        door = _user_door(runtime, session)
+        subject = session.subject
         with runtime.pipeline():
-            view = kernel.profile(subject)
-        stream = view.stream_id
-        cited = {e for a in view.attributes for e in a.evidence}
-        cited |= {e for m in view.memories for e in m.evidence}
-        cited |= {e for i in view.intents for e in i.evidence}
-        captures = {c: row for c, row in kernel.queries.captures(cited).items()
-                    if row.stream_id == stream}
+            view = door.subject_view(subject)
+            cited = {e for a in view.attributes for e in a.evidence}
+            cited |= {e for m in view.memories for e in m.evidence}
+            cited |= {e for i in view.intents for e in i.evidence}
+            captures = door.evidence_captures(subject, cited)
+            read_rows = door.item_reads(subject)
         reads: dict[str, list[dict[str, Any]]] = {}
-        for item_id, app_id, purpose, n, at in kernel.queries.item_reads(stream):
+        for item_id, app_id, purpose, n, at in read_rows:
             reads.setdefault(item_id, []).append(
                 {"app_id": app_id, "purpose": purpose, "reads": n, "last_read_at": at})
         for entries in reads.values():
@@ -237,7 +242,7 @@ def create_router() -> APIRouter:
             return session
         runtime = runtime_of(request)
         try:
-            context = profile_context(runtime, session.subject)
+            context = profile_context(runtime, session)
         except UprofError as error:
             status, _ = classify(error)
             if session.receipts:  # erased: what is left is the receipts
@@ -254,10 +259,10 @@ def create_router() -> APIRouter:
             return bad_csrf(request)
         return session
 
-    def own_consent(runtime: ServiceRuntime, subject: str, consent_id: str) -> bool:
+    def own_consent(runtime: ServiceRuntime, session: Session, consent_id: str) -> bool:
         with runtime.pipeline():
-            view = runtime.kernel.profile(subject)
-        return any(c.consent_id == consent_id for c in view.consents)
+            consents = _user_door(runtime, session).consents(session.subject)
+        return any(c.consent_id == consent_id for c in consents)
 
     @router.post("/privacy/consents/withdraw", include_in_schema=False)
     def privacy_withdraw(
@@ -272,11 +277,12 @@ def create_router() -> APIRouter:
         runtime = runtime_of(request)
         subject = session.subject
         try:
-            if not own_consent(runtime, subject, consent_id):
+            if not own_consent(runtime, session, consent_id):
                 return message(request, 404, "No such consent",
                                "You gave no consent with that id.")
+            door = _user_door(runtime, session)
             result = runtime.call_waiting(
-                lambda: runtime.kernel.withdraw_consent(subject, consent_id, erase=bool(erase)))
+                lambda: door.withdraw_consent(subject, consent_id, erase=bool(erase)))
             runtime.wake()
         except UprofError as error:
             return kernel_error(request, error)
@@ -303,7 +309,7 @@ def create_router() -> APIRouter:
             return message(request, 422, "Consent not recorded", problem)
         runtime = runtime_of(request)
         try:
-            runtime.kernel.grant_consent(
+            _user_door(runtime, session).grant_consent(
                 session.subject, app_id=app_id, categories=[category], purposes=[purpose])
             runtime.wake()
         except UprofError as error:
@@ -318,7 +324,7 @@ def create_router() -> APIRouter:
         target = None
         if item_id:
             try:
-                context = profile_context(runtime_of(request), session.subject)
+                context = profile_context(runtime_of(request), session)
             except UprofError as error:
                 return kernel_error(request, error)
             target = next((i for _, _, items in context["layers"] for i in items
@@ -342,15 +348,15 @@ def create_router() -> APIRouter:
             return message(request, 400, "Not confirmed",
                            "Tick the confirmation box to erase.")
         runtime = runtime_of(request)
-        kernel = runtime.kernel
+        door = _user_door(runtime, session)
         subject = session.subject
         try:
             if item_id:
-                result = runtime.call_waiting(lambda: kernel.erase_item(
+                result = runtime.call_waiting(lambda: door.erase_item(
                     subject, item_id, with_evidence=bool(with_evidence)))
                 scope = "one item"
             else:
-                result = runtime.call_waiting(lambda: kernel.erase_subject(subject))
+                result = runtime.call_waiting(lambda: door.erase_subject(subject))
                 scope = "everything"
         except UprofError as error:
             return kernel_error(request, error)
@@ -384,7 +390,7 @@ def create_router() -> APIRouter:
         runtime = runtime_of(request)
         try:
             with runtime.pipeline():
-                export = runtime.kernel.export_subject(session.subject)
+                export = _user_door(runtime, session).export_subject(session.subject)
         except UprofError as error:
             return kernel_error(request, error)
         return _download(json.dumps(export, indent=2, sort_keys=True, default=str),
@@ -448,14 +454,13 @@ def create_router() -> APIRouter:
         response.delete_cookie(OPERATOR_COOKIE, path="/console")
         return response
 
-    def audit_filter(request: Request) -> tuple[dict[str, str], dict[str, Any]]:
+    def audit_filter(request: Request, door: Facade) -> tuple[dict[str, str], dict[str, Any]]:
         """The search form's values and the matching ``AuditLog.entries`` arguments."""
         q = request.query_params
         form = {name: q.get(name, "").strip()
                 for name in ("subject", "app", "action", "since", "until")}
-        kernel = runtime_of(request).kernel
         subject = form["subject"]
-        subject_ref = kernel.audit_subject_ref(subject) if subject else None
+        subject_ref = door.audit_subject_ref(subject) if subject else None
         args = {
             "subject_ref": subject_ref,
             "app_id": form["app"] or None,
@@ -470,14 +475,13 @@ def create_router() -> APIRouter:
         session = need_operator(request)
         if isinstance(session, Response):
             return session
-        kernel = runtime_of(request).kernel
+        door = _operator_door(runtime_of(request), session)
         rows: list[Any] = []
         error = ""
         searched = bool(request.query_params)
         try:
-            form, args = audit_filter(request)
-            kernel.reads.drain()  # reads served before this search are in it
-            entries = kernel.audit_log.entries(**args)
+            form, args = audit_filter(request, door)
+            entries = door.audit_entries(**args)  # reads served before it are in it
             rows = list(itertools.islice(entries, MAX_AUDIT_ROWS + 1))
         except (UprofError, ValueError) as problem:
             form = {k: request.query_params.get(k, "") for k in
@@ -496,11 +500,15 @@ def create_router() -> APIRouter:
         session = need_operator(request)
         if isinstance(session, Response):
             return session
-        kernel = runtime_of(request).kernel
+        door = _operator_door(runtime_of(request), session)
         try:
-            _, args = audit_filter(request)
+            form, args = audit_filter(request, door)
             out = io.StringIO()
-            kernel.export_audit(out, fmt="csv" if format == "csv" else "jsonl", **args)
+            door.export_audit(
+                out, fmt="csv" if format == "csv" else "jsonl", subject=form["subject"] or None,
+                app_id=args["app_id"], action=args["action"], since=args["since"],
+                until=args["until"],
+            )
         except (UprofError, ValueError) as problem:
             return message(request, 422, "Export refused", str(problem))
         ext = "csv" if format == "csv" else "jsonl"
@@ -512,10 +520,8 @@ def create_router() -> APIRouter:
         session = need_operator(request)
         if isinstance(session, Response):
             return session
-        from audit.keys import public_key_pem
-
-        pem = public_key_pem(runtime_of(request).kernel.audit_log.public_key)
-        return _download(pem.decode(), "audit-public-key.pem", "application/x-pem-file")
+        pem = _operator_door(runtime_of(request), session).audit_key()["public_key_pem"]
+        return _download(pem, "audit-public-key.pem", "application/x-pem-file")
 
     @router.get("/console/verify", include_in_schema=False)
     def console_verify_form(request: Request) -> Response:
@@ -523,7 +529,7 @@ def create_router() -> APIRouter:
         if isinstance(session, Response):
             return session
         return page(request, "console_verify.html", session=session, result=None,
-                    origin=runtime_of(request).kernel.audit_log.origin)
+                    origin=_operator_door(runtime_of(request), session).audit_key()["origin"])
 
     @router.post("/console/verify", include_in_schema=False)
     async def console_verify(
@@ -536,11 +542,11 @@ def create_router() -> APIRouter:
         if isinstance(session, Response):
             return session
         raw = await upload.read(MAX_UPLOAD_BYTES + 1)
-        log = runtime_of(request).kernel.audit_log
-        result = _verify(raw, kind, log.public_key, log.origin, upload.filename or "upload")
+        door = _operator_door(runtime_of(request), session)
+        result = _verify(raw, kind, door, upload.filename or "upload")
         status = 200 if result["ok"] else 422
         return page(request, "console_verify.html", status, session=session, result=result,
-                    origin=log.origin)
+                    origin=door.audit_key()["origin"])
 
     @router.get("/console/receipts", include_in_schema=False)
     def console_receipts(request: Request) -> Response:
@@ -549,8 +555,8 @@ def create_router() -> APIRouter:
             return session
         from audit.receipts import RECEIPT_ACTION
 
-        kernel = runtime_of(request).kernel
-        entries = kernel.audit_log.entries(action=RECEIPT_ACTION)
+        door = _operator_door(runtime_of(request), session)
+        entries = door.audit_entries(action=RECEIPT_ACTION)
         rows = [(e.leaf_index, e.recorded_at, e.entry)
                 for e in itertools.islice(entries, MAX_AUDIT_ROWS)]
         return page(request, "console_receipts.html", session=session, rows=rows,
@@ -568,13 +574,13 @@ def create_router() -> APIRouter:
         from audit.receipts import RECEIPT_ACTION
 
         wanted = [t.strip() for t in terms.splitlines() if t.strip()]
-        kernel = runtime_of(request).kernel
+        door = _operator_door(runtime_of(request), session)
         if not wanted:
             report = None
             error = "Give at least one term, one per line."
         else:
-            report, error = kernel.residue_scan(wanted), ""
-        entries = kernel.audit_log.entries(action=RECEIPT_ACTION)
+            report, error = door.residue_scan(wanted), ""
+        entries = door.audit_entries(action=RECEIPT_ACTION)
         rows = [(e.leaf_index, e.recorded_at, e.entry)
                 for e in itertools.islice(entries, MAX_AUDIT_ROWS)]
         return page(request, "console_receipts.html", session=session, rows=rows,
@@ -618,16 +624,33 @@ def _download(text: str, filename: str, media_type: str) -> Response:
     )
 
 
-def _verify(raw: bytes, kind: str, public_key: Any, origin: str, filename: str
-            ) -> dict[str, Any]:
+def _verify(raw: bytes, kind: str, door: Facade, filename: str) -> dict[str, Any]:
     """Verify an uploaded export or receipt; say exactly where it fails."""
     from dataclasses import asdict
-
-    from audit.check import check_upload
 
     if len(raw) > MAX_UPLOAD_BYTES:
         return {"ok": False, "kind": kind, "filename": filename, "line_number": None,
                 "leaf_index": None, "detail": "the file is too large", "line_text": ""}
-    checked = check_upload(raw, "receipt" if kind == "receipt" else "export", public_key, origin)
+    checked = door.verify_audit(raw, "receipt" if kind == "receipt" else "export")
     return {**asdict(checked), "filename": filename}
+
+
+def _user_door(runtime: ServiceRuntime, session: Session) -> Facade:
+    """The facade for a privacy-center session: a data subject, for its one subject."""
+    return Facade(runtime.kernel, Principal(
+        tenant=runtime.kernel.subjects.tenant, app_id=PRIVACY_CENTER, key_id="link",
+        kind=PrincipalKind.USER, subject=session.subject,
+    ))
+
+
+def _key_door(runtime: ServiceRuntime, app_id: str, key_id: str) -> Facade:
+    """The facade for an operator API key (console sessions, link issuing)."""
+    return Facade(runtime.kernel, Principal(
+        tenant=runtime.kernel.subjects.tenant, app_id=app_id, key_id=key_id,
+        kind=PrincipalKind.APP, roles=frozenset({ROLE_OPERATOR}),
+    ))
+
+
+def _operator_door(runtime: ServiceRuntime, session: Session) -> Facade:
+    return _key_door(runtime, session.app_id, session.key_id)
 
