@@ -32,10 +32,8 @@ from domain.values import (
 from uprof.api.errors import EdgeError, role_required
 from uprof.api.keys import ROLE_APP, ROLE_OPERATOR
 from uprof.api.runtime import ServiceRuntime
-from uprof.facade import Facade
+from uprof.facade import ErasureResult, Facade, SubjectRequest
 from uprof.schemas import api as w
-from uprof.services.erasure import ErasureResult
-from uprof.services.subjects import SubjectRequest
 
 
 class AppScope:

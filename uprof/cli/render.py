@@ -7,7 +7,7 @@ from datetime import datetime
 from rich.console import Console
 from rich.table import Table
 
-from uprof.services.profile import EvidenceView, ProfileView
+from uprof.facade import EvidenceView, ProfileView
 
 SHORT_ID = 8
 
