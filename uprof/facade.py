@@ -16,11 +16,11 @@ What is decided here, for every call:
   gated per item by the kernel), ``inspect`` (full profile and evidence views),
   ``export`` (subject export), ``erase``, ``audit`` (audit trail, verification,
   residue scans), ``policy`` (policy changes) and ``operate`` (pipeline runs,
-  rebuilds, maintenance). Operator work (``inspect``, ``audit``, ``policy``,
-  ``operate``, and ``erase``/``export`` unless acting for an app) needs an
-  operator principal and is decided for the policy subject ``operators``. A
-  denial is audited and raised as ``PermissionDeniedError`` (403); nothing is
-  written.
+  rebuilds, maintenance). An operator principal (the CLI, or an API key with
+  the operator role) is decided as the policy subject ``operators`` for
+  ``inspect``, ``audit``, ``erase``, ``export`` (unless it acts for an app) and
+  ``operate`` (operator only); an app as itself. A denial is audited and raised
+  as ``PermissionDeniedError`` (403); nothing is written.
 - **Whose agents.** An agent belongs to its app: owners and readers are qualified
   as ``app/agent`` before they reach the kernel (``domain.principal``).
 - **Data subjects** (privacy-center principals) act only on their own subject and
@@ -125,7 +125,11 @@ class Facade:
         self._decide(OPERATORS, action, categories, purpose)
 
     def _authorize_governance(self, action: str, purpose: str) -> None:
-        """Erasure and export: an operator as operator; an app (e.g. a DPO console) as itself."""
+        """Governance over whole profiles (inspect, audit, erase, export).
+
+        An operator is decided as the policy's ``operators``; an app (a DPO console
+        with ``role:dpo``, a compliance console with ``role:compliance``) as itself.
+        """
         if self.principal.is_operator and not self.principal.acting_for:
             self._authorize_operator(action, CATEGORIES, purpose)
         else:
@@ -329,10 +333,7 @@ class Facade:
         """
         self._own_subject(subject)
         if consent_id not in {c.consent_id for c in self.consents(subject)}:
-            raise SubjectNotFoundError(
-                "no consent with that id for this subject and app",
-                hint="list the consents first (consent list / POST /v1/consents/list)",
-            )
+            raise SubjectNotFoundError("no consent with that id for this subject and app")
         with self._as_principal():
             return self._kernel.withdraw_consent(subject, consent_id, erase=erase)
 
@@ -354,6 +355,8 @@ class Facade:
         """The slice the principal's app and agent may see (the kernel gates every item)."""
         if self.principal.kind is PrincipalKind.USER:
             raise PermissionDeniedError("slices are served to apps")
+        if self.principal.kind is PrincipalKind.OPERATOR and not self.principal.acting_for:
+            raise PermissionDeniedError("an operator reads slices as an app: name it (--app)")
         request = (
             subject if isinstance(subject, SubjectRequest) else SubjectRequest(subject=subject)
         )
@@ -397,12 +400,12 @@ class Facade:
 
     def profile(self, subject: str, *, as_of: datetime | None = None) -> ProfileView:
         """The whole, ungated profile: the policy's ``inspect`` over every category."""
-        self._authorize_operator("inspect", CATEGORIES, OPERATIONS_PURPOSE)
+        self._authorize_governance("inspect", OPERATIONS_PURPOSE)
         with self._as_principal():
             return self._kernel.profile(subject, as_of=as_of)
 
     def evidence(self, subject: str, item_id: str) -> EvidenceView:
-        self._authorize_operator("inspect", CATEGORIES, OPERATIONS_PURPOSE)
+        self._authorize_governance("inspect", OPERATIONS_PURPOSE)
         with self._as_principal():
             return self._kernel.evidence(subject, item_id)
 
@@ -410,7 +413,7 @@ class Facade:
         """Who read the subject's items (the privacy center's "who saw it")."""
         self._own_subject(subject)
         if self.principal.kind is not PrincipalKind.USER:
-            self._authorize_operator("inspect", CATEGORIES, OPERATIONS_PURPOSE)
+            self._authorize_governance("inspect", OPERATIONS_PURPOSE)
         with self._as_principal():
             return self._kernel.item_reads(subject)
 
@@ -418,18 +421,18 @@ class Facade:
         """The subject's captured events behind items (its own subject, or ``inspect``)."""
         self._own_subject(subject)
         if self.principal.kind is not PrincipalKind.USER:
-            self._authorize_operator("inspect", CATEGORIES, OPERATIONS_PURPOSE)
+            self._authorize_governance("inspect", OPERATIONS_PURPOSE)
         with self._as_principal():
             return self._kernel.evidence_captures(subject, capture_ids)
 
     def subject_exists(self, subject: str) -> bool:
         """Whether a subject is known (operator work: it reveals that it exists)."""
-        self._authorize_operator("inspect", CATEGORIES, OPERATIONS_PURPOSE)
+        self._authorize_governance("inspect", OPERATIONS_PURPOSE)
         return self._kernel.subject_exists(subject)
 
     def audit_subject_ref(self, subject: str) -> str:
         """The pseudonym audit entries use for a subject (what an audit search filters on)."""
-        self._authorize_operator("audit", CATEGORIES, COMPLIANCE_PURPOSE)
+        self._authorize_governance("audit", COMPLIANCE_PURPOSE)
         return self._kernel.audit_subject_ref(subject)
 
     def subject_view(self, subject: str) -> ProfileView:
@@ -485,7 +488,7 @@ class Facade:
         since: str | datetime | None = None,
         until: str | datetime | None = None,
     ) -> ExportSummary:
-        self._authorize_operator("audit", CATEGORIES, COMPLIANCE_PURPOSE)
+        self._authorize_governance("audit", COMPLIANCE_PURPOSE)
         with self._as_principal():
             return self._kernel.export_audit(
                 dest,
@@ -500,13 +503,13 @@ class Facade:
 
     def audit_entries(self, **filters: Any) -> Iterator[Any]:
         """Audit entries for the console's search (same decision as an export)."""
-        self._authorize_operator("audit", CATEGORIES, COMPLIANCE_PURPOSE)
+        self._authorize_governance("audit", COMPLIANCE_PURPOSE)
         with self._as_principal():
             return self._kernel.audit_entries(**filters)
 
     def verify_audit(self, content: bytes, kind: str) -> Any:
         """Check an export or a receipt against this log's key."""
-        self._authorize_operator("audit", CATEGORIES, COMPLIANCE_PURPOSE)
+        self._authorize_governance("audit", COMPLIANCE_PURPOSE)
         return self._kernel.verify_audit(content, kind)
 
     def audit_key(self) -> dict[str, str]:
@@ -514,7 +517,7 @@ class Facade:
         return self._kernel.audit_key()
 
     def residue_scan(self, terms: Sequence[str]) -> ResidueReport:
-        self._authorize_operator("audit", CATEGORIES, COMPLIANCE_PURPOSE)
+        self._authorize_governance("audit", COMPLIANCE_PURPOSE)
         with self._as_principal():
             return self._kernel.residue_scan(terms)
 
