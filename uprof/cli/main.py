@@ -249,3 +249,7 @@ def _register_optional_commands() -> None:
 
 
 _register_optional_commands()
+
+
+if __name__ == "__main__":  # python -m uprof.cli.main ...
+    app()
