@@ -32,6 +32,7 @@ so the child starts fast and runs with ``python -I``.
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import sys
 from collections.abc import Sequence
@@ -60,6 +61,8 @@ class _Scan:
     def __init__(self, terms: Sequence[str]) -> None:
         self.needles = [(term, n) for term in terms for n in encodings(term)]
         self.overlap = max((len(n) for _, n in self.needles), default=0)
+        #: One pass of one automaton per value; which term matched is asked only on a hit.
+        self.any_needle = re.compile(b"|".join(re.escape(n) for _, n in self.needles))
         self.findings: list[dict[str, str]] = []
         self.files_scanned = 0
         self.bytes_scanned = 0
@@ -99,11 +102,11 @@ class _Scan:
             for row_number, row in enumerate(cursor):
                 for column, value in zip(columns, row, strict=True):
                     data = _as_bytes(value)
-                    if data is None:
+                    if data is None or not self.any_needle.search(data):
                         continue
-                    for term, needle in self.needles:
+                    for term in sorted({t for t, needle in self.needles if needle in data}):
                         key = (column, term)
-                        if hits.get(key, 0) < ROWS_PER_COLUMN and needle in data:
+                        if hits.get(key, 0) < ROWS_PER_COLUMN:
                             hits[key] = hits.get(key, 0) + 1
                             self.find(
                                 "plaintext",
