@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import shutil
+import sqlite3
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -99,14 +101,7 @@ def test_backup_taken_before_erasure_yields_nothing_readable(
         ).all()
     files_backup = backend.data_dir / "backup"
     if backend.kind == "sqlite":
-        for engine in (kernel.views_engine, kernel.app.events_engine):
-            with engine.connect() as conn:
-                conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
-        shutil.copytree(
-            kernel.settings.data_dir,
-            files_backup,
-            ignore=shutil.ignore_patterns("keys.sqlite*", "keks.json"),
-        )
+        copy_without_keys(kernel.settings.data_dir, files_backup)
     assert backup_rows
     kernel.erase_subject("alice")
     # The backed-up rows are ciphertext whose key no longer exists.
@@ -126,6 +121,29 @@ def test_backup_taken_before_erasure_yields_nothing_readable(
             assert view and all(m.text == "" for m in view)
         finally:
             restored.dispose()
+
+
+def copy_without_keys(data_dir: Path, dest: Path) -> None:
+    """Copy a live data folder, keys left out, the databases through the driver.
+
+    A plain copy would open and close the live SQLite files in this process, which
+    holds connections to them, and drop their locks (FIELD-NOTES 8.1).
+    """
+    dest.mkdir(parents=True)
+    for path in sorted(data_dir.iterdir()):
+        if path.name.startswith("keys.sqlite") or path.name == "keks.json":
+            continue
+        if path.name.endswith((".sqlite-wal", ".sqlite-shm", ".sqlite-journal")):
+            continue  # the backup below copies what they hold
+        if path.suffix == ".sqlite":
+            source, target = sqlite3.connect(path), sqlite3.connect(dest / path.name)
+            try:
+                source.backup(target)
+            finally:
+                target.close()
+                source.close()
+        elif path.is_file():
+            shutil.copy2(path, dest / path.name)
 
 
 def test_other_subjects_are_untouched(kernel: Uprof) -> None:

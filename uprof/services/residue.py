@@ -5,8 +5,9 @@ It plants nothing. Two checks, over every store the system writes:
 * **plaintext**: search terms the auditor supplies (a name, an e-mail, a phrase the
   user said) are looked for as UTF-8 and UTF-16 bytes in every file under the
   data folder — SQLite databases with their ``-wal``/``-shm``/``-journal``
-  siblings, exports, logs — and in every column of every table of a PostgreSQL
-  database;
+  siblings (raw bytes and every table, in one read snapshot, from a child process:
+  see ``residue_files``), exports, logs — and in every column of every table of a
+  PostgreSQL database;
 * **decryptable data**: for every stream the key store lists as shredded, no key
   of any kind remains, no snapshot remains, no read-model row remains, and every
   stored event either is a tombstone (ids only) or fails to open.
@@ -17,6 +18,9 @@ row), so an auditor can look for themselves.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,19 +28,28 @@ from uuid import UUID
 
 import sqlalchemy as sa
 
+from domain.errors import UprofError
 from domain.profile import SubjectProfile
 from projections.profile import tables as t
 from uprof.crypto.mapper import TOMBSTONE_TOPICS
 from uprof.crypto.tables import capture_keys, subject_aliases, subject_index, subject_keys
 from uprof.eventstore import ProfilesApplication
+from uprof.services import residue_files
+from uprof.services.residue_files import encodings as _encodings
 
-#: Files are read in chunks; a term split across a chunk border is still found.
-CHUNK = 1 << 20
+#: The child that reads the files (standard library only, run with ``python -I``).
+_CHILD = Path(residue_files.__file__)
+
+
+class ResidueScanError(UprofError):
+    """The scan could not look everywhere; no verdict is given."""
+
+    hint = "see the error; a residue report is only given for a complete scan"
 
 
 @dataclass(frozen=True)
 class Finding:
-    kind: str  # "plaintext" | "decryptable" | "key" | "row" | "snapshot"
+    kind: str  # "plaintext" | "decryptable" | "key" | "row" | "snapshot" | "unscanned"
     location: str
     detail: str
 
@@ -55,37 +68,38 @@ class ResidueReport:
         return not self.findings
 
 
-def _encodings(term: str) -> list[bytes]:
-    variants = {term, term.lower(), term.upper()}
-    out: list[bytes] = []
-    for v in sorted(variants):
-        out += [v.encode("utf-8"), v.encode("utf-16-le")]
-    return [b for b in out if b]
+def scan_files(
+    root: Path, terms: Sequence[str], report: ResidueReport, *, timeout_s: float | None = None
+) -> None:
+    """Look for each term's bytes in every regular file under root, from a child process.
 
-
-def scan_files(root: Path, terms: Sequence[str], report: ResidueReport) -> None:
-    """Look for each term's bytes in every regular file under root."""
-    needles = [(term, needle) for term in terms for needle in _encodings(term)]
-    if not needles:
+    This process opens no file under root: closing a descriptor of a live SQLite file
+    would drop the locks its own connections hold (FIELD-NOTES 8.1). The child
+    (``residue_files``) reads each database's raw bytes and its tables inside one
+    read-only snapshot; see its docstring. A child that fails raises, never passes.
+    """
+    if not any(_encodings(term) for term in terms):
         return
-    overlap = max(len(n) for _, n in needles)
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        report.files_scanned += 1
-        with path.open("rb") as fh:
-            offset = 0
-            tail = b""
-            while chunk := fh.read(CHUNK):
-                window = tail + chunk
-                base = offset - len(tail)
-                for term, needle in needles:
-                    at = window.find(needle)
-                    if at >= 0:
-                        report.findings.append(
-                            Finding("plaintext", f"{path}@{base + at}", f"term {term!r}")
-                        )
-                offset += len(chunk)
-                report.bytes_scanned += len(chunk)
-                tail = window[-overlap:]
+    request = json.dumps({"root": str(root), "terms": list(terms)}).encode("utf-8")
+    try:
+        done = subprocess.run(  # our own interpreter and file, no shell
+            [sys.executable, "-I", str(_CHILD)],
+            input=request,
+            capture_output=True,
+            close_fds=True,  # the child gets none of this process's database descriptors
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as e:
+        raise ResidueScanError(f"the file scan did not finish within {timeout_s} s") from e
+    if done.returncode != 0:
+        last = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
+        raise ResidueScanError(f"the file scan failed (exit {done.returncode}): {last[0]}")
+    result = json.loads(done.stdout)
+    report.files_scanned += result["files_scanned"]
+    report.bytes_scanned += result["bytes_scanned"]
+    report.tables_scanned += result["tables_scanned"]
+    report.findings += [Finding(f["kind"], f["location"], f["detail"]) for f in result["findings"]]
     _dedupe(report)
 
 

@@ -1,0 +1,225 @@
+"""The byte-level half of the residue audit, run in a child process of its own.
+
+Why a child: SQLite's POSIX advisory locks belong to the process, and closing *any*
+descriptor of a database file releases every lock the process holds on it
+(FIELD-NOTES 8.1). A server that opened its own ``views.sqlite-shm`` to scan it lost
+its locks; the next CLI process took itself for the last connection, checkpointed and
+deleted the WAL, and the server's later writes went to a deleted file. Locks are per
+process, so whatever this scanner opens and closes cannot touch the locks of the
+process that started it. The parent (``residue.scan_files``) never opens a file under
+the data folder.
+
+What it reads, per SQLite database found under the root (by name — ``*.sqlite``,
+``*.sqlite3``, ``*.db`` and the ``-wal``/``-shm``/``-journal`` siblings — or by the
+16-byte header ``SQLite format 3\\0``):
+
+1. a read-only driver connection opens a read transaction first. That snapshot pins
+   the WAL: no checkpoint can reset or truncate it while the scan runs, so every
+   committed page of the snapshot is in the main file or the WAL while they are read;
+2. the raw bytes of the main file and of every sibling, read through descriptors held
+   open until the connection is closed (closing one earlier would drop this process's
+   own read lock and reopen the race). Raw bytes cover what a logical copy loses: free
+   pages, superseded pages, old WAL frames;
+3. every column of every ordinary table, read through the same snapshot, so a value
+   split across overflow pages (not contiguous in the file) is still found.
+
+Every other file (exports, logs, key files) is read as raw bytes. The protocol is JSON:
+``{"root": ..., "terms": [...]}`` on stdin (terms never go on the command line, where
+other users could read them), the counts and findings on stdout. Standard library only,
+so the child starts fast and runs with ``python -I``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import sys
+from collections.abc import Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, BinaryIO
+
+#: Files are read in chunks; a term split across a chunk border is still found.
+CHUNK = 1 << 20
+SQLITE_MAGIC = b"SQLite format 3\x00"
+SIBLINGS = ("-wal", "-shm", "-journal")
+DB_SUFFIXES = (".sqlite", ".sqlite3", ".db")
+#: Findings per (table, column, term) in the logical pass, as in the PostgreSQL scan.
+ROWS_PER_COLUMN = 5
+
+
+def encodings(term: str) -> list[bytes]:
+    variants = {term, term.lower(), term.upper()}
+    out: list[bytes] = []
+    for v in sorted(variants):
+        out += [v.encode("utf-8"), v.encode("utf-16-le")]
+    return [b for b in out if b]
+
+
+class _Scan:
+    def __init__(self, terms: Sequence[str]) -> None:
+        self.needles = [(term, n) for term in terms for n in encodings(term)]
+        self.overlap = max((len(n) for _, n in self.needles), default=0)
+        #: One pass of one automaton per value; which term matched is asked only on a hit.
+        self.any_needle = re.compile(b"|".join(re.escape(n) for _, n in self.needles))
+        self.findings: list[dict[str, str]] = []
+        self.files_scanned = 0
+        self.bytes_scanned = 0
+        self.tables_scanned = 0
+        self.databases = 0
+
+    def find(self, kind: str, location: str, detail: str) -> None:
+        self.findings.append({"kind": kind, "location": location, "detail": detail})
+
+    def raw(self, path: Path, fh: BinaryIO) -> None:
+        self.files_scanned += 1
+        fh.seek(0)
+        offset = 0
+        tail = b""
+        while chunk := fh.read(CHUNK):
+            window = tail + chunk
+            base = offset - len(tail)
+            for term, needle in self.needles:
+                at = window.find(needle)
+                if at >= 0:
+                    self.find("plaintext", f"{path}@{base + at}", f"term {term!r}")
+            offset += len(chunk)
+            self.bytes_scanned += len(chunk)
+            tail = window[-self.overlap :]
+
+    def logical(self, path: Path, conn: sqlite3.Connection) -> None:
+        tables = conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' "
+            "AND coalesce(sql, '') NOT LIKE 'CREATE VIRTUAL TABLE%' ORDER BY name"
+        ).fetchall()
+        for (table,) in tables:
+            self.tables_scanned += 1
+            quoted = '"' + table.replace('"', '""') + '"'
+            cursor = conn.execute(f"SELECT * FROM {quoted}")  # the name comes from the schema
+            columns = [d[0] for d in cursor.description]
+            hits: dict[tuple[str, str], int] = {}
+            for row_number, row in enumerate(cursor):
+                for column, value in zip(columns, row, strict=True):
+                    data = _as_bytes(value)
+                    if data is None or not self.any_needle.search(data):
+                        continue
+                    for term in sorted({t for t, needle in self.needles if needle in data}):
+                        key = (column, term)
+                        if hits.get(key, 0) < ROWS_PER_COLUMN:
+                            hits[key] = hits.get(key, 0) + 1
+                            self.find(
+                                "plaintext",
+                                f"{path} table {table}.{column} row {row_number}",
+                                f"term {term!r}",
+                            )
+
+
+def _as_bytes(value: object) -> bytes | None:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogatepass")
+    return None
+
+
+def _database_of(path: Path) -> Path | None:
+    """The main database a file belongs to, by name; None if its name says nothing."""
+    for suffix in SIBLINGS:
+        if path.name.endswith(suffix) and len(path.name) > len(suffix):
+            return path.with_name(path.name[: -len(suffix)])
+    return path if path.suffix.lower() in DB_SUFFIXES else None
+
+
+def _open(path: Path, scan: _Scan) -> BinaryIO | None:
+    try:
+        return path.open("rb")
+    except FileNotFoundError:
+        return None  # gone since the listing (a -journal at commit): nothing left to read
+    except OSError as e:
+        scan.find("unscanned", str(path), f"cannot read: {e.strerror or e}")
+        return None
+
+
+def scan_tree(root: Path, terms: Sequence[str]) -> dict[str, Any]:
+    scan = _Scan(terms)
+    files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
+    databases: dict[Path, list[Path]] = {}
+    with ExitStack() as held:  # database descriptors stay open until their snapshot ends
+        opened: dict[Path, BinaryIO] = {}
+        for path in files:
+            main = _database_of(path)
+            if main is None:
+                fh = _open(path, scan)
+                if fh is None:
+                    continue
+                if fh.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:
+                    with fh:
+                        scan.raw(path, fh)
+                    continue
+                opened[path] = held.enter_context(fh)
+                main = path
+            databases.setdefault(main, []).append(path)
+        for main, members in databases.items():
+            with ExitStack() as snapshot:
+                head = _held(main, opened, held, scan)
+                conn = _read_snapshot(main, head, scan)
+                if conn is not None:
+                    snapshot.callback(conn.close)  # runs before the descriptors close
+                for path in sorted(set(members) | {main}, key=lambda p: (p != main, p.name)):
+                    if path not in opened:
+                        _held(path, opened, held, scan)
+                    if path in opened:
+                        scan.raw(path, opened[path])
+                if conn is not None:
+                    scan.logical(main, conn)
+    return {
+        "findings": scan.findings,
+        "files_scanned": scan.files_scanned,
+        "bytes_scanned": scan.bytes_scanned,
+        "tables_scanned": scan.tables_scanned,
+        "databases": len(databases),
+    }
+
+
+def _held(path: Path, opened: dict[Path, BinaryIO], held: ExitStack, scan: _Scan) -> bytes:
+    """Open a database file for the rest of the scan; its first 16 bytes (b"" if none)."""
+    if path not in opened:
+        fh = _open(path, scan)
+        if fh is None:
+            return b""
+        opened[path] = held.enter_context(fh)
+    fh = opened[path]
+    fh.seek(0)
+    return fh.read(len(SQLITE_MAGIC))
+
+
+def _read_snapshot(main: Path, head: bytes, scan: _Scan) -> sqlite3.Connection | None:
+    """A read-only connection inside a read transaction; None if the file is no database.
+
+    Read-only, so closing it never checkpoints or deletes a WAL, even when it is the
+    last connection (a copy of a data folder is scanned without being changed).
+    """
+    if head != SQLITE_MAGIC:
+        return None  # an orphan -wal/-shm, an empty or foreign file: scanned raw only
+    conn = sqlite3.connect(
+        f"{main.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None, timeout=30
+    )
+    try:
+        conn.execute("BEGIN")
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.Error as e:
+        conn.close()
+        scan.find("unscanned", str(main), f"no consistent snapshot: {e}")
+        return None
+    return conn
+
+
+def main() -> None:
+    request = json.load(sys.stdin)
+    result = scan_tree(Path(request["root"]), list(request["terms"]))
+    json.dump(result, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
