@@ -730,21 +730,31 @@ class SubjectProfile(Aggregate):
         self, token: str, result: dict[str, Any], *, now: datetime, window_s: float
     ) -> None:
         """Record that the write of ``token`` happened, with its result (ids only)."""
-        self._refuse_if_erased()
-        self._request_recorded(
-            token=token, result=dict(result), recorded_at=now, window_s=float(window_s)
-        )
+        self.record_requests({token: result}, now=now, window_s=window_s)
 
-    @event("RequestRecorded")
-    def _request_recorded(
-        self, token: str, result: dict[str, Any], recorded_at: datetime, window_s: float
+    def record_requests(
+        self, results: dict[str, dict[str, Any]], *, now: datetime, window_s: float
+    ) -> None:
+        """Record several tokens in one event (an import batch: one per record)."""
+        self._refuse_if_erased()
+        if results:
+            self._requests_recorded(
+                results={t: dict(r) for t, r in results.items()},
+                recorded_at=now,
+                window_s=float(window_s),
+            )
+
+    @event("RequestsRecorded")
+    def _requests_recorded(
+        self, results: dict[str, dict[str, Any]], recorded_at: datetime, window_s: float
     ) -> None:
         tokens = self._request_tokens()
         # Bounded: tokens older than the window are forgotten (deterministically, on replay too).
         horizon = recorded_at - timedelta(seconds=window_s)
         for old in [t for t, e in tokens.items() if e["recorded_at"] < horizon]:
             del tokens[old]
-        tokens[token] = {"result": result, "recorded_at": recorded_at}
+        for token, result in results.items():
+            tokens[token] = {"result": result, "recorded_at": recorded_at}
 
     # ------------------------------------------------------------------ erasure
 

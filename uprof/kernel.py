@@ -467,6 +467,15 @@ class Uprof:
         self.process()
         return self.projections.position >= notification_id
 
+    def project_log(self, timeout_s: float) -> bool:
+        """Bring the projections (not extraction) up to the log head as it is now."""
+        head = self.app.max_notification_id()
+        if self.settings.background_workers:
+            return self.projections.wait_for(head, timeout_s)
+        with self._process_lock:
+            self.projections.run_until_idle()
+        return self.projections.position >= head
+
     def flush_caches(self, stream_id: UUID) -> None:
         """Forget everything cached about a subject (keys, slice indexes)."""
         self.keystore.evict(str(stream_id))

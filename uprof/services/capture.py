@@ -143,26 +143,26 @@ class CaptureService:
             ids: list[str] = []
             versions: list[int] = []
             skipped = 0
+            tokens: dict[str, dict[str, Any]] = {}
             for index, interaction in enumerate(checked):
                 token = item_tokens[index] if item_tokens is not None else None
-                if token and profile.recorded_request(token, now=now, window_s=token_window_s):
+                if token and (
+                    token in tokens
+                    or profile.recorded_request(token, now=now, window_s=token_window_s)
+                ):
                     skipped += 1
                     continue
                 capture_id = profile.capture(interaction, now=now)
                 ids.append(capture_id)
                 versions.append(profile.version)
                 if token:
-                    result = {"capture_ids": [capture_id], "versions": [profile.version]}
-                    profile.record_request(token, result, now=now, window_s=token_window_s)
+                    tokens[token] = {"capture_ids": [capture_id], "versions": [profile.version]}
             if not ids:
                 return [], [], skipped, None
             if batch_token:
-                profile.record_request(
-                    batch_token,
-                    {"capture_ids": ids, "versions": versions},
-                    now=now,
-                    window_s=token_window_s,
-                )
+                tokens[batch_token] = {"capture_ids": ids, "versions": versions}
+            # One event for the batch's tokens, saved with its captures.
+            profile.record_requests(tokens, now=now, window_s=token_window_s)
             # Each captured event gets its own key before it is sealed (item-level shredding).
             self._keystore.create_capture_keys(str(handle.stream_id), ids, now=self._clock.now())
             recordings = self._app.save(profile)

@@ -11,7 +11,7 @@ retry gets the effect of one write and the first answer:
    ``IdempotencyKeyReusedError`` (409 ``idempotency_key_reused``). A row already
    answered is replayed as stored.
 2. **Write**: the kernel passes ``token`` into the subject's stream, where the write
-   records it (``RequestRecorded``) in the same save as its events. A second writer
+   records it (``RequestsRecorded``) in the same save as its events. A second writer
    with the same token — a concurrent duplicate in another server process, or a
    retry after a crash between claim and answer — loses the stream's version race
    (the event store's unique ``(stream, version)``), reloads, finds the token and
