@@ -5,7 +5,8 @@ Revises: 0002_audit
 Create Date: 2026-12-01
 
 - ``idempotency_keys``: claims and first answers of keyed writes (I14).
-- ``captures.session_id`` becomes ciphertext (sealed under the subject's view key);
+- ``captures.session_id`` and ``memories.session_id`` become ciphertext (sealed under
+  the subject's view key);
   ``captures.session_key``, ``memories.session_key`` and ``session_activity.session_key``
   hold a keyed hash instead of the session id; ``captures.source_ref_key`` a keyed
   hash of (app, source ref) for imports to match.
@@ -83,6 +84,7 @@ def _memories() -> None:
         sa.Column("sharing", sa.String(length=256), nullable=False),
         sa.Column("author", sa.String(length=64), nullable=False),
         sa.Column("actor", sa.LargeBinary(), nullable=False),
+        sa.Column("session_id", sa.LargeBinary(), nullable=False),
         sa.Column("session_key", sa.String(length=32), nullable=False),
         sa.Column("occurred_at", TZ, nullable=False),
         sa.Column("recorded_at", TZ, nullable=False),

@@ -78,7 +78,7 @@ class ProfileProjector:
         #: Per batch: subject bookkeeping to write once per subject, and the session and
         #: speaker of captures seen in this batch (their memories need them).
         self._touched: dict[str, dict[str, int]] = {}
-        self._batch_captures: dict[str, tuple[str, str]] = {}
+        self._batch_captures: dict[str, tuple[str, str, str]] = {}
 
     # ----------------------------------------------------------------- batches
 
@@ -266,7 +266,7 @@ class ProfileProjector:
                 recorded_at=e.timestamp,
             ),
         )
-        self._batch_captures[e.capture_id] = (session_key, e.actor)
+        self._batch_captures[e.capture_id] = (e.session_id, session_key, e.actor)
         if session_key:
             self._count_session(conn, stream_id, session_key, e.occurred_at)
 
@@ -396,19 +396,23 @@ class ProfileProjector:
             )
 
     def _memory_row(self, conn: sa.Connection, e: Any) -> dict[str, Any]:
-        session_key, actor = "", ""
+        session_id, session_key, actor = "", "", ""
         stream_id = str(e.originator_id)
         if e.evidence and e.evidence[0] in self._batch_captures:
-            session_key, actor = self._batch_captures[e.evidence[0]]
+            session_id, session_key, actor = self._batch_captures[e.evidence[0]]
         elif e.evidence:
+            c = t.captures.c
             origin = conn.execute(
-                sa.select(t.captures.c.session_key, t.captures.c.actor).where(
+                sa.select(c.session_id, c.session_key, c.actor).where(
                     t.captures.c.capture_id == e.evidence[0],
                     t.captures.c.stream_id == stream_id,
                 )
             ).first()
             if origin is not None:
                 session_key = origin.session_key
+                session_id = self._open(
+                    stream_id, "captures", "session_id", e.evidence[0], origin.session_id
+                )
                 actor = self._open(stream_id, "captures", "actor", e.evidence[0], origin.actor)
         vector = self._vectors.get(e.item_id)
         return {
@@ -422,6 +426,7 @@ class ProfileProjector:
             "sharing": e.sharing,
             "author": e.author,
             "actor": self._seal(e, "memories", "actor", e.item_id, actor),
+            "session_id": self._seal(e, "memories", "session_id", e.item_id, session_id),
             "session_key": session_key,
             "recorded_at": e.timestamp,
             "visits": 0,

@@ -56,6 +56,7 @@ class MemoryRow:
     sharing: str
     author: str
     actor: str
+    session_id: str
     #: Keyed hash of the session the memory came from ("" if none): matches
     #: the keys of ``session_activity``.
     session_key: str
@@ -184,6 +185,7 @@ class ProfileQueries:
                 sharing=r.sharing,
                 author=r.author,
                 actor=self._text(stream_id, "memories", "actor", r.item_id, r.actor),
+                session_id=self._text(stream_id, "memories", "session_id", r.item_id, r.session_id),
                 session_key=r.session_key,
                 occurred_at=aware(r.occurred_at),  # type: ignore[arg-type]
                 recorded_at=aware(r.recorded_at),  # type: ignore[arg-type]

@@ -108,6 +108,7 @@ memories = sa.Table(
     sa.Column("sharing", sa.String(256), nullable=False),
     sa.Column("author", sa.String(64), nullable=False),
     sa.Column("actor", SEALED, nullable=False),
+    sa.Column("session_id", SEALED, nullable=False),
     sa.Column("session_key", sa.String(32), nullable=False),
     sa.Column("occurred_at", TZ, nullable=False),
     sa.Column("recorded_at", TZ, nullable=False),
