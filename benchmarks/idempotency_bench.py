@@ -33,7 +33,8 @@ APP = "app:bench"
 
 
 def _interaction(i: int) -> Interaction:
-    return Interaction(app_id=APP, agent_id="agent:bench", occurred_at=datetime(2025, 1, 1, tzinfo=UTC),
+    return Interaction(app_id=APP, agent_id="agent:bench",
+                       occurred_at=datetime(2025, 1, 1, tzinfo=UTC),
                        user_input=f"I like tea number {i}", session_id=f"s{i // 20}",
                        source_ref=f"r{i}", purpose="personalization")
 
@@ -54,7 +55,7 @@ def one_run(kernel: Uprof, n: int, subject: str) -> dict[str, Any]:
     kernel.grant_consent(subject, app_id=APP, categories=["*"], purposes=["personalization"])
     plain, keyed, replay = [], [], []
     for i in range(n):  # interleaved, so load on the machine hits both alike
-        plain.append(_timed(lambda: kernel.capture(subject, _interaction(i))))
+        plain.append(_timed(lambda i=i: kernel.capture(subject, _interaction(i))))
         key = f"k-{subject}-{i}"
 
         def keyed_capture(key: str = key, i: int = i) -> Any:

@@ -712,7 +712,9 @@ class SubjectProfile(Aggregate):
         tokens: dict[str, dict[str, Any]] = self.__dict__.setdefault("request_tokens", {})
         return tokens
 
-    def recorded_request(self, token: str, *, now: datetime, window_s: float) -> dict[str, Any] | None:
+    def recorded_request(
+        self, token: str, *, now: datetime, window_s: float
+    ) -> dict[str, Any] | None:
         """The result recorded for a retried write's token, if it is still in the window.
 
         The token is a keyed hash of (tenant, app, idempotency key) made by the kernel;

@@ -30,7 +30,9 @@ TARGETS = {
 target_metadata = TARGETS[config.attributes.get("branch", "views")]
 
 OWN_TABLES = {
-    t for md in (profile_metadata, audit_metadata, keys_metadata, api_metadata, idempotency_metadata) for t in md.tables
+    t
+    for md in (profile_metadata, audit_metadata, keys_metadata, api_metadata, idempotency_metadata)
+    for t in md.tables
 }
 
 

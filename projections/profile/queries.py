@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import sqlalchemy as sa
 
-from projections.profile import tables as t
 from domain.errors import SubjectErasedError
+from projections.profile import tables as t
 from projections.profile.sealing import FieldSealer, context, source_ref_scope
 
 
@@ -337,7 +337,9 @@ class ProfileQueries:
             return set()
         try:
             by_key = {
-                self._sealer.lookup(stream_id, "captures.source_ref", source_ref_scope(app_id, r)): r
+                self._sealer.lookup(
+                    stream_id, "captures.source_ref", source_ref_scope(app_id, r)
+                ): r
                 for r in wanted
             }
         except SubjectErasedError:

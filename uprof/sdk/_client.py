@@ -313,7 +313,8 @@ class AsyncClient:
         self, subject: str, interactions: Sequence[InteractionLike], *,
         idempotency_key: str | None = None,
     ) -> list[w.CaptureAck]:
-        return (await self._backend.send(_capture_many(subject, interactions, idempotency_key))).acks
+        call = _capture_many(subject, interactions, idempotency_key)
+        return (await self._backend.send(call)).acks
 
     async def submit_proposals(
         self, subject: str, proposals: Sequence[ProposalLike], *, agent_id: str,

@@ -8,7 +8,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from domain.errors import ConsentRequiredError, InvalidInputError
-from domain.profile import SubjectProfile
 from domain.values import Interaction, check_text, check_token
 from uprof.crypto.keystore import KeyStore
 from uprof.eventstore import ProfilesApplication

@@ -252,4 +252,5 @@ class IdempotencyStore:
 
     def count(self) -> int:
         with self._engine.connect() as conn:
-            return int(conn.execute(sa.select(sa.func.count()).select_from(idempotency_keys)).scalar_one())
+            query = sa.select(sa.func.count()).select_from(idempotency_keys)
+            return int(conn.execute(query).scalar_one())

@@ -122,7 +122,7 @@ def import_interactions(
     pending: list[int] = []
     seen: set[str] = set()
     skipped = 0
-    for index, (row, token) in enumerate(zip(rows, tokens, strict=True)):
+    for index, token in enumerate(tokens):
         if known[index] or (token is not None and token in seen):
             skipped += 1  # captured before, or repeated in this file
             continue
