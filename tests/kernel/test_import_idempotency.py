@@ -60,3 +60,23 @@ def test_an_erased_capture_is_not_brought_back_by_a_reimport(kernel: Uprof) -> N
     report = import_interactions(kernel, [record("I like tea", ref="r-1")])
     # Within the retention window the stream's token still says "captured once".
     assert (report.captured, report.skipped) == (0, 1)
+
+
+def test_cli_import_twice_reports_what_it_skipped(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from typer.testing import CliRunner
+
+    from uprof.cli.main import app as cli
+
+    runner = CliRunner()
+    data = ["--data-dir", str(tmp_path / "data"), "--embedder", "hashing"]
+    grant = runner.invoke(cli, [*data, "consent", "grant", "--subject", "alice", "--app", APP,
+                                "--category", "*", "--purpose", "personalization"])
+    assert grant.exit_code == 0, grant.output
+    file = tmp_path / "in.jsonl"
+    file.write_text("\n".join(record(f"I like tea {i}", ref=f"c:{i}") for i in range(3)) + "\n")
+    first = runner.invoke(cli, [*data, "import", str(file)])
+    assert first.exit_code == 0, first.output
+    assert "captured 3 interactions" in first.output and "skipped 0" in first.output
+    again = runner.invoke(cli, [*data, "import", str(file)])
+    assert again.exit_code == 0, again.output
+    assert "captured 0 interactions" in again.output and "skipped 3" in again.output
