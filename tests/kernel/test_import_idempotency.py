@@ -80,3 +80,25 @@ def test_cli_import_twice_reports_what_it_skipped(tmp_path) -> None:  # type: ig
     again = runner.invoke(cli, [*data, "import", str(file)])
     assert again.exit_code == 0, again.output
     assert "captured 0 interactions" in again.output and "skipped 3" in again.output
+
+
+def test_tokens_survive_a_snapshot(backend, clock) -> None:  # type: ignore[no-untyped-def]
+    """150 records cross the snapshot interval (100): a fresh process still skips them all."""
+    from tests.kernel.conftest import build_kernel, settings_for
+
+    lines = [record(f"I like tea {i}", key=f"k{i}") for i in range(150)]
+    first = build_kernel(settings_for(backend), clock)
+    try:
+        consent(first)
+        assert import_interactions(first, lines).captured == 150
+        assert first.app.snapshots is not None
+        stream = first.stream_of("alice")
+        assert list(first.app.snapshots.get(stream))  # a snapshot was taken
+    finally:
+        first.close()
+    second = build_kernel(settings_for(backend), clock)
+    try:
+        report = import_interactions(second, lines)
+        assert (report.captured, report.skipped) == (0, 150)
+    finally:
+        second.close()
