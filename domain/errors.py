@@ -75,3 +75,12 @@ class ConcurrencyConflictError(UprofError):
 
 class ReadRecordingError(UprofError):
     hint = "reads cannot be recorded right now, so none are served; check the store and retry"
+
+
+class IdempotencyKeyReusedError(UprofError):
+    """The same idempotency key came back with a different request."""
+
+    hint = (
+        "an Idempotency-Key names one request: send the identical body to replay it, "
+        "or a new key for a new request"
+    )

@@ -13,7 +13,7 @@ never re-decides.
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from eventsourcing.domain import Aggregate, event
@@ -711,6 +711,59 @@ class SubjectProfile(Aggregate):
         n_tokens: int,
     ) -> None:
         pass
+
+    # -------------------------------------------------------------- idempotency
+
+    def _request_tokens(self) -> dict[str, dict[str, Any]]:
+        # Snapshots taken before request tokens existed have none.
+        tokens: dict[str, dict[str, Any]] = self.__dict__.setdefault("request_tokens", {})
+        return tokens
+
+    def recorded_request(
+        self, token: str, *, now: datetime, window_s: float
+    ) -> dict[str, Any] | None:
+        """The result recorded for a retried write's token, if it is still in the window.
+
+        The token is a keyed hash of (tenant, app, idempotency key) made by the kernel;
+        checking it here, in the stream that the write goes to, is what makes a retry
+        exactly-once across processes: two writers with one token cannot both save,
+        since the second's save loses the version race and its retry finds the token.
+        """
+        entry = self._request_tokens().get(token)
+        if entry is None or entry["recorded_at"] < now - timedelta(seconds=window_s):
+            return None
+        result: dict[str, Any] = entry["result"]
+        return result
+
+    def record_request(
+        self, token: str, result: dict[str, Any], *, now: datetime, window_s: float
+    ) -> None:
+        """Record that the write of ``token`` happened, with its result (ids only)."""
+        self.record_requests({token: result}, now=now, window_s=window_s)
+
+    def record_requests(
+        self, results: dict[str, dict[str, Any]], *, now: datetime, window_s: float
+    ) -> None:
+        """Record several tokens in one event (an import batch: one per record)."""
+        self._refuse_if_erased()
+        if results:
+            self._requests_recorded(
+                results={t: dict(r) for t, r in results.items()},
+                recorded_at=now,
+                window_s=float(window_s),
+            )
+
+    @event("RequestsRecorded")
+    def _requests_recorded(
+        self, results: dict[str, dict[str, Any]], recorded_at: datetime, window_s: float
+    ) -> None:
+        tokens = self._request_tokens()
+        # Bounded: tokens older than the window are forgotten (deterministically, on replay too).
+        horizon = recorded_at - timedelta(seconds=window_s)
+        for old in [t for t, e in tokens.items() if e["recorded_at"] < horizon]:
+            del tokens[old]
+        for token, result in results.items():
+            tokens[token] = {"result": result, "recorded_at": recorded_at}
 
     # ------------------------------------------------------------------ erasure
 

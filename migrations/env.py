@@ -13,6 +13,7 @@ from audit.tables import metadata as audit_metadata
 from projections.profile.tables import metadata as profile_metadata
 from uprof.api.tables import metadata as api_metadata
 from uprof.crypto.tables import metadata as keys_metadata
+from uprof.services.idempotency import metadata as idempotency_metadata
 
 config = context.config
 connection = config.attributes.get("connection")
@@ -23,13 +24,15 @@ if connection is None:
     )
 
 TARGETS = {
-    "views": [profile_metadata, audit_metadata],
+    "views": [profile_metadata, audit_metadata, idempotency_metadata],
     "keys": [keys_metadata, api_metadata],
 }
 target_metadata = TARGETS[config.attributes.get("branch", "views")]
 
 OWN_TABLES = {
-    t for md in (profile_metadata, audit_metadata, keys_metadata, api_metadata) for t in md.tables
+    t
+    for md in (profile_metadata, audit_metadata, keys_metadata, api_metadata, idempotency_metadata)
+    for t in md.tables
 }
 
 

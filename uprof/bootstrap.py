@@ -19,7 +19,7 @@ from projections.profile.queries import ProfileQueries
 from uprof.adapters.audit_trail import AuditLogTrail
 from uprof.adapters.clock import SystemClock
 from uprof.crypto.fields import ViewSealer
-from uprof.crypto.keystore import KekRing, KeyStore
+from uprof.crypto.keystore import KekRing, KeyStore, derive_key
 from uprof.eventstore import ProfilesApplication
 from uprof.kernel import Uprof
 from uprof.ports import AuditTrail, Clock, Embedder, Extractor, TokenCounter
@@ -27,6 +27,7 @@ from uprof.services.capture import CaptureService
 from uprof.services.consent import ConsentService
 from uprof.services.erasure import ErasureService
 from uprof.services.extraction import EvidenceChecker, ExtractionWorker
+from uprof.services.idempotency import IdempotencyStore
 from uprof.services.maintenance import MaintenanceService
 from uprof.services.profile import ProfileService
 from uprof.services.projection import ProjectionRunner
@@ -143,9 +144,10 @@ def bootstrap(
     migrate(views, "views")
     migrate(keys, "keys")
 
+    master = master_secret(settings)
     keystore = KeyStore(
         keys,
-        master_secret=master_secret(settings),
+        master_secret=master,
         kek_ring=KekRing(settings.data_dir / KEK_RING_FILE),
     )
     events = views if layout.events_url == layout.views_url else create_engine(layout.events_url)
@@ -236,6 +238,13 @@ def bootstrap(
         views_engine=views,
         keys_engine=keys,
         closers=(close,),
+        idempotency=IdempotencyStore(
+            views,
+            derive_key(master, "uprof/idempotency/1"),
+            tenant=settings.tenant,
+            retention_s=settings.idempotency_retention_s,
+            clock_ms=lambda: int(clock.now().timestamp() * 1000),
+        ),
     )
     kernel_ref.append(kernel)
     return kernel

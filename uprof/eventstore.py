@@ -296,3 +296,24 @@ class ProfilesApplication(Application[UUID]):
                 {"stream_id": key},
             )
         return int(result.rowcount or 0)
+
+    def notification_ids(self, stream_id: UUID, versions: Sequence[int]) -> list[int]:
+        """The log positions of a stream's events at ``versions`` (in that order)."""
+        if not versions:
+            return []
+        table, nid = self._events_table()
+        key = stream_id.hex if self.events_engine.dialect.name == "sqlite" else str(stream_id)
+        wanted = sorted({int(v) for v in versions})
+        marks = ", ".join(f":v{i}" for i in range(len(wanted)))
+        params: dict[str, Any] = {f"v{i}": v for i, v in enumerate(wanted)}
+        params["stream_id"] = key
+        with self.events_engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(
+                    f"SELECT originator_version, {nid} FROM {table} "
+                    f"WHERE originator_id = :stream_id AND originator_version IN ({marks})"
+                ),
+                params,
+            ).all()
+        found = {int(v): int(n) for v, n in rows}
+        return [found[int(v)] for v in versions]

@@ -91,6 +91,22 @@ class Facade:
         self._kernel = kernel
         self.principal = principal
 
+    def now(self) -> datetime:
+        return self._kernel.clock.now()
+
+    def idempotent(
+        self, key: str, operation: str, body: dict[str, Any], execute: Callable[[str], Any]
+    ) -> Any:
+        """Run a keyed write at most once per (this principal's app, key) (I14).
+
+        Keys belong to the app the principal acts for, so app B reusing app A's key
+        never receives A's answer. ``execute(token)`` is one of this facade's writes.
+        """
+        with self._as_principal():
+            return self._kernel.idempotent(
+                self.principal.policy_subject, key, operation, body, execute
+            )
+
     def for_app(self, app_id: str) -> Facade:
         """The same operator, acting for ``app_id`` (its policy decides; audited as both)."""
         return Facade(self._kernel, self.principal.as_app(app_id))
@@ -175,16 +191,24 @@ class Facade:
 
     # --------------------------------------------------------------- capture
 
-    def capture(self, subject: str, interaction: Interaction) -> CaptureAck:
-        return self.capture_many(subject, [interaction])[0]
+    def capture(
+        self, subject: str, interaction: Interaction, *, request_token: str | None = None
+    ) -> CaptureAck:
+        return self.capture_many(subject, [interaction], request_token=request_token)[0]
 
-    def capture_many(self, subject: str, interactions: Sequence[Interaction]) -> list[CaptureAck]:
+    def capture_many(
+        self,
+        subject: str,
+        interactions: Sequence[Interaction],
+        *,
+        request_token: str | None = None,
+    ) -> list[CaptureAck]:
         """Capture as the principal's app; the policy must allow ``capture``."""
         bound = [self._bind(i) for i in interactions]
         for purpose in sorted({i.purpose for i in bound}):
             self._authorize("capture", [CAPTURE_CATEGORY], purpose)
         with self._as_principal():
-            return self._kernel.capture_many(subject, bound)
+            return self._kernel.capture_many(subject, bound, request_token=request_token)
 
     def _bind(self, interaction: Interaction) -> Interaction:
         return replace(
@@ -196,7 +220,12 @@ class Facade:
     # ------------------------------------------------------------- proposals
 
     def submit_proposals(
-        self, subject: str, batch: ProposalBatch, *, observed_at: datetime | None = None
+        self,
+        subject: str,
+        batch: ProposalBatch,
+        *,
+        observed_at: datetime | None = None,
+        request_token: str | None = None,
     ) -> int:
         """Propose as the principal's app and agent; every category must be allowed.
 
@@ -220,7 +249,9 @@ class Facade:
                     f"app {bound.app_id!r} has no consent in force for category "
                     f"{missing[0]!r} and purpose {bound.purpose!r}"
                 )
-            return self._kernel.submit_proposals(subject, bound, observed_at=observed_at)
+            return self._kernel.submit_proposals(
+                subject, bound, observed_at=observed_at, request_token=request_token
+            )
 
     # --------------------------------------------------------------- consent
 
@@ -234,6 +265,7 @@ class Facade:
         expires_at: datetime | None = None,
         collected_by: str = "",
         app_id: str | None = None,
+        request_token: str | None = None,
     ) -> str:
         """Record a consent the user gave.
 
@@ -266,6 +298,7 @@ class Facade:
                 legal_basis=legal_basis,
                 expires_at=expires_at,
                 collected_by=collected_by.strip() or self.principal.label,
+                request_token=request_token,
             )
 
     def _consent_app(self, app_id: str | None) -> str:
@@ -325,7 +358,12 @@ class Facade:
         return list(view.consents)
 
     def withdraw_consent(
-        self, subject: str, consent_id: str, *, erase: bool = False
+        self,
+        subject: str,
+        consent_id: str,
+        *,
+        erase: bool = False,
+        request_token: str | None = None,
     ) -> ErasureResult | None:
         """Withdraw a consent: an app only its own; a subject or operator any of theirs.
 
@@ -335,7 +373,9 @@ class Facade:
         if consent_id not in {c.consent_id for c in self.consents(subject)}:
             raise SubjectNotFoundError("no consent with that id for this subject and app")
         with self._as_principal():
-            return self._kernel.withdraw_consent(subject, consent_id, erase=erase)
+            return self._kernel.withdraw_consent(
+                subject, consent_id, erase=erase, request_token=request_token
+            )
 
     # ---------------------------------------------------------------- slices
 

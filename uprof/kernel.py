@@ -30,10 +30,11 @@ from projections.profile.queries import ProfileQueries
 from uprof.crypto.keystore import KeyStore
 from uprof.eventstore import ProfilesApplication
 from uprof.ports import AuditTrail, Clock
-from uprof.services.capture import CaptureAck, CaptureService
+from uprof.services.capture import CaptureAck, CaptureOutcome, CaptureService
 from uprof.services.consent import ConsentService
 from uprof.services.erasure import ErasureResult, ErasureService
 from uprof.services.extraction import ExtractionWorker
+from uprof.services.idempotency import Execute, IdempotencyStore, Outcome
 from uprof.services.maintenance import MaintenanceService
 from uprof.services.profile import EvidenceView, ProfileService, ProfileView
 from uprof.services.projection import ProjectionRunner
@@ -97,15 +98,66 @@ class Uprof:
     #: Called when a read finds its subject behind and background workers must catch
     #: up (a long-running server sets it to its worker's wake-up).
     wake_workers: Callable[[], None] = lambda: None
+    #: Keys of retried writes (I14); None only in kernels built without bootstrap.
+    idempotency: IdempotencyStore | None = None
     _process_lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     # ----------------------------------------------------------------- writes
 
-    def capture(self, subject: str, interaction: Interaction) -> CaptureAck:
-        return self.capture_service.capture(subject, interaction)
+    def idempotent(
+        self, app_id: str, key: str, operation: str, body: dict[str, Any], execute: Execute
+    ) -> Outcome:
+        """Run a keyed write at most once per (app, key) and replay its first answer (I14).
 
-    def capture_many(self, subject: str, interactions: Sequence[Interaction]) -> list[CaptureAck]:
-        return self.capture_service.capture_many(subject, interactions)
+        ``execute(token)`` does the write, passing ``token`` as ``request_token`` to the
+        write method below; see services/idempotency.py for the guarantees.
+        """
+        return self._idempotency().run(app_id, key, operation, body, execute)
+
+    def request_token(self, app_id: str, key: str, *, namespace: str = "key") -> str:
+        """The per-app token of an idempotency key (or, namespace "source_ref", of a ref)."""
+        return self._idempotency().token(app_id, key, namespace=namespace)
+
+    def purge_idempotency_keys(self) -> int:
+        """Forget idempotency keys past their retention; returns how many went."""
+        return self._idempotency().purge()
+
+    def _idempotency(self) -> IdempotencyStore:
+        if self.idempotency is None:
+            raise InvalidInputError("idempotency keys are not configured in this kernel")
+        return self.idempotency
+
+    @property
+    def _token_window_s(self) -> float:
+        return self.settings.idempotency_retention_s
+
+    def capture(
+        self, subject: str, interaction: Interaction, *, request_token: str | None = None
+    ) -> CaptureAck:
+        return self.capture_many(subject, [interaction], request_token=request_token)[0]
+
+    def capture_many(
+        self,
+        subject: str,
+        interactions: Sequence[Interaction],
+        *,
+        request_token: str | None = None,
+    ) -> list[CaptureAck]:
+        return self.capture_service.capture_many(
+            subject, interactions, request_token=request_token, token_window_s=self._token_window_s
+        )
+
+    def capture_once(
+        self,
+        subject: str,
+        interactions: Sequence[Interaction],
+        *,
+        item_tokens: Sequence[str | None],
+    ) -> CaptureOutcome:
+        """Capture, skipping interactions whose token the subject's stream holds (import)."""
+        return self.capture_service.capture_once(
+            subject, interactions, item_tokens=item_tokens, token_window_s=self._token_window_s
+        )
 
     def grant_consent(
         self,
@@ -117,6 +169,7 @@ class Uprof:
         legal_basis: str = "consent",
         expires_at: datetime | None = None,
         collected_by: str = "",
+        request_token: str | None = None,
     ) -> str:
         return self.consent_service.grant(
             subject,
@@ -126,6 +179,8 @@ class Uprof:
             legal_basis=legal_basis,
             expires_at=expires_at,
             collected_by=collected_by,
+            request_token=request_token,
+            token_window_s=self._token_window_s,
         )
 
     def unconsented(
@@ -141,14 +196,29 @@ class Uprof:
         ]
 
     def withdraw_consent(
-        self, subject: str, consent_id: str, *, erase: bool = False
+        self,
+        subject: str,
+        consent_id: str,
+        *,
+        erase: bool = False,
+        request_token: str | None = None,
     ) -> ErasureResult | None:
-        """Withdraw a consent; with ``erase``, also erase what was collected under it."""
+        """Withdraw a consent; with ``erase``, also erase what was collected under it.
+
+        A retried keyed withdrawal writes nothing again; with ``erase`` it finishes
+        erasing whatever collected data is still there (none if the first finished).
+        """
         self._settle_reads()
         grant = next(
             (c for c in self.profile(subject).consents if c.consent_id == consent_id), None
         )
-        self.consent_service.withdraw(subject, consent_id, erase_requested=erase)
+        self.consent_service.withdraw(
+            subject,
+            consent_id,
+            erase_requested=erase,
+            request_token=request_token,
+            token_window_s=self._token_window_s,
+        )
         if not erase or grant is None:
             return None
         stream = str(self.stream_of(subject))
@@ -287,11 +357,22 @@ class Uprof:
         return self.erasure_service.erase_item(subject, item_id, with_evidence=with_evidence)
 
     def submit_proposals(
-        self, subject: str, batch: ProposalBatch, *, observed_at: datetime | None = None
+        self,
+        subject: str,
+        batch: ProposalBatch,
+        *,
+        observed_at: datetime | None = None,
+        request_token: str | None = None,
     ) -> int:
         # Agents cite events they just captured: let the captures view catch up first.
         self.ensure_fresh(self.settings.read_wait_timeout_s)
-        return self.proposal_service.submit(subject, batch, observed_at=observed_at)
+        return self.proposal_service.submit(
+            subject,
+            batch,
+            observed_at=observed_at,
+            request_token=request_token,
+            token_window_s=self._token_window_s,
+        )
 
     # ------------------------------------------------------------------ reads
 
@@ -449,6 +530,15 @@ class Uprof:
         """Re-wrap every data key under a new KEK epoch and forget the old KEK."""
         result: dict[str, int] = self.keystore.rotate_kek()
         return result
+
+    def project_log(self, timeout_s: float) -> bool:
+        """Bring the projections (not extraction) up to the log head as it is now."""
+        head = self.app.max_notification_id()
+        if self.settings.background_workers:
+            return self.projections.wait_for(head, timeout_s)
+        with self._process_lock:
+            self.projections.run_until_idle()
+        return self.projections.position >= head
 
     def flush_caches(self, stream_id: UUID) -> None:
         """Forget everything cached about a subject (keys, slice indexes)."""

@@ -47,6 +47,9 @@ class Settings(BaseSettings):
     #: then wait for them instead of doing the work inline.
     background_workers: bool = False
 
+    #: How long an idempotency key (and the first answer to it) is kept, in seconds.
+    idempotency_retention_s: float = Field(default=24 * 3600.0, gt=0.0, le=30 * 24 * 3600.0)
+
     policy_model_path: Path = POLICIES_DIR / "model.conf"
     policy_path: Path = POLICIES_DIR / "seed_policy.csv"
     audit_origin: str = "uprof.local/audit"

@@ -81,12 +81,18 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 
 def create_engine(url: str) -> sa.Engine:
-    """Build an engine with the settings uprof relies on for this backend."""
+    """Build an engine with the settings uprof relies on for this backend.
+
+    ``hide_parameters``: a database error's message (which reaches logs and
+    tracebacks) never quotes the statement's values.
+    """
     if url.startswith("sqlite"):
-        engine = sa.create_engine(url, connect_args={"timeout": 30})
+        engine = sa.create_engine(url, connect_args={"timeout": 30}, hide_parameters=True)
         sa.event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+    return sa.create_engine(
+        url, pool_pre_ping=True, pool_size=5, max_overflow=10, hide_parameters=True
+    )
 
 
 def migrate(engine: sa.Engine, branch: str) -> None:

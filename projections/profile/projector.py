@@ -20,7 +20,7 @@ from eventsourcing.utils import get_topic
 from domain.errors import SubjectErasedError
 from domain.profile import SubjectProfile as P
 from projections.profile import tables as t
-from projections.profile.sealing import FieldSealer, context
+from projections.profile.sealing import FieldSealer, context, source_ref_scope
 
 PROJECTION_NAME = "profile"
 CAPTURED = get_topic(P.InteractionCaptured)
@@ -78,7 +78,7 @@ class ProfileProjector:
         #: Per batch: subject bookkeeping to write once per subject, and the session and
         #: speaker of captures seen in this batch (their memories need them).
         self._touched: dict[str, dict[str, int]] = {}
-        self._batch_captures: dict[str, tuple[str, str]] = {}
+        self._batch_captures: dict[str, tuple[str, str, str]] = {}
 
     # ----------------------------------------------------------------- batches
 
@@ -239,6 +239,7 @@ class ProfileProjector:
 
     def _captured(self, conn: sa.Connection, nid: int, e: Any) -> None:
         stream_id = str(e.originator_id)
+        session_key = self._sealer.lookup(stream_id, "session", e.session_id)
         conn.execute(
             t.captures.insert(),
             dict(
@@ -248,11 +249,15 @@ class ProfileProjector:
                 app_id=e.app_id,
                 agent_id=e.agent_id,
                 agent_type=e.agent_type,
-                session_id=e.session_id,
+                session_id=self._seal(e, "captures", "session_id", e.capture_id, e.session_id),
+                session_key=session_key,
                 actor=self._seal(e, "captures", "actor", e.capture_id, e.actor),
                 purpose=e.purpose,
                 sharing=e.sharing,
                 source_ref=self._seal(e, "captures", "source_ref", e.capture_id, e.source_ref),
+                source_ref_key=self._sealer.lookup(
+                    stream_id, "captures.source_ref", source_ref_scope(e.app_id, e.source_ref)
+                ),
                 user_input=self._seal(e, "captures", "user_input", e.capture_id, e.user_input),
                 agent_response=self._seal(
                     e, "captures", "agent_response", e.capture_id, e.agent_response
@@ -261,28 +266,28 @@ class ProfileProjector:
                 recorded_at=e.timestamp,
             ),
         )
-        self._batch_captures[e.capture_id] = (e.session_id, e.actor)
-        if e.session_id:
-            self._count_session(conn, stream_id, e.session_id, e.occurred_at)
+        self._batch_captures[e.capture_id] = (e.session_id, session_key, e.actor)
+        if session_key:
+            self._count_session(conn, stream_id, session_key, e.occurred_at)
 
     def _count_session(
-        self, conn: sa.Connection, stream_id: str, session_id: str, at: datetime
+        self, conn: sa.Connection, stream_id: str, session_key: str, at: datetime
     ) -> None:
         sa_t = t.session_activity
         updated = conn.execute(
             sa_t.update()
-            .where(sa_t.c.stream_id == stream_id, sa_t.c.session_id == session_id)
+            .where(sa_t.c.stream_id == stream_id, sa_t.c.session_key == session_key)
             .values(captures=sa_t.c.captures + 1, last_at=at)
         )
         if updated.rowcount == 0:
             conn.execute(
                 sa_t.insert(),
-                dict(stream_id=stream_id, session_id=session_id, captures=1, last_at=at),
+                dict(stream_id=stream_id, session_key=session_key, captures=1, last_at=at),
             )
 
-    def _uncount_session(self, conn: sa.Connection, stream_id: str, session_id: str) -> None:
+    def _uncount_session(self, conn: sa.Connection, stream_id: str, session_key: str) -> None:
         sa_t = t.session_activity
-        where = (sa_t.c.stream_id == stream_id, sa_t.c.session_id == session_id)
+        where = (sa_t.c.stream_id == stream_id, sa_t.c.session_key == session_key)
         conn.execute(sa_t.update().where(*where).values(captures=sa_t.c.captures - 1))
         # A session with no captures left has no row, exactly as if it never had one.
         conn.execute(sa_t.delete().where(*where, sa_t.c.captures <= 0))
@@ -391,19 +396,23 @@ class ProfileProjector:
             )
 
     def _memory_row(self, conn: sa.Connection, e: Any) -> dict[str, Any]:
-        session_id, actor = "", ""
+        session_id, session_key, actor = "", "", ""
         stream_id = str(e.originator_id)
         if e.evidence and e.evidence[0] in self._batch_captures:
-            session_id, actor = self._batch_captures[e.evidence[0]]
+            session_id, session_key, actor = self._batch_captures[e.evidence[0]]
         elif e.evidence:
+            c = t.captures.c
             origin = conn.execute(
-                sa.select(t.captures.c.session_id, t.captures.c.actor).where(
+                sa.select(c.session_id, c.session_key, c.actor).where(
                     t.captures.c.capture_id == e.evidence[0],
                     t.captures.c.stream_id == stream_id,
                 )
             ).first()
             if origin is not None:
-                session_id = origin.session_id
+                session_key = origin.session_key
+                session_id = self._open(
+                    stream_id, "captures", "session_id", e.evidence[0], origin.session_id
+                )
                 actor = self._open(stream_id, "captures", "actor", e.evidence[0], origin.actor)
         vector = self._vectors.get(e.item_id)
         return {
@@ -417,7 +426,8 @@ class ProfileProjector:
             "sharing": e.sharing,
             "author": e.author,
             "actor": self._seal(e, "memories", "actor", e.item_id, actor),
-            "session_id": session_id,
+            "session_id": self._seal(e, "memories", "session_id", e.item_id, session_id),
+            "session_key": session_key,
             "recorded_at": e.timestamp,
             "visits": 0,
             "last_visited_at": None,
@@ -596,10 +606,10 @@ class ProfileProjector:
     def _capture_erased(self, conn: sa.Connection, nid: int, e: Any) -> None:
         stream_id = str(e.originator_id)
         origin = conn.execute(
-            sa.select(t.captures.c.session_id).where(t.captures.c.capture_id == e.capture_id)
+            sa.select(t.captures.c.session_key).where(t.captures.c.capture_id == e.capture_id)
         ).first()
-        if origin is not None and origin.session_id:
-            self._uncount_session(conn, stream_id, origin.session_id)
+        if origin is not None and origin.session_key:
+            self._uncount_session(conn, stream_id, origin.session_key)
         conn.execute(
             t.captures.delete().where(
                 t.captures.c.stream_id == str(e.originator_id),

@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 import sqlalchemy as sa
 
+from domain.errors import SubjectErasedError
 from projections.profile import tables as t
-from projections.profile.sealing import FieldSealer, context
+from projections.profile.sealing import FieldSealer, context, source_ref_scope
 
 
 def aware(value: datetime | None) -> datetime | None:
@@ -56,6 +57,9 @@ class MemoryRow:
     author: str
     actor: str
     session_id: str
+    #: Keyed hash of the session the memory came from ("" if none): matches
+    #: the keys of ``session_activity``.
+    session_key: str
     occurred_at: datetime
     recorded_at: datetime
     visits: int
@@ -181,7 +185,8 @@ class ProfileQueries:
                 sharing=r.sharing,
                 author=r.author,
                 actor=self._text(stream_id, "memories", "actor", r.item_id, r.actor),
-                session_id=r.session_id,
+                session_id=self._text(stream_id, "memories", "session_id", r.item_id, r.session_id),
+                session_key=r.session_key,
                 occurred_at=aware(r.occurred_at),  # type: ignore[arg-type]
                 recorded_at=aware(r.recorded_at),  # type: ignore[arg-type]
                 visits=r.visits,
@@ -277,7 +282,9 @@ class ProfileQueries:
             notification_id=r.notification_id,
             app_id=r.app_id,
             agent_id=r.agent_id,
-            session_id=r.session_id,
+            session_id=self._text(
+                r.stream_id, "captures", "session_id", r.capture_id, r.session_id
+            ),
             actor=self._text(r.stream_id, "captures", "actor", r.capture_id, r.actor),
             purpose=r.purpose,
             source_ref=self._text(
@@ -307,12 +314,50 @@ class ProfileQueries:
             return list(conn.execute(q).scalars())
 
     def session_activity(self, stream_id: str) -> dict[str, int]:
+        """Captures per session, keyed by the session's keyed hash (``session_key``)."""
         sa_t = t.session_activity
         with self._engine.connect() as conn:
             rows = conn.execute(
-                sa.select(sa_t.c.session_id, sa_t.c.captures).where(sa_t.c.stream_id == stream_id)
+                sa.select(sa_t.c.session_key, sa_t.c.captures).where(
+                    sa_t.c.stream_id == stream_id
+                )
             ).all()
-        return {r.session_id: r.captures for r in rows}
+        return {r.session_key: r.captures for r in rows}
+
+    def captured_source_refs(
+        self, stream_id: str, app_id: str, source_refs: Sequence[str]
+    ) -> set[str]:
+        """Which of these source refs of one app the subject already has captures for.
+
+        Matched by keyed hash (the refs are not stored in plaintext); refs of an
+        erased subject match nothing.
+        """
+        wanted = {r for r in source_refs if r}
+        if not wanted:
+            return set()
+        try:
+            by_key = {
+                self._sealer.lookup(
+                    stream_id, "captures.source_ref", source_ref_scope(app_id, r)
+                ): r
+                for r in wanted
+            }
+        except SubjectErasedError:
+            return set()
+        c = t.captures.c
+        found: set[str] = set()
+        keys = sorted(by_key)
+        with self._engine.connect() as conn:
+            for start in range(0, len(keys), 500):
+                rows = conn.execute(
+                    sa.select(c.source_ref_key).where(
+                        c.stream_id == stream_id,
+                        c.app_id == app_id,
+                        c.source_ref_key.in_(keys[start : start + 500]),
+                    )
+                ).scalars()
+                found.update(by_key[k] for k in rows)
+        return found
 
     def item_reads(self, stream_id: str) -> list[tuple[str, str, str, int, datetime]]:
         r_t = t.item_reads

@@ -1,6 +1,10 @@
 """Tables of the profile read model (owned by alembic, branch ``views``).
 
 Every row carries the subject's random ``stream_id``; nothing here names a person.
+Identifiers a caller sends (session ids, source refs) are never stored in plaintext,
+in a column or an index: they are ``SEALED`` where they are shown back, and kept as
+a keyed hash under the subject's view key (``*_key`` columns, ViewSealer.lookup)
+where they are matched.
 Columns holding what a person said or what was learnt about them are ``SEALED``:
 AES-SIV ciphertext under a key derived from the subject's data key, bound to
 table, column and row. A backup of these tables taken before an erasure is
@@ -51,11 +55,15 @@ captures = sa.Table(
     sa.Column("app_id", sa.String(128), nullable=False),
     sa.Column("agent_id", sa.String(128), nullable=False),
     sa.Column("agent_type", sa.String(64), nullable=False),
-    sa.Column("session_id", sa.String(128), nullable=False),
+    sa.Column("session_id", SEALED, nullable=False),
+    #: Keyed hash of the session id (see the module docstring), for counting captures per session.
+    sa.Column("session_key", sa.String(32), nullable=False),
     sa.Column("actor", SEALED, nullable=False),
     sa.Column("purpose", sa.String(64), nullable=False),
     sa.Column("sharing", sa.String(256), nullable=False),
     sa.Column("source_ref", SEALED, nullable=False),
+    #: Keyed hash of (app, source ref), so an import can skip what was captured.
+    sa.Column("source_ref_key", sa.String(32), nullable=False, index=True),
     sa.Column("user_input", SEALED, nullable=False),
     sa.Column("agent_response", SEALED, nullable=False),
     sa.Column("occurred_at", TZ, nullable=False),
@@ -100,7 +108,8 @@ memories = sa.Table(
     sa.Column("sharing", sa.String(256), nullable=False),
     sa.Column("author", sa.String(64), nullable=False),
     sa.Column("actor", SEALED, nullable=False),
-    sa.Column("session_id", sa.String(128), nullable=False),
+    sa.Column("session_id", SEALED, nullable=False),
+    sa.Column("session_key", sa.String(32), nullable=False),
     sa.Column("occurred_at", TZ, nullable=False),
     sa.Column("recorded_at", TZ, nullable=False),
     sa.Column("visits", sa.Integer, nullable=False, default=0),
@@ -149,7 +158,7 @@ session_activity = sa.Table(
     "session_activity",
     metadata,
     sa.Column("stream_id", sa.String(36), primary_key=True),
-    sa.Column("session_id", sa.String(128), primary_key=True),
+    sa.Column("session_key", sa.String(32), primary_key=True),
     sa.Column("captures", sa.Integer, nullable=False),
     sa.Column("last_at", TZ, nullable=False),
 )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Header, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from uprof.api.errors import unauthenticated
@@ -59,3 +59,25 @@ def app_scope(runtime: Runtime, principal: CurrentPrincipal) -> AppScope:
 
 
 Scope = Annotated[AppScope, Depends(app_scope)]
+
+
+IDEMPOTENCY_DESCRIPTION = (
+    "Optional. A key of your choosing (1-255 visible ASCII characters, e.g. a UUID) that "
+    "makes this write safe to retry: the first request with a key is executed once and "
+    "its answer kept (24 h by default, per app: another app's keys are never seen); a "
+    "retry with the same key and the same body gets that same answer (same ids, same "
+    "status, header `Idempotent-Replayed: true`) and writes nothing; the same key with "
+    "a different body is refused with 409 `idempotency_key_reused`."
+)
+
+#: The ``Idempotency-Key`` request header of the write routes (documented in OpenAPI).
+IdempotencyKey = Annotated[
+    str | None,
+    Header(alias="Idempotency-Key", description=IDEMPOTENCY_DESCRIPTION, max_length=255),
+]
+
+
+def mark_replay(scope: AppScope, response: Response) -> None:
+    """Say on the response when a keyed write was answered from its first answer."""
+    if scope.replayed:
+        response.headers["Idempotent-Replayed"] = "true"

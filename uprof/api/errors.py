@@ -17,6 +17,7 @@ from domain.errors import (
     ConsentRequiredError,
     ErasureIncompleteError,
     EvidenceError,
+    IdempotencyKeyReusedError,
     IdentityError,
     IntentTransitionError,
     InvalidInputError,
@@ -42,6 +43,7 @@ STATUS_TABLE: tuple[tuple[type[UprofError], int, str], ...] = (
     (ReadTimeoutError, 503, "read_timeout"),
     (ReadRecordingError, 503, "read_not_recorded"),
     (ConcurrencyConflictError, 409, "conflict_retry"),
+    (IdempotencyKeyReusedError, 409, "idempotency_key_reused"),
     (ErasureIncompleteError, 503, "erasure_incomplete"),
     (UprofError, 500, "internal"),
 )

@@ -6,18 +6,38 @@ had disabled. pycasbin disables its own loggers unless asked for logs, and logs
 each denied request at WARNING; re-enabled, a single slice (deny by default over
 every category the app may not read) would print a dozen lines. So the servers
 pass this configuration instead: uvicorn's, plus casbin held at ERROR.
+
+The access log keeps paths but never query strings: every uprof route takes its
+identifiers in the body, and a caller that puts one in a query string (``?session_id=``)
+must not see it written to the log (I9: no identifier in a log line).
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any
 
 from uvicorn.config import LOGGING_CONFIG
 
 
+class DropQueryString(logging.Filter):
+    """Cut the query string from uvicorn's access-log records (args: client, method,
+    path with query, HTTP version, status)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
+            path = args[2].split("?", 1)[0]
+            record.args = (*args[:2], path, *args[3:])
+        return True
+
+
 def server_log_config(level: str = "info") -> dict[str, Any]:
     config: dict[str, Any] = copy.deepcopy(LOGGING_CONFIG)
+    config.setdefault("filters", {})["drop_query"] = {"()": DropQueryString}
+    # On the logger, so every handler (ours or one an operator adds) gets the cut record.
+    config["loggers"]["uvicorn.access"]["filters"] = ["drop_query"]
     config["loggers"]["casbin"] = {"level": "ERROR", "propagate": False, "handlers": []}
     config["loggers"]["uprof"] = {"handlers": ["default"], "level": level.upper(),
                                   "propagate": False}

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import io
 import time
+from collections.abc import Callable
 from dataclasses import asdict
+from typing import Any
 
 from domain.errors import InvalidInputError
 from domain.principal import Principal, PrincipalKind
@@ -60,21 +62,61 @@ class AppScope:
         self._door = Facade(runtime.kernel, self.principal)
         #: How long the kernel took to serve this request's slice (Server-Timing).
         self.kernel_ms = 0.0
+        #: True when the last keyed write was answered from its first answer (a replay).
+        self.replayed = False
+
+    def _once(
+        self,
+        idempotency_key: str | None,
+        operation: str,
+        body: Any,
+        write: Callable[[str | None], dict[str, Any]],
+        *,
+        status: int = 201,
+    ) -> dict[str, Any]:
+        """Run a write; with a key, at most once per (this app, key), replaying the
+        first answer (the kernel's idempotency store, I14)."""
+        if idempotency_key is None:
+            return write(None)
+        outcome = self._door.idempotent(
+            idempotency_key,
+            operation,
+            body.model_dump(mode="json"),
+            lambda token: (write(token), status),
+        )
+        self.replayed = outcome.replayed
+        return outcome.response
 
     # ----------------------------------------------------------------- capture
 
-    def capture(self, body: w.CaptureIn) -> w.CaptureAck:
-        ack = self._door.capture(body.subject, self._interaction(body))
-        self._runtime.wake()
-        return w.CaptureAck.model_validate(asdict(ack))
+    def capture(self, body: w.CaptureIn, *, idempotency_key: str | None = None) -> w.CaptureAck:
+        def write(token: str | None) -> dict[str, Any]:
+            ack = self._door.capture(
+                body.subject, self._interaction(body), request_token=token
+            )
+            return w.CaptureAck.model_validate(asdict(ack)).model_dump(mode="json")
 
-    def capture_many(self, body: w.CaptureBatchIn) -> w.CaptureBatchAck:
-        """All or nothing: the kernel records the batch in one transaction."""
-        acks = self._door.capture_many(
-            body.subject, [self._interaction(i) for i in body.interactions]
-        )
+        answer = self._once(idempotency_key, "capture", body, write)
         self._runtime.wake()
-        return w.CaptureBatchAck(acks=[w.CaptureAck.model_validate(asdict(a)) for a in acks])
+        return w.CaptureAck.model_validate(answer)
+
+    def capture_many(
+        self, body: w.CaptureBatchIn, *, idempotency_key: str | None = None
+    ) -> w.CaptureBatchAck:
+        """All or nothing: the kernel records the batch in one transaction."""
+
+        def write(token: str | None) -> dict[str, Any]:
+            acks = self._door.capture_many(
+                body.subject, [self._interaction(i) for i in body.interactions],
+                request_token=token,
+            )
+            return w.CaptureBatchAck(
+                acks=[w.CaptureAck.model_validate(asdict(a)) for a in acks]
+            ).model_dump(mode="json")
+
+        answer = self._once(idempotency_key, "capture.batch", body, write)
+        self._runtime.wake()
+        return w.CaptureBatchAck.model_validate(answer)
 
     def _interaction(self, body: w.InteractionBody) -> Interaction:
         return Interaction(
@@ -94,7 +136,9 @@ class AppScope:
 
     # --------------------------------------------------------------- proposals
 
-    def submit_proposals(self, body: w.ProposalsIn) -> w.ProposalsResult:
+    def submit_proposals(
+        self, body: w.ProposalsIn, *, idempotency_key: str | None = None
+    ) -> w.ProposalsResult:
         batch = ProposalBatch(
             proposals=tuple(_proposal(p) for p in body.proposals),
             author=body.agent_id,
@@ -103,12 +147,17 @@ class AppScope:
             app_id=self.app_id,
             purpose=body.purpose,
         )
-        with self._runtime.pipeline():
-            applied = self._door.submit_proposals(
-                body.subject, batch, observed_at=body.observed_at
-            )
+
+        def write(token: str | None) -> dict[str, Any]:
+            with self._runtime.pipeline():
+                applied = self._door.submit_proposals(
+                    body.subject, batch, observed_at=body.observed_at, request_token=token
+                )
+            return w.ProposalsResult(applied=applied).model_dump(mode="json")
+
+        answer = self._once(idempotency_key, "proposals", body, write, status=200)
         self._runtime.wake()
-        return w.ProposalsResult(applied=applied)
+        return w.ProposalsResult.model_validate(answer)
 
     # ------------------------------------------------------------------ slices
 
@@ -168,48 +217,65 @@ class AppScope:
 
     # ------------------------------------------------------------------ consent
 
-    def grant_consent(self, body: w.ConsentGrantIn) -> w.ConsentGranted:
-        # The kernel creates the subject before the aggregate checks expires_at; check
-        # it first so a refused grant leaves nothing behind.
-        if body.expires_at is not None and body.expires_at <= self._runtime.kernel.clock.now():
-            raise InvalidInputError("expires_at must be in the future")
-        consent_id = self._door.grant_consent(
-            body.subject,
-            categories=list(body.categories),
-            purposes=list(body.purposes),
-            legal_basis=body.legal_basis,
-            expires_at=body.expires_at,
-            collected_by=body.collected_by or "",
-        )
+    def grant_consent(
+        self, body: w.ConsentGrantIn, *, idempotency_key: str | None = None
+    ) -> w.ConsentGranted:
+        def write(token: str | None) -> dict[str, Any]:
+            # The kernel creates the subject before the aggregate checks expires_at;
+            # check it first so a refused grant leaves nothing behind.
+            if body.expires_at is not None and body.expires_at <= self._door.now():
+                raise InvalidInputError("expires_at must be in the future")
+            consent_id = self._door.grant_consent(
+                body.subject,
+                categories=list(body.categories),
+                purposes=list(body.purposes),
+                legal_basis=body.legal_basis,
+                expires_at=body.expires_at,
+                collected_by=body.collected_by or "",
+                request_token=token,
+            )
+            return w.ConsentGranted(consent_id=consent_id).model_dump(mode="json")
+
+        answer = self._once(idempotency_key, "consent.grant", body, write)
         self._runtime.wake()
-        return w.ConsentGranted(consent_id=consent_id)
+        return w.ConsentGranted.model_validate(answer)
 
     def consents(self, body: w.ConsentListIn) -> w.ConsentList:
         return w.ConsentList(consents=self._own_consents(body.subject))
 
-    def withdraw_consent(self, body: w.ConsentWithdrawIn) -> w.ConsentWithdrawn:
+    def withdraw_consent(
+        self, body: w.ConsentWithdrawIn, *, idempotency_key: str | None = None
+    ) -> w.ConsentWithdrawn:
         """Withdraw one of this app's consents; another app's consent id is "not found".
 
         With ``erase`` the kernel also erases what was collected under the consent
         and returns a signed receipt: the subject's right, exercised through the app
         that holds the consent, so no further policy check applies.
         """
-        owned = {c.consent_id for c in self._own_consents(body.subject)}
-        if body.consent_id not in owned:
-            raise EdgeError(
-                404, "consent_not_found", "this app has no consent with that id for the subject",
-                hint="list this app's consents with POST /v1/consents/list",
+
+        def write(token: str | None) -> dict[str, Any]:
+            owned = {c.consent_id for c in self._own_consents(body.subject)}
+            if body.consent_id not in owned:
+                raise EdgeError(
+                    404, "consent_not_found",
+                    "this app has no consent with that id for the subject",
+                    hint="list this app's consents with POST /v1/consents/list",
+                )
+            erasure = self._runtime.call_waiting(
+                lambda: self._door.withdraw_consent(
+                    body.subject, body.consent_id, erase=body.erase, request_token=token
+                )
             )
-        erasure = self._runtime.call_waiting(
-            lambda: self._door.withdraw_consent(body.subject, body.consent_id, erase=body.erase)
-        )
+            # Read it back from the view, so the answer is what the kernel recorded.
+            consent = next(
+                c for c in self._own_consents(body.subject) if c.consent_id == body.consent_id
+            )
+            receipt = _receipt_of(erasure) if erasure is not None else None
+            return w.ConsentWithdrawn(consent=consent, erasure=receipt).model_dump(mode="json")
+
+        answer = self._once(idempotency_key, "consent.withdraw", body, write, status=200)
         self._runtime.wake()
-        # Read it back from the view, so the answer is what the kernel recorded.
-        consent = next(
-            c for c in self._own_consents(body.subject) if c.consent_id == body.consent_id
-        )
-        receipt = _receipt_of(erasure) if erasure is not None else None
-        return w.ConsentWithdrawn(consent=consent, erasure=receipt)
+        return w.ConsentWithdrawn.model_validate(answer)
 
     def _own_consents(self, subject: str) -> list[w.Consent]:
         with self._runtime.pipeline():

@@ -89,12 +89,19 @@ def capture(
 def import_jsonl(
     path: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="JSONL, one per line.")],
 ) -> None:
-    """Capture every interaction of a JSONL file (all lines checked before any is written)."""
+    """Capture every interaction of a JSONL file (all lines checked before any is written).
+
+    Safe to run again: records already captured (same app and source_ref, or the
+    same idempotency_key) are skipped and counted.
+    """
     lines = path.read_text(encoding="utf-8").splitlines()
     with door() as d, _progress() as bar:
         task = bar.add_task("capturing", total=sum(1 for line in lines if line.strip()))
         report = d.import_interactions(lines, progress=lambda n: bar.advance(task, n))
-    console.print(f"captured {report.captured} interactions for {report.subjects} subjects")
+    console.print(
+        f"captured {report.captured} interactions for {report.subjects} subjects; "
+        f"skipped {report.skipped} already captured"
+    )
 
 
 # ----------------------------------------------------------------------- consent

@@ -8,6 +8,9 @@ two ciphertexts reveals only that a field did not change.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESSIV
 
@@ -36,3 +39,17 @@ class ViewSealer:
             return AESSIV(key).decrypt(data, [context.encode()])
         except InvalidTag:
             return None
+
+    def lookup(self, stream_id: str, context: str, value: str) -> str:
+        """Keyed hash of an identifier under the subject's view key (32 hex characters).
+
+        Deterministic, so a rebuild writes the same value (I11); an empty value maps
+        to "" (no identifier given). Raises SubjectErasedError when the key is gone.
+        """
+        if not value:
+            return ""
+        key = self._keystore.view_key(stream_id)
+        if key is None:
+            raise SubjectErasedError("this subject's keys have been destroyed")
+        msg = b"uprof/lookup/1\x1f" + context.encode() + b"\x1f" + value.encode()
+        return hmac.new(key, msg, hashlib.sha256).hexdigest()[:32]

@@ -28,7 +28,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field, ValidationError
 
-from domain.errors import UprofError
+from domain.errors import InvalidInputError, UprofError
 from uprof.api.errors import EdgeError, classify, unauthenticated
 from uprof.api.keys import ApiKeyStore, Principal
 from uprof.api.runtime import ServiceRuntime
@@ -165,15 +165,27 @@ def build_server(
         occurred_at: Annotated[
             str | None, Field(description="ISO 8601 with zone; default now.")
         ] = None,
+        idempotency_key: Annotated[
+            str | None,
+            Field(description=(
+                "Makes the call safe to retry: a retry with the same key and arguments "
+                "gets the first answer and records nothing again (needs occurred_at)."
+            )),
+        ] = None,
     ) -> w.CaptureAck:
         """Record one interaction with the user (refused without the user's consent)."""
+        if idempotency_key is not None and occurred_at is None:
+            raise _tool_error(InvalidInputError(
+                "occurred_at is required with idempotency_key: its default (now) would "
+                "differ between retries"
+            ))
         when = occurred_at or datetime.now(tz=UTC).isoformat()
         return call(lambda s: s.capture(w.CaptureIn.model_validate({
             "subject": subject, "agent_id": agent_id, "user_input": user_input,
             "agent_response": agent_response, "session_id": session_id,
             "source_ref": source_ref, "purpose": purpose, "sharing": sharing,
             "occurred_at": when,
-        })))
+        }), idempotency_key=idempotency_key))
 
     @server.tool()
     def forget(

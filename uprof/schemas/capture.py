@@ -25,6 +25,9 @@ class InteractionIn(BaseModel):
     purpose: str = Field(default="personalization", min_length=1, max_length=64)
     sharing: str = Field(default="private", max_length=256)
     context: dict[str, str] = Field(default_factory=dict, max_length=64)
+    #: Import records: a retry key of the record's app (a record whose key, or whose
+    #: app and source_ref, was captured already is skipped).
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=255)
 
     def to_domain(self) -> Interaction:
         return Interaction(

@@ -27,10 +27,14 @@ class SyncBackend(Protocol):
 
 
 def _request_kwargs(call: Call[Any]) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
+    if call.idempotency_key is not None:
+        kwargs["headers"] = {"Idempotency-Key": call.idempotency_key}
     if call.body is None:
-        return {}
+        return kwargs
     # exclude_unset: the server applies its own defaults, so SDK and server never disagree.
-    return {"json": call.body.model_dump(mode="json", exclude_unset=True)}
+    kwargs["json"] = call.body.model_dump(mode="json", exclude_unset=True)
+    return kwargs
 
 
 def _parse(call: Call[R], response: httpx.Response) -> R:
@@ -108,6 +112,10 @@ class EmbeddedBackend:
                 result = self._whoami()
             elif call.body is None:
                 result = getattr(self._scope, op.name)()
+            elif call.idempotency_key is not None:
+                result = getattr(self._scope, op.name)(
+                    call.body, idempotency_key=call.idempotency_key
+                )
             else:
                 result = getattr(self._scope, op.name)(call.body)
         except EdgeError as error:

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from uprof.schemas import api as w
 from uprof.sdk import _operations as ops
 from uprof.sdk._backends import AsyncHttpBackend, EmbeddedBackend, HttpBackend, SyncBackend
+from uprof.sdk._errors import invalid_request
 from uprof.sdk._operations import Call
 
 if TYPE_CHECKING:
@@ -36,22 +37,36 @@ def _headers(api_key: str) -> dict[str, str]:
 # Request builders, shared by both clients so they cannot drift apart.
 
 
-def _capture(subject: str, fields: dict[str, Any]) -> Call[w.CaptureAck]:
-    return Call(ops.CAPTURE, ops.build(w.CaptureIn, subject=subject, **fields))
+def _capture(subject: str, fields: dict[str, Any], key: str | None) -> Call[w.CaptureAck]:
+    if key is not None and fields.get("occurred_at_defaulted"):
+        # A default of "now" differs between retries, so the retry would be a new body.
+        raise invalid_request([w.FieldProblem(
+            field="occurred_at", message="required with idempotency_key (the default, now, "
+            "would differ between retries)")])
+    fields = {k: v for k, v in fields.items() if k != "occurred_at_defaulted"}
+    return Call(ops.CAPTURE, ops.build(w.CaptureIn, subject=subject, **fields), key)
 
 
-def _capture_many(subject: str, items: Sequence[InteractionLike]) -> Call[w.CaptureBatchAck]:
+def _capture_many(subject: str, items: Sequence[InteractionLike],
+                  key: str | None) -> Call[w.CaptureBatchAck]:
     body = ops.build(w.CaptureBatchIn, subject=subject, interactions=ops.interactions_of(items))
-    return Call(ops.CAPTURE_MANY, body)
+    return Call(ops.CAPTURE_MANY, body, key)
+
+
+def _withdraw(subject: str, consent_id: str, erase: bool,
+              key: str | None) -> Call[w.ConsentWithdrawn]:
+    body = ops.build(w.ConsentWithdrawIn, subject=subject, consent_id=consent_id, erase=erase)
+    return Call(ops.WITHDRAW_CONSENT, body, key)
 
 
 def _proposals(subject: str, items: Sequence[ProposalLike], agent_id: str, sharing: str,
-               purpose: str, observed_at: datetime | None) -> Call[w.ProposalsResult]:
+               purpose: str, observed_at: datetime | None,
+               key: str | None = None) -> Call[w.ProposalsResult]:
     fields: dict[str, Any] = {"subject": subject, "agent_id": agent_id, "sharing": sharing,
                               "purpose": purpose, "proposals": ops.proposals_of(items)}
     if observed_at is not None:
         fields["observed_at"] = observed_at
-    return Call(ops.SUBMIT_PROPOSALS, ops.build(w.ProposalsIn, **fields))
+    return Call(ops.SUBMIT_PROPOSALS, ops.build(w.ProposalsIn, **fields), key)
 
 
 def _slice(fields: dict[str, Any]) -> Call[w.ProfileSlice]:
@@ -67,13 +82,14 @@ def _profile(subject: str, as_of: datetime | None) -> Call[w.Profile]:
 
 
 def _grant(subject: str, categories: Sequence[str], purposes: Sequence[str], legal_basis: str,
-           expires_at: datetime | None, collected_by: str | None) -> Call[w.ConsentGranted]:
+           expires_at: datetime | None, collected_by: str | None,
+           key: str | None = None) -> Call[w.ConsentGranted]:
     fields: dict[str, Any] = {"subject": subject, "categories": list(categories),
                               "purposes": list(purposes), "legal_basis": legal_basis,
                               "collected_by": collected_by}
     if expires_at is not None:
         fields["expires_at"] = expires_at
-    return Call(ops.GRANT_CONSENT, ops.build(w.ConsentGrantIn, **fields))
+    return Call(ops.GRANT_CONSENT, ops.build(w.ConsentGrantIn, **fields), key)
 
 
 class Client:
@@ -114,49 +130,58 @@ class Client:
         occurred_at: datetime | None = None, session_id: str = "", actor: str = "",
         source_ref: str = "", purpose: str = "personalization", sharing: str = "private",
         agent_type: str = "", context: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
     ) -> w.CaptureAck:
-        """Capture one interaction (refused with PermissionDeniedError without consent)."""
+        """Capture one interaction (refused with PermissionDeniedError without consent).
+
+        ``idempotency_key`` (on every write method): makes the call safe to retry; a
+        retry with the same key and arguments gets the first answer and writes nothing.
+        """
         fields = ops.interaction(
             agent_id=agent_id, user_input=user_input, agent_response=agent_response,
             occurred_at=occurred_at, session_id=session_id, actor=actor, source_ref=source_ref,
             purpose=purpose, sharing=sharing, agent_type=agent_type, context=context,
         )
-        return self._backend.send(_capture(subject, fields))
+        return self._backend.send(_capture(subject, fields, idempotency_key))
 
     def capture_many(
-        self, subject: str, interactions: Sequence[InteractionLike]
+        self, subject: str, interactions: Sequence[InteractionLike], *,
+        idempotency_key: str | None = None,
     ) -> list[w.CaptureAck]:
         """Capture several interactions about one subject, all or nothing."""
-        return self._backend.send(_capture_many(subject, interactions)).acks
+        return self._backend.send(_capture_many(subject, interactions, idempotency_key)).acks
 
     def submit_proposals(
         self, subject: str, proposals: Sequence[ProposalLike], *, agent_id: str,
         sharing: str = "private", purpose: str = "personalization",
-        observed_at: datetime | None = None,
+        observed_at: datetime | None = None, idempotency_key: str | None = None,
     ) -> int:
         """Submit structured proposals; returns how many the kernel applied."""
-        call = _proposals(subject, proposals, agent_id, sharing, purpose, observed_at)
+        call = _proposals(subject, proposals, agent_id, sharing, purpose, observed_at,
+                          idempotency_key)
         return self._backend.send(call).applied
 
     def grant_consent(
         self, subject: str, *, categories: Sequence[str], purposes: Sequence[str],
         legal_basis: str = "consent", expires_at: datetime | None = None,
         collected_by: str | None = None,
+        idempotency_key: str | None = None,
     ) -> str:
         """Record the subject's consent for this app; returns the consent id.
 
         ``collected_by`` names the app's own record of the user's consent action
         (required: an app records only consents it can show the user gave).
         """
-        call = _grant(subject, categories, purposes, legal_basis, expires_at, collected_by)
+        call = _grant(subject, categories, purposes, legal_basis, expires_at, collected_by,
+                      idempotency_key)
         return self._backend.send(call).consent_id
 
     def withdraw_consent(
-        self, subject: str, consent_id: str, *, erase: bool = False
+        self, subject: str, consent_id: str, *, erase: bool = False,
+        idempotency_key: str | None = None,
     ) -> w.ConsentWithdrawn:
         """Withdraw one of this app's consents (with ``erase``, also erase what it collected)."""
-        body = ops.build(w.ConsentWithdrawIn, subject=subject, consent_id=consent_id, erase=erase)
-        return self._backend.send(Call(ops.WITHDRAW_CONSENT, body))
+        return self._backend.send(_withdraw(subject, consent_id, erase, idempotency_key))
 
     def erase_subject(self, subject: str, *, basis: str = "GDPR-Art.17(1)") -> w.ErasureReceipt:
         """Erase a subject entirely (policy: ``erase``/``erasure``); returns the signed receipt."""
@@ -283,40 +308,46 @@ class AsyncClient:
         occurred_at: datetime | None = None, session_id: str = "", actor: str = "",
         source_ref: str = "", purpose: str = "personalization", sharing: str = "private",
         agent_type: str = "", context: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
     ) -> w.CaptureAck:
         fields = ops.interaction(
             agent_id=agent_id, user_input=user_input, agent_response=agent_response,
             occurred_at=occurred_at, session_id=session_id, actor=actor, source_ref=source_ref,
             purpose=purpose, sharing=sharing, agent_type=agent_type, context=context,
         )
-        return await self._backend.send(_capture(subject, fields))
+        return await self._backend.send(_capture(subject, fields, idempotency_key))
 
     async def capture_many(
-        self, subject: str, interactions: Sequence[InteractionLike]
+        self, subject: str, interactions: Sequence[InteractionLike], *,
+        idempotency_key: str | None = None,
     ) -> list[w.CaptureAck]:
-        return (await self._backend.send(_capture_many(subject, interactions))).acks
+        call = _capture_many(subject, interactions, idempotency_key)
+        return (await self._backend.send(call)).acks
 
     async def submit_proposals(
         self, subject: str, proposals: Sequence[ProposalLike], *, agent_id: str,
         sharing: str = "private", purpose: str = "personalization",
-        observed_at: datetime | None = None,
+        observed_at: datetime | None = None, idempotency_key: str | None = None,
     ) -> int:
-        call = _proposals(subject, proposals, agent_id, sharing, purpose, observed_at)
+        call = _proposals(subject, proposals, agent_id, sharing, purpose, observed_at,
+                          idempotency_key)
         return (await self._backend.send(call)).applied
 
     async def grant_consent(
         self, subject: str, *, categories: Sequence[str], purposes: Sequence[str],
         legal_basis: str = "consent", expires_at: datetime | None = None,
         collected_by: str | None = None,
+        idempotency_key: str | None = None,
     ) -> str:
-        call = _grant(subject, categories, purposes, legal_basis, expires_at, collected_by)
+        call = _grant(subject, categories, purposes, legal_basis, expires_at, collected_by,
+                      idempotency_key)
         return (await self._backend.send(call)).consent_id
 
     async def withdraw_consent(
-        self, subject: str, consent_id: str, *, erase: bool = False
+        self, subject: str, consent_id: str, *, erase: bool = False,
+        idempotency_key: str | None = None,
     ) -> w.ConsentWithdrawn:
-        body = ops.build(w.ConsentWithdrawIn, subject=subject, consent_id=consent_id, erase=erase)
-        return await self._backend.send(Call(ops.WITHDRAW_CONSENT, body))
+        return await self._backend.send(_withdraw(subject, consent_id, erase, idempotency_key))
 
     async def erase_subject(
         self, subject: str, *, basis: str = "GDPR-Art.17(1)"

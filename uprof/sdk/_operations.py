@@ -63,6 +63,8 @@ class Call(Generic[R]):
 
     operation: Operation[R]
     body: BaseModel | None
+    #: Sent as the ``Idempotency-Key`` header (writes only): a retry is answered once.
+    idempotency_key: str | None = None
 
 
 def build(model: type[BaseModel], **fields: Any) -> BaseModel:
@@ -97,6 +99,7 @@ def interaction(
         "occurred_at": occurred_at or now(), "session_id": session_id, "actor": actor,
         "source_ref": source_ref, "purpose": purpose, "sharing": sharing,
         "agent_type": agent_type, "context": dict(context or {}),
+        "occurred_at_defaulted": occurred_at is None,
     }
 
 

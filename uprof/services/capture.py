@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from typing import Any
 
 from domain.errors import ConsentRequiredError, InvalidInputError
 from domain.principal import qualified_agent
@@ -28,6 +29,16 @@ class CaptureAck:
     capture_id: str
     notification_id: int
     subject_pseudonym: str
+
+
+@dataclass(frozen=True)
+class CaptureOutcome:
+    """Acks of what was written; how many were skipped as already captured; and
+    whether the whole request was a retry the stream already held."""
+
+    acks: list[CaptureAck]
+    skipped: int
+    replayed: bool
 
 
 def to_utc(value: datetime, field: str) -> datetime:
@@ -76,17 +87,44 @@ class CaptureService:
         return self.capture_many(subject_ref, [interaction])[0]
 
     def capture_many(
-        self, subject_ref: str, interactions: Sequence[Interaction]
+        self,
+        subject_ref: str,
+        interactions: Sequence[Interaction],
+        *,
+        request_token: str | None = None,
+        token_window_s: float = 0.0,
     ) -> list[CaptureAck]:
         """Record interactions for one subject in one transaction, all or nothing.
 
         Raises ConsentRequiredError if any one lacks consent; then nothing is stored
         and the refusal is audited (without the content).
+
+        ``request_token`` (an idempotency token, see services/idempotency.py): if the
+        subject's stream already recorded it within ``token_window_s``, nothing is
+        written and the acks of that first write are returned.
         """
+        return self.capture_once(
+            subject_ref, interactions, batch_token=request_token, token_window_s=token_window_s
+        ).acks
+
+    def capture_once(
+        self,
+        subject_ref: str,
+        interactions: Sequence[Interaction],
+        *,
+        batch_token: str | None = None,
+        item_tokens: Sequence[str | None] | None = None,
+        token_window_s: float = 0.0,
+    ) -> CaptureOutcome:
+        """Capture with retry tokens: ``batch_token`` names the whole batch (a keyed
+        REST request), ``item_tokens`` one token per interaction (import records);
+        interactions whose token the stream already holds are skipped."""
         if not interactions:
-            return []
+            return CaptureOutcome([], 0, False)
         if len(interactions) > MAX_BATCH:
             raise InvalidInputError(f"at most {MAX_BATCH} interactions per batch")
+        if item_tokens is not None and len(item_tokens) != len(interactions):
+            raise InvalidInputError("one token per interaction")
         checked = []
         for index, interaction in enumerate(interactions):
             try:
@@ -101,37 +139,76 @@ class CaptureService:
                 f"app {checked[0].app_id!r} has no consent in force for this subject"
             )
 
-        def command() -> tuple[SubjectProfile, list[str]]:
+        def save() -> tuple[list[str], list[int], int, dict[str, Any] | None]:
             profile = self._app.load(handle.stream_id)
             now = self._clock.now()
-            ids = [profile.capture(i, now=now) for i in checked]
-            return profile, ids
-
-        def save() -> tuple[list[str], list[int]]:
-            profile, ids = command()
+            if batch_token:
+                first = profile.recorded_request(batch_token, now=now, window_s=token_window_s)
+                if first is not None:
+                    return [], [], 0, first
+            ids: list[str] = []
+            versions: list[int] = []
+            skipped = 0
+            tokens: dict[str, dict[str, Any]] = {}
+            for index, interaction in enumerate(checked):
+                token = item_tokens[index] if item_tokens is not None else None
+                if token and (
+                    token in tokens
+                    or profile.recorded_request(token, now=now, window_s=token_window_s)
+                ):
+                    skipped += 1
+                    continue
+                capture_id = profile.capture(interaction, now=now)
+                ids.append(capture_id)
+                versions.append(profile.version)
+                if token:
+                    tokens[token] = {"capture_ids": [capture_id], "versions": [profile.version]}
+            if not ids:
+                return [], [], skipped, None
+            if batch_token:
+                tokens[batch_token] = {"capture_ids": ids, "versions": versions}
+            # One event for the batch's tokens, saved with its captures.
+            profile.record_requests(tokens, now=now, window_s=token_window_s)
             # Each captured event gets its own key before it is sealed (item-level shredding).
             self._keystore.create_capture_keys(str(handle.stream_id), ids, now=self._clock.now())
             recordings = self._app.save(profile)
-            return ids, [r.notification.id for r in recordings]
+            by_version = {r.notification.originator_version: r.notification.id for r in recordings}
+            return ids, [by_version[v] for v in versions], skipped, None
 
         try:
-            ids, notification_ids = self._app.with_retry(save, subject=handle.stream_id)
+            ids, notification_ids, skipped, first = self._app.with_retry(
+                save, subject=handle.stream_id
+            )
         except ConsentRequiredError:
             self._refused(pseudonym, checked[0], "consent-not-in-force")
             raise
-        self._audit.record(
-            "capture.accepted",
-            subject_ref=pseudonym,
-            app_id=checked[0].app_id,
-            agent_id=checked[0].agent_id,
-            purpose=checked[0].purpose,
-            counts={"events": len(ids)},
-            notification_id=max(notification_ids),
+        if first is not None:
+            # A retry of a write the stream already holds: the first write's acks.
+            ids = list(first["capture_ids"])
+            notification_ids = self._app.notification_ids(handle.stream_id, first["versions"])
+            return CaptureOutcome(
+                [CaptureAck(c, n, pseudonym) for c, n in zip(ids, notification_ids, strict=True)],
+                0,
+                True,
+            )
+        if ids:
+            self._audit.record(
+                "capture.accepted",
+                subject_ref=pseudonym,
+                app_id=checked[0].app_id,
+                agent_id=checked[0].agent_id,
+                purpose=checked[0].purpose,
+                counts={"events": len(ids)},
+                notification_id=max(notification_ids),
+            )
+        return CaptureOutcome(
+            [
+                CaptureAck(capture_id, nid, pseudonym)
+                for capture_id, nid in zip(ids, notification_ids, strict=True)
+            ],
+            skipped,
+            False,
         )
-        return [
-            CaptureAck(capture_id, nid, pseudonym)
-            for capture_id, nid in zip(ids, notification_ids, strict=True)
-        ]
 
     def _refused(self, pseudonym: str, interaction: Interaction, reason: str) -> None:
         self._audit.record(

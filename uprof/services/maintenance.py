@@ -53,7 +53,7 @@ class MaintenanceService:
             (
                 heat(
                     visits=m.visits,
-                    interactions=sessions.get(m.session_id, 0),
+                    interactions=sessions.get(m.session_key, 0),
                     last_touched=m.last_visited_at or m.occurred_at,
                     now=now,
                 ),

@@ -31,7 +31,13 @@ class ProposalService:
         self._audit = audit
 
     def submit(
-        self, subject_ref: str, batch: ProposalBatch, *, observed_at: datetime | None = None
+        self,
+        subject_ref: str,
+        batch: ProposalBatch,
+        *,
+        observed_at: datetime | None = None,
+        request_token: str | None = None,
+        token_window_s: float = 0.0,
     ) -> int:
         """Apply an agent's proposals; returns how many the update engine applied.
 
@@ -48,13 +54,27 @@ class ProposalService:
         now = self._clock.now()
         when = to_utc(observed_at, "observed_at") if observed_at is not None else now
 
+        replayed = False
+
         def command() -> int:
+            nonlocal replayed
             profile = self._app.load(handle.stream_id)
+            if request_token:
+                first = profile.recorded_request(request_token, now=now, window_s=token_window_s)
+                if first is not None:
+                    replayed = True  # a retried keyed request: applied once already
+                    return int(first["applied"])
             applied = profile.apply_proposals(batch, observed_at=when, now=now)
+            if request_token:
+                profile.record_request(
+                    request_token, {"applied": applied}, now=now, window_s=token_window_s
+                )
             self._app.save(profile)
             return applied
 
         applied = self._app.with_retry(command, subject=handle.stream_id)
+        if replayed:
+            return applied
         self._audit.record(
             "proposal.applied",
             subject_ref=handle.pseudonym,

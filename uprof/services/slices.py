@@ -498,7 +498,7 @@ def _memory_candidate(m: MemoryRow, sessions: Mapping[str, int], now: datetime) 
         actor=m.actor,
         heat=heat(
             visits=m.visits,
-            interactions=sessions.get(m.session_id, 0),
+            interactions=sessions.get(m.session_key, 0),
             last_touched=m.last_visited_at or m.occurred_at,
             now=now,
         ),

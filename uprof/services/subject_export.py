@@ -42,7 +42,11 @@ def build_subject_export(
         "exported_at": exported_at.isoformat(),
         "consents": [_plain(asdict(c)) for c in view.consents],
         "attributes": [_plain(asdict(a)) for a in view.attributes],
-        "memories": [_plain(asdict(m)) for m in view.memories],
+        # session_key is an internal keyed hash, meaningless to the subject.
+        "memories": [
+            _plain({k: v for k, v in asdict(m).items() if k != "session_key"})
+            for m in view.memories
+        ],
         "intents": [_plain(asdict(i)) for i in view.intents],
         "captured_events": [
             _plain({k: v for k, v in asdict(c).items() if k != "stream_id"}) for c in all_captures

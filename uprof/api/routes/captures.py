@@ -2,28 +2,41 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
-from uprof.api.deps import Scope
+from uprof.api.deps import IdempotencyKey, Scope, mark_replay
 from uprof.api.routes.docs import errors
 from uprof.schemas.api import CaptureAck, CaptureBatchAck, CaptureBatchIn, CaptureIn
 
 router = APIRouter(prefix="/v1/captures", tags=["capture"])
 
 
-@router.post("", status_code=201, response_model=CaptureAck, responses=errors(403, 404, 410))
-def capture(body: CaptureIn, scope: Scope) -> CaptureAck:
+@router.post("", status_code=201, response_model=CaptureAck, responses=errors(403, 404, 409, 410))
+def capture(
+    body: CaptureIn, scope: Scope, response: Response, idempotency_key: IdempotencyKey = None
+) -> CaptureAck:
     """Capture one interaction about a subject, as the authenticated app.
 
     Refused with 403 when the subject gave this app no consent in force for the
-    purpose; then nothing is stored.
+    purpose; then nothing is stored. With an ``Idempotency-Key`` a retry is answered
+    with the first answer and captures nothing again.
     """
-    return scope.capture(body)
+    ack = scope.capture(body, idempotency_key=idempotency_key)
+    mark_replay(scope, response)
+    return ack
 
 
 @router.post(
-    "/batch", status_code=201, response_model=CaptureBatchAck, responses=errors(403, 404, 410)
+    "/batch", status_code=201, response_model=CaptureBatchAck,
+    responses=errors(403, 404, 409, 410),
 )
-def capture_batch(body: CaptureBatchIn, scope: Scope) -> CaptureBatchAck:
+def capture_batch(
+    body: CaptureBatchIn,
+    scope: Scope,
+    response: Response,
+    idempotency_key: IdempotencyKey = None,
+) -> CaptureBatchAck:
     """Capture several interactions about one subject in one transaction, all or nothing."""
-    return scope.capture_many(body)
+    acks = scope.capture_many(body, idempotency_key=idempotency_key)
+    mark_replay(scope, response)
+    return acks

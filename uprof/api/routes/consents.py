@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
-from uprof.api.deps import Scope
+from uprof.api.deps import IdempotencyKey, Scope, mark_replay
 from uprof.api.routes.docs import errors
 from uprof.schemas.api import (
     ConsentGranted,
@@ -18,10 +18,17 @@ from uprof.schemas.api import (
 router = APIRouter(prefix="/v1/consents", tags=["consent"])
 
 
-@router.post("", status_code=201, response_model=ConsentGranted, responses=errors(410))
-def grant_consent(body: ConsentGrantIn, scope: Scope) -> ConsentGranted:
+@router.post("", status_code=201, response_model=ConsentGranted, responses=errors(409, 410))
+def grant_consent(
+    body: ConsentGrantIn,
+    scope: Scope,
+    response: Response,
+    idempotency_key: IdempotencyKey = None,
+) -> ConsentGranted:
     """Record the subject's consent for the calling app (creates the subject on first use)."""
-    return scope.grant_consent(body)
+    granted = scope.grant_consent(body, idempotency_key=idempotency_key)
+    mark_replay(scope, response)
+    return granted
 
 
 @router.post("/list", response_model=ConsentList, responses=errors(404, 410))
@@ -30,11 +37,18 @@ def list_consents(body: ConsentListIn, scope: Scope) -> ConsentList:
     return scope.consents(body)
 
 
-@router.post("/withdraw", response_model=ConsentWithdrawn, responses=errors(404, 410))
-def withdraw_consent(body: ConsentWithdrawIn, scope: Scope) -> ConsentWithdrawn:
+@router.post("/withdraw", response_model=ConsentWithdrawn, responses=errors(404, 409, 410))
+def withdraw_consent(
+    body: ConsentWithdrawIn,
+    scope: Scope,
+    response: Response,
+    idempotency_key: IdempotencyKey = None,
+) -> ConsentWithdrawn:
     """Withdraw one of the calling app's consents; the next capture or read under it is refused.
 
     With ``erase``, what was collected under the consent is erased too, and the answer
     carries the signed erasure receipt.
     """
-    return scope.withdraw_consent(body)
+    withdrawn = scope.withdraw_consent(body, idempotency_key=idempotency_key)
+    mark_replay(scope, response)
+    return withdrawn

@@ -10,7 +10,10 @@ _DESCRIPTIONS = {
     401: "Missing, invalid or revoked API key.",
     403: "Refused: consent, policy or the key's role.",
     404: "No such subject or item.",
-    409: "The change conflicts with the item's state.",
+    409: (
+        "The change conflicts with the item's state, or the `Idempotency-Key` was already "
+        "used for a different request (`idempotency_key_reused`)."
+    ),
     410: "The subject was erased.",
     413: "The request body is over the size limit.",
     422: "Invalid input; `error.fields` names each offending field.",

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
-from uprof.api.deps import Scope
+from uprof.api.deps import IdempotencyKey, Scope, mark_replay
 from uprof.api.routes.docs import errors
 from uprof.schemas.api import ProposalsIn, ProposalsResult
 
@@ -12,10 +12,17 @@ router = APIRouter(prefix="/v1/proposals", tags=["proposals"])
 
 
 @router.post("", response_model=ProposalsResult, responses=errors(404, 409, 410))
-def submit_proposals(body: ProposalsIn, scope: Scope) -> ProposalsResult:
+def submit_proposals(
+    body: ProposalsIn,
+    scope: Scope,
+    response: Response,
+    idempotency_key: IdempotencyKey = None,
+) -> ProposalsResult:
     """Apply an agent's attribute, memory, intent and experience proposals.
 
     Evidence must be captures of the same subject (422 otherwise, nothing applied);
     a proposal without evidence is kept as inferred with capped confidence.
     """
-    return scope.submit_proposals(body)
+    result = scope.submit_proposals(body, idempotency_key=idempotency_key)
+    mark_replay(scope, response)
+    return result

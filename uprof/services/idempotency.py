@@ -1,0 +1,256 @@
+"""Idempotent writes (I14): one place that claims, replays and forgets request keys.
+
+A caller that may retry a write sends an idempotency key with it (REST
+``Idempotency-Key``; ``idempotency_key`` in the SDK, MCP and import records). How a
+retry gets the effect of one write and the first answer:
+
+1. **Claim** (before the write): insert ``(token, body hash)`` under a unique key.
+   ``token`` is a keyed hash of (tenant, app, key): keys are per app, so app B
+   reusing app A's key claims another row and never sees A's answer. The same key
+   with another body (or another operation) is refused with
+   ``IdempotencyKeyReusedError`` (409 ``idempotency_key_reused``). A row already
+   answered is replayed as stored.
+2. **Write**: the kernel passes ``token`` into the subject's stream, where the write
+   records it (``RequestsRecorded``) in the same save as its events. A second writer
+   with the same token — a concurrent duplicate in another server process, or a
+   retry after a crash between claim and answer — loses the stream's version race
+   (the event store's unique ``(stream, version)``), reloads, finds the token and
+   writes nothing. So a claimed-but-unanswered key never blocks (no lease to wait
+   out: the next retry simply runs) and never writes twice.
+3. **Answer**: the first answer stored wins; every caller of one key returns it, so
+   concurrent duplicates get byte-identical responses.
+
+A write that fails (consent refused, bad input) releases its claim: nothing was
+written, and the caller may fix the cause and retry with the same key.
+
+What is stored holds no personal plaintext: the key is kept only as a keyed hash,
+the body only as a keyed hash (a plain hash of a small body such as a consent
+grant could be guessed back), and the answer holds ids and counts only (capture
+ids, notification ids, the subject's pseudonym, consent records). Rows expire after
+``retention_s`` (default 24 h) and are purged as claims arrive, so the table stays
+bounded by the write rate times the retention.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from domain.errors import IdempotencyKeyReusedError, InvalidInputError
+from uprof.naming import NAMING_CONVENTION
+
+#: The REST header (and the field name it is reported under).
+HEADER = "Idempotency-Key"
+MAX_KEY_LENGTH = 255
+#: Default retention of keys and their answers.
+DEFAULT_RETENTION_S = 24 * 3600.0
+#: Purge expired rows at most this often per process.
+PURGE_EVERY_S = 60.0
+
+metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
+
+#: One row per (app, key). ``state`` is ``pending`` from the claim until the answer
+#: is stored, then ``done``. Times are epoch milliseconds (one type on both backends).
+idempotency_keys = sa.Table(
+    "idempotency_keys",
+    metadata,
+    sa.Column("token", sa.String(64), primary_key=True),
+    sa.Column("app_id", sa.String(128), nullable=False),
+    sa.Column("operation", sa.String(32), nullable=False),
+    sa.Column("body_hash", sa.String(64), nullable=False),
+    sa.Column("state", sa.String(8), nullable=False),
+    sa.Column("status", sa.Integer, nullable=True),
+    sa.Column("response", sa.Text, nullable=True),
+    sa.Column("created_ms", sa.BigInteger, nullable=False),
+    sa.Column("expires_ms", sa.BigInteger, nullable=False, index=True),
+)
+
+
+def check_key(key: str) -> str:
+    """Validate an idempotency key; the error names the header."""
+    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
+        raise InvalidInputError(f"{HEADER} must be 1 to {MAX_KEY_LENGTH} characters")
+    if any(not (0x21 <= ord(ch) <= 0x7E) for ch in key):
+        raise InvalidInputError(f"{HEADER} must be visible ASCII characters (no spaces)")
+    return key
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The answer to a keyed write: the stored response, and whether it was a replay."""
+
+    response: dict[str, Any]
+    status: int
+    replayed: bool
+
+
+#: What a keyed write runs: given the token, do the write, return (response, status).
+Execute = Callable[[str], tuple[dict[str, Any], int]]
+
+
+class IdempotencyStore:
+    """Claims, answers and expiry of idempotency keys, per app, in one table."""
+
+    def __init__(
+        self,
+        engine: sa.Engine,
+        secret: bytes,
+        *,
+        tenant: str,
+        retention_s: float = DEFAULT_RETENTION_S,
+        clock_ms: Callable[[], int] | None = None,
+    ) -> None:
+        if len(secret) < 32:
+            raise ValueError("the idempotency secret must be at least 32 bytes")
+        self._engine = engine
+        self._token_key = hmac.new(secret, b"uprof/idempotency/token/1", hashlib.sha256).digest()
+        self._body_key = hmac.new(secret, b"uprof/idempotency/body/1", hashlib.sha256).digest()
+        self._tenant = tenant
+        self.retention_s = retention_s
+        self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self._purge_lock = threading.Lock()
+        self._last_purge = 0.0
+
+    # ------------------------------------------------------------------ hashes
+
+    def token(self, app_id: str, key: str, *, namespace: str = "key") -> str:
+        """The per-app token of a key (also what the subject's stream records)."""
+        msg = "\x1f".join((self._tenant, app_id, namespace, key)).encode()
+        return hmac.new(self._token_key, msg, hashlib.sha256).hexdigest()
+
+    def body_hash(self, operation: str, body: Mapping[str, Any]) -> str:
+        canonical = json.dumps(
+            {"operation": operation, "body": body},
+            sort_keys=True,
+            separators=(",", ":"),
+            default=str,
+            ensure_ascii=False,
+        )
+        return hmac.new(self._body_key, canonical.encode(), hashlib.sha256).hexdigest()
+
+    # --------------------------------------------------------------------- run
+
+    def run(
+        self,
+        app_id: str,
+        key: str,
+        operation: str,
+        body: Mapping[str, Any],
+        execute: Execute,
+    ) -> Outcome:
+        """Run a keyed write once: claim, write (passing the token), store the answer."""
+        token = self.token(app_id, check_key(key))
+        body_hash = self.body_hash(operation, body)
+        stored = self._claim(token, app_id, operation, body_hash)
+        if stored is not None:
+            return stored
+        try:
+            response, status = execute(token)
+        except BaseException:
+            self._release(token, body_hash)
+            raise
+        return self._answer(token, body_hash, response, status)
+
+    def _claim(self, token: str, app_id: str, operation: str, body_hash: str) -> Outcome | None:
+        """Claim the key; return the stored answer if there is one (a replay)."""
+        self._maybe_purge()
+        t = idempotency_keys
+        for _ in range(3):
+            now = self._clock_ms()
+            try:
+                with self._engine.begin() as conn:
+                    conn.execute(
+                        t.insert().values(
+                            token=token,
+                            app_id=app_id,
+                            operation=operation,
+                            body_hash=body_hash,
+                            state="pending",
+                            created_ms=now,
+                            expires_ms=now + int(self.retention_s * 1000),
+                        )
+                    )
+                return None
+            except sa.exc.IntegrityError:
+                pass
+            with self._engine.begin() as conn:
+                row = conn.execute(sa.select(t).where(t.c.token == token)).first()
+                if row is not None and row.expires_ms <= now:
+                    # Expired: the key may name a new request now.
+                    conn.execute(
+                        t.delete().where(t.c.token == token, t.c.expires_ms <= now)
+                    )
+                    continue
+            if row is None:
+                continue  # released between our insert and our read: claim again
+            if row.body_hash != body_hash:
+                raise IdempotencyKeyReusedError(
+                    f"{HEADER} was already used by this app for a different request"
+                )
+            if row.state == "done":
+                return Outcome(json.loads(row.response), int(row.status), replayed=True)
+            # Claimed and not answered: its writer is still running, or died. Run the
+            # write too; the subject's stream lets only one of them write (module doc).
+            return None
+        raise IdempotencyKeyReusedError(f"{HEADER} is being claimed and released repeatedly")
+
+    def _answer(
+        self, token: str, body_hash: str, response: dict[str, Any], status: int
+    ) -> Outcome:
+        t = idempotency_keys
+        text = json.dumps(response, sort_keys=True, separators=(",", ":"), default=str)
+        with self._engine.begin() as conn:
+            done = conn.execute(
+                t.update()
+                .where(t.c.token == token, t.c.body_hash == body_hash, t.c.state == "pending")
+                .values(state="done", status=status, response=text)
+            ).rowcount
+            if not done:
+                row = conn.execute(sa.select(t).where(t.c.token == token)).first()
+                if row is not None and row.state == "done" and row.body_hash == body_hash:
+                    # Another caller of this key answered first: everyone returns that.
+                    return Outcome(json.loads(row.response), int(row.status), replayed=True)
+        # Stored (or the row expired meanwhile): this answer stands. Round-trip it
+        # through JSON so the first caller sees exactly what a replay will.
+        return Outcome(json.loads(text), status, replayed=False)
+
+    def _release(self, token: str, body_hash: str) -> None:
+        t = idempotency_keys
+        with self._engine.begin() as conn:
+            conn.execute(
+                t.delete().where(
+                    t.c.token == token, t.c.body_hash == body_hash, t.c.state == "pending"
+                )
+            )
+
+    # ------------------------------------------------------------------ expiry
+
+    def purge(self) -> int:
+        """Delete expired keys; returns how many went."""
+        t = idempotency_keys
+        with self._engine.begin() as conn:
+            gone = conn.execute(t.delete().where(t.c.expires_ms <= self._clock_ms())).rowcount
+        return int(gone or 0)
+
+    def _maybe_purge(self) -> None:
+        now = time.monotonic()
+        if now - self._last_purge < PURGE_EVERY_S:
+            return
+        with self._purge_lock:
+            if now - self._last_purge < PURGE_EVERY_S:
+                return
+            self._last_purge = now
+        self.purge()
+
+    def count(self) -> int:
+        with self._engine.connect() as conn:
+            query = sa.select(sa.func.count()).select_from(idempotency_keys)
+            return int(conn.execute(query).scalar_one())
