@@ -36,17 +36,22 @@ DETECTED_CATEGORIES: tuple[str, ...] = (
 )
 
 
-def _words(raw: str) -> str:
-    """An alternation of whole words/phrases (spaces match any whitespace)."""
-    items = sorted({w.strip() for w in raw.split(",") if w.strip()}, key=len, reverse=True)
-    return "|".join(re.escape(w).replace(r"\ ", r"\s+") for w in items)
+def _cues(raw: str) -> tuple[frozenset[str], tuple[str, ...]]:
+    """Split a comma-separated cue list into single words and padded phrases."""
+    items = {" ".join(_tokens(w)) for w in raw.split(",") if w.strip()}
+    words = frozenset(w for w in items if " " not in w)
+    phrases = tuple(sorted(f" {w} " for w in items if " " in w))
+    return words, phrases
 
 
-def _cue(raw: str) -> str:
-    return rf"\b(?:{_words(raw)})\b"
+_TOKEN_RE = re.compile(r"[a-z0-9]+(?:['-][a-z0-9]+)*")
 
 
-_HEALTH = _cue(
+def _tokens(text: str) -> list[str]:
+    return _TOKEN_RE.findall(text.lower().replace("\u2019", "'"))
+
+
+_HEALTH = _cues(
     """
     health, healthy, ill, illness, sick, sickness, disease, disorder, syndrome,
     diagnosed, diagnosis, diagnoses, symptom, symptoms, doctor, doctors, gp, physician,
@@ -68,104 +73,106 @@ _HEALTH = _cue(
     overdose, dentist, dental, mental health, suicidal, self-harm, blind, deaf, hearing aid
     """
 )
-_LOCATION = (
-    r"\b(?:live|lives|living|lived|reside|resides|residing|resided|settled|raised|born)\s+"
-    r"(?:here\s+)?(?:in|at|near|on|outside|around)\b"
-    r"|\bbased\s+(?:in|at|near|out\s+of)\b"
-    r"|\bgrew\s+up\b"
-    r"|\b(?:move|moves|moving|moved|relocate|relocates|relocating|relocated)\s+"
-    r"(?:back\s+)?(?:to|from|into|out\s+of|across)\b"
-    r"|\b(?:i'm|i\s+am|im|we're|we\s+are)\s+(?:originally\s+)?from\b"
-    r"|\b(?:i|we|family)\s+(?:come|comes|came)\s+from\b"
-    r"|\b(?:fly|flying|flew|travel|travelling|traveling|travelled|traveled|trip|"
-    r"vacation|holiday|holidays|visit)\s+(?:to|in|from)\b"
-    r"|\b(?:my|our)\s+(?:home\s*town|city|town|village|neighbou?rhood|country|street|"
-    r"apartment|flat|house|place|home|address|location)\b"
-    r"|"
-    + _cue(
-        """
-        home address, hometown, home town, zip code, zipcode, postcode, post code,
-        postal code, where i live, where we live, current location
-        """
-    )
-    + r"|\b\d{1,5}\s+(?:[A-Za-z]+\s+){1,3}(?:street|st|road|rd|avenue|ave|lane|ln|"
-    r"boulevard|blvd|drive|dr|way|court|ct|place|pl|square|sq)\b"
+_LOCATION = _cues(
+    """
+    home address, hometown, home town, zip code, zipcode, postcode, post code,
+    postal code, where i live, where we live, current location, grew up
+    """
 )
-_FAMILY_WORDS = sorted(FAMILY_RELATIONS | NAMED_ONLY_RELATIONS, key=len, reverse=True)
-_FAMILY = (
-    r"\b(?:my|our|mine|his|her|their)\s+(?:[\w'-]+\s+){0,2}(?:"
-    + "|".join(re.escape(w) for w in _FAMILY_WORDS)
-    + r")\b|"
-    + _cue(
-        """
-        wife, husband, spouse, fiance, fiancee, fiancé, fiancée, boyfriend, girlfriend,
-        son, daughter, kids, children, grandchildren, grandkids, stepson, stepdaughter,
-        married, marriage, divorce, divorced, divorcing, separated, widow, widowed, widower,
-        engaged, engagement, wedding, newborn, family, families, relatives, in-laws,
-        custody, adopted, adoption, sibling, siblings, parenting, parenthood, mom, dad,
-        mum, mother, father, parents, brother, sister, grandma, grandpa, grandmother,
-        grandfather
-        """
-    )
+#: (verbs, what must follow one of them) that state where someone is, was or goes.
+_LOCATION_PAIRS: tuple[tuple[frozenset[str], frozenset[str]], ...] = (
+    (
+        frozenset(
+            "live lives living lived reside resides residing resided settled raised born".split()
+        ),
+        frozenset("in at near on outside around".split()),
+    ),
+    (frozenset(["based"]), frozenset("in at near out".split())),
+    (
+        frozenset("move moves moving moved relocate relocates relocating relocated".split()),
+        frozenset("to from into out across back".split()),
+    ),
+    (
+        frozenset(
+            "fly flying flew travel travelling traveling travelled traveled trip vacation "
+            "holiday holidays visit".split()
+        ),
+        frozenset("to in from".split()),
+    ),
 )
-_FINANCE = (
-    _cue(
-        """
-        money, salary, salaries, wage, wages, paycheck, pay check, payslip, income, earn,
-        earning, earnings, pay raise, bonus, debt, debts, loan, loans, mortgage, rent, landlord,
-        bank, banking, bank account, account number, iban, routing number,
-        credit card, debit card, credit score, overdraft, savings, saving up, pension,
-        retirement fund, 401k, ira, invest, investing, investment, investments,
-        stocks, portfolio, crypto, bitcoin, ethereum, bankrupt, bankruptcy, tax,
-        taxes, irs, hmrc, budget, budgeting, afford, i'm broke, i am broke, owe, owed,
-        owes, bills, invoice, insurance, net worth, inheritance, inherited, financial,
-        finances, cash, payment, payments, paypal, venmo, wire transfer, dollars, euros,
-        pounds, bucks
-        """
-    )
-    + r"|[$€£¥₹]\s?\d|\b\d[\d,.]*\s?(?:k|usd|eur|gbp|dollars|euros|pounds)\b"
+_LOCATION_NOUNS = frozenset(
+    "hometown city town village neighbourhood neighborhood country street apartment flat "
+    "house place home address location".split()
 )
-_DEMONYM_WORDS = "|".join(re.escape(w) for w in sorted(DEMONYMS, key=len, reverse=True))
-_IDENTITY = (
-    r"\b(?:my\s+name\s+is|my\s+name's|call\s+me\s+(?-i:[A-Z])|i'm\s+called|i\s+am\s+called|"
-    r"my\s+(?:full|first|last|middle|maiden|real)\s+name|years?\s+old|"
-    r"my\s+birthday|my\s+birth\s*date|date\s+of\s+birth|born\s+(?:in|on))\b"
-    r"|\b(?:i'm|i\s+am|im|as\s+an?|being|we're|we\s+are)\s+(?:a\s+|an\s+)?(?:[\w-]+\s+)?(?:"
-    + _DEMONYM_WORDS
-    + r")\b|"
-    + _cue(
-        """
-        passport, social security, ssn, national insurance, national id, id card, id number,
-        driver's license, drivers license, driver's licence, driving licence, license number,
-        birth certificate, citizenship, citizen, immigrant, immigration, visa, green card,
-        refugee, asylum, ethnicity, ethnic, racial, religion, religious, faith, church, mosque,
-        synagogue, temple, pray, praying, prayer, prayers, ramadan, bible, quran, koran,
-        torah, gay, lesbian, bisexual, queer, transgender, trans, nonbinary, non-binary,
-        lgbt, lgbtq, coming out, came out, sexuality, sexual orientation, pronouns,
-        gender identity, political, politics, vote, voted, voting, democrat, republican,
-        conservative, liberal, labour party, tory, union member, trade union
-        """
-    )
+_FROM_SUBJECTS = frozenset("i'm im we're".split())
+_ADDRESS = re.compile(
+    r"\b\d{1,5}\s+(?:[A-Za-z]+\s+){1,3}(?:street|st|road|rd|avenue|ave|lane|ln|"
+    r"boulevard|blvd|drive|dr|way|court|ct|place|pl|square|sq)\b",
+    re.IGNORECASE,
 )
-_CONTACT = (
-    r"[\w.+-]+@[\w-]+\.[\w.-]+"
-    r"|\b(?:my|our)\s+(?:phone|cell|mobile|number|email|e-mail|address|handle|instagram|"
-    r"twitter|whatsapp|telegram|signal|snapchat|tiktok|linkedin|skype|discord)\b"
-    r"|\b(?:reach|text|call|email|contact|dm|message)\s+me\s+(?:at|on)\b"
-    r"|(?<![\w@])@[A-Za-z_][\w.]{2,}"
+_FAMILY = _cues(
+    """
+    wife, husband, spouse, fiance, fiancee, fiancé, fiancée, boyfriend, girlfriend,
+    son, daughter, kids, children, grandchildren, grandkids, stepson, stepdaughter,
+    married, marriage, divorce, divorced, divorcing, separated, widow, widowed, widower,
+    engaged, engagement, wedding, newborn, family, families, relatives, in-laws,
+    custody, adopted, adoption, sibling, siblings, parenting, parenthood, mom, dad,
+    mum, mother, father, parents, brother, sister, grandma, grandpa, grandmother,
+    grandfather
+    """
 )
-
-_PATTERNS: dict[str, re.Pattern[str]] = {
-    "health": re.compile(_HEALTH, re.IGNORECASE),
-    "location": re.compile(_LOCATION, re.IGNORECASE),
-    "family": re.compile(_FAMILY, re.IGNORECASE),
-    "finance": re.compile(_FINANCE, re.IGNORECASE),
-    "identity": re.compile(_IDENTITY, re.IGNORECASE),
-    "contact": re.compile(_CONTACT, re.IGNORECASE),
-}
-
+_RELATIONS = FAMILY_RELATIONS | NAMED_ONLY_RELATIONS
+_POSSESSIVES = frozenset("my our mine his her their".split())
+_FINANCE = _cues(
+    """
+    money, salary, salaries, wage, wages, paycheck, pay check, payslip, income, earn,
+    earning, earnings, pay raise, bonus, debt, debts, loan, loans, mortgage, rent, landlord,
+    bank, banking, bank account, account number, iban, routing number,
+    credit card, debit card, credit score, overdraft, savings, saving up, pension,
+    retirement fund, 401k, ira, invest, investing, investment, investments,
+    stocks, portfolio, crypto, bitcoin, ethereum, bankrupt, bankruptcy, tax,
+    taxes, irs, hmrc, budget, budgeting, afford, i'm broke, i am broke, owe, owed,
+    owes, bills, invoice, insurance, net worth, inheritance, inherited, financial,
+    finances, cash, payment, payments, paypal, venmo, wire transfer, dollars, euros,
+    pounds, bucks
+    """
+)
+_MONEY = re.compile(
+    r"[$€£¥₹]\s?\d|\b\d[\d,.]*\s?(?:k|usd|eur|gbp|dollars|euros|pounds)\b", re.IGNORECASE
+)
+_IDENTITY = _cues(
+    """
+    my name is, my name's, i'm called, i am called, my full name, my first name,
+    my last name, my middle name, my maiden name, my real name, years old, year old,
+    my birthday, my birth date, my birthdate, date of birth, born in, born on,
+    passport, social security, ssn, national insurance, national id, id card, id number,
+    driver's license, drivers license, driver's licence, driving licence, license number,
+    birth certificate, citizenship, citizen, immigrant, immigration, visa, green card,
+    refugee, asylum, ethnicity, ethnic, racial, religion, religious, faith, church, mosque,
+    synagogue, temple, pray, praying, prayer, prayers, ramadan, bible, quran, koran,
+    torah, gay, lesbian, bisexual, queer, transgender, trans, nonbinary, non-binary,
+    lgbt, lgbtq, coming out, came out, sexuality, sexual orientation, pronouns,
+    gender identity, political, politics, vote, voted, voting, democrat, republican,
+    conservative, liberal, labour party, tory, union member, trade union
+    """
+)
+#: Words after which a demonym or belief describes the speaker ("I'm Dutch", "as a Catholic").
+_SELF_MARKERS = frozenset("i'm im am being we're".split())
+_CALL_ME_NAME = re.compile(r"\b[Cc]all\s+me\s+[A-Z]")
+_EMAIL = re.compile(r"[\w.+-]+@[\w-]+\.[\w.-]+")
+_HANDLE = re.compile(r"(?<![\w@])@[A-Za-z_][\w.]{2,}")
+_CONTACT_NOUNS = frozenset(
+    "phone cell mobile number email e-mail address handle instagram twitter whatsapp "
+    "telegram signal snapchat tiktok linkedin skype discord".split()
+)
+_CONTACT = _cues(
+    """
+    reach me at, reach me on, text me at, text me on, call me at, call me on, email me at,
+    contact me at, contact me on, dm me on, message me on, message me at
+    """
+)
 #: A run of digits and phone punctuation; a phone number has 9 to 15 digits (E.164).
-_PHONE_RUN = re.compile(r"(?<![\w.])\+?\(?\d[\d\s().-]{6,}\d(?![\w])")
+_PHONE_RUN = re.compile(r"(?<![\w.])\+?\(?\d[\d\s().-]{6,}\d(?!\w)")
 #: Dates and ranges of years look like digit runs but are not numbers to call.
 _NOT_PHONE = re.compile(
     r"^\d{4}[-./]\d{1,2}[-./]\d{1,2}$|^\d{1,2}[-./]\d{1,2}[-./]\d{2,4}$|^\d{4}\s*-\s*\d{4}$"
@@ -173,12 +180,83 @@ _NOT_PHONE = re.compile(
 
 
 def _has_phone_number(text: str) -> bool:
+    if sum(c.isdigit() for c in text) < 9:
+        return False
     for m in _PHONE_RUN.finditer(text):
         run = m.group(0).strip()
         digits = sum(c.isdigit() for c in run)
         if 9 <= digits <= 15 and not _NOT_PHONE.match(run):
             return True
     return False
+
+
+def _has(cues: tuple[frozenset[str], tuple[str, ...]], words: set[str], joined: str) -> bool:
+    single, phrases = cues
+    return not single.isdisjoint(words) or any(p in joined for p in phrases)
+
+
+def _followed(tokens: list[str], first: frozenset[str], then: frozenset[str], gap: int) -> bool:
+    """Whether a token of ``first`` is followed within ``gap`` tokens by one of ``then``."""
+    for i, token in enumerate(tokens):
+        if token in first and not then.isdisjoint(tokens[i + 1 : i + 1 + gap]):
+            return True
+    return False
+
+
+def _location(tokens: list[str], words: set[str], joined: str, text: str) -> bool:
+    if _has(_LOCATION, words, joined):
+        return True
+    for verbs, after in _LOCATION_PAIRS:
+        if not verbs.isdisjoint(words) and _followed(tokens, verbs, after, 2):
+            return True
+    if _followed(tokens, _POSSESSIVES, _LOCATION_NOUNS, 2):
+        return True
+    if "from" in words and (
+        _followed(tokens, _FROM_SUBJECTS, frozenset(["from"]), 2)
+        or " i am from " in joined
+        or " i am originally from " in joined
+        or any(
+            f" {s} {v} from " in joined
+            for s in ("i", "we", "family")
+            for v in ("come", "came", "comes")
+        )
+    ):
+        return True
+    return any(c.isdigit() for c in text) and _ADDRESS.search(text) is not None
+
+
+def _family(tokens: list[str], words: set[str], joined: str) -> bool:
+    if _has(_FAMILY, words, joined):
+        return True
+    return not _RELATIONS.isdisjoint(words) and _followed(tokens, _POSSESSIVES, _RELATIONS, 3)
+
+
+def _finance(words: set[str], joined: str, text: str) -> bool:
+    if _has(_FINANCE, words, joined):
+        return True
+    return any(c.isdigit() for c in text) and _MONEY.search(text) is not None
+
+
+def _identity(tokens: list[str], words: set[str], joined: str, text: str) -> bool:
+    if _has(_IDENTITY, words, joined) or _CALL_ME_NAME.search(text):
+        return True
+    if DEMONYMS.isdisjoint(words):
+        return False
+    if _followed(tokens, _SELF_MARKERS, DEMONYMS, 3):
+        return True
+    return any(f" as {a} {d} " in joined for a in ("a", "an") for d in DEMONYMS & words)
+
+
+def _contact(tokens: list[str], words: set[str], joined: str, text: str) -> bool:
+    if "@" in text and (_EMAIL.search(text) or _HANDLE.search(text)):
+        return True
+    if _has(_CONTACT, words, joined):
+        return True
+    if not _CONTACT_NOUNS.isdisjoint(words) and _followed(
+        tokens, frozenset(["my", "our"]), _CONTACT_NOUNS, 1
+    ):
+        return True
+    return _has_phone_number(text)
 
 
 #: Longest text the detector reads; memories are short, a pasted document is cut here.
@@ -190,8 +268,21 @@ def detect_categories(text: str) -> frozenset[str]:
     if not text:
         return frozenset()
     window = text[:MAX_DETECTED_CHARS].replace("\u2019", "'")
-    found = {c for c, pattern in _PATTERNS.items() if pattern.search(window)}
-    if "contact" not in found and _has_phone_number(window):
+    tokens = _tokens(window)
+    words = set(tokens)
+    joined = f" {' '.join(tokens)} "
+    found = set()
+    if _has(_HEALTH, words, joined):
+        found.add("health")
+    if _location(tokens, words, joined, window):
+        found.add("location")
+    if _family(tokens, words, joined):
+        found.add("family")
+    if _finance(words, joined, window):
+        found.add("finance")
+    if _identity(tokens, words, joined, window):
+        found.add("identity")
+    if _contact(tokens, words, joined, window):
         found.add("contact")
     return frozenset(found)
 

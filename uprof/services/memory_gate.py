@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from domain.categories import detect_categories
-from domain.values import CATEGORIES
 
 #: Words of a multi-word attribute value too common to withhold text on their own.
 _VALUE_STOPWORDS = frozenset(
@@ -78,7 +77,11 @@ class RevealGate:
     #: capture id -> categories of the attributes and intents citing it.
     linked: Mapping[str, frozenset[str]]
     #: reason -> pattern of the withheld values (None when nothing is withheld).
-    values: Mapping[str, re.Pattern[str] | None]
+    values: Mapping[str, re.Pattern[str]]
+    #: The withheld categories and why; empty when the reader may read everything.
+    blocked: Mapping[str, str]
+    #: reason -> the casefolded withheld values: a cheap substring test before the regex.
+    terms: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -99,10 +102,13 @@ class RevealGate:
             reason = allowed.get(category, "policy")
             if reason:
                 terms.setdefault(reason, set()).update(_value_terms(value))
+        patterns = {reason: _pattern(t) for reason, t in sorted(terms.items())}
         return cls(
             allowed=dict(allowed),
             linked={k: frozenset(v) for k, v in linked.items()},
-            values={reason: _pattern(t) for reason, t in sorted(terms.items())},
+            values={r: p for r, p in patterns.items() if p is not None},
+            blocked={c: r for c, r in allowed.items() if r},
+            terms={r: tuple(sorted({v.casefold() for v in t})) for r, t in terms.items() if t},
         )
 
     def reason(
@@ -121,24 +127,40 @@ class RevealGate:
         of the items citing the same captures: right for a memory, which is the
         capture's words; not for an intent, a phrase drawn from them.
         """
-        texts = [t for t in texts if t]
-        wanted = set(categories) or {"*"}
-        if "*" in wanted:
-            wanted = set(CATEGORIES)
-        if link:
+        texts = tuple(texts)
+        allowed, found = self.allowed, set()
+        for category in categories or ("*",):
+            if category == "*":
+                found.update(self.blocked.values())
+            elif reason := allowed.get(category, "policy"):
+                found.add(reason)
+        if link and self.blocked:
             for capture_id in evidence:
-                wanted |= self.linked.get(capture_id, frozenset())
-        if detect:
+                for category in self.linked.get(capture_id, ()):
+                    if reason := allowed.get(category, "policy"):
+                        found.add(reason)
+        if detect and self.blocked:
             for text in texts:
-                wanted |= detect_categories(text)
-        reasons = {self.allowed.get(c, "policy") for c in wanted} - {""}
-        for reason, pattern in self.values.items():
-            if pattern is not None and any(pattern.search(t) for t in texts):
-                reasons.add(reason)
-        if not reasons:
+                for category in detect_categories(text) if text else ():
+                    if reason := allowed.get(category, "policy"):
+                        found.add(reason)
+        if self.values:
+            lowered = [t.casefold() for t in texts if t]
+            for reason, pattern in self.values.items():
+                if reason not in found and self._mentions(reason, lowered, pattern):
+                    found.add(reason)
+        if not found:
             return ""
-        return "policy" if "policy" in reasons else sorted(reasons)[0]
+        return "policy" if "policy" in found else sorted(found)[0]
+
+    def _mentions(self, reason: str, lowered: list[str], pattern: re.Pattern[str]) -> bool:
+        terms = self.terms.get(reason, ())
+        return any(
+            any(term in text for term in terms) and pattern.search(text) is not None
+            for text in lowered
+        )
 
     def hides(self, text: str) -> bool:
         """Whether ``text`` contains a withheld value (e.g. a speaker label)."""
-        return any(p is not None and p.search(text) for p in self.values.values())
+        lowered = [text.casefold()]
+        return any(self._mentions(r, lowered, p) for r, p in self.values.items())
