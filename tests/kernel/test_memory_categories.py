@@ -138,6 +138,18 @@ def test_a_withheld_value_withholds_memories_of_other_captures(kernel: Uprof) ->
     assert "Lisbon was sunny" in read(kernel, "alice", EVERYTHING, "sunny Lisbon pastries").text
 
 
+def test_a_withheld_intent_withholds_memories_naming_it(kernel: Uprof) -> None:
+    grant(kernel, "alice", no("goal"), EVERYTHING)
+    kernel.capture("alice", turn("I want to visit Kyoto next spring", day=1))
+    kernel.capture("alice", turn("Kyoto looked lovely in the photos", day=2))
+    kernel.capture("alice", turn("The photos of the beach were lovely", day=3))
+    kernel.process()
+    denied = read(kernel, "alice", no("goal"), "lovely photos Kyoto")
+    assert "kyoto" not in denied.text.lower()
+    assert "beach" in denied.text
+    assert "Kyoto looked lovely" in read(kernel, "alice", EVERYTHING, "lovely photos Kyoto").text
+
+
 def test_a_speaker_label_naming_a_withheld_value_is_dropped(kernel: Uprof) -> None:
     grant(kernel, "alice", no("identity"))
     kernel.capture("alice", turn("My name is Caroline", day=1))
@@ -323,7 +335,7 @@ def test_rebuild_equals_live_with_memory_categories(kernel: Uprof) -> None:
     live = kernel.queries.table_digest()
     with kernel.views_engine.connect() as conn:
         rows = conn.execute(sa.select(t.memories.c.item_id, t.memories.c.categories)).all()
-    categories = {item_id: value for item_id, value in rows}
+    categories = dict(rows)
     assert any("finance" in json.loads(c) for c in categories.values())
     assert any("location" in json.loads(c) for c in categories.values())
     kernel.rebuild()

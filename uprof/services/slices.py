@@ -146,6 +146,8 @@ class _SubjectView:
     #: (category, value) of every attribute, superseded ones too: the memory gate
     #: withholds text containing a withheld value (decision 0016).
     attribute_values: list[tuple[str, str]] = field(default_factory=list)
+    #: Per set of servable categories: the free-text gate and its verdict per intent.
+    reveals: dict[tuple[Any, ...], tuple[RevealGate, dict[str, str]]] = field(default_factory=dict)
 
 
 class SliceService:
@@ -214,8 +216,8 @@ class SliceService:
         withheld: Counter[str] = Counter()
         attributes = self._gate(view.attributes, request, allowed, withheld)
         intents = self._gate(view.intents, request, allowed, withheld)
-        reveal = self._reveal_gate(view, allowed)
-        intents = self._gate_intent_text(intents, reveal, withheld)
+        reveal, verdicts = self._reveal_gate(view, allowed)
+        intents = self._gate_intent_text(intents, reveal, verdicts, withheld)
         index = self._memory_index(view, request, allowed, now, withheld, reveal)
         query_vector = attribute_vectors = intent_vectors = None
         if not request.lexical_only and (len(index) or attributes or intents):
@@ -393,22 +395,42 @@ class SliceService:
         )
 
     @staticmethod
-    def _reveal_gate(view: _SubjectView, allowed: dict[str, str]) -> RevealGate:
-        """What free text may not reveal to this reader (decision 0016)."""
-        return RevealGate.build(
-            allowed,
-            items=[(c.category, c.evidence) for c, _, _ in (*view.attributes, *view.intents)],
-            values=view.attribute_values,
-        )
+    def _reveal_gate(
+        view: _SubjectView, allowed: dict[str, str]
+    ) -> tuple[RevealGate, dict[str, str]]:
+        """What free text may not reveal to this reader (decision 0016), cached per view."""
+        key = tuple(sorted(allowed.items()))
+        hit = view.reveals.get(key)
+        if hit is None:
+            gate = RevealGate.build(
+                allowed,
+                items=[(c.category, c.evidence) for c, _, _ in (*view.attributes, *view.intents)],
+                # Attribute values (superseded too) and active intents' descriptions.
+                values=[
+                    *view.attribute_values,
+                    *((c.category, c.text) for c, _, _ in view.intents),
+                ],
+            )
+            if len(view.reveals) >= 8:
+                view.reveals.clear()
+            hit = view.reveals[key] = (gate, {})
+        return hit
 
     @staticmethod
     def _gate_intent_text(
-        intents: list[Candidate], reveal: RevealGate, withheld: Counter[str]
+        intents: list[Candidate],
+        reveal: RevealGate,
+        verdicts: dict[str, str],
+        withheld: Counter[str],
     ) -> list[Candidate]:
         """Withhold intents whose words reveal a withheld category or value."""
         kept = []
         for c in intents:
-            reason = reveal.reason((c.category,), c.evidence, (c.text,), detect=True, link=False)
+            reason = verdicts.get(c.item_id)
+            if reason is None:
+                reason = verdicts[c.item_id] = reveal.reason(
+                    (c.category,), c.evidence, (c.text,), detect=True, link=False
+                )
             if reason:
                 withheld[reason] += 1
             else:
@@ -440,7 +462,7 @@ class SliceService:
         counts: Counter[str] = Counter()
         keep: list[int] = []
         # Served only if every category the memory reveals is servable (decision 0016).
-        reveal = reveal or self._reveal_gate(view, allowed)
+        reveal = reveal or self._reveal_gate(view, allowed)[0]
         for i, m in enumerate(view.rows):
             reason = reveal.reason(m.categories or (m.category,), m.evidence, (m.text,))
             if not reason and not self._visible(m.owner_agent, m.sharing, request):

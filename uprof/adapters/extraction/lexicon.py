@@ -9,7 +9,9 @@ All entries are lower-case; look-ups lower-case the candidate first.
 from __future__ import annotations
 
 # Shared with the memory category detector: one list per concept (re-exported here).
-from domain.lexicon import DEMONYMS, FAMILY_RELATIONS, NAMED_ONLY_RELATIONS
+from domain.lexicon import DEMONYMS as DEMONYMS
+from domain.lexicon import FAMILY_RELATIONS as FAMILY_RELATIONS
+from domain.lexicon import NAMED_ONLY_RELATIONS as NAMED_ONLY_RELATIONS
 
 #: Head nouns that name an occupation ("I'm a senior software *engineer*").
 OCCUPATIONS: frozenset[str] = frozenset(
