@@ -340,3 +340,38 @@ def test_rebuild_equals_live_with_memory_categories(kernel: Uprof) -> None:
     assert any("location" in json.loads(c) for c in categories.values())
     kernel.rebuild()
     assert kernel.queries.table_digest() == live
+
+
+def test_migration_0003_marks_existing_rows_as_every_category(backend: Backend) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    from uprof.storage import MIGRATIONS_DIR, create_engine
+
+    url = backend.url if backend.kind == "postgres" else f"sqlite:///{backend.data_dir}/v.db"
+    engine = create_engine(url)
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.attributes["branch"] = "views"
+    try:
+        with engine.begin() as conn:
+            config.attributes["connection"] = conn
+            command.upgrade(config, "0002_audit")
+            now = datetime(2025, 1, 1, tzinfo=UTC)
+            conn.execute(
+                sa.text(
+                    "INSERT INTO memories (item_id, stream_id, kind, text, category, importance,"
+                    " provenance, evidence, source_refs, owner_agent, sharing, author, actor,"
+                    " session_id, occurred_at, recorded_at, visits, archived, detail)"
+                    " VALUES ('m1', 's1', 'memory', :b, 'conversation', 0.5, 'explicit', '[]',"
+                    " :b, 'a', 'private', 'x', :b, '', :t, :t, 0, false, :b)"
+                ),
+                {"b": b"sealed", "t": now},
+            )
+            command.upgrade(config, "views@head")
+            got = conn.execute(sa.select(t.memories.c.categories)).scalar_one()
+            assert json.loads(got) == ["*"]
+            command.downgrade(config, "0002_audit")
+            command.upgrade(config, "views@head")
+    finally:
+        engine.dispose()
