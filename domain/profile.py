@@ -18,6 +18,7 @@ from typing import Any
 
 from eventsourcing.domain import Aggregate, event
 
+from domain.categories import memory_categories
 from domain.errors import (
     ConsentRequiredError,
     IntentTransitionError,
@@ -26,6 +27,8 @@ from domain.errors import (
 )
 from domain.normalise import clamp, combine, decayed, normalise_value
 from domain.values import (
+    ATTRIBUTE_KEYS,
+    CATEGORIES,
     INFERRED_CONFIDENCE_CAP,
     MAX_EVIDENCE_IN_AGGREGATE,
     AttributeProposal,
@@ -48,10 +51,17 @@ from domain.values import (
 ATTRIBUTE_HALF_LIFE_DAYS = 180.0
 #: Consent that capture itself needs: the raw interaction is "conversation" data.
 CAPTURE_CATEGORY = "conversation"
+#: The primary category of every experience memory.
+EXPERIENCE_CATEGORY = "experience"
 
 
 def _new_id() -> str:
     return uuid.uuid4().hex
+
+
+def _revealed_for(evidence: tuple[str, ...], revealed: dict[str, set[str]]) -> list[str]:
+    """The categories revealed by the captures a memory cites."""
+    return sorted({c for e in evidence for c in revealed.get(e, ())})
 
 
 def _evidence_label(
@@ -294,18 +304,47 @@ class SubjectProfile(Aggregate):
         """
         self._refuse_if_erased()
         applied = 0
+        revealed = self._revealed_by_capture(batch)
         for proposal in batch.proposals:
             if isinstance(proposal, AttributeProposal):
                 applied += self._propose_attribute(proposal, batch, observed_at, now)
             elif isinstance(proposal, MemoryProposal):
-                applied += self._propose_memory(proposal, batch, observed_at, now)
+                applied += self._propose_memory(proposal, batch, observed_at, now, revealed)
             elif isinstance(proposal, IntentProposal):
                 applied += self._propose_intent(proposal, batch, observed_at, now)
             elif isinstance(proposal, IntentUpdateProposal):
                 applied += self._propose_intent_update(proposal, batch, observed_at)
             elif isinstance(proposal, ExperienceProposal):
-                applied += self._propose_experience(proposal, batch, observed_at, now)
+                applied += self._propose_experience(proposal, batch, observed_at, now, revealed)
         return applied
+
+    def _revealed_by_capture(self, batch: ProposalBatch) -> dict[str, set[str]]:
+        """Capture id -> categories of the attributes and intents that cite it.
+
+        From this batch (applied or not: an attribute dropped for want of consent is
+        still in the words of the capture) and from what the aggregate already holds.
+        A memory citing the capture carries them all (decision 0016).
+        """
+        revealed: dict[str, set[str]] = {}
+
+        def add(evidence: Any, category: str | None) -> None:
+            if category in CATEGORIES:
+                for capture_id in evidence:
+                    revealed.setdefault(capture_id, set()).add(category)
+
+        for p in batch.proposals:
+            if isinstance(p, AttributeProposal):
+                spec = ATTRIBUTE_KEYS.get(p.key)
+                add(p.evidence, spec.category if spec else None)
+            elif isinstance(p, IntentProposal):
+                add(p.evidence, p.category)
+        cited = {e for p in batch.proposals for e in p.evidence}
+        if cited:
+            for a in self.attributes.values():
+                add(cited.intersection(a["evidence"]), a["category"])
+            for intent in self.intents.values():
+                add(cited.intersection(intent["evidence"]), intent.get("category"))
+        return revealed
 
     def _consented(self, batch: ProposalBatch, category: str, now: datetime) -> bool:
         return self.has_consent(
@@ -452,16 +491,30 @@ class SubjectProfile(Aggregate):
     # ------------------------------------------------------------------ memories
 
     def _propose_memory(
-        self, p: MemoryProposal, batch: ProposalBatch, observed_at: datetime, now: datetime
+        self,
+        p: MemoryProposal,
+        batch: ProposalBatch,
+        observed_at: datetime,
+        now: datetime,
+        revealed: dict[str, set[str]],
     ) -> int:
         category = check_category(p.category)
+        declared = [check_category(c) for c in p.categories]
+        # Recording needs the consent of the primary category (the one the capture's
+        # own consent covers for extractor memories); serving needs all (decision 0016).
         if not p.text.strip() or not self._consented(batch, category, now):
             return 0
         provenance, importance = _evidence_label(p.evidence, True, p.importance)
+        text = p.text.strip()
         self._memory_recorded(
             item_id=_new_id(),
-            text=p.text.strip(),
+            text=text,
             category=category,
+            categories=memory_categories(
+                category,
+                revealed=[*declared, *_revealed_for(p.evidence, revealed)],
+                texts=[text],
+            ),
             importance=round(importance, 6),
             provenance=provenance,
             evidence=list(p.evidence),
@@ -473,12 +526,37 @@ class SubjectProfile(Aggregate):
         )
         return 1
 
-    @event("MemoryRecorded")
+    class MemoryRecorded(Aggregate.Event):
+        """A memory was recorded. Version 2 added ``categories`` (decision 0016)."""
+
+        class_version = 2
+
+        item_id: str
+        text: str
+        category: str
+        categories: list[str]
+        importance: float
+        provenance: str
+        evidence: list[str]
+        source_refs: list[str]
+        owner_agent: str
+        sharing: str
+        author: str
+        occurred_at: datetime
+
+        @staticmethod
+        def upcast_v1_v2(state: dict[str, Any]) -> None:
+            # A version-1 memory knew only its primary category; the projector adds
+            # what the detector finds in its text, and reads add its capture's items.
+            state["categories"] = [state["category"]]
+
+    @event(MemoryRecorded)
     def _memory_recorded(
         self,
         item_id: str,
         text: str,
         category: str,
+        categories: list[str],
         importance: float,
         provenance: str,
         evidence: list[str],
@@ -554,6 +632,7 @@ class SubjectProfile(Aggregate):
     ) -> None:
         self.intents[item_id] = {
             "norm": norm,
+            "category": category,
             "evidence": list(evidence)[-MAX_EVIDENCE_IN_AGGREGATE:],
             "confidence": confidence,
             "expires_at": expires_at,
@@ -633,19 +712,31 @@ class SubjectProfile(Aggregate):
     # ---------------------------------------------------------------- experience
 
     def _propose_experience(
-        self, p: ExperienceProposal, batch: ProposalBatch, observed_at: datetime, now: datetime
+        self,
+        p: ExperienceProposal,
+        batch: ProposalBatch,
+        observed_at: datetime,
+        now: datetime,
+        revealed: dict[str, set[str]],
     ) -> int:
-        if not self._consented(batch, "experience", now):
+        declared = [check_category(c) for c in p.categories]
+        if not self._consented(batch, EXPERIENCE_CATEGORY, now):
             return 0
         if not (p.situation.strip() and p.action.strip()):
             raise InvalidInputError("experience.situation and experience.action are required")
         provenance, confidence = _evidence_label(p.evidence, True, p.confidence)
+        fields = [p.situation.strip(), p.action.strip(), p.outcome.strip(), p.insight.strip()]
         self._experience_recorded(
             item_id=_new_id(),
-            situation=p.situation.strip(),
-            action=p.action.strip(),
-            outcome=p.outcome.strip(),
-            insight=p.insight.strip(),
+            situation=fields[0],
+            action=fields[1],
+            outcome=fields[2],
+            insight=fields[3],
+            categories=memory_categories(
+                EXPERIENCE_CATEGORY,
+                revealed=[*declared, *_revealed_for(p.evidence, revealed)],
+                texts=fields,
+            ),
             confidence=round(confidence, 6),
             provenance=provenance,
             evidence=list(p.evidence),
@@ -656,7 +747,30 @@ class SubjectProfile(Aggregate):
         )
         return 1
 
-    @event("ExperienceRecorded")
+    class ExperienceRecorded(Aggregate.Event):
+        """An experience memory was recorded. Version 2 added ``categories`` (decision 0016)."""
+
+        class_version = 2
+
+        item_id: str
+        situation: str
+        action: str
+        outcome: str
+        insight: str
+        categories: list[str]
+        confidence: float
+        provenance: str
+        evidence: list[str]
+        owner_agent: str
+        sharing: str
+        author: str
+        observed_at: datetime
+
+        @staticmethod
+        def upcast_v1_v2(state: dict[str, Any]) -> None:
+            state["categories"] = [EXPERIENCE_CATEGORY]
+
+    @event(ExperienceRecorded)
     def _experience_recorded(
         self,
         item_id: str,
@@ -664,6 +778,7 @@ class SubjectProfile(Aggregate):
         action: str,
         outcome: str,
         insight: str,
+        categories: list[str],
         confidence: float,
         provenance: str,
         evidence: list[str],

@@ -63,6 +63,7 @@ CATEGORIES: tuple[str, ...] = (
     "contact",
     "conversation",
     "experience",
+    "finance",
 )
 
 
@@ -248,9 +249,16 @@ class AttributeProposal:
 
 @dataclass(frozen=True)
 class MemoryProposal:
+    """A memory in the user's words. ``category`` is its primary (display) category;
+    ``categories`` are further ones its proposer knows it reveals. The aggregate adds
+    the categories of the same capture's attributes and intents and what the detector
+    finds in ``text`` (domain.categories), whatever the proposer said.
+    """
+
     text: str
     evidence: tuple[str, ...] = ()
     category: str = "conversation"
+    categories: tuple[str, ...] = ()
     importance: float = 0.5
     source_refs: tuple[str, ...] = ()
     occurred_at: datetime | None = None
@@ -285,6 +293,8 @@ class ExperienceProposal:
     insight: str
     evidence: tuple[str, ...] = ()
     confidence: float = DEFAULT_CONFIDENCE
+    #: Categories besides ``experience`` its proposer knows it reveals (detection adds more).
+    categories: tuple[str, ...] = ()
 
 
 Proposal = (

@@ -17,6 +17,7 @@ import numpy as np
 import sqlalchemy as sa
 from eventsourcing.utils import get_topic
 
+from domain.categories import memory_categories
 from domain.errors import SubjectErasedError
 from domain.profile import SubjectProfile as P
 from projections.profile import tables as t
@@ -446,6 +447,10 @@ class ProfileProjector:
             kind="memory",
             text=self._seal(e, "memories", "text", e.item_id, e.text),
             category=e.category,
+            # The event's categories plus what the detector finds now: version-1 events
+            # (no categories of their own) get detection too, and a rebuild applies the
+            # current detector to every memory (decision 0016).
+            categories=_json(memory_categories(e.category, revealed=e.categories, texts=[e.text])),
             importance=e.importance,
             source_refs=self._seal(e, "memories", "source_refs", e.item_id, _json(e.source_refs)),
             occurred_at=e.occurred_at,
@@ -463,6 +468,13 @@ class ProfileProjector:
         row.update(
             kind="experience",
             text=self._seal(e, "memories", "text", e.item_id, _memory_embedding_text(e)),
+            categories=_json(
+                memory_categories(
+                    "experience",
+                    revealed=e.categories,
+                    texts=[e.situation, e.action, e.outcome, e.insight],
+                )
+            ),
             importance=e.confidence,
             occurred_at=e.observed_at,
             detail=self._seal(

@@ -66,6 +66,8 @@ class MemoryRow:
     last_visited_at: datetime | None
     archived: bool
     detail: dict[str, str]
+    #: Every category the memory reveals, primary first; "*" stands for all of them.
+    categories: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -195,6 +197,7 @@ class ProfileQueries:
                 detail=json.loads(
                     self._text(stream_id, "memories", "detail", r.item_id, r.detail) or "{}"
                 ),
+                categories=_tuple(r.categories),
             )
             for r in rows
         ]

@@ -99,7 +99,12 @@ memories = sa.Table(
     sa.Column("stream_id", sa.String(36), nullable=False, index=True),
     sa.Column("kind", sa.String(16), nullable=False),  # "memory" | "experience"
     sa.Column("text", SEALED, nullable=False),
+    #: The primary category, shown with the memory ("conversation" shows nothing).
     sa.Column("category", sa.String(32), nullable=False),
+    #: JSON list of every category the memory reveals, primary first; a read serves the
+    #: memory only if all are allowed. ``["*"]`` (rows from before the column) stands
+    #: for every category until a rebuild derives them (decision 0016).
+    sa.Column("categories", sa.Text, nullable=False),
     sa.Column("importance", sa.Float, nullable=False),
     sa.Column("provenance", sa.String(16), nullable=False),
     sa.Column("evidence", sa.Text, nullable=False),

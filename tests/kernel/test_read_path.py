@@ -79,9 +79,11 @@ def test_writes_from_another_process_reach_the_next_read(kernel: Uprof, second: 
     grant = consent(kernel)
     kernel.capture("alice", say("I want to adopt a greyhound"))
     assert "greyhound" in read(kernel, "greyhound").text  # caches alice's view here
-    second.capture("alice", say("I live in Porto"))
+    # Not "I live in Porto": the planner may not read location, and since decision 0016
+    # neither the attribute nor the memory saying it reaches its slice.
+    second.capture("alice", say("I want to learn the cello"))
     second.process()
-    assert "Porto" in read(kernel, "Porto").text
+    assert "cello" in read(kernel, "cello").text
     second.consent_service.withdraw("alice", grant)
     withdrawn = read(kernel, "greyhound")
     assert withdrawn.items == () and withdrawn.withheld.get("consent", 0) > 0

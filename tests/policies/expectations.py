@@ -22,6 +22,7 @@ ALL_CATEGORIES = (
     "contact",
     "conversation",
     "experience",
+    "finance",
 )
 ACTIONS = (
     "read",

@@ -39,6 +39,7 @@ from projections.profile.queries import MemoryRow, ProfileQueries
 from uprof.eventstore import ProfilesApplication
 from uprof.ports import Clock, Embedder, TokenCounter
 from uprof.retrieval import Candidate, LeftOut, MemoryIndex, SliceOptions, build_slice
+from uprof.services.memory_gate import RevealGate
 from uprof.services.reads import ReadRecorder, ServedRead
 from uprof.services.subjects import SubjectRequest, SubjectResolver
 
@@ -145,6 +146,11 @@ class _SubjectView:
     vectors: np.ndarray | None
     sessions: dict[str, int]
     indexes: dict[tuple[Any, ...], tuple[MemoryIndex, Counter[str]]] = field(default_factory=dict)
+    #: (category, value) of every attribute, superseded ones too: the memory gate
+    #: withholds text containing a withheld value (decision 0016).
+    attribute_values: list[tuple[str, str]] = field(default_factory=list)
+    #: Per set of servable categories: the free-text gate and its verdict per intent.
+    reveals: dict[tuple[Any, ...], tuple[RevealGate, dict[str, str]]] = field(default_factory=dict)
 
 
 class SliceService:
@@ -216,7 +222,9 @@ class SliceService:
         withheld: Counter[str] = Counter()
         attributes = self._gate(view.attributes, request, allowed, withheld)
         intents = self._gate(view.intents, request, allowed, withheld)
-        index = self._memory_index(view, request, allowed, now, withheld)
+        reveal, verdicts = self._reveal_gate(view, allowed)
+        intents = self._gate_intent_text(intents, reveal, verdicts, withheld)
+        index = self._memory_index(view, request, allowed, now, withheld, reveal)
         query_vector = attribute_vectors = intent_vectors = None
         if not request.lexical_only and (len(index) or attributes or intents):
             query_vector = self._embedder.embed([request.query])[0]
@@ -379,18 +387,62 @@ class SliceService:
         rows, vectors = self._queries.memories(stream, with_vectors=True)
         # capture id -> the caller's source refs of that capture (from the memory citing it)
         refs = {e: m.source_refs for m in rows if m.source_refs for e in m.evidence}
+        every_attribute = self._queries.attributes(stream, include_superseded=True)
         return _SubjectView(
             head=head,
             profile=profile,
             attributes=[
-                self._attribute(a, refs)
-                for a in self._queries.attributes(stream, include_superseded=False)
+                self._attribute(a, refs) for a in every_attribute if a.status != "superseded"
             ],
+            attribute_values=[(a.category, a.value) for a in every_attribute],
             intents=[self._intent(i, refs) for i in self._queries.intents(stream, status="active")],
             rows=rows,
             vectors=vectors,
             sessions=self._queries.session_activity(stream) if rows else {},
         )
+
+    @staticmethod
+    def _reveal_gate(
+        view: _SubjectView, allowed: dict[str, str]
+    ) -> tuple[RevealGate, dict[str, str]]:
+        """What free text may not reveal to this reader (decision 0016), cached per view."""
+        key = tuple(sorted(allowed.items()))
+        hit = view.reveals.get(key)
+        if hit is None:
+            gate = RevealGate.build(
+                allowed,
+                items=[(c.category, c.evidence) for c, _, _ in (*view.attributes, *view.intents)],
+                # Attribute values (superseded too) and active intents' descriptions.
+                values=[
+                    *view.attribute_values,
+                    *((c.category, c.text) for c, _, _ in view.intents),
+                ],
+            )
+            if len(view.reveals) >= 8:
+                view.reveals.clear()
+            hit = view.reveals[key] = (gate, {})
+        return hit
+
+    @staticmethod
+    def _gate_intent_text(
+        intents: list[Candidate],
+        reveal: RevealGate,
+        verdicts: dict[str, str],
+        withheld: Counter[str],
+    ) -> list[Candidate]:
+        """Withhold intents whose words reveal a withheld category or value."""
+        kept = []
+        for c in intents:
+            reason = verdicts.get(c.item_id)
+            if reason is None:
+                reason = verdicts[c.item_id] = reveal.reason(
+                    (c.category,), c.evidence, (c.text,), detect=True, link=False
+                )
+            if reason:
+                withheld[reason] += 1
+            else:
+                kept.append(c)
+        return kept
 
     def _memory_index(
         self,
@@ -399,6 +451,7 @@ class SliceService:
         allowed: dict[str, str],
         now: datetime,
         withheld: Counter[str],
+        reveal: RevealGate | None = None,
     ) -> MemoryIndex:
         # The gate's outcome depends only on the reader, the servable categories and the
         # subject's view: cache it with the index, so a repeated read skips 5k checks.
@@ -415,8 +468,10 @@ class SliceService:
             return index
         counts: Counter[str] = Counter()
         keep: list[int] = []
+        # Served only if every category the memory reveals is servable (decision 0016).
+        reveal = reveal or self._reveal_gate(view, allowed)[0]
         for i, m in enumerate(view.rows):
-            reason = allowed.get(m.category, "policy")
+            reason = reveal.reason(m.categories or (m.category,), m.evidence, (m.text,))
             if not reason and not self._visible(m.owner_agent, m.sharing, request):
                 reason = "visibility"
             if reason:
@@ -424,6 +479,10 @@ class SliceService:
             else:
                 keep.append(i)
         candidates = [_memory_candidate(view.rows[i], view.sessions, now) for i in keep]
+        # A speaker label naming a withheld value (the user's withheld name) is dropped.
+        candidates = [
+            replace(c, actor="") if c.actor and reveal.hides(c.actor) else c for c in candidates
+        ]
         vectors = None
         if view.vectors is not None and not request.lexical_only:
             vectors = view.vectors[keep] if keep else view.vectors[:0]

@@ -8,6 +8,11 @@ All entries are lower-case; look-ups lower-case the candidate first.
 
 from __future__ import annotations
 
+# Shared with the memory category detector: one list per concept (re-exported here).
+from domain.lexicon import DEMONYMS as DEMONYMS
+from domain.lexicon import FAMILY_RELATIONS as FAMILY_RELATIONS
+from domain.lexicon import NAMED_ONLY_RELATIONS as NAMED_ONLY_RELATIONS
+
 #: Head nouns that name an occupation ("I'm a senior software *engineer*").
 OCCUPATIONS: frozenset[str] = frozenset(
     """
@@ -72,20 +77,6 @@ LANGUAGES: frozenset[str] = frozenset(
     """.split()
 )
 
-#: Nationality and belief words that follow "I'm" but are not names ("I'm Dutch").
-DEMONYMS: frozenset[str] = frozenset(
-    """
-    american british english scottish welsh irish canadian australian mexican brazilian
-    argentinian chilean colombian peruvian cuban spanish portuguese french german dutch
-    belgian swiss austrian italian greek polish czech russian ukrainian swedish norwegian
-    danish finnish icelandic turkish egyptian moroccan nigerian kenyan ethiopian
-    african european asian indian pakistani chinese japanese korean vietnamese thai
-    filipino indonesian malaysian israeli iranian iraqi lebanese syrian saudi latino
-    latina hispanic jewish muslim christian catholic protestant hindu buddhist sikh
-    mormon atheist agnostic romanian hungarian serbian croatian bulgarian
-    """.split()
-)
-
 #: Common words that can follow "I'm" with a capital letter and are never a name.
 NOT_NAMES: frozenset[str] = frozenset(
     """
@@ -109,24 +100,6 @@ NOT_NAMES: frozenset[str] = frozenset(
     april may june july august september october november december today tomorrow
     human person guy girl man woman boy adult kid child parent mom dad mother father
     god and or but nor yet later soon
-    """.split()
-)
-
-#: Family relations that are informative on their own ("my wife", "my son").
-FAMILY_RELATIONS: frozenset[str] = frozenset(
-    """
-    wife husband partner spouse boyfriend girlfriend fiance fiancee fiancé fiancée son
-    daughter kid kids child children baby babies sister brother sibling siblings twin
-    stepson stepdaughter grandson granddaughter grandchild grandchildren
-    """.split()
-)
-
-#: Relations everybody has: only worth recording with a name ("my mom Linda").
-NAMED_ONLY_RELATIONS: frozenset[str] = frozenset(
-    """
-    mom mum mother dad father parents grandma grandmother grandpa grandfather aunt uncle
-    cousin niece nephew stepmom stepmother stepdad stepfather mother-in-law father-in-law
-    sister-in-law brother-in-law
     """.split()
 )
 

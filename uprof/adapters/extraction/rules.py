@@ -15,7 +15,13 @@ from __future__ import annotations
 
 import re
 
-from domain.values import CapturedInteraction, MemoryProposal, Proposal, ProposalBatch
+from domain.values import (
+    ATTRIBUTE_KEYS,
+    CapturedInteraction,
+    MemoryProposal,
+    Proposal,
+    ProposalBatch,
+)
 from uprof.adapters.extraction.engine import Sentence, Turn, run_rules
 from uprof.adapters.extraction.facts import ATTRIBUTE_RULES
 from uprof.adapters.extraction.lexicon import EMOTION_WORDS, FILLER_WORDS, LIFE_EVENT_WORDS
@@ -29,6 +35,12 @@ MAX_RULE_CHARS = 20_000
 DEFAULT_MEMORY_MAX_CHARS = 600
 
 _RULES = ATTRIBUTE_RULES + INTENT_RULES
+#: Every category this extractor's proposals can carry: the attribute keys' categories,
+#: ``goal`` for intents and ``conversation`` for memories (the category gate's tests
+#: are driven from it).
+EMITTED_CATEGORIES: tuple[str, ...] = tuple(
+    sorted({spec.category for spec in ATTRIBUTE_KEYS.values()} | {"goal", "conversation"})
+)
 
 _GREETING_RE = re.compile(
     r"^(?:(?:hi|hello|hey|hiya|heya|yo|howdy|greetings|good\s+(?:morning|afternoon|evening|day))"
@@ -44,6 +56,7 @@ class RuleBasedExtractor:
     """Extract attributes, intents, intent updates and a memory from the user's words."""
 
     name = "rules"
+    categories = EMITTED_CATEGORIES
 
     def __init__(
         self, *, author: str = AUTHOR, memory_max_chars: int = DEFAULT_MEMORY_MAX_CHARS
