@@ -55,6 +55,8 @@ def no(category: str) -> str:
 def authorizer() -> CasbinAuthorizer:
     a = CasbinAuthorizer.seeded()
     a.add_rule(PolicyRule(EVERYTHING, "default", "read", "any", PURPOSE))
+    # The writer may capture everything: extraction keeps only what its captures may yield.
+    a.add_rule(PolicyRule(EVERYTHING, "default", "capture", "any", PURPOSE))
     for category in CATEGORIES:
         a.add_rule(PolicyRule(no(category), "default", "read", "any", PURPOSE))
         a.add_rule(PolicyRule(no(category), "default", "read", category, PURPOSE, "deny"))
@@ -342,7 +344,7 @@ def test_rebuild_equals_live_with_memory_categories(kernel: Uprof) -> None:
     assert kernel.queries.table_digest() == live
 
 
-def test_migration_0003_marks_existing_rows_as_every_category(backend: Backend) -> None:
+def test_migration_0004_marks_existing_rows_as_every_category(backend: Backend) -> None:
     from alembic import command
     from alembic.config import Config
 
@@ -356,22 +358,23 @@ def test_migration_0003_marks_existing_rows_as_every_category(backend: Backend) 
     try:
         with engine.begin() as conn:
             config.attributes["connection"] = conn
-            command.upgrade(config, "0002_audit")
+            command.upgrade(config, "0003_views_idem_sealed")
             now = datetime(2025, 1, 1, tzinfo=UTC)
             conn.execute(
                 sa.text(
                     "INSERT INTO memories (item_id, stream_id, kind, text, category, importance,"
                     " provenance, evidence, source_refs, owner_agent, sharing, author, actor,"
-                    " session_id, occurred_at, recorded_at, visits, archived, detail)"
+                    " session_id, session_key, occurred_at, recorded_at, visits, archived,"
+                    " detail)"
                     " VALUES ('m1', 's1', 'memory', :b, 'conversation', 0.5, 'explicit', '[]',"
-                    " :b, 'a', 'private', 'x', :b, '', :t, :t, 0, false, :b)"
+                    " :b, 'a', 'private', 'x', :b, :b, 'k', :t, :t, 0, false, :b)"
                 ),
                 {"b": b"sealed", "t": now},
             )
             command.upgrade(config, "views@head")
             got = conn.execute(sa.select(t.memories.c.categories)).scalar_one()
             assert json.loads(got) == ["*"]
-            command.downgrade(config, "0002_audit")
+            command.downgrade(config, "0003_views_idem_sealed")
             command.upgrade(config, "views@head")
     finally:
         engine.dispose()

@@ -1,7 +1,7 @@
 """memories carry every category they reveal
 
-Revision ID: 0003_views_memory_categories
-Revises: 0002_audit
+Revision ID: 0004_views_memory_categories
+Revises: 0003_views_idem_sealed
 Create Date: 2026-12-01
 
 Rows projected before this revision get ``["*"]``: "every category", so a read serves
@@ -15,8 +15,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0003_views_memory_categories"
-down_revision = "0002_audit"
+revision = "0004_views_memory_categories"
+down_revision = "0003_views_idem_sealed"
 branch_labels = None
 depends_on = None
 
