@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from audit.keys import load_or_create_signing_key
@@ -35,6 +36,9 @@ from uprof.services.slices import Authorizer, Freshness, SliceService
 from uprof.services.subjects import SubjectResolver
 from uprof.settings import Settings
 from uprof.storage import create_engine, layout_for, migrate
+
+if TYPE_CHECKING:
+    from uprof.services.policy import PolicyService
 
 MASTER_KEY_FILE = "master.key"
 KEK_RING_FILE = "keks.json"
@@ -100,6 +104,35 @@ def build_authorizer(settings: Settings) -> Authorizer:
     )
 
 
+def build_policy_service(settings: Settings, audit: AuditTrail, keys: Any) -> PolicyService:
+    """Open the policy store and seed it from ``settings.policy_path`` on first start."""
+    from policies import packaged_seed_policy_text
+    from uprof.services.policy import PolicyApplication, PolicyService
+    from uprof.storage import policy_store_env
+
+    def known_app(app_id: str) -> bool:
+        # Lazy: the key store lives with the REST edge, which the kernel does not import.
+        from uprof.api.keys import ApiKeyStore
+
+        return any(not k.is_revoked for k in ApiKeyStore(keys).list(app_id))
+
+    seed_path = Path(settings.policy_path)
+    seed_text = seed_path.read_text(encoding="utf-8")
+    packaged = seed_text == packaged_seed_policy_text()
+    service = PolicyService(
+        PolicyApplication(env=policy_store_env(settings)),
+        tenant=settings.tenant,
+        model_text=Path(settings.policy_model_path).read_text(encoding="utf-8"),
+        seed_text=seed_text,
+        seed_source=f"packaged:{seed_path.name}" if packaged else f"file:{seed_path.name}",
+        audit=audit,
+        known_app=known_app,
+        refresh_s=settings.policy_refresh_s,
+    )
+    service.ensure_seeded()
+    return service
+
+
 def build_counter() -> TokenCounter:
     from uprof.adapters.tokens import TiktokenCounter
 
@@ -142,8 +175,13 @@ def bootstrap(
     extractor = extractor or build_extractor(settings)
     evidence = EvidenceChecker(queries)
 
+    policy = build_policy_service(settings, audit, keys)
+    # The policy store decides, unless the caller brought its own authorizer (tests, benches).
+    authorizer = authorizer or policy.authorizer
+
     def close() -> None:
         app.close()
+        policy.close()
         for engine in {id(e): e for e in (views, keys, events)}.values():
             engine.dispose()
 
@@ -159,7 +197,7 @@ def bootstrap(
         app,
         subjects,
         queries,
-        authorizer or build_authorizer(settings),
+        authorizer,
         embedder,
         counter or build_counter(),
         clock,
@@ -210,6 +248,8 @@ def bootstrap(
         views_engine=views,
         keys_engine=keys,
         closers=(close,),
+        policy_service=policy,
+        authorizer=authorizer,
     )
     kernel_ref.append(kernel)
     return kernel

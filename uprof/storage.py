@@ -68,6 +68,30 @@ def layout_for(settings: Settings) -> StorageLayout:
     )
 
 
+#: The SQLite file of the policy store (its own application, so its own file: FIELD-NOTES 2.2).
+POLICY_STORE_FILE = "policies.sqlite"
+
+
+def policy_store_env(settings: Settings) -> dict[str, str]:
+    """Return the eventsourcing settings of the policy store (``PolicyApplication``).
+
+    SQLite: ``policies.sqlite`` beside the other stores. PostgreSQL: the same database as
+    the profiles log, in tables of its own (``policies_events``, ``policies_snapshots``),
+    named by eventsourcing after the application.
+    """
+    if settings.database_url is None:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        return {
+            "PERSISTENCE_MODULE": "eventsourcing.sqlite",
+            "SQLITE_DBNAME": str(settings.data_dir / POLICY_STORE_FILE),
+            "SQLITE_LOCK_TIMEOUT": "30",
+        }
+    env = dict(layout_for(settings).eventsourcing_env)
+    # Few connections: one decision-time version check and the rare change.
+    env.update({"POSTGRES_POOL_SIZE": "2", "POSTGRES_MAX_OVERFLOW": "4"})
+    return env
+
+
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     # Deleted rows must not linger in free pages (FIELD-NOTES §4); never rely on the
