@@ -1,10 +1,11 @@
 """Storage wiring: engines, eventsourcing settings and migrations, for SQLite or PostgreSQL.
 
-Embedded (no database URL): three SQLite files in the data folder —
+Embedded (no database URL): SQLite files in the data folder —
 ``events.sqlite`` (the eventsourcing log), ``views.sqlite`` (read models and
-audit log) and ``keys.sqlite`` (the key store, backed up on its own policy).
-PostgreSQL: one database for all three; eventsourcing names its tables after
-the application (``profiles_events``), alembic owns the rest.
+audit log), ``keys.sqlite`` (the key store, backed up on its own policy) and
+``policies.sqlite`` (the policy store, ``policy_store_env``).
+PostgreSQL: one database for all of them; eventsourcing names its tables after
+the application (``profiles_events``, ``policies_events``), alembic owns the rest.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -165,6 +165,7 @@ class StoredPolicyAuthorizer:
         """Build with an empty policy; the first check loads the store."""
         self._service = service
         self._inner = CasbinAuthorizer(model_text, policy_from_rows([]))
+        self._inner.reload([], version=0)
         self.refresh_s = refresh_s
         self.monotonic = monotonic
         self._lock = threading.Lock()
@@ -191,7 +192,7 @@ class StoredPolicyAuthorizer:
                 head = self._service.head()
                 if head != self._head or self._failure:
                     version, rows = self._service.current_rows()
-                    self._inner.reload(rows)
+                    self._inner.reload(rows, version=version)
                     self._head, self._version = head, version
                 self._failure = ""
             except Exception as error:  # fail closed: an unreadable store denies everything
@@ -212,9 +213,6 @@ class StoredPolicyAuthorizer:
     def _denied(self, reason: str) -> AccessDecision:
         return AccessDecision(False, (), f"{reason}: every policy check denies", self._version)
 
-    def _stamp(self, decision: AccessDecision) -> AccessDecision:
-        return replace(decision, policy_version=self._version)
-
     # --- checks (the CasbinAuthorizer surface) -----------------------------------------------
 
     def decide(
@@ -224,10 +222,8 @@ class StoredPolicyAuthorizer:
         failure = self.refresh()
         if failure:
             return self._denied(failure)
-        return self._stamp(
-            self._inner.decide(
-                app_id=app_id, tenant=tenant, action=action, category=category, purpose=purpose
-            )
+        return self._inner.decide(
+            app_id=app_id, tenant=tenant, action=action, category=category, purpose=purpose
         )
 
     def is_allowed(
@@ -259,10 +255,9 @@ class StoredPolicyAuthorizer:
         failure = self.refresh()
         if failure:
             return {category: self._denied(failure) for category in categories}
-        decisions = self._inner.decisions_for(
+        return self._inner.decisions_for(
             app_id=app_id, tenant=tenant, action=action, purpose=purpose, categories=categories
         )
-        return {category: self._stamp(d) for category, d in decisions.items()}
 
     def authorize_all(
         self, *, app_id: str, tenant: str, action: str, purpose: str, categories: Iterable[str]
