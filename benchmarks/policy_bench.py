@@ -134,7 +134,7 @@ def measure_propagation(backend: str, runs: int) -> dict[str, Any]:
 
 
 def _external_change(k: Any, i: int) -> Any:
-    policy = k.policy_service._load()  # noqa: SLF001
+    policy = k.policy_service._load()
     policy.add_rule(["app:planner", "default", "read", "goal", f"other-{i}", "allow"],
                     "operator:local#bench")
     return policy

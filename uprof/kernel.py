@@ -33,8 +33,8 @@ from uprof.services.consent import ConsentService
 from uprof.services.erasure import ErasureResult, ErasureService
 from uprof.services.extraction import ExtractionWorker
 from uprof.services.maintenance import MaintenanceService
-from uprof.services.profile import EvidenceView, ProfileService, ProfileView
 from uprof.services.policy import PolicyChange, PolicyChangeResult, PolicyService, PolicyState
+from uprof.services.profile import EvidenceView, ProfileService, ProfileView
 from uprof.services.projection import ProjectionRunner
 from uprof.services.proposals import ProposalService
 from uprof.services.reads import ReadRecorder

@@ -150,7 +150,8 @@ def test_the_console_policy_page_changes_the_policy_with_a_csrf_checked_form(
         done = console.post("/console/policy/grant", data={"csrf": csrf, **form})
         assert done.status_code == 200 and 'id="policy-done"' in done.text
         assert 'id="policy-version">2<' in done.text
-        assert kernel.policy_history()[-1].requested_by == f"{PLANNER}#{key_id(apps.planner_operator)}"
+        label = f"{PLANNER}#{key_id(apps.planner_operator)}"
+        assert kernel.policy_history()[-1].requested_by == label
 
         rules = console.post("/console/policy/grant", data={
             "csrf": csrf, "app_id": "app:calendar", "actions": ["read", "capture"],

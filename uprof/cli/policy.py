@@ -90,7 +90,9 @@ def revoke(
 
 @policy_app.command("show")
 def show(
-    at: Annotated[str | None, typer.Option(help="The policy in force then (ISO 8601, zone).")] = None,
+    at: Annotated[
+        str | None, typer.Option(help="The policy in force then (ISO 8601, zone).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print as JSON.")] = False,
 ) -> None:
     """Print the policy in force now, or at a past time."""

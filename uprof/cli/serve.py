@@ -65,7 +65,7 @@ def apps_create(
         typer.Option(help="Onboard: categories the app may read (repeat or a,b); needs --purpose."),
     ] = None,
     purpose: Annotated[
-        str | None, typer.Option(help="Onboard: the purpose the app reads, captures and proposes for.")
+        str | None, typer.Option(help="Onboard: the purpose it reads, captures and proposes for.")
     ] = None,
     capture: Annotated[
         list[str] | None,

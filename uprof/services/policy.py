@@ -98,7 +98,10 @@ class PolicyInputError(PolicyError):
 class PolicyStoreError(UprofError):
     """The policy store cannot be read or written; every policy check denies meanwhile."""
 
-    hint = "check the policy store (policies.sqlite or the policies_* tables); checks deny until then"
+    hint = (
+        "check the policy store (policies.sqlite or the policies_* tables); "
+        "policy checks deny until it can be read"
+    )
 
 
 class PolicyApplication(Application[UUID]):

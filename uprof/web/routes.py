@@ -636,7 +636,8 @@ def create_router() -> APIRouter:
             result = change(
                 requested_by=f"{session.app_id}#{session.key_id}",
                 app_id=app_id.strip() or None, role=role.strip() or None,
-                actions=[a for a in actions or () if a], categories=[c for c in categories or () if c],
+                actions=[a for a in actions or () if a],
+                categories=[c for c in categories or () if c],
                 purpose=purpose.strip() or None, effect=effect.strip() or "allow",
             )
         except UprofError as failure:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict
 from datetime import datetime
-from typing import TypeVar
+from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Query
 from pydantic import AwareDatetime
@@ -87,7 +87,9 @@ def result_out(result: PolicyChangeResult) -> PolicyChangeResultOut:
 def show_policy(
     principal: CurrentPrincipal,
     runtime: Runtime,
-    at: AwareDatetime | None = Query(default=None, description="Show the policy in force then."),
+    at: Annotated[
+        AwareDatetime | None, Query(description="Show the policy in force then.")
+    ] = None,
 ) -> PolicyOut:
     """The policy in force now, or at a past time (replayed from the recorded changes)."""
     _operator(principal)
