@@ -114,6 +114,9 @@ ENTRY_FIELDS: dict[str, Validator] = {
     "legal_basis": _token,
     "policy_version": _token,
     "policy_sha256": _hex64,
+    # who asked for a change (a principal label such as operator:local#cli) and what it was
+    "requested_by": _token,
+    "change": _token,
     "consent_id": _token,
     "notice_id": _token,
     "notice_sha256": _hex64,

@@ -20,9 +20,8 @@ Design choices:
   half of a change. Decisions are cached
   per request and policy version; a change bumps the version and clears the cache.
 - Policy changes are saved to the policy file (write temp file, fsync, rename) before they
-  take effect, so what runs is what is on disk. A database-backed policy (a ``casbin_rule``
-  table written by a projection of ``PolicyChanged`` events, see FIELD-NOTES 6.5) is a later
-  step; ``reload(rows)`` is the hook it will use.
+  take effect, so what runs is what is on disk. The deployed policy is event-sourced
+  (``uprof.services.policy``): it feeds this class through ``reload(rows, version=...)``.
 """
 
 from __future__ import annotations
@@ -493,16 +492,21 @@ class CasbinAuthorizer:
                 self._policy.without_assignment(RoleAssignment(app_id, role, tenant))
             )
 
-    def reload(self, rows: Iterable[Sequence[str]] | None = None) -> None:
+    def reload(
+        self, rows: Iterable[Sequence[str]] | None = None, *, version: int | None = None
+    ) -> None:
         """Replace the policy in force: with rows when given, else by re-reading the file.
 
-        Rows come from wherever the caller keeps policy (the later database-backed store);
-        they are not written to the file. Raises PolicyError, keeping the old policy, when
-        the new one is malformed or there is no file to read.
+        Rows come from wherever the caller keeps policy (the event-sourced policy store);
+        they are not written to the file. ``version`` (rows only) is the store's version of
+        them, reported as ``policy_version`` by every decision; without it the version
+        grows by one. Raises PolicyError, keeping the old policy, when the new one is
+        malformed or there is no file to read.
         """
         with self._lock:
             if rows is not None:
-                self._swap(policy_from_rows(rows))
+                policy = policy_from_rows(rows)
+                self._install(policy, self._next_snapshot(policy, version))
                 return
             if self._policy_path is None:
                 msg = "nothing to reload: this authorizer was not built from a policy file"
@@ -526,9 +530,10 @@ class CasbinAuthorizer:
     def _swap(self, policy: PolicySet) -> None:
         self._install(policy, self._next_snapshot(policy))
 
-    def _next_snapshot(self, policy: PolicySet) -> _Snapshot:
+    def _next_snapshot(self, policy: PolicySet, version: int | None = None) -> _Snapshot:
         current = self._snapshot
-        return _build_snapshot(self._model_text, policy, current.version + 1, current.engines)
+        number = current.version + 1 if version is None else version
+        return _build_snapshot(self._model_text, policy, number, current.engines)
 
     def _install(self, policy: PolicySet, snapshot: _Snapshot) -> None:
         self._snapshot = snapshot

@@ -10,6 +10,7 @@ import os
 import secrets
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from audit.keys import load_or_create_signing_key
@@ -37,6 +38,9 @@ from uprof.services.slices import Authorizer, Freshness, SliceService
 from uprof.services.subjects import SubjectResolver
 from uprof.settings import Settings
 from uprof.storage import create_engine, layout_for, migrate
+
+if TYPE_CHECKING:
+    from uprof.services.policy import PolicyService
 
 MASTER_KEY_FILE = "master.key"
 KEK_RING_FILE = "keks.json"
@@ -109,8 +113,16 @@ def capture_permits(authorizer: Authorizer, tenant: str) -> Callable[[str, str],
     captures could change what app Y is served in categories X may not touch.
     """
     from domain.values import CATEGORIES
+    from uprof.services.policy import PolicyStoreError
+
+    health = getattr(authorizer, "health", None)
 
     def permitted(app_id: str, purpose: str) -> frozenset[str]:
+        # An unreadable policy denies everything; extraction must then wait and retry,
+        # not commit the capture's results with every item dropped.
+        problem = health() if health is not None else ""
+        if problem:
+            raise PolicyStoreError(problem)
         decisions = authorizer.decisions_for(
             app_id=app_id, tenant=tenant, action="capture", purpose=purpose,
             categories=list(CATEGORIES),
@@ -118,6 +130,34 @@ def capture_permits(authorizer: Authorizer, tenant: str) -> Callable[[str, str],
         return frozenset(c for c, d in decisions.items() if d.allowed)
 
     return permitted
+
+def build_policy_service(settings: Settings, audit: AuditTrail, keys: Any) -> PolicyService:
+    """Open the policy store and seed it from ``settings.policy_path`` on first start."""
+    from policies import packaged_seed_policy_text
+    from uprof.services.policy import PolicyApplication, PolicyService
+    from uprof.storage import policy_store_env
+
+    def known_app(app_id: str) -> bool:
+        # Lazy: the key store lives with the REST edge, which the kernel does not import.
+        from uprof.api.keys import ApiKeyStore
+
+        return any(not k.is_revoked for k in ApiKeyStore(keys).list(app_id))
+
+    seed_path = Path(settings.policy_path)
+    seed_text = seed_path.read_text(encoding="utf-8")
+    packaged = seed_text == packaged_seed_policy_text()
+    service = PolicyService(
+        PolicyApplication(env=policy_store_env(settings)),
+        tenant=settings.tenant,
+        model_text=Path(settings.policy_model_path).read_text(encoding="utf-8"),
+        seed_text=seed_text,
+        seed_source=f"packaged:{seed_path.name}" if packaged else f"file:{seed_path.name}",
+        audit=audit,
+        known_app=known_app,
+        refresh_s=settings.policy_refresh_s,
+    )
+    service.ensure_seeded()
+    return service
 
 
 def build_counter() -> TokenCounter:
@@ -163,8 +203,13 @@ def bootstrap(
     extractor = extractor or build_extractor(settings)
     evidence = EvidenceChecker(queries)
 
+    policy = build_policy_service(settings, audit, keys)
+    # The policy store decides, unless the caller brought its own authorizer (tests, benches).
+    authorizer = authorizer or policy.authorizer
+
     def close() -> None:
         app.close()
+        policy.close()
         for engine in {id(e): e for e in (views, keys, events)}.values():
             engine.dispose()
 
@@ -176,7 +221,6 @@ def bootstrap(
         return kernel_ref[0].ensure_subject_fresh(stream_id, timeout_s, known_head=known_head)
 
     reads = ReadRecorder(app, audit, mode=settings.read_recording)
-    authorizer = authorizer or build_authorizer(settings)
     slice_service = SliceService(
         app,
         subjects,
@@ -245,6 +289,7 @@ def bootstrap(
             retention_s=settings.idempotency_retention_s,
             clock_ms=lambda: int(clock.now().timestamp() * 1000),
         ),
+        policy_service=policy,
     )
     kernel_ref.append(kernel)
     return kernel

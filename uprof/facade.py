@@ -53,6 +53,13 @@ from uprof.kernel import Lag, Uprof
 from uprof.services.capture import CaptureAck
 from uprof.services.erasure import ErasureResult
 from uprof.services.extraction import category_of
+from uprof.services.policy import (
+    PolicyChange,
+    PolicyChangeResult,
+    PolicyInputError,
+    PolicyState,
+    PolicyStoreError,
+)
 from uprof.services.profile import EvidenceView, ProfileView
 from uprof.services.residue import ResidueReport
 from uprof.services.slices import ProfileSlice
@@ -65,6 +72,11 @@ __all__ = [
     "ExportSummary",
     "Facade",
     "Lag",
+    "PolicyChange",
+    "PolicyChangeResult",
+    "PolicyInputError",
+    "PolicyState",
+    "PolicyStoreError",
     "Principal",
     "PrincipalKind",
     "ProfileSlice",
@@ -560,6 +572,38 @@ class Facade:
         self._authorize_governance("audit", COMPLIANCE_PURPOSE)
         with self._as_principal():
             return self._kernel.residue_scan(terms)
+
+    # ---------------------------------------------------------------- policy
+
+    def policy_show(self, at: datetime | None = None) -> Any:
+        """The policy in force now or at a past time (``policy`` action)."""
+        self._authorize_governance("policy", OPERATIONS_PURPOSE)
+        return self._kernel.policy_show(at)
+
+    def policy_history(self) -> list[Any]:
+        self._authorize_governance("policy", OPERATIONS_PURPOSE)
+        return self._kernel.policy_history()
+
+    def policy_grant(self, **change: Any) -> Any:
+        """Add rules or a role; the change event and audit entry name this principal."""
+        self._authorize_governance("policy", OPERATIONS_PURPOSE)
+        with self._as_principal():
+            return self._kernel.policy_grant(requested_by=self.principal.label, **change)
+
+    def policy_revoke(self, **change: Any) -> Any:
+        self._authorize_governance("policy", OPERATIONS_PURPOSE)
+        with self._as_principal():
+            return self._kernel.policy_revoke(requested_by=self.principal.label, **change)
+
+    def onboard_app(self, app_id: str, **grants: Any) -> Any:
+        """Grant a new app its rules in one change (``uprof apps create --read ...``)."""
+        self._authorize_governance("policy", OPERATIONS_PURPOSE)
+        with self._as_principal():
+            return self._kernel.onboard_app(app_id, requested_by=self.principal.label, **grants)
+
+    def policy_health(self) -> str:
+        """Why every check denies ('' when the policy store is readable): for readiness."""
+        return self._kernel.policy_health()
 
     # -------------------------------------------------------------- pipeline
 

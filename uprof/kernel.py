@@ -36,6 +36,7 @@ from uprof.services.erasure import ErasureResult, ErasureService
 from uprof.services.extraction import ExtractionWorker
 from uprof.services.idempotency import Execute, IdempotencyStore, Outcome
 from uprof.services.maintenance import MaintenanceService
+from uprof.services.policy import PolicyChange, PolicyChangeResult, PolicyService, PolicyState
 from uprof.services.profile import EvidenceView, ProfileService, ProfileView
 from uprof.services.projection import ProjectionRunner
 from uprof.services.proposals import ProposalService
@@ -101,6 +102,8 @@ class Uprof:
     #: Keys of retried writes (I14); None only in kernels built without bootstrap.
     idempotency: IdempotencyStore | None = None
     _process_lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+    #: The event-sourced policy store (``uprof.services.policy``); ``authorizer`` follows it.
+    policy_service: PolicyService | None = None
 
     # ----------------------------------------------------------------- writes
 
@@ -433,6 +436,78 @@ class Uprof:
 
     def register_identifier(self, identifier: str, subject: str) -> None:
         self.subjects.register_identifier(identifier, subject, now=self.clock.now())
+
+    # ------------------------------------------------------------------ policy
+    # Operator operations: the caller (facade, REST, CLI) checks the operator role and
+    # passes the asking principal's label, which every change event and audit entry names.
+
+    @property
+    def policy(self) -> PolicyService:
+        if self.policy_service is None:
+            raise InvalidInputError("this deployment has no policy store")
+        return self.policy_service
+
+    def policy_show(self, at: datetime | None = None) -> PolicyState:
+        """The policy in force now, or at a past time ``at`` (replayed from its events)."""
+        return self.policy.show(at)
+
+    def policy_history(self) -> list[PolicyChange]:
+        """Every recorded change of the tenant's policy, oldest first."""
+        return self.policy.history()
+
+    def policy_grant(
+        self,
+        *,
+        requested_by: str,
+        app_id: str | None = None,
+        role: str | None = None,
+        actions: Sequence[str] = (),
+        categories: Sequence[str] = (),
+        purpose: str | None = None,
+        effect: str = "allow",
+    ) -> PolicyChangeResult:
+        """Assign a role (app_id + role) or add rules (actions x categories for purpose)."""
+        return self.policy.grant(
+            requested_by=requested_by, app_id=app_id, role=role, actions=actions,
+            categories=categories, purpose=purpose, effect=effect,
+        )
+
+    def policy_revoke(
+        self,
+        *,
+        requested_by: str,
+        app_id: str | None = None,
+        role: str | None = None,
+        actions: Sequence[str] = (),
+        categories: Sequence[str] = (),
+        purpose: str | None = None,
+        effect: str = "allow",
+    ) -> PolicyChangeResult:
+        """Take back a role or remove rules; every named row must be in force."""
+        return self.policy.revoke(
+            requested_by=requested_by, app_id=app_id, role=role, actions=actions,
+            categories=categories, purpose=purpose, effect=effect,
+        )
+
+    def onboard_app(
+        self,
+        app_id: str,
+        *,
+        read: Sequence[str],
+        purpose: str,
+        capture: Sequence[str] | None = None,
+        propose: Sequence[str] | None = None,
+        requested_by: str,
+    ) -> PolicyChangeResult:
+        """Grant a new app read, capture and propose on these categories for one purpose."""
+        return self.policy.onboard(
+            app_id, read=read, purpose=purpose, capture=capture, propose=propose,
+            requested_by=requested_by,
+        )
+
+    def policy_health(self) -> str:
+        """Why every policy check denies (the store is unreadable), or '' when all is well."""
+        return self.policy_service.health() if self.policy_service is not None else ""
 
     # --------------------------------------------------------------- pipeline
 

@@ -51,7 +51,12 @@ class Settings(BaseSettings):
     idempotency_retention_s: float = Field(default=24 * 3600.0, gt=0.0, le=30 * 24 * 3600.0)
 
     policy_model_path: Path = POLICIES_DIR / "model.conf"
+    #: The policy file the policy store is seeded from on first start (one recorded event);
+    #: after that the store is the policy: change it with ``uprof policy`` or the API.
     policy_path: Path = POLICIES_DIR / "seed_policy.csv"
+    #: At most this long after another process changes the policy, decisions here use it:
+    #: each decision batch checks the store's version when this much time has passed.
+    policy_refresh_s: float = Field(default=0.25, ge=0.0, le=60.0)
     audit_origin: str = "uprof.local/audit"
 
     @field_validator("database_url")

@@ -1,10 +1,11 @@
 """Storage wiring: engines, eventsourcing settings and migrations, for SQLite or PostgreSQL.
 
-Embedded (no database URL): three SQLite files in the data folder —
+Embedded (no database URL): SQLite files in the data folder —
 ``events.sqlite`` (the eventsourcing log), ``views.sqlite`` (read models and
-audit log) and ``keys.sqlite`` (the key store, backed up on its own policy).
-PostgreSQL: one database for all three; eventsourcing names its tables after
-the application (``profiles_events``), alembic owns the rest.
+audit log), ``keys.sqlite`` (the key store, backed up on its own policy) and
+``policies.sqlite`` (the policy store, ``policy_store_env``).
+PostgreSQL: one database for all of them; eventsourcing names its tables after
+the application (``profiles_events``, ``policies_events``), alembic owns the rest.
 """
 
 from __future__ import annotations
@@ -66,6 +67,30 @@ def layout_for(settings: Settings) -> StorageLayout:
         },
         events_path=None,
     )
+
+
+#: The SQLite file of the policy store (its own application, so its own file: FIELD-NOTES 2.2).
+POLICY_STORE_FILE = "policies.sqlite"
+
+
+def policy_store_env(settings: Settings) -> dict[str, str]:
+    """Return the eventsourcing settings of the policy store (``PolicyApplication``).
+
+    SQLite: ``policies.sqlite`` beside the other stores. PostgreSQL: the same database as
+    the profiles log, in tables of its own (``policies_events``, ``policies_snapshots``),
+    named by eventsourcing after the application.
+    """
+    if settings.database_url is None:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        return {
+            "PERSISTENCE_MODULE": "eventsourcing.sqlite",
+            "SQLITE_DBNAME": str(settings.data_dir / POLICY_STORE_FILE),
+            "SQLITE_LOCK_TIMEOUT": "30",
+        }
+    env = dict(layout_for(settings).eventsourcing_env)
+    # Few connections: one decision-time version check and the rare change.
+    env.update({"POSTGRES_POOL_SIZE": "2", "POSTGRES_MAX_OVERFLOW": "4"})
+    return env
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

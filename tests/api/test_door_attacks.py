@@ -56,8 +56,8 @@ def test_an_agent_id_claimed_by_another_app_reads_nothing_private(
     http: httpx.Client, apps: Apps, keys: ApiKeyStore, kernel: Uprof
 ) -> None:
     # A second assistant app: same role as planner, so policy alone would let it read.
-    kernel.authorizer.assign_role("app:helper", "role:assistant", "default")
     helper = keys.create("app:helper").token
+    kernel.policy_grant(requested_by="test#setup", app_id="app:helper", role="role:assistant")
     grant(http, apps.planner)
     grant(http, helper)
     memo = http.post("/v1/captures", headers=bearer(apps.planner), json={
@@ -72,8 +72,8 @@ def test_an_agent_id_claimed_by_another_app_reads_nothing_private(
 def test_a_private_item_written_under_a_borrowed_agent_id_is_not_served_as_ones_own(
     http: httpx.Client, apps: Apps, keys: ApiKeyStore, kernel: Uprof
 ) -> None:
-    kernel.authorizer.assign_role("app:helper", "role:assistant", "default")
     helper = keys.create("app:helper").token
+    kernel.policy_grant(requested_by="test#setup", app_id="app:helper", role="role:assistant")
     grant(http, apps.planner)
     grant(http, helper)
     planted = http.post("/v1/captures", headers=bearer(helper), json={

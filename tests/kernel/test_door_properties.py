@@ -16,15 +16,22 @@ Runs on both backends.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from domain.errors import PermissionDeniedError
 from domain.principal import Principal, PrincipalKind
 from policies.rules import PolicyRule
-from tests.kernel.conftest import say
+from policies import CasbinAuthorizer
+from tests.conftest import Backend
+from tests.fakes.ports import FakeClock, FakeExtractor
+from tests.kernel.conftest import say, settings_for
+from uprof.adapters.embeddings import HashingEmbedder
+from uprof.bootstrap import bootstrap
 from uprof.facade import Facade
 from uprof.kernel import Uprof
 
@@ -37,6 +44,17 @@ TEMPLATES = {
 }
 READABLE = ("location", "goal", "conversation")
 _counter = itertools.count()
+
+
+@pytest.fixture
+def kernel(backend: Backend) -> Iterator[Uprof]:
+    """A deployment whose policy lives in memory, so each example can add its own rules."""
+    k = bootstrap(settings_for(backend), clock=FakeClock(), embedder=HashingEmbedder(),
+                  extractor=FakeExtractor(), authorizer=CasbinAuthorizer.seeded())
+    try:
+        yield k
+    finally:
+        k.close()
 
 
 @dataclass(frozen=True)

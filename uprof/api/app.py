@@ -30,6 +30,7 @@ from uprof.api.routes import (
     consents,
     governance,
     ops,
+    policy,
     profiles,
     proposals,
     slices,
@@ -96,7 +97,8 @@ def create_app(
     app.state.max_ready_lag = max_ready_lag
 
     for module in (
-        captures, proposals, slices, profiles, consents, subjects, governance, audit, ops,
+        captures, proposals, slices, profiles, consents, subjects, governance, audit, policy,
+        ops,
     ):
         app.include_router(module.router)
     app.include_router(create_web_router())  # privacy center and compliance console

@@ -128,8 +128,8 @@ class ServiceRuntime:
     #: Called after every write and before every waiting read (the worker's wake-up).
     wake: Callable[[], None] = lambda: None
     #: Checks erasure and export requests. The kernel's governance methods take no app
-    #: and check no policy, so the edge does, with an authorizer built from the same
-    #: policy files as the kernel's (``Settings.policy_model_path``/``policy_path``).
+    #: and check no policy, so the edge does, with the kernel's authorizer (the policy
+    #: store's); a kernel without one falls back to the policy files.
     authorizer: GovernanceAuthorizer | None = None
 
     @classmethod

@@ -350,6 +350,11 @@ class AppScope:
         """The log's public key and its latest signed checkpoint, to pin for offline checks."""
         return w.AuditKey.model_validate(self._door.audit_key())
 
+    @property
+    def door(self) -> Facade:
+        """The authorized facade for this key's principal (for routes outside this class)."""
+        return self._door
+
     def _require(self, role: str) -> None:
         if role not in self.roles:
             raise role_required(role)

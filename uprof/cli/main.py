@@ -245,6 +245,7 @@ def maintain() -> None:
 
 def _register_optional_commands() -> None:
     from uprof.cli import bench, demo, govern, reliability, serve
+    from uprof.cli import policy as policy_cli
     from uprof.mcp import cli as mcp_cli
 
     app.command("demo")(demo.demo)
@@ -252,6 +253,7 @@ def _register_optional_commands() -> None:
     reliability.register(bench.bench_app)
     govern.register(app)
     serve.register(app)
+    policy_cli.register(app)
     mcp_cli.register(app)
 
 

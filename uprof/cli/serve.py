@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from domain.errors import UprofError
-from uprof.cli.context import console, fail, settings
+from uprof.cli.context import console, door, fail, settings
 
 apps_app = typer.Typer(no_args_is_help=True, help="Create, list and revoke app API keys.")
 
@@ -60,10 +60,46 @@ def apps_create(
     role: Annotated[
         list[str] | None, typer.Option(help="Repeat: app (default), operator (full profile reads).")
     ] = None,
+    read: Annotated[
+        list[str] | None,
+        typer.Option(help="Onboard: categories the app may read (repeat or a,b); needs --purpose."),
+    ] = None,
+    purpose: Annotated[
+        str | None, typer.Option(help="Onboard: the purpose it reads, captures and proposes for.")
+    ] = None,
+    capture: Annotated[
+        list[str] | None,
+        typer.Option(help="Onboard: categories it may capture (default: the --read ones)."),
+    ] = None,
+    propose: Annotated[
+        list[str] | None,
+        typer.Option(help="Onboard: categories it may propose (default: the --read ones)."),
+    ] = None,
 ) -> None:
-    """Issue an API key for an app; the key is printed once and never stored in plaintext."""
-    from uprof.api import ApiKeyStore
+    """Issue an API key for an app; the key is printed once and never stored in plaintext.
 
+    With --read and --purpose the app is onboarded in the same step: the policy grants it
+    read, capture and propose of those categories for that purpose (direct rules on the
+    app, recorded as policy events and audited), before the key is issued.
+    """
+    from uprof.api import ApiKeyStore
+    from uprof.cli.policy import split_names
+
+    if read or capture or propose or purpose:
+        if not read or not purpose:
+            console.print("[bold red]error:[/] onboarding needs --read and --purpose together")
+            raise typer.Exit(2)
+        with door() as d:
+            result = d.onboard_app(
+                app_id,
+                read=split_names(read),
+                purpose=purpose,
+                capture=None if capture is None else split_names(capture),
+                propose=None if propose is None else split_names(propose),
+            )
+        console.print(
+            f"policy version {result.version}: {len(result.changes)} rules granted to {app_id}"
+        )
     store = ApiKeyStore.open(settings())
     try:
         issued = store.create(app_id, role or ["app"])

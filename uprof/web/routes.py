@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict
 
 from domain.errors import UprofError
 from domain.values import CATEGORIES
+from policies.rules import ACTIONS as POLICY_ACTIONS
 from policies.rules import app_id_problem
 from uprof.api.deps import CurrentPrincipal
 from uprof.api.errors import EdgeError, classify, role_required
@@ -49,6 +50,7 @@ MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 MAX_AUDIT_ROWS = 500
 #: How a privacy-center principal is named (audit: ``privacy-center#link``).
 PRIVACY_CENTER = "privacy-center"
+MAX_POLICY_HISTORY = 200
 
 _SECURITY_HEADERS = {
     "Content-Security-Policy": (
@@ -586,11 +588,9 @@ def create_router() -> APIRouter:
         return page(request, "console_receipts.html", session=session, rows=rows,
                     report=report, terms=terms, error=error)
 
-    @router.get("/console/policy", include_in_schema=False)
-    def console_policy(request: Request) -> Response:
-        session = need_operator(request)
-        if isinstance(session, Response):
-            return session
+    def policy_page(request: Request, session: Session, status: int = 200, *,
+                    error: str = "", done: str = "", form: dict[str, str] | None = None
+                    ) -> Response:
         runtime = runtime_of(request)
         table: Callable[[str], Any] | None = getattr(runtime.authorizer, "policy_table", None)
         tenant = runtime.kernel.subjects.tenant
@@ -598,8 +598,61 @@ def create_router() -> APIRouter:
         if table is not None:
             for row in table(tenant):
                 by_app.setdefault(row.app, []).append(row)
-        return page(request, "console_policy.html", session=session, tenant=tenant,
-                    by_app=sorted(by_app.items()), available=table is not None)
+        state, history = None, []
+        door = _operator_door(runtime, session)
+        problem = door.policy_health()
+        if not problem:
+            try:
+                state = door.policy_show()
+                history = list(reversed(door.policy_history()))[:MAX_POLICY_HISTORY]
+            except UprofError as failure:
+                problem = str(failure)
+        return page(request, "console_policy.html", status, session=session, tenant=tenant,
+                    by_app=sorted(by_app.items()), available=table is not None,
+                    state=state, history=history, problem=problem, error=error, done=done,
+                    form=form or {}, actions=POLICY_ACTIONS, categories=CATEGORIES)
+
+    @router.get("/console/policy", include_in_schema=False)
+    def console_policy(request: Request) -> Response:
+        session = need_operator(request)
+        if isinstance(session, Response):
+            return session
+        return policy_page(request, session)
+
+    @router.post("/console/policy/{verb}", include_in_schema=False)
+    def console_policy_change(
+        request: Request,
+        verb: str,
+        csrf: Annotated[str, Form()] = "",
+        app_id: Annotated[str, Form()] = "",
+        role: Annotated[str, Form()] = "",
+        actions: Annotated[list[str] | None, Form()] = None,
+        categories: Annotated[list[str] | None, Form()] = None,
+        purpose: Annotated[str, Form()] = "",
+        effect: Annotated[str, Form()] = "allow",
+    ) -> Response:
+        session = checked_operator(request, csrf)
+        if isinstance(session, Response):
+            return session
+        if verb not in ("grant", "revoke"):
+            return message(request, 404, "Not found", "No such policy change.")
+        door = _operator_door(runtime_of(request), session)
+        form = {"app_id": app_id, "role": role, "purpose": purpose, "effect": effect}
+        change = door.policy_grant if verb == "grant" else door.policy_revoke
+        try:
+            result = change(
+                app_id=app_id.strip() or None, role=role.strip() or None,
+                actions=[a for a in actions or () if a],
+                categories=[c for c in categories or () if c],
+                purpose=purpose.strip() or None, effect=effect.strip() or "allow",
+            )
+        except UprofError as failure:
+            status, _ = classify(failure)
+            return policy_page(request, session, status, error=str(failure), form=form)
+        done = (f"{verb}: {len(result.changes)} change(s) recorded, policy version "
+                f"{result.version}" if result.changes else
+                f"nothing to {verb}: the policy already says so")
+        return policy_page(request, session, done=done)
 
     return router
 

@@ -27,7 +27,7 @@ def healthz() -> Health:
 
 @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
 def readyz(request: Request, runtime: Runtime, store: KeyStore) -> JSONResponse:
-    """Readiness: databases answer, the pipeline worker is healthy, projections not far behind."""
+    """Readiness: databases and the policy store answer, the worker is healthy, lag is small."""
     max_lag: int = request.app.state.max_ready_lag
     try:
         lag = runtime.kernel.lag()
@@ -40,8 +40,11 @@ def readyz(request: Request, runtime: Runtime, store: KeyStore) -> JSONResponse:
         return JSONResponse(body.model_dump(mode="json"), status_code=503)
     worker = runtime.worker_state()
     detail = ""
+    policy_problem = runtime.kernel.policy_health()
     if not database:
         detail = "api key store unreachable"
+    elif policy_problem:
+        detail = f"{policy_problem}: every policy check denies"
     elif worker in ("failing", "stopped"):
         last = runtime.worker.status.last_error if runtime.worker else ""
         detail = f"pipeline worker {worker}: {last}"

@@ -1,0 +1,154 @@
+"""The authorization policy, for operator keys: show it (now or at a past time), its
+history, and grant, revoke or onboard an app.
+
+Every change is an event in the policy store and a ``policy.changed`` audit entry naming
+the operator key that asked (``<app id>#<key id>``). Bad input is a 422 whose
+``error.fields`` names the field; nothing is changed. An unreadable policy store is a 503
+(and, meanwhile, every policy check denies).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict
+from datetime import datetime
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Query
+from pydantic import AwareDatetime
+
+from uprof.api.deps import CurrentPrincipal, Runtime
+from uprof.api.errors import EdgeError, role_required
+from uprof.api.keys import ROLE_OPERATOR, Principal
+from uprof.api.routes.docs import errors
+from uprof.schemas.api import FieldProblem
+from uprof.schemas.policy import (
+    OnboardIn,
+    PolicyChangeIn,
+    PolicyChangeOut,
+    PolicyChangeResultOut,
+    PolicyHistoryOut,
+    PolicyOut,
+    PolicyRuleOut,
+    RoleAssignmentOut,
+)
+from uprof.api.scoped import AppScope
+from uprof.facade import (
+    Facade,
+    PolicyChange,
+    PolicyChangeResult,
+    PolicyInputError,
+    PolicyState,
+    PolicyStoreError,
+)
+
+router = APIRouter(prefix="/v1/policy", tags=["policy"])
+T = TypeVar("T")
+
+
+def _operator(principal: Principal) -> str:
+    """Refuse a key without the operator role; return the label changes are recorded under."""
+    if not principal.has_role(ROLE_OPERATOR):
+        raise role_required(ROLE_OPERATOR)
+    return f"{principal.app_id}#{principal.key_id}"
+
+
+def _guarded(operation: Callable[[], T]) -> T:
+    try:
+        return operation()
+    except PolicyInputError as error:
+        raise EdgeError(
+            422, "invalid_policy_change", str(error), hint=error.hint,
+            fields=[FieldProblem(field=error.field, message=error.problem)],
+        ) from None
+    except PolicyStoreError as error:
+        raise EdgeError(503, "policy_store_unavailable", str(error), hint=error.hint) from None
+
+
+def policy_out(state: PolicyState) -> PolicyOut:
+    return PolicyOut(
+        tenant=state.tenant,
+        version=state.version,
+        at=state.at,
+        rules=[PolicyRuleOut.model_validate(asdict(r)) for r in state.rules],
+        assignments=[RoleAssignmentOut.model_validate(asdict(a)) for a in state.assignments],
+    )
+
+
+def change_out(change: PolicyChange) -> PolicyChangeOut:
+    return PolicyChangeOut.model_validate({**asdict(change), "row": list(change.row)})
+
+
+def result_out(result: PolicyChangeResult) -> PolicyChangeResultOut:
+    return PolicyChangeResultOut(
+        version=result.version, changes=[change_out(c) for c in result.changes]
+    )
+
+
+@router.get("", response_model=PolicyOut, responses=errors(403))
+def show_policy(
+    principal: CurrentPrincipal,
+    runtime: Runtime,
+    at: Annotated[
+        AwareDatetime | None, Query(description="Show the policy in force then.")
+    ] = None,
+) -> PolicyOut:
+    """The policy in force now, or at a past time (replayed from the recorded changes)."""
+    _operator(principal)
+    when: datetime | None = at
+    return policy_out(_guarded(lambda: _door(runtime, principal).policy_show(when)))
+
+
+@router.get("/history", response_model=PolicyHistoryOut, responses=errors(403))
+def policy_history(principal: CurrentPrincipal, runtime: Runtime) -> PolicyHistoryOut:
+    """Every change of the policy, oldest first: version, time, change, row and who asked."""
+    _operator(principal)
+    return PolicyHistoryOut(
+        changes=[change_out(c) for c in _guarded(_door(runtime, principal).policy_history)]
+    )
+
+
+@router.post("/grant", response_model=PolicyChangeResultOut, responses=errors(403))
+def grant_policy(
+    body: PolicyChangeIn, principal: CurrentPrincipal, runtime: Runtime
+) -> PolicyChangeResultOut:
+    """Give an app a role, or add rules; rows already in force are left as they are."""
+    _operator(principal)
+    return result_out(
+        _guarded(lambda: _door(runtime, principal).policy_grant(**body.model_dump()))
+    )
+
+
+@router.post("/revoke", response_model=PolicyChangeResultOut, responses=errors(403))
+def revoke_policy(
+    body: PolicyChangeIn, principal: CurrentPrincipal, runtime: Runtime
+) -> PolicyChangeResultOut:
+    """Take a role back, or remove rules; every named row must be in force (else 422)."""
+    _operator(principal)
+    return result_out(
+        _guarded(lambda: _door(runtime, principal).policy_revoke(**body.model_dump()))
+    )
+
+
+@router.post("/onboard", response_model=PolicyChangeResultOut, responses=errors(403))
+def onboard_app(
+    body: OnboardIn, principal: CurrentPrincipal, runtime: Runtime
+) -> PolicyChangeResultOut:
+    """Grant an app read, capture and propose of categories for one purpose, in one change.
+
+    Issue its API key with ``uprof apps create`` (or do both at once there).
+    """
+    _operator(principal)
+    return result_out(
+        _guarded(
+            lambda: _door(runtime, principal).onboard_app(
+                body.app_id, read=body.read, purpose=body.purpose, capture=body.capture,
+                propose=body.propose,
+            )
+        )
+    )
+
+
+def _door(runtime: Any, principal: Any) -> Facade:
+    """The facade for the request's operator key (the policy's ``policy`` action decides)."""
+    return AppScope(runtime, principal.app_id, principal.roles, key_id=principal.key_id).door
