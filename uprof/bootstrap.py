@@ -10,6 +10,7 @@ import logging
 from uuid import UUID
 
 from audit.log import AuditLog
+from domain.errors import UprofError
 from projections.profile.projector import ProfileProjector
 from projections.profile.queries import ProfileQueries
 from uprof.adapters.audit_trail import AuditLogTrail
@@ -20,7 +21,6 @@ from uprof.crypto.keydir import (
     KEK_RING_FILE,
     MASTER_KEY_FILE,
     FileKeyMaterialStore,
-    KeyMaterialError,
     refuse_legacy_key_files,
 )
 from uprof.crypto.keystore import KekRing, KeyStore
@@ -61,10 +61,14 @@ def master_secret(settings: Settings) -> bytes:
     return build_key_material(settings).master_secret()
 
 
+class RestoreInterruptedError(UprofError):
+    hint = "finish the restore first; until then nothing is served from a half-restored store"
+
+
 def refuse_interrupted_restore(settings: Settings) -> None:
     marker = settings.data_dir / RESTORE_MARKER
     if marker.exists():
-        raise KeyMaterialError(
+        raise RestoreInterruptedError(
             f"a restore into {settings.data_dir} was interrupted ({marker.name} is present); "
             "run `uprof restore --from <the same backup>` again before starting uprof"
         )
@@ -127,7 +131,8 @@ def bootstrap(
 
     Before anything is served the erasure ledger is re-applied, so that a copied or
     restored data folder (or key database) never brings an erased subject back.
-    ``restoring``: only ``uprof restore`` itself starts beside its own marker.
+    ``restoring``: only ``uprof restore`` itself starts beside its own marker (and
+    re-applies the ledger itself, after the data is in place).
     """
     clock = clock or SystemClock()
     if not restoring:
@@ -229,11 +234,12 @@ def bootstrap(
         closers=(close,),
     )
     kernel_ref.append(kernel)
-    from uprof.services.recovery import reapply_ledger
+    if not restoring:
+        from uprof.services.recovery import reapply_ledger
 
-    try:
-        reapply_ledger(kernel)
-    except BaseException:
-        kernel.close()
-        raise
+        try:
+            reapply_ledger(kernel)
+        except BaseException:
+            kernel.close()
+            raise
     return kernel

@@ -38,6 +38,10 @@ def main(
     data_dir: Annotated[
         Path | None, typer.Option(help="Folder of the embedded SQLite stores (UPROF_DATA_DIR).")
     ] = None,
+    key_dir: Annotated[
+        Path | None,
+        typer.Option(help="Folder of the key material (UPROF_KEY_DIR; default <data-dir>.keys)."),
+    ] = None,
     database_url: Annotated[
         str | None, typer.Option(help="PostgreSQL URL instead of SQLite (UPROF_DATABASE_URL).")
     ] = None,
@@ -46,6 +50,7 @@ def main(
     ] = None,
 ) -> None:
     STATE.data_dir = data_dir
+    STATE.key_dir = key_dir
     STATE.database_url = database_url
     STATE.embedder = embedder
 
@@ -234,13 +239,14 @@ def maintain() -> None:
 
 
 def _register_optional_commands() -> None:
-    from uprof.cli import bench, demo, govern, reliability, serve
+    from uprof.cli import bench, demo, govern, keyops, reliability, serve
     from uprof.mcp import cli as mcp_cli
 
     app.command("demo")(demo.demo)
     app.add_typer(bench.bench_app, name="bench")
     reliability.register(bench.bench_app)
     govern.register(app)
+    keyops.register(app, govern.keys_app)
     serve.register(app)
     mcp_cli.register(app)
 

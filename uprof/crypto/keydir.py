@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from audit.keys import load_or_create_signing_key
+from domain.errors import UprofError
 from uprof.ports import ErasureRecord
 
 if TYPE_CHECKING:
@@ -50,8 +51,10 @@ LEGACY_FILES = (MASTER_KEY_FILE, KEK_RING_FILE, AUDIT_KEY_FILE, KEYS_DB_FILE)
 _log = logging.getLogger(__name__)
 
 
-class KeyMaterialError(Exception):
+class KeyMaterialError(UprofError):
     """The key folder is misplaced, unreadable or holds something unexpected."""
+
+    hint = "key material lives in UPROF_KEY_DIR, apart from UPROF_DATA_DIR (docs/governance.md)"
 
 
 def _fsync_dir(path: Path) -> None:

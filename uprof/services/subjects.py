@@ -138,6 +138,10 @@ class SubjectResolver:
         self._keystore.evict(str(stream_id))
 
     def find_or_create(self, subject_ref: str, *, now: datetime) -> SubjectHandle:
+        """The subject's stream, created on first use; refused for an erased subject."""
+        found = self.find(subject_ref)
+        if found is not None:
+            return found
         return self._keystore.resolve_or_create(
             self.tenant, check_subject_ref(subject_ref), now=now
         )
