@@ -366,6 +366,8 @@ def _live_audit_extends(views: sa.Engine, manifest: dict[str, Any]) -> bool:
 
 def _restore_sqlite(settings: Settings, src: Path, keep_live_audit: bool) -> None:
     data = settings.data_dir
+    for leftover in data.glob(".restore-views-*"):  # from a restore that was killed
+        leftover.unlink(missing_ok=True)
     # Views first (the position must not run ahead of the log), prepared in full in a
     # private file, then copied over the live file in one SQLite transaction.
     staged = data / f".restore-views-{secrets.token_hex(4)}.sqlite"
