@@ -112,7 +112,8 @@ def assert_erased_everywhere(kernel: Uprof, subject: str, terms: list[str], tmp:
 def assert_intact(kernel: Uprof, subject: str, c: dict[str, str]) -> None:
     view = kernel.profile(subject)
     assert c["attribute"] in [a.value for a in view.attributes]
-    assert c["memory"] in slice_text(kernel, subject)
+    served = slice_text(kernel, subject)
+    assert any(v in served for v in c.values()), served  # ranking picks which
     export = json.dumps(kernel.export_subject(subject))
     assert all(v in export for v in c.values())
     item = view.attributes[0].item_id

@@ -14,12 +14,12 @@ see docs/decisions/0012-keys-apart-from-data.md for the measured figures.
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
-from uuid import UUID
 
 import sqlalchemy as sa
 
@@ -35,8 +35,6 @@ from uprof.crypto.tables import (
 from uprof.storage import sqlite_checkpoint
 
 _log = logging.getLogger(__name__)
-#: Ids per IN (...) list: well inside SQLite's and PostgreSQL's parameter limits.
-CHUNK = 500
 
 
 @dataclass
@@ -58,22 +56,30 @@ class LedgerReapplied:
         return self.key_rows + self.view_rows + self.snapshot_rows + self.stale_captures
 
 
-def _chunks(ids: Sequence[str]) -> Iterator[list[str]]:
-    for i in range(0, len(ids), CHUNK):
-        yield list(ids[i : i + CHUNK])
+def _any_of(conn: sa.Connection, column: str, ids: Sequence[str], cast: str = "") -> tuple[str, Any]:
+    """A condition "column is one of ids" with one bound parameter, and its value.
+
+    One array (PostgreSQL) or one JSON list (SQLite's json_each) instead of an
+    expanded IN list: the cost stays a few milliseconds per thousand ids.
+    """
+    if conn.dialect.name == "sqlite":
+        return f"{column} IN (SELECT value FROM json_each(:ids))", json.dumps(list(ids))
+    return f"{column} = ANY(CAST(:ids AS {cast or 'text'}[]))", list(ids)
 
 
-def _delete_in(conn: sa.Connection, table: sa.Table, column: str, ids: Sequence[str]) -> int:
-    n = 0
-    for chunk in _chunks(ids):
-        n += int(conn.execute(table.delete().where(table.c[column].in_(chunk))).rowcount or 0)
-    return n
+def _delete_in(conn: sa.Connection, table: str, column: str, ids: Sequence[str]) -> int:
+    if not ids:
+        return 0
+    where, value = _any_of(conn, column, ids)
+    result = conn.execute(sa.text(f"DELETE FROM {table} WHERE {where}"), {"ids": value})
+    return int(result.rowcount or 0)
 
 
-def _snapshot_key(kernel: Any, stream_id: str) -> str:
-    # eventsourcing keeps uuids as 32-hex text on SQLite and as uuid on PostgreSQL.
-    sid = UUID(stream_id)
-    return sid.hex if kernel.app.events_engine.dialect.name == "sqlite" else str(sid)
+def _select_in(conn: sa.Connection, table: str, column: str, ids: Sequence[str], what: str) -> list[Any]:
+    if not ids:
+        return []
+    where, value = _any_of(conn, column, ids)
+    return list(conn.execute(sa.text(f"SELECT {what} FROM {table} WHERE {where}"), {"ids": value}))
 
 
 def _drop_snapshots(kernel: Any, stream_ids: Sequence[str]) -> int:
@@ -81,17 +87,13 @@ def _drop_snapshots(kernel: Any, stream_ids: Sequence[str]) -> int:
     if app.snapshots is None or not stream_ids:
         return 0
     table = app.snapshots.recorder.events_table_name
-    keys = [_snapshot_key(kernel, s) for s in stream_ids]
-    n = 0
+    # eventsourcing keeps uuids as 32-hex text on SQLite and as uuid on PostgreSQL.
+    hexed = app.events_engine.dialect.name == "sqlite"
+    keys = [s.replace("-", "") if hexed else s for s in stream_ids]
     with app.events_engine.begin() as conn:
-        for chunk in _chunks(keys):
-            params = {f"s{i}": v for i, v in enumerate(chunk)}
-            marks = ", ".join(f":s{i}" for i in range(len(chunk)))
-            result = conn.execute(
-                sa.text(f"DELETE FROM {table} WHERE originator_id IN ({marks})"), params
-            )
-            n += int(result.rowcount or 0)
-    return n
+        where, value = _any_of(conn, "originator_id", keys, cast="uuid")
+        result = conn.execute(sa.text(f"DELETE FROM {table} WHERE {where}"), {"ids": value})
+    return int(result.rowcount or 0)
 
 
 def adopt_shredded_streams(kernel: Any) -> int:
@@ -122,21 +124,15 @@ def reapply_ledger(kernel: Any, *, rebuild_if_stale: bool = True) -> LedgerReapp
     now = datetime.now(UTC)
     with kernel.keys_engine.begin() as conn:
         for table in (subject_keys, capture_keys, subject_aliases, subject_index):
-            n = _delete_in(conn, table, "stream_id", streams)
+            n = _delete_in(conn, table.name, "stream_id", streams)
             report.details[table.name] = n
             report.key_rows += n
-        n = _delete_in(conn, capture_keys, "capture_id", captures)
+        n = _delete_in(conn, capture_keys.name, "capture_id", captures)
         report.details["capture_keys_by_capture"] = n
         report.key_rows += n
-        present: set[str] = set()
-        for chunk in _chunks(streams):
-            present.update(
-                conn.execute(
-                    sa.select(shredded_streams.c.stream_id).where(
-                        shredded_streams.c.stream_id.in_(chunk)
-                    )
-                ).scalars()
-            )
+        present = {
+            r.stream_id for r in _select_in(conn, shredded_streams.name, "stream_id", streams, "stream_id")
+        }
         absent = [s for s in streams if s not in present]
         if absent:
             conn.execute(
@@ -144,21 +140,17 @@ def reapply_ledger(kernel: Any, *, rebuild_if_stale: bool = True) -> LedgerReapp
             )
     with kernel.views_engine.begin() as conn:
         for table in t.SUBJECT_TABLES:
-            n = _delete_in(conn, table, "stream_id", streams)
+            n = _delete_in(conn, table.name, "stream_id", streams)
             report.view_rows += n
             if n:
                 report.details[table.name] = n
-        stale_streams: set[str] = set()
-        for chunk in _chunks(captures):
-            rows = conn.execute(
-                sa.select(t.captures.c.stream_id).where(t.captures.c.capture_id.in_(chunk))
-            ).all()
-            report.stale_captures += len(rows)
-            stale_streams.update(r.stream_id for r in rows)
+        rows = _select_in(conn, t.captures.name, "capture_id", captures, "stream_id")
+        report.stale_captures = len(rows)
+        stale_streams = {r.stream_id for r in rows}
     report.snapshot_rows = _drop_snapshots(kernel, [*streams, *sorted(stale_streams)])
-    for stream_id in [*streams, *stale_streams]:
-        kernel.keystore.evict(stream_id)
     if report.resurrected:
+        for stream_id in [*streams, *stale_streams]:
+            kernel.keystore.evict(stream_id)
         _log.warning(
             "erasure ledger re-applied: destroyed %d key rows, %d view rows, %d snapshot rows "
             "of erased subjects, and found %d erased captures still projected (data or key "
