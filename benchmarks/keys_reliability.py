@@ -103,7 +103,12 @@ def _run_child(target: Target, mode: str, delay: float, **kw: str) -> list[str]:
         cmd += [f"--{key}", value]
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(
-        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cmd,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         start_new_session=True,  # its own process group: pg_dump / pg_restore die with it
     )
     assert proc.stdout is not None
@@ -135,8 +140,12 @@ def _erased_everywhere(kernel: Any, subject: str, terms: list[str]) -> list[str]
         "profile": lambda: kernel.profile(subject),
         "export": lambda: kernel.export_subject(subject),
         "slice": lambda: kernel.slice(
-            subject, "where", budget_tokens=200, purpose="personalization",
-            app_id=PLANNER, agent_id="agent:one",
+            subject,
+            "where",
+            budget_tokens=200,
+            purpose="personalization",
+            app_id=PLANNER,
+            agent_id="agent:one",
         ),
         "capture": lambda: kernel.capture(subject, interaction("again")),
     }
@@ -154,7 +163,7 @@ def _erased_everywhere(kernel: Any, subject: str, terms: list[str]) -> list[str]
 def _intact(kernel: Any, subject: str, terms: list[str]) -> list[str]:
     try:
         export = json.dumps(kernel.export_subject(subject))
-    except Exception as e:  # noqa: BLE001 - reported as a finding
+    except Exception as e:
         return [f"{subject} unreadable: {type(e).__name__}: {e}"]
     return [f"{subject} lost {t}" for t in terms if t not in export]
 
@@ -169,10 +178,17 @@ def keys_crash_scenario(target: Target, *, runs: int, seed: int = 7) -> dict[str
     backups = target.data_dir.parent / "backups"
     backups.mkdir(parents=True, exist_ok=True)
     figures: dict[str, Any] = {
-        "backend": target.kind, "runs": runs, "erase_acked": 0, "erase_finished_by_retry": 0,
-        "erase_finished_by_start": 0, "backup_complete": 0, "backup_absent": 0,
-        "restore_interrupted": 0, "restore_completed_by_child": 0,
-        "starts_refused_while_interrupted": 0, "violations": [],
+        "backend": target.kind,
+        "runs": runs,
+        "erase_acked": 0,
+        "erase_finished_by_retry": 0,
+        "erase_finished_by_start": 0,
+        "backup_complete": 0,
+        "backup_absent": 0,
+        "restore_interrupted": 0,
+        "restore_completed_by_child": 0,
+        "starts_refused_while_interrupted": 0,
+        "violations": [],
     }
     violations: list[str] = figures["violations"]
     for run in range(runs):
@@ -206,7 +222,7 @@ def keys_crash_scenario(target: Target, *, runs: int, seed: int = 7) -> dict[str
             try:
                 read_manifest(settings, dest)
                 figures["backup_complete"] += 1
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 violations.append(f"run {run}: a killed backup left a broken folder: {e}")
         else:
             figures["backup_absent"] += 1
@@ -225,7 +241,7 @@ def keys_crash_scenario(target: Target, *, runs: int, seed: int = 7) -> dict[str
             violations += [f"run {run} restore: {p}" for p in _intact(kernel, b, tb)]
             try:
                 kernel.audit_log.verify_integrity()
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 violations.append(f"run {run}: audit log does not verify: {e}")
     figures["violation_count"] = len(violations)
     return figures

@@ -96,11 +96,17 @@ def test_bootstrap_takes_another_key_material_store(tmp_path: Path) -> None:
     """A secrets manager is a new class passed to bootstrap: no caller changes."""
     store = InMemoryKeyMaterialStore()
     settings = Settings(data_dir=tmp_path / "data", embedder="hashing")
-    k = bootstrap(settings, clock=FakeClock(), embedder=HashingEmbedder(),
-                  extractor=FakeExtractor(), key_material=store)
+    k = bootstrap(
+        settings,
+        clock=FakeClock(),
+        embedder=HashingEmbedder(),
+        extractor=FakeExtractor(),
+        key_material=store,
+    )
     try:
-        k.grant_consent("alice", app_id="app:planner", categories=["*"],
-                        purposes=["personalization"])
+        k.grant_consent(
+            "alice", app_id="app:planner", categories=["*"], purposes=["personalization"]
+        )
         k.erase_subject("alice")
         assert [r.kind for r in store.erasure_records()] == ["subject"]
         assert k.subjects.is_erased("alice")

@@ -63,7 +63,9 @@ def scan_bytes(root: Path, terms: list[str]) -> list[str]:
     hits = []
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         data = path.read_bytes()
-        hits += [f"{path.name}:{t}" for t in terms if t.encode() in data or t.encode("utf-16-le") in data]
+        hits += [
+            f"{path.name}:{t}" for t in terms if t.encode() in data or t.encode("utf-16-le") in data
+        ]
     return hits
 
 
@@ -214,9 +216,7 @@ def _copy_deployment(backend: Backend, settings: Settings, tmp_path: Path) -> Se
     if backend.kind == "sqlite":
         target = tmp_path / "copy"
         shutil.copytree(settings.data_dir, target)
-        return Settings(
-            data_dir=target, key_dir=settings.key_path, embedder="hashing"
-        )
+        return Settings(data_dir=target, key_dir=settings.key_path, embedder="hashing")
     name = f"{backend.pg_dbname}_copy"
     admin = sa.create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
     try:
@@ -245,7 +245,9 @@ def _drop_pg_copies():
         try:
             with admin.connect() as conn:
                 while _PG_COPIES:
-                    conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{_PG_COPIES.pop()}" WITH (FORCE)'))
+                    conn.execute(
+                        sa.text(f'DROP DATABASE IF EXISTS "{_PG_COPIES.pop()}" WITH (FORCE)')
+                    )
         finally:
             admin.dispose()
 
@@ -358,9 +360,15 @@ def test_restore_into_an_empty_deployment_with_the_key_folder(
         engine = sa.create_engine(backend.url)
         with engine.begin() as conn:
             for table in sa.inspect(conn).get_table_names():
-                if table not in ("subject_index", "subject_keys", "capture_keys",
-                                 "subject_aliases", "shredded_streams", "api_keys",
-                                 "alembic_version"):
+                if table not in (
+                    "subject_index",
+                    "subject_keys",
+                    "capture_keys",
+                    "subject_aliases",
+                    "shredded_streams",
+                    "api_keys",
+                    "alembic_version",
+                ):
                     conn.execute(sa.text(f'DROP TABLE "{table}" CASCADE'))
         engine.dispose()
     result = restore(settings, tmp_path / "bk")
@@ -470,7 +478,9 @@ def test_refused_captures_link_to_nothing(kernel: Uprof, tmp_path: Path) -> None
     entries = audit_entries(kernel, tmp_path / "t.jsonl")
     refused = [e for e in entries if e.get("action") == "capture.refused"]
     assert [e["reason_code"] for e in refused] == [
-        "no-consent-on-record", "no-consent-on-record", "subject-erased"
+        "no-consent-on-record",
+        "no-consent-on-record",
+        "subject-erased",
     ]
     refs = [e["subject_ref"] for e in refused]
     # Fresh each time: no stable keyed hash of the name joins the attempts to each
@@ -496,8 +506,12 @@ def test_an_erasure_in_another_process_is_seen_by_a_running_one(
             )
         with pytest.raises(SubjectErasedError):
             second.slice(
-                SubjectRequest(subject="alice"), "x", budget_tokens=100,
-                purpose="personalization", app_id=APP, agent_id="agent:one",
+                SubjectRequest(subject="alice"),
+                "x",
+                budget_tokens=100,
+                purpose="personalization",
+                app_id=APP,
+                agent_id="agent:one",
             )
     finally:
         second.close()

@@ -85,7 +85,12 @@ def _create_once(path: Path, data: bytes) -> bytes:
 
 
 def _record_to_json(record: ErasureRecord) -> str:
-    body: dict[str, object] = {"v": 1, "kind": record.kind, "tenant": record.tenant, "at": record.at}
+    body: dict[str, object] = {
+        "v": 1,
+        "kind": record.kind,
+        "tenant": record.tenant,
+        "at": record.at,
+    }
     if record.stream_id is not None:
         body["stream_id"] = record.stream_id
     if record.mark is not None:

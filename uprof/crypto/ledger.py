@@ -99,8 +99,12 @@ class ErasureLedger:
     ) -> None:
         self._store.append_erasure(
             ErasureRecord(
-                "captures", tenant, _now(), stream_id,
-                capture_ids=tuple(sorted(set(capture_ids))), request_id=request_id,
+                "captures",
+                tenant,
+                _now(),
+                stream_id,
+                capture_ids=tuple(sorted(set(capture_ids))),
+                request_id=request_id,
             )
         )
 

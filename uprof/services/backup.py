@@ -210,7 +210,9 @@ def backup(settings: Settings, dest: Path) -> BackupReport:
     )
 
 
-def _manifest(settings: Settings, backend: str, revision: str | None, audit: tuple[int, str]) -> dict[str, Any]:
+def _manifest(
+    settings: Settings, backend: str, revision: str | None, audit: tuple[int, str]
+) -> dict[str, Any]:
     return {
         "format": FORMAT,
         "backend": backend,
@@ -262,9 +264,21 @@ def _backup_postgres(settings: Settings, out: Path) -> dict[str, Any]:
             snapshot = conn.exec_driver_sql("SELECT pg_export_snapshot()").scalar_one()
             revision, audit = _views_revision(conn), _audit_head(conn)
             result = subprocess.run(
-                [pg_dump, *args, "--format=custom", "--no-owner", "--no-privileges",
-                 f"--snapshot={snapshot}", *excluded, "--file", str(out / PG_DUMP), dbname],
-                env=env, capture_output=True, text=True,
+                [
+                    pg_dump,
+                    *args,
+                    "--format=custom",
+                    "--no-owner",
+                    "--no-privileges",
+                    f"--snapshot={snapshot}",
+                    *excluded,
+                    "--file",
+                    str(out / PG_DUMP),
+                    dbname,
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
             )
             conn.exec_driver_sql("COMMIT")
         if result.returncode != 0:
@@ -429,10 +443,23 @@ def _restore_postgres(settings: Settings, src: Path, keep_live_audit: bool) -> N
     toc.write_text("\n".join(lines) + "\n", encoding="utf-8")
     try:
         result = subprocess.run(
-            [pg_restore, *args, "--dbname", dbname, "--clean", "--if-exists",
-             "--single-transaction", "--no-owner", "--no-privileges",
-             "--use-list", str(toc), str(dump)],
-            capture_output=True, text=True, env=env,
+            [
+                pg_restore,
+                *args,
+                "--dbname",
+                dbname,
+                "--clean",
+                "--if-exists",
+                "--single-transaction",
+                "--no-owner",
+                "--no-privileges",
+                "--use-list",
+                str(toc),
+                str(dump),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
         )
     finally:
         toc.unlink(missing_ok=True)

@@ -56,7 +56,9 @@ class LedgerReapplied:
         return self.key_rows + self.view_rows + self.snapshot_rows + self.stale_captures
 
 
-def _any_of(conn: sa.Connection, column: str, ids: Sequence[str], cast: str = "") -> tuple[str, Any]:
+def _any_of(
+    conn: sa.Connection, column: str, ids: Sequence[str], cast: str = ""
+) -> tuple[str, Any]:
     """A condition "column is one of ids" with one bound parameter, and its value.
 
     One array (PostgreSQL) or one JSON list (SQLite's json_each) instead of an
@@ -75,7 +77,9 @@ def _delete_in(conn: sa.Connection, table: str, column: str, ids: Sequence[str])
     return int(result.rowcount or 0)
 
 
-def _select_in(conn: sa.Connection, table: str, column: str, ids: Sequence[str], what: str) -> list[Any]:
+def _select_in(
+    conn: sa.Connection, table: str, column: str, ids: Sequence[str], what: str
+) -> list[Any]:
     if not ids:
         return []
     where, value = _any_of(conn, column, ids)
@@ -131,7 +135,8 @@ def reapply_ledger(kernel: Any, *, rebuild_if_stale: bool = True) -> LedgerReapp
         report.details["capture_keys_by_capture"] = n
         report.key_rows += n
         present = {
-            r.stream_id for r in _select_in(conn, shredded_streams.name, "stream_id", streams, "stream_id")
+            r.stream_id
+            for r in _select_in(conn, shredded_streams.name, "stream_id", streams, "stream_id")
         }
         absent = [s for s in streams if s not in present]
         if absent:
@@ -155,7 +160,10 @@ def reapply_ledger(kernel: Any, *, rebuild_if_stale: bool = True) -> LedgerReapp
             "erasure ledger re-applied: destroyed %d key rows, %d view rows, %d snapshot rows "
             "of erased subjects, and found %d erased captures still projected (data or key "
             "store older than an erasure)",
-            report.key_rows, report.view_rows, report.snapshot_rows, report.stale_captures,
+            report.key_rows,
+            report.view_rows,
+            report.snapshot_rows,
+            report.stale_captures,
         )
         for engine in _engines(kernel):
             sqlite_checkpoint(engine)
