@@ -531,3 +531,18 @@ def test_a_torn_ledger_line_is_skipped_and_the_next_append_stays_whole(
     assert kernel.subjects.is_erased("alice")
     lines = ledger_path.read_bytes().split(b"\n")
     assert lines[0] == b'{"v":1,"kind":"subj' and json.loads(lines[1])["kind"] == "subject"
+
+
+def test_an_import_naming_an_erased_subject_writes_nothing(kernel: Uprof) -> None:
+    from uprof.services.importer import import_interactions
+
+    fill(kernel, "alice", ALICE)
+    consent(kernel, subject="bob")
+    kernel.erase_subject("alice")
+    before = kernel.app.max_notification_id()
+    line = {"app_id": APP, "agent_id": "agent:one", "user_input": "hi",
+            "occurred_at": "2026-02-01T10:00:00Z"}
+    lines = [json.dumps({"subject": s, **line}) for s in ("bob", "alice")]
+    with pytest.raises(SubjectErasedError, match="record 2"):
+        import_interactions(kernel, lines)
+    assert kernel.app.max_notification_id() == before
