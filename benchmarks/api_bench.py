@@ -226,7 +226,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from uprof.bootstrap import bootstrap
 
     with tempfile.TemporaryDirectory(prefix="uprof-api-bench-") as tmp:
-        data_dir = Path(tmp)
+        data_dir = Path(tmp) / "data"  # its key folder, data.keys, stays inside tmp
         # The bench's own kernel seeds the data (running the pipeline itself, before the
         # server starts) and then serves the in-process side without running the
         # pipeline: from then on only the server's worker does (background=True).

@@ -54,7 +54,10 @@ class SubjectNotFoundError(UprofError):
 
 
 class SubjectErasedError(UprofError):
-    hint = "this subject was erased; its data cannot be read or written again"
+    hint = (
+        "this subject was erased; an operator may re-create the id as a new, "
+        "unlinked subject (`uprof subjects recreate`)"
+    )
 
 
 class IntentTransitionError(UprofError):

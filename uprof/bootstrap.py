@@ -6,24 +6,31 @@ fakes for the clock, embedder, extractor and audit trail.
 
 from __future__ import annotations
 
-import os
-import secrets
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from audit.keys import load_or_create_signing_key
 from audit.log import AuditLog
+from domain.errors import UprofError
 from projections.profile.projector import ProfileProjector
 from projections.profile.queries import ProfileQueries
 from uprof.adapters.audit_trail import AuditLogTrail
 from uprof.adapters.clock import SystemClock
 from uprof.crypto.fields import ViewSealer
+from uprof.crypto.keydir import (
+    AUDIT_KEY_FILE,
+    KEK_RING_FILE,
+    MASTER_KEY_FILE,
+    FileKeyMaterialStore,
+    refuse_legacy_key_files,
+)
 from uprof.crypto.keystore import KekRing, KeyStore, derive_key
+from uprof.crypto.ledger import ErasureLedger
 from uprof.eventstore import ProfilesApplication
 from uprof.kernel import Uprof
-from uprof.ports import AuditTrail, Clock, Embedder, Extractor, TokenCounter
+from uprof.ports import AuditTrail, Clock, Embedder, Extractor, KeyMaterialStore, TokenCounter
 from uprof.services.capture import CaptureService
 from uprof.services.consent import ConsentService
 from uprof.services.erasure import ErasureService
@@ -37,38 +44,41 @@ from uprof.services.reads import ReadRecorder
 from uprof.services.slices import Authorizer, Freshness, SliceService
 from uprof.services.subjects import SubjectResolver
 from uprof.settings import Settings
-from uprof.storage import create_engine, layout_for, migrate
+from uprof.storage import RESTORE_MARKER, create_engine, layout_for, migrate
 
 if TYPE_CHECKING:
     from uprof.services.policy import PolicyService
 
-MASTER_KEY_FILE = "master.key"
-KEK_RING_FILE = "keks.json"
-AUDIT_KEY_FILE = "audit-signing.pem"
+__all__ = ["AUDIT_KEY_FILE", "KEK_RING_FILE", "MASTER_KEY_FILE", "bootstrap"]
+_log = logging.getLogger(__name__)
 
 
-def _secret_file(path: Path, size: int = 32) -> bytes:
-    """Read a secret file, creating it (mode 0600) on first start."""
-    if path.exists():
-        data = path.read_bytes()
-        if len(data) < size:
-            raise ValueError(f"{path.name} is shorter than {size} bytes; refusing to start")
-        return data
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = secrets.token_bytes(size)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    return data
+def build_key_material(settings: Settings) -> KeyMaterialStore:
+    """The key store of a deployment: the key folder, never inside the data folder."""
+    override = None
+    if settings.master_secret is not None:
+        override = settings.master_secret.get_secret_value().encode()
+        if len(override) < 32:
+            raise ValueError("UPROF_MASTER_SECRET must be at least 32 characters")
+    refuse_legacy_key_files(settings.data_dir, settings.key_path)
+    return FileKeyMaterialStore(settings.key_path, master_secret=override)
 
 
 def master_secret(settings: Settings) -> bytes:
-    if settings.master_secret is not None:
-        raw = settings.master_secret.get_secret_value().encode()
-        if len(raw) < 32:
-            raise ValueError("UPROF_MASTER_SECRET must be at least 32 characters")
-        return raw
-    return _secret_file(settings.data_dir / MASTER_KEY_FILE)
+    return build_key_material(settings).master_secret()
+
+
+class RestoreInterruptedError(UprofError):
+    hint = "finish the restore first; until then nothing is served from a half-restored store"
+
+
+def refuse_interrupted_restore(settings: Settings) -> None:
+    marker = settings.data_dir / RESTORE_MARKER
+    if marker.exists():
+        raise RestoreInterruptedError(
+            f"a restore into {settings.data_dir} was interrupted ({marker.name} is present); "
+            "run `uprof restore --from <the same backup>` again before starting uprof"
+        )
 
 
 def build_embedder(settings: Settings) -> Embedder:
@@ -175,27 +185,40 @@ def bootstrap(
     audit: AuditTrail | None = None,
     authorizer: Authorizer | None = None,
     counter: TokenCounter | None = None,
+    key_material: KeyMaterialStore | None = None,
+    restoring: bool = False,
 ) -> Uprof:
-    """Build a ready deployment: migrate stores, open the log, wire the services."""
+    """Build a ready deployment: migrate stores, open the log, wire the services.
+
+    Before anything is served the erasure ledger is re-applied, so that a copied or
+    restored data folder (or key database) never brings an erased subject back.
+    ``restoring``: only ``uprof restore`` itself starts beside its own marker (and
+    re-applies the ledger itself, after the data is in place).
+    """
     clock = clock or SystemClock()
+    if not restoring:
+        refuse_interrupted_restore(settings)
+    material = key_material or build_key_material(settings)
     layout = layout_for(settings)
     views = create_engine(layout.views_url)
     keys = views if layout.keys_url == layout.views_url else create_engine(layout.keys_url)
     migrate(views, "views")
     migrate(keys, "keys")
 
-    master = master_secret(settings)
+    root = material.master_secret()
+    master = root
     keystore = KeyStore(
         keys,
-        master_secret=master,
-        kek_ring=KekRing(settings.data_dir / KEK_RING_FILE),
+        master_secret=root,
+        kek_ring=KekRing(material),
+        ledger=ErasureLedger(material, root),
     )
     events = views if layout.events_url == layout.views_url else create_engine(layout.events_url)
     app = ProfilesApplication(env=layout.eventsourcing_env, keystore=keystore, events_engine=events)
     subjects = SubjectResolver(keystore, settings.tenant)
     sealer = ViewSealer(keystore)
     queries = ProfileQueries(views, sealer)
-    signing_key = load_or_create_signing_key(settings.data_dir / AUDIT_KEY_FILE)
+    signing_key = material.audit_signing_key()
     audit_log = AuditLog(views, signing_key, settings.audit_origin, clock=clock.now)
     if audit is None:
         audit = AuditLogTrail(audit_log, settings.tenant)
@@ -292,4 +315,12 @@ def bootstrap(
         policy_service=policy,
     )
     kernel_ref.append(kernel)
+    if not restoring:
+        from uprof.services.recovery import reapply_ledger
+
+        try:
+            reapply_ledger(kernel)
+        except BaseException:
+            kernel.close()
+            raise
     return kernel

@@ -573,6 +573,12 @@ class Facade:
         with self._as_principal():
             return self._kernel.residue_scan(terms)
 
+    def recreate_subject(self, subject: str) -> str:
+        """Lift an erased subject's mark (operator work); returns the new, unlinkable pseudonym."""
+        self._authorize_operator("operate", CATEGORIES, OPERATIONS_PURPOSE)
+        with self._as_principal():
+            return self._kernel.recreate_subject(subject, requested_by=self.principal.label)
+
     # ---------------------------------------------------------------- policy
 
     def policy_show(self, at: datetime | None = None) -> Any:

@@ -33,6 +33,7 @@ from uprof.ports import AuditTrail, Clock
 from uprof.services.capture import CaptureAck, CaptureOutcome, CaptureService
 from uprof.services.consent import ConsentService
 from uprof.services.erasure import ErasureResult, ErasureService
+from uprof.services.erasure import _token as _token
 from uprof.services.extraction import ExtractionWorker
 from uprof.services.idempotency import Execute, IdempotencyStore, Outcome
 from uprof.services.maintenance import MaintenanceService
@@ -49,7 +50,7 @@ from uprof.services.residue import (
 )
 from uprof.services.slices import Freshness, ProfileSlice, SliceRequest, SliceService
 from uprof.services.subject_export import build_subject_export
-from uprof.services.subjects import SubjectRequest, SubjectResolver
+from uprof.services.subjects import SubjectRequest, SubjectResolver, check_subject_ref
 from uprof.settings import Settings
 
 Progress = Callable[[int, int], None]
@@ -236,6 +237,25 @@ class Uprof:
         """Erase a subject entirely: tombstone, key destruction, purge, signed receipt."""
         self._settle_reads()  # reads served before the erasure are recorded before it
         return self.erasure_service.erase_subject(subject, basis=basis)
+
+    def recreate_subject(self, subject: str, *, requested_by: str = "operator:cli") -> str:
+        """Lift the erased mark of a subject reference; return the new subject's pseudonym.
+
+        The new subject has a new stream, new keys and a random pseudonym: nothing in
+        the audit log or the stores links it to the erased one. Consent must be granted
+        again before anything is captured. Refused (InvalidInputError) for a reference
+        that is not marked erased.
+        """
+        ref = check_subject_ref(subject)
+        ledger = self.keystore.ledger
+        if ledger is None or not ledger.is_erased(self.subjects.tenant, ref):
+            raise InvalidInputError("subject: not an erased subject; nothing to re-create")
+        ledger.record_recreated(self.subjects.tenant, ref)
+        handle = self.subjects.find_or_create(ref, now=self.clock.now())
+        self.audit.record(
+            "subject.recreated", subject_ref=handle.pseudonym, app_id=_token(requested_by)
+        )
+        return handle.pseudonym
 
     def export_subject(self, subject: str, *, requested_by: str | None = None) -> dict[str, Any]:
         """Everything held about a subject, with evidence, as portable JSON (Art. 15/20)."""

@@ -3,6 +3,10 @@
 Every field can come from the environment with the ``UPROF_`` prefix, e.g.
 ``UPROF_DATABASE_URL=postgresql+psycopg://user@host/db`` switches every store to
 PostgreSQL; unset, uprof keeps SQLite files under ``UPROF_DATA_DIR``.
+
+Key material (master secret, KEK ring, audit signing key, erasure ledger and, on
+SQLite, the wrapped data keys) lives in ``UPROF_KEY_DIR``, never inside the data
+folder: by default the sibling folder ``<data_dir>.keys`` (docs/governance.md).
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 POLICIES_DIR = Path(__file__).resolve().parent.parent / "policies"
@@ -25,8 +29,13 @@ class Settings(BaseSettings):
     #: None: embedded SQLite files in ``data_dir``. Else a SQLAlchemy PostgreSQL URL.
     database_url: str | None = None
     tenant: str = "default"
-    #: Root secret for key wrapping; None: a mode-0600 file ``master.key`` in data_dir.
+    #: Root secret for key wrapping; None: a mode-0600 file ``master.key`` in key_dir.
     master_secret: SecretStr | None = None
+    #: Where key material lives (master secret, KEK ring, audit signing key, erasure
+    #: ledger, SQLite key database). None: the sibling folder ``<data_dir>.keys``.
+    #: Never inside data_dir, and data_dir never inside it: a copy of either alone
+    #: must not hold both the data and the keys that open it.
+    key_dir: Path | None = None
 
     extractor: Literal["rules", "llm"] = "rules"
     llm_base_url: str = "http://127.0.0.1:11434/v1"
@@ -71,6 +80,26 @@ class Settings(BaseSettings):
             )
         return value
 
+    @model_validator(mode="after")
+    def _keys_apart_from_data(self) -> Settings:
+        data = self.data_dir.expanduser().resolve()
+        if self.key_dir is None:
+            self.key_dir = data.with_name(data.name + ".keys")
+        keys = self.key_dir.expanduser().resolve()
+        if keys == data or keys.is_relative_to(data) or data.is_relative_to(keys):
+            raise ValueError(
+                f"key_dir ({keys}) must not be inside data_dir ({data}) nor contain it: "
+                "a copy of the data folder would carry the keys that open it; set "
+                "UPROF_KEY_DIR to a folder outside UPROF_DATA_DIR (default: <data_dir>.keys)"
+            )
+        return self
+
     @property
     def is_postgres(self) -> bool:
         return self.database_url is not None
+
+    @property
+    def key_path(self) -> Path:
+        """The key folder, resolved (the validator always sets it)."""
+        assert self.key_dir is not None
+        return self.key_dir

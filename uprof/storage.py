@@ -2,10 +2,12 @@
 
 Embedded (no database URL): SQLite files in the data folder —
 ``events.sqlite`` (the eventsourcing log), ``views.sqlite`` (read models and
-audit log), ``keys.sqlite`` (the key store, backed up on its own policy) and
-``policies.sqlite`` (the policy store, ``policy_store_env``).
+audit log) and ``policies.sqlite`` (the policy store, ``policy_store_env``) — and
+``keys.sqlite`` (wrapped data keys, subject index, API keys) in the key folder,
+apart from the data (decision 0012).
 PostgreSQL: one database for all of them; eventsourcing names its tables after
 the application (``profiles_events``, ``policies_events``), alembic owns the rest.
+The key material that unwraps the key tables stays in the key folder.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from alembic.config import Config
 from uprof.settings import Settings
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+#: Present in the data folder while ``uprof restore`` runs; a start refuses beside it.
+RESTORE_MARKER = "RESTORE-IN-PROGRESS.json"
 
 
 @dataclass(frozen=True)
@@ -38,10 +42,12 @@ def layout_for(settings: Settings) -> StorageLayout:
     if settings.database_url is None:
         data = settings.data_dir
         data.mkdir(parents=True, exist_ok=True)
+        keys = settings.key_path
+        keys.mkdir(mode=0o700, parents=True, exist_ok=True)
         events = data / "events.sqlite"
         return StorageLayout(
             views_url=f"sqlite:///{data / 'views.sqlite'}",
-            keys_url=f"sqlite:///{data / 'keys.sqlite'}",
+            keys_url=f"sqlite:///{keys / 'keys.sqlite'}",
             events_url=f"sqlite:///{events}",
             eventsourcing_env={
                 "PERSISTENCE_MODULE": "eventsourcing.sqlite",

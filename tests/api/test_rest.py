@@ -431,7 +431,38 @@ def test_dpo_exports_then_erases_a_subject_with_a_signed_receipt(
     assert body["receipt"] and body["subject_nonce_hex"]
     assert "Lisbon" not in str(body)
     gone = slice_for(http, apps.planner)
-    assert gone.status_code in (404, 410)
+    assert gone.status_code == 410
+    assert gone.json()["error"]["code"] == "subject_erased"
+
+
+def test_an_erased_subject_id_is_410_for_consent_capture_and_reads(
+    http: httpx.Client, apps: Apps, kernel: Uprof
+) -> None:
+    """Issue 13: after erasure, grant and capture under the same name both succeeded."""
+    grant(http, apps.planner)
+    http.post("/v1/captures", headers=bearer(apps.planner),
+              json={"subject": "alice", **interaction("I live in Lisbon")})
+    old = kernel.subjects.find("alice")
+    erased = http.post("/v1/governance/erasures/subject", headers=bearer(apps.privacy),
+                       json={"subject": "alice"})
+    assert erased.status_code == 200, erased.text
+    attempts = [
+        http.post("/v1/consents", headers=bearer(apps.planner), json={
+            "subject": "alice", "categories": ["*"], "purposes": ["personalization"]}),
+        http.post("/v1/captures", headers=bearer(apps.planner),
+                  json={"subject": "alice", **interaction("I am back")}),
+        slice_for(http, apps.planner),
+        http.post("/v1/governance/exports", headers=bearer(apps.privacy),
+                  json={"subject": "alice"}),
+    ]
+    for response in attempts:
+        assert response.status_code == 410, response.text
+        assert response.json()["error"]["code"] == "subject_erased"
+    assert old is not None
+    assert kernel.recreate_subject("alice") != old.pseudonym
+    assert http.post("/v1/consents", headers=bearer(apps.planner), json={
+        "subject": "alice", "categories": ["*"], "purposes": ["personalization"]}
+    ).status_code == 201
 
 
 def test_withdrawal_with_erase_returns_a_receipt(http: httpx.Client, apps: Apps) -> None:

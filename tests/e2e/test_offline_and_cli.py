@@ -168,7 +168,7 @@ def test_cli_walkthrough(tmp_path: Path) -> None:
     assert "verified" in run("audit", "verify", str(trail), "--public-key", str(key))
     assert "residue: 0" in run("audit", "residue", "--term", "cello")
 
-    # A refused capture exits non-zero with a clear message and stores nothing.
+    # A capture for the erased subject is refused (exit 5: erased) and stores nothing.
     result = runner.invoke(
         cli,
         [
@@ -184,8 +184,8 @@ def test_cli_walkthrough(tmp_path: Path) -> None:
             "hi",
         ],
     )
-    assert result.exit_code == 3
-    assert "consent" in result.output
+    assert result.exit_code == 5
+    assert "erased" in result.output
 
     # A tampered trail fails verification and names the entry.
     lines = trail.read_text().splitlines()
@@ -194,3 +194,33 @@ def test_cli_walkthrough(tmp_path: Path) -> None:
     result = runner.invoke(cli, [*data, "audit", "verify", str(trail), "--public-key", str(key)])
     assert result.exit_code == 1
     assert "line 3" in result.output
+
+
+def test_cli_backup_erase_restore_recreate_and_key_folder(tmp_path: Path) -> None:
+    runner = CliRunner()
+    keys = tmp_path / "vault" / "keys"
+    data = ["--data-dir", str(tmp_path / "data"), "--key-dir", str(keys), "--embedder", "hashing"]
+
+    def run(*args: str, code: int = 0) -> str:
+        result = runner.invoke(cli, [*data, *args])
+        assert result.exit_code == code, result.output
+        return result.output
+
+    grant = ("consent", "grant", "--subject", "ana", "--app", "app:planner",
+             "--category", "*", "--purpose", "personalization")
+    run(*grant)
+    run("capture", "--subject", "ana", "--app", "app:planner", "--agent", "agent:one",
+        "--text", "I live in Qzxclitown", "--at", "2026-02-01T10:00:00Z")
+    assert (keys / "keks.json").exists() and not (tmp_path / "data" / "keks.json").exists()
+    assert "no key material" in run("backup", "--to", str(tmp_path / "bk"))
+    run("erase", "subject", "--subject", "ana", "--out", str(tmp_path / "r.json"))
+    assert "1 erased subjects" in run("restore", "--from", str(tmp_path / "bk"))
+    # Erased stays erased after the restore: exit 5 and the 410 error's words.
+    assert "erased" in run("profile", "show", "--subject", "ana", code=5)
+    assert "erased" in run(*grant, code=5)
+    assert "new pseudonym subj_" in run("subjects", "recreate", "--subject", "ana")
+    run(*grant)
+    # A key folder inside the data folder is refused at start, naming the setting.
+    bad = runner.invoke(cli, ["--data-dir", str(tmp_path / "data"), "--key-dir",
+                              str(tmp_path / "data" / "k"), "profile", "show", "--subject", "ana"])
+    assert bad.exit_code == 2 and "key_dir" in bad.output

@@ -77,3 +77,40 @@ class FakeExtractor:
             app_id=i.app_id,
             purpose=i.purpose,
         )
+
+
+class InMemoryKeyMaterialStore:
+    """KeyMaterialStore in memory: what a secrets-manager implementation would look like."""
+
+    def __init__(self) -> None:
+        import secrets
+
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        self.location = "memory"
+        self._master = secrets.token_bytes(32)
+        self._ring: dict[int, bytes] | None = None
+        self._signing = Ed25519PrivateKey.generate()
+        self._records: list[Any] = []
+
+    def master_secret(self) -> bytes:
+        return self._master
+
+    def load_kek_ring(self) -> dict[int, bytes]:
+        import secrets
+
+        if self._ring is None:
+            self._ring = {1: secrets.token_bytes(32)}
+        return dict(self._ring)
+
+    def save_kek_ring(self, keys: dict[int, bytes]) -> None:
+        self._ring = dict(keys)
+
+    def audit_signing_key(self) -> Any:
+        return self._signing
+
+    def append_erasure(self, record: Any) -> None:
+        self._records.append(record)
+
+    def erasure_records(self) -> tuple[Any, ...]:
+        return tuple(self._records)

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from audit.errors import VerificationError
 from audit.receipts import verify_receipt, verify_subject_commitment
-from domain.errors import ConsentRequiredError, SubjectNotFoundError
+from domain.errors import ConsentRequiredError, SubjectErasedError, SubjectNotFoundError
 from domain.profile import SubjectProfile
 from projections.profile import tables as t
 from projections.profile.queries import ProfileQueries
@@ -161,12 +161,14 @@ def test_other_subjects_are_untouched(kernel: Uprof) -> None:
 def test_erased_subject_refuses_reads_and_writes(kernel: Uprof) -> None:
     fill_with_canaries(kernel, "alice")
     kernel.erase_subject("alice")
-    with pytest.raises(ConsentRequiredError):
+    with pytest.raises(SubjectErasedError):
         kernel.capture("alice", say("hello again"))
-    with pytest.raises(SubjectNotFoundError):
+    with pytest.raises(SubjectErasedError):
         kernel.profile("alice")
-    with pytest.raises(SubjectNotFoundError):
+    with pytest.raises(SubjectErasedError):
         kernel.erase_subject("alice")
+    with pytest.raises(SubjectNotFoundError):
+        kernel.profile("nobody")
 
 
 def test_rebuild_after_erasures_equals_live(kernel: Uprof) -> None:

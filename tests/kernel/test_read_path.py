@@ -98,7 +98,11 @@ def test_an_erasure_elsewhere_is_seen_by_a_reader_holding_the_subject(
     second.erase_subject("alice")
     with pytest.raises(SubjectErasedError):
         read(kernel, "greyhound")
-    # The same name, captured anew, is a new subject; the reader finds it, not the old one.
+    # The name stays refused until an operator re-creates it (issue 13); then it is a new
+    # subject, and the reader finds it, not the old one.
+    with pytest.raises(SubjectErasedError):
+        consent(second)
+    second.recreate_subject("alice")
     consent(second)
     second.capture("alice", say("I want to learn the cello"))
     second.process()

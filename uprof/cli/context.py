@@ -9,6 +9,7 @@ from datetime import datetime
 from pathlib import Path
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 
 from domain.errors import (
@@ -50,6 +51,7 @@ class CliState:
     """Options given before the command name."""
 
     data_dir: Path | None = None
+    key_dir: Path | None = None
     database_url: str | None = None
     embedder: str | None = None
 
@@ -61,11 +63,18 @@ def settings() -> Settings:
     overrides: dict[str, object] = {}
     if STATE.data_dir is not None:
         overrides["data_dir"] = STATE.data_dir
+    if STATE.key_dir is not None:
+        overrides["key_dir"] = STATE.key_dir
     if STATE.database_url is not None:
         overrides["database_url"] = STATE.database_url
     if STATE.embedder is not None:
         overrides["embedder"] = STATE.embedder
-    return Settings(**overrides)  # type: ignore[arg-type]
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as e:
+        problems = "; ".join(str(err["msg"]) for err in e.errors())
+        err_console.print(f"[bold red]error:[/] configuration: {problems}", highlight=False)
+        raise typer.Exit(2) from None
 
 
 @contextmanager

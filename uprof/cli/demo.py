@@ -19,7 +19,7 @@ import typer
 
 from domain.errors import ConsentRequiredError
 from domain.values import Interaction
-from uprof.cli.context import STATE, console, door
+from uprof.cli.context import STATE, console, door, settings
 from uprof.cli.govern import print_slice
 from uprof.cli.render import print_evidence, print_profile
 from uprof.facade import Facade
@@ -294,12 +294,18 @@ def demo(
     fresh: Annotated[bool, typer.Option(help="Start from an empty data folder.")] = False,
 ) -> None:
     """Run the scripted two-user, two-app conversation and show the profiles."""
-    if fresh and data_dir.exists():
-        shutil.rmtree(data_dir)
     STATE.data_dir = data_dir
+    if fresh:
+        # The key folder (keys, erasure ledger) goes too: a fresh demo forgets everything.
+        paths = settings()
+        for folder in (paths.data_dir, paths.key_path):
+            if folder.exists():
+                shutil.rmtree(folder)
     with door() as d:
         console.rule("[bold]uprof demo[/]: capture → consent gate → extraction → projections")
-        console.print(f"stores: {data_dir} (SQLite: events, views+audit, keys)")
+        console.print(
+            f"stores: {data_dir} (SQLite: events, views+audit); keys: {settings().key_path}"
+        )
         console.print(f"acting as {d.principal.label} (the local operator; apps act as themselves)")
         after_first = run_script(d, datetime(2026, 3, 2, 9, tzinfo=UTC))
         lag = d.lag()

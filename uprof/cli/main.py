@@ -39,6 +39,10 @@ def main(
     data_dir: Annotated[
         Path | None, typer.Option(help="Folder of the embedded SQLite stores (UPROF_DATA_DIR).")
     ] = None,
+    key_dir: Annotated[
+        Path | None,
+        typer.Option(help="Folder of the key material (UPROF_KEY_DIR; default <data-dir>.keys)."),
+    ] = None,
     database_url: Annotated[
         str | None, typer.Option(help="PostgreSQL URL instead of SQLite (UPROF_DATABASE_URL).")
     ] = None,
@@ -47,6 +51,7 @@ def main(
     ] = None,
 ) -> None:
     STATE.data_dir = data_dir
+    STATE.key_dir = key_dir
     STATE.database_url = database_url
     STATE.embedder = embedder
 
@@ -244,7 +249,7 @@ def maintain() -> None:
 
 
 def _register_optional_commands() -> None:
-    from uprof.cli import bench, demo, govern, reliability, serve
+    from uprof.cli import bench, demo, govern, keyops, reliability, serve
     from uprof.cli import policy as policy_cli
     from uprof.mcp import cli as mcp_cli
 
@@ -252,6 +257,7 @@ def _register_optional_commands() -> None:
     app.add_typer(bench.bench_app, name="bench")
     reliability.register(bench.bench_app)
     govern.register(app)
+    keyops.register(app, govern.keys_app)
     serve.register(app)
     policy_cli.register(app)
     mcp_cli.register(app)

@@ -6,7 +6,9 @@ Hierarchy (FIELD-NOTES §3.4)::
       └─ subject DEK (AES-256, one per stream and version, stored AES-KW wrapped by the KEK)
            └─ capture key (AES-256, one per captured event, AES-KW wrapped by the subject DEK)
 
-The master secret derives only the lookup keys (subject index, pseudonyms).
+The master secret derives only the lookup keys (subject index, aliases, erased
+marks). Pseudonyms are random per subject incarnation and stored in the index row:
+a subject re-created after erasure gets a new one that nothing links to the old.
 Destroying a subject's DEK rows makes every event of that stream unreadable,
 wherever copies of the events live; destroying one capture key shreds that one
 event and every extracted item sealed under it. KEK rotation re-wraps the DEKs
@@ -16,17 +18,14 @@ rotation can no longer unwrap anything.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
-import json
-import os
+import secrets
 import threading
 import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 
 import sqlalchemy as sa
 from cryptography.hazmat.primitives import hashes
@@ -35,6 +34,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.keywrap import InvalidUnwrap, aes_key_unwrap, aes_key_wrap
 
 from domain.errors import SubjectErasedError
+from uprof.crypto.ledger import ErasureLedger
 from uprof.crypto.tables import (
     capture_keys,
     shredded_streams,
@@ -42,6 +42,7 @@ from uprof.crypto.tables import (
     subject_index,
     subject_keys,
 )
+from uprof.ports import KeyMaterialStore
 
 #: Recent subject lookups kept for reads (bounded: memory stays flat).
 MAX_CACHED_HANDLES = 10_000
@@ -63,37 +64,15 @@ def dek_commitment(stream_id: str, key_version: int, wrapped_dek: bytes) -> str:
 
 
 class KekRing:
-    """Key-encryption keys by epoch, kept in a mode-0600 JSON file.
+    """Key-encryption keys by epoch, kept by a ``KeyMaterialStore`` (the key folder).
 
     Only the newest epoch wraps; older epochs stay until a rotation has re-wrapped
-    every DEK, then they are deleted from the file.
+    every DEK, then they are deleted from the store.
     """
 
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        if not path.exists():
-            self._write({1: AESGCM.generate_key(bit_length=256)})
-        self.keys = self._read()
-
-    def _read(self) -> dict[int, bytes]:
-        raw = json.loads(self._path.read_text(encoding="utf-8"))
-        return {int(e["epoch"]): base64.b64decode(e["key"]) for e in raw["keks"]}
-
-    def _write(self, keys: dict[int, bytes]) -> None:
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        body = {
-            "keks": [
-                {"epoch": epoch, "key": base64.b64encode(key).decode()}
-                for epoch, key in sorted(keys.items())
-            ]
-        }
-        tmp = self._path.with_name(self._path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(body, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self._path)
+    def __init__(self, store: KeyMaterialStore) -> None:
+        self._store = store
+        self.keys = store.load_kek_ring()
 
     @property
     def current_epoch(self) -> int:
@@ -113,14 +92,14 @@ class KekRing:
         epoch = self.current_epoch + 1
         keys = dict(self.keys)
         keys[epoch] = AESGCM.generate_key(bit_length=256)
-        self._write(keys)
+        self._store.save_kek_ring(keys)
         self.keys = keys
         return epoch
 
     def forget_before(self, epoch: int) -> list[int]:
         forgotten = sorted(e for e in self.keys if e < epoch)
-        self._write({e: k for e, k in self.keys.items() if e >= epoch})
-        self.keys = self._read()
+        self._store.save_kek_ring({e: k for e, k in self.keys.items() if e >= epoch})
+        self.keys = self._store.load_kek_ring()
         return forgotten
 
 
@@ -155,16 +134,30 @@ class Destruction:
     aliases: int
 
 
+def new_pseudonym() -> str:
+    """A random pseudonym: linked to a subject only by its index row (deleted at erasure)."""
+    return "subj_" + secrets.token_hex(16)
+
+
 class KeyStore:
     """Resolve subjects to streams and hand out their keys (cached, evicted on erasure)."""
 
-    def __init__(self, engine: sa.Engine, *, master_secret: bytes, kek_ring: KekRing) -> None:
+    def __init__(
+        self,
+        engine: sa.Engine,
+        *,
+        master_secret: bytes,
+        kek_ring: KekRing,
+        ledger: ErasureLedger | None = None,
+    ) -> None:
         if len(master_secret) < 32:
             raise ValueError("the master secret must be at least 32 bytes")
         self._engine = engine
         self._ring = kek_ring
         self._index_key = derive_key(master_secret, "uprof/subject-index/1")
-        self._pseudonym_key = derive_key(master_secret, "uprof/pseudonym/1")
+        #: The erasure ledger (kept with the key material); None: erasures are not
+        #: remembered by name (only tests that build a bare key store).
+        self.ledger = ledger
         self._deks: dict[str, dict[int, bytes]] = {}
         self._capture_keys: dict[str, dict[str, bytes]] = {}
         self._view_keys: dict[str, bytes] = {}
@@ -181,9 +174,14 @@ class KeyStore:
         return hmac.new(self._index_key, msg, hashlib.sha256).hexdigest()
 
     def pseudonym(self, tenant: str, subject_ref: str) -> str:
-        """Return the stable pseudonymous reference used in audit entries."""
-        msg = f"{tenant}\x1f{subject_ref}".encode()
-        return "subj_" + hmac.new(self._pseudonym_key, msg, hashlib.sha256).hexdigest()[:32]
+        """Return the pseudonym audit entries use for a subject.
+
+        A known subject's is the one drawn when it was created; for a reference that
+        names no subject (a refused capture) a fresh one is drawn each time, so refused
+        attempts link to nothing, not to each other nor to a later or earlier subject.
+        """
+        found = self.resolve(tenant, subject_ref)
+        return found.pseudonym if found is not None else new_pseudonym()
 
     def resolve(
         self, tenant: str, subject_ref: str, *, max_age_s: float = 0.0
@@ -222,7 +220,7 @@ class KeyStore:
             return found
         # A random id, never one derived from the identifier (FIELD-NOTES §2.1).
         stream_id = uuid.uuid4()
-        pseudonym = self.pseudonym(tenant, subject_ref)
+        pseudonym = new_pseudonym()
         dek = AESGCM.generate_key(bit_length=256)
         epoch = self._ring.current_epoch
         wrapped = aes_key_wrap(self._ring.keys[epoch], dek)

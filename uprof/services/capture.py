@@ -7,11 +7,10 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from domain.errors import ConsentRequiredError, InvalidInputError
+from domain.errors import ConsentRequiredError, InvalidInputError, SubjectErasedError
 from domain.principal import qualified_agent
-from domain.profile import SubjectProfile
 from domain.values import Interaction, check_text, check_token
-from uprof.crypto.keystore import KeyStore
+from uprof.crypto.keystore import KeyStore, new_pseudonym
 from uprof.eventstore import ProfilesApplication
 from uprof.ports import AuditTrail, Clock
 from uprof.services.subjects import SubjectResolver
@@ -131,8 +130,14 @@ class CaptureService:
                 checked.append(check_interaction(interaction))
             except InvalidInputError as e:
                 raise InvalidInputError(f"interaction #{index}: {e}") from None
-        handle = self._subjects.find(subject_ref)
-        pseudonym = self._subjects.pseudonym(subject_ref)
+        try:
+            handle = self._subjects.find(subject_ref)
+        except SubjectErasedError:
+            self._refused(new_pseudonym(), checked[0], "subject-erased")
+            raise
+        # Unknown subject: a one-off pseudonym, linked to nothing (no stable keyed hash
+        # of the reference, which would join a refused attempt to a later subject).
+        pseudonym = handle.pseudonym if handle is not None else new_pseudonym()
         if handle is None:
             self._refused(pseudonym, checked[0], "no-consent-on-record")
             raise ConsentRequiredError(

@@ -33,7 +33,7 @@ from projections.profile.queries import ProfileQueries
 from uprof.crypto.keystore import KeyStore
 from uprof.eventstore import ProfilesApplication
 from uprof.ports import AuditTrail, Clock
-from uprof.services.subjects import SubjectResolver
+from uprof.services.subjects import SubjectResolver, check_subject_ref
 from uprof.storage import sqlite_checkpoint
 
 DEFAULT_BASIS = "GDPR-Art.17(1)"
@@ -109,10 +109,20 @@ class ErasureService:
 
         def tombstone() -> int:
             profile = self._app.load(stream)
+            if profile.erased:
+                # An erasure killed after its tombstone: finish that one (the tombstone is
+                # at or below the log head, which is what projections must pass).
+                return self._app.max_notification_id()
             profile.erase(request_id=request_id, basis=basis, now=received_at)
             return self._app.save(profile)[-1].notification.id
 
         tombstone_id = self._app.with_retry(tombstone)
+        # The ledger record comes before the keys go: a crash in between is finished by
+        # the next start, and no copy or restore can bring the keys back (decision 0012).
+        if self._keystore.ledger is not None:
+            self._keystore.ledger.record_subject(
+                self._tenant, check_subject_ref(subject_ref), str(stream), request_id=request_id
+            )
         destruction = self._keystore.destroy(str(stream), now=self._clock.now())
         for key in destruction.deks:
             self._audit.record(
@@ -225,6 +235,10 @@ class ErasureService:
             return self._app.save(profile)[-1].notification.id, totals
 
         tombstone_id, totals = self._app.with_retry(command)
+        if self._keystore.ledger is not None:
+            self._keystore.ledger.record_captures(
+                self._tenant, str(stream), ids, request_id=request_id
+            )
         commitments = [
             c for c in (self._keystore.destroy_capture_key(str(stream), cid) for cid in ids) if c
         ]

@@ -20,7 +20,12 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from domain.errors import ConsentRequiredError, InvalidInputError, ReadTimeoutError
+from domain.errors import (
+    ConsentRequiredError,
+    InvalidInputError,
+    ReadTimeoutError,
+    SubjectErasedError,
+)
 from domain.profile import CAPTURE_CATEGORY
 from uprof.kernel import Uprof
 from uprof.schemas.capture import InteractionIn
@@ -66,7 +71,12 @@ def check_consents(kernel: Uprof, rows: list[InteractionIn]) -> None:
         if key in seen:
             continue
         seen.add(key)
-        handle = kernel.subjects.find(row.subject)
+        try:
+            handle = kernel.subjects.find(row.subject)
+        except SubjectErasedError:
+            raise SubjectErasedError(
+                f"record {number}: its subject was erased; nothing was imported"
+            ) from None
         allowed = handle is not None and kernel.app.load(handle.stream_id).has_consent(
             app_id=row.app_id, category=CAPTURE_CATEGORY, purpose=row.purpose, at=now
         )

@@ -13,7 +13,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
-from domain.errors import IdentityError, InvalidInputError, SubjectNotFoundError
+from domain.errors import (
+    IdentityError,
+    InvalidInputError,
+    SubjectErasedError,
+    SubjectNotFoundError,
+)
 from uprof.crypto.keystore import KeyStore, SubjectHandle
 
 MAX_REF_LENGTH = 256
@@ -109,20 +114,40 @@ class SubjectResolver:
         return found[0][1]
 
     def find(self, subject_ref: str, *, max_age_s: float = 0.0) -> SubjectHandle | None:
-        return self._keystore.resolve(
-            self.tenant, check_subject_ref(subject_ref), max_age_s=max_age_s
-        )
+        """The subject's stream, None if unknown; SubjectErasedError if it was erased.
+
+        The erased check comes after the index lookup: an erasure appends its ledger
+        record before it deletes the index row, so a miss here sees the record.
+        """
+        ref = check_subject_ref(subject_ref)
+        found = self._keystore.resolve(self.tenant, ref, max_age_s=max_age_s)
+        if found is None and self.is_erased(ref):
+            raise SubjectErasedError(
+                "this subject was erased; an operator can re-create it "
+                "(`uprof subjects recreate`), as a new subject with no link to the old"
+            )
+        return found
+
+    def is_erased(self, subject_ref: str) -> bool:
+        """True while the reference is marked erased in the erasure ledger."""
+        ledger = self._keystore.ledger
+        return ledger is not None and ledger.is_erased(self.tenant, check_subject_ref(subject_ref))
 
     def forget(self, stream_id: UUID) -> None:
         """Drop cached lookups of a stream (a reader found it erased)."""
         self._keystore.evict(str(stream_id))
 
     def find_or_create(self, subject_ref: str, *, now: datetime) -> SubjectHandle:
+        """The subject's stream, created on first use; refused for an erased subject."""
+        found = self.find(subject_ref)
+        if found is not None:
+            return found
         return self._keystore.resolve_or_create(
             self.tenant, check_subject_ref(subject_ref), now=now
         )
 
     def pseudonym(self, subject_ref: str) -> str:
+        """The subject's pseudonym; for an unknown reference a fresh one each call."""
         return self._keystore.pseudonym(self.tenant, check_subject_ref(subject_ref))
 
     def stream_ids(self) -> list[UUID]:

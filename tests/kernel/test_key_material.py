@@ -1,0 +1,116 @@
+"""The KeyMaterialStore port: one contract for the key folder and for the in-memory fake."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.ports import FakeClock, FakeExtractor, InMemoryKeyMaterialStore
+from uprof.adapters.embeddings import HashingEmbedder
+from uprof.bootstrap import bootstrap
+from uprof.crypto.keydir import FileKeyMaterialStore
+from uprof.ports import ErasureRecord, KeyMaterialStore
+from uprof.settings import Settings
+
+
+class KeyMaterialContract:
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> KeyMaterialStore:
+        raise NotImplementedError
+
+    def test_secrets_are_created_once_and_stay(self, store: KeyMaterialStore) -> None:
+        master = store.master_secret()
+        assert len(master) >= 32 and store.master_secret() == master
+        ring = store.load_kek_ring()
+        assert list(ring) == [1] and len(ring[1]) == 32
+        assert store.load_kek_ring() == ring
+        key = store.audit_signing_key()
+        assert key.public_key().public_bytes_raw() == (
+            store.audit_signing_key().public_key().public_bytes_raw()
+        )
+
+    def test_a_saved_ring_replaces_the_old_one(self, store: KeyMaterialStore) -> None:
+        ring = store.load_kek_ring()
+        store.save_kek_ring({**ring, 2: b"\x02" * 32})
+        store.save_kek_ring({2: b"\x02" * 32})
+        assert store.load_kek_ring() == {2: b"\x02" * 32}
+
+    def test_erasure_records_read_back_in_order(self, store: KeyMaterialStore) -> None:
+        assert list(store.erasure_records()) == []
+        first = ErasureRecord("subject", "t", "2026-01-01T00:00:00+00:00", "s1", "m1", (), "r1")
+        second = ErasureRecord("captures", "t", "2026-01-02T00:00:00+00:00", "s2", None, ("c",))
+        store.append_erasure(first)
+        store.append_erasure(second)
+        assert list(store.erasure_records()) == [first, second]
+
+
+class TestFileKeyMaterialStore(KeyMaterialContract):
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> KeyMaterialStore:
+        return FileKeyMaterialStore(tmp_path / "keys")
+
+    def test_another_instance_sees_appends(self, tmp_path: Path) -> None:
+        a, b = FileKeyMaterialStore(tmp_path / "k"), FileKeyMaterialStore(tmp_path / "k")
+        a.append_erasure(ErasureRecord("subject", "t", "x", "s1"))
+        assert [r.stream_id for r in b.erasure_records()] == ["s1"]
+        b.append_erasure(ErasureRecord("subject", "t", "y", "s2"))
+        assert [r.stream_id for r in a.erasure_records()] == ["s1", "s2"]
+
+    def test_files_are_private(self, store: FileKeyMaterialStore) -> None:
+        store.master_secret()
+        store.load_kek_ring()
+        store.audit_signing_key()
+        for path in store.path.iterdir():
+            assert path.stat().st_mode & 0o077 == 0, path.name
+
+
+class TestInMemoryKeyMaterialStore(KeyMaterialContract):
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> KeyMaterialStore:
+        return InMemoryKeyMaterialStore()
+
+
+def _first_ring(folder: str, queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    store = FileKeyMaterialStore(Path(folder))
+    queue.put((store.load_kek_ring()[1], store.master_secret()))
+
+
+def test_processes_starting_together_get_the_same_ring_and_secret(tmp_path: Path) -> None:
+    """The old KekRing could let a second process overwrite the first one's new ring."""
+    ctx = multiprocessing.get_context("spawn")
+    for attempt in range(1):
+        folder = tmp_path / f"k{attempt}"
+        queue = ctx.Queue()
+        procs = [ctx.Process(target=_first_ring, args=(str(folder), queue)) for _ in range(4)]
+        for p in procs:
+            p.start()
+        results = [queue.get(timeout=60) for _ in procs]
+        for p in procs:
+            p.join(timeout=60)
+        assert len(set(results)) == 1
+
+
+def test_bootstrap_takes_another_key_material_store(tmp_path: Path) -> None:
+    """A secrets manager is a new class passed to bootstrap: no caller changes."""
+    store = InMemoryKeyMaterialStore()
+    settings = Settings(data_dir=tmp_path / "data", embedder="hashing")
+    k = bootstrap(
+        settings,
+        clock=FakeClock(),
+        embedder=HashingEmbedder(),
+        extractor=FakeExtractor(),
+        key_material=store,
+    )
+    try:
+        k.grant_consent(
+            "alice", app_id="app:planner", categories=["*"], purposes=["personalization"]
+        )
+        k.erase_subject("alice")
+        assert [r.kind for r in store.erasure_records()] == ["subject"]
+        assert k.subjects.is_erased("alice")
+    finally:
+        k.close()
+    for name in ("master.key", "keks.json", "audit-signing.pem", "erasure-ledger.jsonl"):
+        assert not (settings.key_path / name).exists()

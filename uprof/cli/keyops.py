@@ -1,0 +1,94 @@
+"""Backup, restore, re-creating erased subjects, and moving key files out of the data folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from domain.errors import UprofError
+from uprof.cli.context import console, door, fail, settings
+
+subjects_app = typer.Typer(no_args_is_help=True, help="Manage subject ids (re-create erased ones).")
+
+
+def register(app: typer.Typer, keys_app: typer.Typer) -> None:
+    app.command("backup")(backup_command)
+    app.command("restore")(restore_command)
+    app.add_typer(subjects_app, name="subjects")
+    keys_app.command("move-out")(keys_move_out)
+
+
+def backup_command(
+    to: Annotated[Path, typer.Option("--to", help="A new folder for the backup.")],
+) -> None:
+    """Write a consistent backup of the data stores, without any key material."""
+    from uprof.services.backup import backup
+
+    try:
+        report = backup(settings(), to)
+    except UprofError as e:
+        fail(e)
+        return
+    files = ", ".join(f"{name} ({n} bytes)" for name, n in sorted(report.files.items()))
+    console.print(
+        f"backup written to {report.path}: {files}; {report.audit_entries} audit entries; "
+        "no key material (keep the key folder's own backup apart)"
+    )
+
+
+def restore_command(
+    source: Annotated[Path, typer.Option("--from", help="A folder written by `uprof backup`.")],
+) -> None:
+    """Replace the data stores with a backup, then re-apply the erasure ledger.
+
+    Stop every uprof process on this deployment first.
+    """
+    from uprof.services.backup import restore
+
+    try:
+        report = restore(settings(), source)
+    except UprofError as e:
+        fail(e)
+        return
+    ledger = report.ledger
+    console.print(
+        f"restored {report.backend} data from {source}; audit log: "
+        f"{'live log kept' if report.audit_kept_live else 'taken from the backup'} "
+        f"({report.audit_entries} entries); erasure ledger re-applied: "
+        f"{ledger.erased_streams} erased subjects, {ledger.erased_captures} erased captures, "
+        f"{ledger.resurrected} resurrected rows destroyed"
+        + (", read models rebuilt" if ledger.rebuilt else "")
+    )
+
+
+@subjects_app.command("recreate")
+def subjects_recreate(
+    subject: Annotated[str, typer.Option(help="The erased subject reference to allow again.")],
+) -> None:
+    """Allow an erased subject id again, as a new subject unlinkable to the erased one."""
+    with door() as d:
+        pseudonym = d.recreate_subject(subject)
+    console.print(
+        f"subject re-created with the new pseudonym {pseudonym}; grant consent before capturing"
+    )
+
+
+def keys_move_out() -> None:
+    """Move key files an older uprof kept in the data folder into the key folder.
+
+    Stop every uprof process on this deployment first.
+    """
+    from uprof.crypto.keydir import move_key_material
+
+    s = settings()
+    try:
+        moved = move_key_material(s.data_dir, s.key_path)
+    except UprofError as e:
+        fail(e)
+        return
+    if not moved:
+        console.print(f"no key material in {s.data_dir}; nothing to move")
+        return
+    console.print(f"moved {', '.join(moved)} from {s.data_dir} to {s.key_path}")

@@ -1,0 +1,289 @@
+"""The key folder: the default ``KeyMaterialStore``, kept apart from the data folder.
+
+Layout of ``UPROF_KEY_DIR`` (mode 0700, files 0600)::
+
+    master.key             root secret (lookup keys, pseudonym and ledger marks)
+    keks.json              the KEK ring (wraps every subject data key)
+    audit-signing.pem      the audit log's Ed25519 signing key
+    erasure-ledger.jsonl   append-only: every erasure, by stream id and keyed hash
+    keys.sqlite            SQLite deployments: the wrapped data keys (storage.py)
+
+Nothing here is personal data; all of it is needed to read the data. A copy of
+the data folder without this folder opens nothing (decision 0012).
+
+Files are created so that two processes starting together end up with the same
+secret: written to a private temporary file, then hard-linked into place; the
+loser of the race reads the winner's file.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import json
+import logging
+import os
+import secrets
+import shutil
+import sqlite3
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from audit.keys import load_or_create_signing_key
+from domain.errors import UprofError
+from uprof.ports import ErasureRecord
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+MASTER_KEY_FILE = "master.key"
+KEK_RING_FILE = "keks.json"
+AUDIT_KEY_FILE = "audit-signing.pem"
+LEDGER_FILE = "erasure-ledger.jsonl"
+KEYS_DB_FILE = "keys.sqlite"
+#: Key material an older uprof kept inside the data folder.
+LEGACY_FILES = (MASTER_KEY_FILE, KEK_RING_FILE, AUDIT_KEY_FILE, KEYS_DB_FILE)
+
+_log = logging.getLogger(__name__)
+
+
+class KeyMaterialError(UprofError):
+    """The key folder is misplaced, unreadable or holds something unexpected."""
+
+    hint = "key material lives in UPROF_KEY_DIR, apart from UPROF_DATA_DIR (docs/governance.md)"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _create_once(path: Path, data: bytes) -> bytes:
+    """Write ``data`` at ``path`` unless it exists; return what is there afterwards."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return path.read_bytes()  # another process won the race
+        _fsync_dir(path.parent)
+        return data
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _record_to_json(record: ErasureRecord) -> str:
+    body: dict[str, object] = {
+        "v": 1,
+        "kind": record.kind,
+        "tenant": record.tenant,
+        "at": record.at,
+    }
+    if record.stream_id is not None:
+        body["stream_id"] = record.stream_id
+    if record.mark is not None:
+        body["mark"] = record.mark
+    if record.capture_ids:
+        body["capture_ids"] = list(record.capture_ids)
+    if record.request_id:
+        body["request_id"] = record.request_id
+    return json.dumps(body, separators=(",", ":"), sort_keys=True)
+
+
+def _record_from_json(line: str) -> ErasureRecord:
+    raw = json.loads(line)
+    if raw.get("v") != 1 or raw.get("kind") not in ("subject", "captures", "recreated"):
+        raise ValueError("not a ledger record")
+    return ErasureRecord(
+        kind=raw["kind"],
+        tenant=str(raw["tenant"]),
+        at=str(raw["at"]),
+        stream_id=raw.get("stream_id"),
+        mark=raw.get("mark"),
+        capture_ids=tuple(raw.get("capture_ids", ())),
+        request_id=str(raw.get("request_id", "")),
+    )
+
+
+class FileKeyMaterialStore:
+    """Key material as files in one folder (the default ``KeyMaterialStore``)."""
+
+    def __init__(self, key_dir: Path, *, master_secret: bytes | None = None) -> None:
+        self.path = key_dir
+        self.location = str(key_dir)
+        self._master_override = master_secret
+        key_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._ledger_lock = threading.Lock()
+        self._records: list[ErasureRecord] = []
+        #: (inode, bytes consumed) of the ledger file read so far.
+        self._ledger_state: tuple[int, int] = (0, 0)
+
+    # --------------------------------------------------------------- secrets
+
+    def master_secret(self) -> bytes:
+        if self._master_override is not None:
+            return self._master_override
+        path = self.path / MASTER_KEY_FILE
+        data = path.read_bytes() if path.exists() else _create_once(path, secrets.token_bytes(32))
+        if len(data) < 32:
+            raise KeyMaterialError(f"{path} is shorter than 32 bytes; refusing to start")
+        return data
+
+    def load_kek_ring(self) -> dict[int, bytes]:
+        path = self.path / KEK_RING_FILE
+        if not path.exists():
+            first = {1: AESGCM.generate_key(bit_length=256)}
+            _create_once(path, self._ring_bytes(first))
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        return {int(e["epoch"]): base64.b64decode(e["key"]) for e in raw["keks"]}
+
+    def save_kek_ring(self, keys: dict[int, bytes]) -> None:
+        path = self.path / KEK_RING_FILE
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(self._ring_bytes(keys))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(self.path)
+
+    @staticmethod
+    def _ring_bytes(keys: dict[int, bytes]) -> bytes:
+        body = {
+            "keks": [
+                {"epoch": epoch, "key": base64.b64encode(key).decode()}
+                for epoch, key in sorted(keys.items())
+            ]
+        }
+        return json.dumps(body).encode()
+
+    def audit_signing_key(self) -> Ed25519PrivateKey:
+        return load_or_create_signing_key(self.path / AUDIT_KEY_FILE)
+
+    # ---------------------------------------------------------------- ledger
+
+    def append_erasure(self, record: ErasureRecord) -> None:
+        line = (_record_to_json(record) + "\n").encode()
+        path = self.path / LEDGER_FILE
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # appends from several processes stay whole lines
+            size = os.fstat(fd).st_size
+            if size:
+                # A process killed mid-append leaves a line without its newline: end it,
+                # so the torn line stays one unreadable line (that erasure never ran).
+                with open(path, "rb") as fh:
+                    fh.seek(size - 1)
+                    if fh.read(1) != b"\n":
+                        line = b"\n" + line
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def erasure_records(self) -> Sequence[ErasureRecord]:
+        path = self.path / LEDGER_FILE
+        with self._ledger_lock:
+            try:
+                stat = path.stat()
+            except FileNotFoundError:
+                self._records, self._ledger_state = [], (0, 0)
+                return ()
+            inode, consumed = self._ledger_state
+            if stat.st_ino != inode or stat.st_size < consumed:
+                self._records, consumed = [], 0  # replaced or truncated: read it all again
+            if stat.st_size > consumed:
+                with path.open("rb") as fh:
+                    fh.seek(consumed)
+                    tail = fh.read()
+                # Only whole lines count; a line still being written is read next time.
+                whole = tail[: tail.rfind(b"\n") + 1]
+                for raw in whole.splitlines():
+                    try:
+                        self._records.append(_record_from_json(raw.decode()))
+                    except (ValueError, KeyError, UnicodeDecodeError):
+                        _log.warning("erasure ledger %s: skipped an unreadable line", path)
+                consumed += len(whole)
+            self._ledger_state = (stat.st_ino, consumed)
+            return tuple(self._records)
+
+
+# ------------------------------------------------------------------ placement
+
+
+def legacy_key_files(data_dir: Path) -> list[Path]:
+    """Key material an older uprof left inside the data folder."""
+    return [data_dir / name for name in LEGACY_FILES if (data_dir / name).exists()]
+
+
+def refuse_legacy_key_files(data_dir: Path, key_dir: Path) -> None:
+    """Refuse to start while key material sits inside the data folder."""
+    found = legacy_key_files(data_dir)
+    if found:
+        names = ", ".join(p.name for p in found)
+        raise KeyMaterialError(
+            f"key material found inside the data folder {data_dir} ({names}); a copy of "
+            f"that folder would open the data. Stop every uprof process on it, then run "
+            f"`uprof keys move-out` to move it to the key folder (UPROF_KEY_DIR, now "
+            f"{key_dir})."
+        )
+
+
+def move_key_material(data_dir: Path, key_dir: Path) -> list[str]:
+    """Move legacy key files from the data folder into the key folder; return their names.
+
+    Run with no other uprof process on the data folder. The SQLite key database is
+    copied through the SQLite backup API (its WAL folded in), checked, then removed
+    from the data folder; secrets are copied, synced and removed. Files already in
+    the key folder are never overwritten.
+    """
+    key_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    clash = [p.name for p in legacy_key_files(data_dir) if (key_dir / p.name).exists()]
+    if clash:
+        raise KeyMaterialError(
+            f"both {data_dir} and {key_dir} hold {', '.join(clash)}; refusing to choose. "
+            "Keep the folder the deployment last used and remove the other copy by hand."
+        )
+    moved: list[str] = []
+    for old in legacy_key_files(data_dir):
+        new = key_dir / old.name
+        if old.name == KEYS_DB_FILE:
+            tmp = key_dir / f".{old.name}.moving"
+            tmp.unlink(missing_ok=True)
+            src = sqlite3.connect(old)
+            dst = sqlite3.connect(tmp)
+            try:
+                src.backup(dst)
+                dst.execute("PRAGMA journal_mode=DELETE")
+                if dst.execute("PRAGMA integrity_check").fetchone()[0] != "ok":
+                    raise KeyMaterialError(f"the copy of {old} failed its integrity check")
+            finally:
+                dst.close()
+                src.close()
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, new)
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                old.with_name(old.name + suffix).unlink(missing_ok=True)
+        else:
+            shutil.copy2(old, new)
+            os.chmod(new, 0o600)
+            with new.open("rb") as fh:
+                os.fsync(fh.fileno())
+            old.unlink()
+        moved.append(old.name)
+    _fsync_dir(key_dir)
+    _fsync_dir(data_dir)
+    return moved

@@ -1,0 +1,118 @@
+"""The erasure ledger: what was erased, kept with the key material, never with the data.
+
+Every erasure appends a record *before* any key is destroyed (so a crash between
+the two is finished at the next start, never forgotten). Every start and every
+restore re-applies the whole ledger: wrapped keys, index rows, view rows and
+snapshots of erased streams that a copy, a backup or a restored key database
+brought back are destroyed before anything is served (``uprof.services.recovery``).
+
+A subject erasure also records a *mark*: an HMAC of (tenant, subject reference)
+under a key derived from the master secret. The subject reference is refused
+(``SubjectErasedError``) while its latest record is an erasure; an operator lifts
+it with ``recreate_subject``, and the new subject gets a fresh random pseudonym.
+The mark is not the index hash and not a pseudonym, so neither the audit log nor
+the key database can be joined to it without the master secret.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from uprof.ports import ErasureRecord, KeyMaterialStore
+
+
+def _derive(master: bytes, label: str) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=label.encode()).derive(master)
+
+
+@dataclass(frozen=True)
+class LedgerState:
+    """The ledger folded: erased streams, erased captures per stream, refused marks."""
+
+    streams: frozenset[str] = frozenset()
+    captures: dict[str, frozenset[str]] = field(default_factory=dict)
+    marks: frozenset[str] = frozenset()
+    records: int = 0
+
+
+class ErasureLedger:
+    """Read and append erasure records through a ``KeyMaterialStore``."""
+
+    def __init__(self, store: KeyMaterialStore, master_secret: bytes) -> None:
+        self._store = store
+        self._mark_key = _derive(master_secret, "uprof/erased-mark/1")
+        self._lock = threading.Lock()
+        self._state = LedgerState()
+
+    def mark(self, tenant: str, subject_ref: str) -> str:
+        msg = f"{tenant}\x1f{subject_ref}".encode()
+        return hmac.new(self._mark_key, msg, hashlib.sha256).hexdigest()
+
+    def state(self) -> LedgerState:
+        """The folded ledger, refreshed from the store (other processes append too)."""
+        records = self._store.erasure_records()
+        with self._lock:
+            if len(records) == self._state.records:
+                return self._state
+            streams: set[str] = set()
+            captures: dict[str, set[str]] = {}
+            marks: set[str] = set()
+            for r in records:
+                if r.kind == "subject":
+                    if r.stream_id:
+                        streams.add(r.stream_id)
+                    if r.mark:
+                        marks.add(r.mark)
+                elif r.kind == "captures" and r.stream_id:
+                    captures.setdefault(r.stream_id, set()).update(r.capture_ids)
+                elif r.kind == "recreated" and r.mark:
+                    marks.discard(r.mark)
+            self._state = LedgerState(
+                frozenset(streams),
+                {s: frozenset(c) for s, c in captures.items()},
+                frozenset(marks),
+                len(records),
+            )
+            return self._state
+
+    def is_erased(self, tenant: str, subject_ref: str) -> bool:
+        return self.mark(tenant, subject_ref) in self.state().marks
+
+    def record_subject(
+        self, tenant: str, subject_ref: str | None, stream_id: str, *, request_id: str = ""
+    ) -> None:
+        mark = self.mark(tenant, subject_ref) if subject_ref is not None else None
+        self._store.append_erasure(
+            ErasureRecord("subject", tenant, _now(), stream_id, mark, request_id=request_id)
+        )
+
+    def record_captures(
+        self, tenant: str, stream_id: str, capture_ids: Iterable[str], *, request_id: str = ""
+    ) -> None:
+        self._store.append_erasure(
+            ErasureRecord(
+                "captures",
+                tenant,
+                _now(),
+                stream_id,
+                capture_ids=tuple(sorted(set(capture_ids))),
+                request_id=request_id,
+            )
+        )
+
+    def record_recreated(self, tenant: str, subject_ref: str) -> None:
+        self._store.append_erasure(
+            ErasureRecord("recreated", tenant, _now(), mark=self.mark(tenant, subject_ref))
+        )
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()

@@ -1,0 +1,475 @@
+"""``uprof backup`` and ``uprof restore``: the data stores, consistently, never the keys.
+
+A backup is a folder::
+
+    manifest.json      format, backend, schema revision, audit-log head, SHA-256 per file
+    views.sqlite       SQLite: read models + audit log (SQLite backup API, one snapshot)
+    events.sqlite      SQLite: the event log (backed up *after* the views, so the views'
+                       tracking position never runs ahead of the restored log)
+    database.dump      PostgreSQL: ``pg_dump --format=custom`` of every table except the
+                       key tables and ``alembic_version``, from one exported snapshot
+
+It holds no key material: no master secret, no KEK, no wrapped data key, no subject
+index, no audit signing key. Without the key folder it opens nothing; with it, only
+what the key folder's erasure ledger still allows.
+
+A restore replaces the data stores with the backup's and then re-applies the erasure
+ledger, so an erasure made after the backup stays made. The live audit log is kept
+when it extends the backup's (it is append-only: rolling it back would let the log
+fork under published checkpoints); a restore into a deployment whose audit log
+disagrees with the backup's is refused. While a restore runs, a marker file in the
+data folder makes every other start refuse; a killed restore is finished by running
+it again. Stop every uprof process on the deployment before restoring.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import sqlite3
+import subprocess
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from alembic.config import Config
+from alembic.script import ScriptDirectory
+
+from audit.tables import audit_checkpoints, audit_entries, audit_nodes
+from domain.errors import InvalidInputError, UprofError
+from uprof.api.tables import metadata as api_metadata
+from uprof.crypto.tables import metadata as keys_metadata
+from uprof.settings import Settings
+from uprof.storage import MIGRATIONS_DIR, RESTORE_MARKER, create_engine, layout_for, migrate
+
+FORMAT = "uprof-backup/1"
+MANIFEST = "manifest.json"
+#: Views first: the views' projection position must never be ahead of the log.
+SQLITE_FILES = ("views.sqlite", "events.sqlite")
+PG_DUMP = "database.dump"
+#: Tables of the key store: never in a backup, never touched by a restore.
+KEY_TABLES = tuple(sorted({*keys_metadata.tables, *api_metadata.tables}))
+#: Audit tables and their primary keys (a restore keeps the live rows).
+AUDIT_KEYS = {
+    t.name: tuple(c.name for c in t.primary_key.columns)
+    for t in (audit_entries, audit_nodes, audit_checkpoints)
+}
+
+
+class BackupError(UprofError):
+    hint = "see the message; nothing was changed unless it says otherwise"
+
+
+@dataclass(frozen=True)
+class BackupReport:
+    path: Path
+    backend: str
+    files: dict[str, int]
+    audit_entries: int
+
+
+@dataclass(frozen=True)
+class RestoreReport:
+    backend: str
+    audit_kept_live: bool
+    audit_entries: int
+    ledger: Any  # recovery.LedgerReapplied
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _views_revision(conn: sa.Connection) -> str | None:
+    """The views branch's revision recorded in a database (None: not migrated)."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    script = ScriptDirectory.from_config(config)
+    views = {r.revision for r in script.iterate_revisions("views@head", "base")}
+    if not sa.inspect(conn).has_table("alembic_version"):
+        return None
+    rows = conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalars()
+    found = [r for r in rows if r in views]
+    return found[0] if found else None
+
+
+def _audit_head(conn: sa.Connection) -> tuple[int, str]:
+    """(entry count, hex leaf hash of the last entry) of an audit log."""
+    if not sa.inspect(conn).has_table(audit_entries.name):
+        return 0, ""
+    n = int(conn.execute(sa.select(sa.func.count()).select_from(audit_entries)).scalar_one())
+    if n == 0:
+        return 0, ""
+    leaf = conn.execute(
+        sa.select(audit_entries.c.leaf_hash).where(audit_entries.c.leaf_index == n - 1)
+    ).scalar_one_or_none()
+    return n, bytes(leaf).hex() if leaf is not None else ""
+
+
+def _leaf_at(conn: sa.Connection, index: int) -> str:
+    leaf = conn.execute(
+        sa.select(audit_entries.c.leaf_hash).where(audit_entries.c.leaf_index == index)
+    ).scalar_one_or_none()
+    return bytes(leaf).hex() if leaf is not None else ""
+
+
+def _refuse_bad_destination(settings: Settings, dest: Path) -> None:
+    target = dest.expanduser().resolve()
+    for name, folder in (("data_dir", settings.data_dir), ("key_dir", settings.key_path)):
+        root = folder.expanduser().resolve()
+        if target == root or target.is_relative_to(root):
+            raise InvalidInputError(f"--to: a backup must not be inside {name} ({root})")
+    if target.exists() and any(target.iterdir()):
+        raise InvalidInputError(f"--to: {target} exists and is not empty")
+
+
+def _pg_params(url: str) -> tuple[list[str], dict[str, str], str]:
+    u = sa.engine.make_url(url)
+    args = ["--host", u.host or "127.0.0.1", "--port", str(u.port or 5432)]
+    args += ["--username", u.username or "postgres"]
+    env = {**os.environ}
+    if u.password:
+        env["PGPASSWORD"] = str(u.password)
+    return args, env, u.database or "postgres"
+
+
+def _pg_tool(name: str, engine: sa.Engine) -> str:
+    """The path of pg_dump/pg_restore, refused if older than the server (it cannot read it)."""
+    path = shutil.which(name)
+    if path is None:
+        raise BackupError(f"{name} is not installed; install the PostgreSQL client tools")
+    out = subprocess.run([path, "--version"], capture_output=True, text=True, check=True).stdout
+    match = re.search(r"(\d+)(?:\.(\d+))?", out)
+    tool_major = int(match.group(1)) if match else 0
+    with engine.connect() as conn:
+        server_num = int(conn.execute(sa.text("SHOW server_version_num")).scalar_one())
+    if tool_major < server_num // 10000:
+        raise BackupError(
+            f"{name} {tool_major} is older than the server ({server_num // 10000}); "
+            f"use the {name} of PostgreSQL {server_num // 10000} or newer"
+        )
+    return path
+
+
+# ------------------------------------------------------------------- backup
+
+
+def backup(settings: Settings, dest: Path) -> BackupReport:
+    """Write a consistent backup of the data stores (no keys) into the new folder ``dest``."""
+    _refuse_bad_destination(settings, dest)
+    dest = dest.expanduser().resolve()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = dest.with_name(f".{dest.name}.partial-{secrets.token_hex(4)}")
+    partial.mkdir(mode=0o700)
+    try:
+        if settings.is_postgres:
+            manifest = _backup_postgres(settings, partial)
+        else:
+            manifest = _backup_sqlite(settings, partial)
+        manifest["files"] = {
+            p.name: {"sha256": _sha256(p), "bytes": p.stat().st_size}
+            for p in sorted(partial.iterdir())
+        }
+        (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        for p in partial.iterdir():
+            _fsync(p)
+        _fsync(partial)
+        if dest.exists():
+            dest.rmdir()  # empty, checked above
+        os.rename(partial, dest)  # the backup appears complete or not at all
+        _fsync(dest.parent)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return BackupReport(
+        dest,
+        manifest["backend"],
+        {k: v["bytes"] for k, v in manifest["files"].items()},
+        manifest["audit"]["entries"],
+    )
+
+
+def _manifest(
+    settings: Settings, backend: str, revision: str | None, audit: tuple[int, str]
+) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "backend": backend,
+        "created_at": datetime.now(UTC).isoformat(),
+        "tenant": settings.tenant,
+        "views_revision": revision,
+        "audit": {"entries": audit[0], "last_leaf_hash": audit[1]},
+        "key_material": "none: keys stay in the key folder (UPROF_KEY_DIR)",
+    }
+
+
+def _backup_sqlite(settings: Settings, out: Path) -> dict[str, Any]:
+    revision, audit = None, (0, "")
+    for name in SQLITE_FILES:
+        live = settings.data_dir / name
+        if not live.exists():
+            raise BackupError(f"{live} does not exist: nothing to back up (start uprof once)")
+        target = out / name
+        src = sqlite3.connect(live, timeout=30)
+        dst = sqlite3.connect(target)
+        try:
+            src.execute("PRAGMA busy_timeout=30000")
+            src.backup(dst)  # one consistent snapshot of the file, through the driver
+            dst.execute("PRAGMA journal_mode=DELETE")  # one self-contained file
+        finally:
+            dst.close()
+            src.close()
+        os.chmod(target, 0o600)
+        if name == "views.sqlite":
+            engine = sa.create_engine(f"sqlite:///{target}")
+            try:
+                with engine.connect() as conn:
+                    revision, audit = _views_revision(conn), _audit_head(conn)
+            finally:
+                engine.dispose()
+    return _manifest(settings, "sqlite", revision, audit)
+
+
+def _backup_postgres(settings: Settings, out: Path) -> dict[str, Any]:
+    assert settings.database_url is not None
+    engine = create_engine(settings.database_url)
+    try:
+        pg_dump = _pg_tool("pg_dump", engine)
+        args, env, dbname = _pg_params(settings.database_url)
+        excluded = [a for t in (*KEY_TABLES, "alembic_version") for a in ("--exclude-table", t)]
+        # The dump and the manifest's audit head come from one exported snapshot.
+        with engine.connect() as conn:
+            conn.exec_driver_sql("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            snapshot = conn.exec_driver_sql("SELECT pg_export_snapshot()").scalar_one()
+            revision, audit = _views_revision(conn), _audit_head(conn)
+            result = subprocess.run(
+                [
+                    pg_dump,
+                    *args,
+                    "--format=custom",
+                    "--no-owner",
+                    "--no-privileges",
+                    f"--snapshot={snapshot}",
+                    *excluded,
+                    "--file",
+                    str(out / PG_DUMP),
+                    dbname,
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+            )
+            conn.exec_driver_sql("COMMIT")
+        if result.returncode != 0:
+            raise BackupError(f"pg_dump failed: {result.stderr.strip()[-2000:]}")
+        os.chmod(out / PG_DUMP, 0o600)
+    finally:
+        engine.dispose()
+    return _manifest(settings, "postgres", revision, audit)
+
+
+# ------------------------------------------------------------------ restore
+
+
+def read_manifest(settings: Settings, src: Path) -> dict[str, Any]:
+    """Read and check a backup's manifest and files; raise naming what is wrong."""
+    path = src / MANIFEST
+    if not path.is_file():
+        raise InvalidInputError(f"--from: {src} holds no {MANIFEST}; not a uprof backup")
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    if manifest.get("format") != FORMAT:
+        raise InvalidInputError(f"--from: unknown backup format {manifest.get('format')!r}")
+    backend = "postgres" if settings.is_postgres else "sqlite"
+    if manifest.get("backend") != backend:
+        raise InvalidInputError(
+            f"--from: a {manifest.get('backend')} backup cannot be restored into {backend}"
+        )
+    for name, meta in manifest["files"].items():
+        file = src / name
+        if not file.is_file() or _sha256(file) != meta["sha256"]:
+            raise InvalidInputError(f"--from: {name} is missing or does not match its checksum")
+    return manifest
+
+
+def restore(settings: Settings, src: Path) -> RestoreReport:
+    """Replace the data stores with a backup's, then re-apply the erasure ledger."""
+    from uprof.bootstrap import bootstrap, build_key_material
+
+    src = src.expanduser().resolve()
+    manifest = read_manifest(settings, src)
+    build_key_material(settings)  # refuses misplaced key files before anything changes
+    layout = layout_for(settings)  # creates the data and key folders if needed
+    views = create_engine(layout.views_url)
+    try:
+        migrate(views, "views")
+        with views.connect() as conn:
+            live_revision = _views_revision(conn)
+        if manifest["views_revision"] != live_revision:
+            raise BackupError(
+                f"the backup's schema revision {manifest['views_revision']!r} differs from "
+                f"this uprof's {live_revision!r}: restore with the version that made it, "
+                "then upgrade"
+            )
+        keep_live_audit = _live_audit_extends(views, manifest)
+    finally:
+        views.dispose()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    marker = settings.data_dir / RESTORE_MARKER
+    marker.write_text(
+        json.dumps({"from": str(src), "started_at": datetime.now(UTC).isoformat()}) + "\n",
+        encoding="utf-8",
+    )
+    _fsync(marker)
+    _fsync(settings.data_dir)
+    if settings.is_postgres:
+        _restore_postgres(settings, src, keep_live_audit)
+    else:
+        _restore_sqlite(settings, src, keep_live_audit)
+    kernel = bootstrap(settings, restoring=True)
+    try:
+        from uprof.services.recovery import reapply_ledger
+
+        ledger = reapply_ledger(kernel)
+        with kernel.views_engine.connect() as conn:
+            entries, _ = _audit_head(conn)
+        kernel.audit_log.verify_integrity()
+    finally:
+        kernel.close()
+    marker.unlink()
+    _fsync(settings.data_dir)
+    return RestoreReport(manifest["backend"], keep_live_audit, entries, ledger)
+
+
+def _live_audit_extends(views: sa.Engine, manifest: dict[str, Any]) -> bool:
+    """True: keep the live audit log. False: take the backup's (the live one is empty)."""
+    n_backup = int(manifest["audit"]["entries"])
+    with views.connect() as conn:
+        n_live, _ = _audit_head(conn)
+        if n_live == 0:
+            return False
+        if n_live >= n_backup and (
+            n_backup == 0 or _leaf_at(conn, n_backup - 1) == manifest["audit"]["last_leaf_hash"]
+        ):
+            return True
+    raise BackupError(
+        "the live audit log does not extend the backup's (another deployment, or a rewritten "
+        "log); restoring would fork it. Restore into a deployment with an empty data folder."
+    )
+
+
+def _restore_sqlite(settings: Settings, src: Path, keep_live_audit: bool) -> None:
+    data = settings.data_dir
+    for leftover in data.glob(".restore-views-*"):  # from a restore that was killed
+        leftover.unlink(missing_ok=True)
+    # Views first (the position must not run ahead of the log), prepared in full in a
+    # private file, then copied over the live file in one SQLite transaction.
+    staged = data / f".restore-views-{secrets.token_hex(4)}.sqlite"
+    try:
+        _sqlite_copy(src / "views.sqlite", staged)
+        if keep_live_audit:
+            conn = sqlite3.connect(staged)
+            try:
+                conn.execute("ATTACH DATABASE ? AS live", (str(data / "views.sqlite"),))
+                # The audit tables only grow: append the live rows the backup lacks.
+                with conn:
+                    for table, key in AUDIT_KEYS.items():
+                        match = " AND ".join(f"m.{c} = l.{c}" for c in key)
+                        conn.execute(
+                            f"INSERT INTO main.{table} SELECT * FROM live.{table} AS l "
+                            f"WHERE NOT EXISTS (SELECT 1 FROM main.{table} AS m WHERE {match}) "
+                            f"ORDER BY {', '.join(f'l.{c}' for c in key)}"
+                        )
+                conn.execute("DETACH DATABASE live")
+            finally:
+                conn.close()
+        _sqlite_copy(staged, data / "views.sqlite")
+    finally:
+        for suffix in ("", "-journal", "-wal", "-shm"):
+            staged.with_name(staged.name + suffix).unlink(missing_ok=True)
+    _sqlite_copy(src / "events.sqlite", data / "events.sqlite")
+
+
+def _sqlite_copy(source: Path, target: Path) -> None:
+    """Copy one SQLite database over another through the backup API (one transaction)."""
+    src = sqlite3.connect(source, timeout=30)
+    dst = sqlite3.connect(target, timeout=30)
+    try:
+        dst.execute("PRAGMA busy_timeout=30000")
+        src.backup(dst)
+    finally:
+        dst.close()
+        src.close()
+
+
+def _restore_postgres(settings: Settings, src: Path, keep_live_audit: bool) -> None:
+    assert settings.database_url is not None
+    engine = create_engine(settings.database_url)
+    try:
+        pg_restore = _pg_tool("pg_restore", engine)
+    finally:
+        engine.dispose()
+    args, env, dbname = _pg_params(settings.database_url)
+    dump = src / PG_DUMP
+    listing = subprocess.run(
+        [pg_restore, "--list", str(dump)], capture_output=True, text=True, env=env
+    )
+    if listing.returncode != 0:
+        raise BackupError(f"pg_restore --list failed: {listing.stderr.strip()[-2000:]}")
+    lines = listing.stdout.splitlines()
+    if keep_live_audit:
+        lines = [line for line in lines if not _names_audit_object(line)]
+    toc = settings.data_dir / f".restore-toc-{secrets.token_hex(4)}.list"
+    toc.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    try:
+        result = subprocess.run(
+            [
+                pg_restore,
+                *args,
+                "--dbname",
+                dbname,
+                "--clean",
+                "--if-exists",
+                "--single-transaction",
+                "--no-owner",
+                "--no-privileges",
+                "--use-list",
+                str(toc),
+                str(dump),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+    finally:
+        toc.unlink(missing_ok=True)
+    if result.returncode != 0:
+        raise BackupError(f"pg_restore failed (nothing changed): {result.stderr.strip()[-2000:]}")
+
+
+def _names_audit_object(toc_line: str) -> bool:
+    """A pg_restore TOC line for an audit table, its indexes, constraints, triggers or the
+    append-only trigger function (every one of them has ``audit`` in its name)."""
+    if toc_line.startswith(";"):
+        return False
+    return any("audit" in word for word in toc_line.split()[3:])

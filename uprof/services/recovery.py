@@ -1,0 +1,178 @@
+"""Re-applying the erasure ledger: nothing erased comes back from a copy or a restore.
+
+Run by every start (``bootstrap``) and at the end of every ``uprof restore``. For
+every erased subject stream in the ledger it destroys, wherever they reappeared:
+wrapped data keys, capture keys, index and alias rows (a restored key database),
+view rows and snapshot rows (a copied or restored data folder). For every erased
+capture it destroys the capture key; if the views still hold the capture (the data
+predates the erasure), the snapshots of that stream are dropped and the read
+models are rebuilt from the log, where the capture now reads as shredded.
+
+The cost is a handful of indexed ``IN`` queries per start, whatever the data size;
+see docs/decisions/0012-keys-apart-from-data.md for the measured figures.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from projections.profile import tables as t
+from uprof.crypto.ledger import LedgerState
+from uprof.crypto.tables import (
+    capture_keys,
+    shredded_streams,
+    subject_aliases,
+    subject_index,
+    subject_keys,
+)
+from uprof.storage import sqlite_checkpoint
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass
+class LedgerReapplied:
+    """What re-applying the ledger found and destroyed (all zero on a live store)."""
+
+    erased_streams: int = 0
+    erased_captures: int = 0
+    key_rows: int = 0
+    view_rows: int = 0
+    snapshot_rows: int = 0
+    stale_captures: int = 0
+    rebuilt: bool = False
+    adopted: int = 0
+    details: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def resurrected(self) -> int:
+        return self.key_rows + self.view_rows + self.snapshot_rows + self.stale_captures
+
+
+def _any_of(
+    conn: sa.Connection, column: str, ids: Sequence[str], cast: str = ""
+) -> tuple[str, Any]:
+    """A condition "column is one of ids" with one bound parameter, and its value.
+
+    One array (PostgreSQL) or one JSON list (SQLite's json_each) instead of an
+    expanded IN list: the cost stays a few milliseconds per thousand ids.
+    """
+    if conn.dialect.name == "sqlite":
+        return f"{column} IN (SELECT value FROM json_each(:ids))", json.dumps(list(ids))
+    return f"{column} = ANY(CAST(:ids AS {cast or 'text'}[]))", list(ids)
+
+
+def _delete_in(conn: sa.Connection, table: str, column: str, ids: Sequence[str]) -> int:
+    if not ids:
+        return 0
+    where, value = _any_of(conn, column, ids)
+    result = conn.execute(sa.text(f"DELETE FROM {table} WHERE {where}"), {"ids": value})
+    return int(result.rowcount or 0)
+
+
+def _select_in(
+    conn: sa.Connection, table: str, column: str, ids: Sequence[str], what: str
+) -> list[Any]:
+    if not ids:
+        return []
+    where, value = _any_of(conn, column, ids)
+    return list(conn.execute(sa.text(f"SELECT {what} FROM {table} WHERE {where}"), {"ids": value}))
+
+
+def _drop_snapshots(kernel: Any, stream_ids: Sequence[str]) -> int:
+    app = kernel.app
+    if app.snapshots is None or not stream_ids:
+        return 0
+    table = app.snapshots.recorder.events_table_name
+    # eventsourcing keeps uuids as 32-hex text on SQLite and as uuid on PostgreSQL.
+    hexed = app.events_engine.dialect.name == "sqlite"
+    keys = [s.replace("-", "") if hexed else s for s in stream_ids]
+    with app.events_engine.begin() as conn:
+        where, value = _any_of(conn, "originator_id", keys, cast="uuid")
+        result = conn.execute(sa.text(f"DELETE FROM {table} WHERE {where}"), {"ids": value})
+    return int(result.rowcount or 0)
+
+
+def adopt_shredded_streams(kernel: Any) -> int:
+    """Record in the ledger the streams an older uprof shredded before the ledger existed."""
+    ledger = kernel.keystore.ledger
+    if ledger is None:
+        return 0
+    known = ledger.state().streams
+    missing = [s for s in kernel.keystore.shredded_stream_ids() if s not in known]
+    for stream_id in missing:
+        ledger.record_subject(kernel.subjects.tenant, None, stream_id)
+    return len(missing)
+
+
+def reapply_ledger(kernel: Any, *, rebuild_if_stale: bool = True) -> LedgerReapplied:
+    """Destroy whatever a copy, a backup or a restore brought back of erased data."""
+    ledger = kernel.keystore.ledger
+    report = LedgerReapplied()
+    if ledger is None:
+        return report
+    report.adopted = adopt_shredded_streams(kernel)
+    state: LedgerState = ledger.state()
+    streams = sorted(state.streams)
+    captures = sorted({c for ids in state.captures.values() for c in ids})
+    report.erased_streams, report.erased_captures = len(streams), len(captures)
+    if not streams and not captures:
+        return report
+    now = datetime.now(UTC)
+    with kernel.keys_engine.begin() as conn:
+        for table in (subject_keys, capture_keys, subject_aliases, subject_index):
+            n = _delete_in(conn, table.name, "stream_id", streams)
+            report.details[table.name] = n
+            report.key_rows += n
+        n = _delete_in(conn, capture_keys.name, "capture_id", captures)
+        report.details["capture_keys_by_capture"] = n
+        report.key_rows += n
+        present = {
+            r.stream_id
+            for r in _select_in(conn, shredded_streams.name, "stream_id", streams, "stream_id")
+        }
+        absent = [s for s in streams if s not in present]
+        if absent:
+            conn.execute(
+                shredded_streams.insert(), [{"stream_id": s, "shredded_at": now} for s in absent]
+            )
+    with kernel.views_engine.begin() as conn:
+        for table in t.SUBJECT_TABLES:
+            n = _delete_in(conn, table.name, "stream_id", streams)
+            report.view_rows += n
+            if n:
+                report.details[table.name] = n
+        rows = _select_in(conn, t.captures.name, "capture_id", captures, "stream_id")
+        report.stale_captures = len(rows)
+        stale_streams = {r.stream_id for r in rows}
+    report.snapshot_rows = _drop_snapshots(kernel, [*streams, *sorted(stale_streams)])
+    if report.resurrected:
+        for stream_id in [*streams, *stale_streams]:
+            kernel.keystore.evict(stream_id)
+        _log.warning(
+            "erasure ledger re-applied: destroyed %d key rows, %d view rows, %d snapshot rows "
+            "of erased subjects, and found %d erased captures still projected (data or key "
+            "store older than an erasure)",
+            report.key_rows,
+            report.view_rows,
+            report.snapshot_rows,
+            report.stale_captures,
+        )
+        for engine in _engines(kernel):
+            sqlite_checkpoint(engine)
+    if report.stale_captures and rebuild_if_stale:
+        kernel.rebuild()
+        report.rebuilt = True
+    return report
+
+
+def _engines(kernel: Any) -> Iterable[sa.Engine]:
+    engines = (kernel.views_engine, kernel.keys_engine, kernel.app.events_engine)
+    return {id(e): e for e in engines}.values()
