@@ -119,12 +119,25 @@ def _api_key(data_dir: Path) -> str:
 def start_server(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
     """``uprof serve`` in its own process; returns it once /healthz answers."""
     port = _free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "UPROF_DATA_DIR": str(data_dir),
-           "UPROF_EMBEDDER": "hashing"}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "UPROF_DATA_DIR": str(data_dir),
+        "UPROF_EMBEDDER": "hashing",
+    }
     process = subprocess.Popen(
-        [sys.executable, "-c", "from uprof.cli.main import app; app()", "serve",
-         "--port", str(port), "--log-level", "warning"],
-        env=env, stdout=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-c",
+            "from uprof.cli.main import app; app()",
+            "serve",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -141,7 +154,12 @@ def start_server(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def slice_all(
-    url: str, key: str, pid: int, subjects: int, clients: int, every: int,
+    url: str,
+    key: str,
+    pid: int,
+    subjects: int,
+    clients: int,
+    every: int,
     echo: Callable[[str], None],
 ) -> list[dict[str, Any]]:
     """Slice each subject once, in order; sample the server's RSS every ``every`` subjects.
@@ -156,8 +174,9 @@ def slice_all(
     began = time.perf_counter()
 
     def client() -> None:
-        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"},
-                          timeout=60) as http:
+        with httpx.Client(
+            base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60
+        ) as http:
             while True:
                 with lock:
                     n = state["next"]
@@ -167,16 +186,24 @@ def slice_all(
                     while n // every > len(samples):
                         done.wait()
                     state["next"] = n + 1
-                body = {"subject": f"subject-{n}", "query": QUERY, "budget_tokens": 512,
-                        "purpose": PURPOSE, "agent_id": AGENT}
+                body = {
+                    "subject": f"subject-{n}",
+                    "query": QUERY,
+                    "budget_tokens": 512,
+                    "purpose": PURPOSE,
+                    "agent_id": AGENT,
+                }
                 response = http.post("/v1/slices", json=body)
                 with lock:
                     if response.status_code != 200:
                         state["errors"] += 1
                     state["answered"] += 1
                     if state["answered"] % every == 0:
-                        sample = {"subjects_sliced": state["answered"], **rss_kib(pid),
-                                  "seconds": round(time.perf_counter() - began, 1)}
+                        sample = {
+                            "subjects_sliced": state["answered"],
+                            **rss_kib(pid),
+                            "seconds": round(time.perf_counter() - began, 1),
+                        }
                         samples.append(sample)
                         echo(f"sliced {state['answered']}: RSS {sample['VmRSS'] / 1024:.1f} MiB")
                         done.notify_all()
