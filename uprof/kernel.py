@@ -30,6 +30,7 @@ from projections.profile.queries import ProfileQueries
 from uprof.crypto.keystore import KeyStore
 from uprof.eventstore import ProfilesApplication
 from uprof.ports import AuditTrail, Clock
+from uprof.retrieval.text import stem
 from uprof.services.capture import CaptureAck, CaptureOutcome, CaptureService
 from uprof.services.consent import ConsentService
 from uprof.services.erasure import ErasureResult, ErasureService
@@ -636,9 +637,12 @@ class Uprof:
         return self.projections.position >= head
 
     def flush_caches(self, stream_id: UUID) -> None:
-        """Forget everything cached about a subject (keys, slice indexes)."""
+        """Forget everything cached about a subject (keys, slice indexes, the recorder's
+        saved state; stemmed words, which are keyed by content, all go)."""
         self.keystore.evict(str(stream_id))
         self.slice_service.flush(stream_id)
+        self.reads.forget(stream_id)
+        stem.cache_clear()
 
     def wait_until_caught_up(self, timeout_s: float) -> bool:
         """Wait (bounded) for background workers to reach the current log head."""

@@ -19,7 +19,6 @@ import hashlib
 import hmac
 import re
 import secrets
-import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ import sqlalchemy as sa
 from domain.errors import InvalidInputError
 from policies.rules import app_id_problem
 from uprof.api.tables import api_keys
+from uprof.caching import BoundedCache
 from uprof.settings import Settings
 
 ROLE_APP = "app"
@@ -118,8 +118,7 @@ class ApiKeyStore:
         self._engine = engine
         self._now = now or (lambda: datetime.now(tz=UTC))
         #: key_id -> its live row, as read recently (only live keys are kept).
-        self._rows: dict[str, _KeyRow] = {}
-        self._rows_lock = threading.Lock()
+        self._rows: BoundedCache[str, _KeyRow] = BoundedCache(MAX_CACHED_KEYS, name="api-keys")
 
     @classmethod
     def open(cls, settings: Settings) -> ApiKeyStore:
@@ -175,8 +174,7 @@ class ApiKeyStore:
                 .where(api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_(None))
                 .values(revoked_at=self._now())
             )
-        with self._rows_lock:
-            self._rows.pop(key_id, None)
+        self._rows.pop(key_id)  # also refuses a fill in flight that read the row before
         return result.rowcount == 1
 
     # ----------------------------------------------------------------- queries
@@ -218,23 +216,20 @@ class ApiKeyStore:
     def _live_row(self, key_id: str) -> _KeyRow | None:
         """The key's row if it is live, from a read at most KEY_CACHE_TTL_S old."""
         now = time.monotonic()
-        with self._rows_lock:
-            cached = self._rows.get(key_id)
+        cached = self._rows.get(key_id)
         if cached is not None and now - cached.read_at <= KEY_CACHE_TTL_S:
             return cached
+        ticket = self._rows.ticket()
         with self._engine.connect() as conn:
             found = conn.execute(
                 sa.select(api_keys.c.app_id, api_keys.c.key_hash, api_keys.c.roles,
                           api_keys.c.revoked_at).where(api_keys.c.key_id == key_id)
             ).first()
-        with self._rows_lock:
-            if found is None or found.revoked_at is not None:
-                self._rows.pop(key_id, None)
-                return None
-            row = _KeyRow(found.app_id, found.key_hash, frozenset(found.roles.split()), now)
-            if len(self._rows) >= MAX_CACHED_KEYS:
-                self._rows.pop(next(iter(self._rows)))
-            self._rows[key_id] = row
+        if found is None or found.revoked_at is not None:
+            self._rows.take(key_id)
+            return None
+        row = _KeyRow(found.app_id, found.key_hash, frozenset(found.roles.split()), now)
+        self._rows.put(key_id, row, ticket=ticket)
         return row
 
     def ping(self) -> bool:

@@ -12,7 +12,8 @@ Series:
 - ``uprof_pipeline_failures_total``: counter of failed background pipeline runs.
 
 Labels are route templates (``/v1/slices``), never raw paths, so nothing a caller
-sends (and no subject reference) becomes a label.
+sends (and no subject reference) becomes a label; a method outside the standard set is
+counted as ``OTHER``. The series set is bounded by routes × methods × statuses.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ class _Histogram:
         self.sum_s += seconds
 
 
+#: Methods counted under their own name; anything else a caller sends is "OTHER".
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
@@ -64,6 +69,7 @@ class Metrics:
         self._gauges: list[Callable[[], list[str]]] = []
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
+        method = method if method in KNOWN_METHODS else "OTHER"
         with self._lock:
             key = (method, route, str(status))
             self._requests[key] = self._requests.get(key, 0) + 1

@@ -150,3 +150,20 @@ def bench_governance(
 
     target = out or Path(f"docs/bench/governance-{backend}.json")
     governance_bench.main(backend, target, events, subjects, echo=console.print)
+
+
+@bench_app.command("memory")
+def bench_memory(
+    subjects: Annotated[int, typer.Option(help="Subjects seeded, then sliced once each.")] = 10_000,
+    captures: Annotated[int, typer.Option(help="Captured turns per subject.")] = 20,
+    clients: Annotated[int, typer.Option(help="Concurrent REST clients.")] = 4,
+    every: Annotated[int, typer.Option(help="Sample the server's RSS every N subjects.")] = 1_000,
+    out: Annotated[Path, typer.Option(help="Results JSON.")] = Path("docs/bench/memory.json"),
+    quick: Annotated[bool, typer.Option(help="2,000 subjects x 5 captures (smoke run).")] = False,
+) -> None:
+    """Server RSS while slicing many subjects over REST: flat once the caches are full."""
+    from benchmarks import memory_bench
+
+    if quick:
+        subjects, captures, every = 2_000, 5, 500
+    memory_bench.main(out, subjects, captures, clients, every, echo=console.print)

@@ -24,6 +24,7 @@ import secrets
 import threading
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -34,6 +35,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.keywrap import InvalidUnwrap, aes_key_unwrap, aes_key_wrap
 
 from domain.errors import SubjectErasedError
+from uprof.caching import BoundedCache, CacheStats
 from uprof.crypto.ledger import ErasureLedger
 from uprof.crypto.tables import (
     capture_keys,
@@ -44,8 +46,16 @@ from uprof.crypto.tables import (
 )
 from uprof.ports import KeyMaterialStore
 
-#: Recent subject lookups kept for reads (bounded: memory stays flat).
-MAX_CACHED_HANDLES = 10_000
+#: Recent subject lookups kept for reads (bounded: memory stays flat). Reads reuse a
+#: lookup for 2 s only, so this needs to cover what a server looks up in 2 s.
+MAX_CACHED_HANDLES = 2_048
+#: Subjects whose unwrapped DEKs, and whose derived view keys, are kept.
+MAX_CACHED_DEKS = 4_096
+MAX_CACHED_VIEW_KEYS = 4_096
+#: Capture keys kept (one per captured event; a miss reloads the stream's keys at once).
+MAX_CACHED_CAPTURE_KEYS = 32_768
+#: Created-key records kept for a KeyCreated audit drain (nothing drains them yet).
+MAX_PENDING_CREATED = 10_000
 
 
 def derive_key(master: bytes, label: str) -> bytes:
@@ -158,14 +168,27 @@ class KeyStore:
         #: The erasure ledger (kept with the key material); None: erasures are not
         #: remembered by name (only tests that build a bare key store).
         self.ledger = ledger
-        self._deks: dict[str, dict[int, bytes]] = {}
-        self._capture_keys: dict[str, dict[str, bytes]] = {}
-        self._view_keys: dict[str, bytes] = {}
+        # Every cache is bounded (uprof.caching); evict() empties a stream from all of
+        # them, and fills carry a ticket so that a load racing an erasure is not cached.
+        #: stream -> {key version: DEK}
+        self._deks: BoundedCache[str, dict[int, bytes]] = BoundedCache(
+            MAX_CACHED_DEKS, name="subject-deks"
+        )
+        #: (stream, capture id) -> capture key
+        self._capture_keys: BoundedCache[tuple[str, str], bytes] = BoundedCache(
+            MAX_CACHED_CAPTURE_KEYS, name="capture-keys"
+        )
+        #: stream -> view-field key
+        self._view_keys: BoundedCache[str, bytes] = BoundedCache(
+            MAX_CACHED_VIEW_KEYS, name="view-keys"
+        )
         #: ref hash -> (when looked up, handle): recent lookups, for reads only.
-        self._handles: dict[str, tuple[float, SubjectHandle]] = {}
+        self._handles: BoundedCache[str, tuple[float, SubjectHandle]] = BoundedCache(
+            MAX_CACHED_HANDLES, name="subject-handles"
+        )
         self._lock = threading.Lock()
         #: Keys created since the caller last drained them (for KeyCreated audit entries).
-        self._created: list[CreatedKey] = []
+        self._created: deque[CreatedKey] = deque(maxlen=MAX_PENDING_CREATED)
 
     # ---------------------------------------------------------------- subjects
 
@@ -194,10 +217,10 @@ class KeyStore:
         """
         ref_hash = self._ref_hash(tenant, subject_ref)
         if max_age_s > 0:
-            with self._lock:
-                hit = self._handles.get(ref_hash)
+            hit = self._handles.get(ref_hash)
             if hit is not None and time.monotonic() - hit[0] <= max_age_s:
                 return hit[1]
+        ticket = self._handles.ticket()
         with self._engine.connect() as conn:
             row = conn.execute(
                 sa.select(subject_index.c.stream_id, subject_index.c.pseudonym).where(
@@ -207,10 +230,7 @@ class KeyStore:
         if row is None:
             return None
         handle = SubjectHandle(uuid.UUID(row.stream_id), row.pseudonym, created=False)
-        with self._lock:
-            if len(self._handles) >= MAX_CACHED_HANDLES:
-                self._handles.pop(next(iter(self._handles)))
-            self._handles[ref_hash] = (time.monotonic(), handle)
+        self._handles.put(ref_hash, (time.monotonic(), handle), ticket=ticket)
         return handle
 
     def resolve_or_create(self, tenant: str, subject_ref: str, *, now: datetime) -> SubjectHandle:
@@ -225,6 +245,7 @@ class KeyStore:
         epoch = self._ring.current_epoch
         wrapped = aes_key_wrap(self._ring.keys[epoch], dek)
         commitment = dek_commitment(str(stream_id), 1, wrapped)
+        ticket = self._deks.ticket()
         try:
             with self._engine.begin() as conn:
                 conn.execute(
@@ -252,8 +273,8 @@ class KeyStore:
             if raced is None:
                 raise
             return raced
+        self._deks.put(str(stream_id), {1: dek}, ticket=ticket)
         with self._lock:
-            self._deks[str(stream_id)] = {1: dek}
             self._created.append(CreatedKey(str(stream_id), 1, commitment))
         return SubjectHandle(stream_id, pseudonym, created=True)
 
@@ -307,6 +328,7 @@ class KeyStore:
         cached = self._deks.get(stream_id)
         if cached is not None:
             return cached
+        ticket = self._deks.ticket()
         with self._engine.connect() as conn:
             rows = conn.execute(
                 sa.select(
@@ -317,8 +339,7 @@ class KeyStore:
             r.key_version: aes_key_unwrap(self._ring.key_for(r.kek_id), r.wrapped_dek) for r in rows
         }
         if keys:
-            with self._lock:
-                self._deks[stream_id] = keys
+            self._deks.put(stream_id, keys, ticket=ticket)
         return keys
 
     def current_key(self, stream_id: str) -> tuple[int, bytes]:
@@ -346,14 +367,14 @@ class KeyStore:
         cached = self._view_keys.get(stream_id)
         if cached is not None:
             return cached
+        ticket = self._view_keys.ticket()
         deks = self._load_deks(stream_id)
         if not deks:
             return None
         key = HKDF(
             algorithm=hashes.SHA256(), length=64, salt=None, info=b"uprof/view-fields/1"
         ).derive(deks[min(deks)])
-        with self._lock:
-            self._view_keys[stream_id] = key
+        self._view_keys.put(stream_id, key, ticket=ticket)
         return key
 
     # ----------------------------------------------------------- capture keys
@@ -362,6 +383,7 @@ class KeyStore:
         """Create one key per captured event, before the events are saved."""
         _, dek = self.current_key(stream_id)
         fresh = {cid: AESGCM.generate_key(bit_length=256) for cid in capture_ids}
+        ticket = self._capture_keys.ticket()
         with self._engine.begin() as conn:
             conn.execute(
                 capture_keys.insert(),
@@ -375,34 +397,44 @@ class KeyStore:
                     for cid, key in fresh.items()
                 ],
             )
-        with self._lock:
-            self._capture_keys.setdefault(stream_id, {}).update(fresh)
+        self._capture_keys.put_many(
+            (((stream_id, cid), key) for cid, key in fresh.items()), ticket=ticket
+        )
 
     def capture_key(self, stream_id: str, capture_id: str) -> bytes | None:
         """Return a capture's key, or None when it (or its subject's DEK) is gone."""
-        cached = self._capture_keys.get(stream_id)
-        if cached is not None and capture_id in cached:
-            return cached[capture_id]
-        # A miss loads every key of the stream at once: projections read streams in runs.
+        cached = self._capture_keys.get((stream_id, capture_id))
+        if cached is not None:
+            return cached
+        # A miss loads every key of the stream at once (projections read streams in runs),
+        # unless the stream alone would crowd the cache: then just the one key.
+        ticket = self._capture_keys.ticket()
         deks = self._load_deks(stream_id)
         if not deks:
             return None
         dek = deks[max(deks)]
+        bulk = max(1, self._capture_keys.maxsize // 4)
+        query = sa.select(capture_keys.c.capture_id, capture_keys.c.wrapped_key).where(
+            capture_keys.c.stream_id == stream_id
+        )
         with self._engine.connect() as conn:
-            rows = conn.execute(
-                sa.select(capture_keys.c.capture_id, capture_keys.c.wrapped_key).where(
-                    capture_keys.c.stream_id == stream_id
-                )
-            ).all()
+            rows = conn.execute(query.limit(bulk + 1)).all()
+            if len(rows) > bulk:
+                rows = conn.execute(query.where(capture_keys.c.capture_id == capture_id)).all()
         keys = {}
         for r in rows:
             try:
                 keys[r.capture_id] = aes_key_unwrap(dek, r.wrapped_key)
             except InvalidUnwrap:
                 continue
-        with self._lock:
-            self._capture_keys[stream_id] = keys
-        return keys.get(capture_id)
+        # The asked-for key goes in last (most recent), so it stays even if the stream
+        # alone holds more keys than the bound.
+        wanted = keys.get(capture_id)
+        entries = [((stream_id, cid), k) for cid, k in keys.items() if cid != capture_id]
+        if wanted is not None:
+            entries.append(((stream_id, capture_id), wanted))
+        self._capture_keys.put_many(entries, ticket=ticket)
+        return wanted
 
     def destroy_capture_key(self, stream_id: str, capture_id: str) -> str | None:
         """Destroy one capture's key (item-level shredding).
@@ -414,8 +446,7 @@ class KeyStore:
         with self._engine.begin() as conn:
             row = conn.execute(sa.select(capture_keys.c.wrapped_key).where(*where)).first()
             conn.execute(capture_keys.delete().where(*where))
-        with self._lock:
-            self._capture_keys.get(stream_id, {}).pop(capture_id, None)
+        self._capture_keys.pop((stream_id, capture_id))
         if row is None:
             return None
         return hashlib.sha256(
@@ -455,14 +486,15 @@ class KeyStore:
         )
 
     def evict(self, stream_id: str) -> None:
-        """Forget a stream's cached keys and lookups."""
-        with self._lock:
-            self._deks.pop(stream_id, None)
-            self._capture_keys.pop(stream_id, None)
-            self._view_keys.pop(stream_id, None)
-            for ref_hash in [h for h, (_, handle) in self._handles.items()
-                             if str(handle.stream_id) == stream_id]:  # fmt: skip
-                del self._handles[ref_hash]
+        """Forget a stream's cached keys and lookups (every cache of this store)."""
+        self._deks.pop(stream_id)
+        self._view_keys.pop(stream_id)
+        self._capture_keys.pop_where(lambda key, _: key[0] == stream_id)
+        self._handles.pop_where(lambda _, hit: str(hit[1].stream_id) == stream_id)
+
+    def cache_stats(self) -> list[CacheStats]:
+        """Size, bound, hits and misses of each key cache."""
+        return [c.stats() for c in (self._deks, self._view_keys, self._capture_keys, self._handles)]
 
     def is_shredded(self, stream_id: str) -> bool:
         with self._engine.connect() as conn:

@@ -44,7 +44,9 @@ def normalise(text: str) -> str:
     return unicodedata.normalize("NFKC", text).lower()
 
 
-@lru_cache(maxsize=65536)
+#: Bounded small on purpose: subjects bring their own words (names, places), so a large
+#: bound fills with one-off words and only costs memory (~150 B each); erasure clears it.
+@lru_cache(maxsize=8192)
 def stem(word: str) -> str:
     """Fold common English inflections; conservative, so distinct words stay distinct.
 

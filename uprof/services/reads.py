@@ -32,6 +32,7 @@ from uuid import UUID
 
 from domain.errors import ReadRecordingError, SubjectErasedError, SubjectNotFoundError
 from domain.profile import SubjectProfile
+from uprof.caching import BoundedCache
 from uprof.eventstore import ProfilesApplication
 from uprof.ports import AuditTrail
 
@@ -86,7 +87,9 @@ class ReadRecorder:
         #: The last saved state of recently read subjects: the recorder is most of their
         #: writers, so the next batch usually saves on top of it without a reload (a
         #: stale copy loses the version check and is reloaded; see _save_reads).
-        self._saved: dict[UUID, SubjectProfile] = {}
+        self._saved: BoundedCache[UUID, SubjectProfile] = BoundedCache(
+            MAX_SAVED_SUBJECTS, name="recorder-saved-subjects"
+        )
         self._queue: queue.Queue[ServedRead] = queue.Queue(maxsize=max_pending)
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
@@ -125,6 +128,10 @@ class ReadRecorder:
                     "unrecorded"
                 )
             time.sleep(0.001)
+
+    def forget(self, stream_id: UUID) -> None:
+        """Drop the subject's saved state (erasure calls this: it holds decrypted content)."""
+        self._saved.pop(stream_id)
 
     def drain(self, timeout_s: float = 30.0) -> None:
         """Wait until every read queued before this call is written (or raise
@@ -276,7 +283,11 @@ class ReadRecorder:
         def command() -> None:
             # A copy that is behind fails the save's version check, is dropped, and the
             # retry loads the subject afresh (which also sees an erasure).
-            profile = self._saved.pop(stream_id, None) or self._app.load(stream_id)
+            # Taken out, so a failed save below does not leave it cached.
+            profile = self._saved.take(stream_id)
+            ticket = self._saved.ticket()
+            if profile is None:
+                profile = self._app.load(stream_id)
             for read in reads:
                 profile.record_slice_served(
                     app_id=read.app_id,
@@ -288,9 +299,8 @@ class ReadRecorder:
                     n_tokens=read.n_tokens,
                 )
             self._app.save(profile)
-            if len(self._saved) >= MAX_SAVED_SUBJECTS:
-                self._saved.pop(next(iter(self._saved)))
-            self._saved[stream_id] = profile
+            # Not cached when the subject was forgotten (erased) since the load began.
+            self._saved.put(stream_id, profile, ticket=ticket)
 
         try:
             self._app.with_retry(command, subject=stream_id)

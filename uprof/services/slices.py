@@ -20,7 +20,6 @@ caller must not learn that an item it may not see exists.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -36,6 +35,7 @@ from domain.heat import heat
 from domain.principal import qualified_agent
 from domain.values import CATEGORIES, Layer, Provenance, SharingPolicy, check_token
 from projections.profile.queries import MemoryRow, ProfileQueries
+from uprof.caching import BoundedCache, CacheStats
 from uprof.eventstore import ProfilesApplication
 from uprof.ports import Clock, Embedder, TokenCounter
 from uprof.retrieval import Candidate, LeftOut, MemoryIndex, SliceOptions, build_slice
@@ -52,7 +52,11 @@ MAX_QUERY_CHARS = 4_000
 HANDLE_MAX_AGE_S = 2.0
 #: Subjects whose read view is kept, and attribute/intent texts whose vector is kept.
 MAX_CACHED_SUBJECTS = 128
-MAX_CACHED_TEXTS = 50_000
+#: A vector is 1.5 kB (384 float32): 4,096 of them are 6 MB.
+MAX_CACHED_TEXTS = 4_096
+#: Items (memories, attributes, intents) held by all cached views together: a view
+#: weighs one per item, so a few very large subjects cannot hold gigabytes.
+MAX_CACHED_VIEW_ITEMS = 200_000
 
 
 class DecisionLike(Protocol):
@@ -152,6 +156,10 @@ class _SubjectView:
     #: Per set of servable categories: the free-text gate and its verdict per intent.
     reveals: dict[tuple[Any, ...], tuple[RevealGate, dict[str, str]]] = field(default_factory=dict)
 
+    def weight(self) -> int:
+        """What the view weighs in the cache's item bound: one per item, plus one."""
+        return 1 + len(self.rows) + len(self.attributes) + len(self.intents)
+
 
 class SliceService:
     def __init__(
@@ -177,23 +185,31 @@ class SliceService:
         self._reads = reads
         self._ensure_fresh = ensure_fresh
         self._default_wait_s = default_wait_s
-        #: stream -> its view at its newest head, least recently read first; bounded so
-        #: memory stays flat (a 5,000-memory subject holds about 8 MB of vectors).
-        self._cache: dict[str, _SubjectView] = {}
-        self.max_cached_subjects = MAX_CACHED_SUBJECTS
+        #: stream -> its view at its newest head; bounded twice so memory stays flat: in
+        #: subjects, and in items (a 5,000-memory subject holds about 8 MB of vectors).
+        self._cache: BoundedCache[str, _SubjectView] = BoundedCache(
+            MAX_CACHED_VIEW_ITEMS,
+            name="slice-views",
+            weigh=_SubjectView.weight,
+            max_entries=MAX_CACHED_SUBJECTS,
+        )
         #: Vectors of attribute and intent texts; flushed with the rest on erasure.
-        self._text_vectors: dict[str, np.ndarray] = {}
-        self._lock = threading.Lock()
+        self._text_vectors: BoundedCache[str, np.ndarray] = BoundedCache(
+            MAX_CACHED_TEXTS, name="text-vectors"
+        )
 
     def flush(self, stream_id: UUID | None = None) -> None:
         """Drop cached memories (all, or one subject's): erasure calls this."""
-        with self._lock:
-            # Text vectors are keyed by content, not subject: any erasure drops them all.
-            self._text_vectors.clear()
-            if stream_id is None:
-                self._cache.clear()
-            else:
-                self._cache.pop(str(stream_id), None)
+        # Text vectors are keyed by content, not subject: any erasure drops them all.
+        self._text_vectors.clear()
+        if stream_id is None:
+            self._cache.clear()
+        else:
+            self._cache.pop(str(stream_id))
+
+    def cache_stats(self) -> list[CacheStats]:
+        """Size, bound, hits and misses of the read caches."""
+        return [self._cache.stats(), self._text_vectors.stats()]
 
     # ----------------------------------------------------------------- public
 
@@ -277,13 +293,14 @@ class SliceService:
         """Embeddings of attribute/intent texts, cached by text (they change rarely)."""
         if not candidates:
             return None
-        missing = [c.text for c in candidates if c.text not in self._text_vectors]
-        if missing and len(self._text_vectors) + len(missing) > MAX_CACHED_TEXTS:
-            self._text_vectors.clear()  # bounded: memory stays flat
+        ticket = self._text_vectors.ticket()
+        found = {c.text: self._text_vectors.get(c.text) for c in candidates}
+        missing = [text for text, vector in found.items() if vector is None]
         if missing:
-            for text, vector in zip(missing, self._embedder.embed(missing), strict=True):
-                self._text_vectors[text] = vector
-        return np.stack([self._text_vectors[c.text] for c in candidates])
+            fresh = dict(zip(missing, self._embedder.embed(missing), strict=True))
+            found.update(fresh)
+            self._text_vectors.put_many(fresh.items(), ticket=ticket)
+        return np.stack([found[c.text] for c in candidates])
 
     # ----------------------------------------------------------------- gating
 
@@ -352,11 +369,7 @@ class SliceService:
     def _cached_view(self, stream_id: UUID) -> _SubjectView | None:
         """The subject's cached view, if any, marked as the most recently read."""
         stream = str(stream_id)
-        with self._lock:
-            cached = self._cache.pop(stream, None)
-            if cached is not None:
-                self._cache[stream] = cached
-        return cached
+        return self._cache.get(stream)
 
     def _subject_view(
         self, stream_id: UUID, freshness: Freshness, cached: _SubjectView | None
@@ -369,12 +382,11 @@ class SliceService:
         stream = str(stream_id)
         if freshness.fresh and cached is not None and cached.head == freshness.head:
             return cached
+        # Taken before the load: an erasure flushing this subject meanwhile wins.
+        ticket = self._cache.ticket()
         view = self._load_view(stream_id, freshness.head)
         if freshness.fresh:
-            with self._lock:
-                if len(self._cache) >= self.max_cached_subjects:
-                    self._cache.pop(next(iter(self._cache)))  # least recently read goes
-                self._cache[stream] = view
+            self._cache.put(stream, view, ticket=ticket)
         return view
 
     def _load_view(self, stream_id: UUID, head: int) -> _SubjectView:
