@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Sequence
 from pathlib import Path
 from uuid import UUID
 
@@ -21,6 +22,7 @@ from uprof.crypto.fields import ViewSealer
 from uprof.crypto.keystore import KekRing, KeyStore
 from uprof.eventstore import ProfilesApplication
 from uprof.kernel import Uprof
+from uprof.partitions import Partitioning
 from uprof.ports import AuditTrail, Clock, Embedder, Extractor, TokenCounter
 from uprof.services.capture import CaptureService
 from uprof.services.consent import ConsentService
@@ -72,7 +74,7 @@ def build_embedder(settings: Settings) -> Embedder:
         return HashingEmbedder()
     from uprof.adapters.embeddings import MiniLMEmbedder
 
-    return MiniLMEmbedder()
+    return MiniLMEmbedder(torch_threads=settings.torch_threads)
 
 
 def build_extractor(settings: Settings) -> Extractor:
@@ -115,8 +117,13 @@ def bootstrap(
     audit: AuditTrail | None = None,
     authorizer: Authorizer | None = None,
     counter: TokenCounter | None = None,
+    partitions: Sequence[int] | None = None,
 ) -> Uprof:
-    """Build a ready deployment: migrate stores, open the log, wire the services."""
+    """Build a ready deployment: migrate stores, open the log, wire the services.
+
+    ``partitions``: the pipeline partitions this process runs (default: all of
+    ``settings.worker_partitions``); ``uprof worker --partition K`` passes ``[K]``.
+    """
     clock = clock or SystemClock()
     layout = layout_for(settings)
     views = create_engine(layout.views_url)
@@ -131,6 +138,12 @@ def bootstrap(
     )
     events = views if layout.events_url == layout.views_url else create_engine(layout.events_url)
     app = ProfilesApplication(env=layout.eventsourcing_env, keystore=keystore, events_engine=events)
+    partitioning = Partitioning(settings.worker_partitions)
+    try:
+        app.claim_partitioning(partitioning.count)
+    except BaseException:
+        app.close()
+        raise
     subjects = SubjectResolver(keystore, settings.tenant)
     sealer = ViewSealer(keystore)
     queries = ProfileQueries(views, sealer)
@@ -194,13 +207,21 @@ def bootstrap(
         proposal_service=ProposalService(app, subjects, evidence, clock, audit),
         profile_service=ProfileService(app, queries, sealer),
         extraction=ExtractionWorker(
-            app, extractor, evidence, clock, batch_size=settings.projection_batch_size
+            app,
+            extractor,
+            evidence,
+            clock,
+            batch_size=settings.projection_batch_size,
+            partitioning=partitioning,
+            partitions=partitions,
         ),
         projections=ProjectionRunner(
             app,
             views,
             ProfileProjector(embedder, sealer),
             batch_size=settings.projection_batch_size,
+            partitioning=partitioning,
+            partitions=partitions,
         ),
         maintenance=MaintenanceService(app, subjects, queries),
         slice_service=slice_service,

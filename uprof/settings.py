@@ -46,6 +46,16 @@ class Settings(BaseSettings):
     #: True when extraction/projection run in background threads (the server); reads
     #: then wait for them instead of doing the work inline.
     background_workers: bool = False
+    #: With background workers: False when this server runs no pipeline worker of its
+    #: own because ``uprof worker`` processes do (``uprof serve --no-worker``).
+    run_worker: bool = True
+    #: Subjects are split into this many pipeline partitions, each with its own
+    #: extraction and projection positions (``uprof worker --partition K``). A property
+    #: of the database: every server and worker on it must use the same count.
+    worker_partitions: int = Field(default=1, ge=1, le=1024)
+    #: Intra-op threads of the embedding model in this process (torch.set_num_threads).
+    #: One per process: on a busy machine more threads fight over the cores.
+    torch_threads: int = Field(default=1, ge=1, le=64)
 
     policy_model_path: Path = POLICIES_DIR / "model.conf"
     policy_path: Path = POLICIES_DIR / "seed_policy.csv"

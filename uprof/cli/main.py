@@ -234,7 +234,7 @@ def maintain() -> None:
 
 
 def _register_optional_commands() -> None:
-    from uprof.cli import bench, demo, govern, reliability, serve
+    from uprof.cli import bench, demo, govern, reliability, serve, worker
     from uprof.mcp import cli as mcp_cli
 
     app.command("demo")(demo.demo)
@@ -242,6 +242,7 @@ def _register_optional_commands() -> None:
     reliability.register(bench.bench_app)
     govern.register(app)
     serve.register(app)
+    worker.register(app)
     mcp_cli.register(app)
 
 
