@@ -74,7 +74,7 @@ def build_embedder(settings: Settings) -> Embedder:
         return HashingEmbedder()
     from uprof.adapters.embeddings import MiniLMEmbedder
 
-    return MiniLMEmbedder(torch_threads=settings.torch_threads)
+    return MiniLMEmbedder(torch_threads=settings.torch_threads or None)
 
 
 def build_extractor(settings: Settings) -> Extractor:
@@ -143,6 +143,8 @@ def bootstrap(
         app.claim_partitioning(partitioning.count)
     except BaseException:
         app.close()
+        for engine in {id(e): e for e in (views, keys, events)}.values():
+            engine.dispose()
         raise
     subjects = SubjectResolver(keystore, settings.tenant)
     sealer = ViewSealer(keystore)

@@ -53,9 +53,10 @@ class Settings(BaseSettings):
     #: extraction and projection positions (``uprof worker --partition K``). A property
     #: of the database: every server and worker on it must use the same count.
     worker_partitions: int = Field(default=1, ge=1, le=1024)
-    #: Intra-op threads of the embedding model in this process (torch.set_num_threads).
-    #: One per process: on a busy machine more threads fight over the cores.
-    torch_threads: int = Field(default=1, ge=1, le=64)
+    #: Intra-op threads of the embedding model in this process (torch.set_num_threads);
+    #: 0 leaves torch's default (one per core). One per process: on a busy machine more
+    #: threads fight over the cores (FIELD-NOTES 8.3); run more workers instead.
+    torch_threads: int = Field(default=1, ge=0, le=64)
 
     policy_model_path: Path = POLICIES_DIR / "model.conf"
     policy_path: Path = POLICIES_DIR / "seed_policy.csv"
