@@ -57,6 +57,8 @@ from benchmarks.reliability import (
 
 DEFAULT_OUT = REPO / "docs" / "bench" / "workers.json"
 CLI = ["-c", "from uprof.cli.main import app; app()"]
+#: ``uprof worker`` without importing the rest of the CLI (see uprof/cli/worker.py).
+WORKER_CLI = ["-m", "uprof.cli.worker"]
 START_TIMEOUT_S = 120.0
 
 
@@ -84,14 +86,21 @@ class Child:
     env: dict[str, str]
     ready: str  # a stdout line prefix (worker) or "http" (server: /healthz answers)
     port: int = 0
+    entry: list[str] = field(default_factory=lambda: list(CLI))
     proc: subprocess.Popen[str] | None = None
+    #: Whether the running process has been seen ready (a restart may be killed before).
+    seen_ready: bool = False
     starts: int = 0
     kills: int = 0
     log: list[str] = field(default_factory=list)
 
     def start(self) -> None:
+        self.spawn()
+        self.wait_ready()
+
+    def spawn(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, *CLI, *self.args],
+            [sys.executable, *self.entry, *self.args],
             cwd=REPO,
             env=self.env,
             stdout=subprocess.PIPE,
@@ -99,6 +108,13 @@ class Child:
             text=True,
         )
         self.starts += 1
+        self.seen_ready = False
+
+    def wait_ready(self) -> None:
+        assert self.proc is not None
+        if self.seen_ready:
+            return
+        self.seen_ready = True
         deadline = time.monotonic() + START_TIMEOUT_S
         if self.ready == "http":
             import httpx
@@ -130,7 +146,8 @@ class Child:
         self.kills += 1
 
     def sigterm(self, timeout_s: float = 60.0) -> int:
-        """Stop gracefully; returns the exit code."""
+        """Stop gracefully; returns the exit code (a worker exits 0; uvicorn re-raises the
+        SIGTERM it handled once it has shut down, so a server's graceful exit is -15)."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
         try:
@@ -144,11 +161,10 @@ class Child:
 
 
 def worker_child(target: Target, partitions: int, partition: int | None) -> Child:
-    args = ["worker", "--partitions", str(partitions), "--idle-poll", "0.02"]
-    args += ["--log-level", "warning"]
+    args = ["--partitions", str(partitions), "--idle-poll", "0.02", "--log-level", "warning"]
     if partition is not None:
         args += ["--partition", str(partition)]
-    return Child(args, _env(target, partitions), ready="uprof worker ready")
+    return Child(args, _env(target, partitions), ready="uprof worker ready", entry=WORKER_CLI)
 
 
 def server_child(target: Target, partitions: int) -> Child:
@@ -233,14 +249,22 @@ def finish(
     """
     kernel = open_kernel(target, worker_partitions=partitions)
     try:
+        t0 = time.perf_counter()
         caught_up = wait_caught_up(kernel, catch_up_s)
+        t1 = time.perf_counter()
         exit_codes = [c.sigterm() for c in children]
+        figures_t = {"catch_up_s": round(t1 - t0, 1), "stop_s": round(time.perf_counter() - t1, 1)}
         figures = derived_counts(kernel)
+        figures.update(figures_t)
         logged = _logged_capture_ids(kernel)
         figures["lost"] = sum(1 for a in acked if a not in logged)
         figures["acked"] = len(acked)
         figures["caught_up"] = caught_up
-        figures["graceful_exits"] = sum(1 for code in exit_codes if code == 0)
+        figures["graceful_exits"] = sum(
+            1
+            for child, code in zip(children, exit_codes, strict=True)
+            if code == 0 or (child.ready == "http" and code == -signal.SIGTERM)
+        )
         figures["children"] = len(children)
         figures["exit_codes"] = exit_codes
         figures["sigkills"] = sum(c.kills for c in children)
@@ -317,6 +341,14 @@ def layout_children(target: Target, partitions: int, spec: Sequence[int | None])
     return [worker_child(target, partitions, k) for k in spec]
 
 
+def start_all(children: Sequence[Child]) -> None:
+    """Start the children side by side (start-up, not the run, dominates on a busy machine)."""
+    for child in children:
+        child.spawn()
+    for child in children:
+        child.wait_ready()
+
+
 def race_scenario(
     target: Target,
     *,
@@ -336,8 +368,7 @@ def race_scenario(
     # A backlog first, so that every worker starts on the same unprocessed range.
     acked = _capture_for(target, partitions, seconds / 3, seed)
     children = layout_children(target, partitions, spec)
-    for child in children:
-        child.start()
+    start_all(children)
     done = threading.Event()
     killer_errors: list[str] = []
 
@@ -346,7 +377,9 @@ def race_scenario(
             victim = rng.choice(children)
             try:
                 victim.sigkill()
-                victim.start()
+                victim.spawn()
+                if rng.random() < 0.5:
+                    victim.wait_ready()  # so that a later kill finds it mid-batch
             except Exception as e:  # a restart that failed is a finding, not a crash here
                 killer_errors.append(f"{type(e).__name__}: {e}"[:300])
 
@@ -366,6 +399,8 @@ def race_scenario(
         done.set()
         if thread is not None:
             thread.join()
+    for child in children:
+        child.wait_ready()
     figures = finish(target, partitions, children, acked, catch_up_s=catch_up_s)
     figures.update(
         backend=target.kind,
@@ -443,8 +478,9 @@ def stress_run(
     servers = [server_child(target, partitions) for _ in range(2)]
     spec: list[int | None] = [0, 1, None] if partitions == 2 else [None, None, None]
     workers = layout_children(target, partitions, spec)
-    for child in [*servers, *workers]:
-        child.start()
+    t0 = time.perf_counter()
+    start_all([*servers, *workers])
+    started_s = time.perf_counter() - t0
     done = threading.Event()
     killer_errors: list[str] = []
 
@@ -452,8 +488,12 @@ def stress_run(
         while not done.wait(rng.uniform(0.3, 1.5)):
             victim = rng.choice(workers)
             try:
+                # Restarted without waiting: the next kill may find it starting up, or
+                # in the middle of a batch.
                 victim.sigkill()
-                victim.start()
+                victim.spawn()
+                if rng.random() < 0.3:
+                    victim.wait_ready()  # so that a later kill finds it mid-batch
             except Exception as e:
                 killer_errors.append(f"{type(e).__name__}: {e}"[:300])
 
@@ -466,7 +506,15 @@ def stress_run(
     finally:
         done.set()
         thread.join()
+    for child in workers:
+        child.wait_ready()
+    t1 = time.perf_counter()
     figures = finish(target, partitions, [*servers, *workers], acked, catch_up_s=catch_up_s)
+    figures["phases_s"] = {
+        "start": round(started_s, 1),
+        "load": round(t1 - t0 - started_s, 1),
+        "finish": round(time.perf_counter() - t1, 1),
+    }
     figures.update(
         backend=target.kind,
         partitions=partitions,
