@@ -11,8 +11,8 @@ capture and projected the whole log; the run's time is the slowest worker's.
 
 Figures: captures (turns) fully extracted and projected per second, in all and per
 worker, and log events per second (the unit of docs/performance.md: every event of the
-final log, captures and the events extracted from them, went through a projection). Medians of ``--repeat`` runs, each on a
-fresh copy of the filled log. The baseline beside them: one worker with torch's
+final log, captures and the events extracted from them, went through a projection).
+Medians of ``--repeat`` runs, each on a fresh copy of the filled log. The baseline beside them: one worker with torch's
 default thread count (what the code did before ``UPROF_TORCH_THREADS``).
 
     uprof bench pipeline --backend postgres --workers 1 --workers 2
@@ -93,8 +93,7 @@ def child(argv: Sequence[str]) -> int:
         if n:
             continue
         extracted = all(
-            kernel.extraction.partition_position(j) >= last_capture
-            for j in range(args.partitions)
+            kernel.extraction.partition_position(j) >= last_capture for j in range(args.partitions)
         )
         if extracted and kernel.projections.partition_position(k) >= app.max_notification_id():
             break
@@ -122,8 +121,10 @@ def _database(kind: str, template: str | None = None) -> Iterator[str | None]:
         with admin.connect() as conn:
             extra = f' TEMPLATE "{template}"' if template else ""
             conn.execute(sa.text(f'CREATE DATABASE "{name}"{extra}'))
-        yield sa.engine.make_url(POSTGRES_ADMIN_URL).set(database=name).render_as_string(
-            hide_password=False
+        yield (
+            sa.engine.make_url(POSTGRES_ADMIN_URL)
+            .set(database=name)
+            .render_as_string(hide_password=False)
         )
     finally:
         with admin.connect() as conn:
@@ -189,9 +190,10 @@ def _copy_sqlite(src: Path, dst: Path) -> None:
 def one_run(
     kind: str, template_dir: Path, template_db: str | None, workers: int, threads: int
 ) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="uprof-pipe-run-") as tmp, _database(
-        kind, template_db
-    ) as url:
+    with (
+        tempfile.TemporaryDirectory(prefix="uprof-pipe-run-") as tmp,
+        _database(kind, template_db) as url,
+    ):
         data = Path(tmp) / "data"
         if kind == "sqlite":
             _copy_sqlite(template_dir, data)
@@ -207,7 +209,11 @@ def one_run(
                 cmd += ["--database-url", url]
             procs.append(
                 subprocess.Popen(
-                    cmd, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    cmd,
+                    cwd=REPO,
+                    env=env,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
                     text=True,
                 )
             )

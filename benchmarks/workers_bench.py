@@ -59,7 +59,7 @@ DEFAULT_OUT = REPO / "docs" / "bench" / "workers.json"
 CLI = ["-c", "from uprof.cli.main import app; app()"]
 #: ``uprof worker`` without importing the rest of the CLI (see uprof/cli/worker.py).
 WORKER_CLI = ["-m", "uprof.cli.worker"]
-START_TIMEOUT_S = 120.0
+START_TIMEOUT_S = 300.0
 
 
 def _env(target: Target, partitions: int) -> dict[str, str]:
@@ -208,9 +208,7 @@ def derived_counts(kernel: Any) -> dict[str, int]:
         view_memories: Counter[str] = Counter()
         for (evidence,) in conn.execute(sa.select(t.memories.c.evidence)):
             view_memories.update(json.loads(evidence))
-        view_captures = Counter(
-            r[0] for r in conn.execute(sa.select(t.captures.c.capture_id))
-        )
+        view_captures = Counter(r[0] for r in conn.execute(sa.select(t.captures.c.capture_id)))
     return {
         "captures": len(captures),
         "memories": sum(memories.values()),

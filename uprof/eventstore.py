@@ -54,7 +54,9 @@ def _with_guarded_recorder(env: dict[str, str]) -> dict[str, str]:
     module = env.get("PERSISTENCE_MODULE", "")
     recorder = GUARDED_RECORDERS.get(module)
     if recorder is None:
-        raise ValueError(f"PERSISTENCE_MODULE {module!r}: the profiles log runs on sqlite or postgres")
+        raise ValueError(
+            f"PERSISTENCE_MODULE {module!r}: the profiles log runs on sqlite or postgres"
+        )
     return {**env, "PROCESS_RECORDER_TOPIC": get_topic(recorder)}
 
 

@@ -96,8 +96,7 @@ def claim(engine: sa.Engine, tracking_table: str, extraction_base: str, count: i
             if count != 1:
                 moved = conn.execute(
                     sa.text(
-                        f"SELECT notification_id FROM {tracking_table} "
-                        "WHERE application_name = :n"
+                        f"SELECT notification_id FROM {tracking_table} WHERE application_name = :n"
                     ),
                     {"n": extraction_base},
                 ).scalar()

@@ -85,7 +85,9 @@ def worker(
         raise typer.Exit(2) from None
     count = worker_settings.worker_partitions
     if partition is not None and not 0 <= partition < count:
-        console.print(f"[bold red]error:[/] --partition must be in 0..{count - 1} (--partitions {count})")
+        console.print(
+            f"[bold red]error:[/] --partition must be in 0..{count - 1} (--partitions {count})"
+        )
         raise typer.Exit(2)
     stop = threading.Event()
 
@@ -95,9 +97,7 @@ def worker(
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        kernel = bootstrap(
-            worker_settings, partitions=None if partition is None else [partition]
-        )
+        kernel = bootstrap(worker_settings, partitions=None if partition is None else [partition])
     except UprofError as e:
         fail(e)
         return

@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Any
 from uuid import UUID
 
-from eventsourcing.persistence import IntegrityError, RecordConflictError, Tracking
+from eventsourcing.persistence import IntegrityError, RecordConflictError
 
 from domain.errors import (
     ConcurrencyConflictError,
