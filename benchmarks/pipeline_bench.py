@@ -12,8 +12,8 @@ capture and projected the whole log; the run's time is the slowest worker's.
 Figures: captures (turns) fully extracted and projected per second, in all and per
 worker, and log events per second (the unit of docs/performance.md: every event of the
 final log, captures and the events extracted from them, went through a projection).
-Medians of ``--repeat`` runs, each on a fresh copy of the filled log. The baseline beside them: one worker with torch's
-default thread count (what the code did before ``UPROF_TORCH_THREADS``).
+Medians of ``--repeat`` runs, each on a fresh copy of the filled log. The baseline
+beside them: one worker with torch's default thread count (what the code did before ``UPROF_TORCH_THREADS``).
 
     uprof bench pipeline --backend postgres --workers 1 --workers 2
     python -m benchmarks.pipeline_bench --backend sqlite --conversations 2
