@@ -13,7 +13,8 @@ Figures: captures (turns) fully extracted and projected per second, in all and p
 worker, and log events per second (the unit of docs/performance.md: every event of the
 final log, captures and the events extracted from them, went through a projection).
 Medians of ``--repeat`` runs, each on a fresh copy of the filled log. The baseline
-beside them: one worker with torch's default thread count (what the code did before ``UPROF_TORCH_THREADS``).
+beside them: one worker with torch's default thread count (what the code did before
+``UPROF_TORCH_THREADS``).
 
     uprof bench pipeline --backend postgres --workers 1 --workers 2
     python -m benchmarks.pipeline_bench --backend sqlite --conversations 2
