@@ -477,7 +477,13 @@ def stress_run(
     spec: list[int | None] = [0, 1, None] if partitions == 2 else [None, None, None]
     workers = layout_children(target, partitions, spec)
     t0 = time.perf_counter()
-    start_all([*servers, *workers])
+    try:
+        start_all([*servers, *workers])
+    except BaseException:
+        for child in [*servers, *workers]:  # leave no orphan polling a dropped database
+            if child.proc is not None and child.proc.poll() is None:
+                child.sigkill()
+        raise
     started_s = time.perf_counter() - t0
     done = threading.Event()
     killer_errors: list[str] = []
@@ -529,18 +535,27 @@ def stress_scenario(
     kind: str, *, runs: int, seconds: float, partitions: int, seed: int = 1
 ) -> dict[str, Any]:
     results = []
+    start_failures = 0
     for i in range(runs):
         with temp_target(kind) as target:
             t0 = time.perf_counter()
-            r = stress_run(target, partitions=partitions, seconds=seconds, seed=seed + i)
+            try:
+                r = stress_run(target, partitions=partitions, seconds=seconds, seed=seed + i)
+            except RuntimeError as e:
+                # A child that did not start in time (an overloaded machine): no run took
+                # place, so nothing is counted; the database is dropped and the next begins.
+                start_failures += 1
+                print(json.dumps({"run": i + 1, "start_failure": str(e)[:300]}), flush=True)
+                continue
             r["wall_s"] = round(time.perf_counter() - t0, 1)
         print(json.dumps({"run": i + 1, **r}, default=str), flush=True)
         results.append(r)
     keys = ("duplicate", "missing", "view_duplicate", "view_missing", "lost")
     return {
         "backend": kind,
-        "runs": runs,
+        "runs": len(results),
         "runs_ok": sum(1 for r in results if r["ok"]),
+        "start_failures": start_failures,
         "seconds_per_run": seconds,
         "partitions": partitions,
         "captures_total": sum(r["captures"] for r in results),
@@ -558,6 +573,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--partitions", type=int, default=2)
+    p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
     results: dict[str, Any] = {}
@@ -570,7 +586,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for kind in args.backend or ["sqlite", "postgres"]:
         started = time.perf_counter()
         summary = stress_scenario(
-            kind, runs=args.runs, seconds=args.seconds, partitions=args.partitions
+            kind, runs=args.runs, seconds=args.seconds, partitions=args.partitions, seed=args.seed
         )
         summary["wall_s"] = round(time.perf_counter() - started, 1)
         summary["load_average_after"] = os.getloadavg()
