@@ -133,8 +133,11 @@ def _database(kind: str, template: str | None = None) -> Iterator[str | None]:
         admin.dispose()
 
 
-def fill(data_dir: Path, url: str | None, conversations: int, partitions: int) -> dict[str, int]:
-    """Capture the LoCoMo turns (one subject per speaker); nothing is processed."""
+def fill(
+    data_dir: Path, url: str | None, conversations: int, partitions: int, turns_cap: int = 0
+) -> dict[str, int]:
+    """Capture the LoCoMo turns (one subject per speaker); nothing is processed.
+    ``turns_cap``: at most this many turns per subject (0: all)."""
     from benchmarks.bench_common import DEFAULT_DATA_DIR
     from benchmarks.locomo import load_locomo, subjects_for_mode
     from domain.values import Interaction
@@ -163,7 +166,7 @@ def fill(data_dir: Path, url: str | None, conversations: int, partitions: int) -
                         purpose=PURPOSE,
                         sharing="shared",
                     )
-                    for t in subject_turns
+                    for t in (subject_turns[:turns_cap] if turns_cap else subject_turns)
                 ]
                 for lo in range(0, len(batch), 500):
                     kernel.capture_many(subject, batch[lo : lo + 500])
@@ -242,7 +245,7 @@ def one_run(
 
 
 def measure(
-    kind: str, *, conversations: int, workers: Sequence[int], repeat: int
+    kind: str, *, conversations: int, workers: Sequence[int], repeat: int, turns_cap: int = 0
 ) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     configs = [(1, 0, "baseline: 1 worker, torch default threads")]
@@ -250,7 +253,7 @@ def measure(
     for w, threads, label in configs:
         with tempfile.TemporaryDirectory(prefix="uprof-pipe-") as tmp, _database(kind) as url:
             template = Path(tmp) / "data"
-            sizes = fill(template, url, conversations, w)
+            sizes = fill(template, url, conversations, w, turns_cap)
             template_db = None
             if url is not None:
                 import sqlalchemy as sa
@@ -285,6 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--conversations", type=int, default=2)
     p.add_argument("--workers", type=int, action="append")
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--turns-per-subject", type=int, default=0, help="0: all")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
     results: dict[str, Any] = {}
@@ -299,6 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             conversations=args.conversations,
             workers=args.workers or [1, 2],
             repeat=args.repeat,
+            turns_cap=args.turns_per_subject,
         )
         results[kind] = {
             "rows": rows,
@@ -307,7 +312,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "command": f"python -m benchmarks.pipeline_bench --backend {kind} "
             f"--conversations {args.conversations} "
             + " ".join(f"--workers {w}" for w in args.workers or [1, 2])
-            + f" --repeat {args.repeat}",
+            + f" --repeat {args.repeat} --turns-per-subject {args.turns_per_subject}",
+            "load_average_at_end": os.getloadavg(),
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=2) + "\n")
