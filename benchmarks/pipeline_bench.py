@@ -211,21 +211,16 @@ def one_run(
             cmd += ["--torch-threads", str(threads)]
             if url:
                 cmd += ["--database-url", url]
-            procs.append(
-                subprocess.Popen(
-                    cmd,
-                    cwd=REPO,
-                    env=env,
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    text=True,
-                )
+            proc = subprocess.Popen(
+                cmd, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
             )
-        for proc in procs:
+            # One at a time: two processes opening a PostgreSQL log at once can collide in
+            # eventsourcing's create_table ("tuple concurrently updated"; docs/reliability.md).
             assert proc.stdout is not None
             line = proc.stdout.readline()
             if line.strip() != "READY":
                 raise RuntimeError(f"worker did not start: {line!r}")
+            procs.append(proc)
         load = os.getloadavg()[0]
         for proc in procs:
             assert proc.stdin is not None
