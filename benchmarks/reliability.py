@@ -68,12 +68,17 @@ def make_settings(target: Target, **overrides: Any) -> Any:
     )
 
 
-def open_kernel(target: Target, *, extractor: Any = None, **overrides: Any) -> Any:
+def open_kernel(
+    target: Target, *, extractor: Any = None, partitions: Any = None, **overrides: Any
+) -> Any:
     from uprof.adapters.embeddings import HashingEmbedder
     from uprof.bootstrap import bootstrap
 
     return bootstrap(
-        make_settings(target, **overrides), embedder=HashingEmbedder(), extractor=extractor
+        make_settings(target, **overrides),
+        embedder=HashingEmbedder(),
+        extractor=extractor,
+        partitions=partitions,
     )
 
 

@@ -12,6 +12,7 @@ UprofError
 ├── ReadTimeoutError         projections did not catch up within the wait bound
 ├── ErasureIncompleteError   keys are destroyed but derived stores are not purged yet
 └── ConcurrencyConflictError other writers kept winning the race for the same subject
+    └── PositionMovedError   another worker saved past a batch's starting position
 """
 
 from __future__ import annotations
@@ -74,6 +75,24 @@ class ErasureIncompleteError(UprofError):
 
 class ConcurrencyConflictError(UprofError):
     hint = "other writers changed this subject at the same time; retry the request"
+
+
+class PositionMovedError(ConcurrencyConflictError):
+    """Another worker saved past the position a batch started from; nothing was written.
+
+    Raised by the guarded tracking save (uprof/recorders.py) and the projection's
+    position update; the runner that gets it re-reads the position and the log.
+    """
+
+    hint = "another worker processed this range first; re-read the position"
+
+    def __init__(self, name: str, expected: int, new: int) -> None:
+        super().__init__(
+            f"position {name!r} is no longer {expected} (the batch up to {new} rolled back)"
+        )
+        self.name = name
+        self.expected = expected
+        self.new = new
 
 
 class ReadRecordingError(UprofError):

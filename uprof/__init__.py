@@ -2,6 +2,6 @@
 
 __version__ = "0.1.0"
 
-from uprof.sdk import Client  # noqa: E402 - the SDK's entry point, re-exported for users
+from uprof.sdk import Client
 
 __all__ = ["Client", "__version__"]

@@ -7,7 +7,7 @@ fakes for the clock, embedder, extractor and audit trail.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
@@ -30,6 +30,7 @@ from uprof.crypto.keystore import KekRing, KeyStore, derive_key
 from uprof.crypto.ledger import ErasureLedger
 from uprof.eventstore import ProfilesApplication
 from uprof.kernel import Uprof
+from uprof.partitions import Partitioning
 from uprof.ports import AuditTrail, Clock, Embedder, Extractor, KeyMaterialStore, TokenCounter
 from uprof.services.capture import CaptureService
 from uprof.services.consent import ConsentService
@@ -88,7 +89,7 @@ def build_embedder(settings: Settings) -> Embedder:
         return HashingEmbedder()
     from uprof.adapters.embeddings import MiniLMEmbedder
 
-    return MiniLMEmbedder()
+    return MiniLMEmbedder(torch_threads=settings.torch_threads or None)
 
 
 def build_extractor(settings: Settings) -> Extractor:
@@ -187,6 +188,7 @@ def bootstrap(
     counter: TokenCounter | None = None,
     key_material: KeyMaterialStore | None = None,
     restoring: bool = False,
+    partitions: Sequence[int] | None = None,
 ) -> Uprof:
     """Build a ready deployment: migrate stores, open the log, wire the services.
 
@@ -194,6 +196,8 @@ def bootstrap(
     restored data folder (or key database) never brings an erased subject back.
     ``restoring``: only ``uprof restore`` itself starts beside its own marker (and
     re-applies the ledger itself, after the data is in place).
+    ``partitions``: the pipeline partitions this process runs (default: all of
+    ``settings.worker_partitions``); ``uprof worker --partition K`` passes ``[K]``.
     """
     clock = clock or SystemClock()
     if not restoring:
@@ -215,6 +219,14 @@ def bootstrap(
     )
     events = views if layout.events_url == layout.views_url else create_engine(layout.events_url)
     app = ProfilesApplication(env=layout.eventsourcing_env, keystore=keystore, events_engine=events)
+    partitioning = Partitioning(settings.worker_partitions)
+    try:
+        app.claim_partitioning(partitioning.count)
+    except BaseException:
+        app.close()
+        for engine in {id(e): e for e in (views, keys, events)}.values():
+            engine.dispose()
+        raise
     subjects = SubjectResolver(keystore, settings.tenant)
     sealer = ViewSealer(keystore)
     queries = ProfileQueries(views, sealer)
@@ -289,12 +301,16 @@ def bootstrap(
             clock,
             batch_size=settings.projection_batch_size,
             may_capture=capture_permits(authorizer, settings.tenant),
+            partitioning=partitioning,
+            partitions=partitions,
         ),
         projections=ProjectionRunner(
             app,
             views,
             ProfileProjector(embedder, sealer),
             batch_size=settings.projection_batch_size,
+            partitioning=partitioning,
+            partitions=partitions,
         ),
         maintenance=MaintenanceService(app, subjects, queries),
         slice_service=slice_service,

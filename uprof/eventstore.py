@@ -32,6 +32,12 @@ from domain.errors import ConcurrencyConflictError, SubjectErasedError, SubjectN
 from domain.profile import SubjectProfile
 from uprof.crypto.keystore import KeyStore
 from uprof.crypto.mapper import SubjectKeyMapper
+from uprof.partitions import claim
+from uprof.recorders import (
+    GUARDED_RECORDERS,
+    GuardedPostgresProcessRecorder,
+    GuardedSQLiteProcessRecorder,
+)
 
 T = TypeVar("T")
 
@@ -41,6 +47,17 @@ SNAPSHOT_INTERVAL = 100
 CONFLICT_RETRIES = 20
 #: Lock stripes that in-process writers of one subject queue on.
 WRITER_STRIPES = 64
+
+
+def _with_guarded_recorder(env: dict[str, str]) -> dict[str, str]:
+    """The eventsourcing settings plus the recorder class whose tracking save is guarded."""
+    module = env.get("PERSISTENCE_MODULE", "")
+    recorder = GUARDED_RECORDERS.get(module)
+    if recorder is None:
+        raise ValueError(
+            f"PERSISTENCE_MODULE {module!r}: the profiles log runs on sqlite or postgres"
+        )
+    return {**env, "PROCESS_RECORDER_TOPIC": get_topic(recorder)}
 
 
 def topic_of(event_class: type) -> str:
@@ -79,7 +96,7 @@ class ProfilesApplication(Application[UUID]):
         self._writer_turns = [threading.RLock() for _ in range(WRITER_STRIPES)]
         #: A SQLAlchemy view of the same store, for snapshot purges and WAL checkpoints.
         self.events_engine = events_engine
-        super().__init__(env)
+        super().__init__(_with_guarded_recorder(env))
         self._ensure_head_indexes()
         self._heads_sql = self._build_heads_sql()
 
@@ -87,7 +104,13 @@ class ProfilesApplication(Application[UUID]):
         return SubjectKeyMapper(self.construct_transcoder(), self._keystore)
 
     def construct_recorder(self) -> ProcessRecorder:  # type: ignore[override]
-        return self.factory.process_recorder()
+        recorder = self.factory.process_recorder()
+        if not isinstance(recorder, GuardedSQLiteProcessRecorder | GuardedPostgresProcessRecorder):
+            # Without the guard, two workers that read the same batch both commit it.
+            raise TypeError(
+                f"the profiles log needs a guarded process recorder, got {type(recorder).__name__}"
+            )
+        return recorder
 
     @property
     def process_recorder(self) -> ProcessRecorder:
@@ -228,9 +251,12 @@ class ProfilesApplication(Application[UUID]):
                     )
                 )
 
-    def subject_heads(self, stream_id: UUID) -> SubjectHeads:
+    def subject_heads(self, stream_id: UUID, *, worker: str | None = None) -> SubjectHeads:
         """The subject's heads and the extraction worker's position, in one statement
         (one snapshot: no write can fall between the position and the heads).
+
+        ``worker``: the extraction position that covers the subject (its partition's;
+        default: the unpartitioned one, named after this application).
 
         Every read asks this, so it goes to the driver directly: the statement is
         built once, and SQLAlchemy's per-execution work would cost more than the query.
@@ -240,7 +266,7 @@ class ProfilesApplication(Application[UUID]):
         raw = self.events_engine.raw_connection()
         try:
             cursor = raw.cursor()
-            cursor.execute(self._heads_sql, {"stream_id": key, "worker": self.name})
+            cursor.execute(self._heads_sql, {"stream_id": key, "worker": worker or self.name})
             row = cursor.fetchone()
             cursor.close()
             if not sqlite:
@@ -278,6 +304,10 @@ class ProfilesApplication(Application[UUID]):
 
     def decode(self, notification: Notification) -> Any:
         return self.mapper.to_domain_event(notification)
+
+    def claim_partitioning(self, count: int) -> None:
+        """Record this log's pipeline partition count, or check it (uprof.partitions)."""
+        claim(self.events_engine, self._tracking_table(), self.name, count)
 
     def tracking_position(self, name: str) -> int:
         return self.process_recorder.max_tracking_id(name) or 0

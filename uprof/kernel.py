@@ -585,12 +585,15 @@ class Uprof:
         # The extraction position and the heads come from one snapshot: if the worker
         # had passed the subject's newest capture, its results are in the log and the
         # content head covers them.
-        heads = self.app.subject_heads(stream_id)
+        # With partitions, both positions are those of the subject's partition.
+        heads = self.app.subject_heads(
+            stream_id, worker=self.extraction.tracking_name_for(stream_id)
+        )
         if heads.captured > heads.extracted:
             return False, heads.content
         if known_head is not None and known_head == heads.content:
             return True, heads.content
-        return self.projections.position >= heads.content, heads.content
+        return self.projections.position_for(stream_id) >= heads.content, heads.content
 
     def process(self, progress: Progress | None = None) -> int:
         """Run extraction and projections until both have caught up with the log.
@@ -614,6 +617,24 @@ class Uprof:
                 total += projected
                 if extracted == 0 and projected == 0:
                     return total
+
+    def process_once(self) -> int:
+        """One batch of extraction, then one of projection, per partition this process
+        runs; returns how many notifications they consumed (0: caught up).
+
+        For a worker loop that must be able to stop between batches (``uprof worker``
+        finishes the batch in hand on SIGTERM). Other processes running the same
+        partitions are kept out by the guarded positions; a batch that lost to one is
+        re-read, never applied twice.
+        """
+        with self._process_lock:
+            try:
+                extracted = self.extraction.run_once()
+            except ConcurrencyConflictError:
+                # Captures kept winning; project what is there, extract on the next run.
+                self.projections.run_once()
+                raise
+            return extracted + self.projections.run_once()
 
     def catch_up(self, notification_id: int, timeout_s: float) -> bool:
         """Make sure projections have passed ``notification_id`` (bounded when in background)."""

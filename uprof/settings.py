@@ -55,6 +55,17 @@ class Settings(BaseSettings):
     #: True when extraction/projection run in background threads (the server); reads
     #: then wait for them instead of doing the work inline.
     background_workers: bool = False
+    #: With background workers: False when this server runs no pipeline worker of its
+    #: own because ``uprof worker`` processes do (``uprof serve --no-worker``).
+    run_worker: bool = True
+    #: Subjects are split into this many pipeline partitions, each with its own
+    #: extraction and projection positions (``uprof worker --partition K``). A property
+    #: of the database: every server and worker on it must use the same count.
+    worker_partitions: int = Field(default=1, ge=1, le=1024)
+    #: Intra-op threads of the embedding model in this process (torch.set_num_threads);
+    #: 0 leaves torch's default (one per core). One per process: on a busy machine more
+    #: threads fight over the cores (FIELD-NOTES 8.3); run more workers instead.
+    torch_threads: int = Field(default=1, ge=0, le=64)
 
     #: How long an idempotency key (and the first answer to it) is kept, in seconds.
     idempotency_retention_s: float = Field(default=24 * 3600.0, gt=0.0, le=30 * 24 * 3600.0)

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from eventsourcing.utils import get_topic
 
 from domain.categories import memory_categories
-from domain.errors import SubjectErasedError
+from domain.errors import PositionMovedError, SubjectErasedError
 from domain.profile import SubjectProfile as P
 from projections.profile import tables as t
 from projections.profile.sealing import FieldSealer, context, source_ref_scope
@@ -83,10 +83,12 @@ class ProfileProjector:
 
     # ----------------------------------------------------------------- batches
 
-    def position(self, conn: sa.Connection, application_name: str) -> int:
+    def position(
+        self, conn: sa.Connection, application_name: str, projection_name: str | None = None
+    ) -> int:
         row = conn.execute(
             sa.select(t.projection_tracking.c.notification_id).where(
-                t.projection_tracking.c.projection_name == self.name,
+                t.projection_tracking.c.projection_name == (projection_name or self.name),
                 t.projection_tracking.c.application_name == application_name,
             )
         ).first()
@@ -99,25 +101,29 @@ class ProfileProjector:
         batch: Sequence[tuple[int, Any]],
         last_position: int,
         vectors: dict[str, bytes] | None = None,
+        *,
+        projection_name: str | None = None,
     ) -> int:
         """Apply (notification_id, event) pairs and set the position to ``last_position``.
 
         Must be called inside a transaction. Pairs at or below the stored position
         are skipped (exactly once). ``vectors`` are the memory embeddings from
-        ``embed_memories``; computed here when not given. Returns how many events
-        were applied.
+        ``embed_memories``; computed here when not given. ``projection_name`` names
+        the position row (a partition's; default: this projection's). Returns how
+        many events were applied.
         """
+        name = projection_name or self.name
         # Write to the position row first: that takes the write lock (SQLite) or the row
         # lock (PostgreSQL), so a concurrent runner waits here and then sees our position.
         conn.execute(
             t.projection_tracking.update()
             .where(
-                t.projection_tracking.c.projection_name == self.name,
+                t.projection_tracking.c.projection_name == name,
                 t.projection_tracking.c.application_name == application_name,
             )
             .values(notification_id=t.projection_tracking.c.notification_id)
         )
-        position = self.position(conn, application_name)
+        position = self.position(conn, application_name, name)
         fresh = [(nid, ev) for nid, ev in batch if nid > position]
         if vectors is None:
             vectors = self.embed_memories([ev for _, ev in fresh])
@@ -134,18 +140,20 @@ class ProfileProjector:
             self._touch_subject(notification_id, event)
         self._flush_subjects(conn)
         if last_position > position:
-            self._set_position(conn, application_name, position, last_position)
+            self._set_position(conn, application_name, position, last_position, name)
         self._vectors = {}
         self._batch_captures = {}
         return len(fresh)
 
-    def _set_position(self, conn: sa.Connection, application_name: str, old: int, new: int) -> None:
+    def _set_position(
+        self, conn: sa.Connection, application_name: str, old: int, new: int, name: str
+    ) -> None:
         tracking = t.projection_tracking
         if (
             old == 0
             and not conn.execute(
                 sa.select(tracking.c.notification_id).where(
-                    tracking.c.projection_name == self.name,
+                    tracking.c.projection_name == name,
                     tracking.c.application_name == application_name,
                 )
             ).first()
@@ -153,7 +161,7 @@ class ProfileProjector:
             conn.execute(
                 tracking.insert(),
                 dict(
-                    projection_name=self.name,
+                    projection_name=name,
                     application_name=application_name,
                     notification_id=new,
                 ),
@@ -164,16 +172,14 @@ class ProfileProjector:
         result = conn.execute(
             tracking.update()
             .where(
-                tracking.c.projection_name == self.name,
+                tracking.c.projection_name == name,
                 tracking.c.application_name == application_name,
                 tracking.c.notification_id == old,
             )
             .values(notification_id=new)
         )
         if result.rowcount != 1:
-            raise RuntimeError(
-                f"projection {self.name!r} position moved concurrently (expected {old})"
-            )
+            raise PositionMovedError(name, old, new)
 
     def embed_memories(self, events: Sequence[Any]) -> dict[str, bytes]:
         """Embed the memory texts among ``events`` in one model call."""

@@ -64,7 +64,9 @@ def test_embedded_sdk_refuses_an_app_without_a_role(kernel: Uprof) -> None:
     assert kernel.lag().log_position > before
 
 
-def _cli(backend: Backend, *args: str, policy: Path | None = None) -> subprocess.CompletedProcess[str]:
+def _cli(
+    backend: Backend, *args: str, policy: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "UPROF_EMBEDDER": "hashing"}
     if backend.kind == "postgres":
         env["UPROF_DATABASE_URL"] = backend.url

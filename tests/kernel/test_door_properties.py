@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 
 from domain.errors import PermissionDeniedError
 from domain.principal import Principal, PrincipalKind
-from policies.rules import PolicyRule
 from policies import CasbinAuthorizer
+from policies.rules import PolicyRule
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock, FakeExtractor
 from tests.kernel.conftest import say, settings_for

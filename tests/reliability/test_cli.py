@@ -33,3 +33,25 @@ def test_register_adds_a_run_command_that_forwards(monkeypatch: pytest.MonkeyPat
 def test_benchmark_main_rejects_unknown_scenarios() -> None:
     with pytest.raises(SystemExit):
         bench.main(["--only", "nope"])
+
+
+def test_the_workers_command_forwards_to_the_workers_bench(monkeypatch: pytest.MonkeyPatch) -> None:
+    import benchmarks.workers_bench as workers_bench
+
+    calls: list[list[str]] = []
+    monkeypatch.setattr(workers_bench, "main", lambda argv: calls.append(list(argv)) or 0)
+    app = typer.Typer()
+
+    @app.callback()
+    def _root() -> None:
+        pass
+
+    reliability.register(app)
+    args = ["reliability", "workers", "--backend", "postgres", "--runs", "3", "--seconds", "5"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    (argv,) = calls
+    assert argv[argv.index("--runs") + 1] == "3"
+    assert argv[argv.index("--backend") + 1] == "postgres"
+    bad = CliRunner().invoke(app, ["reliability", "workers", "--backend", "mysql"])
+    assert bad.exit_code != 0

@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from domain.errors import PositionMovedError
 from uprof.kernel import Uprof
 
 _log = logging.getLogger(__name__)
@@ -138,7 +139,7 @@ class ServiceRuntime:
     ) -> ServiceRuntime:
         # One policy decision point per deployment: the kernel's (composition root).
         runtime = cls(kernel, authorizer=authorizer or kernel.authorizer)
-        if kernel.settings.background_workers:
+        if kernel.settings.background_workers and kernel.settings.run_worker:
             runtime.worker = PipelineWorker(kernel, runtime.pipeline_lock)
             runtime.wake = runtime.worker.wake
             kernel.wake_workers = runtime.worker.wake
@@ -168,8 +169,8 @@ class ServiceRuntime:
 
         Inline (no worker) it runs the pipeline itself, so it takes the lock. With a
         worker it must not hold the lock (the worker it waits for needs it); if an
-        inline ``process()`` inside the call then collides with the worker on the
-        projection position (a RuntimeError raised before anything is written), the
+        inline ``process()`` inside the call then collides with a worker on a
+        position (``PositionMovedError``, raised before anything is written), the
         call is retried, a bounded number of times.
         """
         if not self.background:
@@ -178,9 +179,7 @@ class ServiceRuntime:
         for _ in range(COLLISION_RETRIES - 1):
             try:
                 result = operation()
-            except RuntimeError as error:
-                if "moved concurrently" not in str(error):
-                    raise
+            except PositionMovedError:
                 time.sleep(0.05)
                 continue
             self.wake()

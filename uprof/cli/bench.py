@@ -167,3 +167,30 @@ def bench_memory(
     if quick:
         subjects, captures, every = 2_000, 5, 500
     memory_bench.main(out, subjects, captures, clients, every, echo=console.print)
+
+
+@bench_app.command("pipeline")
+def bench_pipeline(
+    backend: Annotated[
+        list[str] | None, typer.Option("--backend", help="sqlite or postgres; repeatable.")
+    ] = None,
+    workers: Annotated[
+        list[int] | None, typer.Option("--workers", help="Worker processes; repeatable.")
+    ] = None,
+    conversations: Annotated[int, typer.Option(help="LoCoMo dev conversations to ingest.")] = 2,
+    repeat: Annotated[int, typer.Option(help="Runs per configuration (median).")] = 3,
+    out: Annotated[Path | None, typer.Option(help="JSON result file.")] = None,
+) -> None:
+    """Extraction + projection per worker process on LoCoMo turns with MiniLM."""
+    from benchmarks.pipeline_bench import main
+
+    argv = ["--conversations", str(conversations), "--repeat", str(repeat)]
+    for kind in backend or []:
+        if kind not in ("sqlite", "postgres"):
+            raise typer.BadParameter("backend must be sqlite or postgres")
+        argv += ["--backend", kind]
+    for w in workers or []:
+        argv += ["--workers", str(w)]
+    if out is not None:
+        argv += ["--out", str(out)]
+    raise typer.Exit(main(argv))

@@ -11,8 +11,8 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from uprof.cli.context import STATE, console, door, parse_time
-from uprof.facade import Facade
 from uprof.cli.render import print_evidence, print_profile
+from uprof.facade import Facade
 from uprof.schemas.capture import InteractionIn
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
@@ -249,7 +249,7 @@ def maintain() -> None:
 
 
 def _register_optional_commands() -> None:
-    from uprof.cli import bench, demo, govern, keyops, reliability, serve
+    from uprof.cli import bench, demo, govern, keyops, reliability, serve, worker
     from uprof.cli import policy as policy_cli
     from uprof.mcp import cli as mcp_cli
 
@@ -260,6 +260,7 @@ def _register_optional_commands() -> None:
     keyops.register(app, govern.keys_app)
     serve.register(app)
     policy_cli.register(app)
+    worker.register(app)
     mcp_cli.register(app)
 
 

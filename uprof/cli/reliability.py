@@ -67,6 +67,31 @@ def run(
     raise typer.Exit(main(argv))
 
 
+@reliability_app.command("workers")
+def workers(
+    backend: Annotated[
+        list[str] | None, typer.Option("--backend", help="sqlite or postgres; repeatable.")
+    ] = None,
+    runs: Annotated[int, typer.Option(help="Fresh databases per backend.")] = 20,
+    seconds: Annotated[float, typer.Option(help="REST load per run, in seconds.")] = 20.0,
+    partitions: Annotated[int, typer.Option(help="Pipeline partitions (1: all race).")] = 2,
+    out: Annotated[Path | None, typer.Option(help="JSON output file.")] = None,
+) -> None:
+    """2 servers + 3 workers, 8 REST clients, random SIGKILLs of workers: count duplicate
+    and missing extractions, lost captures and rebuild-equals-live per run (exit 1 if any
+    run was not exact). Writes docs/bench/workers.json."""
+    from benchmarks.workers_bench import main as workers_main
+
+    argv = ["--runs", str(runs), "--seconds", str(seconds), "--partitions", str(partitions)]
+    for kind in backend or []:
+        if kind not in ("sqlite", "postgres"):
+            raise typer.BadParameter(f"unknown backend {kind!r}", param_hint="--backend")
+        argv += ["--backend", kind]
+    if out is not None:
+        argv += ["--out", str(out)]
+    raise typer.Exit(workers_main(argv))
+
+
 def register(app: typer.Typer) -> None:
     """Add ``reliability`` under ``app`` (meant for the ``bench`` sub-app)."""
     app.add_typer(reliability_app, name="reliability")

@@ -26,6 +26,14 @@ def serve(
     port: Annotated[int, typer.Option(help="TCP port.")] = 8765,
     max_body_bytes: Annotated[int, typer.Option(help="Largest request body accepted.")] = 1_048_576,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    run_worker: Annotated[
+        bool,
+        typer.Option(
+            "--worker/--no-worker",
+            help="Run extraction and projections in this server (--no-worker: "
+            "`uprof worker` processes do; reads wait for them).",
+        ),
+    ] = True,
 ) -> None:
     """Serve the REST API (OpenAPI at /docs); extraction and projections run in the background."""
     import uvicorn
@@ -34,7 +42,9 @@ def serve(
     from uprof.api.logconfig import server_log_config
     from uprof.bootstrap import bootstrap
 
-    server_settings = settings().model_copy(update={"background_workers": True})
+    server_settings = settings().model_copy(
+        update={"background_workers": True, "run_worker": run_worker}
+    )
     try:
         kernel = bootstrap(server_settings)
     except UprofError as e:

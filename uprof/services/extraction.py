@@ -3,7 +3,8 @@
 The worker follows the profiles log for ``InteractionCaptured`` events, asks the
 extractor for proposals, runs them through the update engine of each subject's
 aggregate and saves the results *with* its tracking position in one transaction,
-so each capture is extracted exactly once, even across crashes.
+so each capture is extracted exactly once, even across crashes; the save commits only
+from the position the batch started at, so also across worker processes.
 
 Evidence binding is the kernel's job, not the extractor's: ``EvidenceChecker``
 refuses any proposal citing an event that does not exist or belongs to another
@@ -15,12 +16,12 @@ from __future__ import annotations
 import random
 import time
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
-from eventsourcing.persistence import IntegrityError, RecordConflictError, Tracking
+from eventsourcing.persistence import IntegrityError, RecordConflictError
 
 from domain.errors import (
     ConcurrencyConflictError,
@@ -42,7 +43,9 @@ from domain.values import (
 )
 from projections.profile.queries import ProfileQueries
 from uprof.eventstore import CAPTURED_TOPIC, CONFLICT_RETRIES, ProfilesApplication
+from uprof.partitions import Partitioning, owned_or_all
 from uprof.ports import Clock, Extractor
+from uprof.recorders import GuardedTracking, PositionMovedError
 
 
 def category_of(proposal: Any) -> str | None:
@@ -99,7 +102,14 @@ def interaction_of(event: Any) -> Interaction:
 
 
 class ExtractionWorker:
-    """Follow the log and extract each capture exactly once."""
+    """Follow the log and extract each capture exactly once, in any number of processes.
+
+    Each batch is saved with a guarded tracking position (``uprof.recorders``): it
+    commits only if the partition's position is still the one the batch started
+    from, so two workers that read the same captures never both record results.
+    With ``partitioning`` of M, this worker runs the ``partitions`` it is given (all
+    by default) and answers positions for every partition.
+    """
 
     def __init__(
         self,
@@ -109,6 +119,9 @@ class ExtractionWorker:
         clock: Clock,
         batch_size: int = 256,
         may_capture: Callable[[str, str], frozenset[str]] | None = None,
+        *,
+        partitioning: Partitioning | None = None,
+        partitions: Sequence[int] | None = None,
     ) -> None:
         self._app = app
         self._extractor = extractor
@@ -117,27 +130,59 @@ class ExtractionWorker:
         self._batch_size = batch_size
         #: (app, purpose) -> categories that app's captures may yield; None: all.
         self._may_capture = may_capture
+        self._partitioning = partitioning or Partitioning()
+        self._owned = owned_or_all(self._partitioning, partitions)
+        #: Batches that lost the race to another worker (re-read and redone).
+        self.moved_conflicts = 0
+
+    @property
+    def partitions(self) -> tuple[int, ...]:
+        return self._owned
+
+    def tracking_name(self, k: int) -> str:
+        return self._partitioning.name(self._app.name, k)
+
+    def tracking_name_for(self, stream_id: UUID) -> str:
+        """The position that covers this subject's captures."""
+        return self.tracking_name(self._partitioning.of(stream_id))
+
+    def partition_position(self, k: int) -> int:
+        return self._app.tracking_position(self.tracking_name(k))
 
     @property
     def position(self) -> int:
-        return self._app.tracking_position(self._app.name)
+        """The lowest position of every partition: all captures up to it are extracted."""
+        return min(self.partition_position(k) for k in self._partitioning.all)
 
     def lag(self) -> int:
-        """Captures not yet extracted."""
-        pending = self._app.notifications_after(self.position, 10_000, topics=(CAPTURED_TOPIC,))
-        return len(pending)
+        """Captures not yet extracted (in every partition, up to 10,000)."""
+        pending = 0
+        for k in self._partitioning.all:
+            after = self._app.notifications_after(
+                self.partition_position(k), 10_000, topics=(CAPTURED_TOPIC,)
+            )
+            pending += sum(1 for n in after if self._partitioning.of(n.originator_id) == k)
+        return pending
 
     def run_once(self) -> int:
-        """Extract one batch of captures; returns how many notifications it consumed.
+        """Extract one batch per owned partition; returns how many notifications it consumed.
 
-        Raises ConcurrencyConflictError when captures kept winning the race for the
-        batch's subjects; the batch is then retried by the next run.
+        A batch that another worker saved first (``PositionMovedError``) is dropped and
+        re-read at once. Raises ConcurrencyConflictError when captures kept winning the
+        race for the batch's subjects; the batch is then retried by the next run.
         """
+        return sum(self._run_partition(k) for k in self._owned)
+
+    def _run_partition(self, k: int) -> int:
         for attempt in range(CONFLICT_RETRIES):
             try:
-                return self._run_batch()
+                return self._run_batch(k)
+            except PositionMovedError:
+                # Another worker committed this range: nothing of ours was written.
+                self.moved_conflicts += 1
+                continue
             except (RecordConflictError, IntegrityError):
-                # A capture or a concurrent worker saved first; back off, re-read, redo.
+                # A capture saved first; back off, re-read, redo.
                 time.sleep(random.uniform(0, min(0.2, 0.002 * (2**attempt))))
         raise ConcurrencyConflictError("extraction kept losing the race to concurrent captures")
 
@@ -147,17 +192,18 @@ class ExtractionWorker:
             total += consumed
         return total
 
-    def _run_batch(self) -> int:
-        start = self.position
+    def _run_batch(self, k: int) -> int:
+        start = self.partition_position(k)
         notifications = self._app.notifications_after(
             start, self._batch_size, topics=(CAPTURED_TOPIC,)
         )
         if not notifications:
             return 0
+        mine = [n for n in notifications if self._partitioning.of(n.originator_id) == k]
         # The extractor (a model, perhaps a remote one) runs first, outside any turn: it
         # needs the captured event only, not the subject's state.
         by_stream: dict[UUID, list[tuple[Any, ProposalBatch]]] = defaultdict(list)
-        for notification in notifications:
+        for notification in mine:
             event = self._app.decode(notification)
             if isinstance(event, SubjectProfile.ContentShredded):
                 continue
@@ -165,6 +211,8 @@ class ExtractionWorker:
         now = self._clock.now()
         # Then load, apply and save while this process's writers of those subjects wait
         # their turn, so a capture arriving meanwhile cannot make the batch lose the race.
+        # The position moves over the whole batch, other partitions' captures included.
+        tracking = GuardedTracking(self.tracking_name(k), notifications[-1].id, expected=start)
         with self._app.writer_turns(by_stream):
             profiles = []
             for stream_id, extracted in by_stream.items():
@@ -176,7 +224,7 @@ class ExtractionWorker:
                     self._evidence.check(profile.id, batch, known={event.capture_id: profile.id})
                     profile.apply_proposals(batch, observed_at=event.occurred_at, now=now)
                 profiles.append(profile)
-            self._app.save_tracked(profiles, Tracking(self._app.name, notifications[-1].id))
+            self._app.save_tracked(profiles, tracking)
         return len(notifications)
 
     def _proposals_for(self, event: Any) -> ProposalBatch:

@@ -472,7 +472,8 @@ class PolicyService:
 
         ``capture`` and ``propose`` default to the ``read`` categories; pass ``[]`` to grant
         none. Capturing apps also get ``capture conversation`` (what a raw capture is),
-        and ``consent`` for everything they may read or capture. The app need not be known yet (onboarding is how it becomes known).
+        and ``consent`` for everything they may read or capture. The app need not be
+        known yet (onboarding is how it becomes known).
         """
         label = _checked_label(requested_by)
         _check_app(app_id, field="app_id")

@@ -21,6 +21,15 @@ from uprof.api.deps import CurrentPrincipal, Runtime
 from uprof.api.errors import EdgeError, role_required
 from uprof.api.keys import ROLE_OPERATOR, Principal
 from uprof.api.routes.docs import errors
+from uprof.api.scoped import AppScope
+from uprof.facade import (
+    Facade,
+    PolicyChange,
+    PolicyChangeResult,
+    PolicyInputError,
+    PolicyState,
+    PolicyStoreError,
+)
 from uprof.schemas.api import FieldProblem
 from uprof.schemas.policy import (
     OnboardIn,
@@ -31,15 +40,6 @@ from uprof.schemas.policy import (
     PolicyOut,
     PolicyRuleOut,
     RoleAssignmentOut,
-)
-from uprof.api.scoped import AppScope
-from uprof.facade import (
-    Facade,
-    PolicyChange,
-    PolicyChangeResult,
-    PolicyInputError,
-    PolicyState,
-    PolicyStoreError,
 )
 
 router = APIRouter(prefix="/v1/policy", tags=["policy"])

@@ -1,0 +1,133 @@
+"""``uprof worker``: run extraction and projections as a process of its own.
+
+Any number of these (and of servers with their built-in worker) may run on one
+database: every batch is saved only from the position it started at, so a batch
+that another process saved first is re-read, never applied twice. With
+``--partitions M --partition K`` a worker runs only the subjects of partition K
+(``stream_id % M == K``), each partition with its own positions, so M workers share
+the work instead of racing for it. SIGTERM or SIGINT: the batch in hand is
+finished, then the process exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from types import FrameType
+from typing import Annotated
+
+import typer
+
+from domain.errors import UprofError
+from uprof.cli.context import console, fail, settings
+
+_log = logging.getLogger("uprof.worker")
+
+#: Back-off after a failed batch doubles from this, up to MAX_BACKOFF_S.
+FIRST_BACKOFF_S = 0.5
+MAX_BACKOFF_S = 30.0
+
+
+def run_loop(kernel: object, stop: threading.Event, *, idle_poll_s: float) -> dict[str, int]:
+    """Process batches until ``stop`` is set; a failure is logged and retried with back-off."""
+    from uprof.kernel import Uprof
+
+    assert isinstance(kernel, Uprof)
+    totals = {"batches": 0, "processed": 0, "failures": 0}
+    backoff = FIRST_BACKOFF_S
+    while not stop.is_set():
+        try:
+            processed = kernel.process_once()
+        except Exception:
+            _log.exception("worker batch failed; retrying in %.1f s", backoff)
+            totals["failures"] += 1
+            stop.wait(backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF_S)
+            continue
+        backoff = FIRST_BACKOFF_S
+        totals["batches"] += 1
+        totals["processed"] += processed
+        if processed == 0:
+            stop.wait(idle_poll_s)
+    return totals
+
+
+def worker(
+    partitions: Annotated[
+        int | None,
+        typer.Option(
+            help="Partition count of this database (UPROF_WORKER_PARTITIONS; every server "
+            "and worker on it must use the same)."
+        ),
+    ] = None,
+    partition: Annotated[
+        int | None, typer.Option(help="The partition this worker runs, 0..M-1 (default: all).")
+    ] = None,
+    idle_poll: Annotated[
+        float, typer.Option(help="Seconds between polls of the log when caught up.")
+    ] = 0.05,
+    log_level: Annotated[str, typer.Option(help="Log level.")] = "info",
+) -> None:
+    """Run extraction and projections until SIGTERM (then finish the batch and exit 0)."""
+    from uprof.bootstrap import bootstrap
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    overrides: dict[str, object] = {}
+    if partitions is not None:
+        overrides["worker_partitions"] = partitions
+    try:
+        worker_settings = settings().model_copy(update=overrides)
+        worker_settings = type(worker_settings).model_validate(worker_settings.model_dump())
+    except ValueError as e:
+        console.print(f"[bold red]error:[/] {e}")
+        raise typer.Exit(2) from None
+    count = worker_settings.worker_partitions
+    if partition is not None and not 0 <= partition < count:
+        console.print(
+            f"[bold red]error:[/] --partition must be in 0..{count - 1} (--partitions {count})"
+        )
+        raise typer.Exit(2)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        kernel = bootstrap(worker_settings, partitions=None if partition is None else [partition])
+    except UprofError as e:
+        fail(e)
+        return
+    which = "all partitions" if partition is None else f"partition {partition}"
+    # Plain print, flushed: scripts and tests wait for this line.
+    print(f"uprof worker ready: {which} of {count}", flush=True)
+    started = time.monotonic()
+    try:
+        totals = run_loop(kernel, stop, idle_poll_s=idle_poll)
+    finally:
+        kernel.close()
+    print(
+        f"uprof worker stopped: {totals['processed']} notifications in {totals['batches']} "
+        f"batches, {totals['failures']} failures, {time.monotonic() - started:.1f} s",
+        flush=True,
+    )
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``worker`` to the main CLI."""
+    app.command("worker")(worker)
+
+
+def main() -> None:
+    """``python -m uprof.cli.worker``: the same command without importing the whole CLI
+    (its start-up is a third of a busy machine's, which the reliability bench pays often)."""
+    app = typer.Typer(add_completion=False)
+    app.command()(worker)
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""Process recorders whose tracking save commits only from the position it started at.
+
+eventsourcing 9.5's single-row tracking upsert accepts any notification id greater
+than the stored one (FIELD-NOTES 8.2): two worker processes that read the same
+batch both commit it, and every derived event of the overlap is recorded twice.
+
+Here a batch's tracking object says where it started (``GuardedTracking.expected``)
+and the recorder turns the upsert into a compare-and-set in the same transaction as
+the batch's events: the row moves from ``expected`` to the new id or the whole
+transaction rolls back with ``PositionMovedError``. The hook is the one method both
+library recorders funnel every tracking write through, ``_insert_tracking(cursor,
+tracking)``; a plain ``Tracking`` keeps the library's behaviour.
+
+Why the compare is race-free:
+
+- SQLite: the process recorder inserts the batch's events first, which takes the
+  database's write lock; a write transaction in WAL mode reads the newest state, so
+  the compare sees every committed position and no other writer can commit until
+  this one ends. A batch without events makes the compare its first write, which
+  takes the lock the same way.
+- PostgreSQL: the statement locks the tracking row (``ON CONFLICT DO UPDATE`` or
+  ``UPDATE``); a concurrent transaction holding it makes this one wait, after which
+  READ COMMITTED re-evaluates the ``WHERE`` on the row's newest version, so exactly
+  one of two racers matches ``expected``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from eventsourcing.persistence import Tracking
+from eventsourcing.postgres import PostgresProcessRecorder
+from eventsourcing.sqlite import SQLiteCursor, SQLiteProcessRecorder
+from psycopg.sql import SQL, Identifier
+
+from domain.errors import PositionMovedError
+
+__all__ = [
+    "GUARDED_RECORDERS",
+    "GuardedPostgresProcessRecorder",
+    "GuardedSQLiteProcessRecorder",
+    "GuardedTracking",
+    "PositionMovedError",
+]
+
+
+@dataclass(frozen=True)
+class GuardedTracking(Tracking):
+    """A tracking position that may only replace ``expected`` (0: no position yet)."""
+
+    expected: int
+
+    def __post_init__(self) -> None:
+        if self.notification_id <= self.expected:
+            raise ValueError(
+                f"a guarded position must move forward ({self.expected} -> {self.notification_id})"
+            )
+
+
+class GuardedSQLiteProcessRecorder(SQLiteProcessRecorder):
+    """SQLite process recorder with compare-and-set tracking (see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not self.datastore.single_row_tracking:
+            raise ValueError("guarded tracking needs single-row tracking (SINGLE_ROW_TRACKING)")
+
+    def _insert_tracking(self, c: SQLiteCursor, tracking: Tracking) -> None:
+        if not isinstance(tracking, GuardedTracking):
+            super()._insert_tracking(c, tracking)
+            return
+        params = {
+            "application_name": tracking.application_name,
+            "notification_id": tracking.notification_id,
+            "expected": tracking.expected,
+        }
+        if tracking.expected == 0:
+            # No position yet: insert, or move a row still at 0 (another worker's
+            # insert makes the WHERE false and nothing is returned).
+            c.execute(
+                "INSERT INTO tracking VALUES (:application_name, :notification_id) "
+                "ON CONFLICT (application_name) DO UPDATE "
+                "SET notification_id = excluded.notification_id "
+                "WHERE tracking.notification_id = 0 RETURNING notification_id",
+                params,
+            )
+        else:
+            c.execute(
+                "UPDATE tracking SET notification_id = :notification_id "
+                "WHERE application_name = :application_name "
+                "AND notification_id = :expected RETURNING notification_id",
+                params,
+            )
+        if c.fetchone() is None:
+            raise PositionMovedError(
+                tracking.application_name, tracking.expected, tracking.notification_id
+            )
+
+
+class GuardedPostgresProcessRecorder(PostgresProcessRecorder):
+    """PostgreSQL process recorder with compare-and-set tracking (see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not self.datastore.single_row_tracking:
+            raise ValueError("guarded tracking needs single-row tracking (SINGLE_ROW_TRACKING)")
+        if self.datastore.enable_db_functions:
+            # That insert path calls a stored function and never writes tracking.
+            raise ValueError("guarded tracking does not work with POSTGRES_ENABLE_DB_FUNCTIONS")
+        table = (Identifier(self.datastore.schema), Identifier(self.tracking_table_name))
+        self._guarded_insert = SQL(
+            "INSERT INTO {0}.{1} VALUES (%(application_name)s, %(notification_id)s) "
+            "ON CONFLICT (application_name) DO UPDATE "
+            "SET notification_id = excluded.notification_id "
+            "WHERE {0}.{1}.notification_id = 0 RETURNING notification_id"
+        ).format(*table)
+        self._guarded_update = SQL(
+            "UPDATE {0}.{1} SET notification_id = %(notification_id)s "
+            "WHERE application_name = %(application_name)s "
+            "AND notification_id = %(expected)s RETURNING notification_id"
+        ).format(*table)
+
+    def _insert_tracking(self, curs: Any, tracking: Tracking) -> None:
+        if not isinstance(tracking, GuardedTracking):
+            super()._insert_tracking(curs, tracking)
+            return
+        statement = self._guarded_insert if tracking.expected == 0 else self._guarded_update
+        curs.execute(
+            query=statement,
+            params={
+                "application_name": tracking.application_name,
+                "notification_id": tracking.notification_id,
+                "expected": tracking.expected,
+            },
+            prepare=True,
+        )
+        if curs.fetchone() is None:
+            raise PositionMovedError(
+                tracking.application_name, tracking.expected, tracking.notification_id
+            )
+
+
+#: Recorder class per eventsourcing persistence module (the ones uprof deploys on).
+GUARDED_RECORDERS: dict[str, type] = {
+    "eventsourcing.sqlite": GuardedSQLiteProcessRecorder,
+    "eventsourcing.postgres": GuardedPostgresProcessRecorder,
+}
