@@ -71,6 +71,9 @@ def deployment(backend: str, *, embedder: str = "hashing", **overrides: Any) -> 
         admin.dispose()
         url = sa.engine.make_url(admin_url).set(database=pg_name).render_as_string(False)
     settings = Settings(data_dir=tmp / "data", database_url=url, embedder=embedder)  # type: ignore[arg-type]
+    from benchmarks.uprof_system import bench_authorizer
+
+    overrides.setdefault("authorizer", bench_authorizer(("personalization",)))
     k = bootstrap(settings, **overrides)
     try:
         yield k

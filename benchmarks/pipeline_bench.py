@@ -38,11 +38,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from benchmarks.uprof_system import bench_authorizer
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "docs" / "bench" / "pipeline.json"
 POSTGRES_ADMIN_URL = os.environ.get(
     "UPROF_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
+
 APP = "app:bench"
 AGENT = "agent:bench"
 PURPOSE = "benchmark"
@@ -79,7 +82,8 @@ def child(argv: Sequence[str]) -> int:
     )
     embedder = build_embedder(settings)
     embedder.embed(["a first call warms torch up"])
-    kernel = bootstrap(settings, embedder=embedder, partitions=[args.partition])
+    kernel = bootstrap(settings, embedder=embedder, partitions=[args.partition],
+                       authorizer=bench_authorizer())
     app = kernel.app
     last_capture = app.notifications_after(0, 10**9, topics=(CAPTURED_TOPIC,))[-1].id
     print("READY", flush=True)
@@ -148,6 +152,7 @@ def fill(
     kernel = bootstrap(
         _settings(data_dir, url, worker_partitions=partitions, embedder="hashing"),
         embedder=HashingEmbedder(),
+        authorizer=bench_authorizer(),
     )
     turns = 0
     try:

@@ -29,10 +29,16 @@ PURPOSE = "benchmark"
 CAPTURE_BATCH = 1_000
 
 
-def bench_authorizer() -> CasbinAuthorizer:
-    """The seed policy plus one rule: the benchmark app may read everything for benchmarking."""
+def bench_authorizer(purposes: tuple[str, ...] = (PURPOSE,)) -> CasbinAuthorizer:
+    """The seed policy plus: the benchmark app may read and capture every category.
+
+    Capture matters too: extraction keeps only the categories the capturing app may
+    capture, so without it no attribute, intent or memory would be derived.
+    """
     authorizer = CasbinAuthorizer.seeded()
-    authorizer.add_rule(PolicyRule(APP, "default", "read", "any", PURPOSE))
+    for purpose in purposes:
+        for action in ("read", "capture"):
+            authorizer.add_rule(PolicyRule(APP, "default", action, "any", purpose))
     return authorizer
 
 

@@ -448,7 +448,8 @@ def test_an_erased_subject_id_is_410_for_consent_capture_and_reads(
     assert erased.status_code == 200, erased.text
     attempts = [
         http.post("/v1/consents", headers=bearer(apps.planner), json={
-            "subject": "alice", "categories": ["*"], "purposes": ["personalization"]}),
+            "subject": "alice", "categories": ["*"], "purposes": ["personalization"],
+            "collected_by": "consent-ui:test"}),
         http.post("/v1/captures", headers=bearer(apps.planner),
                   json={"subject": "alice", **interaction("I am back")}),
         slice_for(http, apps.planner),
