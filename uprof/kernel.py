@@ -101,6 +101,9 @@ class Uprof:
     #: Called when a read finds its subject behind and background workers must catch
     #: up (a long-running server sets it to its worker's wake-up).
     wake_workers: Callable[[], None] = lambda: None
+    #: Background workers started over this kernel (by a front door's runtime); close()
+    #: stops them first, so no worker writes through a connection being closed.
+    worker_stoppers: list[Callable[[], None]] = field(default_factory=list, repr=False)
     #: Keys of retried writes (I14); None only in kernels built without bootstrap.
     idempotency: IdempotencyStore | None = None
     _process_lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
@@ -694,6 +697,8 @@ class Uprof:
         return result
 
     def close(self) -> None:
+        for stop in list(self.worker_stoppers):
+            stop()
         try:
             self.reads.close()
         finally:

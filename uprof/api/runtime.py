@@ -143,6 +143,7 @@ class ServiceRuntime:
             runtime.worker = PipelineWorker(kernel, runtime.pipeline_lock)
             runtime.wake = runtime.worker.wake
             kernel.wake_workers = runtime.worker.wake
+            kernel.worker_stoppers.append(runtime.worker.stop)
         return runtime
 
     @property
