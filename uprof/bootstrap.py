@@ -45,7 +45,7 @@ from uprof.services.reads import ReadRecorder
 from uprof.services.slices import Authorizer, Freshness, SliceService
 from uprof.services.subjects import SubjectResolver
 from uprof.settings import Settings
-from uprof.storage import RESTORE_MARKER, create_engine, layout_for, migrate
+from uprof.storage import RESTORE_MARKER, create_engine, layout_for, migrate, schema_lock
 
 if TYPE_CHECKING:
     from uprof.services.policy import PolicyService
@@ -206,8 +206,9 @@ def bootstrap(
     layout = layout_for(settings)
     views = create_engine(layout.views_url)
     keys = views if layout.keys_url == layout.views_url else create_engine(layout.keys_url)
-    migrate(views, "views")
-    migrate(keys, "keys")
+    with schema_lock(views):
+        migrate(views, "views")
+        migrate(keys, "keys")
 
     root = material.master_secret()
     master = root
@@ -218,7 +219,10 @@ def bootstrap(
         ledger=ErasureLedger(material, root),
     )
     events = views if layout.events_url == layout.views_url else create_engine(layout.events_url)
-    app = ProfilesApplication(env=layout.eventsourcing_env, keystore=keystore, events_engine=events)
+    with schema_lock(events):  # the library creates its tables on first open
+        app = ProfilesApplication(
+            env=layout.eventsourcing_env, keystore=keystore, events_engine=events
+        )
     partitioning = Partitioning(settings.worker_partitions)
     try:
         app.claim_partitioning(partitioning.count)
@@ -238,7 +242,8 @@ def bootstrap(
     extractor = extractor or build_extractor(settings)
     evidence = EvidenceChecker(queries)
 
-    policy = build_policy_service(settings, audit, keys)
+    with schema_lock(events):
+        policy = build_policy_service(settings, audit, keys)
     # The policy store decides, unless the caller brought its own authorizer (tests, benches).
     authorizer = authorizer or policy.authorizer
 

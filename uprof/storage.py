@@ -12,6 +12,8 @@ The key material that unwraps the key tables stays in the key folder.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,6 +126,31 @@ def create_engine(url: str) -> sa.Engine:
     return sa.create_engine(
         url, pool_pre_ping=True, pool_size=5, max_overflow=10, hide_parameters=True
     )
+
+
+#: Advisory lock key that processes starting on one PostgreSQL database queue on.
+SCHEMA_LOCK_KEY = 0x7570726F66  # "uprof"
+
+
+@contextlib.contextmanager
+def schema_lock(engine: sa.Engine) -> Iterator[None]:
+    """Let one starting process at a time create or migrate tables (PostgreSQL).
+
+    Two processes creating eventsourcing's tables at the same moment crash one of them
+    in PostgreSQL's catalog ("tuple concurrently updated"); an advisory lock held on
+    its own connection orders them. SQLite serialises schema changes by itself.
+    """
+    if engine.dialect.name != "postgresql":
+        yield
+        return
+    with engine.connect() as conn:
+        conn.execute(sa.text("SELECT pg_advisory_lock(:key)"), {"key": SCHEMA_LOCK_KEY})
+        conn.commit()
+        try:
+            yield
+        finally:
+            conn.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": SCHEMA_LOCK_KEY})
+            conn.commit()
 
 
 def migrate(engine: sa.Engine, branch: str) -> None:

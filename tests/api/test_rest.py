@@ -462,7 +462,8 @@ def test_an_erased_subject_id_is_410_for_consent_capture_and_reads(
     assert old is not None
     assert kernel.recreate_subject("alice") != old.pseudonym
     assert http.post("/v1/consents", headers=bearer(apps.planner), json={
-        "subject": "alice", "categories": ["*"], "purposes": ["personalization"]}
+        "subject": "alice", "categories": ["*"], "purposes": ["personalization"],
+        "collected_by": "consent-ui:test"}
     ).status_code == 201
 
 
