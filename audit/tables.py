@@ -19,13 +19,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy import event
 
-NAMING_CONVENTION = {
-    "ix": "ix_%(column_0_label)s",
-    "uq": "uq_%(table_name)s_%(column_0_name)s",
-    "ck": "ck_%(table_name)s_%(constraint_name)s",
-    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-    "pk": "pk_%(table_name)s",
-}
+from domain.naming import NAMING_CONVENTION
 
 metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
 

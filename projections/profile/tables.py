@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from projections.naming import NAMING_CONVENTION
+from domain.naming import NAMING_CONVENTION
 
 metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
 

@@ -10,15 +10,22 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from audit.tables import NAMING_CONVENTION, append_only_ddl, metadata
+from audit.tables import append_only_ddl, metadata
+from domain.naming import NAMING_CONVENTION
 
 AUDIT_DIR = Path(__file__).resolve().parents[2] / "audit"
 REPO = AUDIT_DIR.parent
 
 
 def test_tables_use_the_shared_naming_convention() -> None:
-    for key, template in NAMING_CONVENTION.items():
-        assert metadata.naming_convention[key] == template
+    # Every table-owning package builds its metadata on the one convention (domain.naming).
+    from projections.profile.tables import metadata as profile_metadata
+    from uprof.api.tables import metadata as api_metadata
+    from uprof.crypto.tables import metadata as keys_metadata
+    from uprof.services.idempotency import metadata as idempotency_metadata
+
+    for md in (metadata, profile_metadata, api_metadata, keys_metadata, idempotency_metadata):
+        assert {k: md.naming_convention[k] for k in NAMING_CONVENTION} == NAMING_CONVENTION
     assert set(metadata.tables) == {"audit_entries", "audit_nodes", "audit_checkpoints"}
     entries = metadata.tables["audit_entries"]
     index_names = {ix.name for ix in entries.indexes}

@@ -45,7 +45,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from domain.errors import IdempotencyKeyReusedError, InvalidInputError
-from uprof.naming import NAMING_CONVENTION
+from domain.naming import NAMING_CONVENTION
 
 #: The REST header (and the field name it is reported under).
 HEADER = "Idempotency-Key"
