@@ -162,6 +162,8 @@ def percentiles(values: Sequence[float]) -> dict[str, float]:
 # --------------------------------------------------------------------------- 1. crash
 
 CRASH_SUBJECTS = [f"crash-{i}" for i in range(4)]
+#: Notifications per batch in the process() child (see ``_child``).
+PROCESS_CHILD_BATCH = 4
 
 
 def _child(argv: Sequence[str]) -> int:
@@ -176,12 +178,16 @@ def _child(argv: Sequence[str]) -> int:
         "postgres" if args.database_url else "sqlite", Path(args.data_dir), args.database_url
     )
     rng = random.Random(args.seed)
-    kernel = open_kernel(target)
-    print("READY", flush=True)
     if args.mode == "process":
-        kernel.process()
+        # Small batches, each reported once committed, so the parent can kill it between
+        # two of them with work still left (a kill after DONE would test nothing).
+        kernel = open_kernel(target, projection_batch_size=PROCESS_CHILD_BATCH)
+        print("READY", flush=True)
+        kernel.process(progress=lambda _position, _end: print("STEP", flush=True))
         print("DONE", flush=True)
         return 0
+    kernel = open_kernel(target)
+    print("READY", flush=True)
     n = 0
     while True:
         subject = rng.choice(CRASH_SUBJECTS)
@@ -205,19 +211,28 @@ def _spawn(target: Target, mode: str, seed: int) -> subprocess.Popen[str]:
     )
 
 
-def _kill_after_ready(proc: subprocess.Popen[str], delay: float) -> tuple[list[str], str]:
-    """Wait for READY, sleep ``delay``, SIGKILL; return the complete stdout lines after READY."""
+def _kill_after_ready(
+    proc: subprocess.Popen[str], delay: float, *, after_steps: int = 0
+) -> tuple[list[str], str]:
+    """Wait for READY (and ``after_steps`` STEP lines), sleep ``delay``, SIGKILL; return
+    the complete stdout lines after READY."""
     assert proc.stdout is not None
     first = proc.stdout.readline()
     if first.strip() != "READY":
         proc.kill()
         _, err = proc.communicate()
         raise RuntimeError(f"child did not start: {first!r} {err[-2000:]}")
+    early: list[str] = []
+    while len(early) < after_steps:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        early.append(line)
     time.sleep(delay)
     proc.send_signal(signal.SIGKILL)
     out, err = proc.communicate()
     # Only lines that were written completely (with their newline) count as acknowledged.
-    lines = [line for line in out.splitlines(keepends=True) if line.endswith("\n")]
+    lines = [line for line in [*early, *out.splitlines(keepends=True)] if line.endswith("\n")]
     return [line.strip() for line in lines], err
 
 
@@ -243,8 +258,11 @@ def crash_scenario(
                 ack = kernel.capture(subject, interaction(f"I want to see proc{round_}x{k}"))
                 acked.append(ack.capture_id)
         proc = _spawn(target, "process", seed * 2000 + round_)
-        lines, _ = _kill_after_ready(proc, rng.uniform(0.0, max_delay / 2))
-        process_rounds_interrupted += "DONE" not in lines
+        # Killed between two committed batches (or inside the next), with many left.
+        lines, _ = _kill_after_ready(proc, 0.0, after_steps=rng.randint(1, 4))
+        process_rounds_interrupted += (
+            proc.returncode == -signal.SIGKILL and "STEP" in lines and "DONE" not in lines
+        )
     with kernel_on(target) as kernel:
         kernel.process()
         stored = captured_ids(kernel, CRASH_SUBJECTS)

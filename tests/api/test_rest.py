@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
 
 from tests.api.conftest import CALENDAR, PLANNER, Apps, bearer, grant, interaction
 from uprof.api import ApiKeyStore
+from uprof.api.keys import KEY_CACHE_TTL_S
 from uprof.kernel import Uprof
 from uprof.settings import Settings
 
@@ -41,7 +40,7 @@ def test_readiness_fails_while_reads_cannot_be_recorded(
 ) -> None:
     grant(http, apps.planner)
     assert http.get("/readyz").status_code == 200
-    kernel.reads._failure = OSError("audit store unavailable")  # noqa: SLF001 - a failed recorder
+    kernel.reads._failure = OSError("audit store unavailable")
     try:
         ready = http.get("/readyz")
         assert ready.status_code == 503 and "read recorder" in ready.json()["detail"]
@@ -54,7 +53,7 @@ def test_readiness_fails_while_reads_cannot_be_recorded(
         assert refused.status_code == 503
         assert refused.json()["error"]["code"] == "read_not_recorded"
     finally:
-        kernel.reads._failure = None  # noqa: SLF001
+        kernel.reads._failure = None
 
 
 def test_openapi_documents_every_route_with_bearer_auth(http: httpx.Client) -> None:
@@ -98,7 +97,8 @@ def test_a_revocation_by_another_process_takes_effect_within_the_cache_time(
     http: httpx.Client, keys: ApiKeyStore, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The server caches live key rows briefly; ``uprof apps revoke`` runs elsewhere."""
-    monkeypatch.setattr("uprof.api.keys.KEY_CACHE_TTL_S", 0.3)
+    clock = [1000.0]
+    monkeypatch.setattr(keys, "_monotonic", lambda: clock[0])
     issued = keys.create(PLANNER)
     assert http.get("/v1/whoami", headers=bearer(issued.token)).status_code == 200
     elsewhere = ApiKeyStore.open(settings)  # another process's store: no shared cache
@@ -106,7 +106,11 @@ def test_a_revocation_by_another_process_takes_effect_within_the_cache_time(
         assert elsewhere.revoke(issued.info.key_id)
     finally:
         elsewhere.close()
-    time.sleep(0.35)
+    # Within the cache time the server still trusts its recent read of the row ...
+    clock[0] += KEY_CACHE_TTL_S / 2
+    assert http.get("/v1/whoami", headers=bearer(issued.token)).status_code == 200
+    # ... and once it is older than that, the revocation made elsewhere takes effect.
+    clock[0] += KEY_CACHE_TTL_S
     assert http.get("/v1/whoami", headers=bearer(issued.token)).status_code == 401
 
 

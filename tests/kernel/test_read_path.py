@@ -186,12 +186,14 @@ class _SlowTrail:
 
     def __init__(self) -> None:
         self.release = threading.Event()
+        self.writing = threading.Event()  # set once the recorder is inside a write
         self.written = 0
 
     def record(self, action: str, **fields: object) -> None:
         self.record_many([(action, dict(fields))])
 
     def record_many(self, entries: list) -> None:
+        self.writing.set()
         self.release.wait(timeout=10)
         self.written += len(entries)
 
@@ -206,9 +208,8 @@ def test_a_full_backlog_refuses_the_read(kernel: Uprof) -> None:
     )
     try:
         recorder.record(_served(kernel))
-        deadline = time.monotonic() + 5
-        while recorder._queue.qsize() and time.monotonic() < deadline:
-            time.sleep(0.001)  # until the recorder holds the first read in its write
+        # Until the recorder holds the first read in its (blocked) write.
+        assert trail.writing.wait(timeout=10)
         recorder.record(_served(kernel))  # fills the one place
         with pytest.raises(ReadRecordingError, match="backed up"):
             recorder.record(_served(kernel))
@@ -227,21 +228,27 @@ def test_a_drain_ends_while_reads_keep_coming(kernel: Uprof) -> None:
     kernel.process()
     recorder = ReadRecorder(kernel.app, kernel.audit, mode="async", linger_s=0.05)
     stop = threading.Event()
+    streaming = threading.Event()  # set once reads are arriving steadily
 
     def keep_reading() -> None:
+        sent = 0
         while not stop.is_set():
             recorder.record(_served(kernel))
-            time.sleep(0.0005)
+            sent += 1
+            if sent == 50:
+                streaming.set()
+            time.sleep(0.0005)  # a server's pace, not a synchronisation
 
     producer = threading.Thread(target=keep_reading)
     producer.start()
     try:
-        time.sleep(0.2)
+        assert streaming.wait(timeout=30)
         before = recorder._queued
-        began = time.monotonic()
+        # A drain that waited for an empty queue would never end here: it would raise
+        # ReadRecordingError at its deadline instead of returning.
         recorder.drain(timeout_s=20)
-        assert time.monotonic() - began < 10
         assert recorder.recorded >= before
+        assert producer.is_alive()  # the stream was still flowing when the drain ended
     finally:
         stop.set()
         producer.join()

@@ -8,6 +8,8 @@ from benchmarks.reliability import Target, crash_scenario
 def test_sigkill_loses_and_duplicates_nothing_and_projections_converge(target: Target) -> None:
     r = crash_scenario(target, kills=3, process_kills=1, seed=42)
     assert r["children_killed_by_sigkill"] == 3
+    # The process() child died mid-run (after a committed batch, before it finished).
+    assert r["process_runs_interrupted_before_done"] == 1
     assert r["acked"] > 0, "the children acknowledged nothing: the test would be vacuous"
     assert r["acked_unique"] == r["acked"]
     assert r["lost"] == 0

@@ -114,9 +114,17 @@ class _KeyRow:
 class ApiKeyStore:
     """Issue, list, revoke and check API keys in the ``api_keys`` table."""
 
-    def __init__(self, engine: sa.Engine, *, now: Callable[[], datetime] | None = None) -> None:
+    def __init__(
+        self,
+        engine: sa.Engine,
+        *,
+        now: Callable[[], datetime] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._engine = engine
         self._now = now or (lambda: datetime.now(tz=UTC))
+        #: The clock the row cache ages by (a test advances it instead of sleeping).
+        self._monotonic = monotonic
         #: key_id -> its live row, as read recently (only live keys are kept).
         self._rows: BoundedCache[str, _KeyRow] = BoundedCache(MAX_CACHED_KEYS, name="api-keys")
 
@@ -215,7 +223,7 @@ class ApiKeyStore:
 
     def _live_row(self, key_id: str) -> _KeyRow | None:
         """The key's row if it is live, from a read at most KEY_CACHE_TTL_S old."""
-        now = time.monotonic()
+        now = self._monotonic()
         cached = self._rows.get(key_id)
         if cached is not None and now - cached.read_at <= KEY_CACHE_TTL_S:
             return cached
