@@ -23,6 +23,7 @@ demo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/uprof demo --data-dir $(DATA)/demo --fresh
 
 test: setup
+	$(BIN)/ruff check .
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
 
 clean:

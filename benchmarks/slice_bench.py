@@ -56,7 +56,7 @@ def run(memories: int, queries: int) -> dict[str, Any]:
         k.process()
         questions = [f"What did I say about the {t}?" for t in TOPICS]
         embed_ms = []
-        embedder = k.slice_service._embedder  # noqa: SLF001 - measure the query embedding alone
+        embedder = k.slice_service._embedder
         for q in questions * 3:
             began = time.perf_counter()
             embedder.embed([q])

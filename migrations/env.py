@@ -19,8 +19,8 @@ config = context.config
 connection = config.attributes.get("connection")
 if connection is None:
     raise RuntimeError(
-        "run migrations through `uprof db upgrade` (uprof.storage.migrate), "
-        "which supplies the database connection from Settings"
+        "migrations run through uprof.storage.migrate (every deployment runs it when it "
+        "opens), which supplies the database connection; the alembic command line does not"
     )
 
 TARGETS = {

@@ -49,7 +49,7 @@ class Settings(BaseSettings):
     read_wait_timeout_s: float = Field(default=5.0, ge=0.0, le=120.0)
     #: How a served slice is recorded (SliceServed event + audit entry): "async" by a
     #: recorder thread off the request path, "sync" before the slice is returned.
-    #: See docs/decisions/0007-read-recording.md.
+    #: See docs/decisions/0007-read-path.md.
     read_recording: Literal["async", "sync"] = "async"
 
     #: True when extraction/projection run in background threads (the server); reads

@@ -19,7 +19,8 @@ PUBLIC = [
 ]
 
 CLIENT_METHODS = [
-    "audit_export", "audit_key", "audit_verify", "capture", "capture_many", "consents", "erase_capture", "erase_item", "erase_subject",
+    "audit_export", "audit_key", "audit_verify", "capture", "capture_many", "consents",
+    "erase_capture", "erase_item", "erase_subject",
     "evidence", "export_subject", "grant_consent", "profile", "register_identifier",
     "register_session", "slice", "submit_proposals", "whoami", "withdraw_consent",
 ]

@@ -280,7 +280,7 @@ def test_kek_rotation_keeps_data_readable_and_retires_old_wrappings(kernel: Upro
     assert outcome["deks_rewrapped"] == len(old_rows) and outcome["epochs_forgotten"] == 1
     kernel.keystore.evict(str(kernel.stream_of("alice")))
     assert [a.value for a in kernel.profile("alice").attributes] == [CANARIES["attribute"]]
-    ring = kernel.keystore._ring  # noqa: SLF001 - the KEKs still on record
+    ring = kernel.keystore._ring
     for row in old_rows:
         for kek in ring.keys.values():
             with pytest.raises(InvalidUnwrap):
