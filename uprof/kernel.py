@@ -23,6 +23,7 @@ from domain.errors import (
     ConcurrencyConflictError,
     InvalidInputError,
     ReadRecordingError,
+    ReadTimeoutError,
     SubjectNotFoundError,
 )
 from domain.values import Interaction, ProposalBatch
@@ -349,7 +350,7 @@ class Uprof:
 
     def item_reads(self, subject: str) -> list[Any]:
         """(item, app, purpose, count, last read) for every recorded read of the subject."""
-        self.ensure_fresh(self.settings.read_wait_timeout_s)
+        self._require_all_fresh("the read records")
         return list(self.queries.item_reads(str(self.stream_of(subject))))
 
     def audit_subject_ref(self, subject: str) -> str:
@@ -391,8 +392,9 @@ class Uprof:
         observed_at: datetime | None = None,
         request_token: str | None = None,
     ) -> int:
-        # Agents cite events they just captured: let the captures view catch up first.
-        self.ensure_fresh(self.settings.read_wait_timeout_s)
+        # Agents cite events they just captured: let the captures view catch up first
+        # (refusing evidence the view has not reached yet would be a false refusal).
+        self._require_subject_fresh(subject, "the subject's captures")
         return self.proposal_service.submit(
             subject,
             batch,
@@ -413,11 +415,11 @@ class Uprof:
         stream_id = self.stream_of(subject)
         if as_of is not None:
             return self.profile_service.as_of(stream_id, as_of)
-        self.ensure_fresh(self.settings.read_wait_timeout_s)
+        self._require_subject_fresh(subject, "the profile")
         return self.profile_service.current(stream_id)
 
     def evidence(self, subject: str, item_id: str) -> EvidenceView:
-        self.ensure_fresh(self.settings.read_wait_timeout_s)
+        self._require_subject_fresh(subject, "the evidence")
         return self.profile_service.evidence(self.stream_of(subject), item_id)
 
     def slice(
@@ -547,6 +549,31 @@ class Uprof:
             return self.wait_until_caught_up(timeout_s)
         self.process()
         return True
+
+    def _require_subject_fresh(self, subject: str, what: str) -> None:
+        """Read-your-writes for a whole-view read of one subject, or ReadTimeoutError.
+
+        A slice says ``fresh: false`` and is still useful; a profile, its evidence or a
+        proposal check that silently missed the newest writes would state something false
+        (an attribute missing, evidence "not found"), so those fail with 503 read_timeout.
+        Served reads are written first, so the subject's heat and read history count them.
+        """
+        self._settle_reads()
+        timeout = self.settings.read_wait_timeout_s
+        if not self.ensure_subject_fresh(self.stream_of(subject), timeout).fresh:
+            raise ReadTimeoutError(
+                f"{what} did not catch up with the subject's newest write within "
+                f"{timeout:g} s (read_wait_timeout_s)"
+            )
+
+    def _require_all_fresh(self, what: str) -> None:
+        """As ``_require_subject_fresh`` for views that depend on the whole log."""
+        timeout = self.settings.read_wait_timeout_s
+        if not self.ensure_fresh(timeout):
+            raise ReadTimeoutError(
+                f"{what} did not catch up with the log within {timeout:g} s "
+                "(read_wait_timeout_s)"
+            )
 
     def _settle_reads(self) -> None:
         """Write the reads served so far before work that should follow them.
@@ -693,7 +720,8 @@ class Uprof:
     def run_maintenance(self, *, now: datetime | None = None) -> dict[str, int]:
         """Expire overdue intents and archive cold memories (the decay job)."""
         result = self.maintenance.run(now=now or self.clock.now())
-        self.ensure_fresh(self.settings.read_wait_timeout_s)
+        # The job's events are in the log either way; say whether the views show them yet.
+        result["views_caught_up"] = int(self.ensure_fresh(self.settings.read_wait_timeout_s))
         return result
 
     def close(self) -> None:
