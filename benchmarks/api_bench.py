@@ -76,15 +76,16 @@ def serve(data_dir: Path, port: int, embedder: str) -> None:
     """The server process: what ``uprof serve`` runs, with access logs off."""
     import uvicorn
 
-    from uprof.api import ApiKeyStore, create_app
+    from uprof.api import ApiKeyStore
     from uprof.api.logconfig import server_log_config
     from uprof.bootstrap import bootstrap
+    from uprof.server import create_server
 
     settings = _settings(data_dir, embedder, background=True)
     kernel = bootstrap(settings)
     keys = ApiKeyStore.open(settings)
     try:
-        uvicorn.run(create_app(kernel, keys), host="127.0.0.1", port=port, log_level="warning",
+        uvicorn.run(create_server(kernel, keys), host="127.0.0.1", port=port, log_level="warning",
                     access_log=False, log_config=server_log_config("warning"))
     finally:
         keys.close()

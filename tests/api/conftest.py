@@ -1,7 +1,7 @@
 """Fixtures for the service surfaces: a kernel on each backend, API keys, a live server.
 
 The live server is real uvicorn on a loopback socket in a thread, serving
-``create_app`` over a kernel built like ``uprof serve`` builds it (background
+``create_server`` over a kernel built like ``uprof serve`` builds it (background
 workers on), with fakes for the clock-independent parts (hashing embedder, the
 deterministic extractor), so tests exercise HTTP, auth and the worker for real.
 """
@@ -23,10 +23,11 @@ import uvicorn
 from tests.conftest import Backend
 from tests.fakes.ports import FakeExtractor
 from uprof.adapters.embeddings import HashingEmbedder
-from uprof.api import ApiKeyStore, create_app
+from uprof.api import ApiKeyStore
 from uprof.api.logconfig import server_log_config
 from uprof.bootstrap import bootstrap
 from uprof.kernel import Uprof
+from uprof.server import create_server
 from uprof.settings import Settings
 
 PLANNER = "app:planner"  # role:assistant in the seed policy
@@ -125,7 +126,7 @@ def apps(keys: ApiKeyStore) -> Apps:
 
 @pytest.fixture
 def server(kernel: Uprof, keys: ApiKeyStore) -> Iterator[LiveServer]:
-    with LiveServer(create_app(kernel, keys, max_body_bytes=64_000)) as live:
+    with LiveServer(create_server(kernel, keys, max_body_bytes=64_000)) as live:
         yield live
 
 

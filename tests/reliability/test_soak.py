@@ -1,4 +1,7 @@
-"""A short soak: mixed captures, slices, consent changes and erasures on SQLite for a few seconds (UPROF_SOAK_SECONDS; the 10-minute run is the reliability bench)."""
+"""A short soak: mixed captures, slices, consent changes and erasures on SQLite.
+
+A few seconds here (``UPROF_SOAK_SECONDS``); the 10-minute run is the reliability bench.
+"""
 
 from __future__ import annotations
 

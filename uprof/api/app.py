@@ -9,10 +9,10 @@ the pipeline worker and stops it at shutdown.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
@@ -39,7 +39,6 @@ from uprof.api.routes import (
 from uprof.api.runtime import ServiceRuntime
 from uprof.kernel import Uprof
 from uprof.schemas.api import ErrorBody, ErrorOut, field_problems
-from uprof.web import create_router as create_web_router
 
 _log = logging.getLogger(__name__)
 
@@ -65,8 +64,14 @@ def create_app(
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_ready_lag: int = DEFAULT_MAX_READY_LAG,
+    extra_routers: Iterable[APIRouter] = (),
 ) -> FastAPI:
-    """Build the REST API over one kernel; apps authenticate with keys from ``api_keys``."""
+    """Build the REST API over one kernel; apps authenticate with keys from ``api_keys``.
+
+    ``extra_routers`` are mounted beside the REST routes, inside the same error handling
+    and limits: the web pages come in this way (``uprof.server``), so the API package
+    never imports the web package that builds on it.
+    """
     runtime = ServiceRuntime.for_kernel(kernel)
     metrics = Metrics()
     metrics.add_collector(_lag_collector(runtime))
@@ -101,7 +106,8 @@ def create_app(
         ops,
     ):
         app.include_router(module.router)
-    app.include_router(create_web_router())  # privacy center and compliance console
+    for extra in extra_routers:
+        app.include_router(extra)
 
     _install_error_handlers(app)
     # Added last = outermost: the size limit refuses before anything else runs, and

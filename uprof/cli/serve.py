@@ -38,9 +38,10 @@ def serve(
     """Serve the REST API (OpenAPI at /docs); extraction and projections run in the background."""
     import uvicorn
 
-    from uprof.api import ApiKeyStore, create_app
+    from uprof.api import ApiKeyStore
     from uprof.api.logconfig import server_log_config
     from uprof.bootstrap import bootstrap
+    from uprof.server import create_server
 
     server_settings = settings().model_copy(
         update={"background_workers": True, "run_worker": run_worker}
@@ -52,7 +53,7 @@ def serve(
         return
     keys = ApiKeyStore.open(server_settings)
     try:
-        api = create_app(kernel, keys, max_body_bytes=max_body_bytes)
+        api = create_server(kernel, keys, max_body_bytes=max_body_bytes)
         console.print(f"uprof API on http://{host}:{port} (OpenAPI at /docs)")
         uvicorn.run(
             api, host=host, port=port, log_level=log_level, log_config=server_log_config(log_level)

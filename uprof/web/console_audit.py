@@ -1,0 +1,151 @@
+"""The console's audit trail: search, export, the public key, offline verification."""
+
+from __future__ import annotations
+
+import io
+import itertools
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Form, Request, UploadFile
+from fastapi.responses import Response
+
+from domain.errors import UprofError
+from uprof.facade import Facade
+from uprof.web.pages import (
+    MAX_AUDIT_ROWS,
+    MAX_UPLOAD_BYTES,
+    WebPages,
+    download,
+    operator_door,
+    parse_time,
+    verify_upload,
+)
+
+
+def audit_filter(request: Request, door: Facade) -> tuple[dict[str, str], dict[str, Any]]:
+    """The search form's values and the matching ``AuditLog.entries`` arguments."""
+    q = request.query_params
+    form = {
+        name: q.get(name, "").strip() for name in ("subject", "app", "action", "since", "until")
+    }
+    subject = form["subject"]
+    subject_ref = door.audit_subject_ref(subject) if subject else None
+    args = {
+        "subject_ref": subject_ref,
+        "app_id": form["app"] or None,
+        "action": form["action"] or None,
+        "since": parse_time(form["since"]),
+        "until": parse_time(form["until"]),
+    }
+    return form, args
+
+
+def router(web: WebPages) -> APIRouter:
+    """Audit search, export, public key and verification pages."""
+    router = APIRouter()
+
+    @router.get("/console", include_in_schema=False)
+    def console_audit(request: Request) -> Response:
+        session = web.need_operator(request)
+        if isinstance(session, Response):
+            return session
+        door = operator_door(web.runtime_of(request), session)
+        rows: list[Any] = []
+        error = ""
+        searched = bool(request.query_params)
+        try:
+            form, args = audit_filter(request, door)
+            entries = door.audit_entries(**args)  # reads served before it are in it
+            rows = list(itertools.islice(entries, MAX_AUDIT_ROWS + 1))
+        except (UprofError, ValueError) as problem:
+            form = {
+                k: request.query_params.get(k, "")
+                for k in ("subject", "app", "action", "since", "until")
+            }
+            error = str(problem)
+            args = {}
+        truncated = len(rows) > MAX_AUDIT_ROWS
+        shown = [(r.leaf_index, r.entry) for r in rows[:MAX_AUDIT_ROWS]]
+        query = str(request.url.query)
+        return web.page(
+            request,
+            "console_audit.html",
+            session=session,
+            form=form,
+            rows=shown,
+            truncated=truncated,
+            error=error,
+            searched=searched,
+            query=query,
+            subject_ref=args.get("subject_ref") or "",
+        )
+
+    @router.get("/console/audit/export", include_in_schema=False)
+    def console_export(request: Request, format: str = "jsonl") -> Response:
+        session = web.need_operator(request)
+        if isinstance(session, Response):
+            return session
+        door = operator_door(web.runtime_of(request), session)
+        try:
+            form, args = audit_filter(request, door)
+            out = io.StringIO()
+            door.export_audit(
+                out,
+                fmt="csv" if format == "csv" else "jsonl",
+                subject=form["subject"] or None,
+                app_id=args["app_id"],
+                action=args["action"],
+                since=args["since"],
+                until=args["until"],
+            )
+        except (UprofError, ValueError) as problem:
+            return web.message(request, 422, "Export refused", str(problem))
+        ext = "csv" if format == "csv" else "jsonl"
+        media = "text/csv" if ext == "csv" else "application/x-ndjson"
+        return download(out.getvalue(), f"audit-trail.{ext}", media)
+
+    @router.get("/console/public-key.pem", include_in_schema=False)
+    def console_public_key(request: Request) -> Response:
+        session = web.need_operator(request)
+        if isinstance(session, Response):
+            return session
+        pem = operator_door(web.runtime_of(request), session).audit_key()["public_key_pem"]
+        return download(pem, "audit-public-key.pem", "application/x-pem-file")
+
+    @router.get("/console/verify", include_in_schema=False)
+    def console_verify_form(request: Request) -> Response:
+        session = web.need_operator(request)
+        if isinstance(session, Response):
+            return session
+        return web.page(
+            request,
+            "console_verify.html",
+            session=session,
+            result=None,
+            origin=operator_door(web.runtime_of(request), session).audit_key()["origin"],
+        )
+
+    @router.post("/console/verify", include_in_schema=False)
+    async def consoleverify_upload(
+        request: Request,
+        upload: UploadFile,
+        csrf: Annotated[str, Form()] = "",
+        kind: Annotated[str, Form()] = "export",
+    ) -> Response:
+        session = web.checked_operator(request, csrf)
+        if isinstance(session, Response):
+            return session
+        raw = await upload.read(MAX_UPLOAD_BYTES + 1)
+        door = operator_door(web.runtime_of(request), session)
+        result = verify_upload(raw, kind, door, upload.filename or "upload")
+        status = 200 if result["ok"] else 422
+        return web.page(
+            request,
+            "console_verify.html",
+            status,
+            session=session,
+            result=result,
+            origin=door.audit_key()["origin"],
+        )
+
+    return router

@@ -1,0 +1,120 @@
+"""The console's policy page: the rules in force, their history, grant and revoke."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import Response
+
+from domain.errors import UprofError
+from domain.values import CATEGORIES
+from policies.rules import ACTIONS as POLICY_ACTIONS
+from uprof.api.errors import classify
+from uprof.web.pages import (
+    MAX_POLICY_HISTORY,
+    WebPages,
+    operator_door,
+)
+from uprof.web.state import Session
+
+
+def policy_page(
+    web: WebPages,
+    request: Request,
+    session: Session,
+    status: int = 200,
+    *,
+    error: str = "",
+    done: str = "",
+    form: dict[str, str] | None = None,
+) -> Response:
+    runtime = web.runtime_of(request)
+    table: Callable[[str], Any] | None = getattr(runtime.authorizer, "policy_table", None)
+    tenant = runtime.kernel.subjects.tenant
+    by_app: dict[str, list[Any]] = {}
+    if table is not None:
+        for row in table(tenant):
+            by_app.setdefault(row.app, []).append(row)
+    state, history = None, []
+    door = operator_door(runtime, session)
+    problem = door.policy_health()
+    if not problem:
+        try:
+            state = door.policy_show()
+            history = list(reversed(door.policy_history()))[:MAX_POLICY_HISTORY]
+        except UprofError as failure:
+            problem = str(failure)
+    return web.page(
+        request,
+        "console_policy.html",
+        status,
+        session=session,
+        tenant=tenant,
+        by_app=sorted(by_app.items()),
+        available=table is not None,
+        state=state,
+        history=history,
+        problem=problem,
+        error=error,
+        done=done,
+        form=form or {},
+        actions=POLICY_ACTIONS,
+        categories=CATEGORIES,
+    )
+
+
+def router(web: WebPages) -> APIRouter:
+    """Policy page and policy changes."""
+    router = APIRouter()
+
+    @router.get("/console/policy", include_in_schema=False)
+    def console_policy(request: Request) -> Response:
+        session = web.need_operator(request)
+        if isinstance(session, Response):
+            return session
+        return policy_page(web, request, session)
+
+    @router.post("/console/policy/{verb}", include_in_schema=False)
+    def console_policy_change(
+        request: Request,
+        verb: str,
+        csrf: Annotated[str, Form()] = "",
+        app_id: Annotated[str, Form()] = "",
+        role: Annotated[str, Form()] = "",
+        actions: Annotated[list[str] | None, Form()] = None,
+        categories: Annotated[list[str] | None, Form()] = None,
+        purpose: Annotated[str, Form()] = "",
+        effect: Annotated[str, Form()] = "allow",
+    ) -> Response:
+        session = web.checked_operator(request, csrf)
+        if isinstance(session, Response):
+            return session
+        if verb not in ("grant", "revoke"):
+            return web.message(request, 404, "Not found", "No such policy change.")
+        door = operator_door(web.runtime_of(request), session)
+        form = {"app_id": app_id, "role": role, "purpose": purpose, "effect": effect}
+        change = door.policy_grant if verb == "grant" else door.policy_revoke
+        try:
+            result = change(
+                app_id=app_id.strip() or None,
+                role=role.strip() or None,
+                actions=[a for a in actions or () if a],
+                categories=[c for c in categories or () if c],
+                purpose=purpose.strip() or None,
+                effect=effect.strip() or "allow",
+            )
+        except UprofError as failure:
+            status, _ = classify(failure)
+            return policy_page(web, request, session, status, error=str(failure), form=form)
+        done = (
+            f"{verb}: {len(result.changes)} change(s) recorded, policy version {result.version}"
+            if result.changes
+            else f"nothing to {verb}: the policy already says so"
+        )
+        return policy_page(web, request, session, done=done)
+
+    return router
+
+    return router

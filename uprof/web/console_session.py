@@ -1,0 +1,63 @@
+"""Compliance-console sign-in with an API key holding the operator role."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import RedirectResponse, Response
+
+from uprof.api.keys import ROLE_OPERATOR, ApiKeyStore
+from uprof.web.pages import (
+    OPERATOR_COOKIE,
+    WebPages,
+)
+from uprof.web.state import Session
+
+
+def router(web: WebPages) -> APIRouter:
+    """Console login and logout."""
+    router = APIRouter()
+
+    @router.get("/console/login", include_in_schema=False)
+    def console_login_form(request: Request) -> Response:
+        return web.page(request, "console_login.html")
+
+    @router.post("/console/login", include_in_schema=False)
+    def console_login(request: Request, api_key: Annotated[str, Form()] = "") -> Response:
+        keys: ApiKeyStore = request.app.state.api_keys
+        principal = keys.authenticate(api_key)
+        if principal is None:
+            return web.page(
+                request,
+                "console_login.html",
+                401,
+                error="That API key is unknown, malformed or revoked.",
+            )
+        if not principal.has_role(ROLE_OPERATOR):
+            return web.message(
+                request,
+                403,
+                "Forbidden",
+                f"The key of {principal.app_id} lacks the operator role; "
+                "the compliance console needs it.",
+            )
+        web.sessions.drop(request.cookies.get(OPERATOR_COOKIE))
+        sid = web.sessions.create(
+            Session(kind="operator", app_id=principal.app_id, key_id=principal.key_id)
+        )
+        response = RedirectResponse("/console", status_code=303)
+        web.set_cookie(request, response, OPERATOR_COOKIE, sid, "/console")
+        return response
+
+    @router.post("/console/logout", include_in_schema=False)
+    def console_logout(request: Request, csrf: Annotated[str, Form()] = "") -> Response:
+        session = web.operator_session(request)
+        if session is not None and not session.csrf_ok(csrf):
+            return web.bad_csrf(request)
+        web.sessions.drop(request.cookies.get(OPERATOR_COOKIE))
+        response = RedirectResponse("/console/login", status_code=303)
+        response.delete_cookie(OPERATOR_COOKIE, path="/console")
+        return response
+
+    return router

@@ -1,0 +1,243 @@
+"""What every web page shares: templates, the sign-in link and session stores, the replies
+(page, message, download), the session checks, and the facade each kind of session acts
+through. The pages themselves live one module per area (``privacy_*``, ``console_*``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from domain.errors import UprofError
+from uprof.api.errors import classify
+from uprof.api.keys import ROLE_OPERATOR, ApiKeyStore
+from uprof.api.runtime import ServiceRuntime
+from uprof.facade import Facade, Principal, PrincipalKind
+from uprof.web.state import LinkStore, Session, SessionStore
+
+_HERE = Path(__file__).parent
+USER_COOKIE = "uprof_privacy"
+OPERATOR_COOKIE = "uprof_console"
+MAX_UPLOAD_BYTES = 20 * 1024 * 1024
+MAX_AUDIT_ROWS = 500
+#: How a privacy-center principal is named (audit: ``privacy-center#link``).
+PRIVACY_CENTER = "privacy-center"
+MAX_POLICY_HISTORY = 200
+
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'none'; style-src 'self'; img-src 'self'; "
+        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+    "X-Frame-Options": "DENY",
+}
+
+
+def fmt_time(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return "" if value is None else str(value)
+
+
+def parse_time(raw: str) -> str | None:
+    """A form time (``datetime-local`` or RFC 3339) as RFC 3339 UTC; empty gives None."""
+    raw = raw.strip()
+    if not raw:
+        return None
+    try:
+        when = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError as error:
+        raise ValueError(f"not a date and time: {raw!r}") from error
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+class WebPages:
+    """One per router: its own link and session stores, the templates, the replies."""
+
+    def __init__(self) -> None:
+        self.links = LinkStore()
+        self.sessions = SessionStore()
+        self.templates = Jinja2Templates(directory=str(_HERE / "templates"))
+        self.templates.env.filters["when"] = fmt_time
+        self.css = (_HERE / "static" / "style.css").read_text(encoding="utf-8")
+
+    # ------------------------------------------------------------------ replies
+
+    @staticmethod
+    def runtime_of(request: Request) -> ServiceRuntime:
+        runtime: ServiceRuntime = request.app.state.runtime
+        return runtime
+
+    def page(self, request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
+        response = self.templates.TemplateResponse(request, name, context, status_code=status)
+        response.headers.update(SECURITY_HEADERS)
+        return response
+
+    def message(
+        self, request: Request, status: int, title: str, text: str, **extra: Any
+    ) -> HTMLResponse:
+        return self.page(request, "message.html", status, title=title, text=text, **extra)
+
+    @staticmethod
+    def set_cookie(request: Request, response: Response, name: str, value: str, path: str) -> None:
+        response.set_cookie(
+            name,
+            value,
+            httponly=True,
+            samesite="strict",
+            path=path,
+            secure=request.url.scheme == "https",
+        )
+
+    def bad_csrf(self, request: Request) -> HTMLResponse:
+        return self.message(
+            request,
+            403,
+            "Form expired",
+            "This form is not from your current session. Reload the page and retry.",
+        )
+
+    def kernel_error(self, request: Request, error: UprofError) -> HTMLResponse:
+        status, _ = classify(error)
+        return self.message(request, status, "Request refused", str(error))
+
+    # ------------------------------------------------- privacy-center sessions
+
+    def user_session(self, request: Request) -> Session | None:
+        return self.sessions.get(request.cookies.get(USER_COOKIE), "user")
+
+    def need_user(self, request: Request) -> Session | HTMLResponse:
+        session = self.user_session(request)
+        if session is None:
+            return self.message(
+                request,
+                401,
+                "Sign-in needed",
+                "Open the sign-in link you were given to reach your privacy center.",
+            )
+        return session
+
+    def checked_user(self, request: Request, csrf: str) -> Session | HTMLResponse:
+        session = self.need_user(request)
+        if isinstance(session, HTMLResponse):
+            return session
+        if not session.csrf_ok(csrf):
+            return self.bad_csrf(request)
+        return session
+
+    # -------------------------------------------------------- console sessions
+
+    def operator_session(self, request: Request) -> Session | None:
+        return self.sessions.get(request.cookies.get(OPERATOR_COOKIE), "operator")
+
+    def need_operator(self, request: Request) -> Session | Response:
+        session = self.operator_session(request)
+        if session is None:
+            return RedirectResponse("/console/login", status_code=303)
+        # The key may have been revoked since sign-in: sessions die with their key.
+        keys: ApiKeyStore = request.app.state.api_keys
+        alive = any(
+            k.key_id == session.key_id and not k.is_revoked and ROLE_OPERATOR in k.roles
+            for k in keys.list(session.app_id)
+        )
+        if not alive:
+            self.sessions.drop(request.cookies.get(OPERATOR_COOKIE))
+            return self.message(request, 403, "Forbidden", "Your API key is no longer valid.")
+        return session
+
+    def checked_operator(self, request: Request, csrf: str) -> Session | Response:
+        session = self.need_operator(request)
+        if isinstance(session, Response):
+            return session
+        if not session.csrf_ok(csrf):
+            return self.bad_csrf(request)
+        return session
+
+
+# ---------------------------------------------------------------- downloads
+
+
+def receipt_record(result: Any, scope: str) -> dict[str, Any]:
+    body = result.receipt.get("body", {})
+    return {
+        "receipt": result.receipt,
+        "receipt_id": str(body.get("receipt_id", "receipt")),
+        "issued_at": str(body.get("issued_at", "")),
+        "nonce": result.subject_nonce_hex,
+        "counts": dict(result.counts),
+        "scope": scope,
+    }
+
+
+def download(text: str, filename: str, media_type: str) -> Response:
+    return PlainTextResponse(
+        text,
+        media_type=media_type,
+        headers={
+            "Content-Disposition": f'attachment; filename="{filename}"',
+            "Cache-Control": "no-store",
+            "X-Content-Type-Options": "nosniff",
+        },
+    )
+
+
+def verify_upload(raw: bytes, kind: str, door: Facade, filename: str) -> dict[str, Any]:
+    """Verify an uploaded export or receipt; say exactly where it fails."""
+    if len(raw) > MAX_UPLOAD_BYTES:
+        return {
+            "ok": False,
+            "kind": kind,
+            "filename": filename,
+            "line_number": None,
+            "leaf_index": None,
+            "detail": "the file is too large",
+            "line_text": "",
+        }
+    checked = door.verify_audit(raw, "receipt" if kind == "receipt" else "export")
+    return {**asdict(checked), "filename": filename}
+
+
+# ------------------------------------------------------------------- doors
+
+
+def user_door(runtime: ServiceRuntime, session: Session) -> Facade:
+    """The facade for a privacy-center session: a data subject, for its one subject."""
+    return Facade(
+        runtime.kernel,
+        Principal(
+            tenant=runtime.kernel.subjects.tenant,
+            app_id=PRIVACY_CENTER,
+            key_id="link",
+            kind=PrincipalKind.USER,
+            subject=session.subject,
+        ),
+    )
+
+
+def key_door(runtime: ServiceRuntime, app_id: str, key_id: str) -> Facade:
+    """The facade for an operator API key (console sessions, link issuing)."""
+    return Facade(
+        runtime.kernel,
+        Principal(
+            tenant=runtime.kernel.subjects.tenant,
+            app_id=app_id,
+            key_id=key_id,
+            kind=PrincipalKind.APP,
+            roles=frozenset({ROLE_OPERATOR}),
+        ),
+    )
+
+
+def operator_door(runtime: ServiceRuntime, session: Session) -> Facade:
+    return key_door(runtime, session.app_id, session.key_id)

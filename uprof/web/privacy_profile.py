@@ -1,0 +1,196 @@
+"""The privacy center's home: the subject's profile in three layers, consents, export.
+
+Every handler takes the subject from the session, never from the request.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from domain.errors import UprofError
+from domain.values import CATEGORIES
+from policies.rules import app_id_problem
+from uprof.api.errors import classify
+from uprof.api.runtime import ServiceRuntime
+from uprof.web.pages import (
+    WebPages,
+    download,
+    receipt_record,
+    user_door,
+)
+from uprof.web.state import Session
+
+
+def profile_context(runtime: ServiceRuntime, session: Session) -> dict[str, Any]:
+    door = user_door(runtime, session)
+    subject = session.subject
+    with runtime.pipeline():
+        view = door.subject_view(subject)
+        cited = {e for a in view.attributes for e in a.evidence}
+        cited |= {e for m in view.memories for e in m.evidence}
+        cited |= {e for i in view.intents for e in i.evidence}
+        captures = door.evidence_captures(subject, cited)
+        read_rows = door.item_reads(subject)
+    reads: dict[str, list[dict[str, Any]]] = {}
+    for item_id, app_id, purpose, n, at in read_rows:
+        reads.setdefault(item_id, []).append(
+            {"app_id": app_id, "purpose": purpose, "reads": n, "last_read_at": at}
+        )
+    for entries in reads.values():
+        entries.sort(key=lambda r: r["last_read_at"], reverse=True)
+
+    def item(layer: str, row: Any, label: str, detail: str) -> dict[str, Any]:
+        return {
+            "layer": layer,
+            "id": row.item_id,
+            "label": label,
+            "detail": detail,
+            "category": row.category,
+            "provenance": row.provenance,
+            "evidence": [captures[e] for e in row.evidence if e in captures],
+            "reads": reads.get(row.item_id, []),
+        }
+
+    layers = [
+        (
+            "Attributes",
+            "What you are, as stated or inferred",
+            [
+                item(
+                    "attribute",
+                    a,
+                    f"{a.key}: {a.value}",
+                    f"{a.status}, confidence {a.confidence:.2f}",
+                )
+                for a in view.attributes
+            ],
+        ),
+        (
+            "Memories",
+            "Things that happened or were said",
+            [
+                item("memory", m, m.text, f"{m.kind}{', archived' if m.archived else ''}")
+                for m in view.memories
+            ],
+        ),
+        (
+            "Intents",
+            "What you want to do",
+            [
+                item("intent", i, i.description, f"{i.status}, confidence {i.confidence:.2f}")
+                for i in view.intents
+            ],
+        ),
+    ]
+    consents = sorted(view.consents, key=lambda c: (c.withdrawn_at is not None, c.app_id))
+    return {"layers": layers, "consents": consents}
+
+
+def router(web: WebPages) -> APIRouter:
+    """The profile page, consent changes and the subject's export."""
+    router = APIRouter()
+
+    @router.get("/privacy", include_in_schema=False)
+    def privacy_home(request: Request) -> Response:
+        session = web.need_user(request)
+        if isinstance(session, HTMLResponse):
+            return session
+        runtime = web.runtime_of(request)
+        try:
+            context = profile_context(runtime, session)
+        except UprofError as error:
+            status, _ = classify(error)
+            if session.receipts:  # erased: what is left is the receipts
+                return RedirectResponse("/privacy/receipts", status_code=303)
+            return web.message(request, status, "Profile not available", str(error))
+        return web.page(
+            request,
+            "privacy.html",
+            session=session,
+            categories=("*", *CATEGORIES),
+            notice=request.query_params.get("notice", ""),
+            **context,
+        )
+
+    def own_consent(runtime: ServiceRuntime, session: Session, consent_id: str) -> bool:
+        with runtime.pipeline():
+            consents = user_door(runtime, session).consents(session.subject)
+        return any(c.consent_id == consent_id for c in consents)
+
+    @router.post("/privacy/consents/withdraw", include_in_schema=False)
+    def privacy_withdraw(
+        request: Request,
+        csrf: Annotated[str, Form()] = "",
+        consent_id: Annotated[str, Form()] = "",
+        erase: Annotated[str, Form()] = "",
+    ) -> Response:
+        session = web.checked_user(request, csrf)
+        if isinstance(session, HTMLResponse):
+            return session
+        runtime = web.runtime_of(request)
+        subject = session.subject
+        try:
+            if not own_consent(runtime, session, consent_id):
+                return web.message(
+                    request, 404, "No such consent", "You gave no consent with that id."
+                )
+            door = user_door(runtime, session)
+            result = runtime.call_waiting(
+                lambda: door.withdraw_consent(subject, consent_id, erase=bool(erase))
+            )
+            runtime.wake()
+        except UprofError as error:
+            return web.kernel_error(request, error)
+        if result is not None:
+            session.receipts.append(receipt_record(result, "consent withdrawal"))
+        return RedirectResponse("/privacy?notice=withdrawn", status_code=303)
+
+    @router.post("/privacy/consents/grant", include_in_schema=False)
+    def privacy_grant(
+        request: Request,
+        csrf: Annotated[str, Form()] = "",
+        app_id: Annotated[str, Form()] = "",
+        category: Annotated[str, Form()] = "",
+        purpose: Annotated[str, Form()] = "",
+    ) -> Response:
+        session = web.checked_user(request, csrf)
+        if isinstance(session, HTMLResponse):
+            return session
+        app_id, category, purpose = app_id.strip(), category.strip(), purpose.strip()
+        problem = app_id_problem(app_id) or ("" if purpose else "a purpose is needed")
+        if category not in ("*", *CATEGORIES):
+            problem = problem or f"unknown category {category!r}"
+        if problem:
+            return web.message(request, 422, "Consent not recorded", problem)
+        runtime = web.runtime_of(request)
+        try:
+            user_door(runtime, session).grant_consent(
+                session.subject, app_id=app_id, categories=[category], purposes=[purpose]
+            )
+            runtime.wake()
+        except UprofError as error:
+            return web.kernel_error(request, error)
+        return RedirectResponse("/privacy?notice=granted", status_code=303)
+
+    @router.get("/privacy/export.json", include_in_schema=False)
+    def privacy_export(request: Request) -> Response:
+        session = web.need_user(request)
+        if isinstance(session, HTMLResponse):
+            return session
+        runtime = web.runtime_of(request)
+        try:
+            with runtime.pipeline():
+                export = user_door(runtime, session).export_subject(session.subject)
+        except UprofError as error:
+            return web.kernel_error(request, error)
+        return download(
+            json.dumps(export, indent=2, sort_keys=True, default=str),
+            "my-profile-export.json",
+            "application/json",
+        )
+
+    return router

@@ -1,0 +1,97 @@
+"""Privacy-center sign-in: single-use links issued to operators' keys, login, logout."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict
+
+from uprof.api.deps import CurrentPrincipal
+from uprof.api.errors import EdgeError, role_required
+from uprof.api.keys import ROLE_OPERATOR
+from uprof.api.routes.docs import errors
+from uprof.schemas.api import SubjectRef
+from uprof.web.pages import (
+    USER_COOKIE,
+    WebPages,
+    key_door,
+)
+from uprof.web.state import Session
+
+
+class PrivacyLinkIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    subject: SubjectRef
+
+
+class PrivacyLinkOut(BaseModel):
+    """A single-use sign-in link for the subject's privacy center."""
+
+    token: str
+    expires_at: datetime
+    login_path: str
+
+
+def router(web: WebPages) -> APIRouter:
+    """Link issuing (JSON, operator role) and the privacy-center sign-in pages."""
+    router = APIRouter()
+
+    # ---------------------------------------------------------- sign-in links
+
+    @router.post(
+        "/v1/privacy/links",
+        status_code=201,
+        response_model=PrivacyLinkOut,
+        responses=errors(403, 404, 410),
+        tags=["privacy"],
+    )
+    def issue_privacy_link(
+        body: PrivacyLinkIn, principal: CurrentPrincipal, request: Request
+    ) -> PrivacyLinkOut:
+        """Issue a single-use, expiring sign-in link to the subject's privacy center.
+
+        Needs the ``operator`` role. Only the token's hash is kept; hand the token to the
+        subject (it opens ``/privacy/login?token=...``).
+        """
+        if not principal.has_role(ROLE_OPERATOR):
+            raise role_required(ROLE_OPERATOR)
+        door = key_door(web.runtime_of(request), principal.app_id, principal.key_id)
+        if not door.subject_exists(body.subject):
+            raise EdgeError(404, "subject_not_found", "no such subject")
+        token, expires_at = web.links.issue(body.subject.strip())
+        return PrivacyLinkOut(
+            token=token, expires_at=expires_at, login_path=f"/privacy/login?token={token}"
+        )
+
+    @router.get("/privacy/login", include_in_schema=False)
+    def privacy_login(request: Request, token: str = "") -> Response:
+        subject = web.links.redeem(token)
+        if subject is None:
+            return web.message(
+                request,
+                403,
+                "Link not valid",
+                "This sign-in link is unknown, already used or expired. Ask for a new one.",
+            )
+        web.sessions.drop(request.cookies.get(USER_COOKIE))
+        sid = web.sessions.create(Session(kind="user", subject=subject))
+        # A page (not a redirect) so the cookie is same-site on the next request even when
+        # the link was opened from another site (SameSite=Strict).
+        response = web.page(request, "signed_in.html", target="/privacy")
+        web.set_cookie(request, response, USER_COOKIE, sid, "/privacy")
+        return response
+
+    @router.post("/privacy/logout", include_in_schema=False)
+    def privacy_logout(request: Request, csrf: Annotated[str, Form()] = "") -> Response:
+        session = web.user_session(request)
+        if session is not None and not session.csrf_ok(csrf):
+            return web.bad_csrf(request)
+        web.sessions.drop(request.cookies.get(USER_COOKIE))
+        response = web.message(request, 200, "Signed out", "You are signed out.")
+        response.delete_cookie(USER_COOKIE, path="/privacy")
+        return response
+
+    return router
