@@ -183,9 +183,7 @@ def capture_of(sid: str, text: str) -> CapturedInteraction:
 def predicted_facts(extractor: Extractor, sid: str, text: str) -> list[Fact]:
     batch = extractor.extract(capture_of(sid, text))
     return [
-        Fact(p.key, p.value, p.negated)
-        for p in batch.proposals
-        if isinstance(p, AttributeProposal)
+        Fact(p.key, p.value, p.negated) for p in batch.proposals if isinstance(p, AttributeProposal)
     ]
 
 
@@ -325,7 +323,7 @@ def render(result: Result) -> str:
         "| category | labels | predictions | precision | recall |",
         "|---|---:|---:|---:|---:|",
     ]
-    rows = sorted(result.by_category.items()) + [("**all**", result.overall)]
+    rows = [*sorted(result.by_category.items()), ("**all**", result.overall)]
     for name, t in rows:
         p = "-" if t.precision is None else f"{t.precision:.3f}"
         r = "-" if t.recall is None else f"{t.recall:.3f}"
@@ -364,7 +362,7 @@ def run(
         out.parent.mkdir(parents=True, exist_ok=True)
         payload = {
             "split": split,
-            "matching": "key equal, polarity equal, content-lemma containment (benchmarks/attribute_pr.py)",
+            "matching": "key and polarity equal, content lemmas of one value within the other's",
             "targets": {"precision": TARGET_PRECISION, "recall": TARGET_RECALL},
             "results": [r.to_json() for r in results],
         }

@@ -87,8 +87,10 @@ def _values(key: str, raw: str) -> list[str]:
         m = re.match(r"(\d{1,3})\b", raw)
         return [m.group(1)] if m and 0 < int(m.group(1)) <= 120 else []
     if key in _LIST_KEYS:
-        items = (taste_value(i) for i in list_items(raw)) if key in {"likes", "dislikes"} else (
-            clean(i) for i in re.split(r"\s*(?:,|;|\band\b|/)\s*", raw)
+        items = (
+            (taste_value(i) for i in list_items(raw))
+            if key in {"likes", "dislikes"}
+            else (clean(i) for i in re.split(r"\s*(?:,|;|\band\b|/)\s*", raw))
         )
         return [i for i in items if i]
     words = leading_words(raw, limit=8)

@@ -191,8 +191,9 @@ def _pets_listed(m: re.Match[str], s: Sentence) -> None:
         rest,
         re.IGNORECASE,
     )
-    if first and _have_one(s, first.group("count"), first.group("noun").lower(),
-                           rest[first.end():], first=True):
+    if first and _have_one(
+        s, first.group("count"), first.group("noun").lower(), rest[first.end() :], first=True
+    ):
         _have_more(s, rest[first.end() :])
 
 
@@ -284,8 +285,8 @@ def _states_about(s: Sentence, m: re.Match[str], rest: str) -> bool:
     Everybody has parents, so "my mom" in passing ("I called my mom") is not recorded;
     a sentence that opens with the relative and goes on to describe them is.
     """
-    return m.start() == 0 and re.match(r"\s+[a-z]", rest) is not None and not _HEARSAY_RE.match(
-        rest
+    return (
+        m.start() == 0 and re.match(r"\s+[a-z]", rest) is not None and not _HEARSAY_RE.match(rest)
     )
 
 
@@ -414,14 +415,25 @@ _GENDER_WORDS = {
     "dude": "male",
     "male": "male",
 }
-_GENDER_FOLLOWERS = frozenset(
-    "who that with and but in from of living so here there now".split()
-)
+_GENDER_FOLLOWERS = frozenset("who that with and but in from of living so here there now".split())
 
 
 @rule(
     "gender",
-    ["woman", "lady", "girl", "gal", "female", "man", "guy", "boy", "dude", "male", "son", "daughter"],
+    [
+        "woman",
+        "lady",
+        "girl",
+        "gal",
+        "female",
+        "man",
+        "guy",
+        "boy",
+        "dude",
+        "male",
+        "son",
+        "daughter",
+    ],
     I_AM + ADV + r"\s+(?:an?\s+)?(?:(?:young|old|older|little|single|married|grown|tall|short|"
     r"middle[\s-]aged|\d{1,2}[\s-]year[\s-]old)\s+)?(?P<word>woman|lady|girl|gal|female|man|guy|"
     r"boy|dude|male)(?![\w-])"

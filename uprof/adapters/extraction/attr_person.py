@@ -556,7 +556,9 @@ _SCHOOLS = {
     "nursing school": "nursing student",
     "school": "student",
 }
-_SCHOOL = "|".join(sorted((re.escape(k).replace("\\ ", r"\s+") for k in _SCHOOLS), key=len, reverse=True))
+_SCHOOL = "|".join(
+    sorted((re.escape(k).replace("\\ ", r"\s+") for k in _SCHOOLS), key=len, reverse=True)
+)
 
 
 @rule(

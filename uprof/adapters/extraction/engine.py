@@ -40,7 +40,7 @@ ADV = (
     r"truly|honestly|genuinely|kinda|kind\s+of|sort\s+of|pretty\s+much|so|very|quite|"
     r"mostly|mainly|especially|even|already|recently|finally|basically|seriously|"
     r"literally|do|personally|obviously|certainly|simply|deeply|madly|generally|"
-    r"usually|always|officially))*"
+    r"usually|always|officially|probably|maybe|perhaps|possibly))*"
 )
 I_AM = r"\bI(?:'m|\s+am|m)\b"
 NEG = r"(?:don't|do\s+not|dont|never)"

@@ -38,9 +38,9 @@ from domain.values import (
     Proposal,
     ProposalBatch,
 )
+from uprof.adapters.extraction.engine import REPORTED_CONFIDENCE
 from uprof.adapters.extraction.errors import ExtractionError
 from uprof.adapters.extraction.rules import DEFAULT_MEMORY_MAX_CHARS, truncate
-from uprof.adapters.extraction.engine import REPORTED_CONFIDENCE
 from uprof.adapters.extraction.speaker import speaker_of
 from uprof.ports import Extractor
 
@@ -290,7 +290,7 @@ class OpenAICompatibleExtractor:
             parts.append(
                 f"Speaker: {interaction.actor}, who is NOT the user. The user is "
                 f"{speaker.subject_name}. Propose attributes only for what this speaker says "
-                "about the user (\"you are ...\", or the user by name); none about the speaker."
+                'about the user ("you are ...", or the user by name); none about the speaker.'
             )
         parts.append("User's message:\n<<<\n" + interaction.user_input[:MAX_INPUT_CHARS] + "\n>>>")
         if self.include_agent_reply and interaction.agent_response.strip():

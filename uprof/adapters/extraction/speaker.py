@@ -103,14 +103,32 @@ def in_subject_voice(sentence: str, subject_name: str) -> str | None:
     text = _PRONOUN_RE.sub(swap, sentence)
     if subject_name:
         name = r"\s+".join(re.escape(p) for p in subject_name.split())
-        named = re.compile(rf"\b{name}(?P<poss>'s)?(?P<is>\s+is)?\b", re.IGNORECASE)
+        named = re.compile(rf"\b{name}(?:(?P<poss>'s)|\s+(?P<verb>(?-i:[a-z]+))\b)?", re.IGNORECASE)
 
         def by_name(m: re.Match[str]) -> str:
             nonlocal about_subject
             about_subject = True
             if m.group("poss"):
                 return "my"
-            return "I am" if m.group("is") else "I"
+            verb = m.group("verb")
+            return f"I {_first_person_verb(verb)}" if verb else "I"
 
         text = named.sub(by_name, text)
     return text if about_subject else None
+
+
+_IRREGULAR_THIRD = {"is": "am", "has": "have", "does": "do", "goes": "go", "was": "was"}
+
+
+def _first_person_verb(word: str) -> str:
+    """ "lives" -> "live", "watches" -> "watch", "is" -> "am"; other words unchanged."""
+    lower = word.lower()
+    if lower in _IRREGULAR_THIRD:
+        return _IRREGULAR_THIRD[lower]
+    if len(lower) > 3 and lower.endswith("ies"):
+        return lower[:-3] + "y"
+    if lower.endswith(("ches", "shes", "sses", "xes")):
+        return lower[:-2]
+    if len(lower) > 2 and lower.endswith("s") and not lower.endswith(("ss", "us")):
+        return lower[:-1]
+    return word
