@@ -453,7 +453,7 @@ _NOT_PASTIME_OBJECTS = frozenset(
 
 @rule(
     "pastime",
-    [],
+    [*_PASTIME_VERBS.split("|"), "eat"],
     r"\bI(?P<often>(?:\s+(?:" + _OFTEN + r"))*)\s+(?P<verb>(?:" + _PASTIME_VERBS + r")|eat)"
     r"(?![\w'-])",
 )
