@@ -140,3 +140,26 @@ def test_llm_attributes_from_another_speaker_are_reported(fake_llm: FakeOpenAI) 
     assert not [p for p in batch.proposals if isinstance(p, IntentProposal)]
     prompt = fake_llm.requests[-1].body["messages"][1]["content"]
     assert "Melanie, who is NOT the user" in prompt and "The user is Caroline" in prompt
+
+
+@pytest.mark.parametrize(
+    ("sentence", "expected"),
+    [
+        ("I have three cats and two dogs.", {"pet=3 cats", "pet=2 dogs"}),
+        ("I have a boy and a girl.", {"family=son", "family=daughter"}),
+        ("I have a lot of pets, 6 dogs and 4 cats!", {"pet=6 dogs", "pet=4 cats"}),
+        ("I collect comic books.", {"likes=collecting comic books"}),
+        ("I am in college.", {"occupation=college student"}),
+        ("I work for a video game company.", {"employer=video game company"}),
+        ("I work in the business sector.", {"occupation=business sector"}),
+        ("My husband died last year.", {"family=late husband"}),
+        ("My dad was a doctor.", {"family=dad"}),
+        ("I called my mom.", set()),
+        ("I am a woman.", {"gender=female"}),
+        ("I'm a girl scout leader.", set()),
+        ("I live on a farm.", {"home_location=farm"}),
+        ("I live in a house.", set()),
+    ],
+)
+def test_what_a_careful_reader_records(sentence: str, expected: set[str]) -> None:
+    assert summarise(RULES.extract(capture(sentence))) == expected

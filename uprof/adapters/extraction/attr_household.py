@@ -250,10 +250,13 @@ def _my_family(m: re.Match[str], s: Sentence) -> None:
     rel = m.group("rel").lower()
     mod = (m.group("mod") or "").strip().lower()
     rest = s.after(m)
-    names, _ = _names_after(rest)
+    names, end = _names_after(rest)
     if rel in NAMED_ONLY_RELATIONS and not names and not _states_about(s, m, rest):
         return
     single = _singular(rel)
+    if not mod and _GONE_RE.match(rest[end:]):
+        mod = "late"  # "My husband died last year" is "my late husband"
+        single = _family_value(rel) if rel.endswith("s") else single
     if mod.startswith("ex"):
         single = f"ex-{single}"
     elif mod == "late":

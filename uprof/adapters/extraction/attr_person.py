@@ -592,6 +592,11 @@ def _student_of(m: re.Match[str], s: Sentence) -> None:
         if w.lower in _OCC_STOP or not w.text.replace("-", "").isalpha():
             break
         words.append(w.lower)
+    # "a music degree" -> "music": the subject, not the qualification.
+    if words and words[0] in {"a", "an", "the"}:
+        words = words[1:]
+    while words and words[-1] in {"degree", "major", "course", "courses", "class", "classes"}:
+        words.pop()
     if not words or len(words) > 3:
         return
     s.turn.attribute("occupation", " ".join(words) + " student", 0.7)

@@ -106,7 +106,13 @@ def taste_value(item: str) -> str | None:
 
 
 def _tastes(s: Sentence, key: str, rest: str, confidence: float, *, negated: bool = False) -> None:
+    infinitive = False
     for item in list_items(rest):
+        words = item.split()
+        # "to watch and play soccer": "play soccer" shares the "to" of the first item.
+        if infinitive and words and words[0].lower() in _SECOND_VERBS:
+            item = "to " + item
+        infinitive = bool(words) and words[0].lower() == "to"
         for part in _infinitive_parts(item):
             value = taste_value(part)
             if not value:
@@ -125,7 +131,7 @@ _SECOND_VERBS = frozenset(
     """
     go hang spend watch play read eat cook travel visit listen take make meet walk run ride
     sleep relax chill explore shop try learn see drink dance sing paint draw write swim
-    hike fish bake camp garden
+    hike fish bake camp garden crochet knit sew ski surf skate bike cycle
     """.split()
 )
 
@@ -451,6 +457,13 @@ _NOT_PASTIME_OBJECTS = frozenset(
 )
 
 
+#: How often, at the end of a pastime ("I cook stew often"): not part of the taste.
+_TRAILING_OFTEN_RE = re.compile(
+    r"\s*\b(?:often|a\s+lot|sometimes|regularly|everyday|every\s+day|daily|a\s+little)$",
+    re.IGNORECASE,
+)
+
+
 @rule(
     "pastime",
     [*_PASTIME_VERBS.split("|"), "eat"],
@@ -470,7 +483,7 @@ def _pastime(m: re.Match[str], s: Sentence) -> None:
             return
     if len(words) > 6:
         return
-    object_ = " ".join(words)
+    object_ = _TRAILING_OFTEN_RE.sub("", " ".join(words))
     value = taste_value(object_ if verb == "eat" else f"{to_gerund(verb)} {object_}".strip())
     if value:
         s.turn.attribute("likes", value, 0.6)
