@@ -163,3 +163,10 @@ def test_llm_attributes_from_another_speaker_are_reported(fake_llm: FakeOpenAI) 
 )
 def test_what_a_careful_reader_records(sentence: str, expected: set[str]) -> None:
     assert summarise(RULES.extract(capture(sentence))) == expected
+
+
+def test_another_speakers_questions_and_greetings_state_nothing() -> None:
+    batch = RULES.extract(_by("Melanie", "Thanks, Caroline! What type of music do you play?"))
+    assert summarise(batch) == set()
+    batch = RULES.extract(_by("Melanie", "I hope I can hear you play the violin some day."))
+    assert summarise(batch) == set()

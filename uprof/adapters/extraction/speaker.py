@@ -88,8 +88,11 @@ def in_subject_voice(sentence: str, subject_name: str) -> str | None:
 
     "You're a nurse" -> "I'm a nurse"; "Caroline is a nurse" -> "I am a nurse" when the
     subject is Caroline; the speaker's own "I" becomes "they", so it states nothing
-    about the subject. None when the sentence neither addresses nor names the subject.
+    about the subject. None when the sentence neither addresses nor names the subject,
+    or asks something: a question to the subject states nothing about them.
     """
+    if sentence.rstrip().endswith("?"):
+        return None
     about_subject = False
 
     def swap(m: re.Match[str]) -> str:
@@ -111,7 +114,8 @@ def in_subject_voice(sentence: str, subject_name: str) -> str | None:
             if m.group("poss"):
                 return "my"
             verb = m.group("verb")
-            return f"I {_first_person_verb(verb)}" if verb else "I"
+            # "Thanks, Caroline!": a name said to the subject is dropped, not made "I".
+            return f"I {_first_person_verb(verb)}" if verb else ""
 
         text = named.sub(by_name, text)
     return text if about_subject else None

@@ -122,7 +122,7 @@ CLAUSE_CUT_RE = re.compile(
 
 #: A prefix that makes what follows hypothetical or somebody else's claim.
 _HYPOTHETICAL_RE = re.compile(
-    r"\b(?:if|whether|unless|suppose|supposing|imagine|pretend|pretending|wish|wished|"
+    r"\b(?:if|whether|unless|suppose|supposing|imagine|pretend|pretending|wish|wished|hope|hoping|"
     r"says|said|thinks|thought|believes|believed|claims|claimed|assumes|assumed|"
     r"told\s+\w+|as\s+though|as\s+if|what\s+if|do\s+you\s+think|would\s+you|"
     r"should\s+I|could\s+I|can\s+I|do\s+I|am\s+I|did\s+I|would\s+I|hypothetically|"
