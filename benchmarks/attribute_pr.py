@@ -370,6 +370,47 @@ def run(
     return results
 
 
+def speaker_attribution(locomo: Path, echo: Callable[[str], None] = print) -> dict[str, int]:
+    """Attributes the rule extractor proposes over LoCoMo turns for the subject speaker A.
+
+    Every turn of every conversation is captured as A's subject would get it in mode S:
+    once without ``subject_actor`` (any actor is taken to be the subject) and once with
+    ``subject_actor`` = A. Counts explicit and reported attributes from A's and B's turns.
+    """
+    from uprof.adapters.extraction.speaker import SUBJECT_ACTOR
+
+    extractor = rule_extractor()
+    counts: dict[str, int] = {}
+    for conv in json.loads(locomo.read_text(encoding="utf-8")):
+        talk = conv["conversation"]
+        a = talk["speaker_a"]
+        for name, turns in talk.items():
+            if not name.startswith("session_") or not isinstance(turns, list):
+                continue
+            for t in turns:
+                who = "A" if t["speaker"] == a else "B"
+                for told, context in (("without", ()), ("with", ((SUBJECT_ACTOR, a),))):
+                    c = CapturedInteraction(
+                        "locomo",
+                        Interaction(
+                            app_id="bench",
+                            agent_id="bench",
+                            occurred_at=_AT,
+                            user_input=t["text"],
+                            actor=t["speaker"],
+                            context=context,
+                        ),
+                    )
+                    for p in extractor.extract(c).proposals:
+                        if isinstance(p, AttributeProposal):
+                            kind = "reported" if p.reported else "explicit"
+                            key = f"{told} subject_actor, {who}'s turns, {kind}"
+                            counts[key] = counts.get(key, 0) + 1
+    for key, n in sorted(counts.items()):
+        echo(f"{key}: {n}")
+    return counts
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--split", default="train", choices=["train", "test"])

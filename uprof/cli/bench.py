@@ -205,10 +205,16 @@ def bench_attributes(
     out: Annotated[Path | None, typer.Option(help="Results JSON.")] = None,
     errors: Annotated[bool, typer.Option(help="List every missed and wrong attribute.")] = False,
     llm: Annotated[bool, typer.Option(help="Also score the configured LLM extractor.")] = True,
+    speakers: Annotated[
+        Path | None, typer.Option(help="Instead: count whose turns attributes come from (LoCoMo).")
+    ] = None,
 ) -> None:
     """Attribute precision and recall per category on hand-labelled MSC persona sentences."""
-    from benchmarks.attribute_pr import run
+    from benchmarks.attribute_pr import run, speaker_attribution
 
+    if speakers is not None:
+        speaker_attribution(speakers, echo=console.print)
+        return
     if split not in ("train", "test"):
         raise typer.BadParameter("split must be train or test")
     target = out or Path(f"docs/bench/attributes-{split}.json")
