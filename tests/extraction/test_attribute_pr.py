@@ -127,3 +127,38 @@ def test_matching_rule() -> None:
     assert not Fact("diet", "vegetarian").matches(Fact("diet", "vegetarian", negated=True))
     assert not Fact("likes", "jazz").matches(Fact("likes", "rock"))
     assert Fact("diet", "gluten-free").matches(Fact("diet", "no gluten"))
+
+
+def test_llm_is_skipped_saying_so_when_no_endpoint_is_configured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from benchmarks.attribute_pr import llm_extractor
+
+    monkeypatch.delenv("UPROF_EXTRACTOR", raising=False)
+    extractor, why = llm_extractor()
+    assert extractor is None and "no OpenAI-compatible endpoint configured" in why
+
+
+@pytest.mark.allow_hosts(["127.0.0.1"])
+def test_llm_runs_through_the_same_harness(monkeypatch: pytest.MonkeyPatch, fake_llm) -> None:
+    """Configured: the model's own answers are scored (no rule fallback hides a failure)."""
+    from benchmarks.attribute_pr import llm_extractor
+    from tests.extraction.fake_openai import Reply, chat_json
+
+    monkeypatch.setenv("UPROF_EXTRACTOR", "llm")
+    monkeypatch.setenv("UPROF_LLM_BASE_URL", fake_llm.base_url)
+    monkeypatch.setenv("UPROF_LLM_MODEL", "fake")
+    monkeypatch.setenv("UPROF_LLM_TIMEOUT_S", "2")
+    labels, sentences = _own_labels()
+    first = dict(list(labels.items())[:3])
+    fake_llm.script(
+        chat_json({"attributes": [{"key": "occupation", "value": "nurse"}]}),
+        chat_json({"attributes": [{"key": "home_location", "value": "Paris"}]}),
+        Reply(status=500, body="down"),
+    )
+    extractor, about = llm_extractor()
+    assert extractor is not None and "fake" in about
+    result = score(extractor, first, sentences)
+    assert (result.overall.predictions, result.overall.correct) == (2, 1)
+    assert (result.overall.labels, result.overall.found) == (3, 1)
+    assert result.failures == 1
