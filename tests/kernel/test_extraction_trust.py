@@ -83,7 +83,7 @@ def test_one_sentence_with_several_facts_gives_several_attributes(kernel: Uprof)
 
 def test_another_speakers_words_are_stored_as_reported(kernel: Uprof) -> None:
     consent(kernel, subject="caroline")
-    turn = say("You're vegan, right? I'm a nurse and I live in Denver.")
+    turn = say("You're vegan, I know. I'm a nurse and I live in Denver.")
     turn = replace(turn, actor="Melanie", context=((SUBJECT_ACTOR, "Caroline"),))
     kernel.capture_many(
         "caroline",
