@@ -27,7 +27,9 @@ FAMILY_RELATIONS: frozenset[str] = frozenset(
     """
     wife husband partner spouse boyfriend girlfriend fiance fiancee fiancé fiancée son
     daughter kid kids child children baby babies sister brother sibling siblings twin
-    stepson stepdaughter grandson granddaughter grandchild grandchildren
+    stepson stepdaughter grandson granddaughter grandchild grandchildren sons daughters
+    sisters brothers twins grandkid grandkids grandsons granddaughters stepsons
+    stepdaughters
     """.split()
 )
 

@@ -65,13 +65,27 @@ def _revealed_for(evidence: tuple[str, ...], revealed: dict[str, set[str]]) -> l
 
 
 def _evidence_label(
-    evidence: tuple[str, ...], explicit: bool, confidence: float
+    evidence: tuple[str, ...], explicit: bool, confidence: float, *, reported: bool = False
 ) -> tuple[str, float]:
-    """Apply I1: no evidence means inferred, with confidence capped."""
+    """Apply I1: no evidence means inferred, with confidence capped.
+
+    A statement somebody else made about the subject is ``reported``, even when the
+    extractor called it explicit: only the subject's own words are explicit.
+    """
     confidence = clamp(confidence)
     if not evidence:
         return Provenance.INFERRED.value, min(confidence, INFERRED_CONFIDENCE_CAP)
+    if reported:
+        return Provenance.REPORTED.value, confidence
     return (Provenance.EXPLICIT if explicit else Provenance.INFERRED).value, confidence
+
+
+#: Which provenance wins when an item is observed again: the subject's own word first.
+_PROVENANCE_RANK = {
+    Provenance.EXPLICIT.value: 2,
+    Provenance.REPORTED.value: 1,
+    Provenance.INFERRED.value: 0,
+}
 
 
 def _attribute_state(
@@ -361,7 +375,9 @@ class SubjectProfile(Aggregate):
         norm = normalise_value(value)
         if not norm:
             return 0
-        provenance, confidence = _evidence_label(p.evidence, p.explicit, p.confidence)
+        provenance, confidence = _evidence_label(
+            p.evidence, p.explicit, p.confidence, reported=p.reported
+        )
         same_key = {
             item_id: a
             for item_id, a in self.attributes.items()
@@ -381,8 +397,8 @@ class SubjectProfile(Aggregate):
                 now=observed_at,
                 half_life_days=ATTRIBUTE_HALF_LIFE_DAYS,
             )
-            explicit_now = old["provenance"] == Provenance.EXPLICIT.value or (
-                provenance == Provenance.EXPLICIT.value
+            strongest = max(
+                (old["provenance"], provenance), key=lambda v: _PROVENANCE_RANK.get(v, 0)
             )
             new_conf = combine(base, confidence)
             if not old["evidence"] and not p.evidence:
@@ -391,7 +407,7 @@ class SubjectProfile(Aggregate):
                 item_id=match,
                 confidence=round(new_conf, 6),
                 evidence=list(p.evidence),
-                provenance=(Provenance.EXPLICIT if explicit_now else Provenance.INFERRED).value,
+                provenance=strongest,
                 observed_at=observed_at,
             )
             return 1

@@ -28,9 +28,11 @@ class Layer(StrEnum):
 
 
 class Provenance(StrEnum):
-    """Whether the user said it (explicit) or it was concluded (inferred)."""
+    """Whether the user said it (explicit), someone else said it about the user
+    (reported), or it was concluded (inferred)."""
 
     EXPLICIT = "explicit"
+    REPORTED = "reported"
     INFERRED = "inferred"
 
 
@@ -78,6 +80,7 @@ class AttributeKeySpec:
 ATTRIBUTE_KEYS: dict[str, AttributeKeySpec] = {
     "name": AttributeKeySpec("identity", True),
     "age": AttributeKeySpec("identity", True),
+    "gender": AttributeKeySpec("identity", True),
     "home_location": AttributeKeySpec("location", True),
     "origin": AttributeKeySpec("location", True),
     "occupation": AttributeKeySpec("occupation", True),
@@ -245,6 +248,9 @@ class AttributeProposal:
     supersedes: bool = False
     #: Set by the extractor when the statement negates the value ("I no longer eat meat").
     negated: bool = False
+    #: Somebody other than the subject said it about the subject ("you're a nurse", said
+    #: by another speaker): stored with provenance ``reported``, never ``explicit``.
+    reported: bool = False
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,8 @@ TABLE: list[tuple[str, set[str]]] = [
         "I live in Rio de Janeiro with my husband",
         {"home_location=Rio de Janeiro", "family=husband"},
     ),
-    ("I live in a small town", set()),
+    # A common-noun place is still where the user lives (issue 16: was set()).
+    ("I live in a small town", {"home_location=small town"}),
     ("I live in fear", set()),
     ("My sister lives in Paris", {"family=sister"}),
     (
@@ -60,18 +61,19 @@ TABLE: list[tuple[str, set[str]]] = [
     ("I'm a software engineer at Google", {"occupation=software engineer", "employer=Google"}),
     ("I'm not a doctor", {"occupation=doctor!neg"}),
     ("my friend is a nurse", set()),
-    ("My mom is a nurse", set()),
+    # The mother's job is not the user's, but the user has a mother (issue 16: was set()).
+    ("My mom is a nurse", {"family=mom"}),
     ("She thinks I'm a nurse", set()),
     ("I work as a barista at Blue Bottle", {"occupation=barista", "employer=Blue Bottle"}),
     ("I'm a good cook", set()),
     ("I'm a perfectionist", set()),
-    ("I'm a morning person", set()),
+    ("I'm a morning person", {"routine=morning person"}),  # issue 16: was set()
     ("I'm the CEO of Acme Corp", {"occupation=CEO", "employer=Acme Corp"}),
     ("I'm a former teacher", {"occupation=teacher!neg"}),
     ("I used to be a lawyer", {"occupation=lawyer!neg"}),
     ("I'm a student at MIT", {"occupation=student"}),
     ("I work for myself", {"employer=self-employed"}),
-    ("I work at a bank", set()),
+    ("I work at a bank", {"employer=bank"}),  # a common-noun workplace (issue 16: was set())
     ("If I were a doctor I would help", set()),
     # --- language --------------------------------------------------------------------
     (
@@ -122,7 +124,11 @@ TABLE: list[tuple[str, set[str]]] = [
     ("I have no idea", set()),
     # --- routine and contact --------------------------------------------------------
     ("Every morning I go for a run", {"routine=go for a run every morning"}),
-    ("I usually play tennis on Mondays", {"routine=play tennis on Mondays"}),
+    # A pastime done regularly is also a taste (issue 16: the like was not proposed).
+    (
+        "I usually play tennis on Mondays",
+        {"routine=play tennis on Mondays", "likes=playing tennis"},
+    ),
     (
         "My email is Sam.Lee@Example.com and my number is +1 415 555 0123",
         {"email=sam.lee@example.com", "phone=+14155550123"},

@@ -194,3 +194,29 @@ def bench_pipeline(
     if out is not None:
         argv += ["--out", str(out)]
     raise typer.Exit(main(argv))
+
+
+@bench_app.command("attributes")
+def bench_attributes(
+    split: Annotated[str, typer.Option(help="train (development) or test (the figure).")] = "train",
+    data: Annotated[Path, typer.Option(help="msc_personas_all.json (read in place).")] = Path(
+        "../shared/bench/data/msc_personas_all.json"
+    ),
+    out: Annotated[Path | None, typer.Option(help="Results JSON.")] = None,
+    errors: Annotated[bool, typer.Option(help="List every missed and wrong attribute.")] = False,
+    llm: Annotated[bool, typer.Option(help="Also score the configured LLM extractor.")] = True,
+    speakers: Annotated[
+        Path | None, typer.Option(help="Instead: count whose turns attributes come from (LoCoMo).")
+    ] = None,
+) -> None:
+    """Attribute precision and recall per category on hand-labelled MSC persona sentences."""
+    from benchmarks.attribute_pr import run, speaker_attribution
+
+    if speakers is not None:
+        speaker_attribution(speakers, echo=console.print)
+        return
+    if split not in ("train", "test"):
+        raise typer.BadParameter("split must be train or test")
+    target = out or Path(f"docs/bench/attributes-{split}.json")
+    run(split, data=data, out=target, with_llm=llm, show_errors=errors, echo=console.print)
+    console.print(f"results in {target}")

@@ -69,6 +69,8 @@ def provenance_mark(candidate: Candidate, *, show_category: bool) -> str:
         parts.append(candidate.category)
     if candidate.provenance == Provenance.INFERRED:
         parts.append(f"inferred {_format_confidence(candidate.confidence)}")
+    elif candidate.provenance == Provenance.REPORTED:
+        parts.append(f"reported {_format_confidence(candidate.confidence)}")
     elif candidate.confidence < CONFIDENT:
         parts.append(f"confidence {_format_confidence(candidate.confidence)}")
     if candidate.status not in PLAIN_STATUSES:

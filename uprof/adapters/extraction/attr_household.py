@@ -56,8 +56,10 @@ def _names_after(rest: str) -> tuple[list[str], int]:
     pos = link.end()
     names: list[str] = []
     end = pos
+    # "a sister named mary": an explicit naming verb makes a lower-case word a name.
+    explicit = bool(re.search(r"named|called|name\s+is", link.group(), re.IGNORECASE))
     while len(names) < 4:
-        found = take_name(rest[pos:], allow_lower=False, max_words=2)
+        found = take_name(rest[pos:], allow_lower=explicit and not names, max_words=2)
         if not found:
             break
         names.append(found[0])
@@ -106,27 +108,61 @@ def _singular(relation: str) -> str:
     }.get(canonical, PET_SINGULAR.get(canonical, canonical))
 
 
+_FAMILY_ADJ = r"older|younger|little|big|baby|twin|eldest|oldest|youngest|teenage|grown|adult"
+#: "I have a boy and a girl": children named by their sex.
+_CHILD_WORDS = {"boy": "son", "boys": "sons", "girl": "daughter", "girls": "daughters"}
+#: One more counted thing after a first: ", two dogs", " and a cat".
+_MORE_RE = re.compile(
+    r"\s*(?:,\s*(?:and\s+)?|\s+and\s+|\s*&\s*)(?P<count>" + _COUNT + r")\s+"
+    r"(?:(?:" + _PET_ADJ + "|" + _FAMILY_ADJ + r")\s+)?(?P<noun>[a-z]+)\b",
+    re.IGNORECASE,
+)
+
+
 @rule(
     "have_pet_or_family",
     ["have", "own", "got", "adopted", "rescued"],
     r"\bI(?:'ve|\s+have)?" + ADV + r"\s+(?:have|own|got|adopted|rescued)\s+"
     r"(?P<count>" + _COUNT + r")\s+(?:\d{1,2}[\s-](?:year|month|week)s?[\s-]old\s+)?"
-    r"(?:(?:" + _PET_ADJ + r")\s+)?(?P<noun>[a-z]+(?:-[a-z]+)*)\b",
+    r"(?:(?:" + _PET_ADJ + "|" + _FAMILY_ADJ + r")\s+)?(?P<noun>[a-z]+(?:-[a-z]+)*)\b",
 )
 def _have_pet_or_family(m: re.Match[str], s: Sentence) -> None:
     """ "I have two cats named Tom and Jerry", "I have a daughter", "I have 3 kids"."""
-    noun = m.group("noun").lower()
+    if _have_one(s, m.group("count"), m.group("noun").lower(), s.after(m), first=True):
+        _have_more(s, s.after(m))
+
+
+def _have_more(s: Sentence, rest: str) -> None:
+    """ "I have three cats and two dogs": every further counted pet or relative."""
+    # Skip what the first item already took ("cats named Tom and Jerry").
+    pos = _names_after(rest)[1] if re.match(r"\s+(?:named|called)\b", rest, re.I) else 0
+    for _ in range(6):
+        more = _MORE_RE.match(rest, pos)
+        if more is None:
+            return
+        after = rest[more.end() :]
+        if not _have_one(s, more.group("count"), more.group("noun").lower(), after, first=False):
+            return
+        pos = more.end()
+        if re.match(r"\s+(?:named|called)\b", after, re.I):
+            pos += _names_after(after)[1]
+
+
+def _have_one(s: Sentence, raw_count: str, noun: str, rest: str, *, first: bool) -> bool:
+    """Record one "I have <count> <noun>"; False when the noun is no pet or relative."""
+    if noun in _CHILD_WORDS:
+        noun = _CHILD_WORDS[noun]
     is_pet = noun in PETS
-    if not is_pet and noun not in FAMILY_RELATIONS:
-        return
-    count = parse_number(m.group("count")) or 1
-    rest = s.after(m)
+    parent = noun in NAMED_ONLY_RELATIONS and re.match(r"\s+(?:who|that|named|called)\b", rest)
+    if not is_pet and noun not in FAMILY_RELATIONS and not parent:
+        return False
+    count = parse_number(raw_count) or 1
     names, end = _names_after(rest) if re.match(r"\s+(?:named|called)\b", rest, re.I) else ([], 0)
     after = rest[end:]
     follower = leading_words(after, limit=1)
     if after.startswith(" ") and follower and follower[0].lower not in _AFTER_NOUN:
         if not follower[0].is_capitalised():
-            return  # "a cat allergy", "a dog walker": the noun is a modifier
+            return False  # "a cat allergy", "a dog walker": the noun is a modifier
     key = "pet" if is_pet else "family"
     single = _singular(noun)
     if names:
@@ -136,7 +172,29 @@ def _have_pet_or_family(m: re.Match[str], s: Sentence) -> None:
         plural = _pet_plural(noun) if is_pet else _plural(noun)
         s.turn.attribute(key, f"{count} {plural}", 0.85)
     else:
-        s.turn.attribute(key, single, 0.85)
+        s.turn.attribute(key, single, 0.85 if first else 0.8)
+    return True
+
+
+@rule(
+    "pets_listed",
+    ["pets", "animals", "kids", "children"],
+    r"\bI(?:'ve|\s+have)?\s+(?:have|own|got)\s+(?:a\s+lot\s+of|lots\s+of|many|several|"
+    r"a\s+few|some|(?:two|three|four|five|six|seven|eight|nine|ten|\d{1,2}))\s+"
+    r"(?:pets|animals|kids|children)\s*(?=[,:])",
+)
+def _pets_listed(m: re.Match[str], s: Sentence) -> None:
+    """ "I have a lot of pets, 6 dogs and 4 cats": the items that follow the colon or comma."""
+    rest = s.after(m)
+    first = re.match(
+        r"[,:]\s*(?:including\s+|like\s+)?(?P<count>" + _COUNT + r")\s+(?P<noun>[a-z]+)\b",
+        rest,
+        re.IGNORECASE,
+    )
+    if first and _have_one(
+        s, first.group("count"), first.group("noun").lower(), rest[first.end() :], first=True
+    ):
+        _have_more(s, rest[first.end() :])
 
 
 @rule(
@@ -160,7 +218,8 @@ def _have_no_pet_or_family(m: re.Match[str], s: Sentence) -> None:
 @rule(
     "my_pet",
     ["my "],
-    r"\bmy\s+(?:(?:" + _PET_ADJ + r")\s+)?(?P<noun>" + _PET + r")(?![\w-])",
+    r"\bmy\s+(?:(?P<count>two|three|four|five|six|seven|eight|nine|ten|\d{1,2})\s+)?"
+    r"(?:(?:" + _PET_ADJ + r")\s+)?(?P<noun>" + _PET + r")(?![\w-])",
 )
 def _my_pet(m: re.Match[str], s: Sentence) -> None:
     noun = m.group("noun").lower()
@@ -168,7 +227,10 @@ def _my_pet(m: re.Match[str], s: Sentence) -> None:
     names, end = _names_after(rest)
     gone = _GONE_RE.match(rest[end:]) is not None
     single = _singular(noun)
-    if names:
+    count = parse_number(m.group("count")) if m.group("count") else None
+    if count and count > 1 and not names:
+        s.turn.attribute("pet", f"{count} {_pet_plural(noun)}", 0.8, negated=gone)
+    elif names:
         for name in names:
             s.turn.attribute(
                 "pet", f"{single} named {name}", 0.85 if not gone else 0.75, negated=gone
@@ -188,10 +250,13 @@ def _my_family(m: re.Match[str], s: Sentence) -> None:
     rel = m.group("rel").lower()
     mod = (m.group("mod") or "").strip().lower()
     rest = s.after(m)
-    names, _ = _names_after(rest)
-    if rel in NAMED_ONLY_RELATIONS and not names:
+    names, end = _names_after(rest)
+    if rel in NAMED_ONLY_RELATIONS and not names and not _states_about(s, m, rest):
         return
     single = _singular(rel)
+    if not mod and _GONE_RE.match(rest[end:]):
+        mod = "late"  # "My husband died last year" is "my late husband"
+        single = _family_value(rel) if rel.endswith("s") else single
     if mod.startswith("ex"):
         single = f"ex-{single}"
     elif mod == "late":
@@ -207,6 +272,25 @@ def _my_family(m: re.Match[str], s: Sentence) -> None:
     else:
         value = _family_value(rel) if not mod else single
         s.turn.attribute("family", value, 0.7)
+
+
+#: What a sentence may say right after "My dad" that is not about the relative at all.
+_HEARSAY_RE = re.compile(
+    r"\s+(?:says|said|thinks|thought|told|tells|asked|asks|wants\s+me|wanted\s+me|and\s+I)\b"
+    r"|'s\b",
+    re.IGNORECASE,
+)
+
+
+def _states_about(s: Sentence, m: re.Match[str], rest: str) -> bool:
+    """ "My dad was a doctor": a sentence about a parent says the user has one.
+
+    Everybody has parents, so "my mom" in passing ("I called my mom") is not recorded;
+    a sentence that opens with the relative and goes on to describe them is.
+    """
+    return (
+        m.start() == 0 and re.match(r"\s+[a-z]", rest) is not None and not _HEARSAY_RE.match(rest)
+    )
 
 
 @rule(
@@ -242,6 +326,133 @@ def _married(m: re.Match[str], s: Sentence) -> None:
 )
 def _not_married(m: re.Match[str], s: Sentence) -> None:
     s.turn.attribute("family", "spouse", 0.75, negated=True)
+
+
+@rule(
+    "married_verb",
+    ["married"],
+    r"\bI(?:\s+just|\s+recently|\s+finally)?\s+(?:got\s+married|married\s+(?=my|an?|the|(?-i:[A-Z])))",
+)
+def _married_verb(m: re.Match[str], s: Sentence) -> None:
+    """ "I married my high school sweetheart", "I got married last year"."""
+    s.turn.attribute("family", "spouse", 0.8)
+
+
+@rule(
+    "dating",
+    ["dating", "seeing", "relationship"],
+    r"\bI(?:'m|\s+am)\s+(?:currently\s+|now\s+|happily\s+)?(?:dating|seeing|in\s+a\s+"
+    r"(?:serious\s+|long[\s-]distance\s+)?relationship\s+with)\s+(?:an?\s+|the\s+)?"
+    r"(?:\w+\s+)?(?P<who>girl|woman|lady|guy|man|boy)?"
+    r"|\bthe\s+(?P<who2>girl|woman|lady|guy|man|boy)\s+I(?:'m|\s+am)\s+(?:dating|seeing)\b",
+)
+def _dating(m: re.Match[str], s: Sentence) -> None:
+    who = (m.group("who") or m.group("who2") or "").lower()
+    if who in {"girl", "woman", "lady"}:
+        value = "girlfriend"
+    elif who in {"guy", "man", "boy"}:
+        value = "boyfriend"
+    else:
+        value = "partner"
+    s.turn.attribute("family", value, 0.75)
+
+
+_PARENT_WORDS = {
+    "mom": ("child", "female"),
+    "mum": ("child", "female"),
+    "mother": ("child", "female"),
+    "dad": ("child", "male"),
+    "father": ("child", "male"),
+    "parent": ("child", ""),
+    "grandmother": ("grandchildren", "female"),
+    "grandma": ("grandchildren", "female"),
+    "grandfather": ("grandchildren", "male"),
+    "grandpa": ("grandchildren", "male"),
+}
+
+
+@rule(
+    "parent_i_am",
+    ["mom", "mum", "mother", "dad", "father", "parent", "grand"],
+    I_AM + ADV + r"\s+an?\s+(?P<mod>(?:new|single|proud|working|first[\s-]time|young|"
+    r"busy|stay[\s-]at[\s-]home)\s+)?(?P<role>mom|mum|mother|dad|father|parent|"
+    r"grandmother|grandma|grandfather|grandpa)(?![\w-])",
+)
+def _parent_i_am(m: re.Match[str], s: Sentence) -> None:
+    """ "I'm a mom", "I am a new mother with twins": children, and the parent's gender."""
+    rest = s.after(m)
+    if re.match(r"\s+(?:of|to)\s+\w", rest, re.IGNORECASE):
+        return  # "a mother of two" is the parent_of rule's
+    if re.match(r"\s*-?\s*(?:to-be|figure)\b", rest, re.IGNORECASE):
+        return
+    relation, gender = _PARENT_WORDS[m.group("role").lower()]
+    kids = re.match(
+        r"\s+(?:with|of)\s+(?P<n>" + _COUNT + r")?\s*(?P<noun>twins|triplets|kids|children|sons|"
+        r"daughters|boys|girls)\b",
+        rest,
+        re.IGNORECASE,
+    )
+    if kids and kids.group("noun").lower() in {"twins", "triplets"}:
+        s.turn.attribute("family", kids.group("noun").lower(), 0.8)
+    elif kids and kids.group("n"):
+        n = parse_number(kids.group("n")) or 1
+        s.turn.attribute("family", f"{n} children" if n > 1 else "child", 0.8)
+    else:
+        s.turn.attribute("family", relation, 0.75)
+    if gender:
+        s.turn.attribute("gender", gender, 0.7)
+    mod = " ".join((m.group("mod") or "").lower().replace("-", " ").split())
+    if mod == "stay at home":
+        s.turn.attribute("occupation", f"stay-at-home {m.group('role').lower()}", 0.75)
+
+
+_GENDER_WORDS = {
+    "woman": "female",
+    "lady": "female",
+    "girl": "female",
+    "gal": "female",
+    "female": "female",
+    "man": "male",
+    "guy": "male",
+    "boy": "male",
+    "dude": "male",
+    "male": "male",
+}
+_GENDER_FOLLOWERS = frozenset("who that with and but in from of living so here there now".split())
+
+
+@rule(
+    "gender",
+    [
+        "woman",
+        "lady",
+        "girl",
+        "gal",
+        "female",
+        "man",
+        "guy",
+        "boy",
+        "dude",
+        "male",
+        "son",
+        "daughter",
+    ],
+    I_AM + ADV + r"\s+(?:an?\s+)?(?:(?:young|old|older|little|single|married|grown|tall|short|"
+    r"middle[\s-]aged|\d{1,2}[\s-]year[\s-]old)\s+)?(?P<word>woman|lady|girl|gal|female|man|guy|"
+    r"boy|dude|male)(?![\w-])"
+    r"|" + I_AM + r"\s+(?:the|a|an)\s+(?:only\s+|eldest\s+|youngest\s+)?(?P<child>son|daughter)"
+    r"\s+of\b",
+)
+def _gender(m: re.Match[str], s: Sentence) -> None:
+    """ "I am a woman", "I'm the son of a farmer": the speaker's gender."""
+    if m.group("child"):
+        s.turn.attribute("gender", "male" if m.group("child").lower() == "son" else "female", 0.7)
+        return
+    rest = s.after(m)
+    words = leading_words(rest, limit=1)
+    if rest[:1] == " " and words and words[0].lower not in _GENDER_FOLLOWERS:
+        return  # "I'm a man of my word" keeps; "I'm a girl scout" is something else
+    s.turn.attribute("gender", _GENDER_WORDS[m.group("word").lower()], 0.8)
 
 
 @rule(
@@ -333,6 +544,17 @@ def _routine_cue(tail: str, before: str, *, habitual: bool) -> tuple[str | None,
     return None, 0.0
 
 
+@rule(
+    "chronotype",
+    ["person", "riser", "owl", "bird"],
+    I_AM + ADV + r"\s+(?:an?\s+)?(?P<kind>morning\s+person|night\s+person|evening\s+person|"
+    r"early\s+riser|late\s+riser|night\s+owl|early\s+bird)\b",
+)
+def _chronotype(m: re.Match[str], s: Sentence) -> None:
+    """ "I am a morning person": when in the day the user is active."""
+    s.turn.attribute("routine", " ".join(m.group("kind").lower().split()), 0.75)
+
+
 # --- Contact -------------------------------------------------------------------------------
 
 _EMAIL_RE = r"(?<![\w.+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b"
@@ -375,9 +597,15 @@ HOUSEHOLD_RULES: tuple[Rule, ...] = (
     _my_pet,
     _my_family,
     _married,
+    _married_verb,
+    _dating,
     _not_married,
+    _parent_i_am,
+    _gender,
     _parent_of,
+    _pets_listed,
     _routine,
+    _chronotype,
     _email,
     _phone,
 )

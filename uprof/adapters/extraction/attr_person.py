@@ -9,14 +9,17 @@ from uprof.adapters.extraction.engine import ADV, I_AM, Rule, Sentence, rule
 from uprof.adapters.extraction.lexicon import (
     DEMONYMS,
     EVALUATIVE,
+    HOME_PLACES,
     LANGUAGES,
     NOT_OCCUPATIONS,
     OCCUPATION_SUFFIXES,
     OCCUPATIONS,
     PETS,
     TITLES,
+    WORK_FIELDS,
+    WORKPLACES,
 )
-from uprof.adapters.extraction.text import leading_words, take_name, take_proper
+from uprof.adapters.extraction.text import cut_clause, leading_words, take_name, take_proper
 
 # --- Identity: name and age ---------------------------------------------------------------
 
@@ -286,7 +289,9 @@ def _employer_after(s: Sentence, rest: str, head: str, *, allow_of: bool) -> Non
     link = re.match(r"\s+(?:at|for|with)\s+" + (r"|\s+of\s+" if allow_of else ""), rest, re.I)
     if link is None or head in _NO_EMPLOYER_HEADS or s.turn.lowercase_mode:
         return
-    found = take_proper(rest[link.end() :], lowercase_mode=False)
+    found = take_proper(rest[link.end() :], lowercase_mode=False) or _workplace_phrase(
+        rest[link.end() :]
+    )
     if found:
         s.turn.attribute("employer", found[0], 0.75)
 
@@ -487,7 +492,8 @@ def _lang_fluent(m: re.Match[str], s: Sentence) -> None:
     "lang_native_speaker",
     ["speaker", "language", "tongue"],
     I_AM + r"\s+an?\s+native\s+(?P<lang>[a-z]+)\s+speaker\b"
-    r"|\b(?P<lang2>[a-z]+)\s+is\s+my\s+(?:native|first|mother|main)\s+(?:language|tongue)\b",
+    r"|\b(?P<lang2>[a-z]+)\s+is\s+my\s+(?:native|first|mother|main|second|third|other)\s+"
+    r"(?:language|tongue)\b",
 )
 def _lang_native_speaker(m: re.Match[str], s: Sentence) -> None:
     for name in languages_in(m.group("lang") or m.group("lang2")):
@@ -503,6 +509,194 @@ def _lang_native_speaker(m: re.Match[str], s: Sentence) -> None:
 def _lang_negated(m: re.Match[str], s: Sentence) -> None:
     for name in languages_in(s.after(m)):
         s.turn.attribute("language", name, 0.8, negated=True)
+
+
+# --- Common-noun places, schools, workplaces, age ranges ---------------------------------
+
+_PLACE_ADJ = r"(?:(?:small|big|tiny|quiet|little|large|busy|rural|remote)\s+)?"
+_PLACE_NOUN = "|".join(sorted(HOME_PLACES, key=len, reverse=True))
+_WATER = r"ocean|sea|beach|lake|river|coast|mountains|bay"
+
+
+@rule(
+    "home_common_place",
+    ["live", "grew up", "raised"],
+    r"\bI" + ADV + r"\s+(?P<verb>live|grew\s+up|was\s+raised)\s+"
+    r"(?:(?P<prep>in|on|by|near|at)\s+)(?P<place>(?:an?\s+|the\s+)?"
+    r"(?P<noun>" + _PLACE_ADJ + r"(?:" + _PLACE_NOUN + "|" + _WATER + r")))(?![\w-])",
+)
+def _home_common_place(m: re.Match[str], s: Sentence) -> None:
+    """ "I live on a farm", "I live by the ocean", "I grew up on the beach"."""
+    prep = m.group("prep").lower()
+    noun = m.group("noun").lower().split()[-1]
+    if prep in {"by", "near"}:
+        if noun not in _WATER.split("|"):
+            return  # "I live near a town" says little
+        value = f"{prep} the {noun}"
+    elif noun in _WATER.split("|") and prep != "on":
+        return  # "I live in the sea"? not a home
+    else:
+        value = " ".join(m.group("noun").lower().split())
+    key = "home_location" if m.group("verb").lower() == "live" else "origin"
+    s.turn.attribute(key, value, 0.7, supersedes=states_change(m.group()))
+
+
+_SCHOOLS = {
+    "college": "college student",
+    "university": "university student",
+    "uni": "university student",
+    "grad school": "graduate student",
+    "graduate school": "graduate student",
+    "high school": "high school student",
+    "highschool": "high school student",
+    "middle school": "middle school student",
+    "law school": "law student",
+    "med school": "medical student",
+    "medical school": "medical student",
+    "nursing school": "nursing student",
+    "school": "student",
+}
+_SCHOOL = "|".join(
+    sorted((re.escape(k).replace("\\ ", r"\s+") for k in _SCHOOLS), key=len, reverse=True)
+)
+
+
+@rule(
+    "student_in",
+    ["college", "universit", "uni", "school"],
+    r"(?:" + I_AM + r"|\bwho\s+(?:is|am))" + ADV + r"\s+(?:in|at|attending|going\s+to)\s+"
+    r"(?:the\s+|a\s+)?(?P<school>" + _SCHOOL + r")(?![\w-])",
+)
+def _student_in(m: re.Match[str], s: Sentence) -> None:
+    """ "I am in college", "a girl who is still in highschool": a student."""
+    if m.group().lower().startswith("who") and not re.match(I_AM, s.text, re.IGNORECASE):
+        return  # "who is in college" belongs to the user only in "I'm a girl who ..."
+    school = " ".join(m.group("school").lower().split())
+    s.turn.attribute("occupation", _SCHOOLS[school], 0.75)
+
+
+@rule(
+    "student_of",
+    ["major", "studying", "study", "degree"],
+    r"\bI(?:'m|\s+am)?\s+(?:currently\s+|now\s+)?(?:majoring\s+in|studying(?:\s+for)?|"
+    r"study|doing\s+a\s+degree\s+in|getting\s+a\s+degree\s+in)\s+"
+    r"(?:an?\s+(?:degree|major|masters?|phd|ba|bs)\s+in\s+)?",
+)
+def _student_of(m: re.Match[str], s: Sentence) -> None:
+    """ "I am majoring in music therapy" -> "music therapy student"."""
+    rest = s.after(m)
+    if re.match(r"(?:to|for|with|at|hard|a\s+lot|abroad|every|all)\b", rest, re.IGNORECASE):
+        return  # "studying to be a nurse" is a plan; "study hard" says nothing
+    words = []
+    for w in leading_words(cut_clause(rest), limit=5):
+        if w.lower in _OCC_STOP or not w.text.replace("-", "").isalpha():
+            break
+        words.append(w.lower)
+    # "a music degree" -> "music": the subject, not the qualification.
+    if words and words[0] in {"a", "an", "the"}:
+        words = words[1:]
+    while words and words[-1] in {"degree", "major", "course", "courses", "class", "classes"}:
+        words.pop()
+    if not words or len(words) > 3:
+        return
+    s.turn.attribute("occupation", " ".join(words) + " student", 0.7)
+
+
+#: Words that may follow a workplace phrase ("a store near my home", "a bank downtown").
+_AFTER_WORKPLACE = frozenset("near nearby downtown where called named as".split())
+
+
+def _workplace_phrase(rest: str) -> tuple[str, int] | None:
+    """ "a video game company" -> ("video game company", end) when it ends on a workplace."""
+    art = re.match(r"(?:an?|the)\s+", rest, re.IGNORECASE)
+    offset = art.end() if art else 0
+    words = []
+    for w in leading_words(rest[offset:], limit=6):
+        if w.lower in _OCC_STOP or w.lower in _AFTER_WORKPLACE:
+            break
+        words.append(w)
+    # The phrase must end on the workplace noun: "the business sector" is no business.
+    if not words or words[-1].lower not in WORKPLACES or len(words) > 4:
+        return None
+    if any(not w.text.replace("-", "").replace("'", "").isalpha() for w in words):
+        return None
+    return " ".join(w.lower for w in words), offset + words[-1].end
+
+
+@rule(
+    "emp_workplace",
+    ["work", "employed"],
+    _WORK_VERB + r"\s+(?:at|for|in)\s+(?=(?:an?|the)\s|(?-i:[a-z]))",
+)
+def _emp_workplace(m: re.Match[str], s: Sentence) -> None:
+    """ "I work for a video game company", "I work in the zoo as a zoo keeper"."""
+    rest = s.after(m)
+    found = _workplace_phrase(rest)
+    if found is None:
+        return
+    value, end = found
+    s.turn.attribute("employer", value, 0.7, supersedes=states_change(m.group()))
+    as_job = re.match(r"\s+as\s+(?:an?\s+|the\s+)?", rest[end:], re.IGNORECASE)
+    if as_job:
+        job = _occupation_phrase(rest[end + as_job.end() :], broad=True, title_only=False)
+        if job and not job[1]:
+            s.turn.attribute("occupation", job[0], 0.8)
+
+
+@rule(
+    "occ_field",
+    ["work"],
+    r"\bI" + ADV + r"\s+work\s+(?:in|for)\s+(?:the\s+)?(?P<what>[a-z]+(?:\s+[a-z]+)??)"
+    r"(?P<noun>\s+(?:industry|sector|field|business))?(?![\w-])",
+)
+def _occ_field(m: re.Match[str], s: Sentence) -> None:
+    """ "I work in marketing", "I work in the business sector"."""
+    what = " ".join(m.group("what").lower().split())
+    if m.group("noun"):
+        s.turn.attribute("occupation", f"{what} {m.group('noun').strip().lower()}", 0.65)
+    elif what in WORK_FIELDS and follower_ok(s.after(m)):
+        s.turn.attribute("occupation", what if what != "it" else "IT", 0.7)
+
+
+_PAST_TIME_RE = re.compile(
+    r"\b(?:in\s+(?:high\s+school|college|school|my\s+twenties|my\s+youth)|as\s+an?\s+"
+    r"(?:kid|teen|teenager|student)|when\s+I\s+was|years\s+ago|back\s+then|in\s+the\s+past|"
+    r"before\s+I)\b",
+    re.IGNORECASE,
+)
+
+
+@rule("emp_worked_past", ["worked"], r"\bI\s+(?:once\s+)?worked\s+(?:at|for)\s+")
+def _emp_worked_past(m: re.Match[str], s: Sentence) -> None:
+    """ "In high school I worked at Red Lobster": a former employer, not the current one."""
+    if _PAST_TIME_RE.search(s.text) is None or s.turn.lowercase_mode:
+        return
+    found = take_proper(s.after(m), lowercase_mode=False)
+    if found:
+        s.turn.attribute("employer", found[0], 0.6, negated=True)
+
+
+_DECADES = r"teens|twenties|thirties|forties|fifties|sixties|seventies|eighties|nineties|\d0s"
+
+
+@rule(
+    "age_range",
+    ["over", "under", "almost", "nearly", "in my", "aged", "age"],
+    I_AM + r"\s+(?P<rel>over|under|almost|nearly)\s+" + NUM + r"(?![\w%'-])"
+    r"|" + I_AM + r"\s+in\s+my\s+(?P<part>early\s+|mid\s+|late\s+)?(?P<decade>" + _DECADES + r")\b"
+    r"|" + I_AM + r"\s+(?P<middle>middle[\s-]aged)\b",
+)
+def _age_range(m: re.Match[str], s: Sentence) -> None:
+    """ "I am over 35", "I'm in my forties", "I am middle aged": an age range."""
+    if m.group("middle"):
+        s.turn.attribute("age", "middle-aged", 0.7)
+    elif m.group("decade"):
+        part = (m.group("part") or "").strip().lower()
+        s.turn.attribute("age", f"{part} {m.group('decade').lower()}".strip(), 0.75)
+    else:
+        n = parse_number(m.group("num"))
+        if n is not None and 5 <= n <= 120 and follower_ok(s.after(m)):
+            s.turn.attribute("age", f"{m.group('rel').lower()} {n}", 0.7)
 
 
 PERSON_RULES: tuple[Rule, ...] = (
@@ -534,4 +728,11 @@ PERSON_RULES: tuple[Rule, ...] = (
     _lang_fluent,
     _lang_native_speaker,
     _lang_negated,
+    _home_common_place,
+    _student_in,
+    _student_of,
+    _emp_workplace,
+    _occ_field,
+    _emp_worked_past,
+    _age_range,
 )

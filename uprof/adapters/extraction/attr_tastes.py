@@ -50,7 +50,8 @@ _META_NOUNS = frozenset(
 )
 _ARTICLE_RE = re.compile(r"^(?:the|a|an|some)\s+(?=[a-z])", re.IGNORECASE)
 _ROUTINE_IN_ITEM_RE = re.compile(
-    r"\s+(?:every|each)\s+\w+$|\s+on\s+(?:weekends|weekdays|\w+days)$|\s+(?:daily|weekly)$",
+    r"\s+(?:every|each)\s+\w+$|\s+on\s+(?:weekends|weekdays|\w+days?)"
+    r"(?:\s+(?:mornings|evenings|nights|afternoons))?$|\s+(?:daily|weekly)$",
     re.IGNORECASE,
 )
 _NOT_TASTE_STARTS = frozenset(
@@ -92,7 +93,9 @@ def taste_value(item: str) -> str | None:
             return None
         words = [to_gerund(words[1]), *words[2:]]
     first = words[0].lower()
-    if first in PRONOUN_OBJECTS or first in _NOT_TASTE_STARTS:
+    # "In n Out", "On the Road": a capitalised title may open with a preposition.
+    title = len(words) > 1 and words[0][:1].isupper() and words[-1][:1].isupper()
+    if first in PRONOUN_OBJECTS or (first in _NOT_TASTE_STARTS and not title):
         return None
     if any(w in {"I", "I'm", "i", "i'm", "I've", "you"} for w in words):
         return None
@@ -103,10 +106,48 @@ def taste_value(item: str) -> str | None:
 
 
 def _tastes(s: Sentence, key: str, rest: str, confidence: float, *, negated: bool = False) -> None:
+    infinitive = False
     for item in list_items(rest):
-        value = taste_value(item)
-        if value:
+        words = item.split()
+        # "to watch and play soccer": "play soccer" shares the "to" of the first item.
+        if infinitive and words and words[0].lower() in _SECOND_VERBS:
+            item = "to " + item
+        infinitive = bool(words) and words[0].lower() == "to"
+        for part in _infinitive_parts(item):
+            value = taste_value(part)
+            if not value:
+                continue
             s.turn.attribute(key, value, confidence, negated=negated)
+            if key == "likes" and not negated and _ROUTINE_IN_ITEM_RE.search(clean(part)):
+                # "I like watching movies on Sunday evenings": a taste and a habit.
+                words = clean(part).split()
+                if words[0].lower() == "to" and len(words) > 1:
+                    words = [to_gerund(words[1]), *words[2:]]
+                s.turn.attribute("routine", first_to_lower(" ".join(words)), 0.6)
+
+
+#: Verbs that open the second half of "to go to the park and hang out with friends".
+_SECOND_VERBS = frozenset(
+    """
+    go hang spend watch play read eat cook travel visit listen take make meet walk run ride
+    sleep relax chill explore shop try learn see drink dance sing paint draw write swim
+    hike fish bake camp garden crochet knit sew ski surf skate bike cycle
+    """.split()
+)
+
+
+def _infinitive_parts(item: str) -> list[str]:
+    """ "to go to the park and hang out" -> ["to go to the park", "to hang out"]."""
+    words = clean(item).split()
+    if len(words) < 4 or words[0].lower() != "to":
+        return [item]
+    parts: list[list[str]] = [[]]
+    for i, w in enumerate(words):
+        if w.lower() == "and" and i + 1 < len(words) and words[i + 1].lower() in _SECOND_VERBS:
+            parts.append(["to"])
+            continue
+        parts[-1].append(w)
+    return [" ".join(p) for p in parts if len(p) > 1]
 
 
 @rule(
@@ -152,7 +193,8 @@ _FAV = r"(?:favou?rite|fav|fave)"
     ["fav"],
     r"\bmy\s+(?:absolute\s+|all[\s-]time\s+)?"
     + _FAV
-    + r"\s+(?P<what>[a-z]+(?:\s+[a-z]+){0,2}?)\s+(?:is|are|has\s+to\s+be|would\s+be)\s+",
+    + r"\s+(?P<what>[a-z]+(?:\s+[a-z]+){0,2}?)(?:\s+in\s+school)?\s+"
+    r"(?:is|are|was|were|has\s+to\s+be|would\s+be)\s+",
 )
 def _favourite(m: re.Match[str], s: Sentence) -> None:
     what = m.group("what").lower()
@@ -281,6 +323,8 @@ _DIET_GUARDS = (
     "plant",
     "flexitarian",
     "carnivore",
+    "meat",
+    "omnivore",
 )
 
 
@@ -397,6 +441,64 @@ def _intolerant(m: re.Match[str], s: Sentence) -> None:
     s.turn.attribute("allergy", what.lower(), 0.85)
 
 
+#: Pastimes stated by doing them ("I collect comic books", "I sing"): base form -> kept.
+_PASTIME_VERBS = (
+    "collect|play|sing|dance|paint|draw|knit|sew|crochet|hike|fish|surf|ski|snowboard|swim|"
+    "bake|garden|sail|skate|skateboard|camp|hunt|golf|jog|bowl|climb|read|write|watch|cook|"
+    "bike|cycle|ride|volunteer|blog|quilt|sculpt|skydive|kayak|row|box|fence|meditate"
+)
+_OFTEN = r"often|frequently|regularly|usually|always|sometimes|also|still|really|mostly"
+#: Objects that make the verb a chore or a role, not a pastime ("I play a role", "I watch my kids").
+_NOT_PASTIME_OBJECTS = frozenset(
+    """
+    a an my his her their your our it them him me us this that these those out up down
+    role part game games with along against for to back over around
+    """.split()
+)
+
+
+#: How often, at the end of a pastime ("I cook stew often"): not part of the taste.
+_TRAILING_OFTEN_RE = re.compile(
+    r"\s*\b(?:often|a\s+lot|sometimes|regularly|everyday|every\s+day|daily|a\s+little)$",
+    re.IGNORECASE,
+)
+
+
+@rule(
+    "pastime",
+    [*_PASTIME_VERBS.split("|"), "eat"],
+    r"\bI(?P<often>(?:\s+(?:" + _OFTEN + r"))*)\s+(?P<verb>(?:" + _PASTIME_VERBS + r")|eat)"
+    r"(?![\w'-])",
+)
+def _pastime(m: re.Match[str], s: Sentence) -> None:
+    """ "I collect comic books" -> likes "collecting comic books": a weak cue, so 0.6."""
+    verb = m.group("verb").lower()
+    if verb == "eat" and not m.group("often").strip():
+        return  # "I eat meat" is a diet cue at most; "I frequently eat BBQ" is a taste
+    rest = s.after(m)
+    clause = cut_clause(rest)
+    words = clean(clause).split()
+    if words and (words[0].lower() in _NOT_PASTIME_OBJECTS or words[0].lower() in PRONOUN_OBJECTS):
+        if not (verb in {"play", "watch", "read"} and words[0].lower() in {"a", "an"} and False):
+            return
+    if len(words) > 6:
+        return
+    object_ = _TRAILING_OFTEN_RE.sub("", " ".join(words))
+    value = taste_value(object_ if verb == "eat" else f"{to_gerund(verb)} {object_}".strip())
+    if value:
+        s.turn.attribute("likes", value, 0.6)
+
+
+@rule(
+    "fears",
+    ["afraid", "scared", "terrified", "frightened", "fear"],
+    I_AM + ADV + r"\s+(?:afraid|scared|terrified|frightened)\s+of\s+|\bI\s+fear\s+",
+)
+def _fears(m: re.Match[str], s: Sentence) -> None:
+    """ "I am afraid of heights": recorded as a dislike, weakly."""
+    _tastes(s, "dislikes", s.after(m), 0.6)
+
+
 TASTE_RULES: tuple[Rule, ...] = (
     _likes,
     _likes_into,
@@ -413,4 +515,6 @@ TASTE_RULES: tuple[Rule, ...] = (
     _allergic,
     _allergy_have,
     _intolerant,
+    _pastime,
+    _fears,
 )

@@ -21,7 +21,7 @@ from domain.values import (
     IntentStatus,
     IntentUpdateProposal,
 )
-from uprof.adapters.extraction.text import clean, is_hypothetical
+from uprof.adapters.extraction.text import clean, hedge_factor, is_hypothetical
 
 #: Longest value or description kept; longer ones are a sign the rule over-read.
 MAX_VALUE_CHARS = 120
@@ -31,6 +31,8 @@ AFTER_WINDOW = 300
 BEFORE_WINDOW = 200
 #: Most matches of one rule in one sentence; real sentences have one or two.
 MAX_MATCHES_PER_RULE = 24
+#: Highest confidence of an attribute another speaker stated about the subject.
+REPORTED_CONFIDENCE = 0.5
 
 #: Words shared by several rule catalogues.
 ADV = (
@@ -38,7 +40,7 @@ ADV = (
     r"truly|honestly|genuinely|kinda|kind\s+of|sort\s+of|pretty\s+much|so|very|quite|"
     r"mostly|mainly|especially|even|already|recently|finally|basically|seriously|"
     r"literally|do|personally|obviously|certainly|simply|deeply|madly|generally|"
-    r"usually|always|officially))*"
+    r"usually|always|officially|probably|maybe|perhaps|possibly))*"
 )
 I_AM = r"\bI(?:'m|\s+am|m)\b"
 NEG = r"(?:don't|do\s+not|dont|never)"
@@ -54,6 +56,14 @@ class Turn:
     lowercase_mode: bool
     #: Most words are capitalised (title case or shouting): capitals mark nothing.
     capitals_unreliable: bool
+    #: Another speaker said it about the subject: attributes are ``reported``, at most
+    #: REPORTED_CONFIDENCE, and plans are not the subject's.
+    reported: bool = False
+    #: How the subject is named (the capture's subject actor or actor), "" when unknown.
+    subject_name: str = ""
+    #: Multiplies the confidence of what the current clause states: below 1 when the
+    #: user hedges ("I think I'm allergic to..."); set by :func:`run_rules` per match.
+    hedge: float = 1.0
     attributes: dict[tuple[str, str, bool], AttributeProposal] = field(default_factory=dict)
     intents: dict[str, IntentProposal] = field(default_factory=dict)
     updates: dict[tuple[IntentStatus, str], IntentUpdateProposal] = field(default_factory=dict)
@@ -75,6 +85,9 @@ class Turn:
         value = clean(value)
         if key not in ATTRIBUTE_KEYS or not _plausible(value):
             return
+        confidence *= self.hedge
+        if self.reported:
+            confidence = min(confidence, REPORTED_CONFIDENCE)
         ident = (key, value.casefold(), negated)
         old = self.attributes.get(ident)
         if old is not None:
@@ -88,13 +101,15 @@ class Turn:
             explicit=True,
             supersedes=supersedes,
             negated=negated,
+            reported=self.reported,
         )
 
     def intent(self, description: str, confidence: float, expires_at: datetime | None) -> None:
         """Record a plan or goal the user stated."""
         description = clean(description)
-        if not _plausible(description):
-            return
+        if self.reported or not _plausible(description):
+            return  # somebody else's words do not make the subject's plans
+        confidence *= self.hedge
         ident = description.casefold()
         old = self.intents.get(ident)
         if old is not None:
@@ -111,7 +126,7 @@ class Turn:
     def update(self, status: IntentStatus, description: str) -> None:
         """Record that the user finished or dropped a plan, named by its description."""
         description = clean(description)
-        if not _plausible(description):
+        if self.reported or not _plausible(description):
             return
         self.updates[(status, description.casefold())] = IntentUpdateProposal(
             status=status, description=description, evidence=self.evidence
@@ -199,4 +214,8 @@ def run_rules(sentence: Sentence, rules: Iterable[Rule]) -> None:
                 break
             if r.skip_hypothetical and is_hypothetical(sentence.text, m.start()):
                 continue
-            r.handler(m, sentence)
+            sentence.turn.hedge = hedge_factor(sentence.text, m.start())
+            try:
+                r.handler(m, sentence)
+            finally:
+                sentence.turn.hedge = 1.0

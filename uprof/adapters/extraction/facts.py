@@ -12,12 +12,13 @@ need a lexicon to be read ("I'm a nurse"), 0.6 and below for weak cues.
 
 from __future__ import annotations
 
+from uprof.adapters.extraction.attr_fields import FIELD_RULES
 from uprof.adapters.extraction.attr_household import HOUSEHOLD_RULES
 from uprof.adapters.extraction.attr_person import PERSON_RULES, languages_in
 from uprof.adapters.extraction.attr_tastes import TASTE_RULES, list_items, taste_value
 from uprof.adapters.extraction.engine import Rule
 
 #: Every attribute rule, in the order they run on each sentence.
-ATTRIBUTE_RULES: tuple[Rule, ...] = PERSON_RULES + TASTE_RULES + HOUSEHOLD_RULES
+ATTRIBUTE_RULES: tuple[Rule, ...] = PERSON_RULES + TASTE_RULES + HOUSEHOLD_RULES + FIELD_RULES
 
 __all__ = ["ATTRIBUTE_RULES", "languages_in", "list_items", "taste_value"]

@@ -107,6 +107,8 @@ NOT_NAMES: frozenset[str] = frozenset(
 FAMILY_CANONICAL: dict[str, str] = {
     "kid": "child",
     "kids": "children",
+    "grandkid": "grandchild",
+    "grandkids": "grandchildren",
     "babies": "babies",
     "fiancee": "fiancée",
     "fiance": "fiancé",
@@ -121,7 +123,8 @@ PETS: frozenset[str] = frozenset(
     hedgehog rat rats mouse mice horse horses pony ponies chicken chickens duck ducks
     goat goats pig pigs labrador retriever poodle beagle husky terrier bulldog corgi
     dachshund spaniel chihuahua pug collie doodle labradoodle greyhound dalmatian
-    rottweiler shepherd
+    rottweiler shepherd pinscher cow cows sheep llama llamas alpaca alpacas raccoon racoon
+    dragon tarantula
     """.split()
 )
 
@@ -155,7 +158,7 @@ PET_SINGULAR: dict[str, str] = {
 PET_ADJECTIVES: frozenset[str] = frozenset(
     """
     little old new young black white brown grey gray orange ginger rescue senior baby
-    big fat lazy fluffy sweet golden german
+    big fat lazy fluffy sweet golden german small tiny miniature bearded pet
     """.split()
 )
 
@@ -175,6 +178,9 @@ DIETS: dict[str, str] = {
     "plant-based": "plant-based",
     "flexitarian": "flexitarian",
     "carnivore": "carnivore",
+    "meat-eater": "meat-eater",
+    "meat eater": "meat-eater",
+    "omnivore": "omnivore",
     "raw vegan": "raw vegan",
 }
 
@@ -283,5 +289,34 @@ FILLER_WORDS: frozenset[str] = frozenset(
     understood welcome cheers hmm hm ah oh wow there much very so that's that is
     i'm im am doing well how are and too again see later np noted agreed true indeed
     gotcha sweet lovely excellent makes sense will do appreciate appreciated
+    """.split()
+)
+
+#: Common nouns that end a workplace phrase ("a video game company", "the zoo").
+WORKPLACES: frozenset[str] = frozenset(
+    """
+    company store shop firm restaurant hospital school bank daycare factory office zoo mall
+    farm bakery cafe café library agency startup supermarket warehouse hotel bar pub gym
+    salon clinic church university college airline airport plant mill lab laboratory
+    studio newspaper magazine garage dealership casino theater theatre museum nonprofit
+    charity station market grocery corporation business diner pharmacy prison
+    """.split()
+)
+
+#: Lines of work named without a job title ("I work in marketing").
+WORK_FIELDS: frozenset[str] = frozenset(
+    """
+    marketing sales finance retail healthcare construction education it tech hospitality
+    insurance accounting advertising banking publishing law medicine nursing engineering
+    security logistics hr fashion media film television journalism research government
+    politics manufacturing agriculture
+    """.split()
+)
+
+#: Places someone lives that are not proper names ("I live on a farm").
+HOME_PLACES: frozenset[str] = frozenset(
+    """
+    suburb suburbs farm ranch countryside country city town village island coast mountains
+    desert midwest beach boat reservation commune
     """.split()
 )

@@ -38,8 +38,10 @@ from domain.values import (
     Proposal,
     ProposalBatch,
 )
+from uprof.adapters.extraction.engine import REPORTED_CONFIDENCE
 from uprof.adapters.extraction.errors import ExtractionError
 from uprof.adapters.extraction.rules import DEFAULT_MEMORY_MAX_CHARS, truncate
+from uprof.adapters.extraction.speaker import speaker_of
 from uprof.ports import Extractor
 
 #: Longest user text sent to the model; the rest of a pasted document adds cost, not facts.
@@ -50,6 +52,7 @@ MAX_VALUE_CHARS = 200
 _KEY_HINTS: dict[str, str] = {
     "name": "the user's own name",
     "age": "age in years, digits only",
+    "gender": "the user's gender as they state it ('female', 'male', 'non-binary')",
     "home_location": "where the user lives now (city, region or country)",
     "origin": "where the user is from or grew up",
     "occupation": "job or role (e.g. 'nurse', 'software engineer', 'student')",
@@ -281,6 +284,14 @@ class OpenAICompatibleExtractor:
     def _payload(self, capture: CapturedInteraction) -> dict[str, Any]:
         interaction = capture.interaction
         parts = [f"Turn time: {interaction.occurred_at.isoformat()}"]
+        speaker = speaker_of(interaction)
+        if not speaker.is_subject:
+            # Another person spoke: only what they say to or about the subject counts.
+            parts.append(
+                f"Speaker: {interaction.actor}, who is NOT the user. The user is "
+                f"{speaker.subject_name}. Propose attributes only for what this speaker says "
+                'about the user ("you are ...", or the user by name); none about the speaker.'
+            )
         parts.append("User's message:\n<<<\n" + interaction.user_input[:MAX_INPUT_CHARS] + "\n>>>")
         if self.include_agent_reply and interaction.agent_response.strip():
             reply = interaction.agent_response[:MAX_INPUT_CHARS]
@@ -330,6 +341,8 @@ class OpenAICompatibleExtractor:
         dropped = 0
         ignored_evidence = _count_evidence_claims(data)
 
+        # Another speaker's words are reported, never the subject's own, and make no plans.
+        reported = not speaker_of(interaction).is_subject
         attributes, bad = _items(data, "attributes", _AttributeItem)
         dropped += bad
         for a in attributes:
@@ -338,14 +351,18 @@ class OpenAICompatibleExtractor:
                     key=a.key,
                     value=a.value,
                     evidence=evidence,
-                    confidence=a.confidence,
-                    explicit=a.explicit,
+                    confidence=min(a.confidence, REPORTED_CONFIDENCE) if reported else a.confidence,
+                    explicit=a.explicit and not reported,
                     supersedes=a.supersedes,
                     negated=a.negated,
+                    reported=reported,
                 )
             )
         intents, bad = _items(data, "intents", _IntentItem)
         dropped += bad
+        if reported:
+            dropped += len(intents)
+            intents = []
         for i in intents:
             proposals.append(
                 IntentProposal(
@@ -358,6 +375,9 @@ class OpenAICompatibleExtractor:
             )
         updates, bad = _items(data, "intent_updates", _UpdateItem)
         dropped += bad
+        if reported:
+            dropped += len(updates)
+            updates = []
         for u in updates:
             proposals.append(
                 IntentUpdateProposal(status=u.status, description=u.description, evidence=evidence)

@@ -1,7 +1,9 @@
 """The offline, English, rule-based extractor: the default ``Extractor``.
 
 It reads only the user's side of an interaction (``user_input``): what the agent
-said is never evidence of a user trait. Every proposal cites the capture as its
+said is never evidence of a user trait. When the capture says another actor than
+the subject spoke (``speaker.py``), only what that speaker says to or about the
+subject is proposed, as reported. Every proposal cites the capture as its
 evidence and is marked explicit, because the user said it in the first person.
 One memory per turn keeps the user's own words, minus a leading greeting.
 
@@ -26,6 +28,7 @@ from uprof.adapters.extraction.engine import Sentence, Turn, run_rules
 from uprof.adapters.extraction.facts import ATTRIBUTE_RULES
 from uprof.adapters.extraction.lexicon import EMOTION_WORDS, FILLER_WORDS, LIFE_EVENT_WORDS
 from uprof.adapters.extraction.plans import INTENT_RULES
+from uprof.adapters.extraction.speaker import in_subject_voice, speaker_of
 from uprof.adapters.extraction.text import normalise, restore_elided_subject, split_sentences
 
 AUTHOR = "rules/v1"
@@ -70,14 +73,23 @@ class RuleBasedExtractor:
         """Propose what the user said about themselves in this one captured turn."""
         interaction = capture.interaction
         text = normalise(interaction.user_input or "")
+        speaker = speaker_of(interaction)
         turn = Turn(
             capture_id=capture.capture_id,
             occurred_at=interaction.occurred_at,
             lowercase_mode=_is_lowercase_typist(text),
             capitals_unreliable=_capitals_unreliable(text),
+            reported=not speaker.is_subject,
+            subject_name=speaker.subject_name,
         )
         for raw in split_sentences(text[:MAX_RULE_CHARS]):
-            sentence = restore_elided_subject(raw)
+            sentence: str | None = raw
+            if not speaker.is_subject:
+                # Another speaker: only their words to or about the subject count.
+                sentence = in_subject_voice(raw, speaker.subject_name)
+                if sentence is None:
+                    continue
+            sentence = restore_elided_subject(sentence)
             run_rules(Sentence(sentence, sentence.lower(), turn), _RULES)
 
         proposals: list[Proposal] = [

@@ -61,8 +61,20 @@ _SUBJECT_RE = re.compile(
 )
 
 
+# "I am vegetarian and allergic to peanuts": the second predicate has no "I am".
+_PREDICATE_ELLIPSIS_RE = re.compile(
+    r"(,?\s+(?:and|but)\s+)((?:also|now|still|currently|originally|severely|very)\s+)*"
+    r"(?=(?:allergic|an?|married|single|divorced|engaged|from|fluent|retired|based|vegan|"
+    r"vegetarian|pescatarian|lactose|gluten|into|a\s+fan|fond|passionate|afraid|scared)\b)",
+    re.IGNORECASE,
+)
+_LAST_I_AM_RE = re.compile(r"\bI(?:'m|\s+am|m)\b", re.IGNORECASE)
+
+
 def restore_elided_subject(sentence: str) -> str:
-    """Insert "I" after "and"/"but" when the clause continues the user's own statement."""
+    """Insert "I" after "and"/"but" when the clause continues the user's own statement,
+    and "I'm" when it continues an "I am ..." with a second predicate."""
+    sentence = _restore_elided_predicate(sentence)
     if not _ELLIPSIS_RE.search(sentence):
         return sentence
     pieces: list[str] = []
@@ -72,6 +84,25 @@ def restore_elided_subject(sentence: str) -> str:
         pieces.append(sentence[last : m.end(1)])
         if subjects and subjects[-1].lower() in {"i", "i'm", "i've", "i'd", "i'll"}:
             pieces.append("I ")
+        last = m.end(1)
+    pieces.append(sentence[last:])
+    return "".join(pieces)
+
+
+def _restore_elided_predicate(sentence: str) -> str:
+    if not _PREDICATE_ELLIPSIS_RE.search(sentence):
+        return sentence
+    pieces: list[str] = []
+    last = 0
+    for m in _PREDICATE_ELLIPSIS_RE.finditer(sentence):
+        window = max(0, m.start() - 200)
+        subjects = list(_SUBJECT_RE.finditer(sentence, window, m.start()))
+        i_am = list(_LAST_I_AM_RE.finditer(sentence, window, m.start()))
+        pieces.append(sentence[last : m.end(1)])
+        # Only when the latest subject is the user's "I am" (not "my sister is ... and",
+        # not "I am a teacher and I like cats and a dog").
+        if subjects and i_am and subjects[-1].start() == i_am[-1].start():
+            pieces.append("I'm ")
         last = m.end(1)
     pieces.append(sentence[last:])
     return "".join(pieces)
@@ -91,7 +122,7 @@ CLAUSE_CUT_RE = re.compile(
 
 #: A prefix that makes what follows hypothetical or somebody else's claim.
 _HYPOTHETICAL_RE = re.compile(
-    r"\b(?:if|whether|unless|suppose|supposing|imagine|pretend|pretending|wish|wished|"
+    r"\b(?:if|whether|unless|suppose|supposing|imagine|pretend|pretending|wish|wished|hope|hoping|"
     r"says|said|thinks|thought|believes|believed|claims|claimed|assumes|assumed|"
     r"told\s+\w+|as\s+though|as\s+if|what\s+if|do\s+you\s+think|would\s+you|"
     r"should\s+I|could\s+I|can\s+I|do\s+I|am\s+I|did\s+I|would\s+I|hypothetically|"
@@ -111,6 +142,44 @@ def is_hypothetical(sentence: str, pos: int) -> bool:
     for m in _PREFIX_CLAUSE_RE.finditer(sentence, start, pos):
         start = m.end()
     return _HYPOTHETICAL_RE.search(sentence, start, pos) is not None
+
+
+#: Words that make a statement uncertain ("I think I'm allergic to nuts", "maybe vegan").
+_HEDGE_RE = re.compile(
+    r"\b(?:I\s+think|I\s+guess|I\s+suppose|I\s+believe|I'm\s+not\s+sure|I\s+am\s+not\s+sure|"
+    r"not\s+sure|maybe|perhaps|probably|possibly|I\s+might|I\s+may|might\s+be|may\s+be|"
+    r"kind\s+of|sort\s+of|kinda|sorta|I\s+reckon|apparently|I'm\s+told|supposedly|"
+    r"more\s+or\s+less|I\s+feel\s+like)\b",
+    re.IGNORECASE,
+)
+#: How much a hedge keeps of a statement's confidence.
+HEDGE_FACTOR = 0.6
+
+
+def hedge_factor(sentence: str, pos: int) -> float:
+    """HEDGE_FACTOR when the clause holding pos is hedged, else 1.0.
+
+    The clause runs from the last boundary before pos to the next one after it,
+    so "I think I'm vegan" and "I'm vegan, I think" are both hedged, while
+    "I'm vegan and I think jazz is great" hedges only its second clause.
+    """
+    start = 0
+    for m in _PREFIX_CLAUSE_RE.finditer(sentence, 0, pos):
+        start = m.end()
+    end_m = _CLAUSE_END_RE.search(sentence, pos)
+    end = end_m.start() if end_m else len(sentence)
+    # "I'm vegan, I think": a hedge that ends the sentence governs what came before it.
+    tail = _TRAILING_HEDGE_RE.match(sentence, end)
+    if _HEDGE_RE.search(sentence, start, end) or tail:
+        return HEDGE_FACTOR
+    return 1.0
+
+
+_CLAUSE_END_RE = re.compile(r"[;.!?]|,\s+(?:and|but|so)\s|\s(?:and|but|so)\s+I\b", re.IGNORECASE)
+_TRAILING_HEDGE_RE = re.compile(
+    r",\s*(?:I\s+think|I\s+guess|I\s+suppose|I\s+believe|maybe|probably|perhaps)\s*[.!?]*\s*$",
+    re.IGNORECASE,
+)
 
 
 def cut_clause(rest: str) -> str:
