@@ -9,13 +9,14 @@ the pipeline worker and stops it at shutdown.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import uprof
@@ -74,7 +75,7 @@ def create_app(
     """
     runtime = ServiceRuntime.for_kernel(kernel)
     metrics = Metrics()
-    metrics.add_collector(_lag_collector(runtime))
+    metrics.add_collector(_LagCollector(runtime))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -156,36 +157,38 @@ def _install_error_handlers(app: FastAPI) -> None:
         return _json(body, 500)
 
 
-def _lag_collector(runtime: ServiceRuntime) -> Callable[[], list[str]]:
-    def collect() -> list[str]:
-        lines = [
-            "# HELP uprof_projection_lag_events Events recorded but not yet processed, by stage.",
-            "# TYPE uprof_projection_lag_events gauge",
-        ]
-        try:
-            lag = runtime.kernel.lag()
-        except Exception:
-            return [
-                "# HELP uprof_store_up Whether the stores answered the last scrape.",
-                "# TYPE uprof_store_up gauge",
-                "uprof_store_up 0",
-            ]
-        lines += [
-            f'uprof_projection_lag_events{{stage="extraction"}} {lag.extraction_pending}',
-            f'uprof_projection_lag_events{{stage="projection"}} {lag.projection_pending}',
-            "# HELP uprof_log_position Highest notification id in the event log.",
-            "# TYPE uprof_log_position gauge",
-            f"uprof_log_position {lag.log_position}",
-            "# HELP uprof_store_up Whether the stores answered the last scrape.",
-            "# TYPE uprof_store_up gauge",
-            "uprof_store_up 1",
-        ]
-        failures = runtime.worker.status.failures if runtime.worker else 0
-        lines += [
-            "# HELP uprof_pipeline_failures_total Background pipeline runs that failed.",
-            "# TYPE uprof_pipeline_failures_total counter",
-            f"uprof_pipeline_failures_total {failures}",
-        ]
-        return lines
+class _LagCollector:
+    """Pipeline gauges, read from the kernel at each scrape."""
 
-    return collect
+    def __init__(self, runtime: ServiceRuntime) -> None:
+        self._runtime = runtime
+
+    def describe(self) -> list[Metric]:
+        return []  # computed at scrape time; nothing to check at registration
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("uprof_store_up", "Whether the stores answered the last scrape.")
+        try:
+            lag = self._runtime.kernel.lag()
+        except Exception:
+            up.add_metric([], 0)
+            yield up
+            return
+        pending = GaugeMetricFamily(
+            "uprof_projection_lag_events", "Events recorded but not yet processed, by stage.",
+            labels=["stage"],
+        )
+        pending.add_metric(["extraction"], lag.extraction_pending)
+        pending.add_metric(["projection"], lag.projection_pending)
+        yield pending
+        yield GaugeMetricFamily(
+            "uprof_log_position", "Highest notification id in the event log.",
+            value=lag.log_position,
+        )
+        up.add_metric([], 1)
+        yield up
+        worker = self._runtime.worker
+        yield CounterMetricFamily(
+            "uprof_pipeline_failures", "Background pipeline runs that failed.",
+            value=worker.status.failures if worker else 0,
+        )

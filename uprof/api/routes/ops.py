@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from uprof.api.deps import KeyStore, Runtime
-from uprof.api.metrics import Metrics
+from uprof.api.metrics import CONTENT_TYPE, Metrics
 from uprof.schemas.api import Health, Readiness
 
 router = APIRouter(tags=["operations"])
@@ -64,4 +64,4 @@ def readyz(request: Request, runtime: Runtime, store: KeyStore) -> JSONResponse:
 def metrics(request: Request) -> PlainTextResponse:
     """Prometheus text exposition of request counts, latencies and projection lag."""
     registry: Metrics = request.app.state.metrics
-    return PlainTextResponse(registry.render(), media_type="text/plain; version=0.0.4")
+    return PlainTextResponse(registry.render(), media_type=CONTENT_TYPE)
