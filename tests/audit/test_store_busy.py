@@ -1,0 +1,71 @@
+"""The audit log retries a write only when the driver reports a transient lock.
+
+Classified by the driver's error code (SQLite result code, PostgreSQL SQLSTATE), never by
+the message's wording, which varies across versions and locales.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from audit.log import _store_busy
+from tests.conftest import Backend
+
+
+def _operational_error(engine: sa.Engine, statement: str) -> sa.exc.OperationalError:
+    with pytest.raises(sa.exc.OperationalError) as caught, engine.begin() as conn:
+        conn.execute(sa.text(statement))
+    return caught.value
+
+
+def test_a_sqlite_lock_is_busy_and_a_missing_table_is_not(tmp_path: Path) -> None:
+    path = tmp_path / "busy.sqlite"
+    holder = sqlite3.connect(path, timeout=0)
+    holder.execute("CREATE TABLE t (x INTEGER)")
+    holder.commit()
+    engine = sa.create_engine(f"sqlite:///{path}", connect_args={"timeout": 0})
+    try:
+        assert not _store_busy(_operational_error(engine, "SELECT * FROM no_such_table"))
+        holder.execute("BEGIN EXCLUSIVE")
+        assert _store_busy(_operational_error(engine, "INSERT INTO t VALUES (1)"))
+    finally:
+        holder.rollback()
+        holder.close()
+        engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+def test_a_postgres_lock_timeout_is_busy_and_a_syntax_error_is_not(backend: Backend) -> None:
+    engine = sa.create_engine(backend.url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("CREATE TABLE t (x INTEGER)"))
+        with engine.connect() as holder:
+            holder.execute(sa.text("LOCK TABLE t IN ACCESS EXCLUSIVE MODE"))
+            waiter = sa.create_engine(
+                backend.url, connect_args={"options": "-c lock_timeout=100"}
+            )
+            try:
+                assert _store_busy(_operational_error(waiter, "INSERT INTO t VALUES (1)"))
+            finally:
+                waiter.dispose()
+            holder.rollback()
+        # A statement the server refuses for good is a ProgrammingError, never retried;
+        # an OperationalError without a lock state is not busy either.
+        with pytest.raises(sa.exc.ProgrammingError), engine.begin() as conn:
+            conn.execute(sa.text("SELEC 1"))
+        unreachable = sa.create_engine(
+            "postgresql+psycopg://postgres@127.0.0.1:1/none", connect_args={"connect_timeout": 1}
+        )
+        try:
+            with pytest.raises(sa.exc.OperationalError) as caught:
+                unreachable.connect()
+            assert not _store_busy(caught.value)
+        finally:
+            unreachable.dispose()
+    finally:
+        engine.dispose()
