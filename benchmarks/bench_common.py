@@ -256,16 +256,16 @@ def run_context() -> dict[str, object]:
     surprise in a table means little without the commit and the load it ran under.
     """
     root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", *args], cwd=root, capture_output=True, text=True, check=True, timeout=10
+        )
+        return done.stdout.strip()
+
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=root, capture_output=True, text=True, check=True, timeout=10,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root, capture_output=True, text=True, check=True, timeout=10,
-        ).stdout.strip()
-        commit += "+dirty" if dirty else ""
+        commit = git("rev-parse", "--short", "HEAD")
+        commit += "+dirty" if git("status", "--porcelain", "--untracked-files=no") else ""
     except (OSError, subprocess.SubprocessError):
         commit = "unknown"
     return {"commit": commit, "load_avg": [round(x, 2) for x in os.getloadavg()]}

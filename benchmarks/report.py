@@ -47,6 +47,7 @@ def _budget_rows(report: Mapping[str, Any], mode: str, path: Sequence[str]) -> l
 
 def run_line(report: Mapping[str, Any]) -> str:
     """Commit, load average and torch threads of the run; systems not finished yet."""
+
     def load(values: Sequence[float]) -> str:
         return "/".join(f"{x:.2f}" for x in values)
 
