@@ -220,8 +220,8 @@ def summarise(results: Sequence[PrefResult], topics: Sequence[str]) -> dict[str,
 
 
 # SPEC section 2: "one line per candidate", the preference text as-is. Not the
-# LoCoMo dialogue line: a "[date] user:" prefix costs ~12 tokens per candidate
-# and dilutes BM25 and MiniLM (it cost them 0.15 and 0.04 at N=50, B=256).
+# LoCoMo dialogue line: a "[date] user:" prefix costs 16 tokens per candidate
+# and dilutes BM25 and MiniLM (it cost them 0.11 and 0.04 at N=50, B=256).
 CANDIDATE_RENDER = render_bullet_line
 
 
