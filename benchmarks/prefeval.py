@@ -26,7 +26,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from benchmarks.baselines import baseline_factories, set_torch_threads
+from benchmarks.baselines import baseline_factories, set_torch_threads, torch_thread_count
 from benchmarks.bench_common import (
     DEFAULT_DATA_DIR,
     BenchSlice,
@@ -40,6 +40,7 @@ from benchmarks.bench_common import (
     normalise_text,
     percentile,
     render_bullet_line,
+    run_context,
 )
 
 DISTRACTOR_COUNTS: tuple[int, ...] = (10, 50, 200)
@@ -218,14 +219,21 @@ def summarise(results: Sequence[PrefResult], topics: Sequence[str]) -> dict[str,
     }
 
 
+# SPEC section 2: "one line per candidate", the preference text as-is. Not the
+# LoCoMo dialogue line: a "[date] user:" prefix costs 16 tokens per candidate
+# and dilutes BM25 and MiniLM (it cost them 0.11 and 0.04 at N=50, B=256).
+CANDIDATE_RENDER = render_bullet_line
+
+
 def default_systems(names: Sequence[str], items: Sequence[PrefItem]) -> dict[str, SystemFactory]:
-    """Baselines with one plain line per candidate; the embedder is warmed with
-    every preference line up front (candidates are what gets ingested)."""
+    """The named baselines with the SPEC rendering; the embedder is warmed with
+    every candidate line up front (candidates are what gets ingested). Every entry
+    point (this module's CLI, ``uprof bench prefeval``, tests) builds them here."""
 
     def warm() -> list[str]:
-        return [render_bullet_line(t) for t in as_turns(items)]
+        return [CANDIDATE_RENDER(t) for t in as_turns(items)]
 
-    return baseline_factories(names, render=render_bullet_line, warm_texts=warm)
+    return baseline_factories(names, render=CANDIDATE_RENDER, warm_texts=warm)
 
 
 def run_prefeval(
@@ -252,23 +260,6 @@ def run_prefeval(
         raise ValueError("no PrefEval items selected")
     topic_names = list(dict.fromkeys(i.topic for i in items))
     systems = systems if systems is not None else default_systems(DEFAULT_SYSTEMS, items)
-    results: dict[str, Any] = {}
-    rows: list[PrefResult] = []
-    timings: dict[str, float] = {}
-    for name, factory in systems.items():
-        start = time.perf_counter()
-        got = evaluate_system(name, factory, items, distractor_counts, budgets, seed)
-        timings[name] = time.perf_counter() - start
-        rows.extend(got)
-        results[name] = {
-            f"N{n}_B{b}": summarise(
-                [r for r in got if r.n_distractors == n and r.budget == b], topic_names
-            )
-            for n in distractor_counts
-            for b in budgets
-        }
-        if progress:
-            progress(f"{name}: {timings[name]:.1f}s")
     report: dict[str, Any] = {
         "benchmark": "PrefEval-PR@B",
         "data": {
@@ -282,10 +273,31 @@ def run_prefeval(
         "budgets": list(budgets),
         "settings": [[n, b] for n in distractor_counts for b in budgets],
         "max_derived_refs": MAX_DERIVED_REFS,
-        "results": results,
-        "run_seconds": timings,
+        "systems": list(systems),
+        "run": {**run_context(), "torch_threads": {}},
+        "results": {},
+        "run_seconds": {},
     }
-    _write_outputs(report, rows, out_path, rows_path, markdown_path)
+    rows: list[PrefResult] = []
+    for name, factory in systems.items():
+        start = time.perf_counter()
+        got = evaluate_system(name, factory, items, distractor_counts, budgets, seed)
+        report["run_seconds"][name] = time.perf_counter() - start
+        report["run"]["torch_threads"][name] = torch_thread_count()
+        rows.extend(got)
+        report["results"][name] = {
+            f"N{n}_B{b}": summarise(
+                [r for r in got if r.n_distractors == n and r.budget == b], topic_names
+            )
+            for n in distractor_counts
+            for b in budgets
+        }
+        report["run"]["load_avg_end"] = run_context()["load_avg"]
+        # Written after every system: a long run shows its finished systems early,
+        # and the table marks the ones still missing.
+        _write_outputs(report, rows, out_path, rows_path, markdown_path)
+        if progress:
+            progress(f"{name}: {report['run_seconds'][name]:.1f}s")
     return report
 
 

@@ -45,6 +45,27 @@ def _budget_rows(report: Mapping[str, Any], mode: str, path: Sequence[str]) -> l
     return rows
 
 
+def run_line(report: Mapping[str, Any]) -> str:
+    """Commit, load average and torch threads of the run; systems not finished yet."""
+
+    def load(values: Sequence[float]) -> str:
+        return "/".join(f"{x:.2f}" for x in values)
+
+    run = report.get("run")
+    if not run:
+        return ""
+    threads = ", ".join(f"{k} {v}" for k, v in run.get("torch_threads", {}).items())
+    text = (
+        f"Run: commit `{run['commit']}`, load average (1/5/15 min) {load(run['load_avg'])} "
+        f"at start, {load(run.get('load_avg_end', run['load_avg']))} at the end; "
+        f"torch intra-op threads (set by the harness, the same for every system): {threads}."
+    )
+    pending = [n for n in report.get("systems", []) if n not in report["results"]]
+    if pending:
+        text += f" **Partial: still running or not finished: {', '.join(pending)}.**"
+    return text
+
+
 def locomo_markdown(report: Mapping[str, Any]) -> str:
     """Headline and secondary LoCoMo-ER@B tables for a :func:`run_locomo` result."""
     budgets = report["budgets"]
@@ -58,6 +79,8 @@ def locomo_markdown(report: Mapping[str, Any]) -> str:
         f"(categories {', '.join(str(c) for c in report['categories'])}: "
         + ", ".join(f"{k}={v}" for k, v in data["questions_by_category"].items())
         + "). Over-budget slices score 0. Tokens: cl100k.",
+        "",
+        run_line(report),
     ]
     for mode in report["modes"]:
         ceiling = report["ceiling"].get(mode, {})
@@ -158,7 +181,10 @@ def prefeval_markdown(report: Mapping[str, Any]) -> str:
         "",
         f"{report['data']['n_users']} synthetic users over {len(report['data']['topics'])} topics; "
         f"distractors = other topics' preferences, `random.Random({report['seed']})`. "
-        "Hit = preference text in the slice, or an item citing the preference event.",
+        "Hit = preference text in the slice, or an item citing the preference event. "
+        "Baselines see one line per candidate, `- <preference>`.",
+        "",
+        run_line(report),
         "",
         table(
             ["system", *cols],

@@ -45,12 +45,20 @@ def bench_authorizer(purposes: tuple[str, ...] = (PURPOSE,)) -> CasbinAuthorizer
 class UprofBenchSystem:
     """One throwaway SQLite deployment; each subject key becomes one data subject."""
 
-    def __init__(self, *, embedder: str = "minilm", lexical_only: bool = False) -> None:
+    def __init__(
+        self, *, embedder: str = "minilm", lexical_only: bool = False, torch_threads: int = 1
+    ) -> None:
+        """``torch_threads``: the harness's thread count, so uprof's embedder runs with
+        the same number as the baselines' (0 leaves torch's default)."""
         self.name = "uprof-lexical" if lexical_only else "uprof"
         self._dir = Path(tempfile.mkdtemp(prefix="uprof-bench-"))
         self._lexical = lexical_only
         self.kernel: Uprof = bootstrap(
-            Settings(data_dir=self._dir / "data", embedder=embedder),  # type: ignore[arg-type]
+            Settings(
+                data_dir=self._dir / "data",
+                embedder=embedder,  # type: ignore[arg-type]
+                torch_threads=torch_threads,
+            ),
             authorizer=bench_authorizer(),
         )
 
@@ -100,9 +108,13 @@ class UprofBenchSystem:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-def make_uprof() -> UprofBenchSystem:
-    return UprofBenchSystem()
+def make_uprof(torch_threads: int = 1) -> UprofBenchSystem:
+    return UprofBenchSystem(torch_threads=torch_threads)
 
 
-def make_uprof_lexical() -> UprofBenchSystem:
-    return UprofBenchSystem(embedder="hashing", lexical_only=True)
+def make_uprof_lexical(torch_threads: int = 1) -> UprofBenchSystem:
+    return UprofBenchSystem(embedder="hashing", lexical_only=True, torch_threads=torch_threads)
+
+
+#: The uprof variants the CLI can put beside the baselines, by name.
+UPROF_SYSTEMS = {"uprof": make_uprof, "uprof-lexical": make_uprof_lexical}

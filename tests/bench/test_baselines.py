@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from benchmarks.baselines import (
     BM25System,
     EmbeddingSystem,
+    HybridRRFSystem,
     OracleSystem,
     RecencySystem,
     TfidfSystem,
@@ -216,6 +217,36 @@ def test_embedding_system_with_fake_embedder() -> None:
     system.slice("s", "sunny beach", 100, NOW)
     system.ingest("t", turns(["sunny beach holiday"]))
     assert sum(calls) == 4  # three lines + one query; repeats come from the cache
+
+
+def test_hybrid_fuses_bm25_and_dense_ranks() -> None:
+    # BM25 for "apple": line 0, then the unmatched 1, 2 (chronological). The dense
+    # fake ranks 2, 1, 0. RRF (k = 60): line 0 and line 2 score 1/61 + 1/63 = 0.032266
+    # each (tie: chronological), line 1 scores 2/62 = 0.032258. So two lines' room
+    # gets 0 and 2, which neither ranker alone would pick.
+    vectors = {
+        "apple": [1.0, 0.0],
+        "apple pie": [0.0, 1.0],
+        "banana bread": [0.5, 0.5],
+        "cherry tart": [1.0, 0.1],
+    }
+
+    def fake(texts: list[str]) -> np.ndarray:
+        return np.array([vectors[t] for t in texts], dtype=np.float32)
+
+    lines = ["apple pie", "banana bread", "cherry tart"]
+    system = HybridRRFSystem(fake, render=render_plain_line)
+    system.ingest("s", turns(lines))
+    two = count_tokens(join_lines([lines[0], lines[2]]))
+    assert system.slice("s", "apple", two, NOW).text == join_lines([lines[0], lines[2]])
+    bm25 = BM25System(render=render_plain_line)
+    bm25.ingest("s", turns(lines))
+    assert bm25.slice("s", "apple", two, NOW).text == join_lines(lines[:2])
+    dense = EmbeddingSystem(fake, render=render_plain_line)
+    dense.ingest("s", turns(lines))
+    assert dense.slice("s", "apple", two, NOW).text == join_lines(lines[1:])
+    system.forget("s")
+    assert system.slice("s", "apple", two, NOW).text == ""
 
 
 def test_oracle_serves_only_gold_turns() -> None:

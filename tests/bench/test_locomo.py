@@ -14,6 +14,7 @@ from benchmarks.bench_common import BenchSlice, BenchTurn, SliceItemRef, count_t
 from benchmarks.locomo import (
     Conversation,
     Coverage,
+    audit_positions,
     ceiling,
     coverage,
     load_locomo,
@@ -250,6 +251,26 @@ def test_audit_overlay_where_it_differs(tmp_path: Path) -> None:
     assert by_index[2].audited == by_index[2].evidence  # question text mismatch: ignored
     assert by_index[3].audited is None  # nothing left: not in the audited column
     assert by_index[1].audited == by_index[1].evidence
+
+
+def test_audit_positions_come_from_the_data_not_a_list_of_ids() -> None:
+    # A split that withholds conversations: the file's second conversation was the
+    # fourth of the original, so its audit ids say locomo_3_...; no id list needed.
+    first, second = locomo_conversation("conv-x"), locomo_conversation("conv-y")
+    second["qa"] = [{**qa, "question": qa["question"] + " (y)"} for qa in second["qa"]]
+    audit = {
+        "locomo_0_qa0": {"question": first["qa"][0]["question"]},
+        "locomo_0_qa3": {"question": first["qa"][3]["question"]},
+        "locomo_3_qa1": {"question": second["qa"][1]["question"]},
+        "locomo_3_qa2": {"question": second["qa"][2]["question"]},
+        # A conversation of the original file that is not in this one.
+        "locomo_2_qa0": {"question": "a question no conversation here asks"},
+    }
+    assert audit_positions([first, second], audit) == {"conv-x": 0, "conv-y": 3}
+    # The full file: positions equal to the file's own order still come out.
+    audit["locomo_1_qa1"] = audit.pop("locomo_3_qa1")
+    audit["locomo_1_qa2"] = audit.pop("locomo_3_qa2")
+    assert audit_positions([first, second], audit) == {"conv-x": 0, "conv-y": 1}
 
 
 def test_run_locomo_end_to_end(tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -42,19 +44,26 @@ def _systems(names: str) -> list[str]:
     return [n.strip() for n in names.split(",") if n.strip()]
 
 
-def _factories(systems: str, torch_threads: int) -> dict[str, Any]:
-    """Baselines and uprof variants by name, for the LoCoMo and PrefEval harnesses."""
-    from benchmarks.baselines import baseline_factories, set_torch_threads
-    from benchmarks.uprof_system import make_uprof, make_uprof_lexical
+def _factories(
+    systems: str, torch_threads: int, baselines: Callable[[list[str]], dict[str, Any]]
+) -> dict[str, Any]:
+    """Baselines and uprof variants by name, in the order given.
+
+    ``baselines`` is the benchmark's own builder (``benchmarks.locomo.default_systems``
+    or ``benchmarks.prefeval.default_systems``), so the CLI renders baseline
+    candidates exactly as the benchmark module, its tests and the SPEC do. The one
+    torch thread count goes to every system, baselines and uprof alike.
+    """
+    from benchmarks.baselines import set_torch_threads
+    from benchmarks.uprof_system import UPROF_SYSTEMS
 
     set_torch_threads(torch_threads or None)
     names = _systems(systems)
-    factories: dict[str, Any] = dict(
-        baseline_factories([n for n in names if not n.startswith("uprof")])
-    )
-    ours = {"uprof": make_uprof, "uprof-lexical": make_uprof_lexical}
-    factories.update({n: ours[n] for n in names if n in ours})
-    return factories
+    built = baselines([n for n in names if n not in UPROF_SYSTEMS])
+    return {
+        n: partial(UPROF_SYSTEMS[n], torch_threads) if n in UPROF_SYSTEMS else built[n]
+        for n in names
+    }
 
 
 @bench_app.command("locomo")
@@ -65,7 +74,7 @@ def bench_locomo(
     out: Annotated[Path, typer.Option(help="Results JSON.")] = Path("docs/bench/er-at-budget.json"),
     systems: Annotated[
         str, typer.Option(help="Comma list: uprof, uprof-lexical and baselines.")
-    ] = "uprof,recency,bm25,tfidf,embedding,oracle",
+    ] = "recency,bm25,tfidf,embedding,hybrid-rrf,oracle,uprof",
     budgets: Annotated[str, typer.Option(help="Comma list of budgets.")] = "256,512,1024,2048,4096",
     modes: Annotated[str, typer.Option(help="S, P-routed, P-both.")] = "S",
     markdown: Annotated[Path, typer.Option(help="Markdown to update.")] = Path(
@@ -75,9 +84,11 @@ def bench_locomo(
     torch_threads: Annotated[int, typer.Option(help="torch intra-op threads.")] = 1,
 ) -> None:
     """LoCoMo evidence recall at a token budget (SPEC §1), uprof beside the baselines."""
-    from benchmarks.locomo import run_locomo
+    from benchmarks.locomo import default_systems, load_locomo, run_locomo
 
-    factories = _factories(systems, torch_threads)
+    sample_ids = _systems(conversations) if conversations else None
+    convs = load_locomo(data, None, sample_ids=sample_ids)
+    factories = _factories(systems, torch_threads, lambda names: default_systems(names, convs))
     run_locomo(
         data,
         out,
@@ -85,7 +96,7 @@ def bench_locomo(
         budgets=[int(b) for b in budgets.split(",")],
         modes=_systems(modes),
         markdown_path=markdown,
-        sample_ids=_systems(conversations) if conversations else None,
+        sample_ids=sample_ids,
         progress=console.print,
     )
     console.print(f"results in {out}, table in {markdown}")
@@ -97,7 +108,9 @@ def bench_prefeval(
         "../shared/bench/data/prefeval/explicit_preference"
     ),
     out: Annotated[Path, typer.Option(help="Results JSON.")] = Path("docs/bench/pr-at-budget.json"),
-    systems: Annotated[str, typer.Option(help="Comma list.")] = "uprof,bm25,embedding",
+    systems: Annotated[
+        str, typer.Option(help="Comma list: uprof, uprof-lexical and baselines.")
+    ] = "bm25,embedding,hybrid-rrf,uprof",
     distractors: Annotated[str, typer.Option(help="Comma list of N.")] = "10,50,200",
     budgets: Annotated[str, typer.Option(help="Comma list of budgets.")] = "128,256,512",
     topics: Annotated[str | None, typer.Option(help="Topic subset (file stems).")] = None,
@@ -107,9 +120,11 @@ def bench_prefeval(
     torch_threads: Annotated[int, typer.Option(help="torch intra-op threads.")] = 1,
 ) -> None:
     """PrefEval preference recall under distractors (SPEC §2), uprof beside the baselines."""
-    from benchmarks.prefeval import run_prefeval
+    from benchmarks.prefeval import default_systems, load_prefeval, run_prefeval
 
-    factories = _factories(systems, torch_threads)
+    chosen_topics = _systems(topics) if topics else None
+    items = load_prefeval(data, chosen_topics)
+    factories = _factories(systems, torch_threads, lambda names: default_systems(names, items))
     run_prefeval(
         data,
         out,
@@ -118,7 +133,7 @@ def bench_prefeval(
         progress=console.print,
         distractor_counts=[int(n) for n in distractors.split(",")],
         budgets=[int(b) for b in budgets.split(",")],
-        topics=_systems(topics) if topics else None,
+        topics=chosen_topics,
     )
     console.print(f"results in {out}, table in {markdown}")
 
