@@ -75,7 +75,7 @@ CAPTURE_BATCH = 1_000
 MAX_DERIVED_REFS = 3
 PERSONA_EPOCH = datetime(2024, 1, 1, 9, tzinfo=UTC)
 TABLE2_BUDGETS = (256, 512, 1024, 2048, 4096)
-RECALL_TARGETS = (0.4, 0.5, 0.6)
+RECALL_TARGETS = (0.5, 0.6, 0.65)
 SPEAKERS = ("Speaker 1", "Speaker 2")
 LATENCY_BUDGET = 1024
 
@@ -655,14 +655,20 @@ def run_table2(
             if dep is not None:
                 dep.close()
     for row in out["systems"].values():
-        curve = [(row["by_budget"][str(b)]["mean_tokens"], row["by_budget"][str(b)]["strict"])
-                 for b in budgets]
-        row["tokens_at_recall"] = {}
-        for target in RECALL_TARGETS:
-            tokens, bound = tokens_at_recall(curve, target)
-            row["tokens_at_recall"][str(target)] = {
-                "tokens": tokens, "at_most": bound, "of_full": tokens / full_mean
-            }
+        row["tokens_at_recall"] = recall_costs(row, budgets, full_mean)
+    return out
+
+
+def recall_costs(
+    row: Mapping[str, Any], budgets: Sequence[int], full_mean: float
+) -> dict[str, dict[str, Any]]:
+    """Tokens at which one method's ER-strict reaches each target, and the share of full."""
+    curve = [(row["by_budget"][str(b)]["mean_tokens"], row["by_budget"][str(b)]["strict"])
+             for b in budgets]
+    out: dict[str, dict[str, Any]] = {}
+    for target in RECALL_TARGETS:
+        tokens, bound = tokens_at_recall(curve, target)
+        out[str(target)] = {"tokens": tokens, "at_most": bound, "of_full": tokens / full_mean}
     return out
 
 
@@ -758,7 +764,7 @@ def markdown(report: Mapping[str, Any]) -> str:
     for part, run in report.get("runs", {}).items():
         parts.append(
             f"- {part}: `{run['command']}` (load average at start {run['load_at_start']}; "
-            f"{run.get('elapsed_s', '?')} s)"
+            f"{run.get('elapsed_s', '?')} s for the whole command)"
         )
     prov = report.get("provenance")
     if prov:
@@ -799,6 +805,7 @@ def markdown(report: Mapping[str, Any]) -> str:
             fab = row["fabrication"]
             dele = row["deletion"]
             lat = row["by_budget"].get(str(LATENCY_BUDGET), {})
+            costs = recall_costs(row, t2["budgets"], t2["full_context_mean_tokens"])
             fab_cell = (f"{_f(fab['rate'])} ({fab['fabricated_attributes']} / {fab['attributes']})"
                         if name == "uprof" else "0 (no derived items)")
             rows.append([
@@ -806,7 +813,7 @@ def markdown(report: Mapping[str, Any]) -> str:
                 fab_cell,
                 f"{_f(dele['residue_rate'])} ({dele['questions_with_residue']}"
                 f" / {dele['questions']})",
-                *[_tokens_cell(row["tokens_at_recall"][t]) for t in targets],
+                *[_tokens_cell(costs[t]) for t in targets],
                 f"{_f(lat.get('p50_ms', math.nan), 1)} / {_f(lat.get('p95_ms', math.nan), 1)}",
             ])
         rows.append(["full context", "0 (raw turns)", "—",
@@ -871,10 +878,17 @@ def main(
     report: dict[str, Any] = {}
     if out.exists():
         report = json.loads(out.read_text(encoding="utf-8"))
+    if "personas" in results:  # one entry per split: a train run keeps the test one
+        fresh = {p["split"] for p in results["personas"]}
+        kept = [p for p in report.get("personas", []) if p["split"] not in fresh]
+        results["personas"] = sorted(kept + results["personas"], key=lambda p: p["split"])
     report.update(results)
     runs = report.setdefault("runs", {})
-    for part in results:
-        runs[part] = {"command": command, "load_at_start": load, "elapsed_s": elapsed}
+    labels = [p for p in results if p != "personas"]
+    labels += [f"personas {split}" for split in splits] if "personas" in results else []
+    for label in labels:
+        runs[label] = {"command": command, "load_at_start": load, "elapsed_s": elapsed}
+    runs.pop("personas", None)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
     if markdown_path is not None:
