@@ -833,6 +833,34 @@ def markdown(report: Mapping[str, Any]) -> str:
 # ------------------------------------------------------------------ entry point
 
 
+def gate_failures(report: Mapping[str, Any]) -> list[str]:
+    """The SPEC §3 promises that must hold exactly (0), broken in this report."""
+    failed: list[str] = []
+
+    def fab(where: str, fabrication: Mapping[str, Any]) -> None:
+        if fabrication["fabricated_attributes"]:
+            failed.append(f"{where}: {fabrication['fabricated_attributes']} fabricated attributes")
+
+    prov = report.get("provenance")
+    if prov:
+        fab("provenance", prov["fabrication"])
+        if prov["items_citing_other_speaker"]:
+            failed.append(f"provenance: {prov['items_citing_other_speaker']} items cite B's turns")
+    for per in report.get("personas", []):
+        where = f"personas {per['split']}"
+        fab(where, per["fabrication"])
+        for key in ("items_leaked_from_other_subject", "slices_with_other_subject_text",
+                    "attributes_citing_other_subject",
+                    "duplicate_attribute_groups_within_subject"):
+            if per[key]:
+                failed.append(f"{where}: {key} = {per[key]}")
+    for name, row in (report.get("table2") or {}).get("systems", {}).items():
+        fab(f"table2 {name}", row["fabrication"])
+        if row["deletion"]["questions_with_residue"]:
+            failed.append(f"table2 {name}: residue after deletion")
+    return failed
+
+
 def main(
     *,
     locomo: Path,

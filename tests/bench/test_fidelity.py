@@ -16,6 +16,7 @@ import pytest
 from benchmarks.fidelity_bench import (
     FacadeDeployment,
     HeldItem,
+    gate_failures,
     held_items,
     measure_fabrication,
     near_duplicate,
@@ -100,6 +101,9 @@ def test_personas_are_preserved_isolated_and_not_fabricated(
     assert fab["attributes"] > 0
     assert fab["fabricated_attributes"] == 0
     assert fab["rate"] == 0.0
+    assert gate_failures({"personas": [result]}) == []
+    broken = {**result, "fabrication": {**fab, "fabricated_attributes": 1}}
+    assert gate_failures({"personas": [broken]}) == ["personas test: 1 fabricated attributes"]
 
 
 def test_fabrication_metric_counts_a_dangling_pointer(deployment: FacadeDeployment) -> None:
@@ -178,6 +182,7 @@ def test_deletion_leaves_no_residue_by_question(backend: Backend, tmp_path: Path
         assert deletion["questions_with_derived_residue"] == 0
     fab = result["systems"]["uprof"]["fabrication"]
     assert fab["attributes"] > 0 and fab["fabricated_attributes"] == 0
+    assert gate_failures({"table2": result}) == []
 
 
 def test_tokens_at_recall_interpolates_and_flags_bounds() -> None:

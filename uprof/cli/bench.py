@@ -228,7 +228,7 @@ def bench_fidelity(
     from benchmarks.baselines import set_torch_threads
 
     set_torch_threads(torch_threads or None)
-    fidelity_bench.main(
+    report = fidelity_bench.main(
         locomo=locomo,
         personas=personas,
         parts=_systems(parts),
@@ -244,3 +244,8 @@ def bench_fidelity(
         echo=console.print,
     )
     console.print(f"results in {out}, tables in {markdown}")
+    failed = fidelity_bench.gate_failures(report)
+    for problem in failed:
+        console.print(f"[bold red]gate failed:[/] {problem}")
+    if failed:
+        raise typer.Exit(1)
