@@ -104,7 +104,8 @@ def build_extractor(settings: Settings) -> Extractor:
         model=settings.llm_model,
         api_key=key,
         timeout_s=settings.llm_timeout_s,
-        fallback=rules,
+        # Without a fallback a failing endpoint fails the batch: captures wait, none lost.
+        fallback=rules if settings.llm_fallback == "rules" else None,
     )
 
 

@@ -344,7 +344,8 @@ class Uprof:
 
     def evidence_captures(self, subject: str, capture_ids: set[str]) -> dict[str, Any]:
         """The captured events among ``capture_ids`` that belong to the subject."""
-        stream = self.stream_of(subject)
+        # The views key captures by the stream's text form; stream_of gives a UUID.
+        stream = str(self.stream_of(subject))
         return {c: row for c, row in self.queries.captures(capture_ids).items()
                 if row.stream_id == stream}
 

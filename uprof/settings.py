@@ -42,6 +42,10 @@ class Settings(BaseSettings):
     llm_model: str = "llama3.1"
     llm_api_key: SecretStr | None = None
     llm_timeout_s: float = 30.0
+    #: When the model endpoint fails: "wait" keeps the captures in the log, unextracted,
+    #: and the pipeline retries (readiness names the error); "rules" extracts them with
+    #: the rule-based extractor instead, marking the batch (``fallback_from``).
+    llm_fallback: Literal["wait", "rules"] = "wait"
 
     embedder: Literal["minilm", "hashing"] = "minilm"
     projection_batch_size: int = Field(default=256, ge=1, le=10_000)

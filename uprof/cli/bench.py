@@ -235,3 +235,58 @@ def bench_attributes(
     target = out or Path(f"docs/bench/attributes-{split}.json")
     run(split, data=data, out=target, with_llm=llm, show_errors=errors, echo=console.print)
     console.print(f"results in {target}")
+
+
+@bench_app.command("fidelity")
+def bench_fidelity(
+    locomo: Annotated[Path, typer.Option(help="locomo10-format JSON (read in place).")] = Path(
+        "../shared/bench/data/locomo_dev.json"
+    ),
+    personas: Annotated[Path, typer.Option(help="msc_personas_all.json (read in place).")] = Path(
+        "../shared/bench/data/msc_personas_all.json"
+    ),
+    parts: Annotated[
+        str, typer.Option(help="Comma list of provenance, personas, table2.")
+    ] = "provenance,personas,table2",
+    splits: Annotated[str, typer.Option(help="Persona splits (train tunes, test gates).")] = "test",
+    pairs: Annotated[int | None, typer.Option(help="First N persona pairs per split.")] = None,
+    conversations: Annotated[str | None, typer.Option(help="LoCoMo sample ids subset.")] = None,
+    systems: Annotated[str, typer.Option(help="Table 2 methods.")] = "uprof,bm25,embedding",
+    budgets: Annotated[str, typer.Option(help="Table 2 budget sweep.")] = (
+        "256,512,1024,2048,4096"
+    ),
+    deletions: Annotated[int, typer.Option(help="Deleted questions per conversation.")] = 10,
+    out: Annotated[Path, typer.Option(help="Results JSON.")] = Path("docs/bench/fidelity.json"),
+    markdown: Annotated[Path, typer.Option(help="Markdown to update.")] = Path(
+        "docs/benchmarks.md"
+    ),
+    torch_threads: Annotated[int, typer.Option(help="torch intra-op threads.")] = 1,
+) -> None:
+    """Profile fidelity and isolation (SPEC §3) and the seeds' table 2 on LoCoMo."""
+    import sys
+
+    from benchmarks import fidelity_bench
+    from benchmarks.baselines import set_torch_threads
+
+    set_torch_threads(torch_threads or None)
+    report = fidelity_bench.main(
+        locomo=locomo,
+        personas=personas,
+        parts=_systems(parts),
+        splits=_systems(splits),
+        pairs=pairs,
+        conversations=_systems(conversations) if conversations else None,
+        systems=_systems(systems),
+        budgets=[int(b) for b in budgets.split(",")],
+        deletions=deletions,
+        out=out,
+        markdown_path=markdown,
+        command="uprof bench fidelity " + " ".join(sys.argv[3:]),
+        echo=console.print,
+    )
+    console.print(f"results in {out}, tables in {markdown}")
+    failed = fidelity_bench.gate_failures(report)
+    for problem in failed:
+        console.print(f"[bold red]gate failed:[/] {problem}")
+    if failed:
+        raise typer.Exit(1)

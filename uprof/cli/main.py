@@ -249,7 +249,7 @@ def maintain() -> None:
 
 
 def _register_optional_commands() -> None:
-    from uprof.cli import bench, demo, govern, keyops, reliability, serve, worker
+    from uprof.cli import bench, demo, extractor, govern, keyops, reliability, serve, worker
     from uprof.cli import policy as policy_cli
     from uprof.mcp import cli as mcp_cli
 
@@ -261,6 +261,7 @@ def _register_optional_commands() -> None:
     serve.register(app)
     policy_cli.register(app)
     worker.register(app)
+    extractor.register(app)
     mcp_cli.register(app)
 
 
