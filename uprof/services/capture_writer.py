@@ -200,7 +200,7 @@ class CaptureWriter:
                 except queue.Empty:
                     break
             try:
-                self._commit(group)
+                self.commit(group)
             except BaseException as error:  # never leave a waiter hanging
                 _log.exception("capture group failed")
                 for pending in group:
@@ -208,7 +208,9 @@ class CaptureWriter:
                         pending.error = error
                         pending.done.set()
 
-    def _commit(self, group: list[PendingCapture]) -> None:
+    def commit(self, group: list[PendingCapture]) -> None:
+        """Write one group and answer its requests (the writer thread's step; tests call
+        it to build a group deterministically)."""
         for attempt in range(2):
             try:
                 self._write_group(group)
