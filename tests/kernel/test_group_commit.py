@@ -4,17 +4,19 @@ request all or nothing and answered with its own acks."""
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 
 import pytest
 
-from domain.errors import ConsentRequiredError
+from domain.errors import CaptureBackloggedError, ConsentRequiredError, SubjectErasedError
 from tests.kernel.conftest import consent, say
+from uprof.api.errors import classify
 from uprof.eventstore import CAPTURED_TOPIC
 from uprof.kernel import Uprof
 from uprof.services.capture import check_interaction
-from uprof.services.capture_writer import PendingCapture
+from uprof.services.capture_writer import CaptureWriter, PendingCapture
 
 
 @pytest.fixture
@@ -182,3 +184,78 @@ def test_erasure_forgets_the_writers_copy(writing: Uprof) -> None:
     assert stream in writer._saved
     writing.erase_subject("alice")
     assert stream not in writer._saved
+
+
+def test_a_subject_erased_after_it_was_queued_fails_only_its_request(kernel: Uprof) -> None:
+    consent(kernel, "alice")
+    consent(kernel, "bob")
+    ok = _pending(kernel, "alice", say("I like green tea"))
+    gone = _pending(kernel, "bob", say("I like black tea"))
+    kernel.erase_subject("bob")
+    kernel.capture_service.writer.commit([gone, ok])
+    assert isinstance(gone.error, SubjectErasedError) and gone.acks is None
+    assert ok.error is None and len(ok.acks) == 1
+    assert sorted(_log_captures(kernel)) == [ok.acks[0][0]]
+
+
+def test_a_full_queue_refuses_with_backlogged_and_stores_nothing_for_it(kernel: Uprof) -> None:
+    consent(kernel, "alice")
+    service = kernel.capture_service
+    service.writer = CaptureWriter(kernel.app, kernel.keystore, kernel.clock, kernel.audit,
+                                   service._write_alone, max_queued=1, enqueue_timeout_s=0.2)
+    service.writer.start()
+    answers: dict[str, object] = {}
+
+    def capture(name: str) -> None:
+        try:
+            answers[name] = kernel.capture("alice", say(f"I like tea {name}"))
+        except Exception as e:
+            answers[name] = e
+
+    stream = kernel.stream_of("alice")
+    try:
+        with kernel.app.writer_turns([stream]):  # the writer blocks on its first group
+            first = threading.Thread(target=capture, args=("first",))
+            first.start()
+            while not service.writer._queue.empty() or "first" in answers:
+                time.sleep(0.01)  # until the writer has taken it
+            time.sleep(0.05)
+            queued = threading.Thread(target=capture, args=("queued",))
+            queued.start()
+            while service.writer._queue.empty():
+                time.sleep(0.01)
+            capture("refused")  # the queue (1 slot) is full: refused after 0.2 s
+        first.join(30)
+        queued.join(30)
+    finally:
+        service.writer.stop()
+    assert isinstance(answers["refused"], CaptureBackloggedError)
+    assert classify(answers["refused"]) == (503, "capture_backlogged")
+    stored = _log_captures(kernel)
+    assert sorted(stored) == sorted([answers["first"].capture_id, answers["queued"].capture_id])
+
+
+def test_stopping_answers_every_request_queued_or_arriving(writing: Uprof) -> None:
+    kernel = writing
+    consent(kernel, "alice")
+    consent(kernel, "bob")
+    acks, errors = [], []
+
+    def client(c: int) -> None:
+        for n in range(6):
+            try:
+                acks.append(kernel.capture(("alice", "bob")[n % 2], say(f"I like {c}x{n}")))
+            except Exception as e:
+                errors.append(e)
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(6)]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    kernel.capture_service.writer.stop()  # while clients are still capturing
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a capture was left waiting"
+    assert errors == []
+    in_log = _log_captures(kernel)
+    assert len(acks) == 36 and all(in_log[a.capture_id] == 1 for a in acks)

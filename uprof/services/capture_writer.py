@@ -163,17 +163,28 @@ class CaptureWriter:
         only turn a capture that will commit into an error the client retries (a
         duplicate without an Idempotency-Key).
         """
-        if not self.running:
-            self._fallback(pending)
-            return
-        try:
-            self._queue.put(pending, timeout=self._enqueue_timeout_s)
-        except queue.Full:
-            raise CaptureBackloggedError(
-                f"the capture queue has been full for {self._enqueue_timeout_s:.0f} s; "
-                "nothing was stored"
-            ) from None
-        pending.done.wait()
+        deadline = time.monotonic() + self._enqueue_timeout_s
+        while True:
+            # Checked and queued under the lock the thread's exit takes: nothing is
+            # queued after the thread decided to end, so no waiter is left unanswered.
+            with self._state:
+                if not self.running:
+                    break
+                try:
+                    self._queue.put_nowait(pending)
+                    queued = True
+                except queue.Full:
+                    queued = False
+            if queued:
+                pending.done.wait()
+                return
+            if time.monotonic() >= deadline:
+                raise CaptureBackloggedError(
+                    f"the capture queue has been full for {self._enqueue_timeout_s:.0f} s; "
+                    "nothing was stored"
+                )
+            time.sleep(0.001)
+        self._fallback(pending)
 
     def forget(self, stream_id: UUID) -> None:
         """Drop the subject's saved copy (erasure calls this: it may hold decrypted data)."""
@@ -189,8 +200,9 @@ class CaptureWriter:
             try:
                 first = self._queue.get(timeout=0.05)
             except queue.Empty:
-                if self._stopping:
-                    return  # stop() drains: only an empty queue ends the thread
+                with self._state:
+                    if self._stopping and self._queue.empty():
+                        return  # stop() drains: only an empty queue ends the thread
                 continue
             group = [first]
             deadline = time.monotonic() + self._linger_s
@@ -213,28 +225,43 @@ class CaptureWriter:
         it to build a group deterministically)."""
         for attempt in range(2):
             try:
-                self._write_group(group)
-                return
+                written = self._write_group(group)
             except (RecordConflictError, IntegrityError):
                 # Another process wrote one of these subjects: drop the copies (they are
                 # behind, or hold captures that were never saved) and try again.
-                for pending in group:
-                    self._saved.pop(pending.stream_id)
-                    pending.written = pending.replay_of = None
-                    pending.error = None
+                self._reset(group)
                 if attempt == 0:
                     continue
-        # Lost twice: request by request, each with the one-request path's retries.
+            except UprofError:
+                # One request's subject failed the group before its events were saved
+                # (e.g. erased meanwhile, so its key could not be made): each request
+                # alone, so the failure is only that request's answer.
+                self._reset(group)
+            else:
+                # Events are saved: from here nothing may run a request a second time.
+                self._finish(group, *written)
+                return
+            break
+        # Lost twice, or failed: request by request through the one-request path
+        # (its own retries with back-off).
         for pending in group:
-            if pending.done.is_set():
-                continue
             try:
                 self._fallback(pending)
             except BaseException as error:
                 pending.error = error
             pending.done.set()
 
-    def _write_group(self, group: list[PendingCapture]) -> None:
+    def _reset(self, group: list[PendingCapture]) -> None:
+        for pending in group:
+            self._saved.pop(pending.stream_id)
+            pending.written = pending.replay_of = None
+            pending.error = None
+
+    def _write_group(
+        self, group: list[PendingCapture]
+    ) -> tuple[list[PendingCapture], list[PendingCapture], dict[tuple[UUID, int], int]]:
+        """Apply every request to its subject's copy; commit the keys, then the events.
+        Returns the requests written, those refused, and the log position of each event."""
         by_stream: dict[UUID, list[PendingCapture]] = defaultdict(list)
         for pending in group:
             by_stream[pending.stream_id].append(pending)
@@ -277,6 +304,16 @@ class CaptureWriter:
             (r.notification.originator_id, r.notification.originator_version): r.notification.id
             for r in recordings
         }
+        return writing, refused, positions
+
+    def _finish(
+        self,
+        group: list[PendingCapture],
+        writing: list[PendingCapture],
+        refused: list[PendingCapture],
+        positions: dict[tuple[UUID, int], int],
+    ) -> None:
+        """Audit the group, then answer every request (after everything has committed)."""
         self._audit_group(writing, refused, positions)
         for pending in group:
             if pending.written is not None:
