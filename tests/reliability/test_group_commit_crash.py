@@ -73,31 +73,23 @@ def _stored_captures(kernel: Any) -> list[tuple[str, str]]:
         position = batch[-1].id
 
 
-def test_every_capture_answered_201_survives_sigkill_once(target: Target) -> None:
-    from uprof.api import ApiKeyStore
-
-    rng = random.Random(os.getpid())
-    with kernel_on(target) as kernel:
-        for subject in SUBJECTS:
-            grant_all(kernel, subject)
-    keys = ApiKeyStore.open(make_settings(target))
-    try:
-        token = keys.create(PLANNER).token
-    finally:
-        keys.close()
-
+def _serve_and_kill(target: Target, token: str, rng: random.Random) -> tuple[dict[str, str], int]:
+    """Serve, capture from CLIENTS threads, SIGKILL the server at a random moment after
+    the first 201. Returns the captures answered 201 (marker -> capture id) and the
+    server's exit status."""
     server, url = _start_server(target)
-    acked: dict[str, str] = {}  # marker -> capture id, answered 201
+    acked: dict[str, str] = {}
     answered = threading.Event()
     stop = threading.Event()
     lock = threading.Lock()
+    run = rng.randrange(1_000_000)
 
     def client(index: int) -> None:
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
                           timeout=30) as http:
             n = 0
             while not stop.is_set():
-                marker = f"I want to try gc marker {index}x{n}"
+                marker = f"I want to try gc marker {run}x{index}x{n}"
                 n += 1
                 body = {"subject": SUBJECTS[n % len(SUBJECTS)], "agent_id": "agent:one",
                         "user_input": marker, "occurred_at": "2025-02-01T10:00:00Z",
@@ -125,7 +117,31 @@ def test_every_capture_answered_201_survives_sigkill_once(target: Target) -> Non
             server.kill()
         for t in threads:
             t.join(60)
-    assert server.returncode == -signal.SIGKILL
+    return acked, server.returncode
+
+
+#: Kills per test: each lands at a random point of the writer's cycle.
+ROUNDS = 2
+
+
+def test_every_capture_answered_201_survives_sigkill_once(target: Target) -> None:
+    from uprof.api import ApiKeyStore
+
+    rng = random.Random(os.getpid())
+    with kernel_on(target) as kernel:
+        for subject in SUBJECTS:
+            grant_all(kernel, subject)
+    keys = ApiKeyStore.open(make_settings(target))
+    try:
+        token = keys.create(PLANNER).token
+    finally:
+        keys.close()
+
+    acked: dict[str, str] = {}
+    for _ in range(ROUNDS):
+        answered, status = _serve_and_kill(target, token, rng)
+        assert status == -signal.SIGKILL
+        acked.update(answered)
 
     with kernel_on(target) as kernel:
         stored = _stored_captures(kernel)
