@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
-from eventsourcing.application import project_aggregate
 from eventsourcing.persistence import IntegrityError, RecordConflictError
 
 from domain.errors import (
@@ -339,11 +338,9 @@ class CaptureWriter:
         that holds unsaved captures. Erased subjects are refused like a load refuses them.
         """
         profile = self._saved.take(stream_id)
-        if profile is None or self._keystore.is_shredded(str(stream_id)):
+        if profile is None:
             return self._app.load(stream_id)
-        newer = self._app.events.get(originator_id=stream_id, gt=profile.version)
-        caught_up = project_aggregate(profile, newer)
-        assert isinstance(caught_up, SubjectProfile)
+        caught_up = self._app.catch_up(profile)
         # Not used if the subject was forgotten (erased) while we read its tail.
         if self._saved.ticket() != ticket:
             return self._app.load(stream_id)
