@@ -123,7 +123,7 @@ class CaptureWriter:
         self._thread: threading.Thread | None = None
         self._state = threading.Lock()
         self._stopping = False
-        #: Counters for tests and metrics: groups committed and requests in them.
+        #: Counters for tests and benchmarks: groups committed and requests in them.
         self.groups = 0
         self.grouped_requests = 0
 
