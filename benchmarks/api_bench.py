@@ -17,7 +17,10 @@ wiring: background pipeline worker, API-key auth, metrics and limits on):
 2. **Sustained capture.** This process is the load generator: ``--concurrency``
    clients POST ``/v1/captures`` for ``--subjects`` consenting subjects until
    ``--captures`` requests or ``--seconds`` have passed, whichever comes first;
-   reports requests/s, p50/p99 and any non-201 answers.
+   reports requests/s, p50/p99 and any non-201 answers. ``--no-worker`` serves without
+   the pipeline worker (``uprof serve --no-worker``, as beside ``uprof worker``
+   processes), to separate the write path from the extraction and projection work
+   that otherwise shares the server's process.
 
 Prints one JSON object. Run: ``python -m benchmarks.api_bench [--quick]``.
 """
@@ -33,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -63,16 +67,17 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _settings(data_dir: Path, embedder: str, background: bool) -> Any:
+def _settings(data_dir: Path, embedder: str, background: bool, run_worker: bool = True) -> Any:
     from uprof.settings import Settings
 
-    return Settings(data_dir=data_dir, embedder=embedder, background_workers=background)  # type: ignore[arg-type]
+    return Settings(data_dir=data_dir, embedder=embedder, background_workers=background,  # type: ignore[arg-type]
+                    run_worker=run_worker)
 
 
 # ------------------------------------------------------------------ server mode
 
 
-def serve(data_dir: Path, port: int, embedder: str) -> None:
+def serve(data_dir: Path, port: int, embedder: str, run_worker: bool = True) -> None:
     """The server process: what ``uprof serve`` runs, with access logs off."""
     import uvicorn
 
@@ -81,7 +86,7 @@ def serve(data_dir: Path, port: int, embedder: str) -> None:
     from uprof.bootstrap import bootstrap
     from uprof.server import create_server
 
-    settings = _settings(data_dir, embedder, background=True)
+    settings = _settings(data_dir, embedder, background=True, run_worker=run_worker)
     kernel = bootstrap(settings)
     keys = ApiKeyStore.open(settings)
     try:
@@ -92,11 +97,13 @@ def serve(data_dir: Path, port: int, embedder: str) -> None:
         kernel.close()
 
 
-def _start_server(data_dir: Path, embedder: str) -> tuple[subprocess.Popen[bytes], str]:
+def _start_server(
+    data_dir: Path, embedder: str, run_worker: bool = True
+) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.api_bench", "--serve", "--data-dir", str(data_dir),
-         "--port", str(port), "--embedder", embedder],
+         "--port", str(port), "--embedder", embedder, *([] if run_worker else ["--no-worker"])],
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     url = f"http://127.0.0.1:{port}"
@@ -222,6 +229,84 @@ async def _capture_load(url: str, key: str, subjects: int, total: int, seconds: 
     }
 
 
+def _threaded_captures(door: Any, subjects: int, per_thread: int, concurrency: int,
+                       tag: str) -> dict[str, Any]:
+    from domain.values import Interaction
+
+    latencies: list[float] = []
+    failures: list[str] = []
+
+    def client(c: int) -> None:
+        for n in range(per_thread):
+            interaction = Interaction(
+                app_id=APP, agent_id=AGENT, user_input=f"I want to try {tag} {c}x{n}",
+                occurred_at=datetime(2025, 2, 1, 10, tzinfo=UTC), purpose=PURPOSE,
+                sharing="shared",
+            )
+            began = time.perf_counter()
+            try:
+                door.capture(f"subject-{(c * per_thread + n) % subjects}", interaction)
+            except Exception as e:  # counted and reported, never hidden
+                failures.append(type(e).__name__)
+            latencies.append(time.perf_counter() - began)
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(concurrency)]
+    began = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - began
+    return {"requests_per_s": round(len(latencies) / elapsed, 1),
+            "p99_ms": _ms(_percentile(latencies, 0.99)), "failures": len(failures)}
+
+
+def in_process_capture(embedder: str, subjects: int, per_thread: int, concurrency: int,
+                       rounds: int) -> dict[str, Any]:
+    """Captures through the authorized door from ``concurrency`` threads in one process,
+    no pipeline worker: the one-request path and the group-commit writer (decision
+    0017) alternating round by round on one kernel, so both see the same machine."""
+    from domain.principal import Principal, PrincipalKind
+    from uprof.bootstrap import bootstrap
+    from uprof.facade import Facade
+
+    with tempfile.TemporaryDirectory(prefix="uprof-api-bench-inproc-") as tmp:
+        kernel = bootstrap(_settings(Path(tmp) / "data", embedder, background=False))
+        try:
+            writer = getattr(kernel.capture_service, "writer", None)
+            if writer is None:
+                return {"skipped": "this tree has no group-commit writer"}
+            for s in range(subjects):
+                kernel.grant_consent(f"subject-{s}", app_id=APP, categories=["*"],
+                                     purposes=[PURPOSE])
+            door = Facade(kernel, Principal(tenant=kernel.subjects.tenant, app_id=APP,
+                                            key_id="bench", kind=PrincipalKind.APP,
+                                            roles=frozenset({"app"})))
+            _threaded_captures(door, subjects, 2, concurrency, "warm-up")
+            runs: dict[str, list[dict[str, Any]]] = {"one_request_path": [], "group_commit": []}
+            for r in range(rounds):
+                runs["one_request_path"].append(
+                    _threaded_captures(door, subjects, per_thread, concurrency, f"a{r}"))
+                writer.start()
+                try:
+                    runs["group_commit"].append(
+                        _threaded_captures(door, subjects, per_thread, concurrency, f"b{r}"))
+                finally:
+                    writer.stop()
+        finally:
+            kernel.close()
+    medians = {k: statistics.median(r["requests_per_s"] for r in v) for k, v in runs.items()}
+    return {
+        "concurrency": concurrency,
+        "captures_per_round": per_thread * concurrency,
+        "rounds": runs,
+        "median_requests_per_s": medians,
+        "ratio_group_over_one_request": round(
+            medians["group_commit"] / medians["one_request_path"], 2),
+        "group_commit_mean_group_size": round(writer.grouped_requests / max(writer.groups, 1), 1),
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from uprof.api import ApiKeyStore
     from uprof.bootstrap import bootstrap
@@ -236,7 +321,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             _seed(kernel, args.subjects, args.turns)
             key = keys.create(APP).token
-            server, url = _start_server(data_dir, args.embedder)
+            server, url = _start_server(data_dir, args.embedder, not args.no_worker)
             try:
                 overhead = slice_overhead(kernel, url, key, args.iterations)
                 load = asyncio.run(_capture_load(url, key, args.subjects, args.captures,
@@ -248,14 +333,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             keys.close()
             kernel.close()
+    inproc = (
+        in_process_capture(args.embedder, args.subjects, 25, args.concurrency, 3)
+        if args.in_process_capture else None
+    )
     return {
         "benchmark": "api",
         "backend": "sqlite",
         "embedder": args.embedder,
+        "server_pipeline_worker": not args.no_worker,
         "cpus": os.cpu_count(),
         "seeded_turns": args.turns,
         "slice": overhead,
         "capture_over_http": load,
+        **({"capture_in_process": inproc} if inproc is not None else {}),
         "pipeline_after_load": {k: lag[k] for k in ("extraction_pending", "projection_pending")},
     }
 
@@ -270,13 +361,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--captures", type=int, default=3_000)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument(
+        "--no-worker", action="store_true",
+        help="serve without the pipeline worker (uprof serve --no-worker): the capture "
+        "figure without extraction and projections sharing the server process",
+    )
+    parser.add_argument(
+        "--in-process-capture", action="store_true",
+        help="also: captures from threads in one process, one-request path against "
+        "group commit, alternating (decision 0017)",
+    )
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--data-dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        serve(args.data_dir, args.port, args.embedder)
+        serve(args.data_dir, args.port, args.embedder, not args.no_worker)
         return 0
     if args.quick:
         args.iterations, args.turns, args.captures, args.seconds = 30, 40, 300, 10.0

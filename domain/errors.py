@@ -99,6 +99,12 @@ class ReadRecordingError(UprofError):
     hint = "reads cannot be recorded right now, so none are served; check the store and retry"
 
 
+class CaptureBackloggedError(UprofError):
+    """The capture writer's queue stayed full: the capture was refused, nothing stored."""
+
+    hint = "the server is writing captures as fast as it can; retry after a short wait"
+
+
 class IdempotencyKeyReusedError(UprofError):
     """The same idempotency key came back with a different request."""
 

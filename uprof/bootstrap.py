@@ -206,7 +206,11 @@ def bootstrap(
     material = key_material or build_key_material(settings)
     layout = layout_for(settings)
     views = create_engine(layout.views_url)
-    keys = views if layout.keys_url == layout.views_url else create_engine(layout.keys_url)
+    keys = (
+        views
+        if layout.keys_url == layout.views_url
+        else create_engine(layout.keys_url, fsync_each_commit=True)
+    )
     with schema_lock(views):
         migrate(views, "views")
         migrate(keys, "keys")

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 import sqlalchemy as sa
-from eventsourcing.application import Application, ProcessingEvent
+from eventsourcing.application import Application, ProcessingEvent, project_aggregate
 from eventsourcing.persistence import (
     IntegrityError,
     Mapper,
@@ -131,6 +131,19 @@ class ProfilesApplication(Application[UUID]):
             raise
         assert isinstance(profile, SubjectProfile)
         return profile
+
+    def catch_up(self, profile: SubjectProfile) -> SubjectProfile:
+        """Bring a loaded copy of a subject up to its stream's head (the events saved
+        since it was loaded, usually none or a few): far cheaper than a new load.
+        Refuses a subject erased meanwhile, as ``load`` does."""
+        if self._keystore.is_shredded(str(profile.id)):
+            raise SubjectErasedError("this subject has been erased")
+        newer = self.events.get(originator_id=profile.id, gt=profile.version)
+        caught_up = project_aggregate(profile, newer)
+        assert isinstance(caught_up, SubjectProfile)
+        if caught_up.erased:
+            raise SubjectErasedError("this subject has been erased")
+        return caught_up
 
     def exists(self, stream_id: UUID) -> bool:
         return bool(self.recorder.select_events(stream_id, limit=1))

@@ -690,10 +690,11 @@ class Uprof:
 
     def flush_caches(self, stream_id: UUID) -> None:
         """Forget everything cached about a subject (keys, slice indexes, the recorder's
-        saved state; stemmed words, which are keyed by content, all go)."""
+        and the capture writer's saved state; stemmed words, which are keyed by content, all go)."""
         self.keystore.evict(str(stream_id))
         self.slice_service.flush(stream_id)
         self.reads.forget(stream_id)
+        self.capture_service.writer.forget(stream_id)
         stem.cache_clear()
 
     def wait_until_caught_up(self, timeout_s: float) -> bool:

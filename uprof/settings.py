@@ -62,6 +62,10 @@ class Settings(BaseSettings):
     #: With background workers: False when this server runs no pipeline worker of its
     #: own because ``uprof worker`` processes do (``uprof serve --no-worker``).
     run_worker: bool = True
+    #: Long-running front doors (REST, MCP, the SDK's embedded runtime) commit captures
+    #: in groups through one writer thread (decision 0017); False: each capture commits
+    #: on its request thread.
+    group_commit: bool = True
     #: Subjects are split into this many pipeline partitions, each with its own
     #: extraction and projection positions (``uprof worker --partition K``). A property
     #: of the database: every server and worker on it must use the same count.

@@ -101,27 +101,36 @@ def policy_store_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any, *, synchronous: str = "NORMAL") -> None:
     cursor = dbapi_connection.cursor()
     # Deleted rows must not linger in free pages (FIELD-NOTES §4); never rely on the
     # build default. WAL lets readers run beside the projection writer.
     cursor.execute("PRAGMA secure_delete=ON")
     cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute(f"PRAGMA synchronous={synchronous}")
     cursor.execute("PRAGMA busy_timeout=30000")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
 
 
-def create_engine(url: str) -> sa.Engine:
+def _sqlite_pragmas_full(dbapi_connection: Any, record: Any) -> None:
+    _sqlite_pragmas(dbapi_connection, record, synchronous="FULL")
+
+
+def create_engine(url: str, *, fsync_each_commit: bool = False) -> sa.Engine:
     """Build an engine with the settings uprof relies on for this backend.
 
     ``hide_parameters``: a database error's message (which reaches logs and
     tracebacks) never quotes the statement's values.
+    ``fsync_each_commit`` (SQLite): ``synchronous=FULL``, a commit survives a power cut,
+    not only a process crash. The key store needs it: the event log (eventsourcing's
+    connections) already commits FULL, and after a power cut an event whose capture key
+    was lost could never be read again (decision 0017). Other stores keep NORMAL.
     """
     if url.startswith("sqlite"):
         engine = sa.create_engine(url, connect_args={"timeout": 30}, hide_parameters=True)
-        sa.event.listen(engine, "connect", _sqlite_pragmas)
+        pragmas = _sqlite_pragmas_full if fsync_each_commit else _sqlite_pragmas
+        sa.event.listen(engine, "connect", pragmas)
         return engine
     return sa.create_engine(
         url, pool_pre_ping=True, pool_size=5, max_overflow=10, hide_parameters=True

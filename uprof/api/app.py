@@ -20,8 +20,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import uprof
-from domain.errors import UprofError
-from uprof.api.errors import EdgeError, body_for, classify, validation_problem
+from domain.errors import CaptureBackloggedError, UprofError
+from uprof.api.errors import (
+    CAPTURE_RETRY_AFTER_S,
+    EdgeError,
+    body_for,
+    classify,
+    validation_problem,
+)
 from uprof.api.keys import ApiKeyStore
 from uprof.api.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimitMiddleware
 from uprof.api.metrics import Metrics, MetricsMiddleware
@@ -130,7 +136,12 @@ def _install_error_handlers(app: FastAPI) -> None:
         status, _code = classify(error)
         if status >= 500:
             _log.error("uprof error mapped to %d: %s", status, type(error).__name__)
-        return _json(body_for(error), status)
+        headers = (
+            {"Retry-After": str(CAPTURE_RETRY_AFTER_S)}
+            if isinstance(error, CaptureBackloggedError)
+            else None
+        )
+        return _json(body_for(error), status, headers)
 
     @app.exception_handler(EdgeError)
     async def edge_error(_: Request, error: EdgeError) -> JSONResponse:

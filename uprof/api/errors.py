@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from domain.errors import (
+    CaptureBackloggedError,
     ConcurrencyConflictError,
     ConsentRequiredError,
     ErasureIncompleteError,
@@ -42,11 +43,16 @@ STATUS_TABLE: tuple[tuple[type[UprofError], int, str], ...] = (
     (IntentTransitionError, 409, "intent_transition"),
     (ReadTimeoutError, 503, "read_timeout"),
     (ReadRecordingError, 503, "read_not_recorded"),
+    (CaptureBackloggedError, 503, "capture_backlogged"),
     (ConcurrencyConflictError, 409, "conflict_retry"),
     (IdempotencyKeyReusedError, 409, "idempotency_key_reused"),
     (ErasureIncompleteError, 503, "erasure_incomplete"),
     (UprofError, 500, "internal"),
 )
+
+
+#: Seconds a client is told to wait (Retry-After) before retrying a refused capture.
+CAPTURE_RETRY_AFTER_S = 1
 
 
 def classify(error: UprofError) -> tuple[int, str]:

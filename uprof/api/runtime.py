@@ -139,6 +139,11 @@ class ServiceRuntime:
     ) -> ServiceRuntime:
         # One policy decision point per deployment: the kernel's (composition root).
         runtime = cls(kernel, authorizer=authorizer or kernel.authorizer)
+        if kernel.settings.group_commit:
+            # Stopped (after answering what is queued) before the kernel closes its stores.
+            writer = kernel.capture_service.writer
+            writer.start()
+            kernel.worker_stoppers.append(writer.stop)
         if kernel.settings.background_workers and kernel.settings.run_worker:
             runtime.worker = PipelineWorker(kernel, runtime.pipeline_lock)
             runtime.wake = runtime.worker.wake

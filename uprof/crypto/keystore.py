@@ -25,6 +25,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -381,25 +382,32 @@ class KeyStore:
 
     def create_capture_keys(self, stream_id: str, capture_ids: list[str], *, now: datetime) -> None:
         """Create one key per captured event, before the events are saved."""
-        _, dek = self.current_key(stream_id)
-        fresh = {cid: AESGCM.generate_key(bit_length=256) for cid in capture_ids}
-        ticket = self._capture_keys.ticket()
-        with self._engine.begin() as conn:
-            conn.execute(
-                capture_keys.insert(),
-                [
+        self.create_capture_keys_many({stream_id: capture_ids}, now=now)
+
+    def create_capture_keys_many(
+        self, capture_ids: Mapping[str, Sequence[str]], *, now: datetime
+    ) -> None:
+        """Create the keys of several streams' captures in one transaction (group commit)."""
+        fresh: dict[tuple[str, str], bytes] = {}
+        rows = []
+        for stream_id, ids in capture_ids.items():
+            _, dek = self.current_key(stream_id)
+            for cid in ids:
+                key = fresh[(stream_id, cid)] = AESGCM.generate_key(bit_length=256)
+                rows.append(
                     {
                         "capture_id": cid,
                         "stream_id": stream_id,
                         "wrapped_key": aes_key_wrap(dek, key),
                         "created_at": now,
                     }
-                    for cid, key in fresh.items()
-                ],
-            )
-        self._capture_keys.put_many(
-            (((stream_id, cid), key) for cid, key in fresh.items()), ticket=ticket
-        )
+                )
+        if not rows:
+            return
+        ticket = self._capture_keys.ticket()
+        with self._engine.begin() as conn:
+            conn.execute(capture_keys.insert(), rows)
+        self._capture_keys.put_many(fresh.items(), ticket=ticket)
 
     def capture_key(self, stream_id: str, capture_id: str) -> bytes | None:
         """Return a capture's key, or None when it (or its subject's DEK) is gone."""

@@ -6,13 +6,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
+from uuid import UUID
 
 from domain.errors import ConsentRequiredError, InvalidInputError, SubjectErasedError
-from domain.principal import qualified_agent
+from domain.principal import acting_principal, qualified_agent
 from domain.values import Interaction, check_text, check_token
 from uprof.crypto.keystore import KeyStore, new_pseudonym
 from uprof.eventstore import ProfilesApplication
 from uprof.ports import AuditTrail, Clock
+from uprof.services.capture_writer import CaptureWriter, PendingCapture
 from uprof.services.subjects import SubjectResolver
 
 #: Longest user input or agent response accepted in one interaction.
@@ -81,6 +83,9 @@ class CaptureService:
         self._subjects = subjects
         self._clock = clock
         self._audit = audit
+        #: The group-commit writer (decision 0017). Long-running front doors start it;
+        #: until then (embedded use, the CLI) captures commit on the caller's thread.
+        self.writer = CaptureWriter(app, keystore, clock, audit, self._write_alone)
 
     def capture(self, subject_ref: str, interaction: Interaction) -> CaptureAck:
         return self.capture_many(subject_ref, [interaction])[0]
@@ -144,8 +149,41 @@ class CaptureService:
                 f"app {checked[0].app_id!r} has no consent in force for this subject"
             )
 
+        if item_tokens is None and self.writer.running:
+            principal = acting_principal.get()
+            pending = PendingCapture(
+                stream_id=handle.stream_id,
+                pseudonym=pseudonym,
+                interactions=checked,
+                batch_token=batch_token,
+                token_window_s=token_window_s,
+                principal=principal.label if principal is not None else None,
+            )
+            self.writer.submit(pending)
+            return self._answer(pending)
+
+        return self._save_one(
+            handle.stream_id, pseudonym, checked, batch_token=batch_token,
+            item_tokens=item_tokens, token_window_s=token_window_s,
+        )
+
+    def _save_one(
+        self,
+        stream_id: UUID,
+        pseudonym: str,
+        checked: Sequence[Interaction],
+        *,
+        batch_token: str | None,
+        item_tokens: Sequence[str | None] | None,
+        token_window_s: float,
+        principal: str | None = None,
+    ) -> CaptureOutcome:
+        """One request in its own transactions (load, decide, keys, save, audit), retried
+        when another writer saved first. ``principal``: the audit label, when the caller's
+        context does not carry it (the writer thread)."""
+
         def save() -> tuple[list[str], list[int], int, dict[str, Any] | None]:
-            profile = self._app.load(handle.stream_id)
+            profile = self._app.load(stream_id)
             now = self._clock.now()
             if batch_token:
                 first = profile.recorded_request(batch_token, now=now, window_s=token_window_s)
@@ -175,22 +213,22 @@ class CaptureService:
             # One event for the batch's tokens, saved with its captures.
             profile.record_requests(tokens, now=now, window_s=token_window_s)
             # Each captured event gets its own key before it is sealed (item-level shredding).
-            self._keystore.create_capture_keys(str(handle.stream_id), ids, now=self._clock.now())
+            self._keystore.create_capture_keys(str(stream_id), ids, now=self._clock.now())
             recordings = self._app.save(profile)
             by_version = {r.notification.originator_version: r.notification.id for r in recordings}
             return ids, [by_version[v] for v in versions], skipped, None
 
         try:
             ids, notification_ids, skipped, first = self._app.with_retry(
-                save, subject=handle.stream_id
+                save, subject=stream_id
             )
         except ConsentRequiredError:
-            self._refused(pseudonym, checked[0], "consent-not-in-force")
+            self._refused(pseudonym, checked[0], "consent-not-in-force", principal=principal)
             raise
         if first is not None:
             # A retry of a write the stream already holds: the first write's acks.
             ids = list(first["capture_ids"])
-            notification_ids = self._app.notification_ids(handle.stream_id, first["versions"])
+            notification_ids = self._app.notification_ids(stream_id, first["versions"])
             return CaptureOutcome(
                 [CaptureAck(c, n, pseudonym) for c, n in zip(ids, notification_ids, strict=True)],
                 0,
@@ -205,6 +243,7 @@ class CaptureService:
                 purpose=checked[0].purpose,
                 counts={"events": len(ids)},
                 notification_id=max(notification_ids),
+                principal=principal,
             )
         return CaptureOutcome(
             [
@@ -215,7 +254,37 @@ class CaptureService:
             False,
         )
 
-    def _refused(self, pseudonym: str, interaction: Interaction, reason: str) -> None:
+    def _answer(self, pending: PendingCapture) -> CaptureOutcome:
+        """The outcome of a request the writer answered (or its error, raised)."""
+        if pending.error is not None:
+            raise pending.error
+        assert pending.acks is not None
+        return CaptureOutcome(
+            [CaptureAck(c, n, pending.pseudonym) for c, n in pending.acks],
+            0,
+            pending.replayed,
+        )
+
+    def _write_alone(self, pending: PendingCapture) -> None:
+        """The one-request path for a queued request (the writer's fallback)."""
+        token = acting_principal.set(None)  # the entry names the principal explicitly
+        try:
+            outcome = self._save_one(
+                pending.stream_id, pending.pseudonym, pending.interactions,
+                batch_token=pending.batch_token, item_tokens=None,
+                token_window_s=pending.token_window_s, principal=pending.principal,
+            )
+        except BaseException as error:
+            pending.error = error
+            return
+        finally:
+            acting_principal.reset(token)
+        pending.acks = [(a.capture_id, a.notification_id) for a in outcome.acks]
+        pending.replayed = outcome.replayed
+
+    def _refused(
+        self, pseudonym: str, interaction: Interaction, reason: str, *, principal: str | None = None
+    ) -> None:
         self._audit.record(
             "capture.refused",
             subject_ref=pseudonym,
@@ -223,4 +292,5 @@ class CaptureService:
             agent_id=interaction.agent_id,
             purpose=interaction.purpose,
             reason_code=reason,
+            principal=principal,
         )

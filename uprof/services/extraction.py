@@ -213,12 +213,23 @@ class ExtractionWorker:
         # their turn, so a capture arriving meanwhile cannot make the batch lose the race.
         # The position moves over the whole batch, other partitions' captures included.
         tracking = GuardedTracking(self.tracking_name(k), notifications[-1].id, expected=start)
+        # Loading a subject (snapshot plus tail, decrypted) is the slow part: done before
+        # the turns, and only brought up to date under them, so the capture writer, which
+        # waits for these turns, waits for the apply and the save only (decision 0017).
+        loaded = {}
+        for stream_id in by_stream:
+            try:
+                loaded[stream_id] = self._app.load(stream_id)
+            except (SubjectErasedError, SubjectNotFoundError):
+                continue
         with self._app.writer_turns(by_stream):
             profiles = []
             for stream_id, extracted in by_stream.items():
+                if stream_id not in loaded:
+                    continue
                 try:
-                    profile = self._app.load(stream_id)
-                except (SubjectErasedError, SubjectNotFoundError):
+                    profile = self._app.catch_up(loaded[stream_id])
+                except SubjectErasedError:  # erased since it was loaded
                     continue
                 for event, batch in extracted:
                     self._evidence.check(profile.id, batch, known={event.capture_id: profile.id})

@@ -11,7 +11,7 @@ from uprof.schemas.api import CaptureAck, CaptureBatchAck, CaptureBatchIn, Captu
 router = APIRouter(prefix="/v1/captures", tags=["capture"])
 
 
-@router.post("", status_code=201, response_model=CaptureAck, responses=errors(403, 404, 409, 410))
+@router.post("", status_code=201, response_model=CaptureAck, responses=errors(403, 404, 409, 410, 503))
 def capture(
     body: CaptureIn, scope: Scope, response: Response, idempotency_key: IdempotencyKey = None
 ) -> CaptureAck:
@@ -28,7 +28,7 @@ def capture(
 
 @router.post(
     "/batch", status_code=201, response_model=CaptureBatchAck,
-    responses=errors(403, 404, 409, 410),
+    responses=errors(403, 404, 409, 410, 503),
 )
 def capture_batch(
     body: CaptureBatchIn,

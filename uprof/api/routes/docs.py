@@ -17,6 +17,7 @@ _DESCRIPTIONS = {
     410: "The subject was erased.",
     413: "The request body is over the size limit.",
     422: "Invalid input; `error.fields` names each offending field.",
+    503: "Not taken now (`error.code` says why; `Retry-After` when given); retry later.",
 }
 
 

@@ -1,0 +1,261 @@
+"""Group commit of captures (decision 0017): many requests, one set of commits, each
+request all or nothing and answered with its own acks."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+
+from domain.errors import CaptureBackloggedError, ConsentRequiredError, SubjectErasedError
+from tests.kernel.conftest import consent, say
+from uprof.api.errors import classify
+from uprof.eventstore import CAPTURED_TOPIC
+from uprof.kernel import Uprof
+from uprof.services.capture import check_interaction
+from uprof.services.capture_writer import CaptureWriter, PendingCapture
+
+
+@pytest.fixture
+def writing(kernel: Uprof) -> Iterator[Uprof]:
+    """The kernel with its capture writer running (as a front door starts it)."""
+    writer = kernel.capture_service.writer
+    writer.start()
+    try:
+        yield kernel
+    finally:
+        writer.stop()
+
+
+def _log_captures(kernel: Uprof) -> Counter[str]:
+    notes = kernel.app.notifications_after(0, 10_000, topics=[CAPTURED_TOPIC])
+    return Counter(kernel.app.decode(n).capture_id for n in notes)
+
+
+def _pending(kernel: Uprof, subject: str, *interactions, token: str | None = None):
+    handle = kernel.subjects.find(subject)
+    assert handle is not None
+    return PendingCapture(
+        stream_id=handle.stream_id,
+        pseudonym=handle.pseudonym,
+        interactions=[check_interaction(i) for i in interactions],
+        batch_token=token,
+        token_window_s=3600.0,
+        principal=None,
+    )
+
+
+def test_concurrent_captures_are_grouped_and_each_in_the_log_once(writing: Uprof) -> None:
+    kernel = writing
+    subjects = ["alice", "bob", "carol"]
+    for s in subjects:
+        consent(kernel, s)
+    acks, errors = [], []
+    lock = threading.Lock()
+
+    def client(c: int) -> None:
+        for n in range(10):
+            try:
+                ack = kernel.capture(subjects[(c + n) % 3], say(f"I like tea number {c}x{n}"))
+            except Exception as e:  # pragma: no cover - reported below
+                errors.append(e)
+                continue
+            with lock:
+                acks.append(ack)
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
+    assert len(acks) == 80
+    writer = kernel.capture_service.writer
+    assert writer.grouped_requests >= 80
+    assert writer.groups < writer.grouped_requests, "no two requests shared a group"
+    in_log = _log_captures(kernel)
+    assert all(in_log[a.capture_id] == 1 for a in acks)
+    assert len(in_log) == 80
+    assert len({a.notification_id for a in acks}) == 80
+    # Each ack's position really holds its capture, and every stream's versions are gapless.
+    for subject in subjects:
+        stream = kernel.stream_of(subject)
+        profile = kernel.app.load(stream)
+        assert profile.capture_count == sum(
+            1 for a in acks if a.subject_pseudonym == kernel.subjects.pseudonym(subject)
+        )
+        events = kernel.app.recorder.select_events(stream)
+        assert [e.originator_version for e in events] == list(range(1, len(events) + 1))
+    notes = {n.id: n for n in kernel.app.notifications_after(0, 10_000, [CAPTURED_TOPIC])}
+    assert all(kernel.app.decode(notes[a.notification_id]).capture_id == a.capture_id
+               for a in acks)
+    accepted = kernel.audit_log.entries(action="capture.accepted")
+    assert len(list(accepted)) == 80
+
+
+def test_a_refused_request_writes_nothing_and_does_not_hold_up_its_group(kernel: Uprof) -> None:
+    consent(kernel, "alice")
+    consent(kernel, "bob", app="app:calendar")  # bob's consent names another app
+    ok = _pending(kernel, "alice", say("I like green tea"))
+    no_consent = _pending(kernel, "bob", say("I like black tea"))
+    # One interaction for a purpose without consent refuses the whole request.
+    half = _pending(kernel, "alice", say("I like oolong"), say("I buy tea", purpose="ads"))
+    ok2 = _pending(kernel, "alice", say("I like jasmine"), say("I like sencha"))
+    bob_before = kernel.app.load(kernel.stream_of("bob")).version
+    kernel.capture_service.writer.commit([ok, no_consent, half, ok2])
+    assert isinstance(no_consent.error, ConsentRequiredError)
+    assert isinstance(half.error, ConsentRequiredError)
+    assert no_consent.acks is None and half.acks is None
+    assert ok.error is None and ok2.error is None
+    assert len(ok.acks) == 1 and len(ok2.acks) == 2
+    in_log = _log_captures(kernel)
+    assert sorted(in_log) == sorted(c for c, _ in ok.acks + ok2.acks)
+    assert kernel.app.load(kernel.stream_of("alice")).capture_count == 3
+    assert kernel.app.load(kernel.stream_of("bob")).version == bob_before
+    refused = list(kernel.audit_log.entries(action="capture.refused"))
+    assert len(refused) == 2
+    assert len(list(kernel.audit_log.entries(action="capture.accepted"))) == 2
+
+
+def test_a_token_repeated_in_one_group_is_captured_once(kernel: Uprof) -> None:
+    consent(kernel, "alice")
+    first = _pending(kernel, "alice", say("I like green tea"), token="t-1")
+    again = _pending(kernel, "alice", say("I like green tea"), token="t-1")
+    kernel.capture_service.writer.commit([first, again])
+    assert first.error is None and again.error is None
+    assert again.replayed and not first.replayed
+    assert again.acks == first.acks
+    assert len(_log_captures(kernel)) == 1
+
+
+def test_a_copy_behind_another_writer_is_brought_up_to_date(kernel: Uprof) -> None:
+    """Another writer's events since the writer's last save are applied to its copy."""
+    consent(kernel, "alice")
+    writer = kernel.capture_service.writer
+    first = _pending(kernel, "alice", say("I like green tea"))
+    writer.commit([first])
+    kernel.capture_service._save_one(
+        first.stream_id, first.pseudonym, [check_interaction(say("I like coffee"))],
+        batch_token=None, item_tokens=None, token_window_s=0.0,
+    )
+    second = _pending(kernel, "alice", say("I like mint"))
+    writer.commit([second])
+    assert second.error is None
+    assert kernel.app.load(first.stream_id).capture_count == 3
+    assert len(_log_captures(kernel)) == 3
+
+
+def test_a_group_that_loses_the_version_check_is_retried(
+    kernel: Uprof, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write landing between the writer's catch-up and its save (another process)
+    makes the save conflict; nothing of the lost attempt stays, the retry commits."""
+    consent(kernel, "alice")
+    service = kernel.capture_service
+    real_save = kernel.app.save
+    raced = []
+
+    def save_after_a_rival(*aggregates):
+        if not raced:
+            raced.append(True)
+            service._save_one(
+                aggregates[0].id, "p", [check_interaction(say("I like coffee"))],
+                batch_token=None, item_tokens=None, token_window_s=0.0,
+            )
+        return real_save(*aggregates)
+
+    monkeypatch.setattr(kernel.app, "save", save_after_a_rival)
+    pending = _pending(kernel, "alice", say("I like mint"))
+    service.writer.commit([pending])
+    assert raced and pending.error is None and len(pending.acks) == 1
+    in_log = _log_captures(kernel)
+    assert len(in_log) == 2 and in_log[pending.acks[0][0]] == 1
+    assert kernel.app.load(pending.stream_id).capture_count == 2
+
+
+def test_erasure_forgets_the_writers_copy(writing: Uprof) -> None:
+    consent(writing, "alice")
+    writing.capture("alice", say("I like green tea"))
+    stream = writing.stream_of("alice")
+    writer = writing.capture_service.writer
+    assert stream in writer._saved
+    writing.erase_subject("alice")
+    assert stream not in writer._saved
+
+
+def test_a_subject_erased_after_it_was_queued_fails_only_its_request(kernel: Uprof) -> None:
+    consent(kernel, "alice")
+    consent(kernel, "bob")
+    ok = _pending(kernel, "alice", say("I like green tea"))
+    gone = _pending(kernel, "bob", say("I like black tea"))
+    kernel.erase_subject("bob")
+    kernel.capture_service.writer.commit([gone, ok])
+    assert isinstance(gone.error, SubjectErasedError) and gone.acks is None
+    assert ok.error is None and len(ok.acks) == 1
+    assert sorted(_log_captures(kernel)) == [ok.acks[0][0]]
+
+
+def test_a_full_queue_refuses_with_backlogged_and_stores_nothing_for_it(kernel: Uprof) -> None:
+    consent(kernel, "alice")
+    service = kernel.capture_service
+    service.writer = CaptureWriter(kernel.app, kernel.keystore, kernel.clock, kernel.audit,
+                                   service._write_alone, max_queued=1, enqueue_timeout_s=0.2)
+    service.writer.start()
+    answers: dict[str, object] = {}
+
+    def capture(name: str) -> None:
+        try:
+            answers[name] = kernel.capture("alice", say(f"I like tea {name}"))
+        except Exception as e:
+            answers[name] = e
+
+    stream = kernel.stream_of("alice")
+    try:
+        with kernel.app.writer_turns([stream]):  # the writer blocks on its first group
+            first = threading.Thread(target=capture, args=("first",))
+            first.start()
+            while not service.writer._queue.empty() or "first" in answers:
+                time.sleep(0.01)  # until the writer has taken it
+            time.sleep(0.05)
+            queued = threading.Thread(target=capture, args=("queued",))
+            queued.start()
+            while service.writer._queue.empty():
+                time.sleep(0.01)
+            capture("refused")  # the queue (1 slot) is full: refused after 0.2 s
+        first.join(30)
+        queued.join(30)
+    finally:
+        service.writer.stop()
+    assert isinstance(answers["refused"], CaptureBackloggedError)
+    assert classify(answers["refused"]) == (503, "capture_backlogged")
+    stored = _log_captures(kernel)
+    assert sorted(stored) == sorted([answers["first"].capture_id, answers["queued"].capture_id])
+
+
+def test_stopping_answers_every_request_queued_or_arriving(writing: Uprof) -> None:
+    kernel = writing
+    consent(kernel, "alice")
+    consent(kernel, "bob")
+    acks, errors = [], []
+
+    def client(c: int) -> None:
+        for n in range(6):
+            try:
+                acks.append(kernel.capture(("alice", "bob")[n % 2], say(f"I like {c}x{n}")))
+            except Exception as e:
+                errors.append(e)
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(6)]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    kernel.capture_service.writer.stop()  # while clients are still capturing
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a capture was left waiting"
+    assert errors == []
+    in_log = _log_captures(kernel)
+    assert len(acks) == 36 and all(in_log[a.capture_id] == 1 for a in acks)
