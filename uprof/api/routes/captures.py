@@ -11,7 +11,9 @@ from uprof.schemas.api import CaptureAck, CaptureBatchAck, CaptureBatchIn, Captu
 router = APIRouter(prefix="/v1/captures", tags=["capture"])
 
 
-@router.post("", status_code=201, response_model=CaptureAck, responses=errors(403, 404, 409, 410, 503))
+@router.post(
+    "", status_code=201, response_model=CaptureAck, responses=errors(403, 404, 409, 410, 503)
+)
 def capture(
     body: CaptureIn, scope: Scope, response: Response, idempotency_key: IdempotencyKey = None
 ) -> CaptureAck:
