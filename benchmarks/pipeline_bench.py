@@ -240,7 +240,7 @@ def one_run(
         data = Path(tmp) / "data"
         if kind == "sqlite":
             _copy_sqlite(template_dir, data)
-        else:
+        elif template_dir.exists():  # on PostgreSQL the folder may hold nothing at all
             shutil.copytree(template_dir, data)
         # The key folder sits beside the data folder (decision 0012). Without it a copy
         # has a fresh master key, cannot open any subject's keys and extracts nothing.
