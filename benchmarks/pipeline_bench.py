@@ -12,12 +12,20 @@ capture and projected the whole log; the run's time is the slowest worker's.
 Figures: captures (turns) fully extracted and projected per second, in all and per
 worker, and log events per second (the unit of docs/performance.md: every event of the
 final log, captures and the events extracted from them, went through a projection).
-Medians of ``--repeat`` runs, each on a fresh copy of the filled log. The baseline
-beside them: one worker with torch's default thread count (what the code did before
-``UPROF_TORCH_THREADS``).
+Each worker also reports the CPU seconds its process used (all its threads; a
+PostgreSQL server's work is not in them), which a busy shared machine inflates far less
+than wall time. Medians of ``--repeat`` runs, each on a fresh copy of the filled log.
+
+The baseline beside them: with ``--compare-tree DIR`` (a checkout of older code, e.g.
+``git worktree add /tmp/base <commit>``), every configuration's runs alternate between
+this tree's code and DIR's, on copies of the same filled log, so both see the same load;
+the workers then run this file's child loop over DIR's ``uprof``. Without it, one worker
+with torch's default thread count (what the code did before ``UPROF_TORCH_THREADS``).
 
     uprof bench pipeline --backend postgres --workers 1 --workers 2
     python -m benchmarks.pipeline_bench --backend sqlite --conversations 2
+    python -m benchmarks.pipeline_bench --compare-tree /tmp/base --conversations 3 \
+        --turns-per-subject 70 --workers 1 --workers 2
 """
 
 from __future__ import annotations
@@ -64,6 +72,7 @@ def child(argv: Sequence[str]) -> int:
     """One worker: bootstrap (real embedder from the settings), READY, wait for GO, run."""
     from uprof.bootstrap import bootstrap, build_embedder
     from uprof.eventstore import CAPTURED_TOPIC
+    from uprof.partitions import Partitioning
 
     p = argparse.ArgumentParser()
     p.add_argument("--data-dir", required=True)
@@ -85,11 +94,15 @@ def child(argv: Sequence[str]) -> int:
     kernel = bootstrap(settings, embedder=embedder, partitions=[args.partition],
                        authorizer=bench_authorizer())
     app = kernel.app
-    last_capture = app.notifications_after(0, 10**9, topics=(CAPTURED_TOPIC,))[-1].id
+    captures = app.notifications_after(0, 10**9, topics=(CAPTURED_TOPIC,))
+    last_capture = captures[-1].id
+    of = Partitioning(args.partitions).of
+    mine = sum(1 for n in captures if of(n.originator_id) == args.partition)
     print("READY", flush=True)
     if sys.stdin.readline().strip() != "GO":
         return 2
     began = time.perf_counter()
+    cpu_began = time.process_time()
     processed = 0
     k = args.partition
     while True:
@@ -104,8 +117,10 @@ def child(argv: Sequence[str]) -> int:
             break
         time.sleep(0.01)
     elapsed = time.perf_counter() - began
+    cpu = time.process_time() - cpu_began
     log_end = app.max_notification_id()
-    print(json.dumps({"elapsed_s": elapsed, "consumed": processed, "log_end": log_end}), flush=True)
+    result = {"elapsed_s": elapsed, "cpu_s": cpu, "consumed": processed, "log_end": log_end}
+    print(json.dumps({**result, "partition_captures": mine}), flush=True)
     kernel.close()
     return 0
 
@@ -196,8 +211,27 @@ def _copy_sqlite(src: Path, dst: Path) -> None:
             shutil.copy2(item, dst / item.name)
 
 
+def _child_command(tree: Path | None) -> tuple[list[str], Path]:
+    """The worker command and its folder: this tree's, or this file's child loop run
+    over another tree's code (imports resolve from that folder first)."""
+    if tree is None:
+        return [sys.executable, "-m", "benchmarks.pipeline_bench", "--child"], REPO
+    here = Path(__file__).resolve()
+    run = (
+        "import runpy, sys; sys.argv = [sys.argv[0], '--child', *sys.argv[1:]]; "
+        f"runpy.run_path({str(here)!r}, run_name='__main__')"
+    )
+    return [sys.executable, "-c", run], tree
+
+
 def one_run(
-    kind: str, template_dir: Path, template_db: str | None, workers: int, threads: int
+    kind: str,
+    sizes: dict[str, int],
+    template_dir: Path,
+    template_db: str | None,
+    workers: int,
+    threads: int,
+    tree: Path | None = None,
 ) -> dict[str, Any]:
     with (
         tempfile.TemporaryDirectory(prefix="uprof-pipe-run-") as tmp,
@@ -206,18 +240,22 @@ def one_run(
         data = Path(tmp) / "data"
         if kind == "sqlite":
             _copy_sqlite(template_dir, data)
-        else:
+        elif template_dir.exists():  # on PostgreSQL the folder may hold nothing at all
             shutil.copytree(template_dir, data)
-        env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+        # The key folder sits beside the data folder (decision 0012). Without it a copy
+        # has a fresh master key, cannot open any subject's keys and extracts nothing.
+        _copy_sqlite(_settings(template_dir, None).key_path, _settings(data, None).key_path)
+        base, cwd = _child_command(tree)
+        env = {**os.environ, "PYTHONPATH": str(cwd), "HF_HUB_OFFLINE": "1"}
         procs = []
         for k in range(workers):
-            cmd = [sys.executable, "-m", "benchmarks.pipeline_bench", "--child"]
-            cmd += ["--data-dir", str(data), "--partitions", str(workers), "--partition", str(k)]
+            cmd = [*base, "--data-dir", str(data), "--partitions", str(workers)]
+            cmd += ["--partition", str(k)]
             cmd += ["--torch-threads", str(threads)]
             if url:
                 cmd += ["--database-url", url]
             proc = subprocess.Popen(
-                cmd, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+                cmd, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
             )
             # One at a time: two processes opening a PostgreSQL log at once can collide in
             # eventsourcing's create_table ("tuple concurrently updated"; docs/reliability.md).
@@ -237,18 +275,51 @@ def one_run(
             results.append(json.loads(out.strip().splitlines()[-1]))
             if proc.returncode != 0:
                 raise RuntimeError(f"worker exited with {proc.returncode}")
+        if max(r["log_end"] for r in results) <= sizes["log_events"]:
+            raise RuntimeError("the workers extracted nothing: the run measured no work")
         return {
             "elapsed_s": max(r["elapsed_s"] for r in results),
+            "cpu_s": sum(r["cpu_s"] for r in results),
             "log_end": max(r["log_end"] for r in results),
+            "partition_captures": [r["partition_captures"] for r in results],
             "load_1min_at_go": load,
         }
 
 
+def _row(w: int, threads: int, sizes: dict[str, int], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    elapsed = statistics.median(r["elapsed_s"] for r in runs)
+    cpu = statistics.median(r["cpu_s"] for r in runs)
+    events = runs[0]["log_end"]
+    return {
+        "workers": w,
+        "torch_threads": threads or "default",
+        **sizes,
+        "median_s": round(elapsed, 2),
+        "captures_per_s": round(sizes["captures"] / elapsed, 1),
+        "captures_per_s_per_worker": round(sizes["captures"] / elapsed / w, 1),
+        "log_events_after": events,
+        "events_per_s": round(events / elapsed, 1),
+        "events_per_s_per_worker": round(events / elapsed / w, 1),
+        "median_cpu_s_all_workers": round(cpu, 2),
+        "events_per_cpu_s": round(events / cpu, 1),
+        "runs_s": [round(r["elapsed_s"], 2) for r in runs],
+        "runs_cpu_s": [round(r["cpu_s"], 2) for r in runs],
+        "partition_captures": runs[0]["partition_captures"],
+        "load_1min_at_go": [round(r["load_1min_at_go"], 2) for r in runs],
+    }
+
+
 def measure(
-    kind: str, *, conversations: int, workers: Sequence[int], repeat: int, turns_cap: int = 0
+    kind: str,
+    *,
+    conversations: int,
+    workers: Sequence[int],
+    repeat: int,
+    turns_cap: int = 0,
+    compare_tree: Path | None = None,
 ) -> dict[str, Any]:
     rows: dict[str, Any] = {}
-    configs = [(1, 0, "baseline: 1 worker, torch default threads")]
+    configs = [] if compare_tree else [(1, 0, "baseline: 1 worker, torch default threads")]
     configs += [(w, 1, f"{w} worker(s), 1 torch thread each") for w in workers]
     for w, threads, label in configs:
         with tempfile.TemporaryDirectory(prefix="uprof-pipe-") as tmp, _database(kind) as url:
@@ -259,24 +330,35 @@ def measure(
                 import sqlalchemy as sa
 
                 template_db = sa.engine.make_url(url).database
-            runs = [one_run(kind, template, template_db, w, threads) for _ in range(repeat)]
-        elapsed = statistics.median(r["elapsed_s"] for r in runs)
-        events = runs[0]["log_end"]
-        rows[label] = {
-            "workers": w,
-            "torch_threads": threads or "default",
-            **sizes,
-            "median_s": round(elapsed, 2),
-            "captures_per_s": round(sizes["captures"] / elapsed, 1),
-            "captures_per_s_per_worker": round(sizes["captures"] / elapsed / w, 1),
-            "log_events_after": events,
-            "events_per_s": round(events / elapsed, 1),
-            "events_per_s_per_worker": round(events / elapsed / w, 1),
-            "runs_s": [round(r["elapsed_s"], 2) for r in runs],
-            "load_1min_at_go": [round(r["load_1min_at_go"], 2) for r in runs],
-        }
-        print(json.dumps({kind: {label: rows[label]}}), flush=True)
+            runs: list[dict[str, Any]] = []
+            base_runs: list[dict[str, Any]] = []
+            for _ in range(repeat):
+                runs.append(one_run(kind, sizes, template, template_db, w, threads))
+                if compare_tree is not None:
+                    base_runs.append(
+                        one_run(kind, sizes, template, template_db, w, threads, tree=compare_tree)
+                    )
+        rows[label] = _row(w, threads, sizes, runs)
+        if base_runs:
+            base = _row(w, threads, sizes, base_runs)
+            rows[f"baseline tree: {label}"] = base
+            rows[label]["ratio_to_baseline_tree"] = {
+                "events_per_s": round(rows[label]["events_per_s"] / base["events_per_s"], 2),
+                "events_per_cpu_s": round(
+                    rows[label]["events_per_cpu_s"] / base["events_per_cpu_s"], 2
+                ),
+            }
+        print(json.dumps({kind: {k: v for k, v in rows.items() if label in k}}), flush=True)
     return rows
+
+
+def _commit_of(tree: Path | None) -> str | None:
+    if tree is None:
+        return None
+    out = subprocess.run(
+        ["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+    )
+    return out.stdout.strip() or None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -290,6 +372,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--turns-per-subject", type=int, default=0, help="0: all")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument(
+        "--compare-tree",
+        type=Path,
+        default=None,
+        help="a checkout of older code: its runs alternate with this tree's (the baseline)",
+    )
+    p.add_argument("--label", default="", help="suffix of the result keys (default: none)")
     args = p.parse_args(argv)
     results: dict[str, Any] = {}
     if args.out.exists():
@@ -304,15 +393,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             workers=args.workers or [1, 2],
             repeat=args.repeat,
             turns_cap=args.turns_per_subject,
+            compare_tree=args.compare_tree,
         )
-        results[kind] = {
+        results[f"{kind}-{args.label}" if args.label else kind] = {
             "rows": rows,
             "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "cpus": os.cpu_count(),
             "command": f"python -m benchmarks.pipeline_bench --backend {kind} "
             f"--conversations {args.conversations} "
             + " ".join(f"--workers {w}" for w in args.workers or [1, 2])
-            + f" --repeat {args.repeat} --turns-per-subject {args.turns_per_subject}",
+            + f" --repeat {args.repeat} --turns-per-subject {args.turns_per_subject}"
+            + (" --compare-tree <checkout of the baseline commit>" if args.compare_tree else ""),
+            "baseline_tree_commit": _commit_of(args.compare_tree),
             "load_average_at_end": os.getloadavg(),
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)

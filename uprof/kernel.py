@@ -695,6 +695,7 @@ class Uprof:
         self.slice_service.flush(stream_id)
         self.reads.forget(stream_id)
         self.capture_service.writer.forget(stream_id)
+        self.projections.forget_read_ahead()
         stem.cache_clear()
 
     def wait_until_caught_up(self, timeout_s: float) -> bool:
@@ -731,6 +732,7 @@ class Uprof:
             stop()
         try:
             self.reads.close()
+            self.projections.close()
         finally:
             for close in self.closers:
                 close()

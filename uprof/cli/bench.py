@@ -194,12 +194,20 @@ def bench_pipeline(
     ] = None,
     conversations: Annotated[int, typer.Option(help="LoCoMo dev conversations to ingest.")] = 2,
     repeat: Annotated[int, typer.Option(help="Runs per configuration (median).")] = 3,
+    turns_per_subject: Annotated[int, typer.Option(help="Turns per speaker (0: all).")] = 0,
+    compare_tree: Annotated[
+        Path | None,
+        typer.Option(help="Checkout of older code; its runs alternate with this code's."),
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="JSON result file.")] = None,
 ) -> None:
     """Extraction + projection per worker process on LoCoMo turns with MiniLM."""
     from benchmarks.pipeline_bench import main
 
     argv = ["--conversations", str(conversations), "--repeat", str(repeat)]
+    argv += ["--turns-per-subject", str(turns_per_subject)]
+    if compare_tree is not None:
+        argv += ["--compare-tree", str(compare_tree)]
     for kind in backend or []:
         if kind not in ("sqlite", "postgres"):
             raise typer.BadParameter("backend must be sqlite or postgres")

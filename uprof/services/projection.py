@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
 from uuid import UUID
 
 import sqlalchemy as sa
@@ -16,6 +19,21 @@ from uprof.partitions import Partitioning, owned_or_all
 Progress = Callable[[int, int], None]
 
 
+@dataclass
+class _Batch:
+    """Notifications read after ``start`` (a partition's position), decoded, with the
+    embeddings of their memories being computed in the embedding thread."""
+
+    start: int
+    notifications: list[Any]
+    events: list[tuple[int, Any]]
+    vectors: Future[dict[str, bytes]]
+
+    @property
+    def end(self) -> int:
+        return int(self.notifications[-1].id)
+
+
 class ProjectionRunner:
     """Catch-up loop over the profiles log (SQLite has no notification channel).
 
@@ -24,6 +42,15 @@ class ProjectionRunner:
     With ``partitioning`` of M, partition k's events go to k's own position row; this
     runner runs the ``partitions`` it is given (all by default) and answers the
     positions of every partition.
+
+    The model runs ahead in one embedding thread (``embed_ahead``, the default): while
+    this thread writes batch N's rows, the model embeds batch N+1, read from where N
+    ends. Only the model runs there (on texts already decoded here; no database work),
+    and batch N+1 is used only if the position is still N's end when its turn comes;
+    otherwise it is dropped and re-read, so the commit boundary, and exactly-once, are
+    those of one batch as before. The profile (docs/performance.md) spends three
+    quarters of a worker's time in the model, and with one torch thread the rest of the
+    batch (extraction, view SQL) no longer waits for it.
     """
 
     def __init__(
@@ -35,6 +62,7 @@ class ProjectionRunner:
         *,
         partitioning: Partitioning | None = None,
         partitions: Sequence[int] | None = None,
+        embed_ahead: bool = True,
     ) -> None:
         self._app = app
         self._engine = engine
@@ -42,6 +70,13 @@ class ProjectionRunner:
         self._batch_size = batch_size
         self._partitioning = partitioning or Partitioning()
         self._owned = owned_or_all(self._partitioning, partitions)
+        self._embed_ahead = embed_ahead
+        #: One thread: batches are embedded in log order, one model call at a time.
+        self._embedding = ThreadPoolExecutor(max_workers=1, thread_name_prefix="uprof-embed")
+        #: Partition -> the batch read ahead of its position (at most one each).
+        self._ahead: dict[int, _Batch] = {}
+        #: Batches read ahead but not used: the position was not where they start.
+        self.read_ahead_dropped = 0
         self._ensure_position_rows()
 
     def position_name(self, k: int) -> str:
@@ -106,28 +141,58 @@ class ProjectionRunner:
 
     def _run_partition(self, k: int) -> int:
         start = self.partition_position(k)
+        batch = self._ahead.pop(k, None)
+        if batch is not None and batch.start != start:
+            # Another runner moved the position, or the batch before this one did not
+            # commit: applying it would skip or redo what lies between. Read anew.
+            self.read_ahead_dropped += 1
+            batch = None
+        if batch is None:
+            batch = self._read(k, start)
+            if batch is None:
+                return 0
+        if self._embed_ahead and len(batch.notifications) == self._batch_size:
+            # A full batch: the log may go on, so let the model start on what follows.
+            following = self._read(k, batch.end)
+            if following is not None:
+                self._ahead[k] = following
+        vectors = batch.vectors.result()
+        with self._engine.begin() as conn:
+            self._projector.apply_batch(
+                conn,
+                self._app.name,
+                batch.events,
+                batch.end,
+                vectors=vectors,
+                projection_name=self.position_name(k),
+            )
+        return len(batch.notifications)
+
+    def _read(self, k: int, start: int) -> _Batch | None:
+        """Read and decode partition k's notifications after ``start`` (the whole batch
+        moves the position, other partitions' included) and start embedding them."""
         notifications = self._app.notifications_after(start, self._batch_size)
         if not notifications:
-            return 0
+            return None
         of = self._partitioning.of
         events = [
             (n.id, self._app.decode(n))
             for n in notifications
             if self._partitioning.count == 1 or of(n.originator_id) == k
         ]
-        # Embed outside the write transaction: the model is the slow part, and the
-        # views database should not be locked while it runs.
-        vectors = self._projector.embed_memories([e for _, e in events])
-        with self._engine.begin() as conn:
-            self._projector.apply_batch(
-                conn,
-                self._app.name,
-                events,
-                notifications[-1].id,
-                vectors=vectors,
-                projection_name=self.position_name(k),
-            )
-        return len(notifications)
+        # Embedded outside the write transaction (the views database is not locked while
+        # the model runs), in the embedding thread so that this one can go on.
+        vectors = self._embedding.submit(self._projector.embed_memories, [e for _, e in events])
+        return _Batch(start, notifications, events, vectors)
+
+    def forget_read_ahead(self) -> None:
+        """Drop batches read ahead (decoded content held in memory; erasure calls this)."""
+        self._ahead.clear()
+
+    def close(self) -> None:
+        """Stop the embedding thread (a model call in progress is finished first)."""
+        self._ahead.clear()
+        self._embedding.shutdown(wait=True, cancel_futures=True)
 
     def run_until_idle(self, progress: Progress | None = None) -> int:
         total = 0
@@ -149,6 +214,7 @@ class ProjectionRunner:
 
     def reset(self) -> None:
         """Drop every view row and reset the position, so a rebuild starts from event 1."""
+        self._ahead.clear()
         with self._engine.begin() as conn:
             for table in t.SUBJECT_TABLES:
                 conn.execute(table.delete())
