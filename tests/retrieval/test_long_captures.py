@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from datetime import UTC, datetime
 
@@ -9,8 +10,8 @@ import pytest
 
 from domain.values import Interaction
 from tests.conftest import Backend
-from tests.kernel.conftest import settings_for
 from tests.fakes.ports import FakeClock
+from tests.kernel.conftest import settings_for
 from uprof.adapters.embeddings import HashingEmbedder
 from uprof.adapters.extraction.rules import DEFAULT_MEMORY_MAX_CHARS, segment_spans
 from uprof.bootstrap import bootstrap
@@ -50,7 +51,7 @@ def test_spans_cover_the_text_in_bounded_windows() -> None:
     text = " ".join(_narrative(20_000))
     spans = segment_spans(text, DEFAULT_MEMORY_MAX_CHARS)
     assert all(0 < b - a <= DEFAULT_MEMORY_MAX_CHARS for a, b in spans)
-    assert all(b1 <= a2 for (_, b1), (a2, _) in zip(spans, spans[1:], strict=False))
+    assert all(b1 <= a2 for (_, b1), (a2, _) in itertools.pairwise(spans))
     kept = "".join(text[a:b] for a, b in spans)
     assert kept.replace(" ", "") == text.replace(" ", "")
 
@@ -94,5 +95,31 @@ def test_every_sentence_of_a_long_capture_can_be_reached(backend: Backend, budge
             # Whole sentences stay whole unless longer than a window.
             if len(sentence) <= DEFAULT_MEMORY_MAX_CHARS:
                 assert sentence in " ".join(item.text for item in shown)
+    finally:
+        kernel.close()
+
+
+def test_each_window_records_its_span_in_the_capture(backend: Backend) -> None:
+    text = " ".join(_narrative(5_000))
+    kernel = bootstrap(settings_for(backend), clock=FakeClock(), embedder=HashingEmbedder())
+    try:
+        kernel.grant_consent("alice", app_id=APP, categories=["*"], purposes=[PURPOSE])
+        kernel.capture(
+            "alice",
+            Interaction(
+                app_id=APP,
+                agent_id="agent:one",
+                occurred_at=datetime(2025, 1, 1, 9, tzinfo=UTC),
+                user_input=text,
+                purpose=PURPOSE,
+                sharing="shared",
+            ),
+        )
+        kernel.process()
+        rows, _ = kernel.queries.memories(str(kernel.stream_of("alice")))
+        assert len(rows) > 1
+        for row in rows:
+            start, end = (int(x) for x in row.detail["span"].split("-"))
+            assert text[start:end] == row.text
     finally:
         kernel.close()

@@ -363,9 +363,7 @@ def rank_profile_items(
     dense = np.zeros(n)
     weight = ranking.lexical_weight
     if vectors is not None and query_vector is not None:
-        cosines = np.asarray(vectors, dtype=np.float32) @ np.asarray(
-            query_vector, dtype=np.float32
-        )
+        cosines = np.asarray(vectors, dtype=np.float32) @ np.asarray(query_vector, dtype=np.float32)
         scale = ranking.dense_scale or DenseScale(0.2, 0.5)  # no memories: cosine 0.2 to 0.7
         dense = scale(cosines).astype(np.float64)
         if ranking.dense_scale is None:

@@ -105,13 +105,16 @@ class RuleBasedExtractor:
         """The user's own words as memories, unless a piece is only a greeting or thanks.
 
         Every piece cites the capture and carries the caller's source ref, so a slice
-        that shows any window of a long turn still points at the turn it came from.
+        that shows any window of a long turn still points at the turn it came from, and
+        its span: where in the turn (whitespace collapsed, greeting removed) it sits.
         """
         body = strip_greeting(" ".join(text.split()))
         interaction = capture.interaction
         out: list[MemoryProposal] = []
         for start, end in segment_spans(body, self.memory_max_chars):
             piece = body[start:end].strip()
+            start = body.index(piece, start)
+            end = start + len(piece)
             if is_small_talk(piece):
                 continue
             out.append(
@@ -122,6 +125,7 @@ class RuleBasedExtractor:
                     importance=importance(piece, found_facts=turn.found_anything()),
                     source_refs=(interaction.source_ref,) if interaction.source_ref else (),
                     occurred_at=interaction.occurred_at,
+                    span=(start, end),
                 )
             )
         return out
