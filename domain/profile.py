@@ -539,13 +539,16 @@ class SubjectProfile(Aggregate):
             sharing=SharingPolicy.parse(batch.sharing).render(),
             author=batch.author,
             occurred_at=p.occurred_at or observed_at,
+            span=list(p.span) if p.span else [],
         )
         return 1
 
     class MemoryRecorded(Aggregate.Event):
-        """A memory was recorded. Version 2 added ``categories`` (decision 0016)."""
+        """A memory was recorded. Version 2 added ``categories`` (decision 0016), version 3
+        ``span``: [start, end) of the memory's text in its capture as the extractor read
+        it, or [] when not known (decision 0020)."""
 
-        class_version = 2
+        class_version = 3
 
         item_id: str
         text: str
@@ -559,12 +562,18 @@ class SubjectProfile(Aggregate):
         sharing: str
         author: str
         occurred_at: datetime
+        span: list[int]
 
         @staticmethod
         def upcast_v1_v2(state: dict[str, Any]) -> None:
             # A version-1 memory knew only its primary category; the projector adds
             # what the detector finds in its text, and reads add its capture's items.
             state["categories"] = [state["category"]]
+
+        @staticmethod
+        def upcast_v2_v3(state: dict[str, Any]) -> None:
+            # Memories before version 3 were one per capture (cut at 600 characters).
+            state["span"] = []
 
     @event(MemoryRecorded)
     def _memory_recorded(
@@ -581,6 +590,7 @@ class SubjectProfile(Aggregate):
         sharing: str,
         author: str,
         occurred_at: datetime,
+        span: list[int],
     ) -> None:
         self.memory_count += 1
 

@@ -268,6 +268,9 @@ class MemoryProposal:
     importance: float = 0.5
     source_refs: tuple[str, ...] = ()
     occurred_at: datetime | None = None
+    #: [start, end) of ``text`` in the capture's text as the proposer read it, when the
+    #: capture was split into several memories (a long turn); None: not known.
+    span: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)

@@ -461,6 +461,9 @@ class ProfileProjector:
             source_refs=self._seal(e, "memories", "source_refs", e.item_id, _json(e.source_refs)),
             occurred_at=e.occurred_at,
         )
+        if e.span:  # where in its capture the memory's text sits (decision 0020)
+            span = json.dumps({"span": f"{e.span[0]}-{e.span[1]}"})
+            row["detail"] = self._seal(e, "memories", "detail", e.item_id, span)
         conn.execute(t.memories.insert(), row)
 
     def _experience_recorded(self, conn: sa.Connection, nid: int, e: Any) -> None:

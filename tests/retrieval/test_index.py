@@ -49,12 +49,21 @@ def test_neighbours_are_close_in_time_only(counter: TiktokenCounter) -> None:
 
 
 def test_costs_are_precomputed_with_the_real_counter(counter: TiktokenCounter) -> None:
-    mems = conversation([("Caroline", "I went to a LGBTQ support group yesterday.")])
+    mems = conversation(
+        [("Caroline", "I went to a LGBTQ support group yesterday."), ("Melanie", "Wow.")]
+    )
     index = MemoryIndex.build(mems, None, counter)
     assert index.lines[0] == "Caroline: I went to a LGBTQ support group yesterday."
     assert index.line_costs[0] == counter.count(index.lines[0]) + 1
     assert index.dated_lines[0].startswith("[8 May 2023] Caroline: ")
     assert index.day_headers == ("[8 May 2023]",)
+
+
+def test_one_speaker_is_not_labelled_on_every_line(counter: TiktokenCounter) -> None:
+    # A label that tells no one apart only costs tokens.
+    mems = conversation([("Caroline", "I went to a support group."), ("Caroline", "It helped.")])
+    index = MemoryIndex.build(mems, None, counter)
+    assert index.lines == ("I went to a support group.", "It helped.")
 
 
 def test_vectors_are_reordered_with_their_memories(counter: TiktokenCounter) -> None:

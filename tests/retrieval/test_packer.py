@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from uprof.retrieval.packer import PackProblem, pack
 
@@ -49,3 +51,43 @@ def test_near_duplicates_are_reported_not_taken() -> None:
 
 def test_nothing_fits_a_zero_budget() -> None:
     assert pack(_problem([1], [1.0], budget=0)).chosen == ()
+
+
+def test_one_relevant_answer_beats_several_cheap_weak_lines() -> None:
+    # Issue 15: one answer worth 1.0 at 71 tokens against one-liners worth 0.25 at 10.
+    costs = [71] + [10] * 8
+    utility = [1.0] + [0.25] * 8
+    result = pack(_problem(costs, utility, budget=100))
+    assert 0 in result.chosen
+    assert result.spent <= 100
+
+
+_items = st.lists(
+    st.tuples(st.integers(1, 60), st.floats(0.0, 1.0, allow_nan=False)), min_size=1, max_size=25
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(items=_items, budget=st.integers(0, 300), with_groups=st.booleans())
+def test_budget_is_never_exceeded_and_no_relevant_item_is_traded(
+    items: list[tuple[int, float]], budget: int, with_groups: bool
+) -> None:
+    costs = [c for c, _ in items]
+    utility = [u for _, u in items]
+    m = len(items)
+    groups = [[i % 3] for i in range(m)] if with_groups else [[-1]] * m
+    group_costs = [4, 5, 6] if with_groups else []
+    result = pack(_problem(costs, utility, budget, groups=groups, group_costs=group_costs))
+    chosen = set(result.chosen)
+    # The spend is exact and within budget.
+    paid_groups = {g for j in chosen for g in groups[j] if g >= 0}
+    spent = sum(costs[j] for j in chosen) + sum(group_costs[g] for g in paid_groups)
+    assert result.spent == spent <= max(budget, 0)
+    # A left-out item with some value did not fit beside the chosen items that are at
+    # least as relevant: it was never dropped for weaker ones.
+    for j in range(m):
+        if j in chosen or utility[j] <= 0:
+            continue
+        better = [i for i in chosen if utility[i] >= utility[j]]
+        need = {g for i in [*better, j] for g in groups[i] if g >= 0}
+        assert sum(costs[i] for i in better) + costs[j] + sum(group_costs[g] for g in need) > budget

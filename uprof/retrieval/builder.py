@@ -233,7 +233,14 @@ def build_slice(
     choices = _profile_choices(
         attributes,
         rank_profile_items(
-            attributes, q, attribute_vectors, query_vector, options.attribute_base_utility
+            attributes,
+            q,
+            attribute_vectors,
+            query_vector,
+            options.attribute_base_utility,
+            index=memory_index,
+            ranking=ranking,
+            options=options,
         ),
         counter,
         options.min_utility,
@@ -242,7 +249,16 @@ def build_slice(
     )
     choices += _profile_choices(
         active,
-        rank_profile_items(active, q, intent_vecs, query_vector, options.intent_base_utility),
+        rank_profile_items(
+            active,
+            q,
+            intent_vecs,
+            query_vector,
+            options.intent_base_utility,
+            index=memory_index,
+            ranking=ranking,
+            options=options,
+        ),
         counter,
         options.min_utility,
         left_out,

@@ -28,7 +28,7 @@ from uprof.ports import TokenCounter
 from uprof.retrieval import render
 from uprof.retrieval.candidates import Candidate
 from uprof.retrieval.slices import LeftOut
-from uprof.retrieval.text import terms
+from uprof.retrieval.text import stem, terms
 
 #: BM25 (Okapi) constants: the usual defaults, not fitted to any dataset.
 BM25_K1 = 1.2
@@ -109,11 +109,31 @@ def _build_bm25(documents: Sequence[list[str]]) -> _Bm25:
     return _Bm25(vocabulary, idf, unseen, weights, binary)
 
 
-def _neighbours(stamps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Previous and next memory within NEIGHBOUR_GAP in time, else -1."""
+def _date_terms(moment: datetime | None) -> list[str]:
+    """Index terms of a memory's date: its month name and year ("may", "2023").
+
+    Added as words, not run through the stopword list ("may" is a stopword as a verb),
+    so they match a question's "2023" always and its month whenever the month is not a
+    stopword of its own.
+    """
+    if moment is None:
+        return []
+    moment = _as_utc(moment)
+    return [stem(f"{moment:%B}".lower()), str(moment.year)]
+
+
+def _neighbours(stamps: np.ndarray, actors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Previous and next memory within NEIGHBOUR_GAP in time that replies to it, else -1.
+
+    A reply is a turn by another known speaker: the link exists for a question and
+    its answer split over two turns. Two statements in a row by the same speaker
+    (or by unknown speakers) are not linked: a stream of unrelated notes captured
+    seconds apart would otherwise lend each other relevance.
+    """
     n = len(stamps)
     gap = NEIGHBOUR_GAP.total_seconds()
     close = np.abs(np.diff(stamps)) <= gap  # NaN compares False: undated has no neighbours
+    close &= (actors[:-1] != actors[1:]) & (actors[:-1] >= 0) & (actors[1:] >= 0)
     prev = np.full(n, -1, dtype=np.int64)
     nxt = np.full(n, -1, dtype=np.int64)
     idx = np.flatnonzero(close)
@@ -167,16 +187,20 @@ class MemoryIndex:
         # Only the text is indexed: the speaker is a separate feature (actor_of), so a
         # question naming a speaker can favour that speaker's turns without BM25
         # rewarding every turn that merely addresses them by name.
-        docs = [terms(c.text) for c in ordered]
-        lines = tuple(render.memory_line(c, with_date=False) for c in ordered)
-        dated = tuple(render.memory_line(c, with_date=True) for c in ordered)
+        # The date is indexed too (month and year as words): a question naming "May
+        # 2023" must find that day's turns, whose text never says the date.
+        docs = [terms(c.text) + _date_terms(c.occurred_at) for c in ordered]
+        speakers = len(actor_names) > 1
+        lines = tuple(render.memory_line(c, with_date=False, with_actor=speakers) for c in ordered)
+        dated = tuple(render.memory_line(c, with_date=True, with_actor=speakers) for c in ordered)
         days = [c.occurred_at.date() if c.occurred_at is not None else None for c in ordered]
         day_keys = sorted(set(days), key=lambda d: (d is not None, d))
         day_id = {d: i for i, d in enumerate(day_keys)}
         first_of_day = {d: c.occurred_at for c, d in zip(ordered, days, strict=True)}
         headers = tuple(render.day_header(first_of_day[d]) for d in day_keys)
         stamps = np.asarray([epoch_seconds(c.occurred_at) for c in ordered], dtype=np.float64)
-        prev, nxt = _neighbours(stamps)
+        actor_of = np.asarray([actor_index.get(c.actor, -1) for c in ordered], dtype=np.int64)
+        prev, nxt = _neighbours(stamps, actor_of)
         heat = np.asarray([max(c.heat, 0.0) for c in ordered], dtype=np.float32)
         if heat.size and heat.max() > 0:
             heat /= heat.max()
@@ -194,7 +218,7 @@ class MemoryIndex:
             timestamps=stamps,
             prev=prev,
             next=nxt,
-            actor_of=np.asarray([actor_index.get(c.actor, -1) for c in ordered], dtype=np.int64),
+            actor_of=actor_of,
             actor_terms=tuple(frozenset(terms(name)) for name in actor_names),
             heat=heat,
             not_retrieved=tuple(

@@ -1,6 +1,6 @@
-"""Budgeted selection: maximise utility subject to tok(S) <= B.
+"""Budgeted selection: the most relevant items that fit, never traded for cheap ones.
 
-UProf's S* = argmax Rel(S, q) s.t. tok(S) <= B is a knapsack with two twists:
+UProf's S* = argmax Rel(S, q) s.t. tok(S) <= B, with two twists:
 
 * shared overheads: a section header, the legend and each day line are paid
   once, by the first item that needs them, so an item's marginal cost depends
@@ -8,15 +8,19 @@ UProf's S* = argmax Rel(S, q) s.t. tok(S) <= B is a knapsack with two twists:
 * diminishing returns: a memory very similar to a chosen one adds little
   (maximal marginal relevance), and a near-duplicate adds nothing.
 
-Greedy by marginal gain per marginal token is the standard answer for such
-submodular-with-costs objectives; a fix-up pass closes most of its gap to the
-optimum: it tries to bring in each of the best items that did not fit by
-dropping chosen items of the lowest value per token, keeps the trade when the
-total rises, and refills what is left. Choices sharing an ``owner`` are
-alternatives (an intent in full or summarised): at most one of them is taken.
+The selection is rank-order first-fit on marginal relevance: repeatedly take the
+choice with the highest gain (utility discounted by similarity to the chosen set)
+among those that still fit, until none fits. It is not gain per token: a knapsack
+on utility per token lets several short, weakly relevant lines (0.25 each at 10
+tokens) crowd out one clearly relevant answer (1.0 at 71 tokens), and that is the
+answer the caller needed (issue 15: 16 of 22 single-hop misses at B=1024). So the
+guarantee is: an item is left out for budget only when it did not fit in what the
+more relevant chosen items left. Shorter items still fill the room a long one
+cannot use. Choices sharing an ``owner`` are alternatives (an intent in full or
+summarised): at most one of them is taken.
 
 All bookkeeping is incremental (marginal costs, similarity to the chosen set,
-availability), so one greedy step is a handful of vector operations.
+availability), so one step is a handful of vector operations.
 """
 
 from __future__ import annotations
@@ -26,8 +30,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-#: How many of the best unchosen items the fix-up pass tries to bring in.
-SWAP_TRIES = 8
 #: Similarity columns fetched up front for the most useful choices, when fetching
 #: many at once is cheaper (lexical pools): greedy takes mostly from the top.
 PREFETCH_COLUMNS = 96
@@ -63,11 +65,6 @@ class PackResult:
     duplicate_of: dict[int, int]  # unchosen choice -> chosen choice it nearly repeats
 
 
-_Snapshot = tuple[
-    list[int], int, float, np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[int, float]
-]
-
-
 class _Packing:
     """One packing run: the chosen set and everything derived from it, kept in step."""
 
@@ -76,8 +73,6 @@ class _Packing:
         m = len(problem.costs)
         self.chosen: list[int] = []
         self.spent = 0
-        self.value = 0.0  # sum of the gains the chosen items had when picked
-        self.picked_gain: dict[int, float] = {}
         self.group_users = np.zeros(len(problem.group_costs), dtype=np.int64)
         # Marginal cost: own line plus every overhead line that nobody has paid yet.
         self.extra = problem.costs.astype(np.int64).copy()
@@ -102,12 +97,9 @@ class _Packing:
 
     # -- moves ----------------------------------------------------------------------
 
-    def take(self, j: int, gain: float | None = None) -> None:
-        """Choose j; ``gain`` is its current marginal gain when the caller has it."""
-        gain = float(self.gains()[j]) if gain is None else gain
+    def take(self, j: int) -> None:
+        """Choose j: pay its line and any overhead not yet paid, discount what resembles it."""
         self.chosen.append(j)
-        self.picked_gain[j] = gain
-        self.value += gain
         self.spent += int(self.extra[j])
         self.available[self.p.owner == self.p.owner[j]] = False
         for g in self.p.groups[j].tolist():
@@ -119,28 +111,12 @@ class _Packing:
             np.maximum(self.max_sim, self.column(j), out=self.max_sim)
             self._gains = None
 
-    def drop(self, j: int) -> None:
-        self.chosen.remove(j)
-        self.value -= self.picked_gain.pop(j)
-        self.available[self.p.owner == self.p.owner[j]] = True
-        self.spent -= int(self.p.costs[j])
-        for g in self.p.groups[j].tolist():
-            if g >= 0:
-                self.group_users[g] -= 1
-                if self.group_users[g] == 0:
-                    self.spent -= int(self.p.group_costs[g])
-                    self.extra[self.members[g]] += self.p.group_costs[g]
-        if self.p.similar_to is not None:
-            cols = [self.column(c) for c in self.chosen]
-            self.max_sim = np.max(cols, axis=0) if cols else np.zeros(len(self.p.costs))
-            self._gains = None
-
     # -- views ----------------------------------------------------------------------
 
     def gains(self) -> np.ndarray:
         """Marginal relevance: utility discounted by similarity to the chosen set.
 
-        Recomputed only when the chosen set's similarity changed (greedy steps ask often).
+        Recomputed only when the chosen set's similarity changed (every step asks).
         """
         if self._gains is None:
             similarity = np.minimum(np.maximum(self.max_sim, 0.0), 1.0)
@@ -152,24 +128,6 @@ class _Packing:
 
     def room(self) -> int:
         return self.p.budget - self.spent
-
-    def snapshot(self) -> _Snapshot:
-        return (
-            list(self.chosen),
-            self.spent,
-            self.value,
-            self.group_users.copy(),
-            self.extra.copy(),
-            self.max_sim.copy(),
-            self.available.copy(),
-            dict(self.picked_gain),
-        )
-
-    def restore(self, snap: _Snapshot) -> None:
-        (chosen, self.spent, self.value, self.group_users, self.extra, self.max_sim,
-         self.available, gains) = snap  # fmt: skip
-        self.chosen, self.picked_gain = chosen, gains
-        self._gains = None
 
 
 def _members(groups: np.ndarray, n_groups: int) -> list[np.ndarray]:
@@ -184,62 +142,24 @@ def _members(groups: np.ndarray, n_groups: int) -> list[np.ndarray]:
     return np.split(owners[order], np.cumsum(counts)[:-1]) if n_groups else []
 
 
-def _greedy(state: _Packing) -> None:
-    """Add the best gain-per-token choice that fits, until none fits or none gains."""
+def _first_fit(state: _Packing) -> None:
+    """Take the highest-gain choice that fits, until none fits or none gains."""
     while True:
         gains = state.gains()
         ok = state.available & (state.extra <= state.room()) & (gains > 0) & ~state.duplicates()
         if not ok.any():
             return
-        ratio = np.where(ok, gains / np.maximum(state.extra, 1), -np.inf)
-        best = int(np.argmax(ratio))  # first maximum: ties go to the better-ranked choice
-        state.take(best, float(gains[best]))
-
-
-def _try_swap(state: _Packing, newcomer: int) -> bool:
-    """Bring newcomer in by dropping the chosen items worth least per token, if the total rises.
-
-    The total is the sum of the gains items had when picked: an approximation
-    under MMR (a drop does not re-credit items it had discounted), which only
-    makes the pass more reluctant to swap.
-    """
-    p = state.p
-    before = state.value
-    snap = state.snapshot()
-    # Chosen items, worst value per token first (ties: the later choice first).
-    chosen = np.asarray(state.chosen, dtype=np.int64)
-    worth = np.asarray([state.picked_gain[j] for j in state.chosen]) / np.maximum(
-        p.costs[chosen], 1
-    )
-    by_value = chosen[np.lexsort((-chosen, worth))].tolist()
-    for j in by_value:
-        if state.extra[newcomer] <= state.room():
-            break
-        state.drop(j)
-    if state.available[newcomer] and state.extra[newcomer] <= state.room():
-        state.take(newcomer)
-        _greedy(state)
-        if state.value > before + 1e-12:
-            return True
-    state.restore(snap)
-    return False
+        best = int(np.argmax(np.where(ok, gains, -np.inf)))  # ties: the better-ranked choice
+        state.take(best)
 
 
 def pack(problem: PackProblem) -> PackResult:
-    """Choose choices whose lines and overheads fit the budget, maximising marginal utility."""
+    """Choose choices whose lines and overheads fit the budget, most relevant first."""
     m = len(problem.costs)
     if m == 0 or problem.budget <= 0:
         return PackResult((), 0, {})
     state = _Packing(problem)
-    _greedy(state)
-    tries = 0
-    for j in np.lexsort((np.arange(m), -problem.utility)).tolist():
-        if tries >= SWAP_TRIES or problem.utility[j] <= 0:
-            break
-        if not state.available[j] or state.duplicates()[j]:
-            continue
-        tries += 1
-        _try_swap(state, j)
+    _first_fit(state)
     return PackResult(tuple(state.chosen), state.spent, _duplicates(state))
 
 

@@ -142,20 +142,39 @@ class MemoryRanking:
     rows: np.ndarray  # positions in the index
     utility: np.ndarray  # aligned with rows, in (0, 1], descending
     similarity: PoolSimilarity
+    #: Relevance of the best memory (utilities are relative to it; 0 when none).
+    best: float = 0.0
+    #: Lexical share of the fusion used for this query, and the query's dense scale.
+    lexical_weight: float = 1.0
+    dense_scale: DenseScale | None = None
 
 
-def _scaled(cosines: np.ndarray) -> np.ndarray:
-    """Cosines mapped to [0, 1]: the median memory is 0, the best is 1.
+@dataclass(frozen=True)
+class DenseScale:
+    """How cosines become [0, 1] scores for one query: the median memory is 0, the best 1.
 
     The median, not 0, is the floor because MiniLM cosines of unrelated
     sentences sit well above zero; scaling from it makes the dense score
-    comparable with BM25 scaled by its maximum.
+    comparable with BM25 scaled by a whole-query match. Profile lines are
+    scored on the same scale, so they compete with memories on equal terms.
     """
-    floor = float(np.median(cosines))
-    span = float(cosines.max()) - floor
-    if span <= 1e-9:
-        return np.zeros_like(cosines)
-    return np.clip((cosines - floor) / span, 0.0, 1.0)
+
+    floor: float
+    span: float
+
+    @classmethod
+    def of(cls, cosines: np.ndarray) -> DenseScale:
+        floor = float(np.median(cosines)) if len(cosines) else 0.0
+        return cls(floor, float(cosines.max()) - floor if len(cosines) else 0.0)
+
+    def __call__(self, cosines: np.ndarray) -> np.ndarray:
+        if self.span <= 1e-9:
+            return np.zeros_like(cosines)
+        return np.clip((cosines - self.floor) / self.span, 0.0, 1.0)
+
+
+def _scaled(cosines: np.ndarray) -> np.ndarray:
+    return DenseScale.of(cosines)(cosines)
 
 
 def _cosines(vectors: np.ndarray, query: np.ndarray) -> np.ndarray:
@@ -175,8 +194,9 @@ def _dense_scores(
     lexical: np.ndarray,
     weight: float,
     options: SliceOptions,
-) -> np.ndarray:
-    """Scaled cosines after one round of pseudo-relevance feedback (Rocchio).
+) -> tuple[np.ndarray, DenseScale]:
+    """Scaled cosines after one round of pseudo-relevance feedback (Rocchio), and the
+    scale of the query's own cosines.
 
     The query vector is moved towards the mean of the memories that a first
     fused pass ranks best, then every memory is scored again. Questions are
@@ -185,15 +205,17 @@ def _dense_scores(
     """
     assert index.vectors is not None
     q = np.asarray(query_vector, dtype=np.float32).reshape(-1)
-    dense = _scaled(_cosines(index.vectors, q))
+    cosines = _cosines(index.vectors, q)
+    scale = DenseScale.of(cosines)
+    dense = scale(cosines)
     k = min(options.feedback_memories, len(index))
     if k <= 0 or options.feedback_weight <= 0:
-        return dense
+        return dense, scale
     first = weight * lexical + (1.0 - weight) * dense
     top = np.argpartition(-first, k - 1)[:k]
     moved = q + options.feedback_weight * index.vectors[top].mean(axis=0)
     norm = float(np.linalg.norm(moved))
-    return dense if norm <= 0 else _scaled(_cosines(index.vectors, moved / norm))
+    return (dense if norm <= 0 else _scaled(_cosines(index.vectors, moved / norm))), scale
 
 
 def _query_actors(index: MemoryIndex, query: Query) -> tuple[np.ndarray, frozenset[str]]:
@@ -215,8 +237,12 @@ def memory_relevance(
     query_vector: np.ndarray | None,
     now: datetime,
     options: SliceOptions,
-) -> np.ndarray:
-    """Fused relevance of every memory, before neighbour flow (float32, >= 0)."""
+) -> tuple[np.ndarray, float, DenseScale | None]:
+    """Fused relevance of every memory, before neighbour flow (float32, >= 0).
+
+    Also returns the lexical weight used and the raw query's dense scale, so other
+    items can be scored the same way.
+    """
     named, name_terms = _query_actors(index, query)
     # A speaker's name in the question says whose turn to look at; as a BM25 word it
     # would instead favour the other speaker's turns that greet them by name.
@@ -228,12 +254,13 @@ def memory_relevance(
         # shares only a word or two with the query, lexical evidence stays weak and the
         # dense score decides (questions often share no words with their answers).
         lexical = np.clip(lexical / index.ideal_bm25(lexical_terms), 0.0, 1.0)
+    scale = None
     if index.vectors is not None and query_vector is not None:
         weight = options.lexical_weight if top > 0 else 0.0
-        dense = _dense_scores(index, query_vector, lexical, weight, options)
+        dense, scale = _dense_scores(index, query_vector, lexical, weight, options)
         fused = weight * lexical + (1.0 - weight) * dense
     else:
-        fused = lexical
+        weight, fused = 1.0, lexical
     if named.any():
         speaker = (index.actor_of >= 0) & named[np.maximum(index.actor_of, 0)]
         fused = fused + options.actor_weight * speaker
@@ -243,7 +270,7 @@ def memory_relevance(
         fused = fused + options.recency_weight * np.nan_to_num(recency, nan=0.0)
     if options.heat_weight > 0:
         fused = fused + options.heat_weight * index.heat
-    return np.asarray(fused, dtype=np.float32)
+    return np.asarray(fused, dtype=np.float32), weight, scale
 
 
 def _with_neighbours(index: MemoryIndex, relevance: np.ndarray, weight: float) -> np.ndarray:
@@ -271,32 +298,37 @@ def rank_memories(
     if n == 0 or options.pool_size <= 0:
         empty = np.zeros(0, dtype=np.int64)
         return MemoryRanking(empty, np.zeros(0), PoolSimilarity(index, empty))
-    relevance = _with_neighbours(
-        index, memory_relevance(index, query, query_vector, now, options), options.neighbour_weight
-    )
+    fused, weight, scale = memory_relevance(index, query, query_vector, now, options)
+    relevance = _with_neighbours(index, fused, options.neighbour_weight)
     size = min(options.pool_size, n)
     rows = np.argpartition(-relevance, size - 1)[:size] if size < n else np.arange(n)
     # Best first; equal relevance falls back to chronological order (rows are chronological).
     rows = rows[np.lexsort((rows, -relevance[rows]))]
     best = float(relevance[rows[0]])
     utility = (relevance[rows] / best) ** options.sharpness if best > 0 else np.zeros(size)
-    return MemoryRanking(rows, np.asarray(utility, dtype=np.float64), PoolSimilarity(index, rows))
+    return MemoryRanking(
+        rows,
+        np.asarray(utility, dtype=np.float64),
+        PoolSimilarity(index, rows),
+        best=max(best, 0.0),
+        lexical_weight=weight,
+        dense_scale=scale,
+    )
 
 
-def _overlap(query: Query, text: str) -> float:
-    """Share of the query's distinct content terms that the text contains."""
-    wanted = set(query.terms)
-    if not wanted:
+def _lexical_match(index: MemoryIndex, query: Query, text: str) -> float:
+    """Share of the query's idf mass that the text contains, as BM25 weighs a short line.
+
+    A profile line holding each matched query term once scores what BM25 gives an
+    average memory matching those terms, over a whole-query match: the memories'
+    lexical scale.
+    """
+    wanted = list(dict.fromkeys(query.terms))
+    ideal = index.ideal_bm25(wanted)
+    if ideal <= 0:
         return 0.0
-    return len(wanted & set(terms(text))) / len(wanted)
-
-
-def _dense_match(vectors: np.ndarray | None, query_vector: np.ndarray | None, n: int) -> np.ndarray:
-    """Cosine of each item with the query, mapped to [0, 1] from 0.2 (unrelated) to 0.7."""
-    if vectors is None or query_vector is None or n == 0:
-        return np.zeros(n)
-    cosines = np.asarray(vectors, dtype=np.float32) @ np.asarray(query_vector, dtype=np.float32)
-    return np.clip((cosines - 0.2) / 0.5, 0.0, 1.0).astype(np.float64)
+    have = set(terms(text))
+    return index.ideal_bm25([t for t in wanted if t in have]) / ideal
 
 
 def _confidence_factor(candidate: Candidate) -> float:
@@ -310,14 +342,38 @@ def rank_profile_items(
     vectors: np.ndarray | None,
     query_vector: np.ndarray | None,
     base_utility: float,
+    *,
+    index: MemoryIndex,
+    ranking: MemoryRanking,
+    options: SliceOptions,
 ) -> np.ndarray:
-    """Utilities of attributes or intents: base, raised by category, word and embedding match."""
-    dense = _dense_match(vectors, query_vector, len(candidates))
-    out = np.zeros(len(candidates))
+    """Utilities of attributes or intents, on the memories' scale.
+
+    Each line's relevance is fused like a memory's (the same lexical weight, BM25
+    idf and dense scale of this query), plus a category bonus when the query's
+    words point at the line's category, then divided by the best memory's
+    relevance and sharpened the same way: a line earns its tokens only where it
+    is as relevant as the memories it displaces. ``base_utility`` is a small
+    floor, so core facts still fill an open query's spare room.
+    """
+    n = len(candidates)
+    out = np.zeros(n)
+    if n == 0:
+        return out
+    dense = np.zeros(n)
+    weight = ranking.lexical_weight
+    if vectors is not None and query_vector is not None:
+        cosines = np.asarray(vectors, dtype=np.float32) @ np.asarray(query_vector, dtype=np.float32)
+        scale = ranking.dense_scale or DenseScale(0.2, 0.5)  # no memories: cosine 0.2 to 0.7
+        dense = scale(cosines).astype(np.float64)
+        if ranking.dense_scale is None:
+            weight = options.lexical_weight
+    best = ranking.best if ranking.best > 0 else 1.0
     for i, candidate in enumerate(candidates):
-        # A category hint is weak evidence when many items share the category: it must
-        # not outrank a real word or meaning match.
-        category = 0.3 if candidate.category in query.categories else 0.0
-        match = max(category, _overlap(query, candidate.text), float(dense[i]))
-        out[i] = (base_utility + (1.0 - base_utility) * match) * _confidence_factor(candidate)
+        relevance = weight * _lexical_match(index, query, candidate.text)
+        relevance += (1.0 - weight) * float(dense[i])
+        if candidate.category in query.categories:
+            relevance += options.category_weight
+        utility = min(relevance / best, 1.0) ** options.sharpness
+        out[i] = max(base_utility, utility) * _confidence_factor(candidate)
     return out

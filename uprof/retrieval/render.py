@@ -78,10 +78,14 @@ def provenance_mark(candidate: Candidate, *, show_category: bool) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
-def memory_line(candidate: Candidate, *, with_date: bool) -> str:
-    """``Caroline: <text>`` (grouped by day) or ``[8 May 2023] Caroline: <text>``."""
+def memory_line(candidate: Candidate, *, with_date: bool, with_actor: bool = True) -> str:
+    """``Caroline: <text>`` (grouped by day) or ``[8 May 2023] Caroline: <text>``.
+
+    ``with_actor`` False drops the speaker label (the index does so when every memory
+    has the same speaker: a label that tells no one apart only costs tokens).
+    """
     body = one_line(candidate.text)
-    if candidate.actor:
+    if candidate.actor and with_actor:
         body = f"{one_line(candidate.actor)}: {body}".rstrip()
     line = body + provenance_mark(candidate, show_category=True)
     return f"{day_header(candidate.occurred_at)} {line}" if with_date else line

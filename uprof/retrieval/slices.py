@@ -73,6 +73,9 @@ class SliceOptions:
     feedback_weight: float = 0.3
     #: Bonus for memories spoken by a person the query names.
     actor_weight: float = 0.2
+    #: Bonus for a profile line whose category the query's words point at ("job" ->
+    #: occupation): the same size as the speaker bonus, a hint and not a match.
+    category_weight: float = 0.2
     #: Bonus for recent memories, halving every ``recency_half_life_days``.
     recency_weight: float = 0.05
     recency_half_life_days: float = 180.0

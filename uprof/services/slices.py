@@ -59,6 +59,39 @@ MAX_CACHED_TEXTS = 4_096
 MAX_CACHED_VIEW_ITEMS = 200_000
 
 
+#: Token counts of item lines kept (an int each); lines longer than this are not cached
+#: (the whole slice text is counted once per read, and caching it would only churn).
+MAX_CACHED_COUNTS = 16_384
+MAX_COUNTED_LINE_CHARS = 1_000
+
+
+class _CachedCounts:
+    """A token counter that remembers the counts of short lines (attribute and intent lines).
+
+    Profile lines are the same from read to read, yet each read counted every one of
+    them again (issue 15: about 300 counts per slice at 20k memories). Keyed by the
+    line's text, so it is flushed with the other text-keyed caches on erasure.
+    """
+
+    def __init__(self, counter: TokenCounter) -> None:
+        self._counter = counter
+        self.cache: BoundedCache[str, int] = BoundedCache(MAX_CACHED_COUNTS, name="line-tokens")
+
+    def count(self, text: str) -> int:
+        if len(text) > MAX_COUNTED_LINE_CHARS:
+            return self._counter.count(text)
+        hit = self.cache.get(text)
+        if hit is None:
+            ticket = self.cache.ticket()
+            hit = self._counter.count(text)
+            self.cache.put(text, hit, ticket=ticket)
+        return hit
+
+    def count_batch(self, texts: Sequence[str]) -> list[int]:
+        batch = getattr(self._counter, "count_batch", None)
+        return list(batch(texts)) if callable(batch) else [self._counter.count(t) for t in texts]
+
+
 class DecisionLike(Protocol):
     allowed: bool
     rule: tuple[str, ...]
@@ -181,6 +214,7 @@ class SliceService:
         self._authorizer = authorizer
         self._embedder = embedder
         self._counter = counter
+        self._line_counts = _CachedCounts(counter)
         self._clock = clock
         self._reads = reads
         self._ensure_fresh = ensure_fresh
@@ -202,6 +236,7 @@ class SliceService:
         """Drop cached memories (all, or one subject's): erasure calls this."""
         # Text vectors are keyed by content, not subject: any erasure drops them all.
         self._text_vectors.clear()
+        self._line_counts.cache.clear()
         if stream_id is None:
             self._cache.clear()
         else:
@@ -209,7 +244,7 @@ class SliceService:
 
     def cache_stats(self) -> list[CacheStats]:
         """Size, bound, hits and misses of the read caches."""
-        return [self._cache.stats(), self._text_vectors.stats()]
+        return [self._cache.stats(), self._text_vectors.stats(), self._line_counts.cache.stats()]
 
     # ----------------------------------------------------------------- public
 
@@ -252,7 +287,7 @@ class SliceService:
             intents=intents,
             memory_index=index,
             budget_tokens=request.budget_tokens,
-            counter=self._counter,
+            counter=self._line_counts,
             query_vector=query_vector,
             now=now,
             options=SLICE_OPTIONS,

@@ -5,7 +5,10 @@ said is never evidence of a user trait. When the capture says another actor than
 the subject spoke (``speaker.py``), only what that speaker says to or about the
 subject is proposed, as reported. Every proposal cites the capture as its
 evidence and is marked explicit, because the user said it in the first person.
-One memory per turn keeps the user's own words, minus a leading greeting.
+The turn's own words, minus a leading greeting, become its memories: one per turn,
+or, for a turn longer than a memory should be, one per window of whole sentences,
+so nothing said is lost to a cut (issue 15: a 600-character cut left a third of a
+long-narrative QA set's answers in no stored text).
 
 Usage::
 
@@ -34,7 +37,8 @@ from uprof.adapters.extraction.text import normalise, restore_elided_subject, sp
 AUTHOR = "rules/v1"
 #: Rules read at most this much of a turn; a pasted document is not self-description.
 MAX_RULE_CHARS = 20_000
-#: Longest memory text kept; longer turns are cut at a sentence end.
+#: Longest memory text: a longer turn becomes several memories, each a window of
+#: whole sentences up to this size (a sentence longer than that is split at words).
 DEFAULT_MEMORY_MAX_CHARS = 600
 
 _RULES = ATTRIBUTE_RULES + INTENT_RULES
@@ -97,9 +101,7 @@ class RuleBasedExtractor:
             *turn.intents.values(),
             *turn.updates.values(),
         ]
-        memory = self._memory(capture, text, turn)
-        if memory is not None:
-            proposals.append(memory)
+        proposals += self._memories(capture, text, turn)
         return ProposalBatch(
             proposals=tuple(proposals),
             author=self.author,
@@ -109,20 +111,36 @@ class RuleBasedExtractor:
             purpose=interaction.purpose,
         )
 
-    def _memory(self, capture: CapturedInteraction, text: str, turn: Turn) -> MemoryProposal | None:
-        """One memory in the user's own words, unless the turn is only a greeting or thanks."""
+    def _memories(
+        self, capture: CapturedInteraction, text: str, turn: Turn
+    ) -> list[MemoryProposal]:
+        """The user's own words as memories, unless a piece is only a greeting or thanks.
+
+        Every piece cites the capture and carries the caller's source ref, so a slice
+        that shows any window of a long turn still points at the turn it came from, and
+        its span: where in the turn (whitespace collapsed, greeting removed) it sits.
+        """
         body = strip_greeting(" ".join(text.split()))
-        if is_small_talk(body):
-            return None
         interaction = capture.interaction
-        return MemoryProposal(
-            text=truncate(body, self.memory_max_chars),
-            evidence=(capture.capture_id,),
-            category="conversation",
-            importance=importance(body, found_facts=turn.found_anything()),
-            source_refs=(interaction.source_ref,) if interaction.source_ref else (),
-            occurred_at=interaction.occurred_at,
-        )
+        out: list[MemoryProposal] = []
+        for start, end in segment_spans(body, self.memory_max_chars):
+            piece = body[start:end].strip()
+            start = body.index(piece, start)
+            end = start + len(piece)
+            if is_small_talk(piece):
+                continue
+            out.append(
+                MemoryProposal(
+                    text=piece,
+                    evidence=(capture.capture_id,),
+                    category="conversation",
+                    importance=importance(piece, found_facts=turn.found_anything()),
+                    source_refs=(interaction.source_ref,) if interaction.source_ref else (),
+                    occurred_at=interaction.occurred_at,
+                    span=(start, end),
+                )
+            )
+        return out
 
 
 def _is_lowercase_typist(text: str) -> bool:
@@ -153,6 +171,38 @@ def is_small_talk(text: str) -> bool:
     """A turn made only of greetings, thanks and acknowledgements ("ok", "thanks!")."""
     tokens = _TOKEN_RE.findall(text.lower())
     return not tokens or all(t in FILLER_WORDS for t in tokens)
+
+
+def segment_spans(text: str, limit: int) -> list[tuple[int, int]]:
+    """Character spans [start, end) that cover text in windows of at most limit characters.
+
+    Windows hold whole sentences, as many as fit; a sentence longer than limit is
+    split at spaces (or, with no space in reach, at limit). Every non-space
+    character of text lies in exactly one span.
+    """
+    if len(text) <= limit:
+        return [(0, len(text))] if text.strip() else []
+    sentences: list[tuple[int, int]] = []
+    start = 0
+    for m in _SENTENCE_END_RE.finditer(text):
+        sentences.append((start, m.end()))
+        start = m.end()
+    sentences.append((start, len(text)))
+    pieces: list[tuple[int, int]] = []
+    for a, b in sentences:
+        while b - a > limit:  # one sentence longer than a window: cut at a word
+            space = text.rfind(" ", a + limit // 2, a + limit)
+            cut = space if space > a else a + limit
+            pieces.append((a, cut))
+            a = cut
+        pieces.append((a, b))
+    spans: list[tuple[int, int]] = []
+    for a, b in pieces:
+        if spans and b - spans[-1][0] <= limit:
+            spans[-1] = (spans[-1][0], b)
+        else:
+            spans.append((a, b))
+    return [(a, b) for a, b in spans if text[a:b].strip()]
 
 
 def truncate(text: str, limit: int) -> str:
