@@ -24,6 +24,7 @@ from uprof.crypto.keydir import (
     KEK_RING_FILE,
     MASTER_KEY_FILE,
     FileKeyMaterialStore,
+    KeyMaterialError,
     refuse_legacy_key_files,
 )
 from uprof.crypto.keystore import KekRing, KeyStore, derive_key
@@ -45,7 +46,14 @@ from uprof.services.reads import ReadRecorder
 from uprof.services.slices import Authorizer, Freshness, SliceService
 from uprof.services.subjects import SubjectResolver
 from uprof.settings import Settings
-from uprof.storage import RESTORE_MARKER, create_engine, layout_for, migrate, schema_lock
+from uprof.storage import (
+    RESTORE_MARKER,
+    create_engine,
+    layout_for,
+    log_holds_events,
+    migrate,
+    schema_lock,
+)
 
 if TYPE_CHECKING:
     from uprof.services.policy import PolicyService
@@ -211,6 +219,17 @@ def bootstrap(
         if layout.keys_url == layout.views_url
         else create_engine(layout.keys_url, fsync_each_commit=True)
     )
+    events = views if layout.events_url == layout.views_url else create_engine(layout.events_url)
+    if not material.has_master_secret() and log_holds_events(events):
+        for engine in {id(e): e for e in (views, keys, events)}.values():
+            engine.dispose()
+        # A new root secret beside an old log would make every subject unreadable (and
+        # look erased), while new captures went on under keys that open nothing old.
+        raise KeyMaterialError(
+            f"the key folder {material.location} holds no master key, but the data stores "
+            "already hold captured events: UPROF_KEY_DIR (or --key-dir) points to the wrong "
+            "folder, or the keys were not restored with the data; refusing to create new keys"
+        )
     with schema_lock(views):
         migrate(views, "views")
         migrate(keys, "keys")
@@ -223,7 +242,6 @@ def bootstrap(
         kek_ring=KekRing(material),
         ledger=ErasureLedger(material, root),
     )
-    events = views if layout.events_url == layout.views_url else create_engine(layout.events_url)
     with schema_lock(events):  # the library creates its tables on first open
         app = ProfilesApplication(
             env=layout.eventsourcing_env, keystore=keystore, events_engine=events

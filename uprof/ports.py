@@ -91,6 +91,10 @@ class KeyMaterialStore(Protocol):
         """Return the root secret (at least 32 bytes), creating it on first use."""
         ...
 
+    def has_master_secret(self) -> bool:
+        """Whether the root secret exists already (``master_secret`` would not create it)."""
+        ...
+
     def load_kek_ring(self) -> dict[int, bytes]:
         """Return the key-encryption keys by epoch, creating epoch 1 on first use.
 

@@ -172,6 +172,32 @@ def migrate(engine: sa.Engine, branch: str) -> None:
         command.upgrade(config, f"{branch}@head")
 
 
+#: Where eventsourcing keeps the profiles log: in SQLite the log's own file holds one
+#: application, under the library's default name; PostgreSQL shares one database
+#: between applications and names the table after the application ("profiles").
+EVENTS_TABLES = {"sqlite": "stored_events", "postgresql": "profiles_events"}
+
+
+def log_holds_events(engine: sa.Engine) -> bool:
+    """Whether the event log already holds any event (read through the driver).
+
+    Asked before a deployment creates new key material: keys are only ever new for a
+    new log. The engine is the deployment's own (pooled, kept open): a probe connection
+    closed here would drop this process's SQLite locks (FIELD-NOTES 8.1).
+    """
+    name = EVENTS_TABLES[engine.dialect.name]
+    inspector = sa.inspect(engine)
+    schemas = [None] if engine.dialect.name == "sqlite" else inspector.get_schema_names()
+    with engine.connect() as conn:
+        for schema in schemas:
+            if not inspector.has_table(name, schema=schema):
+                continue
+            table = sa.table(name, schema=schema)
+            if conn.execute(sa.select(sa.literal(1)).select_from(table).limit(1)).first():
+                return True
+    return False
+
+
 def sqlite_checkpoint(engine: sa.Engine) -> None:
     """Fold the WAL into the main file and truncate it (shredded bytes must not linger)."""
     if engine.dialect.name != "sqlite":

@@ -83,18 +83,24 @@ class InMemoryKeyMaterialStore:
     """KeyMaterialStore in memory: what a secrets-manager implementation would look like."""
 
     def __init__(self) -> None:
-        import secrets
 
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
         self.location = "memory"
-        self._master = secrets.token_bytes(32)
+        self._master: bytes | None = None
         self._ring: dict[int, bytes] | None = None
         self._signing = Ed25519PrivateKey.generate()
         self._records: list[Any] = []
 
     def master_secret(self) -> bytes:
+        import secrets
+
+        if self._master is None:
+            self._master = secrets.token_bytes(32)
         return self._master
+
+    def has_master_secret(self) -> bool:
+        return self._master is not None
 
     def load_kek_ring(self) -> dict[int, bytes]:
         import secrets

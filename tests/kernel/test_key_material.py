@@ -21,7 +21,9 @@ class KeyMaterialContract:
         raise NotImplementedError
 
     def test_secrets_are_created_once_and_stay(self, store: KeyMaterialStore) -> None:
+        assert not store.has_master_secret()
         master = store.master_secret()
+        assert store.has_master_secret()
         assert len(master) >= 32 and store.master_secret() == master
         ring = store.load_kek_ring()
         assert list(ring) == [1] and len(ring[1]) == 32

@@ -334,7 +334,9 @@ def test_backup_erase_restore_keeps_the_erased_subject_erased(
         k.audit_log.verify_integrity()
         actions = [e["action"] for e in audit_entries(k, tmp_path / "all.jsonl")]
         assert "erasure.requested" in actions and "key.destroyed" in actions
-        # Restoring leaves nothing half-done: the log and views converge.
+        # Restoring leaves nothing half-done: once caught up (the reads served above
+        # written and projected), the views equal a rebuild from the log.
+        assert k.ensure_fresh(30)
         live = k.queries.table_digest()
         k.rebuild()
         assert k.queries.table_digest() == live
@@ -546,3 +548,27 @@ def test_an_import_naming_an_erased_subject_writes_nothing(kernel: Uprof) -> Non
     with pytest.raises(SubjectErasedError, match="record 2"):
         import_interactions(kernel, lines)
     assert kernel.app.max_notification_id() == before
+
+
+def test_an_empty_key_folder_beside_an_existing_log_is_refused(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """A wrong UPROF_KEY_DIR must not mint new keys over an old log: every subject would
+    look erased, and new captures would go under keys that open nothing of the old ones."""
+    settings = settings_for(backend)
+    k = build_kernel(settings, clock)
+    consent(k)
+    k.capture("alice", say("I live in Porto"))
+    k.close()
+    wrong = tmp_path / "elsewhere.keys"
+    moved = settings.model_copy(update={"key_dir": wrong})
+    with pytest.raises(KeyMaterialError, match="holds no master key") as refused:
+        build_kernel(moved, clock)
+    assert "UPROF_KEY_DIR" in str(refused.value)
+    assert not (wrong / "master.key").exists()  # nothing was created there
+    # The right folder still opens everything.
+    k = build_kernel(settings, clock)
+    try:
+        assert k.subject_exists("alice")
+    finally:
+        k.close()

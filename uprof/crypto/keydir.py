@@ -141,6 +141,9 @@ class FileKeyMaterialStore:
             raise KeyMaterialError(f"{path} is shorter than 32 bytes; refusing to start")
         return data
 
+    def has_master_secret(self) -> bool:
+        return self._master_override is not None or (self.path / MASTER_KEY_FILE).exists()
+
     def load_kek_ring(self) -> dict[int, bytes]:
         path = self.path / KEK_RING_FILE
         if not path.exists():
