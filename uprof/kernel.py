@@ -557,11 +557,17 @@ class Uprof:
         A slice says ``fresh: false`` and is still useful; a profile, its evidence or a
         proposal check that silently missed the newest writes would state something false
         (an attribute missing, evidence "not found"), so those fail with 503 read_timeout.
-        Served reads are written first, so the subject's heat and read history count them.
+        Served reads are written first, so the subject's heat and read history count them:
+        embedded, they are projected here too; with workers, within a worker cycle (the
+        wait is for the subject's content, which reads do not hold up).
         """
+        stream_id = self.stream_of(subject)
         self._settle_reads()
+        if not self.settings.background_workers:
+            self.process()
+            return
         timeout = self.settings.read_wait_timeout_s
-        if not self.ensure_subject_fresh(self.stream_of(subject), timeout).fresh:
+        if not self.ensure_subject_fresh(stream_id, timeout).fresh:
             raise ReadTimeoutError(
                 f"{what} did not catch up with the subject's newest write within "
                 f"{timeout:g} s (read_wait_timeout_s)"

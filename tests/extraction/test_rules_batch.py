@@ -104,13 +104,19 @@ def test_facts_and_feelings_make_a_memory_more_important(extractor: RuleBasedExt
     assert all(0.0 <= x <= 1.0 for x in (small_talk, fact, fact_and_feeling))
 
 
-def test_long_turns_are_cut_at_a_sentence_end(extractor: RuleBasedExtractor) -> None:
+def test_long_turns_become_windows_of_whole_sentences(extractor: RuleBasedExtractor) -> None:
+    """Nothing of a long turn is cut away (decision 0020): each window ends at a sentence
+    end, stays within the memory length, cites the capture, and says where it came from."""
     sentence = "I spent the whole afternoon repainting the garden fence with my neighbour. "
     text = sentence * 20
-    [memory] = memories(extractor.extract(capture(text)))
-    assert len(memory.text) <= 600
-    assert memory.text.endswith(".")
-    assert text.startswith(memory.text)
+    windows = memories(extractor.extract(capture(text)))
+    assert len(windows) > 1
+    for memory in windows:
+        assert len(memory.text) <= 600 and memory.text.endswith(".")
+        assert memory.evidence == ("cap-0001",)
+        start, end = memory.span
+        assert text[start:end] == memory.text
+    assert sum(m.text.count("repainting") for m in windows) == 20  # every sentence kept
 
 
 def test_truncate_marks_a_cut_inside_a_word_run() -> None:
@@ -162,8 +168,11 @@ def test_custom_author_and_memory_length() -> None:
         capture("I went to the market and bought apples, pears and plums today.")
     )
     assert batch.author == "rules/test"
-    [memory] = memories(batch)
-    assert len(memory.text) <= 40
+    windows = memories(batch)
+    assert len(windows) == 2 and all(len(m.text) <= 40 for m in windows)
+    assert " ".join(m.text for m in windows) == (
+        "I went to the market and bought apples, pears and plums today."
+    )
 
 
 def test_helpers() -> None:

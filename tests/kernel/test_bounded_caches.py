@@ -139,7 +139,7 @@ def test_metric_series_stay_bounded_whatever_methods_callers_send() -> None:
     for i in range(200):
         metrics.observe(f"M{i}", "<unmatched>", 405, 0.001)
     metrics.observe("GET", "/v1/slices", 200, 0.001)
-    text = metrics.render()
+    text = metrics.render().decode()
     assert 'method="OTHER"' in text and "M17" not in text
     assert text.count("uprof_http_requests_total{") == 2
 
