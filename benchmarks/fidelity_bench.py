@@ -60,9 +60,8 @@ from benchmarks.locomo import (
     subjects_for_mode,
 )
 from benchmarks.report import table, write_markdown_section
-from benchmarks.uprof_system import AGENT, APP, PURPOSE, bench_authorizer
+from benchmarks.uprof_system import AGENT, APP, PURPOSE, bench_authorizer, bench_interaction
 from domain.principal import Principal, PrincipalKind
-from domain.values import Interaction
 from policies.rules import PolicyRule
 from uprof.bootstrap import bootstrap
 from uprof.facade import Facade
@@ -121,20 +120,7 @@ class FacadeDeployment:
         if subject not in self.captures:
             self.operator.grant_consent(subject, app_id=APP, categories=["*"], purposes=[PURPOSE])
         refs = self.captures.setdefault(subject, {})
-        interactions = [
-            Interaction(
-                app_id=APP,
-                agent_id=AGENT,
-                occurred_at=t.occurred_at,
-                user_input=t.content,
-                actor=t.actor,
-                source_ref=t.source_ref,
-                session_id=f"session-{t.session}",
-                purpose=PURPOSE,
-                sharing="shared",
-            )
-            for t in turns
-        ]
+        interactions = [bench_interaction(t) for t in turns]
         for lo in range(0, len(interactions), CAPTURE_BATCH):
             chunk = interactions[lo : lo + CAPTURE_BATCH]
             acks = self.app.capture_many(subject, chunk)

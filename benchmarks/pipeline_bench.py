@@ -46,7 +46,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.uprof_system import bench_authorizer
+from benchmarks.uprof_system import bench_authorizer, bench_interaction
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "docs" / "bench" / "pipeline.json"
@@ -159,7 +159,6 @@ def fill(
     ``turns_cap``: at most this many turns per subject (0: all)."""
     from benchmarks.bench_common import DEFAULT_DATA_DIR
     from benchmarks.locomo import load_locomo, subjects_for_mode
-    from domain.values import Interaction
     from uprof.adapters.embeddings import HashingEmbedder
     from uprof.bootstrap import bootstrap
 
@@ -175,17 +174,7 @@ def fill(
             for subject, subject_turns in subjects_for_mode(conv, "P").items():
                 kernel.grant_consent(subject, app_id=APP, categories=["*"], purposes=[PURPOSE])
                 batch = [
-                    Interaction(
-                        app_id=APP,
-                        agent_id=AGENT,
-                        occurred_at=t.occurred_at,
-                        user_input=t.content,
-                        actor=t.actor,
-                        source_ref=t.source_ref,
-                        session_id=f"session-{t.session}",
-                        purpose=PURPOSE,
-                        sharing="shared",
-                    )
+                    bench_interaction(t)
                     for t in (subject_turns[:turns_cap] if turns_cap else subject_turns)
                 ]
                 for lo in range(0, len(batch), 500):

@@ -29,6 +29,21 @@ PURPOSE = "benchmark"
 CAPTURE_BATCH = 1_000
 
 
+def bench_interaction(turn: BenchTurn) -> Interaction:
+    """One benchmark turn as the capture apps would send (SPEC §1: actor, dia_id, session)."""
+    return Interaction(
+        app_id=APP,
+        agent_id=AGENT,
+        occurred_at=turn.occurred_at,
+        user_input=turn.content,
+        actor=turn.actor,
+        source_ref=turn.source_ref,
+        session_id=f"session-{turn.session}",
+        purpose=PURPOSE,
+        sharing="shared",
+    )
+
+
 def bench_authorizer(purposes: tuple[str, ...] = (PURPOSE,)) -> CasbinAuthorizer:
     """The seed policy plus: the benchmark app may read and capture every category.
 
@@ -65,20 +80,7 @@ class UprofBenchSystem:
     def ingest(self, subject_key: str, turns: Sequence[BenchTurn]) -> None:
         k = self.kernel
         k.grant_consent(subject_key, app_id=APP, categories=["*"], purposes=[PURPOSE])
-        interactions = [
-            Interaction(
-                app_id=APP,
-                agent_id=AGENT,
-                occurred_at=t.occurred_at,
-                user_input=t.content,
-                actor=t.actor,
-                source_ref=t.source_ref,
-                session_id=f"session-{t.session}",
-                purpose=PURPOSE,
-                sharing="shared",
-            )
-            for t in turns
-        ]
+        interactions = [bench_interaction(t) for t in turns]
         for lo in range(0, len(interactions), CAPTURE_BATCH):
             k.capture_many(subject_key, interactions[lo : lo + CAPTURE_BATCH])
         k.process()
