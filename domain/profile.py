@@ -253,13 +253,9 @@ class SubjectProfile(Aggregate):
 
     # ------------------------------------------------------------------ capture
 
-    def capture(self, interaction: Interaction, *, now: datetime) -> str:
-        """Pass the consent gate and record the interaction; returns the capture id.
-
-        Raises ConsentRequiredError (and records nothing) when no consent in force
-        at ``now`` lets this app collect conversation data for this purpose.
-        """
-        self._refuse_if_erased()
+    def require_capture_consent(self, interaction: Interaction, now: datetime) -> None:
+        """Raise ConsentRequiredError unless a consent in force at ``now`` lets this app
+        collect conversation data for the interaction's purpose (records nothing)."""
         if not self.has_consent(
             app_id=interaction.app_id,
             category=CAPTURE_CATEGORY,
@@ -270,6 +266,15 @@ class SubjectProfile(Aggregate):
                 f"app {interaction.app_id!r} has no consent in force to capture "
                 f"{CAPTURE_CATEGORY!r} data for purpose {interaction.purpose!r}"
             )
+
+    def capture(self, interaction: Interaction, *, now: datetime) -> str:
+        """Pass the consent gate and record the interaction; returns the capture id.
+
+        Raises ConsentRequiredError (and records nothing) when no consent in force
+        at ``now`` lets this app collect conversation data for this purpose.
+        """
+        self._refuse_if_erased()
+        self.require_capture_consent(interaction, now)
         capture_id = _new_id()
         self._interaction_captured(
             capture_id=capture_id,

@@ -44,7 +44,7 @@ from domain.errors import (
     SubjectErasedError,
     UprofError,
 )
-from domain.profile import CAPTURE_CATEGORY, SubjectProfile
+from domain.profile import SubjectProfile
 from domain.values import Interaction
 from uprof.caching import BoundedCache, CacheStats
 from uprof.crypto.keystore import KeyStore
@@ -358,16 +358,7 @@ class CaptureWriter:
         try:
             for interaction in pending.interactions:
                 # What profile.capture refuses, checked before anything is applied.
-                if not profile.has_consent(
-                    app_id=interaction.app_id,
-                    category=CAPTURE_CATEGORY,
-                    purpose=interaction.purpose,
-                    at=now,
-                ):
-                    raise ConsentRequiredError(
-                        f"app {interaction.app_id!r} has no consent in force to capture "
-                        f"{CAPTURE_CATEGORY!r} data for purpose {interaction.purpose!r}"
-                    )
+                profile.require_capture_consent(interaction, now)
             ids, versions = [], []
             for interaction in pending.interactions:
                 ids.append(profile.capture(interaction, now=now))
