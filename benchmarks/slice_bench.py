@@ -1,100 +1,165 @@
 """Slice latency through the whole service: gate, rank, pack, record, audit.
 
-``uprof bench slice [--memories 5000] [--queries 200]``: one subject with N memories
-captured through the public API (MiniLM embeddings computed by the projection), then
-repeated slices at B=1024, hybrid and lexical-only, side by side in one run. Each
-slice includes identity resolution, the read-your-writes check, the policy, consent
-and visibility gate, ranking, packing, and recording the ``SliceServed`` event and
-its audit entry: handed to the recorder thread by default (``read_recording=async``),
-written before the slice returns as the baseline beside it (``sync``). Reported:
-p50/p95 per mode and recording, their ratios, and the time spent embedding the query.
+``uprof bench slice [--memories 5000] [--queries 200] [--runs 3]``: one subject holding
+N memories of real conversation text, LoCoMo dev turns (every conversation, in order,
+repeated with later dates until N are captured), captured through the public API
+(MiniLM embeddings computed by the projection). Then slices at B=1024 for distinct
+LoCoMo dev questions, hybrid and lexical-only, and, side by side in the same run over
+the same turns and questions, the plain baselines of the retrieval benchmarks
+(MiniLM top-k and BM25 from ``benchmarks.baselines``, rendered and packed as there).
+Each uprof slice includes identity resolution, the read-your-writes check, the policy,
+consent and visibility gate, ranking, packing, and recording the ``SliceServed`` event
+and its audit entry: handed to the recorder thread by default (``read_recording=async``),
+written before the slice returns as the baseline beside it (``sync``). Reported: p50/p95
+per system, the median over ``runs`` rounds, the load average before and after, and the
+time spent embedding a query.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from benchmarks.kernel_bench import SENTENCES, deployment
+from benchmarks.bench_common import DEFAULT_DATA_DIR, BenchTurn, percentile, run_context
+from benchmarks.kernel_bench import deployment
+from benchmarks.locomo import load_locomo
 from domain.values import Interaction
 
 APP, AGENT, PURPOSE = "app:planner", "agent:bench", "personalization"
-TOPICS = ("cello", "marathon", "kitchen", "passport", "garden", "Lisbon", "sister", "budget")
+BUDGET = 1024
+# Each repetition of the dev turns is dated this much later, so the copies are
+# distinct events on a plausible timeline (LoCoMo conversations span months).
+REPEAT_SHIFT = timedelta(days=3 * 365)
 
 
-def _interaction(i: int, start: datetime) -> Interaction:
-    topic = TOPICS[i % len(TOPICS)]
+def locomo_turns(data_dir: Path, memories: int) -> list[BenchTurn]:
+    """The first ``memories`` turns of the dev conversations, repeated as needed."""
+    base = [t for conv in load_locomo(data_dir / "locomo_dev.json") for t in conv.turns]
+    turns: list[BenchTurn] = []
+    repeat = 0
+    while len(turns) < memories:
+        for t in base[: memories - len(turns)]:
+            turns.append(
+                replace(
+                    t,
+                    source_ref=f"{t.source_ref}#{repeat}",
+                    occurred_at=t.occurred_at + repeat * REPEAT_SHIFT,
+                )
+            )
+        repeat += 1
+    return turns
+
+
+def locomo_questions(data_dir: Path, count: int) -> list[str]:
+    """Distinct dev questions, in file order (no query is a cache hit by repetition)."""
+    seen: dict[str, None] = {}
+    for conv in load_locomo(data_dir / "locomo_dev.json"):
+        for q in conv.questions:
+            seen.setdefault(q.question, None)
+    questions = list(seen)
+    if len(questions) < count:
+        raise ValueError(f"queries: the dev split has only {len(questions)} distinct questions")
+    return questions[:count]
+
+
+def _interaction(turn: BenchTurn) -> Interaction:
     return Interaction(
         app_id=APP,
         agent_id=AGENT,
-        occurred_at=start + timedelta(minutes=i),
-        user_input=f"{SENTENCES[i % len(SENTENCES)]} Also something about the {topic} ({i}).",
-        session_id=f"s{i // 40}",
-        source_ref=f"B:{i}",
+        occurred_at=turn.occurred_at,
+        user_input=turn.content,
+        actor=turn.actor,
+        session_id=f"s{turn.session}",
+        source_ref=turn.source_ref,
         sharing="shared",
     )
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+def _summary(samples: Sequence[float]) -> dict[str, float]:
+    return {
+        "p50_ms": round(statistics.median(samples), 2),
+        "p95_ms": round(percentile(samples, 95), 2),
+    }
 
 
-def run(memories: int, queries: int) -> dict[str, Any]:
+def _median_runs(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {key: round(statistics.median(r[key] for r in runs), 2) for key in runs[0]}
+
+
+def run(memories: int, queries: int, runs: int, data_dir: Path) -> dict[str, Any]:
+    from benchmarks.baselines import BM25System, EmbeddingSystem, minilm_embedder
+
+    turns = locomo_turns(data_dir, memories)
+    questions = locomo_questions(data_dir, queries)
+    now = max(t.occurred_at for t in turns) + timedelta(days=1)
+    result: dict[str, Any] = {
+        "memories": memories,
+        "text": "LoCoMo dev turns, repeated",
+        "queries": queries,
+        "runs": runs,
+        "budget_tokens": BUDGET,
+        "load_before": [round(x, 2) for x in os.getloadavg()],
+    }
     with deployment("sqlite", embedder="minilm") as k:
         k.grant_consent("bench", app_id=APP, categories=["*"], purposes=[PURPOSE])
-        start = datetime(2025, 1, 1, tzinfo=UTC)
-        for lo in range(0, memories, 1_000):
-            k.capture_many(
-                "bench", [_interaction(i, start) for i in range(lo, min(memories, lo + 1_000))]
-            )
+        for lo in range(0, len(turns), 1_000):
+            k.capture_many("bench", [_interaction(t) for t in turns[lo : lo + 1_000]])
         k.process()
-        questions = [f"What did I say about the {t}?" for t in TOPICS]
-        embed_ms = []
         embedder = k.slice_service._embedder
-        for q in questions * 3:
+        embed_ms = []
+        for q in questions[:24]:
             began = time.perf_counter()
             embedder.embed([q])
             embed_ms.append((time.perf_counter() - began) * 1000)
-        result: dict[str, Any] = {
-            "memories": memories,
-            "queries": queries,
-            "budget_tokens": 1024,
-            "query_embedding_p50_ms": round(statistics.median(embed_ms), 2),
+        result["query_embedding_p50_ms"] = round(statistics.median(embed_ms), 2)
+
+        baselines = {
+            "baseline_minilm_topk": EmbeddingSystem(minilm_embedder()),
+            "baseline_bm25": BM25System(),
         }
-        for recording in ("async", "sync"):
-            k.reads.drain()
-            k.reads.mode = recording  # the deployment's setting, switched for the baseline
-            timings = {
-                mode: _time_slices(k, questions, queries, lexical=lexical)
-                for mode, lexical in (("hybrid", False), ("lexical_only", True))
-            }
-            target = result if recording == "async" else result.setdefault("sync_recording", {})
-            for mode, samples in timings.items():
-                target[mode] = {
-                    "p50_ms": round(statistics.median(samples), 2),
-                    "p95_ms": round(percentile(samples, 0.95), 2),
-                }
-        result["ratio_async_to_sync_p50"] = {
-            mode: round(result[mode]["p50_ms"] / result["sync_recording"][mode]["p50_ms"], 3)
-            for mode in ("hybrid", "lexical_only")
-        }
-        return result
+        for system in baselines.values():
+            system.ingest("bench", turns)
+            system.slice("bench", "warm-up", BUDGET, now)  # builds its index, as uprof's view
+
+        per_run: dict[str, list[dict[str, float]]] = {}
+        for _ in range(runs):
+            for recording in ("async", "sync"):
+                k.reads.drain()
+                k.reads.mode = recording  # the deployment's setting, switched for the baseline
+                for mode, lexical in (("hybrid", False), ("lexical_only", True)):
+                    name = mode if recording == "async" else f"{mode}_sync_recording"
+                    samples = _time_uprof(k, questions, lexical=lexical)
+                    per_run.setdefault(name, []).append(_summary(samples))
+            for name, system in baselines.items():
+                # A fresh query cache each run: every question is embedded once, as uprof does.
+                if isinstance(system, EmbeddingSystem):
+                    system._queries.clear()
+                samples = _time_baseline(system, questions, now)
+                per_run.setdefault(name, []).append(_summary(samples))
+    for name, rows in per_run.items():
+        result[name] = _median_runs(rows) | {"p50_ms_per_run": [r["p50_ms"] for r in rows]}
+    result["ratio_hybrid_to_minilm_topk_p50"] = round(
+        result["hybrid"]["p50_ms"] / result["baseline_minilm_topk"]["p50_ms"], 3
+    )
+    result["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    return result
 
 
-def _time_slices(k: Any, questions: list[str], queries: int, *, lexical: bool) -> list[float]:
+def _time_uprof(k: Any, questions: list[str], *, lexical: bool) -> list[float]:
     """Milliseconds per slice, after one warm-up slice (it builds the subject's view)."""
 
     def one(question: str) -> None:
         k.slice(
             "bench",
             question,
-            budget_tokens=1024,
+            budget_tokens=BUDGET,
             purpose=PURPOSE,
             app_id=APP,
             agent_id=AGENT,
@@ -103,16 +168,33 @@ def _time_slices(k: Any, questions: list[str], queries: int, *, lexical: bool) -
 
     one(questions[0])
     timings = []
-    for n in range(queries):
+    for question in questions:
         began = time.perf_counter()
-        one(questions[n % len(questions)])
+        one(question)
         timings.append((time.perf_counter() - began) * 1000)
     return timings
 
 
-def main(out: Path, memories: int, queries: int, echo: Callable[[str], None]) -> dict[str, Any]:
-    result = run(memories, queries)
+def _time_baseline(system: Any, questions: list[str], now: datetime) -> list[float]:
+    timings = []
+    for question in questions:
+        began = time.perf_counter()
+        system.slice("bench", question, BUDGET, now)
+        timings.append((time.perf_counter() - began) * 1000)
+    return timings
+
+
+def main(
+    out: Path,
+    memories: int,
+    queries: int,
+    echo: Callable[[str], None],
+    runs: int = 3,
+    data_dir: Path = DEFAULT_DATA_DIR,
+) -> dict[str, Any]:
+    result = run(memories, queries, runs, data_dir)
     result["measured_at"] = datetime.now(tz=UTC).isoformat(timespec="seconds")
+    result["context"] = run_context()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     echo(json.dumps(result, indent=2))

@@ -142,15 +142,21 @@ def bench_prefeval(
 def bench_slice(
     memories: Annotated[int, typer.Option(help="Memories in the subject.")] = 5_000,
     queries: Annotated[int, typer.Option(help="Slices per mode.")] = 200,
-    out: Annotated[Path, typer.Option(help="Results JSON.")] = Path("docs/bench/slice.json"),
+    out: Annotated[Path, typer.Option(help="Results JSON.")] = Path(
+        "docs/bench/slice-locomo.json"
+    ),
     torch_threads: Annotated[int, typer.Option(help="torch intra-op threads.")] = 1,
+    runs: Annotated[int, typer.Option(help="Rounds; each figure is their median.")] = 3,
+    data: Annotated[Path, typer.Option(help="Bench data folder (locomo_dev.json).")] = Path(
+        "../shared/bench/data"
+    ),
 ) -> None:
-    """Slice latency through the whole service (hybrid and lexical-only) at B=1024."""
+    """Slice latency on LoCoMo dev turns (hybrid, lexical-only, baselines) at B=1024."""
     from benchmarks import slice_bench
     from benchmarks.baselines import set_torch_threads
 
     set_torch_threads(torch_threads or None)
-    slice_bench.main(out, memories, queries, echo=console.print)
+    slice_bench.main(out, memories, queries, echo=console.print, runs=runs, data_dir=data)
 
 
 @bench_app.command("governance")
