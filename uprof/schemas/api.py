@@ -29,7 +29,7 @@ from pydantic import (
     model_validator,
 )
 
-from domain.values import ATTRIBUTE_KEYS, CATEGORIES
+from domain.values import ATTRIBUTE_KEYS, CATEGORIES, check_sharing
 
 #: Most interactions accepted in one batch request (the kernel allows more; a request
 #: body is capped in bytes too, see uprof.api.limits).
@@ -84,6 +84,8 @@ UtcTime = Annotated[AwareDatetime, AfterValidator(_utc)]
 Category = Literal[CATEGORIES]  # type: ignore[valid-type]
 ConsentCategory = Literal[(*CATEGORIES, "*")]  # type: ignore[valid-type]
 AttributeKey = Literal[tuple(sorted(ATTRIBUTE_KEYS))]  # type: ignore[valid-type]
+#: Who besides the owner agent may see an item (domain.values.SharingPolicy).
+Sharing = Annotated[str, Field(max_length=256), AfterValidator(check_sharing)]
 Confidence = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 EvidenceIds = Annotated[list[Annotated[str, Field(min_length=1, max_length=64),
                                        AfterValidator(_no_nul)]], Field(max_length=32)]
@@ -113,7 +115,7 @@ class InteractionBody(_Request):
     actor: Annotated[Text, Field(max_length=128)] = ""
     source_ref: Annotated[Text, Field(max_length=256)] = ""
     purpose: Purpose = "personalization"
-    sharing: Annotated[Text, Field(max_length=256)] = "private"
+    sharing: Sharing = "private"
     context: Annotated[dict[Annotated[str, Field(max_length=64), AfterValidator(_no_nul)],
                             Annotated[str, Field(max_length=1024), AfterValidator(_no_nul)]],
                        Field(max_length=64)] = Field(default_factory=dict)
@@ -221,7 +223,7 @@ class ProposalsIn(_Request):
 
     subject: SubjectRef
     agent_id: AgentId
-    sharing: Annotated[Text, Field(max_length=256)] = "private"
+    sharing: Sharing = "private"
     purpose: Purpose = "personalization"
     observed_at: UtcTime | None = None
     proposals: Annotated[list[ProposalIn], Field(min_length=1, max_length=MAX_PROPOSALS)]
