@@ -30,25 +30,39 @@ def test_a_sharing_typo_is_refused_over_rest_and_nothing_is_captured(
     http: httpx.Client, apps: Apps
 ) -> None:
     grant(http, apps.planner)
-    typo = http.post("/v1/captures", headers=bearer(apps.planner),
-                     json={"subject": "alice", **interaction("I like tea", sharing="sharde")})
+    typo = http.post(
+        "/v1/captures",
+        headers=bearer(apps.planner),
+        json={"subject": "alice", **interaction("I like tea", sharing="sharde")},
+    )
     assert typo.status_code == 422, typo.text
     assert _fields(typo) == ["sharing"]
     assert "shared:" in typo.json()["error"]["fields"][0]["message"]  # says what is accepted
-    profile = http.post("/v1/profile/read", headers=bearer(apps.planner_operator), json={
-        "subject": "alice"})
+    profile = http.post(
+        "/v1/profile/read", headers=bearer(apps.planner_operator), json={"subject": "alice"}
+    )
     assert profile.status_code == 200, profile.text
     assert profile.json()["memories"] == []
-    ok = http.post("/v1/captures", headers=bearer(apps.planner),
-                   json={"subject": "alice", **interaction("I like tea", sharing="shared:coach")})
+    ok = http.post(
+        "/v1/captures",
+        headers=bearer(apps.planner),
+        json={"subject": "alice", **interaction("I like tea", sharing="shared:coach")},
+    )
     assert ok.status_code == 201, ok.text
 
 
 def test_a_sharing_typo_in_proposals_is_refused(http: httpx.Client, apps: Apps) -> None:
     grant(http, apps.planner)
-    response = http.post("/v1/proposals", headers=bearer(apps.planner), json={
-        "subject": "alice", "agent_id": "agent:one", "sharing": "Shared",
-        "proposals": [{"kind": "memory", "text": "likes tea"}]})
+    response = http.post(
+        "/v1/proposals",
+        headers=bearer(apps.planner),
+        json={
+            "subject": "alice",
+            "agent_id": "agent:one",
+            "sharing": "Shared",
+            "proposals": [{"kind": "memory", "text": "likes tea"}],
+        },
+    )
     assert response.status_code == 422, response.text
     assert _fields(response) == ["sharing"]
 
@@ -57,10 +71,26 @@ def test_cli_capture_refuses_a_sharing_typo_before_touching_the_stores(
     tmp_path: Path, backend: object
 ) -> None:
     data = tmp_path / "data"
-    result = CliRunner().invoke(cli, [
-        "--data-dir", str(data), "--key-dir", str(tmp_path / "keys"), "capture",
-        "--subject", "alice", "--app", "app:planner", "--agent", "agent:one",
-        "--text", "I like tea", "--sharing", "sharde"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "--data-dir",
+            str(data),
+            "--key-dir",
+            str(tmp_path / "keys"),
+            "capture",
+            "--subject",
+            "alice",
+            "--app",
+            "app:planner",
+            "--agent",
+            "agent:one",
+            "--text",
+            "I like tea",
+            "--sharing",
+            "sharde",
+        ],
+    )
     assert result.exit_code == 2, result.output
     said = _plain(result.output)
     assert "'--sharing'" in said and "'shared:<agent type>[,<agent type>...]'" in said
@@ -68,9 +98,37 @@ def test_cli_capture_refuses_a_sharing_typo_before_touching_the_stores(
 
 
 def test_cli_time_error_shows_the_accepted_form(tmp_path: Path, backend: object) -> None:
-    result = CliRunner().invoke(cli, [
-        "--data-dir", str(tmp_path / "data"), "--key-dir", str(tmp_path / "keys"), "capture",
-        "--subject", "alice", "--app", "app:planner", "--agent", "agent:one",
-        "--text", "I like tea", "--at", "yesterday"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--key-dir",
+            str(tmp_path / "keys"),
+            "capture",
+            "--subject",
+            "alice",
+            "--app",
+            "app:planner",
+            "--agent",
+            "agent:one",
+            "--text",
+            "I like tea",
+            "--at",
+            "yesterday",
+        ],
+    )
     assert result.exit_code == 2
     assert "for example --at 2026-12-01T09:30:00Z" in _plain(result.output)
+
+
+def test_a_body_that_is_not_utf8_is_a_declared_400(http: httpx.Client, apps: Apps) -> None:
+    response = http.post(
+        "/v1/slices",
+        headers={**bearer(apps.planner), "Content-Type": "application/json"},
+        content=b"\xbb\xc1{",
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "malformed_body"
+    declared = http.get("/openapi.json").json()["paths"]["/v1/slices"]["post"]["responses"]
+    assert {"400", "403", "404", "410", "503"} <= set(declared)

@@ -60,7 +60,10 @@ def test_docs_pages_reference_only_local_assets(http: httpx.Client) -> None:
     for path in ("/docs", "/redoc"):
         html = http.get(path).text
         assert "cdn." not in html and "https://" not in html, path
-        for asset in ("/static-offline-docs/swagger-ui-bundle.js",) if path == "/docs" else (
-                "/static-offline-docs/redoc.standalone.js",):
+        for asset in (
+            ("/static-offline-docs/swagger-ui-bundle.js",)
+            if path == "/docs"
+            else ("/static-offline-docs/redoc.standalone.js",)
+        ):
             assert asset in html
             assert http.get(asset).status_code == 200

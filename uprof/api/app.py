@@ -54,6 +54,7 @@ _log = logging.getLogger(__name__)
 DEFAULT_MAX_READY_LAG = 10_000
 
 _HTTP_CODES = {
+    400: "malformed_body",  # FastAPI's answer to a body that is not UTF-8 JSON
     404: "not_found",
     405: "method_not_allowed",
     413: "payload_too_large",
