@@ -141,6 +141,20 @@ def check_category(category: str) -> str:
 _SHARING_RE = re.compile(r"^(private|shared|shared:[a-z0-9_.-]+(,[a-z0-9_.-]+)*)$")
 
 
+def check_sharing(raw: str) -> str:
+    """The sharing value as a request states it, or ValueError saying what is accepted.
+
+    Surfaces refuse a malformed value (a typo such as ``sharde`` must not be stored
+    silently as private); ``SharingPolicy.parse`` still reads anything stored as private.
+    """
+    if not _SHARING_RE.match(raw):
+        raise ValueError(
+            f"must be 'private', 'shared' or 'shared:<agent type>[,<agent type>...]' "
+            f"with lowercase agent types, for example 'shared:planner,coach' (got {raw!r})"
+        )
+    return raw
+
+
 @dataclass(frozen=True)
 class SharingPolicy:
     """Who besides the owner agent may see an item.

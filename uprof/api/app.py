@@ -16,6 +16,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from fastapi_offline import FastAPIOffline
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -53,6 +54,7 @@ _log = logging.getLogger(__name__)
 DEFAULT_MAX_READY_LAG = 10_000
 
 _HTTP_CODES = {
+    400: "malformed_body",  # FastAPI's answer to a body that is not UTF-8 JSON
     404: "not_found",
     405: "method_not_allowed",
     413: "payload_too_large",
@@ -91,7 +93,9 @@ def create_app(
         finally:
             runtime.stop()
 
-    app = FastAPI(
+    # Swagger UI and ReDoc from assets installed with fastapi-offline: the stock pages
+    # load them from a CDN, so /docs was blank on a machine without network.
+    app = FastAPIOffline(
         title="uprof",
         version=uprof.__version__,
         summary="Governed, event-sourced profiles for multi-agent LLM systems.",

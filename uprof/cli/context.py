@@ -25,6 +25,7 @@ from domain.errors import (
     UprofError,
 )
 from domain.principal import Principal
+from domain.values import check_sharing
 from uprof.facade import Facade
 from uprof.kernel import Uprof
 from uprof.settings import Settings
@@ -119,12 +120,25 @@ def parse_time(value: str | None, option: str) -> datetime | None:
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        err_console.print(f"[bold red]error:[/] {option} {value!r} is not an ISO 8601 time")
+        err_console.print(
+            f"[bold red]error:[/] {option} {value!r} is not an ISO 8601 time with a zone, "
+            f"for example {option} 2026-12-01T09:30:00Z or {option} 2026-12-01T10:30:00+01:00",
+            highlight=False,
+        )
         raise typer.Exit(2) from None
     if parsed.tzinfo is None:
-        err_console.print(f"[bold red]error:[/] {option} needs a timezone, e.g. {value}Z")
+        err_console.print(f"[bold red]error:[/] {option} needs a timezone, e.g. {value}Z",
+                          highlight=False)
         raise typer.Exit(2)
     return parsed
+
+
+def sharing_option(value: str) -> str:
+    """Typer callback: refuse a malformed ``--sharing`` before anything is written."""
+    try:
+        return check_sharing(value)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
 
 
 def is_interactive() -> bool:

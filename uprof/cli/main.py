@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from uprof.cli.context import STATE, console, door, parse_time
+from uprof.cli.context import STATE, console, door, parse_time, sharing_option
 from uprof.cli.render import print_evidence, print_profile
 from uprof.facade import Facade
 from uprof.schemas.capture import InteractionIn
@@ -70,7 +70,8 @@ def capture(
     source_ref: Annotated[str, typer.Option(help="Your own reference, kept verbatim.")] = "",
     at: Annotated[str | None, typer.Option(help="When it happened (ISO 8601, with zone).")] = None,
     purpose: Annotated[str, typer.Option(help="Purpose it is collected for.")] = "personalization",
-    sharing: Annotated[str, typer.Option(help="private | shared | shared:<types>")] = "private",
+    sharing: Annotated[str, typer.Option(
+        help="private | shared | shared:<types>", callback=sharing_option)] = "private",
 ) -> None:
     """Capture one interaction through the consent gate."""
     row = InteractionIn(

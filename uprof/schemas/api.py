@@ -29,7 +29,7 @@ from pydantic import (
     model_validator,
 )
 
-from domain.values import ATTRIBUTE_KEYS, CATEGORIES
+from domain.values import ATTRIBUTE_KEYS, CATEGORIES, check_sharing
 
 #: Most interactions accepted in one batch request (the kernel allows more; a request
 #: body is capped in bytes too, see uprof.api.limits).
@@ -77,20 +77,34 @@ TOKEN_PATTERN = r"^[A-Za-z0-9_.:/*#=\-]+$"
 AgentId = Annotated[str, Field(min_length=1, max_length=128, pattern=TOKEN_PATTERN)]
 AgentType = Annotated[str, Field(max_length=64, pattern=r"^[A-Za-z0-9_.:/*#=\-]*$")]
 Token = Annotated[str, Field(min_length=1, max_length=64, pattern=TOKEN_PATTERN)]
-SubjectRef = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(_no_nul),
-                       AfterValidator(_not_blank)]
+SubjectRef = Annotated[
+    str, Field(min_length=1, max_length=256), AfterValidator(_no_nul), AfterValidator(_not_blank)
+]
 Purpose = Token
 UtcTime = Annotated[AwareDatetime, AfterValidator(_utc)]
 Category = Literal[CATEGORIES]  # type: ignore[valid-type]
 ConsentCategory = Literal[(*CATEGORIES, "*")]  # type: ignore[valid-type]
 AttributeKey = Literal[tuple(sorted(ATTRIBUTE_KEYS))]  # type: ignore[valid-type]
+#: Who besides the owner agent may see an item (domain.values.SharingPolicy).
+Sharing = Annotated[str, Field(max_length=256), AfterValidator(check_sharing)]
 Confidence = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
-EvidenceIds = Annotated[list[Annotated[str, Field(min_length=1, max_length=64),
-                                       AfterValidator(_no_nul)]], Field(max_length=32)]
+EvidenceIds = Annotated[
+    list[Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_no_nul)]],
+    Field(max_length=32),
+]
 
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _example(example: dict[str, Any]) -> ConfigDict:
+    """A request model's config with one example body, shown in the OpenAPI document.
+
+    Placeholders in angle brackets stand for ids a previous answer returns; everything
+    else is a valid request as it stands (tests/api/test_openapi_examples.py posts them).
+    """
+    return ConfigDict(extra="forbid", json_schema_extra={"examples": [example]})
 
 
 class _Response(BaseModel):
@@ -113,10 +127,14 @@ class InteractionBody(_Request):
     actor: Annotated[Text, Field(max_length=128)] = ""
     source_ref: Annotated[Text, Field(max_length=256)] = ""
     purpose: Purpose = "personalization"
-    sharing: Annotated[Text, Field(max_length=256)] = "private"
-    context: Annotated[dict[Annotated[str, Field(max_length=64), AfterValidator(_no_nul)],
-                            Annotated[str, Field(max_length=1024), AfterValidator(_no_nul)]],
-                       Field(max_length=64)] = Field(default_factory=dict)
+    sharing: Sharing = "private"
+    context: Annotated[
+        dict[
+            Annotated[str, Field(max_length=64), AfterValidator(_no_nul)],
+            Annotated[str, Field(max_length=1024), AfterValidator(_no_nul)],
+        ],
+        Field(max_length=64),
+    ] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _has_text(self) -> InteractionBody:
@@ -128,15 +146,49 @@ class InteractionBody(_Request):
 class CaptureIn(InteractionBody):
     """Capture one interaction about ``subject``."""
 
+    model_config = _example(
+        {
+            "subject": "alice@example.com",
+            "agent_id": "agent:planner",
+            "user_input": "I moved to Lisbon last spring and I'm learning the cello.",
+            "agent_response": "Nice! Want me to find cello teachers in Lisbon?",
+            "occurred_at": "2026-11-30T09:30:00Z",
+            "session_id": "s-2041",
+            "source_ref": "chat:2041:7",
+            "purpose": "personalization",
+            "sharing": "shared",
+        }
+    )
+
     subject: SubjectRef
 
 
 class CaptureBatchIn(_Request):
     """Capture several interactions about one subject, all or nothing."""
 
+    model_config = _example(
+        {
+            "subject": "alice@example.com",
+            "interactions": [
+                {
+                    "agent_id": "agent:planner",
+                    "user_input": "I'm vegetarian.",
+                    "occurred_at": "2026-11-30T09:30:00Z",
+                    "sharing": "shared",
+                },
+                {
+                    "agent_id": "agent:planner",
+                    "user_input": "Book somewhere quiet for Friday.",
+                    "occurred_at": "2026-11-30T09:31:00Z",
+                },
+            ],
+        }
+    )
+
     subject: SubjectRef
-    interactions: Annotated[list[InteractionBody], Field(min_length=1,
-                                                         max_length=MAX_BATCH_INTERACTIONS)]
+    interactions: Annotated[
+        list[InteractionBody], Field(min_length=1, max_length=MAX_BATCH_INTERACTIONS)
+    ]
 
 
 class CaptureAck(_Response):
@@ -171,8 +223,9 @@ class MemoryProposalIn(_Request):
     evidence: EvidenceIds = Field(default_factory=list)
     category: Category = "conversation"
     importance: Confidence = 0.5
-    source_refs: Annotated[list[Annotated[Text, Field(max_length=256)]],
-                           Field(max_length=32)] = Field(default_factory=list)
+    source_refs: Annotated[list[Annotated[Text, Field(max_length=256)]], Field(max_length=32)] = (
+        Field(default_factory=list)
+    )
     occurred_at: UtcTime | None = None
 
 
@@ -210,7 +263,10 @@ class ExperienceProposalIn(_Request):
 
 
 ProposalIn = Annotated[
-    AttributeProposalIn | MemoryProposalIn | IntentProposalIn | IntentUpdateIn
+    AttributeProposalIn
+    | MemoryProposalIn
+    | IntentProposalIn
+    | IntentUpdateIn
     | ExperienceProposalIn,
     Field(discriminator="kind"),
 ]
@@ -219,9 +275,31 @@ ProposalIn = Annotated[
 class ProposalsIn(_Request):
     """Structured proposals by one agent about one subject, bound to evidence by the kernel."""
 
+    model_config = _example(
+        {
+            "subject": "alice@example.com",
+            "agent_id": "agent:planner",
+            "sharing": "shared",
+            "proposals": [
+                {
+                    "kind": "attribute",
+                    "key": "diet",
+                    "value": "vegetarian",
+                    "evidence": ["<capture_id from a capture>"],
+                    "confidence": 0.9,
+                },
+                {
+                    "kind": "intent",
+                    "description": "find a cello teacher in Lisbon",
+                    "category": "goal",
+                },
+            ],
+        }
+    )
+
     subject: SubjectRef
     agent_id: AgentId
-    sharing: Annotated[Text, Field(max_length=256)] = "private"
+    sharing: Sharing = "private"
     purpose: Purpose = "personalization"
     observed_at: UtcTime | None = None
     proposals: Annotated[list[ProposalIn], Field(min_length=1, max_length=MAX_PROPOSALS)]
@@ -240,6 +318,16 @@ class SliceIn(_Request):
     Name the subject directly, or by a session or identifier this app registered;
     sources that disagree are an error, never a guess.
     """
+
+    model_config = _example(
+        {
+            "subject": "alice@example.com",
+            "query": "Where should we book dinner on Friday?",
+            "budget_tokens": 512,
+            "purpose": "personalization",
+            "agent_id": "agent:planner",
+        }
+    )
 
     subject: SubjectRef | None = None
     session_id: Annotated[Text, Field(min_length=1, max_length=128)] | None = None
@@ -298,6 +386,8 @@ class ProfileSlice(_Response):
 
 
 class ProfileIn(_Request):
+    model_config = _example({"subject": "alice@example.com"})
+
     subject: SubjectRef
     as_of: UtcTime | None = None
 
@@ -373,6 +463,10 @@ class Profile(_Response):
 
 
 class EvidenceIn(_Request):
+    model_config = _example(
+        {"subject": "alice@example.com", "item_id": "<item_id from a profile or slice>"}
+    )
+
     subject: SubjectRef
     item_id: Annotated[Text, Field(min_length=1, max_length=64)]
 
@@ -403,6 +497,15 @@ class Evidence(_Response):
 class ConsentGrantIn(_Request):
     """Record the subject's consent for the calling app (never another app)."""
 
+    model_config = _example(
+        {
+            "subject": "alice@example.com",
+            "categories": ["preference", "diet", "location"],
+            "purposes": ["personalization"],
+            "collected_by": "consent-ui:2026-11-30:1234",
+        }
+    )
+
     subject: SubjectRef
     categories: Annotated[
         list[ConsentCategory], Field(min_length=1, max_length=len(CATEGORIES) + 1)
@@ -427,12 +530,22 @@ class ConsentGranted(_Response):
 
 
 class ConsentWithdrawIn(_Request):
+    model_config = _example(
+        {
+            "subject": "alice@example.com",
+            "consent_id": "<consent_id from the grant>",
+            "erase": False,
+        }
+    )
+
     subject: SubjectRef
     consent_id: Annotated[Text, Field(min_length=1, max_length=64)]
     erase: bool = False
 
 
 class ConsentListIn(_Request):
+    model_config = _example({"subject": "alice@example.com"})
+
     subject: SubjectRef
 
 
@@ -446,12 +559,16 @@ class ConsentList(_Response):
 class SessionIn(_Request):
     """Bind a session of this app to a subject (sessions are scoped to the app)."""
 
+    model_config = _example({"session_id": "s-2041", "subject": "alice@example.com"})
+
     session_id: Annotated[Text, Field(min_length=1, max_length=128), AfterValidator(_not_blank)]
     subject: SubjectRef
 
 
 class IdentifierIn(_Request):
     """Record that an identifier this app knows the user by names a subject."""
+
+    model_config = _example({"identifier": "crm:cust-88231", "subject": "alice@example.com"})
 
     identifier: Annotated[Text, Field(min_length=1, max_length=256), AfterValidator(_not_blank)]
     subject: SubjectRef
@@ -529,6 +646,8 @@ def field_problems(errors: list[dict[str, object]]) -> list[FieldProblem]:
 class SubjectErasureIn(_Request):
     """Erase a subject entirely: tombstone, key destruction, purge, signed receipt."""
 
+    model_config = _example({"subject": "alice@example.com", "basis": "GDPR-Art.17(1)"})
+
     subject: SubjectRef
     # Not an audit token: the erasure service turns it into one for the audit entry.
     basis: Annotated[Text, Field(min_length=1, max_length=64), AfterValidator(_not_blank)] = (
@@ -539,6 +658,14 @@ class SubjectErasureIn(_Request):
 class ItemErasureIn(_Request):
     """Erase one profile item (and, if asked, the captured events behind it)."""
 
+    model_config = _example(
+        {
+            "subject": "alice@example.com",
+            "item_id": "<item_id from a profile>",
+            "with_evidence": True,
+        }
+    )
+
     subject: SubjectRef
     item_id: Annotated[Text, Field(min_length=1, max_length=64)]
     with_evidence: bool = False
@@ -547,11 +674,17 @@ class ItemErasureIn(_Request):
 class CaptureErasureIn(_Request):
     """Erase one captured event and everything derived only from it."""
 
+    model_config = _example(
+        {"subject": "alice@example.com", "capture_id": "<capture_id from a capture>"}
+    )
+
     subject: SubjectRef
     capture_id: Annotated[Text, Field(min_length=1, max_length=64)]
 
 
 class SubjectExportIn(_Request):
+    model_config = _example({"subject": "alice@example.com"})
+
     subject: SubjectRef
 
 
@@ -574,6 +707,10 @@ class SubjectExport(_Response):
 
 class AuditExportIn(_Request):
     """Which entries to export; all of them when nothing is named."""
+
+    model_config = _example(
+        {"format": "jsonl", "subject": "alice@example.com", "since": "2026-11-01T00:00:00Z"}
+    )
 
     format: Literal["jsonl", "csv"] = "jsonl"
     subject: SubjectRef | None = None
@@ -601,6 +738,8 @@ class AuditExport(_Response):
 
 
 class AuditVerifyIn(_Request):
+    model_config = _example({"kind": "export", "content": "<the content field of an audit export>"})
+
     kind: Literal["export", "receipt"] = "export"
     content: Annotated[str, Field(min_length=1)]
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from typing import Annotated
 
-from domain.values import Interaction
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
+
+from domain.values import Interaction, check_sharing
 
 
 class InteractionIn(BaseModel):
@@ -23,7 +25,7 @@ class InteractionIn(BaseModel):
     actor: str = Field(default="", max_length=128)
     source_ref: str = Field(default="", max_length=256)
     purpose: str = Field(default="personalization", min_length=1, max_length=64)
-    sharing: str = Field(default="private", max_length=256)
+    sharing: Annotated[str, Field(max_length=256), AfterValidator(check_sharing)] = "private"
     context: dict[str, str] = Field(default_factory=dict, max_length=64)
     #: Import records: a retry key of the record's app (a record whose key, or whose
     #: app and source_ref, was captured already is skipped).

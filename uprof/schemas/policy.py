@@ -8,6 +8,7 @@ and the change is recorded under that key's label).
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -16,6 +17,15 @@ _NAMES = Field(default_factory=list, max_length=64)
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _example(example: dict[str, Any]) -> ConfigDict:
+    """A request model's config with one example body, shown in the OpenAPI document.
+
+    Placeholders in angle brackets stand for ids a previous answer returns; everything
+    else is a valid request as it stands (tests/api/test_openapi_examples.py posts them).
+    """
+    return ConfigDict(extra="forbid", json_schema_extra={"examples": [example]})
 
 
 class _Response(BaseModel):
@@ -29,6 +39,15 @@ class PolicyChangeIn(_Request):
     ``app_id`` or to ``role``, exactly one of them.
     """
 
+    model_config = _example(
+        {
+            "app_id": "app:coach",
+            "actions": ["read"],
+            "categories": ["goal", "schedule"],
+            "purpose": "personalization",
+        }
+    )
+
     app_id: str | None = Field(default=None, max_length=128)
     role: str | None = Field(default=None, max_length=70)
     actions: list[str] = _NAMES
@@ -39,6 +58,14 @@ class PolicyChangeIn(_Request):
 
 class OnboardIn(_Request):
     """Grant a new app read (and by default capture and propose) of categories for a purpose."""
+
+    model_config = _example(
+        {
+            "app_id": "app:coach",
+            "read": ["goal", "schedule", "preference"],
+            "purpose": "personalization",
+        }
+    )
 
     app_id: str = Field(max_length=128)
     read: list[str] = Field(min_length=1, max_length=64)

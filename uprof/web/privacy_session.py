@@ -23,7 +23,9 @@ from uprof.web.state import Session
 
 
 class PrivacyLinkIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"subject": "alice@example.com"}]}
+    )
     subject: SubjectRef
 
 

@@ -16,7 +16,7 @@ from uprof.schemas.api import AuditExport, AuditExportIn, AuditKey, AuditVerific
 router = APIRouter(prefix="/v1/audit", tags=["audit"])
 
 
-@router.post("/export", response_model=AuditExport, responses=errors(403))
+@router.post("/export", response_model=AuditExport, responses=errors(403, 503))
 def export_trail(body: AuditExportIn, scope: Scope) -> AuditExport:
     """Export the trail (optionally filtered) with inclusion proofs and a signed checkpoint.
 

@@ -18,7 +18,9 @@ from uprof.schemas.api import (
 router = APIRouter(prefix="/v1/consents", tags=["consent"])
 
 
-@router.post("", status_code=201, response_model=ConsentGranted, responses=errors(409, 410))
+@router.post(
+    "", status_code=201, response_model=ConsentGranted, responses=errors(403, 409, 410, 503)
+)
 def grant_consent(
     body: ConsentGrantIn,
     scope: Scope,
@@ -31,13 +33,15 @@ def grant_consent(
     return granted
 
 
-@router.post("/list", response_model=ConsentList, responses=errors(404, 410))
+@router.post("/list", response_model=ConsentList, responses=errors(403, 404, 410, 503))
 def list_consents(body: ConsentListIn, scope: Scope) -> ConsentList:
     """List the consents the subject gave the calling app (never another app's)."""
     return scope.consents(body)
 
 
-@router.post("/withdraw", response_model=ConsentWithdrawn, responses=errors(404, 409, 410))
+@router.post(
+    "/withdraw", response_model=ConsentWithdrawn, responses=errors(403, 404, 409, 410, 503)
+)
 def withdraw_consent(
     body: ConsentWithdrawIn,
     scope: Scope,

@@ -7,6 +7,7 @@ from typing import Any
 from uprof.schemas.api import ErrorOut
 
 _DESCRIPTIONS = {
+    400: "The body is not valid UTF-8 JSON (`malformed_body`).",
     401: "Missing, invalid or revoked API key.",
     403: "Refused: consent, policy or the key's role.",
     404: "No such subject or item.",
@@ -22,6 +23,13 @@ _DESCRIPTIONS = {
 
 
 def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """The ``responses=`` entry for the given error statuses (401 and 422 always apply)."""
-    wanted = sorted({401, 413, 422, *statuses})
+    """The ``responses=`` entry for the given error statuses.
+
+    400, 401, 413 and 422 apply to every authenticated route. Routes that act through the
+    facade add 403 (policy decides every action, deny by default) and 503 (a read that
+    cannot be recorded in the audit log, a view that does not catch up in time, a
+    backlogged writer); the schemathesis run checks that no route answers a status it
+    does not declare.
+    """
+    wanted = sorted({400, 401, 413, 422, *statuses})
     return {s: {"model": ErrorOut, "description": _DESCRIPTIONS[s]} for s in wanted}

@@ -11,7 +11,7 @@ from uprof.schemas.api import Evidence, EvidenceIn, Profile, ProfileIn
 router = APIRouter(prefix="/v1", tags=["profile"])
 
 
-@router.post("/profile/read", response_model=Profile, responses=errors(403, 404, 410))
+@router.post("/profile/read", response_model=Profile, responses=errors(403, 404, 410, 503))
 def read_profile(body: ProfileIn, scope: Scope) -> Profile:
     """Read a subject's whole profile (now, or as it stood at ``as_of``).
 
@@ -21,7 +21,7 @@ def read_profile(body: ProfileIn, scope: Scope) -> Profile:
     return scope.profile(body)
 
 
-@router.post("/evidence/read", response_model=Evidence, responses=errors(403, 404, 410))
+@router.post("/evidence/read", response_model=Evidence, responses=errors(403, 404, 410, 503))
 def read_evidence(body: EvidenceIn, scope: Scope) -> Evidence:
     """Show the captured events behind one item (``operator`` role)."""
     return scope.evidence(body)

@@ -11,7 +11,7 @@ from uprof.schemas.api import ProposalsIn, ProposalsResult
 router = APIRouter(prefix="/v1/proposals", tags=["proposals"])
 
 
-@router.post("", response_model=ProposalsResult, responses=errors(404, 409, 410))
+@router.post("", response_model=ProposalsResult, responses=errors(403, 404, 409, 410, 503))
 def submit_proposals(
     body: ProposalsIn,
     scope: Scope,

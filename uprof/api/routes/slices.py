@@ -11,7 +11,7 @@ from uprof.schemas.api import ProfileSlice, SliceIn
 router = APIRouter(prefix="/v1/slices", tags=["slices"])
 
 
-@router.post("", response_model=ProfileSlice, responses=errors(404, 410))
+@router.post("", response_model=ProfileSlice, responses=errors(403, 404, 410, 503))
 def create_slice(body: SliceIn, scope: Scope) -> Response:
     """Serve the slice this app may see for a query, within ``budget_tokens``.
 

@@ -11,14 +11,17 @@ from uprof.schemas.api import IdentifierIn, Registered, SessionIn, WhoAmI
 router = APIRouter(prefix="/v1", tags=["identity"])
 
 
-@router.post("/sessions", status_code=201, response_model=Registered, responses=errors(404, 410))
+@router.post(
+    "/sessions", status_code=201, response_model=Registered, responses=errors(403, 404, 410, 503)
+)
 def register_session(body: SessionIn, scope: Scope) -> Registered:
     """Bind a session id of this app to a subject, so slices can name the session."""
     return scope.register_session(body)
 
 
-@router.post("/identifiers", status_code=201, response_model=Registered,
-             responses=errors(404, 410))
+@router.post(
+    "/identifiers", status_code=201, response_model=Registered, responses=errors(403, 404, 410, 503)
+)
 def register_identifier(body: IdentifierIn, scope: Scope) -> Registered:
     """Record that an identifier this app knows the user by (an e-mail) names a subject."""
     return scope.register_identifier(body)
@@ -27,5 +30,4 @@ def register_identifier(body: IdentifierIn, scope: Scope) -> Registered:
 @router.get("/whoami", response_model=WhoAmI, responses=errors())
 def whoami(principal: CurrentPrincipal) -> WhoAmI:
     """Say which app and roles the presented API key stands for."""
-    return WhoAmI(app_id=principal.app_id, key_id=principal.key_id,
-                  roles=sorted(principal.roles))
+    return WhoAmI(app_id=principal.app_id, key_id=principal.key_id, roles=sorted(principal.roles))

@@ -1,0 +1,134 @@
+"""Stumbles a new user hit, each kept as a test: a clear error naming the field, nothing lost.
+
+Issue 18 lists them; each test here fails on the behaviour that was found.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from tests.api.conftest import Apps, bearer, grant, interaction
+from uprof.cli.main import app as cli
+
+pytestmark = pytest.mark.parametrize("backend", ["sqlite", "postgres"], indirect=True)
+
+
+def _plain(output: str) -> str:
+    """CLI output without Rich's box drawing and line wrapping."""
+    return " ".join(output.replace("│", " ").split())
+
+
+def _fields(response: httpx.Response) -> list[str]:
+    return [f["field"] for f in response.json()["error"]["fields"]]
+
+
+def test_a_sharing_typo_is_refused_over_rest_and_nothing_is_captured(
+    http: httpx.Client, apps: Apps
+) -> None:
+    grant(http, apps.planner)
+    typo = http.post(
+        "/v1/captures",
+        headers=bearer(apps.planner),
+        json={"subject": "alice", **interaction("I like tea", sharing="sharde")},
+    )
+    assert typo.status_code == 422, typo.text
+    assert _fields(typo) == ["sharing"]
+    assert "shared:" in typo.json()["error"]["fields"][0]["message"]  # says what is accepted
+    profile = http.post(
+        "/v1/profile/read", headers=bearer(apps.planner_operator), json={"subject": "alice"}
+    )
+    assert profile.status_code == 200, profile.text
+    assert profile.json()["memories"] == []
+    ok = http.post(
+        "/v1/captures",
+        headers=bearer(apps.planner),
+        json={"subject": "alice", **interaction("I like tea", sharing="shared:coach")},
+    )
+    assert ok.status_code == 201, ok.text
+
+
+def test_a_sharing_typo_in_proposals_is_refused(http: httpx.Client, apps: Apps) -> None:
+    grant(http, apps.planner)
+    response = http.post(
+        "/v1/proposals",
+        headers=bearer(apps.planner),
+        json={
+            "subject": "alice",
+            "agent_id": "agent:one",
+            "sharing": "Shared",
+            "proposals": [{"kind": "memory", "text": "likes tea"}],
+        },
+    )
+    assert response.status_code == 422, response.text
+    assert _fields(response) == ["sharing"]
+
+
+def test_cli_capture_refuses_a_sharing_typo_before_touching_the_stores(
+    tmp_path: Path, backend: object
+) -> None:
+    data = tmp_path / "data"
+    result = CliRunner().invoke(
+        cli,
+        [
+            "--data-dir",
+            str(data),
+            "--key-dir",
+            str(tmp_path / "keys"),
+            "capture",
+            "--subject",
+            "alice",
+            "--app",
+            "app:planner",
+            "--agent",
+            "agent:one",
+            "--text",
+            "I like tea",
+            "--sharing",
+            "sharde",
+        ],
+    )
+    assert result.exit_code == 2, result.output
+    said = _plain(result.output)
+    assert "'--sharing'" in said and "'shared:<agent type>[,<agent type>...]'" in said
+    assert not data.exists()  # refused before any store was opened
+
+
+def test_cli_time_error_shows_the_accepted_form(tmp_path: Path, backend: object) -> None:
+    result = CliRunner().invoke(
+        cli,
+        [
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--key-dir",
+            str(tmp_path / "keys"),
+            "capture",
+            "--subject",
+            "alice",
+            "--app",
+            "app:planner",
+            "--agent",
+            "agent:one",
+            "--text",
+            "I like tea",
+            "--at",
+            "yesterday",
+        ],
+    )
+    assert result.exit_code == 2
+    assert "for example --at 2026-12-01T09:30:00Z" in _plain(result.output)
+
+
+def test_a_body_that_is_not_utf8_is_a_declared_400(http: httpx.Client, apps: Apps) -> None:
+    response = http.post(
+        "/v1/slices",
+        headers={**bearer(apps.planner), "Content-Type": "application/json"},
+        content=b"\xbb\xc1{",
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "malformed_body"
+    declared = http.get("/openapi.json").json()["paths"]["/v1/slices"]["post"]["responses"]
+    assert {"400", "403", "404", "410", "503"} <= set(declared)
