@@ -489,9 +489,9 @@ class AuditLog:
             for index, h in conn.execute(query):
                 found[(0, index)] = bytes(h)
         for start in range(0, len(inner), _FETCH_CHUNK):
-            chunk = inner[start : start + _FETCH_CHUNK]
+            inner_chunk = inner[start : start + _FETCH_CHUNK]
             by_level: dict[int, list[int]] = {}
-            for level, index in chunk:
+            for level, index in inner_chunk:
                 by_level.setdefault(level, []).append(index)
             condition = sa.or_(
                 *(

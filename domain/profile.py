@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from eventsourcing.domain import Aggregate, event
 
@@ -123,6 +123,28 @@ def _attribute_state(
 
 class SubjectProfile(Aggregate):
     """Everything uprof knows about one data subject, as a stream of facts."""
+
+    if TYPE_CHECKING:
+        # The @event("Name") decorators below create these classes when the class body
+        # runs; declaring them here lets the type checker see them (nothing at run time).
+        Registered: ClassVar[type[Aggregate.Event]]
+        ConsentGranted: ClassVar[type[Aggregate.Event]]
+        ConsentWithdrawn: ClassVar[type[Aggregate.Event]]
+        InteractionCaptured: ClassVar[type[Aggregate.Event]]
+        AttributeRecorded: ClassVar[type[Aggregate.Event]]
+        AttributeReinforced: ClassVar[type[Aggregate.Event]]
+        AttributeConflictFlagged: ClassVar[type[Aggregate.Event]]
+        AttributeSuperseded: ClassVar[type[Aggregate.Event]]
+        MemoriesArchived: ClassVar[type[Aggregate.Event]]
+        IntentRecorded: ClassVar[type[Aggregate.Event]]
+        IntentReinforced: ClassVar[type[Aggregate.Event]]
+        IntentStatusChanged: ClassVar[type[Aggregate.Event]]
+        SliceServed: ClassVar[type[Aggregate.Event]]
+        RequestsRecorded: ClassVar[type[Aggregate.Event]]
+        ItemsErased: ClassVar[type[Aggregate.Event]]
+        AttributeRestated: ClassVar[type[Aggregate.Event]]
+        CaptureErased: ClassVar[type[Aggregate.Event]]
+        SubjectErased: ClassVar[type[Aggregate.Event]]
 
     class ContentShredded(Aggregate.Event):
         """What an event reads as once the key that sealed it is destroyed.

@@ -34,8 +34,8 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import casbin  # type: ignore[import-untyped]
-from casbin.effect import AllowAndDenyEffector  # type: ignore[import-untyped]
+import casbin
+from casbin.effect import AllowAndDenyEffector
 
 from domain.errors import PermissionDeniedError
 from policies.rules import (
@@ -178,10 +178,10 @@ def _build_snapshot(
     for tenant in policy.tenants():
         rows = policy.for_tenant(tenant)
         old = previous.get(tenant)
-        reusable = old is not None and old.policy == rows
-        engines[tenant] = (
-            old if reusable else _TenantEngine(rows, _build_enforcer(model_text, rows))
-        )
+        if old is not None and old.policy == rows:
+            engines[tenant] = old
+        else:
+            engines[tenant] = _TenantEngine(rows, _build_enforcer(model_text, rows))
     return _Snapshot(engines, version, policy.subjects_by_tenant())
 
 
@@ -454,7 +454,7 @@ class CasbinAuthorizer:
         tenant_rules = [rule for rule in policy.rules if rule.tenant == tenant]
         apps = {name for name in roles_of if not name.startswith(ROLE_PREFIX)}
         apps |= {r.subject for r in tenant_rules if not r.subject.startswith(ROLE_PREFIX)}
-        rows = []
+        rows: list[PolicyTableRow] = []
         for app in apps:
             holders = {app: "", **{role: role for role in _roles_held(app, roles_of)}}
             rows.extend(

@@ -360,9 +360,8 @@ def render_policy(policy: PolicySet, template: str = "") -> str:
         if item in wanted and item not in written:
             lines.append(item.render())
             written.add(item)
-    for item in (*policy.rules, *policy.assignments):
-        if item not in written:
-            lines.append(item.render())
+    unwritten: list[PolicyRule | RoleAssignment] = [*policy.rules, *policy.assignments]
+    lines.extend(item.render() for item in unwritten if item not in written)
     return "\n".join(lines) + "\n"
 
 

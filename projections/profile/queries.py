@@ -384,13 +384,15 @@ class ProfileQueries:
             ).first()
         return int(row[0]) if row else 0
 
-    def table_digest(self, stream_ids: Sequence[str] | None = None) -> dict[str, list[tuple]]:
+    def table_digest(
+        self, stream_ids: Sequence[str] | None = None
+    ) -> dict[str, list[tuple[Any, ...]]]:
         """Every row of every view, sorted: for rebuild-equals-live checks.
 
         Embeddings are left out: a batched model run may differ in the last float
         bits from an unbatched one; ``embedding_matrix`` compares them with a tolerance.
         """
-        digest: dict[str, list[tuple]] = {}
+        digest: dict[str, list[tuple[Any, ...]]] = {}
         with self._engine.connect() as conn:
             for table in t.SUBJECT_TABLES:
                 cols = [c for c in table.c if c.name != "embedding"]

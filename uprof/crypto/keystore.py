@@ -519,7 +519,9 @@ class KeyStore:
 
     def drain_created_keys(self) -> list[CreatedKey]:
         with self._lock:
-            created, self._created = self._created, []
+            # clear() keeps the deque and its maxlen bound (a fresh list would drop it).
+            created = list(self._created)
+            self._created.clear()
         return created
 
     # ------------------------------------------------------------ KEK rotation

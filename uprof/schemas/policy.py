@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-_NAMES = Field(default_factory=list, max_length=64)
+_NAMES: list[str] = Field(default_factory=list, max_length=64)
 
 
 class _Request(BaseModel):

@@ -128,7 +128,8 @@ class RevealGate:
         capture's words; not for an intent, a phrase drawn from them.
         """
         texts = tuple(texts)
-        allowed, found = self.allowed, set()
+        allowed = self.allowed
+        found: set[str] = set()
         for category in categories or ("*",):
             if category == "*":
                 found.update(self.blocked.values())

@@ -510,8 +510,8 @@ class SliceService:
         )
         hit = view.indexes.get(reader)
         if hit is not None:
-            index, counts = hit
-            withheld.update(counts)
+            index, cached_counts = hit
+            withheld.update(cached_counts)
             return index
         counts: Counter[str] = Counter()
         keep: list[int] = []

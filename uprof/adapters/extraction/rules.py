@@ -87,12 +87,13 @@ class RuleBasedExtractor:
             subject_name=speaker.subject_name,
         )
         for raw in split_sentences(text[:MAX_RULE_CHARS]):
-            sentence: str | None = raw
+            sentence = raw
             if not speaker.is_subject:
                 # Another speaker: only their words to or about the subject count.
-                sentence = in_subject_voice(raw, speaker.subject_name)
-                if sentence is None:
+                voiced = in_subject_voice(raw, speaker.subject_name)
+                if voiced is None:
                     continue
+                sentence = voiced
             sentence = restore_elided_subject(sentence)
             run_rules(Sentence(sentence, sentence.lower(), turn), _RULES)
 

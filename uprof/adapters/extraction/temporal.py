@@ -187,7 +187,7 @@ def _month(
     if name.lower() == "may" and not (prep or day_raw):
         return None
     month = _MONTHS[name.lower().rstrip(".")]
-    before = bool(prep) and prep.lower() in {"before", "until", "till"}
+    before = (prep or "").lower() in {"before", "until", "till"}
     year = int(year_raw) if year_raw else today.year
     if day_raw:
         day = int(day_raw)
