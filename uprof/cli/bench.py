@@ -143,7 +143,7 @@ def bench_slice(
     memories: Annotated[int, typer.Option(help="Memories in the subject.")] = 5_000,
     queries: Annotated[int, typer.Option(help="Slices per mode.")] = 200,
     out: Annotated[Path, typer.Option(help="Results JSON.")] = Path(
-        "docs/bench/slice-locomo.json"
+        "docs/bench/slice-real-turns.json"
     ),
     torch_threads: Annotated[int, typer.Option(help="torch intra-op threads.")] = 1,
     runs: Annotated[int, typer.Option(help="Rounds; each figure is their median.")] = 3,
