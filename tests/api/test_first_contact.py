@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from tests.api.conftest import Apps, bearer, grant, interaction
 from uprof.cli.main import app as cli
@@ -67,57 +67,26 @@ def test_a_sharing_typo_in_proposals_is_refused(http: httpx.Client, apps: Apps) 
     assert _fields(response) == ["sharing"]
 
 
+def _cli_capture(tmp_path: Path, *extra: str) -> Result:
+    """``uprof capture`` of one line for alice, with ``extra`` options appended."""
+    return CliRunner().invoke(cli, [
+        "--data-dir", str(tmp_path / "data"), "--key-dir", str(tmp_path / "keys"), "capture",
+        "--subject", "alice", "--app", "app:planner", "--agent", "agent:one",
+        "--text", "I like tea", *extra])  # fmt: skip
+
+
 def test_cli_capture_refuses_a_sharing_typo_before_touching_the_stores(
     tmp_path: Path, backend: object
 ) -> None:
-    data = tmp_path / "data"
-    result = CliRunner().invoke(
-        cli,
-        [
-            "--data-dir",
-            str(data),
-            "--key-dir",
-            str(tmp_path / "keys"),
-            "capture",
-            "--subject",
-            "alice",
-            "--app",
-            "app:planner",
-            "--agent",
-            "agent:one",
-            "--text",
-            "I like tea",
-            "--sharing",
-            "sharde",
-        ],
-    )
+    result = _cli_capture(tmp_path, "--sharing", "sharde")
     assert result.exit_code == 2, result.output
     said = _plain(result.output)
     assert "'--sharing'" in said and "'shared:<agent type>[,<agent type>...]'" in said
-    assert not data.exists()  # refused before any store was opened
+    assert not (tmp_path / "data").exists()  # refused before any store was opened
 
 
 def test_cli_time_error_shows_the_accepted_form(tmp_path: Path, backend: object) -> None:
-    result = CliRunner().invoke(
-        cli,
-        [
-            "--data-dir",
-            str(tmp_path / "data"),
-            "--key-dir",
-            str(tmp_path / "keys"),
-            "capture",
-            "--subject",
-            "alice",
-            "--app",
-            "app:planner",
-            "--agent",
-            "agent:one",
-            "--text",
-            "I like tea",
-            "--at",
-            "yesterday",
-        ],
-    )
+    result = _cli_capture(tmp_path, "--at", "yesterday")
     assert result.exit_code == 2
     assert "for example --at 2026-12-01T09:30:00Z" in _plain(result.output)
 
