@@ -7,6 +7,7 @@ and the CLI, each as an app without a policy role and as one whose policy allows
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -47,7 +48,7 @@ def test_mcp_tools_refuse_an_app_without_a_role(kernel: Uprof) -> None:
         accepted = asyncio.run(call(planner))
     finally:
         runtime.stop()
-    assert refused.is_error and "permission_denied:" in _text(refused)
+    assert refused.is_error and json.loads(_text(refused))["error"]["code"] == "permission_denied"
     assert not accepted.is_error, _text(accepted)
 
 

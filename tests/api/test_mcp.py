@@ -34,6 +34,13 @@ def text_of(result: Any) -> str:
     return " ".join(getattr(block, "text", "") for block in result.content)
 
 
+def error_code(result: Any) -> str | None:
+    """The REST error code of a failed tool call (its text is the REST error body)."""
+    if not result.is_error:
+        return None
+    return str(json.loads(text_of(result))["error"]["code"])
+
+
 async def exercise(client: Client) -> dict[str, Any]:
     """Tools and resource as an agent would use them; returns what it observed."""
     seen: dict[str, Any] = {}
@@ -42,7 +49,7 @@ async def exercise(client: Client) -> dict[str, Any]:
     refused = await client.call_tool("capture", {
         "subject": "alice", "agent_id": "agent:one", "user_input": "I want to learn the cello",
         "occurred_at": WHEN})
-    seen["refused"] = refused.is_error and "consent_required:" in text_of(refused)
+    seen["refused"] = error_code(refused) == "consent_required"
     return seen
 
 
@@ -55,7 +62,7 @@ async def after_consent(client: Client) -> dict[str, Any]:
     capture_id = ack.structured_content["capture_id"]
     sliced = await client.call_tool("profile_slice", {
         "subject": "alice", "query": "what instrument?", "agent_id": "agent:one",
-        "budget_tokens": 200})
+        "purpose": "personalization", "budget_tokens": 200})
     assert not sliced.is_error, text_of(sliced)
     seen["slice_has_cello"] = "cello" in sliced.structured_content["text"]
     seen["slice_cites_capture"] = any(
@@ -64,17 +71,19 @@ async def after_consent(client: Client) -> dict[str, Any]:
     profile = json.loads(resource.contents[0].text)
     seen["resource_app"] = profile["app_id"]
     bad = await client.call_tool("profile_slice", {
-        "subject": "alice", "query": "q", "agent_id": "   "})
-    seen["bad_input"] = bad.is_error and "agent_id" in text_of(bad)
+        "subject": "alice", "query": "q", "agent_id": "   ", "purpose": "personalization",
+        "budget_tokens": 100})
+    seen["bad_input"] = error_code(bad) == "invalid_request" and [
+        f["field"] for f in json.loads(text_of(bad))["error"]["fields"]] == ["agent_id"]
     forgotten = await client.call_tool("forget", {"subject": "alice"})
     assert not forgotten.is_error, text_of(forgotten)
     seen["forgot"] = len(forgotten.structured_content["withdrawn"])
     item = await client.call_tool("forget", {"subject": "alice", "item_id": "anything"})
-    seen["item_erasure_denied"] = item.is_error and "permission_denied:" in text_of(item)
+    seen["item_erasure_denied"] = error_code(item) == "permission_denied"
     again = await client.call_tool("capture", {
         "subject": "alice", "agent_id": "agent:one", "user_input": "I like jazz",
         "occurred_at": WHEN})
-    seen["refused_after_forget"] = again.is_error and "consent_required" in text_of(again)
+    seen["refused_after_forget"] = error_code(again) == "consent_required"
     return seen
 
 
@@ -109,11 +118,11 @@ def test_server_without_a_principal_fails_closed(kernel: Uprof) -> None:
     async def scenario() -> Any:
         async with Client(server) as client:
             return await client.call_tool("profile_slice", {
-                "subject": "alice", "query": "q", "agent_id": "agent:one"})
+                "subject": "alice", "query": "q", "agent_id": "agent:one",
+                "purpose": "personalization", "budget_tokens": 100})
 
     result = run(scenario)
-    assert result.is_error
-    assert "unauthenticated:" in text_of(result)
+    assert error_code(result) == "unauthenticated"
 
 
 def test_streamable_http_authenticates_every_request(kernel: Uprof, keys: ApiKeyStore) -> None:
@@ -169,3 +178,53 @@ def test_stdio_server_takes_its_key_from_the_environment(
     # The subprocess runs the rule-based extractor, not the test fake: compare what both share.
     assert seen["resource_app"] == PLANNER
     assert seen["slice_cites_capture"] and seen["refused_after_forget"] and seen["bad_input"]
+
+
+def test_tools_declare_their_effects_and_describe_every_parameter(
+    kernel: Uprof, backend: Backend
+) -> None:
+    runtime = ServiceRuntime.for_kernel(kernel)
+    server = build_server(runtime, stdio_principal=Principal(PLANNER, "k", frozenset({"app"})))
+
+    async def scenario() -> Any:
+        async with Client(server) as client:
+            return (await client.list_tools()).tools
+
+    tools = {t.name: t for t in run(scenario)}
+    hints = {name: (t.annotations.read_only_hint, t.annotations.destructive_hint)
+             for name, t in tools.items() if t.annotations is not None}
+    assert hints == {"profile_slice": (True, False), "capture": (False, False),
+                     "forget": (False, True)}
+    undescribed = [(name, param) for name, t in tools.items()
+                   for param, schema in t.input_schema["properties"].items()
+                   if not schema.get("description")]
+    assert undescribed == []
+    # The REST defaults: what REST requires is required here too.
+    assert {"occurred_at"} <= set(tools["capture"].input_schema["required"])
+    assert {"purpose", "budget_tokens"} <= set(tools["profile_slice"].input_schema["required"])
+
+
+def test_a_bad_argument_gets_the_rest_error_body(kernel: Uprof, backend: Backend) -> None:
+    kernel.grant_consent("alice", app_id=PLANNER, categories=["*"], purposes=["personalization"])
+    server = build_server(ServiceRuntime.for_kernel(kernel),
+                          stdio_principal=Principal(PLANNER, "k", frozenset({"app"})))
+
+    async def scenario() -> Any:
+        async with Client(server) as client:
+            missing = await client.call_tool("capture", {
+                "subject": "alice", "agent_id": "agent:one", "user_input": "I like tea"})
+            wrong_type = await client.call_tool("profile_slice", {
+                "subject": "alice", "query": "q", "agent_id": "agent:one",
+                "purpose": "personalization", "budget_tokens": "lots"})
+            typo = await client.call_tool("capture", {
+                "subject": "alice", "agent_id": "agent:one", "user_input": "I like tea",
+                "occurred_at": WHEN, "sharing": "sharde"})
+            return missing, wrong_type, typo
+
+    fields = ("occurred_at", "budget_tokens", "sharing")
+    for result, field in zip(run(scenario), fields, strict=True):
+        body = json.loads(text_of(result))  # the whole text is the REST body, nothing else
+        assert result.is_error
+        assert body["error"]["code"] == "invalid_request"
+        assert [f["field"] for f in body["error"]["fields"]] == [field]
+        assert "pydantic" not in text_of(result)

@@ -10,31 +10,33 @@ comes from authentication, as over REST (I3):
   SDK's bearer middleware through ``ApiKeyTokenVerifier``; a missing, invalid or
   revoked key gets 401 before any tool runs.
 
-Failures become tool errors (``is_error``) carrying the same error code as the
-REST body (``consent_required: ...``), never a traceback.
+Failures become tool errors (``is_error``) whose text is the REST error body as JSON
+(``{"error": {"code": "consent_required", "message": ..., "hint": ..., "fields": [...]}}``),
+bad arguments included, never a traceback or raw validation text. Arguments have the REST
+defaults: what REST requires (``occurred_at``, ``purpose``, ``budget_tokens``) is required.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import anyio.to_thread
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
+from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
-from domain.errors import InvalidInputError, UprofError
-from uprof.api.errors import EdgeError, classify, unauthenticated
+from domain.errors import UprofError
+from uprof.api.errors import EdgeError, body_for, unauthenticated, validation_problem
 from uprof.api.keys import ApiKeyStore, Principal
 from uprof.api.runtime import ServiceRuntime
 from uprof.api.scoped import AppScope
 from uprof.schemas import api as w
-from uprof.schemas.api import field_problems
+from uprof.schemas.api import ErrorOut, field_problems
 
 T = TypeVar("T")
 
@@ -70,17 +72,46 @@ class ForgetResult(BaseModel):
     erasures: list[w.ErasureReceipt] = Field(default_factory=list)
 
 
-def _tool_error(error: UprofError | EdgeError | ValidationError) -> ToolError:
-    """The same error code as the REST body, with the hint, as a tool error."""
+class UprofToolError(ToolError):
+    """A tool failure whose text is the REST error body, as JSON."""
+
+    def __init__(self, body: ErrorOut) -> None:
+        super().__init__(body.model_dump_json())
+
+
+def _error_body(error: UprofError | EdgeError | ValidationError) -> ErrorOut:
     if isinstance(error, ValidationError):
-        problems = field_problems([dict(e) for e in error.errors()])
-        summary = "; ".join(f"{p.field}: {p.message}" for p in problems)
-        return ToolError(f"invalid_request: {summary}")
+        return validation_problem(field_problems([dict(e) for e in error.errors()])).body()
     if isinstance(error, EdgeError):
-        code, message, hint = error.code, error.message, error.hint
-    else:
-        code, message, hint = classify(error)[1], str(error), error.hint
-    return ToolError(f"{code}: {message}" + (f" ({hint})" if hint else ""))
+        return error.body()
+    return body_for(error)
+
+
+def _tool_error(error: UprofError | EdgeError | ValidationError) -> UprofToolError:
+    return UprofToolError(_error_body(error))
+
+
+class UprofMCPServer(MCPServer):
+    """The SDK's server, with every failure in the REST error form.
+
+    The SDK validates arguments against the tool's signature before the tool runs and
+    reports a mismatch as ``Error executing tool <name>: <pydantic text>``; here that,
+    and the SDK's prefix on the tools' own errors, become the REST body.
+    """
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except UnexpectedToolError:
+            raise  # a crash: the SDK answers with a generic text and logs it
+        except ToolError as error:
+            cause = error.__cause__
+            if isinstance(cause, UprofToolError):
+                raise cause from None
+            if isinstance(cause, ValidationError):
+                # Chained, so the SDK logs the rejected field names, never their values.
+                raise _tool_error(cause) from cause
+            raise
 
 
 def build_server(
@@ -102,7 +133,7 @@ def build_server(
         if verifier is not None
         else None
     )
-    server: MCPServer = MCPServer(
+    server: MCPServer = UprofMCPServer(
         "uprof", instructions=INSTRUCTIONS, token_verifier=verifier, auth=auth,
         log_level="WARNING",
     )
@@ -128,17 +159,27 @@ def build_server(
         except (UprofError, EdgeError, ValidationError) as error:
             raise _tool_error(error) from None
 
-    @server.tool()
+    # A slice is recorded (audit entry, read receipt for the user) but changes nothing the
+    # agent could observe: read-only for the agent, and the same call gives the same answer.
+    @server.tool(annotations=ToolAnnotations(
+        title="Profile slice", read_only_hint=True, destructive_hint=False,
+        idempotent_hint=True, open_world_hint=False))
     def profile_slice(
         query: Annotated[str, Field(description="What the agent is about to answer.")],
         agent_id: Annotated[str, Field(description="The calling agent's id.")],
+        purpose: Annotated[str, Field(
+            description="Why the profile is read, e.g. personalization; policy and consent "
+            "are decided per purpose.")],
+        budget_tokens: Annotated[int, Field(
+            ge=0, le=w.MAX_BUDGET_TOKENS,
+            description="Most tokens (cl100k) the returned text may take.")],
         subject: Annotated[str | None, Field(description="The user reference.")] = None,
         session_id: Annotated[
             str | None, Field(description="A session registered by this app.")
         ] = None,
-        purpose: Annotated[str, Field(description="Why the profile is read.")] = "personalization",
-        budget_tokens: Annotated[int, Field(ge=0, le=w.MAX_BUDGET_TOKENS)] = 512,
-        agent_type: str = "",
+        agent_type: Annotated[str, Field(
+            description="The calling agent's type, for items shared with agent types "
+            "(shared:<types>).")] = "",
     ) -> w.ProfileSlice:
         """Get the part of the user's profile this app may use for the query, within a token budget.
 
@@ -150,44 +191,47 @@ def build_server(
             purpose=purpose, agent_id=agent_id, agent_type=agent_type,
         )))
 
-    @server.tool()
+    @server.tool(annotations=ToolAnnotations(
+        title="Capture an interaction", read_only_hint=False, destructive_hint=False,
+        idempotent_hint=False, open_world_hint=False))
     def capture(
         subject: Annotated[str, Field(description="The user reference.")],
         agent_id: Annotated[str, Field(description="The calling agent's id.")],
         user_input: Annotated[str, Field(description="What the user said.")],
-        agent_response: str = "",
-        session_id: str = "",
-        source_ref: str = "",
-        purpose: str = "personalization",
+        occurred_at: Annotated[str, Field(
+            description="When it happened, ISO 8601 with a zone, e.g. 2026-12-01T09:30:00Z "
+            "(required, as over REST: a default of now would differ between retries).")],
+        agent_response: Annotated[str, Field(description="What the agent answered.")] = "",
+        session_id: Annotated[str, Field(description="This app's session id, if any.")] = "",
+        source_ref: Annotated[str, Field(
+            description="Your own reference to the interaction, kept verbatim.")] = "",
+        purpose: Annotated[str, Field(
+            description="The purpose it is collected for (the user's consent must cover it).")
+        ] = "personalization",
         sharing: Annotated[
             str, Field(description="private | shared | shared:<agent types>")
         ] = "private",
-        occurred_at: Annotated[
-            str | None, Field(description="ISO 8601 with zone; default now.")
-        ] = None,
         idempotency_key: Annotated[
             str | None,
             Field(description=(
                 "Makes the call safe to retry: a retry with the same key and arguments "
-                "gets the first answer and records nothing again (needs occurred_at)."
+                "gets the first answer and records nothing again."
             )),
         ] = None,
     ) -> w.CaptureAck:
         """Record one interaction with the user (refused without the user's consent)."""
-        if idempotency_key is not None and occurred_at is None:
-            raise _tool_error(InvalidInputError(
-                "occurred_at is required with idempotency_key: its default (now) would "
-                "differ between retries"
-            ))
-        when = occurred_at or datetime.now(tz=UTC).isoformat()
         return call(lambda s: s.capture(w.CaptureIn.model_validate({
             "subject": subject, "agent_id": agent_id, "user_input": user_input,
             "agent_response": agent_response, "session_id": session_id,
             "source_ref": source_ref, "purpose": purpose, "sharing": sharing,
-            "occurred_at": when,
+            "occurred_at": occurred_at,
         }), idempotency_key=idempotency_key))
 
-    @server.tool()
+    # Destructive (consent withdrawn, data erased) and idempotent: a repeat finds nothing
+    # left to withdraw.
+    @server.tool(annotations=ToolAnnotations(
+        title="Forget", read_only_hint=False, destructive_hint=True, idempotent_hint=True,
+        open_world_hint=False))
     def forget(
         subject: Annotated[str, Field(description="The user reference.")],
         consent_id: Annotated[
