@@ -1,4 +1,4 @@
-"""``uprof``: capture, consent, profiles, projections, benchmarks and the demo."""
+"""uprof: capture, consent, profiles, projections, benchmarks and the demo."""
 
 from __future__ import annotations
 
@@ -15,7 +15,11 @@ from uprof.cli.render import print_evidence, print_profile
 from uprof.facade import Facade
 from uprof.schemas.capture import InteractionIn
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+# Plain help: Rich's boxes wrap error text mid-word and show a type (even <bool>) for
+# every flag; plain click help reads the same in a terminal, a log and a test.
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help=__doc__, rich_markup_mode=None
+)
 consent_app = typer.Typer(no_args_is_help=True, help="Grant, withdraw and list consents.")
 profile_app = typer.Typer(no_args_is_help=True, help="Show profiles and the evidence behind items.")
 projections_app = typer.Typer(no_args_is_help=True, help="Run, rebuild and inspect projections.")

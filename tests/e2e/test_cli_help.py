@@ -1,0 +1,34 @@
+"""Every command's --help reads as plain text: no reST markup, no type shown for a flag."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import typer
+from typer.testing import CliRunner
+
+from uprof.cli.main import app
+
+
+def _commands(group: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """Every command path under a group (Typer's groups: anything with ``commands``)."""
+    yield path
+    for name, command in sorted(group.commands.items()):
+        if hasattr(command, "commands"):
+            yield from _commands(command, (*path, name))
+        else:
+            yield (*path, name)
+
+
+def test_every_help_page_is_plain_text() -> None:
+    root = typer.main.get_command(app)
+    paths = list(_commands(root))
+    assert len(paths) > 40  # every command of the CLI was walked, not only the root
+    marked = []
+    for path in paths:
+        result = CliRunner().invoke(app, [*path, "--help"])
+        assert result.exit_code == 0, (path, result.output)
+        if "``" in result.output or "<bool>" in result.output:
+            marked.append(" ".join(path) or "uprof")
+    assert marked == []
