@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -66,3 +70,21 @@ def test_minilm_embeds_semantically() -> None:
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-4)
     assert float(vectors[0] @ vectors[1]) > float(vectors[0] @ vectors[2])
     assert embedder.embed([]).shape == (0, 384)
+
+
+@pytest.mark.model
+def test_loading_the_model_prints_nothing_and_logs_the_load() -> None:
+    # A fresh process: the progress bar is process-wide state, so it must be off from the
+    # first load on, as in a CLI command or the MCP server.
+    script = (
+        "import logging, sys\n"
+        "logging.basicConfig(stream=sys.stdout, level=logging.INFO, format='%(message)s')\n"
+        "from uprof.adapters.embeddings import MiniLMEmbedder\n"
+        "MiniLMEmbedder().embed(['hello'])\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, timeout=300, check=True)
+    assert "Loading weights" not in done.stderr
+    assert done.stderr.strip() == ""
+    assert "embedding model loaded" in done.stdout

@@ -11,7 +11,9 @@ where no model may be loaded.
 
 from __future__ import annotations
 
+import logging
 import re
+import time
 import unicodedata
 import zlib
 from collections.abc import Sequence
@@ -20,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+_log = logging.getLogger(__name__)
 
 MINILM_DIMENSION = 384
 _WORD_RE = re.compile(r"[^\W_]+")
@@ -70,7 +74,15 @@ class MiniLMEmbedder:
 
             torch.set_num_threads(torch_threads)
 
+        # transformers draws a "Loading weights" bar on stderr at every load: into every
+        # CLI command's output and the MCP server's stderr. The load goes to the log instead.
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+        started = time.perf_counter()
         self._model: Any = SentenceTransformer(str(path), device="cpu", local_files_only=True)
+        _log.info("embedding model loaded from %s in %.2f s", path.name,
+                  time.perf_counter() - started)
         self._batch_size = batch_size
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
