@@ -31,7 +31,16 @@ class UprofError(Exception):
 
 
 class InvalidInputError(UprofError):
-    hint = "fix the named field and send the request again; nothing was stored"
+    """Bad input. ``field`` names the offending field when one is to blame: the hint says
+    which, and the REST body lists it in ``error.fields``."""
+
+    hint = "correct what the message names and send the request again; nothing was stored"
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+        if field is not None:
+            self.hint = f"fix {field} and send the request again; nothing was stored"
 
 
 class ConsentRequiredError(UprofError):
@@ -51,7 +60,10 @@ class IdentityError(UprofError):
 
 
 class SubjectNotFoundError(UprofError):
-    hint = "check the subject reference; capture creates a subject on first use"
+    hint = (
+        "check the subject reference; a subject exists once a consent was granted for it "
+        "(`uprof consent grant`, POST /v1/consents)"
+    )
 
 
 class SubjectErasedError(UprofError):

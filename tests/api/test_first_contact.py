@@ -101,3 +101,29 @@ def test_a_body_that_is_not_utf8_is_a_declared_400(http: httpx.Client, apps: App
     assert response.json()["error"]["code"] == "malformed_body"
     declared = http.get("/openapi.json").json()["paths"]["/v1/slices"]["post"]["responses"]
     assert {"400", "403", "404", "410", "503"} <= set(declared)
+
+
+def test_an_unknown_item_names_its_field_in_the_hint_and_the_body(
+    http: httpx.Client, apps: Apps
+) -> None:
+    grant(http, apps.planner)
+    response = http.post("/v1/evidence/read", headers=bearer(apps.planner_operator),
+                         json={"subject": "alice", "item_id": "zzz"})
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["hint"].startswith("fix item_id ")
+    assert [f["field"] for f in error["fields"]] == ["item_id"]
+
+
+def test_the_unknown_subject_hint_says_how_a_subject_comes_to_exist(
+    http: httpx.Client, apps: Apps
+) -> None:
+    # A capture does not create a subject (consent comes first); the hint must not say so.
+    capture = http.post("/v1/captures", headers=bearer(apps.planner),
+                        json={"subject": "nobody", **interaction("I like tea")})
+    assert capture.status_code in (403, 404), capture.text
+    response = http.post("/v1/profile/read", headers=bearer(apps.planner_operator),
+                         json={"subject": "nobody"})
+    assert response.status_code == 404, response.text
+    hint = response.json()["error"]["hint"]
+    assert "capture creates" not in hint and "consent" in hint

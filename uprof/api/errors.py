@@ -63,7 +63,9 @@ def classify(error: UprofError) -> tuple[int, str]:
 def body_for(error: UprofError) -> ErrorOut:
     """The response body for a uprof error: what happened and what to do about it."""
     _, code = classify(error)
-    return ErrorOut(error=ErrorBody(code=code, message=str(error), hint=error.hint))
+    field = getattr(error, "field", None)
+    fields = [FieldProblem(field=field, message=str(error))] if field else []
+    return ErrorOut(error=ErrorBody(code=code, message=str(error), hint=error.hint, fields=fields))
 
 
 @dataclass

@@ -113,7 +113,8 @@ class ProfileService:
                 if m.item_id == item_id:
                     found = ("memory", m.text, m.evidence)
         if found is None:
-            raise InvalidInputError(f"no item {item_id!r} in this subject's profile")
+            raise InvalidInputError(
+                f"no item {item_id!r} in this subject's profile", field="item_id")
         layer, summary, evidence = found
         rows = self._queries.captures(evidence)
         # Only this subject's captures, in the order the item cites them (I5).
