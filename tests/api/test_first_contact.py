@@ -127,3 +127,25 @@ def test_the_unknown_subject_hint_says_how_a_subject_comes_to_exist(
     assert response.status_code == 404, response.text
     hint = response.json()["error"]["hint"]
     assert "capture creates" not in hint and "consent" in hint
+
+
+def test_cli_slice_for_an_uncovered_purpose_says_why_it_is_empty(
+    tmp_path: Path, backend: object
+) -> None:
+    base = ["--data-dir", str(tmp_path / "data"), "--key-dir", str(tmp_path / "keys"),
+            "--embedder", "hashing"]
+    runner = CliRunner()
+    granted = runner.invoke(cli, [*base, "consent", "grant", "--subject", "alice", "--app",
+                                  "app:planner", "--category", "*", "--purpose",
+                                  "personalization"])
+    assert granted.exit_code == 0, granted.output
+    captured = runner.invoke(cli, [*base, "capture", "--subject", "alice", "--app",
+                                   "app:planner", "--agent", "agent:one", "--text",
+                                   "I like green tea", "--sharing", "shared"])
+    assert captured.exit_code == 0, captured.output
+    result = runner.invoke(cli, [*base, "slice", "--subject", "alice", "--app", "app:planner",
+                                 "--agent", "agent:one", "--purpose", "marketing", "tea?"])
+    assert result.exit_code == 0, result.output
+    said = _plain(result.output)
+    assert "hint:" in said and "purpose 'marketing'" in said
+    assert "uprof policy show" in said
