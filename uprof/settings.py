@@ -12,10 +12,29 @@ folder: by default the sibling folder ``<data_dir>.keys`` (docs/governance.md).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from limits import RateLimitItem
+
+
+def parse_rate_limit(spec: str) -> list[RateLimitItem]:
+    """The limits of a rate-limit spec, or ValueError saying what is accepted."""
+    from limits import parse_many
+
+    try:
+        items = parse_many(spec)
+    except ValueError:
+        items = []
+    if not items:
+        raise ValueError(
+            f"{spec!r} is not a rate limit; use '<count>/<second|minute|hour|day>', "
+            "several separated by ';', for example '50/second;1000/minute'"
+        )
+    return items
 
 POLICIES_DIR = Path(__file__).resolve().parent.parent / "policies"
 
@@ -75,6 +94,10 @@ class Settings(BaseSettings):
     #: threads fight over the cores (FIELD-NOTES 8.3); run more workers instead.
     torch_threads: int = Field(default=1, ge=0, le=64)
 
+    #: Requests per API key and server process, in the `limits` notation ("50/second",
+    #: "50/second;1000/minute"); over it, 429 with Retry-After. None: no limit.
+    rate_limit: str | None = None
+
     #: How long an idempotency key (and the first answer to it) is kept, in seconds.
     idempotency_retention_s: float = Field(default=24 * 3600.0, gt=0.0, le=30 * 24 * 3600.0)
 
@@ -86,6 +109,14 @@ class Settings(BaseSettings):
     #: each decision batch checks the store's version when this much time has passed.
     policy_refresh_s: float = Field(default=0.25, ge=0.0, le=60.0)
     audit_origin: str = "uprof.local/audit"
+
+    @field_validator("rate_limit")
+    @classmethod
+    def _rate_limit(cls, value: str | None) -> str | None:
+        if value is None or value.strip() in ("", "off"):
+            return None
+        parse_rate_limit(value)
+        return value
 
     @field_validator("database_url")
     @classmethod

@@ -32,6 +32,7 @@ from uprof.api.errors import (
 from uprof.api.keys import ApiKeyStore
 from uprof.api.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimitMiddleware
 from uprof.api.metrics import Metrics, MetricsMiddleware
+from uprof.api.ratelimit import KeyRateLimiter, RateLimitedError
 from uprof.api.routes import (
     audit,
     captures,
@@ -73,6 +74,7 @@ def create_app(
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_ready_lag: int = DEFAULT_MAX_READY_LAG,
+    rate_limit: str | None = None,
     extra_routers: Iterable[APIRouter] = (),
 ) -> FastAPI:
     """Build the REST API over one kernel; apps authenticate with keys from ``api_keys``.
@@ -111,6 +113,7 @@ def create_app(
     app.state.api_keys = api_keys
     app.state.metrics = metrics
     app.state.max_ready_lag = max_ready_lag
+    app.state.rate_limiter = KeyRateLimiter(rate_limit) if rate_limit else None
 
     for module in (
         captures, proposals, slices, profiles, consents, subjects, governance, audit, policy,
@@ -150,6 +153,8 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(EdgeError)
     async def edge_error(_: Request, error: EdgeError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
+        if isinstance(error, RateLimitedError):
+            headers = {"Retry-After": str(error.retry_after_s)}
         return _json(error.body(), error.status, headers)
 
     @app.exception_handler(RequestValidationError)

@@ -13,6 +13,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from uprof.api.errors import unauthenticated
 from uprof.api.keys import ApiKeyStore, Principal
+from uprof.api.ratelimit import KeyRateLimiter
 from uprof.api.runtime import ServiceRuntime
 from uprof.api.scoped import AppScope
 
@@ -39,15 +40,21 @@ KeyStore = Annotated[ApiKeyStore, Depends(get_key_store)]
 
 
 def authenticate(
+    request: Request,
     store: KeyStore,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
 ) -> Principal:
-    """Return the principal of the request's API key, or refuse with 401."""
+    """Return the principal of the request's API key, or refuse with 401 (429 when the
+    key is over its rate limit: counted after authentication, so a stranger cannot use
+    up an app's allowance)."""
     if credentials is None:
         raise unauthenticated("missing API key")
     principal = store.authenticate(credentials.credentials)
     if principal is None:
         raise unauthenticated("invalid or revoked API key")
+    limiter: KeyRateLimiter | None = request.app.state.rate_limiter
+    if limiter is not None:
+        limiter.check(principal.key_id)
     return principal
 
 

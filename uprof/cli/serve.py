@@ -15,6 +15,7 @@ import typer
 
 from domain.errors import UprofError
 from uprof.cli.context import console, door, fail, settings
+from uprof.settings import parse_rate_limit
 
 apps_app = typer.Typer(no_args_is_help=True, help="Create, list and revoke app API keys.")
 
@@ -26,6 +27,9 @@ def serve(
     port: Annotated[int, typer.Option(help="TCP port.")] = 8765,
     max_body_bytes: Annotated[int, typer.Option(help="Largest request body accepted.")] = 1_048_576,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    rate_limit: Annotated[str | None, typer.Option(
+        help="Requests per API key, e.g. 50/second;1000/minute (UPROF_RATE_LIMIT); "
+        "over it, 429 with Retry-After.")] = None,
     run_worker: Annotated[
         bool,
         typer.Option(
@@ -46,6 +50,12 @@ def serve(
     server_settings = settings().model_copy(
         update={"background_workers": True, "run_worker": run_worker}
     )
+    if rate_limit is not None:
+        try:
+            parse_rate_limit(rate_limit)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="'--rate-limit'") from None
+        server_settings = server_settings.model_copy(update={"rate_limit": rate_limit})
     try:
         kernel = bootstrap(server_settings)
     except UprofError as e:
@@ -53,7 +63,8 @@ def serve(
         return
     keys = ApiKeyStore.open(server_settings)
     try:
-        api = create_server(kernel, keys, max_body_bytes=max_body_bytes)
+        api = create_server(kernel, keys, max_body_bytes=max_body_bytes,
+                            rate_limit=server_settings.rate_limit)
         console.print(f"uprof API on http://{host}:{port} (OpenAPI at /docs)")
         uvicorn.run(
             api, host=host, port=port, log_level=log_level, log_config=server_log_config(log_level)
