@@ -97,7 +97,10 @@ def build_embedder(settings: Settings) -> Embedder:
         return HashingEmbedder()
     from uprof.adapters.embeddings import MiniLMEmbedder
 
-    return MiniLMEmbedder(torch_threads=settings.torch_threads or None)
+    embedder = MiniLMEmbedder(torch_threads=settings.torch_threads or None)
+    if settings.background_workers:
+        embedder.load()  # a server loads it before its first request, not during it
+    return embedder
 
 
 def build_extractor(settings: Settings) -> Extractor:

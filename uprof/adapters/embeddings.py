@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 import unicodedata
 import zlib
@@ -67,28 +68,47 @@ class MiniLMEmbedder:
         if not path.is_dir() or not (path / "config.json").is_file():
             # A hub name or a missing folder would make sentence-transformers download.
             raise FileNotFoundError(f"no local all-MiniLM-L6-v2 weights at {path}")
-        from sentence_transformers import SentenceTransformer  # heavy import, only when used
-
-        if torch_threads is not None:
-            import torch
-
-            torch.set_num_threads(torch_threads)
-
-        # transformers draws a "Loading weights" bar on stderr at every load: into every
-        # CLI command's output and the MCP server's stderr. The load goes to the log instead.
-        from transformers.utils import logging as transformers_logging
-
-        transformers_logging.disable_progress_bar()
-        started = time.perf_counter()
-        self._model: Any = SentenceTransformer(str(path), device="cpu", local_files_only=True)
-        _log.info("embedding model loaded from %s in %.2f s", path.name,
-                  time.perf_counter() - started)
+        self._path = path
         self._batch_size = batch_size
+        self._torch_threads = torch_threads
+        # The model (and torch) load on first use, or on ``load()``: importing them takes
+        # ~10 s on a busy 2-core machine, which every CLI command paid, even one that
+        # embeds nothing. A missing model folder is still refused here, at construction.
+        self._model: Any = None
+        self._loading = threading.Lock()
+
+    def load(self) -> None:
+        """Load the model now (servers do, at start, so no request waits for it)."""
+        with self._loading:
+            if self._model is not None:
+                return
+            from sentence_transformers import SentenceTransformer  # heavy import
+
+            if self._torch_threads is not None:
+                import torch
+
+                torch.set_num_threads(self._torch_threads)
+            # transformers draws a "Loading weights" bar on stderr at every load: into every
+            # CLI command's output and the MCP server's stderr. The load goes to the log.
+            from transformers.utils import logging as transformers_logging
+
+            transformers_logging.disable_progress_bar()
+            started = time.perf_counter()
+            self._model = SentenceTransformer(str(self._path), device="cpu",
+                                              local_files_only=True)
+            _log.info("embedding model loaded from %s in %.2f s", self._path.name,
+                      time.perf_counter() - started)
+
+    @property
+    def loaded(self) -> bool:
+        return self._model is not None
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Embed texts in batches; returns an (n, 384) float32 matrix of unit rows."""
         if len(texts) == 0:
             return np.zeros((0, self.dimension), dtype=np.float32)
+        if self._model is None:
+            self.load()
         vectors = self._model.encode(
             list(texts),
             batch_size=self._batch_size,

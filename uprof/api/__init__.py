@@ -4,7 +4,26 @@ Everything a route does goes through ``AppScope`` (``uprof.api.scoped``), the sa
 object the MCP server and the SDK's embedded mode use.
 """
 
-from uprof.api.app import create_app
-from uprof.api.keys import ApiKeyStore, IssuedKey, Principal
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["ApiKeyStore", "IssuedKey", "Principal", "create_app"]
+
+if TYPE_CHECKING:
+    from uprof.api.app import create_app
+    from uprof.api.keys import ApiKeyStore, IssuedKey, Principal
+
+
+def __getattr__(name: str) -> Any:
+    # Loaded on first use: a module that needs only the API's tables (the backup service)
+    # must not load FastAPI, which costs every CLI command most of a second.
+    if name == "create_app":
+        from uprof.api.app import create_app
+
+        return create_app
+    if name in ("ApiKeyStore", "IssuedKey", "Principal"):
+        from uprof.api import keys
+
+        return getattr(keys, name)
+    raise AttributeError(f"module 'uprof.api' has no attribute {name!r}")

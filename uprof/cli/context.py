@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from pydantic import ValidationError
@@ -26,9 +27,13 @@ from domain.errors import (
 )
 from domain.principal import Principal
 from domain.values import check_sharing
-from uprof.facade import Facade
-from uprof.kernel import Uprof
 from uprof.settings import Settings
+
+if TYPE_CHECKING:
+    # The kernel and the facade load when a command opens the stores, not when the CLI
+    # starts: `uprof --help` and a refused option need neither.
+    from uprof.facade import Facade
+    from uprof.kernel import Uprof
 
 console = Console()
 err_console = Console(stderr=True)
@@ -103,6 +108,8 @@ def door() -> Iterator[Facade]:
     an operator may do, every call is audited as ``operator:local#cli``, and a
     command that acts for an app (``--app``) is decided by that app's policy.
     """
+    from uprof.facade import Facade
+
     with kernel() as k:
         yield Facade(k, Principal.local_operator(k.subjects.tenant))
 

@@ -13,7 +13,7 @@ import shutil
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -22,8 +22,10 @@ from domain.values import Interaction
 from uprof.cli.context import STATE, console, door, settings
 from uprof.cli.govern import print_slice
 from uprof.cli.render import print_evidence, print_profile
-from uprof.facade import Facade
 from uprof.schemas.capture import InteractionIn
+
+if TYPE_CHECKING:
+    from uprof.facade import Facade
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ import typer
 from rich.table import Table
 
 from uprof.cli.context import console, door, err_console
-from uprof.facade import SubjectRequest
 
 erase_app = typer.Typer(no_args_is_help=True, help="Erase a subject, one event or one item.")
 audit_app = typer.Typer(no_args_is_help=True, help="Export and verify the audit trail; residue.")
@@ -41,6 +40,8 @@ def slice_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the full slice as JSON.")] = False,
 ) -> None:
     """Serve the profile slice an app may see for a query, within a token budget."""
+    from uprof.facade import SubjectRequest
+
     with door() as d:
         # The operator reads as the app: the app's policy, consent and visibility apply.
         result = d.for_app(app_id).slice(

@@ -5,15 +5,17 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from uprof.cli.context import STATE, console, door, parse_time, sharing_option
 from uprof.cli.render import print_evidence, print_profile
-from uprof.facade import Facade
 from uprof.schemas.capture import InteractionIn
+
+if TYPE_CHECKING:
+    from uprof.facade import Facade
 
 # Plain help: Rich's boxes wrap error text mid-word and show a type (even <bool>) for
 # every flag; plain click help reads the same in a terminal, a log and a test.

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
-from uprof.facade import EvidenceView, ProfileView
+if TYPE_CHECKING:
+    from uprof.facade import EvidenceView, ProfileView
+
 
 SHORT_ID = 8
 

@@ -1,0 +1,53 @@
+"""The CLI loads only what a command needs: no model for a command that embeds nothing.
+
+Checked by the modules a fresh process has loaded (not by timing, which belongs to the
+benchmarks: docs/performance.md has `uprof --help` and a CLI capture in seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HEAVY = ("sentence_transformers", "torch", "fastapi", "mcp", "uprof.kernel", "uprof.mcp.server")
+
+_PROBE = """
+import json, sys
+from typer.testing import CliRunner
+from uprof.cli.main import app
+args = json.loads(sys.argv[1])
+result = CliRunner().invoke(app, args)
+heavy = json.loads(sys.argv[2])
+print(json.dumps({"exit": result.exit_code, "output": result.output,
+                  "loaded": [m for m in heavy if m in sys.modules]}))
+"""
+
+
+def _run(args: list[str]) -> dict[str, object]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(args), json.dumps(HEAVY)],
+                          capture_output=True, text=True, env=env, timeout=300, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_help_loads_no_kernel_server_or_model() -> None:
+    seen = _run(["--help"])
+    assert seen["exit"] == 0
+    assert seen["loaded"] == []
+
+
+def test_a_capture_opens_the_stores_but_does_not_load_the_model(tmp_path: Path) -> None:
+    base = ["--data-dir", str(tmp_path / "data"), "--key-dir", str(tmp_path / "keys")]
+    granted = _run([*base, "consent", "grant", "--subject", "alice", "--app", "app:planner",
+                    "--category", "*", "--purpose", "personalization"])
+    assert granted["exit"] == 0, granted["output"]
+    captured = _run([*base, "capture", "--subject", "alice", "--app", "app:planner",
+                     "--agent", "agent:one", "--text", "I live in Lisbon"])
+    assert captured["exit"] == 0, captured["output"]
+    assert "captured" in str(captured["output"])
+    loaded = captured["loaded"]
+    assert isinstance(loaded, list) and "uprof.kernel" in loaded  # the stores were opened
+    assert "sentence_transformers" not in loaded and "torch" not in loaded
