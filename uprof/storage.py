@@ -21,6 +21,8 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 
 from uprof.settings import Settings
 
@@ -163,11 +165,21 @@ def schema_lock(engine: sa.Engine) -> Iterator[None]:
 
 
 def migrate(engine: sa.Engine, branch: str) -> None:
-    """Bring one store's tables to the newest revision of its alembic branch."""
+    """Bring one store's tables to the newest revision of its alembic branch.
+
+    A store already at the branch head is left alone without running the migration
+    environment (which imports every table module): every CLI command opens two stores,
+    and the upgrade pass cost it ~0.8 s when there was nothing to do.
+    """
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     config.attributes["branch"] = branch
+    head = ScriptDirectory.from_config(config).get_revision(f"{branch}@head")
     with engine.begin() as conn:
+        if head is not None and head.revision in MigrationContext.configure(
+            conn
+        ).get_current_heads():
+            return
         config.attributes["connection"] = conn
         command.upgrade(config, f"{branch}@head")
 
