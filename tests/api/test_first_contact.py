@@ -14,7 +14,8 @@ from typer.testing import CliRunner, Result
 from tests.api.conftest import Apps, bearer, grant, interaction
 from uprof.cli.main import app as cli
 
-pytestmark = pytest.mark.parametrize("backend", ["sqlite", "postgres"], indirect=True)
+#: The HTTP tests run on both backends; the CLI tests use their own SQLite folder.
+both_backends = pytest.mark.parametrize("backend", ["sqlite", "postgres"], indirect=True)
 
 
 def _plain(output: str) -> str:
@@ -26,6 +27,7 @@ def _fields(response: httpx.Response) -> list[str]:
     return [f["field"] for f in response.json()["error"]["fields"]]
 
 
+@both_backends
 def test_a_sharing_typo_is_refused_over_rest_and_nothing_is_captured(
     http: httpx.Client, apps: Apps
 ) -> None:
@@ -51,6 +53,7 @@ def test_a_sharing_typo_is_refused_over_rest_and_nothing_is_captured(
     assert ok.status_code == 201, ok.text
 
 
+@both_backends
 def test_a_sharing_typo_in_proposals_is_refused(http: httpx.Client, apps: Apps) -> None:
     grant(http, apps.planner)
     response = http.post(
@@ -75,9 +78,7 @@ def _cli_capture(tmp_path: Path, *extra: str) -> Result:
         "--text", "I like tea", *extra])  # fmt: skip
 
 
-def test_cli_capture_refuses_a_sharing_typo_before_touching_the_stores(
-    tmp_path: Path, backend: object
-) -> None:
+def test_cli_capture_refuses_a_sharing_typo_before_touching_the_stores(tmp_path: Path) -> None:
     result = _cli_capture(tmp_path, "--sharing", "sharde")
     assert result.exit_code == 2, result.output
     said = _plain(result.output)
@@ -85,12 +86,13 @@ def test_cli_capture_refuses_a_sharing_typo_before_touching_the_stores(
     assert not (tmp_path / "data").exists()  # refused before any store was opened
 
 
-def test_cli_time_error_shows_the_accepted_form(tmp_path: Path, backend: object) -> None:
+def test_cli_time_error_shows_the_accepted_form(tmp_path: Path) -> None:
     result = _cli_capture(tmp_path, "--at", "yesterday")
     assert result.exit_code == 2
     assert "for example --at 2026-12-01T09:30:00Z" in _plain(result.output)
 
 
+@both_backends
 def test_a_body_that_is_not_utf8_is_a_declared_400(http: httpx.Client, apps: Apps) -> None:
     response = http.post(
         "/v1/slices",
@@ -103,6 +105,7 @@ def test_a_body_that_is_not_utf8_is_a_declared_400(http: httpx.Client, apps: App
     assert {"400", "403", "404", "410", "503"} <= set(declared)
 
 
+@both_backends
 def test_an_unknown_item_names_its_field_in_the_hint_and_the_body(
     http: httpx.Client, apps: Apps
 ) -> None:
@@ -115,6 +118,7 @@ def test_an_unknown_item_names_its_field_in_the_hint_and_the_body(
     assert [f["field"] for f in error["fields"]] == ["item_id"]
 
 
+@both_backends
 def test_the_unknown_subject_hint_says_how_a_subject_comes_to_exist(
     http: httpx.Client, apps: Apps
 ) -> None:
@@ -129,9 +133,7 @@ def test_the_unknown_subject_hint_says_how_a_subject_comes_to_exist(
     assert "capture creates" not in hint and "consent" in hint
 
 
-def test_cli_slice_for_an_uncovered_purpose_says_why_it_is_empty(
-    tmp_path: Path, backend: object
-) -> None:
+def test_cli_slice_for_an_uncovered_purpose_says_why_it_is_empty(tmp_path: Path) -> None:
     base = ["--data-dir", str(tmp_path / "data"), "--key-dir", str(tmp_path / "keys"),
             "--embedder", "hashing"]
     runner = CliRunner()

@@ -35,7 +35,6 @@ class KeyRateLimiter:
     """Moving-window limits per API key id (a key over any one of them is refused)."""
 
     def __init__(self, spec: str) -> None:
-        self.spec = spec
         self._items = parse_rate_limit(spec)
         self._limiter = MovingWindowRateLimiter(MemoryStorage())
 
