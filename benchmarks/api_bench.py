@@ -70,8 +70,12 @@ def _free_port() -> int:
 def _settings(data_dir: Path, embedder: str, background: bool, run_worker: bool = True) -> Any:
     from uprof.settings import Settings
 
-    return Settings(data_dir=data_dir, embedder=embedder, background_workers=background,  # type: ignore[arg-type]
-                    run_worker=run_worker)
+    return Settings(
+        data_dir=data_dir,
+        embedder=embedder,
+        background_workers=background,  # type: ignore[arg-type]
+        run_worker=run_worker,
+    )
 
 
 # ------------------------------------------------------------------ server mode
@@ -90,8 +94,14 @@ def serve(data_dir: Path, port: int, embedder: str, run_worker: bool = True) -> 
     kernel = bootstrap(settings)
     keys = ApiKeyStore.open(settings)
     try:
-        uvicorn.run(create_server(kernel, keys), host="127.0.0.1", port=port, log_level="warning",
-                    access_log=False, log_config=server_log_config("warning"))
+        uvicorn.run(
+            create_server(kernel, keys),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            access_log=False,
+            log_config=server_log_config("warning"),
+        )
     finally:
         keys.close()
         kernel.close()
@@ -102,8 +112,19 @@ def _start_server(
 ) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.api_bench", "--serve", "--data-dir", str(data_dir),
-         "--port", str(port), "--embedder", embedder, *([] if run_worker else ["--no-worker"])],
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.api_bench",
+            "--serve",
+            "--data-dir",
+            str(data_dir),
+            "--port",
+            str(port),
+            "--embedder",
+            embedder,
+            *([] if run_worker else ["--no-worker"]),
+        ],
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     url = f"http://127.0.0.1:{port}"
@@ -126,27 +147,47 @@ def _start_server(
 def _seed(kernel: Any, subjects: int, turns: int) -> None:
     from domain.values import Interaction
 
-    texts = ["I want to run a half marathon in spring", "I like jazz and long walks",
-             "I live in Lisbon", "I want to learn the cello", "I am vegetarian",
-             "I prefer meetings in the morning", "I want to visit Japan next year"]
+    texts = [
+        "I want to run a half marathon in spring",
+        "I like jazz and long walks",
+        "I live in Lisbon",
+        "I want to learn the cello",
+        "I am vegetarian",
+        "I prefer meetings in the morning",
+        "I want to visit Japan next year",
+    ]
     for s in range(subjects):
         subject = f"subject-{s}"
         kernel.grant_consent(subject, app_id=APP, categories=["*"], purposes=[PURPOSE])
         if s == 0:
-            kernel.capture_many(subject, [
-                Interaction(app_id=APP, agent_id=AGENT, user_input=f"{texts[i % len(texts)]} ({i})",
-                            occurred_at=datetime(2025, 1, 1 + i % 28, 9, tzinfo=UTC),
-                            sharing="shared", purpose=PURPOSE)
-                for i in range(turns)
-            ])
+            kernel.capture_many(
+                subject,
+                [
+                    Interaction(
+                        app_id=APP,
+                        agent_id=AGENT,
+                        user_input=f"{texts[i % len(texts)]} ({i})",
+                        occurred_at=datetime(2025, 1, 1 + i % 28, 9, tzinfo=UTC),
+                        sharing="shared",
+                        purpose=PURPOSE,
+                    )
+                    for i in range(turns)
+                ],
+            )
     kernel.process()
 
 
 def slice_overhead(kernel: Any, url: str, key: str, iterations: int) -> dict[str, Any]:
     """The same slice over REST, then in process, each phase alone so neither side's
     read recording competes with the other's requests."""
-    body = {"subject": "subject-0", "query": QUERY, "budget_tokens": 512, "purpose": PURPOSE,
-            "agent_id": AGENT, "wait_timeout_s": 0}
+    body = {
+        "subject": "subject-0",
+        "query": QUERY,
+        "budget_tokens": 512,
+        "purpose": PURPOSE,
+        "agent_id": AGENT,
+        "wait_timeout_s": 0,
+    }
     remote: list[float] = []
     edge: list[float] = []  # per request: client-observed time minus the server's slice
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30) as http:
@@ -164,8 +205,15 @@ def slice_overhead(kernel: Any, url: str, key: str, iterations: int) -> dict[str
     local: list[float] = []
     for i in range(iterations + 5):
         began = time.perf_counter()
-        kernel.slice("subject-0", QUERY, budget_tokens=512, purpose=PURPOSE, app_id=APP,
-                     agent_id=AGENT, wait_timeout_s=0)
+        kernel.slice(
+            "subject-0",
+            QUERY,
+            budget_tokens=512,
+            purpose=PURPOSE,
+            app_id=APP,
+            agent_id=AGENT,
+            wait_timeout_s=0,
+        )
         if i >= 5:
             local.append(time.perf_counter() - began)
     p50_local, p50_remote = statistics.median(local), statistics.median(remote)
@@ -187,12 +235,13 @@ def _server_slice_s(response: httpx.Response) -> float:
     for metric in timing.split(","):
         name, _, params = metric.strip().partition(";")
         if name == "slice" and params.startswith("dur="):
-            return float(params[len("dur="):]) / 1000
+            return float(params[len("dur=") :]) / 1000
     raise RuntimeError(f"no slice timing in the response: {timing!r}")
 
 
-async def _capture_load(url: str, key: str, subjects: int, total: int, seconds: float,
-                        concurrency: int) -> dict[str, Any]:
+async def _capture_load(
+    url: str, key: str, subjects: int, total: int, seconds: float, concurrency: int
+) -> dict[str, Any]:
     latencies: list[float] = []
     statuses: dict[int, int] = {}
     sent = 0
@@ -203,18 +252,23 @@ async def _capture_load(url: str, key: str, subjects: int, total: int, seconds: 
         while sent < total and time.monotonic() < deadline:
             n = sent
             sent += 1
-            body = {"subject": f"subject-{n % subjects}", "agent_id": AGENT,
-                    "user_input": f"I want to try activity number {n}",
-                    "occurred_at": "2025-02-01T10:00:00Z", "purpose": PURPOSE,
-                    "sharing": "shared"}
+            body = {
+                "subject": f"subject-{n % subjects}",
+                "agent_id": AGENT,
+                "user_input": f"I want to try activity number {n}",
+                "occurred_at": "2025-02-01T10:00:00Z",
+                "purpose": PURPOSE,
+                "sharing": "shared",
+            }
             began = time.perf_counter()
             response = await http.post("/v1/captures", json=body)
             latencies.append(time.perf_counter() - began)
             statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
 
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"},
-                                 timeout=60, limits=limits) as http:
+    async with httpx.AsyncClient(
+        base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60, limits=limits
+    ) as http:
         began = time.perf_counter()
         await asyncio.gather(*(worker(http, i) for i in range(concurrency)))
         elapsed = time.perf_counter() - began
@@ -229,8 +283,9 @@ async def _capture_load(url: str, key: str, subjects: int, total: int, seconds: 
     }
 
 
-def _threaded_captures(door: Any, subjects: int, per_thread: int, concurrency: int,
-                       tag: str) -> dict[str, Any]:
+def _threaded_captures(
+    door: Any, subjects: int, per_thread: int, concurrency: int, tag: str
+) -> dict[str, Any]:
     from domain.values import Interaction
 
     latencies: list[float] = []
@@ -239,8 +294,11 @@ def _threaded_captures(door: Any, subjects: int, per_thread: int, concurrency: i
     def client(c: int) -> None:
         for n in range(per_thread):
             interaction = Interaction(
-                app_id=APP, agent_id=AGENT, user_input=f"I want to try {tag} {c}x{n}",
-                occurred_at=datetime(2025, 2, 1, 10, tzinfo=UTC), purpose=PURPOSE,
+                app_id=APP,
+                agent_id=AGENT,
+                user_input=f"I want to try {tag} {c}x{n}",
+                occurred_at=datetime(2025, 2, 1, 10, tzinfo=UTC),
+                purpose=PURPOSE,
                 sharing="shared",
             )
             began = time.perf_counter()
@@ -257,12 +315,16 @@ def _threaded_captures(door: Any, subjects: int, per_thread: int, concurrency: i
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - began
-    return {"requests_per_s": round(len(latencies) / elapsed, 1),
-            "p99_ms": _ms(_percentile(latencies, 0.99)), "failures": len(failures)}
+    return {
+        "requests_per_s": round(len(latencies) / elapsed, 1),
+        "p99_ms": _ms(_percentile(latencies, 0.99)),
+        "failures": len(failures),
+    }
 
 
-def in_process_capture(embedder: str, subjects: int, per_thread: int, concurrency: int,
-                       rounds: int) -> dict[str, Any]:
+def in_process_capture(
+    embedder: str, subjects: int, per_thread: int, concurrency: int, rounds: int
+) -> dict[str, Any]:
     """Captures through the authorized door from ``concurrency`` threads in one process,
     no pipeline worker: the one-request path and the group-commit writer (decision
     0017) alternating round by round on one kernel, so both see the same machine."""
@@ -277,20 +339,30 @@ def in_process_capture(embedder: str, subjects: int, per_thread: int, concurrenc
             if writer is None:
                 return {"skipped": "this tree has no group-commit writer"}
             for s in range(subjects):
-                kernel.grant_consent(f"subject-{s}", app_id=APP, categories=["*"],
-                                     purposes=[PURPOSE])
-            door = Facade(kernel, Principal(tenant=kernel.subjects.tenant, app_id=APP,
-                                            key_id="bench", kind=PrincipalKind.APP,
-                                            roles=frozenset({"app"})))
+                kernel.grant_consent(
+                    f"subject-{s}", app_id=APP, categories=["*"], purposes=[PURPOSE]
+                )
+            door = Facade(
+                kernel,
+                Principal(
+                    tenant=kernel.subjects.tenant,
+                    app_id=APP,
+                    key_id="bench",
+                    kind=PrincipalKind.APP,
+                    roles=frozenset({"app"}),
+                ),
+            )
             _threaded_captures(door, subjects, 2, concurrency, "warm-up")
             runs: dict[str, list[dict[str, Any]]] = {"one_request_path": [], "group_commit": []}
             for r in range(rounds):
                 runs["one_request_path"].append(
-                    _threaded_captures(door, subjects, per_thread, concurrency, f"a{r}"))
+                    _threaded_captures(door, subjects, per_thread, concurrency, f"a{r}")
+                )
                 writer.start()
                 try:
                     runs["group_commit"].append(
-                        _threaded_captures(door, subjects, per_thread, concurrency, f"b{r}"))
+                        _threaded_captures(door, subjects, per_thread, concurrency, f"b{r}")
+                    )
                 finally:
                     writer.stop()
         finally:
@@ -302,7 +374,8 @@ def in_process_capture(embedder: str, subjects: int, per_thread: int, concurrenc
         "rounds": runs,
         "median_requests_per_s": medians,
         "ratio_group_over_one_request": round(
-            medians["group_commit"] / medians["one_request_path"], 2),
+            medians["group_commit"] / medians["one_request_path"], 2
+        ),
         "group_commit_mean_group_size": round(writer.grouped_requests / max(writer.groups, 1), 1),
     }
 
@@ -324,8 +397,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             server, url = _start_server(data_dir, args.embedder, not args.no_worker)
             try:
                 overhead = slice_overhead(kernel, url, key, args.iterations)
-                load = asyncio.run(_capture_load(url, key, args.subjects, args.captures,
-                                                 args.seconds, args.concurrency))
+                load = asyncio.run(
+                    _capture_load(
+                        url, key, args.subjects, args.captures, args.seconds, args.concurrency
+                    )
+                )
                 lag = httpx.get(f"{url}/readyz", timeout=10).json()
             finally:
                 server.terminate()
@@ -335,7 +411,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             kernel.close()
     inproc = (
         in_process_capture(args.embedder, args.subjects, 25, args.concurrency, 3)
-        if args.in_process_capture else None
+        if args.in_process_capture
+        else None
     )
     return {
         "benchmark": "api",
@@ -362,12 +439,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument(
-        "--no-worker", action="store_true",
+        "--no-worker",
+        action="store_true",
         help="serve without the pipeline worker (uprof serve --no-worker): the capture "
         "figure without extraction and projections sharing the server process",
     )
     parser.add_argument(
-        "--in-process-capture", action="store_true",
+        "--in-process-capture",
+        action="store_true",
         help="also: captures from threads in one process, one-request path against "
         "group commit, alternating (decision 0017)",
     )

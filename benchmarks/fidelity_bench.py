@@ -168,15 +168,25 @@ class HeldItem:
 def held_items(dep: FacadeDeployment, subject: str) -> list[HeldItem]:
     """Every item of the subject's profile, each pointer resolved against the captures."""
     view = dep.operator.profile(subject)
-    pointers = {e for layer in (view.attributes, view.intents, view.memories) for i in layer
-                for e in i.evidence}
+    pointers = {
+        e
+        for layer in (view.attributes, view.intents, view.memories)
+        for i in layer
+        for e in i.evidence
+    }
     rows = dep.operator.evidence_captures(subject, pointers) if pointers else {}
     resolved = {cid: (row.source_ref, row.actor) for cid, row in rows.items()}
 
     def item(layer: str, row: Any, text: str, refs: tuple[str, ...] = ()) -> HeldItem:
         return HeldItem(
-            subject, layer, row.item_id, text, str(row.provenance), tuple(row.evidence),
-            {e: resolved[e] for e in row.evidence if e in resolved}, refs,
+            subject,
+            layer,
+            row.item_id,
+            text,
+            str(row.provenance),
+            tuple(row.evidence),
+            {e: resolved[e] for e in row.evidence if e in resolved},
+            refs,
         )
 
     return (
@@ -391,7 +401,8 @@ def run_personas(
             # padded so a match is whole words): finding one here is a leak.
             own = [_padded(s) for s in sentences]
             other_only = {
-                o: _padded(o) for o in people[other_sp]
+                o: _padded(o)
+                for o in people[other_sp]
                 if len(_padded(o).split()) >= 3 and not any(_padded(o) in w for w in own)
             }
             items = held_items(dep, subject)
@@ -649,8 +660,10 @@ def recall_costs(
     row: Mapping[str, Any], budgets: Sequence[int], full_mean: float
 ) -> dict[str, dict[str, Any]]:
     """Tokens at which one method's ER-strict reaches each target, and the share of full."""
-    curve = [(row["by_budget"][str(b)]["mean_tokens"], row["by_budget"][str(b)]["strict"])
-             for b in budgets]
+    curve = [
+        (row["by_budget"][str(b)]["mean_tokens"], row["by_budget"][str(b)]["strict"])
+        for b in budgets
+    ]
     out: dict[str, dict[str, Any]] = {}
     for target in RECALL_TARGETS:
         tokens, bound = tokens_at_recall(curve, target)
@@ -679,8 +692,9 @@ def _sweep(system: Any, convs: Sequence[Conversation], budgets: Sequence[int]) -
                 n, _, union, *_ = score_question(conv, q, [sl], budget)
                 tokens.append(n)
                 strict.append(union.strict)
-                unresolved += sum(1 for it in sl.items if it.source_refs and
-                                  not set(it.source_refs) <= known)
+                unresolved += sum(
+                    1 for it in sl.items if it.source_refs and not set(it.source_refs) <= known
+                )
         by_budget[str(budget)] = {
             "mean_tokens": mean(tokens),
             "strict": mean(strict),
@@ -755,64 +769,126 @@ def markdown(report: Mapping[str, Any]) -> str:
     prov = report.get("provenance")
     if prov:
         parts += ["", "### Attribute provenance (LoCoMo `observation`, silver labels, mode P)", ""]
-        parts.append(table(
-            ["silver facts", "ceiling", "recall (any item)", "recall (attribute or intent)",
-             "items", "items citing the other speaker", "fabricated attributes"],
-            [[prov["silver_facts"], _f(prov["ceiling"]), _f(prov["recall_any_item"]),
-              _f(prov["recall_attribute_or_intent"]), prov["items"],
-              prov["items_citing_other_speaker"], _fab(prov["fabrication"])]],
-        ))
+        parts.append(
+            table(
+                [
+                    "silver facts",
+                    "ceiling",
+                    "recall (any item)",
+                    "recall (attribute or intent)",
+                    "items",
+                    "items citing the other speaker",
+                    "fabricated attributes",
+                ],
+                [
+                    [
+                        prov["silver_facts"],
+                        _f(prov["ceiling"]),
+                        _f(prov["recall_any_item"]),
+                        _f(prov["recall_attribute_or_intent"]),
+                        prov["items"],
+                        prov["items_citing_other_speaker"],
+                        _fab(prov["fabrication"]),
+                    ]
+                ],
+            )
+        )
     for per in report.get("personas", []):
         title = f"### Persona isolation (`msc_personas_all.json`, `{per['split']}` split)"
         parts += ["", title, ""]
-        parts.append(table(
-            ["pairs", "sentences", "exact capture", "exact in a memory", "items leaked",
-             "slices leaked", "near-duplicates merged within", "duplicate attribute groups",
-             "near-duplicates across the pair", "attributes merged across subjects",
-             "fabricated attributes"],
-            [[per["pairs"], per["sentences"], _f(per["exact_capture"]),
-              _f(per["exact_in_memory"]), per["items_leaked_from_other_subject"],
-              f"{per['slices_with_other_subject_text']} / {per['slice_probes']}",
-              f"{per['near_duplicate_pairs_merged']} / "
-              f"{per['near_duplicate_pairs_within_subject_with_attributes']}",
-              per["duplicate_attribute_groups_within_subject"],
-              per["near_duplicate_sentences_across_pair"],
-              per["attributes_citing_other_subject"], _fab(per["fabrication"])]],
-        ))
+        parts.append(
+            table(
+                [
+                    "pairs",
+                    "sentences",
+                    "exact capture",
+                    "exact in a memory",
+                    "items leaked",
+                    "slices leaked",
+                    "near-duplicates merged within",
+                    "duplicate attribute groups",
+                    "near-duplicates across the pair",
+                    "attributes merged across subjects",
+                    "fabricated attributes",
+                ],
+                [
+                    [
+                        per["pairs"],
+                        per["sentences"],
+                        _f(per["exact_capture"]),
+                        _f(per["exact_in_memory"]),
+                        per["items_leaked_from_other_subject"],
+                        f"{per['slices_with_other_subject_text']} / {per['slice_probes']}",
+                        f"{per['near_duplicate_pairs_merged']} / "
+                        f"{per['near_duplicate_pairs_within_subject_with_attributes']}",
+                        per["duplicate_attribute_groups_within_subject"],
+                        per["near_duplicate_sentences_across_pair"],
+                        per["attributes_citing_other_subject"],
+                        _fab(per["fabrication"]),
+                    ]
+                ],
+            )
+        )
     t2 = report.get("table2")
     if t2:
         parts += ["", "### Table 2: fidelity and deletion compliance (LoCoMo, mode S)", ""]
         targets = [str(t) for t in RECALL_TARGETS]
-        header = ["method", "fabrication rate", "deletion residue",
-                  *[f"tokens at ER-strict {t} (of full)" for t in targets],
-                  f"slice p50 / p95 ms (B={LATENCY_BUDGET})"]
+        header = [
+            "method",
+            "fabrication rate",
+            "deletion residue",
+            *[f"tokens at ER-strict {t} (of full)" for t in targets],
+            f"slice p50 / p95 ms (B={LATENCY_BUDGET})",
+        ]
         rows = []
         for name, row in t2["systems"].items():
             fab = row["fabrication"]
             dele = row["deletion"]
             lat = row["by_budget"].get(str(LATENCY_BUDGET), {})
             costs = recall_costs(row, t2["budgets"], t2["full_context_mean_tokens"])
-            fab_cell = (f"{_f(fab['rate'])} ({fab['fabricated_attributes']} / {fab['attributes']})"
-                        if name == "uprof" else "0 (no derived items)")
-            rows.append([
-                "naive RAG, " + name if name != "uprof" else "uprof",
-                fab_cell,
-                f"{_f(dele['residue_rate'])} ({dele['questions_with_residue']}"
-                f" / {dele['questions']})",
-                *[_tokens_cell(costs[t]) for t in targets],
-                f"{_f(lat.get('p50_ms', math.nan), 1)} / {_f(lat.get('p95_ms', math.nan), 1)}",
-            ])
-        rows.append(["full context", "0 (raw turns)", "—",
-                     *[f"{_f(t2['full_context_mean_tokens'], 0)} (1.000)" for _ in targets], "—"])
+            fab_cell = (
+                f"{_f(fab['rate'])} ({fab['fabricated_attributes']} / {fab['attributes']})"
+                if name == "uprof"
+                else "0 (no derived items)"
+            )
+            rows.append(
+                [
+                    "naive RAG, " + name if name != "uprof" else "uprof",
+                    fab_cell,
+                    f"{_f(dele['residue_rate'])} ({dele['questions_with_residue']}"
+                    f" / {dele['questions']})",
+                    *[_tokens_cell(costs[t]) for t in targets],
+                    f"{_f(lat.get('p50_ms', math.nan), 1)} / {_f(lat.get('p95_ms', math.nan), 1)}",
+                ]
+            )
+        rows.append(
+            [
+                "full context",
+                "0 (raw turns)",
+                "—",
+                *[f"{_f(t2['full_context_mean_tokens'], 0)} (1.000)" for _ in targets],
+                "—",
+            ]
+        )
         parts.append(table(header, rows))
         parts += ["", "ER-strict and mean injected tokens per budget:", ""]
         budgets = t2["budgets"]
-        parts.append(table(
-            ["method", *[f"B={b}" for b in budgets]],
-            [[n, *[f"{_f(r['by_budget'][str(b)]['strict'])} @ "
-                   f"{_f(r['by_budget'][str(b)]['mean_tokens'], 0)}" for b in budgets]]
-             for n, r in t2["systems"].items()],
-        ))
+        parts.append(
+            table(
+                ["method", *[f"B={b}" for b in budgets]],
+                [
+                    [
+                        n,
+                        *[
+                            f"{_f(r['by_budget'][str(b)]['strict'])} @ "
+                            f"{_f(r['by_budget'][str(b)]['mean_tokens'], 0)}"
+                            for b in budgets
+                        ],
+                    ]
+                    for n, r in t2["systems"].items()
+                ],
+            )
+        )
     return "\n".join(parts) + "\n"
 
 
@@ -835,9 +911,12 @@ def gate_failures(report: Mapping[str, Any]) -> list[str]:
     for per in report.get("personas", []):
         where = f"personas {per['split']}"
         fab(where, per["fabrication"])
-        for key in ("items_leaked_from_other_subject", "slices_with_other_subject_text",
-                    "attributes_citing_other_subject",
-                    "duplicate_attribute_groups_within_subject"):
+        for key in (
+            "items_leaked_from_other_subject",
+            "slices_with_other_subject_text",
+            "attributes_citing_other_subject",
+            "duplicate_attribute_groups_within_subject",
+        ):
             if per[key]:
                 failed.append(f"{where}: {key} = {per[key]}")
     for name, row in (report.get("table2") or {}).get("systems", {}).items():

@@ -33,10 +33,15 @@ APP = "app:bench"
 
 
 def _interaction(i: int) -> Interaction:
-    return Interaction(app_id=APP, agent_id="agent:bench",
-                       occurred_at=datetime(2025, 1, 1, tzinfo=UTC),
-                       user_input=f"I like tea number {i}", session_id=f"s{i // 20}",
-                       source_ref=f"r{i}", purpose="personalization")
+    return Interaction(
+        app_id=APP,
+        agent_id="agent:bench",
+        occurred_at=datetime(2025, 1, 1, tzinfo=UTC),
+        user_input=f"I like tea number {i}",
+        session_id=f"s{i // 20}",
+        source_ref=f"r{i}",
+        purpose="personalization",
+    )
 
 
 def _timed(fn: Any) -> float:
@@ -47,8 +52,10 @@ def _timed(fn: Any) -> float:
 
 def _summary(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
-    return {"median_ms": round(statistics.median(ordered), 3),
-            "p95_ms": round(ordered[int(0.95 * (len(ordered) - 1))], 3)}
+    return {
+        "median_ms": round(statistics.median(ordered), 3),
+        "p95_ms": round(ordered[int(0.95 * (len(ordered) - 1))], 3),
+    }
 
 
 def one_run(kernel: Uprof, n: int, subject: str) -> dict[str, Any]:
@@ -60,8 +67,12 @@ def one_run(kernel: Uprof, n: int, subject: str) -> dict[str, Any]:
 
         def keyed_capture(key: str = key, i: int = i) -> Any:
             return kernel.idempotent(
-                APP, key, "capture", {"i": i},
-                lambda t: (asdict(kernel.capture(subject, _interaction(i), request_token=t)), 201))
+                APP,
+                key,
+                "capture",
+                {"i": i},
+                lambda t: (asdict(kernel.capture(subject, _interaction(i), request_token=t)), 201),
+            )
 
         keyed.append(_timed(keyed_capture))
         replay.append(_timed(keyed_capture))
@@ -77,8 +88,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         url, drop = None, None
         if args.backend == "postgres":
-            admin_url = os.environ.get("UPROF_BENCH_POSTGRES_URL",
-                                       "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+            admin_url = os.environ.get(
+                "UPROF_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+            )
             name = f"uprof_bench_{uuid.uuid4().hex[:10]}"
             admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
             with admin.connect() as conn:
@@ -89,19 +101,33 @@ def main() -> None:
                 with admin.connect() as conn:
                     conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
                 admin.dispose()
-        kernel = bootstrap(Settings(data_dir=Path(tmp) / "data", database_url=url,
-                                    embedder="hashing"), embedder=HashingEmbedder())
+
+        kernel = bootstrap(
+            Settings(data_dir=Path(tmp) / "data", database_url=url, embedder="hashing"),
+            embedder=HashingEmbedder(),
+        )
         try:
             runs = [one_run(kernel, args.n, f"subject-{r}") for r in range(args.runs)]
         finally:
             kernel.close()
             if drop is not None:
                 drop()
-    medians = {kind: round(statistics.median(r[kind]["median_ms"] for r in runs), 3)
-               for kind in ("unkeyed", "keyed", "replay")}
-    print(json.dumps({"backend": args.backend, "n": args.n, "runs": runs,
-                      "median_of_medians_ms": medians,
-                      "load_avg": os.getloadavg()}, indent=1))
+    medians = {
+        kind: round(statistics.median(r[kind]["median_ms"] for r in runs), 3)
+        for kind in ("unkeyed", "keyed", "replay")
+    }
+    print(
+        json.dumps(
+            {
+                "backend": args.backend,
+                "n": args.n,
+                "runs": runs,
+                "median_of_medians_ms": medians,
+                "load_avg": os.getloadavg(),
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

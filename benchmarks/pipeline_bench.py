@@ -91,8 +91,9 @@ def child(argv: Sequence[str]) -> int:
     )
     embedder = build_embedder(settings)
     embedder.embed(["a first call warms torch up"])
-    kernel = bootstrap(settings, embedder=embedder, partitions=[args.partition],
-                       authorizer=bench_authorizer())
+    kernel = bootstrap(
+        settings, embedder=embedder, partitions=[args.partition], authorizer=bench_authorizer()
+    )
     app = kernel.app
     captures = app.notifications_after(0, 10**9, topics=(CAPTURED_TOPIC,))
     last_capture = captures[-1].id

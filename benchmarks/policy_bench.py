@@ -32,8 +32,12 @@ from benchmarks.kernel_bench import deployment
 from domain.values import CATEGORIES
 from policies import CasbinAuthorizer
 
-REQUEST = {"app_id": "app:planner", "tenant": "default", "action": "read",
-           "purpose": "personalization"}
+REQUEST = {
+    "app_id": "app:planner",
+    "tenant": "default",
+    "action": "read",
+    "purpose": "personalization",
+}
 
 
 def _median_us(run: Callable[[], Any], rounds: int) -> float:
@@ -62,8 +66,11 @@ def measure(backend: str, rounds: int) -> dict[str, Any]:
             plain.clear_cache()
             plain.decisions_for(categories=CATEGORIES, **REQUEST)
 
-        result: dict[str, Any] = {"backend": backend, "rounds": rounds,
-                                  "categories_per_batch": len(CATEGORIES)}
+        result: dict[str, Any] = {
+            "backend": backend,
+            "rounds": rounds,
+            "categories_per_batch": len(CATEGORIES),
+        }
         result["batch_plain_cold_us"] = _median_us(batch_plain_cold, max(rounds // 10, 20))
         result["batch_plain_us"] = _median_us(batch_plain, rounds)
         result["batch_default_us"] = _median_us(batch_stored, rounds)
@@ -74,8 +81,13 @@ def measure(backend: str, rounds: int) -> dict[str, Any]:
         for i in range(40):
             purpose = f"bench-{i}"
             began = time.perf_counter()
-            k.policy_grant(requested_by="operator:local#bench", app_id="app:planner",
-                           actions=["read"], categories=["diet"], purpose=purpose)
+            k.policy_grant(
+                requested_by="operator:local#bench",
+                app_id="app:planner",
+                actions=["read"],
+                categories=["diet"],
+                purpose=purpose,
+            )
             grants.append(time.perf_counter() - began)
             # Another writer: a change the authorizer has not loaded yet.
             k.policy_service.app.save(_external_change(k, i))
@@ -97,8 +109,13 @@ def _watch(settings_json: str, purposes: list[str], ready: Any, results: Any) ->
     try:
         ready.set()
         for purpose in purposes:
-            while not k.authorizer.is_allowed(app_id="app:planner", tenant="default",
-                                              action="read", category="goal", purpose=purpose):
+            while not k.authorizer.is_allowed(
+                app_id="app:planner",
+                tenant="default",
+                action="read",
+                category="goal",
+                purpose=purpose,
+            ):
                 time.sleep(0.001)
             results.put(time.time())
     finally:
@@ -113,15 +130,21 @@ def measure_propagation(backend: str, runs: int) -> dict[str, Any]:
     purposes = [f"spread-{i}" for i in range(runs)]
     with deployment(backend) as k:
         ready, results = context.Event(), context.Queue()
-        watcher = context.Process(target=_watch, args=(
-            k.settings.model_dump_json(), purposes, ready, results))
+        watcher = context.Process(
+            target=_watch, args=(k.settings.model_dump_json(), purposes, ready, results)
+        )
         watcher.start()
         ready.wait(120)
         delays = []
         for purpose in purposes:
             time.sleep(0.3)  # let the watcher settle into its poll between runs
-            k.policy_grant(requested_by="operator:local#bench", app_id="app:planner",
-                           actions=["read"], categories=["goal"], purpose=purpose)
+            k.policy_grant(
+                requested_by="operator:local#bench",
+                app_id="app:planner",
+                actions=["read"],
+                categories=["goal"],
+                purpose=purpose,
+            )
             committed = time.time()
             delays.append(results.get(timeout=60) - committed)
         watcher.join(60)
@@ -135,8 +158,9 @@ def measure_propagation(backend: str, runs: int) -> dict[str, Any]:
 
 def _external_change(k: Any, i: int) -> Any:
     policy = k.policy_service._load()
-    policy.add_rule(["app:planner", "default", "read", "goal", f"other-{i}", "allow"],
-                    "operator:local#bench")
+    policy.add_rule(
+        ["app:planner", "default", "read", "goal", f"other-{i}", "allow"], "operator:local#bench"
+    )
     return policy
 
 

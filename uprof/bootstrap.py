@@ -147,12 +147,16 @@ def capture_permits(authorizer: Authorizer, tenant: str) -> Callable[[str, str],
         if problem:
             raise PolicyStoreError(problem)
         decisions = authorizer.decisions_for(
-            app_id=app_id, tenant=tenant, action="capture", purpose=purpose,
+            app_id=app_id,
+            tenant=tenant,
+            action="capture",
+            purpose=purpose,
             categories=list(CATEGORIES),
         )
         return frozenset(c for c, d in decisions.items() if d.allowed)
 
     return permitted
+
 
 def build_policy_service(settings: Settings, audit: AuditTrail, keys: Any) -> PolicyService:
     """Open the policy store and seed it from ``settings.policy_path`` on first start."""

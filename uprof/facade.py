@@ -340,8 +340,11 @@ class Facade:
         allowed = list(CATEGORIES)
         for purpose in purposes:
             decisions = self._kernel.authorizer.decisions_for(
-                app_id=app_id, tenant=self._kernel.subjects.tenant, action="consent",
-                purpose=purpose, categories=list(CATEGORIES),
+                app_id=app_id,
+                tenant=self._kernel.subjects.tenant,
+                action="consent",
+                purpose=purpose,
+                categories=list(CATEGORIES),
             )
             permitted = [c for c in allowed if decisions[c].allowed]
             if not permitted:

@@ -346,8 +346,11 @@ class Uprof:
         """The captured events among ``capture_ids`` that belong to the subject."""
         # The views key captures by the stream's text form; stream_of gives a UUID.
         stream = str(self.stream_of(subject))
-        return {c: row for c, row in self.queries.captures(capture_ids).items()
-                if row.stream_id == stream}
+        return {
+            c: row
+            for c, row in self.queries.captures(capture_ids).items()
+            if row.stream_id == stream
+        }
 
     def item_reads(self, subject: str) -> list[Any]:
         """(item, app, purpose, count, last read) for every recorded read of the subject."""
@@ -495,8 +498,13 @@ class Uprof:
     ) -> PolicyChangeResult:
         """Assign a role (app_id + role) or add rules (actions x categories for purpose)."""
         return self.policy.grant(
-            requested_by=requested_by, app_id=app_id, role=role, actions=actions,
-            categories=categories, purpose=purpose, effect=effect,
+            requested_by=requested_by,
+            app_id=app_id,
+            role=role,
+            actions=actions,
+            categories=categories,
+            purpose=purpose,
+            effect=effect,
         )
 
     def policy_revoke(
@@ -512,8 +520,13 @@ class Uprof:
     ) -> PolicyChangeResult:
         """Take back a role or remove rules; every named row must be in force."""
         return self.policy.revoke(
-            requested_by=requested_by, app_id=app_id, role=role, actions=actions,
-            categories=categories, purpose=purpose, effect=effect,
+            requested_by=requested_by,
+            app_id=app_id,
+            role=role,
+            actions=actions,
+            categories=categories,
+            purpose=purpose,
+            effect=effect,
         )
 
     def onboard_app(
@@ -528,7 +541,11 @@ class Uprof:
     ) -> PolicyChangeResult:
         """Grant a new app read, capture and propose on these categories for one purpose."""
         return self.policy.onboard(
-            app_id, read=read, purpose=purpose, capture=capture, propose=propose,
+            app_id,
+            read=read,
+            purpose=purpose,
+            capture=capture,
+            propose=propose,
             requested_by=requested_by,
         )
 
@@ -578,8 +595,7 @@ class Uprof:
         timeout = self.settings.read_wait_timeout_s
         if not self.ensure_fresh(timeout):
             raise ReadTimeoutError(
-                f"{what} did not catch up with the log within {timeout:g} s "
-                "(read_wait_timeout_s)"
+                f"{what} did not catch up with the log within {timeout:g} s (read_wait_timeout_s)"
             )
 
     def _settle_reads(self) -> None:

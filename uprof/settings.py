@@ -36,6 +36,7 @@ def parse_rate_limit(spec: str) -> list[RateLimitItem]:
         )
     return items
 
+
 POLICIES_DIR = Path(__file__).resolve().parent.parent / "policies"
 
 

@@ -176,9 +176,10 @@ def migrate(engine: sa.Engine, branch: str) -> None:
     config.attributes["branch"] = branch
     head = ScriptDirectory.from_config(config).get_revision(f"{branch}@head")
     with engine.begin() as conn:
-        if head is not None and head.revision in MigrationContext.configure(
-            conn
-        ).get_current_heads():
+        if (
+            head is not None
+            and head.revision in MigrationContext.configure(conn).get_current_heads()
+        ):
             return
         config.attributes["connection"] = conn
         command.upgrade(config, f"{branch}@head")

@@ -137,6 +137,4 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    raise NotImplementedError(
-        "0003_views_idem_sealed is one-way: the old columns held plaintext"
-    )
+    raise NotImplementedError("0003_views_idem_sealed is one-way: the old columns held plaintext")

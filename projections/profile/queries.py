@@ -321,9 +321,7 @@ class ProfileQueries:
         sa_t = t.session_activity
         with self._engine.connect() as conn:
             rows = conn.execute(
-                sa.select(sa_t.c.session_key, sa_t.c.captures).where(
-                    sa_t.c.stream_id == stream_id
-                )
+                sa.select(sa_t.c.session_key, sa_t.c.captures).where(sa_t.c.stream_id == stream_id)
             ).all()
         return {r.session_key: r.captures for r in rows}
 

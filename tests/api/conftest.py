@@ -82,8 +82,13 @@ class LiveServer:
         self._sock.bind(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False,
-                                log_config=server_log_config("warning"))
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            lifespan="on",
+            access_log=False,
+            log_config=server_log_config("warning"),
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
@@ -140,18 +145,41 @@ def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-def interaction(text: str, *, agent: str = "agent:one", sharing: str = "shared",
-                purpose: str = "personalization", ref: str = "") -> dict[str, Any]:
-    return {"agent_id": agent, "user_input": text, "occurred_at": WHEN, "sharing": sharing,
-            "purpose": purpose, "source_ref": ref}
+def interaction(
+    text: str,
+    *,
+    agent: str = "agent:one",
+    sharing: str = "shared",
+    purpose: str = "personalization",
+    ref: str = "",
+) -> dict[str, Any]:
+    return {
+        "agent_id": agent,
+        "user_input": text,
+        "occurred_at": WHEN,
+        "sharing": sharing,
+        "purpose": purpose,
+        "source_ref": ref,
+    }
 
 
-def grant(http: httpx.Client, key: str, subject: str = "alice",
-          categories: tuple[str, ...] = ("*",), purposes: tuple[str, ...] = ("personalization",)
-          ) -> str:
-    response = http.post("/v1/consents", headers=bearer(key), json={
-        "subject": subject, "categories": list(categories), "purposes": list(purposes),
-        "collected_by": "consent-ui:test"})
+def grant(
+    http: httpx.Client,
+    key: str,
+    subject: str = "alice",
+    categories: tuple[str, ...] = ("*",),
+    purposes: tuple[str, ...] = ("personalization",),
+) -> str:
+    response = http.post(
+        "/v1/consents",
+        headers=bearer(key),
+        json={
+            "subject": subject,
+            "categories": list(categories),
+            "purposes": list(purposes),
+            "collected_by": "consent-ui:test",
+        },
+    )
     assert response.status_code == 201, response.text
     return str(response.json()["consent_id"])
 

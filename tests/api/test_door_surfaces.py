@@ -36,8 +36,12 @@ def test_mcp_tools_refuse_an_app_without_a_role(kernel: Uprof) -> None:
     runtime.start()
     rogue = build_server(runtime, stdio_principal=Principal("app:rogue", "k", frozenset({"app"})))
     planner = build_server(runtime, stdio_principal=Principal(PLANNER, "k", frozenset({"app"})))
-    args = {"subject": "alice", "agent_id": "agent:one", "user_input": "I eat only steak",
-            "occurred_at": WHEN}
+    args = {
+        "subject": "alice",
+        "agent_id": "agent:one",
+        "user_input": "I eat only steak",
+        "occurred_at": WHEN,
+    }
 
     async def call(server: Any) -> Any:
         async with McpClient(server) as client:
@@ -57,11 +61,13 @@ def test_embedded_sdk_refuses_an_app_without_a_role(kernel: Uprof) -> None:
     before = kernel.lag().log_position
     rogue = Client.embedded(kernel, "app:rogue")
     with pytest.raises(PermissionDeniedError):
-        rogue.capture("alice", agent_id="agent:one", user_input="I eat only steak",
-                      occurred_at=WHEN)
+        rogue.capture(
+            "alice", agent_id="agent:one", user_input="I eat only steak", occurred_at=WHEN
+        )
     assert kernel.lag().log_position == before
     Client.embedded(kernel, PLANNER).capture(
-        "alice", agent_id="agent:one", user_input="I like tea", occurred_at=WHEN)
+        "alice", agent_id="agent:one", user_input="I like tea", occurred_at=WHEN
+    )
     assert kernel.lag().log_position > before
 
 
@@ -74,9 +80,18 @@ def _cli(
     if policy is not None:
         env["UPROF_POLICY_PATH"] = str(policy)
     return subprocess.run(
-        [sys.executable, "-c", "from uprof.cli.main import app; app()",
-         "--data-dir", str(backend.data_dir / "cli"), *args],
-        capture_output=True, text=True, timeout=300, env=env,
+        [
+            sys.executable,
+            "-c",
+            "from uprof.cli.main import app; app()",
+            "--data-dir",
+            str(backend.data_dir / "cli"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
 
 
@@ -87,15 +102,42 @@ def test_cli_acts_as_the_operator_and_the_policy_can_narrow_it(
 
     narrowed = tmp_path / "policy.csv"
     narrowed.write_text(
-        "\n".join(line for line in packaged_seed_policy_text().splitlines()
-                  if not line.startswith("p, role:operator, default, erase,")) + "\n",
+        "\n".join(
+            line
+            for line in packaged_seed_policy_text().splitlines()
+            if not line.startswith("p, role:operator, default, erase,")
+        )
+        + "\n",
         encoding="utf-8",
     )
-    grant = _cli(backend, "consent", "grant", "--subject", "alice", "--app", PLANNER,
-                 "--category", "*", "--purpose", "personalization", policy=narrowed)
+    grant = _cli(
+        backend,
+        "consent",
+        "grant",
+        "--subject",
+        "alice",
+        "--app",
+        PLANNER,
+        "--category",
+        "*",
+        "--purpose",
+        "personalization",
+        policy=narrowed,
+    )
     assert grant.returncode == 0, grant.stderr
-    capture = _cli(backend, "capture", "--subject", "alice", "--app", "app:rogue",
-                   "--agent", "agent:one", "--text", "I eat only steak", policy=narrowed)
+    capture = _cli(
+        backend,
+        "capture",
+        "--subject",
+        "alice",
+        "--app",
+        "app:rogue",
+        "--agent",
+        "agent:one",
+        "--text",
+        "I eat only steak",
+        policy=narrowed,
+    )
     assert capture.returncode == 3, capture.stdout + capture.stderr  # rogue may not capture
     erase = _cli(backend, "erase", "subject", "--subject", "alice", policy=narrowed)
     assert erase.returncode == 3, erase.stdout + erase.stderr  # operators may not erase here

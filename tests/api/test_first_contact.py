@@ -110,8 +110,11 @@ def test_an_unknown_item_names_its_field_in_the_hint_and_the_body(
     http: httpx.Client, apps: Apps
 ) -> None:
     grant(http, apps.planner)
-    response = http.post("/v1/evidence/read", headers=bearer(apps.planner_operator),
-                         json={"subject": "alice", "item_id": "zzz"})
+    response = http.post(
+        "/v1/evidence/read",
+        headers=bearer(apps.planner_operator),
+        json={"subject": "alice", "item_id": "zzz"},
+    )
     assert response.status_code == 422, response.text
     error = response.json()["error"]
     assert error["hint"].startswith("fix item_id ")
@@ -123,30 +126,81 @@ def test_the_unknown_subject_hint_says_how_a_subject_comes_to_exist(
     http: httpx.Client, apps: Apps
 ) -> None:
     # A capture does not create a subject (consent comes first); the hint must not say so.
-    capture = http.post("/v1/captures", headers=bearer(apps.planner),
-                        json={"subject": "nobody", **interaction("I like tea")})
+    capture = http.post(
+        "/v1/captures",
+        headers=bearer(apps.planner),
+        json={"subject": "nobody", **interaction("I like tea")},
+    )
     assert capture.status_code in (403, 404), capture.text
-    response = http.post("/v1/profile/read", headers=bearer(apps.planner_operator),
-                         json={"subject": "nobody"})
+    response = http.post(
+        "/v1/profile/read", headers=bearer(apps.planner_operator), json={"subject": "nobody"}
+    )
     assert response.status_code == 404, response.text
     hint = response.json()["error"]["hint"]
     assert "capture creates" not in hint and "consent" in hint
 
 
 def test_cli_slice_for_an_uncovered_purpose_says_why_it_is_empty(tmp_path: Path) -> None:
-    base = ["--data-dir", str(tmp_path / "data"), "--key-dir", str(tmp_path / "keys"),
-            "--embedder", "hashing"]
+    base = [
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--key-dir",
+        str(tmp_path / "keys"),
+        "--embedder",
+        "hashing",
+    ]
     runner = CliRunner()
-    granted = runner.invoke(cli, [*base, "consent", "grant", "--subject", "alice", "--app",
-                                  "app:planner", "--category", "*", "--purpose",
-                                  "personalization"])
+    granted = runner.invoke(
+        cli,
+        [
+            *base,
+            "consent",
+            "grant",
+            "--subject",
+            "alice",
+            "--app",
+            "app:planner",
+            "--category",
+            "*",
+            "--purpose",
+            "personalization",
+        ],
+    )
     assert granted.exit_code == 0, granted.output
-    captured = runner.invoke(cli, [*base, "capture", "--subject", "alice", "--app",
-                                   "app:planner", "--agent", "agent:one", "--text",
-                                   "I like green tea", "--sharing", "shared"])
+    captured = runner.invoke(
+        cli,
+        [
+            *base,
+            "capture",
+            "--subject",
+            "alice",
+            "--app",
+            "app:planner",
+            "--agent",
+            "agent:one",
+            "--text",
+            "I like green tea",
+            "--sharing",
+            "shared",
+        ],
+    )
     assert captured.exit_code == 0, captured.output
-    result = runner.invoke(cli, [*base, "slice", "--subject", "alice", "--app", "app:planner",
-                                 "--agent", "agent:one", "--purpose", "marketing", "tea?"])
+    result = runner.invoke(
+        cli,
+        [
+            *base,
+            "slice",
+            "--subject",
+            "alice",
+            "--app",
+            "app:planner",
+            "--agent",
+            "agent:one",
+            "--purpose",
+            "marketing",
+            "tea?",
+        ],
+    )
     assert result.exit_code == 0, result.output
     said = _plain(result.output)
     assert "hint:" in said and "purpose 'marketing'" in said

@@ -19,16 +19,22 @@ from uprof.mcp import build_server
 from uprof.sdk import AsyncClient, AttributeProposalIn, Client, ConflictError, InvalidRequestError
 
 WHEN = datetime(2025, 1, 1, 9, tzinfo=UTC)
-WRITE_ROUTES = ["/v1/captures", "/v1/captures/batch", "/v1/consents", "/v1/consents/withdraw",
-                "/v1/proposals"]
+WRITE_ROUTES = [
+    "/v1/captures",
+    "/v1/captures/batch",
+    "/v1/consents",
+    "/v1/consents/withdraw",
+    "/v1/proposals",
+]
 
 
 def captures_in_log(kernel: Uprof) -> int:
     return len(kernel.app.notifications_after(0, 100_000, [CAPTURED_TOPIC]))
 
 
-def post(http: httpx.Client, key: str, path: str, body: dict[str, Any],
-         idem: str | None) -> httpx.Response:
+def post(
+    http: httpx.Client, key: str, path: str, body: dict[str, Any], idem: str | None
+) -> httpx.Response:
     headers = bearer(key) | ({"Idempotency-Key": idem} if idem else {})
     return http.post(path, headers=headers, json=body)
 
@@ -55,8 +61,9 @@ def test_same_key_different_body_is_409_naming_the_header(
 ) -> None:
     grant(http, apps.planner)
     post(http, apps.planner, "/v1/captures", {"subject": "alice", **interaction("a")}, "k-1")
-    other = post(http, apps.planner, "/v1/captures", {"subject": "alice", **interaction("b")},
-                 "k-1")
+    other = post(
+        http, apps.planner, "/v1/captures", {"subject": "alice", **interaction("b")}, "k-1"
+    )
     assert other.status_code == 409
     error = other.json()["error"]
     assert error["code"] == "idempotency_key_reused" and "Idempotency-Key" in error["message"]
@@ -69,8 +76,13 @@ def test_another_apps_key_never_replays_its_answer(
     grant(http, apps.planner)
     grant(http, apps.calendar, purposes=("scheduling",))
     body = {"subject": "alice", **interaction("I like green tea", purpose="scheduling")}
-    mine = post(http, apps.planner, "/v1/captures",
-                {"subject": "alice", **interaction("I like green tea")}, "shared-key")
+    mine = post(
+        http,
+        apps.planner,
+        "/v1/captures",
+        {"subject": "alice", **interaction("I like green tea")},
+        "shared-key",
+    )
     theirs = post(http, apps.calendar, "/v1/captures", body, "shared-key")
     assert theirs.status_code == 201 and "Idempotent-Replayed" not in theirs.headers
     assert theirs.json()["capture_id"] != mine.json()["capture_id"]
@@ -80,26 +92,38 @@ def test_another_apps_key_never_replays_its_answer(
 def test_batch_consent_and_proposal_writes_replay(
     http: httpx.Client, kernel: Uprof, apps: Apps
 ) -> None:
-    consent = {"subject": "alice", "categories": ["*"], "purposes": ["personalization"],
-               "collected_by": "consent-ui:test"}
+    consent = {
+        "subject": "alice",
+        "categories": ["*"],
+        "purposes": ["personalization"],
+        "collected_by": "consent-ui:test",
+    }
     g1 = post(http, apps.planner, "/v1/consents", consent, "g-1")
     g2 = post(http, apps.planner, "/v1/consents", consent, "g-1")
     assert g1.status_code == g2.status_code == 201 and g1.json() == g2.json()
-    listed = http.post("/v1/consents/list", headers=bearer(apps.planner),
-                       json={"subject": "alice"}).json()["consents"]
+    listed = http.post(
+        "/v1/consents/list", headers=bearer(apps.planner), json={"subject": "alice"}
+    ).json()["consents"]
     assert len(listed) == 1
 
-    batch = {"subject": "alice", "interactions": [interaction("I like tea"),
-                                                  interaction("I live in Lyon")]}
+    batch = {
+        "subject": "alice",
+        "interactions": [interaction("I like tea"), interaction("I live in Lyon")],
+    }
     b1 = post(http, apps.planner, "/v1/captures/batch", batch, "b-1")
     b2 = post(http, apps.planner, "/v1/captures/batch", batch, "b-1")
     assert b1.status_code == b2.status_code == 201 and b1.json() == b2.json()
     assert captures_in_log(kernel) == 2
 
     evidence = b1.json()["acks"][0]["capture_id"]
-    proposals = {"subject": "alice", "agent_id": "agent:one", "sharing": "shared",
-                 "proposals": [{"kind": "attribute", "key": "likes", "value": "tea",
-                                "evidence": [evidence]}]}
+    proposals = {
+        "subject": "alice",
+        "agent_id": "agent:one",
+        "sharing": "shared",
+        "proposals": [
+            {"kind": "attribute", "key": "likes", "value": "tea", "evidence": [evidence]}
+        ],
+    }
     p1 = post(http, apps.planner, "/v1/proposals", proposals, "p-1")
     p2 = post(http, apps.planner, "/v1/proposals", proposals, "p-1")
     assert p1.status_code == p2.status_code == 200, p1.text
@@ -149,33 +173,64 @@ def test_openapi_documents_the_header_on_every_write(http: httpx.Client) -> None
 
 
 def sdk_script(client: Client) -> tuple[Any, ...]:
-    consent_id = client.grant_consent("alice", categories=["*"], purposes=["personalization"],
-                                      collected_by="consent-ui:test", idempotency_key="g")
-    again = client.grant_consent("alice", categories=["*"], purposes=["personalization"],
-                                 collected_by="consent-ui:test", idempotency_key="g")
-    ack = client.capture("alice", agent_id="agent:one", user_input="I like tea",
-                         occurred_at=WHEN, idempotency_key="c")
-    ack2 = client.capture("alice", agent_id="agent:one", user_input="I like tea",
-                          occurred_at=WHEN, idempotency_key="c")
-    acks = client.capture_many("alice", [{"agent_id": "agent:one", "user_input": "x",
-                                          "occurred_at": WHEN}], idempotency_key="b")
-    acks2 = client.capture_many("alice", [{"agent_id": "agent:one", "user_input": "x",
-                                           "occurred_at": WHEN}], idempotency_key="b")
+    consent_id = client.grant_consent(
+        "alice",
+        categories=["*"],
+        purposes=["personalization"],
+        collected_by="consent-ui:test",
+        idempotency_key="g",
+    )
+    again = client.grant_consent(
+        "alice",
+        categories=["*"],
+        purposes=["personalization"],
+        collected_by="consent-ui:test",
+        idempotency_key="g",
+    )
+    ack = client.capture(
+        "alice",
+        agent_id="agent:one",
+        user_input="I like tea",
+        occurred_at=WHEN,
+        idempotency_key="c",
+    )
+    ack2 = client.capture(
+        "alice",
+        agent_id="agent:one",
+        user_input="I like tea",
+        occurred_at=WHEN,
+        idempotency_key="c",
+    )
+    acks = client.capture_many(
+        "alice",
+        [{"agent_id": "agent:one", "user_input": "x", "occurred_at": WHEN}],
+        idempotency_key="b",
+    )
+    acks2 = client.capture_many(
+        "alice",
+        [{"agent_id": "agent:one", "user_input": "x", "occurred_at": WHEN}],
+        idempotency_key="b",
+    )
     proposal = [AttributeProposalIn(key="likes", value="tea", evidence=[ack.capture_id])]
-    applied = client.submit_proposals("alice", proposal, agent_id="agent:one",
-                                      idempotency_key="p")
-    applied2 = client.submit_proposals("alice", proposal, agent_id="agent:one",
-                                       idempotency_key="p")
+    applied = client.submit_proposals("alice", proposal, agent_id="agent:one", idempotency_key="p")
+    applied2 = client.submit_proposals("alice", proposal, agent_id="agent:one", idempotency_key="p")
     with pytest.raises(ConflictError) as reused:
-        client.capture("alice", agent_id="agent:one", user_input="other", occurred_at=WHEN,
-                       idempotency_key="c")
+        client.capture(
+            "alice", agent_id="agent:one", user_input="other", occurred_at=WHEN, idempotency_key="c"
+        )
     with pytest.raises(InvalidRequestError) as no_time:
-        client.capture("alice", agent_id="agent:one", user_input="I like tea",
-                       idempotency_key="c")
+        client.capture("alice", agent_id="agent:one", user_input="I like tea", idempotency_key="c")
     w1 = client.withdraw_consent("alice", consent_id, idempotency_key="w")
     w2 = client.withdraw_consent("alice", consent_id, idempotency_key="w")
-    return (consent_id == again, ack == ack2, acks == acks2, applied == applied2 == 1,
-            reused.value.code, "occurred_at" in str(no_time.value), w1 == w2)
+    return (
+        consent_id == again,
+        ack == ack2,
+        acks == acks2,
+        applied == applied2 == 1,
+        reused.value.code,
+        "occurred_at" in str(no_time.value),
+        w1 == w2,
+    )
 
 
 EXPECTED = (True, True, True, True, "idempotency_key_reused", True, True)
@@ -196,12 +251,26 @@ def test_sdk_embedded_client_passes_the_key(kernel: Uprof) -> None:
 def test_sdk_async_client_sends_the_key(server: LiveServer, apps: Apps, kernel: Uprof) -> None:
     async def scenario() -> tuple[Any, Any]:
         async with AsyncClient(server.url, apps.planner) as client:
-            await client.grant_consent("alice", categories=["*"], purposes=["personalization"],
-                                       collected_by="consent-ui:test")
-            a = await client.capture("alice", agent_id="agent:one", user_input="I like tea",
-                                     occurred_at=WHEN, idempotency_key="c")
-            b = await client.capture("alice", agent_id="agent:one", user_input="I like tea",
-                                     occurred_at=WHEN, idempotency_key="c")
+            await client.grant_consent(
+                "alice",
+                categories=["*"],
+                purposes=["personalization"],
+                collected_by="consent-ui:test",
+            )
+            a = await client.capture(
+                "alice",
+                agent_id="agent:one",
+                user_input="I like tea",
+                occurred_at=WHEN,
+                idempotency_key="c",
+            )
+            b = await client.capture(
+                "alice",
+                agent_id="agent:one",
+                user_input="I like tea",
+                occurred_at=WHEN,
+                idempotency_key="c",
+            )
             return a, b
 
     a, b = asyncio.run(scenario())
@@ -213,21 +282,28 @@ def test_sdk_async_client_sends_the_key(server: LiveServer, apps: Apps, kernel: 
 
 def test_mcp_capture_takes_an_idempotency_key(kernel: Uprof) -> None:
     kernel.grant_consent("alice", app_id=PLANNER, categories=["*"], purposes=["personalization"])
-    kernel.grant_consent("alice", app_id=CALENDAR, categories=["*"],
-                         purposes=["personalization"])
+    kernel.grant_consent("alice", app_id=CALENDAR, categories=["*"], purposes=["personalization"])
     runtime = ServiceRuntime.for_kernel(kernel)
     runtime.start()
     server = build_server(runtime, stdio_principal=Principal(PLANNER, "k", frozenset({"app"})))
-    args = {"subject": "alice", "agent_id": "agent:one", "user_input": "I like tea",
-            "occurred_at": "2025-01-01T09:00:00+00:00", "idempotency_key": "m-1"}
+    args = {
+        "subject": "alice",
+        "agent_id": "agent:one",
+        "user_input": "I like tea",
+        "occurred_at": "2025-01-01T09:00:00+00:00",
+        "idempotency_key": "m-1",
+    }
 
     async def scenario() -> list[Any]:
         async with McpClient(server) as client:
-            return [await client.call_tool("capture", args),
-                    await client.call_tool("capture", args),
-                    await client.call_tool("capture", {**args, "user_input": "other"}),
-                    await client.call_tool("capture", {k: v for k, v in args.items()
-                                                       if k != "occurred_at"})]
+            return [
+                await client.call_tool("capture", args),
+                await client.call_tool("capture", args),
+                await client.call_tool("capture", {**args, "user_input": "other"}),
+                await client.call_tool(
+                    "capture", {k: v for k, v in args.items() if k != "occurred_at"}
+                ),
+            ]
 
     try:
         first, again, reused, untimed = asyncio.run(scenario())

@@ -50,18 +50,39 @@ def test_identifiers_reach_no_log_line_and_no_metric_label(
     session, ref, ident, key = f"sess{tag}", f"ref{tag}", f"mail{tag}@x.org", f"idem{tag}"
     grant(http, apps.planner)
     body = {"subject": "alice", **interaction("I like tea", ref=ref), "session_id": session}
-    assert http.post("/v1/captures", headers=bearer(apps.planner) | {"Idempotency-Key": key},
-                     json=body).status_code == 201
+    assert (
+        http.post(
+            "/v1/captures", headers=bearer(apps.planner) | {"Idempotency-Key": key}, json=body
+        ).status_code
+        == 201
+    )
     # Refusals and errors that concern the identifiers.
-    http.post("/v1/captures", headers=bearer(apps.planner) | {"Idempotency-Key": key},
-              json={**body, "user_input": "other"})
-    http.post("/v1/slices", headers=bearer(apps.planner),
-              json={"session_id": session, "query": "q", "budget_tokens": 64,
-                    "purpose": "personalization", "agent_id": "agent:one"})
-    http.post("/v1/identifiers", headers=bearer(apps.planner),
-              json={"identifier": ident, "subject": f"nobody{tag}"})
-    http.post(f"/v1/captures?session_id={session}", headers=bearer(apps.planner),
-              json={"subject": f"nobody{tag}", **interaction("x", ref=ref)})
+    http.post(
+        "/v1/captures",
+        headers=bearer(apps.planner) | {"Idempotency-Key": key},
+        json={**body, "user_input": "other"},
+    )
+    http.post(
+        "/v1/slices",
+        headers=bearer(apps.planner),
+        json={
+            "session_id": session,
+            "query": "q",
+            "budget_tokens": 64,
+            "purpose": "personalization",
+            "agent_id": "agent:one",
+        },
+    )
+    http.post(
+        "/v1/identifiers",
+        headers=bearer(apps.planner),
+        json={"identifier": ident, "subject": f"nobody{tag}"},
+    )
+    http.post(
+        f"/v1/captures?session_id={session}",
+        headers=bearer(apps.planner),
+        json={"subject": f"nobody{tag}", **interaction("x", ref=ref)},
+    )
     metrics = http.get("/metrics").text
     seen = "\n".join(logs.lines) + metrics
     assert logs.lines or metrics  # something was written
@@ -70,10 +91,15 @@ def test_identifiers_reach_no_log_line_and_no_metric_label(
 
 
 def test_access_log_drops_query_strings() -> None:
-    record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1,
-                               '%s - "%s %s HTTP/%s" %d',
-                               ("127.0.0.1:5", "POST", "/v1/captures?session_id=s1", "1.1", 201),
-                               None)
+    record = logging.LogRecord(
+        "uvicorn.access",
+        logging.INFO,
+        __file__,
+        1,
+        '%s - "%s %s HTTP/%s" %d',
+        ("127.0.0.1:5", "POST", "/v1/captures?session_id=s1", "1.1", 201),
+        None,
+    )
     assert DropQueryString().filter(record)
     assert "s1" not in record.getMessage() and "/v1/captures" in record.getMessage()
     config = server_log_config()

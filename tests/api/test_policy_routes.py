@@ -27,9 +27,13 @@ def history(http: httpx.Client, key: str) -> list[dict[str, Any]]:
 
 def test_policy_routes_need_an_operator_key(http: httpx.Client, apps: Apps) -> None:
     assert http.get("/v1/policy").status_code == 401
-    for method, path in (("GET", "/v1/policy"), ("GET", "/v1/policy/history"),
-                         ("POST", "/v1/policy/grant"), ("POST", "/v1/policy/revoke"),
-                         ("POST", "/v1/policy/onboard")):
+    for method, path in (
+        ("GET", "/v1/policy"),
+        ("GET", "/v1/policy/history"),
+        ("POST", "/v1/policy/grant"),
+        ("POST", "/v1/policy/revoke"),
+        ("POST", "/v1/policy/onboard"),
+    ):
         body = {"app_id": PLANNER, "role": "role:dpo"} if method == "POST" else None
         if path.endswith("onboard"):
             body = {"app_id": "app:x", "read": ["diet"], "purpose": "personalization"}
@@ -43,8 +47,11 @@ def test_an_operator_changes_the_policy_and_each_change_names_the_key(
     http: httpx.Client, apps: Apps, kernel: Uprof
 ) -> None:
     operator = apps.planner_operator
-    granted = http.post("/v1/policy/grant", headers=bearer(operator),
-                        json={"app_id": "app:calendar", "role": "role:assistant"})
+    granted = http.post(
+        "/v1/policy/grant",
+        headers=bearer(operator),
+        json={"app_id": "app:calendar", "role": "role:assistant"},
+    )
     assert granted.status_code == 200, granted.text
     (change,) = granted.json()["changes"]
     assert change["change"] == "role.assigned"
@@ -52,9 +59,13 @@ def test_an_operator_changes_the_policy_and_each_change_names_the_key(
     shown = http.get("/v1/policy", headers=bearer(operator)).json()
     assert shown["version"] == granted.json()["version"] == 2
     assert {"member": "app:calendar", "role": "role:assistant", "tenant": "default"} in (
-        shown["assignments"])
-    revoked = http.post("/v1/policy/revoke", headers=bearer(operator),
-                        json={"app_id": "app:calendar", "role": "role:assistant"})
+        shown["assignments"]
+    )
+    revoked = http.post(
+        "/v1/policy/revoke",
+        headers=bearer(operator),
+        json={"app_id": "app:calendar", "role": "role:assistant"},
+    )
     assert revoked.status_code == 200 and revoked.json()["version"] == 3
     seeded_at = history(http, operator)[0]["at"]
     past = http.get("/v1/policy", headers=bearer(operator), params={"at": seeded_at}).json()
@@ -67,20 +78,55 @@ def test_an_operator_changes_the_policy_and_each_change_names_the_key(
 @pytest.mark.parametrize(
     ("path", "body", "field"),
     [
-        ("/v1/policy/grant", {"app_id": "app:ghost", "actions": ["read"],
-                              "categories": ["diet"], "purpose": "personalization"}, "app_id"),
+        (
+            "/v1/policy/grant",
+            {
+                "app_id": "app:ghost",
+                "actions": ["read"],
+                "categories": ["diet"],
+                "purpose": "personalization",
+            },
+            "app_id",
+        ),
         ("/v1/policy/grant", {"app_id": PLANNER, "role": "role:ghost"}, "role"),
-        ("/v1/policy/grant", {"app_id": PLANNER, "actions": ["read"], "categories": ["diet"],
-                              "purpose": "personalization", "effect": "perhaps"}, "effect"),
-        ("/v1/policy/grant", {"app_id": PLANNER, "actions": ["fly"], "categories": ["diet"],
-                              "purpose": "personalization"}, "actions"),
-        ("/v1/policy/grant", {"app_id": PLANNER, "actions": ["read"], "categories": ["dreams"],
-                              "purpose": "personalization"}, "categories"),
+        (
+            "/v1/policy/grant",
+            {
+                "app_id": PLANNER,
+                "actions": ["read"],
+                "categories": ["diet"],
+                "purpose": "personalization",
+                "effect": "perhaps",
+            },
+            "effect",
+        ),
+        (
+            "/v1/policy/grant",
+            {
+                "app_id": PLANNER,
+                "actions": ["fly"],
+                "categories": ["diet"],
+                "purpose": "personalization",
+            },
+            "actions",
+        ),
+        (
+            "/v1/policy/grant",
+            {
+                "app_id": PLANNER,
+                "actions": ["read"],
+                "categories": ["dreams"],
+                "purpose": "personalization",
+            },
+            "categories",
+        ),
         ("/v1/policy/revoke", {"app_id": PLANNER, "role": "role:dpo"}, "role"),
-        ("/v1/policy/onboard", {"app_id": "app:x", "read": ["diet"], "purpose": "no way"},
-         "purpose"),
-        ("/v1/policy/grant", {"app_id": PLANNER, "role": "role:dpo", "tenant": "other"},
-         "tenant"),
+        (
+            "/v1/policy/onboard",
+            {"app_id": "app:x", "read": ["diet"], "purpose": "no way"},
+            "purpose",
+        ),
+        ("/v1/policy/grant", {"app_id": PLANNER, "role": "role:dpo", "tenant": "other"}, "tenant"),
     ],
 )
 def test_bad_policy_input_is_a_422_naming_the_field_and_changes_nothing(
@@ -97,17 +143,30 @@ def test_an_app_onboarded_over_rest_is_served_its_categories(
     http: httpx.Client, apps: Apps, keys: Any
 ) -> None:
     new_key = keys.create("app:diary").token
-    onboarded = http.post("/v1/policy/onboard", headers=bearer(apps.planner_operator),
-                          json={"app_id": "app:diary", "read": ["location"],
-                                "purpose": "personalization"})
+    onboarded = http.post(
+        "/v1/policy/onboard",
+        headers=bearer(apps.planner_operator),
+        json={"app_id": "app:diary", "read": ["location"], "purpose": "personalization"},
+    )
     assert onboarded.status_code == 200, onboarded.text
     grant(http, new_key)
-    captured = http.post("/v1/captures", headers=bearer(new_key),
-                         json={"subject": "alice", **interaction("I live in Lisbon")})
+    captured = http.post(
+        "/v1/captures",
+        headers=bearer(new_key),
+        json={"subject": "alice", **interaction("I live in Lisbon")},
+    )
     assert captured.status_code == 201, captured.text
-    served = http.post("/v1/slices", headers=bearer(new_key), json={
-        "subject": "alice", "query": "where do I live?", "budget_tokens": 256,
-        "purpose": "personalization", "agent_id": "agent:one"})
+    served = http.post(
+        "/v1/slices",
+        headers=bearer(new_key),
+        json={
+            "subject": "alice",
+            "query": "where do I live?",
+            "budget_tokens": 256,
+            "purpose": "personalization",
+            "agent_id": "agent:one",
+        },
+    )
     assert served.status_code == 200, served.text
     assert "Lisbon" in served.json()["text"]
     assert {i["category"] for i in served.json()["items"]} == {"location"}
@@ -131,8 +190,10 @@ def test_the_console_policy_page_changes_the_policy_with_a_csrf_checked_form(
     server: LiveServer, apps: Apps, kernel: Uprof
 ) -> None:
     with httpx.Client(base_url=server.url, timeout=30) as console:
-        assert console.post("/console/login",
-                            data={"api_key": apps.planner_operator}).status_code == 303
+        assert (
+            console.post("/console/login", data={"api_key": apps.planner_operator}).status_code
+            == 303
+        )
         page = console.get("/console/policy")
         assert page.status_code == 200 and 'id="policy-version">1<' in page.text
         csrf = csrf_of(page.text)
@@ -142,8 +203,10 @@ def test_the_console_policy_page_changes_the_policy_with_a_csrf_checked_form(
         assert forged.status_code == 403
         assert len(kernel.policy_history()) == 1
 
-        bad = console.post("/console/policy/grant",
-                           data={"csrf": csrf, "app_id": "app:calendar", "role": "role:ghost"})
+        bad = console.post(
+            "/console/policy/grant",
+            data={"csrf": csrf, "app_id": "app:calendar", "role": "role:ghost"},
+        )
         assert bad.status_code == 422 and "unknown role" in bad.text
         assert len(kernel.policy_history()) == 1
 
@@ -153,9 +216,16 @@ def test_the_console_policy_page_changes_the_policy_with_a_csrf_checked_form(
         label = f"{PLANNER}#{key_id(apps.planner_operator)}"
         assert kernel.policy_history()[-1].requested_by == label
 
-        rules = console.post("/console/policy/grant", data={
-            "csrf": csrf, "app_id": "app:calendar", "actions": ["read", "capture"],
-            "categories": ["diet"], "purpose": "scheduling"})
+        rules = console.post(
+            "/console/policy/grant",
+            data={
+                "csrf": csrf,
+                "app_id": "app:calendar",
+                "actions": ["read", "capture"],
+                "categories": ["diet"],
+                "purpose": "scheduling",
+            },
+        )
         assert rules.status_code == 200 and len(kernel.policy_history()) == 4
 
         undone = console.post("/console/policy/revoke", data={"csrf": csrf, **form})

@@ -17,13 +17,18 @@ def test_a_key_over_its_limit_gets_429_and_others_do_not(
     kernel: Uprof, keys: ApiKeyStore, apps: Apps
 ) -> None:
     grant_key = keys.create("app:planner").token  # its own allowance, for the set-up
-    with LiveServer(create_server(kernel, keys, rate_limit="4/minute")) as live, \
-            httpx.Client(base_url=live.url, timeout=30) as http:
+    with (
+        LiveServer(create_server(kernel, keys, rate_limit="4/minute")) as live,
+        httpx.Client(base_url=live.url, timeout=30) as http,
+    ):
         grant(http, grant_key)
         statuses = []
         for n in range(6):
-            response = http.post("/v1/captures", headers=bearer(apps.planner), json={
-                "subject": "alice", **interaction(f"I like tea number {n}")})
+            response = http.post(
+                "/v1/captures",
+                headers=bearer(apps.planner),
+                json={"subject": "alice", **interaction(f"I like tea number {n}")},
+            )
             statuses.append(response.status_code)
             if n == 3:
                 position_after_four = kernel.lag().log_position
@@ -31,8 +36,9 @@ def test_a_key_over_its_limit_gets_429_and_others_do_not(
         assert response.json()["error"]["code"] == "rate_limited"
         assert 1 <= int(response.headers["Retry-After"]) <= 60
         # Another key (another app) keeps its own allowance.
-        other = http.post("/v1/consents/list", headers=bearer(apps.calendar),
-                          json={"subject": "alice"})
+        other = http.post(
+            "/v1/consents/list", headers=bearer(apps.calendar), json={"subject": "alice"}
+        )
         assert other.status_code != 429
         # A request without a valid key is refused as unauthenticated and uses up nothing.
         assert http.post("/v1/captures", headers=bearer("upk_bad_key"), json={}).status_code == 401
@@ -44,6 +50,8 @@ def test_no_limit_by_default_and_bad_specs_are_refused_naming_the_field() -> Non
     assert Settings().rate_limit is None
     assert Settings(rate_limit="off").rate_limit is None
     assert [str(i) for i in parse_rate_limit("50/second;1000/minute")] == [
-        "50 per 1 second", "1000 per 1 minute"]
+        "50 per 1 second",
+        "1000 per 1 minute",
+    ]
     with pytest.raises(ValueError, match="rate_limit"):
         Settings(rate_limit="fast")

@@ -11,13 +11,18 @@ from uprof.api.keys import KEY_CACHE_TTL_S
 from uprof.kernel import Uprof
 from uprof.settings import Settings
 
-SLICE = {"query": "what do I want to do?", "budget_tokens": 512, "purpose": "personalization",
-         "agent_id": "agent:one"}
+SLICE = {
+    "query": "what do I want to do?",
+    "budget_tokens": 512,
+    "purpose": "personalization",
+    "agent_id": "agent:one",
+}
 
 
 def slice_for(http: httpx.Client, key: str, **overrides: object) -> httpx.Response:
-    return http.post("/v1/slices", headers=bearer(key), json={"subject": "alice", **SLICE,
-                                                               **overrides})
+    return http.post(
+        "/v1/slices", headers=bearer(key), json={"subject": "alice", **SLICE, **overrides}
+    )
 
 
 # ------------------------------------------------------------------ operations
@@ -45,8 +50,11 @@ def test_readiness_fails_while_reads_cannot_be_recorded(
         ready = http.get("/readyz")
         assert ready.status_code == 503 and "read recorder" in ready.json()["detail"]
         # Captures are still taken and projected: only reads are refused.
-        ack = http.post("/v1/captures", headers=bearer(apps.planner),
-                        json={"subject": "alice", **interaction("I want to learn the cello")})
+        ack = http.post(
+            "/v1/captures",
+            headers=bearer(apps.planner),
+            json={"subject": "alice", **interaction("I want to learn the cello")},
+        )
         assert ack.status_code == 201
         assert kernel.wait_until_caught_up(10)
         refused = slice_for(http, apps.planner)
@@ -58,10 +66,23 @@ def test_readiness_fails_while_reads_cannot_be_recorded(
 
 def test_openapi_documents_every_route_with_bearer_auth(http: httpx.Client) -> None:
     spec = http.get("/openapi.json").json()
-    assert {"/v1/captures", "/v1/captures/batch", "/v1/proposals", "/v1/slices",
-            "/v1/profile/read", "/v1/evidence/read", "/v1/consents", "/v1/consents/list",
-            "/v1/consents/withdraw", "/v1/sessions", "/v1/identifiers", "/v1/whoami",
-            "/healthz", "/readyz", "/metrics"} <= set(spec["paths"])
+    assert {
+        "/v1/captures",
+        "/v1/captures/batch",
+        "/v1/proposals",
+        "/v1/slices",
+        "/v1/profile/read",
+        "/v1/evidence/read",
+        "/v1/consents",
+        "/v1/consents/list",
+        "/v1/consents/withdraw",
+        "/v1/sessions",
+        "/v1/identifiers",
+        "/v1/whoami",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    } <= set(spec["paths"])
     assert spec["components"]["securitySchemes"]["ApiKey"]["scheme"] == "bearer"
     assert spec["paths"]["/v1/slices"]["post"]["operationId"] == "create_slice"
     assert http.get("/docs").status_code == 200
@@ -70,12 +91,21 @@ def test_openapi_documents_every_route_with_bearer_auth(http: httpx.Client) -> N
 # ------------------------------------------------------------------------- 401
 
 
-@pytest.mark.parametrize("header", [None, "Bearer", "Bearer nonsense", "Basic dXNlcjpwYXNz",
-                                    "Bearer upk_0000000000000000_" + "A" * 43])
+@pytest.mark.parametrize(
+    "header",
+    [
+        None,
+        "Bearer",
+        "Bearer nonsense",
+        "Basic dXNlcjpwYXNz",
+        "Bearer upk_0000000000000000_" + "A" * 43,
+    ],
+)
 def test_missing_or_invalid_key_is_401(http: httpx.Client, header: str | None) -> None:
     headers = {"Authorization": header} if header else {}
-    response = http.post("/v1/captures", headers=headers,
-                         json={"subject": "alice", **interaction("hi")})
+    response = http.post(
+        "/v1/captures", headers=headers, json={"subject": "alice", **interaction("hi")}
+    )
     assert response.status_code == 401
     assert response.headers["WWW-Authenticate"] == "Bearer"
     assert response.json()["error"]["code"] == "unauthenticated"
@@ -126,8 +156,11 @@ def test_capture_without_consent_is_403_and_writes_nothing(
     http: httpx.Client, apps: Apps, kernel: Uprof
 ) -> None:
     before = kernel.lag().log_position
-    response = http.post("/v1/captures", headers=bearer(apps.planner),
-                         json={"subject": "alice", **interaction("I live in Paris")})
+    response = http.post(
+        "/v1/captures",
+        headers=bearer(apps.planner),
+        json={"subject": "alice", **interaction("I live in Paris")},
+    )
     assert response.status_code == 403
     assert response.json()["error"]["code"] == "consent_required"
     assert kernel.lag().log_position == before
@@ -138,21 +171,32 @@ def test_full_profile_needs_the_operator_role(http: httpx.Client, apps: Apps) ->
     refused = http.post("/v1/profile/read", headers=bearer(apps.planner), json={"subject": "alice"})
     assert refused.status_code == 403
     assert refused.json()["error"]["code"] == "role_required"
-    allowed = http.post("/v1/profile/read", headers=bearer(apps.planner_operator),
-                        json={"subject": "alice"})
+    allowed = http.post(
+        "/v1/profile/read", headers=bearer(apps.planner_operator), json={"subject": "alice"}
+    )
     assert allowed.status_code == 200
     assert [c["app_id"] for c in allowed.json()["consents"]] == [PLANNER]
 
 
 def test_policy_denied_purpose_serves_nothing_and_counts_it(http: httpx.Client, apps: Apps) -> None:
     # The policy lets planner record no consent for advertising: refused, nothing stored.
-    refused = http.post("/v1/consents", headers=bearer(apps.planner), json={
-        "subject": "alice", "categories": ["*"], "purposes": ["personalization", "advertising"],
-        "collected_by": "consent-ui:test"})
+    refused = http.post(
+        "/v1/consents",
+        headers=bearer(apps.planner),
+        json={
+            "subject": "alice",
+            "categories": ["*"],
+            "purposes": ["personalization", "advertising"],
+            "collected_by": "consent-ui:test",
+        },
+    )
     assert refused.status_code == 403, refused.text
     grant(http, apps.planner)
-    http.post("/v1/captures", headers=bearer(apps.planner),
-              json={"subject": "alice", **interaction("I want to run a marathon")})
+    http.post(
+        "/v1/captures",
+        headers=bearer(apps.planner),
+        json={"subject": "alice", **interaction("I want to run a marathon")},
+    )
     # The seed policy allows role:assistant no "advertising" reads: the kernel withholds
     # every item (a count per reason, never ids) instead of refusing the request.
     denied = slice_for(http, apps.planner, purpose="advertising")
@@ -167,9 +211,11 @@ def test_policy_denied_purpose_serves_nothing_and_counts_it(http: httpx.Client, 
 
 def test_capture_then_slice_reads_the_write(http: httpx.Client, apps: Apps) -> None:
     grant(http, apps.planner)
-    ack = http.post("/v1/captures", headers=bearer(apps.planner),
-                    json={"subject": "alice", **interaction("I want to learn the cello",
-                                                              ref="D1:3")})
+    ack = http.post(
+        "/v1/captures",
+        headers=bearer(apps.planner),
+        json={"subject": "alice", **interaction("I want to learn the cello", ref="D1:3")},
+    )
     assert ack.status_code == 201
     capture_id = ack.json()["capture_id"]
     result = slice_for(http, apps.planner)
@@ -190,17 +236,27 @@ def test_capture_then_slice_reads_the_write(http: httpx.Client, apps: Apps) -> N
 def test_batch_capture_is_all_or_nothing(http: httpx.Client, apps: Apps, kernel: Uprof) -> None:
     grant(http, apps.planner)  # personalization only
     before = kernel.lag().log_position
-    refused = http.post("/v1/captures/batch", headers=bearer(apps.planner), json={
-        "subject": "alice",
-        "interactions": [interaction("I want to swim"),
-                         interaction("I like jazz", purpose="advertising")],
-    })
+    refused = http.post(
+        "/v1/captures/batch",
+        headers=bearer(apps.planner),
+        json={
+            "subject": "alice",
+            "interactions": [
+                interaction("I want to swim"),
+                interaction("I like jazz", purpose="advertising"),
+            ],
+        },
+    )
     assert refused.status_code == 403
     assert kernel.lag().log_position == before
-    accepted = http.post("/v1/captures/batch", headers=bearer(apps.planner), json={
-        "subject": "alice",
-        "interactions": [interaction("I want to swim"), interaction("I like jazz")],
-    })
+    accepted = http.post(
+        "/v1/captures/batch",
+        headers=bearer(apps.planner),
+        json={
+            "subject": "alice",
+            "interactions": [interaction("I want to swim"), interaction("I like jazz")],
+        },
+    )
     assert accepted.status_code == 201
     assert len(accepted.json()["acks"]) == 2
 
@@ -208,34 +264,58 @@ def test_batch_capture_is_all_or_nothing(http: httpx.Client, apps: Apps, kernel:
 def test_proposals_bind_to_the_subjects_own_evidence(http: httpx.Client, apps: Apps) -> None:
     grant(http, apps.planner)
     grant(http, apps.planner, subject="bob")
-    own = http.post("/v1/captures", headers=bearer(apps.planner),
-                    json={"subject": "alice", **interaction("I live in Lisbon")}).json()
-    foreign = http.post("/v1/captures", headers=bearer(apps.planner),
-                        json={"subject": "bob", **interaction("I eat meat")}).json()
+    own = http.post(
+        "/v1/captures",
+        headers=bearer(apps.planner),
+        json={"subject": "alice", **interaction("I live in Lisbon")},
+    ).json()
+    foreign = http.post(
+        "/v1/captures",
+        headers=bearer(apps.planner),
+        json={"subject": "bob", **interaction("I eat meat")},
+    ).json()
     proposal = {"kind": "attribute", "key": "diet", "value": "vegetarian"}
-    applied = http.post("/v1/proposals", headers=bearer(apps.planner), json={
-        "subject": "alice", "agent_id": "agent:one", "sharing": "shared",
-        "proposals": [{**proposal, "evidence": [own["capture_id"]]}],
-    })
+    applied = http.post(
+        "/v1/proposals",
+        headers=bearer(apps.planner),
+        json={
+            "subject": "alice",
+            "agent_id": "agent:one",
+            "sharing": "shared",
+            "proposals": [{**proposal, "evidence": [own["capture_id"]]}],
+        },
+    )
     assert applied.status_code == 200
     assert applied.json()["applied"] == 1
-    refused = http.post("/v1/proposals", headers=bearer(apps.planner), json={
-        "subject": "alice", "agent_id": "agent:one",
-        "proposals": [{**proposal, "evidence": [foreign["capture_id"]]}],
-    })
+    refused = http.post(
+        "/v1/proposals",
+        headers=bearer(apps.planner),
+        json={
+            "subject": "alice",
+            "agent_id": "agent:one",
+            "proposals": [{**proposal, "evidence": [foreign["capture_id"]]}],
+        },
+    )
     assert refused.status_code == 422
     assert refused.json()["error"]["code"] == "evidence_invalid"
 
 
 def test_evidence_shows_the_captures_behind_an_item(http: httpx.Client, apps: Apps) -> None:
     grant(http, apps.planner)
-    ack = http.post("/v1/captures", headers=bearer(apps.planner),
-                    json={"subject": "alice", **interaction("I live in Lisbon")}).json()
-    profile = http.post("/v1/profile/read", headers=bearer(apps.planner_operator),
-                        json={"subject": "alice"}).json()
+    ack = http.post(
+        "/v1/captures",
+        headers=bearer(apps.planner),
+        json={"subject": "alice", **interaction("I live in Lisbon")},
+    ).json()
+    profile = http.post(
+        "/v1/profile/read", headers=bearer(apps.planner_operator), json={"subject": "alice"}
+    ).json()
     item = next(a for a in profile["attributes"] if a["key"] == "home_location")
-    evidence = http.post("/v1/evidence/read", headers=bearer(apps.planner_operator),
-                         json={"subject": "alice", "item_id": item["item_id"]})
+    evidence = http.post(
+        "/v1/evidence/read",
+        headers=bearer(apps.planner_operator),
+        json={"subject": "alice", "item_id": item["item_id"]},
+    )
     assert evidence.status_code == 200
     assert [c["capture_id"] for c in evidence.json()["captures"]] == [ack["capture_id"]]
     assert evidence.json()["captures"][0]["user_input"] == "I live in Lisbon"
@@ -247,13 +327,19 @@ def test_consent_withdrawal_takes_effect_for_the_next_request(
     consent_id = grant(http, apps.planner)
     listed = http.post("/v1/consents/list", headers=bearer(apps.planner), json={"subject": "alice"})
     assert [c["consent_id"] for c in listed.json()["consents"]] == [consent_id]
-    withdrawn = http.post("/v1/consents/withdraw", headers=bearer(apps.planner),
-                          json={"subject": "alice", "consent_id": consent_id})
+    withdrawn = http.post(
+        "/v1/consents/withdraw",
+        headers=bearer(apps.planner),
+        json={"subject": "alice", "consent_id": consent_id},
+    )
     assert withdrawn.status_code == 200
     assert withdrawn.json()["consent"]["withdrawn_at"] is not None
     assert withdrawn.json()["erasure"] is None
-    refused = http.post("/v1/captures", headers=bearer(apps.planner),
-                        json={"subject": "alice", **interaction("I want to swim")})
+    refused = http.post(
+        "/v1/captures",
+        headers=bearer(apps.planner),
+        json={"subject": "alice", **interaction("I want to swim")},
+    )
     assert refused.status_code == 403
 
 
@@ -263,8 +349,11 @@ def test_consent_withdrawal_takes_effect_for_the_next_request(
 def test_app_b_cannot_read_app_a_private_items(http: httpx.Client, apps: Apps) -> None:
     grant(http, apps.planner)
     grant(http, apps.calendar, purposes=("scheduling",))
-    http.post("/v1/captures", headers=bearer(apps.planner), json={
-        "subject": "alice", **interaction("I want to climb Kilimanjaro", sharing="private")})
+    http.post(
+        "/v1/captures",
+        headers=bearer(apps.planner),
+        json={"subject": "alice", **interaction("I want to climb Kilimanjaro", sharing="private")},
+    )
     own = slice_for(http, apps.planner)
     assert "Kilimanjaro" in own.json()["text"]
     other = slice_for(http, apps.calendar, purpose="scheduling", agent_id="agent:cal")
@@ -285,11 +374,15 @@ def test_a_body_naming_an_app_is_refused(http: httpx.Client, apps: Apps, path: s
 def test_apps_see_and_withdraw_only_their_own_consents(http: httpx.Client, apps: Apps) -> None:
     planner_consent = grant(http, apps.planner)
     grant(http, apps.calendar, purposes=("scheduling",))
-    listed = http.post("/v1/consents/list", headers=bearer(apps.calendar),
-                       json={"subject": "alice"})
+    listed = http.post(
+        "/v1/consents/list", headers=bearer(apps.calendar), json={"subject": "alice"}
+    )
     assert {c["app_id"] for c in listed.json()["consents"]} == {CALENDAR}
-    stolen = http.post("/v1/consents/withdraw", headers=bearer(apps.calendar),
-                       json={"subject": "alice", "consent_id": planner_consent})
+    stolen = http.post(
+        "/v1/consents/withdraw",
+        headers=bearer(apps.calendar),
+        json={"subject": "alice", "consent_id": planner_consent},
+    )
     assert stolen.status_code == 404
     still = http.post("/v1/consents/list", headers=bearer(apps.planner), json={"subject": "alice"})
     assert still.json()["consents"][0]["withdrawn_at"] is None
@@ -300,19 +393,36 @@ def test_sessions_are_scoped_to_the_app_that_registered_them(
 ) -> None:
     grant(http, apps.planner)
     grant(http, apps.planner, subject="bob")
-    http.post("/v1/captures", headers=bearer(apps.planner),
-              json={"subject": "alice", **interaction("I want to learn the cello")})
-    assert http.post("/v1/sessions", headers=bearer(apps.planner),
-                     json={"session_id": "s-1", "subject": "alice"}).status_code == 201
+    http.post(
+        "/v1/captures",
+        headers=bearer(apps.planner),
+        json={"subject": "alice", **interaction("I want to learn the cello")},
+    )
+    assert (
+        http.post(
+            "/v1/sessions",
+            headers=bearer(apps.planner),
+            json={"session_id": "s-1", "subject": "alice"},
+        ).status_code
+        == 201
+    )
     # The calendar app binding the same session id to bob changes nothing for the planner.
-    assert http.post("/v1/sessions", headers=bearer(apps.calendar),
-                     json={"session_id": "s-1", "subject": "bob"}).status_code == 201
-    by_session = http.post("/v1/slices", headers=bearer(apps.planner),
-                           json={**SLICE, "session_id": "s-1"})
+    assert (
+        http.post(
+            "/v1/sessions",
+            headers=bearer(apps.calendar),
+            json={"session_id": "s-1", "subject": "bob"},
+        ).status_code
+        == 201
+    )
+    by_session = http.post(
+        "/v1/slices", headers=bearer(apps.planner), json={**SLICE, "session_id": "s-1"}
+    )
     assert by_session.status_code == 200
     assert "cello" in by_session.json()["text"]
-    unknown = http.post("/v1/slices", headers=bearer(apps.planner),
-                        json={**SLICE, "session_id": "s-2"})
+    unknown = http.post(
+        "/v1/slices", headers=bearer(apps.planner), json={**SLICE, "session_id": "s-2"}
+    )
     assert unknown.status_code == 422
     assert unknown.json()["error"]["code"] == "identity_unresolved"
 
@@ -333,14 +443,19 @@ def test_422_names_the_missing_field(http: httpx.Client, apps: Apps) -> None:
 def test_422_names_a_nested_field_of_a_batch(http: httpx.Client, apps: Apps) -> None:
     bad = interaction("hello")
     bad["occurred_at"] = "2025-01-01T09:00:00"  # no timezone
-    response = http.post("/v1/captures/batch", headers=bearer(apps.planner), json={
-        "subject": "alice", "interactions": [interaction("ok"), bad]})
+    response = http.post(
+        "/v1/captures/batch",
+        headers=bearer(apps.planner),
+        json={"subject": "alice", "interactions": [interaction("ok"), bad]},
+    )
     assert response.status_code == 422
     assert response.json()["error"]["fields"][0]["field"] == "interactions.1.occurred_at"
 
 
-@pytest.mark.parametrize(("field", "value"), [("budget_tokens", 40_000), ("budget_tokens", -1),
-                                              ("query", "x" * 4_001), ("agent_id", "   ")])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("budget_tokens", 40_000), ("budget_tokens", -1), ("query", "x" * 4_001), ("agent_id", "   ")],
+)
 def test_422_for_out_of_range_slice_fields(
     http: httpx.Client, apps: Apps, field: str, value: object
 ) -> None:
@@ -350,16 +465,21 @@ def test_422_for_out_of_range_slice_fields(
 
 
 def test_422_for_nul_characters(http: httpx.Client, apps: Apps) -> None:
-    response = http.post("/v1/captures", headers=bearer(apps.planner),
-                         json={"subject": "alice", **interaction("bad\u0000text")})
+    response = http.post(
+        "/v1/captures",
+        headers=bearer(apps.planner),
+        json={"subject": "alice", **interaction("bad\u0000text")},
+    )
     assert response.status_code == 422
     assert response.json()["error"]["fields"][0]["field"] == "user_input"
 
 
 def test_malformed_json_is_422(http: httpx.Client, apps: Apps) -> None:
-    response = http.post("/v1/captures", headers={**bearer(apps.planner),
-                                                  "Content-Type": "application/json"},
-                         content=b'{"subject": ')
+    response = http.post(
+        "/v1/captures",
+        headers={**bearer(apps.planner), "Content-Type": "application/json"},
+        content=b'{"subject": ',
+    )
     assert response.status_code == 422
     assert response.json()["error"]["code"] == "invalid_request"
 
@@ -376,8 +496,11 @@ def test_oversized_body_is_413_and_writes_nothing(
     grant(http, apps.planner)
     before = kernel.lag().log_position
     big = [interaction("I like " + "jazz " * 2_000) for _ in range(10)]  # ~100 kB > 64 kB
-    response = http.post("/v1/captures/batch", headers=bearer(apps.planner),
-                         json={"subject": "alice", "interactions": big})
+    response = http.post(
+        "/v1/captures/batch",
+        headers=bearer(apps.planner),
+        json={"subject": "alice", "interactions": big},
+    )
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "payload_too_large"
     assert kernel.lag().log_position == before
@@ -391,8 +514,11 @@ def test_oversized_chunked_body_is_413(http: httpx.Client, apps: Apps) -> None:
             yield b'"2025-01-01T09:00:00Z"},'
         yield b"]}"
 
-    response = http.post("/v1/captures/batch", content=chunks(),
-                         headers={**bearer(apps.planner), "Content-Type": "application/json"})
+    response = http.post(
+        "/v1/captures/batch",
+        content=chunks(),
+        headers={**bearer(apps.planner), "Content-Type": "application/json"},
+    )
     assert response.status_code == 413
 
 
@@ -422,14 +548,19 @@ def test_dpo_exports_then_erases_a_subject_with_a_signed_receipt(
     http: httpx.Client, apps: Apps
 ) -> None:
     grant(http, apps.planner)
-    http.post("/v1/captures", headers=bearer(apps.planner),
-              json={"subject": "alice", **interaction("I live in Lisbon")})
-    export = http.post("/v1/governance/exports", headers=bearer(apps.privacy),
-                       json={"subject": "alice"})
+    http.post(
+        "/v1/captures",
+        headers=bearer(apps.planner),
+        json={"subject": "alice", **interaction("I live in Lisbon")},
+    )
+    export = http.post(
+        "/v1/governance/exports", headers=bearer(apps.privacy), json={"subject": "alice"}
+    )
     assert export.status_code == 200
     assert "Lisbon" in str(export.json()["export"])
-    erased = http.post("/v1/governance/erasures/subject", headers=bearer(apps.privacy),
-                       json={"subject": "alice"})
+    erased = http.post(
+        "/v1/governance/erasures/subject", headers=bearer(apps.privacy), json={"subject": "alice"}
+    )
     assert erased.status_code == 200, erased.text
     body = erased.json()
     assert body["receipt"] and body["subject_nonce_hex"]
@@ -444,39 +575,69 @@ def test_an_erased_subject_id_is_410_for_consent_capture_and_reads(
 ) -> None:
     """Issue 13: after erasure, grant and capture under the same name both succeeded."""
     grant(http, apps.planner)
-    http.post("/v1/captures", headers=bearer(apps.planner),
-              json={"subject": "alice", **interaction("I live in Lisbon")})
+    http.post(
+        "/v1/captures",
+        headers=bearer(apps.planner),
+        json={"subject": "alice", **interaction("I live in Lisbon")},
+    )
     old = kernel.subjects.find("alice")
-    erased = http.post("/v1/governance/erasures/subject", headers=bearer(apps.privacy),
-                       json={"subject": "alice"})
+    erased = http.post(
+        "/v1/governance/erasures/subject", headers=bearer(apps.privacy), json={"subject": "alice"}
+    )
     assert erased.status_code == 200, erased.text
     attempts = [
-        http.post("/v1/consents", headers=bearer(apps.planner), json={
-            "subject": "alice", "categories": ["*"], "purposes": ["personalization"],
-            "collected_by": "consent-ui:test"}),
-        http.post("/v1/captures", headers=bearer(apps.planner),
-                  json={"subject": "alice", **interaction("I am back")}),
+        http.post(
+            "/v1/consents",
+            headers=bearer(apps.planner),
+            json={
+                "subject": "alice",
+                "categories": ["*"],
+                "purposes": ["personalization"],
+                "collected_by": "consent-ui:test",
+            },
+        ),
+        http.post(
+            "/v1/captures",
+            headers=bearer(apps.planner),
+            json={"subject": "alice", **interaction("I am back")},
+        ),
         slice_for(http, apps.planner),
-        http.post("/v1/governance/exports", headers=bearer(apps.privacy),
-                  json={"subject": "alice"}),
+        http.post(
+            "/v1/governance/exports", headers=bearer(apps.privacy), json={"subject": "alice"}
+        ),
     ]
     for response in attempts:
         assert response.status_code == 410, response.text
         assert response.json()["error"]["code"] == "subject_erased"
     assert old is not None
     assert kernel.recreate_subject("alice") != old.pseudonym
-    assert http.post("/v1/consents", headers=bearer(apps.planner), json={
-        "subject": "alice", "categories": ["*"], "purposes": ["personalization"],
-        "collected_by": "consent-ui:test"}
-    ).status_code == 201
+    assert (
+        http.post(
+            "/v1/consents",
+            headers=bearer(apps.planner),
+            json={
+                "subject": "alice",
+                "categories": ["*"],
+                "purposes": ["personalization"],
+                "collected_by": "consent-ui:test",
+            },
+        ).status_code
+        == 201
+    )
 
 
 def test_withdrawal_with_erase_returns_a_receipt(http: httpx.Client, apps: Apps) -> None:
     consent_id = grant(http, apps.planner)
-    http.post("/v1/captures", headers=bearer(apps.planner),
-              json={"subject": "alice", **interaction("I want to swim")})
-    response = http.post("/v1/consents/withdraw", headers=bearer(apps.planner),
-                         json={"subject": "alice", "consent_id": consent_id, "erase": True})
+    http.post(
+        "/v1/captures",
+        headers=bearer(apps.planner),
+        json={"subject": "alice", **interaction("I want to swim")},
+    )
+    response = http.post(
+        "/v1/consents/withdraw",
+        headers=bearer(apps.planner),
+        json={"subject": "alice", "consent_id": consent_id, "erase": True},
+    )
     assert response.status_code == 200, response.text
     assert response.json()["erasure"]["counts"]
 
@@ -490,11 +651,15 @@ def test_compliance_exports_the_trail_and_verifies_it_offline_and_online(
     from audit.verify import verify_export
 
     grant(http, apps.planner, categories=("goal",))  # a short first line, quoted in full
-    http.post("/v1/captures", headers=bearer(apps.planner),
-              json={"subject": "alice", **interaction("I want to learn the cello")})
+    http.post(
+        "/v1/captures",
+        headers=bearer(apps.planner),
+        json={"subject": "alice", **interaction("I want to learn the cello")},
+    )
     assert slice_for(http, apps.planner).status_code == 200
-    exported = http.post("/v1/audit/export", headers=bearer(apps.planner_operator),
-                         json={"subject": "alice"})
+    exported = http.post(
+        "/v1/audit/export", headers=bearer(apps.planner_operator), json={"subject": "alice"}
+    )
     assert exported.status_code == 200
     body = exported.json()
     actions = [line for line in body["content"].splitlines() if '"slice.served"' in line]
@@ -502,20 +667,28 @@ def test_compliance_exports_the_trail_and_verifies_it_offline_and_online(
     key = http.get("/v1/audit/key", headers=bearer(apps.planner)).json()
     report = verify_export(body["content"].splitlines(), key["public_key_pem"], key["origin"])
     assert report.entry_count == body["summary"]["entry_count"] > 0
-    ok = http.post("/v1/audit/verify", headers=bearer(apps.planner_operator),
-                   json={"content": body["content"]}).json()
+    ok = http.post(
+        "/v1/audit/verify", headers=bearer(apps.planner_operator), json={"content": body["content"]}
+    ).json()
     assert ok["ok"] is True
     lines = body["content"].splitlines()
     assert '"tenant"' in lines[1]  # line 2 is the first entry (line 1 is the header)
     lines[1] = lines[1].replace('"tenant"', '"tenanT"', 1)
-    bad = http.post("/v1/audit/verify", headers=bearer(apps.planner_operator),
-                    json={"content": "\n".join(lines) + "\n"}).json()
+    bad = http.post(
+        "/v1/audit/verify",
+        headers=bearer(apps.planner_operator),
+        json={"content": "\n".join(lines) + "\n"},
+    ).json()
     assert bad["ok"] is False and bad["line_number"] == 2 and "tenanT" in bad["line_text"]
-    csv_export = http.post("/v1/audit/export", headers=bearer(apps.planner_operator),
-                           json={"format": "csv", "action": "slice.served"}).json()
+    csv_export = http.post(
+        "/v1/audit/export",
+        headers=bearer(apps.planner_operator),
+        json={"format": "csv", "action": "slice.served"},
+    ).json()
     assert csv_export["content"].startswith("kind,")
-    audited = http.post("/v1/audit/export", headers=bearer(apps.planner_operator),
-                        json={"action": "audit.exported"}).json()
+    audited = http.post(
+        "/v1/audit/export", headers=bearer(apps.planner_operator), json={"action": "audit.exported"}
+    ).json()
     assert audited["summary"]["entry_count"] >= 2  # the exports above were audited
 
 
@@ -525,6 +698,7 @@ def test_the_audit_trail_needs_the_operator_role(http: httpx.Client, apps: Apps)
         assert refused.status_code == 403
         assert refused.json()["error"]["code"] == "role_required"
     assert http.post("/v1/audit/export", json={}).status_code == 401
-    bad = http.post("/v1/audit/export", headers=bearer(apps.planner_operator),
-                    json={"format": "xml"})
+    bad = http.post(
+        "/v1/audit/export", headers=bearer(apps.planner_operator), json={"format": "xml"}
+    )
     assert bad.status_code == 422 and bad.json()["error"]["fields"][0]["field"] == "format"

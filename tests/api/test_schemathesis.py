@@ -62,8 +62,13 @@ def test_generated_requests_never_get_a_server_error(
     undeclared: set[tuple[str, str, int]] = set()
     routes: Counter[tuple[str, int]] = Counter()
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=strategy)
     def check(case: schemathesis.Case) -> None:
         response = case.call(base_url=server.url, timeout=30)

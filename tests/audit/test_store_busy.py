@@ -46,9 +46,7 @@ def test_a_postgres_lock_timeout_is_busy_and_a_syntax_error_is_not(backend: Back
             conn.execute(sa.text("CREATE TABLE t (x INTEGER)"))
         with engine.connect() as holder:
             holder.execute(sa.text("LOCK TABLE t IN ACCESS EXCLUSIVE MODE"))
-            waiter = sa.create_engine(
-                backend.url, connect_args={"options": "-c lock_timeout=100"}
-            )
+            waiter = sa.create_engine(backend.url, connect_args={"options": "-c lock_timeout=100"})
             try:
                 assert _store_busy(_operational_error(waiter, "INSERT INTO t VALUES (1)"))
             finally:

@@ -92,8 +92,9 @@ def test_personas_are_preserved_isolated_and_not_fabricated(
     assert result["duplicate_attribute_groups_within_subject"] == 0
     # "I am vegetarian." said twice states one diet: one attribute, two pointers.
     assert result["near_duplicate_pairs_within_subject_with_attributes"] >= 1
-    assert result["near_duplicate_pairs_merged"] == (
-        result["near_duplicate_pairs_within_subject_with_attributes"]
+    assert (
+        result["near_duplicate_pairs_merged"]
+        == (result["near_duplicate_pairs_within_subject_with_attributes"])
     )
     # The sentence both people said stays two attributes, one per subject.
     assert result["near_duplicate_sentences_across_pair"] == 2
@@ -132,8 +133,9 @@ def test_a_pointer_into_another_subject_does_not_resolve(deployment: FacadeDeplo
     bob_ids = set(deployment.captures["bob"].values())
     assert set(deployment.operator.evidence_captures("alice", alice_ids)) == alice_ids
     assert deployment.operator.evidence_captures("alice", bob_ids) == {}
-    stolen = HeldItem("alice", "attribute", "x", "home_location: Lisbon", "explicit",
-                      tuple(bob_ids), {})
+    stolen = HeldItem(
+        "alice", "attribute", "x", "home_location: Lisbon", "explicit", tuple(bob_ids), {}
+    )
     assert measure_fabrication([stolen]).fabricated_attributes == 1
 
 

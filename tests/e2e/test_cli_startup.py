@@ -28,8 +28,14 @@ print(json.dumps({"exit": result.exit_code, "output": result.output,
 
 def _run(args: list[str]) -> dict[str, object]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(args), json.dumps(HEAVY)],
-                          capture_output=True, text=True, env=env, timeout=300, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, json.dumps(args), json.dumps(HEAVY)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=True,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
@@ -41,11 +47,36 @@ def test_help_loads_no_kernel_server_or_model() -> None:
 
 def test_a_capture_opens_the_stores_but_does_not_load_the_model(tmp_path: Path) -> None:
     base = ["--data-dir", str(tmp_path / "data"), "--key-dir", str(tmp_path / "keys")]
-    granted = _run([*base, "consent", "grant", "--subject", "alice", "--app", "app:planner",
-                    "--category", "*", "--purpose", "personalization"])
+    granted = _run(
+        [
+            *base,
+            "consent",
+            "grant",
+            "--subject",
+            "alice",
+            "--app",
+            "app:planner",
+            "--category",
+            "*",
+            "--purpose",
+            "personalization",
+        ]
+    )
     assert granted["exit"] == 0, granted["output"]
-    captured = _run([*base, "capture", "--subject", "alice", "--app", "app:planner",
-                     "--agent", "agent:one", "--text", "I live in Lisbon"])
+    captured = _run(
+        [
+            *base,
+            "capture",
+            "--subject",
+            "alice",
+            "--app",
+            "app:planner",
+            "--agent",
+            "agent:one",
+            "--text",
+            "I live in Lisbon",
+        ]
+    )
     assert captured["exit"] == 0, captured["output"]
     assert "captured" in str(captured["output"])
     loaded = captured["loaded"]

@@ -206,11 +206,32 @@ def test_cli_backup_erase_restore_recreate_and_key_folder(tmp_path: Path) -> Non
         assert result.exit_code == code, result.output
         return result.output
 
-    grant = ("consent", "grant", "--subject", "ana", "--app", "app:planner",
-             "--category", "*", "--purpose", "personalization")
+    grant = (
+        "consent",
+        "grant",
+        "--subject",
+        "ana",
+        "--app",
+        "app:planner",
+        "--category",
+        "*",
+        "--purpose",
+        "personalization",
+    )
     run(*grant)
-    run("capture", "--subject", "ana", "--app", "app:planner", "--agent", "agent:one",
-        "--text", "I live in Qzxclitown", "--at", "2026-02-01T10:00:00Z")
+    run(
+        "capture",
+        "--subject",
+        "ana",
+        "--app",
+        "app:planner",
+        "--agent",
+        "agent:one",
+        "--text",
+        "I live in Qzxclitown",
+        "--at",
+        "2026-02-01T10:00:00Z",
+    )
     assert (keys / "keks.json").exists() and not (tmp_path / "data" / "keks.json").exists()
     assert "no key material" in run("backup", "--to", str(tmp_path / "bk"))
     run("erase", "subject", "--subject", "ana", "--out", str(tmp_path / "r.json"))
@@ -221,6 +242,17 @@ def test_cli_backup_erase_restore_recreate_and_key_folder(tmp_path: Path) -> Non
     assert "new pseudonym subj_" in run("subjects", "recreate", "--subject", "ana")
     run(*grant)
     # A key folder inside the data folder is refused at start, naming the setting.
-    bad = runner.invoke(cli, ["--data-dir", str(tmp_path / "data"), "--key-dir",
-                              str(tmp_path / "data" / "k"), "profile", "show", "--subject", "ana"])
+    bad = runner.invoke(
+        cli,
+        [
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--key-dir",
+            str(tmp_path / "data" / "k"),
+            "profile",
+            "show",
+            "--subject",
+            "ana",
+        ],
+    )
     assert bad.exit_code == 2 and "key_dir" in bad.output

@@ -206,8 +206,10 @@ def _fill(kernel: Uprof) -> dict[str, list[str]]:
         consent(kernel, subject=subject)
         acks = kernel.capture_many(
             subject,
-            [say(f"I want to visit Town{i} and I like sport{i}{j}", ref=f"r{i}-{j}")
-             for j in range(3)],
+            [
+                say(f"I want to visit Town{i} and I like sport{i}{j}", ref=f"r{i}-{j}")
+                for j in range(3)
+            ],
         )
         captured[subject] = [ack.capture_id for ack in acks]
     kernel.process()

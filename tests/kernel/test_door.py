@@ -53,8 +53,11 @@ def _capture(door: Facade, subject: str) -> Any:
 
 def _propose(door: Facade, subject: str) -> Any:
     batch = ProposalBatch(
-        (AttributeProposal("diet", "carnivore", (), 0.5),), author="agent:one",
-        owner_agent="agent:one", sharing="shared", purpose="personalization",
+        (AttributeProposal("diet", "carnivore", (), 0.5),),
+        author="agent:one",
+        owner_agent="agent:one",
+        sharing="shared",
+        purpose="personalization",
     )
     return door.submit_proposals(subject, batch)
 
@@ -62,14 +65,22 @@ def _propose(door: Facade, subject: str) -> Any:
 def _consent(door: Facade, subject: str) -> Any:
     app = "app:planner" if door.principal.kind is not PrincipalKind.APP else None
     return door.grant_consent(
-        subject, categories=["diet"], purposes=["personalization"],
-        collected_by="consent-ui:1", app_id=app,
+        subject,
+        categories=["diet"],
+        purposes=["personalization"],
+        collected_by="consent-ui:1",
+        app_id=app,
     )
 
 
 def _slice(door: Facade, subject: str) -> Any:
-    return door.slice(subject, "what do I like?", budget_tokens=200,
-                      purpose="personalization", agent_id="agent:one")
+    return door.slice(
+        subject,
+        "what do I like?",
+        budget_tokens=200,
+        purpose="personalization",
+        agent_id="agent:one",
+    )
 
 
 def _erase(door: Facade, subject: str) -> Any:
@@ -109,8 +120,16 @@ ALLOWED: dict[str, set[str]] = {
     "compliance": {"slice", "audit", "residue"},
     # An operator key is an operator for whole-profile work, and planner for app work.
     "planner-operator-key": {
-        "capture", "propose", "consent", "slice", "profile", "export", "erase", "audit",
-        "residue", "rebuild",
+        "capture",
+        "propose",
+        "consent",
+        "slice",
+        "profile",
+        "export",
+        "erase",
+        "audit",
+        "residue",
+        "rebuild",
     },
     # The CLI is the operator; app work needs --app (it is no app itself).
     # Recording consent for an app is decided by that app's policy (here: planner's).
@@ -139,9 +158,7 @@ def test_every_action_for_every_principal_is_decided_by_the_policy(
         subject = f"alice-{name}"
         _prepare(kernel, subject)
         if principal.kind is PrincipalKind.USER:  # alice's link is hers; bob's is not
-            principal = replace(
-                principal, subject=subject if name == "alice-link" else "bob"
-            )
+            principal = replace(principal, subject=subject if name == "alice-link" else "bob")
         door = Facade(kernel, principal)
         kernel.reads.drain()  # reads served to earlier rows are recorded before counting
         before = kernel.lag().log_position
@@ -205,10 +222,16 @@ def test_an_app_cannot_act_as_another_apps_agent(kernel: Uprof) -> None:
     _prepare(kernel, "alice")
     planner = Facade(kernel, PRINCIPALS["planner"])
     with pytest.raises(InvalidInputError, match="agent_id"):
-        planner.capture("alice", Interaction(
-            app_id="app:planner", agent_id="app:calendar/agent:one", occurred_at=WHEN,
-            user_input="I want to fly", purpose="personalization",
-        ))
+        planner.capture(
+            "alice",
+            Interaction(
+                app_id="app:planner",
+                agent_id="app:calendar/agent:one",
+                occurred_at=WHEN,
+                user_input="I want to fly",
+                purpose="personalization",
+            ),
+        )
 
 
 def test_consent_recorded_by_an_app_is_its_own_and_cites_its_record(kernel: Uprof) -> None:
@@ -217,17 +240,22 @@ def test_consent_recorded_by_an_app_is_its_own_and_cites_its_record(kernel: Upro
     with pytest.raises(InvalidInputError, match="collected_by"):
         planner.grant_consent("alice", categories=["diet"], purposes=["personalization"])
     with pytest.raises(PermissionDeniedError, match="own consents"):
-        planner.grant_consent("alice", categories=["diet"], purposes=["personalization"],
-                              collected_by="consent-ui:1", app_id="app:calendar")
+        planner.grant_consent(
+            "alice",
+            categories=["diet"],
+            purposes=["personalization"],
+            collected_by="consent-ui:1",
+            app_id="app:calendar",
+        )
     calendar_consent = next(
-        c for c in Facade(kernel, PRINCIPALS["cli"]).consents("alice")
-        if c.app_id == "app:calendar"
+        c for c in Facade(kernel, PRINCIPALS["cli"]).consents("alice") if c.app_id == "app:calendar"
     )
     with pytest.raises(SubjectNotFoundError):
         planner.withdraw_consent("alice", calendar_consent.consent_id)
     # "*" stands for what the policy lets the app hold consent for, never more.
-    planner.grant_consent("alice", categories=["*"], purposes=["personalization"],
-                          collected_by="consent-ui:2")
+    planner.grant_consent(
+        "alice", categories=["*"], purposes=["personalization"], collected_by="consent-ui:2"
+    )
     mine = planner.consents("alice")
     assert all(c.app_id == "app:planner" for c in mine)
     assert "health" not in {cat for c in mine for cat in c.categories}

@@ -49,8 +49,13 @@ _counter = itertools.count()
 @pytest.fixture
 def kernel(backend: Backend) -> Iterator[Uprof]:
     """A deployment whose policy lives in memory, so each example can add its own rules."""
-    k = bootstrap(settings_for(backend), clock=FakeClock(), embedder=HashingEmbedder(),
-                  extractor=FakeExtractor(), authorizer=CasbinAuthorizer.seeded())
+    k = bootstrap(
+        settings_for(backend),
+        clock=FakeClock(),
+        embedder=HashingEmbedder(),
+        extractor=FakeExtractor(),
+        authorizer=CasbinAuthorizer.seeded(),
+    )
     try:
         yield k
     finally:
@@ -76,15 +81,23 @@ apps_st = st.lists(
     max_size=3,
 )
 writes_st = st.lists(
-    st.builds(Write, st.integers(0, 2), st.integers(0, 1), st.sampled_from(sorted(TEMPLATES)),
-              st.booleans()),
+    st.builds(
+        Write,
+        st.integers(0, 2),
+        st.integers(0, 1),
+        st.sampled_from(sorted(TEMPLATES)),
+        st.booleans(),
+    ),
     min_size=2,
     max_size=6,
 )
 
 
-@settings(max_examples=25, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(apps=apps_st, writes=writes_st)
 def test_no_slice_serves_what_policy_consent_or_visibility_denies(
     kernel: Uprof, apps: list[tuple[frozenset[str], bool, bool]], writes: list[Write]
@@ -113,8 +126,14 @@ def test_no_slice_serves_what_policy_consent_or_visibility_denies(
         door = Facade(kernel, Principal("default", names[write.app], "k", PrincipalKind.APP))
         text = TEMPLATES[write.kind].format(canary=canary)
         try:
-            door.capture(subject, say(text, agent=f"agent:{write.agent}",
-                                      sharing="shared" if write.shared else "private"))
+            door.capture(
+                subject,
+                say(
+                    text,
+                    agent=f"agent:{write.agent}",
+                    sharing="shared" if write.shared else "private",
+                ),
+            )
         except Exception as refused:  # policy (403) or consent (403): then nothing written
             assert isinstance(refused, PermissionDeniedError) or "consent" in str(refused)
         canaries[canary] = write
@@ -123,8 +142,13 @@ def test_no_slice_serves_what_policy_consent_or_visibility_denies(
     for reader, agent in itertools.product(range(3), range(2)):
         reads, _, reader_consented = apps[reader]
         door = Facade(kernel, Principal("default", names[reader], "k", PrincipalKind.APP))
-        text = door.slice(subject, "where do I live, what do I want, what to remember",
-                          budget_tokens=2000, purpose=PURPOSE, agent_id=f"agent:{agent}").text
+        text = door.slice(
+            subject,
+            "where do I live, what do I want, what to remember",
+            budget_tokens=2000,
+            purpose=PURPOSE,
+            agent_id=f"agent:{agent}",
+        ).text
         for canary, write in canaries.items():
             if canary not in text:
                 continue

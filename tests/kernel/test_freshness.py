@@ -23,8 +23,12 @@ from uprof.kernel import Uprof
 
 def _slice(kernel: Uprof):
     return kernel.slice(
-        "alice", "where do I live", budget_tokens=256, purpose="personalization",
-        app_id=APP, agent_id="agent:one",
+        "alice",
+        "where do I live",
+        budget_tokens=256,
+        purpose="personalization",
+        app_id=APP,
+        agent_id="agent:one",
     )
 
 

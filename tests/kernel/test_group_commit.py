@@ -90,8 +90,7 @@ def test_concurrent_captures_are_grouped_and_each_in_the_log_once(writing: Uprof
         events = kernel.app.recorder.select_events(stream)
         assert [e.originator_version for e in events] == list(range(1, len(events) + 1))
     notes = {n.id: n for n in kernel.app.notifications_after(0, 10_000, [CAPTURED_TOPIC])}
-    assert all(kernel.app.decode(notes[a.notification_id]).capture_id == a.capture_id
-               for a in acks)
+    assert all(kernel.app.decode(notes[a.notification_id]).capture_id == a.capture_id for a in acks)
     accepted = kernel.audit_log.entries(action="capture.accepted")
     assert len(list(accepted)) == 80
 
@@ -138,8 +137,12 @@ def test_a_copy_behind_another_writer_is_brought_up_to_date(kernel: Uprof) -> No
     first = _pending(kernel, "alice", say("I like green tea"))
     writer.commit([first])
     kernel.capture_service._save_one(
-        first.stream_id, first.pseudonym, [check_interaction(say("I like coffee"))],
-        batch_token=None, item_tokens=None, token_window_s=0.0,
+        first.stream_id,
+        first.pseudonym,
+        [check_interaction(say("I like coffee"))],
+        batch_token=None,
+        item_tokens=None,
+        token_window_s=0.0,
     )
     second = _pending(kernel, "alice", say("I like mint"))
     writer.commit([second])
@@ -162,8 +165,12 @@ def test_a_group_that_loses_the_version_check_is_retried(
         if not raced:
             raced.append(True)
             service._save_one(
-                aggregates[0].id, "p", [check_interaction(say("I like coffee"))],
-                batch_token=None, item_tokens=None, token_window_s=0.0,
+                aggregates[0].id,
+                "p",
+                [check_interaction(say("I like coffee"))],
+                batch_token=None,
+                item_tokens=None,
+                token_window_s=0.0,
             )
         return real_save(*aggregates)
 
@@ -201,8 +208,15 @@ def test_a_subject_erased_after_it_was_queued_fails_only_its_request(kernel: Upr
 def test_a_full_queue_refuses_with_backlogged_and_stores_nothing_for_it(kernel: Uprof) -> None:
     consent(kernel, "alice")
     service = kernel.capture_service
-    service.writer = CaptureWriter(kernel.app, kernel.keystore, kernel.clock, kernel.audit,
-                                   service._write_alone, max_queued=1, enqueue_timeout_s=0.2)
+    service.writer = CaptureWriter(
+        kernel.app,
+        kernel.keystore,
+        kernel.clock,
+        kernel.audit,
+        service._write_alone,
+        max_queued=1,
+        enqueue_timeout_s=0.2,
+    )
     service.writer.start()
     answers: dict[str, object] = {}
 

@@ -87,9 +87,7 @@ def test_store_holds_no_plaintext(kernel: Uprof) -> None:
     flat = " ".join(str(v) for v in row)
     assert "alice" not in flat and "canary-text" not in flat and key not in flat
     # The stored answer holds ids only: capture id, log position, pseudonym.
-    assert set(json.loads(row.response)) == {
-        "capture_id", "notification_id", "subject_pseudonym"
-    }
+    assert set(json.loads(row.response)) == {"capture_id", "notification_id", "subject_pseudonym"}
 
 
 def test_keys_expire_and_are_purged(kernel: Uprof, clock: FakeClock) -> None:
@@ -110,8 +108,13 @@ def test_batch_consent_and_proposals_replay(kernel: Uprof) -> None:
     def once(key: str, op: str, body: dict[str, Any], write: Any) -> Any:
         return kernel.idempotent(APP, key, op, body, lambda t: (write(t), 201))
 
-    grant = lambda t: {"consent_id": kernel.grant_consent(  # noqa: E731
-        "alice", app_id=APP, categories=["*"], purposes=["personalization"], request_token=t)}
+    def grant(t: str) -> dict[str, Any]:
+        return {
+            "consent_id": kernel.grant_consent(
+                "alice", app_id=APP, categories=["*"], purposes=["personalization"], request_token=t
+            )
+        }
+
     g1 = once("g", "consent.grant", {"s": "alice"}, grant)
     g2 = once("g", "consent.grant", {"s": "alice"}, grant)
     assert g1.response == g2.response and g2.replayed
@@ -127,16 +130,28 @@ def test_batch_consent_and_proposals_replay(kernel: Uprof) -> None:
     b2 = once("b", "capture.batch", {"n": 2}, batch)
     assert b1.response == b2.response and len(captured(kernel)) == 2
 
-    proposals = ProposalBatch(proposals=(), author="agent:one", owner_agent="agent:one",
-                              sharing="shared", app_id=APP, purpose="personalization")
-    propose = lambda t: {"applied": kernel.submit_proposals(  # noqa: E731
-        "alice", proposals, request_token=t)}
+    proposals = ProposalBatch(
+        proposals=(),
+        author="agent:one",
+        owner_agent="agent:one",
+        sharing="shared",
+        app_id=APP,
+        purpose="personalization",
+    )
+
+    def propose(t: str) -> dict[str, Any]:
+        return {"applied": kernel.submit_proposals("alice", proposals, request_token=t)}
+
     assert once("p", "proposals", {}, propose).response == {"applied": 0}
     assert once("p", "proposals", {}, propose).replayed
 
     consent_id = g1.response["consent_id"]
-    withdraw = lambda t: {"erasure": kernel.withdraw_consent(  # noqa: E731
-        "alice", consent_id, request_token=t) is not None}
+
+    def withdraw(t: str) -> dict[str, Any]:
+        return {
+            "erasure": kernel.withdraw_consent("alice", consent_id, request_token=t) is not None
+        }
+
     once("w", "consent.withdraw", {"c": consent_id}, withdraw)
     assert once("w", "consent.withdraw", {"c": consent_id}, withdraw).replayed
 

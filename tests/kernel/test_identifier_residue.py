@@ -50,7 +50,10 @@ print(json.dumps(hits))
 def scan_in_child(canaries: list[str], files: list[Path]) -> dict[str, list[list[object]]]:
     result = subprocess.run(
         [sys.executable, "-c", SCAN, json.dumps(canaries), *map(str, files)],
-        capture_output=True, text=True, check=True, timeout=300,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
     )
     hits: dict[str, list[list[object]]] = json.loads(result.stdout)
     return hits
@@ -69,10 +72,20 @@ def plant(kernel: Uprof, tag: str) -> list[str]:
         [say(f"I live in Lyon {i}", ref=refs[i], session=sessions[i]) for i in range(3)],
     )
     kernel.idempotent(
-        APP, idem_key, "capture", {"n": 1},
-        lambda token: (asdict(kernel.capture(
-            subject, say("I like green tea", ref=refs[0], session=sessions[0]),
-            request_token=token)), 201),
+        APP,
+        idem_key,
+        "capture",
+        {"n": 1},
+        lambda token: (
+            asdict(
+                kernel.capture(
+                    subject,
+                    say("I like green tea", ref=refs[0], session=sessions[0]),
+                    request_token=token,
+                )
+            ),
+            201,
+        ),
     )
     kernel.register_session(sessions[1], subject)
     kernel.register_identifier(identifier, subject)

@@ -11,8 +11,14 @@ from uprof.services.importer import import_interactions
 
 
 def record(text: str, *, ref: str = "", key: str | None = None, app: str = APP) -> str:
-    row = {"subject": "alice", "app_id": app, "agent_id": "agent:one", "user_input": text,
-           "occurred_at": "2025-01-01T09:00:00Z", "source_ref": ref}
+    row = {
+        "subject": "alice",
+        "app_id": app,
+        "agent_id": "agent:one",
+        "user_input": text,
+        "occurred_at": "2025-01-01T09:00:00Z",
+        "source_ref": ref,
+    }
     if key is not None:
         row["idempotency_key"] = key
     return json.dumps(row)
@@ -37,8 +43,11 @@ def test_import_skips_refs_captured_over_the_api_and_repeats_in_the_file(
 ) -> None:
     consent(kernel)
     kernel.capture("alice", say("said over REST", ref="conv-9:1"))
-    lines = [record("said over REST", ref="conv-9:1"), record("new", ref="conv-9:2"),
-             record("new", ref="conv-9:2")]
+    lines = [
+        record("said over REST", ref="conv-9:1"),
+        record("new", ref="conv-9:2"),
+        record("new", ref="conv-9:2"),
+    ]
     report = import_interactions(kernel, lines)
     assert (report.captured, report.skipped) == (1, 2)
     assert len(captured(kernel)) == 2
@@ -69,8 +78,22 @@ def test_cli_import_twice_reports_what_it_skipped(tmp_path) -> None:  # type: ig
 
     runner = CliRunner()
     data = ["--data-dir", str(tmp_path / "data"), "--embedder", "hashing"]
-    grant = runner.invoke(cli, [*data, "consent", "grant", "--subject", "alice", "--app", APP,
-                                "--category", "*", "--purpose", "personalization"])
+    grant = runner.invoke(
+        cli,
+        [
+            *data,
+            "consent",
+            "grant",
+            "--subject",
+            "alice",
+            "--app",
+            APP,
+            "--category",
+            "*",
+            "--purpose",
+            "personalization",
+        ],
+    )
     assert grant.exit_code == 0, grant.output
     file = tmp_path / "in.jsonl"
     file.write_text("\n".join(record(f"I like tea {i}", ref=f"c:{i}") for i in range(3)) + "\n")

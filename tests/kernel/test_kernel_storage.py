@@ -274,7 +274,9 @@ def test_decay_job_expires_intents_and_archives_the_coldest(
     kernel.maintenance = MaintenanceService(kernel.app, kernel.subjects, kernel.queries, capacity=3)
     clock.advance(days=2)
     assert kernel.run_maintenance() == {
-        "intents_expired": 1, "memories_archived": 2, "views_caught_up": 1
+        "intents_expired": 1,
+        "memories_archived": 2,
+        "views_caught_up": 1,
     }
     view = kernel.profile("alice")
     assert [i.status for i in view.intents] == ["expired"]

@@ -542,8 +542,12 @@ def test_an_import_naming_an_erased_subject_writes_nothing(kernel: Uprof) -> Non
     consent(kernel, subject="bob")
     kernel.erase_subject("alice")
     before = kernel.app.max_notification_id()
-    line = {"app_id": APP, "agent_id": "agent:one", "user_input": "hi",
-            "occurred_at": "2026-02-01T10:00:00Z"}
+    line = {
+        "app_id": APP,
+        "agent_id": "agent:one",
+        "user_input": "hi",
+        "occurred_at": "2026-02-01T10:00:00Z",
+    }
     lines = [json.dumps({"subject": s, **line}) for s in ("bob", "alice")]
     with pytest.raises(SubjectErasedError, match="record 2"):
         import_interactions(kernel, lines)

@@ -256,8 +256,11 @@ def test_experience_memories_are_shared_by_agent_type_through_the_gate(kernel: U
         evidence=(ack.capture_id,),
     )
     batch = ProposalBatch(
-        (experience,), author="agent:travel", owner_agent="agent:travel",
-        sharing="shared:assistant", app_id=APP,
+        (experience,),
+        author="agent:travel",
+        owner_agent="agent:travel",
+        sharing="shared:assistant",
+        app_id=APP,
     )
     assert kernel.submit_proposals("alice", batch) == 1
     query = "flight cancelled what should I do"

@@ -26,8 +26,7 @@ def cli_for(backend: Backend):  # type: ignore[no-untyped-def]
 
 def test_apps_create_onboards_an_app_in_one_step(backend: Backend) -> None:
     run = cli_for(backend)
-    out = run("apps", "create", "app:x", "--read", "diet,location", "--purpose",
-              "personalization")
+    out = run("apps", "create", "app:x", "--read", "diet,location", "--purpose", "personalization")
     assert "10 rules granted to app:x" in out
     assert out.strip().splitlines()[-1].startswith("upk_")  # the key, printed last
     rules = json.loads(run("policy", "show", "--json"))["rules"]
@@ -42,8 +41,9 @@ def test_apps_create_onboards_an_app_in_one_step(backend: Backend) -> None:
 
 def test_apps_create_refuses_a_bad_onboarding_before_issuing_a_key(backend: Backend) -> None:
     run = cli_for(backend)
-    out = run("apps", "create", "app:x", "--read", "diet,dreams", "--purpose",
-              "personalization", code=2)
+    out = run(
+        "apps", "create", "app:x", "--read", "diet,dreams", "--purpose", "personalization", code=2
+    )
     assert "read: unknown category" in out
     assert "upk_" not in out
     assert json.loads(run("apps", "list")) == []
@@ -53,8 +53,18 @@ def test_apps_create_refuses_a_bad_onboarding_before_issuing_a_key(backend: Back
 
 def test_policy_grant_revoke_and_show_at_a_past_time(backend: Backend) -> None:
     run = cli_for(backend)
-    run("policy", "grant", "--app", "app:planner", "--action", "read", "--category",
-        "location", "--purpose", "personalization")
+    run(
+        "policy",
+        "grant",
+        "--app",
+        "app:planner",
+        "--action",
+        "read",
+        "--category",
+        "location",
+        "--purpose",
+        "personalization",
+    )
     out = run("policy", "grant", "--app", "app:planner", "--role", "role:nope", code=2)
     assert "role: unknown role" in out
     run("policy", "revoke", "--app", "app:planner", "--role", "role:assistant")

@@ -44,11 +44,14 @@ def kernel(backend: Backend) -> Iterator[Uprof]:
         k.close()
 
 
-def allowed(kernel: Uprof, app: str, category: str, action: str = "read",
-            purpose: str = "personalization") -> bool:
-    return bool(kernel.authorizer.is_allowed(
-        app_id=app, tenant="default", action=action, category=category, purpose=purpose
-    ))
+def allowed(
+    kernel: Uprof, app: str, category: str, action: str = "read", purpose: str = "personalization"
+) -> bool:
+    return bool(
+        kernel.authorizer.is_allowed(
+            app_id=app, tenant="default", action=action, category=category, purpose=purpose
+        )
+    )
 
 
 def policy_entries(kernel: Uprof) -> list[dict[str, Any]]:
@@ -85,8 +88,14 @@ def test_a_seed_race_keeps_the_first_seed(backend: Backend) -> None:
     try:
         late = PolicyApplication(env=policy_store_env(settings))
         try:
-            rival = TenantPolicy(tenant="default", source="rival", source_sha256="0" * 64,
-                                 rules=[], assignments=[], requested_by="system:bootstrap")
+            rival = TenantPolicy(
+                tenant="default",
+                source="rival",
+                source_sha256="0" * 64,
+                rules=[],
+                assignments=[],
+                requested_by="system:bootstrap",
+            )
             assert rival.id == policy_id("default")
             with pytest.raises(RecordConflictError):
                 late.save(rival)
@@ -100,25 +109,39 @@ def test_a_seed_race_keeps_the_first_seed(backend: Backend) -> None:
 def test_grant_and_revoke_are_events_and_audit_entries_naming_who_asked(kernel: Uprof) -> None:
     assert not allowed(kernel, "app:planner", "location")
     granted = kernel.policy_grant(
-        requested_by=OPERATOR, app_id="app:planner", actions=["read"],
-        categories=["location"], purpose="personalization",
+        requested_by=OPERATOR,
+        app_id="app:planner",
+        actions=["read"],
+        categories=["location"],
+        purpose="personalization",
     )
     assert [c.change for c in granted.changes] == ["rule.added"]
     assert granted.changes[0].row == (
-        "p", "app:planner", "default", "read", "location", "personalization", "allow")
+        "p",
+        "app:planner",
+        "default",
+        "read",
+        "location",
+        "personalization",
+        "allow",
+    )
     assert allowed(kernel, "app:planner", "location")  # in force at once in this process
     role = kernel.policy_grant(requested_by=OPERATOR, app_id="app:planner", role="role:scheduler")
     assert role.changes[0].change == "role.assigned"
     assert allowed(kernel, "app:planner", "contact", purpose="scheduling")
 
     again = kernel.policy_grant(
-        requested_by=OPERATOR, app_id="app:planner", actions=["read"],
-        categories=["location"], purpose="personalization",
+        requested_by=OPERATOR,
+        app_id="app:planner",
+        actions=["read"],
+        categories=["location"],
+        purpose="personalization",
     )
     assert again.changes == () and again.version == role.version  # nothing to record
 
-    revoked = kernel.policy_revoke(requested_by="app:ops#k1", app_id="app:planner",
-                                   role="role:scheduler")
+    revoked = kernel.policy_revoke(
+        requested_by="app:ops#k1", app_id="app:planner", role="role:scheduler"
+    )
     assert revoked.changes[0].change == "role.revoked"
     assert not allowed(kernel, "app:planner", "contact", purpose="scheduling")
 
@@ -127,47 +150,146 @@ def test_grant_and_revoke_are_events_and_audit_entries_naming_who_asked(kernel: 
     assert [c.version for c in history] == [1, 2, 3, 4]
     entries = policy_entries(kernel)[1:]
     assert [(e["change"], e["requested_by"], e["policy_version"]) for e in entries] == [
-        ("rule.added", OPERATOR, "2"), ("role.assigned", OPERATOR, "3"),
+        ("rule.added", OPERATOR, "2"),
+        ("role.assigned", OPERATOR, "3"),
         ("role.revoked", "app:ops#k1", "4"),
     ]
     assert entries[1]["rule"] == ["g", "app:planner", "role:scheduler", "default"]
-    decision = kernel.authorizer.decide(app_id="app:planner", tenant="default", action="read",
-                                        category="location", purpose="personalization")
+    decision = kernel.authorizer.decide(
+        app_id="app:planner",
+        tenant="default",
+        action="read",
+        category="location",
+        purpose="personalization",
+    )
     assert decision.policy_version == 4
 
 
 def test_a_denying_rule_wins_over_the_role_and_is_recorded(kernel: Uprof) -> None:
     assert allowed(kernel, "app:planner", "diet")
-    kernel.policy_grant(requested_by=OPERATOR, app_id="app:planner", actions=["read"],
-                        categories=["diet"], purpose="*", effect="deny")
+    kernel.policy_grant(
+        requested_by=OPERATOR,
+        app_id="app:planner",
+        actions=["read"],
+        categories=["diet"],
+        purpose="*",
+        effect="deny",
+    )
     assert not allowed(kernel, "app:planner", "diet")
     assert kernel.policy_history()[-1].row[-1] == "deny"
 
 
 BAD_CHANGES = [
-    ("grant", {"app_id": "app:nobody", "actions": ["read"], "categories": ["diet"],
-               "purpose": "personalization"}, "app_id", "unknown app"),
+    (
+        "grant",
+        {
+            "app_id": "app:nobody",
+            "actions": ["read"],
+            "categories": ["diet"],
+            "purpose": "personalization",
+        },
+        "app_id",
+        "unknown app",
+    ),
     ("grant", {"app_id": "app:planner", "role": "role:nope"}, "role", "unknown role"),
     ("grant", {"app_id": "app:planner", "role": "assistant"}, "role", "malformed"),
-    ("grant", {"app_id": "app:planner", "actions": ["delete"], "categories": ["diet"],
-               "purpose": "personalization"}, "actions", "unknown action"),
-    ("grant", {"app_id": "app:planner", "actions": ["read"], "categories": ["diets"],
-               "purpose": "personalization"}, "categories", "unknown category"),
-    ("grant", {"app_id": "app:planner", "actions": ["read"], "categories": ["diet", "bogus"],
-               "purpose": "personalization"}, "categories", "unknown category"),
-    ("grant", {"app_id": "app:planner", "actions": ["read"], "categories": ["diet"],
-               "purpose": "Personal Data"}, "purpose", "malformed"),
-    ("grant", {"app_id": "app:planner", "actions": ["read"], "categories": ["diet"]},
-     "purpose", "required"),
-    ("grant", {"app_id": "app:planner", "actions": ["read"], "categories": ["diet"],
-               "purpose": "personalization", "effect": "maybe"}, "effect", "allow, deny"),
-    ("grant", {"app_id": "app:planner", "role": "role:assistant", "actions": ["read"],
-               "categories": ["diet"], "purpose": "personalization"}, "app_id", "not both"),
-    ("grant", {"app_id": "role:assistant", "actions": ["read"], "categories": ["diet"],
-               "purpose": "personalization"}, "app_id", "names a role"),
+    (
+        "grant",
+        {
+            "app_id": "app:planner",
+            "actions": ["delete"],
+            "categories": ["diet"],
+            "purpose": "personalization",
+        },
+        "actions",
+        "unknown action",
+    ),
+    (
+        "grant",
+        {
+            "app_id": "app:planner",
+            "actions": ["read"],
+            "categories": ["diets"],
+            "purpose": "personalization",
+        },
+        "categories",
+        "unknown category",
+    ),
+    (
+        "grant",
+        {
+            "app_id": "app:planner",
+            "actions": ["read"],
+            "categories": ["diet", "bogus"],
+            "purpose": "personalization",
+        },
+        "categories",
+        "unknown category",
+    ),
+    (
+        "grant",
+        {
+            "app_id": "app:planner",
+            "actions": ["read"],
+            "categories": ["diet"],
+            "purpose": "Personal Data",
+        },
+        "purpose",
+        "malformed",
+    ),
+    (
+        "grant",
+        {"app_id": "app:planner", "actions": ["read"], "categories": ["diet"]},
+        "purpose",
+        "required",
+    ),
+    (
+        "grant",
+        {
+            "app_id": "app:planner",
+            "actions": ["read"],
+            "categories": ["diet"],
+            "purpose": "personalization",
+            "effect": "maybe",
+        },
+        "effect",
+        "allow, deny",
+    ),
+    (
+        "grant",
+        {
+            "app_id": "app:planner",
+            "role": "role:assistant",
+            "actions": ["read"],
+            "categories": ["diet"],
+            "purpose": "personalization",
+        },
+        "app_id",
+        "not both",
+    ),
+    (
+        "grant",
+        {
+            "app_id": "role:assistant",
+            "actions": ["read"],
+            "categories": ["diet"],
+            "purpose": "personalization",
+        },
+        "app_id",
+        "names a role",
+    ),
     ("grant", {"app_id": "app:planner"}, "role", "give app_id and role"),
-    ("revoke", {"app_id": "app:planner", "actions": ["read"], "categories": ["health"],
-                "purpose": "personalization"}, "rule", "not in the policy"),
+    (
+        "revoke",
+        {
+            "app_id": "app:planner",
+            "actions": ["read"],
+            "categories": ["health"],
+            "purpose": "personalization",
+        },
+        "rule",
+        "not in the policy",
+    ),
     ("revoke", {"app_id": "app:planner", "role": "role:dpo"}, "role", "not in the policy"),
 ]
 
@@ -198,8 +320,13 @@ def test_a_change_must_name_who_asked_as_a_token(kernel: Uprof, label: str) -> N
 def test_a_batch_with_one_bad_row_records_none_of_it(kernel: Uprof) -> None:
     before = kernel.policy_service.head()
     with pytest.raises(PolicyInputError):
-        kernel.onboard_app(NEW_APP, read=["diet", "location"], capture=["nope"],
-                           purpose="personalization", requested_by=OPERATOR)
+        kernel.onboard_app(
+            NEW_APP,
+            read=["diet", "location"],
+            capture=["nope"],
+            purpose="personalization",
+            requested_by=OPERATOR,
+        )
     assert kernel.policy_service.head() == before
     assert not allowed(kernel, NEW_APP, "diet")
 
@@ -208,8 +335,13 @@ def test_a_batch_with_one_bad_row_records_none_of_it(kernel: Uprof) -> None:
 
 
 def test_the_policy_in_force_at_a_past_time_is_replayed(kernel: Uprof) -> None:
-    kernel.policy_grant(requested_by=OPERATOR, app_id="app:planner", actions=["read"],
-                        categories=["location"], purpose="personalization")
+    kernel.policy_grant(
+        requested_by=OPERATOR,
+        app_id="app:planner",
+        actions=["read"],
+        categories=["location"],
+        purpose="personalization",
+    )
     kernel.policy_revoke(requested_by=OPERATOR, app_id="app:planner", role="role:assistant")
     seeded, added, revoked = kernel.policy_history()
 
@@ -242,23 +374,41 @@ def test_a_past_time_needs_a_timezone(kernel: Uprof) -> None:
 def test_an_app_onboarded_in_one_step_is_served_what_it_was_granted_and_nothing_else(
     kernel: Uprof,
 ) -> None:
-    result = kernel.onboard_app(NEW_APP, read=["location"], purpose="personalization",
-                                requested_by=OPERATOR)
+    result = kernel.onboard_app(
+        NEW_APP, read=["location"], purpose="personalization", requested_by=OPERATOR
+    )
     assert sorted(c.row[3:5] for c in result.changes) == [
-        ("capture", "conversation"), ("capture", "location"), ("consent", "conversation"),
-        ("consent", "location"), ("propose", "location"), ("read", "location")]
+        ("capture", "conversation"),
+        ("capture", "location"),
+        ("consent", "conversation"),
+        ("consent", "location"),
+        ("propose", "location"),
+        ("read", "location"),
+    ]
     consent(kernel, "alice", app=NEW_APP)
     kernel.capture("alice", say("I live in Lisbon and I want to learn the cello", app=NEW_APP))
-    served = kernel.slice("alice", "where do I live and what do I want?", budget_tokens=512,
-                          purpose="personalization", app_id=NEW_APP, agent_id="agent:one")
+    served = kernel.slice(
+        "alice",
+        "where do I live and what do I want?",
+        budget_tokens=512,
+        purpose="personalization",
+        app_id=NEW_APP,
+        agent_id="agent:one",
+    )
     assert served.items and {i.category for i in served.items} == {"location"}
     assert "Lisbon" in served.text
     assert "cello" not in served.text  # the memory is of other categories too
     assert served.withheld.get("policy", 0) >= 1
     # The app may not capture goals: no intent was ever derived from its capture.
     assert not kernel.profile("alice").intents
-    other_purpose = kernel.slice("alice", "where do I live?", budget_tokens=512,
-                                 purpose="scheduling", app_id=NEW_APP, agent_id="agent:one")
+    other_purpose = kernel.slice(
+        "alice",
+        "where do I live?",
+        budget_tokens=512,
+        purpose="scheduling",
+        app_id=NEW_APP,
+        agent_id="agent:one",
+    )
     assert not other_purpose.items
 
 
@@ -299,11 +449,22 @@ def test_an_unreadable_policy_store_denies_every_check_and_says_why(backend: Bac
         assert allowed(k, "app:planner", "diet") and k.policy_health() == ""
         _rename_policy_table(backend, settings)
         assert "policy store unreadable" in k.policy_health()
-        decision = k.authorizer.decide(app_id="app:planner", tenant="default", action="read",
-                                       category="diet", purpose="personalization")
+        decision = k.authorizer.decide(
+            app_id="app:planner",
+            tenant="default",
+            action="read",
+            category="diet",
+            purpose="personalization",
+        )
         assert not decision.allowed and "every policy check denies" in decision.reason
-        served = k.slice("alice", "what do I eat?", budget_tokens=512,
-                         purpose="personalization", app_id="app:planner", agent_id="agent:one")
+        served = k.slice(
+            "alice",
+            "what do I eat?",
+            budget_tokens=512,
+            purpose="personalization",
+            app_id="app:planner",
+            agent_id="agent:one",
+        )
         assert not served.items and served.withheld.get("policy", 0) >= 1
         with pytest.raises(PolicyStoreError):
             k.policy_grant(requested_by=OPERATOR, app_id="app:planner", role="role:scheduler")
@@ -341,7 +502,8 @@ def test_a_change_by_another_process_is_in_force_once_the_refresh_bound_has_pass
         assert not allowed(k, NEW_APP, "diet")
 
         child = multiprocessing.get_context("spawn").Process(
-            target=_onboard_in_child, args=(settings.model_dump_json(),))
+            target=_onboard_in_child, args=(settings.model_dump_json(),)
+        )
         child.start()
         child.join(120)
         assert child.exitcode == 0
@@ -351,8 +513,13 @@ def test_a_change_by_another_process_is_in_force_once_the_refresh_bound_has_pass
         assert not allowed(k, NEW_APP, "diet")
         # Past it, the next decision checks the store and sees the other process's change.
         now[0] += settings.policy_refresh_s / 2
-        decision = k.authorizer.decide(app_id=NEW_APP, tenant="default", action="read",
-                                       category="diet", purpose="personalization")
+        decision = k.authorizer.decide(
+            app_id=NEW_APP,
+            tenant="default",
+            action="read",
+            category="diet",
+            purpose="personalization",
+        )
         # Seeded (1) plus one event per onboarded row: read, capture, propose and consent
         # of diet, and capture and consent of conversation (6).
         assert decision.allowed and decision.policy_version == 7
@@ -388,8 +555,9 @@ def test_a_grant_in_one_process_reaches_a_running_process(backend: Backend) -> N
     ready, go, results = context.Event(), context.Event(), context.Queue()
     k = build_kernel(settings, FakeClock())
     try:
-        watcher = context.Process(target=_watch_in_child,
-                                  args=(settings.model_dump_json(), ready, go, results))
+        watcher = context.Process(
+            target=_watch_in_child, args=(settings.model_dump_json(), ready, go, results)
+        )
         watcher.start()
         assert ready.wait(120), "the watching process did not start"
         k.onboard_app(NEW_APP, read=["diet"], purpose="personalization", requested_by=OPERATOR)

@@ -63,10 +63,9 @@ def test_an_item_without_owner_is_not_visible_to_a_reader_without_id() -> None:
     assert not is_visible("", "private", "", "planner")
 
 
-AGENTS = (
-    st.sampled_from(["agent:a", "agent:b", "app:x/agent:a", "app:x/agent:b", "app:y/agent:a"])
-    | st.text(max_size=8)
-)
+AGENTS = st.sampled_from(
+    ["agent:a", "agent:b", "app:x/agent:a", "app:x/agent:b", "app:y/agent:a"]
+) | st.text(max_size=8)
 AGENT_TYPES = st.sampled_from(["planner", "travel", "shopping", ""]) | st.text(max_size=8)
 SHARING = st.one_of(
     st.none(),

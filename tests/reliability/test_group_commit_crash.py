@@ -42,8 +42,16 @@ def _start_server(target: Target) -> tuple[subprocess.Popen[bytes], str]:
     if target.database_url:
         env["UPROF_DATABASE_URL"] = target.database_url
     proc = subprocess.Popen(
-        [sys.executable, "-m", "uprof.cli.main", "serve", "--port", str(port),
-         "--log-level", "warning"],
+        [
+            sys.executable,
+            "-m",
+            "uprof.cli.main",
+            "serve",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
         env=env,
     )
     url = f"http://127.0.0.1:{port}"
@@ -85,15 +93,21 @@ def _serve_and_kill(target: Target, token: str, rng: random.Random) -> tuple[dic
     run = rng.randrange(1_000_000)
 
     def client(index: int) -> None:
-        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
-                          timeout=30) as http:
+        with httpx.Client(
+            base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30
+        ) as http:
             n = 0
             while not stop.is_set():
                 marker = f"I want to try gc marker {run}x{index}x{n}"
                 n += 1
-                body = {"subject": SUBJECTS[n % len(SUBJECTS)], "agent_id": "agent:one",
-                        "user_input": marker, "occurred_at": "2025-02-01T10:00:00Z",
-                        "purpose": "personalization", "sharing": "shared"}
+                body = {
+                    "subject": SUBJECTS[n % len(SUBJECTS)],
+                    "agent_id": "agent:one",
+                    "user_input": marker,
+                    "occurred_at": "2025-02-01T10:00:00Z",
+                    "purpose": "personalization",
+                    "sharing": "shared",
+                }
                 try:
                     response = http.post("/v1/captures", json=body)
                 except httpx.HTTPError:

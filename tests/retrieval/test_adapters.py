@@ -83,8 +83,14 @@ def test_loading_the_model_prints_nothing_and_logs_the_load() -> None:
         "MiniLMEmbedder().embed(['hello'])\n"
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=env, timeout=300, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=True,
+    )
     assert "Loading weights" not in done.stderr
     assert done.stderr.strip() == ""
     assert "embedding model loaded" in done.stdout

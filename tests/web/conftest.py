@@ -31,13 +31,20 @@ from tests.api.conftest import (  # noqa: F401  (fixtures, re-exported for this 
 CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 
 needs_chromium = pytest.mark.skipif(
-    not CHROMIUM.exists(), reason="Debian chromium is not installed at /usr/bin/chromium "
-    "(CI installs it: apt-get install chromium chromium-driver)"
+    not CHROMIUM.exists(),
+    reason="Debian chromium is not installed at /usr/bin/chromium "
+    "(CI installs it: apt-get install chromium chromium-driver)",
 )
 
 
@@ -45,10 +52,12 @@ needs_chromium = pytest.mark.skipif(
 def browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
-    with tempfile.TemporaryDirectory(prefix="uprof-chromium-") as profile, \
-            sync_playwright() as pw:
+    with tempfile.TemporaryDirectory(prefix="uprof-chromium-") as profile, sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
-            profile, executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS,
+            profile,
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=CHROMIUM_ARGS,
             accept_downloads=True,
         )
         try:
@@ -77,8 +86,9 @@ def shot(page: Any, name: str) -> None:
 
 
 def privacy_link(client: httpx.Client, operator_key: str, subject: str) -> str:
-    response = client.post("/v1/privacy/links", headers=bearer(operator_key),
-                         json={"subject": subject})
+    response = client.post(
+        "/v1/privacy/links", headers=bearer(operator_key), json={"subject": subject}
+    )
     assert response.status_code == 201, response.text
     return str(response.json()["login_path"])
 

@@ -22,8 +22,9 @@ pytestmark = [needs_chromium, pytest.mark.parametrize("backend", ["sqlite"], ind
 
 
 def capture(http: httpx.Client, key: str, subject: str, text: str) -> httpx.Response:
-    return http.post("/v1/captures", headers=bearer(key),
-                     json={"subject": subject, **interaction(text)})
+    return http.post(
+        "/v1/captures", headers=bearer(key), json={"subject": subject, **interaction(text)}
+    )
 
 
 def seed(http: httpx.Client, apps: Apps, subject: str, text: str) -> None:
@@ -43,9 +44,17 @@ def test_withdrawn_consent_refuses_the_next_capture(
     page: Any, server: LiveServer, http: httpx.Client, apps: Apps
 ) -> None:
     seed(http, apps, "alice", "I live in Lisbon and I want to run a half marathon")
-    served = http.post("/v1/slices", headers=bearer(apps.planner), json={
-        "subject": "alice", "query": "where do I live and what do I want?",
-        "budget_tokens": 512, "purpose": "personalization", "agent_id": "agent:one"})
+    served = http.post(
+        "/v1/slices",
+        headers=bearer(apps.planner),
+        json={
+            "subject": "alice",
+            "query": "where do I live and what do I want?",
+            "budget_tokens": 512,
+            "purpose": "personalization",
+            "agent_id": "agent:one",
+        },
+    )
     assert served.status_code == 200, served.text
     page.goto(server.url + privacy_link(http, apps.planner_operator, "alice"))
     page.wait_for_url(f"{server.url}/privacy")
@@ -67,7 +76,11 @@ def test_withdrawn_consent_refuses_the_next_capture(
 
 
 def test_erasing_everything_gives_a_receipt_that_verifies(
-    page: Any, server: LiveServer, http: httpx.Client, apps: Apps, kernel: Uprof,
+    page: Any,
+    server: LiveServer,
+    http: httpx.Client,
+    apps: Apps,
+    kernel: Uprof,
     tmp_path: Path,
 ) -> None:
     seed(http, apps, "alice", "I live in Lisbon and I want to run a half marathon")
@@ -103,9 +116,16 @@ def test_erasing_everything_gives_a_receipt_that_verifies(
 
     page.get_by_role("link", name="Verify").click()
     page.get_by_label("Erasure receipt (JSON)").check()
-    page.set_input_files("#upload", files=[{
-        "name": "receipt.json", "mimeType": "application/json",
-        "buffer": json.dumps(receipt).encode()}])
+    page.set_input_files(
+        "#upload",
+        files=[
+            {
+                "name": "receipt.json",
+                "mimeType": "application/json",
+                "buffer": json.dumps(receipt).encode(),
+            }
+        ],
+    )
     page.get_by_role("button", name="Verify").click()
     page.get_by_role("heading", name="Verified").wait_for()
 
@@ -128,16 +148,25 @@ def test_a_tampered_export_names_the_failing_entry(
     with page.expect_download() as downloaded:
         page.get_by_role("link", name="JSONL").click()
     lines = Path(downloaded.value.path()).read_text().splitlines()
-    number = next(n for n, line in enumerate(lines, start=1)
-                  if n > 2 and '"app_id":"app:planner"' in line)
+    number = next(
+        n for n, line in enumerate(lines, start=1) if n > 2 and '"app_id":"app:planner"' in line
+    )
     leaf = json.loads(lines[number - 1])["leaf_index"]
-    lines[number - 1] = lines[number - 1].replace('"app_id":"app:planner"',
-                                                  '"app_id":"app:plannex"', 1)
+    lines[number - 1] = lines[number - 1].replace(
+        '"app_id":"app:planner"', '"app_id":"app:plannex"', 1
+    )
 
     page.get_by_role("link", name="Verify").click()
-    page.set_input_files("#upload", files=[{
-        "name": "trail.jsonl", "mimeType": "application/x-ndjson",
-        "buffer": ("\n".join(lines) + "\n").encode()}])
+    page.set_input_files(
+        "#upload",
+        files=[
+            {
+                "name": "trail.jsonl",
+                "mimeType": "application/x-ndjson",
+                "buffer": ("\n".join(lines) + "\n").encode(),
+            }
+        ],
+    )
     page.get_by_role("button", name="Verify").click()
     page.get_by_role("heading", name="Verification failed").wait_for()
     assert page.locator("#failing-line").inner_text() == str(number)

@@ -20,14 +20,17 @@ def test_links_sessions_csrf_and_roles(
 
     # Issuing a link needs an operator key, and a subject that exists.
     assert http.post("/v1/privacy/links", json={"subject": "alice"}).status_code == 401
-    refused = http.post("/v1/privacy/links", headers=bearer(apps.planner),
-                        json={"subject": "alice"})
+    refused = http.post(
+        "/v1/privacy/links", headers=bearer(apps.planner), json={"subject": "alice"}
+    )
     assert refused.status_code == 403, refused.text
-    missing = http.post("/v1/privacy/links", headers=bearer(apps.planner_operator),
-                        json={"subject": "nobody"})
+    missing = http.post(
+        "/v1/privacy/links", headers=bearer(apps.planner_operator), json={"subject": "nobody"}
+    )
     assert missing.status_code == 404
-    issued = http.post("/v1/privacy/links", headers=bearer(apps.planner_operator),
-                       json={"subject": "alice"})
+    issued = http.post(
+        "/v1/privacy/links", headers=bearer(apps.planner_operator), json={"subject": "alice"}
+    )
     assert issued.status_code == 201, issued.text
     login_path = issued.json()["login_path"]
 
@@ -46,12 +49,21 @@ def test_links_sessions_csrf_and_roles(
         csrf = csrf_of(home.text)
 
         # No CSRF token, or another session's: nothing changes.
-        assert browser.post("/privacy/consents/withdraw",
-                            data={"consent_id": consent_id}).status_code == 403
-        assert browser.post("/privacy/consents/withdraw",
-                            data={"consent_id": consent_id, "csrf": "x" * 32}).status_code == 403
-        ok = http.post("/v1/captures", headers=bearer(apps.planner),
-                       json={"subject": "alice", **interaction("I live in Lisbon")})
+        assert (
+            browser.post("/privacy/consents/withdraw", data={"consent_id": consent_id}).status_code
+            == 403
+        )
+        assert (
+            browser.post(
+                "/privacy/consents/withdraw", data={"consent_id": consent_id, "csrf": "x" * 32}
+            ).status_code
+            == 403
+        )
+        ok = http.post(
+            "/v1/captures",
+            headers=bearer(apps.planner),
+            json={"subject": "alice", **interaction("I live in Lisbon")},
+        )
         assert ok.status_code == 201, ok.text
 
         # Erasing one item: confirmation required, then a receipt, and the item is gone.
@@ -60,26 +72,36 @@ def test_links_sessions_csrf_and_roles(
         assert item and "Lisbon" in page
         confirm = browser.get("/privacy/erase", params={"item_id": item.group(1)})
         assert confirm.status_code == 200 and "Confirm erasure" in confirm.text
-        unconfirmed = browser.post("/privacy/erase", data={"csrf": csrf,
-                                                           "item_id": item.group(1)})
+        unconfirmed = browser.post("/privacy/erase", data={"csrf": csrf, "item_id": item.group(1)})
         assert unconfirmed.status_code == 400
-        erased = browser.post("/privacy/erase", data={
-            "csrf": csrf, "item_id": item.group(1), "confirm": "yes"})
+        erased = browser.post(
+            "/privacy/erase", data={"csrf": csrf, "item_id": item.group(1), "confirm": "yes"}
+        )
         assert erased.status_code == 303 and erased.headers["location"] == "/privacy/receipts"
         receipt = browser.get("/privacy/receipts/0/receipt.json").json()
         verify_receipt(receipt, kernel.audit_log.public_key)
         assert f'data-item="{item.group(1)}"' not in browser.get("/privacy").text
 
-        done = browser.post("/privacy/consents/withdraw",
-                            data={"consent_id": consent_id, "csrf": csrf, "subject": "bob"})
+        done = browser.post(
+            "/privacy/consents/withdraw",
+            data={"consent_id": consent_id, "csrf": csrf, "subject": "bob"},
+        )
         assert done.status_code == 303, done.text  # back to /privacy
-        refused_capture = http.post("/v1/captures", headers=bearer(apps.planner),
-                                    json={"subject": "alice", **interaction("I like jazz")})
+        refused_capture = http.post(
+            "/v1/captures",
+            headers=bearer(apps.planner),
+            json={"subject": "alice", **interaction("I like jazz")},
+        )
         assert refused_capture.status_code == 403
         # bob's consent (a form field naming bob was ignored) still holds.
-        assert http.post("/v1/captures", headers=bearer(apps.planner),
-                         json={"subject": "bob", **interaction("I like jazz")}
-                         ).status_code == 201
+        assert (
+            http.post(
+                "/v1/captures",
+                headers=bearer(apps.planner),
+                json={"subject": "bob", **interaction("I like jazz")},
+            ).status_code
+            == 201
+        )
 
     # The console: no session -> sign in; an app key -> 403; an operator key -> in.
     with httpx.Client(base_url=server.url, timeout=30) as console:

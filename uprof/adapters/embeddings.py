@@ -94,10 +94,12 @@ class MiniLMEmbedder:
 
             transformers_logging.disable_progress_bar()
             started = time.perf_counter()
-            self._model = SentenceTransformer(str(self._path), device="cpu",
-                                              local_files_only=True)
-            _log.info("embedding model loaded from %s in %.2f s", self._path.name,
-                      time.perf_counter() - started)
+            self._model = SentenceTransformer(str(self._path), device="cpu", local_files_only=True)
+            _log.info(
+                "embedding model loaded from %s in %.2f s",
+                self._path.name,
+                time.perf_counter() - started,
+            )
 
     @property
     def loaded(self) -> bool:

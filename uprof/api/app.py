@@ -116,7 +116,15 @@ def create_app(
     app.state.rate_limiter = KeyRateLimiter(rate_limit) if rate_limit else None
 
     for module in (
-        captures, proposals, slices, profiles, consents, subjects, governance, audit, policy,
+        captures,
+        proposals,
+        slices,
+        profiles,
+        consents,
+        subjects,
+        governance,
+        audit,
+        policy,
         ops,
     ):
         app.include_router(module.router)
@@ -195,20 +203,23 @@ class _LagCollector:
             yield up
             return
         pending = GaugeMetricFamily(
-            "uprof_projection_lag_events", "Events recorded but not yet processed, by stage.",
+            "uprof_projection_lag_events",
+            "Events recorded but not yet processed, by stage.",
             labels=["stage"],
         )
         pending.add_metric(["extraction"], lag.extraction_pending)
         pending.add_metric(["projection"], lag.projection_pending)
         yield pending
         yield GaugeMetricFamily(
-            "uprof_log_position", "Highest notification id in the event log.",
+            "uprof_log_position",
+            "Highest notification id in the event log.",
             value=lag.log_position,
         )
         up.add_metric([], 1)
         yield up
         worker = self._runtime.worker
         yield CounterMetricFamily(
-            "uprof_pipeline_failures", "Background pipeline runs that failed.",
+            "uprof_pipeline_failures",
+            "Background pipeline runs that failed.",
             value=worker.status.failures if worker else 0,
         )

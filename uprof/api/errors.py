@@ -91,21 +91,27 @@ class EdgeError(Exception):
 
 def unauthenticated(message: str = "missing or invalid API key") -> EdgeError:
     return EdgeError(
-        401, "unauthenticated", message,
+        401,
+        "unauthenticated",
+        message,
         hint="send 'Authorization: Bearer <key>' with a key from `uprof apps create`",
     )
 
 
 def role_required(role: str) -> EdgeError:
     return EdgeError(
-        403, "role_required", f"this API key lacks the {role!r} role",
+        403,
+        "role_required",
+        f"this API key lacks the {role!r} role",
         hint=f"ask the operator for a key created with --role {role}",
     )
 
 
 def payload_too_large(limit_bytes: int) -> EdgeError:
     return EdgeError(
-        413, "payload_too_large", f"request body exceeds {limit_bytes} bytes",
+        413,
+        "payload_too_large",
+        f"request body exceeds {limit_bytes} bytes",
         hint="split the batch into smaller requests",
     )
 
@@ -114,6 +120,9 @@ def validation_problem(problems: list[FieldProblem]) -> EdgeError:
     """A 422 that names each offending field."""
     summary = "; ".join(f"{p.field}: {p.message}" for p in problems[:5]) or "invalid request"
     return EdgeError(
-        422, "invalid_request", summary, hint="fix the named fields; nothing was stored",
+        422,
+        "invalid_request",
+        summary,
+        hint="fix the named fields; nothing was stored",
         fields=problems,
     )

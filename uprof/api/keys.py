@@ -189,8 +189,11 @@ class ApiKeyStore:
 
     def list(self, app_id: str | None = None) -> list[ApiKeyInfo]:
         query = sa.select(
-            api_keys.c.key_id, api_keys.c.app_id, api_keys.c.roles,
-            api_keys.c.created_at, api_keys.c.revoked_at,
+            api_keys.c.key_id,
+            api_keys.c.app_id,
+            api_keys.c.roles,
+            api_keys.c.created_at,
+            api_keys.c.revoked_at,
         ).order_by(api_keys.c.created_at, api_keys.c.key_id)
         if app_id is not None:
             query = query.where(api_keys.c.app_id == app_id)
@@ -198,7 +201,10 @@ class ApiKeyStore:
             rows = conn.execute(query).all()
         return [
             ApiKeyInfo(
-                r.key_id, r.app_id, tuple(r.roles.split()), _aware(r.created_at),  # type: ignore[arg-type]
+                r.key_id,
+                r.app_id,
+                tuple(r.roles.split()),
+                _aware(r.created_at),  # type: ignore[arg-type]
                 _aware(r.revoked_at),
             )
             for r in rows
@@ -230,8 +236,9 @@ class ApiKeyStore:
         ticket = self._rows.ticket()
         with self._engine.connect() as conn:
             found = conn.execute(
-                sa.select(api_keys.c.app_id, api_keys.c.key_hash, api_keys.c.roles,
-                          api_keys.c.revoked_at).where(api_keys.c.key_id == key_id)
+                sa.select(
+                    api_keys.c.app_id, api_keys.c.key_hash, api_keys.c.roles, api_keys.c.revoked_at
+                ).where(api_keys.c.key_id == key_id)
             ).first()
         if found is None or found.revoked_at is not None:
             self._rows.take(key_id)

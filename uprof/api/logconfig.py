@@ -39,6 +39,9 @@ def server_log_config(level: str = "info") -> dict[str, Any]:
     # On the logger, so every handler (ours or one an operator adds) gets the cut record.
     config["loggers"]["uvicorn.access"]["filters"] = ["drop_query"]
     config["loggers"]["casbin"] = {"level": "ERROR", "propagate": False, "handlers": []}
-    config["loggers"]["uprof"] = {"handlers": ["default"], "level": level.upper(),
-                                  "propagate": False}
+    config["loggers"]["uprof"] = {
+        "handlers": ["default"],
+        "level": level.upper(),
+        "propagate": False,
+    }
     return config

@@ -27,7 +27,19 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 #: Latency buckets in seconds: a slice should land in the low milliseconds.
 BUCKETS_S: tuple[float, ...] = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
 )
 
 #: Methods counted under their own name; anything else a caller sends is "OTHER".
@@ -43,12 +55,17 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._requests = Counter(
-            "uprof_http_requests", "HTTP requests answered, by route and status.",
-            ("method", "route", "status"), registry=self.registry,
+            "uprof_http_requests",
+            "HTTP requests answered, by route and status.",
+            ("method", "route", "status"),
+            registry=self.registry,
         )
         self._latency = Histogram(
-            "uprof_http_request_duration_seconds", "Time to answer an HTTP request.",
-            ("method", "route"), buckets=BUCKETS_S, registry=self.registry,
+            "uprof_http_request_duration_seconds",
+            "Time to answer an HTTP request.",
+            ("method", "route"),
+            buckets=BUCKETS_S,
+            registry=self.registry,
         )
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:

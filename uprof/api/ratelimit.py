@@ -25,7 +25,9 @@ class RateLimitedError(EdgeError):
 
     def __init__(self, limit: RateLimitItem, retry_after_s: int) -> None:
         super().__init__(
-            429, "rate_limited", f"this API key is over its limit of {limit}",
+            429,
+            "rate_limited",
+            f"this API key is over its limit of {limit}",
             hint=f"retry after {retry_after_s} s (header Retry-After)",
         )
         self.retry_after_s = retry_after_s

@@ -91,9 +91,7 @@ class AppScope:
 
     def capture(self, body: w.CaptureIn, *, idempotency_key: str | None = None) -> w.CaptureAck:
         def write(token: str | None) -> dict[str, Any]:
-            ack = self._door.capture(
-                body.subject, self._interaction(body), request_token=token
-            )
+            ack = self._door.capture(body.subject, self._interaction(body), request_token=token)
             return w.CaptureAck.model_validate(asdict(ack)).model_dump(mode="json")
 
         answer = self._once(idempotency_key, "capture", body, write)
@@ -107,7 +105,8 @@ class AppScope:
 
         def write(token: str | None) -> dict[str, Any]:
             acks = self._door.capture_many(
-                body.subject, [self._interaction(i) for i in body.interactions],
+                body.subject,
+                [self._interaction(i) for i in body.interactions],
                 request_token=token,
             )
             return w.CaptureBatchAck(
@@ -257,7 +256,8 @@ class AppScope:
             owned = {c.consent_id for c in self._own_consents(body.subject)}
             if body.consent_id not in owned:
                 raise EdgeError(
-                    404, "consent_not_found",
+                    404,
+                    "consent_not_found",
                     "this app has no consent with that id for the subject",
                     hint="list this app's consents with POST /v1/consents/list",
                 )
@@ -363,7 +363,6 @@ class AppScope:
         return role in self.roles
 
 
-
 def _receipt_of(result: ErasureResult) -> w.ErasureReceipt:
     return w.ErasureReceipt(
         receipt=result.receipt, subject_nonce_hex=result.subject_nonce_hex, counts=result.counts
@@ -375,28 +374,45 @@ def _proposal(p: w.ProposalIn) -> Proposal:
     match p:
         case w.AttributeProposalIn():
             return AttributeProposal(
-                key=p.key, value=p.value, evidence=tuple(p.evidence), confidence=p.confidence,
-                explicit=p.explicit, supersedes=p.supersedes, negated=p.negated,
+                key=p.key,
+                value=p.value,
+                evidence=tuple(p.evidence),
+                confidence=p.confidence,
+                explicit=p.explicit,
+                supersedes=p.supersedes,
+                negated=p.negated,
             )
         case w.MemoryProposalIn():
             return MemoryProposal(
-                text=p.text, evidence=tuple(p.evidence), category=p.category,
-                importance=p.importance, source_refs=tuple(p.source_refs),
+                text=p.text,
+                evidence=tuple(p.evidence),
+                category=p.category,
+                importance=p.importance,
+                source_refs=tuple(p.source_refs),
                 occurred_at=p.occurred_at,
             )
         case w.IntentProposalIn():
             return IntentProposal(
-                description=p.description, evidence=tuple(p.evidence), category=p.category,
-                confidence=p.confidence, expires_at=p.expires_at,
+                description=p.description,
+                evidence=tuple(p.evidence),
+                category=p.category,
+                confidence=p.confidence,
+                expires_at=p.expires_at,
             )
         case w.IntentUpdateIn():
             return IntentUpdateProposal(
-                status=IntentStatus(p.status), intent_id=p.intent_id,
-                description=p.description, evidence=tuple(p.evidence),
+                status=IntentStatus(p.status),
+                intent_id=p.intent_id,
+                description=p.description,
+                evidence=tuple(p.evidence),
             )
         case w.ExperienceProposalIn():
             return ExperienceProposal(
-                situation=p.situation, action=p.action, outcome=p.outcome, insight=p.insight,
-                evidence=tuple(p.evidence), confidence=p.confidence,
+                situation=p.situation,
+                action=p.action,
+                outcome=p.outcome,
+                insight=p.insight,
+                evidence=tuple(p.evidence),
+                confidence=p.confidence,
             )
     raise InvalidInputError(f"unknown proposal kind {p!r}")

@@ -134,8 +134,9 @@ def parse_time(value: str | None, option: str) -> datetime | None:
         )
         raise typer.Exit(2) from None
     if parsed.tzinfo is None:
-        err_console.print(f"[bold red]error:[/] {option} needs a timezone, e.g. {value}Z",
-                          highlight=False)
+        err_console.print(
+            f"[bold red]error:[/] {option} needs a timezone, e.g. {value}Z", highlight=False
+        )
         raise typer.Exit(2)
     return parsed
 

@@ -190,7 +190,10 @@ def run_script(d: Facade, start: datetime) -> datetime:
     for subject in SCRIPT:
         for app_id, categories, purposes in CONSENTS:
             d.grant_consent(
-                subject, app_id=app_id, categories=categories, purposes=purposes,
+                subject,
+                app_id=app_id,
+                categories=categories,
+                purposes=purposes,
                 collected_by="demo:consent-form",
             )
     first_sessions = {subject: turns[0].session for subject, turns in SCRIPT.items()}
@@ -204,17 +207,17 @@ def run_script(d: Facade, start: datetime) -> datetime:
             for i, t in enumerate(selected):
                 by_app.setdefault(t.app, []).append(
                     InteractionIn(
-                    subject=subject,
-                    app_id=t.app,
-                    agent_id=t.agent,
-                    agent_type=t.agent.split(":")[1],
-                    user_input=t.user,
-                    agent_response=t.reply,
-                    session_id=t.session,
-                    occurred_at=start + timedelta(days=t.day, minutes=i),
-                    sharing="shared",
-                    source_ref=f"{t.session}:{i + 1}",
-                    purpose=PURPOSE[t.app],
+                        subject=subject,
+                        app_id=t.app,
+                        agent_id=t.agent,
+                        agent_type=t.agent.split(":")[1],
+                        user_input=t.user,
+                        agent_response=t.reply,
+                        session_id=t.session,
+                        occurred_at=start + timedelta(days=t.day, minutes=i),
+                        sharing="shared",
+                        source_ref=f"{t.session}:{i + 1}",
+                        purpose=PURPOSE[t.app],
                     ).to_domain()
                 )
             for app_id, rows in by_app.items():  # each app captures as itself

@@ -67,7 +67,8 @@ def check(
     except ExtractionError as failed:
         err_console.print(f"[bold red]endpoint check failed:[/] {failed}", highlight=False)
         advice = (
-            "the server may recover: retry later" if failed.retryable
+            "the server may recover: retry later"
+            if failed.retryable
             else "fix the base URL, model name or API key"
         )
         err_console.print(f"({advice})", highlight=False)

@@ -57,21 +57,29 @@ def slice_command(
             console.print_json(json.dumps(slice_json(result)))
             return
         print_slice(result, title=f"{app_id} / {agent} / {purpose}")
-        hint = empty_slice_hint(result.withheld, items=len(result.items), app_id=app_id,
-                                purpose=purpose, subject=subject)
+        hint = empty_slice_hint(
+            result.withheld,
+            items=len(result.items),
+            app_id=app_id,
+            purpose=purpose,
+            subject=subject,
+        )
         if hint:
             console.print(f"[bold]hint:[/] {hint}", highlight=False)
 
 
-def empty_slice_hint(withheld: dict[str, int], *, items: int, app_id: str, purpose: str,
-                     subject: str | None) -> str | None:
+def empty_slice_hint(
+    withheld: dict[str, int], *, items: int, app_id: str, purpose: str, subject: str | None
+) -> str | None:
     """Why an empty slice is empty, when the gate withheld what there was, and what to run."""
     if items or not withheld:
         return None
     steps = []
     if withheld.get("policy"):
-        steps.append(f"no policy rule lets {app_id} read for purpose {purpose!r}: "
-                     f"see `uprof policy show`, or grant with `uprof policy grant`")
+        steps.append(
+            f"no policy rule lets {app_id} read for purpose {purpose!r}: "
+            f"see `uprof policy show`, or grant with `uprof policy grant`"
+        )
     if withheld.get("consent"):
         who = f" --subject {subject}" if subject else ""
         steps.append(f"no consent covers purpose {purpose!r}: see `uprof consent list{who}`")

@@ -19,9 +19,7 @@ if TYPE_CHECKING:
 
 # Plain help: Rich's boxes wrap error text mid-word and show a type (even <bool>) for
 # every flag; plain click help reads the same in a terminal, a log and a test.
-app = typer.Typer(
-    no_args_is_help=True, add_completion=False, help=__doc__, rich_markup_mode=None
-)
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__, rich_markup_mode=None)
 consent_app = typer.Typer(no_args_is_help=True, help="Grant, withdraw and list consents.")
 profile_app = typer.Typer(no_args_is_help=True, help="Show profiles and the evidence behind items.")
 projections_app = typer.Typer(no_args_is_help=True, help="Run, rebuild and inspect projections.")
@@ -76,8 +74,9 @@ def capture(
     source_ref: Annotated[str, typer.Option(help="Your own reference, kept verbatim.")] = "",
     at: Annotated[str | None, typer.Option(help="When it happened (ISO 8601, with zone).")] = None,
     purpose: Annotated[str, typer.Option(help="Purpose it is collected for.")] = "personalization",
-    sharing: Annotated[str, typer.Option(
-        help="private | shared | shared:<types>", callback=sharing_option)] = "private",
+    sharing: Annotated[
+        str, typer.Option(help="private | shared | shared:<types>", callback=sharing_option)
+    ] = "private",
 ) -> None:
     """Capture one interaction through the consent gate."""
     row = InteractionIn(

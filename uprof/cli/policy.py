@@ -70,8 +70,15 @@ def grant(
     effect: EffectOpt = "allow",
 ) -> None:
     """Give --app a --role, or add rules: each --action x --category for --purpose."""
-    _change("grant", app_id=app_id, role=role, actions=split_names(action),
-            categories=split_names(category), purpose=purpose, effect=effect)
+    _change(
+        "grant",
+        app_id=app_id,
+        role=role,
+        actions=split_names(action),
+        categories=split_names(category),
+        purpose=purpose,
+        effect=effect,
+    )
 
 
 @policy_app.command("revoke")
@@ -84,8 +91,15 @@ def revoke(
     effect: EffectOpt = "allow",
 ) -> None:
     """Take back a --role from --app, or remove rules (every one named must be in force)."""
-    _change("revoke", app_id=app_id, role=role, actions=split_names(action),
-            categories=split_names(category), purpose=purpose, effect=effect)
+    _change(
+        "revoke",
+        app_id=app_id,
+        role=role,
+        actions=split_names(action),
+        categories=split_names(category),
+        purpose=purpose,
+        effect=effect,
+    )
 
 
 @policy_app.command("show")

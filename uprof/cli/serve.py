@@ -27,9 +27,13 @@ def serve(
     port: Annotated[int, typer.Option(help="TCP port.")] = 8765,
     max_body_bytes: Annotated[int, typer.Option(help="Largest request body accepted.")] = 1_048_576,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
-    rate_limit: Annotated[str | None, typer.Option(
-        help="Requests per API key, e.g. 50/second;1000/minute (UPROF_RATE_LIMIT); "
-        "over it, 429 with Retry-After.")] = None,
+    rate_limit: Annotated[
+        str | None,
+        typer.Option(
+            help="Requests per API key, e.g. 50/second;1000/minute (UPROF_RATE_LIMIT); "
+            "over it, 429 with Retry-After."
+        ),
+    ] = None,
     run_worker: Annotated[
         bool,
         typer.Option(
@@ -63,8 +67,9 @@ def serve(
         return
     keys = ApiKeyStore.open(server_settings)
     try:
-        api = create_server(kernel, keys, max_body_bytes=max_body_bytes,
-                            rate_limit=server_settings.rate_limit)
+        api = create_server(
+            kernel, keys, max_body_bytes=max_body_bytes, rate_limit=server_settings.rate_limit
+        )
         console.print(f"uprof API on http://{host}:{port} (OpenAPI at /docs)")
         uvicorn.run(
             api, host=host, port=port, log_level=log_level, log_config=server_log_config(log_level)

@@ -67,8 +67,13 @@ def run(transport: Literal["stdio", "http"], *, host: str, port: int, path: str)
 
             server = build_server(runtime, keys, issuer_url=f"http://{host}:{port}")
             app = server.streamable_http_app(streamable_http_path=path, host=host)
-            uvicorn.run(app, host=host, port=port, log_level="warning",
-                        log_config=server_log_config("warning"))
+            uvicorn.run(
+                app,
+                host=host,
+                port=port,
+                log_level="warning",
+                log_config=server_log_config("warning"),
+            )
     finally:
         runtime.stop()
         kernel.close()

@@ -60,7 +60,9 @@ class ApiKeyTokenVerifier:
         if principal is None:
             return None
         return AccessToken(
-            token=token, client_id=principal.app_id, scopes=sorted(principal.roles),
+            token=token,
+            client_id=principal.app_id,
+            scopes=sorted(principal.roles),
             subject=principal.key_id,
         )
 
@@ -134,7 +136,10 @@ def build_server(
         else None
     )
     server: MCPServer = UprofMCPServer(
-        "uprof", instructions=INSTRUCTIONS, token_verifier=verifier, auth=auth,
+        "uprof",
+        instructions=INSTRUCTIONS,
+        token_verifier=verifier,
+        auth=auth,
         log_level="WARNING",
     )
 
@@ -146,7 +151,9 @@ def build_server(
             )
         if stdio_principal is not None:
             return AppScope(
-                runtime, stdio_principal.app_id, stdio_principal.roles,
+                runtime,
+                stdio_principal.app_id,
+                stdio_principal.roles,
                 key_id=stdio_principal.key_id,
             )
         # Neither transport authenticated the caller: fail closed.
@@ -161,77 +168,139 @@ def build_server(
 
     # A slice is recorded (audit entry, read receipt for the user) but changes nothing the
     # agent could observe: read-only for the agent, and the same call gives the same answer.
-    @server.tool(annotations=ToolAnnotations(
-        title="Profile slice", read_only_hint=True, destructive_hint=False,
-        idempotent_hint=True, open_world_hint=False))
+    @server.tool(
+        annotations=ToolAnnotations(
+            title="Profile slice",
+            read_only_hint=True,
+            destructive_hint=False,
+            idempotent_hint=True,
+            open_world_hint=False,
+        )
+    )
     def profile_slice(
         query: Annotated[str, Field(description="What the agent is about to answer.")],
         agent_id: Annotated[str, Field(description="The calling agent's id.")],
-        purpose: Annotated[str, Field(
-            description="Why the profile is read, e.g. personalization; policy and consent "
-            "are decided per purpose.")],
-        budget_tokens: Annotated[int, Field(
-            ge=0, le=w.MAX_BUDGET_TOKENS,
-            description="Most tokens (cl100k) the returned text may take.")],
+        purpose: Annotated[
+            str,
+            Field(
+                description="Why the profile is read, e.g. personalization; policy and consent "
+                "are decided per purpose."
+            ),
+        ],
+        budget_tokens: Annotated[
+            int,
+            Field(
+                ge=0,
+                le=w.MAX_BUDGET_TOKENS,
+                description="Most tokens (cl100k) the returned text may take.",
+            ),
+        ],
         subject: Annotated[str | None, Field(description="The user reference.")] = None,
         session_id: Annotated[
             str | None, Field(description="A session registered by this app.")
         ] = None,
-        agent_type: Annotated[str, Field(
-            description="The calling agent's type, for items shared with agent types "
-            "(shared:<types>).")] = "",
+        agent_type: Annotated[
+            str,
+            Field(
+                description="The calling agent's type, for items shared with agent types "
+                "(shared:<types>)."
+            ),
+        ] = "",
     ) -> w.ProfileSlice:
         """Get the part of the user's profile this app may use for the query, within a token budget.
 
         The result's `text` is ready to put in the prompt; `withheld` counts items the
         policy, the user's consent or the sharing rules kept out.
         """
-        return call(lambda s: s.slice(w.SliceIn(
-            subject=subject, session_id=session_id, query=query, budget_tokens=budget_tokens,
-            purpose=purpose, agent_id=agent_id, agent_type=agent_type,
-        )))
+        return call(
+            lambda s: s.slice(
+                w.SliceIn(
+                    subject=subject,
+                    session_id=session_id,
+                    query=query,
+                    budget_tokens=budget_tokens,
+                    purpose=purpose,
+                    agent_id=agent_id,
+                    agent_type=agent_type,
+                )
+            )
+        )
 
-    @server.tool(annotations=ToolAnnotations(
-        title="Capture an interaction", read_only_hint=False, destructive_hint=False,
-        idempotent_hint=False, open_world_hint=False))
+    @server.tool(
+        annotations=ToolAnnotations(
+            title="Capture an interaction",
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=False,
+            open_world_hint=False,
+        )
+    )
     def capture(
         subject: Annotated[str, Field(description="The user reference.")],
         agent_id: Annotated[str, Field(description="The calling agent's id.")],
         user_input: Annotated[str, Field(description="What the user said.")],
-        occurred_at: Annotated[str, Field(
-            description="When it happened, ISO 8601 with a zone, e.g. 2026-12-01T09:30:00Z "
-            "(required, as over REST: a default of now would differ between retries).")],
+        occurred_at: Annotated[
+            str,
+            Field(
+                description="When it happened, ISO 8601 with a zone, e.g. 2026-12-01T09:30:00Z "
+                "(required, as over REST: a default of now would differ between retries)."
+            ),
+        ],
         agent_response: Annotated[str, Field(description="What the agent answered.")] = "",
         session_id: Annotated[str, Field(description="This app's session id, if any.")] = "",
-        source_ref: Annotated[str, Field(
-            description="Your own reference to the interaction, kept verbatim.")] = "",
-        purpose: Annotated[str, Field(
-            description="The purpose it is collected for (the user's consent must cover it).")
+        source_ref: Annotated[
+            str, Field(description="Your own reference to the interaction, kept verbatim.")
+        ] = "",
+        purpose: Annotated[
+            str,
+            Field(
+                description="The purpose it is collected for (the user's consent must cover it)."
+            ),
         ] = "personalization",
         sharing: Annotated[
             str, Field(description="private | shared | shared:<agent types>")
         ] = "private",
         idempotency_key: Annotated[
             str | None,
-            Field(description=(
-                "Makes the call safe to retry: a retry with the same key and arguments "
-                "gets the first answer and records nothing again."
-            )),
+            Field(
+                description=(
+                    "Makes the call safe to retry: a retry with the same key and arguments "
+                    "gets the first answer and records nothing again."
+                )
+            ),
         ] = None,
     ) -> w.CaptureAck:
         """Record one interaction with the user (refused without the user's consent)."""
-        return call(lambda s: s.capture(w.CaptureIn.model_validate({
-            "subject": subject, "agent_id": agent_id, "user_input": user_input,
-            "agent_response": agent_response, "session_id": session_id,
-            "source_ref": source_ref, "purpose": purpose, "sharing": sharing,
-            "occurred_at": occurred_at,
-        }), idempotency_key=idempotency_key))
+        return call(
+            lambda s: s.capture(
+                w.CaptureIn.model_validate(
+                    {
+                        "subject": subject,
+                        "agent_id": agent_id,
+                        "user_input": user_input,
+                        "agent_response": agent_response,
+                        "session_id": session_id,
+                        "source_ref": source_ref,
+                        "purpose": purpose,
+                        "sharing": sharing,
+                        "occurred_at": occurred_at,
+                    }
+                ),
+                idempotency_key=idempotency_key,
+            )
+        )
 
     # Destructive (consent withdrawn, data erased) and idempotent: a repeat finds nothing
     # left to withdraw.
-    @server.tool(annotations=ToolAnnotations(
-        title="Forget", read_only_hint=False, destructive_hint=True, idempotent_hint=True,
-        open_world_hint=False))
+    @server.tool(
+        annotations=ToolAnnotations(
+            title="Forget",
+            read_only_hint=False,
+            destructive_hint=True,
+            idempotent_hint=True,
+            open_world_hint=False,
+        )
+    )
     def forget(
         subject: Annotated[str, Field(description="The user reference.")],
         consent_id: Annotated[
@@ -251,20 +320,28 @@ def build_server(
         too (signed receipts). With item_id, erase that one item instead, which the
         policy allows only to apps holding the erase right.
         """
+
         def run(s: AppScope) -> ForgetResult:
             if item_id is not None:
                 receipt = s.erase_item(w.ItemErasureIn(subject=subject, item_id=item_id))
                 return ForgetResult(erasures=[receipt])
-            live = [c for c in s.consents(w.ConsentListIn(subject=subject)).consents
-                    if c.withdrawn_at is None]
+            live = [
+                c
+                for c in s.consents(w.ConsentListIn(subject=subject)).consents
+                if c.withdrawn_at is None
+            ]
             targets = [c.consent_id for c in live if consent_id in (None, c.consent_id)]
             if consent_id is not None and not targets:
-                raise EdgeError(404, "consent_not_found",
-                                "this app has no live consent with that id for the subject")
+                raise EdgeError(
+                    404,
+                    "consent_not_found",
+                    "this app has no live consent with that id for the subject",
+                )
             result = ForgetResult()
             for target in targets:
                 done = s.withdraw_consent(
-                    w.ConsentWithdrawIn(subject=subject, consent_id=target, erase=erase))
+                    w.ConsentWithdrawIn(subject=subject, consent_id=target, erase=erase)
+                )
                 result.withdrawn.append(done.consent)
                 if done.erasure is not None:
                     result.erasures.append(done.erasure)
@@ -280,10 +357,17 @@ def build_server(
         mime_type="application/json",
     )
     def profile(subject: str) -> str:
-        result = call(lambda s: s.slice(w.SliceIn(
-            subject=subject, query="", budget_tokens=w.MAX_BUDGET_TOKENS,
-            purpose="personalization", agent_id=_resource_agent(s),
-        )))
+        result = call(
+            lambda s: s.slice(
+                w.SliceIn(
+                    subject=subject,
+                    query="",
+                    budget_tokens=w.MAX_BUDGET_TOKENS,
+                    purpose="personalization",
+                    agent_id=_resource_agent(s),
+                )
+            )
+        )
         return result.model_dump_json()
 
     return server

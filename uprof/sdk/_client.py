@@ -40,30 +40,49 @@ def _headers(api_key: str) -> dict[str, str]:
 def _capture(subject: str, fields: dict[str, Any], key: str | None) -> Call[w.CaptureAck]:
     if key is not None and fields.get("occurred_at_defaulted"):
         # A default of "now" differs between retries, so the retry would be a new body.
-        raise invalid_request([w.FieldProblem(
-            field="occurred_at", message="required with idempotency_key (the default, now, "
-            "would differ between retries)")])
+        raise invalid_request(
+            [
+                w.FieldProblem(
+                    field="occurred_at",
+                    message="required with idempotency_key (the default, now, "
+                    "would differ between retries)",
+                )
+            ]
+        )
     fields = {k: v for k, v in fields.items() if k != "occurred_at_defaulted"}
     return Call(ops.CAPTURE, ops.build(w.CaptureIn, subject=subject, **fields), key)
 
 
-def _capture_many(subject: str, items: Sequence[InteractionLike],
-                  key: str | None) -> Call[w.CaptureBatchAck]:
+def _capture_many(
+    subject: str, items: Sequence[InteractionLike], key: str | None
+) -> Call[w.CaptureBatchAck]:
     body = ops.build(w.CaptureBatchIn, subject=subject, interactions=ops.interactions_of(items))
     return Call(ops.CAPTURE_MANY, body, key)
 
 
-def _withdraw(subject: str, consent_id: str, erase: bool,
-              key: str | None) -> Call[w.ConsentWithdrawn]:
+def _withdraw(
+    subject: str, consent_id: str, erase: bool, key: str | None
+) -> Call[w.ConsentWithdrawn]:
     body = ops.build(w.ConsentWithdrawIn, subject=subject, consent_id=consent_id, erase=erase)
     return Call(ops.WITHDRAW_CONSENT, body, key)
 
 
-def _proposals(subject: str, items: Sequence[ProposalLike], agent_id: str, sharing: str,
-               purpose: str, observed_at: datetime | None,
-               key: str | None = None) -> Call[w.ProposalsResult]:
-    fields: dict[str, Any] = {"subject": subject, "agent_id": agent_id, "sharing": sharing,
-                              "purpose": purpose, "proposals": ops.proposals_of(items)}
+def _proposals(
+    subject: str,
+    items: Sequence[ProposalLike],
+    agent_id: str,
+    sharing: str,
+    purpose: str,
+    observed_at: datetime | None,
+    key: str | None = None,
+) -> Call[w.ProposalsResult]:
+    fields: dict[str, Any] = {
+        "subject": subject,
+        "agent_id": agent_id,
+        "sharing": sharing,
+        "purpose": purpose,
+        "proposals": ops.proposals_of(items),
+    }
     if observed_at is not None:
         fields["observed_at"] = observed_at
     return Call(ops.SUBMIT_PROPOSALS, ops.build(w.ProposalsIn, **fields), key)
@@ -81,12 +100,22 @@ def _profile(subject: str, as_of: datetime | None) -> Call[w.Profile]:
     return Call(ops.PROFILE, ops.build(w.ProfileIn, **fields))
 
 
-def _grant(subject: str, categories: Sequence[str], purposes: Sequence[str], legal_basis: str,
-           expires_at: datetime | None, collected_by: str | None,
-           key: str | None = None) -> Call[w.ConsentGranted]:
-    fields: dict[str, Any] = {"subject": subject, "categories": list(categories),
-                              "purposes": list(purposes), "legal_basis": legal_basis,
-                              "collected_by": collected_by}
+def _grant(
+    subject: str,
+    categories: Sequence[str],
+    purposes: Sequence[str],
+    legal_basis: str,
+    expires_at: datetime | None,
+    collected_by: str | None,
+    key: str | None = None,
+) -> Call[w.ConsentGranted]:
+    fields: dict[str, Any] = {
+        "subject": subject,
+        "categories": list(categories),
+        "purposes": list(purposes),
+        "legal_basis": legal_basis,
+        "collected_by": collected_by,
+    }
     if expires_at is not None:
         fields["expires_at"] = expires_at
     return Call(ops.GRANT_CONSENT, ops.build(w.ConsentGrantIn, **fields), key)
@@ -108,8 +137,9 @@ class Client:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        http = httpx.Client(base_url=base_url, headers=_headers(api_key), timeout=timeout_s,
-                            transport=transport)
+        http = httpx.Client(
+            base_url=base_url, headers=_headers(api_key), timeout=timeout_s, transport=transport
+        )
         self._backend: SyncBackend = HttpBackend(http)
 
     @classmethod
@@ -126,10 +156,20 @@ class Client:
     # ------------------------------------------------------------------ writes
 
     def capture(
-        self, subject: str, *, agent_id: str, user_input: str = "", agent_response: str = "",
-        occurred_at: datetime | None = None, session_id: str = "", actor: str = "",
-        source_ref: str = "", purpose: str = "personalization", sharing: str = "private",
-        agent_type: str = "", context: Mapping[str, str] | None = None,
+        self,
+        subject: str,
+        *,
+        agent_id: str,
+        user_input: str = "",
+        agent_response: str = "",
+        occurred_at: datetime | None = None,
+        session_id: str = "",
+        actor: str = "",
+        source_ref: str = "",
+        purpose: str = "personalization",
+        sharing: str = "private",
+        agent_type: str = "",
+        context: Mapping[str, str] | None = None,
         idempotency_key: str | None = None,
     ) -> w.CaptureAck:
         """Capture one interaction (refused with PermissionDeniedError without consent).
@@ -138,32 +178,55 @@ class Client:
         retry with the same key and arguments gets the first answer and writes nothing.
         """
         fields = ops.interaction(
-            agent_id=agent_id, user_input=user_input, agent_response=agent_response,
-            occurred_at=occurred_at, session_id=session_id, actor=actor, source_ref=source_ref,
-            purpose=purpose, sharing=sharing, agent_type=agent_type, context=context,
+            agent_id=agent_id,
+            user_input=user_input,
+            agent_response=agent_response,
+            occurred_at=occurred_at,
+            session_id=session_id,
+            actor=actor,
+            source_ref=source_ref,
+            purpose=purpose,
+            sharing=sharing,
+            agent_type=agent_type,
+            context=context,
         )
         return self._backend.send(_capture(subject, fields, idempotency_key))
 
     def capture_many(
-        self, subject: str, interactions: Sequence[InteractionLike], *,
+        self,
+        subject: str,
+        interactions: Sequence[InteractionLike],
+        *,
         idempotency_key: str | None = None,
     ) -> list[w.CaptureAck]:
         """Capture several interactions about one subject, all or nothing."""
         return self._backend.send(_capture_many(subject, interactions, idempotency_key)).acks
 
     def submit_proposals(
-        self, subject: str, proposals: Sequence[ProposalLike], *, agent_id: str,
-        sharing: str = "private", purpose: str = "personalization",
-        observed_at: datetime | None = None, idempotency_key: str | None = None,
+        self,
+        subject: str,
+        proposals: Sequence[ProposalLike],
+        *,
+        agent_id: str,
+        sharing: str = "private",
+        purpose: str = "personalization",
+        observed_at: datetime | None = None,
+        idempotency_key: str | None = None,
     ) -> int:
         """Submit structured proposals; returns how many the kernel applied."""
-        call = _proposals(subject, proposals, agent_id, sharing, purpose, observed_at,
-                          idempotency_key)
+        call = _proposals(
+            subject, proposals, agent_id, sharing, purpose, observed_at, idempotency_key
+        )
         return self._backend.send(call).applied
 
     def grant_consent(
-        self, subject: str, *, categories: Sequence[str], purposes: Sequence[str],
-        legal_basis: str = "consent", expires_at: datetime | None = None,
+        self,
+        subject: str,
+        *,
+        categories: Sequence[str],
+        purposes: Sequence[str],
+        legal_basis: str = "consent",
+        expires_at: datetime | None = None,
         collected_by: str | None = None,
         idempotency_key: str | None = None,
     ) -> str:
@@ -172,12 +235,17 @@ class Client:
         ``collected_by`` names the app's own record of the user's consent action
         (required: an app records only consents it can show the user gave).
         """
-        call = _grant(subject, categories, purposes, legal_basis, expires_at, collected_by,
-                      idempotency_key)
+        call = _grant(
+            subject, categories, purposes, legal_basis, expires_at, collected_by, idempotency_key
+        )
         return self._backend.send(call).consent_id
 
     def withdraw_consent(
-        self, subject: str, consent_id: str, *, erase: bool = False,
+        self,
+        subject: str,
+        consent_id: str,
+        *,
+        erase: bool = False,
         idempotency_key: str | None = None,
     ) -> w.ConsentWithdrawn:
         """Withdraw one of this app's consents (with ``erase``, also erase what it collected)."""
@@ -192,8 +260,9 @@ class Client:
         self, subject: str, item_id: str, *, with_evidence: bool = False
     ) -> w.ErasureReceipt:
         """Erase one profile item (policy: ``erase``/``erasure``)."""
-        body = ops.build(w.ItemErasureIn, subject=subject, item_id=item_id,
-                         with_evidence=with_evidence)
+        body = ops.build(
+            w.ItemErasureIn, subject=subject, item_id=item_id, with_evidence=with_evidence
+        )
         return self._backend.send(Call(ops.ERASE_ITEM, body))
 
     def erase_capture(self, subject: str, capture_id: str) -> w.ErasureReceipt:
@@ -217,9 +286,17 @@ class Client:
         until: datetime | None = None,
     ) -> w.AuditExport:
         """The audit trail with proofs (``operator`` role); ``content`` is the file."""
-        body = ops.build(w.AuditExportIn, **_given(format=format, subject=subject,
-                                                    for_app=for_app, action=action,
-                                                    since=since, until=until))
+        body = ops.build(
+            w.AuditExportIn,
+            **_given(
+                format=format,
+                subject=subject,
+                for_app=for_app,
+                action=action,
+                since=since,
+                until=until,
+            ),
+        )
         return self._backend.send(Call(ops.AUDIT_EXPORT, body))
 
     def audit_verify(self, content: str, *, kind: str = "export") -> w.AuditVerification:
@@ -242,18 +319,36 @@ class Client:
     # ------------------------------------------------------------------- reads
 
     def slice(
-        self, subject: str | None, query: str, *, budget_tokens: int, purpose: str,
-        agent_id: str, agent_type: str = "", session_id: str | None = None,
-        identifier: str | None = None, lexical_only: bool = False,
+        self,
+        subject: str | None,
+        query: str,
+        *,
+        budget_tokens: int,
+        purpose: str,
+        agent_id: str,
+        agent_type: str = "",
+        session_id: str | None = None,
+        identifier: str | None = None,
+        lexical_only: bool = False,
         wait_timeout_s: float | None = None,
     ) -> w.ProfileSlice:
         """The slice of the subject's profile this app may use for ``query``, within budget."""
-        return self._backend.send(_slice({
-            "subject": subject, "query": query, "budget_tokens": budget_tokens,
-            "purpose": purpose, "agent_id": agent_id, "agent_type": agent_type,
-            "session_id": session_id, "identifier": identifier, "lexical_only": lexical_only,
-            "wait_timeout_s": wait_timeout_s,
-        }))
+        return self._backend.send(
+            _slice(
+                {
+                    "subject": subject,
+                    "query": query,
+                    "budget_tokens": budget_tokens,
+                    "purpose": purpose,
+                    "agent_id": agent_id,
+                    "agent_type": agent_type,
+                    "session_id": session_id,
+                    "identifier": identifier,
+                    "lexical_only": lexical_only,
+                    "wait_timeout_s": wait_timeout_s,
+                }
+            )
+        )
 
     def profile(self, subject: str, *, as_of: datetime | None = None) -> w.Profile:
         """The whole profile (needs the ``operator`` role)."""
@@ -282,7 +377,9 @@ class Client:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         self.close()
@@ -299,52 +396,91 @@ class AsyncClient:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        http = httpx.AsyncClient(base_url=base_url, headers=_headers(api_key),
-                                 timeout=timeout_s, transport=transport)
+        http = httpx.AsyncClient(
+            base_url=base_url, headers=_headers(api_key), timeout=timeout_s, transport=transport
+        )
         self._backend = AsyncHttpBackend(http)
 
     async def capture(
-        self, subject: str, *, agent_id: str, user_input: str = "", agent_response: str = "",
-        occurred_at: datetime | None = None, session_id: str = "", actor: str = "",
-        source_ref: str = "", purpose: str = "personalization", sharing: str = "private",
-        agent_type: str = "", context: Mapping[str, str] | None = None,
+        self,
+        subject: str,
+        *,
+        agent_id: str,
+        user_input: str = "",
+        agent_response: str = "",
+        occurred_at: datetime | None = None,
+        session_id: str = "",
+        actor: str = "",
+        source_ref: str = "",
+        purpose: str = "personalization",
+        sharing: str = "private",
+        agent_type: str = "",
+        context: Mapping[str, str] | None = None,
         idempotency_key: str | None = None,
     ) -> w.CaptureAck:
         fields = ops.interaction(
-            agent_id=agent_id, user_input=user_input, agent_response=agent_response,
-            occurred_at=occurred_at, session_id=session_id, actor=actor, source_ref=source_ref,
-            purpose=purpose, sharing=sharing, agent_type=agent_type, context=context,
+            agent_id=agent_id,
+            user_input=user_input,
+            agent_response=agent_response,
+            occurred_at=occurred_at,
+            session_id=session_id,
+            actor=actor,
+            source_ref=source_ref,
+            purpose=purpose,
+            sharing=sharing,
+            agent_type=agent_type,
+            context=context,
         )
         return await self._backend.send(_capture(subject, fields, idempotency_key))
 
     async def capture_many(
-        self, subject: str, interactions: Sequence[InteractionLike], *,
+        self,
+        subject: str,
+        interactions: Sequence[InteractionLike],
+        *,
         idempotency_key: str | None = None,
     ) -> list[w.CaptureAck]:
         call = _capture_many(subject, interactions, idempotency_key)
         return (await self._backend.send(call)).acks
 
     async def submit_proposals(
-        self, subject: str, proposals: Sequence[ProposalLike], *, agent_id: str,
-        sharing: str = "private", purpose: str = "personalization",
-        observed_at: datetime | None = None, idempotency_key: str | None = None,
+        self,
+        subject: str,
+        proposals: Sequence[ProposalLike],
+        *,
+        agent_id: str,
+        sharing: str = "private",
+        purpose: str = "personalization",
+        observed_at: datetime | None = None,
+        idempotency_key: str | None = None,
     ) -> int:
-        call = _proposals(subject, proposals, agent_id, sharing, purpose, observed_at,
-                          idempotency_key)
+        call = _proposals(
+            subject, proposals, agent_id, sharing, purpose, observed_at, idempotency_key
+        )
         return (await self._backend.send(call)).applied
 
     async def grant_consent(
-        self, subject: str, *, categories: Sequence[str], purposes: Sequence[str],
-        legal_basis: str = "consent", expires_at: datetime | None = None,
+        self,
+        subject: str,
+        *,
+        categories: Sequence[str],
+        purposes: Sequence[str],
+        legal_basis: str = "consent",
+        expires_at: datetime | None = None,
         collected_by: str | None = None,
         idempotency_key: str | None = None,
     ) -> str:
-        call = _grant(subject, categories, purposes, legal_basis, expires_at, collected_by,
-                      idempotency_key)
+        call = _grant(
+            subject, categories, purposes, legal_basis, expires_at, collected_by, idempotency_key
+        )
         return (await self._backend.send(call)).consent_id
 
     async def withdraw_consent(
-        self, subject: str, consent_id: str, *, erase: bool = False,
+        self,
+        subject: str,
+        consent_id: str,
+        *,
+        erase: bool = False,
         idempotency_key: str | None = None,
     ) -> w.ConsentWithdrawn:
         return await self._backend.send(_withdraw(subject, consent_id, erase, idempotency_key))
@@ -358,8 +494,9 @@ class AsyncClient:
     async def erase_item(
         self, subject: str, item_id: str, *, with_evidence: bool = False
     ) -> w.ErasureReceipt:
-        body = ops.build(w.ItemErasureIn, subject=subject, item_id=item_id,
-                         with_evidence=with_evidence)
+        body = ops.build(
+            w.ItemErasureIn, subject=subject, item_id=item_id, with_evidence=with_evidence
+        )
         return await self._backend.send(Call(ops.ERASE_ITEM, body))
 
     async def erase_capture(self, subject: str, capture_id: str) -> w.ErasureReceipt:
@@ -380,9 +517,17 @@ class AsyncClient:
         since: datetime | None = None,
         until: datetime | None = None,
     ) -> w.AuditExport:
-        body = ops.build(w.AuditExportIn, **_given(format=format, subject=subject,
-                                                    for_app=for_app, action=action,
-                                                    since=since, until=until))
+        body = ops.build(
+            w.AuditExportIn,
+            **_given(
+                format=format,
+                subject=subject,
+                for_app=for_app,
+                action=action,
+                since=since,
+                until=until,
+            ),
+        )
         return await self._backend.send(Call(ops.AUDIT_EXPORT, body))
 
     async def audit_verify(self, content: str, *, kind: str = "export") -> w.AuditVerification:
@@ -401,17 +546,35 @@ class AsyncClient:
         await self._backend.send(Call(ops.REGISTER_IDENTIFIER, body))
 
     async def slice(
-        self, subject: str | None, query: str, *, budget_tokens: int, purpose: str,
-        agent_id: str, agent_type: str = "", session_id: str | None = None,
-        identifier: str | None = None, lexical_only: bool = False,
+        self,
+        subject: str | None,
+        query: str,
+        *,
+        budget_tokens: int,
+        purpose: str,
+        agent_id: str,
+        agent_type: str = "",
+        session_id: str | None = None,
+        identifier: str | None = None,
+        lexical_only: bool = False,
         wait_timeout_s: float | None = None,
     ) -> w.ProfileSlice:
-        return await self._backend.send(_slice({
-            "subject": subject, "query": query, "budget_tokens": budget_tokens,
-            "purpose": purpose, "agent_id": agent_id, "agent_type": agent_type,
-            "session_id": session_id, "identifier": identifier, "lexical_only": lexical_only,
-            "wait_timeout_s": wait_timeout_s,
-        }))
+        return await self._backend.send(
+            _slice(
+                {
+                    "subject": subject,
+                    "query": query,
+                    "budget_tokens": budget_tokens,
+                    "purpose": purpose,
+                    "agent_id": agent_id,
+                    "agent_type": agent_type,
+                    "session_id": session_id,
+                    "identifier": identifier,
+                    "lexical_only": lexical_only,
+                    "wait_timeout_s": wait_timeout_s,
+                }
+            )
+        )
 
     async def profile(self, subject: str, *, as_of: datetime | None = None) -> w.Profile:
         return await self._backend.send(_profile(subject, as_of))
@@ -434,7 +597,9 @@ class AsyncClient:
         return self
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()

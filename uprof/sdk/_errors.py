@@ -36,7 +36,11 @@ class APIError(UprofClientError):
     status: int = 0
 
     def __init__(
-        self, status: int, code: str, message: str, hint: str = "",
+        self,
+        status: int,
+        code: str,
+        message: str,
+        hint: str = "",
         fields: Sequence[FieldProblem] = (),
     ) -> None:
         super().__init__(f"{code}: {message}" if code else message)
@@ -105,13 +109,17 @@ def error_for(status: int, body: Mapping[str, Any] | None) -> APIError:
     ]
     cls = _BY_STATUS.get(status) or (ServerError if status >= 500 else APIError)
     return cls(
-        status, str(detail.get("code", "")), str(detail.get("message", "")),
-        str(detail.get("hint", "")), fields,
+        status,
+        str(detail.get("code", "")),
+        str(detail.get("message", "")),
+        str(detail.get("hint", "")),
+        fields,
     )
 
 
 def invalid_request(problems: Sequence[FieldProblem]) -> InvalidRequestError:
     """The error for input the SDK refuses before sending it (same shape as the server's 422)."""
     summary = "; ".join(f"{p.field}: {p.message}" for p in problems[:5]) or "invalid request"
-    return InvalidRequestError(422, "invalid_request", summary,
-                               "fix the named fields; nothing was stored", problems)
+    return InvalidRequestError(
+        422, "invalid_request", summary, "fix the named fields; nothing was stored", problems
+    )

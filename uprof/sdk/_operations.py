@@ -95,10 +95,17 @@ def interaction(
 ) -> dict[str, Any]:
     """The fields of one interaction, with ``occurred_at`` defaulting to now."""
     return {
-        "agent_id": agent_id, "user_input": user_input, "agent_response": agent_response,
-        "occurred_at": occurred_at or now(), "session_id": session_id, "actor": actor,
-        "source_ref": source_ref, "purpose": purpose, "sharing": sharing,
-        "agent_type": agent_type, "context": dict(context or {}),
+        "agent_id": agent_id,
+        "user_input": user_input,
+        "agent_response": agent_response,
+        "occurred_at": occurred_at or now(),
+        "session_id": session_id,
+        "actor": actor,
+        "source_ref": source_ref,
+        "purpose": purpose,
+        "sharing": sharing,
+        "agent_type": agent_type,
+        "context": dict(context or {}),
         "occurred_at_defaulted": occurred_at is None,
     }
 
@@ -109,4 +116,3 @@ def interactions_of(items: Sequence[w.InteractionBody | Mapping[str, Any]]) -> l
 
 def proposals_of(items: Sequence[BaseModel | Mapping[str, Any]]) -> list[Any]:
     return [p.model_dump() if isinstance(p, BaseModel) else dict(p) for p in items]
-

@@ -163,8 +163,12 @@ class CaptureService:
             return self._answer(pending)
 
         return self._save_one(
-            handle.stream_id, pseudonym, checked, batch_token=batch_token,
-            item_tokens=item_tokens, token_window_s=token_window_s,
+            handle.stream_id,
+            pseudonym,
+            checked,
+            batch_token=batch_token,
+            item_tokens=item_tokens,
+            token_window_s=token_window_s,
         )
 
     def _save_one(
@@ -219,9 +223,7 @@ class CaptureService:
             return ids, [by_version[v] for v in versions], skipped, None
 
         try:
-            ids, notification_ids, skipped, first = self._app.with_retry(
-                save, subject=stream_id
-            )
+            ids, notification_ids, skipped, first = self._app.with_retry(save, subject=stream_id)
         except ConsentRequiredError:
             self._refused(pseudonym, checked[0], "consent-not-in-force", principal=principal)
             raise
@@ -270,9 +272,13 @@ class CaptureService:
         token = acting_principal.set(None)  # the entry names the principal explicitly
         try:
             outcome = self._save_one(
-                pending.stream_id, pending.pseudonym, pending.interactions,
-                batch_token=pending.batch_token, item_tokens=None,
-                token_window_s=pending.token_window_s, principal=pending.principal,
+                pending.stream_id,
+                pending.pseudonym,
+                pending.interactions,
+                batch_token=pending.batch_token,
+                item_tokens=None,
+                token_window_s=pending.token_window_s,
+                principal=pending.principal,
             )
         except BaseException as error:
             pending.error = error

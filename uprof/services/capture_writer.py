@@ -384,32 +384,36 @@ class CaptureWriter:
         for pending in writing:
             assert pending.written is not None
             first = pending.interactions[0]
-            entries.append((
-                "capture.accepted",
-                {
-                    "subject_ref": pending.pseudonym,
-                    "principal": pending.principal,
-                    "app_id": first.app_id,
-                    "agent_id": first.agent_id,
-                    "purpose": first.purpose,
-                    "counts": {"events": len(pending.written[0])},
-                    "notification_id": max(
-                        positions[(pending.stream_id, v)] for v in pending.written[1]
-                    ),
-                },
-            ))
+            entries.append(
+                (
+                    "capture.accepted",
+                    {
+                        "subject_ref": pending.pseudonym,
+                        "principal": pending.principal,
+                        "app_id": first.app_id,
+                        "agent_id": first.agent_id,
+                        "purpose": first.purpose,
+                        "counts": {"events": len(pending.written[0])},
+                        "notification_id": max(
+                            positions[(pending.stream_id, v)] for v in pending.written[1]
+                        ),
+                    },
+                )
+            )
         for pending in refused:
             first = pending.interactions[0]
-            entries.append((
-                "capture.refused",
-                {
-                    "subject_ref": pending.pseudonym,
-                    "principal": pending.principal,
-                    "app_id": first.app_id,
-                    "agent_id": first.agent_id,
-                    "purpose": first.purpose,
-                    "reason_code": "consent-not-in-force",
-                },
-            ))
+            entries.append(
+                (
+                    "capture.refused",
+                    {
+                        "subject_ref": pending.pseudonym,
+                        "principal": pending.principal,
+                        "app_id": first.app_id,
+                        "agent_id": first.agent_id,
+                        "purpose": first.purpose,
+                        "reason_code": "consent-not-in-force",
+                    },
+                )
+            )
         if entries:
             self._audit.record_many(entries)

@@ -130,9 +130,11 @@ class ConsentService:
         def command() -> bool:
             profile = self._app.load(handle.stream_id)
             now = self._clock.now()
-            if request_token and profile.recorded_request(
-                request_token, now=now, window_s=token_window_s
-            ) is not None:
+            if (
+                request_token
+                and profile.recorded_request(request_token, now=now, window_s=token_window_s)
+                is not None
+            ):
                 return False
             profile.withdraw_consent(
                 consent_id=consent_id,

@@ -211,7 +211,8 @@ class ErasureService:
         foreign = [c for c in ids if c not in rows or rows[c].stream_id != str(stream)]
         if foreign:
             raise InvalidInputError(
-                f"no captured event {foreign[0]!r} for this subject", field="capture_id")
+                f"no captured event {foreign[0]!r} for this subject", field="capture_id"
+            )
         request_id = str(uuid.uuid4())
         received_at = self._clock.now()
         self._audit.record(
@@ -283,7 +284,8 @@ class ErasureService:
         evidence = self._evidence_of(str(stream), item_id)
         if evidence is None:
             raise InvalidInputError(
-                f"no item {item_id!r} in this subject's profile", field="item_id")
+                f"no item {item_id!r} in this subject's profile", field="item_id"
+            )
         if with_evidence and evidence:
             present = list(self._queries.captures(evidence))
             if present:

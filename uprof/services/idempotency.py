@@ -185,9 +185,7 @@ class IdempotencyStore:
                 row = conn.execute(sa.select(t).where(t.c.token == token)).first()
                 if row is not None and row.expires_ms <= now:
                     # Expired: the key may name a new request now.
-                    conn.execute(
-                        t.delete().where(t.c.token == token, t.c.expires_ms <= now)
-                    )
+                    conn.execute(t.delete().where(t.c.token == token, t.c.expires_ms <= now))
                     continue
             if row is None:
                 continue  # released between our insert and our read: claim again
@@ -202,9 +200,7 @@ class IdempotencyStore:
             return None
         raise IdempotencyKeyReusedError(f"{HEADER} is being claimed and released repeatedly")
 
-    def _answer(
-        self, token: str, body_hash: str, response: dict[str, Any], status: int
-    ) -> Outcome:
+    def _answer(self, token: str, body_hash: str, response: dict[str, Any], status: int) -> Outcome:
         t = idempotency_keys
         text = json.dumps(response, sort_keys=True, separators=(",", ":"), default=str)
         with self._engine.begin() as conn:

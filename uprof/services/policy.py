@@ -183,11 +183,7 @@ class StoredPolicyAuthorizer:
         """Check the store (when due, or now with force); return the failure, or ''."""
         with self._lock:
             now = self.monotonic()
-            due = (
-                force
-                or self._checked_at is None
-                or now - self._checked_at >= self.refresh_s
-            )
+            due = force or self._checked_at is None or now - self._checked_at >= self.refresh_s
             if not due:
                 return self._failure
             self._checked_at = now
@@ -359,9 +355,7 @@ class PolicyService:
         """
         if self._load() is not None:
             return False
-        seed = parse_policy_text(self._seed_text, source=self._seed_source).for_tenant(
-            self.tenant
-        )
+        seed = parse_policy_text(self._seed_text, source=self._seed_source).for_tenant(self.tenant)
         policy = TenantPolicy(
             tenant=self.tenant,
             source=self._seed_source,
@@ -516,8 +510,9 @@ class PolicyService:
         if not wants_rules:
             if not app_id or not role:
                 raise PolicyInputError(
-                    "role", "give app_id and role to assign a role, or actions, categories "
-                    "and purpose to change rules"
+                    "role",
+                    "give app_id and role to assign a role, or actions, categories "
+                    "and purpose to change rules",
                 )
             problem = role_problem(role)
             if problem:
@@ -574,8 +569,9 @@ class PolicyService:
         )
         if not named and not self._known_app(app_id):
             raise PolicyInputError(
-                "app_id", "unknown app: it has no API key and the policy does not name it "
-                "(create it with `uprof apps create`)"
+                "app_id",
+                "unknown app: it has no API key and the policy does not name it "
+                "(create it with `uprof apps create`)",
             )
 
     def _apply(
@@ -733,8 +729,8 @@ def _checked_categories(categories: Sequence[str], *, field: str, allow_empty: b
     for name in names:
         if name != ROOT_CATEGORY and name not in CATEGORIES:
             raise PolicyInputError(
-                field, f"unknown category (expected {ROOT_CATEGORY!r} or one of "
-                f"{', '.join(CATEGORIES)})"
+                field,
+                f"unknown category (expected {ROOT_CATEGORY!r} or one of {', '.join(CATEGORIES)})",
             )
     return list(dict.fromkeys(names))
 
@@ -751,4 +747,3 @@ def _roles_named(policy: TenantPolicy | None) -> set[str]:
     named = {r[0] for r in policy.rules if r[0].startswith(ROLE_PREFIX)}
     named |= {a[1] for a in policy.assignments}
     return named
-

@@ -114,7 +114,8 @@ class ProfileService:
                     found = ("memory", m.text, m.evidence)
         if found is None:
             raise InvalidInputError(
-                f"no item {item_id!r} in this subject's profile", field="item_id")
+                f"no item {item_id!r} in this subject's profile", field="item_id"
+            )
         layer, summary, evidence = found
         rows = self._queries.captures(evidence)
         # Only this subject's captures, in the order the item cites them (I5).

@@ -119,9 +119,7 @@ class ProjectionRunner:
         with self._engine.connect() as conn:
             low = conn.execute(
                 sa.select(sa.func.min(tracking.c.notification_id)).where(
-                    tracking.c.projection_name.in_(
-                        self._partitioning.names(self._projector.name)
-                    ),
+                    tracking.c.projection_name.in_(self._partitioning.names(self._projector.name)),
                     tracking.c.application_name == self._app.name,
                 )
             ).scalar()

@@ -124,8 +124,7 @@ class ReadRecorder:
                     return
             if time.monotonic() >= deadline:
                 raise ReadRecordingError(
-                    "the read log is backed up; the slice is refused rather than served "
-                    "unrecorded"
+                    "the read log is backed up; the slice is refused rather than served unrecorded"
                 )
             time.sleep(0.001)
 

@@ -343,10 +343,12 @@ class SliceService:
     def _check(request: SliceRequest) -> None:
         if not 0 <= request.budget_tokens <= MAX_BUDGET_TOKENS:
             raise InvalidInputError(
-                f"budget_tokens must be between 0 and {MAX_BUDGET_TOKENS}", field="budget_tokens")
+                f"budget_tokens must be between 0 and {MAX_BUDGET_TOKENS}", field="budget_tokens"
+            )
         if len(request.query) > MAX_QUERY_CHARS:
             raise InvalidInputError(
-                f"query must be at most {MAX_QUERY_CHARS} characters", field="query")
+                f"query must be at most {MAX_QUERY_CHARS} characters", field="query"
+            )
         for name in ("app_id", "agent_id", "purpose"):
             check_token(name, getattr(request, name))
         if request.agent_type:

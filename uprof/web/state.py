@@ -86,9 +86,7 @@ class Session:
 
 class SessionStore:
     def __init__(self, max_sessions: int = MAX_SESSIONS) -> None:
-        self._sessions: BoundedCache[str, Session] = BoundedCache(
-            max_sessions, name="web-sessions"
-        )
+        self._sessions: BoundedCache[str, Session] = BoundedCache(max_sessions, name="web-sessions")
 
     def create(self, session: Session) -> str:
         sid = secrets.token_urlsafe(32)

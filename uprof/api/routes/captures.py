@@ -29,7 +29,9 @@ def capture(
 
 
 @router.post(
-    "/batch", status_code=201, response_model=CaptureBatchAck,
+    "/batch",
+    status_code=201,
+    response_model=CaptureBatchAck,
     responses=errors(403, 404, 409, 410, 503),
 )
 def capture_batch(

@@ -34,9 +34,15 @@ def readyz(request: Request, runtime: Runtime, store: KeyStore) -> JSONResponse:
         database = store.ping()
     except Exception as error:
         _log.warning("readiness check failed: %s", type(error).__name__)
-        body = Readiness(ready=False, database=False, log_position=0, extraction_pending=0,
-                         projection_pending=0, worker=runtime.worker_state(),
-                         detail=f"database unreachable: {type(error).__name__}")
+        body = Readiness(
+            ready=False,
+            database=False,
+            log_position=0,
+            extraction_pending=0,
+            projection_pending=0,
+            worker=runtime.worker_state(),
+            detail=f"database unreachable: {type(error).__name__}",
+        )
         return JSONResponse(body.model_dump(mode="json"), status_code=503)
     worker = runtime.worker_state()
     detail = ""
@@ -53,9 +59,13 @@ def readyz(request: Request, runtime: Runtime, store: KeyStore) -> JSONResponse:
     elif lag.projection_pending + lag.extraction_pending > max_lag:
         detail = f"projections more than {max_lag} events behind"
     body = Readiness(
-        ready=not detail, database=database, log_position=lag.log_position,
-        extraction_pending=lag.extraction_pending, projection_pending=lag.projection_pending,
-        worker=worker, detail=detail,
+        ready=not detail,
+        database=database,
+        log_position=lag.log_position,
+        extraction_pending=lag.extraction_pending,
+        projection_pending=lag.projection_pending,
+        worker=worker,
+        detail=detail,
     )
     return JSONResponse(body.model_dump(mode="json"), status_code=200 if body.ready else 503)
 

@@ -58,7 +58,10 @@ def _guarded(operation: Callable[[], T]) -> T:
         return operation()
     except PolicyInputError as error:
         raise EdgeError(
-            422, "invalid_policy_change", str(error), hint=error.hint,
+            422,
+            "invalid_policy_change",
+            str(error),
+            hint=error.hint,
             fields=[FieldProblem(field=error.field, message=error.problem)],
         ) from None
     except PolicyStoreError as error:
@@ -89,9 +92,7 @@ def result_out(result: PolicyChangeResult) -> PolicyChangeResultOut:
 def show_policy(
     principal: CurrentPrincipal,
     runtime: Runtime,
-    at: Annotated[
-        AwareDatetime | None, Query(description="Show the policy in force then.")
-    ] = None,
+    at: Annotated[AwareDatetime | None, Query(description="Show the policy in force then.")] = None,
 ) -> PolicyOut:
     """The policy in force now, or at a past time (replayed from the recorded changes)."""
     _operator(principal)
@@ -114,9 +115,7 @@ def grant_policy(
 ) -> PolicyChangeResultOut:
     """Give an app a role, or add rules; rows already in force are left as they are."""
     _operator(principal)
-    return result_out(
-        _guarded(lambda: _door(runtime, principal).policy_grant(**body.model_dump()))
-    )
+    return result_out(_guarded(lambda: _door(runtime, principal).policy_grant(**body.model_dump())))
 
 
 @router.post("/revoke", response_model=PolicyChangeResultOut, responses=errors(403))
@@ -142,7 +141,10 @@ def onboard_app(
     return result_out(
         _guarded(
             lambda: _door(runtime, principal).onboard_app(
-                body.app_id, read=body.read, purpose=body.purpose, capture=body.capture,
+                body.app_id,
+                read=body.read,
+                purpose=body.purpose,
+                capture=body.capture,
                 propose=body.propose,
             )
         )
