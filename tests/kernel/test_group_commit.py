@@ -213,6 +213,7 @@ def test_a_full_queue_refuses_with_backlogged_and_stores_nothing_for_it(kernel: 
         kernel.keystore,
         kernel.clock,
         kernel.audit,
+        kernel.subjects,
         service._write_alone,
         max_queued=1,
         enqueue_timeout_s=0.2,

@@ -26,6 +26,7 @@ A copy that is behind in spite of that loses the version check and is reloaded.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
@@ -47,9 +48,10 @@ from domain.errors import (
 from domain.profile import SubjectProfile
 from domain.values import Interaction
 from uprof.caching import BoundedCache, CacheStats
-from uprof.crypto.keystore import KeyStore
+from uprof.crypto.keystore import KeyStore, new_pseudonym
 from uprof.eventstore import ProfilesApplication
 from uprof.ports import AuditTrail, Clock
+from uprof.services.subjects import ERASED_SUBJECT, SubjectResolver
 
 _log = logging.getLogger(__name__)
 
@@ -71,14 +73,21 @@ MAX_SAVED_SUBJECTS = 256
 class PendingCapture:
     """One request's validated captures, queued for the writer, and its answer."""
 
-    stream_id: UUID
-    pseudonym: str
     interactions: Sequence[Interaction]
     batch_token: str | None
     token_window_s: float
     #: The asking principal's audit label: the writer thread has no request context.
     principal: str | None
+    #: The subject's stream and pseudonym; or, until the writer has looked it up,
+    #: ``subject_ref`` (checked) with ``stream_id`` None: the writer looks up a whole
+    #: group's references with one query instead of one per request thread.
+    stream_id: UUID | None = None
+    pseudonym: str = ""
+    subject_ref: str | None = None
     done: threading.Event = field(default_factory=threading.Event)
+    #: Called (on the writer's thread) once the request is answered: an event loop's
+    #: waiter is woken this way instead of a thread blocked on ``done``.
+    on_done: Callable[[], None] | None = None
     #: (capture ids, their versions) once written; or the first write's token record.
     written: tuple[list[str], list[int]] | None = None
     replay_of: dict[str, Any] | None = None
@@ -87,9 +96,44 @@ class PendingCapture:
     replayed: bool = False
     error: BaseException | None = None
 
+    def answer(self) -> None:
+        """Mark the request answered (its fields are final) and wake its waiter."""
+        self.done.set()
+        if self.on_done is not None:
+            self.on_done()
+
+
+def no_consent_on_record(app_id: str) -> ConsentRequiredError:
+    """The refusal of a capture for a reference that names no subject."""
+    return ConsentRequiredError(f"app {app_id!r} has no consent in force for this subject")
+
+
+def refusal_entry(pending: PendingCapture, reason_code: str) -> tuple[str, dict[str, Any]]:
+    """The ``capture.refused`` audit entry of a request (no content, pseudonym only)."""
+    first = pending.interactions[0]
+    return (
+        "capture.refused",
+        {
+            "subject_ref": pending.pseudonym,
+            "principal": pending.principal,
+            "app_id": first.app_id,
+            "agent_id": first.agent_id,
+            "purpose": first.purpose,
+            "reason_code": reason_code,
+        },
+    )
+
 
 #: Runs one request through the one-request path (the fallback after a lost group).
 Fallback = Callable[[PendingCapture], None]
+
+#: What ``CaptureWriter._offer`` did with a request.
+_QUEUED, _FULL, _STOPPED = object(), object(), object()
+
+
+def _settle(answered: asyncio.Future[None]) -> None:
+    if not answered.done():  # a waiter that was cancelled has gone
+        answered.set_result(None)
 
 
 class CaptureWriter:
@@ -101,6 +145,7 @@ class CaptureWriter:
         keystore: KeyStore,
         clock: Clock,
         audit: AuditTrail,
+        subjects: SubjectResolver,
         fallback: Fallback,
         *,
         max_queued: int = MAX_QUEUED,
@@ -112,6 +157,7 @@ class CaptureWriter:
         self._keystore = keystore
         self._clock = clock
         self._audit = audit
+        self._subjects = subjects
         self._fallback = fallback
         self._max_group = max_group
         self._linger_s = linger_s
@@ -163,27 +209,55 @@ class CaptureWriter:
         duplicate without an Idempotency-Key).
         """
         deadline = time.monotonic() + self._enqueue_timeout_s
-        while True:
-            # Checked and queued under the lock the thread's exit takes: nothing is
-            # queued after the thread decided to end, so no waiter is left unanswered.
-            with self._state:
-                if not self.running:
-                    break
-                try:
-                    self._queue.put_nowait(pending)
-                    queued = True
-                except queue.Full:
-                    queued = False
-            if queued:
-                pending.done.wait()
-                return
-            if time.monotonic() >= deadline:
-                raise CaptureBackloggedError(
-                    f"the capture queue has been full for {self._enqueue_timeout_s:.0f} s; "
-                    "nothing was stored"
-                )
+        while (offered := self._offer(pending, deadline)) is _FULL:
             time.sleep(0.001)
-        self._fallback(pending)
+        if offered is _QUEUED:
+            pending.done.wait()
+        else:
+            self._fallback(pending)
+
+    async def submit_async(self, pending: PendingCapture) -> None:
+        """``submit`` for a coroutine on an event loop: the loop goes on serving while
+        the request waits, and no thread is held for it. The writer wakes the loop
+        when it answers; a writer that is not running answers on a worker thread."""
+        loop = asyncio.get_running_loop()
+        answered: asyncio.Future[None] = loop.create_future()
+
+        def wake() -> None:
+            try:
+                loop.call_soon_threadsafe(_settle, answered)
+            except RuntimeError:  # the loop has closed: nobody waits for this answer
+                pass
+
+        pending.on_done = wake
+        deadline = time.monotonic() + self._enqueue_timeout_s
+        while (offered := self._offer(pending, deadline)) is _FULL:
+            await asyncio.sleep(0.001)
+        if offered is _QUEUED:
+            await answered
+        else:
+            pending.on_done = None
+            await asyncio.to_thread(self._fallback, pending)
+
+    def _offer(self, pending: PendingCapture, deadline: float) -> object:
+        """Queue the request: ``_QUEUED``; ``_FULL`` to try again; ``_STOPPED`` when the
+        writer is not running. Raises CaptureBackloggedError once ``deadline`` passed."""
+        # Checked and queued under the lock the thread's exit takes: nothing is
+        # queued after the thread decided to end, so no waiter is left unanswered.
+        with self._state:
+            if not self.running:
+                return _STOPPED
+            try:
+                self._queue.put_nowait(pending)
+                return _QUEUED
+            except queue.Full:
+                pass
+        if time.monotonic() >= deadline:
+            raise CaptureBackloggedError(
+                f"the capture queue has been full for {self._enqueue_timeout_s:.0f} s; "
+                "nothing was stored"
+            )
+        return _FULL
 
     def forget(self, stream_id: UUID) -> None:
         """Drop the subject's saved copy (erasure calls this: it may hold decrypted data)."""
@@ -217,11 +291,14 @@ class CaptureWriter:
                 for pending in group:
                     if not pending.done.is_set():
                         pending.error = error
-                        pending.done.set()
+                        pending.answer()
 
     def commit(self, group: list[PendingCapture]) -> None:
         """Write one group and answer its requests (the writer thread's step; tests call
         it to build a group deterministically)."""
+        group = self._resolve_subjects(group)
+        if not group:
+            return
         for attempt in range(2):
             try:
                 written = self._write_group(group)
@@ -248,7 +325,39 @@ class CaptureWriter:
                 self._fallback(pending)
             except BaseException as error:
                 pending.error = error
-            pending.done.set()
+            pending.answer()
+
+    def _resolve_subjects(self, group: list[PendingCapture]) -> list[PendingCapture]:
+        """Look up the streams of the group's subject references with one query.
+
+        A reference that names no subject, or an erased one, is refused as the
+        one-request path refuses it (audited, then answered) and adds nothing to the
+        group. Returns the requests left to write.
+        """
+        unresolved = [p for p in group if p.stream_id is None]
+        if not unresolved:
+            return group
+        found, erased = self._subjects.find_many(p.subject_ref or "" for p in unresolved)
+        refusals: list[tuple[str, dict[str, Any]]] = []
+        for pending in unresolved:
+            handle = found.get(pending.subject_ref or "")
+            if handle is not None:
+                pending.stream_id, pending.pseudonym = handle.stream_id, handle.pseudonym
+                continue
+            # A one-off pseudonym, linked to nothing (see CaptureService.capture_once).
+            pending.pseudonym = new_pseudonym()
+            if pending.subject_ref in erased:
+                pending.error = SubjectErasedError(ERASED_SUBJECT)
+                refusals.append(refusal_entry(pending, "subject-erased"))
+            else:
+                pending.error = no_consent_on_record(pending.interactions[0].app_id)
+                refusals.append(refusal_entry(pending, "no-consent-on-record"))
+        if refusals:
+            self._audit.record_many(refusals)
+            for pending in unresolved:
+                if pending.error is not None:
+                    pending.answer()
+        return [p for p in group if p.stream_id is not None]
 
     def _reset(self, group: list[PendingCapture]) -> None:
         for pending in group:
@@ -329,7 +438,7 @@ class CaptureWriter:
         self.groups += 1
         self.grouped_requests += len(group)
         for pending in group:
-            pending.done.set()
+            pending.answer()
 
     def _fresh_copy(self, stream_id: UUID, ticket: int) -> SubjectProfile:
         """The writer's saved copy brought up to the stream's head, or a fresh load.
@@ -400,20 +509,6 @@ class CaptureWriter:
                     },
                 )
             )
-        for pending in refused:
-            first = pending.interactions[0]
-            entries.append(
-                (
-                    "capture.refused",
-                    {
-                        "subject_ref": pending.pseudonym,
-                        "principal": pending.principal,
-                        "app_id": first.app_id,
-                        "agent_id": first.agent_id,
-                        "purpose": first.purpose,
-                        "reason_code": "consent-not-in-force",
-                    },
-                )
-            )
+        entries.extend(refusal_entry(pending, "consent-not-in-force") for pending in refused)
         if entries:
             self._audit.record_many(entries)
