@@ -46,7 +46,6 @@ KeyStore = Annotated[ApiKeyStore, Depends(get_key_store)]
 
 async def authenticate(
     request: Request,
-    store: KeyStore,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
 ) -> Principal:
     """Return the principal of the request's API key, or refuse with 401 (429 when the
@@ -58,6 +57,9 @@ async def authenticate(
     """
     if credentials is None:
         raise unauthenticated("missing API key")
+    # Read from the app's state, not through the KeyStore dependency: each dependency
+    # FastAPI resolves costs every request of every route that authenticates.
+    store: ApiKeyStore = request.app.state.api_keys
     principal = store.authenticate_cached(credentials.credentials)
     if isinstance(principal, NeedsRead):
         principal = await run_in_threadpool(store.authenticate, credentials.credentials)
@@ -72,7 +74,8 @@ async def authenticate(
 CurrentPrincipal = Annotated[Principal, Depends(authenticate)]
 
 
-async def app_scope(runtime: Runtime, principal: CurrentPrincipal) -> AppScope:
+async def app_scope(request: Request, principal: CurrentPrincipal) -> AppScope:
+    runtime: ServiceRuntime = request.app.state.runtime
     return AppScope(runtime, principal.app_id, principal.roles, key_id=principal.key_id)
 
 

@@ -32,7 +32,7 @@ import queue
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -84,23 +84,45 @@ class PendingCapture:
     stream_id: UUID | None = None
     pseudonym: str = ""
     subject_ref: str | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-    #: Called (on the writer's thread) once the request is answered: an event loop's
-    #: waiter is woken this way instead of a thread blocked on ``done``.
-    on_done: Callable[[], None] | None = None
     #: (capture ids, their versions) once written; or the first write's token record.
     written: tuple[list[str], list[int]] | None = None
     replay_of: dict[str, Any] | None = None
-    #: Filled by the writer before ``done`` is set (one of the three).
+    #: Filled by the writer before the request is answered (one of the three).
     acks: list[tuple[str, int]] | None = None
     replayed: bool = False
     error: BaseException | None = None
+    #: True once answered: the fields above are final.
+    answered: bool = False
+    #: Who waits for the answer: a thread blocked on ``waiting_thread``, or a coroutine
+    #: awaiting ``waiting_future`` on its event loop (no thread held).
+    waiting_thread: threading.Event | None = field(default=None, repr=False)
+    waiting_future: asyncio.Future[None] | None = field(default=None, repr=False)
 
-    def answer(self) -> None:
-        """Mark the request answered (its fields are final) and wake its waiter."""
-        self.done.set()
-        if self.on_done is not None:
-            self.on_done()
+
+def answer(pendings: Iterable[PendingCapture]) -> None:
+    """Mark requests answered (their fields are final) and wake their waiters: each
+    thread, and each event loop once for all its coroutines (one wake-up per group,
+    not per request)."""
+    futures: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = defaultdict(list)
+    for pending in pendings:
+        if pending.answered:
+            continue
+        pending.answered = True
+        if pending.waiting_thread is not None:
+            pending.waiting_thread.set()
+        if pending.waiting_future is not None:
+            futures[pending.waiting_future.get_loop()].append(pending.waiting_future)
+    for loop, waiting in futures.items():
+        try:
+            loop.call_soon_threadsafe(_settle, waiting)
+        except RuntimeError:  # the loop has closed: nobody waits for these answers
+            pass
+
+
+def _settle(futures: list[asyncio.Future[None]]) -> None:
+    for future in futures:
+        if not future.done():  # a waiter that was cancelled has gone
+            future.set_result(None)
 
 
 def no_consent_on_record(app_id: str) -> ConsentRequiredError:
@@ -129,11 +151,6 @@ Fallback = Callable[[PendingCapture], None]
 
 #: What ``CaptureWriter._offer`` did with a request.
 _QUEUED, _FULL, _STOPPED = object(), object(), object()
-
-
-def _settle(answered: asyncio.Future[None]) -> None:
-    if not answered.done():  # a waiter that was cancelled has gone
-        answered.set_result(None)
 
 
 class CaptureWriter:
@@ -208,11 +225,12 @@ class CaptureWriter:
         only turn a capture that will commit into an error the client retries (a
         duplicate without an Idempotency-Key).
         """
+        answered = pending.waiting_thread = threading.Event()
         deadline = time.monotonic() + self._enqueue_timeout_s
         while (offered := self._offer(pending, deadline)) is _FULL:
             time.sleep(0.001)
         if offered is _QUEUED:
-            pending.done.wait()
+            answered.wait()
         else:
             self._fallback(pending)
 
@@ -220,23 +238,14 @@ class CaptureWriter:
         """``submit`` for a coroutine on an event loop: the loop goes on serving while
         the request waits, and no thread is held for it. The writer wakes the loop
         when it answers; a writer that is not running answers on a worker thread."""
-        loop = asyncio.get_running_loop()
-        answered: asyncio.Future[None] = loop.create_future()
-
-        def wake() -> None:
-            try:
-                loop.call_soon_threadsafe(_settle, answered)
-            except RuntimeError:  # the loop has closed: nobody waits for this answer
-                pass
-
-        pending.on_done = wake
+        answered = pending.waiting_future = asyncio.get_running_loop().create_future()
         deadline = time.monotonic() + self._enqueue_timeout_s
         while (offered := self._offer(pending, deadline)) is _FULL:
             await asyncio.sleep(0.001)
         if offered is _QUEUED:
             await answered
         else:
-            pending.on_done = None
+            pending.waiting_future = None
             await asyncio.to_thread(self._fallback, pending)
 
     def _offer(self, pending: PendingCapture, deadline: float) -> object:
@@ -289,9 +298,9 @@ class CaptureWriter:
             except BaseException as error:  # never leave a waiter hanging
                 _log.exception("capture group failed")
                 for pending in group:
-                    if not pending.done.is_set():
+                    if not pending.answered:
                         pending.error = error
-                        pending.answer()
+                answer(group)
 
     def commit(self, group: list[PendingCapture]) -> None:
         """Write one group and answer its requests (the writer thread's step; tests call
@@ -325,7 +334,7 @@ class CaptureWriter:
                 self._fallback(pending)
             except BaseException as error:
                 pending.error = error
-            pending.answer()
+            answer([pending])
 
     def _resolve_subjects(self, group: list[PendingCapture]) -> list[PendingCapture]:
         """Look up the streams of the group's subject references with one query.
@@ -354,9 +363,7 @@ class CaptureWriter:
                 refusals.append(refusal_entry(pending, "no-consent-on-record"))
         if refusals:
             self._audit.record_many(refusals)
-            for pending in unresolved:
-                if pending.error is not None:
-                    pending.answer()
+            answer(p for p in unresolved if p.error is not None)
         return [p for p in group if p.stream_id is not None]
 
     def _reset(self, group: list[PendingCapture]) -> None:
@@ -380,12 +387,12 @@ class CaptureWriter:
             profiles: dict[UUID, SubjectProfile] = {}  # the copies with captures to save
             refused: list[PendingCapture] = []
             now = self._clock.now()
+            fresh = self._fresh_copies(list(by_stream), ticket)
             for stream_id, requests in by_stream.items():
-                try:
-                    profile = self._fresh_copy(stream_id, ticket)
-                except UprofError as error:  # erased or unknown since it was resolved
+                profile = fresh[stream_id]
+                if isinstance(profile, UprofError):  # erased or unknown since resolved
                     for pending in requests:
-                        pending.error = error
+                        pending.error = profile
                     continue
                 copies[stream_id] = profile
                 for pending in requests:
@@ -437,23 +444,32 @@ class CaptureWriter:
                 pending.replayed = True
         self.groups += 1
         self.grouped_requests += len(group)
-        for pending in group:
-            pending.answer()
+        answer(group)
 
-    def _fresh_copy(self, stream_id: UUID, ticket: int) -> SubjectProfile:
-        """The writer's saved copy brought up to the stream's head, or a fresh load.
+    def _fresh_copies(
+        self, stream_ids: list[UUID], ticket: int
+    ) -> dict[UUID, SubjectProfile | UprofError]:
+        """Each subject's copy: the writer's saved one brought up to the stream's head
+        (all of them with two queries), or a fresh load. Erased or unknown subjects map
+        to their error, as a load refuses them.
 
-        Taken out of the cache while in use: a group that fails leaves nothing cached
-        that holds unsaved captures. Erased subjects are refused like a load refuses them.
+        Copies are taken out of the cache while in use: a group that fails leaves
+        nothing cached that holds unsaved captures.
         """
-        profile = self._saved.take(stream_id)
-        if profile is None:
-            return self._app.load(stream_id)
-        caught_up = self._app.catch_up(profile)
-        # Not used if the subject was forgotten (erased) while we read its tail.
-        if self._saved.ticket() != ticket:
-            return self._app.load(stream_id)
-        return caught_up
+        kept = [p for s in stream_ids if (p := self._saved.take(s)) is not None]
+        fresh: dict[UUID, SubjectProfile | UprofError] = {}
+        if kept:
+            caught_up = self._app.catch_up_many(kept)
+            # Not used if a subject was forgotten (erased) while we read the tails.
+            if self._saved.ticket() == ticket:
+                fresh.update(caught_up)
+        for stream_id in stream_ids:
+            if stream_id not in fresh:
+                try:
+                    fresh[stream_id] = self._app.load(stream_id)
+                except UprofError as error:
+                    fresh[stream_id] = error
+        return fresh
 
     def _apply(self, profile: SubjectProfile, pending: PendingCapture, now: Any) -> None:
         """Apply one request to the subject's copy, all or nothing."""
