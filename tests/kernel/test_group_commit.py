@@ -379,3 +379,48 @@ def test_catching_up_many_copies_matches_loading_them(kernel: Uprof) -> None:
         streams["alice"]: copies["alice"].version,
         streams["bob"]: bob.version,
     }
+
+
+def test_a_coroutine_finding_the_queue_full_is_refused_with_backlogged(kernel: Uprof) -> None:
+    import asyncio
+
+    consent(kernel, "alice")
+    service = kernel.capture_service
+    service.writer = CaptureWriter(
+        kernel.app,
+        kernel.keystore,
+        kernel.clock,
+        kernel.audit,
+        kernel.subjects,
+        service._write_alone,
+        max_queued=1,
+        enqueue_timeout_s=0.2,
+    )
+    service.writer.start()
+    writer_queue = service.writer._queue
+    turns = kernel.app.writer_turns([kernel.stream_of("alice")])
+
+    async def scenario() -> tuple[list, list, BaseException | None]:
+        first = asyncio.create_task(kernel.capture_async("alice", [say("I like tea first")]))
+        while writer_queue.empty():
+            await asyncio.sleep(0.005)
+        while not writer_queue.empty():  # the writer took it and waits for the turn
+            await asyncio.sleep(0.005)
+        queued = asyncio.create_task(kernel.capture_async("alice", [say("I like tea queued")]))
+        while writer_queue.empty():
+            await asyncio.sleep(0.005)
+        refused: BaseException | None = None
+        try:
+            await kernel.capture_async("alice", [say("I like tea refused")])
+        except CaptureBackloggedError as error:
+            refused = error
+        turns.__exit__(None, None, None)  # the writer goes on
+        return await first, await queued, refused
+
+    turns.__enter__()
+    try:
+        first, queued, refused = asyncio.run(scenario())
+    finally:
+        service.writer.stop()
+    assert isinstance(refused, CaptureBackloggedError)
+    assert sorted(_log_captures(kernel)) == sorted([first[0].capture_id, queued[0].capture_id])

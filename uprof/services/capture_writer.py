@@ -240,8 +240,12 @@ class CaptureWriter:
         when it answers; a writer that is not running answers on a worker thread."""
         answered = pending.waiting_future = asyncio.get_running_loop().create_future()
         deadline = time.monotonic() + self._enqueue_timeout_s
+        pause_s = 0.001
         while (offered := self._offer(pending, deadline)) is _FULL:
-            await asyncio.sleep(0.001)
+            await asyncio.sleep(pause_s)
+            # Coroutines are not bounded by a thread pool: with many of them waiting for
+            # a slot, a fixed 1 ms poll each would keep the loop busy with retries alone.
+            pause_s = min(pause_s * 2, 0.05)
         if offered is _QUEUED:
             await answered
         else:
