@@ -98,6 +98,12 @@ class PendingCapture:
     waiting_thread: threading.Event | None = field(default=None, repr=False)
     waiting_future: asyncio.Future[None] | None = field(default=None, repr=False)
 
+    @property
+    def stream(self) -> UUID:
+        """The subject's stream, once looked up (the writer does that first of all)."""
+        assert self.stream_id is not None, "the writer looks up every subject first"
+        return self.stream_id
+
 
 def answer(pendings: Iterable[PendingCapture]) -> None:
     """Mark requests answered (their fields are final) and wake their waiters: each
@@ -372,7 +378,7 @@ class CaptureWriter:
 
     def _reset(self, group: list[PendingCapture]) -> None:
         for pending in group:
-            self._saved.pop(pending.stream_id)
+            self._saved.pop(pending.stream)
             pending.written = pending.replay_of = None
             pending.error = None
 
@@ -383,7 +389,7 @@ class CaptureWriter:
         Returns the requests written, those refused, and the log position of each event."""
         by_stream: dict[UUID, list[PendingCapture]] = defaultdict(list)
         for pending in group:
-            by_stream[pending.stream_id].append(pending)
+            by_stream[pending.stream].append(pending)
         # Nothing is cached after an erasure forgot a subject since this ticket.
         ticket = self._saved.ticket()
         with self._app.writer_turns(by_stream):
@@ -438,12 +444,12 @@ class CaptureWriter:
             if pending.written is not None:
                 ids, versions = pending.written
                 pending.acks = [
-                    (c, positions[(pending.stream_id, v)])
+                    (c, positions[(pending.stream, v)])
                     for c, v in zip(ids, versions, strict=True)
                 ]
             elif pending.replay_of is not None:
                 first = pending.replay_of
-                nids = self._app.notification_ids(pending.stream_id, first["versions"])
+                nids = self._app.notification_ids(pending.stream, first["versions"])
                 pending.acks = list(zip(first["capture_ids"], nids, strict=True))
                 pending.replayed = True
         self.groups += 1
@@ -524,7 +530,7 @@ class CaptureWriter:
                         "purpose": first.purpose,
                         "counts": {"events": len(pending.written[0])},
                         "notification_id": max(
-                            positions[(pending.stream_id, v)] for v in pending.written[1]
+                            positions[(pending.stream, v)] for v in pending.written[1]
                         ),
                     },
                 )
