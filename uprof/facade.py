@@ -33,9 +33,10 @@ What is decided here, for every call:
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
-from datetime import datetime
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from os import PathLike
 from typing import Any, TextIO
 
@@ -53,6 +54,15 @@ from uprof.kernel import Lag, Uprof
 from uprof.services.capture import CaptureAck
 from uprof.services.erasure import ErasureResult
 from uprof.services.extraction import category_of
+from uprof.services.paging import (
+    Listing,
+    Page,
+    Position,
+    check_limit,
+    paginate,
+    parse_time_key,
+    time_key,
+)
 from uprof.services.policy import (
     PolicyChange,
     PolicyChangeResult,
@@ -72,6 +82,7 @@ __all__ = [
     "ExportSummary",
     "Facade",
     "Lag",
+    "Page",
     "PolicyChange",
     "PolicyChangeResult",
     "PolicyInputError",
@@ -82,6 +93,7 @@ __all__ = [
     "ProfileSlice",
     "ProfileView",
     "ResidueReport",
+    "SubjectListed",
     "SubjectRequest",
 ]
 
@@ -94,6 +106,16 @@ COMPLIANCE_PURPOSE = "compliance"
 OPERATIONS_PURPOSE = "operations"
 #: Separates the app's namespace from a session id or identifier before the kernel hashes it.
 _NAMESPACE_SEPARATOR = "\x1f"
+#: The audit action of erasure receipts (``audit.receipts.RECEIPT_ACTION``).
+RECEIPT_ACTION = "erasure.receipt"
+
+
+@dataclass(frozen=True)
+class SubjectListed:
+    """A live subject as the subjects list shows it: its audit pseudonym, never its reference."""
+
+    pseudonym: str
+    created_at: datetime
 
 
 class Facade:
@@ -582,6 +604,138 @@ class Facade:
         with self._as_principal():
             return self._kernel.recreate_subject(subject, requested_by=self.principal.label)
 
+    # ----------------------------------------------------------------- pages
+    #
+    # Every list is read a page at a time (uprof.services.paging). Each page is a call
+    # of its own: it is authorized again, its filters come from this request, and the
+    # cursor, bound to this principal, list, subject and filters, only says where the
+    # page starts.
+
+    def _listing(self, name: str, shape: tuple[str, ...], **scope: object) -> Listing:
+        p = self.principal
+        who = f"{p.kind}:{p.policy_subject}"
+        if p.kind is PrincipalKind.USER:
+            who += f":{p.subject}"
+        pairs = tuple(sorted((k, "" if v is None else str(v)) for k, v in scope.items()))
+        return Listing(name, who, shape, pairs)
+
+    def _open(self, listing: Listing, cursor: str | None) -> Position | None:
+        return self._kernel.cursor_codec().open(listing, cursor)
+
+    def _page(
+        self, listing: Listing, rows: Sequence[Any], limit: int, key: Callable[[Any], Position]
+    ) -> Page[Any]:
+        return paginate(self._kernel.cursor_codec(), listing, rows, limit, key)
+
+    def list_consents(
+        self, subject: str, *, cursor: str | None = None, limit: int | None = None
+    ) -> Page[Any]:
+        """A page of consents: an app's own; all apps' for the subject or an operator."""
+        self._own_subject(subject)
+        size = check_limit(limit)
+        app = self.principal.policy_subject if self.principal.kind is PrincipalKind.APP else None
+        with self._as_principal():
+            stream = self._kernel.stream_of(subject)
+            listing = self._listing("consents", ("time", "str"), subject=stream, app=app)
+            after = _time_position(self._open(listing, cursor))
+            rows = self._kernel.consents_after(subject, app_id=app, after=after, limit=size + 1)
+        return self._page(listing, rows, size, lambda c: (time_key(c.granted_at), c.consent_id))
+
+    def list_memories(
+        self, subject: str, *, cursor: str | None = None, limit: int | None = None
+    ) -> Page[Any]:
+        """A page of the subject's memories, oldest first (``inspect``; a subject its own)."""
+        self._own_subject(subject)
+        if self.principal.kind is not PrincipalKind.USER:
+            self._authorize_governance("inspect", OPERATIONS_PURPOSE)
+        size = check_limit(limit)
+        with self._as_principal():
+            stream = self._kernel.stream_of(subject)
+            listing = self._listing("memories", ("time", "str"), subject=stream)
+            after = _time_position(self._open(listing, cursor))
+            rows = self._kernel.memories_after(subject, after=after, limit=size + 1)
+        return self._page(listing, rows, size, lambda m: (time_key(m.occurred_at), m.item_id))
+
+    def list_subjects(
+        self, *, cursor: str | None = None, limit: int | None = None
+    ) -> Page[SubjectListed]:
+        """A page of live subjects, by pseudonym (``inspect``: it reveals that they exist)."""
+        self._authorize_governance("inspect", OPERATIONS_PURPOSE)
+        size = check_limit(limit)
+        listing = self._listing("subjects", ("time", "str"), tenant=self._kernel.subjects.tenant)
+        after = _time_position(self._open(listing, cursor))
+        rows = [
+            SubjectListed(pseudonym, _aware(created))
+            for pseudonym, created in self._kernel.subjects_after(after=after, limit=size + 1)
+        ]
+        return self._page(listing, rows, size, lambda s: (time_key(s.created_at), s.pseudonym))
+
+    def list_audit_entries(
+        self,
+        *,
+        subject: str | None = None,
+        app_id: str | None = None,
+        action: str | None = None,
+        since: str | datetime | None = None,
+        until: str | datetime | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+        _list: str = "audit.entries",
+    ) -> Page[Any]:
+        """A page of audit entries in leaf order, filtered (``audit``, as an export is)."""
+        from audit.entry import normalise_timestamp
+
+        self._authorize_governance("audit", COMPLIANCE_PURPOSE)
+        size = check_limit(limit)
+        filters = {
+            "subject_ref": self._kernel.audit_subject_ref(subject) if subject else None,
+            "app_id": app_id,
+            "action": action,
+            "since": normalise_timestamp(since, "since") if since is not None else None,
+            "until": normalise_timestamp(until, "until") if until is not None else None,
+        }
+        listing = self._listing(_list, ("int",), **filters)
+        position = self._open(listing, cursor)
+        after = int(position[0]) if position else -1
+        with self._as_principal():
+            entries = self._kernel.audit_entries(
+                **{k: v for k, v in filters.items() if v is not None},
+                after_leaf=after,
+                page_size=size + 1,
+            )
+            rows = list(itertools.islice(entries, size + 1))
+        return self._page(listing, rows, size, lambda e: (e.leaf_index,))
+
+    def list_receipts(
+        self,
+        *,
+        since: str | datetime | None = None,
+        until: str | datetime | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page[Any]:
+        """A page of the erasure receipts the log recorded (their audit entries)."""
+        return self.list_audit_entries(
+            action=RECEIPT_ACTION,
+            since=since,
+            until=until,
+            cursor=cursor,
+            limit=limit,
+            _list="audit.receipts",
+        )
+
+    def list_policy_history(
+        self, *, cursor: str | None = None, limit: int | None = None
+    ) -> Page[PolicyChange]:
+        """A page of the policy's changes, oldest first (``policy`` action)."""
+        self._authorize_governance("policy", OPERATIONS_PURPOSE)
+        size = check_limit(limit)
+        listing = self._listing("policy.history", ("int",), tenant=self._kernel.subjects.tenant)
+        position = self._open(listing, cursor)
+        after = int(position[0]) if position else 0
+        later = [c for c in self._kernel.policy_history() if c.version > after]
+        return self._page(listing, later[: size + 1], size, lambda c: (c.version,))
+
     # ---------------------------------------------------------------- policy
 
     def policy_show(self, at: datetime | None = None) -> Any:
@@ -655,6 +809,16 @@ class Facade:
         self._authorize_operator("operate", CATEGORIES, OPERATIONS_PURPOSE)
         with self._as_principal():
             return self._kernel.run_maintenance()
+
+
+def _time_position(position: Position | None) -> tuple[datetime, str] | None:
+    if position is None:
+        return None
+    return parse_time_key(str(position[0])), str(position[1])
+
+
+def _aware(value: datetime) -> datetime:
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def _is_token(value: str) -> bool:

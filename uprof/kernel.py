@@ -39,6 +39,7 @@ from uprof.services.erasure import _token as _token
 from uprof.services.extraction import ExtractionWorker
 from uprof.services.idempotency import Execute, IdempotencyStore, Outcome
 from uprof.services.maintenance import MaintenanceService
+from uprof.services.paging import CursorCodec
 from uprof.services.policy import PolicyChange, PolicyChangeResult, PolicyService, PolicyState
 from uprof.services.profile import EvidenceView, ProfileService, ProfileView
 from uprof.services.projection import ProjectionRunner
@@ -110,6 +111,8 @@ class Uprof:
     _process_lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     #: The event-sourced policy store (``uprof.services.policy``); ``authorizer`` follows it.
     policy_service: PolicyService | None = None
+    #: Signs and opens the cursors of paged lists (``uprof.services.paging``).
+    cursors: CursorCodec | None = None
 
     # ----------------------------------------------------------------- writes
 
@@ -319,6 +322,37 @@ class Uprof:
         """Audit entries matching filters (reads served before the call included)."""
         self.reads.drain()
         return self.audit_log.entries(**filters)
+
+    def consents_after(
+        self,
+        subject: str,
+        *,
+        app_id: str | None,
+        after: tuple[datetime, str] | None,
+        limit: int,
+    ) -> list[Any]:
+        """A page of the subject's consents (one app's, if named), keyset after ``after``."""
+        self._require_subject_fresh(subject, "the consents")
+        stream = str(self.stream_of(subject))
+        return self.queries.consents_after(stream, app_id=app_id, after=after, limit=limit)
+
+    def memories_after(
+        self, subject: str, *, after: tuple[datetime, str] | None, limit: int
+    ) -> list[Any]:
+        """A page of the subject's memories (archived included), oldest first."""
+        self._require_subject_fresh(subject, "the memories")
+        return self.queries.memories_after(str(self.stream_of(subject)), after=after, limit=limit)
+
+    def subjects_after(
+        self, *, after: tuple[datetime, str] | None, limit: int
+    ) -> list[tuple[str, datetime]]:
+        """A page of the live subjects' (pseudonym, created_at): never their references."""
+        return self.keystore.subjects_after(self.subjects.tenant, after=after, limit=limit)
+
+    def cursor_codec(self) -> CursorCodec:
+        if self.cursors is None:
+            raise InvalidInputError("paged lists are not configured in this kernel")
+        return self.cursors
 
     def verify_audit(self, content: bytes, kind: str) -> Any:
         """Check an uploaded export or receipt against this log's key and origin."""
