@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from os import PathLike
@@ -76,6 +76,7 @@ from uprof.services.slices import ProfileSlice
 from uprof.services.subjects import SubjectRequest
 
 __all__ = [
+    "AuditStream",
     "CaptureAck",
     "ErasureResult",
     "EvidenceView",
@@ -108,6 +109,15 @@ OPERATIONS_PURPOSE = "operations"
 _NAMESPACE_SEPARATOR = "\x1f"
 #: The audit action of erasure receipts (``audit.receipts.RECEIPT_ACTION``).
 RECEIPT_ACTION = "erasure.receipt"
+
+
+@dataclass(frozen=True)
+class AuditStream:
+    """An audit export being produced: its media type, file name and text records."""
+
+    media_type: str
+    filename: str
+    records: Iterator[str]
 
 
 @dataclass(frozen=True)
@@ -578,6 +588,48 @@ class Facade:
                 requested_by=self.principal.label,
             )
 
+    def stream_audit(
+        self,
+        *,
+        fmt: str = "jsonl",
+        subject: str | None = None,
+        app_id: str | None = None,
+        action: str | None = None,
+        since: str | datetime | None = None,
+        until: str | datetime | None = None,
+    ) -> AuditStream:
+        """The export as text records, produced while they are sent (same decision as
+        ``export_audit``; the header is signed now, so a refusal comes before any byte)."""
+        self._authorize_governance("audit", COMPLIANCE_PURPOSE)
+        with self._as_principal():
+            stream = self._kernel.stream_audit(
+                fmt=fmt,
+                subject_ref=self._kernel.audit_subject_ref(subject) if subject else None,
+                app_id=app_id,
+                action=action,
+                since=since,
+                until=until,
+                requested_by=self.principal.label,
+            )
+        return AuditStream(stream.media_type, stream.filename, self._bound(stream))
+
+    def _bound(self, records: Iterable[str]) -> Iterator[str]:
+        """Iterate ``records`` as this principal: the stream is read after this call has
+        returned, on whatever thread serves it, and its closing audit entry must name us."""
+        it = iter(records)
+        try:
+            while True:
+                with self._as_principal():
+                    record = next(it, None)
+                if record is None:
+                    return
+                yield record
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                with self._as_principal():
+                    close()
+
     def audit_entries(self, **filters: Any) -> Iterator[Any]:
         """Audit entries for the console's search (same decision as an export)."""
         self._authorize_governance("audit", COMPLIANCE_PURPOSE)
@@ -725,16 +777,26 @@ class Facade:
         )
 
     def list_policy_history(
-        self, *, cursor: str | None = None, limit: int | None = None
+        self, *, cursor: str | None = None, limit: int | None = None, newest_first: bool = False
     ) -> Page[PolicyChange]:
-        """A page of the policy's changes, oldest first (``policy`` action)."""
+        """A page of the policy's changes, oldest first or newest first (``policy`` action)."""
         self._authorize_governance("policy", OPERATIONS_PURPOSE)
         size = check_limit(limit)
-        listing = self._listing("policy.history", ("int",), tenant=self._kernel.subjects.tenant)
+        listing = self._listing(
+            "policy.history",
+            ("int",),
+            tenant=self._kernel.subjects.tenant,
+            order="desc" if newest_first else "asc",
+        )
         position = self._open(listing, cursor)
-        after = int(position[0]) if position else 0
-        later = [c for c in self._kernel.policy_history() if c.version > after]
-        return self._page(listing, later[: size + 1], size, lambda c: (c.version,))
+        changes = self._kernel.policy_history()
+        if newest_first:
+            before = int(position[0]) if position else None
+            rest = [c for c in reversed(changes) if before is None or c.version < before]
+        else:
+            after = int(position[0]) if position else 0
+            rest = [c for c in changes if c.version > after]
+        return self._page(listing, rest[: size + 1], size, lambda c: (c.version,))
 
     # ---------------------------------------------------------------- policy
 

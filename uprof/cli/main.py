@@ -10,7 +10,17 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from uprof.cli.context import STATE, console, door, parse_time, sharing_option
+from uprof.cli.context import (
+    STATE,
+    console,
+    cursor_option,
+    door,
+    err_console,
+    limit_option,
+    parse_time,
+    print_page,
+    sharing_option,
+)
 from uprof.cli.render import print_evidence, print_profile
 from uprof.schemas.capture import InteractionIn
 
@@ -157,9 +167,14 @@ def consent_withdraw(
 
 
 @consent_app.command("list")
-def consent_list(subject: Annotated[str, typer.Option()]) -> None:
-    """List a subject's consents."""
+def consent_list(
+    subject: Annotated[str, typer.Option()],
+    limit: Annotated[int | None, limit_option()] = None,
+    cursor: Annotated[str | None, cursor_option()] = None,
+) -> None:
+    """List a subject's consents, a page at a time (a JSON array; stderr says if more follow)."""
     with door() as d:
+        page = d.list_consents(subject, cursor=cursor, limit=limit)
         rows = [
             {
                 "consent_id": c.consent_id,
@@ -170,9 +185,13 @@ def consent_list(subject: Annotated[str, typer.Option()]) -> None:
                 "granted_at": c.granted_at.isoformat(),
                 "withdrawn_at": c.withdrawn_at.isoformat() if c.withdrawn_at else None,
             }
-            for c in d.consents(subject)
+            for c in page.items
         ]
         console.print_json(json.dumps(rows))
+        if page.next_cursor is not None:
+            err_console.print(
+                f"more: repeat with --cursor {page.next_cursor}", highlight=False, soft_wrap=True
+            )
 
 
 # ----------------------------------------------------------------------- profile
@@ -188,6 +207,31 @@ def profile_show(
     with door() as d:
         view = d.profile(subject, as_of=parse_time(as_of, "--as-of"))
         print_profile(console, subject, view, max_memories=memories)
+
+
+@profile_app.command("memories")
+def profile_memories(
+    subject: Annotated[str, typer.Option()],
+    limit: Annotated[int | None, limit_option()] = None,
+    cursor: Annotated[str | None, cursor_option()] = None,
+) -> None:
+    """List a subject's memories, oldest first, a page at a time (JSON)."""
+    with door() as d:
+        page = d.list_memories(subject, cursor=cursor, limit=limit)
+        items = [
+            {
+                "item_id": m.item_id,
+                "text": m.text,
+                "category": m.category,
+                "provenance": m.provenance,
+                "occurred_at": m.occurred_at.isoformat(),
+                "archived": m.archived,
+                "evidence": list(m.evidence),
+                "source_refs": list(m.source_refs),
+            }
+            for m in page.items
+        ]
+        print_page(items, page.next_cursor)
 
 
 @profile_app.command("evidence")
