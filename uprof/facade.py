@@ -54,6 +54,9 @@ from uprof.kernel import Lag, Uprof
 from uprof.services.capture import CaptureAck
 from uprof.services.erasure import ErasureResult
 from uprof.services.extraction import category_of
+from uprof.services.import_formats import FORMATS as IMPORT_FORMATS
+from uprof.services.import_formats import ImportDefaults, ImportProblem
+from uprof.services.importer import ImportReport
 from uprof.services.paging import (
     Listing,
     Page,
@@ -76,12 +79,16 @@ from uprof.services.slices import ProfileSlice
 from uprof.services.subjects import SubjectRequest
 
 __all__ = [
+    "IMPORT_FORMATS",
     "AuditStream",
     "CaptureAck",
     "ErasureResult",
     "EvidenceView",
     "ExportSummary",
     "Facade",
+    "ImportDefaults",
+    "ImportProblem",
+    "ImportReport",
     "Lag",
     "Page",
     "PolicyChange",
@@ -852,20 +859,54 @@ class Facade:
             return self._kernel.rebuild(progress)
 
     def import_interactions(
-        self, lines: Sequence[str], *, progress: Callable[[int], None] | None = None
-    ) -> Any:
-        """Import a JSONL file as the operator, each record captured as the app it names.
+        self,
+        lines: Iterable[bytes | str],
+        *,
+        fmt: str = "interactions",
+        defaults: ImportDefaults | None = None,
+        dry_run: bool = False,
+        strict: bool = False,
+        progress: Callable[[int], None] | None = None,
+    ) -> ImportReport:
+        """Import a file as the operator, each record captured as the app it names.
 
-        Every (app, purpose) in the file must be allowed ``capture`` by that app's
-        policy; otherwise nothing is written.
+        Per record: a record whose app the policy does not let ``capture`` for its
+        purpose is reported (and the denial audited, once per app and purpose) while
+        the others are imported; ``strict`` writes nothing unless every record passes.
+        A dry run asks the policy without recording a denial (nothing is attempted).
         """
-        from uprof.services.importer import import_interactions, parse_lines
+        from uprof.services.importer import import_interactions
 
-        rows = parse_lines(lines)
-        for app_id, purpose in sorted({(r.app_id, r.purpose) for r in rows}):
-            self.for_app(app_id)._authorize("capture", [CAPTURE_CATEGORY], purpose)
+        if not self.principal.is_operator:
+            raise PermissionDeniedError("importing files is operator work (the CLI)")
+
+        def may_capture(app_id: str, purpose: str) -> str | None:
+            try:
+                if dry_run:
+                    self._kernel.authorizer.authorize_all(
+                        app_id=app_id,
+                        tenant=self._kernel.subjects.tenant,
+                        action="capture",
+                        purpose=purpose,
+                        categories=[CAPTURE_CATEGORY],
+                    )
+                else:
+                    self.for_app(app_id)._authorize("capture", [CAPTURE_CATEGORY], purpose)
+            except (PermissionDeniedError, InvalidInputError) as refused:
+                return f"the policy does not let {app_id} capture for {purpose!r}: {refused}"
+            return None
+
         with self._as_principal():
-            return import_interactions(self._kernel, lines, progress=progress)
+            return import_interactions(
+                self._kernel,
+                lines,
+                progress,
+                fmt=fmt,
+                defaults=defaults,
+                may_capture=may_capture,
+                dry_run=dry_run,
+                strict=strict,
+            )
 
     def run_maintenance(self) -> dict[str, int]:
         self._authorize_operator("operate", CATEGORIES, OPERATIONS_PURPOSE)
