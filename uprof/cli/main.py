@@ -192,6 +192,7 @@ def import_jsonl(
         + ("; dry run: nothing was written" if report.dry_run else "")
         + ("; strict: nothing was written" if report.refused else ""),
         highlight=False,
+        soft_wrap=True,
     )
     if report.failed:
         raise typer.Exit(1)

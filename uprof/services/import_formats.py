@@ -169,11 +169,19 @@ def _validated(
     where: str, fields: dict[str, Any], prefix: str = ""
 ) -> InteractionIn | ImportProblem:
     try:
-        return InteractionIn.model_validate(fields)
+        row = InteractionIn.model_validate(fields)
     except ValidationError as error:
         first = error.errors()[0]
         field = ".".join(str(p) for p in first["loc"]) or "(record)"
         return ImportProblem(where, prefix + field, first["msg"])
+    for name in _TEXT_FIELDS:
+        if "\x00" in getattr(row, name):
+            return ImportProblem(where, prefix + name, "must not contain NUL characters")
+    return row
+
+
+#: Text fields a store cannot keep with a NUL in them (checked per record, named).
+_TEXT_FIELDS = ("subject", "user_input", "agent_response", "actor", "source_ref", "session_id")
 
 
 # ----------------------------------------------------------------- uprof's own
