@@ -58,6 +58,7 @@ PUBLIC = [
 CLIENT_METHODS = [
     "audit_entries",
     "audit_export",
+    "audit_export_to",
     "audit_key",
     "audit_receipts",
     "audit_verify",
