@@ -95,3 +95,25 @@ def test_mem0_import_needs_an_app_and_names_the_field(tmp_path: Path) -> None:
     assert code == 0 and "captured 1 interactions" in out, out + err
     code, out, err = _run(data, "import", str(export), "--format", "xml")
     assert code == 2
+
+
+def test_the_import_examples_in_the_cli_docs_import(tmp_path: Path) -> None:
+    """docs/cli.md's chat and interaction examples are records the importer accepts."""
+    import re
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text(encoding="utf-8")
+    section = doc.split("## Importing files", 1)[1].split("\n## ", 1)[0]
+    blocks = [json.loads(b) for b in re.findall(r"```json\n(.*?)```", section, re.S)]
+    assert [("messages" in b) for b in blocks] == [False, True]
+    data = ["--data-dir", str(tmp_path / "data"), "--embedder", "hashing"]
+    _run(
+        data,
+        *("consent", "grant", "--subject", "alice", "--app", APP),
+        *("--category", "*", "--purpose", "personalization", "--collected-by", "form:1"),
+    )
+    for number, block in enumerate(blocks):
+        path = tmp_path / f"example-{number}.jsonl"
+        path.write_text(json.dumps(block) + "\n")
+        code, out, err = _run(data, "import", str(path), "--app", APP)
+        assert code == 0, out + err
+        assert "captured 1 interactions" in out
