@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from hashlib import sha256
@@ -70,7 +70,7 @@ def _filter(
     return chosen
 
 
-def _rows(log: AuditLog, chosen: dict[str, str]) -> Iterator[_Row]:
+def _rows(log: AuditLog, chosen: dict[str, str]) -> Generator[_Row, None, None]:
     """Yield the header, the entry rows and the trailer (which carries the summary)."""
     checkpoint = log.checkpoint_record()
     header = {
@@ -91,7 +91,14 @@ def _rows(log: AuditLog, chosen: dict[str, str]) -> Iterator[_Row]:
     yield _Row("header", header_line)
 
     count = 0
-    stream = log.entries(**chosen, tree_size=checkpoint.tree_size)
+    stream = log.entries(
+        subject_ref=chosen.get("subject_ref"),
+        app_id=chosen.get("app_id"),
+        action=chosen.get("action"),
+        since=chosen.get("since"),
+        until=chosen.get("until"),
+        tree_size=checkpoint.tree_size,
+    )
     while True:
         batch = [entry for _, entry in zip(range(_PROOF_BATCH), stream, strict=False)]
         if not batch:

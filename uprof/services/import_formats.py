@@ -209,7 +209,8 @@ def _chat(where: str, text: str, defaults: ImportDefaults) -> Parsed:
     messages = loaded.get("messages")
     if not isinstance(messages, list) or not messages:
         return ImportProblem(where, "messages", "must be a non-empty list of messages")
-    meta = loaded.get("metadata") if isinstance(loaded.get("metadata"), dict) else {}
+    raw_meta = loaded.get("metadata")
+    meta: dict[str, Any] = raw_meta if isinstance(raw_meta, dict) else {}
     known = {**meta, **{k: v for k, v in loaded.items() if k != "metadata"}}
     subject = _first(known, "subject", "user_id", "user") or defaults.subject
     if not subject:
