@@ -40,7 +40,9 @@ from datetime import UTC, datetime
 from os import PathLike
 from typing import Any, TextIO
 
+from audit.entry import normalise_timestamp
 from audit.export import ExportSummary
+from audit.receipts import RECEIPT_ACTION
 from domain.errors import (
     ConsentRequiredError,
     InvalidInputError,
@@ -114,8 +116,6 @@ COMPLIANCE_PURPOSE = "compliance"
 OPERATIONS_PURPOSE = "operations"
 #: Separates the app's namespace from a session id or identifier before the kernel hashes it.
 _NAMESPACE_SEPARATOR = "\x1f"
-#: The audit action of erasure receipts (``audit.receipts.RECEIPT_ACTION``).
-RECEIPT_ACTION = "erasure.receipt"
 
 
 @dataclass(frozen=True)
@@ -739,31 +739,18 @@ class Facade:
         until: str | datetime | None = None,
         cursor: str | None = None,
         limit: int | None = None,
-        _list: str = "audit.entries",
     ) -> Page[Any]:
         """A page of audit entries in leaf order, filtered (``audit``, as an export is)."""
-        from audit.entry import normalise_timestamp
-
-        self._authorize_governance("audit", COMPLIANCE_PURPOSE)
-        size = check_limit(limit)
-        filters = {
-            "subject_ref": self._kernel.audit_subject_ref(subject) if subject else None,
-            "app_id": app_id,
-            "action": action,
-            "since": normalise_timestamp(since, "since") if since is not None else None,
-            "until": normalise_timestamp(until, "until") if until is not None else None,
-        }
-        listing = self._listing(_list, ("int",), **filters)
-        position = self._open(listing, cursor)
-        after = int(position[0]) if position else -1
-        with self._as_principal():
-            entries = self._kernel.audit_entries(
-                **{k: v for k, v in filters.items() if v is not None},
-                after_leaf=after,
-                page_size=size + 1,
-            )
-            rows = list(itertools.islice(entries, size + 1))
-        return self._page(listing, rows, size, lambda e: (e.leaf_index,))
+        return self._audit_page(
+            "audit.entries",
+            subject=subject,
+            app_id=app_id,
+            action=action,
+            since=since,
+            until=until,
+            cursor=cursor,
+            limit=limit,
+        )
 
     def list_receipts(
         self,
@@ -774,14 +761,47 @@ class Facade:
         limit: int | None = None,
     ) -> Page[Any]:
         """A page of the erasure receipts the log recorded (their audit entries)."""
-        return self.list_audit_entries(
+        return self._audit_page(
+            "audit.receipts",
             action=RECEIPT_ACTION,
             since=since,
             until=until,
             cursor=cursor,
             limit=limit,
-            _list="audit.receipts",
         )
+
+    def _audit_page(
+        self,
+        name: str,
+        *,
+        subject: str | None = None,
+        app_id: str | None = None,
+        action: str | None = None,
+        since: str | datetime | None = None,
+        until: str | datetime | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page[Any]:
+        self._authorize_governance("audit", COMPLIANCE_PURPOSE)
+        size = check_limit(limit)
+        filters = {
+            "subject_ref": self._kernel.audit_subject_ref(subject) if subject else None,
+            "app_id": app_id,
+            "action": action,
+            "since": normalise_timestamp(since, "since") if since is not None else None,
+            "until": normalise_timestamp(until, "until") if until is not None else None,
+        }
+        listing = self._listing(name, ("int",), **filters)
+        position = self._open(listing, cursor)
+        after = int(position[0]) if position else -1
+        with self._as_principal():
+            entries = self._kernel.audit_entries(
+                **{k: v for k, v in filters.items() if v is not None},
+                after_leaf=after,
+                page_size=size + 1,
+            )
+            rows = list(itertools.islice(entries, size + 1))
+        return self._page(listing, rows, size, lambda e: (e.leaf_index,))
 
     def list_policy_history(
         self, *, cursor: str | None = None, limit: int | None = None, newest_first: bool = False
