@@ -205,13 +205,14 @@ def test_a_cursor_for_other_filters_is_refused(kernel: Uprof) -> None:
     "forge",
     [
         lambda c: "not-a-cursor",
-        lambda c: c[:-1] + ("A" if c[-1] != "A" else "B"),  # tag altered
+        lambda c: c[:-1] + ("A" if c[-1] != "A" else "B"),  # tag's last character
+        lambda c: c[:-1] + chr(ord(c[-1]) ^ 1),  # only its spare low bits, maybe
         lambda c: c.split(".")[0] + ".WzBd." + c.split(".")[2],  # position swapped
         lambda c: c + ".extra",
         lambda c: "c1." + "A" * 600,
         lambda c: "c2" + c[2:],
     ],
-    ids=["garbage", "tag", "position", "extra", "long", "version"],
+    ids=["garbage", "tag", "tag-low-bits", "position", "extra", "long", "version"],
 )
 def test_an_altered_cursor_is_refused(
     kernel: Uprof, clock: FakeClock, forge: Callable[[str], str]
@@ -264,6 +265,28 @@ def test_the_last_page_has_no_cursor(kernel: Uprof, clock: FakeClock) -> None:
     assert exact.next_cursor is not None
     last = door(kernel, PLANNER).list_consents("alice", cursor=exact.next_cursor, limit=1)
     assert len(last.items) == 1 and last.next_cursor is None
+
+
+def test_every_single_character_change_of_a_cursor_is_refused(
+    kernel: Uprof, clock: FakeClock
+) -> None:
+    """Exhaustive over one cursor: each position, each other base64url character."""
+    cursor = _second_page_cursor(kernel, clock)
+    planner = door(kernel, PLANNER)
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_."
+    accepted = []
+    for index, original in enumerate(cursor):
+        for other in alphabet:
+            if other == original:
+                continue
+            forged = cursor[:index] + other + cursor[index + 1 :]
+            try:
+                planner.list_consents("alice", cursor=forged, limit=1)
+            except InvalidInputError as refused:
+                assert refused.field == "cursor"
+            else:
+                accepted.append(forged)
+    assert accepted == []
 
 
 def test_cursors_outlive_the_process_that_issued_them(backend, clock: FakeClock) -> None:  # type: ignore[no-untyped-def]

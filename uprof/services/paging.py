@@ -186,7 +186,12 @@ def _b64(data: bytes) -> str:
 def _unb64(text: str) -> bytes:
     if not text or any(c not in _B64_CHARS for c in text):
         raise ValueError("not base64url")
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    data = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    # Only the canonical spelling: the last character of an unpadded base64 text has
+    # spare low bits, and a cursor altered there must not decode to the same bytes.
+    if _b64(data) != text:
+        raise ValueError("not canonical base64url")
+    return data
 
 
 _B64_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
