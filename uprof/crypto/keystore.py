@@ -286,6 +286,22 @@ class KeyStore:
         with self._engine.connect() as conn:
             return [uuid.UUID(r.stream_id) for r in conn.execute(query)]
 
+    def subjects_after(
+        self, tenant: str, *, after: tuple[datetime, str] | None, limit: int
+    ) -> list[tuple[str, datetime]]:
+        """Up to ``limit`` (pseudonym, created_at) of live subjects, after that keyset
+        position. Never the reference itself: the index holds only its keyed hash."""
+        c = subject_index.c
+        query = sa.select(c.pseudonym, c.created_at).where(c.tenant == tenant)
+        if after is not None:
+            when, pseudonym = after
+            query = query.where(
+                sa.or_(c.created_at > when, sa.and_(c.created_at == when, c.pseudonym > pseudonym))
+            )
+        query = query.order_by(c.created_at, c.pseudonym).limit(limit)
+        with self._engine.connect() as conn:
+            return [(r.pseudonym, r.created_at) for r in conn.execute(query)]
+
     # ----------------------------------------------------------------- aliases
 
     def _alias_hash(self, tenant: str, kind: str, alias: str) -> str:
