@@ -53,8 +53,12 @@ MAX_CACHED_HANDLES = 2_048
 #: Subjects whose unwrapped DEKs, and whose derived view keys, are kept.
 MAX_CACHED_DEKS = 4_096
 MAX_CACHED_VIEW_KEYS = 4_096
-#: Capture keys kept (one per captured event; a miss reloads the stream's keys at once).
-MAX_CACHED_CAPTURE_KEYS = 32_768
+#: Capture keys kept (one per captured event; a miss reloads the stream's keys at once,
+#: up to a quarter of this bound). Each entry costs about 400 bytes; 16,384 of them
+#: (6.5 MB) cover the captures a server is decrypting at a time (the pipeline's batch, the
+#: subjects whose aggregates it loads), and the entries are cheap to reload: one indexed
+#: query and an AES key unwrap per key (docs/performance.md, "Memory").
+MAX_CACHED_CAPTURE_KEYS = 16_384
 #: Created-key records kept for a KeyCreated audit drain (nothing drains them yet).
 MAX_PENDING_CREATED = 10_000
 
