@@ -444,8 +444,7 @@ class CaptureWriter:
             if pending.written is not None:
                 ids, versions = pending.written
                 pending.acks = [
-                    (c, positions[(pending.stream, v)])
-                    for c, v in zip(ids, versions, strict=True)
+                    (c, positions[(pending.stream, v)]) for c, v in zip(ids, versions, strict=True)
                 ]
             elif pending.replay_of is not None:
                 first = pending.replay_of
