@@ -401,17 +401,20 @@ def test_a_coroutine_finding_the_queue_full_is_refused_with_backlogged(kernel: U
     turns = kernel.app.writer_turns([kernel.stream_of("alice")])
 
     async def scenario() -> tuple[list, list, BaseException | None]:
+        # ``unfinished_tasks`` counts every put (the writer never calls task_done), so
+        # the waits below cannot miss a request the writer takes at once.
         first = asyncio.create_task(kernel.capture_async("alice", [say("I like tea first")]))
-        while writer_queue.empty():
-            await asyncio.sleep(0.005)
-        while not writer_queue.empty():  # the writer took it and waits for the turn
-            await asyncio.sleep(0.005)
+        while writer_queue.unfinished_tasks < 1 or not writer_queue.empty():
+            await asyncio.sleep(0.005)  # until the writer took it and waits for the turn
+        await asyncio.sleep(0.05)  # past its linger: the next request cannot join the group
         queued = asyncio.create_task(kernel.capture_async("alice", [say("I like tea queued")]))
-        while writer_queue.empty():
-            await asyncio.sleep(0.005)
+        while writer_queue.unfinished_tasks < 2:
+            await asyncio.sleep(0.005)  # queued behind the blocked writer: the queue is full
         refused: BaseException | None = None
         try:
-            await kernel.capture_async("alice", [say("I like tea refused")])
+            await asyncio.wait_for(
+                kernel.capture_async("alice", [say("I like tea refused")]), timeout=10
+            )
         except CaptureBackloggedError as error:
             refused = error
         turns.__exit__(None, None, None)  # the writer goes on
