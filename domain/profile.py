@@ -13,6 +13,7 @@ never re-decides.
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -130,7 +131,6 @@ class SubjectProfile(Aggregate):
         Registered: ClassVar[type[Aggregate.Event]]
         ConsentGranted: ClassVar[type[Aggregate.Event]]
         ConsentWithdrawn: ClassVar[type[Aggregate.Event]]
-        InteractionCaptured: ClassVar[type[Aggregate.Event]]
         AttributeRecorded: ClassVar[type[Aggregate.Event]]
         AttributeReinforced: ClassVar[type[Aggregate.Event]]
         AttributeConflictFlagged: ClassVar[type[Aggregate.Event]]
@@ -146,6 +146,9 @@ class SubjectProfile(Aggregate):
         CaptureErased: ClassVar[type[Aggregate.Event]]
         SubjectErased: ClassVar[type[Aggregate.Event]]
 
+    # The metaclass makes every event a frozen dataclass; the decorator says so to the type
+    # checker, so constructing one is checked field by field.
+    @dataclass(frozen=True)
     class ContentShredded(Aggregate.Event):
         """What an event reads as once the key that sealed it is destroyed.
 
@@ -315,7 +318,25 @@ class SubjectProfile(Aggregate):
         )
         return capture_id
 
-    @event("InteractionCaptured")
+    @dataclass(frozen=True)
+    class InteractionCaptured(Aggregate.Event):
+        """An interaction passed the consent gate and was recorded (sealed with its own key)."""
+
+        capture_id: str
+        app_id: str
+        agent_id: str
+        agent_type: str
+        session_id: str
+        actor: str
+        user_input: str
+        agent_response: str
+        occurred_at: datetime
+        source_ref: str
+        purpose: str
+        sharing: str
+        context: dict[str, str]
+
+    @event(InteractionCaptured)
     def _interaction_captured(
         self,
         capture_id: str,

@@ -275,7 +275,7 @@ def bootstrap(
     with schema_lock(events):
         policy = build_policy_service(settings, audit, keys)
     # The policy store decides, unless the caller brought its own authorizer (tests, benches).
-    authorizer = authorizer or policy.authorizer
+    deciding: Authorizer = authorizer or policy.authorizer
 
     def close() -> None:
         app.close()
@@ -295,7 +295,7 @@ def bootstrap(
         app,
         subjects,
         queries,
-        authorizer,
+        deciding,
         embedder,
         counter or build_counter(),
         clock,
@@ -335,7 +335,7 @@ def bootstrap(
             evidence,
             clock,
             batch_size=settings.projection_batch_size,
-            may_capture=capture_permits(authorizer, settings.tenant),
+            may_capture=capture_permits(deciding, settings.tenant),
             partitioning=partitioning,
             partitions=partitions,
         ),
@@ -351,7 +351,7 @@ def bootstrap(
         slice_service=slice_service,
         reads=reads,
         erasure_service=erasure_service,
-        authorizer=authorizer,
+        authorizer=deciding,
         audit_log=audit_log,
         views_engine=views,
         keys_engine=keys,

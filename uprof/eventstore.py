@@ -103,7 +103,7 @@ class ProfilesApplication(Application[UUID]):
     def construct_mapper(self) -> Mapper[UUID]:
         return SubjectKeyMapper(self.construct_transcoder(), self._keystore)
 
-    def construct_recorder(self) -> ProcessRecorder:  # type: ignore[override]
+    def construct_recorder(self) -> ProcessRecorder:
         recorder = self.factory.process_recorder()
         if not isinstance(recorder, GuardedSQLiteProcessRecorder | GuardedPostgresProcessRecorder):
             # Without the guard, two workers that read the same batch both commit it.
@@ -124,7 +124,7 @@ class ProfilesApplication(Application[UUID]):
         if self._keystore.is_shredded(str(stream_id)):
             raise SubjectErasedError("this subject has been erased")
         try:
-            profile = self.repository.get(stream_id)
+            profile: SubjectProfile = self.repository.get(stream_id)
         except Exception as e:  # AggregateNotFoundError
             if type(e).__name__ == "AggregateNotFoundError":
                 raise SubjectNotFoundError("no such subject stream") from None
@@ -310,7 +310,7 @@ class ProfilesApplication(Application[UUID]):
 
     def notifications_after(
         self, position: int, limit: int, topics: Iterable[str] = ()
-    ) -> list[Notification]:
+    ) -> Sequence[Notification]:
         return self.recorder.select_notifications(
             start=position, limit=limit, topics=tuple(topics), inclusive_of_start=False
         )

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from os import PathLike
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 from uuid import UUID
 
 from audit.export import ExportSummary, export_csv, export_jsonl
@@ -54,6 +54,12 @@ from uprof.services.slices import Freshness, ProfileSlice, SliceRequest, SliceSe
 from uprof.services.subject_export import build_subject_export
 from uprof.services.subjects import SubjectRequest, SubjectResolver, check_subject_ref
 from uprof.settings import Settings
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from audit.check import CheckResult, Kind
+    from audit.log import AuditLog, StoredEntry
 
 Progress = Callable[[int, int], None]
 _log = logging.getLogger(__name__)
@@ -95,7 +101,7 @@ class Uprof:
     erasure_service: ErasureService
     #: The one policy decision point (Casbin); the facade and the slice gate share it.
     authorizer: Any
-    audit_log: Any
+    audit_log: AuditLog
     views_engine: Any
     keys_engine: Any
     closers: Sequence[Callable[[], None]] = ()
@@ -315,12 +321,12 @@ class Uprof:
         )
         return summary
 
-    def audit_entries(self, **filters: Any) -> Any:
+    def audit_entries(self, **filters: Any) -> Iterator[StoredEntry]:
         """Audit entries matching filters (reads served before the call included)."""
         self.reads.drain()
         return self.audit_log.entries(**filters)
 
-    def verify_audit(self, content: bytes, kind: str) -> Any:
+    def verify_audit(self, content: bytes, kind: Kind) -> CheckResult:
         """Check an uploaded export or receipt against this log's key and origin."""
         from audit.check import check_upload
 

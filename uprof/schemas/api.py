@@ -18,7 +18,7 @@ The SDK re-exports the response models, so they double as its typed results.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -82,9 +82,17 @@ SubjectRef = Annotated[
 ]
 Purpose = Token
 UtcTime = Annotated[AwareDatetime, AfterValidator(_utc)]
-Category = Literal[CATEGORIES]  # type: ignore[valid-type]
-ConsentCategory = Literal[(*CATEGORIES, "*")]  # type: ignore[valid-type]
-AttributeKey = Literal[tuple(sorted(ATTRIBUTE_KEYS))]  # type: ignore[valid-type]
+if TYPE_CHECKING:
+    # The closed sets come from the catalogue when the module runs (an enum in the JSON
+    # Schema, checked by pydantic); a type checker cannot evaluate them, so to it they
+    # are strings.
+    Category = str
+    ConsentCategory = str
+    AttributeKey = str
+else:
+    Category = Literal[CATEGORIES]
+    ConsentCategory = Literal[(*CATEGORIES, "*")]
+    AttributeKey = Literal[tuple(sorted(ATTRIBUTE_KEYS))]
 #: Who besides the owner agent may see an item (domain.values.SharingPolicy).
 Sharing = Annotated[str, Field(max_length=256), AfterValidator(check_sharing)]
 Confidence = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]

@@ -299,10 +299,12 @@ class CaptureWriter:
                 recordings = self._app.save(*profiles.values())
             # Refused and replayed requests changed nothing: every copy is as saved.
             self._saved.put_many(copies.items(), ticket=ticket)
-        positions = {
-            (r.notification.originator_id, r.notification.originator_version): r.notification.id
-            for r in recordings
-        }
+        positions: dict[tuple[UUID, int], int] = {}
+        for r in recordings:
+            # The profiles log stores UUID ids (the notification type also allows str).
+            stream = r.notification.originator_id
+            key = stream if isinstance(stream, UUID) else UUID(stream)
+            positions[(key, r.notification.originator_version)] = r.notification.id
         return writing, refused, positions
 
     def _finish(

@@ -37,6 +37,7 @@ from typing import Any
 from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application
+from eventsourcing.domain import DomainEvent
 from eventsourcing.persistence import RecordConflictError
 
 from audit.entry import validate_entry
@@ -332,7 +333,7 @@ class PolicyService:
     def current_rows(self) -> tuple[int, list[tuple[str, ...]]]:
         """Return the version and casbin rows of the policy in force (0 and none if unseeded)."""
         try:
-            policy = self.app.repository.get(self._id)
+            policy: TenantPolicy = self.app.repository.get(self._id)
         except AggregateNotFoundError:
             return 0, []
         assert isinstance(policy, TenantPolicy)
@@ -340,7 +341,7 @@ class PolicyService:
 
     def _load(self) -> TenantPolicy | None:
         try:
-            policy = self.app.repository.get(self._id)
+            policy: TenantPolicy = self.app.repository.get(self._id)
         except AggregateNotFoundError:
             return None
         assert isinstance(policy, TenantPolicy)
@@ -388,12 +389,14 @@ class PolicyService:
                 raise PolicyInputError("at", "needs a timezone (e.g. 2026-01-01T00:00:00Z)")
             version = 0
             for stored in self.app.events.get(self._id):
+                # The store types events by protocol; its events are DomainEvents (timed).
+                assert isinstance(stored, DomainEvent)
                 if stored.timestamp > at:
                     break
                 version = stored.originator_version
             policy = None
             if version:
-                got = self.app.repository.get(self._id, version=version)
+                got: TenantPolicy = self.app.repository.get(self._id, version=version)
                 assert isinstance(got, TenantPolicy)
                 policy = got
         if policy is None:
@@ -584,28 +587,44 @@ class PolicyService:
         """Record every change of items in one save, then audit them; all or nothing."""
         with self._write_lock:
             for attempt in range(3):
-                policy = self._current_policy()
-                if policy is None:
-                    raise PolicyStoreError("the policy store has not been seeded")
-                pending = self._stage(policy, requested_by, items, adding=adding)
-                if not pending:
-                    return PolicyChangeResult(policy.version, ())
-                entries = [_audit_fields(policy, event) for event in pending]
-                for fields in entries:
-                    try:
-                        validate_entry({"action": POLICY_CHANGED, **fields})
-                    except AuditEntryError as error:
-                        raise PolicyInputError("app_id", f"cannot be audited: {error}") from None
                 try:
-                    self.app.save(policy)
+                    policy, pending, entries = self._stage_and_save(
+                        requested_by, items, adding=adding
+                    )
                 except RecordConflictError:
                     if attempt == 2:
                         raise
                     continue  # another process changed the policy first: re-stage on top
                 break
+        if not pending:
+            return PolicyChangeResult(policy.version, ())
         self._audit.record_many([(POLICY_CHANGED, fields) for fields in entries])
         self.authorizer.refresh(force=True)
         return PolicyChangeResult(policy.version, tuple(_change_of(e) for e in pending))
+
+    def _stage_and_save(
+        self,
+        requested_by: str,
+        items: Sequence[tuple[str, PolicyRule | RoleAssignment]],
+        *,
+        adding: bool,
+    ) -> tuple[TenantPolicy, list[Any], list[dict[str, Any]]]:
+        """Stage items on the policy in force and save them (nothing saved when nothing
+        changes). Raises RecordConflictError when another process saved first."""
+        policy = self._current_policy()
+        if policy is None:
+            raise PolicyStoreError("the policy store has not been seeded")
+        pending = self._stage(policy, requested_by, items, adding=adding)
+        if not pending:
+            return policy, [], []
+        entries = [_audit_fields(policy, event) for event in pending]
+        for fields in entries:
+            try:
+                validate_entry({"action": POLICY_CHANGED, **fields})
+            except AuditEntryError as error:
+                raise PolicyInputError("app_id", f"cannot be audited: {error}") from None
+        self.app.save(policy)
+        return policy, pending, entries
 
     @staticmethod
     def _stage(

@@ -7,6 +7,7 @@ from datetime import datetime
 from uuid import UUID
 
 import sqlalchemy as sa
+from eventsourcing.domain import DomainEvent
 
 from domain.errors import InvalidInputError, SubjectNotFoundError
 from domain.profile import SubjectProfile
@@ -83,6 +84,8 @@ class ProfileService:
         events = []
         for position, record in enumerate(stored, start=1):
             event = self._app.mapper.to_domain_event(record)
+            # The mapper types events by protocol; the profile's are DomainEvents (timed).
+            assert isinstance(event, DomainEvent)
             if isinstance(event, SubjectProfile.ContentShredded) or event.timestamp > when:
                 continue
             events.append((position, event))
