@@ -33,6 +33,7 @@ from uprof.eventstore import ProfilesApplication
 from uprof.kernel import Uprof
 from uprof.partitions import Partitioning
 from uprof.ports import AuditTrail, Clock, Embedder, Extractor, KeyMaterialStore, TokenCounter
+from uprof.retry import AUDIT_APPEND
 from uprof.services.capture import CaptureService
 from uprof.services.consent import ConsentService
 from uprof.services.erasure import ErasureService
@@ -265,7 +266,9 @@ def bootstrap(
     sealer = ViewSealer(keystore)
     queries = ProfileQueries(views, sealer)
     signing_key = material.audit_signing_key()
-    audit_log = AuditLog(views, signing_key, settings.audit_origin, clock=clock.now)
+    audit_log = AuditLog(
+        views, signing_key, settings.audit_origin, retry=AUDIT_APPEND.call, clock=clock.now
+    )
     if audit is None:
         audit = AuditLogTrail(audit_log, settings.tenant)
     embedder = embedder or build_embedder(settings)

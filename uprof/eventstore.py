@@ -8,43 +8,41 @@ appends its results atomically with the position it reached (exactly once).
 from __future__ import annotations
 
 import contextlib
-import random
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from uuid import UUID
 
 import sqlalchemy as sa
-from eventsourcing.application import Application, ProcessingEvent, project_aggregate
-from eventsourcing.persistence import (
-    IntegrityError,
-    Mapper,
-    Notification,
-    ProcessRecorder,
-    RecordConflictError,
-    Tracking,
-)
+from eventsourcing.application import ProcessingEvent, project_aggregate
+from eventsourcing.persistence import Mapper, Notification, ProcessRecorder, Tracking
 from eventsourcing.utils import get_topic
 
 from domain.errors import ConcurrencyConflictError, SubjectErasedError, SubjectNotFoundError
 from domain.profile import SubjectProfile
+from uprof import retry
 from uprof.crypto.keystore import KeyStore
 from uprof.crypto.mapper import SubjectKeyMapper
 from uprof.partitions import claim
 from uprof.recorders import (
     GUARDED_RECORDERS,
+    ConflictsAsDomainErrors,
     GuardedPostgresProcessRecorder,
     GuardedSQLiteProcessRecorder,
 )
 
 T = TypeVar("T")
 
+
+def _gave_up(error: BaseException) -> ConcurrencyConflictError:
+    return ConcurrencyConflictError(
+        f"gave up after {retry.SUBJECT_WRITE.attempts} attempts: other writers kept saving first"
+    )
+
+
 #: Snapshot every N events, so loading a subject costs the same at any history length.
 SNAPSHOT_INTERVAL = 100
-#: Attempts for a command that lost an optimistic-concurrency race.
-CONFLICT_RETRIES = 20
 #: Lock stripes that in-process writers of one subject queue on.
 WRITER_STRIPES = 64
 
@@ -84,7 +82,7 @@ class SubjectHeads:
     extracted: int
 
 
-class ProfilesApplication(Application[UUID]):
+class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
     """Event store of every subject's stream, sealed per subject."""
 
     name = "profiles"
@@ -204,16 +202,9 @@ class ProfilesApplication(Application[UUID]):
             else contextlib.nullcontext()
         )
         with turn:
-            for attempt in range(CONFLICT_RETRIES):
-                try:
-                    return command()
-                except (RecordConflictError, IntegrityError):
-                    # A version conflict means another writer saved first; reload and
-                    # retry, backing off with jitter so that writers interleave.
-                    time.sleep(random.uniform(0, min(0.1, 0.002 * (2**attempt))))
-        raise ConcurrencyConflictError(
-            f"gave up after {CONFLICT_RETRIES} attempts: other writers kept saving first"
-        )
+            # A version conflict means another writer saved first: the command reloads
+            # and decides again, after a jittered wait so that writers interleave.
+            return retry.SUBJECT_WRITE.call(command, give_up=_gave_up)
 
     # --------------------------------------------------------------------- log
 

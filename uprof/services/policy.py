@@ -36,13 +36,12 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from eventsourcing.application import AggregateNotFoundError, Application
+from eventsourcing.application import AggregateNotFoundError
 from eventsourcing.domain import DomainEvent
-from eventsourcing.persistence import RecordConflictError
 
 from audit.entry import validate_entry
 from audit.errors import AuditEntryError
-from domain.errors import UprofError
+from domain.errors import UprofError, VersionConflictError
 from domain.policy import TenantPolicy, policy_id
 from domain.values import CATEGORIES
 from policies.authorizer import AccessDecision, CasbinAuthorizer, PolicyDeniedError
@@ -62,7 +61,9 @@ from policies.rules import (
     purpose_problem,
     role_problem,
 )
+from uprof import retry
 from uprof.ports import AuditTrail
+from uprof.recorders import ConflictsAsDomainErrors
 
 _log = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ class PolicyStoreError(UprofError):
     )
 
 
-class PolicyApplication(Application[UUID]):
+class PolicyApplication(ConflictsAsDomainErrors[UUID]):
     """The event store of every tenant's policy stream (not personal data: no sealing)."""
 
     name = "policies"
@@ -367,7 +368,7 @@ class PolicyService:
         )
         try:
             self.app.save(policy)
-        except RecordConflictError:
+        except VersionConflictError:
             return False  # another process seeded first
         self._audit.record(
             POLICY_CHANGED,
@@ -586,16 +587,11 @@ class PolicyService:
     ) -> PolicyChangeResult:
         """Record every change of items in one save, then audit them; all or nothing."""
         with self._write_lock:
-            for attempt in range(3):
-                try:
-                    policy, pending, entries = self._stage_and_save(
-                        requested_by, items, adding=adding
-                    )
-                except RecordConflictError:
-                    if attempt == 2:
-                        raise
-                    continue  # another process changed the policy first: re-stage on top
-                break
+            # Another process changed the policy first (VersionConflictError): re-stage on
+            # top of its change.
+            policy, pending, entries = retry.POLICY_CHANGE.call(
+                lambda: self._stage_and_save(requested_by, items, adding=adding)
+            )
         if not pending:
             return PolicyChangeResult(policy.version, ())
         self._audit.record_many([(POLICY_CHANGED, fields) for fields in entries])
@@ -610,7 +606,7 @@ class PolicyService:
         adding: bool,
     ) -> tuple[TenantPolicy, list[Any], list[dict[str, Any]]]:
         """Stage items on the policy in force and save them (nothing saved when nothing
-        changes). Raises RecordConflictError when another process saved first."""
+        changes). Raises VersionConflictError when another process saved first."""
         policy = self._current_policy()
         if policy is None:
             raise PolicyStoreError("the policy store has not been seeded")

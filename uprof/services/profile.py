@@ -9,7 +9,7 @@ from uuid import UUID
 import sqlalchemy as sa
 from eventsourcing.domain import DomainEvent
 
-from domain.errors import InvalidInputError, SubjectNotFoundError
+from domain.errors import InvalidInputError, ItemNotFoundError, SubjectNotFoundError
 from domain.profile import SubjectProfile
 from projections.profile import tables as t
 from projections.profile.projector import ProfileProjector
@@ -116,9 +116,7 @@ class ProfileService:
                 if m.item_id == item_id:
                     found = ("memory", m.text, m.evidence)
         if found is None:
-            raise InvalidInputError(
-                f"no item {item_id!r} in this subject's profile", field="item_id"
-            )
+            raise ItemNotFoundError(item_id)
         layer, summary, evidence = found
         rows = self._queries.captures(evidence)
         # Only this subject's captures, in the order the item cites them (I5).
