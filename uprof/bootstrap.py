@@ -166,8 +166,8 @@ def build_policy_service(settings: Settings, audit: AuditTrail, keys: Any) -> Po
     from uprof.storage import policy_store_env
 
     def known_app(app_id: str) -> bool:
-        # Lazy: the key store lives with the REST edge, which the kernel does not import.
-        from uprof.api.keys import ApiKeyStore
+        # Lazy: only the policy store's app check needs the key table.
+        from uprof.apikeys.store import ApiKeyStore
 
         return any(not k.is_revoked for k in ApiKeyStore(keys).list(app_id))
 

@@ -14,15 +14,15 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-import uprof.api.keys as keys_module
+import uprof.apikeys.store as keys_module
 import uprof.crypto.keystore as keystore_module
 import uprof.services.reads as reads_module
 import uprof.services.slices as slices_module
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import APP, build_kernel, consent, say, settings_for
-from uprof.api.keys import ApiKeyStore
 from uprof.api.metrics import Metrics
+from uprof.apikeys.store import ApiKeyStore
 from uprof.caching import BoundedCache
 from uprof.kernel import Uprof
 from uprof.retrieval.text import stem

@@ -43,7 +43,7 @@ from alembic.script import ScriptDirectory
 
 from audit.tables import audit_checkpoints, audit_entries, audit_nodes
 from domain.errors import InvalidInputError, UprofError
-from uprof.api.tables import metadata as api_metadata
+from uprof.apikeys.tables import metadata as api_metadata
 from uprof.crypto.tables import metadata as keys_metadata
 from uprof.settings import Settings
 from uprof.storage import MIGRATIONS_DIR, RESTORE_MARKER, create_engine, layout_for, migrate

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
 
-from uprof.api.keys import ROLE_OPERATOR, ApiKeyStore
+from uprof.apikeys.store import ROLE_OPERATOR, ApiKeyStore
 from uprof.web.pages import (
     OPERATOR_COOKIE,
     WebPages,

@@ -16,8 +16,8 @@ from fastapi.templating import Jinja2Templates
 
 from domain.errors import UprofError
 from uprof.api.errors import classify
-from uprof.api.keys import ROLE_OPERATOR, ApiKeyStore
 from uprof.api.runtime import ServiceRuntime
+from uprof.apikeys.store import ROLE_OPERATOR, ApiKeyStore
 from uprof.facade import Facade, Principal, PrincipalKind
 from uprof.web.state import LinkStore, Session, SessionStore
 

@@ -11,8 +11,8 @@ from pydantic import BaseModel, ConfigDict
 
 from uprof.api.deps import CurrentPrincipal
 from uprof.api.errors import EdgeError, role_required
-from uprof.api.keys import ROLE_OPERATOR
 from uprof.api.routes.docs import errors
+from uprof.apikeys.store import ROLE_OPERATOR
 from uprof.schemas.api import SubjectRef
 from uprof.web.pages import (
     USER_COOKIE,
