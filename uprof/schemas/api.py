@@ -26,6 +26,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    JsonValue,
     model_validator,
 )
 
@@ -699,7 +700,7 @@ class SubjectExportIn(_Request):
 class ErasureReceipt(_Response):
     """The signed receipt (verifiable offline), the subject's nonce, and what was removed."""
 
-    receipt: dict[str, Any]
+    receipt: dict[str, JsonValue]
     subject_nonce_hex: str
     counts: dict[str, int]
 
@@ -707,7 +708,7 @@ class ErasureReceipt(_Response):
 class SubjectExport(_Response):
     """Everything held about a subject, with evidence (GDPR Art. 15/20), as portable JSON."""
 
-    export: dict[str, Any]
+    export: dict[str, JsonValue]
 
 
 # ------------------------------------------------------------------------ audit
