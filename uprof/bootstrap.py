@@ -63,6 +63,10 @@ __all__ = ["AUDIT_KEY_FILE", "KEK_RING_FILE", "MASTER_KEY_FILE", "bootstrap"]
 _log = logging.getLogger(__name__)
 
 
+#: The derivation label of the web session signing key (a new label signs everyone out).
+WEB_SESSION_KEY_LABEL = "uprof/web-session/1"
+
+
 def build_key_material(settings: Settings) -> KeyMaterialStore:
     """The key store of a deployment: the key folder, never inside the data folder."""
     override = None
@@ -359,6 +363,7 @@ def bootstrap(
         views_engine=views,
         keys_engine=keys,
         closers=(close,),
+        web_session_key=derive_key(root, WEB_SESSION_KEY_LABEL),
         idempotency=IdempotencyStore(
             views,
             derive_key(master, "uprof/idempotency/1"),

@@ -105,6 +105,9 @@ class Uprof:
     views_engine: Any
     keys_engine: Any
     closers: Sequence[Callable[[], None]] = ()
+    #: Signs the web pages' session cookies (derived from the master secret in the key
+    #: folder, so sessions survive a restart and hold on every server of a deployment).
+    web_session_key: bytes = b""
     #: Called when a read finds its subject behind and background workers must catch
     #: up (a long-running server sets it to its worker's wake-up).
     wake_workers: Callable[[], None] = lambda: None
