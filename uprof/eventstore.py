@@ -8,6 +8,7 @@ appends its results atomically with the position it reached (exactly once).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -16,11 +17,18 @@ from uuid import UUID
 
 import sqlalchemy as sa
 from eventsourcing.application import ProcessingEvent, project_aggregate
-from eventsourcing.persistence import Mapper, Notification, ProcessRecorder, Tracking
+from eventsourcing.persistence import (
+    JSONTranscoder,
+    Mapper,
+    Notification,
+    ProcessRecorder,
+    Tracking,
+    Transcoding,
+)
 from eventsourcing.utils import get_topic
 
 from domain.errors import ConcurrencyConflictError, SubjectErasedError, SubjectNotFoundError
-from domain.profile import SubjectProfile
+from domain.profile import STATE_VALUE_TYPES, SubjectProfile
 from uprof import retry
 from uprof.crypto.keystore import KeyStore
 from uprof.crypto.mapper import SubjectKeyMapper
@@ -33,6 +41,21 @@ from uprof.recorders import (
 )
 
 T = TypeVar("T")
+
+
+class ValueObjectAsDict(Transcoding):
+    """A frozen dataclass of the domain as a JSON object of its fields (by class name)."""
+
+    def __init__(self, value_type: type) -> None:
+        self.type = value_type
+        self.name = value_type.__name__
+        self._fields = tuple(f.name for f in dataclasses.fields(value_type))
+
+    def encode(self, obj: Any) -> dict[str, Any]:
+        return {name: getattr(obj, name) for name in self._fields}
+
+    def decode(self, data: Any) -> Any:
+        return self.type(**data)
 
 
 def _gave_up(error: BaseException) -> ConcurrencyConflictError:
@@ -100,6 +123,12 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
 
     def construct_mapper(self) -> Mapper[UUID]:
         return SubjectKeyMapper(self.construct_transcoder(), self._keystore)
+
+    def register_transcodings(self, transcoder: JSONTranscoder) -> None:
+        super().register_transcodings(transcoder)
+        # Snapshots hold the aggregate's state, whose parts are frozen value objects.
+        for value_type in STATE_VALUE_TYPES:
+            transcoder.register(ValueObjectAsDict(value_type))
 
     def construct_recorder(self) -> ProcessRecorder:
         recorder = self.factory.process_recorder()
