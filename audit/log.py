@@ -107,13 +107,19 @@ class Retry(Protocol):
     def __call__(self, operation: Callable[[], _T], /) -> _T: ...
 
 
+def run_once(operation: Callable[[], _T], /) -> _T:
+    """No retry: the append's transient error reaches the caller."""
+    return operation()
+
+
 class AuditLog:
     """An RFC 9162 Merkle log of audit entries stored in SQL, with C2SP signed checkpoints.
 
     ``engine`` must have the ``audit.tables`` tables (Alembic in production,
     ``metadata.create_all`` in tests). ``origin`` names the log in its checkpoints and is the
     checkpoint key name. ``retry`` runs an append again when it met another writer (see
-    ``Retry``). ``clock`` returns an aware datetime (tests pass a fixed one).
+    ``Retry``; alone, the log tries once). ``clock`` returns an aware datetime (tests pass a
+    fixed one).
     """
 
     def __init__(
@@ -122,7 +128,7 @@ class AuditLog:
         signing_key: Ed25519PrivateKey,
         origin: str,
         *,
-        retry: Retry,
+        retry: Retry = run_once,
         clock: Callable[[], datetime] = _utc_now,
     ) -> None:
         self._engine = engine
