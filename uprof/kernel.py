@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from os import PathLike
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 from uuid import UUID
 
 from audit.export import ExportStream, ExportSummary, stream_export
@@ -55,6 +55,12 @@ from uprof.services.slices import Freshness, ProfileSlice, SliceRequest, SliceSe
 from uprof.services.subject_export import build_subject_export
 from uprof.services.subjects import SubjectRequest, SubjectResolver, check_subject_ref
 from uprof.settings import Settings
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from audit.check import CheckResult, Kind
+    from audit.log import AuditLog, StoredEntry
 
 Progress = Callable[[int, int], None]
 _log = logging.getLogger(__name__)
@@ -96,10 +102,13 @@ class Uprof:
     erasure_service: ErasureService
     #: The one policy decision point (Casbin); the facade and the slice gate share it.
     authorizer: Any
-    audit_log: Any
+    audit_log: AuditLog
     views_engine: Any
     keys_engine: Any
     closers: Sequence[Callable[[], None]] = ()
+    #: Signs the web pages' session cookies (derived from the master secret in the key
+    #: folder, so sessions survive a restart and hold on every server of a deployment).
+    web_session_key: bytes = b""
     #: Called when a read finds its subject behind and background workers must catch
     #: up (a long-running server sets it to its worker's wake-up).
     wake_workers: Callable[[], None] = lambda: None
@@ -361,7 +370,7 @@ class Uprof:
         )
         return stream
 
-    def audit_entries(self, **filters: Any) -> Any:
+    def audit_entries(self, **filters: Any) -> Iterator[StoredEntry]:
         """Audit entries matching filters (reads served before the call included)."""
         self.reads.drain()
         return self.audit_log.entries(**filters)
@@ -397,7 +406,7 @@ class Uprof:
             raise InvalidInputError("paged lists are not configured in this kernel")
         return self.cursors
 
-    def verify_audit(self, content: bytes, kind: str) -> Any:
+    def verify_audit(self, content: bytes, kind: Kind) -> CheckResult:
         """Check an uploaded export or receipt against this log's key and origin."""
         from audit.check import check_upload
 

@@ -143,7 +143,7 @@ def _similar_to_many(
         picked = [i for i, j in enumerate(js.tolist()) if pool[j] >= 0]
         if picked:
             sims = similarity.columns(pool[js[picked]])
-            out[np.ix_(memories, picked)] = sims[pool[memories]]
+            out[np.ix_(memories, np.asarray(picked, dtype=np.intp))] = sims[pool[memories]]
             out[js[picked], picked] = 0.0  # an item is not its own duplicate
         return out
 

@@ -107,7 +107,8 @@ class PoolSimilarity:
     def column(self, k: int) -> np.ndarray:
         """Similarity of every pool member to pool member k."""
         if self._dense is not None:
-            return self._dense @ self._dense[k]
+            similarity: np.ndarray = self._dense @ self._dense[k]
+            return similarity
         return self.columns(np.asarray([k]))[:, 0]
 
     def columns(self, ks: np.ndarray) -> np.ndarray:
@@ -185,7 +186,8 @@ def _cosines(vectors: np.ndarray, query: np.ndarray) -> np.ndarray:
     threads wait on each other for milliseconds; einsum's single-threaded loop
     takes a steady fraction of a millisecond.
     """
-    return np.einsum("ij,j->i", vectors, query.astype(vectors.dtype, copy=False))
+    product: np.ndarray = np.einsum("ij,j->i", vectors, query.astype(vectors.dtype, copy=False))
+    return product
 
 
 def _dense_scores(
@@ -283,7 +285,8 @@ def _with_neighbours(index: MemoryIndex, relevance: np.ndarray, weight: float) -
     if weight <= 0 or len(relevance) == 0:
         return relevance
     padded = np.append(relevance, np.float32(0.0))  # index -1 reads the 0 pad
-    return relevance + weight * np.maximum(padded[index.prev], padded[index.next])
+    lifted: np.ndarray = relevance + weight * np.maximum(padded[index.prev], padded[index.next])
+    return lifted
 
 
 def rank_memories(
