@@ -209,15 +209,18 @@ def test_adjacent_turn_completes_a_question_answer_pair() -> None:
 # --- attributes and intents --------------------------------------------------------------
 
 
-def test_attributes_matching_the_query_category_outrank_unrelated_ones() -> None:
+def test_category_bonus_when_enabled_lifts_attributes_the_query_points_at() -> None:
+    # Off by default (decision XXXX-multi-hop-and-preferences); the knob still works.
     attrs = [
         attribute("job", "occupation", "works as a nurse"),
         attribute("diet", "diet", "vegetarian"),
         attribute("pet", "pet", "has a cat"),
     ]
-    packed = _slice("Suggest a restaurant for dinner tonight", [], 20, attributes=attrs)
+    options = SliceOptions(category_weight=0.2)
+    query = "Suggest a restaurant for dinner tonight"
+    packed = _slice(query, [], 20, attributes=attrs, options=options)
     assert [c.item_id for c in packed.items] == ["diet"]
-    bigger = _slice("Suggest a restaurant for dinner tonight", [], 200, attributes=attrs)
+    bigger = _slice(query, [], 200, attributes=attrs, options=options)
     assert bigger.items[0].item_id == "diet" and len(bigger.items) == 3
 
 

@@ -114,29 +114,63 @@ def _memory_choices(
     return out
 
 
-def _similar_to(choices: list[_Choice], similarity: PoolSimilarity) -> Callable[[int], np.ndarray]:
-    """Similarity of every choice to choice j: memories compare within the pool, others are 0."""
+def _derived_links(choices: list[_Choice], options: SliceOptions) -> dict[int, np.ndarray]:
+    """Each profile choice and the memory choices it was derived from, both ways.
+
+    An attribute or intent and the memory of the capture it was extracted from say
+    the same thing twice (decision 0023: "dislikes: floral patterns" beside "I can't
+    stand floral patterns"), so they count as duplicates: whichever is worth more is
+    shown, and the budget goes to something else rather than to the repeat.
+    """
+    if not options.derived_duplicates:
+        return {}
+    memories_of: dict[str, list[int]] = {}
+    for j, c in enumerate(choices):
+        if c.pool_pos >= 0:
+            for capture in c.candidate.evidence:
+                memories_of.setdefault(capture, []).append(j)
+    links: dict[int, set[int]] = {}
+    for j, c in enumerate(choices):
+        if c.pool_pos >= 0:
+            continue
+        for capture in c.candidate.evidence:
+            for k in memories_of.get(capture, ()):
+                links.setdefault(j, set()).add(k)
+                links.setdefault(k, set()).add(j)
+    return {j: np.fromiter(sorted(ks), dtype=np.int64) for j, ks in links.items()}
+
+
+def _similar_to(
+    choices: list[_Choice], similarity: PoolSimilarity, options: SliceOptions
+) -> Callable[[int], np.ndarray]:
+    """Similarity of every choice to choice j: memories compare within the pool, a profile
+    line is a duplicate of the memories it was derived from, other pairs are 0."""
     pool = np.asarray([c.pool_pos for c in choices], dtype=np.int64)
     memories = np.flatnonzero(pool >= 0)
+    derived = _derived_links(choices, options)
 
     def column(j: int) -> np.ndarray:
         out = np.zeros(len(choices))
         if pool[j] >= 0:
             out[memories] = similarity.column(int(pool[j]))[pool[memories]]
             out[j] = 0.0  # an item is not its own duplicate
+        linked = derived.get(j)
+        if linked is not None:
+            out[linked] = 1.0
         return out
 
     return column
 
 
 def _similar_to_many(
-    choices: list[_Choice], similarity: PoolSimilarity
+    choices: list[_Choice], similarity: PoolSimilarity, options: SliceOptions
 ) -> Callable[[np.ndarray], np.ndarray] | None:
     """Similarity columns of many choices at once, when the pool computes them cheaper so."""
     if not similarity.batched:
         return None
     pool = np.asarray([c.pool_pos for c in choices], dtype=np.int64)
     memories = np.flatnonzero(pool >= 0)
+    derived = _derived_links(choices, options)
 
     def columns(js: np.ndarray) -> np.ndarray:
         out = np.zeros((len(choices), len(js)))
@@ -145,6 +179,10 @@ def _similar_to_many(
             sims = similarity.columns(pool[js[picked]])
             out[np.ix_(memories, picked)] = sims[pool[memories]]
             out[js[picked], picked] = 0.0  # an item is not its own duplicate
+        for i, j in enumerate(js.tolist()):
+            linked = derived.get(j)
+            if linked is not None:
+                out[linked, i] = 1.0
         return out
 
     return columns
@@ -161,7 +199,15 @@ def _problem(
     owners: dict[str, int] = {}
     owner = np.asarray([owners.setdefault(c.candidate.item_id, len(owners)) for c in choices])
     groups = np.asarray(
-        [[_LEGEND, _SECTION[c.candidate.layer], c.day_group] for c in choices], dtype=np.int64
+        [
+            [
+                _LEGEND if _needs_legend(c.candidate, options) else -1,
+                _SECTION[c.candidate.layer],
+                c.day_group,
+            ]
+            for c in choices
+        ],
+        dtype=np.int64,
     ).reshape(m, 3)
     return PackProblem(
         costs=np.asarray([c.cost for c in choices], dtype=np.int64),
@@ -169,23 +215,28 @@ def _problem(
         owner=owner,
         groups=groups,
         group_costs=group_costs,
-        similar_to=_similar_to(choices, similarity),
-        similar_to_many=_similar_to_many(choices, similarity),
+        similar_to=_similar_to(choices, similarity, options),
+        similar_to_many=_similar_to_many(choices, similarity, options),
         budget=budget,
         mmr_penalty=options.mmr_penalty,
         duplicate_threshold=options.duplicate_threshold,
     )
 
 
-def _render(chosen: Sequence[_Choice], index: MemoryIndex, grouped: bool) -> str:
+def _needs_legend(candidate: Candidate, options: SliceOptions) -> bool:
+    return not options.legend_only_when_marked or render.needs_legend(candidate)
+
+
+def _render(chosen: Sequence[_Choice], index: MemoryIndex, options: SliceOptions) -> str:
     """Sections in fixed order; profile items best first, memories chronologically."""
+    grouped = options.group_memories_by_day
     lines: list[str] = []
+    if any(_needs_legend(c.candidate, options) for c in chosen):
+        lines.append(render.LEGEND)
     for layer in render.SECTION_ORDER:
         picked = [c for c in chosen if c.candidate.layer == layer]
         if not picked:
             continue
-        if not lines:
-            lines.append(render.LEGEND)
         lines.append(render.SECTION_HEADERS[layer])
         if layer != Layer.MEMORY:
             lines += [
@@ -297,15 +348,14 @@ def _finish(
     options: SliceOptions,
 ) -> PackedSlice:
     """Render, verify the real token count (dropping the weakest items if ever over), report."""
-    grouped = options.group_memories_by_day
     chosen = list(result.chosen)
-    text = _render([choices[j] for j in chosen], index, grouped)
+    text = _render([choices[j] for j in chosen], index, options)
     n_tokens = counter.count(text)
     # Costs are exact for newline-joined lines, but the real count is the contract:
     # should the tokenizer ever merge across a line break, shed the weakest items.
     while n_tokens > problem.budget and chosen:
         chosen.remove(min(chosen, key=lambda j: (problem.utility[j] / problem.costs[j], -j)))
-        text = _render([choices[j] for j in chosen], index, grouped)
+        text = _render([choices[j] for j in chosen], index, options)
         n_tokens = counter.count(text)
     taken = {choices[j].candidate.item_id for j in chosen}
     reported: set[str] = set(taken) | {lo.item_id for lo in left_out}

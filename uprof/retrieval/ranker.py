@@ -9,7 +9,9 @@ The three layers are served differently (UProf):
   pseudo-relevance feedback, scaled from the median to the best memory),
   mixed linearly, plus small speaker, recency and heat terms;
   then each memory gains a share of its time-adjacent neighbours' relevance,
-  because a question and its answer often sit in two neighbouring turns;
+  because a question and its answer often sit in two neighbouring turns, and
+  the memories closest in meaning to the best hits are lifted towards them
+  (semantic bridges: a category in the question, its instances in the turns);
 * active intents, which are the user's current context, always keep a base
   utility and gain more when the query touches them.
 
@@ -286,6 +288,37 @@ def _with_neighbours(index: MemoryIndex, relevance: np.ndarray, weight: float) -
     return relevance + weight * np.maximum(padded[index.prev], padded[index.next])
 
 
+def _with_bridges(index: MemoryIndex, relevance: np.ndarray, options: SliceOptions) -> np.ndarray:
+    """Lift the memories closest in meaning to the best first-stage hits (two-stage retrieval).
+
+    The seeds are the ``bridge_seeds`` memories the first stage ranks best. A question
+    about a category ("what activities does Melanie do?") finds one instance ("a
+    pottery class") by its words and vector, but not the siblings ("we went camping",
+    "off to go swimming"): they share neither with the question, only meaning with the
+    instance. So each seed links to every memory by cosine, scaled per seed from the
+    median memory (0) to its closest other memory (1), a calibration from the seed's own
+    similarity distribution rather than a fixed threshold; a memory's bridged relevance
+    is its strongest link times that seed's relevance, times ``bridge_weight``. It
+    replaces the memory's own relevance only when higher (a maximum, not a sum), so a
+    memory the query reaches directly keeps its place and a bridged one never
+    outranks the seed it came through.
+
+    Only memories of this index take part, and the index holds only what the reader
+    may see: a bridge can reorder gated items, never add one.
+    """
+    k = min(options.bridge_seeds, len(relevance))
+    if options.bridge_weight <= 0 or k < 1 or len(relevance) < 3 or index.vectors is None:
+        return relevance
+    seeds = np.argpartition(-relevance, k - 1)[:k]
+    links = index.vectors @ index.vectors[seeds].T  # (n, k): cosine to each seed
+    floor = np.median(links, axis=0)
+    closest_other = np.partition(links, len(links) - 2, axis=0)[-2]  # the largest is the seed
+    strength = np.clip((links - floor) / np.maximum(closest_other - floor, 1e-9), 0.0, 1.0)
+    strength[seeds, np.arange(k)] = 0.0  # a seed does not lend to itself
+    lent = (strength * relevance[seeds]).max(axis=1)
+    return np.maximum(relevance, options.bridge_weight * lent.astype(relevance.dtype))
+
+
 def rank_memories(
     index: MemoryIndex,
     query: Query,
@@ -300,6 +333,7 @@ def rank_memories(
         return MemoryRanking(empty, np.zeros(0), PoolSimilarity(index, empty))
     fused, weight, scale = memory_relevance(index, query, query_vector, now, options)
     relevance = _with_neighbours(index, fused, options.neighbour_weight)
+    relevance = _with_bridges(index, relevance, options)
     size = min(options.pool_size, n)
     rows = np.argpartition(-relevance, size - 1)[:size] if size < n else np.arange(n)
     # Best first; equal relevance falls back to chronological order (rows are chronological).
