@@ -45,6 +45,7 @@ class _Choice(NamedTuple):
     day_group: int  # -1 unless the line sits under a day line
     memory_row: int  # position in the memory index, -1 for attributes and intents
     pool_pos: int  # position in the memory pool (similarity matrix), -1 otherwise
+    marked: bool  # the line carries a mark the legend explains
 
 
 def _profile_choices(
@@ -75,8 +76,9 @@ def _profile_choices(
             )
         else:
             variants = [(render.attribute_line(candidate), utility)]
+        marked = render.needs_legend(candidate)
         out += [
-            _Choice(candidate, line, counter.count(line) + 1, value, -1, -1, -1)
+            _Choice(candidate, line, counter.count(line) + 1, value, -1, -1, -1, marked)
             for line, value in variants
         ]
     return out
@@ -110,11 +112,14 @@ def _memory_choices(
         day = -1
         if grouped:
             day = day_groups.setdefault(int(index.day_of[row]), _FIXED_GROUPS + len(day_groups))
-        out.append(_Choice(candidate, lines[row], int(costs[row]), value, day, row, pos))
+        marked = bool(index.marked[row])
+        out.append(_Choice(candidate, lines[row], int(costs[row]), value, day, row, pos, marked))
     return out
 
 
-def _derived_links(choices: list[_Choice], options: SliceOptions) -> dict[int, np.ndarray]:
+def _derived_links(
+    choices: list[_Choice], index: MemoryIndex, options: SliceOptions
+) -> dict[int, np.ndarray]:
     """Each profile choice and the memory choices it was derived from, both ways.
 
     An attribute or intent and the memory of the capture it was extracted from say
@@ -124,30 +129,32 @@ def _derived_links(choices: list[_Choice], options: SliceOptions) -> dict[int, n
     """
     if not options.derived_duplicates:
         return {}
-    memories_of: dict[str, list[int]] = {}
-    for j, c in enumerate(choices):
-        if c.pool_pos >= 0:
-            for capture in c.candidate.evidence:
-                memories_of.setdefault(capture, []).append(j)
+    choice_of_row = {c.memory_row: j for j, c in enumerate(choices) if c.memory_row >= 0}
     links: dict[int, set[int]] = {}
     for j, c in enumerate(choices):
-        if c.pool_pos >= 0:
+        if c.memory_row >= 0:
             continue
         for capture in c.candidate.evidence:
-            for k in memories_of.get(capture, ()):
-                links.setdefault(j, set()).add(k)
-                links.setdefault(k, set()).add(j)
+            rows = index.rows_of_capture.get(capture, ())
+            # A long capture becomes several memories (windows of sentences) and which one
+            # a line came from is not recorded, so only a capture's sole memory is linked.
+            if len(rows) != 1:
+                continue
+            for row in rows:
+                k = choice_of_row.get(row)
+                if k is not None:
+                    links.setdefault(j, set()).add(k)
+                    links.setdefault(k, set()).add(j)
     return {j: np.fromiter(sorted(ks), dtype=np.int64) for j, ks in links.items()}
 
 
 def _similar_to(
-    choices: list[_Choice], similarity: PoolSimilarity, options: SliceOptions
+    choices: list[_Choice], similarity: PoolSimilarity, derived: dict[int, np.ndarray]
 ) -> Callable[[int], np.ndarray]:
     """Similarity of every choice to choice j: memories compare within the pool, a profile
     line is a duplicate of the memories it was derived from, other pairs are 0."""
     pool = np.asarray([c.pool_pos for c in choices], dtype=np.int64)
     memories = np.flatnonzero(pool >= 0)
-    derived = _derived_links(choices, options)
 
     def column(j: int) -> np.ndarray:
         out = np.zeros(len(choices))
@@ -163,14 +170,13 @@ def _similar_to(
 
 
 def _similar_to_many(
-    choices: list[_Choice], similarity: PoolSimilarity, options: SliceOptions
+    choices: list[_Choice], similarity: PoolSimilarity, derived: dict[int, np.ndarray]
 ) -> Callable[[np.ndarray], np.ndarray] | None:
     """Similarity columns of many choices at once, when the pool computes them cheaper so."""
     if not similarity.batched:
         return None
     pool = np.asarray([c.pool_pos for c in choices], dtype=np.int64)
     memories = np.flatnonzero(pool >= 0)
-    derived = _derived_links(choices, options)
 
     def columns(js: np.ndarray) -> np.ndarray:
         out = np.zeros((len(choices), len(js)))
@@ -190,6 +196,7 @@ def _similar_to_many(
 
 def _problem(
     choices: list[_Choice],
+    index: MemoryIndex,
     similarity: PoolSimilarity,
     group_costs: np.ndarray,
     budget: int,
@@ -199,39 +206,30 @@ def _problem(
     owners: dict[str, int] = {}
     owner = np.asarray([owners.setdefault(c.candidate.item_id, len(owners)) for c in choices])
     groups = np.asarray(
-        [
-            [
-                _LEGEND if _needs_legend(c.candidate, options) else -1,
-                _SECTION[c.candidate.layer],
-                c.day_group,
-            ]
-            for c in choices
-        ],
-        dtype=np.int64,
+        [[_LEGEND, _SECTION[c.candidate.layer], c.day_group] for c in choices], dtype=np.int64
     ).reshape(m, 3)
+    if options.legend_only_when_marked:
+        groups[~np.asarray([c.marked for c in choices], dtype=bool), 0] = -1
+    derived = _derived_links(choices, index, options)
     return PackProblem(
         costs=np.asarray([c.cost for c in choices], dtype=np.int64),
         utility=np.asarray([c.utility for c in choices], dtype=np.float64),
         owner=owner,
         groups=groups,
         group_costs=group_costs,
-        similar_to=_similar_to(choices, similarity, options),
-        similar_to_many=_similar_to_many(choices, similarity, options),
+        similar_to=_similar_to(choices, similarity, derived),
+        similar_to_many=_similar_to_many(choices, similarity, derived),
         budget=budget,
         mmr_penalty=options.mmr_penalty,
         duplicate_threshold=options.duplicate_threshold,
     )
 
 
-def _needs_legend(candidate: Candidate, options: SliceOptions) -> bool:
-    return not options.legend_only_when_marked or render.needs_legend(candidate)
-
-
 def _render(chosen: Sequence[_Choice], index: MemoryIndex, options: SliceOptions) -> str:
     """Sections in fixed order; profile items best first, memories chronologically."""
     grouped = options.group_memories_by_day
     lines: list[str] = []
-    if any(_needs_legend(c.candidate, options) for c in chosen):
+    if chosen and (not options.legend_only_when_marked or any(c.marked for c in chosen)):
         lines.append(render.LEGEND)
     for layer in render.SECTION_ORDER:
         picked = [c for c in chosen if c.candidate.layer == layer]
@@ -320,7 +318,9 @@ def build_slice(
         memory_index, ranking.rows, ranking.utility, options, day_groups, left_out
     )
     group_costs = _group_costs(memory_index, day_groups, counter)
-    problem = _problem(choices, ranking.similarity, group_costs, max(budget_tokens, 0), options)
+    problem = _problem(
+        choices, memory_index, ranking.similarity, group_costs, max(budget_tokens, 0), options
+    )
     result = pack(problem)
     return _finish(choices, problem, result, memory_index, ranking.rows, left_out, counter, options)
 

@@ -32,7 +32,7 @@ import numpy as np
 from uprof.retrieval.candidates import Candidate
 from uprof.retrieval.index import MemoryIndex, epoch_seconds
 from uprof.retrieval.slices import SliceOptions
-from uprof.retrieval.text import stem, terms, words
+from uprof.retrieval.text import stem, term_set, terms, words
 
 _SECONDS_PER_DAY = 86_400.0
 
@@ -310,9 +310,13 @@ def _with_bridges(index: MemoryIndex, relevance: np.ndarray, options: SliceOptio
     if options.bridge_weight <= 0 or k < 1 or len(relevance) < 3 or index.vectors is None:
         return relevance
     seeds = np.argpartition(-relevance, k - 1)[:k]
+    n = len(relevance)
     links = index.vectors @ index.vectors[seeds].T  # (n, k): cosine to each seed
-    floor = np.median(links, axis=0)
-    closest_other = np.partition(links, len(links) - 2, axis=0)[-2]  # the largest is the seed
+    # One partition gives the median (the mean of the middle two when n is even, as
+    # np.median) and the closest other memory (the largest is the seed itself).
+    ranked = np.partition(links, [(n - 1) // 2, n // 2, n - 2], axis=0)
+    floor = (ranked[(n - 1) // 2] + ranked[n // 2]) / 2
+    closest_other = ranked[n - 2]
     strength = np.clip((links - floor) / np.maximum(closest_other - floor, 1e-9), 0.0, 1.0)
     strength[seeds, np.arange(k)] = 0.0  # a seed does not lend to itself
     lent = (strength * relevance[seeds]).max(axis=1)
@@ -361,7 +365,7 @@ def _lexical_match(index: MemoryIndex, query: Query, text: str) -> float:
     ideal = index.ideal_bm25(wanted)
     if ideal <= 0:
         return 0.0
-    have = set(terms(text))
+    have = term_set(text)
     return index.ideal_bm25([t for t in wanted if t in have]) / ideal
 
 

@@ -75,3 +75,17 @@ def words(text: str) -> list[str]:
 def terms(text: str) -> list[str]:
     """Index terms: stemmed content words, in order, duplicates kept (BM25 needs tf)."""
     return [stem(w) for w in words(text) if w not in STOPWORDS]
+
+
+@lru_cache(maxsize=8192)
+def term_set(text: str) -> frozenset[str]:
+    """The distinct index terms of a short text, cached: profile lines are matched
+    against every query, and their text rarely changes. Keyed by content, so
+    erasure clears it (``clear_caches``)."""
+    return frozenset(terms(text))
+
+
+def clear_caches() -> None:
+    """Forget every stemmed word and term set (they are keyed by content)."""
+    stem.cache_clear()
+    term_set.cache_clear()
