@@ -311,7 +311,10 @@ def _with_bridges(index: MemoryIndex, relevance: np.ndarray, options: SliceOptio
         return relevance
     seeds = np.argpartition(-relevance, k - 1)[:k]
     n = len(relevance)
-    links = index.vectors @ index.vectors[seeds].T  # (n, k): cosine to each seed
+    # (n, k): cosine to each seed. einsum, not @: a matrix product this size starts
+    # BLAS threads, which on busy cores doubled the slice's CPU time (measured, 4.7k
+    # memories: 21 ms against 13 ms per slice); see _cosines.
+    links = np.einsum("ij,kj->ik", index.vectors, index.vectors[seeds])
     # One partition gives the median (the mean of the middle two when n is even, as
     # np.median) and the closest other memory (the largest is the seed itself).
     ranked = np.partition(links, [(n - 1) // 2, n // 2, n - 2], axis=0)
