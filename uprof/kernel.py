@@ -31,7 +31,7 @@ from projections.profile.queries import ProfileQueries
 from uprof.crypto.keystore import KeyStore
 from uprof.eventstore import ProfilesApplication
 from uprof.ports import AuditTrail, Clock
-from uprof.retrieval.text import stem
+from uprof.retrieval import text as retrieval_text
 from uprof.services.capture import CaptureAck, CaptureOutcome, CaptureService
 from uprof.services.consent import ConsentService
 from uprof.services.erasure import ErasureResult, ErasureService
@@ -798,13 +798,14 @@ class Uprof:
 
     def flush_caches(self, stream_id: UUID) -> None:
         """Forget everything cached about a subject (keys, slice indexes, the recorder's
-        and the capture writer's saved state; stemmed words, which are keyed by content, all go)."""
+        and the capture writer's saved state; stemmed words and term sets, which are keyed by
+        content, all go)."""
         self.keystore.evict(str(stream_id))
         self.slice_service.flush(stream_id)
         self.reads.forget(stream_id)
         self.capture_service.writer.forget(stream_id)
         self.projections.forget_read_ahead()
-        stem.cache_clear()
+        retrieval_text.clear_caches()
 
     def wait_until_caught_up(self, timeout_s: float) -> bool:
         """Wait (bounded) for background workers to reach the current log head."""

@@ -25,7 +25,7 @@ from uprof.api.metrics import Metrics
 from uprof.apikeys.store import ApiKeyStore
 from uprof.caching import BoundedCache
 from uprof.kernel import Uprof
-from uprof.retrieval.text import stem
+from uprof.retrieval.text import stem, term_set
 from uprof.storage import create_engine, migrate
 from uprof.web.state import LinkStore, Session, SessionStore
 
@@ -321,6 +321,7 @@ def test_erasure_evicts_the_subject_from_every_cache(small_kernel: Uprof) -> Non
     assert caches["saved"].get(stream) is not None
     assert caches["deks"].get(str(stream)) is not None
     assert stem.cache_info().currsize > 0
+    assert term_set.cache_info().currsize > 0
     small_kernel.erase_subject(subject)
     assert caches["deks"].get(str(stream)) is None
     assert caches["view_keys"].get(str(stream)) is None
@@ -330,5 +331,6 @@ def test_erasure_evicts_the_subject_from_every_cache(small_kernel: Uprof) -> Non
     assert caches["saved"].get(stream) is None
     assert len(caches["texts"]) == 0  # keyed by content: all of it goes
     assert stem.cache_info().currsize == 0
+    assert term_set.cache_info().currsize == 0
     # The other subjects are still served (their entries reload as needed).
     assert any("Town0" in text for text in _slice(small_kernel, SUBJECTS[0]))
