@@ -210,7 +210,7 @@ def test_adjacent_turn_completes_a_question_answer_pair() -> None:
 
 
 def test_category_bonus_when_enabled_lifts_attributes_the_query_points_at() -> None:
-    # Off by default (decision XXXX-multi-hop-and-preferences); the knob still works.
+    # Off by default (decision 0033-multi-hop-and-preferences); the knob still works.
     attrs = [
         attribute("job", "occupation", "works as a nurse"),
         attribute("diet", "diet", "vegetarian"),

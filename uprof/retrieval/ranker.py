@@ -326,7 +326,8 @@ def _with_bridges(index: MemoryIndex, relevance: np.ndarray, options: SliceOptio
     strength = np.clip((links - floor) / np.maximum(closest_other - floor, 1e-9), 0.0, 1.0)
     strength[seeds, np.arange(k)] = 0.0  # a seed does not lend to itself
     lent = (strength * relevance[seeds]).max(axis=1)
-    return np.maximum(relevance, options.bridge_weight * lent.astype(relevance.dtype))
+    lifted: np.ndarray = np.maximum(relevance, options.bridge_weight * lent.astype(relevance.dtype))
+    return lifted
 
 
 def rank_memories(

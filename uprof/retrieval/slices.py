@@ -69,7 +69,7 @@ class SliceOptions:
     lexical_weight: float = 0.7
     #: Pseudo-relevance feedback: the query vector moves towards the mean of the best
     #: ``feedback_memories`` first-pass hits, by ``feedback_weight``. Off: it cost 0.02-0.06
-    #: on PrefEval and was neutral on LoCoMo (decision XXXX-multi-hop-and-preferences).
+    #: on PrefEval and was neutral on LoCoMo (decision 0033-multi-hop-and-preferences).
     feedback_memories: int = 5
     feedback_weight: float = 0.0
     #: Bonus for memories spoken by a person the query names.
@@ -77,7 +77,7 @@ class SliceOptions:
     #: Bonus for a profile line whose category the query's words point at ("job" ->
     #: occupation). Off: a bonus its source memory never gets let extracted lines crowd
     #: out memories (decision 0023); 0.2 cost 0.05 on PrefEval and gained nothing on
-    #: LoCoMo (decision XXXX-multi-hop-and-preferences).
+    #: LoCoMo (decision 0033-multi-hop-and-preferences).
     category_weight: float = 0.0
     #: Bonus for recent memories, halving every ``recency_half_life_days``.
     recency_weight: float = 0.05
