@@ -29,7 +29,6 @@ from uprof.api.errors import (
     classify,
     validation_problem,
 )
-from uprof.api.keys import ApiKeyStore
 from uprof.api.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimitMiddleware
 from uprof.api.metrics import Metrics, MetricsMiddleware
 from uprof.api.ratelimit import KeyRateLimiter, RateLimitedError
@@ -46,6 +45,7 @@ from uprof.api.routes import (
     subjects,
 )
 from uprof.api.runtime import ServiceRuntime
+from uprof.apikeys.store import ApiKeyStore
 from uprof.kernel import Uprof
 from uprof.schemas.api import ErrorBody, ErrorOut, field_problems
 

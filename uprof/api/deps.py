@@ -13,10 +13,10 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
 from uprof.api.errors import unauthenticated
-from uprof.api.keys import ApiKeyStore, NeedsRead, Principal
 from uprof.api.ratelimit import KeyRateLimiter
 from uprof.api.runtime import ServiceRuntime
 from uprof.api.scoped import AppScope
+from uprof.apikeys.store import ApiKeyStore, NeedsRead, Principal
 
 #: auto_error=False: a missing header must give our 401 body, not FastAPI's 403.
 bearer_scheme = HTTPBearer(
