@@ -50,6 +50,11 @@ from domain.errors import InvalidInputError, StoreBusyError, VersionConflictErro
 #: Any constant works; it only has to be the same in every process that writes this log.
 _PG_APPEND_LOCK = int.from_bytes(sha256(b"uprof.audit.append").digest()[:8], "big", signed=True)
 _INSERT_CHUNK = 500
+# Statements every append runs, built once (building one and its cache key costs
+# SQLAlchemy more than SQLite spends on the query).
+_LAST_LEAF_INDEX = sa.select(sa.func.max(audit_entries.c.leaf_index))
+_INSERT_ENTRIES = audit_entries.insert()
+_INSERT_NODES = audit_nodes.insert()
 _FETCH_CHUNK = 400
 _PAGE = 1000
 
@@ -231,9 +236,9 @@ class AuditLog:
                     node_rows.append({"level": level, "node_index": node_index, "hash": h})
                 records.append(AuditRecord(index, item.leaf))
             for start in range(0, len(entry_rows), _INSERT_CHUNK):
-                conn.execute(audit_entries.insert(), entry_rows[start : start + _INSERT_CHUNK])
+                conn.execute(_INSERT_ENTRIES, entry_rows[start : start + _INSERT_CHUNK])
             for start in range(0, len(node_rows), _INSERT_CHUNK):
-                conn.execute(audit_nodes.insert(), node_rows[start : start + _INSERT_CHUNK])
+                conn.execute(_INSERT_NODES, node_rows[start : start + _INSERT_CHUNK])
             self._frontier = None  # set again only once the transaction has committed
             after = (frontier.size, frontier.hashes())
         self._frontier = after
@@ -461,7 +466,7 @@ class AuditLog:
 
     @staticmethod
     def _size(conn: sa.Connection) -> int:
-        last = conn.execute(sa.select(sa.func.max(audit_entries.c.leaf_index))).scalar()
+        last = conn.execute(_LAST_LEAF_INDEX).scalar()
         return 0 if last is None else int(last) + 1
 
     def _checked_size(self, conn: sa.Connection, tree_size: int | None) -> int:

@@ -21,6 +21,14 @@ wiring: background pipeline worker, API-key auth, metrics and limits on):
    the pipeline worker (``uprof serve --no-worker``, as beside ``uprof worker``
    processes), to separate the write path from the extraction and projection work
    that otherwise shares the server's process.
+   ``--generator`` picks the load generator: ``httpx`` (asyncio clients in this
+   process, the default and the generator of the earlier figures) or ``wrk`` (the C
+   load generator from Debian's ``wrk`` package, with a Lua script that varies the
+   bodies). On two cores a Python client costs about as much CPU per request as the
+   server, so it can be what limits the rate; ``wrk`` costs a fraction of that.
+   Both report the CPU seconds the server process and the generator used during the
+   load (per 1,000 captures too): wall-clock rates swing with whatever else runs on
+   the machine, CPU per capture much less.
 
 Prints one JSON object. Run: ``python -m benchmarks.api_bench [--quick]``.
 """
@@ -31,6 +39,8 @@ import argparse
 import asyncio
 import json
 import os
+import resource
+import shutil
 import socket
 import statistics
 import subprocess
@@ -67,6 +77,20 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _process_cpu_s(pid: int) -> float:
+    """User plus system CPU seconds a live process has used (Linux /proc)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s() -> float:
+    """CPU seconds of this process plus its children that have been waited for."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _settings(data_dir: Path, embedder: str, background: bool, run_worker: bool = True) -> Any:
@@ -280,6 +304,136 @@ async def _capture_load(
     }
 
 
+#: wrk's Lua script: POST /v1/captures with bodies like the httpx generator's (the
+#: subject cycles, the text is unique) and print one JSON line of statuses and latency
+#: percentiles. wrk has no request budget (a stopped thread does not end the run), so
+#: it runs for ``--seconds``.
+WRK_SCRIPT = r"""
+local threads = {}
+local next_id = 0
+function setup(thread)
+  thread:set("id", next_id)
+  next_id = next_id + 1
+  table.insert(threads, thread)
+end
+function init(args)
+  subjects = tonumber(args[1]); n = 0
+  statuses = {}
+  wrk.method = "POST"
+  wrk.headers["Content-Type"] = "application/json"
+  wrk.headers["Authorization"] = "Bearer " .. args[2]
+end
+function request()
+  n = n + 1
+  local body = string.format(
+    '{"subject":"subject-%d","agent_id":"agent:bench",' ..
+    '"user_input":"I want to try activity number %d-%d",' ..
+    '"occurred_at":"2025-02-01T10:00:00Z","purpose":"personalization","sharing":"shared"}',
+    (n * 7 + id) % subjects, id, n)
+  return wrk.format(nil, "/v1/captures", nil, body)
+end
+function response(status, headers, body)
+  local key = tostring(status)
+  statuses[key] = (statuses[key] or 0) + 1
+end
+function done(summary, latency, requests)
+  local merged = {}
+  for _, thread in ipairs(threads) do
+    for status, count in pairs(thread:get("statuses")) do
+      merged[status] = (merged[status] or 0) + count
+    end
+  end
+  local parts = {}
+  for status, count in pairs(merged) do
+    table.insert(parts, string.format('"%s": %d', status, count))
+  end
+  io.write(string.format(
+    'WRK-RESULT {"requests": %d, "seconds": %.3f, "p50_ms": %.3f, "p99_ms": %.3f, ' ..
+    '"socket_errors": %d, "statuses": {%s}}\n',
+    summary.requests, summary.duration / 1e6, latency:percentile(50) / 1000,
+    latency:percentile(99) / 1000,
+    summary.errors.connect + summary.errors.read + summary.errors.write
+      + summary.errors.timeout,
+    table.concat(parts, ", ")))
+end
+"""
+
+
+def _wrk_capture_load(
+    url: str, key: str, subjects: int, total: int, seconds: float, concurrency: int
+) -> dict[str, Any]:
+    """The capture load from wrk (``apt-get install wrk``): ``concurrency`` connections
+    over two threads for ``seconds`` (``total`` does not apply)."""
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        raise RuntimeError("--generator wrk needs the wrk program (Debian: apt-get install wrk)")
+    threads = min(2, concurrency)
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(WRK_SCRIPT)
+    try:
+        command = [
+            wrk,
+            f"--threads={threads}",
+            f"--connections={concurrency}",
+            f"--duration={max(1, round(seconds))}s",
+            "--timeout=60s",
+            f"--script={script.name}",
+            url,
+            "--",
+            str(subjects),
+            key,
+        ]
+        done = subprocess.run(
+            command, capture_output=True, text=True, check=True, timeout=seconds + 120
+        )
+    finally:
+        os.unlink(script.name)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("WRK-RESULT ")), None)
+    if line is None:
+        raise RuntimeError(f"wrk printed no result: {done.stdout[-2000:]} {done.stderr[-2000:]}")
+    result = json.loads(line.removeprefix("WRK-RESULT "))
+    return {
+        "requests": result["requests"],
+        "concurrency": concurrency,
+        "seconds": round(result["seconds"], 3),
+        "requests_per_s": round(result["requests"] / result["seconds"], 1),
+        "p50_ms": round(result["p50_ms"], 3),
+        "p99_ms": round(result["p99_ms"], 3),
+        "statuses": dict(sorted(result["statuses"].items())),
+        "socket_errors": result["socket_errors"],
+    }
+
+
+def capture_load(
+    generator: str,
+    server_pid: int,
+    url: str,
+    key: str,
+    subjects: int,
+    total: int,
+    seconds: float,
+    concurrency: int,
+) -> dict[str, Any]:
+    """The sustained capture figure from one generator, with the CPU both sides used."""
+    server_before, generator_before = _process_cpu_s(server_pid), _own_cpu_s()
+    if generator == "wrk":
+        load = _wrk_capture_load(url, key, subjects, total, seconds, concurrency)
+    else:
+        load = asyncio.run(_capture_load(url, key, subjects, total, seconds, concurrency))
+    server_cpu = _process_cpu_s(server_pid) - server_before
+    generator_cpu = _own_cpu_s() - generator_before
+    answered = max(load["requests"], 1)
+    return {
+        "generator": generator,
+        **load,
+        "server_cpu_s": round(server_cpu, 2),
+        "generator_cpu_s": round(generator_cpu, 2),
+        "server_cpu_s_per_1000": round(server_cpu / answered * 1000, 3),
+        "generator_cpu_s_per_1000": round(generator_cpu / answered * 1000, 3),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
 def _threaded_captures(
     door: Any, subjects: int, per_thread: int, concurrency: int, tag: str
 ) -> dict[str, Any]:
@@ -393,11 +547,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             key = keys.create(APP).token
             server, url = _start_server(data_dir, args.embedder, not args.no_worker)
             try:
-                overhead = slice_overhead(kernel, url, key, args.iterations)
-                load = asyncio.run(
-                    _capture_load(
-                        url, key, args.subjects, args.captures, args.seconds, args.concurrency
-                    )
+                overhead = (
+                    None if args.skip_slices else slice_overhead(kernel, url, key, args.iterations)
+                )
+                load = capture_load(
+                    args.generator,
+                    server.pid,
+                    url,
+                    key,
+                    args.subjects,
+                    args.captures,
+                    args.seconds,
+                    args.concurrency,
                 )
                 lag = httpx.get(f"{url}/readyz", timeout=10).json()
             finally:
@@ -418,7 +579,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "server_pipeline_worker": not args.no_worker,
         "cpus": os.cpu_count(),
         "seeded_turns": args.turns,
-        "slice": overhead,
+        **({"slice": overhead} if overhead is not None else {}),
         "capture_over_http": load,
         **({"capture_in_process": inproc} if inproc is not None else {}),
         "pipeline_after_load": {k: lag[k] for k in ("extraction_pending", "projection_pending")},
@@ -435,6 +596,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--captures", type=int, default=3_000)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument(
+        "--generator",
+        choices=["httpx", "wrk"],
+        default="httpx",
+        help="the capture load generator: asyncio httpx clients in this process, or wrk "
+        "(C, Debian package wrk) with a Lua script",
+    )
+    parser.add_argument(
+        "--skip-slices",
+        action="store_true",
+        help="only the capture figure (the slice overhead is not measured)",
+    )
     parser.add_argument(
         "--no-worker",
         action="store_true",

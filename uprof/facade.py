@@ -32,6 +32,7 @@ What is decided here, for every call:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -211,17 +212,29 @@ class Facade:
         else:
             self._authorize(action, CATEGORIES, purpose)
 
+    def _check(self, action: str, categories: Sequence[str], purpose: str) -> None:
+        """``_authorize`` without auditing a denial: raises PermissionDeniedError, writes
+        nothing (the caller then goes through ``_authorize``, which audits)."""
+        if self.principal.kind is PrincipalKind.USER:
+            raise PermissionDeniedError(f"a data subject's link cannot {action}")
+        self._ask_policy(self.principal.policy_subject, action, categories, purpose)
+
+    def _ask_policy(
+        self, policy_subject: str, action: str, categories: Sequence[str], purpose: str
+    ) -> None:
+        self._kernel.authorizer.authorize_all(
+            app_id=policy_subject,
+            tenant=self._kernel.subjects.tenant,
+            action=action,
+            purpose=purpose,
+            categories=list(categories),
+        )
+
     def _decide(
         self, policy_subject: str, action: str, categories: Sequence[str], purpose: str
     ) -> None:
         try:
-            self._kernel.authorizer.authorize_all(
-                app_id=policy_subject,
-                tenant=self._kernel.subjects.tenant,
-                action=action,
-                purpose=purpose,
-                categories=list(categories),
-            )
+            self._ask_policy(policy_subject, action, categories, purpose)
         except PermissionDeniedError as denied:
             with self._as_principal():
                 self._kernel.audit.record(
@@ -269,6 +282,24 @@ class Facade:
             self._authorize("capture", [CAPTURE_CATEGORY], purpose)
         with self._as_principal():
             return self._kernel.capture_many(subject, bound, request_token=request_token)
+
+    async def capture_async(
+        self, subject: str, interactions: Sequence[Interaction]
+    ) -> list[CaptureAck]:
+        """``capture_many`` (without a request token) for a coroutine on an event loop.
+
+        The policy decides here, on the loop (an in-memory decision); a denial is
+        audited, and the audit entry is a write, so a denied request is run through
+        ``capture_many`` on a worker thread, which decides again, audits and raises.
+        """
+        bound = [self._bind(i) for i in interactions]
+        try:
+            for purpose in sorted({i.purpose for i in bound}):
+                self._check("capture", [CAPTURE_CATEGORY], purpose)
+        except PermissionDeniedError:
+            return await asyncio.to_thread(self.capture_many, subject, interactions)
+        with self._as_principal():
+            return await self._kernel.capture_async(subject, bound)
 
     def _bind(self, interaction: Interaction) -> Interaction:
         return replace(

@@ -168,6 +168,14 @@ class Uprof:
             subject, interactions, request_token=request_token, token_window_s=self._token_window_s
         )
 
+    async def capture_async(
+        self, subject: str, interactions: Sequence[Interaction]
+    ) -> list[CaptureAck]:
+        """``capture_many`` for a coroutine on an event loop (the REST capture route)."""
+        return await self.capture_service.capture_async(
+            subject, interactions, token_window_s=self._token_window_s
+        )
+
     def capture_once(
         self,
         subject: str,

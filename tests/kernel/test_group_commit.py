@@ -7,6 +7,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from uuid import uuid4
 
 import pytest
 
@@ -213,6 +214,7 @@ def test_a_full_queue_refuses_with_backlogged_and_stores_nothing_for_it(kernel: 
         kernel.keystore,
         kernel.clock,
         kernel.audit,
+        kernel.subjects,
         service._write_alone,
         max_queued=1,
         enqueue_timeout_s=0.2,
@@ -273,3 +275,155 @@ def test_stopping_answers_every_request_queued_or_arriving(writing: Uprof) -> No
     assert errors == []
     in_log = _log_captures(kernel)
     assert len(acks) == 36 and all(in_log[a.capture_id] == 1 for a in acks)
+
+
+def _unresolved(subject_ref: str, *interactions) -> PendingCapture:
+    """A request as the REST route queues it: the writer looks its subject up."""
+    return PendingCapture(
+        subject_ref=subject_ref,
+        interactions=[check_interaction(i) for i in interactions],
+        batch_token=None,
+        token_window_s=3600.0,
+        principal="app:planner/key-1",
+    )
+
+
+def test_the_writer_looks_up_a_groups_subjects_and_refuses_unknown_and_erased_alone(
+    kernel: Uprof,
+) -> None:
+    consent(kernel, "alice")
+    consent(kernel, "bob")
+    kernel.erase_subject("bob")
+    ok = _unresolved("alice", say("I like green tea"))
+    ok2 = _unresolved("alice", say("I like mint"))
+    unknown = _unresolved("nobody-at-all", say("I like black tea"))
+    erased = _unresolved("bob", say("I like oolong"))
+    refused_before = len(list(kernel.audit_log.entries(action="capture.refused")))
+    kernel.capture_service.writer.commit([unknown, ok, erased, ok2])
+    assert all(p.answered for p in (ok, ok2, unknown, erased))
+    assert isinstance(unknown.error, ConsentRequiredError) and unknown.acks is None
+    assert isinstance(erased.error, SubjectErasedError) and erased.acks is None
+    assert classify(erased.error)[0] == 410
+    assert ok.error is None and ok2.error is None
+    assert ok.stream_id == kernel.stream_of("alice")
+    assert ok.pseudonym == kernel.subjects.pseudonym("alice")
+    assert sorted(_log_captures(kernel)) == sorted([ok.acks[0][0], ok2.acks[0][0]])
+    refused = list(kernel.audit_log.entries(action="capture.refused"))[refused_before:]
+    reasons = sorted(r.entry["reason_code"] for r in refused)
+    assert reasons == ["no-consent-on-record", "subject-erased"]
+    # As on the one-request path: one-off pseudonyms, linked to nothing; the principal named.
+    assert {r.entry["subject_ref"] for r in refused} == {unknown.pseudonym, erased.pseudonym}
+    assert unknown.pseudonym != erased.pseudonym
+    assert all(r.entry["principal"] == "app:planner/key-1" for r in refused)
+
+
+def test_coroutines_wait_for_the_writer_and_are_grouped(writing: Uprof) -> None:
+    """The REST route's path: 16 coroutines on one event loop, no thread each."""
+    import asyncio
+
+    kernel = writing
+    for s in ("alice", "bob"):
+        consent(kernel, s)
+
+    async def many() -> list:
+        return await asyncio.gather(
+            *(
+                kernel.capture_async(("alice", "bob")[n % 2], [say(f"I like tea {n}")])
+                for n in range(16)
+            )
+        )
+
+    writer = kernel.capture_service.writer
+    groups_before = writer.groups
+    acks = [a for (a,) in asyncio.run(many())]
+    assert len({a.capture_id for a in acks}) == 16
+    assert writer.groups - groups_before < 16, "the coroutines were not grouped"
+    in_log = _log_captures(kernel)
+    assert all(in_log[a.capture_id] == 1 for a in acks)
+    assert len(list(kernel.audit_log.entries(action="capture.accepted"))) == 16
+
+
+def test_a_coroutine_is_served_on_a_thread_when_the_writer_is_not_running(
+    kernel: Uprof,
+) -> None:
+    import asyncio
+
+    consent(kernel, "alice")
+    assert not kernel.capture_service.writer.running
+    (ack,) = asyncio.run(kernel.capture_async("alice", [say("I like green tea")]))
+    assert _log_captures(kernel)[ack.capture_id] == 1
+    with pytest.raises(ConsentRequiredError):
+        asyncio.run(kernel.capture_async("nobody-at-all", [say("I like tea")]))
+    refused = list(kernel.audit_log.entries(action="capture.refused"))
+    assert [r.entry["reason_code"] for r in refused] == ["no-consent-on-record"]
+
+
+def test_catching_up_many_copies_matches_loading_them(kernel: Uprof) -> None:
+    """Two queries for a group: a copy at the head stays, one behind gets the tail,
+    a shredded one is refused; the stream versions are each stream's newest."""
+    for s in ("alice", "bob", "carol"):
+        consent(kernel, s)
+    streams = {s: kernel.stream_of(s) for s in ("alice", "bob", "carol")}
+    copies = {s: kernel.app.load(stream) for s, stream in streams.items()}
+    bob_was = copies["bob"].version
+    kernel.capture("bob", say("I like coffee"))  # bob's copy is now behind
+    kernel.erase_subject("carol")
+    caught_up = kernel.app.catch_up_many(list(copies.values()))
+    assert caught_up[streams["alice"]] is copies["alice"]
+    bob = caught_up[streams["bob"]]
+    assert bob.version == kernel.app.load(streams["bob"]).version > bob_was
+    assert bob.capture_count == 1
+    assert isinstance(caught_up[streams["carol"]], SubjectErasedError)
+    versions = kernel.app.stream_versions([streams["alice"], streams["bob"], uuid4()])
+    assert versions == {
+        streams["alice"]: copies["alice"].version,
+        streams["bob"]: bob.version,
+    }
+
+
+def test_a_coroutine_finding_the_queue_full_is_refused_with_backlogged(kernel: Uprof) -> None:
+    import asyncio
+
+    consent(kernel, "alice")
+    service = kernel.capture_service
+    service.writer = CaptureWriter(
+        kernel.app,
+        kernel.keystore,
+        kernel.clock,
+        kernel.audit,
+        kernel.subjects,
+        service._write_alone,
+        max_queued=1,
+        enqueue_timeout_s=0.2,
+    )
+    service.writer.start()
+    writer_queue = service.writer._queue
+    turns = kernel.app.writer_turns([kernel.stream_of("alice")])
+
+    async def scenario() -> tuple[list, list, BaseException | None]:
+        # ``unfinished_tasks`` counts every put (the writer never calls task_done), so
+        # the waits below cannot miss a request the writer takes at once.
+        first = asyncio.create_task(kernel.capture_async("alice", [say("I like tea first")]))
+        while writer_queue.unfinished_tasks < 1 or not writer_queue.empty():
+            await asyncio.sleep(0.005)  # until the writer took it and waits for the turn
+        await asyncio.sleep(0.05)  # past its linger: the next request cannot join the group
+        queued = asyncio.create_task(kernel.capture_async("alice", [say("I like tea queued")]))
+        while writer_queue.unfinished_tasks < 2:
+            await asyncio.sleep(0.005)  # queued behind the blocked writer: the queue is full
+        refused: BaseException | None = None
+        try:
+            await asyncio.wait_for(
+                kernel.capture_async("alice", [say("I like tea refused")]), timeout=10
+            )
+        except CaptureBackloggedError as error:
+            refused = error
+        turns.__exit__(None, None, None)  # the writer goes on
+        return await first, await queued, refused
+
+    turns.__enter__()
+    try:
+        first, queued, refused = asyncio.run(scenario())
+    finally:
+        service.writer.stop()
+    assert isinstance(refused, CaptureBackloggedError)
+    assert sorted(_log_captures(kernel)) == sorted([first[0].capture_id, queued[0].capture_id])

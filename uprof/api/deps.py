@@ -10,12 +10,13 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 
 from uprof.api.errors import unauthenticated
 from uprof.api.ratelimit import KeyRateLimiter
 from uprof.api.runtime import ServiceRuntime
 from uprof.api.scoped import AppScope
-from uprof.apikeys.store import ApiKeyStore, Principal
+from uprof.apikeys.store import ApiKeyStore, NeedsRead, Principal
 
 #: auto_error=False: a missing header must give our 401 body, not FastAPI's 403.
 bearer_scheme = HTTPBearer(
@@ -25,12 +26,16 @@ bearer_scheme = HTTPBearer(
 )
 
 
-def get_runtime(request: Request) -> ServiceRuntime:
+# The dependencies are ``async def``: FastAPI runs a plain ``def`` dependency on a worker
+# thread, one thread hop each, and these only read what the app already holds.
+
+
+async def get_runtime(request: Request) -> ServiceRuntime:
     runtime: ServiceRuntime = request.app.state.runtime
     return runtime
 
 
-def get_key_store(request: Request) -> ApiKeyStore:
+async def get_key_store(request: Request) -> ApiKeyStore:
     store: ApiKeyStore = request.app.state.api_keys
     return store
 
@@ -39,17 +44,25 @@ Runtime = Annotated[ServiceRuntime, Depends(get_runtime)]
 KeyStore = Annotated[ApiKeyStore, Depends(get_key_store)]
 
 
-def authenticate(
+async def authenticate(
     request: Request,
-    store: KeyStore,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
 ) -> Principal:
     """Return the principal of the request's API key, or refuse with 401 (429 when the
     key is over its rate limit: counted after authentication, so a stranger cannot use
-    up an app's allowance)."""
+    up an app's allowance).
+
+    A key whose row was read within the last seconds is checked on the event loop;
+    otherwise the row is read on a worker thread, so the loop never waits on a query.
+    """
     if credentials is None:
         raise unauthenticated("missing API key")
-    principal = store.authenticate(credentials.credentials)
+    # Read from the app's state, not through the KeyStore dependency: each dependency
+    # FastAPI resolves costs every request of every route that authenticates.
+    store: ApiKeyStore = request.app.state.api_keys
+    principal = store.authenticate_cached(credentials.credentials)
+    if isinstance(principal, NeedsRead):
+        principal = await run_in_threadpool(store.authenticate, credentials.credentials)
     if principal is None:
         raise unauthenticated("invalid or revoked API key")
     limiter: KeyRateLimiter | None = request.app.state.rate_limiter
@@ -61,7 +74,8 @@ def authenticate(
 CurrentPrincipal = Annotated[Principal, Depends(authenticate)]
 
 
-def app_scope(runtime: Runtime, principal: CurrentPrincipal) -> AppScope:
+async def app_scope(request: Request, principal: CurrentPrincipal) -> AppScope:
+    runtime: ServiceRuntime = request.app.state.runtime
     return AppScope(runtime, principal.app_id, principal.roles, key_id=principal.key_id)
 
 

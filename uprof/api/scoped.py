@@ -12,6 +12,7 @@ This module imports no web framework: the SDK's embedded mode uses it in-process
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -96,6 +97,43 @@ class AppScope:
         answer = self._once(idempotency_key, "capture", body, write)
         self._runtime.wake()
         return w.CaptureAck.model_validate(answer)
+
+    async def capture_async(
+        self, body: w.CaptureIn, *, idempotency_key: str | None = None
+    ) -> w.CaptureAck:
+        """``capture`` for a coroutine on an event loop (the REST route): the request
+        waits for the capture writer without holding a thread. A keyed request claims
+        its key in the idempotency store (writes), so it runs ``capture`` on a thread."""
+        if idempotency_key is not None:
+            return await asyncio.to_thread(self.capture, body, idempotency_key=idempotency_key)
+        (ack,) = await self._door.capture_async(body.subject, [self._interaction(body)])
+        self._runtime.wake()
+        return w.CaptureAck(
+            capture_id=ack.capture_id,
+            notification_id=ack.notification_id,
+            subject_pseudonym=ack.subject_pseudonym,
+        )
+
+    async def capture_many_async(
+        self, body: w.CaptureBatchIn, *, idempotency_key: str | None = None
+    ) -> w.CaptureBatchAck:
+        """``capture_many`` for a coroutine on an event loop, as ``capture_async``."""
+        if idempotency_key is not None:
+            return await asyncio.to_thread(self.capture_many, body, idempotency_key=idempotency_key)
+        acks = await self._door.capture_async(
+            body.subject, [self._interaction(i) for i in body.interactions]
+        )
+        self._runtime.wake()
+        return w.CaptureBatchAck(
+            acks=[
+                w.CaptureAck(
+                    capture_id=a.capture_id,
+                    notification_id=a.notification_id,
+                    subject_pseudonym=a.subject_pseudonym,
+                )
+                for a in acks
+            ]
+        )
 
     def capture_many(
         self, body: w.CaptureBatchIn, *, idempotency_key: str | None = None

@@ -25,7 +25,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -154,6 +154,17 @@ def new_pseudonym() -> str:
     return "subj_" + secrets.token_hex(16)
 
 
+# Statements the capture writer runs for every group, built once: building a statement
+# and its cache key costs SQLAlchemy more than the query costs SQLite.
+_HANDLES_OF = sa.select(
+    subject_index.c.ref_hash, subject_index.c.stream_id, subject_index.c.pseudonym
+).where(subject_index.c.ref_hash.in_(sa.bindparam("ref_hashes", expanding=True)))
+_SHREDDED_AMONG = sa.select(shredded_streams.c.stream_id).where(
+    shredded_streams.c.stream_id.in_(sa.bindparam("stream_ids", expanding=True))
+)
+_INSERT_CAPTURE_KEYS = capture_keys.insert()
+
+
 class KeyStore:
     """Resolve subjects to streams and hand out their keys (cached, evicted on erasure)."""
 
@@ -237,6 +248,27 @@ class KeyStore:
         handle = SubjectHandle(uuid.UUID(row.stream_id), row.pseudonym, created=False)
         self._handles.put(ref_hash, (time.monotonic(), handle), ticket=ticket)
         return handle
+
+    def resolve_many(self, tenant: str, subject_refs: Iterable[str]) -> dict[str, SubjectHandle]:
+        """``resolve`` (never reusing a lookup) for several references in one query;
+        the references that name no subject are left out."""
+        by_hash = {self._ref_hash(tenant, ref): ref for ref in subject_refs}
+        if not by_hash:
+            return {}
+        ticket = self._handles.ticket()
+        with self._engine.connect() as conn:
+            rows = conn.execute(_HANDLES_OF, {"ref_hashes": list(by_hash)}).all()
+        read_at = time.monotonic()
+        found: dict[str, SubjectHandle] = {}
+        for row in rows:
+            found[by_hash[row.ref_hash]] = SubjectHandle(
+                uuid.UUID(row.stream_id), row.pseudonym, created=False
+            )
+        self._handles.put_many(
+            ((row.ref_hash, (read_at, found[by_hash[row.ref_hash]])) for row in rows),
+            ticket=ticket,
+        )
+        return found
 
     def resolve_or_create(self, tenant: str, subject_ref: str, *, now: datetime) -> SubjectHandle:
         """Find the subject's stream, creating stream id and first DEK on first use."""
@@ -426,7 +458,7 @@ class KeyStore:
             return
         ticket = self._capture_keys.ticket()
         with self._engine.begin() as conn:
-            conn.execute(capture_keys.insert(), rows)
+            conn.execute(_INSERT_CAPTURE_KEYS, rows)
         self._capture_keys.put_many(fresh.items(), ticket=ticket)
 
     def capture_key(self, stream_id: str, capture_id: str) -> bytes | None:
@@ -532,6 +564,14 @@ class KeyStore:
                 )
             ).first()
         return row is not None
+
+    def shredded_among(self, stream_ids: Iterable[str]) -> set[str]:
+        """Which of these streams are shredded (``is_shredded`` for many, one query)."""
+        wanted = list(stream_ids)
+        if not wanted:
+            return set()
+        with self._engine.connect() as conn:
+            return set(conn.execute(_SHREDDED_AMONG, {"stream_ids": wanted}).scalars())
 
     def shredded_stream_ids(self) -> list[str]:
         with self._engine.connect() as conn:

@@ -11,11 +11,11 @@ from uuid import UUID
 from domain.errors import ConsentRequiredError, InvalidInputError, SubjectErasedError
 from domain.principal import acting_principal, qualified_agent
 from domain.values import Interaction, check_text, check_token
-from uprof.crypto.keystore import KeyStore, new_pseudonym
+from uprof.crypto.keystore import KeyStore, SubjectHandle, new_pseudonym
 from uprof.eventstore import ProfilesApplication
 from uprof.ports import AuditTrail, Clock
-from uprof.services.capture_writer import CaptureWriter, PendingCapture
-from uprof.services.subjects import SubjectResolver
+from uprof.services.capture_writer import CaptureWriter, PendingCapture, no_consent_on_record
+from uprof.services.subjects import SubjectResolver, check_subject_ref
 
 #: Longest user input or agent response accepted in one interaction.
 MAX_TEXT_CHARS = 32_000
@@ -69,6 +69,21 @@ def check_interaction(interaction: Interaction) -> Interaction:
     )
 
 
+def _checked(
+    subject_ref: str, interactions: Sequence[Interaction]
+) -> tuple[str, list[Interaction]]:
+    """The checked subject reference and interactions; InvalidInputError names the field."""
+    if len(interactions) > MAX_BATCH:
+        raise InvalidInputError(f"at most {MAX_BATCH} interactions per batch")
+    checked = []
+    for index, interaction in enumerate(interactions):
+        try:
+            checked.append(check_interaction(interaction))
+        except InvalidInputError as e:
+            raise InvalidInputError(f"interaction #{index}: {e}") from None
+    return check_subject_ref(subject_ref), checked
+
+
 class CaptureService:
     def __init__(
         self,
@@ -85,7 +100,7 @@ class CaptureService:
         self._audit = audit
         #: The group-commit writer (decision 0017). Long-running front doors start it;
         #: until then (embedded use, the CLI) captures commit on the caller's thread.
-        self.writer = CaptureWriter(app, keystore, clock, audit, self._write_alone)
+        self.writer = CaptureWriter(app, keystore, clock, audit, subjects, self._write_alone)
 
     def capture(self, subject_ref: str, interaction: Interaction) -> CaptureAck:
         return self.capture_many(subject_ref, [interaction])[0]
@@ -125,51 +140,74 @@ class CaptureService:
         interactions whose token the stream already holds are skipped."""
         if not interactions:
             return CaptureOutcome([], 0, False)
-        if len(interactions) > MAX_BATCH:
-            raise InvalidInputError(f"at most {MAX_BATCH} interactions per batch")
         if item_tokens is not None and len(item_tokens) != len(interactions):
             raise InvalidInputError("one token per interaction")
-        checked = []
-        for index, interaction in enumerate(interactions):
-            try:
-                checked.append(check_interaction(interaction))
-            except InvalidInputError as e:
-                raise InvalidInputError(f"interaction #{index}: {e}") from None
-        try:
-            handle = self._subjects.find(subject_ref)
-        except SubjectErasedError:
-            self._refused(new_pseudonym(), checked[0], "subject-erased")
-            raise
-        # Unknown subject: a one-off pseudonym, linked to nothing (no stable keyed hash
-        # of the reference, which would join a refused attempt to a later subject).
-        pseudonym = handle.pseudonym if handle is not None else new_pseudonym()
-        if handle is None:
-            self._refused(pseudonym, checked[0], "no-consent-on-record")
-            raise ConsentRequiredError(
-                f"app {checked[0].app_id!r} has no consent in force for this subject"
-            )
-
+        ref, checked = _checked(subject_ref, interactions)
         if item_tokens is None and self.writer.running:
-            principal = acting_principal.get()
-            pending = PendingCapture(
-                stream_id=handle.stream_id,
-                pseudonym=pseudonym,
-                interactions=checked,
-                batch_token=batch_token,
-                token_window_s=token_window_s,
-                principal=principal.label if principal is not None else None,
-            )
+            # The writer looks the subject up with the rest of its group.
+            pending = self._pending(ref, checked, batch_token, token_window_s)
             self.writer.submit(pending)
             return self._answer(pending)
 
+        handle = self._handle(ref, checked[0])
         return self._save_one(
             handle.stream_id,
-            pseudonym,
+            handle.pseudonym,
             checked,
             batch_token=batch_token,
             item_tokens=item_tokens,
             token_window_s=token_window_s,
         )
+
+    async def capture_async(
+        self, subject_ref: str, interactions: Sequence[Interaction], *, token_window_s: float
+    ) -> list[CaptureAck]:
+        """``capture_many`` (without a request token) for a coroutine on an event loop.
+
+        The checks run on the loop; the subject lookup and the commits run on the
+        writer thread, so the loop never waits on a query or a commit, and no thread
+        is held while the request waits. The answer and its guarantee are
+        ``capture_many``'s: acks only after the key, event and audit commits.
+        """
+        if not interactions:
+            return []
+        ref, checked = _checked(subject_ref, interactions)
+        pending = self._pending(ref, checked, None, token_window_s)
+        await self.writer.submit_async(pending)
+        return self._answer(pending).acks
+
+    def _pending(
+        self,
+        subject_ref: str,
+        checked: Sequence[Interaction],
+        batch_token: str | None,
+        token_window_s: float,
+    ) -> PendingCapture:
+        principal = acting_principal.get()
+        return PendingCapture(
+            subject_ref=subject_ref,
+            interactions=checked,
+            batch_token=batch_token,
+            token_window_s=token_window_s,
+            principal=principal.label if principal is not None else None,
+        )
+
+    def _handle(
+        self, subject_ref: str, first: Interaction, *, principal: str | None = None
+    ) -> SubjectHandle:
+        """The subject's stream for a write; refused (and audited) when the reference
+        names no subject or an erased one."""
+        try:
+            handle = self._subjects.find(subject_ref)
+        except SubjectErasedError:
+            self._refused(new_pseudonym(), first, "subject-erased", principal=principal)
+            raise
+        if handle is None:
+            # Unknown subject: a one-off pseudonym, linked to nothing (no stable keyed
+            # hash of the reference, which would join a refused attempt to a later one).
+            self._refused(new_pseudonym(), first, "no-consent-on-record", principal=principal)
+            raise no_consent_on_record(first.app_id)
+        return handle
 
     def _save_one(
         self,
@@ -271,6 +309,11 @@ class CaptureService:
         """The one-request path for a queued request (the writer's fallback)."""
         token = acting_principal.set(None)  # the entry names the principal explicitly
         try:
+            if pending.stream_id is None:  # queued before the writer looked it up
+                handle = self._handle(
+                    pending.subject_ref or "", pending.interactions[0], principal=pending.principal
+                )
+                pending.stream_id, pending.pseudonym = handle.stream_id, handle.pseudonym
             outcome = self._save_one(
                 pending.stream_id,
                 pending.pseudonym,

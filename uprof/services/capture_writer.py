@@ -26,12 +26,13 @@ A copy that is behind in spite of that loses the version check and is reloaded.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -46,9 +47,10 @@ from domain.profile import SubjectProfile
 from domain.values import Interaction
 from uprof import retry
 from uprof.caching import BoundedCache, CacheStats
-from uprof.crypto.keystore import KeyStore
+from uprof.crypto.keystore import KeyStore, new_pseudonym
 from uprof.eventstore import ProfilesApplication
 from uprof.ports import AuditTrail, Clock
+from uprof.services.subjects import ERASED_SUBJECT, SubjectResolver
 
 _log = logging.getLogger(__name__)
 
@@ -70,25 +72,90 @@ MAX_SAVED_SUBJECTS = 256
 class PendingCapture:
     """One request's validated captures, queued for the writer, and its answer."""
 
-    stream_id: UUID
-    pseudonym: str
     interactions: Sequence[Interaction]
     batch_token: str | None
     token_window_s: float
     #: The asking principal's audit label: the writer thread has no request context.
     principal: str | None
-    done: threading.Event = field(default_factory=threading.Event)
+    #: The subject's stream and pseudonym; or, until the writer has looked it up,
+    #: ``subject_ref`` (checked) with ``stream_id`` None: the writer looks up a whole
+    #: group's references with one query instead of one per request thread.
+    stream_id: UUID | None = None
+    pseudonym: str = ""
+    subject_ref: str | None = None
     #: (capture ids, their versions) once written; or the first write's token record.
     written: tuple[list[str], list[int]] | None = None
     replay_of: dict[str, Any] | None = None
-    #: Filled by the writer before ``done`` is set (one of the three).
+    #: Filled by the writer before the request is answered (one of the three).
     acks: list[tuple[str, int]] | None = None
     replayed: bool = False
     error: BaseException | None = None
+    #: True once answered: the fields above are final.
+    answered: bool = False
+    #: Who waits for the answer: a thread blocked on ``waiting_thread``, or a coroutine
+    #: awaiting ``waiting_future`` on its event loop (no thread held).
+    waiting_thread: threading.Event | None = field(default=None, repr=False)
+    waiting_future: asyncio.Future[None] | None = field(default=None, repr=False)
+
+    @property
+    def stream(self) -> UUID:
+        """The subject's stream, once looked up (the writer does that first of all)."""
+        assert self.stream_id is not None, "the writer looks up every subject first"
+        return self.stream_id
+
+
+def answer(pendings: Iterable[PendingCapture]) -> None:
+    """Mark requests answered (their fields are final) and wake their waiters: each
+    thread, and each event loop once for all its coroutines (one wake-up per group,
+    not per request)."""
+    futures: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = defaultdict(list)
+    for pending in pendings:
+        if pending.answered:
+            continue
+        pending.answered = True
+        if pending.waiting_thread is not None:
+            pending.waiting_thread.set()
+        if pending.waiting_future is not None:
+            futures[pending.waiting_future.get_loop()].append(pending.waiting_future)
+    for loop, waiting in futures.items():
+        try:
+            loop.call_soon_threadsafe(_settle, waiting)
+        except RuntimeError:  # the loop has closed: nobody waits for these answers
+            pass
+
+
+def _settle(futures: list[asyncio.Future[None]]) -> None:
+    for future in futures:
+        if not future.done():  # a waiter that was cancelled has gone
+            future.set_result(None)
+
+
+def no_consent_on_record(app_id: str) -> ConsentRequiredError:
+    """The refusal of a capture for a reference that names no subject."""
+    return ConsentRequiredError(f"app {app_id!r} has no consent in force for this subject")
+
+
+def refusal_entry(pending: PendingCapture, reason_code: str) -> tuple[str, dict[str, Any]]:
+    """The ``capture.refused`` audit entry of a request (no content, pseudonym only)."""
+    first = pending.interactions[0]
+    return (
+        "capture.refused",
+        {
+            "subject_ref": pending.pseudonym,
+            "principal": pending.principal,
+            "app_id": first.app_id,
+            "agent_id": first.agent_id,
+            "purpose": first.purpose,
+            "reason_code": reason_code,
+        },
+    )
 
 
 #: Runs one request through the one-request path (the fallback after a lost group).
 Fallback = Callable[[PendingCapture], None]
+
+#: What ``CaptureWriter._offer`` did with a request.
+_QUEUED, _FULL, _STOPPED = object(), object(), object()
 
 
 class CaptureWriter:
@@ -100,6 +167,7 @@ class CaptureWriter:
         keystore: KeyStore,
         clock: Clock,
         audit: AuditTrail,
+        subjects: SubjectResolver,
         fallback: Fallback,
         *,
         max_queued: int = MAX_QUEUED,
@@ -111,6 +179,7 @@ class CaptureWriter:
         self._keystore = keystore
         self._clock = clock
         self._audit = audit
+        self._subjects = subjects
         self._fallback = fallback
         self._max_group = max_group
         self._linger_s = linger_s
@@ -161,28 +230,52 @@ class CaptureWriter:
         only turn a capture that will commit into an error the client retries (a
         duplicate without an Idempotency-Key).
         """
+        answered = pending.waiting_thread = threading.Event()
         deadline = time.monotonic() + self._enqueue_timeout_s
-        while True:
-            # Checked and queued under the lock the thread's exit takes: nothing is
-            # queued after the thread decided to end, so no waiter is left unanswered.
-            with self._state:
-                if not self.running:
-                    break
-                try:
-                    self._queue.put_nowait(pending)
-                    queued = True
-                except queue.Full:
-                    queued = False
-            if queued:
-                pending.done.wait()
-                return
-            if time.monotonic() >= deadline:
-                raise CaptureBackloggedError(
-                    f"the capture queue has been full for {self._enqueue_timeout_s:.0f} s; "
-                    "nothing was stored"
-                )
+        while (offered := self._offer(pending, deadline)) is _FULL:
             time.sleep(0.001)
-        self._fallback(pending)
+        if offered is _QUEUED:
+            answered.wait()
+        else:
+            self._fallback(pending)
+
+    async def submit_async(self, pending: PendingCapture) -> None:
+        """``submit`` for a coroutine on an event loop: the loop goes on serving while
+        the request waits, and no thread is held for it. The writer wakes the loop
+        when it answers; a writer that is not running answers on a worker thread."""
+        answered = pending.waiting_future = asyncio.get_running_loop().create_future()
+        deadline = time.monotonic() + self._enqueue_timeout_s
+        pause_s = 0.001
+        while (offered := self._offer(pending, deadline)) is _FULL:
+            await asyncio.sleep(pause_s)
+            # Coroutines are not bounded by a thread pool: with many of them waiting for
+            # a slot, a fixed 1 ms poll each would keep the loop busy with retries alone.
+            pause_s = min(pause_s * 2, 0.05)
+        if offered is _QUEUED:
+            await answered
+        else:
+            pending.waiting_future = None
+            await asyncio.to_thread(self._fallback, pending)
+
+    def _offer(self, pending: PendingCapture, deadline: float) -> object:
+        """Queue the request: ``_QUEUED``; ``_FULL`` to try again; ``_STOPPED`` when the
+        writer is not running. Raises CaptureBackloggedError once ``deadline`` passed."""
+        # Checked and queued under the lock the thread's exit takes: nothing is
+        # queued after the thread decided to end, so no waiter is left unanswered.
+        with self._state:
+            if not self.running:
+                return _STOPPED
+            try:
+                self._queue.put_nowait(pending)
+                return _QUEUED
+            except queue.Full:
+                pass
+        if time.monotonic() >= deadline:
+            raise CaptureBackloggedError(
+                f"the capture queue has been full for {self._enqueue_timeout_s:.0f} s; "
+                "nothing was stored"
+            )
+        return _FULL
 
     def forget(self, stream_id: UUID) -> None:
         """Drop the subject's saved copy (erasure calls this: it may hold decrypted data)."""
@@ -214,13 +307,16 @@ class CaptureWriter:
             except BaseException as error:  # never leave a waiter hanging
                 _log.exception("capture group failed")
                 for pending in group:
-                    if not pending.done.is_set():
+                    if not pending.answered:
                         pending.error = error
-                        pending.done.set()
+                answer(group)
 
     def commit(self, group: list[PendingCapture]) -> None:
         """Write one group and answer its requests (the writer thread's step; tests call
         it to build a group deterministically)."""
+        group = self._resolve_subjects(group)
+        if not group:
+            return
 
         def attempt() -> tuple[
             list[PendingCapture], list[PendingCapture], dict[tuple[UUID, int], int]
@@ -251,11 +347,41 @@ class CaptureWriter:
                 self._fallback(pending)
             except BaseException as error:
                 pending.error = error
-            pending.done.set()
+            answer([pending])
+
+    def _resolve_subjects(self, group: list[PendingCapture]) -> list[PendingCapture]:
+        """Look up the streams of the group's subject references with one query.
+
+        A reference that names no subject, or an erased one, is refused as the
+        one-request path refuses it (audited, then answered) and adds nothing to the
+        group. Returns the requests left to write.
+        """
+        unresolved = [p for p in group if p.stream_id is None]
+        if not unresolved:
+            return group
+        found, erased = self._subjects.find_many(p.subject_ref or "" for p in unresolved)
+        refusals: list[tuple[str, dict[str, Any]]] = []
+        for pending in unresolved:
+            handle = found.get(pending.subject_ref or "")
+            if handle is not None:
+                pending.stream_id, pending.pseudonym = handle.stream_id, handle.pseudonym
+                continue
+            # A one-off pseudonym, linked to nothing (see CaptureService.capture_once).
+            pending.pseudonym = new_pseudonym()
+            if pending.subject_ref in erased:
+                pending.error = SubjectErasedError(ERASED_SUBJECT)
+                refusals.append(refusal_entry(pending, "subject-erased"))
+            else:
+                pending.error = no_consent_on_record(pending.interactions[0].app_id)
+                refusals.append(refusal_entry(pending, "no-consent-on-record"))
+        if refusals:
+            self._audit.record_many(refusals)
+            answer(p for p in unresolved if p.error is not None)
+        return [p for p in group if p.stream_id is not None]
 
     def _reset(self, group: list[PendingCapture]) -> None:
         for pending in group:
-            self._saved.pop(pending.stream_id)
+            self._saved.pop(pending.stream)
             pending.written = pending.replay_of = None
             pending.error = None
 
@@ -266,7 +392,7 @@ class CaptureWriter:
         Returns the requests written, those refused, and the log position of each event."""
         by_stream: dict[UUID, list[PendingCapture]] = defaultdict(list)
         for pending in group:
-            by_stream[pending.stream_id].append(pending)
+            by_stream[pending.stream].append(pending)
         # Nothing is cached after an erasure forgot a subject since this ticket.
         ticket = self._saved.ticket()
         with self._app.writer_turns(by_stream):
@@ -274,12 +400,12 @@ class CaptureWriter:
             profiles: dict[UUID, SubjectProfile] = {}  # the copies with captures to save
             refused: list[PendingCapture] = []
             now = self._clock.now()
+            fresh = self._fresh_copies(list(by_stream), ticket)
             for stream_id, requests in by_stream.items():
-                try:
-                    profile = self._fresh_copy(stream_id, ticket)
-                except UprofError as error:  # erased or unknown since it was resolved
+                profile = fresh[stream_id]
+                if isinstance(profile, UprofError):  # erased or unknown since resolved
                     for pending in requests:
-                        pending.error = error
+                        pending.error = profile
                     continue
                 copies[stream_id] = profile
                 for pending in requests:
@@ -323,33 +449,41 @@ class CaptureWriter:
             if pending.written is not None:
                 ids, versions = pending.written
                 pending.acks = [
-                    (c, positions[(pending.stream_id, v)])
-                    for c, v in zip(ids, versions, strict=True)
+                    (c, positions[(pending.stream, v)]) for c, v in zip(ids, versions, strict=True)
                 ]
             elif pending.replay_of is not None:
                 first = pending.replay_of
-                nids = self._app.notification_ids(pending.stream_id, first["versions"])
+                nids = self._app.notification_ids(pending.stream, first["versions"])
                 pending.acks = list(zip(first["capture_ids"], nids, strict=True))
                 pending.replayed = True
         self.groups += 1
         self.grouped_requests += len(group)
-        for pending in group:
-            pending.done.set()
+        answer(group)
 
-    def _fresh_copy(self, stream_id: UUID, ticket: int) -> SubjectProfile:
-        """The writer's saved copy brought up to the stream's head, or a fresh load.
+    def _fresh_copies(
+        self, stream_ids: list[UUID], ticket: int
+    ) -> dict[UUID, SubjectProfile | UprofError]:
+        """Each subject's copy: the writer's saved one brought up to the stream's head
+        (all of them with two queries), or a fresh load. Erased or unknown subjects map
+        to their error, as a load refuses them.
 
-        Taken out of the cache while in use: a group that fails leaves nothing cached
-        that holds unsaved captures. Erased subjects are refused like a load refuses them.
+        Copies are taken out of the cache while in use: a group that fails leaves
+        nothing cached that holds unsaved captures.
         """
-        profile = self._saved.take(stream_id)
-        if profile is None:
-            return self._app.load(stream_id)
-        caught_up = self._app.catch_up(profile)
-        # Not used if the subject was forgotten (erased) while we read its tail.
-        if self._saved.ticket() != ticket:
-            return self._app.load(stream_id)
-        return caught_up
+        kept = [p for s in stream_ids if (p := self._saved.take(s)) is not None]
+        fresh: dict[UUID, SubjectProfile | UprofError] = {}
+        if kept:
+            caught_up = self._app.catch_up_many(kept)
+            # Not used if a subject was forgotten (erased) while we read the tails.
+            if self._saved.ticket() == ticket:
+                fresh.update(caught_up)
+        for stream_id in stream_ids:
+            if stream_id not in fresh:
+                try:
+                    fresh[stream_id] = self._app.load(stream_id)
+                except UprofError as error:
+                    fresh[stream_id] = error
+        return fresh
 
     def _apply(self, profile: SubjectProfile, pending: PendingCapture, now: Any) -> None:
         """Apply one request to the subject's copy, all or nothing."""
@@ -400,25 +534,11 @@ class CaptureWriter:
                         "purpose": first.purpose,
                         "counts": {"events": len(pending.written[0])},
                         "notification_id": max(
-                            positions[(pending.stream_id, v)] for v in pending.written[1]
+                            positions[(pending.stream, v)] for v in pending.written[1]
                         ),
                     },
                 )
             )
-        for pending in refused:
-            first = pending.interactions[0]
-            entries.append(
-                (
-                    "capture.refused",
-                    {
-                        "subject_ref": pending.pseudonym,
-                        "principal": pending.principal,
-                        "app_id": first.app_id,
-                        "agent_id": first.agent_id,
-                        "purpose": first.purpose,
-                        "reason_code": "consent-not-in-force",
-                    },
-                )
-            )
+        entries.extend(refusal_entry(pending, "consent-not-in-force") for pending in refused)
         if entries:
             self._audit.record_many(entries)

@@ -1,4 +1,8 @@
-"""Capture: interactions enter through the kernel's consent gate."""
+"""Capture: interactions enter through the kernel's consent gate.
+
+The routes are coroutines: a capture waits for the group-commit writer (decision 0017)
+on the event loop instead of holding a worker thread (decision XXXX-capture-throughput).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ router = APIRouter(prefix="/v1/captures", tags=["capture"])
 @router.post(
     "", status_code=201, response_model=CaptureAck, responses=errors(403, 404, 409, 410, 503)
 )
-def capture(
+async def capture(
     body: CaptureIn, scope: Scope, response: Response, idempotency_key: IdempotencyKey = None
 ) -> CaptureAck:
     """Capture one interaction about a subject, as the authenticated app.
@@ -23,7 +27,7 @@ def capture(
     purpose; then nothing is stored. With an ``Idempotency-Key`` a retry is answered
     with the first answer and captures nothing again.
     """
-    ack = scope.capture(body, idempotency_key=idempotency_key)
+    ack = await scope.capture_async(body, idempotency_key=idempotency_key)
     mark_replay(scope, response)
     return ack
 
@@ -34,13 +38,13 @@ def capture(
     response_model=CaptureBatchAck,
     responses=errors(403, 404, 409, 410, 503),
 )
-def capture_batch(
+async def capture_batch(
     body: CaptureBatchIn,
     scope: Scope,
     response: Response,
     idempotency_key: IdempotencyKey = None,
 ) -> CaptureBatchAck:
     """Capture several interactions about one subject in one transaction, all or nothing."""
-    acks = scope.capture_many(body, idempotency_key=idempotency_key)
+    acks = await scope.capture_many_async(body, idempotency_key=idempotency_key)
     mark_replay(scope, response)
     return acks
