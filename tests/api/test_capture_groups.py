@@ -1,4 +1,4 @@
-"""REST captures committed in groups (decisions 0017 and XXXX-capture-throughput): the
+"""REST captures committed in groups (decisions 0017 and 0034-capture-throughput): the
 route waits for the writer on the event loop, and a request refused inside a group
 (by the policy, for want of consent, or naming no subject) is answered alone while the
 rest of its group commits. Both backends, a live server, concurrent clients."""

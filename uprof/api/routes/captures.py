@@ -1,7 +1,7 @@
 """Capture: interactions enter through the kernel's consent gate.
 
 The routes are coroutines: a capture waits for the group-commit writer (decision 0017)
-on the event loop instead of holding a worker thread (decision XXXX-capture-throughput).
+on the event loop instead of holding a worker thread (decision 0034-capture-throughput).
 """
 
 from __future__ import annotations
