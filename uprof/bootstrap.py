@@ -16,6 +16,7 @@ from audit.log import AuditLog
 from domain.errors import UprofError
 from projections.profile.projector import ProfileProjector
 from projections.profile.queries import ProfileQueries
+from uprof import telemetry
 from uprof.adapters.audit_trail import AuditLogTrail
 from uprof.adapters.clock import SystemClock
 from uprof.crypto.fields import ViewSealer
@@ -216,6 +217,7 @@ def bootstrap(
     ``settings.worker_partitions``); ``uprof worker --partition K`` passes ``[K]``.
     """
     clock = clock or SystemClock()
+    telemetry.configure(settings)
     if not restoring:
         refuse_interrupted_restore(settings)
     material = key_material or build_key_material(settings)

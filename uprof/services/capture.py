@@ -11,6 +11,7 @@ from uuid import UUID
 from domain.errors import ConsentRequiredError, InvalidInputError, SubjectErasedError
 from domain.principal import acting_principal, qualified_agent
 from domain.values import Interaction, check_text, check_token
+from uprof import telemetry
 from uprof.crypto.keystore import KeyStore, new_pseudonym
 from uprof.eventstore import ProfilesApplication
 from uprof.ports import AuditTrail, Clock
@@ -123,6 +124,32 @@ class CaptureService:
         """Capture with retry tokens: ``batch_token`` names the whole batch (a keyed
         REST request), ``item_tokens`` one token per interaction (import records);
         interactions whose token the stream already holds are skipped."""
+        with telemetry.span("uprof.capture", interactions=len(interactions)) as traced:
+            outcome = self._capture(
+                subject_ref,
+                interactions,
+                batch_token=batch_token,
+                item_tokens=item_tokens,
+                token_window_s=token_window_s,
+                traced=traced,
+            )
+            traced.set(
+                captures=len(outcome.acks),
+                replayed=outcome.replayed,
+                outcome="replayed" if outcome.replayed else "written",
+            )
+            return outcome
+
+    def _capture(
+        self,
+        subject_ref: str,
+        interactions: Sequence[Interaction],
+        *,
+        batch_token: str | None,
+        item_tokens: Sequence[str | None] | None,
+        token_window_s: float,
+        traced: telemetry.SpanLike,
+    ) -> CaptureOutcome:
         if not interactions:
             return CaptureOutcome([], 0, False)
         if len(interactions) > MAX_BATCH:
@@ -158,6 +185,7 @@ class CaptureService:
                 batch_token=batch_token,
                 token_window_s=token_window_s,
                 principal=principal.label if principal is not None else None,
+                trace_link=traced.link(),
             )
             self.writer.submit(pending)
             return self._answer(pending)
@@ -217,8 +245,10 @@ class CaptureService:
             # One event for the batch's tokens, saved with its captures.
             profile.record_requests(tokens, now=now, window_s=token_window_s)
             # Each captured event gets its own key before it is sealed (item-level shredding).
-            self._keystore.create_capture_keys(str(stream_id), ids, now=self._clock.now())
-            recordings = self._app.save(profile)
+            with telemetry.span("uprof.capture.commit.keys", captures=len(ids)):
+                self._keystore.create_capture_keys(str(stream_id), ids, now=self._clock.now())
+            with telemetry.span("uprof.capture.commit.events", events=len(ids) + 1):
+                recordings = self._app.save(profile)
             by_version = {r.notification.originator_version: r.notification.id for r in recordings}
             return ids, [by_version[v] for v in versions], skipped, None
 
@@ -237,16 +267,8 @@ class CaptureService:
                 True,
             )
         if ids:
-            self._audit.record(
-                "capture.accepted",
-                subject_ref=pseudonym,
-                app_id=checked[0].app_id,
-                agent_id=checked[0].agent_id,
-                purpose=checked[0].purpose,
-                counts={"events": len(ids)},
-                notification_id=max(notification_ids),
-                principal=principal,
-            )
+            with telemetry.span("uprof.capture.commit.audit", events=1):
+                self._audit_accepted(pseudonym, checked, ids, notification_ids, principal)
         return CaptureOutcome(
             [
                 CaptureAck(capture_id, nid, pseudonym)
@@ -254,6 +276,25 @@ class CaptureService:
             ],
             skipped,
             False,
+        )
+
+    def _audit_accepted(
+        self,
+        pseudonym: str,
+        checked: Sequence[Interaction],
+        ids: Sequence[str],
+        notification_ids: Sequence[int],
+        principal: str | None,
+    ) -> None:
+        self._audit.record(
+            "capture.accepted",
+            subject_ref=pseudonym,
+            app_id=checked[0].app_id,
+            agent_id=checked[0].agent_id,
+            purpose=checked[0].purpose,
+            counts={"events": len(ids)},
+            notification_id=max(notification_ids),
+            principal=principal,
         )
 
     def _answer(self, pending: PendingCapture) -> CaptureOutcome:
