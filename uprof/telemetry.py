@@ -23,6 +23,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from domain.errors import UprofError
+
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Link, Tracer
@@ -78,6 +80,12 @@ _configure_lock = threading.Lock()
 
 class TelemetryError(ValueError):
     """A span was given an attribute outside the allowed set (a programming error)."""
+
+
+class TracingSetupError(UprofError):
+    """The configured exporter cannot be built (its package is not installed)."""
+
+    hint = "install the extra the message names, or set UPROF_OTEL_EXPORTER=none"
 
 
 def checked(attributes: Mapping[str, Any]) -> dict[str, Any]:
@@ -253,7 +261,7 @@ def configure(settings: Settings) -> None:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
     except ImportError:
-        raise TelemetryError(
+        raise TracingSetupError(
             f"UPROF_OTEL_EXPORTER={settings.otel_exporter} needs the OpenTelemetry SDK: "
             "pip install 'uprof[otel]'"
         ) from None
@@ -274,7 +282,7 @@ def _otlp_exporter(endpoint: str | None) -> Any:
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     except ImportError:
-        raise TelemetryError(
+        raise TracingSetupError(
             "UPROF_OTEL_EXPORTER=otlp needs the OTLP exporter: pip install 'uprof[otlp]'"
         ) from None
     if endpoint is None:

@@ -12,7 +12,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-HEAVY = ("sentence_transformers", "torch", "fastapi", "mcp", "uprof.kernel", "uprof.mcp.server")
+HEAVY = (
+    "sentence_transformers",
+    "torch",
+    "fastapi",
+    "mcp",
+    "uprof.kernel",
+    "uprof.mcp.server",
+    # Tracing is off unless configured, and off it imports nothing (decision XXXX-observability).
+    "opentelemetry",
+)
 
 _PROBE = """
 import json, sys
@@ -82,3 +91,4 @@ def test_a_capture_opens_the_stores_but_does_not_load_the_model(tmp_path: Path) 
     loaded = captured["loaded"]
     assert isinstance(loaded, list) and "uprof.kernel" in loaded  # the stores were opened
     assert "sentence_transformers" not in loaded and "torch" not in loaded
+    assert "opentelemetry" not in loaded
