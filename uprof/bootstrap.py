@@ -7,6 +7,7 @@ fakes for the clock, embedder, extractor and audit trail.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,7 @@ from uuid import UUID
 
 from audit.log import AuditLog
 from domain.errors import UprofError
+from domain.values import CapturedInteraction, ProposalBatch
 from projections.profile.projector import ProfileProjector
 from projections.profile.queries import ProfileQueries
 from uprof import telemetry
@@ -119,6 +121,34 @@ def build_extractor(settings: Settings) -> Extractor:
         # Without a fallback a failing endpoint fails the batch: captures wait, none lost.
         fallback=rules if settings.llm_fallback == "rules" else None,
     )
+
+
+class DeferredExtractor:
+    """The configured extractor, built on its first use.
+
+    Its rule tables and HTTP client are ~0.2-0.3 s of imports, which a command that
+    extracts nothing (a CLI capture, a consent grant) would otherwise pay at start.
+    Servers build theirs at start, so a misconfigured extractor fails before any request.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._built: Extractor | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self._extractor().name
+
+    def extract(self, capture: CapturedInteraction) -> ProposalBatch:
+        return self._extractor().extract(capture)
+
+    def _extractor(self) -> Extractor:
+        if self._built is None:
+            with self._lock:
+                if self._built is None:
+                    self._built = build_extractor(self._settings)
+        return self._built
 
 
 def build_authorizer(settings: Settings) -> Authorizer:
@@ -271,7 +301,12 @@ def bootstrap(
     if audit is None:
         audit = AuditLogTrail(audit_log, settings.tenant)
     embedder = embedder or build_embedder(settings)
-    extractor = extractor or build_extractor(settings)
+    if extractor is None:
+        extractor = (
+            build_extractor(settings)
+            if settings.background_workers
+            else DeferredExtractor(settings)
+        )
     evidence = EvidenceChecker(queries)
 
     with schema_lock(events):

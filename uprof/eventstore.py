@@ -33,11 +33,7 @@ from domain.profile import SubjectProfile
 from uprof.crypto.keystore import KeyStore
 from uprof.crypto.mapper import SubjectKeyMapper
 from uprof.partitions import claim
-from uprof.recorders import (
-    GUARDED_RECORDERS,
-    GuardedPostgresProcessRecorder,
-    GuardedSQLiteProcessRecorder,
-)
+from uprof.recorders import GUARDED_RECORDERS
 
 T = TypeVar("T")
 
@@ -57,7 +53,7 @@ def _with_guarded_recorder(env: dict[str, str]) -> dict[str, str]:
         raise ValueError(
             f"PERSISTENCE_MODULE {module!r}: the profiles log runs on sqlite or postgres"
         )
-    return {**env, "PROCESS_RECORDER_TOPIC": get_topic(recorder)}
+    return {**env, "PROCESS_RECORDER_TOPIC": recorder}
 
 
 def topic_of(event_class: type) -> str:
@@ -105,7 +101,7 @@ class ProfilesApplication(Application[UUID]):
 
     def construct_recorder(self) -> ProcessRecorder:  # type: ignore[override]
         recorder = self.factory.process_recorder()
-        if not isinstance(recorder, GuardedSQLiteProcessRecorder | GuardedPostgresProcessRecorder):
+        if not getattr(recorder, "guards_tracking", False):
             # Without the guard, two workers that read the same batch both commit it.
             raise TypeError(
                 f"the profiles log needs a guarded process recorder, got {type(recorder).__name__}"

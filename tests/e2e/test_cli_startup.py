@@ -21,6 +21,14 @@ HEAVY = (
     "uprof.mcp.server",
     # Tracing is off unless configured, and off it imports nothing (decision XXXX-observability).
     "opentelemetry",
+    # What a capture on SQLite does not need (decision XXXX-observability): the migration
+    # tool (the stores are at head), the PostgreSQL driver, the sparse matrices of the
+    # slice index, the extractor and its HTTP client.
+    "alembic",
+    "psycopg",
+    "scipy",
+    "uprof.adapters.extraction",
+    "httpx",
 )
 
 _PROBE = """
@@ -91,4 +99,5 @@ def test_a_capture_opens_the_stores_but_does_not_load_the_model(tmp_path: Path) 
     loaded = captured["loaded"]
     assert isinstance(loaded, list) and "uprof.kernel" in loaded  # the stores were opened
     assert "sentence_transformers" not in loaded and "torch" not in loaded
-    assert "opentelemetry" not in loaded
+    for unneeded in ("opentelemetry", "alembic", "psycopg", "scipy", "uprof.adapters.extraction"):
+        assert unneeded not in loaded, unneeded
