@@ -218,10 +218,13 @@ def build_policy_service(settings: Settings, audit: AuditTrail, keys: Any) -> Po
     return service
 
 
-def build_counter() -> TokenCounter:
+def build_counter(settings: Settings) -> TokenCounter:
     from uprof.adapters.tokens import TiktokenCounter
 
-    return TiktokenCounter()
+    counter = TiktokenCounter()
+    if settings.background_workers:
+        counter.load()  # a server loads the table before its first slice, not during it
+    return counter
 
 
 def bootstrap(
@@ -334,7 +337,7 @@ def bootstrap(
         queries,
         authorizer,
         embedder,
-        counter or build_counter(),
+        counter or build_counter(settings),
         clock,
         reads,
         ensure_fresh=ensure_subject_fresh,
