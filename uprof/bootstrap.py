@@ -135,10 +135,8 @@ class DeferredExtractor:
         self._settings = settings
         self._built: Extractor | None = None
         self._lock = threading.Lock()
-
-    @property
-    def name(self) -> str:
-        return self._extractor().name
+        # The name the built extractor will have (rules.py, llm.py), without building it.
+        self.name = "rules" if settings.extractor == "rules" else f"llm:{settings.llm_model}"
 
     def extract(self, capture: CapturedInteraction) -> ProposalBatch:
         return self._extractor().extract(capture)
