@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -116,7 +117,9 @@ def _api_key(data_dir: Path) -> str:
         keys.close()
 
 
-def start_server(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(
+    data_dir: Path, extra_env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
     """``uprof serve`` in its own process; returns it once /healthz answers."""
     port = _free_port()
     env = {
@@ -124,6 +127,7 @@ def start_server(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
         "HF_HUB_OFFLINE": "1",
         "UPROF_DATA_DIR": str(data_dir),
         "UPROF_EMBEDDER": "hashing",
+        **(extra_env or {}),
     }
     process = subprocess.Popen(
         [
@@ -218,6 +222,24 @@ def slice_all(
     return samples
 
 
+#: Written into a data folder once seeding finished, with the sizes it was seeded with.
+SEEDED_MARK = "memory-bench-seeded.json"
+
+
+def _seed_once(data_dir: Path, subjects: int, captures: int, echo: Callable[[str], None]) -> float:
+    """Seed ``data_dir`` unless an earlier run seeded it with the same sizes (0 s then)."""
+    mark = data_dir / SEEDED_MARK
+    sizes = {"subjects": subjects, "captures": captures}
+    if mark.exists():
+        if json.loads(mark.read_text(encoding="utf-8")) != sizes:
+            raise ValueError(f"{data_dir} was seeded with other sizes: {mark.read_text()}")
+        echo(f"reusing the seeded folder {data_dir}")
+        return 0.0
+    seconds = seed(data_dir, subjects, captures, echo)
+    mark.write_text(json.dumps(sizes), encoding="utf-8")
+    return seconds
+
+
 def main(
     out: Path | None,
     subjects: int = 10_000,
@@ -226,14 +248,33 @@ def main(
     every: int = 1_000,
     baseline_at: int = 1_000,
     echo: Callable[[str], None] = print,
+    data_dir: Path | None = None,
+    server_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
+    """Seed (or reuse ``data_dir``), serve, slice every subject, report RSS.
+
+    ``data_dir`` keeps the seeded folder (its keys beside it, ``<dir>.keys``) so that
+    several serving runs, e.g. with different ``server_env``, compare on the same data:
+    each run serves a fresh copy of it (the slices record reads, which would otherwise
+    make every run's data differ from the last).
+    """
     if subjects % every or baseline_at % every or baseline_at > subjects:
         raise ValueError("subjects and baseline_at must be multiples of every, baseline ≤ subjects")
     with tempfile.TemporaryDirectory(prefix="uprof-memory-bench-") as tmp:
-        data_dir = Path(tmp)
-        seed_s = seed(data_dir, subjects, captures, echo)
-        key = _api_key(data_dir)
-        server, url = start_server(data_dir)
+        # The data folder sits inside the temporary one so its key folder (a sibling,
+        # ``<data>.keys``) goes with it.
+        folder = Path(tmp) / "data"
+        if data_dir is None:
+            folder.mkdir()
+            seed_s = _seed_once(folder, subjects, captures, echo)
+        else:
+            data_dir.mkdir(parents=True, exist_ok=True)
+            seed_s = _seed_once(data_dir, subjects, captures, echo)
+            # Closed SQLite files (nothing has them open), so a file copy is consistent.
+            shutil.copytree(data_dir, folder)
+            shutil.copytree(data_dir.with_name(data_dir.name + ".keys"), Path(tmp) / "data.keys")
+        key = _api_key(folder)
+        server, url = start_server(folder, server_env)
         try:
             started = rss_kib(server.pid)
             samples = slice_all(url, key, server.pid, subjects, clients, every, echo)
@@ -252,6 +293,7 @@ def main(
         "subjects": subjects,
         "captures_per_subject": captures,
         "clients": clients,
+        "server_env": server_env or {},
         "seed_seconds": round(seed_s, 1),
         "rss_at_start_mib": round(started["VmRSS"] / 1024, 1),
         f"rss_after_{baseline_at}_mib": round(base / 1024, 1),
@@ -277,6 +319,27 @@ if __name__ == "__main__":
     parser.add_argument("--captures", type=int, default=20)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--every", type=int, default=1_000)
+    parser.add_argument("--baseline-at", type=int, default=1_000)
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--data-dir", type=Path, help="seed here once and reuse it in later runs (kept)"
+    )
+    parser.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra environment for the server process (repeatable)",
+    )
     args = parser.parse_args()
-    main(args.out, args.subjects, args.captures, args.clients, args.every)
+    env = dict(item.split("=", 1) for item in args.server_env)
+    main(
+        args.out,
+        args.subjects,
+        args.captures,
+        args.clients,
+        args.every,
+        args.baseline_at,
+        data_dir=args.data_dir,
+        server_env=env,
+    )
