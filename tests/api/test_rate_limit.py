@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -31,6 +33,9 @@ def test_a_key_over_its_limit_gets_429_and_others_do_not(
             )
             statuses.append(response.status_code)
             if n == 3:
+                # The server's worker appends extraction results after the captures:
+                # the log's position is compared once it has caught up.
+                assert _caught_up(kernel)
                 position_after_four = kernel.lag().log_position
         assert statuses == [201, 201, 201, 201, 429, 429]
         assert response.json()["error"]["code"] == "rate_limited"
@@ -43,7 +48,17 @@ def test_a_key_over_its_limit_gets_429_and_others_do_not(
         # A request without a valid key is refused as unauthenticated and uses up nothing.
         assert http.post("/v1/captures", headers=bearer("upk_bad_key"), json={}).status_code == 401
     # The refused captures wrote nothing to the log.
+    assert _caught_up(kernel)
     assert kernel.lag().log_position == position_after_four
+
+
+def _caught_up(kernel: Uprof, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not kernel.lag().caught_up:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def test_no_limit_by_default_and_bad_specs_are_refused_naming_the_field() -> None:
