@@ -106,11 +106,11 @@ def test_the_worker_traces_an_extraction_batch_and_a_projection_batch(
         headers=bearer(apps.planner),
         json={"subject": "alice", **interaction("I live in Lisbon")},
     )
-    assert _slice(http, apps.planner).json()["fresh"] is True
+    assert _slice(http, apps.planner).status_code == 200
 
-    extraction = [
-        b for b in _wait_for(spans, "uprof.extraction.batch") if b.attributes["uprof.captures"]
-    ]
+    deadline = time.monotonic() + 60
+    while not (extraction := _saved_batches(spans)) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert extraction, "a batch that extracted the capture"
     batch = extraction[0]
     assert batch.parent is None  # a worker batch starts its own trace
@@ -126,6 +126,16 @@ def test_the_worker_traces_an_extraction_batch_and_a_projection_batch(
         "uprof.projection.embed",
         "uprof.projection.apply",
     }
+
+
+def _saved_batches(exporter: Any) -> list[Any]:
+    """Extraction batches that extracted a capture and saved (not an attempt that lost a
+    race with the slice's read record and was redone: those end in error)."""
+    return [
+        b
+        for b in _by_name(exporter, "uprof.extraction.batch")
+        if b.attributes["uprof.captures"] and "uprof.error" not in b.attributes
+    ]
 
 
 def test_a_slice_span_holds_gate_rank_and_pack(spans: Any, http: httpx.Client, apps: Apps) -> None:
