@@ -7,9 +7,9 @@ its inclusion proof against it, then a signed trailer.
 
 from __future__ import annotations
 
-import csv
+import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from hashlib import sha256
@@ -24,6 +24,7 @@ from audit.export_format import (
     CSV_COPIED_FIELDS,
     CSV_PROOF_SEPARATOR,
     EXPORT_FORMAT,
+    csv_line,
     entry_line,
 )
 from audit.keys import note_key_id
@@ -69,7 +70,7 @@ def _filter(
     return chosen
 
 
-def _rows(log: AuditLog, chosen: dict[str, str]) -> Iterator[_Row]:
+def _rows(log: AuditLog, chosen: dict[str, str]) -> Generator[_Row, None, None]:
     """Yield the header, the entry rows and the trailer (which carries the summary)."""
     checkpoint = log.checkpoint_record()
     header = {
@@ -90,7 +91,14 @@ def _rows(log: AuditLog, chosen: dict[str, str]) -> Iterator[_Row]:
     yield _Row("header", header_line)
 
     count = 0
-    stream = log.entries(**chosen, tree_size=checkpoint.tree_size)
+    stream = log.entries(
+        subject_ref=chosen.get("subject_ref"),
+        app_id=chosen.get("app_id"),
+        action=chosen.get("action"),
+        since=chosen.get("since"),
+        until=chosen.get("until"),
+        tree_size=checkpoint.tree_size,
+    )
     while True:
         batch = [entry for _, entry in zip(range(_PROOF_BATCH), stream, strict=False)]
         if not batch:
@@ -148,27 +156,94 @@ def export_csv(
     return _export(log, dest, _filter(subject_ref, app_id, action, since, until), as_csv=True)
 
 
+class ExportStream:
+    """An export as text, one record (line) at a time, for streaming it as it is produced.
+
+    The header (and the checkpoint it signs) is made when the stream is created, so a bad
+    filter or an unreadable log fails before the first byte is sent; ``summary`` is set
+    once the trailer has been yielded. ``on_close(summary, entries_sent)`` runs once, when
+    the stream is exhausted or closed early (a client that went away).
+    """
+
+    def __init__(
+        self,
+        log: AuditLog,
+        chosen: dict[str, str],
+        *,
+        as_csv: bool,
+        on_close: Callable[[ExportSummary | None, int], None] | None = None,
+    ) -> None:
+        self.as_csv = as_csv
+        self.media_type = "text/csv" if as_csv else "application/x-ndjson"
+        self.filename = "audit-trail.csv" if as_csv else "audit-trail.jsonl"
+        self.summary: ExportSummary | None = None
+        self._on_close = on_close
+        self._sent = 0
+        self._closed = False
+        self._rows = _rows(log, chosen)
+        first = next(self._rows)  # the header: checkpoint signed and stored now
+        #: The tree size every proof in this export is against (from the header).
+        self.tree_size: int = json.loads(first.line)["tree_size"]
+        lead = csv_line(CSV_COLUMNS) if as_csv else ""
+        self._pending: list[str] = [lead + self._text(first)]
+
+    def _text(self, row: _Row) -> str:
+        if row.kind == "entry":
+            self._sent += 1
+        if row.summary is not None:
+            self.summary = row.summary
+        if self.as_csv:
+            return csv_line(csv_record(row.kind, row.line, row.stored, row.proof_b64))
+        return row.line + "\n"
+
+    def __iter__(self) -> Iterator[str]:
+        try:
+            while self._pending:
+                yield self._pending.pop()
+            for row in self._rows:
+                yield self._text(row)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._rows.close()
+        if self._on_close is not None:
+            self._on_close(self.summary, self._sent)
+
+
+def stream_export(
+    log: AuditLog,
+    *,
+    fmt: str = "jsonl",
+    subject_ref: str | None = None,
+    app_id: str | None = None,
+    action: str | None = None,
+    since: str | datetime | None = None,
+    until: str | datetime | None = None,
+    on_close: Callable[[ExportSummary | None, int], None] | None = None,
+) -> ExportStream:
+    """The same export as ``export_jsonl``/``export_csv``, as a stream of text records."""
+    chosen = _filter(subject_ref, app_id, action, since, until)
+    return ExportStream(log, chosen, as_csv=fmt == "csv", on_close=on_close)
+
+
 def _export(
     log: AuditLog, dest: str | os.PathLike[str] | TextIO, chosen: dict[str, str], *, as_csv: bool
 ) -> ExportSummary:
     out, owned = _open_target(dest)
-    summary = None
+    stream = ExportStream(log, chosen, as_csv=as_csv)
     try:
-        writer = csv.writer(out, lineterminator="\n")
-        if as_csv:
-            writer.writerow(CSV_COLUMNS)
-        for row in _rows(log, chosen):
-            if as_csv:
-                writer.writerow(csv_record(row.kind, row.line, row.stored, row.proof_b64))
-            else:
-                out.write(row.line + "\n")
-            summary = row.summary or summary
+        for text in stream:
+            out.write(text)
     finally:
         if owned:
             out.close()
-    if summary is None:  # the trailer always comes last; this guards the generator's contract
+    if stream.summary is None:  # the trailer always comes last; this guards the generator
         raise RuntimeError("export ended without its trailer")
-    return summary
+    return stream.summary
 
 
 def csv_record(

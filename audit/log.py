@@ -337,10 +337,13 @@ class AuditLog:
         until: str | datetime | None = None,
         *,
         tree_size: int | None = None,
+        after_leaf: int = -1,
+        page_size: int = _PAGE,
     ) -> Iterator[StoredEntry]:
         """Yield stored entries in leaf order, filtered; ``since`` inclusive, ``until`` exclusive.
 
-        ``tree_size`` limits the scan to the first ``tree_size`` leaves (an export's checkpoint).
+        ``tree_size`` limits the scan to the first ``tree_size`` leaves (an export's checkpoint);
+        ``after_leaf`` starts it after that leaf index (a page's keyset position).
         Pages through the table by leaf index, so a long scan holds no connection between pages.
         """
         conditions = []
@@ -362,13 +365,14 @@ class AuditLog:
             audit_entries.c.entry_json,
             audit_entries.c.leaf_hash,
         )
-        after = -1
+        after = after_leaf
+        page_size = max(1, min(page_size, _PAGE))
         while True:
             query = (
                 sa.select(*columns)
                 .where(audit_entries.c.leaf_index > after, *conditions)
                 .order_by(audit_entries.c.leaf_index)
-                .limit(_PAGE)
+                .limit(page_size)
             )
             with self._engine.connect() as conn:
                 rows = conn.execute(query).all()
@@ -376,7 +380,7 @@ class AuditLog:
                 yield StoredEntry(
                     row.leaf_index, row.recorded_at, row.entry_json, bytes(row.leaf_hash)
                 )
-            if len(rows) < _PAGE:
+            if len(rows) < page_size:
                 return
             after = rows[-1].leaf_index
 

@@ -810,34 +810,41 @@ def tamper_scenario(target: Target, *, trials: int = 200, seed: int = 5) -> dict
 
 
 def importer_fuzz(target: Target, *, examples: int = 300, seed: int = 11) -> dict[str, Any]:
-    """Seeded random JSONL files (valid, broken, unconsented lines mixed); count outcomes."""
-    from domain.errors import ConsentRequiredError, InvalidInputError
+    """Seeded random JSONL files (valid, broken, unconsented lines mixed), every other one
+    strict; count outcomes. A run is per record: nothing may escape, the log must grow by
+    exactly what the report counts as captured, and a strict run with a failed record
+    must write nothing (``partial_writes`` counts any breach of either)."""
     from uprof.services.importer import import_interactions
 
     rng = random.Random(seed)
     outcomes = Counter()
     partial = 0
+    failed_records = 0
     unexpected: list[str] = []
     with kernel_on(target) as kernel:
         grant_all(kernel, "alice")
-        for _ in range(examples):
+        for number in range(examples):
             lines = [random_jsonl_line(rng) for _ in range(rng.randint(0, 6))]
+            strict = number % 2 == 1
             before = kernel.app.max_notification_id()
             try:
-                report = import_interactions(kernel, lines)
-                outcomes["imported"] += 1
-                if kernel.app.max_notification_id() - before < report.captured:
-                    partial += 1
-            except (InvalidInputError, ConsentRequiredError) as e:
-                outcomes[type(e).__name__] += 1
-                if kernel.app.max_notification_id() != before:
-                    partial += 1
+                report = import_interactions(kernel, lines, strict=strict)
             except Exception as e:
                 unexpected.append(f"{type(e).__name__}: {e}"[:200])
+                continue
+            written = kernel.app.max_notification_id() - before
+            failed_records += len(report.failed)
+            if report.refused:
+                outcomes["strict_refused"] += 1
+                partial += written != 0
+            else:
+                outcomes["with_failed_records" if report.failed else "clean"] += 1
+                partial += written != report.captured
     return {
         "backend": target.kind,
         "files": examples,
         "outcomes": dict(outcomes),
+        "failed_records": failed_records,
         "partial_writes": partial,
         "unexpected_exceptions": len(unexpected),
         "unexpected_samples": unexpected[:5],

@@ -42,6 +42,7 @@ from uprof.services.erasure import ErasureService
 from uprof.services.extraction import EvidenceChecker, ExtractionWorker
 from uprof.services.idempotency import IdempotencyStore
 from uprof.services.maintenance import MaintenanceService
+from uprof.services.paging import CursorCodec
 from uprof.services.profile import ProfileService
 from uprof.services.projection import ProjectionRunner
 from uprof.services.proposals import ProposalService
@@ -402,6 +403,7 @@ def bootstrap(
             clock_ms=lambda: int(clock.now().timestamp() * 1000),
         ),
         policy_service=policy,
+        cursors=CursorCodec(derive_key(master, "uprof/cursor/1")),
     )
     kernel_ref.append(kernel)
     if not restoring:

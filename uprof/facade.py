@@ -33,13 +33,16 @@ What is decided here, for every call:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
-from datetime import datetime
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from os import PathLike
 from typing import Any, TextIO
 
+from audit.entry import normalise_timestamp
 from audit.export import ExportSummary
+from audit.receipts import RECEIPT_ACTION
 from domain.errors import (
     ConsentRequiredError,
     InvalidInputError,
@@ -53,6 +56,18 @@ from uprof.kernel import Lag, Uprof
 from uprof.services.capture import CaptureAck
 from uprof.services.erasure import ErasureResult
 from uprof.services.extraction import category_of
+from uprof.services.import_formats import FORMATS as IMPORT_FORMATS
+from uprof.services.import_formats import ImportDefaults, ImportProblem
+from uprof.services.importer import ImportReport
+from uprof.services.paging import (
+    Listing,
+    Page,
+    Position,
+    check_limit,
+    paginate,
+    parse_time_key,
+    time_key,
+)
 from uprof.services.policy import (
     PolicyChange,
     PolicyChangeResult,
@@ -66,12 +81,18 @@ from uprof.services.slices import ProfileSlice
 from uprof.services.subjects import SubjectRequest
 
 __all__ = [
+    "IMPORT_FORMATS",
+    "AuditStream",
     "CaptureAck",
     "ErasureResult",
     "EvidenceView",
     "ExportSummary",
     "Facade",
+    "ImportDefaults",
+    "ImportProblem",
+    "ImportReport",
     "Lag",
+    "Page",
     "PolicyChange",
     "PolicyChangeResult",
     "PolicyInputError",
@@ -82,6 +103,7 @@ __all__ = [
     "ProfileSlice",
     "ProfileView",
     "ResidueReport",
+    "SubjectListed",
     "SubjectRequest",
 ]
 
@@ -94,6 +116,23 @@ COMPLIANCE_PURPOSE = "compliance"
 OPERATIONS_PURPOSE = "operations"
 #: Separates the app's namespace from a session id or identifier before the kernel hashes it.
 _NAMESPACE_SEPARATOR = "\x1f"
+
+
+@dataclass(frozen=True)
+class AuditStream:
+    """An audit export being produced: its media type, file name and text records."""
+
+    media_type: str
+    filename: str
+    records: Iterator[str]
+
+
+@dataclass(frozen=True)
+class SubjectListed:
+    """A live subject as the subjects list shows it: its audit pseudonym, never its reference."""
+
+    pseudonym: str
+    created_at: datetime
 
 
 class Facade:
@@ -556,6 +595,48 @@ class Facade:
                 requested_by=self.principal.label,
             )
 
+    def stream_audit(
+        self,
+        *,
+        fmt: str = "jsonl",
+        subject: str | None = None,
+        app_id: str | None = None,
+        action: str | None = None,
+        since: str | datetime | None = None,
+        until: str | datetime | None = None,
+    ) -> AuditStream:
+        """The export as text records, produced while they are sent (same decision as
+        ``export_audit``; the header is signed now, so a refusal comes before any byte)."""
+        self._authorize_governance("audit", COMPLIANCE_PURPOSE)
+        with self._as_principal():
+            stream = self._kernel.stream_audit(
+                fmt=fmt,
+                subject_ref=self._kernel.audit_subject_ref(subject) if subject else None,
+                app_id=app_id,
+                action=action,
+                since=since,
+                until=until,
+                requested_by=self.principal.label,
+            )
+        return AuditStream(stream.media_type, stream.filename, self._bound(stream))
+
+    def _bound(self, records: Iterable[str]) -> Iterator[str]:
+        """Iterate ``records`` as this principal: the stream is read after this call has
+        returned, on whatever thread serves it, and its closing audit entry must name us."""
+        it = iter(records)
+        try:
+            while True:
+                with self._as_principal():
+                    record = next(it, None)
+                if record is None:
+                    return
+                yield record
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                with self._as_principal():
+                    close()
+
     def audit_entries(self, **filters: Any) -> Iterator[Any]:
         """Audit entries for the console's search (same decision as an export)."""
         self._authorize_governance("audit", COMPLIANCE_PURPOSE)
@@ -581,6 +662,168 @@ class Facade:
         self._authorize_operator("operate", CATEGORIES, OPERATIONS_PURPOSE)
         with self._as_principal():
             return self._kernel.recreate_subject(subject, requested_by=self.principal.label)
+
+    # ----------------------------------------------------------------- pages
+    #
+    # Every list is read a page at a time (uprof.services.paging). Each page is a call
+    # of its own: it is authorized again, its filters come from this request, and the
+    # cursor, bound to this principal, list, subject and filters, only says where the
+    # page starts.
+
+    def _listing(self, name: str, shape: tuple[str, ...], **scope: object) -> Listing:
+        p = self.principal
+        who = f"{p.kind}:{p.policy_subject}"
+        if p.kind is PrincipalKind.USER:
+            who += f":{p.subject}"
+        pairs = tuple(sorted((k, "" if v is None else str(v)) for k, v in scope.items()))
+        return Listing(name, who, shape, pairs)
+
+    def _open(self, listing: Listing, cursor: str | None) -> Position | None:
+        return self._kernel.cursor_codec().open(listing, cursor)
+
+    def _page(
+        self, listing: Listing, rows: Sequence[Any], limit: int, key: Callable[[Any], Position]
+    ) -> Page[Any]:
+        return paginate(self._kernel.cursor_codec(), listing, rows, limit, key)
+
+    def list_consents(
+        self, subject: str, *, cursor: str | None = None, limit: int | None = None
+    ) -> Page[Any]:
+        """A page of consents: an app's own; all apps' for the subject or an operator."""
+        self._own_subject(subject)
+        size = check_limit(limit)
+        app = self.principal.policy_subject if self.principal.kind is PrincipalKind.APP else None
+        with self._as_principal():
+            stream = self._kernel.stream_of(subject)
+            listing = self._listing("consents", ("time", "str"), subject=stream, app=app)
+            after = _time_position(self._open(listing, cursor))
+            rows = self._kernel.consents_after(subject, app_id=app, after=after, limit=size + 1)
+        return self._page(listing, rows, size, lambda c: (time_key(c.granted_at), c.consent_id))
+
+    def list_memories(
+        self, subject: str, *, cursor: str | None = None, limit: int | None = None
+    ) -> Page[Any]:
+        """A page of the subject's memories, oldest first (``inspect``; a subject its own)."""
+        self._own_subject(subject)
+        if self.principal.kind is not PrincipalKind.USER:
+            self._authorize_governance("inspect", OPERATIONS_PURPOSE)
+        size = check_limit(limit)
+        with self._as_principal():
+            stream = self._kernel.stream_of(subject)
+            listing = self._listing("memories", ("time", "str"), subject=stream)
+            after = _time_position(self._open(listing, cursor))
+            rows = self._kernel.memories_after(subject, after=after, limit=size + 1)
+        return self._page(listing, rows, size, lambda m: (time_key(m.occurred_at), m.item_id))
+
+    def list_subjects(
+        self, *, cursor: str | None = None, limit: int | None = None
+    ) -> Page[SubjectListed]:
+        """A page of live subjects, by pseudonym (``inspect``: it reveals that they exist)."""
+        self._authorize_governance("inspect", OPERATIONS_PURPOSE)
+        size = check_limit(limit)
+        listing = self._listing("subjects", ("time", "str"), tenant=self._kernel.subjects.tenant)
+        after = _time_position(self._open(listing, cursor))
+        rows = [
+            SubjectListed(pseudonym, _aware(created))
+            for pseudonym, created in self._kernel.subjects_after(after=after, limit=size + 1)
+        ]
+        return self._page(listing, rows, size, lambda s: (time_key(s.created_at), s.pseudonym))
+
+    def list_audit_entries(
+        self,
+        *,
+        subject: str | None = None,
+        app_id: str | None = None,
+        action: str | None = None,
+        since: str | datetime | None = None,
+        until: str | datetime | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page[Any]:
+        """A page of audit entries in leaf order, filtered (``audit``, as an export is)."""
+        return self._audit_page(
+            "audit.entries",
+            subject=subject,
+            app_id=app_id,
+            action=action,
+            since=since,
+            until=until,
+            cursor=cursor,
+            limit=limit,
+        )
+
+    def list_receipts(
+        self,
+        *,
+        since: str | datetime | None = None,
+        until: str | datetime | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page[Any]:
+        """A page of the erasure receipts the log recorded (their audit entries)."""
+        return self._audit_page(
+            "audit.receipts",
+            action=RECEIPT_ACTION,
+            since=since,
+            until=until,
+            cursor=cursor,
+            limit=limit,
+        )
+
+    def _audit_page(
+        self,
+        name: str,
+        *,
+        subject: str | None = None,
+        app_id: str | None = None,
+        action: str | None = None,
+        since: str | datetime | None = None,
+        until: str | datetime | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page[Any]:
+        self._authorize_governance("audit", COMPLIANCE_PURPOSE)
+        size = check_limit(limit)
+        filters = {
+            "subject_ref": self._kernel.audit_subject_ref(subject) if subject else None,
+            "app_id": app_id,
+            "action": action,
+            "since": normalise_timestamp(since, "since") if since is not None else None,
+            "until": normalise_timestamp(until, "until") if until is not None else None,
+        }
+        listing = self._listing(name, ("int",), **filters)
+        position = self._open(listing, cursor)
+        after = int(position[0]) if position else -1
+        with self._as_principal():
+            entries = self._kernel.audit_entries(
+                **{k: v for k, v in filters.items() if v is not None},
+                after_leaf=after,
+                page_size=size + 1,
+            )
+            rows = list(itertools.islice(entries, size + 1))
+        return self._page(listing, rows, size, lambda e: (e.leaf_index,))
+
+    def list_policy_history(
+        self, *, cursor: str | None = None, limit: int | None = None, newest_first: bool = False
+    ) -> Page[PolicyChange]:
+        """A page of the policy's changes, oldest first or newest first (``policy`` action)."""
+        self._authorize_governance("policy", OPERATIONS_PURPOSE)
+        size = check_limit(limit)
+        listing = self._listing(
+            "policy.history",
+            ("int",),
+            tenant=self._kernel.subjects.tenant,
+            order="desc" if newest_first else "asc",
+        )
+        position = self._open(listing, cursor)
+        changes = self._kernel.policy_history()
+        if newest_first:
+            before = int(position[0]) if position else None
+            rest = [c for c in reversed(changes) if before is None or c.version < before]
+        else:
+            after = int(position[0]) if position else 0
+            rest = [c for c in changes if c.version > after]
+        return self._page(listing, rest[: size + 1], size, lambda c: (c.version,))
 
     # ---------------------------------------------------------------- policy
 
@@ -636,25 +879,69 @@ class Facade:
             return self._kernel.rebuild(progress)
 
     def import_interactions(
-        self, lines: Sequence[str], *, progress: Callable[[int], None] | None = None
-    ) -> Any:
-        """Import a JSONL file as the operator, each record captured as the app it names.
+        self,
+        lines: Iterable[bytes | str],
+        *,
+        fmt: str = "interactions",
+        defaults: ImportDefaults | None = None,
+        dry_run: bool = False,
+        strict: bool = False,
+        progress: Callable[[int], None] | None = None,
+    ) -> ImportReport:
+        """Import a file as the operator, each record captured as the app it names.
 
-        Every (app, purpose) in the file must be allowed ``capture`` by that app's
-        policy; otherwise nothing is written.
+        Per record: a record whose app the policy does not let ``capture`` for its
+        purpose is reported (and the denial audited, once per app and purpose) while
+        the others are imported; ``strict`` writes nothing unless every record passes.
+        A dry run asks the policy without recording a denial (nothing is attempted).
         """
-        from uprof.services.importer import import_interactions, parse_lines
+        from uprof.services.importer import import_interactions
 
-        rows = parse_lines(lines)
-        for app_id, purpose in sorted({(r.app_id, r.purpose) for r in rows}):
-            self.for_app(app_id)._authorize("capture", [CAPTURE_CATEGORY], purpose)
+        if not self.principal.is_operator:
+            raise PermissionDeniedError("importing files is operator work (the CLI)")
+
+        def may_capture(app_id: str, purpose: str) -> str | None:
+            try:
+                if dry_run:
+                    self._kernel.authorizer.authorize_all(
+                        app_id=app_id,
+                        tenant=self._kernel.subjects.tenant,
+                        action="capture",
+                        purpose=purpose,
+                        categories=[CAPTURE_CATEGORY],
+                    )
+                else:
+                    self.for_app(app_id)._authorize("capture", [CAPTURE_CATEGORY], purpose)
+            except (PermissionDeniedError, InvalidInputError) as refused:
+                return f"the policy does not let {app_id} capture for {purpose!r}: {refused}"
+            return None
+
         with self._as_principal():
-            return import_interactions(self._kernel, lines, progress=progress)
+            return import_interactions(
+                self._kernel,
+                lines,
+                progress,
+                fmt=fmt,
+                defaults=defaults,
+                may_capture=may_capture,
+                dry_run=dry_run,
+                strict=strict,
+            )
 
     def run_maintenance(self) -> dict[str, int]:
         self._authorize_operator("operate", CATEGORIES, OPERATIONS_PURPOSE)
         with self._as_principal():
             return self._kernel.run_maintenance()
+
+
+def _time_position(position: Position | None) -> tuple[datetime, str] | None:
+    if position is None:
+        return None
+    return parse_time_key(str(position[0])), str(position[1])
+
+
+def _aware(value: datetime) -> datetime:
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def _is_token(value: str) -> bool:

@@ -18,7 +18,7 @@ from os import PathLike
 from typing import Any, TextIO
 from uuid import UUID
 
-from audit.export import ExportSummary, export_csv, export_jsonl
+from audit.export import ExportStream, ExportSummary, stream_export
 from domain.errors import (
     ConcurrencyConflictError,
     InvalidInputError,
@@ -40,6 +40,7 @@ from uprof.services.erasure import _token as _token
 from uprof.services.extraction import ExtractionWorker
 from uprof.services.idempotency import Execute, IdempotencyStore, Outcome
 from uprof.services.maintenance import MaintenanceService
+from uprof.services.paging import CursorCodec
 from uprof.services.policy import PolicyChange, PolicyChangeResult, PolicyService, PolicyState
 from uprof.services.profile import EvidenceView, ProfileService, ProfileView
 from uprof.services.projection import ProjectionRunner
@@ -111,6 +112,8 @@ class Uprof:
     _process_lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     #: The event-sourced policy store (``uprof.services.policy``); ``authorizer`` follows it.
     policy_service: PolicyService | None = None
+    #: Signs and opens the cursors of paged lists (``uprof.services.paging``).
+    cursors: CursorCodec | None = None
 
     # ----------------------------------------------------------------- writes
 
@@ -297,30 +300,104 @@ class Uprof:
         Reads served before the call are in it; the export itself is audited after it.
         ``subject_ref`` is a pseudonym (``audit_subject_ref`` maps a subject to it).
         """
-        if fmt not in ("jsonl", "csv"):
-            raise InvalidInputError("format must be jsonl or csv")
-        self.reads.drain()
-        writer = export_csv if fmt == "csv" else export_jsonl
-        summary = writer(
-            self.audit_log,
-            dest,
+        stream = self.stream_audit(
+            fmt=fmt,
             subject_ref=subject_ref,
             app_id=app_id,
             action=action,
             since=since,
             until=until,
+            requested_by=requested_by,
         )
-        self.audit.record(
-            "audit.exported",
-            app_id=requested_by,
-            counts={"entries": summary.entry_count, "tree_size": summary.tree_size},
+        out, owned = (
+            (open(dest, "w", encoding="utf-8", newline=""), True)
+            if isinstance(dest, str | PathLike)
+            else (dest, False)
         )
-        return summary
+        try:
+            for text in stream:
+                out.write(text)
+        finally:
+            if owned:
+                out.close()
+        if stream.summary is None:
+            raise RuntimeError("export ended without its trailer")
+        return stream.summary
+
+    def stream_audit(
+        self,
+        *,
+        fmt: str = "jsonl",
+        subject_ref: str | None = None,
+        app_id: str | None = None,
+        action: str | None = None,
+        since: str | datetime | None = None,
+        until: str | datetime | None = None,
+        requested_by: str | None = None,
+    ) -> ExportStream:
+        """The export as a stream of records, for a server to send as it is produced.
+
+        Reads served before the call are in it. The export is audited when the stream
+        ends, with the number of entries actually sent (fewer, if the reader went away).
+        """
+        if fmt not in ("jsonl", "csv"):
+            raise InvalidInputError("format must be jsonl or csv", field="format")
+        self.reads.drain()
+
+        def audited(summary: ExportSummary | None, sent: int) -> None:
+            self.audit.record(
+                "audit.exported",
+                app_id=requested_by,
+                counts={"entries": sent, "tree_size": stream.tree_size},
+            )
+
+        stream = stream_export(
+            self.audit_log,
+            fmt=fmt,
+            subject_ref=subject_ref,
+            app_id=app_id,
+            action=action,
+            since=since,
+            until=until,
+            on_close=audited,
+        )
+        return stream
 
     def audit_entries(self, **filters: Any) -> Any:
         """Audit entries matching filters (reads served before the call included)."""
         self.reads.drain()
         return self.audit_log.entries(**filters)
+
+    def consents_after(
+        self,
+        subject: str,
+        *,
+        app_id: str | None,
+        after: tuple[datetime, str] | None,
+        limit: int,
+    ) -> list[Any]:
+        """A page of the subject's consents (one app's, if named), keyset after ``after``."""
+        self._require_subject_fresh(subject, "the consents")
+        stream = str(self.stream_of(subject))
+        return self.queries.consents_after(stream, app_id=app_id, after=after, limit=limit)
+
+    def memories_after(
+        self, subject: str, *, after: tuple[datetime, str] | None, limit: int
+    ) -> list[Any]:
+        """A page of the subject's memories (archived included), oldest first."""
+        self._require_subject_fresh(subject, "the memories")
+        return self.queries.memories_after(str(self.stream_of(subject)), after=after, limit=limit)
+
+    def subjects_after(
+        self, *, after: tuple[datetime, str] | None, limit: int
+    ) -> list[tuple[str, datetime]]:
+        """A page of the live subjects' (pseudonym, created_at): never their references."""
+        return self.keystore.subjects_after(self.subjects.tenant, after=after, limit=limit)
+
+    def cursor_codec(self) -> CursorCodec:
+        if self.cursors is None:
+            raise InvalidInputError("paged lists are not configured in this kernel")
+        return self.cursors
 
     def verify_audit(self, content: bytes, kind: str) -> Any:
         """Check an uploaded export or receipt against this log's key and origin."""

@@ -94,6 +94,10 @@ class Settings(BaseSettings):
     #: 0 leaves torch's default (one per core). One per process: on a busy machine more
     #: threads fight over the cores (FIELD-NOTES 8.3); run more workers instead.
     torch_threads: int = Field(default=1, ge=0, le=64)
+    #: glibc malloc arenas of a long-running process (``uprof serve``, ``uprof worker``,
+    #: ``uprof mcp``), set at its start; 0 leaves the C library's default (8 per core).
+    #: Two keep a server's RSS level as it serves ever more subjects (uprof/native_memory.py).
+    malloc_arenas: int = Field(default=2, ge=0, le=64)
 
     #: Requests per API key and server process, in the `limits` notation ("50/second",
     #: "50/second;1000/minute"); over it, 429 with Retry-After. None: no limit.

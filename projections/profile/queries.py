@@ -120,6 +120,28 @@ def _tuple(raw: str) -> tuple[str, ...]:
     return tuple(json.loads(raw))
 
 
+def _after(
+    first: sa.ColumnElement[Any], second: sa.ColumnElement[Any], key: tuple[datetime, str]
+) -> sa.ColumnElement[bool]:
+    """``(first, second) > key``, spelt out (row values differ between the dialects)."""
+    when, tie = key
+    return sa.or_(first > when, sa.and_(first == when, second > tie))
+
+
+def _consent_row(r: Any) -> ConsentRow:
+    return ConsentRow(
+        consent_id=r.consent_id,
+        app_id=r.app_id,
+        categories=_tuple(r.categories),
+        purposes=_tuple(r.purposes),
+        legal_basis=r.legal_basis,
+        granted_at=aware(r.granted_at),  # type: ignore[arg-type]
+        expires_at=aware(r.expires_at),
+        withdrawn_at=aware(r.withdrawn_at),
+        erase_requested=r.erase_requested,
+    )
+
+
 class ProfileQueries:
     """Queries scoped to one subject stream at a time (I5: no cross-subject reads)."""
 
@@ -170,37 +192,7 @@ class ProfileQueries:
             q = q.where(t.memories.c.archived.is_(False))
         with self._engine.connect() as conn:
             rows = conn.execute(q.order_by(t.memories.c.occurred_at, t.memories.c.item_id)).all()
-        memories = [
-            MemoryRow(
-                item_id=r.item_id,
-                kind=r.kind,
-                text=self._text(stream_id, "memories", "text", r.item_id, r.text),
-                category=r.category,
-                importance=r.importance,
-                provenance=r.provenance,
-                evidence=_tuple(r.evidence),
-                source_refs=_tuple(
-                    self._text(stream_id, "memories", "source_refs", r.item_id, r.source_refs)
-                    or "[]"
-                ),
-                owner_agent=r.owner_agent,
-                sharing=r.sharing,
-                author=r.author,
-                actor=self._text(stream_id, "memories", "actor", r.item_id, r.actor),
-                session_id=self._text(stream_id, "memories", "session_id", r.item_id, r.session_id),
-                session_key=r.session_key,
-                occurred_at=aware(r.occurred_at),  # type: ignore[arg-type]
-                recorded_at=aware(r.recorded_at),  # type: ignore[arg-type]
-                visits=r.visits,
-                last_visited_at=aware(r.last_visited_at),
-                archived=r.archived,
-                detail=json.loads(
-                    self._text(stream_id, "memories", "detail", r.item_id, r.detail) or "{}"
-                ),
-                categories=_tuple(r.categories),
-            )
-            for r in rows
-        ]
+        memories = [self._memory_row(stream_id, r) for r in rows]
         if not with_vectors:
             return memories, None
         if not rows or any(r.embedding is None for r in rows):
@@ -212,6 +204,35 @@ class ProfileQueries:
             return memories, None
         matrix = np.frombuffer(b"".join(vectors), dtype=np.float32)
         return memories, matrix.reshape(len(rows), -1)
+
+    def _memory_row(self, stream_id: str, r: Any) -> MemoryRow:
+        return MemoryRow(
+            item_id=r.item_id,
+            kind=r.kind,
+            text=self._text(stream_id, "memories", "text", r.item_id, r.text),
+            category=r.category,
+            importance=r.importance,
+            provenance=r.provenance,
+            evidence=_tuple(r.evidence),
+            source_refs=_tuple(
+                self._text(stream_id, "memories", "source_refs", r.item_id, r.source_refs) or "[]"
+            ),
+            owner_agent=r.owner_agent,
+            sharing=r.sharing,
+            author=r.author,
+            actor=self._text(stream_id, "memories", "actor", r.item_id, r.actor),
+            session_id=self._text(stream_id, "memories", "session_id", r.item_id, r.session_id),
+            session_key=r.session_key,
+            occurred_at=aware(r.occurred_at),  # type: ignore[arg-type]
+            recorded_at=aware(r.recorded_at),  # type: ignore[arg-type]
+            visits=r.visits,
+            last_visited_at=aware(r.last_visited_at),
+            archived=r.archived,
+            detail=json.loads(
+                self._text(stream_id, "memories", "detail", r.item_id, r.detail) or "{}"
+            ),
+            categories=_tuple(r.categories),
+        )
 
     def intents(self, stream_id: str, *, status: str | None = None) -> list[IntentRow]:
         q = sa.select(t.intents).where(t.intents.c.stream_id == stream_id)
@@ -244,20 +265,43 @@ class ProfileQueries:
         q = sa.select(t.consents).where(t.consents.c.stream_id == stream_id)
         with self._engine.connect() as conn:
             rows = conn.execute(q.order_by(t.consents.c.granted_at)).all()
-        return [
-            ConsentRow(
-                consent_id=r.consent_id,
-                app_id=r.app_id,
-                categories=_tuple(r.categories),
-                purposes=_tuple(r.purposes),
-                legal_basis=r.legal_basis,
-                granted_at=aware(r.granted_at),  # type: ignore[arg-type]
-                expires_at=aware(r.expires_at),
-                withdrawn_at=aware(r.withdrawn_at),
-                erase_requested=r.erase_requested,
-            )
-            for r in rows
-        ]
+        return [_consent_row(r) for r in rows]
+
+    def consents_after(
+        self,
+        stream_id: str,
+        *,
+        app_id: str | None,
+        after: tuple[datetime, str] | None,
+        limit: int,
+    ) -> list[ConsentRow]:
+        """Up to ``limit`` consents after the keyset position (granted_at, consent_id).
+
+        Both key columns never change once a consent is recorded, so a walk over
+        pages sees every consent that existed throughout it exactly once.
+        """
+        c = t.consents.c
+        q = sa.select(t.consents).where(c.stream_id == stream_id)
+        if app_id is not None:
+            q = q.where(c.app_id == app_id)
+        if after is not None:
+            q = q.where(_after(c.granted_at, c.consent_id, after))
+        q = q.order_by(c.granted_at, c.consent_id).limit(limit)
+        with self._engine.connect() as conn:
+            return [_consent_row(r) for r in conn.execute(q).all()]
+
+    def memories_after(
+        self, stream_id: str, *, after: tuple[datetime, str] | None, limit: int
+    ) -> list[MemoryRow]:
+        """Up to ``limit`` memories (archived ones too) after (occurred_at, item_id)."""
+        c = t.memories.c
+        q = sa.select(t.memories).where(c.stream_id == stream_id)
+        if after is not None:
+            q = q.where(_after(c.occurred_at, c.item_id, after))
+        q = q.order_by(c.occurred_at, c.item_id).limit(limit)
+        with self._engine.connect() as conn:
+            rows = conn.execute(q).all()
+        return [self._memory_row(stream_id, r) for r in rows]
 
     def captures(self, capture_ids: Iterable[str]) -> dict[str, CaptureRow]:
         """Look up captures by id across subjects (callers check the stream)."""

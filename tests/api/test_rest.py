@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
-from tests.api.conftest import CALENDAR, PLANNER, Apps, bearer, grant, interaction
+from tests.api.conftest import CALENDAR, PLANNER, Apps, LiveServer, bearer, grant, interaction
 from uprof.api import ApiKeyStore
 from uprof.api.keys import KEY_CACHE_TTL_S
 from uprof.kernel import Uprof
@@ -661,17 +663,21 @@ def test_compliance_exports_the_trail_and_verifies_it_offline_and_online(
         "/v1/audit/export", headers=bearer(apps.planner_operator), json={"subject": "alice"}
     )
     assert exported.status_code == 200
-    body = exported.json()
-    actions = [line for line in body["content"].splitlines() if '"slice.served"' in line]
+    # The file itself, streamed: JSONL with a download name.
+    assert exported.headers["content-type"].startswith("application/x-ndjson")
+    assert "audit-trail.jsonl" in exported.headers["content-disposition"]
+    content = exported.text
+    actions = [line for line in content.splitlines() if '"slice.served"' in line]
     assert actions, "the slice served before the export is in it"
     key = http.get("/v1/audit/key", headers=bearer(apps.planner)).json()
-    report = verify_export(body["content"].splitlines(), key["public_key_pem"], key["origin"])
-    assert report.entry_count == body["summary"]["entry_count"] > 0
+    report = verify_export(content.splitlines(), key["public_key_pem"], key["origin"])
+    trailer = json.loads(content.splitlines()[-1])
+    assert report.entry_count == trailer["entry_count"] > 0
     ok = http.post(
-        "/v1/audit/verify", headers=bearer(apps.planner_operator), json={"content": body["content"]}
+        "/v1/audit/verify", headers=bearer(apps.planner_operator), json={"content": content}
     ).json()
     assert ok["ok"] is True
-    lines = body["content"].splitlines()
+    lines = content.splitlines()
     assert '"tenant"' in lines[1]  # line 2 is the first entry (line 1 is the header)
     lines[1] = lines[1].replace('"tenant"', '"tenanT"', 1)
     bad = http.post(
@@ -684,12 +690,41 @@ def test_compliance_exports_the_trail_and_verifies_it_offline_and_online(
         "/v1/audit/export",
         headers=bearer(apps.planner_operator),
         json={"format": "csv", "action": "slice.served"},
-    ).json()
-    assert csv_export["content"].startswith("kind,")
+    )
+    assert csv_export.headers["content-type"].startswith("text/csv")
+    assert csv_export.text.startswith("kind,")
     audited = http.post(
         "/v1/audit/export", headers=bearer(apps.planner_operator), json={"action": "audit.exported"}
-    ).json()
-    assert audited["summary"]["entry_count"] >= 2  # the exports above were audited
+    ).text
+    assert json.loads(audited.splitlines()[-1])["entry_count"] >= 2  # the exports above
+
+
+def test_the_audit_export_streams_and_the_sdk_rebuilds_it(
+    server: LiveServer, http: httpx.Client, apps: Apps, tmp_path
+) -> None:
+    """The SDK assembles the streamed file (or writes it to disk) and reads its summary."""
+    from audit.verify import verify_export
+    from uprof.sdk import Client
+
+    grant(http, apps.planner)
+    for i in range(30):
+        http.post(
+            "/v1/captures",
+            headers=bearer(apps.planner),
+            json={"subject": "alice", **interaction(f"line {i}")},
+        )
+    key = http.get("/v1/audit/key", headers=bearer(apps.planner)).json()
+    with Client(server.url, apps.planner_operator) as client:
+        whole = client.audit_export()
+        assert whole.summary.entry_count >= 31
+        verify_export(whole.content.splitlines(), key["public_key_pem"], key["origin"])
+        for fmt in ("jsonl", "csv"):
+            path = tmp_path / f"trail.{fmt}"
+            summary = client.audit_export_to(path, format=fmt, subject="alice")
+            assert summary.entry_count >= 31
+            report = verify_export(path, key["public_key_pem"], key["origin"])
+            assert report.entry_count == summary.entry_count
+            assert report.format == fmt
 
 
 def test_the_audit_trail_needs_the_operator_role(http: httpx.Client, apps: Apps) -> None:

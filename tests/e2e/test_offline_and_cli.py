@@ -12,7 +12,6 @@ import pytest
 from pytest_socket import disable_socket, enable_socket
 from typer.testing import CliRunner
 
-from domain.errors import ConsentRequiredError, InvalidInputError
 from uprof.bootstrap import bootstrap
 from uprof.cli.main import app as cli
 from uprof.services.importer import import_interactions
@@ -84,17 +83,20 @@ def _row(subject: str, text: str, app: str = "app:planner") -> dict[str, object]
     }
 
 
-def test_importer_writes_nothing_when_one_line_is_bad(tmp_path: Path) -> None:
+def test_importer_reports_bad_lines_and_imports_the_good_ones(tmp_path: Path) -> None:
     k = bootstrap(Settings(data_dir=tmp_path / "data", embedder="hashing"))
     try:
         k.grant_consent("ana", app_id="app:planner", categories=["*"], purposes=["personalization"])
         before = k.app.max_notification_id()
         bad = _lines(_row("ana", "hello"), {**_row("ana", "x"), "occurred_at": "yesterday"})
-        with pytest.raises(InvalidInputError, match="line 2: field occurred_at"):
-            import_interactions(k, bad)
-        with pytest.raises(ConsentRequiredError, match="record 2"):
-            import_interactions(k, _lines(_row("ana", "hello"), _row("bob", "hi")))
-        assert k.app.max_notification_id() == before
+        strict = import_interactions(k, bad, strict=True)
+        assert strict.refused and strict.captured == 0
+        assert [str(p).split(":")[0:2] for p in strict.failed] == [["line 2", " occurred_at"]]
+        assert k.app.max_notification_id() == before  # strict: nothing written
+        report = import_interactions(k, _lines(_row("ana", "hello"), _row("bob", "hi")))
+        assert report.captured == 1
+        assert [(p.where, p.field) for p in report.failed] == [("line 2", "subject")]
+        assert "no consent" in report.failed[0].message
         report = import_interactions(k, _lines(_row("ana", "hello"), _row("ana", "I live in Rome")))
         assert report.captured == 2
     finally:

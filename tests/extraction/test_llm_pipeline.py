@@ -57,7 +57,7 @@ def test_captures_wait_while_the_endpoint_fails(waiting: Uprof, fake_llm: FakeOp
         waiting.process()
     assert waiting.lag().extraction_pending == 1  # kept in the log, not extracted, not skipped
     # Embedded, a read brings the views up to date in the caller's thread, so it
-    # meets the same error (docs/extraction.md); a server's reads wait instead.
+    # meets the same error (docs/extractors.md); a server's reads wait instead.
     with pytest.raises(ExtractionError, match="HTTP 500"):
         waiting.profile("alice")
 

@@ -535,7 +535,7 @@ def test_a_torn_ledger_line_is_skipped_and_the_next_append_stays_whole(
     assert lines[0] == b'{"v":1,"kind":"subj' and json.loads(lines[1])["kind"] == "subject"
 
 
-def test_an_import_naming_an_erased_subject_writes_nothing(kernel: Uprof) -> None:
+def test_an_import_never_writes_to_an_erased_subject(kernel: Uprof) -> None:
     from uprof.services.importer import import_interactions
 
     fill(kernel, "alice", ALICE)
@@ -549,9 +549,14 @@ def test_an_import_naming_an_erased_subject_writes_nothing(kernel: Uprof) -> Non
         "occurred_at": "2026-02-01T10:00:00Z",
     }
     lines = [json.dumps({"subject": s, **line}) for s in ("bob", "alice")]
-    with pytest.raises(SubjectErasedError, match="record 2"):
-        import_interactions(kernel, lines)
+    strict = import_interactions(kernel, lines, strict=True)
+    assert strict.refused and [p.where for p in strict.failed] == ["line 2"]
+    assert "erased" in strict.failed[0].message
     assert kernel.app.max_notification_id() == before
+    # Per record (the default): bob's line is captured, alice's is reported, not revived.
+    report = import_interactions(kernel, lines)
+    assert report.captured == 1 and [p.where for p in report.failed] == ["line 2"]
+    assert kernel.subjects.is_erased("alice")
 
 
 def test_an_empty_key_folder_beside_an_existing_log_is_refused(

@@ -12,7 +12,6 @@ This module imports no web framework: the SDK's embedded mode uses it in-process
 
 from __future__ import annotations
 
-import io
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -34,7 +33,7 @@ from domain.values import (
 from uprof.api.errors import EdgeError, role_required
 from uprof.api.keys import ROLE_APP, ROLE_OPERATOR
 from uprof.api.runtime import ServiceRuntime
-from uprof.facade import ErasureResult, Facade, SubjectRequest
+from uprof.facade import AuditStream, ErasureResult, Facade, SubjectRequest
 from uprof.schemas import api as w
 
 
@@ -240,7 +239,13 @@ class AppScope:
         return w.ConsentGranted.model_validate(answer)
 
     def consents(self, body: w.ConsentListIn) -> w.ConsentList:
-        return w.ConsentList(consents=self._own_consents(body.subject))
+        """A page of this app's consents from the subject (never another app's)."""
+        with self._runtime.pipeline():
+            page = self._door.list_consents(body.subject, cursor=body.cursor, limit=body.limit)
+        return w.ConsentList(
+            consents=[w.Consent.model_validate(asdict(c)) for c in page.items],
+            next_cursor=page.next_cursor,
+        )
 
     def withdraw_consent(
         self, body: w.ConsentWithdrawIn, *, idempotency_key: str | None = None
@@ -309,6 +314,27 @@ class AppScope:
             export = self._door.export_subject(body.subject)
         return w.SubjectExport(export=export)
 
+    def list_memories(self, body: w.MemoryListIn) -> w.MemoryPage:
+        """A page of the subject's memories, oldest first (``operator`` role, as the profile)."""
+        self._require(ROLE_OPERATOR)
+        with self._runtime.pipeline():
+            page = self._door.list_memories(body.subject, cursor=body.cursor, limit=body.limit)
+        return w.MemoryPage(
+            items=[w.MemoryOut.model_validate(asdict(m)) for m in page.items],
+            next_cursor=page.next_cursor,
+        )
+
+    def list_subjects(self, body: w.SubjectListIn) -> w.SubjectPage:
+        """A page of live subjects by pseudonym (``operator`` role; the policy's ``inspect``)."""
+        self._require(ROLE_OPERATOR)
+        page = self._door.list_subjects(cursor=body.cursor, limit=body.limit)
+        return w.SubjectPage(
+            items=[
+                w.SubjectOut(pseudonym=s.pseudonym, created_at=s.created_at) for s in page.items
+            ],
+            next_cursor=page.next_cursor,
+        )
+
     # ------------------------------------------------------- identity registries
 
     def register_session(self, body: w.SessionIn) -> w.Registered:
@@ -321,12 +347,10 @@ class AppScope:
 
     # -------------------------------------------------------------------- audit
 
-    def audit_export(self, body: w.AuditExportIn) -> w.AuditExport:
-        """The trail with proofs, for compliance teams (``operator`` role)."""
+    def audit_export_stream(self, body: w.AuditExportIn) -> AuditStream:
+        """The trail with proofs, as records produced while they are sent (``operator``)."""
         self._require(ROLE_OPERATOR)
-        out = io.StringIO()
-        summary = self._door.export_audit(
-            out,
+        return self._door.stream_audit(
             fmt=body.format,
             subject=body.subject,
             app_id=body.for_app,
@@ -334,10 +358,50 @@ class AppScope:
             since=body.since,
             until=body.until,
         )
-        return w.AuditExport(
-            format=body.format,
-            content=out.getvalue(),
-            summary=w.AuditExportSummary.model_validate(asdict(summary)),
+
+    def audit_export(self, body: w.AuditExportIn) -> w.AuditExport:
+        """The whole export in one object (the embedded SDK; REST streams the file)."""
+        content = "".join(self.audit_export_stream(body).records)
+        summary = w.AuditExportSummary.of_export(content.splitlines(keepends=True), body.format)
+        return w.AuditExport(format=body.format, content=content, summary=summary)
+
+    def audit_entries(self, body: w.AuditEntriesIn) -> w.AuditEntryPage:
+        """A page of the audit trail in leaf order (``operator`` role; the policy's ``audit``)."""
+        self._require(ROLE_OPERATOR)
+        page = self._door.list_audit_entries(
+            subject=body.subject,
+            app_id=body.for_app,
+            action=body.action,
+            since=body.since,
+            until=body.until,
+            cursor=body.cursor,
+            limit=body.limit,
+        )
+        return w.AuditEntryPage(
+            items=[
+                w.AuditEntryOut(leaf_index=e.leaf_index, recorded_at=e.recorded_at, entry=e.entry)
+                for e in page.items
+            ],
+            next_cursor=page.next_cursor,
+        )
+
+    def audit_receipts(self, body: w.ReceiptListIn) -> w.ReceiptPage:
+        """A page of the erasure receipts the log recorded (``operator`` role)."""
+        self._require(ROLE_OPERATOR)
+        page = self._door.list_receipts(
+            since=body.since, until=body.until, cursor=body.cursor, limit=body.limit
+        )
+        return w.ReceiptPage(
+            items=[
+                w.ReceiptOut(
+                    leaf_index=e.leaf_index,
+                    recorded_at=e.recorded_at,
+                    receipt_id=e.entry["receipt_id"],
+                    receipt_sha256=e.entry["receipt_sha256"],
+                )
+                for e in page.items
+            ],
+            next_cursor=page.next_cursor,
         )
 
     def audit_verify(self, body: w.AuditVerifyIn) -> w.AuditVerification:

@@ -151,3 +151,27 @@ def sharing_option(value: str) -> str:
 
 def is_interactive() -> bool:
     return sys.stderr.isatty()
+
+
+def print_page(items: list[dict[str, object]], next_cursor: str | None) -> None:
+    """Print one page of a list as JSON ``{"items": [...], "next_cursor": ...}``; say on
+    stderr how to get the next page, so a script reading stdout sees only the JSON."""
+    import json
+
+    console.print_json(json.dumps({"items": items, "next_cursor": next_cursor}, default=str))
+    if next_cursor is not None:
+        err_console.print(
+            f"more: repeat with --cursor {next_cursor}", highlight=False, soft_wrap=True
+        )
+
+
+def limit_option() -> object:
+    return typer.Option(
+        "--limit", min=1, max=500, help="Most items on this page (1-500, default 100)."
+    )
+
+
+def cursor_option() -> object:
+    return typer.Option(
+        "--cursor", help="Continue after the previous page (its next_cursor, same filters)."
+    )

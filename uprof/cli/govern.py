@@ -9,7 +9,14 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from uprof.cli.context import console, door, err_console
+from uprof.cli.context import (
+    console,
+    cursor_option,
+    door,
+    err_console,
+    limit_option,
+    print_page,
+)
 
 erase_app = typer.Typer(no_args_is_help=True, help="Erase a subject, one event or one item.")
 audit_app = typer.Typer(no_args_is_help=True, help="Export and verify the audit trail; residue.")
@@ -205,6 +212,51 @@ def audit_export(
             until=until,
         )
     console.print(f"exported to {out}: {summary}")
+
+
+@audit_app.command("entries")
+def audit_entries(
+    subject: Annotated[str | None, typer.Option(help="Only this subject (or pseudonym).")] = None,
+    app_id: Annotated[str | None, typer.Option("--app", help="Only about this app.")] = None,
+    action: Annotated[str | None, typer.Option(help="Only this action.")] = None,
+    since: Annotated[str | None, typer.Option(help="RFC 3339, inclusive.")] = None,
+    until: Annotated[str | None, typer.Option(help="RFC 3339, exclusive.")] = None,
+    limit: Annotated[int | None, limit_option()] = None,
+    cursor: Annotated[str | None, cursor_option()] = None,
+) -> None:
+    """List audit entries in leaf order, a page at a time (JSON; no proofs: see export)."""
+    with door() as d:
+        page = d.list_audit_entries(
+            subject=subject,
+            app_id=app_id,
+            action=action,
+            since=since,
+            until=until,
+            cursor=cursor,
+            limit=limit,
+        )
+        items = [{"leaf_index": e.leaf_index, "entry": e.entry} for e in page.items]
+        print_page(items, page.next_cursor)
+
+
+@audit_app.command("receipts")
+def audit_receipts(
+    limit: Annotated[int | None, limit_option()] = None,
+    cursor: Annotated[str | None, cursor_option()] = None,
+) -> None:
+    """List the erasure receipts the log recorded, oldest first, a page at a time (JSON)."""
+    with door() as d:
+        page = d.list_receipts(cursor=cursor, limit=limit)
+        items = [
+            {
+                "leaf_index": e.leaf_index,
+                "recorded_at": e.recorded_at,
+                "receipt_id": e.entry["receipt_id"],
+                "receipt_sha256": e.entry["receipt_sha256"],
+            }
+            for e in page.items
+        ]
+        print_page(items, page.next_cursor)
 
 
 @audit_app.command("public-key")

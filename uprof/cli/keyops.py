@@ -8,7 +8,15 @@ from typing import Annotated
 import typer
 
 from domain.errors import UprofError
-from uprof.cli.context import console, door, fail, settings
+from uprof.cli.context import (
+    console,
+    cursor_option,
+    door,
+    fail,
+    limit_option,
+    print_page,
+    settings,
+)
 
 subjects_app = typer.Typer(no_args_is_help=True, help="Manage subject ids (re-create erased ones).")
 
@@ -61,6 +69,24 @@ def restore_command(
         f"{ledger.resurrected} resurrected rows destroyed"
         + (", read models rebuilt" if ledger.rebuilt else "")
     )
+
+
+@subjects_app.command("list")
+def subjects_list(
+    limit: Annotated[int | None, limit_option()] = None,
+    cursor: Annotated[str | None, cursor_option()] = None,
+) -> None:
+    """List live subjects by audit pseudonym, oldest first, a page at a time (JSON).
+
+    References are never stored, so they are never listed; a pseudonym filters
+    `uprof audit entries --subject` and the console's audit search.
+    """
+    with door() as d:
+        page = d.list_subjects(cursor=cursor, limit=limit)
+        items = [
+            {"pseudonym": s.pseudonym, "created_at": s.created_at.isoformat()} for s in page.items
+        ]
+        print_page(items, page.next_cursor)
 
 
 @subjects_app.command("recreate")

@@ -10,7 +10,17 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from uprof.cli.context import STATE, console, door, parse_time, sharing_option
+from uprof.cli.context import (
+    STATE,
+    console,
+    cursor_option,
+    door,
+    err_console,
+    limit_option,
+    parse_time,
+    print_page,
+    sharing_option,
+)
 from uprof.cli.render import print_evidence, print_profile
 from uprof.schemas.capture import InteractionIn
 
@@ -98,21 +108,98 @@ def capture(
 
 @app.command("import")
 def import_jsonl(
-    path: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="JSONL, one per line.")],
+    path: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="The file to import.")],
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="auto (default), interactions (uprof JSONL), openai (chat messages JSONL) "
+            "or mem0 (a get_all export).",
+        ),
+    ] = "auto",
+    app_id: Annotated[
+        str | None, typer.Option("--app", help="The app chat and Mem0 records are captured as.")
+    ] = None,
+    subject: Annotated[
+        str | None, typer.Option(help="Subject of records that name none (chat, Mem0).")
+    ] = None,
+    agent: Annotated[str, typer.Option(help="Agent id for chat and Mem0 records.")] = (
+        "agent:import"
+    ),
+    at: Annotated[
+        str | None, typer.Option(help="Time of chat and Mem0 records that give none (ISO 8601).")
+    ] = None,
+    purpose: Annotated[str, typer.Option(help="Purpose of chat and Mem0 records.")] = (
+        "personalization"
+    ),
+    sharing: Annotated[
+        str,
+        typer.Option(
+            help="Sharing of chat and Mem0 records: private | shared | shared:<types>",
+            callback=sharing_option,
+        ),
+    ] = "private",
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Check and count every record; write nothing.")
+    ] = False,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="Write nothing unless every record passes.")
+    ] = False,
 ) -> None:
-    """Capture every interaction of a JSONL file (all lines checked before any is written).
+    """Capture every record of a file through the consent gate, record by record.
 
-    Safe to run again: records already captured (same app and source_ref, or the
-    same idempotency_key) are skipped and counted.
+    A bad record (unreadable, a field out of shape, an app the policy does not let
+    capture, no consent, an erased subject) is reported with its line and skipped; the
+    others are imported, and the command exits 1. --strict writes nothing unless every
+    record passes. Safe to run again: records already captured (same app and
+    source_ref, or the same idempotency_key) are skipped and counted.
     """
-    lines = path.read_text(encoding="utf-8").splitlines()
-    with door() as d, _progress() as bar:
-        task = bar.add_task("capturing", total=sum(1 for line in lines if line.strip()))
-        report = d.import_interactions(lines, progress=lambda n: bar.advance(task, n))
-    console.print(
-        f"captured {report.captured} interactions for {report.subjects} subjects; "
-        f"skipped {report.skipped} already captured"
+    from uprof.facade import IMPORT_FORMATS, ImportDefaults
+
+    if fmt not in IMPORT_FORMATS:
+        raise typer.BadParameter(f"--format must be one of {', '.join(IMPORT_FORMATS)}")
+    defaults = ImportDefaults(
+        app_id=app_id,
+        subject=subject,
+        agent_id=agent,
+        occurred_at=parse_time(at, "--at"),
+        purpose=purpose,
+        sharing=sharing,
     )
+    total = None
+    if fmt != "mem0":
+        with path.open("rb") as counting:
+            total = sum(1 for line in counting if line.strip())
+    with door() as d, path.open("rb") as lines, _progress() as bar:
+        task = bar.add_task("checking" if dry_run else "importing", total=total)
+        report = d.import_interactions(
+            lines,
+            fmt=fmt,
+            defaults=defaults,
+            dry_run=dry_run,
+            strict=strict,
+            progress=lambda n: bar.advance(task, n),
+        )
+    for problem in report.failed[:MAX_PROBLEMS_SHOWN]:
+        err_console.print(f"[red]failed[/] {problem}", highlight=False, soft_wrap=True)
+    if len(report.failed) > MAX_PROBLEMS_SHOWN:
+        err_console.print(f"... and {len(report.failed) - MAX_PROBLEMS_SHOWN} more failed records")
+    verb = "would capture" if report.dry_run else "captured"
+    console.print(
+        f"{verb} {report.captured} interactions from {report.lines} records for "
+        f"{report.subjects} subjects; skipped {report.skipped} already captured; "
+        f"{len(report.failed)} records failed"
+        + ("; dry run: nothing was written" if report.dry_run else "")
+        + ("; strict: nothing was written" if report.refused else ""),
+        highlight=False,
+        soft_wrap=True,
+    )
+    if report.failed:
+        raise typer.Exit(1)
+
+
+#: Failed records printed one per line; the rest are counted.
+MAX_PROBLEMS_SHOWN = 50
 
 
 # ----------------------------------------------------------------------- consent
@@ -157,9 +244,14 @@ def consent_withdraw(
 
 
 @consent_app.command("list")
-def consent_list(subject: Annotated[str, typer.Option()]) -> None:
-    """List a subject's consents."""
+def consent_list(
+    subject: Annotated[str, typer.Option()],
+    limit: Annotated[int | None, limit_option()] = None,
+    cursor: Annotated[str | None, cursor_option()] = None,
+) -> None:
+    """List a subject's consents, a page at a time (a JSON array; stderr says if more follow)."""
     with door() as d:
+        page = d.list_consents(subject, cursor=cursor, limit=limit)
         rows = [
             {
                 "consent_id": c.consent_id,
@@ -170,9 +262,13 @@ def consent_list(subject: Annotated[str, typer.Option()]) -> None:
                 "granted_at": c.granted_at.isoformat(),
                 "withdrawn_at": c.withdrawn_at.isoformat() if c.withdrawn_at else None,
             }
-            for c in d.consents(subject)
+            for c in page.items
         ]
         console.print_json(json.dumps(rows))
+        if page.next_cursor is not None:
+            err_console.print(
+                f"more: repeat with --cursor {page.next_cursor}", highlight=False, soft_wrap=True
+            )
 
 
 # ----------------------------------------------------------------------- profile
@@ -188,6 +284,31 @@ def profile_show(
     with door() as d:
         view = d.profile(subject, as_of=parse_time(as_of, "--as-of"))
         print_profile(console, subject, view, max_memories=memories)
+
+
+@profile_app.command("memories")
+def profile_memories(
+    subject: Annotated[str, typer.Option()],
+    limit: Annotated[int | None, limit_option()] = None,
+    cursor: Annotated[str | None, cursor_option()] = None,
+) -> None:
+    """List a subject's memories, oldest first, a page at a time (JSON)."""
+    with door() as d:
+        page = d.list_memories(subject, cursor=cursor, limit=limit)
+        items = [
+            {
+                "item_id": m.item_id,
+                "text": m.text,
+                "category": m.category,
+                "provenance": m.provenance,
+                "occurred_at": m.occurred_at.isoformat(),
+                "archived": m.archived,
+                "evidence": list(m.evidence),
+                "source_refs": list(m.source_refs),
+            }
+            for m in page.items
+        ]
+        print_page(items, page.next_cursor)
 
 
 @profile_app.command("evidence")

@@ -49,11 +49,14 @@ def serve(
     from uprof.api import ApiKeyStore
     from uprof.api.logconfig import server_log_config
     from uprof.bootstrap import bootstrap
+    from uprof.native_memory import limit_malloc_arenas
     from uprof.server import create_server
 
     server_settings = settings().model_copy(
         update={"background_workers": True, "run_worker": run_worker}
     )
+    # Before any thread starts (the model's, the pipeline's, uvicorn's pool).
+    limit_malloc_arenas(server_settings.malloc_arenas)
     if rate_limit is not None:
         try:
             parse_rate_limit(rate_limit)

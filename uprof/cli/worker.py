@@ -73,6 +73,7 @@ def worker(
     """Run extraction and projections until SIGTERM (then finish the batch and exit 0)."""
     from uprof.bootstrap import bootstrap
     from uprof.logs import configure_process_logging
+    from uprof.native_memory import limit_malloc_arenas
 
     overrides: dict[str, object] = {}
     if partitions is not None:
@@ -90,6 +91,8 @@ def worker(
             f"[bold red]error:[/] --partition must be in 0..{count - 1} (--partitions {count})"
         )
         raise typer.Exit(2)
+    # Before any thread starts (the model's, the embedding read-ahead's).
+    limit_malloc_arenas(worker_settings.malloc_arenas)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

@@ -53,8 +53,12 @@ MAX_CACHED_HANDLES = 2_048
 #: Subjects whose unwrapped DEKs, and whose derived view keys, are kept.
 MAX_CACHED_DEKS = 4_096
 MAX_CACHED_VIEW_KEYS = 4_096
-#: Capture keys kept (one per captured event; a miss reloads the stream's keys at once).
-MAX_CACHED_CAPTURE_KEYS = 32_768
+#: Capture keys kept (one per captured event; a miss reloads the stream's keys at once,
+#: up to a quarter of this bound). Each entry costs about 400 bytes; 16,384 of them
+#: (6.5 MB) cover the captures a server is decrypting at a time (the pipeline's batch, the
+#: subjects whose aggregates it loads), and the entries are cheap to reload: one indexed
+#: query and an AES key unwrap per key (docs/performance.md, "Memory").
+MAX_CACHED_CAPTURE_KEYS = 16_384
 #: Created-key records kept for a KeyCreated audit drain (nothing drains them yet).
 MAX_PENDING_CREATED = 10_000
 
@@ -285,6 +289,22 @@ class KeyStore:
             query = query.where(subject_index.c.tenant == tenant)
         with self._engine.connect() as conn:
             return [uuid.UUID(r.stream_id) for r in conn.execute(query)]
+
+    def subjects_after(
+        self, tenant: str, *, after: tuple[datetime, str] | None, limit: int
+    ) -> list[tuple[str, datetime]]:
+        """Up to ``limit`` (pseudonym, created_at) of live subjects, after that keyset
+        position. Never the reference itself: the index holds only its keyed hash."""
+        c = subject_index.c
+        query = sa.select(c.pseudonym, c.created_at).where(c.tenant == tenant)
+        if after is not None:
+            when, pseudonym = after
+            query = query.where(
+                sa.or_(c.created_at > when, sa.and_(c.created_at == when, c.pseudonym > pseudonym))
+            )
+        query = query.order_by(c.created_at, c.pseudonym).limit(limit)
+        with self._engine.connect() as conn:
+            return [(r.pseudonym, r.created_at) for r in conn.execute(query)]
 
     # ----------------------------------------------------------------- aliases
 

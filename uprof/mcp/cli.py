@@ -38,8 +38,10 @@ def run(transport: Literal["stdio", "http"], *, host: str, port: int, path: str)
     from uprof.api.runtime import ServiceRuntime
     from uprof.bootstrap import bootstrap
     from uprof.mcp.server import build_server
+    from uprof.native_memory import limit_malloc_arenas
 
     server_settings = settings().model_copy(update={"background_workers": True})
+    limit_malloc_arenas(server_settings.malloc_arenas)  # before any thread starts
     keys = ApiKeyStore.open(server_settings)
     try:
         principal = None

@@ -325,11 +325,16 @@ def build_server(
             if item_id is not None:
                 receipt = s.erase_item(w.ItemErasureIn(subject=subject, item_id=item_id))
                 return ForgetResult(erasures=[receipt])
-            live = [
-                c
-                for c in s.consents(w.ConsentListIn(subject=subject)).consents
-                if c.withdrawn_at is None
-            ]
+            live: list[w.Consent] = []
+            cursor = None
+            while True:  # every page: "forget" means every consent, however many
+                page = s.consents(
+                    w.ConsentListIn(subject=subject, cursor=cursor, limit=w.MAX_PAGE_LIMIT)
+                )
+                live += [c for c in page.consents if c.withdrawn_at is None]
+                cursor = page.next_cursor
+                if cursor is None:
+                    break
             targets = [c.consent_id for c in live if consent_id in (None, c.consent_id)]
             if consent_id is not None and not targets:
                 raise EdgeError(

@@ -17,8 +17,11 @@ The SDK re-exports the response models, so they double as its typed results.
 
 from __future__ import annotations
 
+import csv
+import json
+from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AfterValidator,
@@ -30,6 +33,7 @@ from pydantic import (
 )
 
 from domain.values import ATTRIBUTE_KEYS, CATEGORIES, check_sharing
+from uprof.services.paging import DEFAULT_PAGE_LIMIT, MAX_CURSOR_CHARS, MAX_PAGE_LIMIT
 
 #: Most interactions accepted in one batch request (the kernel allows more; a request
 #: body is capped in bytes too, see uprof.api.limits).
@@ -110,6 +114,48 @@ def _example(example: dict[str, Any]) -> ConfigDict:
 class _Response(BaseModel):
     # Responses tolerate new fields, so an older SDK keeps working against a newer server.
     model_config = ConfigDict(extra="ignore")
+
+
+# ------------------------------------------------------------------------- pages
+
+#: The ``next_cursor`` of the previous page, sent back unchanged (with the same filters).
+Cursor = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=MAX_CURSOR_CHARS,
+        description=(
+            "Continue after the previous page: its next_cursor, unchanged, with the same "
+            "filters. Leave it out for the first page. A cursor issued to another app, for "
+            "another subject or other filters, or altered, is a 422 naming cursor."
+        ),
+    ),
+]
+PageLimit = Annotated[
+    int,
+    Field(
+        ge=1,
+        le=MAX_PAGE_LIMIT,
+        description=f"Most items on this page (1 to {MAX_PAGE_LIMIT}; default "
+        f"{DEFAULT_PAGE_LIMIT}).",
+    ),
+]
+NextCursor = Annotated[
+    str | None,
+    Field(description="Send it back as cursor for the next page; null on the last page."),
+]
+
+
+class _Page(_Response):
+    """A page of a list: its items and the cursor of the next page (None on the last)."""
+
+    #: The field holding the page's items.
+    _items_field: ClassVar[str] = "items"
+    next_cursor: NextCursor = None
+
+    def items_page(self) -> tuple[list[Any], str | None]:
+        """The items and the next cursor, for code that follows pages generically."""
+        return list(getattr(self, self._items_field)), self.next_cursor
 
 
 # ----------------------------------------------------------------------- capture
@@ -544,13 +590,54 @@ class ConsentWithdrawIn(_Request):
 
 
 class ConsentListIn(_Request):
-    model_config = _example({"subject": "alice@example.com"})
+    model_config = _example({"subject": "alice@example.com", "limit": 50})
 
     subject: SubjectRef
+    cursor: Cursor | None = None
+    limit: PageLimit = DEFAULT_PAGE_LIMIT
 
 
-class ConsentList(_Response):
+class ConsentList(_Page):
+    """A page of the calling app's consents from the subject, oldest first."""
+
+    _items_field: ClassVar[str] = "consents"
     consents: list[Consent]
+
+    @property
+    def items(self) -> list[Consent]:
+        return self.consents
+
+
+class MemoryListIn(_Request):
+    model_config = _example({"subject": "alice@example.com", "limit": 50})
+
+    subject: SubjectRef
+    cursor: Cursor | None = None
+    limit: PageLimit = DEFAULT_PAGE_LIMIT
+
+
+class MemoryPage(_Page):
+    """A page of the subject's memories (archived ones too), oldest first."""
+
+    items: list[MemoryOut]
+
+
+class SubjectListIn(_Request):
+    model_config = _example({"limit": 50})
+
+    cursor: Cursor | None = None
+    limit: PageLimit = DEFAULT_PAGE_LIMIT
+
+
+class SubjectOut(_Response):
+    """A live subject by its audit pseudonym (references are never stored, so never listed)."""
+
+    pseudonym: str
+    created_at: datetime
+
+
+class SubjectPage(_Page):
+    items: list[SubjectOut]
 
 
 # ------------------------------------------------------------ identity registries
@@ -721,16 +808,98 @@ class AuditExportIn(_Request):
     until: UtcTime | None = None
 
 
+class AuditEntriesIn(_Request):
+    """Which audit entries to list, a page at a time in leaf order."""
+
+    model_config = _example({"action": "consent.granted", "limit": 50})
+
+    subject: SubjectRef | None = None
+    for_app: Token | None = None
+    action: Token | None = None
+    since: UtcTime | None = None
+    until: UtcTime | None = None
+    cursor: Cursor | None = None
+    limit: PageLimit = DEFAULT_PAGE_LIMIT
+
+
+class AuditEntryOut(_Response):
+    leaf_index: int
+    recorded_at: str
+    entry: dict[str, Any]
+
+
+class AuditEntryPage(_Page):
+    items: list[AuditEntryOut]
+
+
+class ReceiptListIn(_Request):
+    model_config = _example({"since": "2026-01-01T00:00:00Z", "limit": 50})
+
+    since: UtcTime | None = None
+    until: UtcTime | None = None
+    cursor: Cursor | None = None
+    limit: PageLimit = DEFAULT_PAGE_LIMIT
+
+
+class ReceiptOut(_Response):
+    """An erasure receipt's entry in the log: its id and the SHA-256 of its signed body."""
+
+    leaf_index: int
+    recorded_at: str
+    receipt_id: str
+    receipt_sha256: str
+
+
+class ReceiptPage(_Page):
+    items: list[ReceiptOut]
+
+
 class AuditExportSummary(_Response):
     tree_size: int
     entry_count: int
     checkpoint: str
     export_sha256: str
 
+    @classmethod
+    def of_export(cls, lines: Iterable[str], fmt: str = "jsonl") -> AuditExportSummary:
+        """Read the summary from an export file's header and trailer (its lines, in order).
+
+        ``POST /v1/audit/export`` streams the file itself; the SDK rebuilds this summary
+        from what it received, streaming too (one record in memory at a time).
+        """
+        records: Iterable[str]
+        if fmt == "csv":
+            rows = csv.reader(lines)
+            next(rows, None)  # the column names
+            records = (row[-1] for row in rows if row and row[0] in ("header", "trailer"))
+        else:
+            records = (line for line in lines if line.strip())
+        header: dict[str, Any] | None = None
+        trailer: dict[str, Any] | None = None
+        for record in records:
+            if header is None:
+                header = json.loads(record)
+                continue
+            if '"kind":"trailer"' in record:
+                trailer = json.loads(record)
+        if header is None or trailer is None or trailer.get("kind") != "trailer":
+            raise ValueError("the export has no header or no trailer: it was cut short")
+        return cls(
+            tree_size=header["tree_size"],
+            entry_count=trailer["entry_count"],
+            checkpoint=header["checkpoint"],
+            export_sha256=trailer["export_sha256"],
+        )
+
 
 class AuditExport(_Response):
     """An export with inclusion proofs and a signed checkpoint: save ``content`` as a file
-    and verify it offline with ``uprof audit verify`` and the log's public key."""
+    and verify it offline with ``uprof audit verify`` and the log's public key.
+
+    The server streams the file (``POST /v1/audit/export``); the SDK assembles this object
+    from the stream (``Client.audit_export``), or writes the stream to a file as it comes
+    (``Client.audit_export_to``).
+    """
 
     format: str
     content: str

@@ -119,4 +119,10 @@ class PolicyChangeResultOut(_Response):
 
 
 class PolicyHistoryOut(_Response):
+    """A page of the policy's changes, oldest first."""
+
     changes: list[PolicyChangeOut]
+    next_cursor: str | None = Field(
+        default=None,
+        description="Send it back as cursor for the next page; null on the last page.",
+    )

@@ -6,6 +6,7 @@ SDK error for the failure, so the clients above them cannot tell them apart.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import httpx
@@ -22,6 +23,8 @@ R = TypeVar("R", bound=BaseModel)
 
 class SyncBackend(Protocol):
     def send(self, call: Call[R]) -> R: ...
+
+    def stream_text(self, call: Call[Any]) -> Iterator[str]: ...
 
     def close(self) -> None: ...
 
@@ -64,6 +67,18 @@ class HttpBackend:
             raise TransportError(f"{op.name}: {type(error).__name__}: {error}") from error
         return _parse(call, response)
 
+    def stream_text(self, call: Call[Any]) -> Iterator[str]:
+        """The body of a streamed answer (an audit export) as text, as it arrives."""
+        op = call.operation
+        try:
+            with self._client.stream(op.method, op.path, **_request_kwargs(call)) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    _parse(call, response)  # raises the SDK error for the status
+                yield from response.iter_text()
+        except httpx.HTTPError as error:
+            raise TransportError(f"{op.name}: {type(error).__name__}: {error}") from error
+
     def close(self) -> None:
         self._client.close()
 
@@ -79,6 +94,18 @@ class AsyncHttpBackend:
         except httpx.HTTPError as error:
             raise TransportError(f"{op.name}: {type(error).__name__}: {error}") from error
         return _parse(call, response)
+
+    async def stream_text(self, call: Call[Any]) -> AsyncIterator[str]:
+        op = call.operation
+        try:
+            async with self._client.stream(op.method, op.path, **_request_kwargs(call)) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    _parse(call, response)
+                async for text in response.aiter_text():
+                    yield text
+        except httpx.HTTPError as error:
+            raise TransportError(f"{op.name}: {type(error).__name__}: {error}") from error
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -123,6 +150,18 @@ class EmbeddedBackend:
         except UprofError as error:
             raise error_for(classify(error)[0], body_for(error).model_dump()) from error
         return op.response.model_validate(result.model_dump())
+
+    def stream_text(self, call: Call[Any]) -> Iterator[str]:
+        from domain.errors import UprofError
+        from uprof.api.errors import EdgeError, body_for, classify
+
+        try:
+            stream = self._scope.audit_export_stream(call.body)  # type: ignore[arg-type]
+        except EdgeError as error:
+            raise error_for(error.status, error.body().model_dump()) from error
+        except UprofError as error:
+            raise error_for(classify(error)[0], body_for(error).model_dump()) from error
+        yield from stream.records
 
     def _whoami(self) -> BaseModel:
         from uprof.schemas.api import WhoAmI

@@ -8,10 +8,13 @@ an app id.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
+from os import PathLike
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, TextIO, TypeVar
 
 import httpx
 from pydantic import BaseModel
@@ -19,8 +22,10 @@ from pydantic import BaseModel
 from uprof.schemas import api as w
 from uprof.sdk import _operations as ops
 from uprof.sdk._backends import AsyncHttpBackend, EmbeddedBackend, HttpBackend, SyncBackend
-from uprof.sdk._errors import invalid_request
-from uprof.sdk._operations import Call
+from uprof.sdk._errors import TransportError, invalid_request
+from uprof.sdk._operations import Call, Operation
+
+R = TypeVar("R", bound=BaseModel)
 
 if TYPE_CHECKING:
     from uprof.kernel import Uprof
@@ -119,6 +124,75 @@ def _grant(
     if expires_at is not None:
         fields["expires_at"] = expires_at
     return Call(ops.GRANT_CONSENT, ops.build(w.ConsentGrantIn, **fields), key)
+
+
+def _audit_export(
+    fmt: str,
+    subject: str | None,
+    for_app: str | None,
+    action: str | None,
+    since: datetime | None,
+    until: datetime | None,
+) -> Call[w.AuditExport]:
+    fields = _given(
+        format=fmt, subject=subject, for_app=for_app, action=action, since=since, until=until
+    )
+    return Call(ops.AUDIT_EXPORT, ops.build(w.AuditExportIn, **fields))
+
+
+def _summary_of(lines: Iterable[str], fmt: str) -> w.AuditExportSummary:
+    try:
+        return w.AuditExportSummary.of_export(lines, fmt)
+    except (ValueError, KeyError) as error:
+        raise TransportError(f"audit_export: the export arrived incomplete ({error})") from None
+
+
+def _assembled(fmt: str, content: str) -> w.AuditExport:
+    summary = _summary_of(content.splitlines(keepends=True), fmt)
+    return w.AuditExport(format=fmt, content=content, summary=summary)
+
+
+def _written_lines(chunks: Iterable[str], out: TextIO) -> Iterator[str]:
+    """Write each chunk to ``out`` as it comes, and yield the text again line by line."""
+    pending = ""
+    for chunk in chunks:
+        out.write(chunk)
+        pending += chunk
+        *lines, pending = pending.split("\n")
+        for line in lines:
+            yield line + "\n"
+    if pending:
+        yield pending
+
+
+@contextlib.contextmanager
+def _target(dest: str | PathLike[str] | TextIO) -> Iterator[TextIO]:
+    if isinstance(dest, str | PathLike):
+        with open(dest, "w", encoding="utf-8", newline="") as out:
+            yield out
+    else:
+        yield dest
+
+
+def _page(op: Operation[R], model: type[BaseModel], **fields: Any) -> Call[R]:
+    """One page of a list; ``cursor``/``limit`` left out when not given (server defaults)."""
+    return Call(op, ops.build(model, **_given(**fields)))
+
+
+def _audit_filters(
+    subject: str | None,
+    for_app: str | None,
+    action: str | None,
+    since: datetime | None,
+    until: datetime | None,
+) -> dict[str, Any]:
+    return {
+        "subject": subject,
+        "for_app": for_app,
+        "action": action,
+        "since": since,
+        "until": until,
+    }
 
 
 class Client:
@@ -285,19 +359,31 @@ class Client:
         since: datetime | None = None,
         until: datetime | None = None,
     ) -> w.AuditExport:
-        """The audit trail with proofs (``operator`` role); ``content`` is the file."""
-        body = ops.build(
-            w.AuditExportIn,
-            **_given(
-                format=format,
-                subject=subject,
-                for_app=for_app,
-                action=action,
-                since=since,
-                until=until,
-            ),
-        )
-        return self._backend.send(Call(ops.AUDIT_EXPORT, body))
+        """The audit trail with proofs (``operator`` role); ``content`` is the file.
+
+        The server streams it; this collects it in memory. For a large trail use
+        ``audit_export_to``, which writes it to a file as it arrives.
+        """
+        call = _audit_export(format, subject, for_app, action, since, until)
+        content = "".join(self._backend.stream_text(call))
+        return _assembled(format, content)
+
+    def audit_export_to(
+        self,
+        dest: str | PathLike[str] | TextIO,
+        *,
+        format: str = "jsonl",
+        subject: str | None = None,
+        for_app: str | None = None,
+        action: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> w.AuditExportSummary:
+        """Stream the audit export into ``dest`` (a path or a text file); return its summary."""
+        call = _audit_export(format, subject, for_app, action, since, until)
+        with _target(dest) as out:
+            lines = _written_lines(self._backend.stream_text(call), out)
+            return _summary_of(lines, format)
 
     def audit_verify(self, content: str, *, kind: str = "export") -> w.AuditVerification:
         """Check an export or a receipt against the server's log (``operator`` role)."""
@@ -360,9 +446,114 @@ class Client:
         return self._backend.send(Call(ops.EVIDENCE, body))
 
     def consents(self, subject: str) -> list[w.Consent]:
-        """This app's consents from the subject."""
-        body = ops.build(w.ConsentListIn, subject=subject)
-        return self._backend.send(Call(ops.CONSENTS, body)).consents
+        """This app's consents from the subject, every page of them."""
+        return list(self.iter_consents(subject))
+
+    # ------------------------------------------------------------------- pages
+    # Each ``list_*`` returns one page (``.items``, ``.next_cursor``); pass its
+    # ``next_cursor`` back as ``cursor``. Each ``iter_*`` follows the cursors for you.
+
+    def list_consents(
+        self, subject: str, *, cursor: str | None = None, limit: int | None = None
+    ) -> w.ConsentList:
+        """One page of this app's consents from the subject."""
+        call = _page(ops.CONSENTS, w.ConsentListIn, subject=subject, cursor=cursor, limit=limit)
+        return self._backend.send(call)
+
+    def iter_consents(self, subject: str, *, limit: int | None = None) -> Iterator[w.Consent]:
+        return _follow(lambda c: self.list_consents(subject, cursor=c, limit=limit).items_page())
+
+    def list_memories(
+        self, subject: str, *, cursor: str | None = None, limit: int | None = None
+    ) -> w.MemoryPage:
+        """One page of the subject's memories, oldest first (``operator`` role)."""
+        call = _page(ops.LIST_MEMORIES, w.MemoryListIn, subject=subject, cursor=cursor, limit=limit)
+        return self._backend.send(call)
+
+    def iter_memories(self, subject: str, *, limit: int | None = None) -> Iterator[w.MemoryOut]:
+        return _follow(lambda c: self.list_memories(subject, cursor=c, limit=limit).items_page())
+
+    def list_subjects(
+        self, *, cursor: str | None = None, limit: int | None = None
+    ) -> w.SubjectPage:
+        """One page of live subjects by pseudonym (``operator`` role)."""
+        return self._backend.send(
+            _page(ops.LIST_SUBJECTS, w.SubjectListIn, cursor=cursor, limit=limit)
+        )
+
+    def iter_subjects(self, *, limit: int | None = None) -> Iterator[w.SubjectOut]:
+        return _follow(lambda c: self.list_subjects(cursor=c, limit=limit).items_page())
+
+    def audit_entries(
+        self,
+        *,
+        subject: str | None = None,
+        for_app: str | None = None,
+        action: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> w.AuditEntryPage:
+        """One page of the audit trail in leaf order (``operator`` role)."""
+        filters = _audit_filters(subject, for_app, action, since, until)
+        return self._backend.send(
+            _page(ops.AUDIT_ENTRIES, w.AuditEntriesIn, **filters, cursor=cursor, limit=limit)
+        )
+
+    def iter_audit_entries(
+        self,
+        *,
+        subject: str | None = None,
+        for_app: str | None = None,
+        action: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int | None = None,
+    ) -> Iterator[w.AuditEntryOut]:
+        return _follow(
+            lambda c: self.audit_entries(
+                subject=subject,
+                for_app=for_app,
+                action=action,
+                since=since,
+                until=until,
+                cursor=c,
+                limit=limit,
+            ).items_page()
+        )
+
+    def audit_receipts(
+        self,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> w.ReceiptPage:
+        """One page of the erasure receipts the log recorded (``operator`` role)."""
+        call = _page(
+            ops.AUDIT_RECEIPTS,
+            w.ReceiptListIn,
+            since=since,
+            until=until,
+            cursor=cursor,
+            limit=limit,
+        )
+        return self._backend.send(call)
+
+    def iter_audit_receipts(
+        self,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int | None = None,
+    ) -> Iterator[w.ReceiptOut]:
+        return _follow(
+            lambda c: self.audit_receipts(
+                since=since, until=until, cursor=c, limit=limit
+            ).items_page()
+        )
 
     def whoami(self) -> w.WhoAmI:
         """The app and roles this client acts as."""
@@ -517,18 +708,35 @@ class AsyncClient:
         since: datetime | None = None,
         until: datetime | None = None,
     ) -> w.AuditExport:
-        body = ops.build(
-            w.AuditExportIn,
-            **_given(
-                format=format,
-                subject=subject,
-                for_app=for_app,
-                action=action,
-                since=since,
-                until=until,
-            ),
-        )
-        return await self._backend.send(Call(ops.AUDIT_EXPORT, body))
+        call = _audit_export(format, subject, for_app, action, since, until)
+        content = "".join([text async for text in self._backend.stream_text(call)])
+        return _assembled(format, content)
+
+    async def audit_export_to(
+        self,
+        dest: str | PathLike[str] | TextIO,
+        *,
+        format: str = "jsonl",
+        subject: str | None = None,
+        for_app: str | None = None,
+        action: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> w.AuditExportSummary:
+        call = _audit_export(format, subject, for_app, action, since, until)
+        # A second copy, spilled to disk past 1 MiB, is read back for the summary: memory
+        # stays flat however long the trail is, and dest need not be readable.
+        with (
+            _target(dest) as out,
+            tempfile.SpooledTemporaryFile(
+                max_size=1 << 20, mode="w+", encoding="utf-8", newline=""
+            ) as copy,
+        ):
+            async for text in self._backend.stream_text(call):
+                out.write(text)
+                copy.write(text)
+            copy.seek(0)
+            return _summary_of(copy, format)
 
     async def audit_verify(self, content: str, *, kind: str = "export") -> w.AuditVerification:
         body = ops.build(w.AuditVerifyIn, kind=kind, content=content)
@@ -584,8 +792,119 @@ class AsyncClient:
         return await self._backend.send(Call(ops.EVIDENCE, body))
 
     async def consents(self, subject: str) -> list[w.Consent]:
-        body = ops.build(w.ConsentListIn, subject=subject)
-        return (await self._backend.send(Call(ops.CONSENTS, body))).consents
+        return [c async for c in self.iter_consents(subject)]
+
+    async def list_consents(
+        self, subject: str, *, cursor: str | None = None, limit: int | None = None
+    ) -> w.ConsentList:
+        call = _page(ops.CONSENTS, w.ConsentListIn, subject=subject, cursor=cursor, limit=limit)
+        return await self._backend.send(call)
+
+    def iter_consents(self, subject: str, *, limit: int | None = None) -> AsyncIterator[w.Consent]:
+        async def fetch(cursor: str | None) -> tuple[list[w.Consent], str | None]:
+            page = await self.list_consents(subject, cursor=cursor, limit=limit)
+            return page.items_page()
+
+        return _afollow(fetch)
+
+    async def list_memories(
+        self, subject: str, *, cursor: str | None = None, limit: int | None = None
+    ) -> w.MemoryPage:
+        call = _page(ops.LIST_MEMORIES, w.MemoryListIn, subject=subject, cursor=cursor, limit=limit)
+        return await self._backend.send(call)
+
+    def iter_memories(
+        self, subject: str, *, limit: int | None = None
+    ) -> AsyncIterator[w.MemoryOut]:
+        async def fetch(cursor: str | None) -> tuple[list[w.MemoryOut], str | None]:
+            page = await self.list_memories(subject, cursor=cursor, limit=limit)
+            return page.items_page()
+
+        return _afollow(fetch)
+
+    async def list_subjects(
+        self, *, cursor: str | None = None, limit: int | None = None
+    ) -> w.SubjectPage:
+        return await self._backend.send(
+            _page(ops.LIST_SUBJECTS, w.SubjectListIn, cursor=cursor, limit=limit)
+        )
+
+    def iter_subjects(self, *, limit: int | None = None) -> AsyncIterator[w.SubjectOut]:
+        async def fetch(cursor: str | None) -> tuple[list[w.SubjectOut], str | None]:
+            return (await self.list_subjects(cursor=cursor, limit=limit)).items_page()
+
+        return _afollow(fetch)
+
+    async def audit_entries(
+        self,
+        *,
+        subject: str | None = None,
+        for_app: str | None = None,
+        action: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> w.AuditEntryPage:
+        filters = _audit_filters(subject, for_app, action, since, until)
+        return await self._backend.send(
+            _page(ops.AUDIT_ENTRIES, w.AuditEntriesIn, **filters, cursor=cursor, limit=limit)
+        )
+
+    def iter_audit_entries(
+        self,
+        *,
+        subject: str | None = None,
+        for_app: str | None = None,
+        action: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[w.AuditEntryOut]:
+        async def fetch(cursor: str | None) -> tuple[list[w.AuditEntryOut], str | None]:
+            page = await self.audit_entries(
+                subject=subject,
+                for_app=for_app,
+                action=action,
+                since=since,
+                until=until,
+                cursor=cursor,
+                limit=limit,
+            )
+            return page.items_page()
+
+        return _afollow(fetch)
+
+    async def audit_receipts(
+        self,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> w.ReceiptPage:
+        call = _page(
+            ops.AUDIT_RECEIPTS,
+            w.ReceiptListIn,
+            since=since,
+            until=until,
+            cursor=cursor,
+            limit=limit,
+        )
+        return await self._backend.send(call)
+
+    def iter_audit_receipts(
+        self,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[w.ReceiptOut]:
+        async def fetch(cursor: str | None) -> tuple[list[w.ReceiptOut], str | None]:
+            page = await self.audit_receipts(since=since, until=until, cursor=cursor, limit=limit)
+            return page.items_page()
+
+        return _afollow(fetch)
 
     async def whoami(self) -> w.WhoAmI:
         return await self._backend.send(Call(ops.WHOAMI, None))
@@ -603,6 +922,31 @@ class AsyncClient:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+T = TypeVar("T")
+
+
+def _follow(fetch: Callable[[str | None], tuple[list[T], str | None]]) -> Iterator[T]:
+    """Every item of every page, following ``next_cursor`` until the server says done."""
+    cursor: str | None = None
+    while True:
+        items, cursor = fetch(cursor)
+        yield from items
+        if cursor is None:
+            return
+
+
+async def _afollow(
+    fetch: Callable[[str | None], Any],
+) -> AsyncIterator[Any]:
+    cursor: str | None = None
+    while True:
+        items, cursor = await fetch(cursor)
+        for item in items:
+            yield item
+        if cursor is None:
+            return
 
 
 def _given(**fields: Any) -> dict[str, Any]:

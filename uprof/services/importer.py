@@ -1,98 +1,302 @@
-"""Import interactions from a JSONL file: validate everything, check consent, then write.
+"""Import a file of interactions, record by record, through the consent gate.
 
-Nothing is written unless every line parses and every (subject, app, purpose)
-in the file has consent in force, so a bad file never leaves half its lines behind.
+A run is **per record**: each record (a line; a memory of a Mem0 JSON document) is read,
+checked and captured on its own. A bad one (unreadable, a field out of shape, an app the
+policy does not let capture, no consent in force, an erased subject) is reported with
+where it is and why, and the good ones are imported. ``strict`` makes the run all or
+nothing as far as checking goes: every record is checked first, and nothing is written
+unless every one passes. ``dry_run`` checks and counts and writes nothing (not even an
+audit entry: a denial found by a dry run is not audited, since nothing was attempted).
 
 Re-importing is safe (I14): a record is skipped, and counted as skipped, when its
-subject already has a capture from the same app with the same ``source_ref``
-(matched by keyed hash in the captures view; refs are not stored in plaintext) or
-when its ``idempotency_key`` was already captured. Both also hold against a
-concurrent import of the same file: each such record carries a token (a keyed hash
-of its app and key, or of its app and source ref) that the subject's stream records
-with the capture, so two writers of one record cannot both save it.
+subject already has a capture from the same app with the same ``source_ref`` (matched by
+keyed hash in the captures view; refs are not stored in plaintext) or when its
+``idempotency_key`` was already captured. Both also hold against a concurrent import of
+the same file: each such record carries a token (a keyed hash of its app and key, or of
+its app and source ref) that the subject's stream records with the capture, so two
+writers of one record cannot both save it. Chat and Mem0 records get a derived
+``source_ref`` (``uprof.services.import_formats``), so their re-runs skip too.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 
-from pydantic import ValidationError
-
-from domain.errors import (
-    ConsentRequiredError,
-    InvalidInputError,
-    ReadTimeoutError,
-    SubjectErasedError,
-)
+from domain.errors import InvalidInputError, ReadTimeoutError, SubjectErasedError, UprofError
 from domain.profile import CAPTURE_CATEGORY
 from uprof.kernel import Uprof
 from uprof.schemas.capture import InteractionIn
+from uprof.services.capture import check_interaction
 from uprof.services.idempotency import check_key
+from uprof.services.import_formats import (
+    ImportDefaults,
+    ImportProblem,
+    ImportRecord,
+    read_records,
+)
 
+#: Records checked and written together (bounds memory on a file of any length).
+CHUNK = 1_000
+#: Most interactions one capture transaction takes (the capture service's own bound).
 BATCH = 1_000
+
+#: ``may_capture(app_id, purpose)``: None when the policy allows, else why not.
+CapturePermit = Callable[[str, str], str | None]
 
 
 @dataclass(frozen=True)
 class ImportReport:
+    """What a run did (or, dry, would do): records read, interactions captured, subjects,
+    interactions skipped as captured already, and every record that failed, with why."""
+
     lines: int
     captured: int
     subjects: int
-    #: Records not written because they were captured already (same app and
+    #: Interactions not written because they were captured already (same app and
     #: source_ref, or the same idempotency key), or repeated within the file.
     skipped: int = 0
+    failed: tuple[ImportProblem, ...] = field(default_factory=tuple)
+    dry_run: bool = False
+    #: True when a strict run found a failing record and therefore wrote nothing.
+    refused: bool = False
 
 
 def parse_lines(lines: Iterable[str]) -> list[InteractionIn]:
-    """Parse every line; raise InvalidInputError naming the first bad line and field."""
-    parsed = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            raw = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InvalidInputError(f"line {number}: not valid JSON ({e.msg})") from None
-        try:
-            parsed.append(InteractionIn.model_validate(raw))
-        except ValidationError as e:
-            first = e.errors()[0]
-            field = ".".join(str(p) for p in first["loc"]) or "(line)"
-            raise InvalidInputError(f"line {number}: field {field}: {first['msg']}") from None
-    return parsed
+    """Parse uprof JSONL strictly; raise InvalidInputError naming the first bad line."""
+    rows: list[InteractionIn] = []
+    for parsed in read_records(lines, "interactions", ImportDefaults()):
+        if isinstance(parsed, ImportProblem):
+            raise InvalidInputError(str(parsed), field=parsed.field)
+        rows.extend(parsed.rows)
+    return rows
 
 
-def check_consents(kernel: Uprof, rows: list[InteractionIn]) -> None:
-    now = kernel.clock.now()
-    seen: set[tuple[str, str, str]] = set()
-    for number, row in enumerate(rows, start=1):
+def import_interactions(
+    kernel: Uprof,
+    lines: Iterable[bytes | str],
+    progress: Callable[[int], None] | None = None,
+    *,
+    fmt: str = "interactions",
+    defaults: ImportDefaults | None = None,
+    may_capture: CapturePermit | None = None,
+    dry_run: bool = False,
+    strict: bool = False,
+) -> ImportReport:
+    """Import every record of ``lines``; see the module docstring for the rules.
+
+    ``may_capture`` is the facade's policy decision per (app, purpose); without it (the
+    kernel's own callers) every app may capture and only consent decides.
+    """
+    defaults = defaults or ImportDefaults()
+    if strict and not dry_run:
+        materialised = list(lines)
+        checked = import_interactions(
+            kernel, materialised, fmt=fmt, defaults=defaults, may_capture=may_capture, dry_run=True
+        )
+        if checked.failed:
+            return ImportReport(
+                checked.lines, 0, 0, checked.skipped, checked.failed, dry_run=False, refused=True
+            )
+        lines = materialised
+    run = _Run(kernel, may_capture or (lambda app, purpose: None), dry_run, progress)
+    for chunk in _chunks(read_records(lines, fmt, defaults), CHUNK):
+        run.chunk(chunk)
+    return run.report()
+
+
+def _chunks(
+    records: Iterator[ImportRecord | ImportProblem], size: int
+) -> Iterator[list[ImportRecord | ImportProblem]]:
+    while chunk := list(itertools.islice(records, size)):
+        yield chunk
+
+
+@dataclass
+class _Pending:
+    record: ImportRecord
+    row: InteractionIn
+    token: str | None
+
+
+class _Run:
+    """One import: the checks, the writes and the counts, chunk after chunk."""
+
+    def __init__(
+        self,
+        kernel: Uprof,
+        may_capture: CapturePermit,
+        dry_run: bool,
+        progress: Callable[[int], None] | None,
+    ) -> None:
+        self.kernel = kernel
+        self.may_capture = may_capture
+        self.dry_run = dry_run
+        self.progress = progress
+        self.records = 0
+        self.captured = 0
+        self.skipped = 0
+        self.subjects: set[str] = set()
+        self.failed: list[ImportProblem] = []
+        self._failed_where: set[str] = set()
+        self._consent: dict[tuple[str, str, str], str | None] = {}
+        self._permits: dict[tuple[str, str], str | None] = {}
+        self._tokens_seen: set[str] = set()
+        self._views_fresh = False
+
+    def report(self) -> ImportReport:
+        return ImportReport(
+            self.records,
+            self.captured,
+            len(self.subjects),
+            self.skipped,
+            tuple(self.failed),
+            dry_run=self.dry_run,
+        )
+
+    def _fail(self, problem: ImportProblem) -> None:
+        if problem.where not in self._failed_where:
+            self._failed_where.add(problem.where)
+            self.failed.append(problem)
+
+    # ------------------------------------------------------------------ checks
+
+    def chunk(self, chunk: Sequence[ImportRecord | ImportProblem]) -> None:
+        self.records += len(chunk)
+        good: list[ImportRecord] = []
+        for parsed in chunk:
+            if isinstance(parsed, ImportProblem):
+                self._fail(parsed)
+                continue
+            problem = self._check(parsed)
+            if problem is None:
+                good.append(parsed)
+            else:
+                self._fail(problem)
+        pending = self._deduplicated(good)
+        if self.dry_run:
+            self.captured += len(pending)
+            self.subjects.update(p.row.subject for p in pending)
+        else:
+            self._write(pending)
+        if self.progress is not None:
+            self.progress(len(chunk))
+
+    def _check(self, record: ImportRecord) -> ImportProblem | None:
+        for index, row in enumerate(record.rows):
+            prefix = f"interactions[{index}]." if len(record.rows) > 1 else ""
+            try:
+                check_interaction(row.to_domain())
+                if row.idempotency_key is not None:
+                    check_key(row.idempotency_key)
+            except InvalidInputError as error:
+                return ImportProblem(record.where, prefix + (error.field or "(record)"), str(error))
+            denied = self._permit(row.app_id, row.purpose)
+            if denied:
+                return ImportProblem(record.where, "app_id", denied)
+            refused = self._consented(row)
+            if refused:
+                return ImportProblem(record.where, "subject", refused)
+        return None
+
+    def _permit(self, app_id: str, purpose: str) -> str | None:
+        key = (app_id, purpose)
+        if key not in self._permits:
+            self._permits[key] = self.may_capture(app_id, purpose)
+        return self._permits[key]
+
+    def _consented(self, row: InteractionIn) -> str | None:
         key = (row.subject, row.app_id, row.purpose)
-        if key in seen:
-            continue
-        seen.add(key)
+        if key in self._consent:
+            return self._consent[key]
+        kernel = self.kernel
         try:
             handle = kernel.subjects.find(row.subject)
         except SubjectErasedError:
-            raise SubjectErasedError(
-                f"record {number}: its subject was erased; nothing was imported"
-            ) from None
-        allowed = handle is not None and kernel.app.load(handle.stream_id).has_consent(
-            app_id=row.app_id, category=CAPTURE_CATEGORY, purpose=row.purpose, at=now
-        )
-        if not allowed:
-            raise ConsentRequiredError(
-                f"record {number}: app {row.app_id!r} has no consent in force for its subject "
-                f"and purpose {row.purpose!r}; nothing was imported"
+            why: str | None = "its subject was erased"
+        except InvalidInputError as error:
+            why = str(error)
+        else:
+            allowed = handle is not None and kernel.app.load(handle.stream_id).has_consent(
+                app_id=row.app_id,
+                category=CAPTURE_CATEGORY,
+                purpose=row.purpose,
+                at=kernel.clock.now(),
             )
+            why = (
+                None
+                if allowed
+                else f"app {row.app_id!r} has no consent in force for this subject and "
+                f"purpose {row.purpose!r}"
+            )
+        self._consent[key] = why
+        return why
 
+    # ------------------------------------------------------------- idempotency
 
-def _record_token(kernel: Uprof, row: InteractionIn) -> str | None:
-    if row.idempotency_key is not None:
-        return kernel.request_token(row.app_id, check_key(row.idempotency_key))
-    if row.source_ref:
-        return kernel.request_token(row.app_id, row.source_ref, namespace="source_ref")
-    return None
+    def _deduplicated(self, records: Sequence[ImportRecord]) -> list[_Pending]:
+        rows = [_Pending(r, row, self._token(row)) for r in records for row in r.rows]
+        if any(p.row.source_ref for p in rows) and not self._views_fresh:
+            # The captures view must show every capture acknowledged so far to match refs.
+            if not self.kernel.project_log(self.kernel.settings.read_wait_timeout_s):
+                raise ReadTimeoutError(
+                    "the captures view is behind the log, so records already captured "
+                    "cannot be told apart; nothing more was imported"
+                )
+            self._views_fresh = True
+        known = _already_captured(self.kernel, [p.row for p in rows])
+        fresh: list[_Pending] = []
+        for pending, captured in zip(rows, known, strict=True):
+            token = pending.token
+            if captured or (token is not None and token in self._tokens_seen):
+                self.skipped += 1  # captured before, or repeated in this file
+                continue
+            if token is not None:
+                self._tokens_seen.add(token)
+            fresh.append(pending)
+        return fresh
+
+    def _token(self, row: InteractionIn) -> str | None:
+        if row.idempotency_key is not None:
+            return self.kernel.request_token(row.app_id, check_key(row.idempotency_key))
+        if row.source_ref:
+            return self.kernel.request_token(row.app_id, row.source_ref, namespace="source_ref")
+        return None
+
+    # ------------------------------------------------------------------ writes
+
+    def _write(self, pending: list[_Pending]) -> None:
+        start = 0
+        while start < len(pending):
+            # Consecutive interactions of one subject go in one transaction.
+            subject = pending[start].row.subject
+            end = start
+            while (
+                end < len(pending) and end - start < BATCH and pending[end].row.subject == subject
+            ):
+                end += 1
+            group = pending[start:end]
+            start = end
+            if any(p.record.where in self._failed_where for p in group):
+                group = [p for p in group if p.record.where not in self._failed_where]
+            if not group:
+                continue
+            try:
+                outcome = self.kernel.capture_once(
+                    subject,
+                    [p.row.to_domain() for p in group],
+                    item_tokens=[p.token for p in group],
+                )
+            except UprofError as error:
+                # Consent withdrawn or the subject erased meanwhile, another writer kept
+                # winning: these records failed; the run goes on with the next ones.
+                for p in group:
+                    self._fail(ImportProblem(p.record.where, "(record)", str(error)))
+                continue
+            self.captured += len(outcome.acks)
+            self.skipped += outcome.skipped
+            self.subjects.add(subject)
 
 
 def _already_captured(kernel: Uprof, rows: list[InteractionIn]) -> list[bool]:
@@ -113,51 +317,3 @@ def _already_captured(kernel: Uprof, rows: list[InteractionIn]) -> list[bool]:
         bool(row.source_ref) and row.source_ref in found.get((row.subject, row.app_id), set())
         for row in rows
     ]
-
-
-def import_interactions(
-    kernel: Uprof, lines: Iterable[str], progress: Callable[[int], None] | None = None
-) -> ImportReport:
-    rows = parse_lines(lines)
-    check_consents(kernel, rows)
-    if any(row.source_ref for row in rows):
-        # The captures view must show every capture acknowledged so far to match refs.
-        if not kernel.project_log(kernel.settings.read_wait_timeout_s):
-            raise ReadTimeoutError(
-                "the captures view is behind the log, so records already captured "
-                "cannot be told apart; nothing was imported"
-            )
-    known = _already_captured(kernel, rows)
-    tokens = [_record_token(kernel, row) for row in rows]
-    pending: list[int] = []
-    seen: set[str] = set()
-    skipped = 0
-    for index, token in enumerate(tokens):
-        if known[index] or (token is not None and token in seen):
-            skipped += 1  # captured before, or repeated in this file
-            continue
-        if token is not None:
-            seen.add(token)
-        pending.append(index)
-    if skipped and progress is not None:
-        progress(skipped)
-    captured = 0
-    start = 0
-    while start < len(pending):
-        # Consecutive lines of one subject go in one transaction.
-        subject = rows[pending[start]].subject
-        end = start
-        while end < len(pending) and end - start < BATCH and rows[pending[end]].subject == subject:
-            end += 1
-        chunk = pending[start:end]
-        outcome = kernel.capture_once(
-            subject,
-            [rows[i].to_domain() for i in chunk],
-            item_tokens=[tokens[i] for i in chunk],
-        )
-        captured += len(outcome.acks)
-        skipped += outcome.skipped
-        if progress is not None:
-            progress(len(chunk))
-        start = end
-    return ImportReport(len(rows), captured, len({r.subject for r in rows}), skipped)

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import io
-import itertools
 from typing import Annotated, Any
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Form, Request, UploadFile
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 
 from domain.errors import UprofError
 from uprof.facade import Facade
 from uprof.web.pages import (
-    MAX_AUDIT_ROWS,
+    CONSOLE_PAGE_ROWS,
     MAX_UPLOAD_BYTES,
+    SECURITY_HEADERS,
     WebPages,
     download,
     operator_door,
@@ -51,12 +51,22 @@ def router(web: WebPages) -> APIRouter:
             return session
         door = operator_door(web.runtime_of(request), session)
         rows: list[Any] = []
+        next_cursor = None
         error = ""
         searched = bool(request.query_params)
+        cursor = request.query_params.get("cursor") or None
         try:
             form, args = audit_filter(request, door)
-            entries = door.audit_entries(**args)  # reads served before it are in it
-            rows = list(itertools.islice(entries, MAX_AUDIT_ROWS + 1))
+            page = door.list_audit_entries(  # reads served before it are in it
+                subject=form["subject"] or None,
+                app_id=args["app_id"],
+                action=args["action"],
+                since=args["since"],
+                until=args["until"],
+                cursor=cursor,
+                limit=CONSOLE_PAGE_ROWS,
+            )
+            rows, next_cursor = list(page.items), page.next_cursor
         except (UprofError, ValueError) as problem:
             form = {
                 k: request.query_params.get(k, "")
@@ -64,19 +74,20 @@ def router(web: WebPages) -> APIRouter:
             }
             error = str(problem)
             args = {}
-        truncated = len(rows) > MAX_AUDIT_ROWS
-        shown = [(r.leaf_index, r.entry) for r in rows[:MAX_AUDIT_ROWS]]
-        query = str(request.url.query)
+        shown = [(r.leaf_index, r.entry) for r in rows]
+        filters = {k: v for k, v in form.items() if v}
         return web.page(
             request,
             "console_audit.html",
             session=session,
             form=form,
             rows=shown,
-            truncated=truncated,
+            continued=cursor is not None,
+            next_query=urlencode({**filters, "cursor": next_cursor}) if next_cursor else "",
+            first_query=urlencode(filters),
             error=error,
             searched=searched,
-            query=query,
+            query=urlencode(filters),
             subject_ref=args.get("subject_ref") or "",
         )
 
@@ -88,9 +99,7 @@ def router(web: WebPages) -> APIRouter:
         door = operator_door(web.runtime_of(request), session)
         try:
             form, args = audit_filter(request, door)
-            out = io.StringIO()
-            door.export_audit(
-                out,
+            stream = door.stream_audit(
                 fmt="csv" if format == "csv" else "jsonl",
                 subject=form["subject"] or None,
                 app_id=args["app_id"],
@@ -100,9 +109,10 @@ def router(web: WebPages) -> APIRouter:
             )
         except (UprofError, ValueError) as problem:
             return web.message(request, 422, "Export refused", str(problem))
-        ext = "csv" if format == "csv" else "jsonl"
-        media = "text/csv" if ext == "csv" else "application/x-ndjson"
-        return download(out.getvalue(), f"audit-trail.{ext}", media)
+        response = StreamingResponse(stream.records, media_type=stream.media_type)
+        response.headers["Content-Disposition"] = f'attachment; filename="{stream.filename}"'
+        response.headers.update(SECURITY_HEADERS)
+        return response
 
     @router.get("/console/public-key.pem", include_in_schema=False)
     def console_public_key(request: Request) -> Response:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Annotated, Any
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import Response
@@ -13,7 +14,7 @@ from domain.values import CATEGORIES
 from policies.rules import ACTIONS as POLICY_ACTIONS
 from uprof.api.errors import classify
 from uprof.web.pages import (
-    MAX_POLICY_HISTORY,
+    CONSOLE_PAGE_ROWS,
     WebPages,
     operator_door,
 )
@@ -37,13 +38,18 @@ def policy_page(
     if table is not None:
         for row in table(tenant):
             by_app.setdefault(row.app, []).append(row)
-    state, history = None, []
+    state, history, next_query = None, [], ""
+    cursor = request.query_params.get("cursor") or None
     door = operator_door(runtime, session)
     problem = door.policy_health()
     if not problem:
         try:
             state = door.policy_show()
-            history = list(reversed(door.policy_history()))[:MAX_POLICY_HISTORY]
+            page = door.list_policy_history(
+                cursor=cursor, limit=CONSOLE_PAGE_ROWS, newest_first=True
+            )
+            history = list(page.items)
+            next_query = urlencode({"cursor": page.next_cursor}) if page.next_cursor else ""
         except UprofError as failure:
             problem = str(failure)
     return web.page(
@@ -56,6 +62,8 @@ def policy_page(
         available=table is not None,
         state=state,
         history=history,
+        continued=cursor is not None,
+        next_query=next_query,
         problem=problem,
         error=error,
         done=done,

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
-import itertools
-from typing import Annotated
+from typing import Annotated, Any
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import Response
 
-from uprof.web.pages import (
-    MAX_AUDIT_ROWS,
-    WebPages,
-    operator_door,
-)
+from domain.errors import UprofError
+from uprof.facade import Facade
+from uprof.web.pages import CONSOLE_PAGE_ROWS, WebPages, operator_door
+
+
+def receipts_page(door: Facade, cursor: str | None) -> dict[str, Any]:
+    """One page of receipts for the template: rows, and the links to the next and first."""
+    page = door.list_receipts(cursor=cursor, limit=CONSOLE_PAGE_ROWS)
+    return {
+        "rows": [(e.leaf_index, e.recorded_at, e.entry) for e in page.items],
+        "continued": cursor is not None,
+        "next_query": urlencode({"cursor": page.next_cursor}) if page.next_cursor else "",
+    }
 
 
 def router(web: WebPages) -> APIRouter:
@@ -24,16 +32,13 @@ def router(web: WebPages) -> APIRouter:
         session = web.need_operator(request)
         if isinstance(session, Response):
             return session
-        from audit.receipts import RECEIPT_ACTION
-
         door = operator_door(web.runtime_of(request), session)
-        entries = door.audit_entries(action=RECEIPT_ACTION)
-        rows = [
-            (e.leaf_index, e.recorded_at, e.entry)
-            for e in itertools.islice(entries, MAX_AUDIT_ROWS)
-        ]
+        try:
+            listing = receipts_page(door, request.query_params.get("cursor") or None)
+        except UprofError as error:
+            return web.kernel_error(request, error)
         return web.page(
-            request, "console_receipts.html", session=session, rows=rows, report=None, terms=""
+            request, "console_receipts.html", session=session, report=None, terms="", **listing
         )
 
     @router.post("/console/residue", include_in_schema=False)
@@ -45,8 +50,6 @@ def router(web: WebPages) -> APIRouter:
         session = web.checked_operator(request, csrf)
         if isinstance(session, Response):
             return session
-        from audit.receipts import RECEIPT_ACTION
-
         wanted = [t.strip() for t in terms.splitlines() if t.strip()]
         door = operator_door(web.runtime_of(request), session)
         if not wanted:
@@ -54,19 +57,14 @@ def router(web: WebPages) -> APIRouter:
             error = "Give at least one term, one per line."
         else:
             report, error = door.residue_scan(wanted), ""
-        entries = door.audit_entries(action=RECEIPT_ACTION)
-        rows = [
-            (e.leaf_index, e.recorded_at, e.entry)
-            for e in itertools.islice(entries, MAX_AUDIT_ROWS)
-        ]
         return web.page(
             request,
             "console_receipts.html",
             session=session,
-            rows=rows,
             report=report,
             terms=terms,
             error=error,
+            **receipts_page(door, None),
         )
 
     return router

@@ -25,10 +25,10 @@ _HERE = Path(__file__).parent
 USER_COOKIE = "uprof_privacy"
 OPERATOR_COOKIE = "uprof_console"
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
-MAX_AUDIT_ROWS = 500
+#: Rows on one page of a console list; "Next page" continues with the list's cursor.
+CONSOLE_PAGE_ROWS = 100
 #: How a privacy-center principal is named (audit: ``privacy-center#link``).
 PRIVACY_CENTER = "privacy-center"
-MAX_POLICY_HISTORY = 200
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": (

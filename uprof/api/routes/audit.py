@@ -8,22 +8,65 @@ third party verifies exports and receipts offline with exactly these.
 from __future__ import annotations
 
 from fastapi import APIRouter
+from fastapi.responses import StreamingResponse
 
 from uprof.api.deps import Scope
 from uprof.api.routes.docs import errors
-from uprof.schemas.api import AuditExport, AuditExportIn, AuditKey, AuditVerification, AuditVerifyIn
+from uprof.schemas.api import (
+    AuditEntriesIn,
+    AuditEntryPage,
+    AuditExportIn,
+    AuditKey,
+    AuditVerification,
+    AuditVerifyIn,
+    ReceiptListIn,
+    ReceiptPage,
+)
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"])
 
 
-@router.post("/export", response_model=AuditExport, responses=errors(403, 503))
-def export_trail(body: AuditExportIn, scope: Scope) -> AuditExport:
+@router.post(
+    "/export",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "description": "The export file, streamed as it is produced: JSONL "
+            "(application/x-ndjson) or CSV (text/csv), per docs/audit-format.md.",
+            "content": {"application/x-ndjson": {}, "text/csv": {}},
+        },
+        **errors(403, 503),
+    },
+)
+def export_trail(body: AuditExportIn, scope: Scope) -> StreamingResponse:
     """Export the trail (optionally filtered) with inclusion proofs and a signed checkpoint.
 
-    Save ``content`` to a file and check it offline: ``uprof audit verify FILE --public-key
-    PEM`` with the key from ``/v1/audit/key``. The export is itself audited.
+    The answer is the file itself, streamed while it is produced (the trail can be large):
+    save it and check it offline with ``uprof audit verify FILE --public-key PEM`` and the
+    key from ``/v1/audit/key``. Refusals (403, 422) come before the first byte. The export
+    is itself audited (``audit.exported``, with the number of entries sent).
     """
-    return scope.audit_export(body)
+    stream = scope.audit_export_stream(body)
+    return StreamingResponse(
+        stream.records,
+        media_type=stream.media_type,
+        headers={"Content-Disposition": f'attachment; filename="{stream.filename}"'},
+    )
+
+
+@router.post("/entries", response_model=AuditEntryPage, responses=errors(403, 503))
+def list_entries(body: AuditEntriesIn, scope: Scope) -> AuditEntryPage:
+    """Audit entries in leaf order (optionally filtered), a page at a time (``operator`` role).
+
+    For a file with inclusion proofs to verify offline, use ``/v1/audit/export``.
+    """
+    return scope.audit_entries(body)
+
+
+@router.post("/receipts", response_model=ReceiptPage, responses=errors(403, 503))
+def list_receipts(body: ReceiptListIn, scope: Scope) -> ReceiptPage:
+    """The erasure receipts the log recorded, oldest first, a page at a time (``operator``)."""
+    return scope.audit_receipts(body)
 
 
 @router.post("/verify", response_model=AuditVerification, responses=errors(403))

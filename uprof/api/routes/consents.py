@@ -35,7 +35,8 @@ def grant_consent(
 
 @router.post("/list", response_model=ConsentList, responses=errors(403, 404, 410, 503))
 def list_consents(body: ConsentListIn, scope: Scope) -> ConsentList:
-    """List the consents the subject gave the calling app (never another app's)."""
+    """List the consents the subject gave the calling app (never another app's), a page at a
+    time: send ``next_cursor`` back as ``cursor`` until it is null."""
     return scope.consents(body)
 
 

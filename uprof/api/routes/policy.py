@@ -30,7 +30,7 @@ from uprof.facade import (
     PolicyState,
     PolicyStoreError,
 )
-from uprof.schemas.api import FieldProblem
+from uprof.schemas.api import DEFAULT_PAGE_LIMIT, MAX_CURSOR_CHARS, MAX_PAGE_LIMIT, FieldProblem
 from uprof.schemas.policy import (
     OnboardIn,
     PolicyChangeIn,
@@ -101,11 +101,27 @@ def show_policy(
 
 
 @router.get("/history", response_model=PolicyHistoryOut, responses=errors(403))
-def policy_history(principal: CurrentPrincipal, runtime: Runtime) -> PolicyHistoryOut:
-    """Every change of the policy, oldest first: version, time, change, row and who asked."""
+def policy_history(
+    principal: CurrentPrincipal,
+    runtime: Runtime,
+    cursor: Annotated[
+        str | None,
+        Query(
+            max_length=MAX_CURSOR_CHARS,
+            description="The next_cursor of the previous page; leave it out for the first.",
+        ),
+    ] = None,
+    limit: Annotated[
+        int, Query(ge=1, le=MAX_PAGE_LIMIT, description="Most changes on this page.")
+    ] = DEFAULT_PAGE_LIMIT,
+) -> PolicyHistoryOut:
+    """The policy's changes, oldest first, a page at a time: version, time, change, row, who."""
     _operator(principal)
+    page = _guarded(
+        lambda: _door(runtime, principal).list_policy_history(cursor=cursor, limit=limit)
+    )
     return PolicyHistoryOut(
-        changes=[change_out(c) for c in _guarded(_door(runtime, principal).policy_history)]
+        changes=[change_out(c) for c in page.items], next_cursor=page.next_cursor
     )
 
 

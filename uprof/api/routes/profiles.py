@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from uprof.api.deps import Scope
 from uprof.api.routes.docs import errors
-from uprof.schemas.api import Evidence, EvidenceIn, Profile, ProfileIn
+from uprof.schemas.api import Evidence, EvidenceIn, MemoryListIn, MemoryPage, Profile, ProfileIn
 
 router = APIRouter(prefix="/v1", tags=["profile"])
 
@@ -25,3 +25,13 @@ def read_profile(body: ProfileIn, scope: Scope) -> Profile:
 def read_evidence(body: EvidenceIn, scope: Scope) -> Evidence:
     """Show the captured events behind one item (``operator`` role)."""
     return scope.evidence(body)
+
+
+@router.post("/memories/list", response_model=MemoryPage, responses=errors(403, 404, 410, 503))
+def list_memories(body: MemoryListIn, scope: Scope) -> MemoryPage:
+    """A subject's memories, oldest first, a page at a time (``operator`` role).
+
+    The profile read returns every layer at once; a long history of memories is read here,
+    following ``next_cursor`` until it is null.
+    """
+    return scope.list_memories(body)

@@ -6,7 +6,14 @@ from fastapi import APIRouter
 
 from uprof.api.deps import CurrentPrincipal, Scope
 from uprof.api.routes.docs import errors
-from uprof.schemas.api import IdentifierIn, Registered, SessionIn, WhoAmI
+from uprof.schemas.api import (
+    IdentifierIn,
+    Registered,
+    SessionIn,
+    SubjectListIn,
+    SubjectPage,
+    WhoAmI,
+)
 
 router = APIRouter(prefix="/v1", tags=["identity"])
 
@@ -31,3 +38,13 @@ def register_identifier(body: IdentifierIn, scope: Scope) -> Registered:
 def whoami(principal: CurrentPrincipal) -> WhoAmI:
     """Say which app and roles the presented API key stands for."""
     return WhoAmI(app_id=principal.app_id, key_id=principal.key_id, roles=sorted(principal.roles))
+
+
+@router.post("/subjects/list", response_model=SubjectPage, responses=errors(403))
+def list_subjects(body: SubjectListIn, scope: Scope) -> SubjectPage:
+    """Live subjects by their audit pseudonym, oldest first, a page at a time (``operator``).
+
+    References (names, e-mails) are never stored, so they are never listed; a pseudonym
+    filters the audit trail (``subject`` in ``/v1/audit/entries``).
+    """
+    return scope.list_subjects(body)

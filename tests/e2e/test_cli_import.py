@@ -1,0 +1,119 @@
+"""`uprof import` with chat and Mem0 files: dry run, per-record failures, strict, re-runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from uprof.cli.main import app as cli
+
+APP = "app:planner"
+
+
+def _run(data: list[str], *args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, [*data, *args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_chat_import_dry_run_failures_strict_and_rerun(tmp_path: Path) -> None:
+    data = ["--data-dir", str(tmp_path / "data"), "--embedder", "hashing"]
+    code, out, err = _run(
+        data,
+        *("consent", "grant", "--subject", "alice", "--app", APP),
+        *("--category", "*", "--purpose", "personalization", "--collected-by", "form:1"),
+    )
+    assert code == 0, out + err
+    chats = tmp_path / "chats.jsonl"
+    good = {
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "I live in Lisbon"},
+            {"role": "assistant", "content": "Noted."},
+        ],
+        "session_id": "c-1",
+    }
+    lines = [json.dumps(good).encode(), b"{broken", json.dumps({**good, "session_id": "c-2"})]
+    chats.write_bytes(
+        b"\n".join(line if isinstance(line, bytes) else line.encode() for line in lines)
+    )
+    flags = [
+        "--format",
+        "openai",
+        "--app",
+        APP,
+        "--subject",
+        "alice",
+        "--at",
+        "2025-03-01T10:00:00Z",
+    ]
+
+    code, out, err = _run(data, "import", str(chats), *flags, "--dry-run")
+    assert code == 1
+    assert "would capture 2 interactions from 3 records" in out and "dry run" in out
+    assert "line 2: (line): not valid JSON" in err
+
+    code, out, err = _run(data, "import", str(chats), *flags, "--strict")
+    assert code == 1 and "strict: nothing was written" in out
+
+    code, out, err = _run(data, "import", str(chats), *flags)
+    assert code == 1 and "captured 2 interactions" in out and "1 records failed" in out
+
+    chats.write_text("\n".join([json.dumps(good), json.dumps({**good, "session_id": "c-2"})]))
+    code, out, err = _run(data, "import", str(chats), *flags)
+    assert code == 0, out + err
+    assert "captured 0 interactions" in out and "skipped 2 already captured" in out
+
+
+def test_mem0_import_needs_an_app_and_names_the_field(tmp_path: Path) -> None:
+    data = ["--data-dir", str(tmp_path / "data"), "--embedder", "hashing"]
+    _run(
+        data,
+        *("consent", "grant", "--subject", "alice", "--app", APP),
+        *("--category", "*", "--purpose", "personalization", "--collected-by", "form:1"),
+    )
+    export = tmp_path / "mem0.json"
+    export.write_text(
+        json.dumps(
+            {
+                "results": [
+                    {
+                        "id": "m-1",
+                        "memory": "Likes jazz",
+                        "user_id": "alice",
+                        "created_at": "2024-07-26T10:00:00Z",
+                    }
+                ]
+            },
+            indent=2,
+        )
+    )
+    code, out, err = _run(data, "import", str(export), "--format", "mem0")
+    assert code == 1 and "results[0]: app_id" in err
+    code, out, err = _run(data, "import", str(export), "--format", "mem0", "--app", APP)
+    assert code == 0 and "captured 1 interactions" in out, out + err
+    code, out, err = _run(data, "import", str(export), "--format", "xml")
+    assert code == 2
+
+
+def test_the_import_examples_in_the_cli_docs_import(tmp_path: Path) -> None:
+    """docs/cli.md's chat and interaction examples are records the importer accepts."""
+    import re
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text(encoding="utf-8")
+    section = doc.split("## Importing files", 1)[1].split("\n## ", 1)[0]
+    blocks = [json.loads(b) for b in re.findall(r"```json\n(.*?)```", section, re.S)]
+    assert [("messages" in b) for b in blocks] == [False, True]
+    data = ["--data-dir", str(tmp_path / "data"), "--embedder", "hashing"]
+    _run(
+        data,
+        *("consent", "grant", "--subject", "alice", "--app", APP),
+        *("--category", "*", "--purpose", "personalization", "--collected-by", "form:1"),
+    )
+    for number, block in enumerate(blocks):
+        path = tmp_path / f"example-{number}.jsonl"
+        path.write_text(json.dumps(block) + "\n")
+        code, out, err = _run(data, "import", str(path), "--app", APP)
+        assert code == 0, out + err
+        assert "captured 1 interactions" in out

@@ -1,0 +1,1 @@
+from tests.kernel.conftest import clock, kernel  # noqa: F401  (fixtures)

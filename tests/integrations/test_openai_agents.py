@@ -1,0 +1,108 @@
+"""The OpenAI Agents SDK tools, called as the SDK calls them (no model, no network).
+
+Each tool object's ``on_invoke_tool`` runs with a ``ToolContext`` as the Runner would
+build it; sockets reach loopback only, so a call to a model's API fails the test. The
+tools go through an embedded uprof client: an app the policy does not allow is refused, and so is a
+capture without consent; the subject comes from the run context, never from the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pytest_socket import _remove_restrictions, socket_allow_hosts
+
+pytest.importorskip("agents")
+
+from agents import FunctionTool
+from agents.tool_context import ToolContext
+
+from uprof.integrations.openai_agents import UprofContext, uprof_tools
+from uprof.kernel import Uprof
+from uprof.sdk import Client
+
+
+@pytest.fixture(autouse=True)
+def no_network() -> Iterator[None]:
+    """Loopback only (the PostgreSQL backend): any call to a model's API would fail."""
+    socket_allow_hosts(["127.0.0.1", "::1"], allow_unix_socket=True)
+    try:
+        yield
+    finally:
+        _remove_restrictions()
+
+
+def call(tool: FunctionTool, context: UprofContext, **arguments: Any) -> Any:
+    raw = json.dumps(arguments)
+    ctx = ToolContext(
+        context=context, tool_name=tool.name, tool_call_id="call-1", tool_arguments=raw
+    )
+    return json.loads(asyncio.run(tool.on_invoke_tool(ctx, raw)))
+
+
+def tools_for(kernel: Uprof, app_id: str) -> dict[str, FunctionTool]:
+    client = Client.embedded(kernel, app_id)
+    return {t.name: t for t in uprof_tools(client, agent_id="agent:one", sharing="shared")}
+
+
+def test_the_tools_capture_slice_and_forget_under_consent(kernel: Uprof) -> None:
+    tools = tools_for(kernel, "app:planner")
+    assert set(tools) == {"profile_slice", "capture", "forget"}
+    # The model is never asked whose profile: no tool takes a subject.
+    for tool in tools.values():
+        assert "subject" not in tool.params_json_schema["properties"]
+    alice = UprofContext(subject="alice", session_id="s-1")
+    refused = call(tools["capture"], alice, user_input="I live in Lisbon")
+    assert refused["error"]["code"] == "consent_required"
+    kernel.grant_consent(
+        "alice", app_id="app:planner", categories=["*"], purposes=["personalization"]
+    )
+    stored = call(tools["capture"], alice, user_input="I love jazz music")
+    assert stored["captured"] == alice.captured[0].capture_id
+    piece = call(tools["profile_slice"], alice, query="what music do I love?")
+    assert any("jazz" in item["text"] for item in piece["items"])
+    assert all(item["evidence"] for item in piece["items"])
+    forgotten = call(tools["forget"], alice)
+    assert len(forgotten["withdrawn"]) == 1
+    after = call(tools["capture"], alice, user_input="I also like tea")
+    assert after["error"]["code"] == "consent_required"
+
+
+def test_an_app_without_policy_gets_a_refusal_not_data(kernel: Uprof) -> None:
+    kernel.grant_consent(
+        "alice", app_id="app:planner", categories=["*"], purposes=["personalization"]
+    )
+    planner = tools_for(kernel, "app:planner")
+    stored = call(planner["capture"], UprofContext("alice"), user_input="I love jazz music")
+    assert "captured" in stored
+    rogue = tools_for(kernel, "app:rogue")
+    alice = UprofContext(subject="alice")
+    piece = call(rogue["profile_slice"], alice, query="what music does alice love?")
+    assert piece["items"] == [] and piece["withheld"]  # the gate withheld everything
+    denied = call(rogue["capture"], alice, user_input="alice lives in Porto")
+    assert denied["error"]["code"] in ("permission_denied", "consent_required")
+    assert call(rogue["forget"], alice) == {"withdrawn": [], "erasure_receipts": []}
+
+
+def test_a_run_without_a_subject_in_context_is_refused(kernel: Uprof) -> None:
+    tools = tools_for(kernel, "app:planner")
+    raw = json.dumps({"query": "anything"})
+    ctx = ToolContext(context=None, tool_name="profile_slice", tool_call_id="c", tool_arguments=raw)
+    answer = json.loads(asyncio.run(tools["profile_slice"].on_invoke_tool(ctx, raw)))
+    assert answer["error"]["code"] == "tool_failed"
+
+
+def test_the_network_is_closed_but_loopback(kernel: Uprof) -> None:
+    import socket
+
+    from pytest_socket import SocketConnectBlockedError
+
+    with (
+        pytest.warns(UserWarning, match="192.0.2.1"),
+        pytest.raises(SocketConnectBlockedError),
+    ):
+        socket.create_connection(("192.0.2.1", 443), timeout=1)  # TEST-NET-1, never routed
