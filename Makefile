@@ -25,6 +25,7 @@ demo: setup
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
 
 clean:

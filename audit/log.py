@@ -18,13 +18,12 @@ that refuse them (``audit.tables.append_only_ddl``).
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from hashlib import sha256
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import sqlalchemy as sa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -46,11 +45,10 @@ from audit.merkle import (
     tree_hash,
 )
 from audit.tables import audit_checkpoints, audit_entries, audit_nodes
-from domain.errors import InvalidInputError
+from domain.errors import InvalidInputError, StoreBusyError, VersionConflictError
 
 #: Any constant works; it only has to be the same in every process that writes this log.
 _PG_APPEND_LOCK = int.from_bytes(sha256(b"uprof.audit.append").digest()[:8], "big", signed=True)
-_MAX_ATTEMPTS = 30
 _INSERT_CHUNK = 500
 _FETCH_CHUNK = 400
 _PAGE = 1000
@@ -102,12 +100,26 @@ def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+class Retry(Protocol):
+    """Runs an append again while it fails with a transient error (``StoreBusyError``,
+    ``VersionConflictError``); uprof passes its one retry policy (``uprof.retry``)."""
+
+    def __call__(self, operation: Callable[[], _T], /) -> _T: ...
+
+
+def run_once(operation: Callable[[], _T], /) -> _T:
+    """No retry: the append's transient error reaches the caller."""
+    return operation()
+
+
 class AuditLog:
     """An RFC 9162 Merkle log of audit entries stored in SQL, with C2SP signed checkpoints.
 
     ``engine`` must have the ``audit.tables`` tables (Alembic in production,
     ``metadata.create_all`` in tests). ``origin`` names the log in its checkpoints and is the
-    checkpoint key name. ``clock`` returns an aware datetime (tests pass a fixed one).
+    checkpoint key name. ``retry`` runs an append again when it met another writer (see
+    ``Retry``; alone, the log tries once). ``clock`` returns an aware datetime (tests pass a
+    fixed one).
     """
 
     def __init__(
@@ -116,9 +128,11 @@ class AuditLog:
         signing_key: Ed25519PrivateKey,
         origin: str,
         *,
+        retry: Retry = run_once,
         clock: Callable[[], datetime] = _utc_now,
     ) -> None:
         self._engine = engine
+        self._retry = retry
         self._key = signing_key
         self.origin = check_origin(origin)
         self._clock = clock
@@ -168,20 +182,19 @@ class AuditLog:
         prepared = [self._prepare(entry) for entry in entries]
         if not prepared:
             return []
-        delay = 0.005
-        for attempt in range(_MAX_ATTEMPTS):
-            try:
-                return self._write(prepared)
-            except sa.exc.IntegrityError:
-                # Another writer took these indexes (only without a working lock).
-                if attempt == _MAX_ATTEMPTS - 1:
-                    raise
-            except sa.exc.OperationalError as exc:
-                if not _store_busy(exc) or attempt == _MAX_ATTEMPTS - 1:
-                    raise
-            time.sleep(delay)
-            delay = min(delay * 2, 0.5)
-        raise AssertionError("unreachable")  # pragma: no cover
+        return self._retry(lambda: self._write_typed(prepared))
+
+    def _write_typed(self, prepared: Sequence[_PreparedEntry]) -> list[AuditRecord]:
+        """``_write``, with the driver's transient failures raised as domain errors."""
+        try:
+            return self._write(prepared)
+        except sa.exc.IntegrityError as exc:
+            # Another writer took these indexes (only without a working lock).
+            raise VersionConflictError("another writer took these audit leaf indexes") from exc
+        except sa.exc.OperationalError as exc:
+            if not _store_busy(exc):
+                raise
+            raise StoreBusyError("the audit log is locked by another writer") from exc
 
     def _prepare(self, entry: Mapping[str, Any]) -> _PreparedEntry:
         validate_entry(entry)

@@ -28,6 +28,7 @@ from audit.export import export_jsonl
 from audit.log import AuditLog
 from audit.tables import metadata
 from audit.verify import verify_export
+from uprof.retry import AUDIT_APPEND
 
 ORIGIN = "uprof.bench/audit"
 
@@ -50,7 +51,7 @@ def one_run(entries: int, batch: int, workdir: Path, seed: int) -> dict[str, flo
     try:
         metadata.create_all(engine)
         key = Ed25519PrivateKey.generate()
-        log = AuditLog(engine, key, ORIGIN)
+        log = AuditLog(engine, key, ORIGIN, retry=AUDIT_APPEND.call)
 
         started = time.perf_counter()
         for start in range(0, entries, batch):

@@ -61,6 +61,7 @@ from benchmarks.locomo import (
 )
 from benchmarks.report import table, write_markdown_section
 from benchmarks.uprof_system import AGENT, APP, PURPOSE, bench_authorizer, bench_interaction
+from domain.errors import ItemNotFoundError
 from domain.principal import Principal, PrincipalKind
 from policies.rules import PolicyRule
 from uprof.bootstrap import bootstrap
@@ -512,9 +513,8 @@ class UprofTable2:
             if set(item.evidence) & wanted:
                 try:
                     self.dep.operator.erase_item(subject, item.item_id, with_evidence=True)
-                except Exception as gone:  # an earlier erasure of the same capture took it
-                    if "no item" not in str(gone):
-                        raise
+                except ItemNotFoundError:  # an earlier erasure of the same capture took it
+                    pass
 
     def residue_items(self, subject: str, refs: Sequence[str], texts: Sequence[str]) -> int:
         """Derived items still citing the deleted turns or holding their text."""

@@ -36,6 +36,8 @@ from typing import Any
 
 import httpx
 
+from benchmarks.server_ready import wait_until_healthy
+
 APP = "app:planner"
 AGENT = "agent:bench"
 PURPOSE = "personalization"
@@ -144,17 +146,12 @@ def start_server(
         stdout=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    process.terminate()
-    raise RuntimeError("server did not start within 120 s")
+    try:
+        wait_until_healthy(process, url, timeout_s=120, poll_s=0.2)
+    except RuntimeError:
+        process.terminate()
+        raise
+    return process, url
 
 
 def slice_all(

@@ -301,8 +301,7 @@ def crash_scenario(
 def concurrency_scenario(
     target: Target, *, threads: int = 8, per_thread: int = 10, subjects: int = 1
 ) -> dict[str, Any]:
-    from eventsourcing.persistence import RecordConflictError
-    from sqlalchemy.exc import IntegrityError
+    from domain.errors import VersionConflictError
 
     names = [f"conc-{i}" for i in range(subjects)]
     with kernel_on(target) as kernel:
@@ -314,7 +313,7 @@ def concurrency_scenario(
         def counting_save(*a: Any, **kw: Any) -> Any:
             try:
                 return real_save(*a, **kw)
-            except (RecordConflictError, IntegrityError):
+            except VersionConflictError:
                 conflicts["conflict"] += 1
                 raise
 
@@ -558,10 +557,7 @@ def erasure_scenario(
     seconds: float = 3.0,
     pause: float = 0.02,
 ) -> dict[str, Any]:
-    from eventsourcing.persistence import IntegrityError as StoreIntegrity
-    from eventsourcing.persistence import RecordConflictError as StoreConflict
-
-    from domain.errors import SubjectErasedError, SubjectNotFoundError
+    from domain.errors import ConcurrencyConflictError, SubjectErasedError, SubjectNotFoundError
 
     victims = [f"victim-{i}" for i in range(erased)]
     writers_subjects = [f"writer-{i}" for i in range(writers)]
@@ -629,8 +625,8 @@ def erasure_scenario(
                     if kernel.process() == 0:
                         time.sleep(0.005)
                 except Exception as e:
-                    if isinstance(e, (StoreConflict, StoreIntegrity)):
-                        # Extraction lost CONFLICT_RETRIES races against captures: known
+                    if isinstance(e, ConcurrencyConflictError):
+                        # Extraction lost every race its retry policy allows: known
                         # starvation (docs/reliability.md); the loop simply tries again.
                         counts["extraction_conflicts_exhausted"] += 1
                     else:

@@ -54,6 +54,7 @@ from benchmarks.reliability import (
     open_kernel,
     temp_target,
 )
+from benchmarks.server_ready import wait_until_healthy
 
 DEFAULT_OUT = REPO / "docs" / "bench" / "workers.json"
 CLI = ["-c", "from uprof.cli.main import app; app()"]
@@ -115,19 +116,15 @@ class Child:
         if self.seen_ready:
             return
         self.seen_ready = True
-        deadline = time.monotonic() + START_TIMEOUT_S
         if self.ready == "http":
-            import httpx
+            proc = self.proc
 
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"server exited: {self.proc.stderr.read()[-3000:]}")  # type: ignore[union-attr]
-                try:
-                    if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    time.sleep(0.1)
-            raise RuntimeError("server did not start")
+            def exited() -> str:
+                stderr = proc.stderr.read() if proc.stderr is not None else ""
+                return f"server exited: {stderr[-3000:]}"
+
+            wait_until_healthy(proc, self.url, timeout_s=START_TIMEOUT_S, exited=exited)
+            return
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line.startswith(self.ready):

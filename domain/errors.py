@@ -2,6 +2,7 @@
 
 UprofError
 ├── InvalidInputError        bad input from a caller; nothing was written
+│   └── ItemNotFoundError    the subject's profile holds no item with that id
 ├── ConsentRequiredError     no consent in force for (subject, app, category, purpose)
 ├── EvidenceError            a proposal cites evidence that is missing or belongs elsewhere
 ├── PermissionDeniedError    a policy or visibility rule refused the request
@@ -11,8 +12,16 @@ UprofError
 ├── IntentTransitionError    an intent lifecycle change that the lifecycle forbids
 ├── ReadTimeoutError         projections did not catch up within the wait bound
 ├── ErasureIncompleteError   keys are destroyed but derived stores are not purged yet
-└── ConcurrencyConflictError other writers kept winning the race for the same subject
+└── ConcurrencyConflictError other writers kept winning the race (retries gave up)
+    ├── VersionConflictError another writer saved the same stream version or log index first
+    ├── StoreBusyError       another connection held the store's lock past the driver's wait
     └── PositionMovedError   another worker saved past a batch's starting position
+
+The three subclasses of ConcurrencyConflictError are transient: nothing was written, and
+the same attempt may succeed a moment later. The stores raise them, translating their
+drivers' errors by type and error code (never by message text), and ``uprof/retry.py``
+decides which are tried again, how often and after what wait. What escapes the retries
+is still a ConcurrencyConflictError, which every edge maps to "retry later" (409).
 """
 
 from __future__ import annotations
@@ -41,6 +50,14 @@ class InvalidInputError(UprofError):
         self.field = field
         if field is not None:
             self.hint = f"fix {field} and send the request again; nothing was stored"
+
+
+class ItemNotFoundError(InvalidInputError):
+    """No item with the given id in the subject's profile (never held, or erased)."""
+
+    def __init__(self, item_id: str) -> None:
+        super().__init__(f"no item {item_id!r} in this subject's profile", field="item_id")
+        self.item_id = item_id
 
 
 class ConsentRequiredError(UprofError):
@@ -87,6 +104,19 @@ class ErasureIncompleteError(UprofError):
 
 class ConcurrencyConflictError(UprofError):
     hint = "other writers changed this subject at the same time; retry the request"
+
+
+class VersionConflictError(ConcurrencyConflictError):
+    """Another writer saved first: the stream version (or audit leaf index) this write
+    claimed is taken. Nothing was written; reload and decide again."""
+
+
+class StoreBusyError(ConcurrencyConflictError):
+    """Another connection held the store's lock for longer than the driver waits
+    (SQLite BUSY or LOCKED; PostgreSQL lock timeout, serialization failure, deadlock).
+    Nothing was written."""
+
+    hint = "the store is busy with other writers; retry after a short wait"
 
 
 class PositionMovedError(ConcurrencyConflictError):

@@ -13,6 +13,7 @@ never re-decides.
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -88,41 +89,108 @@ _PROVENANCE_RANK = {
 }
 
 
-def _attribute_state(
-    key: str,
-    category: str,
-    value: str,
-    norm: str,
-    confidence: float,
-    provenance: str,
-    evidence: list[str],
-    status: str,
-    owner_agent: str,
-    sharing: str,
-    author: str,
-    first_observed_at: datetime,
-    last_observed_at: datetime,
-) -> dict[str, Any]:
-    """What the aggregate keeps of one attribute (plain values: snapshots store it)."""
-    return {
-        "key": key,
-        "category": category,
-        "value": value,
-        "norm": norm,
-        "confidence": confidence,
-        "provenance": provenance,
-        "evidence": list(evidence)[-MAX_EVIDENCE_IN_AGGREGATE:],
-        "status": status,
-        "owner_agent": owner_agent,
-        "sharing": sharing,
-        "author": author,
-        "first_observed_at": first_observed_at,
-        "last_observed_at": last_observed_at,
-    }
+@dataclass(frozen=True)
+class ConsentState:
+    """A consent in force, as the aggregate keeps it (the gate reads it)."""
+
+    app_id: str
+    categories: tuple[str, ...]
+    purposes: tuple[str, ...]
+    legal_basis: str
+    granted_at: datetime
+    expires_at: datetime | None
+
+    def __post_init__(self) -> None:
+        # Snapshots store tuples as JSON lists; the value object is the same either way.
+        object.__setattr__(self, "categories", tuple(self.categories))
+        object.__setattr__(self, "purposes", tuple(self.purposes))
+
+
+@dataclass(frozen=True)
+class AttributeState:
+    """One attribute as the aggregate keeps it, to decide merges, conflicts and erasures.
+
+    ``evidence`` keeps the newest MAX_EVIDENCE_IN_AGGREGATE capture ids (the read side
+    keeps them all).
+    """
+
+    key: str
+    category: str
+    value: str
+    norm: str
+    confidence: float
+    provenance: str
+    evidence: tuple[str, ...]
+    status: str
+    owner_agent: str
+    sharing: str
+    author: str
+    first_observed_at: datetime
+    last_observed_at: datetime
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "evidence", tuple(self.evidence)[-MAX_EVIDENCE_IN_AGGREGATE:])
+
+
+@dataclass(frozen=True)
+class IntentState:
+    """An active intent as the aggregate keeps it (matching, reinforcing, expiring)."""
+
+    norm: str
+    category: str
+    evidence: tuple[str, ...]
+    confidence: float
+    expires_at: datetime | None
+    owner_agent: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "evidence", tuple(self.evidence)[-MAX_EVIDENCE_IN_AGGREGATE:])
+
+
+#: The value objects of the aggregate's state, which its snapshots hold.
+STATE_VALUE_TYPES: tuple[type, ...] = (ConsentState, AttributeState, IntentState)
 
 
 class SubjectProfile(Aggregate):
     """Everything uprof knows about one data subject, as a stream of facts."""
+
+    #: Version 2 keeps its state in value objects (ConsentState, AttributeState,
+    #: IntentState) instead of dicts; ``upcast_v1_v2`` reads the snapshots taken before.
+    #: Events are unchanged: only snapshots store the aggregate's state.
+    class_version = 2
+
+    @staticmethod
+    def upcast_v1_v2(state: dict[str, Any]) -> None:
+        state["consents"] = {i: ConsentState(**c) for i, c in state["consents"].items()}
+        state["attributes"] = {
+            i: AttributeState(
+                key=a["key"],
+                category=a["category"],
+                value=a["value"],
+                norm=a["norm"],
+                confidence=a["confidence"],
+                provenance=a["provenance"],
+                evidence=a.get("evidence", ()),
+                status=a["status"],
+                owner_agent=a.get("owner_agent", ""),
+                sharing=a.get("sharing", "private"),
+                author=a.get("author", ""),
+                first_observed_at=a.get("first_observed_at", a["last_observed_at"]),
+                last_observed_at=a["last_observed_at"],
+            )
+            for i, a in state["attributes"].items()
+        }
+        state["intents"] = {
+            i: IntentState(
+                norm=x["norm"],
+                category=x.get("category", ""),
+                evidence=x.get("evidence", ()),
+                confidence=x["confidence"],
+                expires_at=x["expires_at"],
+                owner_agent=x.get("owner_agent", ""),
+            )
+            for i, x in state["intents"].items()
+        }
 
     if TYPE_CHECKING:
         # The @event("Name") decorators below create these classes when the class body
@@ -130,7 +198,6 @@ class SubjectProfile(Aggregate):
         Registered: ClassVar[type[Aggregate.Event]]
         ConsentGranted: ClassVar[type[Aggregate.Event]]
         ConsentWithdrawn: ClassVar[type[Aggregate.Event]]
-        InteractionCaptured: ClassVar[type[Aggregate.Event]]
         AttributeRecorded: ClassVar[type[Aggregate.Event]]
         AttributeReinforced: ClassVar[type[Aggregate.Event]]
         AttributeConflictFlagged: ClassVar[type[Aggregate.Event]]
@@ -146,6 +213,9 @@ class SubjectProfile(Aggregate):
         CaptureErased: ClassVar[type[Aggregate.Event]]
         SubjectErased: ClassVar[type[Aggregate.Event]]
 
+    # The metaclass makes every event a frozen dataclass; the decorator says so to the type
+    # checker, so constructing one is checked field by field.
+    @dataclass(frozen=True)
     class ContentShredded(Aggregate.Event):
         """What an event reads as once the key that sealed it is destroyed.
 
@@ -162,9 +232,9 @@ class SubjectProfile(Aggregate):
     def __init__(self, id: uuid.UUID, tenant: str) -> None:
         """Open the stream; ``id`` comes from the key store (random, never derived)."""
         self.tenant = tenant
-        self.consents: dict[str, dict[str, Any]] = {}
-        self.attributes: dict[str, dict[str, Any]] = {}
-        self.intents: dict[str, dict[str, Any]] = {}
+        self.consents: dict[str, ConsentState] = {}
+        self.attributes: dict[str, AttributeState] = {}
+        self.intents: dict[str, IntentState] = {}
         self.capture_count = 0
         self.memory_count = 0
         self.erased = False
@@ -225,14 +295,14 @@ class SubjectProfile(Aggregate):
         notice_version: str,
         collected_by: str = "",  # absent from consents recorded before it existed
     ) -> None:
-        self.consents[consent_id] = {
-            "app_id": app_id,
-            "categories": list(categories),
-            "purposes": list(purposes),
-            "legal_basis": legal_basis,
-            "granted_at": granted_at,
-            "expires_at": expires_at,
-        }
+        self.consents[consent_id] = ConsentState(
+            app_id=app_id,
+            categories=tuple(categories),
+            purposes=tuple(purposes),
+            legal_basis=legal_basis,
+            granted_at=granted_at,
+            expires_at=expires_at,
+        )
 
     def withdraw_consent(
         self, *, consent_id: str, withdrawn_at: datetime, erase_requested: bool = False
@@ -256,12 +326,12 @@ class SubjectProfile(Aggregate):
         for consent_id, c in sorted(self.consents.items()):
             grant = ConsentGrant(
                 consent_id=consent_id,
-                app_id=c["app_id"],
-                categories=tuple(c["categories"]),
-                purposes=tuple(c["purposes"]),
-                legal_basis=c["legal_basis"],
-                granted_at=c["granted_at"],
-                expires_at=c["expires_at"],
+                app_id=c.app_id,
+                categories=c.categories,
+                purposes=c.purposes,
+                legal_basis=c.legal_basis,
+                granted_at=c.granted_at,
+                expires_at=c.expires_at,
             )
             if grant.expires_at is None or at < grant.expires_at:
                 grants.append(grant)
@@ -315,7 +385,25 @@ class SubjectProfile(Aggregate):
         )
         return capture_id
 
-    @event("InteractionCaptured")
+    @dataclass(frozen=True)
+    class InteractionCaptured(Aggregate.Event):
+        """An interaction passed the consent gate and was recorded (sealed with its own key)."""
+
+        capture_id: str
+        app_id: str
+        agent_id: str
+        agent_type: str
+        session_id: str
+        actor: str
+        user_input: str
+        agent_response: str
+        occurred_at: datetime
+        source_ref: str
+        purpose: str
+        sharing: str
+        context: dict[str, str]
+
+    @event(InteractionCaptured)
     def _interaction_captured(
         self,
         capture_id: str,
@@ -382,9 +470,9 @@ class SubjectProfile(Aggregate):
         cited = {e for p in batch.proposals for e in p.evidence}
         if cited:
             for a in self.attributes.values():
-                add(cited.intersection(a["evidence"]), a["category"])
+                add(cited.intersection(a.evidence), a.category)
             for intent in self.intents.values():
-                add(cited.intersection(intent["evidence"]), intent.get("category"))
+                add(cited.intersection(intent.evidence), intent.category or None)
         return revealed
 
     def _consented(self, batch: ProposalBatch, category: str, now: datetime) -> bool:
@@ -408,9 +496,9 @@ class SubjectProfile(Aggregate):
         same_key = {
             item_id: a
             for item_id, a in self.attributes.items()
-            if a["key"] == p.key and a["status"] != AttributeStatus.SUPERSEDED.value
+            if a.key == p.key and a.status != AttributeStatus.SUPERSEDED.value
         }
-        match = next((i for i, a in same_key.items() if a["norm"] == norm), None)
+        match = next((i for i, a in same_key.items() if a.norm == norm), None)
         if p.negated:
             if match is None:
                 return 0
@@ -419,16 +507,14 @@ class SubjectProfile(Aggregate):
         if match is not None:
             old = same_key[match]
             base = decayed(
-                old["confidence"],
-                since=old["last_observed_at"],
+                old.confidence,
+                since=old.last_observed_at,
                 now=observed_at,
                 half_life_days=ATTRIBUTE_HALF_LIFE_DAYS,
             )
-            strongest = max(
-                (old["provenance"], provenance), key=lambda v: _PROVENANCE_RANK.get(v, 0)
-            )
+            strongest = max((old.provenance, provenance), key=lambda v: _PROVENANCE_RANK.get(v, 0))
             new_conf = combine(base, confidence)
-            if not old["evidence"] and not p.evidence:
+            if not old.evidence and not p.evidence:
                 new_conf = min(new_conf, INFERRED_CONFIDENCE_CAP)
             self._attribute_reinforced(
                 item_id=match,
@@ -482,20 +568,20 @@ class SubjectProfile(Aggregate):
         status: str,
         observed_at: datetime,
     ) -> None:
-        self.attributes[item_id] = _attribute_state(
-            key,
-            category,
-            value,
-            norm,
-            confidence,
-            provenance,
-            evidence,
-            status,
-            owner_agent,
-            sharing,
-            author,
-            observed_at,
-            observed_at,
+        self.attributes[item_id] = AttributeState(
+            key=key,
+            category=category,
+            value=value,
+            norm=norm,
+            confidence=confidence,
+            provenance=provenance,
+            evidence=tuple(evidence),
+            status=status,
+            owner_agent=owner_agent,
+            sharing=sharing,
+            author=author,
+            first_observed_at=observed_at,
+            last_observed_at=observed_at,
         )
 
     @event("AttributeReinforced")
@@ -510,26 +596,29 @@ class SubjectProfile(Aggregate):
         a = self.attributes.get(item_id)
         if a is None:  # its recording event was shredded with an erased capture
             return
-        a["confidence"] = confidence
-        a["provenance"] = provenance
-        a["evidence"] = (a["evidence"] + [e for e in evidence if e not in a["evidence"]])[
-            -MAX_EVIDENCE_IN_AGGREGATE:
-        ]
-        a["last_observed_at"] = max(a["last_observed_at"], observed_at)
+        self.attributes[item_id] = replace(
+            a,
+            confidence=confidence,
+            provenance=provenance,
+            evidence=(*a.evidence, *(e for e in evidence if e not in a.evidence)),
+            last_observed_at=max(a.last_observed_at, observed_at),
+        )
 
     @event("AttributeConflictFlagged")
     def _attribute_conflict_flagged(self, item_id: str, conflicts_with: list[str]) -> None:
         for other in [item_id, *conflicts_with]:
-            if other in self.attributes:
-                self.attributes[other]["status"] = AttributeStatus.CONFLICTING.value
+            self._set_attribute_status(other, AttributeStatus.CONFLICTING)
 
     @event("AttributeSuperseded")
     def _attribute_superseded(self, item_id: str, superseded_by: str, reason: str) -> None:
-        if item_id in self.attributes:
-            self.attributes[item_id]["status"] = AttributeStatus.SUPERSEDED.value
+        self._set_attribute_status(item_id, AttributeStatus.SUPERSEDED)
         # A winner of a conflict that is resolved by supersession is current again.
-        if superseded_by and superseded_by in self.attributes:
-            self.attributes[superseded_by]["status"] = AttributeStatus.CURRENT.value
+        if superseded_by:
+            self._set_attribute_status(superseded_by, AttributeStatus.CURRENT)
+
+    def _set_attribute_status(self, item_id: str, status: AttributeStatus) -> None:
+        if item_id in self.attributes:  # its recording may have been shredded
+            self.attributes[item_id] = replace(self.attributes[item_id], status=status.value)
 
     # ------------------------------------------------------------------ memories
 
@@ -642,12 +731,12 @@ class SubjectProfile(Aggregate):
             return 0
         provenance, confidence = _evidence_label(p.evidence, True, p.confidence)
         for item_id, intent in self.intents.items():
-            if intent["norm"] == norm:
+            if intent.norm == norm:
                 self._intent_reinforced(
                     item_id=item_id,
-                    confidence=round(combine(intent["confidence"], confidence), 6),
+                    confidence=round(combine(intent.confidence, confidence), 6),
                     evidence=list(p.evidence),
-                    expires_at=p.expires_at or intent["expires_at"],
+                    expires_at=p.expires_at or intent.expires_at,
                     observed_at=observed_at,
                 )
                 return 1
@@ -683,14 +772,14 @@ class SubjectProfile(Aggregate):
         expires_at: datetime | None,
         observed_at: datetime,
     ) -> None:
-        self.intents[item_id] = {
-            "norm": norm,
-            "category": category,
-            "evidence": list(evidence)[-MAX_EVIDENCE_IN_AGGREGATE:],
-            "confidence": confidence,
-            "expires_at": expires_at,
-            "owner_agent": owner_agent,
-        }
+        self.intents[item_id] = IntentState(
+            norm=norm,
+            category=category,
+            evidence=tuple(evidence),
+            confidence=confidence,
+            expires_at=expires_at,
+            owner_agent=owner_agent,
+        )
 
     @event("IntentReinforced")
     def _intent_reinforced(
@@ -702,8 +791,9 @@ class SubjectProfile(Aggregate):
         observed_at: datetime,
     ) -> None:
         if item_id in self.intents:
-            self.intents[item_id]["confidence"] = confidence
-            self.intents[item_id]["expires_at"] = expires_at
+            self.intents[item_id] = replace(
+                self.intents[item_id], confidence=confidence, expires_at=expires_at
+            )
 
     def _propose_intent_update(
         self, p: IntentUpdateProposal, batch: ProposalBatch, observed_at: datetime
@@ -720,10 +810,10 @@ class SubjectProfile(Aggregate):
         if not norm:
             return ""
         for item_id, intent in sorted(self.intents.items()):
-            if intent["norm"] == norm:
+            if intent.norm == norm:
                 return item_id
         for item_id, intent in sorted(self.intents.items()):
-            if norm in intent["norm"] or intent["norm"] in norm:
+            if norm in intent.norm or intent.norm in norm:
                 return item_id
         return ""
 
@@ -756,7 +846,7 @@ class SubjectProfile(Aggregate):
         due = sorted(
             item_id
             for item_id, intent in self.intents.items()
-            if intent["expires_at"] is not None and intent["expires_at"] <= now
+            if intent.expires_at is not None and intent.expires_at <= now
         )
         for item_id in due:
             self.change_intent_status(item_id, IntentStatus.EXPIRED, observed_at=now)
@@ -962,35 +1052,35 @@ class SubjectProfile(Aggregate):
         restated = erased = 0
         doomed = set(cited_by)
         for item_id, a in sorted(self.attributes.items()):
-            if capture_id not in a["evidence"]:
+            if capture_id not in a.evidence:
                 continue
-            remaining = [e for e in a["evidence"] if e != capture_id]
+            remaining = [e for e in a.evidence if e != capture_id]
             if not remaining:
                 doomed.add(item_id)
                 continue
             # Each remaining observation counts once at the default extraction strength.
             confidence = 0.0
             for _ in remaining:
-                confidence = combine(confidence, min(a["confidence"], 0.6))
+                confidence = combine(confidence, min(a.confidence, 0.6))
             self._attribute_restated(
                 item_id=item_id,
-                key=a["key"],
-                category=a["category"],
-                value=a["value"],
-                norm=a["norm"],
+                key=a.key,
+                category=a.category,
+                value=a.value,
+                norm=a.norm,
                 confidence=round(confidence, 6),
-                provenance=a["provenance"],
+                provenance=a.provenance,
                 evidence=remaining,
-                owner_agent=a["owner_agent"],
-                sharing=a["sharing"],
-                author=a["author"],
-                status=a["status"],
-                first_observed_at=a["first_observed_at"],
-                observed_at=a["last_observed_at"],
+                owner_agent=a.owner_agent,
+                sharing=a.sharing,
+                author=a.author,
+                status=a.status,
+                first_observed_at=a.first_observed_at,
+                observed_at=a.last_observed_at,
             )
             restated += 1
         for item_id, intent in sorted(self.intents.items()):
-            if capture_id in intent.get("evidence", []):
+            if capture_id in intent.evidence:
                 doomed.add(item_id)
         if doomed:
             self._items_erased(item_ids=sorted(doomed), reason="evidence-erased")
@@ -1016,20 +1106,20 @@ class SubjectProfile(Aggregate):
         first_observed_at: datetime,
         observed_at: datetime,
     ) -> None:
-        self.attributes[item_id] = _attribute_state(
-            key,
-            category,
-            value,
-            norm,
-            confidence,
-            provenance,
-            evidence,
-            status,
-            owner_agent,
-            sharing,
-            author,
-            first_observed_at,
-            observed_at,
+        self.attributes[item_id] = AttributeState(
+            key=key,
+            category=category,
+            value=value,
+            norm=norm,
+            confidence=confidence,
+            provenance=provenance,
+            evidence=tuple(evidence),
+            status=status,
+            owner_agent=owner_agent,
+            sharing=sharing,
+            author=author,
+            first_observed_at=first_observed_at,
+            last_observed_at=observed_at,
         )
 
     @event("CaptureErased")

@@ -11,7 +11,7 @@ from alembic import context
 
 from audit.tables import metadata as audit_metadata
 from projections.profile.tables import metadata as profile_metadata
-from uprof.api.tables import metadata as api_metadata
+from uprof.apikeys.tables import metadata as api_metadata
 from uprof.crypto.tables import metadata as keys_metadata
 from uprof.services.idempotency import metadata as idempotency_metadata
 

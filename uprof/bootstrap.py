@@ -36,6 +36,7 @@ from uprof.eventstore import ProfilesApplication
 from uprof.kernel import Uprof
 from uprof.partitions import Partitioning
 from uprof.ports import AuditTrail, Clock, Embedder, Extractor, KeyMaterialStore, TokenCounter
+from uprof.retry import AUDIT_APPEND
 from uprof.services.capture import CaptureService
 from uprof.services.consent import ConsentService
 from uprof.services.erasure import ErasureService
@@ -64,6 +65,10 @@ if TYPE_CHECKING:
 
 __all__ = ["AUDIT_KEY_FILE", "KEK_RING_FILE", "MASTER_KEY_FILE", "bootstrap"]
 _log = logging.getLogger(__name__)
+
+
+#: The derivation label of the web session signing key (a new label signs everyone out).
+WEB_SESSION_KEY_LABEL = "uprof/web-session/1"
 
 
 def build_key_material(settings: Settings) -> KeyMaterialStore:
@@ -195,8 +200,8 @@ def build_policy_service(settings: Settings, audit: AuditTrail, keys: Any) -> Po
     from uprof.storage import policy_store_env
 
     def known_app(app_id: str) -> bool:
-        # Lazy: the key store lives with the REST edge, which the kernel does not import.
-        from uprof.api.keys import ApiKeyStore
+        # Lazy: only the policy store's app check needs the key table.
+        from uprof.apikeys.store import ApiKeyStore
 
         return any(not k.is_revoked for k in ApiKeyStore(keys).list(app_id))
 
@@ -299,7 +304,9 @@ def bootstrap(
     sealer = ViewSealer(keystore)
     queries = ProfileQueries(views, sealer)
     signing_key = material.audit_signing_key()
-    audit_log = AuditLog(views, signing_key, settings.audit_origin, clock=clock.now)
+    audit_log = AuditLog(
+        views, signing_key, settings.audit_origin, retry=AUDIT_APPEND.call, clock=clock.now
+    )
     if audit is None:
         audit = AuditLogTrail(audit_log, settings.tenant)
     embedder = embedder or build_embedder(settings)
@@ -314,7 +321,7 @@ def bootstrap(
     with schema_lock(events):
         policy = build_policy_service(settings, audit, keys)
     # The policy store decides, unless the caller brought its own authorizer (tests, benches).
-    authorizer = authorizer or policy.authorizer
+    deciding: Authorizer = authorizer or policy.authorizer
 
     def close() -> None:
         app.close()
@@ -334,7 +341,7 @@ def bootstrap(
         app,
         subjects,
         queries,
-        authorizer,
+        deciding,
         embedder,
         counter or build_counter(settings),
         clock,
@@ -374,7 +381,7 @@ def bootstrap(
             evidence,
             clock,
             batch_size=settings.projection_batch_size,
-            may_capture=capture_permits(authorizer, settings.tenant),
+            may_capture=capture_permits(deciding, settings.tenant),
             partitioning=partitioning,
             partitions=partitions,
         ),
@@ -390,11 +397,12 @@ def bootstrap(
         slice_service=slice_service,
         reads=reads,
         erasure_service=erasure_service,
-        authorizer=authorizer,
+        authorizer=deciding,
         audit_log=audit_log,
         views_engine=views,
         keys_engine=keys,
         closers=(close,),
+        web_session_key=derive_key(root, WEB_SESSION_KEY_LABEL),
         idempotency=IdempotencyStore(
             views,
             derive_key(master, "uprof/idempotency/1"),

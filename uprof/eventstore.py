@@ -8,39 +8,59 @@ appends its results atomically with the position it reached (exactly once).
 from __future__ import annotations
 
 import contextlib
-import random
+import dataclasses
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from uuid import UUID
 
 import sqlalchemy as sa
-from eventsourcing.application import Application, ProcessingEvent, project_aggregate
+from eventsourcing.application import ProcessingEvent, project_aggregate
 from eventsourcing.persistence import (
-    IntegrityError,
+    JSONTranscoder,
     Mapper,
     Notification,
     ProcessRecorder,
-    RecordConflictError,
     Tracking,
+    Transcoding,
 )
 from eventsourcing.utils import get_topic
 
 from domain.errors import ConcurrencyConflictError, SubjectErasedError, SubjectNotFoundError
-from domain.profile import SubjectProfile
+from domain.profile import STATE_VALUE_TYPES, SubjectProfile
+from uprof import retry
 from uprof.crypto.keystore import KeyStore
 from uprof.crypto.mapper import SubjectKeyMapper
 from uprof.partitions import claim
-from uprof.recorders import GUARDED_RECORDERS
+from uprof.recorders import GUARDED_RECORDERS, ConflictsAsDomainErrors
 
 T = TypeVar("T")
 
+
+class ValueObjectAsDict(Transcoding):
+    """A frozen dataclass of the domain as a JSON object of its fields (by class name)."""
+
+    def __init__(self, value_type: type) -> None:
+        self.type = value_type
+        self.name = value_type.__name__
+        self._fields = tuple(f.name for f in dataclasses.fields(value_type))
+
+    def encode(self, obj: Any) -> dict[str, Any]:
+        return {name: getattr(obj, name) for name in self._fields}
+
+    def decode(self, data: Any) -> Any:
+        return self.type(**data)
+
+
+def _gave_up(error: BaseException) -> ConcurrencyConflictError:
+    return ConcurrencyConflictError(
+        f"gave up after {retry.SUBJECT_WRITE.attempts} attempts: other writers kept saving first"
+    )
+
+
 #: Snapshot every N events, so loading a subject costs the same at any history length.
 SNAPSHOT_INTERVAL = 100
-#: Attempts for a command that lost an optimistic-concurrency race.
-CONFLICT_RETRIES = 20
 #: Lock stripes that in-process writers of one subject queue on.
 WRITER_STRIPES = 64
 
@@ -80,7 +100,7 @@ class SubjectHeads:
     extracted: int
 
 
-class ProfilesApplication(Application[UUID]):
+class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
     """Event store of every subject's stream, sealed per subject."""
 
     name = "profiles"
@@ -99,7 +119,13 @@ class ProfilesApplication(Application[UUID]):
     def construct_mapper(self) -> Mapper[UUID]:
         return SubjectKeyMapper(self.construct_transcoder(), self._keystore)
 
-    def construct_recorder(self) -> ProcessRecorder:  # type: ignore[override]
+    def register_transcodings(self, transcoder: JSONTranscoder) -> None:
+        super().register_transcodings(transcoder)
+        # Snapshots hold the aggregate's state, whose parts are frozen value objects.
+        for value_type in STATE_VALUE_TYPES:
+            transcoder.register(ValueObjectAsDict(value_type))
+
+    def construct_recorder(self) -> ProcessRecorder:
         recorder = self.factory.process_recorder()
         if not getattr(recorder, "guards_tracking", False):
             # Without the guard, two workers that read the same batch both commit it.
@@ -120,7 +146,7 @@ class ProfilesApplication(Application[UUID]):
         if self._keystore.is_shredded(str(stream_id)):
             raise SubjectErasedError("this subject has been erased")
         try:
-            profile = self.repository.get(stream_id)
+            profile: SubjectProfile = self.repository.get(stream_id)
         except Exception as e:  # AggregateNotFoundError
             if type(e).__name__ == "AggregateNotFoundError":
                 raise SubjectNotFoundError("no such subject stream") from None
@@ -200,16 +226,9 @@ class ProfilesApplication(Application[UUID]):
             else contextlib.nullcontext()
         )
         with turn:
-            for attempt in range(CONFLICT_RETRIES):
-                try:
-                    return command()
-                except (RecordConflictError, IntegrityError):
-                    # A version conflict means another writer saved first; reload and
-                    # retry, backing off with jitter so that writers interleave.
-                    time.sleep(random.uniform(0, min(0.1, 0.002 * (2**attempt))))
-        raise ConcurrencyConflictError(
-            f"gave up after {CONFLICT_RETRIES} attempts: other writers kept saving first"
-        )
+            # A version conflict means another writer saved first: the command reloads
+            # and decides again, after a jittered wait so that writers interleave.
+            return retry.SUBJECT_WRITE.call(command, give_up=_gave_up)
 
     # --------------------------------------------------------------------- log
 
@@ -306,7 +325,7 @@ class ProfilesApplication(Application[UUID]):
 
     def notifications_after(
         self, position: int, limit: int, topics: Iterable[str] = ()
-    ) -> list[Notification]:
+    ) -> Sequence[Notification]:
         return self.recorder.select_notifications(
             start=position, limit=limit, topics=tuple(topics), inclusive_of_start=False
         )

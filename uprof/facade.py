@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from os import PathLike
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from audit.entry import normalise_timestamp
 from audit.export import ExportSummary
@@ -79,6 +79,11 @@ from uprof.services.profile import EvidenceView, ProfileView
 from uprof.services.residue import ResidueReport
 from uprof.services.slices import ProfileSlice
 from uprof.services.subjects import SubjectRequest
+
+if TYPE_CHECKING:
+    from audit.check import CheckResult, Kind
+    from audit.log import StoredEntry
+    from uprof.services.idempotency import Outcome
 
 __all__ = [
     "IMPORT_FORMATS",
@@ -146,8 +151,12 @@ class Facade:
         return self._kernel.clock.now()
 
     def idempotent(
-        self, key: str, operation: str, body: dict[str, Any], execute: Callable[[str], Any]
-    ) -> Any:
+        self,
+        key: str,
+        operation: str,
+        body: dict[str, Any],
+        execute: Callable[[str], tuple[dict[str, Any], int]],
+    ) -> Outcome:
         """Run a keyed write at most once per (this principal's app, key) (I14).
 
         Keys belong to the app the principal acts for, so app B reusing app A's key
@@ -637,13 +646,13 @@ class Facade:
                 with self._as_principal():
                     close()
 
-    def audit_entries(self, **filters: Any) -> Iterator[Any]:
+    def audit_entries(self, **filters: Any) -> Iterator[StoredEntry]:
         """Audit entries for the console's search (same decision as an export)."""
         self._authorize_governance("audit", COMPLIANCE_PURPOSE)
         with self._as_principal():
             return self._kernel.audit_entries(**filters)
 
-    def verify_audit(self, content: bytes, kind: str) -> Any:
+    def verify_audit(self, content: bytes, kind: Kind) -> CheckResult:
         """Check an export or a receipt against this log's key."""
         self._authorize_governance("audit", COMPLIANCE_PURPOSE)
         return self._kernel.verify_audit(content, kind)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from os import PathLike
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 from uuid import UUID
 
 from audit.export import ExportStream, ExportSummary, stream_export
@@ -32,7 +32,7 @@ from uprof import telemetry
 from uprof.crypto.keystore import KeyStore
 from uprof.eventstore import ProfilesApplication
 from uprof.ports import AuditTrail, Clock
-from uprof.retrieval.text import stem
+from uprof.retrieval import text as retrieval_text
 from uprof.services.capture import CaptureAck, CaptureOutcome, CaptureService
 from uprof.services.consent import ConsentService
 from uprof.services.erasure import ErasureResult, ErasureService
@@ -56,6 +56,12 @@ from uprof.services.slices import Freshness, ProfileSlice, SliceRequest, SliceSe
 from uprof.services.subject_export import build_subject_export
 from uprof.services.subjects import SubjectRequest, SubjectResolver, check_subject_ref
 from uprof.settings import Settings
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from audit.check import CheckResult, Kind
+    from audit.log import AuditLog, StoredEntry
 
 Progress = Callable[[int, int], None]
 _log = logging.getLogger(__name__)
@@ -97,10 +103,13 @@ class Uprof:
     erasure_service: ErasureService
     #: The one policy decision point (Casbin); the facade and the slice gate share it.
     authorizer: Any
-    audit_log: Any
+    audit_log: AuditLog
     views_engine: Any
     keys_engine: Any
     closers: Sequence[Callable[[], None]] = ()
+    #: Signs the web pages' session cookies (derived from the master secret in the key
+    #: folder, so sessions survive a restart and hold on every server of a deployment).
+    web_session_key: bytes = b""
     #: Called when a read finds its subject behind and background workers must catch
     #: up (a long-running server sets it to its worker's wake-up).
     wake_workers: Callable[[], None] = lambda: None
@@ -363,7 +372,7 @@ class Uprof:
         )
         return stream
 
-    def audit_entries(self, **filters: Any) -> Any:
+    def audit_entries(self, **filters: Any) -> Iterator[StoredEntry]:
         """Audit entries matching filters (reads served before the call included)."""
         self.reads.drain()
         return self.audit_log.entries(**filters)
@@ -399,7 +408,7 @@ class Uprof:
             raise InvalidInputError("paged lists are not configured in this kernel")
         return self.cursors
 
-    def verify_audit(self, content: bytes, kind: str) -> Any:
+    def verify_audit(self, content: bytes, kind: Kind) -> CheckResult:
         """Check an uploaded export or receipt against this log's key and origin."""
         from audit.check import check_upload
 
@@ -793,13 +802,14 @@ class Uprof:
 
     def flush_caches(self, stream_id: UUID) -> None:
         """Forget everything cached about a subject (keys, slice indexes, the recorder's
-        and the capture writer's saved state; stemmed words, which are keyed by content, all go)."""
+        and the capture writer's saved state; stemmed words and term sets, which are keyed by
+        content, all go)."""
         self.keystore.evict(str(stream_id))
         self.slice_service.flush(stream_id)
         self.reads.forget(stream_id)
         self.capture_service.writer.forget(stream_id)
         self.projections.forget_read_ahead()
-        stem.cache_clear()
+        retrieval_text.clear_caches()
 
     def wait_until_caught_up(self, timeout_s: float) -> bool:
         """Wait (bounded) for background workers to reach the current log head."""

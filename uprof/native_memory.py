@@ -42,6 +42,6 @@ def limit_malloc_arenas(arenas: int) -> bool:
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
     # mallopt answers 1 on success and 0 when it refuses the value.
-    applied = mallopt(M_ARENA_MAX, arenas) == 1
+    applied: bool = int(mallopt(M_ARENA_MAX, arenas)) == 1
     _log.debug("malloc arenas capped at %d: %s", arenas, applied)
     return applied

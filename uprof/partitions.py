@@ -46,8 +46,9 @@ class Partitioning:
         if not 1 <= self.count <= 1024:
             raise ValueError("worker_partitions must be between 1 and 1024")
 
-    def of(self, stream_id: UUID) -> int:
-        return stream_id.int % self.count
+    def of(self, stream_id: UUID | str) -> int:
+        # Notifications type their originator id as UUID or str (text-id applications).
+        return (stream_id if isinstance(stream_id, UUID) else UUID(stream_id)).int % self.count
 
     def check(self, partitions: Iterable[int]) -> tuple[int, ...]:
         owned = tuple(sorted(set(partitions)))
@@ -117,7 +118,7 @@ def claim(engine: sa.Engine, tracking_table: str, extraction_base: str, count: i
                     f"SELECT notification_id FROM {tracking_table} WHERE application_name = :n"
                 ),
                 {"n": LAYOUT_ROW},
-            ).scalar()
+            ).scalar_one()
     if int(recorded) != count:
         raise PartitioningMismatchError(
             f"worker_partitions={count}, but this database records {recorded} partitions"

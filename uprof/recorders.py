@@ -27,19 +27,43 @@ Why the compare is race-free:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
+from uuid import UUID
 
-from eventsourcing.persistence import Tracking
+from eventsourcing.application import Application, ProcessingEvent
+from eventsourcing.persistence import IntegrityError, RecordConflictError, Recording, Tracking
 from eventsourcing.sqlite import SQLiteCursor, SQLiteProcessRecorder
 
-from domain.errors import PositionMovedError
+from domain.errors import PositionMovedError, VersionConflictError
 
 __all__ = [
     "GUARDED_RECORDERS",
+    "ConflictsAsDomainErrors",
     "GuardedSQLiteProcessRecorder",
     "GuardedTracking",
     "PositionMovedError",
 ]
+
+
+TID = TypeVar("TID", bound=UUID | str)
+
+
+class ConflictsAsDomainErrors(Application[TID], Generic[TID]):
+    """An application whose saves report a lost version race as ``VersionConflictError``.
+
+    The library raises ``RecordConflictError`` (or its ``IntegrityError``) when a stream
+    version is taken; the services and ``uprof.retry`` then see the domain's transient
+    error, by type, whichever backend and driver raised it. Every save (``save`` and the
+    tracked saves of the profiles log) funnels through ``_record``.
+    """
+
+    def _record(self, processing_event: ProcessingEvent[TID]) -> list[Recording[TID]]:
+        try:
+            return super()._record(processing_event)
+        except (RecordConflictError, IntegrityError) as error:
+            raise VersionConflictError(
+                "another writer saved to this stream first; nothing was written"
+            ) from error
 
 
 @dataclass(frozen=True)

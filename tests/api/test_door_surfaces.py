@@ -19,8 +19,8 @@ from mcp import Client as McpClient
 
 from tests.api.conftest import PLANNER, WHEN
 from tests.conftest import Backend
-from uprof.api.keys import Principal
 from uprof.api.runtime import ServiceRuntime
+from uprof.apikeys.store import Principal
 from uprof.kernel import Uprof
 from uprof.mcp import build_server
 from uprof.sdk import Client, PermissionDeniedError

@@ -11,8 +11,8 @@ import pytest
 from mcp import Client as McpClient
 
 from tests.api.conftest import CALENDAR, PLANNER, Apps, LiveServer, bearer, grant, interaction
-from uprof.api.keys import Principal
 from uprof.api.runtime import ServiceRuntime
+from uprof.apikeys.store import Principal
 from uprof.eventstore import CAPTURED_TOPIC
 from uprof.kernel import Uprof
 from uprof.mcp import build_server

@@ -18,8 +18,8 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from tests.api.conftest import PLANNER, LiveServer
 from tests.conftest import Backend
 from uprof.api import ApiKeyStore
-from uprof.api.keys import Principal
 from uprof.api.runtime import ServiceRuntime
+from uprof.apikeys.store import Principal
 from uprof.kernel import Uprof
 from uprof.mcp import build_server
 

@@ -9,7 +9,7 @@ import pytest
 
 from tests.api.conftest import CALENDAR, PLANNER, Apps, LiveServer, bearer, grant, interaction
 from uprof.api import ApiKeyStore
-from uprof.api.keys import KEY_CACHE_TTL_S
+from uprof.apikeys.store import KEY_CACHE_TTL_S
 from uprof.kernel import Uprof
 from uprof.settings import Settings
 

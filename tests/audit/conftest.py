@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from audit.log import AuditLog
 from audit.tables import metadata
 from tests.conftest import Backend
+from uprof.retry import AUDIT_APPEND
 
 ORIGIN = "uprof.test/audit"
 
@@ -42,7 +43,7 @@ def engine(backend: Backend) -> Iterator[sa.Engine]:
 
 @pytest.fixture
 def log(engine: sa.Engine, signing_key: Ed25519PrivateKey) -> AuditLog:
-    return AuditLog(engine, signing_key, ORIGIN, clock=make_clock())
+    return AuditLog(engine, signing_key, ORIGIN, retry=AUDIT_APPEND.call, clock=make_clock())
 
 
 @pytest.fixture
@@ -57,7 +58,7 @@ def sqlite_engine(tmp_path: Path) -> Iterator[sa.Engine]:
 
 @pytest.fixture
 def sqlite_log(sqlite_engine: sa.Engine, signing_key: Ed25519PrivateKey) -> AuditLog:
-    return AuditLog(sqlite_engine, signing_key, ORIGIN, clock=make_clock())
+    return AuditLog(sqlite_engine, signing_key, ORIGIN, retry=AUDIT_APPEND.call, clock=make_clock())
 
 
 def sample_entry(i: int) -> dict[str, object]:

@@ -19,6 +19,7 @@ from audit.log import AuditLog
 from audit.verify import verify_export
 from tests.audit.conftest import ORIGIN, make_clock, sample_entry
 from tests.audit.test_log import fill
+from uprof.retry import AUDIT_APPEND
 
 
 def export_lines(log: AuditLog, **filters: str) -> list[bytes]:
@@ -102,7 +103,9 @@ def test_a_second_log_cannot_lend_its_entries(
     other_engine = sa.create_engine(f"sqlite:///{tmp_path / 'other.sqlite'}")
     metadata.create_all(other_engine)
     try:
-        other = AuditLog(other_engine, signing_key, ORIGIN, clock=make_clock())
+        other = AuditLog(
+            other_engine, signing_key, ORIGIN, retry=AUDIT_APPEND.call, clock=make_clock()
+        )
         other.append_many(sample_entry(i) for i in range(6))
         other.append({"action": "forged"})
         ours, theirs = export_lines(sqlite_log), export_lines(other)

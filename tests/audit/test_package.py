@@ -20,7 +20,7 @@ REPO = AUDIT_DIR.parent
 def test_tables_use_the_shared_naming_convention() -> None:
     # Every table-owning package builds its metadata on the one convention (domain.naming).
     from projections.profile.tables import metadata as profile_metadata
-    from uprof.api.tables import metadata as api_metadata
+    from uprof.apikeys.tables import metadata as api_metadata
     from uprof.crypto.tables import metadata as keys_metadata
     from uprof.services.idempotency import metadata as idempotency_metadata
 

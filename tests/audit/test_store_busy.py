@@ -11,9 +11,13 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from audit.log import _store_busy
+from audit.log import AuditLog, _store_busy
+from audit.tables import metadata
+from domain.errors import StoreBusyError
 from tests.conftest import Backend
+from uprof.retry import RetryPolicy
 
 
 def _operational_error(engine: sa.Engine, statement: str) -> sa.exc.OperationalError:
@@ -66,4 +70,42 @@ def test_a_postgres_lock_timeout_is_busy_and_a_syntax_error_is_not(backend: Back
         finally:
             unreachable.dispose()
     finally:
+        engine.dispose()
+
+
+def test_a_locked_log_raises_store_busy_and_the_retry_policy_waits_it_out(
+    tmp_path: Path,
+) -> None:
+    """The driver's lock error reaches the retry policy as the typed StoreBusyError."""
+    path = tmp_path / "locked.sqlite"
+    engine = sa.create_engine(f"sqlite:///{path}", connect_args={"timeout": 0})
+    metadata.create_all(engine)
+    key = Ed25519PrivateKey.generate()
+    holder = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        holder.execute("BEGIN EXCLUSIVE")
+        once = AuditLog(engine, key, "uprof.test/busy", retry=lambda operation: operation())
+        with pytest.raises(StoreBusyError) as busy:
+            once.append({"action": "while-locked"})
+        assert isinstance(busy.value.__cause__, sa.exc.OperationalError)
+
+        seen: list[type[BaseException]] = []
+
+        def release_after_two(error: BaseException) -> None:
+            seen.append(type(error))
+            if len(seen) == 2:
+                holder.execute("ROLLBACK")
+
+        policy = RetryPolicy(attempts=5, on=(StoreBusyError,))
+        log = AuditLog(
+            engine,
+            key,
+            "uprof.test/busy",
+            retry=lambda operation: policy.call(operation, before_retry=release_after_two),
+        )
+        record = log.append({"action": "after-the-lock"})
+        assert seen == [StoreBusyError, StoreBusyError]
+        assert record.leaf_index == 0 and log.size() == 1  # the refused append left nothing
+    finally:
+        holder.close()
         engine.dispose()

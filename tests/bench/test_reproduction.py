@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from benchmarks.baselines import BM25System, EmbeddingSystem
 from benchmarks.bench_common import render_bullet_line, render_dialogue_line
-from uprof.cli.bench import _factories
+from benchmarks.cli import _factories
 from uprof.cli.main import app as cli
 
 DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "bench" / "data"

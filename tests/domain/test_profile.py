@@ -72,7 +72,7 @@ def test_single_valued_attribute_conflict_is_kept_not_overwritten() -> None:
     p.apply_proposals(
         batch(AttributeProposal("home_location", "Rome", ("e2",))), observed_at=T0, now=T0
     )
-    values = {a["value"]: a["status"] for a in p.attributes.values()}
+    values = {a.value: a.status for a in p.attributes.values()}
     assert values == {"Paris": "conflicting", "Rome": "conflicting"}
 
 
@@ -86,7 +86,7 @@ def test_supersession_resolves_the_old_value() -> None:
         observed_at=T0,
         now=T0,
     )
-    values = {a["value"]: a["status"] for a in p.attributes.values()}
+    values = {a.value: a.status for a in p.attributes.values()}
     assert values == {"Paris": "superseded", "Rome": "current"}
 
 
@@ -99,7 +99,7 @@ def test_multi_valued_attributes_accumulate() -> None:
         observed_at=T0,
         now=T0,
     )
-    assert {a["status"] for a in p.attributes.values()} == {"current"}
+    assert {a.status for a in p.attributes.values()} == {"current"}
 
 
 def test_reinforcement_decays_old_confidence_before_combining() -> None:
@@ -113,9 +113,9 @@ def test_reinforcement_decays_old_confidence_before_combining() -> None:
             batch(AttributeProposal("likes", "tea", ("e2",), 0.6)), observed_at=later, now=later
         )
     (f,), (s,) = fresh.attributes.values(), stale.attributes.values()
-    assert f["confidence"] == pytest.approx(0.84)
-    assert s["confidence"] < f["confidence"]
-    assert f["evidence"] == ["e1", "e2"]
+    assert f.confidence == pytest.approx(0.84)
+    assert s.confidence < f.confidence
+    assert f.evidence == ("e1", "e2")
 
 
 @settings(max_examples=60, deadline=None)
@@ -139,10 +139,10 @@ def test_items_without_evidence_are_inferred_and_capped(
             now=T0,
         )
     for a in p.attributes.values():
-        assert a["provenance"] == "inferred"
-        assert 0.0 <= a["confidence"] <= INFERRED_CONFIDENCE_CAP
+        assert a.provenance == "inferred"
+        assert 0.0 <= a.confidence <= INFERRED_CONFIDENCE_CAP
     for i in p.intents.values():
-        assert i["confidence"] <= 1.0
+        assert i.confidence <= 1.0
 
 
 def test_proposals_outside_consented_categories_are_dropped() -> None:
@@ -195,7 +195,7 @@ def test_erasing_a_capture_restates_attributes_with_other_evidence() -> None:
     outcome = p.erase_capture("e1", cited_by=[], now=T0)
     assert outcome == {"items_erased": 1, "attributes_restated": 1}
     (tea,) = p.attributes.values()
-    assert tea["value"] == "tea" and tea["evidence"] == ["e2"]
+    assert tea.value == "tea" and tea.evidence == ("e2",)
     assert event_names(p) == ["AttributeRestated", "ItemsErased", "CaptureErased"]
 
 
@@ -208,3 +208,79 @@ def test_erased_subject_refuses_every_command() -> None:
         p.grant_consent(
             app_id=APP, categories=("*",), purposes=("x",), legal_basis="c", granted_at=T0
         )
+
+
+def _replayed(p: SubjectProfile) -> SubjectProfile:
+    """The same subject rebuilt from its events alone."""
+    events = p.collect_events()
+    rebuilt: SubjectProfile | None = None
+    for e in events:
+        rebuilt = e.mutate(rebuilt)  # type: ignore[assignment]
+    assert rebuilt is not None
+    return rebuilt
+
+
+def _busy_profile() -> SubjectProfile:
+    p = profile_with_consent()
+    p.apply_proposals(
+        batch(
+            AttributeProposal("home_location", "Paris", ("e1",)),
+            AttributeProposal("home_location", "Lisbon", ("e2",)),
+            AttributeProposal("diet", "vegetarian", ("e1",)),
+            IntentProposal("book a flight to Rome", ("e2",), expires_at=T0 + timedelta(1)),
+        ),
+        observed_at=T0,
+        now=T0,
+    )
+    p.apply_proposals(
+        batch(AttributeProposal("diet", "vegetarian", ("e3",))),
+        observed_at=T0 + timedelta(days=2),
+        now=T0,
+    )
+    return p
+
+
+def test_state_is_value_objects_and_replay_equals_live() -> None:
+    from domain.profile import AttributeState, ConsentState, IntentState
+
+    live = _busy_profile()
+    assert all(isinstance(a, AttributeState) for a in live.attributes.values())
+    assert all(isinstance(c, ConsentState) for c in live.consents.values())
+    assert all(isinstance(i, IntentState) for i in live.intents.values())
+    (diet,) = [a for a in live.attributes.values() if a.key == "diet"]
+    assert diet.evidence == ("e1", "e3")
+    replayed = _replayed(live)
+    assert replayed.attributes == live.attributes
+    assert replayed.consents == live.consents
+    assert replayed.intents == live.intents
+
+
+def test_a_snapshot_of_dict_state_upcasts_into_the_same_value_objects() -> None:
+    """Snapshots taken before the state was typed (class_version 1, plain dicts) load."""
+    import dataclasses
+
+    live = _busy_profile()
+    snapshot = SubjectProfile.Snapshot.take(live)
+    assert snapshot.state["class_version"] == 2
+    old_state = dict(snapshot.state)
+    del old_state["class_version"]
+    for part in ("consents", "attributes", "intents"):
+        old_state[part] = {
+            k: {
+                f: (list(v) if isinstance(v, tuple) else v)
+                for f, v in dataclasses.asdict(o).items()
+            }
+            for k, o in snapshot.state[part].items()
+        }
+    old = SubjectProfile.Snapshot(  # type: ignore[call-arg]
+        originator_id=snapshot.originator_id,
+        originator_version=snapshot.originator_version,
+        timestamp=snapshot.timestamp,
+        topic=snapshot.topic,
+        state=old_state,
+    )
+    loaded = old.mutate(None)
+    assert isinstance(loaded, SubjectProfile)
+    assert loaded.attributes == live.attributes
+    assert loaded.consents == live.consents
+    assert loaded.intents == live.intents

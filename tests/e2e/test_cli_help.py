@@ -32,3 +32,17 @@ def test_every_help_page_is_plain_text() -> None:
         if "``" in result.output or "<bool>" in result.output:
             marked.append(" ".join(path) or "uprof")
     assert marked == []
+
+
+def test_bench_comes_from_the_benchmarks_entry_point() -> None:
+    """The product does not import benchmarks/: `uprof bench` is added through the
+    ``uprof.cli`` entry point group, and still answers as documented."""
+    from importlib.metadata import entry_points
+
+    from uprof.cli.main import PLUGIN_GROUP
+
+    (bench,) = [e for e in entry_points(group=PLUGIN_GROUP) if e.name == "bench"]
+    assert bench.value == "benchmarks.cli:register"
+    result = CliRunner().invoke(app, ["bench", "reliability", "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Crash, concurrency" in result.output

@@ -10,22 +10,22 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 
-import uprof.api.keys as keys_module
+import uprof.apikeys.store as keys_module
 import uprof.crypto.keystore as keystore_module
 import uprof.services.reads as reads_module
 import uprof.services.slices as slices_module
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import APP, build_kernel, consent, say, settings_for
-from uprof.api.keys import ApiKeyStore
 from uprof.api.metrics import Metrics
+from uprof.apikeys.store import ApiKeyStore
 from uprof.caching import BoundedCache
 from uprof.kernel import Uprof
-from uprof.retrieval.text import stem
+from uprof.retrieval.text import stem, term_set
 from uprof.storage import create_engine, migrate
 from uprof.web.state import LinkStore, Session, SessionStore
 
@@ -118,20 +118,20 @@ def test_sign_in_links_are_bounded_single_use_and_evicted_ones_are_void() -> Non
     assert len(links) <= 4
 
 
-def test_sessions_are_bounded_and_an_evicted_session_is_signed_out() -> None:
-    sessions = SessionStore(max_sessions=4)
-    sids = [sessions.create(Session(kind="user", subject=f"s{i}")) for i in range(4)]
-    assert sessions.get(sids[0], "user") is not None  # recently used: it stays
-    more = [sessions.create(Session(kind="user", subject=f"t{i}")) for i in range(3)]
+def test_session_memory_is_bounded_and_sessions_are_signed_cookies() -> None:
+    sessions = SessionStore(b"k" * 32, max_sessions=4)
+    cookies = [sessions.create(Session(kind="user", subject=f"s{i}")) for i in range(7)]
+    for cookie in cookies:  # each loads: its receipts list is kept, at most 4 of them
+        assert sessions.get(cookie, "user") is not None
     assert len(sessions) == 4
-    assert sessions.get(sids[0], "user") is not None
-    assert sessions.get(sids[1], "user") is None  # least recently used: signed out
-    assert sessions.get(more[-1], "user").subject == "t2"  # type: ignore[union-attr]
-    expired = sessions.create(
-        Session(kind="user", subject="old", expires_at=datetime.now(tz=UTC) - timedelta(1))
-    )
-    assert sessions.get(expired, "user") is None
-    assert len(sessions) <= 4
+    assert sessions.get(cookies[-1], "user").subject == "s6"  # type: ignore[union-attr]
+    # Another deployment's key, or no signature at all: no session.
+    assert SessionStore(b"o" * 32).get(cookies[0], "user") is None
+    assert sessions.get(cookies[0].rsplit(".", 1)[0], "user") is None
+    expired = SessionStore(b"k" * 32, ttl=timedelta(seconds=-1))
+    assert expired.get(cookies[0], "user") is None
+    with pytest.raises(ValueError):
+        SessionStore(b"short")
 
 
 def test_metric_series_stay_bounded_whatever_methods_callers_send() -> None:
@@ -321,6 +321,7 @@ def test_erasure_evicts_the_subject_from_every_cache(small_kernel: Uprof) -> Non
     assert caches["saved"].get(stream) is not None
     assert caches["deks"].get(str(stream)) is not None
     assert stem.cache_info().currsize > 0
+    assert term_set.cache_info().currsize > 0
     small_kernel.erase_subject(subject)
     assert caches["deks"].get(str(stream)) is None
     assert caches["view_keys"].get(str(stream)) is None
@@ -330,5 +331,6 @@ def test_erasure_evicts_the_subject_from_every_cache(small_kernel: Uprof) -> Non
     assert caches["saved"].get(stream) is None
     assert len(caches["texts"]) == 0  # keyed by content: all of it goes
     assert stem.cache_info().currsize == 0
+    assert term_set.cache_info().currsize == 0
     # The other subjects are still served (their entries reload as needed).
     assert any("Town0" in text for text in _slice(small_kernel, SUBJECTS[0]))

@@ -20,6 +20,7 @@ from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import APP, build_kernel, consent, say, settings_for
 from uprof.kernel import Uprof
+from uprof.retry import RetryPolicy
 from uprof.services.reads import ReadRecorder, ServedRead
 
 
@@ -168,7 +169,7 @@ def test_a_recorder_that_cannot_write_refuses_further_reads(
     consent(kernel)
     kernel.capture("alice", say("I want to adopt a greyhound"))
     kernel.process()
-    monkeypatch.setattr("uprof.services.reads.WRITE_ATTEMPTS", 1)
+    monkeypatch.setattr("uprof.retry.READ_RECORDING", RetryPolicy(attempts=1, on=(Exception,)))
     broken = ReadRecorder(kernel.app, _BrokenTrail(), mode="async", linger_s=0.0)
     broken.record(_served(kernel))
     with pytest.raises(ReadRecordingError):

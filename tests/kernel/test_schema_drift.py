@@ -16,7 +16,7 @@ from alembic.migration import MigrationContext
 from audit.tables import metadata as audit_metadata
 from projections.profile.tables import metadata as profile_metadata
 from tests.conftest import Backend
-from uprof.api.tables import metadata as api_metadata
+from uprof.apikeys.tables import metadata as api_metadata
 from uprof.crypto.tables import metadata as keys_metadata
 from uprof.services.idempotency import metadata as idempotency_metadata
 from uprof.storage import create_engine, migrate

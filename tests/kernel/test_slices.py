@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from domain.errors import IdentityError, InvalidInputError, SubjectNotFoundError
 from tests.kernel.conftest import APP, consent, say
@@ -143,6 +146,61 @@ def test_randomized_multi_agent_histories_never_leak(kernel: Uprof) -> None:
                     assert owner_subject == subject  # I5: never another subject's item
                     visible_to_all = sharing == "shared"
                     assert owner_agent == reader or visible_to_all  # I4
+
+
+_HOBBIES = ("camping", "hiking", "swimming", "pottery", "painting", "baking", "chess")
+_WHO = ("the kids", "my sister", "friends from the gym", "church friends", "the veterans group")
+_NOTES = st.lists(
+    st.tuples(st.sampled_from(_HOBBIES), st.sampled_from(_WHO), st.booleans()),
+    min_size=2,
+    max_size=9,
+)
+_SUBJECTS = itertools.count()
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(notes=_NOTES, asked=st.sampled_from(_HOBBIES), budget=st.sampled_from([64, 160, 512]))
+def test_a_bridge_never_surfaces_or_is_steered_by_a_gated_item(
+    kernel: Uprof, notes: list[tuple[str, str, bool]], asked: str, budget: int
+) -> None:
+    # Subject x holds every note, some private to agent:two; subject y holds only the
+    # notes agent:one may see. Semantic bridges link memories by meaning, so a private
+    # note about the asked hobby would make a perfect seed: it must neither appear in
+    # agent:one's slice nor change it (x's slice must equal y's, word for word).
+    n = next(_SUBJECTS)
+    x, y = f"bridge-x{n}", f"bridge-y{n}"
+    for subject in (x, y):
+        consent(kernel, subject=subject)
+    shown: list[str] = []
+    for i, (hobby, who, private) in enumerate(notes):
+        text = f"note{i} we went {hobby} with {who}"
+        if private:
+            kernel.capture(
+                x, say(f"secret{i} {text}", agent="agent:two", sharing="private", session="s2")
+            )
+            continue
+        shown.append(text)
+        for subject in (x, y):
+            kernel.capture(subject, say(text, day=1 + i))
+    question = f"What {asked} or similar hobbies did I do, and with whom?"
+    served = [
+        kernel.slice(
+            subject,
+            question,
+            budget_tokens=budget,
+            purpose="personalization",
+            app_id=APP,
+            agent_id="agent:one",
+        )
+        for subject in (x, y)
+    ]
+    assert "secret" not in served[0].text
+    assert served[0].text == served[1].text
+    assert all(item.text in shown for item in served[0].items if item.layer == "memory")
 
 
 def test_identity_resolution_order_and_ambiguity(kernel: Uprof) -> None:

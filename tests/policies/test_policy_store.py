@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from eventsourcing.persistence import RecordConflictError
 
+from domain.errors import VersionConflictError
 from domain.policy import TenantPolicy, policy_id
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
@@ -97,7 +97,7 @@ def test_a_seed_race_keeps_the_first_seed(backend: Backend) -> None:
                 requested_by="system:bootstrap",
             )
             assert rival.id == policy_id("default")
-            with pytest.raises(RecordConflictError):
+            with pytest.raises(VersionConflictError):
                 late.save(rival)
         finally:
             late.close()

@@ -7,7 +7,7 @@ import typer
 from typer.testing import CliRunner
 
 import benchmarks.reliability as bench
-from uprof.cli import reliability
+from benchmarks import reliability_cli as reliability
 
 
 def test_register_adds_a_run_command_that_forwards(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -100,21 +100,33 @@ def test_embedded_process_from_many_threads(target: Target) -> None:
 def test_exhausted_conflict_retries_surface_as_a_domain_error(
     target: Target, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Lost races end in a retryable domain error, never a raw store error (bug B, fixed)."""
+    """Lost races end in a retryable domain error, never a raw store error (bug B, fixed).
+
+    The store's own error (raised where the recorder writes) becomes the typed
+    VersionConflictError, the one retry policy tries again, and what escapes is the
+    give-up ConcurrencyConflictError (409), not a transient subclass of it.
+    """
     from eventsourcing.persistence import IntegrityError as StoreIntegrityError
 
-    from domain.errors import ConcurrencyConflictError
-    from uprof import eventstore
+    from domain.errors import ConcurrencyConflictError, VersionConflictError
+    from uprof import retry
 
-    monkeypatch.setattr(eventstore, "CONFLICT_RETRIES", 2)
+    monkeypatch.setattr(
+        retry, "SUBJECT_WRITE", retry.RetryPolicy(attempts=2, on=(VersionConflictError,))
+    )
     with kernel_on(target) as kernel:
         grant_all(kernel, "alice")
         before = kernel.app.max_notification_id()
+        attempts: list[int] = []
 
         def always_conflicts(*a: object, **kw: object) -> None:
+            attempts.append(1)
             raise StoreIntegrityError("another writer saved first")
 
-        kernel.app.save = always_conflicts
-        with pytest.raises(ConcurrencyConflictError):
+        monkeypatch.setattr(kernel.app.events, "put", always_conflicts)
+        with pytest.raises(ConcurrencyConflictError) as caught:
             kernel.capture("alice", interaction("I want to be retried"))
+        assert type(caught.value) is ConcurrencyConflictError
+        assert isinstance(caught.value.__cause__, VersionConflictError)
+        assert len(attempts) == 2
         assert kernel.app.max_notification_id() == before

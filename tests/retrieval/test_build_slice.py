@@ -178,7 +178,7 @@ def test_relevant_memory_wins_a_tight_budget_in_both_modes() -> None:
     ]
     for dense in (True, False):
         packed = _slice(
-            "Where did Caroline's necklace come from?", conversation(turns), 40, dense=dense
+            "Where did Caroline's necklace come from?", conversation(turns), 32, dense=dense
         )
         assert [c.text for c in packed.items] == ["My grandma gave me this necklace in Sweden."]
 
@@ -209,15 +209,18 @@ def test_adjacent_turn_completes_a_question_answer_pair() -> None:
 # --- attributes and intents --------------------------------------------------------------
 
 
-def test_attributes_matching_the_query_category_outrank_unrelated_ones() -> None:
+def test_category_bonus_when_enabled_lifts_attributes_the_query_points_at() -> None:
+    # Off by default (decision 0033-multi-hop-and-preferences); the knob still works.
     attrs = [
         attribute("job", "occupation", "works as a nurse"),
         attribute("diet", "diet", "vegetarian"),
         attribute("pet", "pet", "has a cat"),
     ]
-    packed = _slice("Suggest a restaurant for dinner tonight", [], 20, attributes=attrs)
+    options = SliceOptions(category_weight=0.2)
+    query = "Suggest a restaurant for dinner tonight"
+    packed = _slice(query, [], 10, attributes=attrs, options=options)
     assert [c.item_id for c in packed.items] == ["diet"]
-    bigger = _slice("Suggest a restaurant for dinner tonight", [], 200, attributes=attrs)
+    bigger = _slice(query, [], 200, attributes=attrs, options=options)
     assert bigger.items[0].item_id == "diet" and len(bigger.items) == 3
 
 
@@ -286,12 +289,12 @@ def test_lexical_only_mode_needs_no_vectors() -> None:
         attributes=(),
         intents=(),
         memory_index=index,
-        budget_tokens=30,
+        budget_tokens=22,
         counter=COUNTER,
         query_vector=None,
         now=NOW,
     )
-    assert packed.items[0].text == "I run every morning."
+    assert [c.text for c in packed.items] == ["I run every morning."]
 
 
 def test_heat_breaks_ties_between_equally_relevant_memories() -> None:

@@ -14,6 +14,7 @@ from uprof.adapters.embeddings import HashingEmbedder
 from uprof.adapters.tokens import TiktokenCounter
 from uprof.retrieval import MemoryIndex
 from uprof.retrieval.ranker import PoolSimilarity
+from uprof.retrieval.text import stem, terms
 
 
 def test_bm25_ranks_the_matching_memory_first(counter: TiktokenCounter) -> None:
@@ -105,3 +106,22 @@ def test_lexical_pool_similarity_is_the_cosine_of_term_sets(
     ks = np.asarray(data.draw(st.lists(st.integers(0, len(rows) - 1), min_size=1, max_size=8)))
     assert np.allclose(pool.columns(ks), expected[:, ks], atol=1e-6)
     assert np.allclose(pool.column(int(ks[0])), expected[:, ks[0]], atol=1e-6)
+
+
+def test_snowball_stemming_folds_inflections_and_derivations() -> None:
+    assert terms("hobbies") == terms("hobby")
+    assert terms("painting paints painted") == [stem("paint")] * 3
+    assert terms("friends") == terms("friend")
+    assert stem("2023") == "2023"  # numbers stay as they are
+
+
+def test_stemming_is_safe_from_many_threads() -> None:
+    # A Snowball stemmer keeps per-call buffers; one is made per thread.
+    from concurrent.futures import ThreadPoolExecutor
+
+    words = [f"{w}{s}" for w in ("paint", "camp", "swim", "hike", "cook") for s in ("s", "ing")]
+    uncached = stem.__wrapped__  # past the cache, so every call runs a stemmer
+    expected = [uncached(w) for w in words]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(lambda _: [uncached(w) for w in words * 50], range(32)))
+    assert all(r == expected * 50 for r in results)

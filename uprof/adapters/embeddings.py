@@ -92,7 +92,8 @@ class MiniLMEmbedder:
             # CLI command's output and the MCP server's stderr. The load goes to the log.
             from transformers.utils import logging as transformers_logging
 
-            transformers_logging.disable_progress_bar()
+            # transformers ships this function without annotations; it takes and returns nothing.
+            transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
             started = time.perf_counter()
             self._model = SentenceTransformer(str(self._path), device="cpu", local_files_only=True)
             _log.info(

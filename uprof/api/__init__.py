@@ -12,18 +12,18 @@ __all__ = ["ApiKeyStore", "IssuedKey", "Principal", "create_app"]
 
 if TYPE_CHECKING:
     from uprof.api.app import create_app
-    from uprof.api.keys import ApiKeyStore, IssuedKey, Principal
+    from uprof.apikeys.store import ApiKeyStore, IssuedKey, Principal
 
 
 def __getattr__(name: str) -> Any:
-    # Loaded on first use: a module that needs only the API's tables (the backup service)
-    # must not load FastAPI, which costs every CLI command most of a second.
+    # Loaded on first use: a command that needs only the key store must not load
+    # FastAPI, which costs every CLI command most of a second.
     if name == "create_app":
         from uprof.api.app import create_app
 
         return create_app
     if name in ("ApiKeyStore", "IssuedKey", "Principal"):
-        from uprof.api import keys
+        from uprof.apikeys import store
 
-        return getattr(keys, name)
+        return getattr(store, name)
     raise AttributeError(f"module 'uprof.api' has no attribute {name!r}")

@@ -29,7 +29,6 @@ from uprof.api.errors import (
     classify,
     validation_problem,
 )
-from uprof.api.keys import ApiKeyStore
 from uprof.api.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimitMiddleware
 from uprof.api.metrics import Metrics, MetricsMiddleware
 from uprof.api.ratelimit import KeyRateLimiter, RateLimitedError
@@ -47,6 +46,7 @@ from uprof.api.routes import (
 )
 from uprof.api.runtime import ServiceRuntime
 from uprof.api.tracing import TracingMiddleware
+from uprof.apikeys.store import ApiKeyStore
 from uprof.kernel import Uprof
 from uprof.schemas.api import ErrorBody, ErrorOut, field_problems
 

@@ -12,10 +12,10 @@ from fastapi import Depends, Header, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from uprof.api.errors import unauthenticated
-from uprof.api.keys import ApiKeyStore, Principal
 from uprof.api.ratelimit import KeyRateLimiter
 from uprof.api.runtime import ServiceRuntime
 from uprof.api.scoped import AppScope
+from uprof.apikeys.store import ApiKeyStore, Principal
 
 #: auto_error=False: a missing header must give our 401 body, not FastAPI's 403.
 bearer_scheme = HTTPBearer(

@@ -4,7 +4,7 @@ Two facts of the kernel shape this module:
 
 - ``Uprof.process()`` (extraction, then projections) is not safe to run from two
   threads at once: both read the same position, and the loser's batch rolls back
-  with "position moved concurrently" (PostgreSQL) or a busy snapshot (SQLite). Some
+  with ``PositionMovedError`` (the guarded position, uprof/recorders.py). Some
   reads (``profile``, ``evidence``, ``submit_proposals``, and ``slice`` when the
   kernel has no background workers) run it inline. So every such call, and the
   worker, takes ``pipeline_lock``.
@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from domain.errors import PositionMovedError
+from uprof import retry
 from uprof.kernel import Uprof
 
 _log = logging.getLogger(__name__)
@@ -38,11 +38,6 @@ _log = logging.getLogger(__name__)
 #: Idle poll: how long the worker sleeps when nothing woke it. Writes through this
 #: process wake it at once; this bounds the delay for writes made by other processes.
 IDLE_POLL_S = 0.05
-#: Back-off after a failed run doubles from this, up to MAX_BACKOFF_S.
-FIRST_BACKOFF_S = 0.5
-MAX_BACKOFF_S = 30.0
-#: Attempts of a call that collided with the worker on the projection position.
-COLLISION_RETRIES = 3
 
 T = TypeVar("T")
 
@@ -88,21 +83,22 @@ class PipelineWorker:
         self.status.state = "stopped"
 
     def _run(self) -> None:
-        backoff = FIRST_BACKOFF_S
+        failed_in_a_row = 0
         while not self._stop.is_set():
             self._wake.clear()
             try:
                 with self._lock:
                     processed = self._kernel.process()
             except Exception as error:
+                failed_in_a_row += 1
+                backoff = retry.SUPERVISOR_BACKOFF.bound_s(failed_in_a_row)
                 _log.exception("pipeline run failed; retrying in %.1f s", backoff)
                 self.status.failures += 1
                 self.status.last_error = f"{type(error).__name__}: {error}"[:500]
                 self.status.state = "failing"
                 self._stop.wait(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
-            backoff = FIRST_BACKOFF_S
+            failed_in_a_row = 0
             self.status.runs += 1
             self.status.processed += processed
             self.status.state = "running"
@@ -182,15 +178,7 @@ class ServiceRuntime:
         if not self.background:
             with self.pipeline_lock:
                 return operation()
-        for _ in range(COLLISION_RETRIES - 1):
-            try:
-                result = operation()
-            except PositionMovedError:
-                time.sleep(0.05)
-                continue
-            self.wake()
-            return result
-        result = operation()
+        result = retry.WORKER_COLLISION.call(operation)
         self.wake()
         return result
 

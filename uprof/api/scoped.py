@@ -31,8 +31,8 @@ from domain.values import (
     ProposalBatch,
 )
 from uprof.api.errors import EdgeError, role_required
-from uprof.api.keys import ROLE_APP, ROLE_OPERATOR
 from uprof.api.runtime import ServiceRuntime
+from uprof.apikeys.store import ROLE_APP, ROLE_OPERATOR
 from uprof.facade import AuditStream, ErasureResult, Facade, SubjectRequest
 from uprof.schemas import api as w
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -153,7 +153,7 @@ def is_interactive() -> bool:
     return sys.stderr.isatty()
 
 
-def print_page(items: list[dict[str, object]], next_cursor: str | None) -> None:
+def print_page(items: Sequence[Mapping[str, object]], next_cursor: str | None) -> None:
     """Print one page of a list as JSON ``{"items": [...], "next_cursor": ...}``; say on
     stderr how to get the next page, so a script reading stdout sees only the JSON."""
     import json

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
@@ -76,7 +77,7 @@ def slice_command(
 
 
 def empty_slice_hint(
-    withheld: dict[str, int], *, items: int, app_id: str, purpose: str, subject: str | None
+    withheld: Mapping[str, int], *, items: int, app_id: str, purpose: str, subject: str | None
 ) -> str | None:
     """Why an empty slice is empty, when the gate withheld what there was, and what to run."""
     if items or not withheld:

@@ -375,14 +375,18 @@ def maintain() -> None:
         console.print_json(json.dumps(d.run_maintenance()))
 
 
+#: Entry point group of commands that other packages add to ``uprof``: each entry is a
+#: ``register(app)`` function. The benchmarks add ``uprof bench`` this way
+#: (benchmarks/cli.py), so the product never imports them.
+PLUGIN_GROUP = "uprof.cli"
+
+
 def _register_optional_commands() -> None:
-    from uprof.cli import bench, demo, extractor, govern, keyops, reliability, serve, worker
+    from uprof.cli import demo, extractor, govern, keyops, serve, worker
     from uprof.cli import policy as policy_cli
     from uprof.mcp import cli as mcp_cli
 
     app.command("demo")(demo.demo)
-    app.add_typer(bench.bench_app, name="bench")
-    reliability.register(bench.bench_app)
     govern.register(app)
     keyops.register(app, govern.keys_app)
     serve.register(app)
@@ -392,7 +396,15 @@ def _register_optional_commands() -> None:
     mcp_cli.register(app)
 
 
+def _register_plugin_commands() -> None:
+    from importlib.metadata import entry_points
+
+    for entry in sorted(entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
+        entry.load()(app)
+
+
 _register_optional_commands()
+_register_plugin_commands()
 
 
 if __name__ == "__main__":  # python -m uprof.cli.main ...

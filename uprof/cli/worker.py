@@ -21,13 +21,10 @@ from typing import Annotated
 import typer
 
 from domain.errors import UprofError
+from uprof import retry
 from uprof.cli.context import console, fail, settings
 
 _log = logging.getLogger("uprof.worker")
-
-#: Back-off after a failed batch doubles from this, up to MAX_BACKOFF_S.
-FIRST_BACKOFF_S = 0.5
-MAX_BACKOFF_S = 30.0
 
 
 def run_loop(kernel: object, stop: threading.Event, *, idle_poll_s: float) -> dict[str, int]:
@@ -36,17 +33,18 @@ def run_loop(kernel: object, stop: threading.Event, *, idle_poll_s: float) -> di
 
     assert isinstance(kernel, Uprof)
     totals = {"batches": 0, "processed": 0, "failures": 0}
-    backoff = FIRST_BACKOFF_S
+    failed_in_a_row = 0
     while not stop.is_set():
         try:
             processed = kernel.process_once()
         except Exception:
+            failed_in_a_row += 1
+            backoff = retry.SUPERVISOR_BACKOFF.bound_s(failed_in_a_row)
             _log.exception("worker batch failed; retrying in %.1f s", backoff)
             totals["failures"] += 1
             stop.wait(backoff)
-            backoff = min(backoff * 2, MAX_BACKOFF_S)
             continue
-        backoff = FIRST_BACKOFF_S
+        failed_in_a_row = 0
         totals["batches"] += 1
         totals["processed"] += processed
         if processed == 0:

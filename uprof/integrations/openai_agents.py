@@ -139,8 +139,9 @@ def uprof_tools(
         for target in targets:
             done = client.withdraw_consent(subject, target, erase=erase)
             withdrawn.append(done.consent.consent_id)
-            if done.erasure is not None:
-                receipts.append(done.erasure.receipt["body"]["receipt_id"])
+            body = done.erasure.receipt.get("body") if done.erasure is not None else None
+            if isinstance(body, dict):
+                receipts.append(body["receipt_id"])
         return json.dumps({"withdrawn": withdrawn, "erasure_receipts": receipts})
 
     return [profile_slice, capture, forget]

@@ -34,8 +34,8 @@ def mcp(
 
 
 def run(transport: Literal["stdio", "http"], *, host: str, port: int, path: str) -> None:
-    from uprof.api.keys import ApiKeyStore
     from uprof.api.runtime import ServiceRuntime
+    from uprof.apikeys.store import ApiKeyStore
     from uprof.bootstrap import bootstrap
     from uprof.mcp.server import build_server
     from uprof.native_memory import limit_malloc_arenas

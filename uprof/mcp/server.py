@@ -32,9 +32,9 @@ from pydantic import BaseModel, Field, ValidationError
 
 from domain.errors import UprofError
 from uprof.api.errors import EdgeError, body_for, unauthenticated, validation_problem
-from uprof.api.keys import ApiKeyStore, Principal
 from uprof.api.runtime import ServiceRuntime
 from uprof.api.scoped import AppScope
+from uprof.apikeys.store import ApiKeyStore, Principal
 from uprof.schemas import api as w
 from uprof.schemas.api import ErrorOut, field_problems
 

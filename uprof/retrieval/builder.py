@@ -46,6 +46,7 @@ class _Choice(NamedTuple):
     day_group: int  # -1 unless the line sits under a day line
     memory_row: int  # position in the memory index, -1 for attributes and intents
     pool_pos: int  # position in the memory pool (similarity matrix), -1 otherwise
+    marked: bool  # the line carries a mark the legend explains
 
 
 def _profile_choices(
@@ -76,8 +77,9 @@ def _profile_choices(
             )
         else:
             variants = [(render.attribute_line(candidate), utility)]
+        marked = render.needs_legend(candidate)
         out += [
-            _Choice(candidate, line, counter.count(line) + 1, value, -1, -1, -1)
+            _Choice(candidate, line, counter.count(line) + 1, value, -1, -1, -1, marked)
             for line, value in variants
         ]
     return out
@@ -111,12 +113,47 @@ def _memory_choices(
         day = -1
         if grouped:
             day = day_groups.setdefault(int(index.day_of[row]), _FIXED_GROUPS + len(day_groups))
-        out.append(_Choice(candidate, lines[row], int(costs[row]), value, day, row, pos))
+        marked = bool(index.marked[row])
+        out.append(_Choice(candidate, lines[row], int(costs[row]), value, day, row, pos, marked))
     return out
 
 
-def _similar_to(choices: list[_Choice], similarity: PoolSimilarity) -> Callable[[int], np.ndarray]:
-    """Similarity of every choice to choice j: memories compare within the pool, others are 0."""
+def _derived_links(
+    choices: list[_Choice], index: MemoryIndex, options: SliceOptions
+) -> dict[int, np.ndarray]:
+    """Each profile choice and the memory choices it was derived from, both ways.
+
+    An attribute or intent and the memory of the capture it was extracted from say
+    the same thing twice (decision 0023: "dislikes: floral patterns" beside "I can't
+    stand floral patterns"), so they count as duplicates: whichever is worth more is
+    shown, and the budget goes to something else rather than to the repeat.
+    """
+    if not options.derived_duplicates:
+        return {}
+    choice_of_row = {c.memory_row: j for j, c in enumerate(choices) if c.memory_row >= 0}
+    links: dict[int, set[int]] = {}
+    for j, c in enumerate(choices):
+        if c.memory_row >= 0:
+            continue
+        for capture in c.candidate.evidence:
+            rows = index.rows_of_capture.get(capture, ())
+            # A long capture becomes several memories (windows of sentences) and which one
+            # a line came from is not recorded, so only a capture's sole memory is linked.
+            if len(rows) != 1:
+                continue
+            for row in rows:
+                k = choice_of_row.get(row)
+                if k is not None:
+                    links.setdefault(j, set()).add(k)
+                    links.setdefault(k, set()).add(j)
+    return {j: np.fromiter(sorted(ks), dtype=np.int64) for j, ks in links.items()}
+
+
+def _similar_to(
+    choices: list[_Choice], similarity: PoolSimilarity, derived: dict[int, np.ndarray]
+) -> Callable[[int], np.ndarray]:
+    """Similarity of every choice to choice j: memories compare within the pool, a profile
+    line is a duplicate of the memories it was derived from, other pairs are 0."""
     pool = np.asarray([c.pool_pos for c in choices], dtype=np.int64)
     memories = np.flatnonzero(pool >= 0)
 
@@ -125,13 +162,16 @@ def _similar_to(choices: list[_Choice], similarity: PoolSimilarity) -> Callable[
         if pool[j] >= 0:
             out[memories] = similarity.column(int(pool[j]))[pool[memories]]
             out[j] = 0.0  # an item is not its own duplicate
+        linked = derived.get(j)
+        if linked is not None:
+            out[linked] = 1.0
         return out
 
     return column
 
 
 def _similar_to_many(
-    choices: list[_Choice], similarity: PoolSimilarity
+    choices: list[_Choice], similarity: PoolSimilarity, derived: dict[int, np.ndarray]
 ) -> Callable[[np.ndarray], np.ndarray] | None:
     """Similarity columns of many choices at once, when the pool computes them cheaper so."""
     if not similarity.batched:
@@ -144,8 +184,12 @@ def _similar_to_many(
         picked = [i for i, j in enumerate(js.tolist()) if pool[j] >= 0]
         if picked:
             sims = similarity.columns(pool[js[picked]])
-            out[np.ix_(memories, picked)] = sims[pool[memories]]
+            out[np.ix_(memories, np.asarray(picked, dtype=np.intp))] = sims[pool[memories]]
             out[js[picked], picked] = 0.0  # an item is not its own duplicate
+        for i, j in enumerate(js.tolist()):
+            linked = derived.get(j)
+            if linked is not None:
+                out[linked, i] = 1.0
         return out
 
     return columns
@@ -153,6 +197,7 @@ def _similar_to_many(
 
 def _problem(
     choices: list[_Choice],
+    index: MemoryIndex,
     similarity: PoolSimilarity,
     group_costs: np.ndarray,
     budget: int,
@@ -164,29 +209,33 @@ def _problem(
     groups = np.asarray(
         [[_LEGEND, _SECTION[c.candidate.layer], c.day_group] for c in choices], dtype=np.int64
     ).reshape(m, 3)
+    if options.legend_only_when_marked:
+        groups[~np.asarray([c.marked for c in choices], dtype=bool), 0] = -1
+    derived = _derived_links(choices, index, options)
     return PackProblem(
         costs=np.asarray([c.cost for c in choices], dtype=np.int64),
         utility=np.asarray([c.utility for c in choices], dtype=np.float64),
         owner=owner,
         groups=groups,
         group_costs=group_costs,
-        similar_to=_similar_to(choices, similarity),
-        similar_to_many=_similar_to_many(choices, similarity),
+        similar_to=_similar_to(choices, similarity, derived),
+        similar_to_many=_similar_to_many(choices, similarity, derived),
         budget=budget,
         mmr_penalty=options.mmr_penalty,
         duplicate_threshold=options.duplicate_threshold,
     )
 
 
-def _render(chosen: Sequence[_Choice], index: MemoryIndex, grouped: bool) -> str:
+def _render(chosen: Sequence[_Choice], index: MemoryIndex, options: SliceOptions) -> str:
     """Sections in fixed order; profile items best first, memories chronologically."""
+    grouped = options.group_memories_by_day
     lines: list[str] = []
+    if chosen and (not options.legend_only_when_marked or any(c.marked for c in chosen)):
+        lines.append(render.LEGEND)
     for layer in render.SECTION_ORDER:
         picked = [c for c in chosen if c.candidate.layer == layer]
         if not picked:
             continue
-        if not lines:
-            lines.append(render.LEGEND)
         lines.append(render.SECTION_HEADERS[layer])
         if layer != Layer.MEMORY:
             lines += [
@@ -271,7 +320,9 @@ def build_slice(
             memory_index, ranking.rows, ranking.utility, options, day_groups, left_out
         )
         group_costs = _group_costs(memory_index, day_groups, counter)
-        problem = _problem(choices, ranking.similarity, group_costs, max(budget_tokens, 0), options)
+        problem = _problem(
+            choices, memory_index, ranking.similarity, group_costs, max(budget_tokens, 0), options
+        )
         ranked.set(candidates=len(choices))
     with telemetry.span("uprof.slice.pack", candidates=len(choices)) as packing:
         result = pack(problem)
@@ -305,15 +356,14 @@ def _finish(
     options: SliceOptions,
 ) -> PackedSlice:
     """Render, verify the real token count (dropping the weakest items if ever over), report."""
-    grouped = options.group_memories_by_day
     chosen = list(result.chosen)
-    text = _render([choices[j] for j in chosen], index, grouped)
+    text = _render([choices[j] for j in chosen], index, options)
     n_tokens = counter.count(text)
     # Costs are exact for newline-joined lines, but the real count is the contract:
     # should the tokenizer ever merge across a line break, shed the weakest items.
     while n_tokens > problem.budget and chosen:
         chosen.remove(min(chosen, key=lambda j: (problem.utility[j] / problem.costs[j], -j)))
-        text = _render([choices[j] for j in chosen], index, grouped)
+        text = _render([choices[j] for j in chosen], index, options)
         n_tokens = counter.count(text)
     taken = {choices[j].candidate.item_id for j in chosen}
     reported: set[str] = set(taken) | {lo.item_id for lo in left_out}

@@ -173,6 +173,8 @@ class MemoryIndex:
     actor_terms: tuple[frozenset[str], ...]
     heat: np.ndarray  # heat scaled to [0, 1] by the hottest memory
     not_retrieved: tuple[LeftOut, ...]
+    marked: np.ndarray  # the line carries a provenance or status mark (needs the legend)
+    rows_of_capture: dict[str, tuple[int, ...]]  # capture id -> memories citing it
 
     @classmethod
     def build(
@@ -231,6 +233,8 @@ class MemoryIndex:
             not_retrieved=tuple(
                 LeftOut(c.item_id, Layer.MEMORY, "low_relevance", NOT_RETRIEVED) for c in ordered
             ),
+            marked=np.asarray([render.needs_legend(c) for c in ordered], dtype=bool),
+            rows_of_capture=_rows_of_capture(ordered),
         )
 
     def __len__(self) -> int:
@@ -261,6 +265,14 @@ class MemoryIndex:
             col = self.bm25.vocabulary.get(term)
             total += self.bm25.unseen_idf if col is None else float(self.bm25.idf[col])
         return total
+
+
+def _rows_of_capture(ordered: Sequence[Candidate]) -> dict[str, tuple[int, ...]]:
+    rows: dict[str, list[int]] = {}
+    for row, candidate in enumerate(ordered):
+        for capture in candidate.evidence:
+            rows.setdefault(capture, []).append(row)
+    return {capture: tuple(found) for capture, found in rows.items()}
 
 
 def _unit_rows(matrix: np.ndarray) -> np.ndarray:

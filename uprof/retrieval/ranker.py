@@ -9,7 +9,9 @@ The three layers are served differently (UProf):
   pseudo-relevance feedback, scaled from the median to the best memory),
   mixed linearly, plus small speaker, recency and heat terms;
   then each memory gains a share of its time-adjacent neighbours' relevance,
-  because a question and its answer often sit in two neighbouring turns;
+  because a question and its answer often sit in two neighbouring turns, and
+  the memories closest in meaning to the best hits are lifted towards them
+  (semantic bridges: a category in the question, its instances in the turns);
 * active intents, which are the user's current context, always keep a base
   utility and gain more when the query touches them.
 
@@ -30,7 +32,7 @@ import numpy as np
 from uprof.retrieval.candidates import Candidate
 from uprof.retrieval.index import MemoryIndex, epoch_seconds
 from uprof.retrieval.slices import SliceOptions
-from uprof.retrieval.text import stem, terms, words
+from uprof.retrieval.text import stem, term_set, terms, words
 
 _SECONDS_PER_DAY = 86_400.0
 
@@ -107,7 +109,8 @@ class PoolSimilarity:
     def column(self, k: int) -> np.ndarray:
         """Similarity of every pool member to pool member k."""
         if self._dense is not None:
-            return self._dense @ self._dense[k]
+            similarity: np.ndarray = self._dense @ self._dense[k]
+            return similarity
         return self.columns(np.asarray([k]))[:, 0]
 
     def columns(self, ks: np.ndarray) -> np.ndarray:
@@ -185,7 +188,8 @@ def _cosines(vectors: np.ndarray, query: np.ndarray) -> np.ndarray:
     threads wait on each other for milliseconds; einsum's single-threaded loop
     takes a steady fraction of a millisecond.
     """
-    return np.einsum("ij,j->i", vectors, query.astype(vectors.dtype, copy=False))
+    product: np.ndarray = np.einsum("ij,j->i", vectors, query.astype(vectors.dtype, copy=False))
+    return product
 
 
 def _dense_scores(
@@ -283,7 +287,47 @@ def _with_neighbours(index: MemoryIndex, relevance: np.ndarray, weight: float) -
     if weight <= 0 or len(relevance) == 0:
         return relevance
     padded = np.append(relevance, np.float32(0.0))  # index -1 reads the 0 pad
-    return relevance + weight * np.maximum(padded[index.prev], padded[index.next])
+    lifted: np.ndarray = relevance + weight * np.maximum(padded[index.prev], padded[index.next])
+    return lifted
+
+
+def _with_bridges(index: MemoryIndex, relevance: np.ndarray, options: SliceOptions) -> np.ndarray:
+    """Lift the memories closest in meaning to the best first-stage hits (two-stage retrieval).
+
+    The seeds are the ``bridge_seeds`` memories the first stage ranks best. A question
+    about a category ("what activities does Melanie do?") finds one instance ("a
+    pottery class") by its words and vector, but not the siblings ("we went camping",
+    "off to go swimming"): they share neither with the question, only meaning with the
+    instance. So each seed links to every memory by cosine, scaled per seed from the
+    median memory (0) to its closest other memory (1), a calibration from the seed's own
+    similarity distribution rather than a fixed threshold; a memory's bridged relevance
+    is its strongest link times that seed's relevance, times ``bridge_weight``. It
+    replaces the memory's own relevance only when higher (a maximum, not a sum), so a
+    memory the query reaches directly keeps its place and a bridged one never
+    outranks the seed it came through.
+
+    Only memories of this index take part, and the index holds only what the reader
+    may see: a bridge can reorder gated items, never add one.
+    """
+    k = min(options.bridge_seeds, len(relevance))
+    if options.bridge_weight <= 0 or k < 1 or len(relevance) < 3 or index.vectors is None:
+        return relevance
+    seeds = np.argpartition(-relevance, k - 1)[:k]
+    n = len(relevance)
+    # (n, k): cosine to each seed. einsum, not @: a matrix product this size starts
+    # BLAS threads, which on busy cores doubled the slice's CPU time (measured, 4.7k
+    # memories: 21 ms against 13 ms per slice); see _cosines.
+    links = np.einsum("ij,kj->ik", index.vectors, index.vectors[seeds])
+    # One partition gives the median (the mean of the middle two when n is even, as
+    # np.median) and the closest other memory (the largest is the seed itself).
+    ranked = np.partition(links, [(n - 1) // 2, n // 2, n - 2], axis=0)
+    floor = (ranked[(n - 1) // 2] + ranked[n // 2]) / 2
+    closest_other = ranked[n - 2]
+    strength = np.clip((links - floor) / np.maximum(closest_other - floor, 1e-9), 0.0, 1.0)
+    strength[seeds, np.arange(k)] = 0.0  # a seed does not lend to itself
+    lent = (strength * relevance[seeds]).max(axis=1)
+    lifted: np.ndarray = np.maximum(relevance, options.bridge_weight * lent.astype(relevance.dtype))
+    return lifted
 
 
 def rank_memories(
@@ -300,6 +344,7 @@ def rank_memories(
         return MemoryRanking(empty, np.zeros(0), PoolSimilarity(index, empty))
     fused, weight, scale = memory_relevance(index, query, query_vector, now, options)
     relevance = _with_neighbours(index, fused, options.neighbour_weight)
+    relevance = _with_bridges(index, relevance, options)
     size = min(options.pool_size, n)
     rows = np.argpartition(-relevance, size - 1)[:size] if size < n else np.arange(n)
     # Best first; equal relevance falls back to chronological order (rows are chronological).
@@ -327,7 +372,7 @@ def _lexical_match(index: MemoryIndex, query: Query, text: str) -> float:
     ideal = index.ideal_bm25(wanted)
     if ideal <= 0:
         return 0.0
-    have = set(terms(text))
+    have = term_set(text)
     return index.ideal_bm25([t for t in wanted if t in have]) / ideal
 
 

@@ -5,7 +5,9 @@ format is compact by design:
 
 * one legend line says that items are explicit unless marked, so explicit,
   confident items carry no label at all and only the exceptions pay for one
-  (``(inferred 0.4)``, ``(confidence 0.6)``, ``(conflicting)``);
+  (``(inferred 0.4)``, ``(confidence 0.6)``, ``(conflicting)``); the legend itself
+  is paid only by a slice that shows such an exception, since it explains nothing
+  otherwise;
 * the layer is said once by its section header, the category once per item;
 * memories are grouped under one ``[8 May 2023]`` line per day instead of
   repeating the date on every line (a date costs about 7 tokens), and each line
@@ -76,6 +78,15 @@ def provenance_mark(candidate: Candidate, *, show_category: bool) -> str:
     if candidate.status not in PLAIN_STATUSES:
         parts.append(candidate.status)
     return f" ({', '.join(parts)})" if parts else ""
+
+
+def needs_legend(candidate: Candidate) -> bool:
+    """True when the item's line carries a provenance or status mark the legend explains."""
+    return (
+        candidate.provenance != Provenance.EXPLICIT
+        or candidate.confidence < CONFIDENT
+        or candidate.status not in PLAIN_STATUSES
+    )
 
 
 def memory_line(candidate: Candidate, *, with_date: bool, with_actor: bool = True) -> str:

@@ -68,14 +68,17 @@ class SliceOptions:
     #: Share of the lexical score in the fusion; the dense score gets the rest.
     lexical_weight: float = 0.7
     #: Pseudo-relevance feedback: the query vector moves towards the mean of the best
-    #: ``feedback_memories`` first-pass hits, by ``feedback_weight`` (0 turns it off).
+    #: ``feedback_memories`` first-pass hits, by ``feedback_weight``. Off: it cost 0.02-0.06
+    #: on PrefEval and was neutral on LoCoMo (decision 0033-multi-hop-and-preferences).
     feedback_memories: int = 5
-    feedback_weight: float = 0.3
+    feedback_weight: float = 0.0
     #: Bonus for memories spoken by a person the query names.
     actor_weight: float = 0.2
     #: Bonus for a profile line whose category the query's words point at ("job" ->
-    #: occupation): the same size as the speaker bonus, a hint and not a match.
-    category_weight: float = 0.2
+    #: occupation). Off: a bonus its source memory never gets let extracted lines crowd
+    #: out memories (decision 0023); 0.2 cost 0.05 on PrefEval and gained nothing on
+    #: LoCoMo (decision 0033-multi-hop-and-preferences).
+    category_weight: float = 0.0
     #: Bonus for recent memories, halving every ``recency_half_life_days``.
     recency_weight: float = 0.05
     recency_half_life_days: float = 180.0
@@ -84,6 +87,12 @@ class SliceOptions:
     #: Share of the better adjacent turn's relevance added to a memory's own
     #: (a question and its answer are often split over two adjacent turns).
     neighbour_weight: float = 0.3
+    #: Semantic bridges: the ``bridge_seeds`` best memories each lend up to this share of
+    #: their relevance to the memories closest to them in meaning (0 turns it off). A
+    #: bridged memory is worth at most half its seed, the same discount MMR gives a
+    #: near-repeat of a chosen item.
+    bridge_weight: float = 0.5
+    bridge_seeds: int = 10
     #: Utilities are relevance ** sharpness: higher values follow the ranking more strictly.
     sharpness: float = 3.0
     #: Memories considered for packing (the best by relevance, plus their neighbours).
@@ -96,6 +105,10 @@ class SliceOptions:
     min_utility: float = 0.01
     #: Memories grouped under one date line per day (False: a date on every line).
     group_memories_by_day: bool = True
+    #: A profile line and the memory it was extracted from count as duplicates.
+    derived_duplicates: bool = True
+    #: The legend line is shown only when some item carries a mark it explains.
+    legend_only_when_marked: bool = True
     #: Utility of attributes that neither match the query's categories nor its words.
     attribute_base_utility: float = 0.15
     #: Utility of active intents that the query does not touch.

@@ -1,17 +1,21 @@
 """Lexical analysis shared by the index (documents) and the ranker (queries).
 
 Both sides must analyse text identically, or BM25 silently stops matching.
-Words are Unicode letter/digit runs, lower-cased; a light suffix stemmer folds
-the inflections that matter most in conversation ("painting", "paints",
-"painted" -> "paint"); function words and question words are dropped because
-they match nearly every conversational turn and carry no topic.
+Words are Unicode letter/digit runs, lower-cased; the Snowball English stemmer
+(Porter2, from PyStemmer) folds inflections and derivations ("painting",
+"paints", "painted" -> "paint"; "hobbies", "hobby" -> "hobbi"); function words
+and question words are dropped because they match nearly every conversational
+turn and carry no topic.
 """
 
 from __future__ import annotations
 
 import re
+import threading
 import unicodedata
 from functools import lru_cache
+
+import Stemmer
 
 _WORD_RE = re.compile(r"[^\W_]+")
 
@@ -34,43 +38,33 @@ STOPWORDS: frozenset[str] = frozenset(
     """.split()
 )
 
-_VOWELS = frozenset("aeiouy")
-#: Doubled final consonants left by stripping "-ing"/"-ed" ("running" -> "runn" -> "run").
-_UNDOUBLE = frozenset("bdgkmnprt")
-
 
 def normalise(text: str) -> str:
     """NFKC and lower-case: the form every comparison works on."""
     return unicodedata.normalize("NFKC", text).lower()
 
 
+#: A Snowball stemmer keeps per-call buffers, so it is not safe to share between threads
+#: (the API serves reads from a thread pool): one per thread, its own cache off, so the
+#: only cache of stemmed words is the one below, which erasure clears.
+_THREAD_STEMMERS = threading.local()
+
+
+def _stemmer() -> Stemmer.Stemmer:
+    stemmer = getattr(_THREAD_STEMMERS, "stemmer", None)
+    if stemmer is None:
+        stemmer = _THREAD_STEMMERS.stemmer = Stemmer.Stemmer("english", 0)
+    return stemmer
+
+
 #: Bounded small on purpose: subjects bring their own words (names, places), so a large
 #: bound fills with one-off words and only costs memory (~150 B each); erasure clears it.
 @lru_cache(maxsize=8192)
 def stem(word: str) -> str:
-    """Fold common English inflections; conservative, so distinct words stay distinct.
-
-    Not Porter: only plural "-s"/"-ies"/"-es", "-ing", "-ed" and a final "-e", which
-    is enough for conversational text and cheap enough to run on every query.
-    """
-    if len(word) <= 3 or not word.isalpha():
+    """The Snowball (Porter2) English stem of a normalised word; numbers stay as they are."""
+    if not word.isalpha():
         return word
-    if word.endswith("ies") and len(word) > 4:
-        word = word[:-3] + "y"
-    elif word.endswith(("sses", "shes", "ches", "xes")):
-        word = word[:-2]
-    elif word.endswith("s") and not word.endswith(("ss", "us", "is")):
-        word = word[:-1]
-    for suffix in ("ing", "ed"):
-        base = word[: -len(suffix)]
-        if word.endswith(suffix) and len(base) >= 3 and _VOWELS & set(base):
-            word = base
-            if len(word) > 3 and word[-1] == word[-2] and word[-1] in _UNDOUBLE:
-                word = word[:-1]
-            break
-    if word.endswith("e") and len(word) > 3:
-        word = word[:-1]
-    return word
+    return str(_stemmer().stemWord(word))
 
 
 def words(text: str) -> list[str]:
@@ -81,3 +75,17 @@ def words(text: str) -> list[str]:
 def terms(text: str) -> list[str]:
     """Index terms: stemmed content words, in order, duplicates kept (BM25 needs tf)."""
     return [stem(w) for w in words(text) if w not in STOPWORDS]
+
+
+@lru_cache(maxsize=8192)
+def term_set(text: str) -> frozenset[str]:
+    """The distinct index terms of a short text, cached: profile lines are matched
+    against every query, and their text rarely changes. Keyed by content, so
+    erasure clears it (``clear_caches``)."""
+    return frozenset(terms(text))
+
+
+def clear_caches() -> None:
+    """Forget every stemmed word and term set (they are keyed by content)."""
+    stem.cache_clear()
+    term_set.cache_clear()

@@ -21,7 +21,7 @@ import csv
 import json
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AfterValidator,
@@ -29,11 +29,16 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    JsonValue,
     model_validator,
 )
 
 from domain.values import ATTRIBUTE_KEYS, CATEGORIES, check_sharing
-from uprof.services.paging import DEFAULT_PAGE_LIMIT, MAX_CURSOR_CHARS, MAX_PAGE_LIMIT
+
+# Re-exported: the surfaces (routes, MCP) read the page bounds from the wire schemas.
+from uprof.services.paging import DEFAULT_PAGE_LIMIT as DEFAULT_PAGE_LIMIT
+from uprof.services.paging import MAX_CURSOR_CHARS as MAX_CURSOR_CHARS
+from uprof.services.paging import MAX_PAGE_LIMIT as MAX_PAGE_LIMIT
 
 #: Most interactions accepted in one batch request (the kernel allows more; a request
 #: body is capped in bytes too, see uprof.api.limits).
@@ -86,9 +91,17 @@ SubjectRef = Annotated[
 ]
 Purpose = Token
 UtcTime = Annotated[AwareDatetime, AfterValidator(_utc)]
-Category = Literal[CATEGORIES]  # type: ignore[valid-type]
-ConsentCategory = Literal[(*CATEGORIES, "*")]  # type: ignore[valid-type]
-AttributeKey = Literal[tuple(sorted(ATTRIBUTE_KEYS))]  # type: ignore[valid-type]
+if TYPE_CHECKING:
+    # The closed sets come from the catalogue when the module runs (an enum in the JSON
+    # Schema, checked by pydantic); a type checker cannot evaluate them, so to it they
+    # are strings.
+    Category = str
+    ConsentCategory = str
+    AttributeKey = str
+else:
+    Category = Literal[CATEGORIES]
+    ConsentCategory = Literal[(*CATEGORIES, "*")]
+    AttributeKey = Literal[tuple(sorted(ATTRIBUTE_KEYS))]
 #: Who besides the owner agent may see an item (domain.values.SharingPolicy).
 Sharing = Annotated[str, Field(max_length=256), AfterValidator(check_sharing)]
 Confidence = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
@@ -778,7 +791,7 @@ class SubjectExportIn(_Request):
 class ErasureReceipt(_Response):
     """The signed receipt (verifiable offline), the subject's nonce, and what was removed."""
 
-    receipt: dict[str, Any]
+    receipt: dict[str, JsonValue]
     subject_nonce_hex: str
     counts: dict[str, int]
 
@@ -786,7 +799,7 @@ class ErasureReceipt(_Response):
 class SubjectExport(_Response):
     """Everything held about a subject, with evidence (GDPR Art. 15/20), as portable JSON."""
 
-    export: dict[str, Any]
+    export: dict[str, JsonValue]
 
 
 # ------------------------------------------------------------------------ audit

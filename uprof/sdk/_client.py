@@ -17,7 +17,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TextIO, TypeVar
 
 import httpx
-from pydantic import BaseModel
+from pydantic import BaseModel, JsonValue
 
 from uprof.schemas import api as w
 from uprof.sdk import _operations as ops
@@ -344,7 +344,7 @@ class Client:
         body = ops.build(w.CaptureErasureIn, subject=subject, capture_id=capture_id)
         return self._backend.send(Call(ops.ERASE_CAPTURE, body))
 
-    def export_subject(self, subject: str) -> dict[str, Any]:
+    def export_subject(self, subject: str) -> dict[str, JsonValue]:
         """Everything held about a subject (policy: ``export``/``access-request``)."""
         body = ops.build(w.SubjectExportIn, subject=subject)
         return self._backend.send(Call(ops.EXPORT_SUBJECT, body)).export
@@ -694,7 +694,7 @@ class AsyncClient:
         body = ops.build(w.CaptureErasureIn, subject=subject, capture_id=capture_id)
         return await self._backend.send(Call(ops.ERASE_CAPTURE, body))
 
-    async def export_subject(self, subject: str) -> dict[str, Any]:
+    async def export_subject(self, subject: str) -> dict[str, JsonValue]:
         body = ops.build(w.SubjectExportIn, subject=subject)
         return (await self._backend.send(Call(ops.EXPORT_SUBJECT, body))).export
 

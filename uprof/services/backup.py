@@ -43,7 +43,7 @@ from alembic.script import ScriptDirectory
 
 from audit.tables import audit_checkpoints, audit_entries, audit_nodes
 from domain.errors import InvalidInputError, UprofError
-from uprof.api.tables import metadata as api_metadata
+from uprof.apikeys.tables import metadata as api_metadata
 from uprof.crypto.tables import metadata as keys_metadata
 from uprof.settings import Settings
 from uprof.storage import MIGRATIONS_DIR, RESTORE_MARKER, create_engine, layout_for, migrate
@@ -297,7 +297,12 @@ def read_manifest(settings: Settings, src: Path) -> dict[str, Any]:
     path = src / MANIFEST
     if not path.is_file():
         raise InvalidInputError(f"--from: {src} holds no {MANIFEST}; not a uprof backup")
-    manifest = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as error:
+        raise InvalidInputError(f"--from: {MANIFEST} is not JSON ({error})") from None
+    if not isinstance(manifest, dict):
+        raise InvalidInputError(f"--from: {MANIFEST} is not a JSON object; not a uprof backup")
     if manifest.get("format") != FORMAT:
         raise InvalidInputError(f"--from: unknown backup format {manifest.get('format')!r}")
     backend = "postgres" if settings.is_postgres else "sqlite"

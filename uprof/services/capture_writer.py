@@ -36,8 +36,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
-from eventsourcing.persistence import IntegrityError, RecordConflictError
-
 from domain.errors import (
     CaptureBackloggedError,
     ConsentRequiredError,
@@ -46,7 +44,7 @@ from domain.errors import (
 )
 from domain.profile import SubjectProfile
 from domain.values import Interaction
-from uprof import telemetry
+from uprof import retry, telemetry
 from uprof.caching import BoundedCache, CacheStats
 from uprof.crypto.keystore import KeyStore
 from uprof.eventstore import ProfilesApplication
@@ -240,27 +238,32 @@ class CaptureWriter:
             )
 
     def _commit(self, group: list[PendingCapture]) -> str:
-        for attempt in range(2):
+        """Commit the group, or (lost twice, or failed) each request alone; says which."""
+
+        def attempt() -> tuple[
+            list[PendingCapture], list[PendingCapture], dict[tuple[UUID, int], int]
+        ]:
             try:
-                written = self._write_group(group)
-            except (RecordConflictError, IntegrityError):
-                # Another process wrote one of these subjects: drop the copies (they are
-                # behind, or hold captures that were never saved) and try again.
-                self._reset(group)
-                if attempt == 0:
-                    continue
+                return self._write_group(group)
             except UprofError:
-                # One request's subject failed the group before its events were saved
-                # (e.g. erased meanwhile, so its key could not be made): each request
-                # alone, so the failure is only that request's answer.
+                # Nothing was saved. Another process wrote one of these subjects
+                # (VersionConflictError: CAPTURE_GROUP tries the group again), or one
+                # request's subject failed the group (e.g. erased meanwhile, so its key
+                # could not be made). Either way drop the copies: they are behind, or
+                # hold captures that were never saved.
                 self._reset(group)
-            else:
-                # Events are saved: from here nothing may run a request a second time.
-                self._finish(group, *written)
-                return "committed"
-            break
-        # Lost twice, or failed: request by request through the one-request path
-        # (its own retries with back-off).
+                raise
+
+        try:
+            written = retry.CAPTURE_GROUP.call(attempt)
+        except UprofError:
+            pass
+        else:
+            # Events are saved: from here nothing may run a request a second time.
+            self._finish(group, *written)
+            return "committed"
+        # Lost twice, or failed: request by request through the one-request path (its
+        # own retries with back-off), so a failure is only its own request's answer.
         for pending in group:
             try:
                 self._fallback(pending)
@@ -321,10 +324,12 @@ class CaptureWriter:
                     t.set(events=len(recordings))
             # Refused and replayed requests changed nothing: every copy is as saved.
             self._saved.put_many(copies.items(), ticket=ticket)
-        positions = {
-            (r.notification.originator_id, r.notification.originator_version): r.notification.id
-            for r in recordings
-        }
+        positions: dict[tuple[UUID, int], int] = {}
+        for r in recordings:
+            # The profiles log stores UUID ids (the notification type also allows str).
+            stream = r.notification.originator_id
+            key = stream if isinstance(stream, UUID) else UUID(stream)
+            positions[(key, r.notification.originator_version)] = r.notification.id
         return writing, refused, positions
 
     def _finish(

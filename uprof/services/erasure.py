@@ -27,7 +27,12 @@ import sqlalchemy as sa
 
 from audit.log import AuditLog
 from audit.receipts import issue_erasure_receipt, new_commitment_nonce, subject_commitment
-from domain.errors import ErasureIncompleteError, InvalidInputError, SubjectNotFoundError
+from domain.errors import (
+    ErasureIncompleteError,
+    InvalidInputError,
+    ItemNotFoundError,
+    SubjectNotFoundError,
+)
 from projections.profile import tables as t
 from projections.profile.queries import ProfileQueries
 from uprof.crypto.keystore import KeyStore
@@ -283,9 +288,7 @@ class ErasureService:
         self._catch_up(self._app.max_notification_id(), timeout_s)
         evidence = self._evidence_of(str(stream), item_id)
         if evidence is None:
-            raise InvalidInputError(
-                f"no item {item_id!r} in this subject's profile", field="item_id"
-            )
+            raise ItemNotFoundError(item_id)
         if with_evidence and evidence:
             present = list(self._queries.captures(evidence))
             if present:

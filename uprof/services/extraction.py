@@ -13,15 +13,11 @@ subject, whoever proposed it (I1).
 
 from __future__ import annotations
 
-import random
-import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 from uuid import UUID
-
-from eventsourcing.persistence import IntegrityError, RecordConflictError
 
 from domain.errors import (
     ConcurrencyConflictError,
@@ -42,8 +38,8 @@ from domain.values import (
     attribute_spec,
 )
 from projections.profile.queries import ProfileQueries
-from uprof import telemetry
-from uprof.eventstore import CAPTURED_TOPIC, CONFLICT_RETRIES, ProfilesApplication
+from uprof import retry, telemetry
+from uprof.eventstore import CAPTURED_TOPIC, ProfilesApplication
 from uprof.partitions import Partitioning, owned_or_all
 from uprof.ports import Clock, Extractor
 from uprof.recorders import GuardedTracking, PositionMovedError
@@ -62,6 +58,10 @@ def category_of(proposal: Any) -> str | None:
 
 def evidence_ids(batch: ProposalBatch) -> set[str]:
     return {e for p in batch.proposals for e in p.evidence}
+
+
+def _starved(error: BaseException) -> ConcurrencyConflictError:
+    return ConcurrencyConflictError("extraction kept losing the race to concurrent captures")
 
 
 class EvidenceChecker:
@@ -175,17 +175,15 @@ class ExtractionWorker:
         return sum(self._run_partition(k) for k in self._owned)
 
     def _run_partition(self, k: int) -> int:
-        for attempt in range(CONFLICT_RETRIES):
-            try:
-                return self._run_batch(k)
-            except PositionMovedError:
-                # Another worker committed this range: nothing of ours was written.
-                self.moved_conflicts += 1
-                continue
-            except (RecordConflictError, IntegrityError):
-                # A capture saved first; back off, re-read, redo.
-                time.sleep(random.uniform(0, min(0.2, 0.002 * (2**attempt))))
-        raise ConcurrencyConflictError("extraction kept losing the race to concurrent captures")
+        # Another worker committed this range (position), or a capture saved first to one
+        # of the batch's subjects (version): nothing of ours was written; re-read, redo.
+        return retry.EXTRACTION_BATCH.call(
+            lambda: self._run_batch(k), before_retry=self._count_lost_race, give_up=_starved
+        )
+
+    def _count_lost_race(self, error: BaseException) -> None:
+        if isinstance(error, PositionMovedError):
+            self.moved_conflicts += 1
 
     def run_until_idle(self) -> int:
         total = 0

@@ -36,12 +36,12 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from eventsourcing.application import AggregateNotFoundError, Application
-from eventsourcing.persistence import RecordConflictError
+from eventsourcing.application import AggregateNotFoundError
+from eventsourcing.domain import DomainEvent
 
 from audit.entry import validate_entry
 from audit.errors import AuditEntryError
-from domain.errors import UprofError
+from domain.errors import UprofError, VersionConflictError
 from domain.policy import TenantPolicy, policy_id
 from domain.values import CATEGORIES
 from policies.authorizer import AccessDecision, CasbinAuthorizer, PolicyDeniedError
@@ -61,7 +61,9 @@ from policies.rules import (
     purpose_problem,
     role_problem,
 )
+from uprof import retry
 from uprof.ports import AuditTrail
+from uprof.recorders import ConflictsAsDomainErrors
 
 _log = logging.getLogger(__name__)
 
@@ -104,7 +106,7 @@ class PolicyStoreError(UprofError):
     )
 
 
-class PolicyApplication(Application[UUID]):
+class PolicyApplication(ConflictsAsDomainErrors[UUID]):
     """The event store of every tenant's policy stream (not personal data: no sealing)."""
 
     name = "policies"
@@ -332,7 +334,7 @@ class PolicyService:
     def current_rows(self) -> tuple[int, list[tuple[str, ...]]]:
         """Return the version and casbin rows of the policy in force (0 and none if unseeded)."""
         try:
-            policy = self.app.repository.get(self._id)
+            policy: TenantPolicy = self.app.repository.get(self._id)
         except AggregateNotFoundError:
             return 0, []
         assert isinstance(policy, TenantPolicy)
@@ -340,7 +342,7 @@ class PolicyService:
 
     def _load(self) -> TenantPolicy | None:
         try:
-            policy = self.app.repository.get(self._id)
+            policy: TenantPolicy = self.app.repository.get(self._id)
         except AggregateNotFoundError:
             return None
         assert isinstance(policy, TenantPolicy)
@@ -366,7 +368,7 @@ class PolicyService:
         )
         try:
             self.app.save(policy)
-        except RecordConflictError:
+        except VersionConflictError:
             return False  # another process seeded first
         self._audit.record(
             POLICY_CHANGED,
@@ -388,12 +390,14 @@ class PolicyService:
                 raise PolicyInputError("at", "needs a timezone (e.g. 2026-01-01T00:00:00Z)")
             version = 0
             for stored in self.app.events.get(self._id):
+                # The store types events by protocol; its events are DomainEvents (timed).
+                assert isinstance(stored, DomainEvent)
                 if stored.timestamp > at:
                     break
                 version = stored.originator_version
             policy = None
             if version:
-                got = self.app.repository.get(self._id, version=version)
+                got: TenantPolicy = self.app.repository.get(self._id, version=version)
                 assert isinstance(got, TenantPolicy)
                 policy = got
         if policy is None:
@@ -583,29 +587,40 @@ class PolicyService:
     ) -> PolicyChangeResult:
         """Record every change of items in one save, then audit them; all or nothing."""
         with self._write_lock:
-            for attempt in range(3):
-                policy = self._current_policy()
-                if policy is None:
-                    raise PolicyStoreError("the policy store has not been seeded")
-                pending = self._stage(policy, requested_by, items, adding=adding)
-                if not pending:
-                    return PolicyChangeResult(policy.version, ())
-                entries = [_audit_fields(policy, event) for event in pending]
-                for fields in entries:
-                    try:
-                        validate_entry({"action": POLICY_CHANGED, **fields})
-                    except AuditEntryError as error:
-                        raise PolicyInputError("app_id", f"cannot be audited: {error}") from None
-                try:
-                    self.app.save(policy)
-                except RecordConflictError:
-                    if attempt == 2:
-                        raise
-                    continue  # another process changed the policy first: re-stage on top
-                break
+            # Another process changed the policy first (VersionConflictError): re-stage on
+            # top of its change.
+            policy, pending, entries = retry.POLICY_CHANGE.call(
+                lambda: self._stage_and_save(requested_by, items, adding=adding)
+            )
+        if not pending:
+            return PolicyChangeResult(policy.version, ())
         self._audit.record_many([(POLICY_CHANGED, fields) for fields in entries])
         self.authorizer.refresh(force=True)
         return PolicyChangeResult(policy.version, tuple(_change_of(e) for e in pending))
+
+    def _stage_and_save(
+        self,
+        requested_by: str,
+        items: Sequence[tuple[str, PolicyRule | RoleAssignment]],
+        *,
+        adding: bool,
+    ) -> tuple[TenantPolicy, list[Any], list[dict[str, Any]]]:
+        """Stage items on the policy in force and save them (nothing saved when nothing
+        changes). Raises VersionConflictError when another process saved first."""
+        policy = self._current_policy()
+        if policy is None:
+            raise PolicyStoreError("the policy store has not been seeded")
+        pending = self._stage(policy, requested_by, items, adding=adding)
+        if not pending:
+            return policy, [], []
+        entries = [_audit_fields(policy, event) for event in pending]
+        for fields in entries:
+            try:
+                validate_entry({"action": POLICY_CHANGED, **fields})
+            except AuditEntryError as error:
+                raise PolicyInputError("app_id", f"cannot be audited: {error}") from None
+        self.app.save(policy)
+        return policy, pending, entries
 
     @staticmethod
     def _stage(

@@ -7,8 +7,9 @@ from datetime import datetime
 from uuid import UUID
 
 import sqlalchemy as sa
+from eventsourcing.domain import DomainEvent
 
-from domain.errors import InvalidInputError, SubjectNotFoundError
+from domain.errors import InvalidInputError, ItemNotFoundError, SubjectNotFoundError
 from domain.profile import SubjectProfile
 from projections.profile import tables as t
 from projections.profile.projector import ProfileProjector
@@ -83,6 +84,8 @@ class ProfileService:
         events = []
         for position, record in enumerate(stored, start=1):
             event = self._app.mapper.to_domain_event(record)
+            # The mapper types events by protocol; the profile's are DomainEvents (timed).
+            assert isinstance(event, DomainEvent)
             if isinstance(event, SubjectProfile.ContentShredded) or event.timestamp > when:
                 continue
             events.append((position, event))
@@ -113,9 +116,7 @@ class ProfileService:
                 if m.item_id == item_id:
                     found = ("memory", m.text, m.evidence)
         if found is None:
-            raise InvalidInputError(
-                f"no item {item_id!r} in this subject's profile", field="item_id"
-            )
+            raise ItemNotFoundError(item_id)
         layer, summary, evidence = found
         rows = self._queries.captures(evidence)
         # Only this subject's captures, in the order the item cites them (I5).

@@ -10,6 +10,7 @@ from typing import Any
 from uuid import UUID
 
 import sqlalchemy as sa
+from eventsourcing.persistence import Notification
 
 from projections.profile import tables as t
 from projections.profile.projector import ProfileProjector
@@ -26,7 +27,7 @@ class _Batch:
     embeddings of their memories being computed in the embedding thread."""
 
     start: int
-    notifications: list[Any]
+    notifications: Sequence[Notification]
     events: list[tuple[int, Any]]
     vectors: Future[dict[str, bytes]]
 

@@ -32,6 +32,7 @@ from uuid import UUID
 
 from domain.errors import ReadRecordingError, SubjectErasedError, SubjectNotFoundError
 from domain.profile import SubjectProfile
+from uprof import retry
 from uprof.caching import BoundedCache
 from uprof.eventstore import ProfilesApplication
 from uprof.ports import AuditTrail
@@ -39,8 +40,6 @@ from uprof.ports import AuditTrail
 log = logging.getLogger(__name__)
 
 MODES = ("sync", "async")
-#: Attempts at writing one batch before the recorder gives up (and reads fail closed).
-WRITE_ATTEMPTS = 5
 #: Queued by drain() to end the recorder's linger at once; never written, never counted.
 _FLUSH: Any = object()
 #: Subjects whose last saved state the recorder keeps to save the next reads on.
@@ -237,15 +236,10 @@ class ReadRecorder:
                     self._settled += 1
 
     def _write_with_retries(self, batch: Sequence[ServedRead]) -> None:
-        for attempt in range(WRITE_ATTEMPTS):
-            try:
-                self._write(batch)
-                return
-            except Exception:
-                if attempt == WRITE_ATTEMPTS - 1:
-                    raise
-                log.warning("recording %d reads failed; retrying", len(batch), exc_info=True)
-                time.sleep(0.05 * 2**attempt)
+        def failed(error: BaseException) -> None:
+            log.warning("recording %d reads failed; retrying", len(batch), exc_info=error)
+
+        retry.READ_RECORDING.call(lambda: self._write(batch), before_retry=failed)
 
     def _write(self, batch: Sequence[ServedRead]) -> None:
         """One save per subject (all its reads), then one audit append for the batch.

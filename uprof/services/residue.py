@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from uuid import UUID
@@ -138,7 +138,7 @@ def scan_postgres(engine: sa.Engine, terms: Sequence[str], report: ResidueReport
                         )
 
 
-def _is_bytea(column: dict[str, object]) -> bool:
+def _is_bytea(column: Mapping[str, object]) -> bool:
     return "BYTEA" in str(column["type"]).upper() or "LARGEBINARY" in str(column["type"]).upper()
 
 

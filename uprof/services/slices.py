@@ -101,8 +101,12 @@ class _CachedCounts:
 
 
 class DecisionLike(Protocol):
-    allowed: bool
-    rule: tuple[str, ...]
+    # Read-only: decisions are frozen values (policies.AccessDecision).
+    @property
+    def allowed(self) -> bool: ...
+
+    @property
+    def rule(self) -> tuple[str, ...]: ...
 
 
 class Authorizer(Protocol):
@@ -375,7 +379,12 @@ class SliceService:
             fresh = dict(zip(missing, self._embedder.embed(missing), strict=True))
             found.update(fresh)
             self._text_vectors.put_many(fresh.items(), ticket=ticket)
-        return np.stack([found[c.text] for c in candidates])
+        vectors: list[np.ndarray] = []
+        for c in candidates:
+            vector = found[c.text]
+            assert vector is not None  # every missing text was embedded above
+            vectors.append(vector)
+        return np.stack(vectors)
 
     # ----------------------------------------------------------------- gating
 

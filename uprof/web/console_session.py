@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
 
-from uprof.api.keys import ROLE_OPERATOR, ApiKeyStore
+from uprof.apikeys.store import ROLE_OPERATOR, ApiKeyStore
 from uprof.web.pages import (
     OPERATOR_COOKIE,
     WebPages,
@@ -42,8 +42,9 @@ def router(web: WebPages) -> APIRouter:
                 f"The key of {principal.app_id} lacks the operator role; "
                 "the compliance console needs it.",
             )
-        web.sessions.drop(request.cookies.get(OPERATOR_COOKIE))
-        sid = web.sessions.create(
+        sessions = web.sessions(request)
+        sessions.drop(request.cookies.get(OPERATOR_COOKIE), "operator")
+        sid = sessions.create(
             Session(kind="operator", app_id=principal.app_id, key_id=principal.key_id)
         )
         response = RedirectResponse("/console", status_code=303)
@@ -55,7 +56,7 @@ def router(web: WebPages) -> APIRouter:
         session = web.operator_session(request)
         if session is not None and not session.csrf_ok(csrf):
             return web.bad_csrf(request)
-        web.sessions.drop(request.cookies.get(OPERATOR_COOKIE))
+        web.sessions(request).drop(request.cookies.get(OPERATOR_COOKIE), "operator")
         response = RedirectResponse("/console/login", status_code=303)
         response.delete_cookie(OPERATOR_COOKIE, path="/console")
         return response

@@ -16,8 +16,8 @@ from fastapi.templating import Jinja2Templates
 
 from domain.errors import UprofError
 from uprof.api.errors import classify
-from uprof.api.keys import ROLE_OPERATOR, ApiKeyStore
 from uprof.api.runtime import ServiceRuntime
+from uprof.apikeys.store import ROLE_OPERATOR, ApiKeyStore
 from uprof.facade import Facade, Principal, PrincipalKind
 from uprof.web.state import LinkStore, Session, SessionStore
 
@@ -67,7 +67,7 @@ class WebPages:
 
     def __init__(self) -> None:
         self.links = LinkStore()
-        self.sessions = SessionStore()
+        self._sessions: SessionStore | None = None
         self.templates = Jinja2Templates(directory=str(_HERE / "templates"))
         self.templates.env.filters["when"] = fmt_time
         self.css = (_HERE / "static" / "style.css").read_text(encoding="utf-8")
@@ -78,6 +78,13 @@ class WebPages:
     def runtime_of(request: Request) -> ServiceRuntime:
         runtime: ServiceRuntime = request.app.state.runtime
         return runtime
+
+    def sessions(self, request: Request) -> SessionStore:
+        """The session store, signing with the deployment's key (made on first use: the
+        router is built before the server knows its kernel)."""
+        if self._sessions is None:
+            self._sessions = SessionStore(self.runtime_of(request).kernel.web_session_key)
+        return self._sessions
 
     def page(self, request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
         response = self.templates.TemplateResponse(request, name, context, status_code=status)
@@ -115,7 +122,7 @@ class WebPages:
     # ------------------------------------------------- privacy-center sessions
 
     def user_session(self, request: Request) -> Session | None:
-        return self.sessions.get(request.cookies.get(USER_COOKIE), "user")
+        return self.sessions(request).get(request.cookies.get(USER_COOKIE), "user")
 
     def need_user(self, request: Request) -> Session | HTMLResponse:
         session = self.user_session(request)
@@ -139,7 +146,7 @@ class WebPages:
     # -------------------------------------------------------- console sessions
 
     def operator_session(self, request: Request) -> Session | None:
-        return self.sessions.get(request.cookies.get(OPERATOR_COOKIE), "operator")
+        return self.sessions(request).get(request.cookies.get(OPERATOR_COOKIE), "operator")
 
     def need_operator(self, request: Request) -> Session | Response:
         session = self.operator_session(request)
@@ -152,7 +159,7 @@ class WebPages:
             for k in keys.list(session.app_id)
         )
         if not alive:
-            self.sessions.drop(request.cookies.get(OPERATOR_COOKIE))
+            self.sessions(request).drop(request.cookies.get(OPERATOR_COOKIE), "operator")
             return self.message(request, 403, "Forbidden", "Your API key is no longer valid.")
         return session
 

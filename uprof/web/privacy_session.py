@@ -11,8 +11,8 @@ from pydantic import BaseModel, ConfigDict
 
 from uprof.api.deps import CurrentPrincipal
 from uprof.api.errors import EdgeError, role_required
-from uprof.api.keys import ROLE_OPERATOR
 from uprof.api.routes.docs import errors
+from uprof.apikeys.store import ROLE_OPERATOR
 from uprof.schemas.api import SubjectRef
 from uprof.web.pages import (
     USER_COOKIE,
@@ -78,8 +78,9 @@ def router(web: WebPages) -> APIRouter:
                 "Link not valid",
                 "This sign-in link is unknown, already used or expired. Ask for a new one.",
             )
-        web.sessions.drop(request.cookies.get(USER_COOKIE))
-        sid = web.sessions.create(Session(kind="user", subject=subject))
+        sessions = web.sessions(request)
+        sessions.drop(request.cookies.get(USER_COOKIE), "user")
+        sid = sessions.create(Session(kind="user", subject=subject))
         # A page (not a redirect) so the cookie is same-site on the next request even when
         # the link was opened from another site (SameSite=Strict).
         response = web.page(request, "signed_in.html", target="/privacy")
@@ -91,7 +92,7 @@ def router(web: WebPages) -> APIRouter:
         session = web.user_session(request)
         if session is not None and not session.csrf_ok(csrf):
             return web.bad_csrf(request)
-        web.sessions.drop(request.cookies.get(USER_COOKIE))
+        web.sessions(request).drop(request.cookies.get(USER_COOKIE), "user")
         response = web.message(request, 200, "Signed out", "You are signed out.")
         response.delete_cookie(USER_COOKIE, path="/privacy")
         return response

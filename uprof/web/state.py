@@ -1,12 +1,20 @@
-"""In-memory stores of the web pages: one-time sign-in links and browser sessions.
+"""The web pages' one-time sign-in links and browser sessions.
 
-Links are kept as SHA-256 hashes of their tokens (the token itself exists only in the
-answer to the operator who asked for it); a link is single-use and expires. Sessions are
-random ids in an HttpOnly, SameSite=Strict cookie; each carries its own CSRF token and is
-bound at creation to ONE subject (privacy center) or one operator principal (console).
-Both stores live in the server process: a restart signs everybody out and voids links.
-Both are bounded (uprof.caching): past MAX_LINKS unredeemed links the oldest is voided,
-past MAX_SESSIONS the least recently used session is signed out.
+Links are kept in memory as SHA-256 hashes of their tokens (the token itself exists only
+in the answer to the operator who asked for it); a link is single-use and expires, and a
+restart voids the links not yet used. Bounded (uprof.caching): past MAX_LINKS unredeemed
+links the oldest is voided.
+
+A session lives in its cookie (HttpOnly, SameSite=Strict), signed with a key derived from
+the deployment's master secret in the key folder (itsdangerous, HMAC-SHA256, with the
+time it was issued): no server keeps it, so it survives a restart and works on every
+server of one deployment. It says what kind it is, binds ONE subject (privacy center) or
+one operator key (console), and carries its own CSRF token; a cookie whose signature does
+not match, or older than SESSION_TTL, is no session. What the servers keep in memory, and
+lose on a restart: the erasure receipts shown to a privacy-center session (a subject gets
+each one as a file when it is issued) and the sessions signed out (bounded by
+MAX_SESSIONS), so a copy of a signed-out cookie is refused until its server restarts, and
+after that until the cookie expires.
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ import secrets
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+from itsdangerous import BadSignature, URLSafeTimedSerializer
 
 from uprof.caching import BoundedCache
 
@@ -76,7 +86,8 @@ class Session:
     app_id: str = ""  # operator sessions: the key's app
     key_id: str = ""
     csrf: str = field(default_factory=lambda: secrets.token_urlsafe(24))
-    expires_at: datetime = field(default_factory=lambda: _now() + SESSION_TTL)
+    #: Names the session (its receipts, its sign-out) without being a credential.
+    session_id: str = field(default_factory=lambda: secrets.token_urlsafe(16))
     #: Erasure receipts issued in this session (privacy center), newest last.
     receipts: list[dict[str, Any]] = field(default_factory=list)
 
@@ -84,29 +95,83 @@ class Session:
         return bool(presented) and hmac.compare_digest(self.csrf, presented or "")
 
 
+#: Separates these signatures from any other use of the same key.
+_SALT = "uprof.web.session/1"
+
+
 class SessionStore:
-    def __init__(self, max_sessions: int = MAX_SESSIONS) -> None:
-        self._sessions: BoundedCache[str, Session] = BoundedCache(max_sessions, name="web-sessions")
+    """Sessions as signed cookie values; see the module docstring for what is kept where."""
+
+    def __init__(
+        self,
+        secret: bytes,
+        *,
+        ttl: timedelta = SESSION_TTL,
+        max_sessions: int = MAX_SESSIONS,
+    ) -> None:
+        if len(secret) < 32:
+            raise ValueError("the session signing key must be at least 32 bytes")
+        self._signer = URLSafeTimedSerializer(secret, salt=_SALT)
+        self._ttl = ttl
+        self._receipts: BoundedCache[str, list[dict[str, Any]]] = BoundedCache(
+            max_sessions, name="web-session-receipts"
+        )
+        self._signed_out: BoundedCache[str, bool] = BoundedCache(
+            max_sessions, name="web-signed-out"
+        )
 
     def create(self, session: Session) -> str:
-        sid = secrets.token_urlsafe(32)
-        self._sessions.put(_hash(sid), session)
-        return sid
+        """Return the cookie value for a new session."""
+        return str(
+            self._signer.dumps(
+                {
+                    "kind": session.kind,
+                    "subject": session.subject,
+                    "app_id": session.app_id,
+                    "key_id": session.key_id,
+                    "csrf": session.csrf,
+                    "session_id": session.session_id,
+                }
+            )
+        )
 
-    def get(self, sid: str | None, kind: str) -> Session | None:
-        if not sid:
+    def get(self, cookie: str | None, kind: str) -> Session | None:
+        """The session a cookie holds; None when absent, forged, expired, signed out or of
+        another kind."""
+        if not cookie or len(cookie) > 4096:
             return None
-        session = self._sessions.get(_hash(sid))
-        if session is None:
+        try:
+            fields = self._signer.loads(cookie, max_age=int(self._ttl.total_seconds()))
+        except BadSignature:  # also SignatureExpired, a subclass
             return None
-        if session.expires_at <= _now():
-            self._sessions.pop(_hash(sid))
+        if not isinstance(fields, dict) or fields.get("kind") != kind:
             return None
-        return session if session.kind == kind else None
+        try:
+            session = Session(
+                kind=kind,
+                subject=str(fields["subject"]),
+                app_id=str(fields["app_id"]),
+                key_id=str(fields["key_id"]),
+                csrf=str(fields["csrf"]),
+                session_id=str(fields["session_id"]),
+            )
+        except KeyError:
+            return None
+        if self._signed_out.get(session.session_id):
+            return None
+        receipts = self._receipts.get(session.session_id)
+        if receipts is None:
+            receipts = []
+            self._receipts.put(session.session_id, receipts)
+        session.receipts = receipts
+        return session
 
-    def drop(self, sid: str | None) -> None:
-        if sid:
-            self._sessions.pop(_hash(sid))
+    def drop(self, cookie: str | None, kind: str) -> None:
+        """Sign a session out: its cookie is refused from now on (by this server)."""
+        session = self.get(cookie, kind)
+        if session is not None:
+            self._signed_out.put(session.session_id, True)
+            self._receipts.pop(session.session_id)
 
     def __len__(self) -> int:
-        return len(self._sessions)
+        return len(self._receipts)

@@ -19,9 +19,9 @@ from pydantic import AwareDatetime
 
 from uprof.api.deps import CurrentPrincipal, Runtime
 from uprof.api.errors import EdgeError, role_required
-from uprof.api.keys import ROLE_OPERATOR, Principal
 from uprof.api.routes.docs import errors
 from uprof.api.scoped import AppScope
+from uprof.apikeys.store import ROLE_OPERATOR, Principal
 from uprof.facade import (
     Facade,
     PolicyChange,

@@ -1,4 +1,10 @@
-"""``uprof bench ...``: the benchmarks in benchmarks/, runnable from the CLI."""
+"""``uprof bench ...``: the benchmarks in benchmarks/, runnable from the CLI.
+
+The product never imports benchmarks/ (an import-linter contract in pyproject.toml).
+This module adds itself to the ``uprof`` command through the entry point group
+``uprof.cli`` (``register`` below, named in pyproject.toml), which the CLI reads when
+it starts; an install without benchmarks/ simply has no ``uprof bench``.
+"""
 
 from __future__ import annotations
 
@@ -304,3 +310,11 @@ def bench_fidelity(
         console.print(f"[bold red]gate failed:[/] {problem}")
     if failed:
         raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``bench`` (with ``bench reliability``) to the ``uprof`` command."""
+    from benchmarks import reliability_cli
+
+    reliability_cli.register(bench_app)
+    app.add_typer(bench_app, name="bench")

@@ -1,6 +1,6 @@
 """``uprof bench reliability ...``: the long reliability and security runs.
 
-Mount with ``reliability.register(bench.bench_app)`` (adds the ``reliability`` sub-app).
+Mounted under ``uprof bench`` by ``benchmarks/cli.py`` (adds the ``reliability`` sub-app).
 Every command forwards to ``benchmarks.reliability.main`` and so writes
 ``docs/bench/reliability.json``; see docs/reliability.md for the figures.
 """

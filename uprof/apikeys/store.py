@@ -28,7 +28,7 @@ import sqlalchemy as sa
 
 from domain.errors import InvalidInputError
 from policies.rules import app_id_problem
-from uprof.api.tables import api_keys
+from uprof.apikeys.tables import api_keys
 from uprof.caching import BoundedCache
 from uprof.settings import Settings
 

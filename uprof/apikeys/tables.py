@@ -1,4 +1,4 @@
-"""The API-key table, owned by the service edge.
+"""The API-key table.
 
 Declared on its own ``MetaData`` with the shared naming convention; the ``keys``
 alembic branch creates it (it lives beside the key store: both are credentials,

@@ -1,0 +1,44 @@
+"""Waiting for a benchmark's server process to answer /healthz (light: httpx only)."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from uprof.retry import Backoff, RetryPolicy
+
+
+class _NotHealthyYet(Exception):
+    """/healthz answered, but not 200 yet."""
+
+
+def wait_until_healthy(
+    process: subprocess.Popen[Any],
+    url: str,
+    *,
+    timeout_s: float = 120.0,
+    poll_s: float = 0.1,
+    exited: Callable[[], str] | None = None,
+) -> None:
+    """Poll ``url``/healthz every ``poll_s`` until it answers 200 (uprof's one retry
+    policy, bounded to about ``timeout_s``). Raise RuntimeError if the process exits first
+    (``exited()`` says why) or the server never answers; the caller stops the process."""
+    policy = RetryPolicy(
+        attempts=max(1, round(timeout_s / poll_s)),
+        on=(httpx.HTTPError, _NotHealthyYet),
+        backoff=Backoff(poll_s, poll_s),
+    )
+
+    def probe() -> None:
+        if process.poll() is not None:
+            raise RuntimeError(exited() if exited else f"server exited with {process.returncode}")
+        if httpx.get(f"{url}/healthz", timeout=1).status_code != 200:
+            raise _NotHealthyYet
+
+    try:
+        policy.call(probe)
+    except (httpx.HTTPError, _NotHealthyYet):
+        raise RuntimeError(f"server did not start within {timeout_s:.0f} s") from None
