@@ -254,7 +254,7 @@ def configure(settings: Settings) -> None:
     """
     if settings.otel_exporter == "none" or _tracer is not None:
         return
-    from uprof import __version__
+    from importlib.metadata import version
 
     try:
         from opentelemetry.sdk.resources import Resource
@@ -272,7 +272,7 @@ def configure(settings: Settings) -> None:
     else:
         exporter = _otlp_exporter(settings.otel_endpoint)
     provider = TracerProvider(
-        resource=Resource.create({"service.name": "uprof", "service.version": __version__})
+        resource=Resource.create({"service.name": "uprof", "service.version": version("uprof")})
     )
     provider.add_span_processor(BatchSpanProcessor(exporter))
     trace_with(provider)
