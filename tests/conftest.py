@@ -66,3 +66,20 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
         yield Backend("postgres", base.render_as_string(hide_password=False), tmp_path, name)
     finally:
         _drop_pg_database(name)
+
+
+@pytest.fixture
+def spans() -> Iterator[object]:
+    """Tracing on for one test, into the SDK's in-memory exporter (returned)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from uprof import telemetry
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with telemetry.tracing_to(provider):
+        yield exporter
+    provider.shutdown()

@@ -7,6 +7,7 @@ fakes for the clock, embedder, extractor and audit trail.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,8 +15,10 @@ from uuid import UUID
 
 from audit.log import AuditLog
 from domain.errors import UprofError
+from domain.values import CapturedInteraction, ProposalBatch
 from projections.profile.projector import ProfileProjector
 from projections.profile.queries import ProfileQueries
+from uprof import telemetry
 from uprof.adapters.audit_trail import AuditLogTrail
 from uprof.adapters.clock import SystemClock
 from uprof.crypto.fields import ViewSealer
@@ -126,6 +129,32 @@ def build_extractor(settings: Settings) -> Extractor:
     )
 
 
+class DeferredExtractor:
+    """The configured extractor, built on its first use.
+
+    Its rule tables and HTTP client are ~0.2-0.3 s of imports, which a command that
+    extracts nothing (a CLI capture, a consent grant) would otherwise pay at start.
+    Servers build theirs at start, so a misconfigured extractor fails before any request.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._built: Extractor | None = None
+        self._lock = threading.Lock()
+        # The name the built extractor will have (rules.py, llm.py), without building it.
+        self.name = "rules" if settings.extractor == "rules" else f"llm:{settings.llm_model}"
+
+    def extract(self, capture: CapturedInteraction) -> ProposalBatch:
+        return self._extractor().extract(capture)
+
+    def _extractor(self) -> Extractor:
+        if self._built is None:
+            with self._lock:
+                if self._built is None:
+                    self._built = build_extractor(self._settings)
+        return self._built
+
+
 def build_authorizer(settings: Settings) -> Authorizer:
     from policies import CasbinAuthorizer
 
@@ -193,10 +222,13 @@ def build_policy_service(settings: Settings, audit: AuditTrail, keys: Any) -> Po
     return service
 
 
-def build_counter() -> TokenCounter:
+def build_counter(settings: Settings) -> TokenCounter:
     from uprof.adapters.tokens import TiktokenCounter
 
-    return TiktokenCounter()
+    counter = TiktokenCounter()
+    if settings.background_workers:
+        counter.load()  # a server loads the table before its first slice, not during it
+    return counter
 
 
 def bootstrap(
@@ -222,6 +254,7 @@ def bootstrap(
     ``settings.worker_partitions``); ``uprof worker --partition K`` passes ``[K]``.
     """
     clock = clock or SystemClock()
+    telemetry.configure(settings)
     if not restoring:
         refuse_interrupted_restore(settings)
     material = key_material or build_key_material(settings)
@@ -277,7 +310,12 @@ def bootstrap(
     if audit is None:
         audit = AuditLogTrail(audit_log, settings.tenant)
     embedder = embedder or build_embedder(settings)
-    extractor = extractor or build_extractor(settings)
+    if extractor is None:
+        extractor = (
+            build_extractor(settings)
+            if settings.background_workers
+            else DeferredExtractor(settings)
+        )
     evidence = EvidenceChecker(queries)
 
     with schema_lock(events):
@@ -305,7 +343,7 @@ def bootstrap(
         queries,
         deciding,
         embedder,
-        counter or build_counter(),
+        counter or build_counter(settings),
         clock,
         reads,
         ensure_fresh=ensure_subject_fresh,

@@ -33,12 +33,7 @@ from uprof import retry
 from uprof.crypto.keystore import KeyStore
 from uprof.crypto.mapper import SubjectKeyMapper
 from uprof.partitions import claim
-from uprof.recorders import (
-    GUARDED_RECORDERS,
-    ConflictsAsDomainErrors,
-    GuardedPostgresProcessRecorder,
-    GuardedSQLiteProcessRecorder,
-)
+from uprof.recorders import GUARDED_RECORDERS, ConflictsAsDomainErrors
 
 T = TypeVar("T")
 
@@ -78,7 +73,7 @@ def _with_guarded_recorder(env: dict[str, str]) -> dict[str, str]:
         raise ValueError(
             f"PERSISTENCE_MODULE {module!r}: the profiles log runs on sqlite or postgres"
         )
-    return {**env, "PROCESS_RECORDER_TOPIC": get_topic(recorder)}
+    return {**env, "PROCESS_RECORDER_TOPIC": recorder}
 
 
 def topic_of(event_class: type) -> str:
@@ -132,7 +127,7 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
 
     def construct_recorder(self) -> ProcessRecorder:
         recorder = self.factory.process_recorder()
-        if not isinstance(recorder, GuardedSQLiteProcessRecorder | GuardedPostgresProcessRecorder):
+        if not getattr(recorder, "guards_tracking", False):
             # Without the guard, two workers that read the same batch both commit it.
             raise TypeError(
                 f"the profiles log needs a guarded process recorder, got {type(recorder).__name__}"

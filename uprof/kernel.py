@@ -28,6 +28,7 @@ from domain.errors import (
 )
 from domain.values import Interaction, ProposalBatch
 from projections.profile.queries import ProfileQueries
+from uprof import telemetry
 from uprof.crypto.keystore import KeyStore
 from uprof.eventstore import ProfilesApplication
 from uprof.ports import AuditTrail, Clock
@@ -260,8 +261,9 @@ class Uprof:
 
     def erase_subject(self, subject: str, *, basis: str = "GDPR-Art.17(1)") -> ErasureResult:
         """Erase a subject entirely: tombstone, key destruction, purge, signed receipt."""
-        self._settle_reads()  # reads served before the erasure are recorded before it
-        return self.erasure_service.erase_subject(subject, basis=basis)
+        with telemetry.span("uprof.erasure", scope="subject"):
+            self._settle_reads()  # reads served before the erasure are recorded before it
+            return self.erasure_service.erase_subject(subject, basis=basis)
 
     def recreate_subject(self, subject: str, *, requested_by: str = "operator:cli") -> str:
         """Lift the erased mark of a subject reference; return the new subject's pseudonym.
@@ -472,15 +474,17 @@ class Uprof:
 
     def erase_capture(self, subject: str, capture_id: str) -> ErasureResult:
         """Erase one captured event and everything derived only from it."""
-        self._settle_reads()
-        return self.erasure_service.erase_capture(subject, capture_id)
+        with telemetry.span("uprof.erasure", scope="capture"):
+            self._settle_reads()
+            return self.erasure_service.erase_capture(subject, capture_id)
 
     def erase_item(
         self, subject: str, item_id: str, *, with_evidence: bool = False
     ) -> ErasureResult:
         """Erase one item (and, if asked, the captured events behind it)."""
-        self._settle_reads()
-        return self.erasure_service.erase_item(subject, item_id, with_evidence=with_evidence)
+        with telemetry.span("uprof.erasure", scope="item"):
+            self._settle_reads()
+            return self.erasure_service.erase_item(subject, item_id, with_evidence=with_evidence)
 
     def submit_proposals(
         self,

@@ -106,6 +106,17 @@ class Settings(BaseSettings):
     #: How long an idempotency key (and the first answer to it) is kept, in seconds.
     idempotency_retention_s: float = Field(default=24 * 3600.0, gt=0.0, le=30 * 24 * 3600.0)
 
+    #: Where spans go (decision 0035-observability): "none" (default: no tracing, nothing
+    #: imported), "console" (stderr) or "otlp" (an OTLP/HTTP collector at otel_endpoint;
+    #: needs the ``otlp`` extra). Spans carry counts, sizes and outcomes, never personal data.
+    otel_exporter: Literal["none", "console", "otlp"] = "none"
+    #: The collector's base URL for "otlp" (``/v1/traces`` is added); None: the
+    #: exporter's own default (OTEL_EXPORTER_OTLP_ENDPOINT, else http://localhost:4318).
+    otel_endpoint: str | None = None
+    #: Log lines as text (default) or one JSON object per line ("json"), for servers,
+    #: workers and uvicorn's access log alike (docs/operations.md).
+    log_format: Literal["text", "json"] = "text"
+
     policy_model_path: Path = POLICIES_DIR / "model.conf"
     #: The policy file the policy store is seeded from on first start (one recorded event);
     #: after that the store is the policy: change it with ``uprof policy`` or the API.

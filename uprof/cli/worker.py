@@ -70,9 +70,9 @@ def worker(
 ) -> None:
     """Run extraction and projections until SIGTERM (then finish the batch and exit 0)."""
     from uprof.bootstrap import bootstrap
+    from uprof.logs import configure_process_logging
     from uprof.native_memory import limit_malloc_arenas
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     overrides: dict[str, object] = {}
     if partitions is not None:
         overrides["worker_partitions"] = partitions
@@ -82,6 +82,7 @@ def worker(
     except ValueError as e:
         console.print(f"[bold red]error:[/] {e}")
         raise typer.Exit(2) from None
+    configure_process_logging(log_level, worker_settings.log_format)
     count = worker_settings.worker_partitions
     if partition is not None and not 0 <= partition < count:
         console.print(

@@ -74,7 +74,7 @@ def run(transport: Literal["stdio", "http"], *, host: str, port: int, path: str)
                 host=host,
                 port=port,
                 log_level="warning",
-                log_config=server_log_config("warning"),
+                log_config=server_log_config("warning", server_settings.log_format),
             )
     finally:
         runtime.stop()

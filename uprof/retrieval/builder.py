@@ -9,6 +9,7 @@ from typing import NamedTuple
 import numpy as np
 
 from domain.values import Layer
+from uprof import telemetry
 from uprof.ports import TokenCounter
 from uprof.retrieval import render
 from uprof.retrieval.candidates import Candidate
@@ -272,57 +273,64 @@ def build_slice(
     optionally add embedding match for those layers (one row per candidate).
     The returned text is counted with counter and never exceeds budget_tokens.
     """
-    q = analyse_query(query)
-    left_out: list[LeftOut] = []
-    ranking = rank_memories(memory_index, q, query_vector, now, options)
-    active = [c for c in intents if c.status in _ACTIVE]
-    active_rows = [i for i, c in enumerate(intents) if c.status in _ACTIVE]
-    left_out += [_low(c, f"intent is {c.status}") for c in intents if c.status not in _ACTIVE]
-    intent_vecs = None if intent_vectors is None else np.asarray(intent_vectors)[active_rows]
-    choices = _profile_choices(
-        attributes,
-        rank_profile_items(
+    with telemetry.span("uprof.slice.rank", memories=len(memory_index)) as ranked:
+        q = analyse_query(query)
+        left_out: list[LeftOut] = []
+        ranking = rank_memories(memory_index, q, query_vector, now, options)
+        active = [c for c in intents if c.status in _ACTIVE]
+        active_rows = [i for i, c in enumerate(intents) if c.status in _ACTIVE]
+        left_out += [_low(c, f"intent is {c.status}") for c in intents if c.status not in _ACTIVE]
+        intent_vecs = None if intent_vectors is None else np.asarray(intent_vectors)[active_rows]
+        choices = _profile_choices(
             attributes,
-            q,
-            attribute_vectors,
-            query_vector,
-            options.attribute_base_utility,
-            index=memory_index,
-            ranking=ranking,
-            options=options,
-        ),
-        counter,
-        options.min_utility,
-        left_out,
-        summarise=False,
-    )
-    choices += _profile_choices(
-        active,
-        rank_profile_items(
+            rank_profile_items(
+                attributes,
+                q,
+                attribute_vectors,
+                query_vector,
+                options.attribute_base_utility,
+                index=memory_index,
+                ranking=ranking,
+                options=options,
+            ),
+            counter,
+            options.min_utility,
+            left_out,
+            summarise=False,
+        )
+        choices += _profile_choices(
             active,
-            q,
-            intent_vecs,
-            query_vector,
-            options.intent_base_utility,
-            index=memory_index,
-            ranking=ranking,
-            options=options,
-        ),
-        counter,
-        options.min_utility,
-        left_out,
-        summarise=True,
-    )
-    day_groups: dict[int, int] = {}
-    choices += _memory_choices(
-        memory_index, ranking.rows, ranking.utility, options, day_groups, left_out
-    )
-    group_costs = _group_costs(memory_index, day_groups, counter)
-    problem = _problem(
-        choices, memory_index, ranking.similarity, group_costs, max(budget_tokens, 0), options
-    )
-    result = pack(problem)
-    return _finish(choices, problem, result, memory_index, ranking.rows, left_out, counter, options)
+            rank_profile_items(
+                active,
+                q,
+                intent_vecs,
+                query_vector,
+                options.intent_base_utility,
+                index=memory_index,
+                ranking=ranking,
+                options=options,
+            ),
+            counter,
+            options.min_utility,
+            left_out,
+            summarise=True,
+        )
+        day_groups: dict[int, int] = {}
+        choices += _memory_choices(
+            memory_index, ranking.rows, ranking.utility, options, day_groups, left_out
+        )
+        group_costs = _group_costs(memory_index, day_groups, counter)
+        problem = _problem(
+            choices, memory_index, ranking.similarity, group_costs, max(budget_tokens, 0), options
+        )
+        ranked.set(candidates=len(choices))
+    with telemetry.span("uprof.slice.pack", candidates=len(choices)) as packing:
+        result = pack(problem)
+        packed = _finish(
+            choices, problem, result, memory_index, ranking.rows, left_out, counter, options
+        )
+        packing.set(items=len(packed.items), n_tokens=packed.n_tokens)
+    return packed
 
 
 def _group_costs(

@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 import numpy as np
-import scipy.sparse as sp
 
 from domain.values import Layer
 from uprof.ports import TokenCounter
@@ -29,6 +29,9 @@ from uprof.retrieval import render
 from uprof.retrieval.candidates import Candidate
 from uprof.retrieval.slices import LeftOut
 from uprof.retrieval.text import stem, terms
+
+if TYPE_CHECKING:
+    import scipy.sparse as sp
 
 #: BM25 (Okapi) constants: the usual defaults, not fitted to any dataset.
 BM25_K1 = 1.2
@@ -83,6 +86,10 @@ class _Bm25:
 
 def _build_bm25(documents: Sequence[list[str]]) -> _Bm25:
     """BM25 weights w[d, t] = idf(t) * tf (k1 + 1) / (tf + k1 (1 - b + b |d| / avgdl))."""
+    # Imported here: scipy.sparse is ~0.15 s that a command which builds no index (a CLI
+    # capture) would pay at start (decision 0035-observability).
+    import scipy.sparse as sp
+
     vocabulary: dict[str, int] = {}
     rows: list[int] = []
     cols: list[int] = []

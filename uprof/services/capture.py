@@ -11,6 +11,7 @@ from uuid import UUID
 from domain.errors import ConsentRequiredError, InvalidInputError, SubjectErasedError
 from domain.principal import acting_principal, qualified_agent
 from domain.values import Interaction, check_text, check_token
+from uprof import telemetry
 from uprof.crypto.keystore import KeyStore, SubjectHandle, new_pseudonym
 from uprof.eventstore import ProfilesApplication
 from uprof.ports import AuditTrail, Clock
@@ -138,6 +139,28 @@ class CaptureService:
         """Capture with retry tokens: ``batch_token`` names the whole batch (a keyed
         REST request), ``item_tokens`` one token per interaction (import records);
         interactions whose token the stream already holds are skipped."""
+        with telemetry.span("uprof.capture", interactions=len(interactions)) as traced:
+            outcome = self._capture(
+                subject_ref,
+                interactions,
+                batch_token=batch_token,
+                item_tokens=item_tokens,
+                token_window_s=token_window_s,
+                traced=traced,
+            )
+            _trace_outcome(traced, outcome)
+            return outcome
+
+    def _capture(
+        self,
+        subject_ref: str,
+        interactions: Sequence[Interaction],
+        *,
+        batch_token: str | None,
+        item_tokens: Sequence[str | None] | None,
+        token_window_s: float,
+        traced: telemetry.SpanLike,
+    ) -> CaptureOutcome:
         if not interactions:
             return CaptureOutcome([], 0, False)
         if item_tokens is not None and len(item_tokens) != len(interactions):
@@ -145,7 +168,7 @@ class CaptureService:
         ref, checked = _checked(subject_ref, interactions)
         if item_tokens is None and self.writer.running:
             # The writer looks the subject up with the rest of its group.
-            pending = self._pending(ref, checked, batch_token, token_window_s)
+            pending = self._pending(ref, checked, batch_token, token_window_s, traced)
             self.writer.submit(pending)
             return self._answer(pending)
 
@@ -171,10 +194,13 @@ class CaptureService:
         """
         if not interactions:
             return []
-        ref, checked = _checked(subject_ref, interactions)
-        pending = self._pending(ref, checked, None, token_window_s)
-        await self.writer.submit_async(pending)
-        return self._answer(pending).acks
+        with telemetry.span("uprof.capture", interactions=len(interactions)) as traced:
+            ref, checked = _checked(subject_ref, interactions)
+            pending = self._pending(ref, checked, None, token_window_s, traced)
+            await self.writer.submit_async(pending)
+            outcome = self._answer(pending)
+            _trace_outcome(traced, outcome)
+            return outcome.acks
 
     def _pending(
         self,
@@ -182,6 +208,7 @@ class CaptureService:
         checked: Sequence[Interaction],
         batch_token: str | None,
         token_window_s: float,
+        traced: telemetry.SpanLike,
     ) -> PendingCapture:
         principal = acting_principal.get()
         return PendingCapture(
@@ -190,6 +217,7 @@ class CaptureService:
             batch_token=batch_token,
             token_window_s=token_window_s,
             principal=principal.label if principal is not None else None,
+            trace_link=traced.link(),
         )
 
     def _handle(
@@ -255,8 +283,10 @@ class CaptureService:
             # One event for the batch's tokens, saved with its captures.
             profile.record_requests(tokens, now=now, window_s=token_window_s)
             # Each captured event gets its own key before it is sealed (item-level shredding).
-            self._keystore.create_capture_keys(str(stream_id), ids, now=self._clock.now())
-            recordings = self._app.save(profile)
+            with telemetry.span("uprof.capture.commit.keys", captures=len(ids)):
+                self._keystore.create_capture_keys(str(stream_id), ids, now=self._clock.now())
+            with telemetry.span("uprof.capture.commit.events", events=len(ids) + 1):
+                recordings = self._app.save(profile)
             by_version = {r.notification.originator_version: r.notification.id for r in recordings}
             return ids, [by_version[v] for v in versions], skipped, None
 
@@ -275,16 +305,17 @@ class CaptureService:
                 True,
             )
         if ids:
-            self._audit.record(
-                "capture.accepted",
-                subject_ref=pseudonym,
-                app_id=checked[0].app_id,
-                agent_id=checked[0].agent_id,
-                purpose=checked[0].purpose,
-                counts={"events": len(ids)},
-                notification_id=max(notification_ids),
-                principal=principal,
-            )
+            with telemetry.span("uprof.capture.commit.audit", events=1):
+                self._audit.record(
+                    "capture.accepted",
+                    subject_ref=pseudonym,
+                    app_id=checked[0].app_id,
+                    agent_id=checked[0].agent_id,
+                    purpose=checked[0].purpose,
+                    counts={"events": len(ids)},
+                    notification_id=max(notification_ids),
+                    principal=principal,
+                )
         return CaptureOutcome(
             [
                 CaptureAck(capture_id, nid, pseudonym)
@@ -343,3 +374,11 @@ class CaptureService:
             reason_code=reason,
             principal=principal,
         )
+
+
+def _trace_outcome(traced: telemetry.SpanLike, outcome: CaptureOutcome) -> None:
+    traced.set(
+        captures=len(outcome.acks),
+        replayed=outcome.replayed,
+        outcome="replayed" if outcome.replayed else "written",
+    )

@@ -45,7 +45,7 @@ from domain.errors import (
 )
 from domain.profile import SubjectProfile
 from domain.values import Interaction
-from uprof import retry
+from uprof import retry, telemetry
 from uprof.caching import BoundedCache, CacheStats
 from uprof.crypto.keystore import KeyStore, new_pseudonym
 from uprof.eventstore import ProfilesApplication
@@ -90,6 +90,9 @@ class PendingCapture:
     acks: list[tuple[str, int]] | None = None
     replayed: bool = False
     error: BaseException | None = None
+    #: The request's capture span (tracing on), which the group's span links to: a
+    #: group works for many requests, so it is a child of none of them.
+    trace_link: Any = None
     #: True once answered: the fields above are final.
     answered: bool = False
     #: Who waits for the answer: a thread blocked on ``waiting_thread``, or a coroutine
@@ -314,9 +317,24 @@ class CaptureWriter:
     def commit(self, group: list[PendingCapture]) -> None:
         """Write one group and answer its requests (the writer thread's step; tests call
         it to build a group deterministically)."""
+        with telemetry.span(
+            "uprof.capture.group",
+            links=[p.trace_link for p in group],
+            requests=len(group),
+        ) as traced:
+            outcome = self._commit(group)
+            traced.set(
+                outcome=outcome,
+                subjects=len({p.stream_id for p in group if p.stream_id is not None}),
+                captures=sum(len(p.acks or ()) for p in group if not p.replayed),
+                refused=sum(1 for p in group if p.error is not None),
+            )
+
+    def _commit(self, group: list[PendingCapture]) -> str:
+        """Commit the group, or (lost twice, or failed) each request alone; says which."""
         group = self._resolve_subjects(group)
         if not group:
-            return
+            return "refused"
 
         def attempt() -> tuple[
             list[PendingCapture], list[PendingCapture], dict[tuple[UUID, int], int]
@@ -339,7 +357,7 @@ class CaptureWriter:
         else:
             # Events are saved: from here nothing may run a request a second time.
             self._finish(group, *written)
-            return
+            return "committed"
         # Lost twice, or failed: request by request through the one-request path (its
         # own retries with back-off), so a failure is only its own request's answer.
         for pending in group:
@@ -348,6 +366,7 @@ class CaptureWriter:
             except BaseException as error:
                 pending.error = error
             answer([pending])
+        return "one-by-one"
 
     def _resolve_subjects(self, group: list[PendingCapture]) -> list[PendingCapture]:
         """Look up the streams of the group's subject references with one query.
@@ -418,14 +437,17 @@ class CaptureWriter:
             recordings = []
             if writing:
                 # Keys, then events: an orphan key is harmless, an event without one is not.
-                self._keystore.create_capture_keys_many(
-                    {
-                        str(s): [c for p in by_stream[s] if p.written for c in p.written[0]]
-                        for s in profiles
-                    },
-                    now=self._clock.now(),
-                )
-                recordings = self._app.save(*profiles.values())
+                keys = {
+                    str(s): [c for p in by_stream[s] if p.written for c in p.written[0]]
+                    for s in profiles
+                }
+                with telemetry.span(
+                    "uprof.capture.commit.keys", captures=sum(map(len, keys.values()))
+                ):
+                    self._keystore.create_capture_keys_many(keys, now=self._clock.now())
+                with telemetry.span("uprof.capture.commit.events", subjects=len(profiles)) as t:
+                    recordings = self._app.save(*profiles.values())
+                    t.set(events=len(recordings))
             # Refused and replayed requests changed nothing: every copy is as saved.
             self._saved.put_many(copies.items(), ticket=ticket)
         positions: dict[tuple[UUID, int], int] = {}
@@ -444,7 +466,8 @@ class CaptureWriter:
         positions: dict[tuple[UUID, int], int],
     ) -> None:
         """Audit the group, then answer every request (after everything has committed)."""
-        self._audit_group(writing, refused, positions)
+        with telemetry.span("uprof.capture.commit.audit", events=len(writing) + len(refused)):
+            self._audit_group(writing, refused, positions)
         for pending in group:
             if pending.written is not None:
                 ids, versions = pending.written

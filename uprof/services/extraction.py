@@ -38,7 +38,7 @@ from domain.values import (
     attribute_spec,
 )
 from projections.profile.queries import ProfileQueries
-from uprof import retry
+from uprof import retry, telemetry
 from uprof.eventstore import CAPTURED_TOPIC, ProfilesApplication
 from uprof.partitions import Partitioning, owned_or_all
 from uprof.ports import Clock, Extractor
@@ -198,15 +198,27 @@ class ExtractionWorker:
         )
         if not notifications:
             return 0
+        with telemetry.span(
+            "uprof.extraction.batch", partition=k, notifications=len(notifications)
+        ) as traced:
+            return self._extract_batch(k, start, notifications, traced)
+
+    def _extract_batch(
+        self, k: int, start: int, notifications: Sequence[Any], traced: telemetry.SpanLike
+    ) -> int:
         mine = [n for n in notifications if self._partitioning.of(n.originator_id) == k]
         # The extractor (a model, perhaps a remote one) runs first, outside any turn: it
         # needs the captured event only, not the subject's state.
         by_stream: dict[UUID, list[tuple[Any, ProposalBatch]]] = defaultdict(list)
-        for notification in mine:
-            event = self._app.decode(notification)
-            if isinstance(event, SubjectProfile.ContentShredded):
-                continue
-            by_stream[event.originator_id].append((event, self._proposals_for(event)))
+        with telemetry.span("uprof.extraction.extract", captures=len(mine)) as extracting:
+            for notification in mine:
+                event = self._app.decode(notification)
+                if isinstance(event, SubjectProfile.ContentShredded):
+                    continue
+                by_stream[event.originator_id].append((event, self._proposals_for(event)))
+            proposals = sum(len(b.proposals) for e in by_stream.values() for _, b in e)
+            extracting.set(proposals=proposals)
+        traced.set(captures=len(mine), subjects=len(by_stream), proposals=proposals)
         now = self._clock.now()
         # Then load, apply and save while this process's writers of those subjects wait
         # their turn, so a capture arriving meanwhile cannot make the batch lose the race.
@@ -234,7 +246,8 @@ class ExtractionWorker:
                     self._evidence.check(profile.id, batch, known={event.capture_id: profile.id})
                     profile.apply_proposals(batch, observed_at=event.occurred_at, now=now)
                 profiles.append(profile)
-            self._app.save_tracked(profiles, tracking)
+            with telemetry.span("uprof.extraction.save", subjects=len(profiles)):
+                self._app.save_tracked(profiles, tracking)
         return len(notifications)
 
     def _proposals_for(self, event: Any) -> ProposalBatch:

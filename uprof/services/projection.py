@@ -14,6 +14,7 @@ from eventsourcing.persistence import Notification
 
 from projections.profile import tables as t
 from projections.profile.projector import ProfileProjector
+from uprof import telemetry
 from uprof.eventstore import ProfilesApplication
 from uprof.partitions import Partitioning, owned_or_all
 
@@ -155,16 +156,23 @@ class ProjectionRunner:
             following = self._read(k, batch.end)
             if following is not None:
                 self._ahead[k] = following
-        vectors = batch.vectors.result()
-        with self._engine.begin() as conn:
-            self._projector.apply_batch(
-                conn,
-                self._app.name,
-                batch.events,
-                batch.end,
-                vectors=vectors,
-                projection_name=self.position_name(k),
-            )
+        with telemetry.span(
+            "uprof.projection.batch",
+            partition=k,
+            notifications=len(batch.notifications),
+            events=len(batch.events),
+        ):
+            with telemetry.span("uprof.projection.embed"):
+                vectors = batch.vectors.result()  # started when the batch was read
+            with telemetry.span("uprof.projection.apply"), self._engine.begin() as conn:
+                self._projector.apply_batch(
+                    conn,
+                    self._app.name,
+                    batch.events,
+                    batch.end,
+                    vectors=vectors,
+                    projection_name=self.position_name(k),
+                )
         return len(batch.notifications)
 
     def _read(self, k: int, start: int) -> _Batch | None:

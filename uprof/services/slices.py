@@ -35,10 +35,18 @@ from domain.heat import heat
 from domain.principal import qualified_agent
 from domain.values import CATEGORIES, Layer, Provenance, SharingPolicy, check_token
 from projections.profile.queries import MemoryRow, ProfileQueries
+from uprof import telemetry
 from uprof.caching import BoundedCache, CacheStats
 from uprof.eventstore import ProfilesApplication
 from uprof.ports import Clock, Embedder, TokenCounter
-from uprof.retrieval import Candidate, LeftOut, MemoryIndex, SliceOptions, build_slice
+from uprof.retrieval import (
+    Candidate,
+    LeftOut,
+    MemoryIndex,
+    PackedSlice,
+    SliceOptions,
+    build_slice,
+)
 from uprof.services.memory_gate import RevealGate
 from uprof.services.reads import ReadRecorder, ServedRead
 from uprof.services.subjects import SubjectRequest, SubjectResolver
@@ -253,7 +261,22 @@ class SliceService:
     # ----------------------------------------------------------------- public
 
     def slice(self, request: SliceRequest) -> ProfileSlice:
-        self._check(request)
+        with telemetry.span(
+            "uprof.slice", budget_tokens=request.budget_tokens, lexical_only=request.lexical_only
+        ) as traced:
+            self._check(request)
+            traced.set(purpose=request.purpose)  # a checked token from here on
+            served = self._slice(request)
+            traced.set(
+                items=len(served.items),
+                n_tokens=served.n_tokens,
+                withheld=sum(served.withheld.values()),
+                fresh=served.fresh,
+                waited_ms=served.waited_ms,
+            )
+            return served
+
+    def _slice(self, request: SliceRequest) -> ProfileSlice:
         # Agents belong to their app: the reader is the qualified agent (I4), whatever
         # the caller wrote, so "agent:one" of app B is never app A's "agent:one".
         request = replace(request, agent_id=qualified_agent(request.app_id, request.agent_id))
@@ -262,29 +285,40 @@ class SliceService:
         )
         began = time.perf_counter()
         wait = self._default_wait_s if request.wait_timeout_s is None else request.wait_timeout_s
-        cached = self._cached_view(handle.stream_id)
-        freshness = self._ensure_fresh(
-            handle.stream_id, wait, None if cached is None else cached.head
-        )
+        with telemetry.span("uprof.slice.wait") as waiting:
+            cached = self._cached_view(handle.stream_id)
+            freshness = self._ensure_fresh(
+                handle.stream_id, wait, None if cached is None else cached.head
+            )
+            waiting.set(fresh=freshness.fresh)
         waited_ms = (time.perf_counter() - began) * 1000
         # Consent is judged at the real time of the read; ``request.now`` only sets the
         # "present" that ranking measures recency from (benchmarks replay old dialogues).
         real_now = self._clock.now()
         now = request.now or real_now
-        view = self._subject_view(handle.stream_id, freshness, cached)
-        allowed = self._allowed_categories(request, view.profile, real_now)
+        with telemetry.span("uprof.slice.view", stage="cached" if cached else "load"):
+            view = self._subject_view(handle.stream_id, freshness, cached)
 
         withheld: Counter[str] = Counter()
-        attributes = self._gate(view.attributes, request, allowed, withheld)
-        intents = self._gate(view.intents, request, allowed, withheld)
-        reveal, verdicts = self._reveal_gate(view, allowed)
-        intents = self._gate_intent_text(intents, reveal, verdicts, withheld)
-        index = self._memory_index(view, request, allowed, now, withheld, reveal)
+        with telemetry.span("uprof.slice.gate") as gating:
+            allowed = self._allowed_categories(request, view.profile, real_now)
+            attributes = self._gate(view.attributes, request, allowed, withheld)
+            intents = self._gate(view.intents, request, allowed, withheld)
+            reveal, verdicts = self._reveal_gate(view, allowed)
+            intents = self._gate_intent_text(intents, reveal, verdicts, withheld)
+            index = self._memory_index(view, request, allowed, now, withheld, reveal)
+            gating.set(
+                attributes=len(attributes),
+                intents=len(intents),
+                memories=len(index),
+                withheld=sum(withheld.values()),
+            )
         query_vector = attribute_vectors = intent_vectors = None
         if not request.lexical_only and (len(index) or attributes or intents):
-            query_vector = self._embedder.embed([request.query])[0]
-            attribute_vectors = self._item_vectors(attributes)
-            intent_vectors = self._item_vectors(intents)
+            with telemetry.span("uprof.slice.embed"):
+                query_vector = self._embedder.embed([request.query])[0]
+                attribute_vectors = self._item_vectors(attributes)
+                intent_vectors = self._item_vectors(intents)
         packed = build_slice(
             query=request.query,
             attributes=attributes,
@@ -298,20 +332,8 @@ class SliceService:
             attribute_vectors=attribute_vectors,
             intent_vectors=intent_vectors,
         )
-        self._reads.record(
-            ServedRead(
-                stream_id=handle.stream_id,
-                pseudonym=handle.pseudonym,
-                app_id=request.app_id,
-                agent_id=request.agent_id,
-                purpose=request.purpose,
-                item_ids=tuple(c.item_id for c in packed.items),
-                served_at=real_now,
-                budget_tokens=request.budget_tokens,
-                n_tokens=packed.n_tokens,
-                principal=request.principal,
-            )
-        )
+        with telemetry.span("uprof.slice.record", items=len(packed.items)):
+            self._record(handle, request, packed, real_now)
         return ProfileSlice(
             text=packed.text,
             n_tokens=packed.n_tokens,
@@ -326,6 +348,24 @@ class SliceService:
             purpose=request.purpose,
             app_id=request.app_id,
             subject_pseudonym=handle.pseudonym,
+        )
+
+    def _record(
+        self, handle: Any, request: SliceRequest, packed: PackedSlice, real_now: datetime
+    ) -> None:
+        self._reads.record(
+            ServedRead(
+                stream_id=handle.stream_id,
+                pseudonym=handle.pseudonym,
+                app_id=request.app_id,
+                agent_id=request.agent_id,
+                purpose=request.purpose,
+                item_ids=tuple(c.item_id for c in packed.items),
+                served_at=real_now,
+                budget_tokens=request.budget_tokens,
+                n_tokens=packed.n_tokens,
+                principal=request.principal,
+            )
         )
 
     def _item_vectors(self, candidates: Sequence[Candidate]) -> np.ndarray | None:

@@ -1,0 +1,92 @@
+"""A store at its branch head opens without alembic; anything else still migrates.
+
+``uprof.storage.branch_head`` reads the revision files' headers instead of importing
+alembic (every CLI command opens two stores). It must agree with alembic, and say
+"don't know" (None, so alembic decides) for any shape it does not follow.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.script import ScriptDirectory
+
+from tests.conftest import Backend
+from uprof import storage
+from uprof.storage import MIGRATIONS_DIR, branch_head, create_engine, migrate
+
+
+@pytest.mark.parametrize("branch", ["views", "keys"])
+def test_the_head_read_from_the_files_is_alembics(branch: str) -> None:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    expected = ScriptDirectory.from_config(config).get_revision(f"{branch}@head")
+    assert expected is not None
+    assert branch_head(branch) == expected.revision
+
+
+def _copy_versions(tmp_path: Path) -> Path:
+    target = tmp_path / "migrations"
+    shutil.copytree(MIGRATIONS_DIR / "versions", target / "versions")
+    return target
+
+
+def test_a_branch_that_forks_is_left_to_alembic(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = _copy_versions(tmp_path)
+    # A second child of the views head: two heads, which the plain reading does not follow.
+    (folder / "versions" / "9999_fork.py").write_text(
+        'revision = "9999_fork"\ndown_revision = "0003_views_idem_sealed"\nbranch_labels = None\n'
+    )
+    monkeypatch.setattr(storage, "MIGRATIONS_DIR", folder)
+    assert branch_head("views") is None
+    assert branch_head("keys") == "0002_keys_api_keys"  # the other branch is unaffected
+
+
+def test_a_header_written_another_way_is_left_to_alembic(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = _copy_versions(tmp_path)
+    (folder / "versions" / "9999_merge.py").write_text(
+        'revision = "9999_merge"\ndown_revision = ("0002_keys_api_keys", "0004_x")\n'
+    )
+    monkeypatch.setattr(storage, "MIGRATIONS_DIR", folder)
+    assert branch_head("keys") is None
+
+
+def test_a_store_behind_its_head_is_migrated_and_one_at_head_is_left_alone(
+    backend: Backend,
+) -> None:
+    engine = create_engine(backend.url)
+    try:
+        migrate(engine, "views")
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS_DIR))
+        config.attributes["branch"] = "views"
+        with engine.begin() as conn:
+            # Back to the previous release's schema, as a store it wrote would be.
+            config.attributes["connection"] = conn
+            command.downgrade(config, "0003_views_idem_sealed")
+        assert "categories" not in _memory_columns(engine)
+        migrate(engine, "views")
+        assert "categories" in _memory_columns(engine)
+        assert _versions(engine) >= {"0004_views_memory_categories"}
+        migrate(engine, "views")  # at head: nothing to do
+        assert _versions(engine) >= {"0004_views_memory_categories"}
+    finally:
+        engine.dispose()
+
+
+def _memory_columns(engine: sa.Engine) -> set[str]:
+    return {c["name"] for c in sa.inspect(engine).get_columns("memories")}
+
+
+def _versions(engine: sa.Engine) -> set[str]:
+    with engine.connect() as conn:
+        return {r[0] for r in conn.execute(sa.text("SELECT version_num FROM alembic_version"))}
