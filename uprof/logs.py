@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -67,9 +68,27 @@ def _access_fields(record: logging.LogRecord) -> dict[str, Any] | None:
     }
 
 
+class CurrentStderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A stream handler that writes to whatever ``sys.stderr`` is when a line is emitted.
+
+    A plain ``StreamHandler()`` keeps the stream it was created with. When the command runs
+    inside a host that swaps ``sys.stderr`` (a test runner, an embedding application) and
+    later closes that stream, every later line would fail with "I/O operation on closed
+    file" and the failure report lands in the host's next output.
+    """
+
+    @property
+    def stream(self) -> object:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: object) -> None:  # the base class assigns it in __init__
+        pass
+
+
 def configure_process_logging(level: str, log_format: LogFormat) -> None:
     """Send every logger's lines to stderr in the chosen format (``uprof worker``)."""
-    handler = logging.StreamHandler()
+    handler = CurrentStderrHandler()
     handler.setFormatter(
         JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
     )

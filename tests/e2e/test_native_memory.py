@@ -76,7 +76,14 @@ def test_the_cap_holds_eight_threads_to_two_arenas_and_without_it_they_take_more
 def test_serve_and_worker_cap_the_arenas_before_they_build_anything(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    import logging
+
     import uprof.bootstrap
+
+    # `uprof worker` configures the root logger of the process it runs in: this one.
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))
+    monkeypatch.setattr(root, "level", root.level)
     import uprof.native_memory
 
     calls: list[tuple[str, int]] = []
