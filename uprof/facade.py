@@ -539,7 +539,11 @@ class Facade:
             return self._kernel.profile(subject, as_of=as_of)
 
     def evidence(self, subject: str, item_id: str) -> EvidenceView:
-        self._authorize_governance("inspect", OPERATIONS_PURPOSE)
+        """One item and the captures behind it: ``inspect``, or a data subject its own."""
+        if self.principal.kind is PrincipalKind.USER:
+            self._own_subject(subject)
+        else:
+            self._authorize_governance("inspect", OPERATIONS_PURPOSE)
         with self._as_principal():
             return self._kernel.evidence(subject, item_id)
 
@@ -569,13 +573,18 @@ class Facade:
         self._authorize_governance("audit", COMPLIANCE_PURPOSE)
         return self._kernel.audit_subject_ref(subject)
 
-    def subject_view(self, subject: str) -> ProfileView:
-        """A data subject's own profile (privacy center), or ``inspect`` for others."""
-        if self.principal.kind is PrincipalKind.USER:
+    def subject_view(self, subject: str, *, with_memories: bool = True) -> ProfileView:
+        """A data subject's own profile (privacy center), or ``inspect`` for others.
+
+        ``with_memories=False``: attributes, intents and consents only; the memories are
+        read a page at a time with ``list_memories``.
+        """
+        if self.principal.kind is not PrincipalKind.USER:
+            self._authorize_governance("inspect", OPERATIONS_PURPOSE)
+        else:
             self._own_subject(subject)
-            with self._as_principal():
-                return self._kernel.profile(subject)
-        return self.profile(subject)
+        with self._as_principal():
+            return self._kernel.profile(subject, with_memories=with_memories)
 
     # ------------------------------------------------------------ governance
 

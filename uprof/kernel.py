@@ -513,12 +513,14 @@ class Uprof:
             raise SubjectNotFoundError("no such subject")
         return handle.stream_id
 
-    def profile(self, subject: str, *, as_of: datetime | None = None) -> ProfileView:
+    def profile(
+        self, subject: str, *, as_of: datetime | None = None, with_memories: bool = True
+    ) -> ProfileView:
         stream_id = self.stream_of(subject)
         if as_of is not None:
             return self.profile_service.as_of(stream_id, as_of)
         self._require_subject_fresh(subject, "the profile")
-        return self.profile_service.current(stream_id)
+        return self.profile_service.current(stream_id, with_memories=with_memories)
 
     def evidence(self, subject: str, item_id: str) -> EvidenceView:
         self._require_subject_fresh(subject, "the evidence")

@@ -115,3 +115,68 @@ def test_links_sessions_csrf_and_roles(
         assert console.get("/console/policy").status_code == 200
         trail = console.get("/console/audit/export", params={"format": "csv"})
         assert trail.status_code == 200 and trail.text.startswith("kind,")
+
+
+def _signed_in(server: LiveServer, http: httpx.Client, apps: Apps, subject: str) -> httpx.Client:
+    issued = http.post(
+        "/v1/privacy/links", headers=bearer(apps.planner_operator), json={"subject": subject}
+    )
+    assert issued.status_code == 201, issued.text
+    browser = httpx.Client(base_url=server.url, timeout=30)
+    assert browser.get(issued.json()["login_path"]).status_code == 200
+    return browser
+
+
+def test_the_privacy_center_pages_memories_and_refuses_foreign_cursors(
+    server: LiveServer, http: httpx.Client, apps: Apps
+) -> None:
+    from uprof.web.privacy_profile import MEMORIES_PER_PAGE
+
+    grant(http, apps.planner, subject="alice")
+    grant(http, apps.planner, subject="bob")
+    total = 2 * MEMORIES_PER_PAGE + 7  # all at one instant: the order breaks ties by id
+    for n in range(total):
+        body = {"subject": "alice", **interaction(f"Note number {n} about the garden")}
+        assert http.post("/v1/captures", headers=bearer(apps.planner), json=body).status_code == 201
+    http.post(
+        "/v1/captures",
+        headers=bearer(apps.planner),
+        json={"subject": "bob", **interaction("bob was here")},
+    )
+
+    def memory_ids(page: str) -> list[str]:
+        section = page.split('id="memories"', 1)[1].split("</section>", 1)[0]
+        return re.findall(r'data-item="([^"]+)"', section)
+
+    def next_link(page: str) -> str | None:
+        found = re.search(r'<a rel="next" href="([^"]+)"', page)
+        return found.group(1).replace("&amp;", "&") if found else None
+
+    alice = _signed_in(server, http, apps, "alice")
+    bob = _signed_in(server, http, apps, "bob")
+    try:
+        seen: list[str] = []
+        sizes: list[int] = []
+        link: str | None = "/privacy"
+        while link is not None:
+            page = alice.get(link)
+            assert page.status_code == 200, page.text
+            ids = memory_ids(page.text)
+            sizes.append(len(ids))
+            seen += ids
+            link = next_link(page.text)
+        assert sizes == [MEMORIES_PER_PAGE, MEMORIES_PER_PAGE, 7]
+        assert len(seen) == len(set(seen)) == total  # none repeated, none skipped
+
+        second = next_link(alice.get("/privacy").text)
+        assert second is not None
+        # Another subject's session cannot use alice's cursor: it is bound to her.
+        refused = bob.get(second)
+        assert refused.status_code == 422 and "garden" not in refused.text
+        # An altered cursor is refused too, and names what is wrong.
+        cursor = second.split("memories=", 1)[1].split("#", 1)[0]
+        tampered = alice.get("/privacy", params={"memories": cursor[:-2] + "AA"})
+        assert tampered.status_code == 422 and "cursor" in tampered.text
+    finally:
+        alice.close()
+        bob.close()

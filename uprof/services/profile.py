@@ -47,8 +47,16 @@ class EvidenceView:
     captures: tuple[CaptureRow, ...]
 
 
-def read_profile(queries: ProfileQueries, stream_id: str, as_of: datetime | None) -> ProfileView:
-    memories, _ = queries.memories(stream_id, include_archived=True)
+def read_profile(
+    queries: ProfileQueries,
+    stream_id: str,
+    as_of: datetime | None,
+    *,
+    with_memories: bool = True,
+) -> ProfileView:
+    """The subject's profile; ``with_memories=False`` leaves the memories out (a caller
+    that pages them, whose count grows without bound, reads them with ``memories_after``)."""
+    memories = queries.memories(stream_id, include_archived=True)[0] if with_memories else []
     return ProfileView(
         stream_id=stream_id,
         attributes=tuple(queries.attributes(stream_id)),
@@ -67,8 +75,8 @@ class ProfileService:
         self._queries = queries
         self._sealer = sealer
 
-    def current(self, stream_id: UUID) -> ProfileView:
-        return read_profile(self._queries, str(stream_id), None)
+    def current(self, stream_id: UUID, *, with_memories: bool = True) -> ProfileView:
+        return read_profile(self._queries, str(stream_id), None, with_memories=with_memories)
 
     def as_of(self, stream_id: UUID, when: datetime) -> ProfileView:
         """Replay the subject's events recorded up to ``when`` into a scratch read model.

@@ -8,14 +8,13 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from domain.errors import UprofError
+from domain.errors import ItemNotFoundError, UprofError
 from uprof.web.pages import (
     WebPages,
     download,
     receipt_record,
     user_door,
 )
-from uprof.web.privacy_profile import profile_context
 
 
 def router(web: WebPages) -> APIRouter:
@@ -29,15 +28,16 @@ def router(web: WebPages) -> APIRouter:
             return session
         target = None
         if item_id:
+            # Looked up by id, not in the profile page: the item may be on any page of memories.
+            runtime = web.runtime_of(request)
             try:
-                context = profile_context(web.runtime_of(request), session)
+                with runtime.pipeline():
+                    found = user_door(runtime, session).evidence(session.subject, item_id)
+            except ItemNotFoundError:
+                return web.message(request, 404, "No such item", "Your profile has no such item.")
             except UprofError as error:
                 return web.kernel_error(request, error)
-            target = next(
-                (i for _, _, items in context["layers"] for i in items if i["id"] == item_id), None
-            )
-            if target is None:
-                return web.message(request, 404, "No such item", "Your profile has no such item.")
+            target = {"id": found.item_id, "layer": found.layer, "label": found.summary}
         return web.page(request, "privacy_erase.html", session=session, target=target)
 
     @router.post("/privacy/erase", include_in_schema=False)

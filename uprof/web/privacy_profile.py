@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from typing import Annotated, Any
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -24,14 +25,21 @@ from uprof.web.pages import (
 )
 from uprof.web.state import Session
 
+#: Memories shown per page: a subject's memories grow without bound, its attributes and
+#: intents do not (one per key or goal), so only the memories are paged.
+MEMORIES_PER_PAGE = 50
 
-def profile_context(runtime: ServiceRuntime, session: Session) -> dict[str, Any]:
+
+def profile_context(
+    runtime: ServiceRuntime, session: Session, memory_cursor: str | None = None
+) -> dict[str, Any]:
     door = user_door(runtime, session)
     subject = session.subject
     with runtime.pipeline():
-        view = door.subject_view(subject)
+        view = door.subject_view(subject, with_memories=False)
+        memories = door.list_memories(subject, cursor=memory_cursor, limit=MEMORIES_PER_PAGE)
         cited = {e for a in view.attributes for e in a.evidence}
-        cited |= {e for m in view.memories for e in m.evidence}
+        cited |= {e for m in memories.items for e in m.evidence}
         cited |= {e for i in view.intents for e in i.evidence}
         captures = door.evidence_captures(subject, cited)
         read_rows = door.item_reads(subject)
@@ -55,6 +63,8 @@ def profile_context(runtime: ServiceRuntime, session: Session) -> dict[str, Any]
             "reads": reads.get(row.item_id, []),
         }
 
+    # (title, blurb, items, link to the next page of that layer or "")
+    more = f"/privacy?{urlencode({'memories': memories.next_cursor})}#memories"
     layers = [
         (
             "Attributes",
@@ -68,14 +78,16 @@ def profile_context(runtime: ServiceRuntime, session: Session) -> dict[str, Any]
                 )
                 for a in view.attributes
             ],
+            "",
         ),
         (
             "Memories",
             "Things that happened or were said",
             [
                 item("memory", m, m.text, f"{m.kind}{', archived' if m.archived else ''}")
-                for m in view.memories
+                for m in memories.items
             ],
+            more if memories.next_cursor else "",
         ),
         (
             "Intents",
@@ -84,10 +96,11 @@ def profile_context(runtime: ServiceRuntime, session: Session) -> dict[str, Any]
                 item("intent", i, i.description, f"{i.status}, confidence {i.confidence:.2f}")
                 for i in view.intents
             ],
+            "",
         ),
     ]
     consents = sorted(view.consents, key=lambda c: (c.withdrawn_at is not None, c.app_id))
-    return {"layers": layers, "consents": consents}
+    return {"layers": layers, "consents": consents, "memories_paged": memory_cursor is not None}
 
 
 def router(web: WebPages) -> APIRouter:
@@ -101,7 +114,7 @@ def router(web: WebPages) -> APIRouter:
             return session
         runtime = web.runtime_of(request)
         try:
-            context = profile_context(runtime, session)
+            context = profile_context(runtime, session, request.query_params.get("memories"))
         except UprofError as error:
             status, _ = classify(error)
             if session.receipts:  # erased: what is left is the receipts
