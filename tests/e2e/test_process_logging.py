@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import logging
 import sys
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -38,11 +39,16 @@ def test_lines_go_to_the_current_stderr_after_the_first_one_is_closed(
     first, second = io.StringIO(), io.StringIO()
     monkeypatch.setattr(sys, "stderr", first)
     configure_process_logging("info", log_format)  # type: ignore[arg-type]
-    logging.getLogger("uprof.test").info("while the first stream is open")
+    # Fresh logger names: a server started earlier in this process may have configured
+    # (or disabled) the named ones; these propagate to the root as any library's do.
+    first_logger = logging.getLogger(f"process-logging-test.{uuid.uuid4().hex}")
+    first_logger.info("while the first stream is open")
     assert "while the first stream is open" in first.getvalue()
     first.close()
     monkeypatch.setattr(sys, "stderr", second)
-    logging.getLogger("alembic.runtime.migration").info("after the first stream closed")
+    logging.getLogger(f"process-logging-test.{uuid.uuid4().hex}").info(
+        "after the first stream closed"
+    )
     written = second.getvalue()
     assert "after the first stream closed" in written
     assert "Logging error" not in written and "closed file" not in written
