@@ -2,11 +2,15 @@
 
 The derived structures must equal what they were before the catalogue existed (they are
 observable: schemas, error messages, the policy hierarchy), and a category added to a
-catalogue must reach every one of them. The LLM prompt and the ranker's cues, derived in
-uprof, are pinned in tests/extraction and tests/retrieval.
+catalogue must reach every one of them. The pins hold for the categories and keys that
+existed then (``before_catalogue``), so adding a category needs no edit here. The LLM
+prompt and the ranker's cues, derived in uprof, are pinned in tests/extraction and
+tests/retrieval.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
@@ -60,11 +64,12 @@ KEYS_BEFORE = [
     ("phone", "contact", True),
 ]
 
+#: A category only tests know (named so that a real ``vehicle`` cannot collide with it).
 VEHICLE = CategorySpec(
-    "vehicle",
+    "trial_vehicle",
     keys=(
         AttributeKey(
-            "car",
+            "trial_car",
             single_valued=False,
             description="a car the user owns, e.g. 'red Fiat 500'",
             example=Example("I drive a red Fiat 500", "red Fiat 500"),
@@ -75,13 +80,31 @@ VEHICLE = CategorySpec(
 )
 
 
+def before_catalogue() -> Catalogue:
+    """CATALOGUE restricted to the categories and keys that existed before it."""
+    old_keys = {key for key, _, _ in KEYS_BEFORE}
+    return Catalogue(
+        tuple(
+            replace(spec, keys=tuple(k for k in spec.keys if k.name in old_keys))
+            for spec in CATALOGUE.specs
+            if spec.name in CATEGORIES_BEFORE
+        ),
+        tuple(k for k in CATALOGUE.key_order if k in old_keys),
+    )
+
+
 def test_categories_and_keys_are_what_they_were_before_the_catalogue() -> None:
-    assert CATEGORIES == CATEGORIES_BEFORE
-    assert [(k, s.category, s.single_valued) for k, s in ATTRIBUTE_KEYS.items()] == KEYS_BEFORE
+    old = before_catalogue()
+    assert old.categories == CATEGORIES_BEFORE
+    keys = old.attribute_keys()
+    assert [(k, s.category, s.single_valued) for k, s in keys.items()] == KEYS_BEFORE
+    # What the catalogue has since gained keeps these in their order.
+    assert tuple(c for c in CATEGORIES if c in CATEGORIES_BEFORE) == CATEGORIES_BEFORE
+    assert [(k, ATTRIBUTE_KEYS[k]) for k in ATTRIBUTE_KEYS if k in keys] == list(keys.items())
 
 
 def test_detected_categories_are_the_sensitive_ones_they_were() -> None:
-    assert set(DETECTED_CATEGORIES) == {
+    assert set(CategoryDetector(before_catalogue()).categories) == {
         "health",
         "location",
         "family",
@@ -116,21 +139,21 @@ def test_every_detector_cue_reveals_its_category(category: str) -> None:
 
 def test_a_category_added_to_a_catalogue_reaches_every_derived_structure() -> None:
     extended = CATALOGUE.extended(VEHICLE)
-    assert extended.categories == (*CATEGORIES, "vehicle")
+    assert extended.categories == (*CATEGORIES, "trial_vehicle")
     keys = extended.attribute_keys()
-    assert list(keys) == [*ATTRIBUTE_KEYS, "car"]
-    assert keys["car"] == AttributeKeySpec("vehicle", False)
+    assert list(keys) == [*ATTRIBUTE_KEYS, "trial_car"]
+    assert keys["trial_car"] == AttributeKeySpec("trial_vehicle", False)
     detector = CategoryDetector(extended)
-    assert detector.categories == (*DETECTED_CATEGORIES, "vehicle")
-    assert detector("The licence plate was muddy") == {"vehicle"}
+    assert detector.categories == (*DETECTED_CATEGORIES, "trial_vehicle")
+    assert "trial_vehicle" in detector("The licence plate was muddy")
     assert detector("I live in Lisbon") == {"location"}
     # The default catalogue and its derived structures are untouched.
-    assert "vehicle" not in CATEGORIES and "car" not in ATTRIBUTE_KEYS
-    assert "vehicle" not in detect_categories("The licence plate was muddy")
+    assert "trial_vehicle" not in CATEGORIES and "trial_car" not in ATTRIBUTE_KEYS
+    assert "trial_vehicle" not in detect_categories("The licence plate was muddy")
 
 
 def test_a_category_without_detector_cues_is_not_detected() -> None:
-    plain = CategorySpec("vehicle", retrieval_cues="car")
+    plain = CategorySpec("trial_vehicle", retrieval_cues="car")
     assert not plain.sensitive
     assert CategoryDetector(CATALOGUE.extended(plain)).categories == DETECTED_CATEGORIES
 
