@@ -367,6 +367,7 @@ CATALOGUE = Catalogue(
                 "daily weekly"
             ),
         ),
+        # Intents' default category; it owns no attribute key.
         CategorySpec(
             "goal",
             retrieval_cues="goal goals plan plans planning want wants aim hope dream aspire intend",
@@ -428,12 +429,15 @@ CATALOGUE = Catalogue(
             contact me at, contact me on, dm me on, message me on, message me at
             """,
         ),
+        # Memories' primary category as the extractor proposes them.
         CategorySpec(
             "conversation",
         ),
+        # Experience memories (situation, action, outcome, insight) shared between agents.
         CategorySpec(
             "experience",
         ),
+        # Sensitive, with no key: memories that mention money carry it (decision 0016).
         CategorySpec(
             "finance",
             detector_cues="""
@@ -450,6 +454,7 @@ CATALOGUE = Catalogue(
             """,
         ),
     ),
+    # The order ATTRIBUTE_KEYS and the LLM prompt had before the catalogue (Catalogue.key_order).
     key_order=(
         "name",
         "age",

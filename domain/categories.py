@@ -125,7 +125,7 @@ def _followed(tokens: list[str], first: frozenset[str], then: frozenset[str], ga
     return False
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Text:
     """A text as every check reads it: its tokens, their set, and both joined and raw."""
 
