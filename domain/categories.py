@@ -9,7 +9,10 @@ reveals (decision 0016). Three sources feed a memory's categories:
 2. the categories of every attribute and intent proposed from the same capture;
 3. this detector, over the memory's own text.
 
-The detector is cue lists and patterns per sensitive category. It errs towards
+The detector is cue lists and patterns per sensitive category. The cue lists are the
+catalogue's (``CategorySpec.detector_cues``, domain.catalogue): a category with cues there
+is detected, with no code here. Some categories also have patterns no word list can
+say (a street address, a phone number, "my sister"), kept here in ``PATTERNS``. It errs towards
 tagging: a memory wrongly tagged ``health`` is withheld from an app that may not
 read health (the safe side); a health memory tagged only ``conversation`` is served to
 it. It does not tag every sentence: each cue is a word or phrase that names the
@@ -21,22 +24,16 @@ an old event is replayed) reach the same answer.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
+from domain.catalogue import CATALOGUE, Catalogue
 from domain.lexicon import DEMONYMS, FAMILY_RELATIONS, NAMED_ONLY_RELATIONS
 
-#: The categories this detector looks for (all in ``domain.values.CATEGORIES``).
-DETECTED_CATEGORIES: tuple[str, ...] = (
-    "health",
-    "location",
-    "family",
-    "finance",
-    "identity",
-    "contact",
-)
+_Cues = tuple[frozenset[str], tuple[str, ...]]
 
 
-def _cues(raw: str) -> tuple[frozenset[str], tuple[str, ...]]:
+def _cues(raw: str) -> _Cues:
     """Split a comma-separated cue list into single words and padded phrases."""
     items = {" ".join(_tokens(w)) for w in raw.split(",") if w.strip()}
     words = frozenset(w for w in items if " " not in w)
@@ -51,34 +48,6 @@ def _tokens(text: str) -> list[str]:
     return _TOKEN_RE.findall(text.lower().replace("\u2019", "'"))
 
 
-_HEALTH = _cues(
-    """
-    health, healthy, ill, illness, sick, sickness, disease, disorder, syndrome,
-    diagnosed, diagnosis, diagnoses, symptom, symptoms, doctor, doctors, gp, physician,
-    nurse, hospital, hospitalised, hospitalized, clinic, emergency room, surgery,
-    surgeon, therapist, therapy, physio, physiotherapy, psychiatrist,
-    psychologist, counsellor, counselor, medication, medications, medicine, meds, pill,
-    pills, prescription, prescribed, antibiotics, antidepressant, antidepressants,
-    insulin, inhaler, chemo, chemotherapy, radiation, cancer, tumor, tumour, diabetes,
-    diabetic, asthma, asthmatic, allergy, allergies, allergic, intolerant, intolerance,
-    celiac, coeliac, epilepsy, epileptic, seizure, seizures, migraine, migraines,
-    depression, depressed, anxiety disorder, panic attack, panic attacks, bipolar, adhd,
-    autism, autistic, ocd, ptsd, eating disorder, anorexia, bulimia, insomnia, dementia,
-    alzheimer, alzheimer's, parkinson, parkinson's, arthritis, hiv, aids, std, sti,
-    pregnant, pregnancy, miscarriage, ivf, fertility, infertile, period cramps, menopause,
-    injury, injured, injuries, fracture, fractured, broke my arm, broke my leg, sprained,
-    concussion, pain, chronic, blood pressure, cholesterol, heart attack, heart condition,
-    stroke, covid, flu, fever, infection, virus, vaccine, vaccinated, disabled,
-    disability, wheelchair, rehab, sober, sobriety, alcoholic, addiction, addicted,
-    overdose, dentist, dental, mental health, suicidal, self-harm, blind, deaf, hearing aid
-    """
-)
-_LOCATION = _cues(
-    """
-    home address, hometown, home town, zip code, zipcode, postcode, post code,
-    postal code, where i live, where we live, current location, grew up
-    """
-)
 #: (verbs, what must follow one of them) that state where someone is, was or goes.
 _LOCATION_PAIRS: tuple[tuple[frozenset[str], frozenset[str]], ...] = (
     (
@@ -110,51 +79,10 @@ _ADDRESS = re.compile(
     r"boulevard|blvd|drive|dr|way|court|ct|place|pl|square|sq)\b",
     re.IGNORECASE,
 )
-_FAMILY = _cues(
-    """
-    wife, husband, spouse, fiance, fiancee, fiancé, fiancée, boyfriend, girlfriend,
-    son, daughter, kids, children, grandchildren, grandkids, stepson, stepdaughter,
-    married, marriage, divorce, divorced, divorcing, separated, widow, widowed, widower,
-    engaged, engagement, wedding, newborn, family, families, relatives, in-laws,
-    custody, adopted, adoption, sibling, siblings, parenting, parenthood, mom, dad,
-    mum, mother, father, parents, brother, sister, grandma, grandpa, grandmother,
-    grandfather
-    """
-)
 _RELATIONS = FAMILY_RELATIONS | NAMED_ONLY_RELATIONS
 _POSSESSIVES = frozenset("my our mine his her their".split())
-_FINANCE = _cues(
-    """
-    money, salary, salaries, wage, wages, paycheck, pay check, payslip, income, earn,
-    earning, earnings, pay raise, bonus, debt, debts, loan, loans, mortgage, rent, landlord,
-    bank, banking, bank account, account number, iban, routing number,
-    credit card, debit card, credit score, overdraft, savings, saving up, pension,
-    retirement fund, 401k, ira, invest, investing, investment, investments,
-    stocks, portfolio, crypto, bitcoin, ethereum, bankrupt, bankruptcy, tax,
-    taxes, irs, hmrc, budget, budgeting, afford, i'm broke, i am broke, owe, owed,
-    owes, bills, invoice, insurance, net worth, inheritance, inherited, financial,
-    finances, cash, payment, payments, paypal, venmo, wire transfer, dollars, euros,
-    pounds, bucks
-    """
-)
 _MONEY = re.compile(
     r"[$€£¥₹]\s?\d|\b\d[\d,.]*\s?(?:k|usd|eur|gbp|dollars|euros|pounds)\b", re.IGNORECASE
-)
-_IDENTITY = _cues(
-    """
-    my name is, my name's, i'm called, i am called, my full name, my first name,
-    my last name, my middle name, my maiden name, my real name, years old, year old,
-    my birthday, my birth date, my birthdate, date of birth, born in, born on,
-    passport, social security, ssn, national insurance, national id, id card, id number,
-    driver's license, drivers license, driver's licence, driving licence, license number,
-    birth certificate, citizenship, citizen, immigrant, immigration, visa, green card,
-    refugee, asylum, ethnicity, ethnic, racial, religion, religious, faith, church, mosque,
-    synagogue, temple, pray, praying, prayer, prayers, ramadan, bible, quran, koran,
-    torah, gay, lesbian, bisexual, queer, transgender, trans, nonbinary, non-binary,
-    lgbt, lgbtq, coming out, came out, sexuality, sexual orientation, pronouns,
-    gender identity, political, politics, vote, voted, voting, democrat, republican,
-    conservative, liberal, labour party, tory, union member, trade union
-    """
 )
 #: Words after which a demonym or belief describes the speaker ("I'm Dutch", "as a Catholic").
 _SELF_MARKERS = frozenset("i'm im am being we're".split())
@@ -164,12 +92,6 @@ _HANDLE = re.compile(r"(?<![\w@])@[A-Za-z_][\w.]{2,}")
 _CONTACT_NOUNS = frozenset(
     "phone cell mobile number email e-mail address handle instagram twitter whatsapp "
     "telegram signal snapchat tiktok linkedin skype discord".split()
-)
-_CONTACT = _cues(
-    """
-    reach me at, reach me on, text me at, text me on, call me at, call me on, email me at,
-    contact me at, contact me on, dm me on, message me on, message me at
-    """
 )
 #: A run of digits and phone punctuation; a phone number has 9 to 15 digits (E.164).
 _PHONE_RUN = re.compile(r"(?<![\w.])\+?\(?\d[\d\s().-]{6,}\d(?!\w)")
@@ -190,7 +112,7 @@ def _has_phone_number(text: str) -> bool:
     return False
 
 
-def _has(cues: tuple[frozenset[str], tuple[str, ...]], words: set[str], joined: str) -> bool:
+def _has(cues: _Cues, words: set[str], joined: str) -> bool:
     single, phrases = cues
     return not single.isdisjoint(words) or any(p in joined for p in phrases)
 
@@ -203,88 +125,123 @@ def _followed(tokens: list[str], first: frozenset[str], then: frozenset[str], ga
     return False
 
 
-def _location(tokens: list[str], words: set[str], joined: str, text: str) -> bool:
-    if _has(_LOCATION, words, joined):
-        return True
+@dataclass(slots=True)
+class _Text:
+    """A text as every check reads it: its tokens, their set, and both joined and raw."""
+
+    tokens: list[str]
+    words: set[str]
+    joined: str  # the tokens joined by single spaces, padded with one at each end
+    raw: str
+
+
+def _location(t: _Text) -> bool:
     for verbs, after in _LOCATION_PAIRS:
-        if not verbs.isdisjoint(words) and _followed(tokens, verbs, after, 2):
+        if not verbs.isdisjoint(t.words) and _followed(t.tokens, verbs, after, 2):
             return True
-    if _followed(tokens, _POSSESSIVES, _LOCATION_NOUNS, 2):
+    if _followed(t.tokens, _POSSESSIVES, _LOCATION_NOUNS, 2):
         return True
-    if "from" in words and (
-        _followed(tokens, _FROM_SUBJECTS, frozenset(["from"]), 2)
-        or " i am from " in joined
-        or " i am originally from " in joined
+    if "from" in t.words and (
+        _followed(t.tokens, _FROM_SUBJECTS, frozenset(["from"]), 2)
+        or " i am from " in t.joined
+        or " i am originally from " in t.joined
         or any(
-            f" {s} {v} from " in joined
+            f" {s} {v} from " in t.joined
             for s in ("i", "we", "family")
             for v in ("come", "came", "comes")
         )
     ):
         return True
-    return any(c.isdigit() for c in text) and _ADDRESS.search(text) is not None
+    return any(c.isdigit() for c in t.raw) and _ADDRESS.search(t.raw) is not None
 
 
-def _family(tokens: list[str], words: set[str], joined: str) -> bool:
-    if _has(_FAMILY, words, joined):
+def _family(t: _Text) -> bool:
+    return not _RELATIONS.isdisjoint(t.words) and _followed(t.tokens, _POSSESSIVES, _RELATIONS, 3)
+
+
+def _finance(t: _Text) -> bool:
+    return any(c.isdigit() for c in t.raw) and _MONEY.search(t.raw) is not None
+
+
+def _identity(t: _Text) -> bool:
+    if _CALL_ME_NAME.search(t.raw):
         return True
-    return not _RELATIONS.isdisjoint(words) and _followed(tokens, _POSSESSIVES, _RELATIONS, 3)
-
-
-def _finance(words: set[str], joined: str, text: str) -> bool:
-    if _has(_FINANCE, words, joined):
-        return True
-    return any(c.isdigit() for c in text) and _MONEY.search(text) is not None
-
-
-def _identity(tokens: list[str], words: set[str], joined: str, text: str) -> bool:
-    if _has(_IDENTITY, words, joined) or _CALL_ME_NAME.search(text):
-        return True
-    if DEMONYMS.isdisjoint(words):
+    if DEMONYMS.isdisjoint(t.words):
         return False
-    if _followed(tokens, _SELF_MARKERS, DEMONYMS, 3):
+    if _followed(t.tokens, _SELF_MARKERS, DEMONYMS, 3):
         return True
-    return any(f" as {a} {d} " in joined for a in ("a", "an") for d in DEMONYMS & words)
+    return any(f" as {a} {d} " in t.joined for a in ("a", "an") for d in DEMONYMS & t.words)
 
 
-def _contact(tokens: list[str], words: set[str], joined: str, text: str) -> bool:
-    if "@" in text and (_EMAIL.search(text) or _HANDLE.search(text)):
+def _contact(t: _Text) -> bool:
+    if "@" in t.raw and (_EMAIL.search(t.raw) or _HANDLE.search(t.raw)):
         return True
-    if _has(_CONTACT, words, joined):
-        return True
-    if not _CONTACT_NOUNS.isdisjoint(words) and _followed(
-        tokens, frozenset(["my", "our"]), _CONTACT_NOUNS, 1
+    if not _CONTACT_NOUNS.isdisjoint(t.words) and _followed(
+        t.tokens, frozenset(["my", "our"]), _CONTACT_NOUNS, 1
     ):
         return True
-    return _has_phone_number(text)
+    return _has_phone_number(t.raw)
 
+
+#: Patterns beyond the catalogue's cue words, per category: a category is detected when
+#: its cues or its pattern match. A category the catalogue gives no cues is not detected.
+PATTERNS: dict[str, Callable[[_Text], bool]] = {
+    "location": _location,
+    "family": _family,
+    "finance": _finance,
+    "identity": _identity,
+    "contact": _contact,
+}
 
 #: Longest text the detector reads; memories are short, a pasted document is cut here.
 MAX_DETECTED_CHARS = 20_000
 
 
+class CategoryDetector:
+    """The detector for one catalogue: its sensitive categories' cues, plus ``patterns``."""
+
+    def __init__(
+        self,
+        catalogue: Catalogue,
+        patterns: dict[str, Callable[[_Text], bool]] | None = None,
+    ) -> None:
+        patterns = PATTERNS if patterns is None else patterns
+        sensitive = [spec for spec in catalogue.specs if spec.sensitive]
+        stray = sorted(set(patterns) - {spec.name for spec in sensitive})
+        if stray:
+            raise ValueError(
+                f"patterns: {', '.join(stray)} not a category with detector_cues in the catalogue"
+            )
+        self._checks: tuple[tuple[str, _Cues, Callable[[_Text], bool] | None], ...] = tuple(
+            (spec.name, _cues(spec.detector_cues), patterns.get(spec.name)) for spec in sensitive
+        )
+        #: The categories this detector looks for, in catalogue order.
+        self.categories: tuple[str, ...] = tuple(name for name, _, _ in self._checks)
+
+    def __call__(self, text: str) -> frozenset[str]:
+        """Return the sensitive categories the text reveals (possibly none)."""
+        if not text:
+            return frozenset()
+        window = text[:MAX_DETECTED_CHARS].replace("\u2019", "'")
+        tokens = _tokens(window)
+        words = set(tokens)
+        joined = f" {' '.join(tokens)} "
+        found = set()
+        read = _Text(tokens, words, joined, window)
+        for name, cues, pattern in self._checks:
+            if _has(cues, words, joined) or (pattern is not None and pattern(read)):
+                found.add(name)
+        return frozenset(found)
+
+
+_DETECTOR = CategoryDetector(CATALOGUE)
+#: The categories the detector looks for (all in ``domain.values.CATEGORIES``).
+DETECTED_CATEGORIES: tuple[str, ...] = _DETECTOR.categories
+
+
 def detect_categories(text: str) -> frozenset[str]:
     """Return the sensitive categories the text reveals (possibly none)."""
-    if not text:
-        return frozenset()
-    window = text[:MAX_DETECTED_CHARS].replace("\u2019", "'")
-    tokens = _tokens(window)
-    words = set(tokens)
-    joined = f" {' '.join(tokens)} "
-    found = set()
-    if _has(_HEALTH, words, joined):
-        found.add("health")
-    if _location(tokens, words, joined, window):
-        found.add("location")
-    if _family(tokens, words, joined):
-        found.add("family")
-    if _finance(words, joined, window):
-        found.add("finance")
-    if _identity(tokens, words, joined, window):
-        found.add("identity")
-    if _contact(tokens, words, joined, window):
-        found.add("contact")
-    return frozenset(found)
+    return _DETECTOR(text)
 
 
 def memory_categories(

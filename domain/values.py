@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
+from domain.catalogue import CATALOGUE
+from domain.catalogue import AttributeKeySpec as AttributeKeySpec
 from domain.errors import InvalidInputError
 
 #: An item with no evidence is inferred, and its confidence never exceeds this cap (I1).
@@ -49,53 +51,13 @@ class IntentStatus(StrEnum):
     EXPIRED = "expired"
 
 
-#: The closed category catalogue that consent, policy and items share.
-CATEGORIES: tuple[str, ...] = (
-    "identity",
-    "location",
-    "occupation",
-    "language",
-    "preference",
-    "diet",
-    "pet",
-    "family",
-    "schedule",
-    "goal",
-    "health",
-    "contact",
-    "conversation",
-    "experience",
-    "finance",
-)
-
+#: The closed category catalogue that consent, policy and items share, in catalogue order
+#: (one entry per category in ``domain.catalogue``).
+CATEGORIES: tuple[str, ...] = CATALOGUE.categories
 
 #: Attribute keys the kernel knows. single-valued keys produce conflicts or
 #: supersessions when a different value arrives; multi-valued keys accumulate.
-@dataclass(frozen=True)
-class AttributeKeySpec:
-    category: str
-    single_valued: bool
-
-
-ATTRIBUTE_KEYS: dict[str, AttributeKeySpec] = {
-    "name": AttributeKeySpec("identity", True),
-    "age": AttributeKeySpec("identity", True),
-    "gender": AttributeKeySpec("identity", True),
-    "home_location": AttributeKeySpec("location", True),
-    "origin": AttributeKeySpec("location", True),
-    "occupation": AttributeKeySpec("occupation", True),
-    "employer": AttributeKeySpec("occupation", True),
-    "language": AttributeKeySpec("language", False),
-    "likes": AttributeKeySpec("preference", False),
-    "dislikes": AttributeKeySpec("preference", False),
-    "diet": AttributeKeySpec("diet", True),
-    "allergy": AttributeKeySpec("health", False),
-    "pet": AttributeKeySpec("pet", False),
-    "family": AttributeKeySpec("family", False),
-    "routine": AttributeKeySpec("schedule", False),
-    "email": AttributeKeySpec("contact", True),
-    "phone": AttributeKeySpec("contact", True),
-}
+ATTRIBUTE_KEYS: dict[str, AttributeKeySpec] = CATALOGUE.attribute_keys()
 
 
 def attribute_spec(key: str) -> AttributeKeySpec:

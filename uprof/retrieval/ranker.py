@@ -29,6 +29,7 @@ from datetime import datetime
 
 import numpy as np
 
+from domain.catalogue import CATALOGUE, Catalogue
 from uprof.retrieval.candidates import Candidate
 from uprof.retrieval.index import MemoryIndex, epoch_seconds
 from uprof.retrieval.slices import SliceOptions
@@ -36,33 +37,19 @@ from uprof.retrieval.text import stem, term_set, terms, words
 
 _SECONDS_PER_DAY = 86_400.0
 
+
+def category_cues(catalogue: Catalogue) -> dict[str, frozenset[str]]:
+    """Each category's retrieval cue words (``CategorySpec.retrieval_cues``), stemmed like
+    queries; categories without cues are left out."""
+    return {
+        spec.name: frozenset(stem(w) for w in spec.retrieval_cues.split())
+        for spec in catalogue.specs
+        if spec.retrieval_cues.strip()
+    }
+
+
 #: Words that signal a category of the catalogue (stemmed at import, like queries).
-_CATEGORY_CUES_RAW: dict[str, str] = {
-    "identity": "name names age old birthday born gender identity pronoun pronouns nationality",
-    "location": "live lives living city country home move moved town address neighborhood "
-    "located location hometown",
-    "occupation": "job jobs work works working career occupation employer company profession "
-    "office colleague boss business employed",
-    "language": "language languages speak speaks english spanish french german chinese "
-    "translate fluent",
-    "preference": "like likes favorite favourite prefer prefers preference enjoy enjoys love "
-    "hate dislike recommend recommendation suggest suggestion hobby hobbies taste style",
-    "diet": "eat eats eating food foods meal meals diet vegetarian vegan cook cooking recipe "
-    "restaurant dinner lunch breakfast snack drink drinks allergy allergic gluten",
-    "pet": "pet pets dog dogs cat cats puppy kitten animal animals vet",
-    "family": "family kid kids child children son daughter wife husband partner mother father "
-    "mom dad sister brother parent parents grandma grandpa married",
-    "schedule": "schedule routine morning evening weekend weekends calendar appointment "
-    "meeting daily weekly",
-    "goal": "goal goals plan plans planning want wants aim hope dream aspire intend",
-    "health": "health healthy doctor allergy allergies medication medicine sick ill pain "
-    "exercise sleep injury",
-    "contact": "email phone contact call number reach",
-}
-CATEGORY_CUES: dict[str, frozenset[str]] = {
-    category: frozenset(stem(w) for w in cues.split())
-    for category, cues in _CATEGORY_CUES_RAW.items()
-}
+CATEGORY_CUES: dict[str, frozenset[str]] = category_cues(CATALOGUE)
 
 
 @dataclass(frozen=True)

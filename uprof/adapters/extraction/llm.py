@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from domain.catalogue import CATALOGUE, Catalogue
 from domain.values import (
     ATTRIBUTE_KEYS,
     CATEGORIES,
@@ -49,27 +50,22 @@ MAX_INPUT_CHARS = 8_000
 #: Longest attribute value or intent description accepted from the model.
 MAX_VALUE_CHARS = 200
 
-_KEY_HINTS: dict[str, str] = {
-    "name": "the user's own name",
-    "age": "age in years, digits only",
-    "gender": "the user's gender as they state it ('female', 'male', 'non-binary')",
-    "home_location": "where the user lives now (city, region or country)",
-    "origin": "where the user is from or grew up",
-    "occupation": "job or role (e.g. 'nurse', 'software engineer', 'student')",
-    "employer": "organisation the user works for",
-    "language": "a language the user speaks, e.g. 'Spanish'",
-    "likes": "something the user likes or enjoys",
-    "dislikes": "something the user dislikes",
-    "diet": "diet such as 'vegan', 'vegetarian', 'no meat'",
-    "allergy": "something the user is allergic or intolerant to",
-    "pet": "a pet, e.g. 'dog named Rex'",
-    "family": "a family member, e.g. 'wife named Anna', '2 children'",
-    "routine": "a recurring habit, e.g. 'go for a run every morning'",
-    "email": "the user's own email address",
-    "phone": "the user's own phone number",
-}
 
-SYSTEM_PROMPT = (
+def system_prompt(catalogue: Catalogue) -> str:
+    """The system prompt for a catalogue: one line per attribute key (its description),
+    in ``Catalogue.keys()`` order, and the catalogue's categories for intents."""
+    return (
+        _PROMPT_HEAD
+        + _key_lines(catalogue)
+        + _PROMPT_RULES.format(categories=", ".join(catalogue.categories))
+    )
+
+
+def _key_lines(catalogue: Catalogue) -> str:
+    return "\n".join(f"- {key.name}: {key.description}" for key, _ in catalogue.keys())
+
+
+_PROMPT_HEAD = (
     "You extract a user profile from one turn of a conversation between a user and an AI "
     "agent. Report only what the USER states about THEMSELVES in the user's message. The "
     "agent's reply, if shown, is context only: never report anything only the agent said, and "
@@ -83,8 +79,9 @@ SYSTEM_PROMPT = (
     ' "intent_updates": [{"status": "fulfilled" or "abandoned", "description": string}],\n'
     ' "memory": {"text": string, "importance": number 0-1} or null}\n\n'
     "Attribute keys (use only these):\n"
-    + "\n".join(f"- {key}: {_KEY_HINTS.get(key, key)}" for key in ATTRIBUTE_KEYS)
-    + "\n\nRules:\n"
+)
+_PROMPT_RULES = (
+    "\n\nRules:\n"
     "- value: short and normalised ('Berlin', 'software engineer'); lower-case except proper "
     "nouns.\n"
     "- explicit: true when the user said it outright, false when you inferred it.\n"
@@ -92,14 +89,14 @@ SYSTEM_PROMPT = (
     "- negated: true when the user says it does not or no longer hold ('I no longer live in "
     "Paris').\n"
     "- intents: plans and goals in base form ('run a marathon'); category is one of: "
-    + ", ".join(CATEGORIES)
-    + "; expires_at only when the user names a time, computed from the turn time given.\n"
+    "{categories}; expires_at only when the user names a time, computed from the turn time given.\n"
     "- intent_updates: a plan the user finished (fulfilled) or gave up (abandoned), described "
     "the way the plan was.\n"
     "- memory: one concise rendering of what the user said, in their own words; null for "
     "greetings, thanks and small talk.\n"
     "- Output no ids, evidence, sources or any field not listed above."
 )
+SYSTEM_PROMPT = system_prompt(CATALOGUE)
 
 #: Keys a model may add to claim where a fact came from; always ignored, counted.
 _EVIDENCE_KEYS = frozenset(

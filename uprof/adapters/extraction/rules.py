@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import re
 
+from domain.catalogue import CATALOGUE
 from domain.values import (
-    ATTRIBUTE_KEYS,
     CapturedInteraction,
     MemoryProposal,
     Proposal,
@@ -42,11 +42,15 @@ MAX_RULE_CHARS = 20_000
 DEFAULT_MEMORY_MAX_CHARS = 600
 
 _RULES = ATTRIBUTE_RULES + INTENT_RULES
-#: Every category this extractor's proposals can carry: the attribute keys' categories,
-#: ``goal`` for intents and ``conversation`` for memories (the category gate's tests
-#: are driven from it).
+#: Every category this extractor's proposals can carry: the categories of the keys its
+#: rules read (those with a catalogue example, which tests/extraction checks it reads),
+#: ``goal`` for intents and ``conversation`` for memories (the category gate's tests are
+#: driven from it).
 EMITTED_CATEGORIES: tuple[str, ...] = tuple(
-    sorted({spec.category for spec in ATTRIBUTE_KEYS.values()} | {"goal", "conversation"})
+    sorted(
+        {category for key, category in CATALOGUE.keys() if key.example is not None}
+        | {"goal", "conversation"}
+    )
 )
 
 _GREETING_RE = re.compile(
