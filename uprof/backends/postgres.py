@@ -1,0 +1,123 @@
+"""PostgreSQL: one database for every store (``UPROF_DATABASE_URL``).
+
+eventsourcing names its tables after the application (``profiles_events``,
+``policies_events``); alembic owns the rest. The key material that unwraps the key
+tables stays in the key folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+import sqlalchemy as sa
+
+from uprof.backends import Backend, StorageLayout
+
+if TYPE_CHECKING:
+    from uprof.settings import Settings
+
+#: Advisory lock key that processes starting on one PostgreSQL database queue on.
+SCHEMA_LOCK_KEY = 0x7570726F66  # "uprof"
+#: eventsourcing names the table after the application ("profiles").
+EVENTS_TABLE = "profiles_events"
+
+
+class PostgresBackend:
+    name = "postgres"
+    persistence_module = "eventsourcing.postgres"
+    # Its own module: a SQLite deployment never imports psycopg (decision 0035).
+    guarded_recorder_topic = "uprof.recorders_postgres:GuardedPostgresProcessRecorder"
+    alters_in_batches = False
+
+    def check_database_url(self, url: str) -> None:
+        # eventsourcing talks to PostgreSQL through psycopg 3; so must every engine.
+        if not url.startswith(("postgresql://", "postgresql+psycopg://")):
+            raise ValueError(
+                "database_url must be a PostgreSQL URL (postgresql+psycopg://...); "
+                "leave it unset for the embedded SQLite default"
+            )
+
+    def layout(self, settings: Settings) -> StorageLayout:
+        assert settings.database_url is not None
+        url = sa.engine.make_url(settings.database_url)
+        return StorageLayout(
+            views_url=settings.database_url,
+            keys_url=settings.database_url,
+            events_url=settings.database_url,
+            eventsourcing_env={
+                "PERSISTENCE_MODULE": self.persistence_module,
+                "POSTGRES_DBNAME": url.database or "postgres",
+                "POSTGRES_HOST": url.host or "127.0.0.1",
+                "POSTGRES_PORT": str(url.port or 5432),
+                "POSTGRES_USER": url.username or "postgres",
+                "POSTGRES_PASSWORD": url.password or "",
+                "POSTGRES_POOL_SIZE": "5",
+                "POSTGRES_MAX_OVERFLOW": "10",
+            },
+            events_path=None,
+        )
+
+    def policy_store_env(self, settings: Settings) -> dict[str, str]:
+        # The profiles log's database, in tables of its own (policies_events, ...); few
+        # connections: one decision-time version check and the rare change.
+        env = dict(self.layout(settings).eventsourcing_env)
+        env.update({"POSTGRES_POOL_SIZE": "2", "POSTGRES_MAX_OVERFLOW": "4"})
+        return env
+
+    def create_engine(self, url: str, *, fsync_each_commit: bool) -> sa.Engine:
+        # Every commit is durable on PostgreSQL (synchronous_commit): nothing to choose.
+        return sa.create_engine(
+            url, pool_pre_ping=True, pool_size=5, max_overflow=10, hide_parameters=True
+        )
+
+    @contextlib.contextmanager
+    def schema_lock(self, engine: sa.Engine) -> Iterator[None]:
+        # Two processes creating eventsourcing's tables at the same moment crash one of
+        # them in the catalog ("tuple concurrently updated"): an advisory lock held on its
+        # own connection orders them.
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT pg_advisory_lock(:key)"), {"key": SCHEMA_LOCK_KEY})
+            conn.commit()
+            try:
+                yield
+            finally:
+                conn.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": SCHEMA_LOCK_KEY})
+                conn.commit()
+
+    def fold_log(self, engine: sa.Engine) -> None:
+        return None  # the server's WAL is not ours to fold (docs/governance.md, residue)
+
+    def events_table_candidates(self, engine: sa.Engine) -> list[tuple[str | None, str]]:
+        return [(s, EVENTS_TABLE) for s in sa.inspect(engine).get_schema_names()]
+
+    def head_index_target(self) -> tuple[str, str]:
+        # Unqualified: the table eventsourcing created on the connection's search path.
+        return EVENTS_TABLE, "originator_id, notification_id"
+
+    def events_table(self, recorder: Any) -> tuple[str, str]:
+        schema = recorder.datastore.schema
+        return f'"{schema}"."{recorder.events_table_name}"', "notification_id"
+
+    def tracking_table(self, recorder: Any) -> str:
+        schema = recorder.datastore.schema
+        return f'"{schema}"."{recorder.tracking_table_name}"'
+
+    def stream_key(self, stream_id: UUID) -> str:
+        return str(stream_id)  # a uuid column: psycopg adapts the text form
+
+    def driver_param(self, name: str) -> str:
+        return f"%({name})s"  # psycopg's named style
+
+    def end_raw_read(self, raw: Any) -> None:
+        raw.rollback()  # end the read transaction psycopg opened
+
+    def any_of(self, column: str, ids: Sequence[str], cast: str = "") -> tuple[str, Any]:
+        # One array instead of an expanded IN list.
+        return f"{column} = ANY(CAST(:ids AS {cast or 'text'}[]))", list(ids)
+
+
+#: Typed as the protocol, so the type checker holds the class to all of it.
+POSTGRES: Backend = PostgresBackend()
