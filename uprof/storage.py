@@ -149,7 +149,7 @@ def log_holds_events(engine: sa.Engine) -> bool:
     return False
 
 
-def sqlite_checkpoint(engine: sa.Engine) -> None:
-    """Fold the WAL into the main file and truncate it (shredded bytes must not linger);
-    nothing on a backend whose log is not ours to fold."""
+def fold_log(engine: sa.Engine) -> None:
+    """Fold a write-ahead log into the main file (SQLite: checkpoint and truncate the WAL),
+    so shredded bytes do not linger; nothing on a backend whose log is not ours to fold."""
     backend_for(engine).fold_log(engine)

@@ -45,6 +45,24 @@ class StorageLayout:
     events_path: Path | None  # the event log's file, when it is one (residue scans)
 
 
+@dataclass(frozen=True)
+class TermHit:
+    """A residue-scan term found in a table's column (``row``: the backend's row address)."""
+
+    table: str
+    column: str
+    row: str
+    term: str
+
+
+@dataclass(frozen=True)
+class TableScan:
+    """What a backend's in-place table scan read and found."""
+
+    tables: int
+    hits: list[TermHit]
+
+
 class Backend(Protocol):
     """One storage backend's specifics (an implementation per module of this package)."""
 
@@ -117,6 +135,14 @@ class Backend(Protocol):
 
     def any_of(self, column: str, ids: Sequence[str], cast: str = "") -> tuple[str, Any]:
         """A condition "column is one of ids" on one bound parameter ``:ids``, and its value."""
+        ...
+
+    # --- operator tools ----------------------------------------------------------------
+
+    def scan_tables(self, engine: sa.Engine, terms: Sequence[str]) -> TableScan:
+        """Look for each term (case-insensitive) in every column of every table the
+        server holds; a backend whose databases are files in the data folder scans
+        nothing here (the residue file scan reads them, uprof.services.residue_files)."""
         ...
 
 

@@ -8,13 +8,13 @@ tables stays in the key folder.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import sqlalchemy as sa
 
-from uprof.backends import Backend, StorageLayout
+from uprof.backends import Backend, StorageLayout, TableScan, TermHit
 
 if TYPE_CHECKING:
     from uprof.settings import Settings
@@ -117,6 +117,34 @@ class PostgresBackend:
     def any_of(self, column: str, ids: Sequence[str], cast: str = "") -> tuple[str, Any]:
         # One array instead of an expanded IN list.
         return f"{column} = ANY(CAST(:ids AS {cast or 'text'}[]))", list(ids)
+
+    def scan_tables(self, engine: sa.Engine, terms: Sequence[str]) -> TableScan:
+        inspector = sa.inspect(engine)
+        tables, hits = 0, []
+        with engine.connect() as conn:
+            for table_name in inspector.get_table_names():
+                tables += 1
+                for column in inspector.get_columns(table_name):
+                    name = column["name"]
+                    expr = (
+                        f"encode(\"{name}\"::bytea, 'escape')"
+                        if _is_bytea(column)
+                        else f'"{name}"::text'
+                    )
+                    for term in terms:
+                        rows = conn.execute(
+                            sa.text(
+                                f'SELECT ctid::text FROM "{table_name}" '
+                                f"WHERE position(lower(:term) in lower({expr})) > 0 LIMIT 5"
+                            ),
+                            {"term": term},
+                        ).scalars()
+                        hits += [TermHit(table_name, name, ctid, term) for ctid in rows]
+        return TableScan(tables, hits)
+
+
+def _is_bytea(column: Mapping[str, object]) -> bool:
+    return "BYTEA" in str(column["type"]).upper() or "LARGEBINARY" in str(column["type"]).upper()
 
 
 #: Typed as the protocol, so the type checker holds the class to all of it.

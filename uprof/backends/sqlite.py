@@ -16,7 +16,7 @@ from uuid import UUID
 
 import sqlalchemy as sa
 
-from uprof.backends import Backend, StorageLayout
+from uprof.backends import Backend, StorageLayout, TableScan
 
 if TYPE_CHECKING:
     from uprof.settings import Settings
@@ -119,6 +119,11 @@ class SQLiteBackend:
     def any_of(self, column: str, ids: Sequence[str], cast: str = "") -> tuple[str, Any]:
         # One JSON list through json_each instead of an expanded IN list.
         return f"{column} IN (SELECT value FROM json_each(:ids))", json.dumps(list(ids))
+
+    def scan_tables(self, engine: sa.Engine, terms: Sequence[str]) -> TableScan:
+        # The databases are files in the data folder: the file scan's child reads them
+        # (raw bytes and tables, from a snapshot; FIELD-NOTES 8.1).
+        return TableScan(0, [])
 
 
 #: Typed as the protocol, so the type checker holds the class to all of it.
