@@ -160,10 +160,6 @@ class Settings(BaseSettings):
         return self
 
     @property
-    def is_postgres(self) -> bool:
-        return self.database_url is not None
-
-    @property
     def key_path(self) -> Path:
         """The key folder, resolved (the validator always sets it)."""
         assert self.key_dir is not None

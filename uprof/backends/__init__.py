@@ -145,6 +145,16 @@ class Backend(Protocol):
         nothing here (the residue file scan reads them, uprof.services.residue_files)."""
         ...
 
+    def backup(self, settings: Settings, out: Path) -> dict[str, Any]:
+        """Write a consistent copy of the data stores (never the key store) into the new
+        folder ``out``; return the manifest (``uprof.services.backup._manifest``)."""
+        ...
+
+    def restore(self, settings: Settings, src: Path, keep_live_audit: bool) -> None:
+        """Replace the data stores with the backup in ``src`` (views before the log);
+        ``keep_live_audit``: keep the live audit rows, which extend the backup's."""
+        ...
+
 
 def backend_named(scheme: str) -> Backend:
     """The backend registered for a SQLAlchemy backend name ("sqlite", "postgresql")."""

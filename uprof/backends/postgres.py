@@ -8,7 +8,13 @@ tables stays in the key folder.
 from __future__ import annotations
 
 import contextlib
+import os
+import re
+import secrets
+import shutil
+import subprocess
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -21,6 +27,8 @@ if TYPE_CHECKING:
 
 #: Advisory lock key that processes starting on one PostgreSQL database queue on.
 SCHEMA_LOCK_KEY = 0x7570726F66  # "uprof"
+#: The backup's one file: ``pg_dump --format=custom`` of every table but the key store's.
+PG_DUMP = "database.dump"
 #: eventsourcing names the table after the application ("profiles").
 EVENTS_TABLE = "profiles_events"
 
@@ -142,9 +150,136 @@ class PostgresBackend:
                         hits += [TermHit(table_name, name, ctid, term) for ctid in rows]
         return TableScan(tables, hits)
 
+    def backup(self, settings: Settings, out: Path) -> dict[str, Any]:
+        from uprof.services import backup as b
+
+        assert settings.database_url is not None
+        engine = self.create_engine(settings.database_url, fsync_each_commit=False)
+        try:
+            pg_dump = _pg_tool("pg_dump", engine)
+            args, env, dbname = _pg_params(settings.database_url)
+            excluded = [
+                a for t in (*b.KEY_TABLES, "alembic_version") for a in ("--exclude-table", t)
+            ]
+            # The dump and the manifest's audit head come from one exported snapshot.
+            with engine.connect() as conn:
+                conn.exec_driver_sql("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                snapshot = conn.exec_driver_sql("SELECT pg_export_snapshot()").scalar_one()
+                revision, audit = b._views_revision(conn), b._audit_head(conn)
+                result = subprocess.run(
+                    [
+                        pg_dump,
+                        *args,
+                        "--format=custom",
+                        "--no-owner",
+                        "--no-privileges",
+                        f"--snapshot={snapshot}",
+                        *excluded,
+                        "--file",
+                        str(out / PG_DUMP),
+                        dbname,
+                    ],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                )
+                conn.exec_driver_sql("COMMIT")
+            if result.returncode != 0:
+                raise b.BackupError(f"pg_dump failed: {result.stderr.strip()[-2000:]}")
+            os.chmod(out / PG_DUMP, 0o600)
+        finally:
+            engine.dispose()
+        return b._manifest(settings, self.name, revision, audit)
+
+    def restore(self, settings: Settings, src: Path, keep_live_audit: bool) -> None:
+        from uprof.services import backup as b
+
+        assert settings.database_url is not None
+        engine = self.create_engine(settings.database_url, fsync_each_commit=False)
+        try:
+            pg_restore = _pg_tool("pg_restore", engine)
+        finally:
+            engine.dispose()
+        args, env, dbname = _pg_params(settings.database_url)
+        dump = src / PG_DUMP
+        listing = subprocess.run(
+            [pg_restore, "--list", str(dump)], capture_output=True, text=True, env=env
+        )
+        if listing.returncode != 0:
+            raise b.BackupError(f"pg_restore --list failed: {listing.stderr.strip()[-2000:]}")
+        lines = listing.stdout.splitlines()
+        if keep_live_audit:
+            lines = [line for line in lines if not _names_audit_object(line)]
+        toc = settings.data_dir / f".restore-toc-{secrets.token_hex(4)}.list"
+        toc.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        try:
+            result = subprocess.run(
+                [
+                    pg_restore,
+                    *args,
+                    "--dbname",
+                    dbname,
+                    "--clean",
+                    "--if-exists",
+                    "--single-transaction",
+                    "--no-owner",
+                    "--no-privileges",
+                    "--use-list",
+                    str(toc),
+                    str(dump),
+                ],
+                capture_output=True,
+                text=True,
+                env=env,
+            )
+        finally:
+            toc.unlink(missing_ok=True)
+        if result.returncode != 0:
+            raise b.BackupError(
+                f"pg_restore failed (nothing changed): {result.stderr.strip()[-2000:]}"
+            )
+
 
 def _is_bytea(column: Mapping[str, object]) -> bool:
     return "BYTEA" in str(column["type"]).upper() or "LARGEBINARY" in str(column["type"]).upper()
+
+
+def _pg_params(url: str) -> tuple[list[str], dict[str, str], str]:
+    u = sa.engine.make_url(url)
+    args = ["--host", u.host or "127.0.0.1", "--port", str(u.port or 5432)]
+    args += ["--username", u.username or "postgres"]
+    env = {**os.environ}
+    if u.password:
+        env["PGPASSWORD"] = str(u.password)
+    return args, env, u.database or "postgres"
+
+
+def _pg_tool(name: str, engine: sa.Engine) -> str:
+    """The path of pg_dump/pg_restore, refused if older than the server (it cannot read it)."""
+    from uprof.services import backup as b
+
+    path = shutil.which(name)
+    if path is None:
+        raise b.BackupError(f"{name} is not installed; install the PostgreSQL client tools")
+    out = subprocess.run([path, "--version"], capture_output=True, text=True, check=True).stdout
+    match = re.search(r"(\d+)(?:\.(\d+))?", out)
+    tool_major = int(match.group(1)) if match else 0
+    with engine.connect() as conn:
+        server_num = int(conn.execute(sa.text("SHOW server_version_num")).scalar_one())
+    if tool_major < server_num // 10000:
+        raise b.BackupError(
+            f"{name} {tool_major} is older than the server ({server_num // 10000}); "
+            f"use the {name} of PostgreSQL {server_num // 10000} or newer"
+        )
+    return path
+
+
+def _names_audit_object(toc_line: str) -> bool:
+    """A pg_restore TOC line for an audit table, its indexes, constraints, triggers or the
+    append-only trigger function (every one of them has ``audit`` in its name)."""
+    if toc_line.startswith(";"):
+        return False
+    return any("audit" in word for word in toc_line.split()[3:])
 
 
 #: Typed as the protocol, so the type checker holds the class to all of it.

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import secrets
+import sqlite3
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -23,6 +27,9 @@ if TYPE_CHECKING:
 
 #: The SQLite file of the policy store (its own application, so its own file).
 POLICY_STORE_FILE = "policies.sqlite"
+#: The files of a backup, views first: the views' projection position must never be
+#: ahead of the log.
+SQLITE_FILES = ("views.sqlite", "events.sqlite")
 #: The table eventsourcing keeps the profiles log's events in (the log has its own file).
 EVENTS_TABLE = "stored_events"
 
@@ -124,6 +131,80 @@ class SQLiteBackend:
         # The databases are files in the data folder: the file scan's child reads them
         # (raw bytes and tables, from a snapshot; FIELD-NOTES 8.1).
         return TableScan(0, [])
+
+    def backup(self, settings: Settings, out: Path) -> dict[str, Any]:
+        # Each file through the backup API: one consistent snapshot, read by the driver.
+        from uprof.services import backup as b
+
+        revision, audit = None, (0, "")
+        for name in SQLITE_FILES:
+            live = settings.data_dir / name
+            if not live.exists():
+                raise b.BackupError(f"{live} does not exist: nothing to back up (start uprof once)")
+            target = out / name
+            src = sqlite3.connect(live, timeout=30)
+            dst = sqlite3.connect(target)
+            try:
+                src.execute("PRAGMA busy_timeout=30000")
+                src.backup(dst)  # one consistent snapshot of the file, through the driver
+                dst.execute("PRAGMA journal_mode=DELETE")  # one self-contained file
+            finally:
+                dst.close()
+                src.close()
+            os.chmod(target, 0o600)
+            if name == "views.sqlite":
+                engine = sa.create_engine(f"sqlite:///{target}")
+                try:
+                    with engine.connect() as conn:
+                        revision, audit = b._views_revision(conn), b._audit_head(conn)
+                finally:
+                    engine.dispose()
+        return b._manifest(settings, self.name, revision, audit)
+
+    def restore(self, settings: Settings, src: Path, keep_live_audit: bool) -> None:
+        from uprof.services.backup import AUDIT_KEYS
+
+        data = settings.data_dir
+        for leftover in data.glob(".restore-views-*"):  # from a restore that was killed
+            leftover.unlink(missing_ok=True)
+        # Views first (the position must not run ahead of the log), prepared in full in a
+        # private file, then copied over the live file in one SQLite transaction.
+        staged = data / f".restore-views-{secrets.token_hex(4)}.sqlite"
+        try:
+            _sqlite_copy(src / "views.sqlite", staged)
+            if keep_live_audit:
+                conn = sqlite3.connect(staged)
+                try:
+                    conn.execute("ATTACH DATABASE ? AS live", (str(data / "views.sqlite"),))
+                    # The audit tables only grow: append the live rows the backup lacks.
+                    with conn:
+                        for table, key in AUDIT_KEYS.items():
+                            match = " AND ".join(f"m.{c} = l.{c}" for c in key)
+                            conn.execute(
+                                f"INSERT INTO main.{table} SELECT * FROM live.{table} AS l "
+                                f"WHERE NOT EXISTS (SELECT 1 FROM main.{table} AS m WHERE {match}) "
+                                f"ORDER BY {', '.join(f'l.{c}' for c in key)}"
+                            )
+                    conn.execute("DETACH DATABASE live")
+                finally:
+                    conn.close()
+            _sqlite_copy(staged, data / "views.sqlite")
+        finally:
+            for suffix in ("", "-journal", "-wal", "-shm"):
+                staged.with_name(staged.name + suffix).unlink(missing_ok=True)
+        _sqlite_copy(src / "events.sqlite", data / "events.sqlite")
+
+
+def _sqlite_copy(source: Path, target: Path) -> None:
+    """Copy one SQLite database over another through the backup API (one transaction)."""
+    src = sqlite3.connect(source, timeout=30)
+    dst = sqlite3.connect(target, timeout=30)
+    try:
+        dst.execute("PRAGMA busy_timeout=30000")
+        src.backup(dst)
+    finally:
+        dst.close()
+        src.close()
 
 
 #: Typed as the protocol, so the type checker holds the class to all of it.
