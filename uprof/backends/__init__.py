@@ -137,6 +137,24 @@ class Backend(Protocol):
         """A condition "column is one of ids" on one bound parameter ``:ids``, and its value."""
         ...
 
+    # --- the audit log (audit.tables.AuditBackend: audit names no database) -------------
+
+    def append_only_ddl(self, tables: Sequence[str]) -> list[str]:
+        """Triggers refusing UPDATE and DELETE (and TRUNCATE where there is one) on
+        ``tables``; idempotent, free of ``%`` and ``:name`` (run by ``op.execute``)."""
+        ...
+
+    def drop_append_only_ddl(self) -> list[str]:
+        """What ``append_only_ddl`` left behind once its tables are dropped."""
+        ...
+
+    def serialised_transaction(
+        self, engine: sa.Engine, lock_key: int
+    ) -> AbstractContextManager[sa.Connection]:
+        """A write transaction entered one at a time per ``lock_key``; reads after
+        entering see every earlier writer's commit."""
+        ...
+
     # --- operator tools ----------------------------------------------------------------
 
     def scan_tables(self, engine: sa.Engine, terms: Sequence[str]) -> TableScan:

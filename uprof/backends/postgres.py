@@ -126,6 +126,34 @@ class PostgresBackend:
         # One array instead of an expanded IN list.
         return f"{column} = ANY(CAST(:ids AS {cast or 'text'}[]))", list(ids)
 
+    def append_only_ddl(self, tables: Sequence[str]) -> list[str]:
+        # CREATE OR REPLACE TRIGGER: PostgreSQL 14 or later.
+        statements = [
+            "CREATE OR REPLACE FUNCTION uprof_audit_append_only() RETURNS trigger "
+            "LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION USING MESSAGE = TG_TABLE_NAME "
+            "|| ' is append-only (' || TG_OP || ' refused)'; END $$"
+        ]
+        for table in tables:
+            statements += [
+                f"CREATE OR REPLACE TRIGGER trg_{table}_no_update_delete BEFORE UPDATE OR DELETE "
+                f"ON {table} FOR EACH ROW EXECUTE FUNCTION uprof_audit_append_only()",
+                f"CREATE OR REPLACE TRIGGER trg_{table}_no_truncate BEFORE TRUNCATE "
+                f"ON {table} FOR EACH STATEMENT EXECUTE FUNCTION uprof_audit_append_only()",
+            ]
+        return statements
+
+    def drop_append_only_ddl(self) -> list[str]:
+        return ["DROP FUNCTION IF EXISTS uprof_audit_append_only()"]
+
+    @contextlib.contextmanager
+    def serialised_transaction(self, engine: sa.Engine, lock_key: int) -> Iterator[sa.Connection]:
+        # READ COMMITTED: each statement after the lock sees every earlier holder's commit.
+        with engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="READ COMMITTED")
+            with conn.begin():
+                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(lock_key)))
+                yield conn
+
     def scan_tables(self, engine: sa.Engine, terms: Sequence[str]) -> TableScan:
         inspector = sa.inspect(engine)
         tables, hits = 0, []

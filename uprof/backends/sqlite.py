@@ -127,6 +127,28 @@ class SQLiteBackend:
         # One JSON list through json_each instead of an expanded IN list.
         return f"{column} IN (SELECT value FROM json_each(:ids))", json.dumps(list(ids))
 
+    def append_only_ddl(self, tables: Sequence[str]) -> list[str]:
+        return [
+            f"CREATE TRIGGER IF NOT EXISTS trg_{table}_no_{op.lower()} BEFORE {op} ON {table} "
+            f"BEGIN SELECT RAISE(ABORT, '{table} is append-only'); END"
+            for table in tables
+            for op in ("UPDATE", "DELETE")
+        ]
+
+    def drop_append_only_ddl(self) -> list[str]:
+        return []  # triggers go with their tables
+
+    @contextlib.contextmanager
+    def serialised_transaction(self, engine: sa.Engine, lock_key: int) -> Iterator[sa.Connection]:
+        # One writer per database file: the write lock is the lock, whatever the key.
+        with engine.connect() as conn, conn.begin():
+            dbapi = conn.connection.dbapi_connection
+            if not getattr(dbapi, "in_transaction", True):
+                # pysqlite begins lazily and DEFERRED; take the write lock now instead, so
+                # two writers cannot both read the same state.
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+            yield conn
+
     def scan_tables(self, engine: sa.Engine, terms: Sequence[str]) -> TableScan:
         # The databases are files in the data folder: the file scan's child reads them
         # (raw bytes and tables, from a snapshot; FIELD-NOTES 8.1).
