@@ -66,3 +66,17 @@ def test_every_registered_backend_runs_the_storage_tests() -> None:
     }
     for scheme in REGISTRY:
         assert backend_named(scheme).name in params, scheme
+
+
+def test_no_product_code_outside_the_backends_asks_for_a_dialect_name() -> None:
+    """Callers ask the backend object; only the registry maps a dialect name to it."""
+    allowed = {ROOT / "uprof" / "backends" / "__init__.py"}
+    offenders = []
+    for package in ("uprof", "audit", "migrations", "domain", "projections", "policies"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if path in allowed:
+                continue
+            for number, line in enumerate(path.read_text("utf-8").splitlines(), 1):
+                if "dialect.name" in line or "dialect_name" in line:
+                    offenders.append(f"{path.relative_to(ROOT)}:{number}")
+    assert offenders == []
