@@ -30,6 +30,8 @@ POLICY_STORE_FILE = "policies.sqlite"
 #: The files of a backup, views first: the views' projection position must never be
 #: ahead of the log.
 SQLITE_FILES = ("views.sqlite", "events.sqlite")
+#: Beside a database file: the file whose flock orders schema changes (``schema_lock``).
+SCHEMA_LOCK_SUFFIX = ".schema-lock"
 #: The table eventsourcing keeps the profiles log's events in (the log has its own file).
 EVENTS_TABLE = "stored_events"
 
@@ -95,7 +97,23 @@ class SQLiteBackend:
 
     @contextlib.contextmanager
     def schema_lock(self, engine: sa.Engine) -> Iterator[None]:
-        yield  # SQLite serialises schema changes by itself
+        # SQLite serialises each write, not alembic's "no version table yet? create it":
+        # processes starting at once on a new store both decide to create it and all but
+        # one fail ("table alembic_version already exists"). An exclusive flock on a file
+        # of its own beside the database orders them. Never a lock on the database file:
+        # closing a descriptor of it would drop this process's SQLite locks (FIELD-NOTES 8.1).
+        database = engine.url.database
+        if not database or database == ":memory:" or engine.url.query.get("mode") == "memory":
+            yield
+            return
+        import fcntl
+
+        fd = os.open(f"{database}{SCHEMA_LOCK_SUFFIX}", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the flock
 
     def fold_log(self, engine: sa.Engine) -> None:
         with engine.connect() as conn:
