@@ -25,11 +25,12 @@ from audit.receipts import (
     verify_receipt,
     verify_subject_commitment,
 )
-from audit.tables import metadata
+from audit.tables import AuditBackend, create_tables, metadata
 from audit.verify import VerificationReport, verify_export
 
 __all__ = [
     "ENTRY_FIELDS",
+    "AuditBackend",
     "AuditEntryError",
     "AuditKeyError",
     "AuditLog",
@@ -41,6 +42,7 @@ __all__ = [
     "VerificationError",
     "VerificationReport",
     "canonical_bytes",
+    "create_tables",
     "export_csv",
     "export_jsonl",
     "issue_erasure_receipt",

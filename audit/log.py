@@ -6,20 +6,21 @@ batch writes nothing. Inside one transaction they take the log's write lock, rea
 size and the frontier (at most log2(n) perfect nodes), insert the new leaves at the next dense
 indexes and every perfect node those leaves complete. Nothing is ever rehashed.
 
-Write lock. PostgreSQL: ``pg_advisory_xact_lock`` under READ COMMITTED, so the size read after
-the lock is current. SQLite: ``BEGIN IMMEDIATE`` takes the database write lock up front (other
-writers wait on the busy timeout). On any backend a unique-key clash or a busy database rolls
+Write lock: the backend's ``serialised_transaction`` (``audit.tables.AuditBackend``).
+PostgreSQL: ``pg_advisory_xact_lock`` under READ COMMITTED, so the size read after the lock is
+current. SQLite: ``BEGIN IMMEDIATE`` takes the database write lock up front (other writers wait
+on the busy timeout). On any backend a unique-key clash or a busy database rolls
 the whole batch back and retries it, so indexes stay dense 0..n-1 without gaps.
 
 There is no UPDATE or DELETE path anywhere in this package, and the tables carry triggers
-that refuse them (``audit.tables.append_only_ddl``).
+that refuse them (``audit.tables.AuditBackend.append_only_ddl``).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from hashlib import sha256
@@ -44,11 +45,11 @@ from audit.merkle import (
     leaf_hash,
     tree_hash,
 )
-from audit.tables import audit_checkpoints, audit_entries, audit_nodes
+from audit.tables import AuditBackend, audit_checkpoints, audit_entries, audit_nodes
 from domain.errors import InvalidInputError, StoreBusyError, VersionConflictError
 
 #: Any constant works; it only has to be the same in every process that writes this log.
-_PG_APPEND_LOCK = int.from_bytes(sha256(b"uprof.audit.append").digest()[:8], "big", signed=True)
+_APPEND_LOCK = int.from_bytes(sha256(b"uprof.audit.append").digest()[:8], "big", signed=True)
 _INSERT_CHUNK = 500
 # Statements every append runs, built once (building one and its cache key costs
 # SQLAlchemy more than SQLite spends on the query).
@@ -121,10 +122,11 @@ class AuditLog:
     """An RFC 9162 Merkle log of audit entries stored in SQL, with C2SP signed checkpoints.
 
     ``engine`` must have the ``audit.tables`` tables (Alembic in production,
-    ``metadata.create_all`` in tests). ``origin`` names the log in its checkpoints and is the
-    checkpoint key name. ``retry`` runs an append again when it met another writer (see
-    ``Retry``; alone, the log tries once). ``clock`` returns an aware datetime (tests pass a
-    fixed one).
+    ``audit.tables.create_tables`` in tests); ``backend`` is its database's
+    ``AuditBackend`` (in uprof: ``uprof.backends.backend_for(engine)``). ``origin`` names
+    the log in its checkpoints and is the checkpoint key name. ``retry`` runs an append
+    again when it met another writer (see ``Retry``; alone, the log tries once). ``clock``
+    returns an aware datetime (tests pass a fixed one).
     """
 
     def __init__(
@@ -133,10 +135,12 @@ class AuditLog:
         signing_key: Ed25519PrivateKey,
         origin: str,
         *,
+        backend: AuditBackend,
         retry: Retry = run_once,
         clock: Callable[[], datetime] = _utc_now,
     ) -> None:
         self._engine = engine
+        self._backend = backend
         self._retry = retry
         self._key = signing_key
         self.origin = check_origin(origin)
@@ -244,22 +248,9 @@ class AuditLog:
         self._frontier = after
         return records
 
-    @contextmanager
-    def _write_transaction(self) -> Iterator[sa.Connection]:
-        dialect = self._engine.dialect.name
-        with self._engine.connect() as conn:
-            if dialect == "postgresql":
-                conn = conn.execution_options(isolation_level="READ COMMITTED")
-            with conn.begin():
-                if dialect == "postgresql":
-                    conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_APPEND_LOCK)))
-                elif dialect == "sqlite":
-                    dbapi = conn.connection.dbapi_connection
-                    if not getattr(dbapi, "in_transaction", True):
-                        # pysqlite begins lazily and DEFERRED; take the write lock now instead,
-                        # so two writers cannot both read the same size.
-                        conn.exec_driver_sql("BEGIN IMMEDIATE")
-                yield conn
+    def _write_transaction(self) -> AbstractContextManager[sa.Connection]:
+        # The log's write lock: the size read after entering is current (module docstring).
+        return self._backend.serialised_transaction(self._engine, _APPEND_LOCK)
 
     def checkpoint(self) -> str:
         """Sign, store and return a checkpoint note for the current tree size."""

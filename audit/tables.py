@@ -9,15 +9,19 @@
   them. They never change, and make roots and proofs O(log² n) lookups.
 - ``audit_checkpoints``: every signed checkpoint note, kept to serve consistency proofs.
 
-All three are append-only. ``append_only_ddl(dialect)`` returns triggers that make the database
-refuse UPDATE, DELETE (and TRUNCATE on PostgreSQL) on them; ``metadata.create_all`` installs
-them, and the Alembic migration that creates these tables must ``op.execute`` each statement.
+All three are append-only. The backend's ``append_only_ddl(APPEND_ONLY_TABLES)``
+(``AuditBackend``) returns triggers that make the database refuse UPDATE, DELETE (and TRUNCATE
+on PostgreSQL) on them; ``create_tables`` installs them with the tables, and the Alembic
+migration that creates these tables ``op.execute``s each statement.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Protocol
+
 import sqlalchemy as sa
-from sqlalchemy import event
 
 from domain.naming import NAMING_CONVENTION
 
@@ -60,42 +64,31 @@ audit_checkpoints = sa.Table(
 APPEND_ONLY_TABLES = ("audit_entries", "audit_nodes", "audit_checkpoints")
 
 
-def append_only_ddl(dialect_name: str) -> list[str]:
-    """Return the statements that make the audit tables refuse UPDATE and DELETE.
+class AuditBackend(Protocol):
+    """What the audit log needs that databases do their own way.
 
-    Supported dialects: ``sqlite`` and ``postgresql`` (14 or later, for CREATE OR REPLACE
-    TRIGGER); others get an empty list. The statements hold no ``%`` or ``:name``, so they run
-    unchanged through ``exec_driver_sql`` and Alembic's ``op.execute``.
+    uprof's storage backends (``uprof.backends``) implement it; this package names no
+    database, so a new backend is added there, not here.
     """
-    if dialect_name == "sqlite":
-        return [
-            f"CREATE TRIGGER IF NOT EXISTS trg_{table}_no_{op.lower()} BEFORE {op} ON {table} "
-            f"BEGIN SELECT RAISE(ABORT, '{table} is append-only'); END"
-            for table in APPEND_ONLY_TABLES
-            for op in ("UPDATE", "DELETE")
-        ]
-    if dialect_name == "postgresql":
-        statements = [
-            "CREATE OR REPLACE FUNCTION uprof_audit_append_only() RETURNS trigger "
-            "LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION USING MESSAGE = TG_TABLE_NAME "
-            "|| ' is append-only (' || TG_OP || ' refused)'; END $$"
-        ]
-        for table in APPEND_ONLY_TABLES:
-            statements += [
-                f"CREATE OR REPLACE TRIGGER trg_{table}_no_update_delete BEFORE UPDATE OR DELETE "
-                f"ON {table} FOR EACH ROW EXECUTE FUNCTION uprof_audit_append_only()",
-                f"CREATE OR REPLACE TRIGGER trg_{table}_no_truncate BEFORE TRUNCATE "
-                f"ON {table} FOR EACH STATEMENT EXECUTE FUNCTION uprof_audit_append_only()",
-            ]
-        return statements
-    return []
+
+    def append_only_ddl(self, tables: Sequence[str]) -> list[str]:
+        """Statements that make the database refuse UPDATE and DELETE (and TRUNCATE, where
+        it has one) on ``tables``; idempotent, free of ``%`` and ``:name`` so they run
+        unchanged through ``exec_driver_sql`` and Alembic's ``op.execute``."""
+        ...
+
+    def serialised_transaction(
+        self, engine: sa.Engine, lock_key: int
+    ) -> AbstractContextManager[sa.Connection]:
+        """A write transaction that writers holding the same ``lock_key`` enter one at a
+        time, and in which reads after entering see every earlier writer's commit."""
+        ...
 
 
-def _install_append_only_triggers(
-    target: sa.MetaData, connection: sa.Connection, **_: object
-) -> None:
-    for statement in append_only_ddl(connection.dialect.name):
-        connection.exec_driver_sql(statement)
-
-
-event.listen(metadata, "after_create", _install_append_only_triggers)
+def create_tables(engine: sa.Engine, backend: AuditBackend) -> None:
+    """Create the audit tables with their append-only triggers (tests, benchmarks: a
+    deployment runs the Alembic migration, which installs the same triggers)."""
+    with engine.begin() as conn:
+        metadata.create_all(conn)
+        for statement in backend.append_only_ddl(APPEND_ONLY_TABLES):
+            conn.exec_driver_sql(statement)

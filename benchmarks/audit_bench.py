@@ -26,8 +26,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from audit.export import export_jsonl
 from audit.log import AuditLog
-from audit.tables import metadata
+from audit.tables import create_tables
 from audit.verify import verify_export
+from uprof.backends import backend_for
 from uprof.retry import AUDIT_APPEND
 
 ORIGIN = "uprof.bench/audit"
@@ -49,9 +50,9 @@ def one_run(entries: int, batch: int, workdir: Path, seed: int) -> dict[str, flo
     """Fill a fresh SQLite log, then time proofs, an unfiltered export and its verification."""
     engine = sa.create_engine(f"sqlite:///{workdir / f'bench-{seed}.sqlite'}")
     try:
-        metadata.create_all(engine)
+        create_tables(engine, backend_for(engine))
         key = Ed25519PrivateKey.generate()
-        log = AuditLog(engine, key, ORIGIN, retry=AUDIT_APPEND.call)
+        log = AuditLog(engine, key, ORIGIN, backend=backend_for(engine), retry=AUDIT_APPEND.call)
 
         started = time.perf_counter()
         for start in range(0, entries, batch):

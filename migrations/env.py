@@ -1,8 +1,9 @@
 """Alembic environment: runs on a connection handed in by uprof.storage.
 
-Two branches: ``views`` (read models and the audit log) and ``keys`` (the key
-store, kept in its own database file on SQLite). The eventsourcing tables are
-created by eventsourcing itself and are excluded here (FIELD-NOTES §1).
+Three branches: ``views`` (read models and the audit log), ``keys`` (the key
+store, kept in its own database file on SQLite) and ``events`` (our indexes on the
+event log's tables, run once eventsourcing has created them). The eventsourcing
+tables are created by eventsourcing itself and are excluded here (FIELD-NOTES §1).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from alembic import context
 from audit.tables import metadata as audit_metadata
 from projections.profile.tables import metadata as profile_metadata
 from uprof.apikeys.tables import metadata as api_metadata
+from uprof.backends import backend_for
 from uprof.crypto.tables import metadata as keys_metadata
 from uprof.services.idempotency import metadata as idempotency_metadata
 
@@ -26,6 +28,8 @@ if connection is None:
 TARGETS = {
     "views": [profile_metadata, audit_metadata, idempotency_metadata],
     "keys": [keys_metadata, api_metadata],
+    # Only indexes of ours on eventsourcing's events table: no table of alembic's.
+    "events": [],
 }
 target_metadata = TARGETS[config.attributes.get("branch", "views")]
 
@@ -47,7 +51,7 @@ context.configure(
     connection=connection,
     target_metadata=target_metadata,
     include_object=include_object,
-    render_as_batch=connection.dialect.name == "sqlite",
+    render_as_batch=backend_for(connection).alters_in_batches,
     compare_type=True,
 )
 with context.begin_transaction():

@@ -21,6 +21,7 @@ from projections.profile.queries import ProfileQueries
 from uprof import telemetry
 from uprof.adapters.audit_trail import AuditLogTrail
 from uprof.adapters.clock import SystemClock
+from uprof.backends import backend_for
 from uprof.crypto.fields import ViewSealer
 from uprof.crypto.keydir import (
     AUDIT_KEY_FILE,
@@ -305,7 +306,12 @@ def bootstrap(
     queries = ProfileQueries(views, sealer)
     signing_key = material.audit_signing_key()
     audit_log = AuditLog(
-        views, signing_key, settings.audit_origin, retry=AUDIT_APPEND.call, clock=clock.now
+        views,
+        signing_key,
+        settings.audit_origin,
+        backend=backend_for(views),
+        retry=AUDIT_APPEND.call,
+        clock=clock.now,
     )
     if audit is None:
         audit = AuditLogTrail(audit_log, settings.tenant)

@@ -30,10 +30,12 @@ from eventsourcing.utils import get_topic
 from domain.errors import ConcurrencyConflictError, SubjectErasedError, SubjectNotFoundError
 from domain.profile import STATE_VALUE_TYPES, SubjectProfile
 from uprof import retry
+from uprof.backends import Backend, backend_for
 from uprof.crypto.keystore import KeyStore
 from uprof.crypto.mapper import SubjectKeyMapper
 from uprof.partitions import claim
-from uprof.recorders import GUARDED_RECORDERS, ConflictsAsDomainErrors
+from uprof.recorders import ConflictsAsDomainErrors
+from uprof.storage import migrate
 
 T = TypeVar("T")
 
@@ -65,15 +67,15 @@ SNAPSHOT_INTERVAL = 100
 WRITER_STRIPES = 64
 
 
-def _with_guarded_recorder(env: dict[str, str]) -> dict[str, str]:
+def _with_guarded_recorder(env: dict[str, str], backend: Backend) -> dict[str, str]:
     """The eventsourcing settings plus the recorder class whose tracking save is guarded."""
     module = env.get("PERSISTENCE_MODULE", "")
-    recorder = GUARDED_RECORDERS.get(module)
-    if recorder is None:
+    if module != backend.persistence_module:
         raise ValueError(
-            f"PERSISTENCE_MODULE {module!r}: the profiles log runs on sqlite or postgres"
+            f"PERSISTENCE_MODULE {module!r}: the profiles log's store is "
+            f"{backend.name}, whose module is {backend.persistence_module!r}"
         )
-    return {**env, "PROCESS_RECORDER_TOPIC": recorder}
+    return {**env, "PROCESS_RECORDER_TOPIC": backend.guarded_recorder_topic}
 
 
 def topic_of(event_class: type) -> str:
@@ -112,8 +114,12 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
         self._writer_turns = [threading.RLock() for _ in range(WRITER_STRIPES)]
         #: A SQLAlchemy view of the same store, for snapshot purges and WAL checkpoints.
         self.events_engine = events_engine
-        super().__init__(_with_guarded_recorder(env))
-        self._ensure_head_indexes()
+        #: What this log's store does its own way (uuid form, SQL parameter style, ...).
+        self.backend = backend_for(events_engine)
+        super().__init__(_with_guarded_recorder(env, self.backend))
+        # Our indexes on the library's table: the alembic ``events`` branch, run once the
+        # library has created its tables (at head: one query, no alembic import).
+        migrate(events_engine, "events")
         self._heads_sql = self._build_heads_sql()
 
     def construct_mapper(self) -> Mapper[UUID]:
@@ -199,22 +205,20 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
         if not stream_ids:
             return {}
         table, _ = self._events_table()
-        sqlite = self.events_engine.dialect.name == "sqlite"
-        marks = [f":s{i}" if sqlite else f"%(s{i})s" for i in range(len(stream_ids))]
+        backend = self.backend
+        marks = [backend.driver_param(f"s{i}") for i in range(len(stream_ids))]
         query = "SELECT " + ", ".join(
             f"(SELECT MAX(originator_version) FROM {table} WHERE originator_id = {mark})"
             for mark in marks
         )
-        # eventsourcing keeps uuids as 32-hex text on SQLite and as uuid on PostgreSQL.
-        params = {f"s{i}": s.hex if sqlite else s for i, s in enumerate(stream_ids)}
+        params = {f"s{i}": backend.stream_key(s) for i, s in enumerate(stream_ids)}
         raw = self.events_engine.raw_connection()
         try:
             cursor = raw.cursor()
             cursor.execute(query, params)
             row = cursor.fetchone()
             cursor.close()
-            if not sqlite:
-                raw.rollback()  # end the read transaction psycopg opened
+            backend.end_raw_read(raw)
         finally:
             raw.close()
         assert row is not None
@@ -290,7 +294,8 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
 
     # Per-subject read-your-writes asks "where is this subject's newest event of a kind?"
     # Two partial indexes answer it with one index probe each, at any history length.
-    # The library owns the events table; these indexes are ours, created idempotently.
+    # The library owns the events table; these indexes are ours, created by the alembic
+    # ``events`` branch with exactly these conditions (migrations/versions/0001_events_*).
     # Topics are inlined as literals: a planner can only match a partial index to a
     # query whose condition it can see (a bound parameter hides it).
     _HEAD_INDEXES = (
@@ -305,32 +310,11 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
 
     def _events_table(self) -> tuple[str, str]:
         """(qualified table name, notification id column) for this backend."""
-        recorder = self.recorder
-        table = recorder.events_table_name  # type: ignore[attr-defined]
-        if self.events_engine.dialect.name == "sqlite":
-            return table, "rowid"
-        schema = recorder.datastore.schema  # type: ignore[attr-defined]
-        return f'"{schema}"."{table}"', "notification_id"
+        return self.backend.events_table(self.recorder)
 
     def _tracking_table(self) -> str:
-        """The library's table of process positions (fixed name on SQLite)."""
-        if self.events_engine.dialect.name == "sqlite":
-            return "tracking"
-        recorder = self.recorder
-        schema = recorder.datastore.schema  # type: ignore[attr-defined]
-        return f'"{schema}"."{recorder.tracking_table_name}"'  # type: ignore[attr-defined]
-
-    def _ensure_head_indexes(self) -> None:
-        table, nid = self._events_table()
-        columns = "originator_id" if nid == "rowid" else "originator_id, notification_id"
-        with self.events_engine.begin() as conn:
-            for name, template in self._HEAD_INDEXES:
-                conn.execute(
-                    sa.text(
-                        f"CREATE INDEX IF NOT EXISTS {name} ON {table} ({columns}) "
-                        f"WHERE {self._head_condition(template)}"
-                    )
-                )
+        """The library's table of process positions."""
+        return self.backend.tracking_table(self.recorder)
 
     def subject_heads(self, stream_id: UUID, *, worker: str | None = None) -> SubjectHeads:
         """The subject's heads and the extraction worker's position, in one statement
@@ -342,16 +326,14 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
         Every read asks this, so it goes to the driver directly: the statement is
         built once, and SQLAlchemy's per-execution work would cost more than the query.
         """
-        sqlite = self.events_engine.dialect.name == "sqlite"
-        key = stream_id.hex if sqlite else str(stream_id)
+        key = self.backend.stream_key(stream_id)
         raw = self.events_engine.raw_connection()
         try:
             cursor = raw.cursor()
             cursor.execute(self._heads_sql, {"stream_id": key, "worker": worker or self.name})
             row = cursor.fetchone()
             cursor.close()
-            if not sqlite:
-                raw.rollback()  # end the read transaction psycopg opened
+            self.backend.end_raw_read(raw)
         finally:
             raw.close()
         assert row is not None
@@ -362,9 +344,7 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
     def _build_heads_sql(self) -> str:
         table, nid = self._events_table()
         # The driver's own named-parameter style: :name (sqlite3), %(name)s (psycopg).
-        stream, worker = (
-            (":stream_id", ":worker") if nid == "rowid" else ("%(stream_id)s", "%(worker)s")
-        )
+        stream, worker = (self.backend.driver_param(p) for p in ("stream_id", "worker"))
         content, captured = (
             f"(SELECT MAX({nid}) FROM {table} WHERE originator_id = {stream} "
             f"AND {self._head_condition(template)})"
@@ -399,8 +379,7 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
         if self.snapshots is None:
             return 0
         table = self.snapshots.recorder.events_table_name  # type: ignore[attr-defined]
-        # eventsourcing keeps uuids as 32-hex text on SQLite and as uuid on PostgreSQL.
-        key = stream_id.hex if self.events_engine.dialect.name == "sqlite" else str(stream_id)
+        key = self.backend.stream_key(stream_id)  # eventsourcing's stored form
         with self.events_engine.begin() as conn:
             result = conn.execute(
                 sa.text(f"DELETE FROM {table} WHERE originator_id = :stream_id"),
@@ -413,7 +392,7 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
         if not versions:
             return []
         table, nid = self._events_table()
-        key = stream_id.hex if self.events_engine.dialect.name == "sqlite" else str(stream_id)
+        key = self.backend.stream_key(stream_id)
         wanted = sorted({int(v) for v in versions})
         marks = ", ".join(f":v{i}" for i in range(len(wanted)))
         params: dict[str, Any] = {f"v{i}": v for i, v in enumerate(wanted)}

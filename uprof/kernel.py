@@ -49,8 +49,8 @@ from uprof.services.reads import ReadRecorder
 from uprof.services.residue import (
     ResidueReport,
     check_shredded_streams,
+    scan_database,
     scan_files,
-    scan_postgres,
 )
 from uprof.services.slices import Freshness, ProfileSlice, SliceRequest, SliceService
 from uprof.services.subject_export import build_subject_export
@@ -462,7 +462,7 @@ class Uprof:
         self._settle_reads()
         report = ResidueReport()
         scan_files(self.settings.data_dir, terms, report)
-        scan_postgres(self.views_engine, terms, report)
+        scan_database(self.views_engine, terms, report)
         check_shredded_streams(
             self.app,
             self.keys_engine,

@@ -37,7 +37,6 @@ from eventsourcing.sqlite import SQLiteCursor, SQLiteProcessRecorder
 from domain.errors import PositionMovedError, VersionConflictError
 
 __all__ = [
-    "GUARDED_RECORDERS",
     "ConflictsAsDomainErrors",
     "GuardedSQLiteProcessRecorder",
     "GuardedTracking",
@@ -120,12 +119,3 @@ class GuardedSQLiteProcessRecorder(SQLiteProcessRecorder):
             raise PositionMovedError(
                 tracking.application_name, tracking.expected, tracking.notification_id
             )
-
-
-#: The recorder per eventsourcing persistence module, as a topic: eventsourcing imports
-#: it when the application starts, so a SQLite deployment never imports the PostgreSQL
-#: driver (~0.15 s of every CLI command, decision 0035-observability).
-GUARDED_RECORDERS: dict[str, str] = {
-    "eventsourcing.sqlite": "uprof.recorders:GuardedSQLiteProcessRecorder",
-    "eventsourcing.postgres": "uprof.recorders_postgres:GuardedPostgresProcessRecorder",
-}

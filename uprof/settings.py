@@ -136,14 +136,13 @@ class Settings(BaseSettings):
 
     @field_validator("database_url")
     @classmethod
-    def _postgres_only(cls, value: str | None) -> str | None:
+    def _known_backend(cls, value: str | None) -> str | None:
         if value is None or value == "":
             return None
-        if not value.startswith(("postgresql://", "postgresql+psycopg://")):
-            raise ValueError(
-                "database_url must be a PostgreSQL URL (postgresql+psycopg://...); "
-                "leave it unset for the embedded SQLite default"
-            )
+        from uprof.backends import backend_for_url
+
+        # Unknown schemes, and URLs a known backend refuses, fail here, naming the field.
+        backend_for_url(value).check_database_url(value)
         return value
 
     @model_validator(mode="after")
@@ -159,10 +158,6 @@ class Settings(BaseSettings):
                 "UPROF_KEY_DIR to a folder outside UPROF_DATA_DIR (default: <data_dir>.keys)"
             )
         return self
-
-    @property
-    def is_postgres(self) -> bool:
-        return self.database_url is not None
 
     @property
     def key_path(self) -> Path:

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import sqlalchemy as sa
 
+from uprof.backends import StorageLayout, backend_for, backend_for_settings, backend_for_url
 from uprof.settings import Settings
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
@@ -28,56 +26,9 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 RESTORE_MARKER = "RESTORE-IN-PROGRESS.json"
 
 
-@dataclass(frozen=True)
-class StorageLayout:
-    """Where each store lives for one deployment."""
-
-    views_url: str
-    keys_url: str
-    events_url: str  # the same store eventsourcing writes, for snapshot purges and scans
-    eventsourcing_env: dict[str, str]
-    events_path: Path | None  # the SQLite event file, for residue scans
-
-
 def layout_for(settings: Settings) -> StorageLayout:
-    if settings.database_url is None:
-        data = settings.data_dir
-        data.mkdir(parents=True, exist_ok=True)
-        keys = settings.key_path
-        keys.mkdir(mode=0o700, parents=True, exist_ok=True)
-        events = data / "events.sqlite"
-        return StorageLayout(
-            views_url=f"sqlite:///{data / 'views.sqlite'}",
-            keys_url=f"sqlite:///{keys / 'keys.sqlite'}",
-            events_url=f"sqlite:///{events}",
-            eventsourcing_env={
-                "PERSISTENCE_MODULE": "eventsourcing.sqlite",
-                "SQLITE_DBNAME": str(events),
-                "SQLITE_LOCK_TIMEOUT": "30",
-            },
-            events_path=events,
-        )
-    url = sa.engine.make_url(settings.database_url)
-    return StorageLayout(
-        views_url=settings.database_url,
-        keys_url=settings.database_url,
-        events_url=settings.database_url,
-        eventsourcing_env={
-            "PERSISTENCE_MODULE": "eventsourcing.postgres",
-            "POSTGRES_DBNAME": url.database or "postgres",
-            "POSTGRES_HOST": url.host or "127.0.0.1",
-            "POSTGRES_PORT": str(url.port or 5432),
-            "POSTGRES_USER": url.username or "postgres",
-            "POSTGRES_PASSWORD": url.password or "",
-            "POSTGRES_POOL_SIZE": "5",
-            "POSTGRES_MAX_OVERFLOW": "10",
-        },
-        events_path=None,
-    )
-
-
-#: The SQLite file of the policy store (its own application, so its own file: FIELD-NOTES 2.2).
-POLICY_STORE_FILE = "policies.sqlite"
+    """Where each store of the deployment lives (its backend decides)."""
+    return backend_for_settings(settings).layout(settings)
 
 
 def policy_store_env(settings: Settings) -> dict[str, str]:
@@ -87,33 +38,7 @@ def policy_store_env(settings: Settings) -> dict[str, str]:
     the profiles log, in tables of its own (``policies_events``, ``policies_snapshots``),
     named by eventsourcing after the application.
     """
-    if settings.database_url is None:
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
-        return {
-            "PERSISTENCE_MODULE": "eventsourcing.sqlite",
-            "SQLITE_DBNAME": str(settings.data_dir / POLICY_STORE_FILE),
-            "SQLITE_LOCK_TIMEOUT": "30",
-        }
-    env = dict(layout_for(settings).eventsourcing_env)
-    # Few connections: one decision-time version check and the rare change.
-    env.update({"POSTGRES_POOL_SIZE": "2", "POSTGRES_MAX_OVERFLOW": "4"})
-    return env
-
-
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any, *, synchronous: str = "NORMAL") -> None:
-    cursor = dbapi_connection.cursor()
-    # Deleted rows must not linger in free pages (FIELD-NOTES §4); never rely on the
-    # build default. WAL lets readers run beside the projection writer.
-    cursor.execute("PRAGMA secure_delete=ON")
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute(f"PRAGMA synchronous={synchronous}")
-    cursor.execute("PRAGMA busy_timeout=30000")
-    cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.close()
-
-
-def _sqlite_pragmas_full(dbapi_connection: Any, record: Any) -> None:
-    _sqlite_pragmas(dbapi_connection, record, synchronous="FULL")
+    return backend_for_settings(settings).policy_store_env(settings)
 
 
 def create_engine(url: str, *, fsync_each_commit: bool = False) -> sa.Engine:
@@ -126,39 +51,17 @@ def create_engine(url: str, *, fsync_each_commit: bool = False) -> sa.Engine:
     connections) already commits FULL, and after a power cut an event whose capture key
     was lost could never be read again (decision 0017). Other stores keep NORMAL.
     """
-    if url.startswith("sqlite"):
-        engine = sa.create_engine(url, connect_args={"timeout": 30}, hide_parameters=True)
-        pragmas = _sqlite_pragmas_full if fsync_each_commit else _sqlite_pragmas
-        sa.event.listen(engine, "connect", pragmas)
-        return engine
-    return sa.create_engine(
-        url, pool_pre_ping=True, pool_size=5, max_overflow=10, hide_parameters=True
-    )
+    return backend_for_url(url).create_engine(url, fsync_each_commit=fsync_each_commit)
 
 
-#: Advisory lock key that processes starting on one PostgreSQL database queue on.
-SCHEMA_LOCK_KEY = 0x7570726F66  # "uprof"
-
-
-@contextlib.contextmanager
-def schema_lock(engine: sa.Engine) -> Iterator[None]:
-    """Let one starting process at a time create or migrate tables (PostgreSQL).
+def schema_lock(engine: sa.Engine) -> contextlib.AbstractContextManager[None]:
+    """Let one starting process at a time create or migrate tables.
 
     Two processes creating eventsourcing's tables at the same moment crash one of them
-    in PostgreSQL's catalog ("tuple concurrently updated"); an advisory lock held on
-    its own connection orders them. SQLite serialises schema changes by itself.
+    in PostgreSQL's catalog ("tuple concurrently updated"); the backend orders them
+    (an advisory lock on PostgreSQL; SQLite serialises schema changes by itself).
     """
-    if engine.dialect.name != "postgresql":
-        yield
-        return
-    with engine.connect() as conn:
-        conn.execute(sa.text("SELECT pg_advisory_lock(:key)"), {"key": SCHEMA_LOCK_KEY})
-        conn.commit()
-        try:
-            yield
-        finally:
-            conn.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": SCHEMA_LOCK_KEY})
-            conn.commit()
+    return backend_for(engine).schema_lock(engine)
 
 
 def migrate(engine: sa.Engine, branch: str) -> None:
@@ -228,12 +131,6 @@ def _current_revisions(engine: sa.Engine) -> set[str]:
         return {row[0] for row in rows}
 
 
-#: Where eventsourcing keeps the profiles log: in SQLite the log's own file holds one
-#: application, under the library's default name; PostgreSQL shares one database
-#: between applications and names the table after the application ("profiles").
-EVENTS_TABLES = {"sqlite": "stored_events", "postgresql": "profiles_events"}
-
-
 def log_holds_events(engine: sa.Engine) -> bool:
     """Whether the event log already holds any event (read through the driver).
 
@@ -241,11 +138,9 @@ def log_holds_events(engine: sa.Engine) -> bool:
     new log. The engine is the deployment's own (pooled, kept open): a probe connection
     closed here would drop this process's SQLite locks (FIELD-NOTES 8.1).
     """
-    name = EVENTS_TABLES[engine.dialect.name]
     inspector = sa.inspect(engine)
-    schemas = [None] if engine.dialect.name == "sqlite" else inspector.get_schema_names()
     with engine.connect() as conn:
-        for schema in schemas:
+        for schema, name in backend_for(engine).events_table_candidates(engine):
             if not inspector.has_table(name, schema=schema):
                 continue
             table = sa.table(name, schema=schema)
@@ -254,9 +149,7 @@ def log_holds_events(engine: sa.Engine) -> bool:
     return False
 
 
-def sqlite_checkpoint(engine: sa.Engine) -> None:
-    """Fold the WAL into the main file and truncate it (shredded bytes must not linger)."""
-    if engine.dialect.name != "sqlite":
-        return
-    with engine.connect() as conn:
-        conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+def fold_log(engine: sa.Engine) -> None:
+    """Fold a write-ahead log into the main file (SQLite: checkpoint and truncate the WAL),
+    so shredded bytes do not linger; nothing on a backend whose log is not ours to fold."""
+    backend_for(engine).fold_log(engine)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from audit.tables import append_only_ddl
+from audit.tables import APPEND_ONLY_TABLES
+from uprof.backends import backend_for
 
 revision = "0002_audit"
 down_revision = "0001_views"
@@ -62,7 +63,9 @@ def upgrade() -> None:
     )
     # ### end Alembic commands ###
     # The database itself refuses UPDATE/DELETE on the audit tables (I10).
-    for statement in append_only_ddl(op.get_bind().dialect.name):
+    # The statements are the backend's (they were inlined per dialect here until issue 17;
+    # the SQL is unchanged).
+    for statement in backend_for(op.get_bind()).append_only_ddl(APPEND_ONLY_TABLES):
         op.execute(statement)
 
 
@@ -78,5 +81,5 @@ def downgrade() -> None:
     op.drop_table("audit_entries")
     op.drop_table("audit_checkpoints")
     # ### end Alembic commands ###
-    if op.get_bind().dialect.name == "postgresql":
-        op.execute("DROP FUNCTION IF EXISTS uprof_audit_append_only()")
+    for statement in backend_for(op.get_bind()).drop_append_only_ddl():
+        op.execute(statement)

@@ -12,8 +12,9 @@ import sqlalchemy as sa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from audit.log import AuditLog
-from audit.tables import metadata
+from audit.tables import create_tables
 from tests.conftest import Backend
+from uprof.backends import backend_for
 from uprof.retry import AUDIT_APPEND
 
 ORIGIN = "uprof.test/audit"
@@ -34,7 +35,7 @@ def signing_key() -> Ed25519PrivateKey:
 @pytest.fixture
 def engine(backend: Backend) -> Iterator[sa.Engine]:
     eng = sa.create_engine(backend.url)
-    metadata.create_all(eng)
+    create_tables(eng, backend_for(eng))
     try:
         yield eng
     finally:
@@ -43,13 +44,20 @@ def engine(backend: Backend) -> Iterator[sa.Engine]:
 
 @pytest.fixture
 def log(engine: sa.Engine, signing_key: Ed25519PrivateKey) -> AuditLog:
-    return AuditLog(engine, signing_key, ORIGIN, retry=AUDIT_APPEND.call, clock=make_clock())
+    return AuditLog(
+        engine,
+        signing_key,
+        ORIGIN,
+        backend=backend_for(engine),
+        retry=AUDIT_APPEND.call,
+        clock=make_clock(),
+    )
 
 
 @pytest.fixture
 def sqlite_engine(tmp_path: Path) -> Iterator[sa.Engine]:
     eng = sa.create_engine(f"sqlite:///{tmp_path / 'audit.sqlite'}")
-    metadata.create_all(eng)
+    create_tables(eng, backend_for(eng))
     try:
         yield eng
     finally:
@@ -58,7 +66,14 @@ def sqlite_engine(tmp_path: Path) -> Iterator[sa.Engine]:
 
 @pytest.fixture
 def sqlite_log(sqlite_engine: sa.Engine, signing_key: Ed25519PrivateKey) -> AuditLog:
-    return AuditLog(sqlite_engine, signing_key, ORIGIN, retry=AUDIT_APPEND.call, clock=make_clock())
+    return AuditLog(
+        sqlite_engine,
+        signing_key,
+        ORIGIN,
+        backend=backend_for(sqlite_engine),
+        retry=AUDIT_APPEND.call,
+        clock=make_clock(),
+    )
 
 
 def sample_entry(i: int) -> dict[str, object]:

@@ -97,14 +97,20 @@ def test_a_second_log_cannot_lend_its_entries(
 ) -> None:
     import sqlalchemy as sa
 
-    from audit.tables import metadata
+    from audit.tables import create_tables
+    from uprof.backends import backend_for
 
     fill(sqlite_log, 6)
     other_engine = sa.create_engine(f"sqlite:///{tmp_path / 'other.sqlite'}")
-    metadata.create_all(other_engine)
+    create_tables(other_engine, backend_for(other_engine))
     try:
         other = AuditLog(
-            other_engine, signing_key, ORIGIN, retry=AUDIT_APPEND.call, clock=make_clock()
+            other_engine,
+            signing_key,
+            ORIGIN,
+            backend=backend_for(other_engine),
+            retry=AUDIT_APPEND.call,
+            clock=make_clock(),
         )
         other.append_many(sample_entry(i) for i in range(6))
         other.append({"action": "forged"})

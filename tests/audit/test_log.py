@@ -25,6 +25,7 @@ from audit.tables import audit_entries, audit_nodes
 from domain.errors import InvalidInputError
 from tests.audit.conftest import ORIGIN, make_clock, sample_entry
 from tests.conftest import Backend
+from uprof.backends import backend_for
 from uprof.retry import AUDIT_APPEND
 
 
@@ -272,7 +273,14 @@ def test_a_stored_checkpoint_with_another_root_is_reported(
 def _append_in_thread(url: str, key: Ed25519PrivateKey, worker: int, out: list[int]) -> None:
     engine = sa.create_engine(url)
     try:
-        log = AuditLog(engine, key, ORIGIN, retry=AUDIT_APPEND.call, clock=make_clock())
+        log = AuditLog(
+            engine,
+            key,
+            ORIGIN,
+            backend=backend_for(engine),
+            retry=AUDIT_APPEND.call,
+            clock=make_clock(),
+        )
         for batch in range(20):
             entries = [
                 {"action": "concurrent", "agent_id": f"w{worker}-{batch}-{i}"}
@@ -332,7 +340,9 @@ def test_log_reopened_on_existing_tables_continues(
     log: AuditLog, engine: sa.Engine, signing_key: Ed25519PrivateKey, tmp_path: Path
 ) -> None:
     tree = fill(log, 9)
-    reopened = AuditLog(engine, signing_key, ORIGIN, retry=AUDIT_APPEND.call)
+    reopened = AuditLog(
+        engine, signing_key, ORIGIN, backend=backend_for(engine), retry=AUDIT_APPEND.call
+    )
     record = reopened.append({"action": "later"})
     tree.append(record.leaf_hash)
     assert record.leaf_index == 9

@@ -14,9 +14,10 @@ import sqlalchemy as sa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from audit.log import AuditLog, _store_busy
-from audit.tables import metadata
+from audit.tables import create_tables
 from domain.errors import StoreBusyError
 from tests.conftest import Backend
+from uprof.backends import backend_for
 from uprof.retry import RetryPolicy
 
 
@@ -79,12 +80,18 @@ def test_a_locked_log_raises_store_busy_and_the_retry_policy_waits_it_out(
     """The driver's lock error reaches the retry policy as the typed StoreBusyError."""
     path = tmp_path / "locked.sqlite"
     engine = sa.create_engine(f"sqlite:///{path}", connect_args={"timeout": 0})
-    metadata.create_all(engine)
+    create_tables(engine, backend_for(engine))
     key = Ed25519PrivateKey.generate()
     holder = sqlite3.connect(path, timeout=0, isolation_level=None)
     try:
         holder.execute("BEGIN EXCLUSIVE")
-        once = AuditLog(engine, key, "uprof.test/busy", retry=lambda operation: operation())
+        once = AuditLog(
+            engine,
+            key,
+            "uprof.test/busy",
+            backend=backend_for(engine),
+            retry=lambda operation: operation(),
+        )
         with pytest.raises(StoreBusyError) as busy:
             once.append({"action": "while-locked"})
         assert isinstance(busy.value.__cause__, sa.exc.OperationalError)
@@ -101,6 +108,7 @@ def test_a_locked_log_raises_store_busy_and_the_retry_policy_waits_it_out(
             engine,
             key,
             "uprof.test/busy",
+            backend=backend_for(engine),
             retry=lambda operation: policy.call(operation, before_retry=release_after_two),
         )
         record = log.append({"action": "after-the-lock"})

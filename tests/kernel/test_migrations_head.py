@@ -21,7 +21,7 @@ from uprof import storage
 from uprof.storage import MIGRATIONS_DIR, branch_head, create_engine, migrate
 
 
-@pytest.mark.parametrize("branch", ["views", "keys"])
+@pytest.mark.parametrize("branch", ["views", "keys", "events"])
 def test_the_head_read_from_the_files_is_alembics(branch: str) -> None:
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))

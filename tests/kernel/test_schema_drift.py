@@ -5,6 +5,11 @@ once as SQLAlchemy ``Table`` objects (what the code queries). This is ``alembic 
 for both branches on both backends: migrate an empty database, then ask alembic's
 autogenerate for the difference; any column, index, constraint or type that one side
 has and the other lacks fails here instead of in production.
+
+The third branch, ``events``, owns no table: only two partial indexes on the table
+eventsourcing creates. Its drift check is that a store the event store opened holds
+exactly the indexes the code's queries are written for, with the same conditions
+(tests/kernel/test_events_migration.py checks the upgrade paths and the planner).
 """
 
 from __future__ import annotations
@@ -16,8 +21,11 @@ from alembic.migration import MigrationContext
 from audit.tables import metadata as audit_metadata
 from projections.profile.tables import metadata as profile_metadata
 from tests.conftest import Backend
+from tests.fakes.ports import FakeClock
+from tests.kernel.conftest import build_kernel, settings_for
 from uprof.apikeys.tables import metadata as api_metadata
 from uprof.crypto.tables import metadata as keys_metadata
+from uprof.eventstore import ProfilesApplication
 from uprof.services.idempotency import metadata as idempotency_metadata
 from uprof.storage import create_engine, migrate
 
@@ -69,6 +77,36 @@ def test_views_migrations_match_the_table_code(backend: Backend) -> None:
 
 def test_keys_migrations_match_the_table_code(backend: Backend) -> None:
     assert _drift(backend.url, "keys") == []
+
+
+def test_events_migrations_match_the_event_store_code(backend: Backend) -> None:
+    k = build_kernel(settings_for(backend), FakeClock())
+    try:
+        app = k.app
+        engine = app.events_engine
+        code = {name: app._head_condition(t) for name, t in ProfilesApplication._HEAD_INDEXES}
+        table, _ = app.backend.head_index_target()
+        with engine.connect() as conn:
+            indexes = sa.inspect(conn).get_indexes(table)
+        ours = {ix["name"]: ix for ix in indexes if str(ix["name"]).startswith("uprof_")}
+        assert set(ours) == set(code)
+        with engine.connect() as conn:
+            for name, condition in code.items():
+                topic = condition.split("'")[1]
+                # The index's predicate, as the database stored it, names the code's topic.
+                if engine.dialect.name == "sqlite":
+                    stored = conn.execute(
+                        sa.text("SELECT sql FROM sqlite_master WHERE name = :n"), {"n": name}
+                    ).scalar_one()
+                else:
+                    stored = conn.execute(
+                        sa.text("SELECT indexdef FROM pg_indexes WHERE indexname = :n"),
+                        {"n": name},
+                    ).scalar_one()
+                assert f"'{topic}'" in stored
+                assert ("<>" in stored) == ("<>" in condition)
+    finally:
+        k.close()
 
 
 def test_the_check_sees_a_column_the_migrations_lack(backend: Backend) -> None:

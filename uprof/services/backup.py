@@ -20,6 +20,10 @@ fork under published checkpoints); a restore into a deployment whose audit log
 disagrees with the backup's is refused. While a restore runs, a marker file in the
 data folder makes every other start refuse; a killed restore is finished by running
 it again. Stop every uprof process on the deployment before restoring.
+
+What is copied, and how, is the backend's (``Backend.backup`` and ``Backend.restore`` in
+``uprof.backends.sqlite`` and ``uprof.backends.postgres``); the manifest, the checks and
+the ledger's re-application are here, the same for every backend.
 """
 
 from __future__ import annotations
@@ -27,11 +31,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import secrets
 import shutil
-import sqlite3
-import subprocess
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,15 +45,13 @@ from alembic.script import ScriptDirectory
 from audit.tables import audit_checkpoints, audit_entries, audit_nodes
 from domain.errors import InvalidInputError, UprofError
 from uprof.apikeys.tables import metadata as api_metadata
+from uprof.backends import backend_for_settings
 from uprof.crypto.tables import metadata as keys_metadata
 from uprof.settings import Settings
 from uprof.storage import MIGRATIONS_DIR, RESTORE_MARKER, create_engine, layout_for, migrate
 
 FORMAT = "uprof-backup/1"
 MANIFEST = "manifest.json"
-#: Views first: the views' projection position must never be ahead of the log.
-SQLITE_FILES = ("views.sqlite", "events.sqlite")
-PG_DUMP = "database.dump"
 #: Tables of the key store: never in a backup, never touched by a restore.
 KEY_TABLES = tuple(sorted({*keys_metadata.tables, *api_metadata.tables}))
 #: Audit tables and their primary keys (a restore keeps the live rows).
@@ -144,34 +143,6 @@ def _refuse_bad_destination(settings: Settings, dest: Path) -> None:
         raise InvalidInputError(f"--to: {target} exists and is not empty")
 
 
-def _pg_params(url: str) -> tuple[list[str], dict[str, str], str]:
-    u = sa.engine.make_url(url)
-    args = ["--host", u.host or "127.0.0.1", "--port", str(u.port or 5432)]
-    args += ["--username", u.username or "postgres"]
-    env = {**os.environ}
-    if u.password:
-        env["PGPASSWORD"] = str(u.password)
-    return args, env, u.database or "postgres"
-
-
-def _pg_tool(name: str, engine: sa.Engine) -> str:
-    """The path of pg_dump/pg_restore, refused if older than the server (it cannot read it)."""
-    path = shutil.which(name)
-    if path is None:
-        raise BackupError(f"{name} is not installed; install the PostgreSQL client tools")
-    out = subprocess.run([path, "--version"], capture_output=True, text=True, check=True).stdout
-    match = re.search(r"(\d+)(?:\.(\d+))?", out)
-    tool_major = int(match.group(1)) if match else 0
-    with engine.connect() as conn:
-        server_num = int(conn.execute(sa.text("SHOW server_version_num")).scalar_one())
-    if tool_major < server_num // 10000:
-        raise BackupError(
-            f"{name} {tool_major} is older than the server ({server_num // 10000}); "
-            f"use the {name} of PostgreSQL {server_num // 10000} or newer"
-        )
-    return path
-
-
 # ------------------------------------------------------------------- backup
 
 
@@ -183,10 +154,7 @@ def backup(settings: Settings, dest: Path) -> BackupReport:
     partial = dest.with_name(f".{dest.name}.partial-{secrets.token_hex(4)}")
     partial.mkdir(mode=0o700)
     try:
-        if settings.is_postgres:
-            manifest = _backup_postgres(settings, partial)
-        else:
-            manifest = _backup_sqlite(settings, partial)
+        manifest = backend_for_settings(settings).backup(settings, partial)
         manifest["files"] = {
             p.name: {"sha256": _sha256(p), "bytes": p.stat().st_size}
             for p in sorted(partial.iterdir())
@@ -224,71 +192,6 @@ def _manifest(
     }
 
 
-def _backup_sqlite(settings: Settings, out: Path) -> dict[str, Any]:
-    revision, audit = None, (0, "")
-    for name in SQLITE_FILES:
-        live = settings.data_dir / name
-        if not live.exists():
-            raise BackupError(f"{live} does not exist: nothing to back up (start uprof once)")
-        target = out / name
-        src = sqlite3.connect(live, timeout=30)
-        dst = sqlite3.connect(target)
-        try:
-            src.execute("PRAGMA busy_timeout=30000")
-            src.backup(dst)  # one consistent snapshot of the file, through the driver
-            dst.execute("PRAGMA journal_mode=DELETE")  # one self-contained file
-        finally:
-            dst.close()
-            src.close()
-        os.chmod(target, 0o600)
-        if name == "views.sqlite":
-            engine = sa.create_engine(f"sqlite:///{target}")
-            try:
-                with engine.connect() as conn:
-                    revision, audit = _views_revision(conn), _audit_head(conn)
-            finally:
-                engine.dispose()
-    return _manifest(settings, "sqlite", revision, audit)
-
-
-def _backup_postgres(settings: Settings, out: Path) -> dict[str, Any]:
-    assert settings.database_url is not None
-    engine = create_engine(settings.database_url)
-    try:
-        pg_dump = _pg_tool("pg_dump", engine)
-        args, env, dbname = _pg_params(settings.database_url)
-        excluded = [a for t in (*KEY_TABLES, "alembic_version") for a in ("--exclude-table", t)]
-        # The dump and the manifest's audit head come from one exported snapshot.
-        with engine.connect() as conn:
-            conn.exec_driver_sql("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            snapshot = conn.exec_driver_sql("SELECT pg_export_snapshot()").scalar_one()
-            revision, audit = _views_revision(conn), _audit_head(conn)
-            result = subprocess.run(
-                [
-                    pg_dump,
-                    *args,
-                    "--format=custom",
-                    "--no-owner",
-                    "--no-privileges",
-                    f"--snapshot={snapshot}",
-                    *excluded,
-                    "--file",
-                    str(out / PG_DUMP),
-                    dbname,
-                ],
-                env=env,
-                capture_output=True,
-                text=True,
-            )
-            conn.exec_driver_sql("COMMIT")
-        if result.returncode != 0:
-            raise BackupError(f"pg_dump failed: {result.stderr.strip()[-2000:]}")
-        os.chmod(out / PG_DUMP, 0o600)
-    finally:
-        engine.dispose()
-    return _manifest(settings, "postgres", revision, audit)
-
-
 # ------------------------------------------------------------------ restore
 
 
@@ -305,7 +208,7 @@ def read_manifest(settings: Settings, src: Path) -> dict[str, Any]:
         raise InvalidInputError(f"--from: {MANIFEST} is not a JSON object; not a uprof backup")
     if manifest.get("format") != FORMAT:
         raise InvalidInputError(f"--from: unknown backup format {manifest.get('format')!r}")
-    backend = "postgres" if settings.is_postgres else "sqlite"
+    backend = backend_for_settings(settings).name
     if manifest.get("backend") != backend:
         raise InvalidInputError(
             f"--from: a {manifest.get('backend')} backup cannot be restored into {backend}"
@@ -347,10 +250,7 @@ def restore(settings: Settings, src: Path) -> RestoreReport:
     )
     _fsync(marker)
     _fsync(settings.data_dir)
-    if settings.is_postgres:
-        _restore_postgres(settings, src, keep_live_audit)
-    else:
-        _restore_sqlite(settings, src, keep_live_audit)
+    backend_for_settings(settings).restore(settings, src, keep_live_audit)
     kernel = bootstrap(settings, restoring=True)
     try:
         from uprof.services.recovery import reapply_ledger
@@ -381,100 +281,3 @@ def _live_audit_extends(views: sa.Engine, manifest: dict[str, Any]) -> bool:
         "the live audit log does not extend the backup's (another deployment, or a rewritten "
         "log); restoring would fork it. Restore into a deployment with an empty data folder."
     )
-
-
-def _restore_sqlite(settings: Settings, src: Path, keep_live_audit: bool) -> None:
-    data = settings.data_dir
-    for leftover in data.glob(".restore-views-*"):  # from a restore that was killed
-        leftover.unlink(missing_ok=True)
-    # Views first (the position must not run ahead of the log), prepared in full in a
-    # private file, then copied over the live file in one SQLite transaction.
-    staged = data / f".restore-views-{secrets.token_hex(4)}.sqlite"
-    try:
-        _sqlite_copy(src / "views.sqlite", staged)
-        if keep_live_audit:
-            conn = sqlite3.connect(staged)
-            try:
-                conn.execute("ATTACH DATABASE ? AS live", (str(data / "views.sqlite"),))
-                # The audit tables only grow: append the live rows the backup lacks.
-                with conn:
-                    for table, key in AUDIT_KEYS.items():
-                        match = " AND ".join(f"m.{c} = l.{c}" for c in key)
-                        conn.execute(
-                            f"INSERT INTO main.{table} SELECT * FROM live.{table} AS l "
-                            f"WHERE NOT EXISTS (SELECT 1 FROM main.{table} AS m WHERE {match}) "
-                            f"ORDER BY {', '.join(f'l.{c}' for c in key)}"
-                        )
-                conn.execute("DETACH DATABASE live")
-            finally:
-                conn.close()
-        _sqlite_copy(staged, data / "views.sqlite")
-    finally:
-        for suffix in ("", "-journal", "-wal", "-shm"):
-            staged.with_name(staged.name + suffix).unlink(missing_ok=True)
-    _sqlite_copy(src / "events.sqlite", data / "events.sqlite")
-
-
-def _sqlite_copy(source: Path, target: Path) -> None:
-    """Copy one SQLite database over another through the backup API (one transaction)."""
-    src = sqlite3.connect(source, timeout=30)
-    dst = sqlite3.connect(target, timeout=30)
-    try:
-        dst.execute("PRAGMA busy_timeout=30000")
-        src.backup(dst)
-    finally:
-        dst.close()
-        src.close()
-
-
-def _restore_postgres(settings: Settings, src: Path, keep_live_audit: bool) -> None:
-    assert settings.database_url is not None
-    engine = create_engine(settings.database_url)
-    try:
-        pg_restore = _pg_tool("pg_restore", engine)
-    finally:
-        engine.dispose()
-    args, env, dbname = _pg_params(settings.database_url)
-    dump = src / PG_DUMP
-    listing = subprocess.run(
-        [pg_restore, "--list", str(dump)], capture_output=True, text=True, env=env
-    )
-    if listing.returncode != 0:
-        raise BackupError(f"pg_restore --list failed: {listing.stderr.strip()[-2000:]}")
-    lines = listing.stdout.splitlines()
-    if keep_live_audit:
-        lines = [line for line in lines if not _names_audit_object(line)]
-    toc = settings.data_dir / f".restore-toc-{secrets.token_hex(4)}.list"
-    toc.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    try:
-        result = subprocess.run(
-            [
-                pg_restore,
-                *args,
-                "--dbname",
-                dbname,
-                "--clean",
-                "--if-exists",
-                "--single-transaction",
-                "--no-owner",
-                "--no-privileges",
-                "--use-list",
-                str(toc),
-                str(dump),
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-        )
-    finally:
-        toc.unlink(missing_ok=True)
-    if result.returncode != 0:
-        raise BackupError(f"pg_restore failed (nothing changed): {result.stderr.strip()[-2000:]}")
-
-
-def _names_audit_object(toc_line: str) -> bool:
-    """A pg_restore TOC line for an audit table, its indexes, constraints, triggers or the
-    append-only trigger function (every one of them has ``audit`` in its name)."""
-    if toc_line.startswith(";"):
-        return False
-    return any("audit" in word for word in toc_line.split()[3:])

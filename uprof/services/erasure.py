@@ -39,7 +39,7 @@ from uprof.crypto.keystore import KeyStore
 from uprof.eventstore import ProfilesApplication
 from uprof.ports import AuditTrail, Clock
 from uprof.services.subjects import SubjectResolver, check_subject_ref
-from uprof.storage import sqlite_checkpoint
+from uprof.storage import fold_log
 
 DEFAULT_BASIS = "GDPR-Art.17(1)"
 #: Stated in every receipt: what a receipt cannot rule out (docs/governance.md).
@@ -332,7 +332,7 @@ class ErasureService:
     def _settle(self, pseudonym: str, request_id: str, tombstone_id: int, **purged: Any) -> None:
         """Fold SQLite WALs (no deleted bytes linger) and audit what the purge removed."""
         for engine in self._engines:
-            sqlite_checkpoint(engine)
+            fold_log(engine)
         self._audit.record(
             "projection.purged",
             subject_ref=pseudonym,

@@ -14,16 +14,17 @@ see docs/decisions/0012-keys-apart-from-data.md for the measured figures.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+from uuid import UUID
 
 import sqlalchemy as sa
 
 from projections.profile import tables as t
+from uprof.backends import backend_for
 from uprof.crypto.ledger import LedgerState
 from uprof.crypto.tables import (
     capture_keys,
@@ -32,7 +33,7 @@ from uprof.crypto.tables import (
     subject_index,
     subject_keys,
 )
-from uprof.storage import sqlite_checkpoint
+from uprof.storage import fold_log
 
 _log = logging.getLogger(__name__)
 
@@ -61,12 +62,10 @@ def _any_of(
 ) -> tuple[str, Any]:
     """A condition "column is one of ids" with one bound parameter, and its value.
 
-    One array (PostgreSQL) or one JSON list (SQLite's json_each) instead of an
-    expanded IN list: the cost stays a few milliseconds per thousand ids.
+    One bound value (the backend's: an array, a JSON list) instead of an expanded IN
+    list: the cost stays a few milliseconds per thousand ids.
     """
-    if conn.dialect.name == "sqlite":
-        return f"{column} IN (SELECT value FROM json_each(:ids))", json.dumps(list(ids))
-    return f"{column} = ANY(CAST(:ids AS {cast or 'text'}[]))", list(ids)
+    return backend_for(conn).any_of(column, ids, cast)
 
 
 def _delete_in(conn: sa.Connection, table: str, column: str, ids: Sequence[str]) -> int:
@@ -91,9 +90,7 @@ def _drop_snapshots(kernel: Any, stream_ids: Sequence[str]) -> int:
     if app.snapshots is None or not stream_ids:
         return 0
     table = app.snapshots.recorder.events_table_name
-    # eventsourcing keeps uuids as 32-hex text on SQLite and as uuid on PostgreSQL.
-    hexed = app.events_engine.dialect.name == "sqlite"
-    keys = [s.replace("-", "") if hexed else s for s in stream_ids]
+    keys = [app.backend.stream_key(UUID(s)) for s in stream_ids]  # eventsourcing's form
     with app.events_engine.begin() as conn:
         where, value = _any_of(conn, "originator_id", keys, cast="uuid")
         result = conn.execute(sa.text(f"DELETE FROM {table} WHERE {where}"), {"ids": value})
@@ -166,7 +163,7 @@ def reapply_ledger(kernel: Any, *, rebuild_if_stale: bool = True) -> LedgerReapp
             report.stale_captures,
         )
         for engine in _engines(kernel):
-            sqlite_checkpoint(engine)
+            fold_log(engine)
     if report.stale_captures and rebuild_if_stale:
         kernel.rebuild()
         report.rebuilt = True

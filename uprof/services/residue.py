@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from uuid import UUID
@@ -31,6 +31,7 @@ import sqlalchemy as sa
 from domain.errors import UprofError
 from domain.profile import SubjectProfile
 from projections.profile import tables as t
+from uprof.backends import backend_for
 from uprof.crypto.mapper import TOMBSTONE_TOPICS
 from uprof.crypto.tables import capture_keys, subject_aliases, subject_index, subject_keys
 from uprof.eventstore import ProfilesApplication
@@ -103,43 +104,20 @@ def scan_files(
     _dedupe(report)
 
 
-def scan_postgres(engine: sa.Engine, terms: Sequence[str], report: ResidueReport) -> None:
-    """Look for each term in every column of every table of the database."""
-    if engine.dialect.name != "postgresql" or not terms:
+def scan_database(engine: sa.Engine, terms: Sequence[str], report: ResidueReport) -> None:
+    """Look for each term in every column of every table the database server holds.
+
+    The backend reads its tables in place (PostgreSQL); a backend whose databases are
+    files in the data folder (SQLite) reports none here, ``scan_files`` reads them.
+    """
+    if not terms:
         return
-    inspector = sa.inspect(engine)
-    with engine.connect() as conn:
-        for table_name in inspector.get_table_names():
-            report.tables_scanned += 1
-            for column in inspector.get_columns(table_name):
-                name = column["name"]
-                expr = (
-                    f"encode(\"{name}\"::bytea, 'escape')"
-                    if _is_bytea(column)
-                    else f'"{name}"::text'
-                )
-                for term in terms:
-                    hits = (
-                        conn.execute(
-                            sa.text(
-                                f'SELECT ctid::text FROM "{table_name}" '
-                                f"WHERE position(lower(:term) in lower({expr})) > 0 LIMIT 5"
-                            ),
-                            {"term": term},
-                        )
-                        .scalars()
-                        .all()
-                    )
-                    for ctid in hits:
-                        report.findings.append(
-                            Finding(
-                                "plaintext", f"{table_name}.{name} row {ctid}", f"term {term!r}"
-                            )
-                        )
-
-
-def _is_bytea(column: Mapping[str, object]) -> bool:
-    return "BYTEA" in str(column["type"]).upper() or "LARGEBINARY" in str(column["type"]).upper()
+    scan = backend_for(engine).scan_tables(engine, terms)
+    report.tables_scanned += scan.tables
+    report.findings += [
+        Finding("plaintext", f"{hit.table}.{hit.column} row {hit.row}", f"term {hit.term!r}")
+        for hit in scan.hits
+    ]
 
 
 def check_shredded_streams(

@@ -1,0 +1,209 @@
+"""Storage backends: everything uprof does differently on SQLite and on PostgreSQL.
+
+Callers ask a ``Backend`` object (``backend_for_url``, ``backend_for``,
+``backend_for_settings``), never the dialect name. Adding a backend means three
+places: its module here (a class satisfying ``Backend``), its entry in ``REGISTRY``,
+and its parametrisation of the ``backend`` fixture in tests/conftest.py
+(docs/architecture.md, "How to add a storage backend").
+
+The registry names modules, imported on first use: a SQLite deployment never imports
+psycopg, and ``import uprof.backends`` costs nothing at CLI start.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+from uuid import UUID
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
+
+    from uprof.settings import Settings
+
+#: SQLAlchemy backend name (the URL scheme before any ``+driver``) -> ``module:attribute``.
+REGISTRY: dict[str, str] = {
+    "sqlite": "uprof.backends.sqlite:SQLITE",
+    "postgresql": "uprof.backends.postgres:POSTGRES",
+}
+#: The backend of a deployment with no database URL (the embedded default).
+EMBEDDED = "sqlite"
+
+
+@dataclass(frozen=True)
+class StorageLayout:
+    """Where each store lives for one deployment."""
+
+    views_url: str
+    keys_url: str
+    events_url: str  # the same store eventsourcing writes, for snapshot purges and scans
+    eventsourcing_env: dict[str, str]
+    events_path: Path | None  # the event log's file, when it is one (residue scans)
+
+
+@dataclass(frozen=True)
+class TermHit:
+    """A residue-scan term found in a table's column (``row``: the backend's row address)."""
+
+    table: str
+    column: str
+    row: str
+    term: str
+
+
+@dataclass(frozen=True)
+class TableScan:
+    """What a backend's in-place table scan read and found."""
+
+    tables: int
+    hits: list[TermHit]
+
+
+class Backend(Protocol):
+    """One storage backend's specifics (an implementation per module of this package)."""
+
+    #: Short name, as written in backup manifests ("sqlite", "postgres").
+    name: str
+    #: eventsourcing's ``PERSISTENCE_MODULE`` for this backend.
+    persistence_module: str
+    #: ``module:Class`` of the process recorder with compare-and-set tracking
+    #: (``uprof.recorders``): a topic, imported by eventsourcing only when a log opens.
+    guarded_recorder_topic: str
+    #: Whether alembic must alter tables by copying them (``render_as_batch``).
+    alters_in_batches: bool
+
+    # --- engines, URLs and eventsourcing settings --------------------------------------
+
+    def check_database_url(self, url: str) -> None:
+        """Raise ValueError (naming ``database_url``) for a URL this backend refuses."""
+        ...
+
+    def layout(self, settings: Settings) -> StorageLayout:
+        """Where the views, keys and events live, and eventsourcing's settings for the log."""
+        ...
+
+    def policy_store_env(self, settings: Settings) -> dict[str, str]:
+        """eventsourcing's settings for the policy store (``PolicyApplication``)."""
+        ...
+
+    def create_engine(self, url: str, *, fsync_each_commit: bool) -> sa.Engine:
+        """An engine with the connection settings uprof relies on for this backend."""
+        ...
+
+    def schema_lock(self, engine: sa.Engine) -> AbstractContextManager[None]:
+        """Held while a starting process creates or migrates tables (one at a time)."""
+        ...
+
+    def fold_log(self, engine: sa.Engine) -> None:
+        """Fold a write-ahead log into the main file, so deleted bytes do not linger."""
+        ...
+
+    def events_table_candidates(self, engine: sa.Engine) -> list[tuple[str | None, str]]:
+        """(schema, table) pairs where the profiles log's events may be."""
+        ...
+
+    # --- the event store ------------------------------------------------------------------
+
+    def head_index_target(self) -> tuple[str, str]:
+        """(events table as the migration connection sees it, column list) of the
+        ``events`` branch's partial head indexes (migrations/versions/0001_events_*)."""
+        ...
+
+    def events_table(self, recorder: Any) -> tuple[str, str]:
+        """(qualified events table, notification id column) of an eventsourcing recorder."""
+        ...
+
+    def tracking_table(self, recorder: Any) -> str:
+        """The qualified table of process positions of an eventsourcing recorder."""
+        ...
+
+    def stream_key(self, stream_id: UUID) -> str:
+        """A stream id as eventsourcing stores it in ``originator_id``."""
+        ...
+
+    def driver_param(self, name: str) -> str:
+        """A named parameter in the driver's own style (for raw DB-API statements)."""
+        ...
+
+    def end_raw_read(self, raw: Any) -> None:
+        """End the read transaction a raw DB-API connection may have opened."""
+        ...
+
+    def any_of(self, column: str, ids: Sequence[str], cast: str = "") -> tuple[str, Any]:
+        """A condition "column is one of ids" on one bound parameter ``:ids``, and its value."""
+        ...
+
+    # --- the audit log (audit.tables.AuditBackend: audit names no database) -------------
+
+    def append_only_ddl(self, tables: Sequence[str]) -> list[str]:
+        """Triggers refusing UPDATE and DELETE (and TRUNCATE where there is one) on
+        ``tables``; idempotent, free of ``%`` and ``:name`` (run by ``op.execute``)."""
+        ...
+
+    def drop_append_only_ddl(self) -> list[str]:
+        """What ``append_only_ddl`` left behind once its tables are dropped."""
+        ...
+
+    def serialised_transaction(
+        self, engine: sa.Engine, lock_key: int
+    ) -> AbstractContextManager[sa.Connection]:
+        """A write transaction entered one at a time per ``lock_key``; reads after
+        entering see every earlier writer's commit."""
+        ...
+
+    # --- operator tools ----------------------------------------------------------------
+
+    def scan_tables(self, engine: sa.Engine, terms: Sequence[str]) -> TableScan:
+        """Look for each term (case-insensitive) in every column of every table the
+        server holds; a backend whose databases are files in the data folder scans
+        nothing here (the residue file scan reads them, uprof.services.residue_files)."""
+        ...
+
+    def backup(self, settings: Settings, out: Path) -> dict[str, Any]:
+        """Write a consistent copy of the data stores (never the key store) into the new
+        folder ``out``; return the manifest (``uprof.services.backup._manifest``)."""
+        ...
+
+    def restore(self, settings: Settings, src: Path, keep_live_audit: bool) -> None:
+        """Replace the data stores with the backup in ``src`` (views before the log);
+        ``keep_live_audit``: keep the live audit rows, which extend the backup's."""
+        ...
+
+
+def backend_named(scheme: str) -> Backend:
+    """The backend registered for a SQLAlchemy backend name ("sqlite", "postgresql")."""
+    target = REGISTRY.get(scheme)
+    if target is None:
+        raise ValueError(
+            f"database_url: no storage backend for {scheme!r} URLs "
+            f"(supported: {', '.join(sorted(REGISTRY))})"
+        )
+    module, _, attribute = target.partition(":")
+    backend: Backend = getattr(importlib.import_module(module), attribute)
+    return backend
+
+
+def scheme_of(url: str) -> str:
+    """The backend part of a URL's scheme: ``postgresql+psycopg://`` -> ``postgresql``."""
+    scheme, sep, _ = url.partition("://")
+    if not sep:
+        raise ValueError(f"database_url: {url.split(':', 1)[0]!r} is not a database URL")
+    return scheme.split("+", 1)[0]
+
+
+def backend_for_url(url: str) -> Backend:
+    return backend_named(scheme_of(url))
+
+
+def backend_for(engine: sa.Engine | sa.Connection) -> Backend:
+    """The backend of an engine or connection uprof built."""
+    return backend_named(engine.dialect.name)
+
+
+def backend_for_settings(settings: Settings) -> Backend:
+    url = settings.database_url
+    return backend_named(EMBEDDED) if url is None else backend_for_url(url)

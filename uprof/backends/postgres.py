@@ -1,0 +1,314 @@
+"""PostgreSQL: one database for every store (``UPROF_DATABASE_URL``).
+
+eventsourcing names its tables after the application (``profiles_events``,
+``policies_events``); alembic owns the rest. The key material that unwraps the key
+tables stays in the key folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import shutil
+import subprocess
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+import sqlalchemy as sa
+
+from uprof.backends import Backend, StorageLayout, TableScan, TermHit
+
+if TYPE_CHECKING:
+    from uprof.settings import Settings
+
+#: Advisory lock key that processes starting on one PostgreSQL database queue on.
+SCHEMA_LOCK_KEY = 0x7570726F66  # "uprof"
+#: The backup's one file: ``pg_dump --format=custom`` of every table but the key store's.
+PG_DUMP = "database.dump"
+#: eventsourcing names the table after the application ("profiles").
+EVENTS_TABLE = "profiles_events"
+
+
+class PostgresBackend:
+    name = "postgres"
+    persistence_module = "eventsourcing.postgres"
+    # Its own module: a SQLite deployment never imports psycopg (decision 0035).
+    guarded_recorder_topic = "uprof.recorders_postgres:GuardedPostgresProcessRecorder"
+    alters_in_batches = False
+
+    def check_database_url(self, url: str) -> None:
+        # eventsourcing talks to PostgreSQL through psycopg 3; so must every engine.
+        if not url.startswith(("postgresql://", "postgresql+psycopg://")):
+            raise ValueError(
+                "database_url must be a PostgreSQL URL (postgresql+psycopg://...); "
+                "leave it unset for the embedded SQLite default"
+            )
+
+    def layout(self, settings: Settings) -> StorageLayout:
+        assert settings.database_url is not None
+        url = sa.engine.make_url(settings.database_url)
+        return StorageLayout(
+            views_url=settings.database_url,
+            keys_url=settings.database_url,
+            events_url=settings.database_url,
+            eventsourcing_env={
+                "PERSISTENCE_MODULE": self.persistence_module,
+                "POSTGRES_DBNAME": url.database or "postgres",
+                "POSTGRES_HOST": url.host or "127.0.0.1",
+                "POSTGRES_PORT": str(url.port or 5432),
+                "POSTGRES_USER": url.username or "postgres",
+                "POSTGRES_PASSWORD": url.password or "",
+                "POSTGRES_POOL_SIZE": "5",
+                "POSTGRES_MAX_OVERFLOW": "10",
+            },
+            events_path=None,
+        )
+
+    def policy_store_env(self, settings: Settings) -> dict[str, str]:
+        # The profiles log's database, in tables of its own (policies_events, ...); few
+        # connections: one decision-time version check and the rare change.
+        env = dict(self.layout(settings).eventsourcing_env)
+        env.update({"POSTGRES_POOL_SIZE": "2", "POSTGRES_MAX_OVERFLOW": "4"})
+        return env
+
+    def create_engine(self, url: str, *, fsync_each_commit: bool) -> sa.Engine:
+        # Every commit is durable on PostgreSQL (synchronous_commit): nothing to choose.
+        return sa.create_engine(
+            url, pool_pre_ping=True, pool_size=5, max_overflow=10, hide_parameters=True
+        )
+
+    @contextlib.contextmanager
+    def schema_lock(self, engine: sa.Engine) -> Iterator[None]:
+        # Two processes creating eventsourcing's tables at the same moment crash one of
+        # them in the catalog ("tuple concurrently updated"): an advisory lock held on its
+        # own connection orders them.
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT pg_advisory_lock(:key)"), {"key": SCHEMA_LOCK_KEY})
+            conn.commit()
+            try:
+                yield
+            finally:
+                conn.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": SCHEMA_LOCK_KEY})
+                conn.commit()
+
+    def fold_log(self, engine: sa.Engine) -> None:
+        return None  # the server's WAL is not ours to fold (docs/governance.md, residue)
+
+    def events_table_candidates(self, engine: sa.Engine) -> list[tuple[str | None, str]]:
+        return [(s, EVENTS_TABLE) for s in sa.inspect(engine).get_schema_names()]
+
+    def head_index_target(self) -> tuple[str, str]:
+        # Unqualified: the table eventsourcing created on the connection's search path.
+        return EVENTS_TABLE, "originator_id, notification_id"
+
+    def events_table(self, recorder: Any) -> tuple[str, str]:
+        schema = recorder.datastore.schema
+        return f'"{schema}"."{recorder.events_table_name}"', "notification_id"
+
+    def tracking_table(self, recorder: Any) -> str:
+        schema = recorder.datastore.schema
+        return f'"{schema}"."{recorder.tracking_table_name}"'
+
+    def stream_key(self, stream_id: UUID) -> str:
+        return str(stream_id)  # a uuid column: psycopg adapts the text form
+
+    def driver_param(self, name: str) -> str:
+        return f"%({name})s"  # psycopg's named style
+
+    def end_raw_read(self, raw: Any) -> None:
+        raw.rollback()  # end the read transaction psycopg opened
+
+    def any_of(self, column: str, ids: Sequence[str], cast: str = "") -> tuple[str, Any]:
+        # One array instead of an expanded IN list.
+        return f"{column} = ANY(CAST(:ids AS {cast or 'text'}[]))", list(ids)
+
+    def append_only_ddl(self, tables: Sequence[str]) -> list[str]:
+        # CREATE OR REPLACE TRIGGER: PostgreSQL 14 or later.
+        statements = [
+            "CREATE OR REPLACE FUNCTION uprof_audit_append_only() RETURNS trigger "
+            "LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION USING MESSAGE = TG_TABLE_NAME "
+            "|| ' is append-only (' || TG_OP || ' refused)'; END $$"
+        ]
+        for table in tables:
+            statements += [
+                f"CREATE OR REPLACE TRIGGER trg_{table}_no_update_delete BEFORE UPDATE OR DELETE "
+                f"ON {table} FOR EACH ROW EXECUTE FUNCTION uprof_audit_append_only()",
+                f"CREATE OR REPLACE TRIGGER trg_{table}_no_truncate BEFORE TRUNCATE "
+                f"ON {table} FOR EACH STATEMENT EXECUTE FUNCTION uprof_audit_append_only()",
+            ]
+        return statements
+
+    def drop_append_only_ddl(self) -> list[str]:
+        return ["DROP FUNCTION IF EXISTS uprof_audit_append_only()"]
+
+    @contextlib.contextmanager
+    def serialised_transaction(self, engine: sa.Engine, lock_key: int) -> Iterator[sa.Connection]:
+        # READ COMMITTED: each statement after the lock sees every earlier holder's commit.
+        with engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="READ COMMITTED")
+            with conn.begin():
+                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(lock_key)))
+                yield conn
+
+    def scan_tables(self, engine: sa.Engine, terms: Sequence[str]) -> TableScan:
+        inspector = sa.inspect(engine)
+        tables, hits = 0, []
+        with engine.connect() as conn:
+            for table_name in inspector.get_table_names():
+                tables += 1
+                for column in inspector.get_columns(table_name):
+                    name = column["name"]
+                    expr = (
+                        f"encode(\"{name}\"::bytea, 'escape')"
+                        if _is_bytea(column)
+                        else f'"{name}"::text'
+                    )
+                    for term in terms:
+                        rows = conn.execute(
+                            sa.text(
+                                f'SELECT ctid::text FROM "{table_name}" '
+                                f"WHERE position(lower(:term) in lower({expr})) > 0 LIMIT 5"
+                            ),
+                            {"term": term},
+                        ).scalars()
+                        hits += [TermHit(table_name, name, ctid, term) for ctid in rows]
+        return TableScan(tables, hits)
+
+    def backup(self, settings: Settings, out: Path) -> dict[str, Any]:
+        from uprof.services import backup as b
+
+        assert settings.database_url is not None
+        engine = self.create_engine(settings.database_url, fsync_each_commit=False)
+        try:
+            pg_dump = _pg_tool("pg_dump", engine)
+            args, env, dbname = _pg_params(settings.database_url)
+            excluded = [
+                a for t in (*b.KEY_TABLES, "alembic_version") for a in ("--exclude-table", t)
+            ]
+            # The dump and the manifest's audit head come from one exported snapshot.
+            with engine.connect() as conn:
+                conn.exec_driver_sql("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                snapshot = conn.exec_driver_sql("SELECT pg_export_snapshot()").scalar_one()
+                revision, audit = b._views_revision(conn), b._audit_head(conn)
+                result = subprocess.run(
+                    [
+                        pg_dump,
+                        *args,
+                        "--format=custom",
+                        "--no-owner",
+                        "--no-privileges",
+                        f"--snapshot={snapshot}",
+                        *excluded,
+                        "--file",
+                        str(out / PG_DUMP),
+                        dbname,
+                    ],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                )
+                conn.exec_driver_sql("COMMIT")
+            if result.returncode != 0:
+                raise b.BackupError(f"pg_dump failed: {result.stderr.strip()[-2000:]}")
+            os.chmod(out / PG_DUMP, 0o600)
+        finally:
+            engine.dispose()
+        return b._manifest(settings, self.name, revision, audit)
+
+    def restore(self, settings: Settings, src: Path, keep_live_audit: bool) -> None:
+        from uprof.services import backup as b
+
+        assert settings.database_url is not None
+        engine = self.create_engine(settings.database_url, fsync_each_commit=False)
+        try:
+            pg_restore = _pg_tool("pg_restore", engine)
+        finally:
+            engine.dispose()
+        args, env, dbname = _pg_params(settings.database_url)
+        dump = src / PG_DUMP
+        listing = subprocess.run(
+            [pg_restore, "--list", str(dump)], capture_output=True, text=True, env=env
+        )
+        if listing.returncode != 0:
+            raise b.BackupError(f"pg_restore --list failed: {listing.stderr.strip()[-2000:]}")
+        lines = listing.stdout.splitlines()
+        if keep_live_audit:
+            lines = [line for line in lines if not _names_audit_object(line)]
+        toc = settings.data_dir / f".restore-toc-{secrets.token_hex(4)}.list"
+        toc.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        try:
+            result = subprocess.run(
+                [
+                    pg_restore,
+                    *args,
+                    "--dbname",
+                    dbname,
+                    "--clean",
+                    "--if-exists",
+                    "--single-transaction",
+                    "--no-owner",
+                    "--no-privileges",
+                    "--use-list",
+                    str(toc),
+                    str(dump),
+                ],
+                capture_output=True,
+                text=True,
+                env=env,
+            )
+        finally:
+            toc.unlink(missing_ok=True)
+        if result.returncode != 0:
+            raise b.BackupError(
+                f"pg_restore failed (nothing changed): {result.stderr.strip()[-2000:]}"
+            )
+
+
+def _is_bytea(column: Mapping[str, object]) -> bool:
+    return "BYTEA" in str(column["type"]).upper() or "LARGEBINARY" in str(column["type"]).upper()
+
+
+def _pg_params(url: str) -> tuple[list[str], dict[str, str], str]:
+    u = sa.engine.make_url(url)
+    args = ["--host", u.host or "127.0.0.1", "--port", str(u.port or 5432)]
+    args += ["--username", u.username or "postgres"]
+    env = {**os.environ}
+    if u.password:
+        env["PGPASSWORD"] = str(u.password)
+    return args, env, u.database or "postgres"
+
+
+def _pg_tool(name: str, engine: sa.Engine) -> str:
+    """The path of pg_dump/pg_restore, refused if older than the server (it cannot read it)."""
+    from uprof.services import backup as b
+
+    path = shutil.which(name)
+    if path is None:
+        raise b.BackupError(f"{name} is not installed; install the PostgreSQL client tools")
+    out = subprocess.run([path, "--version"], capture_output=True, text=True, check=True).stdout
+    match = re.search(r"(\d+)(?:\.(\d+))?", out)
+    tool_major = int(match.group(1)) if match else 0
+    with engine.connect() as conn:
+        server_num = int(conn.execute(sa.text("SHOW server_version_num")).scalar_one())
+    if tool_major < server_num // 10000:
+        raise b.BackupError(
+            f"{name} {tool_major} is older than the server ({server_num // 10000}); "
+            f"use the {name} of PostgreSQL {server_num // 10000} or newer"
+        )
+    return path
+
+
+def _names_audit_object(toc_line: str) -> bool:
+    """A pg_restore TOC line for an audit table, its indexes, constraints, triggers or the
+    append-only trigger function (every one of them has ``audit`` in its name)."""
+    if toc_line.startswith(";"):
+        return False
+    return any("audit" in word for word in toc_line.split()[3:])
+
+
+#: Typed as the protocol, so the type checker holds the class to all of it.
+POSTGRES: Backend = PostgresBackend()

@@ -1,0 +1,251 @@
+"""SQLite, the embedded backend: one file per store in the data folder (and the key folder).
+
+``events.sqlite`` (the eventsourcing log), ``views.sqlite`` (read models and audit log),
+``policies.sqlite`` (the policy store) beside it, and ``keys.sqlite`` in the key folder,
+apart from the data (decision 0012). eventsourcing's table names are fixed on SQLite, so
+each application has its own file (FIELD-NOTES 2.2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import sqlite3
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+import sqlalchemy as sa
+
+from uprof.backends import Backend, StorageLayout, TableScan
+
+if TYPE_CHECKING:
+    from uprof.settings import Settings
+
+#: The SQLite file of the policy store (its own application, so its own file).
+POLICY_STORE_FILE = "policies.sqlite"
+#: The files of a backup, views first: the views' projection position must never be
+#: ahead of the log.
+SQLITE_FILES = ("views.sqlite", "events.sqlite")
+#: Beside a database file: the file whose flock orders schema changes (``schema_lock``).
+SCHEMA_LOCK_SUFFIX = ".schema-lock"
+#: The table eventsourcing keeps the profiles log's events in (the log has its own file).
+EVENTS_TABLE = "stored_events"
+
+
+def _pragmas(dbapi_connection: Any, _record: Any, *, synchronous: str = "NORMAL") -> None:
+    cursor = dbapi_connection.cursor()
+    # Deleted rows must not linger in free pages (FIELD-NOTES §4); never rely on the
+    # build default. WAL lets readers run beside the projection writer.
+    cursor.execute("PRAGMA secure_delete=ON")
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute(f"PRAGMA synchronous={synchronous}")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def _pragmas_full(dbapi_connection: Any, record: Any) -> None:
+    _pragmas(dbapi_connection, record, synchronous="FULL")
+
+
+class SQLiteBackend:
+    name = "sqlite"
+    persistence_module = "eventsourcing.sqlite"
+    guarded_recorder_topic = "uprof.recorders:GuardedSQLiteProcessRecorder"
+    alters_in_batches = True  # SQLite's ALTER TABLE cannot change or drop most things
+
+    def check_database_url(self, url: str) -> None:
+        raise ValueError(
+            "database_url must be a PostgreSQL URL (postgresql+psycopg://...); "
+            "leave it unset for the embedded SQLite default"
+        )
+
+    def layout(self, settings: Settings) -> StorageLayout:
+        data = settings.data_dir
+        data.mkdir(parents=True, exist_ok=True)
+        keys = settings.key_path
+        keys.mkdir(mode=0o700, parents=True, exist_ok=True)
+        events = data / "events.sqlite"
+        return StorageLayout(
+            views_url=f"sqlite:///{data / 'views.sqlite'}",
+            keys_url=f"sqlite:///{keys / 'keys.sqlite'}",
+            events_url=f"sqlite:///{events}",
+            eventsourcing_env={
+                "PERSISTENCE_MODULE": self.persistence_module,
+                "SQLITE_DBNAME": str(events),
+                "SQLITE_LOCK_TIMEOUT": "30",
+            },
+            events_path=events,
+        )
+
+    def policy_store_env(self, settings: Settings) -> dict[str, str]:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        return {
+            "PERSISTENCE_MODULE": self.persistence_module,
+            "SQLITE_DBNAME": str(settings.data_dir / POLICY_STORE_FILE),
+            "SQLITE_LOCK_TIMEOUT": "30",
+        }
+
+    def create_engine(self, url: str, *, fsync_each_commit: bool) -> sa.Engine:
+        engine = sa.create_engine(url, connect_args={"timeout": 30}, hide_parameters=True)
+        sa.event.listen(engine, "connect", _pragmas_full if fsync_each_commit else _pragmas)
+        return engine
+
+    @contextlib.contextmanager
+    def schema_lock(self, engine: sa.Engine) -> Iterator[None]:
+        # SQLite serialises each write, not alembic's "no version table yet? create it":
+        # processes starting at once on a new store both decide to create it and all but
+        # one fail ("table alembic_version already exists"). An exclusive flock on a file
+        # of its own beside the database orders them. Never a lock on the database file:
+        # closing a descriptor of it would drop this process's SQLite locks (FIELD-NOTES 8.1).
+        database = engine.url.database
+        if not database or database == ":memory:" or engine.url.query.get("mode") == "memory":
+            yield
+            return
+        import fcntl
+
+        fd = os.open(f"{database}{SCHEMA_LOCK_SUFFIX}", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the flock
+
+    def fold_log(self, engine: sa.Engine) -> None:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def events_table_candidates(self, engine: sa.Engine) -> list[tuple[str | None, str]]:
+        return [(None, EVENTS_TABLE)]
+
+    def head_index_target(self) -> tuple[str, str]:
+        # The rowid (the notification id) rides along in every SQLite index.
+        return EVENTS_TABLE, "originator_id"
+
+    def events_table(self, recorder: Any) -> tuple[str, str]:
+        return recorder.events_table_name, "rowid"
+
+    def tracking_table(self, recorder: Any) -> str:
+        return "tracking"  # the library's fixed name on SQLite
+
+    def stream_key(self, stream_id: UUID) -> str:
+        return stream_id.hex  # eventsourcing keeps uuids as 32-hex text on SQLite
+
+    def driver_param(self, name: str) -> str:
+        return f":{name}"  # sqlite3's named style
+
+    def end_raw_read(self, raw: Any) -> None:
+        return None  # sqlite3 opens no transaction for a SELECT
+
+    def any_of(self, column: str, ids: Sequence[str], cast: str = "") -> tuple[str, Any]:
+        # One JSON list through json_each instead of an expanded IN list.
+        return f"{column} IN (SELECT value FROM json_each(:ids))", json.dumps(list(ids))
+
+    def append_only_ddl(self, tables: Sequence[str]) -> list[str]:
+        return [
+            f"CREATE TRIGGER IF NOT EXISTS trg_{table}_no_{op.lower()} BEFORE {op} ON {table} "
+            f"BEGIN SELECT RAISE(ABORT, '{table} is append-only'); END"
+            for table in tables
+            for op in ("UPDATE", "DELETE")
+        ]
+
+    def drop_append_only_ddl(self) -> list[str]:
+        return []  # triggers go with their tables
+
+    @contextlib.contextmanager
+    def serialised_transaction(self, engine: sa.Engine, lock_key: int) -> Iterator[sa.Connection]:
+        # One writer per database file: the write lock is the lock, whatever the key.
+        with engine.connect() as conn, conn.begin():
+            dbapi = conn.connection.dbapi_connection
+            if not getattr(dbapi, "in_transaction", True):
+                # pysqlite begins lazily and DEFERRED; take the write lock now instead, so
+                # two writers cannot both read the same state.
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+            yield conn
+
+    def scan_tables(self, engine: sa.Engine, terms: Sequence[str]) -> TableScan:
+        # The databases are files in the data folder: the file scan's child reads them
+        # (raw bytes and tables, from a snapshot; FIELD-NOTES 8.1).
+        return TableScan(0, [])
+
+    def backup(self, settings: Settings, out: Path) -> dict[str, Any]:
+        # Each file through the backup API: one consistent snapshot, read by the driver.
+        from uprof.services import backup as b
+
+        revision, audit = None, (0, "")
+        for name in SQLITE_FILES:
+            live = settings.data_dir / name
+            if not live.exists():
+                raise b.BackupError(f"{live} does not exist: nothing to back up (start uprof once)")
+            target = out / name
+            src = sqlite3.connect(live, timeout=30)
+            dst = sqlite3.connect(target)
+            try:
+                src.execute("PRAGMA busy_timeout=30000")
+                src.backup(dst)  # one consistent snapshot of the file, through the driver
+                dst.execute("PRAGMA journal_mode=DELETE")  # one self-contained file
+            finally:
+                dst.close()
+                src.close()
+            os.chmod(target, 0o600)
+            if name == "views.sqlite":
+                engine = sa.create_engine(f"sqlite:///{target}")
+                try:
+                    with engine.connect() as conn:
+                        revision, audit = b._views_revision(conn), b._audit_head(conn)
+                finally:
+                    engine.dispose()
+        return b._manifest(settings, self.name, revision, audit)
+
+    def restore(self, settings: Settings, src: Path, keep_live_audit: bool) -> None:
+        from uprof.services.backup import AUDIT_KEYS
+
+        data = settings.data_dir
+        for leftover in data.glob(".restore-views-*"):  # from a restore that was killed
+            leftover.unlink(missing_ok=True)
+        # Views first (the position must not run ahead of the log), prepared in full in a
+        # private file, then copied over the live file in one SQLite transaction.
+        staged = data / f".restore-views-{secrets.token_hex(4)}.sqlite"
+        try:
+            _sqlite_copy(src / "views.sqlite", staged)
+            if keep_live_audit:
+                conn = sqlite3.connect(staged)
+                try:
+                    conn.execute("ATTACH DATABASE ? AS live", (str(data / "views.sqlite"),))
+                    # The audit tables only grow: append the live rows the backup lacks.
+                    with conn:
+                        for table, key in AUDIT_KEYS.items():
+                            match = " AND ".join(f"m.{c} = l.{c}" for c in key)
+                            conn.execute(
+                                f"INSERT INTO main.{table} SELECT * FROM live.{table} AS l "
+                                f"WHERE NOT EXISTS (SELECT 1 FROM main.{table} AS m WHERE {match}) "
+                                f"ORDER BY {', '.join(f'l.{c}' for c in key)}"
+                            )
+                    conn.execute("DETACH DATABASE live")
+                finally:
+                    conn.close()
+            _sqlite_copy(staged, data / "views.sqlite")
+        finally:
+            for suffix in ("", "-journal", "-wal", "-shm"):
+                staged.with_name(staged.name + suffix).unlink(missing_ok=True)
+        _sqlite_copy(src / "events.sqlite", data / "events.sqlite")
+
+
+def _sqlite_copy(source: Path, target: Path) -> None:
+    """Copy one SQLite database over another through the backup API (one transaction)."""
+    src = sqlite3.connect(source, timeout=30)
+    dst = sqlite3.connect(target, timeout=30)
+    try:
+        dst.execute("PRAGMA busy_timeout=30000")
+        src.backup(dst)
+    finally:
+        dst.close()
+        src.close()
+
+
+#: Typed as the protocol, so the type checker holds the class to all of it.
+SQLITE: Backend = SQLiteBackend()
