@@ -150,8 +150,6 @@ class MemoryRanking:
     #: Lexical share of the fusion used for this query, and the query's dense scale.
     lexical_weight: float = 1.0
     dense_scale: DenseScale | None = None
-    #: Relevance of every memory of the index (aligned with index rows), or None.
-    relevance: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -262,7 +260,7 @@ def memory_relevance(
         lexical = np.clip(lexical / index.ideal_bm25(lexical_terms), 0.0, 1.0)
     scale = None
     if index.vectors is not None and query_vector is not None:
-        weight = _lexical_share(lexical, options) if top > 0 else 0.0
+        weight = options.lexical_weight if top > 0 else 0.0
         dense, scale = _dense_scores(index, query_vector, lexical, weight, options)
         fused = weight * lexical + (1.0 - weight) * dense
     else:
@@ -277,24 +275,6 @@ def memory_relevance(
     if options.heat_weight > 0:
         fused = fused + options.heat_weight * index.heat
     return np.asarray(fused, dtype=np.float32), weight, scale
-
-
-def _lexical_share(lexical: np.ndarray, options: SliceOptions) -> float:
-    """The lexical share of the fusion for this query, by how much of it lexical evidence covers.
-
-    ``lexical`` is already scaled by a whole-query match, so its best value is the share
-    of the query's idf mass that the best-matching memory holds. When that is small
-    (the question shares a word or two with many memories, none of which matches it as
-    a whole), the lexical scores are partial matches whose differences say little,
-    yet at a fixed share they outweigh the dense scores' differences between the top
-    candidates. The share is therefore ``lexical_weight * best ** lexical_adaptivity``:
-    a query some memory matches as a whole keeps the full share, a query with only
-    partial matches leans on meaning.
-    """
-    if options.lexical_adaptivity <= 0:
-        return options.lexical_weight
-    best = float(lexical.max()) if len(lexical) else 0.0
-    return float(options.lexical_weight * min(max(best, 0.0), 1.0) ** options.lexical_adaptivity)
 
 
 def _with_neighbours(index: MemoryIndex, relevance: np.ndarray, weight: float) -> np.ndarray:
@@ -378,7 +358,6 @@ def rank_memories(
         best=max(best, 0.0),
         lexical_weight=weight,
         dense_scale=scale,
-        relevance=relevance,
     )
 
 
@@ -395,14 +374,6 @@ def _lexical_match(index: MemoryIndex, query: Query, text: str) -> float:
         return 0.0
     have = term_set(text)
     return index.ideal_bm25([t for t in wanted if t in have]) / ideal
-
-
-def _source_relevance(candidate: Candidate, index: MemoryIndex, ranking: MemoryRanking) -> float:
-    """Relevance of the memories a profile line was extracted from (inf: none visible)."""
-    if ranking.relevance is None:
-        return float("inf")
-    rows = [r for capture in candidate.evidence for r in index.rows_of_capture.get(capture, ())]
-    return float(ranking.relevance[rows].max()) if rows else float("inf")
 
 
 def _confidence_factor(candidate: Candidate) -> float:
@@ -448,8 +419,6 @@ def rank_profile_items(
         relevance += (1.0 - weight) * float(dense[i])
         if candidate.category in query.categories:
             relevance += options.category_weight
-        if options.lines_capped_by_source:
-            relevance = min(relevance, _source_relevance(candidate, index, ranking))
         utility = min(relevance / best, 1.0) ** options.sharpness
         out[i] = max(base_utility, utility) * _confidence_factor(candidate)
     return out

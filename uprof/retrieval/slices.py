@@ -67,10 +67,6 @@ class SliceOptions:
 
     #: Share of the lexical score in the fusion; the dense score gets the rest.
     lexical_weight: float = 0.7
-    #: Query-adaptive fusion: the lexical share is ``lexical_weight * best ** this``, where
-    #: best is the best memory's lexical score (the share of the query's idf mass it
-    #: matches); 0 keeps the share fixed.
-    lexical_adaptivity: float = 0.0
     #: Pseudo-relevance feedback: the query vector moves towards the mean of the best
     #: ``feedback_memories`` first-pass hits, by ``feedback_weight``. Off: it cost 0.02-0.06
     #: on PrefEval and was neutral on LoCoMo (decision 0033-multi-hop-and-preferences).
@@ -83,10 +79,6 @@ class SliceOptions:
     #: out memories (decision 0023); 0.2 cost 0.05 on PrefEval and gained nothing on
     #: LoCoMo (decision 0033-multi-hop-and-preferences).
     category_weight: float = 0.0
-    #: A profile line is never more relevant than the memories it was extracted from
-    #: (it restates part of one of them): its relevance is capped by theirs, when any of
-    #: them is visible in the index.
-    lines_capped_by_source: bool = False
     #: Bonus for recent memories, halving every ``recency_half_life_days``.
     recency_weight: float = 0.05
     recency_half_life_days: float = 180.0
