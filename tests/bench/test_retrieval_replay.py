@@ -1,0 +1,52 @@
+"""The ablation replay: fixed halves, users drawn as the harness draws them, summaries."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from benchmarks.prefeval import SEED, load_prefeval, user_events
+from benchmarks.retrieval_replay import half_of, parse_variant, pref_users, summarise
+from tests.bench.synthetic import write_prefeval
+
+
+def test_halves_are_fixed_by_the_hash_of_the_case_id() -> None:
+    # Pinned: a change of rule would silently move cases between tune and check.
+    tune = ["conv-26", "conv-30", "conv-43", "conv-50"]
+    check = ["conv-42", "conv-44", "conv-47", "conv-48"]
+    assert [half_of(c) for c in tune] == ["tune"] * 4
+    assert [half_of(c) for c in check] == ["check"] * 4
+    assert half_of("entertain_shows") == "check" and half_of("travel_hotel") == "tune"
+
+
+def test_users_are_drawn_exactly_as_the_harness_draws_them(tmp_path: Path) -> None:
+    items = load_prefeval(write_prefeval(tmp_path))
+    rng = random.Random(SEED)
+    expected = [user_events(user, items, 3, rng) for user in items]
+    assert [events for _, events in pref_users(items, 3)] == expected
+
+
+def test_summaries_split_rows_by_half_and_keep_the_full_set() -> None:
+    rows = [
+        {"case": "conv-26", "category": 1, "B": 256, "strict": 1.0},
+        {"case": "conv-42", "category": 1, "B": 256, "strict": 0.0},
+    ]
+    pref = [{"case": "travel_hotel", "N": 50, "B": 256, "hit": True}]
+    got = summarise(rows, pref)
+    assert got["tune"]["locomo"]["B256"]["all"] == 1.0
+    assert got["check"]["locomo"]["B256"]["all"] == 0.0
+    assert got["full"]["locomo"]["B256"]["all"] == 0.5
+    assert got["tune"]["prefeval"]["N50_B256"]["pr"] == 1.0
+    assert got["check"]["prefeval"] == {}
+
+
+def test_variants_are_named_or_explicit_overrides() -> None:
+    assert parse_variant("no-bridges") == ("no-bridges", {"bridge_weight": 0.0})
+    assert parse_variant("x=sharpness:2;mmr_penalty:0.25") == (
+        "x",
+        {"sharpness": 2, "mmr_penalty": 0.25},
+    )
+    with pytest.raises(ValueError, match="unknown variant"):
+        parse_variant("nonsense")
