@@ -640,19 +640,23 @@ def erasure_scenario(
         receipts_ok = 0
         t0 = time.perf_counter()
         erase_times: list[float] = []
-        for v in victims:
-            time.sleep(seconds / (erased + 1))
-            e0 = time.perf_counter()
-            result = kernel.erase_subject(v)
-            erase_times.append(time.perf_counter() - e0)
-            from audit.receipts import verify_receipt
+        try:
+            for v in victims:
+                time.sleep(seconds / (erased + 1))
+                e0 = time.perf_counter()
+                result = kernel.erase_subject(v)
+                erase_times.append(time.perf_counter() - e0)
+                from audit.receipts import verify_receipt
 
-            verify_receipt(result.receipt, kernel.audit_log.public_key)
-            receipts_ok += 1
-        time.sleep(max(0.0, seconds - (time.perf_counter() - t0)) / 2)
-        stop.set()
-        for t in pool:
-            t.join()
+                verify_receipt(result.receipt, kernel.audit_log.public_key)
+                receipts_ok += 1
+            time.sleep(max(0.0, seconds - (time.perf_counter() - t0)) / 2)
+        finally:
+            # Also when an erasure fails: otherwise the load threads run on after the
+            # kernel closes, holding its connections into whatever runs next.
+            stop.set()
+            for t in pool:
+                t.join()
         kernel.process()
         report = kernel.residue_scan(list(terms.values()))
         after = _without_reads(kernel.queries.table_digest(bystander_streams))
