@@ -1,7 +1,10 @@
 """One contract suite per storage port, bound to the in-memory fake, SQLite and PostgreSQL.
 
-``flavour`` is parametrised over the three; each port's fixture builds the store of that
-flavour. A fake that passes the suite its real adapters pass cannot drift from them (P11).
+Each port's suite is a base class without the ``Test`` prefix whose tests take a
+``stores`` fixture; ``Test...InMemory`` binds it to the fakes, ``Test...OnDatabase`` to
+the SQL adapters on every backend of the ``backend`` fixture (tests/conftest.py), so a
+new backend runs the contracts too. A fake that passes the suite its real adapters pass
+cannot drift from them (P11).
 """
 
 from __future__ import annotations
@@ -10,14 +13,13 @@ import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from audit.log import AuditLog
-from tests.conftest import POSTGRES_ADMIN_URL, _create_pg_database, _drop_pg_database
+from tests.conftest import Backend
 from tests.fakes.audit import InMemoryAuditStore
 from tests.fakes.eventstore import InMemoryEventStore
 from tests.fakes.keystore import InMemoryKeyStore
@@ -28,8 +30,6 @@ from uprof.eventstore import ProfilesApplication
 from uprof.ports import AuditStore, EventStore, SubjectKeyStore
 from uprof.settings import Settings
 from uprof.storage import create_engine, layout_for, migrate
-
-FLAVOURS = ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 
 @dataclass
@@ -101,30 +101,24 @@ class Stores:
             engine.dispose()
 
 
-@pytest.fixture(params=FLAVOURS)
-def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stores]:
-    """The stores of one flavour: in memory, on SQLite, or on a fresh PostgreSQL database."""
-    clock = FakeClock(datetime(2026, 1, 1, 12, tzinfo=UTC))
-    flavour = request.param
-    if flavour == "memory":
-        yield Stores("memory", None, clock, {})
-        return
-    pg_name = ""
-    url = None
-    if flavour == "postgres":
-        pg_name = _create_pg_database()
-        url = sa.engine.make_url(POSTGRES_ADMIN_URL).set(database=pg_name)
-    data_dir = tmp_path / "data"
+@pytest.fixture
+def memory_stores() -> Stores:
+    """The in-memory fakes."""
+    return Stores("memory", None, FakeClock(datetime(2026, 1, 1, 12, tzinfo=UTC)), {})
+
+
+@pytest.fixture
+def database_stores(backend: Backend) -> Iterator[Stores]:
+    """The SQL adapters on a fresh database of each backend the ``backend`` fixture runs."""
+    data_dir = backend.data_dir / "data"
     data_dir.mkdir()
     settings = Settings(
         data_dir=data_dir,
-        database_url=url.render_as_string(hide_password=False) if url is not None else None,
+        database_url=backend.url if backend.kind == "postgres" else None,
         embedder="hashing",
     )
-    built = Stores(flavour, settings, clock, {})
+    built = Stores(backend.kind, settings, FakeClock(datetime(2026, 1, 1, 12, tzinfo=UTC)), {})
     try:
         yield built
     finally:
         built.close()
-        if pg_name:
-            _drop_pg_database(pg_name)
