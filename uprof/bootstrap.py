@@ -62,7 +62,15 @@ from uprof.storage import (
 )
 
 if TYPE_CHECKING:
+    from uprof.ports import AuditStore, EventStore, SubjectKeyStore
     from uprof.services.policy import PolicyService
+
+    def _adapters_satisfy_their_ports(
+        app: ProfilesApplication, keys: KeyStore, log: AuditLog
+    ) -> tuple[EventStore, SubjectKeyStore, AuditStore]:
+        """Never called: mypy checks here that each SQL adapter satisfies its Protocol."""
+        return app, keys, log
+
 
 __all__ = ["AUDIT_KEY_FILE", "KEK_RING_FILE", "MASTER_KEY_FILE", "bootstrap"]
 _log = logging.getLogger(__name__)

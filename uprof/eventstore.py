@@ -31,9 +31,9 @@ from domain.errors import ConcurrencyConflictError, SubjectErasedError, SubjectN
 from domain.profile import STATE_VALUE_TYPES, SubjectProfile
 from uprof import retry
 from uprof.backends import Backend, backend_for
-from uprof.crypto.keystore import KeyStore
 from uprof.crypto.mapper import SubjectKeyMapper
 from uprof.partitions import claim
+from uprof.ports import SubjectKeyStore
 from uprof.recorders import ConflictsAsDomainErrors
 from uprof.storage import migrate
 
@@ -108,7 +108,9 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
     name = "profiles"
     snapshotting_intervals = {SubjectProfile: SNAPSHOT_INTERVAL}  # noqa: RUF012
 
-    def __init__(self, env: dict[str, str], keystore: KeyStore, events_engine: sa.Engine) -> None:
+    def __init__(
+        self, env: dict[str, str], keystore: SubjectKeyStore, events_engine: sa.Engine
+    ) -> None:
         self._keystore = keystore
         #: One re-entrant lock per stripe of subjects, for writers in this process.
         self._writer_turns = [threading.RLock() for _ in range(WRITER_STRIPES)]
@@ -226,6 +228,10 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
 
     def exists(self, stream_id: UUID) -> bool:
         return bool(self.recorder.select_events(stream_id, limit=1))
+
+    def stream_events(self, stream_id: UUID) -> list[Any]:
+        """Every event of a stream, decoded, in version order (no snapshot)."""
+        return [self.mapper.to_domain_event(r) for r in self.recorder.select_events(stream_id)]
 
     def save_tracked(self, aggregates: Sequence[SubjectProfile], tracking: Tracking | None) -> None:
         """Save aggregates' pending events together with a tracking position."""

@@ -6,10 +6,12 @@ structurally; every port has a fake in ``tests/fakes``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from uuid import UUID
 
 import numpy as np
 
@@ -17,6 +19,15 @@ from domain.values import CapturedInteraction, ProposalBatch
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from eventsourcing.persistence import Notification, Recording, Tracking
+
+    from audit.log import AuditRecord, StoredEntry
+    from domain.errors import SubjectErasedError
+    from domain.profile import SubjectProfile
+    from uprof.crypto.keystore import Destruction, SubjectHandle
+    from uprof.crypto.ledger import ErasureLedger
+
+T = TypeVar("T")
 
 
 class Clock(Protocol):
@@ -116,4 +127,230 @@ class KeyMaterialStore(Protocol):
 
     def erasure_records(self) -> Sequence[ErasureRecord]:
         """Every record appended so far by any process, in order."""
+        ...
+
+
+# --------------------------------------------------------------------------- storage
+#
+# The four stores the services write and read through. Each is what the services call,
+# no more: operator tools (KEK rotation, residue scans, backups) keep the concrete
+# adapters. The SQL adapters satisfy these structurally (checked by mypy in
+# ``uprof/adapters/conformance.py``); the in-memory fakes in ``tests/fakes`` pass the
+# same contract suite (``tests/contracts``) as SQLite and PostgreSQL.
+
+
+class EventStore(Protocol):
+    """Every subject's event stream, with the log's notifications and worker positions.
+
+    Adapter: ``uprof.eventstore.ProfilesApplication`` (SQLite, PostgreSQL).
+    """
+
+    @property
+    def name(self) -> str:
+        """The log's name (the default tracking position is named after it)."""
+        ...
+
+    def exists(self, stream_id: UUID) -> bool:
+        """Whether the stream holds any event."""
+        ...
+
+    def load(self, stream_id: UUID) -> SubjectProfile:
+        """The subject at its head (snapshot plus tail).
+
+        Raises SubjectErasedError for a shredded stream, SubjectNotFoundError for none.
+        """
+        ...
+
+    def stream_events(self, stream_id: UUID) -> list[Any]:
+        """Every event of a stream, decoded, in version order."""
+        ...
+
+    def save(self, *aggregates: SubjectProfile) -> list[Recording[UUID]]:
+        """Append the aggregates' pending events in one transaction, all or nothing.
+
+        Raises VersionConflictError (a ConcurrencyConflictError) when another writer
+        saved to one of the streams first: the version each event expects is taken.
+        """
+        ...
+
+    def save_tracked(self, aggregates: Sequence[SubjectProfile], tracking: Tracking | None) -> None:
+        """``save`` plus a worker position in the same transaction.
+
+        A ``GuardedTracking`` only replaces the position it started from, else
+        PositionMovedError (nothing written).
+        """
+        ...
+
+    def with_retry(self, command: Callable[[], T], *, subject: UUID | None = None) -> T:
+        """Run a load-decide-save command again while another writer saved first."""
+        ...
+
+    def writer_turns(self, subjects: Iterable[UUID]) -> AbstractContextManager[None]:
+        """Hold the in-process writer turns of several subjects."""
+        ...
+
+    def catch_up(self, profile: SubjectProfile) -> SubjectProfile:
+        """A loaded subject brought up to its stream's head."""
+        ...
+
+    def catch_up_many(
+        self, profiles: Sequence[SubjectProfile]
+    ) -> dict[UUID, SubjectProfile | SubjectErasedError]:
+        """``catch_up`` for several subjects; an erased one maps to its error."""
+        ...
+
+    def notification_ids(self, stream_id: UUID, versions: Sequence[int]) -> list[int]:
+        """The log positions of a stream's events at ``versions`` (in that order)."""
+        ...
+
+    def max_notification_id(self) -> int:
+        """The newest log position (0: empty log)."""
+        ...
+
+    def notifications_after(
+        self, position: int, limit: int, topics: Iterable[str] = ()
+    ) -> Sequence[Notification]:
+        """Up to ``limit`` notifications after ``position``, in log order."""
+        ...
+
+    def decode(self, notification: Notification) -> Any:
+        """The domain event a notification holds (``ContentShredded`` once its key is gone)."""
+        ...
+
+    def tracking_position(self, name: str) -> int:
+        """Where the named worker position stands (0: never saved)."""
+        ...
+
+    def drop_snapshots(self, stream_id: UUID) -> int:
+        """Delete a stream's snapshots; returns how many went."""
+        ...
+
+
+class SubjectKeyStore(Protocol):
+    """Subjects' stream index and their wrapped data keys; crypto-shredding deletes keys.
+
+    Adapter: ``uprof.crypto.keystore.KeyStore`` (tables in the keys database).
+    """
+
+    #: The erasure ledger (kept with the key material); None only in bare test stores.
+    ledger: ErasureLedger | None
+
+    def pseudonym(self, tenant: str, subject_ref: str) -> str:
+        """The subject's pseudonym; for an unknown reference a fresh one each call."""
+        ...
+
+    def resolve(
+        self, tenant: str, subject_ref: str, *, max_age_s: float = 0.0
+    ) -> SubjectHandle | None:
+        """A known subject's stream, or None."""
+        ...
+
+    def resolve_many(self, tenant: str, subject_refs: Iterable[str]) -> dict[str, SubjectHandle]:
+        """``resolve`` for several references; unknown ones left out."""
+        ...
+
+    def resolve_or_create(self, tenant: str, subject_ref: str, *, now: datetime) -> SubjectHandle:
+        """The subject's stream, created with its first data key on first use."""
+        ...
+
+    def stream_ids(self, tenant: str | None = None) -> list[UUID]:
+        """Every live subject's stream (of one tenant)."""
+        ...
+
+    def bind_alias(
+        self, tenant: str, kind: str, alias: str, stream_id: UUID, *, now: datetime
+    ) -> None:
+        """Bind a session id or identifier to a stream (rebinding replaces)."""
+        ...
+
+    def resolve_alias(self, tenant: str, kind: str, alias: str) -> SubjectHandle | None:
+        """The subject an alias is bound to, or None."""
+        ...
+
+    def current_key(self, stream_id: str) -> tuple[int, bytes]:
+        """(version, DEK) for new events; SubjectErasedError once destroyed."""
+        ...
+
+    def key(self, stream_id: str, version: int) -> bytes | None:
+        """The DEK of one version, or None when destroyed or unknown."""
+        ...
+
+    def view_key(self, stream_id: str) -> bytes | None:
+        """The key sealing the subject's read-model fields, or None once destroyed."""
+        ...
+
+    def create_capture_keys(self, stream_id: str, capture_ids: list[str], *, now: datetime) -> None:
+        """Create one key per captured event, before the events are saved."""
+        ...
+
+    def create_capture_keys_many(
+        self, capture_ids: Mapping[str, Sequence[str]], *, now: datetime
+    ) -> None:
+        """Create several streams' capture keys in one transaction."""
+        ...
+
+    def capture_key(self, stream_id: str, capture_id: str) -> bytes | None:
+        """A capture's key, or None when it (or its subject's DEK) is gone."""
+        ...
+
+    def destroy_capture_key(self, stream_id: str, capture_id: str) -> str | None:
+        """Delete one capture's key; a commitment to it, or None if there was none."""
+        ...
+
+    def destroy(self, stream_id: str, *, now: datetime) -> Destruction:
+        """Delete every key, alias and index row of a stream; mark it shredded."""
+        ...
+
+    def evict(self, stream_id: str) -> None:
+        """Forget a stream's cached keys and lookups."""
+        ...
+
+    def is_shredded(self, stream_id: str) -> bool:
+        """Whether the stream's keys were destroyed."""
+        ...
+
+    def shredded_among(self, stream_ids: Iterable[str]) -> set[str]:
+        """Which of these streams are shredded."""
+        ...
+
+
+class AuditStore(Protocol):
+    """The append-only Merkle audit log.
+
+    Adapter: ``audit.log.AuditLog`` (SQL tables, RFC 9162 hashing).
+    """
+
+    def append(self, entry: Mapping[str, Any]) -> AuditRecord:
+        """Validate and append one entry; its leaf index and hash."""
+        ...
+
+    def append_many(self, entries: Iterable[Mapping[str, Any]]) -> list[AuditRecord]:
+        """Append entries at consecutive indexes, all or nothing (AuditEntryError)."""
+        ...
+
+    def size(self) -> int:
+        """The number of entries (the next leaf index)."""
+        ...
+
+    def root(self, tree_size: int | None = None) -> bytes:
+        """The Merkle root (the head) of the first ``tree_size`` entries (default: all)."""
+        ...
+
+    def inclusion_proof(self, leaf_index: int, tree_size: int | None = None) -> list[bytes]:
+        """The RFC 9162 inclusion proof of a leaf."""
+        ...
+
+    def entries(
+        self,
+        subject_ref: str | None = None,
+        app_id: str | None = None,
+        action: str | None = None,
+        since: str | datetime | None = None,
+        until: str | datetime | None = None,
+        *,
+        tree_size: int | None = None,
+        after_leaf: int = -1,
+        page_size: int = 1000,
+    ) -> Iterator[StoredEntry]:
+        """Stored entries in leaf order, filtered (``since`` inclusive, ``until`` exclusive)."""
         ...

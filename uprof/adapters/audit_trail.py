@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from audit.log import AuditLog
 from domain.principal import acting_principal
+from uprof.ports import AuditStore
 
 
 class AuditLogTrail:
@@ -17,7 +17,7 @@ class AuditLogTrail:
     recorder, which runs on its own thread, passes the reader's label explicitly.
     """
 
-    def __init__(self, log: AuditLog, tenant: str) -> None:
+    def __init__(self, log: AuditStore, tenant: str) -> None:
         self.log = log
         self._tenant = tenant
 

@@ -32,7 +32,7 @@ from eventsourcing.persistence import (
 from eventsourcing.utils import get_topic
 
 from domain.profile import SubjectProfile
-from uprof.crypto.keystore import KeyStore
+from uprof.ports import SubjectKeyStore
 
 PLAIN, SUBJECT_SEALED, CAPTURE_SEALED = b"\x00", b"\x01", b"\x02"
 NONCE = 12
@@ -67,7 +67,7 @@ def _capture_of(domain_event: Any) -> tuple[str | None, bool]:
 class SubjectKeyMapper(Mapper[UUID]):
     """Mapper that encrypts per subject and per capture; built by the profiles app."""
 
-    def __init__(self, transcoder: Transcoder, keystore: KeyStore) -> None:
+    def __init__(self, transcoder: Transcoder, keystore: SubjectKeyStore) -> None:
         super().__init__(transcoder=transcoder)
         self.keystore = keystore
 

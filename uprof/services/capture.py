@@ -12,9 +12,8 @@ from domain.errors import ConsentRequiredError, InvalidInputError, SubjectErased
 from domain.principal import acting_principal, qualified_agent
 from domain.values import Interaction, check_text, check_token
 from uprof import telemetry
-from uprof.crypto.keystore import KeyStore, SubjectHandle, new_pseudonym
-from uprof.eventstore import ProfilesApplication
-from uprof.ports import AuditTrail, Clock
+from uprof.crypto.keystore import SubjectHandle, new_pseudonym
+from uprof.ports import AuditTrail, Clock, EventStore, SubjectKeyStore
 from uprof.services.capture_writer import CaptureWriter, PendingCapture, no_consent_on_record
 from uprof.services.subjects import SubjectResolver, check_subject_ref
 
@@ -88,9 +87,9 @@ def _checked(
 class CaptureService:
     def __init__(
         self,
-        app: ProfilesApplication,
+        app: EventStore,
         subjects: SubjectResolver,
-        keystore: KeyStore,
+        keystore: SubjectKeyStore,
         clock: Clock,
         audit: AuditTrail,
     ) -> None:

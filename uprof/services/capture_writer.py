@@ -47,9 +47,8 @@ from domain.profile import SubjectProfile
 from domain.values import Interaction
 from uprof import retry, telemetry
 from uprof.caching import BoundedCache, CacheStats
-from uprof.crypto.keystore import KeyStore, new_pseudonym
-from uprof.eventstore import ProfilesApplication
-from uprof.ports import AuditTrail, Clock
+from uprof.crypto.keystore import new_pseudonym
+from uprof.ports import AuditTrail, Clock, EventStore, SubjectKeyStore
 from uprof.services.subjects import ERASED_SUBJECT, SubjectResolver
 
 _log = logging.getLogger(__name__)
@@ -166,8 +165,8 @@ class CaptureWriter:
 
     def __init__(
         self,
-        app: ProfilesApplication,
-        keystore: KeyStore,
+        app: EventStore,
+        keystore: SubjectKeyStore,
         clock: Clock,
         audit: AuditTrail,
         subjects: SubjectResolver,

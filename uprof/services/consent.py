@@ -8,8 +8,7 @@ from datetime import datetime
 from domain.errors import InvalidInputError, SubjectNotFoundError
 from domain.profile import SubjectProfile
 from domain.values import check_category, check_token
-from uprof.eventstore import ProfilesApplication
-from uprof.ports import AuditTrail, Clock
+from uprof.ports import AuditTrail, Clock, EventStore
 from uprof.services.capture import to_utc
 from uprof.services.subjects import SubjectResolver
 
@@ -26,7 +25,7 @@ def check_purposes(purposes: Sequence[str]) -> tuple[str, ...]:
 
 class ConsentService:
     def __init__(
-        self, app: ProfilesApplication, subjects: SubjectResolver, clock: Clock, audit: AuditTrail
+        self, app: EventStore, subjects: SubjectResolver, clock: Clock, audit: AuditTrail
     ) -> None:
         self._app = app
         self._subjects = subjects

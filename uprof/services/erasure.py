@@ -35,9 +35,7 @@ from domain.errors import (
 )
 from projections.profile import tables as t
 from projections.profile.queries import ProfileQueries
-from uprof.crypto.keystore import KeyStore
-from uprof.eventstore import ProfilesApplication
-from uprof.ports import AuditTrail, Clock
+from uprof.ports import AuditTrail, Clock, EventStore, SubjectKeyStore
 from uprof.services.subjects import SubjectResolver, check_subject_ref
 from uprof.storage import fold_log
 
@@ -68,8 +66,8 @@ class ErasureResult:
 class ErasureService:
     def __init__(
         self,
-        app: ProfilesApplication,
-        keystore: KeyStore,
+        app: EventStore,
+        keystore: SubjectKeyStore,
         subjects: SubjectResolver,
         queries: ProfileQueries,
         views: sa.Engine,

@@ -39,9 +39,9 @@ from domain.values import (
 )
 from projections.profile.queries import ProfileQueries
 from uprof import retry, telemetry
-from uprof.eventstore import CAPTURED_TOPIC, ProfilesApplication
+from uprof.eventstore import CAPTURED_TOPIC
 from uprof.partitions import Partitioning, owned_or_all
-from uprof.ports import Clock, Extractor
+from uprof.ports import Clock, EventStore, Extractor
 from uprof.recorders import GuardedTracking, PositionMovedError
 
 
@@ -114,7 +114,7 @@ class ExtractionWorker:
 
     def __init__(
         self,
-        app: ProfilesApplication,
+        app: EventStore,
         extractor: Extractor,
         evidence: EvidenceChecker,
         clock: Clock,

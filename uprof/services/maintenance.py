@@ -8,7 +8,7 @@ from uuid import UUID
 from domain.errors import SubjectErasedError, SubjectNotFoundError
 from domain.heat import heat
 from projections.profile.queries import ProfileQueries
-from uprof.eventstore import ProfilesApplication
+from uprof.ports import EventStore
 from uprof.services.subjects import SubjectResolver
 
 #: MemoryOS-style eviction: past this many active memories a subject's coldest
@@ -21,7 +21,7 @@ KEEP_IMPORTANCE = 0.7
 class MaintenanceService:
     def __init__(
         self,
-        app: ProfilesApplication,
+        app: EventStore,
         subjects: SubjectResolver,
         queries: ProfileQueries,
         capacity: int = ACTIVE_MEMORY_CAPACITY,

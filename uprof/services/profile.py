@@ -22,7 +22,7 @@ from projections.profile.queries import (
     ProfileQueries,
 )
 from projections.profile.sealing import FieldSealer
-from uprof.eventstore import ProfilesApplication
+from uprof.ports import EventStore
 
 
 @dataclass(frozen=True)
@@ -68,9 +68,7 @@ def read_profile(
 
 
 class ProfileService:
-    def __init__(
-        self, app: ProfilesApplication, queries: ProfileQueries, sealer: FieldSealer
-    ) -> None:
+    def __init__(self, app: EventStore, queries: ProfileQueries, sealer: FieldSealer) -> None:
         self._app = app
         self._queries = queries
         self._sealer = sealer
@@ -86,12 +84,11 @@ class ProfileService:
         """
         if when.tzinfo is None:
             raise InvalidInputError("as_of must carry a timezone")
-        stored = self._app.recorder.select_events(stream_id)
+        stored = self._app.stream_events(stream_id)
         if not stored:
             raise SubjectNotFoundError("no such subject stream")
         events = []
-        for position, record in enumerate(stored, start=1):
-            event = self._app.mapper.to_domain_event(record)
+        for position, event in enumerate(stored, start=1):
             # The mapper types events by protocol; the profile's are DomainEvents (timed).
             assert isinstance(event, DomainEvent)
             if isinstance(event, SubjectProfile.ContentShredded) or event.timestamp > when:

@@ -15,8 +15,8 @@ from eventsourcing.persistence import Notification
 from projections.profile import tables as t
 from projections.profile.projector import ProfileProjector
 from uprof import telemetry
-from uprof.eventstore import ProfilesApplication
 from uprof.partitions import Partitioning, owned_or_all
+from uprof.ports import EventStore
 
 Progress = Callable[[int, int], None]
 
@@ -57,7 +57,7 @@ class ProjectionRunner:
 
     def __init__(
         self,
-        app: ProfilesApplication,
+        app: EventStore,
         engine: sa.Engine,
         projector: ProfileProjector,
         batch_size: int = 256,

@@ -8,8 +8,7 @@ from datetime import datetime
 from domain.errors import SubjectNotFoundError
 from domain.principal import qualified_agent
 from domain.values import ProposalBatch
-from uprof.eventstore import ProfilesApplication
-from uprof.ports import AuditTrail, Clock
+from uprof.ports import AuditTrail, Clock, EventStore
 from uprof.services.capture import to_utc
 from uprof.services.extraction import EvidenceChecker
 from uprof.services.subjects import SubjectResolver
@@ -18,7 +17,7 @@ from uprof.services.subjects import SubjectResolver
 class ProposalService:
     def __init__(
         self,
-        app: ProfilesApplication,
+        app: EventStore,
         subjects: SubjectResolver,
         evidence: EvidenceChecker,
         clock: Clock,

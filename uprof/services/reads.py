@@ -34,8 +34,7 @@ from domain.errors import ReadRecordingError, SubjectErasedError, SubjectNotFoun
 from domain.profile import SubjectProfile
 from uprof import retry
 from uprof.caching import BoundedCache
-from uprof.eventstore import ProfilesApplication
-from uprof.ports import AuditTrail
+from uprof.ports import AuditTrail, EventStore
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +65,7 @@ class ServedRead:
 class ReadRecorder:
     def __init__(
         self,
-        app: ProfilesApplication,
+        app: EventStore,
         audit: AuditTrail,
         *,
         mode: str = "async",

@@ -37,8 +37,7 @@ from domain.values import CATEGORIES, Layer, Provenance, SharingPolicy, check_to
 from projections.profile.queries import MemoryRow, ProfileQueries
 from uprof import telemetry
 from uprof.caching import BoundedCache, CacheStats
-from uprof.eventstore import ProfilesApplication
-from uprof.ports import Clock, Embedder, TokenCounter
+from uprof.ports import Clock, Embedder, EventStore, TokenCounter
 from uprof.retrieval import (
     Candidate,
     LeftOut,
@@ -209,7 +208,7 @@ class _SubjectView:
 class SliceService:
     def __init__(
         self,
-        app: ProfilesApplication,
+        app: EventStore,
         subjects: SubjectResolver,
         queries: ProfileQueries,
         authorizer: Authorizer,

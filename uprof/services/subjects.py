@@ -20,7 +20,8 @@ from domain.errors import (
     SubjectErasedError,
     SubjectNotFoundError,
 )
-from uprof.crypto.keystore import KeyStore, SubjectHandle
+from uprof.crypto.keystore import SubjectHandle
+from uprof.ports import SubjectKeyStore
 
 MAX_REF_LENGTH = 256
 #: What a write naming an erased subject is told.
@@ -56,7 +57,7 @@ def _fold_identifier(identifier: str) -> str:
 class SubjectResolver:
     """Map a request to a subject stream in the fixed priority order."""
 
-    def __init__(self, keystore: KeyStore, tenant: str) -> None:
+    def __init__(self, keystore: SubjectKeyStore, tenant: str) -> None:
         self._keystore = keystore
         self.tenant = tenant
 

@@ -1,0 +1,101 @@
+"""AuditStore contract: the in-memory fake, SQLite and PostgreSQL behave alike."""
+
+from __future__ import annotations
+
+import pytest
+
+from audit.errors import AuditEntryError
+from audit.merkle import verify_inclusion
+from domain.errors import InvalidInputError
+from tests.contracts.conftest import Stores
+
+
+def entry(i: int, **extra: object) -> dict[str, object]:
+    return {
+        "action": "consent.granted" if i % 2 else "AccessDecision",
+        "app_id": f"app-{i % 3}",
+        "subject_ref": f"sub_{i % 2:04d}",
+        "purpose": "personalization",
+        **extra,
+    }
+
+
+class AuditStoreContract:
+    """What every AuditStore must do (bound to a flavour by the classes at the end)."""
+
+    def test_an_empty_log_has_size_zero_and_the_empty_root(self, stores: Stores) -> None:
+        log = stores.audit()
+        assert log.size() == 0
+        assert log.root() == bytes.fromhex(
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        )  # RFC 9162 §2.1.1: the hash of the empty string
+        assert list(log.entries()) == []
+
+    def test_each_append_moves_the_head_and_lands_at_the_next_index(self, stores: Stores) -> None:
+        log = stores.audit()
+        roots = [log.root()]
+        for i in range(5):
+            record = log.append(entry(i))
+            assert record.leaf_index == i
+            roots.append(log.root())
+        assert log.size() == 5
+        assert len(set(roots)) == 6  # every append changed the head
+        assert log.root(3) == roots[3]  # an older head can still be recomputed
+
+    def test_append_many_is_consecutive_and_all_or_nothing(self, stores: Stores) -> None:
+        log = stores.audit()
+        log.append(entry(0))
+        records = log.append_many([entry(1), entry(2)])
+        assert [r.leaf_index for r in records] == [1, 2]
+        head = log.root()
+        with pytest.raises(AuditEntryError):
+            log.append_many([entry(3), entry(4, email="alice@example.org")])  # not allowlisted
+        assert log.size() == 3 and log.root() == head
+
+    def test_entries_read_back_in_leaf_order_filtered_and_from_a_position(
+        self, stores: Stores
+    ) -> None:
+        log = stores.audit()
+        records = log.append_many([entry(i) for i in range(6)])
+        stored = list(log.entries())
+        assert [s.leaf_index for s in stored] == list(range(6))
+        assert [s.leaf_hash for s in stored] == [r.leaf_hash for r in records]
+        assert stored[4].entry["app_id"] == "app-1"
+        assert [s.leaf_index for s in log.entries(after_leaf=3)] == [4, 5]
+        assert [s.leaf_index for s in log.entries(tree_size=2)] == [0, 1]
+        assert [s.leaf_index for s in log.entries(action="consent.granted")] == [1, 3, 5]
+        assert [s.leaf_index for s in log.entries(subject_ref="sub_0000", app_id="app-0")] == [0]
+        assert [s.leaf_index for s in log.entries(page_size=2)] == list(range(6))
+
+    def test_entries_filter_by_recording_time(self, stores: Stores) -> None:
+        log = stores.audit()
+        for i in range(3):
+            log.append(entry(i))
+            stores.clock.advance(hours=1)
+        times = [s.recorded_at for s in log.entries()]
+        assert len(set(times)) == 3
+        assert [s.leaf_index for s in log.entries(since=times[1])] == [1, 2]
+        assert [s.leaf_index for s in log.entries(until=times[1])] == [0]
+
+    def test_an_inclusion_proof_leads_to_the_head(self, stores: Stores) -> None:
+        log = stores.audit()
+        records = log.append_many([entry(i) for i in range(7)])
+        root = log.root()
+        for r in records:
+            verify_inclusion(r.leaf_hash, r.leaf_index, 7, log.inclusion_proof(r.leaf_index), root)
+        with pytest.raises(InvalidInputError):
+            log.inclusion_proof(7)
+        with pytest.raises(InvalidInputError):
+            log.root(8)
+
+
+class TestAuditStoreInMemory(AuditStoreContract):
+    @pytest.fixture
+    def stores(self, memory_stores: Stores) -> Stores:
+        return memory_stores
+
+
+class TestAuditStoreOnDatabase(AuditStoreContract):
+    @pytest.fixture
+    def stores(self, database_stores: Stores) -> Stores:
+        return database_stores

@@ -1,0 +1,134 @@
+"""SubjectKeyStore contract: the in-memory fake, SQLite and PostgreSQL behave alike."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from domain.errors import SubjectErasedError
+from tests.contracts.conftest import Stores
+
+TENANT = "default"
+NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
+
+
+class KeyStoreContract:
+    """What every KeyStore must do (bound to a flavour by the classes at the end)."""
+
+    def test_a_subject_is_created_once_then_resolved(self, stores: Stores) -> None:
+        keys = stores.keys()
+        assert keys.resolve(TENANT, "alice") is None
+        created = keys.resolve_or_create(TENANT, "alice", now=NOW)
+        assert created.created and created.pseudonym.startswith("subj_")
+        again = keys.resolve_or_create(TENANT, "alice", now=NOW)
+        assert (again.stream_id, again.pseudonym, again.created) == (
+            created.stream_id,
+            created.pseudonym,
+            False,
+        )
+        found = keys.resolve(TENANT, "alice")
+        assert found is not None and found.stream_id == created.stream_id
+        assert keys.resolve("other-tenant", "alice") is None
+        assert keys.stream_ids(TENANT) == [created.stream_id]
+        assert keys.pseudonym(TENANT, "alice") == created.pseudonym
+
+    def test_unknown_references_get_a_fresh_pseudonym_each_time(self, stores: Stores) -> None:
+        keys = stores.keys()
+        assert keys.pseudonym(TENANT, "nobody") != keys.pseudonym(TENANT, "nobody")
+
+    def test_resolve_many_leaves_out_unknown_references(self, stores: Stores) -> None:
+        keys = stores.keys()
+        a = keys.resolve_or_create(TENANT, "a", now=NOW)
+        b = keys.resolve_or_create(TENANT, "b", now=NOW)
+        found = keys.resolve_many(TENANT, ["a", "b", "c"])
+        assert {ref: h.stream_id for ref, h in found.items()} == {
+            "a": a.stream_id,
+            "b": b.stream_id,
+        }
+
+    def test_an_alias_resolves_to_its_subject_and_rebinding_replaces_it(
+        self, stores: Stores
+    ) -> None:
+        keys = stores.keys()
+        a = keys.resolve_or_create(TENANT, "a", now=NOW)
+        b = keys.resolve_or_create(TENANT, "b", now=NOW)
+        keys.bind_alias(TENANT, "session", "s1", a.stream_id, now=NOW)
+        found = keys.resolve_alias(TENANT, "session", "s1")
+        assert found is not None and found.stream_id == a.stream_id
+        keys.bind_alias(TENANT, "session", "s1", b.stream_id, now=NOW)
+        found = keys.resolve_alias(TENANT, "session", "s1")
+        assert found is not None and found.stream_id == b.stream_id
+        assert keys.resolve_alias(TENANT, "identifier", "s1") is None
+
+    def test_a_subject_has_a_current_data_key_and_a_view_key(self, stores: Stores) -> None:
+        keys = stores.keys()
+        stream = str(keys.resolve_or_create(TENANT, "a", now=NOW).stream_id)
+        version, dek = keys.current_key(stream)
+        assert version == 1 and len(dek) == 32
+        assert keys.key(stream, 1) == dek
+        assert keys.key(stream, 2) is None
+        view = keys.view_key(stream)
+        assert view is not None and len(view) == 64
+
+    def test_capture_keys_are_per_capture_and_one_can_be_destroyed(self, stores: Stores) -> None:
+        keys = stores.keys()
+        stream = str(keys.resolve_or_create(TENANT, "a", now=NOW).stream_id)
+        keys.create_capture_keys(stream, ["c1" * 16, "c2" * 16], now=NOW)
+        first, second = keys.capture_key(stream, "c1" * 16), keys.capture_key(stream, "c2" * 16)
+        assert first is not None and second is not None and first != second
+        assert keys.capture_key(stream, "c3" * 16) is None
+        commitment = keys.destroy_capture_key(stream, "c1" * 16)
+        assert commitment is not None and len(commitment) == 64
+        assert keys.capture_key(stream, "c1" * 16) is None
+        assert keys.capture_key(stream, "c2" * 16) == second
+        assert keys.destroy_capture_key(stream, "c1" * 16) is None
+
+    def test_destroying_a_subject_erases_every_key_alias_and_index_row(
+        self, stores: Stores
+    ) -> None:
+        keys = stores.keys()
+        handle = keys.resolve_or_create(TENANT, "a", now=NOW)
+        other = keys.resolve_or_create(TENANT, "b", now=NOW)
+        stream = str(handle.stream_id)
+        keys.create_capture_keys_many(
+            {stream: ["c1" * 16], str(other.stream_id): ["c9" * 16]}, now=NOW
+        )
+        keys.bind_alias(TENANT, "session", "s1", handle.stream_id, now=NOW)
+        assert not keys.is_shredded(stream)
+
+        destruction = keys.destroy(stream, now=NOW)
+
+        assert [d.key_version for d in destruction.deks] == [1]
+        assert len(destruction.deks[0].dek_commitment) == 64
+        assert (destruction.capture_keys, destruction.aliases) == (1, 1)
+        assert keys.is_shredded(stream)
+        assert keys.shredded_among([stream, str(other.stream_id)]) == {stream}
+        assert keys.key(stream, 1) is None
+        assert keys.view_key(stream) is None
+        assert keys.capture_key(stream, "c1" * 16) is None
+        with pytest.raises(SubjectErasedError):
+            keys.current_key(stream)
+        with pytest.raises(SubjectErasedError):
+            keys.create_capture_keys(stream, ["c2" * 16], now=NOW)
+        assert keys.resolve(TENANT, "a") is None
+        assert keys.resolve_alias(TENANT, "session", "s1") is None
+        assert keys.stream_ids(TENANT) == [other.stream_id]
+        # The other subject keeps everything.
+        assert keys.capture_key(str(other.stream_id), "c9" * 16) is not None
+        # The same reference later names a new, unlinked subject.
+        again = keys.resolve_or_create(TENANT, "a", now=NOW)
+        assert again.created and again.stream_id != handle.stream_id
+        assert again.pseudonym != handle.pseudonym
+
+
+class TestKeyStoreInMemory(KeyStoreContract):
+    @pytest.fixture
+    def stores(self, memory_stores: Stores) -> Stores:
+        return memory_stores
+
+
+class TestKeyStoreOnDatabase(KeyStoreContract):
+    @pytest.fixture
+    def stores(self, database_stores: Stores) -> Stores:
+        return database_stores
