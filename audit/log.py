@@ -201,7 +201,7 @@ class AuditLog:
             # Another writer took these indexes (only without a working lock).
             raise VersionConflictError("another writer took these audit leaf indexes") from exc
         except sa.exc.OperationalError as exc:
-            if not _store_busy(exc):
+            if not self._backend.is_transient_lock(exc.orig):
                 raise
             raise StoreBusyError("the audit log is locked by another writer") from exc
 
@@ -521,18 +521,3 @@ class AuditLog:
                 f"the log is missing Merkle nodes {missing[:5]}: its tables are incomplete"
             )
         return found
-
-
-#: SQLite's primary result codes for "another connection holds the lock" (BUSY, LOCKED).
-_SQLITE_BUSY_CODES = frozenset({5, 6})
-#: PostgreSQL SQLSTATEs worth retrying: lock not available, serialization, deadlock.
-_PG_RETRYABLE_STATES = frozenset({"55P03", "40001", "40P01"})
-
-
-def _store_busy(error: sa.exc.OperationalError) -> bool:
-    """Whether the driver reports a transient lock (by its error code, not its wording)."""
-    driver_error = error.orig
-    code = getattr(driver_error, "sqlite_errorcode", None)
-    if isinstance(code, int):
-        return code & 0xFF in _SQLITE_BUSY_CODES  # extended codes keep the primary low byte
-    return getattr(driver_error, "sqlstate", None) in _PG_RETRYABLE_STATES

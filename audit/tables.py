@@ -84,6 +84,11 @@ class AuditBackend(Protocol):
         time, and in which reads after entering see every earlier writer's commit."""
         ...
 
+    def is_transient_lock(self, error: BaseException | None) -> bool:
+        """Whether a driver error says another writer holds a lock for now (worth another
+        attempt), judged by the driver's error code, never its wording."""
+        ...
+
 
 def create_tables(engine: sa.Engine, backend: AuditBackend) -> None:
     """Create the audit tables with their append-only triggers (tests, benchmarks: a

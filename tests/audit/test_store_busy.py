@@ -13,12 +13,17 @@ import pytest
 import sqlalchemy as sa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from audit.log import AuditLog, _store_busy
+from audit.log import AuditLog
 from audit.tables import create_tables
 from domain.errors import StoreBusyError
 from tests.conftest import Backend
-from uprof.backends import backend_for
+from uprof.backends import backend_for, backend_named
 from uprof.retry import RetryPolicy
+
+
+def _store_busy(error: sa.exc.OperationalError, scheme: str) -> bool:
+    """What the audit log asks its database's backend about a failed write."""
+    return backend_named(scheme).is_transient_lock(error.orig)
 
 
 def _operational_error(engine: sa.Engine, statement: str) -> sa.exc.OperationalError:
@@ -34,9 +39,9 @@ def test_a_sqlite_lock_is_busy_and_a_missing_table_is_not(tmp_path: Path) -> Non
     holder.commit()
     engine = sa.create_engine(f"sqlite:///{path}", connect_args={"timeout": 0})
     try:
-        assert not _store_busy(_operational_error(engine, "SELECT * FROM no_such_table"))
+        assert not _store_busy(_operational_error(engine, "SELECT * FROM no_such_table"), "sqlite")
         holder.execute("BEGIN EXCLUSIVE")
-        assert _store_busy(_operational_error(engine, "INSERT INTO t VALUES (1)"))
+        assert _store_busy(_operational_error(engine, "INSERT INTO t VALUES (1)"), "sqlite")
     finally:
         holder.rollback()
         holder.close()
@@ -53,7 +58,9 @@ def test_a_postgres_lock_timeout_is_busy_and_a_syntax_error_is_not(backend: Back
             holder.execute(sa.text("LOCK TABLE t IN ACCESS EXCLUSIVE MODE"))
             waiter = sa.create_engine(backend.url, connect_args={"options": "-c lock_timeout=100"})
             try:
-                assert _store_busy(_operational_error(waiter, "INSERT INTO t VALUES (1)"))
+                assert _store_busy(
+                    _operational_error(waiter, "INSERT INTO t VALUES (1)"), "postgresql"
+                )
             finally:
                 waiter.dispose()
             holder.rollback()
@@ -67,7 +74,7 @@ def test_a_postgres_lock_timeout_is_busy_and_a_syntax_error_is_not(backend: Back
         try:
             with pytest.raises(sa.exc.OperationalError) as caught:
                 unreachable.connect()
-            assert not _store_busy(caught.value)
+            assert not _store_busy(caught.value, "postgresql")
         finally:
             unreachable.dispose()
     finally:

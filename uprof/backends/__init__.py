@@ -155,6 +155,11 @@ class Backend(Protocol):
         entering see every earlier writer's commit."""
         ...
 
+    def is_transient_lock(self, error: BaseException | None) -> bool:
+        """Whether a driver error (``sa.exc.OperationalError.orig``) says another writer
+        holds a lock for now; by the driver's error code, never its wording."""
+        ...
+
     # --- operator tools ----------------------------------------------------------------
 
     def scan_tables(self, engine: sa.Engine, terms: Sequence[str]) -> TableScan:

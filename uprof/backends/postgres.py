@@ -33,6 +33,10 @@ PG_DUMP = "database.dump"
 EVENTS_TABLE = "profiles_events"
 
 
+#: SQLSTATEs worth another attempt: lock not available, serialization failure, deadlock.
+_RETRYABLE_STATES = frozenset({"55P03", "40001", "40P01"})
+
+
 class PostgresBackend:
     name = "postgres"
     persistence_module = "eventsourcing.postgres"
@@ -125,6 +129,9 @@ class PostgresBackend:
     def any_of(self, column: str, ids: Sequence[str], cast: str = "") -> tuple[str, Any]:
         # One array instead of an expanded IN list.
         return f"{column} = ANY(CAST(:ids AS {cast or 'text'}[]))", list(ids)
+
+    def is_transient_lock(self, error: BaseException | None) -> bool:
+        return getattr(error, "sqlstate", None) in _RETRYABLE_STATES
 
     def append_only_ddl(self, tables: Sequence[str]) -> list[str]:
         # CREATE OR REPLACE TRIGGER: PostgreSQL 14 or later.

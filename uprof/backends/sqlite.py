@@ -52,6 +52,10 @@ def _pragmas_full(dbapi_connection: Any, record: Any) -> None:
     _pragmas(dbapi_connection, record, synchronous="FULL")
 
 
+#: SQLite's primary result codes for "another connection holds the lock" (BUSY, LOCKED).
+_BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
+
+
 class SQLiteBackend:
     name = "sqlite"
     persistence_module = "eventsourcing.sqlite"
@@ -155,6 +159,11 @@ class SQLiteBackend:
 
     def drop_append_only_ddl(self) -> list[str]:
         return []  # triggers go with their tables
+
+    def is_transient_lock(self, error: BaseException | None) -> bool:
+        code = getattr(error, "sqlite_errorcode", None)
+        # BUSY or LOCKED; an extended code keeps its primary code in the low byte.
+        return isinstance(code, int) and code & 0xFF in _BUSY_CODES
 
     @contextlib.contextmanager
     def serialised_transaction(self, engine: sa.Engine, lock_key: int) -> Iterator[sa.Connection]:
