@@ -68,14 +68,14 @@ def test_without_expansion_the_sibling_gets_no_lexical_credit() -> None:
     assert ranked[-1] == "sibling"  # only recency: the oldest memory is last
 
 
-def test_expansion_never_reweights_the_query_terms_it_already_has() -> None:
-    # With one memory only, every feedback word is that memory's own: the lexical
-    # scores are a mix of the query's and the feedback's, and the best stays the best.
+def test_expansion_never_lowers_a_direct_match() -> None:
+    # "max": a memory's lexical score is the larger of its own and the feedback's share,
+    # so the memory that matches the question keeps exactly its relevance.
     index = _expansion_case()
-    on = SliceOptions(
-        neighbour_weight=0.0, bridge_weight=0.0, expansion_weight=0.3, expansion_memories=1
-    )
-    assert _ranked_ids(index, QUESTION, None, on)[:2] == ["seed", "sibling"]
+    query = analyse_query(QUESTION)
+    off = rank_memories(index, query, None, NOW, NO_FLOW)
+    on = SliceOptions(neighbour_weight=0.0, bridge_weight=0.0, expansion_weight=0.3)
+    assert rank_memories(index, query, None, NOW, on).best == off.best
 
 
 # -- dense peak -----------------------------------------------------------------------

@@ -241,7 +241,9 @@ def _expanded_lexical(
     says more about a turn than a common one), and the ``expansion_terms`` words with
     the most votes that the query does not already hold become a weighted BM25 query.
     Its scores are scaled like the query's own (by a memory matching the whole feedback
-    query: the votes times idf) and take ``expansion_weight`` of the lexical score.
+    query: the votes times idf). With ``expansion_mix`` "max" a memory's lexical score
+    becomes the larger of its own and ``expansion_weight`` times its feedback score, so a
+    direct match is never lowered; "mix" interpolates the two (RM3's form).
     """
     k = min(options.expansion_memories, len(index))
     m = options.expansion_terms
@@ -275,10 +277,13 @@ def _expanded_lexical(
         lo, hi = weights.indptr[col], weights.indptr[col + 1]
         feedback[weights.indices[lo:hi]] += votes[col] * weights.data[lo:hi]
     feedback = np.clip(feedback / ideal, 0.0, 1.0)
-    mixed: np.ndarray = (1.0 - options.expansion_weight) * lexical + (
-        options.expansion_weight * feedback
-    )
-    return mixed
+    if options.expansion_mix == "mix":
+        mixed: np.ndarray = (1.0 - options.expansion_weight) * lexical + (
+            options.expansion_weight * feedback
+        )
+        return mixed
+    lifted: np.ndarray = np.maximum(lexical, options.expansion_weight * feedback)
+    return lifted
 
 
 def dense_peak(dense: np.ndarray, rank: int) -> float:

@@ -80,6 +80,10 @@ class SliceOptions:
     expansion_weight: float = 0.0
     expansion_memories: int = 10
     expansion_terms: int = 10
+    #: How the feedback query's score joins the query's own: "max" lifts a memory to at most
+    #: ``expansion_weight`` of a whole-query match and never lowers a direct match (the
+    #: bridges' rule); "mix" interpolates (RM3's own form), which lowers direct matches.
+    expansion_mix: str = "max"
     #: Dense share raised where the dense scores are sharply peaked: every memory's fused
     #: relevance gains ``dense_peak_weight * peak * dense``, where ``peak`` is how far the
     #: ``dense_peak_rank``-th best dense score falls below the best (1: only a few memories
