@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import numpy as np
@@ -9,7 +10,7 @@ import numpy as np
 from tests.retrieval.factories import NOW, T0, memory
 from uprof.adapters.tokens import TiktokenCounter
 from uprof.retrieval import MemoryIndex, SliceOptions
-from uprof.retrieval.ranker import analyse_query, dense_peak, rank_memories
+from uprof.retrieval.ranker import analyse_query, dense_peak, memory_relevance, rank_memories
 
 COUNTER = TiktokenCounter()
 DIM = 16
@@ -69,13 +70,32 @@ def test_without_expansion_the_sibling_gets_no_lexical_credit() -> None:
 
 
 def test_expansion_never_lowers_a_direct_match() -> None:
-    # "max": a memory's lexical score is the larger of its own and the feedback's share,
-    # so the memory that matches the question keeps exactly its relevance.
-    index = _expansion_case()
+    # Two memories match the question as a whole; the feedback words come mostly from the
+    # longer one. "max" keeps every memory's own lexical score as a floor, so the short
+    # direct match keeps exactly its relevance; RM3's interpolation ("mix") would lower it.
+    memories = [
+        memory("short", "Causes I support matter.", at=T0, actor="Melanie"),
+        memory(
+            "long",
+            "I support causes like the veterans hospital fundraiser.",
+            at=T0 + timedelta(days=1),
+            actor="Melanie",
+        ),
+        *[
+            memory(f"s{i}", text, at=T0 + timedelta(days=2 + i), actor="Melanie")
+            for i, text in enumerate(["Work was busy.", "The car needs tyres.", "Taxes due."])
+        ],
+    ]
+    index = MemoryIndex.build(memories, None, COUNTER)
     query = analyse_query(QUESTION)
-    off = rank_memories(index, query, None, NOW, NO_FLOW)
-    on = SliceOptions(neighbour_weight=0.0, bridge_weight=0.0, expansion_weight=0.3)
-    assert rank_memories(index, query, None, NOW, on).best == off.best
+
+    def relevance(options: SliceOptions) -> float:
+        fused, *_ = memory_relevance(index, query, None, NOW, options)
+        return float(fused[0])  # "short" is the oldest memory: row 0
+
+    lifted = SliceOptions(neighbour_weight=0.0, bridge_weight=0.0, expansion_weight=0.3)
+    assert relevance(lifted) == relevance(NO_FLOW)
+    assert relevance(replace(lifted, expansion_mix="mix")) < relevance(NO_FLOW)
 
 
 # -- dense peak -----------------------------------------------------------------------
