@@ -137,8 +137,6 @@ class MemoryRanking:
     #: Lexical share of the fusion used for this query, and the query's dense scale.
     lexical_weight: float = 1.0
     dense_scale: DenseScale | None = None
-    #: Extra dense share for this query (``dense_peak_weight`` times its peak; 0 when off).
-    dense_boost: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -224,92 +222,17 @@ def _query_actors(index: MemoryIndex, query: Query) -> tuple[np.ndarray, frozens
     return named, frozenset(used)
 
 
-def _expanded_lexical(
-    index: MemoryIndex,
-    lexical: np.ndarray,
-    first: np.ndarray,
-    query_terms: Sequence[str],
-    options: SliceOptions,
-) -> np.ndarray:
-    """The lexical scores mixed with a feedback query's (RM3-style pseudo-relevance feedback).
-
-    A question names a category ("what causes does she support?") while the turns
-    that answer it name instances ("the veterans' charity run"). The memories a first
-    pass ranks best share words with those turns that the question lacks, so they
-    vote for their words: each of the ``expansion_memories`` best memories spreads its
-    share of their relevance over its distinct terms in proportion to idf (a rare word
-    says more about a turn than a common one), and the ``expansion_terms`` words with
-    the most votes that the query does not already hold become a weighted BM25 query.
-    Its scores are scaled like the query's own (by a memory matching the whole feedback
-    query: the votes times idf). With ``expansion_mix`` "max" a memory's lexical score
-    becomes the larger of its own and ``expansion_weight`` times its feedback score, so a
-    direct match is never lowered; "mix" interpolates the two (RM3's form).
-    """
-    k = min(options.expansion_memories, len(index))
-    m = options.expansion_terms
-    if options.expansion_weight <= 0 or k < 1 or m < 1:
-        return lexical
-    top = np.argpartition(-first, k - 1)[:k]
-    relevance = np.maximum(first[top].astype(np.float64), 0.0)
-    if relevance.sum() <= 0:
-        return lexical
-    relevance /= relevance.sum()
-    idf = index.bm25.idf
-    rows = index.bm25.term_sets[top]  # CSR: each memory's distinct terms
-    votes = np.zeros(len(idf))
-    for i in range(len(top)):
-        cols = rows.indices[rows.indptr[i] : rows.indptr[i + 1]]
-        mass = float(idf[cols].sum())
-        if mass > 0:
-            votes[cols] += relevance[i] * idf[cols] / mass  # distinct within a row
-    for term in query_terms:
-        col = index.bm25.vocabulary.get(term)
-        if col is not None:
-            votes[col] = 0.0
-    picked = np.argsort(-votes, kind="stable")[:m]
-    picked = picked[votes[picked] > 0]
-    ideal = float((votes[picked] * idf[picked]).sum())
-    if ideal <= 0:
-        return lexical
-    weights = index.bm25.weights
-    feedback = np.zeros(len(index), dtype=np.float64)
-    for col in picked.tolist():
-        lo, hi = weights.indptr[col], weights.indptr[col + 1]
-        feedback[weights.indices[lo:hi]] += votes[col] * weights.data[lo:hi]
-    feedback = np.clip(feedback / ideal, 0.0, 1.0)
-    if options.expansion_mix == "mix":
-        mixed: np.ndarray = (1.0 - options.expansion_weight) * lexical + (
-            options.expansion_weight * feedback
-        )
-        return mixed
-    lifted: np.ndarray = np.maximum(lexical, options.expansion_weight * feedback)
-    return lifted
-
-
-def dense_peak(dense: np.ndarray, rank: int) -> float:
-    """How sharply the best dense scores stand out: 1 minus the ``rank``-th best scaled score.
-
-    Dense scores are scaled from the median memory (0) to the best (1), so this reads
-    the query's own distribution: 1 when fewer than ``rank`` memories rise above the
-    median at all, near 0 when the ``rank``-th is as close as the best.
-    """
-    if rank < 2 or len(dense) <= rank:
-        return 0.0
-    kth = float(np.partition(dense, len(dense) - rank)[len(dense) - rank])
-    return float(np.clip(1.0 - kth, 0.0, 1.0))
-
-
 def memory_relevance(
     index: MemoryIndex,
     query: Query,
     query_vector: np.ndarray | None,
     now: datetime,
     options: SliceOptions,
-) -> tuple[np.ndarray, float, DenseScale | None, float]:
+) -> tuple[np.ndarray, float, DenseScale | None]:
     """Fused relevance of every memory, before neighbour flow (float32, >= 0).
 
-    Also returns the lexical weight used, the raw query's dense scale and the extra
-    dense share of a sharply peaked query, so other items can be scored the same way.
+    Also returns the lexical weight used and the raw query's dense scale, so other
+    items can be scored the same way.
     """
     named, name_terms = _query_actors(index, query)
     # A speaker's name in the question says whose turn to look at; as a BM25 word it
@@ -323,21 +246,12 @@ def memory_relevance(
         # dense score decides (questions often share no words with their answers).
         lexical = np.clip(lexical / index.ideal_bm25(lexical_terms), 0.0, 1.0)
     scale = None
-    boost = 0.0
     if index.vectors is not None and query_vector is not None:
         weight = options.lexical_weight if top > 0 else 0.0
         dense, scale = _dense_scores(index, query_vector, lexical, weight, options)
-        if top > 0:
-            first = weight * lexical + (1.0 - weight) * dense
-            lexical = _expanded_lexical(index, lexical, first, lexical_terms, options)
-        if options.dense_peak_weight > 0:
-            boost = options.dense_peak_weight * dense_peak(dense, options.dense_peak_rank)
-        fused = weight * lexical + (1.0 - weight + boost) * dense
+        fused = weight * lexical + (1.0 - weight) * dense
     else:
-        weight = 1.0
-        if top > 0:
-            lexical = _expanded_lexical(index, lexical, lexical, lexical_terms, options)
-        fused = lexical
+        weight, fused = 1.0, lexical
     if named.any():
         speaker = (index.actor_of >= 0) & named[np.maximum(index.actor_of, 0)]
         fused = fused + options.actor_weight * speaker
@@ -347,7 +261,7 @@ def memory_relevance(
         fused = fused + options.recency_weight * np.nan_to_num(recency, nan=0.0)
     if options.heat_weight > 0:
         fused = fused + options.heat_weight * index.heat
-    return np.asarray(fused, dtype=np.float32), weight, scale, boost
+    return np.asarray(fused, dtype=np.float32), weight, scale
 
 
 def _with_neighbours(index: MemoryIndex, relevance: np.ndarray, weight: float) -> np.ndarray:
@@ -415,7 +329,7 @@ def rank_memories(
     if n == 0 or options.pool_size <= 0:
         empty = np.zeros(0, dtype=np.int64)
         return MemoryRanking(empty, np.zeros(0), PoolSimilarity(index, empty))
-    fused, weight, scale, boost = memory_relevance(index, query, query_vector, now, options)
+    fused, weight, scale = memory_relevance(index, query, query_vector, now, options)
     relevance = _with_neighbours(index, fused, options.neighbour_weight)
     relevance = _with_bridges(index, relevance, options)
     size = min(options.pool_size, n)
@@ -431,7 +345,6 @@ def rank_memories(
         best=max(best, 0.0),
         lexical_weight=weight,
         dense_scale=scale,
-        dense_boost=boost,
     )
 
 
@@ -490,7 +403,7 @@ def rank_profile_items(
     best = ranking.best if ranking.best > 0 else 1.0
     for i, candidate in enumerate(candidates):
         relevance = weight * _lexical_match(index, query, candidate.text)
-        relevance += (1.0 - weight + ranking.dense_boost) * float(dense[i])
+        relevance += (1.0 - weight) * float(dense[i])
         if candidate.category in query.categories:
             relevance += options.category_weight
         utility = min(relevance / best, 1.0) ** options.sharpness

@@ -72,25 +72,6 @@ class SliceOptions:
     #: on PrefEval and was neutral on LoCoMo (decision 0033-multi-hop-and-preferences).
     feedback_memories: int = 5
     feedback_weight: float = 0.0
-    #: Lexical pseudo-relevance feedback (RM3-style): the ``expansion_memories`` best
-    #: first-pass memories vote for their words (each memory's idf-weighted terms, in
-    #: proportion to its relevance); the ``expansion_terms`` strongest words the query does
-    #: not already hold form a second BM25 query, mixed into the lexical score with share
-    #: ``expansion_weight`` (0 turns it off; decision XXXX-retrieval-round-3).
-    expansion_weight: float = 0.0
-    expansion_memories: int = 10
-    expansion_terms: int = 10
-    #: How the feedback query's score joins the query's own: "max" lifts a memory to at most
-    #: ``expansion_weight`` of a whole-query match and never lowers a direct match (the
-    #: bridges' rule); "mix" interpolates (RM3's own form), which lowers direct matches.
-    expansion_mix: str = "max"
-    #: Dense share raised where the dense scores are sharply peaked: every memory's fused
-    #: relevance gains ``dense_peak_weight * peak * dense``, where ``peak`` is how far the
-    #: ``dense_peak_rank``-th best dense score falls below the best (1: only a few memories
-    #: stand out, 0: many are as close). The lexical share is never lowered (0 turns it
-    #: off; decision XXXX-retrieval-round-3).
-    dense_peak_weight: float = 0.0
-    dense_peak_rank: int = 5
     #: Bonus for memories spoken by a person the query names.
     actor_weight: float = 0.2
     #: Bonus for a profile line whose category the query's words point at ("job" ->
