@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import numpy as np
 import pytest
 
 from domain.profile import SubjectProfile
@@ -44,8 +45,8 @@ def _canonical(name: str, answer: Any) -> Any:
     """Order-free where the port promises no order (ties, sets, unordered lists)."""
     if name == "attributes":
         return sorted(answer, key=lambda r: (r.category, r.key, r.item_id))
-    if name in ("consents", "consents_after"):
-        return [(r.granted_at, r.consent_id, r) for r in answer]
+    if name == "consents":
+        return sorted(answer, key=lambda r: (r.granted_at, r.consent_id))
     if name in ("captures_by", "item_reads"):
         return sorted(answer)
     if name == "memories":
@@ -67,12 +68,22 @@ class Views:
         self.clock[0] += timedelta(seconds=1)
         return self.clock[0]
 
-    def project(self, *profiles: SubjectProfile) -> int:
-        """Apply the profiles' pending events as the next notifications of the log."""
+    def project(self, *profiles: SubjectProfile, embed: bool = False) -> int:
+        """Apply the profiles' pending events as the next notifications of the log.
+
+        ``embed``: give each memory a made-up 4-float vector (its text's length; no model).
+        """
         events = [e for p in profiles for e in p.collect_events()]
         batch = [(self.position + i + 1, e) for i, e in enumerate(events)]
         self.position += len(events)
-        applied = [s.apply_batch(LOG, batch, self.position) for s in self.stores]
+        vectors = None
+        if embed:
+            vectors = {
+                e.item_id: np.full(4, len(e.text), dtype=np.float32).tobytes()
+                for e in events
+                if isinstance(e, SubjectProfile.MemoryRecorded)
+            }
+        applied = [s.apply_batch(LOG, batch, self.position, vectors) for s in self.stores]
         assert len(set(applied)) == 1, applied
         return applied[0]
 
@@ -203,6 +214,18 @@ class ViewStoreContract:
             "memories_after", sid, after=(first[0].occurred_at, first[0].item_id), limit=10
         )
         assert [m.item_id for m in first + rest] == [m.item_id for m in memories]
+
+    def test_memory_vectors_come_back_stacked_in_memory_order(self, views: Views) -> None:
+        alice = views.subject()
+        c1 = capture(views, alice, "one")
+        propose(views, alice, MemoryProposal("first", (c1,)), MemoryProposal("second", (c1,)))
+        views.project(alice, embed=True)
+        memories, vectors = views.ask("memories", stream(alice), with_vectors=True)
+        assert vectors is not None and vectors.shape == (2, 4)
+        assert vectors[:, 0].tolist() == [len(m.text) for m in memories]  # row i: memory i
+        assert views.ask("memories", stream(alice))[1] is None  # not asked for
+        views.keys.destroy(stream(alice), now=views.now())
+        assert views.ask("memories", stream(alice), with_vectors=True)[1] is None
 
     def test_a_conflict_then_a_supersession(self, views: Views) -> None:
         alice = views.subject()
