@@ -17,7 +17,7 @@ from audit.log import AuditLog
 from domain.errors import UprofError
 from domain.values import CapturedInteraction, ProposalBatch
 from projections.profile.projector import ProfileProjector
-from projections.profile.queries import ProfileQueries
+from projections.profile.views import SqlViewStore
 from uprof import telemetry
 from uprof.adapters.audit_trail import AuditLogTrail
 from uprof.adapters.clock import SystemClock
@@ -62,14 +62,14 @@ from uprof.storage import (
 )
 
 if TYPE_CHECKING:
-    from uprof.ports import AuditStore, EventStore, SubjectKeyStore
+    from uprof.ports import AuditStore, EventStore, SubjectKeyStore, ViewStore
     from uprof.services.policy import PolicyService
 
     def _adapters_satisfy_their_ports(
-        app: ProfilesApplication, keys: KeyStore, log: AuditLog
-    ) -> tuple[EventStore, SubjectKeyStore, AuditStore]:
+        app: ProfilesApplication, keys: KeyStore, log: AuditLog, views: SqlViewStore
+    ) -> tuple[EventStore, SubjectKeyStore, AuditStore, ViewStore]:
         """Never called: mypy checks here that each SQL adapter satisfies its Protocol."""
-        return app, keys, log
+        return app, keys, log, views
 
 
 __all__ = ["AUDIT_KEY_FILE", "KEK_RING_FILE", "MASTER_KEY_FILE", "bootstrap"]
@@ -311,7 +311,6 @@ def bootstrap(
         raise
     subjects = SubjectResolver(keystore, settings.tenant)
     sealer = ViewSealer(keystore)
-    queries = ProfileQueries(views, sealer)
     signing_key = material.audit_signing_key()
     audit_log = AuditLog(
         views,
@@ -324,6 +323,8 @@ def bootstrap(
     if audit is None:
         audit = AuditLogTrail(audit_log, settings.tenant)
     embedder = embedder or build_embedder(settings)
+    # Its own projector: a projector holds per-batch state, and the runner has another.
+    queries = SqlViewStore(views, sealer, ProfileProjector(embedder, sealer))
     if extractor is None:
         extractor = (
             build_extractor(settings)

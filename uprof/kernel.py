@@ -27,11 +27,10 @@ from domain.errors import (
     SubjectNotFoundError,
 )
 from domain.values import Interaction, ProposalBatch
-from projections.profile.queries import ProfileQueries
 from uprof import telemetry
 from uprof.crypto.keystore import KeyStore
 from uprof.eventstore import ProfilesApplication
-from uprof.ports import AuditTrail, Clock
+from uprof.ports import AuditTrail, Clock, ViewStore
 from uprof.retrieval import text as retrieval_text
 from uprof.services.capture import CaptureAck, CaptureOutcome, CaptureService
 from uprof.services.consent import ConsentService
@@ -88,7 +87,7 @@ class Uprof:
     app: ProfilesApplication
     keystore: KeyStore
     subjects: SubjectResolver
-    queries: ProfileQueries
+    queries: ViewStore
     clock: Clock
     audit: AuditTrail
     capture_service: CaptureService

@@ -24,6 +24,13 @@ if TYPE_CHECKING:
     from audit.log import AuditRecord, StoredEntry
     from domain.errors import SubjectErasedError
     from domain.profile import SubjectProfile
+    from projections.profile.queries import (
+        AttributeRow,
+        CaptureRow,
+        ConsentRow,
+        IntentRow,
+        MemoryRow,
+    )
     from uprof.crypto.keystore import Destruction, SubjectHandle
     from uprof.crypto.ledger import ErasureLedger
 
@@ -353,4 +360,99 @@ class AuditStore(Protocol):
         page_size: int = 1000,
     ) -> Iterator[StoredEntry]:
         """Stored entries in leaf order, filtered (``since`` inclusive, ``until`` exclusive)."""
+        ...
+
+
+class ViewStore(Protocol):
+    """The subjects' read models: what the projector writes and the services query.
+
+    Every query is scoped to one subject stream, except ``captures`` (callers check the
+    stream of what comes back). Personal fields come back in plaintext, or empty once
+    the subject's keys are gone. Adapter: ``projections.profile.views.SqlViewStore``
+    (``ProfileProjector`` writing, ``ProfileQueries`` reading, one SQL database).
+    """
+
+    def apply_batch(
+        self,
+        application_name: str,
+        batch: Sequence[tuple[int, Any]],
+        last_position: int,
+        vectors: dict[str, bytes] | None = None,
+        *,
+        projection_name: str | None = None,
+    ) -> int:
+        """Project (notification id, event) pairs and move the position, all or nothing.
+
+        Pairs at or below the stored position are skipped (exactly once); a position
+        moved by another runner meanwhile raises PositionMovedError (nothing written).
+        ``vectors``: memory embeddings by item id (computed when None and an embedder
+        is wired). Returns how many events were applied.
+        """
+        ...
+
+    def position(self, projection_name: str, application_name: str) -> int:
+        """Where the named projection position stands (0: never moved)."""
+        ...
+
+    def attributes(self, stream_id: str, *, include_superseded: bool = True) -> list[AttributeRow]:
+        """The subject's attributes, by category then key."""
+        ...
+
+    def memories(
+        self, stream_id: str, *, include_archived: bool = False, with_vectors: bool = False
+    ) -> tuple[list[MemoryRow], np.ndarray | None]:
+        """Memories, oldest first, and (if asked and all have one) their vectors."""
+        ...
+
+    def memories_after(
+        self, stream_id: str, *, after: tuple[datetime, str] | None, limit: int
+    ) -> list[MemoryRow]:
+        """Up to ``limit`` memories (archived too) after (occurred_at, item_id)."""
+        ...
+
+    def intents(self, stream_id: str, *, status: str | None = None) -> list[IntentRow]:
+        """Intents (of one status), oldest observed first."""
+        ...
+
+    def consents(self, stream_id: str) -> list[ConsentRow]:
+        """Every consent of the subject, withdrawn ones too, by grant time."""
+        ...
+
+    def consents_after(
+        self,
+        stream_id: str,
+        *,
+        app_id: str | None,
+        after: tuple[datetime, str] | None,
+        limit: int,
+    ) -> list[ConsentRow]:
+        """Up to ``limit`` consents after (granted_at, consent_id)."""
+        ...
+
+    def captures(self, capture_ids: Iterable[str]) -> dict[str, CaptureRow]:
+        """Captures by id, of any subject (the evidence check compares streams)."""
+        ...
+
+    def all_captures(self, stream_id: str) -> list[CaptureRow]:
+        """Every capture of the subject, in log order."""
+        ...
+
+    def captures_by(
+        self, stream_id: str, *, app_id: str, purposes: Sequence[str], since: datetime
+    ) -> list[str]:
+        """Ids of the subject's captures by one app for these purposes since a time."""
+        ...
+
+    def session_activity(self, stream_id: str) -> dict[str, int]:
+        """Captures per session, keyed by the session's keyed hash."""
+        ...
+
+    def captured_source_refs(
+        self, stream_id: str, app_id: str, source_refs: Sequence[str]
+    ) -> set[str]:
+        """Which of one app's source refs the subject already has captures for."""
+        ...
+
+    def item_reads(self, stream_id: str) -> list[tuple[str, str, str, int, datetime]]:
+        """(item, app, purpose, reads, last read) of every item served."""
         ...

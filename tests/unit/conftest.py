@@ -16,10 +16,12 @@ import pytest
 from pytest_socket import disable_socket, enable_socket
 
 from domain.values import Interaction
+from projections.profile.projector import PROJECTION_NAME
 from tests.fakes.audit import InMemoryAuditStore
 from tests.fakes.eventstore import InMemoryEventStore
 from tests.fakes.keystore import InMemoryKeyStore
 from tests.fakes.ports import FakeClock, InMemoryKeyMaterialStore
+from tests.fakes.views import InMemoryViewStore
 from uprof.adapters.audit_trail import AuditLogTrail
 from uprof.crypto.ledger import ErasureLedger
 from uprof.services.capture import CaptureService
@@ -54,6 +56,7 @@ class World:
     keys: InMemoryKeyStore
     events: InMemoryEventStore
     audit_log: InMemoryAuditStore
+    views: InMemoryViewStore
     audit: AuditLogTrail
     subjects: SubjectResolver
     consent: ConsentService
@@ -61,6 +64,17 @@ class World:
 
     def actions(self) -> list[str]:
         return [e.entry["action"] for e in self.audit_log.entries()]
+
+    def project(self) -> int:
+        """Bring the views up to the log's head (what ProjectionRunner does on SQL)."""
+        done = 0
+        while True:
+            start = self.views.position(PROJECTION_NAME, self.events.name)
+            notifications = self.events.notifications_after(start, 256)
+            if not notifications:
+                return done
+            batch = [(n.id, self.events.decode(n)) for n in notifications]
+            done += self.views.apply_batch(self.events.name, batch, notifications[-1].id)
 
 
 @pytest.fixture
@@ -78,6 +92,7 @@ def world() -> World:
         keys=keys,
         events=events,
         audit_log=audit_log,
+        views=InMemoryViewStore(keys),
         audit=audit,
         subjects=subjects,
         consent=ConsentService(events, subjects, clock, audit),

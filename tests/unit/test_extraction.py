@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from domain.profile import SubjectProfile
 from policies import CasbinAuthorizer
 from tests.fakes.ports import FakeExtractor
@@ -12,18 +10,11 @@ from uprof.bootstrap import capture_permits
 from uprof.services.extraction import EvidenceChecker, ExtractionWorker
 
 
-class NoOtherCaptures:
-    """The read model's capture lookup, empty: a batch here cites only its own captures."""
-
-    def captures(self, capture_ids: Iterable[str]) -> dict[str, object]:
-        return {}
-
-
 def worker(world: World, *, policy: bool) -> ExtractionWorker:
     return ExtractionWorker(
         world.events,
         FakeExtractor(),
-        EvidenceChecker(NoOtherCaptures()),  # type: ignore[arg-type]
+        EvidenceChecker(world.views),
         world.clock,
         may_capture=capture_permits(CasbinAuthorizer.seeded(), TENANT) if policy else None,
     )

@@ -34,8 +34,7 @@ from domain.errors import (
     SubjectNotFoundError,
 )
 from projections.profile import tables as t
-from projections.profile.queries import ProfileQueries
-from uprof.ports import AuditTrail, Clock, EventStore, SubjectKeyStore
+from uprof.ports import AuditTrail, Clock, EventStore, SubjectKeyStore, ViewStore
 from uprof.services.subjects import SubjectResolver, check_subject_ref
 from uprof.storage import fold_log
 
@@ -69,7 +68,7 @@ class ErasureService:
         app: EventStore,
         keystore: SubjectKeyStore,
         subjects: SubjectResolver,
-        queries: ProfileQueries,
+        queries: ViewStore,
         views: sa.Engine,
         engines: Sequence[sa.Engine],
         clock: Clock,

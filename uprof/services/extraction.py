@@ -37,11 +37,10 @@ from domain.values import (
     ProposalBatch,
     attribute_spec,
 )
-from projections.profile.queries import ProfileQueries
 from uprof import retry, telemetry
 from uprof.eventstore import CAPTURED_TOPIC
 from uprof.partitions import Partitioning, owned_or_all
-from uprof.ports import Clock, EventStore, Extractor
+from uprof.ports import Clock, EventStore, Extractor, ViewStore
 from uprof.recorders import GuardedTracking, PositionMovedError
 
 
@@ -67,7 +66,7 @@ def _starved(error: BaseException) -> ConcurrencyConflictError:
 class EvidenceChecker:
     """Check that every cited event exists and belongs to the same subject."""
 
-    def __init__(self, queries: ProfileQueries) -> None:
+    def __init__(self, queries: ViewStore) -> None:
         self._queries = queries
 
     def check(self, stream_id: UUID, batch: ProposalBatch, known: dict[str, UUID]) -> None:

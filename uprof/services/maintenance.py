@@ -7,8 +7,7 @@ from uuid import UUID
 
 from domain.errors import SubjectErasedError, SubjectNotFoundError
 from domain.heat import heat
-from projections.profile.queries import ProfileQueries
-from uprof.ports import EventStore
+from uprof.ports import EventStore, ViewStore
 from uprof.services.subjects import SubjectResolver
 
 #: MemoryOS-style eviction: past this many active memories a subject's coldest
@@ -23,7 +22,7 @@ class MaintenanceService:
         self,
         app: EventStore,
         subjects: SubjectResolver,
-        queries: ProfileQueries,
+        queries: ViewStore,
         capacity: int = ACTIVE_MEMORY_CAPACITY,
     ) -> None:
         self._app = app

@@ -19,10 +19,10 @@ from projections.profile.queries import (
     ConsentRow,
     IntentRow,
     MemoryRow,
-    ProfileQueries,
 )
 from projections.profile.sealing import FieldSealer
-from uprof.ports import EventStore
+from projections.profile.views import SqlViewStore
+from uprof.ports import EventStore, ViewStore
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class EvidenceView:
 
 
 def read_profile(
-    queries: ProfileQueries,
+    queries: ViewStore,
     stream_id: str,
     as_of: datetime | None,
     *,
@@ -68,7 +68,7 @@ def read_profile(
 
 
 class ProfileService:
-    def __init__(self, app: EventStore, queries: ProfileQueries, sealer: FieldSealer) -> None:
+    def __init__(self, app: EventStore, queries: ViewStore, sealer: FieldSealer) -> None:
         self._app = app
         self._queries = queries
         self._sealer = sealer
@@ -97,11 +97,11 @@ class ProfileService:
         scratch = sa.create_engine("sqlite://")
         try:
             t.metadata.create_all(scratch)
-            with scratch.begin() as conn:
-                ProfileProjector(embedder=None, sealer=self._sealer).apply_batch(
-                    conn, self._app.name, events, len(stored), vectors={}
-                )
-            return read_profile(ProfileQueries(scratch, self._sealer), str(stream_id), when)
+            model = SqlViewStore(
+                scratch, self._sealer, ProfileProjector(embedder=None, sealer=self._sealer)
+            )
+            model.apply_batch(self._app.name, events, len(stored), vectors={})
+            return read_profile(model, str(stream_id), when)
         finally:
             scratch.dispose()
 

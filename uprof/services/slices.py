@@ -34,10 +34,10 @@ from domain.errors import InvalidInputError, SubjectErasedError
 from domain.heat import heat
 from domain.principal import qualified_agent
 from domain.values import CATEGORIES, Layer, Provenance, SharingPolicy, check_token
-from projections.profile.queries import MemoryRow, ProfileQueries
+from projections.profile.queries import MemoryRow
 from uprof import telemetry
 from uprof.caching import BoundedCache, CacheStats
-from uprof.ports import Clock, Embedder, EventStore, TokenCounter
+from uprof.ports import Clock, Embedder, EventStore, TokenCounter, ViewStore
 from uprof.retrieval import (
     Candidate,
     LeftOut,
@@ -210,7 +210,7 @@ class SliceService:
         self,
         app: EventStore,
         subjects: SubjectResolver,
-        queries: ProfileQueries,
+        queries: ViewStore,
         authorizer: Authorizer,
         embedder: Embedder,
         counter: TokenCounter,

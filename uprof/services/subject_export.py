@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from projections.profile.queries import ProfileQueries
+from uprof.ports import ViewStore
 from uprof.services.profile import ProfileView
 
 EXPORT_FORMAT = "uprof.subject-export/v1"
@@ -30,7 +30,7 @@ def _plain(value: Any) -> Any:
 
 
 def build_subject_export(
-    queries: ProfileQueries, stream_id: UUID, view: ProfileView, *, exported_at: datetime
+    queries: ViewStore, stream_id: UUID, view: ProfileView, *, exported_at: datetime
 ) -> dict[str, Any]:
     cited = {e for a in view.attributes for e in a.evidence}
     cited |= {e for m in view.memories for e in m.evidence}

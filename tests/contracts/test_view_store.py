@@ -1,0 +1,423 @@
+"""ViewStore contract, differential: the same event histories go into the in-memory fake
+and the SQL adapter (SQLite, PostgreSQL), and every query must answer alike.
+
+The histories are built with the domain's own commands (the events the projector sees
+in production), numbered as a log would number them. ``TestViewStoreInMemory`` runs each
+history on the fake alone against the expectations written here; ``TestViewStoreOnDatabase``
+runs it on the SQL adapter and, beside it, on a fresh fake over the same key store, and
+every query compares the two answers (``Views.ask``) before checking the expectations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import numpy as np
+import pytest
+
+from domain.profile import SubjectProfile
+from domain.values import (
+    AttributeProposal,
+    ExperienceProposal,
+    IntentProposal,
+    IntentStatus,
+    Interaction,
+    MemoryProposal,
+    ProposalBatch,
+)
+from projections.profile.projector import ProfileProjector
+from projections.profile.views import SqlViewStore
+from tests.contracts.conftest import Stores
+from tests.fakes.keystore import InMemoryKeyStore
+from tests.fakes.views import InMemoryViewStore
+from uprof.crypto.fields import ViewSealer
+from uprof.ports import ViewStore
+
+TENANT = "default"
+APP = "app:planner"
+LOG = "profiles"
+T0 = datetime(2026, 1, 1, 12, tzinfo=UTC)
+
+
+def _canonical(name: str, answer: Any) -> Any:
+    """Order-free where the port promises no order (ties, sets, unordered lists)."""
+    if name == "attributes":
+        return sorted(answer, key=lambda r: (r.category, r.key, r.item_id))
+    if name == "consents":
+        return sorted(answer, key=lambda r: (r.granted_at, r.consent_id))
+    if name in ("captures_by", "item_reads"):
+        return sorted(answer)
+    if name == "memories":
+        rows, vectors = answer
+        return rows, None if vectors is None else vectors.tolist()
+    return answer
+
+
+@dataclass
+class Views:
+    """The flavour under test, plus (on a database) a fake fed the same batches."""
+
+    keys: InMemoryKeyStore
+    stores: list[ViewStore]
+    position: int = 0
+    clock: list[datetime] = field(default_factory=lambda: [T0])
+
+    def now(self) -> datetime:
+        self.clock[0] += timedelta(seconds=1)
+        return self.clock[0]
+
+    def project(self, *profiles: SubjectProfile, embed: bool = False) -> int:
+        """Apply the profiles' pending events as the next notifications of the log.
+
+        ``embed``: give each memory a made-up 4-float vector (its text's length; no model).
+        """
+        events = [e for p in profiles for e in p.collect_events()]
+        batch = [(self.position + i + 1, e) for i, e in enumerate(events)]
+        self.position += len(events)
+        vectors = None
+        if embed:
+            vectors = {
+                e.item_id: np.full(4, len(e.text), dtype=np.float32).tobytes()
+                for e in events
+                if isinstance(e, SubjectProfile.MemoryRecorded)
+            }
+        applied = [s.apply_batch(LOG, batch, self.position, vectors) for s in self.stores]
+        assert len(set(applied)) == 1, applied
+        return applied[0]
+
+    def ask(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Ask every store; they must agree. Returns the answer."""
+        answers = [getattr(s, name)(*args, **kwargs) for s in self.stores]
+        first = _canonical(name, answers[0])
+        for other in answers[1:]:
+            assert _canonical(name, other) == first, f"{name} differs between the stores"
+        return answers[0]
+
+    def subject(self, ref: str = "alice") -> SubjectProfile:
+        handle = self.keys.resolve_or_create(TENANT, ref, now=T0)
+        profile = SubjectProfile(id=handle.stream_id, tenant=TENANT)
+        profile.grant_consent(
+            app_id=APP,
+            categories=("*",),
+            purposes=("personalization", "support"),
+            legal_basis="consent",
+            granted_at=self.now(),
+        )
+        return profile
+
+
+def capture(
+    views: Views,
+    profile: SubjectProfile,
+    text: str,
+    *,
+    session: str = "s1",
+    source_ref: str = "",
+    purpose: str = "personalization",
+) -> str:
+    return profile.capture(
+        Interaction(
+            app_id=APP,
+            agent_id="agent:one",
+            occurred_at=views.now(),
+            user_input=text,
+            agent_response="noted",
+            session_id=session,
+            actor="Alice",
+            source_ref=source_ref,
+            purpose=purpose,
+        ),
+        now=views.now(),
+    )
+
+
+def propose(views: Views, profile: SubjectProfile, *proposals: Any) -> int:
+    batch = ProposalBatch(tuple(proposals), author="fake", owner_agent="agent:one", app_id=APP)
+    when = views.now()
+    return profile.apply_proposals(batch, observed_at=when, now=when)
+
+
+def stream(profile: SubjectProfile) -> str:
+    return str(profile.id)
+
+
+class ViewStoreContract:
+    """What every ViewStore must answer after the same events."""
+
+    def test_captures_are_found_by_id_across_subjects_and_by_subject(self, views: Views) -> None:
+        alice, bob = views.subject("alice"), views.subject("bob")
+        a1 = capture(views, alice, "hello", session="s1", source_ref="msg-1")
+        a2 = capture(views, alice, "again", session="s1", source_ref="msg-2", purpose="support")
+        a3 = capture(views, alice, "other session", session="s2")
+        b1 = capture(views, bob, "bob here", session="s1")
+        views.project(alice, bob)
+        found = views.ask("captures", [a1, b1, "missing"])
+        assert set(found) == {a1, b1}
+        assert found[a1].stream_id == stream(alice) and found[b1].stream_id == stream(bob)
+        assert found[a1].user_input == "hello" and found[a1].source_ref == "msg-1"
+        rows = views.ask("all_captures", stream(alice))
+        assert [r.capture_id for r in rows] == [a1, a2, a3]
+        assert [r.notification_id for r in rows] == sorted(r.notification_id for r in rows)
+        assert sorted(
+            views.ask("captures_by", stream(alice), app_id=APP, purposes=["support"], since=T0)
+        ) == [a2]
+        assert (
+            len(views.ask("captures_by", stream(alice), app_id=APP, purposes=["*"], since=T0)) == 3
+        )
+        assert (
+            views.ask("captures_by", stream(alice), app_id="app:x", purposes=["*"], since=T0) == []
+        )
+        assert sorted(views.ask("session_activity", stream(alice)).values()) == [1, 2]
+        assert views.ask("captured_source_refs", stream(alice), APP, ["msg-1", "msg-3", ""]) == {
+            "msg-1"
+        }
+        assert views.ask("captured_source_refs", stream(bob), APP, ["msg-1"]) == set()
+
+    def test_extraction_results_make_a_profile(self, views: Views) -> None:
+        alice = views.subject()
+        c1 = capture(views, alice, "I live in Paris and want to learn Italian", source_ref="r1")
+        assert (
+            propose(
+                views,
+                alice,
+                AttributeProposal("home_location", "Paris", (c1,), 0.9),
+                MemoryProposal("Alice lives in Paris", (c1,), source_refs=("r1",), span=(0, 15)),
+                IntentProposal("learn Italian", (c1,), expires_at=T0 + timedelta(days=30)),
+                ExperienceProposal("moving", "packed", "tired", "hire movers", (c1,)),
+            )
+            == 4
+        )
+        views.project(alice)
+        sid = stream(alice)
+        (attribute,) = views.ask("attributes", sid)
+        assert (attribute.key, attribute.value, attribute.status) == (
+            "home_location",
+            "Paris",
+            "current",
+        )
+        assert attribute.evidence == (c1,)
+        memories, vectors = views.ask("memories", sid, with_vectors=True)
+        assert sorted(m.kind for m in memories) == ["experience", "memory"]
+        memory = next(m for m in memories if m.kind == "memory")
+        assert memory.text == "Alice lives in Paris" and memory.source_refs == ("r1",)
+        assert memory.session_id == "s1" and memory.actor == "Alice" and memory.session_key
+        assert memory.detail == {"span": "0-15"}
+        experience = next(m for m in memories if m.kind == "experience")
+        assert experience.detail["insight"] == "hire movers"
+        assert vectors is None  # no embedder wired
+        (intent,) = views.ask("intents", sid, status="active")
+        assert intent.description == "learn Italian" and intent.expires_at is not None
+        first = views.ask("memories_after", sid, after=None, limit=1)
+        rest = views.ask(
+            "memories_after", sid, after=(first[0].occurred_at, first[0].item_id), limit=10
+        )
+        assert [m.item_id for m in first + rest] == [m.item_id for m in memories]
+
+    def test_memory_vectors_come_back_stacked_in_memory_order(self, views: Views) -> None:
+        alice = views.subject()
+        c1 = capture(views, alice, "one")
+        propose(views, alice, MemoryProposal("first", (c1,)), MemoryProposal("second", (c1,)))
+        views.project(alice, embed=True)
+        memories, vectors = views.ask("memories", stream(alice), with_vectors=True)
+        assert vectors is not None and vectors.shape == (2, 4)
+        assert vectors[:, 0].tolist() == [len(m.text) for m in memories]  # row i: memory i
+        assert views.ask("memories", stream(alice))[1] is None  # not asked for
+        views.keys.destroy(stream(alice), now=views.now())
+        assert views.ask("memories", stream(alice), with_vectors=True)[1] is None
+
+    def test_a_conflict_then_a_supersession(self, views: Views) -> None:
+        alice = views.subject()
+        c1 = capture(views, alice, "I live in Paris")
+        propose(views, alice, AttributeProposal("home_location", "Paris", (c1,)))
+        views.project(alice)
+        c2 = capture(views, alice, "I live in Rome")
+        propose(views, alice, AttributeProposal("home_location", "Rome", (c2,)))
+        views.project(alice)
+        sid = stream(alice)
+        rows = views.ask("attributes", sid)
+        assert {r.status for r in rows} == {"conflicting"}
+        assert all(len(r.conflicts_with) == 1 for r in rows)
+        c3 = capture(views, alice, "I moved to Lisbon")
+        propose(views, alice, AttributeProposal("home_location", "Lisbon", (c3,), supersedes=True))
+        views.project(alice)
+        rows = views.ask("attributes", sid)
+        by_value = {r.value: r for r in rows}
+        assert by_value["Lisbon"].status == "current"
+        assert by_value["Paris"].status == by_value["Rome"].status == "superseded"
+        assert by_value["Paris"].superseded_by == by_value["Lisbon"].item_id
+        assert [r.value for r in views.ask("attributes", sid, include_superseded=False)] == [
+            "Lisbon"
+        ]
+
+    def test_a_reinforced_attribute_and_a_fulfilled_intent(self, views: Views) -> None:
+        alice = views.subject()
+        c1 = capture(views, alice, "I live in Paris, I want to learn Italian")
+        propose(
+            views,
+            alice,
+            AttributeProposal("home_location", "Paris", (c1,), 0.6),
+            IntentProposal("learn Italian", (c1,)),
+        )
+        views.project(alice)
+        c2 = capture(views, alice, "Paris again")
+        propose(views, alice, AttributeProposal("home_location", "Paris", (c2,), 0.6))
+        (intent_id,) = list(alice.intents)
+        alice.change_intent_status(
+            intent_id, IntentStatus.FULFILLED, evidence=(c2,), observed_at=views.now()
+        )
+        views.project(alice)
+        sid = stream(alice)
+        (attribute,) = views.ask("attributes", sid)
+        assert attribute.evidence == (c1, c2) and attribute.confidence > 0.6
+        assert views.ask("intents", sid, status="active") == []
+        (intent,) = views.ask("intents", sid)
+        assert intent.status == "fulfilled" and intent.evidence == (c1, c2)
+
+    def test_consents_withdrawn_and_paged(self, views: Views) -> None:
+        alice = views.subject()
+        second = alice.grant_consent(
+            app_id="app:calendar",
+            categories=("schedule",),
+            purposes=("scheduling",),
+            legal_basis="consent",
+            granted_at=views.now(),
+        )
+        views.project(alice)
+        alice.withdraw_consent(consent_id=second, withdrawn_at=views.now(), erase_requested=True)
+        views.project(alice)
+        sid = stream(alice)
+        rows = views.ask("consents", sid)
+        assert [r.app_id for r in rows] == [APP, "app:calendar"]
+        assert rows[0].withdrawn_at is None and rows[1].withdrawn_at is not None
+        assert rows[1].erase_requested
+        page = views.ask("consents_after", sid, app_id=None, after=None, limit=1)
+        key = (page[0].granted_at, page[0].consent_id)
+        rest = views.ask("consents_after", sid, app_id=None, after=key, limit=5)
+        assert [r.consent_id for r in page + rest] == [r.consent_id for r in rows]
+        only = views.ask("consents_after", sid, app_id="app:calendar", after=None, limit=5)
+        assert [r.consent_id for r in only] == [second]
+
+    def test_served_slices_count_visits_and_archived_memories_hide(self, views: Views) -> None:
+        alice = views.subject()
+        c1 = capture(views, alice, "one")
+        propose(views, alice, MemoryProposal("first", (c1,)), MemoryProposal("second", (c1,)))
+        views.project(alice)
+        sid = stream(alice)
+        memories, _ = views.ask("memories", sid)
+        ids = [m.item_id for m in memories]
+        for _ in range(2):
+            alice.record_slice_served(
+                app_id=APP,
+                agent_id="agent:one",
+                purpose="personalization",
+                item_ids=ids[:1],
+                served_at=views.now(),
+                budget_tokens=100,
+                n_tokens=10,
+            )
+        alice.archive_memories(ids[1:], reason="stale")
+        views.project(alice)
+        visible, _ = views.ask("memories", sid)
+        assert [(m.item_id, m.visits) for m in visible] == [(ids[0], 2)]
+        everything, _ = views.ask("memories", sid, include_archived=True)
+        assert [m.archived for m in everything] == [False, True]
+        ((item, app, purpose, reads, _),) = views.ask("item_reads", sid)
+        assert (item, app, purpose, reads) == (ids[0], APP, "personalization", 2)
+
+    def test_an_erased_capture_takes_what_only_it_backs(self, views: Views) -> None:
+        alice = views.subject()
+        c1 = capture(views, alice, "I live in Paris", session="s1")
+        c2 = capture(views, alice, "Paris, yes", session="s1")
+        propose(
+            views,
+            alice,
+            AttributeProposal("home_location", "Paris", (c1,)),
+            MemoryProposal("lives in Paris", (c1,)),
+            IntentProposal("see Paris", (c1,)),
+        )
+        propose(views, alice, AttributeProposal("home_location", "Paris", (c2,)))
+        views.project(alice)
+        sid = stream(alice)
+        memories, _ = views.ask("memories", sid)
+        cited = [m.item_id for m in memories] + [i.item_id for i in views.ask("intents", sid)]
+        alice.erase_capture(c1, cited_by=cited, now=views.now())
+        views.project(alice)
+        assert views.ask("captures", [c1]) == {}
+        assert [c.capture_id for c in views.ask("all_captures", sid)] == [c2]
+        assert list(views.ask("session_activity", sid).values()) == [1]
+        (attribute,) = views.ask("attributes", sid)
+        assert attribute.evidence == (c2,)  # restated without the erased capture
+        assert views.ask("memories", sid, include_archived=True)[0] == []
+        assert views.ask("intents", sid) == []
+
+    def test_an_erased_subject_leaves_no_rows(self, views: Views) -> None:
+        alice, bob = views.subject("alice"), views.subject("bob")
+        c1 = capture(views, alice, "I live in Paris", source_ref="r1")
+        propose(
+            views,
+            alice,
+            AttributeProposal("home_location", "Paris", (c1,)),
+            MemoryProposal("lives in Paris", (c1,)),
+        )
+        b1 = capture(views, bob, "bob stays")
+        views.project(alice, bob)
+        alice.erase(request_id="req-1", basis="art17", now=views.now())
+        views.project(alice)
+        views.keys.destroy(stream(alice), now=views.now())
+        sid = stream(alice)
+        assert views.ask("attributes", sid) == []
+        assert views.ask("memories", sid, include_archived=True)[0] == []
+        assert views.ask("intents", sid) == []
+        assert views.ask("consents", sid) == []
+        assert views.ask("all_captures", sid) == []
+        assert views.ask("captures", [c1]) == {}
+        assert views.ask("session_activity", sid) == {}
+        assert views.ask("item_reads", sid) == []
+        assert views.ask("captured_source_refs", sid, APP, ["r1"]) == set()
+        assert list(views.ask("captures", [b1])) == [b1]  # the other subject untouched
+
+    def test_a_subject_shredded_before_projection_gets_no_sealed_rows(self, views: Views) -> None:
+        alice = views.subject()
+        c1 = capture(views, alice, "I live in Paris")
+        propose(views, alice, AttributeProposal("home_location", "Paris", (c1,)))
+        views.keys.destroy(stream(alice), now=views.now())
+        assert views.project(alice) == 4  # applied, though the sealed rows are skipped
+        sid = stream(alice)
+        assert views.ask("attributes", sid) == []
+        assert views.ask("all_captures", sid) == []
+        assert [c.app_id for c in views.ask("consents", sid)] == [APP]  # nothing sealed there
+
+    def test_a_replayed_batch_applies_nothing_twice(self, views: Views) -> None:
+        alice = views.subject()
+        capture(views, alice, "hello")
+        events = alice.collect_events()
+        batch = [(i + 1, e) for i, e in enumerate(events)]
+        for store in views.stores:
+            assert store.apply_batch(LOG, batch, len(batch)) == len(batch)
+            assert store.apply_batch(LOG, batch, len(batch)) == 0
+            assert store.position("profile", LOG) == len(batch)
+            assert store.position("profile", "elsewhere") == 0
+        assert list(views.ask("session_activity", stream(alice)).values()) == [1]
+
+
+def _fake(keys: InMemoryKeyStore) -> ViewStore:
+    return InMemoryViewStore(keys)
+
+
+class TestViewStoreInMemory(ViewStoreContract):
+    @pytest.fixture
+    def views(self) -> Views:
+        keys = InMemoryKeyStore()
+        return Views(keys, [_fake(keys)])
+
+
+class TestViewStoreOnDatabase(ViewStoreContract):
+    @pytest.fixture
+    def views(self, database_stores: Stores) -> Views:
+        keys = InMemoryKeyStore()
+        sealer = ViewSealer(keys)  # type: ignore[arg-type]
+        engine = database_stores._engine("views")
+        real = SqlViewStore(engine, sealer, ProfileProjector(None, sealer))
+        return Views(keys, [real, _fake(keys)])
