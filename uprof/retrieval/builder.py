@@ -160,19 +160,29 @@ def _memory_choices(
     lines = index.lines if grouped else index.dated_lines
     costs = index.line_costs if grouped else index.dated_line_costs
     out: list[_Choice] = []
+    # The pool's columns as Python values once: reading numpy scalars row by row cost
+    # more than the rest of the loop.
+    days, marks, pool_costs = (
+        index.day_of[rows].tolist(),
+        index.marked[rows].tolist(),
+        costs[rows].tolist(),
+    )
+    candidates = index.candidates
+    floor = options.min_utility
     for pos, (row, value) in enumerate(zip(rows.tolist(), utility.tolist(), strict=True)):
-        candidate = index.candidates[row]
+        candidate = candidates[row]
         if not candidate.text.strip():
             left_out.append(_low(candidate, _EMPTY))
             continue
-        if value < options.min_utility:
-            left_out.append(_low(candidate, f"utility {value:.3g} below {options.min_utility:g}"))
+        if value < floor:
+            left_out.append(_low(candidate, f"utility {value:.3g} below {floor:g}"))
             continue
         day = -1
         if grouped:
-            day = day_groups.setdefault(int(index.day_of[row]), _FIXED_GROUPS + len(day_groups))
-        marked = bool(index.marked[row])
-        out.append(_Choice(candidate, lines[row], int(costs[row]), value, day, row, pos, marked))
+            day = day_groups.setdefault(days[pos], _FIXED_GROUPS + len(day_groups))
+        out.append(
+            _Choice(candidate, lines[row], pool_costs[pos], value, day, row, pos, marks[pos])
+        )
     return out
 
 
