@@ -7,14 +7,16 @@ exercised both on a first query and on later ones that reuse them).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import numpy as np
 import pytest
 
-from tests.retrieval.factories import T0, memory
+from tests.retrieval import golden_slices
+from tests.retrieval.factories import T0, attribute, intent, memory
 from uprof.adapters.tokens import TiktokenCounter
-from uprof.retrieval import MemoryIndex, SliceOptions
+from uprof.retrieval import MemoryIndex, ProfileLines, SliceOptions, build_slice, render
 from uprof.retrieval.ranker import _with_bridges
 
 COUNTER = TiktokenCounter()
@@ -72,3 +74,72 @@ def test_the_seed_spread_is_kept_per_index_and_never_shared() -> None:
         _with_bridges(other, relevance, SliceOptions()),
         _reference_bridges(other, relevance, SliceOptions()),
     )
+
+
+class _CountingCounter:
+    """Counts tokens like the real counter and remembers how often it was asked."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def count(self, text: str) -> int:
+        self.calls += 1
+        return COUNTER.count(text)
+
+
+def test_profile_lines_are_rendered_once_per_candidate_and_never_for_another() -> None:
+    counter = _CountingCounter()
+    lines = ProfileLines(counter)  # type: ignore[arg-type]
+    diet = attribute("a1", "diet", "diet: vegetarian", confidence=0.5)
+    first, marked = lines.variants(diet, summarise=False)
+    assert first == (
+        (render.attribute_line(diet), COUNTER.count(render.attribute_line(diet)) + 1, False),
+    )
+    assert marked  # confidence 0.5 carries a mark
+    asked = counter.calls
+    assert lines.variants(diet, summarise=False) == (first, marked)
+    assert counter.calls == asked  # served from the cache
+    # An equal-looking but new candidate (the view moved) is rendered from its own text.
+    vegan = replace(diet, text="diet: vegan")
+    assert lines.variants(vegan, summarise=False)[0][0][0] == render.attribute_line(vegan)
+    # The same candidate as an intent (summarised variants) is not served the attribute line.
+    goal = intent(
+        "i1", "Run a half marathon in spring. Then rest for a month and plan the next one."
+    )
+    variants, _ = lines.variants(goal, summarise=True)
+    assert [v[0] for v in variants] == [
+        render.intent_line(goal, summary=False),
+        render.intent_line(goal, summary=True),
+    ]
+    assert [v[2] for v in variants] == [False, True]
+
+
+def test_profile_lines_stay_bounded() -> None:
+    lines = ProfileLines(COUNTER, max_entries=3)
+    kept = [attribute(f"a{i}", "hobbies", f"hobbies: chess {i}") for i in range(10)]
+    for candidate in kept:
+        lines.variants(candidate, summarise=False)
+        assert len(lines) <= 3
+
+
+def test_a_slice_with_kept_profile_lines_equals_one_without() -> None:
+    memories, attributes, intents = golden_slices.subject()
+    index = MemoryIndex.build(memories, None, COUNTER)
+    lines = ProfileLines(COUNTER)
+    for query in golden_slices.QUERIES[:4]:
+        plain, kept = (
+            build_slice(
+                query=query,
+                attributes=attributes,
+                intents=intents,
+                memory_index=index,
+                budget_tokens=512,
+                counter=COUNTER,
+                query_vector=None,
+                now=golden_slices.NOW,
+                profile_lines=cache,
+            )
+            for cache in (None, lines)
+        )
+        assert kept.text == plain.text and kept.left_out == plain.left_out
+    assert len(lines) > 0
