@@ -156,13 +156,30 @@ def bench_slice(
     data: Annotated[Path, typer.Option(help="Bench data folder (locomo_dev.json).")] = Path(
         "../shared/bench/data"
     ),
+    seeded: Annotated[
+        Path | None,
+        typer.Option(help="Keep the captured subject here; reuse it when already seeded."),
+    ] = None,
+    dump_contents: Annotated[
+        Path | None,
+        typer.Option(help="Write each question's slice items here (0 runs: only that)."),
+    ] = None,
 ) -> None:
     """Slice latency on LoCoMo dev turns (hybrid, lexical-only, baselines) at B=1024."""
     from benchmarks import slice_bench
     from benchmarks.baselines import set_torch_threads
 
     set_torch_threads(torch_threads or None)
-    slice_bench.main(out, memories, queries, echo=console.print, runs=runs, data_dir=data)
+    slice_bench.main(
+        out,
+        memories,
+        queries,
+        echo=console.print,
+        runs=runs,
+        data_dir=data,
+        seeded=seeded,
+        dump_contents=dump_contents,
+    )
 
 
 @bench_app.command("governance")

@@ -13,15 +13,23 @@ and its audit entry: handed to the recorder thread by default (``read_recording=
 written before the slice returns as the baseline beside it (``sync``). Reported: p50/p95
 per system, the median over ``runs`` rounds, the load average before and after, and the
 time spent embedding a query.
+
+``--seeded DIR`` keeps the captured subject in DIR (created and seeded on the first run,
+reused as it is on later ones, with the same ``--memories``): capture dominates the run
+(about 25 minutes at 20,000 memories), and two versions of the code can then be timed on
+the very same stored memories. A reused folder holds no more and no fewer memories than
+asked for, or the run stops.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -93,7 +101,69 @@ def _median_runs(runs: list[dict[str, float]]) -> dict[str, float]:
     return {key: round(statistics.median(r[key] for r in runs), 2) for key in runs[0]}
 
 
-def run(memories: int, queries: int, runs: int, data_dir: Path) -> dict[str, Any]:
+SEEDED_MARKER = "slice-bench-seeded.json"
+
+
+@contextmanager
+def _seeded_deployment(folder: Path) -> Iterator[Any]:
+    """A deployment whose SQLite files live in ``folder`` and stay there after the run."""
+    from benchmarks.uprof_system import bench_authorizer
+    from uprof.bootstrap import bootstrap
+    from uprof.settings import Settings
+
+    settings = Settings(data_dir=folder / "data", embedder="minilm")  # type: ignore[arg-type]
+    k = bootstrap(settings, authorizer=bench_authorizer(("personalization",)))
+    try:
+        yield k
+    finally:
+        k.close()
+
+
+def _seed(k: Any, turns: Sequence[BenchTurn]) -> None:
+    k.grant_consent("bench", app_id=APP, categories=["*"], purposes=[PURPOSE])
+    for lo in range(0, len(turns), 1_000):
+        k.capture_many("bench", [_interaction(t) for t in turns[lo : lo + 1_000]])
+    k.process()
+
+
+def _subject(turns: Sequence[BenchTurn], seeded: Path | None) -> Any:
+    """The deployment holding the bench subject: seeded now, or reused from ``seeded``."""
+    if seeded is None:
+        return _fresh_subject(turns)
+    return _reused_subject(turns, seeded)
+
+
+@contextmanager
+def _fresh_subject(turns: Sequence[BenchTurn]) -> Iterator[Any]:
+    with deployment("sqlite", embedder="minilm") as k:
+        _seed(k, turns)
+        yield k
+
+
+@contextmanager
+def _reused_subject(turns: Sequence[BenchTurn], folder: Path) -> Iterator[Any]:
+    marker = folder / SEEDED_MARKER
+    folder.mkdir(parents=True, exist_ok=True)
+    with _seeded_deployment(folder) as k:
+        if marker.exists():
+            seeded = json.loads(marker.read_text(encoding="utf-8"))
+            if seeded["memories"] != len(turns):
+                raise ValueError(f"{folder} holds {seeded['memories']} memories, not {len(turns)}")
+            k.process()
+        else:
+            _seed(k, turns)
+            marker.write_text(json.dumps({"memories": len(turns)}) + "\n", encoding="utf-8")
+        yield k
+
+
+def run(
+    memories: int,
+    queries: int,
+    runs: int,
+    data_dir: Path,
+    seeded: Path | None = None,
+    dump_contents: Path | None = None,
+) -> dict[str, Any]:
     from benchmarks.baselines import BM25System, EmbeddingSystem, minilm_embedder
 
     turns = locomo_turns(data_dir, memories)
@@ -107,11 +177,9 @@ def run(memories: int, queries: int, runs: int, data_dir: Path) -> dict[str, Any
         "budget_tokens": BUDGET,
         "load_before": [round(x, 2) for x in os.getloadavg()],
     }
-    with deployment("sqlite", embedder="minilm") as k:
-        k.grant_consent("bench", app_id=APP, categories=["*"], purposes=[PURPOSE])
-        for lo in range(0, len(turns), 1_000):
-            k.capture_many("bench", [_interaction(t) for t in turns[lo : lo + 1_000]])
-        k.process()
+    if seeded is not None:
+        result["seeded"] = "reused" if (seeded / SEEDED_MARKER).exists() else "seeded now"
+    with _subject(turns, seeded) as k:
         embedder = k.slice_service._embedder
         embed_ms = []
         for q in questions[:24]:
@@ -119,6 +187,13 @@ def run(memories: int, queries: int, runs: int, data_dir: Path) -> dict[str, Any
             embedder.embed([q])
             embed_ms.append((time.perf_counter() - began) * 1000)
         result["query_embedding_p50_ms"] = round(statistics.median(embed_ms), 2)
+        if dump_contents is not None:
+            dump_contents.parent.mkdir(parents=True, exist_ok=True)
+            dump_contents.write_text(
+                json.dumps(slice_contents(k, questions, now), indent=1) + "\n", encoding="utf-8"
+            )
+        if runs == 0:  # seeding, or a contents dump, only
+            return result
 
         baselines = {
             "baseline_minilm_topk": EmbeddingSystem(minilm_embedder()),
@@ -175,6 +250,41 @@ def _time_uprof(k: Any, questions: list[str], *, lexical: bool) -> list[float]:
     return timings
 
 
+def slice_contents(k: Any, questions: list[str], now: datetime) -> dict[str, Any]:
+    """What each question's slice holds, hybrid and lexical-only: item ids in rendered
+    order, the token count, a digest of the text and the left-out report.
+
+    Ranking is measured from a fixed ``now``, so two versions of the code that rank and
+    pack alike give equal dumps on copies of one seeded folder (a copy, because every
+    served slice counts as a visit and heat reads the visits).
+    """
+    out: dict[str, Any] = {}
+    for mode, lexical in (("hybrid", False), ("lexical_only", True)):
+        rows = []
+        for question in questions:
+            served = k.slice(
+                "bench",
+                question,
+                budget_tokens=BUDGET,
+                purpose=PURPOSE,
+                app_id=APP,
+                agent_id=AGENT,
+                lexical_only=lexical,
+                now=now,
+            )
+            rows.append(
+                {
+                    "question": question,
+                    "items": [item.item_id for item in served.items],
+                    "n_tokens": served.n_tokens,
+                    "text_sha256": hashlib.sha256(served.text.encode("utf-8")).hexdigest(),
+                    "left_out": [[lo.item_id, lo.reason] for lo in served.left_out],
+                }
+            )
+        out[mode] = rows
+    return out
+
+
 def _time_baseline(system: Any, questions: list[str], now: datetime) -> list[float]:
     timings = []
     for question in questions:
@@ -191,8 +301,12 @@ def main(
     echo: Callable[[str], None],
     runs: int = 3,
     data_dir: Path = DEFAULT_DATA_DIR,
+    seeded: Path | None = None,
+    dump_contents: Path | None = None,
 ) -> dict[str, Any]:
-    result = run(memories, queries, runs, data_dir)
+    result = run(memories, queries, runs, data_dir, seeded, dump_contents)
+    if runs == 0:
+        return result
     result["measured_at"] = datetime.now(tz=UTC).isoformat(timespec="seconds")
     result["context"] = run_context()
     out.parent.mkdir(parents=True, exist_ok=True)

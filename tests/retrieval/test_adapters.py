@@ -73,6 +73,25 @@ def test_minilm_embeds_semantically() -> None:
 
 
 @pytest.mark.model
+def test_one_text_is_embedded_directly_and_exactly_as_encode_would() -> None:
+    """A query skips encode's per-call overhead (decision XXXX-slice-latency-round-2), and
+    its vector is bit for bit the one encode gives, short, long (truncated) or empty."""
+    embedder = MiniLMEmbedder()
+    embedder.load()
+    assert embedder._direct  # the load-time probe agreed
+    texts = [
+        "What did Caroline research?",
+        "When did Melanie paint a sunrise? " * 60,  # longer than the model's 256 tokens
+        "",
+        "Ça va? Je suis allée à Zürich 🙂",
+    ]
+    for text in texts:
+        assert np.array_equal(embedder.embed([text]), embedder._encode([text]))
+    # Several texts still go through encode, batched and sorted by length.
+    assert np.array_equal(embedder.embed(texts), embedder._encode(texts))
+
+
+@pytest.mark.model
 def test_loading_the_model_prints_nothing_and_logs_the_load() -> None:
     # A fresh process: the progress bar is process-wide state, so it must be off from the
     # first load on, as in a CLI command or the MCP server.

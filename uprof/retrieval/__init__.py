@@ -8,7 +8,7 @@ Public surface::
     packed.text, packed.items, packed.n_tokens, packed.left_out
 """
 
-from uprof.retrieval.builder import build_slice
+from uprof.retrieval.builder import ProfileLines, build_slice
 from uprof.retrieval.candidates import Candidate
 from uprof.retrieval.index import MemoryIndex
 from uprof.retrieval.slices import LeftOut, LeftOutReason, PackedSlice, SliceOptions
@@ -19,6 +19,7 @@ __all__ = [
     "LeftOutReason",
     "MemoryIndex",
     "PackedSlice",
+    "ProfileLines",
     "SliceOptions",
     "build_slice",
 ]

@@ -49,6 +49,58 @@ class _Choice(NamedTuple):
     marked: bool  # the line carries a mark the legend explains
 
 
+#: One way to show a profile line: its text, its cost (tokens + newline) and whether it
+#: is the summary (worth SUMMARY_VALUE of the full line).
+_Variant = tuple[str, int, bool]
+
+
+def _profile_variants(
+    candidate: Candidate, counter: TokenCounter, *, summarise: bool
+) -> tuple[tuple[_Variant, ...], bool]:
+    """The lines a profile candidate can be shown as, and whether they carry a mark."""
+    if summarise:
+        full = render.intent_line(candidate, summary=False)
+        short = render.intent_line(candidate, summary=True)
+        lines = [(full, False)] + ([(short, True)] if short != full else [])
+    else:
+        lines = [(render.attribute_line(candidate), False)]
+    variants = tuple((line, counter.count(line) + 1, short) for line, short in lines)
+    return variants, render.needs_legend(candidate)
+
+
+class ProfileLines:
+    """Rendered lines and costs of attribute and intent candidates, kept across slices.
+
+    A line depends only on its candidate (and the counter), yet every slice rendered and
+    counted each of the subject's profile lines again: about 300 per slice on LoCoMo
+    turns, a tenth of a slice's ranking time. A caller that serves many slices from the
+    same candidate objects (the slice service keeps one per cached subject view, dropped
+    with the view) passes one of these to ``build_slice``. Entries are keyed by the
+    candidate object itself (identity, checked on every hit, so a new candidate is never
+    served an old line) and bounded by ``max_entries``.
+    """
+
+    def __init__(self, counter: TokenCounter, max_entries: int = 20_000) -> None:
+        self.counter = counter
+        self._max = max_entries
+        self._entries: dict[int, tuple[Candidate, bool, tuple[_Variant, ...], bool]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def variants(
+        self, candidate: Candidate, *, summarise: bool
+    ) -> tuple[tuple[_Variant, ...], bool]:
+        hit = self._entries.get(id(candidate))
+        if hit is not None and hit[0] is candidate and hit[1] == summarise:
+            return hit[2], hit[3]
+        variants, marked = _profile_variants(candidate, self.counter, summarise=summarise)
+        if len(self._entries) >= self._max:
+            self._entries.clear()
+        self._entries[id(candidate)] = (candidate, summarise, variants, marked)
+        return variants, marked
+
+
 def _profile_choices(
     candidates: Sequence[Candidate],
     utilities: np.ndarray,
@@ -57,30 +109,36 @@ def _profile_choices(
     left_out: list[LeftOut],
     *,
     summarise: bool,
+    lines: ProfileLines | None = None,
 ) -> list[_Choice]:
     """Choices for attributes or intents, best first; weak ones go to the left-out report."""
     out: list[_Choice] = []
-    order = sorted(range(len(candidates)), key=lambda i: (-utilities[i], candidates[i].item_id))
+    values = utilities.tolist()
+    order = sorted(range(len(candidates)), key=lambda i: (-values[i], candidates[i].item_id))
     for i in order:
-        candidate, utility = candidates[i], float(utilities[i])
+        candidate, utility = candidates[i], values[i]
         if not candidate.text.strip():
             left_out.append(_low(candidate, _EMPTY))
             continue
         if utility < min_utility:
             left_out.append(_low(candidate, f"utility {utility:.3g} below {min_utility:g}"))
             continue
-        if summarise:
-            full = render.intent_line(candidate, summary=False)
-            short = render.intent_line(candidate, summary=True)
-            variants = [(full, utility)] + (
-                [(short, utility * SUMMARY_VALUE)] if short != full else []
-            )
+        if lines is not None:
+            variants, marked = lines.variants(candidate, summarise=summarise)
         else:
-            variants = [(render.attribute_line(candidate), utility)]
-        marked = render.needs_legend(candidate)
+            variants, marked = _profile_variants(candidate, counter, summarise=summarise)
         out += [
-            _Choice(candidate, line, counter.count(line) + 1, value, -1, -1, -1, marked)
-            for line, value in variants
+            _Choice(
+                candidate,
+                line,
+                cost,
+                utility * SUMMARY_VALUE if short else utility,
+                -1,
+                -1,
+                -1,
+                marked,
+            )
+            for line, cost, short in variants
         ]
     return out
 
@@ -102,19 +160,29 @@ def _memory_choices(
     lines = index.lines if grouped else index.dated_lines
     costs = index.line_costs if grouped else index.dated_line_costs
     out: list[_Choice] = []
+    # The pool's columns as Python values once: reading numpy scalars row by row cost
+    # more than the rest of the loop.
+    days, marks, pool_costs = (
+        index.day_of[rows].tolist(),
+        index.marked[rows].tolist(),
+        costs[rows].tolist(),
+    )
+    candidates = index.candidates
+    floor = options.min_utility
     for pos, (row, value) in enumerate(zip(rows.tolist(), utility.tolist(), strict=True)):
-        candidate = index.candidates[row]
+        candidate = candidates[row]
         if not candidate.text.strip():
             left_out.append(_low(candidate, _EMPTY))
             continue
-        if value < options.min_utility:
-            left_out.append(_low(candidate, f"utility {value:.3g} below {options.min_utility:g}"))
+        if value < floor:
+            left_out.append(_low(candidate, f"utility {value:.3g} below {floor:g}"))
             continue
         day = -1
         if grouped:
-            day = day_groups.setdefault(int(index.day_of[row]), _FIXED_GROUPS + len(day_groups))
-        marked = bool(index.marked[row])
-        out.append(_Choice(candidate, lines[row], int(costs[row]), value, day, row, pos, marked))
+            day = day_groups.setdefault(days[pos], _FIXED_GROUPS + len(day_groups))
+        out.append(
+            _Choice(candidate, lines[row], pool_costs[pos], value, day, row, pos, marks[pos])
+        )
     return out
 
 
@@ -265,6 +333,7 @@ def build_slice(
     options: SliceOptions = SliceOptions(),  # noqa: B008 - frozen, so sharing it is safe
     attribute_vectors: np.ndarray | None = None,
     intent_vectors: np.ndarray | None = None,
+    profile_lines: ProfileLines | None = None,
 ) -> PackedSlice:
     """Choose and render the most useful gated items for query within budget_tokens.
 
@@ -272,7 +341,12 @@ def build_slice(
     index's vectors (None: lexical-only). attribute_vectors / intent_vectors
     optionally add embedding match for those layers (one row per candidate).
     The returned text is counted with counter and never exceeds budget_tokens.
+    profile_lines optionally keeps attribute and intent lines across calls (it is used
+    only when it counts with this very counter).
     """
+    lines = (
+        profile_lines if profile_lines is not None and profile_lines.counter is counter else None
+    )
     with telemetry.span("uprof.slice.rank", memories=len(memory_index)) as ranked:
         q = analyse_query(query)
         left_out: list[LeftOut] = []
@@ -297,6 +371,7 @@ def build_slice(
             options.min_utility,
             left_out,
             summarise=False,
+            lines=lines,
         )
         choices += _profile_choices(
             active,
@@ -314,6 +389,7 @@ def build_slice(
             options.min_utility,
             left_out,
             summarise=True,
+            lines=lines,
         )
         day_groups: dict[int, int] = {}
         choices += _memory_choices(

@@ -17,7 +17,7 @@ here, so ``build_slice`` only scores, picks and renders:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -175,6 +175,9 @@ class MemoryIndex:
     not_retrieved: tuple[LeftOut, ...]
     marked: np.ndarray  # the line carries a provenance or status mark (needs the legend)
     rows_of_capture: dict[str, tuple[int, ...]]  # capture id -> memories citing it
+    #: Bridge seed row -> (median, second-largest) of its cosines to every memory: they
+    #: depend on the index only, so each is computed once (at most one per memory).
+    _spread: dict[int, tuple[float, float]] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(
@@ -251,6 +254,26 @@ class MemoryIndex:
             lo, hi = weights.indptr[col], weights.indptr[col + 1]
             scores[weights.indices[lo:hi]] += weights.data[lo:hi]
         return scores
+
+    def seed_spread(self, seeds: np.ndarray, links: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each seed's median cosine to the memories and its cosine to its closest other memory.
+
+        ``links`` holds each seed's cosines to every memory, one row per seed. The median is
+        the mean of the middle two when n is even (as ``np.median``); the largest cosine is
+        the seed itself, so the closest other memory is the second largest. Both depend on
+        the index alone, so they are kept per seed: later queries with the same seed skip
+        the partition. Returned as float32, the dtype of ``links``.
+        """
+        n = links.shape[1]
+        rows = seeds.tolist()
+        missing = [i for i, row in enumerate(rows) if row not in self._spread]
+        if missing:
+            ranked = np.partition(links[missing], [(n - 1) // 2, n // 2, n - 2], axis=1)
+            floors = (ranked[:, (n - 1) // 2] + ranked[:, n // 2]) / 2
+            for i, lo, hi in zip(missing, floors.tolist(), ranked[:, n - 2].tolist(), strict=True):
+                self._spread[rows[i]] = (lo, hi)
+        spread = np.asarray([self._spread[row] for row in rows], dtype=links.dtype)
+        return spread[:, 0], spread[:, 1]
 
     def ideal_bm25(self, query_terms: Sequence[str]) -> float:
         """BM25 of an average-length memory containing each query term once.

@@ -300,19 +300,19 @@ def _with_bridges(index: MemoryIndex, relevance: np.ndarray, options: SliceOptio
     if options.bridge_weight <= 0 or k < 1 or len(relevance) < 3 or index.vectors is None:
         return relevance
     seeds = np.argpartition(-relevance, k - 1)[:k]
-    n = len(relevance)
-    # (n, k): cosine to each seed. einsum, not @: a matrix product this size starts
-    # BLAS threads, which on busy cores doubled the slice's CPU time (measured, 4.7k
-    # memories: 21 ms against 13 ms per slice); see _cosines.
-    links = np.einsum("ij,kj->ik", index.vectors, index.vectors[seeds])
-    # One partition gives the median (the mean of the middle two when n is even, as
-    # np.median) and the closest other memory (the largest is the seed itself).
-    ranked = np.partition(links, [(n - 1) // 2, n // 2, n - 2], axis=0)
-    floor = (ranked[(n - 1) // 2] + ranked[n // 2]) / 2
-    closest_other = ranked[n - 2]
-    strength = np.clip((links - floor) / np.maximum(closest_other - floor, 1e-9), 0.0, 1.0)
-    strength[seeds, np.arange(k)] = 0.0  # a seed does not lend to itself
-    lent = (strength * relevance[seeds]).max(axis=1)
+    # (k, n): each seed's cosine to every memory. einsum, not @: a matrix product this
+    # size starts BLAS threads, which on busy cores doubled the slice's CPU time
+    # (measured, 4.7k memories: 21 ms against 13 ms per slice); see _cosines. Seeds
+    # are rows, so each seed's cosines are contiguous for the partition below (the
+    # (n, k) layout made it partition strided columns, several times slower); every
+    # cosine is the same number either way (einsum sums each pair alike).
+    links = np.einsum("kj,ij->ki", index.vectors[seeds], index.vectors)
+    floor, closest_other = index.seed_spread(seeds, links)
+    strength = np.clip(
+        (links - floor[:, None]) / np.maximum(closest_other - floor, 1e-9)[:, None], 0.0, 1.0
+    )
+    strength[np.arange(k), seeds] = 0.0  # a seed does not lend to itself
+    lent = (strength * relevance[seeds][:, None]).max(axis=0)
     lifted: np.ndarray = np.maximum(relevance, options.bridge_weight * lent.astype(relevance.dtype))
     return lifted
 
@@ -348,19 +348,29 @@ def rank_memories(
     )
 
 
-def _lexical_match(index: MemoryIndex, query: Query, text: str) -> float:
-    """Share of the query's idf mass that the text contains, as BM25 weighs a short line.
+class _LexicalMatch:
+    """Share of the query's idf mass that a text contains, as BM25 weighs a short line.
 
     A profile line holding each matched query term once scores what BM25 gives an
     average memory matching those terms, over a whole-query match: the memories'
-    lexical scale.
+    lexical scale. The query's terms and their idf are looked up once per query, not
+    once per profile line.
     """
-    wanted = list(dict.fromkeys(query.terms))
-    ideal = index.ideal_bm25(wanted)
-    if ideal <= 0:
-        return 0.0
-    have = term_set(text)
-    return index.ideal_bm25([t for t in wanted if t in have]) / ideal
+
+    def __init__(self, index: MemoryIndex, query: Query) -> None:
+        self._wanted = list(dict.fromkeys(query.terms))
+        self._ideal = index.ideal_bm25(self._wanted)
+        self._idf = {t: index.ideal_bm25([t]) for t in self._wanted}
+
+    def __call__(self, text: str) -> float:
+        if self._ideal <= 0:
+            return 0.0
+        have = term_set(text)
+        total = 0.0
+        for term in self._wanted:
+            if term in have:
+                total += self._idf[term]
+        return total / self._ideal
 
 
 def _confidence_factor(candidate: Candidate) -> float:
@@ -401,9 +411,11 @@ def rank_profile_items(
         if ranking.dense_scale is None:
             weight = options.lexical_weight
     best = ranking.best if ranking.best > 0 else 1.0
+    lexical = _LexicalMatch(index, query)
+    dense_values = dense.tolist()
     for i, candidate in enumerate(candidates):
-        relevance = weight * _lexical_match(index, query, candidate.text)
-        relevance += (1.0 - weight) * float(dense[i])
+        relevance = weight * lexical(candidate.text)
+        relevance += (1.0 - weight) * dense_values[i]
         if candidate.category in query.categories:
             relevance += options.category_weight
         utility = min(relevance / best, 1.0) ** options.sharpness

@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from functools import lru_cache
 from typing import Any, Protocol
 from uuid import UUID
 
@@ -43,6 +44,7 @@ from uprof.retrieval import (
     LeftOut,
     MemoryIndex,
     PackedSlice,
+    ProfileLines,
     SliceOptions,
     build_slice,
 )
@@ -199,6 +201,10 @@ class _SubjectView:
     attribute_values: list[tuple[str, str]] = field(default_factory=list)
     #: Per set of servable categories: the free-text gate and its verdict per intent.
     reveals: dict[tuple[Any, ...], tuple[RevealGate, dict[str, str]]] = field(default_factory=dict)
+    #: Rendered attribute and intent lines with their costs (the view's candidates only).
+    profile_lines: ProfileLines | None = None
+    #: Stacked vectors of a gated list of attribute or intent texts, per list.
+    item_matrices: dict[tuple[str, ...], np.ndarray] = field(default_factory=dict)
 
     def weight(self) -> int:
         """What the view weighs in the cache's item bound: one per item, plus one."""
@@ -316,8 +322,8 @@ class SliceService:
         if not request.lexical_only and (len(index) or attributes or intents):
             with telemetry.span("uprof.slice.embed"):
                 query_vector = self._embedder.embed([request.query])[0]
-                attribute_vectors = self._item_vectors(attributes)
-                intent_vectors = self._item_vectors(intents)
+                attribute_vectors = self._item_vectors(attributes, view)
+                intent_vectors = self._item_vectors(intents, view)
         packed = build_slice(
             query=request.query,
             attributes=attributes,
@@ -330,6 +336,7 @@ class SliceService:
             options=SLICE_OPTIONS,
             attribute_vectors=attribute_vectors,
             intent_vectors=intent_vectors,
+            profile_lines=self._profile_lines(view),
         )
         with telemetry.span("uprof.slice.record", items=len(packed.items)):
             self._record(handle, request, packed, real_now)
@@ -367,10 +374,29 @@ class SliceService:
             )
         )
 
-    def _item_vectors(self, candidates: Sequence[Candidate]) -> np.ndarray | None:
-        """Embeddings of attribute/intent texts, cached by text (they change rarely)."""
+    def _profile_lines(self, view: _SubjectView) -> ProfileLines:
+        """The view's cache of rendered profile lines (made on the view's first read)."""
+        lines = view.profile_lines
+        if lines is None:
+            lines = view.profile_lines = ProfileLines(self._line_counts)
+        return lines
+
+    def _item_vectors(
+        self, candidates: Sequence[Candidate], view: _SubjectView | None = None
+    ) -> np.ndarray | None:
+        """Embeddings of attribute/intent texts, cached by text (they change rarely).
+
+        The stacked matrix of a gated list is kept with the subject's view too: the same
+        reader gets the same list on every read, and stacking a few hundred cached
+        vectors per read cost more than scoring them.
+        """
         if not candidates:
             return None
+        key = tuple(c.text for c in candidates)
+        if view is not None:
+            stacked = view.item_matrices.get(key)
+            if stacked is not None:
+                return stacked
         ticket = self._text_vectors.ticket()
         found = {c.text: self._text_vectors.get(c.text) for c in candidates}
         missing = [text for text, vector in found.items() if vector is None]
@@ -383,7 +409,13 @@ class SliceService:
             vector = found[c.text]
             assert vector is not None  # every missing text was embedded above
             vectors.append(vector)
-        return np.stack(vectors)
+        stacked = np.stack(vectors)
+        stacked.flags.writeable = False  # shared by later reads
+        if view is not None:
+            if len(view.item_matrices) >= 8:  # a handful of readers per subject
+                view.item_matrices.clear()
+            view.item_matrices[key] = stacked
+        return stacked
 
     # ----------------------------------------------------------------- gating
 
@@ -429,7 +461,7 @@ class SliceService:
     @staticmethod
     def _visible(owner: str, sharing: str, request: SliceRequest) -> bool:
         """I4: private items only to their owner agent; bad or missing policy = private."""
-        return SharingPolicy.parse(sharing).allows(
+        return _sharing_policy(sharing).allows(
             owner_agent=owner, reader_agent=request.agent_id, reader_agent_type=request.agent_type
         )
 
@@ -633,6 +665,13 @@ class SliceService:
             i.owner_agent,
             i.sharing,
         )
+
+
+@lru_cache(maxsize=256)
+def _sharing_policy(raw: str) -> SharingPolicy:
+    """A stored sharing policy, parsed once: every read checks every item's (a few distinct
+    words such as "shared" or "private", never personal data)."""
+    return SharingPolicy.parse(raw)
 
 
 def _refs_of(evidence: Sequence[str], refs: Mapping[str, tuple[str, ...]]) -> tuple[str, ...]:

@@ -1,0 +1,109 @@
+"""CPU time per slice on a seeded bench subject, to compare two versions of the code.
+
+Wall times on the shared 2-core machine swing with other jobs; the CPU time of the
+serving thread (``time.thread_time``) moves far less, so it is what this script
+compares. Usage, once per code tree (decision XXXX-slice-latency-round-2)::
+
+    cp -a SEEDED /tmp/copy   # a copy: served slices count as visits
+    PYTHONPATH=<tree> HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.slice_cpu \\
+        /tmp/copy 60 3 out.json [--profile]
+
+``SEEDED`` is a folder seeded by ``uprof bench slice --seeded``. Per round and mode
+the p50 over the questions of: ``retrieval_only`` (a hybrid slice whose query vector is
+precomputed: everything but embedding the question), ``lexical`` (a lexical-only slice)
+and ``embed`` (embedding the question alone, through the deployment's embedder). With
+``--profile``, a cProfile of one more pass of retrieval-only slices goes to out.json.prof.
+Not run in the test suite or CI.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks import slice_bench as sb
+from benchmarks.baselines import set_torch_threads
+from benchmarks.bench_common import DEFAULT_DATA_DIR
+
+
+def main(argv: Sequence[str]) -> dict[str, Any]:
+    seeded, n, rounds, out = Path(argv[0]), int(argv[1]), int(argv[2]), Path(argv[3])
+    profile = "--profile" in argv[4:]
+    set_torch_threads(1)
+    questions = sb.locomo_questions(DEFAULT_DATA_DIR, n)
+    result: dict[str, Any] = {"questions": n, "rounds": rounds, "load_before": os.getloadavg()}
+    with sb._seeded_deployment(seeded) as k:
+        k.process()
+        real = k.slice_service._embedder
+        vectors = {q: real.embed([q]) for q in questions}
+
+        class Precomputed:
+            dimension = 384
+
+            def embed(self, texts: Sequence[str]) -> np.ndarray:
+                if len(texts) == 1 and texts[0] in vectors:
+                    return vectors[texts[0]]
+                return np.asarray(real.embed(texts))
+
+        def one(question: str, *, lexical: bool = False) -> None:
+            k.slice(
+                "bench",
+                question,
+                budget_tokens=sb.BUDGET,
+                purpose=sb.PURPOSE,
+                app_id=sb.APP,
+                agent_id=sb.AGENT,
+                lexical_only=lexical,
+            )
+
+        def retrieval_only(question: str) -> None:
+            k.slice_service._embedder = Precomputed()
+            try:
+                one(question)
+            finally:
+                k.slice_service._embedder = real
+
+        modes = {
+            "retrieval_only": retrieval_only,
+            "lexical": lambda q: one(q, lexical=True),
+            "embed": lambda q: real.embed([q]),
+        }
+        for question in questions[:3]:  # warm-up: builds the views
+            one(question)
+            one(question, lexical=True)
+        per_round: dict[str, list[float]] = {name: [] for name in modes}
+        for _ in range(rounds):
+            for name, run in modes.items():
+                timings = []
+                for question in questions:
+                    began = time.thread_time()
+                    run(question)
+                    timings.append((time.thread_time() - began) * 1000)
+                per_round[name].append(round(statistics.median(timings), 2))
+            k.reads.drain()
+        if profile:
+            profiler = cProfile.Profile()
+            profiler.enable()
+            for question in questions:
+                retrieval_only(question)
+            profiler.disable()
+            profiler.dump_stats(f"{out}.prof")
+    for name, values in per_round.items():
+        result[name] = {"cpu_p50_ms_per_round": values, "median": statistics.median(values)}
+    result["load_after"] = os.getloadavg()
+    out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

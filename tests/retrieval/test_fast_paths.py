@@ -1,0 +1,145 @@
+"""The latency work of decision XXXX-slice-latency-round-2 computes the same numbers.
+
+Each fast path is checked bit for bit against the code it replaced, kept here as the
+reference, on random subjects of several sizes (so the cached per-seed statistics are
+exercised both on a first query and on later ones that reuse them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+import numpy as np
+import pytest
+
+from tests.retrieval import golden_slices
+from tests.retrieval.factories import T0, attribute, intent, memory
+from uprof.adapters.tokens import TiktokenCounter
+from uprof.retrieval import MemoryIndex, ProfileLines, SliceOptions, build_slice, render
+from uprof.retrieval.ranker import _with_bridges
+
+COUNTER = TiktokenCounter()
+
+
+def _reference_bridges(
+    index: MemoryIndex, relevance: np.ndarray, options: SliceOptions
+) -> np.ndarray:
+    """``_with_bridges`` as it was before the round-2 latency work."""
+    k = min(options.bridge_seeds, len(relevance))
+    assert index.vectors is not None
+    seeds = np.argpartition(-relevance, k - 1)[:k]
+    n = len(relevance)
+    links = np.einsum("ij,kj->ik", index.vectors, index.vectors[seeds])
+    ranked = np.partition(links, [(n - 1) // 2, n // 2, n - 2], axis=0)
+    floor = (ranked[(n - 1) // 2] + ranked[n // 2]) / 2
+    closest_other = ranked[n - 2]
+    strength = np.clip((links - floor) / np.maximum(closest_other - floor, 1e-9), 0.0, 1.0)
+    strength[seeds, np.arange(k)] = 0.0
+    lent = (strength * relevance[seeds]).max(axis=1)
+    lifted: np.ndarray = np.maximum(relevance, options.bridge_weight * lent.astype(relevance.dtype))
+    return lifted
+
+
+def _index(n: int, rng: np.random.Generator) -> MemoryIndex:
+    memories = [memory(f"m{i}", f"turn {i}", at=T0 + timedelta(minutes=i)) for i in range(n)]
+    vectors = rng.standard_normal((n, 48)).astype(np.float32)
+    vectors[n // 2] = vectors[n // 3]  # a repeated turn: two rows with equal cosines
+    return MemoryIndex.build(memories, vectors, COUNTER)
+
+
+@pytest.mark.parametrize("n", [3, 4, 11, 200, 1_001])
+def test_bridges_equal_the_reference_bit_for_bit(n: int) -> None:
+    rng = np.random.default_rng(n)
+    index = _index(n, rng)
+    for weight in (0.5, 1.0):
+        options = SliceOptions(bridge_weight=weight)
+        for _ in range(6):  # later queries reuse seeds whose spread is cached
+            relevance = rng.random(n).astype(np.float32)
+            if n > 10:
+                relevance[rng.choice(n, 3)] = relevance.max()  # ties among the seeds
+            expected = _reference_bridges(index, relevance, options)
+            got = _with_bridges(index, relevance.copy(), options)
+            assert got.dtype == expected.dtype
+            assert np.array_equal(got, expected)
+
+
+def test_the_seed_spread_is_kept_per_index_and_never_shared() -> None:
+    rng = np.random.default_rng(7)
+    one, other = _index(50, rng), _index(50, rng)
+    relevance = rng.random(50).astype(np.float32)
+    _with_bridges(one, relevance, SliceOptions())
+    assert len(one._spread) == 10 and other._spread == {}
+    assert np.array_equal(
+        _with_bridges(other, relevance, SliceOptions()),
+        _reference_bridges(other, relevance, SliceOptions()),
+    )
+
+
+class _CountingCounter:
+    """Counts tokens like the real counter and remembers how often it was asked."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def count(self, text: str) -> int:
+        self.calls += 1
+        return COUNTER.count(text)
+
+
+def test_profile_lines_are_rendered_once_per_candidate_and_never_for_another() -> None:
+    counter = _CountingCounter()
+    lines = ProfileLines(counter)  # type: ignore[arg-type]
+    diet = attribute("a1", "diet", "diet: vegetarian", confidence=0.5)
+    first, marked = lines.variants(diet, summarise=False)
+    assert first == (
+        (render.attribute_line(diet), COUNTER.count(render.attribute_line(diet)) + 1, False),
+    )
+    assert marked  # confidence 0.5 carries a mark
+    asked = counter.calls
+    assert lines.variants(diet, summarise=False) == (first, marked)
+    assert counter.calls == asked  # served from the cache
+    # An equal-looking but new candidate (the view moved) is rendered from its own text.
+    vegan = replace(diet, text="diet: vegan")
+    assert lines.variants(vegan, summarise=False)[0][0][0] == render.attribute_line(vegan)
+    # The same candidate as an intent (summarised variants) is not served the attribute line.
+    goal = intent(
+        "i1", "Run a half marathon in spring. Then rest for a month and plan the next one."
+    )
+    variants, _ = lines.variants(goal, summarise=True)
+    assert [v[0] for v in variants] == [
+        render.intent_line(goal, summary=False),
+        render.intent_line(goal, summary=True),
+    ]
+    assert [v[2] for v in variants] == [False, True]
+
+
+def test_profile_lines_stay_bounded() -> None:
+    lines = ProfileLines(COUNTER, max_entries=3)
+    kept = [attribute(f"a{i}", "hobbies", f"hobbies: chess {i}") for i in range(10)]
+    for candidate in kept:
+        lines.variants(candidate, summarise=False)
+        assert len(lines) <= 3
+
+
+def test_a_slice_with_kept_profile_lines_equals_one_without() -> None:
+    memories, attributes, intents = golden_slices.subject()
+    index = MemoryIndex.build(memories, None, COUNTER)
+    lines = ProfileLines(COUNTER)
+    for query in golden_slices.QUERIES[:4]:
+        plain, kept = (
+            build_slice(
+                query=query,
+                attributes=attributes,
+                intents=intents,
+                memory_index=index,
+                budget_tokens=512,
+                counter=COUNTER,
+                query_vector=None,
+                now=golden_slices.NOW,
+                profile_lines=cache,
+            )
+            for cache in (None, lines)
+        )
+        assert kept.text == plain.text and kept.left_out == plain.left_out
+    assert len(lines) > 0
