@@ -2,7 +2,7 @@
 
 Wall times on the shared 2-core machine swing with other jobs; the CPU time of the
 serving thread (``time.thread_time``) moves far less, so it is what this script
-compares. Usage, once per code tree (decision XXXX-slice-latency-round-2)::
+compares. Usage, once per code tree (decision 0041-slice-latency-round-2)::
 
     cp -a SEEDED /tmp/copy   # a copy: served slices count as visits
     PYTHONPATH=<tree> HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.slice_cpu \\

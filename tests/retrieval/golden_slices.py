@@ -3,7 +3,7 @@
 ``python -m tests.retrieval.golden_slices OUT.json`` writes, for every (query, budget,
 mode) case, what the slice holds: item ids in rendered order, the token count, a digest
 of the text and a digest of the left-out report. ``slices_golden.json`` beside this file
-was written by the code before the latency work of decision XXXX-slice-latency-round-2;
+was written by the code before the latency work of decision 0041-slice-latency-round-2;
 ``test_golden_slices.py`` checks that today's code still produces exactly those slices.
 A speed-up that changes what a slice holds has to say so and regenerate the file.
 

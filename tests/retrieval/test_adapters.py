@@ -74,7 +74,7 @@ def test_minilm_embeds_semantically() -> None:
 
 @pytest.mark.model
 def test_one_text_is_embedded_directly_and_exactly_as_encode_would() -> None:
-    """A query skips encode's per-call overhead (decision XXXX-slice-latency-round-2), and
+    """A query skips encode's per-call overhead (decision 0041-slice-latency-round-2), and
     its vector is bit for bit the one encode gives, short, long (truncated) or empty."""
     embedder = MiniLMEmbedder()
     embedder.load()

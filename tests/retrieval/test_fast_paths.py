@@ -1,4 +1,4 @@
-"""The latency work of decision XXXX-slice-latency-round-2 computes the same numbers.
+"""The latency work of decision 0041-slice-latency-round-2 computes the same numbers.
 
 Each fast path is checked bit for bit against the code it replaced, kept here as the
 reference, on random subjects of several sizes (so the cached per-seed statistics are

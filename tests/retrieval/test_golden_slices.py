@@ -1,4 +1,4 @@
-"""Speed-ups must not change what a slice holds (decision XXXX-slice-latency-round-2).
+"""Speed-ups must not change what a slice holds (decision 0041-slice-latency-round-2).
 
 ``slices_golden.json`` was written by the retrieval code before the round-2 latency
 work (``python -m tests.retrieval.golden_slices``); every case is rebuilt here with
