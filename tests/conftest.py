@@ -39,8 +39,20 @@ class Backend:
     pg_dbname: str = ""
 
 
+_ADMIN: list[sa.Engine] = []
+
+
 def _admin() -> sa.Engine:
-    return sa.create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    """This process's engine on the maintenance database (one pooled connection, kept:
+    a test creates and drops a database, and a new connection each time costs the
+    server a process)."""
+    if not _ADMIN:
+        _ADMIN.append(
+            sa.create_engine(
+                POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT", pool_size=1, pool_pre_ping=True
+            )
+        )
+    return _ADMIN[0]
 
 
 def _pg_url(name: str) -> str:
@@ -53,23 +65,15 @@ def _pg_url(name: str) -> str:
 
 def _create_pg_database(template: str | None = None, prefix: str = "uprof_test") -> str:
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    admin = _admin()
-    try:
-        with admin.connect() as conn:
-            copy = f' TEMPLATE "{template}"' if template else ""
-            conn.execute(sa.text(f'CREATE DATABASE "{name}"{copy}'))
-    finally:
-        admin.dispose()
+    copy = f' TEMPLATE "{template}"' if template else ""
+    with _admin().connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"{copy}'))
     return name
 
 
 def _drop_pg_database(name: str) -> None:
-    admin = _admin()
-    try:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    finally:
-        admin.dispose()
+    with _admin().connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 @pytest.fixture(scope="session")
@@ -93,11 +97,7 @@ def _pg_template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         data_dir = tmp_path_factory.mktemp("pg-template") / "data"
         create_schema(Settings(data_dir=data_dir, database_url=url, embedder="hashing"))
         check_holds_only_schema(url)
-        admin = _admin()
-        try:
-            wait_until_unused(admin, name)
-        finally:
-            admin.dispose()
+        wait_until_unused(_admin(), name)
         yield name
     finally:
         _drop_pg_database(name)
