@@ -18,9 +18,6 @@ from pathlib import Path
 
 import pytest
 
-# The wheel is built once for the module (``installed``): its tests stay on one xdist worker.
-pytestmark = pytest.mark.xdist_group("sdk-wheel")
-
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("uprof", "domain", "projections", "policies", "audit", "migrations", "benchmarks")
 

@@ -16,11 +16,7 @@ import pytest
 from tests.api.conftest import LiveServer
 from tests.web.conftest import needs_chromium
 
-pytestmark = [
-    pytest.mark.parametrize("backend", ["sqlite"], indirect=True),
-    # One Chromium per module (the ``browser`` fixture): kept on one xdist worker.
-    pytest.mark.xdist_group("chromium-api-docs"),
-]
+pytestmark = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 
 
 def _loopback_only(page: Any, server: LiveServer) -> list[str]:

@@ -18,12 +18,7 @@ from tests.api.conftest import Apps, LiveServer, bearer, grant, interaction
 from tests.web.conftest import needs_chromium, privacy_link, shot
 from uprof.kernel import Uprof
 
-pytestmark = [
-    needs_chromium,
-    pytest.mark.parametrize("backend", ["sqlite"], indirect=True),
-    # One Chromium per module (the ``browser`` fixture): kept on one xdist worker.
-    pytest.mark.xdist_group("chromium-browser"),
-]
+pytestmark = [needs_chromium, pytest.mark.parametrize("backend", ["sqlite"], indirect=True)]
 
 
 def capture(http: httpx.Client, key: str, subject: str, text: str) -> httpx.Response:
