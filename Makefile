@@ -4,8 +4,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DATA ?= .uprof-data
 # pytest-xdist worker processes for `make test` (decision XXXX-test-suite-speed): one per
-# core of the 2-core reference machine (3 was slower there: the suite is CPU-bound once it
-# runs in parallel). PYTEST_WORKERS=0 runs the suite in this one process.
+# core of the 2-core reference machine (the suite is CPU-bound once parallel; 3 was no
+# faster there). PYTEST_WORKERS=0 runs the suite in this one process.
 PYTEST_WORKERS ?= 2
 
 .PHONY: setup demo test bench clean
