@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 DATA ?= .uprof-data
-# pytest-xdist worker processes for `make test` (decision XXXX-test-suite-speed): one per
+# pytest-xdist worker processes for `make test` (decision 0043-test-suite-speed): one per
 # core of the 2-core reference machine (the suite is CPU-bound once parallel; 3 was no
 # faster there). PYTEST_WORKERS=0 runs the suite in this one process.
 PYTEST_WORKERS ?= 2

@@ -5,7 +5,7 @@ and the tables eventsourcing creates (0.25-0.3 s on PostgreSQL, 0.07-0.09 s on S
 against ~0.06 s and ~0.01 s on a store already at head). A template is built once per test
 session (per xdist worker) by the same calls a first start makes, and copied per test:
 ``CREATE DATABASE ... TEMPLATE`` on PostgreSQL, the files on SQLite. Each test still owns a
-store of its own (decision XXXX-test-suite-speed).
+store of its own (decision 0043-test-suite-speed).
 
 Only schema is in a template: the schema version rows (alembic's, and the one eventsourcing
 writes in a tracking table it creates) and nothing else. No key material
