@@ -977,7 +977,10 @@ def soak_scenario(
             if now >= next_sample:
                 samples.append((round(now - start, 1), rss_kib()))
                 next_sample = now + sample_every
-            if now - start >= seconds:
+            # Three samples at least (the first, one after warm-up, the last), each
+            # ``sample_every`` apart: on a busy machine an operation can outlast a sampling
+            # period, and the run then goes on until the growth after warm-up is measured.
+            if now - start >= seconds and len(samples) >= 3:
                 break
             name = rng.choices(names, weights)[0]
             t0 = time.perf_counter()

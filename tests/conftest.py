@@ -2,7 +2,8 @@
 
 PostgreSQL is reached through ``UPROF_TEST_POSTGRES_URL`` (default: the local
 server on 127.0.0.1:5432 with trust auth). Each test gets its own database with a
-random name, dropped at teardown, so tests never share state.
+random name, dropped at teardown, so tests never share state: ``backend`` copies it
+from a schema-only template (tests/templates.py), ``empty_backend`` creates it empty.
 """
 
 from __future__ import annotations
@@ -12,9 +13,13 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import sqlalchemy as sa
+
+if TYPE_CHECKING:
+    from tests.templates import SqliteTemplate
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -34,36 +39,100 @@ class Backend:
     pg_dbname: str = ""
 
 
-def _create_pg_database() -> str:
-    name = f"uprof_test_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    finally:
-        admin.dispose()
+_ADMIN: list[sa.Engine] = []
+
+
+def _admin() -> sa.Engine:
+    """This process's engine on the maintenance database (one pooled connection, kept:
+    a test creates and drops a database, and a new connection each time costs the
+    server a process)."""
+    if not _ADMIN:
+        _ADMIN.append(
+            sa.create_engine(
+                POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT", pool_size=1, pool_pre_ping=True
+            )
+        )
+    return _ADMIN[0]
+
+
+def _pg_url(name: str) -> str:
+    return (
+        sa.engine.make_url(POSTGRES_ADMIN_URL)
+        .set(database=name)
+        .render_as_string(hide_password=False)
+    )
+
+
+def _create_pg_database(template: str | None = None, prefix: str = "uprof_test") -> str:
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    copy = f' TEMPLATE "{template}"' if template else ""
+    with _admin().connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"{copy}'))
     return name
 
 
 def _drop_pg_database(name: str) -> None:
-    admin = sa.create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with _admin().connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture(scope="session")
+def _sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> SqliteTemplate:
+    """The SQLite store files of a first start, schema only, built once per session."""
+    from tests.templates import SqliteTemplate
+
+    return SqliteTemplate(tmp_path_factory.mktemp("sqlite-template"))
+
+
+@pytest.fixture(scope="session")
+def _pg_template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A PostgreSQL database with the schema of a first start, no rows, built once per
+    session (per xdist worker); never connected to while tests copy it."""
+    from tests.templates import check_holds_only_schema, create_schema, wait_until_unused
+    from uprof.settings import Settings
+
+    name = _create_pg_database(prefix="uprof_template")
     try:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        url = _pg_url(name)
+        data_dir = tmp_path_factory.mktemp("pg-template") / "data"
+        create_schema(Settings(data_dir=data_dir, database_url=url, embedder="hashing"))
+        check_holds_only_schema(url)
+        wait_until_unused(_admin(), name)
+        yield name
     finally:
-        admin.dispose()
+        _drop_pg_database(name)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    """A fresh, empty database on each backend."""
+    """A store of the test's own on each backend, its schema at head and no rows.
+
+    PostgreSQL: a database created for the test from the session's template (the whole
+    database, ``url``). SQLite: the store files copied into ``data_dir / "data"`` and its
+    key folder ``data_dir / "data.keys"`` (where the fixtures' Settings put them); ``url``
+    is an empty file. Tests of what a first start or a migration does on an empty store
+    take ``empty_backend``.
+    """
+    if request.param == "sqlite":
+        request.getfixturevalue("_sqlite_template").copy_into(tmp_path)
+        yield Backend("sqlite", f"sqlite:///{tmp_path / 'uprof.sqlite'}", tmp_path)
+        return
+    name = _create_pg_database(template=request.getfixturevalue("_pg_template"))
+    try:
+        yield Backend("postgres", _pg_url(name), tmp_path, name)
+    finally:
+        _drop_pg_database(name)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def empty_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    """A fresh, empty store on each backend: no table at all (first starts, migrations)."""
     if request.param == "sqlite":
         yield Backend("sqlite", f"sqlite:///{tmp_path / 'uprof.sqlite'}", tmp_path)
         return
     name = _create_pg_database()
-    base = sa.engine.make_url(POSTGRES_ADMIN_URL).set(database=name)
     try:
-        yield Backend("postgres", base.render_as_string(hide_password=False), tmp_path, name)
+        yield Backend("postgres", _pg_url(name), tmp_path, name)
     finally:
         _drop_pg_database(name)
 

@@ -109,9 +109,9 @@ def memory_stores() -> Stores:
 
 @pytest.fixture
 def database_stores(backend: Backend) -> Iterator[Stores]:
-    """The SQL adapters on a fresh database of each backend the ``backend`` fixture runs."""
+    """The SQL adapters on a fresh store of each backend the ``backend`` fixture runs."""
     data_dir = backend.data_dir / "data"
-    data_dir.mkdir()
+    data_dir.mkdir(exist_ok=True)  # the schema template may have put the store files there
     settings = Settings(
         data_dir=data_dir,
         database_url=backend.url if backend.kind == "postgres" else None,

@@ -31,7 +31,8 @@ def _start(data_dir: str, url: str | None, barrier: object, results: object) -> 
         results.put(f"{type(error).__name__}: {str(error)[:300]}")  # type: ignore[attr-defined]
 
 
-def test_processes_starting_at_once_on_a_new_store_all_come_up(backend: Backend) -> None:
+def test_processes_starting_at_once_on_a_new_store_all_come_up(empty_backend: Backend) -> None:
+    backend = empty_backend
     context = multiprocessing.get_context("spawn")
     barrier, results = context.Barrier(STARTS), context.Queue()
     url = backend.url if backend.kind == "postgres" else None

@@ -58,6 +58,12 @@ def _revisions(engine: sa.Engine) -> set[str]:
 
 
 @pytest.fixture
+def backend(empty_backend: Backend) -> Backend:
+    """Every test here starts from an empty store: first starts and upgrades are the point."""
+    return empty_backend
+
+
+@pytest.fixture
 def opened(backend: Backend, clock: FakeClock) -> Iterator[Uprof]:
     k = build_kernel(settings_for(backend), clock)
     try:

@@ -368,7 +368,8 @@ def test_rebuild_equals_live_with_memory_categories(kernel: Uprof) -> None:
     assert kernel.queries.table_digest() == live
 
 
-def test_migration_0004_marks_existing_rows_as_every_category(backend: Backend) -> None:
+def test_migration_0004_marks_existing_rows_as_every_category(empty_backend: Backend) -> None:
+    backend = empty_backend
     from alembic import command
     from alembic.config import Config
 

@@ -61,9 +61,9 @@ def test_a_header_written_another_way_is_left_to_alembic(
 
 
 def test_a_store_behind_its_head_is_migrated_and_one_at_head_is_left_alone(
-    backend: Backend,
+    empty_backend: Backend,
 ) -> None:
-    engine = create_engine(backend.url)
+    engine = create_engine(empty_backend.url)
     try:
         migrate(engine, "views")
         config = Config()

@@ -71,16 +71,16 @@ def _drift(url: str, branch: str) -> list[object]:
         engine.dispose()
 
 
-def test_views_migrations_match_the_table_code(backend: Backend) -> None:
-    assert _drift(backend.url, "views") == []
+def test_views_migrations_match_the_table_code(empty_backend: Backend) -> None:
+    assert _drift(empty_backend.url, "views") == []
 
 
-def test_keys_migrations_match_the_table_code(backend: Backend) -> None:
-    assert _drift(backend.url, "keys") == []
+def test_keys_migrations_match_the_table_code(empty_backend: Backend) -> None:
+    assert _drift(empty_backend.url, "keys") == []
 
 
-def test_events_migrations_match_the_event_store_code(backend: Backend) -> None:
-    k = build_kernel(settings_for(backend), FakeClock())
+def test_events_migrations_match_the_event_store_code(empty_backend: Backend) -> None:
+    k = build_kernel(settings_for(empty_backend), FakeClock())
     try:
         app = k.app
         engine = app.events_engine
@@ -109,9 +109,9 @@ def test_events_migrations_match_the_event_store_code(backend: Backend) -> None:
         k.close()
 
 
-def test_the_check_sees_a_column_the_migrations_lack(backend: Backend) -> None:
+def test_the_check_sees_a_column_the_migrations_lack(empty_backend: Backend) -> None:
     """The check above can fail: a column added only in code is reported."""
-    engine = create_engine(backend.url)
+    engine = create_engine(empty_backend.url)
     try:
         migrate(engine, "keys")
         target = _combined(BRANCHES["keys"])

@@ -61,8 +61,8 @@ def policy_entries(kernel: Uprof) -> list[dict[str, Any]]:
 # --- seeding, events, audit ------------------------------------------------------------------
 
 
-def test_first_start_seeds_the_store_once_as_one_audited_event(backend: Backend) -> None:
-    settings = settings_for(backend)
+def test_first_start_seeds_the_store_once_as_one_audited_event(empty_backend: Backend) -> None:
+    settings = settings_for(empty_backend)
     first = build_kernel(settings, FakeClock())
     try:
         history = first.policy_history()
@@ -81,9 +81,9 @@ def test_first_start_seeds_the_store_once_as_one_audited_event(backend: Backend)
         again.close()
 
 
-def test_a_seed_race_keeps_the_first_seed(backend: Backend) -> None:
+def test_a_seed_race_keeps_the_first_seed(empty_backend: Backend) -> None:
     """Two processes that both found no policy: the second save conflicts and is dropped."""
-    settings = settings_for(backend)
+    settings = settings_for(empty_backend)
     k = build_kernel(settings, FakeClock())
     try:
         late = PolicyApplication(env=policy_store_env(settings))
