@@ -16,8 +16,7 @@ import pytest
 from tests.retrieval import golden_slices
 from tests.retrieval.factories import T0, attribute, intent, memory
 from uprof.adapters.tokens import TiktokenCounter
-from uprof.retrieval import MemoryIndex, ProfileLines, SliceOptions, build_slice, render
-from uprof.retrieval import ranker
+from uprof.retrieval import MemoryIndex, ProfileLines, SliceOptions, build_slice, ranker, render
 from uprof.retrieval.ranker import _seed_links, _with_bridges
 
 COUNTER = TiktokenCounter()
