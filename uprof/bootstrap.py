@@ -416,7 +416,7 @@ def bootstrap(
         audit_log=audit_log,
         views_engine=views,
         keys_engine=keys,
-        closers=(slice_service.close, close),
+        closers=(close,),
         web_session_key=derive_key(root, WEB_SESSION_KEY_LABEL),
         idempotency=IdempotencyStore(
             views,

@@ -20,11 +20,9 @@ caller must not learn that an item it may not see exists.
 
 from __future__ import annotations
 
-import os
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import lru_cache
@@ -213,33 +211,6 @@ class _SubjectView:
         return 1 + len(self.rows) + len(self.attributes) + len(self.intents)
 
 
-class _QueryEmbeddingAhead:
-    """Embeds a slice's question on a small thread pool, so that it overlaps the read.
-
-    Embedding the question (one forward pass of the model, 10-20 ms on this machine's
-    cores) needs only the question, while the rest of a slice (freshness, view, gates)
-    needs only the subject: on a machine with a second core the two run side by side.
-    torch releases the GIL in its forward pass, and the embedder runs with the
-    deployment's thread count (``torch_threads``) in these threads as in any other.
-    The pool is sized to the cores: more parallel forward passes than cores only wait
-    for each other. Threads start on the first hybrid slice, not before.
-    """
-
-    def __init__(self) -> None:
-        self._pool: ThreadPoolExecutor | None = None
-
-    def start(self, embedder: Embedder, query: str) -> Future[np.ndarray]:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(
-                max_workers=os.cpu_count() or 1, thread_name_prefix="uprof-query-embed"
-            )
-        return self._pool.submit(embedder.embed, [query])
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-
-
 class SliceService:
     def __init__(
         self,
@@ -277,11 +248,6 @@ class SliceService:
         self._text_vectors: BoundedCache[str, np.ndarray] = BoundedCache(
             MAX_CACHED_TEXTS, name="text-vectors"
         )
-        self._ahead = _QueryEmbeddingAhead()
-
-    def close(self) -> None:
-        """Stop the query-embedding threads (the kernel closes its services)."""
-        self._ahead.close()
 
     def flush(self, stream_id: UUID | None = None) -> None:
         """Drop cached memories (all, or one subject's): erasure calls this."""
@@ -322,12 +288,6 @@ class SliceService:
         handle = self._subjects.resolve(
             request.subject, calling_agent=request.agent_id, max_age_s=HANDLE_MAX_AGE_S
         )
-        # The question's embedding depends on nothing else: it is computed on another
-        # core while this thread waits for freshness, loads and gates the subject's view
-        # (decision 0042). Only after the caller and the subject were checked.
-        query_vector_ahead = (
-            None if request.lexical_only else self._ahead.start(self._embedder, request.query)
-        )
         began = time.perf_counter()
         wait = self._default_wait_s if request.wait_timeout_s is None else request.wait_timeout_s
         with telemetry.span("uprof.slice.wait") as waiting:
@@ -359,13 +319,11 @@ class SliceService:
                 withheld=sum(withheld.values()),
             )
         query_vector = attribute_vectors = intent_vectors = None
-        if query_vector_ahead is not None and (len(index) or attributes or intents):
+        if not request.lexical_only and (len(index) or attributes or intents):
             with telemetry.span("uprof.slice.embed"):
+                query_vector = self._embedder.embed([request.query])[0]
                 attribute_vectors = self._item_vectors(attributes, view)
                 intent_vectors = self._item_vectors(intents, view)
-                query_vector = query_vector_ahead.result()[0]
-        elif query_vector_ahead is not None:
-            query_vector_ahead.cancel()  # nothing the reader may see: no vector needed
         packed = build_slice(
             query=request.query,
             attributes=attributes,
