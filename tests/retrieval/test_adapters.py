@@ -92,6 +92,30 @@ def test_one_text_is_embedded_directly_and_exactly_as_encode_would() -> None:
 
 
 @pytest.mark.model
+def test_one_model_embeds_from_several_threads_at_once_exactly_as_from_one() -> None:
+    """A server embeds questions on its query threads while the projection embeds
+    batches of memories (decision 0042): the shared tokenizer and model must give
+    every thread the vectors one thread gets, and raise nothing (a fast tokenizer whose
+    settings change between calls raises "Already borrowed" across threads)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    embedder = MiniLMEmbedder(torch_threads=1)
+    embedder.load()
+    singles = [f"What did person {i} do in {1990 + i}?" + " really" * (i % 7) for i in range(24)]
+    batches = [
+        [f"I went hiking near lake {i} with {j} friends" * (1 + (i + j) % 4) for j in range(9)]
+        for i in range(6)
+    ]
+    calls: list[list[str]] = [[q] for q in singles] + batches
+    expected = [embedder.embed(texts) for texts in calls]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        for _ in range(3):
+            got = list(pool.map(embedder.embed, calls))
+            for want, have in zip(expected, got, strict=True):
+                assert np.array_equal(want, have)
+
+
+@pytest.mark.model
 def test_loading_the_model_prints_nothing_and_logs_the_load() -> None:
     # A fresh process: the progress bar is process-wide state, so it must be off from the
     # first load on, as in a CLI command or the MCP server.

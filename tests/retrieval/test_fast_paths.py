@@ -16,8 +16,8 @@ import pytest
 from tests.retrieval import golden_slices
 from tests.retrieval.factories import T0, attribute, intent, memory
 from uprof.adapters.tokens import TiktokenCounter
-from uprof.retrieval import MemoryIndex, ProfileLines, SliceOptions, build_slice, render
-from uprof.retrieval.ranker import _with_bridges
+from uprof.retrieval import MemoryIndex, ProfileLines, SliceOptions, build_slice, ranker, render
+from uprof.retrieval.ranker import _seed_links, _with_bridges
 
 COUNTER = TiktokenCounter()
 
@@ -48,7 +48,7 @@ def _index(n: int, rng: np.random.Generator) -> MemoryIndex:
     return MemoryIndex.build(memories, vectors, COUNTER)
 
 
-@pytest.mark.parametrize("n", [3, 4, 11, 200, 1_001])
+@pytest.mark.parametrize("n", [3, 4, 11, 200, 1_001, 5_003])  # 5,003: split in two threads
 def test_bridges_equal_the_reference_bit_for_bit(n: int) -> None:
     rng = np.random.default_rng(n)
     index = _index(n, rng)
@@ -62,6 +62,28 @@ def test_bridges_equal_the_reference_bit_for_bit(n: int) -> None:
             got = _with_bridges(index, relevance.copy(), options)
             assert got.dtype == expected.dtype
             assert np.array_equal(got, expected)
+
+
+@pytest.mark.parametrize("busy_helper", [False, True])
+def test_seed_links_split_in_two_equal_one_einsum_bit_for_bit(busy_helper: bool) -> None:
+    """Large indexes are split between two threads (decision 0042); with the helper
+    thread busy, the caller takes its half back. Either way, einsum's very bits."""
+    import threading
+
+    rng = np.random.default_rng(42)
+    vectors = rng.standard_normal((ranker._SPLIT_LINKS_FROM * 2 + 7, 384)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    seeds = vectors[rng.choice(len(vectors), 10, replace=False)]
+    release = threading.Event()
+    blocker = ranker._links_helper.submit(release.wait, 30) if busy_helper else None
+    try:
+        got = _seed_links(seeds, vectors)
+    finally:
+        release.set()
+    if blocker is not None:
+        assert blocker.result() is True  # the helper was held for the whole call
+    assert got.shape == (10, len(vectors))
+    assert np.array_equal(got, np.einsum("kj,ij->ki", seeds, vectors))
 
 
 def test_the_seed_spread_is_kept_per_index_and_never_shared() -> None:
