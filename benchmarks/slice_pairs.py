@@ -8,8 +8,8 @@ by question, alternating which goes first: each pair sees the same moment's load
 * ``one_thread``: the bridges' product in the serving thread alone (round 2's way);
 * ``split_bridges``: the service as it is.
 
-(Decision 0042 also measured embedding the question ahead on another thread, with this
-script at commit 8ee6e9d: no gain, so it was not kept.)
+(Decision 0042 also measured embedding the question ahead on another thread, commit
+8ee6e9d, with a four-way version of this script: no gain, so it was not kept.)
 
 Usage (``SEEDED`` from ``uprof bench slice --seeded``; a copy, served slices count as
 visits)::
