@@ -29,7 +29,7 @@ from uprof.crypto.keystore import KekRing, KeyStore
 from uprof.eventstore import ProfilesApplication
 from uprof.services.policy import PolicyApplication
 from uprof.settings import Settings
-from uprof.storage import create_engine, layout_for, migrate, policy_store_env
+from uprof.storage import layout_for, migrate, open_engines, policy_store_env
 
 #: The one table a template may hold rows in (the revisions its schema is at).
 VERSION_TABLE = "alembic_version"
@@ -48,13 +48,8 @@ def create_schema(settings: Settings) -> None:
     in-memory one here, never written: no subject is created).
     """
     layout = layout_for(settings)
-    views = create_engine(layout.views_url)
-    keys = (
-        views
-        if layout.keys_url == layout.views_url
-        else create_engine(layout.keys_url, fsync_each_commit=True)
-    )
-    events = views if layout.events_url == layout.views_url else create_engine(layout.events_url)
+    stores = open_engines(layout)
+    views, keys, events = stores.views, stores.keys, stores.events
     try:
         migrate(views, "views")
         migrate(keys, "keys")
@@ -68,8 +63,7 @@ def create_schema(settings: Settings) -> None:
         ).close()
         PolicyApplication(env=policy_store_env(settings)).close()
     finally:
-        for engine in {id(e): e for e in (views, keys, events)}.values():
-            engine.dispose()
+        stores.dispose()
 
 
 def check_holds_only_schema(url: str) -> None:

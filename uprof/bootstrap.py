@@ -54,10 +54,10 @@ from uprof.services.subjects import SubjectResolver
 from uprof.settings import Settings
 from uprof.storage import (
     RESTORE_MARKER,
-    create_engine,
     layout_for,
     log_holds_events,
     migrate,
+    open_engines,
     schema_lock,
 )
 
@@ -268,16 +268,10 @@ def bootstrap(
         refuse_interrupted_restore(settings)
     material = key_material or build_key_material(settings)
     layout = layout_for(settings)
-    views = create_engine(layout.views_url)
-    keys = (
-        views
-        if layout.keys_url == layout.views_url
-        else create_engine(layout.keys_url, fsync_each_commit=True)
-    )
-    events = views if layout.events_url == layout.views_url else create_engine(layout.events_url)
+    stores = open_engines(layout)
+    views, keys, events = stores.views, stores.keys, stores.events
     if not material.has_master_secret() and log_holds_events(events):
-        for engine in {id(e): e for e in (views, keys, events)}.values():
-            engine.dispose()
+        stores.dispose()
         # A new root secret beside an old log would make every subject unreadable (and
         # look erased), while new captures went on under keys that open nothing old.
         raise KeyMaterialError(
@@ -306,8 +300,7 @@ def bootstrap(
         app.claim_partitioning(partitioning.count)
     except BaseException:
         app.close()
-        for engine in {id(e): e for e in (views, keys, events)}.values():
-            engine.dispose()
+        stores.dispose()
         raise
     subjects = SubjectResolver(keystore, settings.tenant)
     sealer = ViewSealer(keystore)
@@ -341,8 +334,7 @@ def bootstrap(
     def close() -> None:
         app.close()
         policy.close()
-        for engine in {id(e): e for e in (views, keys, events)}.values():
-            engine.dispose()
+        stores.dispose()
 
     kernel_ref: list[Uprof] = []
 
@@ -370,7 +362,7 @@ def bootstrap(
         subjects,
         queries,
         views,
-        engines=list({id(e): e for e in (views, keys, events)}.values()),
+        engines=stores.distinct(),
         clock=clock,
         audit=audit,
         log=audit_log,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -52,6 +53,36 @@ def create_engine(url: str, *, fsync_each_commit: bool = False) -> sa.Engine:
     was lost could never be read again (decision 0017). Other stores keep NORMAL.
     """
     return backend_for_url(url).create_engine(url, fsync_each_commit=fsync_each_commit)
+
+
+@dataclass(frozen=True)
+class StoreEngines:
+    """The engines of a deployment's three stores; one engine where two share a database."""
+
+    views: sa.Engine
+    keys: sa.Engine
+    events: sa.Engine
+
+    def distinct(self) -> list[sa.Engine]:
+        """Each engine once (PostgreSQL: all three stores are one database)."""
+        return list({id(e): e for e in (self.views, self.keys, self.events)}.values())
+
+    def dispose(self) -> None:
+        for engine in self.distinct():
+            engine.dispose()
+
+
+def open_engines(layout: StorageLayout) -> StoreEngines:
+    """Engines for ``layout``'s stores, as a deployment opens them (the key store commits
+    with fsync each time, ``create_engine``)."""
+    views = create_engine(layout.views_url)
+    keys = (
+        views
+        if layout.keys_url == layout.views_url
+        else create_engine(layout.keys_url, fsync_each_commit=True)
+    )
+    events = views if layout.events_url == layout.views_url else create_engine(layout.events_url)
+    return StoreEngines(views, keys, events)
 
 
 def schema_lock(engine: sa.Engine) -> contextlib.AbstractContextManager[None]:
