@@ -8,6 +8,7 @@ from a schema-only template (tests/templates.py), ``empty_backend`` creates it e
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -113,13 +114,23 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
     is an empty file. Tests of what a first start or a migration does on an empty store
     take ``empty_backend``.
     """
-    if request.param == "sqlite":
-        request.getfixturevalue("_sqlite_template").copy_into(tmp_path)
-        yield Backend("sqlite", f"sqlite:///{tmp_path / 'uprof.sqlite'}", tmp_path)
+    with store_from_template(request, request.param, tmp_path) as store:
+        yield store
+
+
+@contextlib.contextmanager
+def store_from_template(
+    request: pytest.FixtureRequest, kind: str, folder: Path
+) -> Iterator[Backend]:
+    """A store copied from the session's template of ``kind`` into ``folder`` (SQLite) or
+    a database of its own (PostgreSQL, dropped afterwards)."""
+    if kind == "sqlite":
+        request.getfixturevalue("_sqlite_template").copy_into(folder)
+        yield Backend("sqlite", f"sqlite:///{folder / 'uprof.sqlite'}", folder)
         return
     name = _create_pg_database(template=request.getfixturevalue("_pg_template"))
     try:
-        yield Backend("postgres", _pg_url(name), tmp_path, name)
+        yield Backend("postgres", _pg_url(name), folder, name)
     finally:
         _drop_pg_database(name)
 

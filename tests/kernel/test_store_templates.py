@@ -16,7 +16,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from tests.conftest import Backend, _create_pg_database, _drop_pg_database, _pg_url
+from tests.conftest import (
+    Backend,
+    store_from_template,
+)
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import build_kernel, settings_for
 from tests.templates import SQLITE_DATA, SqliteTemplate, check_holds_only_schema
@@ -81,15 +84,8 @@ def template_copy(
 ) -> Iterator[Backend]:
     """A store copied from the session's template, on the backend of ``empty_backend``."""
     folder = tmp_path_factory.mktemp("from-template")
-    if empty_backend.kind == "sqlite":
-        request.getfixturevalue("_sqlite_template").copy_into(folder)
-        yield Backend("sqlite", f"sqlite:///{folder / 'uprof.sqlite'}", folder)
-        return
-    name = _create_pg_database(template=request.getfixturevalue("_pg_template"))
-    try:
-        yield Backend("postgres", _pg_url(name), folder, name)
-    finally:
-        _drop_pg_database(name)
+    with store_from_template(request, empty_backend.kind, folder) as store:
+        yield store
 
 
 def _schema(stores: dict[str, dict[str, object]]) -> dict[str, dict[str, object]]:
