@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.server_ready import wait_until_healthy
+from benchmarks.server_ready import popen_serving, wait_until_healthy
 
 APP = "app:planner"
 AGENT = "agent:bench"
@@ -55,10 +54,8 @@ TURNS = (
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+#: The server process: the CLI's entry point, run by this interpreter.
+SERVE_CLI = "from uprof.cli.main import app; app()"
 
 
 def rss_kib(pid: int) -> dict[str, int]:
@@ -123,7 +120,6 @@ def start_server(
     data_dir: Path, extra_env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen[bytes], str]:
     """``uprof serve`` in its own process; returns it once /healthz answers."""
-    port = _free_port()
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
@@ -131,17 +127,8 @@ def start_server(
         "UPROF_EMBEDDER": "hashing",
         **(extra_env or {}),
     }
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "from uprof.cli.main import app; app()",
-            "serve",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
+    process, port = popen_serving(
+        [sys.executable, "-c", SERVE_CLI, "serve", "--log-level", "warning"],
         env=env,
         stdout=subprocess.DEVNULL,
     )

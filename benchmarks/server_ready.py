@@ -1,7 +1,9 @@
-"""Waiting for a benchmark's server process to answer /healthz (light: httpx only)."""
+"""A server process for tests and benchmarks: its listening socket, and waiting for it to
+answer /healthz (light: httpx only)."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 from collections.abc import Callable
 from typing import Any
@@ -42,3 +44,19 @@ def wait_until_healthy(
         policy.call(probe)
     except (httpx.HTTPError, _NotHealthyYet):
         raise RuntimeError(f"server did not start within {timeout_s:.0f} s") from None
+
+
+def popen_serving(command: list[str], **popen: Any) -> tuple[subprocess.Popen[Any], int]:
+    """Start ``command``, an ``uprof ... serve`` command line, on a loopback socket bound
+    and listening here and handed over as ``--fd``; return the process and its port.
+
+    Picking a free port, closing it and passing its number left a moment in which another
+    process could take the port; a socket handed over leaves none. This process keeps no
+    copy of it, so once the server is gone its port refuses connections instead of
+    queueing them for nobody.
+    """
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        port = int(sock.getsockname()[1])
+        fds = [sock.fileno(), *popen.pop("pass_fds", ())]
+        process = subprocess.Popen([*command, "--fd", str(sock.fileno())], pass_fds=fds, **popen)
+    return process, port

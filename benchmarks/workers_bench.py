@@ -31,7 +31,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -54,7 +53,7 @@ from benchmarks.reliability import (
     open_kernel,
     temp_target,
 )
-from benchmarks.server_ready import wait_until_healthy
+from benchmarks.server_ready import popen_serving, wait_until_healthy
 
 DEFAULT_OUT = REPO / "docs" / "bench" / "workers.json"
 CLI = ["-c", "from uprof.cli.main import app; app()"]
@@ -100,14 +99,18 @@ class Child:
         self.wait_ready()
 
     def spawn(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, *self.entry, *self.args],
-            cwd=REPO,
-            env=self.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        command = [sys.executable, *self.entry, *self.args]
+        options: dict[str, Any] = {
+            "cwd": REPO,
+            "env": self.env,
+            "stdout": subprocess.PIPE,
+            "stderr": subprocess.PIPE,
+            "text": True,
+        }
+        if self.ready == "http":  # a server: on a socket of its own, a new port each start
+            self.proc, self.port = popen_serving(command, **options)
+        else:
+            self.proc = subprocess.Popen(command, **options)
         self.starts += 1
         self.seen_ready = False
 
@@ -165,15 +168,8 @@ def worker_child(target: Target, partitions: int, partition: int | None) -> Chil
 
 
 def server_child(target: Target, partitions: int) -> Child:
-    port = _free_port()
-    args = ["serve", "--port", str(port), "--log-level", "warning"]
-    return Child(args, _env(target, partitions), ready="http", port=port)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    args = ["serve", "--log-level", "warning"]
+    return Child(args, _env(target, partitions), ready="http")
 
 
 # ------------------------------------------------------------------------- checks

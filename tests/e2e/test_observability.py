@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +19,7 @@ from typing import ClassVar
 import httpx
 import pytest
 
+from benchmarks.server_ready import popen_serving
 from tests.conftest import Backend
 from uprof import telemetry
 from uprof.settings import Settings
@@ -118,17 +118,10 @@ def test_without_the_otlp_package_the_start_fails_naming_the_extra(
     assert not telemetry.enabled()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_a_json_server_writes_only_json_lines_and_no_query_string(backend: Backend) -> None:
-    port = _free_port()
     canary = f"sess{uuid.uuid4().hex[:8]}"
-    server = subprocess.Popen(
-        [*UPROF, *_base(backend), "serve", "--port", str(port), "--log-level", "debug"],
+    server, port = popen_serving(
+        [*UPROF, *_base(backend), "serve", "--log-level", "debug"],
         env=_env(UPROF_LOG_FORMAT="json"),
         stdout=subprocess.PIPE,  # uvicorn's access log
         stderr=subprocess.PIPE,  # every other logger

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,20 +17,14 @@ from typing import Any
 import httpx
 
 from benchmarks.reliability import PLANNER, Target, grant_all, kernel_on, make_settings
+from benchmarks.server_ready import popen_serving
 from uprof.eventstore import CAPTURED_TOPIC
 
 SUBJECTS = [f"gc-subject-{i}" for i in range(4)]
 CLIENTS = 6
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _start_server(target: Target) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
@@ -41,18 +34,8 @@ def _start_server(target: Target) -> tuple[subprocess.Popen[bytes], str]:
     }
     if target.database_url:
         env["UPROF_DATABASE_URL"] = target.database_url
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uprof.cli.main",
-            "serve",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-        env=env,
+    proc, port = popen_serving(
+        [sys.executable, "-m", "uprof.cli.main", "serve", "--log-level", "warning"], env=env
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120

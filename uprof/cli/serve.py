@@ -8,7 +8,9 @@ of doing the work on request threads.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 from typing import Annotated
 
 import typer
@@ -25,6 +27,13 @@ def serve(
         "127.0.0.1"
     ),
     port: Annotated[int, typer.Option(help="TCP port.")] = 8765,
+    fd: Annotated[
+        int | None,
+        typer.Option(
+            help="Serve on this already-listening socket, inherited from the process that "
+            "started this one (socket activation; --host and --port are then unused).",
+        ),
+    ] = None,
     max_body_bytes: Annotated[int, typer.Option(help="Largest request body accepted.")] = 1_048_576,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
     rate_limit: Annotated[
@@ -63,6 +72,7 @@ def serve(
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="'--rate-limit'") from None
         server_settings = server_settings.model_copy(update={"rate_limit": rate_limit})
+    listener = _inherited_socket(fd) if fd is not None else None
     try:
         kernel = bootstrap(server_settings)
     except UprofError as e:
@@ -73,19 +83,47 @@ def serve(
         api = create_server(
             kernel, keys, max_body_bytes=max_body_bytes, rate_limit=server_settings.rate_limit
         )
+        if listener is not None:
+            host, port = listener.getsockname()[:2]
         if server_settings.log_format == "text":
             # With JSON logs every line is JSON; uvicorn's own start line gives the address.
             console.print(f"uprof API on http://{host}:{port} (OpenAPI at /docs)")
-        uvicorn.run(
+        config = uvicorn.Config(
             api,
             host=host,
             port=port,
             log_level=log_level,
             log_config=server_log_config(log_level, server_settings.log_format),
         )
+        server = uvicorn.Server(config)
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl+C: a clean stop, as uvicorn.run
+            server.run(sockets=[listener] if listener is not None else None)
+        if not server.started:
+            raise typer.Exit(3)  # uvicorn.run's exit code when the server cannot start
     finally:
         keys.close()
         kernel.close()
+
+
+def _inherited_socket(fd: int) -> socket.socket:
+    """The listening TCP socket at file descriptor ``fd``, or a clear error naming --fd.
+
+    Whoever started this process bound and listened (so no other process can take the
+    port between a pick and a bind, and a restarted server gets the very same socket)."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError as e:
+        raise typer.BadParameter(
+            f"{fd} is not an open socket ({e.strerror})", param_hint="'--fd'"
+        ) from None
+    listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+    if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        sock.detach()
+        raise typer.BadParameter(f"{fd} is not a TCP socket", param_hint="'--fd'")
+    if not listening:
+        sock.detach()
+        raise typer.BadParameter(f"{fd} is a TCP socket that is not listening", param_hint="'--fd'")
+    return sock
 
 
 @apps_app.command("create")
