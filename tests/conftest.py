@@ -1,9 +1,10 @@
 """Shared fixtures: every storage test runs on SQLite and on PostgreSQL.
 
 PostgreSQL is reached through ``UPROF_TEST_POSTGRES_URL`` (default: the local
-server on 127.0.0.1:5432 with trust auth). Each test gets its own database with a
-random name, dropped at teardown, so tests never share state: ``backend`` copies it
-from a schema-only template (tests/templates.py), ``empty_backend`` creates it empty.
+server on 127.0.0.1:5432 with trust auth). Each test gets a database of its own under a
+name no other test gets, holding what no earlier test wrote: ``backend`` takes a copy of
+a schema-only template, or a copy an earlier test gave back, reset and renamed
+(tests/templates.py); ``empty_backend`` creates one empty and drops it at teardown.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 import sqlalchemy as sa
 
 if TYPE_CHECKING:
-    from tests.templates import SqliteTemplate
+    from tests.templates import PgStores, SqliteTemplate
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -86,21 +87,26 @@ def _sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> SqliteTemplate
 
 
 @pytest.fixture(scope="session")
-def _pg_template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A PostgreSQL database with the schema of a first start, no rows, built once per
-    session (per xdist worker); never connected to while tests copy it."""
-    from tests.templates import check_holds_only_schema, create_schema, wait_until_unused
+def _pg_stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgStores]:
+    """PostgreSQL stores with the schema of a first start and no rows: a template built
+    once per session (per xdist worker), never connected to while tests copy it, and the
+    copies given back by tests, reset (tests/templates.py, ``PgStores``)."""
+    from tests.templates import PgStores, check_holds_only_schema, create_schema, wait_until_unused
     from uprof.settings import Settings
 
     name = _create_pg_database(prefix="uprof_template")
+    stores = None
     try:
         url = _pg_url(name)
         data_dir = tmp_path_factory.mktemp("pg-template") / "data"
         create_schema(Settings(data_dir=data_dir, database_url=url, embedder="hashing"))
         check_holds_only_schema(url)
+        stores = PgStores(_admin(), name, _pg_url)
         wait_until_unused(_admin(), name)
-        yield name
+        yield stores
     finally:
+        if stores is not None:
+            stores.close()
         _drop_pg_database(name)
 
 
@@ -123,16 +129,18 @@ def store_from_template(
     request: pytest.FixtureRequest, kind: str, folder: Path
 ) -> Iterator[Backend]:
     """A store copied from the session's template of ``kind`` into ``folder`` (SQLite) or
-    a database of its own (PostgreSQL, dropped afterwards)."""
+    a database of its own (PostgreSQL: a copy, reset and renamed for a later test once
+    this one is done, ``PgStores``)."""
     if kind == "sqlite":
         request.getfixturevalue("_sqlite_template").copy_into(folder)
         yield Backend("sqlite", f"sqlite:///{folder / 'uprof.sqlite'}", folder)
         return
-    name = _create_pg_database(template=request.getfixturevalue("_pg_template"))
+    stores: PgStores = request.getfixturevalue("_pg_stores")
+    name = stores.take()
     try:
         yield Backend("postgres", _pg_url(name), folder, name)
     finally:
-        _drop_pg_database(name)
+        stores.give_back(name)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

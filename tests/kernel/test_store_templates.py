@@ -16,25 +16,26 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from benchmarks.reliability import grant_all, interaction
 from tests.conftest import (
     Backend,
+    _admin,
+    _create_pg_database,
+    _drop_pg_database,
+    _pg_url,
     store_from_template,
 )
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import build_kernel, settings_for
-from tests.templates import SQLITE_DATA, SqliteTemplate, check_holds_only_schema
-
-#: What the schema is made of, as each backend's catalog states it.
-PG_SCHEMA = {
-    "columns": "SELECT table_name, column_name, data_type, is_nullable, column_default "
-    "FROM information_schema.columns WHERE table_schema = 'public'",
-    "indexes": "SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = 'public'",
-    "constraints": "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) "
-    "FROM pg_constraint WHERE connamespace = 'public'::regnamespace",
-    "triggers": "SELECT tgrelid::regclass::text, tgname, pg_get_triggerdef(oid) "
-    "FROM pg_trigger WHERE NOT tgisinternal",
-    "functions": "SELECT proname, prosrc FROM pg_proc WHERE pronamespace = 'public'::regnamespace",
-}
+from tests.templates import (
+    PG_SCHEMA,
+    PG_SEQUENCES,
+    SQLITE_DATA,
+    PgStores,
+    SqliteTemplate,
+    check_holds_only_schema,
+    pg_schema,
+)
 
 
 def _rows(conn: sa.Connection, sql: str) -> list[tuple[object, ...]]:
@@ -129,3 +130,91 @@ def test_the_schema_only_check_catches_a_row(tmp_path: Path) -> None:
     engine.dispose()
     with pytest.raises(AssertionError, match="holds 1 row"):
         check_holds_only_schema(f"sqlite:///{views}")
+
+
+# ------------------------------------------------------------ PostgreSQL stores reused
+
+
+@pytest.fixture
+def pg_stores(_pg_stores: PgStores) -> PgStores:
+    return _pg_stores
+
+
+def _fresh_copy_state(stores: PgStores) -> dict[str, object]:
+    name = _create_pg_database(template=stores.template)
+    try:
+        return {**_state(_pg_url(name)), "sequences": _sequences(_pg_url(name))}
+    finally:
+        _drop_pg_database(name)
+
+
+def _sequences(url: str) -> list[tuple[object, ...]]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return _rows(conn, PG_SEQUENCES)
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.postgres
+def test_a_store_given_back_is_handed_out_again_as_a_fresh_copy_under_a_new_name(
+    pg_stores: PgStores, tmp_path: Path
+) -> None:
+    fresh = _fresh_copy_state(pg_stores)
+    name = pg_stores.take()
+    store = Backend("postgres", _pg_url(name), tmp_path, name)
+    kernel = build_kernel(settings_for(store), FakeClock())
+    try:
+        grant_all(kernel, "alice")
+        kernel.capture("alice", interaction("I live in Lisbon and I want to learn the cello"))
+        kernel.process()
+    finally:
+        kernel.close()
+    # Not vacuous: the store now holds what the test wrote, and its sequences moved.
+    used = {**_state(store.url), "sequences": _sequences(store.url)}
+    assert used["rows"] != fresh["rows"] and used["sequences"] != fresh["sequences"]
+    left_open = sa.create_engine(store.url)  # a session the test left behind
+    left_open.connect()
+
+    reused_before = pg_stores.reused
+    pg_stores.give_back(name)
+    again = pg_stores.take()
+    try:
+        assert pg_stores.reused == reused_before + 1
+        assert again != name
+        assert {**_state(_pg_url(again)), "sequences": _sequences(_pg_url(again))} == fresh
+        # The old name reaches nothing, as after a drop: a process an earlier test left
+        # behind cannot write into the next test's store.
+        with pytest.raises(sa.exc.OperationalError, match="does not exist"):
+            sa.create_engine(store.url, poolclass=sa.pool.NullPool).connect()
+    finally:
+        left_open.dispose()
+        pg_stores.give_back(again)
+
+
+@pytest.mark.postgres
+def test_a_store_whose_schema_a_test_changed_is_dropped_not_reused(pg_stores: PgStores) -> None:
+    name = pg_stores.take()
+    engine = sa.create_engine(_pg_url(name), poolclass=sa.pool.NullPool)
+    with engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE memories ADD COLUMN left_over text"))
+    engine.dispose()
+    dropped_before = pg_stores.dropped
+    pg_stores.give_back(name)
+    assert pg_stores.dropped == dropped_before + 1
+    with _admin().connect() as conn:
+        left = conn.execute(
+            sa.text("SELECT count(*) FROM pg_database WHERE datname LIKE :prefix"),
+            {"prefix": f"{name}%"},
+        ).scalar_one()
+    assert left == 0
+    # Handed out next is a store with the template's schema, not the altered one.
+    again = pg_stores.take()
+    try:
+        engine = sa.create_engine(_pg_url(again), poolclass=sa.pool.NullPool)
+        with engine.connect() as conn:
+            assert pg_schema(conn) == pg_stores.schema
+        engine.dispose()
+    finally:
+        pg_stores.give_back(again)
