@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict
 
 from uprof.api.deps import CurrentPrincipal
 from uprof.api.errors import EdgeError, role_required
-from uprof.api.routes.docs import errors
+from uprof.api.routes.docs import api_router, errors
 from uprof.apikeys.store import ROLE_OPERATOR
 from uprof.schemas.api import SubjectRef
 from uprof.web.pages import (
@@ -39,7 +39,7 @@ class PrivacyLinkOut(BaseModel):
 
 def router(web: WebPages) -> APIRouter:
     """Link issuing (JSON, operator role) and the privacy-center sign-in pages."""
-    router = APIRouter()
+    router = api_router()
 
     # ---------------------------------------------------------- sign-in links
 

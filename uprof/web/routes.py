@@ -23,6 +23,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import Response
 
+from uprof.api.routes.docs import api_router
 from uprof.web import (
     console_audit,
     console_policy,
@@ -49,7 +50,7 @@ AREAS = (
 def create_router() -> APIRouter:
     """Build the web router: one set of link and session stores for every page."""
     web = WebPages()
-    router = APIRouter()
+    router = api_router()
 
     @router.get("/web/style.css", include_in_schema=False)
     def stylesheet() -> Response:
@@ -59,6 +60,8 @@ def create_router() -> APIRouter:
             headers={"Cache-Control": "max-age=300", "X-Content-Type-Options": "nosniff"},
         )
 
+    # The areas' routes themselves, not inclusions of their routers: an included router's
+    # routes would be analysed again by each app, on its first request (``api_router``).
     for area in AREAS:
-        router.include_router(area.router(web))
+        router.routes.extend(area.router(web).routes)
     return router
