@@ -90,3 +90,22 @@ def _memory_columns(engine: sa.Engine) -> set[str]:
 def _versions(engine: sa.Engine) -> set[str]:
     with engine.connect() as conn:
         return {r[0] for r in conn.execute(sa.text("SELECT version_num FROM alembic_version"))}
+
+
+def test_a_revision_added_after_a_first_reading_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The headers are read once per process for the same files: a file added (or
+    changed) since is a different set of files, read again."""
+    folder = _copy_versions(tmp_path)
+    monkeypatch.setattr(storage, "MIGRATIONS_DIR", folder)
+    head = branch_head("views")
+    assert head is not None
+    (folder / "versions" / "9999_next.py").write_text(
+        f'revision = "9999_next"\ndown_revision = "{head}"\nbranch_labels = None\n'
+    )
+    assert branch_head("views") == "9999_next"
+    (folder / "versions" / "9999_next.py").write_text(
+        f'revision = "9999_other"\ndown_revision = "{head}"\nbranch_labels = None\n'
+    )
+    assert branch_head("views") == "9999_other"

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 import httpx
 
 from audit.receipts import verify_receipt
-from tests.api.conftest import Apps, LiveServer, bearer, grant, interaction
+from tests.api.conftest import PLANNER, Apps, LiveServer, bearer, grant, interaction
 from tests.web.conftest import csrf_of
+from uprof.api import ApiKeyStore
 from uprof.kernel import Uprof
+from uprof.server import create_server
 
 
 def test_links_sessions_csrf_and_roles(
@@ -180,3 +183,32 @@ def test_the_privacy_center_pages_memories_and_refuses_foreign_cursors(
     finally:
         alice.close()
         bob.close()
+
+
+def test_two_apps_in_one_process_keep_their_own_sign_in_links(
+    kernel: Uprof, keys: ApiKeyStore, apps: Apps
+) -> None:
+    """The web routes are built once per process and shared by every app: each app still
+    keeps its own sign-in links (a link issued by one app is unknown to another, as when
+    each app built its own routes and stores)."""
+    kernel.grant_consent("alice", app_id=PLANNER, categories=["*"], purposes=["personalization"])
+    first, second = create_server(kernel, keys), create_server(kernel, keys)
+
+    async def run() -> None:
+        async with (
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=first), base_url="http://a") as a,
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=second), base_url="http://b") as b,
+        ):
+            issued = await a.post(
+                "/v1/privacy/links",
+                headers=bearer(apps.planner_operator),
+                json={"subject": "alice"},
+            )
+            assert issued.status_code == 201, issued.text
+            login_path = issued.json()["login_path"]
+            assert (await b.get(login_path)).status_code == 403  # not the other app's link
+            opened = await a.get(login_path)
+            assert opened.status_code == 200, opened.text
+            assert (await a.get(login_path)).status_code == 403  # single use
+
+    asyncio.run(run())

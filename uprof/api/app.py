@@ -19,6 +19,7 @@ from fastapi.routing import APIRoute
 from fastapi_offline import FastAPIOffline
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, Route
 
 import uprof
 from domain.errors import CaptureBackloggedError, UprofError
@@ -44,6 +45,7 @@ from uprof.api.routes import (
     slices,
     subjects,
 )
+from uprof.api.routes.docs import operation_id
 from uprof.api.runtime import ServiceRuntime
 from uprof.api.tracing import TracingMiddleware
 from uprof.apikeys.store import ApiKeyStore
@@ -64,9 +66,34 @@ _HTTP_CODES = {
 }
 
 
-def _operation_id(route: APIRoute) -> str:
-    # Stable operation ids (the function name): generated clients keep their method names.
-    return route.name
+#: The REST API's route modules, in the order their routes are matched.
+_ROUTE_MODULES = (
+    captures,
+    proposals,
+    slices,
+    profiles,
+    consents,
+    subjects,
+    governance,
+    audit,
+    policy,
+    ops,
+)
+
+
+def _served_routes(router: APIRouter) -> list[BaseRoute] | None:
+    """The routes of ``router`` as an app may hold them, or None if it must include it.
+
+    Routes declared on an ``api_router`` are already what an app serves (path, tags,
+    operation ids), so the app holds them and nothing analyses them again: the API's
+    routes are built once per process, at import. A router holding anything else (an
+    included router, a mount) is included the ordinary way.
+    """
+    if router.generate_unique_id_function is not operation_id:
+        return None
+    if not all(type(route) in (APIRoute, Route) for route in router.routes):
+        return None
+    return list(router.routes)
 
 
 def create_app(
@@ -98,7 +125,16 @@ def create_app(
 
     # Swagger UI and ReDoc from assets installed with fastapi-offline: the stock pages
     # load them from a CDN, so /docs was blank on a machine without network.
+    routes: list[BaseRoute] = []
+    included: list[APIRouter] = []
+    for router in (*(module.router for module in _ROUTE_MODULES), *extra_routers):
+        served = _served_routes(router)
+        if served is None:
+            included.append(router)
+        else:
+            routes.extend(served)
     app = FastAPIOffline(
+        routes=routes,
         title="uprof",
         version=uprof.__version__,
         summary="Governed, event-sourced profiles for multi-agent LLM systems.",
@@ -108,7 +144,7 @@ def create_app(
             "concern a subject carry it in the JSON body, never in the URL."
         ),
         lifespan=lifespan,
-        generate_unique_id_function=_operation_id,
+        generate_unique_id_function=operation_id,
     )
     app.state.runtime = runtime
     app.state.api_keys = api_keys
@@ -116,21 +152,8 @@ def create_app(
     app.state.max_ready_lag = max_ready_lag
     app.state.rate_limiter = KeyRateLimiter(rate_limit) if rate_limit else None
 
-    for module in (
-        captures,
-        proposals,
-        slices,
-        profiles,
-        consents,
-        subjects,
-        governance,
-        audit,
-        policy,
-        ops,
-    ):
-        app.include_router(module.router)
-    for extra in extra_routers:
-        app.include_router(extra)
+    for router in included:
+        app.include_router(router)
 
     _install_error_handlers(app)
     # Added last = outermost: the size limit refuses before anything else runs, and

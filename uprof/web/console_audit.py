@@ -9,6 +9,7 @@ from fastapi import APIRouter, Form, Request, UploadFile
 from fastapi.responses import Response, StreamingResponse
 
 from domain.errors import UprofError
+from uprof.api.routes.docs import api_router
 from uprof.facade import Facade
 from uprof.web.pages import (
     CONSOLE_PAGE_ROWS,
@@ -42,7 +43,7 @@ def audit_filter(request: Request, door: Facade) -> tuple[dict[str, str], dict[s
 
 def router(web: WebPages) -> APIRouter:
     """Audit search, export, public key and verification pages."""
-    router = APIRouter()
+    router = api_router()
 
     @router.get("/console", include_in_schema=False)
     def console_audit(request: Request) -> Response:

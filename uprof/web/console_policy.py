@@ -13,6 +13,7 @@ from domain.errors import UprofError
 from domain.values import CATEGORIES
 from policies.rules import ACTIONS as POLICY_ACTIONS
 from uprof.api.errors import classify
+from uprof.api.routes.docs import api_router
 from uprof.web.pages import (
     CONSOLE_PAGE_ROWS,
     WebPages,
@@ -75,7 +76,7 @@ def policy_page(
 
 def router(web: WebPages) -> APIRouter:
     """Policy page and policy changes."""
-    router = APIRouter()
+    router = api_router()
 
     @router.get("/console/policy", include_in_schema=False)
     def console_policy(request: Request) -> Response:

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import Response
 
 from domain.errors import UprofError
+from uprof.api.routes.docs import api_router
 from uprof.facade import Facade
 from uprof.web.pages import CONSOLE_PAGE_ROWS, WebPages, operator_door
 
@@ -25,7 +26,7 @@ def receipts_page(door: Facade, cursor: str | None) -> dict[str, Any]:
 
 def router(web: WebPages) -> APIRouter:
     """Receipts list and residue scan."""
-    router = APIRouter()
+    router = api_router()
 
     @router.get("/console/receipts", include_in_schema=False)
     def console_receipts(request: Request) -> Response:

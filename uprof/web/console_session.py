@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
 
+from uprof.api.routes.docs import api_router
 from uprof.apikeys.store import ROLE_OPERATOR, ApiKeyStore
 from uprof.web.pages import (
     OPERATOR_COOKIE,
@@ -17,7 +18,7 @@ from uprof.web.state import Session
 
 def router(web: WebPages) -> APIRouter:
     """Console login and logout."""
-    router = APIRouter()
+    router = api_router()
 
     @router.get("/console/login", include_in_schema=False)
     def console_login_form(request: Request) -> Response:

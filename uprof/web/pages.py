@@ -5,6 +5,7 @@ through. The pages themselves live one module per area (``privacy_*``, ``console
 
 from __future__ import annotations
 
+import threading
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -63,11 +64,15 @@ def parse_time(raw: str) -> str | None:
 
 
 class WebPages:
-    """One per router: its own link and session stores, the templates, the replies."""
+    """What every page shares: the templates, the replies and the session checks.
+
+    One per process: the web routes are built once (``uprof.web.routes``) and serve every
+    app of the process. What belongs to one app (its sign-in link store, its session
+    store signing with its kernel's key) is kept on that app (``_AppStores``), so two apps
+    in a process never share a link or a session.
+    """
 
     def __init__(self) -> None:
-        self.links = LinkStore()
-        self._sessions: SessionStore | None = None
         self.templates = Jinja2Templates(directory=str(_HERE / "templates"))
         self.templates.env.filters["when"] = fmt_time
         self.css = (_HERE / "static" / "style.css").read_text(encoding="utf-8")
@@ -79,12 +84,19 @@ class WebPages:
         runtime: ServiceRuntime = request.app.state.runtime
         return runtime
 
+    def links(self, request: Request) -> LinkStore:
+        """The sign-in link store of the app serving ``request``."""
+        return _AppStores.of(request).links
+
     def sessions(self, request: Request) -> SessionStore:
-        """The session store, signing with the deployment's key (made on first use: the
-        router is built before the server knows its kernel)."""
-        if self._sessions is None:
-            self._sessions = SessionStore(self.runtime_of(request).kernel.web_session_key)
-        return self._sessions
+        """The session store of the app serving ``request``, signing with its deployment's
+        key (made on first use: the routes are built before the server knows its kernel)."""
+        stores = _AppStores.of(request)
+        if stores.sessions is None:
+            with _APP_STORES_LOCK:
+                if stores.sessions is None:
+                    stores.sessions = SessionStore(self.runtime_of(request).kernel.web_session_key)
+        return stores.sessions
 
     def page(self, request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
         response = self.templates.TemplateResponse(request, name, context, status_code=status)
@@ -173,6 +185,28 @@ class WebPages:
 
 
 # ---------------------------------------------------------------- downloads
+
+
+_APP_STORES_LOCK = threading.Lock()
+
+
+class _AppStores:
+    """One app's sign-in links and sessions (``app.state.web_stores``), made on first use."""
+
+    def __init__(self) -> None:
+        self.links = LinkStore()
+        self.sessions: SessionStore | None = None
+
+    @staticmethod
+    def of(request: Request) -> _AppStores:
+        state = request.app.state
+        stores: _AppStores | None = getattr(state, "web_stores", None)
+        if stores is None:
+            with _APP_STORES_LOCK:
+                stores = getattr(state, "web_stores", None)
+                if stores is None:
+                    stores = state.web_stores = _AppStores()
+        return stores
 
 
 def receipt_record(result: Any, scope: str) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from domain.errors import ItemNotFoundError, UprofError
+from uprof.api.routes.docs import api_router
 from uprof.web.pages import (
     WebPages,
     download,
@@ -19,7 +20,7 @@ from uprof.web.pages import (
 
 def router(web: WebPages) -> APIRouter:
     """Erasure confirmation, erasure, and the session's receipts."""
-    router = APIRouter()
+    router = api_router()
 
     @router.get("/privacy/erase", include_in_schema=False)
     def privacy_erase_confirm(request: Request, item_id: str = "") -> Response:

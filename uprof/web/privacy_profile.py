@@ -16,6 +16,7 @@ from domain.errors import UprofError
 from domain.values import CATEGORIES
 from policies.rules import app_id_problem
 from uprof.api.errors import classify
+from uprof.api.routes.docs import api_router
 from uprof.api.runtime import ServiceRuntime
 from uprof.web.pages import (
     WebPages,
@@ -105,7 +106,7 @@ def profile_context(
 
 def router(web: WebPages) -> APIRouter:
     """The profile page, consent changes and the subject's export."""
-    router = APIRouter()
+    router = api_router()
 
     @router.get("/privacy", include_in_schema=False)
     def privacy_home(request: Request) -> Response:

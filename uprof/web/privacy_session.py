@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict
 
 from uprof.api.deps import CurrentPrincipal
 from uprof.api.errors import EdgeError, role_required
-from uprof.api.routes.docs import errors
+from uprof.api.routes.docs import api_router, errors
 from uprof.apikeys.store import ROLE_OPERATOR
 from uprof.schemas.api import SubjectRef
 from uprof.web.pages import (
@@ -39,7 +39,7 @@ class PrivacyLinkOut(BaseModel):
 
 def router(web: WebPages) -> APIRouter:
     """Link issuing (JSON, operator role) and the privacy-center sign-in pages."""
-    router = APIRouter()
+    router = api_router()
 
     # ---------------------------------------------------------- sign-in links
 
@@ -63,14 +63,14 @@ def router(web: WebPages) -> APIRouter:
         door = key_door(web.runtime_of(request), principal.app_id, principal.key_id)
         if not door.subject_exists(body.subject):
             raise EdgeError(404, "subject_not_found", "no such subject")
-        token, expires_at = web.links.issue(body.subject.strip())
+        token, expires_at = web.links(request).issue(body.subject.strip())
         return PrivacyLinkOut(
             token=token, expires_at=expires_at, login_path=f"/privacy/login?token={token}"
         )
 
     @router.get("/privacy/login", include_in_schema=False)
     def privacy_login(request: Request, token: str = "") -> Response:
-        subject = web.links.redeem(token)
+        subject = web.links(request).redeem(token)
         if subject is None:
             return web.message(
                 request,

@@ -20,9 +20,13 @@ each area is its own small module with a ``router(web)``.
 
 from __future__ import annotations
 
+import threading
+
 from fastapi import APIRouter
 from fastapi.responses import Response
+from starlette.routing import BaseRoute
 
+from uprof.api.routes.docs import api_router
 from uprof.web import (
     console_audit,
     console_policy,
@@ -47,9 +51,28 @@ AREAS = (
 
 
 def create_router() -> APIRouter:
-    """Build the web router: one set of link and session stores for every page."""
-    web = WebPages()
-    router = APIRouter()
+    """The web router: the privacy center, the console and their stylesheet.
+
+    Its routes are built once per process and shared by every app (each app keeps its
+    own link and session stores, ``pages.WebPages``): building them was ~16 ms of CPU per
+    app, on top of the REST API's routes (decision XXXX-start-cost).
+    """
+    return api_router(routes=_routes())
+
+
+_ROUTES: list[BaseRoute] = []
+_ROUTES_LOCK = threading.Lock()
+
+
+def _routes() -> list[BaseRoute]:
+    with _ROUTES_LOCK:
+        if not _ROUTES:
+            _ROUTES.extend(_build_routes(WebPages()))
+        return list(_ROUTES)
+
+
+def _build_routes(web: WebPages) -> list[BaseRoute]:
+    router = api_router()
 
     @router.get("/web/style.css", include_in_schema=False)
     def stylesheet() -> Response:
@@ -59,6 +82,9 @@ def create_router() -> APIRouter:
             headers={"Cache-Control": "max-age=300", "X-Content-Type-Options": "nosniff"},
         )
 
+    # The areas' routes themselves, not inclusions of their routers: an included router's
+    # routes would be analysed again by each app, on its first request (``api_router``).
+    routes = list(router.routes)
     for area in AREAS:
-        router.include_router(area.router(web))
-    return router
+        routes.extend(area.router(web).routes)
+    return routes

@@ -7,11 +7,10 @@ third party verifies exports and receipts offline with exactly these.
 
 from __future__ import annotations
 
-from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
 from uprof.api.deps import Scope
-from uprof.api.routes.docs import errors
+from uprof.api.routes.docs import api_router, errors
 from uprof.schemas.api import (
     AuditEntriesIn,
     AuditEntryPage,
@@ -23,7 +22,7 @@ from uprof.schemas.api import (
     ReceiptPage,
 )
 
-router = APIRouter(prefix="/v1/audit", tags=["audit"])
+router = api_router(prefix="/v1/audit", tags=["audit"])
 
 
 @router.post(

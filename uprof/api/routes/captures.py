@@ -6,13 +6,13 @@ on the event loop instead of holding a worker thread (decision 0034-capture-thro
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import Response
 
 from uprof.api.deps import IdempotencyKey, Scope, mark_replay
-from uprof.api.routes.docs import errors
+from uprof.api.routes.docs import api_router, errors
 from uprof.schemas.api import CaptureAck, CaptureBatchAck, CaptureBatchIn, CaptureIn
 
-router = APIRouter(prefix="/v1/captures", tags=["capture"])
+router = api_router(prefix="/v1/captures", tags=["capture"])
 
 
 @router.post(

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import Response
 
 from uprof.api.deps import IdempotencyKey, Scope, mark_replay
-from uprof.api.routes.docs import errors
+from uprof.api.routes.docs import api_router, errors
 from uprof.schemas.api import (
     ConsentGranted,
     ConsentGrantIn,
@@ -15,7 +15,7 @@ from uprof.schemas.api import (
     ConsentWithdrawn,
 )
 
-router = APIRouter(prefix="/v1/consents", tags=["consent"])
+router = api_router(prefix="/v1/consents", tags=["consent"])
 
 
 @router.post(

@@ -1,10 +1,35 @@
-"""Error responses shared by the route declarations (for the OpenAPI document)."""
+"""What the route declarations share: their router and error responses (for the OpenAPI
+document)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from fastapi import APIRouter
+from fastapi.routing import APIRoute
+
 from uprof.schemas.api import ErrorOut
+
+
+def operation_id(route: APIRoute) -> str:
+    """A route's OpenAPI operation id: its function's name (generated clients keep their
+    method names)."""
+    return route.name
+
+
+def api_router(**options: Any) -> APIRouter:
+    """An ``APIRouter`` whose routes are built as the app serves them.
+
+    The app holds these routes themselves (``uprof.api.app.create_app``), not an
+    inclusion of their router, so each route is analysed once, when it is declared:
+    with fastapi 0.165 an included router's routes are analysed again for each app, on
+    its first request (decision XXXX-start-cost). Everything an inclusion would set
+    must therefore be set here, the operation ids first. The routes are shared by every
+    app of the process and carry no app: an app's ``dependency_overrides`` would not
+    reach them (uprof overrides no dependency).
+    """
+    return APIRouter(generate_unique_id_function=operation_id, **options)
+
 
 _DESCRIPTIONS = {
     400: "The body is not valid UTF-8 JSON (`malformed_body`).",

@@ -9,10 +9,8 @@ app gets 403.
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-
 from uprof.api.deps import Scope
-from uprof.api.routes.docs import errors
+from uprof.api.routes.docs import api_router, errors
 from uprof.schemas.api import (
     CaptureErasureIn,
     ErasureReceipt,
@@ -22,7 +20,7 @@ from uprof.schemas.api import (
     SubjectExportIn,
 )
 
-router = APIRouter(prefix="/v1/governance", tags=["governance"])
+router = api_router(prefix="/v1/governance", tags=["governance"])
 
 
 @router.post(

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import logging
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from uprof.api.deps import KeyStore, Runtime
 from uprof.api.metrics import CONTENT_TYPE, Metrics
+from uprof.api.routes.docs import api_router
 from uprof.schemas.api import Health, Readiness
 
-router = APIRouter(tags=["operations"])
+router = api_router(tags=["operations"])
 _log = logging.getLogger(__name__)
 
 

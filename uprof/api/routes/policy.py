@@ -14,12 +14,12 @@ from dataclasses import asdict
 from datetime import datetime
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Query
+from fastapi import Query
 from pydantic import AwareDatetime
 
 from uprof.api.deps import CurrentPrincipal, Runtime
 from uprof.api.errors import EdgeError, role_required
-from uprof.api.routes.docs import errors
+from uprof.api.routes.docs import api_router, errors
 from uprof.api.scoped import AppScope
 from uprof.apikeys.store import ROLE_OPERATOR, Principal
 from uprof.facade import (
@@ -42,7 +42,7 @@ from uprof.schemas.policy import (
     RoleAssignmentOut,
 )
 
-router = APIRouter(prefix="/v1/policy", tags=["policy"])
+router = api_router(prefix="/v1/policy", tags=["policy"])
 T = TypeVar("T")
 
 

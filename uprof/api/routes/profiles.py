@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-
 from uprof.api.deps import Scope
-from uprof.api.routes.docs import errors
+from uprof.api.routes.docs import api_router, errors
 from uprof.schemas.api import Evidence, EvidenceIn, MemoryListIn, MemoryPage, Profile, ProfileIn
 
-router = APIRouter(prefix="/v1", tags=["profile"])
+router = api_router(prefix="/v1", tags=["profile"])
 
 
 @router.post("/profile/read", response_model=Profile, responses=errors(403, 404, 410, 503))

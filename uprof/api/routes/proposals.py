@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import Response
 
 from uprof.api.deps import IdempotencyKey, Scope, mark_replay
-from uprof.api.routes.docs import errors
+from uprof.api.routes.docs import api_router, errors
 from uprof.schemas.api import ProposalsIn, ProposalsResult
 
-router = APIRouter(prefix="/v1/proposals", tags=["proposals"])
+router = api_router(prefix="/v1/proposals", tags=["proposals"])
 
 
 @router.post("", response_model=ProposalsResult, responses=errors(403, 404, 409, 410, 503))

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import Response
 
 from uprof.api.deps import Scope
-from uprof.api.routes.docs import errors
+from uprof.api.routes.docs import api_router, errors
 from uprof.schemas.api import ProfileSlice, SliceIn
 
-router = APIRouter(prefix="/v1/slices", tags=["slices"])
+router = api_router(prefix="/v1/slices", tags=["slices"])
 
 
 @router.post("", response_model=ProfileSlice, responses=errors(403, 404, 410, 503))

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-
 from uprof.api.deps import CurrentPrincipal, Scope
-from uprof.api.routes.docs import errors
+from uprof.api.routes.docs import api_router, errors
 from uprof.schemas.api import (
     IdentifierIn,
     Registered,
@@ -15,7 +13,7 @@ from uprof.schemas.api import (
     WhoAmI,
 )
 
-router = APIRouter(prefix="/v1", tags=["identity"])
+router = api_router(prefix="/v1", tags=["identity"])
 
 
 @router.post(
