@@ -2,7 +2,7 @@
 replaced on its next checkout, not handed to the next query.
 
 The engines check each pooled connection out with a ping (``pool_pre_ping``): this test
-is what any cheaper setting has to pass (decision XXXX-start-cost kept the ping).
+is what any cheaper setting has to pass (decision 0044-start-cost kept the ping).
 """
 
 from __future__ import annotations

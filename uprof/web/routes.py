@@ -55,7 +55,7 @@ def create_router() -> APIRouter:
 
     Its routes are built once per process and shared by every app (each app keeps its
     own link and session stores, ``pages.WebPages``): building them was ~16 ms of CPU per
-    app, on top of the REST API's routes (decision XXXX-start-cost).
+    app, on top of the REST API's routes (decision 0044-start-cost).
     """
     return api_router(routes=_routes())
 

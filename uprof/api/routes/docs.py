@@ -23,7 +23,7 @@ def api_router(**options: Any) -> APIRouter:
     The app holds these routes themselves (``uprof.api.app.create_app``), not an
     inclusion of their router, so each route is analysed once, when it is declared:
     with fastapi 0.165 an included router's routes are analysed again for each app, on
-    its first request (decision XXXX-start-cost). Everything an inclusion would set
+    its first request (decision 0044-start-cost). Everything an inclusion would set
     must therefore be set here, the operation ids first. The routes are shared by every
     app of the process and carry no app: an app's ``dependency_overrides`` would not
     reach them (uprof overrides no dependency).
