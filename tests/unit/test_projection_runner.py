@@ -7,12 +7,15 @@ Across processes the same guarantees are checked on SQL in ``tests/reliability``
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Iterator
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import uprof.services.projection
 from projections.profile.projector import embed_memories
 from tests.fakes.ports import FakeExtractor
 from tests.unit.conftest import World, grant, say
@@ -174,3 +177,18 @@ def test_reset_and_rebuild_give_the_same_views(
     head = world.events.max_notification_id()
     assert projections.rebuild() == head
     assert every_view(world) == live
+
+
+def test_the_runner_imports_no_sql() -> None:
+    """Storage only through the ports: the runner's module imports no SQL of its own."""
+    source = Path(uprof.services.projection.__file__).read_text(encoding="utf-8")
+    imported: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module)
+            imported.update(f"{node.module}.{alias.name}" for alias in node.names)
+    assert "uprof.ports" in imported  # the walk sees the imports there are
+    assert not {m for m in imported if m.split(".")[0] == "sqlalchemy"}
+    assert not {m for m in imported if m.startswith("projections")}
