@@ -216,7 +216,7 @@ def measure_pipeline(backend: str, sizes: Sizes, embedder: str) -> dict[str, Any
             grant(k, "bench")
             capture_batched(k, "bench", sizes.pipeline_events, 500)
             if embedder == "minilm":
-                k.projections._projector.embed_memories([])
+                k.queries.projector.embed_memories([])
                 _warm(k)
             began = time.perf_counter()
             k.process()
@@ -230,7 +230,7 @@ def measure_pipeline(backend: str, sizes: Sizes, embedder: str) -> dict[str, Any
 
 
 def _warm(k: Uprof) -> None:
-    embed = getattr(k.projections._projector, "_embedder", None)
+    embed = getattr(k.queries.projector, "_embedder", None)
     if embed is not None:
         embed.embed(["warm up"])
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
@@ -16,7 +17,7 @@ from uuid import UUID
 from audit.log import AuditLog
 from domain.errors import UprofError
 from domain.values import CapturedInteraction, ProposalBatch
-from projections.profile.projector import ProfileProjector
+from projections.profile.projector import ProfileProjector, embed_memories
 from projections.profile.views import SqlViewStore
 from uprof import telemetry
 from uprof.adapters.audit_trail import AuditLogTrail
@@ -316,7 +317,8 @@ def bootstrap(
     if audit is None:
         audit = AuditLogTrail(audit_log, settings.tenant)
     embedder = embedder or build_embedder(settings)
-    # Its own projector: a projector holds per-batch state, and the runner has another.
+    # The runner below writes through this store and is its one writer: a projector holds
+    # per-batch state, and the runner applies one batch at a time.
     queries = SqlViewStore(views, sealer, ProfileProjector(embedder, sealer))
     if extractor is None:
         extractor = (
@@ -394,8 +396,8 @@ def bootstrap(
         ),
         projections=ProjectionRunner(
             app,
-            views,
-            ProfileProjector(embedder, sealer),
+            queries,
+            partial(embed_memories, embedder),
             batch_size=settings.projection_batch_size,
             partitioning=partitioning,
             partitions=partitions,

@@ -57,6 +57,14 @@ class Embedder(Protocol):
         ...
 
 
+#: The vectors of the memories among a batch's events: float32 bytes by item id, from one
+#: model call ({} when there are none, or no model). Not storage: ``ProjectionRunner``
+#: calls it in its embedding thread, outside the view store's transaction, and hands the
+#: result to ``ViewStore.apply_batch``. Production: ``projections.profile.projector.
+#: embed_memories`` bound to the deployment's ``Embedder``.
+MemoryEmbedding = Callable[[Sequence[Any]], dict[str, bytes]]
+
+
 class Extractor(Protocol):
     name: str
 
@@ -370,7 +378,37 @@ class ViewStore(Protocol):
     stream of what comes back). Personal fields come back in plaintext, or empty once
     the subject's keys are gone. Adapter: ``projections.profile.views.SqlViewStore``
     (``ProfileProjector`` writing, ``ProfileQueries`` reading, one SQL database).
+
+    ``ProjectionRunner`` drives it with ``name``, ``ensure_positions``, ``position``,
+    ``lowest_position``, ``apply_batch`` and ``reset``; the services only query.
     """
+
+    @property
+    def name(self) -> str:
+        """The projection's name: ``apply_batch``'s default position is named after it,
+        and a partition's position is ``Partitioning.name(name, k)``."""
+        ...
+
+    def ensure_positions(self, projection_names: Sequence[str], application_name: str) -> None:
+        """Create the named positions at 0 where they do not exist yet; a position that
+        exists (another process created it first, or it has moved) is left as it is.
+
+        Batches lock their position row, so it must exist before the first batch.
+        """
+        ...
+
+    def lowest_position(self, projection_names: Sequence[str], application_name: str) -> int:
+        """The lowest of the named positions that exist (0 when none does)."""
+        ...
+
+    def reset(self, projection_names: Sequence[str]) -> None:
+        """Drop every subject's view rows and set the named positions of every
+        application to 0, in one transaction (a rebuild then starts from event 1).
+
+        Every application's: the rows of every subject are gone, so no position may
+        claim any of them is projected.
+        """
+        ...
 
     def apply_batch(
         self,

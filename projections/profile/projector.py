@@ -183,17 +183,7 @@ class ProfileProjector:
 
     def embed_memories(self, events: Sequence[Any]) -> dict[str, bytes]:
         """Embed the memory texts among ``events`` in one model call."""
-        if self._embedder is None:
-            return {}
-        pending = [
-            (e.item_id, _memory_embedding_text(e))
-            for e in events
-            if isinstance(e, P.MemoryRecorded | P.ExperienceRecorded)
-        ]
-        if not pending:
-            return {}
-        matrix = self._embedder.embed([text for _, text in pending]).astype(np.float32)
-        return {item_id: matrix[i].tobytes() for i, (item_id, _) in enumerate(pending)}
+        return embed_memories(self._embedder, events)
 
     def _touch_subject(self, notification_id: int, event: Any) -> None:
         # By topic, so that an event shredded since it was first projected moves the
@@ -643,6 +633,23 @@ class ProfileProjector:
         stream_id = str(e.originator_id)
         for table in t.SUBJECT_TABLES:
             conn.execute(table.delete().where(table.c.stream_id == stream_id))
+
+
+def embed_memories(embedder: TextEmbedder | None, events: Sequence[Any]) -> dict[str, bytes]:
+    """The vectors of the memory texts among ``events`` (float32 bytes by item id), from
+    one model call; {} without an embedder. No database: ``ProjectionRunner`` runs it in
+    its embedding thread, outside the view store's transaction."""
+    if embedder is None:
+        return {}
+    pending = [
+        (e.item_id, _memory_embedding_text(e))
+        for e in events
+        if isinstance(e, P.MemoryRecorded | P.ExperienceRecorded)
+    ]
+    if not pending:
+        return {}
+    matrix = embedder.embed([text for _, text in pending]).astype(np.float32)
+    return {item_id: matrix[i].tobytes() for i, (item_id, _) in enumerate(pending)}
 
 
 def _memory_embedding_text(e: Any) -> str:

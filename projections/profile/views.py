@@ -1,8 +1,10 @@
 """The view store on SQL: the projector writes the rows, the queries read them.
 
 One object for the ``ViewStore`` port (``uprof.ports``): ``ProfileQueries`` plus
-``apply_batch`` in a transaction of its own. ``ProjectionRunner`` drives the same
-projector with its own transactions (partitioned positions, read-ahead embeddings).
+``apply_batch`` in a transaction of its own, and the position bookkeeping
+``ProjectionRunner`` drives it with (partition positions created up front, the lowest
+of them, a reset for rebuilds). The projector holds per-batch state, so one batch at a
+time per store (the runner applies one at a time).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from projections.profile import tables as t
 from projections.profile.projector import ProfileProjector
 from projections.profile.queries import ProfileQueries
 from projections.profile.sealing import FieldSealer
@@ -23,6 +26,10 @@ class SqlViewStore(ProfileQueries):
     def __init__(self, engine: sa.Engine, sealer: FieldSealer, projector: ProfileProjector) -> None:
         super().__init__(engine, sealer)
         self.projector = projector
+
+    @property
+    def name(self) -> str:
+        return self.projector.name
 
     def apply_batch(
         self,
@@ -42,4 +49,49 @@ class SqlViewStore(ProfileQueries):
                 last_position,
                 vectors,
                 projection_name=projection_name,
+            )
+
+    def ensure_positions(self, projection_names: Sequence[str], application_name: str) -> None:
+        """Insert each missing position row at 0, one transaction per row."""
+        tracking = t.projection_tracking
+        for name in projection_names:
+            try:
+                with self._engine.begin() as conn:
+                    exists = conn.execute(
+                        sa.select(tracking.c.notification_id).where(
+                            tracking.c.projection_name == name,
+                            tracking.c.application_name == application_name,
+                        )
+                    ).first()
+                    if exists is None:
+                        conn.execute(
+                            tracking.insert(),
+                            {
+                                "projection_name": name,
+                                "application_name": application_name,
+                                "notification_id": 0,
+                            },
+                        )
+            except sa.exc.IntegrityError:
+                pass  # another process created it between our select and insert
+
+    def lowest_position(self, projection_names: Sequence[str], application_name: str) -> int:
+        tracking = t.projection_tracking
+        with self._engine.connect() as conn:
+            low = conn.execute(
+                sa.select(sa.func.min(tracking.c.notification_id)).where(
+                    tracking.c.projection_name.in_(list(projection_names)),
+                    tracking.c.application_name == application_name,
+                )
+            ).scalar()
+        return int(low or 0)
+
+    def reset(self, projection_names: Sequence[str]) -> None:
+        with self._engine.begin() as conn:
+            for table in t.SUBJECT_TABLES:
+                conn.execute(table.delete())
+            conn.execute(
+                t.projection_tracking.update()
+                .where(t.projection_tracking.c.projection_name.in_(list(projection_names)))
+                .values(notification_id=0)
             )

@@ -63,6 +63,10 @@ class Views:
     stores: list[ViewStore]
     position: int = 0
     clock: list[datetime] = field(default_factory=lambda: [T0])
+    #: Every batch ``project`` applied, with its position and vectors (for ``replay``).
+    history: list[tuple[list[tuple[int, Any]], int, dict[str, bytes] | None]] = field(
+        default_factory=list
+    )
 
     def now(self) -> datetime:
         self.clock[0] += timedelta(seconds=1)
@@ -83,9 +87,14 @@ class Views:
                 for e in events
                 if isinstance(e, SubjectProfile.MemoryRecorded)
             }
+        self.history.append((batch, self.position, vectors))
         applied = [s.apply_batch(LOG, batch, self.position, vectors) for s in self.stores]
         assert len(set(applied)) == 1, applied
         return applied[0]
+
+    def replay(self) -> int:
+        """Apply every batch ``project`` applied so far again, as a rebuild reads the log."""
+        return sum(self.ask("apply_batch", LOG, *applied) for applied in self.history)
 
     def ask(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Ask every store; they must agree. Returns the answer."""
@@ -400,6 +409,97 @@ class ViewStoreContract:
             assert store.position("profile", LOG) == len(batch)
             assert store.position("profile", "elsewhere") == 0
         assert list(views.ask("session_activity", stream(alice)).values()) == [1]
+
+    # ------------------------------------------------- what ProjectionRunner drives
+
+    def test_positions_created_up_front_never_move_back(self, views: Views) -> None:
+        names = ["profile.p0of2", "profile.p1of2"]
+        assert {store.name for store in views.stores} == {"profile"}
+        assert views.ask("lowest_position", names, LOG) == 0  # none exists yet
+        views.ask("ensure_positions", names, LOG)
+        assert [views.ask("position", n, LOG) for n in names] == [0, 0]
+        assert views.ask("apply_batch", LOG, [], 5, projection_name=names[0]) == 0
+        # A second runner starting (another process, or this one again) moves nothing back.
+        views.ask("ensure_positions", names, LOG)
+        assert views.ask("position", names[0], LOG) == 5
+        # The other partition's position exists, at 0: the log is projected up to 0 only.
+        assert views.ask("lowest_position", names, LOG) == 0
+        views.ask("apply_batch", LOG, [], 7, projection_name=names[1])
+        assert views.ask("lowest_position", names, LOG) == 5
+        assert views.ask("lowest_position", names[1:], LOG) == 7
+        assert views.ask("lowest_position", names, "elsewhere") == 0  # one application's
+        assert views.ask("position", names[0], "elsewhere") == 0
+
+    def test_a_reset_drops_every_view_and_a_replay_rebuilds_them(self, views: Views) -> None:
+        alice, bob = views.subject("alice"), views.subject("bob")
+        c1 = capture(views, alice, "I live in Paris, I want to learn Italian", source_ref="r1")
+        propose(
+            views,
+            alice,
+            AttributeProposal("home_location", "Paris", (c1,)),
+            MemoryProposal("lives in Paris", (c1,)),
+            IntentProposal("learn Italian", (c1,)),
+        )
+        b1 = capture(views, bob, "bob here", session="s9")
+        views.project(alice, bob, embed=True)
+        memories, _ = views.ask("memories", stream(alice))
+        alice.record_slice_served(
+            app_id=APP,
+            agent_id="agent:one",
+            purpose="personalization",
+            item_ids=[m.item_id for m in memories],
+            served_at=views.now(),
+            budget_tokens=100,
+            n_tokens=10,
+        )
+        views.project(alice)
+        views.ask("apply_batch", "elsewhere", [], 3)  # another application's position
+        views.ask("apply_batch", LOG, [], 4, projection_name="unrelated")
+        subjects = [stream(alice), stream(bob)]
+        live = _every_answer(views, subjects, [c1, b1])
+        assert live["memories", stream(alice)][1] is not None  # the vectors are in it
+
+        views.ask("reset", ["profile"])
+        assert views.ask("position", "profile", LOG) == 0
+        assert views.ask("position", "profile", "elsewhere") == 0  # every application's
+        assert views.ask("position", "unrelated", LOG) == 4  # not named: left as it is
+        nothing = {key: _canonical(key[0], _EMPTY[key[0]]) for key in live}
+        assert _every_answer(views, subjects, [c1, b1]) == nothing
+
+        assert views.replay() == sum(len(batch) for batch, _, _ in views.history)
+        assert _every_answer(views, subjects, [c1, b1]) == live
+        assert views.ask("position", "profile", LOG) == views.position
+
+
+def _every_answer(views: Views, subjects: list[str], capture_ids: list[str]) -> dict[Any, Any]:
+    """Every query's answer about these subjects, by (query, subject)."""
+
+    def ask(name: str, *args: Any, **kwargs: Any) -> Any:
+        return _canonical(name, views.ask(name, *args, **kwargs))
+
+    answers: dict[Any, Any] = {("captures",): ask("captures", capture_ids)}
+    for sid in subjects:
+        answers["attributes", sid] = ask("attributes", sid)
+        answers["memories", sid] = ask("memories", sid, include_archived=True, with_vectors=True)
+        answers["intents", sid] = ask("intents", sid)
+        answers["consents", sid] = ask("consents", sid)
+        answers["all_captures", sid] = ask("all_captures", sid)
+        answers["session_activity", sid] = ask("session_activity", sid)
+        answers["item_reads", sid] = ask("item_reads", sid)
+    return answers
+
+
+#: What each query of ``_every_answer`` answers on a store nothing was projected into.
+_EMPTY: dict[str, Any] = {
+    "captures": {},
+    "attributes": [],
+    "memories": ([], None),
+    "intents": [],
+    "consents": [],
+    "all_captures": [],
+    "session_activity": {},
+    "item_reads": [],
+}
 
 
 def _fake(keys: InMemoryKeyStore) -> ViewStore:

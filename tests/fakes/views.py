@@ -94,8 +94,29 @@ class InMemoryViewStore:
 
     # ----------------------------------------------------------------- batches
 
+    @property
+    def name(self) -> str:
+        return PROJECTION_NAME
+
     def position(self, projection_name: str, application_name: str) -> int:
         return self._t.positions.get((projection_name, application_name), 0)
+
+    def ensure_positions(self, projection_names: Sequence[str], application_name: str) -> None:
+        with self._lock:
+            for name in projection_names:
+                self._t.positions.setdefault((name, application_name), 0)
+
+    def lowest_position(self, projection_names: Sequence[str], application_name: str) -> int:
+        # Of the positions that exist, as SQL's MIN over the rows there are.
+        wanted = {(name, application_name) for name in projection_names}
+        return min((n for key, n in self._t.positions.items() if key in wanted), default=0)
+
+    def reset(self, projection_names: Sequence[str]) -> None:
+        with self._lock:
+            names = set(projection_names)
+            # Every subject's rows go, and the positions of every application that claim them.
+            positions = {key: 0 if key[0] in names else n for key, n in self._t.positions.items()}
+            self._t = _Tables(positions=positions)
 
     def apply_batch(
         self,

@@ -203,10 +203,7 @@ def test_projection_applies_each_event_once(kernel: Uprof) -> None:
     # Replaying an old batch must change nothing: the position guards it.
     notifications = kernel.app.notifications_after(0, 100)
     events = [(n.id, kernel.app.decode(n)) for n in notifications]
-    with kernel.projections._engine.begin() as conn:
-        applied = kernel.projections._projector.apply_batch(
-            conn, kernel.app.name, events, notifications[-1].id
-        )
+    applied = kernel.queries.apply_batch(kernel.app.name, events, notifications[-1].id)
     assert applied == 0
     assert kernel.queries.table_digest() == before
 

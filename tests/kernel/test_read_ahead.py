@@ -71,8 +71,8 @@ def test_a_batch_that_did_not_commit_drops_the_one_read_after_it(
         consent(kernel, subject="bob")
         _fill(kernel, range(1, 6))
         kernel.extraction.run_until_idle()
-        projector = kernel.projections._projector
-        apply = projector.apply_batch
+        views = kernel.queries  # the view store the runner writes through
+        apply = views.apply_batch
         calls = {"n": 0}
 
         def fail_the_second(*args: Any, **kwargs: Any) -> int:
@@ -81,7 +81,7 @@ def test_a_batch_that_did_not_commit_drops_the_one_read_after_it(
                 raise RuntimeError("the views database went away")
             return apply(*args, **kwargs)
 
-        monkeypatch.setattr(projector, "apply_batch", fail_the_second)
+        monkeypatch.setattr(views, "apply_batch", fail_the_second)
         kernel.projections.run_once()
         with pytest.raises(RuntimeError):
             kernel.projections.run_once()  # the batch read ahead of this one is now stale

@@ -10,13 +10,14 @@ import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 import pytest
 from pytest_socket import disable_socket, enable_socket
 
 from domain.values import Interaction
-from projections.profile.projector import PROJECTION_NAME
+from projections.profile.projector import embed_memories
 from tests.fakes.audit import InMemoryAuditStore
 from tests.fakes.eventstore import InMemoryEventStore
 from tests.fakes.keystore import InMemoryKeyStore
@@ -26,6 +27,7 @@ from uprof.adapters.audit_trail import AuditLogTrail
 from uprof.crypto.ledger import ErasureLedger
 from uprof.services.capture import CaptureService
 from uprof.services.consent import ConsentService
+from uprof.services.projection import ProjectionRunner
 from uprof.services.subjects import SubjectResolver
 
 TENANT = "default"
@@ -61,24 +63,19 @@ class World:
     subjects: SubjectResolver
     consent: ConsentService
     capture: CaptureService
+    #: The production runner over the fake stores (no model: memories get no vectors).
+    projections: ProjectionRunner
 
     def actions(self) -> list[str]:
         return [e.entry["action"] for e in self.audit_log.entries()]
 
     def project(self) -> int:
-        """Bring the views up to the log's head (what ProjectionRunner does on SQL)."""
-        done = 0
-        while True:
-            start = self.views.position(PROJECTION_NAME, self.events.name)
-            notifications = self.events.notifications_after(start, 256)
-            if not notifications:
-                return done
-            batch = [(n.id, self.events.decode(n)) for n in notifications]
-            done += self.views.apply_batch(self.events.name, batch, notifications[-1].id)
+        """Bring the views up to the log's head; how many notifications that took."""
+        return self.projections.run_until_idle()
 
 
 @pytest.fixture
-def world() -> World:
+def world() -> Iterator[World]:
     clock = FakeClock(datetime(2026, 1, 1, 12, tzinfo=UTC))
     ledger = ErasureLedger(InMemoryKeyMaterialStore(), secrets.token_bytes(32))
     keys = InMemoryKeyStore(ledger=ledger)
@@ -87,17 +84,23 @@ def world() -> World:
     # The production trail over the fake log: entries are validated as in production.
     audit = AuditLogTrail(audit_log, TENANT)
     subjects = SubjectResolver(keys, TENANT)
-    return World(
+    views = InMemoryViewStore(keys)
+    world = World(
         clock=clock,
         keys=keys,
         events=events,
         audit_log=audit_log,
-        views=InMemoryViewStore(keys),
+        views=views,
         audit=audit,
         subjects=subjects,
         consent=ConsentService(events, subjects, clock, audit),
         capture=CaptureService(events, subjects, keys, clock, audit),
+        projections=ProjectionRunner(events, views, partial(embed_memories, None)),
     )
+    try:
+        yield world
+    finally:
+        world.projections.close()  # its embedding thread
 
 
 def say(text: str, *, app: str = APP, purpose: str = "personalization") -> Interaction:

@@ -9,14 +9,11 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-import sqlalchemy as sa
 from eventsourcing.persistence import Notification
 
-from projections.profile import tables as t
-from projections.profile.projector import ProfileProjector
 from uprof import telemetry
 from uprof.partitions import Partitioning, owned_or_all
-from uprof.ports import EventStore
+from uprof.ports import EventStore, MemoryEmbedding, ViewStore
 
 Progress = Callable[[int, int], None]
 
@@ -39,6 +36,9 @@ class _Batch:
 class ProjectionRunner:
     """Catch-up loop over the profiles log (SQLite has no notification channel).
 
+    It writes through the ``ViewStore`` port (SQL in production, the in-memory fake in
+    the unit tier) and embeds through ``embed_memories``, which is not storage.
+
     Safe with any number of runners in any number of processes: a batch locks its
     position row, re-reads it and applies only what lies beyond it (``apply_batch``).
     With ``partitioning`` of M, partition k's events go to k's own position row; this
@@ -58,8 +58,8 @@ class ProjectionRunner:
     def __init__(
         self,
         app: EventStore,
-        engine: sa.Engine,
-        projector: ProfileProjector,
+        views: ViewStore,
+        embed_memories: MemoryEmbedding,
         batch_size: int = 256,
         *,
         partitioning: Partitioning | None = None,
@@ -67,8 +67,8 @@ class ProjectionRunner:
         embed_ahead: bool = True,
     ) -> None:
         self._app = app
-        self._engine = engine
-        self._projector = projector
+        self._views = views
+        self._embed_memories = embed_memories
         self._batch_size = batch_size
         self._partitioning = partitioning or Partitioning()
         self._owned = owned_or_all(self._partitioning, partitions)
@@ -79,53 +79,25 @@ class ProjectionRunner:
         self._ahead: dict[int, _Batch] = {}
         #: Batches read ahead but not used: the position was not where they start.
         self.read_ahead_dropped = 0
-        self._ensure_position_rows()
+        # Created up front: batches lock their position row, so it must exist.
+        self._views.ensure_positions(self._position_names(), self._app.name)
 
     def position_name(self, k: int) -> str:
-        return self._partitioning.name(self._projector.name, k)
+        return self._partitioning.name(self._views.name, k)
 
-    def _ensure_position_rows(self) -> None:
-        """Create the position rows up front: batches lock them, so they must exist."""
-        tracking = t.projection_tracking
-        for name in self._partitioning.names(self._projector.name):
-            try:
-                with self._engine.begin() as conn:
-                    exists = conn.execute(
-                        sa.select(tracking.c.notification_id).where(
-                            tracking.c.projection_name == name,
-                            tracking.c.application_name == self._app.name,
-                        )
-                    ).first()
-                    if exists is None:
-                        conn.execute(
-                            tracking.insert(),
-                            {
-                                "projection_name": name,
-                                "application_name": self._app.name,
-                                "notification_id": 0,
-                            },
-                        )
-            except sa.exc.IntegrityError:
-                pass  # another process created it first
+    def _position_names(self) -> list[str]:
+        """Every partition's position name (owned or not)."""
+        return self._partitioning.names(self._views.name)
 
     def partition_position(self, k: int) -> int:
-        with self._engine.connect() as conn:
-            return self._projector.position(conn, self._app.name, self.position_name(k))
+        return self._views.position(self.position_name(k), self._app.name)
 
     @property
     def position(self) -> int:
         """The lowest position of every partition: the whole log up to it is projected."""
         if self._partitioning.count == 1:
             return self.partition_position(0)
-        tracking = t.projection_tracking
-        with self._engine.connect() as conn:
-            low = conn.execute(
-                sa.select(sa.func.min(tracking.c.notification_id)).where(
-                    tracking.c.projection_name.in_(self._partitioning.names(self._projector.name)),
-                    tracking.c.application_name == self._app.name,
-                )
-            ).scalar()
-        return int(low or 0)
+        return self._views.lowest_position(self._position_names(), self._app.name)
 
     def position_for(self, stream_id: UUID) -> int:
         """How far the subject's events are projected (its partition's position)."""
@@ -164,13 +136,12 @@ class ProjectionRunner:
         ):
             with telemetry.span("uprof.projection.embed"):
                 vectors = batch.vectors.result()  # started when the batch was read
-            with telemetry.span("uprof.projection.apply"), self._engine.begin() as conn:
-                self._projector.apply_batch(
-                    conn,
+            with telemetry.span("uprof.projection.apply"):
+                self._views.apply_batch(
                     self._app.name,
                     batch.events,
                     batch.end,
-                    vectors=vectors,
+                    vectors,
                     projection_name=self.position_name(k),
                 )
         return len(batch.notifications)
@@ -189,7 +160,7 @@ class ProjectionRunner:
         ]
         # Embedded outside the write transaction (the views database is not locked while
         # the model runs), in the embedding thread so that this one can go on.
-        vectors = self._embedding.submit(self._projector.embed_memories, [e for _, e in events])
+        vectors = self._embedding.submit(self._embed_memories, [e for _, e in events])
         return _Batch(start, notifications, events, vectors)
 
     def forget_read_ahead(self) -> None:
@@ -222,18 +193,7 @@ class ProjectionRunner:
     def reset(self) -> None:
         """Drop every view row and reset the position, so a rebuild starts from event 1."""
         self._ahead.clear()
-        with self._engine.begin() as conn:
-            for table in t.SUBJECT_TABLES:
-                conn.execute(table.delete())
-            conn.execute(
-                t.projection_tracking.update()
-                .where(
-                    t.projection_tracking.c.projection_name.in_(
-                        self._partitioning.names(self._projector.name)
-                    )
-                )
-                .values(notification_id=0)
-            )
+        self._views.reset(self._position_names())
 
     def rebuild(self, progress: Progress | None = None) -> int:
         """Reset every partition and replay the log into all of them (owned or not:
