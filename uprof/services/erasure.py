@@ -139,8 +139,10 @@ class ErasureService:
         caught_up = self._catch_up(tombstone_id, timeout_s)
         after = self._row_counts(str(stream))
         if not caught_up or any(after.values()):
+            left = ", ".join(f"{name}: {n}" for name, n in sorted(after.items()) if n)
             raise ErasureIncompleteError(
                 "erasure did not complete: projections have not purged the subject yet"
+                + (f" (rows left in {left})" if caught_up else " (projections behind)")
             )
         counts = {f"rows_{name}": n for name, n in before.items()}
         counts.update(
