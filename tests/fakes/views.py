@@ -26,7 +26,11 @@ import numpy as np
 from domain.categories import memory_categories
 from domain.errors import PositionMovedError, SubjectErasedError
 from domain.profile import SubjectProfile as P
-from projections.profile.projector import PROJECTION_NAME, _memory_embedding_text
+from projections.profile.projector import (
+    PROJECTION_NAME,
+    _memory_embedding_text,
+    embed_memories,
+)
 from projections.profile.queries import (
     AttributeRow,
     CaptureRow,
@@ -155,17 +159,7 @@ class InMemoryViewStore:
             return len(fresh)
 
     def _embed(self, events: Sequence[Any]) -> dict[str, bytes]:
-        if self._embedder is None:
-            return {}
-        pending = [
-            (e.item_id, _memory_embedding_text(e))
-            for e in events
-            if isinstance(e, P.MemoryRecorded | P.ExperienceRecorded)
-        ]
-        if not pending:
-            return {}
-        matrix = self._embedder.embed([text for _, text in pending]).astype(np.float32)
-        return {item_id: matrix[i].tobytes() for i, (item_id, _) in enumerate(pending)}
+        return embed_memories(self._embedder, events)
 
     def _require_key(self, stream_id: str) -> None:
         """Where the projector seals a field: no key, no row (SubjectErasedError)."""
