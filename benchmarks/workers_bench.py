@@ -153,10 +153,17 @@ class Child:
         try:
             out, err = self.proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            out, err = self.proc.communicate()
-            self.log.append("did not stop within the timeout")
-        self.log.append((out or "")[-500:] + (err or "")[-1500:])
+            pass
+        else:
+            self.log.append((out or "")[-500:] + (err or "")[-8000:])
+            return int(self.proc.returncode)
+        if self.ready != "http":  # a worker writes its threads' stacks on SIGUSR1
+            self.proc.send_signal(signal.SIGUSR1)
+            time.sleep(1.0)
+        self.proc.kill()
+        out, err = self.proc.communicate()
+        self.log.append("did not stop within the timeout")
+        self.log.append((out or "")[-500:] + (err or "")[-8000:])
         return int(self.proc.returncode)
 
 
@@ -258,6 +265,12 @@ def finish(
         )
         figures["children"] = len(children)
         figures["exit_codes"] = exit_codes
+        # What a child that did not stop gracefully wrote last (its stacks, if it hung).
+        figures["stop_logs"] = "\n".join(
+            f"child {i} exit {code}: " + " | ".join(child.log[-2:])
+            for i, (child, code) in enumerate(zip(children, exit_codes, strict=True))
+            if code != 0 and not (child.ready == "http" and code == -signal.SIGTERM)
+        )
         figures["sigkills"] = sum(c.kills for c in children)
         figures["rebuild_equals_live"] = converges(kernel)
     finally:

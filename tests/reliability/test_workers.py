@@ -40,13 +40,13 @@ def test_three_workers_on_the_same_positions_extract_and_project_each_capture_on
 ) -> None:
     r = race_scenario(target, partitions=1, spec=(None, None, None), seconds=3.0)
     _assert_exact(r)
-    assert r["exit_codes"] == [0, 0, 0], r  # SIGTERM: finish the batch, exit 0
+    assert r["exit_codes"] == [0, 0, 0], r["stop_logs"]  # SIGTERM: finish the batch, exit 0
 
 
 def test_partitioned_workers_with_a_second_worker_on_one_partition(target: Target) -> None:
     r = race_scenario(target, partitions=2, spec=(0, 1, 0), seconds=3.0, seed=11)
     _assert_exact(r)
-    assert r["exit_codes"] == [0, 0, 0], r
+    assert r["exit_codes"] == [0, 0, 0], r["stop_logs"]
 
 
 def test_workers_sigkilled_at_random_and_restarted_end_exact(target: Target) -> None:
@@ -54,7 +54,7 @@ def test_workers_sigkilled_at_random_and_restarted_end_exact(target: Target) -> 
     assert r["sigkills"] >= 3, r  # the kills happened, so the test is not vacuous
     assert not r["restart_errors"], r
     _assert_exact(r)
-    assert r["exit_codes"] == [0, 0, 0], r
+    assert r["exit_codes"] == [0, 0, 0], r["stop_logs"]
 
 
 # --------------------------------------------------------------------------- the guard
@@ -174,3 +174,24 @@ def test_read_your_writes_waits_for_the_partition_that_covers_the_subject(
         assert api.ensure_subject_fresh(stream, 0.0).fresh
         counts = derived_counts(api)
         assert counts["captures"] == 1 and counts["view_missing"] == 0, counts
+
+
+def test_sigusr1_makes_a_worker_write_its_stacks_and_go_on(target: Target) -> None:
+    """How a worker that does not stop is diagnosed: SIGUSR1 dumps every thread's stack
+    to stderr, and the worker keeps working and still stops gracefully on SIGTERM."""
+    import signal
+    import time
+
+    from benchmarks.workers_bench import _seed, worker_child
+
+    _seed(target, 1, ["alice"])
+    child = worker_child(target, 1, None)
+    child.start()
+    assert child.proc is not None
+    child.proc.send_signal(signal.SIGUSR1)
+    time.sleep(0.5)  # SIGUSR1's default action ends a process: it would have by now
+    assert child.proc.poll() is None, "SIGUSR1 must not stop the worker"
+    assert child.sigterm() == 0
+    # The main thread's stack, wherever the signal found it (SIGUSR1's default would kill).
+    assert "(most recent call first)" in child.log[-1], child.log[-1]
+    assert "uprof/cli/worker.py" in child.log[-1], child.log[-1]

@@ -11,8 +11,11 @@ finished, then the process exits 0.
 
 from __future__ import annotations
 
+import faulthandler
+import io
 import logging
 import signal
+import sys
 import threading
 import time
 from types import FrameType
@@ -50,6 +53,16 @@ def run_loop(kernel: object, stop: threading.Event, *, idle_poll_s: float) -> di
         if processed == 0:
             stop.wait(idle_poll_s)
     return totals
+
+
+def _stacks_on_sigusr1() -> None:
+    """SIGUSR1 writes every thread's stack to stderr and the worker goes on: how an
+    operator (or a test) asks a worker that does not stop where it is waiting."""
+    try:
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        # stderr is not a file (run inside another program, as tests do): no dump there.
+        _log.debug("stderr has no file descriptor; SIGUSR1 stack dumps are off")
 
 
 def worker(
@@ -98,6 +111,7 @@ def worker(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    _stacks_on_sigusr1()
     try:
         kernel = bootstrap(worker_settings, partitions=None if partition is None else [partition])
     except UprofError as e:
