@@ -144,6 +144,102 @@ def record(data_dir: Path, path: Path, progress: Callable[[str], None]) -> None:
         pickle.dump(out, fh, protocol=pickle.HIGHEST_PROTOCOL)
 
 
+# ---------------------------------------------------------------- token vectors
+
+
+class CachedTokenVectors:
+    """MiniLM's token vectors for late interaction, cached by text (one torch thread).
+
+    ``encode(..., output_value="token_embeddings")`` gives each text's last hidden
+    states without padding; [CLS] and [SEP] are dropped, every other word piece is
+    kept (punctuation included), and each row is L2-normalised. The recording does not
+    hold these, so the replay computes them from the texts, once per text.
+    """
+
+    def __init__(self, batch_size: int = 16) -> None:
+        from benchmarks.baselines import _minilm_model
+
+        self._model = _minilm_model()
+        self._batch_size = batch_size
+        self._cache: dict[str, np.ndarray] = {}
+        self.seconds = 0.0
+
+    def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Token vectors of texts, computed now (no cache)."""
+        raw = self._model.encode(
+            list(texts),
+            batch_size=self._batch_size,
+            output_value="token_embeddings",
+            show_progress_bar=False,
+        )
+        out: list[np.ndarray] = []
+        for tensor in raw:
+            matrix = np.asarray(tensor.float().numpy(), dtype=np.float32)[1:-1]
+            norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+            out.append(np.ascontiguousarray(matrix / np.maximum(norms, 1e-12)))
+        return out
+
+    def token_vectors(self, texts: Sequence[str]) -> list[np.ndarray]:
+        missing = [t for t in dict.fromkeys(texts) if t not in self._cache]
+        if missing:
+            start = time.perf_counter()
+            self._cache.update(zip(missing, self.encode(missing), strict=True))
+            self.seconds += time.perf_counter() - start
+        return [self._cache[t] for t in texts]
+
+    def token_counts(self) -> list[int]:
+        return [len(m) for m in self._cache.values()]
+
+
+def reembed_cost(
+    inputs: Mapping[tuple[str, int], SliceInputs],
+    convs: Sequence[locomo.Conversation],
+    options: SliceOptions,
+    counter: Any,
+    indexes: dict[str, MemoryIndex],
+    tokens: CachedTokenVectors,
+    samples: int,
+) -> dict[str, Any]:
+    """What re-embedding the re-scored memories at query time would cost: for ``samples``
+    LoCoMo questions spread over the conversations, the ms to compute (uncached) the token
+    vectors of the query and of the ``late_candidates`` memories the first stage ranks best."""
+    from uprof.retrieval.ranker import analyse_query, rank_memories
+
+    keys = [(c.sample_id, q.qa_index) for c in convs for q in c.questions]
+    picked = keys[:: max(1, len(keys) // max(samples, 1))][:samples]
+    first = replace(options, late_weight=0.0, pool_size=options.late_candidates)
+    ms: list[float] = []
+    sizes: list[int] = []
+    for key in picked:
+        got = inputs[key]
+        index = indexes.get(key[0])
+        if index is None:
+            index = indexes[key[0]] = _index(got.memories, got.memory_vectors, counter)
+        ranking = rank_memories(index, analyse_query(got.query), got.query_vector, got.now, first)
+        texts = [got.query] + [index.candidates[r].text for r in ranking.rows.tolist()]
+        start = time.perf_counter()
+        tokens.encode(texts)
+        ms.append((time.perf_counter() - start) * 1000)
+        sizes.append(len(texts) - 1)
+    return {
+        "samples": len(ms),
+        "memories": float(np.median(sizes)) if sizes else 0.0,
+        "p50_ms": float(np.median(ms)) if ms else float("nan"),
+        "p95_ms": float(np.percentile(ms, 95)) if ms else float("nan"),
+    }
+
+
+def recorded_texts(inputs: Mapping[str, Any]) -> list[str]:
+    """Every text a replay can ask token vectors for: queries, memories, profile lines."""
+    texts: dict[str, None] = {}
+    for part in ("locomo", "prefeval"):
+        for got in inputs.get(part, {}).values():
+            texts[got.query] = None
+            for c in (*got.memories, *got.attributes, *got.intents):
+                texts[c.text] = None
+    return list(texts)
+
+
 # ---------------------------------------------------------------- replay
 
 
@@ -170,6 +266,8 @@ def replay_locomo(
     budgets: Sequence[int],
     counter: Any,
     indexes: dict[str, MemoryIndex],
+    tokens: CachedTokenVectors | None = None,
+    timings: list[float] | None = None,
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for conv in convs:
@@ -179,6 +277,7 @@ def replay_locomo(
             if index is None:
                 index = indexes[conv.sample_id] = _index(got.memories, got.memory_vectors, counter)
             for budget in budgets:
+                start = time.perf_counter()
                 packed = build_slice(
                     query=got.query,
                     attributes=got.attributes,
@@ -191,7 +290,10 @@ def replay_locomo(
                     options=options,
                     attribute_vectors=got.attribute_vectors,
                     intent_vectors=got.intent_vectors,
+                    token_embedder=tokens,
                 )
+                if timings is not None:
+                    timings.append(time.perf_counter() - start)
                 _, over, union, *_ = locomo.score_question(conv, q, [_bench_slice(packed)], budget)
                 rows.append(
                     {
@@ -264,6 +366,8 @@ def replay_prefeval(
     settings: Sequence[tuple[int, int]],
     counter: Any,
     subjects: dict[tuple[str, int], Any],
+    tokens: CachedTokenVectors | None = None,
+    timings: list[float] | None = None,
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for n in sorted({n for n, _ in settings}):
@@ -276,6 +380,7 @@ def replay_prefeval(
             index, attrs, attr_vecs, intents, intent_vecs = subject
             asked = inputs[user.source_ref]
             for budget in budgets:
+                start = time.perf_counter()
                 packed = build_slice(
                     query=user.question,
                     attributes=attrs,
@@ -288,7 +393,10 @@ def replay_prefeval(
                     options=options,
                     attribute_vectors=attr_vecs,
                     intent_vectors=intent_vecs,
+                    token_embedder=tokens,
                 )
+                if timings is not None:
+                    timings.append(time.perf_counter() - start)
                 sl = _bench_slice(packed)
                 over = count_tokens(sl.text) > budget
                 rows.append(
@@ -384,6 +492,73 @@ def summarise(locomo_rows: Sequence[dict[str, Any]], pref_rows: Sequence[dict[st
     return out
 
 
+def slice_times(
+    times: Mapping[str, Sequence[float]], default: Mapping[str, Sequence[float]] | None
+) -> dict[str, Any]:
+    """Median and p95 ms of one variant's ``build_slice`` calls per data set, and the
+    median of the per-slice differences against the default variant's same slices when
+    it ran earlier in this process (the same slices in the same order)."""
+    out: dict[str, Any] = {}
+    for part, values in times.items():
+        if not values:
+            continue
+        ms = np.asarray(values) * 1000
+        row = {"p50": float(np.median(ms)), "p95": float(np.percentile(ms, 95)), "n": len(ms)}
+        base = None if default is None else default.get(part)
+        if base is not None and len(base) == len(values):
+            row["p50_added_vs_default"] = float(np.median(ms - np.asarray(base) * 1000))
+        out[part] = row
+    return out
+
+
+def worst_fall(result: Mapping[str, Any], main: Mapping[str, Any]) -> tuple[float, int, int]:
+    """The largest fall of a LoCoMo category's ER-strict against main on one half, over
+    every budget: (delta, category, budget); the first of equal deltas in budget order."""
+    worst: tuple[float, int, int] | None = None
+    for key, row in result["locomo"].items():
+        budget = int(key[1:])
+        for c in (1, 2, 3, 4):
+            delta = row[f"cat{c}"] - main["locomo"][key][f"cat{c}"]
+            if worst is None or delta < worst[0] - 1e-12:
+                worst = (delta, c, budget)
+    return worst if worst is not None else (0.0, 0, 0)
+
+
+def markdown_tables(
+    report: Mapping[str, Any], labels: Mapping[str, str], main: str = "default"
+) -> str:
+    """The decision records' ablation tables (tune, check, full) from a ``--out`` report.
+
+    ``labels`` maps result names to row labels, in row order; "worst cat Δ" is
+    ``worst_fall`` against ``main``'s row of the same half."""
+    results = report["results"]
+    head = (
+        "| variant | B=256 all / mh | B=1024 all / mh | B=2048 all / mh | cat 1/2/3/4 @2048 "
+        "| worst cat Δ | N=50, B=128 | N=50, B=256 | N=200, B=128 |\n"
+        "|---|---|---|---|---|---|---|---|---|"
+    )
+    out: list[str] = []
+    for part in ("tune", "check", "full"):
+        lines = [f"{part}:", "", head]
+        for name, label in labels.items():
+            got = results[name][part]
+            loc, pref = got["locomo"], got["prefeval"]
+            cells = [f"**{label}**" if name == main else label]
+            cells += [
+                f"{loc[k]['all']:.3f} / {loc[k]['cat1']:.3f}" for k in ("B256", "B1024", "B2048")
+            ]
+            cells.append("/".join(f"{loc['B2048'][f'cat{c}']:.3f}" for c in (1, 2, 3, 4)))
+            if name in (main, "bm25", "embedding"):
+                cells.append("")
+            else:
+                delta, cat, budget = worst_fall(got, results[main][part])
+                cells.append(f"{delta:+.3f} (cat {cat}, {budget})")
+            cells += [f"{pref[k]['pr']:.3f}" for k in ("N50_B128", "N50_B256", "N200_B128")]
+            lines.append("| " + " | ".join(cells) + " |")
+        out.append("\n".join(lines))
+    return "\n\n".join(out) + "\n"
+
+
 # ---------------------------------------------------------------- variants
 
 
@@ -429,7 +604,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budgets", default=",".join(map(str, LOCOMO_BUDGETS)))
     parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument("--skip", default="", help="locomo or prefeval to skip")
+    parser.add_argument(
+        "--reembed-samples",
+        type=int,
+        default=0,
+        help="time re-embedding the late-interaction candidates for this many questions",
+    )
+    parser.add_argument(
+        "--tables",
+        type=Path,
+        help="print the ablation tables of this --out report and stop (rows: --labels)",
+    )
+    parser.add_argument(
+        "--labels", default="", help="'|'-separated name=label rows for --tables (default all)"
+    )
     args = parser.parse_args(argv)
+    if args.tables:
+        report_in = json.loads(args.tables.read_text())
+        pairs = [tuple(p.split("=", 1)) for p in args.labels.split("|") if p]
+        labels = dict(pairs) or {n: n for n in report_in["results"]}
+        print(markdown_tables(report_in, labels), end="")
+        return 0
     from benchmarks.baselines import set_torch_threads
 
     set_torch_threads(args.torch_threads or None)
@@ -465,24 +660,78 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.out.write_text(json.dumps(report, indent=1))
     indexes: dict[str, MemoryIndex] = {}
     subjects: dict[tuple[str, int], Any] = {}
-    for spec in specs:
-        name, overrides = parse_variant(spec)
+    parsed = [parse_variant(spec) for spec in specs]
+    tokens = None
+    if any(overrides.get("late_weight", 0) > 0 for _, overrides in parsed):
+        # Every text's token vectors before any variant runs, so the slices' timings are
+        # those of stored token vectors (re-embedding at query time is priced apart).
+        tokens = CachedTokenVectors()
+        texts = recorded_texts(inputs)
+        tokens.token_vectors(texts)
+        counts = tokens.token_counts()
+        report["token_vectors"] = {
+            "texts": len(texts),
+            "seconds": round(tokens.seconds, 1),
+            "mean_tokens": float(np.mean(counts)),
+            "median_tokens": float(np.median(counts)),
+        }
+        for part in ("locomo", "prefeval"):
+            memory_texts = list({c.text for g in inputs[part].values() for c in g.memories})
+            lengths = [len(m) for m in tokens.token_vectors(memory_texts)]
+            report["token_vectors"][f"{part}_memories"] = {
+                "texts": len(memory_texts),
+                "mean_tokens": float(np.mean(lengths)),
+                "p95_tokens": float(np.percentile(lengths, 95)),
+            }
+        progress(f"token vectors: {len(texts)} texts in {tokens.seconds:.0f}s")
+        if args.reembed_samples:
+            late = next(o for _, o in parsed if o.get("late_weight", 0) > 0)
+            report["token_vectors"]["reembed"] = reembed_cost(
+                inputs["locomo"],
+                convs,
+                replace(service_options(), **late),
+                counter,
+                indexes,
+                tokens,
+                args.reembed_samples,
+            )
+            progress(f"re-embedding: {report['token_vectors']['reembed']}")
+    timings: dict[str, dict[str, list[float]]] = {}
+    for name, overrides in parsed:
         options = replace(service_options(), **overrides)
         start = time.perf_counter()
+        timings[name] = {"locomo": [], "prefeval": []}
         loc = (
             []
             if "locomo" in args.skip
-            else replay_locomo(inputs["locomo"], convs, options, budgets, counter, indexes)
+            else replay_locomo(
+                inputs["locomo"],
+                convs,
+                options,
+                budgets,
+                counter,
+                indexes,
+                tokens,
+                timings[name]["locomo"],
+            )
         )
         pref = (
             []
             if "prefeval" in args.skip
             else replay_prefeval(
-                inputs["prefeval"], items, options, PREF_SETTINGS, counter, subjects
+                inputs["prefeval"],
+                items,
+                options,
+                PREF_SETTINGS,
+                counter,
+                subjects,
+                tokens,
+                timings[name]["prefeval"],
             )
         )
         report["results"][name] = summarise(loc, pref)
         report["results"][name]["overrides"] = overrides
+        report["results"][name]["slice_ms"] = slice_times(timings[name], timings.get("default"))
         progress(f"{name}: {time.perf_counter() - start:.0f}s")
         if args.out:
             args.out.write_text(json.dumps(report, indent=1))
