@@ -19,6 +19,12 @@ inputs, so this tool records them once and replays ``build_slice`` per variant:
   (``locomo.score_question``, ``prefeval.is_hit``), and the baselines (BM25, MiniLM
   top-k) run beside them through the harnesses' own ``evaluate_system``.
 
+Each variant's ``build_slice`` calls are timed (``slice_ms`` in the report: p50, p95, and
+the median per-slice difference against the ``default`` variant's same slices when it ran
+earlier in the process; run a warm-up copy of the default first, so the default is not the
+one charged for each index's first use). ``--tables REPORT`` prints the decision records'
+ablation tables (tune, check, full) from a ``--out`` report.
+
 Halves: a case goes to the tune half when the first byte of the SHA-256 of its id is
 even, else to the check half. The case is the unit the withheld split holds out: the
 conversation (LoCoMo ``sample_id``) and the topic (PrefEval file name).
@@ -27,7 +33,9 @@ Usage::
 
     python -m benchmarks.retrieval_replay --record /tmp/replay.pkl   # once per ingestion code
     python -m benchmarks.retrieval_replay --inputs /tmp/replay.pkl --out /tmp/ablation.json \\
-        --variants default,no-bridges
+        --variants 'default|no-bridges'
+    python -m benchmarks.retrieval_replay --tables /tmp/ablation.json \\
+        --labels 'default=uprof (main)|no-bridges=bridges off'
 """
 
 from __future__ import annotations
@@ -144,102 +152,6 @@ def record(data_dir: Path, path: Path, progress: Callable[[str], None]) -> None:
         pickle.dump(out, fh, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-# ---------------------------------------------------------------- token vectors
-
-
-class CachedTokenVectors:
-    """MiniLM's token vectors for late interaction, cached by text (one torch thread).
-
-    ``encode(..., output_value="token_embeddings")`` gives each text's last hidden
-    states without padding; [CLS] and [SEP] are dropped, every other word piece is
-    kept (punctuation included), and each row is L2-normalised. The recording does not
-    hold these, so the replay computes them from the texts, once per text.
-    """
-
-    def __init__(self, batch_size: int = 16) -> None:
-        from benchmarks.baselines import _minilm_model
-
-        self._model = _minilm_model()
-        self._batch_size = batch_size
-        self._cache: dict[str, np.ndarray] = {}
-        self.seconds = 0.0
-
-    def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
-        """Token vectors of texts, computed now (no cache)."""
-        raw = self._model.encode(
-            list(texts),
-            batch_size=self._batch_size,
-            output_value="token_embeddings",
-            show_progress_bar=False,
-        )
-        out: list[np.ndarray] = []
-        for tensor in raw:
-            matrix = np.asarray(tensor.float().numpy(), dtype=np.float32)[1:-1]
-            norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-            out.append(np.ascontiguousarray(matrix / np.maximum(norms, 1e-12)))
-        return out
-
-    def token_vectors(self, texts: Sequence[str]) -> list[np.ndarray]:
-        missing = [t for t in dict.fromkeys(texts) if t not in self._cache]
-        if missing:
-            start = time.perf_counter()
-            self._cache.update(zip(missing, self.encode(missing), strict=True))
-            self.seconds += time.perf_counter() - start
-        return [self._cache[t] for t in texts]
-
-    def token_counts(self) -> list[int]:
-        return [len(m) for m in self._cache.values()]
-
-
-def reembed_cost(
-    inputs: Mapping[tuple[str, int], SliceInputs],
-    convs: Sequence[locomo.Conversation],
-    options: SliceOptions,
-    counter: Any,
-    indexes: dict[str, MemoryIndex],
-    tokens: CachedTokenVectors,
-    samples: int,
-) -> dict[str, Any]:
-    """What re-embedding the re-scored memories at query time would cost: for ``samples``
-    LoCoMo questions spread over the conversations, the ms to compute (uncached) the token
-    vectors of the query and of the ``late_candidates`` memories the first stage ranks best."""
-    from uprof.retrieval.ranker import analyse_query, rank_memories
-
-    keys = [(c.sample_id, q.qa_index) for c in convs for q in c.questions]
-    picked = keys[:: max(1, len(keys) // max(samples, 1))][:samples]
-    first = replace(options, late_weight=0.0, pool_size=options.late_candidates)
-    ms: list[float] = []
-    sizes: list[int] = []
-    for key in picked:
-        got = inputs[key]
-        index = indexes.get(key[0])
-        if index is None:
-            index = indexes[key[0]] = _index(got.memories, got.memory_vectors, counter)
-        ranking = rank_memories(index, analyse_query(got.query), got.query_vector, got.now, first)
-        texts = [got.query] + [index.candidates[r].text for r in ranking.rows.tolist()]
-        start = time.perf_counter()
-        tokens.encode(texts)
-        ms.append((time.perf_counter() - start) * 1000)
-        sizes.append(len(texts) - 1)
-    return {
-        "samples": len(ms),
-        "memories": float(np.median(sizes)) if sizes else 0.0,
-        "p50_ms": float(np.median(ms)) if ms else float("nan"),
-        "p95_ms": float(np.percentile(ms, 95)) if ms else float("nan"),
-    }
-
-
-def recorded_texts(inputs: Mapping[str, Any]) -> list[str]:
-    """Every text a replay can ask token vectors for: queries, memories, profile lines."""
-    texts: dict[str, None] = {}
-    for part in ("locomo", "prefeval"):
-        for got in inputs.get(part, {}).values():
-            texts[got.query] = None
-            for c in (*got.memories, *got.attributes, *got.intents):
-                texts[c.text] = None
-    return list(texts)
-
-
 # ---------------------------------------------------------------- replay
 
 
@@ -266,7 +178,6 @@ def replay_locomo(
     budgets: Sequence[int],
     counter: Any,
     indexes: dict[str, MemoryIndex],
-    tokens: CachedTokenVectors | None = None,
     timings: list[float] | None = None,
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
@@ -290,7 +201,6 @@ def replay_locomo(
                     options=options,
                     attribute_vectors=got.attribute_vectors,
                     intent_vectors=got.intent_vectors,
-                    token_embedder=tokens,
                 )
                 if timings is not None:
                     timings.append(time.perf_counter() - start)
@@ -366,7 +276,6 @@ def replay_prefeval(
     settings: Sequence[tuple[int, int]],
     counter: Any,
     subjects: dict[tuple[str, int], Any],
-    tokens: CachedTokenVectors | None = None,
     timings: list[float] | None = None,
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
@@ -393,7 +302,6 @@ def replay_prefeval(
                     options=options,
                     attribute_vectors=attr_vecs,
                     intent_vectors=intent_vecs,
-                    token_embedder=tokens,
                 )
                 if timings is not None:
                     timings.append(time.perf_counter() - start)
@@ -605,12 +513,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument("--skip", default="", help="locomo or prefeval to skip")
     parser.add_argument(
-        "--reembed-samples",
-        type=int,
-        default=0,
-        help="time re-embedding the late-interaction candidates for this many questions",
-    )
-    parser.add_argument(
         "--tables",
         type=Path,
         help="print the ablation tables of this --out report and stop (rows: --labels)",
@@ -661,41 +563,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     indexes: dict[str, MemoryIndex] = {}
     subjects: dict[tuple[str, int], Any] = {}
     parsed = [parse_variant(spec) for spec in specs]
-    tokens = None
-    if any(overrides.get("late_weight", 0) > 0 for _, overrides in parsed):
-        # Every text's token vectors before any variant runs, so the slices' timings are
-        # those of stored token vectors (re-embedding at query time is priced apart).
-        tokens = CachedTokenVectors()
-        texts = recorded_texts(inputs)
-        tokens.token_vectors(texts)
-        counts = tokens.token_counts()
-        report["token_vectors"] = {
-            "texts": len(texts),
-            "seconds": round(tokens.seconds, 1),
-            "mean_tokens": float(np.mean(counts)),
-            "median_tokens": float(np.median(counts)),
-        }
-        for part in ("locomo", "prefeval"):
-            memory_texts = list({c.text for g in inputs[part].values() for c in g.memories})
-            lengths = [len(m) for m in tokens.token_vectors(memory_texts)]
-            report["token_vectors"][f"{part}_memories"] = {
-                "texts": len(memory_texts),
-                "mean_tokens": float(np.mean(lengths)),
-                "p95_tokens": float(np.percentile(lengths, 95)),
-            }
-        progress(f"token vectors: {len(texts)} texts in {tokens.seconds:.0f}s")
-        if args.reembed_samples:
-            late = next(o for _, o in parsed if o.get("late_weight", 0) > 0)
-            report["token_vectors"]["reembed"] = reembed_cost(
-                inputs["locomo"],
-                convs,
-                replace(service_options(), **late),
-                counter,
-                indexes,
-                tokens,
-                args.reembed_samples,
-            )
-            progress(f"re-embedding: {report['token_vectors']['reembed']}")
     timings: dict[str, dict[str, list[float]]] = {}
     for name, overrides in parsed:
         options = replace(service_options(), **overrides)
@@ -711,7 +578,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 budgets,
                 counter,
                 indexes,
-                tokens,
                 timings[name]["locomo"],
             )
         )
@@ -725,7 +591,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 PREF_SETTINGS,
                 counter,
                 subjects,
-                tokens,
                 timings[name]["prefeval"],
             )
         )

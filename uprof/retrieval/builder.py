@@ -14,7 +14,6 @@ from uprof.ports import TokenCounter
 from uprof.retrieval import render
 from uprof.retrieval.candidates import Candidate
 from uprof.retrieval.index import MemoryIndex
-from uprof.retrieval.late import TokenEmbedder
 from uprof.retrieval.packer import PackProblem, PackResult, pack
 from uprof.retrieval.ranker import (
     PoolSimilarity,
@@ -335,7 +334,6 @@ def build_slice(
     attribute_vectors: np.ndarray | None = None,
     intent_vectors: np.ndarray | None = None,
     profile_lines: ProfileLines | None = None,
-    token_embedder: TokenEmbedder | None = None,
 ) -> PackedSlice:
     """Choose and render the most useful gated items for query within budget_tokens.
 
@@ -344,8 +342,7 @@ def build_slice(
     optionally add embedding match for those layers (one row per candidate).
     The returned text is counted with counter and never exceeds budget_tokens.
     profile_lines optionally keeps attribute and intent lines across calls (it is used
-    only when it counts with this very counter). token_embedder gives token vectors from
-    the index's embedder for late interaction (``SliceOptions.late_weight``); None: off.
+    only when it counts with this very counter).
     """
     lines = (
         profile_lines if profile_lines is not None and profile_lines.counter is counter else None
@@ -353,7 +350,7 @@ def build_slice(
     with telemetry.span("uprof.slice.rank", memories=len(memory_index)) as ranked:
         q = analyse_query(query)
         left_out: list[LeftOut] = []
-        ranking = rank_memories(memory_index, q, query_vector, now, options, tokens=token_embedder)
+        ranking = rank_memories(memory_index, q, query_vector, now, options)
         active = [c for c in intents if c.status in _ACTIVE]
         active_rows = [i for i, c in enumerate(intents) if c.status in _ACTIVE]
         left_out += [_low(c, f"intent is {c.status}") for c in intents if c.status not in _ACTIVE]

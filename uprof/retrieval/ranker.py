@@ -33,7 +33,6 @@ import numpy as np
 from domain.catalogue import CATALOGUE, Catalogue
 from uprof.retrieval.candidates import Candidate
 from uprof.retrieval.index import MemoryIndex, epoch_seconds
-from uprof.retrieval.late import LateScale, TokenEmbedder, maxsim
 from uprof.retrieval.slices import SliceOptions
 from uprof.retrieval.text import stem, term_set, terms, words
 
@@ -145,25 +144,6 @@ class MemoryRanking:
     #: Lexical share of the fusion used for this query, and the query's dense scale.
     lexical_weight: float = 1.0
     dense_scale: DenseScale | None = None
-    #: Late interaction for this query (None: off), so profile lines are re-scored alike.
-    late: LateInteraction | None = None
-
-
-@dataclass(frozen=True)
-class LateInteraction:
-    """One query's late-interaction state: its token vectors and MaxSim's dense scale."""
-
-    embedder: TokenEmbedder
-    query_tokens: np.ndarray
-    scale: LateScale
-    weight: float
-
-    def blended(self, texts: Sequence[str], dense: np.ndarray) -> np.ndarray:
-        """Dense scores of texts with ``weight`` of each taken from its scaled MaxSim."""
-        late = maxsim(self.query_tokens, self.embedder.token_vectors(texts))
-        dense = np.asarray(dense, dtype=np.float64)
-        blended: np.ndarray = (1.0 - self.weight) * dense + self.weight * self.scale(late, dense)
-        return blended
 
 
 @dataclass(frozen=True)
@@ -261,18 +241,6 @@ def memory_relevance(
     Also returns the lexical weight used and the raw query's dense scale, so other
     items can be scored the same way.
     """
-    fused, weight, scale, _ = _memory_scores(index, query, query_vector, now, options)
-    return fused, weight, scale
-
-
-def _memory_scores(
-    index: MemoryIndex,
-    query: Query,
-    query_vector: np.ndarray | None,
-    now: datetime,
-    options: SliceOptions,
-) -> tuple[np.ndarray, float, DenseScale | None, np.ndarray | None]:
-    """``memory_relevance``, plus the scaled dense scores that went into the fusion."""
     named, name_terms = _query_actors(index, query)
     # A speaker's name in the question says whose turn to look at; as a BM25 word it
     # would instead favour the other speaker's turns that greet them by name.
@@ -290,7 +258,7 @@ def _memory_scores(
         dense, scale = _dense_scores(index, query_vector, lexical, weight, options)
         fused = weight * lexical + (1.0 - weight) * dense
     else:
-        weight, fused, dense = 1.0, lexical, None
+        weight, fused = 1.0, lexical
     if named.any():
         speaker = (index.actor_of >= 0) & named[np.maximum(index.actor_of, 0)]
         fused = fused + options.actor_weight * speaker
@@ -300,7 +268,7 @@ def _memory_scores(
         fused = fused + options.recency_weight * np.nan_to_num(recency, nan=0.0)
     if options.heat_weight > 0:
         fused = fused + options.heat_weight * index.heat
-    return np.asarray(fused, dtype=np.float32), weight, scale, dense
+    return np.asarray(fused, dtype=np.float32), weight, scale
 
 
 def _with_neighbours(index: MemoryIndex, relevance: np.ndarray, weight: float) -> np.ndarray:
@@ -384,67 +352,21 @@ def _with_bridges(index: MemoryIndex, relevance: np.ndarray, options: SliceOptio
     return lifted
 
 
-def _late_rescored(
-    index: MemoryIndex,
-    query: Query,
-    fused: np.ndarray,
-    dense: np.ndarray,
-    relevance: np.ndarray,
-    weight: float,
-    tokens: TokenEmbedder,
-    options: SliceOptions,
-) -> tuple[np.ndarray, LateInteraction]:
-    """Fused relevance with the first stage's best memories re-scored by late interaction.
-
-    The ``late_candidates`` memories that the first stage (fusion, neighbour flow,
-    bridges) ranks best get ``late_weight`` of their dense score from MaxSim over the
-    token vectors, on this query's dense scale (``LateScale``); every other memory keeps
-    its fused relevance. The caller runs neighbour flow and bridges again on the result.
-    """
-    k = min(options.late_candidates, len(relevance))
-    rows = np.argpartition(-relevance, k - 1)[:k] if k < len(relevance) else np.arange(k)
-    query_tokens = np.asarray(tokens.token_vectors([query.text])[0], dtype=np.float32)
-    texts = [index.candidates[r].text for r in rows.tolist()]
-    late = maxsim(query_tokens, tokens.token_vectors(texts))
-    state = LateInteraction(
-        tokens, query_tokens, LateScale.of(late, dense[rows]), options.late_weight
-    )
-    blended = (1.0 - state.weight) * dense[rows] + state.weight * state.scale(late, dense[rows])
-    rescored = fused.copy()
-    rescored[rows] += ((1.0 - weight) * (blended - dense[rows])).astype(fused.dtype)
-    return np.maximum(rescored, 0.0, out=rescored), state
-
-
 def rank_memories(
     index: MemoryIndex,
     query: Query,
     query_vector: np.ndarray | None,
     now: datetime,
     options: SliceOptions,
-    tokens: TokenEmbedder | None = None,
 ) -> MemoryRanking:
-    """Score all memories, keep the best ``pool_size``, and return their utilities.
-
-    ``tokens`` (token vectors from the index's embedder) enables late interaction when
-    ``options.late_weight`` is above 0; without it the knob does nothing.
-    """
+    """Score all memories, keep the best ``pool_size``, and return their utilities."""
     n = len(index)
     if n == 0 or options.pool_size <= 0:
         empty = np.zeros(0, dtype=np.int64)
         return MemoryRanking(empty, np.zeros(0), PoolSimilarity(index, empty))
-    fused, weight, scale, dense = _memory_scores(index, query, query_vector, now, options)
+    fused, weight, scale = memory_relevance(index, query, query_vector, now, options)
     relevance = _with_neighbours(index, fused, options.neighbour_weight)
     relevance = _with_bridges(index, relevance, options)
-    late = None
-    if (
-        options.late_weight > 0
-        and options.late_candidates > 0
-        and tokens is not None
-        and dense is not None
-    ):
-        fused, late = _late_rescored(index, query, fused, dense, relevance, weight, tokens, options)
-        relevance = _with_neighbours(index, fused, options.neighbour_weight)
-        relevance = _with_bridges(index, relevance, options)
     size = min(options.pool_size, n)
     rows = np.argpartition(-relevance, size - 1)[:size] if size < n else np.arange(n)
     # Best first; equal relevance falls back to chronological order (rows are chronological).
@@ -458,7 +380,6 @@ def rank_memories(
         best=max(best, 0.0),
         lexical_weight=weight,
         dense_scale=scale,
-        late=late,
     )
 
 
@@ -524,8 +445,6 @@ def rank_profile_items(
         dense = scale(cosines).astype(np.float64)
         if ranking.dense_scale is None:
             weight = options.lexical_weight
-        if ranking.late is not None:
-            dense = ranking.late.blended([c.text for c in candidates], dense)
     best = ranking.best if ranking.best > 0 else 1.0
     lexical = _LexicalMatch(index, query)
     dense_values = dense.tolist()

@@ -97,12 +97,6 @@ class SliceOptions:
     sharpness: float = 3.0
     #: Memories considered for packing (the best by relevance, plus their neighbours).
     pool_size: int = 200
-    #: Late interaction (ColBERT-style MaxSim over the embedder's token vectors): the
-    #: ``late_candidates`` memories the first stage ranks best, and the profile lines, take
-    #: this share of their dense score from MaxSim (``ranker._late_rescored``). 0 turns it
-    #: off; it also needs a token embedder handed to ``build_slice`` (the product has none).
-    late_weight: float = 0.0
-    late_candidates: int = 200
     #: Marginal-relevance penalty: gain = utility * (1 - mmr_penalty * max similarity to chosen).
     mmr_penalty: float = 0.5
     #: Similarity at or above which a candidate is a near-duplicate of a chosen item.
