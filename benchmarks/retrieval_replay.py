@@ -19,6 +19,12 @@ inputs, so this tool records them once and replays ``build_slice`` per variant:
   (``locomo.score_question``, ``prefeval.is_hit``), and the baselines (BM25, MiniLM
   top-k) run beside them through the harnesses' own ``evaluate_system``.
 
+Each variant's ``build_slice`` calls are timed (``slice_ms`` in the report: p50, p95, and
+the median per-slice difference against the ``default`` variant's same slices when it ran
+earlier in the process; run a warm-up copy of the default first, so the default is not the
+one charged for each index's first use). ``--tables REPORT`` prints the decision records'
+ablation tables (tune, check, full) from a ``--out`` report.
+
 Halves: a case goes to the tune half when the first byte of the SHA-256 of its id is
 even, else to the check half. The case is the unit the withheld split holds out: the
 conversation (LoCoMo ``sample_id``) and the topic (PrefEval file name).
@@ -27,7 +33,9 @@ Usage::
 
     python -m benchmarks.retrieval_replay --record /tmp/replay.pkl   # once per ingestion code
     python -m benchmarks.retrieval_replay --inputs /tmp/replay.pkl --out /tmp/ablation.json \\
-        --variants default,no-bridges
+        --variants 'default|no-bridges'
+    python -m benchmarks.retrieval_replay --tables /tmp/ablation.json \\
+        --labels 'default=uprof (main)|no-bridges=bridges off'
 """
 
 from __future__ import annotations
@@ -170,6 +178,7 @@ def replay_locomo(
     budgets: Sequence[int],
     counter: Any,
     indexes: dict[str, MemoryIndex],
+    timings: list[float] | None = None,
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for conv in convs:
@@ -179,6 +188,7 @@ def replay_locomo(
             if index is None:
                 index = indexes[conv.sample_id] = _index(got.memories, got.memory_vectors, counter)
             for budget in budgets:
+                start = time.perf_counter()
                 packed = build_slice(
                     query=got.query,
                     attributes=got.attributes,
@@ -192,6 +202,8 @@ def replay_locomo(
                     attribute_vectors=got.attribute_vectors,
                     intent_vectors=got.intent_vectors,
                 )
+                if timings is not None:
+                    timings.append(time.perf_counter() - start)
                 _, over, union, *_ = locomo.score_question(conv, q, [_bench_slice(packed)], budget)
                 rows.append(
                     {
@@ -264,6 +276,7 @@ def replay_prefeval(
     settings: Sequence[tuple[int, int]],
     counter: Any,
     subjects: dict[tuple[str, int], Any],
+    timings: list[float] | None = None,
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for n in sorted({n for n, _ in settings}):
@@ -276,6 +289,7 @@ def replay_prefeval(
             index, attrs, attr_vecs, intents, intent_vecs = subject
             asked = inputs[user.source_ref]
             for budget in budgets:
+                start = time.perf_counter()
                 packed = build_slice(
                     query=user.question,
                     attributes=attrs,
@@ -289,6 +303,8 @@ def replay_prefeval(
                     attribute_vectors=attr_vecs,
                     intent_vectors=intent_vecs,
                 )
+                if timings is not None:
+                    timings.append(time.perf_counter() - start)
                 sl = _bench_slice(packed)
                 over = count_tokens(sl.text) > budget
                 rows.append(
@@ -384,6 +400,73 @@ def summarise(locomo_rows: Sequence[dict[str, Any]], pref_rows: Sequence[dict[st
     return out
 
 
+def slice_times(
+    times: Mapping[str, Sequence[float]], default: Mapping[str, Sequence[float]] | None
+) -> dict[str, Any]:
+    """Median and p95 ms of one variant's ``build_slice`` calls per data set, and the
+    median of the per-slice differences against the default variant's same slices when
+    it ran earlier in this process (the same slices in the same order)."""
+    out: dict[str, Any] = {}
+    for part, values in times.items():
+        if not values:
+            continue
+        ms = np.asarray(values) * 1000
+        row = {"p50": float(np.median(ms)), "p95": float(np.percentile(ms, 95)), "n": len(ms)}
+        base = None if default is None else default.get(part)
+        if base is not None and len(base) == len(values):
+            row["p50_added_vs_default"] = float(np.median(ms - np.asarray(base) * 1000))
+        out[part] = row
+    return out
+
+
+def worst_fall(result: Mapping[str, Any], main: Mapping[str, Any]) -> tuple[float, int, int]:
+    """The largest fall of a LoCoMo category's ER-strict against main on one half, over
+    every budget: (delta, category, budget); the first of equal deltas in budget order."""
+    worst: tuple[float, int, int] | None = None
+    for key, row in result["locomo"].items():
+        budget = int(key[1:])
+        for c in (1, 2, 3, 4):
+            delta = row[f"cat{c}"] - main["locomo"][key][f"cat{c}"]
+            if worst is None or delta < worst[0] - 1e-12:
+                worst = (delta, c, budget)
+    return worst if worst is not None else (0.0, 0, 0)
+
+
+def markdown_tables(
+    report: Mapping[str, Any], labels: Mapping[str, str], main: str = "default"
+) -> str:
+    """The decision records' ablation tables (tune, check, full) from a ``--out`` report.
+
+    ``labels`` maps result names to row labels, in row order; "worst cat Δ" is
+    ``worst_fall`` against ``main``'s row of the same half."""
+    results = report["results"]
+    head = (
+        "| variant | B=256 all / mh | B=1024 all / mh | B=2048 all / mh | cat 1/2/3/4 @2048 "
+        "| worst cat Δ | N=50, B=128 | N=50, B=256 | N=200, B=128 |\n"
+        "|---|---|---|---|---|---|---|---|---|"
+    )
+    out: list[str] = []
+    for part in ("tune", "check", "full"):
+        lines = [f"{part}:", "", head]
+        for name, label in labels.items():
+            got = results[name][part]
+            loc, pref = got["locomo"], got["prefeval"]
+            cells = [f"**{label}**" if name == main else label]
+            cells += [
+                f"{loc[k]['all']:.3f} / {loc[k]['cat1']:.3f}" for k in ("B256", "B1024", "B2048")
+            ]
+            cells.append("/".join(f"{loc['B2048'][f'cat{c}']:.3f}" for c in (1, 2, 3, 4)))
+            if name in (main, "bm25", "embedding"):
+                cells.append("")
+            else:
+                delta, cat, budget = worst_fall(got, results[main][part])
+                cells.append(f"{delta:+.3f} (cat {cat}, {budget})")
+            cells += [f"{pref[k]['pr']:.3f}" for k in ("N50_B128", "N50_B256", "N200_B128")]
+            lines.append("| " + " | ".join(cells) + " |")
+        out.append("\n".join(lines))
+    return "\n\n".join(out) + "\n"
+
+
 # ---------------------------------------------------------------- variants
 
 
@@ -429,7 +512,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budgets", default=",".join(map(str, LOCOMO_BUDGETS)))
     parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument("--skip", default="", help="locomo or prefeval to skip")
+    parser.add_argument(
+        "--tables",
+        type=Path,
+        help="print the ablation tables of this --out report and stop (rows: --labels)",
+    )
+    parser.add_argument(
+        "--labels", default="", help="'|'-separated name=label rows for --tables (default all)"
+    )
     args = parser.parse_args(argv)
+    if args.tables:
+        report_in = json.loads(args.tables.read_text())
+        pairs = [tuple(p.split("=", 1)) for p in args.labels.split("|") if p]
+        labels = dict(pairs) or {n: n for n in report_in["results"]}
+        print(markdown_tables(report_in, labels), end="")
+        return 0
     from benchmarks.baselines import set_torch_threads
 
     set_torch_threads(args.torch_threads or None)
@@ -465,24 +562,41 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.out.write_text(json.dumps(report, indent=1))
     indexes: dict[str, MemoryIndex] = {}
     subjects: dict[tuple[str, int], Any] = {}
-    for spec in specs:
-        name, overrides = parse_variant(spec)
+    parsed = [parse_variant(spec) for spec in specs]
+    timings: dict[str, dict[str, list[float]]] = {}
+    for name, overrides in parsed:
         options = replace(service_options(), **overrides)
         start = time.perf_counter()
+        timings[name] = {"locomo": [], "prefeval": []}
         loc = (
             []
             if "locomo" in args.skip
-            else replay_locomo(inputs["locomo"], convs, options, budgets, counter, indexes)
+            else replay_locomo(
+                inputs["locomo"],
+                convs,
+                options,
+                budgets,
+                counter,
+                indexes,
+                timings[name]["locomo"],
+            )
         )
         pref = (
             []
             if "prefeval" in args.skip
             else replay_prefeval(
-                inputs["prefeval"], items, options, PREF_SETTINGS, counter, subjects
+                inputs["prefeval"],
+                items,
+                options,
+                PREF_SETTINGS,
+                counter,
+                subjects,
+                timings[name]["prefeval"],
             )
         )
         report["results"][name] = summarise(loc, pref)
         report["results"][name]["overrides"] = overrides
+        report["results"][name]["slice_ms"] = slice_times(timings[name], timings.get("default"))
         progress(f"{name}: {time.perf_counter() - start:.0f}s")
         if args.out:
             args.out.write_text(json.dumps(report, indent=1))

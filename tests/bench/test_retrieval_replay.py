@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 
 from benchmarks.prefeval import SEED, load_prefeval, user_events
-from benchmarks.retrieval_replay import half_of, parse_variant, pref_users, summarise
+from benchmarks.retrieval_replay import (
+    half_of,
+    markdown_tables,
+    parse_variant,
+    pref_users,
+    slice_times,
+    summarise,
+    worst_fall,
+)
 from tests.bench.synthetic import write_prefeval
 
 
@@ -50,3 +58,42 @@ def test_variants_are_named_or_explicit_overrides() -> None:
     )
     with pytest.raises(ValueError, match="unknown variant"):
         parse_variant("nonsense")
+
+
+def test_slice_times_pair_each_slice_with_the_defaults_same_slice() -> None:
+    got = slice_times({"locomo": [0.003, 0.001, 0.002], "prefeval": []}, {"locomo": [0.001] * 3})
+    assert got["locomo"]["p50"] == pytest.approx(2.0)
+    assert got["locomo"]["p50_added_vs_default"] == pytest.approx(1.0)
+    assert "prefeval" not in got
+    assert "p50_added_vs_default" not in slice_times({"locomo": [0.001]}, None)["locomo"]
+
+
+def _result(cat3_at_256: float) -> dict[str, object]:
+    row = {"all": 0.5, "cat1": 0.1, "cat2": 0.8, "cat3": 0.5, "cat4": 0.9}
+    return {
+        "locomo": {
+            "B256": {**row, "cat3": cat3_at_256},
+            "B1024": dict(row),
+            "B2048": {**row, "cat1": 0.12},
+        },
+        "prefeval": {k: {"pr": 0.9} for k in ("N50_B128", "N50_B256", "N200_B128")},
+    }
+
+
+def test_worst_fall_is_the_largest_category_drop_at_any_budget() -> None:
+    main, variant = _result(0.5), _result(0.45)
+    variant["locomo"]["B2048"]["cat1"] = 0.11  # type: ignore[index]
+    assert worst_fall(variant, main) == (pytest.approx(-0.05), 3, 256)
+
+
+def test_markdown_tables_mark_main_and_leave_baselines_without_a_delta() -> None:
+    report = {
+        "results": {
+            name: {part: _result(0.5) for part in ("tune", "check", "full")}
+            for name in ("bm25", "default", "x")
+        }
+    }
+    text = markdown_tables(report, {"bm25": "BM25", "default": "main", "x": "x on"})
+    assert text.count("| **main** |") == 3
+    assert "| BM25 | 0.500 / 0.100 |" in text
+    assert "+0.000 (cat 1, 256)" in text
