@@ -66,8 +66,11 @@ class PostgresBackend:
                 "POSTGRES_PORT": str(url.port or 5432),
                 "POSTGRES_USER": url.username or "postgres",
                 "POSTGRES_PASSWORD": url.password or "",
-                "POSTGRES_POOL_SIZE": "5",
-                "POSTGRES_MAX_OVERFLOW": "10",
+                # eventsourcing's pool (psycopg_pool) opens its minimum at start and grows
+                # to the maximum under load: two at start, up to 15 as before (decision
+                # 0048-postgres-connections-per-process).
+                "POSTGRES_POOL_SIZE": "2",
+                "POSTGRES_MAX_OVERFLOW": "13",
             },
             events_path=None,
         )
@@ -76,7 +79,7 @@ class PostgresBackend:
         # The profiles log's database, in tables of its own (policies_events, ...); few
         # connections: one decision-time version check and the rare change.
         env = dict(self.layout(settings).eventsourcing_env)
-        env.update({"POSTGRES_POOL_SIZE": "2", "POSTGRES_MAX_OVERFLOW": "4"})
+        env.update({"POSTGRES_POOL_SIZE": "1", "POSTGRES_MAX_OVERFLOW": "5"})
         return env
 
     def create_engine(self, url: str, *, fsync_each_commit: bool) -> sa.Engine:
