@@ -171,3 +171,13 @@ def spans() -> Iterator[object]:
     with telemetry.tracing_to(provider):
         yield exporter
     provider.shutdown()
+
+
+# The multi-process scenarios (real servers and workers started, killed and restarted) are
+# handed out first: under `--dist load` they then overlap the many short in-process tests,
+# instead of all running together at the end, where each waits on the others' processes.
+_RUN_FIRST = ("tests/reliability/", "tests/e2e/")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: not item.nodeid.startswith(_RUN_FIRST))  # stable
