@@ -33,7 +33,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from uprof.kernel import Uprof
+    from uprof.services.erasure import ErasureResult
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "docs" / "bench" / "reliability.json"
@@ -640,11 +644,12 @@ def erasure_scenario(
         receipts_ok = 0
         t0 = time.perf_counter()
         erase_times: list[float] = []
+        incomplete: list[dict[str, int]] = []
         try:
             for v in victims:
                 time.sleep(seconds / (erased + 1))
                 e0 = time.perf_counter()
-                result = kernel.erase_subject(v)
+                result = erase_as_a_client_does(kernel, v, incomplete)
                 erase_times.append(time.perf_counter() - e0)
                 from audit.receipts import verify_receipt
 
@@ -678,8 +683,45 @@ def erasure_scenario(
         "unexpected_errors": len(errors),
         "error_samples": errors[:3],
         "erase_latency": percentiles(erase_times),
+        "erasures_retried": len(incomplete),
+        "lag_when_incomplete": incomplete,
         "rebuild_equals_live": converged,
     }
+
+
+#: How often the scenario asks again after ``ErasureIncompleteError``, as a client told to
+#: retry does (the error's hint, 503 ``erasure_incomplete`` in docs/api.md).
+ERASURE_ATTEMPTS = 4
+
+
+def erase_as_a_client_does(
+    kernel: Uprof, subject: str, incomplete: list[dict[str, int]]
+) -> ErasureResult:
+    """Erase ``subject``, asking again while the erasure is incomplete (projections did
+    not pass its tombstone within the wait bound). Each incomplete attempt appends the lag
+    it left behind to ``incomplete``: a lag that shrinks from one attempt to the next is a
+    machine too slow for the load, one that does not is a stalled worker."""
+    from domain.errors import ErasureIncompleteError
+
+    for attempt in range(1, ERASURE_ATTEMPTS):
+        try:
+            return kernel.erase_subject(subject)
+        except ErasureIncompleteError:
+            lag = kernel.lag()
+            incomplete.append(
+                {
+                    "attempt": attempt,
+                    "log_position": lag.log_position,
+                    "extraction_pending": lag.extraction_pending,
+                    "projection_pending": lag.projection_pending,
+                }
+            )
+    try:
+        return kernel.erase_subject(subject)
+    except ErasureIncompleteError as e:
+        raise ErasureIncompleteError(
+            f"{e} after {ERASURE_ATTEMPTS} attempts; lag after each earlier one: {incomplete}"
+        ) from e
 
 
 # --------------------------------------------------------------------------- 5. tampering
