@@ -22,7 +22,10 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 
+# all-mpnet-base-v2 (UPROF_EMBEDDER=mpnet) is not a package: fetched once per machine into
+# ~/.cache/uprof/models and verified file by file (decision 0049); a verified copy stays.
 setup: $(VENV)/.installed
+	$(BIN)/uprof models fetch mpnet
 
 demo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/uprof demo --data-dir $(DATA)/demo --fresh

@@ -12,6 +12,8 @@ UprofError
 ├── IntentTransitionError    an intent lifecycle change that the lifecycle forbids
 ├── ReadTimeoutError         projections did not catch up within the wait bound
 ├── ErasureIncompleteError   keys are destroyed but derived stores are not purged yet
+├── ModelUnavailableError    the configured embedding model is not installed on this machine
+├── EmbedderMismatchError    the store's vectors were made by another embedding model
 └── ConcurrencyConflictError other writers kept winning the race (retries gave up)
     ├── VersionConflictError another writer saved the same stream version or log index first
     ├── StoreBusyError       another connection held the store's lock past the driver's wait
@@ -100,6 +102,17 @@ class ReadTimeoutError(UprofError):
 
 class ErasureIncompleteError(UprofError):
     hint = "the tombstone and key destruction are recorded; retry to finish and get the receipt"
+
+
+class ModelUnavailableError(UprofError):
+    hint = "run `uprof models fetch <embedder>` once on this machine (make setup does)"
+
+
+class EmbedderMismatchError(UprofError):
+    hint = (
+        "set UPROF_EMBEDDER back to the recorded model, or stop every server and worker and"
+        " run `uprof projections rebuild` with the new one (decision 0049)"
+    )
 
 
 class ConcurrencyConflictError(UprofError):

@@ -61,6 +61,7 @@ from uprof.storage import (
     open_engines,
     schema_lock,
 )
+from uprof.vector_model import RecordedModelEmbedder
 
 if TYPE_CHECKING:
     from uprof.ports import AuditStore, EventStore, SubjectKeyStore, ViewStore
@@ -114,9 +115,13 @@ def build_embedder(settings: Settings) -> Embedder:
         from uprof.adapters.embeddings import HashingEmbedder
 
         return HashingEmbedder()
-    from uprof.adapters.embeddings import MiniLMEmbedder
+    from uprof.adapters.embeddings import SentenceEmbedder
 
-    embedder = MiniLMEmbedder(torch_threads=settings.torch_threads or None)
+    embedder = SentenceEmbedder.for_model(
+        settings.embedder,
+        models_dir=settings.models_dir,
+        torch_threads=settings.torch_threads or None,
+    )
     if settings.background_workers:
         embedder.load()  # a server loads it before its first request, not during it
     return embedder
@@ -316,7 +321,12 @@ def bootstrap(
     )
     if audit is None:
         audit = AuditLogTrail(audit_log, settings.tenant)
-    embedder = embedder or build_embedder(settings)
+    # Every vector this process makes goes through the check that the store's vectors
+    # are this model's (uprof.vector_model): a projection or a slice with another model's
+    # vectors is refused, not ranked by noise.
+    embedder = vector_model = RecordedModelEmbedder(
+        embedder or build_embedder(settings), app.claim_embedder
+    )
     # The runner below writes through this store and is its one writer: a projector holds
     # per-batch state, and the runner applies one batch at a time.
     queries = SqlViewStore(views, sealer, ProfileProjector(embedder, sealer))
@@ -421,6 +431,7 @@ def bootstrap(
         ),
         policy_service=policy,
         cursors=CursorCodec(derive_key(master, "uprof/cursor/1")),
+        vector_model=vector_model,
     )
     kernel_ref.append(kernel)
     if not restoring:

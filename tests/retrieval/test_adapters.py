@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from uprof.adapters.embeddings import HashingEmbedder, MiniLMEmbedder
+from uprof.adapters.embeddings import HashingEmbedder, SentenceEmbedder
 from uprof.adapters.tokens import TiktokenCounter
 
 
@@ -59,12 +59,12 @@ def test_hashing_embedder_scores_shared_words_higher(embedder: HashingEmbedder) 
 
 def test_minilm_refuses_a_missing_model_folder(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(FileNotFoundError):
-        MiniLMEmbedder(tmp_path / "nowhere")
+        SentenceEmbedder(tmp_path / "nowhere")
 
 
 @pytest.mark.model
 def test_minilm_embeds_semantically() -> None:
-    embedder = MiniLMEmbedder()
+    embedder = SentenceEmbedder()
     vectors = embedder.embed(["I love my dog", "My puppy is adorable", "The invoice is overdue"])
     assert vectors.shape == (3, 384) and vectors.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-4)
@@ -76,7 +76,7 @@ def test_minilm_embeds_semantically() -> None:
 def test_one_text_is_embedded_directly_and_exactly_as_encode_would() -> None:
     """A query skips encode's per-call overhead (decision 0041-slice-latency-round-2), and
     its vector is bit for bit the one encode gives, short, long (truncated) or empty."""
-    embedder = MiniLMEmbedder()
+    embedder = SentenceEmbedder()
     embedder.load()
     assert embedder._direct  # the load-time probe agreed
     texts = [
@@ -99,7 +99,7 @@ def test_one_model_embeds_from_several_threads_at_once_exactly_as_from_one() -> 
     settings change between calls raises "Already borrowed" across threads)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    embedder = MiniLMEmbedder(torch_threads=1)
+    embedder = SentenceEmbedder(torch_threads=1)
     embedder.load()
     singles = [f"What did person {i} do in {1990 + i}?" + " really" * (i % 7) for i in range(24)]
     batches = [
@@ -122,8 +122,8 @@ def test_loading_the_model_prints_nothing_and_logs_the_load() -> None:
     script = (
         "import logging, sys\n"
         "logging.basicConfig(stream=sys.stdout, level=logging.INFO, format='%(message)s')\n"
-        "from uprof.adapters.embeddings import MiniLMEmbedder\n"
-        "MiniLMEmbedder().embed(['hello'])\n"
+        "from uprof.adapters.embeddings import SentenceEmbedder\n"
+        "SentenceEmbedder().embed(['hello'])\n"
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(

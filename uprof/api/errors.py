@@ -16,12 +16,14 @@ from domain.errors import (
     CaptureBackloggedError,
     ConcurrencyConflictError,
     ConsentRequiredError,
+    EmbedderMismatchError,
     ErasureIncompleteError,
     EvidenceError,
     IdempotencyKeyReusedError,
     IdentityError,
     IntentTransitionError,
     InvalidInputError,
+    ModelUnavailableError,
     PermissionDeniedError,
     ReadRecordingError,
     ReadTimeoutError,
@@ -47,6 +49,8 @@ STATUS_TABLE: tuple[tuple[type[UprofError], int, str], ...] = (
     (ConcurrencyConflictError, 409, "conflict_retry"),
     (IdempotencyKeyReusedError, 409, "idempotency_key_reused"),
     (ErasureIncompleteError, 503, "erasure_incomplete"),
+    (EmbedderMismatchError, 503, "embedder_mismatch"),
+    (ModelUnavailableError, 503, "model_unavailable"),
     (UprofError, 500, "internal"),
 )
 

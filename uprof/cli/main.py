@@ -61,7 +61,11 @@ def main(
         str | None, typer.Option(help="PostgreSQL URL instead of SQLite (UPROF_DATABASE_URL).")
     ] = None,
     embedder: Annotated[
-        str | None, typer.Option(help="minilm (default) or hashing (fast, lexical fallback).")
+        str | None,
+        typer.Option(
+            help="minilm (default), mpnet (better retrieval; `uprof models fetch mpnet`) or"
+            " hashing (fast, lexical fallback)."
+        ),
     ] = None,
 ) -> None:
     STATE.data_dir = data_dir
@@ -382,7 +386,7 @@ PLUGIN_GROUP = "uprof.cli"
 
 
 def _register_optional_commands() -> None:
-    from uprof.cli import demo, extractor, govern, keyops, serve, worker
+    from uprof.cli import demo, extractor, govern, keyops, models, serve, worker
     from uprof.cli import policy as policy_cli
     from uprof.mcp import cli as mcp_cli
 
@@ -393,6 +397,7 @@ def _register_optional_commands() -> None:
     policy_cli.register(app)
     worker.register(app)
     extractor.register(app)
+    models.register(app)
     mcp_cli.register(app)
 
 

@@ -1,0 +1,124 @@
+"""Which embedding model made a store's vectors, and the embedder that refuses to mix two.
+
+Memory vectors are computed by the projections and kept in the views; a query vector is
+computed at each slice. Vectors of two models (all-MiniLM-L6-v2 and all-mpnet-base-v2, or
+the hashing stand-in) are not comparable, and two of the same width would not even fail:
+a slice would rank by noise. So the first process that embeds anything records its model
+in the log's tracking table (a row ``embedder:<name>``, beside the partition count), and
+every process checks its own model against that row before its first embedding. A
+process configured with another model starts (it can still erase, export, audit and
+rebuild) but refuses to embed, so it neither projects nor serves a slice, with
+``EmbedderMismatchError``. ``uprof projections rebuild`` re-embeds every memory with the
+configured model and records it (decision 0049).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import sqlalchemy as sa
+
+from domain.errors import EmbedderMismatchError
+from uprof.ports import Embedder
+
+ROW_PREFIX = "embedder:"
+
+
+def claim(engine: sa.Engine, tracking_table: str, name: str, dimension: int) -> str:
+    """Record ``name`` as the store's model if none is recorded; return the recorded one."""
+    with engine.begin() as conn:
+        # A write first: on SQLite it takes the write lock, so two first embedders queue
+        # instead of both reading "none" (PostgreSQL: the unique key settles the race).
+        conn.execute(
+            sa.text(
+                f"UPDATE {tracking_table} SET notification_id = notification_id "
+                "WHERE application_name LIKE :p"
+            ),
+            {"p": f"{ROW_PREFIX}%"},
+        )
+        recorded = _recorded(conn, tracking_table)
+        if recorded is None:
+            conn.execute(
+                sa.text(
+                    f"INSERT INTO {tracking_table} (application_name, notification_id) "
+                    "VALUES (:n, :d) ON CONFLICT (application_name) DO NOTHING"
+                ),
+                {"n": ROW_PREFIX + name, "d": dimension},
+            )
+            recorded = _recorded(conn, tracking_table)
+    return recorded or name
+
+
+def replace(engine: sa.Engine, tracking_table: str, name: str, dimension: int) -> None:
+    """Record ``name`` as the store's model, whatever was recorded (a rebuild)."""
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(f"DELETE FROM {tracking_table} WHERE application_name LIKE :p"),
+            {"p": f"{ROW_PREFIX}%"},
+        )
+        conn.execute(
+            sa.text(
+                f"INSERT INTO {tracking_table} (application_name, notification_id) VALUES (:n, :d)"
+            ),
+            {"n": ROW_PREFIX + name, "d": dimension},
+        )
+
+
+def _recorded(conn: sa.Connection, tracking_table: str) -> str | None:
+    rows = conn.execute(
+        sa.text(
+            f"SELECT application_name FROM {tracking_table} WHERE application_name LIKE :p "
+            "ORDER BY application_name"
+        ),
+        {"p": f"{ROW_PREFIX}%"},
+    ).scalars()
+    names = [str(r)[len(ROW_PREFIX) :] for r in rows]
+    return names[0] if names else None
+
+
+def model_name(embedder: Embedder) -> str:
+    """The model an embedder runs (its ``name``; a test double without one: its class)."""
+    return str(getattr(embedder, "name", type(embedder).__name__))
+
+
+class RecordedModelEmbedder:
+    """An ``Embedder`` that checks, once, that the store records its model (or records it
+    when the store records none), and refuses to embed when the store records another."""
+
+    def __init__(self, inner: Embedder, claim: Callable[[str, int], str]) -> None:
+        self.inner = inner
+        self.name = model_name(inner)
+        self.dimension = inner.dimension
+        self._claim = claim
+        self._checked = False
+        self._recorded: str | None = None
+        self._lock = threading.Lock()
+
+    def check(self) -> None:
+        """Raise EmbedderMismatchError when the store's vectors are another model's."""
+        if not self._checked:
+            with self._lock:
+                if not self._checked:
+                    self._recorded = self._claim(self.name, self.dimension)
+                    self._checked = True
+        if self._recorded != self.name:
+            raise EmbedderMismatchError(
+                f"this store's vectors were made by embedder={self._recorded}, and this "
+                f"process runs embedder={self.name}"
+            )
+
+    def recorded(self, name: str) -> None:
+        """The store now records ``name`` (after a rebuild by this process)."""
+        with self._lock:
+            self._recorded = name
+            self._checked = True
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        self.check()
+        return self.inner.embed(texts)
+
+    def __getattr__(self, attribute: str) -> object:
+        # load(), loaded and the rest of the real embedder's surface pass through.
+        return getattr(self.inner, attribute)
