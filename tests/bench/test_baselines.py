@@ -345,3 +345,19 @@ def test_every_baseline_slice_fits(texts: list[str], budget: int, query: str) ->
         sl = system.slice("s", query, budget, NOW)
         assert count_tokens(sl.text) <= budget
         assert len(sl.items) == (sl.text.count("\n") + 1 if sl.text else 0)
+
+
+def test_the_mpnet_baseline_ranks_by_all_mpnet_base_v2() -> None:
+    """`embedding-mpnet`: dense top-k with the model `uprof models fetch mpnet` installed
+    (make setup), shared by the systems built from one factory set."""
+    from benchmarks.baselines import baseline_factories
+
+    factories = baseline_factories(["embedding", "embedding-mpnet"], render=render_plain_line)
+    mpnet = factories["embedding-mpnet"]()
+    assert isinstance(mpnet, EmbeddingSystem)
+    lines = ["My train to work was late again", "I adopted a golden retriever puppy last month"]
+    mpnet.ingest("s", turns(lines))
+    assert mpnet._embed(["x"]).shape == (1, 768)
+    sl = mpnet.slice("s", "Which animal lives with me?", count_tokens(lines[1]) + 4, NOW)
+    assert sl.text.endswith(lines[1]) and "train" not in sl.text  # room for one: the dog
+    assert factories["embedding"]()._embed(["x"]).shape == (1, 384)  # MiniLM stays the SPEC's
