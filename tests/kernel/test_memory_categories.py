@@ -33,7 +33,7 @@ from domain.values import (
 from policies import CasbinAuthorizer
 from policies.rules import PolicyRule
 from projections.profile import tables as t
-from tests.conftest import Backend
+from tests.conftest import Backend, store_from_template
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import settings_for
 from uprof.adapters.embeddings import HashingEmbedder
@@ -64,19 +64,41 @@ def authorizer() -> CasbinAuthorizer:
     return a
 
 
-@pytest.fixture
-def kernel(backend: Backend) -> Iterator[Uprof]:
-    k = bootstrap(
+def start(backend: Backend) -> Uprof:
+    return bootstrap(
         settings_for(backend),
         clock=FakeClock(),
         embedder=HashingEmbedder(),
         extractor=RuleBasedExtractor(),
         authorizer=authorizer(),
     )
+
+
+@pytest.fixture
+def kernel(backend: Backend) -> Iterator[Uprof]:
+    k = start(backend)
     try:
         yield k
     finally:
         k.close()
+
+
+@pytest.fixture(
+    scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def shared_kernel(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Uprof]:
+    """One deployment per backend for the per-category properties: each example takes a
+    subject of its own (and grants its own consents), so the examples share nothing but
+    the store, and a store per category only cost a start each (decision 0046)."""
+    folder = tmp_path_factory.mktemp("categories")
+    with store_from_template(request, request.param, folder) as store:
+        k = start(store)
+        try:
+            yield k
+        finally:
+            k.close()
 
 
 def turn(text: str, day: int = 1, actor: str = "") -> Interaction:
@@ -262,8 +284,10 @@ _subjects = itertools.count()
 
 @pytest.mark.parametrize("category", RuleBasedExtractor.categories)
 def test_a_policy_denying_a_category_serves_none_of_its_values(
-    kernel: Uprof, category: str
+    shared_kernel: Uprof, category: str
 ) -> None:
+    kernel = shared_kernel
+
     @settings(
         max_examples=6,
         deadline=None,
