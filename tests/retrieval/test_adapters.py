@@ -62,9 +62,18 @@ def test_minilm_refuses_a_missing_model_folder(tmp_path) -> None:  # type: ignor
         SentenceEmbedder(tmp_path / "nowhere")
 
 
+@pytest.fixture(scope="module")
+def minilm() -> SentenceEmbedder:
+    """One loaded model for the tests below (a load is seconds of CPU), one torch thread
+    as the product runs it (FIELD-NOTES 8.3: torch's default is 30x slower on busy cores)."""
+    embedder = SentenceEmbedder(torch_threads=1)
+    embedder.load()
+    return embedder
+
+
 @pytest.mark.model
-def test_minilm_embeds_semantically() -> None:
-    embedder = SentenceEmbedder()
+def test_minilm_embeds_semantically(minilm: SentenceEmbedder) -> None:
+    embedder = minilm
     vectors = embedder.embed(["I love my dog", "My puppy is adorable", "The invoice is overdue"])
     assert vectors.shape == (3, 384) and vectors.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-4)
@@ -73,11 +82,12 @@ def test_minilm_embeds_semantically() -> None:
 
 
 @pytest.mark.model
-def test_one_text_is_embedded_directly_and_exactly_as_encode_would() -> None:
+def test_one_text_is_embedded_directly_and_exactly_as_encode_would(
+    minilm: SentenceEmbedder,
+) -> None:
     """A query skips encode's per-call overhead (decision 0041-slice-latency-round-2), and
     its vector is bit for bit the one encode gives, short, long (truncated) or empty."""
-    embedder = SentenceEmbedder()
-    embedder.load()
+    embedder = minilm
     assert embedder._direct  # the load-time probe agreed
     texts = [
         "What did Caroline research?",
@@ -92,15 +102,16 @@ def test_one_text_is_embedded_directly_and_exactly_as_encode_would() -> None:
 
 
 @pytest.mark.model
-def test_one_model_embeds_from_several_threads_at_once_exactly_as_from_one() -> None:
+def test_one_model_embeds_from_several_threads_at_once_exactly_as_from_one(
+    minilm: SentenceEmbedder,
+) -> None:
     """A server embeds questions on its query threads while the projection embeds
     batches of memories (decision 0042): the shared tokenizer and model must give
     every thread the vectors one thread gets, and raise nothing (a fast tokenizer whose
     settings change between calls raises "Already borrowed" across threads)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    embedder = SentenceEmbedder(torch_threads=1)
-    embedder.load()
+    embedder = minilm
     singles = [f"What did person {i} do in {1990 + i}?" + " really" * (i % 7) for i in range(24)]
     batches = [
         [f"I went hiking near lake {i} with {j} friends" * (1 + (i + j) % 4) for j in range(9)]
@@ -123,7 +134,7 @@ def test_loading_the_model_prints_nothing_and_logs_the_load() -> None:
         "import logging, sys\n"
         "logging.basicConfig(stream=sys.stdout, level=logging.INFO, format='%(message)s')\n"
         "from uprof.adapters.embeddings import SentenceEmbedder\n"
-        "SentenceEmbedder().embed(['hello'])\n"
+        "SentenceEmbedder(torch_threads=1).embed(['hello'])  # one thread: FIELD-NOTES 8.3\n"
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(
