@@ -270,22 +270,39 @@ def test_the_last_page_has_no_cursor(kernel: Uprof, clock: FakeClock) -> None:
 def test_every_single_character_change_of_a_cursor_is_refused(
     kernel: Uprof, clock: FakeClock
 ) -> None:
-    """Exhaustive over one cursor: each position, each other base64url character."""
+    """Exhaustive over one cursor: each position, each other base64url character, opened
+    under the very listing the facade binds this page to; and through the whole facade
+    call for one change at each position (each facade call authorizes and audits, so the
+    exhaustive set goes through the codec that call uses)."""
     cursor = _second_page_cursor(kernel, clock)
     planner = door(kernel, PLANNER)
     alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_."
+    forged = [
+        [cursor[:i] + other + cursor[i + 1 :] for other in alphabet if other != original]
+        for i, original in enumerate(cursor)
+    ]
+    listing = planner._listing(
+        "consents",
+        ("time", "str"),
+        subject=kernel.stream_of("alice"),
+        app=planner.principal.policy_subject,
+    )
+    assert planner._open(listing, cursor) is not None  # the listing is the page's own
     accepted = []
-    for index, original in enumerate(cursor):
-        for other in alphabet:
-            if other == original:
-                continue
-            forged = cursor[:index] + other + cursor[index + 1 :]
+    for i, at_position in enumerate(forged):
+        for bad in at_position:
             try:
-                planner.list_consents("alice", cursor=forged, limit=1)
+                planner._open(listing, bad)
             except InvalidInputError as refused:
                 assert refused.field == "cursor"
             else:
-                accepted.append(forged)
+                accepted.append(bad)
+        try:
+            planner.list_consents("alice", cursor=at_position[i % len(at_position)], limit=1)
+        except InvalidInputError as refused:
+            assert refused.field == "cursor"
+        else:
+            accepted.append(at_position[i % len(at_position)])
     assert accepted == []
 
 
