@@ -119,14 +119,17 @@ def _recording() -> Iterator[list[SliceInputs]]:
         service.build_slice = real  # type: ignore[assignment]
 
 
-def record(data_dir: Path, path: Path, progress: Callable[[str], None]) -> None:
-    """Ingest both data sets through the capture API once and keep every slice's inputs."""
+def record(
+    data_dir: Path, path: Path, progress: Callable[[str], None], embedder: str = "minilm"
+) -> None:
+    """Ingest both data sets through the capture API once and keep every slice's inputs
+    (``embedder``: uprof's model, UPROF_EMBEDDER's values; the baselines keep MiniLM)."""
     from benchmarks.uprof_system import UprofBenchSystem
 
     convs = locomo.load_locomo(data_dir / "locomo_dev.json")
     items = prefeval.load_prefeval(data_dir / "prefeval" / "explicit_preference")
     out: dict[str, Any] = {"locomo": {}, "prefeval": {}}
-    system = UprofBenchSystem(torch_threads=1)
+    system = UprofBenchSystem(embedder=embedder, torch_threads=1)
     try:
         with _recording() as seen:
             for conv in convs:
@@ -511,6 +514,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--baselines", action="store_true", help="run BM25 and MiniLM beside")
     parser.add_argument("--budgets", default=",".join(map(str, LOCOMO_BUDGETS)))
     parser.add_argument("--torch-threads", type=int, default=1)
+    parser.add_argument(
+        "--embedder", default="minilm", help="uprof's model when recording: minilm or mpnet"
+    )
     parser.add_argument("--skip", default="", help="locomo or prefeval to skip")
     parser.add_argument(
         "--tables",
@@ -535,7 +541,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     if args.record:
-        record(args.data, args.record, progress)
+        record(args.data, args.record, progress, embedder=args.embedder)
         return 0
     specs = [s for s in args.variants.split("|") if s]
     if specs and not args.inputs:
