@@ -72,7 +72,8 @@ def test_the_first_embedding_records_the_model(backend: Backend) -> None:
         kernel.close()
 
 
-def test_another_model_neither_serves_nor_projects_until_a_rebuild(backend: Backend) -> None:
+def embedded_by_hashing(backend: Backend) -> None:
+    """A store whose memory vectors the hashing stand-in made (and records)."""
     first = start(backend, HashingEmbedder())
     try:
         consent(first)
@@ -81,6 +82,9 @@ def test_another_model_neither_serves_nor_projects_until_a_rebuild(backend: Back
     finally:
         first.close()
 
+
+def test_another_model_neither_serves_nor_projects_until_a_rebuild(backend: Backend) -> None:
+    embedded_by_hashing(backend)
     other = start(backend, OtherModel())
     try:
         with pytest.raises(EmbedderMismatchError, match="made by embedder=hashing"):
@@ -104,13 +108,7 @@ def test_another_model_neither_serves_nor_projects_until_a_rebuild(backend: Back
 
 
 def test_a_second_process_with_another_model_is_refused(backend: Backend) -> None:
-    kernel = start(backend, HashingEmbedder())
-    try:
-        consent(kernel)
-        kernel.capture("alice", say("I love jazz and hiking"))
-        kernel.process()
-    finally:
-        kernel.close()
+    embedded_by_hashing(backend)
     script = textwrap.dedent(
         f"""
         import sys
