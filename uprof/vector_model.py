@@ -26,34 +26,50 @@ from uprof.ports import Embedder
 ROW_PREFIX = "embedder:"
 
 
+#: A row every claim and replace locks first, so claims by two processes that start
+#: together with different models queue (PostgreSQL: the row lock; SQLite: the write
+#: lock that the first write of a transaction takes) and the second sees the first's row.
+LOCK_ROW = "uprof.embedder-claim"
+
+
+def _lock(conn: sa.Connection, tracking_table: str) -> None:
+    conn.execute(
+        sa.text(
+            f"INSERT INTO {tracking_table} (application_name, notification_id) "
+            "VALUES (:n, 0) ON CONFLICT (application_name) DO NOTHING"
+        ),
+        {"n": LOCK_ROW},
+    )
+    conn.execute(
+        sa.text(
+            f"UPDATE {tracking_table} SET notification_id = notification_id "
+            "WHERE application_name = :n"
+        ),
+        {"n": LOCK_ROW},
+    )
+
+
 def claim(engine: sa.Engine, tracking_table: str, name: str, dimension: int) -> str:
     """Record ``name`` as the store's model if none is recorded; return the recorded one."""
     with engine.begin() as conn:
-        # A write first: on SQLite it takes the write lock, so two first embedders queue
-        # instead of both reading "none" (PostgreSQL: the unique key settles the race).
-        conn.execute(
-            sa.text(
-                f"UPDATE {tracking_table} SET notification_id = notification_id "
-                "WHERE application_name LIKE :p"
-            ),
-            {"p": f"{ROW_PREFIX}%"},
-        )
+        _lock(conn, tracking_table)
         recorded = _recorded(conn, tracking_table)
         if recorded is None:
             conn.execute(
                 sa.text(
                     f"INSERT INTO {tracking_table} (application_name, notification_id) "
-                    "VALUES (:n, :d) ON CONFLICT (application_name) DO NOTHING"
+                    "VALUES (:n, :d)"
                 ),
                 {"n": ROW_PREFIX + name, "d": dimension},
             )
-            recorded = _recorded(conn, tracking_table)
-    return recorded or name
+            recorded = name
+    return recorded
 
 
 def replace(engine: sa.Engine, tracking_table: str, name: str, dimension: int) -> None:
     """Record ``name`` as the store's model, whatever was recorded (a rebuild)."""
     with engine.begin() as conn:
+        _lock(conn, tracking_table)
         conn.execute(
             sa.text(f"DELETE FROM {tracking_table} WHERE application_name LIKE :p"),
             {"p": f"{ROW_PREFIX}%"},

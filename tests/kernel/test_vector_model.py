@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -135,3 +136,53 @@ def test_a_second_process_with_another_model_is_refused(backend: Backend) -> Non
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "made by embedder=hashing" in result.stdout
+
+
+def test_processes_claiming_at_once_with_two_models_agree_on_one(backend: Backend) -> None:
+    """Six processes, three per model, claim a fresh store at the same instant: every one
+    of them must read back the same recorded model (the claim row is locked first)."""
+    start(backend, HashingEmbedder()).close()  # schema in place before the race
+    barrier = backend.data_dir / "barrier"
+    barrier.mkdir()
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        from pathlib import Path
+        from tests.conftest import Backend
+        from tests.kernel.test_vector_model import start
+        from uprof.adapters.embeddings import HashingEmbedder
+
+        backend = Backend({backend.kind!r}, {backend.url!r}, Path({str(backend.data_dir)!r}))
+        barrier = Path({str(barrier)!r})
+        kernel = start(backend, HashingEmbedder())
+        try:
+            (barrier / sys.argv[2]).touch()
+            while not (barrier / "go").exists():
+                time.sleep(0.001)
+            print("recorded:", kernel.app.claim_embedder(sys.argv[1], 384))
+        finally:
+            kernel.close()
+        """
+    )
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, "model-a" if i % 2 else "model-b", f"ready-{i}"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(6)
+    ]
+    deadline = time.monotonic() + 240
+    while len(list(barrier.glob("ready-*"))) < 6 and time.monotonic() < deadline:
+        if any(child.poll() is not None for child in children):
+            break  # one died before the race: its stderr is reported below
+        time.sleep(0.01)
+    (barrier / "go").touch()
+    answers = []
+    for child in children:
+        out, err = child.communicate(timeout=300)
+        assert child.returncode == 0, err[-3000:]
+        answers.append(out.strip())
+    assert len(set(answers)) == 1, answers
+    assert answers[0] in {"recorded: model-a", "recorded: model-b"}
