@@ -89,7 +89,11 @@ class ErasureRecord:
 
     ``kind``: ``subject`` (a whole subject: its stream, and ``mark``, a keyed hash of
     the subject reference, so that the name is refused until re-created), ``captures``
-    (captured events of one stream), or ``recreated`` (an operator lifted ``mark``).
+    (captured events of one stream), ``recreated`` (an operator lifted ``mark``),
+    ``incomplete`` (a subject erasure whose keys are gone but whose derived rows were
+    not yet purged when it answered ``erasure_incomplete``; ``draft`` holds its receipt's
+    ids, commitments and counts, so that asking again finishes it) or ``receipted``
+    (that erasure has since issued its receipt).
     """
 
     kind: str
@@ -99,6 +103,8 @@ class ErasureRecord:
     mark: str | None = None
     capture_ids: tuple[str, ...] = ()
     request_id: str = ""
+    #: JSON of an incomplete erasure's receipt draft (ids, hashes, counts; no content).
+    draft: str = ""
 
 
 class KeyMaterialStore(Protocol):

@@ -43,9 +43,13 @@ class KeyMaterialContract:
         assert list(store.erasure_records()) == []
         first = ErasureRecord("subject", "t", "2026-01-01T00:00:00+00:00", "s1", "m1", (), "r1")
         second = ErasureRecord("captures", "t", "2026-01-02T00:00:00+00:00", "s2", None, ("c",))
-        store.append_erasure(first)
-        store.append_erasure(second)
-        assert list(store.erasure_records()) == [first, second]
+        unfinished = ErasureRecord(
+            "incomplete", "t", "2026-01-03T00:00:00+00:00", "s3", "m3", (), "r3", '{"rows":2}'
+        )
+        receipted = ErasureRecord("receipted", "t", "2026-01-04T00:00:00+00:00", request_id="r3")
+        for record in (first, second, unfinished, receipted):
+            store.append_erasure(record)
+        assert list(store.erasure_records()) == [first, second, unfinished, receipted]
 
 
 class TestFileKeyMaterialStore(KeyMaterialContract):

@@ -84,6 +84,10 @@ def _create_once(path: Path, data: bytes) -> bytes:
         tmp.unlink(missing_ok=True)
 
 
+#: Record kinds this version reads (``ErasureRecord``); a line of another kind is skipped.
+LEDGER_KINDS = frozenset({"subject", "captures", "recreated", "incomplete", "receipted"})
+
+
 def _record_to_json(record: ErasureRecord) -> str:
     body: dict[str, object] = {
         "v": 1,
@@ -99,12 +103,14 @@ def _record_to_json(record: ErasureRecord) -> str:
         body["capture_ids"] = list(record.capture_ids)
     if record.request_id:
         body["request_id"] = record.request_id
+    if record.draft:
+        body["draft"] = record.draft
     return json.dumps(body, separators=(",", ":"), sort_keys=True)
 
 
 def _record_from_json(line: str) -> ErasureRecord:
     raw = json.loads(line)
-    if raw.get("v") != 1 or raw.get("kind") not in ("subject", "captures", "recreated"):
+    if raw.get("v") != 1 or raw.get("kind") not in LEDGER_KINDS:
         raise ValueError("not a ledger record")
     return ErasureRecord(
         kind=raw["kind"],
@@ -114,6 +120,7 @@ def _record_from_json(line: str) -> ErasureRecord:
         mark=raw.get("mark"),
         capture_ids=tuple(raw.get("capture_ids", ())),
         request_id=str(raw.get("request_id", "")),
+        draft=str(raw.get("draft", "")),
     )
 
 

@@ -108,6 +108,45 @@ class ErasureLedger:
             )
         )
 
+    def record_incomplete(
+        self, tenant: str, subject_ref: str, stream_id: str, *, request_id: str, draft: str
+    ) -> None:
+        """A subject erasure answered ``erasure_incomplete``: keep what finishing it needs."""
+        self._store.append_erasure(
+            ErasureRecord(
+                "incomplete",
+                tenant,
+                _now(),
+                stream_id,
+                self.mark(tenant, subject_ref),
+                request_id=request_id,
+                draft=draft,
+            )
+        )
+
+    def record_receipted(self, tenant: str, request_id: str) -> None:
+        """An incomplete erasure has finished and issued its receipt."""
+        self._store.append_erasure(
+            ErasureRecord("receipted", tenant, _now(), request_id=request_id)
+        )
+
+    def unfinished(self, tenant: str, subject_ref: str) -> ErasureRecord | None:
+        """The subject's erasure that answered ``erasure_incomplete`` and has issued no
+        receipt since (None when there is none, or the name was re-created after it)."""
+        mark = self.mark(tenant, subject_ref)
+        found: ErasureRecord | None = None
+        for record in self._store.erasure_records():
+            if record.tenant != tenant:
+                continue
+            if record.kind == "incomplete" and record.mark == mark:
+                found = record
+            elif found is not None and (
+                (record.kind == "receipted" and record.request_id == found.request_id)
+                or (record.kind == "recreated" and record.mark == mark)
+            ):
+                found = None
+        return found
+
     def record_recreated(self, tenant: str, subject_ref: str) -> None:
         self._store.append_erasure(
             ErasureRecord("recreated", tenant, _now(), mark=self.mark(tenant, subject_ref))

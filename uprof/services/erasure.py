@@ -16,9 +16,10 @@ The subject cascade, in order (FIELD-NOTES §3.5):
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -96,6 +97,19 @@ class ErasureService:
     def erase_subject(
         self, subject_ref: str, *, basis: str = DEFAULT_BASIS, timeout_s: float = 30.0
     ) -> ErasureResult:
+        """Erase a whole subject and return the signed receipt.
+
+        When projections have not purged the subject within ``timeout_s``, the keys are
+        already destroyed and ``ErasureIncompleteError`` says so; the ledger keeps the
+        receipt's draft, and asking again (from any process) waits for the purge and
+        issues the receipt of that same request instead of refusing an erased name.
+        """
+        ledger = self._keystore.ledger
+        if ledger is not None:
+            unfinished = ledger.unfinished(self._tenant, check_subject_ref(subject_ref))
+            if unfinished is not None:
+                draft = _SubjectDraft.from_json(unfinished.draft)
+                return self._finish_subject(subject_ref, draft, timeout_s, resumed=True)
         handle = self._require(subject_ref)
         stream = handle.stream_id
         request_id = str(uuid.uuid4())
@@ -121,8 +135,8 @@ class ErasureService:
         tombstone_id = self._app.with_retry(tombstone)
         # The ledger record comes before the keys go: a crash in between is finished by
         # the next start, and no copy or restore can bring the keys back (decision 0012).
-        if self._keystore.ledger is not None:
-            self._keystore.ledger.record_subject(
+        if ledger is not None:
+            ledger.record_subject(
                 self._tenant, check_subject_ref(subject_ref), str(stream), request_id=request_id
             )
         destruction = self._keystore.destroy(str(stream), now=self._clock.now())
@@ -136,14 +150,6 @@ class ErasureService:
             )
         snapshots = self._app.drop_snapshots(stream)
         self._flush_caches(stream)
-        caught_up = self._catch_up(tombstone_id, timeout_s)
-        after = self._row_counts(str(stream))
-        if not caught_up or any(after.values()):
-            left = ", ".join(f"{name}: {n}" for name, n in sorted(after.items()) if n)
-            raise ErasureIncompleteError(
-                "erasure did not complete: projections have not purged the subject yet"
-                + (f" (rows left in {left})" if caught_up else " (projections behind)")
-            )
         counts = {f"rows_{name}": n for name, n in before.items()}
         counts.update(
             snapshots=snapshots,
@@ -151,32 +157,77 @@ class ErasureService:
             capture_keys=destruction.capture_keys,
             aliases=destruction.aliases,
         )
-        self._settle(handle.pseudonym, request_id, tombstone_id, counts=counts)
+        draft = _SubjectDraft(
+            request_id=request_id,
+            received_at=received_at.isoformat(),
+            basis=basis,
+            pseudonym=handle.pseudonym,
+            stream=str(stream),
+            tombstone_id=tombstone_id,
+            deks=[[k.key_version, k.dek_commitment] for k in destruction.deks],
+            rows=sum(before.values()),
+            memories=before.get("memories", 0),
+            counts=counts,
+        )
+        return self._finish_subject(subject_ref, draft, timeout_s, resumed=False)
+
+    def _finish_subject(
+        self, subject_ref: str, draft: _SubjectDraft, timeout_s: float, *, resumed: bool
+    ) -> ErasureResult:
+        """Wait for the purge of a subject whose keys are gone, then settle and sign."""
+        caught_up = self._catch_up(draft.tombstone_id, timeout_s)
+        after = self._row_counts(draft.stream)
+        ledger = self._keystore.ledger
+        if not caught_up or any(after.values()):
+            if ledger is not None and not resumed:
+                ledger.record_incomplete(
+                    self._tenant,
+                    check_subject_ref(subject_ref),
+                    draft.stream,
+                    request_id=draft.request_id,
+                    draft=draft.to_json(),
+                )
+            left = ", ".join(f"{name}: {n}" for name, n in sorted(after.items()) if n)
+            raise ErasureIncompleteError(
+                "erasure did not complete: projections have not purged the subject yet"
+                + (f" (rows left in {left})" if caught_up else " (projections behind)")
+                + "; the keys are destroyed. Ask again to finish it and receive its receipt"
+            )
+        self._settle(draft.pseudonym, draft.request_id, draft.tombstone_id, counts=draft.counts)
         actions: list[dict[str, Any]] = [
-            {"type": "tombstone_appended", "stream": str(stream), "notification_id": tombstone_id},
+            {
+                "type": "tombstone_appended",
+                "stream": draft.stream,
+                "notification_id": draft.tombstone_id,
+            },
             *(
-                {
-                    "type": "dek_destroyed",
-                    "key_version": k.key_version,
-                    "dek_commitment": k.dek_commitment,
-                }
-                for k in destruction.deks
+                {"type": "dek_destroyed", "key_version": version, "dek_commitment": commitment}
+                for version, commitment in draft.deks
             ),
             {
                 "type": "projection_purged",
                 "name": "profile",
-                "tracking_position": tombstone_id,
-                "rows": sum(before.values()),
+                "tracking_position": draft.tombstone_id,
+                "rows": draft.rows,
             },
-            {"type": "embeddings_purged", "rows": before.get("memories", 0)},
+            {"type": "embeddings_purged", "rows": draft.memories},
             {
                 "type": "cache_invalidated",
                 "caches": ["subject-keys", "capture-keys", "slice-index", "snapshots"],
             },
         ]
-        return self._receipt(
-            subject_ref, request_id, received_at, basis, "subject", actions, counts
+        result = self._receipt(
+            subject_ref,
+            draft.request_id,
+            datetime.fromisoformat(draft.received_at),
+            draft.basis,
+            "subject",
+            actions,
+            dict(draft.counts),
         )
+        if ledger is not None and resumed:
+            ledger.record_receipted(self._tenant, draft.request_id)
+        return result
 
     # ---------------------------------------------------------------- captures
 
@@ -402,6 +453,34 @@ class ErasureService:
             residual=RESIDUAL,
         )
         return ErasureResult(receipt, nonce.hex(), counts)
+
+
+@dataclass(frozen=True)
+class _SubjectDraft:
+    """What a subject erasure's receipt cites, fixed once its keys are destroyed.
+
+    Kept in the erasure ledger when the erasure answers ``erasure_incomplete``, so that
+    a later request (any process) issues the receipt of the same request. Ids, key
+    commitments and counts only: nothing the subject said.
+    """
+
+    request_id: str
+    received_at: str
+    basis: str
+    pseudonym: str
+    stream: str
+    tombstone_id: int
+    deks: list[list[Any]]  # [key_version, dek_commitment] per destroyed key
+    rows: int
+    memories: int
+    counts: dict[str, int]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> _SubjectDraft:
+        return cls(**json.loads(text))
 
 
 def _token(text: str) -> str:

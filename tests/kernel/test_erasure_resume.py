@@ -1,0 +1,139 @@
+"""An erasure that answered ``erasure_incomplete`` is finished by asking again (both backends).
+
+The keys go before the projections purge; when the purge does not finish within the
+wait bound, the caller is told to ask again. Found by the erasure-under-load scenario:
+asking again was refused as "this subject was erased", so the receipt was never issued.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import sqlalchemy as sa
+
+from audit.receipts import verify_receipt, verify_subject_commitment
+from domain.errors import ErasureIncompleteError, SubjectErasedError
+from projections.profile import tables as t
+from tests.conftest import Backend
+from tests.kernel.test_erasure import CANARIES, fill_with_canaries
+from uprof.kernel import Uprof
+
+
+def projections_stay_behind(kernel: Uprof, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The projection workers do not pass the tombstone within the wait bound."""
+    monkeypatch.setattr(kernel.erasure_service, "_catch_up", lambda position, timeout: False)
+
+
+def unfinished_request(kernel: Uprof, subject: str) -> str:
+    ledger = kernel.keystore.ledger
+    assert ledger is not None
+    record = ledger.unfinished(kernel.subjects.tenant, subject)
+    assert record is not None, "the incomplete erasure left no record to finish it by"
+    return record.request_id
+
+
+def rows_left(kernel: Uprof, stream: str) -> int:
+    with kernel.views_engine.connect() as conn:
+        return sum(
+            conn.execute(
+                sa.select(sa.func.count()).select_from(table).where(table.c.stream_id == stream)
+            ).scalar_one()
+            for table in t.SUBJECT_TABLES
+        )
+
+
+def test_asking_again_finishes_the_erasure_and_issues_its_receipt(
+    kernel: Uprof, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fill_with_canaries(kernel, "alice")
+    stream = str(kernel.stream_of("alice"))
+    with monkeypatch.context() as behind:
+        projections_stay_behind(kernel, behind)
+        with pytest.raises(ErasureIncompleteError, match="Ask again"):
+            kernel.erase_subject("alice")
+    request_id = unfinished_request(kernel, "alice")
+    # The keys are gone already: the name is refused for everything but finishing.
+    with pytest.raises(SubjectErasedError):
+        kernel.profile("alice")
+
+    result = kernel.erase_subject("alice")
+
+    body = result.receipt["body"]
+    assert body["request"]["request_id"] == request_id  # the same request, finished
+    verify_receipt(result.receipt, kernel.audit_log.public_key)
+    verify_subject_commitment(result.receipt, "alice", bytes.fromhex(result.subject_nonce_hex))
+    types = [a["type"] for a in body["actions"]]
+    assert types[0] == "tombstone_appended" and "dek_destroyed" in types
+    assert result.counts["deks"] >= 1 and result.counts["rows_memories"] >= 1
+    assert rows_left(kernel, stream) == 0
+    assert kernel.residue_scan([*CANARIES.values(), "alice"]).clean
+    # Finished once: the next request is refused like any erased name, and nothing is left
+    # to finish.
+    ledger = kernel.keystore.ledger
+    assert ledger is not None and ledger.unfinished(kernel.subjects.tenant, "alice") is None
+    with pytest.raises(SubjectErasedError):
+        kernel.erase_subject("alice")
+
+
+def test_a_finished_erasure_is_not_reopened_and_others_are_unaffected(
+    kernel: Uprof, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fill_with_canaries(kernel, "alice")
+    fill_with_canaries(kernel, "bob")
+    kernel.erase_subject("bob")  # complete at once: no incomplete record
+    with monkeypatch.context() as behind:
+        projections_stay_behind(kernel, behind)
+        with pytest.raises(ErasureIncompleteError):
+            kernel.erase_subject("alice")
+        # Still behind: asking again says so again, and the erasure stays unfinished.
+        with pytest.raises(ErasureIncompleteError):
+            kernel.erase_subject("alice")
+    assert unfinished_request(kernel, "alice")
+    with pytest.raises(SubjectErasedError):
+        kernel.erase_subject("bob")
+    kernel.erase_subject("alice")
+    with pytest.raises(SubjectErasedError):
+        kernel.erase_subject("alice")
+
+
+def test_another_process_finishes_an_incomplete_erasure(
+    backend: Backend, kernel: Uprof, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fill_with_canaries(kernel, "alice")
+    stream = str(kernel.stream_of("alice"))
+    with monkeypatch.context() as behind:
+        projections_stay_behind(kernel, behind)
+        with pytest.raises(ErasureIncompleteError):
+            kernel.erase_subject("alice")
+    request_id = unfinished_request(kernel, "alice")
+    script = textwrap.dedent(
+        f"""
+        import json
+        from pathlib import Path
+        from tests.conftest import Backend
+        from tests.fakes.ports import FakeClock
+        from tests.kernel.conftest import build_kernel, settings_for
+
+        backend = Backend({backend.kind!r}, {backend.url!r}, Path({str(backend.data_dir)!r}))
+        kernel = build_kernel(settings_for(backend), FakeClock())
+        try:
+            result = kernel.erase_subject("alice")
+            print(json.dumps(result.receipt))
+        finally:
+            kernel.close()
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    receipt = json.loads(done.stdout.strip().splitlines()[-1])
+    assert receipt["body"]["request"]["request_id"] == request_id
+    verify_receipt(receipt, kernel.audit_log.public_key)
+    assert rows_left(kernel, stream) == 0
+    with pytest.raises(SubjectErasedError):
+        kernel.erase_subject("alice")
