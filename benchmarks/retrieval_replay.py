@@ -155,6 +155,23 @@ def record(
         pickle.dump(out, fh, protocol=pickle.HIGHEST_PROTOCOL)
 
 
+class _InputsUnpickler(pickle.Unpickler):
+    """Reads a recording whichever module wrote it: run as ``python -m``, the recorder
+    pickles its classes as ``__main__``'s, which another entry point does not have."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "__main__" and name == SliceInputs.__name__:
+            return SliceInputs
+        return super().find_class(module, name)
+
+
+def load_inputs(path: Path) -> dict[str, Any]:
+    """A recording written by ``--record`` (our own file: unpickled as such)."""
+    with path.open("rb") as fh:
+        loaded: dict[str, Any] = _InputsUnpickler(fh).load()
+    return loaded
+
+
 # ---------------------------------------------------------------- replay
 
 
@@ -548,8 +565,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("replaying variants needs --inputs (written by --record)")
     inputs: dict[str, Any] = {}
     if specs and args.inputs:
-        with args.inputs.open("rb") as fh:
-            inputs = pickle.load(fh)  # our own file, written by --record
+        inputs = load_inputs(args.inputs)
     convs = locomo.load_locomo(args.data / "locomo_dev.json")
     items = prefeval.load_prefeval(args.data / "prefeval" / "explicit_preference")
     budgets = [int(b) for b in args.budgets.split(",")]

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import pickle
 import random
+import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from benchmarks.prefeval import SEED, load_prefeval, user_events
 from benchmarks.retrieval_replay import (
+    SliceInputs,
     half_of,
+    load_inputs,
     markdown_tables,
     parse_variant,
     pref_users,
@@ -17,6 +22,7 @@ from benchmarks.retrieval_replay import (
     summarise,
     worst_fall,
 )
+from benchmarks.slice_form_gap import first_fit
 from tests.bench.synthetic import write_prefeval
 
 
@@ -97,3 +103,39 @@ def test_markdown_tables_mark_main_and_leave_baselines_without_a_delta() -> None
     assert text.count("| **main** |") == 3
     assert "| BM25 | 0.500 / 0.100 |" in text
     assert "+0.000 (cat 1, 256)" in text
+
+
+def test_a_recording_written_by_the_module_run_as_main_loads_elsewhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `python -m benchmarks.retrieval_replay --record` pickles SliceInputs as __main__'s;
+    # another tool (benchmarks.slice_form_gap) must still read the file.
+    inputs = SliceInputs(
+        query="q",
+        memories=(),
+        memory_vectors=None,
+        attributes=(),
+        attribute_vectors=None,
+        intents=(),
+        intent_vectors=None,
+        query_vector=None,
+        now=datetime(2024, 1, 1, tzinfo=UTC),
+    )
+    with monkeypatch.context() as as_main:  # the class as the recorder's process saw it
+        as_main.setattr(SliceInputs, "__module__", "__main__")
+        as_main.setattr(sys.modules["__main__"], "SliceInputs", SliceInputs, raising=False)
+        data = pickle.dumps({"prefeval": {"ref": inputs}})
+    assert b"__main__" in data
+    with pytest.raises(AttributeError):
+        pickle.loads(data)
+    path = tmp_path / "rec.pkl"
+    path.write_bytes(data)
+    assert load_inputs(path) == {"prefeval": {"ref": inputs}}
+
+
+def test_form_gap_first_fit_takes_rows_in_rank_order_while_they_fit() -> None:
+    # Costs by row; order is the ranking. Row 2 (cost 5) no longer fits after 0 and 3.
+    costs = [4, 1, 5, 3]
+    assert first_fit([0, 3, 2, 1], costs, budget=9) == {0, 3, 1}
+    assert first_fit([2, 0], costs, budget=9) == {2, 0}
+    assert first_fit([0], costs, budget=3) == set()
