@@ -561,7 +561,12 @@ def erasure_scenario(
     seconds: float = 3.0,
     pause: float = 0.02,
 ) -> dict[str, Any]:
-    from domain.errors import ConcurrencyConflictError, SubjectErasedError, SubjectNotFoundError
+    from domain.errors import (
+        ConcurrencyConflictError,
+        ErasureIncompleteError,
+        SubjectErasedError,
+        SubjectNotFoundError,
+    )
 
     victims = [f"victim-{i}" for i in range(erased)]
     writers_subjects = [f"writer-{i}" for i in range(writers)]
@@ -649,7 +654,13 @@ def erasure_scenario(
             for v in victims:
                 time.sleep(seconds / (erased + 1))
                 e0 = time.perf_counter()
-                result = erase_as_a_client_does(kernel, v, incomplete)
+                try:
+                    result = erase_as_a_client_does(kernel, v, incomplete)
+                except ErasureIncompleteError as e:
+                    # The report is lost with this exception: keep what the load threads
+                    # saw (a worker that keeps failing is a stall the retry cannot cure).
+                    seen = [x for x in errors if x.startswith("worker")] or errors
+                    raise ErasureIncompleteError(f"{e}; load-thread errors: {seen[:3]}") from e
                 erase_times.append(time.perf_counter() - e0)
                 from audit.receipts import verify_receipt
 
