@@ -289,6 +289,35 @@ def user_subject(
     )
 
 
+#: When the harness asks PrefEval's questions: the day after the captures.
+PREF_NOW = prefeval.EPOCH + timedelta(days=1)
+
+
+def prefeval_slice(
+    user: prefeval.PrefItem,
+    subject: Any,
+    asked: SliceInputs,
+    budget: int,
+    options: SliceOptions,
+    counter: Any,
+) -> Any:
+    """``build_slice`` for one PrefEval user over its ``user_subject`` at ``budget``."""
+    index, attrs, attr_vecs, intents, intent_vecs = subject
+    return build_slice(
+        query=user.question,
+        attributes=attrs,
+        intents=intents,
+        memory_index=index,
+        budget_tokens=budget,
+        counter=counter,
+        query_vector=asked.query_vector,
+        now=PREF_NOW,
+        options=options,
+        attribute_vectors=attr_vecs,
+        intent_vectors=intent_vecs,
+    )
+
+
 def replay_prefeval(
     inputs: Mapping[str, SliceInputs],
     items: Sequence[prefeval.PrefItem],
@@ -306,23 +335,10 @@ def replay_prefeval(
             subject = subjects.get(key)
             if subject is None:
                 subject = subjects[key] = user_subject(events, inputs, counter)
-            index, attrs, attr_vecs, intents, intent_vecs = subject
             asked = inputs[user.source_ref]
             for budget in budgets:
                 start = time.perf_counter()
-                packed = build_slice(
-                    query=user.question,
-                    attributes=attrs,
-                    intents=intents,
-                    memory_index=index,
-                    budget_tokens=budget,
-                    counter=counter,
-                    query_vector=asked.query_vector,
-                    now=prefeval.EPOCH + timedelta(days=1),
-                    options=options,
-                    attribute_vectors=attr_vecs,
-                    intent_vectors=intent_vecs,
-                )
+                packed = prefeval_slice(user, subject, asked, budget, options, counter)
                 if timings is not None:
                     timings.append(time.perf_counter() - start)
                 sl = _bench_slice(packed)

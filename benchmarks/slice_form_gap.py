@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 from collections.abc import Sequence
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +35,18 @@ import numpy as np
 from benchmarks import prefeval
 from benchmarks.bench_common import DEFAULT_DATA_DIR, count_tokens
 from benchmarks.retrieval_replay import (
+    PREF_NOW,
     _bench_slice,
     _counter,
     half_of,
     load_inputs,
     pref_users,
+    prefeval_slice,
     service_options,
     user_subject,
 )
 from domain.values import Layer
-from uprof.retrieval import build_slice, ranker, render
+from uprof.retrieval import ranker, render
 
 STEPS = ("dense_topk", "uprof_ranking", "uprof_lines_headers", "uprof_slice")
 
@@ -68,9 +69,9 @@ def user_steps(
     budget: int,
 ) -> dict[str, bool]:
     """Hit or miss of one user at each step."""
-    index, attrs, attr_vecs, intents, intent_vecs = user_subject(events, inputs, counter)
+    subject = user_subject(events, inputs, counter)
+    index = subject[0]
     asked = inputs[user.source_ref]
-    now = prefeval.EPOCH + timedelta(days=1)
     options = service_options()
     own = {i for i, m in enumerate(index.candidates) if user.source_ref in m.source_refs}
     # Steps 1-2 pay the SPEC's baseline line (``- <preference>``), step 3 uprof's own
@@ -82,22 +83,10 @@ def user_steps(
     cosines = np.asarray(index.vectors) @ np.asarray(asked.query_vector, dtype=np.float32)
     dense_order = np.argsort(-cosines, kind="stable").tolist()
     ranking = ranker.rank_memories(
-        index, ranker.analyse_query(user.question), asked.query_vector, now, options
+        index, ranker.analyse_query(user.question), asked.query_vector, PREF_NOW, options
     )
     headers = render.SECTION_HEADERS[Layer.MEMORY] + "\n" + index.day_headers[0]
-    packed = build_slice(
-        query=user.question,
-        attributes=attrs,
-        intents=intents,
-        memory_index=index,
-        budget_tokens=budget,
-        counter=counter,
-        query_vector=asked.query_vector,
-        now=now,
-        options=options,
-        attribute_vectors=attr_vecs,
-        intent_vectors=intent_vecs,
-    )
+    packed = prefeval_slice(user, subject, asked, budget, options, counter)
     ranked = ranking.rows.tolist()
     headers_cost = counter.count(headers) + 1
     return {
