@@ -255,13 +255,20 @@ class Uprof:
         )
         if not erase or grant is None:
             return None
+        # An earlier withdrawal's erasure that answered erasure_incomplete: finish it,
+        # whether or not its captures are still listed.
+        unfinished = self.erasure_service.resume(subject, "consent-withdrawal", [consent_id])
+        if unfinished is not None:
+            return unfinished
         stream = str(self.stream_of(subject))
         collected = self.queries.captures_by(
             stream, app_id=grant.app_id, purposes=grant.purposes, since=grant.granted_at
         )
         if not collected:
             return None
-        return self.erasure_service.erase_captures(subject, collected, scope="consent-withdrawal")
+        return self.erasure_service.erase_captures(
+            subject, collected, scope="consent-withdrawal", target=[consent_id]
+        )
 
     def erase_subject(self, subject: str, *, basis: str = "GDPR-Art.17(1)") -> ErasureResult:
         """Erase a subject entirely: tombstone, key destruction, purge, signed receipt."""

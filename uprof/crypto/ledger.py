@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -111,7 +112,11 @@ class ErasureLedger:
     def record_incomplete(
         self, tenant: str, subject_ref: str, stream_id: str, *, request_id: str, draft: str
     ) -> None:
-        """A subject erasure answered ``erasure_incomplete``: keep what finishing it needs."""
+        """An erasure answered ``erasure_incomplete``: keep what finishing it needs.
+
+        ``draft`` is the receipt's draft as JSON; its ``scope`` and ``target`` (what the
+        caller named: nothing for a subject, capture ids, a consent id or an item id) are
+        how a later request finds it (``unfinished``)."""
         self._store.append_erasure(
             ErasureRecord(
                 "incomplete",
@@ -130,16 +135,26 @@ class ErasureLedger:
             ErasureRecord("receipted", tenant, _now(), request_id=request_id)
         )
 
-    def unfinished(self, tenant: str, subject_ref: str) -> ErasureRecord | None:
-        """The subject's erasure that answered ``erasure_incomplete`` and has issued no
-        receipt since (None when there is none, or the name was re-created after it)."""
+    def unfinished(
+        self,
+        tenant: str,
+        subject_ref: str,
+        *,
+        scope: str = "subject",
+        target: Sequence[str] = (),
+    ) -> ErasureRecord | None:
+        """The subject's erasure of this scope and target that answered
+        ``erasure_incomplete`` and has issued no receipt since (None when there is none,
+        or the name was re-created after it)."""
         mark = self.mark(tenant, subject_ref)
+        wanted = (scope, sorted(target))
         found: ErasureRecord | None = None
         for record in self._store.erasure_records():
             if record.tenant != tenant:
                 continue
             if record.kind == "incomplete" and record.mark == mark:
-                found = record
+                if draft_key(record.draft) == wanted:
+                    found = record
             elif found is not None and (
                 (record.kind == "receipted" and record.request_id == found.request_id)
                 or (record.kind == "recreated" and record.mark == mark)
@@ -151,6 +166,18 @@ class ErasureLedger:
         self._store.append_erasure(
             ErasureRecord("recreated", tenant, _now(), mark=self.mark(tenant, subject_ref))
         )
+
+
+def draft_key(draft: str) -> tuple[str, list[str]]:
+    """(scope, sorted target) of an incomplete erasure's draft; a draft that names no
+    scope is a subject erasure's."""
+    try:
+        raw = json.loads(draft)
+    except ValueError:
+        return ("", [])
+    if not isinstance(raw, dict):
+        return ("", [])
+    return (str(raw.get("scope", "subject")), sorted(str(x) for x in raw.get("target", [])))
 
 
 def _now() -> str:

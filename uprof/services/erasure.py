@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -32,6 +32,7 @@ from domain.errors import (
     ErasureIncompleteError,
     InvalidInputError,
     ItemNotFoundError,
+    ReadTimeoutError,
     SubjectNotFoundError,
 )
 from projections.profile import tables as t
@@ -104,12 +105,9 @@ class ErasureService:
         receipt's draft, and asking again (from any process) waits for the purge and
         issues the receipt of that same request instead of refusing an erased name.
         """
-        ledger = self._keystore.ledger
-        if ledger is not None:
-            unfinished = ledger.unfinished(self._tenant, check_subject_ref(subject_ref))
-            if unfinished is not None:
-                draft = _SubjectDraft.from_json(unfinished.draft)
-                return self._finish_subject(subject_ref, draft, timeout_s, resumed=True)
+        resumed = self.resume(subject_ref, "subject", (), timeout_s=timeout_s)
+        if resumed is not None:
+            return resumed
         handle = self._require(subject_ref)
         stream = handle.stream_id
         request_id = str(uuid.uuid4())
@@ -135,6 +133,7 @@ class ErasureService:
         tombstone_id = self._app.with_retry(tombstone)
         # The ledger record comes before the keys go: a crash in between is finished by
         # the next start, and no copy or restore can bring the keys back (decision 0012).
+        ledger = self._keystore.ledger
         if ledger is not None:
             ledger.record_subject(
                 self._tenant, check_subject_ref(subject_ref), str(stream), request_id=request_id
@@ -157,77 +156,41 @@ class ErasureService:
             capture_keys=destruction.capture_keys,
             aliases=destruction.aliases,
         )
-        draft = _SubjectDraft(
-            request_id=request_id,
-            received_at=received_at.isoformat(),
-            basis=basis,
-            pseudonym=handle.pseudonym,
-            stream=str(stream),
-            tombstone_id=tombstone_id,
-            deks=[[k.key_version, k.dek_commitment] for k in destruction.deks],
-            rows=sum(before.values()),
-            memories=before.get("memories", 0),
-            counts=counts,
-        )
-        return self._finish_subject(subject_ref, draft, timeout_s, resumed=False)
-
-    def _finish_subject(
-        self, subject_ref: str, draft: _SubjectDraft, timeout_s: float, *, resumed: bool
-    ) -> ErasureResult:
-        """Wait for the purge of a subject whose keys are gone, then settle and sign."""
-        caught_up = self._catch_up(draft.tombstone_id, timeout_s)
-        after = self._row_counts(draft.stream)
-        ledger = self._keystore.ledger
-        if not caught_up or any(after.values()):
-            if ledger is not None and not resumed:
-                ledger.record_incomplete(
-                    self._tenant,
-                    check_subject_ref(subject_ref),
-                    draft.stream,
-                    request_id=draft.request_id,
-                    draft=draft.to_json(),
-                )
-            left = ", ".join(f"{name}: {n}" for name, n in sorted(after.items()) if n)
-            raise ErasureIncompleteError(
-                "erasure did not complete: projections have not purged the subject yet"
-                + (f" (rows left in {left})" if caught_up else " (projections behind)")
-                + "; the keys are destroyed. Ask again to finish it and receive its receipt"
-            )
-        self._settle(draft.pseudonym, draft.request_id, draft.tombstone_id, counts=draft.counts)
         actions: list[dict[str, Any]] = [
-            {
-                "type": "tombstone_appended",
-                "stream": draft.stream,
-                "notification_id": draft.tombstone_id,
-            },
+            {"type": "tombstone_appended", "stream": str(stream), "notification_id": tombstone_id},
             *(
-                {"type": "dek_destroyed", "key_version": version, "dek_commitment": commitment}
-                for version, commitment in draft.deks
+                {
+                    "type": "dek_destroyed",
+                    "key_version": key.key_version,
+                    "dek_commitment": key.dek_commitment,
+                }
+                for key in destruction.deks
             ),
             {
                 "type": "projection_purged",
                 "name": "profile",
-                "tracking_position": draft.tombstone_id,
-                "rows": draft.rows,
+                "tracking_position": tombstone_id,
+                "rows": sum(before.values()),
             },
-            {"type": "embeddings_purged", "rows": draft.memories},
+            {"type": "embeddings_purged", "rows": before.get("memories", 0)},
             {
                 "type": "cache_invalidated",
                 "caches": ["subject-keys", "capture-keys", "slice-index", "snapshots"],
             },
         ]
-        result = self._receipt(
-            subject_ref,
-            draft.request_id,
-            datetime.fromisoformat(draft.received_at),
-            draft.basis,
-            "subject",
-            actions,
-            dict(draft.counts),
+        draft = _Draft(
+            request_id=request_id,
+            received_at=received_at.isoformat(),
+            basis=basis,
+            scope="subject",
+            target=[],
+            pseudonym=handle.pseudonym,
+            stream=str(stream),
+            tombstone_id=tombstone_id,
+            actions=actions,
+            counts=counts,
         )
-        if ledger is not None and resumed:
-            ledger.record_receipted(self._tenant, draft.request_id)
-        return result
+        return self._finish(subject_ref, draft, timeout_s, resumed=False)
 
     # ---------------------------------------------------------------- captures
 
@@ -250,6 +213,7 @@ class ErasureService:
         capture_ids: Sequence[str],
         *,
         scope: str,
+        target: Sequence[str] | None = None,
         basis: str = DEFAULT_BASIS,
         timeout_s: float = 30.0,
     ) -> ErasureResult:
@@ -257,11 +221,18 @@ class ErasureService:
 
         Each capture's key is destroyed, which shreds the event and every item
         sealed under it; attributes that other evidence backs are restated first.
+        ``target`` is what the caller named (the capture ids unless given: a consent
+        id, an item id); asking again with the same scope and target finishes an
+        erasure that answered ``erasure_incomplete``.
         """
-        handle = self._require(subject_ref)
-        stream = handle.stream_id
-        self._catch_up(self._app.max_notification_id(), timeout_s)
         ids = sorted(set(capture_ids))
+        named = sorted(set(target if target is not None else ids))
+        handle = self._require(subject_ref)
+        resumed = self.resume(subject_ref, scope, named, timeout_s=timeout_s)
+        if resumed is not None:
+            return resumed
+        stream = handle.stream_id
+        self._require_views_current(timeout_s)
         rows = self._queries.captures(ids)
         foreign = [c for c in ids if c not in rows or rows[c].stream_id != str(stream)]
         if foreign:
@@ -302,9 +273,7 @@ class ErasureService:
         # Snapshots may hold the shredded items' values: they are caches, drop them.
         snapshots = self._app.drop_snapshots(stream)
         self._flush_caches(stream)
-        self._catch_up(tombstone_id, timeout_s)
         counts = dict(totals, captures=len(ids), snapshots=snapshots, capture_keys=len(commitments))
-        self._settle(handle.pseudonym, request_id, tombstone_id, counts=counts)
         actions: list[dict[str, Any]] = [
             {"type": "tombstone_appended", "stream": str(stream), "notification_id": tombstone_id},
             *(
@@ -319,7 +288,20 @@ class ErasureService:
             },
             {"type": "cache_invalidated", "caches": ["capture-keys", "slice-index", "snapshots"]},
         ]
-        return self._receipt(subject_ref, request_id, received_at, basis, scope, actions, counts)
+        draft = _Draft(
+            request_id=request_id,
+            received_at=received_at.isoformat(),
+            basis=basis,
+            scope=scope,
+            target=named,
+            pseudonym=handle.pseudonym,
+            stream=str(stream),
+            tombstone_id=tombstone_id,
+            actions=actions,
+            counts=counts,
+            captures=ids,
+        )
+        return self._finish(subject_ref, draft, timeout_s, resumed=False)
 
     # -------------------------------------------------------------------- item
 
@@ -335,7 +317,11 @@ class ErasureService:
         """Erase one item; with_evidence also erases (and shreds) the events it came from."""
         handle = self._require(subject_ref)
         stream = handle.stream_id
-        self._catch_up(self._app.max_notification_id(), timeout_s)
+        for scope in ("item-with-evidence", "item") if with_evidence else ("item",):
+            resumed = self.resume(subject_ref, scope, [item_id], timeout_s=timeout_s)
+            if resumed is not None:
+                return resumed
+        self._require_views_current(timeout_s)
         evidence = self._evidence_of(str(stream), item_id)
         if evidence is None:
             raise ItemNotFoundError(item_id)
@@ -346,6 +332,7 @@ class ErasureService:
                     subject_ref,
                     present,
                     scope="item-with-evidence",
+                    target=[item_id],
                     basis=basis,
                     timeout_s=timeout_s,
                 )
@@ -361,21 +348,147 @@ class ErasureService:
 
         tombstone_id = self._app.with_retry(command)
         self._flush_caches(stream)
-        self._catch_up(tombstone_id, timeout_s)
-        self._settle(handle.pseudonym, request_id, tombstone_id, item_refs=[item_id])
-        actions: list[dict[str, Any]] = [
-            {"type": "tombstone_appended", "stream": str(stream), "notification_id": tombstone_id},
-            {
-                "type": "projection_purged",
-                "name": "profile",
-                "tracking_position": tombstone_id,
-                "rows": 1,
-            },
-            {"type": "cache_invalidated", "caches": ["slice-index"]},
-        ]
-        return self._receipt(
-            subject_ref, request_id, received_at, basis, "item", actions, {"items_erased": 1}
+        draft = _Draft(
+            request_id=request_id,
+            received_at=received_at.isoformat(),
+            basis=basis,
+            scope="item",
+            target=[item_id],
+            pseudonym=handle.pseudonym,
+            stream=str(stream),
+            tombstone_id=tombstone_id,
+            actions=[
+                {
+                    "type": "tombstone_appended",
+                    "stream": str(stream),
+                    "notification_id": tombstone_id,
+                },
+                {
+                    "type": "projection_purged",
+                    "name": "profile",
+                    "tracking_position": tombstone_id,
+                    "rows": 1,
+                },
+                {"type": "cache_invalidated", "caches": ["slice-index"]},
+            ],
+            counts={"items_erased": 1},
+            items=[item_id],
         )
+        return self._finish(subject_ref, draft, timeout_s, resumed=False)
+
+    # ------------------------------------------------------- finishing, resuming
+
+    def resume(
+        self, subject_ref: str, scope: str, target: Sequence[str], *, timeout_s: float = 30.0
+    ) -> ErasureResult | None:
+        """Finish this subject's erasure of ``scope`` and ``target`` that answered
+        ``erasure_incomplete`` (any process), issuing the receipt of that same request;
+        None when there is none."""
+        ledger = self._keystore.ledger
+        if ledger is None:
+            return None
+        record = ledger.unfinished(
+            self._tenant, check_subject_ref(subject_ref), scope=scope, target=target
+        )
+        if record is None:
+            return None
+        return self._finish(subject_ref, _Draft.from_json(record.draft), timeout_s, resumed=True)
+
+    def _finish(
+        self, subject_ref: str, draft: _Draft, timeout_s: float, *, resumed: bool
+    ) -> ErasureResult:
+        """Confirm the purge of a written erasure, then settle and sign its receipt.
+
+        Not purged within ``timeout_s``: the ledger keeps the draft (the first time) and
+        ``ErasureIncompleteError`` asks the caller to ask again.
+        """
+        caught_up = self._catch_up(draft.tombstone_id, timeout_s)
+        left = self._left_after(draft) if caught_up else "projections behind"
+        if left and caught_up and draft.captures:
+            # Items that cite an erased capture but were not in the views when the
+            # erasure began (extracted meanwhile): erase them now, then look again.
+            strays = self._citing(draft.stream, draft.captures)
+            if strays:
+                position = self._erase_strays(draft, strays)
+                counts = dict(draft.counts)
+                counts["items_erased"] = counts.get("items_erased", 0) + len(strays)
+                draft = replace(draft, counts=counts)
+                caught_up = self._catch_up(position, timeout_s)
+                left = self._left_after(draft) if caught_up else "projections behind"
+        ledger = self._keystore.ledger
+        if left:
+            if ledger is not None and not resumed:
+                ledger.record_incomplete(
+                    self._tenant,
+                    check_subject_ref(subject_ref),
+                    draft.stream,
+                    request_id=draft.request_id,
+                    draft=draft.to_json(),
+                )
+            written = (
+                "the keys are destroyed"
+                if draft.scope != "item"
+                else "the item's erasure is recorded"
+            )
+            raise ErasureIncompleteError(
+                f"erasure did not complete: projections have not purged it yet ({left}); "
+                f"{written}. Ask again to finish it and receive its receipt"
+            )
+        purged: dict[str, Any] = (
+            {"item_refs": draft.items} if draft.scope == "item" else {"counts": draft.counts}
+        )
+        self._settle(draft.pseudonym, draft.request_id, draft.tombstone_id, **purged)
+        result = self._receipt(
+            subject_ref,
+            draft.request_id,
+            datetime.fromisoformat(draft.received_at),
+            draft.basis,
+            draft.scope,
+            draft.actions,
+            dict(draft.counts),
+        )
+        if ledger is not None and resumed:
+            ledger.record_receipted(self._tenant, draft.request_id)
+        return result
+
+    def _left_after(self, draft: _Draft) -> str:
+        """What the views still hold that the erasure removes ("" when purged)."""
+        if draft.scope == "subject":
+            after = self._row_counts(draft.stream)
+            return ", ".join(f"rows left in {name}: {n}" for name, n in sorted(after.items()) if n)
+        if draft.captures:
+            kept = [
+                c
+                for c, row in self._queries.captures(draft.captures).items()
+                if row.stream_id == draft.stream
+            ]
+            citing = self._citing(draft.stream, draft.captures)
+            parts = [f"{len(kept)} captured events"] if kept else []
+            parts += [f"{len(citing)} items citing them"] if citing else []
+            return ", ".join(parts)
+        present = [i for i in draft.items if self._evidence_of(draft.stream, i) is not None]
+        return f"{len(present)} items still listed" if present else ""
+
+    def _erase_strays(self, draft: _Draft, item_ids: list[str]) -> int:
+        stream = UUID(draft.stream)
+
+        def command() -> int:
+            profile = self._app.load(stream)
+            profile.erase_items(item_ids, reason="evidence-erased")
+            return self._app.save(profile)[-1].notification.id
+
+        position = self._app.with_retry(command)
+        self._flush_caches(stream)
+        return position
+
+    def _require_views_current(self, timeout_s: float) -> None:
+        """Fail closed before writing anything: stale views would name the wrong items."""
+        head = self._app.max_notification_id()
+        if not self._catch_up(head, timeout_s):
+            raise ReadTimeoutError(
+                f"the views did not catch up with the log within {timeout_s:g} s; "
+                "nothing was erased, ask again"
+            )
 
     # ----------------------------------------------------------------- helpers
 
@@ -417,6 +530,16 @@ class ErasureService:
         ids += [i.item_id for i in self._queries.intents(stream_id) if capture_id in i.evidence]
         return ids
 
+    def _citing(self, stream_id: str, capture_ids: Sequence[str]) -> list[str]:
+        """Items of the subject (attributes, intents, memories) whose evidence cites any
+        of these captures."""
+        wanted = set(capture_ids)
+        memories, _ = self._queries.memories(stream_id, include_archived=True)
+        found = {a.item_id for a in self._queries.attributes(stream_id) if wanted & set(a.evidence)}
+        found |= {i.item_id for i in self._queries.intents(stream_id) if wanted & set(i.evidence)}
+        found |= {m.item_id for m in memories if wanted & set(m.evidence)}
+        return sorted(found)
+
     def _evidence_of(self, stream_id: str, item_id: str) -> tuple[str, ...] | None:
         for a in self._queries.attributes(stream_id):
             if a.item_id == item_id:
@@ -456,30 +579,37 @@ class ErasureService:
 
 
 @dataclass(frozen=True)
-class _SubjectDraft:
-    """What a subject erasure's receipt cites, fixed once its keys are destroyed.
+class _Draft:
+    """What an erasure's receipt cites, fixed once its tombstone is written (and, for
+    subjects and captures, its keys destroyed).
 
     Kept in the erasure ledger when the erasure answers ``erasure_incomplete``, so that
-    a later request (any process) issues the receipt of the same request. Ids, key
-    commitments and counts only: nothing the subject said.
+    a later request with the same scope and target (any process) issues the receipt of
+    the same request. Ids, key commitments and counts only: nothing the subject said.
     """
 
     request_id: str
     received_at: str
     basis: str
+    #: subject | capture | consent-withdrawal | item-with-evidence | item
+    scope: str
+    #: What the caller named: nothing (subject), capture ids, a consent id, an item id.
+    target: list[str]
     pseudonym: str
     stream: str
     tombstone_id: int
-    deks: list[list[Any]]  # [key_version, dek_commitment] per destroyed key
-    rows: int
-    memories: int
+    actions: list[dict[str, Any]]
     counts: dict[str, int]
+    #: Captured events the views must no longer hold, nor any item cite.
+    captures: list[str] = field(default_factory=list)
+    #: Items the views must no longer list.
+    items: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> _SubjectDraft:
+    def from_json(cls, text: str) -> _Draft:
         return cls(**json.loads(text))
 
 
