@@ -314,8 +314,19 @@ class SubjectKeyStore(Protocol):
         """A capture's key, or None when it (or its subject's DEK) is gone."""
         ...
 
+    def capture_key_commitment(self, stream_id: str, capture_id: str) -> str | None:
+        """What ``destroy_capture_key`` would return now; nothing is deleted."""
+        ...
+
     def destroy_capture_key(self, stream_id: str, capture_id: str) -> str | None:
         """Delete one capture's key; a commitment to it, or None if there was none."""
+        ...
+
+    def destruction_preview(self, stream_id: str) -> Destruction:
+        """What ``destroy`` would destroy now (key commitments, counts); deletes nothing.
+
+        An erasure writes its receipt's draft to the ledger with these before any key
+        goes, so that a retry after a crash can finish it (decision 0052)."""
         ...
 
     def destroy(self, stream_id: str, *, now: datetime) -> Destruction:

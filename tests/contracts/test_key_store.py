@@ -78,8 +78,12 @@ class KeyStoreContract:
         first, second = keys.capture_key(stream, "c1" * 16), keys.capture_key(stream, "c2" * 16)
         assert first is not None and second is not None and first != second
         assert keys.capture_key(stream, "c3" * 16) is None
+        preview = keys.capture_key_commitment(stream, "c1" * 16)
+        assert keys.capture_key(stream, "c1" * 16) == first  # the preview deletes nothing
         commitment = keys.destroy_capture_key(stream, "c1" * 16)
         assert commitment is not None and len(commitment) == 64
+        assert preview == commitment
+        assert keys.capture_key_commitment(stream, "c1" * 16) is None
         assert keys.capture_key(stream, "c1" * 16) is None
         assert keys.capture_key(stream, "c2" * 16) == second
         assert keys.destroy_capture_key(stream, "c1" * 16) is None
@@ -96,8 +100,12 @@ class KeyStoreContract:
         )
         keys.bind_alias(TENANT, "session", "s1", handle.stream_id, now=NOW)
         assert not keys.is_shredded(stream)
+        preview = keys.destruction_preview(stream)
+        assert not keys.is_shredded(stream) and keys.key(stream, 1) is not None
 
         destruction = keys.destroy(stream, now=NOW)
+
+        assert preview == destruction  # what the receipt's draft cites before the keys go
 
         assert [d.key_version for d in destruction.deks] == [1]
         assert len(destruction.deks[0].dek_commitment) == 64

@@ -120,11 +120,31 @@ class InMemoryKeyStore:
             return None
         return self._capture_keys.get((stream_id, capture_id))
 
+    def capture_key_commitment(self, stream_id: str, capture_id: str) -> str | None:
+        key = self._capture_keys.get((stream_id, capture_id))
+        if key is None:
+            return None
+        return hashlib.sha256(b"capture-key-commit" + capture_id.encode() + key).hexdigest()
+
     def destroy_capture_key(self, stream_id: str, capture_id: str) -> str | None:
         key = self._capture_keys.pop((stream_id, capture_id), None)
         if key is None:
             return None
         return hashlib.sha256(b"capture-key-commit" + capture_id.encode() + key).hexdigest()
+
+    def destruction_preview(self, stream_id: str) -> Destruction:
+        with self._lock:
+            deks = dict(self._deks.get(stream_id, {}))
+            captures = [k for k in self._capture_keys if k[0] == stream_id]
+            aliases = [k for k, sid in self._aliases.items() if str(sid) == stream_id]
+        return Destruction(
+            deks=tuple(
+                DestroyedKey(v, dek_commitment(stream_id, v, dek))
+                for v, dek in sorted(deks.items())
+            ),
+            capture_keys=len(captures),
+            aliases=len(aliases),
+        )
 
     def destroy(self, stream_id: str, *, now: datetime) -> Destruction:
         with self._lock:

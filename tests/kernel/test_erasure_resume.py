@@ -137,3 +137,98 @@ def test_another_process_finishes_an_incomplete_erasure(
     assert rows_left(kernel, stream) == 0
     with pytest.raises(SubjectErasedError):
         kernel.erase_subject("alice")
+
+
+def crash_at(backend: Backend, patch: str, call: str) -> subprocess.CompletedProcess[str]:
+    """Run ``call`` in another process that dies (exit 9, as kill -9 leaves no cleanup)
+    at the moment ``patch`` names: a keystore method replaced by ``os._exit(9)``."""
+    script = textwrap.dedent(
+        f"""
+        import os
+        from pathlib import Path
+        from tests.conftest import Backend
+        from tests.fakes.ports import FakeClock
+        from tests.kernel.conftest import build_kernel, settings_for
+
+        backend = Backend({backend.kind!r}, {backend.url!r}, Path({str(backend.data_dir)!r}))
+        kernel = build_kernel(settings_for(backend), FakeClock())
+        setattr(kernel.keystore, {patch!r}, lambda *args, **kwargs: os._exit(9))
+        kernel.{call}
+        """
+    )
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_a_retry_after_a_crash_before_the_keys_went_gets_the_receipt(
+    backend: Backend, kernel: Uprof
+) -> None:
+    """Killed between the ledger record and the key destruction: the name is refused from
+    then on, and before decision 0052 the erasure never got a receipt. The retry reaches
+    a process that was running before the crash (so no start re-applied the ledger): it
+    destroys the keys itself before it signs."""
+    fill_with_canaries(kernel, "alice")
+    stream = str(kernel.stream_of("alice"))
+
+    died = crash_at(backend, "destroy", 'erase_subject("alice")')
+
+    assert died.returncode == 9, died.stderr[-3000:]
+    request_id = unfinished_request(kernel, "alice")
+    assert not kernel.keystore.is_shredded(stream)  # the bad moment: recorded, keys still there
+    result = kernel.erase_subject("alice")
+    assert result.receipt["body"]["request"]["request_id"] == request_id
+    verify_receipt(result.receipt, kernel.audit_log.public_key)
+    assert kernel.keystore.is_shredded(stream)
+    assert kernel.keystore.key(stream, 1) is None
+    assert rows_left(kernel, stream) == 0
+    assert kernel.residue_scan([*CANARIES.values(), "alice"]).clean
+    with pytest.raises(SubjectErasedError):
+        kernel.erase_subject("alice")
+
+
+def test_a_retry_after_a_crash_mid_event_erasure_gets_the_receipt_after_a_restart(
+    backend: Backend, kernel: Uprof
+) -> None:
+    fill_with_canaries(kernel, "alice")
+    stream = str(kernel.stream_of("alice"))
+    (capture,) = [c for c in kernel.queries.all_captures(stream) if c.source_ref == "ref-2"]
+
+    died = crash_at(
+        backend, "destroy_capture_key", f"erase_capture('alice', {capture.capture_id!r})"
+    )
+
+    assert died.returncode == 9, died.stderr[-3000:]
+    ledger = kernel.keystore.ledger
+    assert ledger is not None
+    record = ledger.unfinished(
+        kernel.subjects.tenant, "alice", scope="capture", target=[capture.capture_id]
+    )
+    assert record is not None
+    # A restarted process: its start re-applies the ledger, and the retry finishes.
+    script = textwrap.dedent(
+        f"""
+        import json
+        from pathlib import Path
+        from tests.conftest import Backend
+        from tests.fakes.ports import FakeClock
+        from tests.kernel.conftest import build_kernel, settings_for
+
+        backend = Backend({backend.kind!r}, {backend.url!r}, Path({str(backend.data_dir)!r}))
+        kernel = build_kernel(settings_for(backend), FakeClock())
+        try:
+            print(json.dumps(kernel.erase_capture("alice", {capture.capture_id!r}).receipt))
+        finally:
+            kernel.close()
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    receipt = json.loads(done.stdout.strip().splitlines()[-1])
+    assert receipt["body"]["request"]["request_id"] == record.request_id
+    verify_receipt(receipt, kernel.audit_log.public_key)
+    assert kernel.keystore.capture_key_commitment(stream, capture.capture_id) is None
+    assert capture.capture_id not in {c.capture_id for c in kernel.queries.all_captures(stream)}
+    assert CANARIES["memory"] not in str(kernel.profile("alice"))

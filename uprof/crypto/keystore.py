@@ -127,6 +127,11 @@ class SubjectHandle:
     created: bool
 
 
+def _capture_commitment(capture_id: str, wrapped_key: bytes) -> str:
+    """A commitment to one capture's wrapped key, cited by a receipt once it is destroyed."""
+    return hashlib.sha256(b"capture-key-commit" + capture_id.encode() + wrapped_key).hexdigest()
+
+
 @dataclass(frozen=True)
 class DestroyedKey:
     key_version: int
@@ -496,6 +501,13 @@ class KeyStore:
         self._capture_keys.put_many(entries, ticket=ticket)
         return wanted
 
+    def capture_key_commitment(self, stream_id: str, capture_id: str) -> str | None:
+        """What ``destroy_capture_key`` would return now; nothing is deleted."""
+        where = (capture_keys.c.capture_id == capture_id, capture_keys.c.stream_id == stream_id)
+        with self._engine.connect() as conn:
+            row = conn.execute(sa.select(capture_keys.c.wrapped_key).where(*where)).first()
+        return None if row is None else _capture_commitment(capture_id, row.wrapped_key)
+
     def destroy_capture_key(self, stream_id: str, capture_id: str) -> str | None:
         """Destroy one capture's key (item-level shredding).
 
@@ -509,19 +521,41 @@ class KeyStore:
         self._capture_keys.pop((stream_id, capture_id))
         if row is None:
             return None
-        return hashlib.sha256(
-            b"capture-key-commit" + capture_id.encode() + row.wrapped_key
-        ).hexdigest()
+        return _capture_commitment(capture_id, row.wrapped_key)
 
     # ------------------------------------------------------------ destruction
+
+    def destruction_preview(self, stream_id: str) -> Destruction:
+        """What ``destroy`` would destroy now (commitments and counts); nothing is deleted."""
+        with self._engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(subject_keys.c.key_version, subject_keys.c.dek_commitment)
+                .where(subject_keys.c.stream_id == stream_id)
+                .order_by(subject_keys.c.key_version)
+            ).all()
+            n_capture = conn.execute(
+                sa.select(sa.func.count())
+                .select_from(capture_keys)
+                .where(capture_keys.c.stream_id == stream_id)
+            ).scalar_one()
+            n_alias = conn.execute(
+                sa.select(sa.func.count())
+                .select_from(subject_aliases)
+                .where(subject_aliases.c.stream_id == stream_id)
+            ).scalar_one()
+        return Destruction(
+            deks=tuple(DestroyedKey(r.key_version, r.dek_commitment) for r in rows),
+            capture_keys=int(n_capture),
+            aliases=int(n_alias),
+        )
 
     def destroy(self, stream_id: str, *, now: datetime) -> Destruction:
         """Destroy every key of a stream and its index rows; the stream becomes unreadable."""
         with self._engine.begin() as conn:
             rows = conn.execute(
-                sa.select(subject_keys.c.key_version, subject_keys.c.dek_commitment).where(
-                    subject_keys.c.stream_id == stream_id
-                )
+                sa.select(subject_keys.c.key_version, subject_keys.c.dek_commitment)
+                .where(subject_keys.c.stream_id == stream_id)
+                .order_by(subject_keys.c.key_version)
             ).all()
             conn.execute(subject_keys.delete().where(subject_keys.c.stream_id == stream_id))
             n_capture = conn.execute(

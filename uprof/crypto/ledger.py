@@ -88,24 +88,46 @@ class ErasureLedger:
         return self.mark(tenant, subject_ref) in self.state().marks
 
     def record_subject(
-        self, tenant: str, subject_ref: str | None, stream_id: str, *, request_id: str = ""
+        self,
+        tenant: str,
+        subject_ref: str | None,
+        stream_id: str,
+        *,
+        request_id: str = "",
+        draft: str = "",
     ) -> None:
+        """A subject erasure, before its keys go; ``draft`` (the receipt's draft) lets a
+        retry after a crash finish it with its receipt (``unfinished``)."""
         mark = self.mark(tenant, subject_ref) if subject_ref is not None else None
         self._store.append_erasure(
-            ErasureRecord("subject", tenant, _now(), stream_id, mark, request_id=request_id)
+            ErasureRecord(
+                "subject", tenant, _now(), stream_id, mark, request_id=request_id, draft=draft
+            )
         )
 
     def record_captures(
-        self, tenant: str, stream_id: str, capture_ids: Iterable[str], *, request_id: str = ""
+        self,
+        tenant: str,
+        stream_id: str,
+        capture_ids: Iterable[str],
+        *,
+        request_id: str = "",
+        subject_ref: str | None = None,
+        draft: str = "",
     ) -> None:
+        """Captured events' erasure, before their keys go. With ``subject_ref`` and
+        ``draft``, a retry after a crash finishes it with its receipt; the mark here only
+        finds the record, it refuses nothing."""
         self._store.append_erasure(
             ErasureRecord(
                 "captures",
                 tenant,
                 _now(),
                 stream_id,
+                self.mark(tenant, subject_ref) if subject_ref is not None else None,
                 capture_ids=tuple(sorted(set(capture_ids))),
                 request_id=request_id,
+                draft=draft,
             )
         )
 
@@ -143,16 +165,18 @@ class ErasureLedger:
         scope: str = "subject",
         target: Sequence[str] = (),
     ) -> ErasureRecord | None:
-        """The subject's erasure of this scope and target that answered
-        ``erasure_incomplete`` and has issued no receipt since (None when there is none,
-        or the name was re-created after it)."""
+        """The subject's latest erasure of this scope and target that recorded a draft
+        and has issued no receipt since: one that answered ``erasure_incomplete``, or one
+        whose process died after its ledger record (None when there is none, or the name
+        was re-created after it). Of one request, the latest record's draft wins: an
+        ``incomplete`` record holds the counts known after the keys went."""
         mark = self.mark(tenant, subject_ref)
         wanted = (scope, sorted(target))
         found: ErasureRecord | None = None
         for record in self._store.erasure_records():
             if record.tenant != tenant:
                 continue
-            if record.kind == "incomplete" and record.mark == mark:
+            if record.kind in _DRAFTED and record.draft and record.mark == mark:
                 if draft_key(record.draft) == wanted:
                     found = record
             elif found is not None and (
@@ -166,6 +190,10 @@ class ErasureLedger:
         self._store.append_erasure(
             ErasureRecord("recreated", tenant, _now(), mark=self.mark(tenant, subject_ref))
         )
+
+
+#: Record kinds that may carry a receipt's draft.
+_DRAFTED = frozenset({"subject", "captures", "incomplete"})
 
 
 def draft_key(draft: str) -> tuple[str, list[str]]:

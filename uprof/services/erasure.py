@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import sqlalchemy as sa
@@ -39,6 +39,9 @@ from projections.profile import tables as t
 from uprof.ports import AuditTrail, Clock, EventStore, SubjectKeyStore, ViewStore
 from uprof.services.subjects import SubjectResolver, check_subject_ref
 from uprof.storage import fold_log
+
+if TYPE_CHECKING:
+    from uprof.crypto.keystore import Destruction
 
 DEFAULT_BASIS = "GDPR-Art.17(1)"
 #: Stated in every receipt: what a receipt cannot rule out (docs/governance.md).
@@ -131,12 +134,31 @@ class ErasureService:
             return self._app.save(profile)[-1].notification.id
 
         tombstone_id = self._app.with_retry(tombstone)
+        draft = _Draft(
+            request_id=request_id,
+            received_at=received_at.isoformat(),
+            basis=basis,
+            scope="subject",
+            target=[],
+            pseudonym=handle.pseudonym,
+            stream=str(stream),
+            tombstone_id=tombstone_id,
+            actions=[],
+            counts={},
+        )
         # The ledger record comes before the keys go: a crash in between is finished by
         # the next start, and no copy or restore can bring the keys back (decision 0012).
+        # It carries the receipt's draft, so that a retry after such a crash still gets
+        # the receipt (decision 0052).
         ledger = self._keystore.ledger
         if ledger is not None:
+            preview = self._keystore.destruction_preview(str(stream))
             ledger.record_subject(
-                self._tenant, check_subject_ref(subject_ref), str(stream), request_id=request_id
+                self._tenant,
+                check_subject_ref(subject_ref),
+                str(stream),
+                request_id=request_id,
+                draft=_subject_drafted(draft, preview, before, snapshots=None).to_json(),
             )
         destruction = self._keystore.destroy(str(stream), now=self._clock.now())
         for key in destruction.deks:
@@ -149,47 +171,7 @@ class ErasureService:
             )
         snapshots = self._app.drop_snapshots(stream)
         self._flush_caches(stream)
-        counts = {f"rows_{name}": n for name, n in before.items()}
-        counts.update(
-            snapshots=snapshots,
-            deks=len(destruction.deks),
-            capture_keys=destruction.capture_keys,
-            aliases=destruction.aliases,
-        )
-        actions: list[dict[str, Any]] = [
-            {"type": "tombstone_appended", "stream": str(stream), "notification_id": tombstone_id},
-            *(
-                {
-                    "type": "dek_destroyed",
-                    "key_version": key.key_version,
-                    "dek_commitment": key.dek_commitment,
-                }
-                for key in destruction.deks
-            ),
-            {
-                "type": "projection_purged",
-                "name": "profile",
-                "tracking_position": tombstone_id,
-                "rows": sum(before.values()),
-            },
-            {"type": "embeddings_purged", "rows": before.get("memories", 0)},
-            {
-                "type": "cache_invalidated",
-                "caches": ["subject-keys", "capture-keys", "slice-index", "snapshots"],
-            },
-        ]
-        draft = _Draft(
-            request_id=request_id,
-            received_at=received_at.isoformat(),
-            basis=basis,
-            scope="subject",
-            target=[],
-            pseudonym=handle.pseudonym,
-            stream=str(stream),
-            tombstone_id=tombstone_id,
-            actions=actions,
-            counts=counts,
-        )
+        draft = _subject_drafted(draft, destruction, before, snapshots=snapshots)
         return self._finish(subject_ref, draft, timeout_s, resumed=False)
 
     # ---------------------------------------------------------------- captures
@@ -263,31 +245,6 @@ class ErasureService:
             return self._app.save(profile)[-1].notification.id, totals
 
         tombstone_id, totals = self._app.with_retry(command)
-        if self._keystore.ledger is not None:
-            self._keystore.ledger.record_captures(
-                self._tenant, str(stream), ids, request_id=request_id
-            )
-        commitments = [
-            c for c in (self._keystore.destroy_capture_key(str(stream), cid) for cid in ids) if c
-        ]
-        # Snapshots may hold the shredded items' values: they are caches, drop them.
-        snapshots = self._app.drop_snapshots(stream)
-        self._flush_caches(stream)
-        counts = dict(totals, captures=len(ids), snapshots=snapshots, capture_keys=len(commitments))
-        actions: list[dict[str, Any]] = [
-            {"type": "tombstone_appended", "stream": str(stream), "notification_id": tombstone_id},
-            *(
-                {"type": "dek_destroyed", "key_kind": "capture", "dek_commitment": c}
-                for c in commitments
-            ),
-            {
-                "type": "projection_purged",
-                "name": "profile",
-                "tracking_position": tombstone_id,
-                "rows": totals["items_erased"] + len(ids),
-            },
-            {"type": "cache_invalidated", "caches": ["capture-keys", "slice-index", "snapshots"]},
-        ]
         draft = _Draft(
             request_id=request_id,
             received_at=received_at.isoformat(),
@@ -297,10 +254,29 @@ class ErasureService:
             pseudonym=handle.pseudonym,
             stream=str(stream),
             tombstone_id=tombstone_id,
-            actions=actions,
-            counts=counts,
+            actions=[],
+            counts={},
             captures=ids,
         )
+        if self._keystore.ledger is not None:
+            previews = [self._keystore.capture_key_commitment(str(stream), cid) for cid in ids]
+            self._keystore.ledger.record_captures(
+                self._tenant,
+                str(stream),
+                ids,
+                request_id=request_id,
+                subject_ref=check_subject_ref(subject_ref),
+                draft=_captures_drafted(
+                    draft, [c for c in previews if c], totals, snapshots=None
+                ).to_json(),
+            )
+        commitments = [
+            c for c in (self._keystore.destroy_capture_key(str(stream), cid) for cid in ids) if c
+        ]
+        # Snapshots may hold the shredded items' values: they are caches, drop them.
+        snapshots = self._app.drop_snapshots(stream)
+        self._flush_caches(stream)
+        draft = _captures_drafted(draft, commitments, totals, snapshots=snapshots)
         return self._finish(subject_ref, draft, timeout_s, resumed=False)
 
     # -------------------------------------------------------------------- item
@@ -402,6 +378,8 @@ class ErasureService:
         Not purged within ``timeout_s``: the ledger keeps the draft (the first time) and
         ``ErasureIncompleteError`` asks the caller to ask again.
         """
+        if resumed:
+            self._reapply(draft)
         caught_up = self._catch_up(draft.tombstone_id, timeout_s)
         left = self._left_after(draft) if caught_up else "projections behind"
         if left and caught_up and draft.captures:
@@ -447,9 +425,27 @@ class ErasureService:
             draft.actions,
             dict(draft.counts),
         )
-        if ledger is not None and resumed:
+        if ledger is not None and (resumed or draft.scope != "item"):
+            # The draft is in the ledger (every subject and event erasure writes it with
+            # its record; an item erasure only when it answered erasure_incomplete).
             ledger.record_receipted(self._tenant, draft.request_id)
         return result
+
+    def _reapply(self, draft: _Draft) -> None:
+        """Destroy again what the erasure destroys, before finishing it from its draft.
+
+        The process that began it may have died between its ledger record and the key
+        destruction; the next start re-applies the ledger, but a process that was already
+        running when it died has not, and the receipt must not cite keys that still
+        exist. Destroying is idempotent."""
+        stream = UUID(draft.stream)
+        if draft.scope == "subject":
+            self._keystore.destroy(draft.stream, now=self._clock.now())
+        for capture_id in draft.captures:
+            self._keystore.destroy_capture_key(draft.stream, capture_id)
+        if draft.scope != "item":
+            self._app.drop_snapshots(stream)
+        self._flush_caches(stream)
 
     def _left_after(self, draft: _Draft) -> str:
         """What the views still hold that the erasure removes ("" when purged)."""
@@ -611,6 +607,76 @@ class _Draft:
     @classmethod
     def from_json(cls, text: str) -> _Draft:
         return cls(**json.loads(text))
+
+
+def _subject_drafted(
+    draft: _Draft, destruction: Destruction, before: dict[str, int], *, snapshots: int | None
+) -> _Draft:
+    """A subject erasure's draft citing these keys and counts (``snapshots`` is None
+    before they are dropped: the draft written ahead of the destruction omits it)."""
+    counts = {f"rows_{name}": n for name, n in before.items()}
+    if snapshots is not None:
+        counts["snapshots"] = snapshots
+    counts.update(
+        deks=len(destruction.deks),
+        capture_keys=destruction.capture_keys,
+        aliases=destruction.aliases,
+    )
+    actions: list[dict[str, Any]] = [
+        {
+            "type": "tombstone_appended",
+            "stream": draft.stream,
+            "notification_id": draft.tombstone_id,
+        },
+        *(
+            {
+                "type": "dek_destroyed",
+                "key_version": key.key_version,
+                "dek_commitment": key.dek_commitment,
+            }
+            for key in destruction.deks
+        ),
+        {
+            "type": "projection_purged",
+            "name": "profile",
+            "tracking_position": draft.tombstone_id,
+            "rows": sum(before.values()),
+        },
+        {"type": "embeddings_purged", "rows": before.get("memories", 0)},
+        {
+            "type": "cache_invalidated",
+            "caches": ["subject-keys", "capture-keys", "slice-index", "snapshots"],
+        },
+    ]
+    return replace(draft, actions=actions, counts=counts)
+
+
+def _captures_drafted(
+    draft: _Draft, commitments: list[str], totals: dict[str, int], *, snapshots: int | None
+) -> _Draft:
+    """An event erasure's draft citing these capture-key commitments and counts."""
+    counts = dict(totals, captures=len(draft.captures), capture_keys=len(commitments))
+    if snapshots is not None:
+        counts["snapshots"] = snapshots
+    actions: list[dict[str, Any]] = [
+        {
+            "type": "tombstone_appended",
+            "stream": draft.stream,
+            "notification_id": draft.tombstone_id,
+        },
+        *(
+            {"type": "dek_destroyed", "key_kind": "capture", "dek_commitment": c}
+            for c in commitments
+        ),
+        {
+            "type": "projection_purged",
+            "name": "profile",
+            "tracking_position": draft.tombstone_id,
+            "rows": totals["items_erased"] + len(draft.captures),
+        },
+        {"type": "cache_invalidated", "caches": ["capture-keys", "slice-index", "snapshots"]},
+    ]
+    return replace(draft, actions=actions, counts=counts)
 
 
 def _token(text: str) -> str:
