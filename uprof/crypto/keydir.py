@@ -134,6 +134,7 @@ class FileKeyMaterialStore:
         key_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._ledger_lock = threading.Lock()
         self._records: list[ErasureRecord] = []
+        self._snapshot: tuple[ErasureRecord, ...] = ()
         #: (inode, bytes consumed) of the ledger file read so far.
         self._ledger_state: tuple[int, int] = (0, 0)
 
@@ -210,11 +211,12 @@ class FileKeyMaterialStore:
             try:
                 stat = path.stat()
             except FileNotFoundError:
-                self._records, self._ledger_state = [], (0, 0)
+                self._records, self._ledger_state, self._snapshot = [], (0, 0), ()
                 return ()
             inode, consumed = self._ledger_state
             if stat.st_ino != inode or stat.st_size < consumed:
-                self._records, consumed = [], 0  # replaced or truncated: read it all again
+                # Replaced or truncated: read it all again.
+                self._records, consumed, self._snapshot = [], 0, ()
             if stat.st_size > consumed:
                 with path.open("rb") as fh:
                     fh.seek(consumed)
@@ -228,7 +230,10 @@ class FileKeyMaterialStore:
                         _log.warning("erasure ledger %s: skipped an unreadable line", path)
                 consumed += len(whole)
             self._ledger_state = (stat.st_ino, consumed)
-            return tuple(self._records)
+            if len(self._snapshot) != len(self._records):
+                # Copied only when it grew: every key lookup asks (decision 0052).
+                self._snapshot = tuple(self._records)
+            return self._snapshot
 
 
 # ------------------------------------------------------------------ placement

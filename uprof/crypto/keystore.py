@@ -382,7 +382,25 @@ class KeyStore:
 
     # -------------------------------------------------------------- data keys
 
+    def _erased_by_ledger(self, stream_id: str, capture_id: str | None = None) -> bool:
+        """Whether the erasure ledger says these keys are gone (or about to go).
+
+        Asked before any key is handed out, cached or not: when another process erases,
+        this process's caches are not told, and a key it still holds would open what the
+        other process's receipt says was shredded. The ledger is the one record every
+        process appends to, and it is written before any key is destroyed (decision 0052).
+        """
+        if self.ledger is None:
+            return False
+        state = self.ledger.state()
+        if stream_id in state.streams:
+            return True
+        return capture_id is not None and capture_id in state.captures.get(stream_id, ())
+
     def _load_deks(self, stream_id: str) -> dict[int, bytes]:
+        if self._erased_by_ledger(stream_id):
+            self.evict(stream_id)
+            return {}
         cached = self._deks.get(stream_id)
         if cached is not None:
             return cached
@@ -422,6 +440,9 @@ class KeyStore:
         Derived from the subject's first DEK, so destroying the DEK also makes every
         copy of the read-model fields unreadable.
         """
+        if self._erased_by_ledger(stream_id):
+            self.evict(stream_id)
+            return None
         cached = self._view_keys.get(stream_id)
         if cached is not None:
             return cached
@@ -468,6 +489,9 @@ class KeyStore:
 
     def capture_key(self, stream_id: str, capture_id: str) -> bytes | None:
         """Return a capture's key, or None when it (or its subject's DEK) is gone."""
+        if self._erased_by_ledger(stream_id, capture_id):
+            self._capture_keys.pop((stream_id, capture_id))
+            return None
         cached = self._capture_keys.get((stream_id, capture_id))
         if cached is not None:
             return cached
