@@ -246,6 +246,14 @@ class Uprof:
         grant = next(
             (c for c in self.profile(subject).consents if c.consent_id == consent_id), None
         )
+        if erase and grant is not None:
+            # An earlier withdrawal's erasure that answered erasure_incomplete: finish it,
+            # whether or not its captures are still listed. Looked for before withdrawing:
+            # that consent is withdrawn already, so a retry that does not carry the first
+            # request's token (none, or another) would be refused as "no consent in force".
+            unfinished = self.erasure_service.resume(subject, "consent-withdrawal", [consent_id])
+            if unfinished is not None:
+                return unfinished
         self.consent_service.withdraw(
             subject,
             consent_id,
@@ -255,11 +263,6 @@ class Uprof:
         )
         if not erase or grant is None:
             return None
-        # An earlier withdrawal's erasure that answered erasure_incomplete: finish it,
-        # whether or not its captures are still listed.
-        unfinished = self.erasure_service.resume(subject, "consent-withdrawal", [consent_id])
-        if unfinished is not None:
-            return unfinished
         stream = str(self.stream_of(subject))
         collected = self.queries.captures_by(
             stream, app_id=grant.app_id, purposes=grant.purposes, since=grant.granted_at
