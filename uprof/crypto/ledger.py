@@ -186,6 +186,20 @@ class ErasureLedger:
                 found = None
         return found
 
+    def erased_stream(self, tenant: str, subject_ref: str) -> str | None:
+        """The stream of the name's latest subject erasure while the name is still
+        refused; None when it was never erased or was re-created since."""
+        mark = self.mark(tenant, subject_ref)
+        stream: str | None = None
+        for record in self._store.erasure_records():
+            if record.tenant != tenant or record.mark != mark:
+                continue
+            if record.kind == "subject":
+                stream = record.stream_id
+            elif record.kind == "recreated":
+                stream = None
+        return stream
+
     def record_recreated(self, tenant: str, subject_ref: str) -> None:
         self._store.append_erasure(
             ErasureRecord("recreated", tenant, _now(), mark=self.mark(tenant, subject_ref))

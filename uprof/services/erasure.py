@@ -363,12 +363,22 @@ class ErasureService:
         ledger = self._keystore.ledger
         if ledger is None:
             return None
-        record = ledger.unfinished(
-            self._tenant, check_subject_ref(subject_ref), scope=scope, target=target
-        )
+        ref = check_subject_ref(subject_ref)
+        record = ledger.unfinished(self._tenant, ref, scope=scope, target=target)
         if record is None:
             return None
-        return self._finish(subject_ref, _Draft.from_json(record.draft), timeout_s, resumed=True)
+        draft = _Draft.from_json(record.draft)
+        # Only an erasure of the incarnation the name stands for now. An operator may
+        # re-create the name while an erasure waits; its ``incomplete`` record then comes
+        # after ``recreated``, and must not answer for (and leave) the new subject.
+        if scope == "subject":
+            current = ledger.erased_stream(self._tenant, ref)
+        else:
+            handle = self._subjects.find(subject_ref)
+            current = None if handle is None else str(handle.stream_id)
+        if current != draft.stream:
+            return None
+        return self._finish(subject_ref, draft, timeout_s, resumed=True)
 
     def _finish(
         self, subject_ref: str, draft: _Draft, timeout_s: float, *, resumed: bool
