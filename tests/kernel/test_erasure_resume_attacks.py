@@ -5,10 +5,17 @@ moment, after the name was re-created, after a restore. Both backends.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 
 from audit.receipts import verify_receipt
 from domain.errors import ErasureIncompleteError, InvalidInputError, SubjectErasedError
+from tests.conftest import Backend
 from tests.kernel.conftest import consent, say
 from tests.kernel.test_erasure import fill_with_canaries
 from tests.kernel.test_erasure_resume import projections_stay_behind, rows_left
@@ -18,6 +25,7 @@ from tests.kernel.test_erasure_resume_scopes import (
     projections_stall_after_first_wait,
     unfinished_request,
 )
+from uprof.crypto.keydir import LEDGER_FILE
 from uprof.kernel import Uprof
 
 
@@ -154,3 +162,102 @@ def test_an_incomplete_capture_erasure_of_an_erased_incarnation_stays_its_own(
     assert result.receipt["body"]["request"]["request_id"] != old_request
     assert result.receipt["body"]["actions"][0]["stream"] == str(kernel.stream_of("alice"))
     assert kernel.profile("alice").intents == ()
+
+
+# ------------------------------------------------------------- two processes at once
+
+_FINISHER = """
+import json, sys, time
+from pathlib import Path
+from domain.errors import UprofError
+from tests.conftest import Backend
+from tests.fakes.ports import FakeClock
+from tests.kernel.conftest import build_kernel, settings_for
+
+kind, url, data_dir, scope, target, barrier, me = sys.argv[1:8]
+backend = Backend(kind, url, Path(data_dir))
+kernel = build_kernel(settings_for(backend), FakeClock())
+try:
+    Path(barrier, f"ready-{me}").touch()
+    while not Path(barrier, "go").exists():
+        time.sleep(0.005)
+    try:
+        if scope == "subject":
+            result = kernel.erase_subject("alice")
+        else:
+            result = kernel.erase_capture("alice", target)
+        print(json.dumps({"receipt": result.receipt}))
+    except UprofError as refused:
+        print(json.dumps({"refused": type(refused).__name__, "message": str(refused)}))
+finally:
+    kernel.close()
+"""
+
+
+@pytest.mark.parametrize("scope", ["subject", "capture"])
+def test_two_processes_finish_the_same_incomplete_erasure_at_once(
+    backend: Backend,
+    kernel: Uprof,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    scope: str,
+) -> None:
+    """Each gets the receipt of the original request or is refused as the erasure being
+    finished (erased name, capture gone); no exception, the ledger stays whole, the audit
+    log verifies and nothing is left to finish."""
+    fill_with_canaries(kernel, "alice")
+    stream = str(kernel.stream_of("alice"))
+    target = sorted(capture_ids(kernel))[0]
+    with monkeypatch.context() as behind, pytest.raises(ErasureIncompleteError):
+        if scope == "subject":
+            projections_stay_behind(kernel, behind)
+            kernel.erase_subject("alice")
+        else:
+            projections_stall_after_first_wait(kernel, behind)
+            kernel.erase_capture("alice", target)
+    request_id = unfinished_request(kernel, scope, [] if scope == "subject" else [target])
+    assert request_id
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    argv = [backend.kind, backend.url or "", str(backend.data_dir), scope, target, str(barrier)]
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", _FINISHER, *argv, str(n)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(2)
+    ]
+    deadline = time.monotonic() + 120
+    while len(list(barrier.glob("ready-*"))) < 2:
+        assert time.monotonic() < deadline, "the finishers did not start"
+        assert all(c.poll() is None for c in children), [c.communicate() for c in children]
+        time.sleep(0.01)
+    (barrier / "go").touch()
+    outcomes = []
+    for child in children:
+        out, err = child.communicate(timeout=300)
+        assert child.returncode == 0, err[-3000:]
+        outcomes.append(json.loads(out.strip().splitlines()[-1]))
+
+    receipts = [o["receipt"] for o in outcomes if "receipt" in o]
+    assert receipts, outcomes
+    for receipt in receipts:  # two finishers may each sign one: the same request's
+        assert receipt["body"]["request"]["request_id"] == request_id
+        assert receipt["body"]["actions"] == receipts[0]["body"]["actions"]
+        verify_receipt(receipt, kernel.audit_log.public_key)
+    refused = {o["refused"] for o in outcomes if "refused" in o}
+    allowed = {"SubjectErasedError"} if scope == "subject" else {"InvalidInputError"}
+    assert refused <= allowed, outcomes
+    ledger_file = kernel.settings.key_path / LEDGER_FILE
+    lines = ledger_file.read_bytes().splitlines()
+    assert all(json.loads(line) for line in lines)  # every line whole
+    kinds = [json.loads(line)["kind"] for line in lines]
+    assert 1 <= kinds.count("receipted") <= len(receipts)
+    assert unfinished_request(kernel, scope, [] if scope == "subject" else [target]) is None
+    kernel.audit_log.verify_integrity()
+    if scope == "subject":
+        assert rows_left(kernel, stream) == 0
+    else:
+        assert target not in capture_ids(kernel)
