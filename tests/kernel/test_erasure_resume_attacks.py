@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -315,24 +316,34 @@ def test_a_restore_after_an_incomplete_capture_erasure_brings_nothing_back(
         kernel.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "A restore rolls the log back below an incomplete erasure's tombstone. Asking again "
-        "answers 'projections behind' while they are at the head, and once other writes "
-        "pass the old position it signs a receipt whose tombstone_appended names another "
-        "event (here: a later capture). Needs the tombstone re-appended (captures, items) "
-        "or a stated refusal (subjects: the stream is shredded); see the report."
-    ),
-)
+def _cited_tombstone(kernel: Uprof, body: dict[str, Any]) -> str:
+    """The class of the event at the position the receipt cites as its tombstone."""
+    (tombstone,) = [a for a in body["actions"] if a["type"] == "tombstone_appended"]
+    position = int(tombstone["notification_id"])
+    (cited,) = kernel.app.notifications_after(position - 1, 1)
+    assert cited.id == position
+    event = kernel.app.decode(cited)
+    assert str(event.originator_id) == tombstone["stream"]
+    return type(event).__name__
+
+
+@pytest.mark.parametrize("later_writes", [0, 4])
 def test_an_incomplete_erasure_rolled_back_by_a_restore_is_not_receipted_falsely(
-    backend: Backend, clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    backend: Backend,
+    clock: FakeClock,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    later_writes: int,
 ) -> None:
+    """The restore rolls the log back below the erasure's tombstone. Before the fix,
+    asking again answered "projections behind" (they were at the head) until later
+    writes passed the old position, and then signed a receipt whose tombstone was
+    another event (an InteractionCaptured)."""
     kernel, capture_id, request_id = _backup_then_incomplete_capture_erasure_then_restore(
         backend, clock, tmp_path, monkeypatch
     )
     try:
-        for n in range(4):  # later writes take the log past the rolled-back tombstone
+        for n in range(later_writes):  # take the log past the rolled-back tombstone
             kernel.capture("alice", say(f"I like tea number {n}", ref=f"tea-{n}"))
         kernel.process()
 
@@ -340,13 +351,50 @@ def test_an_incomplete_erasure_rolled_back_by_a_restore_is_not_receipted_falsely
 
         body = result.receipt["body"]
         assert body["request"]["request_id"] == request_id
-        (tombstone,) = [a for a in body["actions"] if a["type"] == "tombstone_appended"]
-        position = int(tombstone["notification_id"])
-        (cited,) = kernel.app.notifications_after(position - 1, 1)
-        assert cited.id == position
-        event = kernel.app.decode(cited)
-        assert str(event.originator_id) == tombstone["stream"]
-        assert type(event).__name__ == "CaptureErased", type(event).__name__
+        verify_receipt(result.receipt, kernel.audit_log.public_key)
+        assert _cited_tombstone(kernel, body) == "CaptureErased"
+        assert unfinished_request(kernel, "capture", [capture_id]) is None
+        view = kernel.profile("alice")
+        assert view.intents == ()
+        assert len(view.memories) == 1 + later_writes
+        assert SAIL.lower() not in json.dumps(kernel.export_subject("alice"), default=str).lower()
+    finally:
+        kernel.close()
+
+
+def test_an_incomplete_item_erasure_rolled_back_by_a_restore_is_finished_by_asking_again(
+    backend: Backend, clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No key is destroyed for an item, so the restore brings the item back into the
+    views; asking again erases it again and cites that tombstone."""
+    settings = settings_for(backend)
+    kernel = build_kernel(settings, clock)
+    consent(kernel)
+    kernel.capture("alice", say(f"I want to learn to {SAIL}", ref="sail"))
+    kernel.process()
+    (intent,) = kernel.profile("alice").intents
+    kernel.close()
+    backup(settings, tmp_path / "bk")
+    kernel = build_kernel(settings, clock)
+    with monkeypatch.context() as behind:
+        projections_stall_after_first_wait(kernel, behind)
+        with pytest.raises(ErasureIncompleteError):
+            kernel.erase_item("alice", intent.item_id)
+    request_id = unfinished_request(kernel, "item", [intent.item_id])
+    kernel.close()
+    restore(settings, tmp_path / "bk")
+    kernel = build_kernel(settings, clock)
+    try:
+        assert [i.item_id for i in kernel.profile("alice").intents] == [intent.item_id]
+
+        result = kernel.erase_item("alice", intent.item_id)
+
+        body = result.receipt["body"]
+        assert body["request"]["request_id"] == request_id
+        verify_receipt(result.receipt, kernel.audit_log.public_key)
+        assert _cited_tombstone(kernel, body) == "ItemsErased"
+        assert kernel.profile("alice").intents == ()
+        assert unfinished_request(kernel, "item", [intent.item_id]) is None
     finally:
         kernel.close()
 

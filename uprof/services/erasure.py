@@ -388,8 +388,15 @@ class ErasureService:
         Not purged within ``timeout_s``: the ledger keeps the draft (the first time) and
         ``ErasureIncompleteError`` asks the caller to ask again.
         """
+        rewritten = False
         if resumed:
             self._reapply(draft)
+            if draft.scope != "subject" and not self._tombstone_in_log(draft):
+                # A restore rolled the log back below the tombstone: write it again, so
+                # the receipt cites a tombstone the log holds (the keys stay destroyed),
+                # and keep the new draft in case this one does not finish either.
+                draft = self._append_tombstone_again(draft)
+                rewritten = True
         caught_up = self._catch_up(draft.tombstone_id, timeout_s)
         left = self._left_after(draft) if caught_up else "projections behind"
         if left and caught_up and draft.captures:
@@ -405,7 +412,7 @@ class ErasureService:
                 left = self._left_after(draft) if caught_up else "projections behind"
         ledger = self._keystore.ledger
         if left:
-            if ledger is not None and not resumed:
+            if ledger is not None and (not resumed or rewritten):
                 ledger.record_incomplete(
                     self._tenant,
                     check_subject_ref(subject_ref),
@@ -474,6 +481,41 @@ class ErasureService:
             return ", ".join(parts)
         present = [i for i in draft.items if self._evidence_of(draft.stream, i) is not None]
         return f"{len(present)} items still listed" if present else ""
+
+    def _tombstone_in_log(self, draft: _Draft) -> bool:
+        """Whether the log still holds the draft's tombstone (a restore of a backup taken
+        before it rolls it back, and the position is then another event, or none)."""
+        found = self._app.notifications_after(draft.tombstone_id - 1, 1)
+        if not found or found[0].id != draft.tombstone_id:
+            return False
+        kind = "CaptureErased" if draft.captures else "ItemsErased"
+        return str(found[0].originator_id) == draft.stream and found[0].topic.endswith(
+            f".{kind}"
+        )
+
+    def _append_tombstone_again(self, draft: _Draft) -> _Draft:
+        """Append the erasure's events again for what the draft names; the receipt's
+        positions move to the new tombstone."""
+        stream = UUID(draft.stream)
+        now = self._clock.now()
+
+        def command() -> int:
+            profile = self._app.load(stream)
+            if draft.captures:
+                for capture_id in draft.captures:
+                    profile.erase_capture(capture_id, cited_by=[], now=now)
+            else:
+                profile.erase_items(list(draft.items), reason="user-request")
+            return self._app.save(profile)[-1].notification.id
+
+        position = self._app.with_retry(command)
+        self._flush_caches(stream)
+        moved = {"tombstone_appended": "notification_id", "projection_purged": "tracking_position"}
+        actions = [
+            dict(a, **{moved[a["type"]]: position}) if a.get("type") in moved else a
+            for a in draft.actions
+        ]
+        return replace(draft, tombstone_id=position, actions=actions)
 
     def _erase_strays(self, draft: _Draft, item_ids: list[str]) -> int:
         stream = UUID(draft.stream)
