@@ -489,9 +489,7 @@ class ErasureService:
         if not found or found[0].id != draft.tombstone_id:
             return False
         kind = "CaptureErased" if draft.captures else "ItemsErased"
-        return str(found[0].originator_id) == draft.stream and found[0].topic.endswith(
-            f".{kind}"
-        )
+        return str(found[0].originator_id) == draft.stream and found[0].topic.endswith(f".{kind}")
 
     def _append_tombstone_again(self, draft: _Draft) -> _Draft:
         """Append the erasure's events again for what the draft names; the receipt's
