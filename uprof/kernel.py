@@ -240,7 +240,9 @@ class Uprof:
         """Withdraw a consent; with ``erase``, also erase what was collected under it.
 
         A retried keyed withdrawal writes nothing again; with ``erase`` it finishes
-        erasing whatever collected data is still there (none if the first finished).
+        erasing whatever collected data is still there (none if the first finished). So
+        does asking again, with any token or none, for a consent already withdrawn with
+        ``erase``: its erasure that answered erasure_incomplete issues its receipt.
         """
         self._settle_reads()
         grant = next(
@@ -254,13 +256,20 @@ class Uprof:
             unfinished = self.erasure_service.resume(subject, "consent-withdrawal", [consent_id])
             if unfinished is not None:
                 return unfinished
-        self.consent_service.withdraw(
-            subject,
-            consent_id,
-            erase_requested=erase,
-            request_token=request_token,
-            token_window_s=self._token_window_s,
+        # The same withdrawal asked again (an erasure of it answered erasure_incomplete or
+        # was cut short, whatever token the retry carries): it is withdrawn already, so
+        # only its erasure goes on, as for a keyed retry.
+        asked_again = (
+            erase and grant is not None and grant.withdrawn_at is not None and grant.erase_requested
         )
+        if not asked_again:
+            self.consent_service.withdraw(
+                subject,
+                consent_id,
+                erase_requested=erase,
+                request_token=request_token,
+                token_window_s=self._token_window_s,
+            )
         if not erase or grant is None:
             return None
         stream = str(self.stream_of(subject))

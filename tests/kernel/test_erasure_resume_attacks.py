@@ -64,6 +64,24 @@ def test_a_withdrawal_erasure_is_finished_without_the_first_request_token(
     assert unfinished_request(kernel, "consent-withdrawal", [consent_id]) is None
 
 
+def test_a_finished_withdrawal_erasure_asked_again_writes_nothing(kernel: Uprof) -> None:
+    """Asking again once it finished answers "nothing left" (no receipt, no write); a
+    consent withdrawn without erase is still not withdrawn again to erase."""
+    erased, kept = consent(kernel), consent(kernel, app="app:calendar")
+    kernel.capture("alice", say("I want to learn to sail"))
+    kernel.capture("alice", say("I live in Porto", app="app:calendar"))
+    assert kernel.withdraw_consent("alice", erased, erase=True) is not None
+    kernel.withdraw_consent("alice", kept)
+    kernel.process()
+    head = kernel.app.max_notification_id()
+
+    assert kernel.withdraw_consent("alice", erased, erase=True) is None
+    assert kernel.withdraw_consent("alice", erased, erase=True, request_token="t") is None
+    assert kernel.app.max_notification_id() == head
+    with pytest.raises(InvalidInputError, match="no consent"):
+        kernel.withdraw_consent("alice", kept, erase=True)
+
+
 # ------------------------------------------------------------------- re-created names
 
 

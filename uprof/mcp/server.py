@@ -325,29 +325,38 @@ def build_server(
             if item_id is not None:
                 receipt = s.erase_item(w.ItemErasureIn(subject=subject, item_id=item_id))
                 return ForgetResult(erasures=[receipt])
-            live: list[w.Consent] = []
+            asked: list[w.Consent] = []
             cursor = None
             while True:  # every page: "forget" means every consent, however many
                 page = s.consents(
                     w.ConsentListIn(subject=subject, cursor=cursor, limit=w.MAX_PAGE_LIMIT)
                 )
-                live += [c for c in page.consents if c.withdrawn_at is None]
+                # With erase, a consent withdrawn with erase is asked again too: its
+                # erasure may have answered erasure_incomplete (finished now, with the
+                # receipt of that request); one that finished has nothing left to erase.
+                asked += [
+                    c
+                    for c in page.consents
+                    if c.withdrawn_at is None or (erase and c.erase_requested)
+                ]
                 cursor = page.next_cursor
                 if cursor is None:
                     break
-            targets = [c.consent_id for c in live if consent_id in (None, c.consent_id)]
+            targets = [c.consent_id for c in asked if consent_id in (None, c.consent_id)]
             if consent_id is not None and not targets:
                 raise EdgeError(
                     404,
                     "consent_not_found",
                     "this app has no live consent with that id for the subject",
                 )
+            fresh = {c.consent_id for c in asked if c.withdrawn_at is None}
             result = ForgetResult()
             for target in targets:
                 done = s.withdraw_consent(
                     w.ConsentWithdrawIn(subject=subject, consent_id=target, erase=erase)
                 )
-                result.withdrawn.append(done.consent)
+                if done.consent.consent_id in fresh:
+                    result.withdrawn.append(done.consent)
                 if done.erasure is not None:
                     result.erasures.append(done.erasure)
             return result
