@@ -528,3 +528,66 @@ def test_an_incomplete_subject_erasure_rolled_back_by_a_restore_is_not_receipted
         assert _cited_tombstone(kernel, body) == "SubjectErased"
     finally:
         kernel.close()
+
+
+# ------------------------------------------------------------ a draft of decision 0051
+
+
+def _as_0051_draft(draft: dict[str, Any]) -> dict[str, Any]:
+    """The subject draft as decision 0051's code (51e0314) wrote it: no scope, target or
+    actions; the destroyed keys, purged rows and memories as their own fields."""
+    actions = draft["actions"]
+    return {
+        "request_id": draft["request_id"],
+        "received_at": draft["received_at"],
+        "basis": draft["basis"],
+        "pseudonym": draft["pseudonym"],
+        "stream": draft["stream"],
+        "tombstone_id": draft["tombstone_id"],
+        "deks": [
+            [a["key_version"], a["dek_commitment"]] for a in actions if a["type"] == "dek_destroyed"
+        ],
+        "rows": next(a["rows"] for a in actions if a["type"] == "projection_purged"),
+        "memories": next(a["rows"] for a in actions if a["type"] == "embeddings_purged"),
+        "counts": draft["counts"],
+    }
+
+
+def test_an_incomplete_subject_erasure_recorded_by_the_0051_code_is_finished(
+    backend: Backend, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decision 0052 says a draft of 0051's code is read as a subject's; the deployment
+    upgraded between the two must still finish it (before: TypeError on every ask)."""
+    settings = settings_for(backend)
+    kernel = build_kernel(settings, clock)
+    fill_with_canaries(kernel, "alice")
+    stream = str(kernel.stream_of("alice"))
+    with monkeypatch.context() as behind:
+        projections_stay_behind(kernel, behind)
+        with pytest.raises(ErasureIncompleteError):
+            kernel.erase_subject("alice")
+    request_id = unfinished_subject_request(kernel, "alice")
+    kernel.close()
+    ledger_file = settings.key_path / LEDGER_FILE
+    lines = []
+    for line in ledger_file.read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        if record["kind"] == "incomplete":
+            current = json.loads(record["draft"])
+            record["draft"] = json.dumps(_as_0051_draft(current))
+        lines.append(json.dumps(record, separators=(",", ":"), sort_keys=True))
+    ledger_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    kernel = build_kernel(settings, clock)
+    try:
+        result = kernel.erase_subject("alice")
+
+        body = result.receipt["body"]
+        assert body["request"]["request_id"] == request_id
+        assert body["request"]["scope"] == "subject"
+        assert body["actions"] == current["actions"]
+        verify_receipt(result.receipt, kernel.audit_log.public_key)
+        assert rows_left(kernel, stream) == 0
+        with pytest.raises(SubjectErasedError):
+            kernel.erase_subject("alice")
+    finally:
+        kernel.close()

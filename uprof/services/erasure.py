@@ -656,7 +656,49 @@ class _Draft:
 
     @classmethod
     def from_json(cls, text: str) -> _Draft:
-        return cls(**json.loads(text))
+        raw = json.loads(text)
+        if "scope" not in raw:
+            raw = _subject_draft_of_0051(raw)
+        return cls(**raw)
+
+
+def _subject_draft_of_0051(raw: dict[str, Any]) -> dict[str, Any]:
+    """A subject draft as decision 0051's code wrote it (destroyed keys, purged rows and
+    memories as fields, no scope, target or actions), with the actions that code's
+    receipt cited: the same as ``erase_subject`` builds now."""
+    return {
+        "request_id": raw["request_id"],
+        "received_at": raw["received_at"],
+        "basis": raw["basis"],
+        "scope": "subject",
+        "target": [],
+        "pseudonym": raw["pseudonym"],
+        "stream": raw["stream"],
+        "tombstone_id": raw["tombstone_id"],
+        "actions": [
+            {
+                "type": "tombstone_appended",
+                "stream": raw["stream"],
+                "notification_id": raw["tombstone_id"],
+            },
+            *(
+                {"type": "dek_destroyed", "key_version": version, "dek_commitment": commitment}
+                for version, commitment in raw["deks"]
+            ),
+            {
+                "type": "projection_purged",
+                "name": "profile",
+                "tracking_position": raw["tombstone_id"],
+                "rows": raw["rows"],
+            },
+            {"type": "embeddings_purged", "rows": raw["memories"]},
+            {
+                "type": "cache_invalidated",
+                "caches": ["subject-keys", "capture-keys", "slice-index", "snapshots"],
+            },
+        ],
+        "counts": raw["counts"],
+    }
 
 
 def _subject_drafted(
