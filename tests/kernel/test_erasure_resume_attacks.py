@@ -596,23 +596,13 @@ def test_an_incomplete_subject_erasure_recorded_by_the_0051_code_is_finished(
 # -------------------------------------------------------- an item, then with evidence
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "erase_item(with_evidence=True) resumes an unfinished plain item erasure of the same "
-        "item and returns its scope-'item' receipt: the evidence stays, and once the item "
-        "is gone from the views its evidence cannot be named by the item any more. Skipping "
-        "the plain draft is not enough (catching the views up projects its tombstone and "
-        "the item disappears first); the plain draft would need the item's evidence ids. "
-        "See the report."
-    ),
-)
 def test_asking_with_evidence_after_an_incomplete_item_erasure_erases_the_evidence(
     kernel: Uprof, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A plain item erasure answered incomplete; the caller then asks for the item with
-    its evidence. Finishing the plain one (scope "item") and stopping there left the
-    captured event, and with the item gone the evidence could no longer be named."""
+    its evidence. Before the fix it finished the plain one (scope "item") and stopped
+    there: the captured event stayed, and with the item gone its evidence could no longer
+    be named."""
     consent(kernel)
     ack = kernel.capture("alice", say(f"I want to learn to {SAIL}"))
     (intent,) = kernel.profile("alice").intents
@@ -620,11 +610,18 @@ def test_asking_with_evidence_after_an_incomplete_item_erasure_erases_the_eviden
         projections_stall_after_first_wait(kernel, behind)
         with pytest.raises(ErasureIncompleteError):
             kernel.erase_item("alice", intent.item_id)
+    plain = unfinished_request(kernel, "item", [intent.item_id])
 
     result = kernel.erase_item("alice", intent.item_id, with_evidence=True)
 
-    assert result.receipt["body"]["request"]["scope"] == "item-with-evidence"
+    body = result.receipt["body"]
+    assert body["request"]["scope"] == "item-with-evidence"
+    assert body["request"]["request_id"] != plain
     verify_receipt(result.receipt, kernel.audit_log.public_key)
     assert ack.capture_id not in capture_ids(kernel)
     assert kernel.profile("alice").intents == ()
     assert SAIL.lower() not in json.dumps(kernel.export_subject("alice"), default=str).lower()
+    # The plain request, asked again, still gets its own receipt; then nothing is left.
+    again = kernel.erase_item("alice", intent.item_id)
+    assert again.receipt["body"]["request"]["request_id"] == plain
+    assert unfinished_request(kernel, "item", [intent.item_id]) is None

@@ -293,10 +293,32 @@ class ErasureService:
         """Erase one item; with_evidence also erases (and shreds) the events it came from."""
         handle = self._require(subject_ref)
         stream = handle.stream_id
-        for scope in ("item-with-evidence", "item") if with_evidence else ("item",):
-            resumed = self.resume(subject_ref, scope, [item_id], timeout_s=timeout_s)
+        if with_evidence:
+            resumed = self.resume(subject_ref, "item-with-evidence", [item_id], timeout_s=timeout_s)
             if resumed is not None:
                 return resumed
+            if self._unfinished(subject_ref, "item", [item_id]) is not None:
+                # A plain erasure of this item answered incomplete, and this request asks
+                # for its evidence too. The views list the item until they pass the plain
+                # tombstone, so its evidence is read now, before catching up; finishing
+                # the plain one instead would stop there and leave the evidence unnamed.
+                # The plain draft stays for a plain request.
+                listed = list(self._evidence_of(str(stream), item_id) or ())
+                if listed and self._queries.captures(listed):
+                    self._require_views_current(timeout_s)
+                    present = list(self._queries.captures(listed))
+                    if present:
+                        return self.erase_captures(
+                            subject_ref,
+                            present,
+                            scope="item-with-evidence",
+                            target=[item_id],
+                            basis=basis,
+                            timeout_s=timeout_s,
+                        )
+        resumed = self.resume(subject_ref, "item", [item_id], timeout_s=timeout_s)
+        if resumed is not None:
+            return resumed
         self._require_views_current(timeout_s)
         evidence = self._evidence_of(str(stream), item_id)
         if evidence is None:
@@ -360,6 +382,13 @@ class ErasureService:
         """Finish this subject's erasure of ``scope`` and ``target`` that answered
         ``erasure_incomplete`` (any process), issuing the receipt of that same request;
         None when there is none."""
+        draft = self._unfinished(subject_ref, scope, target)
+        if draft is None:
+            return None
+        return self._finish(subject_ref, draft, timeout_s, resumed=True)
+
+    def _unfinished(self, subject_ref: str, scope: str, target: Sequence[str]) -> _Draft | None:
+        """The draft of this subject's unfinished erasure of ``scope`` and ``target``."""
         ledger = self._keystore.ledger
         if ledger is None:
             return None
@@ -376,9 +405,7 @@ class ErasureService:
         else:
             handle = self._subjects.find(subject_ref)
             current = None if handle is None else str(handle.stream_id)
-        if current != draft.stream:
-            return None
-        return self._finish(subject_ref, draft, timeout_s, resumed=True)
+        return draft if current == draft.stream else None
 
     def _finish(
         self, subject_ref: str, draft: _Draft, timeout_s: float, *, resumed: bool
