@@ -240,9 +240,10 @@ class Uprof:
         """Withdraw a consent; with ``erase``, also erase what was collected under it.
 
         A retried keyed withdrawal writes nothing again; with ``erase`` it finishes
-        erasing whatever collected data is still there (none if the first finished). So
-        does asking again, with any token or none, for a consent already withdrawn with
-        ``erase``: its erasure that answered erasure_incomplete issues its receipt.
+        erasing whatever collected data is still there (none if the first finished).
+        Asking again, with any token or none, for a consent already withdrawn with
+        ``erase`` finishes its erasure that answered erasure_incomplete (the receipt of
+        that request); when nothing of it is unfinished, it does nothing.
         """
         self._settle_reads()
         grant = next(
@@ -256,13 +257,15 @@ class Uprof:
             unfinished = self.erasure_service.resume(subject, "consent-withdrawal", [consent_id])
             if unfinished is not None:
                 return unfinished
-        # The same withdrawal asked again (an erasure of it answered erasure_incomplete or
-        # was cut short, whatever token the retry carries): it is withdrawn already, so
-        # only its erasure goes on, as for a keyed retry.
         asked_again = (
             erase and grant is not None and grant.withdrawn_at is not None and grant.erase_requested
         )
-        if not asked_again:
+        if asked_again and request_token is None:
+            # Withdrawn with erase already, and nothing of its erasure is unfinished: there
+            # is nothing more to do. Collecting again would take captures made since under
+            # a later consent of the same app and purposes.
+            return None
+        try:
             self.consent_service.withdraw(
                 subject,
                 consent_id,
@@ -270,6 +273,10 @@ class Uprof:
                 request_token=request_token,
                 token_window_s=self._token_window_s,
             )
+        except InvalidInputError:
+            if asked_again:
+                return None  # another request's token: as above
+            raise
         if not erase or grant is None:
             return None
         stream = str(self.stream_of(subject))

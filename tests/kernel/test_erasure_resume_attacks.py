@@ -82,6 +82,51 @@ def test_a_finished_withdrawal_erasure_asked_again_writes_nothing(kernel: Uprof)
         kernel.withdraw_consent("alice", kept, erase=True)
 
 
+@pytest.mark.parametrize("token", [None, "w-2"], ids=["no-token", "other-token"])
+def test_asking_again_for_a_finished_withdrawal_leaves_a_later_consents_data(
+    kernel: Uprof, token: str | None
+) -> None:
+    """The app was granted consent again and collected under it; asking again to erase
+    the first (finished) withdrawal must not take what the later consent collected."""
+    first = consent(kernel)
+    kernel.capture("alice", say("I want to learn to sail"))
+    assert kernel.withdraw_consent("alice", first, erase=True, request_token="w-1") is not None
+    consent(kernel)
+    later = kernel.capture("alice", say("I live in Porto"))
+    kernel.process()
+
+    assert kernel.withdraw_consent("alice", first, erase=True, request_token=token) is None
+
+    assert later.capture_id in capture_ids(kernel)
+    assert [m.text for m in kernel.profile("alice").memories] == ["I live in Porto"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "Older than decisions 0051/0052: a keyed retry of a withdrawal with erase (same "
+        "token, within the token window) collects the app's captures 'since the grant' with "
+        "no upper bound, so it erases what a later consent of the same app and purposes "
+        "collected. Bounding it needs the withdrawal's log position (or one clock for "
+        "granted_at and recorded_at, which the Clock port and event timestamps are not in "
+        "tests); see the report."
+    ),
+)
+def test_a_keyed_retry_of_a_finished_withdrawal_leaves_a_later_consents_data(
+    kernel: Uprof,
+) -> None:
+    first = consent(kernel)
+    kernel.capture("alice", say("I want to learn to sail"))
+    assert kernel.withdraw_consent("alice", first, erase=True, request_token="w-1") is not None
+    consent(kernel)
+    later = kernel.capture("alice", say("I live in Porto"))
+    kernel.process()
+
+    kernel.withdraw_consent("alice", first, erase=True, request_token="w-1")
+
+    assert later.capture_id in capture_ids(kernel)
+
+
 # ------------------------------------------------------------------- re-created names
 
 
