@@ -620,6 +620,8 @@ def test_an_incomplete_subject_erasure_recorded_by_the_0051_code_is_finished(
         if record["kind"] == "incomplete":
             current = json.loads(record["draft"])
             record["draft"] = json.dumps(_as_0051_draft(current))
+        elif record["kind"] == "subject":
+            record.pop("draft", None)  # 0051's code wrote no draft with the record
         lines.append(json.dumps(record, separators=(",", ":"), sort_keys=True))
     ledger_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
     kernel = build_kernel(settings, clock)
