@@ -104,6 +104,13 @@ class ErasureIncompleteError(UprofError):
     hint = "the tombstone and key destruction are recorded; retry to finish and get the receipt"
 
 
+class ErasureRolledBackError(UprofError):
+    hint = (
+        "a restore removed this erasure's tombstone from the log; its keys stay destroyed "
+        "and its rows purged, but no receipt can cite the tombstone (docs/governance.md)"
+    )
+
+
 class ModelUnavailableError(UprofError):
     hint = "run `uprof models fetch <embedder>` once on this machine (make setup does)"
 

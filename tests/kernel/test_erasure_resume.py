@@ -139,9 +139,11 @@ def test_another_process_finishes_an_incomplete_erasure(
         kernel.erase_subject("alice")
 
 
-def crash_at(backend: Backend, patch: str, call: str) -> subprocess.CompletedProcess[str]:
+def crash_at(
+    backend: Backend, patch: str, call: str, owner: str = "kernel.keystore"
+) -> subprocess.CompletedProcess[str]:
     """Run ``call`` in another process that dies (exit 9, as kill -9 leaves no cleanup)
-    at the moment ``patch`` names: a keystore method replaced by ``os._exit(9)``."""
+    at the moment ``patch`` names: a method of ``owner`` replaced by ``os._exit(9)``."""
     script = textwrap.dedent(
         f"""
         import os
@@ -152,7 +154,7 @@ def crash_at(backend: Backend, patch: str, call: str) -> subprocess.CompletedPro
 
         backend = Backend({backend.kind!r}, {backend.url!r}, Path({str(backend.data_dir)!r}))
         kernel = build_kernel(settings_for(backend), FakeClock())
-        setattr(kernel.keystore, {patch!r}, lambda *args, **kwargs: os._exit(9))
+        setattr({owner}, {patch!r}, lambda *args, **kwargs: os._exit(9))
         kernel.{call}
         """
     )
@@ -232,3 +234,29 @@ def test_a_retry_after_a_crash_mid_event_erasure_gets_the_receipt_after_a_restar
     assert kernel.keystore.capture_key_commitment(stream, capture.capture_id) is None
     assert capture.capture_id not in {c.capture_id for c in kernel.queries.all_captures(stream)}
     assert CANARIES["memory"] not in str(kernel.profile("alice"))
+
+
+def test_a_retry_after_a_crash_past_the_tombstone_cites_the_tombstone(
+    backend: Backend, kernel: Uprof
+) -> None:
+    """Killed after the tombstone and before the ledger record: the retry is a new request
+    that finishes the cascade. Its receipt cites the stream's SubjectErased, not the log
+    head (before decision 0053 it cited whatever event was newest)."""
+    fill_with_canaries(kernel, "alice")
+    stream = str(kernel.stream_of("alice"))
+
+    died = crash_at(
+        backend, "record_subject", 'erase_subject("alice")', owner="kernel.keystore.ledger"
+    )
+
+    assert died.returncode == 9, died.stderr[-3000:]
+    fill_with_canaries(kernel, "bob")  # later events: the head is no longer the tombstone
+    result = kernel.erase_subject("alice")
+    verify_receipt(result.receipt, kernel.audit_log.public_key)
+    (tombstone,) = [
+        a for a in result.receipt["body"]["actions"] if a["type"] == "tombstone_appended"
+    ]
+    (cited,) = kernel.app.notifications_after(int(tombstone["notification_id"]) - 1, 1)
+    assert cited.id == int(tombstone["notification_id"])
+    assert str(cited.originator_id) == stream and cited.topic.endswith("SubjectErased")
+    assert rows_left(kernel, stream) == 0

@@ -542,16 +542,6 @@ def test_a_restore_after_an_incomplete_subject_erasure_brings_nothing_back(
         kernel.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "A restore rolls the log back below an incomplete subject erasure's tombstone and "
-        "the stream is shredded, so the tombstone cannot be written again. Asking again "
-        "answers 'projections behind' until other subjects' writes pass the old position, "
-        "then signs a receipt whose tombstone_appended is another subject's event. What the "
-        "receipt should say instead is a receipt-format decision; see the report."
-    ),
-)
 def test_an_incomplete_subject_erasure_rolled_back_by_a_restore_is_not_receipted_falsely(
     backend: Backend, clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -17,6 +17,7 @@ from domain.errors import (
     ConcurrencyConflictError,
     ConsentRequiredError,
     ErasureIncompleteError,
+    ErasureRolledBackError,
     EvidenceError,
     IdentityError,
     InvalidInputError,
@@ -49,6 +50,7 @@ EXIT_CODES: tuple[tuple[type[UprofError], int], ...] = (
     (SubjectErasedError, 5),
     (ConcurrencyConflictError, 6),
     (ErasureIncompleteError, 6),
+    (ErasureRolledBackError, 6),
     (UprofError, 1),
 )
 

@@ -30,6 +30,7 @@ from audit.log import AuditLog
 from audit.receipts import issue_erasure_receipt, new_commitment_nonce, subject_commitment
 from domain.errors import (
     ErasureIncompleteError,
+    ErasureRolledBackError,
     InvalidInputError,
     ItemNotFoundError,
     ReadTimeoutError,
@@ -127,9 +128,9 @@ class ErasureService:
         def tombstone() -> int:
             profile = self._app.load(stream)
             if profile.erased:
-                # An erasure killed after its tombstone: finish that one (the tombstone is
-                # at or below the log head, which is what projections must pass).
-                return self._app.max_notification_id()
+                # An erasure killed after its tombstone: finish that one (its position is
+                # found below, from the stream).
+                return 0
             profile.erase(request_id=request_id, basis=basis, now=received_at)
             return self._app.save(profile)[-1].notification.id
 
@@ -146,6 +147,8 @@ class ErasureService:
             actions=[],
             counts={},
         )
+        if tombstone_id == 0:
+            draft = self._at_subject_tombstone(draft)
         # The ledger record comes before the keys go: a crash in between is finished by
         # the next start, and no copy or restore can bring the keys back (decision 0012).
         # It carries the receipt's draft, so that a retry after such a crash still gets
@@ -418,7 +421,9 @@ class ErasureService:
         rewritten = False
         if resumed:
             self._reapply(draft)
-            if draft.scope != "subject" and not self._tombstone_in_log(draft):
+            if draft.scope == "subject":
+                draft = self._at_subject_tombstone(draft)
+            elif not self._tombstone_in_log(draft):
                 # A restore rolled the log back below the tombstone: write it again, so
                 # the receipt cites a tombstone the log holds (the keys stay destroyed),
                 # and keep the new draft in case this one does not finish either.
@@ -518,6 +523,27 @@ class ErasureService:
         kind = "CaptureErased" if draft.captures else "ItemsErased"
         return str(found[0].originator_id) == draft.stream and found[0].topic.endswith(f".{kind}")
 
+    def _at_subject_tombstone(self, draft: _Draft) -> _Draft:
+        """The subject draft, citing the log position of the stream's ``SubjectErased``.
+
+        A tombstone is the stream's last event (it refuses every later write). An erasure
+        asked again after one killed past its tombstone drafted the log head instead, and
+        now cites the tombstone itself. A restore of a backup taken before the tombstone
+        removed it: the keys are gone, so it cannot be written again, and a receipt must
+        not cite whatever event now holds that position.
+        """
+        stream = UUID(draft.stream)
+        events = self._app.stream_events(stream)
+        last = events[-1] if events else None
+        if last is None or type(last).__name__ != "SubjectErased":
+            raise ErasureRolledBackError(
+                "a restore of a backup taken before this erasure removed its tombstone "
+                "from the log; the subject's keys stay destroyed and the restore purged "
+                "its rows, but no receipt can cite the tombstone"
+            )
+        (position,) = self._app.notification_ids(stream, [last.originator_version])
+        return _moved_to(draft, position)
+
     def _append_tombstone_again(self, draft: _Draft) -> _Draft:
         """Append the erasure's events again for what the draft names; the receipt's
         positions move to the new tombstone."""
@@ -535,12 +561,7 @@ class ErasureService:
 
         position = self._app.with_retry(command)
         self._flush_caches(stream)
-        moved = {"tombstone_appended": "notification_id", "projection_purged": "tracking_position"}
-        actions = [
-            dict(a, **{moved[a["type"]]: position}) if a.get("type") in moved else a
-            for a in draft.actions
-        ]
-        return replace(draft, tombstone_id=position, actions=actions)
+        return _moved_to(draft, position)
 
     def _erase_strays(self, draft: _Draft, item_ids: list[str]) -> int:
         stream = UUID(draft.stream)
@@ -726,6 +747,18 @@ def _subject_draft_of_0051(raw: dict[str, Any]) -> dict[str, Any]:
         ],
         "counts": raw["counts"],
     }
+
+
+def _moved_to(draft: _Draft, position: int) -> _Draft:
+    """The draft citing its tombstone at ``position`` (and the purge tracked there)."""
+    if position == draft.tombstone_id:
+        return draft
+    moved = {"tombstone_appended": "notification_id", "projection_purged": "tracking_position"}
+    actions = [
+        dict(a, **{moved[a["type"]]: position}) if a.get("type") in moved else a
+        for a in draft.actions
+    ]
+    return replace(draft, tombstone_id=position, actions=actions)
 
 
 def _subject_drafted(
