@@ -93,7 +93,9 @@ class ErasureRecord:
     ``incomplete`` (a subject erasure whose keys are gone but whose derived rows were
     not yet purged when it answered ``erasure_incomplete``; ``draft`` holds its receipt's
     ids, commitments and counts, so that asking again finishes it) or ``receipted``
-    (that erasure has since issued its receipt).
+    (that erasure has since issued its receipt) or ``items`` (items of one stream erased
+    without their evidence: every start and restore erases them again if a copy brought
+    them back).
     """
 
     kind: str
@@ -105,6 +107,8 @@ class ErasureRecord:
     request_id: str = ""
     #: JSON of an incomplete erasure's receipt draft (ids, hashes, counts; no content).
     draft: str = ""
+    #: ``items``: items of one stream erased without their evidence (decision 0053).
+    item_ids: tuple[str, ...] = ()
 
 
 class KeyMaterialStore(Protocol):

@@ -19,6 +19,7 @@ from audit.receipts import verify_receipt, verify_subject_commitment
 from domain.errors import ErasureIncompleteError, SubjectErasedError
 from projections.profile import tables as t
 from tests.conftest import Backend
+from tests.kernel.conftest import consent, say
 from tests.kernel.test_erasure import CANARIES, fill_with_canaries
 from uprof.kernel import Uprof
 
@@ -260,3 +261,29 @@ def test_a_retry_after_a_crash_past_the_tombstone_cites_the_tombstone(
     assert cited.id == int(tombstone["notification_id"])
     assert str(cited.originator_id) == stream and cited.topic.endswith("SubjectErased")
     assert rows_left(kernel, stream) == 0
+
+
+def test_a_retry_after_a_crash_before_an_item_erasure_was_written_gets_the_receipt(
+    backend: Backend, kernel: Uprof
+) -> None:
+    """Killed between the item's ledger record and its erasure event: before decision
+    0053 the retry found nothing recorded and, once the item was gone, answered not
+    found with no receipt. Now it writes the erasure and signs the original request."""
+    consent(kernel)
+    kernel.capture("alice", say("I want to learn to sail"))
+    (intent,) = kernel.profile("alice").intents
+
+    died = crash_at(backend, "save", f"erase_item('alice', {intent.item_id!r})", owner="kernel.app")
+
+    assert died.returncode == 9, died.stderr[-3000:]
+    ledger = kernel.keystore.ledger
+    assert ledger is not None
+    record = ledger.unfinished(
+        kernel.subjects.tenant, "alice", scope="item", target=[intent.item_id]
+    )
+    assert record is not None
+    assert [i.item_id for i in kernel.profile("alice").intents] == [intent.item_id]
+    result = kernel.erase_item("alice", intent.item_id)
+    assert result.receipt["body"]["request"]["request_id"] == record.request_id
+    verify_receipt(result.receipt, kernel.audit_log.public_key)
+    assert kernel.profile("alice").intents == ()

@@ -47,9 +47,12 @@ class KeyMaterialContract:
             "incomplete", "t", "2026-01-03T00:00:00+00:00", "s3", "m3", (), "r3", '{"rows":2}'
         )
         receipted = ErasureRecord("receipted", "t", "2026-01-04T00:00:00+00:00", request_id="r3")
-        for record in (first, second, unfinished, receipted):
+        items = ErasureRecord(
+            "items", "t", "2026-01-05T00:00:00+00:00", "s4", "m4", request_id="r4", item_ids=("i",)
+        )
+        for record in (first, second, unfinished, receipted, items):
             store.append_erasure(record)
-        assert list(store.erasure_records()) == [first, second, unfinished, receipted]
+        assert list(store.erasure_records()) == [first, second, unfinished, receipted, items]
 
 
 class TestFileKeyMaterialStore(KeyMaterialContract):

@@ -85,7 +85,7 @@ def _create_once(path: Path, data: bytes) -> bytes:
 
 
 #: Record kinds this version reads (``ErasureRecord``); a line of another kind is skipped.
-LEDGER_KINDS = frozenset({"subject", "captures", "recreated", "incomplete", "receipted"})
+LEDGER_KINDS = frozenset({"subject", "captures", "items", "recreated", "incomplete", "receipted"})
 
 
 def _record_to_json(record: ErasureRecord) -> str:
@@ -101,6 +101,8 @@ def _record_to_json(record: ErasureRecord) -> str:
         body["mark"] = record.mark
     if record.capture_ids:
         body["capture_ids"] = list(record.capture_ids)
+    if record.item_ids:
+        body["item_ids"] = list(record.item_ids)
     if record.request_id:
         body["request_id"] = record.request_id
     if record.draft:
@@ -119,6 +121,7 @@ def _record_from_json(line: str) -> ErasureRecord:
         stream_id=raw.get("stream_id"),
         mark=raw.get("mark"),
         capture_ids=tuple(raw.get("capture_ids", ())),
+        item_ids=tuple(raw.get("item_ids", ())),
         request_id=str(raw.get("request_id", "")),
         draft=str(raw.get("draft", "")),
     )

@@ -40,6 +40,7 @@ class LedgerState:
 
     streams: frozenset[str] = frozenset()
     captures: dict[str, frozenset[str]] = field(default_factory=dict)
+    items: dict[str, frozenset[str]] = field(default_factory=dict)
     marks: frozenset[str] = frozenset()
     records: int = 0
 
@@ -65,6 +66,7 @@ class ErasureLedger:
                 return self._state
             streams: set[str] = set()
             captures: dict[str, set[str]] = {}
+            items: dict[str, set[str]] = {}
             marks: set[str] = set()
             for r in records:
                 if r.kind == "subject":
@@ -74,13 +76,16 @@ class ErasureLedger:
                         marks.add(r.mark)
                 elif r.kind == "captures" and r.stream_id:
                     captures.setdefault(r.stream_id, set()).update(r.capture_ids)
+                elif r.kind == "items" and r.stream_id:
+                    items.setdefault(r.stream_id, set()).update(r.item_ids)
                 elif r.kind == "recreated" and r.mark:
                     marks.discard(r.mark)
             self._state = LedgerState(
-                frozenset(streams),
-                {s: frozenset(c) for s, c in captures.items()},
-                frozenset(marks),
-                len(records),
+                streams=frozenset(streams),
+                captures={s: frozenset(c) for s, c in captures.items()},
+                items={s: frozenset(i) for s, i in items.items()},
+                marks=frozenset(marks),
+                records=len(records),
             )
             return self._state
 
@@ -126,6 +131,32 @@ class ErasureLedger:
                 stream_id,
                 self.mark(tenant, subject_ref) if subject_ref is not None else None,
                 capture_ids=tuple(sorted(set(capture_ids))),
+                request_id=request_id,
+                draft=draft,
+            )
+        )
+
+    def record_items(
+        self,
+        tenant: str,
+        stream_id: str,
+        item_ids: Iterable[str],
+        *,
+        request_id: str,
+        subject_ref: str,
+        draft: str,
+    ) -> None:
+        """Items erased without their evidence, before the erasure's event is written:
+        every start and restore erases them again if a copy brought them back, and
+        ``draft`` lets a retry after a crash finish it with its receipt."""
+        self._store.append_erasure(
+            ErasureRecord(
+                "items",
+                tenant,
+                _now(),
+                stream_id,
+                self.mark(tenant, subject_ref),
+                item_ids=tuple(sorted(set(item_ids))),
                 request_id=request_id,
                 draft=draft,
             )
@@ -207,7 +238,7 @@ class ErasureLedger:
 
 
 #: Record kinds that may carry a receipt's draft.
-_DRAFTED = frozenset({"subject", "captures", "incomplete"})
+_DRAFTED = frozenset({"subject", "captures", "items", "incomplete"})
 
 
 def draft_key(draft: str) -> tuple[str, list[str]]:

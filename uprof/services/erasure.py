@@ -341,14 +341,6 @@ class ErasureService:
                     return result
         request_id = str(uuid.uuid4())
         received_at = self._clock.now()
-
-        def command() -> int:
-            profile = self._app.load(stream)
-            profile.erase_items([item_id], reason="user-request")
-            return self._app.save(profile)[-1].notification.id
-
-        tombstone_id = self._app.with_retry(command)
-        self._flush_caches(stream)
         draft = _Draft(
             request_id=request_id,
             received_at=received_at.isoformat(),
@@ -357,24 +349,34 @@ class ErasureService:
             target=[item_id],
             pseudonym=handle.pseudonym,
             stream=str(stream),
-            tombstone_id=tombstone_id,
+            tombstone_id=0,  # not written yet: a retry after a crash writes it (again)
             actions=[
-                {
-                    "type": "tombstone_appended",
-                    "stream": str(stream),
-                    "notification_id": tombstone_id,
-                },
-                {
-                    "type": "projection_purged",
-                    "name": "profile",
-                    "tracking_position": tombstone_id,
-                    "rows": 1,
-                },
+                {"type": "tombstone_appended", "stream": str(stream), "notification_id": 0},
+                {"type": "projection_purged", "name": "profile", "tracking_position": 0, "rows": 1},
                 {"type": "cache_invalidated", "caches": ["slice-index"]},
             ],
             counts={"items_erased": 1},
             items=[item_id],
         )
+        # In the ledger before the event: every start and restore erases the item again if
+        # a copy brings it back, and a retry after a crash finishes this request.
+        if self._keystore.ledger is not None:
+            self._keystore.ledger.record_items(
+                self._tenant,
+                str(stream),
+                [item_id],
+                request_id=request_id,
+                subject_ref=check_subject_ref(subject_ref),
+                draft=draft.to_json(),
+            )
+
+        def command() -> int:
+            profile = self._app.load(stream)
+            profile.erase_items([item_id], reason="user-request")
+            return self._app.save(profile)[-1].notification.id
+
+        draft = _moved_to(draft, self._app.with_retry(command))
+        self._flush_caches(stream)
         return self._finish(subject_ref, draft, timeout_s, resumed=False)
 
     # ------------------------------------------------------- finishing, resuming
@@ -474,9 +476,8 @@ class ErasureService:
             draft.actions,
             dict(draft.counts),
         )
-        if ledger is not None and (resumed or draft.scope != "item"):
-            # The draft is in the ledger (every subject and event erasure writes it with
-            # its record; an item erasure only when it answered erasure_incomplete).
+        if ledger is not None:
+            # Every erasure's draft is in the ledger (written with its record): close it.
             ledger.record_receipted(self._tenant, draft.request_id)
         return result
 

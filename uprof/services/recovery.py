@@ -6,7 +6,9 @@ wrapped data keys, capture keys, index and alias rows (a restored key database),
 view rows and snapshot rows (a copied or restored data folder). For every erased
 capture it destroys the capture key; if the views still hold the capture (the data
 predates the erasure), the snapshots of that stream are dropped and the read
-models are rebuilt from the log, where the capture now reads as shredded.
+models are rebuilt from the log, where the capture now reads as shredded. For every
+item erased without its evidence (no key to destroy) that the views list again, the
+erasure event is appended again (decision 0053).
 
 The cost is a handful of indexed ``IN`` queries per start, whatever the data size;
 see docs/decisions/0012-keys-apart-from-data.md for the measured figures.
@@ -14,6 +16,7 @@ see docs/decisions/0012-keys-apart-from-data.md for the measured figures.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -48,13 +51,21 @@ class LedgerReapplied:
     view_rows: int = 0
     snapshot_rows: int = 0
     stale_captures: int = 0
+    #: Items erased without their evidence that a copy brought back, erased again.
+    items_reerased: int = 0
     rebuilt: bool = False
     adopted: int = 0
     details: dict[str, int] = field(default_factory=dict)
 
     @property
     def resurrected(self) -> int:
-        return self.key_rows + self.view_rows + self.snapshot_rows + self.stale_captures
+        return (
+            self.key_rows
+            + self.view_rows
+            + self.snapshot_rows
+            + self.stale_captures
+            + self.items_reerased
+        )
 
 
 def _any_of(
@@ -120,6 +131,7 @@ def reapply_ledger(kernel: Any, *, rebuild_if_stale: bool = True) -> LedgerReapp
     streams = sorted(state.streams)
     captures = sorted({c for ids in state.captures.values() for c in ids})
     report.erased_streams, report.erased_captures = len(streams), len(captures)
+    report.items_reerased = _erase_items_again(kernel, state)
     if not streams and not captures:
         return report
     now = datetime.now(UTC)
@@ -168,6 +180,43 @@ def reapply_ledger(kernel: Any, *, rebuild_if_stale: bool = True) -> LedgerReapp
         kernel.rebuild()
         report.rebuilt = True
     return report
+
+
+def _erase_items_again(kernel: Any, state: LedgerState) -> int:
+    """Erase again the erased items that the views list (a copy or a restore of data
+    older than their erasure brought their events back without the erasure's).
+
+    An item erased without its evidence destroys no key, so unlike a subject or a
+    capture it would be served again; its ``items`` ledger record names it. The erasure
+    event is appended again (the log may no longer hold it) and the projections purge
+    the item as they pass it.
+    """
+    wanted = {
+        stream: ids for stream, ids in state.items.items() if ids and stream not in state.streams
+    }
+    if not wanted:
+        return 0
+    all_ids = sorted({i for ids in wanted.values() for i in ids})
+    listed: dict[str, set[str]] = {}
+    with kernel.views_engine.connect() as conn:
+        for table in (t.attributes, t.intents, t.memories):
+            for row in _select_in(conn, table.name, "item_id", all_ids, "item_id, stream_id"):
+                if row.item_id in wanted.get(row.stream_id, ()):
+                    listed.setdefault(row.stream_id, set()).add(row.item_id)
+    for stream_id, ids in sorted(listed.items()):
+        kernel.app.with_retry(functools.partial(_erase_items, kernel.app, UUID(stream_id), ids))
+        _log.warning(
+            "erasure ledger re-applied: %d erased items of one stream were listed again "
+            "(data older than their erasure); erased again",
+            len(ids),
+        )
+    return sum(len(ids) for ids in listed.values())
+
+
+def _erase_items(app: Any, stream: UUID, item_ids: set[str]) -> None:
+    profile = app.load(stream)
+    profile.erase_items(sorted(item_ids), reason="erasure-reapplied")
+    app.save(profile)
 
 
 def _engines(kernel: Any) -> Iterable[sa.Engine]:
