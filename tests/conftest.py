@@ -69,8 +69,11 @@ def _pg_url(name: str) -> str:
 def _create_pg_database(template: str | None = None, prefix: str = "uprof_test") -> str:
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     copy = f' TEMPLATE "{template}"' if template else ""
+    from tests.templates import relax_commit_flush
+
     with _admin().connect() as conn:
         conn.execute(sa.text(f'CREATE DATABASE "{name}"{copy}'))
+        relax_commit_flush(conn, name)
     return name
 
 
