@@ -9,44 +9,15 @@ first asks the erasure ledger, which every process appends to before any key goe
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
 from uuid import UUID
 
 from audit.receipts import verify_receipt
 from domain.profile import SubjectProfile
 from tests.conftest import Backend
 from tests.kernel.conftest import consent, say
+from tests.kernel.other_process import receipt_from_another_process
 from tests.kernel.test_erasure import CANARIES, fill_with_canaries
 from uprof.kernel import Uprof
-
-
-def in_another_process(backend: Backend, call: str) -> dict[str, object]:
-    """Run ``kernel.<call>`` in a second process on the same stores; its receipt."""
-    script = textwrap.dedent(
-        f"""
-        import json
-        from pathlib import Path
-        from tests.conftest import Backend
-        from tests.fakes.ports import FakeClock
-        from tests.kernel.conftest import build_kernel, settings_for
-
-        backend = Backend({backend.kind!r}, {backend.url!r}, Path({str(backend.data_dir)!r}))
-        kernel = build_kernel(settings_for(backend), FakeClock())
-        try:
-            print(json.dumps(kernel.{call}.receipt))
-        finally:
-            kernel.close()
-        """
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    receipt: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
-    return receipt
 
 
 def opened_topics(kernel: Uprof, stream: str) -> list[str]:
@@ -71,7 +42,7 @@ def test_subject_keys_cached_here_are_gone_once_another_process_erases(
     assert kernel.keystore.view_key(stream) is not None
     assert opened_topics(kernel, stream)
 
-    receipt = in_another_process(backend, 'erase_subject("alice")')
+    receipt = receipt_from_another_process(backend, 'erase_subject("alice")')
 
     verify_receipt(receipt, kernel.audit_log.public_key)
     assert kernel.keystore.key(stream, 1) is None
@@ -90,7 +61,7 @@ def test_a_capture_key_cached_here_is_gone_once_another_process_erases_the_captu
     stream = str(kernel.stream_of("alice"))
     assert kernel.keystore.capture_key(stream, ack.capture_id) is not None
 
-    receipt = in_another_process(backend, f"erase_capture('alice', {ack.capture_id!r})")
+    receipt = receipt_from_another_process(backend, f"erase_capture('alice', {ack.capture_id!r})")
 
     verify_receipt(receipt, kernel.audit_log.public_key)
     assert kernel.keystore.capture_key(stream, ack.capture_id) is None

@@ -7,11 +7,6 @@ asking again was refused as "this subject was erased", so the receipt was never 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import sqlalchemy as sa
 
@@ -20,6 +15,7 @@ from domain.errors import ErasureIncompleteError, SubjectErasedError
 from projections.profile import tables as t
 from tests.conftest import Backend
 from tests.kernel.conftest import consent, say
+from tests.kernel.other_process import crash_at, receipt_from_another_process
 from tests.kernel.test_erasure import CANARIES, fill_with_canaries
 from uprof.kernel import Uprof
 
@@ -111,57 +107,12 @@ def test_another_process_finishes_an_incomplete_erasure(
         with pytest.raises(ErasureIncompleteError):
             kernel.erase_subject("alice")
     request_id = unfinished_request(kernel, "alice")
-    script = textwrap.dedent(
-        f"""
-        import json
-        from pathlib import Path
-        from tests.conftest import Backend
-        from tests.fakes.ports import FakeClock
-        from tests.kernel.conftest import build_kernel, settings_for
-
-        backend = Backend({backend.kind!r}, {backend.url!r}, Path({str(backend.data_dir)!r}))
-        kernel = build_kernel(settings_for(backend), FakeClock())
-        try:
-            result = kernel.erase_subject("alice")
-            print(json.dumps(result.receipt))
-        finally:
-            kernel.close()
-        """
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    receipt = json.loads(done.stdout.strip().splitlines()[-1])
+    receipt = receipt_from_another_process(backend, 'erase_subject("alice")')
     assert receipt["body"]["request"]["request_id"] == request_id
     verify_receipt(receipt, kernel.audit_log.public_key)
     assert rows_left(kernel, stream) == 0
     with pytest.raises(SubjectErasedError):
         kernel.erase_subject("alice")
-
-
-def crash_at(
-    backend: Backend, patch: str, call: str, owner: str = "kernel.keystore"
-) -> subprocess.CompletedProcess[str]:
-    """Run ``call`` in another process that dies (exit 9, as kill -9 leaves no cleanup)
-    at the moment ``patch`` names: a method of ``owner`` replaced by ``os._exit(9)``."""
-    script = textwrap.dedent(
-        f"""
-        import os
-        from pathlib import Path
-        from tests.conftest import Backend
-        from tests.fakes.ports import FakeClock
-        from tests.kernel.conftest import build_kernel, settings_for
-
-        backend = Backend({backend.kind!r}, {backend.url!r}, Path({str(backend.data_dir)!r}))
-        kernel = build_kernel(settings_for(backend), FakeClock())
-        setattr({owner}, {patch!r}, lambda *args, **kwargs: os._exit(9))
-        kernel.{call}
-        """
-    )
-    return subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
-    )
 
 
 def test_a_retry_after_a_crash_before_the_keys_went_gets_the_receipt(
@@ -209,27 +160,9 @@ def test_a_retry_after_a_crash_mid_event_erasure_gets_the_receipt_after_a_restar
     )
     assert record is not None
     # A restarted process: its start re-applies the ledger, and the retry finishes.
-    script = textwrap.dedent(
-        f"""
-        import json
-        from pathlib import Path
-        from tests.conftest import Backend
-        from tests.fakes.ports import FakeClock
-        from tests.kernel.conftest import build_kernel, settings_for
-
-        backend = Backend({backend.kind!r}, {backend.url!r}, Path({str(backend.data_dir)!r}))
-        kernel = build_kernel(settings_for(backend), FakeClock())
-        try:
-            print(json.dumps(kernel.erase_capture("alice", {capture.capture_id!r}).receipt))
-        finally:
-            kernel.close()
-        """
+    receipt = receipt_from_another_process(
+        backend, f"erase_capture('alice', {capture.capture_id!r})"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    receipt = json.loads(done.stdout.strip().splitlines()[-1])
     assert receipt["body"]["request"]["request_id"] == record.request_id
     verify_receipt(receipt, kernel.audit_log.public_key)
     assert kernel.keystore.capture_key_commitment(stream, capture.capture_id) is None

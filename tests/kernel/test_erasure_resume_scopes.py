@@ -10,11 +10,6 @@ with the receipt of that same request, from any process.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
-
 import pytest
 
 from audit.receipts import verify_receipt
@@ -26,6 +21,7 @@ from domain.errors import (
 )
 from tests.conftest import Backend
 from tests.kernel.conftest import consent, say
+from tests.kernel.other_process import receipt_from_another_process
 from uprof.kernel import Uprof
 
 
@@ -207,28 +203,7 @@ def test_another_process_finishes_an_incomplete_capture_erasure(
         with pytest.raises(ErasureIncompleteError):
             kernel.erase_capture("alice", ack.capture_id)
     request_id = unfinished_request(kernel, "capture", [ack.capture_id])
-    script = textwrap.dedent(
-        f"""
-        import json
-        from pathlib import Path
-        from tests.conftest import Backend
-        from tests.fakes.ports import FakeClock
-        from tests.kernel.conftest import build_kernel, settings_for
-
-        backend = Backend({backend.kind!r}, {backend.url!r}, Path({str(backend.data_dir)!r}))
-        kernel = build_kernel(settings_for(backend), FakeClock())
-        try:
-            result = kernel.erase_capture("alice", {ack.capture_id!r})
-            print(json.dumps(result.receipt))
-        finally:
-            kernel.close()
-        """
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    receipt = json.loads(done.stdout.strip().splitlines()[-1])
+    receipt = receipt_from_another_process(backend, f"erase_capture('alice', {ack.capture_id!r})")
     assert receipt["body"]["request"]["request_id"] == request_id
     verify_receipt(receipt, kernel.audit_log.public_key)
     assert unfinished_request(kernel, "capture", [ack.capture_id]) is None
