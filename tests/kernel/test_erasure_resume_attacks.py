@@ -431,13 +431,8 @@ def test_an_incomplete_erasure_rolled_back_by_a_restore_is_not_receipted_falsely
         kernel.close()
 
 
-def test_an_incomplete_item_erasure_rolled_back_by_a_restore_is_finished_by_asking_again(
-    backend: Backend, clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """No key is destroyed for an item, so the restore brings the item's events back
-    without its erasure. The start re-applies the ledger's ``items`` record (the item is
-    not served again), and asking again finishes the request, citing the tombstone the
-    log holds now."""
+def _intent_backed_up(backend: Backend, clock: FakeClock, tmp_path: Path) -> tuple[Any, Uprof, Any]:
+    """A subject with one intent, a backup taken of it, and a kernel opened again."""
     settings = settings_for(backend)
     kernel = build_kernel(settings, clock)
     consent(kernel)
@@ -446,7 +441,17 @@ def test_an_incomplete_item_erasure_rolled_back_by_a_restore_is_finished_by_aski
     (intent,) = kernel.profile("alice").intents
     kernel.close()
     backup(settings, tmp_path / "bk")
-    kernel = build_kernel(settings, clock)
+    return settings, build_kernel(settings, clock), intent
+
+
+def test_an_incomplete_item_erasure_rolled_back_by_a_restore_is_finished_by_asking_again(
+    backend: Backend, clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No key is destroyed for an item, so the restore brings the item's events back
+    without its erasure. The start re-applies the ledger's ``items`` record (the item is
+    not served again), and asking again finishes the request, citing the tombstone the
+    log holds now."""
+    settings, kernel, intent = _intent_backed_up(backend, clock, tmp_path)
     with monkeypatch.context() as behind:
         projections_stall_after_first_wait(kernel, behind)
         with pytest.raises(ErasureIncompleteError):
@@ -473,15 +478,7 @@ def test_an_incomplete_item_erasure_rolled_back_by_a_restore_is_finished_by_aski
 def test_a_receipted_item_erasure_is_not_undone_by_a_restore(
     backend: Backend, clock: FakeClock, tmp_path: Path
 ) -> None:
-    settings = settings_for(backend)
-    kernel = build_kernel(settings, clock)
-    consent(kernel)
-    kernel.capture("alice", say(f"I want to learn to {SAIL}", ref="sail"))
-    kernel.process()
-    (intent,) = kernel.profile("alice").intents
-    kernel.close()
-    backup(settings, tmp_path / "bk")
-    kernel = build_kernel(settings, clock)
+    settings, kernel, intent = _intent_backed_up(backend, clock, tmp_path)
     kernel.erase_item("alice", intent.item_id)
     kernel.close()
     restore(settings, tmp_path / "bk")
