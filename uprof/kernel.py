@@ -33,7 +33,7 @@ from uprof.eventstore import ProfilesApplication
 from uprof.ports import AuditTrail, Clock, ViewStore
 from uprof.retrieval import text as retrieval_text
 from uprof.services.capture import CaptureAck, CaptureOutcome, CaptureService
-from uprof.services.consent import ConsentService
+from uprof.services.consent import ConsentService, collected_under
 from uprof.services.erasure import ErasureResult, ErasureService
 from uprof.services.erasure import _token as _token
 from uprof.services.extraction import ExtractionWorker
@@ -239,6 +239,8 @@ class Uprof:
     ) -> ErasureResult | None:
         """Withdraw a consent; with ``erase``, also erase what was collected under it.
 
+        What was collected under it is the app's captures for its purposes after the
+        grant and before the withdrawal, by log position (``collected_under``).
         A retried keyed withdrawal writes nothing again; with ``erase`` it finishes
         erasing whatever collected data is still there (none if the first finished).
         Asking again, with any token or none, for a consent already withdrawn with
@@ -262,11 +264,12 @@ class Uprof:
         )
         if asked_again and request_token is None:
             # Withdrawn with erase already, and nothing of its erasure is unfinished: there
-            # is nothing more to do. Collecting again would take captures made since under
-            # a later consent of the same app and purposes.
+            # is nothing more to do, and nothing is written. (A keyed retry, below, collects
+            # again, between the grant and the withdrawal: a later consent's captures of
+            # the same app and purposes are not this one's.)
             return None
         try:
-            self.consent_service.withdraw(
+            withdrawn_position = self.consent_service.withdraw(
                 subject,
                 consent_id,
                 erase_requested=erase,
@@ -280,8 +283,17 @@ class Uprof:
         if not erase or grant is None:
             return None
         stream = str(self.stream_of(subject))
+        if not withdrawn_position and grant.withdrawn_at is None:
+            # A keyed retry whose first request withdrew after the grant was read above
+            # (another process, at the same moment): read the consent again once the
+            # views hold that withdrawal, for its position.
+            self._require_subject_fresh(subject, "the withdrawal")
+            grant = next(c for c in self.queries.consents(stream) if c.consent_id == consent_id)
         collected = self.queries.captures_by(
-            stream, app_id=grant.app_id, purposes=grant.purposes, since=grant.granted_at
+            stream,
+            app_id=grant.app_id,
+            purposes=grant.purposes,
+            **collected_under(grant, withdrawn_position or grant.withdrawn_position),
         )
         if not collected:
             return None

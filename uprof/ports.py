@@ -497,9 +497,22 @@ class ViewStore(Protocol):
         ...
 
     def captures_by(
-        self, stream_id: str, *, app_id: str, purposes: Sequence[str], since: datetime
+        self,
+        stream_id: str,
+        *,
+        app_id: str,
+        purposes: Sequence[str],
+        after_position: int | None = None,
+        before_position: int | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
     ) -> list[str]:
-        """Ids of the subject's captures by one app for these purposes since a time."""
+        """Ids of the subject's captures by one app for these purposes, within bounds.
+
+        Log positions bound them exclusively (``after_position`` < notification_id <
+        ``before_position``), times inclusively (``since`` <= recorded_at <= ``until``);
+        every bound given applies.
+        """
         ...
 
     def session_activity(self, stream_id: str) -> dict[str, int]:

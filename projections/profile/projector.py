@@ -303,6 +303,8 @@ class ProfileProjector:
                 expires_at=e.expires_at,
                 withdrawn_at=None,
                 erase_requested=False,
+                granted_position=nid,
+                withdrawn_position=None,
             ),
         )
 
@@ -310,7 +312,11 @@ class ProfileProjector:
         conn.execute(
             t.consents.update()
             .where(t.consents.c.consent_id == e.consent_id)
-            .values(withdrawn_at=e.withdrawn_at, erase_requested=e.erase_requested)
+            .values(
+                withdrawn_at=e.withdrawn_at,
+                erase_requested=e.erase_requested,
+                withdrawn_position=nid,
+            )
         )
 
     def _attribute_recorded(self, conn: sa.Connection, nid: int, e: Any) -> None:

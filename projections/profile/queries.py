@@ -98,6 +98,10 @@ class ConsentRow:
     expires_at: datetime | None
     withdrawn_at: datetime | None
     erase_requested: bool
+    #: Log positions of the grant and of the withdrawal (None: not withdrawn, or a row
+    #: projected before migration 0005_views_consent_positions).
+    granted_position: int | None
+    withdrawn_position: int | None
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,8 @@ def _consent_row(r: Any) -> ConsentRow:
         expires_at=aware(r.expires_at),
         withdrawn_at=aware(r.withdrawn_at),
         erase_requested=r.erase_requested,
+        granted_position=r.granted_position,
+        withdrawn_position=r.withdrawn_position,
     )
 
 
@@ -347,16 +353,34 @@ class ProfileQueries:
         )
 
     def captures_by(
-        self, stream_id: str, *, app_id: str, purposes: Sequence[str], since: datetime
+        self,
+        stream_id: str,
+        *,
+        app_id: str,
+        purposes: Sequence[str],
+        after_position: int | None = None,
+        before_position: int | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
     ) -> list[str]:
-        """Ids of a subject's captures from one app for some purposes, recorded since a time."""
-        q = sa.select(t.captures.c.capture_id).where(
-            t.captures.c.stream_id == stream_id,
-            t.captures.c.app_id == app_id,
-            t.captures.c.recorded_at >= since,
-        )
+        """Ids of a subject's captures from one app for some purposes, within bounds.
+
+        Log positions bound them exclusively (``after_position`` < notification_id <
+        ``before_position``), times inclusively (``since`` <= recorded_at <= ``until``);
+        every bound given applies.
+        """
+        c = t.captures.c
+        q = sa.select(c.capture_id).where(c.stream_id == stream_id, c.app_id == app_id)
+        if after_position is not None:
+            q = q.where(c.notification_id > after_position)
+        if before_position is not None:
+            q = q.where(c.notification_id < before_position)
+        if since is not None:
+            q = q.where(c.recorded_at >= since)
+        if until is not None:
+            q = q.where(c.recorded_at <= until)
         if "*" not in purposes:
-            q = q.where(t.captures.c.purpose.in_(list(purposes)))
+            q = q.where(c.purpose.in_(list(purposes)))
         with self._engine.connect() as conn:
             return list(conn.execute(q).scalars())
 

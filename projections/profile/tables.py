@@ -156,6 +156,13 @@ consents = sa.Table(
     sa.Column("expires_at", TZ, nullable=True),
     sa.Column("withdrawn_at", TZ, nullable=True),
     sa.Column("erase_requested", sa.Boolean, nullable=False, default=False),
+    #: Log positions (notification ids) of the grant and of the withdrawal: what a
+    #: withdrawal with erase collects is bounded by them, on the same clock as the
+    #: captures' ``notification_id``. NULL in rows projected before migration
+    #: 0005_views_consent_positions (until ``uprof projections rebuild``); the
+    #: collection then falls back to the times (decision XXXX).
+    sa.Column("granted_position", sa.BigInteger, nullable=True),
+    sa.Column("withdrawn_position", sa.BigInteger, nullable=True),
 )
 
 #: Captures per session, the "interactions" term of MemoryOS heat.

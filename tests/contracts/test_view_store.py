@@ -308,6 +308,58 @@ class ViewStoreContract:
         only = views.ask("consents_after", sid, app_id="app:calendar", after=None, limit=5)
         assert [r.consent_id for r in only] == [second]
 
+    def test_what_a_consent_collected_lies_between_its_grant_and_its_withdrawal(
+        self, views: Views
+    ) -> None:
+        """A consent row carries the log positions of its grant and withdrawal;
+        ``captures_by`` takes them as exclusive bounds, and times as inclusive ones (the
+        fallback for rows projected before migration 0005, which have no positions)."""
+        alice = views.subject()
+        capture(views, alice, "under the first consent", purpose="support")
+        views.project(alice)
+        second = alice.grant_consent(
+            app_id=APP,
+            categories=("*",),
+            purposes=("support",),
+            legal_basis="consent",
+            granted_at=views.now(),
+        )
+        during = [
+            capture(views, alice, "one", purpose="support"),
+            capture(views, alice, "two", purpose="support"),
+        ]
+        stamped = {
+            e.capture_id: e.timestamp
+            for e in alice.pending_events
+            if isinstance(e, SubjectProfile.InteractionCaptured)
+        }
+        alice.withdraw_consent(consent_id=second, withdrawn_at=views.now(), erase_requested=True)
+        views.project(alice)
+        later = capture(views, alice, "under a later consent", purpose="support")
+        views.project(alice)
+        sid = stream(alice)
+        (row,) = [r for r in views.ask("consents", sid) if r.consent_id == second]
+        first = next(r for r in views.ask("consents", sid) if r.consent_id != second)
+        assert first.granted_position is not None and first.withdrawn_position is None
+        assert row.granted_position is not None and row.withdrawn_position is not None
+        at = {c.capture_id: c.notification_id for c in views.ask("all_captures", sid)}
+        assert row.granted_position < at[during[0]] < at[during[1]] < row.withdrawn_position
+
+        def by(**bounds: Any) -> list[str]:
+            return sorted(views.ask("captures_by", sid, app_id=APP, purposes=["*"], **bounds))
+
+        assert by(
+            after_position=row.granted_position, before_position=row.withdrawn_position
+        ) == sorted(during)
+        assert by(after_position=at[during[0]], before_position=at[later]) == [during[1]]
+        assert by(after_position=row.granted_position) == sorted([*during, later])
+        assert by(before_position=at[during[0]]) == [c for c in sorted(at) if at[c] < at[during[0]]]
+        t0, t1 = stamped[during[0]], stamped[during[1]]
+        assert by(since=t0, until=t1) == sorted(during)
+        assert by(since=t0, until=t0) == [during[0]]
+        assert by(since=t1) == sorted([during[1], later])
+        assert by(after_position=row.granted_position, until=t0) == [during[0]]
+
     def test_served_slices_count_visits_and_archived_memories_hide(self, views: Views) -> None:
         alice = views.subject()
         c1 = capture(views, alice, "one")

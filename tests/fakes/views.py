@@ -208,12 +208,18 @@ class InMemoryViewStore:
             expires_at=e.expires_at,
             withdrawn_at=None,
             erase_requested=False,
+            granted_position=nid,
+            withdrawn_position=None,
         )
 
     def _consent_withdrawn(self, t: _Tables, nid: int, e: Any) -> None:
         row = t.consents.get(e.consent_id)
         if row is not None:
-            row.update(withdrawn_at=e.withdrawn_at, erase_requested=e.erase_requested)
+            row.update(
+                withdrawn_at=e.withdrawn_at,
+                erase_requested=e.erase_requested,
+                withdrawn_position=nid,
+            )
 
     def _insert_attribute(self, t: _Tables, e: Any, first_observed_at: datetime) -> None:
         self._require_key(str(e.originator_id))
@@ -565,14 +571,25 @@ class InMemoryViewStore:
         return [self._capture_row(r) for r in rows]
 
     def captures_by(
-        self, stream_id: str, *, app_id: str, purposes: Sequence[str], since: datetime
+        self,
+        stream_id: str,
+        *,
+        app_id: str,
+        purposes: Sequence[str],
+        after_position: int | None = None,
+        before_position: int | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
     ) -> list[str]:
         return [
             r["capture_id"]
             for r in self._t.captures.values()
             if r["stream_id"] == stream_id
             and r["app_id"] == app_id
-            and r["recorded_at"] >= since
+            and (after_position is None or r["notification_id"] > after_position)
+            and (before_position is None or r["notification_id"] < before_position)
+            and (since is None or r["recorded_at"] >= since)
+            and (until is None or r["recorded_at"] <= until)
             and ("*" in purposes or r["purpose"] in purposes)
         ]
 

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from domain.errors import (
     SubjectErasedError,
     UprofError,
 )
+from projections.profile import tables as t
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import build_kernel, consent, say, settings_for
@@ -101,17 +103,6 @@ def test_asking_again_for_a_finished_withdrawal_leaves_a_later_consents_data(
     assert [m.text for m in kernel.profile("alice").memories] == ["I live in Porto"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "Older than decisions 0051/0052: a keyed retry of a withdrawal with erase (same "
-        "token, within the token window) collects the app's captures 'since the grant' with "
-        "no upper bound, so it erases what a later consent of the same app and purposes "
-        "collected. Bounding it needs the withdrawal's log position (or one clock for "
-        "granted_at and recorded_at, which the Clock port and event timestamps are not in "
-        "tests); see the report."
-    ),
-)
 def test_a_keyed_retry_of_a_finished_withdrawal_leaves_a_later_consents_data(
     kernel: Uprof,
 ) -> None:
@@ -125,6 +116,76 @@ def test_a_keyed_retry_of_a_finished_withdrawal_leaves_a_later_consents_data(
     kernel.withdraw_consent("alice", first, erase=True, request_token="w-1")
 
     assert later.capture_id in capture_ids(kernel)
+
+
+def test_a_keyed_retry_racing_its_first_request_takes_only_what_the_consent_collected(
+    kernel: Uprof, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first request (another process) withdraws after this one read the consent, and
+    a later consent collects at once; this one is then a keyed retry that writes nothing,
+    and reads the consent again for the withdrawal's position."""
+    first = consent(kernel)
+    sail = kernel.capture("alice", say("I want to learn to sail"))
+    service = kernel.consent_service
+    real = service.withdraw
+    later: list[str] = []
+
+    def withdraw(*args: Any, **kwargs: Any) -> int:
+        if not later:
+            real(*args, **kwargs)  # the first request
+            consent(kernel)
+            later.append(kernel.capture("alice", say("I live in Porto")).capture_id)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(service, "withdraw", withdraw)
+    result = kernel.withdraw_consent("alice", first, erase=True, request_token="w-1")
+
+    assert result is not None
+    assert capture_ids(kernel) == set(later) and sail.capture_id not in later
+
+
+def _as_projected_before_migration_0005(kernel: Uprof) -> None:
+    """The consent rows as a store projected them before migration 0005: no positions."""
+    with kernel.views_engine.begin() as conn:
+        conn.execute(t.consents.update().values(granted_position=None, withdrawn_position=None))
+
+
+def test_a_keyed_retry_of_a_withdrawal_projected_before_its_positions_is_bounded_by_time(
+    kernel: Uprof, clock: FakeClock
+) -> None:
+    """Consent rows from before migration 0005 have no log positions: what was collected
+    under them is bounded by time instead (granted_at <= recorded_at <= withdrawn_at).
+    The consents' clock is set to the wall clock here, which stamps the captures."""
+    clock.current = datetime.now(UTC)
+    first = consent(kernel)
+    kernel.capture("alice", say("I want to learn to sail"))
+    clock.current = datetime.now(UTC)
+    assert kernel.withdraw_consent("alice", first, erase=True, request_token="w-1") is not None
+    consent(kernel)
+    later = kernel.capture("alice", say("I live in Porto"))
+    kernel.process()
+    _as_projected_before_migration_0005(kernel)
+
+    kernel.withdraw_consent("alice", first, erase=True, request_token="w-1")
+
+    assert later.capture_id in capture_ids(kernel)
+
+
+def test_a_consent_projected_before_its_positions_is_erased_from_its_grant_time(
+    kernel: Uprof, clock: FakeClock
+) -> None:
+    clock.current = datetime.now(UTC)
+    first = consent(kernel)
+    consent(kernel, app="app:calendar")
+    sail = kernel.capture("alice", say("I want to learn to sail"))
+    kept = kernel.capture("alice", say("I live in Porto", app="app:calendar"))
+    kernel.process()
+    _as_projected_before_migration_0005(kernel)
+
+    assert kernel.withdraw_consent("alice", first, erase=True) is not None
+
+    assert capture_ids(kernel) == {kept.capture_id}
+    assert sail.capture_id not in capture_ids(kernel)  # the grant's time bounds it
 
 
 # ------------------------------------------------------------------- re-created names

@@ -74,17 +74,23 @@ def test_a_store_behind_its_head_is_migrated_and_one_at_head_is_left_alone(
             config.attributes["connection"] = conn
             command.downgrade(config, "0003_views_idem_sealed")
         assert "categories" not in _memory_columns(engine)
+        assert "granted_position" not in _columns(engine, "consents")
         migrate(engine, "views")
         assert "categories" in _memory_columns(engine)
-        assert _versions(engine) >= {"0004_views_memory_categories"}
+        assert {"granted_position", "withdrawn_position"} <= _columns(engine, "consents")
+        assert _versions(engine) >= {"0005_views_consent_positions"}
         migrate(engine, "views")  # at head: nothing to do
-        assert _versions(engine) >= {"0004_views_memory_categories"}
+        assert _versions(engine) >= {"0005_views_consent_positions"}
     finally:
         engine.dispose()
 
 
 def _memory_columns(engine: sa.Engine) -> set[str]:
-    return {c["name"] for c in sa.inspect(engine).get_columns("memories")}
+    return _columns(engine, "memories")
+
+
+def _columns(engine: sa.Engine, table: str) -> set[str]:
+    return {c["name"] for c in sa.inspect(engine).get_columns(table)}
 
 
 def _versions(engine: sa.Engine) -> set[str]:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import TypedDict
 
 from domain.errors import InvalidInputError, SubjectNotFoundError
 from domain.profile import SubjectProfile
 from domain.values import check_category, check_token
+from projections.profile.queries import ConsentRow
 from uprof.ports import AuditTrail, Clock, EventStore
 from uprof.services.capture import to_utc
 from uprof.services.subjects import SubjectResolver
@@ -21,6 +23,38 @@ def check_purposes(purposes: Sequence[str]) -> tuple[str, ...]:
         if len(p) > PURPOSE_MAX or any(ch in p for ch in ",\n\r"):
             raise InvalidInputError(f"purpose {p!r} is malformed (no commas or newlines)")
     return cleaned
+
+
+class CollectionBounds(TypedDict, total=False):
+    """Bounds of ``ViewStore.captures_by`` (positions exclusive, times inclusive)."""
+
+    after_position: int
+    before_position: int
+    since: datetime
+    until: datetime
+
+
+def collected_under(grant: ConsentRow, withdrawn_position: int | None) -> CollectionBounds:
+    """What was collected under a consent: its app's captures between its grant and its
+    withdrawal, bounded by log positions, the captures' own clock (decision XXXX).
+
+    ``withdrawn_position``: the withdrawal just written, else the view's. A consent row
+    projected before migration 0005_views_consent_positions has no positions; each bound
+    it lacks falls back to the time (``granted_at`` <= ``recorded_at`` <= ``withdrawn_at``).
+    Those come from two clocks (the Clock port stamps the consent, the event's timestamp
+    the capture), which agree only as closely as the hosts' clocks do; ``uprof projections
+    rebuild`` gives such rows their positions.
+    """
+    bounds = CollectionBounds()
+    if grant.granted_position is not None:
+        bounds["after_position"] = grant.granted_position
+    else:
+        bounds["since"] = grant.granted_at
+    if withdrawn_position:
+        bounds["before_position"] = withdrawn_position
+    elif grant.withdrawn_at is not None:
+        bounds["until"] = grant.withdrawn_at
+    return bounds
 
 
 class ConsentService:
@@ -116,17 +150,18 @@ class ConsentService:
         erase_requested: bool = False,
         request_token: str | None = None,
         token_window_s: float = 0.0,
-    ) -> bool:
+    ) -> int:
         """Withdraw a consent; the next capture or read under it is refused.
 
-        Returns False when ``request_token`` shows this withdrawal was already
-        recorded (a retried keyed request): then nothing is written.
+        Returns the withdrawal's log position (notification id), or 0 when
+        ``request_token`` shows this withdrawal was already recorded (a retried keyed
+        request): then nothing is written.
         """
         handle = self._subjects.find(subject_ref)
         if handle is None:
             raise SubjectNotFoundError("no such subject")
 
-        def command() -> bool:
+        def command() -> int:
             profile = self._app.load(handle.stream_id)
             now = self._clock.now()
             if (
@@ -134,7 +169,7 @@ class ConsentService:
                 and profile.recorded_request(request_token, now=now, window_s=token_window_s)
                 is not None
             ):
-                return False
+                return 0
             profile.withdraw_consent(
                 consent_id=consent_id,
                 withdrawn_at=now,
@@ -144,15 +179,20 @@ class ConsentService:
                 profile.record_request(
                     request_token, {"consent_id": consent_id}, now=now, window_s=token_window_s
                 )
-            self._app.save(profile)
-            return True
+            recordings = self._app.save(profile)
+            return next(
+                r.notification.id
+                for r in recordings
+                if isinstance(r.domain_event, SubjectProfile.ConsentWithdrawn)
+            )
 
-        if not self._app.with_retry(command, subject=handle.stream_id):
-            return False
+        position = self._app.with_retry(command, subject=handle.stream_id)
+        if not position:
+            return 0
         self._audit.record(
             "consent.withdrawn",
             subject_ref=handle.pseudonym,
             consent_id=consent_id,
             reason_code="erase-requested" if erase_requested else "withdrawn",
         )
-        return True
+        return position

@@ -40,7 +40,11 @@ def build_subject_export(
     return {
         "format": EXPORT_FORMAT,
         "exported_at": exported_at.isoformat(),
-        "consents": [_plain(asdict(c)) for c in view.consents],
+        # The log positions bound a withdrawal's erasure; internal, as session_key below.
+        "consents": [
+            _plain({k: v for k, v in asdict(c).items() if not k.endswith("_position")})
+            for c in view.consents
+        ],
         "attributes": [_plain(asdict(a)) for a in view.attributes],
         # session_key is an internal keyed hash, meaningless to the subject.
         "memories": [
