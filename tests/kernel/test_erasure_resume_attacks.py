@@ -135,6 +135,7 @@ def test_a_keyed_retry_racing_its_first_request_takes_only_what_the_consent_coll
             real(*args, **kwargs)  # the first request
             consent(kernel)
             later.append(kernel.capture("alice", say("I live in Porto")).capture_id)
+            kernel.process()  # the other process's workers
         return real(*args, **kwargs)
 
     monkeypatch.setattr(service, "withdraw", withdraw)
