@@ -6,7 +6,7 @@ Create Date: 2026-12-04
 
 A withdrawal with erase collects the app's captures made under the consent: after the
 grant's log position and before the withdrawal's, the same clock as the captures'
-``notification_id`` (decision XXXX). Rows projected before this revision have NULL
+``notification_id`` (decision 0055). Rows projected before this revision have NULL
 positions: their positions cannot be computed here (the events are in the log, sealed),
 so a withdrawal of such a consent falls back to the times (``granted_at`` <=
 ``recorded_at`` <= ``withdrawn_at``) until ``uprof projections rebuild`` fills them.

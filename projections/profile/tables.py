@@ -160,7 +160,7 @@ consents = sa.Table(
     #: withdrawal with erase collects is bounded by them, on the same clock as the
     #: captures' ``notification_id``. NULL in rows projected before migration
     #: 0005_views_consent_positions (until ``uprof projections rebuild``); the
-    #: collection then falls back to the times (decision XXXX).
+    #: collection then falls back to the times (decision 0055).
     sa.Column("granted_position", sa.BigInteger, nullable=True),
     sa.Column("withdrawn_position", sa.BigInteger, nullable=True),
 )

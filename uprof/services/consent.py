@@ -36,7 +36,7 @@ class CollectionBounds(TypedDict, total=False):
 
 def collected_under(grant: ConsentRow, withdrawn_position: int | None) -> CollectionBounds:
     """What was collected under a consent: its app's captures between its grant and its
-    withdrawal, bounded by log positions, the captures' own clock (decision XXXX).
+    withdrawal, bounded by log positions, the captures' own clock (decision 0055).
 
     ``withdrawn_position``: the withdrawal just written, else the view's. A consent row
     projected before migration 0005_views_consent_positions has no positions; each bound
