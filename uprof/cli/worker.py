@@ -14,12 +14,13 @@ from __future__ import annotations
 import faulthandler
 import io
 import logging
+import os
+import select
 import signal
 import sys
-import threading
 import time
 from types import FrameType
-from typing import Annotated
+from typing import Annotated, Protocol
 
 import typer
 
@@ -30,7 +31,47 @@ from uprof.cli.context import console, fail, settings
 _log = logging.getLogger("uprof.worker")
 
 
-def run_loop(kernel: object, stop: threading.Event, *, idle_poll_s: float) -> dict[str, int]:
+class Stop(Protocol):
+    """What the loop needs of its stop flag (``threading.Event`` has it too)."""
+
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
+class SignalledStop:
+    """A stop flag that a signal handler may set: it takes no lock.
+
+    A Python signal handler runs in the main thread between two bytecodes, possibly
+    while that thread holds the lock inside ``threading.Event.wait``. ``Event.set()``
+    from the handler then waits for a lock its own thread holds, forever: a worker that
+    never stopped on SIGTERM, seen in the test suite. Here ``set`` only assigns a flag
+    and writes a byte to a pipe (no lock), and ``wait`` sleeps in ``select`` on that
+    pipe, which the byte wakes at once, even if it was written just before the sleep.
+    """
+
+    def __init__(self) -> None:
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_write, False)
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+        try:
+            os.write(self._wake_write, b"\0")
+        except BlockingIOError:
+            pass  # the pipe is full of wake-ups already: wait() returns at once anyway
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self._set:
+            select.select([self._wake_read], [], [], timeout)
+        return self._set
+
+
+def run_loop(kernel: object, stop: Stop, *, idle_poll_s: float) -> dict[str, int]:
     """Process batches until ``stop`` is set; a failure is logged and retried with back-off."""
     from uprof.kernel import Uprof
 
@@ -104,10 +145,10 @@ def worker(
         raise typer.Exit(2)
     # Before any thread starts (the model's, the embedding read-ahead's).
     limit_malloc_arenas(worker_settings.malloc_arenas)
-    stop = threading.Event()
+    stop = SignalledStop()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
-        stop.set()
+        stop.set()  # no lock: see SignalledStop
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
