@@ -159,7 +159,8 @@ def root_from_inclusion_proof(
     _check_hash(leaf, "leaf hash")
     fn, sn, r = leaf_index, tree_size - 1, bytes(leaf)
     for position, p in enumerate(proof):
-        _check_hash(p, f"inclusion proof element {position}")
+        if not (isinstance(p, bytes | bytearray) and len(p) == HASH_SIZE):
+            _check_hash(p, f"inclusion proof element {position}")  # raises, naming it
         if sn == 0:
             raise VerificationError(
                 f"inclusion proof for leaf {leaf_index} in tree of size {tree_size} is too long",

@@ -120,8 +120,7 @@ class SentenceEmbedder:
             # CLI command's output and the MCP server's stderr. The load goes to the log.
             from transformers.utils import logging as transformers_logging
 
-            # transformers ships this function without annotations; it takes and returns nothing.
-            transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+            transformers_logging.disable_progress_bar()
             started = time.perf_counter()
             model = SentenceTransformer(str(self._path), device="cpu", local_files_only=True)
             model.eval()
