@@ -18,6 +18,7 @@ from uprof.cli.context import (
     limit_option,
     print_page,
 )
+from uprof.cli.render import print_receipt
 
 erase_app = typer.Typer(no_args_is_help=True, help="Erase a subject, one event or one item.")
 audit_app = typer.Typer(no_args_is_help=True, help="Export and verify the audit trail; residue.")
@@ -128,19 +129,6 @@ def print_slice(result: object, *, title: str) -> None:
 # ------------------------------------------------------------------------ erasure
 
 
-def _write_receipt(result: object, out: Path | None) -> None:
-    receipt = result.receipt  # type: ignore[attr-defined]
-    if out is not None:
-        out.write_text(json.dumps(receipt, indent=2) + "\n", encoding="utf-8")
-        console.print(f"receipt written to {out}")
-    else:
-        console.print_json(json.dumps(receipt))
-    console.print(
-        f"[bold]keep this nonce private[/]: it proves the receipt is yours: "
-        f"{result.subject_nonce_hex}"  # type: ignore[attr-defined]
-    )
-
-
 @erase_app.command("subject")
 def erase_subject(
     subject: Annotated[str, typer.Option()],
@@ -149,7 +137,7 @@ def erase_subject(
 ) -> None:
     """Erase a subject entirely and print (or save) the signed receipt."""
     with door() as d:
-        _write_receipt(d.erase_subject(subject, basis=basis), out)
+        print_receipt(console, d.erase_subject(subject, basis=basis), out)
 
 
 @erase_app.command("event")
@@ -160,7 +148,7 @@ def erase_event(
 ) -> None:
     """Erase one captured event and everything derived only from it."""
     with door() as d:
-        _write_receipt(d.erase_capture(subject, capture), out)
+        print_receipt(console, d.erase_capture(subject, capture), out)
 
 
 @erase_app.command("item")
@@ -172,7 +160,7 @@ def erase_item(
 ) -> None:
     """Erase one item of the profile."""
     with door() as d:
-        _write_receipt(d.erase_item(subject, item, with_evidence=with_evidence), out)
+        print_receipt(console, d.erase_item(subject, item, with_evidence=with_evidence), out)
 
 
 def export_subject(

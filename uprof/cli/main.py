@@ -21,7 +21,7 @@ from uprof.cli.context import (
     print_page,
     sharing_option,
 )
-from uprof.cli.render import print_evidence, print_profile
+from uprof.cli.render import print_evidence, print_profile, print_receipt
 from uprof.schemas.capture import InteractionIn
 
 if TYPE_CHECKING:
@@ -240,11 +240,33 @@ def consent_grant(
 def consent_withdraw(
     subject: Annotated[str, typer.Option()],
     consent_id: Annotated[str, typer.Option("--consent")],
+    erase: Annotated[
+        bool,
+        typer.Option(
+            "--erase",
+            help="Also erase what the app collected under this consent, with a signed receipt.",
+        ),
+    ] = False,
+    out: Annotated[
+        Path | None, typer.Option(help="With --erase: write the signed receipt here.")
+    ] = None,
 ) -> None:
-    """Withdraw a consent: the next capture under it is refused."""
+    """Withdraw a consent: the next capture under it is refused. With --erase, what the
+    app collected under it (between the grant and the withdrawal) is erased too; asking
+    again with --erase finishes an erasure that answered erasure_incomplete."""
+    if out is not None and not erase:
+        err_console.print("[bold red]error:[/] --out: a receipt is written only with --erase")
+        raise typer.Exit(2)
     with door() as d:
-        d.withdraw_consent(subject, consent_id)
+        result = d.withdraw_consent(subject, consent_id, erase=erase)
         console.print(f"consent {consent_id} withdrawn")
+        if not erase:
+            return
+        if result is None:
+            console.print("nothing collected under it is left to erase")
+            return
+        console.print(f"{result.counts.get('captures', 0)} captured events erased")
+        print_receipt(console, result, out)
 
 
 @consent_app.command("list")

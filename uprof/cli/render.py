@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from uprof.facade import EvidenceView, ProfileView
+    from uprof.facade import ErasureResult, EvidenceView, ProfileView
 
 
 SHORT_ID = 8
@@ -116,3 +118,16 @@ def print_evidence(console: Console, view: EvidenceView) -> None:
             c.user_input,
         )
     console.print(table)
+
+
+def print_receipt(console: Console, result: ErasureResult, out: Path | None) -> None:
+    """Print an erasure's signed receipt (or write it to ``out``) and the subject's nonce."""
+    if out is not None:
+        out.write_text(json.dumps(result.receipt, indent=2) + "\n", encoding="utf-8")
+        console.print(f"receipt written to {out}")
+    else:
+        console.print_json(json.dumps(result.receipt))
+    console.print(
+        f"[bold]keep this nonce private[/]: it proves the receipt is yours: "
+        f"{result.subject_nonce_hex}"
+    )
