@@ -461,11 +461,16 @@ class Facade:
     ) -> ErasureResult | None:
         """Withdraw a consent: an app only its own; a subject or operator any of theirs.
 
-        Withdrawing only ever narrows what an app holds, so no policy is asked.
+        Withdrawing only ever narrows what an app holds, so no policy is asked; nor for
+        ``erase`` by the subject, or by an app of what it collected itself. An operator's
+        ``erase`` destroys an app's data on the operator's word: an erasure, decided by
+        the policy as erasing an event is (a deployment may deny operators ``erase``).
         """
         self._own_subject(subject)
         if consent_id not in {c.consent_id for c in self.consents(subject)}:
             raise SubjectNotFoundError("no consent with that id for this subject and app")
+        if erase and self.principal.is_operator and not self.principal.acting_for:
+            self._authorize_governance("erase", ERASURE_PURPOSE)
         with self._as_principal():
             return self._kernel.withdraw_consent(
                 subject, consent_id, erase=erase, request_token=request_token

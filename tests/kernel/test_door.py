@@ -218,6 +218,44 @@ def test_an_operator_acting_for_an_app_is_decided_by_that_app_and_audited_as_bot
     assert accepted[-1]["principal"] == "operator:local#cli/as/app:planner"
 
 
+def test_withdrawal_with_erase_by_an_operator_is_an_erasure_the_policy_decides(
+    kernel: Uprof,
+) -> None:
+    """The planner may erase what it collected itself by withdrawing its consent (it has
+    no ``erase`` rule); an operator that the policy denies ``erase`` cannot destroy the
+    planner's data by withdrawing for it: refused before anything is written."""
+    _prepare(kernel, "alice")
+    _prepare(kernel, "bob")
+    kernel.policy.revoke(
+        requested_by="operator:test",
+        role="role:operator",
+        actions=["erase"],
+        categories=["any"],
+        purpose="erasure",
+    )
+    cli = Facade(kernel, PRINCIPALS["cli"])
+    with pytest.raises(PermissionDeniedError):
+        cli.erase_subject("alice")  # the narrowing is in force
+    planner_consent = next(c for c in cli.consents("alice") if c.app_id == "app:planner")
+    kernel.reads.drain()
+    before = kernel.lag().log_position
+
+    with pytest.raises(PermissionDeniedError):
+        cli.withdraw_consent("alice", planner_consent.consent_id, erase=True)
+
+    kernel.reads.drain()
+    assert kernel.lag().log_position == before
+    assert cli.consents("alice")[0].withdrawn_at is None
+    assert [m.text for m in kernel.profile("alice").memories] == ["I want to run a marathon"]
+    # Withdrawing without erase is still the operator's to do; and the app itself may
+    # withdraw its own consent with erase.
+    assert cli.withdraw_consent("alice", planner_consent.consent_id) is None
+    planner = Facade(kernel, PRINCIPALS["planner"])
+    own = next(c for c in planner.consents("bob") if c.app_id == "app:planner")
+    assert planner.withdraw_consent("bob", own.consent_id, erase=True) is not None
+    assert kernel.profile("bob").memories == ()
+
+
 def test_an_app_cannot_act_as_another_apps_agent(kernel: Uprof) -> None:
     _prepare(kernel, "alice")
     planner = Facade(kernel, PRINCIPALS["planner"])
