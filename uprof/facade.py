@@ -467,9 +467,12 @@ class Facade:
         the policy as erasing an event is (a deployment may deny operators ``erase``).
         """
         self._own_subject(subject)
-        if consent_id not in {c.consent_id for c in self.consents(subject)}:
+        grant = next((c for c in self.consents(subject) if c.consent_id == consent_id), None)
+        if grant is None:
             raise SubjectNotFoundError("no consent with that id for this subject and app")
-        if erase and self.principal.is_operator and not self.principal.acting_for:
+        if erase and self.principal.is_operator and grant.app_id != self.principal.acting_for:
+            # Not an app erasing its own collection: the operator's (or, acting for
+            # another app, that app's) ``erase``.
             self._authorize_governance("erase", ERASURE_PURPOSE)
         with self._as_principal():
             return self._kernel.withdraw_consent(

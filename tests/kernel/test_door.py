@@ -242,14 +242,22 @@ def test_withdrawal_with_erase_by_an_operator_is_an_erasure_the_policy_decides(
 
     with pytest.raises(PermissionDeniedError):
         cli.withdraw_consent("alice", planner_consent.consent_id, erase=True)
+    with pytest.raises(PermissionDeniedError):  # acting for another app: that app decides
+        cli.for_app("app:calendar").withdraw_consent(
+            "alice", planner_consent.consent_id, erase=True
+        )
 
     kernel.reads.drain()
     assert kernel.lag().log_position == before
     assert cli.consents("alice")[0].withdrawn_at is None
     assert [m.text for m in kernel.profile("alice").memories] == ["I want to run a marathon"]
-    # Withdrawing without erase is still the operator's to do; and the app itself may
-    # withdraw its own consent with erase.
+    # Withdrawing without erase is still the operator's to do; and the app itself (or
+    # the operator acting for it) may withdraw its own consent with erase.
     assert cli.withdraw_consent("alice", planner_consent.consent_id) is None
+    calendar = next(c for c in cli.consents("bob") if c.app_id == "app:calendar")
+    assert (
+        cli.for_app("app:calendar").withdraw_consent("bob", calendar.consent_id, erase=True) is None
+    )
     planner = Facade(kernel, PRINCIPALS["planner"])
     own = next(c for c in planner.consents("bob") if c.app_id == "app:planner")
     assert planner.withdraw_consent("bob", own.consent_id, erase=True) is not None
