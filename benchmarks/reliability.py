@@ -35,6 +35,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from domain.errors import SubjectNotFoundError
+
 if TYPE_CHECKING:
     from uprof.kernel import Uprof
     from uprof.services.erasure import ErasureResult
@@ -457,6 +459,7 @@ def leakage_scenario(
         kernel.process()
         served = 0
         private_served_to_owner = 0
+        refused_without_consent = 0
         leaks = Counter()
         samples: list[str] = []
         latencies: list[float] = []
@@ -472,17 +475,30 @@ def leakage_scenario(
             agent_type = AGENTS.get(agent, rng.choice(["", "coach", "travel"]))
             query = rng.choice(["trips", "food", "meetings", "plans", "health", "note"])
             t0 = time.perf_counter()
-            result = kernel.slice(
-                s,
-                query,
-                budget_tokens=rng.choice([64, 256, 2000]),
-                purpose=purpose,
-                app_id=app,
-                agent_id=agent,
-                agent_type=agent_type,
-                lexical_only=rng.random() < 0.5,
-            )
+            try:
+                result = kernel.slice(
+                    s,
+                    query,
+                    budget_tokens=rng.choice([64, 256, 2000]),
+                    purpose=purpose,
+                    app_id=app,
+                    agent_id=agent,
+                    agent_type=agent_type,
+                    lexical_only=rng.random() < 0.5,
+                )
+            except SubjectNotFoundError:
+                # An app holding no consent of the subject is answered as for an
+                # unknown subject; one that holds a consent must be served.
+                latencies.append(time.perf_counter() - t0)
+                if (s, app) in consented:
+                    leaks["refused_with_consent"] += 1
+                else:
+                    refused_without_consent += 1
+                continue
             latencies.append(time.perf_counter() - t0)
+            if (s, app) not in consented:
+                leaks["served_without_consent"] += 1
+                samples.append(f"{app} was served a slice of {s} without any consent")
             allowed = POLICY_READ.get((app, purpose), set()) & consented.get((s, app), set())
             for item in result.items:
                 served += 1
@@ -519,6 +535,9 @@ def leakage_scenario(
         "private_items_served_to_their_owner": private_served_to_owner,
         "private_to_non_owner": leaks["private_to_non_owner"],
         "outside_policy_or_consent": leaks["outside_policy_or_consent"],
+        "served_without_consent": leaks["served_without_consent"],
+        "refused_without_consent": refused_without_consent,
+        "refused_with_consent": leaks["refused_with_consent"],
         "other_subject": leaks["other_subject"]
         + leaks["foreign_evidence"]
         + leaks["other_subject_in_text"],

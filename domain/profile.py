@@ -56,6 +56,15 @@ CAPTURE_CATEGORY = "conversation"
 EXPERIENCE_CATEGORY = "experience"
 
 
+def capture_consent_refusal(interaction: Interaction) -> ConsentRequiredError:
+    """Why a capture is refused at the consent gate: the same words whether the subject
+    does not exist or the app holds no consent of it, so that no app can tell which."""
+    return ConsentRequiredError(
+        f"app {interaction.app_id!r} has no consent in force to capture "
+        f"{CAPTURE_CATEGORY!r} data for purpose {interaction.purpose!r}"
+    )
+
+
 def _new_id() -> str:
     return uuid.uuid4().hex
 
@@ -354,10 +363,7 @@ class SubjectProfile(Aggregate):
             purpose=interaction.purpose,
             at=now,
         ):
-            raise ConsentRequiredError(
-                f"app {interaction.app_id!r} has no consent in force to capture "
-                f"{CAPTURE_CATEGORY!r} data for purpose {interaction.purpose!r}"
-            )
+            raise capture_consent_refusal(interaction)
 
     def capture(self, interaction: Interaction, *, now: datetime) -> str:
         """Pass the consent gate and record the interaction; returns the capture id.

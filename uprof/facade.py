@@ -443,13 +443,27 @@ class Facade:
         self._authorize(action, categories, purpose)
 
     def consents(self, subject: str) -> list[Any]:
-        """The principal's app's consents (all apps' for a subject or the operator)."""
+        """The principal's app's consents (all apps' for a subject or the operator).
+
+        An app that was never granted a consent of the subject gets subject_not_found,
+        as for a subject that does not exist: whether another app knows a person is not
+        this app's to learn (``_known_to_app``).
+        """
         self._own_subject(subject)
         with self._as_principal():
             view = self._kernel.profile(subject)
         if self.principal.kind is PrincipalKind.APP:
-            return [c for c in view.consents if c.app_id == self.principal.policy_subject]
+            own = [c for c in view.consents if c.app_id == self.principal.policy_subject]
+            if not own and not self.principal.is_operator:
+                raise SubjectNotFoundError("no such subject")
+            return own
         return list(view.consents)
+
+    def _known_to_app(self, subject: str) -> None:
+        """Refuse, as for an unknown subject, an app that was never granted a consent of
+        ``subject`` (operators and the subject itself are not asked)."""
+        if self.principal.kind is PrincipalKind.APP and not self.principal.is_operator:
+            self.consents(subject)
 
     def withdraw_consent(
         self,
@@ -529,12 +543,14 @@ class Facade:
         ever changes how that app's own later requests resolve.
         """
         self._refuse_users("registering sessions")
+        self._known_to_app(subject)
         with self._as_principal():
             self._kernel.register_session(self._namespaced(session_id) or "", subject)
 
     def register_identifier(self, identifier: str, subject: str) -> None:
         """Bind an identifier, inside this app's namespace, to a subject (no policy asked)."""
         self._refuse_users("registering identifiers")
+        self._known_to_app(subject)
         with self._as_principal():
             self._kernel.register_identifier(self._namespaced(identifier) or "", subject)
 
@@ -748,6 +764,7 @@ class Facade:
     ) -> Page[Any]:
         """A page of consents: an app's own; all apps' for the subject or an operator."""
         self._own_subject(subject)
+        self._known_to_app(subject)
         size = check_limit(limit)
         app = self.principal.policy_subject if self.principal.kind is PrincipalKind.APP else None
         with self._as_principal():

@@ -408,6 +408,17 @@ def test_sessions_are_scoped_to_the_app_that_registered_them(
         ).status_code
         == 201
     )
+    # An app binds sessions only to subjects it holds a consent of: for any other, the
+    # answer is the unknown subject's (it must not learn who exists).
+    for someone in ("bob", "nobody-at-all"):
+        refused = http.post(
+            "/v1/sessions",
+            headers=bearer(apps.calendar),
+            json={"session_id": "s-1", "subject": someone},
+        )
+        assert refused.status_code == 404
+        assert refused.json()["error"]["code"] == "subject_not_found"
+    grant(http, apps.calendar, subject="bob", categories=("schedule",), purposes=("scheduling",))
     # The calendar app binding the same session id to bob changes nothing for the planner.
     assert (
         http.post(

@@ -10,7 +10,7 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 
 from uprof.integrations.langchain import UprofChatMessageHistory, UprofRetriever
 from uprof.kernel import Uprof
-from uprof.sdk import Client, PermissionDeniedError
+from uprof.sdk import Client, NotFoundError, PermissionDeniedError
 
 
 def test_history_captures_turns_and_the_retriever_returns_them_with_provenance(
@@ -63,5 +63,7 @@ def test_without_consent_nothing_is_captured_and_another_app_reads_nothing(
     rogue = UprofRetriever(
         client=Client.embedded(kernel, "app:rogue"), subject="alice", agent_id="agent:one"
     )
-    assert rogue.invoke("what music does alice love?") == []
-    assert rogue.last_slice is not None and rogue.last_slice.withheld
+    # It holds no consent of alice: answered as for a subject that does not exist.
+    with pytest.raises(NotFoundError):
+        rogue.invoke("what music does alice love?")
+    assert rogue.last_slice is None

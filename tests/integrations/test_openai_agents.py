@@ -81,11 +81,17 @@ def test_an_app_without_policy_gets_a_refusal_not_data(kernel: Uprof) -> None:
     assert "captured" in stored
     rogue = tools_for(kernel, "app:rogue")
     alice = UprofContext(subject="alice")
-    piece = call(rogue["profile_slice"], alice, query="what music does alice love?")
-    assert piece["items"] == [] and piece["withheld"]  # the gate withheld everything
+    # It holds no consent of alice: every answer is the one for an unknown subject.
+    nobody = UprofContext(subject="nobody-at-all")
+    for tool, args in (
+        ("profile_slice", {"query": "what music does alice love?"}),
+        ("forget", {}),
+    ):
+        refused = call(rogue[tool], alice, **args)
+        assert refused["error"]["code"] == "subject_not_found", refused
+        assert refused == call(rogue[tool], nobody, **args)
     denied = call(rogue["capture"], alice, user_input="alice lives in Porto")
     assert denied["error"]["code"] in ("permission_denied", "consent_required")
-    assert call(rogue["forget"], alice) == {"withdrawn": [], "erasure_receipts": []}
 
 
 def test_a_run_without_a_subject_in_context_is_refused(kernel: Uprof) -> None:

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from domain.errors import PermissionDeniedError
+from domain.errors import PermissionDeniedError, SubjectNotFoundError
 from domain.principal import Principal, PrincipalKind
 from policies import CasbinAuthorizer
 from policies.rules import PolicyRule
@@ -160,13 +160,19 @@ def _check_example(
     for reader, agent in itertools.product(range(3), range(2)):
         reads, _, reader_consented = apps[reader]
         door = Facade(kernel, Principal("default", names[reader], "k", PrincipalKind.APP))
-        text = door.slice(
-            subject,
-            "where do I live, what do I want, what to remember",
-            budget_tokens=2000,
-            purpose=PURPOSE,
-            agent_id=f"agent:{agent}",
-        ).text
+        try:
+            text = door.slice(
+                subject,
+                "where do I live, what do I want, what to remember",
+                budget_tokens=2000,
+                purpose=PURPOSE,
+                agent_id=f"agent:{agent}",
+            ).text
+        except SubjectNotFoundError:
+            # No consent of the subject: answered as for an unknown subject.
+            assert not reader_consented, f"{names[reader]} holds a consent and was refused"
+            continue
+        assert reader_consented, f"{names[reader]} was served a slice without any consent"
         for canary, write in canaries.items():
             if canary not in text:
                 continue

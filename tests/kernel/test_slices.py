@@ -9,7 +9,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from domain.errors import IdentityError, InvalidInputError, SubjectNotFoundError
+from domain.errors import (
+    ConsentRequiredError,
+    IdentityError,
+    InvalidInputError,
+    SubjectNotFoundError,
+)
 from tests.kernel.conftest import APP, consent, say
 from uprof.adapters.tokens import TiktokenCounter
 from uprof.kernel import Uprof
@@ -76,19 +81,41 @@ def test_policy_denied_category_is_withheld_with_a_count(kernel: Uprof) -> None:
     assert any(i.layer == "attribute" and "Paris" in i.text for i in calendar.items)
 
 
-def test_no_consent_for_the_reading_app_withholds_everything(kernel: Uprof) -> None:
+def test_an_app_with_no_consent_of_the_subject_learns_nothing_of_it(kernel: Uprof) -> None:
+    """Not its items, not its pseudonym, not how much is withheld, not that it exists:
+    the answer is word for word the one for a subject nobody knows."""
     consent(kernel)
     kernel.capture("alice", say("I want to run a marathon"))
-    result = kernel.slice(
-        "alice",
-        "goals",
-        budget_tokens=256,
-        purpose="scheduling",
-        app_id=CALENDAR,
-        agent_id="agent:cal",
+    kernel.process()
+
+    def read(subject: str) -> str:
+        with pytest.raises(SubjectNotFoundError) as refused:
+            kernel.slice(
+                subject,
+                "goals",
+                budget_tokens=256,
+                purpose="scheduling",
+                app_id=CALENDAR,
+                agent_id="agent:cal",
+            )
+        return str(refused.value)
+
+    assert read("alice") == read("nobody-at-all")
+
+    def capture(subject: str) -> str:
+        with pytest.raises(ConsentRequiredError) as refused:
+            kernel.capture(subject, say("I fly on Monday", app=CALENDAR, purpose="scheduling"))
+        return str(refused.value)
+
+    assert capture("alice") == capture("nobody-at-all")
+    # Once it holds a consent, even one that covers nothing asked, it is served (and
+    # the gate withholds by category, counting what it withheld).
+    kernel.grant_consent("alice", app_id=CALENDAR, categories=["schedule"], purposes=["scheduling"])
+    served = kernel.slice(
+        "alice", "goals", budget_tokens=256, purpose="scheduling", app_id=CALENDAR, agent_id="a"
     )
-    assert result.items == ()
-    assert result.withheld.get("consent", 0) + result.withheld.get("policy", 0) >= 2
+    assert served.items == ()
+    assert served.withheld.get("consent", 0) + served.withheld.get("policy", 0) >= 1
 
 
 def test_wrong_purpose_is_denied_by_default(kernel: Uprof) -> None:

@@ -26,4 +26,8 @@ def test_no_leak_across_agents_apps_and_subjects(target: Target, seed: int) -> N
     assert r["unverifiable_items"] == 0
     assert r["private_to_non_owner"] == 0, r["leak_samples"]
     assert r["outside_policy_or_consent"] == 0, r["leak_samples"]
+    # An app with no consent of the subject learns nothing of it, not even that it exists.
+    assert r["served_without_consent"] == 0, r["leak_samples"]
+    assert r["refused_without_consent"] > 0  # app:rogue asked, so the check ran
+    assert r["refused_with_consent"] == 0
     assert r["other_subject"] == 0, r["leak_samples"]

@@ -233,7 +233,7 @@ class CaptureService:
             # Unknown subject: a one-off pseudonym, linked to nothing (no stable keyed
             # hash of the reference, which would join a refused attempt to a later one).
             self._refused(new_pseudonym(), first, "no-consent-on-record", principal=principal)
-            raise no_consent_on_record(first.app_id)
+            raise no_consent_on_record(first)
         return handle
 
     def _save_one(

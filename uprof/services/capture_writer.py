@@ -43,7 +43,7 @@ from domain.errors import (
     SubjectErasedError,
     UprofError,
 )
-from domain.profile import SubjectProfile
+from domain.profile import SubjectProfile, capture_consent_refusal
 from domain.values import Interaction
 from uprof import retry, telemetry
 from uprof.caching import BoundedCache, CacheStats
@@ -132,9 +132,10 @@ def _settle(futures: list[asyncio.Future[None]]) -> None:
             future.set_result(None)
 
 
-def no_consent_on_record(app_id: str) -> ConsentRequiredError:
-    """The refusal of a capture for a reference that names no subject."""
-    return ConsentRequiredError(f"app {app_id!r} has no consent in force for this subject")
+def no_consent_on_record(interaction: Interaction) -> ConsentRequiredError:
+    """The refusal of a capture for a reference that names no subject: word for word the
+    refusal for a subject the app holds no consent of, so that it cannot tell the two apart."""
+    return capture_consent_refusal(interaction)
 
 
 def refusal_entry(pending: PendingCapture, reason_code: str) -> tuple[str, dict[str, Any]]:
@@ -390,7 +391,7 @@ class CaptureWriter:
                 pending.error = SubjectErasedError(ERASED_SUBJECT)
                 refusals.append(refusal_entry(pending, "subject-erased"))
             else:
-                pending.error = no_consent_on_record(pending.interactions[0].app_id)
+                pending.error = no_consent_on_record(pending.interactions[0])
                 refusals.append(refusal_entry(pending, "no-consent-on-record"))
         if refusals:
             self._audit.record_many(refusals)

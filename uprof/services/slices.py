@@ -31,7 +31,7 @@ from uuid import UUID
 
 import numpy as np
 
-from domain.errors import InvalidInputError, SubjectErasedError
+from domain.errors import InvalidInputError, SubjectErasedError, SubjectNotFoundError
 from domain.heat import heat
 from domain.principal import qualified_agent
 from domain.values import CATEGORIES, Layer, Provenance, SharingPolicy, check_token
@@ -303,6 +303,11 @@ class SliceService:
         now = request.now or real_now
         with telemetry.span("uprof.slice.view", stage="cached" if cached else "load"):
             view = self._subject_view(handle.stream_id, freshness, cached)
+        if not any(c.app_id == request.app_id for c in view.profile.consents.values()):
+            # An app that holds no consent of this subject (none granted, or all
+            # withdrawn) learns nothing of it: not that it exists, not its pseudonym,
+            # not how much the gate withholds. It is answered as an unknown subject.
+            raise SubjectNotFoundError("no such subject")
 
         withheld: Counter[str] = Counter()
         with telemetry.span("uprof.slice.gate") as gating:
