@@ -50,6 +50,7 @@ from benchmarks.reliability import (
     converges,
     grant_all,
     interaction,
+    line_within,
     make_settings,
     open_kernel,
     temp_target,
@@ -134,16 +135,20 @@ class Child:
             return
         assert self.proc.stdout is not None
         timeout_s = START_TIMEOUT_S if self.start_timeout_s is None else self.start_timeout_s
-        line = _line_within(self.proc.stdout, timeout_s)
+        proc = self.proc
+
+        def stacks_then_kill() -> None:
+            # Hung before its ready line: a worker writes its threads' stacks on SIGUSR1
+            # (registered before its start-up opens the stores).
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(1.0)
+            proc.kill()
+
+        line = line_within(proc.stdout, timeout_s, stacks_then_kill)
         if line is not None and line.startswith(self.ready):
             return
-        if line is None:
-            # Hung before its ready line (the read above would have waited forever):
-            # a worker writes its threads' stacks on SIGUSR1 once it got that far.
-            self.proc.send_signal(signal.SIGUSR1)
-            time.sleep(1.0)
-        self.proc.kill()
-        _, err = self.proc.communicate()
+        proc.kill()
+        _, err = proc.communicate()
         said = f"not ready within {timeout_s:.0f} s" if line is None else repr(line)
         raise RuntimeError(f"worker did not start: {said} {err[-3000:]}")
 
@@ -183,17 +188,6 @@ class Child:
         self.log.append("did not stop within the timeout")
         self.log.append((out or "")[-500:] + (err or "")[-8000:])
         return int(self.proc.returncode)
-
-
-def _line_within(stream: Any, timeout_s: float) -> str | None:
-    """The next line of ``stream`` (\"\" at its end), or None if none came within
-    ``timeout_s``. The reading thread ends when the stream does (the caller kills the
-    process)."""
-    got: list[str] = []
-    reader = threading.Thread(target=lambda: got.append(stream.readline()), daemon=True)
-    reader.start()
-    reader.join(timeout_s)
-    return got[0] if got else None
 
 
 @contextmanager

@@ -1,43 +1,71 @@
-"""The reliability harness's own child processes (benchmarks/workers_bench.py): a child
-that never gets ready ends the wait instead of hanging the run, and a scenario that fails
-leaves no ``uprof worker`` running (a worker stops only when sent SIGTERM)."""
+"""The reliability harness's own child processes (benchmarks/reliability.py and
+workers_bench.py): a child that never says it is ready ends the wait instead of hanging
+the run, and a scenario that fails leaves no ``uprof worker`` running (a worker stops
+only when sent SIGTERM)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from benchmarks import workers_bench
+from benchmarks import reliability, workers_bench
 from benchmarks.reliability import Target
 from benchmarks.workers_bench import Child
 
 sqlite_only = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 
 
-def test_a_worker_that_never_says_ready_is_killed_once_its_start_timeout_passes() -> None:
-    """The wait read the child's stdout with no bound: a worker stuck in its start-up
-    (a lock, a store that does not answer) hung the test, and the suite, for good."""
-    # A Python process that prints nothing (the command is [python, *entry, *args]).
-    child = Child(["-c", "import time; time.sleep(600)"], {}, "uprof worker ready", entry=[])
-    child.start_timeout_s = 2.0
-    child.spawn()
+SILENT = [sys.executable, "-c", "import time; time.sleep(600)"]
+
+
+def _within(seconds: float, call: Callable[[], object]) -> list[BaseException]:
+    """Run ``call`` in a thread; the exceptions it raised, or AssertionError if it is
+    still running after ``seconds`` (a hang: the old read had no bound)."""
     errors: list[BaseException] = []
 
-    def wait() -> None:
+    def run() -> None:
         try:
-            child.wait_ready()
+            call()
         except BaseException as e:
             errors.append(e)
 
-    waiting = threading.Thread(target=wait, daemon=True)
-    waiting.start()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), "the wait for the child's first line never ended"
+    return errors
+
+
+def test_a_crash_child_that_never_says_ready_is_killed_once_the_start_timeout_passes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(reliability, "START_TIMEOUT_S", 2.0, raising=False)  # old code: none
+    child = subprocess.Popen(SILENT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        waiting.join(60)
-        assert not waiting.is_alive(), "the wait for the ready line never ended"
-        assert len(errors) == 1 and isinstance(errors[0], RuntimeError), errors
-        assert "not ready within 2 s" in str(errors[0])
+        errors = _within(60, lambda: reliability._kill_after_ready(child, 0.0))
+        assert len(errors) == 1 and "nothing within 2 s" in str(errors[0]), errors
+        assert child.poll() is not None  # killed and reaped
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(60)
+
+
+def test_a_worker_that_never_says_ready_is_killed_once_its_start_timeout_passes() -> None:
+    """The wait read the child's stdout with no bound: a worker stuck in its start-up
+    (a lock, a store that does not answer) hung the test, and the suite, for good."""
+    # The command is [python, *entry, *args]: a Python process that prints nothing.
+    child = Child(SILENT[1:], {}, "uprof worker ready", entry=[])
+    child.start_timeout_s = 2.0
+    child.spawn()
+    try:
+        errors = _within(60, child.wait_ready)
+        assert len(errors) == 1 and "not ready within 2 s" in str(errors[0]), errors
         assert child.proc is not None and child.proc.poll() is not None  # killed and reaped
     finally:
         _kill(child)
