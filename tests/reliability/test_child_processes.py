@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from benchmarks.workers_bench import Child
 sqlite_only = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 
 
+REPO = Path(__file__).resolve().parents[2]
 SILENT = [sys.executable, "-c", "import time; time.sleep(600)"]
 
 
@@ -110,3 +112,42 @@ def _kill(child: Child) -> None:
     if child.proc is not None and child.proc.poll() is None:
         child.proc.kill()
         child.proc.wait(60)  # not communicate(): a waiting thread may still read its stdout
+
+
+LEAVES_A_CHILD = """
+import multiprocessing, time
+
+def _forever():
+    time.sleep(600)
+
+def _start():
+    child = multiprocessing.get_context("spawn").Process(target=_forever)
+    child.start()
+    return child
+
+def test_fails_with_a_child_running():
+    _start()
+    assert False, "failed after starting a child"
+
+def test_passes_with_a_child_running():
+    _start()
+"""
+
+
+def test_a_test_that_leaves_a_multiprocessing_child_running_ends_the_run_with_a_report(
+    tmp_path: Path,
+) -> None:
+    """multiprocessing joins its children, with no bound, when the test process exits: a
+    test that failed (or forgot a join) with a child still running hung the whole run
+    after its last test. tests/conftest.py kills such children when the test ends."""
+    (tmp_path / "test_leaves.py").write_text(LEAVES_A_CHILD)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", "/dev/null"]
+    command += ["--rootdir", str(tmp_path), "-p", "tests.conftest", str(tmp_path)]
+    try:
+        done = subprocess.run(
+            command, cwd=REPO, capture_output=True, text=True, timeout=120, check=False
+        )
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"the run hung after its tests: {e.stdout!r}") from None
+    assert "2 failed" in done.stdout, done.stdout[-3000:]  # the second: its leftover child
+    assert "the test left multiprocessing children running" in done.stdout
