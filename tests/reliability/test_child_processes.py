@@ -151,3 +151,21 @@ def test_a_test_that_leaves_a_multiprocessing_child_running_ends_the_run_with_a_
         raise AssertionError(f"the run hung after its tests: {e.stdout!r}") from None
     assert "2 failed" in done.stdout, done.stdout[-3000:]  # the second: its leftover child
     assert "the test left multiprocessing children running" in done.stdout
+
+
+def test_a_server_that_ignores_sigterm_is_killed_and_reaped_by_stop_server() -> None:
+    """``terminate(); wait(60)`` raised on such a server and left it running, serving
+    (or holding the store of) a test that had ended."""
+    from benchmarks.server_ready import stop_server
+
+    script = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    script += "print('ignoring', flush=True); time.sleep(600)"
+    deaf = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert deaf.stdout is not None and deaf.stdout.readline() == "ignoring\n"
+        assert stop_server(deaf, timeout_s=1) is None  # not a graceful stop: killed
+        assert deaf.returncode == -9
+    finally:
+        if deaf.poll() is None:
+            deaf.kill()
+            deaf.wait(60)
