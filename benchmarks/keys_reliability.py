@@ -34,10 +34,12 @@ from typing import Any
 from benchmarks.reliability import (
     PLANNER,
     REPO,
+    START_TIMEOUT_S,
     Target,
     grant_all,
     interaction,
     kernel_on,
+    line_within,
     make_settings,
     temp_target,
 )
@@ -112,16 +114,21 @@ def _run_child(target: Target, mode: str, delay: float, **kw: str) -> list[str]:
         start_new_session=True,  # its own process group: pg_dump / pg_restore die with it
     )
     assert proc.stdout is not None
-    first = proc.stdout.readline()
-    if first.strip() != "READY":
-        proc.kill()
+
+    def kill_group() -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    first = line_within(proc.stdout, START_TIMEOUT_S, kill_group)
+    if first is None or first.strip() != "READY":
+        kill_group()
         _, err = proc.communicate()
-        raise RuntimeError(f"child {mode} did not start: {first!r} {err[-2000:]}")
+        said = f"nothing within {START_TIMEOUT_S:.0f} s" if first is None else repr(first)
+        raise RuntimeError(f"child {mode} did not start: {said} {err[-2000:]}")
     time.sleep(delay)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    kill_group()
     out, err = proc.communicate()
     if proc.returncode not in (0, -signal.SIGKILL):
         raise RuntimeError(f"child {mode} failed: {err[-2000:]}")

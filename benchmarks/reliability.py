@@ -48,6 +48,9 @@ POSTGRES_ADMIN_URL = os.environ.get(
 )
 PLANNER = "app:planner"
 CALENDAR = "app:calendar"
+#: How long a child process may take to say it is ready (its first line) before it is
+#: killed: start-up imports the project and opens the stores, seconds on a busy machine.
+START_TIMEOUT_S = 300.0
 
 
 # --------------------------------------------------------------------------- plumbing
@@ -60,6 +63,23 @@ class Target:
     kind: str  # "sqlite" | "postgres"
     data_dir: Path
     database_url: str | None = None
+
+
+def line_within(stream: Any, timeout_s: float, kill: Callable[[], None]) -> str | None:
+    """The next line of a child's ``stream`` ("" at its end); or, if none came within
+    ``timeout_s``, None once ``kill`` (which must end the child) has ended the read.
+
+    A plain ``readline`` waits for ever on a child that hangs. The stream is free again
+    on return (``communicate`` may read the rest)."""
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(stream.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    if not reader.is_alive():
+        return got[0]
+    kill()
+    reader.join(60)  # the child is gone: its stdout ends
+    return None
 
 
 def make_settings(target: Target, **overrides: Any) -> Any:
@@ -223,14 +243,16 @@ def _kill_after_ready(
     """Wait for READY (and ``after_steps`` STEP lines), sleep ``delay``, SIGKILL; return
     the complete stdout lines after READY."""
     assert proc.stdout is not None
-    first = proc.stdout.readline()
-    if first.strip() != "READY":
+    first = line_within(proc.stdout, START_TIMEOUT_S, proc.kill)
+    if first is None or first.strip() != "READY":
         proc.kill()
         _, err = proc.communicate()
-        raise RuntimeError(f"child did not start: {first!r} {err[-2000:]}")
+        said = f"nothing within {START_TIMEOUT_S:.0f} s" if first is None else repr(first)
+        raise RuntimeError(f"child did not start: {said} {err[-2000:]}")
     early: list[str] = []
     while len(early) < after_steps:
-        line = proc.stdout.readline()
+        # None: it stopped reporting for START_TIMEOUT_S, and was killed (as below).
+        line = line_within(proc.stdout, START_TIMEOUT_S, proc.kill)
         if not line:
             break
         early.append(line)

@@ -60,3 +60,20 @@ def popen_serving(command: list[str], **popen: Any) -> tuple[subprocess.Popen[An
         fds = [sock.fileno(), *popen.pop("pass_fds", ())]
         process = subprocess.Popen([*command, "--fd", str(sock.fileno())], pass_fds=fds, **popen)
     return process, port
+
+
+def stop_server(process: subprocess.Popen[Any], timeout_s: float = 60.0) -> int | None:
+    """SIGTERM, wait up to ``timeout_s`` for the graceful exit, then SIGKILL: the process
+    is gone and reaped on return, whatever happened (a ``terminate(); wait(t)`` left a
+    server that did not stop running, and the caller's error hid it). Returns the exit
+    status of the graceful stop, or None if it had to be killed."""
+    if process.poll() is not None:
+        return process.returncode
+    process.terminate()
+    try:
+        process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        return None
+    return process.returncode

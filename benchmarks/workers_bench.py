@@ -36,7 +36,8 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -49,6 +50,7 @@ from benchmarks.reliability import (
     converges,
     grant_all,
     interaction,
+    line_within,
     make_settings,
     open_kernel,
     temp_target,
@@ -59,6 +61,7 @@ DEFAULT_OUT = REPO / "docs" / "bench" / "workers.json"
 CLI = ["-c", "from uprof.cli.main import app; app()"]
 #: ``uprof worker`` without importing the rest of the CLI (see uprof/cli/worker.py).
 WORKER_CLI = ["-m", "uprof.cli.worker"]
+#: How long a child may take to say it is ready (a worker's line, a server's /healthz).
 START_TIMEOUT_S = 300.0
 
 
@@ -93,6 +96,8 @@ class Child:
     starts: int = 0
     kills: int = 0
     log: list[str] = field(default_factory=list)
+    #: Seconds the child may take to be ready (None: ``START_TIMEOUT_S``).
+    start_timeout_s: float | None = None
 
     def start(self) -> None:
         self.spawn()
@@ -129,11 +134,23 @@ class Child:
             wait_until_healthy(proc, self.url, timeout_s=START_TIMEOUT_S, exited=exited)
             return
         assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line.startswith(self.ready):
-            self.proc.kill()
-            _, err = self.proc.communicate()
-            raise RuntimeError(f"worker did not start: {line!r} {err[-3000:]}")
+        timeout_s = START_TIMEOUT_S if self.start_timeout_s is None else self.start_timeout_s
+        proc = self.proc
+
+        def stacks_then_kill() -> None:
+            # Hung before its ready line: a worker writes its threads' stacks on SIGUSR1
+            # (registered before its start-up opens the stores).
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(1.0)
+            proc.kill()
+
+        line = line_within(proc.stdout, timeout_s, stacks_then_kill)
+        if line is not None and line.startswith(self.ready):
+            return
+        proc.kill()
+        _, err = proc.communicate()
+        said = f"not ready within {timeout_s:.0f} s" if line is None else repr(line)
+        raise RuntimeError(f"worker did not start: {said} {err[-3000:]}")
 
     @property
     def url(self) -> str:
@@ -144,6 +161,12 @@ class Child:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.communicate()
         self.kills += 1
+
+    def kill_if_running(self) -> None:
+        """SIGKILL the process if it is still running, and reap it (not counted as a kill)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
 
     def sigterm(self, timeout_s: float = 60.0) -> int:
         """Stop gracefully; returns the exit code (a worker exits 0; uvicorn re-raises the
@@ -165,6 +188,22 @@ class Child:
         self.log.append("did not stop within the timeout")
         self.log.append((out or "")[-500:] + (err or "")[-8000:])
         return int(self.proc.returncode)
+
+
+@contextmanager
+def killed_on_failure(children: Sequence[Child]) -> Iterator[None]:
+    """On any exception, SIGKILL and reap every child still running, then re-raise.
+
+    A worker runs until it is sent SIGTERM (``finish`` does that): a scenario that fails
+    before then would otherwise leave its workers polling the store (a dropped or reused
+    test database) for as long as the machine runs, each holding a core's share.
+    """
+    try:
+        yield
+    except BaseException:
+        for child in children:
+            child.kill_if_running()
+        raise
 
 
 def worker_child(target: Target, partitions: int, partition: int | None) -> Child:
@@ -346,11 +385,13 @@ def layout_children(target: Target, partitions: int, spec: Sequence[int | None])
 
 
 def start_all(children: Sequence[Child]) -> None:
-    """Start the children side by side (start-up, not the run, dominates on a busy machine)."""
-    for child in children:
-        child.spawn()
-    for child in children:
-        child.wait_ready()
+    """Start the children side by side (start-up, not the run, dominates on a busy machine);
+    if one does not start, none is left running."""
+    with killed_on_failure(children):
+        for child in children:
+            child.spawn()
+        for child in children:
+            child.wait_ready()
 
 
 def race_scenario(
@@ -388,24 +429,25 @@ def race_scenario(
                 killer_errors.append(f"{type(e).__name__}: {e}"[:300])
 
     thread = threading.Thread(target=killer) if kills else None
-    if thread is not None:
-        thread.start()
-    try:
-        began = time.monotonic()
-        round_ = 1
-        while True:
-            acked += _capture_for(target, partitions, seconds, seed + round_)
-            round_ += 1
-            killed = sum(c.kills for c in children)
-            if killed >= kills or time.monotonic() - began > max_seconds:
-                break
-    finally:
-        done.set()
+    with killed_on_failure(children):  # until finish() has stopped them
         if thread is not None:
-            thread.join()
-    for child in children:
-        child.wait_ready()
-    figures = finish(target, partitions, children, acked, catch_up_s=catch_up_s)
+            thread.start()
+        try:
+            began = time.monotonic()
+            round_ = 1
+            while True:
+                acked += _capture_for(target, partitions, seconds, seed + round_)
+                round_ += 1
+                killed = sum(c.kills for c in children)
+                if killed >= kills or time.monotonic() - began > max_seconds:
+                    break
+        finally:
+            done.set()
+            if thread is not None:
+                thread.join()
+        for child in children:
+            child.wait_ready()
+        figures = finish(target, partitions, children, acked, catch_up_s=catch_up_s)
     figures.update(
         backend=target.kind,
         partitions=partitions,
@@ -483,13 +525,7 @@ def stress_run(
     spec: list[int | None] = [0, 1, None] if partitions == 2 else [None, None, None]
     workers = layout_children(target, partitions, spec)
     t0 = time.perf_counter()
-    try:
-        start_all([*servers, *workers])
-    except BaseException:
-        for child in [*servers, *workers]:  # leave no orphan polling a dropped database
-            if child.proc is not None and child.proc.poll() is None:
-                child.sigkill()
-        raise
+    start_all([*servers, *workers])  # leaves no orphan polling a dropped database
     started_s = time.perf_counter() - t0
     done = threading.Event()
     killer_errors: list[str] = []
@@ -508,18 +544,19 @@ def stress_run(
                 killer_errors.append(f"{type(e).__name__}: {e}"[:300])
 
     thread = threading.Thread(target=killer)
-    thread.start()
-    try:
-        acked, statuses = asyncio.run(
-            _rest_load([s.url for s in servers], key, clients, seconds, seed)
-        )
-    finally:
-        done.set()
-        thread.join()
-    for child in workers:
-        child.wait_ready()
-    t1 = time.perf_counter()
-    figures = finish(target, partitions, [*servers, *workers], acked, catch_up_s=catch_up_s)
+    with killed_on_failure([*servers, *workers]):  # until finish() has stopped them
+        thread.start()
+        try:
+            acked, statuses = asyncio.run(
+                _rest_load([s.url for s in servers], key, clients, seconds, seed)
+            )
+        finally:
+            done.set()
+            thread.join()
+        for child in workers:
+            child.wait_ready()
+        t1 = time.perf_counter()
+        figures = finish(target, partitions, [*servers, *workers], acked, catch_up_s=catch_up_s)
     figures["phases_s"] = {
         "start": round(started_s, 1),
         "load": round(t1 - t0 - started_s, 1),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import multiprocessing
 import os
 import uuid
 from collections.abc import Iterator
@@ -216,3 +217,35 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     finally:
         if nextitem is None or nextitem.path != item.path:
             _freeze_survivors()
+
+
+# A multiprocessing child that a test leaves running (a failure before its join, a child
+# stuck on a barrier another one never reached) is joined, without a bound, by
+# multiprocessing's exit handler when the test process ends: the run then hangs after its
+# last test instead of reporting the failure. Such children are killed when the test that
+# started them ends, and the test gets an error naming them.
+
+
+def kill_leftover_children() -> list[str]:
+    """Kill and reap this process's multiprocessing children still running; their names."""
+    leftovers = multiprocessing.active_children()
+    for child in leftovers:
+        child.kill()
+    for child in leftovers:
+        child.join(30)
+    return [f"{child.name} (pid {child.pid})" for child in leftovers]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    # After the test body, before its fixtures' teardown: a child still running here is
+    # one the test did not wait for (no fixture starts multiprocessing children).
+    try:
+        outcome = yield
+    except BaseException:
+        kill_leftover_children()  # the test's own failure is the report
+        raise
+    left = kill_leftover_children()
+    if left:
+        raise AssertionError(f"the test left multiprocessing children running: {left}")
+    return outcome

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from benchmarks.server_ready import popen_serving, wait_until_healthy
+from benchmarks.server_ready import popen_serving, stop_server, wait_until_healthy
 from uprof.cli.main import app
 
 UPROF = [sys.executable, "-m", "uprof.cli.main"]
@@ -32,8 +32,8 @@ def test_a_server_on_a_handed_over_socket_answers_and_its_port_refuses_once_it_s
     try:
         wait_until_healthy(server, f"http://127.0.0.1:{port}", timeout_s=120)
     finally:
-        server.terminate()
-        server.wait(60)
+        stopped = stop_server(server)
+    assert stopped is not None, "the server did not stop within 60 s of SIGTERM (killed)"
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
 

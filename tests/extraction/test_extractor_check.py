@@ -43,10 +43,12 @@ def test_an_http_error_fails_with_the_reason(fake_llm: FakeOpenAI) -> None:
 
 
 def test_a_dead_endpoint_fails_without_hanging() -> None:
-    with socket.socket() as s:  # a port nobody listens on
+    # Bound here and not listening: it refuses, and while it is held no other process
+    # (a parallel test's server) can listen on it, as it could once closed.
+    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    result = _check(f"http://127.0.0.1:{port}/v1", "--timeout-s", "2")
+        result = _check(f"http://127.0.0.1:{port}/v1", "--timeout-s", "2")
     assert result.exit_code == 1
     assert "could not reach model server" in result.output
     assert "retry later" in result.output

@@ -293,12 +293,14 @@ def test_timeout_raises_promptly(fake_llm: FakeOpenAI) -> None:
 
 
 def test_unreachable_server_raises() -> None:
-    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+    # A port bound here and not listening refuses connections, and no other process can
+    # listen on it while it is held (closed first, a parallel test's server could take it).
+    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with OpenAICompatibleExtractor(f"http://127.0.0.1:{port}/v1", "m", timeout_s=2) as ex:
-        with pytest.raises(ExtractionError, match="could not reach"):
-            ex.extract(_turn())
+        with OpenAICompatibleExtractor(f"http://127.0.0.1:{port}/v1", "m", timeout_s=2) as ex:
+            with pytest.raises(ExtractionError, match="could not reach"):
+                ex.extract(_turn())
 
 
 def test_fallback_is_used_when_the_model_fails(fake_llm: FakeOpenAI) -> None:

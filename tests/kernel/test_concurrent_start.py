@@ -24,7 +24,8 @@ def _start(data_dir: str, url: str | None, barrier: object, results: object) -> 
         from uprof.settings import Settings
 
         settings = Settings(data_dir=Path(data_dir), database_url=url, embedder="hashing")
-        barrier.wait()  # type: ignore[attr-defined]
+        # Bounded: a sibling that failed before it would leave this one waiting for ever.
+        barrier.wait(120)  # type: ignore[attr-defined]
         build_kernel(settings, FakeClock()).close()
         results.put("ok")  # type: ignore[attr-defined]
     except Exception as error:

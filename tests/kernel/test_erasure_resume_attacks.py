@@ -313,7 +313,10 @@ backend = Backend(kind, url, Path(data_dir))
 kernel = build_kernel(settings_for(backend), FakeClock())
 try:
     Path(barrier, f"ready-{me}").touch()
+    waited_until = time.monotonic() + 600  # a parent that failed never says go
     while not Path(barrier, "go").exists():
+        if time.monotonic() > waited_until:
+            sys.exit("no go within 600 s")
         time.sleep(0.005)
     try:
         if scope == "subject":
@@ -363,17 +366,30 @@ def test_two_processes_finish_the_same_incomplete_erasure_at_once(
         )
         for n in range(2)
     ]
-    deadline = time.monotonic() + 120
-    while len(list(barrier.glob("ready-*"))) < 2:
-        assert time.monotonic() < deadline, "the finishers did not start"
-        assert all(c.poll() is None for c in children), [c.communicate() for c in children]
-        time.sleep(0.01)
-    (barrier / "go").touch()
-    outcomes = []
-    for child in children:
-        out, err = child.communicate(timeout=300)
-        assert child.returncode == 0, err[-3000:]
-        outcomes.append(json.loads(out.strip().splitlines()[-1]))
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(barrier.glob("ready-*"))) < 2:
+            assert time.monotonic() < deadline, "the finishers did not start"
+            if not all(c.poll() is None for c in children):
+                # One died. What it said; the other waits for "go" and never ends on its
+                # own (asking it for its output first, as before, waited for ever).
+                for c in children:
+                    c.kill()
+                raise AssertionError([c.communicate() for c in children])
+            time.sleep(0.01)
+        (barrier / "go").touch()
+        outcomes = []
+        for child in children:
+            out, err = child.communicate(timeout=300)
+            assert child.returncode == 0, err[-3000:]
+            outcomes.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        # A failure above left the other finisher waiting for "go" (polling, with the
+        # store open) after the test had ended.
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.communicate()
 
     receipts = [o["receipt"] for o in outcomes if "receipt" in o]
     assert receipts, outcomes

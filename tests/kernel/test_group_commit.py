@@ -206,6 +206,20 @@ def test_a_subject_erased_after_it_was_queued_fails_only_its_request(kernel: Upr
     assert sorted(_log_captures(kernel)) == [ok.acks[0][0]]
 
 
+def _signal_commits(writer: CaptureWriter) -> threading.Event:
+    """An Event set when the writer thread starts committing a group: the group is closed
+    (no later request joins it) and the writer is about to wait for the streams' turn."""
+    committing = threading.Event()
+    commit = writer.commit
+
+    def signalled(group: list[PendingCapture]) -> None:
+        committing.set()
+        commit(group)
+
+    writer.commit = signalled  # type: ignore[method-assign]
+    return committing
+
+
 def test_a_full_queue_refuses_with_backlogged_and_stores_nothing_for_it(kernel: Uprof) -> None:
     consent(kernel, "alice")
     service = kernel.capture_service
@@ -219,6 +233,7 @@ def test_a_full_queue_refuses_with_backlogged_and_stores_nothing_for_it(kernel: 
         max_queued=1,
         enqueue_timeout_s=0.2,
     )
+    committing = _signal_commits(service.writer)
     service.writer.start()
     answers: dict[str, object] = {}
 
@@ -229,16 +244,19 @@ def test_a_full_queue_refuses_with_backlogged_and_stores_nothing_for_it(kernel: 
             answers[name] = e
 
     stream = kernel.stream_of("alice")
+    writer_queue = service.writer._queue
     try:
         with kernel.app.writer_turns([stream]):  # the writer blocks on its first group
             first = threading.Thread(target=capture, args=("first",))
             first.start()
-            while not service.writer._queue.empty() or "first" in answers:
-                time.sleep(0.01)  # until the writer has taken it
-            time.sleep(0.05)
+            # Until the writer has closed its first group (then blocks on the turn). Not a
+            # poll of the queue plus a fixed sleep: a first request queued late (a busy
+            # machine) joined the next one's group, the queue stayed empty and the wait
+            # below never ended, the writer blocked on the turn this thread holds.
+            assert committing.wait(60), "the writer never took the first request"
             queued = threading.Thread(target=capture, args=("queued",))
             queued.start()
-            while service.writer._queue.empty():
+            while writer_queue.unfinished_tasks < 2:  # counts every put (no task_done)
                 time.sleep(0.01)
             capture("refused")  # the queue (1 slot) is full: refused after 0.2 s
         first.join(30)
@@ -396,6 +414,7 @@ def test_a_coroutine_finding_the_queue_full_is_refused_with_backlogged(kernel: U
         max_queued=1,
         enqueue_timeout_s=0.2,
     )
+    committing = _signal_commits(service.writer)
     service.writer.start()
     writer_queue = service.writer._queue
     turns = kernel.app.writer_turns([kernel.stream_of("alice")])
@@ -404,9 +423,10 @@ def test_a_coroutine_finding_the_queue_full_is_refused_with_backlogged(kernel: U
         # ``unfinished_tasks`` counts every put (the writer never calls task_done), so
         # the waits below cannot miss a request the writer takes at once.
         first = asyncio.create_task(kernel.capture_async("alice", [say("I like tea first")]))
-        while writer_queue.unfinished_tasks < 1 or not writer_queue.empty():
-            await asyncio.sleep(0.005)  # until the writer took it and waits for the turn
-        await asyncio.sleep(0.05)  # past its linger: the next request cannot join the group
+        # Until the writer has closed the first group and waits for the turn (a fixed
+        # 50 ms "past its linger" let, on a busy machine, the next request join it).
+        while not committing.is_set():
+            await asyncio.sleep(0.005)
         queued = asyncio.create_task(kernel.capture_async("alice", [say("I like tea queued")]))
         while writer_queue.unfinished_tasks < 2:
             await asyncio.sleep(0.005)  # queued behind the blocked writer: the queue is full

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from benchmarks.reliability import PLANNER, Target, grant_all, kernel_on, make_settings
-from benchmarks.server_ready import popen_serving
+from benchmarks.server_ready import popen_serving, stop_server, wait_until_healthy
 from uprof.eventstore import CAPTURED_TOPIC
 
 SUBJECTS = [f"gc-subject-{i}" for i in range(4)]
@@ -38,16 +38,12 @@ def _start_server(target: Target) -> tuple[subprocess.Popen[bytes], str]:
         [sys.executable, "-m", "uprof.cli.main", "serve", "--log-level", "warning"], env=env
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"server exited with {proc.returncode}"
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("server did not start within 120 s")
+    try:
+        wait_until_healthy(proc, url, timeout_s=120)
+    except BaseException:
+        stop_server(proc, timeout_s=0)  # killed and reaped, not left running
+        raise
+    return proc, url
 
 
 def _stored_captures(kernel: Any) -> list[tuple[str, str]]:

@@ -6,12 +6,14 @@ stream's versions are gapless, and the audit log verifies."""
 
 from __future__ import annotations
 
+import subprocess
 import threading
 from collections import Counter
 
 import httpx
 
 from benchmarks.reliability import PLANNER, Target, grant_all, kernel_on, make_settings
+from benchmarks.server_ready import stop_server
 from tests.reliability.test_group_commit_crash import _start_server, _stored_captures
 
 SUBJECTS = [f"two-servers-{i}" for i in range(3)]
@@ -31,7 +33,7 @@ def test_two_servers_on_one_store_lose_and_double_nothing(target: Target) -> Non
     finally:
         keys.close()
 
-    servers = [_start_server(target), _start_server(target)]
+    servers: list[tuple[subprocess.Popen[bytes], str]] = []
     answers: list[tuple[str, int, str]] = []  # (marker, status, capture id or error code)
     lock = threading.Lock()
 
@@ -59,20 +61,21 @@ def test_two_servers_on_one_store_lose_and_double_nothing(target: Target) -> Non
                 with lock:
                     answers.append((marker, response.status_code, outcome))
 
-    threads = [
-        threading.Thread(target=client, args=(url, s * CLIENTS_PER_SERVER + c))
-        for s, (_, url) in enumerate(servers)
-        for c in range(CLIENTS_PER_SERVER)
-    ]
     try:
+        # Inside the try: a second server that does not start leaves no first one running.
+        servers.extend(_start_server(target) for _ in range(2))
+        threads = [
+            threading.Thread(target=client, args=(url, s * CLIENTS_PER_SERVER + c))
+            for s, (_, url) in enumerate(servers)
+            for c in range(CLIENTS_PER_SERVER)
+        ]
         for t in threads:
             t.start()
         for t in threads:
             t.join(300)
     finally:
-        for process, _ in servers:
-            process.terminate()
-            process.wait(60)
+        stopped = [stop_server(process) for process, _ in servers]
+    assert None not in stopped, "a server did not stop within 60 s of SIGTERM (killed)"
 
     total = 2 * CLIENTS_PER_SERVER * CAPTURES_PER_CLIENT
     assert len(answers) == total

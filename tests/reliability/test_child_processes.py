@@ -1,0 +1,171 @@
+"""The reliability harness's own child processes (benchmarks/reliability.py and
+workers_bench.py): a child that never says it is ready ends the wait instead of hanging
+the run, and a scenario that fails leaves no ``uprof worker`` running (a worker stops
+only when sent SIGTERM)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks import reliability, workers_bench
+from benchmarks.reliability import Target
+from benchmarks.workers_bench import Child
+
+sqlite_only = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+
+
+REPO = Path(__file__).resolve().parents[2]
+SILENT = [sys.executable, "-c", "import time; time.sleep(600)"]
+
+
+def _within(seconds: float, call: Callable[[], object]) -> list[BaseException]:
+    """Run ``call`` in a thread; the exceptions it raised, or AssertionError if it is
+    still running after ``seconds`` (a hang: the old read had no bound)."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), "the wait for the child's first line never ended"
+    return errors
+
+
+def test_a_crash_child_that_never_says_ready_is_killed_once_the_start_timeout_passes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(reliability, "START_TIMEOUT_S", 2.0, raising=False)  # old code: none
+    child = subprocess.Popen(SILENT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        errors = _within(60, lambda: reliability._kill_after_ready(child, 0.0))
+        assert len(errors) == 1 and "nothing within 2 s" in str(errors[0]), errors
+        assert child.poll() is not None  # killed and reaped
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(60)
+
+
+def test_a_worker_that_never_says_ready_is_killed_once_its_start_timeout_passes() -> None:
+    """The wait read the child's stdout with no bound: a worker stuck in its start-up
+    (a lock, a store that does not answer) hung the test, and the suite, for good."""
+    # The command is [python, *entry, *args]: a Python process that prints nothing.
+    child = Child(SILENT[1:], {}, "uprof worker ready", entry=[])
+    child.start_timeout_s = 2.0
+    child.spawn()
+    try:
+        errors = _within(60, child.wait_ready)
+        assert len(errors) == 1 and "not ready within 2 s" in str(errors[0]), errors
+        assert child.proc is not None and child.proc.poll() is not None  # killed and reaped
+    finally:
+        _kill(child)
+
+
+@sqlite_only
+def test_a_race_that_fails_midway_leaves_no_worker_running(
+    target: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[Child] = []
+    real_layout = workers_bench.layout_children
+
+    def layout(*args: Any) -> list[Child]:
+        children = real_layout(*args)
+        started.extend(children)
+        return children
+
+    calls = 0
+    real_capture = workers_bench._capture_for
+
+    def capture_then_fail(*args: Any, **kwargs: Any) -> list[str]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:  # the backlog, before the workers start
+            return real_capture(*args, **kwargs)
+        raise ConnectionError("the store went away")  # once they run
+
+    monkeypatch.setattr(workers_bench, "layout_children", layout)
+    monkeypatch.setattr(workers_bench, "_capture_for", capture_then_fail)
+    try:
+        with pytest.raises(ConnectionError):
+            workers_bench.race_scenario(target, partitions=1, spec=(None, None), seconds=0.3)
+        assert len(started) == 2 and all(c.proc is not None for c in started)
+        running = [c.proc.pid for c in started if c.proc is not None and c.proc.poll() is None]
+        assert running == [], f"workers left running after the scenario failed: {running}"
+    finally:
+        for child in started:
+            _kill(child)
+
+
+def _kill(child: Child) -> None:
+    if child.proc is not None and child.proc.poll() is None:
+        child.proc.kill()
+        child.proc.wait(60)  # not communicate(): a waiting thread may still read its stdout
+
+
+LEAVES_A_CHILD = """
+import multiprocessing, time
+
+def _forever():
+    time.sleep(600)
+
+def _start():
+    child = multiprocessing.get_context("spawn").Process(target=_forever)
+    child.start()
+    return child
+
+def test_fails_with_a_child_running():
+    _start()
+    assert False, "failed after starting a child"
+
+def test_passes_with_a_child_running():
+    _start()
+"""
+
+
+def test_a_test_that_leaves_a_multiprocessing_child_running_ends_the_run_with_a_report(
+    tmp_path: Path,
+) -> None:
+    """multiprocessing joins its children, with no bound, when the test process exits: a
+    test that failed (or forgot a join) with a child still running hung the whole run
+    after its last test. tests/conftest.py kills such children when the test ends."""
+    (tmp_path / "test_leaves.py").write_text(LEAVES_A_CHILD)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", "/dev/null"]
+    command += ["--rootdir", str(tmp_path), "-p", "tests.conftest", str(tmp_path)]
+    try:
+        done = subprocess.run(
+            command, cwd=REPO, capture_output=True, text=True, timeout=120, check=False
+        )
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"the run hung after its tests: {e.stdout!r}") from None
+    assert "2 failed" in done.stdout, done.stdout[-3000:]  # the second: its leftover child
+    assert "the test left multiprocessing children running" in done.stdout
+
+
+def test_a_server_that_ignores_sigterm_is_killed_and_reaped_by_stop_server() -> None:
+    """``terminate(); wait(60)`` raised on such a server and left it running, serving
+    (or holding the store of) a test that had ended."""
+    from benchmarks.server_ready import stop_server
+
+    script = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    script += "print('ignoring', flush=True); time.sleep(600)"
+    deaf = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert deaf.stdout is not None and deaf.stdout.readline() == "ignoring\n"
+        assert stop_server(deaf, timeout_s=1) is None  # not a graceful stop: killed
+        assert deaf.returncode == -9
+    finally:
+        if deaf.poll() is None:
+            deaf.kill()
+            deaf.wait(60)
