@@ -891,15 +891,25 @@ class Uprof:
 
     def rebuild(self, progress: Progress | None = None) -> int:
         """Drop the read models and replay the whole log into them (every memory is
-        embedded again, by this process's model, which the store then records)."""
-        self._settle_reads()
-        self.extraction.run_until_idle()
-        if self.vector_model is not None:
-            model = self.vector_model
-            self.app.record_embedder(model.name, model.dimension)
-            model.recorded(model.name)
-            self.slice_service.flush()  # cached vectors were the old model's
-        return self.projections.rebuild(progress)
+        embedded again, by this process's model, which the store then records).
+
+        One process at a time, under the views store's schema lock (a rebuild replaces
+        every view, as a migration would): two processes that started at once after a
+        restore both rebuilt, and on PostgreSQL one of them crashed on
+        ``pk_profile_subjects`` (UniqueViolation). The second now waits, then rebuilds
+        again from the log.
+        """
+        from uprof.storage import schema_lock
+
+        with schema_lock(self.views_engine):
+            self._settle_reads()
+            self.extraction.run_until_idle()
+            if self.vector_model is not None:
+                model = self.vector_model
+                self.app.record_embedder(model.name, model.dimension)
+                model.recorded(model.name)
+                self.slice_service.flush()  # cached vectors were the old model's
+            return self.projections.rebuild(progress)
 
     def run_maintenance(self, *, now: datetime | None = None) -> dict[str, int]:
         """Expire overdue intents and archive cold memories (the decay job)."""

@@ -195,6 +195,59 @@ def test_rebuild_equals_live(kernel: Uprof) -> None:
     assert (abs(rebuilt_vectors - live_vectors) < 1e-6).all()
 
 
+def _schema_lock_taken(engine: sa.Engine) -> bool:
+    """Whether another holder has the store's schema lock, asked as a second process would
+    (a connection or a file descriptor of its own), without waiting."""
+    if engine.dialect.name == "postgresql":
+        from uprof.backends.postgres import SCHEMA_LOCK_KEY
+
+        with engine.connect() as conn:
+            got = conn.execute(sa.select(sa.func.pg_try_advisory_lock(SCHEMA_LOCK_KEY))).scalar()
+            if got:
+                conn.execute(sa.select(sa.func.pg_advisory_unlock(SCHEMA_LOCK_KEY)))
+            conn.commit()
+        return not got
+    import fcntl
+    import os
+
+    from uprof.backends.sqlite import SCHEMA_LOCK_SUFFIX
+
+    fd = os.open(f"{engine.url.database}{SCHEMA_LOCK_SUFFIX}", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def test_a_rebuild_holds_the_lock_that_orders_rebuilds_and_first_starts(
+    kernel: Uprof, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes rebuilding one PostgreSQL store at once crashed one of them
+    (UniqueViolation on pk_profile_subjects; reproduced in 2 of 12 processes): a rebuild
+    now runs under the views store's schema lock, which another process's rebuild waits
+    for. Checked from a second connection (file descriptor) while the replay runs."""
+    consent(kernel)
+    kernel.capture("alice", say("I live in Paris"))
+    kernel.process()
+    seen: list[bool] = []
+    replay = kernel.projections.rebuild
+
+    def watched(progress=None):  # type: ignore[no-untyped-def]
+        seen.append(_schema_lock_taken(kernel.views_engine))
+        return replay(progress)
+
+    monkeypatch.setattr(kernel.projections, "rebuild", watched)
+    assert not _schema_lock_taken(kernel.views_engine)
+
+    kernel.rebuild()
+
+    assert seen == [True]
+    assert not _schema_lock_taken(kernel.views_engine)  # released once done
+
+
 def test_projection_applies_each_event_once(kernel: Uprof) -> None:
     consent(kernel)
     kernel.capture("alice", say("I live in Paris"))
