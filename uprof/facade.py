@@ -764,7 +764,6 @@ class Facade:
     ) -> Page[Any]:
         """A page of consents: an app's own; all apps' for the subject or an operator."""
         self._own_subject(subject)
-        self._known_to_app(subject)
         size = check_limit(limit)
         app = self.principal.policy_subject if self.principal.kind is PrincipalKind.APP else None
         with self._as_principal():
@@ -772,6 +771,10 @@ class Facade:
             listing = self._listing("consents", ("time", "str"), subject=stream, app=app)
             after = _time_position(self._open(listing, cursor))
             rows = self._kernel.consents_after(subject, app_id=app, after=after, limit=size + 1)
+        if app is not None and after is None and not rows and not self.principal.is_operator:
+            # A first page with none of the app's own consents: it holds none, so the
+            # subject is unknown to it (as ``consents``; the listing was the only read).
+            raise SubjectNotFoundError("no such subject")
         return self._page(listing, rows, size, lambda c: (time_key(c.granted_at), c.consent_id))
 
     def list_memories(
