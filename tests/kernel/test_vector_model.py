@@ -173,16 +173,22 @@ def test_processes_claiming_at_once_with_two_models_agree_on_one(backend: Backen
         )
         for i in range(6)
     ]
-    deadline = time.monotonic() + 240
-    while len(list(barrier.glob("ready-*"))) < 6 and time.monotonic() < deadline:
-        if any(child.poll() is not None for child in children):
-            break  # one died before the race: its stderr is reported below
-        time.sleep(0.01)
-    (barrier / "go").touch()
     answers = []
-    for child in children:
-        out, err = child.communicate(timeout=300)
-        assert child.returncode == 0, err[-3000:]
-        answers.append(out.strip())
+    try:
+        deadline = time.monotonic() + 240
+        while len(list(barrier.glob("ready-*"))) < 6 and time.monotonic() < deadline:
+            if any(child.poll() is not None for child in children):
+                break  # one died before the race: its stderr is reported below
+            time.sleep(0.01)
+        (barrier / "go").touch()
+        for child in children:
+            out, err = child.communicate(timeout=300)
+            assert child.returncode == 0, err[-3000:]
+            answers.append(out.strip())
+    finally:
+        for child in children:  # a failed or timed-out wait leaves no process behind
+            if child.poll() is None:
+                child.kill()
+                child.communicate()
     assert len(set(answers)) == 1, answers
     assert answers[0] in {"recorded: model-a", "recorded: model-b"}

@@ -169,3 +169,38 @@ def test_a_server_that_ignores_sigterm_is_killed_and_reaped_by_stop_server() -> 
         if deaf.poll() is None:
             deaf.kill()
             deaf.wait(60)
+
+
+HANGS_ON_A_SILENT_CHILD = """
+import subprocess, sys
+
+def test_waits_on_a_child_that_never_answers():
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"], stdout=subprocess.PIPE
+    )
+    try:
+        child.stdout.readline()  # no bound: the kind of wait that hung runs before
+    finally:
+        child.kill()
+        child.wait()
+"""
+
+
+def test_a_test_that_waits_for_ever_fails_at_the_suites_timeout(
+    tmp_path: Path, pytestconfig: pytest.Config
+) -> None:
+    """pyproject.toml gives every test a time limit (pytest-timeout): a hang ends as a
+    failure naming the test and its stacks, not as a CI run killed at its limit. Here the
+    limit is lowered to 3 s for a test blocked reading a child's silent pipe."""
+    assert float(pytestconfig.getini("timeout")) > 0  # the suite itself runs with a limit
+    (tmp_path / "test_hangs.py").write_text(HANGS_ON_A_SILENT_CHILD)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", "/dev/null"]
+    command += ["--rootdir", str(tmp_path), "-o", "timeout=3", str(tmp_path)]
+    try:
+        done = subprocess.run(
+            command, cwd=REPO, capture_output=True, text=True, timeout=120, check=False
+        )
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"the hanging test was not stopped: {e.stdout!r}") from None
+    assert "1 failed" in done.stdout, done.stdout[-3000:]
+    assert "Timeout" in done.stdout and "readline" in done.stdout, done.stdout[-3000:]
