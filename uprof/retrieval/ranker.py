@@ -206,6 +206,11 @@ def _dense_scores(
     cosines = _cosines(index.vectors, q)
     scale = DenseScale.of(cosines)
     dense = scale(cosines)
+    w = options.context_weight
+    if w > 0 and index.context_vectors is not None:
+        # A reply ("Yes, at the gym") embedded with the turn it answers; each cosine is
+        # scaled on its own distribution, so the mix stays on the [0, 1] dense scale.
+        dense = (1.0 - w) * dense + w * _scaled(_cosines(index.context_vectors, q))
     k = min(options.feedback_memories, len(index))
     if k <= 0 or options.feedback_weight <= 0:
         return dense, scale

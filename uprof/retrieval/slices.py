@@ -93,6 +93,10 @@ class SliceOptions:
     #: near-repeat of a chosen item.
     bridge_weight: float = 0.5
     bridge_seeds: int = 10
+    #: Contextual memory vectors: share of a memory's dense score taken from its vector
+    #: embedded together with the turn it replies to (``MemoryIndex.context_vectors``),
+    #: the rest from its own; 0, or an index without them, uses its own vector alone.
+    context_weight: float = 0.0
     #: Utilities are relevance ** sharpness: higher values follow the ranking more strictly.
     sharpness: float = 3.0
     #: Memories considered for packing (the best by relevance, plus their neighbours).
