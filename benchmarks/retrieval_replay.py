@@ -187,54 +187,8 @@ def _bench_slice(packed: Any) -> BenchSlice:
     )
 
 
-#: Characters of the preceding turn kept in a contextual text (its end, where the
-#: question a reply answers usually is), so the pair stays inside MiniLM's 256 word
-#: pieces and the memory's own words are never the ones cut.
-CONTEXT_CHARS = 300
-
-
-def context_text(previous: str, text: str) -> str:
-    """What a memory's contextual vector embeds: the end of the turn it replies to, then
-    its own text (the stored text is unchanged)."""
-    return f"{previous[-CONTEXT_CHARS:]}\n{text}"
-
-
-class ContextVectors:
-    """Contextual vectors for an index: each memory that replies to another speaker's
-    turn (``MemoryIndex.prev``) is embedded with that turn; the others keep their own
-    vector. Embeddings are cached by text, so a subject rebuilt from the same items
-    (PrefEval users share their distractors) costs nothing the second time."""
-
-    def __init__(self, embed: Callable[[list[str]], np.ndarray]) -> None:
-        self._embed = embed
-        self._cache: dict[str, np.ndarray] = {}
-        self.embedded = 0
-
-    def __call__(self, index: MemoryIndex) -> MemoryIndex:
-        if index.vectors is None:
-            return index
-        out = index.vectors.copy()
-        texts: dict[int, str] = {}
-        for row, prev in enumerate(index.prev.tolist()):
-            if prev >= 0:
-                texts[row] = context_text(index.candidates[prev].text, index.candidates[row].text)
-        missing = sorted({t for t in texts.values() if t not in self._cache})
-        if missing:
-            got = np.asarray(self._embed(missing), dtype=np.float32)
-            self._cache.update(zip(missing, got, strict=True))
-            self.embedded += len(missing)
-        for row, text in texts.items():
-            out[row] = self._cache[text]
-        return replace(index, context_vectors=out)
-
-
-#: Set by ``--context-vectors``: every replayed index gets contextual vectors.
-_context: ContextVectors | None = None
-
-
 def _index(memories: Sequence[Candidate], vectors: np.ndarray | None, counter: Any) -> MemoryIndex:
-    index = MemoryIndex.build(memories, vectors, counter)
-    return index if _context is None else _context(index)
+    return MemoryIndex.build(memories, vectors, counter)
 
 
 def replay_locomo(
@@ -598,12 +552,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--skip", default="", help="locomo or prefeval to skip")
     parser.add_argument(
-        "--context-vectors",
-        action="store_true",
-        help="embed each reply with the turn it answers (for the context_weight knob; "
-        "uses --embedder, which must be the recording's model)",
-    )
-    parser.add_argument(
         "--tables",
         type=Path,
         help="print the ablation tables of this --out report and stop (rows: --labels)",
@@ -638,12 +586,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     items = prefeval.load_prefeval(args.data / "prefeval" / "explicit_preference")
     budgets = [int(b) for b in args.budgets.split(",")]
     counter = _counter()
-    if args.context_vectors:
-        from uprof.adapters.embeddings import SentenceEmbedder
-
-        global _context
-        model = SentenceEmbedder.for_model(args.embedder, torch_threads=args.torch_threads or None)
-        _context = ContextVectors(model.embed)
     report: dict[str, Any] = {"halves": {}, "results": {}}
     for conv in convs:
         report["halves"][conv.sample_id] = half_of(conv.sample_id)
@@ -694,8 +636,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         report["results"][name]["overrides"] = overrides
         report["results"][name]["slice_ms"] = slice_times(timings[name], timings.get("default"))
         progress(f"{name}: {time.perf_counter() - start:.0f}s")
-        if _context is not None:
-            progress(f"contextual texts embedded so far: {_context.embedded}")
         if args.out:
             args.out.write_text(json.dumps(report, indent=1))
     for name, result in report["results"].items():

@@ -175,9 +175,6 @@ class MemoryIndex:
     not_retrieved: tuple[LeftOut, ...]
     marked: np.ndarray  # the line carries a provenance or status mark (needs the legend)
     rows_of_capture: dict[str, tuple[int, ...]]  # capture id -> memories citing it
-    #: Contextual vectors (unit rows, aligned like ``vectors``): each memory embedded with
-    #: the turn it replies to (``prev``), when the caller has them; None otherwise.
-    context_vectors: np.ndarray | None = None
     #: Bridge seed row -> (median, second-largest) of its cosines to every memory: they
     #: depend on the index only, so each is computed once (at most one per memory).
     _spread: dict[int, tuple[float, float]] = field(default_factory=dict, compare=False, repr=False)
@@ -188,18 +185,12 @@ class MemoryIndex:
         candidates: Sequence[Candidate],
         vectors: np.ndarray | None,
         counter: TokenCounter,
-        context_vectors: np.ndarray | None = None,
     ) -> MemoryIndex:
-        """Index memory candidates; vectors (float32, one unit row per candidate) may be None.
-
-        ``context_vectors`` (optional, one row per candidate like ``vectors``): each memory
-        embedded together with the turn it replies to."""
+        """Index memory candidates; vectors (float32, one unit row per candidate) may be None."""
         if any(c.layer != Layer.MEMORY for c in candidates):
             raise ValueError("MemoryIndex holds memory candidates only")
         if vectors is not None and vectors.shape[0] != len(candidates):
             raise ValueError("one embedding row per candidate is required")
-        if context_vectors is not None and context_vectors.shape[0] != len(candidates):
-            raise ValueError("one context embedding row per candidate is required")
         order = _chronological(candidates)
         ordered = tuple(candidates[i] for i in order)
         dense = None if vectors is None else _unit_rows(np.asarray(vectors)[order])
@@ -247,9 +238,6 @@ class MemoryIndex:
             ),
             marked=np.asarray([render.needs_legend(c) for c in ordered], dtype=bool),
             rows_of_capture=_rows_of_capture(ordered),
-            context_vectors=(
-                None if context_vectors is None else _unit_rows(np.asarray(context_vectors)[order])
-            ),
         )
 
     def __len__(self) -> int:

@@ -23,7 +23,6 @@ expensive but clearly relevant one.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -207,11 +206,6 @@ def _dense_scores(
     cosines = _cosines(index.vectors, q)
     scale = DenseScale.of(cosines)
     dense = scale(cosines)
-    w = options.context_weight
-    if w > 0 and index.context_vectors is not None:
-        # A reply ("Yes, at the gym") embedded with the turn it answers; each cosine is
-        # scaled on its own distribution, so the mix stays on the [0, 1] dense scale.
-        dense = (1.0 - w) * dense + w * _scaled(_cosines(index.context_vectors, q))
     k = min(options.feedback_memories, len(index))
     if k <= 0 or options.feedback_weight <= 0:
         return dense, scale
@@ -358,67 +352,6 @@ def _with_bridges(index: MemoryIndex, relevance: np.ndarray, options: SliceOptio
     return lifted
 
 
-_NAME = re.compile(r"(?<![.!?\n:\"\[(])\s+([A-Z][\w'-]*(?:\s+[A-Z][\w'-]*)*)")
-
-
-def proper_names(text: str) -> set[str]:
-    """Stemmed terms of the capitalised words inside a sentence ("Sweden", "Harry
-    Potter", "Door Dash"), the named entities of English text; a capital that starts a
-    sentence, a quote or a bracket says nothing and is skipped, and so is "I"."""
-    found: set[str] = set()
-    for match in _NAME.finditer(text):
-        found.update(terms(match.group(1)))
-    return found
-
-
-def _with_links(
-    index: MemoryIndex, relevance: np.ndarray, query: Query, options: SliceOptions
-) -> np.ndarray:
-    """Lift memories that share a rare name with one of the best hits (entity links).
-
-    A multi-hop question finds one turn naming an entity ("Sweden", "Harry Potter") and
-    needs the other turns naming it, which share neither the question's words nor its
-    meaning. The names are a seed's capitalised words inside a sentence. Each of the
-    ``link_seeds`` best memories whose relevance is at least ``link_floor`` of the best
-    lends ``link_weight`` of its relevance to every memory holding one of its rare names:
-    idf at least ``link_rarity`` of the idf of a term no memory holds (a share of the
-    subject's own scale), not a query term (matched already) and not a speaker's name.
-    A maximum, as bridges: a memory the query reaches directly keeps its place, and a
-    linked one never outranks its seed.
-    """
-    n = len(relevance)
-    k = min(options.link_seeds, n)
-    if options.link_weight <= 0 or k < 1 or n < 3:
-        return relevance
-    seeds = np.argpartition(-relevance, k - 1)[:k]
-    top = float(relevance[seeds].max())
-    if top <= 0:
-        return relevance
-    bm25 = index.bm25
-    threshold = options.link_rarity * bm25.unseen_idf
-    skipped = set(query.terms).union(*index.actor_terms)
-    lent: dict[int, float] = {}
-    for seed in seeds.tolist():
-        value = float(relevance[seed])
-        if value < options.link_floor * top:
-            continue
-        for name in proper_names(index.candidates[seed].text):
-            t = bm25.vocabulary.get(name)
-            if t is None or name in skipped or bm25.idf[t] < threshold:
-                continue
-            if value > lent.get(t, 0.0):
-                lent[t] = value
-    if not lent:
-        return relevance
-    linked = np.zeros(n, dtype=relevance.dtype)
-    postings = bm25.weights
-    for t, value in lent.items():
-        holders = postings.indices[postings.indptr[t] : postings.indptr[t + 1]]
-        np.maximum.at(linked, holders, np.float32(options.link_weight * value))
-    lifted: np.ndarray = np.maximum(relevance, linked)
-    return lifted
-
-
 def rank_memories(
     index: MemoryIndex,
     query: Query,
@@ -434,7 +367,6 @@ def rank_memories(
     fused, weight, scale = memory_relevance(index, query, query_vector, now, options)
     relevance = _with_neighbours(index, fused, options.neighbour_weight)
     relevance = _with_bridges(index, relevance, options)
-    relevance = _with_links(index, relevance, query, options)
     size = min(options.pool_size, n)
     rows = np.argpartition(-relevance, size - 1)[:size] if size < n else np.arange(n)
     # Best first; equal relevance falls back to chronological order (rows are chronological).

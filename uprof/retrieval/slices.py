@@ -93,18 +93,6 @@ class SliceOptions:
     #: near-repeat of a chosen item.
     bridge_weight: float = 0.5
     bridge_seeds: int = 10
-    #: Contextual memory vectors: share of a memory's dense score taken from its vector
-    #: embedded together with the turn it replies to (``MemoryIndex.context_vectors``),
-    #: the rest from its own; 0, or an index without them, uses its own vector alone.
-    context_weight: float = 0.0
-    #: Entity links (a lexical second hop): a memory sharing a rare term (idf at least
-    #: ``link_rarity`` of an unseen term's) that the query lacks with one of the
-    #: ``link_seeds`` best memories is lifted to ``link_weight`` of that seed's relevance
-    #: (a maximum, as bridges); seeds below ``link_floor`` of the best lend nothing.
-    link_weight: float = 0.0
-    link_seeds: int = 10
-    link_rarity: float = 0.6
-    link_floor: float = 0.5
     #: Utilities are relevance ** sharpness: higher values follow the ranking more strictly.
     sharpness: float = 3.0
     #: Memories considered for packing (the best by relevance, plus their neighbours).
