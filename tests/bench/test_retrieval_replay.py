@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.evidence_misses import proper_names, rank_bucket
 from benchmarks.prefeval import SEED, load_prefeval, user_events
 from benchmarks.retrieval_replay import (
     SliceInputs,
@@ -139,3 +140,18 @@ def test_form_gap_first_fit_takes_rows_in_rank_order_while_they_fit() -> None:
     assert first_fit([0, 3, 2, 1], costs, budget=9) == {0, 3, 1}
     assert first_fit([2, 0], costs, budget=9) == {2, 0}
     assert first_fit([0], costs, budget=3) == set()
+
+
+def test_evidence_misses_reads_names_inside_sentences_only() -> None:
+    got = proper_names("Thanks, Mel! This is from my home country, Sweden. Yes, Harry Potter.")
+    assert got == {"mel", "sweden", "harri", "potter"}
+    # A capital that starts a sentence, a quote or a bracket is no name.
+    assert proper_names('Great. Really! "Wow" [Photo: a dog]') == set()
+
+
+def test_evidence_misses_bucket_ranks_by_fifty_inside_the_pool() -> None:
+    assert rank_bucket(0, 200) == "pool 0-49"
+    assert rank_bucket(149, 200) == "pool 100-149"
+    assert rank_bucket(199, 200) == "pool 150-199"
+    assert rank_bucket(200, 200) == "outside pool"
+    assert rank_bucket(30, 40) == "pool 0-39"
