@@ -38,6 +38,13 @@ _log = logging.getLogger(__name__)
 #: Idle poll: how long the worker sleeps when nothing woke it. Writes through this
 #: process wake it at once; this bounds the delay for writes made by other processes.
 IDLE_POLL_S = 0.05
+#: ``PipelineWorker.stop``: after this long waiting for a run in progress it logs that it
+#: is still waiting, and after ``STOP_GIVE_UP_S`` it stops waiting. The kernel closes its
+#: stores right after the stop; a run cut off by that rolls its batch back (tracking is
+#: saved with the batch), so giving up loses nothing, it only turns a slow batch (an LLM
+#: extractor's calls) into one done again by the next start.
+STOP_WARN_S = 10.0
+STOP_GIVE_UP_S = 120.0
 
 T = TypeVar("T")
 
@@ -74,12 +81,26 @@ class PipelineWorker:
     def wake(self) -> None:
         self._wake.set()
 
-    def stop(self, timeout_s: float = 10.0) -> None:
+    def stop(self, warn_s: float = STOP_WARN_S, give_up_s: float = STOP_GIVE_UP_S) -> None:
+        """Stop after the run in progress, waiting for it (bounded) before returning.
+
+        The caller closes the kernel's stores next: returning while a run still uses
+        them (as a plain 10 s join did) closed them under it mid-batch.
+        """
         self._stop.set()
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(warn_s)
+            if thread.is_alive():
+                _log.warning("pipeline run still in progress; waiting for it to finish")
+                thread.join(max(0.0, give_up_s - warn_s))
+            if thread.is_alive():
+                _log.error(
+                    "pipeline run did not finish within %.0f s of the stop; the stores "
+                    "close under it and its batch is rolled back",
+                    give_up_s,
+                )
         self.status.state = "stopped"
 
     def _run(self) -> None:
