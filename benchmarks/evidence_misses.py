@@ -43,9 +43,10 @@ from benchmarks.retrieval_replay import (
     _index,
     half_of,
     load_inputs,
+    recorded_slice,
     service_options,
 )
-from uprof.retrieval import MemoryIndex, build_slice, ranker
+from uprof.retrieval import MemoryIndex, ranker
 from uprof.retrieval.slices import SliceOptions
 from uprof.retrieval.text import terms
 
@@ -98,19 +99,7 @@ def question_misses(
     counter: Any,
 ) -> list[dict[str, Any]]:
     """One row per evidence turn the slice left out (empty: the question is a hit)."""
-    packed = build_slice(
-        query=got.query,
-        attributes=got.attributes,
-        intents=got.intents,
-        memory_index=index,
-        budget_tokens=budget,
-        counter=counter,
-        query_vector=got.query_vector,
-        now=got.now,
-        options=options,
-        attribute_vectors=got.attribute_vectors,
-        intent_vectors=got.intent_vectors,
-    )
+    packed = recorded_slice(got, index, budget, counter, options)
     sl = _bench_slice(packed)
     covered = locomo.verbatim_covered(
         [sl.text], q.evidence, conv.verbatim, conv.verbatim_captioned

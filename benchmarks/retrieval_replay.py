@@ -191,6 +191,25 @@ def _index(memories: Sequence[Candidate], vectors: np.ndarray | None, counter: A
     return MemoryIndex.build(memories, vectors, counter)
 
 
+def recorded_slice(
+    got: SliceInputs, index: MemoryIndex, budget: int, counter: Any, options: SliceOptions
+) -> Any:
+    """``build_slice`` for one recorded question over its conversation's index."""
+    return build_slice(
+        query=got.query,
+        attributes=got.attributes,
+        intents=got.intents,
+        memory_index=index,
+        budget_tokens=budget,
+        counter=counter,
+        query_vector=got.query_vector,
+        now=got.now,
+        options=options,
+        attribute_vectors=got.attribute_vectors,
+        intent_vectors=got.intent_vectors,
+    )
+
+
 def replay_locomo(
     inputs: Mapping[tuple[str, int], SliceInputs],
     convs: Sequence[locomo.Conversation],
@@ -209,19 +228,7 @@ def replay_locomo(
                 index = indexes[conv.sample_id] = _index(got.memories, got.memory_vectors, counter)
             for budget in budgets:
                 start = time.perf_counter()
-                packed = build_slice(
-                    query=got.query,
-                    attributes=got.attributes,
-                    intents=got.intents,
-                    memory_index=index,
-                    budget_tokens=budget,
-                    counter=counter,
-                    query_vector=got.query_vector,
-                    now=got.now,
-                    options=options,
-                    attribute_vectors=got.attribute_vectors,
-                    intent_vectors=got.intent_vectors,
-                )
+                packed = recorded_slice(got, index, budget, counter, options)
                 if timings is not None:
                     timings.append(time.perf_counter() - start)
                 _, over, union, *_ = locomo.score_question(conv, q, [_bench_slice(packed)], budget)

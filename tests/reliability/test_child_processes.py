@@ -114,6 +114,20 @@ def _kill(child: Child) -> None:
         child.proc.wait(60)  # not communicate(): a waiting thread may still read its stdout
 
 
+def _pytest_on(folder: Path, source: str, *options: str) -> subprocess.CompletedProcess[str]:
+    """A pytest run, in another process and outside this suite's settings, of ``source``
+    as the one test file in ``folder``; a run still going after 120 s fails the caller."""
+    (folder / "test_sample.py").write_text(source)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", "/dev/null"]
+    command += ["--rootdir", str(folder), *options, str(folder)]
+    try:
+        return subprocess.run(
+            command, cwd=REPO, capture_output=True, text=True, timeout=120, check=False
+        )
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"the run hung: {e.stdout!r}") from None
+
+
 LEAVES_A_CHILD = """
 import multiprocessing, time
 
@@ -140,15 +154,7 @@ def test_a_test_that_leaves_a_multiprocessing_child_running_ends_the_run_with_a_
     """multiprocessing joins its children, with no bound, when the test process exits: a
     test that failed (or forgot a join) with a child still running hung the whole run
     after its last test. tests/conftest.py kills such children when the test ends."""
-    (tmp_path / "test_leaves.py").write_text(LEAVES_A_CHILD)
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", "/dev/null"]
-    command += ["--rootdir", str(tmp_path), "-p", "tests.conftest", str(tmp_path)]
-    try:
-        done = subprocess.run(
-            command, cwd=REPO, capture_output=True, text=True, timeout=120, check=False
-        )
-    except subprocess.TimeoutExpired as e:
-        raise AssertionError(f"the run hung after its tests: {e.stdout!r}") from None
+    done = _pytest_on(tmp_path, LEAVES_A_CHILD, "-p", "tests.conftest")
     assert "2 failed" in done.stdout, done.stdout[-3000:]  # the second: its leftover child
     assert "the test left multiprocessing children running" in done.stdout
 
@@ -193,14 +199,6 @@ def test_a_test_that_waits_for_ever_fails_at_the_suites_timeout(
     failure naming the test and its stacks, not as a CI run killed at its limit. Here the
     limit is lowered to 3 s for a test blocked reading a child's silent pipe."""
     assert float(pytestconfig.getini("timeout")) > 0  # the suite itself runs with a limit
-    (tmp_path / "test_hangs.py").write_text(HANGS_ON_A_SILENT_CHILD)
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", "/dev/null"]
-    command += ["--rootdir", str(tmp_path), "-o", "timeout=3", str(tmp_path)]
-    try:
-        done = subprocess.run(
-            command, cwd=REPO, capture_output=True, text=True, timeout=120, check=False
-        )
-    except subprocess.TimeoutExpired as e:
-        raise AssertionError(f"the hanging test was not stopped: {e.stdout!r}") from None
+    done = _pytest_on(tmp_path, HANGS_ON_A_SILENT_CHILD, "-o", "timeout=3")
     assert "1 failed" in done.stdout, done.stdout[-3000:]
     assert "Timeout" in done.stdout and "readline" in done.stdout, done.stdout[-3000:]
