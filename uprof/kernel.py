@@ -24,6 +24,7 @@ from domain.errors import (
     InvalidInputError,
     ReadRecordingError,
     ReadTimeoutError,
+    SubjectErasedError,
     SubjectNotFoundError,
 )
 from domain.values import Interaction, ProposalBatch
@@ -488,6 +489,15 @@ class Uprof:
 
     def subject_exists(self, subject: str) -> bool:
         return self.subjects.find(subject) is not None
+
+    def subject_pseudonym(self, subject: str) -> str | None:
+        """The pseudonym of the subject the name stands for now; None when it names none
+        (unknown, or erased: a re-created name gets a new pseudonym)."""
+        try:
+            found = self.subjects.find(subject)
+        except SubjectErasedError:
+            return None
+        return None if found is None else found.pseudonym
 
     def evidence_captures(self, subject: str, capture_ids: set[str]) -> dict[str, Any]:
         """The captured events among ``capture_ids`` that belong to the subject."""
