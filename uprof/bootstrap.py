@@ -325,11 +325,17 @@ def bootstrap(
     # are this model's (uprof.vector_model): a projection or a slice with another model's
     # vectors is refused, not ranked by noise.
     embedder = vector_model = RecordedModelEmbedder(
-        embedder or build_embedder(settings), app.claim_embedder
+        embedder or build_embedder(settings), app.claim_embedder, app.recorded_embedder
     )
     # The runner below writes through this store and is its one writer: a projector holds
-    # per-batch state, and the runner applies one batch at a time.
-    queries = SqlViewStore(views, sealer, ProfileProjector(embedder, sealer))
+    # per-batch state, and the runner applies one batch at a time. Each batch that writes
+    # vectors checks the record again under its position lock (another process's rebuild
+    # may have recorded another model since).
+    queries = SqlViewStore(
+        views,
+        sealer,
+        ProfileProjector(embedder, sealer, check_vectors=vector_model.check_current),
+    )
     if extractor is None:
         extractor = (
             build_extractor(settings)

@@ -381,6 +381,10 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
         (uprof.vector_model)."""
         return vector_model.claim(self.events_engine, self._tracking_table(), name, dimension)
 
+    def recorded_embedder(self) -> str | None:
+        """The model this store's vectors are recorded as (None: none yet); reads only."""
+        return vector_model.recorded(self.events_engine, self._tracking_table())
+
     def record_embedder(self, name: str, dimension: int) -> None:
         """Record ``name`` as this store's vector model, whatever was recorded (a rebuild)."""
         vector_model.replace(self.events_engine, self._tracking_table(), name, dimension)

@@ -592,6 +592,16 @@ class Facade:
         self._authorize_governance("inspect", OPERATIONS_PURPOSE)
         return self._kernel.subject_exists(subject)
 
+    def subject_pseudonym(self, subject: str) -> str | None:
+        """The pseudonym of the subject the name stands for now, None while it names none
+        (unknown, or erased and not re-created): what a privacy-center link or session is
+        bound to, so that it opens nothing of a later subject of the same name."""
+        if self.principal.kind is PrincipalKind.USER:
+            self._own_subject(subject)
+        else:
+            self._authorize_governance("inspect", OPERATIONS_PURPOSE)
+        return self._kernel.subject_pseudonym(subject)
+
     def audit_subject_ref(self, subject: str) -> str:
         """The pseudonym audit entries use for a subject (what an audit search filters on)."""
         self._authorize_governance("audit", COMPLIANCE_PURPOSE)

@@ -24,11 +24,13 @@ from domain.errors import (
     InvalidInputError,
     ReadRecordingError,
     ReadTimeoutError,
+    SubjectErasedError,
     SubjectNotFoundError,
 )
 from domain.values import Interaction, ProposalBatch
 from uprof import telemetry
 from uprof.crypto.keystore import KeyStore
+from uprof.crypto.ledger import LedgerState
 from uprof.eventstore import ProfilesApplication
 from uprof.ports import AuditTrail, Clock, ViewStore
 from uprof.retrieval import text as retrieval_text
@@ -127,6 +129,14 @@ class Uprof:
     #: were made by another model (uprof.vector_model); None in kernels built without
     #: bootstrap.
     vector_model: RecordedModelEmbedder | None = None
+    #: The erasure ledger as this process last looked at it (``forget_erased_elsewhere``).
+    _ledger_seen: LedgerState | None = field(default=None, repr=False)
+    _ledger_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        # Nothing is cached yet: erasures recorded before this start need no flush.
+        if self.keystore.ledger is not None:
+            self._ledger_seen = self.keystore.ledger.state()
 
     # ----------------------------------------------------------------- writes
 
@@ -480,6 +490,15 @@ class Uprof:
     def subject_exists(self, subject: str) -> bool:
         return self.subjects.find(subject) is not None
 
+    def subject_pseudonym(self, subject: str) -> str | None:
+        """The pseudonym of the subject the name stands for now; None when it names none
+        (unknown, or erased: a re-created name gets a new pseudonym)."""
+        try:
+            found = self.subjects.find(subject)
+        except SubjectErasedError:
+            return None
+        return None if found is None else found.pseudonym
+
     def evidence_captures(self, subject: str, capture_ids: set[str]) -> dict[str, Any]:
         """The captured events among ``capture_ids`` that belong to the subject."""
         # The views key captures by the stream's text form; stream_of gives a UUID.
@@ -584,6 +603,7 @@ class Uprof:
         principal: str = "",
     ) -> ProfileSlice:
         """Serve the profile slice an app may see for a query, within budget_tokens."""
+        self.forget_erased_elsewhere()
         request = (
             subject if isinstance(subject, SubjectRequest) else SubjectRequest(subject=subject)
         )
@@ -805,6 +825,7 @@ class Uprof:
         runs this every few tens of milliseconds, and making the recorder write at each
         run would undo its batching. Views that show reads drain it (``ensure_fresh``).
         """
+        self.forget_erased_elsewhere()
         with self._process_lock:
             total = 0
             target = self.app.max_notification_id() if progress is not None else 0
@@ -832,6 +853,7 @@ class Uprof:
         partitions are kept out by the guarded positions; a batch that lost to one is
         re-read, never applied twice.
         """
+        self.forget_erased_elsewhere()
         with self._process_lock:
             try:
                 extracted = self.extraction.run_once()
@@ -861,6 +883,36 @@ class Uprof:
         with self._process_lock:
             self.projections.run_until_idle()
         return self.projections.position >= head
+
+    def forget_erased_elsewhere(self) -> int:
+        """Flush the caches of every subject erased (wholly or in part) since this
+        process last looked, by any process; returns how many subjects.
+
+        An erasure flushes the caches of the process that ran it; the others keep their
+        decrypted copies (slice views, saved aggregates, keys, term sets) until they see
+        it in the erasure ledger, which every process appends to before any key goes.
+        This looks: a stat of the ledger when nothing was appended (the read path asks it
+        before every slice, the pipeline worker before every run)."""
+        ledger = self.keystore.ledger
+        if ledger is None:
+            return 0
+        state = ledger.state()
+        seen = self._ledger_seen
+        if seen is not None and state.records == seen.records:
+            return 0
+        with self._ledger_lock:
+            seen = self._ledger_seen or LedgerState()
+            changed = set(state.streams - seen.streams)
+            for erased, before in ((state.captures, seen.captures), (state.items, seen.items)):
+                changed.update(s for s, ids in erased.items() if before.get(s) != ids)
+            for stream in changed:
+                try:
+                    stream_id = UUID(stream)
+                except ValueError:
+                    continue  # not a stream of this store: nothing cached under it
+                self.flush_caches(stream_id)
+            self._ledger_seen = state
+        return len(changed)
 
     def flush_caches(self, stream_id: UUID) -> None:
         """Forget everything cached about a subject (keys, slice indexes, the recorder's

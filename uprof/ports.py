@@ -142,6 +142,13 @@ class KeyMaterialStore(Protocol):
         """Replace the ring atomically and durably (rotation adds and forgets epochs)."""
         ...
 
+    def ring_lock(self, *, exclusive: bool) -> AbstractContextManager[None]:
+        """Held by every process that uses the material: shared while a new data key is
+        wrapped and stored under the newest epoch, exclusive while a rotation adds an
+        epoch, re-wraps every stored key and forgets the older epochs, so no key is
+        wrapped under an epoch a rotation forgets."""
+        ...
+
     def audit_signing_key(self) -> Ed25519PrivateKey:
         """Return the audit log's Ed25519 signing key, creating it on first use."""
         ...

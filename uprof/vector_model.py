@@ -10,11 +10,18 @@ process configured with another model starts (it can still erase, export, audit 
 rebuild) but refuses to embed, so it neither projects nor serves a slice, with
 ``EmbedderMismatchError``. ``uprof projections rebuild`` re-embeds every memory with the
 configured model and records it (decision 0049).
+
+Another process's rebuild may change the record while this one runs. So the record is
+read again: by every projection batch, inside its transaction once it holds the position
+lock (``check_current``: a rebuild records its model before it resets the views, and the
+reset waits for that lock, so a batch never commits vectors of a model the store no longer
+records); and by a slice when the last read is older than ``RECHECK_S``.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -24,6 +31,10 @@ from domain.errors import EmbedderMismatchError
 from uprof.ports import Embedder
 
 ROW_PREFIX = "embedder:"
+#: How old the last read of the record may be for a slice's query vector (seconds): a slice
+#: in a process that another process's rebuild left with the wrong model ranks by noise for
+#: at most this long, then is refused.
+RECHECK_S = 1.0
 
 
 #: A row every claim and replace locks first, so claims by two processes that start
@@ -82,6 +93,12 @@ def replace(engine: sa.Engine, tracking_table: str, name: str, dimension: int) -
         )
 
 
+def recorded(engine: sa.Engine, tracking_table: str) -> str | None:
+    """The store's recorded model, read without writing (None when none is recorded)."""
+    with engine.connect() as conn:
+        return _recorded(conn, tracking_table)
+
+
 def _recorded(conn: sa.Connection, tracking_table: str) -> str | None:
     rows = conn.execute(
         sa.text(
@@ -103,33 +120,59 @@ class RecordedModelEmbedder:
     """An ``Embedder`` that checks, once, that the store records its model (or records it
     when the store records none), and refuses to embed when the store records another."""
 
-    def __init__(self, inner: Embedder, claim: Callable[[str, int], str]) -> None:
+    def __init__(
+        self,
+        inner: Embedder,
+        claim: Callable[[str, int], str],
+        read: Callable[[], str | None] | None = None,
+        *,
+        recheck_s: float = RECHECK_S,
+    ) -> None:
         self.inner = inner
         self.name = model_name(inner)
         self.dimension = inner.dimension
         self._claim = claim
+        #: Reads the record without claiming (None: never re-read, as before).
+        self._read = read
+        self.recheck_s = recheck_s
         self._checked = False
+        self._checked_at = 0.0
         self._recorded: str | None = None
         self._lock = threading.Lock()
 
-    def check(self) -> None:
-        """Raise EmbedderMismatchError when the store's vectors are another model's."""
-        if not self._checked:
+    def check(self, *, max_age_s: float | None = None) -> None:
+        """Raise EmbedderMismatchError when the store's vectors are another model's,
+        as the record read at most ``max_age_s`` ago says (default ``recheck_s``)."""
+        bound = self.recheck_s if max_age_s is None else max_age_s
+        if not self._checked or (
+            self._read is not None and time.monotonic() - self._checked_at >= bound
+        ):
             with self._lock:
+                now = time.monotonic()
                 if not self._checked:
                     self._recorded = self._claim(self.name, self.dimension)
-                    self._checked = True
+                    self._checked, self._checked_at = True, now
+                elif self._read is not None and now - self._checked_at >= bound:
+                    # Another process's rebuild may have recorded another model.
+                    self._recorded = self._read() or self._claim(self.name, self.dimension)
+                    self._checked_at = now
         if self._recorded != self.name:
             raise EmbedderMismatchError(
                 f"this store's vectors were made by embedder={self._recorded}, and this "
                 f"process runs embedder={self.name}"
             )
 
+    def check_current(self) -> None:
+        """``check`` against the record as it is now (a projection batch, before it
+        writes vectors)."""
+        self.check(max_age_s=0.0)
+
     def recorded(self, name: str) -> None:
         """The store now records ``name`` (after a rebuild by this process)."""
         with self._lock:
             self._recorded = name
             self._checked = True
+            self._checked_at = time.monotonic()
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         self.check()

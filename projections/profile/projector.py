@@ -51,8 +51,17 @@ class ProfileProjector:
 
     name = PROJECTION_NAME
 
-    def __init__(self, embedder: TextEmbedder | None, sealer: FieldSealer) -> None:
+    def __init__(
+        self,
+        embedder: TextEmbedder | None,
+        sealer: FieldSealer,
+        *,
+        check_vectors: Callable[[], None] | None = None,
+    ) -> None:
         self._embedder = embedder
+        #: Raises when vectors of the embedder's model may no longer be written (the
+        #: store records another model); asked under the position lock, before any write.
+        self._check_vectors = check_vectors
         self._sealer = sealer
         self._handlers: dict[type, Callable[[sa.Connection, int, Any], None]] = {
             P.Registered: self._registered,
@@ -127,6 +136,8 @@ class ProfileProjector:
         fresh = [(nid, ev) for nid, ev in batch if nid > position]
         if vectors is None:
             vectors = self.embed_memories([ev for _, ev in fresh])
+        if vectors and self._check_vectors is not None:
+            self._check_vectors()
         self._vectors = vectors
         for notification_id, event in fresh:
             handler = self._handlers.get(type(event))

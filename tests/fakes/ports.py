@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -91,6 +92,7 @@ class InMemoryKeyMaterialStore:
         self._ring: dict[int, bytes] | None = None
         self._signing = Ed25519PrivateKey.generate()
         self._records: list[Any] = []
+        self._ring_lock = threading.RLock()
 
     def master_secret(self) -> bytes:
         import secrets
@@ -111,6 +113,9 @@ class InMemoryKeyMaterialStore:
 
     def save_kek_ring(self, keys: dict[int, bytes]) -> None:
         self._ring = dict(keys)
+
+    def ring_lock(self, *, exclusive: bool) -> Any:
+        return self._ring_lock  # one process: one lock, shared or not
 
     def audit_signing_key(self) -> Any:
         return self._signing

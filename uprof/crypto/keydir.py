@@ -4,6 +4,7 @@ Layout of ``UPROF_KEY_DIR`` (mode 0700, files 0600)::
 
     master.key             root secret (lookup keys, pseudonym and ledger marks)
     keks.json              the KEK ring (wraps every subject data key)
+    keks.lock              empty; its flock orders wrapping new keys and KEK rotation
     audit-signing.pem      the audit log's Ed25519 signing key
     erasure-ledger.jsonl   append-only: every erasure, by stream id and keyed hash
     keys.sqlite            SQLite deployments: the wrapped data keys (storage.py)
@@ -27,7 +28,8 @@ import secrets
 import shutil
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
 
 MASTER_KEY_FILE = "master.key"
 KEK_RING_FILE = "keks.json"
+RING_LOCK_FILE = "keks.lock"
 AUDIT_KEY_FILE = "audit-signing.pem"
 LEDGER_FILE = "erasure-ledger.jsonl"
 KEYS_DB_FILE = "keys.sqlite"
@@ -173,6 +176,17 @@ class FileKeyMaterialStore:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
         _fsync_dir(self.path)
+
+    @contextmanager
+    def ring_lock(self, *, exclusive: bool) -> Iterator[None]:
+        # A flock of a file of its own: every process (and thread: each opens its own
+        # descriptor) of the deployment shares this folder.
+        fd = os.open(self.path / RING_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)  # releases the flock
 
     @staticmethod
     def _ring_bytes(keys: dict[int, bytes]) -> bytes:

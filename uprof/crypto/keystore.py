@@ -25,7 +25,8 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -83,6 +84,12 @@ class KekRing:
 
     Only the newest epoch wraps; older epochs stay until a rotation has re-wrapped
     every DEK, then they are deleted from the store.
+
+    Another process may rotate while this one runs (``uprof keys rotate`` beside a
+    server): the ring held here is then stale. So a key is wrapped only under the
+    store's ring as read under the store's shared ``ring_lock`` (``wrapping``), a
+    rotation starts from the store's ring under the exclusive lock (``rotating``), and
+    an epoch missing here is read again from the store before it counts as forgotten.
     """
 
     def __init__(self, store: KeyMaterialStore) -> None:
@@ -96,8 +103,30 @@ class KekRing:
     def kek_id(self, epoch: int) -> str:
         return f"kek-{epoch}"
 
+    def reload(self) -> None:
+        """Take the ring as the store holds it now (another process may have rotated)."""
+        self.keys = self._store.load_kek_ring()
+
+    @contextmanager
+    def wrapping(self) -> Iterator[tuple[str, bytes]]:
+        """(kek id, KEK) of the store's newest epoch, held until the wrapped key is
+        stored: a rotation waits, then re-wraps it with the others."""
+        with self._store.ring_lock(exclusive=False):
+            self.reload()
+            epoch = self.current_epoch
+            yield self.kek_id(epoch), self.keys[epoch]
+
+    @contextmanager
+    def rotating(self) -> Iterator[None]:
+        """Held for a whole rotation, from the store's ring: no key is wrapped meanwhile."""
+        with self._store.ring_lock(exclusive=True):
+            self.reload()
+            yield
+
     def key_for(self, kek_id: str) -> bytes:
         epoch = int(kek_id.removeprefix("kek-"))
+        if epoch not in self.keys:
+            self.reload()  # rotated by another process since this one read the ring
         try:
             return self.keys[epoch]
         except KeyError:
@@ -284,12 +313,11 @@ class KeyStore:
         stream_id = uuid.uuid4()
         pseudonym = new_pseudonym()
         dek = AESGCM.generate_key(bit_length=256)
-        epoch = self._ring.current_epoch
-        wrapped = aes_key_wrap(self._ring.keys[epoch], dek)
-        commitment = dek_commitment(str(stream_id), 1, wrapped)
         ticket = self._deks.ticket()
         try:
-            with self._engine.begin() as conn:
+            with self._ring.wrapping() as (kek_id, kek), self._engine.begin() as conn:
+                wrapped = aes_key_wrap(kek, dek)
+                commitment = dek_commitment(str(stream_id), 1, wrapped)
                 conn.execute(
                     subject_index.insert().values(
                         ref_hash=self._ref_hash(tenant, subject_ref),
@@ -304,7 +332,7 @@ class KeyStore:
                         stream_id=str(stream_id),
                         key_version=1,
                         wrapped_dek=wrapped,
-                        kek_id=self._ring.kek_id(epoch),
+                        kek_id=kek_id,
                         dek_commitment=commitment,
                         created_at=now,
                     )
@@ -645,7 +673,15 @@ class KeyStore:
     # ------------------------------------------------------------ KEK rotation
 
     def rotate_kek(self) -> dict[str, int]:
-        """Re-wrap every DEK under a new KEK epoch, then forget the older epochs."""
+        """Re-wrap every DEK under a new KEK epoch, then forget the older epochs.
+
+        From the ring in the store, under its exclusive lock: a ring read at this
+        process's start may be older than another process's rotation, and a key wrapped
+        meanwhile by another process must be among those re-wrapped."""
+        with self._ring.rotating():
+            return self._rotate_kek()
+
+    def _rotate_kek(self) -> dict[str, int]:
         new_epoch = self._ring.add_epoch()
         new_kek = self._ring.keys[new_epoch]
         new_id = self._ring.kek_id(new_epoch)

@@ -45,10 +45,11 @@ def run(transport: Literal["stdio", "http"], *, host: str, port: int, path: str)
     keys = ApiKeyStore.open(server_settings)
     try:
         principal = None
+        # This is the one place the edge reads the environment: the MCP client that
+        # spawns the server passes the key this way (stdio has no headers).
+        stdio_key = os.environ.get(API_KEY_ENV)
         if transport == "stdio":
-            # This is the one place the edge reads the environment: the MCP client that
-            # spawns the server passes the key this way (stdio has no headers).
-            principal = keys.authenticate(os.environ.get(API_KEY_ENV))
+            principal = keys.authenticate(stdio_key)
             if principal is None:
                 err_console.print(f"error: {API_KEY_ENV} is missing, invalid or revoked")
                 raise typer.Exit(3)
@@ -61,7 +62,12 @@ def run(transport: Literal["stdio", "http"], *, host: str, port: int, path: str)
     runtime.start()
     try:
         if transport == "stdio":
-            build_server(runtime, stdio_principal=principal).run("stdio")
+            # Checked again before every call: a revoked key stops the session.
+            build_server(
+                runtime,
+                stdio_principal=principal,
+                stdio_check=lambda: keys.authenticate(stdio_key),
+            ).run("stdio")
         else:
             import uvicorn
 

@@ -4,8 +4,11 @@ Every tool calls ``AppScope`` (``uprof.api.scoped``), exactly what the REST rout
 call, so the same consent gate, policy and visibility rules apply. The calling app
 comes from authentication, as over REST (I3):
 
-- stdio: the API key in ``UPROF_API_KEY``, checked once when the server starts
-  (the process serves one app; ``build_server(stdio_principal=...)``);
+- stdio: the API key in ``UPROF_API_KEY``, checked when the server starts (the
+  process serves one app; ``build_server(stdio_principal=...)``) and again before every
+  call through ``stdio_check`` (``uprof mcp`` passes the key store's ``authenticate``):
+  a key revoked meanwhile, by any process, is refused within ``KEY_CACHE_TTL_S``, as
+  over REST;
 - streamable HTTP: ``Authorization: Bearer <key>`` on every request, checked by the
   SDK's bearer middleware through ``ApiKeyTokenVerifier``; a missing, invalid or
   revoked key gets 401 before any tool runs.
@@ -121,13 +124,17 @@ def build_server(
     api_keys: ApiKeyStore | None = None,
     *,
     stdio_principal: Principal | None = None,
+    stdio_check: Callable[[], Principal | None] | None = None,
     issuer_url: str = "http://127.0.0.1:8766",
 ) -> MCPServer:
     """Build the MCP server over a runtime.
 
     Give ``stdio_principal`` for stdio (one app per process), ``api_keys`` for
-    streamable HTTP (a key per request). ``issuer_url`` only fills the SDK's auth
-    settings; uprof issues keys itself (``uprof apps create``), not through OAuth.
+    streamable HTTP (a key per request). ``stdio_check``, with ``stdio_principal``:
+    asked before every call, it checks the key again and returns its principal, or
+    None once the key is no longer valid (the call is then refused). ``issuer_url``
+    only fills the SDK's auth settings; uprof issues keys itself (``uprof apps
+    create``), not through OAuth.
     """
     verifier = ApiKeyTokenVerifier(api_keys) if api_keys is not None else None
     auth = (
@@ -150,12 +157,10 @@ def build_server(
                 runtime, token.client_id, frozenset(token.scopes), key_id=token.subject or ""
             )
         if stdio_principal is not None:
-            return AppScope(
-                runtime,
-                stdio_principal.app_id,
-                stdio_principal.roles,
-                key_id=stdio_principal.key_id,
-            )
+            principal = stdio_principal if stdio_check is None else stdio_check()
+            if principal is None or principal.key_id != stdio_principal.key_id:
+                raise _tool_error(unauthenticated("UPROF_API_KEY is no longer valid (revoked)"))
+            return AppScope(runtime, principal.app_id, principal.roles, key_id=principal.key_id)
         # Neither transport authenticated the caller: fail closed.
         raise _tool_error(unauthenticated("no API key: set UPROF_API_KEY or send a bearer token"))
 

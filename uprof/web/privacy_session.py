@@ -63,15 +63,17 @@ def router(web: WebPages) -> APIRouter:
         door = key_door(web.runtime_of(request), principal.app_id, principal.key_id)
         if not door.subject_exists(body.subject):
             raise EdgeError(404, "subject_not_found", "no such subject")
-        token, expires_at = web.links(request).issue(body.subject.strip())
+        pseudonym = door.subject_pseudonym(body.subject) or ""
+        token, expires_at = web.links(request).issue(body.subject.strip(), pseudonym)
         return PrivacyLinkOut(
             token=token, expires_at=expires_at, login_path=f"/privacy/login?token={token}"
         )
 
     @router.get("/privacy/login", include_in_schema=False)
     def privacy_login(request: Request, token: str = "") -> Response:
-        subject = web.links(request).redeem(token)
-        if subject is None:
+        redeemed = web.links(request).redeem(token)
+        subject, pseudonym = redeemed or ("", "")
+        if redeemed is None or not web.same_incarnation(request, subject, pseudonym):
             return web.message(
                 request,
                 403,
@@ -80,7 +82,7 @@ def router(web: WebPages) -> APIRouter:
             )
         sessions = web.sessions(request)
         sessions.drop(request.cookies.get(USER_COOKIE), "user")
-        sid = sessions.create(Session(kind="user", subject=subject))
+        sid = sessions.create(Session(kind="user", subject=subject, pseudonym=pseudonym))
         # A page (not a redirect) so the cookie is same-site on the next request even when
         # the link was opened from another site (SameSite=Strict).
         response = web.page(request, "signed_in.html", target="/privacy")

@@ -49,6 +49,8 @@ class _Link:
     subject: str
     expires_at: datetime
     used: bool = False
+    #: The pseudonym of the subject the link was issued for (one incarnation of the name).
+    pseudonym: str = ""
 
 
 class LinkStore:
@@ -58,14 +60,15 @@ class LinkStore:
         self._ttl = ttl
         self._links: BoundedCache[str, _Link] = BoundedCache(max_links, name="web-links")
 
-    def issue(self, subject: str) -> tuple[str, datetime]:
+    def issue(self, subject: str, pseudonym: str = "") -> tuple[str, datetime]:
         token = secrets.token_urlsafe(32)
         expires_at = _now() + self._ttl
-        self._links.put(_hash(token), _Link(subject, expires_at))
+        self._links.put(_hash(token), _Link(subject, expires_at, pseudonym=pseudonym))
         return token, expires_at
 
-    def redeem(self, token: str) -> str | None:
-        """Return the link's subject and burn the link; None when unknown, used or expired."""
+    def redeem(self, token: str) -> tuple[str, str] | None:
+        """Return the link's subject and pseudonym and burn the link; None when unknown,
+        used or expired."""
         if not token or len(token) > 200:
             return None
         # Taken out of the store: a burnt link is gone, exactly like an unknown one.
@@ -73,7 +76,7 @@ class LinkStore:
         if link is None or link.used or link.expires_at <= _now():
             return None
         link.used = True
-        return link.subject
+        return link.subject, link.pseudonym
 
     def __len__(self) -> int:
         return len(self._links)
@@ -83,6 +86,9 @@ class LinkStore:
 class Session:
     kind: str  # "user" | "operator"
     subject: str = ""  # user sessions: the one subject, fixed at sign-in
+    #: User sessions: that subject's pseudonym at sign-in. A name erased and re-created
+    #: is another subject, with another pseudonym: this session is not its session.
+    pseudonym: str = ""
     app_id: str = ""  # operator sessions: the key's app
     key_id: str = ""
     csrf: str = field(default_factory=lambda: secrets.token_urlsafe(24))
@@ -127,6 +133,7 @@ class SessionStore:
                 {
                     "kind": session.kind,
                     "subject": session.subject,
+                    "pseudonym": session.pseudonym,
                     "app_id": session.app_id,
                     "key_id": session.key_id,
                     "csrf": session.csrf,
@@ -150,6 +157,8 @@ class SessionStore:
             session = Session(
                 kind=kind,
                 subject=str(fields["subject"]),
+                # A cookie signed before sessions carried it names no incarnation.
+                pseudonym=str(fields.get("pseudonym", "")),
                 app_id=str(fields["app_id"]),
                 key_id=str(fields["key_id"]),
                 csrf=str(fields["csrf"]),

@@ -1,0 +1,61 @@
+"""A privacy-center link or session is for one incarnation of its subject.
+
+Sign-in links and sessions named the subject reference only. An operator may erase a
+subject and later re-create the name (``uprof subjects recreate``): the new subject is
+unlinkable to the old one (a fresh stream and pseudonym, decision 0012). A session
+opened before the erasure, or a link issued before it and opened after the re-creation,
+still named the reference, and so showed the new subject's profile to whoever held the
+old cookie. Both now carry the pseudonym of the subject they were issued for; another
+pseudonym (or none) is no session (401) and no link (403).
+"""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.api.conftest import PLANNER, Apps, LiveServer, bearer, grant, interaction
+from uprof.kernel import Uprof
+
+
+def issue_link(http: httpx.Client, apps: Apps, subject: str) -> str:
+    issued = http.post(
+        "/v1/privacy/links", headers=bearer(apps.planner_operator), json={"subject": subject}
+    )
+    assert issued.status_code == 201, issued.text
+    return str(issued.json()["login_path"])
+
+
+def capture(http: httpx.Client, apps: Apps, text: str) -> None:
+    done = http.post(
+        "/v1/captures", headers=bearer(apps.planner), json={"subject": "alice", **interaction(text)}
+    )
+    assert done.status_code == 201, done.text
+
+
+def test_a_session_or_link_of_an_erased_subject_opens_nothing_of_the_re_created_one(
+    server: LiveServer, http: httpx.Client, apps: Apps, kernel: Uprof
+) -> None:
+    grant(http, apps.planner, subject="alice")
+    capture(http, apps, "I live in Lisbon")
+    unused_link = issue_link(http, apps, "alice")
+
+    with httpx.Client(base_url=server.url, timeout=60) as old_browser:
+        assert old_browser.get(issue_link(http, apps, "alice")).status_code == 200
+        assert "Lisbon" in old_browser.get("/privacy").text
+
+        kernel.erase_subject("alice")
+        kernel.recreate_subject("alice")
+        grant(http, apps.planner, subject="alice")
+        capture(http, apps, "I live in Porto")
+        kernel.ensure_fresh(30)
+
+        with httpx.Client(base_url=server.url, timeout=60) as new_browser:
+            assert new_browser.get(issue_link(http, apps, "alice")).status_code == 200
+            assert "Porto" in new_browser.get("/privacy").text  # the check can fail
+
+        stale = old_browser.get("/privacy")
+        assert "Porto" not in stale.text and stale.status_code == 401
+        with httpx.Client(base_url=server.url, timeout=60) as late_browser:
+            assert late_browser.get(unused_link).status_code == 403
+            assert "Porto" not in late_browser.get("/privacy").text
+    assert PLANNER  # the planner app captured both incarnations
