@@ -779,7 +779,15 @@ class Facade:
         with self._as_principal():
             stream = self._kernel.stream_of(subject)
             listing = self._listing("consents", ("time", "str"), subject=stream, app=app)
-            after = _time_position(self._open(listing, cursor))
+            try:
+                after = _time_position(self._open(listing, cursor))
+            except InvalidInputError:
+                # A refused cursor must not tell an app that a subject it holds no
+                # consent of exists (a 422 here, a 404 for a subject that does not).
+                if app is not None and not self.principal.is_operator:
+                    if not self._kernel.consents_after(subject, app_id=app, after=None, limit=1):
+                        raise SubjectNotFoundError("no such subject") from None
+                raise
             rows = self._kernel.consents_after(subject, app_id=app, after=after, limit=size + 1)
         if app is not None and after is None and not rows and not self.principal.is_operator:
             # A first page with none of the app's own consents: it holds none, so the

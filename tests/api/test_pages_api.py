@@ -85,6 +85,39 @@ def test_bad_cursors_and_limits_are_422s_naming_the_field(http: httpx.Client, ap
         assert _problem_field(response) == "limit"
 
 
+def test_a_cursor_tells_an_app_nothing_of_a_subject_it_holds_no_consent_of(
+    http: httpx.Client, apps: Apps
+) -> None:
+    """An app with no consent of a subject gets, with any cursor, the answer for a subject
+    that does not exist (docs/security.md): the cursor's check must not answer first for
+    a subject that exists (422) while one that does not gets 404."""
+    for _ in range(3):
+        grant(http, apps.planner)
+    stolen = http.post(
+        "/v1/consents/list", headers=bearer(apps.planner), json={"subject": "alice", "limit": 1}
+    ).json()["next_cursor"]
+    assert stolen
+    for cursor in (stolen, "c1.junk.junk", "x"):
+        answers = [
+            http.post(
+                "/v1/consents/list",
+                headers=bearer(apps.calendar),
+                json={"subject": subject, "cursor": cursor},
+            )
+            for subject in ("alice", "nobody")
+        ]
+        known, unknown = ((a.status_code, a.json()["error"]) for a in answers)
+        assert unknown[0] == 404 and known == unknown, cursor
+    # An app that holds a consent of the subject is told what is wrong with its cursor.
+    grant(http, apps.calendar, purposes=("scheduling",))
+    mine = http.post(
+        "/v1/consents/list",
+        headers=bearer(apps.calendar),
+        json={"subject": "alice", "cursor": stolen},
+    )
+    assert _problem_field(mine) == "cursor"
+
+
 def test_audit_entry_and_receipt_pages(http: httpx.Client, apps: Apps) -> None:
     grant(http, apps.planner)
     for i in range(4):

@@ -204,3 +204,34 @@ def test_a_native_line_naming_another_app_is_decided_by_that_apps_policy(kernel:
     lines = [json.dumps({**row, "app_id": APP}), json.dumps({**row, "app_id": "app:rogue"})]
     report = door(kernel).import_interactions(lines)
     assert report.captured == 1 and [p.where for p in report.failed] == ["line 2"]
+
+
+def test_native_lines_failing_the_kernel_checks_are_reported_by_field(kernel: Uprof) -> None:
+    """Checks the kernel makes itself (ids as tokens, an agent of another app, empty text)
+    name the field of the record that failed them, like the schema's checks do, and lose
+    nothing else."""
+    consent(kernel)
+    row = {
+        "subject": "alice",
+        "app_id": APP,
+        "agent_id": "agent:one",
+        "user_input": "hello",
+        "occurred_at": datetime(2025, 1, 1, tzinfo=UTC).isoformat(),
+    }
+    lines = [
+        json.dumps({**row, "agent_id": "app:calendar/agent:one"}),  # another app's agent
+        json.dumps({**row, "agent_id": "agent one"}),
+        json.dumps({**row, "purpose": "bad purpose"}),
+        json.dumps({**row, "agent_type": "Bad Type"}),
+        json.dumps({**row, "user_input": "   "}),
+        json.dumps({**row, "source_ref": "good-1"}),
+    ]
+    report = door(kernel).import_interactions(lines)
+    assert {p.where: p.field for p in report.failed} == {
+        "line 1": "agent_id",
+        "line 2": "agent_id",
+        "line 3": "purpose",
+        "line 4": "agent_type",
+        "line 5": "user_input",
+    }
+    assert report.captured == 1 and len(captured(kernel)) == 1

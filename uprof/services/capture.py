@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -49,24 +50,43 @@ def to_utc(value: datetime, field: str) -> datetime:
 
 
 def check_interaction(interaction: Interaction) -> Interaction:
-    """Validate one interaction; raise InvalidInputError naming the field."""
+    """Validate one interaction; raise InvalidInputError naming the field (``field``: an
+    import reports it per record, REST lists it in ``error.fields``)."""
     for name in ("app_id", "agent_id", "purpose"):
-        check_token(f"interaction.{name}", getattr(interaction, name))
+        with _field(name):
+            check_token(f"interaction.{name}", getattr(interaction, name))
     if interaction.agent_type:
-        check_token("interaction.agent_type", interaction.agent_type)
+        with _field("agent_type"):
+            check_token("interaction.agent_type", interaction.agent_type)
     if not (interaction.user_input.strip() or interaction.agent_response.strip()):
-        raise InvalidInputError("interaction needs user_input or agent_response text")
+        raise InvalidInputError(
+            "interaction needs user_input or agent_response text", field="user_input"
+        )
     for name in ("user_input", "agent_response", "actor", "source_ref", "session_id"):
-        check_text(f"interaction.{name}", getattr(interaction, name))
+        with _field(name):
+            check_text(f"interaction.{name}", getattr(interaction, name))
     for name in ("user_input", "agent_response"):
         if len(getattr(interaction, name)) > MAX_TEXT_CHARS:
-            raise InvalidInputError(f"interaction.{name} exceeds {MAX_TEXT_CHARS} characters")
-    return replace(
-        interaction,
-        occurred_at=to_utc(interaction.occurred_at, "occurred_at"),
+            raise InvalidInputError(
+                f"interaction.{name} exceeds {MAX_TEXT_CHARS} characters", field=name
+            )
+    with _field("occurred_at"):
+        occurred_at = to_utc(interaction.occurred_at, "occurred_at")
+    with _field("agent_id"):
         # Agents belong to their app: the capture names the qualified agent (I4).
-        agent_id=qualified_agent(interaction.app_id, interaction.agent_id),
-    )
+        agent_id = qualified_agent(interaction.app_id, interaction.agent_id)
+    return replace(interaction, occurred_at=occurred_at, agent_id=agent_id)
+
+
+@contextmanager
+def _field(name: str) -> Iterator[None]:
+    """Name ``name`` as the field of an InvalidInputError that names none."""
+    try:
+        yield
+    except InvalidInputError as error:
+        if error.field is not None:
+            raise
+        raise InvalidInputError(str(error), field=name) from None
 
 
 def _checked(
