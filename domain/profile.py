@@ -26,7 +26,7 @@ from domain.errors import (
     InvalidInputError,
     SubjectErasedError,
 )
-from domain.normalise import clamp, combine, decayed, normalise_value
+from domain.normalise import clamp, combine, decayed, match_described, normalise_value
 from domain.values import (
     ATTRIBUTE_KEYS,
     CATEGORIES,
@@ -812,16 +812,7 @@ class SubjectProfile(Aggregate):
 
     def _find_intent(self, description: str) -> str:
         """Match an active intent by description: equal, or one contains the other."""
-        norm = normalise_value(description)
-        if not norm:
-            return ""
-        for item_id, intent in sorted(self.intents.items()):
-            if intent.norm == norm:
-                return item_id
-        for item_id, intent in sorted(self.intents.items()):
-            if norm in intent.norm or intent.norm in norm:
-                return item_id
-        return ""
+        return match_described(description, {i: intent.norm for i, intent in self.intents.items()})
 
     def change_intent_status(
         self,

@@ -50,9 +50,17 @@ from domain.errors import (
     PermissionDeniedError,
     SubjectNotFoundError,
 )
+from domain.normalise import match_described, normalise_value
 from domain.principal import OPERATORS, Principal, PrincipalKind, acting_principal
-from domain.values import CATEGORIES, Interaction, ProposalBatch, check_token
+from domain.values import (
+    CATEGORIES,
+    IntentUpdateProposal,
+    Interaction,
+    ProposalBatch,
+    check_token,
+)
 from policies.rules import purpose_problem
+from policies.visibility import is_visible
 from uprof.kernel import Lag, Uprof
 from uprof.services.capture import CaptureAck
 from uprof.services.erasure import ErasureResult
@@ -322,17 +330,27 @@ class Facade:
 
         Refused (nothing written) when the policy denies any proposal's category, or
         when the app holds no consent in force for them: a proposal that would be
-        dropped silently is an error the caller must see.
+        dropped silently is an error the caller must see. An app that holds no consent
+        of the subject is answered as for a subject that does not exist. An intent
+        update counts in its intent's category, and moves only an intent its agent may
+        see (``_bind_intent_updates``).
         """
+        self._own_subject(subject)
         bound = replace(
             batch,
             app_id=self.principal.policy_subject,
             owner_agent=self._reader(batch.owner_agent),
             author=self._reader(batch.author) if batch.author else batch.author,
         )
-        categories = sorted({c for p in bound.proposals if (c := category_of(p))})
-        if categories:
-            self._authorize("propose", categories, bound.purpose)
+        # The policy first, as for captures: its answer does not depend on the subject.
+        named = {c for p in bound.proposals if (c := category_of(p))}
+        if named:
+            self._authorize("propose", sorted(named), bound.purpose)
+        self._known_to_app(subject)
+        bound, updated = self._bind_intent_updates(subject, bound)
+        if updated - named:
+            self._authorize("propose", sorted(updated - named), bound.purpose)
+        categories = sorted(named | updated)
         with self._as_principal():
             missing = self._kernel.unconsented(subject, bound.app_id, categories, bound.purpose)
             if missing:
@@ -343,6 +361,43 @@ class Facade:
             return self._kernel.submit_proposals(
                 subject, bound, observed_at=observed_at, request_token=request_token
             )
+
+    def _bind_intent_updates(
+        self, subject: str, batch: ProposalBatch
+    ) -> tuple[ProposalBatch, set[str]]:
+        """Bind each intent update to an active intent the proposing agent may see; the
+        categories of those intents.
+
+        An update names its intent by id or by description, and carries no category of
+        its own. Sent on as it came, the aggregate would match it among all of the
+        subject's intents, another agent's private ones included, with no policy or
+        consent asked. Here it is matched among the intents visible to the batch's agent
+        (the slices' rule), by the aggregate's own matching, and sent on by id; an
+        intent it may not see is answered as one that does not exist.
+        """
+        if not any(isinstance(p, IntentUpdateProposal) for p in batch.proposals):
+            return batch, set()
+        with self._as_principal():
+            view = self._kernel.profile(subject, with_memories=False)
+        visible = {
+            i.item_id: i
+            for i in view.intents
+            if i.status == "active" and is_visible(i.owner_agent, i.sharing, batch.owner_agent, "")
+        }
+        described = {item_id: normalise_value(i.description) for item_id, i in visible.items()}
+        bound: list[Any] = []
+        categories: set[str] = set()
+        for proposal in batch.proposals:
+            if isinstance(proposal, IntentUpdateProposal):
+                item_id = proposal.intent_id or match_described(proposal.description, described)
+                if item_id not in visible:
+                    raise SubjectNotFoundError(
+                        "no active intent with that id or description that this agent may see"
+                    )
+                categories.add(visible[item_id].category)
+                proposal = replace(proposal, intent_id=item_id, description="")
+            bound.append(proposal)
+        return replace(batch, proposals=tuple(bound)), categories
 
     # --------------------------------------------------------------- consent
 
@@ -461,9 +516,13 @@ class Facade:
 
     def _known_to_app(self, subject: str) -> None:
         """Refuse, as for an unknown subject, an app that was never granted a consent of
-        ``subject`` (operators and the subject itself are not asked)."""
+        ``subject`` (operators and the subject itself are not asked): one consent row of
+        the app's, not the whole profile, is read."""
         if self.principal.kind is PrincipalKind.APP and not self.principal.is_operator:
-            self.consents(subject)
+            app = self.principal.policy_subject
+            with self._as_principal():
+                if not self._kernel.consents_after(subject, app_id=app, after=None, limit=1):
+                    raise SubjectNotFoundError("no such subject")
 
     def withdraw_consent(
         self,
