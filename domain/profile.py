@@ -448,7 +448,7 @@ class SubjectProfile(Aggregate):
             elif isinstance(proposal, IntentProposal):
                 applied += self._propose_intent(proposal, batch, observed_at, now)
             elif isinstance(proposal, IntentUpdateProposal):
-                applied += self._propose_intent_update(proposal, batch, observed_at)
+                applied += self._propose_intent_update(proposal, batch, observed_at, now)
             elif isinstance(proposal, ExperienceProposal):
                 applied += self._propose_experience(proposal, batch, observed_at, now, revealed)
         return applied
@@ -802,11 +802,14 @@ class SubjectProfile(Aggregate):
             )
 
     def _propose_intent_update(
-        self, p: IntentUpdateProposal, batch: ProposalBatch, observed_at: datetime
+        self, p: IntentUpdateProposal, batch: ProposalBatch, observed_at: datetime, now: datetime
     ) -> int:
         item_id = p.intent_id or self._find_intent(p.description)
         if not item_id:
             return 0
+        intent = self.intents.get(item_id)
+        if intent is not None and not self._consented(batch, intent.category, now):
+            return 0  # I2: moving an intent uses its category, like proposing one
         self.change_intent_status(item_id, p.status, evidence=p.evidence, observed_at=observed_at)
         return 1
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -172,6 +173,22 @@ def test_intent_lifecycle() -> None:
     assert p.intents == {}
     with pytest.raises(IntentTransitionError):
         p.change_intent_status(intent_id, IntentStatus.ABANDONED, observed_at=T0)
+
+
+def test_an_intent_is_moved_only_by_an_app_consented_for_its_category() -> None:
+    """I2: moving an intent uses its category, as proposing one does; an update from an
+    app without that consent (or, matched by description, from any batch) is dropped."""
+    p = profile_with_consent(categories=("goal",))
+    p.apply_proposals(batch(IntentProposal("run a marathon", ("e1",))), observed_at=T0, now=T0)
+    (intent_id,) = p.intents
+    update = IntentUpdateProposal(IntentStatus.ABANDONED, intent_id=intent_id)
+    other_app = replace(batch(update), app_id="app:other")
+    assert p.apply_proposals(other_app, observed_at=T0, now=T0) == 0
+    other_purpose = replace(batch(update), purpose="marketing")
+    assert p.apply_proposals(other_purpose, observed_at=T0, now=T0) == 0
+    assert list(p.intents) == [intent_id]
+    assert p.apply_proposals(batch(update), observed_at=T0, now=T0) == 1
+    assert p.intents == {}
 
 
 def test_intents_expire_at_their_deadline() -> None:
