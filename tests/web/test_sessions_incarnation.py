@@ -5,16 +5,21 @@ subject and later re-create the name (``uprof subjects recreate``): the new subj
 unlinkable to the old one (a fresh stream and pseudonym, decision 0012). A session
 opened before the erasure, or a link issued before it and opened after the re-creation,
 still named the reference, and so showed the new subject's profile to whoever held the
-old cookie. Both now carry the pseudonym of the subject they were issued for; another
-pseudonym (or none) is no session (401) and no link (403).
+old cookie. Both now carry a tag of the subject they were issued for (a keyed hash of its
+pseudonym: a cookie is readable by its holder, and the pseudonym itself would link the name
+to the subject's audit entries); another tag (or none) is no session (401) and no link (403).
 """
 
 from __future__ import annotations
 
-import httpx
+import json
 
-from tests.api.conftest import PLANNER, Apps, LiveServer, bearer, grant, interaction
+import httpx
+from itsdangerous import URLSafeTimedSerializer
+
+from tests.api.conftest import Apps, LiveServer, bearer, grant, interaction
 from uprof.kernel import Uprof
+from uprof.web.pages import USER_COOKIE
 
 
 def issue_link(http: httpx.Client, apps: Apps, subject: str) -> str:
@@ -58,4 +63,20 @@ def test_a_session_or_link_of_an_erased_subject_opens_nothing_of_the_re_created_
         with httpx.Client(base_url=server.url, timeout=60) as late_browser:
             assert late_browser.get(unused_link).status_code == 403
             assert "Porto" not in late_browser.get("/privacy").text
-    assert PLANNER  # the planner app captured both incarnations
+
+
+def test_a_session_cookie_does_not_hold_the_subjects_pseudonym(
+    server: LiveServer, http: httpx.Client, apps: Apps, kernel: Uprof
+) -> None:
+    grant(http, apps.planner, subject="alice")
+    pseudonym = kernel.subject_pseudonym("alice")
+    assert pseudonym
+    with httpx.Client(base_url=server.url, timeout=60) as browser:
+        assert browser.get(issue_link(http, apps, "alice")).status_code == 200
+        cookie = browser.cookies[USER_COOKIE]
+        _, fields = URLSafeTimedSerializer(b"any key: the payload is only signed").loads_unsafe(
+            cookie
+        )
+        assert isinstance(fields, dict) and fields["subject"] == "alice"  # it was read
+        assert pseudonym not in json.dumps(fields) and pseudonym not in cookie
+        assert browser.get("/privacy").status_code == 200

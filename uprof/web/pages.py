@@ -137,18 +137,20 @@ class WebPages:
     def user_session(self, request: Request) -> Session | None:
         return self.sessions(request).get(request.cookies.get(USER_COOKIE), "user")
 
-    def same_incarnation(self, request: Request, subject: str, pseudonym: str) -> bool:
+    def same_incarnation(self, request: Request, subject: str, incarnation: str) -> bool:
         """Whether the name still stands for the subject a link or session was issued
         for: True while it stands for none (erased: the pages say so, receipts stay
         downloadable), False once it names another subject (erased, then re-created)."""
-        user = Session(kind="user", subject=subject, pseudonym=pseudonym)
+        user = Session(kind="user", subject=subject, incarnation=incarnation)
         current = user_door(self.runtime_of(request), user).subject_pseudonym(subject)
-        return current is None or hmac.compare_digest(current, pseudonym)
+        if current is None:
+            return True
+        return hmac.compare_digest(self.sessions(request).incarnation(current), incarnation)
 
     def need_user(self, request: Request) -> Session | HTMLResponse:
         session = self.user_session(request)
         if session is not None and not self.same_incarnation(
-            request, session.subject, session.pseudonym
+            request, session.subject, session.incarnation
         ):
             self.sessions(request).drop(request.cookies.get(USER_COOKIE), "user")
             session = None

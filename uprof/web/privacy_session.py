@@ -64,7 +64,8 @@ def router(web: WebPages) -> APIRouter:
         if not door.subject_exists(body.subject):
             raise EdgeError(404, "subject_not_found", "no such subject")
         pseudonym = door.subject_pseudonym(body.subject) or ""
-        token, expires_at = web.links(request).issue(body.subject.strip(), pseudonym)
+        incarnation = web.sessions(request).incarnation(pseudonym) if pseudonym else ""
+        token, expires_at = web.links(request).issue(body.subject.strip(), incarnation)
         return PrivacyLinkOut(
             token=token, expires_at=expires_at, login_path=f"/privacy/login?token={token}"
         )
@@ -72,8 +73,8 @@ def router(web: WebPages) -> APIRouter:
     @router.get("/privacy/login", include_in_schema=False)
     def privacy_login(request: Request, token: str = "") -> Response:
         redeemed = web.links(request).redeem(token)
-        subject, pseudonym = redeemed or ("", "")
-        if redeemed is None or not web.same_incarnation(request, subject, pseudonym):
+        subject, incarnation = redeemed or ("", "")
+        if redeemed is None or not web.same_incarnation(request, subject, incarnation):
             return web.message(
                 request,
                 403,
@@ -82,7 +83,7 @@ def router(web: WebPages) -> APIRouter:
             )
         sessions = web.sessions(request)
         sessions.drop(request.cookies.get(USER_COOKIE), "user")
-        sid = sessions.create(Session(kind="user", subject=subject, pseudonym=pseudonym))
+        sid = sessions.create(Session(kind="user", subject=subject, incarnation=incarnation))
         # A page (not a redirect) so the cookie is same-site on the next request even when
         # the link was opened from another site (SameSite=Strict).
         response = web.page(request, "signed_in.html", target="/privacy")

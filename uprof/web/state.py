@@ -49,8 +49,8 @@ class _Link:
     subject: str
     expires_at: datetime
     used: bool = False
-    #: The pseudonym of the subject the link was issued for (one incarnation of the name).
-    pseudonym: str = ""
+    #: The incarnation tag of the subject the link was issued for (``SessionStore.incarnation``).
+    incarnation: str = ""
 
 
 class LinkStore:
@@ -60,15 +60,15 @@ class LinkStore:
         self._ttl = ttl
         self._links: BoundedCache[str, _Link] = BoundedCache(max_links, name="web-links")
 
-    def issue(self, subject: str, pseudonym: str = "") -> tuple[str, datetime]:
+    def issue(self, subject: str, incarnation: str = "") -> tuple[str, datetime]:
         token = secrets.token_urlsafe(32)
         expires_at = _now() + self._ttl
-        self._links.put(_hash(token), _Link(subject, expires_at, pseudonym=pseudonym))
+        self._links.put(_hash(token), _Link(subject, expires_at, incarnation=incarnation))
         return token, expires_at
 
     def redeem(self, token: str) -> tuple[str, str] | None:
-        """Return the link's subject and pseudonym and burn the link; None when unknown,
-        used or expired."""
+        """Return the link's subject and incarnation tag and burn the link; None when
+        unknown, used or expired."""
         if not token or len(token) > 200:
             return None
         # Taken out of the store: a burnt link is gone, exactly like an unknown one.
@@ -76,7 +76,7 @@ class LinkStore:
         if link is None or link.used or link.expires_at <= _now():
             return None
         link.used = True
-        return link.subject, link.pseudonym
+        return link.subject, link.incarnation
 
     def __len__(self) -> int:
         return len(self._links)
@@ -86,9 +86,10 @@ class LinkStore:
 class Session:
     kind: str  # "user" | "operator"
     subject: str = ""  # user sessions: the one subject, fixed at sign-in
-    #: User sessions: that subject's pseudonym at sign-in. A name erased and re-created
-    #: is another subject, with another pseudonym: this session is not its session.
-    pseudonym: str = ""
+    #: User sessions: that subject's incarnation tag at sign-in (``SessionStore.
+    #: incarnation``). A name erased and re-created is another subject, with another
+    #: pseudonym and so another tag: this session is not its session.
+    incarnation: str = ""
     app_id: str = ""  # operator sessions: the key's app
     key_id: str = ""
     csrf: str = field(default_factory=lambda: secrets.token_urlsafe(24))
@@ -103,6 +104,7 @@ class Session:
 
 #: Separates these signatures from any other use of the same key.
 _SALT = "uprof.web.session/1"
+_INCARNATION_SALT = b"uprof.web.incarnation/1"
 
 
 class SessionStore:
@@ -118,6 +120,7 @@ class SessionStore:
         if len(secret) < 32:
             raise ValueError("the session signing key must be at least 32 bytes")
         self._signer = URLSafeTimedSerializer(secret, salt=_SALT)
+        self._tag_key = hmac.new(secret, _INCARNATION_SALT, hashlib.sha256).digest()
         self._ttl = ttl
         self._receipts: BoundedCache[str, list[dict[str, Any]]] = BoundedCache(
             max_sessions, name="web-session-receipts"
@@ -126,6 +129,15 @@ class SessionStore:
             max_sessions, name="web-signed-out"
         )
 
+    def incarnation(self, pseudonym: str) -> str:
+        """A tag of one incarnation of a subject's name: a keyed hash of its pseudonym.
+
+        A cookie is signed, not encrypted: its holder can read it. The pseudonym itself
+        would link the name in the cookie to the subject's audit entries, which nothing
+        may do once the subject is erased (docs/governance.md); the tag tells only
+        whether the name still stands for the same subject."""
+        return hmac.new(self._tag_key, pseudonym.encode(), hashlib.sha256).hexdigest()[:32]
+
     def create(self, session: Session) -> str:
         """Return the cookie value for a new session."""
         return str(
@@ -133,7 +145,7 @@ class SessionStore:
                 {
                     "kind": session.kind,
                     "subject": session.subject,
-                    "pseudonym": session.pseudonym,
+                    "incarnation": session.incarnation,
                     "app_id": session.app_id,
                     "key_id": session.key_id,
                     "csrf": session.csrf,
@@ -158,7 +170,7 @@ class SessionStore:
                 kind=kind,
                 subject=str(fields["subject"]),
                 # A cookie signed before sessions carried it names no incarnation.
-                pseudonym=str(fields.get("pseudonym", "")),
+                incarnation=str(fields.get("incarnation", "")),
                 app_id=str(fields["app_id"]),
                 key_id=str(fields["key_id"]),
                 csrf=str(fields["csrf"]),
