@@ -18,10 +18,14 @@ from mcp import Client as McpClient
 from mcp.shared.exceptions import MCPError
 from mcp.types import TextResourceContents
 
+from domain.errors import InvalidInputError as DomainInvalidInput
+from domain.principal import OPERATORS
 from tests.api.conftest import CALENDAR, PLANNER, WHEN, LiveServer, bearer
 from uprof.api import ApiKeyStore
 from uprof.api.runtime import ServiceRuntime
 from uprof.apikeys.store import Principal
+from uprof.facade import Facade
+from uprof.facade import Principal as FacadePrincipal
 from uprof.kernel import Uprof
 from uprof.mcp import build_server
 from uprof.schemas import api as w
@@ -272,3 +276,65 @@ def test_the_sdk_moves_only_an_intent_its_agent_may_see(kernel: Uprof) -> None:
     [goal] = kernel.profile("alice").intents
     assert goal.status == "active"
     assert kernel.lag().log_position == before
+
+
+def test_no_key_is_issued_for_an_app_named_operators(kernel: Uprof, keys: ApiKeyStore) -> None:
+    """``operators`` is the policy's name for operators, and it passed the app-id check:
+    ``uprof apps create operators`` issued a key that the policy decided with the
+    operators' rows (erase, export, audit) although it had no operator role; with
+    ``--read`` it first granted those rules to every operator."""
+    with pytest.raises(DomainInvalidInput, match="app_id"):
+        keys.create(OPERATORS)
+    operator = Facade(kernel, FacadePrincipal.local_operator(kernel.subjects.tenant))
+    version = len(operator.policy_history())
+    with pytest.raises(DomainInvalidInput, match="app_id"):
+        operator.onboard_app(OPERATORS, read=["diet"], purpose="personalization")
+    assert len(operator.policy_history()) == version
+    assert keys.create("app:operators").info.app_id == "app:operators"  # only the exact name
+
+
+def test_an_app_named_operators_is_not_an_operator(kernel: Uprof) -> None:
+    """A key issued for ``operators`` before the key store refused it (or embedded code
+    naming it) erased any subject, through the SDK, MCP or REST: the door decided it as
+    the policy's ``operators``. Now refused and audited, nothing erased."""
+    kernel.grant_consent("alice", app_id=PLANNER, categories=["*"], purposes=["personalization"])
+    client = Client.embedded(kernel, OPERATORS)
+    runtime = ServiceRuntime.for_kernel(kernel)
+    runtime.start()
+    server = build_server(runtime, stdio_principal=Principal(OPERATORS, "k", frozenset({"app"})))
+
+    async def forget_item() -> Any:
+        async with McpClient(server) as mcp:
+            return await mcp.call_tool("forget", {"subject": "alice", "item_id": "x"})
+
+    codes = []
+    try:
+        for attempt in (
+            lambda: client.erase_subject("alice"),
+            lambda: client.export_subject("alice"),
+            lambda: client.erase_item("alice", "x"),
+        ):
+            with pytest.raises(APIError) as refused:
+                attempt()
+            codes.append(refused.value.code)
+        codes.append(_error(asyncio.run(forget_item()))["code"])
+    finally:
+        client.close()
+        runtime.stop()
+    assert codes == ["permission_denied"] * 4
+    assert [c.app_id for c in kernel.profile("alice").consents] == [PLANNER]  # not erased
+
+
+def test_embedded_code_naming_a_role_is_not_that_role(kernel: Uprof) -> None:
+    """Held on 2026-12-04 (the authorizer refuses a malformed app id): embedded code is
+    trusted to name its app, not a role, and ``Client.embedded(kernel, "role:dpo")``
+    gets none of the DPO role's rows. A regression test, not a fix."""
+    kernel.grant_consent("alice", app_id=PLANNER, categories=["*"], purposes=["personalization"])
+    client = Client.embedded(kernel, "role:dpo")
+    try:
+        with pytest.raises(APIError) as refused:
+            client.erase_subject("alice")
+    finally:
+        client.close()
+    assert refused.value.code == "permission_denied"
+    assert [c.app_id for c in kernel.profile("alice").consents] == [PLANNER]
