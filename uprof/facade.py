@@ -230,6 +230,14 @@ class Facade:
     def _ask_policy(
         self, policy_subject: str, action: str, categories: Sequence[str], purpose: str
     ) -> None:
+        if policy_subject == OPERATORS and not self.principal.is_operator:
+            # An app whose id is the policy's name for operators (a key issued before the
+            # key store refused that id, or embedded code naming it) is not an operator.
+            # (A role's name is refused by the authorizer: app_id_problem.)
+            raise PermissionDeniedError(
+                f"app {OPERATORS!r} is not an operator: {OPERATORS!r} is the policy's "
+                "name for operators, and this principal has no operator role"
+            )
         self._kernel.authorizer.authorize_all(
             app_id=policy_subject,
             tenant=self._kernel.subjects.tenant,
@@ -1004,6 +1012,11 @@ class Facade:
     def onboard_app(self, app_id: str, **grants: Any) -> Any:
         """Grant a new app its rules in one change (``uprof apps create --read ...``)."""
         self._authorize_governance("policy", OPERATIONS_PURPOSE)
+        if app_id == OPERATORS:
+            # Not an app: onboarding it would widen every operator, then issue no key.
+            raise InvalidInputError(
+                f"app_id: {OPERATORS!r} is the policy's name for operators, not an app"
+            )
         with self._as_principal():
             return self._kernel.onboard_app(app_id, requested_by=self.principal.label, **grants)
 

@@ -193,7 +193,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_: Request, error: RequestValidationError) -> JSONResponse:
-        problem = validation_problem(field_problems(list(error.errors())))
+        problem = validation_problem(field_problems(list(error.errors()), request_parts=True))
         return _json(problem.body(), 422)
 
     @app.exception_handler(StarletteHTTPException)

@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 import sqlalchemy as sa
 
 from domain.errors import InvalidInputError
+from domain.principal import OPERATORS
 from policies.rules import app_id_problem
 from uprof.apikeys.tables import api_keys
 from uprof.caching import BoundedCache
@@ -174,6 +175,13 @@ class ApiKeyStore:
         problem = app_id_problem(app_id)
         if problem:
             raise InvalidInputError(f"app_id: {problem}")
+        if app_id == OPERATORS:
+            # The policy's name for operators: a key of an app so named would be decided
+            # with the operators' rows (erase, export, audit) without the operator role.
+            raise InvalidInputError(
+                f"app_id: {OPERATORS!r} is the policy's name for operators; give the app "
+                "another id (an operator key is a key with the operator role)"
+            )
         clean_roles = check_roles(roles)
         key_id = secrets.token_hex(8)
         secret = secrets.token_urlsafe(32)

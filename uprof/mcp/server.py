@@ -15,12 +15,16 @@ comes from authentication, as over REST (I3):
 
 Failures become tool errors (``is_error``) whose text is the REST error body as JSON
 (``{"error": {"code": "consent_required", "message": ..., "hint": ..., "fields": [...]}}``),
-bad arguments included, never a traceback or raw validation text. Arguments have the REST
-defaults: what REST requires (``occurred_at``, ``purpose``, ``budget_tokens``) is required.
+bad arguments included (an argument a tool does not declare too, as REST refuses an unknown
+field), never a traceback or raw validation text; a refused read of the profile resource is
+a protocol error whose message is that body, and is not logged (its URI names the subject).
+Arguments have the REST defaults: what REST requires (``occurred_at``, ``purpose``,
+``budget_tokens``) is required.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
@@ -30,7 +34,8 @@ from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
-from mcp.types import ToolAnnotations
+from mcp.shared.exceptions import MCPError
+from mcp.types import INTERNAL_ERROR, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
 from domain.errors import UprofError
@@ -39,9 +44,11 @@ from uprof.api.runtime import ServiceRuntime
 from uprof.api.scoped import AppScope
 from uprof.apikeys.store import ApiKeyStore, Principal
 from uprof.schemas import api as w
-from uprof.schemas.api import ErrorOut, field_problems
+from uprof.schemas.api import ErrorOut, FieldProblem, field_problems
 
 T = TypeVar("T")
+
+_ARGUMENT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
 INSTRUCTIONS = (
     "uprof keeps a governed profile of each user. Call profile_slice before answering to get "
@@ -105,6 +112,22 @@ class UprofMCPServer(MCPServer):
     """
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        # The SDK drops arguments the tool does not declare; REST refuses an unknown body
+        # field. An argument naming another app, a role or a principal must not be taken
+        # for granted by the caller while the call runs as the key's app: refuse it.
+        schema = self._tool_input_schema(name)
+        if schema is not None:
+            unknown = sorted(set(arguments) - set(schema.get("properties", {})))
+            if unknown:
+                # Named only when it looks like a name: the SDK logs the error's text.
+                problems = [
+                    FieldProblem(
+                        field=f if _ARGUMENT_NAME.fullmatch(f) else "(argument)",
+                        message="this tool takes no such argument",
+                    )
+                    for f in unknown
+                ]
+                raise UprofToolError(validation_problem(problems).body())
         try:
             return await super().call_tool(name, arguments, context)
         except UnexpectedToolError:
@@ -268,10 +291,13 @@ def build_server(
         idempotency_key: Annotated[
             str | None,
             Field(
+                min_length=1,
+                max_length=255,
+                pattern=r"^[\x21-\x7e]+$",
                 description=(
                     "Makes the call safe to retry: a retry with the same key and arguments "
                     "gets the first answer and records nothing again."
-                )
+                ),
             ),
         ] = None,
     ) -> w.CaptureAck:
@@ -376,20 +402,33 @@ def build_server(
         mime_type="application/json",
     )
     def profile(subject: str) -> str:
-        result = call(
-            lambda s: s.slice(
-                w.SliceIn(
-                    subject=subject,
-                    query="",
-                    budget_tokens=w.MAX_BUDGET_TOKENS,
-                    purpose="personalization",
-                    agent_id=_resource_agent(s),
+        try:
+            result = call(
+                lambda s: s.slice(
+                    w.SliceIn(
+                        subject=subject,
+                        query="",
+                        budget_tokens=w.MAX_BUDGET_TOKENS,
+                        purpose="personalization",
+                        agent_id=_resource_agent(s),
+                    )
                 )
             )
-        )
+        except UprofToolError as error:
+            raise _resource_error(error) from None
         return result.model_dump_json()
 
     return server
+
+
+def _resource_error(error: UprofToolError) -> MCPError:
+    """A refused resource read as a protocol error whose message is the REST body.
+
+    Not a ``ResourceError``, and not any other exception: the SDK logs both with the
+    resource's URI, and the URI holds the subject reference (I9: no subject reference
+    in a log). An ``MCPError`` goes to the caller as it is, unlogged, with no ``data``.
+    """
+    return MCPError(code=INTERNAL_ERROR, message=str(error))
 
 
 def _resource_agent(scope: AppScope) -> str:

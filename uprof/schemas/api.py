@@ -721,16 +721,21 @@ class WhoAmI(_Response):
     roles: list[str]
 
 
-def field_problems(errors: list[dict[str, object]]) -> list[FieldProblem]:
+def field_problems(
+    errors: list[dict[str, object]], *, request_parts: bool = False
+) -> list[FieldProblem]:
     """Turn pydantic/FastAPI error dicts into field problems with dotted names.
 
-    The leading "body" of FastAPI locations is dropped: callers think in their
-    JSON's field names (``interactions.0.occurred_at``), not in framework terms.
+    ``request_parts``: the errors are FastAPI's, whose locations start with the part
+    of the request ("body", "query", "path", "header"); that part is dropped, since
+    callers think in their JSON's field names (``interactions.0.occurred_at``), not in
+    framework terms. Anywhere else (the SDK, the MCP tools) the first part is a field:
+    a slice's ``query`` is the field ``query``, not the request's query string.
     """
     problems = []
     for err in errors:
         loc = [str(part) for part in err.get("loc", ()) or ()]  # type: ignore[attr-defined]
-        if loc and loc[0] in ("body", "query", "path", "header"):
+        if request_parts and loc and loc[0] in ("body", "query", "path", "header"):
             loc = loc[1:]
         # Discriminated unions add the tag name as a location part; keep it, it names the kind.
         name = ".".join(loc) or "body"
