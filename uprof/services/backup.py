@@ -19,7 +19,9 @@ when it extends the backup's (it is append-only: rolling it back would let the l
 fork under published checkpoints); a restore into a deployment whose audit log
 disagrees with the backup's is refused. While a restore runs, a marker file in the
 data folder makes every other start refuse; a killed restore is finished by running
-it again. Stop every uprof process on the deployment before restoring.
+it again. Every running uprof process holds the stores open (a shared lock, the
+backend's ``hold_open``); a restore takes them alone (``stores_alone``) or refuses,
+changing nothing, while any process runs.
 
 What is copied, and how, is the backend's (``Backend.backup`` and ``Backend.restore`` in
 ``uprof.backends.sqlite`` and ``uprof.backends.postgres``); the manifest, the checks and
@@ -219,7 +221,7 @@ def read_manifest(settings: Settings, src: Path) -> dict[str, Any]:
 
 def restore(settings: Settings, src: Path) -> RestoreReport:
     """Replace the data stores with a backup's, then re-apply the erasure ledger."""
-    from uprof.bootstrap import bootstrap, build_key_material
+    from uprof.bootstrap import build_key_material
 
     src = src.expanduser().resolve()
     manifest = read_manifest(settings, src)
@@ -227,18 +229,29 @@ def restore(settings: Settings, src: Path) -> RestoreReport:
     layout = layout_for(settings)  # creates the data and key folders if needed
     views = create_engine(layout.views_url)
     try:
-        migrate(views, "views")
-        with views.connect() as conn:
-            live_revision = _views_revision(conn)
-        if manifest["views_revision"] != live_revision:
-            raise BackupError(
-                f"the backup's schema revision {manifest['views_revision']!r} differs from "
-                f"this uprof's {live_revision!r}: restore with the version that made it, "
-                "then upgrade"
-            )
-        keep_live_audit = _live_audit_extends(views, manifest)
+        # Alone on the stores from the first look to the marker's removal: a process
+        # still running would keep writing into the copy, or fail on what it cached.
+        with backend_for_settings(settings).stores_alone(views):
+            return _restore_alone(settings, src, manifest, views)
     finally:
         views.dispose()
+
+
+def _restore_alone(
+    settings: Settings, src: Path, manifest: dict[str, Any], views: sa.Engine
+) -> RestoreReport:
+    from uprof.bootstrap import bootstrap
+
+    migrate(views, "views")
+    with views.connect() as conn:
+        live_revision = _views_revision(conn)
+    if manifest["views_revision"] != live_revision:
+        raise BackupError(
+            f"the backup's schema revision {manifest['views_revision']!r} differs from "
+            f"this uprof's {live_revision!r}: restore with the version that made it, "
+            "then upgrade"
+        )
+    keep_live_audit = _live_audit_extends(views, manifest)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     marker = settings.data_dir / RESTORE_MARKER
     marker.write_text(
