@@ -76,6 +76,8 @@ class Backend(Protocol):
 
     #: Short name, as written in backup manifests ("sqlite", "postgres").
     name: str
+    #: The files a backup of this backend holds besides its manifest (each one checked).
+    backup_files: tuple[str, ...]
     #: eventsourcing's ``PERSISTENCE_MODULE`` for this backend.
     persistence_module: str
     #: ``module:Class`` of the process recorder with compare-and-set tracking

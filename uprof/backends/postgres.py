@@ -42,6 +42,7 @@ _RETRYABLE_STATES = frozenset({"55P03", "40001", "40P01"})
 
 class PostgresBackend:
     name = "postgres"
+    backup_files: tuple[str, ...] = (PG_DUMP,)
     persistence_module = "eventsourcing.postgres"
     # Its own module: a SQLite deployment never imports psycopg (decision 0035).
     guarded_recorder_topic = "uprof.recorders_postgres:GuardedPostgresProcessRecorder"

@@ -61,6 +61,7 @@ _BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 
 class SQLiteBackend:
     name = "sqlite"
+    backup_files: tuple[str, ...] = SQLITE_FILES
     persistence_module = "eventsourcing.sqlite"
     guarded_recorder_topic = "uprof.recorders:GuardedSQLiteProcessRecorder"
     alters_in_batches = True  # SQLite's ALTER TABLE cannot change or drop most things

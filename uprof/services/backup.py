@@ -207,16 +207,55 @@ def read_manifest(settings: Settings, src: Path) -> dict[str, Any]:
         raise InvalidInputError(f"--from: {MANIFEST} is not a JSON object; not a uprof backup")
     if manifest.get("format") != FORMAT:
         raise InvalidInputError(f"--from: unknown backup format {manifest.get('format')!r}")
-    backend = backend_for_settings(settings).name
-    if manifest.get("backend") != backend:
+    backend = backend_for_settings(settings)
+    if manifest.get("backend") != backend.name:
         raise InvalidInputError(
-            f"--from: a {manifest.get('backend')} backup cannot be restored into {backend}"
+            f"--from: a {manifest.get('backend')} backup cannot be restored into {backend.name}"
         )
-    for name, meta in manifest["files"].items():
+    _check_manifest_fields(manifest)
+    files: dict[str, Any] = manifest["files"]
+    # Every file the restore reads must be listed, and checked: a file left out of the
+    # manifest would be restored unchecked.
+    unlisted = [name for name in backend.backup_files if name not in files]
+    if unlisted:
+        raise InvalidInputError(
+            f"--from: {MANIFEST} does not list {', '.join(unlisted)}; not a complete backup"
+        )
+    for name, meta in files.items():
         file = src / name
-        if not file.is_file() or _sha256(file) != meta["sha256"]:
+        if (
+            Path(name).name != name
+            or not isinstance(meta, dict)
+            or not file.is_file()
+            or _sha256(file) != meta.get("sha256")
+        ):
             raise InvalidInputError(f"--from: {name} is missing or does not match its checksum")
     return manifest
+
+
+def _check_manifest_fields(manifest: dict[str, Any]) -> None:
+    """Refuse, naming the field, a manifest whose fields the restore reads are missing or
+    of the wrong type (before anything changes)."""
+    audit = manifest.get("audit")
+    problems = [
+        name
+        for name, ok in (
+            ("files", isinstance(manifest.get("files"), dict)),
+            ("views_revision", isinstance(manifest.get("views_revision"), str | None)),
+            ("audit", isinstance(audit, dict)),
+            ("audit.entries", isinstance(audit, dict) and type(audit.get("entries")) is int),
+            (
+                "audit.last_leaf_hash",
+                isinstance(audit, dict) and isinstance(audit.get("last_leaf_hash"), str),
+            ),
+        )
+        if not ok
+    ]
+    if problems:
+        raise InvalidInputError(
+            f"--from: {MANIFEST} has no valid {', '.join(problems)}; not a uprof backup "
+            "(or an edited one)"
+        )
 
 
 def restore(settings: Settings, src: Path) -> RestoreReport:
@@ -225,7 +264,15 @@ def restore(settings: Settings, src: Path) -> RestoreReport:
 
     src = src.expanduser().resolve()
     manifest = read_manifest(settings, src)
-    build_key_material(settings)  # refuses misplaced key files before anything changes
+    material = build_key_material(settings)  # refuses misplaced key files before any change
+    if not material.has_master_secret():
+        # Without the deployment's key folder a backup opens nothing (its keys never were
+        # in it), and the start after the copy would refuse, leaving the marker behind.
+        raise BackupError(
+            f"the key folder {material.location} holds no master key: a backup is restored "
+            "beside the key folder of the deployment that wrote it (UPROF_KEY_DIR, "
+            "--key-dir); nothing was changed"
+        )
     layout = layout_for(settings)  # creates the data and key folders if needed
     views = create_engine(layout.views_url)
     try:
