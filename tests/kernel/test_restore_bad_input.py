@@ -9,14 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from domain.errors import InvalidInputError
-from tests.conftest import Backend
+from tests.conftest import Backend, _create_pg_database, _drop_pg_database, _pg_url
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import build_kernel, settings_for
 from tests.kernel.test_keys_apart import BOB, assert_intact, fill
 from uprof.backends import backend_for_settings
-from uprof.services.backup import BackupError, backup, restore
+from uprof.services.backup import KEY_TABLES, BackupError, backup, restore
 from uprof.storage import RESTORE_MARKER
 
 
@@ -92,3 +93,40 @@ def test_a_file_left_out_of_the_manifest_is_not_restored_unchecked(
         restore(settings, tmp_path / "bk")
     _still_intact(settings, clock)
     shutil.rmtree(tmp_path / "bk")
+
+
+def test_a_backup_of_another_deployment_is_refused(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Another deployment's backup, restored into a deployment with its own key folder and
+    empty data stores, was taken silently: every subject read as unknown ("no such
+    subject") while new captures went on beside the unreadable copy, and the other
+    deployment's audit log became this one's."""
+    settings = _deployment_with_a_backup(backend, clock, tmp_path)
+    other_db = _create_pg_database(prefix="uprof_other") if backend.kind == "postgres" else None
+    try:
+        other = Backend(backend.kind, other_db and _pg_url(other_db), tmp_path / "other")
+        build_kernel(settings_for(other), clock).close()  # its own keys, started once
+        _empty_data_stores(other, settings_for(other))  # a disaster took its data
+        with pytest.raises(BackupError, match="another deployment"):
+            restore(settings_for(other), tmp_path / "bk")
+        assert not (settings_for(other).data_dir / RESTORE_MARKER).exists()
+    finally:
+        if other_db:
+            _drop_pg_database(other_db)
+    _still_intact(settings, clock)
+
+
+def _empty_data_stores(backend: Backend, settings: Any) -> None:
+    """The data stores gone, the key store kept (as a disaster would leave them)."""
+    if backend.kind == "sqlite":
+        shutil.rmtree(settings.data_dir)
+        return
+    engine = sa.create_engine(backend.url)
+    try:
+        with engine.begin() as conn:
+            for table in sa.inspect(conn).get_table_names():
+                if table not in (*KEY_TABLES, "alembic_version"):
+                    conn.execute(sa.text(f'DROP TABLE "{table}" CASCADE'))
+    finally:
+        engine.dispose()

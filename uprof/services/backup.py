@@ -48,11 +48,14 @@ from audit.tables import audit_checkpoints, audit_entries, audit_nodes
 from domain.errors import InvalidInputError, UprofError
 from uprof.apikeys.tables import metadata as api_metadata
 from uprof.backends import backend_for_settings
+from uprof.crypto.keystore import derive_key
 from uprof.crypto.tables import metadata as keys_metadata
 from uprof.settings import Settings
 from uprof.storage import MIGRATIONS_DIR, RESTORE_MARKER, create_engine, layout_for, migrate
 
 FORMAT = "uprof-backup/1"
+#: Derivation label of the deployment id in a manifest (``deployment_id``).
+DEPLOYMENT_LABEL = "uprof/backup-deployment/1"
 MANIFEST = "manifest.json"
 #: Tables of the key store: never in a backup, never touched by a restore.
 KEY_TABLES = tuple(sorted({*keys_metadata.tables, *api_metadata.tables}))
@@ -177,6 +180,21 @@ def backup(settings: Settings, dest: Path) -> BackupReport:
     )
 
 
+def deployment_id(settings: Settings) -> str | None:
+    """Names the deployment a backup belongs to: a key derived from its master secret
+    for this one use (it tells nothing of the secret or of any other key), hashed. None
+    while the key folder holds no master key."""
+    from uprof.bootstrap import build_key_material
+
+    try:
+        material = build_key_material(settings)
+    except (UprofError, ValueError):
+        return None  # key files misplaced: the start refuses and names them, not a backup
+    if not material.has_master_secret():
+        return None
+    return hashlib.sha256(derive_key(material.master_secret(), DEPLOYMENT_LABEL)).hexdigest()
+
+
 def _manifest(
     settings: Settings, backend: str, revision: str | None, audit: tuple[int, str]
 ) -> dict[str, Any]:
@@ -185,6 +203,7 @@ def _manifest(
         "backend": backend,
         "created_at": datetime.now(UTC).isoformat(),
         "tenant": settings.tenant,
+        "deployment": deployment_id(settings),
         "views_revision": revision,
         "audit": {"entries": audit[0], "last_leaf_hash": audit[1]},
         "key_material": "none: keys stay in the key folder (UPROF_KEY_DIR)",
@@ -242,6 +261,7 @@ def _check_manifest_fields(manifest: dict[str, Any]) -> None:
         for name, ok in (
             ("files", isinstance(manifest.get("files"), dict)),
             ("views_revision", isinstance(manifest.get("views_revision"), str | None)),
+            ("deployment", isinstance(manifest.get("deployment"), str | None)),
             ("audit", isinstance(audit, dict)),
             ("audit.entries", isinstance(audit, dict) and type(audit.get("entries")) is int),
             (
@@ -272,6 +292,15 @@ def restore(settings: Settings, src: Path) -> RestoreReport:
             f"the key folder {material.location} holds no master key: a backup is restored "
             "beside the key folder of the deployment that wrote it (UPROF_KEY_DIR, "
             "--key-dir); nothing was changed"
+        )
+    written_by = manifest.get("deployment")
+    if written_by is not None and written_by != deployment_id(settings):
+        # Its events and view fields are under keys this key folder never held: restored,
+        # every subject would read as unknown while new captures went on beside them.
+        raise BackupError(
+            f"this backup was written by another deployment (another master key than the "
+            f"one in {material.location}): restore it beside its own key folder; nothing "
+            "was changed"
         )
     layout = layout_for(settings)  # creates the data and key folders if needed
     views = create_engine(layout.views_url)
