@@ -16,6 +16,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,47 @@ def test_a_start_while_a_restore_holds_the_stores_is_refused(
     finally:
         views.dispose()
     build_kernel(settings, clock).close()  # released: starts again
+
+
+def test_a_process_killed_with_sigkill_holds_nothing(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """kill -9 leaves no cleanup: the lock goes with the descriptor (SQLite) or the session
+    (PostgreSQL), so a restore after it is not refused for ever."""
+    settings = settings_for(backend)
+    k = build_kernel(settings, clock)
+    fill(k, "bob", BOB)
+    k.close()
+    backup(settings, tmp_path / "bk")
+    script = textwrap.dedent(
+        f"""
+        import time
+        from pathlib import Path
+        from tests.conftest import Backend
+        from tests.fakes.ports import FakeClock
+        from tests.kernel.conftest import build_kernel, settings_for
+
+        b = Backend({backend.kind!r}, {backend.url!r}, Path({str(backend.data_dir)!r}))
+        kernel = build_kernel(settings_for(b), FakeClock())
+        print("ready", flush=True)
+        time.sleep(600)
+        """
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        with pytest.raises(StoresInUseError):
+            restore(settings, tmp_path / "bk")
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+        if child.stdout is not None:
+            child.stdout.close()
+    deadline = time.monotonic() + 10  # the server notices a dead client's socket at once
+    while True:
+        try:
+            restore(settings, tmp_path / "bk")
+            break
+        except StoresInUseError:
+            assert time.monotonic() < deadline, "the killed process's lock was never released"
+            time.sleep(0.1)
