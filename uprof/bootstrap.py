@@ -22,7 +22,7 @@ from projections.profile.views import SqlViewStore
 from uprof import telemetry
 from uprof.adapters.audit_trail import AuditLogTrail
 from uprof.adapters.clock import SystemClock
-from uprof.backends import backend_for
+from uprof.backends import StoresInUseError, backend_for
 from uprof.crypto.fields import ViewSealer
 from uprof.crypto.keydir import (
     AUDIT_KEY_FILE,
@@ -55,6 +55,7 @@ from uprof.services.subjects import SubjectResolver
 from uprof.settings import Settings
 from uprof.storage import (
     RESTORE_MARKER,
+    StoreEngines,
     layout_for,
     log_holds_events,
     migrate,
@@ -108,6 +109,36 @@ def refuse_interrupted_restore(settings: Settings) -> None:
             f"a restore into {settings.data_dir} was interrupted ({marker.name} is present); "
             "run `uprof restore --from <the same backup>` again before starting uprof"
         )
+
+
+def _hold_stores_open(
+    settings: Settings, stores: StoreEngines, *, restoring: bool
+) -> Callable[[], None]:
+    """Hold the stores open for this process's life (a shared lock ``uprof restore``
+    waits for no one on: it refuses while any process holds it), then look for an
+    interrupted restore's marker, which the lock makes race-free: a restore writes it
+    and removes it while holding the stores alone. Returns the release (idempotent)."""
+    if restoring:
+        return lambda: None  # the restore holds the stores alone itself
+    try:
+        release = backend_for(stores.views).hold_open(stores.views)
+    except StoresInUseError as error:
+        stores.dispose()
+        raise RestoreInterruptedError(str(error)) from None
+    released = threading.Event()
+
+    def release_once() -> None:
+        if not released.is_set():
+            released.set()
+            release()
+
+    try:
+        refuse_interrupted_restore(settings)
+    except BaseException:
+        release_once()
+        stores.dispose()
+        raise
+    return release_once
 
 
 def build_embedder(settings: Settings) -> Embedder:
@@ -276,7 +307,9 @@ def bootstrap(
     layout = layout_for(settings)
     stores = open_engines(layout)
     views, keys, events = stores.views, stores.keys, stores.events
+    release_stores = _hold_stores_open(settings, stores, restoring=restoring)
     if not material.has_master_secret() and log_holds_events(events):
+        release_stores()
         stores.dispose()
         # A new root secret beside an old log would make every subject unreadable (and
         # look erased), while new captures went on under keys that open nothing old.
@@ -306,6 +339,7 @@ def bootstrap(
         app.claim_partitioning(partitioning.count)
     except BaseException:
         app.close()
+        release_stores()
         stores.dispose()
         raise
     subjects = SubjectResolver(keystore, settings.tenant)
@@ -352,6 +386,7 @@ def bootstrap(
     def close() -> None:
         app.close()
         policy.close()
+        release_stores()  # after the last use of the stores, before their pools go
         stores.dispose()
 
     kernel_ref: list[Uprof] = []

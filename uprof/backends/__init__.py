@@ -13,12 +13,14 @@ psycopg, and ``import uprof.backends`` costs nothing at CLI start.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
+
+from domain.errors import UprofError
 
 if TYPE_CHECKING:
     import sqlalchemy as sa
@@ -32,6 +34,12 @@ REGISTRY: dict[str, str] = {
 }
 #: The backend of a deployment with no database URL (the embedded default).
 EMBEDDED = "sqlite"
+
+
+class StoresInUseError(UprofError):
+    """Another uprof process has the stores open (or a restore holds them alone)."""
+
+    hint = "stop every uprof process on this deployment (servers, workers, MCP), then retry"
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,8 @@ class Backend(Protocol):
 
     #: Short name, as written in backup manifests ("sqlite", "postgres").
     name: str
+    #: The files a backup of this backend holds besides its manifest (each one checked).
+    backup_files: tuple[str, ...]
     #: eventsourcing's ``PERSISTENCE_MODULE`` for this backend.
     persistence_module: str
     #: ``module:Class`` of the process recorder with compare-and-set tracking
@@ -176,6 +186,17 @@ class Backend(Protocol):
     def restore(self, settings: Settings, src: Path, keep_live_audit: bool) -> None:
         """Replace the data stores with the backup in ``src`` (views before the log);
         ``keep_live_audit``: keep the live audit rows, which extend the backup's."""
+        ...
+
+    def hold_open(self, engine: sa.Engine) -> Callable[[], None]:
+        """Mark the stores of ``engine`` (the views store) open by this process until the
+        returned function is called: a shared lock every running process holds. Raises
+        ``StoresInUseError`` at once while ``stores_alone`` holds them (a restore)."""
+        ...
+
+    def stores_alone(self, engine: sa.Engine) -> AbstractContextManager[None]:
+        """Hold the stores of ``engine`` alone (``uprof restore``): no process may hold
+        them open meanwhile. Raises ``StoresInUseError`` at once when one does."""
         ...
 
 

@@ -13,20 +13,23 @@ import re
 import secrets
 import shutil
 import subprocess
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import sqlalchemy as sa
 
-from uprof.backends import Backend, StorageLayout, TableScan, TermHit
+from uprof.backends import Backend, StorageLayout, StoresInUseError, TableScan, TermHit
 
 if TYPE_CHECKING:
     from uprof.settings import Settings
 
 #: Advisory lock key that processes starting on one PostgreSQL database queue on.
 SCHEMA_LOCK_KEY = 0x7570726F66  # "uprof"
+#: Advisory lock key every running process holds shared for its life (``hold_open``) and
+#: ``uprof restore`` exclusively (``stores_alone``).
+OPEN_LOCK_KEY = SCHEMA_LOCK_KEY + 1
 #: The backup's one file: ``pg_dump --format=custom`` of every table but the key store's.
 PG_DUMP = "database.dump"
 #: eventsourcing names the table after the application ("profiles").
@@ -39,6 +42,7 @@ _RETRYABLE_STATES = frozenset({"55P03", "40001", "40P01"})
 
 class PostgresBackend:
     name = "postgres"
+    backup_files: tuple[str, ...] = (PG_DUMP,)
     persistence_module = "eventsourcing.postgres"
     # Its own module: a SQLite deployment never imports psycopg (decision 0035).
     guarded_recorder_topic = "uprof.recorders_postgres:GuardedPostgresProcessRecorder"
@@ -104,6 +108,35 @@ class PostgresBackend:
 
     def fold_log(self, engine: sa.Engine) -> None:
         return None  # the server's WAL is not ours to fold (docs/governance.md, residue)
+
+    def hold_open(self, engine: sa.Engine) -> Callable[[], None]:
+        # A session-level advisory lock on a connection of its own, kept for the life of
+        # the process (processes may run on several hosts: no file lock can see them all);
+        # the server drops it when the session ends, kill -9 of the process included.
+        conn = _advisory(engine, shared=True)
+
+        def release() -> None:
+            try:
+                conn.execute(sa.text("SELECT pg_advisory_unlock_shared(:k)"), {"k": OPEN_LOCK_KEY})
+                conn.commit()
+                conn.close()
+            except sa.exc.DBAPIError:
+                conn.invalidate()  # the session, and its lock, end with the connection
+
+        return release
+
+    @contextlib.contextmanager
+    def stores_alone(self, engine: sa.Engine) -> Iterator[None]:
+        conn = _advisory(engine, shared=False)
+        try:
+            yield
+        finally:
+            try:
+                conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": OPEN_LOCK_KEY})
+                conn.commit()
+                conn.close()
+            except sa.exc.DBAPIError:
+                conn.invalidate()
 
     def events_table_candidates(self, engine: sa.Engine) -> list[tuple[str | None, str]]:
         return [(s, EVENTS_TABLE) for s in sa.inspect(engine).get_schema_names()]
@@ -276,6 +309,30 @@ class PostgresBackend:
             raise b.BackupError(
                 f"pg_restore failed (nothing changed): {result.stderr.strip()[-2000:]}"
             )
+
+
+def _advisory(engine: sa.Engine, *, shared: bool) -> sa.Connection:
+    """A connection holding the open lock (shared or exclusive), taken without waiting."""
+    fn = "pg_try_advisory_lock_shared" if shared else "pg_try_advisory_lock"
+    conn = engine.connect()
+    try:
+        got = conn.execute(sa.text(f"SELECT {fn}(:k)"), {"k": OPEN_LOCK_KEY}).scalar_one()
+        conn.commit()
+    except BaseException:
+        conn.close()
+        raise
+    if got:
+        return conn
+    conn.close()
+    database = engine.url.database
+    if shared:
+        raise StoresInUseError(
+            f"a restore holds the database {database}; start again once it has finished"
+        )
+    raise StoresInUseError(
+        f"another uprof process has the database {database} open; stop every uprof process "
+        "on this deployment (servers, workers, MCP, on every host) before a restore"
+    )
 
 
 def _is_bytea(column: Mapping[str, object]) -> bool:

@@ -13,14 +13,14 @@ import json
 import os
 import secrets
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import sqlalchemy as sa
 
-from uprof.backends import Backend, StorageLayout, TableScan
+from uprof.backends import Backend, StorageLayout, StoresInUseError, TableScan
 
 if TYPE_CHECKING:
     from uprof.settings import Settings
@@ -32,6 +32,9 @@ POLICY_STORE_FILE = "policies.sqlite"
 SQLITE_FILES = ("views.sqlite", "events.sqlite")
 #: Beside a database file: the file whose flock orders schema changes (``schema_lock``).
 SCHEMA_LOCK_SUFFIX = ".schema-lock"
+#: Beside the views database: the file every running process holds a shared flock of
+#: (``hold_open``) and ``uprof restore`` an exclusive one (``stores_alone``).
+OPEN_LOCK_SUFFIX = ".open-lock"
 #: The table eventsourcing keeps the profiles log's events in (the log has its own file).
 EVENTS_TABLE = "stored_events"
 
@@ -58,6 +61,7 @@ _BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 
 class SQLiteBackend:
     name = "sqlite"
+    backup_files: tuple[str, ...] = SQLITE_FILES
     persistence_module = "eventsourcing.sqlite"
     guarded_recorder_topic = "uprof.recorders:GuardedSQLiteProcessRecorder"
     alters_in_batches = True  # SQLite's ALTER TABLE cannot change or drop most things
@@ -122,6 +126,23 @@ class SQLiteBackend:
     def fold_log(self, engine: sa.Engine) -> None:
         with engine.connect() as conn:
             conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def hold_open(self, engine: sa.Engine) -> Callable[[], None]:
+        # A flock of a file of its own (never the database file: FIELD-NOTES 8.1); the
+        # kernel drops it on close, the system when the process dies (kill -9 too).
+        fd = _open_lock(engine, shared=True)
+        if fd is None:
+            return lambda: None
+        return lambda: os.close(fd)
+
+    @contextlib.contextmanager
+    def stores_alone(self, engine: sa.Engine) -> Iterator[None]:
+        fd = _open_lock(engine, shared=False)
+        try:
+            yield
+        finally:
+            if fd is not None:
+                os.close(fd)
 
     def events_table_candidates(self, engine: sa.Engine) -> list[tuple[str | None, str]]:
         return [(None, EVENTS_TABLE)]
@@ -242,6 +263,30 @@ class SQLiteBackend:
             for suffix in ("", "-journal", "-wal", "-shm"):
                 staged.with_name(staged.name + suffix).unlink(missing_ok=True)
         _sqlite_copy(src / "events.sqlite", data / "events.sqlite")
+
+
+def _open_lock(engine: sa.Engine, *, shared: bool) -> int | None:
+    """A non-blocking flock of the views database's open-lock file (None: in memory)."""
+    import fcntl
+
+    database = engine.url.database
+    if not database or database == ":memory:" or engine.url.query.get("mode") == "memory":
+        return None
+    fd = os.open(f"{database}{OPEN_LOCK_SUFFIX}", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        if shared:
+            raise StoresInUseError(
+                f"a restore holds the stores of {Path(database).parent}; start again once "
+                "it has finished"
+            ) from None
+        raise StoresInUseError(
+            f"another uprof process has the stores of {Path(database).parent} open; stop "
+            "every uprof process on this deployment (servers, workers, MCP) before a restore"
+        ) from None
+    return fd
 
 
 def _sqlite_copy(source: Path, target: Path) -> None:

@@ -140,7 +140,7 @@ class FileKeyMaterialStore:
         key_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._ledger_lock = threading.Lock()
         self._records: list[ErasureRecord] = []
-        self._snapshot: tuple[ErasureRecord, ...] = ()
+        self._snapshot: tuple[ErasureRecord, ...] | None = ()
         #: (inode, bytes consumed) of the ledger file read so far.
         self._ledger_state: tuple[int, int] = (0, 0)
 
@@ -232,8 +232,9 @@ class FileKeyMaterialStore:
                 return ()
             inode, consumed = self._ledger_state
             if stat.st_ino != inode or stat.st_size < consumed:
-                # Replaced or truncated: read it all again.
-                self._records, consumed, self._snapshot = [], 0, ()
+                # Replaced or truncated: read it all again, into a new snapshot even when
+                # it holds as many records as before (readers compare snapshots, not counts).
+                self._records, consumed, self._snapshot = [], 0, None
             if stat.st_size > consumed:
                 with path.open("rb") as fh:
                     fh.seek(consumed)
@@ -247,10 +248,11 @@ class FileKeyMaterialStore:
                         _log.warning("erasure ledger %s: skipped an unreadable line", path)
                 consumed += len(whole)
             self._ledger_state = (stat.st_ino, consumed)
-            if len(self._snapshot) != len(self._records):
-                # Copied only when it grew: every key lookup asks (decision 0052).
-                self._snapshot = tuple(self._records)
-            return self._snapshot
+            snapshot = self._snapshot
+            if snapshot is None or len(snapshot) != len(self._records):
+                # Copied only when it changed: every key lookup asks (decision 0052).
+                snapshot = self._snapshot = tuple(self._records)
+            return snapshot
 
 
 # ------------------------------------------------------------------ placement

@@ -53,6 +53,9 @@ class ErasureLedger:
         self._mark_key = _derive(master_secret, "uprof/erased-mark/1")
         self._lock = threading.Lock()
         self._state = LedgerState()
+        #: The store's record sequence ``_state`` was folded from (a store hands out a new
+        #: one whenever the ledger changed, appended to or replaced).
+        self._folded: object = None
 
     def mark(self, tenant: str, subject_ref: str) -> str:
         msg = f"{tenant}\x1f{subject_ref}".encode()
@@ -62,7 +65,7 @@ class ErasureLedger:
         """The folded ledger, refreshed from the store (other processes append too)."""
         records = self._store.erasure_records()
         with self._lock:
-            if len(records) == self._state.records:
+            if records is self._folded:
                 return self._state
             streams: set[str] = set()
             captures: dict[str, set[str]] = {}
@@ -87,6 +90,7 @@ class ErasureLedger:
                 marks=frozenset(marks),
                 records=len(records),
             )
+            self._folded = records
             return self._state
 
     def is_erased(self, tenant: str, subject_ref: str) -> bool:

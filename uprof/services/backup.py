@@ -19,7 +19,9 @@ when it extends the backup's (it is append-only: rolling it back would let the l
 fork under published checkpoints); a restore into a deployment whose audit log
 disagrees with the backup's is refused. While a restore runs, a marker file in the
 data folder makes every other start refuse; a killed restore is finished by running
-it again. Stop every uprof process on the deployment before restoring.
+it again. Every running uprof process holds the stores open (a shared lock, the
+backend's ``hold_open``); a restore takes them alone (``stores_alone``) or refuses,
+changing nothing, while any process runs.
 
 What is copied, and how, is the backend's (``Backend.backup`` and ``Backend.restore`` in
 ``uprof.backends.sqlite`` and ``uprof.backends.postgres``); the manifest, the checks and
@@ -46,11 +48,14 @@ from audit.tables import audit_checkpoints, audit_entries, audit_nodes
 from domain.errors import InvalidInputError, UprofError
 from uprof.apikeys.tables import metadata as api_metadata
 from uprof.backends import backend_for_settings
+from uprof.crypto.keystore import derive_key
 from uprof.crypto.tables import metadata as keys_metadata
 from uprof.settings import Settings
 from uprof.storage import MIGRATIONS_DIR, RESTORE_MARKER, create_engine, layout_for, migrate
 
 FORMAT = "uprof-backup/1"
+#: Derivation label of the deployment id in a manifest (``deployment_id``).
+DEPLOYMENT_LABEL = "uprof/backup-deployment/1"
 MANIFEST = "manifest.json"
 #: Tables of the key store: never in a backup, never touched by a restore.
 KEY_TABLES = tuple(sorted({*keys_metadata.tables, *api_metadata.tables}))
@@ -175,6 +180,21 @@ def backup(settings: Settings, dest: Path) -> BackupReport:
     )
 
 
+def deployment_id(settings: Settings) -> str | None:
+    """Names the deployment a backup belongs to: a key derived from its master secret
+    for this one use (it tells nothing of the secret or of any other key), hashed. None
+    while the key folder holds no master key."""
+    from uprof.bootstrap import build_key_material
+
+    try:
+        material = build_key_material(settings)
+    except (UprofError, ValueError):
+        return None  # key files misplaced: the start refuses and names them, not a backup
+    if not material.has_master_secret():
+        return None
+    return hashlib.sha256(derive_key(material.master_secret(), DEPLOYMENT_LABEL)).hexdigest()
+
+
 def _manifest(
     settings: Settings, backend: str, revision: str | None, audit: tuple[int, str]
 ) -> dict[str, Any]:
@@ -183,6 +203,7 @@ def _manifest(
         "backend": backend,
         "created_at": datetime.now(UTC).isoformat(),
         "tenant": settings.tenant,
+        "deployment": deployment_id(settings),
         "views_revision": revision,
         "audit": {"entries": audit[0], "last_leaf_hash": audit[1]},
         "key_material": "none: keys stay in the key folder (UPROF_KEY_DIR)",
@@ -205,40 +226,108 @@ def read_manifest(settings: Settings, src: Path) -> dict[str, Any]:
         raise InvalidInputError(f"--from: {MANIFEST} is not a JSON object; not a uprof backup")
     if manifest.get("format") != FORMAT:
         raise InvalidInputError(f"--from: unknown backup format {manifest.get('format')!r}")
-    backend = backend_for_settings(settings).name
-    if manifest.get("backend") != backend:
+    backend = backend_for_settings(settings)
+    if manifest.get("backend") != backend.name:
         raise InvalidInputError(
-            f"--from: a {manifest.get('backend')} backup cannot be restored into {backend}"
+            f"--from: a {manifest.get('backend')} backup cannot be restored into {backend.name}"
         )
-    for name, meta in manifest["files"].items():
+    _check_manifest_fields(manifest)
+    files: dict[str, Any] = manifest["files"]
+    # Every file the restore reads must be listed, and checked: a file left out of the
+    # manifest would be restored unchecked.
+    unlisted = [name for name in backend.backup_files if name not in files]
+    if unlisted:
+        raise InvalidInputError(
+            f"--from: {MANIFEST} does not list {', '.join(unlisted)}; not a complete backup"
+        )
+    for name, meta in files.items():
         file = src / name
-        if not file.is_file() or _sha256(file) != meta["sha256"]:
+        if (
+            Path(name).name != name
+            or not isinstance(meta, dict)
+            or not file.is_file()
+            or _sha256(file) != meta.get("sha256")
+        ):
             raise InvalidInputError(f"--from: {name} is missing or does not match its checksum")
     return manifest
 
 
+def _check_manifest_fields(manifest: dict[str, Any]) -> None:
+    """Refuse, naming the field, a manifest whose fields the restore reads are missing or
+    of the wrong type (before anything changes)."""
+    audit = manifest.get("audit")
+    problems = [
+        name
+        for name, ok in (
+            ("files", isinstance(manifest.get("files"), dict)),
+            ("views_revision", isinstance(manifest.get("views_revision"), str | None)),
+            ("deployment", isinstance(manifest.get("deployment"), str | None)),
+            ("audit", isinstance(audit, dict)),
+            ("audit.entries", isinstance(audit, dict) and type(audit.get("entries")) is int),
+            (
+                "audit.last_leaf_hash",
+                isinstance(audit, dict) and isinstance(audit.get("last_leaf_hash"), str),
+            ),
+        )
+        if not ok
+    ]
+    if problems:
+        raise InvalidInputError(
+            f"--from: {MANIFEST} has no valid {', '.join(problems)}; not a uprof backup "
+            "(or an edited one)"
+        )
+
+
 def restore(settings: Settings, src: Path) -> RestoreReport:
     """Replace the data stores with a backup's, then re-apply the erasure ledger."""
-    from uprof.bootstrap import bootstrap, build_key_material
+    from uprof.bootstrap import build_key_material
 
     src = src.expanduser().resolve()
     manifest = read_manifest(settings, src)
-    build_key_material(settings)  # refuses misplaced key files before anything changes
+    material = build_key_material(settings)  # refuses misplaced key files before any change
+    if not material.has_master_secret():
+        # Without the deployment's key folder a backup opens nothing (its keys never were
+        # in it), and the start after the copy would refuse, leaving the marker behind.
+        raise BackupError(
+            f"the key folder {material.location} holds no master key: a backup is restored "
+            "beside the key folder of the deployment that wrote it (UPROF_KEY_DIR, "
+            "--key-dir); nothing was changed"
+        )
+    written_by = manifest.get("deployment")
+    if written_by is not None and written_by != deployment_id(settings):
+        # Its events and view fields are under keys this key folder never held: restored,
+        # every subject would read as unknown while new captures went on beside them.
+        raise BackupError(
+            f"this backup was written by another deployment (another master key than the "
+            f"one in {material.location}): restore it beside its own key folder; nothing "
+            "was changed"
+        )
     layout = layout_for(settings)  # creates the data and key folders if needed
     views = create_engine(layout.views_url)
     try:
-        migrate(views, "views")
-        with views.connect() as conn:
-            live_revision = _views_revision(conn)
-        if manifest["views_revision"] != live_revision:
-            raise BackupError(
-                f"the backup's schema revision {manifest['views_revision']!r} differs from "
-                f"this uprof's {live_revision!r}: restore with the version that made it, "
-                "then upgrade"
-            )
-        keep_live_audit = _live_audit_extends(views, manifest)
+        # Alone on the stores from the first look to the marker's removal: a process
+        # still running would keep writing into the copy, or fail on what it cached.
+        with backend_for_settings(settings).stores_alone(views):
+            return _restore_alone(settings, src, manifest, views)
     finally:
         views.dispose()
+
+
+def _restore_alone(
+    settings: Settings, src: Path, manifest: dict[str, Any], views: sa.Engine
+) -> RestoreReport:
+    from uprof.bootstrap import bootstrap
+
+    migrate(views, "views")
+    with views.connect() as conn:
+        live_revision = _views_revision(conn)
+    if manifest["views_revision"] != live_revision:
+        raise BackupError(
+            f"the backup's schema revision {manifest['views_revision']!r} differs from "
+            f"this uprof's {live_revision!r}: restore with the version that made it, "
+            "then upgrade"
+        )
+    keep_live_audit = _live_audit_extends(views, manifest)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     marker = settings.data_dir / RESTORE_MARKER
     marker.write_text(
