@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,7 +25,9 @@ SUBJECTS = [f"gc-subject-{i}" for i in range(4)]
 CLIENTS = 6
 
 
-def _start_server(target: Target) -> tuple[subprocess.Popen[bytes], str]:
+def _start_server(target: Target, log: Path | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """A ``uprof serve`` on the target's store; its stderr goes to ``log`` when given (so
+    that a test can say why a server went away), else to the test's own."""
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
@@ -34,9 +37,12 @@ def _start_server(target: Target) -> tuple[subprocess.Popen[bytes], str]:
     }
     if target.database_url:
         env["UPROF_DATABASE_URL"] = target.database_url
-    proc, port = popen_serving(
-        [sys.executable, "-m", "uprof.cli.main", "serve", "--log-level", "warning"], env=env
-    )
+    command = [sys.executable, "-m", "uprof.cli.main", "serve", "--log-level", "warning"]
+    if log is None:
+        proc, port = popen_serving(command, env=env)
+    else:
+        with log.open("ab") as stderr:  # the child has its own copy of the descriptor
+            proc, port = popen_serving(command, env=env, stderr=stderr)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_healthy(proc, url, timeout_s=120)

@@ -61,9 +61,10 @@ def test_two_servers_on_one_store_lose_and_double_nothing(target: Target) -> Non
                 with lock:
                     answers.append((marker, response.status_code, outcome))
 
+    logs = [target.data_dir.parent / f"server-{i}.stderr" for i in range(2)]
     try:
         # Inside the try: a second server that does not start leaves no first one running.
-        servers.extend(_start_server(target) for _ in range(2))
+        servers.extend(_start_server(target, log) for log in logs)
         threads = [
             threading.Thread(target=client, args=(url, s * CLIENTS_PER_SERVER + c))
             for s, (_, url) in enumerate(servers)
@@ -75,10 +76,14 @@ def test_two_servers_on_one_store_lose_and_double_nothing(target: Target) -> Non
             t.join(300)
     finally:
         stopped = [stop_server(process) for process, _ in servers]
-    assert None not in stopped, "a server did not stop within 60 s of SIGTERM (killed)"
+    said = " | ".join(
+        f"server {i} exit {code}: {log.read_text()[-3000:]!r}"
+        for i, (code, log) in enumerate(zip(stopped, logs, strict=False))
+    )
+    assert None not in stopped, f"a server did not stop within 60 s of SIGTERM: {said}"
 
     total = 2 * CLIENTS_PER_SERVER * CAPTURES_PER_CLIENT
-    assert len(answers) == total
+    assert len(answers) == total, said  # a server that went away says why in its log
     # Collisions between the servers are retried, never surfaced: every request is a 201.
     assert [a for a in answers if a[1] != 201] == []
     with kernel_on(target) as kernel:
