@@ -29,6 +29,7 @@ from tests.kernel.test_keys_apart import BOB, fill
 from uprof.backends import StoresInUseError
 from uprof.bootstrap import RestoreInterruptedError
 from uprof.services.backup import backup, restore
+from uprof.settings import Settings
 from uprof.storage import RESTORE_MARKER
 
 
@@ -66,17 +67,23 @@ def test_a_restore_beside_a_running_process_refuses_and_changes_nothing(
         k.close()
 
 
-def test_a_restore_refuses_while_another_real_process_runs(
-    backend: Backend, clock: FakeClock, tmp_path: Path
-) -> None:
+def _backed_up(backend: Backend, clock: FakeClock, tmp_path: Path) -> Settings:
+    """The backend's settings, after bob was filled in and a backup taken to ``bk``."""
     settings = settings_for(backend)
     k = build_kernel(settings, clock)
     fill(k, "bob", BOB)
     k.close()
     backup(settings, tmp_path / "bk")
-    script = textwrap.dedent(
-        f"""
-        import sys
+    return settings
+
+
+def _holding_a_kernel(backend: Backend, then: str) -> subprocess.Popen[str]:
+    """Another real process with a kernel open on the backend's stores, once it said so;
+    it then runs ``then`` (Python, ``kernel`` bound)."""
+    script = (
+        textwrap.dedent(
+            f"""
+        import sys, time
         from pathlib import Path
         from tests.conftest import Backend
         from tests.fakes.ports import FakeClock
@@ -85,18 +92,24 @@ def test_a_restore_refuses_while_another_real_process_runs(
         b = Backend({backend.kind!r}, {backend.url!r}, Path({str(backend.data_dir)!r}))
         kernel = build_kernel(settings_for(b), FakeClock())
         print("ready", flush=True)
-        sys.stdin.readline()
-        kernel.close()
         """
+        )
+        + then
+        + "\n"
     )
     child = subprocess.Popen(
-        [sys.executable, "-c", script],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
+    assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+    return child
+
+
+def test_a_restore_refuses_while_another_real_process_runs(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    settings = _backed_up(backend, clock, tmp_path)
+    child = _holding_a_kernel(backend, "sys.stdin.readline()\nkernel.close()")
     try:
-        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
         with pytest.raises(StoresInUseError):
             restore(settings, tmp_path / "bk")
     finally:
@@ -128,35 +141,14 @@ def test_a_process_killed_with_sigkill_holds_nothing(
 ) -> None:
     """kill -9 leaves no cleanup: the lock goes with the descriptor (SQLite) or the session
     (PostgreSQL), so a restore after it is not refused for ever."""
-    settings = settings_for(backend)
-    k = build_kernel(settings, clock)
-    fill(k, "bob", BOB)
-    k.close()
-    backup(settings, tmp_path / "bk")
-    script = textwrap.dedent(
-        f"""
-        import time
-        from pathlib import Path
-        from tests.conftest import Backend
-        from tests.fakes.ports import FakeClock
-        from tests.kernel.conftest import build_kernel, settings_for
-
-        b = Backend({backend.kind!r}, {backend.url!r}, Path({str(backend.data_dir)!r}))
-        kernel = build_kernel(settings_for(b), FakeClock())
-        print("ready", flush=True)
-        time.sleep(600)
-        """
-    )
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    settings = _backed_up(backend, clock, tmp_path)
+    child = _holding_a_kernel(backend, "time.sleep(600)")
     try:
-        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
         with pytest.raises(StoresInUseError):
             restore(settings, tmp_path / "bk")
     finally:
         child.kill()
-        child.wait(timeout=30)
-        if child.stdout is not None:
-            child.stdout.close()
+        child.communicate(timeout=30)  # reaped, its pipes closed
     deadline = time.monotonic() + 10  # the server notices a dead client's socket at once
     while True:
         try:
