@@ -26,10 +26,10 @@ from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import build_kernel, say, settings_for
 from tests.kernel.test_keys_apart import BOB, fill
+from tests.kernel.test_restore_bad_input import _deployment_with_a_backup
 from uprof.backends import StoresInUseError
 from uprof.bootstrap import RestoreInterruptedError
 from uprof.services.backup import backup, restore
-from uprof.settings import Settings
 from uprof.storage import RESTORE_MARKER
 
 
@@ -67,16 +67,6 @@ def test_a_restore_beside_a_running_process_refuses_and_changes_nothing(
         k.close()
 
 
-def _backed_up(backend: Backend, clock: FakeClock, tmp_path: Path) -> Settings:
-    """The backend's settings, after bob was filled in and a backup taken to ``bk``."""
-    settings = settings_for(backend)
-    k = build_kernel(settings, clock)
-    fill(k, "bob", BOB)
-    k.close()
-    backup(settings, tmp_path / "bk")
-    return settings
-
-
 def _holding_a_kernel(backend: Backend, then: str) -> subprocess.Popen[str]:
     """Another real process with a kernel open on the backend's stores, once it said so;
     it then runs ``then`` (Python, ``kernel`` bound)."""
@@ -107,7 +97,7 @@ def _holding_a_kernel(backend: Backend, then: str) -> subprocess.Popen[str]:
 def test_a_restore_refuses_while_another_real_process_runs(
     backend: Backend, clock: FakeClock, tmp_path: Path
 ) -> None:
-    settings = _backed_up(backend, clock, tmp_path)
+    settings = _deployment_with_a_backup(backend, clock, tmp_path)
     child = _holding_a_kernel(backend, "sys.stdin.readline()\nkernel.close()")
     try:
         with pytest.raises(StoresInUseError):
@@ -141,7 +131,7 @@ def test_a_process_killed_with_sigkill_holds_nothing(
 ) -> None:
     """kill -9 leaves no cleanup: the lock goes with the descriptor (SQLite) or the session
     (PostgreSQL), so a restore after it is not refused for ever."""
-    settings = _backed_up(backend, clock, tmp_path)
+    settings = _deployment_with_a_backup(backend, clock, tmp_path)
     child = _holding_a_kernel(backend, "time.sleep(600)")
     try:
         with pytest.raises(StoresInUseError):
