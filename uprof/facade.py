@@ -49,11 +49,13 @@ from domain.errors import (
     InvalidInputError,
     PermissionDeniedError,
     SubjectNotFoundError,
+    UprofError,
 )
 from domain.normalise import match_described, normalise_value
 from domain.principal import OPERATORS, Principal, PrincipalKind, acting_principal
 from domain.values import (
     CATEGORIES,
+    ConsentGrant,
     IntentUpdateProposal,
     Interaction,
     ProposalBatch,
@@ -532,6 +534,24 @@ class Facade:
                 if not self._kernel.consents_after(subject, app_id=app, after=None, limit=1):
                     raise SubjectNotFoundError("no such subject")
 
+    def consents_in_force(self, subject: str) -> list[ConsentGrant]:
+        """The consents not withdrawn that the principal may withdraw (an app: its own;
+        a subject or operator: all of the subject's), read from the subject's stream.
+
+        Unlike ``consents`` this waits for no view: a withdrawal must not depend on the
+        pipeline having caught up (docs/governance.md). An app holding none of the
+        subject's consents in force gets the unknown subject's answer.
+        """
+        self._own_subject(subject)
+        own = self.principal.kind is PrincipalKind.APP
+        with self._as_principal():
+            held = self._kernel.consents_in_force(
+                subject, app_id=self.principal.policy_subject if own else None
+            )
+        if own and not held and not self.principal.is_operator:
+            raise SubjectNotFoundError("no such subject")
+        return held
+
     def withdraw_consent(
         self,
         subject: str,
@@ -539,6 +559,7 @@ class Facade:
         *,
         erase: bool = False,
         request_token: str | None = None,
+        withdrawn_at: datetime | None = None,
     ) -> ErasureResult | None:
         """Withdraw a consent: an app only its own; a subject or operator any of theirs.
 
@@ -546,8 +567,17 @@ class Facade:
         ``erase`` by the subject, or by an app of what it collected itself. An operator's
         ``erase`` destroys an app's data on the operator's word: an erasure, decided by
         the policy as erasing an event is (a deployment may deny operators ``erase``).
+
+        A consent in force is found in the subject's stream and withdrawn at once,
+        whatever the pipeline's lag; only a withdrawal with ``erase`` (which erases what
+        the views list) or of a consent no longer in force (a retry) reads the views.
         """
         self._own_subject(subject)
+        if not erase and self._holds(subject, consent_id):
+            with self._as_principal():
+                return self._kernel.withdraw_consent(
+                    subject, consent_id, request_token=request_token, withdrawn_at=withdrawn_at
+                )
         grant = next((c for c in self.consents(subject) if c.consent_id == consent_id), None)
         if grant is None:
             raise SubjectNotFoundError("no consent with that id for this subject and app")
@@ -557,8 +587,22 @@ class Facade:
             self._authorize_governance("erase", ERASURE_PURPOSE)
         with self._as_principal():
             return self._kernel.withdraw_consent(
-                subject, consent_id, erase=erase, request_token=request_token
+                subject,
+                consent_id,
+                erase=erase,
+                request_token=request_token,
+                withdrawn_at=withdrawn_at,
             )
+
+    def _holds(self, subject: str, consent_id: str) -> bool:
+        """Whether ``consent_id`` is a consent in force the principal may withdraw; any
+        doubt (an unknown or erased subject, another app's consent) is False, and the
+        caller then answers as it always has, through the views."""
+        try:
+            held = self.consents_in_force(subject)
+        except UprofError:
+            return False
+        return any(c.consent_id == consent_id for c in held)
 
     # ---------------------------------------------------------------- slices
 
