@@ -130,6 +130,8 @@ ERASURE_PURPOSE = "erasure"
 ACCESS_PURPOSE = "access-request"
 COMPLIANCE_PURPOSE = "compliance"
 OPERATIONS_PURPOSE = "operations"
+#: A stream being read (an audit export) asks the policy again after this many records.
+STREAM_RECHECK_RECORDS = 500
 #: Separates the app's namespace from a session id or identifier before the kernel hashes it.
 _NAMESPACE_SEPARATOR = "\x1f"
 
@@ -800,7 +802,12 @@ class Facade:
         until: str | datetime | None = None,
     ) -> AuditStream:
         """The export as text records, produced while they are sent (same decision as
-        ``export_audit``; the header is signed now, so a refusal comes before any byte)."""
+        ``export_audit``; the header is signed now, so a refusal comes before any byte).
+
+        The policy is asked again every ``STREAM_RECHECK_RECORDS`` records while the
+        stream is read: a right taken away meanwhile (by any process) ends the stream
+        there, with ``PermissionDeniedError`` (audited), instead of at its last record.
+        """
         self._authorize_governance("audit", COMPLIANCE_PURPOSE)
         with self._as_principal():
             stream = self._kernel.stream_audit(
@@ -812,19 +819,27 @@ class Facade:
                 until=until,
                 requested_by=self.principal.label,
             )
-        return AuditStream(stream.media_type, stream.filename, self._bound(stream))
+        return AuditStream(
+            stream.media_type,
+            stream.filename,
+            self._bound(stream, lambda: self._authorize_governance("audit", COMPLIANCE_PURPOSE)),
+        )
 
-    def _bound(self, records: Iterable[str]) -> Iterator[str]:
+    def _bound(self, records: Iterable[str], still_allowed: Callable[[], None]) -> Iterator[str]:
         """Iterate ``records`` as this principal: the stream is read after this call has
-        returned, on whatever thread serves it, and its closing audit entry must name us."""
+        returned, on whatever thread serves it, and its closing audit entry must name us.
+        Every ``STREAM_RECHECK_RECORDS`` records ``still_allowed`` decides again (it
+        raises, having audited the denial, when the right is gone)."""
         it = iter(records)
         try:
-            while True:
+            for sent in itertools.count(1):
                 with self._as_principal():
                     record = next(it, None)
                 if record is None:
                     return
                 yield record
+                if sent % STREAM_RECHECK_RECORDS == 0:
+                    still_allowed()
         finally:
             close = getattr(it, "close", None)
             if close is not None:
