@@ -20,7 +20,7 @@ from domain.errors import UprofError
 from uprof.api.errors import classify
 from uprof.api.runtime import ServiceRuntime
 from uprof.apikeys.store import ROLE_OPERATOR, ApiKeyStore
-from uprof.facade import Facade, Principal, PrincipalKind
+from uprof.facade import PRIVACY_CENTER, Facade, Principal, PrincipalKind
 from uprof.web.state import LinkStore, Session, SessionStore
 
 _HERE = Path(__file__).parent
@@ -30,7 +30,6 @@ MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 #: Rows on one page of a console list; "Next page" continues with the list's cursor.
 CONSOLE_PAGE_ROWS = 100
 #: How a privacy-center principal is named (audit: ``privacy-center#link``).
-PRIVACY_CENTER = "privacy-center"
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
