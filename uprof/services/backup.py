@@ -35,6 +35,8 @@ import json
 import os
 import secrets
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -47,7 +49,7 @@ from alembic.script import ScriptDirectory
 from audit.tables import audit_checkpoints, audit_entries, audit_nodes
 from domain.errors import InvalidInputError, UprofError
 from uprof.apikeys.tables import metadata as api_metadata
-from uprof.backends import backend_for_settings
+from uprof.backends import StoresInUseError, backend_for_settings
 from uprof.crypto.keystore import derive_key
 from uprof.crypto.tables import metadata as keys_metadata
 from uprof.settings import Settings
@@ -154,7 +156,36 @@ def backup(settings: Settings, dest: Path) -> BackupReport:
     dest = dest.expanduser().resolve()
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(f".{dest.name}.partial-{secrets.token_hex(4)}")
-    partial.mkdir(mode=0o700)
+    with _stores_held_open(settings):
+        partial.mkdir(mode=0o700)
+        return _write_backup(settings, partial, dest)
+
+
+@contextmanager
+def _stores_held_open(settings: Settings) -> Iterator[None]:
+    """Hold the stores open while the backup reads them, as a running process does: a
+    restore refuses meanwhile instead of replacing the files under the backup, and a
+    backup of stores an interrupted restore left half-replaced is refused (the
+    manifest's checksums would vouch for them)."""
+    from uprof.bootstrap import RestoreInterruptedError, refuse_interrupted_restore
+
+    layout = layout_for(settings)
+    views = create_engine(layout.views_url)
+    try:
+        try:
+            release = backend_for_settings(settings).hold_open(views)
+        except StoresInUseError as error:
+            raise RestoreInterruptedError(f"{error}; nothing was written") from None
+        try:
+            refuse_interrupted_restore(settings)
+            yield
+        finally:
+            release()
+    finally:
+        views.dispose()
+
+
+def _write_backup(settings: Settings, partial: Path, dest: Path) -> BackupReport:
     try:
         manifest = backend_for_settings(settings).backup(settings, partial)
         manifest["files"] = {
