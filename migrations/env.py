@@ -15,6 +15,7 @@ from projections.profile.tables import metadata as profile_metadata
 from uprof.apikeys.tables import metadata as api_metadata
 from uprof.backends import backend_for
 from uprof.crypto.tables import metadata as keys_metadata
+from uprof.services.erased_keys import metadata as erased_keys_metadata
 from uprof.services.idempotency import metadata as idempotency_metadata
 
 config = context.config
@@ -26,7 +27,7 @@ if connection is None:
     )
 
 TARGETS = {
-    "views": [profile_metadata, audit_metadata, idempotency_metadata],
+    "views": [profile_metadata, audit_metadata, idempotency_metadata, erased_keys_metadata],
     "keys": [keys_metadata, api_metadata],
     # Only indexes of ours on eventsourcing's events table: no table of alembic's.
     "events": [],
@@ -35,7 +36,14 @@ target_metadata = TARGETS[config.attributes.get("branch", "views")]
 
 OWN_TABLES = {
     t
-    for md in (profile_metadata, audit_metadata, keys_metadata, api_metadata, idempotency_metadata)
+    for md in (
+        profile_metadata,
+        audit_metadata,
+        keys_metadata,
+        api_metadata,
+        idempotency_metadata,
+        erased_keys_metadata,
+    )
     for t in md.tables
 }
 
