@@ -17,6 +17,7 @@ from uprof.backends import backend_for
 from uprof.crypto.tables import metadata as keys_metadata
 from uprof.services.erased_keys import metadata as erased_keys_metadata
 from uprof.services.idempotency import metadata as idempotency_metadata
+from uprof.services.sign_outs import metadata as sign_outs_metadata
 
 config = context.config
 connection = config.attributes.get("connection")
@@ -27,7 +28,13 @@ if connection is None:
     )
 
 TARGETS = {
-    "views": [profile_metadata, audit_metadata, idempotency_metadata, erased_keys_metadata],
+    "views": [
+        profile_metadata,
+        audit_metadata,
+        idempotency_metadata,
+        erased_keys_metadata,
+        sign_outs_metadata,
+    ],
     "keys": [keys_metadata, api_metadata],
     # Only indexes of ours on eventsourcing's events table: no table of alembic's.
     "events": [],
@@ -43,6 +50,7 @@ OWN_TABLES = {
         api_metadata,
         idempotency_metadata,
         erased_keys_metadata,
+        sign_outs_metadata,
     )
     for t in md.tables
 }

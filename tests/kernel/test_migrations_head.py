@@ -79,9 +79,10 @@ def test_a_store_behind_its_head_is_migrated_and_one_at_head_is_left_alone(
         assert "categories" in _memory_columns(engine)
         assert {"granted_position", "withdrawn_position"} <= _columns(engine, "consents")
         assert {"stream_id", "capture_id", "mark"} <= _columns(engine, "erased_keys")
-        assert _versions(engine) >= {"0006_views_erased_keys"}
+        assert {"session_id", "expires_at"} <= _columns(engine, "signed_out_sessions")
+        assert _versions(engine) >= {"0007_views_signed_out_sessions"}
         migrate(engine, "views")  # at head: nothing to do
-        assert _versions(engine) >= {"0006_views_erased_keys"}
+        assert _versions(engine) >= {"0007_views_signed_out_sessions"}
     finally:
         engine.dispose()
 

@@ -95,7 +95,10 @@ class WebPages:
         if stores.sessions is None:
             with _APP_STORES_LOCK:
                 if stores.sessions is None:
-                    stores.sessions = SessionStore(self.runtime_of(request).kernel.web_session_key)
+                    kernel = self.runtime_of(request).kernel
+                    stores.sessions = SessionStore(
+                        kernel.web_session_key, sign_outs=kernel.web_sign_outs
+                    )
         return stores.sessions
 
     def page(self, request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
