@@ -270,7 +270,7 @@ def audit_verify(
     try:
         report = verify_export(path, public_key.read_bytes(), origin)
     except VerificationError as e:
-        err_console.print(f"[bold red]verification failed:[/] {e}")
+        err_console.print(f"[bold red]verification failed:[/] {e}", highlight=False)
         raise typer.Exit(1) from None
     console.print(
         f"[green]verified[/]: {report.entry_count} entries, tree size {report.tree_size}, "
@@ -282,26 +282,34 @@ def audit_verify(
 def audit_verify_receipt(
     path: Annotated[Path, typer.Argument(exists=True, dir_okay=False)],
     public_key: Annotated[Path, typer.Option(exists=True, help="The log's public key (PEM).")],
+    origin: Annotated[str, typer.Option(help="The log's origin name.")] = "uprof.local/audit",
     subject: Annotated[str | None, typer.Option(help="Check it is this subject's...")] = None,
     nonce: Annotated[str | None, typer.Option(help="...with the nonce given at erasure.")] = None,
 ) -> None:
-    """Verify an erasure receipt offline, with only the public key."""
+    """Verify an erasure receipt offline, with only the public key and the log's origin."""
     from audit.errors import VerificationError
-    from audit.receipts import verify_receipt, verify_subject_commitment
+    from audit.receipts import parse_receipt, verify_receipt, verify_subject_commitment
 
     try:
-        receipt = json.loads(path.read_text(encoding="utf-8"))
-        verify_receipt(receipt, public_key.read_bytes())
-        if subject and nonce:
-            verify_subject_commitment(receipt, subject, bytes.fromhex(nonce))
-    except (VerificationError, ValueError) as e:
-        err_console.print(f"[bold red]receipt does not verify:[/] {e}")
+        subject_nonce = bytes.fromhex(nonce) if nonce is not None else None
+    except ValueError:
+        raise typer.BadParameter("--nonce must be the hex string given at erasure") from None
+    if (subject is None) != (subject_nonce is None):
+        raise typer.BadParameter("--subject and --nonce go together")
+    try:
+        receipt = parse_receipt(path.read_bytes())
+        verify_receipt(receipt, public_key.read_bytes(), origin=origin)
+        if subject is not None and subject_nonce is not None:
+            verify_subject_commitment(receipt, subject, subject_nonce)
+    except VerificationError as e:
+        err_console.print(f"[bold red]receipt does not verify:[/] {e}", highlight=False)
         raise typer.Exit(1) from None
     body = receipt["body"]
     console.print(
-        f"[green]receipt verified[/]: {body['receipt_id']} issued {body['issued_at']}, "
-        f"{len(body['actions'])} actions, scope {body['request']['scope']}"
-        + (", subject matches" if subject and nonce else "")
+        f"[green]receipt verified[/]: {body['receipt_id']} issued {body['issued_at']} "
+        f"by {origin}, {len(body['actions'])} actions, scope {body['request']['scope']}"
+        + (", subject matches" if subject is not None else ""),
+        highlight=False,
     )
 
 
