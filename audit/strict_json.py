@@ -26,8 +26,10 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result = dict(pairs)
     if len(result) != len(pairs):
         seen: set[str] = set()
-        twice = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
-        raise _StrictJSONError(f"duplicate object key {twice!r}")
+        for key, _ in pairs:
+            if key in seen:
+                raise _StrictJSONError(f"duplicate object key {key!r}")
+            seen.add(key)
     return result
 
 

@@ -164,8 +164,12 @@ class _ExportVerifier:
                 raise fail(f"filter {name}: {exc}") from None
         if obj["filtered"] is not bool(chosen):
             raise fail("'filtered' must be true exactly when a filter is given")
-        if not isinstance(obj["exported_at"], str):
-            raise fail("exported_at must be a string")
+        exported_at = obj["exported_at"]
+        try:
+            if not isinstance(exported_at, str) or normalise_timestamp(exported_at) != exported_at:
+                raise AuditEntryError("exported_at must be a time in the log's form")
+        except AuditEntryError:
+            raise fail("exported_at must be a UTC time like 2025-03-01T08:00:00.000000Z") from None
         self._filter, self._filtered = chosen, bool(chosen)
         self._header = obj
         self._digest.update(line.encode("utf-8") + b"\n")

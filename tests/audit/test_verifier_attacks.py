@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable
+from datetime import UTC
 from hashlib import sha256
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from audit._codec import b64encode
 from audit.canonical import canonical_bytes
 from audit.check import check_upload
 from audit.checkpoint import sign_checkpoint, verify_checkpoint
+from audit.entry import format_timestamp, stored_entry_bytes
 from audit.errors import AuditEntryError, VerificationError
 from audit.export import export_jsonl
 from audit.export_format import EXPORT_SIGNATURE_CONTEXT, entry_line
@@ -255,9 +257,7 @@ def test_the_cli_pins_the_origin_and_refuses_unreadable_files(
         assert isinstance(result.exception, SystemExit)  # an exit with the reason, no traceback
         assert "receipt does not verify" in result.output
     for command, target in (("verify-receipt", receipts["real"]), ("verify", receipts["real"])):
-        result = runner.invoke(
-            cli, ["audit", command, str(target), "--public-key", str(bad_key)]
-        )
+        result = runner.invoke(cli, ["audit", command, str(target), "--public-key", str(bad_key)])
         assert result.exit_code == 1, result.output
         assert isinstance(result.exception, SystemExit)
         assert "pinned public key cannot be used" in result.output
@@ -428,3 +428,26 @@ def test_a_changed_file_is_refused_with_a_reason_never_a_crash(
             assert parse_receipt(changed) == parse_receipt(original)
     else:
         assert result.detail
+
+
+_TOKENS = st.from_regex(r"[A-Za-z0-9_.:/*#=\-]{1,20}", fullmatch=True)
+_ENTRIES = st.fixed_dictionaries(
+    {
+        "action": st.from_regex(r"[A-Za-z][A-Za-z0-9_.:\-]{0,20}", fullmatch=True),
+        "recorded_at": st.datetimes(timezones=st.just(UTC)).map(format_timestamp),
+    },
+    optional={
+        "subject_ref": _TOKENS,
+        "rule": st.one_of(_TOKENS, st.lists(_TOKENS, max_size=4)),
+        "categories": st.lists(_TOKENS, max_size=4),
+        "counts": st.dictionaries(_TOKENS, st.integers(0, 2**53 - 1), max_size=4),
+        "explicit": st.booleans(),
+        "dek_commitment": st.binary(min_size=32, max_size=32).map(bytes.hex),
+        "tree_size": st.integers(0, 2**53 - 1),
+    },
+)
+
+
+@given(entry=_ENTRIES)
+def test_the_verifiers_fast_canonical_form_of_an_entry_is_rfc_8785(entry: dict[str, Any]) -> None:
+    assert stored_entry_bytes(entry) == rfc8785.dumps(entry)
