@@ -22,7 +22,7 @@ import functools
 import io
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from hashlib import sha256
 from pathlib import Path
@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from audit._codec import b64decode_strict, hexdecode_strict
 from audit.canonical import canonical_bytes
-from audit.checkpoint import verify_checkpoint
+from audit.checkpoint import CheckpointBody, verify_checkpoint
 from audit.entry import normalise_timestamp, stored_entry_bytes, validate_entry
 from audit.errors import AuditEntryError, VerificationError
 from audit.export_format import (
@@ -107,8 +107,16 @@ def _is_int(value: Any) -> bool:
 class _ExportVerifier:
     """The checks shared by both encodings, fed one logical line at a time."""
 
-    def __init__(self, public_key: Ed25519PublicKey, origin: str, fmt: str) -> None:
+    def __init__(
+        self,
+        public_key: Ed25519PublicKey,
+        origin: str,
+        fmt: str,
+        trusted: Sequence[CheckpointBody] = (),
+    ) -> None:
         self._key = public_key
+        #: Checkpoints the reader trusted before (smallest first): the trail must extend each.
+        self._trusted = sorted(trusted)
         self._origin = origin
         self._format = fmt
         self._digest = sha256()
@@ -171,6 +179,7 @@ class _ExportVerifier:
         except AuditEntryError:
             raise fail("exported_at must be a UTC time like 2025-03-01T08:00:00.000000Z") from None
         self._filter, self._filtered = chosen, bool(chosen)
+        self._check_trusted_sizes(fail)
         self._header = obj
         self._digest.update(line.encode("utf-8") + b"\n")
 
@@ -228,11 +237,39 @@ class _ExportVerifier:
             raise fail(f"{exc.reason}: the entry or its proof was altered") from None
         if not self._filtered:
             self._frontier.append(leaf)
+            self._check_trusted_prefix(fail)
         self._digest.update(line.encode("utf-8") + b"\n")
         self._count += 1
         self._last = index
         if self._first is None:
             self._first = index
+
+    def _check_trusted_sizes(self, fail: Any) -> None:
+        if not self._trusted:
+            return
+        if self._filtered:
+            raise fail(
+                "a filtered export cannot show that it extends a trusted checkpoint: "
+                "ask for the unfiltered trail"
+            )
+        newest = self._trusted[-1]
+        if newest.tree_size > self._tree_size:
+            raise fail(
+                f"the trusted checkpoint of size {newest.tree_size} is larger than this "
+                f"export's tree of size {self._tree_size}: the log shrank or forked"
+            )
+        self._check_trusted_prefix(fail)  # a trusted size of 0
+
+    def _check_trusted_prefix(self, fail: Any) -> None:
+        """Compare the root of the leaves read so far with a trusted checkpoint of that size."""
+        while self._trusted and self._trusted[0].tree_size == self._frontier.size:
+            trusted = self._trusted.pop(0)
+            if self._frontier.root() != trusted.root:
+                raise fail(
+                    f"the first {trusted.tree_size} entries do not hash to the root of the "
+                    f"trusted checkpoint of size {trusted.tree_size}: the log was rewritten "
+                    "after that checkpoint was published"
+                )
 
     def _check_filter(self, entry: dict[str, Any], fail: Any) -> None:
         for name in ("subject_ref", "app_id", "action"):
@@ -363,27 +400,38 @@ def verify_export(
     source: str | os.PathLike[str] | bytes | Iterable[str | bytes],
     public_key: Ed25519PublicKey | bytes | str,
     origin: str,
+    *,
+    trusted_checkpoints: Iterable[str] = (),
 ) -> VerificationReport:
     """Verify a JSONL or CSV export offline; raise VerificationError at the first problem.
 
     ``source`` is a file path, a file's whole content (bytes), or an iterable of lines (with
     or without their newlines).
     ``public_key`` is the pinned key (object, PEM, or 32 raw bytes); ``origin`` the log's name.
+    ``trusted_checkpoints`` are signed notes the reader received before (from a receipt, an
+    earlier export, a witness): an unfiltered export must then hold, as its first n entries,
+    exactly the tree of each such checkpoint of size n, so a log rewritten and re-signed
+    since is refused.
     """
     key = load_pinned_key(public_key)
+    trusted = []
+    for position, note in enumerate(trusted_checkpoints):
+        try:
+            trusted.append(verify_checkpoint(note, key, origin))
+        except VerificationError as exc:
+            raise VerificationError(f"trusted checkpoint {position + 1}: {exc.reason}") from None
     lines = _numbered_lines(source)
     first = next(lines, None)
     if first is None:
         raise VerificationError("export is empty", line_number=0)
     if first[1].startswith("{"):
-        return _verify_jsonl(first, lines, key, origin)
-    return _verify_csv(first, lines, key, origin)
+        return _verify_jsonl(first, lines, _ExportVerifier(key, origin, "jsonl", trusted))
+    return _verify_csv(first, lines, _ExportVerifier(key, origin, "csv", trusted))
 
 
 def _verify_jsonl(
-    first: tuple[int, str], lines: Iterator[tuple[int, str]], key: Ed25519PublicKey, origin: str
+    first: tuple[int, str], lines: Iterator[tuple[int, str]], verifier: _ExportVerifier
 ) -> VerificationReport:
-    verifier = _ExportVerifier(key, origin, "jsonl")
     number, line = first
     verifier.header(_strict_json(line, number), line, number)
     for number, line in lines:
@@ -423,9 +471,8 @@ def _jsonl_entry(verifier: _ExportVerifier, obj: dict[str, Any], line: str, numb
 
 
 def _verify_csv(
-    first: tuple[int, str], lines: Iterator[tuple[int, str]], key: Ed25519PublicKey, origin: str
+    first: tuple[int, str], lines: Iterator[tuple[int, str]], verifier: _ExportVerifier
 ) -> VerificationReport:
-    verifier = _ExportVerifier(key, origin, "csv")
     number, line = first
     if line + "\n" != csv_line(CSV_COLUMNS):
         raise VerificationError(

@@ -451,3 +451,81 @@ _ENTRIES = st.fixed_dictionaries(
 @given(entry=_ENTRIES)
 def test_the_verifiers_fast_canonical_form_of_an_entry_is_rfc_8785(entry: dict[str, Any]) -> None:
     assert stored_entry_bytes(entry) == rfc8785.dumps(entry)
+
+
+# --- A log rewritten and re-signed after a checkpoint was published ---------------------------
+
+
+def _rewritten_copy(
+    honest: AuditLog, key: Ed25519PrivateKey, folder: Path, drop: int
+) -> tuple[AuditLog, sa.Engine]:
+    """The operator's rewrite: the same entries but one, under the same key and origin."""
+    rewritten, engine = _shadow_log(folder / "rewritten.sqlite", key, ORIGIN)
+    kept = [stored.entry for stored in honest.entries() if stored.leaf_index != drop]
+    rewritten.append_many(kept)
+    return rewritten, engine
+
+
+def test_a_trail_must_extend_the_checkpoints_the_reader_trusted(
+    log: AuditLog, signing_key: Ed25519PrivateKey, tmp_path: Path
+) -> None:
+    fill(log, 6)
+    receipt = issue(log)  # the subject and the auditor keep its checkpoint (size 7)
+    fill(log, 5)
+    earlier = log.checkpoint_record().note  # size 12, published to a witness
+    fill(log, 3)
+    honest = tmp_path / "honest.jsonl"
+    export_jsonl(log, honest)
+    trusted = [receipt["checkpoint"], earlier]
+    report = verify_export(honest, log.public_key, ORIGIN, trusted_checkpoints=trusted)
+    assert report.entry_count == 15
+
+    # The operator drops entry 3 (an access it wants forgotten), re-signs, exports again.
+    rewritten, engine = _rewritten_copy(log, signing_key, tmp_path, drop=3)
+    try:
+        rewritten.append({"action": "consent.granted", "subject_ref": "s-late"})
+        forged = tmp_path / "rewritten.jsonl"
+        export_jsonl(rewritten, forged)
+        shorter = tmp_path / "shorter.jsonl"
+        rewritten_size = rewritten.size()
+        export_jsonl(rewritten, shorter, subject_ref="s-late")
+    finally:
+        engine.dispose()
+    assert (
+        verify_export(forged, log.public_key, ORIGIN).tree_size == rewritten_size
+    )  # signed: passes
+    for note, size in ((receipt["checkpoint"], 7), (earlier, 12)):
+        with pytest.raises(VerificationError, match=f"trusted checkpoint of size {size}") as bad:
+            verify_export(forged, log.public_key, ORIGIN, trusted_checkpoints=[note])
+        assert bad.value.line_number == size + 1 and bad.value.leaf_index == size - 1
+    with pytest.raises(VerificationError, match="filtered export cannot show"):
+        verify_export(shorter, log.public_key, ORIGIN, trusted_checkpoints=[earlier])
+
+    newer = log.checkpoint_record().note  # size 15
+    rewritten_small, engine = _shadow_log(tmp_path / "small.sqlite", signing_key, ORIGIN)
+    try:
+        fill(rewritten_small, 4)
+        small = tmp_path / "small.jsonl"
+        export_jsonl(rewritten_small, small)
+    finally:
+        engine.dispose()
+    with pytest.raises(VerificationError, match="shrank or forked"):
+        verify_export(small, log.public_key, ORIGIN, trusted_checkpoints=[newer])
+    foreign = sign_checkpoint(Ed25519PrivateKey.generate(), ORIGIN, 1, sha256(b"x").digest())
+    with pytest.raises(VerificationError, match="trusted checkpoint 1: "):
+        verify_export(honest, log.public_key, ORIGIN, trusted_checkpoints=[foreign])
+
+    # The CLI takes the note or the receipt itself.
+    runner = CliRunner()
+    key_file, receipt_file, note_file = (tmp_path / n for n in ("k.pem", "r.json", "n.txt"))
+    key_file.write_bytes(public_key_pem(log.public_key))
+    receipt_file.write_text(json.dumps(receipt))
+    note_file.write_text(earlier)
+    for trail, code in ((honest, 0), (forged, 1)):
+        for kept in (receipt_file, note_file):
+            pinned = ["--public-key", str(key_file), "--origin", ORIGIN]
+            result = runner.invoke(
+                cli, ["audit", "verify", str(trail), *pinned, "--trusted-checkpoint", str(kept)]
+            )
+            assert result.exit_code == code, result.output
+            assert ("was rewritten" in result.output) == (code == 1)

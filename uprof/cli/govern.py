@@ -262,20 +262,48 @@ def audit_verify(
     path: Annotated[Path, typer.Argument(exists=True, dir_okay=False)],
     public_key: Annotated[Path, typer.Option(exists=True, help="The log's public key (PEM).")],
     origin: Annotated[str, typer.Option(help="The log's origin name.")] = "uprof.local/audit",
+    trusted: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--trusted-checkpoint",
+            exists=True,
+            dir_okay=False,
+            help="A checkpoint note, or a receipt, received earlier: the trail must extend it.",
+        ),
+    ] = None,
 ) -> None:
     """Verify an exported trail offline, with only the public key."""
     from audit.errors import VerificationError
     from audit.verify import verify_export
 
     try:
-        report = verify_export(path, public_key.read_bytes(), origin)
+        key = public_key.read_bytes()
+        notes = [trusted_checkpoint(item.read_bytes(), key, origin) for item in trusted or []]
+        report = verify_export(path, key, origin, trusted_checkpoints=notes)
     except VerificationError as e:
         err_console.print(f"[bold red]verification failed:[/] {e}", highlight=False)
         raise typer.Exit(1) from None
     console.print(
         f"[green]verified[/]: {report.entry_count} entries, tree size {report.tree_size}, "
         f"format {report.format}, key {report.key_id[:16]}…"
+        + (f", extends {len(notes)} trusted checkpoint(s)" if notes else ""),
+        highlight=False,
     )
+
+
+def trusted_checkpoint(raw: bytes, public_key: bytes, origin: str) -> str:
+    """The checkpoint note of a file: the note itself, or a verified receipt's checkpoint."""
+    from audit.errors import VerificationError
+    from audit.receipts import parse_receipt, verify_receipt
+
+    if raw.lstrip().startswith(b"{"):
+        receipt = parse_receipt(raw)
+        verify_receipt(receipt, public_key, origin=origin)
+        return str(receipt["checkpoint"])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise VerificationError("a trusted checkpoint file is not UTF-8") from None
 
 
 @audit_app.command("verify-receipt")
