@@ -209,7 +209,11 @@ def verify_subject_commitment(receipt: Mapping[str, Any], subject_id: str, nonce
         stated = receipt["body"]["subject"]["subject_commitment"]
     except (KeyError, TypeError):
         raise VerificationError("receipt has no subject commitment") from None
-    if stated != subject_commitment(subject_id, nonce):
+    try:
+        expected = subject_commitment(subject_id, nonce)
+    except AuditEntryError as exc:
+        raise VerificationError(f"cannot check the subject: {exc}") from None
+    if stated != expected:
         raise VerificationError("the subject commitment does not match this subject and nonce")
 
 

@@ -30,7 +30,7 @@ from audit.check import check_upload
 from audit.checkpoint import sign_checkpoint, verify_checkpoint
 from audit.entry import format_timestamp, stored_entry_bytes
 from audit.errors import AuditEntryError, VerificationError
-from audit.export import export_jsonl
+from audit.export import export_csv, export_jsonl
 from audit.export_format import EXPORT_SIGNATURE_CONTEXT, entry_line
 from audit.keys import key_id, note_key_id, public_key_pem
 from audit.log import AuditLog
@@ -247,6 +247,10 @@ def test_the_cli_pins_the_origin_and_refuses_unreadable_files(
     assert shadow.exit_code == 1 and "issued by log 'uprof.local/shadow'" in shadow.output
     assert run(str(receipts["shadow"]), "--origin", "uprof.local/shadow").exit_code == 0
 
+    short_nonce = run(str(receipts["real"]), "--subject", "ana", "--nonce", "abcd")
+    assert short_nonce.exit_code == 1 and isinstance(short_nonce.exception, SystemExit)
+    assert "at least 16 random bytes" in short_nonce.output
+
     bad_key = tmp_path / "bad.pem"
     bad_key.write_text("-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n")
     for name, content in (("deep", b"[" * 50_000), ("garbage", b"\x00\xff" * 100)):
@@ -400,11 +404,13 @@ def handed_in(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         fill(log, 9)
         receipt = issue(log)
         fill(log, 3)
-        trail = folder / "trail.jsonl"
+        trail, table = folder / "trail.jsonl", folder / "trail.csv"
         export_jsonl(log, trail)
+        export_csv(log, table, app_id="app-1")
         return {
             "key": key.public_key(),
             "export": trail.read_bytes(),
+            "csv": table.read_bytes(),
             "receipt": json.dumps(receipt, indent=2).encode(),
         }
     finally:
@@ -414,15 +420,16 @@ def handed_in(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @settings(
     max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(kind=st.sampled_from(["export", "receipt"]), mutate=_mutations())
+@given(kind=st.sampled_from(["export", "csv", "receipt"]), mutate=_mutations())
 def test_a_changed_file_is_refused_with_a_reason_never_a_crash(
     handed_in: dict[str, Any], kind: str, mutate: Callable[[bytes], bytes]
 ) -> None:
     original = handed_in[kind]
     changed = mutate(original)
-    result = check_upload(changed, kind, handed_in["key"], ORIGIN)  # never raises
+    upload = "receipt" if kind == "receipt" else "export"
+    result = check_upload(changed, upload, handed_in["key"], ORIGIN)  # never raises
     if result.ok:  # only a change that is no change passes
-        if kind == "export":
+        if kind != "receipt":
             assert changed == original
         else:  # whitespace between JSON tokens carries nothing
             assert parse_receipt(changed) == parse_receipt(original)
