@@ -536,3 +536,49 @@ def test_a_trail_must_extend_the_checkpoints_the_reader_trusted(
             )
             assert result.exit_code == code, result.output
             assert ("was rewritten" in result.output) == (code == 1)
+
+
+def test_the_cli_prints_what_a_file_says_without_obeying_it(
+    tmp_path: Path, signing_key: Ed25519PrivateKey
+) -> None:
+    """Rich markup in a handed-in file neither crashes the CLI nor styles its verdict."""
+    runner = CliRunner()
+    key_file = tmp_path / "audit.pem"
+    key_file.write_bytes(public_key_pem(signing_key))
+    header = json.loads(forge_export(signing_key, [])[0])
+    for text in ("[/x]", "[green]verified[/green]: 10 entries", "\x1b[2J\u202e"):
+        header["format"] = text
+        trail = tmp_path / "trail.jsonl"
+        trail.write_bytes(canonical_bytes(header) + b"\n")
+        result = runner.invoke(cli, ["audit", "verify", str(trail), "--public-key", str(key_file)])
+        assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+        assert "unknown format" in result.output and "\x1b" not in result.output
+
+    log, engine = _shadow_log(tmp_path / "log.sqlite", signing_key, "uprof.local/audit")
+    try:
+        receipt = issue_erasure_receipt(
+            log,
+            request_id="req-1",
+            received_at="2025-01-01T09:00:00Z",
+            basis="GDPR-Art.17(1)",
+            scope="[/x] \x1b]0;pwned\x07",
+            tenant="acme",
+            subject_commitment=sha256(b"subject").hexdigest(),
+            actions=ACTIONS,
+            residual={},
+        )
+    finally:
+        engine.dispose()
+    path = tmp_path / "receipt.json"
+    path.write_text(json.dumps(receipt))
+    result = runner.invoke(
+        cli, ["audit", "verify-receipt", str(path), "--public-key", str(key_file)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "[/x]" in result.output and "\x1b" not in result.output and "\x07" not in result.output
+    receipt["body"]["type"] = "[/x]"
+    path.write_text(json.dumps(receipt))
+    result = runner.invoke(
+        cli, ["audit", "verify-receipt", str(path), "--public-key", str(key_file)]
+    )
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output

@@ -281,7 +281,7 @@ def audit_verify(
         notes = [trusted_checkpoint(item.read_bytes(), key, origin) for item in trusted or []]
         report = verify_export(path, key, origin, trusted_checkpoints=notes)
     except VerificationError as e:
-        err_console.print(f"[bold red]verification failed:[/] {e}", highlight=False)
+        err_console.print(f"[bold red]verification failed:[/] {shown(e)}", highlight=False)
         raise typer.Exit(1) from None
     console.print(
         f"[green]verified[/]: {report.entry_count} entries, tree size {report.tree_size}, "
@@ -289,6 +289,16 @@ def audit_verify(
         + (f", extends {len(notes)} trusted checkpoint(s)" if notes else ""),
         highlight=False,
     )
+
+
+def shown(value: object) -> str:
+    """Text from a file someone handed in, safe to print: Rich markup in it (``[/x]`` raises,
+    ``[green]verified[/]`` would style a failure as success) is escaped, and characters that
+    are not printable (terminal escape sequences, bidi overrides) are shown as ``\\uXXXX``."""
+    from rich.markup import escape
+
+    text = "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in str(value))
+    return escape(text)
 
 
 def trusted_checkpoint(raw: bytes, public_key: bytes, origin: str) -> str:
@@ -330,12 +340,13 @@ def audit_verify_receipt(
         if subject is not None and subject_nonce is not None:
             verify_subject_commitment(receipt, subject, subject_nonce)
     except VerificationError as e:
-        err_console.print(f"[bold red]receipt does not verify:[/] {e}", highlight=False)
+        err_console.print(f"[bold red]receipt does not verify:[/] {shown(e)}", highlight=False)
         raise typer.Exit(1) from None
     body = receipt["body"]
     console.print(
-        f"[green]receipt verified[/]: {body['receipt_id']} issued {body['issued_at']} "
-        f"by {origin}, {len(body['actions'])} actions, scope {body['request']['scope']}"
+        f"[green]receipt verified[/]: {shown(body['receipt_id'])} issued "
+        f"{shown(body['issued_at'])} by {shown(origin)}, {len(body['actions'])} actions, "
+        f"scope {shown(json.dumps(body['request']['scope']))}"
         + (", subject matches" if subject is not None else ""),
         highlight=False,
     )
