@@ -12,7 +12,7 @@ import re
 
 from audit.errors import VerificationError
 
-_HEX_RE = re.compile(r"^[0-9a-f]*$")
+_HEX_RE = re.compile(r"^[0-9a-f]*\Z")
 
 
 def b64encode(data: bytes) -> str:

@@ -34,8 +34,8 @@ MAX_SIGNATURES = 100
 #: Origins are schema-less URL-like names ("uprof.example/audit"); no whitespace, no "{" or
 #: control characters, which also keeps checkpoint messages apart from the JSON and export
 #: messages the same key signs.
-_ORIGIN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-/:]{0,254}$")
-_SIZE_RE = re.compile(r"^(0|[1-9][0-9]{0,18})$")
+_ORIGIN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-/:]{0,254}\Z")
+_SIZE_RE = re.compile(r"^(0|[1-9][0-9]{0,18})\Z")
 _MAX_TREE_SIZE = 2**63 - 1
 
 

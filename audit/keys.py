@@ -108,6 +108,17 @@ def load_public_key(data: bytes | str | Ed25519PublicKey) -> Ed25519PublicKey:
     return key
 
 
+def load_pinned_key(data: bytes | str | Ed25519PublicKey) -> Ed25519PublicKey:
+    """``load_public_key`` for a verifier: a key that cannot be read is a VerificationError
+    (naming what is wrong with it), so a verifier fails one way whatever it was handed."""
+    from audit.errors import VerificationError
+
+    try:
+        return load_public_key(data)
+    except (AuditKeyError, ValueError, TypeError) as exc:
+        raise VerificationError(f"the pinned public key cannot be used: {exc}") from None
+
+
 def raw_public_key(key: Ed25519PrivateKey | Ed25519PublicKey) -> bytes:
     """Return the 32 raw bytes of the public key."""
     public = key.public_key() if isinstance(key, Ed25519PrivateKey) else key

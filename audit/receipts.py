@@ -32,14 +32,17 @@ from audit.canonical import canonical_bytes
 from audit.checkpoint import verify_checkpoint
 from audit.entry import normalise_timestamp, validate_entry
 from audit.errors import AuditEntryError, VerificationError
-from audit.keys import key_id, load_public_key
+from audit.keys import key_id, load_pinned_key
 from audit.log import AuditLog
 from audit.merkle import HASH_SIZE, leaf_hash, verify_inclusion
+from audit.strict_json import strict_json
 
 RECEIPT_TYPE = "gov.erasure-receipt/v1"
 RECEIPT_ACTION = "erasure.receipt"
 RECEIPT_KEYS = frozenset({"body", "body_sig", "inclusion", "checkpoint"})
 INCLUSION_KEYS = frozenset({"leaf_index", "tree_size", "hashes"})
+REQUEST_KEYS = frozenset({"request_id", "received_at", "basis", "scope"})
+SUBJECT_KEYS = frozenset({"tenant", "subject_commitment"})
 BODY_KEYS = frozenset(
     {"type", "receipt_id", "issued_at", "issuer", "request", "subject", "actions", "residual"}
 )
@@ -101,12 +104,6 @@ def issue_erasure_receipt(
     ``residual`` states what may survive (backup retention days, KEK rotation days, a note).
     All values must be canonical-JSON safe (no floats). Raises AuditEntryError otherwise.
     """
-    hexdecode_or_refuse(subject_commitment, "subject_commitment")
-    for position, action in enumerate(actions):
-        if not isinstance(action, Mapping) or action.get("type") not in ACTION_TYPES:
-            raise AuditEntryError(
-                f"actions[{position}] needs a 'type' among {sorted(ACTION_TYPES)}"
-            )
     body = {
         "type": RECEIPT_TYPE,
         "receipt_id": receipt_id or str(uuid.uuid4()),
@@ -122,6 +119,10 @@ def issue_erasure_receipt(
         "actions": [dict(action) for action in actions],
         "residual": dict(residual),
     }
+    try:
+        check_receipt_body(body)  # the same rules verify_receipt applies
+    except VerificationError as exc:
+        raise AuditEntryError(exc.reason) from None
     body_sig = log.sign_json(body)  # canonicalising refuses floats and huge integers
     entry = receipt_log_entry(body)
     record = log.append(entry)
@@ -141,13 +142,6 @@ def issue_erasure_receipt(
     }
 
 
-def hexdecode_or_refuse(value: Any, what: str) -> None:
-    try:
-        hexdecode_strict(value, what, size=32)
-    except VerificationError:
-        raise AuditEntryError(f"{what} must be 64 lowercase hex digits (a SHA-256)") from None
-
-
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -164,11 +158,11 @@ def verify_receipt(
     derived from the body sits at ``inclusion.leaf_index`` of the checkpointed tree. Pass
     ``origin`` to also pin the log's origin.
     """
-    key = load_public_key(public_key)
+    key = load_pinned_key(public_key)
     if not isinstance(receipt, Mapping) or set(receipt) != RECEIPT_KEYS:
         raise VerificationError(f"a receipt is an object with exactly {sorted(RECEIPT_KEYS)}")
     body = receipt["body"]
-    _check_body_shape(body)
+    check_receipt_body(body)
     try:
         canonical = canonical_bytes(body)
         entry = receipt_log_entry(body)
@@ -215,15 +209,39 @@ def verify_subject_commitment(receipt: Mapping[str, Any], subject_id: str, nonce
         stated = receipt["body"]["subject"]["subject_commitment"]
     except (KeyError, TypeError):
         raise VerificationError("receipt has no subject commitment") from None
-    if stated != subject_commitment(subject_id, nonce):
+    try:
+        expected = subject_commitment(subject_id, nonce)
+    except AuditEntryError as exc:
+        raise VerificationError(f"cannot check the subject: {exc}") from None
+    if stated != expected:
         raise VerificationError("the subject commitment does not match this subject and nonce")
 
 
-def _check_body_shape(body: Any) -> None:
+def parse_receipt(raw: bytes | str) -> Any:
+    """Parse a receipt file strictly: UTF-8 JSON without a BOM, duplicate keys, floats or
+    NaN, and no deeper than ``MAX_RECEIPT_DEPTH``; raise VerificationError naming the problem.
+
+    ``json.loads`` keeps the last of two equal keys, so a file could show a reader one list
+    of actions and have another verified: such a file is refused, not interpreted.
+    """
+    return strict_json(raw, "receipt")
+
+
+def check_receipt_body(body: Any) -> None:
+    """Raise VerificationError unless ``body`` has the shape ``issue_erasure_receipt`` gives.
+
+    The issuer checks a body with this before signing it and ``verify_receipt`` checks it
+    again, so a receipt signed by the right key but saying nothing verifiable (no action,
+    an unknown action, no tombstone, a commitment that is not a hash, a time in another
+    form than the log's) is refused like a forged one.
+    """
     if not isinstance(body, Mapping) or set(body) != BODY_KEYS:
         raise VerificationError(f"receipt body needs exactly {sorted(BODY_KEYS)}")
     if body["type"] != RECEIPT_TYPE:
         raise VerificationError(f"receipt type {body['type']!r} is not {RECEIPT_TYPE!r}")
+    if not isinstance(body["receipt_id"], str) or not body["receipt_id"]:
+        raise VerificationError("receipt_id must be a non-empty string")
+    _check_time(body["issued_at"], "issued_at")
     issuer = body["issuer"]
     if (
         not isinstance(issuer, Mapping)
@@ -232,8 +250,50 @@ def _check_body_shape(body: Any) -> None:
         or not isinstance(issuer["key_id"], str)
     ):
         raise VerificationError("receipt issuer needs string 'origin' and 'key_id'")
+    request = body["request"]
+    if not isinstance(request, Mapping) or set(request) != REQUEST_KEYS:
+        raise VerificationError(f"receipt request needs exactly {sorted(REQUEST_KEYS)}")
+    for name in ("request_id", "basis"):
+        if not isinstance(request[name], str) or not request[name]:
+            raise VerificationError(f"receipt request.{name} must be a non-empty string")
+    _check_time(request["received_at"], "request.received_at")
     subject = body["subject"]
-    if not isinstance(subject, Mapping) or "subject_commitment" not in subject:
-        raise VerificationError("receipt subject needs a subject_commitment")
-    if not isinstance(body["receipt_id"], str) or not isinstance(body["issued_at"], str):
-        raise VerificationError("receipt_id and issued_at must be strings")
+    if not isinstance(subject, Mapping) or set(subject) != SUBJECT_KEYS:
+        raise VerificationError(f"receipt subject needs exactly {sorted(SUBJECT_KEYS)}")
+    if not isinstance(subject["tenant"], str):
+        raise VerificationError("receipt subject.tenant must be a string")
+    hexdecode_strict(subject["subject_commitment"], "receipt subject.subject_commitment", size=32)
+    _check_actions(body["actions"])
+    if not isinstance(body["residual"], Mapping):
+        raise VerificationError("receipt residual must be an object")
+
+
+def _check_actions(actions: Any) -> None:
+    if not isinstance(actions, list) or not actions:
+        raise VerificationError(
+            "receipt actions must be a non-empty list: a receipt that cites no step of the "
+            "erasure proves none"
+        )
+    for position, action in enumerate(actions):
+        if not isinstance(action, Mapping) or action.get("type") not in ACTION_TYPES:
+            raise VerificationError(
+                f"receipt actions[{position}] needs a 'type' among {sorted(ACTION_TYPES)}"
+            )
+        if action["type"] == "dek_destroyed":
+            hexdecode_strict(
+                action.get("dek_commitment"), f"receipt actions[{position}].dek_commitment", size=32
+            )
+    if not any(action["type"] == "tombstone_appended" for action in actions):
+        raise VerificationError(
+            "receipt actions cite no tombstone_appended: every erasure appends one"
+        )
+
+
+def _check_time(value: Any, what: str) -> None:
+    """Times in a body are the log's fixed-width UTC form, so text order is time order."""
+    try:
+        if isinstance(value, str) and normalise_timestamp(value, what) == value:
+            return
+    except AuditEntryError:
+        pass
+    raise VerificationError(f"receipt {what} must be a UTC time like 2025-03-01T08:00:00.000000Z")

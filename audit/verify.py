@@ -19,21 +19,22 @@ from __future__ import annotations
 
 import csv
 import functools
-import json
+import io
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from hashlib import sha256
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from audit._codec import b64decode_strict, hexdecode_strict
 from audit.canonical import canonical_bytes
-from audit.checkpoint import verify_checkpoint
+from audit.checkpoint import CheckpointBody, verify_checkpoint
+from audit.entry import normalise_timestamp, stored_entry_bytes, validate_entry
 from audit.errors import AuditEntryError, VerificationError
 from audit.export_format import (
     CSV_COLUMNS,
@@ -49,10 +50,11 @@ from audit.export_format import (
     entry_line,
     split_entry_line,
 )
-from audit.keys import key_id, load_public_key, note_key_id
+from audit.keys import key_id, load_pinned_key, note_key_id
 from audit.merkle import HASH_SIZE, Frontier, leaf_hash, verify_inclusion
+from audit.strict_json import strict_json
 
-_DECIMAL_RE = re.compile(r"^(0|[1-9][0-9]{0,18})$")
+_DECIMAL_RE = re.compile(r"^(0|[1-9][0-9]{0,18})\Z")
 
 
 @dataclass(frozen=True)
@@ -73,33 +75,8 @@ class VerificationReport:
     export_sha256: str = ""
 
 
-class _StrictJSONError(ValueError):
-    pass
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result = dict(pairs)
-    if len(result) != len(pairs):
-        raise _StrictJSONError("duplicate object key")
-    return result
-
-
-def _no_float(text: str) -> Any:
-    raise _StrictJSONError(f"non-integer number {text}")
-
-
 def _strict_json(text: str, line_number: int) -> Any:
-    try:
-        return json.loads(
-            text,
-            object_pairs_hook=_no_duplicates,
-            parse_float=_no_float,
-            parse_constant=_no_float,
-        )
-    except (ValueError, RecursionError) as exc:
-        raise VerificationError(
-            f"line is not valid JSON ({exc})", line_number=line_number
-        ) from None
+    return strict_json(text, "line", line_number=line_number)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -130,8 +107,16 @@ def _is_int(value: Any) -> bool:
 class _ExportVerifier:
     """The checks shared by both encodings, fed one logical line at a time."""
 
-    def __init__(self, public_key: Ed25519PublicKey, origin: str, fmt: str) -> None:
+    def __init__(
+        self,
+        public_key: Ed25519PublicKey,
+        origin: str,
+        fmt: str,
+        trusted: Sequence[CheckpointBody] = (),
+    ) -> None:
         self._key = public_key
+        #: Checkpoints the reader trusted before (smallest first): the trail must extend each.
+        self._trusted = sorted(trusted)
         self._origin = origin
         self._format = fmt
         self._digest = sha256()
@@ -176,13 +161,25 @@ class _ExportVerifier:
         chosen = obj["filter"]
         if not isinstance(chosen, dict) or not set(chosen) <= FILTER_KEYS:
             raise fail(f"filter must be an object with keys among {sorted(FILTER_KEYS)}")
-        if not all(isinstance(v, str) for v in chosen.values()):
-            raise fail("filter values must be strings")
+        for name, value in chosen.items():
+            try:
+                if name in ("since", "until"):
+                    if not isinstance(value, str) or normalise_timestamp(value, name) != value:
+                        raise AuditEntryError(f"filter {name} must be a time in the log's form")
+                else:
+                    validate_entry({"action": "x", name: value})
+            except AuditEntryError as exc:
+                raise fail(f"filter {name}: {exc}") from None
         if obj["filtered"] is not bool(chosen):
             raise fail("'filtered' must be true exactly when a filter is given")
-        if not isinstance(obj["exported_at"], str):
-            raise fail("exported_at must be a string")
+        exported_at = obj["exported_at"]
+        try:
+            if not isinstance(exported_at, str) or normalise_timestamp(exported_at) != exported_at:
+                raise AuditEntryError("exported_at must be a time in the log's form")
+        except AuditEntryError:
+            raise fail("exported_at must be a UTC time like 2025-03-01T08:00:00.000000Z") from None
         self._filter, self._filtered = chosen, bool(chosen)
+        self._check_trusted_sizes(fail)
         self._header = obj
         self._digest.update(line.encode("utf-8") + b"\n")
 
@@ -220,6 +217,12 @@ class _ExportVerifier:
             )
         if not isinstance(entry_obj, dict):
             raise fail("entry is not a JSON object")
+        try:
+            canonical = stored_entry_bytes(entry_obj)
+        except AuditEntryError as exc:
+            raise fail(f"not an entry the log could have stored: {exc}") from None
+        if canonical != entry_json.encode("utf-8"):
+            raise fail("entry is not in RFC 8785 canonical form")
         self._check_filter(entry_obj, fail)
         hashes = []
         for position, text in enumerate(proof_b64):
@@ -227,18 +230,46 @@ class _ExportVerifier:
                 hashes.append(_proof_hash(text, position))
             except VerificationError as exc:
                 raise fail(exc.reason) from None
-        leaf = leaf_hash(entry_json.encode("utf-8"))
+        leaf = leaf_hash(canonical)
         try:
             verify_inclusion(leaf, index, self._tree_size, hashes, self._root)
         except VerificationError as exc:
             raise fail(f"{exc.reason}: the entry or its proof was altered") from None
         if not self._filtered:
             self._frontier.append(leaf)
+            self._check_trusted_prefix(fail)
         self._digest.update(line.encode("utf-8") + b"\n")
         self._count += 1
         self._last = index
         if self._first is None:
             self._first = index
+
+    def _check_trusted_sizes(self, fail: Any) -> None:
+        if not self._trusted:
+            return
+        if self._filtered:
+            raise fail(
+                "a filtered export cannot show that it extends a trusted checkpoint: "
+                "ask for the unfiltered trail"
+            )
+        newest = self._trusted[-1]
+        if newest.tree_size > self._tree_size:
+            raise fail(
+                f"the trusted checkpoint of size {newest.tree_size} is larger than this "
+                f"export's tree of size {self._tree_size}: the log shrank or forked"
+            )
+        self._check_trusted_prefix(fail)  # a trusted size of 0
+
+    def _check_trusted_prefix(self, fail: Any) -> None:
+        """Compare the root of the leaves read so far with a trusted checkpoint of that size."""
+        while self._trusted and self._trusted[0].tree_size == self._frontier.size:
+            trusted = self._trusted.pop(0)
+            if self._frontier.root() != trusted.root:
+                raise fail(
+                    f"the first {trusted.tree_size} entries do not hash to the root of the "
+                    f"trusted checkpoint of size {trusted.tree_size}: the log was rewritten "
+                    "after that checkpoint was published"
+                )
 
     def _check_filter(self, entry: dict[str, Any], fail: Any) -> None:
         for name in ("subject_ref", "app_id", "action"):
@@ -328,15 +359,16 @@ class _ExportVerifier:
 
 
 def _numbered_lines(
-    source: str | os.PathLike[str] | Iterable[str | bytes],
+    source: str | os.PathLike[str] | bytes | Iterable[str | bytes],
 ) -> Iterator[tuple[int, str]]:
-    """Yield (line number, text without newline); a file must end every line with \\n."""
+    """Yield (line number, text without newline); a file (a path, or its whole content as
+    bytes) must end every line with \\n and has no other line break."""
+    if isinstance(source, bytes | bytearray):  # a whole file's content: read like the file
+        yield from _file_lines(io.BytesIO(source))
+        return
     if isinstance(source, str | os.PathLike):
         with Path(source).open("rb") as handle:
-            for number, raw in enumerate(handle, start=1):
-                if not raw.endswith(b"\n"):
-                    raise VerificationError("last line has no newline", line_number=number)
-                yield number, _decode(raw[:-1], number)
+            yield from _file_lines(handle)
         return
     for number, item in enumerate(source, start=1):
         text = _decode(item, number) if isinstance(item, bytes) else item
@@ -345,6 +377,13 @@ def _numbered_lines(
         if text.endswith("\n"):
             text = text[:-1]
         yield number, text
+
+
+def _file_lines(handle: BinaryIO) -> Iterator[tuple[int, str]]:
+    for number, raw in enumerate(handle, start=1):
+        if not raw.endswith(b"\n"):
+            raise VerificationError("last line has no newline", line_number=number)
+        yield number, _decode(raw[:-1], number)
 
 
 def _decode(raw: bytes, number: int) -> str:
@@ -358,29 +397,41 @@ def _decode(raw: bytes, number: int) -> str:
 
 
 def verify_export(
-    source: str | os.PathLike[str] | Iterable[str | bytes],
+    source: str | os.PathLike[str] | bytes | Iterable[str | bytes],
     public_key: Ed25519PublicKey | bytes | str,
     origin: str,
+    *,
+    trusted_checkpoints: Iterable[str] = (),
 ) -> VerificationReport:
     """Verify a JSONL or CSV export offline; raise VerificationError at the first problem.
 
-    ``source`` is a file path, or an iterable of lines (with or without their newlines).
+    ``source`` is a file path, a file's whole content (bytes), or an iterable of lines (with
+    or without their newlines).
     ``public_key`` is the pinned key (object, PEM, or 32 raw bytes); ``origin`` the log's name.
+    ``trusted_checkpoints`` are signed notes the reader received before (from a receipt, an
+    earlier export, a witness): an unfiltered export must then hold, as its first n entries,
+    exactly the tree of each such checkpoint of size n, so a log rewritten and re-signed
+    since is refused.
     """
-    key = load_public_key(public_key)
+    key = load_pinned_key(public_key)
+    trusted = []
+    for position, note in enumerate(trusted_checkpoints):
+        try:
+            trusted.append(verify_checkpoint(note, key, origin))
+        except VerificationError as exc:
+            raise VerificationError(f"trusted checkpoint {position + 1}: {exc.reason}") from None
     lines = _numbered_lines(source)
     first = next(lines, None)
     if first is None:
         raise VerificationError("export is empty", line_number=0)
     if first[1].startswith("{"):
-        return _verify_jsonl(first, lines, key, origin)
-    return _verify_csv(first, lines, key, origin)
+        return _verify_jsonl(first, lines, _ExportVerifier(key, origin, "jsonl", trusted))
+    return _verify_csv(first, lines, _ExportVerifier(key, origin, "csv", trusted))
 
 
 def _verify_jsonl(
-    first: tuple[int, str], lines: Iterator[tuple[int, str]], key: Ed25519PublicKey, origin: str
+    first: tuple[int, str], lines: Iterator[tuple[int, str]], verifier: _ExportVerifier
 ) -> VerificationReport:
-    verifier = _ExportVerifier(key, origin, "jsonl")
     number, line = first
     verifier.header(_strict_json(line, number), line, number)
     for number, line in lines:
@@ -420,9 +471,8 @@ def _jsonl_entry(verifier: _ExportVerifier, obj: dict[str, Any], line: str, numb
 
 
 def _verify_csv(
-    first: tuple[int, str], lines: Iterator[tuple[int, str]], key: Ed25519PublicKey, origin: str
+    first: tuple[int, str], lines: Iterator[tuple[int, str]], verifier: _ExportVerifier
 ) -> VerificationReport:
-    verifier = _ExportVerifier(key, origin, "csv")
     number, line = first
     if line + "\n" != csv_line(CSV_COLUMNS):
         raise VerificationError(

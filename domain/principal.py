@@ -27,6 +27,11 @@ LOCAL_OPERATOR = "operator:local"
 OPERATORS = "operators"
 #: The background pipeline (extraction, projection, maintenance) when it writes.
 SYSTEM_WORKER = "system:worker"
+#: The app id a data subject acts as through a privacy-center link.
+PRIVACY_CENTER = "privacy-center"
+#: Names of principals that are not apps. An app so named would appear in the audit
+#: trail as the operators, the local operator, the pipeline or the user themselves.
+RESERVED_APP_IDS = frozenset({OPERATORS, LOCAL_OPERATOR, SYSTEM_WORKER, PRIVACY_CENTER})
 #: Longest owner reference the views store (their owner columns are 128 wide).
 MAX_OWNER_CHARS = 128
 
@@ -35,6 +40,17 @@ class PrincipalKind(StrEnum):
     APP = "app"  # an app, authenticated by an API key
     OPERATOR = "operator"  # the local operator (CLI), or an operator API key
     USER = "user"  # a data subject, through a privacy-center link, for one subject
+
+
+def reserved_app_id_problem(app_id: str) -> str | None:
+    """Say why ``app_id`` may not be an app's id (a key's, an onboarded app's), or None."""
+    if app_id in RESERVED_APP_IDS:
+        return (
+            f"app_id: {app_id!r} names uprof's own principals (operators, the local "
+            "operator, the pipeline, the privacy center), not an app; give the app another "
+            "id (an operator key is a key with the operator role)"
+        )
+    return None
 
 
 def qualified_agent(app_id: str, agent_id: str) -> str:

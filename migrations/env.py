@@ -15,7 +15,9 @@ from projections.profile.tables import metadata as profile_metadata
 from uprof.apikeys.tables import metadata as api_metadata
 from uprof.backends import backend_for
 from uprof.crypto.tables import metadata as keys_metadata
+from uprof.services.erased_keys import metadata as erased_keys_metadata
 from uprof.services.idempotency import metadata as idempotency_metadata
+from uprof.services.sign_outs import metadata as sign_outs_metadata
 
 config = context.config
 connection = config.attributes.get("connection")
@@ -26,7 +28,13 @@ if connection is None:
     )
 
 TARGETS = {
-    "views": [profile_metadata, audit_metadata, idempotency_metadata],
+    "views": [
+        profile_metadata,
+        audit_metadata,
+        idempotency_metadata,
+        erased_keys_metadata,
+        sign_outs_metadata,
+    ],
     "keys": [keys_metadata, api_metadata],
     # Only indexes of ours on eventsourcing's events table: no table of alembic's.
     "events": [],
@@ -35,7 +43,15 @@ target_metadata = TARGETS[config.attributes.get("branch", "views")]
 
 OWN_TABLES = {
     t
-    for md in (profile_metadata, audit_metadata, keys_metadata, api_metadata, idempotency_metadata)
+    for md in (
+        profile_metadata,
+        audit_metadata,
+        keys_metadata,
+        api_metadata,
+        idempotency_metadata,
+        erased_keys_metadata,
+        sign_outs_metadata,
+    )
     for t in md.tables
 }
 

@@ -242,19 +242,21 @@ class PgStores:
         self._end_sessions(name)
         engine = sa.create_engine(self._url_of(name), poolclass=sa.pool.NullPool)
         try:
-            with engine.begin() as conn:
-                conn.execute(sa.text("SET LOCAL session_replication_role = replica"))
-                for table, tracking in self._tables.items():
-                    # A tracking table keeps eventsourcing's schema version row.
-                    keep = f" WHERE application_name <> '{TRACKING_FORMAT_ROW}'"
-                    conn.execute(sa.text(f'DELETE FROM "{table}"{keep if tracking else ""}'))
-                for _, sequence, start, last in self.sequences:
-                    value, called = (start, False) if last is None else (last, True)
-                    conn.execute(
-                        sa.text("SELECT setval(:seq, :value, :called)"),
-                        {"seq": f'public."{sequence}"', "value": value, "called": called},
-                    )
+            # One session for the reset and the check: a new one would cost the server a
+            # backend and its catalog caches again (~5 ms of its CPU per test: 26.5 -> 21.5).
             with engine.connect() as conn:
+                with conn.begin():
+                    conn.execute(sa.text("SET LOCAL session_replication_role = replica"))
+                    for table, tracking in self._tables.items():
+                        # A tracking table keeps eventsourcing's schema version row.
+                        keep = f" WHERE application_name <> '{TRACKING_FORMAT_ROW}'"
+                        conn.execute(sa.text(f'DELETE FROM "{table}"{keep if tracking else ""}'))
+                    for _, sequence, start, last in self.sequences:
+                        value, called = (start, False) if last is None else (last, True)
+                        conn.execute(
+                            sa.text("SELECT setval(:seq, :value, :called)"),
+                            {"seq": f'public."{sequence}"', "value": value, "called": called},
+                        )
                 if pg_schema(conn) != self.schema or _pg_sequences(conn) != self.sequences:
                     raise AssertionError(f"{name} no longer has the template's schema")
         finally:

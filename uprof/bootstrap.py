@@ -50,6 +50,7 @@ from uprof.services.profile import ProfileService
 from uprof.services.projection import ProjectionRunner
 from uprof.services.proposals import ProposalService
 from uprof.services.reads import ReadRecorder
+from uprof.services.sign_outs import SignOuts
 from uprof.services.slices import Authorizer, Freshness, SliceService
 from uprof.services.subjects import SubjectResolver
 from uprof.settings import Settings
@@ -463,6 +464,7 @@ def bootstrap(
         keys_engine=keys,
         closers=(close,),
         web_session_key=derive_key(root, WEB_SESSION_KEY_LABEL),
+        web_sign_outs=SignOuts(views),
         idempotency=IdempotencyStore(
             views,
             derive_key(master, "uprof/idempotency/1"),

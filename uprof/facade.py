@@ -52,7 +52,14 @@ from domain.errors import (
     UprofError,
 )
 from domain.normalise import match_described, normalise_value
-from domain.principal import OPERATORS, Principal, PrincipalKind, acting_principal
+from domain.principal import (
+    OPERATORS,
+    PRIVACY_CENTER,
+    Principal,
+    PrincipalKind,
+    acting_principal,
+    reserved_app_id_problem,
+)
 from domain.values import (
     CATEGORIES,
     ConsentGrant,
@@ -98,6 +105,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "IMPORT_FORMATS",
+    "PRIVACY_CENTER",
     "AuditStream",
     "CaptureAck",
     "ErasureResult",
@@ -1071,11 +1079,10 @@ class Facade:
     def onboard_app(self, app_id: str, **grants: Any) -> Any:
         """Grant a new app its rules in one change (``uprof apps create --read ...``)."""
         self._authorize_governance("policy", OPERATIONS_PURPOSE)
-        if app_id == OPERATORS:
-            # Not an app: onboarding it would widen every operator, then issue no key.
-            raise InvalidInputError(
-                f"app_id: {OPERATORS!r} is the policy's name for operators, not an app"
-            )
+        # Not an app: onboarding "operators" would widen every operator, then issue no key.
+        reserved = reserved_app_id_problem(app_id)
+        if reserved:
+            raise InvalidInputError(reserved)
         with self._as_principal():
             return self._kernel.onboard_app(app_id, requested_by=self.principal.label, **grants)
 

@@ -53,6 +53,7 @@ from uprof.services.residue import (
     scan_database,
     scan_files,
 )
+from uprof.services.sign_outs import SignOuts
 from uprof.services.slices import Freshness, ProfileSlice, SliceRequest, SliceService
 from uprof.services.subject_export import build_subject_export
 from uprof.services.subjects import SubjectRequest, SubjectResolver, check_subject_ref
@@ -112,6 +113,9 @@ class Uprof:
     #: Signs the web pages' session cookies (derived from the master secret in the key
     #: folder, so sessions survive a restart and hold on every server of a deployment).
     web_session_key: bytes = b""
+    #: Web sessions signed out, for every server (None in kernels built without bootstrap:
+    #: the web pages then remember sign-outs in memory only).
+    web_sign_outs: SignOuts | None = None
     #: Called when a read finds its subject behind and background workers must catch
     #: up (a long-running server sets it to its worker's wake-up).
     wake_workers: Callable[[], None] = lambda: None

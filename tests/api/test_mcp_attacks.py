@@ -19,11 +19,12 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import TextResourceContents
 
 from domain.errors import InvalidInputError as DomainInvalidInput
-from domain.principal import OPERATORS
+from domain.principal import OPERATORS, RESERVED_APP_IDS
 from tests.api.conftest import CALENDAR, PLANNER, WHEN, LiveServer, bearer
 from uprof.api import ApiKeyStore
 from uprof.api.runtime import ServiceRuntime
 from uprof.apikeys.store import Principal
+from uprof.apikeys.tables import api_keys
 from uprof.facade import Facade
 from uprof.facade import Principal as FacadePrincipal
 from uprof.kernel import Uprof
@@ -291,6 +292,30 @@ def test_no_key_is_issued_for_an_app_named_operators(kernel: Uprof, keys: ApiKey
         operator.onboard_app(OPERATORS, read=["diet"], purpose="personalization")
     assert len(operator.policy_history()) == version
     assert keys.create("app:operators").info.app_id == "app:operators"  # only the exact name
+
+
+@pytest.mark.parametrize("name", sorted(RESERVED_APP_IDS - {OPERATORS}))
+def test_no_app_takes_the_name_of_uprofs_own_principals(
+    kernel: Uprof, keys: ApiKeyStore, name: str
+) -> None:
+    """``operator:local``, ``system:worker`` and ``privacy-center`` passed the app-id
+    check: an app so named wrote audit entries that read as the local operator's, the
+    pipeline's or the user's own. No key, no onboarding; a key issued under such a name
+    before authenticates as nobody."""
+    with pytest.raises(DomainInvalidInput, match="app_id"):
+        keys.create(name)
+    operator = Facade(kernel, FacadePrincipal.local_operator(kernel.subjects.tenant))
+    version = len(operator.policy_history())
+    with pytest.raises(DomainInvalidInput, match="app_id"):
+        operator.onboard_app(name, read=["diet"], purpose="personalization")
+    assert len(operator.policy_history()) == version
+    issued, control = keys.create("app:renamed-later"), keys.create("app:control")
+    with keys._engine.begin() as conn:  # as if issued before the name was refused
+        conn.execute(
+            api_keys.update().where(api_keys.c.key_id == issued.info.key_id).values(app_id=name)
+        )
+    assert keys.authenticate(control.token) is not None
+    assert keys.authenticate(issued.token) is None
 
 
 def test_an_app_named_operators_is_not_an_operator(kernel: Uprof) -> None:

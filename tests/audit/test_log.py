@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import multiprocessing
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +22,7 @@ from audit.log import AuditLog
 from audit.merkle import EMPTY_ROOT, MerkleTree, leaf_hash, verify_consistency, verify_inclusion
 from audit.tables import audit_entries, audit_nodes
 from domain.errors import InvalidInputError
+from tests import children
 from tests.audit.conftest import ORIGIN, make_clock, sample_entry
 from tests.conftest import Backend
 from uprof.backends import backend_for
@@ -322,7 +322,7 @@ def test_two_processes_append_dense_indexes(
     backend: Backend, log: AuditLog, signing_key: Ed25519PrivateKey
 ) -> None:
     pem = signing_key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
-    context = multiprocessing.get_context("spawn")
+    context = children.CONTEXT
     processes = [
         context.Process(target=_append_in_process, args=(backend.url, pem, w)) for w in range(2)
     ]

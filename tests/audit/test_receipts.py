@@ -221,7 +221,7 @@ def test_invalid_receipt_inputs_are_refused_at_issue(sqlite_log: AuditLog) -> No
             scope="all",
             tenant="t",
             subject_commitment="0" * 64,
-            actions=[{"type": "embeddings_purged", "rows": 1.5}],
+            actions=[{"type": "tombstone_appended"}, {"type": "embeddings_purged", "rows": 1.5}],
             residual={},
         )
     with pytest.raises(AuditEntryError, match="type"):

@@ -94,6 +94,43 @@ def test_an_app_without_policy_gets_a_refusal_not_data(kernel: Uprof) -> None:
     assert denied["error"]["code"] in ("permission_denied", "consent_required")
 
 
+def test_an_argument_a_tool_does_not_declare_is_refused_by_name(kernel: Uprof) -> None:
+    """The SDK drops undeclared arguments and runs the call: a caller passing ``subject``
+    would read alice's slice while believing it chose bob's."""
+    kernel.grant_consent(
+        "alice", app_id="app:planner", categories=["*"], purposes=["personalization"]
+    )
+    tools = tools_for(kernel, "app:planner")
+    alice = UprofContext(subject="alice")
+    assert "captured" in call(tools["capture"], alice, user_input="I love jazz music")
+    for tool, args in (
+        ("profile_slice", {"query": "music?", "subject": "bob"}),
+        ("capture", {"user_input": "I moved to Porto", "app_id": "app:other"}),
+        ("forget", {"subject": "bob"}),
+    ):
+        refused = call(tools[tool], alice, **args)
+        assert refused["error"]["code"] == "invalid_request", refused
+        assert refused["error"]["fields"] == [next(k for k in args if k in ("subject", "app_id"))]
+    # Nothing ran: no capture about Porto, alice's consent still in force.
+    assert len(alice.captured) == 1
+    assert call(tools["profile_slice"], alice, query="music?")["items"]
+
+
+def test_forgetting_a_consent_that_is_not_in_force_is_refused_not_reported_done(
+    kernel: Uprof,
+) -> None:
+    consent_id = kernel.grant_consent(
+        "alice", app_id="app:planner", categories=["*"], purposes=["personalization"]
+    )
+    tools = tools_for(kernel, "app:planner")
+    alice = UprofContext(subject="alice")
+    unknown = call(tools["forget"], alice, consent_id="cons_not_a_real_one")
+    assert "error" in unknown and "withdrawn" not in unknown, unknown
+    assert call(tools["forget"], alice, consent_id=consent_id)["withdrawn"] == [consent_id]
+    again = call(tools["forget"], alice, consent_id=consent_id)
+    assert "error" in again and "withdrawn" not in again, again
+
+
 def test_a_run_without_a_subject_in_context_is_refused(kernel: Uprof) -> None:
     tools = tools_for(kernel, "app:planner")
     raw = json.dumps({"query": "anything"})

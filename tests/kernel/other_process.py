@@ -1,6 +1,7 @@
 """A second real process on the same stores as a test's kernel (erasure tests).
 
-Each call starts a fresh interpreter that builds its own kernel on the backend's stores,
+Each call starts a process of its own (forked from the tests' fork server, which has the
+project imported: tests/children.py) that builds its own kernel on the backend's stores,
 as another server or CLI run would, so nothing is shared but the stores themselves.
 """
 
@@ -8,10 +9,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import textwrap
 from typing import Any
 
+from tests.children import run_python
 from tests.conftest import Backend
 
 
@@ -35,9 +36,7 @@ def run_in_another_process(
     )
     script += textwrap.indent(textwrap.dedent(body).strip(), "    ") + "\n"
     script += "finally:\n    kernel.close()\n"
-    return subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout_s
-    )
+    return run_python(script, timeout=timeout_s)
 
 
 def receipt_from_another_process(backend: Backend, call: str) -> dict[str, Any]:

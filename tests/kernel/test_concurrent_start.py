@@ -9,9 +9,9 @@ backend's ``schema_lock`` orders them on both.
 
 from __future__ import annotations
 
-import multiprocessing
 from pathlib import Path
 
+from tests import children
 from tests.conftest import Backend
 
 STARTS = 3
@@ -34,7 +34,7 @@ def _start(data_dir: str, url: str | None, barrier: object, results: object) -> 
 
 def test_processes_starting_at_once_on_a_new_store_all_come_up(empty_backend: Backend) -> None:
     backend = empty_backend
-    context = multiprocessing.get_context("spawn")
+    context = children.CONTEXT
     barrier, results = context.Barrier(STARTS), context.Queue()
     url = backend.url if backend.kind == "postgres" else None
     processes = [

@@ -6,8 +6,6 @@ moment, after the name was re-created, after a restore. Both backends.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,6 +21,7 @@ from domain.errors import (
     UprofError,
 )
 from projections.profile import tables as t
+from tests.children import PythonChild
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import build_kernel, consent, say, settings_for
@@ -357,15 +356,7 @@ def test_two_processes_finish_the_same_incomplete_erasure_at_once(
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     argv = [backend.kind, backend.url or "", str(backend.data_dir), scope, target, str(barrier)]
-    children = [
-        subprocess.Popen(
-            [sys.executable, "-c", _FINISHER, *argv, str(n)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for n in range(2)
-    ]
+    children = [PythonChild(_FINISHER, *argv, str(n)) for n in range(2)]
     try:
         deadline = time.monotonic() + 120
         while len(list(barrier.glob("ready-*"))) < 2:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import multiprocessing
 from dataclasses import asdict
 from typing import Any
 
@@ -12,6 +11,7 @@ import sqlalchemy as sa
 
 from domain.errors import ConsentRequiredError, IdempotencyKeyReusedError, InvalidInputError
 from domain.values import ProposalBatch
+from tests import children
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import APP, build_kernel, consent, say, settings_for
@@ -171,8 +171,8 @@ def test_a_token_in_the_stream_stops_a_second_write_even_without_its_answer(
 # ------------------------------------------------------------- processes
 
 
-def _spawn() -> Any:
-    return multiprocessing.get_context("spawn")
+def _context() -> Any:
+    return children.CONTEXT
 
 
 def test_concurrent_duplicates_in_two_processes_write_once(backend: Backend) -> None:
@@ -182,7 +182,7 @@ def test_concurrent_duplicates_in_two_processes_write_once(backend: Backend) -> 
         consent(setup)
     finally:
         setup.close()
-    ctx = _spawn()
+    ctx = _context()
     keys = [f"race-{i}" for i in range(8)]
     barrier, out = ctx.Barrier(2), ctx.Queue()
     racers = [ctx.Process(target=race, args=(settings, keys, barrier, out)) for _ in range(2)]
@@ -217,7 +217,7 @@ def test_a_writer_killed_between_claim_and_answer_neither_blocks_nor_doubles(
         consent(setup)
     finally:
         setup.close()
-    child = _spawn().Process(target=die_during, args=(settings, "key-1", kill))
+    child = _context().Process(target=die_during, args=(settings, "key-1", kill))
     child.start()
     child.join(120)
     assert child.exitcode == -9

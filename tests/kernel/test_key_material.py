@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import children
 from tests.fakes.ports import FakeClock, FakeExtractor, InMemoryKeyMaterialStore
 from uprof.adapters.embeddings import HashingEmbedder
 from uprof.bootstrap import bootstrap
@@ -88,7 +89,7 @@ def _first_ring(folder: str, queue: multiprocessing.Queue) -> None:  # type: ign
 
 def test_processes_starting_together_get_the_same_ring_and_secret(tmp_path: Path) -> None:
     """The old KekRing could let a second process overwrite the first one's new ring."""
-    ctx = multiprocessing.get_context("spawn")
+    ctx = children.CONTEXT
     for attempt in range(1):
         folder = tmp_path / f"k{attempt}"
         queue = ctx.Queue()

@@ -25,7 +25,7 @@ from uprof.crypto.keydir import (
     move_key_material,
 )
 from uprof.kernel import Uprof
-from uprof.services.backup import BackupError, backup, restore
+from uprof.services.backup import BackupError, _sign, backup, restore
 from uprof.services.subjects import SubjectRequest
 from uprof.settings import Settings
 from uprof.storage import RESTORE_MARKER
@@ -414,6 +414,8 @@ def test_restore_refuses_an_audit_log_it_would_fork(
     backup(settings, tmp_path / "bk")
     manifest = json.loads((tmp_path / "bk" / "manifest.json").read_text())
     manifest["audit"]["last_leaf_hash"] = "00" * 32  # another deployment's log
+    del manifest["signature"]
+    _sign(settings, manifest)  # signed as written: the fork check, not the signature, refuses
     (tmp_path / "bk" / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(BackupError, match="fork"):
         restore(settings, tmp_path / "bk")

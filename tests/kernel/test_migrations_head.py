@@ -78,9 +78,11 @@ def test_a_store_behind_its_head_is_migrated_and_one_at_head_is_left_alone(
         migrate(engine, "views")
         assert "categories" in _memory_columns(engine)
         assert {"granted_position", "withdrawn_position"} <= _columns(engine, "consents")
-        assert _versions(engine) >= {"0005_views_consent_positions"}
+        assert {"stream_id", "capture_id", "mark"} <= _columns(engine, "erased_keys")
+        assert {"session_id", "expires_at"} <= _columns(engine, "signed_out_sessions")
+        assert _versions(engine) >= {"0007_views_signed_out_sessions"}
         migrate(engine, "views")  # at head: nothing to do
-        assert _versions(engine) >= {"0005_views_consent_positions"}
+        assert _versions(engine) >= {"0007_views_signed_out_sessions"}
     finally:
         engine.dispose()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import shutil
 from collections.abc import Callable
@@ -10,6 +12,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from domain.errors import InvalidInputError
 from tests.conftest import Backend, _create_pg_database, _drop_pg_database, _pg_url
@@ -130,3 +133,72 @@ def _empty_data_stores(backend: Backend, settings: Any) -> None:
                     conn.execute(sa.text(f'DROP TABLE "{table}" CASCADE'))
     finally:
         engine.dispose()
+
+
+# ------------------------------------------------------------------ signed manifests
+
+
+def _rewrite(backup_dir: Path, name: str, edit: Callable[[bytes], bytes]) -> dict[str, Any]:
+    """Edit a backed-up file and its checksum, as whoever can write the backup folder
+    can; return the manifest as now written."""
+    path = backup_dir / name
+    path.write_bytes(edit(path.read_bytes()))
+    manifest_path = backup_dir / "manifest.json"
+    manifest: dict[str, Any] = json.loads(manifest_path.read_text())
+    manifest["files"][name]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    manifest["files"][name]["bytes"] = path.stat().st_size
+    manifest_path.write_text(json.dumps(manifest))
+    return manifest
+
+
+def test_a_file_edited_with_its_checksum_is_refused_by_the_signature(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """The checksums found damage, not edits: whoever could write the backup folder could
+    change a file and its checksum, and the restore took it. The manifest is now signed
+    with the deployment's audit key, which no backup holds."""
+    settings = _deployment_with_a_backup(backend, clock, tmp_path)
+    name = backend_for_settings(settings).backup_files[0]
+    _rewrite(tmp_path / "bk", name, lambda data: data + b"\0")
+    with pytest.raises(BackupError, match="edited"):
+        restore(settings, tmp_path / "bk")
+    _still_intact(settings, clock)
+
+
+def test_an_unsigned_manifest_is_restored_only_when_allowed(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    settings = _deployment_with_a_backup(backend, clock, tmp_path)
+    path = tmp_path / "bk" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    assert manifest["signature"]["algorithm"] == "ed25519"
+    del manifest["signature"]  # as written before 2026-12-04, or stripped
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(BackupError, match="not signed"):
+        restore(settings, tmp_path / "bk")
+    _still_intact(settings, clock)
+    restore(settings, tmp_path / "bk", allow_unsigned=True)
+    _still_intact(settings, clock)
+
+
+def test_a_manifest_signed_by_another_key_is_refused(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    settings = _deployment_with_a_backup(backend, clock, tmp_path)
+    path = tmp_path / "bk" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["deployment"] = None  # the deployment check skipped: the signature still holds
+    forger = Ed25519PrivateKey.generate()
+    manifest["signature"] = {
+        "algorithm": "ed25519",
+        "key_id": manifest["signature"]["key_id"],  # claims the deployment's key
+        "value": base64.b64encode(forger.sign(b"anything")).decode(),
+    }
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(BackupError, match="edited"):
+        restore(settings, tmp_path / "bk")
+    manifest["signature"]["key_id"] = "ab" * 32
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(BackupError, match="another key"):
+        restore(settings, tmp_path / "bk")
+    _still_intact(settings, clock)

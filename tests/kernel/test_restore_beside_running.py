@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from domain.errors import UprofError
+from tests.children import PythonChild
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import build_kernel, say, settings_for
@@ -147,3 +148,75 @@ def test_a_process_killed_with_sigkill_holds_nothing(
         except StoresInUseError:
             assert time.monotonic() < deadline, "the killed process's lock was never released"
             time.sleep(0.1)
+
+
+def test_a_backup_of_stores_an_interrupted_restore_left_is_refused(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """A restore killed half-way leaves its marker and half-replaced stores: a backup
+    written from them would carry checksums that vouch for a store no start would open.
+    Until 2026-12-04 ``uprof backup`` wrote it."""
+    settings = settings_for(backend)
+    build_kernel(settings, clock).close()
+    marker = settings.data_dir / RESTORE_MARKER
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text('{"from": "elsewhere"}\n', encoding="utf-8")  # as a killed restore
+    with pytest.raises(RestoreInterruptedError, match="restore"):
+        backup(settings, tmp_path / "bk")
+    assert not (tmp_path / "bk").exists()
+    assert not list(tmp_path.glob(".bk.partial-*"))
+    marker.unlink()
+    backup(settings, tmp_path / "bk")  # finished (here: removed), it runs
+
+
+def test_a_restore_refuses_while_another_process_writes_a_backup(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """A backup reads the stores for a while (SQLite's backup API, pg_dump): a restore
+    then replaced them under it, and the backup's files mixed the two. The backup holds
+    the stores open as a running process does, and the restore refuses."""
+    settings = _deployment_with_a_backup(backend, clock, tmp_path)
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        from pathlib import Path
+        from tests.conftest import Backend
+        from tests.kernel.conftest import settings_for
+        from uprof.backends import backend_for_settings
+        from uprof.services.backup import backup
+
+        b = Backend({backend.kind!r}, {backend.url!r}, Path({str(backend.data_dir)!r}))
+        settings = settings_for(b)
+        gate = Path({str(gate)!r})
+        kind = type(backend_for_settings(settings))
+        copy = kind.backup
+
+        def slow_copy(self, settings, folder):
+            (gate / "reading").touch()
+            while not (gate / "go").exists():
+                time.sleep(0.01)
+            return copy(self, settings, folder)
+
+        kind.backup = slow_copy
+        backup(settings, Path({str(tmp_path / "second")!r}))
+        print("written")
+        """
+    )
+    child = PythonChild(script)
+    try:
+        deadline = time.monotonic() + 120
+        while not (gate / "reading").exists():
+            assert child.poll() is None, child.communicate()
+            assert time.monotonic() < deadline, "the backup never started reading"
+            time.sleep(0.01)
+        with pytest.raises(StoresInUseError):
+            restore(settings, tmp_path / "bk")
+        assert not (settings.data_dir / RESTORE_MARKER).exists()
+    finally:
+        (gate / "go").touch()
+        out, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err[-3000:]
+    assert out.strip() == "written"
+    restore(settings, tmp_path / "second")  # the backup ended: the restore runs

@@ -3,8 +3,6 @@ serves, until a rebuild re-embeds everything with it (uprof.vector_model, decisi
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 import time
 
@@ -13,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from domain.errors import EmbedderMismatchError
+from tests.children import PythonChild, run_python
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock, FakeExtractor
 from tests.kernel.conftest import consent, say, settings_for
@@ -131,9 +130,7 @@ def test_a_second_process_with_another_model_is_refused(backend: Backend) -> Non
         sys.exit(1)
         """
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
-    )
+    result = run_python(script)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "made by embedder=hashing" in result.stdout
 
@@ -165,13 +162,7 @@ def test_processes_claiming_at_once_with_two_models_agree_on_one(backend: Backen
         """
     )
     children = [
-        subprocess.Popen(
-            [sys.executable, "-c", script, "model-a" if i % 2 else "model-b", f"ready-{i}"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(6)
+        PythonChild(script, "model-a" if i % 2 else "model-b", f"ready-{i}") for i in range(6)
     ]
     answers = []
     try:

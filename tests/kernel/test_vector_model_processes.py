@@ -11,14 +11,13 @@ models side by side; same width, so nothing failed) and ranking slices by noise.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 import time
 
 import pytest
 
 from domain.errors import EmbedderMismatchError
+from tests.children import run_python
 from tests.conftest import Backend
 from tests.kernel.conftest import consent, say
 from tests.kernel.test_vector_model import ask, recorded_rows, start
@@ -41,9 +40,7 @@ def rebuild_with_another_model(backend: Backend) -> None:
             kernel.close()
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
-    )
+    done = run_python(script)
     assert done.returncode == 0, done.stderr[-3000:]
 
 

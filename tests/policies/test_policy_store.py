@@ -7,7 +7,6 @@ the policy at a past time is replayed; another process's change is in force here
 
 from __future__ import annotations
 
-import multiprocessing
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ import sqlalchemy as sa
 
 from domain.errors import VersionConflictError
 from domain.policy import TenantPolicy, policy_id
+from tests import children
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import build_kernel, consent, say, settings_for
@@ -501,7 +501,7 @@ def test_a_change_by_another_process_is_in_force_once_the_refresh_bound_has_pass
         authorizer.refresh(force=True)
         assert not allowed(k, NEW_APP, "diet")
 
-        child = multiprocessing.get_context("spawn").Process(
+        child = children.CONTEXT.Process(
             target=_onboard_in_child, args=(settings.model_dump_json(),)
         )
         child.start()
@@ -551,7 +551,7 @@ def _watch_in_child(settings_json: str, ready: Any, go: Any, results: Any) -> No
 def test_a_grant_in_one_process_reaches_a_running_process(backend: Backend) -> None:
     """A real second deployment keeps deciding while this one onboards an app."""
     settings = settings_for(backend)
-    context = multiprocessing.get_context("spawn")
+    context = children.CONTEXT
     ready, go, results = context.Event(), context.Event(), context.Queue()
     k = build_kernel(settings, FakeClock())
     try:

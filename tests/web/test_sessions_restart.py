@@ -112,3 +112,51 @@ def test_sessions_survive_a_restart_and_forged_cookies_are_refused(settings: Set
     finally:
         second.close()
         keys.close()
+
+
+def test_a_signed_out_session_is_refused_by_every_server_and_after_a_restart(
+    settings: Settings,
+) -> None:
+    """Sign-outs were kept in the memory of the server that did them: a copy of the
+    signed-out cookie (a shared computer, a stolen cookie) still opened the privacy center
+    on the deployment's other servers, and on that one after a restart, for the rest of
+    the cookie's hour."""
+    keys = ApiKeyStore.open(settings)
+    planner = keys.create("app:planner").token
+    operator = keys.create("app:planner", ["app", "operator"]).token
+    first, second = build_kernel(settings), build_kernel(settings)  # two servers
+    try:
+        with (
+            LiveServer(create_server(first, keys)) as a,
+            LiveServer(create_server(second, keys)) as b,
+            httpx.Client(base_url=a.url, timeout=30) as on_a,
+            httpx.Client(base_url=b.url, timeout=30) as on_b,
+        ):
+            grant(on_a, planner, subject="alice")
+            link = on_a.post(
+                "/v1/privacy/links", headers=bearer(operator), json={"subject": "alice"}
+            ).json()["login_path"]
+            user = on_a.get(link).cookies[USER_COOKIE]
+            home = on_b.get("/privacy", headers=_cookie(USER_COOKIE, user))
+            assert home.status_code == 200, home.text  # one deployment: B takes A's cookie
+            out = on_a.post(
+                "/privacy/logout",
+                data={"csrf": csrf_of(home.text)},
+                headers=_cookie(USER_COOKIE, user),
+            )
+            assert out.status_code == 200
+            assert on_a.get("/privacy", headers=_cookie(USER_COOKIE, user)).status_code == 401
+            assert on_b.get("/privacy", headers=_cookie(USER_COOKIE, user)).status_code == 401
+    finally:
+        first.close()
+        second.close()
+    third = build_kernel(settings)  # a restart: fresh memory
+    try:
+        with (
+            LiveServer(create_server(third, keys)) as c,
+            httpx.Client(base_url=c.url, timeout=30) as on_c,
+        ):
+            assert on_c.get("/privacy", headers=_cookie(USER_COOKIE, user)).status_code == 401
+    finally:
+        third.close()
+        keys.close()

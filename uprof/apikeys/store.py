@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 import sqlalchemy as sa
 
 from domain.errors import InvalidInputError
-from domain.principal import OPERATORS
+from domain.principal import reserved_app_id_problem
 from policies.rules import app_id_problem
 from uprof.apikeys.tables import api_keys
 from uprof.caching import BoundedCache
@@ -175,13 +175,13 @@ class ApiKeyStore:
         problem = app_id_problem(app_id)
         if problem:
             raise InvalidInputError(f"app_id: {problem}")
-        if app_id == OPERATORS:
-            # The policy's name for operators: a key of an app so named would be decided
-            # with the operators' rows (erase, export, audit) without the operator role.
-            raise InvalidInputError(
-                f"app_id: {OPERATORS!r} is the policy's name for operators; give the app "
-                "another id (an operator key is a key with the operator role)"
-            )
+        # "operators" is the policy's name for operators: a key of an app so named would
+        # be decided with the operators' rows (erase, export, audit) without the operator
+        # role. The other reserved names would pass the app off as someone else in the
+        # audit trail.
+        reserved = reserved_app_id_problem(app_id)
+        if reserved:
+            raise InvalidInputError(reserved)
         clean_roles = check_roles(roles)
         key_id = secrets.token_hex(8)
         secret = secrets.token_urlsafe(32)
@@ -261,8 +261,8 @@ class ApiKeyStore:
         expected = row.key_hash if row is not None else "0" * 64
         if not hmac.compare_digest(expected, _digest(key_id, secret)):
             return None
-        if row is None:
-            return None
+        if row is None or reserved_app_id_problem(row.app_id):
+            return None  # a key issued under a reserved name before it was refused
         return Principal(row.app_id, key_id, row.roles)
 
     def _fresh_row(self, key_id: str) -> _KeyRow | None:

@@ -250,7 +250,7 @@ def show_slices(d: Facade) -> None:
 
 def govern(d: Facade, out: Path) -> None:
     """Withdraw a consent with erasure, erase a user, verify the receipt offline, scan residue."""
-    from audit.receipts import verify_receipt
+    from audit.receipts import parse_receipt, verify_receipt
 
     console.rule("[bold]governance[/]")
     calendar = next(c for c in d.consents("maya") if c.app_id == CALENDAR)
@@ -278,7 +278,11 @@ def govern(d: Facade, out: Path) -> None:
     receipt_path.write_text(json.dumps(result.receipt, indent=2) + "\n", encoding="utf-8")
     key_path.write_text(d.audit_key()["public_key_pem"], encoding="ascii")
     # Offline verification needs only these two files (`uprof audit verify-receipt` does this).
-    verify_receipt(json.loads(receipt_path.read_text()), key_path.read_bytes())
+    verify_receipt(
+        parse_receipt(receipt_path.read_bytes()),
+        key_path.read_bytes(),
+        origin=d.audit_key()["origin"],
+    )
     console.print(
         f"tomas erased; receipt {result.receipt['body']['receipt_id']} verified offline "
         f"with {key_path.name} only ({receipt_path})"

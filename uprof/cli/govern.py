@@ -262,46 +262,93 @@ def audit_verify(
     path: Annotated[Path, typer.Argument(exists=True, dir_okay=False)],
     public_key: Annotated[Path, typer.Option(exists=True, help="The log's public key (PEM).")],
     origin: Annotated[str, typer.Option(help="The log's origin name.")] = "uprof.local/audit",
+    trusted: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--trusted-checkpoint",
+            exists=True,
+            dir_okay=False,
+            help="A checkpoint note, or a receipt, received earlier: the trail must extend it.",
+        ),
+    ] = None,
 ) -> None:
     """Verify an exported trail offline, with only the public key."""
     from audit.errors import VerificationError
     from audit.verify import verify_export
 
     try:
-        report = verify_export(path, public_key.read_bytes(), origin)
+        key = public_key.read_bytes()
+        notes = [trusted_checkpoint(item.read_bytes(), key, origin) for item in trusted or []]
+        report = verify_export(path, key, origin, trusted_checkpoints=notes)
     except VerificationError as e:
-        err_console.print(f"[bold red]verification failed:[/] {e}")
+        err_console.print(f"[bold red]verification failed:[/] {shown(e)}", highlight=False)
         raise typer.Exit(1) from None
     console.print(
         f"[green]verified[/]: {report.entry_count} entries, tree size {report.tree_size}, "
         f"format {report.format}, key {report.key_id[:16]}…"
+        + (f", extends {len(notes)} trusted checkpoint(s)" if notes else ""),
+        highlight=False,
     )
+
+
+def shown(value: object) -> str:
+    """Text from a file someone handed in, safe to print: Rich markup in it (``[/x]`` raises,
+    ``[green]verified[/]`` would style a failure as success) is escaped, and characters that
+    are not printable (terminal escape sequences, bidi overrides) are shown as ``\\uXXXX``."""
+    from rich.markup import escape
+
+    text = "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in str(value))
+    return escape(text)
+
+
+def trusted_checkpoint(raw: bytes, public_key: bytes, origin: str) -> str:
+    """The checkpoint note of a file: the note itself, or a verified receipt's checkpoint."""
+    from audit.errors import VerificationError
+    from audit.receipts import parse_receipt, verify_receipt
+
+    if raw.lstrip().startswith(b"{"):
+        receipt = parse_receipt(raw)
+        verify_receipt(receipt, public_key, origin=origin)
+        return str(receipt["checkpoint"])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise VerificationError("a trusted checkpoint file is not UTF-8") from None
 
 
 @audit_app.command("verify-receipt")
 def audit_verify_receipt(
     path: Annotated[Path, typer.Argument(exists=True, dir_okay=False)],
     public_key: Annotated[Path, typer.Option(exists=True, help="The log's public key (PEM).")],
+    origin: Annotated[str, typer.Option(help="The log's origin name.")] = "uprof.local/audit",
     subject: Annotated[str | None, typer.Option(help="Check it is this subject's...")] = None,
     nonce: Annotated[str | None, typer.Option(help="...with the nonce given at erasure.")] = None,
 ) -> None:
-    """Verify an erasure receipt offline, with only the public key."""
+    """Verify an erasure receipt offline, with only the public key and the log's origin."""
     from audit.errors import VerificationError
-    from audit.receipts import verify_receipt, verify_subject_commitment
+    from audit.receipts import parse_receipt, verify_receipt, verify_subject_commitment
 
     try:
-        receipt = json.loads(path.read_text(encoding="utf-8"))
-        verify_receipt(receipt, public_key.read_bytes())
-        if subject and nonce:
-            verify_subject_commitment(receipt, subject, bytes.fromhex(nonce))
-    except (VerificationError, ValueError) as e:
-        err_console.print(f"[bold red]receipt does not verify:[/] {e}")
+        subject_nonce = bytes.fromhex(nonce) if nonce is not None else None
+    except ValueError:
+        raise typer.BadParameter("--nonce must be the hex string given at erasure") from None
+    if (subject is None) != (subject_nonce is None):
+        raise typer.BadParameter("--subject and --nonce go together")
+    try:
+        receipt = parse_receipt(path.read_bytes())
+        verify_receipt(receipt, public_key.read_bytes(), origin=origin)
+        if subject is not None and subject_nonce is not None:
+            verify_subject_commitment(receipt, subject, subject_nonce)
+    except VerificationError as e:
+        err_console.print(f"[bold red]receipt does not verify:[/] {shown(e)}", highlight=False)
         raise typer.Exit(1) from None
     body = receipt["body"]
     console.print(
-        f"[green]receipt verified[/]: {body['receipt_id']} issued {body['issued_at']}, "
-        f"{len(body['actions'])} actions, scope {body['request']['scope']}"
-        + (", subject matches" if subject and nonce else "")
+        f"[green]receipt verified[/]: {shown(body['receipt_id'])} issued "
+        f"{shown(body['issued_at'])} by {shown(origin)}, {len(body['actions'])} actions, "
+        f"scope {shown(json.dumps(body['request']['scope']))}"
+        + (", subject matches" if subject is not None else ""),
+        highlight=False,
     )
 
 

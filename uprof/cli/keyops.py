@@ -48,6 +48,14 @@ def backup_command(
 
 def restore_command(
     source: Annotated[Path, typer.Option("--from", help="A folder written by `uprof backup`.")],
+    allow_unsigned: Annotated[
+        bool,
+        typer.Option(
+            "--allow-unsigned",
+            help="Restore a backup whose manifest is not signed (written before "
+            "2026-12-04); check where it came from first.",
+        ),
+    ] = False,
 ) -> None:
     """Replace the data stores with a backup, then re-apply the erasure ledger.
 
@@ -56,7 +64,7 @@ def restore_command(
     from uprof.services.backup import restore
 
     try:
-        report = restore(settings(), source)
+        report = restore(settings(), source, allow_unsigned=allow_unsigned)
     except UprofError as e:
         fail(e)
         return

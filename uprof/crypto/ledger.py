@@ -42,6 +42,8 @@ class LedgerState:
     captures: dict[str, frozenset[str]] = field(default_factory=dict)
     items: dict[str, frozenset[str]] = field(default_factory=dict)
     marks: frozenset[str] = frozenset()
+    #: The erased name's mark of each erased stream that has one.
+    stream_marks: dict[str, str] = field(default_factory=dict)
     records: int = 0
 
 
@@ -71,12 +73,15 @@ class ErasureLedger:
             captures: dict[str, set[str]] = {}
             items: dict[str, set[str]] = {}
             marks: set[str] = set()
+            stream_marks: dict[str, str] = {}
             for r in records:
                 if r.kind == "subject":
                     if r.stream_id:
                         streams.add(r.stream_id)
                     if r.mark:
                         marks.add(r.mark)
+                        if r.stream_id:
+                            stream_marks[r.stream_id] = r.mark
                 elif r.kind == "captures" and r.stream_id:
                     captures.setdefault(r.stream_id, set()).update(r.capture_ids)
                 elif r.kind == "items" and r.stream_id:
@@ -88,6 +93,7 @@ class ErasureLedger:
                 captures={s: frozenset(c) for s, c in captures.items()},
                 items={s: frozenset(i) for s, i in items.items()},
                 marks=frozenset(marks),
+                stream_marks=stream_marks,
                 records=len(records),
             )
             self._folded = records
@@ -104,10 +110,13 @@ class ErasureLedger:
         *,
         request_id: str = "",
         draft: str = "",
+        mark: str | None = None,
     ) -> None:
         """A subject erasure, before its keys go; ``draft`` (the receipt's draft) lets a
-        retry after a crash finish it with its receipt (``unfinished``)."""
-        mark = self.mark(tenant, subject_ref) if subject_ref is not None else None
+        retry after a crash finish it with its receipt (``unfinished``). ``mark``: the
+        erased name's mark when the name is not known here (a record copied back)."""
+        if subject_ref is not None:
+            mark = self.mark(tenant, subject_ref)
         self._store.append_erasure(
             ErasureRecord(
                 "subject", tenant, _now(), stream_id, mark, request_id=request_id, draft=draft

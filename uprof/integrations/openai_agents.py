@@ -18,7 +18,7 @@ A refused call comes back to the model as the REST error body (JSON with ``code`
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -133,8 +133,11 @@ def uprof_tools(
             erase: Also erase what was collected under them (signed receipts).
         """
         subject = _subject(ctx).subject
-        live = [c for c in client.iter_consents(subject) if c.withdrawn_at is None]
-        targets = [c.consent_id for c in live if consent_id in (None, c.consent_id)]
+        if consent_id is None:
+            live = client.iter_consents(subject)
+            targets = [c.consent_id for c in live if c.withdrawn_at is None]
+        else:  # the server refuses an id that is not one of this app's consents in force
+            targets = [consent_id]
         withdrawn, receipts = [], []
         for target in targets:
             done = client.withdraw_consent(subject, target, erase=erase)
@@ -144,4 +147,37 @@ def uprof_tools(
                 receipts.append(body["receipt_id"])
         return json.dumps({"withdrawn": withdrawn, "erasure_receipts": receipts})
 
-    return [profile_slice, capture, forget]
+    return [_refusing_undeclared(tool) for tool in (profile_slice, capture, forget)]
+
+
+def _refusing_undeclared(tool: FunctionTool) -> FunctionTool:
+    """The tool, answering a call with an argument it does not declare with a refusal that
+    names it (the SDK would drop it and run the call), as REST refuses an unknown field
+    and the MCP server an unknown argument: a model or a caller that passes ``subject`` or
+    ``app_id`` must learn that it chose nothing."""
+    declared = set(tool.params_json_schema.get("properties", {}))
+    invoke = tool.on_invoke_tool
+
+    async def on_invoke_tool(ctx: Any, raw: str) -> Any:
+        try:
+            arguments = json.loads(raw) if raw else {}
+        except json.JSONDecodeError:
+            arguments = None  # the SDK's own parsing answers it
+        if isinstance(arguments, dict):
+            unknown = sorted(set(arguments) - declared)
+            if unknown:
+                return json.dumps(
+                    {
+                        "error": {
+                            "code": "invalid_request",
+                            "message": "; ".join(
+                                f"{name}: this tool takes no such argument" for name in unknown
+                            ),
+                            "hint": "call the tool with its declared arguments only",
+                            "fields": unknown,
+                        }
+                    }
+                )
+        return await invoke(ctx, raw)
+
+    return replace(tool, on_invoke_tool=on_invoke_tool)

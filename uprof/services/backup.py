@@ -2,7 +2,8 @@
 
 A backup is a folder::
 
-    manifest.json      format, backend, schema revision, audit-log head, SHA-256 per file
+    manifest.json      format, backend, schema revision, audit-log head, SHA-256 per file,
+                       signed with the deployment's audit key (never in the backup)
     views.sqlite       SQLite: read models + audit log (SQLite backup API, one snapshot)
     events.sqlite      SQLite: the event log (backed up *after* the views, so the views'
                        tracking position never runs ahead of the restored log)
@@ -30,30 +31,40 @@ the ledger's re-application are here, the same for every backend.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import os
 import secrets
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import rfc8785
 import sqlalchemy as sa
 from alembic.config import Config
 from alembic.script import ScriptDirectory
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from audit.keys import key_id
 from audit.tables import audit_checkpoints, audit_entries, audit_nodes
 from domain.errors import InvalidInputError, UprofError
 from uprof.apikeys.tables import metadata as api_metadata
-from uprof.backends import backend_for_settings
+from uprof.backends import StoresInUseError, backend_for_settings
 from uprof.crypto.keystore import derive_key
 from uprof.crypto.tables import metadata as keys_metadata
 from uprof.settings import Settings
 from uprof.storage import MIGRATIONS_DIR, RESTORE_MARKER, create_engine, layout_for, migrate
 
 FORMAT = "uprof-backup/1"
+#: Domain separation of a manifest's signature (``_signed_bytes``).
+SIGNATURE_LABEL = b"uprof-backup-manifest/1\n"
 #: Derivation label of the deployment id in a manifest (``deployment_id``).
 DEPLOYMENT_LABEL = "uprof/backup-deployment/1"
 MANIFEST = "manifest.json"
@@ -154,13 +165,43 @@ def backup(settings: Settings, dest: Path) -> BackupReport:
     dest = dest.expanduser().resolve()
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(f".{dest.name}.partial-{secrets.token_hex(4)}")
-    partial.mkdir(mode=0o700)
+    with _stores_held_open(settings):
+        partial.mkdir(mode=0o700)
+        return _write_backup(settings, partial, dest)
+
+
+@contextmanager
+def _stores_held_open(settings: Settings) -> Iterator[None]:
+    """Hold the stores open while the backup reads them, as a running process does: a
+    restore refuses meanwhile instead of replacing the files under the backup, and a
+    backup of stores an interrupted restore left half-replaced is refused (the
+    manifest's checksums would vouch for them)."""
+    from uprof.bootstrap import RestoreInterruptedError, refuse_interrupted_restore
+
+    layout = layout_for(settings)
+    views = create_engine(layout.views_url)
+    try:
+        try:
+            release = backend_for_settings(settings).hold_open(views)
+        except StoresInUseError as error:
+            raise RestoreInterruptedError(f"{error}; nothing was written") from None
+        try:
+            refuse_interrupted_restore(settings)
+            yield
+        finally:
+            release()
+    finally:
+        views.dispose()
+
+
+def _write_backup(settings: Settings, partial: Path, dest: Path) -> BackupReport:
     try:
         manifest = backend_for_settings(settings).backup(settings, partial)
         manifest["files"] = {
             p.name: {"sha256": _sha256(p), "bytes": p.stat().st_size}
             for p in sorted(partial.iterdir())
         }
+        _sign(settings, manifest)
         (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         for p in partial.iterdir():
             _fsync(p)
@@ -193,6 +234,69 @@ def deployment_id(settings: Settings) -> str | None:
     if not material.has_master_secret():
         return None
     return hashlib.sha256(derive_key(material.master_secret(), DEPLOYMENT_LABEL)).hexdigest()
+
+
+def _signed_bytes(manifest: dict[str, Any]) -> bytes:
+    """What a manifest's signature covers: a label of its own (a signature made for an
+    audit checkpoint or a receipt never verifies here), then the manifest without its
+    signature as canonical JSON (RFC 8785): every file's checksum included."""
+    body = {name: value for name, value in manifest.items() if name != "signature"}
+    return SIGNATURE_LABEL + rfc8785.dumps(body)
+
+
+def _sign(settings: Settings, manifest: dict[str, Any]) -> None:
+    """Sign the manifest with the deployment's audit signing key (in the key folder, never
+    in the backup): whoever can write the backup folder cannot edit a file and its
+    checksum unseen. Unsigned while the key folder holds no master key (such a backup
+    restores nowhere: a restore needs the master key)."""
+    from uprof.bootstrap import build_key_material
+
+    material = build_key_material(settings)
+    if not material.has_master_secret():
+        return
+    key = material.audit_signing_key()
+    manifest["signature"] = {
+        "algorithm": "ed25519",
+        "key_id": key_id(key),
+        "value": base64.b64encode(key.sign(_signed_bytes(manifest))).decode("ascii"),
+    }
+
+
+def _check_signature(manifest: dict[str, Any], key: Ed25519PrivateKey, unsigned_ok: bool) -> None:
+    """Refuse a manifest this deployment's audit key did not sign, naming why."""
+    signature = manifest.get("signature")
+    if signature is None:
+        if unsigned_ok:
+            return
+        raise BackupError(
+            f"{MANIFEST} is not signed (a backup written before 2026-12-04, or one whose "
+            "signature was removed): nothing vouches that its files are the ones written; "
+            "check where it came from, then restore it with --allow-unsigned; nothing was "
+            "changed"
+        )
+    if (
+        not isinstance(signature, dict)
+        or signature.get("algorithm") != "ed25519"
+        or not isinstance(signature.get("key_id"), str)
+        or not isinstance(signature.get("value"), str)
+    ):
+        raise InvalidInputError(
+            f"--from: {MANIFEST} has no valid signature (algorithm, key_id, value)"
+        )
+    if signature["key_id"] != key_id(key):
+        raise BackupError(
+            f"{MANIFEST} is signed by another key than this deployment's audit signing key "
+            "(another deployment, or an edited backup): restore a backup beside the key "
+            "folder of the deployment that wrote it; nothing was changed"
+        )
+    try:
+        raw = base64.b64decode(signature["value"], validate=True)
+        key.public_key().verify(raw, _signed_bytes(manifest))
+    except (InvalidSignature, binascii.Error, ValueError):
+        raise BackupError(
+            f"{MANIFEST} does not match its signature: the backup was edited after it was "
+            "written; nothing was changed"
+        ) from None
 
 
 def _manifest(
@@ -278,8 +382,11 @@ def _check_manifest_fields(manifest: dict[str, Any]) -> None:
         )
 
 
-def restore(settings: Settings, src: Path) -> RestoreReport:
-    """Replace the data stores with a backup's, then re-apply the erasure ledger."""
+def restore(settings: Settings, src: Path, *, allow_unsigned: bool = False) -> RestoreReport:
+    """Replace the data stores with a backup's, then re-apply the erasure ledger.
+
+    The manifest must carry this deployment's signature (``allow_unsigned``: a backup
+    written before manifests were signed, restored after checking where it came from)."""
     from uprof.bootstrap import build_key_material
 
     src = src.expanduser().resolve()
@@ -302,6 +409,9 @@ def restore(settings: Settings, src: Path) -> RestoreReport:
             f"one in {material.location}): restore it beside its own key folder; nothing "
             "was changed"
         )
+    # After the deployment check, whose refusal names the usual mistake; an edited
+    # manifest (a deployment field removed included) stops here.
+    _check_signature(manifest, material.audit_signing_key(), allow_unsigned)
     layout = layout_for(settings)  # creates the data and key folders if needed
     views = create_engine(layout.views_url)
     try:

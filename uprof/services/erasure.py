@@ -38,6 +38,7 @@ from domain.errors import (
 )
 from projections.profile import tables as t
 from uprof.ports import AuditTrail, Clock, EventStore, SubjectKeyStore, ViewStore
+from uprof.services import erased_keys
 from uprof.services.subjects import SubjectResolver, check_subject_ref
 from uprof.storage import fold_log
 
@@ -163,6 +164,14 @@ class ErasureService:
                 request_id=request_id,
                 draft=_subject_drafted(draft, preview, before, snapshots=None).to_json(),
             )
+        # Its mirror in the data stores: a key folder put back from an older copy does
+        # not undo the erasure either (uprof.services.erased_keys).
+        erased_keys.record(
+            self._views,
+            str(stream),
+            now=self._clock.now(),
+            mark=ledger.mark(self._tenant, check_subject_ref(subject_ref)) if ledger else None,
+        )
         destruction = self._keystore.destroy(str(stream), now=self._clock.now())
         for key in destruction.deks:
             self._audit.record(
@@ -273,6 +282,7 @@ class ErasureService:
                     draft, [c for c in previews if c], totals, snapshots=None
                 ).to_json(),
             )
+        erased_keys.record(self._views, str(stream), ids, now=self._clock.now())
         commitments = [
             c for c in (self._keystore.destroy_capture_key(str(stream), cid) for cid in ids) if c
         ]

@@ -36,6 +36,7 @@ from uprof.crypto.tables import (
     subject_index,
     subject_keys,
 )
+from uprof.services import erased_keys
 from uprof.storage import fold_log
 
 _log = logging.getLogger(__name__)
@@ -55,6 +56,11 @@ class LedgerReapplied:
     items_reerased: int = 0
     rebuilt: bool = False
     adopted: int = 0
+    #: Erasures the data stores recorded and the ledger lacked (a key folder older than
+    #: them), and the other way round (data older than the ledger, or made before the
+    #: data stores kept the record).
+    from_data_record: int = 0
+    to_data_record: int = 0
     details: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -127,6 +133,7 @@ def reapply_ledger(kernel: Any, *, rebuild_if_stale: bool = True) -> LedgerReapp
     if ledger is None:
         return report
     report.adopted = adopt_shredded_streams(kernel)
+    report.from_data_record, report.to_data_record = _join_records(kernel, ledger.state())
     state: LedgerState = ledger.state()
     streams = sorted(state.streams)
     captures = sorted({c for ids in state.captures.values() for c in ids})
@@ -180,6 +187,43 @@ def reapply_ledger(kernel: Any, *, rebuild_if_stale: bool = True) -> LedgerReapp
         kernel.rebuild()
         report.rebuilt = True
     return report
+
+
+def _join_records(kernel: Any, state: LedgerState) -> tuple[int, int]:
+    """Bring the ledger (key folder) and the data stores' record of erased keys to their
+    union: (erasures written into the ledger, erasures written into the data stores).
+
+    An erasure the data stores record and the ledger lacks means the key folder is older
+    than it (put back from a copy): its keys are back and would decrypt the log again.
+    The ledger gets it back, and the re-application that follows destroys the keys."""
+    ledger, views, tenant = kernel.keystore.ledger, kernel.views_engine, kernel.subjects.tenant
+    data = erased_keys.read(views)
+    to_ledger = 0
+    for stream_id in sorted(data.streams - state.streams):
+        ledger.record_subject(tenant, None, stream_id, mark=data.marks.get(stream_id))
+        to_ledger += 1
+    for stream_id, ids in sorted(data.captures.items()):
+        missing = ids - set(state.captures.get(stream_id, ()))
+        if missing:
+            ledger.record_captures(tenant, stream_id, sorted(missing))
+            to_ledger += len(missing)
+    now = datetime.now(UTC)
+    to_data = 0
+    for stream_id in sorted(set(state.streams) - data.streams):
+        erased_keys.record(views, stream_id, now=now, mark=state.stream_marks.get(stream_id))
+        to_data += 1
+    for stream_id, erased in sorted(state.captures.items()):
+        absent = set(erased) - data.captures.get(stream_id, set())
+        if absent:
+            erased_keys.record(views, stream_id, absent, now=now)
+            to_data += len(absent)
+    if to_ledger:
+        _log.warning(
+            "the key folder is older than %d erasures the data stores record (put back from "
+            "a copy?): they are written into its ledger again and their keys destroyed",
+            to_ledger,
+        )
+    return to_ledger, to_data
 
 
 def _erase_items_again(kernel: Any, state: LedgerState) -> int:

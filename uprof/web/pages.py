@@ -20,7 +20,7 @@ from domain.errors import UprofError
 from uprof.api.errors import classify
 from uprof.api.runtime import ServiceRuntime
 from uprof.apikeys.store import ROLE_OPERATOR, ApiKeyStore
-from uprof.facade import Facade, Principal, PrincipalKind
+from uprof.facade import PRIVACY_CENTER, Facade, Principal, PrincipalKind
 from uprof.web.state import LinkStore, Session, SessionStore
 
 _HERE = Path(__file__).parent
@@ -30,7 +30,6 @@ MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 #: Rows on one page of a console list; "Next page" continues with the list's cursor.
 CONSOLE_PAGE_ROWS = 100
 #: How a privacy-center principal is named (audit: ``privacy-center#link``).
-PRIVACY_CENTER = "privacy-center"
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
@@ -96,7 +95,10 @@ class WebPages:
         if stores.sessions is None:
             with _APP_STORES_LOCK:
                 if stores.sessions is None:
-                    stores.sessions = SessionStore(self.runtime_of(request).kernel.web_session_key)
+                    kernel = self.runtime_of(request).kernel
+                    stores.sessions = SessionStore(
+                        kernel.web_session_key, sign_outs=kernel.web_sign_outs
+                    )
         return stores.sessions
 
     def page(self, request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:

@@ -10,11 +10,11 @@ the deployment's master secret in the key folder (itsdangerous, HMAC-SHA256, wit
 time it was issued): no server keeps it, so it survives a restart and works on every
 server of one deployment. It says what kind it is, binds ONE subject (privacy center) or
 one operator key (console), and carries its own CSRF token; a cookie whose signature does
-not match, or older than SESSION_TTL, is no session. What the servers keep in memory, and
-lose on a restart: the erasure receipts shown to a privacy-center session (a subject gets
-each one as a file when it is issued) and the sessions signed out (bounded by
-MAX_SESSIONS), so a copy of a signed-out cookie is refused until its server restarts, and
-after that until the cookie expires.
+not match, or older than SESSION_TTL, is no session. A sign-out is recorded in the data
+stores (``SignOutRecord``, the kernel's ``web_sign_outs``): a copy of a signed-out cookie is
+refused by every server of the deployment, after restarts too, until it would have expired.
+What a server keeps in memory, and loses on a restart: the erasure receipts shown to a
+privacy-center session (a subject gets each one as a file when it is issued).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import hmac
 import secrets
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 
@@ -107,6 +107,15 @@ _SALT = "uprof.web.session/1"
 _INCARNATION_SALT = b"uprof.web.incarnation/1"
 
 
+class SignOutRecord(Protocol):
+    """Where sign-outs are kept for every server of the deployment (the kernel's
+    ``web_sign_outs``: rows in the data stores)."""
+
+    def sign_out(self, session_id: str, *, until: datetime, now: datetime) -> None: ...
+
+    def is_signed_out(self, session_id: str) -> bool: ...
+
+
 class SessionStore:
     """Sessions as signed cookie values; see the module docstring for what is kept where."""
 
@@ -116,6 +125,7 @@ class SessionStore:
         *,
         ttl: timedelta = SESSION_TTL,
         max_sessions: int = MAX_SESSIONS,
+        sign_outs: SignOutRecord | None = None,
     ) -> None:
         if len(secret) < 32:
             raise ValueError("the session signing key must be at least 32 bytes")
@@ -125,9 +135,12 @@ class SessionStore:
         self._receipts: BoundedCache[str, list[dict[str, Any]]] = BoundedCache(
             max_sessions, name="web-session-receipts"
         )
+        #: Sign-outs seen by this server (a cookie once refused stays refused without
+        #: asking the record again); the record itself holds them for every server.
         self._signed_out: BoundedCache[str, bool] = BoundedCache(
             max_sessions, name="web-signed-out"
         )
+        self._sign_outs = sign_outs
 
     def incarnation(self, pseudonym: str) -> str:
         """A tag of one incarnation of a subject's name: a keyed hash of its pseudonym.
@@ -180,6 +193,9 @@ class SessionStore:
             return None
         if self._signed_out.get(session.session_id):
             return None
+        if self._sign_outs is not None and self._sign_outs.is_signed_out(session.session_id):
+            self._signed_out.put(session.session_id, True)
+            return None
         receipts = self._receipts.get(session.session_id)
         if receipts is None:
             receipts = []
@@ -188,9 +204,13 @@ class SessionStore:
         return session
 
     def drop(self, cookie: str | None, kind: str) -> None:
-        """Sign a session out: its cookie is refused from now on (by this server)."""
+        """Sign a session out: its cookie is refused from now on, by every server of the
+        deployment that shares the record (and by this one in any case)."""
         session = self.get(cookie, kind)
         if session is not None:
+            if self._sign_outs is not None:
+                now = _now()
+                self._sign_outs.sign_out(session.session_id, until=now + self._ttl, now=now)
             self._signed_out.put(session.session_id, True)
             self._receipts.pop(session.session_id)
 

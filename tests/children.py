@@ -1,0 +1,153 @@
+"""Python child processes for tests, forked from a server that has the project imported.
+
+A test that needs "another process" on the same stores (a second kernel, a worker, a
+process killed at a bad moment) used to start a fresh interpreter each time: ``python -c``
+or a ``spawn`` multiprocessing context. Each such child spends ~0.6 s of CPU importing
+the project before it does anything (sqlalchemy, pydantic, casbin, numpy, the project's
+own modules), and the suite starts over a hundred of them: on the 2-core reference
+machine that import time was ~10% of the CPU the whole suite needs.
+
+Here every such child is forked from multiprocessing's fork server, which imported the
+modules below once (per test process). A child is still a process of its own (its own
+pid, its own memory, its own connections and file locks, killable with SIGKILL); it
+shares nothing with the test process but the stores, as before. It starts with the state
+a fresh interpreter has after importing those modules: the fork server imports, it opens
+nothing (no connection, no file, no thread), which ``_check_forkable`` checks.
+
+``run_python`` and ``PythonChild`` are ``subprocess.run`` and ``subprocess.Popen`` of
+``[sys.executable, "-c", script, *args]`` for such children: output captured, the exit
+code as a process would give it (negative for a signal, the code of ``os._exit``), the
+environment of the test at the time of the call, atexit handlers run at a normal exit as
+an interpreter runs them. ``CONTEXT`` is the multiprocessing context for tests that
+start a function in a child. A test of a real command (``uprof serve``, ``uprof
+worker``, the MCP server) still starts the command.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import weakref
+from pathlib import Path
+
+#: What the fork server imports once: what the children of the kernel tests import.
+PRELOAD = [
+    "tests.conftest",
+    "tests.fakes.ports",
+    "tests.kernel.conftest",
+    "uprof.cli.main",
+    "tests.children",  # last: its import in the fork server checks what the others left
+]
+
+CONTEXT = multiprocessing.get_context("forkserver")
+CONTEXT.set_forkserver_preload(PRELOAD)
+
+
+def _in_the_fork_server() -> bool:
+    return "from multiprocessing.forkserver import main" in " ".join(sys.orig_argv)
+
+
+def _check_forkable() -> None:
+    """Run in the fork server after its imports: a thread there would be copied into no
+    child (and a lock it held would stay held in every child)."""
+    if threading.active_count() != 1:
+        names = [t.name for t in threading.enumerate()]
+        raise RuntimeError(f"the fork server of the tests runs threads: {names}")
+
+
+def _run_script(
+    script: str, args: list[str], env: dict[str, str], cwd: str, out: str, err: str
+) -> None:
+    """The child's body: ``python -c script *args`` with fd 1 and 2 on the given files."""
+    for fd, path in ((1, out), (2, err)):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(target, fd)
+        os.close(target)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    sys.argv = ["-c", *args]
+    try:
+        exec(compile(script, "<string>", "exec"), {"__name__": "__main__"})
+    finally:
+        # An interpreter runs these as it exits; a multiprocessing child does not.
+        atexit._run_exitfuncs()
+
+
+class PythonChild:
+    """``subprocess.Popen([sys.executable, "-c", script, *args], stdout=PIPE, stderr=PIPE,
+    text=True)`` for a child forked from the fork server: the same ``poll``, ``wait``,
+    ``kill``, ``communicate`` and ``returncode`` (output goes to files until read)."""
+
+    def __init__(self, script: str, *args: str, env: dict[str, str] | None = None) -> None:
+        self.args = [sys.executable, "-c", script, *args]
+        folder = tempfile.mkdtemp(prefix="uprof-child-")
+        weakref.finalize(self, shutil.rmtree, folder, True)
+        self._out, self._err = Path(folder, "stdout"), Path(folder, "stderr")
+        self._process = CONTEXT.Process(
+            target=_run_script,
+            args=(
+                script,
+                list(args),
+                dict(os.environ if env is None else env),
+                os.getcwd(),
+                str(self._out),
+                str(self._err),
+            ),
+            name="python-child",
+        )
+        self._process.start()
+        self.pid = self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    def kill(self) -> None:
+        self._process.kill()
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        return self._process.exitcode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """Wait for the child (``TimeoutExpired`` after ``timeout``), then its output."""
+        self.wait(timeout)
+        return self._read(self._out), self._read(self._err)
+
+    @staticmethod
+    def _read(path: Path) -> str:
+        return path.read_text(errors="replace") if path.exists() else ""
+
+
+def run_python(
+    script: str, *args: str, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
+    text=True, timeout=timeout)`` for a child forked from the fork server: on timeout the
+    child is killed and ``subprocess.TimeoutExpired`` raised."""
+    child = PythonChild(script, *args, env=env)
+    try:
+        out, err = child.communicate(timeout)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        out, err = child.communicate()
+        raise subprocess.TimeoutExpired(child.args, timeout, out, err) from None
+    code = child.returncode
+    assert code is not None
+    return subprocess.CompletedProcess(child.args, code, out, err)
+
+
+if _in_the_fork_server():
+    _check_forkable()

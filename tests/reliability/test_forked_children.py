@@ -1,0 +1,89 @@
+"""The forked test children behave as ``python -c`` children would (tests/children.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from tests import children
+from tests.children import PythonChild, run_python
+
+
+def test_a_child_is_another_process_with_the_callers_environment_and_arguments(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("UPROF_CHILD_PROBE", "set after the fork server started")
+    done = run_python(
+        "import os, sys; print(os.getpid(), os.environ['UPROF_CHILD_PROBE'], sys.argv[1:])",
+        "one",
+        "two",
+    )
+    assert done.returncode == 0, done.stderr
+    pid, rest = done.stdout.split(" ", 1)
+    assert int(pid) != os.getpid()
+    assert rest.strip() == "set after the fork server started ['one', 'two']"
+    assert done.args[:2] == [sys.executable, "-c"]
+
+
+def test_exit_codes_are_a_processes_exit_codes() -> None:
+    assert run_python("import os; os._exit(9)").returncode == 9
+    assert run_python("import sys; sys.exit(3)").returncode == 3
+    raised = run_python("raise ValueError('from the child')")
+    assert raised.returncode == 1
+    assert "ValueError: from the child" in raised.stderr
+    killed = run_python("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    assert killed.returncode == -signal.SIGKILL
+
+
+def test_output_written_before_a_normal_exit_and_atexit_handlers_reach_the_caller() -> None:
+    done = run_python(
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('at exit', flush=True))\n"
+        "print('out'); print('err', file=sys.stderr)\n"
+    )
+    assert done.returncode == 0
+    assert done.stdout.splitlines() == ["out", "at exit"]
+    assert done.stderr.strip() == "err"
+
+
+def test_the_fork_server_imported_the_project_and_checked_itself_before_the_fork() -> None:
+    done = run_python(
+        "import sys\n"
+        "from tests import children\n"
+        "print('uprof.kernel' in sys.modules, children._in_the_fork_server())\n"
+    )
+    # tests.children was imported in the fork server (it is preloaded), so its import
+    # there ran _check_forkable.
+    assert done.stdout.split() == ["True", "True"], done.stderr
+
+
+def test_the_fork_servers_check_refuses_a_server_that_runs_a_thread() -> None:
+    """What the fork server checks after its imports (a forked child only has the thread
+    that forked, so the check must run in the server, not in a child)."""
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, name="left-by-an-import")
+    thread.start()
+    try:
+        with pytest.raises(RuntimeError, match="left-by-an-import"):
+            children._check_forkable()
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_a_child_past_its_timeout_is_killed_and_reported() -> None:
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_python("import time; print('started', flush=True); time.sleep(600)", timeout=1)
+
+
+def test_a_running_child_can_be_polled_and_killed() -> None:
+    child = PythonChild("import time; time.sleep(600)")
+    assert child.poll() is None
+    child.kill()
+    child.communicate(timeout=30)
+    assert child.returncode == -signal.SIGKILL
