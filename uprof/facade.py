@@ -49,6 +49,7 @@ from domain.errors import (
     InvalidInputError,
     PermissionDeniedError,
     SubjectNotFoundError,
+    UprofError,
 )
 from domain.normalise import match_described, normalise_value
 from domain.principal import (
@@ -61,6 +62,7 @@ from domain.principal import (
 )
 from domain.values import (
     CATEGORIES,
+    ConsentGrant,
     IntentUpdateProposal,
     Interaction,
     ProposalBatch,
@@ -136,6 +138,8 @@ ERASURE_PURPOSE = "erasure"
 ACCESS_PURPOSE = "access-request"
 COMPLIANCE_PURPOSE = "compliance"
 OPERATIONS_PURPOSE = "operations"
+#: A stream being read (an audit export) asks the policy again after this many records.
+STREAM_RECHECK_RECORDS = 500
 #: Separates the app's namespace from a session id or identifier before the kernel hashes it.
 _NAMESPACE_SEPARATOR = "\x1f"
 
@@ -540,6 +544,24 @@ class Facade:
                 if not self._kernel.consents_after(subject, app_id=app, after=None, limit=1):
                     raise SubjectNotFoundError("no such subject")
 
+    def consents_in_force(self, subject: str) -> list[ConsentGrant]:
+        """The consents not withdrawn that the principal may withdraw (an app: its own;
+        a subject or operator: all of the subject's), read from the subject's stream.
+
+        Unlike ``consents`` this waits for no view: a withdrawal must not depend on the
+        pipeline having caught up (docs/governance.md). An app holding none of the
+        subject's consents in force gets the unknown subject's answer.
+        """
+        self._own_subject(subject)
+        own = self.principal.kind is PrincipalKind.APP
+        with self._as_principal():
+            held = self._kernel.consents_in_force(
+                subject, app_id=self.principal.policy_subject if own else None
+            )
+        if own and not held and not self.principal.is_operator:
+            raise SubjectNotFoundError("no such subject")
+        return held
+
     def withdraw_consent(
         self,
         subject: str,
@@ -547,6 +569,7 @@ class Facade:
         *,
         erase: bool = False,
         request_token: str | None = None,
+        withdrawn_at: datetime | None = None,
     ) -> ErasureResult | None:
         """Withdraw a consent: an app only its own; a subject or operator any of theirs.
 
@@ -554,8 +577,17 @@ class Facade:
         ``erase`` by the subject, or by an app of what it collected itself. An operator's
         ``erase`` destroys an app's data on the operator's word: an erasure, decided by
         the policy as erasing an event is (a deployment may deny operators ``erase``).
+
+        A consent in force is found in the subject's stream and withdrawn at once,
+        whatever the pipeline's lag; only a withdrawal with ``erase`` (which erases what
+        the views list) or of a consent no longer in force (a retry) reads the views.
         """
         self._own_subject(subject)
+        if not erase and self._holds(subject, consent_id):
+            with self._as_principal():
+                return self._kernel.withdraw_consent(
+                    subject, consent_id, request_token=request_token, withdrawn_at=withdrawn_at
+                )
         grant = next((c for c in self.consents(subject) if c.consent_id == consent_id), None)
         if grant is None:
             raise SubjectNotFoundError("no consent with that id for this subject and app")
@@ -565,8 +597,22 @@ class Facade:
             self._authorize_governance("erase", ERASURE_PURPOSE)
         with self._as_principal():
             return self._kernel.withdraw_consent(
-                subject, consent_id, erase=erase, request_token=request_token
+                subject,
+                consent_id,
+                erase=erase,
+                request_token=request_token,
+                withdrawn_at=withdrawn_at,
             )
+
+    def _holds(self, subject: str, consent_id: str) -> bool:
+        """Whether ``consent_id`` is a consent in force the principal may withdraw; any
+        doubt (an unknown or erased subject, another app's consent) is False, and the
+        caller then answers as it always has, through the views."""
+        try:
+            held = self.consents_in_force(subject)
+        except UprofError:
+            return False
+        return any(c.consent_id == consent_id for c in held)
 
     # ---------------------------------------------------------------- slices
 
@@ -764,7 +810,12 @@ class Facade:
         until: str | datetime | None = None,
     ) -> AuditStream:
         """The export as text records, produced while they are sent (same decision as
-        ``export_audit``; the header is signed now, so a refusal comes before any byte)."""
+        ``export_audit``; the header is signed now, so a refusal comes before any byte).
+
+        The policy is asked again every ``STREAM_RECHECK_RECORDS`` records while the
+        stream is read: a right taken away meanwhile (by any process) ends the stream
+        there, with ``PermissionDeniedError`` (audited), instead of at its last record.
+        """
         self._authorize_governance("audit", COMPLIANCE_PURPOSE)
         with self._as_principal():
             stream = self._kernel.stream_audit(
@@ -776,19 +827,27 @@ class Facade:
                 until=until,
                 requested_by=self.principal.label,
             )
-        return AuditStream(stream.media_type, stream.filename, self._bound(stream))
+        return AuditStream(
+            stream.media_type,
+            stream.filename,
+            self._bound(stream, lambda: self._authorize_governance("audit", COMPLIANCE_PURPOSE)),
+        )
 
-    def _bound(self, records: Iterable[str]) -> Iterator[str]:
+    def _bound(self, records: Iterable[str], still_allowed: Callable[[], None]) -> Iterator[str]:
         """Iterate ``records`` as this principal: the stream is read after this call has
-        returned, on whatever thread serves it, and its closing audit entry must name us."""
+        returned, on whatever thread serves it, and its closing audit entry must name us.
+        Every ``STREAM_RECHECK_RECORDS`` records ``still_allowed`` decides again (it
+        raises, having audited the denial, when the right is gone)."""
         it = iter(records)
         try:
-            while True:
+            for sent in itertools.count(1):
                 with self._as_principal():
                     record = next(it, None)
                 if record is None:
                     return
                 yield record
+                if sent % STREAM_RECHECK_RECORDS == 0:
+                    still_allowed()
         finally:
             close = getattr(it, "close", None)
             if close is not None:

@@ -27,7 +27,7 @@ from domain.errors import (
     SubjectErasedError,
     SubjectNotFoundError,
 )
-from domain.values import Interaction, ProposalBatch
+from domain.values import ConsentGrant, Interaction, ProposalBatch
 from uprof import telemetry
 from uprof.crypto.keystore import KeyStore
 from uprof.crypto.ledger import LedgerState
@@ -243,6 +243,28 @@ class Uprof:
             if not profile.has_consent(app_id=app_id, category=c, purpose=purpose, at=now)
         ]
 
+    def consents_in_force(self, subject: str, *, app_id: str | None = None) -> list[ConsentGrant]:
+        """The subject's consents not withdrawn (one app's, if named), from its stream.
+
+        Read from the event log, not the views: what a withdrawal needs to know is there
+        the moment it is, whether or not extraction and projections have caught up.
+        Expired consents are listed too (they may still be withdrawn).
+        """
+        profile = self.app.load(self.stream_of(subject))
+        return [
+            ConsentGrant(
+                consent_id=consent_id,
+                app_id=c.app_id,
+                categories=c.categories,
+                purposes=c.purposes,
+                legal_basis=c.legal_basis,
+                granted_at=c.granted_at,
+                expires_at=c.expires_at,
+            )
+            for consent_id, c in sorted(profile.consents.items())
+            if app_id is None or c.app_id == app_id
+        ]
+
     def withdraw_consent(
         self,
         subject: str,
@@ -250,6 +272,7 @@ class Uprof:
         *,
         erase: bool = False,
         request_token: str | None = None,
+        withdrawn_at: datetime | None = None,
     ) -> ErasureResult | None:
         """Withdraw a consent; with ``erase``, also erase what was collected under it.
 
@@ -260,8 +283,22 @@ class Uprof:
         Asking again, with any token or none, for a consent already withdrawn with
         ``erase`` finishes its erasure that answered erasure_incomplete (the receipt of
         that request); when nothing of it is unfinished, it does nothing.
+        Without ``erase`` nothing waits for the views: the withdrawal is a write to the
+        subject's stream and is in force for the next request whatever the pipeline's
+        lag (a lagging or stopped worker, or the app's own captures keeping it busy,
+        must not hold a withdrawal up). ``withdrawn_at`` is the time to record (default:
+        now), so that a caller can answer with what was recorded.
         """
         self._settle_reads()
+        if not erase:
+            self.consent_service.withdraw(
+                subject,
+                consent_id,
+                request_token=request_token,
+                token_window_s=self._token_window_s,
+                withdrawn_at=withdrawn_at,
+            )
+            return None
         grant = next(
             (c for c in self.profile(subject).consents if c.consent_id == consent_id), None
         )
@@ -289,6 +326,7 @@ class Uprof:
                 erase_requested=erase,
                 request_token=request_token,
                 token_window_s=self._token_window_s,
+                withdrawn_at=withdrawn_at,
             )
         except InvalidInputError:
             if asked_again:

@@ -6,6 +6,7 @@ binds the key's app to an ``AppScope``. No route reads an app id from anywhere e
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Annotated
 
 from fastapi import Depends, Header, Request, Response
@@ -17,6 +18,7 @@ from uprof.api.ratelimit import KeyRateLimiter
 from uprof.api.runtime import ServiceRuntime
 from uprof.api.scoped import AppScope
 from uprof.apikeys.store import ApiKeyStore, NeedsRead, Principal
+from uprof.facade import STREAM_RECHECK_RECORDS
 
 #: auto_error=False: a missing header must give our 401 body, not FastAPI's 403.
 bearer_scheme = HTTPBearer(
@@ -102,3 +104,23 @@ def mark_replay(scope: AppScope, response: Response) -> None:
     """Say on the response when a keyed write was answered from its first answer."""
     if scope.replayed:
         response.headers["Idempotent-Replayed"] = "true"
+
+
+def while_key_live(records: Iterable[str], store: ApiKeyStore, token: str) -> Iterator[str]:
+    """Yield ``records`` (a response being streamed) while the request's API key stands.
+
+    The key is checked again every ``STREAM_RECHECK_RECORDS`` records: a key revoked
+    meanwhile, by any process, ends the stream (the connection is cut) within
+    ``KEY_CACHE_TTL_S`` of the revocation, as it refuses the key's next request. The
+    stream is closed either way, so its closing audit entry is written.
+    """
+    it = iter(records)
+    try:
+        for sent, record in enumerate(it, 1):
+            yield record
+            if sent % STREAM_RECHECK_RECORDS == 0 and store.authenticate(token) is None:
+                raise unauthenticated("the API key was revoked while the stream was sent")
+    finally:
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from domain.errors import InvalidInputError
+from domain.errors import InvalidInputError, UprofError
 from domain.principal import Principal, PrincipalKind
 from domain.values import (
     AttributeProposal,
@@ -296,6 +296,20 @@ class AppScope:
         """
 
         def write(token: str | None) -> dict[str, Any]:
+            held = None if body.erase else self._held_consent(body.subject, body.consent_id)
+            if held is not None:
+                # In force: withdrawn at once, read from the subject's stream, without
+                # waiting for the views (a lagging pipeline must not hold it up).
+                at = self._door.now()
+                self._runtime.call_waiting(
+                    lambda: self._door.withdraw_consent(
+                        body.subject, body.consent_id, request_token=token, withdrawn_at=at
+                    )
+                )
+                consent = w.Consent.model_validate(
+                    {**asdict(held), "withdrawn_at": at, "erase_requested": False}
+                )
+                return w.ConsentWithdrawn(consent=consent).model_dump(mode="json")
             owned = {c.consent_id for c in self._own_consents(body.subject)}
             if body.consent_id not in owned:
                 raise EdgeError(
@@ -319,6 +333,23 @@ class AppScope:
         answer = self._once(idempotency_key, "consent.withdraw", body, write, status=200)
         self._runtime.wake()
         return w.ConsentWithdrawn.model_validate(answer)
+
+    def held_consents(self, subject: str) -> list[w.Consent]:
+        """This app's consents in force, read from the subject's stream (no view read,
+        so no wait for the pipeline); an app holding none gets subject_not_found."""
+        return [
+            w.Consent.model_validate({**asdict(c), "withdrawn_at": None})
+            for c in self._door.consents_in_force(subject)
+        ]
+
+    def _held_consent(self, subject: str, consent_id: str) -> Any:
+        """This app's consent ``consent_id`` if it is in force (from the subject's
+        stream, no view read), else None (the caller then reads the views as before)."""
+        try:
+            held = self._door.consents_in_force(subject)
+        except UprofError:
+            return None
+        return next((c for c in held if c.consent_id == consent_id), None)
 
     def _own_consents(self, subject: str) -> list[w.Consent]:
         with self._runtime.pipeline():

@@ -358,7 +358,12 @@ def build_server(
                 return ForgetResult(erasures=[receipt])
             asked: list[w.Consent] = []
             cursor = None
-            while True:  # every page: "forget" means every consent, however many
+            # Without erase, the consents in force come from the subject's stream: a
+            # withdrawal must not wait for the views (a lagging pipeline, or this app's
+            # own captures keeping it busy, would hold it off).
+            if not erase:
+                asked = s.held_consents(subject)
+            while erase:  # every page: "forget" means every consent, however many
                 page = s.consents(
                     w.ConsentListIn(subject=subject, cursor=cursor, limit=w.MAX_PAGE_LIMIT)
                 )

@@ -150,8 +150,11 @@ class ConsentService:
         erase_requested: bool = False,
         request_token: str | None = None,
         token_window_s: float = 0.0,
+        withdrawn_at: datetime | None = None,
     ) -> int:
         """Withdraw a consent; the next capture or read under it is refused.
+
+        ``withdrawn_at`` is the time recorded (default: now).
 
         Returns the withdrawal's log position (notification id), or 0 when
         ``request_token`` shows this withdrawal was already recorded (a retried keyed
@@ -172,7 +175,7 @@ class ConsentService:
                 return 0
             profile.withdraw_consent(
                 consent_id=consent_id,
-                withdrawn_at=now,
+                withdrawn_at=withdrawn_at or now,
                 erase_requested=erase_requested,
             )
             if request_token:

@@ -164,6 +164,11 @@ class _Run:
 
     def chunk(self, chunk: Sequence[ImportRecord | ImportProblem]) -> None:
         self.records += len(chunk)
+        # The policy may change while a run goes on (another process, `uprof policy
+        # revoke`): what it allowed is decided again for every chunk, so a revoked right
+        # stops the run's writes within a chunk plus the policy's refresh bound. A refusal
+        # stands for the run (it was audited, once).
+        self._permits = {key: why for key, why in self._permits.items() if why is not None}
         good: list[ImportRecord] = []
         for parsed in chunk:
             if isinstance(parsed, ImportProblem):

@@ -7,9 +7,13 @@ third party verifies exports and receipts offline with exactly these.
 
 from __future__ import annotations
 
-from fastapi.responses import StreamingResponse
+from typing import Annotated
 
-from uprof.api.deps import Scope
+from fastapi import Depends, Request
+from fastapi.responses import StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials
+
+from uprof.api.deps import Scope, bearer_scheme, while_key_live
 from uprof.api.routes.docs import api_router, errors
 from uprof.schemas.api import (
     AuditEntriesIn,
@@ -37,17 +41,24 @@ router = api_router(prefix="/v1/audit", tags=["audit"])
         **errors(403, 503),
     },
 )
-def export_trail(body: AuditExportIn, scope: Scope) -> StreamingResponse:
+def export_trail(
+    body: AuditExportIn,
+    scope: Scope,
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
+) -> StreamingResponse:
     """Export the trail (optionally filtered) with inclusion proofs and a signed checkpoint.
 
     The answer is the file itself, streamed while it is produced (the trail can be large):
     save it and check it offline with ``uprof audit verify FILE --public-key PEM`` and the
     key from ``/v1/audit/key``. Refusals (403, 422) come before the first byte. The export
-    is itself audited (``audit.exported``, with the number of entries sent).
+    is itself audited (``audit.exported``, with the number of entries sent). A key revoked
+    or a right taken away while the file is sent ends it (the connection is cut).
     """
     stream = scope.audit_export_stream(body)
+    assert credentials is not None  # Scope authenticated this request's key
     return StreamingResponse(
-        stream.records,
+        while_key_live(stream.records, request.app.state.api_keys, credentials.credentials),
         media_type=stream.media_type,
         headers={"Content-Disposition": f'attachment; filename="{stream.filename}"'},
     )
