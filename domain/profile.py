@@ -330,10 +330,10 @@ class SubjectProfile(Aggregate):
     ) -> None:
         self.consents.pop(consent_id, None)
 
-    def consents_in_force(self, at: datetime) -> list[ConsentGrant]:
-        grants = []
-        for consent_id, c in sorted(self.consents.items()):
-            grant = ConsentGrant(
+    def consents_held(self) -> list[ConsentGrant]:
+        """Every consent not withdrawn, expired ones included (they may still be withdrawn)."""
+        return [
+            ConsentGrant(
                 consent_id=consent_id,
                 app_id=c.app_id,
                 categories=c.categories,
@@ -342,9 +342,11 @@ class SubjectProfile(Aggregate):
                 granted_at=c.granted_at,
                 expires_at=c.expires_at,
             )
-            if grant.expires_at is None or at < grant.expires_at:
-                grants.append(grant)
-        return grants
+            for consent_id, c in sorted(self.consents.items())
+        ]
+
+    def consents_in_force(self, at: datetime) -> list[ConsentGrant]:
+        return [g for g in self.consents_held() if g.expires_at is None or at < g.expires_at]
 
     def has_consent(self, *, app_id: str, category: str, purpose: str, at: datetime) -> bool:
         return any(

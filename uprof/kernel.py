@@ -251,19 +251,7 @@ class Uprof:
         Expired consents are listed too (they may still be withdrawn).
         """
         profile = self.app.load(self.stream_of(subject))
-        return [
-            ConsentGrant(
-                consent_id=consent_id,
-                app_id=c.app_id,
-                categories=c.categories,
-                purposes=c.purposes,
-                legal_basis=c.legal_basis,
-                granted_at=c.granted_at,
-                expires_at=c.expires_at,
-            )
-            for consent_id, c in sorted(profile.consents.items())
-            if app_id is None or c.app_id == app_id
-        ]
+        return [g for g in profile.consents_held() if app_id is None or g.app_id == app_id]
 
     def withdraw_consent(
         self,
