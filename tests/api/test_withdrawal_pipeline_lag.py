@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any
 
 import httpx
@@ -128,3 +129,31 @@ def test_mcp_forget_withdraws_while_the_pipeline_stands_still(kernel: Uprof) -> 
     assert again.is_error and json.loads(again.content[0].text)["error"]["code"] == (
         "consent_required"
     )
+
+
+def test_a_user_withdraws_in_the_privacy_center_while_the_pipeline_stands_still(
+    http: httpx.Client, apps: Apps
+) -> None:
+    """The privacy center checked that the consent was the user's own in the consents
+    view before withdrawing it: with the pipeline stalled, the user got an error page
+    and the app's captures went on being accepted."""
+    consent_id = grant(http, apps.planner)
+    assert _capture(http, apps.planner, "I am vegetarian").status_code == 201
+    login = http.post(
+        "/v1/privacy/links", headers=bearer(apps.planner_operator), json={"subject": "alice"}
+    ).json()["login_path"]
+    http.get(login)  # the session cookie stays in the client
+    # The profile page itself waits for the views (it shows them); the erasure page holds
+    # the form's CSRF token too.
+    page = http.get("/privacy/erase")
+    assert page.status_code == 200, page.text
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert csrf is not None, page.text
+    withdrawn = http.post(
+        "/privacy/consents/withdraw",
+        data={"csrf": csrf.group(1), "consent_id": consent_id},
+        follow_redirects=False,
+    )
+    assert withdrawn.status_code == 303, withdrawn.text
+    assert withdrawn.headers["location"] == "/privacy?notice=withdrawn"
+    assert _capture(http, apps.planner, "I moved to Porto").status_code == 403

@@ -131,8 +131,14 @@ def router(web: WebPages) -> APIRouter:
         )
 
     def own_consent(runtime: ServiceRuntime, session: Session, consent_id: str) -> bool:
+        # A consent in force is found in the subject's stream, whatever the pipeline's
+        # lag: the user's withdrawal must not wait for the views (decision 0064). Only
+        # another id (withdrawn already, mistyped) is looked up in the views.
+        door = user_door(runtime, session)
+        if any(c.consent_id == consent_id for c in door.consents_in_force(session.subject)):
+            return True
         with runtime.pipeline():
-            consents = user_door(runtime, session).consents(session.subject)
+            consents = door.consents(session.subject)
         return any(c.consent_id == consent_id for c in consents)
 
     @router.post("/privacy/consents/withdraw", include_in_schema=False)
