@@ -10,6 +10,7 @@ a schema-only template, or a copy an earlier test gave back, reset and renamed
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import multiprocessing
 import os
@@ -17,10 +18,13 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import sqlalchemy as sa
+import typer.main
+import typer.testing
+from xdist.scheduler import LoadScopeScheduling
 
 if TYPE_CHECKING:
     from tests.templates import PgStores, SqliteTemplate
@@ -178,14 +182,63 @@ def spans() -> Iterator[object]:
     provider.shutdown()
 
 
+# Typer builds the whole click command tree from the functions' signatures on every
+# `CliRunner.invoke` (typer.testing calls `get_command(app)` each time): ~0.1-0.15 s per call
+# for uprof's ~100 commands, paid by every CLI test call (decision 0065). The tree is the same
+# for the same app object and a click command keeps no state between invocations, so the
+# tests build it once per app. A `uprof` process builds it once too, at its start.
+assert callable(getattr(typer.testing, "_get_command", None)), "typer.testing changed"
+typer.testing._get_command = functools.cache(typer.main.get_command)  # type: ignore[attr-defined]
+
+
 # The multi-process scenarios (real servers and workers started, killed and restarted) are
 # handed out first: under `--dist load` they then overlap the many short in-process tests,
 # instead of all running together at the end, where each waits on the others' processes.
 _RUN_FIRST = ("tests/reliability/", "tests/e2e/")
 
 
+# Tests marked `model` import torch and sentence-transformers and load a real model: ~7 s
+# of CPU for the imports alone in each process that does it first (2 vCPU, busy). Under
+# `--dist load` every test worker ended up paying it. `--dist loadgroup` cannot group them
+# (pytest-xdist#1386: with pytest 9.2 its group marks are silently ignored), so the
+# scheduler below hands the files holding them to one worker as one unit, and the other
+# tests one by one (decision 0065). Collection checks that every `model` test is in one of
+# these files, so a new one cannot silently land elsewhere.
+MODEL_FILES = (
+    "tests/bench/test_baselines.py",
+    "tests/bench/test_minilm.py",
+    "tests/bench/test_reproduction.py",
+    "tests/e2e/test_offline_and_cli.py",
+    "tests/retrieval/test_adapters.py",
+    "tests/retrieval/test_models.py",
+)
+
+
+class _ModelFilesOnOneWorker(LoadScopeScheduling):  # type: ignore[misc]  # untyped
+    """`--dist load`, except that the tests of MODEL_FILES are one unit of work."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return "model files" if nodeid.split("::", 1)[0] in MODEL_FILES else nodeid
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "load":
+        return None
+    return _ModelFilesOnOneWorker(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: not item.nodeid.startswith(_RUN_FIRST))  # stable
+    stray = [
+        item.nodeid
+        for item in items
+        if item.get_closest_marker("model") and item.nodeid.split("::", 1)[0] not in MODEL_FILES
+    ]
+    if stray:
+        raise pytest.UsageError(
+            "tests marked `model` outside tests/conftest.py MODEL_FILES: " + ", ".join(stray)
+        )
 
 
 # The cyclic garbage collector in a test process. A full collection walks every tracked

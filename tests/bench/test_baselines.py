@@ -347,6 +347,7 @@ def test_every_baseline_slice_fits(texts: list[str], budget: int, query: str) ->
         assert len(sl.items) == (sl.text.count("\n") + 1 if sl.text else 0)
 
 
+@pytest.mark.model
 def test_the_mpnet_baseline_ranks_by_all_mpnet_base_v2() -> None:
     """`embedding-mpnet`: dense top-k with the model `uprof models fetch mpnet` installed
     (make setup), shared by the systems built from one factory set."""

@@ -70,6 +70,7 @@ def test_prefeval_cli_baselines_render_one_plain_line_per_candidate() -> None:
         assert sl.text.splitlines() == [render_bullet_line(t) for t in turns]
 
 
+@pytest.mark.model
 def test_locomo_cli_baselines_render_dated_dialogue_lines() -> None:
     from benchmarks.locomo import default_systems, load_locomo
 
@@ -97,6 +98,7 @@ def test_prefeval_cli_reproduces_pinned_baselines(tmp_path: Path) -> None:
     assert got == PREFEVAL_PINNED
 
 
+@pytest.mark.model
 def test_locomo_cli_reproduces_pinned_baselines(tmp_path: Path) -> None:
     out = tmp_path / "er.json"
     _run(

@@ -139,6 +139,7 @@ def test_the_mpnet_pins_name_every_file_the_model_needs() -> None:
     assert all(len(sha) == 64 for sha in MPNET.files.values())
 
 
+@pytest.mark.model
 def test_the_installed_mpnet_verifies_and_embeds_768_unit_dimensions() -> None:
     """`make setup` runs `uprof models fetch mpnet`; this is that copy."""
     folder = installed_folder(MPNET, default_models_dir())
