@@ -1065,6 +1065,15 @@ class Facade:
         self._authorize_governance("policy", OPERATIONS_PURPOSE)
         return self._kernel.policy_history()
 
+    def policy_table(self) -> tuple[Any, ...] | None:
+        """Who may do what, one row per app and rule (``policy`` action, as showing the
+        policy); None when the authorizer cannot list its rules."""
+        self._authorize_governance("policy", OPERATIONS_PURPOSE)
+        table: Callable[[str], tuple[Any, ...]] | None = getattr(
+            self._kernel.authorizer, "policy_table", None
+        )
+        return None if table is None else table(self._kernel.subjects.tenant)
+
     def policy_grant(self, **change: Any) -> Any:
         """Add rules or a role; the change event and audit entry name this principal."""
         self._authorize_governance("policy", OPERATIONS_PURPOSE)
