@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import httpx
 
-from tests.api.conftest import Apps, LiveServer, bearer
+from tests.api.conftest import Apps, LiveServer, bearer, grant
+from tests.web.conftest import open_link
 from uprof.kernel import Uprof
 
 
@@ -33,3 +34,66 @@ def test_the_console_shows_no_policy_to_an_operator_the_policy_denies_reading_it
         assert refused.status_code == 403, refused.text
         assert "role:assistant" not in refused.text and "<tr class=" not in refused.text
         assert "unreadable" not in refused.text
+
+
+def _link(http: httpx.Client, apps: Apps, subject: str = "alice") -> str:
+    issued = http.post(
+        "/v1/privacy/links", headers=bearer(apps.planner_operator), json={"subject": subject}
+    )
+    assert issued.status_code == 201, issued.text
+    return str(issued.json()["login_path"])
+
+
+def test_opening_a_sign_in_link_neither_uses_it_nor_signs_anyone_in(
+    server: LiveServer, http: httpx.Client, apps: Apps
+) -> None:
+    """Opening the link (a GET) burnt it and handed a session to whoever fetched it first:
+    a mail scanner or link preview fetching the link took the user's session, and the
+    user got "Link not valid". Now the GET shows a sign-in button; the POST it sends does
+    the sign-in."""
+    grant(http, apps.planner)
+    login_path = _link(http, apps)
+    scanner = httpx.get(server.url + login_path, timeout=30)
+    assert scanner.status_code == 200, scanner.text
+    assert "set-cookie" not in scanner.headers
+    assert scanner.headers["referrer-policy"] == "no-referrer"
+    with httpx.Client(base_url=server.url, timeout=30) as browser:
+        assert open_link(browser, login_path).status_code == 303
+        assert browser.get("/privacy").status_code == 200
+    # Still single use: the POST burnt it.
+    with httpx.Client(base_url=server.url, timeout=30) as again:
+        assert open_link(again, login_path, expect=403).status_code == 403
+
+
+def test_another_site_cannot_sign_a_browser_in(
+    server: LiveServer, http: httpx.Client, apps: Apps
+) -> None:
+    """Login CSRF: a page of another site posting its own link (or key) signs the
+    visitor's browser into the attacker's privacy center or console session. The browser
+    says where the form came from (Sec-Fetch-Site, Origin): such posts are refused, and
+    the link stays unused."""
+    grant(http, apps.planner)
+    token = _link(http, apps).split("token=", 1)[1]
+    with httpx.Client(base_url=server.url, timeout=30) as victim:
+        for headers in (
+            {"Sec-Fetch-Site": "cross-site", "Origin": "https://attacker.example"},
+            {"Sec-Fetch-Site": "same-site", "Origin": "https://evil.uprof.example"},
+            {"Origin": "null"},
+            {"Origin": "https://attacker.example"},
+        ):
+            console = victim.post(
+                "/console/login", data={"api_key": apps.planner_operator}, headers=headers
+            )
+            assert console.status_code == 403, (headers, console.text)
+            assert "uprof_console" not in victim.cookies
+            refused = victim.post("/privacy/login", data={"token": token}, headers=headers)
+            assert refused.status_code == 403, (headers, refused.text)
+            assert "uprof_privacy" not in victim.cookies
+        # The same form from uprof's own page (the browser says same-origin) signs in.
+        own = {"Sec-Fetch-Site": "same-origin", "Origin": server.url}
+        signed = victim.post("/privacy/login", data={"token": token}, headers=own)
+        assert signed.status_code == 303 and "uprof_privacy" in victim.cookies
+        console = victim.post(
+            "/console/login", data={"api_key": apps.planner_operator}, headers=own
+        )
+        assert console.status_code == 303 and "uprof_console" in victim.cookies
