@@ -262,3 +262,29 @@ def test_a_page_of_another_site_cannot_use_or_plant_a_sign_in(
     assert sign_in_user(page, link).status == 200  # the profile, after the redirect
     page.wait_for_url(f"{server.url}/privacy")
     assert "Lisbon" in page.content()
+
+
+def test_an_apps_text_cannot_reverse_what_the_privacy_center_says_around_it(
+    page: Any, server: LiveServer, http: httpx.Client, apps: Apps
+) -> None:
+    """A capture ending in U+202E (right-to-left override) reversed the rest of its line
+    in the privacy center: "— app:planner, personalization, <date>" after the quoted
+    evidence was drawn right to left, so an app id chosen to read as another when reversed
+    (``knab:ppa``) showed as "app:bank". App and user text is isolated (``<bdi>``)."""
+    seed(http, apps, "alice", "I live in Lisbon\u202e")
+    sign_in_user(page, server.url + privacy_link(http, apps.planner_operator, "alice"))
+    page.wait_for_url(f"{server.url}/privacy")
+    page.locator("details").first.evaluate("d => d.open = true")
+    evidence = page.locator("li", has_text="Lisbon").first
+    # Where the browser draws the first and the last character of the app id after it.
+    first_x, last_x = evidence.evaluate(
+        """li => {
+            const text = [...li.childNodes].find(n => n.nodeType === 3 && n.data.includes('app:'));
+            const at = text.data.indexOf('app:planner');
+            const range = document.createRange();
+            const x = i => { range.setStart(text, i); range.setEnd(text, i + 1);
+                             return range.getBoundingClientRect().x; };
+            return [x(at), x(at + 'app:planner'.length - 1)];
+        }"""
+    )
+    assert first_x < last_x, "the app id after the evidence is drawn right to left"
