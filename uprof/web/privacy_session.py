@@ -22,7 +22,10 @@ from uprof.web.pages import (
     WebPages,
     key_door,
 )
-from uprof.web.state import MAX_TOKEN_CHARS, Session
+from uprof.web.state import Session
+
+#: Longer tokens are no link (``LinkStore.redeem`` refuses them unread; issued ones are 43).
+MAX_TOKEN_CHARS = 200
 
 
 class PrivacyLinkIn(BaseModel):
