@@ -723,6 +723,17 @@ class Facade:
             self._authorize_governance("inspect", OPERATIONS_PURPOSE)
         return self._kernel.subject_pseudonym(subject)
 
+    def authorize_privacy_link(self) -> None:
+        """Decide whether this principal may hand out a privacy-center link.
+
+        A link exercises the subject's rights (export, erasure) without the operators'
+        policy, so whoever hands one out must be allowed both itself: an operator the
+        deployment denies ``export`` or ``erase`` could otherwise issue a link and use it.
+        Raises PermissionDeniedError (audited).
+        """
+        self._authorize_governance("export", ACCESS_PURPOSE)
+        self._authorize_governance("erase", ERASURE_PURPOSE)
+
     def audit_subject_ref(self, subject: str) -> str:
         """The pseudonym audit entries use for a subject (what an audit search filters on)."""
         self._authorize_governance("audit", COMPLIANCE_PURPOSE)

@@ -5,8 +5,9 @@ SQLite and PostgreSQL: each test failed on the code before its fix (docs/securit
 from __future__ import annotations
 
 import httpx
+import pytest
 
-from tests.api.conftest import Apps, LiveServer, bearer, grant
+from tests.api.conftest import Apps, LiveServer, bearer, grant, interaction
 from tests.web.conftest import open_link
 from uprof.kernel import Uprof
 
@@ -97,3 +98,41 @@ def test_another_site_cannot_sign_a_browser_in(
             "/console/login", data={"api_key": apps.planner_operator}, headers=own
         )
         assert console.status_code == 303 and "uprof_console" in victim.cookies
+
+
+@pytest.mark.parametrize(
+    ("action", "purpose"), [("export", "access-request"), ("erase", "erasure")]
+)
+def test_an_operator_denied_export_or_erase_cannot_hand_itself_a_link_that_does_it(
+    server: LiveServer,
+    http: httpx.Client,
+    apps: Apps,
+    kernel: Uprof,
+    action: str,
+    purpose: str,
+) -> None:
+    """A link exercises the subject's rights, export and erasure included, whatever the
+    operators' policy says. Issuing one asked only ``inspect``: an operator key whose
+    ``export`` (or ``erase``) the deployment denies (REST 403) issued a link for any
+    subject, opened it itself and downloaded the whole profile (or erased it)."""
+    grant(http, apps.planner)
+    captured = http.post(
+        "/v1/captures",
+        headers=bearer(apps.planner),
+        json={"subject": "alice", **interaction("I live in Lisbon")},
+    )
+    assert captured.status_code == 201, captured.text
+    kernel.policy_grant(
+        requested_by="test",
+        role="role:operator",
+        actions=[action],
+        categories=["any"],
+        purpose=purpose,
+        effect="deny",
+    )
+    direct = "/v1/governance/exports" if action == "export" else "/v1/governance/erasures/subject"
+    body = {"subject": "alice"}
+    assert http.post(direct, headers=bearer(apps.planner_operator), json=body).status_code == 403
+    issued = http.post("/v1/privacy/links", headers=bearer(apps.planner_operator), json=body)
+    assert issued.status_code == 403, issued.text
+    assert "token" not in issued.text

@@ -61,12 +61,14 @@ def router(web: WebPages) -> APIRouter:
     ) -> PrivacyLinkOut:
         """Issue a single-use, expiring sign-in link to the subject's privacy center.
 
-        Needs the ``operator`` role. Only the token's hash is kept; hand the token to the
-        subject (it opens ``/privacy/login?token=...``).
+        Needs the ``operator`` role, and the operators' policy must allow ``export`` and
+        ``erase`` (what the link lets its holder do). Only the token's hash is kept; hand
+        the token to the subject (it opens ``/privacy/login?token=...``).
         """
         if not principal.has_role(ROLE_OPERATOR):
             raise role_required(ROLE_OPERATOR)
         door = key_door(web.runtime_of(request), principal.app_id, principal.key_id)
+        door.authorize_privacy_link()  # the link can export and erase: so must its issuer
         if not door.subject_exists(body.subject):
             raise EdgeError(404, "subject_not_found", "no such subject")
         pseudonym = door.subject_pseudonym(body.subject) or ""
