@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from domain.errors import IntentTransitionError
+from domain.errors import EvidenceError, IntentTransitionError
 from domain.values import (
     AttributeProposal,
     IntentProposal,
@@ -178,3 +178,48 @@ def test_an_intent_named_by_id_that_its_agent_cannot_see_is_refused_as_not_activ
         answers.append(str(refused.value).replace(item_id, "<id>"))
     assert answers[0] == answers[1]
     assert [i.status for i in kernel.profile("alice").intents] == ["active"]
+
+
+def _cite(door: Facade, agent: str, evidence: str, purpose: str) -> int:
+    key, value = ("routine", "gym at 7") if purpose == "scheduling" else ("diet", "vegan")
+    batch = ProposalBatch(
+        (AttributeProposal(key, value, (evidence,), 0.9),),
+        author=agent,
+        owner_agent=agent,
+        sharing="private",
+        purpose=purpose,
+    )
+    return door.submit_proposals("alice", batch)
+
+
+def _jazz_served(door: Facade) -> bool:
+    served = door.slice(
+        "alice", "jazz", budget_tokens=500, purpose="personalization", agent_id="agent:one"
+    )
+    return [i.text for i in served.items] == ["I love jazz"]
+
+
+def test_a_private_capture_is_cited_as_evidence_by_its_agent_only(kernel: Uprof) -> None:
+    """Another app's agent citing a private capture (its id shows in provenance labels)
+    made its own item part of what the capture reveals: the capture's memory then needed
+    that item's category too, and its owner's slices withheld it (planner holds no
+    consent for `schedule`). Such a citation is refused as one of a capture that does not
+    exist."""
+    consent(kernel, categories=("conversation", "preference", "diet"))
+    kernel.grant_consent("alice", app_id="app:calendar", categories=["*"], purposes=["scheduling"])
+    ack = kernel.capture("alice", say("I love jazz", sharing="private"))
+    kernel.process()
+    planner = Facade(kernel, PRINCIPALS["planner"])
+    assert _jazz_served(planner)
+    calendar = Facade(kernel, PRINCIPALS["calendar"])
+    answers = []
+    for evidence in (ack.capture_id, "0" * 32):
+        with pytest.raises(EvidenceError) as refused:
+            _cite(calendar, "agent:cal", evidence, "scheduling")
+        answers.append(str(refused.value).replace(evidence, "<id>"))
+    assert answers[0] == answers[1]
+    kernel.process()
+    assert _jazz_served(planner)
+    assert {a.key for a in kernel.profile("alice").attributes} == set()
+    # Its own agent cites it.
+    assert _cite(planner, "agent:one", ack.capture_id, "personalization") == 1
