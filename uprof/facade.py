@@ -181,7 +181,8 @@ class Facade:
         """Run a keyed write at most once per (this principal's app, key) (I14).
 
         Keys belong to the app the principal acts for, so app B reusing app A's key
-        never receives A's answer. ``execute(token)`` is one of this facade's writes.
+        never receives A's answer. ``execute(token)`` is one of this facade's writes; a
+        replay runs it again, so it is authorized like a fresh call (fail closed).
         """
         with self._as_principal():
             return self._kernel.idempotent(

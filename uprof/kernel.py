@@ -150,9 +150,21 @@ class Uprof:
         """Run a keyed write at most once per (app, key) and replay its first answer (I14).
 
         ``execute(token)`` does the write, passing ``token`` as ``request_token`` to the
-        write method below; see services/idempotency.py for the guarantees.
+        write method below; see services/idempotency.py for the guarantees. A replay
+        runs it again first (decided like a fresh call, writing nothing) and is audited
+        as ``request.replayed``.
         """
-        return self._idempotency().run(app_id, key, operation, body, execute)
+        outcome = self._idempotency().run(app_id, key, operation, body, execute)
+        if outcome.replayed:
+            # A first answer served again (after the write path let the retry through).
+            pseudonym = outcome.response.get("subject_pseudonym")
+            self.audit.record(
+                "request.replayed",
+                app_id=app_id,
+                reason_code=operation,
+                subject_ref=pseudonym if isinstance(pseudonym, str) else None,
+            )
+        return outcome
 
     def request_token(self, app_id: str, key: str, *, namespace: str = "key") -> str:
         """The per-app token of an idempotency key (or, namespace "source_ref", of a ref)."""

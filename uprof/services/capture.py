@@ -275,6 +275,9 @@ class CaptureService:
             profile = self._app.load(stream_id)
             now = self._clock.now()
             if batch_token:
+                # A retry is answered only under a consent in force now, as a fresh call.
+                for interaction in checked:
+                    profile.require_capture_consent(interaction, now)
                 first = profile.recorded_request(batch_token, now=now, window_s=token_window_s)
                 if first is not None:
                     return [], [], 0, first

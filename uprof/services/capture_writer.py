@@ -510,17 +510,18 @@ class CaptureWriter:
 
     def _apply(self, profile: SubjectProfile, pending: PendingCapture, now: Any) -> None:
         """Apply one request to the subject's copy, all or nothing."""
-        if pending.batch_token:
-            first = profile.recorded_request(
-                pending.batch_token, now=now, window_s=pending.token_window_s
-            )
-            if first is not None:
-                pending.replay_of = first
-                return
         try:
             for interaction in pending.interactions:
-                # What profile.capture refuses, checked before anything is applied.
+                # What profile.capture refuses, checked before anything is applied, and
+                # before a retry is answered: a retry needs a consent in force now too.
                 profile.require_capture_consent(interaction, now)
+            if pending.batch_token:
+                first = profile.recorded_request(
+                    pending.batch_token, now=now, window_s=pending.token_window_s
+                )
+                if first is not None:
+                    pending.replay_of = first
+                    return
             ids, versions = [], []
             for interaction in pending.interactions:
                 ids.append(profile.capture(interaction, now=now))

@@ -19,6 +19,13 @@ retry gets the effect of one write and the first answer:
    out: the next retry simply runs) and never writes twice.
 3. **Answer**: the first answer stored wins; every caller of one key returns it, so
    concurrent duplicates get byte-identical responses.
+4. **Replay, decided again**: a retry of an answered key runs the write again before
+   the stored answer is returned. Everything a fresh call is refused for is asked
+   again as it stands now (the app's policy, its API key at the edge, the subject's
+   consent, an erasure) and refused the same way, audited; only a call that would be
+   let through gets the first answer. The stream holds the token (it outlives the
+   row: the row's retention starts at the claim, before the write), so the run
+   writes nothing. The kernel audits each replay (``request.replayed``).
 
 A write that fails (consent refused, bad input) releases its claim: nothing was
 written, and the caller may fix the cause and retry with the same key.
@@ -151,6 +158,11 @@ class IdempotencyStore:
         body_hash = self.body_hash(operation, body)
         stored = self._claim(token, app_id, operation, body_hash)
         if stored is not None:
+            # A replay is decided like a fresh call: the write runs again with the same
+            # token, so the policy, the key, the consent gate and erasure are asked as
+            # they stand now, and a refusal is raised (and audited) as for a fresh call;
+            # the subject's stream holds the token, so the run writes nothing.
+            execute(token)
             return stored
         try:
             response, status = execute(token)
