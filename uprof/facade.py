@@ -101,6 +101,8 @@ from uprof.services.subjects import SubjectRequest
 if TYPE_CHECKING:
     from audit.check import CheckResult, Kind
     from audit.log import StoredEntry
+    from uprof.apikeys.store import IssuedKey
+    from uprof.services.backup import BackupReport
     from uprof.services.idempotency import Outcome
 
 __all__ = [
@@ -1087,6 +1089,18 @@ class Facade:
         with self._as_principal():
             return self._kernel.onboard_app(app_id, requested_by=self.principal.label, **grants)
 
+    def issue_api_key(self, app_id: str, roles: Sequence[str]) -> IssuedKey:
+        """Issue an API key for an app (operator work, decided as ``policy``; audited)."""
+        self._authorize_operator("policy", CATEGORIES, OPERATIONS_PURPOSE)
+        with self._as_principal():
+            return self._kernel.issue_api_key(app_id, roles)
+
+    def revoke_api_key(self, key_id: str) -> bool:
+        """Revoke an API key (operator work, decided as ``policy``; audited)."""
+        self._authorize_operator("policy", CATEGORIES, OPERATIONS_PURPOSE)
+        with self._as_principal():
+            return self._kernel.revoke_api_key(key_id)
+
     def policy_health(self) -> str:
         """Why every check denies ('' when the policy store is readable): for readiness."""
         return self._kernel.policy_health()
@@ -1098,6 +1112,12 @@ class Facade:
         self._authorize_operator("operate", CATEGORIES, OPERATIONS_PURPOSE)
         with self._as_principal():
             return self._kernel.rotate_keys()
+
+    def backup(self, dest: PathLike[str] | str) -> BackupReport:
+        """Write a backup of the data stores (operator work, ``operate``; audited)."""
+        self._authorize_operator("operate", CATEGORIES, OPERATIONS_PURPOSE)
+        with self._as_principal():
+            return self._kernel.backup(dest)
 
     def lag(self) -> Lag:
         return self._kernel.lag()

@@ -65,6 +65,8 @@ if TYPE_CHECKING:
 
     from audit.check import CheckResult, Kind
     from audit.log import AuditLog, StoredEntry
+    from uprof.apikeys.store import IssuedKey
+    from uprof.services.backup import BackupReport
 
 Progress = Callable[[int, int], None]
 _log = logging.getLogger(__name__)
@@ -913,9 +915,60 @@ class Uprof:
         return self.projections.position >= notification_id
 
     def rotate_keys(self) -> dict[str, int]:
-        """Re-wrap every data key under a new KEK epoch and forget the old KEK."""
+        """Re-wrap every data key under a new KEK epoch and forget the old KEK (audited)."""
         result: dict[str, int] = self.keystore.rotate_kek()
+        self.audit.record("kek.rotated", counts=dict(result))
         return result
+
+    # ------------------------------------------------------------ administration
+
+    def issue_api_key(self, app_id: str, roles: Sequence[str]) -> IssuedKey:
+        """Issue an API key for an app, audited (``apikey.issued``: its id and roles,
+        never its secret). A key whose entry cannot be written is revoked at once, so no
+        key works that the log does not show."""
+        from uprof.apikeys.store import ApiKeyStore
+
+        store = ApiKeyStore(self.keys_engine, now=self.clock.now)
+        issued = store.create(app_id, roles)
+        try:
+            self.audit.record(
+                "apikey.issued",
+                app_id=app_id,
+                api_key_id=issued.info.key_id,
+                roles=list(issued.info.roles),
+            )
+        except BaseException:
+            store.revoke(issued.info.key_id)
+            raise
+        return issued
+
+    def revoke_api_key(self, key_id: str) -> bool:
+        """Revoke an API key, audited (``apikey.revoked``); False when no live key has
+        that id (nothing changes, nothing is recorded). The revocation stands even if
+        its entry then fails to be written (the error is raised)."""
+        from uprof.apikeys.store import ApiKeyStore
+
+        store = ApiKeyStore(self.keys_engine, now=self.clock.now)
+        app_id = store.live_app_of(key_id)
+        if app_id is None or not store.revoke(key_id):
+            return False
+        self.audit.record("apikey.revoked", app_id=app_id, api_key_id=key_id)
+        return True
+
+    def backup(self, dest: PathLike[str] | str) -> BackupReport:
+        """Write a backup of the data stores (no key material) and audit it
+        (``backup.written``: the audit entries it holds, as ``tree_size``, and its files)."""
+        from pathlib import Path
+
+        from uprof.services.backup import backup
+
+        report = backup(self.settings, Path(dest))
+        self.audit.record(
+            "backup.written",
+            tree_size=report.audit_entries,
+            counts={"files": len(report.files), "bytes": sum(report.files.values())},
+        )
+        return report
 
     def project_log(self, timeout_s: float) -> bool:
         """Bring the projections (not extraction) up to the log head as it is now."""

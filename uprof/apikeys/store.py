@@ -213,6 +213,16 @@ class ApiKeyStore:
 
     # ----------------------------------------------------------------- queries
 
+    def live_app_of(self, key_id: str) -> str | None:
+        """The app of the live key ``key_id`` (read now, not from the cache), or None."""
+        with self._engine.connect() as conn:
+            found = conn.execute(
+                sa.select(api_keys.c.app_id).where(
+                    api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_(None)
+                )
+            ).first()
+        return None if found is None else str(found.app_id)
+
     def list(self, app_id: str | None = None) -> list[ApiKeyInfo]:
         query = sa.select(
             api_keys.c.key_id,

@@ -1,0 +1,124 @@
+"""Administrative writes leave an audit entry: API keys issued and revoked, KEK rotations,
+backups and restores.
+
+Until 2026-12-05 ``uprof apps create`` and ``uprof apps revoke`` wrote the key store
+directly and ``uprof keys rotate``, ``uprof backup`` and ``uprof restore`` recorded
+nothing: the log that promises every write held no trace of who was given access, when
+it was taken back, or when the stores were copied out or replaced. Each is now recorded
+(ids, roles, counts; never a key's secret), and the trail with them still verifies.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from typer.testing import CliRunner
+
+from tests.api.conftest import api_settings, build_kernel
+from tests.conftest import Backend
+from uprof.cli.main import app as cli
+
+CLI_LABEL = "operator:local#cli"
+
+
+def cli_for(backend: Backend):  # type: ignore[no-untyped-def]
+    runner = CliRunner()
+    base = ["--data-dir", str(backend.data_dir / "data"), "--embedder", "hashing"]
+    if backend.kind == "postgres":
+        base += ["--database-url", backend.url]
+
+    def run(*args: str, code: int = 0) -> str:
+        result = runner.invoke(cli, [*base, *args])
+        assert result.exit_code == code, result.output
+        return result.output
+
+    return run
+
+
+def trail(backend: Backend) -> list[tuple[dict[str, Any], str]]:
+    kernel = build_kernel(api_settings(backend, background=False))
+    try:
+        return [(e.entry, e.entry_json) for e in kernel.audit_log.entries()]
+    finally:
+        kernel.close()
+
+
+def verifies(run: Any, tmp: Path) -> None:
+    out, pem = tmp / "trail.jsonl", tmp / "audit.pem"
+    run("audit", "export", "--out", str(out))
+    run("audit", "public-key", "--out", str(pem))
+    run("audit", "verify", str(out), "--public-key", str(pem))
+
+
+def test_api_keys_issued_and_revoked_are_audited_without_their_secret(
+    backend: Backend, tmp_path: Path
+) -> None:
+    run = cli_for(backend)
+    out = run("apps", "create", "app:x", "--role", "app", "--role", "operator")
+    token = out.strip().splitlines()[-1]
+    key_id = token.split("_")[1]
+    run("apps", "revoke", key_id)
+    run("apps", "revoke", key_id, code=5)  # no live key: nothing changed, nothing recorded
+    entries = trail(backend)
+    issued = [e for e, _ in entries if e["action"] == "apikey.issued"]
+    revoked = [e for e, _ in entries if e["action"] == "apikey.revoked"]
+    assert len(issued) == 1 and len(revoked) == 1
+    assert issued[0]["api_key_id"] == revoked[0]["api_key_id"] == key_id
+    assert issued[0]["app_id"] == revoked[0]["app_id"] == "app:x"
+    assert issued[0]["roles"] == ["app", "operator"]
+    assert issued[0]["principal"] == revoked[0]["principal"] == CLI_LABEL
+    secret = token.split("_", 2)[2]
+    assert not any(secret in text or token in text for _, text in entries)
+    verifies(run, tmp_path)
+
+
+def test_kek_rotation_backup_and_restore_are_audited(backend: Backend, tmp_path: Path) -> None:
+    run = cli_for(backend)
+    run(
+        "consent",
+        "grant",
+        "--subject",
+        "ana",
+        "--app",
+        "app:planner",
+        "--category",
+        "*",
+        "--purpose",
+        "personalization",
+        "--collected-by",
+        "form:1",
+    )
+    run(
+        "consent",
+        "grant",
+        "--subject",
+        "bo",
+        "--app",
+        "app:planner",
+        "--category",
+        "*",
+        "--purpose",
+        "personalization",
+        "--collected-by",
+        "form:1",
+    )
+    run("keys", "rotate")
+    run("backup", "--to", str(tmp_path / "bk"))
+    run("restore", "--from", str(tmp_path / "bk"))
+    entries = [e for e, _ in trail(backend)]
+    by_action = {e["action"]: e for e in entries}
+    rotated = by_action["kek.rotated"]
+    assert rotated["principal"] == CLI_LABEL and rotated["counts"]["deks_rewrapped"] >= 1
+    written = by_action["backup.written"]
+    assert written["principal"] == CLI_LABEL
+    assert written["tree_size"] >= 1 and written["counts"]["files"] >= 1
+    restored = by_action["backup.restored"]
+    assert restored["principal"] == CLI_LABEL and restored["tree_size"] == written["tree_size"]
+    # The restore keeps the live log, which extends the backup's: both entries are in it,
+    # the backup's first.
+    actions = [e["action"] for e in entries]
+    assert actions.index("backup.written") < actions.index("backup.restored")
+    verifies(run, tmp_path)
+    assert json.dumps(entries).count("kek.rotated") == 1
