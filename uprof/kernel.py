@@ -374,7 +374,7 @@ class Uprof:
         if ledger is None or not ledger.is_erased(self.subjects.tenant, ref):
             raise InvalidInputError("subject: not an erased subject; nothing to re-create")
         ledger.record_recreated(self.subjects.tenant, ref)
-        handle = self.subjects.find_or_create(ref, now=self.clock.now())
+        handle = self.subjects.find_or_create(ref, now=self.clock.now(), audit=self.audit)
         self.audit.record(
             "subject.recreated", subject_ref=handle.pseudonym, app_id=_token(requested_by)
         )

@@ -1,11 +1,13 @@
 """Administrative writes leave an audit entry: API keys issued and revoked, KEK rotations,
-backups and restores.
+backups and restores, and every subject key at its creation.
 
 Until 2026-12-05 ``uprof apps create`` and ``uprof apps revoke`` wrote the key store
 directly and ``uprof keys rotate``, ``uprof backup`` and ``uprof restore`` recorded
 nothing: the log that promises every write held no trace of who was given access, when
-it was taken back, or when the stores were copied out or replaced. Each is now recorded
-(ids, roles, counts; never a key's secret), and the trail with them still verifies.
+it was taken back, or when the stores were copied out or replaced; and a subject's data
+key was logged only at its destruction (``key.destroyed``), so nothing in the log tied a
+receipt's ``dek_commitment`` to a key's creation. Each is now recorded (ids, roles,
+counts, commitments; never a key's secret), and the trail with them still verifies.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from typer.testing import CliRunner
 
 from tests.api.conftest import api_settings, build_kernel
 from tests.conftest import Backend
+from tests.kernel.conftest import consent
 from uprof.cli.main import app as cli
+from uprof.kernel import Uprof
 
 CLI_LABEL = "operator:local#cli"
 
@@ -122,3 +126,28 @@ def test_kek_rotation_backup_and_restore_are_audited(backend: Backend, tmp_path:
     assert actions.index("backup.written") < actions.index("backup.restored")
     verifies(run, tmp_path)
     assert json.dumps(entries).count("kek.rotated") == 1
+
+
+def test_a_subject_key_is_audited_at_creation_with_the_commitment_its_destruction_cites(
+    kernel: Uprof,
+) -> None:
+    consent(kernel, "alice")
+    consent(kernel, "alice")  # the subject exists: no second key
+    result = kernel.erase_subject("alice")
+    kernel.recreate_subject("alice")
+    entries = [e.entry for e in kernel.audit_log.entries()]
+    created = [e for e in entries if e["action"] == "key.created"]
+    destroyed = [e for e in entries if e["action"] == "key.destroyed"]
+    assert len(created) == 2 and len(destroyed) == 1
+    assert created[0]["key_version"] == destroyed[0]["key_version"] == 1
+    assert created[0]["dek_commitment"] == destroyed[0]["dek_commitment"]
+    assert created[0]["subject_ref"] == destroyed[0]["subject_ref"]
+    cited = [
+        a["dek_commitment"]
+        for a in result.receipt["body"]["actions"]
+        if a["type"] == "dek_destroyed"
+    ]
+    assert cited == [created[0]["dek_commitment"]]
+    # The re-created subject's key is another key, under its new pseudonym.
+    assert created[1]["dek_commitment"] != created[0]["dek_commitment"]
+    assert created[1]["subject_ref"] != created[0]["subject_ref"]

@@ -96,7 +96,7 @@ class ConsentService:
                 check_category(category.strip())
         if not clean_purposes or not categories:
             raise InvalidInputError("consent needs at least one category and one purpose")
-        handle = self._subjects.find_or_create(subject_ref, now=now)
+        handle = self._subjects.find_or_create(subject_ref, now=now, audit=self._audit)
 
         replayed = False
 
