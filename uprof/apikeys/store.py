@@ -253,6 +253,11 @@ class ApiKeyStore:
             return None
         return self._check(*parsed, self._live_row(parsed[0]))
 
+    def is_live(self, key_id: str) -> bool:
+        """Whether the key ``key_id`` is live (a read at most KEY_CACHE_TTL_S old), for a
+        session that signed in with it and no longer holds its secret."""
+        return self._live_row(key_id) is not None
+
     def authenticate_cached(self, token: str | None) -> Principal | NeedsRead | None:
         """``authenticate`` without touching the database: ``NEEDS_READ`` when the
         answer needs the key's row and no fresh copy is kept (then call
