@@ -726,6 +726,16 @@ class Facade:
             self._authorize_governance("inspect", OPERATIONS_PURPOSE)
         return self._kernel.subject_pseudonym(subject)
 
+    def privacy_link_issued(self, subject: str) -> None:
+        """Record that a sign-in link to ``subject``'s privacy center was handed to this
+        principal (``privacy_link.issued``: the pseudonym, never the token): the link
+        opens everything the subject may do, so who was given one is on the log."""
+        self._authorize_governance("inspect", OPERATIONS_PURPOSE)
+        with self._as_principal():
+            self._kernel.audit.record(
+                "privacy_link.issued", subject_ref=self._kernel.subjects.pseudonym(subject)
+            )
+
     def audit_subject_ref(self, subject: str) -> str:
         """The pseudonym audit entries use for a subject (what an audit search filters on)."""
         self._authorize_governance("audit", COMPLIANCE_PURPOSE)

@@ -66,6 +66,8 @@ def router(web: WebPages) -> APIRouter:
         pseudonym = door.subject_pseudonym(body.subject) or ""
         incarnation = web.sessions(request).incarnation(pseudonym) if pseudonym else ""
         token, expires_at = web.links(request).issue(body.subject.strip(), incarnation)
+        # Audited before the token leaves: a link the log cannot show is never handed out.
+        door.privacy_link_issued(body.subject)
         return PrivacyLinkOut(
             token=token, expires_at=expires_at, login_path=f"/privacy/login?token={token}"
         )
