@@ -14,11 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import sqlalchemy as sa
 
 from tests.api.conftest import PLANNER, Apps, bearer, grant, interaction
 from uprof.api import ApiKeyStore
 from uprof.eventstore import CAPTURED_TOPIC
 from uprof.kernel import Uprof
+from uprof.services.idempotency import idempotency_keys
 
 OPERATOR = "operator:test"
 
@@ -182,6 +184,30 @@ def test_a_replayed_erasing_withdrawal_returns_its_receipt_and_erases_nothing_ag
     assert first.json()["erasure"] is not None
     written = actions(kernel)
     again = post(http, apps.planner, "/v1/consents/withdraw", body, "w-1")
-    assert again.status_code == 200 and again.json() == first.json(), again.text
+    assert again.status_code == 200, again.text
+    expected = first.json()
+    expected["erasure"]["subject_nonce_hex"] = ""  # the subject's alone, never kept (below)
+    assert again.json() == expected
     assert again.headers["Idempotent-Replayed"] == "true"
     assert actions(kernel) == [*written, "request.replayed"]
+
+
+def test_the_subjects_nonce_of_an_erasing_withdrawal_is_never_kept_for_replays(
+    http: httpx.Client, kernel: Uprof, apps: Apps
+) -> None:
+    # The nonce is the subject's alone (docs/audit-format.md §7): kept beside the receipt's
+    # commitment, it would let anyone reading the store test guessed references against it.
+    consent_id = grant(http, apps.planner)
+    assert post(http, apps.planner, "/v1/captures", capture_body(), "k-1").status_code == 201
+    body = {"subject": "alice", "consent_id": consent_id, "erase": True}
+    first = post(http, apps.planner, "/v1/consents/withdraw", body, "w-1")
+    nonce = first.json()["erasure"]["subject_nonce_hex"]
+    assert len(nonce) >= 32  # the first answer carries it
+    store = kernel.idempotency
+    assert store is not None
+    with store._engine.connect() as conn:
+        kept = [r.response for r in conn.execute(sa.select(idempotency_keys)) if r.response]
+    assert kept and not any(nonce in text for text in kept)
+    again = post(http, apps.planner, "/v1/consents/withdraw", body, "w-1").json()
+    assert again["erasure"]["subject_nonce_hex"] == ""
+    assert again["erasure"]["receipt"] == first.json()["erasure"]["receipt"]

@@ -33,7 +33,8 @@ written, and the caller may fix the cause and retry with the same key.
 What is stored holds no personal plaintext: the key is kept only as a keyed hash,
 the body only as a keyed hash (a plain hash of a small body such as a consent
 grant could be guessed back), and the answer holds ids and counts only (capture
-ids, notification ids, the subject's pseudonym, consent records). Rows expire after
+ids, notification ids, the subject's pseudonym, consent records, an erasure
+receipt without the subject's nonce: ``NEVER_KEPT``). Rows expire after
 ``retention_s`` (default 24 h) and are purged as claims arrive, so the table stays
 bounded by the write rate times the retention.
 """
@@ -79,6 +80,21 @@ idempotency_keys = sa.Table(
     sa.Column("created_ms", sa.BigInteger, nullable=False),
     sa.Column("expires_ms", sa.BigInteger, nullable=False, index=True),
 )
+
+
+#: Answer fields given to the first caller only, and kept as "" for replays: a subject's
+#: erasure-receipt nonce is the subject's alone (docs/audit-format.md §7); kept beside the
+#: receipt's commitment, it would let anyone reading this table test guessed subject
+#: references against it, for as long as the row lives.
+NEVER_KEPT = frozenset({"subject_nonce_hex"})
+
+
+def _without_secrets(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: "" if k in NEVER_KEPT else _without_secrets(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_secrets(v) for v in value]
+    return value
 
 
 def check_key(key: str) -> str:
@@ -214,7 +230,10 @@ class IdempotencyStore:
 
     def _answer(self, token: str, body_hash: str, response: dict[str, Any], status: int) -> Outcome:
         t = idempotency_keys
-        text = json.dumps(response, sort_keys=True, separators=(",", ":"), default=str)
+        first = json.dumps(response, sort_keys=True, separators=(",", ":"), default=str)
+        text = json.dumps(
+            _without_secrets(json.loads(first)), sort_keys=True, separators=(",", ":")
+        )
         with self._engine.begin() as conn:
             done = conn.execute(
                 t.update()
@@ -227,8 +246,8 @@ class IdempotencyStore:
                     # Another caller of this key answered first: everyone returns that.
                     return Outcome(json.loads(row.response), int(row.status), replayed=True)
         # Stored (or the row expired meanwhile): this answer stands. Round-trip it
-        # through JSON so the first caller sees exactly what a replay will.
-        return Outcome(json.loads(text), status, replayed=False)
+        # through JSON so the first caller sees what a replay will (its secrets aside).
+        return Outcome(json.loads(first), status, replayed=False)
 
     def _release(self, token: str, body_hash: str) -> None:
         t = idempotency_keys
