@@ -1056,11 +1056,16 @@ class Uprof:
                 self.app.record_embedder(model.name, model.dimension)
                 model.recorded(model.name)
                 self.slice_service.flush()  # cached vectors were the old model's
-            return self.projections.rebuild(progress)
+            replayed = self.projections.rebuild(progress)
+        # Every read model was dropped and written again: an administrative write.
+        self.audit.record("projections.rebuilt", counts={"events": replayed})
+        return replayed
 
     def run_maintenance(self, *, now: datetime | None = None) -> dict[str, int]:
         """Expire overdue intents and archive cold memories (the decay job)."""
         result = self.maintenance.run(now=now or self.clock.now())
+        if any(result.values()):  # a run that changed nothing wrote nothing
+            self.audit.record("maintenance.ran", counts=dict(result))
         # The job's events are in the log either way; say whether the views show them yet.
         result["views_caught_up"] = int(self.ensure_fresh(self.settings.read_wait_timeout_s))
         return result

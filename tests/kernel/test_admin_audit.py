@@ -1,5 +1,5 @@
 """Administrative writes leave an audit entry: API keys issued and revoked, KEK rotations,
-backups and restores, and every subject key at its creation.
+backups and restores, rebuilds and maintenance runs, and every subject key at its creation.
 
 Until 2026-12-05 ``uprof apps create`` and ``uprof apps revoke`` wrote the key store
 directly and ``uprof keys rotate``, ``uprof backup`` and ``uprof restore`` recorded
@@ -13,15 +13,20 @@ counts, commitments; never a key's secret), and the trail with them still verifi
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from typer.testing import CliRunner
 
+from domain.principal import Principal
+from domain.values import IntentProposal, ProposalBatch
 from tests.api.conftest import api_settings, build_kernel
 from tests.conftest import Backend
-from tests.kernel.conftest import consent
+from tests.fakes.ports import FakeClock
+from tests.kernel.conftest import APP, consent
 from uprof.cli.main import app as cli
+from uprof.facade import Facade
 from uprof.kernel import Uprof
 
 CLI_LABEL = "operator:local#cli"
@@ -151,3 +156,28 @@ def test_a_subject_key_is_audited_at_creation_with_the_commitment_its_destructio
     # The re-created subject's key is another key, under its new pseudonym.
     assert created[1]["dek_commitment"] != created[0]["dek_commitment"]
     assert created[1]["subject_ref"] != created[0]["subject_ref"]
+
+
+def test_a_rebuild_and_a_maintenance_run_that_changed_something_are_audited(
+    kernel: Uprof, clock: FakeClock
+) -> None:
+    door = Facade(kernel, Principal.local_operator(kernel.subjects.tenant))
+    consent(kernel, "alice")
+    batch = ProposalBatch(
+        (IntentProposal("renew the passport", (), expires_at=clock.now() + timedelta(days=1)),),
+        author="agent",
+        owner_agent="agent:one",
+        app_id=APP,
+    )
+    kernel.submit_proposals("alice", batch)
+    assert door.run_maintenance()["intents_expired"] == 0  # nothing to do: no write, no entry
+    clock.advance(days=2)
+    assert door.run_maintenance()["intents_expired"] == 1
+    door.rebuild()
+    entries = [e.entry for e in kernel.audit_log.entries()]
+    maintained = [e for e in entries if e["action"] == "maintenance.ran"]
+    assert len(maintained) == 1
+    assert maintained[0]["counts"]["intents_expired"] == 1
+    assert maintained[0]["principal"] == CLI_LABEL
+    [rebuilt] = [e for e in entries if e["action"] == "projections.rebuilt"]
+    assert rebuilt["principal"] == CLI_LABEL and rebuilt["counts"]["events"] >= 1
