@@ -669,14 +669,18 @@ class Facade:
         self._refuse_users("registering sessions")
         self._known_to_app(subject)
         with self._as_principal():
-            self._kernel.register_session(self._namespaced(session_id) or "", subject)
+            self._kernel.register_session(
+                self._namespaced(session_id) or "", subject, app_id=self.principal.policy_subject
+            )
 
     def register_identifier(self, identifier: str, subject: str) -> None:
         """Bind an identifier, inside this app's namespace, to a subject (no policy asked)."""
         self._refuse_users("registering identifiers")
         self._known_to_app(subject)
         with self._as_principal():
-            self._kernel.register_identifier(self._namespaced(identifier) or "", subject)
+            self._kernel.register_identifier(
+                self._namespaced(identifier) or "", subject, app_id=self.principal.policy_subject
+            )
 
     # ------------------------------------------------------- profile views
 

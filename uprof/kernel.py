@@ -667,11 +667,25 @@ class Uprof:
             )
         )
 
-    def register_session(self, session_id: str, subject: str) -> None:
+    def register_session(self, session_id: str, subject: str, *, app_id: str | None = None) -> None:
+        """Bind a session id to a subject; audited (``alias.bound``) without the id."""
         self.subjects.register_session(session_id, subject, now=self.clock.now())
+        self._alias_bound(subject, "session", app_id)
 
-    def register_identifier(self, identifier: str, subject: str) -> None:
+    def register_identifier(
+        self, identifier: str, subject: str, *, app_id: str | None = None
+    ) -> None:
+        """Bind an identifier to a subject; audited (``alias.bound``) without it."""
         self.subjects.register_identifier(identifier, subject, now=self.clock.now())
+        self._alias_bound(subject, "identifier", app_id)
+
+    def _alias_bound(self, subject: str, kind: str, app_id: str | None) -> None:
+        self.audit.record(
+            "alias.bound",
+            subject_ref=self.subjects.pseudonym(subject),
+            app_id=app_id,
+            reason_code=kind,
+        )
 
     # ------------------------------------------------------------------ policy
     # Operator operations: the caller (facade, REST, CLI) checks the operator role and

@@ -19,7 +19,7 @@ from typing import Any
 
 from typer.testing import CliRunner
 
-from domain.principal import Principal
+from domain.principal import Principal, PrincipalKind
 from domain.values import IntentProposal, ProposalBatch
 from tests.api.conftest import api_settings, build_kernel
 from tests.conftest import Backend
@@ -181,3 +181,20 @@ def test_a_rebuild_and_a_maintenance_run_that_changed_something_are_audited(
     assert maintained[0]["principal"] == CLI_LABEL
     [rebuilt] = [e for e in entries if e["action"] == "projections.rebuilt"]
     assert rebuilt["principal"] == CLI_LABEL and rebuilt["counts"]["events"] >= 1
+
+
+def test_session_and_identifier_bindings_are_audited_without_the_binding(kernel: Uprof) -> None:
+    # A binding changes how the app's later requests find the subject: a write, on the log,
+    # with the subject's pseudonym and the app, never the session id or the identifier.
+    consent(kernel, "alice")
+    door = Facade(
+        kernel, Principal(kernel.subjects.tenant, APP, "k1", PrincipalKind.APP, frozenset({"app"}))
+    )
+    door.register_session("sess-4471", "alice")
+    door.register_identifier("alice.w@example.org", "alice")
+    entries = list(kernel.audit_log.entries())
+    bound = [e.entry for e in entries if e.entry["action"] == "alias.bound"]
+    assert [b["reason_code"] for b in bound] == ["session", "identifier"]
+    assert {b["app_id"] for b in bound} == {APP}
+    assert {b["subject_ref"] for b in bound} == {kernel.subjects.pseudonym("alice")}
+    assert not any("4471" in e.entry_json or "example.org" in e.entry_json for e in entries)
