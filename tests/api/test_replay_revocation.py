@@ -264,3 +264,33 @@ def test_mcp_and_embedded_sdk_replays_are_decided_again(kernel: Uprof) -> None:
     assert not first.is_error
     assert again.is_error and "permission_denied" in str(again.content)
     assert captures_in_log(kernel) == 2
+
+
+def test_a_replay_after_the_subject_was_erased_and_recreated_writes_nothing(
+    http: httpx.Client, kernel: Uprof, apps: Apps
+) -> None:
+    # The name now stands for a new subject whose stream never saw the request: running
+    # the write again there would capture (or consent) a second time, for someone else.
+    consent = {
+        "subject": "alice",
+        "categories": ["*"],
+        "purposes": ["personalization"],
+        "collected_by": "consent-ui:test",
+    }
+    assert post(http, apps.planner, "/v1/consents", consent, "g-1").status_code == 201
+    assert post(http, apps.planner, "/v1/captures", capture_body(), "k-1").status_code == 201
+    kernel.erase_subject("alice")
+    kernel.recreate_subject("alice")
+    assert post(http, apps.planner, "/v1/consents", consent, "g-2").status_code == 201
+    before = captures_in_log(kernel)
+    for path, body, key in (
+        ("/v1/captures", capture_body(), "k-1"),
+        ("/v1/consents", consent, "g-1"),
+    ):
+        again = post(http, apps.planner, path, body, key)
+        assert again.status_code == 410, (path, again.text)
+    assert captures_in_log(kernel) == before
+    listed = http.post(
+        "/v1/consents/list", headers=bearer(apps.planner), json={"subject": "alice"}
+    ).json()["consents"]
+    assert len(listed) == 1  # g-2's only

@@ -49,6 +49,7 @@ from uprof import retry, telemetry
 from uprof.caching import BoundedCache, CacheStats
 from uprof.crypto.keystore import new_pseudonym
 from uprof.ports import AuditTrail, Clock, EventStore, SubjectKeyStore
+from uprof.services.idempotency import refuse_unrecorded
 from uprof.services.subjects import ERASED_SUBJECT, SubjectResolver
 
 _log = logging.getLogger(__name__)
@@ -76,6 +77,9 @@ class PendingCapture:
     token_window_s: float
     #: The asking principal's audit label: the writer thread has no request context.
     principal: str | None
+    #: A replay (``idempotency.replaying`` of the request's context): it must find its
+    #: token in the stream, or write nothing.
+    replay: bool = False
     #: The subject's stream and pseudonym; or, until the writer has looked it up,
     #: ``subject_ref`` (checked) with ``stream_id`` None: the writer looks up a whole
     #: group's references with one query instead of one per request thread.
@@ -522,6 +526,7 @@ class CaptureWriter:
                 if first is not None:
                     pending.replay_of = first
                     return
+                refuse_unrecorded(pending.replay)
             ids, versions = [], []
             for interaction in pending.interactions:
                 ids.append(profile.capture(interaction, now=now))

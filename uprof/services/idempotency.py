@@ -47,12 +47,13 @@ import json
 import threading
 import time
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 
-from domain.errors import IdempotencyKeyReusedError, InvalidInputError
+from domain.errors import IdempotencyKeyReusedError, InvalidInputError, SubjectErasedError
 from domain.naming import NAMING_CONVENTION
 
 #: The REST header (and the field name it is reported under).
@@ -95,6 +96,22 @@ def _without_secrets(value: Any) -> Any:
     if isinstance(value, list):
         return [_without_secrets(v) for v in value]
     return value
+
+
+#: True while a replay runs its write again (``IdempotencyStore.run``). The write must then
+#: find its token in the subject's stream; a stream without it is another subject's (the
+#: one answered was erased and its name re-created), and nothing may be written there.
+replaying: ContextVar[bool] = ContextVar("uprof_idempotency_replaying", default=False)
+
+
+def refuse_unrecorded(replay: bool | None = None) -> None:
+    """Call where a keyed write found no recorded token, before it writes: a replay
+    (``replay``, or the context's ``replaying``) is refused, writing nothing."""
+    if replaying.get() if replay is None else replay:
+        raise SubjectErasedError(
+            "the subject this request was answered for was erased (its name now stands "
+            "for another subject); nothing was written"
+        )
 
 
 def check_key(key: str) -> str:
@@ -177,8 +194,13 @@ class IdempotencyStore:
             # A replay is decided like a fresh call: the write runs again with the same
             # token, so the policy, the key, the consent gate and erasure are asked as
             # they stand now, and a refusal is raised (and audited) as for a fresh call;
-            # the subject's stream holds the token, so the run writes nothing.
-            execute(token)
+            # the subject's stream holds the token, so the run writes nothing (a stream
+            # without it refuses: ``refuse_unrecorded``).
+            mark = replaying.set(True)
+            try:
+                execute(token)
+            finally:
+                replaying.reset(mark)
             return stored
         try:
             response, status = execute(token)
