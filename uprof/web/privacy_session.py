@@ -65,7 +65,11 @@ def router(web: WebPages) -> APIRouter:
             raise EdgeError(404, "subject_not_found", "no such subject")
         pseudonym = door.subject_pseudonym(body.subject) or ""
         incarnation = web.sessions(request).incarnation(pseudonym) if pseudonym else ""
-        token, expires_at = web.links(request).issue(body.subject.strip(), incarnation)
+        token, expires_at = web.links(request).issue(
+            body.subject.strip(), incarnation, issued_by=principal.key_id
+        )
+        # Audited before the token leaves: a link the log cannot show is never handed out.
+        door.privacy_link_issued(body.subject)
         return PrivacyLinkOut(
             token=token, expires_at=expires_at, login_path=f"/privacy/login?token={token}"
         )
@@ -73,8 +77,12 @@ def router(web: WebPages) -> APIRouter:
     @router.get("/privacy/login", include_in_schema=False)
     def privacy_login(request: Request, token: str = "") -> Response:
         redeemed = web.links(request).redeem(token)
-        subject, incarnation = redeemed or ("", "")
-        if redeemed is None or not web.same_incarnation(request, subject, incarnation):
+        subject, incarnation, issued_by = redeemed or ("", "", "")
+        if (
+            redeemed is None
+            or not web.same_incarnation(request, subject, incarnation)
+            or not web.issuer_live(request, issued_by)
+        ):
             return web.message(
                 request,
                 403,
@@ -83,7 +91,9 @@ def router(web: WebPages) -> APIRouter:
             )
         sessions = web.sessions(request)
         sessions.drop(request.cookies.get(USER_COOKIE), "user")
-        sid = sessions.create(Session(kind="user", subject=subject, incarnation=incarnation))
+        sid = sessions.create(
+            Session(kind="user", subject=subject, incarnation=incarnation, key_id=issued_by)
+        )
         # A page (not a redirect) so the cookie is same-site on the next request even when
         # the link was opened from another site (SameSite=Strict).
         response = web.page(request, "signed_in.html", target="/privacy")
