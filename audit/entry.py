@@ -135,6 +135,9 @@ ENTRY_FIELDS: dict[str, Validator] = {
     "receipt_id": _token,
     "receipt_sha256": _hex64,
     "tree_size": _count,
+    # API keys: the public id (never the secret) and the roles a key was issued with
+    "api_key_id": _token,
+    "roles": _token_list,
     # free-form but non-personal switches
     "explicit": _flag,
     "special_category": _flag,

@@ -151,6 +151,9 @@ class IntentState:
     confidence: float
     expires_at: datetime | None
     owner_agent: str
+    #: Snapshots taken before 2026-12-05 lack it: such an intent is matched as private,
+    #: by its owner agent's proposals only (fail closed; its events keep the real value).
+    sharing: str = "private"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "evidence", tuple(self.evidence)[-MAX_EVIDENCE_IN_AGGREGATE:])
@@ -197,6 +200,7 @@ class SubjectProfile(Aggregate):
                 confidence=x["confidence"],
                 expires_at=x["expires_at"],
                 owner_agent=x.get("owner_agent", ""),
+                sharing=x.get("sharing", "private"),
             )
             for i, x in state["intents"].items()
         }
@@ -488,6 +492,22 @@ class SubjectProfile(Aggregate):
             app_id=batch.app_id, category=category, purpose=batch.purpose, at=now
         )
 
+    @staticmethod
+    def _seen_by(batch: ProposalBatch, owner_agent: str, sharing: str) -> bool:
+        """Whether the batch's agent may see an item, and so match it (I4).
+
+        A proposal reinforces, retracts, supersedes, conflicts with or moves only items
+        its agent may see: matched among all items, another agent's private attribute was
+        retracted or superseded by a proposal it could not see, and the answer (applied
+        1 or 0) told the proposer that such a value existed; another agent's private
+        intent took the proposer's evidence and left it no intent of its own. The slices'
+        rule with no agent type, as the door binds intent updates (``shared:types`` is
+        then the owner's alone).
+        """
+        return SharingPolicy.parse(sharing).allows(
+            owner_agent=owner_agent, reader_agent=batch.owner_agent, reader_agent_type=""
+        )
+
     def _propose_attribute(
         self, p: AttributeProposal, batch: ProposalBatch, observed_at: datetime, now: datetime
     ) -> int:
@@ -504,7 +524,9 @@ class SubjectProfile(Aggregate):
         same_key = {
             item_id: a
             for item_id, a in self.attributes.items()
-            if a.key == p.key and a.status != AttributeStatus.SUPERSEDED.value
+            if a.key == p.key
+            and a.status != AttributeStatus.SUPERSEDED.value
+            and self._seen_by(batch, a.owner_agent, a.sharing)
         }
         match = next((i for i, a in same_key.items() if a.norm == norm), None)
         if p.negated:
@@ -739,7 +761,7 @@ class SubjectProfile(Aggregate):
             return 0
         provenance, confidence = _evidence_label(p.evidence, True, p.confidence)
         for item_id, intent in self.intents.items():
-            if intent.norm == norm:
+            if intent.norm == norm and self._seen_by(batch, intent.owner_agent, intent.sharing):
                 self._intent_reinforced(
                     item_id=item_id,
                     confidence=round(combine(intent.confidence, confidence), 6),
@@ -787,6 +809,7 @@ class SubjectProfile(Aggregate):
             confidence=confidence,
             expires_at=expires_at,
             owner_agent=owner_agent,
+            sharing=sharing,
         )
 
     @event("IntentReinforced")
@@ -806,18 +829,26 @@ class SubjectProfile(Aggregate):
     def _propose_intent_update(
         self, p: IntentUpdateProposal, batch: ProposalBatch, observed_at: datetime, now: datetime
     ) -> int:
-        item_id = p.intent_id or self._find_intent(p.description)
+        seen = {
+            item_id: intent
+            for item_id, intent in self.intents.items()
+            if self._seen_by(batch, intent.owner_agent, intent.sharing)
+        }
+        item_id = p.intent_id or self._find_intent(p.description, seen)
         if not item_id:
             return 0
-        intent = self.intents.get(item_id)
-        if intent is not None and not self._consented(batch, intent.category, now):
+        intent = seen.get(item_id)
+        if intent is None:  # named by id: one not active and one not seen answer alike
+            raise IntentTransitionError(f"intent {item_id!r} is not active")
+        if not self._consented(batch, intent.category, now):
             return 0  # I2: moving an intent uses its category, like proposing one
         self.change_intent_status(item_id, p.status, evidence=p.evidence, observed_at=observed_at)
         return 1
 
-    def _find_intent(self, description: str) -> str:
+    @staticmethod
+    def _find_intent(description: str, intents: dict[str, IntentState]) -> str:
         """Match an active intent by description: equal, or one contains the other."""
-        return match_described(description, {i: intent.norm for i, intent in self.intents.items()})
+        return match_described(description, {i: intent.norm for i, intent in intents.items()})
 
     def change_intent_status(
         self,

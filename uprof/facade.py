@@ -101,6 +101,8 @@ from uprof.services.subjects import SubjectRequest
 if TYPE_CHECKING:
     from audit.check import CheckResult, Kind
     from audit.log import StoredEntry
+    from uprof.apikeys.store import IssuedKey
+    from uprof.services.backup import BackupReport
     from uprof.services.idempotency import Outcome
 
 __all__ = [
@@ -181,7 +183,8 @@ class Facade:
         """Run a keyed write at most once per (this principal's app, key) (I14).
 
         Keys belong to the app the principal acts for, so app B reusing app A's key
-        never receives A's answer. ``execute(token)`` is one of this facade's writes.
+        never receives A's answer. ``execute(token)`` is one of this facade's writes; a
+        replay runs it again, so it is authorized like a fresh call (fail closed).
         """
         with self._as_principal():
             return self._kernel.idempotent(
@@ -666,14 +669,18 @@ class Facade:
         self._refuse_users("registering sessions")
         self._known_to_app(subject)
         with self._as_principal():
-            self._kernel.register_session(self._namespaced(session_id) or "", subject)
+            self._kernel.register_session(
+                self._namespaced(session_id) or "", subject, app_id=self.principal.policy_subject
+            )
 
     def register_identifier(self, identifier: str, subject: str) -> None:
         """Bind an identifier, inside this app's namespace, to a subject (no policy asked)."""
         self._refuse_users("registering identifiers")
         self._known_to_app(subject)
         with self._as_principal():
-            self._kernel.register_identifier(self._namespaced(identifier) or "", subject)
+            self._kernel.register_identifier(
+                self._namespaced(identifier) or "", subject, app_id=self.principal.policy_subject
+            )
 
     # ------------------------------------------------------- profile views
 
@@ -733,6 +740,16 @@ class Facade:
         """
         self._authorize_governance("export", ACCESS_PURPOSE)
         self._authorize_governance("erase", ERASURE_PURPOSE)
+
+    def privacy_link_issued(self, subject: str) -> None:
+        """Record that a sign-in link to ``subject``'s privacy center was handed to this
+        principal (``privacy_link.issued``: the pseudonym, never the token): the link
+        opens everything the subject may do, so who was given one is on the log."""
+        self._authorize_governance("inspect", OPERATIONS_PURPOSE)
+        with self._as_principal():
+            self._kernel.audit.record(
+                "privacy_link.issued", subject_ref=self._kernel.subjects.pseudonym(subject)
+            )
 
     def audit_subject_ref(self, subject: str) -> str:
         """The pseudonym audit entries use for a subject (what an audit search filters on)."""
@@ -1106,6 +1123,18 @@ class Facade:
         with self._as_principal():
             return self._kernel.onboard_app(app_id, requested_by=self.principal.label, **grants)
 
+    def issue_api_key(self, app_id: str, roles: Sequence[str]) -> IssuedKey:
+        """Issue an API key for an app (operator work, decided as ``policy``; audited)."""
+        self._authorize_operator("policy", CATEGORIES, OPERATIONS_PURPOSE)
+        with self._as_principal():
+            return self._kernel.issue_api_key(app_id, roles)
+
+    def revoke_api_key(self, key_id: str) -> bool:
+        """Revoke an API key (operator work, decided as ``policy``; audited)."""
+        self._authorize_operator("policy", CATEGORIES, OPERATIONS_PURPOSE)
+        with self._as_principal():
+            return self._kernel.revoke_api_key(key_id)
+
     def policy_health(self) -> str:
         """Why every check denies ('' when the policy store is readable): for readiness."""
         return self._kernel.policy_health()
@@ -1117,6 +1146,12 @@ class Facade:
         self._authorize_operator("operate", CATEGORIES, OPERATIONS_PURPOSE)
         with self._as_principal():
             return self._kernel.rotate_keys()
+
+    def backup(self, dest: PathLike[str] | str) -> BackupReport:
+        """Write a backup of the data stores (operator work, ``operate``; audited)."""
+        self._authorize_operator("operate", CATEGORIES, OPERATIONS_PURPOSE)
+        with self._as_principal():
+            return self._kernel.backup(dest)
 
     def lag(self) -> Lag:
         return self._kernel.lag()

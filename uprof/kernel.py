@@ -65,6 +65,8 @@ if TYPE_CHECKING:
 
     from audit.check import CheckResult, Kind
     from audit.log import AuditLog, StoredEntry
+    from uprof.apikeys.store import IssuedKey
+    from uprof.services.backup import BackupReport
 
 Progress = Callable[[int, int], None]
 _log = logging.getLogger(__name__)
@@ -150,9 +152,21 @@ class Uprof:
         """Run a keyed write at most once per (app, key) and replay its first answer (I14).
 
         ``execute(token)`` does the write, passing ``token`` as ``request_token`` to the
-        write method below; see services/idempotency.py for the guarantees.
+        write method below; see services/idempotency.py for the guarantees. A replay
+        runs it again first (decided like a fresh call, writing nothing) and is audited
+        as ``request.replayed``.
         """
-        return self._idempotency().run(app_id, key, operation, body, execute)
+        outcome = self._idempotency().run(app_id, key, operation, body, execute)
+        if outcome.replayed:
+            # A first answer served again (after the write path let the retry through).
+            pseudonym = outcome.response.get("subject_pseudonym")
+            self.audit.record(
+                "request.replayed",
+                app_id=app_id,
+                reason_code=operation,
+                subject_ref=pseudonym if isinstance(pseudonym, str) else None,
+            )
+        return outcome
 
     def request_token(self, app_id: str, key: str, *, namespace: str = "key") -> str:
         """The per-app token of an idempotency key (or, namespace "source_ref", of a ref)."""
@@ -360,7 +374,7 @@ class Uprof:
         if ledger is None or not ledger.is_erased(self.subjects.tenant, ref):
             raise InvalidInputError("subject: not an erased subject; nothing to re-create")
         ledger.record_recreated(self.subjects.tenant, ref)
-        handle = self.subjects.find_or_create(ref, now=self.clock.now())
+        handle = self.subjects.find_or_create(ref, now=self.clock.now(), audit=self.audit)
         self.audit.record(
             "subject.recreated", subject_ref=handle.pseudonym, app_id=_token(requested_by)
         )
@@ -653,11 +667,25 @@ class Uprof:
             )
         )
 
-    def register_session(self, session_id: str, subject: str) -> None:
+    def register_session(self, session_id: str, subject: str, *, app_id: str | None = None) -> None:
+        """Bind a session id to a subject; audited (``alias.bound``) without the id."""
         self.subjects.register_session(session_id, subject, now=self.clock.now())
+        self._alias_bound(subject, "session", app_id)
 
-    def register_identifier(self, identifier: str, subject: str) -> None:
+    def register_identifier(
+        self, identifier: str, subject: str, *, app_id: str | None = None
+    ) -> None:
+        """Bind an identifier to a subject; audited (``alias.bound``) without it."""
         self.subjects.register_identifier(identifier, subject, now=self.clock.now())
+        self._alias_bound(subject, "identifier", app_id)
+
+    def _alias_bound(self, subject: str, kind: str, app_id: str | None) -> None:
+        self.audit.record(
+            "alias.bound",
+            subject_ref=self.subjects.pseudonym(subject),
+            app_id=app_id,
+            reason_code=kind,
+        )
 
     # ------------------------------------------------------------------ policy
     # Operator operations: the caller (facade, REST, CLI) checks the operator role and
@@ -901,9 +929,60 @@ class Uprof:
         return self.projections.position >= notification_id
 
     def rotate_keys(self) -> dict[str, int]:
-        """Re-wrap every data key under a new KEK epoch and forget the old KEK."""
+        """Re-wrap every data key under a new KEK epoch and forget the old KEK (audited)."""
         result: dict[str, int] = self.keystore.rotate_kek()
+        self.audit.record("kek.rotated", counts=dict(result))
         return result
+
+    # ------------------------------------------------------------ administration
+
+    def issue_api_key(self, app_id: str, roles: Sequence[str]) -> IssuedKey:
+        """Issue an API key for an app, audited (``apikey.issued``: its id and roles,
+        never its secret). A key whose entry cannot be written is revoked at once, so no
+        key works that the log does not show."""
+        from uprof.apikeys.store import ApiKeyStore
+
+        store = ApiKeyStore(self.keys_engine, now=self.clock.now)
+        issued = store.create(app_id, roles)
+        try:
+            self.audit.record(
+                "apikey.issued",
+                app_id=app_id,
+                api_key_id=issued.info.key_id,
+                roles=list(issued.info.roles),
+            )
+        except BaseException:
+            store.revoke(issued.info.key_id)
+            raise
+        return issued
+
+    def revoke_api_key(self, key_id: str) -> bool:
+        """Revoke an API key, audited (``apikey.revoked``); False when no live key has
+        that id (nothing changes, nothing is recorded). The revocation stands even if
+        its entry then fails to be written (the error is raised)."""
+        from uprof.apikeys.store import ApiKeyStore
+
+        store = ApiKeyStore(self.keys_engine, now=self.clock.now)
+        app_id = store.live_app_of(key_id)
+        if app_id is None or not store.revoke(key_id):
+            return False
+        self.audit.record("apikey.revoked", app_id=app_id, api_key_id=key_id)
+        return True
+
+    def backup(self, dest: PathLike[str] | str) -> BackupReport:
+        """Write a backup of the data stores (no key material) and audit it
+        (``backup.written``: the audit entries it holds, as ``tree_size``, and its files)."""
+        from pathlib import Path
+
+        from uprof.services.backup import backup
+
+        report = backup(self.settings, Path(dest))
+        self.audit.record(
+            "backup.written",
+            tree_size=report.audit_entries,
+            counts={"files": len(report.files), "bytes": sum(report.files.values())},
+        )
+        return report
 
     def project_log(self, timeout_s: float) -> bool:
         """Bring the projections (not extraction) up to the log head as it is now."""
@@ -991,11 +1070,16 @@ class Uprof:
                 self.app.record_embedder(model.name, model.dimension)
                 model.recorded(model.name)
                 self.slice_service.flush()  # cached vectors were the old model's
-            return self.projections.rebuild(progress)
+            replayed = self.projections.rebuild(progress)
+        # Every read model was dropped and written again: an administrative write.
+        self.audit.record("projections.rebuilt", counts={"events": replayed})
+        return replayed
 
     def run_maintenance(self, *, now: datetime | None = None) -> dict[str, int]:
         """Expire overdue intents and archive cold memories (the decay job)."""
         result = self.maintenance.run(now=now or self.clock.now())
+        if any(result.values()):  # a run that changed nothing wrote nothing
+            self.audit.record("maintenance.ran", counts=dict(result))
         # The job's events are in the log either way; say whether the views show them yet.
         result["views_caught_up"] = int(self.ensure_fresh(self.settings.read_wait_timeout_s))
         return result

@@ -118,6 +118,8 @@ class CaptureRow:
     user_input: str
     agent_response: str
     occurred_at: datetime
+    #: The capture's sharing policy: which agents may see it, and so cite it as evidence.
+    sharing: str = "private"
 
 
 def _tuple(raw: str) -> tuple[str, ...]:
@@ -350,6 +352,7 @@ class ProfileQueries:
                 r.stream_id, "captures", "agent_response", r.capture_id, r.agent_response
             ),
             occurred_at=aware(r.occurred_at),  # type: ignore[arg-type]
+            sharing=r.sharing,
         )
 
     def captures_by(

@@ -70,8 +70,10 @@ class InMemoryKeyStore:
             pseudonym = new_pseudonym()
             self._index[(tenant, subject_ref)] = (stream_id, pseudonym)
             self._tenants[stream_id] = tenant
-            self._deks[str(stream_id)] = {1: AESGCM.generate_key(bit_length=256)}
-            return SubjectHandle(stream_id, pseudonym, created=True)
+            dek = AESGCM.generate_key(bit_length=256)
+            self._deks[str(stream_id)] = {1: dek}
+            commitment = dek_commitment(str(stream_id), 1, dek)
+            return SubjectHandle(stream_id, pseudonym, created=True, dek_commitment=commitment)
 
     def stream_ids(self, tenant: str | None = None) -> list[uuid.UUID]:
         return [sid for (t, _), (sid, _) in self._index.items() if tenant is None or t == tenant]

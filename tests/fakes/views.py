@@ -190,6 +190,7 @@ class InMemoryViewStore:
             agent_response=e.agent_response,
             occurred_at=e.occurred_at,
             recorded_at=e.timestamp,
+            sharing=e.sharing,
         )
         self._batch_captures[e.capture_id] = (e.session_id, session_key, e.actor)
         if session_key:
@@ -556,6 +557,7 @@ class InMemoryViewStore:
             user_input=self._personal(sid, r["user_input"], ""),
             agent_response=self._personal(sid, r["agent_response"], ""),
             occurred_at=r["occurred_at"],
+            sharing=r["sharing"],
         )
 
     def captures(self, capture_ids: Iterable[str]) -> dict[str, CaptureRow]:

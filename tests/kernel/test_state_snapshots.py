@@ -3,7 +3,8 @@ and loads equal to a replay of its events, in a fresh kernel, on both backends."
 
 from __future__ import annotations
 
-from domain.profile import AttributeState, SubjectProfile
+from domain.profile import AttributeState, IntentState, SubjectProfile
+from domain.values import SharingPolicy
 from tests.conftest import Backend
 from tests.kernel.conftest import FakeClock, build_kernel, consent, say, settings_for
 
@@ -43,3 +44,28 @@ def test_a_snapshot_of_typed_state_loads_equal_to_the_replayed_events(
         assert loaded.intents == replayed.intents
     finally:
         second.close()
+
+
+def test_an_intent_from_a_snapshot_taken_before_sharing_was_kept_is_matched_as_private() -> None:
+    """Snapshots before 2026-12-05 hold intents without ``sharing``: they still load, and
+    such an intent is matched by its owner's proposals only (fail closed)."""
+    from uprof.eventstore import ValueObjectAsDict
+
+    older = {
+        "norm": "learn the cello",
+        "category": "goal",
+        "evidence": ["c1"],
+        "confidence": 0.6,
+        "expires_at": None,
+        "owner_agent": "app:planner/agent:one",
+    }
+    intent = ValueObjectAsDict(IntentState).decode(older)
+    assert intent.sharing == "private"
+    assert (
+        SharingPolicy.parse(intent.sharing).allows(
+            owner_agent=intent.owner_agent,
+            reader_agent="app:planner/agent:two",
+            reader_agent_type="",
+        )
+        is False
+    )

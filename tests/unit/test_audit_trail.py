@@ -16,7 +16,8 @@ def test_an_entry_with_a_field_off_the_allowlist_is_refused(world: World) -> Non
 
 def test_service_entries_carry_pseudonyms_never_the_reference(world: World) -> None:
     grant(world, subject="alice@example.org")
-    [entry] = list(world.audit_log.entries())
-    assert entry.entry["action"] == "consent.granted"
+    key, entry = list(world.audit_log.entries())
+    assert (key.entry["action"], entry.entry["action"]) == ("key.created", "consent.granted")
+    assert entry.entry["subject_ref"] == key.entry["subject_ref"]
     assert entry.entry["subject_ref"].startswith("subj_")
-    assert "alice" not in entry.entry_json
+    assert "alice" not in entry.entry_json + key.entry_json

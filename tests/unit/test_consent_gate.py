@@ -27,7 +27,7 @@ def test_a_granted_consent_lets_the_capture_through_to_the_log(world: World) -> 
     event = world.events.decode(notification)
     assert isinstance(event, SubjectProfile.InteractionCaptured)
     assert (event.capture_id, event.user_input) == (ack.capture_id, "I live in Paris")
-    assert world.actions() == ["consent.granted", "capture.accepted"]
+    assert world.actions() == ["key.created", "consent.granted", "capture.accepted"]
 
 
 def test_consent_for_one_app_does_not_open_the_gate_for_another(world: World) -> None:
@@ -80,7 +80,7 @@ def test_a_retried_keyed_grant_writes_once(world: World) -> None:
     )
     assert again == first
     assert world.events.max_notification_id() == head
-    assert world.actions() == ["consent.granted"]
+    assert world.actions() == ["key.created", "consent.granted"]
 
 
 def test_a_subject_whose_keys_are_destroyed_refuses_captures(world: World) -> None:

@@ -6,7 +6,7 @@ binds the key's app to an ``AppScope``. No route reads an app id from anywhere e
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Annotated
 
 from fastapi import Depends, Header, Request, Response
@@ -114,11 +114,17 @@ def while_key_live(records: Iterable[str], store: ApiKeyStore, token: str) -> It
     ``KEY_CACHE_TTL_S`` of the revocation, as it refuses the key's next request. The
     stream is closed either way, so its closing audit entry is written.
     """
+    return while_live(records, lambda: store.authenticate(token) is not None)
+
+
+def while_live(records: Iterable[str], still_live: Callable[[], bool]) -> Iterator[str]:
+    """``while_key_live`` for any credential: ``still_live()`` is asked every
+    ``STREAM_RECHECK_RECORDS`` records (the console asks for its session's key)."""
     it = iter(records)
     try:
         for sent, record in enumerate(it, 1):
             yield record
-            if sent % STREAM_RECHECK_RECORDS == 0 and store.authenticate(token) is None:
+            if sent % STREAM_RECHECK_RECORDS == 0 and not still_live():
                 raise unauthenticated("the API key was revoked while the stream was sent")
     finally:
         close = getattr(it, "close", None)

@@ -213,6 +213,16 @@ class ApiKeyStore:
 
     # ----------------------------------------------------------------- queries
 
+    def live_app_of(self, key_id: str) -> str | None:
+        """The app of the live key ``key_id`` (read now, not from the cache), or None."""
+        with self._engine.connect() as conn:
+            found = conn.execute(
+                sa.select(api_keys.c.app_id).where(
+                    api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_(None)
+                )
+            ).first()
+        return None if found is None else str(found.app_id)
+
     def list(self, app_id: str | None = None) -> list[ApiKeyInfo]:
         query = sa.select(
             api_keys.c.key_id,
@@ -242,6 +252,11 @@ class ApiKeyStore:
         if parsed is None:
             return None
         return self._check(*parsed, self._live_row(parsed[0]))
+
+    def is_live(self, key_id: str) -> bool:
+        """Whether the key ``key_id`` is live (a read at most KEY_CACHE_TTL_S old), for a
+        session that signed in with it and no longer holds its secret."""
+        return self._live_row(key_id) is not None
 
     def authenticate_cached(self, token: str | None) -> Principal | NeedsRead | None:
         """``authenticate`` without touching the database: ``NEEDS_READ`` when the

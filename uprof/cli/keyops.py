@@ -32,10 +32,9 @@ def backup_command(
     to: Annotated[Path, typer.Option("--to", help="A new folder for the backup.")],
 ) -> None:
     """Write a consistent backup of the data stores, without any key material."""
-    from uprof.services.backup import backup
-
     try:
-        report = backup(settings(), to)
+        with door() as d:
+            report = d.backup(to)
     except UprofError as e:
         fail(e)
         return

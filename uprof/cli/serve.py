@@ -156,32 +156,30 @@ def apps_create(
     read, capture and propose of those categories for that purpose (direct rules on the
     app, recorded as policy events and audited), before the key is issued.
     """
-    from uprof.api import ApiKeyStore
     from uprof.cli.policy import split_names
 
-    if read or capture or propose or purpose:
-        if not read or not purpose:
-            console.print("[bold red]error:[/] onboarding needs --read and --purpose together")
-            raise typer.Exit(2)
-        with door() as d:
-            result = d.onboard_app(
-                app_id,
-                read=split_names(read),
-                purpose=purpose,
-                capture=None if capture is None else split_names(capture),
-                propose=None if propose is None else split_names(propose),
-            )
-        console.print(
-            f"policy version {result.version}: {len(result.changes)} rules granted to {app_id}"
-        )
-    store = ApiKeyStore.open(settings())
+    onboarding = bool(read or capture or propose or purpose)
+    if onboarding and (not read or not purpose):
+        console.print("[bold red]error:[/] onboarding needs --read and --purpose together")
+        raise typer.Exit(2)
     try:
-        issued = store.create(app_id, role or ["app"])
+        with door() as d:
+            if onboarding:
+                result = d.onboard_app(
+                    app_id,
+                    read=split_names(read or []),
+                    purpose=purpose or "",
+                    capture=None if capture is None else split_names(capture),
+                    propose=None if propose is None else split_names(propose),
+                )
+                console.print(
+                    f"policy version {result.version}: {len(result.changes)} rules granted "
+                    f"to {app_id}"
+                )
+            issued = d.issue_api_key(app_id, role or ["app"])
     except UprofError as e:
         fail(e)
         return
-    finally:
-        store.close()
     console.print(
         f"key id [bold]{issued.info.key_id}[/] for {app_id} (roles: {' '.join(issued.info.roles)})"
     )
@@ -223,13 +221,8 @@ def apps_revoke(
     key_id: Annotated[str, typer.Argument(help="The key id from `uprof apps list`.")],
 ) -> None:
     """Revoke an API key: the next request with it gets 401."""
-    from uprof.api import ApiKeyStore
-
-    store = ApiKeyStore.open(settings())
-    try:
-        revoked = store.revoke(key_id)
-    finally:
-        store.close()
+    with door() as d:
+        revoked = d.revoke_api_key(key_id)
     if not revoked:
         console.print(f"no live key with id {key_id}")
         raise typer.Exit(5)

@@ -21,10 +21,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -60,8 +58,6 @@ MAX_CACHED_VIEW_KEYS = 4_096
 #: subjects whose aggregates it loads), and the entries are cheap to reload: one indexed
 #: query and an AES key unwrap per key (docs/performance.md, "Memory").
 MAX_CACHED_CAPTURE_KEYS = 16_384
-#: Created-key records kept for a KeyCreated audit drain (nothing drains them yet).
-MAX_PENDING_CREATED = 10_000
 
 
 def derive_key(master: bytes, label: str) -> bytes:
@@ -154,6 +150,9 @@ class SubjectHandle:
     stream_id: uuid.UUID
     pseudonym: str
     created: bool
+    #: The first data key's commitment, on the handle that created the subject only
+    #: (what its ``key.created`` audit entry records; FIELD-NOTES §5.6).
+    dek_commitment: str | None = None
 
 
 def _capture_commitment(capture_id: str, wrapped_key: bytes) -> str:
@@ -163,13 +162,6 @@ def _capture_commitment(capture_id: str, wrapped_key: bytes) -> str:
 
 @dataclass(frozen=True)
 class DestroyedKey:
-    key_version: int
-    dek_commitment: str
-
-
-@dataclass(frozen=True)
-class CreatedKey:
-    stream_id: str
     key_version: int
     dek_commitment: str
 
@@ -236,9 +228,6 @@ class KeyStore:
         self._handles: BoundedCache[str, tuple[float, SubjectHandle]] = BoundedCache(
             MAX_CACHED_HANDLES, name="subject-handles"
         )
-        self._lock = threading.Lock()
-        #: Keys created since the caller last drained them (for KeyCreated audit entries).
-        self._created: deque[CreatedKey] = deque(maxlen=MAX_PENDING_CREATED)
 
     # ---------------------------------------------------------------- subjects
 
@@ -344,9 +333,7 @@ class KeyStore:
                 raise
             return raced
         self._deks.put(str(stream_id), {1: dek}, ticket=ticket)
-        with self._lock:
-            self._created.append(CreatedKey(str(stream_id), 1, commitment))
-        return SubjectHandle(stream_id, pseudonym, created=True)
+        return SubjectHandle(stream_id, pseudonym, created=True, dek_commitment=commitment)
 
     def stream_ids(self, tenant: str | None = None) -> list[uuid.UUID]:
         query = sa.select(subject_index.c.stream_id)
@@ -662,13 +649,6 @@ class KeyStore:
     def shredded_stream_ids(self) -> list[str]:
         with self._engine.connect() as conn:
             return list(conn.execute(sa.select(shredded_streams.c.stream_id)).scalars())
-
-    def drain_created_keys(self) -> list[CreatedKey]:
-        with self._lock:
-            # clear() keeps the deque and its maxlen bound (a fresh list would drop it).
-            created = list(self._created)
-            self._created.clear()
-        return created
 
     # ------------------------------------------------------------ KEK rotation
 

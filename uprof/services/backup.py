@@ -55,6 +55,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from audit.keys import key_id
 from audit.tables import audit_checkpoints, audit_entries, audit_nodes
 from domain.errors import InvalidInputError, UprofError
+from domain.principal import Principal
 from uprof.apikeys.tables import metadata as api_metadata
 from uprof.backends import StoresInUseError, backend_for_settings
 from uprof.crypto.keystore import derive_key
@@ -452,6 +453,19 @@ def _restore_alone(
         from uprof.services.recovery import reapply_ledger
 
         ledger = reapply_ledger(kernel)
+        # Only the operator of the stores can restore (the stores are held alone, so no
+        # authorized door is open): the entry names the command line's principal.
+        kernel.audit.record(
+            "backup.restored",
+            principal=Principal.local_operator(kernel.subjects.tenant).label,
+            tree_size=int(manifest["audit"]["entries"]),
+            reason_code="live-log-kept" if keep_live_audit else "log-from-backup",
+            counts={
+                "erased_streams": ledger.erased_streams,
+                "erased_captures": ledger.erased_captures,
+                "resurrected": ledger.resurrected,
+            },
+        )
         with kernel.views_engine.connect() as conn:
             entries, _ = _audit_head(conn)
         kernel.audit_log.verify_integrity()

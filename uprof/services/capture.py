@@ -16,6 +16,7 @@ from uprof import telemetry
 from uprof.crypto.keystore import SubjectHandle, new_pseudonym
 from uprof.ports import AuditTrail, Clock, EventStore, SubjectKeyStore
 from uprof.services.capture_writer import CaptureWriter, PendingCapture, no_consent_on_record
+from uprof.services.idempotency import refuse_unrecorded, replaying
 from uprof.services.subjects import SubjectResolver, check_subject_ref
 
 #: Longest user input or agent response accepted in one interaction.
@@ -236,6 +237,7 @@ class CaptureService:
             batch_token=batch_token,
             token_window_s=token_window_s,
             principal=principal.label if principal is not None else None,
+            replay=replaying.get(),
             trace_link=traced.link(),
         )
 
@@ -266,18 +268,24 @@ class CaptureService:
         item_tokens: Sequence[str | None] | None,
         token_window_s: float,
         principal: str | None = None,
+        replay: bool | None = None,
     ) -> CaptureOutcome:
         """One request in its own transactions (load, decide, keys, save, audit), retried
-        when another writer saved first. ``principal``: the audit label, when the caller's
-        context does not carry it (the writer thread)."""
+        when another writer saved first. ``principal``: the audit label, and ``replay``:
+        whether it is a replay, when the caller's context does not carry them (the writer
+        thread)."""
 
         def save() -> tuple[list[str], list[int], int, dict[str, Any] | None]:
             profile = self._app.load(stream_id)
             now = self._clock.now()
             if batch_token:
+                # A retry is answered only under a consent in force now, as a fresh call.
+                for interaction in checked:
+                    profile.require_capture_consent(interaction, now)
                 first = profile.recorded_request(batch_token, now=now, window_s=token_window_s)
                 if first is not None:
                     return [], [], 0, first
+                refuse_unrecorded(replay)
             ids: list[str] = []
             versions: list[int] = []
             skipped = 0
@@ -372,6 +380,7 @@ class CaptureService:
                 item_tokens=None,
                 token_window_s=pending.token_window_s,
                 principal=pending.principal,
+                replay=pending.replay,
             )
         except BaseException as error:
             pending.error = error

@@ -49,6 +49,7 @@ from uprof import retry, telemetry
 from uprof.caching import BoundedCache, CacheStats
 from uprof.crypto.keystore import new_pseudonym
 from uprof.ports import AuditTrail, Clock, EventStore, SubjectKeyStore
+from uprof.services.idempotency import refuse_unrecorded
 from uprof.services.subjects import ERASED_SUBJECT, SubjectResolver
 
 _log = logging.getLogger(__name__)
@@ -76,6 +77,9 @@ class PendingCapture:
     token_window_s: float
     #: The asking principal's audit label: the writer thread has no request context.
     principal: str | None
+    #: A replay (``idempotency.replaying`` of the request's context): it must find its
+    #: token in the stream, or write nothing.
+    replay: bool = False
     #: The subject's stream and pseudonym; or, until the writer has looked it up,
     #: ``subject_ref`` (checked) with ``stream_id`` None: the writer looks up a whole
     #: group's references with one query instead of one per request thread.
@@ -510,17 +514,19 @@ class CaptureWriter:
 
     def _apply(self, profile: SubjectProfile, pending: PendingCapture, now: Any) -> None:
         """Apply one request to the subject's copy, all or nothing."""
-        if pending.batch_token:
-            first = profile.recorded_request(
-                pending.batch_token, now=now, window_s=pending.token_window_s
-            )
-            if first is not None:
-                pending.replay_of = first
-                return
         try:
             for interaction in pending.interactions:
-                # What profile.capture refuses, checked before anything is applied.
+                # What profile.capture refuses, checked before anything is applied, and
+                # before a retry is answered: a retry needs a consent in force now too.
                 profile.require_capture_consent(interaction, now)
+            if pending.batch_token:
+                first = profile.recorded_request(
+                    pending.batch_token, now=now, window_s=pending.token_window_s
+                )
+                if first is not None:
+                    pending.replay_of = first
+                    return
+                refuse_unrecorded(pending.replay)
             ids, versions = [], []
             for interaction in pending.interactions:
                 ids.append(profile.capture(interaction, now=now))

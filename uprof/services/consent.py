@@ -12,6 +12,7 @@ from domain.values import check_category, check_token
 from projections.profile.queries import ConsentRow
 from uprof.ports import AuditTrail, Clock, EventStore
 from uprof.services.capture import to_utc
+from uprof.services.idempotency import refuse_unrecorded
 from uprof.services.subjects import SubjectResolver
 
 PURPOSE_MAX = 64
@@ -96,7 +97,7 @@ class ConsentService:
                 check_category(category.strip())
         if not clean_purposes or not categories:
             raise InvalidInputError("consent needs at least one category and one purpose")
-        handle = self._subjects.find_or_create(subject_ref, now=now)
+        handle = self._subjects.find_or_create(subject_ref, now=now, audit=self._audit)
 
         replayed = False
 
@@ -111,6 +112,7 @@ class ConsentService:
                 if first is not None:
                     replayed = True
                     return str(first["consent_id"])
+                refuse_unrecorded()
             consent_id = profile.grant_consent(
                 app_id=app_id.strip(),
                 categories=tuple(c.strip() for c in categories),
@@ -167,12 +169,11 @@ class ConsentService:
         def command() -> int:
             profile = self._app.load(handle.stream_id)
             now = self._clock.now()
-            if (
-                request_token
-                and profile.recorded_request(request_token, now=now, window_s=token_window_s)
-                is not None
-            ):
-                return 0
+            if request_token:
+                first = profile.recorded_request(request_token, now=now, window_s=token_window_s)
+                if first is not None:
+                    return 0
+                refuse_unrecorded()
             profile.withdraw_consent(
                 consent_id=consent_id,
                 withdrawn_at=withdrawn_at or now,

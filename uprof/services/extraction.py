@@ -35,6 +35,7 @@ from domain.values import (
     Interaction,
     MemoryProposal,
     ProposalBatch,
+    SharingPolicy,
     attribute_spec,
 )
 from uprof import retry, telemetry
@@ -64,7 +65,15 @@ def _starved(error: BaseException) -> ConcurrencyConflictError:
 
 
 class EvidenceChecker:
-    """Check that every cited event exists and belongs to the same subject."""
+    """Check that every cited event exists, belongs to the same subject, and may be seen
+    by the batch's agent (I4).
+
+    Without the last check an agent could cite another agent's private capture (its id
+    shows in provenance labels): its own items then counted among what that capture
+    reveals, adding their categories to the capture's memories, so that the owner's own
+    memories were withheld from its slices. A capture the agent may not see is answered
+    as one that does not exist.
+    """
 
     def __init__(self, queries: ViewStore) -> None:
         self._queries = queries
@@ -73,7 +82,16 @@ class EvidenceChecker:
         cited = evidence_ids(batch)
         unknown = cited - known.keys()
         rows = self._queries.captures(unknown)
-        missing = sorted(unknown - rows.keys())
+        unseen = {
+            capture_id
+            for capture_id, row in rows.items()
+            if not SharingPolicy.parse(row.sharing).allows(
+                owner_agent=qualified_agent(row.app_id, row.agent_id),
+                reader_agent=batch.owner_agent,
+                reader_agent_type="",
+            )
+        }
+        missing = sorted((unknown - rows.keys()) | unseen)
         if missing:
             raise EvidenceError(f"evidence {missing[0]!r} does not name a captured event")
         foreign = sorted(

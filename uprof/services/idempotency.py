@@ -19,6 +19,13 @@ retry gets the effect of one write and the first answer:
    out: the next retry simply runs) and never writes twice.
 3. **Answer**: the first answer stored wins; every caller of one key returns it, so
    concurrent duplicates get byte-identical responses.
+4. **Replay, decided again**: a retry of an answered key runs the write again before
+   the stored answer is returned. Everything a fresh call is refused for is asked
+   again as it stands now (the app's policy, its API key at the edge, the subject's
+   consent, an erasure) and refused the same way, audited; only a call that would be
+   let through gets the first answer. The stream holds the token (it outlives the
+   row: the row's retention starts at the claim, before the write), so the run
+   writes nothing. The kernel audits each replay (``request.replayed``).
 
 A write that fails (consent refused, bad input) releases its claim: nothing was
 written, and the caller may fix the cause and retry with the same key.
@@ -26,7 +33,8 @@ written, and the caller may fix the cause and retry with the same key.
 What is stored holds no personal plaintext: the key is kept only as a keyed hash,
 the body only as a keyed hash (a plain hash of a small body such as a consent
 grant could be guessed back), and the answer holds ids and counts only (capture
-ids, notification ids, the subject's pseudonym, consent records). Rows expire after
+ids, notification ids, the subject's pseudonym, consent records, an erasure
+receipt without the subject's nonce: ``NEVER_KEPT``). Rows expire after
 ``retention_s`` (default 24 h) and are purged as claims arrive, so the table stays
 bounded by the write rate times the retention.
 """
@@ -39,12 +47,13 @@ import json
 import threading
 import time
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 
-from domain.errors import IdempotencyKeyReusedError, InvalidInputError
+from domain.errors import IdempotencyKeyReusedError, InvalidInputError, SubjectErasedError
 from domain.naming import NAMING_CONVENTION
 
 #: The REST header (and the field name it is reported under).
@@ -72,6 +81,37 @@ idempotency_keys = sa.Table(
     sa.Column("created_ms", sa.BigInteger, nullable=False),
     sa.Column("expires_ms", sa.BigInteger, nullable=False, index=True),
 )
+
+
+#: Answer fields given to the first caller only, and kept as "" for replays: a subject's
+#: erasure-receipt nonce is the subject's alone (docs/audit-format.md §7); kept beside the
+#: receipt's commitment, it would let anyone reading this table test guessed subject
+#: references against it, for as long as the row lives.
+NEVER_KEPT = frozenset({"subject_nonce_hex"})
+
+
+def _without_secrets(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: "" if k in NEVER_KEPT else _without_secrets(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_secrets(v) for v in value]
+    return value
+
+
+#: True while a replay runs its write again (``IdempotencyStore.run``). The write must then
+#: find its token in the subject's stream; a stream without it is another subject's (the
+#: one answered was erased and its name re-created), and nothing may be written there.
+replaying: ContextVar[bool] = ContextVar("uprof_idempotency_replaying", default=False)
+
+
+def refuse_unrecorded(replay: bool | None = None) -> None:
+    """Call where a keyed write found no recorded token, before it writes: a replay
+    (``replay``, or the context's ``replaying``) is refused, writing nothing."""
+    if replaying.get() if replay is None else replay:
+        raise SubjectErasedError(
+            "the subject this request was answered for was erased (its name now stands "
+            "for another subject); nothing was written"
+        )
 
 
 def check_key(key: str) -> str:
@@ -151,6 +191,16 @@ class IdempotencyStore:
         body_hash = self.body_hash(operation, body)
         stored = self._claim(token, app_id, operation, body_hash)
         if stored is not None:
+            # A replay is decided like a fresh call: the write runs again with the same
+            # token, so the policy, the key, the consent gate and erasure are asked as
+            # they stand now, and a refusal is raised (and audited) as for a fresh call;
+            # the subject's stream holds the token, so the run writes nothing (a stream
+            # without it refuses: ``refuse_unrecorded``).
+            mark = replaying.set(True)
+            try:
+                execute(token)
+            finally:
+                replaying.reset(mark)
             return stored
         try:
             response, status = execute(token)
@@ -202,7 +252,10 @@ class IdempotencyStore:
 
     def _answer(self, token: str, body_hash: str, response: dict[str, Any], status: int) -> Outcome:
         t = idempotency_keys
-        text = json.dumps(response, sort_keys=True, separators=(",", ":"), default=str)
+        first = json.dumps(response, sort_keys=True, separators=(",", ":"), default=str)
+        text = json.dumps(
+            _without_secrets(json.loads(first)), sort_keys=True, separators=(",", ":")
+        )
         with self._engine.begin() as conn:
             done = conn.execute(
                 t.update()
@@ -215,8 +268,8 @@ class IdempotencyStore:
                     # Another caller of this key answered first: everyone returns that.
                     return Outcome(json.loads(row.response), int(row.status), replayed=True)
         # Stored (or the row expired meanwhile): this answer stands. Round-trip it
-        # through JSON so the first caller sees exactly what a replay will.
-        return Outcome(json.loads(text), status, replayed=False)
+        # through JSON so the first caller sees what a replay will (its secrets aside).
+        return Outcome(json.loads(first), status, replayed=False)
 
     def _release(self, token: str, body_hash: str) -> None:
         t = idempotency_keys

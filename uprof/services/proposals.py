@@ -11,6 +11,7 @@ from domain.values import ProposalBatch
 from uprof.ports import AuditTrail, Clock, EventStore
 from uprof.services.capture import to_utc
 from uprof.services.extraction import EvidenceChecker
+from uprof.services.idempotency import refuse_unrecorded
 from uprof.services.subjects import SubjectResolver
 
 
@@ -63,6 +64,7 @@ class ProposalService:
                 if first is not None:
                     replayed = True  # a retried keyed request: applied once already
                     return int(first["applied"])
+                refuse_unrecorded()
             applied = profile.apply_proposals(batch, observed_at=when, now=now)
             if request_token:
                 profile.record_request(

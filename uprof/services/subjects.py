@@ -21,7 +21,7 @@ from domain.errors import (
     SubjectNotFoundError,
 )
 from uprof.crypto.keystore import SubjectHandle
-from uprof.ports import SubjectKeyStore
+from uprof.ports import AuditTrail, SubjectKeyStore
 
 MAX_REF_LENGTH = 256
 #: What a write naming an erased subject is told.
@@ -150,14 +150,29 @@ class SubjectResolver:
         """Drop cached lookups of a stream (a reader found it erased)."""
         self._keystore.evict(str(stream_id))
 
-    def find_or_create(self, subject_ref: str, *, now: datetime) -> SubjectHandle:
-        """The subject's stream, created on first use; refused for an erased subject."""
+    def find_or_create(
+        self, subject_ref: str, *, now: datetime, audit: AuditTrail | None = None
+    ) -> SubjectHandle:
+        """The subject's stream, created on first use; refused for an erased subject.
+
+        The call that creates it records the first data key in ``audit`` (``key.created``
+        with its ``dek_commitment``, the value ``key.destroyed`` and an erasure receipt
+        cite when it goes), before anything is written under it.
+        """
         found = self.find(subject_ref)
         if found is not None:
             return found
-        return self._keystore.resolve_or_create(
+        handle = self._keystore.resolve_or_create(
             self.tenant, check_subject_ref(subject_ref), now=now
         )
+        if handle.created and audit is not None and handle.dek_commitment is not None:
+            audit.record(
+                "key.created",
+                subject_ref=handle.pseudonym,
+                key_version=1,
+                dek_commitment=handle.dek_commitment,
+            )
+        return handle
 
     def pseudonym(self, subject_ref: str) -> str:
         """The subject's pseudonym; for an unknown reference a fresh one each call."""

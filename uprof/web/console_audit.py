@@ -9,7 +9,9 @@ from fastapi import APIRouter, Form, Request, UploadFile
 from fastapi.responses import Response, StreamingResponse
 
 from domain.errors import UprofError
+from uprof.api.deps import while_live
 from uprof.api.routes.docs import api_router
+from uprof.apikeys.store import ApiKeyStore
 from uprof.facade import Facade
 from uprof.web.pages import (
     CONSOLE_PAGE_ROWS,
@@ -110,7 +112,10 @@ def router(web: WebPages) -> APIRouter:
             )
         except (UprofError, ValueError) as problem:
             return web.message(request, 422, "Export refused", str(problem))
-        response = StreamingResponse(stream.records, media_type=stream.media_type)
+        # The session's key is checked again as the trail streams (as the REST export's).
+        keys: ApiKeyStore = request.app.state.api_keys
+        records = while_live(stream.records, lambda: keys.is_live(session.key_id))
+        response = StreamingResponse(records, media_type=stream.media_type)
         response.headers["Content-Disposition"] = f'attachment; filename="{stream.filename}"'
         response.headers.update(SECURITY_HEADERS)
         return response

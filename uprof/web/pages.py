@@ -176,10 +176,17 @@ class WebPages:
             return True
         return hmac.compare_digest(self.sessions(request).incarnation(current), incarnation)
 
+    def issuer_live(self, request: Request, key_id: str) -> bool:
+        """Whether the API key that issued a privacy-center link is still live (a link
+        or session from before links named their key has none, and its bounded life)."""
+        keys: ApiKeyStore = request.app.state.api_keys
+        return not key_id or keys.is_live(key_id)
+
     def need_user(self, request: Request) -> Session | HTMLResponse:
         session = self.user_session(request)
-        if session is not None and not self.same_incarnation(
-            request, session.subject, session.incarnation
+        if session is not None and not (
+            self.same_incarnation(request, session.subject, session.incarnation)
+            and self.issuer_live(request, session.key_id)
         ):
             self.sessions(request).drop(request.cookies.get(USER_COOKIE), "user")
             session = None

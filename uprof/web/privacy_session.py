@@ -73,7 +73,11 @@ def router(web: WebPages) -> APIRouter:
             raise EdgeError(404, "subject_not_found", "no such subject")
         pseudonym = door.subject_pseudonym(body.subject) or ""
         incarnation = web.sessions(request).incarnation(pseudonym) if pseudonym else ""
-        token, expires_at = web.links(request).issue(body.subject.strip(), incarnation)
+        token, expires_at = web.links(request).issue(
+            body.subject.strip(), incarnation, issued_by=principal.key_id
+        )
+        # Audited before the token leaves: a link the log cannot show is never handed out.
+        door.privacy_link_issued(body.subject)
         return PrivacyLinkOut(
             token=token, expires_at=expires_at, login_path=f"/privacy/login?token={token}"
         )
@@ -92,12 +96,18 @@ def router(web: WebPages) -> APIRouter:
         if refused is not None:
             return refused
         redeemed = web.links(request).redeem(token)
-        subject, incarnation = redeemed or ("", "")
-        if redeemed is None or not web.same_incarnation(request, subject, incarnation):
+        subject, incarnation, issued_by = redeemed or ("", "", "")
+        if (
+            redeemed is None
+            or not web.same_incarnation(request, subject, incarnation)
+            or not web.issuer_live(request, issued_by)
+        ):
             return link_not_valid(request)
         sessions = web.sessions(request)
         sessions.drop(request.cookies.get(USER_COOKIE), "user")
-        sid = sessions.create(Session(kind="user", subject=subject, incarnation=incarnation))
+        sid = sessions.create(
+            Session(kind="user", subject=subject, incarnation=incarnation, key_id=issued_by)
+        )
         # Posted from uprof's own page: the redirect stays same-site, so the browser sends
         # the new (SameSite=Strict) cookie with it.
         response = RedirectResponse("/privacy", status_code=303)

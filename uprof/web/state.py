@@ -51,6 +51,9 @@ class _Link:
     used: bool = False
     #: The incarnation tag of the subject the link was issued for (``SessionStore.incarnation``).
     incarnation: str = ""
+    #: The API key id that asked for the link (it received the token): the link and the
+    #: session it opens live only while that key does.
+    issued_by: str = ""
 
 
 class LinkStore:
@@ -60,15 +63,18 @@ class LinkStore:
         self._ttl = ttl
         self._links: BoundedCache[str, _Link] = BoundedCache(max_links, name="web-links")
 
-    def issue(self, subject: str, incarnation: str = "") -> tuple[str, datetime]:
+    def issue(
+        self, subject: str, incarnation: str = "", issued_by: str = ""
+    ) -> tuple[str, datetime]:
         token = secrets.token_urlsafe(32)
         expires_at = _now() + self._ttl
-        self._links.put(_hash(token), _Link(subject, expires_at, incarnation=incarnation))
+        link = _Link(subject, expires_at, incarnation=incarnation, issued_by=issued_by)
+        self._links.put(_hash(token), link)
         return token, expires_at
 
-    def redeem(self, token: str) -> tuple[str, str] | None:
-        """Return the link's subject and incarnation tag and burn the link; None when
-        unknown, used or expired."""
+    def redeem(self, token: str) -> tuple[str, str, str] | None:
+        """Return the link's subject, incarnation tag and issuing key id and burn the
+        link; None when unknown, used or expired."""
         if not token or len(token) > 200:
             return None
         # Taken out of the store: a burnt link is gone, exactly like an unknown one.
@@ -76,7 +82,7 @@ class LinkStore:
         if link is None or link.used or link.expires_at <= _now():
             return None
         link.used = True
-        return link.subject, link.incarnation
+        return link.subject, link.incarnation, link.issued_by
 
     def __len__(self) -> int:
         return len(self._links)
@@ -91,6 +97,9 @@ class Session:
     #: pseudonym and so another tag: this session is not its session.
     incarnation: str = ""
     app_id: str = ""  # operator sessions: the key's app
+    #: Operator sessions: the key signed in with; user sessions: the key that issued the
+    #: link (none on cookies signed before 2026-12-05). Either way the session lives only
+    #: while that key does.
     key_id: str = ""
     csrf: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     #: Names the session (its receipts, its sign-out) without being a credential.
