@@ -730,6 +730,17 @@ class Facade:
             self._authorize_governance("inspect", OPERATIONS_PURPOSE)
         return self._kernel.subject_pseudonym(subject)
 
+    def authorize_privacy_link(self) -> None:
+        """Decide whether this principal may hand out a privacy-center link.
+
+        A link exercises the subject's rights (export, erasure) without the operators'
+        policy, so whoever hands one out must be allowed both itself: an operator the
+        deployment denies ``export`` or ``erase`` could otherwise issue a link and use it.
+        Raises PermissionDeniedError (audited).
+        """
+        self._authorize_governance("export", ACCESS_PURPOSE)
+        self._authorize_governance("erase", ERASURE_PURPOSE)
+
     def privacy_link_issued(self, subject: str) -> None:
         """Record that a sign-in link to ``subject``'s privacy center was handed to this
         principal (``privacy_link.issued``: the pseudonym, never the token): the link
@@ -1081,6 +1092,15 @@ class Facade:
     def policy_history(self) -> list[Any]:
         self._authorize_governance("policy", OPERATIONS_PURPOSE)
         return self._kernel.policy_history()
+
+    def policy_table(self) -> tuple[Any, ...] | None:
+        """Who may do what, one row per app and rule (``policy`` action, as showing the
+        policy); None when the authorizer cannot list its rules."""
+        self._authorize_governance("policy", OPERATIONS_PURPOSE)
+        table: Callable[[str], tuple[Any, ...]] | None = getattr(
+            self._kernel.authorizer, "policy_table", None
+        )
+        return None if table is None else table(self._kernel.subjects.tenant)
 
     def policy_grant(self, **change: Any) -> Any:
         """Add rules or a role; the change event and audit entry name this principal."""

@@ -97,3 +97,15 @@ def csrf_of(html: str) -> str:
     match = re.search(r'name="csrf" value="([^"]+)"', html)
     assert match, "no CSRF token in the page"
     return match.group(1)
+
+
+def open_link(client: httpx.Client, login_path: str, *, expect: int = 303) -> httpx.Response:
+    """Do what a user does with a sign-in link: open it, then press "Sign in" (the form
+    posts the link's token back). Returns the answer to that post."""
+    shown = client.get(login_path)
+    assert shown.status_code == 200, shown.text
+    token = re.search(r'name="token" value="([^"]+)"', shown.text)
+    assert token, "no sign-in form on the link's page"
+    signed = client.post("/privacy/login", data={"token": token.group(1)})
+    assert signed.status_code == expect, signed.text
+    return signed

@@ -33,6 +33,14 @@ def seed(http: httpx.Client, apps: Apps, subject: str, text: str) -> None:
     assert response.status_code == 201, response.text
 
 
+def sign_in_user(page: Any, link: str) -> Any:
+    """Open a sign-in link and press its button; return the answer to the button's post."""
+    page.goto(link)
+    with page.expect_navigation() as signed:
+        page.get_by_role("button", name="Sign in").click()
+    return signed.value
+
+
 def sign_in_operator(page: Any, server: LiveServer, key: str) -> None:
     page.goto(f"{server.url}/console/login")
     page.get_by_label("API key").fill(key)
@@ -56,7 +64,7 @@ def test_withdrawn_consent_refuses_the_next_capture(
         },
     )
     assert served.status_code == 200, served.text
-    page.goto(server.url + privacy_link(http, apps.planner_operator, "alice"))
+    sign_in_user(page, server.url + privacy_link(http, apps.planner_operator, "alice"))
     page.wait_for_url(f"{server.url}/privacy")
     page.get_by_role("heading", name="Your privacy center").wait_for()
     assert "Lisbon" in page.content()
@@ -84,7 +92,7 @@ def test_erasing_everything_gives_a_receipt_that_verifies(
     tmp_path: Path,
 ) -> None:
     seed(http, apps, "alice", "I live in Lisbon and I want to run a half marathon")
-    page.goto(server.url + privacy_link(http, apps.planner_operator, "alice"))
+    sign_in_user(page, server.url + privacy_link(http, apps.planner_operator, "alice"))
     page.get_by_role("heading", name="Your privacy center").wait_for()
 
     with page.expect_download() as exported:
@@ -200,7 +208,7 @@ def test_a_user_link_never_reaches_another_users_page(
     seed(http, apps, "alice", "I live in Lisbon and I want to run a half marathon")
     seed(http, apps, "bob", "I live in Porto and I want to learn the cello")
     link = server.url + privacy_link(http, apps.planner_operator, "alice")
-    page.goto(link)
+    sign_in_user(page, link)
     page.get_by_role("heading", name="Your privacy center").wait_for()
     assert "Lisbon" in page.content() and "Porto" not in page.content()
 
@@ -212,7 +220,7 @@ def test_a_user_link_never_reaches_another_users_page(
     assert "Lisbon" in export and "Porto" not in export
 
     # The link was single-use: opening it again (here or elsewhere) is refused.
-    response = page.goto(link)
+    response = sign_in_user(page, link)
     assert response is not None and response.status == 403
     page.get_by_role("heading", name="Link not valid").wait_for()
     # ...and the session that link opened is still alice's, never anyone else's.
@@ -221,3 +229,63 @@ def test_a_user_link_never_reaches_another_users_page(
     # A user session is no operator session.
     page.goto(f"{server.url}/console")
     page.wait_for_url(f"{server.url}/console/login")
+
+
+def test_a_page_of_another_site_cannot_use_or_plant_a_sign_in(
+    page: Any, server: LiveServer, http: httpx.Client, apps: Apps
+) -> None:
+    """A link previewed or fetched by another site's page opens no session, and a page of
+    another site posting a link's token (login CSRF) is refused by what Chromium itself
+    says of the form (Sec-Fetch-Site); the link stays usable from uprof's own page."""
+    seed(http, apps, "alice", "I live in Lisbon")
+    link = server.url + privacy_link(http, apps.planner_operator, "alice")
+    token = link.split("token=", 1)[1]
+    attacker = "http://attacker.test/"
+    page.route(
+        attacker,
+        lambda route: route.fulfill(
+            content_type="text/html",
+            body=(
+                f'<form id="f" method="post" action="{server.url}/privacy/login">'
+                f'<input type="hidden" name="token" value="{token}"></form>'
+                "<script>document.getElementById('f').submit()</script>"
+            ),
+        ),
+    )
+    with page.expect_navigation(url=f"{server.url}/privacy/login"):
+        page.goto(attacker)
+    page.get_by_role("heading", name="Form from another site").wait_for()
+    assert not [c for c in page.context.cookies() if c["name"] == "uprof_privacy"]
+    # Fetched by a page (a preview, a scanner), the link opens the sign-in page only.
+    assert page.request.get(link).status == 200
+    assert not [c for c in page.context.cookies() if c["name"] == "uprof_privacy"]
+    # The user's own click still signs in: the link was not used by any of the above.
+    assert sign_in_user(page, link).status == 200  # the profile, after the redirect
+    page.wait_for_url(f"{server.url}/privacy")
+    assert "Lisbon" in page.content()
+
+
+def test_an_apps_text_cannot_reverse_what_the_privacy_center_says_around_it(
+    page: Any, server: LiveServer, http: httpx.Client, apps: Apps
+) -> None:
+    """A capture ending in U+202E (right-to-left override) reversed the rest of its line
+    in the privacy center: "— app:planner, personalization, <date>" after the quoted
+    evidence was drawn right to left, so an app id chosen to read as another when reversed
+    (``knab:ppa``) showed as "app:bank". App and user text is isolated (``<bdi>``)."""
+    seed(http, apps, "alice", "I live in Lisbon\u202e")
+    sign_in_user(page, server.url + privacy_link(http, apps.planner_operator, "alice"))
+    page.wait_for_url(f"{server.url}/privacy")
+    page.locator("details").first.evaluate("d => d.open = true")
+    evidence = page.locator("li", has_text="Lisbon").first
+    # Where the browser draws the first and the last character of the app id after it.
+    first_x, last_x = evidence.evaluate(
+        """li => {
+            const text = [...li.childNodes].find(n => n.nodeType === 3 && n.data.includes('app:'));
+            const at = text.data.indexOf('app:planner');
+            const range = document.createRange();
+            const x = i => { range.setStart(text, i); range.setEnd(text, i + 1);
+                             return range.getBoundingClientRect().x; };
+            return [x(at), x(at + 'app:planner'.length - 1)];
+        }"""
+    )
+    assert first_x < last_x, "the app id after the evidence is drawn right to left"

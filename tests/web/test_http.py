@@ -9,7 +9,7 @@ import httpx
 
 from audit.receipts import verify_receipt
 from tests.api.conftest import PLANNER, Apps, LiveServer, bearer, grant, interaction
-from tests.web.conftest import csrf_of
+from tests.web.conftest import csrf_of, open_link
 from uprof.api import ApiKeyStore
 from uprof.kernel import Uprof
 from uprof.server import create_server
@@ -38,13 +38,13 @@ def test_links_sessions_csrf_and_roles(
     login_path = issued.json()["login_path"]
 
     with httpx.Client(base_url=server.url, timeout=30) as browser:
-        opened = browser.get(login_path)
-        assert opened.status_code == 200
+        opened = open_link(browser, login_path)
         cookie = opened.headers["set-cookie"].lower()
         assert "httponly" in cookie and "samesite=strict" in cookie
         assert issued.json()["token"] not in cookie
         # Single use, whoever presents it.
-        assert httpx.get(server.url + login_path).status_code == 403
+        with httpx.Client(base_url=server.url, timeout=30) as other:
+            open_link(other, login_path, expect=403)
 
         home = browser.get("/privacy", params={"subject": "bob"})
         assert home.status_code == 200
@@ -126,7 +126,7 @@ def _signed_in(server: LiveServer, http: httpx.Client, apps: Apps, subject: str)
     )
     assert issued.status_code == 201, issued.text
     browser = httpx.Client(base_url=server.url, timeout=30)
-    assert browser.get(issued.json()["login_path"]).status_code == 200
+    open_link(browser, issued.json()["login_path"])
     return browser
 
 
@@ -205,10 +205,10 @@ def test_two_apps_in_one_process_keep_their_own_sign_in_links(
                 json={"subject": "alice"},
             )
             assert issued.status_code == 201, issued.text
-            login_path = issued.json()["login_path"]
-            assert (await b.get(login_path)).status_code == 403  # not the other app's link
-            opened = await a.get(login_path)
-            assert opened.status_code == 200, opened.text
-            assert (await a.get(login_path)).status_code == 403  # single use
+            token = {"token": issued.json()["token"]}
+            assert (await b.post("/privacy/login", data=token)).status_code == 403  # not b's
+            opened = await a.post("/privacy/login", data=token)
+            assert opened.status_code == 303, opened.text
+            assert (await a.post("/privacy/login", data=token)).status_code == 403  # single use
 
     asyncio.run(run())

@@ -13,7 +13,7 @@ from __future__ import annotations
 import httpx
 
 from tests.api.conftest import PLANNER, LiveServer, grant
-from tests.web.conftest import privacy_link
+from tests.web.conftest import open_link, privacy_link
 from uprof.api import ApiKeyStore
 
 
@@ -25,7 +25,7 @@ def test_a_link_whose_issuing_key_was_revoked_opens_nothing(
     path = privacy_link(http, issued.token, "alice")
     keys.revoke(issued.info.key_id)
     with httpx.Client(base_url=server.url, timeout=30) as browser:
-        assert browser.get(path).status_code == 403
+        open_link(browser, path, expect=403)
         assert browser.get("/privacy").status_code == 401
 
 
@@ -36,7 +36,7 @@ def test_a_session_ends_when_the_key_that_issued_its_link_is_revoked(
     grant(http, issued.token)
     other = keys.create(PLANNER, ["app", "operator"])
     with httpx.Client(base_url=server.url, timeout=30) as browser:
-        assert browser.get(privacy_link(http, issued.token, "alice")).status_code == 200
+        open_link(browser, privacy_link(http, issued.token, "alice"))
         assert browser.get("/privacy").status_code == 200
         keys.revoke(other.info.key_id)  # another key: nothing changes
         assert browser.get("/privacy").status_code == 200

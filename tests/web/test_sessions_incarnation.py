@@ -18,6 +18,7 @@ import httpx
 from itsdangerous import URLSafeTimedSerializer
 
 from tests.api.conftest import Apps, LiveServer, bearer, grant, interaction
+from tests.web.conftest import open_link
 from uprof.kernel import Uprof
 from uprof.web.pages import USER_COOKIE
 
@@ -45,7 +46,7 @@ def test_a_session_or_link_of_an_erased_subject_opens_nothing_of_the_re_created_
     unused_link = issue_link(http, apps, "alice")
 
     with httpx.Client(base_url=server.url, timeout=60) as old_browser:
-        assert old_browser.get(issue_link(http, apps, "alice")).status_code == 200
+        open_link(old_browser, issue_link(http, apps, "alice"))
         assert "Lisbon" in old_browser.get("/privacy").text
 
         kernel.erase_subject("alice")
@@ -55,13 +56,13 @@ def test_a_session_or_link_of_an_erased_subject_opens_nothing_of_the_re_created_
         kernel.ensure_fresh(30)
 
         with httpx.Client(base_url=server.url, timeout=60) as new_browser:
-            assert new_browser.get(issue_link(http, apps, "alice")).status_code == 200
+            open_link(new_browser, issue_link(http, apps, "alice"))
             assert "Porto" in new_browser.get("/privacy").text  # the check can fail
 
         stale = old_browser.get("/privacy")
         assert "Porto" not in stale.text and stale.status_code == 401
         with httpx.Client(base_url=server.url, timeout=60) as late_browser:
-            assert late_browser.get(unused_link).status_code == 403
+            open_link(late_browser, unused_link, expect=403)
             assert "Porto" not in late_browser.get("/privacy").text
 
 
@@ -72,7 +73,7 @@ def test_a_session_cookie_does_not_hold_the_subjects_pseudonym(
     pseudonym = kernel.subject_pseudonym("alice")
     assert pseudonym
     with httpx.Client(base_url=server.url, timeout=60) as browser:
-        assert browser.get(issue_link(http, apps, "alice")).status_code == 200
+        open_link(browser, issue_link(http, apps, "alice"))
         cookie = browser.cookies[USER_COOKIE]
         _, fields = URLSafeTimedSerializer(b"any key: the payload is only signed").loads_unsafe(
             cookie

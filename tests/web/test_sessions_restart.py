@@ -10,7 +10,7 @@ import zlib
 import httpx
 
 from tests.api.conftest import LiveServer, bearer, build_kernel, grant
-from tests.web.conftest import csrf_of
+from tests.web.conftest import csrf_of, open_link
 from uprof.api import ApiKeyStore
 from uprof.server import create_server
 from uprof.settings import Settings
@@ -51,7 +51,7 @@ def test_sessions_survive_a_restart_and_forged_cookies_are_refused(settings: Set
                 link = http.post(
                     "/v1/privacy/links", headers=bearer(operator), json={"subject": "alice"}
                 ).json()["login_path"]
-                user = http.get(link).cookies[USER_COOKIE]
+                user = open_link(http, link).cookies[USER_COOKIE]
                 console = http.post(
                     "/console/login", data={"api_key": operator}, follow_redirects=False
                 ).cookies[OPERATOR_COOKIE]
@@ -136,7 +136,7 @@ def test_a_signed_out_session_is_refused_by_every_server_and_after_a_restart(
             link = on_a.post(
                 "/v1/privacy/links", headers=bearer(operator), json={"subject": "alice"}
             ).json()["login_path"]
-            user = on_a.get(link).cookies[USER_COOKIE]
+            user = open_link(on_a, link).cookies[USER_COOKIE]
             home = on_b.get("/privacy", headers=_cookie(USER_COOKIE, user))
             assert home.status_code == 200, home.text  # one deployment: B takes A's cookie
             out = on_a.post(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
@@ -14,6 +13,7 @@ from domain.values import CATEGORIES
 from policies.rules import ACTIONS as POLICY_ACTIONS
 from uprof.api.errors import classify
 from uprof.api.routes.docs import api_router
+from uprof.facade import PolicyStoreError
 from uprof.web.pages import (
     CONSOLE_PAGE_ROWS,
     WebPages,
@@ -33,26 +33,28 @@ def policy_page(
     form: dict[str, str] | None = None,
 ) -> Response:
     runtime = web.runtime_of(request)
-    table: Callable[[str], Any] | None = getattr(runtime.authorizer, "policy_table", None)
     tenant = runtime.kernel.subjects.tenant
     by_app: dict[str, list[Any]] = {}
-    if table is not None:
-        for row in table(tenant):
-            by_app.setdefault(row.app, []).append(row)
-    state, history, next_query = None, [], ""
+    table, state, history, next_query = None, None, [], ""
     cursor = request.query_params.get("cursor") or None
     door = operator_door(runtime, session)
+    # An unreadable store denies every check: say so, and show no rules (none is in force).
     problem = door.policy_health()
     if not problem:
-        try:
+        try:  # every read through the door: a key denied ``policy`` sees no rule (403)
+            table = door.policy_table()
             state = door.policy_show()
             page = door.list_policy_history(
                 cursor=cursor, limit=CONSOLE_PAGE_ROWS, newest_first=True
             )
             history = list(page.items)
             next_query = urlencode({"cursor": page.next_cursor}) if page.next_cursor else ""
-        except UprofError as failure:
-            problem = str(failure)
+        except PolicyStoreError as failure:
+            table, state, problem = None, None, str(failure)
+        except UprofError as failure:  # denied (403), a bad cursor (422)
+            return web.kernel_error(request, failure)
+    for row in table or ():
+        by_app.setdefault(row.app, []).append(row)
     return web.page(
         request,
         "console_policy.html",
@@ -60,7 +62,7 @@ def policy_page(
         session=session,
         tenant=tenant,
         by_app=sorted(by_app.items()),
-        available=table is not None,
+        available=table is not None or bool(problem),
         state=state,
         history=history,
         continued=cursor is not None,
@@ -123,7 +125,5 @@ def router(web: WebPages) -> APIRouter:
             else f"nothing to {verb}: the policy already says so"
         )
         return policy_page(web, request, session, done=done)
-
-    return router
 
     return router

@@ -26,6 +26,9 @@ def router(web: WebPages) -> APIRouter:
 
     @router.post("/console/login", include_in_schema=False)
     def console_login(request: Request, api_key: Annotated[str, Form()] = "") -> Response:
+        refused = web.cross_site(request)
+        if refused is not None:
+            return refused
         keys: ApiKeyStore = request.app.state.api_keys
         principal = keys.authenticate(api_key)
         if principal is None:

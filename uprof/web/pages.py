@@ -11,6 +11,7 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
@@ -120,6 +121,32 @@ class WebPages:
             samesite="strict",
             path=path,
             secure=request.url.scheme == "https",
+        )
+
+    def cross_site(self, request: Request) -> HTMLResponse | None:
+        """A 403 page for a sign-in form another site made the browser post (login CSRF:
+        the visitor would be signed into the sender's session); None for uprof's own.
+
+        Sign-in forms carry no session's CSRF token (there is no session yet), so the
+        browser's word decides: ``Sec-Fetch-Site`` (sent by every current browser), else
+        an ``Origin`` naming another host. A client that sends neither is no browser.
+        """
+        site = request.headers.get("sec-fetch-site")
+        if site is not None:
+            foreign = site not in ("same-origin", "none")
+        else:
+            origin = request.headers.get("origin")
+            foreign = origin is not None and urlsplit(origin).netloc != request.headers.get(
+                "host", ""
+            )
+        if not foreign:
+            return None
+        return self.message(
+            request,
+            403,
+            "Form from another site",
+            "This sign-in form was not sent from uprof's own page. Open the page here and "
+            "sign in from it.",
         )
 
     def bad_csrf(self, request: Request) -> HTMLResponse:

@@ -1,4 +1,7 @@
-"""Privacy-center sign-in: single-use links issued to operators' keys, login, logout."""
+"""Privacy-center sign-in: single-use links issued to operators' keys, login, logout.
+
+A link opens a page whose button posts its token back: only that post uses the link and
+opens a session (decision XXXX-sign-in-by-post)."""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Form, Request
-from fastapi.responses import Response
+from fastapi.responses import RedirectResponse, Response
 from pydantic import BaseModel, ConfigDict
 
 from uprof.api.deps import CurrentPrincipal
@@ -20,6 +23,9 @@ from uprof.web.pages import (
     key_door,
 )
 from uprof.web.state import Session
+
+#: Longer tokens are no link (``LinkStore.redeem`` refuses them unread; issued ones are 43).
+MAX_TOKEN_CHARS = 200
 
 
 class PrivacyLinkIn(BaseModel):
@@ -55,12 +61,14 @@ def router(web: WebPages) -> APIRouter:
     ) -> PrivacyLinkOut:
         """Issue a single-use, expiring sign-in link to the subject's privacy center.
 
-        Needs the ``operator`` role. Only the token's hash is kept; hand the token to the
-        subject (it opens ``/privacy/login?token=...``).
+        Needs the ``operator`` role, and the operators' policy must allow ``export`` and
+        ``erase`` (what the link lets its holder do). Only the token's hash is kept; hand
+        the token to the subject (it opens ``/privacy/login?token=...``).
         """
         if not principal.has_role(ROLE_OPERATOR):
             raise role_required(ROLE_OPERATOR)
         door = key_door(web.runtime_of(request), principal.app_id, principal.key_id)
+        door.authorize_privacy_link()  # the link can export and erase: so must its issuer
         if not door.subject_exists(body.subject):
             raise EdgeError(404, "subject_not_found", "no such subject")
         pseudonym = door.subject_pseudonym(body.subject) or ""
@@ -75,7 +83,18 @@ def router(web: WebPages) -> APIRouter:
         )
 
     @router.get("/privacy/login", include_in_schema=False)
-    def privacy_login(request: Request, token: str = "") -> Response:
+    def privacy_login_page(request: Request, token: str = "") -> Response:
+        # Opening the link uses nothing: mail scanners and link previews fetch it too, and
+        # would otherwise burn it and take the session. The button posts it back.
+        if not token or len(token) > MAX_TOKEN_CHARS:
+            return link_not_valid(request)
+        return web.page(request, "privacy_login.html", token=token)
+
+    @router.post("/privacy/login", include_in_schema=False)
+    def privacy_login(request: Request, token: Annotated[str, Form()] = "") -> Response:
+        refused = web.cross_site(request)
+        if refused is not None:
+            return refused
         redeemed = web.links(request).redeem(token)
         subject, incarnation, issued_by = redeemed or ("", "", "")
         if (
@@ -83,22 +102,25 @@ def router(web: WebPages) -> APIRouter:
             or not web.same_incarnation(request, subject, incarnation)
             or not web.issuer_live(request, issued_by)
         ):
-            return web.message(
-                request,
-                403,
-                "Link not valid",
-                "This sign-in link is unknown, already used or expired. Ask for a new one.",
-            )
+            return link_not_valid(request)
         sessions = web.sessions(request)
         sessions.drop(request.cookies.get(USER_COOKIE), "user")
         sid = sessions.create(
             Session(kind="user", subject=subject, incarnation=incarnation, key_id=issued_by)
         )
-        # A page (not a redirect) so the cookie is same-site on the next request even when
-        # the link was opened from another site (SameSite=Strict).
-        response = web.page(request, "signed_in.html", target="/privacy")
+        # Posted from uprof's own page: the redirect stays same-site, so the browser sends
+        # the new (SameSite=Strict) cookie with it.
+        response = RedirectResponse("/privacy", status_code=303)
         web.set_cookie(request, response, USER_COOKIE, sid, "/privacy")
         return response
+
+    def link_not_valid(request: Request) -> Response:
+        return web.message(
+            request,
+            403,
+            "Link not valid",
+            "This sign-in link is unknown, already used or expired. Ask for a new one.",
+        )
 
     @router.post("/privacy/logout", include_in_schema=False)
     def privacy_logout(request: Request, csrf: Annotated[str, Form()] = "") -> Response:
