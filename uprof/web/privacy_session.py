@@ -1,7 +1,7 @@
 """Privacy-center sign-in: single-use links issued to operators' keys, login, logout.
 
 A link opens a page whose button posts its token back: only that post uses the link and
-opens a session (decision XXXX-sign-in-by-post)."""
+opens a session (decision 0068-sign-in-by-post)."""
 
 from __future__ import annotations
 
