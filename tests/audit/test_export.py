@@ -274,6 +274,13 @@ def run_tamper_trials(
     return detected
 
 
+def test_an_untouched_1000_entry_trail_verifies(sqlite_log: AuditLog) -> None:
+    fill(sqlite_log, 1000, batch=100)
+    lines = export_lines(sqlite_log)
+    report = verify_export(lines, sqlite_log.public_key, ORIGIN)
+    assert (report.entry_count, report.tree_size, report.filtered) == (1000, 1000, False)
+
+
 def test_every_one_of_1000_random_tamperings_of_a_300_entry_trail_is_detected(
     sqlite_log: AuditLog,
 ) -> None:
