@@ -79,10 +79,18 @@ class _PipeEnd:
 
 
 def _run_script(
-    script: str, args: list[str], env: dict[str, str], cwd: str, out: str | int, err: str
+    script: str,
+    args: list[str],
+    env: dict[str, str],
+    cwd: str,
+    out: str | int,
+    err: str,
+    new_session: bool = False,
 ) -> None:
     """The child's body: ``python -c script *args`` with fd 1 and 2 on the given files
-    (``out`` a descriptor: a pipe's write end)."""
+    (``out`` a descriptor: a pipe's write end), in a session of its own if asked."""
+    if new_session:
+        os.setsid()
     for fd, path in ((1, out), (2, err)):
         if isinstance(path, int):
             target = path
@@ -106,7 +114,8 @@ class PythonChild:
     text=True)`` for a child forked from the fork server: the same ``poll``, ``wait``,
     ``kill``, ``send_signal``, ``communicate`` and ``returncode`` (output goes to files
     until read). With ``stream_stdout``, ``stdout`` is the read end of a pipe, as
-    ``Popen``'s: a test reads the child's lines as it writes them."""
+    ``Popen``'s: a test reads the child's lines as it writes them. ``new_session`` is
+    ``Popen``'s ``start_new_session``."""
 
     def __init__(
         self,
@@ -114,6 +123,7 @@ class PythonChild:
         *args: str,
         env: dict[str, str] | None = None,
         stream_stdout: bool = False,
+        new_session: bool = False,
     ) -> None:
         self.args = [sys.executable, "-c", script, *args]
         folder = tempfile.mkdtemp(prefix="uprof-child-")
@@ -134,6 +144,7 @@ class PythonChild:
                 os.getcwd(),
                 out,
                 str(self._err),
+                new_session,
             ),
             name="python-child",
         )
