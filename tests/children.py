@@ -20,7 +20,9 @@ code as a process would give it (negative for a signal, the code of ``os._exit``
 environment of the test at the time of the call, atexit handlers run at a normal exit as
 an interpreter runs them. ``CONTEXT`` is the multiprocessing context for tests that
 start a function in a child. A test of a real command (``uprof serve``, ``uprof
-worker``, the MCP server) still starts the command.
+worker``, the MCP server) still starts the command. ``PythonChild(stream_stdout=True)``
+gives the child's stdout as a pipe read while it runs, and ``new_session=True`` puts it in
+a session of its own (``Popen``'s ``start_new_session``): the crash scenarios' victims.
 """
 
 from __future__ import annotations
