@@ -27,7 +27,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -96,16 +96,26 @@ def _child(argv: Sequence[str]) -> int:
     return 0
 
 
-def _run_child(target: Target, mode: str, delay: float, **kw: str) -> list[str]:
-    cmd = [sys.executable, "-m", "benchmarks.keys_reliability", "--child", mode]
-    cmd += ["--data-dir", str(target.data_dir)]
+def child_args(target: Target, mode: str, **kw: str) -> list[str]:
+    """The arguments of ``_child`` (after ``--child``) for a victim on ``target``."""
+    args = [mode, "--data-dir", str(target.data_dir)]
     if target.database_url:
-        cmd += ["--database-url", target.database_url]
+        args += ["--database-url", target.database_url]
     for key, value in kw.items():
-        cmd += [f"--{key}", value]
+        args += [f"--{key}", value]
+    return args
+
+
+#: Starts a victim: ``_child``'s arguments to a ``Popen``-like process, leader of a new
+#: process group (its pg_dump / pg_restore die with it), whose ``stdout`` is read line by
+#: line as the child writes it.
+Spawn = Callable[[list[str]], Any]
+
+
+def _spawn(args: list[str]) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(
-        cmd,
+    return subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.keys_reliability", "--child", *args],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
@@ -113,6 +123,10 @@ def _run_child(target: Target, mode: str, delay: float, **kw: str) -> list[str]:
         text=True,
         start_new_session=True,  # its own process group: pg_dump / pg_restore die with it
     )
+
+
+def _run_child(target: Target, mode: str, delay: float, spawn: Spawn, **kw: str) -> list[str]:
+    proc = spawn(child_args(target, mode, **kw))
     assert proc.stdout is not None
 
     def kill_group() -> None:
@@ -175,7 +189,11 @@ def _intact(kernel: Any, subject: str, terms: list[str]) -> list[str]:
     return [f"{subject} lost {t}" for t in terms if t not in export]
 
 
-def keys_crash_scenario(target: Target, *, runs: int, seed: int = 7) -> dict[str, Any]:
+def keys_crash_scenario(
+    target: Target, *, runs: int, seed: int = 7, spawn: Spawn = _spawn
+) -> dict[str, Any]:
+    """``spawn`` starts each victim (default: ``python -m benchmarks.keys_reliability
+    --child``; the tests fork it from a process that has the project imported already)."""
     from domain.errors import SubjectErasedError
     from uprof.bootstrap import RestoreInterruptedError
     from uprof.services.backup import read_manifest, restore
@@ -208,7 +226,7 @@ def keys_crash_scenario(target: Target, *, runs: int, seed: int = 7) -> dict[str
 
         backup(settings, backups / f"bk{run}")
         # 2. erasure, killed
-        lines = _run_child(target, "erase", rng.uniform(0.0, 1.2), subject=a)
+        lines = _run_child(target, "erase", rng.uniform(0.0, 1.2), spawn, subject=a)
         acked = "ERASED" in lines
         figures["erase_acked"] += acked
         with kernel_on(target) as kernel:
@@ -224,7 +242,7 @@ def keys_crash_scenario(target: Target, *, runs: int, seed: int = 7) -> dict[str
             violations += [f"run {run} erase: {p}" for p in _intact(kernel, b, tb)]
         # 3. backup, killed
         dest = backups / f"bk{run}-killed"
-        _run_child(target, "backup", rng.uniform(0.0, 0.8), path=str(dest))
+        _run_child(target, "backup", rng.uniform(0.0, 0.8), spawn, path=str(dest))
         if dest.exists():
             try:
                 read_manifest(settings, dest)
@@ -234,7 +252,9 @@ def keys_crash_scenario(target: Target, *, runs: int, seed: int = 7) -> dict[str
         else:
             figures["backup_absent"] += 1
         # 4. restore of the pre-erasure backup, killed
-        lines = _run_child(target, "restore", rng.uniform(0.0, 2.0), path=str(backups / f"bk{run}"))
+        lines = _run_child(
+            target, "restore", rng.uniform(0.0, 2.0), spawn, path=str(backups / f"bk{run}")
+        )
         figures["restore_completed_by_child"] += "DONE" in lines
         try:
             with kernel_on(target):

@@ -226,20 +226,29 @@ def _child(argv: Sequence[str]) -> int:
             print(ack.capture_id, flush=True)
 
 
-def _spawn(target: Target, mode: str, seed: int) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "benchmarks.reliability", "--child", mode]
-    cmd += ["--data-dir", str(target.data_dir), "--seed", str(seed)]
+def child_args(target: Target, mode: str, seed: int) -> list[str]:
+    """The arguments of ``_child`` (after ``--child``) for a crash victim on ``target``."""
+    args = [mode, "--data-dir", str(target.data_dir), "--seed", str(seed)]
     if target.database_url:
-        cmd += ["--database-url", target.database_url]
+        args += ["--database-url", target.database_url]
+    return args
+
+
+#: Starts a crash victim: ``(target, mode, seed)`` to a ``Popen``-like process whose
+#: ``stdout`` is read line by line as the child writes it.
+Spawn = Callable[[Target, str, int], Any]
+
+
+def _spawn(target: Target, mode: str, seed: int) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "benchmarks.reliability", "--child"]
+    cmd += child_args(target, mode, seed)
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
     return subprocess.Popen(
         cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
 
 
-def _kill_after_ready(
-    proc: subprocess.Popen[str], delay: float, *, after_steps: int = 0
-) -> tuple[list[str], str]:
+def _kill_after_ready(proc: Any, delay: float, *, after_steps: int = 0) -> tuple[list[str], str]:
     """Wait for READY (and ``after_steps`` STEP lines), sleep ``delay``, SIGKILL; return
     the complete stdout lines after READY."""
     assert proc.stdout is not None
@@ -265,8 +274,16 @@ def _kill_after_ready(
 
 
 def crash_scenario(
-    target: Target, *, kills: int, process_kills: int, seed: int = 1, max_delay: float = 0.8
+    target: Target,
+    *,
+    kills: int,
+    process_kills: int,
+    seed: int = 1,
+    max_delay: float = 0.8,
+    spawn: Spawn = _spawn,
 ) -> dict[str, Any]:
+    """``spawn`` starts each victim (default: ``python -m benchmarks.reliability --child``;
+    the tests fork it from a process that has the project imported already)."""
     rng = random.Random(seed)
     with kernel_on(target) as kernel:
         for s in CRASH_SUBJECTS:
@@ -274,7 +291,7 @@ def crash_scenario(
     acked: list[str] = []
     killed_running = 0
     for round_ in range(kills):
-        proc = _spawn(target, "capture", seed * 1000 + round_)
+        proc = spawn(target, "capture", seed * 1000 + round_)
         lines, _ = _kill_after_ready(proc, rng.uniform(0.05, max_delay))
         killed_running += proc.returncode == -signal.SIGKILL
         acked.extend(lines)
@@ -285,7 +302,7 @@ def crash_scenario(
                 subject = rng.choice(CRASH_SUBJECTS)
                 ack = kernel.capture(subject, interaction(f"I want to see proc{round_}x{k}"))
                 acked.append(ack.capture_id)
-        proc = _spawn(target, "process", seed * 2000 + round_)
+        proc = spawn(target, "process", seed * 2000 + round_)
         # Killed between two committed batches (or inside the next), with many left.
         lines, _ = _kill_after_ready(proc, 0.0, after_steps=rng.randint(1, 4))
         process_rounds_interrupted += (

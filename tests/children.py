@@ -20,7 +20,9 @@ code as a process would give it (negative for a signal, the code of ``os._exit``
 environment of the test at the time of the call, atexit handlers run at a normal exit as
 an interpreter runs them. ``CONTEXT`` is the multiprocessing context for tests that
 start a function in a child. A test of a real command (``uprof serve``, ``uprof
-worker``, the MCP server) still starts the command.
+worker``, the MCP server) still starts the command. ``PythonChild(stream_stdout=True)``
+gives the child's stdout as a pipe read while it runs, and ``new_session=True`` puts it in
+a session of its own (``Popen``'s ``start_new_session``): the crash scenarios' victims.
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ import sys
 import tempfile
 import threading
 import weakref
+from multiprocessing import reduction
 from pathlib import Path
+from typing import IO
 
 #: What the fork server imports once: what the children of the kernel tests import.
 PRELOAD = [
@@ -61,12 +65,39 @@ def _check_forkable() -> None:
         raise RuntimeError(f"the fork server of the tests runs threads: {names}")
 
 
+class _PipeEnd:
+    """The write end of a pipe, handed to the forked child as a descriptor (the fork
+    server passes it over its socket, as multiprocessing passes a ``Connection``)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[object, tuple[object]]:
+        return _PipeEnd._in_child, (reduction.DupFd(self.fd),)
+
+    @staticmethod
+    def _in_child(dup: object) -> int:
+        return dup.detach()  # type: ignore[attr-defined, no-any-return]  # multiprocessing's
+
+
 def _run_script(
-    script: str, args: list[str], env: dict[str, str], cwd: str, out: str, err: str
+    script: str,
+    args: list[str],
+    env: dict[str, str],
+    cwd: str,
+    out: str | int,
+    err: str,
+    new_session: bool = False,
 ) -> None:
-    """The child's body: ``python -c script *args`` with fd 1 and 2 on the given files."""
+    """The child's body: ``python -c script *args`` with fd 1 and 2 on the given files
+    (``out`` a descriptor: a pipe's write end), in a session of its own if asked."""
+    if new_session:
+        os.setsid()
     for fd, path in ((1, out), (2, err)):
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        if isinstance(path, int):
+            target = path
+        else:
+            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(target, fd)
         os.close(target)
     os.environ.clear()
@@ -83,13 +114,29 @@ def _run_script(
 class PythonChild:
     """``subprocess.Popen([sys.executable, "-c", script, *args], stdout=PIPE, stderr=PIPE,
     text=True)`` for a child forked from the fork server: the same ``poll``, ``wait``,
-    ``kill``, ``communicate`` and ``returncode`` (output goes to files until read)."""
+    ``kill``, ``send_signal``, ``communicate`` and ``returncode`` (output goes to files
+    until read). With ``stream_stdout``, ``stdout`` is the read end of a pipe, as
+    ``Popen``'s: a test reads the child's lines as it writes them. ``new_session`` is
+    ``Popen``'s ``start_new_session``."""
 
-    def __init__(self, script: str, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        script: str,
+        *args: str,
+        env: dict[str, str] | None = None,
+        stream_stdout: bool = False,
+        new_session: bool = False,
+    ) -> None:
         self.args = [sys.executable, "-c", script, *args]
         folder = tempfile.mkdtemp(prefix="uprof-child-")
         weakref.finalize(self, shutil.rmtree, folder, True)
         self._out, self._err = Path(folder, "stdout"), Path(folder, "stderr")
+        self.stdout: IO[str] | None = None
+        out: str | _PipeEnd = str(self._out)
+        if stream_stdout:
+            read_end, write_end = os.pipe()
+            self.stdout = open(read_end, errors="replace")  # closed by communicate()
+            out = _PipeEnd(write_end)
         self._process = CONTEXT.Process(
             target=_run_script,
             args=(
@@ -97,12 +144,17 @@ class PythonChild:
                 list(args),
                 dict(os.environ if env is None else env),
                 os.getcwd(),
-                str(self._out),
+                out,
                 str(self._err),
+                new_session,
             ),
             name="python-child",
         )
-        self._process.start()
+        try:
+            self._process.start()
+        finally:
+            if isinstance(out, _PipeEnd):
+                os.close(out.fd)  # the child has its own: EOF once it is gone
         self.pid = self._process.pid
 
     @property
@@ -115,6 +167,10 @@ class PythonChild:
     def kill(self) -> None:
         self._process.kill()
 
+    def send_signal(self, signum: int) -> None:
+        if self._process.exitcode is None:
+            os.kill(self.pid, signum)
+
     def wait(self, timeout: float | None = None) -> int:
         self._process.join(timeout)
         if self._process.exitcode is None:
@@ -123,8 +179,17 @@ class PythonChild:
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
         """Wait for the child (``TimeoutExpired`` after ``timeout``), then its output."""
+        if self.stdout is None:
+            self.wait(timeout)
+            return self._read(self._out), self._read(self._err)
+        rest: list[str] = []  # read while waiting: a child blocked on a full pipe never ends
+        stdout = self.stdout
+        reader = threading.Thread(target=lambda: rest.append(stdout.read()), daemon=True)
+        reader.start()
         self.wait(timeout)
-        return self._read(self._out), self._read(self._err)
+        reader.join()
+        self.stdout.close()
+        return "".join(rest), self._read(self._err)
 
     @staticmethod
     def _read(path: Path) -> str:

@@ -113,7 +113,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     (wheel,) = wheels.glob("uprof-*.whl")
     env_dir = work / "env"
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    # Not the base interpreter's site-packages: the dependencies are this venv's (below),
+    # and packages installed beside the base interpreter only (IPython, prompt_toolkit: ~300
+    # more modules for mypy to analyse, through rich's optional imports) are none of them.
+    venv.EnvBuilder(system_site_packages=False, with_pip=False).create(env_dir)
     python = env_dir / "bin" / "python"
     site = Path(
         subprocess.run(

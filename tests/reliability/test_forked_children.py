@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -87,3 +88,55 @@ def test_a_running_child_can_be_polled_and_killed() -> None:
     child.kill()
     child.communicate(timeout=30)
     assert child.returncode == -signal.SIGKILL
+
+
+def test_a_streamed_stdout_gives_each_line_as_the_child_writes_it() -> None:
+    """What the crash scenarios need (``Popen(stdout=PIPE)``): the parent reads the child's
+    READY while the child still runs, SIGKILLs it, then gets the rest; a child that
+    writes more than a pipe holds before it is read does not block for ever."""
+    child = PythonChild(
+        # One write: the SIGKILL cannot land between the two lines.
+        "import os, time\nos.write(1, b'READY\\nmore\\n')\ntime.sleep(600)\n",
+        stream_stdout=True,
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline() == "READY\n"
+    assert child.poll() is None
+    child.send_signal(signal.SIGKILL)
+    out, _ = child.communicate(timeout=30)
+    assert out == "more\n"
+    assert child.returncode == -signal.SIGKILL
+
+    big = PythonChild("print('x' * 1_000_000)", stream_stdout=True)
+    out, err = big.communicate(timeout=60)
+    assert (out, big.returncode) == ("x" * 1_000_000 + "\n", 0), err
+
+
+def test_a_child_in_a_new_session_leads_a_process_group_that_dies_together() -> None:
+    """``start_new_session``: the keys crash scenario SIGKILLs the child's whole group (its
+    pg_dump / pg_restore with it)."""
+    child = PythonChild(
+        "import os, subprocess, sys, time\n"
+        "grandchild = subprocess.Popen(['sleep', '600'])\n"
+        "print(os.getsid(0) == os.getpid(), os.getpgid(0) == os.getpid(), grandchild.pid,"
+        " flush=True)\n"
+        "time.sleep(600)\n",
+        stream_stdout=True,
+        new_session=True,
+    )
+    assert child.stdout is not None
+    leader, group, grandchild = child.stdout.readline().split()
+    assert (leader, group) == ("True", "True")
+    os.killpg(child.pid, signal.SIGKILL)
+    child.communicate(timeout=30)
+    assert child.returncode == -signal.SIGKILL
+    for _ in range(300):  # killed: gone, or a zombie until init reaps it
+        try:
+            state = Path(f"/proc/{grandchild}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            break
+        if state == "Z":
+            break
+        threading.Event().wait(0.1)
+    else:
+        raise AssertionError("the grandchild outlived its process group's SIGKILL")
