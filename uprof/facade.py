@@ -166,9 +166,19 @@ class SubjectListed:
 class Facade:
     """Every operation uprof offers, run for one authenticated principal."""
 
-    def __init__(self, kernel: Uprof, principal: Principal) -> None:
+    def __init__(
+        self,
+        kernel: Uprof,
+        principal: Principal,
+        *,
+        still_authenticated: Callable[[], None] | None = None,
+    ) -> None:
+        """``still_authenticated`` raises when the principal's credential (an API key)
+        no longer stands; the edge that authenticated passes it, and a read that waits
+        (a slice's read-your-writes) asks it again before it serves."""
         self._kernel = kernel
         self.principal = principal
+        self._still_authenticated = still_authenticated
 
     def now(self) -> datetime:
         return self._kernel.clock.now()
@@ -193,7 +203,11 @@ class Facade:
 
     def for_app(self, app_id: str) -> Facade:
         """The same operator, acting for ``app_id`` (its policy decides; audited as both)."""
-        return Facade(self._kernel, self.principal.as_app(app_id))
+        return Facade(
+            self._kernel,
+            self.principal.as_app(app_id),
+            still_authenticated=self._still_authenticated,
+        )
 
     # ------------------------------------------------------------ decisions
 
@@ -658,6 +672,7 @@ class Facade:
                 lexical_only=lexical_only,
                 wait_timeout_s=wait_timeout_s,
                 principal=self.principal.label,
+                still_authenticated=self._still_authenticated,
             )
 
     def register_session(self, session_id: str, subject: str) -> None:

@@ -645,8 +645,13 @@ class Uprof:
         lexical_only: bool = False,
         wait_timeout_s: float | None = None,
         principal: str = "",
+        still_authenticated: Callable[[], None] | None = None,
     ) -> ProfileSlice:
-        """Serve the profile slice an app may see for a query, within budget_tokens."""
+        """Serve the profile slice an app may see for a query, within budget_tokens.
+
+        ``still_authenticated`` is asked after the read-your-writes wait (it raises when
+        the caller's credential was revoked meanwhile): ``SliceRequest``.
+        """
         self.forget_erased_elsewhere()
         request = (
             subject if isinstance(subject, SubjectRequest) else SubjectRequest(subject=subject)
@@ -664,6 +669,7 @@ class Uprof:
                 lexical_only=lexical_only,
                 wait_timeout_s=wait_timeout_s,
                 principal=principal,
+                still_authenticated=still_authenticated,
             )
         )
 
