@@ -101,7 +101,7 @@ from uprof.services.subjects import SubjectRequest
 if TYPE_CHECKING:
     from audit.check import CheckResult, Kind
     from audit.log import StoredEntry
-    from uprof.apikeys.store import IssuedKey
+    from uprof.apikeys.store import ApiKeyInfo, IssuedKey
     from uprof.services.backup import BackupReport
     from uprof.services.idempotency import Outcome
 
@@ -766,6 +766,18 @@ class Facade:
                 "privacy_link.issued", subject_ref=self._kernel.subjects.pseudonym(subject)
             )
 
+    def console_sign_in(self, *, refused: bool = False) -> None:
+        """Record a compliance-console sign-in with this principal's API key
+        (``console.signed_in``, or ``console.sign_in_refused`` for a key without the
+        operator role): the key's public id, never the key. Written before the session
+        is opened; a key nobody knows signs in as no one and is not recorded."""
+        with self._as_principal():
+            self._kernel.audit.record(
+                "console.sign_in_refused" if refused else "console.signed_in",
+                app_id=self.principal.app_id,
+                api_key_id=self.principal.key_id,
+            )
+
     def audit_subject_ref(self, subject: str) -> str:
         """The pseudonym audit entries use for a subject (what an audit search filters on)."""
         self._authorize_governance("audit", COMPLIANCE_PURPOSE)
@@ -1143,6 +1155,19 @@ class Facade:
         self._authorize_operator("policy", CATEGORIES, OPERATIONS_PURPOSE)
         with self._as_principal():
             return self._kernel.issue_api_key(app_id, roles)
+
+    def list_api_keys(self, app_id: str | None = None) -> list[ApiKeyInfo]:
+        """The API keys' metadata (operator work, decided as ``policy``; audited)."""
+        self._authorize_operator("policy", CATEGORIES, OPERATIONS_PURPOSE)
+        with self._as_principal():
+            return self._kernel.list_api_keys(app_id)
+
+    def key_material_moved(self, moved: Sequence[str]) -> None:
+        """Record a move of key files out of the data folder (``uprof keys move-out``,
+        which runs with the stores alone; decided as ``operate``)."""
+        self._authorize_operator("operate", CATEGORIES, OPERATIONS_PURPOSE)
+        with self._as_principal():
+            self._kernel.key_material_moved(moved)
 
     def revoke_api_key(self, key_id: str) -> bool:
         """Revoke an API key (operator work, decided as ``policy``; audited)."""
