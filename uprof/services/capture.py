@@ -286,10 +286,12 @@ class CaptureService:
             made.clear()  # a retried save makes its keys again
             profile = self._app.load(stream_id)
             now = self._clock.now()
-            if batch_token:
-                # A retry is answered only under a consent in force now, as a fresh call.
+            if batch_token or item_tokens is not None:
+                # A retry is answered only under a consent in force now, as a fresh call;
+                # so is an import record whose token the stream holds (it is "skipped").
                 for interaction in checked:
                     profile.require_capture_consent(interaction, now)
+            if batch_token:
                 first = profile.recorded_request(batch_token, now=now, window_s=token_window_s)
                 if first is not None:
                     return [], [], 0, first
