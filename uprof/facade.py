@@ -101,7 +101,7 @@ from uprof.services.subjects import SubjectRequest
 if TYPE_CHECKING:
     from audit.check import CheckResult, Kind
     from audit.log import StoredEntry
-    from uprof.apikeys.store import IssuedKey
+    from uprof.apikeys.store import ApiKeyInfo, IssuedKey
     from uprof.services.backup import BackupReport
     from uprof.services.idempotency import Outcome
 
@@ -166,9 +166,19 @@ class SubjectListed:
 class Facade:
     """Every operation uprof offers, run for one authenticated principal."""
 
-    def __init__(self, kernel: Uprof, principal: Principal) -> None:
+    def __init__(
+        self,
+        kernel: Uprof,
+        principal: Principal,
+        *,
+        still_authenticated: Callable[[], None] | None = None,
+    ) -> None:
+        """``still_authenticated`` raises when the principal's credential (an API key)
+        no longer stands; the edge that authenticated passes it, and a read that waits
+        (a slice's read-your-writes) asks it again before it serves."""
         self._kernel = kernel
         self.principal = principal
+        self._still_authenticated = still_authenticated
 
     def now(self) -> datetime:
         return self._kernel.clock.now()
@@ -193,7 +203,11 @@ class Facade:
 
     def for_app(self, app_id: str) -> Facade:
         """The same operator, acting for ``app_id`` (its policy decides; audited as both)."""
-        return Facade(self._kernel, self.principal.as_app(app_id))
+        return Facade(
+            self._kernel,
+            self.principal.as_app(app_id),
+            still_authenticated=self._still_authenticated,
+        )
 
     # ------------------------------------------------------------ decisions
 
@@ -658,6 +672,7 @@ class Facade:
                 lexical_only=lexical_only,
                 wait_timeout_s=wait_timeout_s,
                 principal=self.principal.label,
+                still_authenticated=self._still_authenticated,
             )
 
     def register_session(self, session_id: str, subject: str) -> None:
@@ -749,6 +764,18 @@ class Facade:
         with self._as_principal():
             self._kernel.audit.record(
                 "privacy_link.issued", subject_ref=self._kernel.subjects.pseudonym(subject)
+            )
+
+    def console_sign_in(self, *, refused: bool = False) -> None:
+        """Record a compliance-console sign-in with this principal's API key
+        (``console.signed_in``, or ``console.sign_in_refused`` for a key without the
+        operator role): the key's public id, never the key. Written before the session
+        is opened; a key nobody knows signs in as no one and is not recorded."""
+        with self._as_principal():
+            self._kernel.audit.record(
+                "console.sign_in_refused" if refused else "console.signed_in",
+                app_id=self.principal.app_id,
+                api_key_id=self.principal.key_id,
             )
 
     def audit_subject_ref(self, subject: str) -> str:
@@ -1128,6 +1155,19 @@ class Facade:
         self._authorize_operator("policy", CATEGORIES, OPERATIONS_PURPOSE)
         with self._as_principal():
             return self._kernel.issue_api_key(app_id, roles)
+
+    def list_api_keys(self, app_id: str | None = None) -> list[ApiKeyInfo]:
+        """The API keys' metadata (operator work, decided as ``policy``; audited)."""
+        self._authorize_operator("policy", CATEGORIES, OPERATIONS_PURPOSE)
+        with self._as_principal():
+            return self._kernel.list_api_keys(app_id)
+
+    def key_material_moved(self, moved: Sequence[str]) -> None:
+        """Record a move of key files out of the data folder (``uprof keys move-out``,
+        which runs with the stores alone; decided as ``operate``)."""
+        self._authorize_operator("operate", CATEGORIES, OPERATIONS_PURPOSE)
+        with self._as_principal():
+            self._kernel.key_material_moved(moved)
 
     def revoke_api_key(self, key_id: str) -> bool:
         """Revoke an API key (operator work, decided as ``policy``; audited)."""

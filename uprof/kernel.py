@@ -65,7 +65,7 @@ if TYPE_CHECKING:
 
     from audit.check import CheckResult, Kind
     from audit.log import AuditLog, StoredEntry
-    from uprof.apikeys.store import IssuedKey
+    from uprof.apikeys.store import ApiKeyInfo, IssuedKey
     from uprof.services.backup import BackupReport
 
 Progress = Callable[[int, int], None]
@@ -645,8 +645,13 @@ class Uprof:
         lexical_only: bool = False,
         wait_timeout_s: float | None = None,
         principal: str = "",
+        still_authenticated: Callable[[], None] | None = None,
     ) -> ProfileSlice:
-        """Serve the profile slice an app may see for a query, within budget_tokens."""
+        """Serve the profile slice an app may see for a query, within budget_tokens.
+
+        ``still_authenticated`` is asked after the read-your-writes wait (it raises when
+        the caller's credential was revoked meanwhile): ``SliceRequest``.
+        """
         self.forget_erased_elsewhere()
         request = (
             subject if isinstance(subject, SubjectRequest) else SubjectRequest(subject=subject)
@@ -664,6 +669,7 @@ class Uprof:
                 lexical_only=lexical_only,
                 wait_timeout_s=wait_timeout_s,
                 principal=principal,
+                still_authenticated=still_authenticated,
             )
         )
 
@@ -955,6 +961,21 @@ class Uprof:
             store.revoke(issued.info.key_id)
             raise
         return issued
+
+    def list_api_keys(self, app_id: str | None = None) -> list[ApiKeyInfo]:
+        """The API keys' metadata (ids, apps, roles, dates; never a secret), audited
+        (``apikey.listed``: the app filter and how many keys were shown): a read of the
+        key store is a read like any other."""
+        from uprof.apikeys.store import ApiKeyStore
+
+        rows = ApiKeyStore(self.keys_engine, now=self.clock.now).list(app_id)
+        self.audit.record("apikey.listed", app_id=app_id, counts={"keys": len(rows)})
+        return rows
+
+    def key_material_moved(self, moved: Sequence[str]) -> None:
+        """Record ``uprof keys move-out`` (``keys.moved_out``: how many key files moved,
+        never their contents), once the moved keys have opened this kernel."""
+        self.audit.record("keys.moved_out", counts={"files": len(moved)})
 
     def revoke_api_key(self, key_id: str) -> bool:
         """Revoke an API key, audited (``apikey.revoked``); False when no live key has

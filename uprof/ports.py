@@ -311,14 +311,18 @@ class SubjectKeyStore(Protocol):
         """The key sealing the subject's read-model fields, or None once destroyed."""
         ...
 
-    def create_capture_keys(self, stream_id: str, capture_ids: list[str], *, now: datetime) -> None:
-        """Create one key per captured event, before the events are saved."""
+    def create_capture_keys(
+        self, stream_id: str, capture_ids: list[str], *, now: datetime
+    ) -> dict[str, str]:
+        """Create one key per captured event, before the events are saved; returns each
+        capture id's key commitment."""
         ...
 
     def create_capture_keys_many(
         self, capture_ids: Mapping[str, Sequence[str]], *, now: datetime
-    ) -> None:
-        """Create several streams' capture keys in one transaction."""
+    ) -> dict[str, str]:
+        """Create several streams' capture keys in one transaction; returns each capture
+        id's key commitment."""
         ...
 
     def capture_key(self, stream_id: str, capture_id: str) -> bytes | None:

@@ -105,17 +105,24 @@ class InMemoryKeyStore:
             algorithm=hashes.SHA256(), length=64, salt=None, info=b"uprof/view-fields/1"
         ).derive(deks[min(deks)])
 
-    def create_capture_keys(self, stream_id: str, capture_ids: list[str], *, now: datetime) -> None:
-        self.create_capture_keys_many({stream_id: capture_ids}, now=now)
+    def create_capture_keys(
+        self, stream_id: str, capture_ids: list[str], *, now: datetime
+    ) -> dict[str, str]:
+        return self.create_capture_keys_many({stream_id: capture_ids}, now=now)
 
     def create_capture_keys_many(
         self, capture_ids: Mapping[str, Sequence[str]], *, now: datetime
-    ) -> None:
+    ) -> dict[str, str]:
         for stream_id in capture_ids:
             self.current_key(stream_id)  # refuses a shredded stream before creating any
+        commitments: dict[str, str] = {}
         for stream_id, ids in capture_ids.items():
             for cid in ids:
                 self._capture_keys[(stream_id, cid)] = AESGCM.generate_key(bit_length=256)
+                commitment = self.capture_key_commitment(stream_id, cid)
+                assert commitment is not None
+                commitments[cid] = commitment
+        return commitments
 
     def capture_key(self, stream_id: str, capture_id: str) -> bytes | None:
         if not self._deks.get(stream_id):

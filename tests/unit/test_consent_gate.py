@@ -27,7 +27,8 @@ def test_a_granted_consent_lets_the_capture_through_to_the_log(world: World) -> 
     event = world.events.decode(notification)
     assert isinstance(event, SubjectProfile.InteractionCaptured)
     assert (event.capture_id, event.user_input) == (ack.capture_id, "I live in Paris")
-    assert world.actions() == ["key.created", "consent.granted", "capture.accepted"]
+    # The subject's key, its consent, the capture and the capture's own key.
+    assert world.actions() == ["key.created", "consent.granted", "capture.accepted", "key.created"]
 
 
 def test_consent_for_one_app_does_not_open_the_gate_for_another(world: World) -> None:

@@ -149,8 +149,8 @@ def test_a_tampered_export_names_the_failing_entry(
     page.get_by_role("cell", name="capture.accepted").first.wait_for()
     page.goto(f"{server.url}/console?subject=alice")
     assert "Pseudonym searched: subj_" in page.locator("main").inner_text()
-    # alice's key, consent and capture, not bob's
-    assert page.locator("tbody tr").count() == 3
+    # alice's key, consent, capture and its capture key, not bob's
+    assert page.locator("tbody tr").count() == 4
     shot(page, "console-audit")
     page.goto(f"{server.url}/console")
 

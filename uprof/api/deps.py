@@ -78,7 +78,14 @@ CurrentPrincipal = Annotated[Principal, Depends(authenticate)]
 
 async def app_scope(request: Request, principal: CurrentPrincipal) -> AppScope:
     runtime: ServiceRuntime = request.app.state.runtime
-    return AppScope(runtime, principal.app_id, principal.roles, key_id=principal.key_id)
+    store: ApiKeyStore = request.app.state.api_keys
+    return AppScope(
+        runtime,
+        principal.app_id,
+        principal.roles,
+        key_id=principal.key_id,
+        still_authenticated=key_still_live(store, principal.key_id),
+    )
 
 
 Scope = Annotated[AppScope, Depends(app_scope)]
@@ -104,6 +111,18 @@ def mark_replay(scope: AppScope, response: Response) -> None:
     """Say on the response when a keyed write was answered from its first answer."""
     if scope.replayed:
         response.headers["Idempotent-Replayed"] = "true"
+
+
+def key_still_live(store: ApiKeyStore, key_id: str) -> Callable[[], None]:
+    """A check that raises 401 once the key ``key_id`` is revoked (by any process, seen
+    within ``KEY_CACHE_TTL_S``): a request that waits asks it again before it serves.
+    Right after authentication it answers from the row the authentication just read."""
+
+    def check() -> None:
+        if not store.is_live(key_id):
+            raise unauthenticated("the API key was revoked while the request waited")
+
+    return check
 
 
 def while_key_live(records: Iterable[str], store: ApiKeyStore, token: str) -> Iterator[str]:

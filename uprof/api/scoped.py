@@ -48,7 +48,10 @@ class AppScope:
         roles: frozenset[str] = frozenset({ROLE_APP}),
         *,
         key_id: str = "",
+        still_authenticated: Callable[[], None] | None = None,
     ) -> None:
+        """``still_authenticated`` raises (401) once the request's key is revoked: a
+        slice asks it again after its read-your-writes wait (``Facade``)."""
         self._runtime = runtime
         self.app_id = app_id
         self.roles = roles
@@ -59,7 +62,7 @@ class AppScope:
             kind=PrincipalKind.APP,
             roles=frozenset(roles),
         )
-        self._door = Facade(runtime.kernel, self.principal)
+        self._door = Facade(runtime.kernel, self.principal, still_authenticated=still_authenticated)
         #: How long the kernel took to serve this request's slice (Server-Timing).
         self.kernel_ms = 0.0
         #: True when the last keyed write was answered from its first answer (a replay).

@@ -125,3 +125,7 @@ def keys_move_out() -> None:
         console.print(f"no key material in {s.data_dir}; nothing to move")
         return
     console.print(f"moved {', '.join(moved)} from {s.data_dir} to {s.key_path}")
+    # Recorded once the keys are where the deployment opens them: the move itself runs
+    # with no uprof process (and no log) open.
+    with door() as d:
+        d.key_material_moved(moved)

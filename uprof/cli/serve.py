@@ -192,14 +192,13 @@ def apps_create(
 def apps_list(
     app_id: Annotated[str | None, typer.Option("--app", help="Only this app's keys.")] = None,
 ) -> None:
-    """List API keys (ids, apps, roles, dates; never the keys themselves)."""
-    from uprof.api import ApiKeyStore
-
-    store = ApiKeyStore.open(settings())
+    """List API keys (ids, apps, roles, dates; never the keys themselves). Audited."""
     try:
-        rows = store.list(app_id)
-    finally:
-        store.close()
+        with door() as d:
+            rows = d.list_api_keys(app_id)
+    except UprofError as e:
+        fail(e)
+        return
     console.print_json(
         json.dumps(
             [

@@ -473,34 +473,43 @@ class KeyStore:
 
     # ----------------------------------------------------------- capture keys
 
-    def create_capture_keys(self, stream_id: str, capture_ids: list[str], *, now: datetime) -> None:
+    def create_capture_keys(
+        self, stream_id: str, capture_ids: list[str], *, now: datetime
+    ) -> dict[str, str]:
         """Create one key per captured event, before the events are saved."""
-        self.create_capture_keys_many({stream_id: capture_ids}, now=now)
+        return self.create_capture_keys_many({stream_id: capture_ids}, now=now)
 
     def create_capture_keys_many(
         self, capture_ids: Mapping[str, Sequence[str]], *, now: datetime
-    ) -> None:
-        """Create the keys of several streams' captures in one transaction (group commit)."""
+    ) -> dict[str, str]:
+        """Create the keys of several streams' captures in one transaction (group commit).
+
+        Returns each capture id's key commitment (what its ``key.created`` audit entry,
+        its ``key.destroyed`` entry and an event erasure's receipt cite)."""
         fresh: dict[tuple[str, str], bytes] = {}
+        commitments: dict[str, str] = {}
         rows = []
         for stream_id, ids in capture_ids.items():
             _, dek = self.current_key(stream_id)
             for cid in ids:
                 key = fresh[(stream_id, cid)] = AESGCM.generate_key(bit_length=256)
+                wrapped = aes_key_wrap(dek, key)
+                commitments[cid] = _capture_commitment(cid, wrapped)
                 rows.append(
                     {
                         "capture_id": cid,
                         "stream_id": stream_id,
-                        "wrapped_key": aes_key_wrap(dek, key),
+                        "wrapped_key": wrapped,
                         "created_at": now,
                     }
                 )
         if not rows:
-            return
+            return commitments
         ticket = self._capture_keys.ticket()
         with self._engine.begin() as conn:
             conn.execute(_INSERT_CAPTURE_KEYS, rows)
         self._capture_keys.put_many(fresh.items(), ticket=ticket)
+        return commitments
 
     def capture_key(self, stream_id: str, capture_id: str) -> bytes | None:
         """Return a capture's key, or None when it (or its subject's DEK) is gone."""

@@ -39,6 +39,7 @@ from mcp.types import INTERNAL_ERROR, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
 from domain.errors import UprofError
+from uprof.api.deps import key_still_live
 from uprof.api.errors import EdgeError, body_for, unauthenticated, validation_problem
 from uprof.api.runtime import ServiceRuntime
 from uprof.api.scoped import AppScope
@@ -177,15 +178,39 @@ def build_server(
         token = get_access_token()
         if token is not None:
             return AppScope(
-                runtime, token.client_id, frozenset(token.scopes), key_id=token.subject or ""
+                runtime,
+                token.client_id,
+                frozenset(token.scopes),
+                key_id=token.subject or "",
+                still_authenticated=None
+                if api_keys is None
+                else key_still_live(api_keys, token.subject or ""),
             )
         if stdio_principal is not None:
             principal = stdio_principal if stdio_check is None else stdio_check()
             if principal is None or principal.key_id != stdio_principal.key_id:
                 raise _tool_error(unauthenticated("UPROF_API_KEY is no longer valid (revoked)"))
-            return AppScope(runtime, principal.app_id, principal.roles, key_id=principal.key_id)
+            return AppScope(
+                runtime,
+                principal.app_id,
+                principal.roles,
+                key_id=principal.key_id,
+                still_authenticated=None if stdio_check is None else stdio_still_live(),
+            )
         # Neither transport authenticated the caller: fail closed.
         raise _tool_error(unauthenticated("no API key: set UPROF_API_KEY or send a bearer token"))
+
+    def stdio_still_live() -> Callable[[], None]:
+        def check() -> None:
+            principal = None if stdio_check is None else stdio_check()
+            if (
+                principal is None
+                or stdio_principal is None
+                or principal.key_id != stdio_principal.key_id
+            ):
+                raise unauthenticated("UPROF_API_KEY was revoked while the call waited")
+
+        return check
 
     def call(operation: Callable[[AppScope], T]) -> T:
         app_scope = scope()

@@ -15,7 +15,12 @@ from domain.values import Interaction, check_text, check_token
 from uprof import telemetry
 from uprof.crypto.keystore import SubjectHandle, new_pseudonym
 from uprof.ports import AuditTrail, Clock, EventStore, SubjectKeyStore
-from uprof.services.capture_writer import CaptureWriter, PendingCapture, no_consent_on_record
+from uprof.services.capture_writer import (
+    CaptureWriter,
+    PendingCapture,
+    capture_keys_created,
+    no_consent_on_record,
+)
 from uprof.services.idempotency import refuse_unrecorded, replaying
 from uprof.services.subjects import SubjectResolver, check_subject_ref
 
@@ -275,13 +280,18 @@ class CaptureService:
         whether it is a replay, when the caller's context does not carry them (the writer
         thread)."""
 
+        made: dict[str, str] = {}  # capture id -> its key's commitment
+
         def save() -> tuple[list[str], list[int], int, dict[str, Any] | None]:
+            made.clear()  # a retried save makes its keys again
             profile = self._app.load(stream_id)
             now = self._clock.now()
-            if batch_token:
-                # A retry is answered only under a consent in force now, as a fresh call.
+            if batch_token or item_tokens is not None:
+                # A retry is answered only under a consent in force now, as a fresh call;
+                # so is an import record whose token the stream holds (it is "skipped").
                 for interaction in checked:
                     profile.require_capture_consent(interaction, now)
+            if batch_token:
                 first = profile.recorded_request(batch_token, now=now, window_s=token_window_s)
                 if first is not None:
                     return [], [], 0, first
@@ -311,7 +321,9 @@ class CaptureService:
             profile.record_requests(tokens, now=now, window_s=token_window_s)
             # Each captured event gets its own key before it is sealed (item-level shredding).
             with telemetry.span("uprof.capture.commit.keys", captures=len(ids)):
-                self._keystore.create_capture_keys(str(stream_id), ids, now=self._clock.now())
+                made.update(
+                    self._keystore.create_capture_keys(str(stream_id), ids, now=self._clock.now())
+                )
             with telemetry.span("uprof.capture.commit.events", events=len(ids) + 1):
                 recordings = self._app.save(profile)
             by_version = {r.notification.originator_version: r.notification.id for r in recordings}
@@ -333,15 +345,17 @@ class CaptureService:
             )
         if ids:
             with telemetry.span("uprof.capture.commit.audit", events=1):
-                self._audit.record(
-                    "capture.accepted",
-                    subject_ref=pseudonym,
-                    app_id=checked[0].app_id,
-                    agent_id=checked[0].agent_id,
-                    purpose=checked[0].purpose,
-                    counts={"events": len(ids)},
-                    notification_id=max(notification_ids),
-                    principal=principal,
+                accepted = {
+                    "subject_ref": pseudonym,
+                    "app_id": checked[0].app_id,
+                    "agent_id": checked[0].agent_id,
+                    "purpose": checked[0].purpose,
+                    "counts": {"events": len(ids)},
+                    "notification_id": max(notification_ids),
+                    "principal": principal,
+                }
+                self._audit.record_many(
+                    [("capture.accepted", accepted), *capture_keys_created(pseudonym, made)]
                 )
         return CaptureOutcome(
             [

@@ -32,7 +32,7 @@ import queue
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -89,6 +89,8 @@ class PendingCapture:
     #: (capture ids, their versions) once written; or the first write's token record.
     written: tuple[list[str], list[int]] | None = None
     replay_of: dict[str, Any] | None = None
+    #: capture id -> its key's commitment, once the keys are made (``key.created``).
+    key_commitments: dict[str, str] = field(default_factory=dict)
     #: Filled by the writer before the request is answered (one of the three).
     acks: list[tuple[str, int]] | None = None
     replayed: bool = False
@@ -140,6 +142,23 @@ def no_consent_on_record(interaction: Interaction) -> ConsentRequiredError:
     """The refusal of a capture for a reference that names no subject: word for word the
     refusal for a subject the app holds no consent of, so that it cannot tell the two apart."""
     return capture_consent_refusal(interaction)
+
+
+#: ``reason_code`` of a capture key's ``key.created`` and ``key.destroyed`` entries (a
+#: subject key's carry ``key_version`` instead).
+CAPTURE_KEY = "capture-key"
+
+
+def capture_keys_created(
+    pseudonym: str, commitments: Mapping[str, str]
+) -> list[tuple[str, dict[str, Any]]]:
+    """The ``key.created`` entries of a request's capture keys: the subject's pseudonym
+    and each key's commitment (what ``key.destroyed`` and an event erasure's receipt
+    cite), never the capture id, the key or anything the capture said."""
+    return [
+        ("key.created", {"subject_ref": pseudonym, "reason_code": CAPTURE_KEY, "dek_commitment": c})
+        for c in commitments.values()
+    ]
 
 
 def refusal_entry(pending: PendingCapture, reason_code: str) -> tuple[str, dict[str, Any]]:
@@ -448,7 +467,10 @@ class CaptureWriter:
                 with telemetry.span(
                     "uprof.capture.commit.keys", captures=sum(map(len, keys.values()))
                 ):
-                    self._keystore.create_capture_keys_many(keys, now=self._clock.now())
+                    made = self._keystore.create_capture_keys_many(keys, now=self._clock.now())
+                for pending in writing:
+                    assert pending.written is not None
+                    pending.key_commitments = {c: made[c] for c in pending.written[0]}
                 with telemetry.span("uprof.capture.commit.events", subjects=len(profiles)) as t:
                     recordings = self._app.save(*profiles.values())
                     t.set(events=len(recordings))
@@ -568,6 +590,8 @@ class CaptureWriter:
                     },
                 )
             )
+        for pending in writing:
+            entries.extend(capture_keys_created(pending.pseudonym, pending.key_commitments))
         entries.extend(refusal_entry(pending, "consent-not-in-force") for pending in refused)
         if entries:
             self._audit.record_many(entries)

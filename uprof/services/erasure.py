@@ -39,6 +39,7 @@ from domain.errors import (
 from projections.profile import tables as t
 from uprof.ports import AuditTrail, Clock, EventStore, SubjectKeyStore, ViewStore
 from uprof.services import erased_keys
+from uprof.services.capture_writer import CAPTURE_KEY
 from uprof.services.subjects import SubjectResolver, check_subject_ref
 from uprof.storage import fold_log
 
@@ -286,6 +287,21 @@ class ErasureService:
         commitments = [
             c for c in (self._keystore.destroy_capture_key(str(stream), cid) for cid in ids) if c
         ]
+        # As a subject key's: the entry names the commitment its ``key.created`` recorded.
+        self._audit.record_many(
+            [
+                (
+                    "key.destroyed",
+                    {
+                        "subject_ref": handle.pseudonym,
+                        "request_id": request_id,
+                        "reason_code": CAPTURE_KEY,
+                        "dek_commitment": c,
+                    },
+                )
+                for c in commitments
+            ]
+        )
         # Snapshots may hold the shredded items' values: they are caches, drop them.
         snapshots = self._app.drop_snapshots(stream)
         self._flush_caches(stream)

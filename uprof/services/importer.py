@@ -169,6 +169,9 @@ class _Run:
         # stops the run's writes within a chunk plus the policy's refresh bound. A refusal
         # stands for the run (it was audited, once).
         self._permits = {key: why for key, why in self._permits.items() if why is not None}
+        # So is consent (decision 0067: a retry is decided again): a record skipped as
+        # captured already is reported so only under a consent in force for its chunk.
+        self._consent = {key: why for key, why in self._consent.items() if why is not None}
         good: list[ImportRecord] = []
         for parsed in chunk:
             if isinstance(parsed, ImportProblem):

@@ -132,6 +132,10 @@ class SliceRequest:
     wait_timeout_s: float | None = None
     #: Audit label of the authenticated principal (uprof.facade sets it).
     principal: str = ""
+    #: Asked after the read-your-writes wait, before anything is gated or recorded: it
+    #: raises when the credential the request came with no longer stands (a key revoked
+    #: during a wait of up to ``read_wait_timeout_s``). The edge that authenticated builds it.
+    still_authenticated: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -297,6 +301,10 @@ class SliceService:
             )
             waiting.set(fresh=freshness.fresh)
         waited_ms = (time.perf_counter() - began) * 1000
+        if request.still_authenticated is not None:
+            # Decided at serve time: the key was checked when the request came in, and the
+            # wait above may be long; the policy and consent below are decided after it.
+            request.still_authenticated()
         # Consent is judged at the real time of the read; ``request.now`` only sets the
         # "present" that ranking measures recency from (benchmarks replay old dialogues).
         real_now = self._clock.now()

@@ -12,6 +12,7 @@ from uprof.apikeys.store import ROLE_OPERATOR, ApiKeyStore
 from uprof.web.pages import (
     OPERATOR_COOKIE,
     WebPages,
+    key_door,
 )
 from uprof.web.state import Session
 
@@ -38,7 +39,9 @@ def router(web: WebPages) -> APIRouter:
                 401,
                 error="That API key is unknown, malformed or revoked.",
             )
+        door = key_door(web.runtime_of(request), principal.app_id, principal.key_id)
         if not principal.has_role(ROLE_OPERATOR):
+            door.console_sign_in(refused=True)
             return web.message(
                 request,
                 403,
@@ -46,6 +49,7 @@ def router(web: WebPages) -> APIRouter:
                 f"The key of {principal.app_id} lacks the operator role; "
                 "the compliance console needs it.",
             )
+        door.console_sign_in()  # on the log before the session exists
         sessions = web.sessions(request)
         sessions.drop(request.cookies.get(OPERATOR_COOKIE), "operator")
         sid = sessions.create(

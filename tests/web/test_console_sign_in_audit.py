@@ -1,0 +1,41 @@
+"""A compliance-console sign-in is on the audit log, as the key's other uses are.
+
+Signing in to the console with an operator API key opens a session that reads and exports
+the whole audit trail; until 2026-12-05 the sign-in left no entry, so the log did not show
+which key opened a console session, or that a key without the operator role tried to.
+Both are recorded now (``console.signed_in``, ``console.sign_in_refused``: the app and the
+key's public id, never the key), before the session exists. An unknown key is not recorded:
+it names no one, and anybody could fill the log with them.
+"""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.api.conftest import PLANNER, LiveServer
+from uprof.api import ApiKeyStore
+from uprof.kernel import Uprof
+
+
+def test_console_sign_ins_are_audited_without_the_key(
+    server: LiveServer, kernel: Uprof, keys: ApiKeyStore
+) -> None:
+    operator = keys.create(PLANNER, ["app", "operator"])
+    app_only = keys.create(PLANNER)
+    with httpx.Client(base_url=server.url, timeout=30) as console:
+        assert console.post("/console/login", data={"api_key": "upk_nope"}).status_code == 401
+        assert console.post("/console/login", data={"api_key": app_only.token}).status_code == 403
+        signed_in = console.post("/console/login", data={"api_key": operator.token})
+        assert signed_in.status_code == 303, signed_in.text
+
+    entries = [(e.entry, e.entry_json) for e in kernel.audit_log.entries()]
+    signs = [e for e, _ in entries if e["action"].startswith("console.sign")]
+
+    assert [(e["action"], e["api_key_id"]) for e in signs] == [
+        ("console.sign_in_refused", app_only.info.key_id),
+        ("console.signed_in", operator.info.key_id),
+    ]
+    assert {e["app_id"] for e in signs} == {PLANNER}
+    for issued in (operator, app_only):
+        secret = issued.token.split("_", 2)[2]
+        assert not any(secret in text for _, text in entries)
