@@ -220,3 +220,61 @@ def test_a_retry_after_a_crash_before_an_item_erasure_was_written_gets_the_recei
     assert result.receipt["body"]["request"]["request_id"] == record.request_id
     verify_receipt(result.receipt, kernel.audit_log.public_key)
     assert kernel.profile("alice").intents == ()
+
+
+def capture_key_destructions(kernel: Uprof, request_id: str) -> list[str]:
+    """The commitments of the capture-key ``key.destroyed`` entries of one request."""
+    return [
+        str(e.entry["dek_commitment"])
+        for e in kernel.audit_log.entries(action="key.destroyed")
+        if e.entry.get("reason_code") == "capture-key" and e.entry.get("request_id") == request_id
+    ]
+
+
+def test_an_event_erasure_finished_after_a_crash_records_its_capture_key_once(
+    backend: Backend, kernel: Uprof, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed between the ledger record and the capture key's destruction, the event
+    erasure is finished by a retry in a process that was running (decision 0071): the
+    capture key's ``key.destroyed`` entry is written as the uninterrupted path writes
+    it, citing the receipt's commitment, and once, however often the finish runs.
+    Until 2026-12-05 the finish destroyed the key and wrote no entry."""
+    fill_with_canaries(kernel, "alice")
+    stream = str(kernel.stream_of("alice"))
+    (capture,) = [c for c in kernel.queries.all_captures(stream) if c.source_ref == "ref-2"]
+    commitment = kernel.keystore.capture_key_commitment(stream, capture.capture_id)
+    call = f"erase_capture('alice', {capture.capture_id!r})"
+
+    died = crash_at(backend, "destroy_capture_key", call)
+
+    assert died.returncode == 9, died.stderr[-3000:]
+    ledger = kernel.keystore.ledger
+    assert ledger is not None
+    record = ledger.unfinished(
+        kernel.subjects.tenant, "alice", scope="capture", target=[capture.capture_id]
+    )
+    assert record is not None
+    assert capture_key_destructions(kernel, record.request_id) == []
+    # The first finish does not see the purge in time (the entry is written all the same),
+    # the second one does: two finishes, one entry.
+    with monkeypatch.context() as behind:
+        projections_stay_behind(kernel, behind)
+        with pytest.raises(ErasureIncompleteError):
+            kernel.erase_capture("alice", capture.capture_id)
+    result = kernel.erase_capture("alice", capture.capture_id)
+
+    assert result.receipt["body"]["request"]["request_id"] == record.request_id
+    cited = [
+        a["dek_commitment"]
+        for a in result.receipt["body"]["actions"]
+        if a["type"] == "dek_destroyed"
+    ]
+    assert cited == [commitment]
+    assert capture_key_destructions(kernel, record.request_id) == [commitment]
+    assert kernel.keystore.capture_key_commitment(stream, capture.capture_id) is None
+    (entry,) = [
+        e.entry
+        for e in kernel.audit_log.entries(action="key.destroyed")
+        if e.entry.get("request_id") == record.request_id
+    ]
+    assert entry["subject_ref"] == kernel.audit_subject_ref("alice")
