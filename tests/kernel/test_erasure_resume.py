@@ -7,9 +7,12 @@ asking again was refused as "this subject was erased", so the receipt was never 
 
 from __future__ import annotations
 
+import io
+
 import pytest
 import sqlalchemy as sa
 
+from audit.check import check_upload
 from audit.receipts import verify_receipt, verify_subject_commitment
 from domain.errors import ErasureIncompleteError, SubjectErasedError
 from projections.profile import tables as t
@@ -278,3 +281,7 @@ def test_an_event_erasure_finished_after_a_crash_records_its_capture_key_once(
         if e.entry.get("request_id") == record.request_id
     ]
     assert entry["subject_ref"] == kernel.audit_subject_ref("alice")
+    out = io.StringIO()
+    kernel.export_audit(out)
+    log = kernel.audit_log
+    assert check_upload(out.getvalue().encode(), "export", log.public_key, log.origin).ok
