@@ -285,3 +285,26 @@ def test_an_event_erasure_finished_after_a_crash_records_its_capture_key_once(
     kernel.export_audit(out)
     log = kernel.audit_log
     assert check_upload(out.getvalue().encode(), "export", log.public_key, log.origin).ok
+
+
+def test_an_event_erasure_killed_after_its_entries_does_not_record_its_key_twice(
+    backend: Backend, kernel: Uprof
+) -> None:
+    """Killed after the capture key's ``key.destroyed`` entry and before the receipt: the
+    retry finishes the same request and writes no second entry for that key."""
+    fill_with_canaries(kernel, "alice")
+    stream = str(kernel.stream_of("alice"))
+    (capture,) = [c for c in kernel.queries.all_captures(stream) if c.source_ref == "ref-2"]
+    commitment = kernel.keystore.capture_key_commitment(stream, capture.capture_id)
+
+    died = crash_at(
+        backend,
+        "drop_snapshots",
+        f"erase_capture('alice', {capture.capture_id!r})",
+        owner="kernel.app",
+    )
+
+    assert died.returncode == 9, died.stderr[-3000:]
+    result = kernel.erase_capture("alice", capture.capture_id)
+    request_id = result.receipt["body"]["request"]["request_id"]
+    assert capture_key_destructions(kernel, request_id) == [commitment]
