@@ -778,6 +778,17 @@ class Facade:
                 api_key_id=self.principal.key_id,
             )
 
+    def console_sign_out(self) -> None:
+        """Record that a compliance-console session of this principal's API key was
+        signed out (``console.signed_out``: the key's public id, never the key, the
+        cookie or the session id). Written once the session is refused, once per session."""
+        with self._as_principal():
+            self._kernel.audit.record(
+                "console.signed_out",
+                app_id=self.principal.app_id,
+                api_key_id=self.principal.key_id,
+            )
+
     def audit_subject_ref(self, subject: str) -> str:
         """The pseudonym audit entries use for a subject (what an audit search filters on)."""
         self._authorize_governance("audit", COMPLIANCE_PURPOSE)

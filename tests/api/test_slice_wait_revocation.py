@@ -21,9 +21,12 @@ from typing import Any
 import httpx
 import pytest
 from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 
-from tests.api.conftest import PLANNER, bearer, grant, interaction
+from tests.api.conftest import PLANNER, LiveServer, bearer, grant, interaction
 from tests.api.test_mcp import error_code, text_of
+from tests.kernel.conftest import say
 from uprof.api import ApiKeyStore
 from uprof.api.runtime import ServiceRuntime
 from uprof.apikeys.store import KEY_CACHE_TTL_S
@@ -133,6 +136,45 @@ def test_a_key_revoked_during_the_wait_gets_no_slice_over_mcp(
 
     assert waited == [True]
     assert error_code(result) == "unauthenticated", text_of(result)
+
+
+def test_a_key_revoked_during_the_wait_gets_no_slice_over_mcp_streamable_http(
+    kernel: Uprof,
+    keys: ApiKeyStore,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MCP over streamable HTTP authenticates each request with its key and hands the
+    slice the same check as REST (``key_still_live``); only stdio was tested until
+    2026-12-05."""
+    clock = [1000.0]
+    monkeypatch.setattr(keys, "_monotonic", lambda: clock[0])
+    issued = keys.create(PLANNER)
+    kernel.grant_consent("alice", app_id=PLANNER, categories=["*"], purposes=["personalization"])
+    kernel.capture("alice", say("I drink green tea", app=PLANNER))
+    runtime = ServiceRuntime.for_kernel(kernel)
+    app = build_server(runtime, keys).streamable_http_app(streamable_http_path="/mcp")
+    before = served_slices(kernel)
+    waited = during_the_wait(
+        kernel, monkeypatch, revoke_elsewhere(settings, keys, issued.info.key_id, clock)
+    )
+
+    async def scenario(url: str) -> Any:
+        http = create_mcp_http_client(headers=bearer(issued.token))
+        async with http, Client(streamable_http_client(f"{url}/mcp", http_client=http)) as c:
+            return await c.call_tool("profile_slice", SLICE)
+
+    runtime.start()
+    try:
+        with LiveServer(app) as live:
+            result = asyncio.run(scenario(live.url))
+    finally:
+        runtime.stop()
+
+    assert waited == [True]
+    assert error_code(result) == "unauthenticated", text_of(result)
+    assert "green tea" not in text_of(result)
+    assert served_slices(kernel) == before
 
 
 def test_a_live_key_gets_its_slice_after_the_wait(

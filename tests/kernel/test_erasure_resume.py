@@ -7,9 +7,12 @@ asking again was refused as "this subject was erased", so the receipt was never 
 
 from __future__ import annotations
 
+import io
+
 import pytest
 import sqlalchemy as sa
 
+from audit.check import check_upload
 from audit.receipts import verify_receipt, verify_subject_commitment
 from domain.errors import ErasureIncompleteError, SubjectErasedError
 from projections.profile import tables as t
@@ -220,3 +223,88 @@ def test_a_retry_after_a_crash_before_an_item_erasure_was_written_gets_the_recei
     assert result.receipt["body"]["request"]["request_id"] == record.request_id
     verify_receipt(result.receipt, kernel.audit_log.public_key)
     assert kernel.profile("alice").intents == ()
+
+
+def capture_key_destructions(kernel: Uprof, request_id: str) -> list[str]:
+    """The commitments of the capture-key ``key.destroyed`` entries of one request."""
+    return [
+        str(e.entry["dek_commitment"])
+        for e in kernel.audit_log.entries(action="key.destroyed")
+        if e.entry.get("reason_code") == "capture-key" and e.entry.get("request_id") == request_id
+    ]
+
+
+def test_an_event_erasure_finished_after_a_crash_records_its_capture_key_once(
+    backend: Backend, kernel: Uprof, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed between the ledger record and the capture key's destruction, the event
+    erasure is finished by a retry in a process that was running (decision 0071): the
+    capture key's ``key.destroyed`` entry is written as the uninterrupted path writes
+    it, citing the receipt's commitment, and once, however often the finish runs.
+    Until 2026-12-05 the finish destroyed the key and wrote no entry."""
+    fill_with_canaries(kernel, "alice")
+    stream = str(kernel.stream_of("alice"))
+    (capture,) = [c for c in kernel.queries.all_captures(stream) if c.source_ref == "ref-2"]
+    commitment = kernel.keystore.capture_key_commitment(stream, capture.capture_id)
+    call = f"erase_capture('alice', {capture.capture_id!r})"
+
+    died = crash_at(backend, "destroy_capture_key", call)
+
+    assert died.returncode == 9, died.stderr[-3000:]
+    ledger = kernel.keystore.ledger
+    assert ledger is not None
+    record = ledger.unfinished(
+        kernel.subjects.tenant, "alice", scope="capture", target=[capture.capture_id]
+    )
+    assert record is not None
+    assert capture_key_destructions(kernel, record.request_id) == []
+    # The first finish does not see the purge in time (the entry is written all the same),
+    # the second one does: two finishes, one entry.
+    with monkeypatch.context() as behind:
+        projections_stay_behind(kernel, behind)
+        with pytest.raises(ErasureIncompleteError):
+            kernel.erase_capture("alice", capture.capture_id)
+    result = kernel.erase_capture("alice", capture.capture_id)
+
+    assert result.receipt["body"]["request"]["request_id"] == record.request_id
+    cited = [
+        a["dek_commitment"]
+        for a in result.receipt["body"]["actions"]
+        if a["type"] == "dek_destroyed"
+    ]
+    assert cited == [commitment]
+    assert capture_key_destructions(kernel, record.request_id) == [commitment]
+    assert kernel.keystore.capture_key_commitment(stream, capture.capture_id) is None
+    (entry,) = [
+        e.entry
+        for e in kernel.audit_log.entries(action="key.destroyed")
+        if e.entry.get("request_id") == record.request_id
+    ]
+    assert entry["subject_ref"] == kernel.audit_subject_ref("alice")
+    out = io.StringIO()
+    kernel.export_audit(out)
+    log = kernel.audit_log
+    assert check_upload(out.getvalue().encode(), "export", log.public_key, log.origin).ok
+
+
+def test_an_event_erasure_killed_after_its_entries_does_not_record_its_key_twice(
+    backend: Backend, kernel: Uprof
+) -> None:
+    """Killed after the capture key's ``key.destroyed`` entry and before the receipt: the
+    retry finishes the same request and writes no second entry for that key."""
+    fill_with_canaries(kernel, "alice")
+    stream = str(kernel.stream_of("alice"))
+    (capture,) = [c for c in kernel.queries.all_captures(stream) if c.source_ref == "ref-2"]
+    commitment = kernel.keystore.capture_key_commitment(stream, capture.capture_id)
+
+    died = crash_at(
+        backend,
+        "drop_snapshots",
+        f"erase_capture('alice', {capture.capture_id!r})",
+        owner="kernel.app",
+    )
+
+    assert died.returncode == 9, died.stderr[-3000:]
+    result = kernel.erase_capture("alice", capture.capture_id)
+    request_id = result.receipt["body"]["request"]["request_id"]
+    assert capture_key_destructions(kernel, request_id) == [commitment]

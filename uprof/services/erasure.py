@@ -519,9 +519,44 @@ class ErasureService:
             self._keystore.destroy(draft.stream, now=self._clock.now())
         for capture_id in draft.captures:
             self._keystore.destroy_capture_key(draft.stream, capture_id)
+        if draft.captures:
+            self._record_capture_keys_destroyed(draft)
         if draft.scope != "item":
             self._app.drop_snapshots(stream)
         self._flush_caches(stream)
+
+    def _record_capture_keys_destroyed(self, draft: _Draft) -> None:
+        """The capture-key ``key.destroyed`` entries of a finished event erasure, as the
+        uninterrupted path writes them (decision 0071), for the commitments its draft cites.
+
+        A start may have destroyed the keys already (the ledger), and an earlier finish or
+        the process that died may have written some entries: only the missing ones are
+        written, so a finish that runs twice leaves one entry per key."""
+        cited = [
+            str(a["dek_commitment"])
+            for a in draft.actions
+            if a.get("type") == "dek_destroyed" and a.get("key_kind") == "capture"
+        ]
+        written = {
+            e.entry.get("dek_commitment")
+            for e in self._log.entries(subject_ref=draft.pseudonym, action="key.destroyed")
+            if e.entry.get("request_id") == draft.request_id
+        }
+        self._audit.record_many(
+            [
+                (
+                    "key.destroyed",
+                    {
+                        "subject_ref": draft.pseudonym,
+                        "request_id": draft.request_id,
+                        "reason_code": CAPTURE_KEY,
+                        "dek_commitment": c,
+                    },
+                )
+                for c in cited
+                if c not in written
+            ]
+        )
 
     def _left_after(self, draft: _Draft) -> str:
         """What the views still hold that the erasure removes ("" when purged)."""

@@ -13,6 +13,7 @@ from uprof.web.pages import (
     OPERATOR_COOKIE,
     WebPages,
     key_door,
+    operator_door,
 )
 from uprof.web.state import Session
 
@@ -65,6 +66,10 @@ def router(web: WebPages) -> APIRouter:
         if session is not None and not session.csrf_ok(csrf):
             return web.bad_csrf(request)
         web.sessions(request).drop(request.cookies.get(OPERATOR_COOKIE), "operator")
+        if session is not None:
+            # After the drop: a sign-out never waits on the log. A cookie already signed
+            # out, or none, names no session and is not recorded.
+            operator_door(web.runtime_of(request), session).console_sign_out()
         response = RedirectResponse("/console/login", status_code=303)
         response.delete_cookie(OPERATOR_COOKIE, path="/console")
         return response
