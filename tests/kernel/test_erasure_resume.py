@@ -144,6 +144,44 @@ def test_a_retry_after_a_crash_before_the_keys_went_gets_the_receipt(
         kernel.erase_subject("alice")
 
 
+def test_a_subject_erasure_finished_after_a_crash_records_its_keys_once(
+    backend: Backend, kernel: Uprof, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed between the ledger record and the key destruction, the subject erasure is
+    finished by a retry in a process that was running: the subject keys'
+    ``key.destroyed`` entries are written as the uninterrupted path writes them, one per
+    key the receipt cites, however often the finish runs. Until 2026-12-05 the finish
+    destroyed the keys and wrote no entry, so the log had no key destruction for a
+    receipt citing one."""
+    fill_with_canaries(kernel, "alice")
+    died = crash_at(backend, "destroy", 'erase_subject("alice")')
+    assert died.returncode == 9, died.stderr[-3000:]
+    request_id = unfinished_request(kernel, "alice")
+    with monkeypatch.context() as behind:
+        projections_stay_behind(kernel, behind)
+        with pytest.raises(ErasureIncompleteError):
+            kernel.erase_subject("alice")
+    result = kernel.erase_subject("alice")
+
+    assert result.receipt["body"]["request"]["request_id"] == request_id
+    cited = sorted(
+        (a["key_version"], a["dek_commitment"])
+        for a in result.receipt["body"]["actions"]
+        if a["type"] == "dek_destroyed"
+    )
+    entries = [
+        e.entry
+        for e in kernel.audit_log.entries(action="key.destroyed")
+        if e.entry.get("request_id") == request_id
+    ]
+    assert cited
+    assert sorted((e["key_version"], e["dek_commitment"]) for e in entries) == cited
+    out = io.StringIO()
+    kernel.export_audit(out)
+    log = kernel.audit_log
+    assert check_upload(out.getvalue().encode(), "export", log.public_key, log.origin).ok
+
+
 def test_a_retry_after_a_crash_mid_event_erasure_gets_the_receipt_after_a_restart(
     backend: Backend, kernel: Uprof
 ) -> None:

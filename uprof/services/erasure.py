@@ -519,24 +519,30 @@ class ErasureService:
             self._keystore.destroy(draft.stream, now=self._clock.now())
         for capture_id in draft.captures:
             self._keystore.destroy_capture_key(draft.stream, capture_id)
-        if draft.captures:
-            self._record_capture_keys_destroyed(draft)
+        self._record_keys_destroyed(draft)
         if draft.scope != "item":
             self._app.drop_snapshots(stream)
         self._flush_caches(stream)
 
-    def _record_capture_keys_destroyed(self, draft: _Draft) -> None:
-        """The capture-key ``key.destroyed`` entries of a finished event erasure, as the
-        uninterrupted path writes them (decision 0071), for the commitments its draft cites.
+    def _record_keys_destroyed(self, draft: _Draft) -> None:
+        """The ``key.destroyed`` entries of a finished erasure, as the uninterrupted path
+        writes them, for the keys its draft cites: a subject's data keys (``key_version``)
+        and capture keys (``reason_code`` capture-key, decision 0071).
 
         A start may have destroyed the keys already (the ledger), and an earlier finish or
         the process that died may have written some entries: only the missing ones are
         written, so a finish that runs twice leaves one entry per key."""
-        cited = [
-            str(a["dek_commitment"])
-            for a in draft.actions
-            if a.get("type") == "dek_destroyed" and a.get("key_kind") == "capture"
-        ]
+        cited: list[dict[str, Any]] = []
+        for action in draft.actions:
+            if action.get("type") != "dek_destroyed":
+                continue
+            if action.get("key_kind") == "capture":
+                cited.append({"reason_code": CAPTURE_KEY})
+            else:
+                cited.append({"key_version": action["key_version"]})
+            cited[-1]["dek_commitment"] = str(action["dek_commitment"])
+        if not cited:
+            return
         written = {
             e.entry.get("dek_commitment")
             for e in self._log.entries(subject_ref=draft.pseudonym, action="key.destroyed")
@@ -546,15 +552,10 @@ class ErasureService:
             [
                 (
                     "key.destroyed",
-                    {
-                        "subject_ref": draft.pseudonym,
-                        "request_id": draft.request_id,
-                        "reason_code": CAPTURE_KEY,
-                        "dek_commitment": c,
-                    },
+                    {"subject_ref": draft.pseudonym, "request_id": draft.request_id, **fields},
                 )
-                for c in cited
-                if c not in written
+                for fields in cited
+                if fields["dek_commitment"] not in written
             ]
         )
 
