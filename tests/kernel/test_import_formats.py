@@ -235,3 +235,20 @@ def test_native_lines_failing_the_kernel_checks_are_reported_by_field(kernel: Up
         "line 5": "user_input",
     }
     assert report.captured == 1 and len(captured(kernel)) == 1
+
+
+def test_a_number_too_long_to_convert_fails_its_line_and_the_run_goes_on(kernel: Uprof) -> None:
+    """A JSON integer of more than Python's 4300 digits raised ValueError (not a
+    JSONDecodeError) out of the reader: the run stopped mid-file with no report."""
+    consent(kernel)
+    good = chat(("I live in Porto", "ok"), created_at="2025-03-01T10:00:00Z")
+    huge = '{"messages": [], "created_at": ' + "9" * 5_000 + "}"
+    later = chat(("I like tea", "ok"), created_at="2025-03-02T10:00:00Z")
+    report = door(kernel).import_interactions(
+        [good, huge, later], fmt="openai", defaults=CHAT_DEFAULTS
+    )
+    assert report.captured == 2 and len(captured(kernel)) == 2
+    assert [(p.where, p.field) for p in report.failed] == [("line 2", "(line)")]
+    assert "too many digits" in report.failed[0].message
+    first = door(kernel).import_interactions([huge], fmt="auto", defaults=CHAT_DEFAULTS)
+    assert ["too many digits" in p.message for p in first.failed] == [True]  # detection too

@@ -144,6 +144,8 @@ def _load(where: str, text: str) -> Any | ImportProblem:
         return ImportProblem(where, "(line)", f"not valid JSON ({error.msg})")
     except RecursionError:
         return ImportProblem(where, "(line)", "JSON nested too deeply")
+    except ValueError:  # an integer of more digits than Python converts (not a JSONDecodeError)
+        return ImportProblem(where, "(line)", "a number with too many digits")
 
 
 def _is_json_object(text: str) -> bool:
