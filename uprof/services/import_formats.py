@@ -27,6 +27,7 @@ import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -105,6 +106,26 @@ def read_records(
 
 
 # ------------------------------------------------------------------ reading lines
+
+
+class FileLines:
+    """The lines of a regular file, read with at most ``MAX_LINE_BYTES`` + 1 bytes of a
+    line in memory (``for line in file`` holds a whole line, and a file without newlines
+    is one line). A longer line is yielded cut to ``MAX_LINE_BYTES`` + 1 bytes, so the
+    reader reports it as too long, and the rest of it is skipped. Iterating again reads
+    the file again from its start (a strict run checks it, then writes it)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __iter__(self) -> Iterator[bytes]:
+        with self.path.open("rb") as file:
+            while line := file.readline(MAX_LINE_BYTES + 1):
+                if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+                    while (rest := file.readline(MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
+                        pass
+                yield line
+
 
 
 def _decoded(lines: Iterable[bytes | str]) -> Iterator[tuple[int, str | ImportProblem]]:

@@ -91,7 +91,9 @@ def import_interactions(
     """
     defaults = defaults or ImportDefaults()
     if strict and not dry_run:
-        materialised = list(lines)
+        # An iterable that can be read twice (a list, ``FileLines``) is checked, then
+        # written, without holding the file in memory; a one-shot iterator is kept.
+        materialised = list(lines) if isinstance(lines, Iterator) else lines
         checked = import_interactions(
             kernel, materialised, fmt=fmt, defaults=defaults, may_capture=may_capture, dry_run=True
         )
