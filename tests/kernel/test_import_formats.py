@@ -252,3 +252,33 @@ def test_a_number_too_long_to_convert_fails_its_line_and_the_run_goes_on(kernel:
     assert "too many digits" in report.failed[0].message
     first = door(kernel).import_interactions([huge], fmt="auto", defaults=CHAT_DEFAULTS)
     assert ["too many digits" in p.message for p in first.failed] == [True]  # detection too
+
+
+def test_a_time_out_of_range_in_utc_fails_its_line_and_the_run_goes_on(kernel: Uprof) -> None:
+    """0001-01-01T00:00+01:00 is valid ISO 8601 but before year 1 in UTC: converting it
+    raised OverflowError out of the checks and stopped the run mid-file."""
+    consent(kernel)
+
+    def row(text: str, at: str) -> str:
+        return json.dumps(
+            {
+                "subject": "alice",
+                "app_id": APP,
+                "agent_id": "agent:one",
+                "user_input": text,
+                "occurred_at": at,
+            }
+        )
+
+    lines = [
+        row("I live in Porto", "2025-03-01T10:00:00Z"),
+        row("too early", "0001-01-01T00:00:00+01:00"),
+        row("too late", "9999-12-31T23:59:00-01:00"),
+        row("I like tea", "2025-03-02T10:00:00Z"),
+    ]
+    report = door(kernel).import_interactions(lines, fmt="interactions")
+    assert report.captured == 2 and len(captured(kernel)) == 2
+    assert [(p.where, p.field) for p in report.failed] == [
+        ("line 2", "occurred_at"),
+        ("line 3", "occurred_at"),
+    ]
