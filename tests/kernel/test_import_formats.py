@@ -282,3 +282,28 @@ def test_a_time_out_of_range_in_utc_fails_its_line_and_the_run_goes_on(kernel: U
         ("line 2", "occurred_at"),
         ("line 3", "occurred_at"),
     ]
+
+
+def test_a_key_given_twice_fails_its_line_naming_the_key(kernel: Uprof) -> None:
+    """`{"subject": "alice", ..., "subject": "bob"}` was imported for bob (json keeps the
+    last key, other readers of the file the first): which subject or app a record names
+    must not depend on the reader."""
+    consent(kernel)
+    consent(kernel, subject="bob")
+    good = json.dumps(
+        {
+            "subject": "alice",
+            "app_id": APP,
+            "agent_id": "agent:one",
+            "user_input": "hi",
+            "occurred_at": "2025-03-01T10:00:00Z",
+        }
+    )
+    twice = good[:-1] + ', "subject": "bob"}'
+    nested = json.dumps({"messages": [{"role": "user", "content": "a"}]})
+    nested = nested.replace('"content": "a"', '"content": "a", "content": "b"')
+    report = door(kernel).import_interactions([good, twice], fmt="interactions")
+    assert report.captured == 1 and len(captured(kernel)) == 1
+    assert [(p.where, p.field) for p in report.failed] == [("line 2", "subject")]
+    chats = door(kernel).import_interactions([nested], fmt="openai", defaults=CHAT_DEFAULTS)
+    assert [(p.where, p.field) for p in chats.failed] == [("line 1", "content")]

@@ -158,11 +158,32 @@ def _chain(
     yield from rest
 
 
+class _DuplicateKeyError(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose key is given twice is refused: which one counts (json keeps the last,
+    other readers the first) would decide whose subject or which app a record names."""
+    loaded = dict(pairs)
+    if len(loaded) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKeyError(key)
+            seen.add(key)
+    return loaded
+
+
 def _load(where: str, text: str) -> Any | ImportProblem:
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as error:
         return ImportProblem(where, "(line)", f"not valid JSON ({error.msg})")
+    except _DuplicateKeyError as error:
+        return ImportProblem(where, error.key[:64], "given twice in one object")
     except RecursionError:
         return ImportProblem(where, "(line)", "JSON nested too deeply")
     except ValueError:  # an integer of more digits than Python converts (not a JSONDecodeError)
