@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
+import pytest
+
 from domain.principal import Principal
 from tests.kernel.conftest import APP, consent
 from tests.kernel.test_idempotency import captured
@@ -307,3 +309,27 @@ def test_a_key_given_twice_fails_its_line_naming_the_key(kernel: Uprof) -> None:
     assert [(p.where, p.field) for p in report.failed] == [("line 2", "subject")]
     chats = door(kernel).import_interactions([nested], fmt="openai", defaults=CHAT_DEFAULTS)
     assert [(p.where, p.field) for p in chats.failed] == [("line 1", "content")]
+
+
+def test_a_mem0_document_over_the_bound_fails_before_it_is_held_whole(
+    kernel: Uprof, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Mem0 JSON document is parsed whole: every line of it was kept, without bound."""
+    from uprof.services import import_formats
+
+    consent(kernel)
+    memory = {
+        "id": "m-1",
+        "memory": "Likes jazz",
+        "user_id": "alice",
+        "created_at": "2024-07-26T10:00:00Z",
+    }
+    document = json.dumps([memory] * 50, indent=2).splitlines()
+    monkeypatch.setattr(import_formats, "MAX_DOCUMENT_BYTES", 1_000, raising=False)
+    report = door(kernel).import_interactions(document, fmt="mem0", defaults=CHAT_DEFAULTS)
+    assert report.captured == 0 and len(captured(kernel)) == 0
+    assert [(p.where, p.field) for p in report.failed] == [("document", "(file)")]
+    assert "one memory per line" in report.failed[0].message
+    monkeypatch.setattr(import_formats, "MAX_DOCUMENT_BYTES", 1_000_000)
+    report = door(kernel).import_interactions(document, fmt="mem0", defaults=CHAT_DEFAULTS)
+    assert report.failed == () and len(captured(kernel)) == 1  # 50 copies of one memory

@@ -37,6 +37,8 @@ from uprof.schemas.capture import InteractionIn
 FORMATS = ("auto", "interactions", "openai", "mem0")
 #: Longest line read (a line longer than this is one problem, not a memory spike).
 MAX_LINE_BYTES = 4 * 1024 * 1024
+#: Largest Mem0 JSON document (parsed whole; a larger export goes one memory per line).
+MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
 #: Context entries a Mem0 record may fill (InteractionIn allows 64).
 _MAX_MEM0_CONTEXT = 64
 _CHAT_SKIPPED_ROLES = frozenset({"system", "developer", "tool", "function"})
@@ -395,9 +397,18 @@ def _mem0_document(
 ) -> Iterator[Parsed]:
     """A whole JSON document: a list of memories, or an object with ``results``."""
     parts: list[str] = []
+    size = 0
     for number, text in _chain(first, rest):
         if isinstance(text, ImportProblem):
             yield ImportProblem("document", "(file)", f"line {number}: {text.message}")
+            return
+        size += len(text)
+        if size > MAX_DOCUMENT_BYTES:
+            yield ImportProblem(
+                "document",
+                "(file)",
+                f"longer than {MAX_DOCUMENT_BYTES} characters: give one memory per line",
+            )
             return
         parts.append(text)
     loaded = _load("document", "\n".join(parts))
