@@ -129,7 +129,6 @@ class FileLines:
                 yield line
 
 
-
 def _decoded(lines: Iterable[bytes | str]) -> Iterator[tuple[int, str | ImportProblem]]:
     for number, raw in enumerate(lines, start=1):
         where = f"line {number}"
