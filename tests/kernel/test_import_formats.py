@@ -333,3 +333,18 @@ def test_a_mem0_document_over_the_bound_fails_before_it_is_held_whole(
     monkeypatch.setattr(import_formats, "MAX_DOCUMENT_BYTES", 1_000_000)
     report = door(kernel).import_interactions(document, fmt="mem0", defaults=CHAT_DEFAULTS)
     assert report.failed == () and len(captured(kernel)) == 1  # 50 copies of one memory
+
+
+def test_a_failure_quotes_at_most_a_little_of_the_files_text(kernel: Uprof) -> None:
+    """A role of a megabyte (the user's words, pasted in the wrong field) was quoted whole
+    in the failure printed to the terminal."""
+    consent(kernel)
+    line = json.dumps(
+        {
+            "messages": [{"role": "my address is " + "x" * 1_000_000, "content": "hi"}],
+            "created_at": "2025-03-01T10:00:00Z",
+        }
+    )
+    report = door(kernel).import_interactions([line], fmt="openai", defaults=CHAT_DEFAULTS)
+    assert [(p.where, p.field) for p in report.failed] == [("line 1", "messages[0].role")]
+    assert len(report.failed[0].message) < 120

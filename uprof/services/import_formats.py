@@ -310,7 +310,9 @@ def _chat(where: str, text: str, defaults: ImportDefaults) -> Parsed:
             continue
         if role not in ("user", "assistant"):
             return ImportProblem(
-                where, f"messages[{index}].role", f"{role!r} is not user, assistant or system"
+                where,
+                f"messages[{index}].role",
+                f"{repr(role)[:60]} is not user, assistant or system",  # not the whole line
             )
         content = _content(message.get("content"))
         if content is None:
