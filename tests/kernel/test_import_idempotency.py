@@ -61,6 +61,18 @@ def test_source_refs_are_per_app(kernel: Uprof) -> None:
     assert (report.captured, report.skipped) == (1, 0)
 
 
+def test_idempotency_keys_are_per_app_in_one_file_and_across_runs(kernel: Uprof) -> None:
+    """Another app's record with the same key is its own capture, never skipped as a repeat."""
+    consent(kernel)
+    consent(kernel, app="app:calendar")
+    lines = [record("a", key="k-1"), record("b", key="k-1", app="app:calendar")]
+    report = import_interactions(kernel, lines)
+    assert (report.captured, report.skipped) == (2, 0)
+    again = import_interactions(kernel, [*lines, record("c", key="k-1", app="app:calendar")])
+    assert (again.captured, again.skipped) == (0, 3)
+    assert len(captured(kernel)) == 2
+
+
 def test_an_erased_capture_is_not_brought_back_by_a_reimport(kernel: Uprof) -> None:
     consent(kernel)
     import_interactions(kernel, [record("I like tea", ref="r-1")])
