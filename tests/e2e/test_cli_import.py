@@ -189,3 +189,24 @@ def test_a_huge_line_is_reported_without_reading_it_into_memory(tmp_path: Path) 
     good.write_bytes(_chat_line("I like jazz") + b"\n" + _chat_line("I like tea"))
     code, out, err = _run(data, "import", str(good), *ALICE, "--strict")
     assert code == 0 and "captured 2 interactions from 2 records" in out, out + err
+
+
+def test_a_file_changed_between_its_readings_is_not_read_again(tmp_path: Path) -> None:
+    """--strict reads the file twice (checked, then written) instead of holding it: a file
+    changed in between must not be written unchecked."""
+    import os
+
+    import pytest
+
+    from domain.errors import UprofError
+    from uprof.facade import FileLines
+
+    path = tmp_path / "f.jsonl"
+    path.write_bytes(_chat_line("I like jazz") + b"\n")
+    lines = FileLines(path)
+    assert len(list(lines)) == 1
+    assert len(list(lines)) == 1  # unchanged: read again
+    path.write_bytes(_chat_line("I like jazz and tea, a lot") + b"\n")
+    os.utime(path, ns=(1, 1))
+    with pytest.raises(UprofError, match="changed while it was being imported"):
+        list(lines)

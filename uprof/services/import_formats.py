@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -32,6 +33,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from domain.errors import UprofError
 from uprof.schemas.capture import InteractionIn
 
 FORMATS = ("auto", "interactions", "openai", "mem0")
@@ -115,13 +117,23 @@ class FileLines:
     line in memory (``for line in file`` holds a whole line, and a file without newlines
     is one line). A longer line is yielded cut to ``MAX_LINE_BYTES`` + 1 bytes, so the
     reader reports it as too long, and the rest of it is skipped. Iterating again reads
-    the file again from its start (a strict run checks it, then writes it)."""
+    the file again from its start (a strict run checks it, then writes it), and refuses
+    to when the file changed meanwhile (what was checked must be what is written)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._version: tuple[int, int, int] | None = None
 
     def __iter__(self) -> Iterator[bytes]:
         with self.path.open("rb") as file:
+            st = os.fstat(file.fileno())
+            version = (st.st_ino, st.st_size, st.st_mtime_ns)
+            if self._version is not None and version != self._version:
+                raise UprofError(
+                    f"{self.path} changed while it was being imported; nothing more was "
+                    "read (run the import again: records already written are skipped)"
+                )
+            self._version = version
             while line := file.readline(MAX_LINE_BYTES + 1):
                 if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
                     while (rest := file.readline(MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
