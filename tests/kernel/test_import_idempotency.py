@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.kernel.conftest import APP, consent, say
 from tests.kernel.test_idempotency import captured
 from uprof.kernel import Uprof
@@ -137,3 +139,19 @@ def test_tokens_survive_a_snapshot(backend, clock) -> None:  # type: ignore[no-u
         assert (report.captured, report.skipped) == (0, 150)
     finally:
         second.close()
+
+
+def test_a_run_stopped_part_way_reports_what_it_wrote_and_why_it_stopped(
+    kernel: Uprof, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The captures view behind the log raised ReadTimeoutError out of the run after
+    earlier chunks were written: the caller got an error and no count of what was."""
+    from uprof.services import importer
+
+    consent(kernel)
+    monkeypatch.setattr(importer, "CHUNK", 1)
+    monkeypatch.setattr(kernel, "project_log", lambda timeout_s: False)
+    report = import_interactions(kernel, [record("a"), record("b", ref="r-1"), record("c")])
+    assert report.captured == 1 and len(captured(kernel)) == 1
+    assert report.stopped is not None and "behind the log" in report.stopped
+    assert report.lines == 2  # the third record was not read

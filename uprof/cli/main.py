@@ -204,7 +204,13 @@ def import_jsonl(
         highlight=False,
         soft_wrap=True,
     )
-    if report.failed:
+    if report.stopped:
+        err_console.print(
+            f"[red]stopped[/] after {report.lines} records: {escape(report.stopped)}",
+            highlight=False,
+            soft_wrap=True,
+        )
+    if report.failed or report.stopped:
         raise typer.Exit(1)
 
 
