@@ -75,7 +75,7 @@ from uprof.services.capture import CaptureAck
 from uprof.services.erasure import ErasureResult
 from uprof.services.extraction import category_of
 from uprof.services.import_formats import FORMATS as IMPORT_FORMATS
-from uprof.services.import_formats import ImportDefaults, ImportProblem
+from uprof.services.import_formats import FileLines, ImportDefaults, ImportProblem
 from uprof.services.importer import ImportReport
 from uprof.services.paging import (
     Listing,
@@ -114,6 +114,7 @@ __all__ = [
     "EvidenceView",
     "ExportSummary",
     "Facade",
+    "FileLines",
     "ImportDefaults",
     "ImportProblem",
     "ImportReport",

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
+import pytest
+
 from domain.principal import Principal
 from tests.kernel.conftest import APP, consent
 from tests.kernel.test_idempotency import captured
@@ -235,3 +237,114 @@ def test_native_lines_failing_the_kernel_checks_are_reported_by_field(kernel: Up
         "line 5": "user_input",
     }
     assert report.captured == 1 and len(captured(kernel)) == 1
+
+
+def test_a_number_too_long_to_convert_fails_its_line_and_the_run_goes_on(kernel: Uprof) -> None:
+    """A JSON integer of more than Python's 4300 digits raised ValueError (not a
+    JSONDecodeError) out of the reader: the run stopped mid-file with no report."""
+    consent(kernel)
+    good = chat(("I live in Porto", "ok"), created_at="2025-03-01T10:00:00Z")
+    huge = '{"messages": [], "created_at": ' + "9" * 5_000 + "}"
+    later = chat(("I like tea", "ok"), created_at="2025-03-02T10:00:00Z")
+    report = door(kernel).import_interactions(
+        [good, huge, later], fmt="openai", defaults=CHAT_DEFAULTS
+    )
+    assert report.captured == 2 and len(captured(kernel)) == 2
+    assert [(p.where, p.field) for p in report.failed] == [("line 2", "(line)")]
+    assert "too many digits" in report.failed[0].message
+    first = door(kernel).import_interactions([huge], fmt="auto", defaults=CHAT_DEFAULTS)
+    assert ["too many digits" in p.message for p in first.failed] == [True]  # detection too
+
+
+def test_a_time_out_of_range_in_utc_fails_its_line_and_the_run_goes_on(kernel: Uprof) -> None:
+    """0001-01-01T00:00+01:00 is valid ISO 8601 but before year 1 in UTC: converting it
+    raised OverflowError out of the checks and stopped the run mid-file."""
+    consent(kernel)
+
+    def row(text: str, at: str) -> str:
+        return json.dumps(
+            {
+                "subject": "alice",
+                "app_id": APP,
+                "agent_id": "agent:one",
+                "user_input": text,
+                "occurred_at": at,
+            }
+        )
+
+    lines = [
+        row("I live in Porto", "2025-03-01T10:00:00Z"),
+        row("too early", "0001-01-01T00:00:00+01:00"),
+        row("too late", "9999-12-31T23:59:00-01:00"),
+        row("I like tea", "2025-03-02T10:00:00Z"),
+    ]
+    report = door(kernel).import_interactions(lines, fmt="interactions")
+    assert report.captured == 2 and len(captured(kernel)) == 2
+    assert [(p.where, p.field) for p in report.failed] == [
+        ("line 2", "occurred_at"),
+        ("line 3", "occurred_at"),
+    ]
+
+
+def test_a_key_given_twice_fails_its_line_naming_the_key(kernel: Uprof) -> None:
+    """`{"subject": "alice", ..., "subject": "bob"}` was imported for bob (json keeps the
+    last key, other readers of the file the first): which subject or app a record names
+    must not depend on the reader."""
+    consent(kernel)
+    consent(kernel, subject="bob")
+    good = json.dumps(
+        {
+            "subject": "alice",
+            "app_id": APP,
+            "agent_id": "agent:one",
+            "user_input": "hi",
+            "occurred_at": "2025-03-01T10:00:00Z",
+        }
+    )
+    twice = good[:-1] + ', "subject": "bob"}'
+    nested = json.dumps({"messages": [{"role": "user", "content": "a"}]})
+    nested = nested.replace('"content": "a"', '"content": "a", "content": "b"')
+    report = door(kernel).import_interactions([good, twice], fmt="interactions")
+    assert report.captured == 1 and len(captured(kernel)) == 1
+    assert [(p.where, p.field) for p in report.failed] == [("line 2", "subject")]
+    chats = door(kernel).import_interactions([nested], fmt="openai", defaults=CHAT_DEFAULTS)
+    assert [(p.where, p.field) for p in chats.failed] == [("line 1", "content")]
+
+
+def test_a_mem0_document_over_the_bound_fails_before_it_is_held_whole(
+    kernel: Uprof, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Mem0 JSON document is parsed whole: every line of it was kept, without bound."""
+    from uprof.services import import_formats
+
+    consent(kernel)
+    memory = {
+        "id": "m-1",
+        "memory": "Likes jazz",
+        "user_id": "alice",
+        "created_at": "2024-07-26T10:00:00Z",
+    }
+    document = json.dumps([memory] * 50, indent=2).splitlines()
+    monkeypatch.setattr(import_formats, "MAX_DOCUMENT_BYTES", 1_000, raising=False)
+    report = door(kernel).import_interactions(document, fmt="mem0", defaults=CHAT_DEFAULTS)
+    assert report.captured == 0 and len(captured(kernel)) == 0
+    assert [(p.where, p.field) for p in report.failed] == [("document", "(file)")]
+    assert "one memory per line" in report.failed[0].message
+    monkeypatch.setattr(import_formats, "MAX_DOCUMENT_BYTES", 1_000_000)
+    report = door(kernel).import_interactions(document, fmt="mem0", defaults=CHAT_DEFAULTS)
+    assert report.failed == () and len(captured(kernel)) == 1  # 50 copies of one memory
+
+
+def test_a_failure_quotes_at_most_a_little_of_the_files_text(kernel: Uprof) -> None:
+    """A role of a megabyte (the user's words, pasted in the wrong field) was quoted whole
+    in the failure printed to the terminal."""
+    consent(kernel)
+    line = json.dumps(
+        {
+            "messages": [{"role": "my address is " + "x" * 1_000_000, "content": "hi"}],
+            "created_at": "2025-03-01T10:00:00Z",
+        }
+    )
+    report = door(kernel).import_interactions([line], fmt="openai", defaults=CHAT_DEFAULTS)
+    assert [(p.where, p.field) for p in report.failed] == [("line 1", "messages[0].role")]
+    assert len(report.failed[0].message) < 120

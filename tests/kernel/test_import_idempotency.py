@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.kernel.conftest import APP, consent, say
 from tests.kernel.test_idempotency import captured
 from uprof.kernel import Uprof
@@ -59,6 +61,18 @@ def test_source_refs_are_per_app(kernel: Uprof) -> None:
     import_interactions(kernel, [record("a", ref="r-1")])
     report = import_interactions(kernel, [record("a", ref="r-1", app="app:calendar")])
     assert (report.captured, report.skipped) == (1, 0)
+
+
+def test_idempotency_keys_are_per_app_in_one_file_and_across_runs(kernel: Uprof) -> None:
+    """Another app's record with the same key is its own capture, never skipped as a repeat."""
+    consent(kernel)
+    consent(kernel, app="app:calendar")
+    lines = [record("a", key="k-1"), record("b", key="k-1", app="app:calendar")]
+    report = import_interactions(kernel, lines)
+    assert (report.captured, report.skipped) == (2, 0)
+    again = import_interactions(kernel, [*lines, record("c", key="k-1", app="app:calendar")])
+    assert (again.captured, again.skipped) == (0, 3)
+    assert len(captured(kernel)) == 2
 
 
 def test_an_erased_capture_is_not_brought_back_by_a_reimport(kernel: Uprof) -> None:
@@ -125,3 +139,19 @@ def test_tokens_survive_a_snapshot(backend, clock) -> None:  # type: ignore[no-u
         assert (report.captured, report.skipped) == (0, 150)
     finally:
         second.close()
+
+
+def test_a_run_stopped_part_way_reports_what_it_wrote_and_why_it_stopped(
+    kernel: Uprof, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The captures view behind the log raised ReadTimeoutError out of the run after
+    earlier chunks were written: the caller got an error and no count of what was."""
+    from uprof.services import importer
+
+    consent(kernel)
+    monkeypatch.setattr(importer, "CHUNK", 1)
+    monkeypatch.setattr(kernel, "project_log", lambda timeout_s: False)
+    report = import_interactions(kernel, [record("a"), record("b", ref="r-1"), record("c")])
+    assert report.captured == 1 and len(captured(kernel)) == 1
+    assert report.stopped is not None and "behind the log" in report.stopped
+    assert report.lines == 2  # the third record was not read

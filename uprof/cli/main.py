@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import stat
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from uprof.cli.context import (
@@ -158,10 +160,13 @@ def import_jsonl(
     record passes. Safe to run again: records already captured (same app and
     source_ref, or the same idempotency_key) are skipped and counted.
     """
-    from uprof.facade import IMPORT_FORMATS, ImportDefaults
+    from uprof.facade import IMPORT_FORMATS, FileLines, ImportDefaults
 
     if fmt not in IMPORT_FORMATS:
         raise typer.BadParameter(f"--format must be one of {', '.join(IMPORT_FORMATS)}")
+    if not stat.S_ISREG(path.stat().st_mode):
+        # A FIFO would be drained by the counting pass, /dev/zero never ends.
+        raise typer.BadParameter(f"{path} is not a regular file (a pipe or a device)")
     defaults = ImportDefaults(
         app_id=app_id,
         subject=subject,
@@ -170,11 +175,11 @@ def import_jsonl(
         purpose=purpose,
         sharing=sharing,
     )
+    lines = FileLines(path)  # a line at most 4 MiB in memory; read again by --strict
     total = None
     if fmt != "mem0":
-        with path.open("rb") as counting:
-            total = sum(1 for line in counting if line.strip())
-    with door() as d, path.open("rb") as lines, _progress() as bar:
+        total = sum(1 for line in lines if line.strip())
+    with door() as d, _progress() as bar:
         task = bar.add_task("checking" if dry_run else "importing", total=total)
         report = d.import_interactions(
             lines,
@@ -185,7 +190,8 @@ def import_jsonl(
             progress=lambda n: bar.advance(task, n),
         )
     for problem in report.failed[:MAX_PROBLEMS_SHOWN]:
-        err_console.print(f"[red]failed[/] {problem}", highlight=False, soft_wrap=True)
+        # The file's own text (a role, a time) is in the message: never read as markup.
+        err_console.print(f"[red]failed[/] {escape(str(problem))}", highlight=False, soft_wrap=True)
     if len(report.failed) > MAX_PROBLEMS_SHOWN:
         err_console.print(f"... and {len(report.failed) - MAX_PROBLEMS_SHOWN} more failed records")
     verb = "would capture" if report.dry_run else "captured"
@@ -198,7 +204,13 @@ def import_jsonl(
         highlight=False,
         soft_wrap=True,
     )
-    if report.failed:
+    if report.stopped:
+        err_console.print(
+            f"[red]stopped[/] after {report.lines} records: {escape(report.stopped)}",
+            highlight=False,
+            soft_wrap=True,
+        )
+    if report.failed or report.stopped:
         raise typer.Exit(1)
 
 

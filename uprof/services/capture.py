@@ -52,7 +52,10 @@ class CaptureOutcome:
 def to_utc(value: datetime, field: str) -> datetime:
     if value.tzinfo is None:
         raise InvalidInputError(f"{field} must carry a timezone (e.g. 2024-05-01T10:00:00Z)")
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00+01:00 is before the first UTC instant
+        raise InvalidInputError(f"{field} is out of range once in UTC") from None
 
 
 def check_interaction(interaction: Interaction) -> Interaction:

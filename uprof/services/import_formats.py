@@ -24,18 +24,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from domain.errors import UprofError
 from uprof.schemas.capture import InteractionIn
 
 FORMATS = ("auto", "interactions", "openai", "mem0")
 #: Longest line read (a line longer than this is one problem, not a memory spike).
 MAX_LINE_BYTES = 4 * 1024 * 1024
+#: Largest Mem0 JSON document (parsed whole; a larger export goes one memory per line).
+MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
 #: Context entries a Mem0 record may fill (InteractionIn allows 64).
 _MAX_MEM0_CONTEXT = 64
 _CHAT_SKIPPED_ROLES = frozenset({"system", "developer", "tool", "function"})
@@ -107,6 +112,35 @@ def read_records(
 # ------------------------------------------------------------------ reading lines
 
 
+class FileLines:
+    """The lines of a regular file, read with at most ``MAX_LINE_BYTES`` + 1 bytes of a
+    line in memory (``for line in file`` holds a whole line, and a file without newlines
+    is one line). A longer line is yielded cut to ``MAX_LINE_BYTES`` + 1 bytes, so the
+    reader reports it as too long, and the rest of it is skipped. Iterating again reads
+    the file again from its start (a strict run checks it, then writes it), and refuses
+    to when the file changed meanwhile (what was checked must be what is written)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._version: tuple[int, int, int] | None = None
+
+    def __iter__(self) -> Iterator[bytes]:
+        with self.path.open("rb") as file:
+            st = os.fstat(file.fileno())
+            version = (st.st_ino, st.st_size, st.st_mtime_ns)
+            if self._version is not None and version != self._version:
+                raise UprofError(
+                    f"{self.path} changed while it was being imported; nothing more was "
+                    "read (run the import again: records already written are skipped)"
+                )
+            self._version = version
+            while line := file.readline(MAX_LINE_BYTES + 1):
+                if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+                    while (rest := file.readline(MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
+                        pass
+                yield line
+
+
 def _decoded(lines: Iterable[bytes | str]) -> Iterator[tuple[int, str | ImportProblem]]:
     for number, raw in enumerate(lines, start=1):
         where = f"line {number}"
@@ -137,13 +171,36 @@ def _chain(
     yield from rest
 
 
+class _DuplicateKeyError(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose key is given twice is refused: which one counts (json keeps the last,
+    other readers the first) would decide whose subject or which app a record names."""
+    loaded = dict(pairs)
+    if len(loaded) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKeyError(key)
+            seen.add(key)
+    return loaded
+
+
 def _load(where: str, text: str) -> Any | ImportProblem:
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as error:
         return ImportProblem(where, "(line)", f"not valid JSON ({error.msg})")
+    except _DuplicateKeyError as error:
+        return ImportProblem(where, error.key[:64], "given twice in one object")
     except RecursionError:
         return ImportProblem(where, "(line)", "JSON nested too deeply")
+    except ValueError:  # an integer of more digits than Python converts (not a JSONDecodeError)
+        return ImportProblem(where, "(line)", "a number with too many digits")
 
 
 def _is_json_object(text: str) -> bool:
@@ -265,7 +322,9 @@ def _chat(where: str, text: str, defaults: ImportDefaults) -> Parsed:
             continue
         if role not in ("user", "assistant"):
             return ImportProblem(
-                where, f"messages[{index}].role", f"{role!r} is not user, assistant or system"
+                where,
+                f"messages[{index}].role",
+                f"{repr(role)[:60]} is not user, assistant or system",  # not the whole line
             )
         content = _content(message.get("content"))
         if content is None:
@@ -351,9 +410,18 @@ def _mem0_document(
 ) -> Iterator[Parsed]:
     """A whole JSON document: a list of memories, or an object with ``results``."""
     parts: list[str] = []
+    size = 0
     for number, text in _chain(first, rest):
         if isinstance(text, ImportProblem):
             yield ImportProblem("document", "(file)", f"line {number}: {text.message}")
+            return
+        size += len(text)
+        if size > MAX_DOCUMENT_BYTES:
+            yield ImportProblem(
+                "document",
+                "(file)",
+                f"longer than {MAX_DOCUMENT_BYTES} characters: give one memory per line",
+            )
             return
         parts.append(text)
     loaded = _load("document", "\n".join(parts))

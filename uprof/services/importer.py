@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from domain.errors import InvalidInputError, ReadTimeoutError, SubjectErasedError, UprofError
 from domain.profile import CAPTURE_CATEGORY
@@ -61,6 +61,9 @@ class ImportReport:
     dry_run: bool = False
     #: True when a strict run found a failing record and therefore wrote nothing.
     refused: bool = False
+    #: Why the run stopped before the end of the file (the counts are what was done
+    #: until then; the records after were not read), or None when it read it all.
+    stopped: str | None = None
 
 
 def parse_lines(lines: Iterable[str]) -> list[InteractionIn]:
@@ -91,18 +94,32 @@ def import_interactions(
     """
     defaults = defaults or ImportDefaults()
     if strict and not dry_run:
-        materialised = list(lines)
+        # An iterable that can be read twice (a list, ``FileLines``) is checked, then
+        # written, without holding the file in memory; a one-shot iterator is kept.
+        materialised = list(lines) if isinstance(lines, Iterator) else lines
         checked = import_interactions(
             kernel, materialised, fmt=fmt, defaults=defaults, may_capture=may_capture, dry_run=True
         )
-        if checked.failed:
+        if checked.failed or checked.stopped:
             return ImportReport(
-                checked.lines, 0, 0, checked.skipped, checked.failed, dry_run=False, refused=True
+                checked.lines,
+                0,
+                0,
+                checked.skipped,
+                checked.failed,
+                dry_run=False,
+                refused=True,
+                stopped=checked.stopped,
             )
         lines = materialised
     run = _Run(kernel, may_capture or (lambda app, purpose: None), dry_run, progress)
-    for chunk in _chunks(read_records(lines, fmt, defaults), CHUNK):
-        run.chunk(chunk)
+    try:
+        for chunk in _chunks(read_records(lines, fmt, defaults), CHUNK):
+            run.chunk(chunk)
+    except UprofError as error:
+        # The views behind the log, the file changed: what was written so far stays
+        # written (a re-run skips it) and the report says so, and where it stopped.
+        return replace(run.report(), stopped=str(error))
     return run.report()
 
 
