@@ -144,6 +144,14 @@ def test_a_retry_after_a_crash_before_the_keys_went_gets_the_receipt(
         kernel.erase_subject("alice")
 
 
+def exported_trail_verifies(kernel: Uprof) -> bool:
+    """The whole audit trail, exported, passes the offline verifier."""
+    out = io.StringIO()
+    kernel.export_audit(out)
+    log = kernel.audit_log
+    return bool(check_upload(out.getvalue().encode(), "export", log.public_key, log.origin).ok)
+
+
 def test_a_subject_erasure_finished_after_a_crash_records_its_keys_once(
     backend: Backend, kernel: Uprof, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -176,10 +184,7 @@ def test_a_subject_erasure_finished_after_a_crash_records_its_keys_once(
     ]
     assert cited
     assert sorted((e["key_version"], e["dek_commitment"]) for e in entries) == cited
-    out = io.StringIO()
-    kernel.export_audit(out)
-    log = kernel.audit_log
-    assert check_upload(out.getvalue().encode(), "export", log.public_key, log.origin).ok
+    assert exported_trail_verifies(kernel)
 
 
 def test_a_retry_after_a_crash_mid_event_erasure_gets_the_receipt_after_a_restart(
@@ -319,10 +324,7 @@ def test_an_event_erasure_finished_after_a_crash_records_its_capture_key_once(
         if e.entry.get("request_id") == record.request_id
     ]
     assert entry["subject_ref"] == kernel.audit_subject_ref("alice")
-    out = io.StringIO()
-    kernel.export_audit(out)
-    log = kernel.audit_log
-    assert check_upload(out.getvalue().encode(), "export", log.public_key, log.origin).ok
+    assert exported_trail_verifies(kernel)
 
 
 def test_an_event_erasure_killed_after_its_entries_does_not_record_its_key_twice(
