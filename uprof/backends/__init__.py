@@ -42,13 +42,6 @@ class StoresInUseError(UprofError):
     hint = "stop every uprof process on this deployment (servers, workers, MCP), then retry"
 
 
-class StoresLostError(UprofError):
-    """This process lost its hold on the stores (the PostgreSQL session holding them open
-    ended) and a restore holds them or replaced them since: what it read may be gone."""
-
-    hint = "restart this process: it refuses everything until then"
-
-
 @dataclass(frozen=True)
 class StorageLayout:
     """Where each store lives for one deployment."""

@@ -22,11 +22,11 @@ from uuid import UUID
 
 import sqlalchemy as sa
 
+from domain.errors import StoresLostError
 from uprof.backends import (
     Backend,
     StorageLayout,
     StoresInUseError,
-    StoresLostError,
     TableScan,
     TermHit,
 )
