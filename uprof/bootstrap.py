@@ -478,10 +478,11 @@ def bootstrap(
     )
     kernel_ref.append(kernel)
     if not restoring:
-        from uprof.services.recovery import reapply_ledger
+        from uprof.services.recovery import reapply_ledger, rebuild_views_ahead_of_log
 
         try:
             reapply_ledger(kernel)
+            rebuild_views_ahead_of_log(kernel)
         except BaseException:
             kernel.close()
             raise

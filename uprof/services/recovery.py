@@ -189,6 +189,29 @@ def reapply_ledger(kernel: Any, *, rebuild_if_stale: bool = True) -> LedgerReapp
     return report
 
 
+def rebuild_views_ahead_of_log(kernel: Any) -> bool:
+    """Rebuild the views when they claim a log position the log has not reached.
+
+    A data folder copied file by file while a server wrote (SQLite: the log and the views
+    are two files) can hold views copied after their log: items whose captured events the
+    log lacks, and a projection position past the log's head, so the projection would
+    skip every event captured from then on until the log caught up. The log is the
+    record: the views are rebuilt from it. The position is read before the head, so a
+    process projecting meanwhile never makes a sound store look ahead."""
+    position = kernel.projections.highest_position
+    head = kernel.app.max_notification_id()
+    if position <= head:
+        return False
+    _log.warning(
+        "the views are ahead of the event log (projected to %d, the log ends at %d): a "
+        "data folder copied while it was written? rebuilding the views from the log",
+        position,
+        head,
+    )
+    kernel.rebuild()
+    return True
+
+
 def _join_records(kernel: Any, state: LedgerState) -> tuple[int, int]:
     """Bring the ledger (key folder) and the data stores' record of erased keys to their
     union: (erasures written into the ledger, erasures written into the data stores).
