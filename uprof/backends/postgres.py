@@ -341,6 +341,8 @@ class _OpenHold:
         self._conn = _advisory(engine, shared=True)
         self._fd = _socket_of(self._conn)
         self._identity = self._read_identity(self._conn)
+        #: The lock's session is ``_fd``'s and the stores are noted: the fast path holds.
+        self._settled = self._identity is not None
         sa.event.listen(engine, "checkout", self._on_checkout)
 
     def _on_checkout(self, *_: object) -> None:
@@ -348,7 +350,7 @@ class _OpenHold:
             return  # the hold's own checkouts
         if self._lost:
             raise StoresLostError(self._lost)
-        if self._identity is not None and not _readable(self._fd):
+        if self._settled and not _readable(self._fd):
             return  # the common case: a live session, the stores noted
         with self._mutex:
             self._inside.busy = True
@@ -365,7 +367,9 @@ class _OpenHold:
         if self._alive():
             if self._identity is None:  # the tables are made after the lock is taken
                 self._identity = self._read_identity(self._conn)
+            self._settled = self._identity is not None
             return
+        self._settled = False  # until a new session holds the lock: every checkout waits
         with contextlib.suppress(sa.exc.DBAPIError):
             self._conn.invalidate()
         try:
@@ -385,6 +389,7 @@ class _OpenHold:
             )
             raise StoresLostError(self._lost)
         self._conn, self._fd = conn, _socket_of(conn)
+        self._settled = identity is not None
 
     def _alive(self) -> bool:
         if not _readable(self._fd):
