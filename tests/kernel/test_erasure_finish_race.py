@@ -114,6 +114,15 @@ def wait_for(child: PythonChild, path: Path) -> None:
         assert child.poll() is None, child.communicate()[1][-3000:]
 
 
+def purges(kernel: Uprof, request_id: str) -> int:
+    """The request's ``projection.purged`` entries (the purge happened once)."""
+    return sum(
+        1
+        for e in kernel.audit_log.entries(action="projection.purged")
+        if e.entry.get("request_id") == request_id
+    )
+
+
 def destructions(kernel: Uprof, request_id: str) -> Counter[str]:
     return Counter(
         e.entry["dek_commitment"]
@@ -138,6 +147,7 @@ def test_two_processes_finishing_one_erasure_record_each_key_once(
     assert finished(first) == finished(second) == request_id
     counts = destructions(kernel, request_id)
     assert counts and set(counts.values()) == {1}, counts
+    assert purges(kernel, request_id) == 1
     assert exported_trail_verifies(kernel)
 
 
@@ -159,6 +169,7 @@ def test_a_retry_beside_the_running_erasure_records_each_key_once(
     assert finished(second) == request_id
     counts = destructions(kernel, request_id)
     assert counts and set(counts.values()) == {1}, counts
+    assert purges(kernel, request_id) == 1
     assert exported_trail_verifies(kernel)
 
 

@@ -669,13 +669,22 @@ class ErasureService:
         """Fold SQLite WALs (no deleted bytes linger) and audit what the purge removed."""
         for engine in self._engines:
             fold_log(engine)
-        self._audit.record(
-            "projection.purged",
-            subject_ref=pseudonym,
-            request_id=request_id,
-            projection="profile",
-            tracking_position=tombstone_id,
-            **purged,
+        # Once per request, however many processes finish it at once (each signs its
+        # own receipt, and each receipt is on the log; the purge happened once).
+        self._audit.record_many(
+            [
+                (
+                    "projection.purged",
+                    {
+                        "subject_ref": pseudonym,
+                        "request_id": request_id,
+                        "projection": "profile",
+                        "tracking_position": tombstone_id,
+                        **purged,
+                    },
+                )
+            ],
+            once_by=("request_id",),
         )
 
     def _require(self, subject_ref: str) -> Any:
