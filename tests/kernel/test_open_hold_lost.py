@@ -55,8 +55,9 @@ def end_open_lock_sessions(database: str) -> int:
 
 class Server:
     """Another process with a kernel on the stores. Each ``ask`` is a capture for "bob"
-    (``-`` ends it), answered ``ok`` or with the class of the error raised; questions and
-    answers are files in ``talk``."""
+    (``-`` ends it; ``append nothing``: an empty append to the log through the event
+    store's own connection pool, which is not the views engine's), answered ``ok`` or
+    with the class of the error raised; questions and answers are files in ``talk``."""
 
     def __init__(self, backend: Backend, talk: Path) -> None:
         talk.mkdir()
@@ -82,7 +83,10 @@ class Server:
                 if text == "-":
                     break
                 try:
-                    kernel.capture("bob", say(text))
+                    if text == "append nothing":  # through the event store's own pool
+                        kernel.app.recorder.insert_events([])
+                    else:
+                        kernel.capture("bob", say(text))
                     answer = "ok"
                 except Exception as error:
                     answer = type(error).__name__
@@ -145,6 +149,7 @@ def test_a_process_the_stores_were_restored_under_refuses_to_go_on(
         restore(settings, tmp_path / "bk")
         assert server.ask("after the restore Qzxafter") == "StoresLostError"
         assert server.ask("and again Qzxagain") == "StoresLostError"
+        assert server.ask("append nothing") == "StoresLostError"
     finally:
         server.stop()
     k = build_kernel(settings, clock)  # a restarted process starts on the restored stores
@@ -166,5 +171,21 @@ def test_no_time_is_lost_when_the_session_is_still_there(
         with pytest.raises(StoresInUseError):
             restore(settings, tmp_path / "bk")
         assert server.ask("two Qzxtwo") == "ok"
+    finally:
+        server.stop()
+
+
+def test_the_event_stores_own_pool_notices_a_lost_hold_too(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """A write to the log that touches nothing else (the event store has a connection
+    pool of its own) is refused as well once a restore replaced the stores."""
+    settings = _deployment_with_a_backup(backend, clock, tmp_path)
+    server = Server(backend, tmp_path / "talk")
+    try:
+        assert server.ask("append nothing") == "ok"
+        assert end_open_lock_sessions(backend.pg_dbname) == 1
+        restore(settings, tmp_path / "bk")
+        assert server.ask("append nothing") == "StoresLostError"
     finally:
         server.stop()

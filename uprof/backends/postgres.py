@@ -15,6 +15,7 @@ import select
 import shutil
 import subprocess
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -312,6 +313,19 @@ class PostgresBackend:
             )
 
 
+#: The open holds of this process (one per kernel; a backup's too), for the event store's
+#: own pool to ask before it writes (``refuse_if_stores_lost``).
+_HOLDS: weakref.WeakSet[_OpenHold] = weakref.WeakSet()
+
+
+def refuse_if_stores_lost() -> None:
+    """Raise ``StoresLostError`` when a hold of this process was lost (or is found lost
+    now): for writers that do not go through the views engine (eventsourcing's psycopg
+    pool)."""
+    for hold in list(_HOLDS):
+        hold.check()
+
+
 #: What a restore always replaces (``pg_restore --clean`` drops and re-creates it): its
 #: identity (``oid``) changes with every restore, and with nothing else.
 _RESTORED_TABLE = EVENTS_TABLE
@@ -344,6 +358,11 @@ class _OpenHold:
         #: The lock's session is ``_fd``'s and the stores are noted: the fast path holds.
         self._settled = self._identity is not None
         sa.event.listen(engine, "checkout", self._on_checkout)
+        _HOLDS.add(self)
+
+    def check(self) -> None:
+        """What every checkout of the engine runs (the module docstring of the class)."""
+        self._on_checkout()
 
     def _on_checkout(self, *_: object) -> None:
         if getattr(self._inside, "busy", False) or self._released:
@@ -414,6 +433,7 @@ class _OpenHold:
             if self._released:
                 return
             self._released = True
+        _HOLDS.discard(self)
         with contextlib.suppress(sa.exc.InvalidRequestError):
             sa.event.remove(self._engine, "checkout", self._on_checkout)
         if not self._lost:
