@@ -30,6 +30,7 @@ from tests.kernel.conftest import build_kernel
 from tests.kernel.test_restore_bad_input import _deployment_with_a_backup
 from uprof.backends import StoresInUseError
 from uprof.backends.postgres import OPEN_LOCK_KEY
+from uprof.kernel import Uprof
 from uprof.services.backup import restore
 
 pytestmark = pytest.mark.parametrize(
@@ -189,3 +190,41 @@ def test_the_event_stores_own_pool_notices_a_lost_hold_too(
         assert server.ask("append nothing") == "StoresLostError"
     finally:
         server.stop()
+
+
+def open_lock_holders(database: str) -> int:
+    with _admin().connect() as conn:
+        return int(
+            conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                    "WHERE l.locktype = 'advisory' AND l.classid = :hi AND l.objid = :lo "
+                    "AND l.objsubid = 1 AND a.datname = :db AND l.granted"
+                ),
+                {"hi": OPEN_LOCK_KEY >> 32, "lo": OPEN_LOCK_KEY & 0xFFFFFFFF, "db": database},
+            ).scalar_one()
+        )
+
+
+def test_a_failed_attempt_to_take_the_lock_again_is_tried_again(
+    backend: Backend, kernel: Uprof, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server is unreachable when the process first notices its session ended (a
+    server restart): that request fails, and the next one takes the lock again; it never
+    goes on through a reconnected connection that holds nothing."""
+    from uprof.backends import postgres
+
+    assert open_lock_holders(backend.pg_dbname) == 1
+    assert end_open_lock_sessions(backend.pg_dbname) == 1
+    assert open_lock_holders(backend.pg_dbname) == 0
+
+    def unreachable(*_: object, **__: object) -> None:
+        raise sa.exc.OperationalError("connect", {}, Exception("server restarting"))
+
+    with monkeypatch.context() as down:
+        down.setattr(postgres, "_advisory", unreachable)
+        with pytest.raises(sa.exc.OperationalError):
+            kernel.audit_log.size()
+    kernel.audit_log.size()  # the server is back: the lock is taken again
+
+    assert open_lock_holders(backend.pg_dbname) == 1

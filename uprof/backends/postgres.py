@@ -352,9 +352,12 @@ class _OpenHold:
         self._inside = threading.local()
         self._lost = ""
         self._released = False
-        self._conn = _advisory(engine, shared=True)
-        self._fd = _socket_of(self._conn)
-        self._identity = self._read_identity(self._conn)
+        conn = _advisory(engine, shared=True)
+        #: The connection holding the lock; None once its session was found ended (an
+        #: invalidated ``Connection`` would reconnect on its next use, without the lock).
+        self._conn: sa.Connection | None = conn
+        self._fd = _socket_of(conn)
+        self._identity = self._read_identity(conn)
         #: The lock's session is ``_fd``'s and the stores are noted: the fast path holds.
         self._settled = self._identity is not None
         sa.event.listen(engine, "checkout", self._on_checkout)
@@ -383,14 +386,16 @@ class _OpenHold:
             raise StoresLostError(self._lost)
         if self._released:
             return
-        if self._alive():
+        if self._conn is not None and self._alive(self._conn):
             if self._identity is None:  # the tables are made after the lock is taken
                 self._identity = self._read_identity(self._conn)
             self._settled = self._identity is not None
             return
         self._settled = False  # until a new session holds the lock: every checkout waits
-        with contextlib.suppress(sa.exc.DBAPIError):
-            self._conn.invalidate()
+        if self._conn is not None:
+            with contextlib.suppress(sa.exc.DBAPIError):
+                self._conn.invalidate()
+            self._conn = None
         try:
             conn = _advisory(self._engine, shared=True)
         except StoresInUseError:
@@ -410,12 +415,12 @@ class _OpenHold:
         self._conn, self._fd = conn, _socket_of(conn)
         self._settled = identity is not None
 
-    def _alive(self) -> bool:
+    def _alive(self, conn: sa.Connection) -> bool:
         if not _readable(self._fd):
             return True
         try:  # something came: a notice, or the end of the session
-            self._conn.execute(sa.text("SELECT 1")).scalar_one()
-            self._conn.commit()
+            conn.execute(sa.text("SELECT 1")).scalar_one()
+            conn.commit()
         except sa.exc.DBAPIError:
             return False
         return True
@@ -436,7 +441,7 @@ class _OpenHold:
         _HOLDS.discard(self)
         with contextlib.suppress(sa.exc.InvalidRequestError):
             sa.event.remove(self._engine, "checkout", self._on_checkout)
-        if not self._lost:
+        if not self._lost and self._conn is not None:
             _unlock(self._conn)
 
 
