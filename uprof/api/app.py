@@ -148,6 +148,8 @@ def create_app(
         ),
         lifespan=lifespan,
         generate_unique_id_function=operation_id,
+        docs_url="/docs" if kernel.settings.api_docs else None,
+        redoc_url="/redoc" if kernel.settings.api_docs else None,
     )
     app.state.runtime = runtime
     app.state.api_keys = api_keys
