@@ -184,11 +184,11 @@ def _install_error_handlers(app: FastAPI, page_errors: PageErrors | None = None)
 
     @app.exception_handler(UprofError)
     async def uprof_error(request: Request, error: UprofError) -> Response:
-        if page_errors is not None and (page := page_errors(request, error)) is not None:
-            return page
         status, _code = classify(error)
         if status >= 500:
             _log.error("uprof error mapped to %d: %s", status, type(error).__name__)
+        if page_errors is not None and (page := page_errors(request, error)) is not None:
+            return page
         headers = (
             {"Retry-After": str(CAPTURE_RETRY_AFTER_S)}
             if isinstance(error, CaptureBackloggedError)
