@@ -72,6 +72,13 @@ def _token_list(path: str, value: Any) -> None:
         _token(f"{path}[{i}]", item)
 
 
+def _hex64_list(path: str, value: Any) -> None:
+    if not isinstance(value, list | tuple) or not 1 <= len(value) <= _MAX_LIST:
+        raise _fail(path, f"a list of 1 to {_MAX_LIST} SHA-256s (64 lowercase hex digits)", value)
+    for i, item in enumerate(value):
+        _hex64(f"{path}[{i}]", item)
+
+
 def _token_or_token_list(path: str, value: Any) -> None:
     if isinstance(value, str):
         _token(path, value)
@@ -132,6 +139,8 @@ ENTRY_FIELDS: dict[str, Validator] = {
     "key_version": _count,
     "kek_id": _token,
     "dek_commitment": _hex64,
+    # a request's capture keys, recorded in one entry (decision 0072)
+    "dek_commitments": _hex64_list,
     "receipt_id": _token,
     "receipt_sha256": _hex64,
     "tree_size": _count,

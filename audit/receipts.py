@@ -150,13 +150,14 @@ def verify_receipt(
     receipt: Mapping[str, Any],
     public_key: Ed25519PublicKey | bytes | str,
     *,
-    origin: str | None = None,
+    origin: str,
 ) -> None:
     """Verify a receipt offline with only the issuer's public key; raise VerificationError.
 
     Checks the body signature and issuer key id, the checkpoint note, and that the entry
-    derived from the body sits at ``inclusion.leaf_index`` of the checkpointed tree. Pass
-    ``origin`` to also pin the log's origin.
+    derived from the body sits at ``inclusion.leaf_index`` of the checkpointed tree, in
+    the log named ``origin`` (required, as ``verify_export``'s: a key that signs for two
+    logs must not let a receipt of one pass for the other).
     """
     key = load_pinned_key(public_key)
     if not isinstance(receipt, Mapping) or set(receipt) != RECEIPT_KEYS:
@@ -178,7 +179,7 @@ def verify_receipt(
     if body["issuer"]["key_id"] != key_id(key):
         raise VerificationError("issuer.key_id is not the id of the pinned public key")
     issuer_origin = body["issuer"]["origin"]
-    if origin is not None and issuer_origin != origin:
+    if issuer_origin != origin:
         raise VerificationError(f"receipt was issued by log {issuer_origin!r}, not {origin!r}")
 
     # 2. The checkpoint (step 2).

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from uprof.api import ApiKeyStore, create_app
 from uprof.kernel import Uprof
 from uprof.web import create_router as create_web_router
+from uprof.web import page_error
 
 
 def create_server(kernel: Uprof, api_keys: ApiKeyStore, **options: Any) -> FastAPI:
@@ -21,4 +22,10 @@ def create_server(kernel: Uprof, api_keys: ApiKeyStore, **options: Any) -> FastA
 
     ``options`` are ``create_app``'s (body size limit, readiness lag bound).
     """
-    return create_app(kernel, api_keys, extra_routers=(create_web_router(),), **options)
+    return create_app(
+        kernel,
+        api_keys,
+        extra_routers=(create_web_router(),),
+        page_errors=page_error,
+        **options,
+    )

@@ -110,6 +110,12 @@ class Settings(BaseSettings):
     #: Two keep a server's RSS level as it serves ever more subjects (uprof/native_memory.py).
     malloc_arenas: int = Field(default=2, ge=0, le=64)
 
+    #: Serve the interactive API docs (Swagger UI at /docs, ReDoc at /redoc). Their
+    #: JavaScript runs on the same origin as the privacy center; a deployment that serves
+    #: the privacy center in production turns them off (docs/security.md). The OpenAPI
+    #: document (/openapi.json) is served either way: it is data, not a page.
+    api_docs: bool = True
+
     #: Requests per API key and server process, in the `limits` notation ("50/second",
     #: "50/second;1000/minute"); over it, 429 with Retry-After. None: no limit.
     rate_limit: str | None = None

@@ -85,7 +85,7 @@ def test_only_a_caller_with_the_erase_right_finishes_an_incomplete_erasure(
     assert finished.status_code == 200, finished.text
     receipt = finished.json()["receipt"]
     assert receipt["body"]["request"]["request_id"] == request_id
-    verify_receipt(receipt, kernel.audit_log.public_key)
+    verify_receipt(receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin)
     assert _unfinished(kernel, "capture", [capture_id]) is None
 
 
@@ -113,7 +113,7 @@ def test_a_withdrawal_erasure_is_finished_by_a_retry_without_its_idempotency_key
     assert answer["consent"]["withdrawn_at"]
     receipt = answer["erasure"]["receipt"]
     assert receipt["body"]["request"]["request_id"] == request_id
-    verify_receipt(receipt, kernel.audit_log.public_key)
+    verify_receipt(receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin)
     assert _unfinished(kernel, "consent-withdrawal", [consent_id]) is None
     # Another app cannot finish (or learn of) it by the consent id.
     other = http.post("/v1/consents/withdraw", headers=bearer(apps.calendar), json=body)

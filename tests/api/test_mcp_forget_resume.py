@@ -60,5 +60,7 @@ def test_forget_with_erase_asked_again_finishes_the_incomplete_erasure(
     assert not again.is_error, text_of(again)
     erasures = again.structured_content["erasures"]
     assert [e["receipt"]["body"]["request"]["request_id"] for e in erasures] == [record.request_id]
-    verify_receipt(erasures[0]["receipt"], kernel.audit_log.public_key)
+    verify_receipt(
+        erasures[0]["receipt"], kernel.audit_log.public_key, origin=kernel.audit_log.origin
+    )
     assert kernel.profile("alice").memories == ()

@@ -54,6 +54,7 @@ def test_allowlisted_entry_passes() -> None:
             "rule": ["app:planner", "acme", "diet", "read"],
             "counts": {"items": 3},
             "dek_commitment": "0" * 64,
+            "dek_commitments": ["0" * 64, "f" * 64],
             "key_version": 2,
             "recorded_at": "2025-01-01T00:00:00Z",
         }
@@ -74,6 +75,10 @@ def test_allowlisted_entry_passes() -> None:
         ({"action": "x", "counts": {"n": 1.5}}, "counts.n"),
         ({"action": "x", "key_version": True}, "key_version"),
         ({"action": "x", "dek_commitment": "AB" * 32}, "dek_commitment"),
+        ({"action": "x", "dek_commitments": "ab" * 32}, "dek_commitments"),
+        ({"action": "x", "dek_commitments": []}, "dek_commitments"),
+        ({"action": "x", "dek_commitments": ["ab" * 32] * 1001}, "dek_commitments"),
+        ({"action": "x", "dek_commitments": ["ab" * 32, "Jane"]}, r"dek_commitments\[1\]"),
         ({"action": "x", "recorded_at": "2025-01-01 00:00"}, "RFC 3339"),
         ({"action": "x", "recorded_at": "2025-01-01T00:00:00"}, "RFC 3339"),
         ({"action": "two words"}, "action"),

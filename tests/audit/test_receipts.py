@@ -82,7 +82,7 @@ def test_receipt_has_the_documented_shape_and_verifies_on_both_backends(
     assert body["issuer"] == {"origin": ORIGIN, "key_id": log.key_id}
     assert receipt["inclusion"]["leaf_index"] == 11
     assert receipt["inclusion"]["tree_size"] == 12
-    verify_receipt(receipt, log.public_key)
+    verify_receipt(receipt, log.public_key, origin=log.origin)
     verify_receipt(json.loads(json.dumps(receipt)), public_key_pem(log.public_key), origin=ORIGIN)
     verify_subject_commitment(receipt, SUBJECT_ID, nonce)
     with pytest.raises(VerificationError):
@@ -107,13 +107,13 @@ def test_the_log_holds_only_the_hash_of_the_body(sqlite_log: AuditLog, nonce: by
 def test_receipt_stays_valid_as_the_log_grows(sqlite_log: AuditLog, nonce: bytes) -> None:
     receipt = issue(sqlite_log, nonce)
     fill(sqlite_log, 20)
-    verify_receipt(receipt, sqlite_log.public_key)
+    verify_receipt(receipt, sqlite_log.public_key, origin=sqlite_log.origin)
 
 
 def test_wrong_key_or_origin_fails(sqlite_log: AuditLog, nonce: bytes) -> None:
     receipt = issue(sqlite_log, nonce)
     with pytest.raises(VerificationError):
-        verify_receipt(receipt, Ed25519PrivateKey.generate().public_key())
+        verify_receipt(receipt, Ed25519PrivateKey.generate().public_key(), origin=sqlite_log.origin)
     with pytest.raises(VerificationError, match="issued by log"):
         verify_receipt(receipt, sqlite_log.public_key, origin="other.example/log")
 
@@ -151,7 +151,7 @@ def test_changing_any_field_fails(sqlite_log: AuditLog, nonce: bytes) -> None:
             target = target[key]
         target[path[-1]] = _mutate(target[path[-1]])
         with pytest.raises(VerificationError):
-            verify_receipt(mutated, sqlite_log.public_key)
+            verify_receipt(mutated, sqlite_log.public_key, origin=sqlite_log.origin)
     # Structural changes: drop or add a key anywhere, reorder proof hashes, swap actions.
     for path in paths:
         mutated = copy.deepcopy(receipt)
@@ -163,7 +163,7 @@ def test_changing_any_field_fails(sqlite_log: AuditLog, nonce: bytes) -> None:
         else:
             target.append(target[path[-1]])
         with pytest.raises(VerificationError):
-            verify_receipt(mutated, sqlite_log.public_key)
+            verify_receipt(mutated, sqlite_log.public_key, origin=sqlite_log.origin)
     for container in (["body"], ["body", "issuer"], ["inclusion"], []):
         mutated = copy.deepcopy(receipt)
         target = mutated
@@ -171,11 +171,11 @@ def test_changing_any_field_fails(sqlite_log: AuditLog, nonce: bytes) -> None:
             target = target[key]
         target["extra"] = 1
         with pytest.raises(VerificationError):
-            verify_receipt(mutated, sqlite_log.public_key)
+            verify_receipt(mutated, sqlite_log.public_key, origin=sqlite_log.origin)
     mutated = copy.deepcopy(receipt)
     mutated["inclusion"]["hashes"].reverse()
     with pytest.raises(VerificationError):
-        verify_receipt(mutated, sqlite_log.public_key)
+        verify_receipt(mutated, sqlite_log.public_key, origin=sqlite_log.origin)
 
 
 def test_any_single_byte_change_of_the_serialised_receipt_fails(
@@ -184,7 +184,7 @@ def test_any_single_byte_change_of_the_serialised_receipt_fails(
     fill(sqlite_log, 9)
     receipt = issue(sqlite_log, nonce)
     serialised = rfc8785.dumps(receipt)
-    verify_receipt(json.loads(serialised), sqlite_log.public_key)
+    verify_receipt(json.loads(serialised), sqlite_log.public_key, origin=sqlite_log.origin)
     rng = random.Random(8785)
     # Every byte position once with a random different value, then random extra trials.
     positions = list(range(len(serialised))) + [rng.randrange(len(serialised)) for _ in range(1000)]
@@ -196,7 +196,7 @@ def test_any_single_byte_change_of_the_serialised_receipt_fails(
         except ValueError:
             continue  # no longer JSON (or not UTF-8): rejected before verification
         with pytest.raises(VerificationError):
-            verify_receipt(parsed, sqlite_log.public_key)
+            verify_receipt(parsed, sqlite_log.public_key, origin=sqlite_log.origin)
 
 
 def test_invalid_receipt_inputs_are_refused_at_issue(sqlite_log: AuditLog) -> None:

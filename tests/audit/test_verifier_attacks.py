@@ -450,6 +450,9 @@ _ENTRIES = st.fixed_dictionaries(
         "counts": st.dictionaries(_TOKENS, st.integers(0, 2**53 - 1), max_size=4),
         "explicit": st.booleans(),
         "dek_commitment": st.binary(min_size=32, max_size=32).map(bytes.hex),
+        "dek_commitments": st.lists(
+            st.binary(min_size=32, max_size=32).map(bytes.hex), min_size=1, max_size=4
+        ),
         "tree_size": st.integers(0, 2**53 - 1),
     },
 )

@@ -85,34 +85,21 @@ def test_api_keys_issued_and_revoked_are_audited_without_their_secret(
 
 def test_kek_rotation_backup_and_restore_are_audited(backend: Backend, tmp_path: Path) -> None:
     run = cli_for(backend)
-    run(
-        "consent",
-        "grant",
-        "--subject",
-        "ana",
-        "--app",
-        "app:planner",
-        "--category",
-        "*",
-        "--purpose",
-        "personalization",
-        "--collected-by",
-        "form:1",
-    )
-    run(
-        "consent",
-        "grant",
-        "--subject",
-        "bo",
-        "--app",
-        "app:planner",
-        "--category",
-        "*",
-        "--purpose",
-        "personalization",
-        "--collected-by",
-        "form:1",
-    )
+    for subject in ("ana", "bo"):
+        run(
+            "consent",
+            "grant",
+            "--subject",
+            subject,
+            "--app",
+            "app:planner",
+            "--category",
+            "*",
+            "--purpose",
+            "personalization",
+            "--collected-by",
+            "form:1",
+        )
     run("keys", "rotate")
     run("backup", "--to", str(tmp_path / "bk"))
     run("restore", "--from", str(tmp_path / "bk"))

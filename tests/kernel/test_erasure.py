@@ -50,7 +50,7 @@ def test_erasure_leaves_no_residue_and_verifies(kernel: Uprof) -> None:
     report = kernel.residue_scan([*CANARIES.values(), "alice"])
     assert report.clean, report.findings
     assert report.streams_checked == 1 and report.events_checked > 0
-    verify_receipt(result.receipt, kernel.audit_log.public_key)
+    verify_receipt(result.receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin)
     verify_subject_commitment(result.receipt, "alice", bytes.fromhex(result.subject_nonce_hex))
     with kernel.views_engine.connect() as conn:
         for table in t.SUBJECT_TABLES:
@@ -83,11 +83,11 @@ def test_receipt_fails_after_any_single_byte_change(kernel: Uprof) -> None:
     tampered = copy.deepcopy(receipt)
     tampered["body"]["actions"][0]["notification_id"] += 1
     with pytest.raises(VerificationError):
-        verify_receipt(tampered, public_key)
+        verify_receipt(tampered, public_key, origin=kernel.audit_log.origin)
     tampered = copy.deepcopy(receipt)
     tampered["checkpoint"] = tampered["checkpoint"].replace("\n", " \n", 1)
     with pytest.raises(VerificationError):
-        verify_receipt(tampered, public_key)
+        verify_receipt(tampered, public_key, origin=kernel.audit_log.origin)
 
 
 def test_backup_taken_before_erasure_yields_nothing_readable(
@@ -197,7 +197,7 @@ def test_erasing_one_event_keeps_attributes_backed_by_other_evidence(kernel: Upr
     )
     (before,) = kernel.profile("alice").attributes
     result = kernel.erase_capture("alice", acks[0].capture_id)
-    verify_receipt(result.receipt, kernel.audit_log.public_key)
+    verify_receipt(result.receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin)
     view = kernel.profile("alice")
     (after,) = view.attributes
     assert after.item_id == before.item_id and after.value == "Porto"
@@ -228,7 +228,7 @@ def test_withdrawal_with_erase_blocks_capture_and_leaves_no_residue(kernel: Upro
     kernel.capture("alice", say("Every Monday I swim", app="app:calendar", purpose="scheduling"))
     result = kernel.withdraw_consent("alice", consent_id, erase=True)
     assert result is not None
-    verify_receipt(result.receipt, kernel.audit_log.public_key)
+    verify_receipt(result.receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin)
     with pytest.raises(ConsentRequiredError):
         kernel.capture("alice", say("more"))
     report = kernel.residue_scan([CANARIES["intent"]])
@@ -241,7 +241,7 @@ def test_erasing_an_item_purges_it_and_reports(kernel: Uprof) -> None:
     kernel.capture("alice", say("I want to learn to sail"))
     (intent,) = kernel.profile("alice").intents
     result = kernel.erase_item("alice", intent.item_id)
-    verify_receipt(result.receipt, kernel.audit_log.public_key)
+    verify_receipt(result.receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin)
     assert kernel.profile("alice").intents == ()
     assert len(kernel.profile("alice").memories) == 1
 

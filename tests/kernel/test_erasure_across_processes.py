@@ -44,7 +44,7 @@ def test_subject_keys_cached_here_are_gone_once_another_process_erases(
 
     receipt = receipt_from_another_process(backend, 'erase_subject("alice")')
 
-    verify_receipt(receipt, kernel.audit_log.public_key)
+    verify_receipt(receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin)
     assert kernel.keystore.key(stream, 1) is None
     assert kernel.keystore.view_key(stream) is None
     assert opened_topics(kernel, stream) == []
@@ -63,7 +63,7 @@ def test_a_capture_key_cached_here_is_gone_once_another_process_erases_the_captu
 
     receipt = receipt_from_another_process(backend, f"erase_capture('alice', {ack.capture_id!r})")
 
-    verify_receipt(receipt, kernel.audit_log.public_key)
+    verify_receipt(receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin)
     assert kernel.keystore.capture_key(stream, ack.capture_id) is None
     assert kernel.keystore.capture_key(stream, kept.capture_id) is not None  # only that one
     assert "sail" not in str(kernel.profile("alice"))

@@ -193,6 +193,6 @@ def test_a_retry_that_destroys_the_keys_first_leaves_both_receipts_citing_them(
     assert receipt["body"]["request"]["request_id"] == retried["body"]["request"]["request_id"]
     assert cited_keys(retried)
     assert cited_keys(receipt) == cited_keys(retried)
-    verify_receipt(receipt, kernel.audit_log.public_key)
+    verify_receipt(receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin)
     counts = destructions(kernel, receipt["body"]["request"]["request_id"])
     assert counts and set(counts.values()) == {1}, counts

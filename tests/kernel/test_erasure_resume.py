@@ -64,7 +64,7 @@ def test_asking_again_finishes_the_erasure_and_issues_its_receipt(
 
     body = result.receipt["body"]
     assert body["request"]["request_id"] == request_id  # the same request, finished
-    verify_receipt(result.receipt, kernel.audit_log.public_key)
+    verify_receipt(result.receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin)
     verify_subject_commitment(result.receipt, "alice", bytes.fromhex(result.subject_nonce_hex))
     types = [a["type"] for a in body["actions"]]
     assert types[0] == "tombstone_appended" and "dek_destroyed" in types
@@ -112,7 +112,7 @@ def test_another_process_finishes_an_incomplete_erasure(
     request_id = unfinished_request(kernel, "alice")
     receipt = receipt_from_another_process(backend, 'erase_subject("alice")')
     assert receipt["body"]["request"]["request_id"] == request_id
-    verify_receipt(receipt, kernel.audit_log.public_key)
+    verify_receipt(receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin)
     assert rows_left(kernel, stream) == 0
     with pytest.raises(SubjectErasedError):
         kernel.erase_subject("alice")
@@ -135,7 +135,7 @@ def test_a_retry_after_a_crash_before_the_keys_went_gets_the_receipt(
     assert not kernel.keystore.is_shredded(stream)  # the bad moment: recorded, keys still there
     result = kernel.erase_subject("alice")
     assert result.receipt["body"]["request"]["request_id"] == request_id
-    verify_receipt(result.receipt, kernel.audit_log.public_key)
+    verify_receipt(result.receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin)
     assert kernel.keystore.is_shredded(stream)
     assert kernel.keystore.key(stream, 1) is None
     assert rows_left(kernel, stream) == 0
@@ -210,7 +210,7 @@ def test_a_retry_after_a_crash_mid_event_erasure_gets_the_receipt_after_a_restar
         backend, f"erase_capture('alice', {capture.capture_id!r})"
     )
     assert receipt["body"]["request"]["request_id"] == record.request_id
-    verify_receipt(receipt, kernel.audit_log.public_key)
+    verify_receipt(receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin)
     assert kernel.keystore.capture_key_commitment(stream, capture.capture_id) is None
     assert capture.capture_id not in {c.capture_id for c in kernel.queries.all_captures(stream)}
     assert CANARIES["memory"] not in str(kernel.profile("alice"))
@@ -232,7 +232,7 @@ def test_a_retry_after_a_crash_past_the_tombstone_cites_the_tombstone(
     assert died.returncode == 9, died.stderr[-3000:]
     fill_with_canaries(kernel, "bob")  # later events: the head is no longer the tombstone
     result = kernel.erase_subject("alice")
-    verify_receipt(result.receipt, kernel.audit_log.public_key)
+    verify_receipt(result.receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin)
     (tombstone,) = [
         a for a in result.receipt["body"]["actions"] if a["type"] == "tombstone_appended"
     ]
@@ -264,7 +264,7 @@ def test_a_retry_after_a_crash_before_an_item_erasure_was_written_gets_the_recei
     assert [i.item_id for i in kernel.profile("alice").intents] == [intent.item_id]
     result = kernel.erase_item("alice", intent.item_id)
     assert result.receipt["body"]["request"]["request_id"] == record.request_id
-    verify_receipt(result.receipt, kernel.audit_log.public_key)
+    verify_receipt(result.receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin)
     assert kernel.profile("alice").intents == ()
 
 

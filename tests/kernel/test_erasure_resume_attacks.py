@@ -59,7 +59,7 @@ def test_a_withdrawal_erasure_is_finished_without_the_first_request_token(
 
     assert result is not None
     assert result.receipt["body"]["request"]["request_id"] == request_id
-    verify_receipt(result.receipt, kernel.audit_log.public_key)
+    verify_receipt(result.receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin)
     assert kernel.profile("alice").memories == ()
     assert capture_ids(kernel) == set()
     assert unfinished_request(kernel, "consent-withdrawal", [consent_id]) is None
@@ -387,7 +387,7 @@ def test_two_processes_finish_the_same_incomplete_erasure_at_once(
     for receipt in receipts:  # two finishers may each sign one: the same request's
         assert receipt["body"]["request"]["request_id"] == request_id
         assert receipt["body"]["actions"] == receipts[0]["body"]["actions"]
-        verify_receipt(receipt, kernel.audit_log.public_key)
+        verify_receipt(receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin)
     refused = {o["refused"] for o in outcomes if "refused" in o}
     allowed = {"SubjectErasedError"} if scope == "subject" else {"InvalidInputError"}
     assert refused <= allowed, outcomes
@@ -489,7 +489,7 @@ def test_an_incomplete_erasure_rolled_back_by_a_restore_is_not_receipted_falsely
 
         body = result.receipt["body"]
         assert body["request"]["request_id"] == request_id
-        verify_receipt(result.receipt, kernel.audit_log.public_key)
+        verify_receipt(result.receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin)
         assert _cited_tombstone(kernel, body) == "CaptureErased"
         assert unfinished_request(kernel, "capture", [capture_id]) is None
         view = kernel.profile("alice")
@@ -536,7 +536,7 @@ def test_an_incomplete_item_erasure_rolled_back_by_a_restore_is_finished_by_aski
 
         body = result.receipt["body"]
         assert body["request"]["request_id"] == request_id
-        verify_receipt(result.receipt, kernel.audit_log.public_key)
+        verify_receipt(result.receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin)
         assert _cited_tombstone(kernel, body) == "ItemsErased"
         assert kernel.profile("alice").intents == ()
         assert unfinished_request(kernel, "item", [intent.item_id]) is None
@@ -681,7 +681,7 @@ def test_an_incomplete_subject_erasure_recorded_by_the_0051_code_is_finished(
         assert body["request"]["request_id"] == request_id
         assert body["request"]["scope"] == "subject"
         assert body["actions"] == current["actions"]
-        verify_receipt(result.receipt, kernel.audit_log.public_key)
+        verify_receipt(result.receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin)
         assert rows_left(kernel, stream) == 0
         with pytest.raises(SubjectErasedError):
             kernel.erase_subject("alice")
@@ -713,7 +713,7 @@ def test_asking_with_evidence_after_an_incomplete_item_erasure_erases_the_eviden
     body = result.receipt["body"]
     assert body["request"]["scope"] == "item-with-evidence"
     assert body["request"]["request_id"] != plain
-    verify_receipt(result.receipt, kernel.audit_log.public_key)
+    verify_receipt(result.receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin)
     assert ack.capture_id not in capture_ids(kernel)
     assert kernel.profile("alice").intents == ()
     assert SAIL.lower() not in json.dumps(kernel.export_subject("alice"), default=str).lower()

@@ -73,7 +73,7 @@ def test_a_capture_erasure_is_receipted_only_once_purged(
     body = result.receipt["body"]
     assert body["request"]["request_id"] == request_id
     assert body["request"]["scope"] == "capture"
-    verify_receipt(result.receipt, kernel.audit_log.public_key)
+    verify_receipt(result.receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin)
     view = kernel.profile("alice")
     assert view.intents == ()
     assert {m.source_refs for m in view.memories} == {("porto",)}
@@ -101,7 +101,7 @@ def test_an_item_erasure_is_receipted_only_once_purged(
     result = kernel.erase_item("alice", intent.item_id)
 
     assert result.receipt["body"]["request"]["request_id"] == request_id
-    verify_receipt(result.receipt, kernel.audit_log.public_key)
+    verify_receipt(result.receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin)
     assert kernel.profile("alice").intents == ()
     with pytest.raises(ItemNotFoundError):
         kernel.erase_item("alice", intent.item_id)
@@ -126,7 +126,7 @@ def test_an_item_erasure_with_evidence_is_finished_by_the_item_id(
 
     assert result.receipt["body"]["request"]["request_id"] == request_id
     assert result.receipt["body"]["request"]["scope"] == "item-with-evidence"
-    verify_receipt(result.receipt, kernel.audit_log.public_key)
+    verify_receipt(result.receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin)
     view = kernel.profile("alice")
     assert view.intents == () and view.memories == ()
     assert ack.capture_id not in capture_ids(kernel)
@@ -148,7 +148,7 @@ def test_a_withdrawal_with_erase_is_finished_by_asking_again(
 
     assert result is not None
     assert result.receipt["body"]["request"]["request_id"] == request_id
-    verify_receipt(result.receipt, kernel.audit_log.public_key)
+    verify_receipt(result.receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin)
     assert kernel.profile("alice").memories == ()
     assert capture_ids(kernel) == set()
 
@@ -167,7 +167,7 @@ def test_an_item_extracted_after_the_erasure_began_is_erased_before_the_receipt(
 
     result = kernel.erase_capture("alice", ack.capture_id)
 
-    verify_receipt(result.receipt, kernel.audit_log.public_key)
+    verify_receipt(result.receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin)
     view = kernel.profile("alice")
     assert view.memories == () and view.intents == ()
     assert result.counts["items_erased"] >= 2  # the memory and the intent
@@ -205,6 +205,6 @@ def test_another_process_finishes_an_incomplete_capture_erasure(
     request_id = unfinished_request(kernel, "capture", [ack.capture_id])
     receipt = receipt_from_another_process(backend, f"erase_capture('alice', {ack.capture_id!r})")
     assert receipt["body"]["request"]["request_id"] == request_id
-    verify_receipt(receipt, kernel.audit_log.public_key)
+    verify_receipt(receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin)
     assert unfinished_request(kernel, "capture", [ack.capture_id]) is None
     assert kernel.profile("alice").intents == ()

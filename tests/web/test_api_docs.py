@@ -15,6 +15,9 @@ import pytest
 
 from tests.api.conftest import LiveServer
 from tests.web.conftest import needs_chromium
+from uprof.apikeys.store import ApiKeyStore
+from uprof.kernel import Uprof
+from uprof.server import create_server
 
 pytestmark = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 
@@ -67,3 +70,19 @@ def test_docs_pages_reference_only_local_assets(http: httpx.Client) -> None:
         ):
             assert asset in html
             assert http.get(asset).status_code == 200
+
+
+def test_a_deployment_can_turn_the_docs_pages_off_and_keep_the_openapi_document(
+    kernel: Uprof, keys: ApiKeyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Swagger UI and ReDoc run third-party JavaScript on the privacy center's origin;
+    ``UPROF_API_DOCS=false`` (``uprof serve --no-api-docs``) serves neither page."""
+    monkeypatch.setattr(kernel, "settings", kernel.settings.model_copy(update={"api_docs": False}))
+    with (
+        LiveServer(create_server(kernel, keys)) as live,
+        httpx.Client(base_url=live.url, timeout=30) as http,
+    ):
+        assert http.get("/docs").status_code == 404
+        assert http.get("/redoc").status_code == 404
+        assert "/v1/slices" in http.get("/openapi.json").json()["paths"]
+        assert http.get("/privacy/login").status_code != 404

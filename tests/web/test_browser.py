@@ -111,7 +111,9 @@ def test_erasing_everything_gives_a_receipt_that_verifies(
     with page.expect_download() as downloaded:
         page.get_by_role("link", name="Download receipt 1 (JSON)").click()
     receipt = json.loads(Path(downloaded.value.path()).read_text())
-    verify_receipt(receipt, kernel.audit_log.public_key)  # raises if it does not verify
+    verify_receipt(
+        receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin
+    )  # raises if it does not verify
 
     # The operator sees the receipt in the log, verifies the file, and finds no residue.
     sign_in_operator(page, server, apps.planner_operator)

@@ -82,7 +82,7 @@ def test_links_sessions_csrf_and_roles(
         )
         assert erased.status_code == 303 and erased.headers["location"] == "/privacy/receipts"
         receipt = browser.get("/privacy/receipts/0/receipt.json").json()
-        verify_receipt(receipt, kernel.audit_log.public_key)
+        verify_receipt(receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin)
         assert f'data-item="{item.group(1)}"' not in browser.get("/privacy").text
 
         done = browser.post(

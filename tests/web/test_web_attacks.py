@@ -136,3 +136,34 @@ def test_an_operator_denied_export_or_erase_cannot_hand_itself_a_link_that_does_
     issued = http.post("/v1/privacy/links", headers=bearer(apps.planner_operator), json=body)
     assert issued.status_code == 403, issued.text
     assert "token" not in issued.text
+
+
+def test_an_operator_the_policy_denies_audit_gets_a_refusal_page_from_verify_and_residue(
+    server: LiveServer, apps: Apps, kernel: Uprof
+) -> None:
+    """With operators denied ``audit``, the console's verify upload and residue scan
+    raised the door's refusal past the page: the browser got the REST error's JSON
+    instead of a page, and the receipts listing under the residue form was never shown."""
+    from tests.web.conftest import csrf_of
+
+    kernel.policy_grant(
+        requested_by="test",
+        role="role:operator",
+        actions=["audit"],
+        categories=["any"],
+        purpose="compliance",
+        effect="deny",
+    )
+    with httpx.Client(base_url=server.url, timeout=30) as console:
+        assert console.post("/console/login", data={"api_key": apps.planner_operator})
+        csrf = csrf_of(console.get("/console/verify").text)
+        verified = console.post(
+            "/console/verify",
+            data={"csrf": csrf, "kind": "export"},
+            files={"upload": ("trail.jsonl", b"{}\n", "application/x-ndjson")},
+        )
+        scanned = console.post("/console/residue", data={"csrf": csrf, "terms": "Lisbon"})
+    for refused in (verified, scanned):
+        assert refused.status_code == 403, refused.text
+        assert refused.headers["content-type"].startswith("text/html"), refused.text
+        assert "Request refused" in refused.text

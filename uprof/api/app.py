@@ -9,12 +9,12 @@ the pipeline worker and stops it at shutdown.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from fastapi_offline import FastAPIOffline
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -104,12 +104,15 @@ def create_app(
     max_ready_lag: int = DEFAULT_MAX_READY_LAG,
     rate_limit: str | None = None,
     extra_routers: Iterable[APIRouter] = (),
+    page_errors: PageErrors | None = None,
 ) -> FastAPI:
     """Build the REST API over one kernel; apps authenticate with keys from ``api_keys``.
 
     ``extra_routers`` are mounted beside the REST routes, inside the same error handling
     and limits: the web pages come in this way (``uprof.server``), so the API package
-    never imports the web package that builds on it.
+    never imports the web package that builds on it. ``page_errors`` answers a refusal
+    raised under those routes as a page (a browser gets HTML, not the REST error's JSON);
+    it returns None for a path that is not its own.
     """
     runtime = ServiceRuntime.for_kernel(kernel)
     metrics = Metrics()
@@ -145,6 +148,8 @@ def create_app(
         ),
         lifespan=lifespan,
         generate_unique_id_function=operation_id,
+        docs_url="/docs" if kernel.settings.api_docs else None,
+        redoc_url="/redoc" if kernel.settings.api_docs else None,
     )
     app.state.runtime = runtime
     app.state.api_keys = api_keys
@@ -155,7 +160,7 @@ def create_app(
     for router in included:
         app.include_router(router)
 
-    _install_error_handlers(app)
+    _install_error_handlers(app, page_errors)
     # Added last = outermost: the size limit refuses before anything else runs, and
     # the metrics middleware times everything inside it, errors included.
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=max_body_bytes)
@@ -169,14 +174,21 @@ def _json(error: ErrorOut, status: int, headers: dict[str, str] | None = None) -
     return JSONResponse(error.model_dump(mode="json"), status_code=status, headers=headers)
 
 
-def _install_error_handlers(app: FastAPI) -> None:
-    """Map every failure to the one ``ErrorOut`` shape (STYLE P7: the edge maps, nothing else)."""
+#: A refusal raised under a page's route, answered as a page; None: not a page's path.
+PageErrors = Callable[[Request, UprofError], Response | None]
+
+
+def _install_error_handlers(app: FastAPI, page_errors: PageErrors | None = None) -> None:
+    """Map every failure to the one ``ErrorOut`` shape (STYLE P7: the edge maps, nothing
+    else), or, under a page's route, to the page ``page_errors`` renders."""
 
     @app.exception_handler(UprofError)
-    async def uprof_error(_: Request, error: UprofError) -> JSONResponse:
+    async def uprof_error(request: Request, error: UprofError) -> Response:
         status, _code = classify(error)
         if status >= 500:
             _log.error("uprof error mapped to %d: %s", status, type(error).__name__)
+        if page_errors is not None and (page := page_errors(request, error)) is not None:
+            return page
         headers = (
             {"Retry-After": str(CAPTURE_RETRY_AFTER_S)}
             if isinstance(error, CaptureBackloggedError)

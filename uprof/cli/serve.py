@@ -51,6 +51,14 @@ def serve(
             "`uprof worker` processes do; reads wait for them).",
         ),
     ] = True,
+    api_docs: Annotated[
+        bool | None,
+        typer.Option(
+            "--api-docs/--no-api-docs",
+            help="Serve Swagger UI (/docs) and ReDoc (/redoc) (UPROF_API_DOCS, default on); "
+            "turn them off where the privacy center is served (docs/security.md).",
+        ),
+    ] = None,
 ) -> None:
     """Serve the REST API (OpenAPI at /docs); extraction and projections run in the background."""
     import uvicorn
@@ -72,6 +80,8 @@ def serve(
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="'--rate-limit'") from None
         server_settings = server_settings.model_copy(update={"rate_limit": rate_limit})
+    if api_docs is not None:
+        server_settings = server_settings.model_copy(update={"api_docs": api_docs})
     listener = _inherited_socket(fd) if fd is not None else None
     try:
         kernel = bootstrap(server_settings)
@@ -87,7 +97,8 @@ def serve(
             host, port = listener.getsockname()[:2]
         if server_settings.log_format == "text":
             # With JSON logs every line is JSON; uvicorn's own start line gives the address.
-            console.print(f"uprof API on http://{host}:{port} (OpenAPI at /docs)")
+            docs = "/docs" if server_settings.api_docs else "/openapi.json"
+            console.print(f"uprof API on http://{host}:{port} (OpenAPI at {docs})")
         config = uvicorn.Config(
             api,
             host=host,

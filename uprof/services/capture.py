@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 from domain.errors import ConsentRequiredError, InvalidInputError, SubjectErasedError
@@ -58,40 +57,38 @@ def to_utc(value: datetime, field: str) -> datetime:
         raise InvalidInputError(f"{field} is out of range once in UTC") from None
 
 
+_T = TypeVar("_T")
+
+
 def check_interaction(interaction: Interaction) -> Interaction:
     """Validate one interaction; raise InvalidInputError naming the field (``field``: an
     import reports it per record, REST lists it in ``error.fields``)."""
     for name in ("app_id", "agent_id", "purpose"):
-        with _field(name):
-            check_token(f"interaction.{name}", getattr(interaction, name))
+        _named(name, check_token, f"interaction.{name}", getattr(interaction, name))
     if interaction.agent_type:
-        with _field("agent_type"):
-            check_token("interaction.agent_type", interaction.agent_type)
+        _named("agent_type", check_token, "interaction.agent_type", interaction.agent_type)
     if not (interaction.user_input.strip() or interaction.agent_response.strip()):
         raise InvalidInputError(
             "interaction needs user_input or agent_response text", field="user_input"
         )
     for name in ("user_input", "agent_response", "actor", "source_ref", "session_id"):
-        with _field(name):
-            check_text(f"interaction.{name}", getattr(interaction, name))
+        _named(name, check_text, f"interaction.{name}", getattr(interaction, name))
     for name in ("user_input", "agent_response"):
         if len(getattr(interaction, name)) > MAX_TEXT_CHARS:
             raise InvalidInputError(
                 f"interaction.{name} exceeds {MAX_TEXT_CHARS} characters", field=name
             )
-    with _field("occurred_at"):
-        occurred_at = to_utc(interaction.occurred_at, "occurred_at")
-    with _field("agent_id"):
-        # Agents belong to their app: the capture names the qualified agent (I4).
-        agent_id = qualified_agent(interaction.app_id, interaction.agent_id)
+    occurred_at = _named("occurred_at", to_utc, interaction.occurred_at, "occurred_at")
+    # Agents belong to their app: the capture names the qualified agent (I4).
+    agent_id = _named("agent_id", qualified_agent, interaction.app_id, interaction.agent_id)
     return replace(interaction, occurred_at=occurred_at, agent_id=agent_id)
 
 
-@contextmanager
-def _field(name: str) -> Iterator[None]:
-    """Name ``name`` as the field of an InvalidInputError that names none."""
+def _named(name: str, check: Callable[..., _T], *args: Any) -> _T:
+    """``check(*args)``, naming ``name`` as the field of an InvalidInputError that names
+    none. A plain call, not a context manager: it runs ten times per captured event."""
     try:
-        yield
+        return check(*args)
     except InvalidInputError as error:
         if error.field is not None:
             raise

@@ -148,16 +148,31 @@ def no_consent_on_record(interaction: Interaction) -> ConsentRequiredError:
 #: subject key's carry ``key_version`` instead).
 CAPTURE_KEY = "capture-key"
 
+#: Commitments one ``key.created`` entry lists (the audit allowlist's list bound).
+KEYS_PER_ENTRY = 1_000
+
 
 def capture_keys_created(
     pseudonym: str, commitments: Mapping[str, str]
 ) -> list[tuple[str, dict[str, Any]]]:
     """The ``key.created`` entries of a request's capture keys: the subject's pseudonym
-    and each key's commitment (what ``key.destroyed`` and an event erasure's receipt
-    cite), never the capture id, the key or anything the capture said."""
+    and the keys' commitments (what ``key.destroyed`` and an event erasure's receipt
+    cite), never the capture ids, the keys or anything the captures said.
+
+    One entry lists a request's keys, up to ``KEYS_PER_ENTRY`` each (decision 0072): an
+    entry per key doubled the log's writes per captured event and cost ~40 % of batched
+    capture throughput."""
+    made = list(commitments.values())
     return [
-        ("key.created", {"subject_ref": pseudonym, "reason_code": CAPTURE_KEY, "dek_commitment": c})
-        for c in commitments.values()
+        (
+            "key.created",
+            {
+                "subject_ref": pseudonym,
+                "reason_code": CAPTURE_KEY,
+                "dek_commitments": made[lo : lo + KEYS_PER_ENTRY],
+            },
+        )
+        for lo in range(0, len(made), KEYS_PER_ENTRY)
     ]
 
 

@@ -31,6 +31,7 @@ from uprof.schemas.capture import InteractionIn
 from uprof.services.capture import check_interaction
 from uprof.services.idempotency import check_key
 from uprof.services.import_formats import (
+    FORMATS,
     ImportDefaults,
     ImportProblem,
     ImportRecord,
@@ -91,14 +92,70 @@ def import_interactions(
 
     ``may_capture`` is the facade's policy decision per (app, purpose); without it (the
     kernel's own callers) every app may capture and only consent decides.
+
+    A run that could write (not a dry run) ends with one ``import.ran`` audit entry: the
+    format, how it ended and its counts, never a file name or a record. Each written
+    chunk has its own ``capture.accepted`` entries; this one says that a bulk run, and
+    whose, wrote them, and what it refused (docs/audit-format.md).
     """
-    defaults = defaults or ImportDefaults()
+    if fmt not in FORMATS:
+        raise InvalidInputError(f"format must be one of {', '.join(FORMATS)}", field="format")
+    try:
+        report = _import(
+            kernel,
+            lines,
+            progress,
+            fmt=fmt,
+            defaults=defaults or ImportDefaults(),
+            may_capture=may_capture,
+            dry_run=dry_run,
+            strict=strict,
+        )
+    except BaseException:
+        if not dry_run:
+            kernel.audit.record("import.ran", reason_code=fmt, outcome="failed")
+        raise
+    if not dry_run:
+        outcome = "refused" if report.refused else "stopped" if report.stopped else "completed"
+        kernel.audit.record(
+            "import.ran",
+            reason_code=fmt,
+            outcome=outcome,
+            counts={
+                "lines": report.lines,
+                "captured": report.captured,
+                "subjects": report.subjects,
+                "skipped": report.skipped,
+                "failed": len(report.failed),
+            },
+        )
+    return report
+
+
+def _import(
+    kernel: Uprof,
+    lines: Iterable[bytes | str],
+    progress: Callable[[int], None] | None,
+    *,
+    fmt: str,
+    defaults: ImportDefaults,
+    may_capture: CapturePermit | None,
+    dry_run: bool,
+    strict: bool,
+) -> ImportReport:
     if strict and not dry_run:
         # An iterable that can be read twice (a list, ``FileLines``) is checked, then
         # written, without holding the file in memory; a one-shot iterator is kept.
         materialised = list(lines) if isinstance(lines, Iterator) else lines
-        checked = import_interactions(
-            kernel, materialised, fmt=fmt, defaults=defaults, may_capture=may_capture, dry_run=True
+        checked = _import(
+            kernel,
+            materialised,
+            None,
+            fmt=fmt,
+            defaults=defaults,
+            may_capture=may_capture,
+            dry_run=True,
+            strict=False,
         )
         if checked.failed or checked.stopped:
             return ImportReport(

@@ -6,6 +6,6 @@ the REST API. The pages reach the kernel through ``app.state.runtime`` and keys 
 ``console_*``), sharing ``pages.WebPages``. See docs/web.md.
 """
 
-from uprof.web.routes import create_router
+from uprof.web.routes import create_router, page_error
 
-__all__ = ["create_router"]
+__all__ = ["create_router", "page_error"]

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import threading
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.routing import BaseRoute
 
+from domain.errors import UprofError
 from uprof.api.routes.docs import api_router
 from uprof.web import (
     console_audit,
@@ -60,14 +61,36 @@ def create_router() -> APIRouter:
     return api_router(routes=_routes())
 
 
+#: The paths the pages own (``/v1/privacy/links`` is REST: it answers JSON).
+PAGE_PREFIXES = ("/privacy", "/console")
+
+
+def page_error(request: Request, error: UprofError) -> Response | None:
+    """A refusal raised under a page (the door's, from any handler that did not catch
+    it) as the refusal page, with the status REST would give; None for other paths."""
+    path = request.url.path
+    if not any(path == p or path.startswith(p + "/") for p in PAGE_PREFIXES):
+        return None
+    return _web().kernel_error(request, error)
+
+
 _ROUTES: list[BaseRoute] = []
+_WEB: list[WebPages] = []
 _ROUTES_LOCK = threading.Lock()
 
 
+def _web() -> WebPages:
+    with _ROUTES_LOCK:
+        if not _WEB:
+            _WEB.append(WebPages())
+        return _WEB[0]
+
+
 def _routes() -> list[BaseRoute]:
+    web = _web()
     with _ROUTES_LOCK:
         if not _ROUTES:
-            _ROUTES.extend(_build_routes(WebPages()))
+            _ROUTES.extend(_build_routes(web))
         return list(_ROUTES)
 
 
