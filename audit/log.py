@@ -100,10 +100,39 @@ class StoredCheckpoint:
 class _PreparedEntry:
     row: dict[str, Any]
     leaf: bytes
+    #: The values of ``once_by``'s fields (``append_many``), () without it.
+    identity: tuple[Any, ...] = ()
 
 
 def _utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+def _not_yet_written(
+    conn: sa.Connection, prepared: Sequence[_PreparedEntry], once_by: tuple[str, ...]
+) -> list[_PreparedEntry]:
+    """The entries whose action, subject_ref and ``once_by`` values neither the log (read
+    under its write lock) nor an earlier entry of the batch holds."""
+    seen: set[tuple[Any, ...]] = set()
+    for action, subject_ref in {(p.row["action"], p.row["subject_ref"]) for p in prepared}:
+        same_subject = (
+            audit_entries.c.subject_ref.is_(None)
+            if subject_ref is None
+            else audit_entries.c.subject_ref == subject_ref
+        )
+        query = sa.select(audit_entries.c.entry_json).where(
+            audit_entries.c.action == action, same_subject
+        )
+        for text in conn.execute(query).scalars():
+            stored = json.loads(text)
+            seen.add((action, subject_ref, tuple(stored.get(name) for name in once_by)))
+    kept = []
+    for item in prepared:
+        key = (item.row["action"], item.row["subject_ref"], item.identity)
+        if key not in seen:
+            seen.add(key)
+            kept.append(item)
+    return kept
 
 
 class Retry(Protocol):
@@ -183,20 +212,30 @@ class AuditLog:
         """Validate, store and hash one entry; return its leaf index and hash."""
         return self.append_many([entry])[0]
 
-    def append_many(self, entries: Iterable[Mapping[str, Any]]) -> list[AuditRecord]:
+    def append_many(
+        self, entries: Iterable[Mapping[str, Any]], *, once_by: Sequence[str] = ()
+    ) -> list[AuditRecord]:
         """Append entries atomically at consecutive indexes; all or nothing.
+
+        With ``once_by`` (field names), an entry is left out when the log already holds an
+        entry of the same ``action`` and ``subject_ref`` with the same values of those
+        fields (or an earlier entry of the batch does). The log is read under its write
+        lock, so any number of processes appending the same entries at once write them
+        once; the records returned are those of the entries written.
 
         Raises AuditEntryError (nothing written) if any entry is refused.
         """
-        prepared = [self._prepare(entry) for entry in entries]
+        prepared = [self._prepare(entry, once_by) for entry in entries]
         if not prepared:
             return []
-        return self._retry(lambda: self._write_typed(prepared))
+        return self._retry(lambda: self._write_typed(prepared, tuple(once_by)))
 
-    def _write_typed(self, prepared: Sequence[_PreparedEntry]) -> list[AuditRecord]:
+    def _write_typed(
+        self, prepared: Sequence[_PreparedEntry], once_by: tuple[str, ...] = ()
+    ) -> list[AuditRecord]:
         """``_write``, with the driver's transient failures raised as domain errors."""
         try:
-            return self._write(prepared)
+            return self._write(prepared, once_by)
         except sa.exc.IntegrityError as exc:
             # Another writer took these indexes (only without a working lock).
             raise VersionConflictError("another writer took these audit leaf indexes") from exc
@@ -205,7 +244,7 @@ class AuditLog:
                 raise
             raise StoreBusyError("the audit log is locked by another writer") from exc
 
-    def _prepare(self, entry: Mapping[str, Any]) -> _PreparedEntry:
+    def _prepare(self, entry: Mapping[str, Any], once_by: Sequence[str] = ()) -> _PreparedEntry:
         validate_entry(entry)
         stored = dict(entry)
         stored["recorded_at"] = normalise_timestamp(
@@ -219,10 +258,17 @@ class AuditLog:
             "subject_ref": stored.get("subject_ref"),
             "entry_json": canonical.decode("utf-8"),
         }
-        return _PreparedEntry(row, leaf_hash(canonical))
+        identity = tuple(stored.get(name) for name in once_by)
+        return _PreparedEntry(row, leaf_hash(canonical), identity)
 
-    def _write(self, prepared: Sequence[_PreparedEntry]) -> list[AuditRecord]:
+    def _write(
+        self, prepared: Sequence[_PreparedEntry], once_by: tuple[str, ...] = ()
+    ) -> list[AuditRecord]:
         with self._write_transaction() as conn:
+            if once_by:
+                prepared = _not_yet_written(conn, prepared, once_by)
+                if not prepared:
+                    return []
             size = self._size(conn)
             cached = self._frontier
             if cached is not None and cached[0] == size:

@@ -122,6 +122,13 @@ class EmbedderMismatchError(UprofError):
     )
 
 
+class StoresLostError(UprofError):
+    """This process lost its hold on the stores (the PostgreSQL session holding them open
+    ended) and a restore holds them or replaced them since: what it read may be gone."""
+
+    hint = "restart this process: it refuses every request until then"
+
+
 class ConcurrencyConflictError(UprofError):
     hint = "other writers changed this subject at the same time; retry the request"
 

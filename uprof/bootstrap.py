@@ -478,10 +478,16 @@ def bootstrap(
     )
     kernel_ref.append(kernel)
     if not restoring:
-        from uprof.services.recovery import reapply_ledger
+        from uprof.services.recovery import (
+            reapply_ledger,
+            rebuild_views_ahead_of_log,
+            settle_subjects_without_keys,
+        )
 
         try:
             reapply_ledger(kernel)
+            rebuild_views_ahead_of_log(kernel)
+            settle_subjects_without_keys(kernel, accept=settings.accept_lost_keys)
         except BaseException:
             kernel.close()
             raise

@@ -78,8 +78,12 @@ class AuditTrail(Protocol):
         """Append one entry (no personal plaintext: pseudonyms, ids, counts only)."""
         ...
 
-    def record_many(self, entries: Sequence[tuple[str, dict[str, object]]]) -> None:
-        """Append (action, fields) entries in order, all or nothing."""
+    def record_many(
+        self, entries: Sequence[tuple[str, dict[str, object]]], *, once_by: Sequence[str] = ()
+    ) -> None:
+        """Append (action, fields) entries in order, all or nothing. With ``once_by``, an
+        entry the log already holds (same action, subject and values of those fields) is
+        left out, decided under the log's write lock: exactly once across processes."""
         ...
 
 
@@ -371,8 +375,11 @@ class AuditStore(Protocol):
         """Validate and append one entry; its leaf index and hash."""
         ...
 
-    def append_many(self, entries: Iterable[Mapping[str, Any]]) -> list[AuditRecord]:
-        """Append entries at consecutive indexes, all or nothing (AuditEntryError)."""
+    def append_many(
+        self, entries: Iterable[Mapping[str, Any]], *, once_by: Sequence[str] = ()
+    ) -> list[AuditRecord]:
+        """Append entries at consecutive indexes, all or nothing (AuditEntryError); with
+        ``once_by``, leaving out those the log already holds (``AuditLog.append_many``)."""
         ...
 
     def size(self) -> int:

@@ -10,6 +10,7 @@ from eventsourcing.postgres import PostgresProcessRecorder
 from psycopg.sql import SQL, Identifier
 
 from domain.errors import PositionMovedError
+from uprof.backends.postgres import refuse_if_stores_lost
 from uprof.recorders import GuardedTracking
 
 
@@ -38,6 +39,12 @@ class GuardedPostgresProcessRecorder(PostgresProcessRecorder):
             "WHERE application_name = %(application_name)s "
             "AND notification_id = %(expected)s RETURNING notification_id"
         ).format(*table)
+
+    def _insert_events(self, curs: Any, stored_events: Any, **kwargs: Any) -> None:
+        # This pool is not the views engine's: a process that lost its hold on the stores
+        # (uprof.backends.postgres._OpenHold) must not append to a log it no longer holds.
+        refuse_if_stores_lost()
+        super()._insert_events(curs, stored_events, **kwargs)
 
     def _insert_tracking(self, curs: Any, tracking: Tracking) -> None:
         if not isinstance(tracking, GuardedTracking):

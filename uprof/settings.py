@@ -56,6 +56,10 @@ class Settings(BaseSettings):
     #: Never inside data_dir, and data_dir never inside it: a copy of either alone
     #: must not hold both the data and the keys that open it.
     key_dir: Path | None = None
+    #: A start refuses when the key folder lacks the data keys of subjects the data stores
+    #: hold (it is older than the data). True: those keys are gone for good; the start
+    #: records those subjects as erased (their data can never be read again) and runs.
+    accept_lost_keys: bool = False
 
     extractor: Literal["rules", "llm"] = "rules"
     llm_base_url: str = "http://127.0.0.1:11434/v1"

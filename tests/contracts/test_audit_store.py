@@ -52,6 +52,24 @@ class AuditStoreContract:
             log.append_many([entry(3), entry(4, email="alice@example.org")])  # not allowlisted
         assert log.size() == 3 and log.root() == head
 
+    def test_append_many_once_by_leaves_out_what_the_log_already_holds(
+        self, stores: Stores
+    ) -> None:
+        log = stores.audit()
+        first = [entry(1, request_id="r1"), entry(1, request_id="r2")]
+        assert len(log.append_many(first, once_by=("request_id",))) == 2
+        again = [
+            entry(1, request_id="r2"),  # held: left out
+            entry(2, request_id="r2"),  # another action and subject: written
+            entry(1, request_id="r3"),
+            entry(1, request_id="r3"),  # twice in the batch: once
+        ]
+        records = log.append_many(again, once_by=("request_id",))
+        assert [r.leaf_index for r in records] == [2, 3]
+        assert log.append_many(again, once_by=("request_id",)) == []
+        assert log.size() == 4
+        assert len(log.append_many([entry(1, request_id="r1")])) == 1  # without: always
+
     def test_entries_read_back_in_leaf_order_filtered_and_from_a_position(
         self, stores: Stores
     ) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,7 +26,21 @@ class InMemoryAuditStore:
     def append(self, entry: Mapping[str, Any]) -> AuditRecord:
         return self.append_many([entry])[0]
 
-    def append_many(self, entries: Iterable[Mapping[str, Any]]) -> list[AuditRecord]:
+    def append_many(
+        self, entries: Iterable[Mapping[str, Any]], *, once_by: Sequence[str] = ()
+    ) -> list[AuditRecord]:
+        held = {
+            (e.entry["action"], e.entry.get("subject_ref"), *(e.entry.get(n) for n in once_by))
+            for e in self._entries
+        }
+        if once_by:
+            kept = []
+            for entry in entries:
+                key = (entry["action"], entry.get("subject_ref"), *(entry.get(n) for n in once_by))
+                if key not in held:
+                    held.add(key)
+                    kept.append(entry)
+            entries = kept
         prepared = []
         for entry in entries:  # validate all first: all or nothing
             validate_entry(entry)

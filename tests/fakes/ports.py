@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -38,9 +39,17 @@ class InMemoryAuditTrail:
     def record(self, action: str, **fields: Any) -> None:
         self.entries.append({"action": action, **fields})
 
-    def record_many(self, entries: list[tuple[str, dict[str, Any]]]) -> None:
+    def record_many(
+        self, entries: list[tuple[str, dict[str, Any]]], *, once_by: Sequence[str] = ()
+    ) -> None:
         for action, fields in entries:
-            self.record(action, **fields)
+            key = (action, fields.get("subject_ref"), *(fields.get(n) for n in once_by))
+            held = [
+                (e["action"], e.get("subject_ref"), *(e.get(n) for n in once_by))
+                for e in self.entries
+            ]
+            if not once_by or key not in held:
+                self.record(action, **fields)
 
     def actions(self) -> list[str]:
         return [e["action"] for e in self.entries]

@@ -24,8 +24,12 @@ class AuditLogTrail:
     def record(self, action: str, **fields: Any) -> None:
         self.log.append(self._entry(action, fields))
 
-    def record_many(self, entries: Sequence[tuple[str, dict[str, Any]]]) -> None:
-        self.log.append_many([self._entry(action, fields) for action, fields in entries])
+    def record_many(
+        self, entries: Sequence[tuple[str, dict[str, Any]]], *, once_by: Sequence[str] = ()
+    ) -> None:
+        self.log.append_many(
+            [self._entry(action, fields) for action, fields in entries], once_by=once_by
+        )
 
     def _entry(self, action: str, fields: dict[str, Any]) -> dict[str, Any]:
         entry = {"action": action, "tenant": self._tenant}

@@ -28,6 +28,7 @@ from domain.errors import (
     PermissionDeniedError,
     ReadRecordingError,
     ReadTimeoutError,
+    StoresLostError,
     SubjectErasedError,
     SubjectNotFoundError,
     UprofError,
@@ -53,6 +54,7 @@ STATUS_TABLE: tuple[tuple[type[UprofError], int, str], ...] = (
     (ErasureRolledBackError, 409, "erasure_rolled_back"),
     (EmbedderMismatchError, 503, "embedder_mismatch"),
     (ModelUnavailableError, 503, "model_unavailable"),
+    (StoresLostError, 503, "stores_lost"),
     (UprofError, 500, "internal"),
 )
 

@@ -11,8 +11,11 @@ import contextlib
 import os
 import re
 import secrets
+import select
 import shutil
 import subprocess
+import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,7 +23,14 @@ from uuid import UUID
 
 import sqlalchemy as sa
 
-from uprof.backends import Backend, StorageLayout, StoresInUseError, TableScan, TermHit
+from domain.errors import StoresLostError
+from uprof.backends import (
+    Backend,
+    StorageLayout,
+    StoresInUseError,
+    TableScan,
+    TermHit,
+)
 
 if TYPE_CHECKING:
     from uprof.settings import Settings
@@ -112,18 +122,10 @@ class PostgresBackend:
     def hold_open(self, engine: sa.Engine) -> Callable[[], None]:
         # A session-level advisory lock on a connection of its own, kept for the life of
         # the process (processes may run on several hosts: no file lock can see them all);
-        # the server drops it when the session ends, kill -9 of the process included.
-        conn = _advisory(engine, shared=True)
-
-        def release() -> None:
-            try:
-                conn.execute(sa.text("SELECT pg_advisory_unlock_shared(:k)"), {"k": OPEN_LOCK_KEY})
-                conn.commit()
-                conn.close()
-            except sa.exc.DBAPIError:
-                conn.invalidate()  # the session, and its lock, end with the connection
-
-        return release
+        # the server drops it when the session ends, kill -9 of the process included, and
+        # also when the server ends the session while the process lives on: _OpenHold
+        # notices at the next use of the engine.
+        return _OpenHold(engine).release
 
     @contextlib.contextmanager
     def stores_alone(self, engine: sa.Engine) -> Iterator[None]:
@@ -309,6 +311,162 @@ class PostgresBackend:
             raise b.BackupError(
                 f"pg_restore failed (nothing changed): {result.stderr.strip()[-2000:]}"
             )
+
+
+#: The open holds of this process (one per kernel; a backup's too), for the event store's
+#: own pool to ask before it writes (``refuse_if_stores_lost``).
+_HOLDS: weakref.WeakSet[_OpenHold] = weakref.WeakSet()
+
+
+def refuse_if_stores_lost() -> None:
+    """Raise ``StoresLostError`` when a hold of this process was lost (or is found lost
+    now): for writers that do not go through the views engine (eventsourcing's psycopg
+    pool)."""
+    for hold in list(_HOLDS):
+        hold.check()
+
+
+#: What a restore always replaces (``pg_restore --clean`` drops and re-creates it): its
+#: identity (``oid``) changes with every restore, and with nothing else.
+_RESTORED_TABLE = EVENTS_TABLE
+
+
+class _OpenHold:
+    """The open lock of one process, kept for its life, and what happens when the server
+    ends its session while the process lives on.
+
+    The engine's every checkout first looks at the lock's connection: a socket with
+    nothing to read is a live idle session (one ``select``, no round trip). Anything to
+    read (the server's "terminating connection" and end of stream) is confirmed with a
+    query; a session that is gone is replaced by a new one taking the lock again, when
+    the stores are still the ones it held (the events table's ``oid``: a restore
+    re-creates it). When a restore holds them, or replaced them while nothing held them
+    for this process, the process refuses every checkout from then on
+    (``StoresLostError``): its caches and its driver's type cache describe stores that
+    are gone.
+    """
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self._engine = engine
+        self._mutex = threading.Lock()
+        self._inside = threading.local()
+        self._lost = ""
+        self._released = False
+        conn = _advisory(engine, shared=True)
+        #: The connection holding the lock; None once its session was found ended (an
+        #: invalidated ``Connection`` would reconnect on its next use, without the lock).
+        self._conn: sa.Connection | None = conn
+        self._fd = _socket_of(conn)
+        self._identity = self._read_identity(conn)
+        #: The lock's session is ``_fd``'s and the stores are noted: the fast path holds.
+        self._settled = self._identity is not None
+        sa.event.listen(engine, "checkout", self._on_checkout)
+        _HOLDS.add(self)
+
+    def check(self) -> None:
+        """What every checkout of the engine runs (the module docstring of the class)."""
+        self._on_checkout()
+
+    def _on_checkout(self, *_: object) -> None:
+        if getattr(self._inside, "busy", False) or self._released:
+            return  # the hold's own checkouts
+        if self._lost:
+            raise StoresLostError(self._lost)
+        if self._settled and not _readable(self._fd):
+            return  # the common case: a live session, the stores noted
+        with self._mutex:
+            self._inside.busy = True
+            try:
+                self._check()
+            finally:
+                self._inside.busy = False
+
+    def _check(self) -> None:
+        if self._lost:
+            raise StoresLostError(self._lost)
+        if self._released:
+            return
+        if self._conn is not None and self._alive(self._conn):
+            if self._identity is None:  # the tables are made after the lock is taken
+                self._identity = self._read_identity(self._conn)
+            self._settled = self._identity is not None
+            return
+        self._settled = False  # until a new session holds the lock: every checkout waits
+        if self._conn is not None:
+            with contextlib.suppress(sa.exc.DBAPIError):
+                self._conn.invalidate()
+            self._conn = None
+        try:
+            conn = _advisory(self._engine, shared=True)
+        except StoresInUseError:
+            self._lost = (
+                "this process's hold on the database ended (its session was cut) and a "
+                "restore holds it now; restart this process once the restore has finished"
+            )
+            raise StoresLostError(self._lost) from None
+        identity = self._read_identity(conn)
+        if identity != self._identity:
+            _unlock(conn)
+            self._lost = (
+                "this process's hold on the database ended (its session was cut) and the "
+                "stores were replaced since (a restore); restart this process"
+            )
+            raise StoresLostError(self._lost)
+        self._conn, self._fd = conn, _socket_of(conn)
+        self._settled = identity is not None
+
+    def _alive(self, conn: sa.Connection) -> bool:
+        if not _readable(self._fd):
+            return True
+        try:  # something came: a notice, or the end of the session
+            conn.execute(sa.text("SELECT 1")).scalar_one()
+            conn.commit()
+        except sa.exc.DBAPIError:
+            return False
+        return True
+
+    @staticmethod
+    def _read_identity(conn: sa.Connection) -> int | None:
+        found = conn.execute(
+            sa.text("SELECT CAST(to_regclass(:t) AS oid)"), {"t": _RESTORED_TABLE}
+        ).scalar_one()
+        conn.commit()
+        return None if found is None else int(found)
+
+    def release(self) -> None:
+        with self._mutex:
+            if self._released:
+                return
+            self._released = True
+        _HOLDS.discard(self)
+        with contextlib.suppress(sa.exc.InvalidRequestError):
+            sa.event.remove(self._engine, "checkout", self._on_checkout)
+        if not self._lost and self._conn is not None:
+            _unlock(self._conn)
+
+
+def _unlock(conn: sa.Connection) -> None:
+    try:
+        conn.execute(sa.text("SELECT pg_advisory_unlock_shared(:k)"), {"k": OPEN_LOCK_KEY})
+        conn.commit()
+        conn.close()
+    except sa.exc.DBAPIError:
+        conn.invalidate()  # the session, and its lock, end with the connection
+
+
+def _socket_of(conn: sa.Connection) -> int:
+    dbapi = conn.connection.dbapi_connection
+    assert dbapi is not None
+    return int(dbapi.fileno())
+
+
+def _readable(fd: int) -> bool:
+    """Whether the server sent anything on an idle connection (it sends nothing unasked
+    but its notices and the end of a session it terminates)."""
+    try:
+        return bool(select.select([fd], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True  # closed: the session is gone
 
 
 def _advisory(engine: sa.Engine, *, shared: bool) -> sa.Connection:

@@ -81,6 +81,10 @@ def _create_once(path: Path, data: bytes) -> bytes:
             os.link(tmp, path)
         except FileExistsError:
             return path.read_bytes()  # another process won the race
+        except FileNotFoundError:
+            if not path.exists():
+                raise
+            return path.read_bytes()  # won, and a ring write cleared our file meanwhile
         _fsync_dir(path.parent)
         return data
     finally:
@@ -175,6 +179,13 @@ class FileKeyMaterialStore:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+        # A rotation killed between its write and its rename left its temporary file:
+        # every KEK of the ring it was writing, old epochs included, which no later
+        # rotation would forget. Every ring write holds the exclusive ring lock, so no
+        # other writer is between the two now (a first start's ``_create_once`` of the
+        # ring runs only while there is none, and gives way if it finds one).
+        for leftover in self.path.glob(f".{path.name}.*.tmp"):
+            leftover.unlink(missing_ok=True)
         _fsync_dir(self.path)
 
     @contextmanager

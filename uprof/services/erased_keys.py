@@ -63,8 +63,27 @@ def record(
     """Record an erasure (the whole subject without ``capture_ids``), before its keys go.
 
     Idempotent: a row already there (a retry, a start copying the ledger's records) is
-    kept as it is."""
+    kept as it is, also when another process inserts it between this one's read and its
+    insert (an erasure and a starting process joining the ledger): the insert then fails
+    on the key, and the next attempt finds the row."""
     wanted = [WHOLE_SUBJECT] if not capture_ids else sorted(set(capture_ids))
+    for attempt in range(_ATTEMPTS):
+        try:
+            _insert_missing(engine, stream_id, wanted, now=now, mark=mark)
+            return
+        except sa.exc.IntegrityError:
+            if attempt == _ATTEMPTS - 1:
+                raise
+
+
+#: Each failed attempt means another process inserted a row this one was about to: the
+#: next finds it. More than two only if rows keep appearing (a bug, reported).
+_ATTEMPTS = 3
+
+
+def _insert_missing(
+    engine: sa.Engine, stream_id: str, wanted: list[str], *, now: datetime, mark: str | None
+) -> None:
     with engine.begin() as conn:
         where = sa.and_(erased_keys.c.stream_id == stream_id, erased_keys.c.capture_id.in_(wanted))
         present = set(conn.execute(sa.select(erased_keys.c.capture_id).where(where)).scalars())

@@ -47,6 +47,9 @@ if TYPE_CHECKING:
     from uprof.crypto.keystore import Destruction
 
 DEFAULT_BASIS = "GDPR-Art.17(1)"
+#: A ``key.destroyed`` entry is written once per request and key (with the same action and
+#: subject), whichever processes finish the erasure and however often (decision 0071).
+KEY_ENTRY_IDENTITY = ("request_id", "dek_commitment")
 #: Stated in every receipt: what a receipt cannot rule out (docs/governance.md).
 RESIDUAL = {
     "backup_retention_days": 35,
@@ -156,6 +159,7 @@ class ErasureService:
         # It carries the receipt's draft, so that a retry after such a crash still gets
         # the receipt (decision 0052).
         ledger = self._keystore.ledger
+        preview = None
         if ledger is not None:
             preview = self._keystore.destruction_preview(str(stream))
             ledger.record_subject(
@@ -174,14 +178,26 @@ class ErasureService:
             mark=ledger.mark(self._tenant, check_subject_ref(subject_ref)) if ledger else None,
         )
         destruction = self._keystore.destroy(str(stream), now=self._clock.now())
-        for key in destruction.deks:
-            self._audit.record(
-                "key.destroyed",
-                subject_ref=handle.pseudonym,
-                request_id=request_id,
-                key_version=key.key_version,
-                dek_commitment=key.dek_commitment,
-            )
+        if preview is not None:
+            # A retry in another process may have finished this erasure from its ledger
+            # record, destroying the keys first: the receipt cites what the erasure
+            # destroyed, whichever process did it.
+            destruction = _destroyed_either(preview, destruction)
+        self._audit.record_many(
+            [
+                (
+                    "key.destroyed",
+                    {
+                        "subject_ref": handle.pseudonym,
+                        "request_id": request_id,
+                        "key_version": key.key_version,
+                        "dek_commitment": key.dek_commitment,
+                    },
+                )
+                for key in destruction.deks
+            ],
+            once_by=KEY_ENTRY_IDENTITY,
+        )
         snapshots = self._app.drop_snapshots(stream)
         self._flush_caches(stream)
         draft = _subject_drafted(draft, destruction, before, snapshots=snapshots)
@@ -271,6 +287,7 @@ class ErasureService:
             counts={},
             captures=ids,
         )
+        previews: list[str | None] = [None] * len(ids)
         if self._keystore.ledger is not None:
             previews = [self._keystore.capture_key_commitment(str(stream), cid) for cid in ids]
             self._keystore.ledger.record_captures(
@@ -284,8 +301,12 @@ class ErasureService:
                 ).to_json(),
             )
         erased_keys.record(self._views, str(stream), ids, now=self._clock.now())
+        # As for a subject: a retry elsewhere may have destroyed a key first; the receipt
+        # cites it all the same (the commitment its ledger record names).
         commitments = [
-            c for c in (self._keystore.destroy_capture_key(str(stream), cid) for cid in ids) if c
+            c
+            for cid, preview in zip(ids, previews, strict=True)
+            if (c := self._keystore.destroy_capture_key(str(stream), cid) or preview)
         ]
         # As a subject key's: the entry names the commitment its ``key.created`` recorded.
         self._audit.record_many(
@@ -300,7 +321,8 @@ class ErasureService:
                     },
                 )
                 for c in commitments
-            ]
+            ],
+            once_by=KEY_ENTRY_IDENTITY,
         )
         # Snapshots may hold the shredded items' values: they are caches, drop them.
         snapshots = self._app.drop_snapshots(stream)
@@ -529,9 +551,10 @@ class ErasureService:
         writes them, for the keys its draft cites: a subject's data keys (``key_version``)
         and capture keys (``reason_code`` capture-key, decision 0071).
 
-        A start may have destroyed the keys already (the ledger), and an earlier finish or
-        the process that died may have written some entries: only the missing ones are
-        written, so a finish that runs twice leaves one entry per key."""
+        A start may have destroyed the keys already (the ledger), and an earlier finish, the
+        process that died or one finishing the same erasure at this moment may have
+        written some: the log, under its write lock, leaves out those it holds, so one
+        entry per key however many processes finish it at once."""
         cited: list[dict[str, Any]] = []
         for action in draft.actions:
             if action.get("type") != "dek_destroyed":
@@ -541,13 +564,6 @@ class ErasureService:
             else:
                 cited.append({"key_version": action["key_version"]})
             cited[-1]["dek_commitment"] = str(action["dek_commitment"])
-        if not cited:
-            return
-        written = {
-            e.entry.get("dek_commitment")
-            for e in self._log.entries(subject_ref=draft.pseudonym, action="key.destroyed")
-            if e.entry.get("request_id") == draft.request_id
-        }
         self._audit.record_many(
             [
                 (
@@ -555,8 +571,8 @@ class ErasureService:
                     {"subject_ref": draft.pseudonym, "request_id": draft.request_id, **fields},
                 )
                 for fields in cited
-                if fields["dek_commitment"] not in written
-            ]
+            ],
+            once_by=KEY_ENTRY_IDENTITY,
         )
 
     def _left_after(self, draft: _Draft) -> str:
@@ -653,13 +669,22 @@ class ErasureService:
         """Fold SQLite WALs (no deleted bytes linger) and audit what the purge removed."""
         for engine in self._engines:
             fold_log(engine)
-        self._audit.record(
-            "projection.purged",
-            subject_ref=pseudonym,
-            request_id=request_id,
-            projection="profile",
-            tracking_position=tombstone_id,
-            **purged,
+        # Once per request, however many processes finish it at once (each signs its
+        # own receipt, and each receipt is on the log; the purge happened once).
+        self._audit.record_many(
+            [
+                (
+                    "projection.purged",
+                    {
+                        "subject_ref": pseudonym,
+                        "request_id": request_id,
+                        "projection": "profile",
+                        "tracking_position": tombstone_id,
+                        **purged,
+                    },
+                )
+            ],
+            once_by=("request_id",),
         )
 
     def _require(self, subject_ref: str) -> Any:
@@ -822,6 +847,18 @@ def _moved_to(draft: _Draft, position: int) -> _Draft:
         for a in draft.actions
     ]
     return replace(draft, tombstone_id=position, actions=actions)
+
+
+def _destroyed_either(preview: Destruction, destroyed: Destruction) -> Destruction:
+    """What a subject erasure destroyed: the keys its ledger record previewed, which this
+    process or one finishing the same erasure destroyed, and any this process found."""
+    versions = {key.key_version for key in preview.deks}
+    return replace(
+        preview,
+        deks=preview.deks + tuple(k for k in destroyed.deks if k.key_version not in versions),
+        capture_keys=max(preview.capture_keys, destroyed.capture_keys),
+        aliases=max(preview.aliases, destroyed.aliases),
+    )
 
 
 def _subject_drafted(

@@ -99,6 +99,11 @@ class ProjectionRunner:
             return self.partition_position(0)
         return self._views.lowest_position(self._position_names(), self._app.name)
 
+    @property
+    def highest_position(self) -> int:
+        """The highest position of every partition (what the views claim to hold)."""
+        return max(self.partition_position(k) for k in self._partitioning.all)
+
     def position_for(self, stream_id: UUID) -> int:
         """How far the subject's events are projected (its partition's position)."""
         return self.partition_position(self._partitioning.of(stream_id))

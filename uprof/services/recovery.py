@@ -28,6 +28,7 @@ import sqlalchemy as sa
 
 from projections.profile import tables as t
 from uprof.backends import backend_for
+from uprof.crypto.keydir import KeyMaterialError
 from uprof.crypto.ledger import LedgerState
 from uprof.crypto.tables import (
     capture_keys,
@@ -187,6 +188,76 @@ def reapply_ledger(kernel: Any, *, rebuild_if_stale: bool = True) -> LedgerReapp
         kernel.rebuild()
         report.rebuilt = True
     return report
+
+
+def rebuild_views_ahead_of_log(kernel: Any) -> bool:
+    """Rebuild the views when they claim a log position the log has not reached.
+
+    A data folder copied file by file while a server wrote (SQLite: the log and the views
+    are two files) can hold views copied after their log: items whose captured events the
+    log lacks, and a projection position past the log's head, so the projection would
+    skip every event captured from then on until the log caught up. The log is the
+    record: the views are rebuilt from it. The position is read before the head, so a
+    process projecting meanwhile never makes a sound store look ahead."""
+    position = kernel.projections.highest_position
+    head = kernel.app.max_notification_id()
+    if position <= head:
+        return False
+    _log.warning(
+        "the views are ahead of the event log (projected to %d, the log ends at %d): a "
+        "data folder copied while it was written? rebuilding the views from the log",
+        position,
+        head,
+    )
+    kernel.rebuild()
+    return True
+
+
+def settle_subjects_without_keys(kernel: Any, *, accept: bool) -> list[str]:
+    """Refuse to run when the data stores hold subjects whose data keys the key store
+    lacks and no erasure names: a key folder put back from a copy older than them. Going
+    on would answer "no such subject" for them and let their names start over as new
+    subjects, while a newer key folder might still be found. With ``accept`` (the
+    operator says the keys are gone for good) they are recorded as erased, as an erasure
+    records them, and their rows purged. Returns the streams so recorded."""
+    lost = _streams_without_keys(kernel)
+    if not lost:
+        return []
+    if not accept:
+        raise KeyMaterialError(
+            f"the key folder lacks the data keys of {len(lost)} subjects the data stores "
+            "hold: it is older than the data (put back from an older copy?). Put back a key "
+            "folder at least as new as the data; if those keys are gone for good, start once "
+            "with UPROF_ACCEPT_LOST_KEYS=1 to record those subjects as erased"
+        )
+    ledger, now = kernel.keystore.ledger, datetime.now(UTC)
+    for stream_id in lost:
+        if ledger is not None:
+            ledger.record_subject(kernel.subjects.tenant, None, stream_id)
+        erased_keys.record(kernel.views_engine, stream_id, now=now)
+        kernel.keystore.destroy(stream_id, now=now)
+    _log.warning(
+        "%d subjects whose data keys the key folder lacked are recorded as erased "
+        "(UPROF_ACCEPT_LOST_KEYS)",
+        len(lost),
+    )
+    reapply_ledger(kernel)  # purges their rows, as for any erased subject
+    return lost
+
+
+def _streams_without_keys(kernel: Any) -> list[str]:
+    """Subjects the views hold with no data key, not shredded and in no erasure. Read
+    views first: a subject's keys are stored before any of its rows exist."""
+    with kernel.views_engine.connect() as conn:
+        streams = set(conn.execute(sa.select(t.subjects.c.stream_id)).scalars())
+    if not streams:
+        return []
+    with kernel.keys_engine.connect() as conn:
+        keyed = set(conn.execute(sa.select(subject_keys.c.stream_id).distinct()).scalars())
+        shredded = set(conn.execute(sa.select(shredded_streams.c.stream_id)).scalars())
+    ledger = kernel.keystore.ledger
+    erased = set(ledger.state().streams) if ledger is not None else set()
+    return sorted(streams - keyed - shredded - erased)
 
 
 def _join_records(kernel: Any, state: LedgerState) -> tuple[int, int]:

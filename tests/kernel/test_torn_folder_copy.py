@@ -1,0 +1,86 @@
+"""A data folder copied while a server wrote, file by file, opened by another process
+(SQLite: the views and the log are two files, copied at two moments).
+
+Copying ``events.sqlite`` before ``views.sqlite`` (the order a plain folder copy may take)
+gives views ahead of their log: they hold items whose captured events the log copy lacks,
+and their projection position names notifications the log has not reached. Until
+2026-12-05 a process opening such a copy served those items (evidence the log does not
+hold: I1, and rebuild != live: I11), and the projection skipped every event captured in
+the copy until the log caught up with the copied position: acknowledged captures never
+reached the views (I12). Now a start that finds a position ahead of the log rebuilds the
+views from the log.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Backend
+from tests.fakes.ports import FakeClock
+from tests.kernel.conftest import build_kernel, consent, say, settings_for
+from tests.kernel.other_process import run_in_another_process
+from uprof.kernel import Uprof
+
+pytestmark = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+
+
+def copy_file(source: Path, target: Path) -> None:
+    """One database file as it is now (SQLite's backup API: a consistent copy of it)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    src, dst = sqlite3.connect(source), sqlite3.connect(target)
+    try:
+        src.backup(dst)
+    finally:
+        dst.close()
+        src.close()
+
+
+def test_a_copy_with_views_ahead_of_its_log_serves_the_log_and_projects_new_captures(
+    backend: Backend, kernel: Uprof, tmp_path: Path
+) -> None:
+    live = backend.data_dir
+    copy = Backend("sqlite", "", tmp_path / "copy")
+    consent(kernel)
+    kernel.capture("alice", say("I live in Porto"))
+    kernel.process()
+    # The log first ...
+    copy_file(live / "data" / "events.sqlite", copy.data_dir / "data" / "events.sqlite")
+    for i in range(3):
+        kernel.capture("alice", say(f"Yesterday I met Qzxlater{i} at the market"))
+    kernel.process()
+    # ... then, a moment later, the views, the key store, the policy store and the key
+    # folder's other files (master key, erasure ledger).
+    for path in live.rglob("*"):
+        target = copy.data_dir / path.relative_to(live)
+        if path.suffix == ".sqlite" and path.name != "events.sqlite":
+            copy_file(path, target)
+        elif path.is_file() and path.parent.name.endswith(".keys") and ".sqlite" not in path.name:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+
+    done = run_in_another_process(
+        copy,
+        """
+        from tests.kernel.conftest import say
+        kernel.capture("alice", say("I live in Lisbon"))
+        kernel.process()
+        print(repr(kernel.profile("alice")))
+        """,
+    )
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    served = done.stdout
+    assert "Qzxlater" not in served  # nothing the copied log does not hold
+    assert "Lisbon" in served  # the capture acknowledged in the copy is projected
+    # And the copy's views are what a rebuild from its log gives.
+    k = build_kernel(settings_for(copy), FakeClock())
+    try:
+        live_views = k.queries.table_digest()
+        k.rebuild()
+        assert k.queries.table_digest() == live_views
+    finally:
+        k.close()
