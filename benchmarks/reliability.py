@@ -722,7 +722,9 @@ def erasure_scenario(
                 erase_times.append(time.perf_counter() - e0)
                 from audit.receipts import verify_receipt
 
-                verify_receipt(result.receipt, kernel.audit_log.public_key)
+                verify_receipt(
+                    result.receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin
+                )
                 receipts_ok += 1
             time.sleep(max(0.0, seconds - (time.perf_counter() - t0)) / 2)
         finally:
@@ -886,7 +888,7 @@ def tamper_scenario(target: Target, *, trials: int = 200, seed: int = 5) -> dict
         lines = buffer.getvalue().encode().splitlines(keepends=True)
         key, origin = kernel.audit_log.public_key, kernel.settings.audit_origin
         genuine = verify_export(lines, key, origin)
-        verify_receipt(receipt, key)
+        verify_receipt(receipt, key, origin=origin)
         detected = Counter()
         missed: list[str] = []
         for n in range(trials):
@@ -903,7 +905,7 @@ def tamper_scenario(target: Target, *, trials: int = 200, seed: int = 5) -> dict
             if forged == receipt:
                 continue
             try:
-                verify_receipt(forged, key)
+                verify_receipt(forged, key, origin=origin)
                 missed.append(f"receipt trial {n}")
             except VerificationError:
                 detected["receipt"] += 1
