@@ -33,7 +33,9 @@ CHILD_TIMEOUT_S = 120
 CAPACITY = 3
 
 
-def maintainer(backend: Backend, meeting: Path, name: str, *, at: str, wait_for: str) -> PythonChild:
+def maintainer(
+    backend: Backend, meeting: Path, name: str, *, at: str, wait_for: str
+) -> PythonChild:
     """A process that runs the decay job (capacity 3) two days after the test clock's now.
 
     At its first call of ``kernel.app.<at>`` (``load`` or ``save``) it writes ``name`` in
