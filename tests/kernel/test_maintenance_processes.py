@@ -41,7 +41,8 @@ def maintainer(
     At its first call of ``kernel.app.<at>`` (``load`` or ``save``) it writes ``name`` in
     ``meeting`` and waits until every file of ``wait_for`` (comma-separated) is there
     (giving up after 60 s so that a broken test ends). When it is done it writes
-    ``<name>.done``. It prints the job's result."""
+    ``<name>.done``. It prints the job's result, with how many times it loaded the subject
+    (``loads``: 2 when its save lost and its retry reloaded)."""
     script = textwrap.dedent(
         f"""
         import json, time
@@ -74,9 +75,17 @@ def maintainer(
             return original(*args, **kwargs)
 
         setattr(kernel.app, {at!r}, meet)
+        loads = []
+        load = kernel.app.load
+
+        def counted_load(*args, **kwargs):
+            loads.append(True)
+            return load(*args, **kwargs)
+
+        kernel.app.load = counted_load
         try:
             result = kernel.run_maintenance(now=clock.now() + timedelta(days=2))
-            print(json.dumps(result))
+            print(json.dumps(dict(result, loads=len(loads))))
         finally:
             kernel.close()
             (meeting / ({name!r} + ".done")).touch()
@@ -159,7 +168,9 @@ def test_two_runs_saving_at_once_archive_each_memory_once(
     first = maintainer(backend, meeting, "first", at="save", wait_for="first,second")
     second = maintainer(backend, meeting, "second", at="save", wait_for="first,second")
 
-    check_done_once(kernel, [result_of(first), result_of(second)])
+    results = [result_of(first), result_of(second)]
+    assert sorted(r["loads"] for r in results) == [1, 2], results  # the race happened
+    check_done_once(kernel, results)
 
 
 def test_a_run_that_read_the_views_before_the_other_saved_archives_nothing_again(
