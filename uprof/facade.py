@@ -543,6 +543,7 @@ class Facade:
         this app's to learn (``_known_to_app``).
         """
         self._own_subject(subject)
+        self._known_to_app(subject)  # before the profile read, which waits for the views
         with self._as_principal():
             view = self._kernel.profile(subject)
         if self.principal.kind is PrincipalKind.APP:
@@ -554,12 +555,15 @@ class Facade:
 
     def _known_to_app(self, subject: str) -> None:
         """Refuse, as for an unknown subject, an app that was never granted a consent of
-        ``subject`` (operators and the subject itself are not asked): one consent row of
-        the app's, not the whole profile, is read."""
+        ``subject`` (operators and the subject itself are not asked).
+
+        Decided before anything waits for the subject's views
+        (``Uprof.has_held_consent``): a wait, and the ``read_timeout`` it may end in, is
+        only ever for a subject that exists, so it must not come first."""
         if self.principal.kind is PrincipalKind.APP and not self.principal.is_operator:
             app = self.principal.policy_subject
             with self._as_principal():
-                if not self._kernel.consents_after(subject, app_id=app, after=None, limit=1):
+                if not self._kernel.has_held_consent(subject, app):
                     raise SubjectNotFoundError("no such subject")
 
     def consents_in_force(self, subject: str) -> list[ConsentGrant]:
@@ -977,18 +981,14 @@ class Facade:
         self._own_subject(subject)
         size = check_limit(limit)
         app = self.principal.policy_subject if self.principal.kind is PrincipalKind.APP else None
+        # Before the cursor is judged (a 422 for a subject that exists) and before the
+        # rows are read (which waits for the views): whether the subject exists is not
+        # for an app that holds no consent of it to learn.
+        self._known_to_app(subject)
         with self._as_principal():
             stream = self._kernel.stream_of(subject)
             listing = self._listing("consents", ("time", "str"), subject=stream, app=app)
-            try:
-                after = _time_position(self._open(listing, cursor))
-            except InvalidInputError:
-                # A refused cursor must not tell an app that a subject it holds no
-                # consent of exists (a 422 here, a 404 for a subject that does not).
-                if app is not None and not self.principal.is_operator:
-                    if not self._kernel.consents_after(subject, app_id=app, after=None, limit=1):
-                        raise SubjectNotFoundError("no such subject") from None
-                raise
+            after = _time_position(self._open(listing, cursor))
             rows = self._kernel.consents_after(subject, app_id=app, after=after, limit=size + 1)
         if app is not None and after is None and not rows and not self.principal.is_operator:
             # A first page with none of the app's own consents: it holds none, so the

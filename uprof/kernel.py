@@ -481,6 +481,18 @@ class Uprof:
         self.reads.drain()
         return self.audit_log.entries(**filters)
 
+    def has_held_consent(self, subject: str, app_id: str) -> bool:
+        """Whether ``app_id`` holds or held a consent of the subject, decided without
+        waiting for the views: its consent rows as the views hold them now (withdrawn
+        ones too), else its consents in force in the subject's stream (one granted
+        since the views last caught up). A view that lags says nothing here, so the
+        answer for a subject that exists never waits where an unknown one would not."""
+        stream_id = self.stream_of(subject)
+        if self.queries.consents_after(str(stream_id), app_id=app_id, after=None, limit=1):
+            return True
+        profile = self.app.load(stream_id)
+        return any(c.app_id == app_id for c in profile.consents.values())
+
     def consents_after(
         self,
         subject: str,

@@ -15,6 +15,7 @@ from datetime import datetime
 from uuid import UUID
 
 from domain.errors import (
+    AmbiguousIdentityError,
     IdentityError,
     InvalidInputError,
     SubjectErasedError,
@@ -117,7 +118,7 @@ class SubjectResolver:
             raise IdentityError("the request names no subject (subject, session or identifier)")
         if len({h.stream_id for _, h in found}) > 1:
             sources = ", ".join(source for source, _ in found)
-            raise IdentityError(f"ambiguous identity: {sources} name different subjects")
+            raise AmbiguousIdentityError(f"ambiguous identity: {sources} name different subjects")
         return found[0][1]
 
     def find(self, subject_ref: str, *, max_age_s: float = 0.0) -> SubjectHandle | None:
