@@ -96,7 +96,7 @@ from uprof.services.policy import (
 from uprof.services.profile import EvidenceView, ProfileView
 from uprof.services.residue import ResidueReport
 from uprof.services.slices import ProfileSlice
-from uprof.services.subjects import SubjectRequest
+from uprof.services.subjects import NAMESPACE_SEPARATOR, SubjectRequest
 
 if TYPE_CHECKING:
     from audit.check import CheckResult, Kind
@@ -143,8 +143,6 @@ COMPLIANCE_PURPOSE = "compliance"
 OPERATIONS_PURPOSE = "operations"
 #: A stream being read (an audit export) asks the policy again after this many records.
 STREAM_RECHECK_RECORDS = 500
-#: Separates the app's namespace from a session id or identifier before the kernel hashes it.
-_NAMESPACE_SEPARATOR = "\x1f"
 
 
 @dataclass(frozen=True)
@@ -306,7 +304,7 @@ class Facade:
     def _namespaced(self, value: str | None) -> str | None:
         if value is None:
             return None
-        return f"{self.principal.policy_subject}{_NAMESPACE_SEPARATOR}{value.strip()}"
+        return f"{self.principal.policy_subject}{NAMESPACE_SEPARATOR}{value.strip()}"
 
     # --------------------------------------------------------------- capture
 

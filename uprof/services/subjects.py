@@ -51,8 +51,19 @@ def check_subject_ref(subject_ref: str) -> str:
     return ref
 
 
+#: Between the app an identifier or session id belongs to and the id itself, in the
+#: keys the alias registry is asked for (``uprof.facade``); app ids cannot contain it.
+NAMESPACE_SEPARATOR = "\x1f"
+
+
 def _fold_identifier(identifier: str) -> str:
-    return identifier.strip().casefold()
+    """Identifiers match whatever their case (an e-mail address); the app namespace in
+    front of one is kept as it is: app ids are case-sensitive (``app:CRM`` and
+    ``app:crm`` are two apps), and folded they shared their identifiers."""
+    namespace, separator, value = identifier.partition(NAMESPACE_SEPARATOR)
+    if not separator:
+        return identifier.strip().casefold()
+    return f"{namespace}{separator}{value.strip().casefold()}"
 
 
 class SubjectResolver:
