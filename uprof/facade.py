@@ -460,13 +460,14 @@ class Facade:
         for purpose in purposes:  # malformed input is a 422 naming the field, not a denial
             problem = purpose_problem(purpose.strip())
             if problem is not None:
-                raise InvalidInputError(f"purposes: {problem}")
+                raise InvalidInputError(f"purposes: {problem}", field="purposes")
         if collected_by.strip():
             check_token("collected_by", collected_by.strip())
         if self.principal.kind is PrincipalKind.APP and not collected_by.strip():
             raise InvalidInputError(
                 "collected_by must name the app's record of the user's consent "
-                "(e.g. consent-ui:2024-05-01:1234)"
+                "(e.g. consent-ui:2024-05-01:1234)",
+                field="collected_by",
             )
         if self.principal.kind is not PrincipalKind.USER:
             categories = self._consentable(target, categories, purposes)
