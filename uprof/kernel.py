@@ -960,7 +960,7 @@ class Uprof:
         key works that the log does not show."""
         from uprof.apikeys.store import ApiKeyStore
 
-        store = ApiKeyStore(self.keys_engine, now=self.clock.now)
+        store = ApiKeyStore(self.keys_engine, tenant=self.subjects.tenant, now=self.clock.now)
         issued = store.create(app_id, roles)
         try:
             self.audit.record(
@@ -980,7 +980,9 @@ class Uprof:
         key store is a read like any other."""
         from uprof.apikeys.store import ApiKeyStore
 
-        rows = ApiKeyStore(self.keys_engine, now=self.clock.now).list(app_id)
+        rows = ApiKeyStore(self.keys_engine, tenant=self.subjects.tenant, now=self.clock.now).list(
+            app_id
+        )
         self.audit.record("apikey.listed", app_id=app_id, counts={"keys": len(rows)})
         return rows
 
@@ -995,7 +997,7 @@ class Uprof:
         its entry then fails to be written (the error is raised)."""
         from uprof.apikeys.store import ApiKeyStore
 
-        store = ApiKeyStore(self.keys_engine, now=self.clock.now)
+        store = ApiKeyStore(self.keys_engine, tenant=self.subjects.tenant, now=self.clock.now)
         app_id = store.live_app_of(key_id)
         if app_id is None or not store.revoke(key_id):
             return False
