@@ -9,11 +9,18 @@ highlighting the field) could not tell what to fix.
 
 from __future__ import annotations
 
+import asyncio
+import json
 from typing import Any
 
 import httpx
+from mcp import Client as McpClient
 
-from tests.api.conftest import Apps, bearer, grant, interaction
+from tests.api.conftest import PLANNER, Apps, bearer, grant, interaction
+from uprof.api.runtime import ServiceRuntime
+from uprof.apikeys.store import Principal
+from uprof.kernel import Uprof
+from uprof.mcp import build_server
 
 SLICE = {"subject": "alice", "query": "q", "budget_tokens": 100, "purpose": "personalization"}
 
@@ -64,3 +71,31 @@ def test_each_refused_value_is_named_in_fields(http: httpx.Client, apps: Apps) -
         json={"subject": "alice", **interaction("hi")},
     )
     assert _fields(keyed) == ["Idempotency-Key"]
+
+
+def test_mcp_forget_names_a_bad_subject(kernel: Uprof) -> None:
+    """``forget`` without ``erase`` reads the consents in force from the subject's stream,
+    past any request model: an over-long, blank or NUL-carrying subject was
+    ``invalid_input`` with no field (or, with NUL, looked up as a name), where REST and
+    ``forget`` with ``erase`` answer ``invalid_request`` naming ``subject``."""
+    kernel.grant_consent("alice", app_id=PLANNER, categories=["*"], purposes=["personalization"])
+    runtime = ServiceRuntime.for_kernel(kernel)
+    server = build_server(runtime, stdio_principal=Principal(PLANNER, "k", frozenset({"app"})))
+
+    async def calls() -> list[Any]:
+        async with McpClient(server) as client:
+            return [
+                await client.call_tool("forget", {"subject": subject})
+                for subject in ("x" * 300, "   ", "ali\x00ce")
+            ]
+
+    runtime.start()
+    try:
+        results = asyncio.run(calls())
+    finally:
+        runtime.stop()
+    for result in results:
+        assert result.is_error
+        text = " ".join(getattr(block, "text", "") for block in result.content)
+        assert [f["field"] for f in json.loads(text)["error"]["fields"]] == ["subject"], text
+    assert all(c.withdrawn_at is None for c in kernel.profile("alice").consents)

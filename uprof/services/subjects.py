@@ -45,9 +45,13 @@ class SubjectRequest:
 def check_subject_ref(subject_ref: str) -> str:
     ref = subject_ref.strip()
     if not ref:
-        raise InvalidInputError("subject must not be empty")
+        raise InvalidInputError("subject must not be empty", field="subject")
     if len(ref) > MAX_REF_LENGTH:
-        raise InvalidInputError(f"subject must be at most {MAX_REF_LENGTH} characters")
+        raise InvalidInputError(
+            f"subject must be at most {MAX_REF_LENGTH} characters", field="subject"
+        )
+    if "\x00" in ref:
+        raise InvalidInputError("subject must not contain NUL characters", field="subject")
     return ref
 
 
