@@ -89,11 +89,12 @@ def check_interaction(interaction: Interaction) -> Interaction:
 
 @contextmanager
 def _field(name: str) -> Iterator[None]:
-    """Name ``name`` as the field of an InvalidInputError that names none."""
+    """Name ``name`` as the field of an InvalidInputError raised inside: the record's own
+    field, whatever name the check used in its message (``interaction.agent_id``)."""
     try:
         yield
     except InvalidInputError as error:
-        if error.field is not None:
+        if error.field == name:
             raise
         raise InvalidInputError(str(error), field=name) from None
 
@@ -109,7 +110,10 @@ def _checked(
         try:
             checked.append(check_interaction(interaction))
         except InvalidInputError as e:
-            raise InvalidInputError(f"interaction #{index}: {e}") from None
+            field = e.field
+            if field is not None and len(interactions) > 1:
+                field = f"interactions.{index}.{field}"
+            raise InvalidInputError(f"interaction #{index}: {e}", field=field) from None
     return check_subject_ref(subject_ref), checked
 
 
