@@ -70,6 +70,11 @@ class ConsentRequiredError(UprofError):
 class EvidenceError(UprofError):
     hint = "cite events captured for this same subject (see `uprof evidence`)"
 
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        #: Where the refused evidence is cited (``proposals.<i>.evidence``), if known.
+        self.field = field
+
 
 class PermissionDeniedError(UprofError):
     hint = "the policy in policies/ decides who may read what; ask the operator"
