@@ -486,8 +486,13 @@ class Uprof:
         waiting for the views: its consent rows as the views hold them now (withdrawn
         ones too), else its consents in force in the subject's stream (one granted
         since the views last caught up). A view that lags says nothing here, so the
-        answer for a subject that exists never waits where an unknown one would not."""
+        answer for a subject that exists never waits where an unknown one would not.
+        Embedded (no workers), the views are brought up to date inline first, as every
+        read of them is: nothing waits there, and a consent granted and withdrawn before
+        any processing is found."""
         stream_id = self.stream_of(subject)
+        if not self.settings.background_workers:
+            self.process()
         if self.queries.consents_after(str(stream_id), app_id=app_id, after=None, limit=1):
             return True
         profile = self.app.load(stream_id)

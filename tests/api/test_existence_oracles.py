@@ -21,9 +21,19 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.api.conftest import Apps, api_settings, bearer, grant, interaction
+from domain.principal import Principal, PrincipalKind
+from tests.api.conftest import PLANNER, Apps, api_settings, bearer, grant, interaction
 from tests.conftest import Backend
+from tests.fakes.ports import FakeClock
+from tests.kernel.conftest import build_kernel as build_embedded_kernel
+from tests.kernel.conftest import settings_for
+from uprof.facade import Facade
+from uprof.kernel import Uprof
 from uprof.settings import Settings
+
+
+def build_embedded(backend: Backend) -> Uprof:
+    return build_embedded_kernel(settings_for(backend), FakeClock())
 
 
 def _slice(http: httpx.Client, key: str, **names: str) -> httpx.Response:
@@ -127,3 +137,23 @@ class TestBehindViews:
             json={"session_id": "session-3", "subject": "carol"},
         )
         assert bound.status_code == 201, bound.text
+
+
+def test_an_embedded_app_lists_a_consent_it_granted_and_withdrew_before_any_processing(
+    backend: Backend,
+) -> None:
+    """Guard for the embedded kernel (no workers), whose reads bring the views up to date
+    inline: the consent check reads the views, so it brings them up to date first, as the
+    check it replaced did; an app's own withdrawn consent is found though nothing ran."""
+    kernel = build_embedded(backend)
+    try:
+        door = Facade(kernel, Principal(kernel.subjects.tenant, PLANNER, "k", PrincipalKind.APP))
+        consent_id = door.grant_consent(
+            "alice", categories=["diet"], purposes=["personalization"], collected_by="ui:1"
+        )
+        door.withdraw_consent("alice", consent_id)
+        listed = door.list_consents("alice")
+    finally:
+        kernel.close()
+    assert [c.consent_id for c in listed.items] == [consent_id]
+    assert listed.items[0].withdrawn_at is not None
