@@ -483,20 +483,26 @@ class Uprof:
 
     def has_held_consent(self, subject: str, app_id: str) -> bool:
         """Whether ``app_id`` holds or held a consent of the subject, decided without
-        waiting for the views: its consent rows as the views hold them now (withdrawn
-        ones too), else its consents in force in the subject's stream (one granted
-        since the views last caught up). A view that lags says nothing here, so the
-        answer for a subject that exists never waits where an unknown one would not.
-        Embedded (no workers), the views are brought up to date inline first, as every
-        read of them is: nothing waits there, and a consent granted and withdrawn before
-        any processing is found."""
-        stream_id = self.stream_of(subject)
-        if not self.settings.background_workers:
-            self.process()
+        waiting for the views, so that the answer for a subject that exists never waits
+        (nor ends in ``read_timeout``) where an unknown one would not.
+
+        Read in turn: the app's consent rows as the views hold them now (withdrawn ones
+        too); its consents in force in the subject's stream (one granted since the views
+        last caught up); the ``consent.granted`` entries of the audit log for this subject
+        (one granted and withdrawn since then: the entry is written with the grant)."""
+        handle = self.subjects.find(subject)
+        if handle is None:
+            raise SubjectNotFoundError("no such subject")
+        stream_id = handle.stream_id
         if self.queries.consents_after(str(stream_id), app_id=app_id, after=None, limit=1):
             return True
         profile = self.app.load(stream_id)
-        return any(c.app_id == app_id for c in profile.consents.values())
+        if any(c.app_id == app_id for c in profile.consents.values()):
+            return True
+        granted = self.audit_log.entries(
+            subject_ref=handle.pseudonym, app_id=app_id, action="consent.granted", page_size=1
+        )
+        return next(iter(granted), None) is not None
 
     def consents_after(
         self,

@@ -125,6 +125,33 @@ class TestBehindViews:
             )
             assert unknown[0] == 404 and known == unknown, (path, body)
 
+    def test_an_app_that_withdrew_its_consent_before_the_views_had_it_still_knows_it(
+        self, http: httpx.Client, apps: Apps
+    ) -> None:
+        """Guard: a consent granted and withdrawn while the views lag is neither in them
+        nor in force; the app is still told about its own (the audit log's
+        ``consent.granted``): its proposal is refused for consent (403), not as for an
+        unknown subject (a first version of this change answered 404)."""
+        consent_id = grant(http, apps.calendar, "dora", purposes=("scheduling",))
+        withdrawn = http.post(
+            "/v1/consents/withdraw",
+            headers=bearer(apps.calendar),
+            json={"subject": "dora", "consent_id": consent_id},
+        )
+        assert withdrawn.status_code == 200, withdrawn.text
+        proposed = http.post(
+            "/v1/proposals",
+            headers=bearer(apps.calendar),
+            json={
+                "subject": "dora",
+                "agent_id": "agent:one",
+                "purpose": "scheduling",
+                "proposals": [{"kind": "memory", "text": "likes mornings", "category": "schedule"}],
+            },
+        )
+        assert proposed.status_code == 403, proposed.text
+        assert proposed.json()["error"]["code"] == "consent_required"
+
     def test_an_app_binds_a_session_under_a_consent_not_yet_in_the_views(
         self, http: httpx.Client, apps: Apps
     ) -> None:
