@@ -7,6 +7,7 @@ UprofError
 ├── EvidenceError            a proposal cites evidence that is missing or belongs elsewhere
 ├── PermissionDeniedError    a policy or visibility rule refused the request
 ├── IdentityError            the subject could not be resolved, or resolved ambiguously
+│   └── AmbiguousIdentityError   the request's names (subject, session, identifier) disagree
 ├── SubjectNotFoundError     no such data subject
 ├── SubjectErasedError       the subject was erased; its stream refuses reads and writes
 ├── IntentTransitionError    an intent lifecycle change that the lifecycle forbids
@@ -69,6 +70,11 @@ class ConsentRequiredError(UprofError):
 class EvidenceError(UprofError):
     hint = "cite events captured for this same subject (see `uprof evidence`)"
 
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        #: Where the refused evidence is cited (``proposals.<i>.evidence``), if known.
+        self.field = field
+
 
 class PermissionDeniedError(UprofError):
     hint = "the policy in policies/ decides who may read what; ask the operator"
@@ -76,6 +82,10 @@ class PermissionDeniedError(UprofError):
 
 class IdentityError(UprofError):
     hint = "name the subject explicitly on the request"
+
+
+class AmbiguousIdentityError(IdentityError):
+    """The subject, session and identifier a request names resolve to different subjects."""
 
 
 class SubjectNotFoundError(UprofError):

@@ -61,14 +61,16 @@ def qualified_agent(app_id: str, agent_id: str) -> str:
         owner_app, _, _ = agent_id.partition(AGENT_SEPARATOR)
         if owner_app != app_id:
             raise InvalidInputError(
-                "agent_id must be one of the calling app's own agents (no '/' in agent_id)"
+                "agent_id must be one of the calling app's own agents (no '/' in agent_id)",
+                field="agent_id",
             )
         return agent_id
     owner = f"{app_id}{AGENT_SEPARATOR}{agent_id}"
     if len(owner) > MAX_OWNER_CHARS:
         raise InvalidInputError(
             f"agent_id is too long: app id and agent id together must be at most "
-            f"{MAX_OWNER_CHARS - 1} characters"
+            f"{MAX_OWNER_CHARS - 1} characters",
+            field="agent_id",
         )
     return owner
 

@@ -3,7 +3,10 @@
 Its state is deliberately small — consents, the current attribute set, active
 intents and counters — so that loading it (snapshot plus a short tail) costs the
 same whether the subject has a hundred events or a hundred thousand. Memories are
-recorded as events but never held here; the read side keeps them.
+recorded as events but never held here; the read side keeps them. The one exception is
+the ids of archived memories (``archived_memories``), so that archiving is decided once
+per memory whichever process asks (docs/decisions, "The decay job archives each memory
+once").
 
 Commands decide (consent gate, evidence rule, merge/conflict/supersession,
 intent lifecycle); the ``@event`` methods only apply what was decided, so replay
@@ -169,7 +172,8 @@ class SubjectProfile(Aggregate):
     #: Version 2 keeps its state in value objects (ConsentState, AttributeState,
     #: IntentState) instead of dicts; ``upcast_v1_v2`` reads the snapshots taken before.
     #: Events are unchanged: only snapshots store the aggregate's state.
-    class_version = 2
+    #: Version 3 adds ``archived_memories``; ``upcast_v2_v3`` gives older snapshots none.
+    class_version = 3
 
     @staticmethod
     def upcast_v1_v2(state: dict[str, Any]) -> None:
@@ -204,6 +208,13 @@ class SubjectProfile(Aggregate):
             )
             for i, x in state["intents"].items()
         }
+
+    @staticmethod
+    def upcast_v2_v3(state: dict[str, Any]) -> None:
+        # Snapshots before version 3 did not keep archived memories: such a subject's
+        # memories archived before its snapshot are not known here (the views know them,
+        # and the decay job chooses only among the ones they show active).
+        state["archived_memories"] = set()
 
     if TYPE_CHECKING:
         # The @event("Name") decorators below create these classes when the class body
@@ -248,6 +259,9 @@ class SubjectProfile(Aggregate):
         self.consents: dict[str, ConsentState] = {}
         self.attributes: dict[str, AttributeState] = {}
         self.intents: dict[str, IntentState] = {}
+        #: Ids of the memories archived and not erased since (snapshots keep them as a
+        #: sorted list): a second archive of the same memory is a no-op.
+        self.archived_memories: set[str] = set()
         self.capture_count = 0
         self.memory_count = 0
         self.erased = False
@@ -740,15 +754,22 @@ class SubjectProfile(Aggregate):
     ) -> None:
         self.memory_count += 1
 
-    def archive_memories(self, item_ids: list[str], *, reason: str) -> None:
-        """Move cold memories out of retrieval (MemoryOS eviction); they stay as evidence."""
+    def archive_memories(self, item_ids: list[str], *, reason: str) -> list[str]:
+        """Move cold memories out of retrieval (MemoryOS eviction); they stay as evidence.
+
+        Returns the ids archived now: those already archived are left out, so a command
+        decided on views that do not show an archive yet (another process's, or this
+        one's before a retry) does not archive the same memory twice.
+        """
         self._refuse_if_erased()
-        if item_ids:
-            self._memories_archived(item_ids=sorted(set(item_ids)), reason=reason)
+        ids = sorted(set(item_ids) - self.archived_memories)
+        if ids:
+            self._memories_archived(item_ids=ids, reason=reason)
+        return ids
 
     @event("MemoriesArchived")
     def _memories_archived(self, item_ids: list[str], reason: str) -> None:
-        pass
+        self.archived_memories.update(item_ids)
 
     # ------------------------------------------------------------------- intents
 
@@ -1070,6 +1091,7 @@ class SubjectProfile(Aggregate):
         for item_id in item_ids:
             self.attributes.pop(item_id, None)
             self.intents.pop(item_id, None)
+            self.archived_memories.discard(item_id)
 
     def erase_capture(
         self, capture_id: str, *, cited_by: list[str], now: datetime
@@ -1170,6 +1192,7 @@ class SubjectProfile(Aggregate):
         self.consents = {}
         self.attributes = {}
         self.intents = {}
+        self.archived_memories = set()
 
     def _refuse_if_erased(self) -> None:
         if self.erased:

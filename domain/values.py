@@ -78,7 +78,9 @@ def check_token(field_name: str, value: str) -> str:
     """Refuse an id that is not a short token (letters, digits, ``_.:/*#=-``)."""
     if not _TOKEN_RE.match(value or ""):
         raise InvalidInputError(
-            f"{field_name} must be 1-128 letters, digits or _.:/*#=- (got {len(value or '')} chars)"
+            f"{field_name} must be 1-128 letters, digits or _.:/*#=- "
+            f"(got {len(value or '')} chars)",
+            field=field_name,
         )
     return value
 
@@ -86,7 +88,7 @@ def check_token(field_name: str, value: str) -> str:
 def check_text(field_name: str, value: str) -> str:
     """Refuse text with NUL characters (no store keeps them faithfully)."""
     if "\x00" in value:
-        raise InvalidInputError(f"{field_name} must not contain NUL characters")
+        raise InvalidInputError(f"{field_name} must not contain NUL characters", field=field_name)
     return value
 
 

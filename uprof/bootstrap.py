@@ -250,7 +250,7 @@ def build_policy_service(settings: Settings, audit: AuditTrail, keys: Any) -> Po
         # Lazy: only the policy store's app check needs the key table.
         from uprof.apikeys.store import ApiKeyStore
 
-        return any(not k.is_revoked for k in ApiKeyStore(keys).list(app_id))
+        return any(not k.is_revoked for k in ApiKeyStore(keys, tenant=settings.tenant).list(app_id))
 
     seed_path = Path(settings.policy_path)
     seed_text = seed_path.read_text(encoding="utf-8")

@@ -55,6 +55,19 @@ class ValueObjectAsDict(Transcoding):
         return self.type(**data)
 
 
+class SetAsSortedList(Transcoding):
+    """A set of strings (the aggregate's archived memory ids) as a sorted JSON list."""
+
+    type = set
+    name = "set"
+
+    def encode(self, obj: set[str]) -> list[str]:
+        return sorted(obj)
+
+    def decode(self, data: list[str]) -> set[str]:
+        return set(data)
+
+
 def _gave_up(error: BaseException) -> ConcurrencyConflictError:
     return ConcurrencyConflictError(
         f"gave up after {retry.SUBJECT_WRITE.attempts} attempts: other writers kept saving first"
@@ -132,6 +145,7 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
         # Snapshots hold the aggregate's state, whose parts are frozen value objects.
         for value_type in STATE_VALUE_TYPES:
             transcoder.register(ValueObjectAsDict(value_type))
+        transcoder.register(SetAsSortedList())
 
     def construct_recorder(self) -> ProcessRecorder:
         recorder = self.factory.process_recorder()

@@ -96,7 +96,7 @@ from uprof.services.policy import (
 from uprof.services.profile import EvidenceView, ProfileView
 from uprof.services.residue import ResidueReport
 from uprof.services.slices import ProfileSlice
-from uprof.services.subjects import SubjectRequest
+from uprof.services.subjects import NAMESPACE_SEPARATOR, SubjectRequest
 
 if TYPE_CHECKING:
     from audit.check import CheckResult, Kind
@@ -143,8 +143,6 @@ COMPLIANCE_PURPOSE = "compliance"
 OPERATIONS_PURPOSE = "operations"
 #: A stream being read (an audit export) asks the policy again after this many records.
 STREAM_RECHECK_RECORDS = 500
-#: Separates the app's namespace from a session id or identifier before the kernel hashes it.
-_NAMESPACE_SEPARATOR = "\x1f"
 
 
 @dataclass(frozen=True)
@@ -306,7 +304,7 @@ class Facade:
     def _namespaced(self, value: str | None) -> str | None:
         if value is None:
             return None
-        return f"{self.principal.policy_subject}{_NAMESPACE_SEPARATOR}{value.strip()}"
+        return f"{self.principal.policy_subject}{NAMESPACE_SEPARATOR}{value.strip()}"
 
     # --------------------------------------------------------------- capture
 
@@ -462,13 +460,14 @@ class Facade:
         for purpose in purposes:  # malformed input is a 422 naming the field, not a denial
             problem = purpose_problem(purpose.strip())
             if problem is not None:
-                raise InvalidInputError(f"purposes: {problem}")
+                raise InvalidInputError(f"purposes: {problem}", field="purposes")
         if collected_by.strip():
             check_token("collected_by", collected_by.strip())
         if self.principal.kind is PrincipalKind.APP and not collected_by.strip():
             raise InvalidInputError(
                 "collected_by must name the app's record of the user's consent "
-                "(e.g. consent-ui:2024-05-01:1234)"
+                "(e.g. consent-ui:2024-05-01:1234)",
+                field="collected_by",
             )
         if self.principal.kind is not PrincipalKind.USER:
             categories = self._consentable(target, categories, purposes)
@@ -543,6 +542,7 @@ class Facade:
         this app's to learn (``_known_to_app``).
         """
         self._own_subject(subject)
+        self._known_to_app(subject)  # before the profile read, which waits for the views
         with self._as_principal():
             view = self._kernel.profile(subject)
         if self.principal.kind is PrincipalKind.APP:
@@ -554,12 +554,15 @@ class Facade:
 
     def _known_to_app(self, subject: str) -> None:
         """Refuse, as for an unknown subject, an app that was never granted a consent of
-        ``subject`` (operators and the subject itself are not asked): one consent row of
-        the app's, not the whole profile, is read."""
+        ``subject`` (operators and the subject itself are not asked).
+
+        Decided before anything waits for the subject's views
+        (``Uprof.has_held_consent``): a wait, and the ``read_timeout`` it may end in, is
+        only ever for a subject that exists, so it must not come first."""
         if self.principal.kind is PrincipalKind.APP and not self.principal.is_operator:
             app = self.principal.policy_subject
             with self._as_principal():
-                if not self._kernel.consents_after(subject, app_id=app, after=None, limit=1):
+                if not self._kernel.has_held_consent(subject, app):
                     raise SubjectNotFoundError("no such subject")
 
     def consents_in_force(self, subject: str) -> list[ConsentGrant]:
@@ -977,18 +980,14 @@ class Facade:
         self._own_subject(subject)
         size = check_limit(limit)
         app = self.principal.policy_subject if self.principal.kind is PrincipalKind.APP else None
+        # Before the cursor is judged (a 422 for a subject that exists) and before the
+        # rows are read (which waits for the views): whether the subject exists is not
+        # for an app that holds no consent of it to learn.
+        self._known_to_app(subject)
         with self._as_principal():
             stream = self._kernel.stream_of(subject)
             listing = self._listing("consents", ("time", "str"), subject=stream, app=app)
-            try:
-                after = _time_position(self._open(listing, cursor))
-            except InvalidInputError:
-                # A refused cursor must not tell an app that a subject it holds no
-                # consent of exists (a 422 here, a 404 for a subject that does not).
-                if app is not None and not self.principal.is_operator:
-                    if not self._kernel.consents_after(subject, app_id=app, after=None, limit=1):
-                        raise SubjectNotFoundError("no such subject") from None
-                raise
+            after = _time_position(self._open(listing, cursor))
             rows = self._kernel.consents_after(subject, app_id=app, after=after, limit=size + 1)
         if app is not None and after is None and not rows and not self.principal.is_operator:
             # A first page with none of the app's own consents: it holds none, so the

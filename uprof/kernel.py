@@ -481,6 +481,29 @@ class Uprof:
         self.reads.drain()
         return self.audit_log.entries(**filters)
 
+    def has_held_consent(self, subject: str, app_id: str) -> bool:
+        """Whether ``app_id`` holds or held a consent of the subject, decided without
+        waiting for the views, so that the answer for a subject that exists never waits
+        (nor ends in ``read_timeout``) where an unknown one would not.
+
+        Read in turn: the app's consent rows as the views hold them now (withdrawn ones
+        too); its consents in force in the subject's stream (one granted since the views
+        last caught up); the ``consent.granted`` entries of the audit log for this subject
+        (one granted and withdrawn since then: the entry is written with the grant)."""
+        handle = self.subjects.find(subject)
+        if handle is None:
+            raise SubjectNotFoundError("no such subject")
+        stream_id = handle.stream_id
+        if self.queries.consents_after(str(stream_id), app_id=app_id, after=None, limit=1):
+            return True
+        profile = self.app.load(stream_id)
+        if any(c.app_id == app_id for c in profile.consents.values()):
+            return True
+        granted = self.audit_log.entries(
+            subject_ref=handle.pseudonym, app_id=app_id, action="consent.granted", page_size=1
+        )
+        return next(iter(granted), None) is not None
+
     def consents_after(
         self,
         subject: str,
@@ -948,7 +971,7 @@ class Uprof:
         key works that the log does not show."""
         from uprof.apikeys.store import ApiKeyStore
 
-        store = ApiKeyStore(self.keys_engine, now=self.clock.now)
+        store = ApiKeyStore(self.keys_engine, tenant=self.subjects.tenant, now=self.clock.now)
         issued = store.create(app_id, roles)
         try:
             self.audit.record(
@@ -968,7 +991,9 @@ class Uprof:
         key store is a read like any other."""
         from uprof.apikeys.store import ApiKeyStore
 
-        rows = ApiKeyStore(self.keys_engine, now=self.clock.now).list(app_id)
+        rows = ApiKeyStore(self.keys_engine, tenant=self.subjects.tenant, now=self.clock.now).list(
+            app_id
+        )
         self.audit.record("apikey.listed", app_id=app_id, counts={"keys": len(rows)})
         return rows
 
@@ -983,7 +1008,7 @@ class Uprof:
         its entry then fails to be written (the error is raised)."""
         from uprof.apikeys.store import ApiKeyStore
 
-        store = ApiKeyStore(self.keys_engine, now=self.clock.now)
+        store = ApiKeyStore(self.keys_engine, tenant=self.subjects.tenant, now=self.clock.now)
         app_id = store.live_app_of(key_id)
         if app_id is None or not store.revoke(key_id):
             return False

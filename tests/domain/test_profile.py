@@ -278,9 +278,10 @@ def test_a_snapshot_of_dict_state_upcasts_into_the_same_value_objects() -> None:
 
     live = _busy_profile()
     snapshot = SubjectProfile.Snapshot.take(live)
-    assert snapshot.state["class_version"] == 2
+    assert snapshot.state["class_version"] == 3
     old_state = dict(snapshot.state)
     del old_state["class_version"]
+    del old_state["archived_memories"]  # version 3
     for part in ("consents", "attributes", "intents"):
         old_state[part] = {
             k: {
@@ -301,3 +302,41 @@ def test_a_snapshot_of_dict_state_upcasts_into_the_same_value_objects() -> None:
     assert loaded.attributes == live.attributes
     assert loaded.consents == live.consents
     assert loaded.intents == live.intents
+
+
+def test_a_memory_is_archived_once_and_erasure_forgets_it() -> None:
+    """The aggregate keeps the archived memories' ids: archiving one again decides
+    nothing (the decay job of another process, or its own retry, 2026-12-05)."""
+    p = profile_with_consent()
+    assert p.archive_memories(["m2", "m1", "m1"], reason="cold") == ["m1", "m2"]
+    assert p.archive_memories(["m1", "m2"], reason="cold") == []
+    assert p.archive_memories(["m2", "m3"], reason="cold") == ["m3"]
+    p.erase_items(["m3"], reason="user")
+    assert p.archived_memories == {"m1", "m2"}
+    replayed = _replayed(p)
+    assert replayed.archived_memories == {"m1", "m2"}
+    replayed.erase(request_id="r", basis="user", now=datetime(2025, 2, 1, tzinfo=UTC))
+    assert replayed.archived_memories == set()
+
+
+def test_a_snapshot_taken_before_archives_were_kept_loads_with_none() -> None:
+    """Version-2 snapshots lack ``archived_memories``: they load, with an empty set."""
+    live = _busy_profile()
+    live.archive_memories(["m1"], reason="cold")
+    snapshot = SubjectProfile.Snapshot.take(live)
+    assert snapshot.state["archived_memories"] == {"m1"}
+    old_state = dict(snapshot.state)
+    old_state["class_version"] = 2
+    del old_state["archived_memories"]
+    old = SubjectProfile.Snapshot(  # type: ignore[call-arg]
+        originator_id=snapshot.originator_id,
+        originator_version=snapshot.originator_version,
+        timestamp=snapshot.timestamp,
+        topic=snapshot.topic,
+        state=old_state,
+    )
+    loaded = old.mutate(None)
+    assert isinstance(loaded, SubjectProfile)
+    assert loaded.archived_memories == set()
+    assert loaded.attributes == live.attributes
+    assert loaded.archive_memories(["m2"], reason="cold") == ["m2"]

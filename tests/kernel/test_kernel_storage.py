@@ -139,7 +139,7 @@ def test_proposal_citing_missing_or_foreign_evidence_is_refused(kernel: Uprof) -
         owner_agent="agent:one",
         app_id=APP,
     )
-    with pytest.raises(EvidenceError, match="another subject"):
+    with pytest.raises(EvidenceError, match="of this subject"):
         kernel.submit_proposals("alice", foreign)
     assert not any(a.key == "occupation" for a in kernel.profile("alice").attributes)
 

@@ -46,7 +46,7 @@ def test_a_branch_that_forks_is_left_to_alembic(
     )
     monkeypatch.setattr(storage, "MIGRATIONS_DIR", folder)
     assert branch_head("views") is None
-    assert branch_head("keys") == "0002_keys_api_keys"  # the other branch is unaffected
+    assert branch_head("keys") == "0003_keys_api_key_tenant"  # the other branch is unaffected
 
 
 def test_a_header_written_another_way_is_left_to_alembic(
@@ -54,7 +54,7 @@ def test_a_header_written_another_way_is_left_to_alembic(
 ) -> None:
     folder = _copy_versions(tmp_path)
     (folder / "versions" / "9999_merge.py").write_text(
-        'revision = "9999_merge"\ndown_revision = ("0002_keys_api_keys", "0004_x")\n'
+        'revision = "9999_merge"\ndown_revision = ("0003_keys_api_key_tenant", "0004_x")\n'
     )
     monkeypatch.setattr(storage, "MIGRATIONS_DIR", folder)
     assert branch_head("keys") is None

@@ -69,3 +69,40 @@ def test_an_intent_from_a_snapshot_taken_before_sharing_was_kept_is_matched_as_p
         )
         is False
     )
+
+
+def test_a_snapshot_keeps_the_archived_memories(backend: Backend, clock: FakeClock) -> None:
+    """``archived_memories`` (class version 3) goes through the sealed snapshot path and
+    loads equal to a replay: a process loading from the snapshot archives nothing again."""
+    from uprof.services.maintenance import MaintenanceService
+
+    first = build_kernel(settings_for(backend), clock)
+    try:
+        consent(first)
+        first.capture_many("alice", [say(f"note number {i}", day=1 + i) for i in range(5)])
+        first.process()
+        first.maintenance = MaintenanceService(first.app, first.subjects, first.queries, capacity=3)
+        assert first.run_maintenance()["memories_archived"] == 2
+        stream = first.stream_of("alice")
+        first.app.take_snapshot(stream)
+        assert first.app.snapshots is not None
+        (snapshot, *_) = reversed(list(first.app.snapshots.get(stream)))
+        assert len(snapshot.state["archived_memories"]) == 2  # type: ignore[attr-defined]
+    finally:
+        first.close()
+    second = build_kernel(settings_for(backend), clock)
+    try:
+        loaded = second.app.load(stream)
+        replayed: SubjectProfile | None = None
+        for event in second.app.events.get(stream):
+            replayed = event.mutate(replayed)  # type: ignore[attr-defined]
+        assert isinstance(replayed, SubjectProfile)
+        assert isinstance(loaded.archived_memories, set)
+        assert loaded.archived_memories == replayed.archived_memories
+        assert len(loaded.archived_memories) == 2
+        # Views that do not show the archive yet choose the same memories: nothing to do.
+        cold = sorted(loaded.archived_memories)
+        assert loaded.archive_memories(cold, reason="cold") == []
+        assert not loaded.pending_events
+    finally:
+        second.close()

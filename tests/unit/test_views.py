@@ -78,7 +78,7 @@ def test_a_proposal_citing_another_subjects_capture_is_refused(world: World) -> 
     bobs = world.capture.capture("bob", say("I live in Oslo"))
     world.project()
     head = world.events.max_notification_id()
-    with pytest.raises(EvidenceError, match="another subject"):
+    with pytest.raises(EvidenceError, match="of this subject"):
         proposals(world).submit("alice", location((bobs.capture_id,), "Oslo"))
     with pytest.raises(EvidenceError, match="does not name"):
         proposals(world).submit("alice", location(("no-such-capture",)))

@@ -263,7 +263,7 @@ class AppScope:
             # The kernel creates the subject before the aggregate checks expires_at;
             # check it first so a refused grant leaves nothing behind.
             if body.expires_at is not None and body.expires_at <= self._door.now():
-                raise InvalidInputError("expires_at must be in the future")
+                raise InvalidInputError("expires_at must be in the future", field="expires_at")
             consent_id = self._door.grant_consent(
                 body.subject,
                 categories=list(body.categories),

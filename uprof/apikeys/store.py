@@ -137,10 +137,14 @@ class ApiKeyStore:
         self,
         engine: sa.Engine,
         *,
+        tenant: str = "default",
         now: Callable[[], datetime] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``tenant``: the deployment tenant (``Settings.tenant``) whose keys this store
+        issues, lists, revokes and accepts; another tenant's key is unknown here."""
         self._engine = engine
+        self._tenant = tenant
         self._now = now or (lambda: datetime.now(tz=UTC))
         #: The clock the row cache ages by (a test advances it instead of sleeping).
         self._monotonic = monotonic
@@ -155,7 +159,7 @@ class ApiKeyStore:
         """
         from uprof.storage import create_engine, layout_for
 
-        store = cls(create_engine(layout_for(settings).keys_url))
+        store = cls(create_engine(layout_for(settings).keys_url), tenant=settings.tenant)
         store.ensure_schema()
         return store
 
@@ -195,6 +199,7 @@ class ApiKeyStore:
                     created_at=created_at,
                     revoked_at=None,
                     roles=" ".join(clean_roles),
+                    tenant=self._tenant,
                 )
             )
         info = ApiKeyInfo(key_id, app_id, clean_roles, created_at, None)
@@ -205,7 +210,7 @@ class ApiKeyStore:
         with self._engine.begin() as conn:
             result = conn.execute(
                 api_keys.update()
-                .where(api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_(None))
+                .where(api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_(None), self._ours())
                 .values(revoked_at=self._now())
             )
         self._rows.pop(key_id)  # also refuses a fill in flight that read the row before
@@ -218,7 +223,7 @@ class ApiKeyStore:
         with self._engine.connect() as conn:
             found = conn.execute(
                 sa.select(api_keys.c.app_id).where(
-                    api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_(None)
+                    api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_(None), self._ours()
                 )
             ).first()
         return None if found is None else str(found.app_id)
@@ -230,7 +235,8 @@ class ApiKeyStore:
             api_keys.c.roles,
             api_keys.c.created_at,
             api_keys.c.revoked_at,
-        ).order_by(api_keys.c.created_at, api_keys.c.key_id)
+        ).where(self._ours())
+        query = query.order_by(api_keys.c.created_at, api_keys.c.key_id)
         if app_id is not None:
             query = query.where(api_keys.c.app_id == app_id)
         with self._engine.connect() as conn:
@@ -298,7 +304,7 @@ class ApiKeyStore:
             found = conn.execute(
                 sa.select(
                     api_keys.c.app_id, api_keys.c.key_hash, api_keys.c.roles, api_keys.c.revoked_at
-                ).where(api_keys.c.key_id == key_id)
+                ).where(api_keys.c.key_id == key_id, self._ours())
             ).first()
         if found is None or found.revoked_at is not None:
             self._rows.take(key_id)
@@ -306,6 +312,10 @@ class ApiKeyStore:
         row = _KeyRow(found.app_id, found.key_hash, frozenset(found.roles.split()), now)
         self._rows.put(key_id, row, ticket=ticket)
         return row
+
+    def _ours(self) -> sa.ColumnElement[bool]:
+        """Rows of this store's tenant (and keys issued before keys named one)."""
+        return sa.or_(api_keys.c.tenant == self._tenant, api_keys.c.tenant.is_(None))
 
     def ping(self) -> bool:
         """True when the table's database answers (readiness)."""

@@ -16,6 +16,8 @@ metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
 #: One row per issued key. Only a SHA-256 of the secret part is stored: the key is
 #: 256 bits of randomness, so a slow password hash would add latency and no safety.
 #: ``roles`` is a space-separated set (e.g. "app operator"); ``revoked_at`` set = dead.
+#: ``tenant``: the deployment tenant the key was issued in, the only one it opens (NULL:
+#: issued before keys named their tenant, accepted in any).
 api_keys = sa.Table(
     "api_keys",
     metadata,
@@ -25,4 +27,5 @@ api_keys = sa.Table(
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("revoked_at", sa.DateTime(timezone=True), nullable=True),
     sa.Column("roles", sa.String(256), nullable=False, server_default="app"),
+    sa.Column("tenant", sa.String(128), nullable=True),
 )

@@ -16,6 +16,9 @@ import typer
 from domain.errors import UprofError
 from uprof.cli.context import STATE, err_console, fail, settings
 
+#: The REST server's default (``uprof serve --max-body-bytes``), without importing it at start.
+DEFAULT_MAX_BODY_BYTES = 1_048_576
+
 API_KEY_ENV = "UPROF_API_KEY"
 
 
@@ -26,18 +29,28 @@ def mcp(
     host: Annotated[str, typer.Option(help="HTTP: interface to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="HTTP: TCP port.")] = 8766,
     path: Annotated[str, typer.Option(help="HTTP: endpoint path.")] = "/mcp",
+    max_body_bytes: Annotated[
+        int, typer.Option(help="HTTP: largest request body accepted (413 over it).")
+    ] = DEFAULT_MAX_BODY_BYTES,
 ) -> None:
     """Serve the MCP tools profile_slice, capture and forget, and the profile resource."""
     if transport not in ("stdio", "http"):
         raise typer.BadParameter("transport must be stdio or http")
-    run(transport, host=host, port=port, path=path)  # type: ignore[arg-type]
+    run(transport, host=host, port=port, path=path, max_body_bytes=max_body_bytes)  # type: ignore[arg-type]
 
 
-def run(transport: Literal["stdio", "http"], *, host: str, port: int, path: str) -> None:
+def run(
+    transport: Literal["stdio", "http"],
+    *,
+    host: str,
+    port: int,
+    path: str,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> None:
     from uprof.api.runtime import ServiceRuntime
     from uprof.apikeys.store import ApiKeyStore
     from uprof.bootstrap import bootstrap
-    from uprof.mcp.server import build_server
+    from uprof.mcp.server import build_server, http_app
     from uprof.native_memory import limit_malloc_arenas
 
     server_settings = settings().model_copy(update={"background_workers": True})
@@ -67,14 +80,20 @@ def run(transport: Literal["stdio", "http"], *, host: str, port: int, path: str)
                 runtime,
                 stdio_principal=principal,
                 stdio_check=lambda: keys.authenticate(stdio_key),
+                rate_limit=server_settings.rate_limit,
             ).run("stdio")
         else:
             import uvicorn
 
             from uprof.api.logconfig import server_log_config
 
-            server = build_server(runtime, keys, issuer_url=f"http://{host}:{port}")
-            app = server.streamable_http_app(streamable_http_path=path, host=host)
+            server = build_server(
+                runtime,
+                keys,
+                issuer_url=f"http://{host}:{port}",
+                rate_limit=server_settings.rate_limit,
+            )
+            app = http_app(server, path=path, host=host, max_body_bytes=max_body_bytes)
             uvicorn.run(
                 app,
                 host=host,

@@ -13,6 +13,10 @@ comes from authentication, as over REST (I3):
   SDK's bearer middleware through ``ApiKeyTokenVerifier``; a missing, invalid or
   revoked key gets 401 before any tool runs.
 
+The REST API's limits hold here too: ``http_app`` refuses a body over the size limit
+(413) before it is read, and ``rate_limit`` (``UPROF_RATE_LIMIT``) counts every tool call
+and resource read against the key's allowance (a ``rate_limited`` error, nothing done).
+
 Failures become tool errors (``is_error``) whose text is the REST error body as JSON
 (``{"error": {"code": "consent_required", "message": ..., "hint": ..., "fields": [...]}}``),
 bad arguments included (an argument a tool does not declare too, as REST refuses an unknown
@@ -37,10 +41,13 @@ from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.shared.exceptions import MCPError
 from mcp.types import INTERNAL_ERROR, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
+from starlette.types import ASGIApp
 
 from domain.errors import UprofError
 from uprof.api.deps import key_still_live
 from uprof.api.errors import EdgeError, body_for, unauthenticated, validation_problem
+from uprof.api.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimitMiddleware
+from uprof.api.ratelimit import KeyRateLimiter
 from uprof.api.runtime import ServiceRuntime
 from uprof.api.scoped import AppScope
 from uprof.apikeys.store import ApiKeyStore, Principal
@@ -150,6 +157,7 @@ def build_server(
     stdio_principal: Principal | None = None,
     stdio_check: Callable[[], Principal | None] | None = None,
     issuer_url: str = "http://127.0.0.1:8766",
+    rate_limit: str | None = None,
 ) -> MCPServer:
     """Build the MCP server over a runtime.
 
@@ -158,8 +166,10 @@ def build_server(
     asked before every call, it checks the key again and returns its principal, or
     None once the key is no longer valid (the call is then refused). ``issuer_url``
     only fills the SDK's auth settings; uprof issues keys itself (``uprof apps
-    create``), not through OAuth.
+    create``), not through OAuth. ``rate_limit``: requests per API key, in the notation
+    of ``UPROF_RATE_LIMIT`` (each tool call and resource read is one request).
     """
+    limiter = KeyRateLimiter(rate_limit) if rate_limit else None
     verifier = ApiKeyTokenVerifier(api_keys) if api_keys is not None else None
     auth = (
         AuthSettings(issuer_url=issuer_url, resource_server_url=None, validate_token_resource=False)
@@ -174,9 +184,18 @@ def build_server(
         log_level="WARNING",
     )
 
+    def counted(key_id: str) -> None:
+        """Count one request against the key's allowance (after authentication, as REST)."""
+        if limiter is not None:
+            try:
+                limiter.check(key_id)
+            except EdgeError as refused:
+                raise _tool_error(refused) from None
+
     def scope() -> AppScope:
         token = get_access_token()
         if token is not None:
+            counted(token.subject or "")
             return AppScope(
                 runtime,
                 token.client_id,
@@ -190,6 +209,7 @@ def build_server(
             principal = stdio_principal if stdio_check is None else stdio_check()
             if principal is None or principal.key_id != stdio_principal.key_id:
                 raise _tool_error(unauthenticated("UPROF_API_KEY is no longer valid (revoked)"))
+            counted(principal.key_id)
             return AppScope(
                 runtime,
                 principal.app_id,
@@ -449,6 +469,20 @@ def build_server(
         return result.model_dump_json()
 
     return server
+
+
+def http_app(
+    server: MCPServer,
+    *,
+    path: str = "/mcp",
+    host: str = "127.0.0.1",
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> ASGIApp:
+    """The server over streamable HTTP at ``path``, refusing a request body over
+    ``max_body_bytes`` with 413 before it is read (the MCP SDK reads a body whole into
+    memory before parsing it), as the REST API does."""
+    app = server.streamable_http_app(streamable_http_path=path, host=host)
+    return BodySizeLimitMiddleware(app, max_body_bytes=max_body_bytes)
 
 
 def _resource_error(error: UprofToolError) -> MCPError:

@@ -85,12 +85,14 @@ def check_interaction(interaction: Interaction) -> Interaction:
 
 
 def _named(name: str, check: Callable[..., _T], *args: Any) -> _T:
-    """``check(*args)``, naming ``name`` as the field of an InvalidInputError that names
-    none. A plain call, not a context manager: it runs ten times per captured event."""
+    """``check(*args)``, naming ``name`` as the field of an InvalidInputError raised
+    inside: the record's own field, whatever name the check used in its message
+    (``interaction.agent_id``). A plain call, not a context manager: it runs ten times
+    per captured event."""
     try:
         return check(*args)
     except InvalidInputError as error:
-        if error.field is not None:
+        if error.field == name:
             raise
         raise InvalidInputError(str(error), field=name) from None
 
@@ -106,7 +108,10 @@ def _checked(
         try:
             checked.append(check_interaction(interaction))
         except InvalidInputError as e:
-            raise InvalidInputError(f"interaction #{index}: {e}") from None
+            field = e.field
+            if field is not None and len(interactions) > 1:
+                field = f"interactions.{index}.{field}"
+            raise InvalidInputError(f"interaction #{index}: {e}", field=field) from None
     return check_subject_ref(subject_ref), checked
 
 

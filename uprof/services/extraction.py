@@ -91,14 +91,20 @@ class EvidenceChecker:
                 reader_agent_type="",
             )
         }
-        missing = sorted((unknown - rows.keys()) | unseen)
-        if missing:
-            raise EvidenceError(f"evidence {missing[0]!r} does not name a captured event")
-        foreign = sorted(
-            e for e in cited if str(known.get(e) or rows[e].stream_id) != str(stream_id)
-        )
-        if foreign:
-            raise EvidenceError(f"evidence {foreign[0]!r} belongs to another subject")
+        missing = (unknown - rows.keys()) | unseen
+        foreign = {
+            e for e in cited - missing if str(known.get(e) or rows[e].stream_id) != str(stream_id)
+        }
+        if missing or foreign:
+            # One answer for both: "belongs to another subject" told an app holding a
+            # stray capture id that the id is a real capture, and whose it is not.
+            refused = min(missing | foreign)
+            at = next(i for i, p in enumerate(batch.proposals) if refused in p.evidence)
+            raise EvidenceError(
+                f"evidence {refused!r} does not name a captured event of this subject "
+                "that this agent may see",
+                field=f"proposals.{at}.evidence",
+            )
 
 
 def interaction_of(event: Any) -> Interaction:

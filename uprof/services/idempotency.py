@@ -117,9 +117,11 @@ def refuse_unrecorded(replay: bool | None = None) -> None:
 def check_key(key: str) -> str:
     """Validate an idempotency key; the error names the header."""
     if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
-        raise InvalidInputError(f"{HEADER} must be 1 to {MAX_KEY_LENGTH} characters")
+        raise InvalidInputError(f"{HEADER} must be 1 to {MAX_KEY_LENGTH} characters", field=HEADER)
     if any(not (0x21 <= ord(ch) <= 0x7E) for ch in key):
-        raise InvalidInputError(f"{HEADER} must be visible ASCII characters (no spaces)")
+        raise InvalidInputError(
+            f"{HEADER} must be visible ASCII characters (no spaces)", field=HEADER
+        )
     return key
 
 

@@ -67,11 +67,14 @@ class MaintenanceService:
         cold = self._cold_memories(str(stream_id), now)
 
         def command() -> tuple[int, int]:
+            # The aggregate knows which intents are active and which memories archived:
+            # work another process (or this one's lost attempt) did is not done again,
+            # and a save that lost to another process's reloads and finds it done.
             profile = self._app.load(stream_id)
             expired = profile.expire_intents(now)
-            profile.archive_memories(cold, reason="cold")
+            archived = profile.archive_memories(cold, reason="cold")
             if profile.pending_events:
                 self._app.save(profile)
-            return len(expired), len(cold)
+            return len(expired), len(archived)
 
         return self._app.with_retry(command)

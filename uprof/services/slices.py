@@ -31,7 +31,12 @@ from uuid import UUID
 
 import numpy as np
 
-from domain.errors import InvalidInputError, SubjectErasedError, SubjectNotFoundError
+from domain.errors import (
+    AmbiguousIdentityError,
+    InvalidInputError,
+    SubjectErasedError,
+    SubjectNotFoundError,
+)
 from domain.heat import heat
 from domain.principal import qualified_agent
 from domain.values import CATEGORIES, Layer, Provenance, SharingPolicy, check_token
@@ -289,9 +294,15 @@ class SliceService:
         # Agents belong to their app: the reader is the qualified agent (I4), whatever
         # the caller wrote, so "agent:one" of app B is never app A's "agent:one".
         request = replace(request, agent_id=qualified_agent(request.app_id, request.agent_id))
-        handle = self._subjects.resolve(
-            request.subject, calling_agent=request.agent_id, max_age_s=HANDLE_MAX_AGE_S
-        )
+        try:
+            handle = self._subjects.resolve(
+                request.subject, calling_agent=request.agent_id, max_age_s=HANDLE_MAX_AGE_S
+            )
+        except AmbiguousIdentityError:
+            # "Your names disagree" says that the subject named exists: only to an app
+            # holding a consent of it (the rule below); others are told it does not.
+            self._refuse_unheld_subject(request)
+            raise
         began = time.perf_counter()
         wait = self._default_wait_s if request.wait_timeout_s is None else request.wait_timeout_s
         with telemetry.span("uprof.slice.wait") as waiting:
@@ -497,6 +508,19 @@ class SliceService:
         return kept
 
     # ------------------------------------------------------------ subject view
+
+    def _refuse_unheld_subject(self, request: SliceRequest) -> None:
+        """SubjectNotFoundError unless the request's app holds a consent (not withdrawn)
+        of the subject the request names explicitly (read from its stream, no view)."""
+        named = request.subject.subject
+        if not named:
+            return  # a session and an identifier of the app's own disagree
+        handle = self._subjects.find(named)
+        if handle is None:
+            raise SubjectNotFoundError("no such subject")
+        profile = self._app.load(handle.stream_id)
+        if not any(c.app_id == request.app_id for c in profile.consents.values()):
+            raise SubjectNotFoundError("no such subject")
 
     def _cached_view(self, stream_id: UUID) -> _SubjectView | None:
         """The subject's cached view, if any, marked as the most recently read."""

@@ -15,6 +15,7 @@ from datetime import datetime
 from uuid import UUID
 
 from domain.errors import (
+    AmbiguousIdentityError,
     IdentityError,
     InvalidInputError,
     SubjectErasedError,
@@ -44,14 +45,29 @@ class SubjectRequest:
 def check_subject_ref(subject_ref: str) -> str:
     ref = subject_ref.strip()
     if not ref:
-        raise InvalidInputError("subject must not be empty")
+        raise InvalidInputError("subject must not be empty", field="subject")
     if len(ref) > MAX_REF_LENGTH:
-        raise InvalidInputError(f"subject must be at most {MAX_REF_LENGTH} characters")
+        raise InvalidInputError(
+            f"subject must be at most {MAX_REF_LENGTH} characters", field="subject"
+        )
+    if "\x00" in ref:
+        raise InvalidInputError("subject must not contain NUL characters", field="subject")
     return ref
 
 
+#: Between the app an identifier or session id belongs to and the id itself, in the
+#: keys the alias registry is asked for (``uprof.facade``); app ids cannot contain it.
+NAMESPACE_SEPARATOR = "\x1f"
+
+
 def _fold_identifier(identifier: str) -> str:
-    return identifier.strip().casefold()
+    """Identifiers match whatever their case (an e-mail address); the app namespace in
+    front of one is kept as it is: app ids are case-sensitive (``app:CRM`` and
+    ``app:crm`` are two apps), and folded they shared their identifiers."""
+    namespace, separator, value = identifier.partition(NAMESPACE_SEPARATOR)
+    if not separator:
+        return identifier.strip().casefold()
+    return f"{namespace}{separator}{value.strip().casefold()}"
 
 
 class SubjectResolver:
@@ -117,7 +133,7 @@ class SubjectResolver:
             raise IdentityError("the request names no subject (subject, session or identifier)")
         if len({h.stream_id for _, h in found}) > 1:
             sources = ", ".join(source for source, _ in found)
-            raise IdentityError(f"ambiguous identity: {sources} name different subjects")
+            raise AmbiguousIdentityError(f"ambiguous identity: {sources} name different subjects")
         return found[0][1]
 
     def find(self, subject_ref: str, *, max_age_s: float = 0.0) -> SubjectHandle | None:

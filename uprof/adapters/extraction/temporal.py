@@ -72,11 +72,19 @@ class Deadline:
 
 
 def find_deadline(text: str, ref: datetime) -> Deadline | None:
-    """Return the first time phrase in text that names a clear future deadline."""
+    """Return the first time phrase in text that names a clear future deadline.
+
+    A deadline past the end of the calendar (a capture dated in year 9999 saying "next
+    week") is no deadline: raised, it failed the capture's extraction on every attempt,
+    and the pipeline stood still behind it for every subject.
+    """
     for m in _DEADLINE_RE.finditer(text):
         if _preceded_by_every(text, m.start()):
             continue  # "every Friday" is a routine, not a deadline
-        day = _resolve(m, ref)
+        try:
+            day = _resolve(m, ref)
+        except (OverflowError, ValueError):
+            continue  # the date it names is past the calendar's last day
         if day is None:
             continue
         expires = datetime.combine(day, time(0), tzinfo=ref.tzinfo)
