@@ -99,7 +99,7 @@ def _settings(data_dir: Path, embedder: str, background: bool, run_worker: bool 
     return Settings(
         data_dir=data_dir,
         embedder=embedder,
-        background_workers=background,  # type: ignore[arg-type]
+        background_workers=background,
         run_worker=run_worker,
     )
 

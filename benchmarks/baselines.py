@@ -119,7 +119,8 @@ def rank_by_scores(scores: np.ndarray, keep_zero: bool = True) -> list[int]:
     order = np.argsort(-scores, kind="stable")
     if not keep_zero:
         order = order[scores[order] > 0]
-    return order.tolist()
+    positions: list[int] = order.tolist()
+    return positions
 
 
 class RecencySystem(LineBaseline):
@@ -256,7 +257,8 @@ class TfidfSystem(LineBaseline):
                 subject.index = (vectorizer, matrix)
         if not subject.index:
             return rank_by_scores(np.zeros(len(subject.lines)), self.keep_zero)
-        vectorizer, matrix = subject.index  # type: ignore[misc]
+        assert isinstance(subject.index, tuple)
+        vectorizer, matrix = subject.index
         # Rows are L2-normalised by the vectorizer, so the dot product is the cosine.
         scores = np.asarray((matrix @ vectorizer.transform([query]).T).todense()).ravel()
         return rank_by_scores(scores, self.keep_zero)
@@ -404,7 +406,8 @@ class HybridRRFSystem(LineBaseline):
             subject.index = tuple(
                 _Subject(subject.turns, subject.lines, subject.costs) for _ in range(2)
             )
-        lexical, dense = subject.index  # type: ignore[misc]
+        assert isinstance(subject.index, tuple)
+        lexical, dense = subject.index
         fused = np.zeros(len(subject.turns), dtype=np.float64)
         for order in (self._bm25._rank(lexical, query), self._dense._rank(dense, query)):
             ranks = np.arange(1, len(order) + 1, dtype=np.float64)

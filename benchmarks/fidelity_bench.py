@@ -109,7 +109,7 @@ class FacadeDeployment:
         self._dir: Path | None = None
         if settings is None:
             self._dir = Path(tempfile.mkdtemp(prefix="uprof-fidelity-"))
-            settings = Settings(data_dir=self._dir / "data", embedder="minilm")  # type: ignore[arg-type]
+            settings = Settings(data_dir=self._dir / "data", embedder="minilm")
         self.kernel: Uprof = bootstrap(settings, authorizer=fidelity_authorizer(), **bootstrap_kw)
         tenant = self.kernel.subjects.tenant
         self.operator = Facade(self.kernel, Principal.local_operator(tenant))
@@ -544,7 +544,8 @@ class NaiveTable2:
         self._system.ingest(subject, turns)
 
     def slice(self, subject: str, query: str, budget: int, now: datetime) -> BenchSlice:
-        return self._system.slice(subject, query, budget, now)
+        packed: BenchSlice = self._system.slice(subject, query, budget, now)
+        return packed
 
     def delete(self, subject: str, refs: Sequence[str], variant: str) -> None:
         gone = set(refs)

@@ -20,12 +20,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import sqlalchemy as sa
 from eventsourcing.application import Application
 from eventsourcing.domain import Aggregate, event
 
 from domain.values import Interaction
+from projections.profile.views import SqlViewStore
 from uprof.bootstrap import bootstrap
 from uprof.kernel import Uprof
 from uprof.settings import Settings
@@ -70,7 +72,7 @@ def deployment(backend: str, *, embedder: str = "hashing", **overrides: Any) -> 
             conn.execute(sa.text(f'CREATE DATABASE "{pg_name}"'))
         admin.dispose()
         url = sa.engine.make_url(admin_url).set(database=pg_name).render_as_string(False)
-    settings = Settings(data_dir=tmp / "data", database_url=url, embedder=embedder)  # type: ignore[arg-type]
+    settings = Settings(data_dir=tmp / "data", database_url=url, embedder=embedder)
     from benchmarks.uprof_system import bench_authorizer
 
     overrides.setdefault("authorizer", bench_authorizer(("personalization",)))
@@ -125,7 +127,7 @@ class PlainLog(Aggregate):
         self.n += 1
 
 
-class PlainApp(Application):
+class PlainApp(Application[UUID]):
     name = "plainbench"
 
 
@@ -216,7 +218,7 @@ def measure_pipeline(backend: str, sizes: Sizes, embedder: str) -> dict[str, Any
             grant(k, "bench")
             capture_batched(k, "bench", sizes.pipeline_events, 500)
             if embedder == "minilm":
-                k.queries.projector.embed_memories([])
+                _views(k).projector.embed_memories([])
                 _warm(k)
             began = time.perf_counter()
             k.process()
@@ -229,8 +231,15 @@ def measure_pipeline(backend: str, sizes: Sizes, embedder: str) -> dict[str, Any
     }
 
 
+def _views(k: Uprof) -> SqlViewStore:
+    """The SQL view store behind the port: the projector and the digests are its own."""
+    views = k.queries
+    assert isinstance(views, SqlViewStore)
+    return views
+
+
 def _warm(k: Uprof) -> None:
-    embed = getattr(k.queries.projector, "_embedder", None)
+    embed = getattr(_views(k).projector, "_embedder", None)
     if embed is not None:
         embed.embed(["warm up"])
 
@@ -243,15 +252,16 @@ def measure_rebuild(backend: str, sizes: Sizes) -> dict[str, Any]:
         capture_batched(k, "other", sizes.rebuild_events // 4, 1_000, offset=10**7)
         k.process()
         total_events = k.app.max_notification_id()
-        live = k.queries.table_digest()
-        live_ids, live_vectors = k.queries.embedding_matrix()
+        views = _views(k)
+        live = views.table_digest()
+        live_ids, live_vectors = views.embedding_matrix()
         rates = []
         for _ in range(sizes.repeats):
             began = time.perf_counter()
             k.rebuild()
             rates.append(total_events / (time.perf_counter() - began))
-        rebuilt = k.queries.table_digest()
-        ids, vectors = k.queries.embedding_matrix()
+        rebuilt = views.table_digest()
+        ids, vectors = views.embedding_matrix()
         equal = (
             rebuilt == live and ids == live_ids and bool((abs(vectors - live_vectors) < 1e-6).all())
         )

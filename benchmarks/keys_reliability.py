@@ -157,7 +157,7 @@ def _erased_everywhere(kernel: Any, subject: str, terms: list[str]) -> list[str]
     from domain.errors import SubjectErasedError
 
     problems = []
-    reads = {
+    reads: dict[str, Callable[[], object]] = {
         "profile": lambda: kernel.profile(subject),
         "export": lambda: kernel.export_subject(subject),
         "slice": lambda: kernel.slice(

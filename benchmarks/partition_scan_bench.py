@@ -33,17 +33,19 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from eventsourcing.persistence import Notification
 
 from domain.values import Interaction
 from uprof.adapters.embeddings import HashingEmbedder
 from uprof.bootstrap import bootstrap
+from uprof.eventstore import CAPTURED_TOPIC
 from uprof.kernel import Uprof
 from uprof.partitions import Partitioning
-from uprof.services.extraction import CAPTURED_TOPIC
 from uprof.settings import Settings
 
 APP = "app:bench"
@@ -94,9 +96,10 @@ def fill(kernel: Uprof, subjects: int, captures: int) -> None:
             )
 
 
-def scan(kernel: Uprof, partitioning: Partitioning, batch: int) -> tuple[int, list[Any]]:
+def scan(kernel: Uprof, partitioning: Partitioning, batch: int) -> tuple[int, list[Notification]]:
     """Read the capture log as partition 0's worker does; (notifications read, kept)."""
-    position, read, kept = 0, 0, []
+    position, read = 0, 0
+    kept: list[Notification] = []
     while notifications := kernel.app.notifications_after(
         position, batch, topics=(CAPTURED_TOPIC,)
     ):
@@ -112,7 +115,13 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - began, result
 
 
-def run(backend: str, subjects: int, captures: int, partitions: list[int], batch: int, runs: int):
+def _decode_all(kernel: Uprof, notifications: list[Notification]) -> list[Any]:
+    return [kernel.app.decode(n) for n in notifications]
+
+
+def run(
+    backend: str, subjects: int, captures: int, partitions: list[int], batch: int, runs: int
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp, _database(backend) as url:
         kernel = bootstrap(
             Settings(data_dir=Path(tmp) / "data", database_url=url, embedder="hashing"),
@@ -123,11 +132,12 @@ def run(backend: str, subjects: int, captures: int, partitions: list[int], batch
             rows = {}
             for m in partitions:
                 layout = Partitioning(m)
-                seconds, kept = [], []
+                seconds: list[float] = []
+                kept: list[Notification] = []
                 for _ in range(runs):
-                    took, (read, kept) = _timed(lambda layout=layout: scan(kernel, layout, batch))
+                    took, (read, kept) = _timed(partial(scan, kernel, layout, batch))
                     seconds.append(took)
-                decode_s, _ = _timed(lambda kept=kept: [kernel.app.decode(n) for n in kept])
+                decode_s, _ = _timed(partial(_decode_all, kernel, kept))
                 per_k = statistics.median(seconds) / read * 1000
                 rows[f"M={m}"] = {
                     "notifications_read": read,

@@ -90,7 +90,7 @@ def measure(backend: str, rounds: int) -> dict[str, Any]:
             )
             grants.append(time.perf_counter() - began)
             # Another writer: a change the authorizer has not loaded yet.
-            k.policy_service.app.save(_external_change(k, i))
+            k.policy.app.save(_external_change(k, i))
             began = time.perf_counter()
             stored.decisions_for(categories=CATEGORIES, **REQUEST)
             reloads.append(time.perf_counter() - began)

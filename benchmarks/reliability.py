@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import io
 import json
 import os
@@ -28,7 +29,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -109,7 +110,7 @@ def open_kernel(
 
 
 @contextmanager
-def kernel_on(target: Target, **kw: Any):
+def kernel_on(target: Target, **kw: Any) -> Iterator[Any]:
     kernel = open_kernel(target, **kw)
     try:
         yield kernel
@@ -118,7 +119,7 @@ def kernel_on(target: Target, **kw: Any):
 
 
 @contextmanager
-def temp_target(kind: str):
+def temp_target(kind: str) -> Iterator[Target]:
     """A fresh SQLite folder or PostgreSQL database, removed afterwards (for the command)."""
     import sqlalchemy as sa
 
@@ -154,7 +155,10 @@ def interaction(text: str, *, app: str = PLANNER, agent: str = "agent:one", **kw
 
 
 def grant_all(kernel: Any, subject: str, app: str = PLANNER) -> str:
-    return kernel.grant_consent(subject, app_id=app, categories=["*"], purposes=["personalization"])
+    consent_id: str = kernel.grant_consent(
+        subject, app_id=app, categories=["*"], purposes=["personalization"]
+    )
+    return consent_id
 
 
 def captured_ids(kernel: Any, subjects: Sequence[str]) -> list[str]:
@@ -171,7 +175,8 @@ def converges(kernel: Any) -> bool:
     kernel.process()
     live = kernel.queries.table_digest()
     kernel.rebuild()
-    return kernel.queries.table_digest() == live
+    same: bool = kernel.queries.table_digest() == live
+    return same
 
 
 def percentiles(values: Sequence[float]) -> dict[str, float]:
@@ -352,7 +357,7 @@ def concurrency_scenario(
     with kernel_on(target) as kernel:
         for s in names:
             grant_all(kernel, s)
-        conflicts = Counter()
+        conflicts: Counter[str] = Counter()
         real_save = kernel.app.save
 
         def counting_save(*a: Any, **kw: Any) -> Any:
@@ -499,7 +504,7 @@ def leakage_scenario(
         served = 0
         private_served_to_owner = 0
         refused_without_consent = 0
-        leaks = Counter()
+        leaks: Counter[str] = Counter()
         samples: list[str] = []
         latencies: list[float] = []
         readers = [
@@ -596,11 +601,11 @@ READ_TRACKING = {
 }
 
 
-def _without_reads(digest: dict[str, list[tuple]]) -> dict[str, list[tuple]]:
+def _without_reads(digest: dict[str, list[tuple[Any, ...]]]) -> dict[str, list[tuple[Any, ...]]]:
     """Bystanders are read during the run: their read tracking moves, nothing else may."""
     from projections.profile import tables as t
 
-    out: dict[str, list[tuple]] = {}
+    out: dict[str, list[tuple[Any, ...]]] = {}
     for table in t.SUBJECT_TABLES:
         if table.name == "item_reads" or table.name not in digest:
             continue
@@ -648,7 +653,7 @@ def erasure_scenario(
         stop = threading.Event()
         errors: list[str] = []
         acked: list[str] = []
-        counts = Counter()
+        counts: Counter[str] = Counter()
 
         def write(w: int) -> None:
             k = 0
@@ -828,7 +833,7 @@ def _mutate_lines(rng: random.Random, lines: list[bytes]) -> list[bytes]:
     return out
 
 
-def _leaves(obj: Any, path: tuple = ()) -> list[tuple]:
+def _leaves(obj: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     if isinstance(obj, dict):
         return [p for k, v in obj.items() for p in _leaves(v, (*path, k))] or [path]
     if isinstance(obj, list):
@@ -889,7 +894,7 @@ def tamper_scenario(target: Target, *, trials: int = 200, seed: int = 5) -> dict
         key, origin = kernel.audit_log.public_key, kernel.settings.audit_origin
         genuine = verify_export(lines, key, origin)
         verify_receipt(receipt, key, origin=origin)
-        detected = Counter()
+        detected: Counter[str] = Counter()
         missed: list[str] = []
         for n in range(trials):
             mutated = _mutate_lines(rng, lines)
@@ -930,7 +935,7 @@ def importer_fuzz(target: Target, *, examples: int = 300, seed: int = 11) -> dic
     from uprof.services.importer import import_interactions
 
     rng = random.Random(seed)
-    outcomes = Counter()
+    outcomes: Counter[str] = Counter()
     partial = 0
     failed_records = 0
     unexpected: list[str] = []
@@ -977,8 +982,8 @@ def random_jsonl_line(rng: random.Random) -> str:
     choice = rng.randrange(8)
     if choice <= 2:
         return json.dumps(good)
-    row = dict(good)
-    junk = [
+    row: dict[str, Any] = dict(good)
+    junk: list[Any] = [
         "",
         "\x00",
         "\ud800",
@@ -1180,8 +1185,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 record(
                     "concurrency",
                     kind,
-                    lambda t, s=subjects: concurrency_scenario(
-                        t, threads=8, per_thread=args.writes_per_thread, subjects=s
+                    functools.partial(
+                        concurrency_scenario,
+                        threads=8,
+                        per_thread=args.writes_per_thread,
+                        subjects=subjects,
                     ),
                     f"--writes-per-thread {args.writes_per_thread}",
                     key=f"{kind}-{subjects}-subjects",

@@ -72,7 +72,8 @@ def synthetic_memories(n: int, seed: int = 0) -> list[Candidate]:
 
 def _unit_rows(rng: np.random.Generator, n: int, dim: int = 384) -> np.ndarray:
     matrix = rng.standard_normal((n, dim)).astype(np.float32)
-    return matrix / np.linalg.norm(matrix, axis=1, keepdims=True)
+    unit: np.ndarray = matrix / np.linalg.norm(matrix, axis=1, keepdims=True)
+    return unit
 
 
 def _time_queries(
@@ -121,7 +122,9 @@ def run(memories: int, queries: int, budgets: Sequence[int], seed: int) -> dict[
     lexical = MemoryIndex.build(candidates, None, counter)
     texts = [_sentence(rng, 5, 12).rstrip(".") + "?" for _ in range(queries)]
     query_vectors = _unit_rows(rng, queries)
-    now = candidates[-1].occurred_at + timedelta(days=1)  # type: ignore[operator]
+    last = candidates[-1].occurred_at
+    assert last is not None  # synthetic_memories dates every turn
+    now = last + timedelta(days=1)
     warm = min(20, queries)
     _time_queries(hybrid, texts[:warm], query_vectors, budgets[0], counter, now)
     _time_queries(lexical, texts[:warm], None, budgets[0], counter, now)

@@ -53,6 +53,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import numpy as np
 
@@ -93,7 +94,6 @@ def _recording() -> Iterator[list[SliceInputs]]:
     from uprof.services import slices as service
 
     seen: list[SliceInputs] = []
-    real = service.build_slice
 
     def recorder(**kwargs: Any) -> Any:
         index: MemoryIndex = kwargs["memory_index"]
@@ -110,13 +110,10 @@ def _recording() -> Iterator[list[SliceInputs]]:
                 now=kwargs["now"],
             )
         )
-        return real(**kwargs)
+        return build_slice(**kwargs)  # the function the service module imported
 
-    service.build_slice = recorder  # type: ignore[assignment]
-    try:
+    with patch.object(service, "build_slice", recorder):
         yield seen
-    finally:
-        service.build_slice = real  # type: ignore[assignment]
 
 
 def record(

@@ -111,7 +111,7 @@ def _seeded_deployment(folder: Path) -> Iterator[Any]:
     from uprof.bootstrap import bootstrap
     from uprof.settings import Settings
 
-    settings = Settings(data_dir=folder / "data", embedder="minilm")  # type: ignore[arg-type]
+    settings = Settings(data_dir=folder / "data", embedder="minilm")
     k = bootstrap(settings, authorizer=bench_authorizer(("personalization",)))
     try:
         yield k

@@ -24,7 +24,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
     with sb._seeded_deployment(seeded) as k:
         k.process()
         real = k.slice_service._embedder
-        vectors = {q: real.embed([q]) for q in questions}
+        vectors: dict[str, np.ndarray] = {q: real.embed([q]) for q in questions}
 
         class Precomputed:
             dimension = 384
@@ -72,7 +72,7 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
             finally:
                 k.slice_service._embedder = real
 
-        modes = {
+        modes: dict[str, Callable[[str], object]] = {
             "retrieval_only": retrieval_only,
             "lexical": lambda q: one(q, lexical=True),
             "embed": lambda q: real.embed([q]),

@@ -100,7 +100,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
     tracing = _has_tracing()
     modes = ["off", "on-batch", "on-memory"] if tracing else ["off"]
-    providers = _providers() if tracing else {"off": None}
+    providers: dict[str, Any] = _providers() if tracing else {"off": None}
     samples: dict[str, list[list[float]]] = {m: [] for m in modes}
     cpu: dict[str, list[float]] = {m: [] for m in modes}
     with deployment(args.backend) as k:

@@ -71,7 +71,7 @@ class UprofBenchSystem:
         self.kernel: Uprof = bootstrap(
             Settings(
                 data_dir=self._dir / "data",
-                embedder=embedder,  # type: ignore[arg-type]
+                embedder=embedder,
                 torch_threads=torch_threads,
             ),
             authorizer=bench_authorizer(),

@@ -291,7 +291,7 @@ def finish(
         t1 = time.perf_counter()
         exit_codes = [c.sigterm() for c in children]
         figures_t = {"catch_up_s": round(t1 - t0, 1), "stop_s": round(time.perf_counter() - t1, 1)}
-        figures = derived_counts(kernel)
+        figures: dict[str, Any] = derived_counts(kernel)
         figures.update(figures_t)
         logged = _logged_capture_ids(kernel)
         figures["lost"] = sum(1 for a in acked if a not in logged)

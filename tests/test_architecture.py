@@ -52,6 +52,19 @@ def test_every_uprof_module_has_a_layer() -> None:
     assert [layer for layer in _layers() if layer[0] == "domain"] == [["domain"]]
 
 
+def test_every_shipped_package_is_type_checked() -> None:
+    """mypy (in ``make test``) checks every top-level package the wheel ships.
+
+    benchmarks/ was left out once, and a call missing a newly required keyword argument
+    passed the type check (only a slow test caught it).
+    """
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    shipped = {p.rstrip("*") for p in config["tool"]["setuptools"]["packages"]["find"]["include"]}
+    on_disk = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests"}
+    assert shipped == on_disk
+    assert set(config["tool"]["mypy"]["packages"]) == shipped
+
+
 # Each line: a module to add to a copy of the tree, what it imports, and the import chain
 # lint-imports must then report (one case per contract).
 BREACHES = [
