@@ -45,7 +45,10 @@ def test_a_start_on_a_key_folder_older_than_a_subject_refuses(
     assert started.returncode != 0
     assert "KeyMaterialError" in started.stderr and "older than the data" in started.stderr
     # Told the keys are gone for good, a start records those subjects as erased and runs.
-    lost = settings.model_copy(update={"accept_lost_keys": True})
+    # "1" (what the first version of this check asked for) names no loss: it accepts none.
+    with pytest.raises(KeyMaterialError, match="names another loss"):
+        build_kernel(settings.model_copy(update={"accept_lost_keys": "1"}), clock).close()
+    lost = settings.model_copy(update={"accept_lost_keys": _acceptance(started.stderr)})
     k = build_kernel(lost, clock)
     try:
         assert_intact(k, "bob", BOB)
