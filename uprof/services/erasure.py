@@ -598,24 +598,16 @@ class ErasureService:
                 captures.append(str(action["dek_commitment"]))
             else:
                 subject_keys.append((int(action["key_version"]), str(action["dek_commitment"])))
-        self._audit.record_many(
-            [
-                *subject_key_entries(draft.pseudonym, draft.request_id, subject_keys),
-                *(
-                    (
-                        "key.destroyed",
-                        {
-                            "subject_ref": draft.pseudonym,
-                            "request_id": draft.request_id,
-                            "reason_code": CAPTURE_KEY,
-                            "dek_commitment": c,
-                        },
-                    )
-                    for c in captures
-                ),
-            ],
-            once_by=KEY_ENTRY_IDENTITY,
-        )
+        entries = subject_key_entries(draft.pseudonym, draft.request_id, subject_keys)
+        for c in captures:
+            fields: dict[str, Any] = {
+                "subject_ref": draft.pseudonym,
+                "request_id": draft.request_id,
+                "reason_code": CAPTURE_KEY,
+                "dek_commitment": c,
+            }
+            entries.append(("key.destroyed", fields))
+        self._audit.record_many(entries, once_by=KEY_ENTRY_IDENTITY)
 
     def _left_after(self, draft: _Draft) -> str:
         """What the views still hold that the erasure removes ("" when purged)."""
