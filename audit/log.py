@@ -114,14 +114,17 @@ def _not_yet_written(
     """The entries whose action, subject_ref and ``once_by`` values neither the log (read
     under its write lock) nor an earlier entry of the batch holds."""
     seen: set[tuple[Any, ...]] = set()
-    for action, subject_ref in {(p.row["action"], p.row["subject_ref"]) for p in prepared}:
+    groups: dict[tuple[Any, Any], list[_PreparedEntry]] = {}
+    for item in prepared:
+        groups.setdefault((item.row["action"], item.row["subject_ref"]), []).append(item)
+    for (action, subject_ref), items in groups.items():
         same_subject = (
             audit_entries.c.subject_ref.is_(None)
             if subject_ref is None
             else audit_entries.c.subject_ref == subject_ref
         )
         query = sa.select(audit_entries.c.entry_json).where(
-            audit_entries.c.action == action, same_subject
+            audit_entries.c.action == action, same_subject, *_could_match(items, once_by)
         )
         for text in conn.execute(query).scalars():
             stored = json.loads(text)
@@ -133,6 +136,29 @@ def _not_yet_written(
             seen.add(key)
             kept.append(item)
     return kept
+
+
+#: Beyond this many values, no narrowing (an OR of that many LIKEs is no cheaper, and
+#: SQLite bounds an expression's depth at 1,000); erasures append one request's entries.
+_MAX_NEEDLES = 64
+
+
+def _could_match(
+    items: Sequence[_PreparedEntry], once_by: tuple[str, ...]
+) -> list[sa.ColumnElement[bool]]:
+    """A condition only the stored entries that may match one of ``items`` meet: the
+    canonical text of the first ``once_by`` field that every item holds as a string
+    (``"request_id":"..."``, exactly as RFC 8785 writes it in ``entry_json``). The
+    subject's other entries of that action (one per erased event, say) are then neither
+    sent nor parsed under the write lock; the parsed values still decide."""
+    for position, name in enumerate(once_by):
+        values = {item.identity[position] for item in items}
+        if len(values) <= _MAX_NEEDLES and all(isinstance(v, str) for v in values):
+            needles = [canonical_bytes({name: v}).decode("utf-8")[1:-1] for v in values]
+            return [
+                sa.or_(*(audit_entries.c.entry_json.contains(n, autoescape=True) for n in needles))
+            ]
+    return []
 
 
 class Retry(Protocol):

@@ -57,9 +57,11 @@ class Settings(BaseSettings):
     #: must not hold both the data and the keys that open it.
     key_dir: Path | None = None
     #: A start refuses when the key folder lacks the data keys of subjects the data stores
-    #: hold (it is older than the data). True: those keys are gone for good; the start
-    #: records those subjects as erased (their data can never be read again) and runs.
-    accept_lost_keys: bool = False
+    #: hold (it is older than the data), naming that loss (``<count>-<digest>``). Set to
+    #: the name the refusal gave: those keys are gone for good; the start records exactly
+    #: those subjects as erased (their data can never be read again) and runs. A value
+    #: naming another loss (left set from an earlier one, or ``1``) accepts nothing.
+    accept_lost_keys: str | None = None
 
     extractor: Literal["rules", "llm"] = "rules"
     llm_base_url: str = "http://127.0.0.1:11434/v1"

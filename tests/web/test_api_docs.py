@@ -84,5 +84,9 @@ def test_a_deployment_can_turn_the_docs_pages_off_and_keep_the_openapi_document(
     ):
         assert http.get("/docs").status_code == 404
         assert http.get("/redoc").status_code == 404
+        # Nor their code: the bundles the pages load are not on the origin either.
+        for asset in ("swagger-ui-bundle.js", "redoc.standalone.js", "swagger-ui.css"):
+            assert http.get(f"/static-offline-docs/{asset}").status_code == 404, asset
+        assert http.get("/docs/oauth2-redirect").status_code == 404
         assert "/v1/slices" in http.get("/openapi.json").json()["paths"]
         assert http.get("/privacy/login").status_code != 404

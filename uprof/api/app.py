@@ -136,7 +136,9 @@ def create_app(
             included.append(router)
         else:
             routes.extend(served)
-    app = FastAPIOffline(
+    # Without the docs pages, plain FastAPI: FastAPIOffline mounts the pages' bundles
+    # (Swagger UI's and ReDoc's JavaScript) on the origin whether or not it serves them.
+    app = (FastAPIOffline if kernel.settings.api_docs else FastAPI)(
         routes=routes,
         title="uprof",
         version=uprof.__version__,

@@ -50,6 +50,47 @@ DEFAULT_BASIS = "GDPR-Art.17(1)"
 #: A ``key.destroyed`` entry is written once per request and key (with the same action and
 #: subject), whichever processes finish the erasure and however often (decision 0071).
 KEY_ENTRY_IDENTITY = ("request_id", "dek_commitment")
+#: ``reason_code`` of a subject key's ``key.created`` entry written by its erasure: the
+#: entry of its creation is not on the log (the process that made the key died before
+#: appending it, or the append failed; a retry finds the subject and writes none).
+CREATED_AT_ERASURE = "recorded-at-erasure"
+
+
+def subject_key_entries(
+    pseudonym: str, request_id: str, keys: Sequence[tuple[int, str]]
+) -> list[tuple[str, dict[str, Any]]]:
+    """The entries of an erasure destroying a subject's (key_version, commitment) keys,
+    to append with ``once_by=KEY_ENTRY_IDENTITY``: each key's ``key.destroyed``, after its
+    ``key.created`` when the log lacks that one (the log leaves it out when it holds the
+    creation's entry, which has no ``request_id`` either), so that every destruction on
+    the log has its creation before it, as docs/audit-format.md tells an auditor."""
+    created = [
+        (
+            "key.created",
+            {
+                "subject_ref": pseudonym,
+                "reason_code": CREATED_AT_ERASURE,
+                "key_version": version,
+                "dek_commitment": commitment,
+            },
+        )
+        for version, commitment in keys
+    ]
+    destroyed = [
+        (
+            "key.destroyed",
+            {
+                "subject_ref": pseudonym,
+                "request_id": request_id,
+                "key_version": version,
+                "dek_commitment": commitment,
+            },
+        )
+        for version, commitment in keys
+    ]
+    return [*created, *destroyed]
+
+
 #: Stated in every receipt: what a receipt cannot rule out (docs/governance.md).
 RESIDUAL = {
     "backup_retention_days": 35,
@@ -184,18 +225,11 @@ class ErasureService:
             # destroyed, whichever process did it.
             destruction = _destroyed_either(preview, destruction)
         self._audit.record_many(
-            [
-                (
-                    "key.destroyed",
-                    {
-                        "subject_ref": handle.pseudonym,
-                        "request_id": request_id,
-                        "key_version": key.key_version,
-                        "dek_commitment": key.dek_commitment,
-                    },
-                )
-                for key in destruction.deks
-            ],
+            subject_key_entries(
+                handle.pseudonym,
+                request_id,
+                [(key.key_version, key.dek_commitment) for key in destruction.deks],
+            ),
             once_by=KEY_ENTRY_IDENTITY,
         )
         snapshots = self._app.drop_snapshots(stream)
@@ -555,25 +589,25 @@ class ErasureService:
         process that died or one finishing the same erasure at this moment may have
         written some: the log, under its write lock, leaves out those it holds, so one
         entry per key however many processes finish it at once."""
-        cited: list[dict[str, Any]] = []
+        captures: list[str] = []
+        subject_keys: list[tuple[int, str]] = []
         for action in draft.actions:
             if action.get("type") != "dek_destroyed":
                 continue
             if action.get("key_kind") == "capture":
-                cited.append({"reason_code": CAPTURE_KEY})
+                captures.append(str(action["dek_commitment"]))
             else:
-                cited.append({"key_version": action["key_version"]})
-            cited[-1]["dek_commitment"] = str(action["dek_commitment"])
-        self._audit.record_many(
-            [
-                (
-                    "key.destroyed",
-                    {"subject_ref": draft.pseudonym, "request_id": draft.request_id, **fields},
-                )
-                for fields in cited
-            ],
-            once_by=KEY_ENTRY_IDENTITY,
-        )
+                subject_keys.append((int(action["key_version"]), str(action["dek_commitment"])))
+        entries = subject_key_entries(draft.pseudonym, draft.request_id, subject_keys)
+        for c in captures:
+            fields: dict[str, Any] = {
+                "subject_ref": draft.pseudonym,
+                "request_id": draft.request_id,
+                "reason_code": CAPTURE_KEY,
+                "dek_commitment": c,
+            }
+            entries.append(("key.destroyed", fields))
+        self._audit.record_many(entries, once_by=KEY_ENTRY_IDENTITY)
 
     def _left_after(self, draft: _Draft) -> str:
         """What the views still hold that the erasure removes ("" when purged)."""

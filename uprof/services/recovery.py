@@ -17,6 +17,7 @@ see docs/decisions/0012-keys-apart-from-data.md for the measured figures.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -213,22 +214,32 @@ def rebuild_views_ahead_of_log(kernel: Any) -> bool:
     return True
 
 
-def settle_subjects_without_keys(kernel: Any, *, accept: bool) -> list[str]:
+def settle_subjects_without_keys(kernel: Any, *, accept: str | None) -> list[str]:
     """Refuse to run when the data stores hold subjects whose data keys the key store
     lacks and no erasure names: a key folder put back from a copy older than them. Going
     on would answer "no such subject" for them and let their names start over as new
-    subjects, while a newer key folder might still be found. With ``accept`` (the
-    operator says the keys are gone for good) they are recorded as erased, as an erasure
-    records them, and their rows purged. Returns the streams so recorded."""
+    subjects, while a newer key folder might still be found. With ``accept`` equal to
+    this loss's name (``lost_keys_name``: the operator says these keys are gone for good)
+    they are recorded as erased, as an erasure records them, and their rows purged. An
+    ``accept`` naming another loss accepts nothing: a value left set after the start it
+    was given for must not turn a later loss into permanent erasures. Returns the streams
+    so recorded."""
     lost = _streams_without_keys(kernel)
     if not lost:
         return []
-    if not accept:
+    name = lost_keys_name(lost)
+    if accept != name:
+        given = (
+            ""
+            if accept is None
+            else f" (UPROF_ACCEPT_LOST_KEYS is set, but names another loss: {accept!r})"
+        )
         raise KeyMaterialError(
             f"the key folder lacks the data keys of {len(lost)} subjects the data stores "
-            "hold: it is older than the data (put back from an older copy?). Put back a key "
-            "folder at least as new as the data; if those keys are gone for good, start once "
-            "with UPROF_ACCEPT_LOST_KEYS=1 to record those subjects as erased"
+            f"hold: it is older than the data (put back from an older copy?){given}. Put "
+            "back a key folder at least as new as the data; if those keys are gone for "
+            f"good, start once with UPROF_ACCEPT_LOST_KEYS={name} to record those subjects "
+            "as erased"
         )
     ledger, now = kernel.keystore.ledger, datetime.now(UTC)
     for stream_id in lost:
@@ -238,11 +249,19 @@ def settle_subjects_without_keys(kernel: Any, *, accept: bool) -> list[str]:
         kernel.keystore.destroy(stream_id, now=now)
     _log.warning(
         "%d subjects whose data keys the key folder lacked are recorded as erased "
-        "(UPROF_ACCEPT_LOST_KEYS)",
+        "(UPROF_ACCEPT_LOST_KEYS=%s)",
         len(lost),
+        name,
     )
     reapply_ledger(kernel)  # purges their rows, as for any erased subject
     return lost
+
+
+def lost_keys_name(streams: list[str]) -> str:
+    """The name of one key loss: how many subjects and a digest of their (random, not
+    personal) stream ids. The acceptance must repeat it, so it accepts this loss only."""
+    digest = hashlib.sha256("\n".join(sorted(streams)).encode("ascii")).hexdigest()
+    return f"{len(streams)}-{digest[:16]}"
 
 
 def _streams_without_keys(kernel: Any) -> list[str]:
