@@ -11,19 +11,22 @@ PrefEval data read in place:
 - the query embedding's p50 in ms (one thread, one question at a time, as a slice embeds);
 - the cosine of each quantized question vector to the float32 one (mean and minimum);
 - top-5 hit rate of the user's own preference among it plus 50 distractors from other
-  topics (``random.Random(7)``), question vectors from the variant, preference vectors from
-  float32 (``fp32 docs``: a store embedded before the switch) and from the variant itself
-  (``own docs``: a store embedded with it throughout).
+  topics, and top-3 among it plus 200 (``random.Random(7)``), question vectors from the
+  variant, preference vectors from float32 (``fp32 docs``: a store embedded before the
+  switch) and from the variant itself (``own docs``: a store embedded with it throughout).
 
 Variants: ``fp32``; ``int8-tensor`` (every Linear, per-tensor weight scales, PyTorch's
 default); ``int8-channel`` (every Linear, per-channel weight scales); ``int8-no-ffn-out``
 (per-channel, every Linear but each layer's feed-forward output projection, whose inputs
-carry the large activation outliers that per-tensor activation scales cannot represent).
+carry the large activation outliers that per-tensor activation scales cannot represent);
+``int8-smooth-<alpha>`` (per-channel, every Linear, after SmoothQuant's rescaling of the
+feed-forward output projections, calibrated on 300 LoCoMo dev turns read in place).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import random
 import statistics
@@ -34,41 +37,119 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
 from benchmarks.bench_common import DEFAULT_DATA_DIR
 from benchmarks.prefeval import load_prefeval, user_events
 from uprof.adapters.embeddings import SentenceEmbedder
 
-DATA = DEFAULT_DATA_DIR / "prefeval"
-
 
 def _linear_names(model: Any) -> list[str]:
-    import torch
-
     return [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
 
 
-def _variants(model: Any) -> dict[str, Callable[[], Any]]:
-    """Each variant builds a quantized copy of ``model`` (the float32 model is untouched)."""
-    import torch
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+def _ffn_out_names(model: Any) -> list[str]:
+    """A transformer layer's feed-forward output projection, "...layer.N.output.dense"
+    (the attention block's own output projection sits under ".attention.")."""
+    return [
+        n for n in _linear_names(model) if n.endswith("output.dense") and ".attention." not in n
+    ]
 
+
+def input_maxima(model: Any, run: Callable[[], object]) -> dict[str, Any]:
+    """Per input channel, the largest absolute input each feed-forward output projection
+    sees while ``run`` embeds calibration text with ``model``."""
+    modules = dict(model.named_modules())
+    maxima: dict[str, Any] = {}
+
+    def recorder(name: str) -> Callable[..., None]:
+        def hook(_module: Any, inputs: tuple[Any, ...], _output: Any) -> None:
+            x = inputs[0].detach().abs().reshape(-1, inputs[0].shape[-1]).amax(0)
+            maxima[name] = x if name not in maxima else maxima[name].maximum(x)
+
+        return hook
+
+    hooks = [modules[n].register_forward_hook(recorder(n)) for n in _ffn_out_names(model)]
+    try:
+        run()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return maxima
+
+
+def _smoothed_copy(model: Any, maxima: dict[str, Any], alpha: float) -> Any:
+    """SmoothQuant's rescaling (Xiao et al., 2023) of each feed-forward output projection:
+    input channel j is divided by s_j = max|x_j|^alpha / max|W_:,j|^(1-alpha) and the
+    weights' column j multiplied by it, so the product is unchanged in exact arithmetic
+    but the activation outliers move into the weights, which have per-channel scales."""
+    smoothed = copy.deepcopy(model)
+    modules = dict(smoothed.named_modules())
+    for name, x_max in maxima.items():
+        linear = modules[name]
+        w = linear.weight.data
+        scale = x_max.clamp(min=1e-5) ** alpha / w.abs().amax(0).clamp(min=1e-5) ** (1 - alpha)
+        linear.weight.data = w * scale
+        parent, attribute = name.rsplit(".", 1)
+        setattr(modules[parent], attribute, _DivideInputs(linear, scale))
+    return smoothed
+
+
+class _DivideInputs(torch.nn.Module):  # type: ignore[misc]  # torch is untyped here
+    """A Linear layer whose inputs are first divided, channel by channel, by ``scale``."""
+
+    def __init__(self, linear: Any, scale: Any) -> None:
+        super().__init__()
+        self.register_buffer("inverse", 1.0 / scale)
+        self.linear = linear
+
+    def forward(self, x: Any) -> Any:
+        return self.linear(x * self.inverse)
+
+
+def _variants(model: Any, maxima: dict[str, Any] | None = None) -> dict[str, Callable[[], Any]]:
+    """Each variant builds a quantized copy of ``model`` (the float32 model is untouched).
+    ``maxima`` (from ``input_maxima``) adds the SmoothQuant variants."""
     names = _linear_names(model)
-    # A transformer layer's feed-forward output projection: "...layer.N.output.dense";
-    # the attention block's own output projection sits under ".attention.".
-    ffn_out = {n for n in names if n.endswith("output.dense") and ".attention." not in n}
+    ffn_out = set(_ffn_out_names(model))
+    every = {torch.nn.Linear: per_channel_dynamic_qconfig}
 
     def build(spec: Any) -> Callable[[], Any]:
         return lambda: quantize_dynamic(model, spec, dtype=torch.qint8)
 
-    return {
+    variants = {
         "fp32": lambda: model,
         "int8-tensor": build({torch.nn.Linear}),
-        "int8-channel": build({torch.nn.Linear: per_channel_dynamic_qconfig}),
+        "int8-channel": build(every),
         "int8-no-ffn-out": build(
             {name: per_channel_dynamic_qconfig for name in names if name not in ffn_out}
         ),
     }
+    if maxima:
+        smoothing = maxima
+
+        def smoothed(alpha: float) -> Callable[[], Any]:
+            return lambda: quantize_dynamic(
+                _smoothed_copy(model, smoothing, alpha), every, dtype=torch.qint8
+            )
+
+        variants |= {f"int8-smooth-{alpha}": smoothed(alpha) for alpha in (0.7, 0.85)}
+    return variants
+
+
+def calibration_texts(data_root: Path, n: int = 300) -> list[str]:
+    """LoCoMo dev turns (read in place), a fixed sample: text the PrefEval check never sees."""
+    conversations = json.loads((data_root / "locomo_dev.json").read_text(encoding="utf-8"))
+    turns = [
+        turn["text"]
+        for conversation in conversations
+        for key, session in conversation["conversation"].items()
+        if key.startswith("session_") and isinstance(session, list)
+        for turn in session
+    ]
+    random.Random(1).shuffle(turns)
+    return turns[:n]
 
 
 def _p50_ms(embedder: SentenceEmbedder, questions: Sequence[str]) -> float:
@@ -81,23 +162,28 @@ def _p50_ms(embedder: SentenceEmbedder, questions: Sequence[str]) -> float:
     return round(statistics.median(times), 1)
 
 
-def _top5_rate(question_vecs: np.ndarray, pref_vecs: np.ndarray, users: list[list[int]]) -> float:
+def _top_rate(
+    question_vecs: np.ndarray, pref_vecs: np.ndarray, users: list[list[int]], top: int
+) -> float:
+    """Share of users whose own preference (row k of ``pref_vecs`` for user k) ranks among
+    the ``top`` best of their candidates."""
     hits = 0
     for k, ids in enumerate(users):
         scores = pref_vecs[ids] @ question_vecs[k]
         rank = int((scores > scores[ids.index(k)]).sum())
-        hits += rank < 5
+        hits += rank < top
     return round(hits / len(users), 3)
 
 
-def measure(model_key: str, n_queries: int, data: Path) -> list[dict[str, Any]]:
-    import torch
-
+def measure(
+    model_key: str, n_queries: int, data: Path, only: Sequence[str] = ()
+) -> list[dict[str, Any]]:
     torch.set_num_threads(1)
-    items = load_prefeval(data / "explicit_preference")
+    items = load_prefeval(data / "prefeval" / "explicit_preference")
     rng = random.Random(7)
     index = {item.source_ref: k for k, item in enumerate(items)}
     users = [[index[e.source_ref] for e in user_events(u, items, 50, rng)] for u in items]
+    users_200 = [[index[e.source_ref] for e in user_events(u, items, 200, rng)] for u in items]
     questions = [item.question for item in items]
     prefs = [f"- {item.preference}" for item in items]  # the SPEC's candidate line
 
@@ -106,8 +192,11 @@ def measure(model_key: str, n_queries: int, data: Path) -> list[dict[str, Any]]:
     fp32_model = embedder._model
     fp32_q = embedder.embed(questions)
     fp32_p = embedder.embed(prefs)
+    maxima = input_maxima(fp32_model, lambda: embedder.embed(calibration_texts(data)))
     rows = []
-    for name, build in _variants(fp32_model).items():
+    for name, build in _variants(fp32_model, maxima).items():
+        if only and name not in only:
+            continue
         with warnings.catch_warnings():  # PyTorch's deprecation notice for torch.ao
             warnings.simplefilter("ignore")
             embedder._model = build()
@@ -121,8 +210,10 @@ def measure(model_key: str, n_queries: int, data: Path) -> list[dict[str, Any]]:
                 "query_p50_ms": _p50_ms(embedder, questions[:n_queries]),
                 "cos_to_fp32_mean": round(float(cos.mean()), 4),
                 "cos_to_fp32_min": round(float(cos.min()), 4),
-                "top5_fp32_docs": _top5_rate(q, fp32_p, users),
-                "top5_own_docs": _top5_rate(q, p, users),
+                "top5_n50_fp32_docs": _top_rate(q, fp32_p, users, 5),
+                "top5_n50_own_docs": _top_rate(q, p, users, 5),
+                "top3_n200_fp32_docs": _top_rate(q, fp32_p, users_200, 3),
+                "top3_n200_own_docs": _top_rate(q, p, users_200, 3),
             }
         )
         print(json.dumps(rows[-1]), flush=True)
@@ -134,12 +225,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--models", default="minilm,mpnet", help="UPROF_EMBEDDER keys to measure")
     p.add_argument("--queries", type=int, default=40, help="questions timed per variant")
-    p.add_argument("--data", type=Path, default=DATA, help="PrefEval folder (read in place)")
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR, help="the SPEC's data folder")
+    p.add_argument("--variants", default="", help="comma-separated variant names (default all)")
     p.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
     args = p.parse_args(argv)
     rows = []
     for key in args.models.split(","):
-        rows += measure(key.strip(), args.queries, args.data)
+        only = [v for v in args.variants.split(",") if v]
+        rows += measure(key.strip(), args.queries, args.data, only)
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     return 0

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
 
-from benchmarks.embedder_quantization import _top5_rate, _variants
+from benchmarks.embedder_quantization import _smoothed_copy, _top_rate, _variants, input_maxima
 
 
 def _layer() -> torch.nn.Module:
@@ -43,10 +43,28 @@ def test_variants_quantize_what_they_name() -> None:
     assert _quantized(model) == set()
 
 
-def test_top5_rate_counts_the_users_own_row() -> None:
+def test_top_rate_counts_the_users_own_row() -> None:
     prefs = np.eye(6, dtype=np.float32)
     questions = np.eye(6, dtype=np.float32)
     users = [[0, 1, 2, 3, 4, 5], [1, 0, 2, 3, 4, 5]]
-    assert _top5_rate(questions[:2], prefs, users) == 1.0
+    assert _top_rate(questions[:2], prefs, users, 5) == 1.0
     # A question pointing away from its own preference ranks it last of six.
-    assert _top5_rate(-questions[:2], prefs, users) == 0.0
+    assert _top_rate(-questions[:2], prefs, users, 5) == 0.0
+
+
+def test_smoothing_keeps_the_float_output_and_adds_its_variants() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_layer())
+    ffn = model[0]
+    x = torch.randn(5, 8)
+    x[:, 3] *= 50  # one outlier channel, as in all-mpnet-base-v2's feed-forward outputs
+    maxima = input_maxima(model, lambda: ffn.output.dense(x))
+    assert torch.equal(maxima["0.output.dense"], x.abs().amax(0))
+    smoothed = _smoothed_copy(model, maxima, 0.85)
+    assert torch.allclose(smoothed[0].output.dense(x), ffn.output.dense(x), atol=1e-4)
+    assert ffn.output.dense.weight.shape == (4, 8)  # the original is left alone
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        variants = {name: build() for name, build in _variants(model, maxima).items()}
+    assert {"int8-smooth-0.7", "int8-smooth-0.85"} <= set(variants)
+    assert "int8-smooth-0.85" not in _variants(model)
