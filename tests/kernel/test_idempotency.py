@@ -168,6 +168,23 @@ def test_a_token_in_the_stream_stops_a_second_write_even_without_its_answer(
     assert captured(kernel) == [first.capture_id]
 
 
+def test_forgotten_answers_replay_from_the_stream_and_write_nothing_twice(
+    kernel: Uprof,
+) -> None:
+    """What a start does after rebuilding views that were ahead of their log
+    (tests/kernel/test_torn_folder_copy.py): every stored answer goes, and a retry of a
+    write the log holds is answered from the subject's stream, writing nothing."""
+    consent(kernel)
+    first = keyed_capture(kernel, "key-1", "I like green tea")
+    keyed_capture(kernel, "key-2", "I like black coffee")
+    assert kernel.idempotency is not None
+    assert kernel.idempotency.forget_answers() == 2
+    assert stored_rows(kernel) == []
+    again = keyed_capture(kernel, "key-1", "I like green tea")
+    assert again.response["capture_id"] == first.response["capture_id"]
+    assert len(captured(kernel)) == 2
+
+
 # ------------------------------------------------------------- processes
 
 

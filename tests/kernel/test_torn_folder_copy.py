@@ -22,6 +22,7 @@ import pytest
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import build_kernel, consent, say, settings_for
+from tests.kernel.idem_child import keyed_capture
 from tests.kernel.other_process import run_in_another_process
 from uprof.kernel import Uprof
 
@@ -39,6 +40,18 @@ def copy_file(source: Path, target: Path) -> None:
         src.close()
 
 
+def copy_the_rest(live: Path, copy: Path) -> None:
+    """After the log: the views, the key store, the policy store and the key folder's
+    other files (master key, erasure ledger)."""
+    for path in live.rglob("*"):
+        target = copy / path.relative_to(live)
+        if path.suffix == ".sqlite" and path.name != "events.sqlite":
+            copy_file(path, target)
+        elif path.is_file() and path.parent.name.endswith(".keys") and ".sqlite" not in path.name:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+
+
 def test_a_copy_with_views_ahead_of_its_log_serves_the_log_and_projects_new_captures(
     backend: Backend, kernel: Uprof, tmp_path: Path
 ) -> None:
@@ -52,15 +65,8 @@ def test_a_copy_with_views_ahead_of_its_log_serves_the_log_and_projects_new_capt
     for i in range(3):
         kernel.capture("alice", say(f"Yesterday I met Qzxlater{i} at the market"))
     kernel.process()
-    # ... then, a moment later, the views, the key store, the policy store and the key
-    # folder's other files (master key, erasure ledger).
-    for path in live.rglob("*"):
-        target = copy.data_dir / path.relative_to(live)
-        if path.suffix == ".sqlite" and path.name != "events.sqlite":
-            copy_file(path, target)
-        elif path.is_file() and path.parent.name.endswith(".keys") and ".sqlite" not in path.name:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, target)
+    # ... then, a moment later, everything else.
+    copy_the_rest(live, copy.data_dir)
 
     done = run_in_another_process(
         copy,
@@ -84,3 +90,53 @@ def test_a_copy_with_views_ahead_of_its_log_serves_the_log_and_projects_new_capt
         assert k.queries.table_digest() == live_views
     finally:
         k.close()
+
+
+def test_a_request_answered_after_the_log_was_copied_is_written_when_retried_on_the_copy(
+    backend: Backend, kernel: Uprof, tmp_path: Path
+) -> None:
+    """The idempotency keys live beside the views: a torn copy holds answers to writes its
+    log lacks. Until 2026-12-05 a client retrying such a request on the copy was told the
+    subject had been erased (410) and its capture was never written; a client that gives
+    up on a 410 lost it for good. The views' rebuild forgets those answers too, so the
+    retry runs as a first call and the subject's stream decides what was written."""
+    live = backend.data_dir
+    copy = Backend("sqlite", "", tmp_path / "copy")
+    consent(kernel)
+    keyed_capture(kernel, "before-the-copy", "I live in Porto")
+    kernel.process()
+    copy_file(live / "data" / "events.sqlite", copy.data_dir / "data" / "events.sqlite")
+    keyed_capture(kernel, "after-the-copy", "Yesterday I met Qzxretried at the market")
+    kernel.process()
+    copy_the_rest(live, copy.data_dir)
+
+    done = run_in_another_process(
+        copy,
+        """
+        from tests.kernel.idem_child import keyed_capture
+        for key, text in [
+            ("after-the-copy", "Yesterday I met Qzxretried at the market"),
+            ("before-the-copy", "I live in Porto"),
+        ]:
+            outcome = keyed_capture(kernel, key, text)
+            print(key, outcome.status, outcome.replayed)
+        kernel.process()
+        print(repr(kernel.profile("alice")))
+        """,
+    )
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    # The write the copied log lacks runs (a first answer); the one it holds is not
+    # written again (its stream holds the request's token).
+    assert lines[0] == "after-the-copy 201 False"
+    assert lines[1].startswith("before-the-copy 201")
+    served = lines[2]
+    assert served.count("Qzxretried") >= 1 and served.count("Porto") >= 1
+    k = build_kernel(settings_for(copy), FakeClock())
+    try:
+        captured = [str(event) for event in k.export_subject("alice")["captured_events"]]
+    finally:
+        k.close()
+    assert sum("Qzxretried" in event for event in captured) == 1
+    assert sum("I live in Porto" in event for event in captured) == 1

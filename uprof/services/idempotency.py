@@ -291,6 +291,17 @@ class IdempotencyStore:
             gone = conn.execute(t.delete().where(t.c.expires_ms <= self._clock_ms())).rowcount
         return int(gone or 0)
 
+    def forget_answers(self) -> int:
+        """Delete every key and its answer; returns how many went. For views rebuilt
+        because they were ahead of their log (``recovery.rebuild_views_ahead_of_log``):
+        this table sits beside the views, so it may hold answers to writes the log lacks,
+        and replaying one would refuse a retry whose write never happened. Forgotten, a
+        retry runs as a first call, and the subject's stream (which holds the token of
+        every write the log kept) still lets nothing be written twice."""
+        with self._engine.begin() as conn:
+            gone = conn.execute(idempotency_keys.delete()).rowcount
+        return int(gone or 0)
+
     def _maybe_purge(self) -> None:
         now = time.monotonic()
         if now - self._last_purge < PURGE_EVERY_S:

@@ -198,8 +198,9 @@ def rebuild_views_ahead_of_log(kernel: Any) -> bool:
     are two files) can hold views copied after their log: items whose captured events the
     log lacks, and a projection position past the log's head, so the projection would
     skip every event captured from then on until the log caught up. The log is the
-    record: the views are rebuilt from it. The position is read before the head, so a
-    process projecting meanwhile never makes a sound store look ahead."""
+    record: the views are rebuilt from it, and the idempotency answers kept beside them
+    are forgotten. The position is read before the head, so a process projecting
+    meanwhile never makes a sound store look ahead."""
     position = kernel.projections.highest_position
     head = kernel.app.max_notification_id()
     if position <= head:
@@ -211,6 +212,11 @@ def rebuild_views_ahead_of_log(kernel: Any) -> bool:
         head,
     )
     kernel.rebuild()
+    if kernel.idempotency is not None:
+        # Answers stored beside the views may be to writes this log lacks (see
+        # IdempotencyStore.forget_answers); the streams keep what the log holds.
+        forgotten = kernel.idempotency.forget_answers()
+        _log.warning("forgot %d idempotency keys stored beside the views", forgotten)
     return True
 
 
