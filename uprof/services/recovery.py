@@ -211,12 +211,14 @@ def rebuild_views_ahead_of_log(kernel: Any) -> bool:
         position,
         head,
     )
-    kernel.rebuild()
     if kernel.idempotency is not None:
         # Answers stored beside the views may be to writes this log lacks (see
-        # IdempotencyStore.forget_answers); the streams keep what the log holds.
+        # IdempotencyStore.forget_answers); the streams keep what the log holds. Before
+        # the rebuild: a start killed between the two finds the views still ahead and
+        # does both again, while one killed after a rebuild would find nothing to do.
         forgotten = kernel.idempotency.forget_answers()
         _log.warning("forgot %d idempotency keys stored beside the views", forgotten)
+    kernel.rebuild()
     return True
 
 
