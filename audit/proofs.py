@@ -242,16 +242,16 @@ def verify_proof(
     if not _is_int(document["tree_size"]) or document["tree_size"] != tree_size:
         raise VerificationError("proof tree_size differs from its signed checkpoint")
 
+    if old_size > tree_size:
+        raise VerificationError(
+            f"the trusted checkpoint of size {old_size} is larger than the proof's tree of "
+            f"size {tree_size}: the log shrank or forked"
+        )
     consistency = _section(document, "consistency", CONSISTENCY_KEYS)
     if not _is_int(consistency["old_size"]) or consistency["old_size"] != old_size:
         raise VerificationError(
             f"proof consistency.old_size {consistency['old_size']!r} is not the trusted "
             f"checkpoint's tree size {old_size}"
-        )
-    if old_size > tree_size:
-        raise VerificationError(
-            f"the trusted checkpoint of size {old_size} is larger than the proof's tree of "
-            f"size {tree_size}: the log shrank or forked"
         )
     hashes = _hashes(consistency["hashes"], "consistency.hashes")
     try:
