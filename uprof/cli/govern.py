@@ -257,6 +257,19 @@ def audit_public_key(out: Annotated[Path, typer.Option(help="Write the PEM here.
         console.print(f"public key written to {out}; origin: {key['origin']}")
 
 
+@audit_app.command("checkpoint")
+def audit_checkpoint(
+    out: Annotated[Path, typer.Option(help="Write the signed note here.")],
+) -> None:
+    """Sign and write a checkpoint of the log as it is now: keep it (or hand it to an
+    auditor) to ask later for a proof that the log only grew since (`audit prove`)."""
+    with door() as d:
+        note = d.audit_key()["checkpoint"]
+    out.write_text(note, encoding="utf-8", newline="")
+    size = note.split("\n")[1]
+    console.print(f"checkpoint of tree size {size} written to {shown(out)}", highlight=False)
+
+
 @audit_app.command("verify")
 def audit_verify(
     path: Annotated[Path, typer.Argument(exists=True, dir_okay=False)],
