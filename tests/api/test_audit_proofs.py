@@ -270,3 +270,35 @@ def test_the_cli_proves_and_verifies_and_a_rewritten_copy_fails(
         )
     if backend.kind == "sqlite":  # the honest deployment still proves
         run("audit", "prove", "--from", str(old), "--out", str(proof))
+
+
+def test_a_receipt_holder_gets_a_proof_that_the_log_still_holds_the_receipt(
+    backend: Backend, tmp_path: Path
+) -> None:
+    run = cli_for(backend)
+    pem, receipt, proof = tmp_path / "audit.pem", tmp_path / "receipt.json", tmp_path / "p.json"
+    grant = ("consent", "grant", "--subject", "ana", "--app", "app:planner", "--category", "*")
+    run(*grant, "--purpose", "personalization")
+    run("erase", "subject", "--subject", "ana", "--out", str(receipt))
+    run("audit", "public-key", "--out", str(pem))
+    run("apps", "create", "app:later")
+    leaf = json.loads(receipt.read_text())["inclusion"]["leaf_index"]
+    assert f"entry {leaf} included" in run(
+        "audit", "prove", "--from", str(receipt), "--out", str(proof)
+    )
+    pinned = ["--public-key", str(pem), "--trusted-checkpoint", str(receipt)]
+    assert f"entry {leaf} is in it" in run("audit", "verify-proof", str(proof), *pinned)
+    # Another entry than the receipt's: proven against the receipt's checkpoint alone.
+    run("audit", "prove", "--from", str(receipt), "--leaf-index", "0", "--out", str(proof))
+    assert "not the receipt's leaf" in run("audit", "verify-proof", str(proof), *pinned, code=1)
+    note = tmp_path / "receipt.note"
+    note.write_text(json.loads(receipt.read_text())["checkpoint"])
+    run(
+        "audit",
+        "verify-proof",
+        str(proof),
+        "--public-key",
+        str(pem),
+        "--trusted-checkpoint",
+        str(note),
+    )

@@ -376,6 +376,7 @@ def audit_prove(
         raise typer.BadParameter("give exactly one of --from and --old-size")
     with door() as d:
         held: str | dict[str, object] | None = None
+        check_against: str | dict[str, object] | None = None
         key = d.audit_key()
         if from_file is not None:
             try:
@@ -386,10 +387,12 @@ def audit_prove(
                     verify_receipt(held, key["public_key_pem"], origin=key["origin"])
                     note = str(held["checkpoint"])
                     inclusion = held["inclusion"]
-                    if leaf_index is None and isinstance(inclusion, dict):
-                        leaf_index = int(inclusion["leaf_index"])
+                    receipt_leaf = inclusion["leaf_index"] if isinstance(inclusion, dict) else None
+                    leaf_index = receipt_leaf if leaf_index is None else leaf_index
+                    # The receipt is checked whole when its own entry is the one included.
+                    check_against = held if leaf_index == receipt_leaf else note
                 else:
-                    note = held
+                    note = check_against = held
                 pinned = load_pinned_key(key["public_key_pem"])
                 old_size = verify_checkpoint(note, pinned, key["origin"]).tree_size
             except VerificationError as e:
@@ -401,9 +404,9 @@ def audit_prove(
         assert old_size is not None
         document = d.prove_audit(old_size, leaf_index=leaf_index)
         out.write_bytes(proof_bytes(document))
-        if held is not None:
+        if check_against is not None:
             try:
-                verify_proof(document, key["public_key_pem"], key["origin"], trusted=held)
+                verify_proof(document, key["public_key_pem"], key["origin"], trusted=check_against)
             except VerificationError as e:
                 err_console.print(
                     f"[bold red]this log does not extend {shown(from_file)}:[/] {shown(e)} "
