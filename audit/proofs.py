@@ -98,7 +98,8 @@ def build_proof(log: AuditLog, old_size: int, *, leaf_index: int | None = None) 
     the document carries, so appends by other writers meanwhile do not matter.
 
     Raises InvalidInputError naming ``old_size`` or ``leaf_index`` when it is not an
-    integer, is too small, or lies beyond the log.
+    integer, is too small, or lies beyond the log; VerificationError when the log's
+    tables lack a row the proof needs (an entry or a node deleted behind its back).
     """
     old_size = _requested_size(old_size, "old_size", minimum=1)
     if leaf_index is not None:
@@ -116,7 +117,14 @@ def build_proof(log: AuditLog, old_size: int, *, leaf_index: int | None = None) 
                 f"leaf_index {leaf_index} is beyond the log, which holds {size} entries",
                 field="leaf_index",
             )
-        stored = next(iter(log.entries(tree_size=size, after_leaf=leaf_index - 1, page_size=1)))
+        stored = next(
+            iter(log.entries(tree_size=size, after_leaf=leaf_index - 1, page_size=1)), None
+        )
+        if stored is None or stored.leaf_index != leaf_index:
+            # Never the next entry under this index: its tables lost a row.
+            raise VerificationError(
+                f"the log has no entry at leaf_index {leaf_index}: its tables are incomplete"
+            )
         inclusion = {
             "entry": stored.entry,
             "hashes": [b64encode(h) for h in log.inclusion_proof(leaf_index, size)],

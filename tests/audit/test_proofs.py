@@ -576,3 +576,21 @@ def test_proofs_served_while_other_processes_append_verify(
     assert verify_proof(final, log.public_key, ORIGIN, trusted=trusted).tree_size >= total
     assert log.verify_integrity() >= total
     served.dispose()
+
+
+def test_a_missing_entry_row_is_reported_not_replaced_by_its_neighbour(
+    log: AuditLog, engine: sa.Engine, signing_key: Ed25519PrivateKey
+) -> None:
+    """An entry row deleted behind the log's back: the server must not serve the next
+    entry under the asked index (the verifier would refuse it, blaming the proof)."""
+    fill(log, 12)
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.exec_driver_sql("SET LOCAL session_replication_role = replica")
+        else:
+            conn.exec_driver_sql("DROP TRIGGER IF EXISTS trg_audit_entries_no_delete")
+        conn.execute(audit_entries.delete().where(audit_entries.c.leaf_index == 6))
+    reopened = _reopened(engine, signing_key)
+    with pytest.raises(VerificationError, match="no entry at leaf_index 6"):
+        build_proof(reopened, 3, leaf_index=6)
+    build_proof(reopened, 3, leaf_index=10)  # entries whose proofs do not need it still are
