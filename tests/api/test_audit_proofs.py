@@ -302,3 +302,60 @@ def test_a_receipt_holder_gets_a_proof_that_the_log_still_holds_the_receipt(
         "--trusted-checkpoint",
         str(note),
     )
+
+
+APPENDER = """
+import sys
+from pathlib import Path
+from tests.conftest import Backend
+from tests.fakes.ports import FakeClock
+from tests.kernel.conftest import build_kernel, settings_for
+
+kind, url, folder, stop = sys.argv[1:5]
+kernel = build_kernel(settings_for(Backend(kind, url, Path(folder))), FakeClock())
+try:
+    batches = 0
+    while not Path(stop).exists():
+        entry = ("access.denied", {"app_id": "app:elsewhere", "reason_code": "read"})
+        kernel.audit.record_many([entry] * (1 + batches % 5))
+        batches += 1
+        if batches == 1:
+            print("appending", flush=True)
+finally:
+    kernel.close()
+print(batches, flush=True)
+"""
+
+
+def test_proofs_served_over_rest_while_another_process_appends_verify(
+    backend: Backend, http: httpx.Client, apps: Apps, tmp_path: Path
+) -> None:
+    from tests.children import PythonChild
+
+    held = _key(http, apps.planner)
+    old_size = int(held["checkpoint"].split("\n")[1])
+    stop = tmp_path / "stop"
+    child = PythonChild(
+        APPENDER, backend.kind, backend.url, str(backend.data_dir), str(stop), stream_stdout=True
+    )
+    sizes: list[int] = []
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "appending"
+        while len(set(sizes)) < 4:
+            answer = http.post(
+                "/v1/audit/proof",
+                headers=bearer(apps.planner_operator),
+                json={"old_size": old_size, "leaf_index": old_size - 1},
+            )
+            assert answer.status_code == 200, answer.text
+            report = verify_proof(
+                answer.content, held["public_key_pem"], held["origin"], trusted=held["checkpoint"]
+            )
+            sizes.append(report.tree_size)
+            assert child.poll() is None
+    finally:
+        stop.touch()
+        out, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err[-3000:]
+    assert int(out.split()[-1]) > 1
+    assert sizes == sorted(sizes)  # each proof is against a checkpoint no older than the last
