@@ -359,3 +359,40 @@ def test_proofs_served_over_rest_while_another_process_appends_verify(
     assert child.returncode == 0, err[-3000:]
     assert int(out.split()[-1]) > 1
     assert sizes == sorted(sizes)  # each proof is against a checkpoint no older than the last
+
+
+def test_the_sdk_fetches_the_proof_file_over_http_and_embedded(
+    server: Any, http: httpx.Client, apps: Apps, kernel: Uprof
+) -> None:
+    import asyncio
+
+    from uprof.sdk import AsyncClient, Client, InvalidRequestError, PermissionDeniedError
+
+    grant(http, apps.planner)
+    held = _key(http, apps.planner)
+    old_size = int(held["checkpoint"].split("\n")[1])
+    _activity(http, apps, lines=2)
+    pinned = (held["public_key_pem"], held["origin"])
+
+    def check(raw: bytes) -> None:
+        verify_proof(raw, *pinned, trusted=held["checkpoint"])
+
+    with Client(server.url, apps.planner_operator) as client:
+        check(client.audit_proof(old_size, leaf_index=0))
+        with pytest.raises(InvalidRequestError):
+            client.audit_proof(0)  # refused before it is sent, naming the field
+        with pytest.raises(InvalidRequestError):
+            client.audit_proof(10**9)  # refused by the server: beyond the log
+    with Client(server.url, apps.planner) as client, pytest.raises(PermissionDeniedError):
+        client.audit_proof(old_size)
+
+    async def remote() -> bytes:
+        async with AsyncClient(server.url, apps.planner_operator) as client:
+            return await client.audit_proof(old_size)
+
+    check(asyncio.run(remote()))
+    embedded = Client.embedded(kernel, "app:planner", roles=("app", "operator"))
+    try:
+        check(embedded.audit_proof(old_size, leaf_index=old_size - 1))
+    finally:
+        embedded.close()
