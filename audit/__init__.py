@@ -1,5 +1,6 @@
 """Tamper-evident audit log of uprof: RFC 9162 Merkle log, C2SP signed checkpoints,
-RFC 8785 canonical entries, exports with inclusion proofs, offline verifier, erasure receipts.
+RFC 8785 canonical entries, exports with inclusion proofs, consistency proof documents,
+offline verifiers, erasure receipts.
 
 Imports only ``domain`` and the standard library, SQLAlchemy, cryptography and rfc8785.
 The format is documented in docs/audit-format.md.
@@ -18,6 +19,7 @@ from audit.keys import (
     public_key_pem,
 )
 from audit.log import AuditLog, AuditRecord, StoredCheckpoint, StoredEntry
+from audit.proofs import ProofReport, build_proof, parse_proof, proof_bytes, verify_proof
 from audit.receipts import (
     issue_erasure_receipt,
     new_commitment_nonce,
@@ -37,10 +39,12 @@ __all__ = [
     "AuditRecord",
     "CheckpointBody",
     "ExportSummary",
+    "ProofReport",
     "StoredCheckpoint",
     "StoredEntry",
     "VerificationError",
     "VerificationReport",
+    "build_proof",
     "canonical_bytes",
     "create_tables",
     "export_csv",
@@ -52,12 +56,15 @@ __all__ = [
     "metadata",
     "new_commitment_nonce",
     "note_key_id",
+    "parse_proof",
+    "proof_bytes",
     "public_key_pem",
     "sign_checkpoint",
     "subject_commitment",
     "validate_entry",
     "verify_checkpoint",
     "verify_export",
+    "verify_proof",
     "verify_receipt",
     "verify_subject_commitment",
 ]

@@ -924,6 +924,18 @@ class Facade:
                 with self._as_principal():
                     close()
 
+    def prove_audit(self, old_size: int, *, leaf_index: int | None = None) -> dict[str, Any]:
+        """A fresh signed checkpoint and the proof that the log extends the tree of
+        ``old_size`` entries (plus entry ``leaf_index`` with its inclusion proof, if
+        asked): ``audit.proofs`` describes the document. Same decision as an export,
+        taken before the sizes are compared with the log, so a caller without the right
+        learns nothing of it; audited (``audit.proof_served``)."""
+        self._authorize_governance("audit", COMPLIANCE_PURPOSE)
+        with self._as_principal():
+            return self._kernel.audit_proof(
+                old_size, leaf_index=leaf_index, requested_by=self.principal.label
+            )
+
     def audit_entries(self, **filters: Any) -> Iterator[StoredEntry]:
         """Audit entries for the console's search (same decision as an export)."""
         self._authorize_governance("audit", COMPLIANCE_PURPOSE)

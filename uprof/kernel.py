@@ -476,6 +476,31 @@ class Uprof:
         )
         return stream
 
+    def audit_proof(
+        self, old_size: int, *, leaf_index: int | None = None, requested_by: str | None = None
+    ) -> dict[str, Any]:
+        """A fresh signed checkpoint with the consistency proof from ``old_size`` to it and,
+        if asked, the inclusion proof of entry ``leaf_index`` (``audit.proofs``).
+
+        Reads served before the call are in it. The proof is audited before it is handed
+        out (``audit.proof_served``, after the checkpoint it carries): a proof whose
+        serving cannot be recorded is not served.
+        """
+        from audit.proofs import build_proof
+
+        self.reads.drain()
+        document = build_proof(self.audit_log, old_size, leaf_index=leaf_index)
+        counts = {"old_size": document["consistency"]["old_size"]}
+        if leaf_index is not None:
+            counts["leaf_index"] = leaf_index
+        self.audit.record(
+            "audit.proof_served",
+            app_id=requested_by,
+            tree_size=document["tree_size"],
+            counts=counts,
+        )
+        return document
+
     def audit_entries(self, **filters: Any) -> Iterator[StoredEntry]:
         """Audit entries matching filters (reads served before the call included)."""
         self.reads.drain()

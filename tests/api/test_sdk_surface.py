@@ -60,6 +60,7 @@ CLIENT_METHODS = [
     "audit_export",
     "audit_export_to",
     "audit_key",
+    "audit_proof",
     "audit_receipts",
     "audit_verify",
     "capture",

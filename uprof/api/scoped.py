@@ -476,6 +476,14 @@ class AppScope:
             next_cursor=page.next_cursor,
         )
 
+    def audit_proof(self, body: w.AuditProofIn) -> bytes:
+        """The proof document's file bytes (canonical JSON and a newline: what the offline
+        verifier reads), for ``operator`` keys the policy lets ``audit``."""
+        from audit.proofs import proof_bytes
+
+        self._require(ROLE_OPERATOR)
+        return proof_bytes(self._door.prove_audit(body.old_size, leaf_index=body.leaf_index))
+
     def audit_verify(self, body: w.AuditVerifyIn) -> w.AuditVerification:
         """Check an export or a receipt against this log's key (``operator`` role)."""
         self._require(ROLE_OPERATOR)

@@ -257,6 +257,19 @@ def audit_public_key(out: Annotated[Path, typer.Option(help="Write the PEM here.
         console.print(f"public key written to {out}; origin: {key['origin']}")
 
 
+@audit_app.command("checkpoint")
+def audit_checkpoint(
+    out: Annotated[Path, typer.Option(help="Write the signed note here.")],
+) -> None:
+    """Sign and write a checkpoint of the log as it is now: keep it (or hand it to an
+    auditor) to ask later for a proof that the log only grew since (`audit prove`)."""
+    with door() as d:
+        note = d.audit_key()["checkpoint"]
+    out.write_text(note, encoding="utf-8", newline="")
+    size = note.split("\n")[1]
+    console.print(f"checkpoint of tree size {size} written to {shown(out)}", highlight=False)
+
+
 @audit_app.command("verify")
 def audit_verify(
     path: Annotated[Path, typer.Argument(exists=True, dir_okay=False)],
@@ -314,6 +327,133 @@ def trusted_checkpoint(raw: bytes, public_key: bytes, origin: str) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
         raise VerificationError("a trusted checkpoint file is not UTF-8") from None
+
+
+def held_checkpoint(raw: bytes) -> str | dict[str, object]:
+    """A file someone holds: a checkpoint note (text), or a receipt (strict JSON), unverified."""
+    from audit.errors import VerificationError
+    from audit.receipts import parse_receipt
+
+    if raw.lstrip().startswith(b"{"):
+        receipt = parse_receipt(raw)
+        if not isinstance(receipt, dict):
+            raise VerificationError("a receipt file holds a JSON object")
+        return receipt
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise VerificationError("a checkpoint file is not UTF-8") from None
+
+
+@audit_app.command("prove")
+def audit_prove(
+    out: Annotated[Path, typer.Option(help="Write the proof document (JSON) here.")],
+    from_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--from",
+            exists=True,
+            dir_okay=False,
+            help="A checkpoint note or a receipt you hold: prove from its tree size "
+            "(a receipt's entry is included too).",
+        ),
+    ] = None,
+    old_size: Annotated[
+        int | None, typer.Option(help="Or the old tree size itself (at least 1).")
+    ] = None,
+    leaf_index: Annotated[
+        int | None, typer.Option(help="Also prove this entry is in the fresh checkpoint.")
+    ] = None,
+) -> None:
+    """Prove the log only grew since an old checkpoint: a fresh signed checkpoint with the
+    consistency proof (and an entry's inclusion proof), to check offline with verify-proof."""
+    from audit.checkpoint import verify_checkpoint
+    from audit.errors import VerificationError
+    from audit.keys import load_pinned_key
+    from audit.proofs import proof_bytes, verify_proof
+
+    if (from_file is None) == (old_size is None):
+        raise typer.BadParameter("give exactly one of --from and --old-size")
+    with door() as d:
+        held: str | dict[str, object] | None = None
+        check_against: str | dict[str, object] | None = None
+        key = d.audit_key()
+        if from_file is not None:
+            try:
+                held = held_checkpoint(from_file.read_bytes())
+                if isinstance(held, dict):
+                    from audit.receipts import verify_receipt
+
+                    verify_receipt(held, key["public_key_pem"], origin=key["origin"])
+                    note = str(held["checkpoint"])
+                    inclusion = held["inclusion"]
+                    receipt_leaf = inclusion["leaf_index"] if isinstance(inclusion, dict) else None
+                    leaf_index = receipt_leaf if leaf_index is None else leaf_index
+                    # The receipt is checked whole when its own entry is the one included.
+                    check_against = held if leaf_index == receipt_leaf else note
+                else:
+                    note = check_against = held
+                pinned = load_pinned_key(key["public_key_pem"])
+                old_size = verify_checkpoint(note, pinned, key["origin"]).tree_size
+            except VerificationError as e:
+                err_console.print(
+                    f"[bold red]--from is not a checkpoint of this log:[/] {shown(e)}",
+                    highlight=False,
+                )
+                raise typer.Exit(1) from None
+        assert old_size is not None
+        document = d.prove_audit(old_size, leaf_index=leaf_index)
+        out.write_bytes(proof_bytes(document))
+        if check_against is not None:
+            try:
+                verify_proof(document, key["public_key_pem"], key["origin"], trusted=check_against)
+            except VerificationError as e:
+                err_console.print(
+                    f"[bold red]this log does not extend {shown(from_file)}:[/] {shown(e)} "
+                    f"(proof written to {shown(out)})",
+                    highlight=False,
+                )
+                raise typer.Exit(1) from None
+    included = "" if leaf_index is None else f", entry {leaf_index} included"
+    console.print(
+        f"proof written to {shown(out)}: tree size {document['tree_size']} extends "
+        f"{old_size}{included}",
+        highlight=False,
+    )
+
+
+@audit_app.command("verify-proof")
+def audit_verify_proof(
+    path: Annotated[Path, typer.Argument(exists=True, dir_okay=False)],
+    public_key: Annotated[Path, typer.Option(exists=True, help="The log's public key (PEM).")],
+    trusted: Annotated[
+        Path,
+        typer.Option(
+            "--trusted-checkpoint",
+            exists=True,
+            dir_okay=False,
+            help="The checkpoint note, or the receipt, you held before the proof.",
+        ),
+    ],
+    origin: Annotated[str, typer.Option(help="The log's origin name.")] = "uprof.local/audit",
+) -> None:
+    """Verify a proof document offline: the log only grew since the checkpoint you trusted."""
+    from audit.errors import VerificationError
+    from audit.proofs import verify_proof
+
+    try:
+        held = held_checkpoint(trusted.read_bytes())
+        report = verify_proof(path.read_bytes(), public_key.read_bytes(), origin, trusted=held)
+    except VerificationError as e:
+        err_console.print(f"[bold red]proof does not verify:[/] {shown(e)}", highlight=False)
+        raise typer.Exit(1) from None
+    included = "" if report.leaf_index is None else f"; entry {report.leaf_index} is in it"
+    console.print(
+        f"[green]verified[/]: the log of size {report.tree_size} extends the trusted "
+        f"checkpoint of size {report.old_size}{included} (key {report.key_id[:16]}…, "
+        f"origin {shown(origin)})",
+        highlight=False,
+    )
 
 
 @audit_app.command("verify-receipt")

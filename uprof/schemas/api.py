@@ -942,6 +942,45 @@ class AuditVerification(_Response):
     line_text: str = ""
 
 
+#: A tree size or leaf index as the log counts them: a JSON integer, never a string or float.
+_TreeCount = Annotated[int, Field(strict=True, le=2**63 - 1)]
+
+
+class AuditProofIn(_Request):
+    """What to prove: that the log extends the tree of ``old_size`` entries (the size in
+    the checkpoint you hold) and, if asked, that entry ``leaf_index`` is in it."""
+
+    model_config = _example({"old_size": 1})
+
+    old_size: Annotated[_TreeCount, Field(ge=1)]
+    leaf_index: Annotated[_TreeCount, Field(ge=0)] | None = None
+
+
+class AuditConsistency(_Response):
+    old_size: int
+    hashes: list[str]
+
+
+class AuditInclusion(_Response):
+    leaf_index: int
+    entry: dict[str, Any]
+    hashes: list[str]
+
+
+class AuditProof(_Response):
+    """A proof document (``uprof.audit-proof/v1``, docs/audit-format.md §3.1): save the
+    response body as it is and check it offline with ``uprof audit verify-proof``."""
+
+    format: str
+    origin: str
+    key_id: str
+    note_key_id: str
+    checkpoint: str
+    tree_size: int
+    consistency: AuditConsistency
+    inclusion: AuditInclusion | None
+
+
 class AuditKey(_Response):
     """What a third party pins to verify exports and receipts offline."""
 

@@ -24,6 +24,8 @@ R = TypeVar("R", bound=BaseModel)
 class SyncBackend(Protocol):
     def send(self, call: Call[R]) -> R: ...
 
+    def send_for_bytes(self, call: Call[Any]) -> bytes: ...
+
     def stream_text(self, call: Call[Any]) -> Iterator[str]: ...
 
     def close(self) -> None: ...
@@ -67,6 +69,17 @@ class HttpBackend:
             raise TransportError(f"{op.name}: {type(error).__name__}: {error}") from error
         return _parse(call, response)
 
+    def send_for_bytes(self, call: Call[Any]) -> bytes:
+        """The answer's body as it came (a proof document is a file, checked byte for byte)."""
+        op = call.operation
+        try:
+            response = self._client.request(op.method, op.path, **_request_kwargs(call))
+        except httpx.HTTPError as error:
+            raise TransportError(f"{op.name}: {type(error).__name__}: {error}") from error
+        if response.status_code >= 400:
+            _parse(call, response)  # raises the SDK error for the status
+        return response.content
+
     def stream_text(self, call: Call[Any]) -> Iterator[str]:
         """The body of a streamed answer (an audit export) as text, as it arrives."""
         op = call.operation
@@ -94,6 +107,16 @@ class AsyncHttpBackend:
         except httpx.HTTPError as error:
             raise TransportError(f"{op.name}: {type(error).__name__}: {error}") from error
         return _parse(call, response)
+
+    async def send_for_bytes(self, call: Call[Any]) -> bytes:
+        op = call.operation
+        try:
+            response = await self._client.request(op.method, op.path, **_request_kwargs(call))
+        except httpx.HTTPError as error:
+            raise TransportError(f"{op.name}: {type(error).__name__}: {error}") from error
+        if response.status_code >= 400:
+            _parse(call, response)
+        return response.content
 
     async def stream_text(self, call: Call[Any]) -> AsyncIterator[str]:
         op = call.operation
@@ -150,6 +173,18 @@ class EmbeddedBackend:
         except UprofError as error:
             raise error_for(classify(error)[0], body_for(error).model_dump()) from error
         return op.response.model_validate(result.model_dump())
+
+    def send_for_bytes(self, call: Call[Any]) -> bytes:
+        from domain.errors import UprofError
+        from uprof.api.errors import EdgeError, body_for, classify
+
+        try:
+            content: bytes = getattr(self._scope, call.operation.name)(call.body)
+        except EdgeError as error:
+            raise error_for(error.status, error.body().model_dump()) from error
+        except UprofError as error:
+            raise error_for(classify(error)[0], body_for(error).model_dump()) from error
+        return content
 
     def stream_text(self, call: Call[Any]) -> Iterator[str]:
         from domain.errors import UprofError

@@ -394,6 +394,14 @@ class Client:
         """The log's public key and latest checkpoint, to pin for offline verification."""
         return self._backend.send(Call(ops.AUDIT_KEY, None))
 
+    def audit_proof(self, old_size: int, *, leaf_index: int | None = None) -> bytes:
+        """A proof that the log only grew since the checkpoint of ``old_size`` entries you
+        hold (and, with ``leaf_index``, that entry's inclusion): the proof document's file
+        bytes, to save unchanged and check offline (``uprof audit verify-proof``;
+        ``operator`` role, the policy's ``audit``)."""
+        body = ops.build(w.AuditProofIn, old_size=old_size, leaf_index=leaf_index)
+        return self._backend.send_for_bytes(Call(ops.AUDIT_PROOF, body))
+
     def register_session(self, session_id: str, subject: str) -> None:
         body = ops.build(w.SessionIn, session_id=session_id, subject=subject)
         self._backend.send(Call(ops.REGISTER_SESSION, body))
@@ -744,6 +752,10 @@ class AsyncClient:
 
     async def audit_key(self) -> w.AuditKey:
         return await self._backend.send(Call(ops.AUDIT_KEY, None))
+
+    async def audit_proof(self, old_size: int, *, leaf_index: int | None = None) -> bytes:
+        body = ops.build(w.AuditProofIn, old_size=old_size, leaf_index=leaf_index)
+        return await self._backend.send_for_bytes(Call(ops.AUDIT_PROOF, body))
 
     async def register_session(self, session_id: str, subject: str) -> None:
         body = ops.build(w.SessionIn, session_id=session_id, subject=subject)

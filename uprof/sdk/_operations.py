@@ -55,6 +55,8 @@ EXPORT_SUBJECT = Operation("export_subject", "POST", "/v1/governance/exports", w
 AUDIT_EXPORT = Operation("audit_export", "POST", "/v1/audit/export", w.AuditExport)
 AUDIT_VERIFY = Operation("audit_verify", "POST", "/v1/audit/verify", w.AuditVerification)
 AUDIT_KEY = Operation("audit_key", "GET", "/v1/audit/key", w.AuditKey)
+#: Answers the proof document's file bytes (``Client.audit_proof``), not a parsed model.
+AUDIT_PROOF = Operation("audit_proof", "POST", "/v1/audit/proof", w.AuditProof)
 AUDIT_ENTRIES = Operation("audit_entries", "POST", "/v1/audit/entries", w.AuditEntryPage)
 AUDIT_RECEIPTS = Operation("audit_receipts", "POST", "/v1/audit/receipts", w.ReceiptPage)
 LIST_MEMORIES = Operation("list_memories", "POST", "/v1/memories/list", w.MemoryPage)

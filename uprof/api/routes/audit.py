@@ -1,6 +1,7 @@
-"""The audit trail for compliance teams: export with proofs, verify, and the key to pin.
+"""The audit trail for compliance teams: export with proofs, consistency proofs, verify,
+and the key to pin.
 
-Export and verify need the ``operator`` role (the trail names every app and every
+Export, proofs and verify need the ``operator`` role (the trail names every app and every
 subject's pseudonym); the public key and latest checkpoint are for any app, since a
 third party verifies exports and receipts offline with exactly these.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials
 
 from uprof.api.deps import Scope, bearer_scheme, while_key_live
@@ -20,6 +21,8 @@ from uprof.schemas.api import (
     AuditEntryPage,
     AuditExportIn,
     AuditKey,
+    AuditProof,
+    AuditProofIn,
     AuditVerification,
     AuditVerifyIn,
     ReceiptListIn,
@@ -62,6 +65,31 @@ def export_trail(
         media_type=stream.media_type,
         headers={"Content-Disposition": f'attachment; filename="{stream.filename}"'},
     )
+
+
+@router.post(
+    "/proof",
+    response_model=AuditProof,
+    response_class=Response,
+    responses={
+        200: {
+            "description": "The proof document (uprof.audit-proof/v1), as the RFC 8785 "
+            "canonical JSON file the offline verifier reads: save the body unchanged.",
+            "content": {"application/json": {}},
+        },
+        **errors(403, 503),
+    },
+)
+def prove(body: AuditProofIn, scope: Scope) -> Response:
+    """A fresh signed checkpoint and the proof that the log only grew since the tree of
+    ``old_size`` entries (the size of a checkpoint you hold), plus entry ``leaf_index``
+    with its inclusion proof if asked (``operator`` role; the policy's ``audit``).
+
+    Check it offline with ``uprof audit verify-proof FILE --trusted-checkpoint OLD
+    --public-key PEM``. Every proof is against the checkpoint in the answer, whatever is
+    appended meanwhile. Audited (``audit.proof_served``).
+    """
+    return Response(content=scope.audit_proof(body), media_type="application/json")
 
 
 @router.post("/entries", response_model=AuditEntryPage, responses=errors(403, 503))

@@ -1,0 +1,319 @@
+"""Consistency (and inclusion) proofs for readers who hold an old checkpoint.
+
+Whoever kept a checkpoint (from a receipt, an earlier export, a witness) asks the log for a
+*proof document*: a fresh signed checkpoint, the RFC 9162 §2.1.4 consistency proof from the
+old tree size to it, and optionally the §2.1.3 inclusion proof of one entry against it. The
+reader checks it offline with the pinned public key and origin and the note they trusted
+before (``verify_proof``); nothing in the document is believed that the pinned key, the
+trusted note or the hashes do not show.
+
+The document is one RFC 8785 canonical JSON object followed by ``\\n``::
+
+    {"checkpoint": "<signed note, size n>",
+     "consistency": {"hashes": [base64, ...], "old_size": m},
+     "format": "uprof.audit-proof/v1",
+     "inclusion": null | {"entry": {...}, "hashes": [base64, ...], "leaf_index": i},
+     "key_id": "<hex SHA-256 of the public key>",
+     "note_key_id": "<hex 4-byte note key id>",
+     "origin": "<log origin>",
+     "tree_size": n}
+
+Every field is checked by the verifier (the file must be exactly that canonical text), so a
+changed byte is either refused or changed nothing.
+
+This module imports no database code; ``build_proof`` takes the log it serves from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from audit._codec import b64decode_strict, b64encode
+from audit.canonical import canonical_bytes
+from audit.checkpoint import verify_checkpoint
+from audit.entry import stored_entry_bytes
+from audit.errors import AuditEntryError, VerificationError
+from audit.keys import key_id, load_pinned_key, note_key_id
+from audit.merkle import HASH_SIZE, leaf_hash, verify_consistency, verify_inclusion
+from audit.strict_json import strict_json
+from domain.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from audit.log import AuditLog
+
+PROOF_FORMAT = "uprof.audit-proof/v1"
+PROOF_KEYS = frozenset(
+    {
+        "checkpoint",
+        "consistency",
+        "format",
+        "inclusion",
+        "key_id",
+        "note_key_id",
+        "origin",
+        "tree_size",
+    }
+)
+CONSISTENCY_KEYS = frozenset({"hashes", "old_size"})
+INCLUSION_KEYS = frozenset({"entry", "hashes", "leaf_index"})
+#: A proof of a tree of 2**63 leaves has at most 2 * 63 hashes.
+MAX_PROOF_HASHES = 130
+
+
+@dataclass(frozen=True)
+class ProofReport:
+    """What a verified proof document showed."""
+
+    origin: str
+    key_id: str
+    old_size: int
+    old_root: bytes
+    tree_size: int
+    root: bytes
+    leaf_index: int | None = None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _requested_size(value: Any, field: str, *, minimum: int) -> int:
+    if not _is_int(value):
+        raise InvalidInputError(f"{field} must be an integer", field=field)
+    if value < minimum:
+        raise InvalidInputError(f"{field} must be at least {minimum}, got {value}", field=field)
+    return int(value)
+
+
+def build_proof(log: AuditLog, old_size: int, *, leaf_index: int | None = None) -> dict[str, Any]:
+    """Sign a fresh checkpoint and return the proof document from ``old_size`` up to it.
+
+    ``old_size`` is the tree size of the checkpoint the reader holds (at least 1: every
+    log extends the empty tree); ``leaf_index``, if given, adds that entry and its
+    inclusion proof against the fresh checkpoint. Every proof is against the checkpoint
+    the document carries, so appends by other writers meanwhile do not matter.
+
+    Raises InvalidInputError naming ``old_size`` or ``leaf_index`` when it is not an
+    integer, is too small, or lies beyond the log; VerificationError when the log's
+    tables lack a row the proof needs (an entry or a node deleted behind its back).
+    """
+    old_size = _requested_size(old_size, "old_size", minimum=1)
+    if leaf_index is not None:
+        leaf_index = _requested_size(leaf_index, "leaf_index", minimum=0)
+    checkpoint = log.checkpoint_record()
+    size = checkpoint.tree_size
+    if old_size > size:
+        raise InvalidInputError(
+            f"old_size {old_size} is beyond the log, which holds {size} entries", field="old_size"
+        )
+    inclusion = None
+    if leaf_index is not None:
+        if leaf_index >= size:
+            raise InvalidInputError(
+                f"leaf_index {leaf_index} is beyond the log, which holds {size} entries",
+                field="leaf_index",
+            )
+        stored = next(
+            iter(log.entries(tree_size=size, after_leaf=leaf_index - 1, page_size=1)), None
+        )
+        if stored is None or stored.leaf_index != leaf_index:
+            # Never the next entry under this index: its tables lost a row.
+            raise VerificationError(
+                f"the log has no entry at leaf_index {leaf_index}: its tables are incomplete"
+            )
+        inclusion = {
+            "entry": stored.entry,
+            "hashes": [b64encode(h) for h in log.inclusion_proof(leaf_index, size)],
+            "leaf_index": leaf_index,
+        }
+    return {
+        "checkpoint": checkpoint.note,
+        "consistency": {
+            "hashes": [b64encode(h) for h in log.consistency_proof(old_size, size)],
+            "old_size": old_size,
+        },
+        "format": PROOF_FORMAT,
+        "inclusion": inclusion,
+        "key_id": log.key_id,
+        "note_key_id": note_key_id(log.origin, log.public_key).hex(),
+        "origin": log.origin,
+        "tree_size": size,
+    }
+
+
+def proof_bytes(document: Mapping[str, Any]) -> bytes:
+    """The file form of a proof document: its RFC 8785 bytes and one ``\\n``."""
+    return canonical_bytes(document) + b"\n"
+
+
+def parse_proof(raw: bytes | str) -> dict[str, Any]:
+    """Read a proof file strictly: exactly the canonical text ``proof_bytes`` writes.
+
+    Raises VerificationError (strict JSON, as every verifier here reads files; then not an
+    object, or not in the canonical form, which would let a byte change pass unseen).
+    """
+    data = raw.encode("utf-8") if isinstance(raw, str) else bytes(raw)
+    if not data.endswith(b"\n"):
+        raise VerificationError("proof file must end with one newline")
+    document = strict_json(data[:-1], "proof file")
+    if not isinstance(document, dict):
+        raise VerificationError("proof file is not a JSON object")
+    try:
+        canonical = proof_bytes(document)
+    except AuditEntryError as exc:
+        raise VerificationError(f"proof file cannot be canonicalised: {exc}") from None
+    if canonical != data:
+        raise VerificationError(
+            "proof file is not in RFC 8785 canonical form followed by one newline"
+        )
+    return document
+
+
+def _hashes(value: Any, field: str) -> list[bytes]:
+    if not isinstance(value, list):
+        raise VerificationError(f"proof {field} must be a list of base64 hashes")
+    if len(value) > MAX_PROOF_HASHES:
+        raise VerificationError(f"proof {field} has more than {MAX_PROOF_HASHES} hashes")
+    return [
+        b64decode_strict(text, f"proof {field}[{position}]", size=HASH_SIZE)
+        for position, text in enumerate(value)
+    ]
+
+
+def _section(document: Mapping[str, Any], name: str, keys: frozenset[str]) -> Mapping[str, Any]:
+    section = document[name]
+    if not isinstance(section, Mapping) or set(section) != keys:
+        raise VerificationError(f"proof {name} must be an object with exactly {sorted(keys)}")
+    return section
+
+
+def verify_proof(
+    proof: Mapping[str, Any] | bytes | str,
+    public_key: Ed25519PublicKey | bytes | str,
+    origin: str,
+    *,
+    trusted: str | Mapping[str, Any],
+) -> ProofReport:
+    """Check a proof document offline; raise VerificationError naming what failed.
+
+    ``public_key`` and ``origin`` are the pinned ones (decision 0063: the document's own
+    origin and key ids are compared with them, never believed). ``trusted`` is the
+    checkpoint note the reader held before, or a receipt (verified first; its checkpoint
+    is the trusted one, and an inclusion section, if any, must be its entry). ``proof`` is
+    the parsed document or the file's bytes (read with ``parse_proof``).
+
+    Refuses: a file that is not the canonical document; another format; another origin or
+    key; a checkpoint the pinned key did not sign; a trusted note of another log or key; a
+    proof from another size than the trusted note's; a trusted tree larger than the new
+    one; a consistency proof that does not join the trusted root to the new root (the log
+    was rewritten after the trusted checkpoint); an entry or inclusion proof that does not
+    lead to the new root.
+    """
+    key = load_pinned_key(public_key)
+    receipt: Mapping[str, Any] | None = None
+    if isinstance(trusted, Mapping):
+        from audit.receipts import verify_receipt
+
+        verify_receipt(trusted, key, origin=origin)
+        receipt = trusted
+        trusted_note = receipt["checkpoint"]
+    else:
+        trusted_note = trusted
+    try:
+        old_size, old_root = verify_checkpoint(trusted_note, key, origin)
+    except VerificationError as exc:
+        raise VerificationError(f"trusted checkpoint: {exc.reason}") from None
+
+    document = parse_proof(proof) if isinstance(proof, bytes | str) else proof
+    if not isinstance(document, Mapping) or set(document) != PROOF_KEYS:
+        raise VerificationError(f"a proof document has exactly the fields {sorted(PROOF_KEYS)}")
+    if document["format"] != PROOF_FORMAT:
+        raise VerificationError(f"proof format {document['format']!r} is not {PROOF_FORMAT!r}")
+    if document["origin"] != origin:
+        raise VerificationError(
+            f"proof origin {document['origin']!r} is not the pinned origin {origin!r}"
+        )
+    if document["key_id"] != key_id(key):
+        raise VerificationError("proof key_id is not the pinned public key's id")
+    if document["note_key_id"] != note_key_id(origin, key).hex():
+        raise VerificationError("proof note_key_id does not match the pinned public key")
+    if not isinstance(document["checkpoint"], str):
+        raise VerificationError("proof checkpoint is not a signed note")
+    try:
+        tree_size, root = verify_checkpoint(document["checkpoint"], key, origin)
+    except VerificationError as exc:
+        raise VerificationError(f"proof checkpoint: {exc.reason}") from None
+    if not _is_int(document["tree_size"]) or document["tree_size"] != tree_size:
+        raise VerificationError("proof tree_size differs from its signed checkpoint")
+
+    if old_size > tree_size:
+        raise VerificationError(
+            f"the trusted checkpoint of size {old_size} is larger than the proof's tree of "
+            f"size {tree_size}: the log shrank or forked"
+        )
+    consistency = _section(document, "consistency", CONSISTENCY_KEYS)
+    if not _is_int(consistency["old_size"]) or consistency["old_size"] != old_size:
+        raise VerificationError(
+            f"proof consistency.old_size {consistency['old_size']!r} is not the trusted "
+            f"checkpoint's tree size {old_size}"
+        )
+    hashes = _hashes(consistency["hashes"], "consistency.hashes")
+    try:
+        verify_consistency(old_size, tree_size, old_root, root, hashes)
+    except VerificationError as exc:
+        raise VerificationError(
+            f"proof consistency: {exc.reason}: the log of size {tree_size} does not extend "
+            f"the trusted checkpoint of size {old_size} (rewritten after it was signed, or "
+            "the proof was altered)"
+        ) from None
+
+    leaf_index = _check_inclusion(document["inclusion"], tree_size, root, receipt)
+    return ProofReport(origin, key_id(key), old_size, old_root, tree_size, root, leaf_index)
+
+
+def _check_inclusion(
+    section: Any, tree_size: int, root: bytes, receipt: Mapping[str, Any] | None
+) -> int | None:
+    if section is None:
+        return None
+    if not isinstance(section, Mapping) or set(section) != INCLUSION_KEYS:
+        raise VerificationError(
+            f"proof inclusion must be null or an object with exactly {sorted(INCLUSION_KEYS)}"
+        )
+    leaf_index = section["leaf_index"]
+    if not _is_int(leaf_index) or not 0 <= leaf_index < tree_size:
+        raise VerificationError(
+            f"proof inclusion.leaf_index must be an integer below the tree size {tree_size}"
+        )
+    entry = section["entry"]
+    if not isinstance(entry, Mapping):
+        raise VerificationError("proof inclusion.entry is not a JSON object")
+    try:
+        entry_bytes = stored_entry_bytes(dict(entry))
+    except AuditEntryError as exc:
+        raise VerificationError(
+            f"proof inclusion.entry is not an entry the log could have stored: {exc}"
+        ) from None
+    if receipt is not None:
+        from audit.receipts import receipt_log_entry
+
+        if leaf_index != receipt["inclusion"]["leaf_index"]:
+            raise VerificationError(
+                f"proof inclusion.leaf_index {leaf_index} is not the receipt's leaf "
+                f"{receipt['inclusion']['leaf_index']}"
+            )
+        if entry_bytes != canonical_bytes(receipt_log_entry(receipt["body"])):
+            raise VerificationError("proof inclusion.entry is not the receipt's log entry")
+    hashes = _hashes(section["hashes"], "inclusion.hashes")
+    try:
+        verify_inclusion(leaf_hash(entry_bytes), leaf_index, tree_size, hashes, root)
+    except VerificationError as exc:
+        raise VerificationError(
+            f"proof inclusion: {exc.reason}: the entry or its proof was altered",
+            leaf_index=leaf_index,
+        ) from None
+    return int(leaf_index)
