@@ -92,9 +92,10 @@ def test_a_destroyed_capture_key_always_has_a_key_created_entry(
         for c in [e.get("dek_commitment"), *e.get("dek_commitments", [])]
         if c
     }
-    assert position[("key.created", LATE, destroyed[0])] < position[
-        ("key.destroyed", "capture-key", destroyed[0])
-    ]
+    assert (
+        position[("key.created", LATE, destroyed[0])]
+        < position[("key.destroyed", "capture-key", destroyed[0])]
+    )
     assert exported_trail_verifies(kernel)
 
 
