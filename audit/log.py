@@ -96,23 +96,57 @@ class StoredCheckpoint:
     created_at: str
 
 
+#: ``append_many``'s ``once_by``: field names; a tuple names fields that hold the same
+#: value in different shapes (``("dek_commitment", "dek_commitments")``).
+OnceBy = Sequence[str | tuple[str, ...]]
+
+
 @dataclass(frozen=True)
 class _PreparedEntry:
     row: dict[str, Any]
     leaf: bytes
-    #: The values of ``once_by``'s fields (``append_many``), () without it.
-    identity: tuple[Any, ...] = ()
+    #: The keys of ``once_by``'s values (``once_keys``), () without it.
+    identity: tuple[tuple[Any, ...], ...] = ()
 
 
 def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+def _values(entry: Mapping[str, Any], names: str | tuple[str, ...]) -> list[Any]:
+    """The values one ``once_by`` position takes in ``entry``: each named field's value,
+    each item of a list value; ``[None]`` when it holds none."""
+    found: list[Any] = []
+    for name in (names,) if isinstance(names, str) else names:
+        value = entry.get(name)
+        if isinstance(value, list | tuple):
+            found.extend(value)
+        elif value is not None:
+            found.append(value)
+    return found or [None]
+
+
+def once_keys(entry: Mapping[str, Any], once_by: OnceBy) -> tuple[tuple[Any, ...], ...]:
+    """The keys under which ``append_many(..., once_by=once_by)`` knows ``entry``: its
+    action, its subject_ref and a value of each ``once_by`` position, one key per
+    combination (a list field gives one per item).
+
+    An entry to append is left out when every one of its keys is held (by a stored entry
+    or an earlier entry of the batch). A plain field has one value, so this is equality;
+    a list field lets one commitment be found among the ``dek_commitments`` of a capture
+    request's ``key.created`` entry, and a tuple position reads several field names
+    (decision XXXX)."""
+    keys: list[tuple[Any, ...]] = [(entry.get("action"), entry.get("subject_ref"))]
+    for names in once_by:
+        keys = [(*key, value) for key in keys for value in _values(entry, names)]
+    return tuple(keys)
+
+
 def _not_yet_written(
-    conn: sa.Connection, prepared: Sequence[_PreparedEntry], once_by: tuple[str, ...]
+    conn: sa.Connection, prepared: Sequence[_PreparedEntry], once_by: OnceBy
 ) -> list[_PreparedEntry]:
-    """The entries whose action, subject_ref and ``once_by`` values neither the log (read
-    under its write lock) nor an earlier entry of the batch holds."""
+    """The entries whose ``once_keys`` neither the log (read under its write lock) nor
+    earlier entries of the batch all hold."""
     seen: set[tuple[Any, ...]] = set()
     groups: dict[tuple[Any, Any], list[_PreparedEntry]] = {}
     for item in prepared:
@@ -123,42 +157,55 @@ def _not_yet_written(
             if subject_ref is None
             else audit_entries.c.subject_ref == subject_ref
         )
-        query = sa.select(audit_entries.c.entry_json).where(
-            audit_entries.c.action == action, same_subject, *_could_match(items, once_by)
-        )
-        for text in conn.execute(query).scalars():
-            stored = json.loads(text)
-            seen.add((action, subject_ref, tuple(stored.get(name) for name in once_by)))
+        for narrowing in _could_match(items, once_by):
+            query = sa.select(audit_entries.c.entry_json).where(
+                audit_entries.c.action == action, same_subject, *narrowing
+            )
+            for text in conn.execute(query).scalars():
+                seen |= set(once_keys(json.loads(text), once_by))
     kept = []
     for item in prepared:
-        key = (item.row["action"], item.row["subject_ref"], item.identity)
-        if key not in seen:
-            seen.add(key)
+        if not all(key in seen for key in item.identity):
+            seen |= set(item.identity)
             kept.append(item)
     return kept
 
 
-#: Beyond this many values, no narrowing (an OR of that many LIKEs is no cheaper, and
-#: SQLite bounds an expression's depth at 1,000); erasures append one request's entries.
+#: Values one narrowing query names at most (an OR of more LIKEs is no cheaper, and
+#: SQLite bounds an expression's depth at 1,000); more are read in several queries.
 _MAX_NEEDLES = 64
 
 
 def _could_match(
-    items: Sequence[_PreparedEntry], once_by: tuple[str, ...]
-) -> list[sa.ColumnElement[bool]]:
-    """A condition only the stored entries that may match one of ``items`` meet: the
-    canonical text of the first ``once_by`` field that every item holds as a string
-    (``"request_id":"..."``, exactly as RFC 8785 writes it in ``entry_json``). The
-    subject's other entries of that action (one per erased event, say) are then neither
-    sent nor parsed under the write lock; the parsed values still decide."""
-    for position, name in enumerate(once_by):
-        values = {item.identity[position] for item in items}
-        if len(values) <= _MAX_NEEDLES and all(isinstance(v, str) for v in values):
-            needles = [canonical_bytes({name: v}).decode("utf-8")[1:-1] for v in values]
-            return [
-                sa.or_(*(audit_entries.c.entry_json.contains(n, autoescape=True) for n in needles))
+    items: Sequence[_PreparedEntry], once_by: OnceBy
+) -> list[list[sa.ColumnElement[bool]]]:
+    """Conditions (one query each) that together select every stored entry that may
+    match one of ``items``: the canonical text of the values of the first ``once_by``
+    position at which every item has only strings (``"request_id":"..."``, exactly as
+    RFC 8785 writes it in ``entry_json``; for a tuple position, which may also be a list,
+    the quoted value alone). The subject's other entries of that action (one per erased
+    event, say) are then neither sent nor parsed under the write lock; the parsed values
+    still decide. ``[[]]``, one unnarrowed query, when no position qualifies."""
+    for position, names in enumerate(once_by):
+        values = {key[2 + position] for item in items for key in item.identity}
+        if not all(isinstance(v, str) for v in values):
+            continue
+        if isinstance(names, str):
+            needles = sorted(canonical_bytes({names: v}).decode("utf-8")[1:-1] for v in values)
+        else:
+            needles = sorted(canonical_bytes([v]).decode("utf-8")[1:-1] for v in values)
+        return [
+            [
+                sa.or_(
+                    *(
+                        audit_entries.c.entry_json.contains(n, autoescape=True)
+                        for n in needles[lo : lo + _MAX_NEEDLES]
+                    )
+                )
             ]
-    return []
+            for lo in range(0, len(needles), _MAX_NEEDLES)
+        ]
+    return [[]]
 
 
 class Retry(Protocol):
@@ -239,15 +286,16 @@ class AuditLog:
         return self.append_many([entry])[0]
 
     def append_many(
-        self, entries: Iterable[Mapping[str, Any]], *, once_by: Sequence[str] = ()
+        self, entries: Iterable[Mapping[str, Any]], *, once_by: OnceBy = ()
     ) -> list[AuditRecord]:
         """Append entries atomically at consecutive indexes; all or nothing.
 
         With ``once_by`` (field names), an entry is left out when the log already holds an
         entry of the same ``action`` and ``subject_ref`` with the same values of those
-        fields (or an earlier entry of the batch does). The log is read under its write
-        lock, so any number of processes appending the same entries at once write them
-        once; the records returned are those of the entries written.
+        fields (or an earlier entry of the batch does); a list value matches item by item,
+        and a tuple of names reads the value from any of them (``once_keys``). The log is
+        read under its write lock, so any number of processes appending the same entries
+        at once write them once; the records returned are those of the entries written.
 
         Raises AuditEntryError (nothing written) if any entry is refused.
         """
@@ -257,10 +305,22 @@ class AuditLog:
         return self._retry(lambda: self._write_typed(prepared, tuple(once_by)))
 
     def _write_typed(
-        self, prepared: Sequence[_PreparedEntry], once_by: tuple[str, ...] = ()
+        self, prepared: Sequence[_PreparedEntry], once_by: OnceBy = ()
     ) -> list[AuditRecord]:
-        """``_write``, with the driver's transient failures raised as domain errors."""
+        """``_write``, with the driver's transient failures raised as domain errors.
+
+        With ``once_by``, the entries the log holds are left out first without its lock:
+        the log is append-only, so what it holds now it holds at the lock too, and the
+        read under the lock (which every append of every process waits for) decides only
+        the entries still missing. An event erasure's ``key.created`` for a key whose
+        creation is on the log, nearly always the case, then costs no read under the lock,
+        however many capture requests the subject made (decision XXXX)."""
         try:
+            if once_by:
+                with self._engine.connect() as conn:
+                    prepared = _not_yet_written(conn, prepared, once_by)
+                if not prepared:
+                    return []
             return self._write(prepared, once_by)
         except sa.exc.IntegrityError as exc:
             # Another writer took these indexes (only without a working lock).
@@ -270,7 +330,7 @@ class AuditLog:
                 raise
             raise StoreBusyError("the audit log is locked by another writer") from exc
 
-    def _prepare(self, entry: Mapping[str, Any], once_by: Sequence[str] = ()) -> _PreparedEntry:
+    def _prepare(self, entry: Mapping[str, Any], once_by: OnceBy = ()) -> _PreparedEntry:
         validate_entry(entry)
         stored = dict(entry)
         stored["recorded_at"] = normalise_timestamp(
@@ -284,12 +344,10 @@ class AuditLog:
             "subject_ref": stored.get("subject_ref"),
             "entry_json": canonical.decode("utf-8"),
         }
-        identity = tuple(stored.get(name) for name in once_by)
+        identity = once_keys(stored, once_by) if once_by else ()
         return _PreparedEntry(row, leaf_hash(canonical), identity)
 
-    def _write(
-        self, prepared: Sequence[_PreparedEntry], once_by: tuple[str, ...] = ()
-    ) -> list[AuditRecord]:
+    def _write(self, prepared: Sequence[_PreparedEntry], once_by: OnceBy = ()) -> list[AuditRecord]:
         with self._write_transaction() as conn:
             if once_by:
                 prepared = _not_yet_written(conn, prepared, once_by)

@@ -22,16 +22,28 @@ import statistics
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from benchmarks.reliability import Target, open_kernel, temp_target
+
+if TYPE_CHECKING:
+    from uprof.crypto.ledger import ErasureLedger
+    from uprof.kernel import Uprof
+
+
+def ledger_of(kernel: Uprof) -> ErasureLedger:
+    """The deployment's erasure ledger (every bootstrapped deployment keeps one)."""
+    ledger = kernel.keystore.ledger
+    if ledger is None:
+        raise RuntimeError("this deployment keeps no erasure ledger: nothing to measure")
+    return ledger
 
 
 def measure(target: Target, erased: int, repeats: int) -> dict[str, Any]:
     from uprof.services.recovery import reapply_ledger
 
     kernel = open_kernel(target)
-    ledger = kernel.keystore.ledger
+    ledger = ledger_of(kernel)
     for _ in range(erased):
         ledger.record_subject("default", None, str(uuid.uuid4()))
     for _ in range(erased // 2):
@@ -61,7 +73,7 @@ def key_lookups(target: Target, erased: int, rounds: int, pairs: int = 20_000) -
 
     kernel = open_kernel(target)
     try:
-        ledger = kernel.keystore.ledger
+        ledger = ledger_of(kernel)
         for _ in range(erased):
             ledger.record_subject("default", None, str(uuid.uuid4()))
         for _ in range(erased // 2):

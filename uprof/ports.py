@@ -79,7 +79,10 @@ class AuditTrail(Protocol):
         ...
 
     def record_many(
-        self, entries: Sequence[tuple[str, dict[str, object]]], *, once_by: Sequence[str] = ()
+        self,
+        entries: Sequence[tuple[str, dict[str, object]]],
+        *,
+        once_by: Sequence[str | tuple[str, ...]] = (),
     ) -> None:
         """Append (action, fields) entries in order, all or nothing. With ``once_by``, an
         entry the log already holds (same action, subject and values of those fields) is
@@ -376,7 +379,7 @@ class AuditStore(Protocol):
         ...
 
     def append_many(
-        self, entries: Iterable[Mapping[str, Any]], *, once_by: Sequence[str] = ()
+        self, entries: Iterable[Mapping[str, Any]], *, once_by: Sequence[str | tuple[str, ...]] = ()
     ) -> list[AuditRecord]:
         """Append entries at consecutive indexes, all or nothing (AuditEntryError); with
         ``once_by``, leaving out those the log already holds (``AuditLog.append_many``)."""

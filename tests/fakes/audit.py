@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from audit.canonical import canonical_bytes
 from audit.entry import normalise_timestamp, validate_entry
-from audit.log import AuditRecord, StoredEntry
+from audit.log import AuditRecord, OnceBy, StoredEntry, once_keys
 from audit.merkle import MerkleTree, leaf_hash
 from domain.errors import InvalidInputError
 
@@ -27,18 +27,15 @@ class InMemoryAuditStore:
         return self.append_many([entry])[0]
 
     def append_many(
-        self, entries: Iterable[Mapping[str, Any]], *, once_by: Sequence[str] = ()
+        self, entries: Iterable[Mapping[str, Any]], *, once_by: OnceBy = ()
     ) -> list[AuditRecord]:
-        held = {
-            (e.entry["action"], e.entry.get("subject_ref"), *(e.entry.get(n) for n in once_by))
-            for e in self._entries
-        }
         if once_by:
+            held = {key for e in self._entries for key in once_keys(e.entry, once_by)}
             kept = []
             for entry in entries:
-                key = (entry["action"], entry.get("subject_ref"), *(entry.get(n) for n in once_by))
-                if key not in held:
-                    held.add(key)
+                keys = once_keys(entry, once_by)
+                if not all(key in held for key in keys):
+                    held.update(keys)
                     kept.append(entry)
             entries = kept
         prepared = []

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from audit.log import once_keys
 from domain.values import (
     AttributeProposal,
     CapturedInteraction,
@@ -40,15 +41,15 @@ class InMemoryAuditTrail:
         self.entries.append({"action": action, **fields})
 
     def record_many(
-        self, entries: list[tuple[str, dict[str, Any]]], *, once_by: Sequence[str] = ()
+        self,
+        entries: list[tuple[str, dict[str, Any]]],
+        *,
+        once_by: Sequence[str | tuple[str, ...]] = (),
     ) -> None:
         for action, fields in entries:
-            key = (action, fields.get("subject_ref"), *(fields.get(n) for n in once_by))
-            held = [
-                (e["action"], e.get("subject_ref"), *(e.get(n) for n in once_by))
-                for e in self.entries
-            ]
-            if not once_by or key not in held:
+            keys = once_keys({"action": action, **fields}, once_by)
+            held = {key for e in self.entries for key in once_keys(e, once_by)}
+            if not once_by or not all(key in held for key in keys):
                 self.record(action, **fields)
 
     def actions(self) -> list[str]:

@@ -25,7 +25,10 @@ class AuditLogTrail:
         self.log.append(self._entry(action, fields))
 
     def record_many(
-        self, entries: Sequence[tuple[str, dict[str, Any]]], *, once_by: Sequence[str] = ()
+        self,
+        entries: Sequence[tuple[str, dict[str, Any]]],
+        *,
+        once_by: Sequence[str | tuple[str, ...]] = (),
     ) -> None:
         self.log.append_many(
             [self._entry(action, fields) for action, fields in entries], once_by=once_by

@@ -48,11 +48,16 @@ if TYPE_CHECKING:
 
 DEFAULT_BASIS = "GDPR-Art.17(1)"
 #: A ``key.destroyed`` entry is written once per request and key (with the same action and
-#: subject), whichever processes finish the erasure and however often (decision 0071).
-KEY_ENTRY_IDENTITY = ("request_id", "dek_commitment")
-#: ``reason_code`` of a subject key's ``key.created`` entry written by its erasure: the
-#: entry of its creation is not on the log (the process that made the key died before
-#: appending it, or the append failed; a retry finds the subject and writes none).
+#: subject), whichever processes finish the erasure and however often (decision 0071); a
+#: late ``key.created`` once per key, found by its commitment whether an entry names it
+#: alone (``dek_commitment``) or among a capture request's (``dek_commitments``, decision XXXX).
+KEY_ENTRY_IDENTITY: tuple[str | tuple[str, ...], ...] = (
+    "request_id",
+    ("dek_commitment", "dek_commitments"),
+)
+#: ``reason_code`` of a key's ``key.created`` entry written by its erasure: the entry of
+#: its creation is not on the log (the process that made the key died before appending
+#: it, or the append failed; a retry finds the subject, or the request, and writes none).
 CREATED_AT_ERASURE = "recorded-at-erasure"
 
 
@@ -87,6 +92,37 @@ def subject_key_entries(
             },
         )
         for version, commitment in keys
+    ]
+    return [*created, *destroyed]
+
+
+def capture_key_entries(
+    pseudonym: str, request_id: str, commitments: Sequence[str]
+) -> list[tuple[str, dict[str, Any]]]:
+    """The entries of an event erasure destroying capture keys of these commitments, to
+    append with ``once_by=KEY_ENTRY_IDENTITY``: each key's ``key.destroyed`` (``reason_code``
+    capture-key, decision 0071), after a ``key.created`` listing that commitment alone
+    (``reason_code`` recorded-at-erasure), which the log leaves out when any
+    ``key.created`` of the subject lists it: the capture request's own entry (decision
+    0072), or one an earlier finish of this erasure wrote (decision XXXX)."""
+    created = [
+        (
+            "key.created",
+            {"subject_ref": pseudonym, "reason_code": CREATED_AT_ERASURE, "dek_commitments": [c]},
+        )
+        for c in commitments
+    ]
+    destroyed = [
+        (
+            "key.destroyed",
+            {
+                "subject_ref": pseudonym,
+                "request_id": request_id,
+                "reason_code": CAPTURE_KEY,
+                "dek_commitment": c,
+            },
+        )
+        for c in commitments
     ]
     return [*created, *destroyed]
 
@@ -342,20 +378,10 @@ class ErasureService:
             for cid, preview in zip(ids, previews, strict=True)
             if (c := self._keystore.destroy_capture_key(str(stream), cid) or preview)
         ]
-        # As a subject key's: the entry names the commitment its ``key.created`` recorded.
+        # As a subject key's: the entry names the commitment its ``key.created`` recorded
+        # (written now if a crash kept that one off the log).
         self._audit.record_many(
-            [
-                (
-                    "key.destroyed",
-                    {
-                        "subject_ref": handle.pseudonym,
-                        "request_id": request_id,
-                        "reason_code": CAPTURE_KEY,
-                        "dek_commitment": c,
-                    },
-                )
-                for c in commitments
-            ],
+            capture_key_entries(handle.pseudonym, request_id, commitments),
             once_by=KEY_ENTRY_IDENTITY,
         )
         # Snapshots may hold the shredded items' values: they are caches, drop them.
@@ -599,14 +625,7 @@ class ErasureService:
             else:
                 subject_keys.append((int(action["key_version"]), str(action["dek_commitment"])))
         entries = subject_key_entries(draft.pseudonym, draft.request_id, subject_keys)
-        for c in captures:
-            fields: dict[str, Any] = {
-                "subject_ref": draft.pseudonym,
-                "request_id": draft.request_id,
-                "reason_code": CAPTURE_KEY,
-                "dek_commitment": c,
-            }
-            entries.append(("key.destroyed", fields))
+        entries += capture_key_entries(draft.pseudonym, draft.request_id, captures)
         self._audit.record_many(entries, once_by=KEY_ENTRY_IDENTITY)
 
     def _left_after(self, draft: _Draft) -> str:

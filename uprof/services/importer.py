@@ -21,6 +21,7 @@ writers of one record cannot both save it. Chat and Mem0 records get a derived
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -37,6 +38,8 @@ from uprof.services.import_formats import (
     ImportRecord,
     read_records,
 )
+
+_log = logging.getLogger(__name__)
 
 #: Records checked and written together (bounds memory on a file of any length).
 CHUNK = 1_000
@@ -100,6 +103,7 @@ def import_interactions(
     """
     if fmt not in FORMATS:
         raise InvalidInputError(f"format must be one of {', '.join(FORMATS)}", field="format")
+    writing: list[_Run] = []
     try:
         report = _import(
             kernel,
@@ -110,26 +114,45 @@ def import_interactions(
             may_capture=may_capture,
             dry_run=dry_run,
             strict=strict,
+            writing=writing,
         )
-    except BaseException:
+    except BaseException as error:
         if not dry_run:
-            kernel.audit.record("import.ran", reason_code=fmt, outcome="failed")
+            _record_failed_run(kernel, fmt, writing, error)
         raise
     if not dry_run:
         outcome = "refused" if report.refused else "stopped" if report.stopped else "completed"
-        kernel.audit.record(
-            "import.ran",
-            reason_code=fmt,
-            outcome=outcome,
-            counts={
-                "lines": report.lines,
-                "captured": report.captured,
-                "subjects": report.subjects,
-                "skipped": report.skipped,
-                "failed": len(report.failed),
-            },
-        )
+        kernel.audit.record("import.ran", reason_code=fmt, outcome=outcome, counts=_counts(report))
     return report
+
+
+def _counts(report: ImportReport) -> dict[str, int]:
+    return {
+        "lines": report.lines,
+        "captured": report.captured,
+        "subjects": report.subjects,
+        "skipped": report.skipped,
+        "failed": len(report.failed),
+    }
+
+
+def _record_failed_run(kernel: Uprof, fmt: str, writing: list[_Run], error: BaseException) -> None:
+    """Write the ``import.ran`` entry of a run that raised ``error``: its counts are what
+    it wrote before (those captures stay; a re-run skips them), zeros when it wrote
+    nothing. If that append fails too, ``error`` is still what the caller gets (the
+    operator must learn why the import failed first): the audit failure is a note on it
+    and a logged error, never a replacement (docs/reliability.md)."""
+    done = writing[-1].report() if writing else ImportReport(0, 0, 0)
+    try:
+        kernel.audit.record("import.ran", reason_code=fmt, outcome="failed", counts=_counts(done))
+    except Exception as audit_error:
+        why = f"{type(audit_error).__name__}: {audit_error}"
+        error.add_note(f"the import.ran audit entry of this failed run was not written ({why})")
+        _log.error(
+            "import failed (%s) and its import.ran audit entry was not written (%s)",
+            type(error).__name__,
+            why,
+        )
 
 
 def _import(
@@ -142,7 +165,10 @@ def _import(
     may_capture: CapturePermit | None,
     dry_run: bool,
     strict: bool,
+    writing: list[_Run] | None = None,
 ) -> ImportReport:
+    """``writing`` gets the run that writes (not the checking pass of ``strict``), so
+    that a caller whose run raised can still count what it wrote."""
     if strict and not dry_run:
         # An iterable that can be read twice (a list, ``FileLines``) is checked, then
         # written, without holding the file in memory; a one-shot iterator is kept.
@@ -170,6 +196,8 @@ def _import(
             )
         lines = materialised
     run = _Run(kernel, may_capture or (lambda app, purpose: None), dry_run, progress)
+    if writing is not None and not dry_run:
+        writing.append(run)
     try:
         for chunk in _chunks(read_records(lines, fmt, defaults), CHUNK):
             run.chunk(chunk)
