@@ -135,7 +135,7 @@ def once_keys(entry: Mapping[str, Any], once_by: OnceBy) -> tuple[tuple[Any, ...
     or an earlier entry of the batch). A plain field has one value, so this is equality;
     a list field lets one commitment be found among the ``dek_commitments`` of a capture
     request's ``key.created`` entry, and a tuple position reads several field names
-    (decision XXXX)."""
+    (decision 0085)."""
     keys: list[tuple[Any, ...]] = [(entry.get("action"), entry.get("subject_ref"))]
     for names in once_by:
         keys = [(*key, value) for key in keys for value in _values(entry, names)]
@@ -314,7 +314,7 @@ class AuditLog:
         read under the lock (which every append of every process waits for) decides only
         the entries still missing. An event erasure's ``key.created`` for a key whose
         creation is on the log, nearly always the case, then costs no read under the lock,
-        however many capture requests the subject made (decision XXXX)."""
+        however many capture requests the subject made (decision 0085)."""
         try:
             if once_by:
                 with self._engine.connect() as conn:

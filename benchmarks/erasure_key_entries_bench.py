@@ -2,7 +2,7 @@
 
 An event erasure appends, with ``once_by``, a late ``key.created`` for each capture key
 (left out when a capture request's entry lists its commitment) and its ``key.destroyed``
-(decision XXXX-capture-key-created-at-erasure). The subject's log holds ``--history``
+(decision 0085-capture-key-created-at-erasure). The subject's log holds ``--history``
 capture requests' ``key.created`` entries, one commitment each. Modes:
 
 - ``destroyed``: ``key.destroyed`` alone (what an event erasure appended before);

@@ -75,7 +75,7 @@ class AuditStoreContract:
         self, stores: Stores
     ) -> None:
         """A capture request's ``key.created`` lists its keys' commitments; a late entry
-        for one of them (an event erasure's, decision XXXX) names it alone: a position
+        for one of them (an event erasure's, decision 0085) names it alone: a position
         of ``once_by`` may read several field names, and a list matches item by item."""
         log = stores.audit()
         a, b, c, d = (f"{n:064x}" for n in range(1, 5))
@@ -181,7 +181,7 @@ class TestAuditStoreOnDatabase(AuditStoreContract):
         request recorded its key): it must not cost a read under the write lock, which
         every capture's append waits for, of a subject's capture history (one entry per
         capture request). The log is append-only, so a read without the lock may leave
-        it out; what is still missing is decided under the lock (decision XXXX)."""
+        it out; what is still missing is decided under the lock (decision 0085)."""
         log = stores.audit()
         held = f"{1:064x}"
         log.append_many([entry(1, dek_commitments=[held])])

@@ -50,7 +50,7 @@ DEFAULT_BASIS = "GDPR-Art.17(1)"
 #: A ``key.destroyed`` entry is written once per request and key (with the same action and
 #: subject), whichever processes finish the erasure and however often (decision 0071); a
 #: late ``key.created`` once per key, found by its commitment whether an entry names it
-#: alone (``dek_commitment``) or among a capture request's (``dek_commitments``, decision XXXX).
+#: alone (``dek_commitment``) or among a capture request's (``dek_commitments``, decision 0085).
 KEY_ENTRY_IDENTITY: tuple[str | tuple[str, ...], ...] = (
     "request_id",
     ("dek_commitment", "dek_commitments"),
@@ -104,7 +104,7 @@ def capture_key_entries(
     capture-key, decision 0071), after a ``key.created`` listing that commitment alone
     (``reason_code`` recorded-at-erasure), which the log leaves out when any
     ``key.created`` of the subject lists it: the capture request's own entry (decision
-    0072), or one an earlier finish of this erasure wrote (decision XXXX)."""
+    0072), or one an earlier finish of this erasure wrote (decision 0085)."""
     created = [
         (
             "key.created",
