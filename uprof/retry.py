@@ -120,6 +120,13 @@ EXTRACTION_BATCH = RetryPolicy(
     backoff=Backoff(0.002, 0.2, jitter=True),
 )
 
+#: The extractor raised for one capture: try it twice more, a little apart (a remote
+#: model's passing failure gets its chance; the LLM extractor already falls back to the
+#: rules on its own failures). Any error counts: the extractor is not ours to classify.
+#: When every attempt failed, the capture is quarantined and the pipeline goes on
+#: (``uprof.services.quarantine``, decision 0083-poison-captures-quarantined).
+EXTRACTOR_CALL = RetryPolicy(attempts=3, on=(Exception,), backoff=Backoff(0.05, 0.2))
+
 #: A group of captures lost a subject to another process: drop the copies and redo the
 #: group once; after that each capture goes alone, through SUBJECT_WRITE.
 CAPTURE_GROUP = RetryPolicy(attempts=2, on=(VersionConflictError,))
