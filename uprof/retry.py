@@ -127,6 +127,11 @@ EXTRACTION_BATCH = RetryPolicy(
 #: (``uprof.services.quarantine``, decision 0083-poison-captures-quarantined).
 EXTRACTOR_CALL = RetryPolicy(attempts=3, on=(Exception,), backoff=Backoff(0.05, 0.2))
 
+#: The embedding model failed on a batch of memories: each memory is embedded on its
+#: own, with this policy; one it fails on every time is projected without a vector
+#: (``ProjectionRunner``), so one text the model cannot take does not stop projection.
+EMBEDDING_CALL = RetryPolicy(attempts=3, on=(Exception,), backoff=Backoff(0.05, 0.2))
+
 #: A group of captures lost a subject to another process: drop the copies and redo the
 #: group once; after that each capture goes alone, through SUBJECT_WRITE.
 CAPTURE_GROUP = RetryPolicy(attempts=2, on=(VersionConflictError,))

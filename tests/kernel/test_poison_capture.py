@@ -17,9 +17,10 @@ only). Operators list and retry quarantined captures through the door.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from domain.errors import PermissionDeniedError
@@ -230,5 +231,54 @@ def test_a_worker_killed_mid_retry_leaves_the_position_and_quarantines_once_late
         live = k.queries.table_digest()
         k.rebuild()
         assert k.queries.table_digest() == live
+    finally:
+        k.close()
+
+
+class PoisonEmbedder(HashingEmbedder):
+    """A model that raises for any text holding the mark, on every attempt."""
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if any(MARK in t for t in texts):
+            raise ValueError(f"cannot embed {[t for t in texts if MARK in t]!r}")
+        return super().embed(texts)
+
+
+def test_a_memory_the_model_cannot_embed_is_projected_without_its_vector(
+    backend: Backend,
+) -> None:
+    k = bootstrap(
+        settings_for(backend),
+        clock=FakeClock(),
+        embedder=PoisonEmbedder(),
+        extractor=FakeExtractor(),
+    )
+    try:
+        for subject in ("mallory", "bob"):
+            k.grant_consent(subject, app_id=APP, categories=["*"], purposes=["personalization"])
+        k.capture("bob", say("I live in Oslo"))
+        k.capture("mallory", say(f"I drink {MARK}berry tea every morning"))
+        k.capture("bob", say("I like green tea"))
+
+        k.process()  # raised on the old code, every time: no event projected after it
+
+        assert k.lag().caught_up
+        stream = str(k.stream_of("bob"))
+        rows, vectors = k.queries.memories(stream, with_vectors=True)
+        assert len(rows) == 2 and vectors is not None  # bob's memories have their vectors
+        rows, vectors = k.queries.memories(str(k.stream_of("mallory")), with_vectors=True)
+        assert len(rows) == 1 and vectors is None  # found by its words only
+        live = k.queries.table_digest()
+        k.rebuild()
+        assert k.queries.table_digest() == live
+        served = k.slice(
+            "mallory",
+            "what tea do I drink",
+            budget_tokens=500,
+            purpose="personalization",
+            app_id=APP,
+            agent_id="agent:one",
+        )
+        assert any(f"{MARK}berry" in item.text for item in served.items), served
     finally:
         k.close()
