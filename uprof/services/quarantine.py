@@ -109,12 +109,21 @@ class QuarantineIndex:
         self._held: dict[str, tuple[UUID, Any, int]] = {}
 
     def _catch_up(self) -> None:
+        # The head first: every notification up to it has committed (writers of the log
+        # never interleave their ids), so once read up to it, the next call starts there
+        # even when none of them was a quarantine event (else each call scanned the log).
+        head = self._app.max_notification_id()
+        if head <= self._position:
+            return
         while page := self._app.notifications_after(self._position, PAGE, topics=TOPICS):
             for notification in page:
+                if notification.id > head:
+                    break
                 self._fold(notification)
-            self._position = page[-1].id
-            if len(page) < PAGE:
+                self._position = notification.id
+            if len(page) < PAGE or page[-1].id > head:
                 break
+        self._position = max(self._position, head)
 
     def _fold(self, notification: Any) -> None:
         event = self._app.decode(notification)
