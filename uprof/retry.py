@@ -124,7 +124,7 @@ EXTRACTION_BATCH = RetryPolicy(
 #: model's passing failure gets its chance; the LLM extractor already falls back to the
 #: rules on its own failures). Any error counts: the extractor is not ours to classify.
 #: When every attempt failed, the capture is quarantined and the pipeline goes on
-#: (``uprof.services.quarantine``, decision 0083-poison-captures-quarantined).
+#: (``uprof.services.quarantine``; decision "Poison captures are quarantined").
 EXTRACTOR_CALL = RetryPolicy(attempts=3, on=(Exception,), backoff=Backoff(0.05, 0.2))
 
 #: The embedding model failed on a batch of memories: each memory is embedded on its

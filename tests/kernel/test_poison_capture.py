@@ -17,6 +17,7 @@ only). Operators list and retry quarantined captures through the door.
 from __future__ import annotations
 
 import json
+import textwrap
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -26,6 +27,7 @@ import pytest
 from domain.errors import PermissionDeniedError
 from domain.principal import Principal, PrincipalKind
 from domain.profile import SubjectProfile
+from tests.children import PythonChild
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock, FakeExtractor
 from tests.kernel.conftest import APP, say, settings_for
@@ -282,3 +284,64 @@ def test_a_memory_the_model_cannot_embed_is_projected_without_its_vector(
         assert any(f"{MARK}berry" in item.text for item in served.items), served
     finally:
         k.close()
+
+
+def retrier(backend: Backend, meeting: Path, name: str, other: str) -> PythonChild:
+    """A process that retries every quarantined capture (its extractor works), meeting
+    the other at its first save: both have extracted and decided before either saves."""
+    script = textwrap.dedent(
+        f"""
+        import json, time
+        from pathlib import Path
+        from tests.conftest import Backend
+        from tests.fakes.ports import FakeClock
+        from tests.kernel.conftest import build_kernel, settings_for
+
+        meeting = Path({str(meeting)!r})
+        backend = Backend({backend.kind!r}, {backend.url!r}, Path({str(backend.data_dir)!r}))
+        kernel = build_kernel(settings_for(backend), FakeClock())
+        save = kernel.app.save
+        met = []
+
+        def meet(*aggregates):
+            if not met:
+                met.append(True)
+                (meeting / {name!r}).touch()
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline and not (meeting / {other!r}).exists():
+                    time.sleep(0.01)
+            return save(*aggregates)
+
+        kernel.app.save = meet
+        try:
+            print(json.dumps([o.outcome for o in kernel.retry_quarantined(None)]))
+        finally:
+            kernel.close()
+        """
+    )
+    return PythonChild(script)
+
+
+def test_two_processes_retrying_at_once_release_a_capture_once(
+    poisoned: tuple[Uprof, PoisonExtractor], backend: Backend, tmp_path: Path
+) -> None:
+    k, _ = poisoned
+    poison = k.capture("mallory", say(POISON_TEXT)).capture_id
+    k.process()
+    children = [retrier(backend, tmp_path, "a", "b"), retrier(backend, tmp_path, "b", "a")]
+    outcomes = []
+    for child in children:
+        out, err = child.communicate(120)
+        assert child.returncode == 0, err[-3000:]
+        outcomes += json.loads(out.strip().splitlines()[-1])
+    assert sorted(outcomes) == ["not-quarantined", "released"]
+    assert len(log_events(k, SubjectProfile.CaptureReleased)) == 1
+    memories = [
+        e
+        for e in log_events(k, SubjectProfile.MemoryRecorded)
+        if poison in e.evidence  # type: ignore[attr-defined]
+    ]
+    assert len(memories) == 1
+    assert [e.entry["outcome"] for e in k.audit_entries(action="capture.released")] == ["released"]
+    k.process()
+    assert k.lag().quarantined == 0 and homes(k, "mallory") == [f"{MARK}ville"]

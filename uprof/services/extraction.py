@@ -362,40 +362,46 @@ class ExtractionWorker:
             return failure
 
     def extract_again(self, stream_id: UUID, capture_id: str) -> RetryOutcome:
-        """An operator's retry of a quarantined capture: extract it (bounded attempts),
-        apply its proposals and save them with ``CaptureReleased``, in one save of the
-        subject's stream (a version conflict makes the caller's retry load it again, and
-        a second retry then finds it released). Still failing, nothing is saved."""
-        with self._app.writer_turns([stream_id]):
+        """An operator's retry of a quarantined capture: extract it (bounded attempts,
+        outside the subject's writer turn: a model may be slow), then, in one
+        load-decide-save of the subject's stream, apply its proposals and save them with
+        ``CaptureReleased``. A retry that lost to another (any process) reloads and finds
+        it released; a capture still failing saves nothing."""
+        if capture_id not in self._app.load(stream_id).quarantined:
+            return RetryOutcome(capture_id, "not-quarantined")
+        event = next(
+            (
+                e
+                for e in self._app.stream_events(stream_id)
+                if isinstance(e, SubjectProfile.InteractionCaptured) and e.capture_id == capture_id
+            ),
+            None,
+        )
+        if event is None:  # shredded meanwhile: an erasure takes it out of quarantine
+            return RetryOutcome(capture_id, "not-quarantined")
+        self._failures.pop(capture_id, None)
+        batch = self._proposals_for(event)
+        self._failures.pop(capture_id, None)
+        if isinstance(batch, Failure):
+            return RetryOutcome(capture_id, "still-failing", batch.error)
+
+        def apply_and_release() -> RetryOutcome:
             profile = self._app.load(stream_id)
             if capture_id not in profile.quarantined:
                 return RetryOutcome(capture_id, "not-quarantined")
-            event = next(
-                (
-                    e
-                    for e in self._app.stream_events(stream_id)
-                    if isinstance(e, SubjectProfile.InteractionCaptured)
-                    and e.capture_id == capture_id
-                ),
-                None,
-            )
-            if event is None:  # shredded meanwhile: an erasure takes it out of quarantine
-                return RetryOutcome(capture_id, "not-quarantined")
-            self._failures.pop(capture_id, None)
-            batch = self._proposals_for(event)
-            self._failures.pop(capture_id, None)
-            if isinstance(batch, Failure):
-                return RetryOutcome(capture_id, "still-failing", batch.error)
             self._evidence.check(profile.id, batch, known={capture_id: profile.id})
+            now = self._clock.now()
             try:
-                profile.apply_proposals(batch, observed_at=event.occurred_at, now=self._clock.now())
+                profile.apply_proposals(batch, observed_at=event.occurred_at, now=now)
             except (ConcurrencyConflictError, SubjectErasedError):
                 raise
             except Exception as error:  # nothing is saved: the profile is dropped
                 return RetryOutcome(capture_id, "still-failing", type(error).__name__)
-            profile.release_capture(capture_id, now=self._clock.now())
+            profile.release_capture(capture_id, now=now)
             self._app.save(profile)
-        return RetryOutcome(capture_id, "released")
+            return RetryOutcome(capture_id, "released")
+
+        return self._app.with_retry(apply_and_release, subject=stream_id)
 
     def _proposals_for(self, event: Any) -> ProposalBatch | Failure:
         batch = self._extract(event)

@@ -31,7 +31,6 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from functools import partial
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -237,10 +236,7 @@ class QuarantineService:
             if q is None:
                 outcomes.append(RetryOutcome(capture_id, "not-quarantined"))
                 continue
-            stream_id = q.stream_id
-            outcome = self._app.with_retry(
-                partial(self._extract_again, stream_id, capture_id), subject=stream_id
-            )
+            outcome = self._extract_again(q.stream_id, capture_id)
             if outcome.outcome != "not-quarantined":
                 self._audit.record(
                     "capture.released" if outcome.outcome == "released" else "capture.retried",
