@@ -24,6 +24,7 @@ from domain.errors import (
     EvidenceError,
     SubjectErasedError,
     SubjectNotFoundError,
+    UprofError,
 )
 from domain.principal import qualified_agent
 from domain.profile import SubjectProfile
@@ -342,7 +343,8 @@ class ExtractionWorker:
         """The extractor's proposals for a capture, with ``retry.EXTRACTOR_CALL``'s
         attempts; a ``Failure`` when every attempt raised (the capture is then
         quarantined). Only the extractor's call is retried and judged here: an error of
-        the stores or the policy is the pipeline's, not the capture's."""
+        the stores or the policy is the pipeline's, not the capture's, and so is an
+        extractor's declared failure (``UprofError``), raised at once."""
         known = self._failures.get(event.capture_id)
         if known is not None:
             return known
@@ -356,6 +358,10 @@ class ExtractionWorker:
 
         try:
             return retry.EXTRACTOR_CALL.call(attempt)
+        except UprofError:
+            # The extractor's declared failure (the model server failed): the capture
+            # waits in the log and the batch fails, as UPROF_LLM_FALLBACK=wait promises.
+            raise
         except Exception as error:
             failure = Failure("extract", type(error).__name__, attempts)
             self._failures[event.capture_id] = failure
