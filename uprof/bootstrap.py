@@ -441,6 +441,7 @@ def bootstrap(
         QuarantineIndex(app, lambda: keystore.ledger.state() if keystore.ledger else None),
         keystore.pseudonym_of_stream,
         extraction.extract_again,
+        tenant_pseudonym_of=partial(keystore.pseudonym_of_stream, tenant=settings.tenant),
     )
     extraction.on_quarantined = quarantine.recorded
     kernel = Uprof(

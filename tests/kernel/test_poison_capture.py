@@ -345,3 +345,30 @@ def test_two_processes_retrying_at_once_release_a_capture_once(
     assert [e.entry["outcome"] for e in k.audit_entries(action="capture.released")] == ["released"]
     k.process()
     assert k.lag().quarantined == 0 and homes(k, "mallory") == [f"{MARK}ville"]
+
+
+def test_another_tenant_on_the_same_stores_neither_lists_nor_retries_it(
+    poisoned: tuple[Uprof, PoisonExtractor], backend: Backend
+) -> None:
+    k, _ = poisoned
+    poison = k.capture("mallory", say(POISON_TEXT)).capture_id
+    k.process()
+    done = run_in_another_process(
+        backend,
+        f"""
+        kernel.close()
+        from tests.fakes.ports import FakeExtractor
+        from uprof.adapters.embeddings import HashingEmbedder
+        from uprof.bootstrap import bootstrap
+        other = settings_for(backend).model_copy(update={{"tenant": "other"}})
+        kernel = bootstrap(
+            other, clock=FakeClock(), embedder=HashingEmbedder(), extractor=FakeExtractor()
+        )
+        print(json.dumps([q.capture_id for q in kernel.quarantined()]))
+        print(json.dumps([o.outcome for o in kernel.retry_quarantined([{poison!r}])]))
+        """,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    listed, retried = done.stdout.strip().splitlines()[-2:]
+    assert json.loads(listed) == [] and json.loads(retried) == ["not-quarantined"]
+    assert [q.capture_id for q in k.quarantined()] == [poison]

@@ -167,11 +167,18 @@ class QuarantineService:
         index: QuarantineIndex,
         pseudonym_of: Callable[[str], str | None],
         extract_again: Callable[[UUID, str], RetryOutcome],
+        *,
+        tenant_pseudonym_of: Callable[[str], str | None] | None = None,
     ) -> None:
+        """``pseudonym_of(stream)``: the subject's pseudonym whatever its tenant (for the
+        audit entry of a capture quarantined by the pipeline, which serves every tenant);
+        ``tenant_pseudonym_of(stream)``: only when it is this deployment's tenant's, so
+        operators list and retry their own tenant's captures (default: ``pseudonym_of``)."""
         self._app = app
         self._audit = audit
         self._index = index
         self._pseudonym_of = pseudonym_of
+        self._tenant_pseudonym_of = tenant_pseudonym_of or pseudonym_of
         self._extract_again = extract_again
 
     def recorded(self, quarantined: Sequence[Quarantined]) -> None:
@@ -202,14 +209,18 @@ class QuarantineService:
             self._audit.record_many(entries, once_by=("request_id",))
 
     def captures(self) -> list[QuarantinedCapture]:
-        """Every capture held in quarantine, oldest first."""
+        """Every capture of this tenant held in quarantine, oldest first (a subject that
+        is gone, or another tenant's, is left out)."""
         rows: list[QuarantinedCapture] = []
         held: list[tuple[UUID, Any, int]] = sorted(self.held_events(), key=lambda h: h[2])
         for stream, event, nid in held:
+            pseudonym = self._tenant_pseudonym_of(str(stream))
+            if pseudonym is None:
+                continue
             rows.append(
                 QuarantinedCapture(
                     capture_id=event.capture_id,
-                    subject=self._pseudonym_of(str(stream)) or "",
+                    subject=pseudonym,
                     stage=event.stage,
                     error=event.error,
                     attempts=event.attempts,
@@ -224,6 +235,8 @@ class QuarantineService:
         return self._index.held()
 
     def count(self) -> int:
+        """Captures held in quarantine in the whole log (every tenant: the pipeline
+        serves them all; readiness and metrics are the deployment's)."""
         return self._index.count()
 
     def retry(self, capture_ids: Iterable[str] | None) -> list[RetryOutcome]:
