@@ -20,6 +20,7 @@ import json
 import textwrap
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -372,3 +373,43 @@ def test_another_tenant_on_the_same_stores_neither_lists_nor_retries_it(
     listed, retried = done.stdout.strip().splitlines()[-2:]
     assert json.loads(listed) == [] and json.loads(retried) == ["not-quarantined"]
     assert [q.capture_id for q in k.quarantined()] == [poison]
+
+
+def test_a_capture_whose_proposals_the_update_engine_refuses_is_quarantined_alone(
+    poisoned: tuple[Uprof, PoisonExtractor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The update engine raising for one capture's proposals (a bug on some input): that
+    capture is quarantined at once (stage ``apply``), and the subject's other captures of
+    the batch, before and after it, are applied once each, to a freshly loaded profile."""
+    k, _ = poisoned
+    apply = SubjectProfile.apply_proposals
+
+    def refusing(self: SubjectProfile, batch: Any, **kw: Any) -> int:
+        result = apply(self, batch, **kw)  # events pending on the profile, then the raise
+        if any("APPLY" in getattr(p, "text", "") for p in batch.proposals):
+            raise ValueError("the update engine cannot take this")
+        return result
+
+    monkeypatch.setattr(SubjectProfile, "apply_proposals", refusing)
+    first = k.capture("mallory", say("I live in Rome")).capture_id
+    bad = k.capture("mallory", say("APPLY me")).capture_id
+    last = k.capture("mallory", say("I like green tea")).capture_id
+    k.capture("bob", say("I live in Oslo"))
+    k.process()
+
+    assert k.lag().caught_up
+    [held] = k.quarantined()
+    assert (held.capture_id, held.stage, held.error, held.attempts) == (
+        bad,
+        "apply",
+        "ValueError",
+        1,
+    )
+    cited = [
+        c
+        for e in log_events(k, SubjectProfile.MemoryRecorded)
+        for c in e.evidence  # type: ignore[attr-defined]
+    ]
+    assert sorted(cited).count(first) == 1 and cited.count(last) == 1
+    assert bad not in cited
+    assert homes(k, "mallory") == ["Rome"] and homes(k, "bob") == ["Oslo"]
