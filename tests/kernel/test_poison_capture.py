@@ -413,3 +413,22 @@ def test_a_capture_whose_proposals_the_update_engine_refuses_is_quarantined_alon
     assert sorted(cited).count(first) == 1 and cited.count(last) == 1
     assert bad not in cited
     assert homes(k, "mallory") == ["Rome"] and homes(k, "bob") == ["Oslo"]
+
+
+def test_a_verdict_whose_audit_entry_was_lost_gets_it_at_the_next_listing(
+    poisoned: tuple[Uprof, PoisonExtractor],
+) -> None:
+    """As when the worker dies between its batch's commit and its audit append."""
+    k, _ = poisoned
+    recorded = k.extraction.on_quarantined
+    k.extraction.on_quarantined = lambda _q: None  # the append never happens
+    poison = k.capture("mallory", say(POISON_TEXT)).capture_id
+    k.process()
+    k.extraction.on_quarantined = recorded
+    assert list(k.audit_entries(action="capture.quarantined")) == []
+
+    door = operator(k)
+    for _ in range(2):
+        assert [q.capture_id for q in door.list_quarantined()] == [poison]
+    [entry] = [e.entry for e in k.audit_entries(action="capture.quarantined")]
+    assert entry["event_ids"] == [poison] and "principal" not in entry

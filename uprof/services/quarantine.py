@@ -11,7 +11,8 @@ many workers read the capture, one verdict is recorded, once (decision
   audit entry (the subject's pseudonym, the capture's id, the stage and the error's class
   as ``reason_code``, the attempts), once per capture whoever writes it (``once_by``),
   and one log line with the same ids. Never the error's message: an extractor's message
-  may quote the capture.
+  may quote the capture. A worker killed between the commit and the append leaves the
+  entry to the next listing, which writes the entries the log lacks.
 - **List.** ``QuarantineIndex`` folds the log's quarantine events (read after the
   position it last read, so a caller pays for what is new) with the erasure tombstones;
   captures and subjects the erasure ledger names are left out, so an erasure removes
@@ -36,6 +37,7 @@ from uuid import UUID
 
 from eventsourcing.utils import get_topic
 
+from domain.principal import acting_principal
 from domain.profile import SubjectProfile
 from uprof.ports import AuditTrail, EventStore
 
@@ -95,6 +97,22 @@ class RetryOutcome:
     capture_id: str
     outcome: str
     error: str = ""
+
+
+def _entry(
+    subject_ref: str | None, capture_id: str, failure: Failure
+) -> tuple[str, dict[str, object]]:
+    return (
+        "capture.quarantined",
+        {
+            "subject_ref": subject_ref,
+            "event_ids": [capture_id],
+            "request_id": f"quarantine:{capture_id}",
+            "outcome": failure.stage,
+            "reason_code": failure.error,
+            "counts": {"attempts": failure.attempts},
+        },
+    )
 
 
 class QuarantineIndex:
@@ -183,7 +201,6 @@ class QuarantineService:
 
     def recorded(self, quarantined: Sequence[Quarantined]) -> None:
         """Audit and log captures a committed batch has just quarantined (once each)."""
-        entries: list[tuple[str, dict[str, object]]] = []
         for q in quarantined:
             _log.warning(
                 "capture %s quarantined: %s failed with %s after %d attempts",
@@ -192,21 +209,27 @@ class QuarantineService:
                 q.failure.error,
                 q.failure.attempts,
             )
-            entries.append(
-                (
-                    "capture.quarantined",
-                    {
-                        "subject_ref": self._pseudonym_of(str(q.stream_id)),
-                        "event_ids": [q.capture_id],
-                        "request_id": f"quarantine:{q.capture_id}",
-                        "outcome": q.failure.stage,
-                        "reason_code": q.failure.error,
-                        "counts": {"attempts": q.failure.attempts},
-                    },
-                )
-            )
+        entries = [
+            _entry(self._pseudonym_of(str(q.stream_id)), q.capture_id, q.failure)
+            for q in quarantined
+        ]
         if entries:
             self._audit.record_many(entries, once_by=("request_id",))
+
+    def _record_missing(self, rows: Sequence[QuarantinedCapture]) -> None:
+        """Write the ``capture.quarantined`` entries the log lacks: a worker that died
+        between its batch's commit and its append left the verdict without its entry.
+        Written as the pipeline's (no principal), once however often this runs."""
+        if not rows:
+            return
+        entries = [
+            _entry(r.subject, r.capture_id, Failure(r.stage, r.error, r.attempts)) for r in rows
+        ]
+        token = acting_principal.set(None)
+        try:
+            self._audit.record_many(entries, once_by=("request_id",))
+        finally:
+            acting_principal.reset(token)
 
     def captures(self) -> list[QuarantinedCapture]:
         """Every capture of this tenant held in quarantine, oldest first (a subject that
@@ -229,6 +252,7 @@ class QuarantineService:
                     stream_id=stream,
                 )
             )
+        self._record_missing(rows)
         return rows
 
     def held_events(self) -> list[tuple[UUID, Any, int]]:
