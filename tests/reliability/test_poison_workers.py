@@ -33,9 +33,12 @@ from uprof import retry
 CATCH_UP_S = 120.0
 
 
-def poisoned_worker(target: Target, log: Path, partition: int | None, partitions: int) -> Child:
+def poisoned_worker(
+    target: Target, log: Path, partition: int | None, partitions: int, *, exit_at: int = 0
+) -> Child:
     """``uprof worker`` (its own entry point, ``uprof.cli.worker.main``) with the rules
-    extractor poisoned."""
+    extractor poisoned; with ``exit_at`` N it dies (exit 9, no cleanup) at its N-th
+    attempt on a poison capture."""
     entry = [
         "-c",
         "import sys; from tests.kernel.poison import patch_rules; "
@@ -46,6 +49,8 @@ def poisoned_worker(target: Target, log: Path, partition: int | None, partitions
     if partition is not None:
         args += ["--partition", str(partition)]
     env = {**_env(target, partitions), "PYTHONPATH": str(REPO)}
+    if exit_at:
+        env["UPROF_POISON_EXIT_AT"] = str(exit_at)
     return Child(args, env, ready="uprof worker ready", entry=entry)
 
 
@@ -130,3 +135,44 @@ def test_partitioned_workers_quarantine_a_poison_capture_once(
     target: Target, tmp_path: Path
 ) -> None:
     run(target, tmp_path, partitions=2, spec=[0, 1, None])
+
+
+def test_a_worker_killed_mid_retry_leaves_nothing_and_the_next_quarantines_once(
+    target: Target, tmp_path: Path
+) -> None:
+    log = tmp_path / "attempts.log"
+    log.touch()
+    kernel = open_kernel(target)
+    dying = poisoned_worker(target, log, None, 1, exit_at=2)
+    survivor = poisoned_worker(target, log, None, 1)
+    try:
+        grant_all(kernel, "ann")
+        kernel.capture("ann", interaction("I want to visit the place number 1 soon"))
+        text = f"I want to visit the {MARK} place soon"
+        poison = kernel.capture("ann", interaction(text)).capture_id
+        kernel.capture("ann", interaction("I want to visit the place number 2 soon"))
+        with killed_on_failure([dying, survivor]):
+            start_all([dying])
+            assert dying.proc is not None
+            _, err = dying.proc.communicate(timeout=CATCH_UP_S)
+            assert dying.proc.returncode == 9, err[-3000:]  # died at its second attempt
+            assert len(log.read_text().splitlines()) == 2
+            # Its batch never committed: nothing extracted, nothing quarantined.
+            assert kernel.lag().extraction_pending == 3
+            assert quarantine_events(kernel) == []
+            start_all([survivor])
+            caught_up = wait_caught_up(kernel, CATCH_UP_S)
+            assert survivor.sigterm() == 0, survivor.log
+        assert caught_up, kernel.lag()
+        assert [e.capture_id for e in quarantine_events(kernel)] == [poison]
+        counts = derived_counts(kernel)
+        assert counts["captures"] == 3 and counts["duplicate"] == 0, counts
+        assert counts["missing"] == 1 and counts["view_captures_missing"] == 0, counts
+        assert len(log.read_text().splitlines()) == 2 + retry.EXTRACTOR_CALL.attempts
+        live = kernel.queries.table_digest()
+        kernel.rebuild()
+        assert kernel.queries.table_digest() == live
+    finally:
+        dying.kill_if_running()
+        survivor.kill_if_running()
+        kernel.close()
