@@ -173,7 +173,8 @@ class SubjectProfile(Aggregate):
     #: IntentState) instead of dicts; ``upcast_v1_v2`` reads the snapshots taken before.
     #: Events are unchanged: only snapshots store the aggregate's state.
     #: Version 3 adds ``archived_memories``; ``upcast_v2_v3`` gives older snapshots none.
-    class_version = 3
+    #: Version 4 adds ``quarantined``; ``upcast_v3_v4`` gives older snapshots none.
+    class_version = 4
 
     @staticmethod
     def upcast_v1_v2(state: dict[str, Any]) -> None:
@@ -216,6 +217,11 @@ class SubjectProfile(Aggregate):
         # and the decay job chooses only among the ones they show active).
         state["archived_memories"] = set()
 
+    @staticmethod
+    def upcast_v3_v4(state: dict[str, Any]) -> None:
+        # Quarantine came with version 4: no capture was quarantined before it.
+        state["quarantined"] = {}
+
     if TYPE_CHECKING:
         # The @event("Name") decorators below create these classes when the class body
         # runs; declaring them here lets the type checker see them (nothing at run time).
@@ -236,6 +242,8 @@ class SubjectProfile(Aggregate):
         AttributeRestated: ClassVar[type[Aggregate.Event]]
         CaptureErased: ClassVar[type[Aggregate.Event]]
         SubjectErased: ClassVar[type[Aggregate.Event]]
+        CaptureQuarantined: ClassVar[type[Aggregate.Event]]
+        CaptureReleased: ClassVar[type[Aggregate.Event]]
 
     # The metaclass makes every event a frozen dataclass; the decorator says so to the type
     # checker, so constructing one is checked field by field.
@@ -262,6 +270,10 @@ class SubjectProfile(Aggregate):
         #: Ids of the memories archived and not erased since (snapshots keep them as a
         #: sorted list): a second archive of the same memory is a no-op.
         self.archived_memories: set[str] = set()
+        #: Captures whose extraction failed on every attempt (capture id -> the stage and
+        #: the error's class, ``extract:RuntimeError``): skipped by the pipeline until an
+        #: operator retries them (``release_capture``). Ids and class names only.
+        self.quarantined: dict[str, str] = {}
         self.capture_count = 0
         self.memory_count = 0
         self.erased = False
@@ -1077,6 +1089,58 @@ class SubjectProfile(Aggregate):
         for token, result in results.items():
             tokens[token] = {"result": result, "recorded_at": recorded_at}
 
+    # -------------------------------------------------------------- quarantine
+
+    def quarantine_capture(
+        self, capture_id: str, *, stage: str, error: str, attempts: int, now: datetime
+    ) -> bool:
+        """Set a capture aside whose extraction failed on every attempt; False when it is
+        set aside already (a second worker's verdict changes nothing).
+
+        The event cites the capture as its evidence, so the key mapper seals it under the
+        capture's own key: erasing the capture (or the subject) shreds it too. It holds
+        the capture's id, the stage that failed and the error's class, never a message
+        (an extractor's message may quote the capture)."""
+        self._refuse_if_erased()
+        if capture_id in self.quarantined:
+            return False
+        self._capture_quarantined(
+            capture_id=capture_id,
+            stage=stage,
+            error=error,
+            attempts=attempts,
+            quarantined_at=now,
+            evidence=[capture_id],
+        )
+        return True
+
+    @event("CaptureQuarantined")
+    def _capture_quarantined(
+        self,
+        capture_id: str,
+        stage: str,
+        error: str,
+        attempts: int,
+        quarantined_at: datetime,
+        evidence: list[str],
+    ) -> None:
+        self.quarantined[capture_id] = f"{stage}:{error}"
+
+    def release_capture(self, capture_id: str, *, now: datetime) -> bool:
+        """Take a capture out of quarantine (its extraction was retried and succeeded, and
+        its results are saved with this event); False when it is not quarantined."""
+        self._refuse_if_erased()
+        if capture_id not in self.quarantined:
+            return False
+        self._capture_released(capture_id=capture_id, released_at=now, evidence=[capture_id])
+        return True
+
+    @event("CaptureReleased")
+    def _capture_released(
+        self, capture_id: str, released_at: datetime, evidence: list[str]
+    ) -> None:
+        self.quarantined.pop(capture_id, None)
+
     # ------------------------------------------------------------------ erasure
 
     def erase_items(self, item_ids: list[str], *, reason: str) -> None:
@@ -1180,6 +1244,7 @@ class SubjectProfile(Aggregate):
     @event("CaptureErased")
     def _capture_erased(self, capture_id: str, erased_at: datetime) -> None:
         self.capture_count = max(0, self.capture_count - 1)
+        self.quarantined.pop(capture_id, None)
 
     def erase(self, *, request_id: str, basis: str, now: datetime) -> None:
         """Append the tombstone; afterwards the stream refuses every write."""
@@ -1193,6 +1258,7 @@ class SubjectProfile(Aggregate):
         self.attributes = {}
         self.intents = {}
         self.archived_memories = set()
+        self.quarantined = {}
 
     def _refuse_if_erased(self) -> None:
         if self.erased:

@@ -49,6 +49,7 @@ from uprof.services.paging import CursorCodec
 from uprof.services.profile import ProfileService
 from uprof.services.projection import ProjectionRunner
 from uprof.services.proposals import ProposalService
+from uprof.services.quarantine import QuarantineIndex, QuarantineService
 from uprof.services.reads import ReadRecorder
 from uprof.services.sign_outs import SignOuts
 from uprof.services.slices import Authorizer, Freshness, SliceService
@@ -424,6 +425,25 @@ def bootstrap(
         flush_caches=lambda stream: kernel_ref[0].flush_caches(stream),
         tenant=settings.tenant,
     )
+    extraction = ExtractionWorker(
+        app,
+        extractor,
+        evidence,
+        clock,
+        batch_size=settings.projection_batch_size,
+        may_capture=capture_permits(deciding, settings.tenant),
+        partitioning=partitioning,
+        partitions=partitions,
+    )
+    quarantine = QuarantineService(
+        app,
+        audit,
+        QuarantineIndex(app, lambda: keystore.ledger.state() if keystore.ledger else None),
+        keystore.pseudonym_of_stream,
+        extraction.extract_again,
+        tenant_pseudonym_of=partial(keystore.pseudonym_of_stream, tenant=settings.tenant),
+    )
+    extraction.on_quarantined = quarantine.recorded
     kernel = Uprof(
         settings=settings,
         app=app,
@@ -436,16 +456,8 @@ def bootstrap(
         consent_service=ConsentService(app, subjects, clock, audit),
         proposal_service=ProposalService(app, subjects, evidence, clock, audit),
         profile_service=ProfileService(app, queries, sealer),
-        extraction=ExtractionWorker(
-            app,
-            extractor,
-            evidence,
-            clock,
-            batch_size=settings.projection_batch_size,
-            may_capture=capture_permits(deciding, settings.tenant),
-            partitioning=partitioning,
-            partitions=partitions,
-        ),
+        extraction=extraction,
+        quarantine=quarantine,
         projections=ProjectionRunner(
             app,
             queries,

@@ -94,6 +94,7 @@ from uprof.services.policy import (
     PolicyStoreError,
 )
 from uprof.services.profile import EvidenceView, ProfileView
+from uprof.services.quarantine import QuarantinedCapture, RetryOutcome
 from uprof.services.residue import ResidueReport
 from uprof.services.slices import ProfileSlice
 from uprof.services.subjects import NAMESPACE_SEPARATOR, SubjectRequest
@@ -129,7 +130,9 @@ __all__ = [
     "PrincipalKind",
     "ProfileSlice",
     "ProfileView",
+    "QuarantinedCapture",
     "ResidueReport",
+    "RetryOutcome",
     "SubjectListed",
     "SubjectRequest",
 ]
@@ -1218,6 +1221,22 @@ class Facade:
 
     def lag(self) -> Lag:
         return self._kernel.lag()
+
+    def list_quarantined(self) -> list[QuarantinedCapture]:
+        """The quarantined captures (operator work, decided as ``operate``; audited as
+        ``quarantine.listed`` with the count): ids, pseudonyms, stages, error classes."""
+        self._authorize_operator("operate", CATEGORIES, OPERATIONS_PURPOSE)
+        with self._as_principal():
+            held = self._kernel.quarantined()
+            self._kernel.audit.record("quarantine.listed", counts={"captures": len(held)})
+            return held
+
+    def retry_quarantined(self, capture_ids: Sequence[str] | None) -> list[RetryOutcome]:
+        """Extract quarantined captures again, the named ones or (None) all (operator
+        work, decided as ``operate``; each retried capture audited)."""
+        self._authorize_operator("operate", CATEGORIES, OPERATIONS_PURPOSE)
+        with self._as_principal():
+            return self._kernel.retry_quarantined(capture_ids)
 
     def process(self) -> int:
         self._authorize_operator("operate", CATEGORIES, OPERATIONS_PURPOSE)

@@ -46,6 +46,7 @@ from uprof.services.policy import PolicyChange, PolicyChangeResult, PolicyServic
 from uprof.services.profile import EvidenceView, ProfileService, ProfileView
 from uprof.services.projection import ProjectionRunner
 from uprof.services.proposals import ProposalService
+from uprof.services.quarantine import QuarantinedCapture, QuarantineService, RetryOutcome
 from uprof.services.reads import ReadRecorder
 from uprof.services.residue import (
     ResidueReport,
@@ -79,6 +80,9 @@ class Lag:
     log_position: int
     extraction_pending: int
     projection_pending: int
+    #: Captures set aside because their extraction failed on every attempt (they do
+    #: not hold the pipeline up, so ``caught_up`` does not count them).
+    quarantined: int = 0
 
     @property
     def caught_up(self) -> bool:
@@ -138,6 +142,9 @@ class Uprof:
     #: The erasure ledger as this process last looked at it (``forget_erased_elsewhere``).
     _ledger_seen: LedgerState | None = field(default=None, repr=False)
     _ledger_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: Captures whose extraction failed on every attempt (``uprof.services.quarantine``);
+    #: None only in kernels built without bootstrap.
+    quarantine: QuarantineService | None = None
 
     def __post_init__(self) -> None:
         # Nothing is cached yet: erasures recorded before this start need no flush.
@@ -1119,7 +1126,25 @@ class Uprof:
             log_position=self.app.max_notification_id(),
             extraction_pending=self.extraction.lag(),
             projection_pending=self.projections.lag(),
+            quarantined=self.quarantine.count() if self.quarantine is not None else 0,
         )
+
+    def quarantined(self) -> list[QuarantinedCapture]:
+        """Every capture held in quarantine (its extraction failed on every attempt),
+        oldest first: ids, the subject's pseudonym, the stage and the error's class."""
+        return self._quarantine.captures()
+
+    def retry_quarantined(self, capture_ids: Sequence[str] | None) -> list[RetryOutcome]:
+        """Extract quarantined captures again (all with None); audited per capture
+        (``capture.released``, or ``capture.retried`` when it still fails)."""
+        self._settle_reads()
+        return self._quarantine.retry(capture_ids)
+
+    @property
+    def _quarantine(self) -> QuarantineService:
+        if self.quarantine is None:
+            raise InvalidInputError("this kernel keeps no quarantine")
+        return self.quarantine
 
     def rebuild(self, progress: Progress | None = None) -> int:
         """Drop the read models and replay the whole log into them (every memory is

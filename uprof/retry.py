@@ -19,13 +19,14 @@ from tenacity import (
     RetryCallState,
     Retrying,
     retry_if_exception_type,
+    retry_if_not_exception_type,
     stop_after_attempt,
     wait_exponential,
     wait_random_exponential,
 )
 from tenacity.wait import wait_base
 
-from domain.errors import PositionMovedError, StoreBusyError, VersionConflictError
+from domain.errors import PositionMovedError, StoreBusyError, UprofError, VersionConflictError
 
 T = TypeVar("T")
 
@@ -66,6 +67,9 @@ class RetryPolicy:
     #: The transient errors worth another attempt; anything else is raised at once.
     on: tuple[type[BaseException], ...]
     backoff: Backoff = NO_WAIT
+    #: Errors among ``on`` that are raised at once all the same (a broad ``on`` minus
+    #: the errors that already say what to do).
+    never: tuple[type[BaseException], ...] = ()
 
     def call(
         self,
@@ -93,14 +97,14 @@ class RetryPolicy:
         retrying = Retrying(
             stop=stop_after_attempt(self.attempts),
             wait=self.backoff.tenacity_wait(),
-            retry=retry_if_exception_type(self.on),
+            retry=retry_if_exception_type(self.on) & retry_if_not_exception_type(self.never),
             before_sleep=report,
             reraise=True,
         )
         try:
             return retrying(operation)
         except self.on as error:
-            if give_up is None:
+            if give_up is None or isinstance(error, self.never):
                 raise
             raise give_up(error) from error
 
@@ -118,6 +122,24 @@ EXTRACTION_BATCH = RetryPolicy(
     attempts=20,
     on=(VersionConflictError, PositionMovedError),
     backoff=Backoff(0.002, 0.2, jitter=True),
+)
+
+#: The extractor raised for one capture: try it twice more, a little apart. Any error
+#: counts (the extractor is not ours to classify) except its declared failures
+#: (``UprofError``: the LLM extractor's ``ExtractionError``, "the model server failed;
+#: keep the capture"), which fail the batch at once and wait, as before
+#: (docs/extractors.md, ``UPROF_LLM_FALLBACK=wait``). When every attempt failed, the
+#: capture is quarantined and the pipeline goes on (``uprof.services.quarantine``;
+#: decision "Poison captures are quarantined").
+EXTRACTOR_CALL = RetryPolicy(
+    attempts=3, on=(Exception,), never=(UprofError,), backoff=Backoff(0.05, 0.2)
+)
+
+#: The embedding model failed on a batch of memories: each memory is embedded on its
+#: own, with this policy; one it fails on every time is projected without a vector
+#: (``ProjectionRunner``), so one text the model cannot take does not stop projection.
+EMBEDDING_CALL = RetryPolicy(
+    attempts=3, on=(Exception,), never=(UprofError,), backoff=Backoff(0.05, 0.2)
 )
 
 #: A group of captures lost a subject to another process: drop the copies and redo the

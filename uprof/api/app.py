@@ -42,6 +42,7 @@ from uprof.api.routes import (
     policy,
     profiles,
     proposals,
+    quarantine,
     slices,
     subjects,
 )
@@ -77,6 +78,7 @@ _ROUTE_MODULES = (
     governance,
     audit,
     policy,
+    quarantine,
     ops,
 )
 
@@ -254,6 +256,11 @@ class _LagCollector:
             "uprof_log_position",
             "Highest notification id in the event log.",
             value=lag.log_position,
+        )
+        yield GaugeMetricFamily(
+            "uprof_quarantined_captures",
+            "Captures set aside because their extraction failed on every attempt.",
+            value=lag.quarantined,
         )
         up.add_metric([], 1)
         yield up

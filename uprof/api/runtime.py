@@ -115,7 +115,9 @@ class PipelineWorker:
                 backoff = retry.SUPERVISOR_BACKOFF.bound_s(failed_in_a_row)
                 _log.exception("pipeline run failed; retrying in %.1f s", backoff)
                 self.status.failures += 1
-                self.status.last_error = f"{type(error).__name__}: {error}"[:500]
+                # The class only: /readyz answers without a key, and a message may quote
+                # what failed (an extractor's message quoted the capture it choked on).
+                self.status.last_error = type(error).__name__
                 self.status.state = "failing"
                 self._stop.wait(backoff)
                 continue

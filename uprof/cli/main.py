@@ -37,7 +37,12 @@ profile_app = typer.Typer(no_args_is_help=True, help="Show profiles and the evid
 projections_app = typer.Typer(no_args_is_help=True, help="Run, rebuild and inspect projections.")
 app.add_typer(consent_app, name="consent")
 app.add_typer(profile_app, name="profile")
+quarantine_app = typer.Typer(
+    no_args_is_help=True,
+    help="List and retry captures whose extraction failed on every attempt.",
+)
 app.add_typer(projections_app, name="projections")
+app.add_typer(quarantine_app, name="quarantine")
 
 
 def _progress() -> Progress:
@@ -400,10 +405,59 @@ def projections_lag() -> None:
                     "log_position": lag.log_position,
                     "extraction_pending": lag.extraction_pending,
                     "projection_pending": lag.projection_pending,
+                    "quarantined": lag.quarantined,
                     "caught_up": lag.caught_up,
                 }
             )
         )
+
+
+# -------------------------------------------------------------------- quarantine
+
+
+@quarantine_app.command("list")
+def quarantine_list() -> None:
+    """Print the quarantined captures as JSON: ids, the subject's pseudonym, the stage
+    that failed, the error's class, attempts, when (never content or error messages)."""
+    with door() as d:
+        held = d.list_quarantined()
+    console.print_json(
+        json.dumps(
+            [
+                {
+                    "capture_id": q.capture_id,
+                    "subject_pseudonym": q.subject,
+                    "stage": q.stage,
+                    "error": q.error,
+                    "attempts": q.attempts,
+                    "quarantined_at": q.quarantined_at.isoformat(),
+                    "notification_id": q.notification_id,
+                }
+                for q in held
+            ]
+        )
+    )
+
+
+@quarantine_app.command("retry")
+def quarantine_retry(
+    capture_ids: Annotated[
+        list[str] | None, typer.Argument(help="Capture ids (from `uprof quarantine list`).")
+    ] = None,
+    every: Annotated[bool, typer.Option("--all", help="Retry every quarantined capture.")] = False,
+) -> None:
+    """Extract quarantined captures again: each is released (its results saved) or stays
+    quarantined; prints one outcome per capture as JSON."""
+    if bool(capture_ids) == every:
+        err_console.print("[bold red]error:[/] name capture ids, or give --all (not both)")
+        raise typer.Exit(2)
+    with door() as d:
+        outcomes = d.retry_quarantined(None if every else list(capture_ids or ()))
+    console.print_json(
+        json.dumps(
+            [{"capture_id": o.capture_id, "outcome": o.outcome, "error": o.error} for o in outcomes]
+        )
+    )
 
 
 @app.command()

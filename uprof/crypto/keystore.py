@@ -381,6 +381,18 @@ class KeyStore:
                 )
             )
 
+    def pseudonym_of_stream(self, stream_id: str, tenant: str | None = None) -> str | None:
+        """The audit pseudonym of a live subject's stream (of ``tenant``, if named); None
+        once it is erased, or when it is another tenant's."""
+        query = sa.select(subject_index.c.pseudonym).where(
+            subject_index.c.stream_id == str(stream_id)
+        )
+        if tenant is not None:
+            query = query.where(subject_index.c.tenant == tenant)
+        with self._engine.connect() as conn:
+            row = conn.execute(query).first()
+        return None if row is None else str(row.pseudonym)
+
     def resolve_alias(self, tenant: str, kind: str, alias: str) -> SubjectHandle | None:
         """Find the subject a session id or identifier is bound to, or None."""
         alias_hash = self._alias_hash(tenant, kind, alias)

@@ -709,6 +709,9 @@ class Readiness(_Response):
     log_position: int
     extraction_pending: int
     projection_pending: int
+    #: Captures set aside after failing extraction on every attempt (they hold nothing
+    #: up, so readiness does not depend on them; ``uprof quarantine list`` shows them).
+    quarantined: int = 0
     worker: str
     detail: str = ""
 

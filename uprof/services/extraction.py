@@ -24,6 +24,7 @@ from domain.errors import (
     EvidenceError,
     SubjectErasedError,
     SubjectNotFoundError,
+    UprofError,
 )
 from domain.principal import qualified_agent
 from domain.profile import SubjectProfile
@@ -43,6 +44,7 @@ from uprof.eventstore import CAPTURED_TOPIC
 from uprof.partitions import Partitioning, owned_or_all
 from uprof.ports import Clock, EventStore, Extractor, ViewStore
 from uprof.recorders import GuardedTracking, PositionMovedError
+from uprof.services.quarantine import Failure, Quarantined, RetryOutcome
 
 
 def category_of(proposal: Any) -> str | None:
@@ -58,6 +60,10 @@ def category_of(proposal: Any) -> str | None:
 
 def evidence_ids(batch: ProposalBatch) -> set[str]:
     return {e for p in batch.proposals for e in p.evidence}
+
+
+class _Redo(Exception):
+    """A capture's proposals failed to apply: apply the subject's others again, afresh."""
 
 
 def _starved(error: BaseException) -> ConcurrencyConflictError:
@@ -158,6 +164,12 @@ class ExtractionWorker:
         self._owned = owned_or_all(self._partitioning, partitions)
         #: Batches that lost the race to another worker (re-read and redone).
         self.moved_conflicts = 0
+        #: Told of the captures a committed batch quarantined (audit and log: the
+        #: composition root sets it to ``QuarantineService.recorded``).
+        self.on_quarantined: Callable[[Sequence[Quarantined]], None] = lambda _q: None
+        #: Captures of the batch in hand whose extraction gave up: a batch redone after a
+        #: lost race does not ask the extractor again (cleared when the partition's run ends).
+        self._failures: dict[str, Failure] = {}
 
     @property
     def partitions(self) -> tuple[int, ...]:
@@ -200,9 +212,12 @@ class ExtractionWorker:
     def _run_partition(self, k: int) -> int:
         # Another worker committed this range (position), or a capture saved first to one
         # of the batch's subjects (version): nothing of ours was written; re-read, redo.
-        return retry.EXTRACTION_BATCH.call(
-            lambda: self._run_batch(k), before_retry=self._count_lost_race, give_up=_starved
-        )
+        try:
+            return retry.EXTRACTION_BATCH.call(
+                lambda: self._run_batch(k), before_retry=self._count_lost_race, give_up=_starved
+            )
+        finally:
+            self._failures.clear()
 
     def _count_lost_race(self, error: BaseException) -> None:
         if isinstance(error, PositionMovedError):
@@ -232,14 +247,19 @@ class ExtractionWorker:
         mine = [n for n in notifications if self._partitioning.of(n.originator_id) == k]
         # The extractor (a model, perhaps a remote one) runs first, outside any turn: it
         # needs the captured event only, not the subject's state.
-        by_stream: dict[UUID, list[tuple[Any, ProposalBatch]]] = defaultdict(list)
+        by_stream: dict[UUID, list[tuple[Any, ProposalBatch | Failure]]] = defaultdict(list)
         with telemetry.span("uprof.extraction.extract", captures=len(mine)) as extracting:
             for notification in mine:
                 event = self._app.decode(notification)
                 if isinstance(event, SubjectProfile.ContentShredded):
                     continue
                 by_stream[event.originator_id].append((event, self._proposals_for(event)))
-            proposals = sum(len(b.proposals) for e in by_stream.values() for _, b in e)
+            proposals = sum(
+                len(b.proposals)
+                for e in by_stream.values()
+                for _, b in e
+                if isinstance(b, ProposalBatch)
+            )
             extracting.set(proposals=proposals)
         traced.set(captures=len(mine), subjects=len(by_stream), proposals=proposals)
         now = self._clock.now()
@@ -256,6 +276,7 @@ class ExtractionWorker:
                 loaded[stream_id] = self._app.load(stream_id)
             except (SubjectErasedError, SubjectNotFoundError):
                 continue
+        quarantined: list[Quarantined] = []
         with self._app.writer_turns(by_stream):
             profiles = []
             for stream_id, extracted in by_stream.items():
@@ -263,19 +284,135 @@ class ExtractionWorker:
                     continue
                 try:
                     profile = self._app.catch_up(loaded[stream_id])
+                    profile = self._apply(profile, extracted, now, quarantined)
                 except SubjectErasedError:  # erased since it was loaded
                     continue
-                for event, batch in extracted:
-                    self._evidence.check(profile.id, batch, known={event.capture_id: profile.id})
-                    profile.apply_proposals(batch, observed_at=event.occurred_at, now=now)
                 profiles.append(profile)
             with telemetry.span("uprof.extraction.save", subjects=len(profiles)):
                 self._app.save_tracked(profiles, tracking)
+        if quarantined:
+            self.on_quarantined(quarantined)
         return len(notifications)
 
-    def _proposals_for(self, event: Any) -> ProposalBatch:
+    def _apply(
+        self,
+        profile: SubjectProfile,
+        extracted: Sequence[tuple[Any, ProposalBatch | Failure]],
+        now: Any,
+        quarantined: list[Quarantined],
+    ) -> SubjectProfile:
+        """Apply one subject's extracted captures in order; quarantine those that failed.
+
+        The update engine is domain code over the loaded state, so an error there is
+        the same at every attempt: the capture is quarantined at once (stage ``apply``)
+        and the subject's other captures are applied again to a freshly loaded profile
+        (the failed apply may have left events pending on this one)."""
+        failed = {e.capture_id: b for e, b in extracted if isinstance(b, Failure)}
+        while True:
+            try:
+                for event, batch in extracted:
+                    if event.capture_id in failed or not isinstance(batch, ProposalBatch):
+                        continue
+                    self._evidence.check(profile.id, batch, known={event.capture_id: profile.id})
+                    try:
+                        profile.apply_proposals(batch, observed_at=event.occurred_at, now=now)
+                    except (ConcurrencyConflictError, SubjectErasedError):
+                        raise
+                    except Exception as error:
+                        failed[event.capture_id] = Failure("apply", type(error).__name__, 1)
+                        raise _Redo from error
+            except _Redo:
+                profile = self._app.load(profile.id)
+                continue
+            break
+        for event, _ in extracted:
+            failure = failed.get(event.capture_id)
+            if failure is None:
+                continue
+            if profile.quarantine_capture(
+                event.capture_id,
+                stage=failure.stage,
+                error=failure.error,
+                attempts=failure.attempts,
+                now=now,
+            ):
+                quarantined.append(Quarantined(profile.id, event.capture_id, failure))
+        return profile
+
+    def _extract(self, event: Any) -> ProposalBatch | Failure:
+        """The extractor's proposals for a capture, with ``retry.EXTRACTOR_CALL``'s
+        attempts; a ``Failure`` when every attempt raised (the capture is then
+        quarantined). Only the extractor's call is retried and judged here: an error of
+        the stores or the policy is the pipeline's, not the capture's, and so is an
+        extractor's declared failure (``UprofError``), raised at once."""
+        known = self._failures.get(event.capture_id)
+        if known is not None:
+            return known
         capture = CapturedInteraction(event.capture_id, interaction_of(event))
-        batch = self._extractor.extract(capture)
+        attempts = 0
+
+        def attempt() -> ProposalBatch:
+            nonlocal attempts
+            attempts += 1
+            return self._extractor.extract(capture)
+
+        try:
+            return retry.EXTRACTOR_CALL.call(attempt)
+        except UprofError:
+            # The extractor's declared failure (the model server failed): the capture
+            # waits in the log and the batch fails, as UPROF_LLM_FALLBACK=wait promises.
+            raise
+        except Exception as error:
+            failure = Failure("extract", type(error).__name__, attempts)
+            self._failures[event.capture_id] = failure
+            return failure
+
+    def extract_again(self, stream_id: UUID, capture_id: str) -> RetryOutcome:
+        """An operator's retry of a quarantined capture: extract it (bounded attempts,
+        outside the subject's writer turn: a model may be slow), then, in one
+        load-decide-save of the subject's stream, apply its proposals and save them with
+        ``CaptureReleased``. A retry that lost to another (any process) reloads and finds
+        it released; a capture still failing saves nothing."""
+        if capture_id not in self._app.load(stream_id).quarantined:
+            return RetryOutcome(capture_id, "not-quarantined")
+        event = next(
+            (
+                e
+                for e in self._app.stream_events(stream_id)
+                if isinstance(e, SubjectProfile.InteractionCaptured) and e.capture_id == capture_id
+            ),
+            None,
+        )
+        if event is None:  # shredded meanwhile: an erasure takes it out of quarantine
+            return RetryOutcome(capture_id, "not-quarantined")
+        self._failures.pop(capture_id, None)
+        batch = self._proposals_for(event)
+        self._failures.pop(capture_id, None)
+        if isinstance(batch, Failure):
+            return RetryOutcome(capture_id, "still-failing", batch.error)
+
+        def apply_and_release() -> RetryOutcome:
+            profile = self._app.load(stream_id)
+            if capture_id not in profile.quarantined:
+                return RetryOutcome(capture_id, "not-quarantined")
+            self._evidence.check(profile.id, batch, known={capture_id: profile.id})
+            now = self._clock.now()
+            try:
+                profile.apply_proposals(batch, observed_at=event.occurred_at, now=now)
+            except (ConcurrencyConflictError, SubjectErasedError):
+                raise
+            except Exception as error:  # nothing is saved: the profile is dropped
+                return RetryOutcome(capture_id, "still-failing", type(error).__name__)
+            profile.release_capture(capture_id, now=now)
+            self._app.save(profile)
+            return RetryOutcome(capture_id, "released")
+
+        return self._app.with_retry(apply_and_release, subject=stream_id)
+
+    def _proposals_for(self, event: Any) -> ProposalBatch | Failure:
+        batch = self._extract(event)
+        if isinstance(batch, Failure):
+            return batch
         # An extractor may only cite the capture it was given; anything else is dropped
         # here rather than trusted (the model does not decide what counts as evidence).
         own = {event.capture_id}

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 from uuid import UUID
 
 from eventsourcing.persistence import Notification
 
-from uprof import telemetry
+from domain.errors import UprofError
+from uprof import retry, telemetry
 from uprof.partitions import Partitioning, owned_or_all
 from uprof.ports import EventStore, MemoryEmbedding, ViewStore
 
 Progress = Callable[[int, int], None]
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -79,6 +83,8 @@ class ProjectionRunner:
         self._ahead: dict[int, _Batch] = {}
         #: Batches read ahead but not used: the position was not where they start.
         self.read_ahead_dropped = 0
+        #: Memories projected without a vector: the model failed on them every time.
+        self.left_unembedded = 0
         # Created up front: batches lock their position row, so it must exist.
         self._views.ensure_positions(self._position_names(), self._app.name)
 
@@ -165,8 +171,41 @@ class ProjectionRunner:
         ]
         # Embedded outside the write transaction (the views database is not locked while
         # the model runs), in the embedding thread so that this one can go on.
-        vectors = self._embedding.submit(self._embed_memories, [e for _, e in events])
+        vectors = self._embedding.submit(self._embed_or_leave_out, [e for _, e in events])
         return _Batch(start, notifications, events, vectors)
+
+    def _embed_or_leave_out(self, events: Sequence[Any]) -> dict[str, bytes]:
+        """The batch's vectors; when the model fails on the batch, each memory on its own
+        (``retry.EMBEDDING_CALL``'s attempts), and a memory it fails on every time gets no
+        vector: it is projected and served by its words only, and the rest of the log is
+        projected after it (a model error that repeats for one text stopped projection
+        for the whole partition). A rebuild meets the same error and leaves out the same
+        vector. Refusals of ours (``UprofError``: another model recorded) stay refusals."""
+        try:
+            return self._embed_memories(events)
+        except UprofError:
+            raise
+        except Exception as error:
+            _log.warning(
+                "embedding a batch failed (%s); embedding its memories one by one",
+                type(error).__name__,
+            )
+        vectors: dict[str, bytes] = {}
+        for event in events:
+            try:
+                vectors.update(retry.EMBEDDING_CALL.call(partial(self._embed_memories, [event])))
+            except UprofError:
+                raise
+            except Exception as error:
+                self.left_unembedded += 1
+                _log.warning(
+                    "memory %s projected without its vector: the model failed with %s "
+                    "after %d attempts",
+                    getattr(event, "item_id", "?"),
+                    type(error).__name__,
+                    retry.EMBEDDING_CALL.attempts,
+                )
+        return vectors
 
     def forget_read_ahead(self) -> None:
         """Drop batches read ahead (decoded content held in memory; erasure calls this)."""

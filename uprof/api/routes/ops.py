@@ -65,6 +65,7 @@ def readyz(request: Request, runtime: Runtime, store: KeyStore) -> JSONResponse:
         log_position=lag.log_position,
         extraction_pending=lag.extraction_pending,
         projection_pending=lag.projection_pending,
+        quarantined=lag.quarantined,
         worker=worker,
         detail=detail,
     )

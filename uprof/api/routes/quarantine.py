@@ -1,0 +1,66 @@
+"""Quarantined captures, for operator keys: list them, and extract them again.
+
+A capture whose extraction failed on every attempt is set aside so the pipeline goes on
+(docs/reliability.md, "Poison captures"). Both routes go through the door, decided as the
+policy's ``operate`` for operators, and are audited (``quarantine.listed``,
+``capture.released`` / ``capture.retried``).
+"""
+
+from __future__ import annotations
+
+from uprof.api.deps import CurrentPrincipal, Runtime
+from uprof.api.errors import role_required
+from uprof.api.routes.docs import api_router, errors
+from uprof.api.scoped import AppScope
+from uprof.apikeys.store import ROLE_OPERATOR, Principal
+from uprof.facade import Facade
+from uprof.schemas.quarantine import (
+    QuarantinedOut,
+    QuarantineOut,
+    QuarantineRetryIn,
+    QuarantineRetryOut,
+    RetryOutcomeOut,
+)
+
+router = api_router(prefix="/v1/quarantine", tags=["operations"])
+
+
+def _door(runtime: Runtime, principal: Principal) -> Facade:
+    if not principal.has_role(ROLE_OPERATOR):
+        raise role_required(ROLE_OPERATOR)
+    return AppScope(runtime, principal.app_id, principal.roles, key_id=principal.key_id).door
+
+
+@router.get("", response_model=QuarantineOut, responses=errors(403))
+def list_quarantined(principal: CurrentPrincipal, runtime: Runtime) -> QuarantineOut:
+    """Every quarantined capture, oldest first: ids, pseudonym, stage, error class."""
+    held = _door(runtime, principal).list_quarantined()
+    return QuarantineOut(
+        captures=[
+            QuarantinedOut(
+                capture_id=q.capture_id,
+                subject_pseudonym=q.subject,
+                stage=q.stage,
+                error=q.error,
+                attempts=q.attempts,
+                quarantined_at=q.quarantined_at,
+                notification_id=q.notification_id,
+            )
+            for q in held
+        ]
+    )
+
+
+@router.post("/retry", response_model=QuarantineRetryOut, responses=errors(403))
+def retry_quarantined(
+    body: QuarantineRetryIn, principal: CurrentPrincipal, runtime: Runtime
+) -> QuarantineRetryOut:
+    """Extract quarantined captures again (the named ones, or all): each is released
+    (its results saved) or stays quarantined, saying with which error class."""
+    outcomes = _door(runtime, principal).retry_quarantined(body.capture_ids)
+    return QuarantineRetryOut(
+        outcomes=[
+            RetryOutcomeOut(capture_id=o.capture_id, outcome=o.outcome, error=o.error)
+            for o in outcomes
+        ]
+    )

@@ -1,0 +1,286 @@
+"""Quarantine: a capture whose extraction fails on every attempt is set aside, not retried
+for ever, and the pipeline goes on with the captures after it.
+
+Everything about it is here except the two steps that must sit in the extraction batch
+(``uprof.services.extraction``): the bounded attempts (``retry.EXTRACTOR_CALL``) and the
+``CaptureQuarantined`` event, saved with the batch's guarded position, so that however
+many workers read the capture, one verdict is recorded, once (decision
+"Poison captures are quarantined").
+
+- **Record.** After the batch commits, ``recorded`` writes a ``capture.quarantined``
+  audit entry (the subject's pseudonym, the capture's id, the stage and the error's class
+  as ``reason_code``, the attempts), once per capture whoever writes it (``once_by``),
+  and one log line with the same ids. Never the error's message: an extractor's message
+  may quote the capture. A worker killed between the commit and the append leaves the
+  entry to the next listing, which writes the entries the log lacks.
+- **List.** ``QuarantineIndex`` folds the log's quarantine events (read after the
+  position it last read, so a caller pays for what is new) with the erasure tombstones;
+  captures and subjects the erasure ledger names are left out, so an erasure removes
+  them from the list at once, in every process. The events themselves are sealed under
+  the capture's own key (they cite it as evidence): erasing the capture or the subject
+  shreds them.
+- **Retry.** ``retry`` extracts a quarantined capture again (the same bounded attempts),
+  and on success saves its results with ``CaptureReleased`` in one save of the subject's
+  stream: two retries at once, in any processes, release it once (the second finds it no
+  longer quarantined). Still failing, it stays quarantined.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+from eventsourcing.utils import get_topic
+
+from domain.principal import acting_principal
+from domain.profile import SubjectProfile
+from uprof.ports import AuditTrail, EventStore
+
+if TYPE_CHECKING:
+    from uprof.crypto.ledger import LedgerState
+
+_log = logging.getLogger(__name__)
+
+QUARANTINED_TOPIC = get_topic(SubjectProfile.CaptureQuarantined)
+RELEASED_TOPIC = get_topic(SubjectProfile.CaptureReleased)
+CAPTURE_ERASED_TOPIC = get_topic(SubjectProfile.CaptureErased)
+SUBJECT_ERASED_TOPIC = get_topic(SubjectProfile.SubjectErased)
+TOPICS = (QUARANTINED_TOPIC, RELEASED_TOPIC, CAPTURE_ERASED_TOPIC, SUBJECT_ERASED_TOPIC)
+#: Notifications read per page when the index catches up with the log.
+PAGE = 500
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a capture's extraction gave up: the stage (``extract``: the extractor raised;
+    ``apply``: the update engine refused its proposals), the error's class, the attempts."""
+
+    stage: str
+    error: str
+    attempts: int
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    """A capture an extraction batch has just set aside (committed with the batch)."""
+
+    stream_id: UUID
+    capture_id: str
+    failure: Failure
+
+
+@dataclass(frozen=True)
+class QuarantinedCapture:
+    """A capture in quarantine, as operators see it: ids, stage, error class, when."""
+
+    capture_id: str
+    #: The subject's audit pseudonym (never its reference).
+    subject: str
+    stage: str
+    error: str
+    attempts: int
+    quarantined_at: datetime
+    notification_id: int
+    stream_id: UUID
+
+
+@dataclass(frozen=True)
+class RetryOutcome:
+    """What a retry did: ``released`` (extracted now), ``still-failing`` (``error`` says
+    with what; it stays quarantined) or ``not-quarantined`` (nothing to do)."""
+
+    capture_id: str
+    outcome: str
+    error: str = ""
+
+
+def _entry(
+    subject_ref: str | None, capture_id: str, failure: Failure
+) -> tuple[str, dict[str, object]]:
+    return (
+        "capture.quarantined",
+        {
+            "subject_ref": subject_ref,
+            "event_ids": [capture_id],
+            "request_id": f"quarantine:{capture_id}",
+            "outcome": failure.stage,
+            "reason_code": failure.error,
+            "counts": {"attempts": failure.attempts},
+        },
+    )
+
+
+class QuarantineIndex:
+    """The quarantined captures of the log, folded incrementally from the log's events."""
+
+    def __init__(self, app: EventStore, ledger_state: Callable[[], LedgerState | None]) -> None:
+        self._app = app
+        self._ledger_state = ledger_state
+        self._lock = threading.Lock()
+        self._position = 0
+        self._held: dict[str, tuple[UUID, Any, int]] = {}
+
+    def _catch_up(self) -> None:
+        # The head first: every notification up to it has committed (writers of the log
+        # never interleave their ids), so once read up to it, the next call starts there
+        # even when none of them was a quarantine event (else each call scanned the log).
+        head = self._app.max_notification_id()
+        if head <= self._position:
+            return
+        while page := self._app.notifications_after(self._position, PAGE, topics=TOPICS):
+            for notification in page:
+                if notification.id > head:
+                    break
+                self._fold(notification)
+                self._position = notification.id
+            if len(page) < PAGE or page[-1].id > head:
+                break
+        self._position = max(self._position, head)
+
+    def _fold(self, notification: Any) -> None:
+        event = self._app.decode(notification)
+        if isinstance(event, SubjectProfile.CaptureQuarantined):
+            held = (event.originator_id, event, int(notification.id))
+            self._held[event.capture_id] = held  # type: ignore[attr-defined]
+        elif isinstance(event, SubjectProfile.CaptureReleased | SubjectProfile.CaptureErased):
+            self._held.pop(event.capture_id, None)  # type: ignore[attr-defined]
+        elif isinstance(event, SubjectProfile.SubjectErased):
+            stream = event.originator_id
+            for capture_id in [c for c, (s, _, _) in self._held.items() if s == stream]:
+                del self._held[capture_id]
+        # Shredded (ContentShredded): its capture or subject was erased; the tombstone
+        # that follows in the log (or the ledger, until it is there) leaves it out.
+
+    def held(self) -> list[tuple[UUID, Any, int]]:
+        """(stream, CaptureQuarantined event, notification id) of every capture held now."""
+        with self._lock:
+            self._catch_up()
+            held = list(self._held.values())
+        state = self._ledger_state()
+        if state is None:
+            return held
+        return [
+            (stream, event, nid)
+            for stream, event, nid in held
+            if str(stream) not in state.streams
+            and event.capture_id not in state.captures.get(str(stream), frozenset())
+        ]
+
+    def count(self) -> int:
+        return len(self.held())
+
+
+class QuarantineService:
+    """Record, list and retry quarantined captures (the door authorizes the callers)."""
+
+    def __init__(
+        self,
+        app: EventStore,
+        audit: AuditTrail,
+        index: QuarantineIndex,
+        pseudonym_of: Callable[[str], str | None],
+        extract_again: Callable[[UUID, str], RetryOutcome],
+        *,
+        tenant_pseudonym_of: Callable[[str], str | None] | None = None,
+    ) -> None:
+        """``pseudonym_of(stream)``: the subject's pseudonym whatever its tenant (for the
+        audit entry of a capture quarantined by the pipeline, which serves every tenant);
+        ``tenant_pseudonym_of(stream)``: only when it is this deployment's tenant's, so
+        operators list and retry their own tenant's captures (default: ``pseudonym_of``)."""
+        self._app = app
+        self._audit = audit
+        self._index = index
+        self._pseudonym_of = pseudonym_of
+        self._tenant_pseudonym_of = tenant_pseudonym_of or pseudonym_of
+        self._extract_again = extract_again
+
+    def recorded(self, quarantined: Sequence[Quarantined]) -> None:
+        """Audit and log captures a committed batch has just quarantined (once each)."""
+        for q in quarantined:
+            _log.warning(
+                "capture %s quarantined: %s failed with %s after %d attempts",
+                q.capture_id,
+                q.failure.stage,
+                q.failure.error,
+                q.failure.attempts,
+            )
+        entries = [
+            _entry(self._pseudonym_of(str(q.stream_id)), q.capture_id, q.failure)
+            for q in quarantined
+        ]
+        if entries:
+            self._audit.record_many(entries, once_by=("request_id",))
+
+    def _record_missing(self, rows: Sequence[QuarantinedCapture]) -> None:
+        """Write the ``capture.quarantined`` entries the log lacks: a worker that died
+        between its batch's commit and its append left the verdict without its entry.
+        Written as the pipeline's (no principal), once however often this runs."""
+        if not rows:
+            return
+        entries = [
+            _entry(r.subject, r.capture_id, Failure(r.stage, r.error, r.attempts)) for r in rows
+        ]
+        token = acting_principal.set(None)
+        try:
+            self._audit.record_many(entries, once_by=("request_id",))
+        finally:
+            acting_principal.reset(token)
+
+    def captures(self) -> list[QuarantinedCapture]:
+        """Every capture of this tenant held in quarantine, oldest first (a subject that
+        is gone, or another tenant's, is left out)."""
+        rows: list[QuarantinedCapture] = []
+        held: list[tuple[UUID, Any, int]] = sorted(self.held_events(), key=lambda h: h[2])
+        for stream, event, nid in held:
+            pseudonym = self._tenant_pseudonym_of(str(stream))
+            if pseudonym is None:
+                continue
+            rows.append(
+                QuarantinedCapture(
+                    capture_id=event.capture_id,
+                    subject=pseudonym,
+                    stage=event.stage,
+                    error=event.error,
+                    attempts=event.attempts,
+                    quarantined_at=event.quarantined_at,
+                    notification_id=nid,
+                    stream_id=stream,
+                )
+            )
+        self._record_missing(rows)
+        return rows
+
+    def held_events(self) -> list[tuple[UUID, Any, int]]:
+        return self._index.held()
+
+    def count(self) -> int:
+        """Captures held in quarantine in the whole log (every tenant: the pipeline
+        serves them all; readiness and metrics are the deployment's)."""
+        return self._index.count()
+
+    def retry(self, capture_ids: Iterable[str] | None) -> list[RetryOutcome]:
+        """Extract the named quarantined captures again (all of them with None)."""
+        held = {q.capture_id: q for q in self.captures()}
+        wanted = list(held) if capture_ids is None else list(dict.fromkeys(capture_ids))
+        outcomes = []
+        for capture_id in wanted:
+            q = held.get(capture_id)
+            if q is None:
+                outcomes.append(RetryOutcome(capture_id, "not-quarantined"))
+                continue
+            outcome = self._extract_again(q.stream_id, capture_id)
+            if outcome.outcome != "not-quarantined":
+                self._audit.record(
+                    "capture.released" if outcome.outcome == "released" else "capture.retried",
+                    subject_ref=q.subject or None,
+                    event_ids=[capture_id],
+                    outcome=outcome.outcome,
+                    reason_code=outcome.error or None,
+                )
+            outcomes.append(outcome)
+        return outcomes
