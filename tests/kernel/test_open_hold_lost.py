@@ -74,7 +74,8 @@ class Server:
             talk = Path({str(talk)!r})
             b = Backend({backend.kind!r}, {backend.url!r}, Path({str(backend.data_dir)!r}))
             kernel = build_kernel(settings_for(b), FakeClock())
-            (talk / "a0").write_text("ready")
+            (talk / "a0.tmp").write_text("ready")  # renamed whole: never read half-written
+            (talk / "a0.tmp").rename(talk / "a0")
             n = 1
             while True:
                 question = talk / f"q{{n}}"
@@ -109,15 +110,19 @@ class Server:
                 raise AssertionError(self.child.communicate()[1][-3000:])
         return answer.read_text()
 
+    def _put(self, n: int, text: str) -> None:
+        """Question ``n``, renamed into place whole: the child never reads it half-written."""
+        (self.talk / f"q{n}.tmp").write_text(text)
+        (self.talk / f"q{n}.tmp").rename(self.talk / f"q{n}")
+
     def ask(self, text: str) -> str:
         self.asked += 1
-        (self.talk / f"q{self.asked}.tmp").write_text(text)
-        (self.talk / f"q{self.asked}.tmp").rename(self.talk / f"q{self.asked}")
+        self._put(self.asked, text)
         return self._answer(self.asked)
 
     def stop(self) -> None:
         if self.child.poll() is None:
-            (self.talk / f"q{self.asked + 1}").write_text("-")
+            self._put(self.asked + 1, "-")
         _, err = self.child.communicate(120)
         assert self.child.returncode == 0, err[-3000:]
 
