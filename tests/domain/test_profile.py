@@ -278,10 +278,11 @@ def test_a_snapshot_of_dict_state_upcasts_into_the_same_value_objects() -> None:
 
     live = _busy_profile()
     snapshot = SubjectProfile.Snapshot.take(live)
-    assert snapshot.state["class_version"] == 3
+    assert snapshot.state["class_version"] == 4
     old_state = dict(snapshot.state)
     del old_state["class_version"]
     del old_state["archived_memories"]  # version 3
+    del old_state["quarantined"]  # version 4
     for part in ("consents", "attributes", "intents"):
         old_state[part] = {
             k: {
@@ -328,6 +329,7 @@ def test_a_snapshot_taken_before_archives_were_kept_loads_with_none() -> None:
     old_state = dict(snapshot.state)
     old_state["class_version"] = 2
     del old_state["archived_memories"]
+    del old_state["quarantined"]  # version 4
     old = SubjectProfile.Snapshot(  # type: ignore[call-arg]
         originator_id=snapshot.originator_id,
         originator_version=snapshot.originator_version,
@@ -340,3 +342,23 @@ def test_a_snapshot_taken_before_archives_were_kept_loads_with_none() -> None:
     assert loaded.archived_memories == set()
     assert loaded.attributes == live.attributes
     assert loaded.archive_memories(["m2"], reason="cold") == ["m2"]
+
+
+def test_a_snapshot_taken_before_quarantine_loads_with_none_quarantined() -> None:
+    """Version-3 snapshots lack ``quarantined`` (decision 0087): they load, with none."""
+    live = _busy_profile()
+    snapshot = SubjectProfile.Snapshot.take(live)
+    old_state = dict(snapshot.state)
+    old_state["class_version"] = 3
+    del old_state["quarantined"]
+    old = SubjectProfile.Snapshot(  # type: ignore[call-arg]
+        originator_id=snapshot.originator_id,
+        originator_version=snapshot.originator_version,
+        timestamp=snapshot.timestamp,
+        topic=snapshot.topic,
+        state=old_state,
+    )
+    loaded = old.mutate(None)
+    assert isinstance(loaded, SubjectProfile)
+    assert loaded.quarantined == {}
+    assert loaded.attributes == live.attributes
