@@ -396,3 +396,32 @@ def test_the_sdk_fetches_the_proof_file_over_http_and_embedded(
         check(embedded.audit_proof(old_size, leaf_index=old_size - 1))
     finally:
         embedded.close()
+
+
+def test_a_stored_entry_holding_a_float_is_an_integrity_error_not_the_callers(
+    http: httpx.Client, apps: Apps, kernel: Uprof
+) -> None:
+    """An entry row rewritten behind the log's back to hold a float: the proof of that entry
+    is refused as the log's own integrity failure (500, the row named), not as the caller's
+    input (422), and no ``audit.proof_served`` is recorded for a proof never served."""
+    grant(http, apps.planner)
+    _activity(http, apps, lines=1)
+    leaf = 1
+    engine = kernel.audit_log._engine
+    with engine.connect() as conn:
+        text = conn.exec_driver_sql(
+            f"SELECT entry_json FROM audit_entries WHERE leaf_index = {leaf}"
+        ).scalar_one()
+    entry = json.loads(text)
+    entry["counts"] = {"items": 1.5}
+    _tamper(engine, {leaf: json.dumps(entry, sort_keys=True)}, rehash_tree=True)
+    refused = http.post(
+        "/v1/audit/proof",
+        headers=bearer(apps.planner_operator),
+        json={"old_size": 1, "leaf_index": leaf},
+    )
+    assert refused.status_code == 500, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "internal" and error["fields"] == []
+    assert f"leaf_index {leaf}" in error["message"]
+    assert not list(kernel.audit_entries(action="audit.proof_served"))
