@@ -198,8 +198,10 @@ def rebuild_views_ahead_of_log(kernel: Any) -> bool:
     are two files) can hold views copied after their log: items whose captured events the
     log lacks, and a projection position past the log's head, so the projection would
     skip every event captured from then on until the log caught up. The log is the
-    record: the views are rebuilt from it, and the idempotency answers kept beside them
-    are forgotten. The position is read before the head, so a process projecting
+    record: the views are rebuilt from it, the idempotency answers kept beside them
+    are forgotten, and the erasure ledger is applied again to the rebuilt views (the log
+    lacks the erasures made after it was copied: decision 0053's items come back
+    otherwise). The position is read before the head, so a process projecting
     meanwhile never makes a sound store look ahead."""
     position = kernel.projections.highest_position
     head = kernel.app.max_notification_id()
@@ -219,6 +221,11 @@ def rebuild_views_ahead_of_log(kernel: Any) -> bool:
         forgotten = kernel.idempotency.forget_answers()
         _log.warning("forgot %d idempotency keys stored beside the views", forgotten)
     kernel.rebuild()
+    # The ledger was re-applied to the views that were ahead, which no longer listed
+    # what was erased after the log was copied; the log lacks those erasures, so the
+    # rebuild brought the items back. Re-applied to the rebuilt views, it erases them
+    # again (a start killed before this line re-applies it first thing next time).
+    reapply_ledger(kernel)
     return True
 
 
