@@ -182,6 +182,56 @@ def test_an_erasure_made_after_the_log_was_copied_stays_erased_on_the_copy(
     assert "Qzxerasedblue" not in served, served  # the erased capture, its items
 
 
+def test_a_consent_withdrawn_after_the_log_was_copied_stays_withdrawn_on_the_copy(
+    backend: Backend, kernel: Uprof, tmp_path: Path
+) -> None:
+    """A consent withdrawn after the log was copied: the copy's log lacks the withdrawal,
+    while its audit log (beside the views, copied later) records it. Until 2026-12-05 the
+    rebuild from the log put the consent back in force: the copy accepted captures and
+    served the profile under a consent its own audit trail says was withdrawn (I2)."""
+    live = backend.data_dir
+    copy = Backend("sqlite", "", tmp_path / "copy")
+    withdrawn = consent(kernel)
+    kept = consent(kernel, "bob")
+    kernel.capture("alice", say("I live in Porto"))
+    kernel.process()
+    copy_file(live / "data" / "events.sqlite", copy.data_dir / "data" / "events.sqlite")
+    kernel.withdraw_consent("alice", withdrawn)
+    kernel.capture("bob", say("I live in Qzxbobtown"))  # views ahead of the log
+    kernel.process()
+    copy_the_rest(live, copy.data_dir)
+
+    done = run_in_another_process(
+        copy,
+        """
+        from tests.kernel.conftest import say
+        for subject in ("alice", "bob"):
+            try:
+                kernel.capture(subject, say("I live in Qzxlisbon"))
+                print(subject, "accepted")
+            except Exception as exc:
+                print(subject, "refused", type(exc).__name__)
+        print(sorted(c.consent_id for c in kernel.profile("bob").consents))
+        actions = [e.entry for e in kernel.audit_entries(action="consent.withdrawn")]
+        print(sorted(e["reason_code"] for e in actions))
+        """,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] == "alice refused ConsentRequiredError", lines
+    assert lines[1] == "bob accepted", lines
+    assert lines[2] == repr([kept]), lines
+    # The withdrawal is in the copy's log again, and its re-application is audited.
+    assert lines[3] == repr(["withdrawal-reapplied", "withdrawn"]), lines
+    k = build_kernel(settings_for(copy), FakeClock())
+    try:
+        live_views = k.queries.table_digest()
+        k.rebuild()
+        assert k.queries.table_digest() == live_views
+    finally:
+        k.close()
+
+
 def test_a_subject_created_after_the_log_was_copied_can_be_written_on_the_copy(
     backend: Backend, kernel: Uprof, tmp_path: Path
 ) -> None:

@@ -199,10 +199,11 @@ def rebuild_views_ahead_of_log(kernel: Any) -> bool:
     log lacks, and a projection position past the log's head, so the projection would
     skip every event captured from then on until the log caught up. The log is the
     record: the views are rebuilt from it, the idempotency answers kept beside them
-    are forgotten, and the erasure ledger is applied again to the rebuilt views (the log
-    lacks the erasures made after it was copied: decision 0053's items come back
-    otherwise). The position is read before the head, so a process projecting
-    meanwhile never makes a sound store look ahead."""
+    are forgotten, and the erasure ledger and the audit log's consent withdrawals are
+    applied again to the rebuilt views (the log lacks the erasures and withdrawals made
+    after it was copied: erased items and withdrawn consents came back). The position
+    is read before the head, so a process projecting meanwhile never makes a sound
+    store look ahead."""
     position = kernel.projections.highest_position
     head = kernel.app.max_notification_id()
     if position <= head:
@@ -226,6 +227,74 @@ def rebuild_views_ahead_of_log(kernel: Any) -> bool:
     # rebuild brought the items back. Re-applied to the rebuilt views, it erases them
     # again (a start killed before this line re-applies it first thing next time).
     reapply_ledger(kernel)
+    withdraw_again(kernel)
+    return True
+
+
+#: The reason code of a withdrawal the start wrote again (``withdraw_again``).
+WITHDRAWAL_REAPPLIED = "withdrawal-reapplied"
+
+
+def withdraw_again(kernel: Any) -> int:
+    """Withdraw again the consents the audit log records as withdrawn and the views
+    show in force; returns how many.
+
+    The audit log sits beside the views: in a data folder copied log first, it records
+    withdrawals made after the log was copied, which the rebuilt views (from that log)
+    show in force. Each is written again into its subject's stream, at the time the
+    audit log recorded, and audited (``consent.withdrawn``, reason
+    ``withdrawal-reapplied``). Subjects erased since are left alone: nothing is
+    collected for them. Erasure requested with a withdrawal is the ledger's to redo.
+    """
+    entries: dict[str, dict[str, Any]] = {}
+    for stored in kernel.audit_log.entries(action="consent.withdrawn"):
+        entry = stored.entry
+        if isinstance(entry.get("consent_id"), str):
+            entries.setdefault(entry["consent_id"], entry)
+    if not entries:
+        return 0
+    with kernel.views_engine.connect() as conn:
+        rows = _select_in(
+            conn,
+            t.consents.name,
+            "consent_id",
+            sorted(entries),
+            "consent_id, stream_id, withdrawn_at",
+        )
+    ledger = kernel.keystore.ledger
+    erased = set(ledger.state().streams) if ledger is not None else set()
+    again = 0
+    for row in sorted(rows, key=lambda r: r.consent_id):
+        if row.withdrawn_at is not None or row.stream_id in erased:
+            continue
+        entry = entries[row.consent_id]
+        at = datetime.fromisoformat(entry["recorded_at"])
+        written = kernel.app.with_retry(
+            functools.partial(_withdraw, kernel.app, UUID(row.stream_id), row.consent_id, at)
+        )
+        if written:
+            kernel.audit.record(
+                "consent.withdrawn",
+                subject_ref=entry.get("subject_ref"),
+                consent_id=row.consent_id,
+                reason_code=WITHDRAWAL_REAPPLIED,
+            )
+            again += 1
+    if again:
+        _log.warning(
+            "%d consents the audit log records as withdrawn were in force in the log "
+            "(a data folder copied log first?): withdrawn again",
+            again,
+        )
+    return again
+
+
+def _withdraw(app: Any, stream: UUID, consent_id: str, at: datetime) -> bool:
+    profile = app.load(stream)
+    if profile.erased or consent_id not in profile.consents:
+        return False
+    profile.withdraw_consent(consent_id=consent_id, withdrawn_at=at)
+    app.save(profile)
     return True
 
 
