@@ -233,7 +233,7 @@ def measure(
         )
     p50 = interleaved_p50_ms(embedder, models, questions[:n_queries])
     for row in rows:
-        row["query_p50_ms"] = p50[row["variant"]]
+        row["query_p50_ms"] = p50[str(row["variant"])]
         print(json.dumps(row), flush=True)
     embedder._model = fp32_model
     return rows
