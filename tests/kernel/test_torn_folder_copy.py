@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.children import run_python
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import build_kernel, consent, say, settings_for
@@ -230,6 +231,62 @@ def test_a_consent_withdrawn_after_the_log_was_copied_stays_withdrawn_on_the_cop
         assert k.queries.table_digest() == live_views
     finally:
         k.close()
+
+
+KILLED_AFTER_THE_REBUILD = """
+import os, signal
+from pathlib import Path
+import uprof.services.recovery as recovery
+from tests.conftest import Backend
+from tests.fakes.ports import FakeClock
+from tests.kernel.conftest import build_kernel, settings_for
+
+real, calls = recovery.reapply_ledger, []
+
+def reapply_then_die(kernel, **kwargs):
+    calls.append(1)
+    if len(calls) == 2:  # the call after the views were rebuilt from the log
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(kernel, **kwargs)
+
+recovery.reapply_ledger = reapply_then_die
+build_kernel(settings_for(Backend("sqlite", "", Path({data!r}))), FakeClock())
+"""
+
+
+def test_a_start_killed_after_the_rebuild_leaves_the_withdrawal_for_the_next_start(
+    backend: Backend, kernel: Uprof, tmp_path: Path
+) -> None:
+    """kill -9 of the start between the rebuild and the re-applications: the next start
+    finds views no longer ahead of the log. Until 2026-12-05 it therefore did nothing,
+    and the withdrawal made after the log was copied stayed lost. The start now records
+    the rebuild's beginning and end in the audit log and does it all again when the end
+    is missing."""
+    live = backend.data_dir
+    copy = Backend("sqlite", "", tmp_path / "copy")
+    withdrawn = consent(kernel)
+    kernel.capture("alice", say("I live in Porto"))
+    kernel.process()
+    copy_file(live / "data" / "events.sqlite", copy.data_dir / "data" / "events.sqlite")
+    kernel.withdraw_consent("alice", withdrawn)
+    kernel.process()
+    copy_the_rest(live, copy.data_dir)
+
+    killed = run_python(KILLED_AFTER_THE_REBUILD.format(data=str(copy.data_dir)))
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    done = run_in_another_process(
+        copy,
+        """
+        from tests.kernel.conftest import say
+        try:
+            kernel.capture("alice", say("I live in Qzxlisbon"))
+            print("accepted")
+        except Exception as exc:
+            print("refused", type(exc).__name__)
+        """,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["refused", "ConsentRequiredError"], done.stdout
 
 
 def test_a_subject_created_after_the_log_was_copied_can_be_written_on_the_copy(

@@ -27,6 +27,7 @@ from uuid import UUID
 
 import sqlalchemy as sa
 
+from audit.tables import audit_entries
 from projections.profile import tables as t
 from uprof.backends import backend_for
 from uprof.crypto.keydir import KeyMaterialError
@@ -191,6 +192,13 @@ def reapply_ledger(kernel: Any, *, rebuild_if_stale: bool = True) -> LedgerReapp
     return report
 
 
+#: Audit actions around a rebuild of views found ahead of the log: the second is written
+#: once the erasures and withdrawals are applied again, so a start that finds the first
+#: without a later second (a start killed in between) does it all again.
+AHEAD_REBUILD_STARTED = "views.ahead_of_log"
+AHEAD_REBUILD_SETTLED = "views.ahead_of_log.settled"
+
+
 def rebuild_views_ahead_of_log(kernel: Any) -> bool:
     """Rebuild the views when they claim a log position the log has not reached.
 
@@ -203,34 +211,58 @@ def rebuild_views_ahead_of_log(kernel: Any) -> bool:
     applied again to the rebuilt views (the log lacks the erasures and withdrawals made
     after it was copied: erased items and withdrawn consents came back). The position
     is read before the head, so a process projecting meanwhile never makes a sound
-    store look ahead."""
+    store look ahead.
+
+    A start killed on the way leaves views no longer ahead (reset, or rebuilt): the audit
+    log's ``views.ahead_of_log`` entry without a later ``views.ahead_of_log.settled``
+    makes the next start do it all again (one indexed read of each per start)."""
     position = kernel.projections.highest_position
     head = kernel.app.max_notification_id()
-    if position <= head:
+    ahead = position > head
+    if not ahead and not _ahead_rebuild_unsettled(kernel):
         return False
-    _log.warning(
-        "the views are ahead of the event log (projected to %d, the log ends at %d): a "
-        "data folder copied while it was written? rebuilding the views from the log",
-        position,
-        head,
-    )
+    if ahead:
+        _log.warning(
+            "the views are ahead of the event log (projected to %d, the log ends at %d): a "
+            "data folder copied while it was written? rebuilding the views from the log",
+            position,
+            head,
+        )
+        kernel.audit.record(AHEAD_REBUILD_STARTED, counts={"position": position, "head": head})
+    else:
+        _log.warning(
+            "a start that rebuilt views found ahead of the event log did not finish: "
+            "rebuilding them again and re-applying erasures and consent withdrawals"
+        )
     if kernel.idempotency is not None:
         # Answers stored beside the views may be to writes this log lacks (see
-        # IdempotencyStore.forget_answers); the streams keep what the log holds. Before
-        # the rebuild: a start killed between the two finds the views still ahead and
-        # does both again, while one killed after a rebuild would find nothing to do.
+        # IdempotencyStore.forget_answers); the streams keep what the log holds.
         forgotten = kernel.idempotency.forget_answers()
         _log.warning("forgot %d idempotency keys stored beside the views", forgotten)
     kernel.rebuild()
     # The ledger was re-applied to the views that were ahead, which no longer listed
     # what was erased after the log was copied; the log lacks those erasures, so the
     # rebuild brought the items back. Re-applied to the rebuilt views, it erases them
-    # again (a start killed after the rebuild and before this line re-applies it first
-    # thing next time; one killed during the rebuild does not: decision
-    # XXXX-torn-copy-withdrawals-reapplied, "Not done").
+    # again; the audit log's withdrawals likewise.
     reapply_ledger(kernel)
     withdraw_again(kernel)
+    kernel.audit.record(AHEAD_REBUILD_SETTLED)
     return True
+
+
+def _ahead_rebuild_unsettled(kernel: Any) -> bool:
+    """True when the audit log's last ``views.ahead_of_log`` has no settled entry after it."""
+    with kernel.views_engine.connect() as conn:
+        last = {
+            action: conn.execute(
+                sa.select(sa.func.max(audit_entries.c.leaf_index)).where(
+                    audit_entries.c.action == action
+                )
+            ).scalar()
+            for action in (AHEAD_REBUILD_STARTED, AHEAD_REBUILD_SETTLED)
+        }
+    started, settled = last[AHEAD_REBUILD_STARTED], last[AHEAD_REBUILD_SETTLED]
+    return started is not None and (settled is None or settled < started)
 
 
 #: The reason code of a withdrawal the start wrote again (``withdraw_again``).
