@@ -43,7 +43,7 @@ from audit.strict_json import strict_json
 from domain.errors import InvalidInputError
 
 if TYPE_CHECKING:
-    from audit.log import AuditLog
+    from audit.log import AuditLog, StoredEntry
 
 PROOF_FORMAT = "uprof.audit-proof/v1"
 PROOF_KEYS = frozenset(
@@ -99,7 +99,10 @@ def build_proof(log: AuditLog, old_size: int, *, leaf_index: int | None = None) 
 
     Raises InvalidInputError naming ``old_size`` or ``leaf_index`` when it is not an
     integer, is too small, or lies beyond the log; VerificationError when the log's
-    tables lack a row the proof needs (an entry or a node deleted behind its back).
+    tables lack a row the proof needs (an entry or a node deleted behind its back) or the
+    asked entry's row holds a text the log never stores (a float, another spelling, a
+    duplicate key, a field outside the allowlist, a leaf hash not its own): an integrity
+    failure of the log, never the caller's input error.
     """
     old_size = _requested_size(old_size, "old_size", minimum=1)
     if leaf_index is not None:
@@ -126,7 +129,7 @@ def build_proof(log: AuditLog, old_size: int, *, leaf_index: int | None = None) 
                 f"the log has no entry at leaf_index {leaf_index}: its tables are incomplete"
             )
         inclusion = {
-            "entry": stored.entry,
+            "entry": _stored_entry(stored),
             "hashes": [b64encode(h) for h in log.inclusion_proof(leaf_index, size)],
             "leaf_index": leaf_index,
         }
@@ -143,6 +146,29 @@ def build_proof(log: AuditLog, old_size: int, *, leaf_index: int | None = None) 
         "origin": log.origin,
         "tree_size": size,
     }
+
+
+def _stored_entry(stored: StoredEntry) -> dict[str, Any]:
+    """The entry of a row, if its text is one the log could have stored and its leaf hash
+    is that text's; else VerificationError (the tables were altered behind the log's back).
+
+    Served otherwise, a float would surface as the caller's input error when the document
+    is canonicalised, and another spelling, a duplicate key or a field outside the
+    allowlist as a proof the offline verifier blames on the proof.
+    """
+    where = f"the log's entry at leaf_index {stored.leaf_index}"
+    entry = strict_json(stored.entry_json, where)
+    if not isinstance(entry, dict):
+        raise VerificationError(f"{where} is not a JSON object")
+    try:
+        entry_bytes = stored_entry_bytes(entry)
+    except AuditEntryError as exc:
+        raise VerificationError(f"{where} is not one the log could have stored: {exc}") from None
+    if entry_bytes != stored.entry_json.encode("utf-8"):
+        raise VerificationError(f"{where} is not stored in canonical form: its row was altered")
+    if leaf_hash(entry_bytes) != stored.leaf_hash:
+        raise VerificationError(f"{where} does not match its stored leaf hash: its row was altered")
+    return entry
 
 
 def proof_bytes(document: Mapping[str, Any]) -> bytes:

@@ -8,7 +8,9 @@ latency goals. PyTorch's dynamic int8 quantization of the Linear layers is the u
 cut that. This measures, per installed model and quantization variant, on the SPEC's
 PrefEval data read in place:
 
-- the query embedding's p50 in ms (one thread, one question at a time, as a slice embeds);
+- the query embedding's p50 in ms (one thread, one question at a time, as a slice embeds;
+  the variants take turns on every question, so load that varies during the run falls on
+  all of them alike);
 - the cosine of each quantized question vector to the float32 one (mean and minimum);
 - top-5 hit rate of the user's own preference among it plus 50 distractors from other
   topics, and top-3 among it plus 200 (``random.Random(7)``), question vectors from the
@@ -152,14 +154,27 @@ def calibration_texts(data_root: Path, n: int = 300) -> list[str]:
     return turns[:n]
 
 
-def _p50_ms(embedder: SentenceEmbedder, questions: Sequence[str]) -> float:
-    embedder.embed([questions[0]])  # warm
-    times = []
-    for q in questions:
-        start = time.perf_counter()
-        embedder.embed([q])
-        times.append((time.perf_counter() - start) * 1000)
-    return round(statistics.median(times), 1)
+def interleaved_p50_ms(
+    embedder: Any, models: dict[str, Any], questions: Sequence[str]
+) -> dict[str, float]:
+    """Each variant's median ms to embed one question, the variants taking turns on every
+    question (in a rotating order) so that load coming and going during the run falls on
+    all of them alike; timed one after the other, the first (float32) took the run's
+    heaviest load (decision 0083). The first model of ``models`` is put back after."""
+    names = list(models)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for name in names:  # warm each
+        embedder._model = models[name]
+        embedder.embed([questions[0]])
+    for i, q in enumerate(questions):
+        turn = i % len(names)
+        for name in names[turn:] + names[:turn]:
+            embedder._model = models[name]
+            start = time.perf_counter()
+            embedder.embed([q])
+            times[name].append((time.perf_counter() - start) * 1000)
+    embedder._model = models[names[0]]
+    return {name: round(statistics.median(t), 1) for name, t in times.items()}
 
 
 def _top_rate(
@@ -194,12 +209,13 @@ def measure(
     fp32_p = embedder.embed(prefs)
     maxima = input_maxima(fp32_model, lambda: embedder.embed(calibration_texts(data)))
     rows = []
+    models: dict[str, Any] = {"fp32": fp32_model}  # timed together at the end
     for name, build in _variants(fp32_model, maxima).items():
         if only and name not in only:
             continue
         with warnings.catch_warnings():  # PyTorch's deprecation notice for torch.ao
             warnings.simplefilter("ignore")
-            embedder._model = build()
+            embedder._model = models[name] = build()
         q = embedder.embed(questions)
         p = embedder.embed(prefs)
         cos = (q * fp32_q).sum(axis=1)
@@ -207,7 +223,6 @@ def measure(
             {
                 "model": model_key,
                 "variant": name,
-                "query_p50_ms": _p50_ms(embedder, questions[:n_queries]),
                 "cos_to_fp32_mean": round(float(cos.mean()), 4),
                 "cos_to_fp32_min": round(float(cos.min()), 4),
                 "top5_n50_fp32_docs": _top_rate(q, fp32_p, users, 5),
@@ -216,7 +231,10 @@ def measure(
                 "top3_n200_own_docs": _top_rate(q, p, users_200, 3),
             }
         )
-        print(json.dumps(rows[-1]), flush=True)
+    p50 = interleaved_p50_ms(embedder, models, questions[:n_queries])
+    for row in rows:
+        row["query_p50_ms"] = p50[str(row["variant"])]
+        print(json.dumps(row), flush=True)
     embedder._model = fp32_model
     return rows
 

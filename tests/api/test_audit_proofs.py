@@ -396,3 +396,57 @@ def test_the_sdk_fetches_the_proof_file_over_http_and_embedded(
         check(embedded.audit_proof(old_size, leaf_index=old_size - 1))
     finally:
         embedded.close()
+
+
+def test_a_stored_entry_holding_a_float_is_an_integrity_error_not_the_callers(
+    http: httpx.Client, apps: Apps, kernel: Uprof
+) -> None:
+    """An entry row rewritten behind the log's back to hold a float: the proof of that entry
+    is refused as the log's own integrity failure (500, the row named), not as the caller's
+    input (422), and no ``audit.proof_served`` is recorded for a proof never served."""
+    grant(http, apps.planner)
+    _activity(http, apps, lines=1)
+    leaf = 1
+    engine = kernel.audit_log._engine
+    with engine.connect() as conn:
+        text = conn.exec_driver_sql(
+            f"SELECT entry_json FROM audit_entries WHERE leaf_index = {leaf}"
+        ).scalar_one()
+    entry = json.loads(text)
+    entry["counts"] = {"items": 1.5}
+    _tamper(engine, {leaf: json.dumps(entry, sort_keys=True)}, rehash_tree=True)
+    refused = http.post(
+        "/v1/audit/proof",
+        headers=bearer(apps.planner_operator),
+        json={"old_size": 1, "leaf_index": leaf},
+    )
+    assert refused.status_code == 500, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "internal" and error["fields"] == []
+    assert f"leaf_index {leaf}" in error["message"]
+    assert not list(kernel.audit_entries(action="audit.proof_served"))
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_a_checkpoint_larger_than_the_log_shows_it_rolled_back_not_a_bad_input(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """A deployment put back from an older copy of its data folder (same key) is shown a
+    checkpoint its own key signed when the log was longer: that is the log rolled back,
+    which `prove --from` must say (exit 1), not refuse as a caller's bad --old-size
+    (exit 2, "beyond the log", on 6e366f0). (SQLite: the copy is a copy of the folder.)"""
+    run = cli_for(backend)
+    run("apps", "create", "app:a0")
+    older = tmp_path / "older"
+    shutil.copytree(backend.data_dir / "data", older / "data")
+    shutil.copytree(backend.data_dir / "data.keys", older / "data.keys")
+    for n in range(1, 4):
+        run("apps", "create", f"app:a{n}")
+    held = tmp_path / "held.note"
+    run("audit", "checkpoint", "--out", str(held))
+    size = int(held.read_text().split("\n")[1])
+    out = cli_for(backend, older / "data")(
+        "audit", "prove", "--from", str(held), "--out", str(tmp_path / "p.json"), code=1
+    )
+    assert "does not extend" in out and f"{size}" in out and "rolled back" in out, out
+    assert not (tmp_path / "p.json").exists()

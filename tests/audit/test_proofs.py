@@ -594,3 +594,40 @@ def test_a_missing_entry_row_is_reported_not_replaced_by_its_neighbour(
     with pytest.raises(VerificationError, match="no entry at leaf_index 6"):
         build_proof(reopened, 3, leaf_index=6)
     build_proof(reopened, 3, leaf_index=10)  # entries whose proofs do not need it still are
+
+
+def _stored_text(log: AuditLog, leaf: int) -> dict[str, Any]:
+    return dict(json.loads(next(iter(log.entries(after_leaf=leaf - 1, page_size=1))).entry_json))
+
+
+@pytest.mark.parametrize(
+    "rewrite",
+    [
+        pytest.param(
+            lambda e: json.dumps({**e, "counts": {"items": 1.5}}, sort_keys=True), id="float"
+        ),
+        pytest.param(lambda e: json.dumps(e, sort_keys=True), id="not-canonical"),
+        pytest.param(
+            lambda e: canonical_bytes(e).decode()[:-1] + ',"action":"forged"}', id="duplicate-key"
+        ),
+        pytest.param(
+            lambda e: canonical_bytes({**e, "subject_name": "Alice"}).decode(), id="not-an-entry"
+        ),
+    ],
+)
+def test_a_stored_entry_the_log_could_not_have_written_is_an_integrity_error(
+    log: AuditLog, engine: sa.Engine, signing_key: Ed25519PrivateKey, rewrite: Any
+) -> None:
+    """An entry row rewritten behind the log's back into a text the log never stores (a
+    float, another spelling, a duplicate key, a field outside the allowlist): the server
+    reports its own tables as altered (VerificationError), not the caller's input as wrong
+    (a float used to surface as an InvalidInputError, REST 422, from canonicalising the
+    document after it was built), and serves nothing a verifier would blame on the proof."""
+    fill(log, 12)
+    _tamper(engine, {5: rewrite(_stored_text(log, 5))}, rehash_tree=True)
+    reopened = _reopened(engine, signing_key)
+    with pytest.raises(VerificationError, match="leaf_index 5") as caught:
+        proof_bytes(build_proof(reopened, 3, leaf_index=5))
+    assert not isinstance(caught.value, InvalidInputError)
+    other = build_proof(reopened, 12, leaf_index=6)  # the other rows are still served
+    verify_proof(other, log.public_key, ORIGIN, trusted=other["checkpoint"])

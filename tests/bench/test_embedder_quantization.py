@@ -68,3 +68,33 @@ def test_smoothing_keeps_the_float_output_and_adds_its_variants() -> None:
         variants = {name: build() for name, build in _variants(model, maxima).items()}
     assert {"int8-smooth-0.7", "int8-smooth-0.85"} <= set(variants)
     assert "int8-smooth-0.85" not in _variants(model)
+
+
+class _RecordingEmbedder:
+    """Stands in for SentenceEmbedder: records which model embedded each text."""
+
+    def __init__(self) -> None:
+        self._model: str = ""
+        self.calls: list[tuple[str, str]] = []
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        self.calls.extend((self._model, text) for text in texts)
+        return np.zeros((len(texts), 2), dtype=np.float32)
+
+
+def test_variants_are_timed_in_turn_on_every_question() -> None:
+    """Timing each variant in a block of its own (float32 first) let load that came and
+    went during the run fall on one variant: decision 0083's loaded run had float32
+    MiniLM at 33.5 ms against 12.4 ms quiet, int8 per-tensor at 6.8 against 5.1, so its
+    ratios favoured int8 (0.20 loaded, 0.41 quiet). The variants now take turns on every
+    question, in a rotating order, so a burst of load falls on all of them alike."""
+    from benchmarks.embedder_quantization import interleaved_p50_ms
+
+    embedder = _RecordingEmbedder()
+    questions = ["q0", "q1", "q2", "q3"]
+    p50 = interleaved_p50_ms(embedder, {"fp32": "A", "int8": "B", "smooth": "C"}, questions)
+    assert set(p50) == {"fp32", "int8", "smooth"}
+    timed = embedder.calls[3:]  # after one warm-up call per variant
+    assert [text for _, text in timed] == [q for q in questions for _ in range(3)]
+    assert [model for model, _ in timed] == list("ABCBCACABABC")
+    assert embedder._model == "A"  # the float32 model is put back

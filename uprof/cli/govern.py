@@ -395,12 +395,24 @@ def audit_prove(
                     note = check_against = held
                 pinned = load_pinned_key(key["public_key_pem"])
                 old_size = verify_checkpoint(note, pinned, key["origin"]).tree_size
+                now = verify_checkpoint(key["checkpoint"], pinned, key["origin"]).tree_size
             except VerificationError as e:
                 err_console.print(
                     f"[bold red]--from is not a checkpoint of this log:[/] {shown(e)}",
                     highlight=False,
                 )
                 raise typer.Exit(1) from None
+            if old_size > now:
+                # This key signed a longer log than this one: not a bad size, the log
+                # shrank (a log only grows), which is what --from is asked to detect.
+                err_console.print(
+                    f"[bold red]this log does not extend {shown(from_file)}:[/] it holds "
+                    f"{now} entries, fewer than the {old_size} of that checkpoint, which "
+                    "its key signed: the log was rolled back (put back from an older "
+                    "copy) or forked",
+                    highlight=False,
+                )
+                raise typer.Exit(1)
         assert old_size is not None
         document = d.prove_audit(old_size, leaf_index=leaf_index)
         out.write_bytes(proof_bytes(document))

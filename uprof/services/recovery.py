@@ -27,6 +27,7 @@ from uuid import UUID
 
 import sqlalchemy as sa
 
+from audit.tables import audit_entries
 from projections.profile import tables as t
 from uprof.backends import backend_for
 from uprof.crypto.keydir import KeyMaterialError
@@ -191,6 +192,13 @@ def reapply_ledger(kernel: Any, *, rebuild_if_stale: bool = True) -> LedgerReapp
     return report
 
 
+#: Audit actions around a rebuild of views found ahead of the log: the second is written
+#: once the erasures and withdrawals are applied again, so a start that finds the first
+#: without a later second (a start killed in between) does it all again.
+AHEAD_REBUILD_STARTED = "views.ahead_of_log"
+AHEAD_REBUILD_SETTLED = "views.ahead_of_log.settled"
+
+
 def rebuild_views_ahead_of_log(kernel: Any) -> bool:
     """Rebuild the views when they claim a log position the log has not reached.
 
@@ -198,27 +206,129 @@ def rebuild_views_ahead_of_log(kernel: Any) -> bool:
     are two files) can hold views copied after their log: items whose captured events the
     log lacks, and a projection position past the log's head, so the projection would
     skip every event captured from then on until the log caught up. The log is the
-    record: the views are rebuilt from it, and the idempotency answers kept beside them
-    are forgotten. The position is read before the head, so a process projecting
-    meanwhile never makes a sound store look ahead."""
+    record: the views are rebuilt from it, the idempotency answers kept beside them
+    are forgotten, and the erasure ledger and the audit log's consent withdrawals are
+    applied again to the rebuilt views (the log lacks the erasures and withdrawals made
+    after it was copied: erased items and withdrawn consents came back). The position
+    is read before the head, so a process projecting meanwhile never makes a sound
+    store look ahead.
+
+    A start killed on the way leaves views no longer ahead (reset, or rebuilt): the audit
+    log's ``views.ahead_of_log`` entry without a later ``views.ahead_of_log.settled``
+    makes the next start do it all again (one indexed read of each per start)."""
     position = kernel.projections.highest_position
     head = kernel.app.max_notification_id()
-    if position <= head:
+    ahead = position > head
+    if not ahead and not _ahead_rebuild_unsettled(kernel):
         return False
-    _log.warning(
-        "the views are ahead of the event log (projected to %d, the log ends at %d): a "
-        "data folder copied while it was written? rebuilding the views from the log",
-        position,
-        head,
-    )
+    if ahead:
+        _log.warning(
+            "the views are ahead of the event log (projected to %d, the log ends at %d): a "
+            "data folder copied while it was written? rebuilding the views from the log",
+            position,
+            head,
+        )
+        kernel.audit.record(AHEAD_REBUILD_STARTED, counts={"position": position, "head": head})
+    else:
+        _log.warning(
+            "a start that rebuilt views found ahead of the event log did not finish: "
+            "rebuilding them again and re-applying erasures and consent withdrawals"
+        )
     if kernel.idempotency is not None:
         # Answers stored beside the views may be to writes this log lacks (see
-        # IdempotencyStore.forget_answers); the streams keep what the log holds. Before
-        # the rebuild: a start killed between the two finds the views still ahead and
-        # does both again, while one killed after a rebuild would find nothing to do.
+        # IdempotencyStore.forget_answers); the streams keep what the log holds.
         forgotten = kernel.idempotency.forget_answers()
         _log.warning("forgot %d idempotency keys stored beside the views", forgotten)
     kernel.rebuild()
+    # The ledger was re-applied to the views that were ahead, which no longer listed
+    # what was erased after the log was copied; the log lacks those erasures, so the
+    # rebuild brought the items back. Re-applied to the rebuilt views, it erases them
+    # again; the audit log's withdrawals likewise.
+    reapply_ledger(kernel)
+    withdraw_again(kernel)
+    kernel.audit.record(AHEAD_REBUILD_SETTLED)
+    return True
+
+
+def _ahead_rebuild_unsettled(kernel: Any) -> bool:
+    """True when the audit log's last ``views.ahead_of_log`` has no settled entry after it."""
+    with kernel.views_engine.connect() as conn:
+        last = {
+            action: conn.execute(
+                sa.select(sa.func.max(audit_entries.c.leaf_index)).where(
+                    audit_entries.c.action == action
+                )
+            ).scalar()
+            for action in (AHEAD_REBUILD_STARTED, AHEAD_REBUILD_SETTLED)
+        }
+    started, settled = last[AHEAD_REBUILD_STARTED], last[AHEAD_REBUILD_SETTLED]
+    return started is not None and (settled is None or settled < started)
+
+
+#: The reason code of a withdrawal the start wrote again (``withdraw_again``).
+WITHDRAWAL_REAPPLIED = "withdrawal-reapplied"
+
+
+def withdraw_again(kernel: Any) -> int:
+    """Withdraw again the consents the audit log records as withdrawn and the views
+    show in force; returns how many.
+
+    The audit log sits beside the views: in a data folder copied log first, it records
+    withdrawals made after the log was copied, which the rebuilt views (from that log)
+    show in force. Each is written again into its subject's stream, at the time the
+    audit log recorded, and audited (``consent.withdrawn``, reason
+    ``withdrawal-reapplied``). Subjects erased since are left alone: nothing is
+    collected for them. Erasure requested with a withdrawal is the ledger's to redo.
+    """
+    entries: dict[str, dict[str, Any]] = {}
+    for stored in kernel.audit_log.entries(action="consent.withdrawn"):
+        entry = stored.entry
+        if isinstance(entry.get("consent_id"), str):
+            entries.setdefault(entry["consent_id"], entry)
+    if not entries:
+        return 0
+    with kernel.views_engine.connect() as conn:
+        rows = _select_in(
+            conn,
+            t.consents.name,
+            "consent_id",
+            sorted(entries),
+            "consent_id, stream_id, withdrawn_at",
+        )
+    ledger = kernel.keystore.ledger
+    erased = set(ledger.state().streams) if ledger is not None else set()
+    again = 0
+    for row in sorted(rows, key=lambda r: r.consent_id):
+        if row.withdrawn_at is not None or row.stream_id in erased:
+            continue
+        entry = entries[row.consent_id]
+        at = datetime.fromisoformat(entry["recorded_at"])
+        written = kernel.app.with_retry(
+            functools.partial(_withdraw, kernel.app, UUID(row.stream_id), row.consent_id, at)
+        )
+        if written:
+            kernel.audit.record(
+                "consent.withdrawn",
+                subject_ref=entry.get("subject_ref"),
+                consent_id=row.consent_id,
+                reason_code=WITHDRAWAL_REAPPLIED,
+            )
+            again += 1
+    if again:
+        _log.warning(
+            "%d consents the audit log records as withdrawn were in force in the log "
+            "(a data folder copied log first?): withdrawn again",
+            again,
+        )
+    return again
+
+
+def _withdraw(app: Any, stream: UUID, consent_id: str, at: datetime) -> bool:
+    profile = app.load(stream)
+    if profile.erased or consent_id not in profile.consents:
+        return False
+    profile.withdraw_consent(consent_id=consent_id, withdrawn_at=at)
+    app.save(profile)
     return True
 
 
