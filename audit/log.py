@@ -19,6 +19,7 @@ that refuse them (``audit.tables.AuditBackend.append_only_ddl``).
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -84,6 +85,25 @@ class StoredEntry:
     def entry(self) -> dict[str, Any]:
         parsed: dict[str, Any] = json.loads(self.entry_json)
         return parsed
+
+
+@dataclass(frozen=True)
+class TenantScope:
+    """Which entries one tenant's reader sees: those naming ``tenant``, and those naming no
+    tenant (written before entries named one) at leaf indexes below ``untagged_below``.
+
+    ``AuditLog.tenant_scope`` sets ``untagged_below`` to the log's size when every entry
+    that names a tenant names this one (the stores hold one tenant), else to 0: where
+    several tenants share the log, an entry that names none is nobody's to read."""
+
+    tenant: str
+    untagged_below: int = 0
+
+    def admits(self, stored: StoredEntry) -> bool:
+        named = stored.entry.get("tenant")
+        if named is None:
+            return stored.leaf_index < self.untagged_below
+        return bool(named == self.tenant)
 
 
 @dataclass(frozen=True)
@@ -250,6 +270,11 @@ class AuditLog:
         #: (tree size, frontier node hashes) after this instance's last committed append;
         #: reused when the stored size still matches, so an append needs no node reads.
         self._frontier: tuple[int, list[bytes]] | None = None
+        #: The tenants named by the entries below ``_tenants_upto`` (``tenant_scope``): the
+        #: log is append-only, so each process reads each entry for this once.
+        self._tenants: set[str] = set()
+        self._tenants_upto = 0
+        self._tenants_lock = threading.Lock()
 
     # --- identity -------------------------------------------------------------------------
 
@@ -478,11 +503,14 @@ class AuditLog:
         tree_size: int | None = None,
         after_leaf: int = -1,
         page_size: int = _PAGE,
+        scope: TenantScope | None = None,
     ) -> Iterator[StoredEntry]:
         """Yield stored entries in leaf order, filtered; ``since`` inclusive, ``until`` exclusive.
 
         ``tree_size`` limits the scan to the first ``tree_size`` leaves (an export's checkpoint);
-        ``after_leaf`` starts it after that leaf index (a page's keyset position).
+        ``after_leaf`` starts it after that leaf index (a page's keyset position); ``scope``
+        keeps only the entries a tenant's reader sees (``tenant_scope``), read in growing
+        pages so that a tenant with few of the log's entries costs few queries.
         Pages through the table by leaf index, so a long scan holds no connection between pages.
         """
         conditions = []
@@ -516,12 +544,43 @@ class AuditLog:
             with self._engine.connect() as conn:
                 rows = conn.execute(query).all()
             for row in rows:
-                yield StoredEntry(
+                stored = StoredEntry(
                     row.leaf_index, row.recorded_at, row.entry_json, bytes(row.leaf_hash)
                 )
+                if scope is None or scope.admits(stored):
+                    yield stored
             if len(rows) < page_size:
                 return
             after = rows[-1].leaf_index
+            if scope is not None:
+                page_size = min(page_size * 2, _PAGE)
+
+    def tenant_scope(self, tenant: str) -> TenantScope:
+        """The entries ``tenant``'s readers see (``TenantScope``): its own, plus the entries
+        naming no tenant when no entry of the log names another tenant.
+
+        Reads the entries appended since this instance last looked (all of them, the first
+        time), and none once another tenant has been seen: that never changes."""
+        with self._tenants_lock:
+            while not self._tenants - {tenant}:
+                query = (
+                    sa.select(audit_entries.c.leaf_index, audit_entries.c.entry_json)
+                    .where(audit_entries.c.leaf_index >= self._tenants_upto)
+                    .order_by(audit_entries.c.leaf_index)
+                    .limit(_PAGE)
+                )
+                with self._engine.connect() as conn:
+                    rows = conn.execute(query).all()
+                for row in rows:
+                    named = json.loads(row.entry_json).get("tenant")
+                    if named is not None:
+                        self._tenants.add(str(named))
+                if rows:
+                    self._tenants_upto = rows[-1].leaf_index + 1
+                if len(rows) < _PAGE:
+                    break
+            alone = not self._tenants - {tenant}
+            return TenantScope(tenant, self._tenants_upto if alone else 0)
 
     def verify_integrity(self) -> int:
         """Recompute the whole log from ``entry_json`` and check every stored hash and checkpoint.

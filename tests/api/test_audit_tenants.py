@@ -158,8 +158,6 @@ def test_an_auditor_of_another_tenant_reads_none_of_its_entries(
     assert checked.ok, checked
     # A proof of one of A's entries is refused as a missing one is: same status, same shape.
     assert b_proof.status_code == beyond.status_code == 422, b_proof.text
-    refused, missing = b_proof.json()["error"], beyond.json()["error"]
-    assert refused["fields"] == missing["fields"]
-    assert refused["message"].replace(str(leaf), "N") == missing["message"].replace(
-        str(10**9), "N"
-    )
+    refused = json.dumps(b_proof.json()).replace(f"leaf_index {leaf} ", "leaf_index N ")
+    missing = json.dumps(beyond.json()).replace(f"leaf_index {10**9} ", "leaf_index N ")
+    assert refused == missing
