@@ -499,7 +499,9 @@ class Uprof:
         self.reads.drain()
         # The entry at ``leaf_index`` only if it is this tenant's, else the answer for an
         # index beyond the log (the consistency proof itself is hashes only).
-        scope = self.audit_log.tenant_scope(self.settings.tenant) if leaf_index is not None else None
+        scope = None
+        if leaf_index is not None:
+            scope = self.audit_log.tenant_scope(self.settings.tenant)
         document = build_proof(self.audit_log, old_size, leaf_index=leaf_index, scope=scope)
         counts = {"old_size": document["consistency"]["old_size"]}
         if leaf_index is not None:

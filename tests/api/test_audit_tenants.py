@@ -38,13 +38,9 @@ def _seed_for(tenant: str, tmp: Path) -> Path:
 
 
 @pytest.fixture
-def other(
-    settings: Settings, kernel: Uprof, tmp_path: Path
-) -> Iterator[tuple[Uprof, ApiKeyStore]]:
+def other(settings: Settings, kernel: Uprof, tmp_path: Path) -> Iterator[tuple[Uprof, ApiKeyStore]]:
     """A second tenant on the same stores, with the seed policy as its own."""
-    there = settings.model_copy(
-        update={"tenant": OTHER, "policy_path": _seed_for(OTHER, tmp_path)}
-    )
+    there = settings.model_copy(update={"tenant": OTHER, "policy_path": _seed_for(OTHER, tmp_path)})
     other_kernel = build_kernel(there)
     other_keys = ApiKeyStore.open(there)
     try:
