@@ -59,6 +59,8 @@ _INSERT_ENTRIES = audit_entries.insert()
 _INSERT_NODES = audit_nodes.insert()
 _FETCH_CHUNK = 400
 _PAGE = 1000
+#: How an entry's canonical JSON names its tenant (``AuditLog.tenant_scope``).
+_TENANT_MEMBER = '"tenant":"'
 
 NodeKey = tuple[int, int]
 _T = TypeVar("_T")
@@ -270,10 +272,9 @@ class AuditLog:
         #: (tree size, frontier node hashes) after this instance's last committed append;
         #: reused when the stored size still matches, so an append needs no node reads.
         self._frontier: tuple[int, list[bytes]] | None = None
-        #: The tenants named by the entries below ``_tenants_upto`` (``tenant_scope``): the
-        #: log is append-only, so each process reads each entry for this once.
-        self._tenants: set[str] = set()
-        self._tenants_upto = 0
+        #: ``tenant_scope``'s answers so far: each process asks about each entry once.
+        #: tenant -> (entries checked, whether none of them names another tenant)
+        self._tenants_seen: dict[str, tuple[int, bool]] = {}
         self._tenants_lock = threading.Lock()
 
     # --- identity -------------------------------------------------------------------------
@@ -509,8 +510,7 @@ class AuditLog:
 
         ``tree_size`` limits the scan to the first ``tree_size`` leaves (an export's checkpoint);
         ``after_leaf`` starts it after that leaf index (a page's keyset position); ``scope``
-        keeps only the entries a tenant's reader sees (``tenant_scope``), read in growing
-        pages so that a tenant with few of the log's entries costs few queries.
+        keeps only the entries a tenant's reader sees (``tenant_scope``), in the query.
         Pages through the table by leaf index, so a long scan holds no connection between pages.
         """
         conditions = []
@@ -526,6 +526,8 @@ class AuditLog:
             conditions.append(audit_entries.c.recorded_at < normalise_timestamp(until, "until"))
         if tree_size is not None:
             conditions.append(audit_entries.c.leaf_index < tree_size)
+        if scope is not None:
+            conditions.append(self._in_scope(scope))
         columns = (
             audit_entries.c.leaf_index,
             audit_entries.c.recorded_at,
@@ -544,43 +546,62 @@ class AuditLog:
             with self._engine.connect() as conn:
                 rows = conn.execute(query).all()
             for row in rows:
-                stored = StoredEntry(
+                yield StoredEntry(
                     row.leaf_index, row.recorded_at, row.entry_json, bytes(row.leaf_hash)
                 )
-                if scope is None or scope.admits(stored):
-                    yield stored
             if len(rows) < page_size:
                 return
             after = rows[-1].leaf_index
-            if scope is not None:
-                page_size = min(page_size * 2, _PAGE)
 
     def tenant_scope(self, tenant: str) -> TenantScope:
         """The entries ``tenant``'s readers see (``TenantScope``): its own, plus the entries
         naming no tenant when no entry of the log names another tenant.
 
-        Reads the entries appended since this instance last looked (all of them, the first
-        time), and none once another tenant has been seen: that never changes."""
+        Asks the database whether an entry appended since this instance last asked names
+        another tenant (all of them, the first time; never again once one did: the log is
+        append-only). In an entry the log stores (allowlisted, canonical), the text
+        ``"tenant":"`` occurs only as its ``tenant`` member, whose token value holds no
+        quote, so a case-sensitive substring test of ``"tenant":"T"`` is exact."""
         with self._tenants_lock:
-            while not self._tenants - {tenant}:
-                query = (
-                    sa.select(audit_entries.c.leaf_index, audit_entries.c.entry_json)
-                    .where(audit_entries.c.leaf_index >= self._tenants_upto)
-                    .order_by(audit_entries.c.leaf_index)
-                    .limit(_PAGE)
-                )
+            upto, alone = self._tenants_seen.get(tenant, (0, True))
+            if alone:
                 with self._engine.connect() as conn:
-                    rows = conn.execute(query).all()
-                for row in rows:
-                    named = json.loads(row.entry_json).get("tenant")
-                    if named is not None:
-                        self._tenants.add(str(named))
-                if rows:
-                    self._tenants_upto = rows[-1].leaf_index + 1
-                if len(rows) < _PAGE:
-                    break
-            alone = not self._tenants - {tenant}
-            return TenantScope(tenant, self._tenants_upto if alone else 0)
+                    size = self._size(conn)  # every entry below it is committed
+                    if size > upto:
+                        alone = conn.execute(self._other_tenant(tenant, upto, size)).first() is None
+                        upto = size
+                self._tenants_seen[tenant] = (upto, alone)
+            return TenantScope(tenant, upto if alone else 0)
+
+    def _position(self, needle: str) -> sa.ColumnElement[int]:
+        """Where ``needle`` starts in an entry's JSON (1-based; 0: absent). instr/strpos:
+        case-sensitive and without wildcards, which LIKE is not on SQLite."""
+        fn = sa.func.strpos if self._engine.dialect.name == "postgresql" else sa.func.instr
+        result: sa.ColumnElement[int] = fn(audit_entries.c.entry_json, needle)
+        return result
+
+    def _other_tenant(self, tenant: str, start: int, stop: int) -> sa.Select[Any]:
+        """An entry in ``[start, stop)`` that names a tenant other than ``tenant``."""
+        return (
+            sa.select(audit_entries.c.leaf_index)
+            .where(
+                audit_entries.c.leaf_index >= start,
+                audit_entries.c.leaf_index < stop,
+                self._position(_TENANT_MEMBER) > 0,
+                self._position(f'{_TENANT_MEMBER}{tenant}"') == 0,
+            )
+            .limit(1)
+        )
+
+    def _in_scope(self, scope: TenantScope) -> sa.ColumnElement[bool]:
+        """``scope.admits`` as a condition of the query (the text test of ``tenant_scope``)."""
+        return sa.or_(
+            self._position(f'{_TENANT_MEMBER}{scope.tenant}"') > 0,
+            sa.and_(
+                self._position(_TENANT_MEMBER) == 0,
+                audit_entries.c.leaf_index < scope.untagged_below,
+            ),
+        )
 
     def verify_integrity(self) -> int:
         """Recompute the whole log from ``entry_json`` and check every stored hash and checkpoint.

@@ -134,3 +134,14 @@ def test_receipts_name_their_tenant_and_old_receipts_still_verify(
     for held in (receipt, old):
         document = build_proof(log, 1, leaf_index=held["inclusion"]["leaf_index"])
         assert document["inclusion"]["entry"]["action"] == receipts.RECEIPT_ACTION
+
+
+@pytest.mark.parametrize(("mine", "theirs"), [("acme", "ACME"), ("a_c", "abc"), ("ac", "acme")])
+def test_a_tenant_whose_name_is_close_to_mine_is_another_tenant(
+    log: AuditLog, mine: str, theirs: str
+) -> None:
+    """The single-tenant test compares names exactly: not case-folded, no wildcards, no
+    prefixes (an entry of ``theirs`` makes the untagged entries nobody's)."""
+    log.append_many([_entry(0, None), _entry(1, mine), _entry(2, theirs)])
+    assert log.tenant_scope(mine) == TenantScope(mine, 0)
+    assert [e.leaf_index for e in log.entries(scope=log.tenant_scope(mine))] == [1]
