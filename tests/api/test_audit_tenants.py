@@ -136,6 +136,8 @@ def test_an_auditor_of_another_tenant_reads_none_of_its_entries(
     assert {"erasure.requested", "erasure.receipt"} <= {e["action"] for e in a_seen}
     assert receipt["body"]["receipt_id"] in a_receipts
     assert receipt["body"]["receipt_id"] in a_export
+    # The stores hold two tenants: A's export too is filtered on its tenant.
+    assert json.loads(a_export.splitlines()[0])["filter"] == {"tenant": "default"}
     assert a_proof.status_code == 200, a_proof.text
     # B's: nothing of A's, on every path.
     assert b_seen and _tenants(b_seen) == {OTHER}, _tenants(b_seen)
