@@ -19,7 +19,7 @@ from audit import receipts
 from audit.errors import VerificationError
 from audit.export import export_jsonl, stream_export
 from audit.log import AuditLog, TenantScope
-from audit.proofs import build_proof
+from audit.proofs import build_proof, proof_bytes, verify_proof
 from audit.receipts import verify_receipt
 from audit.verify import verify_export
 from domain.errors import InvalidInputError
@@ -132,8 +132,10 @@ def test_receipts_name_their_tenant_and_old_receipts_still_verify(
             verify_receipt(altered, log.public_key, origin=ORIGIN)
     # A receipt's proof document checks the receipt's entry in either form.
     for held in (receipt, old):
-        document = build_proof(log, 1, leaf_index=held["inclusion"]["leaf_index"])
-        assert document["inclusion"]["entry"]["action"] == receipts.RECEIPT_ACTION
+        leaf = held["inclusion"]["leaf_index"]
+        document = build_proof(log, held["inclusion"]["tree_size"], leaf_index=leaf)
+        report = verify_proof(proof_bytes(document), log.public_key, ORIGIN, trusted=held)
+        assert report.leaf_index == leaf
 
 
 @pytest.mark.parametrize(("mine", "theirs"), [("acme", "ACME"), ("a_c", "abc"), ("ac", "acme")])
