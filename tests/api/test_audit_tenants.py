@@ -116,6 +116,14 @@ def test_an_auditor_of_another_tenant_reads_none_of_its_entries(
         a_export, b_export = _export(a, a_auditor), _export(b, b_auditor)
         leaf = receipt["inclusion"]["leaf_index"]
         size = receipt["inclusion"]["tree_size"]
+        with httpx.Client(base_url=a_live.url, timeout=60) as console:
+            console.post("/console/login", data={"api_key": a_auditor})
+            a_search = console.get("/console", params={"action": "erasure.requested"})
+        with httpx.Client(base_url=b_live.url, timeout=60) as console:
+            console.post("/console/login", data={"api_key": b_auditor})
+            b_search = console.get("/console", params={"action": "erasure.requested"})
+            b_console_receipts = console.get("/console/receipts")
+            b_console_export = console.get("/console/audit/export")
         a_proof = a.post(
             "/v1/audit/proof",
             headers=bearer(a_auditor),
@@ -148,6 +156,15 @@ def test_an_auditor_of_another_tenant_reads_none_of_its_entries(
     assert receipt["body"]["receipt_id"] not in b_export
     assert '"tenant":"default"' not in b_export, "B's export carries A's entries"
     assert b_exported and _tenants(b_exported) == {OTHER}
+    # The compliance console's search, receipts page and export: the same.
+    receipt_id = receipt["body"]["receipt_id"]
+    for answer in (b_search, b_console_receipts, b_console_export):
+        assert answer.status_code == 200, answer.text
+        assert receipt_id not in answer.text and '"tenant":"default"' not in answer.text
+    assert "<tr><td>" in a_search.text  # A's search finds A's erasure
+    assert "<tr><td>" not in b_search.text  # B's finds none: B erased nobody
+    assert b_console_export.text.startswith('{"checkpoint"')
+    assert json.loads(b_console_export.text.splitlines()[0])["filter"] == {"tenant": OTHER}
     # B's export is a tenant-filtered export, and it verifies.
     header = b_lines[0]
     assert header["filter"] == {"tenant": OTHER} and header["filtered"] is True
