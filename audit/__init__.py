@@ -18,7 +18,7 @@ from audit.keys import (
     note_key_id,
     public_key_pem,
 )
-from audit.log import AuditLog, AuditRecord, StoredCheckpoint, StoredEntry
+from audit.log import AuditLog, AuditRecord, StoredCheckpoint, StoredEntry, TenantScope
 from audit.proofs import ProofReport, build_proof, parse_proof, proof_bytes, verify_proof
 from audit.receipts import (
     issue_erasure_receipt,
@@ -42,6 +42,7 @@ __all__ = [
     "ProofReport",
     "StoredCheckpoint",
     "StoredEntry",
+    "TenantScope",
     "VerificationError",
     "VerificationReport",
     "build_proof",

@@ -28,7 +28,7 @@ from audit.export_format import (
     entry_line,
 )
 from audit.keys import note_key_id
-from audit.log import AuditLog, StoredEntry
+from audit.log import AuditLog, StoredEntry, TenantScope
 
 _PROOF_BATCH = 500
 
@@ -70,9 +70,24 @@ def _filter(
     return chosen
 
 
-def _rows(log: AuditLog, chosen: dict[str, str]) -> Generator[_Row, None, None]:
-    """Yield the header, the entry rows and the trailer (which carries the summary)."""
+def _rows(
+    log: AuditLog, chosen: dict[str, str], tenant: str | None = None
+) -> Generator[_Row, None, None]:
+    """Yield the header, the entry rows and the trailer (which carries the summary).
+
+    With ``tenant``, only what that tenant's readers see (``AuditLog.tenant_scope``): when
+    every entry up to the checkpoint is theirs (the stores hold one tenant) the export is
+    what it would be without; otherwise it is filtered on ``tenant``, a filter the
+    verifier checks entry by entry, and entries naming no tenant are left out."""
     checkpoint = log.checkpoint_record()
+    scope: TenantScope | None = None
+    if tenant is not None:
+        scope = log.tenant_scope(tenant)
+        if scope.untagged_below >= checkpoint.tree_size:
+            scope = None  # every entry of this tree is the tenant's
+        else:
+            chosen = {**chosen, "tenant": tenant}
+            scope = TenantScope(tenant, 0)
     header = {
         "checkpoint": checkpoint.note,
         "exported_at": log.now(),
@@ -98,6 +113,7 @@ def _rows(log: AuditLog, chosen: dict[str, str]) -> Generator[_Row, None, None]:
         since=chosen.get("since"),
         until=chosen.get("until"),
         tree_size=checkpoint.tree_size,
+        scope=scope,
     )
     while True:
         batch = [entry for _, entry in zip(range(_PROOF_BATCH), stream, strict=False)]
@@ -172,6 +188,7 @@ class ExportStream:
         *,
         as_csv: bool,
         on_close: Callable[[ExportSummary | None, int], None] | None = None,
+        tenant: str | None = None,
     ) -> None:
         self.as_csv = as_csv
         self.media_type = "text/csv" if as_csv else "application/x-ndjson"
@@ -180,7 +197,7 @@ class ExportStream:
         self._on_close = on_close
         self._sent = 0
         self._closed = False
-        self._rows = _rows(log, chosen)
+        self._rows = _rows(log, chosen, tenant)
         first = next(self._rows)  # the header: checkpoint signed and stored now
         #: The tree size every proof in this export is against (from the header).
         self.tree_size: int = json.loads(first.line)["tree_size"]
@@ -224,10 +241,12 @@ def stream_export(
     since: str | datetime | None = None,
     until: str | datetime | None = None,
     on_close: Callable[[ExportSummary | None, int], None] | None = None,
+    tenant: str | None = None,
 ) -> ExportStream:
-    """The same export as ``export_jsonl``/``export_csv``, as a stream of text records."""
+    """The same export as ``export_jsonl``/``export_csv``, as a stream of text records;
+    with ``tenant``, only that tenant's entries (``_rows``)."""
     chosen = _filter(subject_ref, app_id, action, since, until)
-    return ExportStream(log, chosen, as_csv=fmt == "csv", on_close=on_close)
+    return ExportStream(log, chosen, as_csv=fmt == "csv", on_close=on_close, tenant=tenant)
 
 
 def _export(

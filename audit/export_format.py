@@ -47,7 +47,7 @@ HEADER_KEYS = frozenset(
 )
 ENTRY_KEYS = frozenset({"entry", "inclusion", "kind", "leaf_index"})
 TRAILER_KEYS = frozenset({"entry_count", "export_sha256", "kind", "signature"})
-FILTER_KEYS = frozenset({"action", "app_id", "since", "subject_ref", "until"})
+FILTER_KEYS = frozenset({"action", "app_id", "since", "subject_ref", "tenant", "until"})
 
 CSV_COLUMNS = (
     "kind",

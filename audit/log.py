@@ -19,6 +19,7 @@ that refuse them (``audit.tables.AuditBackend.append_only_ddl``).
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -58,6 +59,8 @@ _INSERT_ENTRIES = audit_entries.insert()
 _INSERT_NODES = audit_nodes.insert()
 _FETCH_CHUNK = 400
 _PAGE = 1000
+#: How an entry's canonical JSON names its tenant (``AuditLog.tenant_scope``).
+_TENANT_MEMBER = '"tenant":"'
 
 NodeKey = tuple[int, int]
 _T = TypeVar("_T")
@@ -84,6 +87,25 @@ class StoredEntry:
     def entry(self) -> dict[str, Any]:
         parsed: dict[str, Any] = json.loads(self.entry_json)
         return parsed
+
+
+@dataclass(frozen=True)
+class TenantScope:
+    """Which entries one tenant's reader sees: those naming ``tenant``, and those naming no
+    tenant (written before entries named one) at leaf indexes below ``untagged_below``.
+
+    ``AuditLog.tenant_scope`` sets ``untagged_below`` to the log's size when every entry
+    that names a tenant names this one (the stores hold one tenant), else to 0: where
+    several tenants share the log, an entry that names none is nobody's to read."""
+
+    tenant: str
+    untagged_below: int = 0
+
+    def admits(self, stored: StoredEntry) -> bool:
+        named = stored.entry.get("tenant")
+        if named is None:
+            return stored.leaf_index < self.untagged_below
+        return bool(named == self.tenant)
 
 
 @dataclass(frozen=True)
@@ -250,6 +272,10 @@ class AuditLog:
         #: (tree size, frontier node hashes) after this instance's last committed append;
         #: reused when the stored size still matches, so an append needs no node reads.
         self._frontier: tuple[int, list[bytes]] | None = None
+        #: ``tenant_scope``'s answers so far: each process asks about each entry once.
+        #: tenant -> (entries checked, whether none of them names another tenant)
+        self._tenants_seen: dict[str, tuple[int, bool]] = {}
+        self._tenants_lock = threading.Lock()
 
     # --- identity -------------------------------------------------------------------------
 
@@ -478,11 +504,13 @@ class AuditLog:
         tree_size: int | None = None,
         after_leaf: int = -1,
         page_size: int = _PAGE,
+        scope: TenantScope | None = None,
     ) -> Iterator[StoredEntry]:
         """Yield stored entries in leaf order, filtered; ``since`` inclusive, ``until`` exclusive.
 
         ``tree_size`` limits the scan to the first ``tree_size`` leaves (an export's checkpoint);
-        ``after_leaf`` starts it after that leaf index (a page's keyset position).
+        ``after_leaf`` starts it after that leaf index (a page's keyset position); ``scope``
+        keeps only the entries a tenant's reader sees (``tenant_scope``), in the query.
         Pages through the table by leaf index, so a long scan holds no connection between pages.
         """
         conditions = []
@@ -498,6 +526,8 @@ class AuditLog:
             conditions.append(audit_entries.c.recorded_at < normalise_timestamp(until, "until"))
         if tree_size is not None:
             conditions.append(audit_entries.c.leaf_index < tree_size)
+        if scope is not None:
+            conditions.append(self._in_scope(scope))
         columns = (
             audit_entries.c.leaf_index,
             audit_entries.c.recorded_at,
@@ -522,6 +552,56 @@ class AuditLog:
             if len(rows) < page_size:
                 return
             after = rows[-1].leaf_index
+
+    def tenant_scope(self, tenant: str) -> TenantScope:
+        """The entries ``tenant``'s readers see (``TenantScope``): its own, plus the entries
+        naming no tenant when no entry of the log names another tenant.
+
+        Asks the database whether an entry appended since this instance last asked names
+        another tenant (all of them, the first time; never again once one did: the log is
+        append-only). In an entry the log stores (allowlisted, canonical), the text
+        ``"tenant":"`` occurs only as its ``tenant`` member, whose token value holds no
+        quote, so a case-sensitive substring test of ``"tenant":"T"`` is exact."""
+        with self._tenants_lock:
+            upto, alone = self._tenants_seen.get(tenant, (0, True))
+            if alone:
+                with self._engine.connect() as conn:
+                    size = self._size(conn)  # every entry below it is committed
+                    if size > upto:
+                        alone = conn.execute(self._other_tenant(tenant, upto, size)).first() is None
+                        upto = size
+                self._tenants_seen[tenant] = (upto, alone)
+            return TenantScope(tenant, upto if alone else 0)
+
+    def _position(self, needle: str) -> sa.ColumnElement[int]:
+        """Where ``needle`` starts in an entry's JSON (1-based; 0: absent). instr/strpos:
+        case-sensitive and without wildcards, which LIKE is not on SQLite."""
+        fn = sa.func.strpos if self._engine.dialect.name == "postgresql" else sa.func.instr
+        result: sa.ColumnElement[int] = fn(audit_entries.c.entry_json, needle)
+        return result
+
+    def _other_tenant(self, tenant: str, start: int, stop: int) -> sa.Select[Any]:
+        """An entry in ``[start, stop)`` that names a tenant other than ``tenant``."""
+        return (
+            sa.select(audit_entries.c.leaf_index)
+            .where(
+                audit_entries.c.leaf_index >= start,
+                audit_entries.c.leaf_index < stop,
+                self._position(_TENANT_MEMBER) > 0,
+                self._position(f'{_TENANT_MEMBER}{tenant}"') == 0,
+            )
+            .limit(1)
+        )
+
+    def _in_scope(self, scope: TenantScope) -> sa.ColumnElement[bool]:
+        """``scope.admits`` as a condition of the query (the text test of ``tenant_scope``)."""
+        return sa.or_(
+            self._position(f'{_TENANT_MEMBER}{scope.tenant}"') > 0,
+            sa.and_(
+                self._position(_TENANT_MEMBER) == 0,
+                audit_entries.c.leaf_index < scope.untagged_below,
+            ),
+        )
 
     def verify_integrity(self) -> int:
         """Recompute the whole log from ``entry_json`` and check every stored hash and checkpoint.

@@ -43,7 +43,7 @@ from audit.strict_json import strict_json
 from domain.errors import InvalidInputError
 
 if TYPE_CHECKING:
-    from audit.log import AuditLog, StoredEntry
+    from audit.log import AuditLog, StoredEntry, TenantScope
 
 PROOF_FORMAT = "uprof.audit-proof/v1"
 PROOF_KEYS = frozenset(
@@ -89,7 +89,22 @@ def _requested_size(value: Any, field: str, *, minimum: int) -> int:
     return int(value)
 
 
-def build_proof(log: AuditLog, old_size: int, *, leaf_index: int | None = None) -> dict[str, Any]:
+def _admitted(scope: TenantScope, stored: StoredEntry) -> bool:
+    """Whether the scope admits the entry; a row that is not JSON is left to
+    ``_stored_entry``, which reports it as the integrity failure it is."""
+    try:
+        return scope.admits(stored)
+    except (ValueError, AttributeError):
+        return True
+
+
+def build_proof(
+    log: AuditLog,
+    old_size: int,
+    *,
+    leaf_index: int | None = None,
+    scope: TenantScope | None = None,
+) -> dict[str, Any]:
     """Sign a fresh checkpoint and return the proof document from ``old_size`` up to it.
 
     ``old_size`` is the tree size of the checkpoint the reader holds (at least 1: every
@@ -103,6 +118,10 @@ def build_proof(log: AuditLog, old_size: int, *, leaf_index: int | None = None) 
     asked entry's row holds a text the log never stores (a float, another spelling, a
     duplicate key, a field outside the allowlist, a leaf hash not its own): an integrity
     failure of the log, never the caller's input error.
+
+    With ``scope`` (a tenant's reader, ``AuditLog.tenant_scope``), an entry the scope does
+    not admit is refused exactly as an index beyond the log is, one message for both: the
+    consistency proof reveals only hashes, the entry would reveal another tenant's doings.
     """
     old_size = _requested_size(old_size, "old_size", minimum=1)
     if leaf_index is not None:
@@ -115,11 +134,15 @@ def build_proof(log: AuditLog, old_size: int, *, leaf_index: int | None = None) 
         )
     inclusion = None
     if leaf_index is not None:
+        unseen = InvalidInputError(
+            f"leaf_index {leaf_index} is beyond the log, which holds {size} entries"
+            if scope is None
+            else f"leaf_index {leaf_index} names no entry of the log that this tenant may "
+            "read (beyond the log, or another tenant's)",
+            field="leaf_index",
+        )
         if leaf_index >= size:
-            raise InvalidInputError(
-                f"leaf_index {leaf_index} is beyond the log, which holds {size} entries",
-                field="leaf_index",
-            )
+            raise unseen
         stored = next(
             iter(log.entries(tree_size=size, after_leaf=leaf_index - 1, page_size=1)), None
         )
@@ -128,6 +151,8 @@ def build_proof(log: AuditLog, old_size: int, *, leaf_index: int | None = None) 
             raise VerificationError(
                 f"the log has no entry at leaf_index {leaf_index}: its tables are incomplete"
             )
+        if scope is not None and not _admitted(scope, stored):
+            raise unseen
         inclusion = {
             "entry": _stored_entry(stored),
             "hashes": [b64encode(h) for h in log.inclusion_proof(leaf_index, size)],
@@ -325,14 +350,15 @@ def _check_inclusion(
             f"proof inclusion.entry is not an entry the log could have stored: {exc}"
         ) from None
     if receipt is not None:
-        from audit.receipts import receipt_log_entry
+        from audit.receipts import receipt_log_entries
 
         if leaf_index != receipt["inclusion"]["leaf_index"]:
             raise VerificationError(
                 f"proof inclusion.leaf_index {leaf_index} is not the receipt's leaf "
                 f"{receipt['inclusion']['leaf_index']}"
             )
-        if entry_bytes != canonical_bytes(receipt_log_entry(receipt["body"])):
+        derived = receipt_log_entries(receipt["body"])
+        if entry_bytes not in [canonical_bytes(e) for e in derived]:
             raise VerificationError("proof inclusion.entry is not the receipt's log entry")
     hashes = _hashes(section["hashes"], "inclusion.hashes")
     try:

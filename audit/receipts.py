@@ -72,7 +72,18 @@ def subject_commitment(subject_id: str, nonce: bytes) -> str:
 
 
 def receipt_log_entry(body: Mapping[str, Any]) -> dict[str, Any]:
-    """Return the audit log entry that records ``body`` (derived, so verifiers can rebuild it)."""
+    """Return the audit log entry that records ``body`` (derived, so verifiers can rebuild it).
+
+    It names the body's ``subject.tenant``, so that each tenant's auditors find their own
+    receipts (decision XXXX-audit-per-tenant); receipts issued before it named none
+    (``legacy_receipt_log_entry``)."""
+    entry = {**legacy_receipt_log_entry(body), "tenant": body["subject"]["tenant"]}
+    validate_entry(entry)
+    return entry
+
+
+def legacy_receipt_log_entry(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The entry receipts issued before 2026-12-05 were recorded with: no tenant."""
     entry = {
         "action": RECEIPT_ACTION,
         "receipt_id": body["receipt_id"],
@@ -81,6 +92,17 @@ def receipt_log_entry(body: Mapping[str, Any]) -> dict[str, Any]:
     }
     validate_entry(entry)
     return entry
+
+
+def receipt_log_entries(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The entries a receipt's leaf may hold: the tenant's, then (receipts issued before
+    entries named their tenant) the legacy one. Both derive from the signed body alone, so
+    accepting either lets nothing but that body's receipt through."""
+    legacy = legacy_receipt_log_entry(body)
+    try:
+        return [receipt_log_entry(body), legacy]
+    except AuditEntryError:  # a tenant the log could never have named: only the legacy form
+        return [legacy]
 
 
 def issue_erasure_receipt(
@@ -166,7 +188,7 @@ def verify_receipt(
     check_receipt_body(body)
     try:
         canonical = canonical_bytes(body)
-        entry = receipt_log_entry(body)
+        entries = receipt_log_entries(body)
     except AuditEntryError as exc:
         raise VerificationError(f"receipt body cannot be canonicalised: {exc}") from None
 
@@ -201,7 +223,15 @@ def verify_receipt(
     proof = [
         b64decode_strict(h, f"inclusion hash {i}", size=HASH_SIZE) for i, h in enumerate(hashes)
     ]
-    verify_inclusion(leaf_hash(canonical_bytes(entry)), leaf_index, tree_size, proof, root)
+    # The entry names the body's tenant; a receipt issued before entries named one, not.
+    failures: list[VerificationError] = []
+    for entry in entries:
+        try:
+            verify_inclusion(leaf_hash(canonical_bytes(entry)), leaf_index, tree_size, proof, root)
+            return
+        except VerificationError as exc:
+            failures.append(exc)
+    raise failures[0]
 
 
 def verify_subject_commitment(receipt: Mapping[str, Any], subject_id: str, nonce: bytes) -> None:

@@ -272,7 +272,7 @@ class _ExportVerifier:
                 )
 
     def _check_filter(self, entry: dict[str, Any], fail: Any) -> None:
-        for name in ("subject_ref", "app_id", "action"):
+        for name in ("subject_ref", "app_id", "action", "tenant"):
             if name in self._filter and entry.get(name) != self._filter[name]:
                 raise fail(f"entry does not match the export's filter on {name}")
         recorded_at = entry.get("recorded_at")

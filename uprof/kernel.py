@@ -480,6 +480,7 @@ class Uprof:
             since=since,
             until=until,
             on_close=audited,
+            tenant=self.settings.tenant,  # this tenant's entries only (audit.export._rows)
         )
         return stream
 
@@ -496,7 +497,12 @@ class Uprof:
         from audit.proofs import build_proof
 
         self.reads.drain()
-        document = build_proof(self.audit_log, old_size, leaf_index=leaf_index)
+        # The entry at ``leaf_index`` only if it is this tenant's, else the answer for an
+        # index beyond the log (the consistency proof itself is hashes only).
+        scope = None
+        if leaf_index is not None:
+            scope = self.audit_log.tenant_scope(self.settings.tenant)
+        document = build_proof(self.audit_log, old_size, leaf_index=leaf_index, scope=scope)
         counts = {"old_size": document["consistency"]["old_size"]}
         if leaf_index is not None:
             counts["leaf_index"] = leaf_index
@@ -509,9 +515,12 @@ class Uprof:
         return document
 
     def audit_entries(self, **filters: Any) -> Iterator[StoredEntry]:
-        """Audit entries matching filters (reads served before the call included)."""
+        """This tenant's audit entries matching filters (reads served before the call
+        included): tenants sharing the stores share one log (``AuditLog.tenant_scope``)."""
         self.reads.drain()
-        return self.audit_log.entries(**filters)
+        return self.audit_log.entries(
+            **filters, scope=self.audit_log.tenant_scope(self.settings.tenant)
+        )
 
     def has_held_consent(self, subject: str, app_id: str) -> bool:
         """Whether ``app_id`` holds or held a consent of the subject, decided without

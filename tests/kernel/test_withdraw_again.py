@@ -7,7 +7,8 @@ here the audit entry is written alone, as such a copy's audit log holds it."""
 
 from __future__ import annotations
 
-from tests.kernel.conftest import consent, say
+from tests.fakes.ports import FakeClock
+from tests.kernel.conftest import build_kernel, consent, say
 from uprof.kernel import Uprof
 from uprof.services.recovery import WITHDRAWAL_REAPPLIED, withdraw_again
 
@@ -48,3 +49,26 @@ def test_a_withdrawal_only_the_audit_log_holds_is_written_again_once(kernel: Upr
     except Exception as exc:
         refused = type(exc).__name__
     assert refused == "ConsentRequiredError"
+
+
+def test_a_start_writes_again_only_its_own_tenants_withdrawals(
+    kernel: Uprof, clock: FakeClock
+) -> None:
+    """Tenants on one set of stores share the audit log and the views: a start of tenant A
+    wrote tenant B's lost withdrawals into B's streams and recorded them as A's (A's
+    auditors then read B's subject's pseudonym and consent id). Each start now writes
+    again its own tenant's (decision XXXX-audit-per-tenant); B's start writes B's."""
+    other = build_kernel(kernel.settings.model_copy(update={"tenant": "other-tenant"}), clock)
+    try:
+        theirs = consent(other, "zoe")
+        other.process()
+        other.audit.record(  # the withdrawal only B's audit log holds (a torn copy's)
+            "consent.withdrawn", subject_ref="sub_zoe", consent_id=theirs, reason_code="withdrawn"
+        )
+        kernel.process()
+        assert withdraw_again(kernel) == 0
+        assert _reapplied(kernel) == []
+        assert withdraw_again(other) == 1
+        assert _reapplied(other) == [theirs]
+    finally:
+        other.close()

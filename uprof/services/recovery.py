@@ -279,9 +279,14 @@ def withdraw_again(kernel: Any) -> int:
     audit log recorded, and audited (``consent.withdrawn``, reason
     ``withdrawal-reapplied``). Subjects erased since are left alone: nothing is
     collected for them. Erasure requested with a withdrawal is the ledger's to redo.
+    Only this tenant's withdrawals (``AuditLog.tenant_scope``): before 2026-12-05 a start
+    wrote another tenant's on the same stores again and recorded them as its own.
     """
     entries: dict[str, dict[str, Any]] = {}
-    for stored in kernel.audit_log.entries(action="consent.withdrawn"):
+    # This tenant's withdrawals only: tenants on one set of stores share the log and the
+    # views, and another tenant's are its own start's to write again (and to record).
+    scope = kernel.audit_log.tenant_scope(kernel.settings.tenant)
+    for stored in kernel.audit_log.entries(action="consent.withdrawn", scope=scope):
         entry = stored.entry
         if isinstance(entry.get("consent_id"), str):
             entries.setdefault(entry["consent_id"], entry)
