@@ -75,7 +75,7 @@ def receipt_log_entry(body: Mapping[str, Any]) -> dict[str, Any]:
     """Return the audit log entry that records ``body`` (derived, so verifiers can rebuild it).
 
     It names the body's ``subject.tenant``, so that each tenant's auditors find their own
-    receipts (decision XXXX-audit-per-tenant); receipts issued before it named none
+    receipts (decision 0089-audit-per-tenant); receipts issued before it named none
     (``legacy_receipt_log_entry``)."""
     entry = {**legacy_receipt_log_entry(body), "tenant": body["subject"]["tenant"]}
     validate_entry(entry)

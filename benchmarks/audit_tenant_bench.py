@@ -1,4 +1,4 @@
-"""What reading the audit log per tenant costs (decision XXXX-audit-per-tenant), on SQLite.
+"""What reading the audit log per tenant costs (decision 0089-audit-per-tenant), on SQLite.
 
 Times, on a log of ``--entries`` entries (every one naming a tenant, as the audit trail
 writes them): one append of one entry; a page of 50 entries read after a random leaf,

@@ -6,7 +6,7 @@ entry names, so an auditor of tenant B read tenant A's entries through every aud
 entry pages, receipts, exports (REST, the console's), and a proof's ``leaf_index`` entry.
 Each read now keeps the caller's tenant's entries; entries that name no tenant (receipt
 entries before this change) only where the log names a single tenant (decision
-XXXX-audit-per-tenant). Two servers, one per tenant, on the same stores, both backends.
+0089-audit-per-tenant). Two servers, one per tenant, on the same stores, both backends.
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ def test_the_log_holds_only_the_hash_of_the_body(sqlite_log: AuditLog, nonce: by
         "tenant": receipt["body"]["subject"]["tenant"],
     }
     assert stored.leaf_hash == leaf_hash(rfc8785.dumps(receipt_log_entry(receipt["body"])))
-    # The tenant, as every other entry names it (decision XXXX-audit-per-tenant); still no
+    # The tenant, as every other entry names it (decision 0089-audit-per-tenant); still no
     # request details.
     assert "GDPR" not in stored.entry_json and "req-42" not in stored.entry_json
 

@@ -1,4 +1,4 @@
-"""Tenants sharing one log: each reader sees its own entries (decision XXXX-audit-per-tenant).
+"""Tenants sharing one log: each reader sees its own entries (decision 0089-audit-per-tenant).
 
 ``AuditLog.tenant_scope`` admits the entries naming the reader's tenant, and the entries
 naming none (written before entries named their tenant) only while no entry names another

@@ -1,5 +1,5 @@
 """A second tenant arriving on the stores, from another process, hides the entries that
-name no tenant from the first tenant's audit reads (decision XXXX-audit-per-tenant).
+name no tenant from the first tenant's audit reads (decision 0089-audit-per-tenant).
 
 While one tenant uses the stores, its audit reads are what they were: entries that name no
 tenant (receipt entries written before entries named one) are in its pages, its exports are

@@ -57,7 +57,7 @@ def test_a_start_writes_again_only_its_own_tenants_withdrawals(
     """Tenants on one set of stores share the audit log and the views: a start of tenant A
     wrote tenant B's lost withdrawals into B's streams and recorded them as A's (A's
     auditors then read B's subject's pseudonym and consent id). Each start now writes
-    again its own tenant's (decision XXXX-audit-per-tenant); B's start writes B's."""
+    again its own tenant's (decision 0089-audit-per-tenant); B's start writes B's."""
     other = build_kernel(kernel.settings.model_copy(update={"tenant": "other-tenant"}), clock)
     try:
         theirs = consent(other, "zoe")
