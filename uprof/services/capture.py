@@ -27,6 +27,9 @@ from uprof.services.subjects import SubjectResolver, check_subject_ref
 MAX_TEXT_CHARS = 32_000
 #: Most interactions recorded in one transaction.
 MAX_BATCH = 5_000
+#: ``reason_code`` of a ``capture.accepted`` appended by a keyed retry because a crash
+#: kept the first write's entry off the log (decision XXXX-capture-accepted-recorded-late).
+RECORDED_LATE = "recorded-late"
 
 
 @dataclass(frozen=True)
@@ -343,11 +346,13 @@ class CaptureService:
             # A retry of a write the stream already holds: the first write's acks.
             ids = list(first["capture_ids"])
             notification_ids = self._app.notification_ids(stream_id, first["versions"])
-            return CaptureOutcome(
+            outcome = CaptureOutcome(
                 [CaptureAck(c, n, pseudonym) for c, n in zip(ids, notification_ids, strict=True)],
                 0,
                 True,
             )
+            self._record_late(outcome, checked[0], principal)
+            return outcome
         if ids:
             with telemetry.span("uprof.capture.commit.audit", events=1):
                 accepted = {
@@ -376,10 +381,44 @@ class CaptureService:
         if pending.error is not None:
             raise pending.error
         assert pending.acks is not None
-        return CaptureOutcome(
+        outcome = CaptureOutcome(
             [CaptureAck(c, n, pending.pseudonym) for c, n in pending.acks],
             0,
             pending.replayed,
+        )
+        if outcome.replayed:
+            # On the request's thread, not the writer's: the writer's group never waits
+            # for this read (capture_async takes no token, so never replays).
+            self._record_late(outcome, pending.interactions[0], pending.principal)
+        return outcome
+
+    def _record_late(
+        self, outcome: CaptureOutcome, first: Interaction, principal: str | None
+    ) -> None:
+        """A keyed retry answered from the stream: append the first write's
+        ``capture.accepted`` (``reason_code`` recorded-late) if a crash between the
+        first write's commit and its audit append kept it off the log; exactly once
+        across processes (``once_by`` its ``notification_id``, read under the log's
+        write lock). The only path that adds a read; a fresh capture never runs it."""
+        if not outcome.acks:
+            return
+        self._audit.record_many(
+            [
+                (
+                    "capture.accepted",
+                    {
+                        "subject_ref": outcome.acks[0].subject_pseudonym,
+                        "app_id": first.app_id,
+                        "agent_id": first.agent_id,
+                        "purpose": first.purpose,
+                        "counts": {"events": len(outcome.acks)},
+                        "notification_id": max(a.notification_id for a in outcome.acks),
+                        "principal": principal,
+                        "reason_code": RECORDED_LATE,
+                    },
+                )
+            ],
+            once_by=("notification_id",),
         )
 
     def _write_alone(self, pending: PendingCapture) -> None:
