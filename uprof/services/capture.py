@@ -206,7 +206,7 @@ class CaptureService:
             return self._answer(pending)
 
         handle = self._handle(ref, checked[0])
-        return self._save_one(
+        outcome = self._save_one(
             handle.stream_id,
             handle.pseudonym,
             checked,
@@ -214,6 +214,9 @@ class CaptureService:
             item_tokens=item_tokens,
             token_window_s=token_window_s,
         )
+        if outcome.replayed:
+            self._record_late(outcome, checked[0], None)
+        return outcome
 
     async def capture_async(
         self, subject_ref: str, interactions: Sequence[Interaction], *, token_window_s: float
@@ -346,13 +349,11 @@ class CaptureService:
             # A retry of a write the stream already holds: the first write's acks.
             ids = list(first["capture_ids"])
             notification_ids = self._app.notification_ids(stream_id, first["versions"])
-            outcome = CaptureOutcome(
+            return CaptureOutcome(
                 [CaptureAck(c, n, pseudonym) for c, n in zip(ids, notification_ids, strict=True)],
                 0,
                 True,
             )
-            self._record_late(outcome, checked[0], principal)
-            return outcome
         if ids:
             with telemetry.span("uprof.capture.commit.audit", events=1):
                 accepted = {
@@ -387,8 +388,8 @@ class CaptureService:
             pending.replayed,
         )
         if outcome.replayed:
-            # On the request's thread, not the writer's: the writer's group never waits
-            # for this read (capture_async takes no token, so never replays).
+            # On the request's thread, not the writer's (nor its one-request fallback's):
+            # no group waits for this read. capture_async takes no token, never replays.
             self._record_late(outcome, pending.interactions[0], pending.principal)
         return outcome
 
@@ -399,7 +400,9 @@ class CaptureService:
         ``capture.accepted`` (``reason_code`` recorded-late) if a crash between the
         first write's commit and its audit append kept it off the log; exactly once
         across processes (``once_by`` its ``notification_id``, read under the log's
-        write lock). The only path that adds a read; a fresh capture never runs it."""
+        write lock). Called where a replayed outcome is answered, on the caller's
+        thread: the one-request path (``_capture``) and the writer's (``_answer``). The
+        only path that adds a read; a fresh capture never runs it."""
         if not outcome.acks:
             return
         self._audit.record_many(
