@@ -193,6 +193,12 @@ def _not_yet_written(
     return kept
 
 
+def _needle_value(value: Any) -> bool:
+    """Whether a ``once_by`` value narrows the read: a string, or a field's integer
+    (``"notification_id":42``: a superset, it also finds 420; the parsed values decide)."""
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+
+
 #: Values one narrowing query names at most (an OR of more LIKEs is no cheaper, and
 #: SQLite bounds an expression's depth at 1,000); more are read in several queries.
 _MAX_NEEDLES = 64
@@ -203,14 +209,15 @@ def _could_match(
 ) -> list[list[sa.ColumnElement[bool]]]:
     """Conditions (one query each) that together select every stored entry that may
     match one of ``items``: the canonical text of the values of the first ``once_by``
-    position at which every item has only strings (``"request_id":"..."``, exactly as
+    position at which every item has only strings or integers (``"request_id":"..."``,
+    ``"notification_id":42``, exactly as
     RFC 8785 writes it in ``entry_json``; for a tuple position, which may also be a list,
     the quoted value alone). The subject's other entries of that action (one per erased
     event, say) are then neither sent nor parsed under the write lock; the parsed values
     still decide. ``[[]]``, one unnarrowed query, when no position qualifies."""
     for position, names in enumerate(once_by):
         values = {key[2 + position] for item in items for key in item.identity}
-        if not all(isinstance(v, str) for v in values):
+        if not all(_needle_value(v) for v in values):
             continue
         if isinstance(names, str):
             needles = sorted(canonical_bytes({names: v}).decode("utf-8")[1:-1] for v in values)

@@ -144,6 +144,8 @@ ERASURE_PURPOSE = "erasure"
 ACCESS_PURPOSE = "access-request"
 COMPLIANCE_PURPOSE = "compliance"
 OPERATIONS_PURPOSE = "operations"
+#: ``reason_code`` of the ``access.denied`` entry of a key refused for a missing role.
+ROLE_REQUIRED = "role-required"
 #: A stream being read (an audit export) asks the policy again after this many records.
 STREAM_RECHECK_RECORDS = 500
 
@@ -291,6 +293,17 @@ class Facade:
                     reason_code=action,
                 )
             raise denied from None
+
+    def role_refused(self, role: str) -> None:
+        """Audit a refusal at the door for a key without ``role`` (REST answers 403
+        ``role_required``), naming the principal like every other ``access.denied``."""
+        with self._as_principal():
+            self._kernel.audit.record(
+                "access.denied",
+                app_id=self.principal.app_id,
+                reason_code=ROLE_REQUIRED,
+                rule=role,
+            )
 
     def _refuse_users(self, what: str) -> None:
         if self.principal.kind is PrincipalKind.USER:

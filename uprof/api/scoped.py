@@ -500,11 +500,28 @@ class AppScope:
         return self._door
 
     def _require(self, role: str) -> None:
+        self.require_role(role)
+
+    def require_role(self, role: str) -> None:
+        """Refuse (403 ``role_required``) a key without ``role``, audited first as
+        ``access.denied`` (``reason_code`` role-required, ``rule`` the role), as every
+        other refusal at the door is: every REST route needing a role comes here."""
         if role not in self.roles:
+            self._door.role_refused(role)
             raise role_required(role)
 
     def has_role(self, role: str) -> bool:
         return role in self.roles
+
+
+def scope_with_role(
+    runtime: ServiceRuntime, app_id: str, roles: frozenset[str], key_id: str, role: str
+) -> AppScope:
+    """The request key's scope, once ``AppScope.require_role`` let it through (for
+    routes outside ``AppScope``)."""
+    scope = AppScope(runtime, app_id, roles, key_id=key_id)
+    scope.require_role(role)
+    return scope
 
 
 def _receipt_of(result: ErasureResult) -> w.ErasureReceipt:

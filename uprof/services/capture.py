@@ -27,6 +27,9 @@ from uprof.services.subjects import SubjectResolver, check_subject_ref
 MAX_TEXT_CHARS = 32_000
 #: Most interactions recorded in one transaction.
 MAX_BATCH = 5_000
+#: ``reason_code`` of a ``capture.accepted`` appended by a keyed retry because a crash
+#: kept the first write's entry off the log (decision XXXX-capture-accepted-recorded-late).
+RECORDED_LATE = "recorded-late"
 
 
 @dataclass(frozen=True)
@@ -203,7 +206,7 @@ class CaptureService:
             return self._answer(pending)
 
         handle = self._handle(ref, checked[0])
-        return self._save_one(
+        outcome = self._save_one(
             handle.stream_id,
             handle.pseudonym,
             checked,
@@ -211,6 +214,9 @@ class CaptureService:
             item_tokens=item_tokens,
             token_window_s=token_window_s,
         )
+        if outcome.replayed:
+            self._record_late(outcome, checked[0], None)
+        return outcome
 
     async def capture_async(
         self, subject_ref: str, interactions: Sequence[Interaction], *, token_window_s: float
@@ -376,10 +382,46 @@ class CaptureService:
         if pending.error is not None:
             raise pending.error
         assert pending.acks is not None
-        return CaptureOutcome(
+        outcome = CaptureOutcome(
             [CaptureAck(c, n, pending.pseudonym) for c, n in pending.acks],
             0,
             pending.replayed,
+        )
+        if outcome.replayed:
+            # On the request's thread, not the writer's (nor its one-request fallback's):
+            # no group waits for this read. capture_async takes no token, never replays.
+            self._record_late(outcome, pending.interactions[0], pending.principal)
+        return outcome
+
+    def _record_late(
+        self, outcome: CaptureOutcome, first: Interaction, principal: str | None
+    ) -> None:
+        """A keyed retry answered from the stream: append the first write's
+        ``capture.accepted`` (``reason_code`` recorded-late) if a crash between the
+        first write's commit and its audit append kept it off the log; exactly once
+        across processes (``once_by`` its ``notification_id``, read under the log's
+        write lock). Called where a replayed outcome is answered, on the caller's
+        thread: the one-request path (``_capture``) and the writer's (``_answer``). The
+        only path that adds a read; a fresh capture never runs it."""
+        if not outcome.acks:
+            return
+        self._audit.record_many(
+            [
+                (
+                    "capture.accepted",
+                    {
+                        "subject_ref": outcome.acks[0].subject_pseudonym,
+                        "app_id": first.app_id,
+                        "agent_id": first.agent_id,
+                        "purpose": first.purpose,
+                        "counts": {"events": len(outcome.acks)},
+                        "notification_id": max(a.notification_id for a in outcome.acks),
+                        "principal": principal,
+                        "reason_code": RECORDED_LATE,
+                    },
+                )
+            ],
+            once_by=("notification_id",),
         )
 
     def _write_alone(self, pending: PendingCapture) -> None:

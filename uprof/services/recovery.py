@@ -447,12 +447,19 @@ def _erase_items_again(kernel: Any, state: LedgerState) -> int:
     capture it would be served again; its ``items`` ledger record names it. The erasure
     event is appended again (the log may no longer hold it) and the projections purge
     the item as they pass it.
+
+    The views are brought up to the log's head first (this process's partitions): views
+    behind the log (a backup taken while projection lagged, a restore of one, a server
+    killed with a lag) do not list an item whose event they have not projected yet, and
+    would list it, served again, once they had. Projecting first costs the start the lag
+    that its workers would project right after, and only when the ledger names items.
     """
     wanted = {
         stream: ids for stream, ids in state.items.items() if ids and stream not in state.streams
     }
     if not wanted:
         return 0
+    _project_to_head(kernel)
     all_ids = sorted({i for ids in wanted.values() for i in ids})
     listed: dict[str, set[str]] = {}
     with kernel.views_engine.connect() as conn:
@@ -468,6 +475,22 @@ def _erase_items_again(kernel: Any, state: LedgerState) -> int:
             len(ids),
         )
     return sum(len(ids) for ids in listed.values())
+
+
+def _project_to_head(kernel: Any) -> None:
+    """Project the log up to its head as it is now, when the views are behind it."""
+    projections = kernel.projections
+    head = kernel.app.max_notification_id()
+    if projections.position >= head:
+        return
+    _log.warning(
+        "the views are behind the event log (projected to %d, the log ends at %d) and the "
+        "erasure ledger names erased items: projecting the log before re-applying it",
+        projections.position,
+        head,
+    )
+    with kernel._process_lock:
+        projections.run_until_idle()
 
 
 def _erase_items(app: Any, stream: UUID, item_ids: set[str]) -> None:

@@ -13,8 +13,9 @@ from fastapi.responses import RedirectResponse, Response
 from pydantic import BaseModel, ConfigDict
 
 from uprof.api.deps import CurrentPrincipal
-from uprof.api.errors import EdgeError, role_required
+from uprof.api.errors import EdgeError
 from uprof.api.routes.docs import api_router, errors
+from uprof.api.scoped import scope_with_role
 from uprof.apikeys.store import ROLE_OPERATOR
 from uprof.schemas.api import SubjectRef
 from uprof.web.pages import (
@@ -65,8 +66,13 @@ def router(web: WebPages) -> APIRouter:
         ``erase`` (what the link lets its holder do). Only the token's hash is kept; hand
         the token to the subject (it opens ``/privacy/login?token=...``).
         """
-        if not principal.has_role(ROLE_OPERATOR):
-            raise role_required(ROLE_OPERATOR)
+        scope_with_role(
+            web.runtime_of(request),
+            principal.app_id,
+            principal.roles,
+            principal.key_id,
+            ROLE_OPERATOR,
+        )
         door = key_door(web.runtime_of(request), principal.app_id, principal.key_id)
         door.authorize_privacy_link()  # the link can export and erase: so must its issuer
         if not door.subject_exists(body.subject):

@@ -18,9 +18,9 @@ from fastapi import Query
 from pydantic import AwareDatetime
 
 from uprof.api.deps import CurrentPrincipal, Runtime
-from uprof.api.errors import EdgeError, role_required
+from uprof.api.errors import EdgeError
 from uprof.api.routes.docs import api_router, errors
-from uprof.api.scoped import AppScope
+from uprof.api.scoped import AppScope, scope_with_role
 from uprof.apikeys.store import ROLE_OPERATOR, Principal
 from uprof.facade import (
     Facade,
@@ -46,10 +46,10 @@ router = api_router(prefix="/v1/policy", tags=["policy"])
 T = TypeVar("T")
 
 
-def _operator(principal: Principal) -> str:
-    """Refuse a key without the operator role; return the label changes are recorded under."""
-    if not principal.has_role(ROLE_OPERATOR):
-        raise role_required(ROLE_OPERATOR)
+def _operator(runtime: Any, principal: Principal) -> str:
+    """Refuse a key without the operator role (audited); return the label changes are
+    recorded under."""
+    scope_with_role(runtime, principal.app_id, principal.roles, principal.key_id, ROLE_OPERATOR)
     return f"{principal.app_id}#{principal.key_id}"
 
 
@@ -95,7 +95,7 @@ def show_policy(
     at: Annotated[AwareDatetime | None, Query(description="Show the policy in force then.")] = None,
 ) -> PolicyOut:
     """The policy in force now, or at a past time (replayed from the recorded changes)."""
-    _operator(principal)
+    _operator(runtime, principal)
     when: datetime | None = at
     return policy_out(_guarded(lambda: _door(runtime, principal).policy_show(when)))
 
@@ -116,7 +116,7 @@ def policy_history(
     ] = DEFAULT_PAGE_LIMIT,
 ) -> PolicyHistoryOut:
     """The policy's changes, oldest first, a page at a time: version, time, change, row, who."""
-    _operator(principal)
+    _operator(runtime, principal)
     page = _guarded(
         lambda: _door(runtime, principal).list_policy_history(cursor=cursor, limit=limit)
     )
@@ -130,7 +130,7 @@ def grant_policy(
     body: PolicyChangeIn, principal: CurrentPrincipal, runtime: Runtime
 ) -> PolicyChangeResultOut:
     """Give an app a role, or add rules; rows already in force are left as they are."""
-    _operator(principal)
+    _operator(runtime, principal)
     return result_out(_guarded(lambda: _door(runtime, principal).policy_grant(**body.model_dump())))
 
 
@@ -139,7 +139,7 @@ def revoke_policy(
     body: PolicyChangeIn, principal: CurrentPrincipal, runtime: Runtime
 ) -> PolicyChangeResultOut:
     """Take a role back, or remove rules; every named row must be in force (else 422)."""
-    _operator(principal)
+    _operator(runtime, principal)
     return result_out(
         _guarded(lambda: _door(runtime, principal).policy_revoke(**body.model_dump()))
     )
@@ -153,7 +153,7 @@ def onboard_app(
 
     Issue its API key with ``uprof apps create`` (or do both at once there).
     """
-    _operator(principal)
+    _operator(runtime, principal)
     return result_out(
         _guarded(
             lambda: _door(runtime, principal).onboard_app(

@@ -9,9 +9,8 @@ policy's ``operate`` for operators, and are audited (``quarantine.listed``,
 from __future__ import annotations
 
 from uprof.api.deps import CurrentPrincipal, Runtime
-from uprof.api.errors import role_required
 from uprof.api.routes.docs import api_router, errors
-from uprof.api.scoped import AppScope
+from uprof.api.scoped import scope_with_role
 from uprof.apikeys.store import ROLE_OPERATOR, Principal
 from uprof.facade import Facade
 from uprof.schemas.quarantine import (
@@ -26,9 +25,9 @@ router = api_router(prefix="/v1/quarantine", tags=["operations"])
 
 
 def _door(runtime: Runtime, principal: Principal) -> Facade:
-    if not principal.has_role(ROLE_OPERATOR):
-        raise role_required(ROLE_OPERATOR)
-    return AppScope(runtime, principal.app_id, principal.roles, key_id=principal.key_id).door
+    return scope_with_role(
+        runtime, principal.app_id, principal.roles, principal.key_id, ROLE_OPERATOR
+    ).door
 
 
 @router.get("", response_model=QuarantineOut, responses=errors(403))
