@@ -61,7 +61,7 @@ def test_an_erased_item_the_backups_views_did_not_list_stays_erased(
     strict=True,
     reason="known defect, not fixed: re-extraction after the restore gives the erased "
     "item a new random id that no ledger record names (decision "
-    "XXXX-ledger-items-views-behind, 'Not done')",
+    "0091-ledger-items-views-behind, 'Not done')",
 )
 def test_an_erased_item_the_backups_log_had_not_extracted_stays_erased(
     backend: Backend, clock: FakeClock, tmp_path: Path

@@ -28,7 +28,7 @@ MAX_TEXT_CHARS = 32_000
 #: Most interactions recorded in one transaction.
 MAX_BATCH = 5_000
 #: ``reason_code`` of a ``capture.accepted`` appended by a keyed retry because a crash
-#: kept the first write's entry off the log (decision XXXX-capture-accepted-recorded-late).
+#: kept the first write's entry off the log (decision 0090-capture-accepted-recorded-late).
 RECORDED_LATE = "recorded-late"
 
 
