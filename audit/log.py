@@ -581,11 +581,9 @@ class AuditLog:
             return TenantScope(tenant, upto if alone else 0)
 
     def _position(self, needle: str) -> sa.ColumnElement[int]:
-        """Where ``needle`` starts in an entry's JSON (1-based; 0: absent). instr/strpos:
-        case-sensitive and without wildcards, which LIKE is not on SQLite."""
-        fn = sa.func.strpos if self._engine.dialect.name == "postgresql" else sa.func.instr
-        result: sa.ColumnElement[int] = fn(audit_entries.c.entry_json, needle)
-        return result
+        """Where ``needle`` starts in an entry's JSON (1-based; 0: absent), as the
+        backend finds it: case-sensitive and without wildcards."""
+        return self._backend.text_position(audit_entries.c.entry_json, needle)
 
     def _other_tenant(self, tenant: str, start: int, stop: int) -> sa.Select[Any]:
         """An entry in ``[start, stop)`` that names a tenant other than ``tenant``."""

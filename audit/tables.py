@@ -89,6 +89,11 @@ class AuditBackend(Protocol):
         attempt), judged by the driver's error code, never its wording."""
         ...
 
+    def text_position(self, column: sa.ColumnElement[str], needle: str) -> sa.ColumnElement[int]:
+        """Where ``needle`` starts in ``column``'s text, 1-based, 0 when absent: an exact,
+        case-sensitive substring test without wildcards (which LIKE is not on SQLite)."""
+        ...
+
 
 def create_tables(engine: sa.Engine, backend: AuditBackend) -> None:
     """Create the audit tables with their append-only triggers (tests, benchmarks: a

@@ -170,6 +170,11 @@ class Backend(Protocol):
         holds a lock for now; by the driver's error code, never its wording."""
         ...
 
+    def text_position(self, column: sa.ColumnElement[str], needle: str) -> sa.ColumnElement[int]:
+        """Where ``needle`` starts in ``column``'s text, 1-based, 0 when absent: an exact,
+        case-sensitive substring test without wildcards (which LIKE is not on SQLite)."""
+        ...
+
     # --- operator tools ----------------------------------------------------------------
 
     def scan_tables(self, engine: sa.Engine, terms: Sequence[str]) -> TableScan:

@@ -171,6 +171,10 @@ class PostgresBackend:
     def is_transient_lock(self, error: BaseException | None) -> bool:
         return getattr(error, "sqlstate", None) in _RETRYABLE_STATES
 
+    def text_position(self, column: sa.ColumnElement[str], needle: str) -> sa.ColumnElement[int]:
+        position: sa.ColumnElement[int] = sa.func.strpos(column, needle)
+        return position
+
     def append_only_ddl(self, tables: Sequence[str]) -> list[str]:
         # CREATE OR REPLACE TRIGGER: PostgreSQL 14 or later.
         statements = [

@@ -186,6 +186,10 @@ class SQLiteBackend:
         # BUSY or LOCKED; an extended code keeps its primary code in the low byte.
         return isinstance(code, int) and code & 0xFF in _BUSY_CODES
 
+    def text_position(self, column: sa.ColumnElement[str], needle: str) -> sa.ColumnElement[int]:
+        position: sa.ColumnElement[int] = sa.func.instr(column, needle)
+        return position
+
     @contextlib.contextmanager
     def serialised_transaction(self, engine: sa.Engine, lock_key: int) -> Iterator[sa.Connection]:
         # One writer per database file: the write lock is the lock, whatever the key.
