@@ -86,3 +86,45 @@ def test_an_erased_item_the_backups_log_had_not_extracted_stays_erased(
         assert [i.description for i in kernel.profile("alice").intents] == []
     finally:
         kernel.close()
+
+
+def test_a_start_projects_to_the_head_it_found_not_after_it(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """``_project_to_head`` brings the views to the log's head as the start found it.
+    Writers of other processes go on appending meanwhile; on a2a025c it projected until
+    the log stopped growing, so a start (a server's, a worker's, any CLI command's) under
+    a steady write load faster than one projector never finished."""
+    from uprof.services.recovery import _project_to_head
+
+    settings = settings_for(backend)
+    kernel = build_kernel(settings, clock)
+    try:
+        consent(kernel)
+        kernel.capture("alice", say("I want to learn to sail", ref="sail"))
+        kernel.process()
+        (intent,) = kernel.profile("alice").intents
+        kernel.erase_item("alice", intent.item_id)  # the ledger names an item from now on
+        kernel.process()
+        for i in range(3):  # the views fall behind the log
+            kernel.capture("alice", say(f"note {i}", ref=f"n{i}"))
+        head = kernel.app.max_notification_id()
+        assert kernel.projections.position < head
+
+        batches = 0
+        run_once = kernel.projections.run_once
+
+        def another_process_writes_meanwhile() -> int:
+            nonlocal batches
+            batches += 1
+            if batches > 20:
+                raise AssertionError("the start is still projecting what was written after it")
+            kernel.capture("alice", say(f"later {batches}", ref=f"l{batches}"))
+            return run_once()
+
+        kernel.projections.run_once = another_process_writes_meanwhile  # type: ignore[method-assign]
+        _project_to_head(kernel)
+        assert kernel.projections.position >= head
+        assert batches <= 3
+    finally:
+        kernel.close()

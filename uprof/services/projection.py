@@ -225,6 +225,19 @@ class ProjectionRunner:
                 progress(self.position, max(target, self.position))
         return total
 
+    def run_until(self, target: int) -> int:
+        """Project the owned partitions until each has passed ``target`` (or has nothing
+        left to read); what other processes append meanwhile is left to the workers, so
+        this ends under any write load (``run_until_idle`` ends only when the log stops
+        growing)."""
+        total = 0
+        while any(self.partition_position(k) < target for k in self._owned):
+            consumed = self.run_once()
+            if not consumed:
+                break
+            total += consumed
+        return total
+
     def wait_for(self, notification_id: int, timeout_s: float) -> bool:
         """Wait until the projection has passed ``notification_id``; False on timeout."""
         deadline = time.monotonic() + timeout_s
