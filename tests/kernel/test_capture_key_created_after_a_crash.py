@@ -15,22 +15,19 @@ the subject lists the commitment, once however many processes finish the erasure
 
 from __future__ import annotations
 
-import json
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from domain.errors import StoreBusyError
-from tests.children import PythonChild
 from tests.conftest import Backend
 from tests.kernel.conftest import consent, say
 from tests.kernel.other_process import crash_at, run_in_another_process
+from tests.kernel.test_erasure_finish_race import eraser, receipt_of
 from tests.kernel.test_erasure_resume import exported_trail_verifies
 from uprof.kernel import Uprof
 
-CHILD_TIMEOUT_S = 120
 LATE = "recorded-at-erasure"
 
 
@@ -99,51 +96,6 @@ def test_a_destroyed_capture_key_always_has_a_key_created_entry(
     assert exported_trail_verifies(kernel)
 
 
-def eraser(backend: Backend, meeting: Path, name: str, call: str) -> PythonChild:
-    """A process running ``kernel.<call>``, stopping at its first ``key.destroyed``
-    append until two processes have reached theirs (files in ``meeting``)."""
-    script = textwrap.dedent(
-        f"""
-        import json, time
-        from pathlib import Path
-        from tests.conftest import Backend
-        from tests.fakes.ports import FakeClock
-        from tests.kernel.conftest import build_kernel, settings_for
-
-        meeting = Path({str(meeting)!r})
-        backend = Backend({backend.kind!r}, {backend.url!r}, Path({str(backend.data_dir)!r}))
-        kernel = build_kernel(settings_for(backend), FakeClock())
-        log = kernel.audit_log
-        append_many = log.append_many
-        met = []
-
-        def meet_then_append(entries, *args, **kwargs):
-            entries = list(entries)
-            if not met and any(e.get("action") == "key.destroyed" for e in entries):
-                met.append(True)
-                (meeting / {name!r}).touch()
-                deadline = time.monotonic() + 60
-                while len(list(meeting.iterdir())) < 2 and time.monotonic() < deadline:
-                    time.sleep(0.01)
-            return append_many(entries, *args, **kwargs)
-
-        log.append_many = meet_then_append
-        try:
-            print(json.dumps(kernel.{call}.receipt))
-        finally:
-            kernel.close()
-        """
-    )
-    return PythonChild(script)
-
-
-def receipt_of(child: PythonChild) -> dict[str, Any]:
-    out, err = child.communicate(CHILD_TIMEOUT_S)
-    assert child.returncode == 0, err[-3000:]
-    receipt: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-    return receipt
-
-
 def test_two_processes_finishing_an_event_erasure_record_a_lost_key_creation_once(
     backend: Backend, kernel: Uprof, tmp_path: Path
 ) -> None:
@@ -169,8 +121,8 @@ def test_two_processes_finishing_an_event_erasure_record_a_lost_key_creation_onc
     assert died.returncode == 9, died.stderr[-3000:]
     meeting = tmp_path / "meeting"
     meeting.mkdir()
-    first = eraser(backend, meeting, "first", call)
-    second = eraser(backend, meeting, "second", call)
+    first = eraser(backend, meeting, "first", call=call)
+    second = eraser(backend, meeting, "second", call=call)
     receipts = [receipt_of(first), receipt_of(second)]
 
     cited = {

@@ -31,13 +31,18 @@ CHILD_TIMEOUT_S = 120
 
 
 def eraser(
-    backend: Backend, meeting: Path, name: str, *, hold_destroy: Path | None = None
+    backend: Backend,
+    meeting: Path,
+    name: str,
+    *,
+    hold_destroy: Path | None = None,
+    call: str = 'erase_subject("alice")',
 ) -> PythonChild:
-    """A process that erases "alice", stopping at its first ``key.destroyed`` append
-    until two processes have reached theirs (files in ``meeting``; the wait gives up
-    after 60 s so that a broken test ends). With ``hold_destroy`` (a folder), it stops
-    instead right before it destroys the keys: it writes ``ready`` there and waits for
-    ``go``."""
+    """A process running ``kernel.<call>`` (default: erasing "alice") and printing its
+    receipt, stopping at its first ``key.destroyed`` append until two processes have
+    reached theirs (files in ``meeting``; the wait gives up after 60 s so that a broken
+    test ends). With ``hold_destroy`` (a folder), it stops instead right before it
+    destroys the keys: it writes ``ready`` there and waits for ``go``."""
     script = textwrap.dedent(
         f"""
         import json, time
@@ -78,8 +83,7 @@ def eraser(
 
             kernel.keystore.destroy = destroy_when_told
         try:
-            result = kernel.erase_subject("alice")
-            print(json.dumps(result.receipt))
+            print(json.dumps(kernel.{call}.receipt))
         finally:
             kernel.close()
         """
