@@ -524,6 +524,26 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "lexical-0.5": {"lexical_weight": 0.5},
     "lexical-0.3": {"lexical_weight": 0.3},
     "no-mmr": {"mmr_penalty": 0.0},
+    # Hubness reduction of the dense score (decision XXXX-retrieval-round-7).
+    "centre-0.5": {"centring": 0.5},
+    "centre-1": {"centring": 1.0},
+    "query-centre": {"query_centring": 1.0},
+    "csls": {"hub_penalty": 0.5},
+    "csls-1": {"hub_penalty": 1.0},
+    # The dense signal alone (no BM25, neighbours or bridges), plain and centred.
+    "dense-only": {"lexical_weight": 0.0, "neighbour_weight": 0.0, "bridge_weight": 0.0},
+    "dense-only-centre-1": {
+        "lexical_weight": 0.0,
+        "neighbour_weight": 0.0,
+        "bridge_weight": 0.0,
+        "centring": 1.0,
+    },
+    "dense-only-csls": {
+        "lexical_weight": 0.0,
+        "neighbour_weight": 0.0,
+        "bridge_weight": 0.0,
+        "hub_penalty": 0.5,
+    },
 }
 
 
