@@ -367,10 +367,10 @@ def baseline_rows(
     items: Sequence[prefeval.PrefItem],
     budgets: Sequence[int],
     settings: Sequence[tuple[int, int]],
+    names: Sequence[str] = ("bm25", "embedding"),
 ) -> dict[str, dict[str, list[dict[str, Any]]]]:
-    """BM25 and MiniLM top-k through the harnesses' own code, SPEC rendering."""
+    """BM25 and MiniLM top-k (or ``names``) through the harnesses' own code, SPEC rendering."""
     out: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    names = ("bm25", "embedding")
     loco = locomo.default_systems(names, convs)
     pref = prefeval.default_systems(names, items)
     for name in names:
@@ -569,6 +569,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="JSON summaries")
     parser.add_argument("--variants", default="default", help="'|'-separated variant specs")
     parser.add_argument("--baselines", action="store_true", help="run BM25 and MiniLM beside")
+    parser.add_argument(
+        "--baseline-names", default="bm25,embedding", help="','-separated, with --baselines"
+    )
     parser.add_argument("--budgets", default=",".join(map(str, LOCOMO_BUDGETS)))
     parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument(
@@ -617,7 +620,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         report["halves"][topic] = half_of(topic)
     if args.baselines:
         start = time.perf_counter()
-        for name, rows in baseline_rows(convs, items, budgets, PREF_SETTINGS).items():
+        names = [n for n in args.baseline_names.split(",") if n]
+        for name, rows in baseline_rows(convs, items, budgets, PREF_SETTINGS, names).items():
             report["results"][name] = summarise(rows["locomo"], rows["prefeval"])
         progress(f"baselines: {time.perf_counter() - start:.0f}s")
         if args.out:
