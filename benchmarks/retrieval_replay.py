@@ -478,7 +478,7 @@ def markdown_tables(
     """The decision records' ablation tables (tune, check, full) from a ``--out`` report.
 
     ``labels`` maps result names to row labels, in row order; "worst cat Δ" is
-    ``worst_fall`` against ``main``'s row of the same half."""
+    ``worst_fall`` against ``main``'s row of the same half (blank for the baselines)."""
     results = report["results"]
     head = (
         "| variant | B=256 all / mh | B=1024 all / mh | B=2048 all / mh | cat 1/2/3/4 @2048 "
@@ -496,7 +496,7 @@ def markdown_tables(
                 f"{loc[k]['all']:.3f} / {loc[k]['cat1']:.3f}" for k in ("B256", "B1024", "B2048")
             ]
             cells.append("/".join(f"{loc['B2048'][f'cat{c}']:.3f}" for c in (1, 2, 3, 4)))
-            if name in (main, "bm25", "embedding"):
+            if name == main or name in ("bm25", "embedding", "embedding-centred"):
                 cells.append("")
             else:
                 delta, cat, budget = worst_fall(got, results[main][part])
