@@ -373,7 +373,7 @@ class EmbeddingSystem(LineBaseline):
 class CentredEmbeddingSystem(EmbeddingSystem):
     """Dense top-k after mean centring: cos(q - mu, d - mu), mu the mean of the subject's
     unit turn vectors. Not a SPEC baseline: it checks the centring signal itself outside
-    uprof's ranking (decision XXXX-retrieval-round-7)."""
+    uprof's ranking (decision 0093-retrieval-round-7)."""
 
     name = "embedding-centred"
 

@@ -524,7 +524,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "lexical-0.5": {"lexical_weight": 0.5},
     "lexical-0.3": {"lexical_weight": 0.3},
     "no-mmr": {"mmr_penalty": 0.0},
-    # Hubness reduction of the dense score (decision XXXX-retrieval-round-7).
+    # Hubness reduction of the dense score (decision 0093-retrieval-round-7).
     "centre-0.5": {"centring": 0.5},
     "centre-1": {"centring": 1.0},
     "query-centre": {"query_centring": 1.0},

@@ -1,4 +1,4 @@
-"""Hubness reduction of the dense score (decision XXXX-retrieval-round-7): off by default.
+"""Hubness reduction of the dense score (decision 0093-retrieval-round-7): off by default.
 
 A tiny fixed subject: a "hub" memory that leans towards every topic a little, the memory
 the query is about, and four others sharing the subject's generic direction (axis 0). The

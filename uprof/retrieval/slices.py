@@ -113,7 +113,7 @@ class SliceOptions:
     attribute_base_utility: float = 0.15
     #: Utility of active intents that the query does not touch.
     intent_base_utility: float = 0.2
-    #: Hubness reduction of the memories' dense score (decision XXXX-retrieval-round-7;
+    #: Hubness reduction of the memories' dense score (decision 0093-retrieval-round-7;
     #: all off: measured, none helped on the untouched half). ``centring`` subtracts
     #: that share of the subject's mean memory vector from the query and every memory
     #: before the cosine; ``query_centring`` removes that share of the query's component
