@@ -370,25 +370,6 @@ class EmbeddingSystem(LineBaseline):
         return rank_by_scores(matrix @ self._query_vector(query), keep_zero=True)
 
 
-class CentredEmbeddingSystem(EmbeddingSystem):
-    """Dense top-k after mean centring: cos(q - mu, d - mu), mu the mean of the subject's
-    unit turn vectors. Not a SPEC baseline: it checks the centring signal itself outside
-    uprof's ranking (decision 0093-retrieval-round-7)."""
-
-    name = "embedding-centred"
-
-    def _rank(self, subject: _Subject, query: str) -> Sequence[int]:
-        if subject.index is None:
-            matrix = _normalise_rows(self._embed(subject.lines))
-            subject.index = (_normalise_rows(matrix - matrix.mean(axis=0)), matrix.mean(axis=0))
-        assert isinstance(subject.index, tuple)
-        centred: np.ndarray = subject.index[0]
-        centre: np.ndarray = subject.index[1]
-        q = self._query_vector(query) - centre
-        norm = float(np.linalg.norm(q))
-        return rank_by_scores(centred @ (q / norm if norm > 0 else q), keep_zero=True)
-
-
 RRF_K = 60
 
 
@@ -533,7 +514,6 @@ def baseline_factories(
         # The same dense top-k with all-mpnet-base-v2: the plain-embedding baseline that
         # uprof-mpnet must beat (not part of the SPEC's reference set).
         "embedding-mpnet": lambda: EmbeddingSystem(get_embedder("mpnet"), render),
-        "embedding-centred": lambda: CentredEmbeddingSystem(get_embedder(), render),
         "hybrid-rrf": lambda: HybridRRFSystem(get_embedder(), render),
         "oracle": lambda: OracleSystem(render),
     }

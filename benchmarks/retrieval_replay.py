@@ -367,10 +367,10 @@ def baseline_rows(
     items: Sequence[prefeval.PrefItem],
     budgets: Sequence[int],
     settings: Sequence[tuple[int, int]],
-    names: Sequence[str] = ("bm25", "embedding"),
 ) -> dict[str, dict[str, list[dict[str, Any]]]]:
-    """BM25 and MiniLM top-k (or ``names``) through the harnesses' own code, SPEC rendering."""
+    """BM25 and MiniLM top-k through the harnesses' own code, SPEC rendering."""
     out: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    names = ("bm25", "embedding")
     loco = locomo.default_systems(names, convs)
     pref = prefeval.default_systems(names, items)
     for name in names:
@@ -478,7 +478,7 @@ def markdown_tables(
     """The decision records' ablation tables (tune, check, full) from a ``--out`` report.
 
     ``labels`` maps result names to row labels, in row order; "worst cat Δ" is
-    ``worst_fall`` against ``main``'s row of the same half (blank for the baselines)."""
+    ``worst_fall`` against ``main``'s row of the same half."""
     results = report["results"]
     head = (
         "| variant | B=256 all / mh | B=1024 all / mh | B=2048 all / mh | cat 1/2/3/4 @2048 "
@@ -496,7 +496,7 @@ def markdown_tables(
                 f"{loc[k]['all']:.3f} / {loc[k]['cat1']:.3f}" for k in ("B256", "B1024", "B2048")
             ]
             cells.append("/".join(f"{loc['B2048'][f'cat{c}']:.3f}" for c in (1, 2, 3, 4)))
-            if name == main or name in ("bm25", "embedding", "embedding-centred"):
+            if name in (main, "bm25", "embedding"):
                 cells.append("")
             else:
                 delta, cat, budget = worst_fall(got, results[main][part])
@@ -524,26 +524,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "lexical-0.5": {"lexical_weight": 0.5},
     "lexical-0.3": {"lexical_weight": 0.3},
     "no-mmr": {"mmr_penalty": 0.0},
-    # Hubness reduction of the dense score (decision 0093-retrieval-round-7).
-    "centre-0.5": {"centring": 0.5},
-    "centre-1": {"centring": 1.0},
-    "query-centre": {"query_centring": 1.0},
-    "csls": {"hub_penalty": 0.5},
-    "csls-1": {"hub_penalty": 1.0},
-    # The dense signal alone (no BM25, neighbours or bridges), plain and centred.
-    "dense-only": {"lexical_weight": 0.0, "neighbour_weight": 0.0, "bridge_weight": 0.0},
-    "dense-only-centre-1": {
-        "lexical_weight": 0.0,
-        "neighbour_weight": 0.0,
-        "bridge_weight": 0.0,
-        "centring": 1.0,
-    },
-    "dense-only-csls": {
-        "lexical_weight": 0.0,
-        "neighbour_weight": 0.0,
-        "bridge_weight": 0.0,
-        "hub_penalty": 0.5,
-    },
 }
 
 
@@ -569,9 +549,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="JSON summaries")
     parser.add_argument("--variants", default="default", help="'|'-separated variant specs")
     parser.add_argument("--baselines", action="store_true", help="run BM25 and MiniLM beside")
-    parser.add_argument(
-        "--baseline-names", default="bm25,embedding", help="','-separated, with --baselines"
-    )
     parser.add_argument("--budgets", default=",".join(map(str, LOCOMO_BUDGETS)))
     parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument(
@@ -620,8 +597,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         report["halves"][topic] = half_of(topic)
     if args.baselines:
         start = time.perf_counter()
-        names = [n for n in args.baseline_names.split(",") if n]
-        for name, rows in baseline_rows(convs, items, budgets, PREF_SETTINGS, names).items():
+        for name, rows in baseline_rows(convs, items, budgets, PREF_SETTINGS).items():
             report["results"][name] = summarise(rows["locomo"], rows["prefeval"])
         progress(f"baselines: {time.perf_counter() - start:.0f}s")
         if args.out:

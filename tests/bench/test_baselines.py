@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from benchmarks.baselines import (
     BM25System,
-    CentredEmbeddingSystem,
     EmbeddingSystem,
     HybridRRFSystem,
     OracleSystem,
@@ -363,28 +362,3 @@ def test_the_mpnet_baseline_ranks_by_all_mpnet_base_v2() -> None:
     sl = mpnet.slice("s", "Which animal lives with me?", count_tokens(lines[1]) + 4, NOW)
     assert sl.text.endswith(lines[1]) and "train" not in sl.text  # room for one: the dog
     assert factories["embedding"]()._embed(["x"]).shape == (1, 384)  # MiniLM stays the SPEC's
-
-
-def test_centred_embedding_ranks_a_specific_line_above_a_hub() -> None:
-    # Axis 0 is the direction every line shares; "hub" leans a little towards every topic.
-    vectors = {
-        "hub": [1.0, 0.3, 0.3, 0.3, 0.3, 0.3],
-        "target": [0.6, 1.0, 0.0, 0.0, 0.0, 0.0],
-        "other a": [1.0, 0.0, 0.8, 0.0, 0.0, 0.0],
-        "other b": [1.0, 0.0, 0.0, 0.8, 0.0, 0.0],
-        "other c": [1.0, 0.0, 0.0, 0.0, 0.8, 0.0],
-        "other d": [1.0, 0.0, 0.0, 0.0, 0.0, 0.8],
-        "query": [1.0, 0.45, 0.0, 0.0, 0.0, 0.0],
-    }
-
-    def fake(texts: list[str]) -> np.ndarray:
-        return np.array([vectors[t] for t in texts], dtype=np.float32)
-
-    lines = ["hub", "target", "other a", "other b", "other c", "other d"]
-    one = count_tokens("target")
-    plain = EmbeddingSystem(fake, render=render_plain_line)
-    plain.ingest("s", turns(lines))
-    assert plain.slice("s", "query", one, NOW).text == "hub"
-    centred = CentredEmbeddingSystem(fake, render=render_plain_line)
-    centred.ingest("s", turns(lines))
-    assert centred.slice("s", "query", one, NOW).text == "target"

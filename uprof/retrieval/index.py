@@ -178,11 +178,6 @@ class MemoryIndex:
     #: Bridge seed row -> (median, second-largest) of its cosines to every memory: they
     #: depend on the index only, so each is computed once (at most one per memory).
     _spread: dict[int, tuple[float, float]] = field(default_factory=dict, compare=False, repr=False)
-    #: Hubness statistics of the dense matrix (``mean_vector``, ``centred_vectors``,
-    #: ``hub_scores``): they depend on the index alone, so each is computed once.
-    _hub: dict[tuple[str, float], np.ndarray] = field(
-        default_factory=dict, compare=False, repr=False
-    )
 
     @classmethod
     def build(
@@ -279,53 +274,6 @@ class MemoryIndex:
                 self._spread[rows[i]] = (lo, hi)
         spread = np.asarray([self._spread[row] for row in rows], dtype=links.dtype)
         return spread[:, 0], spread[:, 1]
-
-    def mean_vector(self) -> np.ndarray:
-        """The mean of the subject's unit memory vectors (not unit itself; zeros if none)."""
-        assert self.vectors is not None
-        got = self._hub.get(("mean", 0.0))
-        if got is None:
-            got = self._hub[("mean", 0.0)] = (
-                self.vectors.mean(axis=0, dtype=np.float64).astype(np.float32)
-                if len(self.vectors)
-                else np.zeros(self.vectors.shape[1], dtype=np.float32)
-            )
-        return got
-
-    def centred_vectors(self, share: float) -> np.ndarray:
-        """Unit rows of each memory vector minus ``share`` times the subject's mean."""
-        assert self.vectors is not None
-        key = ("centred", float(share))
-        got = self._hub.get(key)
-        if got is None:
-            got = self._hub[key] = _unit_rows(self.vectors - np.float32(share) * self.mean_vector())
-        return got
-
-    def hub_scores(self, k: int) -> np.ndarray:
-        """Each memory's mean cosine to its ``k`` nearest other memories (CSLS's r_d).
-
-        A "hub" sits close to many memories, so its r_d is high. Computed in blocks of
-        rows, so a 20k-memory subject never holds a full n x n matrix; fewer than two
-        memories (or k < 1) give zeros.
-        """
-        assert self.vectors is not None
-        key = ("hub", float(k))
-        got = self._hub.get(key)
-        if got is not None:
-            return got
-        n = len(self.vectors)
-        k = min(k, n - 1)
-        out = np.zeros(n, dtype=np.float32)
-        if k >= 1:
-            block = 1024
-            for lo in range(0, n, block):
-                hi = min(lo + block, n)
-                sims = self.vectors[lo:hi] @ self.vectors.T
-                sims[np.arange(hi - lo), np.arange(lo, hi)] = -np.inf  # not its own neighbour
-                nearest = np.partition(sims, n - k, axis=1)[:, n - k :]
-                out[lo:hi] = nearest.mean(axis=1)
-        self._hub[key] = out
-        return out
 
     def ideal_bm25(self, query_terms: Sequence[str]) -> float:
         """BM25 of an average-length memory containing each query term once.

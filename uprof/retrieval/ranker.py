@@ -186,38 +186,6 @@ def _cosines(vectors: np.ndarray, query: np.ndarray) -> np.ndarray:
     return product
 
 
-def _reduces_hubs(options: SliceOptions) -> bool:
-    return options.centring > 0 or options.query_centring > 0 or options.hub_penalty > 0
-
-
-def _hub_reduced(index: MemoryIndex, q: np.ndarray, options: SliceOptions) -> np.ndarray:
-    """The memories' cosines to the query after the options' hubness reduction.
-
-    * ``centring`` c: cos(q - c·mu, d - c·mu), mu the mean of the subject's memory
-      vectors (the centred memory matrix is cached with the index);
-    * ``query_centring`` p: the query loses p times its component along mu's direction;
-    * ``hub_penalty`` h: minus h times the memory's mean cosine to its nearest memories
-      (CSLS, 2·cos(q, d) - r_d - r_q, ranks as h = 0.5).
-    """
-    assert index.vectors is not None
-    vectors = index.vectors
-    mean = index.mean_vector()
-    if options.centring > 0:
-        vectors = index.centred_vectors(options.centring)
-        q = q - np.float32(options.centring) * mean
-    length = float(np.linalg.norm(mean))
-    if options.query_centring > 0 and length > 0:
-        direction = mean / length
-        q = q - np.float32(options.query_centring * float(q @ direction)) * direction
-    norm = float(np.linalg.norm(q))
-    cosines = _cosines(vectors, q / norm if norm > 0 else q)
-    if options.hub_penalty > 0:
-        cosines = cosines - np.float32(options.hub_penalty) * index.hub_scores(
-            options.hub_neighbours
-        )
-    return cosines
-
-
 def _dense_scores(
     index: MemoryIndex,
     query_vector: np.ndarray,
@@ -237,7 +205,7 @@ def _dense_scores(
     q = np.asarray(query_vector, dtype=np.float32).reshape(-1)
     cosines = _cosines(index.vectors, q)
     scale = DenseScale.of(cosines)
-    dense = _scaled(_hub_reduced(index, q, options)) if _reduces_hubs(options) else scale(cosines)
+    dense = scale(cosines)
     k = min(options.feedback_memories, len(index))
     if k <= 0 or options.feedback_weight <= 0:
         return dense, scale

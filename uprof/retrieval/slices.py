@@ -113,14 +113,3 @@ class SliceOptions:
     attribute_base_utility: float = 0.15
     #: Utility of active intents that the query does not touch.
     intent_base_utility: float = 0.2
-    #: Hubness reduction of the memories' dense score (decision 0093-retrieval-round-7;
-    #: all off: measured, none helped on the untouched half). ``centring`` subtracts
-    #: that share of the subject's mean memory vector from the query and every memory
-    #: before the cosine; ``query_centring`` removes that share of the query's component
-    #: along the mean alone; ``hub_penalty`` subtracts that share of each memory's mean
-    #: cosine to its ``hub_neighbours`` nearest memories (CSLS is 0.5). Profile lines
-    #: keep the plain cosine.
-    centring: float = 0.0
-    query_centring: float = 0.0
-    hub_penalty: float = 0.0
-    hub_neighbours: int = 10
