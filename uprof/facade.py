@@ -101,7 +101,6 @@ from uprof.services.subjects import NAMESPACE_SEPARATOR, SubjectRequest
 
 if TYPE_CHECKING:
     from audit.check import CheckResult, Kind
-    from audit.log import StoredEntry
     from uprof.apikeys.store import ApiKeyInfo, IssuedKey
     from uprof.services.backup import BackupReport
     from uprof.services.idempotency import Outcome
@@ -952,12 +951,6 @@ class Facade:
                 old_size, leaf_index=leaf_index, requested_by=self.principal.label
             )
 
-    def audit_entries(self, **filters: Any) -> Iterator[StoredEntry]:
-        """Audit entries for the console's search (same decision as an export)."""
-        self._authorize_governance("audit", COMPLIANCE_PURPOSE)
-        with self._as_principal():
-            return self._kernel.audit_entries(**filters)
-
     def verify_audit(self, content: bytes, kind: Kind) -> CheckResult:
         """Check an export or a receipt against this log's key."""
         self._authorize_governance("audit", COMPLIANCE_PURPOSE)
@@ -1114,17 +1107,22 @@ class Facade:
             "since": normalise_timestamp(since, "since") if since is not None else None,
             "until": normalise_timestamp(until, "until") if until is not None else None,
         }
-        listing = self._listing(name, ("int",), **filters)
+        # A position is (the last leaf shown, the listing's bound): the log's size when
+        # the first page was read, kept by the cursor so that every page of one listing
+        # reads the same prefix of the log (``Uprof.audit_page``, which records the read).
+        listing = self._listing(name, ("int", "int"), **filters)
         position = self._open(listing, cursor)
-        after = int(position[0]) if position else -1
+        after, bound = (int(position[0]), int(position[1])) if position else (-1, None)
         with self._as_principal():
-            entries = self._kernel.audit_entries(
-                **{k: v for k, v in filters.items() if v is not None},
+            rows, fixed = self._kernel.audit_page(
+                name.removeprefix("audit."),
                 after_leaf=after,
-                page_size=size + 1,
+                bound=bound,
+                size=size,
+                requested_by=self.principal.label,
+                **{k: v for k, v in filters.items() if v is not None},
             )
-            rows = list(itertools.islice(entries, size + 1))
-        return self._page(listing, rows, size, lambda e: (e.leaf_index,))
+        return self._page(listing, rows, size, lambda e: (e.leaf_index, fixed))
 
     def list_policy_history(
         self, *, cursor: str | None = None, limit: int | None = None, newest_first: bool = False
