@@ -633,17 +633,25 @@ class Uprof:
         log = self.audit_log
         return check_upload(content, kind, log.public_key, log.origin)
 
-    def audit_key(self) -> dict[str, str]:
-        """The log's origin, key id, public key (PEM) and newest signed checkpoint."""
+    def audit_key(self, *, with_checkpoint: bool = True) -> dict[str, str]:
+        """The log's origin, key id, public key (PEM) and, unless told not to, a fresh
+        signed checkpoint (its tree size counts every tenant's entries: see
+        ``Facade.audit_key``)."""
         from audit.keys import public_key_pem
 
         log = self.audit_log
-        return {
+        key = {
             "origin": log.origin,
             "key_id": log.key_id,
             "public_key_pem": public_key_pem(log.public_key).decode(),
-            "checkpoint": log.checkpoint(),
         }
+        if with_checkpoint:
+            key["checkpoint"] = log.checkpoint()
+        return key
+
+    def stores_shared(self) -> bool:
+        """Whether another tenant wrote to these stores (an entry of the log names it)."""
+        return self.audit_log.tenant_scope(self.settings.tenant).shared
 
     def subject_exists(self, subject: str) -> bool:
         return self.subjects.find(subject) is not None
