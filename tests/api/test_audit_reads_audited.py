@@ -145,3 +145,30 @@ def test_the_cli_records_its_pages_under_the_local_operator(backend: Backend) ->
     assert reads[1]["counts"]["entries"] == len(second["items"])
     shown = [i["leaf_index"] for i in first["items"] + second["items"]]
     assert shown == sorted(set(shown))
+
+
+def test_the_sdk_over_http_and_embedded_records_its_pages(
+    server: Any, http: httpx.Client, apps: Apps, kernel: Uprof
+) -> None:
+    from uprof.sdk import Client
+
+    _activity(http, apps, lines=2)
+    with (
+        Client(server.url, apps.planner_operator) as client,
+        Client(server.url, apps.planner) as app_client,
+    ):
+        walked = list(client.iter_audit_entries(subject="alice", limit=2))
+        app_key = app_client.audit_key()
+        operator_key = client.audit_key()
+    assert app_key.checkpoint is None and operator_key.checkpoint is not None
+    over_http = _reads(kernel)
+    assert len(over_http) >= 2 and {r["reason_code"] for r in over_http} == {"entries"}
+    assert len({r["tree_size"] for r in over_http}) == 1
+    assert [e.leaf_index for e in walked] == sorted({e.leaf_index for e in walked})
+    embedded = Client.embedded(kernel, "app:planner", roles=("app", "operator"))
+    try:
+        embedded.audit_receipts()
+    finally:
+        embedded.close()
+    last = _reads(kernel)[-1]
+    assert last["reason_code"] == "receipts" and last["principal"].startswith("app:planner#")
