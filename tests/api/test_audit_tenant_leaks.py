@@ -121,3 +121,28 @@ def test_only_the_audit_right_sees_the_logs_size(
     assert size >= 1
     # Refused nothing: an app asking for the key writes no denial.
     assert not [e for e in kernel.audit_entries(action="access.denied") if e.entry.get("principal")]
+
+
+def test_the_clis_checkpoint_needs_the_audit_right(backend: Backend, tmp_path: Path) -> None:
+    """``uprof audit checkpoint`` is decided as an export; the public key stays for anyone."""
+    from tests.api.test_audit_proofs import cli_for
+
+    run = cli_for(backend)
+    note, pem = tmp_path / "now.note", tmp_path / "audit.pem"
+    assert "tree size" in run("audit", "checkpoint", "--out", str(note))
+    run(
+        "policy",
+        "revoke",
+        "--role",
+        "role:operator",
+        "--action",
+        "audit",
+        "--category",
+        "any",
+        "--purpose",
+        "compliance",
+    )
+    run("audit", "checkpoint", "--out", str(tmp_path / "refused.note"), code=3)
+    assert not (tmp_path / "refused.note").exists()
+    run("audit", "public-key", "--out", str(pem))
+    assert pem.read_text().startswith("-----BEGIN PUBLIC KEY-----")
