@@ -100,6 +100,9 @@ class TenantScope:
 
     tenant: str
     untagged_below: int = 0
+    #: Whether an entry of the log names another tenant (the stores are shared): what a
+    #: read that cannot be kept to one tenant (the residue scan) must refuse.
+    shared: bool = False
 
     def admits(self, stored: StoredEntry) -> bool:
         named = stored.entry.get("tenant")
@@ -578,7 +581,7 @@ class AuditLog:
                         alone = conn.execute(self._other_tenant(tenant, upto, size)).first() is None
                         upto = size
                 self._tenants_seen[tenant] = (upto, alone)
-            return TenantScope(tenant, upto if alone else 0)
+            return TenantScope(tenant, upto if alone else 0, shared=not alone)
 
     def _position(self, needle: str) -> sa.ColumnElement[int]:
         """Where ``needle`` starts in an entry's JSON (1-based; 0: absent), as the

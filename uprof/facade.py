@@ -53,6 +53,7 @@ from domain.errors import (
 )
 from domain.normalise import match_described, normalise_value
 from domain.principal import (
+    LOCAL_OPERATOR,
     OPERATORS,
     PRIVACY_CENTER,
     Principal,
@@ -101,7 +102,6 @@ from uprof.services.subjects import NAMESPACE_SEPARATOR, SubjectRequest
 
 if TYPE_CHECKING:
     from audit.check import CheckResult, Kind
-    from audit.log import StoredEntry
     from uprof.apikeys.store import ApiKeyInfo, IssuedKey
     from uprof.services.backup import BackupReport
     from uprof.services.idempotency import Outcome
@@ -952,23 +952,56 @@ class Facade:
                 old_size, leaf_index=leaf_index, requested_by=self.principal.label
             )
 
-    def audit_entries(self, **filters: Any) -> Iterator[StoredEntry]:
-        """Audit entries for the console's search (same decision as an export)."""
-        self._authorize_governance("audit", COMPLIANCE_PURPOSE)
-        with self._as_principal():
-            return self._kernel.audit_entries(**filters)
-
     def verify_audit(self, content: bytes, kind: Kind) -> CheckResult:
         """Check an export or a receipt against this log's key."""
         self._authorize_governance("audit", COMPLIANCE_PURPOSE)
         return self._kernel.verify_audit(content, kind)
 
     def audit_key(self) -> dict[str, str]:
-        """The log's public key and newest checkpoint: public, for offline verification."""
-        return self._kernel.audit_key()
+        """The log's origin and public key (for anyone: offline verification needs them)
+        and, for a principal the policy lets ``audit``, a fresh signed checkpoint.
+
+        A checkpoint's tree size counts every entry of the log, every tenant's on shared
+        stores: read twice, it says how much the whole deployment wrote in between. So it
+        is for the audit right only (decided quietly: asking for the key is no refusal)."""
+        return self._kernel.audit_key(with_checkpoint=self._may_audit())
+
+    def audit_checkpoint(self) -> str:
+        """A fresh signed checkpoint of the whole log (``audit``, as an export)."""
+        self._authorize_governance("audit", COMPLIANCE_PURPOSE)
+        return self._kernel.audit_key()["checkpoint"]
+
+    def _may_audit(self) -> bool:
+        """``_authorize_governance("audit", ...)`` without auditing a denial."""
+        try:
+            if self.principal.is_operator and not self.principal.acting_for:
+                self._ask_policy(OPERATORS, "audit", CATEGORIES, COMPLIANCE_PURPOSE)
+            else:
+                self._check("audit", CATEGORIES, COMPLIANCE_PURPOSE)
+        except PermissionDeniedError:
+            return False
+        return True
 
     def residue_scan(self, terms: Sequence[str]) -> ResidueReport:
+        """Scan every store for the terms and for erased subjects' data (``audit``).
+
+        The scan cannot be kept to one tenant (it reads every file and table, checks every
+        erased stream): on stores another tenant wrote to, only the local operator (the
+        CLI: whoever holds the data folder holds every tenant's files) may run it; an API
+        key is refused, audited (``access.denied``, ``reason_code`` ``stores-shared``)."""
         self._authorize_governance("audit", COMPLIANCE_PURPOSE)
+        if self.principal.app_id != LOCAL_OPERATOR and self._kernel.stores_shared():
+            with self._as_principal():
+                self._kernel.audit.record(
+                    "access.denied",
+                    app_id=self.principal.app_id,
+                    purpose=COMPLIANCE_PURPOSE,
+                    reason_code="stores-shared",
+                )
+            raise PermissionDeniedError(
+                "the residue scan reads every tenant's files on these shared stores: "
+                "only the local operator (uprof audit residue) may run it"
+            )
         with self._as_principal():
             return self._kernel.residue_scan(terms)
 
@@ -1114,17 +1147,22 @@ class Facade:
             "since": normalise_timestamp(since, "since") if since is not None else None,
             "until": normalise_timestamp(until, "until") if until is not None else None,
         }
-        listing = self._listing(name, ("int",), **filters)
+        # A position is (the last leaf shown, the listing's bound): the log's size when
+        # the first page was read, kept by the cursor so that every page of one listing
+        # reads the same prefix of the log (``Uprof.audit_page``, which records the read).
+        listing = self._listing(name, ("int", "int"), **filters)
         position = self._open(listing, cursor)
-        after = int(position[0]) if position else -1
+        after, bound = (int(position[0]), int(position[1])) if position else (-1, None)
         with self._as_principal():
-            entries = self._kernel.audit_entries(
-                **{k: v for k, v in filters.items() if v is not None},
+            rows, fixed = self._kernel.audit_page(
+                name.removeprefix("audit."),
                 after_leaf=after,
-                page_size=size + 1,
+                bound=bound,
+                size=size,
+                requested_by=self.principal.label,
+                **{k: v for k, v in filters.items() if v is not None},
             )
-            rows = list(itertools.islice(entries, size + 1))
-        return self._page(listing, rows, size, lambda e: (e.leaf_index,))
+        return self._page(listing, rows, size, lambda e: (e.leaf_index, fixed))
 
     def list_policy_history(
         self, *, cursor: str | None = None, limit: int | None = None, newest_first: bool = False

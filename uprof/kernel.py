@@ -8,6 +8,7 @@ policy before calling these methods. The kernel itself trusts its arguments.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -522,6 +523,55 @@ class Uprof:
             **filters, scope=self.audit_log.tenant_scope(self.settings.tenant)
         )
 
+    def audit_page(
+        self,
+        reason: str,
+        *,
+        after_leaf: int,
+        bound: int | None,
+        size: int,
+        requested_by: str | None,
+        **filters: Any,
+    ) -> tuple[list[StoredEntry], int]:
+        """One page of this tenant's entries for a reader (``size + 1`` fetched, as a
+        page is cut), and the listing's bound; the read is recorded (``audit.read``).
+
+        ``bound`` is the log's size when the listing's first page was read (None: this is
+        the first page, the size now). Every page of a listing stops at it, so the reads
+        recorded while paging (appended beyond it) neither show up in nor shift the
+        listing's later pages. The entry names the reader (the trail adds ``principal``
+        and ``tenant``), the subject filter, and the page's leaf range ``[from_leaf,
+        to_leaf)`` with the number of entries shown; recorded before the page is handed
+        out, so a page whose read cannot be recorded is not served.
+        """
+        self.reads.drain()
+        log = self.audit_log
+        if bound is None:
+            bound = log.size()
+        rows = list(
+            itertools.islice(
+                log.entries(
+                    **filters,
+                    tree_size=bound,
+                    after_leaf=after_leaf,
+                    page_size=size + 1,
+                    scope=log.tenant_scope(self.settings.tenant),
+                ),
+                size + 1,
+            )
+        )
+        shown = rows[:size]
+        to_leaf = shown[-1].leaf_index + 1 if len(rows) > size else bound
+        self.audit.record(
+            "audit.read",
+            app_id=requested_by,
+            reason_code=reason,
+            subject_ref=filters.get("subject_ref"),
+            tree_size=bound,
+            counts={"entries": len(shown), "from_leaf": after_leaf + 1, "to_leaf": to_leaf},
+        )
+        return rows, bound
+
     def has_held_consent(self, subject: str, app_id: str) -> bool:
         """Whether ``app_id`` holds or held a consent of the subject, decided without
         waiting for the views, so that the answer for a subject that exists never waits
@@ -583,17 +633,25 @@ class Uprof:
         log = self.audit_log
         return check_upload(content, kind, log.public_key, log.origin)
 
-    def audit_key(self) -> dict[str, str]:
-        """The log's origin, key id, public key (PEM) and newest signed checkpoint."""
+    def audit_key(self, *, with_checkpoint: bool = True) -> dict[str, str]:
+        """The log's origin, key id, public key (PEM) and, unless told not to, a fresh
+        signed checkpoint (its tree size counts every tenant's entries: see
+        ``Facade.audit_key``)."""
         from audit.keys import public_key_pem
 
         log = self.audit_log
-        return {
+        key = {
             "origin": log.origin,
             "key_id": log.key_id,
             "public_key_pem": public_key_pem(log.public_key).decode(),
-            "checkpoint": log.checkpoint(),
         }
+        if with_checkpoint:
+            key["checkpoint"] = log.checkpoint()
+        return key
+
+    def stores_shared(self) -> bool:
+        """Whether another tenant wrote to these stores (an entry of the log names it)."""
+        return self.audit_log.tenant_scope(self.settings.tenant).shared
 
     def subject_exists(self, subject: str) -> bool:
         return self.subjects.find(subject) is not None

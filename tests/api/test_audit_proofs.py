@@ -50,7 +50,8 @@ def test_an_auditor_proves_the_log_grew_from_a_checkpoint_it_kept(
     http: httpx.Client, apps: Apps
 ) -> None:
     grant(http, apps.planner)
-    held = _key(http, apps.planner)  # any app may keep the key and a checkpoint
+    # Any app may keep the key; a checkpoint is for the audit right (it sizes the log).
+    held = _key(http, apps.planner_operator)
     old_size = int(held["checkpoint"].split("\n")[1])
     _activity(http, apps)
     answer = http.post(
@@ -117,7 +118,7 @@ def test_an_app_without_the_audit_right_is_refused_and_learns_nothing(
     http: httpx.Client, apps: Apps, kernel: Uprof
 ) -> None:
     grant(http, apps.planner)
-    size = int(_key(http, apps.planner)["checkpoint"].split("\n")[1])
+    size = int(_key(http, apps.planner_operator)["checkpoint"].split("\n")[1])
 
     def answers(token: str) -> list[tuple[int, str]]:
         out = []
@@ -332,7 +333,7 @@ def test_proofs_served_over_rest_while_another_process_appends_verify(
 ) -> None:
     from tests.children import PythonChild
 
-    held = _key(http, apps.planner)
+    held = _key(http, apps.planner_operator)
     old_size = int(held["checkpoint"].split("\n")[1])
     stop = tmp_path / "stop"
     child = PythonChild(
@@ -369,7 +370,7 @@ def test_the_sdk_fetches_the_proof_file_over_http_and_embedded(
     from uprof.sdk import AsyncClient, Client, InvalidRequestError, PermissionDeniedError
 
     grant(http, apps.planner)
-    held = _key(http, apps.planner)
+    held = _key(http, apps.planner_operator)
     old_size = int(held["checkpoint"].split("\n")[1])
     _activity(http, apps, lines=2)
     pinned = (held["public_key_pem"], held["origin"])

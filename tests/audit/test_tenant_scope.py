@@ -106,7 +106,7 @@ def test_the_scope_follows_appends_by_others(log: AuditLog) -> None:
     log.append(_entry(2, "acme"))
     assert log.tenant_scope("acme") == TenantScope("acme", 3)
     log.append(_entry(3, "globex"))  # a second tenant arrives: untagged entries are nobody's
-    assert log.tenant_scope("acme") == TenantScope("acme", 0)
+    assert log.tenant_scope("acme") == TenantScope("acme", 0, shared=True)
     assert [e.leaf_index for e in log.entries(scope=log.tenant_scope("acme"))] == [1, 2]
 
 
@@ -145,5 +145,5 @@ def test_a_tenant_whose_name_is_close_to_mine_is_another_tenant(
     """The single-tenant test compares names exactly: not case-folded, no wildcards, no
     prefixes (an entry of ``theirs`` makes the untagged entries nobody's)."""
     log.append_many([_entry(0, None), _entry(1, mine), _entry(2, theirs)])
-    assert log.tenant_scope(mine) == TenantScope(mine, 0)
+    assert log.tenant_scope(mine) == TenantScope(mine, 0, shared=True)
     assert [e.leaf_index for e in log.entries(scope=log.tenant_scope(mine))] == [1]

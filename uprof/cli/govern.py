@@ -264,7 +264,7 @@ def audit_checkpoint(
     """Sign and write a checkpoint of the log as it is now: keep it (or hand it to an
     auditor) to ask later for a proof that the log only grew since (`audit prove`)."""
     with door() as d:
-        note = d.audit_key()["checkpoint"]
+        note = d.audit_checkpoint()
     out.write_text(note, encoding="utf-8", newline="")
     size = note.split("\n")[1]
     console.print(f"checkpoint of tree size {size} written to {shown(out)}", highlight=False)
@@ -395,7 +395,7 @@ def audit_prove(
                     note = check_against = held
                 pinned = load_pinned_key(key["public_key_pem"])
                 old_size = verify_checkpoint(note, pinned, key["origin"]).tree_size
-                now = verify_checkpoint(key["checkpoint"], pinned, key["origin"]).tree_size
+                now = verify_checkpoint(d.audit_checkpoint(), pinned, key["origin"]).tree_size
             except VerificationError as e:
                 err_console.print(
                     f"[bold red]--from is not a checkpoint of this log:[/] {shown(e)}",

@@ -990,7 +990,9 @@ class AuditKey(_Response):
     origin: str
     key_id: str
     public_key_pem: str
-    checkpoint: str
+    #: A fresh signed checkpoint, for callers the policy lets ``audit`` only (its tree
+    #: size counts every tenant's entries); null for any other caller.
+    checkpoint: str | None = None
 
 
 class ConsentWithdrawn(_Response):
