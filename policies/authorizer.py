@@ -26,7 +26,9 @@ Design choices:
 
 from __future__ import annotations
 
+import ast
 import logging
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -185,14 +187,53 @@ def _build_snapshot(
     return _Snapshot(engines, version, policy.subjects_by_tenant())
 
 
+class _ParsedOnceEnforcer(casbin.Enforcer):  # type: ignore[misc]  # casbin is untyped
+    """A Casbin enforcer that parses each matcher expression once per process.
+
+    pycasbin builds its matcher evaluator with ``ast.parse`` on every ``enforce``. CPython
+    3.11 keeps the AST constructor's recursion depth in interpreter-wide state, so another
+    thread inside ``ast.parse`` at the same moment (a second tenant's server in the process,
+    any library) can make either raise ``SystemError: AST constructor recursion depth
+    mismatch`` (python/cpython#106905): a permitted request then failed closed as a
+    "policy engine error". Parsed once, under a lock, a decision never enters the parser.
+    The parsed tree is only read by the evaluator, so the tree is shared.
+    """
+
+    @staticmethod
+    def _get_expression(expr: str, functions: Any = None) -> Any:
+        evaluator = casbin.Enforcer._get_expression("", functions)  # parses nothing
+        evaluator.expr = expr
+        evaluator.ast_parsed_value = _parsed_matcher(expr)
+        return evaluator
+
+
+_parsed_matchers: dict[str, Any] = {}
+_parsing = threading.Lock()
+
+
+def _parsed_matcher(expr: str) -> Any:
+    """The parsed form of one matcher expression, as pycasbin's evaluator parses it."""
+    parsed = _parsed_matchers.get(expr)
+    if parsed is None:
+        with _parsing:
+            parsed = _parsed_matchers.get(expr)
+            if parsed is None:
+                # pycasbin's own rewriting of Casbin's operators (casbin.Enforcer._get_expression),
+                # then its parse (casbin.util.SimpleEval).
+                python = re.sub(r"!(?!=)", "not ", expr.replace("&&", "and").replace("||", "or"))
+                parsed = _parsed_matchers[expr] = ast.parse(python.strip(), mode="eval").body
+    return parsed
+
+
 def _build_enforcer(model_text: str, policy: PolicySet) -> Any:
     """Build an in-memory enforcer for policy, after checking the model has the right shape."""
     try:
-        enforcer = casbin.Enforcer(casbin.Enforcer.new_model(text=model_text))
+        enforcer = _ParsedOnceEnforcer(casbin.Enforcer.new_model(text=model_text))
     except Exception as exc:
         msg = f"model does not load: {type(exc).__name__}: {exc}"
         raise PolicyError(msg) from exc
     _check_model(enforcer.model, enforcer.eft)
+    _parsed_matcher(enforcer.model["m"]["m"].value)  # parsed here, not in a request
     if policy.rules:
         enforcer.add_policies([list(rule.fields()) for rule in policy.rules])
     if policy.assignments:

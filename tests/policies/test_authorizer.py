@@ -492,3 +492,33 @@ def test_changing_one_tenant_leaves_the_others_alone() -> None:
     assert authorizer.is_allowed(**{**READ_DIET, "tenant": "t3"})
     authorizer.revoke_role("app:planner", "role:assistant", "t3")
     assert not authorizer.is_allowed(**{**READ_DIET, "tenant": "t3"})
+
+
+# --- no Python parser per decision ----------------------------------------------------------------
+# CPython 3.11 keeps the AST constructor's recursion depth in interpreter-wide state: two
+# threads in ``ast.parse`` at once can make either raise ``SystemError: AST constructor
+# recursion depth mismatch`` (python/cpython#106905). pycasbin parsed its matcher with
+# ``ast.parse`` on every ``enforce``, so any other thread parsing (another tenant's server in
+# the same process, a library) turned a permitted request into a "policy engine error"
+# denial now and then (seen once in the two-tenant API tests, PostgreSQL).
+
+
+def test_decisions_do_not_parse_python_after_the_policy_is_built(
+    seeded: CasbinAuthorizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import types
+
+    import casbin.util.expression
+
+    def parser_in_use_elsewhere(*_: object, **__: object) -> None:
+        raise SystemError("AST constructor recursion depth mismatch (before=15, after=-123)")
+
+    # Casbin's own reference to the parser (patching ``ast.parse`` itself would break
+    # pytest's reporting, which parses too).
+    monkeypatch.setattr(
+        casbin.util.expression, "ast", types.SimpleNamespace(parse=parser_in_use_elsewhere)
+    )
+    seeded.clear_cache()
+    assert seeded.decide(**READ_DIET).allowed
+    assert not seeded.decide(**READ_HEALTH).allowed
+    assert "engine error" not in seeded.decide(**READ_HEALTH).reason
