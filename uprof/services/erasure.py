@@ -36,6 +36,7 @@ from domain.errors import (
     ReadTimeoutError,
     SubjectNotFoundError,
 )
+from domain.profile import recorded_identity
 from projections.profile import tables as t
 from uprof.ports import AuditTrail, Clock, EventStore, SubjectKeyStore, ViewStore
 from uprof.services import erased_keys
@@ -45,6 +46,7 @@ from uprof.storage import fold_log
 
 if TYPE_CHECKING:
     from uprof.crypto.keystore import Destruction
+    from uprof.crypto.ledger import ErasureLedger
 
 DEFAULT_BASIS = "GDPR-Art.17(1)"
 #: A ``key.destroyed`` entry is written once per request and key (with the same action and
@@ -467,15 +469,20 @@ class ErasureService:
             items=[item_id],
         )
         # In the ledger before the event: every start and restore erases the item again if
-        # a copy brings it back, and a retry after a crash finishes this request.
-        if self._keystore.ledger is not None:
-            self._keystore.ledger.record_items(
+        # a copy brings it back, and a retry after a crash finishes this request. Its
+        # fingerprints keep the update engine from recording it again, under a new id,
+        # from the captures it came from (a re-extraction after a restore of data older
+        # than its extraction; an app proposing it again).
+        ledger = self._keystore.ledger
+        if ledger is not None:
+            ledger.record_items(
                 self._tenant,
                 str(stream),
                 [item_id],
                 request_id=request_id,
                 subject_ref=check_subject_ref(subject_ref),
                 draft=draft.to_json(),
+                fingerprints=self._fingerprints(stream, item_id, evidence, ledger),
             )
 
         def command() -> int:
@@ -774,6 +781,23 @@ class ErasureService:
         found |= {i.item_id for i in self._queries.intents(stream_id) if wanted & set(i.evidence)}
         found |= {m.item_id for m in memories if wanted & set(m.evidence)}
         return sorted(found)
+
+    def _fingerprints(
+        self, stream: UUID, item_id: str, evidence: Sequence[str], ledger: ErasureLedger
+    ) -> list[str]:
+        """The item's fingerprint for each capture it cites (the views list them all;
+        its recording event names the first). Its identity comes from the event that
+        recorded it, as the update engine matched it: an item whose event is gone (its
+        capture shredded) has none, nothing could record it again."""
+        for event in self._app.stream_events(stream):
+            if getattr(event, "item_id", None) != item_id:
+                continue
+            identity = recorded_identity(event)
+            if identity is None:
+                continue
+            cited = sorted({*evidence, *getattr(event, "evidence", ())})
+            return [ledger.fingerprint(str(stream), c, *identity) for c in cited]
+        return []
 
     def _evidence_of(self, stream_id: str, item_id: str) -> tuple[str, ...] | None:
         for a in self._queries.attributes(stream_id):
