@@ -516,3 +516,46 @@ def test_an_item_erased_before_fingerprints_gets_them_at_the_next_start(
         assert len(kernel.profile("alice").memories) == 2
     finally:
         kernel.close()
+
+
+def test_an_experience_erased_is_not_proposed_again_from_its_capture(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Experiences come from apps only; the views hold their four fields, which the
+    erasure fingerprints as the update engine identifies the proposal."""
+    from domain.values import ExperienceProposal
+
+    kernel = build_kernel(settings_for(backend), clock)
+    try:
+        consent(kernel)
+        first = kernel.capture("alice", say("We fixed the boat", ref="one")).capture_id
+        kernel.process()
+
+        def propose(capture_id: str) -> int:
+            return kernel.submit_proposals(
+                "alice",
+                ProposalBatch(
+                    (
+                        ExperienceProposal(
+                            " The mast broke ", "Splinted it", "Held", "", evidence=(capture_id,)
+                        ),
+                    ),
+                    author="app",
+                    owner_agent="agent:one",
+                    sharing="shared",
+                    app_id=APP,
+                    purpose="personalization",
+                ),
+            )
+
+        assert propose(first) == 1
+        kernel.process()
+        (experience,) = [m for m in kernel.profile("alice").memories if m.kind == "experience"]
+        kernel.erase_item("alice", experience.item_id)
+        assert propose(first) == 0
+        assert refusals(kernel)[-1]["counts"] == {"experience": 1}
+        later = kernel.capture("alice", say("Another day", ref="two")).capture_id
+        kernel.process()
+        assert propose(later) == 1
+    finally:
+        kernel.close()

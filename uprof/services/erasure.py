@@ -36,7 +36,8 @@ from domain.errors import (
     ReadTimeoutError,
     SubjectNotFoundError,
 )
-from domain.profile import recorded_identity
+from domain.profile import proposal_identity
+from domain.values import AttributeProposal, ExperienceProposal, IntentProposal, MemoryProposal
 from projections.profile import tables as t
 from uprof.ports import AuditTrail, Clock, EventStore, SubjectKeyStore, ViewStore
 from uprof.services import erased_keys
@@ -482,7 +483,7 @@ class ErasureService:
                 request_id=request_id,
                 subject_ref=check_subject_ref(subject_ref),
                 draft=draft.to_json(),
-                fingerprints=self._fingerprints(stream, item_id, evidence, ledger),
+                fingerprints=self._fingerprints(stream, item_id, ledger),
             )
 
         def command() -> int:
@@ -782,22 +783,43 @@ class ErasureService:
         found |= {m.item_id for m in memories if wanted & set(m.evidence)}
         return sorted(found)
 
-    def _fingerprints(
-        self, stream: UUID, item_id: str, evidence: Sequence[str], ledger: ErasureLedger
-    ) -> list[str]:
-        """The item's fingerprint for each capture it cites (the views list them all;
-        its recording event names the first). Its identity comes from the event that
-        recorded it, as the update engine matched it: an item whose event is gone (its
-        capture shredded) has none, nothing could record it again."""
-        for event in self._app.stream_events(stream):
-            if getattr(event, "item_id", None) != item_id:
+    def _fingerprints(self, stream: UUID, item_id: str, ledger: ErasureLedger) -> list[str]:
+        """The item's fingerprint for each capture it cites, from the views (current:
+        the caller waited for them), which list all its evidence and what it says: its
+        identity is the one the update engine gives the proposal that would record it
+        again (``proposal_identity`` of the same words)."""
+        found = self._listed(str(stream), item_id)
+        if found is None:
+            return []
+        evidence, proposal = found
+        identity = proposal_identity(proposal)
+        if identity is None:
+            return []
+        return [ledger.fingerprint(str(stream), c, *identity) for c in sorted(set(evidence))]
+
+    def _listed(self, stream_id: str, item_id: str) -> tuple[tuple[str, ...], Any] | None:
+        """(evidence, the proposal that would record the item again) of a listed item."""
+        for a in self._queries.attributes(stream_id):
+            if a.item_id == item_id:
+                return a.evidence, AttributeProposal(a.key, a.value)
+        for i in self._queries.intents(stream_id):
+            if i.item_id == item_id:
+                return i.evidence, IntentProposal(i.description)
+        memories, _ = self._queries.memories(stream_id, include_archived=True)
+        for m in memories:
+            if m.item_id != item_id:
                 continue
-            identity = recorded_identity(event)
-            if identity is None:
-                continue
-            cited = sorted({*evidence, *getattr(event, "evidence", ())})
-            return [ledger.fingerprint(str(stream), c, *identity) for c in cited]
-        return []
+            if m.kind == "experience":
+                d = m.detail
+                experience = ExperienceProposal(
+                    situation=d.get("situation", ""),
+                    action=d.get("action", ""),
+                    outcome=d.get("outcome", ""),
+                    insight=d.get("insight", ""),
+                )
+                return m.evidence, experience
+            return m.evidence, MemoryProposal(m.text)
+        return None
 
     def _evidence_of(self, stream_id: str, item_id: str) -> tuple[str, ...] | None:
         for a in self._queries.attributes(stream_id):
