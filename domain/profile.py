@@ -16,6 +16,7 @@ never re-decides.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -70,6 +71,65 @@ def capture_consent_refusal(interaction: Interaction) -> ConsentRequiredError:
 
 def _new_id() -> str:
     return uuid.uuid4().hex
+
+
+#: Whether an erasure took what a proposal would record: called with the proposal's
+#: (kind, identity, evidence) and True when an erased item of this subject had that
+#: identity and cited one of those captures. The kernel builds it from the erasure
+#: ledger (keyed hashes, decision 0097-erased-items-not-reborn); the aggregate only says
+#: what a proposal's identity is, the same for the proposal and the event it records.
+ErasedItems = Callable[[str, str, tuple[str, ...]], bool]
+
+
+def _identity_parts(*texts: str) -> str:
+    # Stripped first, as the update engine strips what it records.
+    return "\x1f".join(normalise_value(t.strip()) for t in texts)
+
+
+def proposal_identity(proposal: Any) -> tuple[str, str] | None:
+    """(kind, identity) of the item a proposal would record or reinforce; None for one
+    that records nothing (a retraction, an intent update).
+
+    The identity is what the update engine matches items on: an attribute's key and
+    normalised value, an intent's normalised description, a memory's normalised text,
+    an experience's normalised fields. ``recorded_identity`` of the event the proposal
+    records is the same pair."""
+    if isinstance(proposal, AttributeProposal):
+        if proposal.negated:
+            return None
+        return ("attribute", f"{proposal.key}\x1f{_identity_parts(proposal.value)}")
+    if isinstance(proposal, IntentProposal):
+        return ("intent", _identity_parts(proposal.description))
+    if isinstance(proposal, MemoryProposal):
+        return ("memory", _identity_parts(proposal.text))
+    if isinstance(proposal, ExperienceProposal):
+        fields = (proposal.situation, proposal.action, proposal.outcome, proposal.insight)
+        return ("experience", _identity_parts(*fields))
+    return None
+
+
+def recorded_identity(event: Any) -> tuple[str, str] | None:
+    """(kind, identity) of the item an event records (``proposal_identity``'s pair for
+    the proposal it came from); None for any other event."""
+    e: Any = event  # the @event classes declare no fields to the type checker
+    if isinstance(event, SubjectProfile.AttributeRecorded | SubjectProfile.AttributeRestated):
+        return ("attribute", f"{e.key}\x1f{_identity_parts(e.value)}")
+    if isinstance(event, SubjectProfile.IntentRecorded):
+        return ("intent", _identity_parts(e.description))
+    if isinstance(event, SubjectProfile.MemoryRecorded):
+        return ("memory", _identity_parts(event.text))
+    if isinstance(event, SubjectProfile.ExperienceRecorded):
+        fields = (event.situation, event.action, event.outcome, event.insight)
+        return ("experience", _identity_parts(*fields))
+    return None
+
+
+def _erased(proposal: Any, erased: ErasedItems) -> bool:
+    """Whether an erasure took the item ``proposal`` would record (it cites evidence)."""
+    if not proposal.evidence:
+        return False
+    identity = proposal_identity(proposal)
+    return identity is not None and erased(identity[0], identity[1], tuple(proposal.evidence))
 
 
 def _revealed_for(evidence: tuple[str, ...], revealed: dict[str, set[str]]) -> list[str]:
@@ -462,17 +522,29 @@ class SubjectProfile(Aggregate):
 
     # --------------------------------------------------------------- extraction
 
-    def apply_proposals(self, batch: ProposalBatch, *, observed_at: datetime, now: datetime) -> int:
+    def apply_proposals(
+        self,
+        batch: ProposalBatch,
+        *,
+        observed_at: datetime,
+        now: datetime,
+        erased: ErasedItems | None = None,
+    ) -> int:
         """Run the update engine over validated proposals; returns how many were applied.
 
         Evidence ids in ``batch`` must already have been checked by the kernel
         (they exist and belong to this subject). Proposals in a category the app
-        holds no consent for at ``now`` are dropped (I2).
+        holds no consent for at ``now`` are dropped (I2), and so are those ``erased``
+        says an erasure took: an item erased without its evidence is not born again
+        from the same captures (a re-extraction after a restore, an app proposing it
+        again), whatever id it would get.
         """
         self._refuse_if_erased()
         applied = 0
         revealed = self._revealed_by_capture(batch)
         for proposal in batch.proposals:
+            if erased is not None and _erased(proposal, erased):
+                continue
             if isinstance(proposal, AttributeProposal):
                 applied += self._propose_attribute(proposal, batch, observed_at, now)
             elif isinstance(proposal, MemoryProposal):

@@ -41,6 +41,7 @@ from uprof.ports import AuditTrail, Clock, Embedder, Extractor, KeyMaterialStore
 from uprof.retry import AUDIT_APPEND
 from uprof.services.capture import CaptureService
 from uprof.services.consent import ConsentService
+from uprof.services.erased_items import ErasedItemGuard
 from uprof.services.erasure import ErasureService
 from uprof.services.extraction import EvidenceChecker, ExtractionWorker
 from uprof.services.idempotency import IdempotencyStore
@@ -425,6 +426,14 @@ def bootstrap(
         flush_caches=lambda stream: kernel_ref[0].flush_caches(stream),
         tenant=settings.tenant,
     )
+    # The erasure ledger's check for the update engine: items erased without their
+    # evidence are not recorded again from the same captures (extraction, quarantine
+    # retries, proposals).
+    erased_items = ErasedItemGuard(
+        lambda: keystore.ledger,
+        audit,
+        partial(keystore.pseudonym_of_stream, tenant=settings.tenant),
+    )
     extraction = ExtractionWorker(
         app,
         extractor,
@@ -434,6 +443,7 @@ def bootstrap(
         may_capture=capture_permits(deciding, settings.tenant),
         partitioning=partitioning,
         partitions=partitions,
+        erased_items=erased_items,
     )
     quarantine = QuarantineService(
         app,
@@ -454,7 +464,9 @@ def bootstrap(
         audit=audit,
         capture_service=CaptureService(app, subjects, keystore, clock, audit),
         consent_service=ConsentService(app, subjects, clock, audit),
-        proposal_service=ProposalService(app, subjects, evidence, clock, audit),
+        proposal_service=ProposalService(
+            app, subjects, evidence, clock, audit, erased_items=erased_items
+        ),
         profile_service=ProfileService(app, queries, sealer),
         extraction=extraction,
         quarantine=quarantine,

@@ -116,6 +116,11 @@ class ErasureRecord:
     draft: str = ""
     #: ``items``: items of one stream erased without their evidence (decision 0053).
     item_ids: tuple[str, ...] = ()
+    #: ``items``: a keyed hash of (stream, evidence capture, kind, identity) per capture
+    #: the erased items cited, so that no proposal from those captures records them
+    #: again under a new id (decision 0097-erased-items-not-reborn). Records written
+    #: before it have none.
+    fingerprints: tuple[str, ...] = ()
 
 
 class KeyMaterialStore(Protocol):

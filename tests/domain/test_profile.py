@@ -11,10 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from domain.errors import ConsentRequiredError, IntentTransitionError, SubjectErasedError
-from domain.profile import SubjectProfile
+from domain.normalise import normalise_value
+from domain.profile import SubjectProfile, proposal_identity, recorded_identity
 from domain.values import (
     INFERRED_CONFIDENCE_CAP,
     AttributeProposal,
+    ExperienceProposal,
     IntentProposal,
     IntentStatus,
     IntentUpdateProposal,
@@ -362,3 +364,57 @@ def test_a_snapshot_taken_before_quarantine_loads_with_none_quarantined() -> Non
     assert isinstance(loaded, SubjectProfile)
     assert loaded.quarantined == {}
     assert loaded.attributes == live.attributes
+
+
+_texts = st.text(min_size=1, max_size=30).filter(lambda s: normalise_value(s) != "")
+
+
+@given(
+    value=_texts, description=_texts, text=_texts, fields=st.lists(_texts, min_size=4, max_size=4)
+)
+@settings(max_examples=60, deadline=None)
+def test_a_proposals_identity_is_the_identity_of_the_event_it_records(
+    value: str, description: str, text: str, fields: list[str]
+) -> None:
+    """What the erasure ledger fingerprints (the recording event's identity) is what the
+    update engine asks about (the proposal's), whatever the spelling and spacing."""
+    p = profile_with_consent()
+    proposals = [
+        AttributeProposal("home_location", value, ("c1",)),
+        IntentProposal(description, ("c1",)),
+        MemoryProposal(text, evidence=("c1",)),
+        ExperienceProposal(*fields, evidence=("c1",)),
+    ]
+    for proposal in proposals:
+        p.apply_proposals(batch(proposal), observed_at=T0, now=T0)
+    recorded = [recorded_identity(e) for e in p.collect_events()]
+    recorded = [r for r in recorded if r is not None]
+    assert recorded == [proposal_identity(x) for x in proposals]
+
+
+def test_a_proposal_an_erasure_took_is_dropped_and_others_are_not() -> None:
+    p = profile_with_consent()
+    asked: list[tuple[str, str, tuple[str, ...]]] = []
+
+    def erased(kind: str, identity: str, evidence: tuple[str, ...]) -> bool:
+        asked.append((kind, identity, evidence))
+        return kind == "intent" and "c1" in evidence
+
+    applied = p.apply_proposals(
+        batch(
+            IntentProposal("Learn to  sail!", ("c1",)),
+            IntentProposal("learn to sail", ("c2",)),
+            AttributeProposal("home_location", "Paris", ("c1",)),
+            IntentProposal("learn to knit", ()),  # no evidence: nothing to ask
+        ),
+        observed_at=T0,
+        now=T0,
+        erased=erased,
+    )
+    assert applied == 3
+    assert [a[:2] for a in asked] == [
+        ("intent", "learn to sail"),
+        ("intent", "learn to sail"),
+        ("attribute", "home_location\x1fparis"),
+    ]
+    assert sorted(i.evidence for i in p.intents.values()) == [(), ("c2",)]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import sqlalchemy as sa
 
 from projections.profile import tables as t
@@ -57,12 +56,6 @@ def test_an_erased_item_the_backups_views_did_not_list_stays_erased(
         kernel.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known defect, not fixed: re-extraction after the restore gives the erased "
-    "item a new random id that no ledger record names (decision "
-    "0091-ledger-items-views-behind, 'Not done')",
-)
 def test_an_erased_item_the_backups_log_had_not_extracted_stays_erased(
     backend: Backend, clock: FakeClock, tmp_path: Path
 ) -> None:

@@ -51,9 +51,14 @@ class KeyMaterialContract:
         items = ErasureRecord(
             "items", "t", "2026-01-05T00:00:00+00:00", "s4", "m4", request_id="r4", item_ids=("i",)
         )
-        for record in (first, second, unfinished, receipted, items):
+        fingerprinted = ErasureRecord(
+            "items", "t", "2026-01-06T00:00:00+00:00", "s5", "m5", item_ids=("j",),
+            fingerprints=("f1", "f2"),
+        )  # fmt: skip
+        records = (first, second, unfinished, receipted, items, fingerprinted)
+        for record in records:
             store.append_erasure(record)
-        assert list(store.erasure_records()) == [first, second, unfinished, receipted, items]
+        assert list(store.erasure_records()) == list(records)
 
 
 class TestFileKeyMaterialStore(KeyMaterialContract):

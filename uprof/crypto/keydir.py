@@ -110,6 +110,8 @@ def _record_to_json(record: ErasureRecord) -> str:
         body["capture_ids"] = list(record.capture_ids)
     if record.item_ids:
         body["item_ids"] = list(record.item_ids)
+    if record.fingerprints:
+        body["fingerprints"] = list(record.fingerprints)
     if record.request_id:
         body["request_id"] = record.request_id
     if record.draft:
@@ -129,6 +131,7 @@ def _record_from_json(line: str) -> ErasureRecord:
         mark=raw.get("mark"),
         capture_ids=tuple(raw.get("capture_ids", ())),
         item_ids=tuple(raw.get("item_ids", ())),
+        fingerprints=tuple(raw.get("fingerprints", ())),
         request_id=str(raw.get("request_id", "")),
         draft=str(raw.get("draft", "")),
     )

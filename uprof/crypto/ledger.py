@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from domain.profile import ErasedItems
 from uprof.ports import ErasureRecord, KeyMaterialStore
 
 
@@ -41,6 +42,11 @@ class LedgerState:
     streams: frozenset[str] = frozenset()
     captures: dict[str, frozenset[str]] = field(default_factory=dict)
     items: dict[str, frozenset[str]] = field(default_factory=dict)
+    #: Per stream, the erased items' fingerprints (``ErasureLedger.fingerprint``).
+    fingerprints: dict[str, frozenset[str]] = field(default_factory=dict)
+    #: Per stream, erased items whose fingerprints no record holds (records written
+    #: before records held them): a start adds them (``recovery.fingerprint_old_items``).
+    unfingerprinted: dict[str, frozenset[str]] = field(default_factory=dict)
     marks: frozenset[str] = frozenset()
     #: The erased name's mark of each erased stream that has one.
     stream_marks: dict[str, str] = field(default_factory=dict)
@@ -53,6 +59,7 @@ class ErasureLedger:
     def __init__(self, store: KeyMaterialStore, master_secret: bytes) -> None:
         self._store = store
         self._mark_key = _derive(master_secret, "uprof/erased-mark/1")
+        self._item_key = _derive(master_secret, "uprof/erased-item/1")
         self._lock = threading.Lock()
         self._state = LedgerState()
         #: The store's record sequence ``_state`` was folded from (a store hands out a new
@@ -63,6 +70,31 @@ class ErasureLedger:
         msg = f"{tenant}\x1f{subject_ref}".encode()
         return hmac.new(self._mark_key, msg, hashlib.sha256).hexdigest()
 
+    def fingerprint(self, stream_id: str, capture_id: str, kind: str, identity: str) -> str:
+        """A keyed hash of an erased item as one capture proposed it: (stream, capture,
+        kind, identity). Without the master secret it tells nothing of the item (its
+        identity is its normalised value: a few words, easy to guess, hence keyed)."""
+        msg = "\x1f".join((stream_id, capture_id, kind, identity)).encode()
+        return hmac.new(self._item_key, msg, hashlib.sha256).hexdigest()
+
+    def erased_items(self, stream_id: str) -> ErasedItems | None:
+        """What the update engine asks before it records a proposal for this stream
+        (``SubjectProfile.apply_proposals``): whether an item erased from this stream
+        had the proposal's identity and cited one of its captures. None when the ledger
+        names no such item of the stream (then nothing is asked: one dictionary look-up
+        per subject and batch)."""
+        fingerprints = self.state().fingerprints.get(stream_id)
+        if not fingerprints:
+            return None
+
+        def erased(kind: str, identity: str, evidence: tuple[str, ...]) -> bool:
+            return any(
+                self.fingerprint(stream_id, capture_id, kind, identity) in fingerprints
+                for capture_id in evidence
+            )
+
+        return erased
+
     def state(self) -> LedgerState:
         """The folded ledger, refreshed from the store (other processes append too)."""
         records = self._store.erasure_records()
@@ -72,6 +104,8 @@ class ErasureLedger:
             streams: set[str] = set()
             captures: dict[str, set[str]] = {}
             items: dict[str, set[str]] = {}
+            fingerprints: dict[str, set[str]] = {}
+            fingerprinted: set[tuple[str, str]] = set()
             marks: set[str] = set()
             stream_marks: dict[str, str] = {}
             for r in records:
@@ -86,12 +120,18 @@ class ErasureLedger:
                     captures.setdefault(r.stream_id, set()).update(r.capture_ids)
                 elif r.kind == "items" and r.stream_id:
                     items.setdefault(r.stream_id, set()).update(r.item_ids)
+                    if r.fingerprints:
+                        found = set(r.fingerprints) - {NO_FINGERPRINT}
+                        fingerprints.setdefault(r.stream_id, set()).update(found)
+                        fingerprinted.update((r.stream_id, i) for i in r.item_ids)
                 elif r.kind == "recreated" and r.mark:
                     marks.discard(r.mark)
             self._state = LedgerState(
                 streams=frozenset(streams),
                 captures={s: frozenset(c) for s, c in captures.items()},
                 items={s: frozenset(i) for s, i in items.items()},
+                fingerprints={s: frozenset(f) for s, f in fingerprints.items() if f},
+                unfingerprinted=_without(items, fingerprinted),
                 marks=frozenset(marks),
                 stream_marks=stream_marks,
                 records=len(records),
@@ -158,10 +198,13 @@ class ErasureLedger:
         request_id: str,
         subject_ref: str,
         draft: str,
+        fingerprints: Iterable[str] = (),
     ) -> None:
         """Items erased without their evidence, before the erasure's event is written:
         every start and restore erases them again if a copy brought them back, and
-        ``draft`` lets a retry after a crash finish it with its receipt."""
+        ``draft`` lets a retry after a crash finish it with its receipt. ``fingerprints``
+        (``fingerprint`` of each item and capture it cited) keep the update engine from
+        recording them again from those captures under a new id."""
         self._store.append_erasure(
             ErasureRecord(
                 "items",
@@ -172,6 +215,23 @@ class ErasureLedger:
                 item_ids=tuple(sorted(set(item_ids))),
                 request_id=request_id,
                 draft=draft,
+                fingerprints=tuple(sorted(set(fingerprints))) or (NO_FINGERPRINT,),
+            )
+        )
+
+    def record_fingerprints(
+        self, tenant: str, stream_id: str, item_ids: Iterable[str], fingerprints: Iterable[str]
+    ) -> None:
+        """Fingerprints of items an older record erased by id only (a start adds them):
+        an ``items`` record with no draft (it finishes nothing) and no mark."""
+        self._store.append_erasure(
+            ErasureRecord(
+                "items",
+                tenant,
+                _now(),
+                stream_id,
+                item_ids=tuple(sorted(set(item_ids))),
+                fingerprints=tuple(sorted(set(fingerprints))) or (NO_FINGERPRINT,),
             )
         )
 
@@ -248,6 +308,18 @@ class ErasureLedger:
         self._store.append_erasure(
             ErasureRecord("recreated", tenant, _now(), mark=self.mark(tenant, subject_ref))
         )
+
+
+#: What a record's fingerprints hold for items that have none (their recording event is
+#: shredded: nothing can record them again), so that the record counts as fingerprinted.
+NO_FINGERPRINT = "-"
+
+
+def _without(
+    items: dict[str, set[str]], fingerprinted: set[tuple[str, str]]
+) -> dict[str, frozenset[str]]:
+    left = {s: frozenset(i for i in ids if (s, i) not in fingerprinted) for s, ids in items.items()}
+    return {s: ids for s, ids in left.items() if ids}
 
 
 #: Record kinds that may carry a receipt's draft.

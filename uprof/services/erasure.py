@@ -36,6 +36,8 @@ from domain.errors import (
     ReadTimeoutError,
     SubjectNotFoundError,
 )
+from domain.profile import proposal_identity
+from domain.values import AttributeProposal, ExperienceProposal, IntentProposal, MemoryProposal
 from projections.profile import tables as t
 from uprof.ports import AuditTrail, Clock, EventStore, SubjectKeyStore, ViewStore
 from uprof.services import erased_keys
@@ -45,6 +47,7 @@ from uprof.storage import fold_log
 
 if TYPE_CHECKING:
     from uprof.crypto.keystore import Destruction
+    from uprof.crypto.ledger import ErasureLedger
 
 DEFAULT_BASIS = "GDPR-Art.17(1)"
 #: A ``key.destroyed`` entry is written once per request and key (with the same action and
@@ -467,15 +470,20 @@ class ErasureService:
             items=[item_id],
         )
         # In the ledger before the event: every start and restore erases the item again if
-        # a copy brings it back, and a retry after a crash finishes this request.
-        if self._keystore.ledger is not None:
-            self._keystore.ledger.record_items(
+        # a copy brings it back, and a retry after a crash finishes this request. Its
+        # fingerprints keep the update engine from recording it again, under a new id,
+        # from the captures it came from (a re-extraction after a restore of data older
+        # than its extraction; an app proposing it again).
+        ledger = self._keystore.ledger
+        if ledger is not None:
+            ledger.record_items(
                 self._tenant,
                 str(stream),
                 [item_id],
                 request_id=request_id,
                 subject_ref=check_subject_ref(subject_ref),
                 draft=draft.to_json(),
+                fingerprints=self._fingerprints(stream, item_id, ledger),
             )
 
         def command() -> int:
@@ -774,6 +782,44 @@ class ErasureService:
         found |= {i.item_id for i in self._queries.intents(stream_id) if wanted & set(i.evidence)}
         found |= {m.item_id for m in memories if wanted & set(m.evidence)}
         return sorted(found)
+
+    def _fingerprints(self, stream: UUID, item_id: str, ledger: ErasureLedger) -> list[str]:
+        """The item's fingerprint for each capture it cites, from the views (current:
+        the caller waited for them), which list all its evidence and what it says: its
+        identity is the one the update engine gives the proposal that would record it
+        again (``proposal_identity`` of the same words)."""
+        found = self._listed(str(stream), item_id)
+        if found is None:
+            return []
+        evidence, proposal = found
+        identity = proposal_identity(proposal)
+        if identity is None:
+            return []
+        return [ledger.fingerprint(str(stream), c, *identity) for c in sorted(set(evidence))]
+
+    def _listed(self, stream_id: str, item_id: str) -> tuple[tuple[str, ...], Any] | None:
+        """(evidence, the proposal that would record the item again) of a listed item."""
+        for a in self._queries.attributes(stream_id):
+            if a.item_id == item_id:
+                return a.evidence, AttributeProposal(a.key, a.value)
+        for i in self._queries.intents(stream_id):
+            if i.item_id == item_id:
+                return i.evidence, IntentProposal(i.description)
+        memories, _ = self._queries.memories(stream_id, include_archived=True)
+        for m in memories:
+            if m.item_id != item_id:
+                continue
+            if m.kind == "experience":
+                d = m.detail
+                experience = ExperienceProposal(
+                    situation=d.get("situation", ""),
+                    action=d.get("action", ""),
+                    outcome=d.get("outcome", ""),
+                    insight=d.get("insight", ""),
+                )
+                return m.evidence, experience
+            return m.evidence, MemoryProposal(m.text)
+        return None
 
     def _evidence_of(self, stream_id: str, item_id: str) -> tuple[str, ...] | None:
         for a in self._queries.attributes(stream_id):

@@ -27,7 +27,7 @@ from domain.errors import (
     UprofError,
 )
 from domain.principal import qualified_agent
-from domain.profile import SubjectProfile
+from domain.profile import ErasedItems, SubjectProfile
 from domain.values import (
     AttributeProposal,
     CapturedInteraction,
@@ -44,6 +44,7 @@ from uprof.eventstore import CAPTURED_TOPIC
 from uprof.partitions import Partitioning, owned_or_all
 from uprof.ports import Clock, EventStore, Extractor, ViewStore
 from uprof.recorders import GuardedTracking, PositionMovedError
+from uprof.services.erased_items import ErasedItemGuard, Refused
 from uprof.services.quarantine import Failure, Quarantined, RetryOutcome
 
 
@@ -152,8 +153,11 @@ class ExtractionWorker:
         *,
         partitioning: Partitioning | None = None,
         partitions: Sequence[int] | None = None,
+        erased_items: ErasedItemGuard | None = None,
     ) -> None:
         self._app = app
+        #: The erasure ledger's check: no proposal records again an item an erasure took.
+        self._erased_items = erased_items
         self._extractor = extractor
         self._evidence = evidence
         self._clock = clock
@@ -277,6 +281,7 @@ class ExtractionWorker:
             except (SubjectErasedError, SubjectNotFoundError):
                 continue
         quarantined: list[Quarantined] = []
+        refused: list[Refused] = []
         with self._app.writer_turns(by_stream):
             profiles = []
             for stream_id, extracted in by_stream.items():
@@ -284,7 +289,7 @@ class ExtractionWorker:
                     continue
                 try:
                     profile = self._app.catch_up(loaded[stream_id])
-                    profile = self._apply(profile, extracted, now, quarantined)
+                    profile = self._apply(profile, extracted, now, quarantined, refused)
                 except SubjectErasedError:  # erased since it was loaded
                     continue
                 profiles.append(profile)
@@ -292,6 +297,8 @@ class ExtractionWorker:
                 self._app.save_tracked(profiles, tracking)
         if quarantined:
             self.on_quarantined(quarantined)
+        if refused and self._erased_items is not None:
+            self._erased_items.recorded(refused)
         return len(notifications)
 
     def _apply(
@@ -300,6 +307,7 @@ class ExtractionWorker:
         extracted: Sequence[tuple[Any, ProposalBatch | Failure]],
         now: Any,
         quarantined: list[Quarantined],
+        refused: list[Refused],
     ) -> SubjectProfile:
         """Apply one subject's extracted captures in order; quarantine those that failed.
 
@@ -309,13 +317,17 @@ class ExtractionWorker:
         (the failed apply may have left events pending on this one)."""
         failed = {e.capture_id: b for e, b in extracted if isinstance(b, Failure)}
         while True:
+            dropped: list[Refused] = []  # of this attempt: a redo starts afresh
+            erased = self._erased_check(profile.id, dropped)
             try:
                 for event, batch in extracted:
                     if event.capture_id in failed or not isinstance(batch, ProposalBatch):
                         continue
                     self._evidence.check(profile.id, batch, known={event.capture_id: profile.id})
                     try:
-                        profile.apply_proposals(batch, observed_at=event.occurred_at, now=now)
+                        profile.apply_proposals(
+                            batch, observed_at=event.occurred_at, now=now, erased=erased
+                        )
                     except (ConcurrencyConflictError, SubjectErasedError):
                         raise
                     except Exception as error:
@@ -325,6 +337,7 @@ class ExtractionWorker:
                 profile = self._app.load(profile.id)
                 continue
             break
+        refused.extend(dropped)
         for event, _ in extracted:
             failure = failed.get(event.capture_id)
             if failure is None:
@@ -338,6 +351,11 @@ class ExtractionWorker:
             ):
                 quarantined.append(Quarantined(profile.id, event.capture_id, failure))
         return profile
+
+    def _erased_check(self, stream_id: UUID, refused: list[Refused]) -> ErasedItems | None:
+        if self._erased_items is None:
+            return None
+        return self._erased_items.check(stream_id, refused)
 
     def _extract(self, event: Any) -> ProposalBatch | Failure:
         """The extractor's proposals for a capture, with ``retry.EXTRACTOR_CALL``'s
@@ -391,14 +409,20 @@ class ExtractionWorker:
         if isinstance(batch, Failure):
             return RetryOutcome(capture_id, "still-failing", batch.error)
 
+        refused: list[Refused] = []
+
         def apply_and_release() -> RetryOutcome:
             profile = self._app.load(stream_id)
             if capture_id not in profile.quarantined:
                 return RetryOutcome(capture_id, "not-quarantined")
             self._evidence.check(profile.id, batch, known={capture_id: profile.id})
             now = self._clock.now()
+            refused.clear()  # of this attempt only
+            erased = self._erased_check(stream_id, refused)
             try:
-                profile.apply_proposals(batch, observed_at=event.occurred_at, now=now)
+                profile.apply_proposals(
+                    batch, observed_at=event.occurred_at, now=now, erased=erased
+                )
             except (ConcurrencyConflictError, SubjectErasedError):
                 raise
             except Exception as error:  # nothing is saved: the profile is dropped
@@ -407,7 +431,10 @@ class ExtractionWorker:
             self._app.save(profile)
             return RetryOutcome(capture_id, "released")
 
-        return self._app.with_retry(apply_and_release, subject=stream_id)
+        outcome = self._app.with_retry(apply_and_release, subject=stream_id)
+        if outcome.outcome == "released" and refused and self._erased_items is not None:
+            self._erased_items.recorded(refused)
+        return outcome
 
     def _proposals_for(self, event: Any) -> ProposalBatch | Failure:
         batch = self._extract(event)

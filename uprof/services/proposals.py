@@ -10,6 +10,7 @@ from domain.principal import qualified_agent
 from domain.values import ProposalBatch
 from uprof.ports import AuditTrail, Clock, EventStore
 from uprof.services.capture import to_utc
+from uprof.services.erased_items import ErasedItemGuard, Refused
 from uprof.services.extraction import EvidenceChecker
 from uprof.services.idempotency import refuse_unrecorded
 from uprof.services.subjects import SubjectResolver
@@ -23,8 +24,10 @@ class ProposalService:
         evidence: EvidenceChecker,
         clock: Clock,
         audit: AuditTrail,
+        erased_items: ErasedItemGuard | None = None,
     ) -> None:
         self._app = app
+        self._erased_items = erased_items
         self._subjects = subjects
         self._evidence = evidence
         self._clock = clock
@@ -55,9 +58,11 @@ class ProposalService:
         when = to_utc(observed_at, "observed_at") if observed_at is not None else now
 
         replayed = False
+        refused: list[Refused] = []
 
         def command() -> int:
             nonlocal replayed
+            refused.clear()  # of this attempt only
             profile = self._app.load(handle.stream_id)
             if request_token:
                 first = profile.recorded_request(request_token, now=now, window_s=token_window_s)
@@ -65,7 +70,12 @@ class ProposalService:
                     replayed = True  # a retried keyed request: applied once already
                     return int(first["applied"])
                 refuse_unrecorded()
-            applied = profile.apply_proposals(batch, observed_at=when, now=now)
+            erased = (
+                self._erased_items.check(handle.stream_id, refused)
+                if self._erased_items is not None
+                else None
+            )
+            applied = profile.apply_proposals(batch, observed_at=when, now=now, erased=erased)
             if request_token:
                 profile.record_request(
                     request_token, {"applied": applied}, now=now, window_s=token_window_s
@@ -76,6 +86,8 @@ class ProposalService:
         applied = self._app.with_retry(command, subject=handle.stream_id)
         if replayed:
             return applied
+        if refused and self._erased_items is not None:
+            self._erased_items.recorded(refused)
         self._audit.record(
             "proposal.applied",
             subject_ref=handle.pseudonym,

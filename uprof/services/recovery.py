@@ -28,6 +28,7 @@ from uuid import UUID
 import sqlalchemy as sa
 
 from audit.tables import audit_entries
+from domain.profile import recorded_identity
 from projections.profile import tables as t
 from uprof.backends import backend_for
 from uprof.crypto.keydir import KeyMaterialError
@@ -57,6 +58,9 @@ class LedgerReapplied:
     stale_captures: int = 0
     #: Items erased without their evidence that a copy brought back, erased again.
     items_reerased: int = 0
+    #: Items erased by id only (ledger records older than fingerprints) whose
+    #: fingerprints this start added from their streams' events.
+    items_fingerprinted: int = 0
     rebuilt: bool = False
     adopted: int = 0
     #: Erasures the data stores recorded and the ledger lacked (a key folder older than
@@ -141,6 +145,7 @@ def reapply_ledger(kernel: Any, *, rebuild_if_stale: bool = True) -> LedgerReapp
     streams = sorted(state.streams)
     captures = sorted({c for ids in state.captures.values() for c in ids})
     report.erased_streams, report.erased_captures = len(streams), len(captures)
+    report.items_fingerprinted = fingerprint_old_items(kernel, state)
     report.items_reerased = _erase_items_again(kernel, state)
     if not streams and not captures:
         return report
@@ -475,6 +480,52 @@ def _erase_items_again(kernel: Any, state: LedgerState) -> int:
             len(ids),
         )
     return sum(len(ids) for ids in listed.values())
+
+
+def fingerprint_old_items(kernel: Any, state: LedgerState) -> int:
+    """Add the fingerprints of items that ledger records older than fingerprints erased
+    by id only (decision 0097-erased-items-not-reborn); returns how many items.
+
+    Without them, a capture of such an item extracted again (a restore of data older
+    than its extraction) records it again under a new id. The item's capture is kept
+    (only the item was erased), so its events are still in the stream: the recording
+    event gives its identity, and it and the events that reinforced or restated it give
+    the captures it cited. Once per stream: the record added names the items, and an item
+    with no recording event left (shredded since) is recorded as having none. Only this
+    tenant's live subjects; concurrent starts may both add one (the same fingerprints).
+    """
+    ledger = kernel.keystore.ledger
+    tenant = kernel.subjects.tenant
+    added = 0
+    for stream_id, item_ids in sorted(state.unfingerprinted.items()):
+        if stream_id in state.streams:
+            continue
+        if kernel.keystore.pseudonym_of_stream(stream_id, tenant=tenant) is None:
+            continue  # another tenant's, or gone
+        identities: dict[str, tuple[str, str]] = {}
+        cited: dict[str, set[str]] = {}
+        for event in kernel.app.stream_events(UUID(stream_id)):
+            item_id = getattr(event, "item_id", None)
+            if item_id not in item_ids:
+                continue
+            identity = recorded_identity(event)
+            if identity is not None:
+                identities.setdefault(item_id, identity)
+            cited.setdefault(item_id, set()).update(getattr(event, "evidence", ()))
+        fingerprints = [
+            ledger.fingerprint(stream_id, capture_id, *identity)
+            for item_id, identity in identities.items()
+            for capture_id in cited.get(item_id, ())
+        ]
+        ledger.record_fingerprints(tenant, stream_id, item_ids, fingerprints)
+        added += len(item_ids)
+    if added:
+        _log.warning(
+            "erasure ledger: added the fingerprints of %d items erased before the ledger "
+            "kept them, so that no capture extracted again records them again",
+            added,
+        )
+    return added
 
 
 def _project_to_head(kernel: Any) -> None:

@@ -1,0 +1,102 @@
+"""Items erased without their evidence are not born again from the same captures.
+
+An item erased with ``erase_item`` (its evidence kept) destroys no key: its captures
+still read, and anything that proposes from them again (the pipeline extracting a
+capture again after a restore of data older than its extraction, an operator's
+quarantine retry in such a restore, an app proposing the same item citing the same
+capture) would have recorded it again under a new random id that no ledger record
+names. The erasure ledger's ``items`` record carries a keyed fingerprint of the item
+per capture it cited (``ErasureLedger.fingerprint``); every path that runs the update
+engine asks this guard for the subject's check, and the engine drops a proposal whose
+(kind, identity, capture) an erasure took (``SubjectProfile.apply_proposals``). The
+drop is decided inside the save's load-decide-save, so no process, however many run
+or die, records the item first. Each drop is audited once its save commits
+(``item.rebirth_refused``: the subject's pseudonym, the captures' ids and counts per
+kind, never the item). Decision 0097-erased-items-not-reborn.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from uuid import UUID
+
+from domain.profile import ErasedItems
+from uprof.ports import AuditTrail
+
+if TYPE_CHECKING:
+    from uprof.crypto.ledger import ErasureLedger
+
+_log = logging.getLogger(__name__)
+
+#: The audit action of a proposal dropped because an erasure took its item.
+REBIRTH_REFUSED = "item.rebirth_refused"
+
+
+@dataclass(frozen=True)
+class Refused:
+    """One proposal the update engine dropped: an erased item would have been reborn."""
+
+    stream_id: UUID
+    kind: str
+    capture_ids: tuple[str, ...]
+
+
+class ErasedItemGuard:
+    """The erasure ledger's check for the update engine, and the audit of its drops."""
+
+    def __init__(
+        self,
+        ledger: Callable[[], ErasureLedger | None],
+        audit: AuditTrail,
+        pseudonym_of: Callable[[str], str | None],
+    ) -> None:
+        self._ledger = ledger
+        self._audit = audit
+        self._pseudonym_of = pseudonym_of
+
+    def check(self, stream_id: UUID, refused: list[Refused]) -> ErasedItems | None:
+        """The check to give ``apply_proposals`` for this subject (None: the ledger names
+        no erased item of it with fingerprints); each drop is appended to ``refused``."""
+        ledger = self._ledger()
+        erased = None if ledger is None else ledger.erased_items(str(stream_id))
+        if erased is None:
+            return None
+        found = erased
+
+        def check(kind: str, identity: str, evidence: tuple[str, ...]) -> bool:
+            if not found(kind, identity, evidence):
+                return False
+            refused.append(Refused(stream_id, kind, tuple(sorted(set(evidence)))))
+            return True
+
+        return check
+
+    def recorded(self, refused: Sequence[Refused]) -> None:
+        """Audit and log the drops of a save that committed (one entry per subject)."""
+        by_stream: dict[UUID, list[Refused]] = {}
+        for r in refused:
+            by_stream.setdefault(r.stream_id, []).append(r)
+        entries: list[tuple[str, dict[str, object]]] = []
+        for stream_id, drops in by_stream.items():
+            _log.warning(
+                "%d proposals of one subject would have recorded again items that an "
+                "erasure took (re-extraction of data older than the erasure?): dropped",
+                len(drops),
+            )
+            entries.append(
+                (
+                    REBIRTH_REFUSED,
+                    {
+                        "subject_ref": self._pseudonym_of(str(stream_id)),
+                        "event_ids": sorted({c for d in drops for c in d.capture_ids}),
+                        "reason_code": "erased-item",
+                        "counts": dict(sorted(Counter(d.kind for d in drops).items())),
+                    },
+                )
+            )
+        if entries:
+            self._audit.record_many(entries)
