@@ -30,7 +30,7 @@ OPERATOR_COOKIE = "uprof_console"
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 #: Rows on one page of a console list; "Next page" continues with the list's cursor.
 CONSOLE_PAGE_ROWS = 100
-#: How a privacy-center principal is named (audit: ``privacy-center#link``).
+#: How a privacy-center principal is named (audit: ``privacy-center#<link id>``).
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
@@ -311,7 +311,9 @@ def user_door(runtime: ServiceRuntime, session: Session) -> Facade:
         Principal(
             tenant=runtime.kernel.subjects.tenant,
             app_id=PRIVACY_CENTER,
-            key_id="link",
+            # The link that opened the session names it on the log (a cookie signed
+            # before links had ids names none).
+            key_id=session.link_id or "link",
             kind=PrincipalKind.USER,
             subject=session.subject,
         ),
