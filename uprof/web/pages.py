@@ -50,15 +50,16 @@ def fmt_time(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def parse_time(raw: str) -> str | None:
-    """A form time (``datetime-local`` or RFC 3339) as RFC 3339 UTC; empty gives None."""
+def parse_time(raw: str, field: str) -> str | None:
+    """A form time (``datetime-local`` or RFC 3339) as RFC 3339 UTC; empty gives None.
+    A refusal names the form ``field``."""
     raw = raw.strip()
     if not raw:
         return None
     try:
         when = datetime.fromisoformat(raw.replace("Z", "+00:00"))
     except ValueError as error:
-        raise ValueError(f"not a date and time: {raw!r}") from error
+        raise ValueError(f"{field}: not a date and time: {raw!r}") from error
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return when.astimezone(UTC).isoformat().replace("+00:00", "Z")
