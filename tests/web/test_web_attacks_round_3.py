@@ -8,8 +8,11 @@ import time
 
 import httpx
 
-from tests.api.conftest import Apps, LiveServer, bearer, grant, interaction
+from tests.api.conftest import Apps, LiveServer, bearer, build_kernel, grant, interaction
 from tests.web.conftest import csrf_of, open_link, privacy_link
+from uprof.api import ApiKeyStore
+from uprof.server import create_server
+from uprof.settings import Settings
 from uprof.web.pages import OPERATOR_COOKIE, USER_COOKIE
 
 
@@ -81,3 +84,35 @@ def test_the_sign_in_page_escapes_what_the_link_carries_and_runs_no_script(
     with httpx.Client(base_url=server.url, timeout=30) as client:
         assert client.post("/privacy/login", data={"token": hostile}).status_code == 403
         assert USER_COOKIE not in client.cookies
+
+
+def test_a_session_cookie_of_one_tenant_opens_nothing_on_another(
+    server: LiveServer, http: httpx.Client, apps: Apps, settings: Settings, keys: ApiKeyStore
+) -> None:
+    """Tenants on one set of stores share the key folder, so the cookie's signature holds
+    on both; the key the cookie names (the console's, or the one that issued the link)
+    is unknown to the other tenant, and with it the session. Bob is unknown there, so the
+    subject's incarnation alone would not refuse the privacy-center cookie."""
+    grant(http, apps.planner, subject="bob")
+    with httpx.Client(base_url=server.url, timeout=30) as here:
+        open_link(here, privacy_link(http, apps.planner_operator, "bob"))
+        user = here.cookies[USER_COOKIE]
+        here.post("/console/login", data={"api_key": apps.planner_operator})
+        operator = here.cookies[OPERATOR_COOKIE]
+        assert here.get("/privacy").status_code == 200
+    there = settings.model_copy(update={"tenant": "other-tenant"})
+    other_kernel = build_kernel(there)
+    other_keys = ApiKeyStore.open(there)
+    try:
+        with LiveServer(create_server(other_kernel, other_keys)) as other:
+            privacy = httpx.get(f"{other.url}/privacy", headers={"Cookie": f"{USER_COOKIE}={user}"})
+            assert privacy.status_code == 401, privacy.text
+            console = httpx.get(
+                f"{other.url}/console",
+                headers={"Cookie": f"{OPERATOR_COOKIE}={operator}"},
+                follow_redirects=False,
+            )
+            assert console.status_code == 403, console.text
+    finally:
+        other_keys.close()
+        other_kernel.close()
