@@ -50,8 +50,11 @@ class SignOuts:
             pass  # signed out already (another server, a double click): it stays so
 
     def in_force(self, now: datetime) -> list[tuple[str, datetime]]:
-        """The sign-outs whose cookies have not expired by ``now``: (session id, until)."""
+        """The sign-outs whose cookies have not expired by ``now``: (session id, until).
+        None in stores not yet migrated (an empty deployment a restore fills)."""
         with self._engine.connect() as conn:
+            if not sa.inspect(conn).has_table(signed_out_sessions.name):
+                return []
             rows = conn.execute(
                 sa.select(signed_out_sessions.c.session_id, signed_out_sessions.c.expires_at)
                 .where(signed_out_sessions.c.expires_at >= now)
