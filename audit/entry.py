@@ -147,6 +147,8 @@ ENTRY_FIELDS: dict[str, Validator] = {
     # API keys: the public id (never the secret) and the roles a key was issued with
     "api_key_id": _token,
     "roles": _token_list,
+    # privacy-center sign-in links: the link's random id (never its token)
+    "link_id": _token,
     # free-form but non-personal switches
     "explicit": _flag,
     "special_category": _flag,

@@ -776,14 +776,32 @@ class Facade:
         self._authorize_governance("export", ACCESS_PURPOSE)
         self._authorize_governance("erase", ERASURE_PURPOSE)
 
-    def privacy_link_issued(self, subject: str) -> None:
+    def privacy_link_issued(self, subject: str, link_id: str) -> None:
         """Record that a sign-in link to ``subject``'s privacy center was handed to this
-        principal (``privacy_link.issued``: the pseudonym, never the token): the link
-        opens everything the subject may do, so who was given one is on the log."""
+        principal (``privacy_link.issued``: the pseudonym and the link's id, never the
+        token): the link opens everything the subject may do, so who was given one is on
+        the log, and the entries of its session (``privacy-center#<link id>``) join it."""
         self._authorize_governance("inspect", OPERATIONS_PURPOSE)
         with self._as_principal():
             self._kernel.audit.record(
-                "privacy_link.issued", subject_ref=self._kernel.subjects.pseudonym(subject)
+                "privacy_link.issued",
+                subject_ref=self._kernel.subjects.pseudonym(subject),
+                link_id=link_id,
+            )
+
+    def privacy_link_used(self) -> None:
+        """Record that this data subject's link was used: a privacy-center session opens
+        under it, showing the whole profile (``privacy_link.used``, principal
+        ``privacy-center#<link id>``). Written before the session exists; no pseudonym
+        while the name stands for no subject (erased)."""
+        if self.principal.kind is not PrincipalKind.USER:
+            raise PermissionDeniedError("only a data subject's link signs in to its privacy center")
+        subject = self.principal.subject
+        with self._as_principal():
+            self._kernel.audit.record(
+                "privacy_link.used",
+                subject_ref=self._kernel.subject_pseudonym(subject),
+                link_id=self.principal.key_id,
             )
 
     def console_sign_in(self, *, refused: bool = False) -> None:

@@ -114,7 +114,7 @@ def test_sign_in_links_are_bounded_single_use_and_evicted_ones_are_void() -> Non
     assert len(links) <= 5
     assert links.redeem(issued[0]) is None  # pushed out: void, like an unknown link
     # (subject, its incarnation tag, the key that issued it)
-    assert links.redeem(issued[-1]) == ("subject-11", "", "")
+    assert (links.redeem(issued[-1]) or ())[:3] == ("subject-11", "", "")
     assert links.redeem(issued[-1]) is None  # single use
     assert len(links) <= 4
 

@@ -60,6 +60,7 @@ from uprof.apikeys.tables import metadata as api_metadata
 from uprof.backends import StoresInUseError, backend_for_settings
 from uprof.crypto.keystore import derive_key
 from uprof.crypto.tables import metadata as keys_metadata
+from uprof.services.sign_outs import SignOuts
 from uprof.settings import Settings
 from uprof.storage import MIGRATIONS_DIR, RESTORE_MARKER, create_engine, layout_for, migrate
 
@@ -441,8 +442,20 @@ def _restore_alone(
     keep_live_audit = _live_audit_extends(views, manifest)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     marker = settings.data_dir / RESTORE_MARKER
+    # Sign-outs are kept like the live audit log: the backup's views were copied before
+    # the sessions signed out since, whose cookies would otherwise open again. They go in
+    # the marker too (random session ids, no credential): a killed restore, run again,
+    # finds the views already replaced and the live ones only there.
+    signed_out = _sign_outs_to_keep(views, marker)
     marker.write_text(
-        json.dumps({"from": str(src), "started_at": datetime.now(UTC).isoformat()}) + "\n",
+        json.dumps(
+            {
+                "from": str(src),
+                "started_at": datetime.now(UTC).isoformat(),
+                "sign_outs": [[sid, until.isoformat()] for sid, until in signed_out],
+            }
+        )
+        + "\n",
         encoding="utf-8",
     )
     _fsync(marker)
@@ -453,6 +466,8 @@ def _restore_alone(
         from uprof.services.recovery import reapply_ledger
 
         ledger = reapply_ledger(kernel)
+        if kernel.web_sign_outs is not None:
+            kernel.web_sign_outs.keep(signed_out, now=datetime.now(UTC))
         # Only the operator of the stores can restore (the stores are held alone, so no
         # authorized door is open): the entry names the command line's principal.
         kernel.audit.record(
@@ -474,6 +489,26 @@ def _restore_alone(
     marker.unlink()
     _fsync(settings.data_dir)
     return RestoreReport(manifest["backend"], keep_live_audit, entries, ledger)
+
+
+def _sign_outs_to_keep(views: sa.Engine, marker: Path) -> list[tuple[str, datetime]]:
+    """The live stores' sign-outs in force, with those a killed restore's marker kept."""
+    now = datetime.now(UTC)
+    kept = dict(SignOuts(views).in_force(now))
+    try:
+        earlier = json.loads(marker.read_text(encoding="utf-8")).get("sign_outs", [])
+    except (OSError, ValueError, AttributeError):
+        earlier = []
+    for row in earlier if isinstance(earlier, list) else []:
+        try:
+            sid, until = str(row[0]), datetime.fromisoformat(str(row[1]))
+        except (TypeError, ValueError, IndexError):
+            continue
+        if until.tzinfo is None:
+            until = until.replace(tzinfo=UTC)
+        if until >= now:
+            kept.setdefault(sid, until)
+    return sorted(kept.items())
 
 
 def _live_audit_extends(views: sa.Engine, manifest: dict[str, Any]) -> bool:

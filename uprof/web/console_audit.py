@@ -10,6 +10,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from domain.errors import UprofError
 from uprof.api.deps import while_live
+from uprof.api.errors import classify
 from uprof.api.routes.docs import api_router
 from uprof.apikeys.store import ApiKeyStore
 from uprof.facade import Facade
@@ -37,8 +38,8 @@ def audit_filter(request: Request, door: Facade) -> tuple[dict[str, str], dict[s
         "subject_ref": subject_ref,
         "app_id": form["app"] or None,
         "action": form["action"] or None,
-        "since": parse_time(form["since"]),
-        "until": parse_time(form["until"]),
+        "since": parse_time(form["since"], "since"),
+        "until": parse_time(form["until"], "until"),
     }
     return form, args
 
@@ -56,6 +57,7 @@ def router(web: WebPages) -> APIRouter:
         rows: list[Any] = []
         next_cursor = None
         error = ""
+        status = 200
         searched = bool(request.query_params)
         cursor = request.query_params.get("cursor") or None
         try:
@@ -76,12 +78,15 @@ def router(web: WebPages) -> APIRouter:
                 for k in ("subject", "app", "action", "since", "until")
             }
             error = str(problem)
+            # A refused search says so, with the status REST would give (bad input 422).
+            status = classify(problem)[0] if isinstance(problem, UprofError) else 422
             args = {}
         shown = [(r.leaf_index, r.entry) for r in rows]
         filters = {k: v for k, v in form.items() if v}
         return web.page(
             request,
             "console_audit.html",
+            status,
             session=session,
             form=form,
             rows=shown,

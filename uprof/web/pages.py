@@ -30,7 +30,7 @@ OPERATOR_COOKIE = "uprof_console"
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 #: Rows on one page of a console list; "Next page" continues with the list's cursor.
 CONSOLE_PAGE_ROWS = 100
-#: How a privacy-center principal is named (audit: ``privacy-center#link``).
+#: How a privacy-center principal is named (audit: ``privacy-center#<link id>``).
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
@@ -50,15 +50,16 @@ def fmt_time(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def parse_time(raw: str) -> str | None:
-    """A form time (``datetime-local`` or RFC 3339) as RFC 3339 UTC; empty gives None."""
+def parse_time(raw: str, field: str) -> str | None:
+    """A form time (``datetime-local`` or RFC 3339) as RFC 3339 UTC; empty gives None.
+    A refusal names the form ``field``."""
     raw = raw.strip()
     if not raw:
         return None
     try:
         when = datetime.fromisoformat(raw.replace("Z", "+00:00"))
     except ValueError as error:
-        raise ValueError(f"not a date and time: {raw!r}") from error
+        raise ValueError(f"{field}: not a date and time: {raw!r}") from error
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return when.astimezone(UTC).isoformat().replace("+00:00", "Z")
@@ -311,7 +312,9 @@ def user_door(runtime: ServiceRuntime, session: Session) -> Facade:
         Principal(
             tenant=runtime.kernel.subjects.tenant,
             app_id=PRIVACY_CENTER,
-            key_id="link",
+            # The link that opened the session names it on the log (a cookie signed
+            # before links had ids names none).
+            key_id=session.link_id or "link",
             kind=PrincipalKind.USER,
             subject=session.subject,
         ),

@@ -22,6 +22,7 @@ from uprof.web.pages import (
     USER_COOKIE,
     WebPages,
     key_door,
+    user_door,
 )
 from uprof.web.state import Session
 
@@ -79,11 +80,11 @@ def router(web: WebPages) -> APIRouter:
             raise EdgeError(404, "subject_not_found", "no such subject")
         pseudonym = door.subject_pseudonym(body.subject) or ""
         incarnation = web.sessions(request).incarnation(pseudonym) if pseudonym else ""
-        token, expires_at = web.links(request).issue(
+        token, expires_at, link_id = web.links(request).issue(
             body.subject.strip(), incarnation, issued_by=principal.key_id
         )
         # Audited before the token leaves: a link the log cannot show is never handed out.
-        door.privacy_link_issued(body.subject)
+        door.privacy_link_issued(body.subject, link_id)
         return PrivacyLinkOut(
             token=token, expires_at=expires_at, login_path=f"/privacy/login?token={token}"
         )
@@ -102,18 +103,25 @@ def router(web: WebPages) -> APIRouter:
         if refused is not None:
             return refused
         redeemed = web.links(request).redeem(token)
-        subject, incarnation, issued_by = redeemed or ("", "", "")
+        subject, incarnation, issued_by, link_id = redeemed or ("", "", "", "")
         if (
             redeemed is None
             or not web.same_incarnation(request, subject, incarnation)
             or not web.issuer_live(request, issued_by)
         ):
             return link_not_valid(request)
+        session = Session(
+            kind="user",
+            subject=subject,
+            incarnation=incarnation,
+            key_id=issued_by,
+            link_id=link_id,
+        )
+        # On the log before the session exists: it opens the whole profile.
+        user_door(web.runtime_of(request), session).privacy_link_used()
         sessions = web.sessions(request)
         sessions.drop(request.cookies.get(USER_COOKIE), "user")
-        sid = sessions.create(
-            Session(kind="user", subject=subject, incarnation=incarnation, key_id=issued_by)
-        )
+        sid = sessions.create(session)
         # Posted from uprof's own page: the redirect stays same-site, so the browser sends
         # the new (SameSite=Strict) cookie with it.
         response = RedirectResponse("/privacy", status_code=303)

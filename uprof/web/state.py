@@ -54,6 +54,10 @@ class _Link:
     #: The API key id that asked for the link (it received the token): the link and the
     #: session it opens live only while that key does.
     issued_by: str = ""
+    #: Names the link on the audit log (``privacy_link.issued`` beside the issuing key,
+    #: and the principal ``privacy-center#<link id>`` of everything its session does).
+    #: Random and not a credential: the token is.
+    link_id: str = field(default_factory=lambda: secrets.token_hex(8))
 
 
 class LinkStore:
@@ -65,16 +69,17 @@ class LinkStore:
 
     def issue(
         self, subject: str, incarnation: str = "", issued_by: str = ""
-    ) -> tuple[str, datetime]:
+    ) -> tuple[str, datetime, str]:
+        """A new link: its token, when it expires and its id (``_Link.link_id``)."""
         token = secrets.token_urlsafe(32)
         expires_at = _now() + self._ttl
         link = _Link(subject, expires_at, incarnation=incarnation, issued_by=issued_by)
         self._links.put(_hash(token), link)
-        return token, expires_at
+        return token, expires_at, link.link_id
 
-    def redeem(self, token: str) -> tuple[str, str, str] | None:
-        """Return the link's subject, incarnation tag and issuing key id and burn the
-        link; None when unknown, used or expired."""
+    def redeem(self, token: str) -> tuple[str, str, str, str] | None:
+        """Return the link's subject, incarnation tag, issuing key id and link id and
+        burn the link; None when unknown, used or expired."""
         if not token or len(token) > 200:
             return None
         # Taken out of the store: a burnt link is gone, exactly like an unknown one.
@@ -82,7 +87,7 @@ class LinkStore:
         if link is None or link.used or link.expires_at <= _now():
             return None
         link.used = True
-        return link.subject, link.incarnation, link.issued_by
+        return link.subject, link.incarnation, link.issued_by, link.link_id
 
     def __len__(self) -> int:
         return len(self._links)
@@ -101,6 +106,9 @@ class Session:
     #: link (none on cookies signed before 2026-12-05). Either way the session lives only
     #: while that key does.
     key_id: str = ""
+    #: User sessions: the id of the link that opened it (``_Link.link_id``; none on
+    #: cookies signed before 2026-12-05): the session acts as ``privacy-center#<link id>``.
+    link_id: str = ""
     csrf: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     #: Names the session (its receipts, its sign-out) without being a credential.
     session_id: str = field(default_factory=lambda: secrets.token_urlsafe(16))
@@ -170,6 +178,7 @@ class SessionStore:
                     "incarnation": session.incarnation,
                     "app_id": session.app_id,
                     "key_id": session.key_id,
+                    "link_id": session.link_id,
                     "csrf": session.csrf,
                     "session_id": session.session_id,
                 }
@@ -195,6 +204,7 @@ class SessionStore:
                 incarnation=str(fields.get("incarnation", "")),
                 app_id=str(fields["app_id"]),
                 key_id=str(fields["key_id"]),
+                link_id=str(fields.get("link_id", "")),
                 csrf=str(fields["csrf"]),
                 session_id=str(fields["session_id"]),
             )
