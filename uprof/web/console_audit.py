@@ -7,6 +7,7 @@ from urllib.parse import urlencode
 
 from fastapi import APIRouter, Form, Request, UploadFile
 from fastapi.responses import Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from domain.errors import UprofError
 from uprof.api.deps import while_live
@@ -153,12 +154,20 @@ def router(web: WebPages) -> APIRouter:
         csrf: Annotated[str, Form()] = "",
         kind: Annotated[str, Form()] = "export",
     ) -> Response:
+        # Reading the upload is I/O, for the loop; checking it is CPU work over up to
+        # MAX_UPLOAD_BYTES and reads the stores, so it runs in the thread pool, as every
+        # plain route does: on the loop it held up every other caller's request meanwhile.
+        raw = await upload.read(MAX_UPLOAD_BYTES + 1)
+        return await run_in_threadpool(
+            checked_upload, request, csrf, kind, raw, upload.filename or "upload"
+        )
+
+    def checked_upload(request: Request, csrf: str, kind: str, raw: bytes, name: str) -> Response:
         session = web.checked_operator(request, csrf)
         if isinstance(session, Response):
             return session
-        raw = await upload.read(MAX_UPLOAD_BYTES + 1)
         door = operator_door(web.runtime_of(request), session)
-        result = verify_upload(raw, kind, door, upload.filename or "upload")
+        result = verify_upload(raw, kind, door, name)
         status = 200 if result["ok"] else 422
         return web.page(
             request,
