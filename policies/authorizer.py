@@ -201,9 +201,15 @@ class _ParsedOnceEnforcer(casbin.Enforcer):  # type: ignore[misc]  # casbin is u
 
     @staticmethod
     def _get_expression(expr: str, functions: Any = None) -> Any:
+        parsed = _parsed_matchers.get(expr)
+        if parsed is None:
+            # Not a matcher an enforcer was built with (pycasbin asking with another
+            # expression): pycasbin's own evaluator, parsed now and kept by no one, so
+            # nothing a request sends grows the parsed matchers.
+            return casbin.Enforcer._get_expression(expr, functions)
         evaluator = casbin.Enforcer._get_expression("", functions)  # parses nothing
         evaluator.expr = expr
-        evaluator.ast_parsed_value = _parsed_matcher(expr)
+        evaluator.ast_parsed_value = parsed
         return evaluator
 
 
@@ -262,6 +268,9 @@ def _check_model(model: Any, effector: Any) -> None:
         role_defs != {"g", "g2"} and "role definitions must be exactly g and g2",
         not isinstance(effector, AllowAndDenyEffector)
         and "effect must be: allow if some rule allows and none denies",
+        # pycasbin rewrites an eval() matcher with each rule's text per decision: a rule's
+        # text would be evaluated, and the matcher parsed at start not the one decided with.
+        casbin.util.has_eval(matcher) is not None and "matcher must not use eval()",
         *(
             f"matcher ignores request field {token[2:]!r}"
             for token in _REQUEST_TOKENS

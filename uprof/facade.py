@@ -1038,7 +1038,9 @@ class Facade:
 
     def _listing(self, name: str, shape: tuple[str, ...], **scope: object) -> Listing:
         p = self.principal
-        who = f"{p.kind}:{p.policy_subject}"
+        # The tenant too: tenants on shared stores share the cursor key, and an app id
+        # names another app in another tenant.
+        who = f"{p.tenant}/{p.kind}:{p.policy_subject}"
         if p.kind is PrincipalKind.USER:
             who += f":{p.subject}"
         pairs = tuple(sorted((k, "" if v is None else str(v)) for k, v in scope.items()))

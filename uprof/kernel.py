@@ -30,7 +30,7 @@ from domain.errors import (
 )
 from domain.values import ConsentGrant, Interaction, ProposalBatch
 from uprof import telemetry
-from uprof.crypto.keystore import KeyStore
+from uprof.crypto.keystore import KeyStore, is_pseudonym
 from uprof.crypto.ledger import LedgerState
 from uprof.eventstore import ProfilesApplication
 from uprof.ports import AuditTrail, Clock, ViewStore
@@ -681,8 +681,14 @@ class Uprof:
         return list(self.queries.item_reads(str(self.stream_of(subject))))
 
     def audit_subject_ref(self, subject: str) -> str:
-        """The pseudonym audit entries use for a subject (a pseudonym maps to itself)."""
-        return subject if subject.startswith("subj_") else self.subjects.pseudonym(subject)
+        """The pseudonym audit entries use for a subject (a pseudonym maps to itself).
+
+        Only text of a pseudonym's exact shape stands for itself: an audit page records its
+        subject filter (``audit.read``), so anything else is a subject's reference and
+        becomes its pseudonym (a fresh one for no subject), never text on the log."""
+        if is_pseudonym(subject):
+            return subject
+        return self.subjects.pseudonym(subject)
 
     def residue_scan(self, terms: Sequence[str]) -> ResidueReport:
         """Scan every store for the terms and for decryptable data of erased subjects."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 import time
 import uuid
@@ -178,6 +179,14 @@ class Destruction:
 def new_pseudonym() -> str:
     """A random pseudonym: linked to a subject only by its index row (deleted at erasure)."""
     return "subj_" + secrets.token_hex(16)
+
+
+_PSEUDONYM = re.compile(r"subj_[0-9a-f]{32}")
+
+
+def is_pseudonym(text: str) -> bool:
+    """Whether ``text`` has the exact shape ``new_pseudonym`` draws."""
+    return _PSEUDONYM.fullmatch(text) is not None
 
 
 # Statements the capture writer runs for every group, built once: building a statement
