@@ -340,6 +340,48 @@ class AuditLog:
             return []
         return self._retry(lambda: self._write_typed(prepared, tuple(once_by)))
 
+    def holding(
+        self,
+        action: str,
+        subject_refs: Iterable[str],
+        field: str,
+        values: Iterable[str | int],
+    ) -> list[dict[str, Any]]:
+        """The stored entries of ``action`` naming one of ``subject_refs`` whose ``field``
+        is one of ``values`` (strings or integers), parsed.
+
+        One narrowed read without the write lock (the log is append-only: what it holds
+        now it holds later): the indexed ``action`` and ``subject_ref`` columns, then the
+        canonical text of each value (``"notification_id":42``, as RFC 8785 writes it in
+        ``entry_json``; a superset, the parsed values decide), in queries of at most
+        ``_MAX_NEEDLES`` values. What ``append_many(..., once_by=(field,))`` would find,
+        for a caller that must know which are held before it builds the entries (the
+        extraction worker's reconciliation, decision XXXX-capture-accepted-reconciled)."""
+        refs = sorted(set(subject_refs))
+        wanted = {v for v in values if _needle_value(v)}
+        if not refs or not wanted:
+            return []
+        needles = sorted(canonical_bytes({field: v}).decode("utf-8")[1:-1] for v in wanted)
+        found: list[dict[str, Any]] = []
+        c = audit_entries.c
+        with self._engine.connect() as conn:
+            for lo in range(0, len(needles), _MAX_NEEDLES):
+                query = sa.select(c.entry_json).where(
+                    c.action == action,
+                    c.subject_ref.in_(refs),
+                    sa.or_(
+                        *(
+                            c.entry_json.contains(n, autoescape=True)
+                            for n in needles[lo : lo + _MAX_NEEDLES]
+                        )
+                    ),
+                )
+                for text in conn.execute(query).scalars():
+                    entry = json.loads(text)
+                    if entry.get(field) in wanted:
+                        found.append(entry)
+        return found
+
     def _write_typed(
         self, prepared: Sequence[_PreparedEntry], once_by: OnceBy = ()
     ) -> list[AuditRecord]:
