@@ -361,22 +361,30 @@ class AuditLog:
         wanted = {v for v in values if _needle_value(v)}
         if not refs or not wanted:
             return []
-        needles = sorted(canonical_bytes({field: v}).decode("utf-8")[1:-1] for v in wanted)
-        found: list[dict[str, Any]] = []
+        # Unescaped LIKE patterns of the value's RFC 8785 text (``"notification_id":42``;
+        # strings as ``json.dumps`` without ASCII escapes writes them, which is the same
+        # text): ``%`` and ``_`` match more, a superset again, and a backslash (an escape
+        # in PostgreSQL's LIKE) becomes ``_``. Each query names exactly ``_MAX_NEEDLES``
+        # patterns (the last repeated), bound at execution: one statement, compiled once.
+        name = json.dumps(field, ensure_ascii=False)
+        needles = sorted(
+            "%" + f"{name}:{json.dumps(v, ensure_ascii=False)}".replace("\\", "_") + "%"
+            for v in wanted
+        )
         c = audit_entries.c
+        query = sa.select(c.entry_json).where(
+            c.action == sa.bindparam("action"),
+            c.subject_ref.in_(sa.bindparam("refs", expanding=True)),
+            sa.text("(" + " OR ".join(f"entry_json LIKE :n{i}" for i in range(_MAX_NEEDLES)) + ")"),
+        )
+        found: list[dict[str, Any]] = []
         with self._engine.connect() as conn:
             for lo in range(0, len(needles), _MAX_NEEDLES):
-                query = sa.select(c.entry_json).where(
-                    c.action == action,
-                    c.subject_ref.in_(refs),
-                    sa.or_(
-                        *(
-                            c.entry_json.contains(n, autoescape=True)
-                            for n in needles[lo : lo + _MAX_NEEDLES]
-                        )
-                    ),
-                )
-                for text in conn.execute(query).scalars():
+                chunk = needles[lo : lo + _MAX_NEEDLES]
+                chunk += [chunk[-1]] * (_MAX_NEEDLES - len(chunk))
+                params: dict[str, Any] = {"action": action, "refs": refs}
+                params.update({f"n{i}": n for i, n in enumerate(chunk)})
+                for text in conn.execute(query, params).scalars():
                     entry = json.loads(text)
                     if entry.get(field) in wanted:
                         found.append(entry)

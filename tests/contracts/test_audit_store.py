@@ -90,6 +90,9 @@ class AuditStoreContract:
         assert sorted(e["notification_id"] for e in found) == [7, 42]
         assert log.holding("consent.granted", ["sub_0001"], "notification_id", [4]) == []
         assert log.holding("consent.granted", [], "notification_id", [42]) == []
+        log.append_many([entry(1, request_id="r_1"), entry(1, request_id="rx1")])
+        (held,) = log.holding("consent.granted", ["sub_0001"], "request_id", ["r_1"])
+        assert held["request_id"] == "r_1"  # "_" matches any character in LIKE: parsed
 
     def test_once_by_finds_a_value_inside_a_stored_list_and_under_either_name(
         self, stores: Stores
