@@ -267,20 +267,23 @@ class LateCaptures:
         next one). [] when the run is such a request, on the log. Costs a look-ahead
         read and an audit read, for a batch that cuts a request (one per batch at most
         per partition) or holds a lost one."""
-        horizon = self._now() - self._grace
         ahead: list[_Capture] = []
+        notifications: dict[int, Any] = {}
         while True:
             more = self._app.notifications_after(
                 (ahead or run)[-1].nid, _LOOK_AHEAD, topics=(CAPTURED_TOPIC,)
             )
             for n in more:
                 last = (ahead or run)[-1]
-                if n.id != last.nid + 1 or n.originator_id != stream:
+                if (
+                    n.id != last.nid + 1
+                    or n.originator_id != stream
+                    or n.originator_version != last.version + 1
+                ):
                     break
-                capture = _capture(n, self._app.decode(n))
-                if capture.version != last.version + 1 or not _older([capture], horizon):
-                    break
-                ahead.append(capture)
+                # Not decoded yet: a request on the log (the common case) needs positions only.
+                ahead.append(_Capture(n.id, n.originator_version, stream, None, None))
+                notifications[n.id] = n
             else:
                 if len(more) == _LOOK_AHEAD:
                     continue
@@ -291,10 +294,16 @@ class LateCaptures:
         # (a request cut by the batch's end): the lost request is what comes before.
         joined = [*run, *ahead]
         held = self._held({stream: pseudonym}, {stream: joined}).get(stream, set())
-        lost = []
+        lost: list[_Capture] = []
+        horizon = self._now() - self._grace
         for capture in joined:
             if capture.version in held:
                 break
+            if capture.nid in notifications:  # ahead: decoded only for a lost request
+                n = notifications[capture.nid]
+                capture = _capture(n, self._app.decode(n))
+                if not _older([capture], horizon):
+                    break  # a request too young to judge: its own batch will
             lost.append(capture)
         return lost
 
