@@ -269,12 +269,17 @@ class LateCaptures:
         per partition) or holds a lost one."""
         ahead: list[_Capture] = []
         notifications: dict[int, Any] = {}
-        while True:
+        held: set[int] = set()
+        # Page by page, until a page holds the end of a request on the log (an entry
+        # counting back over what came before it) or the stream's run of positions ends:
+        # a subject written back to back would otherwise be read to the log's head.
+        while not held:
             more = self._app.notifications_after(
                 (ahead or run)[-1].nid, _LOOK_AHEAD, topics=(CAPTURED_TOPIC,)
             )
+            page: list[_Capture] = []
             for n in more:
-                last = (ahead or run)[-1]
+                last = (page or ahead or run)[-1]
                 if (
                     n.id != last.nid + 1
                     or n.originator_id != stream
@@ -282,18 +287,20 @@ class LateCaptures:
                 ):
                     break
                 # Not decoded yet: a request on the log (the common case) needs positions only.
-                ahead.append(_Capture(n.id, n.originator_version, stream, None, None))
+                page.append(_Capture(n.id, n.originator_version, stream, None, None))
                 notifications[n.id] = n
-            else:
-                if len(more) == _LOOK_AHEAD:
-                    continue
-            break
+            if not page:
+                break
+            # An entry ending in the page counts back over the captures it names, in the
+            # batch too (a request cut by the batch's end).
+            ends = self._held({stream: pseudonym}, {stream: page})
+            ahead.extend(page)
+            held = ends.get(stream, set())
+            if len(page) < len(more) or len(more) < _LOOK_AHEAD:
+                break
         if not ahead:
             return run
-        # An entry ending ahead counts back over the captures it names, in the batch too
-        # (a request cut by the batch's end): the lost request is what comes before.
         joined = [*run, *ahead]
-        held = self._held({stream: pseudonym}, {stream: joined}).get(stream, set())
         lost: list[_Capture] = []
         horizon = self._now() - self._grace
         for capture in joined:
