@@ -23,7 +23,9 @@ from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import build_kernel, consent, say, settings_for
 from tests.kernel.other_process import run_in_another_process
 from tests.kernel.test_erasure_resume import exported_trail_verifies
+from uprof.eventstore import CAPTURED_TOPIC
 from uprof.kernel import Uprof
+from uprof.services.late_captures import LateCaptures
 from uprof.settings import Settings
 
 CHILD_TIMEOUT_S = 180
@@ -125,6 +127,57 @@ def test_two_workers_record_it_once(backend: Backend, kernel: Uprof) -> None:
     (entry,) = accepted(kernel)
     assert (entry["reason_code"], entry["counts"]) == (LATE, {"events": 2})
     assert exported_trail_verifies(kernel)
+
+
+def test_the_batch_holding_the_requests_end_checked_first_names_it_whole(
+    backend: Backend, kernel: Uprof
+) -> None:
+    """The race of two workers with batches of one, made deterministic: the batch holding
+    the lost request's second capture is checked before the batch holding its first (one
+    worker committed and checked first). Its run starts at its batch's start: it is
+    followed back over the request's earlier captures, so both checks name the same
+    whole request and the entry counts both events."""
+    consent(kernel, "alice")
+    killed_after_commit(backend, TEXTS[:2])
+    first, second = kernel.app.notifications_after(0, 1000, topics=(CAPTURED_TOPIC,))
+    assert (second.id, second.originator_version) == (first.id + 1, first.originator_version + 1)
+    late = LateCaptures(
+        kernel.app,
+        kernel.audit_log,
+        kernel.audit,
+        kernel.keystore.subjects_of_streams,
+        grace_s=0,
+    )
+    late.extracted([(second, kernel.app.decode(second))], second.id)
+    late.extracted([(first, kernel.app.decode(first))], first.id)
+    (entry,) = accepted(kernel)
+    assert (entry["reason_code"], entry["counts"]) == (LATE, {"events": 2})
+    assert entry["notification_id"] == second.id
+    assert exported_trail_verifies(kernel)
+
+
+def test_the_look_back_stops_at_the_request_before_on_the_log(
+    backend: Backend, kernel: Uprof
+) -> None:
+    """The request before a lost one, at the previous ids and versions of the stream, is
+    on the log: the look-back stops at it, whichever batch is checked first."""
+    consent(kernel, "alice")
+    kernel.capture_many("alice", [say("first request")])  # recorded as usual
+    killed_after_commit(backend, TEXTS[:2])
+    recorded, first, second = kernel.app.notifications_after(0, 1000, topics=(CAPTURED_TOPIC,))
+    assert (second.id, first.id) == (first.id + 1, recorded.id + 1)  # one run of positions
+    late = LateCaptures(
+        kernel.app,
+        kernel.audit_log,
+        kernel.audit,
+        kernel.keystore.subjects_of_streams,
+        grace_s=0,
+    )
+    for n in (second, first, recorded):
+        late.extracted([(n, kernel.app.decode(n))], n.id)
+    entries = accepted(kernel)
+    assert [e.get("reason_code") for e in entries] == [None, LATE]
+    assert (entries[1]["counts"], entries[1]["notification_id"]) == ({"events": 2}, second.id)
 
 
 def test_a_request_across_two_batches_is_recorded_once_with_all_its_events(

@@ -18,7 +18,10 @@ capture is on the log when an entry of its subject ends at or after it and count
 over it. Missing captures are grouped into runs (consecutive ids, consecutive versions,
 one stream); a run ends where the request ended (its last capture, which is what a keyed
 retry names too: a keyed request's ``RequestsRecorded`` event follows its captures and
-breaks the run), so both callers name the same ``notification_id``. Two unkeyed requests
+breaks the run), so both callers name the same ``notification_id``. A run is followed
+into the next batches when it reaches its batch's end, and back into earlier ones when it
+starts at its stream's first capture in the batch, so every worker names the whole
+request whichever of its batches is checked first. Two unkeyed requests
 of one subject saved in one group-commit transaction and both lost are one run: one
 entry counting both (the log kept no boundary between them; nobody else can name them).
 """
@@ -46,8 +49,12 @@ _log = logging.getLogger(__name__)
 #: lost (decisions 0090-capture-accepted-recorded-late, XXXX-capture-accepted-reconciled).
 RECORDED_LATE = "recorded-late"
 ACCEPTED = "capture.accepted"
-#: Captures read per look-ahead query when a missing run reaches the batch's end.
+#: Captures read per look-ahead query when a missing run reaches the batch's end (and per
+#: look-back query when it starts at the batch's first capture of its stream).
 _LOOK_AHEAD = 64
+#: Pages read at most behind a missing run that starts at its stream's first capture in
+#: the batch: a lost request longer than this behind the batch is named from there on.
+_LOOK_BACK_PAGES = 16
 
 
 @dataclass(frozen=True)
@@ -207,11 +214,14 @@ class LateCaptures:
             if not lost:
                 continue
             tenant, pseudonym = subjects[str(stream)]
+            first = min(c.nid for c in captures)
             for run in _runs(lost):
                 if run[-1].nid == batch_end:
                     run = self._run_on(stream, pseudonym, run)
                     if not run:
                         continue
+                if run[0].nid == first:
+                    run = self._run_back(stream, pseudonym, run)
                 named = next((c.named for c in run if c.named is not None), None)
                 if named is None:  # every capture of it erased since: its erasure says so
                     continue
@@ -313,6 +323,57 @@ class LateCaptures:
                     break  # a request too young to judge: its own batch will
             lost.append(capture)
         return lost
+
+    def _run_back(self, stream: UUID, pseudonym: str, run: list[_Capture]) -> list[_Capture]:
+        """A missing run that starts at its stream's first capture in the batch, with the
+        captures of the same request in earlier batches: the preceding positions while
+        they are the stream's previous versions, back to the first capture an entry names
+        (an entry ending there names the request before), at most ``_LOOK_BACK_PAGES``
+        pages. Every worker then names the same whole request, whichever batch of it is
+        checked first (two workers: the batch holding a request's end may be checked
+        before the one holding its start). Costs a read for a lost run only."""
+        behind: list[_Capture] = []  # newest first
+        notifications: dict[int, Any] = {}
+        held: set[int] = set()
+        earliest = run[0]
+        for _ in range(_LOOK_BACK_PAGES):
+            start = max(0, earliest.nid - 1 - _LOOK_AHEAD)
+            if start >= earliest.nid - 1:
+                break
+            # The topic filter may skip positions: what comes at or after ``earliest``
+            # is not behind it.
+            more = [
+                n
+                for n in self._app.notifications_after(
+                    start, earliest.nid - 1 - start, topics=(CAPTURED_TOPIC,)
+                )
+                if n.id < earliest.nid
+            ]
+            page: list[_Capture] = []
+            for n in reversed(more):
+                if (
+                    n.id != earliest.nid - 1
+                    or n.originator_id != stream
+                    or n.originator_version != earliest.version - 1
+                ):
+                    break
+                earliest = _Capture(n.id, n.originator_version, stream, None, None)
+                page.append(earliest)
+                notifications[n.id] = n
+            if not page:
+                break
+            behind.extend(page)
+            # An entry ending in the page counts back over the request it names.
+            held = self._held({stream: pseudonym}, {stream: page}).get(stream, set())
+            if held or earliest.nid - 1 > start or start == 0:
+                break
+        lost: list[_Capture] = []
+        for capture in behind:
+            if capture.version in held:
+                break
+            n = notifications[capture.nid]  # decoded only for a lost request
+            lost.append(_capture(n, self._app.decode(n)))
+        return [*reversed(lost), *run]
 
 
 def _older(captures: Sequence[_Capture], horizon: datetime) -> bool:
