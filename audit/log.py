@@ -340,6 +340,56 @@ class AuditLog:
             return []
         return self._retry(lambda: self._write_typed(prepared, tuple(once_by)))
 
+    def holding(
+        self,
+        action: str,
+        subject_refs: Iterable[str],
+        field: str,
+        values: Iterable[str | int],
+    ) -> list[dict[str, Any]]:
+        """The stored entries of ``action`` naming one of ``subject_refs`` whose ``field``
+        is one of ``values`` (strings or integers), parsed.
+
+        One narrowed read without the write lock (the log is append-only: what it holds
+        now it holds later): the indexed ``action`` and ``subject_ref`` columns, then the
+        canonical text of each value (``"notification_id":42``, as RFC 8785 writes it in
+        ``entry_json``; a superset, the parsed values decide), in queries of at most
+        ``_MAX_NEEDLES`` values. What ``append_many(..., once_by=(field,))`` would find,
+        for a caller that must know which are held before it builds the entries (the
+        extraction worker's reconciliation, decision XXXX-capture-accepted-reconciled)."""
+        refs = sorted(set(subject_refs))
+        wanted = {v for v in values if _needle_value(v)}
+        if not refs or not wanted:
+            return []
+        # Unescaped LIKE patterns of the value's RFC 8785 text (``"notification_id":42``;
+        # strings as ``json.dumps`` without ASCII escapes writes them, which is the same
+        # text): ``%`` and ``_`` match more, a superset again, and a backslash (an escape
+        # in PostgreSQL's LIKE) becomes ``_``. Each query names exactly ``_MAX_NEEDLES``
+        # patterns (the last repeated), bound at execution: one statement, compiled once.
+        name = json.dumps(field, ensure_ascii=False)
+        needles = sorted(
+            "%" + f"{name}:{json.dumps(v, ensure_ascii=False)}".replace("\\", "_") + "%"
+            for v in wanted
+        )
+        c = audit_entries.c
+        query = sa.select(c.entry_json).where(
+            c.action == sa.bindparam("action"),
+            c.subject_ref.in_(sa.bindparam("refs", expanding=True)),
+            sa.text("(" + " OR ".join(f"entry_json LIKE :n{i}" for i in range(_MAX_NEEDLES)) + ")"),
+        )
+        found: list[dict[str, Any]] = []
+        with self._engine.connect() as conn:
+            for lo in range(0, len(needles), _MAX_NEEDLES):
+                chunk = needles[lo : lo + _MAX_NEEDLES]
+                chunk += [chunk[-1]] * (_MAX_NEEDLES - len(chunk))
+                params: dict[str, Any] = {"action": action, "refs": refs}
+                params.update({f"n{i}": n for i, n in enumerate(chunk)})
+                for text in conn.execute(query, params).scalars():
+                    entry = json.loads(text)
+                    if entry.get(field) in wanted:
+                        found.append(entry)
+        return found
+
     def _write_typed(
         self, prepared: Sequence[_PreparedEntry], once_by: OnceBy = ()
     ) -> list[AuditRecord]:

@@ -45,6 +45,7 @@ from uprof.services.erased_items import ErasedItemGuard
 from uprof.services.erasure import ErasureService
 from uprof.services.extraction import EvidenceChecker, ExtractionWorker
 from uprof.services.idempotency import IdempotencyStore
+from uprof.services.late_captures import LateCaptures
 from uprof.services.maintenance import MaintenanceService
 from uprof.services.paging import CursorCodec
 from uprof.services.profile import ProfileService
@@ -444,6 +445,15 @@ def bootstrap(
         partitioning=partitioning,
         partitions=partitions,
         erased_items=erased_items,
+        # Requests a crash kept off the audit log, recorded late (decision
+        # XXXX-capture-accepted-reconciled).
+        late_captures=LateCaptures(
+            app,
+            audit_log,
+            audit,
+            keystore.subjects_of_streams,
+            grace_s=settings.late_capture_check_s,
+        ),
     )
     quarantine = QuarantineService(
         app,

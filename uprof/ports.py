@@ -390,6 +390,17 @@ class AuditStore(Protocol):
         ``once_by``, leaving out those the log already holds (``AuditLog.append_many``)."""
         ...
 
+    def holding(
+        self,
+        action: str,
+        subject_refs: Iterable[str],
+        field: str,
+        values: Iterable[str | int],
+    ) -> list[dict[str, Any]]:
+        """Stored entries of ``action`` naming one of ``subject_refs`` whose ``field`` is
+        one of ``values``: one narrowed read, no lock (``AuditLog.holding``)."""
+        ...
+
     def size(self) -> int:
         """The number of entries (the next leaf index)."""
         ...

@@ -82,6 +82,11 @@ class Settings(BaseSettings):
     #: Where fetched models live (None: $XDG_CACHE_HOME/uprof/models, ~/.cache/uprof/models).
     models_dir: Path | None = None
     projection_batch_size: int = Field(default=256, ge=1, le=10_000)
+    #: How old (seconds) an extracted batch's newest capture is before the extraction
+    #: worker checks that its requests are on the audit log and records the missing ones
+    #: late (a live process appends its own entry a moment after its commit; decision
+    #: XXXX-capture-accepted-reconciled). 0: at once (tests).
+    late_capture_check_s: float = Field(default=60.0, ge=0.0, le=86_400.0)
     #: How long a read waits for projections to reach the subject's latest write.
     read_wait_timeout_s: float = Field(default=5.0, ge=0.0, le=120.0)
     #: How a served slice is recorded (SliceServed event + audit entry): "async" by a

@@ -71,6 +71,29 @@ class AuditStoreContract:
         assert log.size() == 4
         assert len(log.append_many([entry(1, request_id="r1")])) == 1  # without: always
 
+    def test_holding_reads_the_entries_of_an_action_subject_and_values(
+        self, stores: Stores
+    ) -> None:
+        """What ``once_by`` would find, for a caller that builds entries from it (the
+        extraction worker's check, decision XXXX-capture-accepted-reconciled): an integer
+        value matches exactly (42 is not 420, whose text contains it)."""
+        log = stores.audit()
+        log.append_many(
+            [
+                entry(1, notification_id=42),
+                entry(1, notification_id=420),
+                entry(0, notification_id=42),  # another action and subject
+                entry(3, notification_id=7),  # the same action and subject
+            ]
+        )
+        found = log.holding("consent.granted", ["sub_0001"], "notification_id", [42, 7, 8])
+        assert sorted(e["notification_id"] for e in found) == [7, 42]
+        assert log.holding("consent.granted", ["sub_0001"], "notification_id", [4]) == []
+        assert log.holding("consent.granted", [], "notification_id", [42]) == []
+        log.append_many([entry(1, request_id="r_1"), entry(1, request_id="rx1")])
+        (held,) = log.holding("consent.granted", ["sub_0001"], "request_id", ["r_1"])
+        assert held["request_id"] == "r_1"  # "_" matches any character in LIKE: parsed
+
     def test_once_by_finds_a_value_inside_a_stored_list_and_under_either_name(
         self, stores: Stores
     ) -> None:

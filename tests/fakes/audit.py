@@ -26,6 +26,22 @@ class InMemoryAuditStore:
     def append(self, entry: Mapping[str, Any]) -> AuditRecord:
         return self.append_many([entry])[0]
 
+    def holding(
+        self,
+        action: str,
+        subject_refs: Iterable[str],
+        field: str,
+        values: Iterable[str | int],
+    ) -> list[dict[str, Any]]:
+        refs, wanted = set(subject_refs), set(values)
+        return [
+            dict(e.entry)
+            for e in self._entries
+            if e.entry["action"] == action
+            and e.entry.get("subject_ref") in refs
+            and e.entry.get(field) in wanted
+        ]
+
     def append_many(
         self, entries: Iterable[Mapping[str, Any]], *, once_by: OnceBy = ()
     ) -> list[AuditRecord]:

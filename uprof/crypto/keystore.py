@@ -402,6 +402,19 @@ class KeyStore:
             row = conn.execute(query).first()
         return None if row is None else str(row.pseudonym)
 
+    def subjects_of_streams(self, stream_ids: Iterable[str]) -> dict[str, tuple[str, str]]:
+        """(tenant, audit pseudonym) of each live subject among these streams, in one
+        query; an erased (or unknown) stream is left out."""
+        ids = sorted({str(s) for s in stream_ids})
+        if not ids:
+            return {}
+        c = subject_index.c
+        query = sa.select(c.stream_id, c.tenant, c.pseudonym).where(c.stream_id.in_(ids))
+        with self._engine.connect() as conn:
+            return {
+                str(r.stream_id): (str(r.tenant), str(r.pseudonym)) for r in conn.execute(query)
+            }
+
     def resolve_alias(self, tenant: str, kind: str, alias: str) -> SubjectHandle | None:
         """Find the subject a session id or identifier is bound to, or None."""
         alias_hash = self._alias_hash(tenant, kind, alias)

@@ -21,15 +21,13 @@ from uprof.services.capture_writer import (
     no_consent_on_record,
 )
 from uprof.services.idempotency import refuse_unrecorded, replaying
+from uprof.services.late_captures import LateRequest, record_accepted_late
 from uprof.services.subjects import SubjectResolver, check_subject_ref
 
 #: Longest user input or agent response accepted in one interaction.
 MAX_TEXT_CHARS = 32_000
 #: Most interactions recorded in one transaction.
 MAX_BATCH = 5_000
-#: ``reason_code`` of a ``capture.accepted`` appended by a keyed retry because a crash
-#: kept the first write's entry off the log (decision 0090-capture-accepted-recorded-late).
-RECORDED_LATE = "recorded-late"
 
 
 @dataclass(frozen=True)
@@ -402,26 +400,23 @@ class CaptureService:
         across processes (``once_by`` its ``notification_id``, read under the log's
         write lock). Called where a replayed outcome is answered, on the caller's
         thread: the one-request path (``_capture``) and the writer's (``_answer``). The
-        only path that adds a read; a fresh capture never runs it."""
+        only path that adds a read; a fresh capture never runs it. The same append as the
+        extraction worker's reconciliation (``uprof.services.late_captures``)."""
         if not outcome.acks:
             return
-        self._audit.record_many(
+        record_accepted_late(
+            self._audit,
             [
-                (
-                    "capture.accepted",
-                    {
-                        "subject_ref": outcome.acks[0].subject_pseudonym,
-                        "app_id": first.app_id,
-                        "agent_id": first.agent_id,
-                        "purpose": first.purpose,
-                        "counts": {"events": len(outcome.acks)},
-                        "notification_id": max(a.notification_id for a in outcome.acks),
-                        "principal": principal,
-                        "reason_code": RECORDED_LATE,
-                    },
+                LateRequest(
+                    subject_ref=outcome.acks[0].subject_pseudonym,
+                    app_id=first.app_id,
+                    agent_id=first.agent_id,
+                    purpose=first.purpose,
+                    events=len(outcome.acks),
+                    notification_id=max(a.notification_id for a in outcome.acks),
+                    principal=principal,
                 )
             ],
-            once_by=("notification_id",),
         )
 
     def _write_alone(self, pending: PendingCapture) -> None:

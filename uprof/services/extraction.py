@@ -45,6 +45,7 @@ from uprof.partitions import Partitioning, owned_or_all
 from uprof.ports import Clock, EventStore, Extractor, ViewStore
 from uprof.recorders import GuardedTracking, PositionMovedError
 from uprof.services.erased_items import ErasedItemGuard, Refused
+from uprof.services.late_captures import LateCaptures
 from uprof.services.quarantine import Failure, Quarantined, RetryOutcome
 
 
@@ -154,8 +155,12 @@ class ExtractionWorker:
         partitioning: Partitioning | None = None,
         partitions: Sequence[int] | None = None,
         erased_items: ErasedItemGuard | None = None,
+        late_captures: LateCaptures | None = None,
     ) -> None:
         self._app = app
+        #: The check that each extracted request is on the audit log (decision
+        #: XXXX-capture-accepted-reconciled): told of each committed batch's captures.
+        self._late = late_captures
         #: The erasure ledger's check: no proposal records again an item an erasure took.
         self._erased_items = erased_items
         self._extractor = extractor
@@ -211,7 +216,10 @@ class ExtractionWorker:
         re-read at once. Raises ConcurrencyConflictError when captures kept winning the
         race for the batch's subjects; the batch is then retried by the next run.
         """
-        return sum(self._run_partition(k) for k in self._owned)
+        consumed = sum(self._run_partition(k) for k in self._owned)
+        if self._late is not None:
+            self._late.check_due()  # batches extracted earlier, now old enough
+        return consumed
 
     def _run_partition(self, k: int) -> int:
         # Another worker committed this range (position), or a capture saved first to one
@@ -252,9 +260,11 @@ class ExtractionWorker:
         # The extractor (a model, perhaps a remote one) runs first, outside any turn: it
         # needs the captured event only, not the subject's state.
         by_stream: dict[UUID, list[tuple[Any, ProposalBatch | Failure]]] = defaultdict(list)
+        captured: list[tuple[Any, Any]] = []
         with telemetry.span("uprof.extraction.extract", captures=len(mine)) as extracting:
             for notification in mine:
                 event = self._app.decode(notification)
+                captured.append((notification, event))
                 if isinstance(event, SubjectProfile.ContentShredded):
                     continue
                 by_stream[event.originator_id].append((event, self._proposals_for(event)))
@@ -295,6 +305,8 @@ class ExtractionWorker:
                 profiles.append(profile)
             with telemetry.span("uprof.extraction.save", subjects=len(profiles)):
                 self._app.save_tracked(profiles, tracking)
+        if self._late is not None:
+            self._late.extracted(captured, notifications[-1].id)
         if quarantined:
             self.on_quarantined(quarantined)
         if refused and self._erased_items is not None:
