@@ -356,7 +356,7 @@ class AuditLog:
         ``entry_json``; a superset, the parsed values decide), in queries of at most
         ``_MAX_NEEDLES`` values. What ``append_many(..., once_by=(field,))`` would find,
         for a caller that must know which are held before it builds the entries (the
-        extraction worker's reconciliation, decision XXXX-capture-accepted-reconciled)."""
+        extraction worker's reconciliation, decision 0101-capture-accepted-reconciled)."""
         refs = sorted(set(subject_refs))
         wanted = {v for v in values if _needle_value(v)}
         if not refs or not wanted:

@@ -1,4 +1,4 @@
-"""One round of the cost of decision XXXX-capture-accepted-reconciled, on the code it runs from.
+"""One round of the cost of decision 0101-capture-accepted-reconciled, on the code it runs from.
 
 Built from ``benchmarks.kernel_bench``'s parts (rules extractor, hashing embedder), with
 ``UPROF_LATE_CAPTURE_CHECK_S=0`` set by the caller so that every extraction batch is

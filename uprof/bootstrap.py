@@ -446,7 +446,7 @@ def bootstrap(
         partitions=partitions,
         erased_items=erased_items,
         # Requests a crash kept off the audit log, recorded late (decision
-        # XXXX-capture-accepted-reconciled).
+        # 0101-capture-accepted-reconciled).
         late_captures=LateCaptures(
             app,
             audit_log,

@@ -85,7 +85,7 @@ class Settings(BaseSettings):
     #: How old (seconds) an extracted batch's newest capture is before the extraction
     #: worker checks that its requests are on the audit log and records the missing ones
     #: late (a live process appends its own entry a moment after its commit; decision
-    #: XXXX-capture-accepted-reconciled). 0: at once (tests).
+    #: 0101-capture-accepted-reconciled). 0: at once (tests).
     late_capture_check_s: float = Field(default=60.0, ge=0.0, le=86_400.0)
     #: How long a read waits for projections to reach the subject's latest write.
     read_wait_timeout_s: float = Field(default=5.0, ge=0.0, le=120.0)

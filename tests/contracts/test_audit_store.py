@@ -75,7 +75,7 @@ class AuditStoreContract:
         self, stores: Stores
     ) -> None:
         """What ``once_by`` would find, for a caller that builds entries from it (the
-        extraction worker's check, decision XXXX-capture-accepted-reconciled): an integer
+        extraction worker's check, decision 0101-capture-accepted-reconciled): an integer
         value matches exactly (42 is not 420, whose text contains it)."""
         log = stores.audit()
         log.append_many(

@@ -159,7 +159,7 @@ class ExtractionWorker:
     ) -> None:
         self._app = app
         #: The check that each extracted request is on the audit log (decision
-        #: XXXX-capture-accepted-reconciled): told of each committed batch's captures.
+        #: 0101-capture-accepted-reconciled): told of each committed batch's captures.
         self._late = late_captures
         #: The erasure ledger's check: no proposal records again an item an erasure took.
         self._erased_items = erased_items

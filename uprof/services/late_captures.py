@@ -9,7 +9,7 @@ never names. Two callers find such requests, and both write the entry here, thro
 - a keyed retry answered from the stream (``CaptureService``, decision 0090), which
   knows the request exactly from its ``RequestsRecorded`` token;
 - the extraction worker, after each batch it commits (``LateCaptures.reconcile``,
-  decision XXXX-capture-accepted-reconciled), for every request, keyed or not.
+  decision 0101-capture-accepted-reconciled), for every request, keyed or not.
 
 What the worker knows of a request is what the event log keeps: a request's captures are
 consecutive versions of one stream saved in one transaction, so at consecutive
@@ -46,7 +46,7 @@ from uprof.ports import AuditStore, AuditTrail, EventStore
 _log = logging.getLogger(__name__)
 
 #: ``reason_code`` of a ``capture.accepted`` appended after the request's own append was
-#: lost (decisions 0090-capture-accepted-recorded-late, XXXX-capture-accepted-reconciled).
+#: lost (decisions 0090-capture-accepted-recorded-late, 0101-capture-accepted-reconciled).
 RECORDED_LATE = "recorded-late"
 ACCEPTED = "capture.accepted"
 #: Captures read per look-ahead query when a missing run reaches the batch's end (and per
@@ -136,7 +136,7 @@ class LateCaptures:
     ``AuditStore.holding`` over the batch's subjects and capture positions. Entries go
     out as the pipeline's (no principal) with the subject's own tenant. Subjects erased
     since are skipped: their pseudonym is gone with them, and their erasure's entries are
-    what the log says of their data (decision XXXX-capture-accepted-reconciled)."""
+    what the log says of their data (decision 0101-capture-accepted-reconciled)."""
 
     def __init__(
         self,
