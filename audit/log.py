@@ -382,8 +382,11 @@ class AuditLog:
             for lo in range(0, len(needles), _MAX_NEEDLES):
                 chunk = needles[lo : lo + _MAX_NEEDLES]
                 chunk += [chunk[-1]] * (_MAX_NEEDLES - len(chunk))
-                params: dict[str, Any] = {"action": action, "refs": refs}
-                params.update({f"n{i}": n for i, n in enumerate(chunk)})
+                params: dict[str, Any] = {
+                    "action": action,
+                    "refs": refs,
+                    **{f"n{i}": n for i, n in enumerate(chunk)},
+                }
                 for text in conn.execute(query, params).scalars():
                     entry = json.loads(text)
                     if entry.get(field) in wanted:
