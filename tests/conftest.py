@@ -50,6 +50,19 @@ class Backend:
 _ADMIN: list[sa.Engine] = []
 
 
+OTHER_TENANT = "other-tenant"
+
+
+def seed_policy_for(tenant: str, folder: Path) -> Path:
+    """The seed policy with its ``default`` tenant renamed: a second tenant's own policy."""
+    from uprof.settings import Settings
+
+    seed = Settings().policy_path.read_text(encoding="utf-8")
+    out = folder / f"seed-{tenant}.csv"
+    out.write_text(seed.replace(", default", f", {tenant}"), encoding="utf-8")
+    return out
+
+
 def _admin() -> sa.Engine:
     """This process's engine on the maintenance database (one pooled connection, kept:
     a test creates and drops a database, and a new connection each time costs the

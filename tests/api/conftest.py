@@ -17,13 +17,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import uvicorn
 
-from tests.conftest import Backend
+from tests.conftest import OTHER_TENANT, Backend, seed_policy_for
 from tests.fakes.ports import FakeExtractor
 from uprof.adapters.embeddings import HashingEmbedder
 from uprof.api import ApiKeyStore
@@ -167,6 +168,22 @@ class Apps:
     planner_operator: str
     calendar: str
     privacy: str
+
+
+@pytest.fixture
+def other(settings: Settings, kernel: Uprof, tmp_path: Path) -> Iterator[tuple[Uprof, ApiKeyStore]]:
+    """A second tenant on the same stores (the first tenant's kernel opened them), with
+    the seed policy as its own."""
+    there = settings.model_copy(
+        update={"tenant": OTHER_TENANT, "policy_path": seed_policy_for(OTHER_TENANT, tmp_path)}
+    )
+    other_kernel = build_kernel(there)
+    other_keys = ApiKeyStore.open(there)
+    try:
+        yield other_kernel, other_keys
+    finally:
+        other_keys.close()
+        other_kernel.close()
 
 
 @pytest.fixture

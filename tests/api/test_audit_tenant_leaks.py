@@ -18,7 +18,6 @@ Both backends.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -26,27 +25,14 @@ import pytest
 
 from domain.errors import PermissionDeniedError
 from domain.principal import Principal, PrincipalKind
-from tests.api.conftest import PLANNER, Apps, LiveServer, bearer, build_kernel, grant, interaction
-from tests.api.test_audit_tenants import OTHER, _erase_in_a, _seed_for
-from tests.conftest import Backend
+from tests.api.conftest import PLANNER, Apps, LiveServer, bearer, grant, interaction
+from tests.api.test_audit_tenants import _erase_in_a
+from tests.conftest import OTHER_TENANT, Backend
 from tests.web.conftest import csrf_of
 from uprof.api import ApiKeyStore
 from uprof.facade import Facade
 from uprof.kernel import Uprof
 from uprof.server import create_server
-from uprof.settings import Settings
-
-
-@pytest.fixture
-def other(settings: Settings, kernel: Uprof, tmp_path: Path) -> Iterator[tuple[Uprof, ApiKeyStore]]:
-    there = settings.model_copy(update={"tenant": OTHER, "policy_path": _seed_for(OTHER, tmp_path)})
-    other_kernel = build_kernel(there)
-    other_keys = ApiKeyStore.open(there)
-    try:
-        yield other_kernel, other_keys
-    finally:
-        other_keys.close()
-        other_kernel.close()
 
 
 def _refusals(kernel: Uprof) -> list[dict[str, object]]:
@@ -78,14 +64,16 @@ def test_another_tenants_operator_key_cannot_residue_scan_shared_stores(
     assert scanned.status_code == 403, scanned.text
     assert "erased streams" not in scanned.text
     (refused,) = _refusals(other_kernel)
-    assert refused["tenant"] == OTHER and str(refused["principal"]).startswith(PLANNER)
+    assert refused["tenant"] == OTHER_TENANT and str(refused["principal"]).startswith(PLANNER)
     # The same at the door, for any operator key of a tenant whose stores are shared.
-    key_principal = Principal(OTHER, PLANNER, "k1", PrincipalKind.OPERATOR, frozenset({"app"}))
+    key_principal = Principal(
+        OTHER_TENANT, PLANNER, "k1", PrincipalKind.OPERATOR, frozenset({"app"})
+    )
     with pytest.raises(PermissionDeniedError):
         Facade(other_kernel, key_principal).residue_scan(["Zq7-never-said"])
     assert len(_refusals(other_kernel)) == 2
     # The local operator (the CLI: whoever holds the data folder holds every file) scans.
-    local = Facade(other_kernel, Principal.local_operator(OTHER))
+    local = Facade(other_kernel, Principal.local_operator(OTHER_TENANT))
     report = local.residue_scan(["Zq7-never-said"])
     assert report.streams_checked == 1
 

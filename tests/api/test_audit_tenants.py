@@ -12,42 +12,16 @@ entries before this change) only where the log names a single tenant (decision
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from audit.check import check_upload
-from tests.api.conftest import PLANNER, LiveServer, bearer, build_kernel, grant, interaction
+from tests.api.conftest import PLANNER, LiveServer, bearer, grant, interaction
+from tests.conftest import OTHER_TENANT
 from uprof.api import ApiKeyStore
 from uprof.kernel import Uprof
 from uprof.server import create_server
-from uprof.settings import Settings
-
-OTHER = "other-tenant"
-
-
-def _seed_for(tenant: str, tmp: Path) -> Path:
-    """The seed policy with its ``default`` tenant renamed (a second tenant's policy)."""
-    seed = Settings().policy_path.read_text(encoding="utf-8")
-    out = tmp / f"seed-{tenant}.csv"
-    out.write_text(seed.replace(", default", f", {tenant}"), encoding="utf-8")
-    return out
-
-
-@pytest.fixture
-def other(settings: Settings, kernel: Uprof, tmp_path: Path) -> Iterator[tuple[Uprof, ApiKeyStore]]:
-    """A second tenant on the same stores, with the seed policy as its own."""
-    there = settings.model_copy(update={"tenant": OTHER, "policy_path": _seed_for(OTHER, tmp_path)})
-    other_kernel = build_kernel(there)
-    other_keys = ApiKeyStore.open(there)
-    try:
-        yield other_kernel, other_keys
-    finally:
-        other_keys.close()
-        other_kernel.close()
 
 
 def _tenants(entries: list[dict[str, Any]]) -> set[Any]:
@@ -148,14 +122,14 @@ def test_an_auditor_of_another_tenant_reads_none_of_its_entries(
     assert json.loads(a_export.splitlines()[0])["filter"] == {"tenant": "default"}
     assert a_proof.status_code == 200, a_proof.text
     # B's: nothing of A's, on every path.
-    assert b_seen and _tenants(b_seen) == {OTHER}, _tenants(b_seen)
+    assert b_seen and _tenants(b_seen) == {OTHER_TENANT}, _tenants(b_seen)
     assert "erasure.requested" not in {e["action"] for e in b_seen}
     assert b_receipts == []
     b_lines = [json.loads(line) for line in b_export.splitlines()]
     b_exported = [r["entry"] for r in b_lines if r["kind"] == "entry"]
     assert receipt["body"]["receipt_id"] not in b_export
     assert '"tenant":"default"' not in b_export, "B's export carries A's entries"
-    assert b_exported and _tenants(b_exported) == {OTHER}
+    assert b_exported and _tenants(b_exported) == {OTHER_TENANT}
     # The compliance console's search, receipts page and export: the same.
     receipt_id = receipt["body"]["receipt_id"]
     for answer in (b_search, b_console_receipts, b_console_export):
@@ -164,10 +138,10 @@ def test_an_auditor_of_another_tenant_reads_none_of_its_entries(
     assert "<tr><td>" in a_search.text  # A's search finds A's erasure
     assert "<tr><td>" not in b_search.text  # B's finds none: B erased nobody
     assert b_console_export.text.startswith('{"checkpoint"')
-    assert json.loads(b_console_export.text.splitlines()[0])["filter"] == {"tenant": OTHER}
+    assert json.loads(b_console_export.text.splitlines()[0])["filter"] == {"tenant": OTHER_TENANT}
     # B's export is a tenant-filtered export, and it verifies.
     header = b_lines[0]
-    assert header["filter"] == {"tenant": OTHER} and header["filtered"] is True
+    assert header["filter"] == {"tenant": OTHER_TENANT} and header["filtered"] is True
     log = other_kernel.audit_log
     checked = check_upload(b_export.encode(), "export", log.public_key, log.origin)
     assert checked.ok, checked

@@ -11,32 +11,13 @@ it. A key now carries its tenant; elsewhere it is unknown (401).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
-import pytest
 
-from tests.api.conftest import PLANNER, LiveServer, bearer, build_kernel
+from tests.api.conftest import PLANNER, LiveServer, bearer
 from uprof.api import ApiKeyStore
 from uprof.apikeys.tables import api_keys
 from uprof.kernel import Uprof
 from uprof.server import create_server
-from uprof.settings import Settings
-
-OTHER = "other-tenant"
-
-
-@pytest.fixture
-def other(settings: Settings, kernel: Uprof) -> Iterator[tuple[Uprof, ApiKeyStore]]:
-    """A second tenant on the same stores (the first tenant's kernel opened them)."""
-    there = settings.model_copy(update={"tenant": OTHER})
-    other_kernel = build_kernel(there)
-    other_keys = ApiKeyStore.open(there)
-    try:
-        yield other_kernel, other_keys
-    finally:
-        other_keys.close()
-        other_kernel.close()
 
 
 def test_a_key_of_another_tenant_is_unknown(

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 
 import pytest
@@ -34,13 +35,20 @@ def build_kernel(settings: Settings, clock: FakeClock) -> Uprof:
     return bootstrap(settings, clock=clock, embedder=HashingEmbedder(), extractor=FakeExtractor())
 
 
-@pytest.fixture
-def kernel(backend: Backend, clock: FakeClock) -> Iterator[Uprof]:
-    k = build_kernel(settings_for(backend), clock)
+@contextmanager
+def running(settings: Settings, clock: FakeClock) -> Iterator[Uprof]:
+    """One start of the deployment, closed at the end (one process's lifetime)."""
+    k = build_kernel(settings, clock)
     try:
         yield k
     finally:
         k.close()
+
+
+@pytest.fixture
+def kernel(backend: Backend, clock: FakeClock) -> Iterator[Uprof]:
+    with running(settings_for(backend), clock) as k:
+        yield k
 
 
 def say(

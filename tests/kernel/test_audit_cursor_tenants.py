@@ -17,7 +17,7 @@ import pytest
 
 from domain.errors import InvalidInputError
 from domain.principal import Principal, PrincipalKind
-from tests.api.test_audit_tenants import _seed_for
+from tests.conftest import seed_policy_for
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import build_kernel
 from uprof.facade import Facade
@@ -28,7 +28,7 @@ ROLES = frozenset({"app", "operator"})
 
 def test_another_tenants_cursor_is_refused(kernel: Uprof, tmp_path: Path) -> None:
     there = kernel.settings.model_copy(
-        update={"tenant": "t2", "policy_path": _seed_for("t2", tmp_path)}
+        update={"tenant": "t2", "policy_path": seed_policy_for("t2", tmp_path)}
     )
     other = build_kernel(there, FakeClock())
     try:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.children import PythonChild
-from tests.conftest import Backend
+from tests.conftest import OTHER_TENANT, Backend, seed_policy_for
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import build_kernel, consent, say, settings_for
 from tests.kernel.other_process import run_in_another_process
@@ -26,7 +26,6 @@ from tests.kernel.test_erasure_resume import exported_trail_verifies
 from uprof.eventstore import CAPTURED_TOPIC
 from uprof.kernel import Uprof
 from uprof.services.late_captures import LateCaptures
-from uprof.settings import Settings
 
 CHILD_TIMEOUT_S = 180
 LATE = "recorded-late"
@@ -263,18 +262,13 @@ def test_nothing_is_recorded_for_a_subject_erased_since(backend: Backend, kernel
     assert exported_trail_verifies(kernel)
 
 
-OTHER = "other-tenant"
-
-
 def test_the_entry_names_the_captures_tenant(
     backend: Backend, kernel: Uprof, clock: FakeClock, tmp_path: Path
 ) -> None:
     """Tenants on one set of stores share the event log, and a worker extracts every
     tenant's captures: the late entry names the subject's tenant, not the worker's."""
-    seed = Settings().policy_path.read_text(encoding="utf-8")
-    policy = tmp_path / "seed-other.csv"
-    policy.write_text(seed.replace(", default", f", {OTHER}"), encoding="utf-8")
-    there = settings_for(backend).model_copy(update={"tenant": OTHER, "policy_path": policy})
+    policy = seed_policy_for(OTHER_TENANT, tmp_path)
+    there = settings_for(backend).model_copy(update={"tenant": OTHER_TENANT, "policy_path": policy})
     other = build_kernel(there, clock)
     try:
         consent(other, "alice")
@@ -292,7 +286,7 @@ def test_the_entry_names_the_captures_tenant(
 
             backend = Backend({backend.kind!r}, {backend.url!r}, Path({str(backend.data_dir)!r}))
             settings = settings_for(backend).model_copy(
-                update={{"tenant": {OTHER!r}, "policy_path": Path({str(policy)!r})}}
+                update={{"tenant": {OTHER_TENANT!r}, "policy_path": Path({str(policy)!r})}}
             )
             kernel = build_kernel(settings, FakeClock())
             kernel.capture_service._audit.record_many = lambda *a, **k: os._exit(9)
@@ -304,7 +298,7 @@ def test_the_entry_names_the_captures_tenant(
     assert died.returncode == 9
     run_workers(worker(backend))  # the default tenant's worker
     (entry,) = accepted(kernel)  # the log is shared
-    assert (entry["tenant"], entry["subject_ref"]) == (OTHER, pseudonym)
+    assert (entry["tenant"], entry["subject_ref"]) == (OTHER_TENANT, pseudonym)
     assert entry["reason_code"] == LATE
     assert exported_trail_verifies(kernel)
 

@@ -23,7 +23,7 @@ from domain.values import AttributeProposal, IntentProposal, MemoryProposal, Pro
 from projections.profile import tables as t
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import APP, build_kernel, consent, say, settings_for
+from tests.kernel.conftest import APP, build_kernel, consent, running, say, settings_for
 from tests.kernel.other_process import run_in_another_process
 from uprof.kernel import Uprof
 from uprof.services.backup import backup, restore
@@ -60,26 +60,20 @@ def refusals(kernel: Uprof) -> list[dict[str, object]]:
 
 def captured_then_backed_up(settings: Settings, clock: FakeClock, bk: Path, *texts: str) -> None:
     """Alice's captures, in the log only (not extracted), and a backup of that."""
-    kernel = build_kernel(settings, clock)
-    try:
+    with running(settings, clock) as kernel:
         consent(kernel)
         for n, text in enumerate(texts):
             kernel.capture("alice", say(text, ref=f"r{n}"))
-    finally:
-        kernel.close()
     backup(settings, bk)
 
 
 def erase_after_extraction(settings: Settings, clock: FakeClock, kind: str) -> dict[str, list[str]]:
     """Extract, erase the one item of ``kind`` (evidence kept); what is left."""
-    kernel = build_kernel(settings, clock)
-    try:
+    with running(settings, clock) as kernel:
         kernel.process()
         kernel.erase_item("alice", item_id_of(kernel, kind))
         kernel.process()
         return items_of(kernel)
-    finally:
-        kernel.close()
 
 
 @pytest.mark.parametrize("kind", ["attribute", "intent", "memory"])
@@ -92,8 +86,7 @@ def test_each_kind_erased_stays_erased_and_only_it(
     assert left[kind] == []
 
     restore(settings, tmp_path / "bk")
-    kernel = build_kernel(settings, clock)
-    try:
+    with running(settings, clock) as kernel:
         kernel.process()
         # The erased item is not reborn; its siblings from the same capture are back.
         assert items_of(kernel) == left
@@ -103,8 +96,6 @@ def test_each_kind_erased_stays_erased_and_only_it(
         assert entry["reason_code"] == "erased-item"
         assert entry["subject_ref"] == kernel.subjects.pseudonym("alice")
         assert "sail" not in json.dumps(entry) and "Paris" not in json.dumps(entry)
-    finally:
-        kernel.close()
 
 
 def test_an_item_merged_from_several_captures_stays_erased_and_is_said_anew_later(
@@ -116,25 +107,19 @@ def test_an_item_merged_from_several_captures_stays_erased_and_is_said_anew_late
     settings = settings_for(backend)
     said = "I want to learn to sail"
     captured_then_backed_up(settings, clock, tmp_path / "bk", said, f"Again: {said}")
-    kernel = build_kernel(settings, clock)
-    try:
+    with running(settings, clock) as kernel:
         kernel.process()
         (intent,) = kernel.profile("alice").intents
         assert len(kernel.evidence("alice", intent.item_id).captures) == 2
         kernel.erase_item("alice", intent.item_id)
-    finally:
-        kernel.close()
 
     restore(settings, tmp_path / "bk")
-    kernel = build_kernel(settings, clock)
-    try:
+    with running(settings, clock) as kernel:
         kernel.process()
         assert kernel.profile("alice").intents == ()
         kernel.capture("alice", say(f"Still: {said}", ref="later"))
         kernel.process()
         assert [i.description for i in kernel.profile("alice").intents] == ["learn to sail"]
-    finally:
-        kernel.close()
 
 
 def test_a_backup_with_one_of_two_captures_extracted(
@@ -145,31 +130,22 @@ def test_a_backup_with_one_of_two_captures_extracted(
     would have recorded the intent anew (the aggregate no longer held one to reinforce)."""
     settings = settings_for(backend)
     said = "I want to learn to sail"
-    kernel = build_kernel(settings, clock)
-    try:
+    with running(settings, clock) as kernel:
         consent(kernel)
         kernel.capture("alice", say(said, ref="one"))
         kernel.process()
         kernel.capture("alice", say(f"Again: {said}", ref="two"))
-    finally:
-        kernel.close()
     backup(settings, tmp_path / "bk")
-    kernel = build_kernel(settings, clock)
-    try:
+    with running(settings, clock) as kernel:
         kernel.process()
         (intent,) = kernel.profile("alice").intents
         kernel.erase_item("alice", intent.item_id)
-    finally:
-        kernel.close()
 
     restore(settings, tmp_path / "bk")
-    kernel = build_kernel(settings, clock)
-    try:
+    with running(settings, clock) as kernel:
         kernel.process()
         assert kernel.profile("alice").intents == ()
         assert rows(kernel, t.intents) == 0
-    finally:
-        kernel.close()
 
 
 def test_a_conflict_keeps_the_value_not_erased(
@@ -177,23 +153,17 @@ def test_a_conflict_keeps_the_value_not_erased(
 ) -> None:
     settings = settings_for(backend)
     captured_then_backed_up(settings, clock, tmp_path / "bk", "I live in Paris", "I live in Berlin")
-    kernel = build_kernel(settings, clock)
-    try:
+    with running(settings, clock) as kernel:
         kernel.process()
         homes = {a.value: a for a in kernel.profile("alice").attributes}
         assert set(homes) == {"Paris", "Berlin"}
         assert {a.status for a in homes.values()} == {"conflicting"}
         kernel.erase_item("alice", homes["Paris"].item_id)
-    finally:
-        kernel.close()
 
     restore(settings, tmp_path / "bk")
-    kernel = build_kernel(settings, clock)
-    try:
+    with running(settings, clock) as kernel:
         kernel.process()
         assert [a.value for a in kernel.profile("alice").attributes] == ["Berlin"]
-    finally:
-        kernel.close()
 
 
 def test_other_subjects_and_other_tenants_saying_the_same_keep_it(
@@ -201,37 +171,25 @@ def test_other_subjects_and_other_tenants_saying_the_same_keep_it(
 ) -> None:
     settings = settings_for(backend)
     other = settings.model_copy(update={"tenant": "other-tenant"})
-    kernel = build_kernel(settings, clock)
-    try:
+    with running(settings, clock) as kernel:
         consent(kernel)
         consent(kernel, "bob")
         kernel.capture("alice", say(SAIL))
         kernel.capture("bob", say(SAIL))
-    finally:
-        kernel.close()
-    kernel = build_kernel(other, clock)
-    try:
+    with running(other, clock) as kernel:
         consent(kernel)
         kernel.capture("alice", say(SAIL))
-    finally:
-        kernel.close()
     backup(settings, tmp_path / "bk")
     erase_after_extraction(settings, clock, "intent")
 
     restore(settings, tmp_path / "bk")
-    kernel = build_kernel(settings, clock)
-    try:
+    with running(settings, clock) as kernel:
         kernel.process()
         assert kernel.profile("alice").intents == ()
         assert [i.description for i in kernel.profile("bob").intents] == ["learn to sail"]
-    finally:
-        kernel.close()
-    kernel = build_kernel(other, clock)
-    try:
+    with running(other, clock) as kernel:
         kernel.process()
         assert [i.description for i in kernel.profile("alice").intents] == ["learn to sail"]
-    finally:
-        kernel.close()
 
 
 def test_a_subject_erased_after_its_item_stays_erased(
@@ -240,21 +198,15 @@ def test_a_subject_erased_after_its_item_stays_erased(
     settings = settings_for(backend)
     captured_then_backed_up(settings, clock, tmp_path / "bk", SAIL)
     erase_after_extraction(settings, clock, "intent")
-    kernel = build_kernel(settings, clock)
-    try:
+    with running(settings, clock) as kernel:
         kernel.erase_subject("alice")
-    finally:
-        kernel.close()
 
     restore(settings, tmp_path / "bk")
-    kernel = build_kernel(settings, clock)
-    try:
+    with running(settings, clock) as kernel:
         kernel.process()
         with pytest.raises(SubjectErasedError):
             kernel.profile("alice")
         assert rows(kernel, t.intents) == rows(kernel, t.attributes) == 0
-    finally:
-        kernel.close()
 
 
 def test_an_app_proposing_the_erased_item_again_from_its_capture_is_refused(
@@ -263,8 +215,7 @@ def test_an_app_proposing_the_erased_item_again_from_its_capture_is_refused(
     """No backup needed: an app citing the erased item's capture again (the capture is
     kept: only the item was erased) recorded it anew under a new id. The same item from
     a capture made after the erasure is new data, and kept."""
-    kernel = build_kernel(settings_for(backend), clock)
-    try:
+    with running(settings_for(backend), clock) as kernel:
         consent(kernel)
         first = kernel.capture("alice", say(SAIL, ref="one")).capture_id
         kernel.process()
@@ -300,8 +251,6 @@ def test_an_app_proposing_the_erased_item_again_from_its_capture_is_refused(
         assert again(later) == 3
         kernel.process()
         assert items_of(kernel)["intent"] == ["Learn to sail"]
-    finally:
-        kernel.close()
 
 
 def test_two_processes_extracting_after_the_restore_reborn_nothing(
@@ -352,15 +301,12 @@ def test_two_processes_extracting_after_the_restore_reborn_nothing(
         th.join()
     assert len(results) == 2
     assert len(list(barrier.iterdir())) == 2  # both decided the batch before a save
-    kernel = build_kernel(settings, clock)
-    try:
+    with running(settings, clock) as kernel:
         kernel.process()
         assert kernel.profile("alice").intents == ()
         assert rows(kernel, t.intents) == 0
         assert len(kernel.profile("alice").memories) == len(texts)  # each once
         assert sum(e["counts"]["intent"] for e in refusals(kernel)) == 1  # type: ignore[index]
-    finally:
-        kernel.close()
 
 
 @pytest.mark.parametrize("dies_at", ["kernel.app.save_tracked", "erased_items.recorded"])
@@ -385,15 +331,12 @@ def test_a_process_killed_around_the_save_reborn_nothing(
         """,
     )
     assert done.returncode == 9, done.stderr[-3000:]
-    kernel = build_kernel(settings, clock)
-    try:
+    with running(settings, clock) as kernel:
         kernel.process()
         assert kernel.profile("alice").intents == ()
         assert rows(kernel, t.intents) == 0
         expected = 1 if dies_at == "kernel.app.save_tracked" else 0
         assert len(refusals(kernel)) == expected
-    finally:
-        kernel.close()
 
 
 def test_a_quarantine_retry_after_the_restore_reborn_nothing(
@@ -456,8 +399,7 @@ def test_the_ledger_names_no_erased_value(
     settings = settings_for(backend)
     captured_then_backed_up(settings, clock, tmp_path / "bk", SAIL)
     erase_after_extraction(settings, clock, "intent")
-    kernel = build_kernel(settings, clock)
-    try:
+    with running(settings, clock) as kernel:
         ledger = kernel.keystore.ledger
         assert ledger is not None
         [record] = [r for r in ledger._store.erasure_records() if r.kind == "items"]
@@ -465,8 +407,6 @@ def test_the_ledger_names_no_erased_value(
         text = json.dumps(record.__dict__)
         for needle in ("sail", "learn to sail", hashlib.sha256(b"learn to sail").hexdigest()):
             assert needle not in text
-    finally:
-        kernel.close()
 
 
 def test_an_item_erased_before_fingerprints_gets_them_at_the_next_start(
@@ -480,42 +420,30 @@ def test_an_item_erased_before_fingerprints_gets_them_at_the_next_start(
     settings = settings_for(backend)
     captured_then_backed_up(settings, clock, tmp_path / "bk", SAIL, f"Again: {SAIL}")
     erase_after_extraction(settings, clock, "intent")
-    kernel = build_kernel(settings, clock)
-    try:
+    with running(settings, clock) as kernel:
         path = Path(kernel.keystore.ledger._store.path) / LEDGER_FILE  # type: ignore[union-attr, attr-defined]
-    finally:
-        kernel.close()
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     for line in lines:
         line.pop("fingerprints", None)  # as an older uprof wrote it
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
 
-    kernel = build_kernel(settings, clock)
-    try:
+    with running(settings, clock) as kernel:
         ledger = kernel.keystore.ledger
         assert ledger is not None
         items = [r for r in ledger._store.erasure_records() if r.kind == "items"]  # type: ignore[attr-defined]
         assert [bool(r.fingerprints) for r in items] == [False, True]
         assert len(items[-1].fingerprints) == 2  # the intent cited both captures
         assert ledger.state().unfingerprinted == {}
-    finally:
-        kernel.close()
-    kernel = build_kernel(settings, clock)  # once: the next start adds nothing
-    try:
+    with running(settings, clock) as kernel:  # once: the next start adds nothing
         assert kernel.keystore.ledger is not None
         records = kernel.keystore.ledger._store.erasure_records()  # type: ignore[attr-defined]
         assert [r.kind for r in records].count("items") == 2
-    finally:
-        kernel.close()
 
     restore(settings, tmp_path / "bk")
-    kernel = build_kernel(settings, clock)
-    try:
+    with running(settings, clock) as kernel:
         kernel.process()
         assert kernel.profile("alice").intents == ()
         assert len(kernel.profile("alice").memories) == 2
-    finally:
-        kernel.close()
 
 
 def test_an_experience_erased_is_not_proposed_again_from_its_capture(
@@ -525,8 +453,7 @@ def test_an_experience_erased_is_not_proposed_again_from_its_capture(
     erasure fingerprints as the update engine identifies the proposal."""
     from domain.values import ExperienceProposal
 
-    kernel = build_kernel(settings_for(backend), clock)
-    try:
+    with running(settings_for(backend), clock) as kernel:
         consent(kernel)
         first = kernel.capture("alice", say("We fixed the boat", ref="one")).capture_id
         kernel.process()
@@ -557,5 +484,3 @@ def test_an_experience_erased_is_not_proposed_again_from_its_capture(
         later = kernel.capture("alice", say("Another day", ref="two")).capture_id
         kernel.process()
         assert propose(later) == 1
-    finally:
-        kernel.close()
