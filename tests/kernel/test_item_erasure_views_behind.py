@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from projections.profile import tables as t
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import build_kernel, consent, say, settings_for
+from tests.kernel.conftest import build_kernel, consent, running, say, settings_for
 from uprof.kernel import Uprof
 from uprof.services.backup import backup, restore
 
@@ -40,20 +40,16 @@ def test_an_erased_item_the_backups_views_did_not_list_stays_erased(
     kernel.close()
     backup(settings, tmp_path / "bk")  # the log holds the intent, the views do not
 
-    kernel = build_kernel(settings, clock)
-    kernel.process()
-    (intent,) = kernel.profile("alice").intents
-    kernel.erase_item("alice", intent.item_id)
-    kernel.close()
+    with running(settings, clock) as kernel:
+        kernel.process()
+        (intent,) = kernel.profile("alice").intents
+        kernel.erase_item("alice", intent.item_id)
 
     restore(settings, tmp_path / "bk")
-    kernel = build_kernel(settings, clock)
-    try:
+    with running(settings, clock) as kernel:
         kernel.process()
         assert intent.item_id not in [i.item_id for i in kernel.profile("alice").intents]
         assert listed_intents(kernel) == 0
-    finally:
-        kernel.close()
 
 
 def test_an_erased_item_the_backups_log_had_not_extracted_stays_erased(
@@ -66,19 +62,15 @@ def test_an_erased_item_the_backups_log_had_not_extracted_stays_erased(
     kernel.close()
     backup(settings, tmp_path / "bk")  # captured, not yet extracted
 
-    kernel = build_kernel(settings, clock)
-    kernel.process()
-    (intent,) = kernel.profile("alice").intents
-    kernel.erase_item("alice", intent.item_id)
-    kernel.close()
+    with running(settings, clock) as kernel:
+        kernel.process()
+        (intent,) = kernel.profile("alice").intents
+        kernel.erase_item("alice", intent.item_id)
 
     restore(settings, tmp_path / "bk")
-    kernel = build_kernel(settings, clock)
-    try:
+    with running(settings, clock) as kernel:
         kernel.process()
         assert [i.description for i in kernel.profile("alice").intents] == []
-    finally:
-        kernel.close()
 
 
 def test_a_start_projects_to_the_head_it_found_not_after_it(
@@ -91,8 +83,7 @@ def test_a_start_projects_to_the_head_it_found_not_after_it(
     from uprof.services.recovery import _project_to_head
 
     settings = settings_for(backend)
-    kernel = build_kernel(settings, clock)
-    try:
+    with running(settings, clock) as kernel:
         consent(kernel)
         kernel.capture("alice", say("I want to learn to sail", ref="sail"))
         kernel.process()
@@ -119,5 +110,3 @@ def test_a_start_projects_to_the_head_it_found_not_after_it(
         _project_to_head(kernel)
         assert kernel.projections.position >= head
         assert batches <= 3
-    finally:
-        kernel.close()

@@ -93,6 +93,15 @@ def privacy_link(client: httpx.Client, operator_key: str, subject: str) -> str:
     return str(response.json()["login_path"])
 
 
+def console_cookie(client: httpx.Client, operator_key: str) -> str:
+    """Sign in to the console with an operator key; the session cookie it sets."""
+    from uprof.web.pages import OPERATOR_COOKIE
+
+    signed = client.post("/console/login", data={"api_key": operator_key}, follow_redirects=False)
+    assert signed.status_code == 303, signed.text
+    return str(signed.cookies[OPERATOR_COOKIE])
+
+
 def csrf_of(html: str) -> str:
     match = re.search(r'name="csrf" value="([^"]+)"', html)
     assert match, "no CSRF token in the page"

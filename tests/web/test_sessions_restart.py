@@ -10,7 +10,7 @@ import zlib
 import httpx
 
 from tests.api.conftest import LiveServer, bearer, build_kernel, grant
-from tests.web.conftest import csrf_of, open_link
+from tests.web.conftest import console_cookie, csrf_of, open_link, privacy_link
 from uprof.api import ApiKeyStore
 from uprof.server import create_server
 from uprof.settings import Settings
@@ -48,13 +48,9 @@ def test_sessions_survive_a_restart_and_forged_cookies_are_refused(settings: Set
         with LiveServer(create_server(first, keys)) as server:
             with httpx.Client(base_url=server.url, timeout=30) as http:
                 consent_id = grant(http, planner, subject="alice")
-                link = http.post(
-                    "/v1/privacy/links", headers=bearer(operator), json={"subject": "alice"}
-                ).json()["login_path"]
+                link = privacy_link(http, operator, "alice")
                 user = open_link(http, link).cookies[USER_COOKIE]
-                console = http.post(
-                    "/console/login", data={"api_key": operator}, follow_redirects=False
-                ).cookies[OPERATOR_COOKIE]
+                console = console_cookie(http, operator)
     finally:
         first.close()
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.api.conftest import LiveServer, bearer, build_kernel, grant
-from tests.web.conftest import csrf_of, open_link
+from tests.api.conftest import LiveServer, build_kernel, grant
+from tests.web.conftest import console_cookie, csrf_of, open_link, privacy_link
 from uprof.api import ApiKeyStore
 from uprof.server import create_server
 from uprof.services.backup import backup, restore
@@ -40,13 +40,9 @@ def test_a_restore_does_not_bring_signed_out_sessions_back(
             httpx.Client(base_url=server.url, timeout=30) as http,
         ):
             grant(http, planner, subject="alice")
-            link = http.post(
-                "/v1/privacy/links", headers=bearer(operator), json={"subject": "alice"}
-            ).json()["login_path"]
+            link = privacy_link(http, operator, "alice")
             user = open_link(http, link).cookies[USER_COOKIE]
-            console = http.post(
-                "/console/login", data={"api_key": operator}, follow_redirects=False
-            ).cookies[OPERATOR_COOKIE]
+            console = console_cookie(http, operator)
     finally:
         kernel.close()
     backup(settings, tmp_path / "backup")  # both sessions live at the backup's time
