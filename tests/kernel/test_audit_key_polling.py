@@ -38,9 +38,7 @@ def _checkpoint_writes(kernel: Uprof) -> Iterator[list[str]]:
     seen: list[str] = []
 
     def before(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        if "audit_checkpoints" in statement and not statement.lstrip().upper().startswith(
-            "SELECT"
-        ):
+        if "audit_checkpoints" in statement and not statement.lstrip().upper().startswith("SELECT"):
             seen.append(statement)
 
     sa.event.listen(engine, "before_cursor_execute", before)

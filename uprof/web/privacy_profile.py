@@ -14,7 +14,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from domain.errors import UprofError
 from domain.values import CATEGORIES
-from policies.rules import app_id_problem
+from policies.rules import app_id_problem, purpose_problem
 from uprof.api.errors import classify
 from uprof.api.routes.docs import api_router
 from uprof.api.runtime import ServiceRuntime
@@ -181,9 +181,16 @@ def router(web: WebPages) -> APIRouter:
         if isinstance(session, HTMLResponse):
             return session
         app_id, category, purpose = app_id.strip(), category.strip(), purpose.strip()
-        problem = app_id_problem(app_id) or ("" if purpose else "a purpose is needed")
-        if category not in ("*", *CATEGORIES):
-            problem = problem or f"unknown category {category!r}"
+        # Checked here with the rules the door applies, naming the form's own fields: the
+        # door's refusal would name the REST body's (``purposes``), which this form has not.
+        problems = {
+            "app_id": app_id_problem(app_id),
+            "category": None
+            if category in ("*", *CATEGORIES)
+            else f"unknown category {category!r}",
+            "purpose": purpose_problem(purpose) if purpose else "a purpose is needed",
+        }
+        problem = next((f"{name}: {p}" for name, p in problems.items() if p), "")
         if problem:
             return web.message(request, 422, "Consent not recorded", problem)
         runtime = web.runtime_of(request)
