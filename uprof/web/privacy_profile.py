@@ -35,17 +35,13 @@ def profile_context(
     runtime: ServiceRuntime, session: Session, memory_cursor: str | None = None
 ) -> dict[str, Any]:
     door = user_door(runtime, session)
-    subject = session.subject
-    with runtime.pipeline():
-        view = door.subject_view(subject, with_memories=False)
-        memories = door.list_memories(subject, cursor=memory_cursor, limit=MEMORIES_PER_PAGE)
-        cited = {e for a in view.attributes for e in a.evidence}
-        cited |= {e for m in memories.items for e in m.evidence}
-        cited |= {e for i in view.intents for e in i.evidence}
-        captures = door.evidence_captures(subject, cited)
-        read_rows = door.item_reads(subject)
+    with runtime.pipeline():  # one read, recorded before the page is (subject.read)
+        shown = door.profile_page(
+            session.subject, memory_cursor=memory_cursor, memories=MEMORIES_PER_PAGE
+        )
+    view, memories, captures = shown.view, shown.memories, shown.captures
     reads: dict[str, list[dict[str, Any]]] = {}
-    for item_id, app_id, purpose, n, at in read_rows:
+    for item_id, app_id, purpose, n, at in shown.reads:
         reads.setdefault(item_id, []).append(
             {"app_id": app_id, "purpose": purpose, "reads": n, "last_read_at": at}
         )
