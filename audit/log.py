@@ -56,6 +56,9 @@ _INSERT_CHUNK = 500
 # SQLAlchemy more than SQLite spends on the query).
 _LAST_LEAF_INDEX = sa.select(sa.func.max(audit_entries.c.leaf_index))
 _INSERT_ENTRIES = audit_entries.insert()
+_CHECKPOINT_AT = sa.select(audit_checkpoints).where(
+    audit_checkpoints.c.tree_size == sa.bindparam("tree_size")
+)
 _INSERT_NODES = audit_nodes.insert()
 _FETCH_CHUNK = 400
 _PAGE = 1000
@@ -476,11 +479,21 @@ class AuditLog:
         return self.checkpoint_record().note
 
     def checkpoint_record(self) -> StoredCheckpoint:
-        """Like ``checkpoint`` but return the stored record (size, root, note, time)."""
+        """Like ``checkpoint`` but return the stored record (size, root, note, time).
+
+        A log that has not grown since its size was last signed reuses that stored
+        checkpoint and writes nothing (a poller of ``GET /v1/audit/key`` opens no write
+        transaction); only a new size is stored, once (``tree_size`` is the table's key:
+        of two processes signing one size at once, the second finds the first's row)."""
         with self._engine.connect() as conn:
             size = self._size(conn)
             root = self._root(conn, size)
+            row = conn.execute(_CHECKPOINT_AT, {"tree_size": size}).first()
+        # The note is deterministic (Ed25519) for one key: signing again costs no write and
+        # hands out the current key's signature even if the stored one is an older key's.
         note = sign_checkpoint(self._key, self.origin, size, root)
+        if row is not None:
+            return self._reused(StoredCheckpoint(**row._asdict()), root, note)
         record = StoredCheckpoint(size, root, note, self.now())
         try:
             with self._engine.begin() as conn:
@@ -490,18 +503,24 @@ class AuditLog:
                     )
                 )
         except sa.exc.IntegrityError:
+            # Another process stored this size between our read and our insert.
             stored = self._checkpoint_at(size)
             if stored is None:
                 raise
-            if stored.root != root:
-                raise VerificationError(
-                    f"stored checkpoint for tree size {size} has a different root than the "
-                    "tree recomputed from the log: the log or its checkpoints were altered"
-                ) from None
-            # Same size signed before (perhaps under an older key): the new note is just as
-            # valid for this root; keep the stored record and hand out the current signature.
-            return StoredCheckpoint(size, root, note, stored.created_at)
+            return self._reused(stored, root, note)
         return record
+
+    @staticmethod
+    def _reused(stored: StoredCheckpoint, root: bytes, note: str) -> StoredCheckpoint:
+        """The stored checkpoint of the current size, with the current key's note."""
+        if stored.root != root:
+            raise VerificationError(
+                f"stored checkpoint for tree size {stored.tree_size} has a different root "
+                "than the tree recomputed from the log: the log or its checkpoints were altered"
+            ) from None
+        # Same size signed before (perhaps under an older key): the new note is just as
+        # valid for this root; keep the stored record and hand out the current signature.
+        return StoredCheckpoint(stored.tree_size, root, note, stored.created_at)
 
     # --- reads ----------------------------------------------------------------------------
 
@@ -721,9 +740,8 @@ class AuditLog:
     # --- internals ------------------------------------------------------------------------
 
     def _checkpoint_at(self, tree_size: int) -> StoredCheckpoint | None:
-        query = sa.select(audit_checkpoints).where(audit_checkpoints.c.tree_size == tree_size)
         with self._engine.connect() as conn:
-            row = conn.execute(query).first()
+            row = conn.execute(_CHECKPOINT_AT, {"tree_size": tree_size}).first()
         return None if row is None else StoredCheckpoint(**row._asdict())
 
     @staticmethod

@@ -128,6 +128,7 @@ __all__ = [
     "PolicyStoreError",
     "Principal",
     "PrincipalKind",
+    "ProfilePage",
     "ProfileSlice",
     "ProfileView",
     "QuarantinedCapture",
@@ -157,6 +158,18 @@ class AuditStream:
     media_type: str
     filename: str
     records: Iterator[str]
+
+
+@dataclass(frozen=True)
+class ProfilePage:
+    """What the privacy center's profile page shows, read and recorded at once
+    (``Facade.profile_page``): the attributes, intents and consents, one page of
+    memories, the captures the items shown cite, and who read those items."""
+
+    view: ProfileView
+    memories: Page[Any]
+    captures: dict[str, Any]
+    reads: list[Any]
 
 
 @dataclass(frozen=True)
@@ -719,36 +732,83 @@ class Facade:
 
     # ------------------------------------------------------- profile views
 
+    # Every read below that returns a subject's data records it (``subject.read``,
+    # ``_recorded``) after the read and before the answer leaves: a read whose record
+    # fails is not answered (decision XXXX-subject-reads-audited).
+
+    def _reader_purpose(self, subject: str) -> str:
+        """Decide a read of the subject's data; return the purpose it was decided for.
+
+        A data subject reads its own (the right of access, ``access-request``); anyone
+        else needs the policy's ``inspect`` (``operations``)."""
+        if self.principal.kind is PrincipalKind.USER:
+            self._own_subject(subject)
+            return ACCESS_PURPOSE
+        self._authorize_governance("inspect", OPERATIONS_PURPOSE)
+        return OPERATIONS_PURPOSE
+
+    def _recorded(
+        self,
+        subject: str,
+        reason: str,
+        purpose: str,
+        counts: dict[str, int],
+        item_refs: Sequence[str] = (),
+    ) -> None:
+        with self._as_principal():
+            self._kernel.record_subject_read(
+                subject,
+                reason=reason,
+                purpose=purpose,
+                app_id=self.principal.app_id,
+                counts=counts,
+                item_refs=item_refs,
+            )
+
     def profile(self, subject: str, *, as_of: datetime | None = None) -> ProfileView:
         """The whole, ungated profile: the policy's ``inspect`` over every category."""
         self._authorize_governance("inspect", OPERATIONS_PURPOSE)
         with self._as_principal():
-            return self._kernel.profile(subject, as_of=as_of)
+            view = self._kernel.profile(subject, as_of=as_of)
+        self._recorded(subject, "profile", OPERATIONS_PURPOSE, _profile_counts(view))
+        return view
 
     def evidence(self, subject: str, item_id: str) -> EvidenceView:
         """One item and the captures behind it: ``inspect``, or a data subject its own."""
-        if self.principal.kind is PrincipalKind.USER:
-            self._own_subject(subject)
-        else:
-            self._authorize_governance("inspect", OPERATIONS_PURPOSE)
+        purpose = self._reader_purpose(subject)
         with self._as_principal():
-            return self._kernel.evidence(subject, item_id)
-
-    def item_reads(self, subject: str) -> list[Any]:
-        """Who read the subject's items (the privacy center's "who saw it")."""
-        self._own_subject(subject)
-        if self.principal.kind is not PrincipalKind.USER:
-            self._authorize_governance("inspect", OPERATIONS_PURPOSE)
-        with self._as_principal():
-            return self._kernel.item_reads(subject)
+            found = self._kernel.evidence(subject, item_id)
+        self._recorded(
+            subject, "evidence", purpose, {"captures": len(found.captures)}, [found.item_id]
+        )
+        return found
 
     def evidence_captures(self, subject: str, capture_ids: set[str]) -> dict[str, Any]:
         """The subject's captured events behind items (its own subject, or ``inspect``)."""
-        self._own_subject(subject)
-        if self.principal.kind is not PrincipalKind.USER:
-            self._authorize_governance("inspect", OPERATIONS_PURPOSE)
+        purpose = self._reader_purpose(subject)
         with self._as_principal():
-            return self._kernel.evidence_captures(subject, capture_ids)
+            found = self._kernel.evidence_captures(subject, capture_ids)
+        self._recorded(subject, "captures", purpose, {"captures": len(found)})
+        return found
+
+    def profile_page(
+        self, subject: str, *, memory_cursor: str | None = None, memories: int | None = None
+    ) -> ProfilePage:
+        """The privacy center's profile page, read and recorded as one read (``reason_code``
+        ``profile``): the layers, a page of memories, the captures behind the items shown
+        and who read them. A data subject its own; anyone else ``inspect``."""
+        purpose = self._reader_purpose(subject)
+        with self._as_principal():
+            view = self._kernel.profile(subject, with_memories=False)
+            page = self._memories(subject, memory_cursor, memories)
+            cited = {e for a in view.attributes for e in a.evidence}
+            cited |= {e for m in page.items for e in m.evidence}
+            cited |= {e for i in view.intents for e in i.evidence}
+            captures = self._kernel.evidence_captures(subject, cited)
+            reads = self._kernel.item_reads(subject)
+        counts = _profile_counts(view) | {"memories": len(page.items), "captures": len(captures)}
+        self._recorded(subject, "profile", purpose, counts)
+        return ProfilePage(view, page, captures, reads)
 
     def subject_exists(self, subject: str) -> bool:
         """Whether a subject is known (operator work: it reveals that it exists)."""
@@ -831,19 +891,6 @@ class Facade:
         """The pseudonym audit entries use for a subject (what an audit search filters on)."""
         self._authorize_governance("audit", COMPLIANCE_PURPOSE)
         return self._kernel.audit_subject_ref(subject)
-
-    def subject_view(self, subject: str, *, with_memories: bool = True) -> ProfileView:
-        """A data subject's own profile (privacy center), or ``inspect`` for others.
-
-        ``with_memories=False``: attributes, intents and consents only; the memories are
-        read a page at a time with ``list_memories``.
-        """
-        if self.principal.kind is not PrincipalKind.USER:
-            self._authorize_governance("inspect", OPERATIONS_PURPOSE)
-        else:
-            self._own_subject(subject)
-        with self._as_principal():
-            return self._kernel.profile(subject, with_memories=with_memories)
 
     # ------------------------------------------------------------ governance
 
@@ -1080,15 +1127,19 @@ class Facade:
         self, subject: str, *, cursor: str | None = None, limit: int | None = None
     ) -> Page[Any]:
         """A page of the subject's memories, oldest first (``inspect``; a subject its own)."""
-        self._own_subject(subject)
-        if self.principal.kind is not PrincipalKind.USER:
-            self._authorize_governance("inspect", OPERATIONS_PURPOSE)
-        size = check_limit(limit)
+        purpose = self._reader_purpose(subject)
         with self._as_principal():
-            stream = self._kernel.stream_of(subject)
-            listing = self._listing("memories", ("time", "str"), subject=stream)
-            after = _time_position(self._open(listing, cursor))
-            rows = self._kernel.memories_after(subject, after=after, limit=size + 1)
+            page = self._memories(subject, cursor, limit)
+        self._recorded(subject, "memories", purpose, {"memories": len(page.items)})
+        return page
+
+    def _memories(self, subject: str, cursor: str | None, limit: int | None) -> Page[Any]:
+        """A page of memories, unrecorded: for the reads above, which record it."""
+        size = check_limit(limit)
+        stream = self._kernel.stream_of(subject)
+        listing = self._listing("memories", ("time", "str"), subject=stream)
+        after = _time_position(self._open(listing, cursor))
+        rows = self._kernel.memories_after(subject, after=after, limit=size + 1)
         return self._page(listing, rows, size, lambda m: (time_key(m.occurred_at), m.item_id))
 
     def list_subjects(
@@ -1373,6 +1424,16 @@ class Facade:
         self._authorize_operator("operate", CATEGORIES, OPERATIONS_PURPOSE)
         with self._as_principal():
             return self._kernel.run_maintenance()
+
+
+def _profile_counts(view: ProfileView) -> dict[str, int]:
+    """How much of a profile a read showed, per layer (what ``subject.read`` counts)."""
+    return {
+        "attributes": len(view.attributes),
+        "memories": len(view.memories),
+        "intents": len(view.intents),
+        "consents": len(view.consents),
+    }
 
 
 def _time_position(position: Position | None) -> tuple[datetime, str] | None:

@@ -572,6 +572,49 @@ class Uprof:
         )
         return rows, bound
 
+    def record_subject_read(
+        self,
+        subject: str,
+        *,
+        reason: str,
+        purpose: str,
+        app_id: str,
+        counts: dict[str, int],
+        item_refs: Sequence[str] = (),
+    ) -> None:
+        """Record that a subject's data is about to be shown (``subject.read``), or raise.
+
+        Called by the door after the read and before its answer leaves, for every read
+        that shows a subject's profile data to a person or an operator (the privacy
+        center's profile page, an item's evidence, a whole profile, a page of memories):
+        the subject as its pseudonym, ``purpose`` the read was decided for, ``reason`` what
+        was read, ``counts`` how much was shown and ``item_refs`` the items named; the
+        trail adds the principal and the tenant. Never content. Appended now, not through
+        the read recorder (slices' batched path, up to ``linger_s`` later), as an audit
+        page's read is (decision 0094): a read whose record fails is not served, and the
+        failure is ``ReadRecordingError`` (503 ``read_not_recorded``) whatever the store
+        raised, so every surface says the same thing.
+        """
+        handle = self.subjects.find(subject)
+        if handle is None:
+            raise SubjectNotFoundError("no such subject")
+        try:
+            self.audit.record(
+                "subject.read",
+                subject_ref=handle.pseudonym,
+                app_id=app_id,
+                purpose=purpose,
+                reason_code=reason,
+                item_refs=list(item_refs) or None,
+                counts=counts,
+            )
+        except Exception as error:
+            _log.warning("a read of subject data could not be recorded", exc_info=error)
+            raise ReadRecordingError(
+                "the read could not be recorded on the audit log, so nothing is shown; "
+                "retry once the audit store answers"
+            ) from error
+
     def has_held_consent(self, subject: str, app_id: str) -> bool:
         """Whether ``app_id`` holds or held a consent of the subject, decided without
         waiting for the views, so that the answer for a subject that exists never waits

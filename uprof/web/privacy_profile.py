@@ -14,7 +14,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from domain.errors import UprofError
 from domain.values import CATEGORIES
-from policies.rules import app_id_problem
+from policies.rules import app_id_problem, purpose_problem
 from uprof.api.errors import classify
 from uprof.api.routes.docs import api_router
 from uprof.api.runtime import ServiceRuntime
@@ -35,17 +35,13 @@ def profile_context(
     runtime: ServiceRuntime, session: Session, memory_cursor: str | None = None
 ) -> dict[str, Any]:
     door = user_door(runtime, session)
-    subject = session.subject
-    with runtime.pipeline():
-        view = door.subject_view(subject, with_memories=False)
-        memories = door.list_memories(subject, cursor=memory_cursor, limit=MEMORIES_PER_PAGE)
-        cited = {e for a in view.attributes for e in a.evidence}
-        cited |= {e for m in memories.items for e in m.evidence}
-        cited |= {e for i in view.intents for e in i.evidence}
-        captures = door.evidence_captures(subject, cited)
-        read_rows = door.item_reads(subject)
+    with runtime.pipeline():  # one read, recorded before the page is (subject.read)
+        shown = door.profile_page(
+            session.subject, memory_cursor=memory_cursor, memories=MEMORIES_PER_PAGE
+        )
+    view, memories, captures = shown.view, shown.memories, shown.captures
     reads: dict[str, list[dict[str, Any]]] = {}
-    for item_id, app_id, purpose, n, at in read_rows:
+    for item_id, app_id, purpose, n, at in shown.reads:
         reads.setdefault(item_id, []).append(
             {"app_id": app_id, "purpose": purpose, "reads": n, "last_read_at": at}
         )
@@ -181,9 +177,16 @@ def router(web: WebPages) -> APIRouter:
         if isinstance(session, HTMLResponse):
             return session
         app_id, category, purpose = app_id.strip(), category.strip(), purpose.strip()
-        problem = app_id_problem(app_id) or ("" if purpose else "a purpose is needed")
-        if category not in ("*", *CATEGORIES):
-            problem = problem or f"unknown category {category!r}"
+        # Checked here with the rules the door applies, naming the form's own fields: the
+        # door's refusal would name the REST body's (``purposes``), which this form has not.
+        problems = {
+            "app_id": app_id_problem(app_id),
+            "category": None
+            if category in ("*", *CATEGORIES)
+            else f"unknown category {category!r}",
+            "purpose": purpose_problem(purpose) if purpose else "a purpose is needed",
+        }
+        problem = next((f"{name}: {p}" for name, p in problems.items() if p), "")
         if problem:
             return web.message(request, 422, "Consent not recorded", problem)
         runtime = web.runtime_of(request)
