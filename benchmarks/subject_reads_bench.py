@@ -14,7 +14,7 @@ Times, per call, medians over ``--runs`` runs of ``--calls`` calls:
 - ``audit_key_poll``: ``Facade.audit_key`` for the local operator, the log unchanged
   between calls (``GET /v1/audit/key`` polled).
 
-Prints JSON (wall ms and CPU ms per call); decision XXXX-subject-reads-audited keeps them.
+Prints JSON (wall ms and CPU ms per call); decision 0102-subject-reads-audited keeps them.
 """
 
 from __future__ import annotations

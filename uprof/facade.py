@@ -734,7 +734,7 @@ class Facade:
 
     # Every read below that returns a subject's data records it (``subject.read``,
     # ``_recorded``) after the read and before the answer leaves: a read whose record
-    # fails is not answered (decision XXXX-subject-reads-audited).
+    # fails is not answered (decision 0102-subject-reads-audited).
 
     def _reader_purpose(self, subject: str) -> str:
         """Decide a read of the subject's data; return the purpose it was decided for.
