@@ -66,3 +66,29 @@ def test_the_restore_knows_the_policy_store_by_its_name() -> None:
     )
     assert not _names_policy_object("242; 1259 19414 TABLE public profiles_events postgres")
     assert not _names_policy_object(";     Dump of policies_events")
+
+
+def test_a_restore_into_emptied_data_stores_takes_the_backups_policy(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """A disaster took the data stores (the key folder kept): there is no live policy to
+    keep, so the backup's is restored, with the right revoked before the backup still
+    revoked. On SQLite a backup held no policy until 2026-12-05 (its own file was never
+    copied), so such a restore started from the seed policy file and the revoked right
+    was granted again."""
+    from tests.kernel.test_restore_bad_input import _empty_data_stores
+
+    settings = settings_for(backend)
+    k = build_kernel(settings, clock)
+    try:
+        Facade(k, Principal.local_operator(k.subjects.tenant)).policy_revoke(
+            app_id=APP, role="role:assistant"
+        )
+    finally:
+        k.close()
+    backup(settings, tmp_path / "bk")
+    _empty_data_stores(backend, settings)
+
+    restore(settings, tmp_path / "bk")
+
+    assert not _allowed(settings, clock)

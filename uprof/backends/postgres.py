@@ -278,6 +278,7 @@ class PostgresBackend:
         engine = self.create_engine(settings.database_url, fsync_each_commit=False)
         try:
             pg_restore = _pg_tool("pg_restore", engine)
+            keep_live_policy = _holds_a_policy(engine)
         finally:
             engine.dispose()
         args, env, dbname = _pg_params(settings.database_url)
@@ -287,10 +288,13 @@ class PostgresBackend:
         )
         if listing.returncode != 0:
             raise b.BackupError(f"pg_restore --list failed: {listing.stderr.strip()[-2000:]}")
-        # The policy store stays as it is live, as on SQLite (``policies.sqlite`` is no
-        # backup file) and as API keys and sign-outs do: a backup taken before a right was
-        # revoked must not grant it again (the live log records the revocation).
-        lines = [line for line in listing.stdout.splitlines() if not _names_policy_object(line)]
+        lines = listing.stdout.splitlines()
+        if keep_live_policy:
+            # The live policy stays, as API keys and sign-outs do: a backup taken before a
+            # right was revoked must not grant it again (the live log records the
+            # revocation). A database without one (a restore into a new database) takes
+            # the backup's.
+            lines = [line for line in lines if not _names_policy_object(line)]
         if keep_live_audit:
             lines = [line for line in lines if not _names_audit_object(line)]
         toc = settings.data_dir / f".restore-toc-{secrets.token_hex(4)}.list"
@@ -543,6 +547,15 @@ def _names_audit_object(toc_line: str) -> bool:
     if toc_line.startswith(";"):
         return False
     return any("audit" in word for word in toc_line.split()[3:])
+
+
+def _holds_a_policy(engine: sa.Engine) -> bool:
+    """Whether the database's policy store holds a policy (any recorded change)."""
+    table = f"{POLICY_STORE_NAME}_events"
+    with engine.connect() as conn:
+        if not sa.inspect(conn).has_table(table):
+            return False
+        return conn.execute(sa.text(f'SELECT EXISTS (SELECT 1 FROM "{table}")')).scalar() is True
 
 
 def _names_policy_object(toc_line: str) -> bool:
