@@ -1152,15 +1152,25 @@ class Uprof:
 
     def revoke_api_key(self, key_id: str) -> bool:
         """Revoke an API key, audited (``apikey.revoked``); False when no live key has
-        that id (nothing changes, nothing is recorded). The revocation stands even if
-        its entry then fails to be written (the error is raised)."""
+        that id and the log holds its revocation (nothing changes, nothing is recorded).
+        The revocation stands even if its entry then fails to be written (the error is
+        raised); asking again records it then (``reason_code`` recorded-late): a process
+        killed between the key store's commit and the append left a revoked key the log
+        said was live, and no later call could record it. Once across processes."""
         from uprof.apikeys.store import ApiKeyStore
 
         store = ApiKeyStore(self.keys_engine, tenant=self.subjects.tenant, now=self.clock.now)
         app_id = store.live_app_of(key_id)
+        fields: dict[str, object] = {"app_id": app_id, "api_key_id": key_id}
         if app_id is None or not store.revoke(key_id):
-            return False
-        self.audit.record("apikey.revoked", app_id=app_id, api_key_id=key_id)
+            app_id = store.revoked_app_of(key_id)
+            if app_id is None or any(
+                e.entry.get("api_key_id") == key_id
+                for e in self.audit_log.entries(app_id=app_id, action="apikey.revoked")
+            ):
+                return False
+            fields = {"app_id": app_id, "api_key_id": key_id, "reason_code": "recorded-late"}
+        self.audit.record_many([("apikey.revoked", fields)], once_by=("api_key_id",))
         return True
 
     def backup(self, dest: PathLike[str] | str) -> BackupReport:

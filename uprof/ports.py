@@ -476,11 +476,14 @@ class ViewStore(Protocol):
         vectors: dict[str, bytes] | None = None,
         *,
         projection_name: str | None = None,
+        read_after: int | None = None,
     ) -> int:
         """Project (notification id, event) pairs and move the position, all or nothing.
 
         Pairs at or below the stored position are skipped (exactly once); a position
-        moved by another runner meanwhile raises PositionMovedError (nothing written).
+        moved by another runner meanwhile raises PositionMovedError (nothing written),
+        and so does a stored position below ``read_after`` (the position the batch was
+        read after: the views were reset since, and the events between are in neither).
         ``vectors``: memory embeddings by item id (computed when None and an embedder
         is wired). Returns how many events were applied.
         """

@@ -112,14 +112,18 @@ class ProfileProjector:
         vectors: dict[str, bytes] | None = None,
         *,
         projection_name: str | None = None,
+        read_after: int | None = None,
     ) -> int:
         """Apply (notification_id, event) pairs and set the position to ``last_position``.
 
         Must be called inside a transaction. Pairs at or below the stored position
         are skipped (exactly once). ``vectors`` are the memory embeddings from
         ``embed_memories``; computed here when not given. ``projection_name`` names
-        the position row (a partition's; default: this projection's). Returns how
-        many events were applied.
+        the position row (a partition's; default: this projection's). ``read_after``:
+        the position the batch was read after (the log from there on); a stored
+        position below it (the views were reset since: a rebuild in another process)
+        raises PositionMovedError, nothing written, since what lies between is in
+        neither the views nor the batch. Returns how many events were applied.
         """
         name = projection_name or self.name
         # Write to the position row first: that takes the write lock (SQLite) or the row
@@ -133,6 +137,8 @@ class ProfileProjector:
             .values(notification_id=t.projection_tracking.c.notification_id)
         )
         position = self.position(conn, application_name, name)
+        if read_after is not None and position < read_after:
+            raise PositionMovedError(name, read_after, last_position)
         fresh = [(nid, ev) for nid, ev in batch if nid > position]
         if vectors is None:
             vectors = self.embed_memories([ev for _, ev in fresh])

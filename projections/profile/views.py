@@ -39,6 +39,7 @@ class SqlViewStore(ProfileQueries):
         vectors: dict[str, bytes] | None = None,
         *,
         projection_name: str | None = None,
+        read_after: int | None = None,
     ) -> int:
         """Apply (notification id, event) pairs and move the position in one transaction."""
         with self._engine.begin() as conn:
@@ -49,6 +50,7 @@ class SqlViewStore(ProfileQueries):
                 last_position,
                 vectors,
                 projection_name=projection_name,
+                read_after=read_after,
             )
 
     def ensure_positions(self, projection_names: Sequence[str], application_name: str) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from domain.errors import PositionMovedError
 from domain.profile import SubjectProfile
 from domain.values import (
     AttributeProposal,
@@ -461,6 +462,24 @@ class ViewStoreContract:
             assert store.position("profile", LOG) == len(batch)
             assert store.position("profile", "elsewhere") == 0
         assert list(views.ask("session_activity", stream(alice)).values()) == [1]
+
+    def test_a_batch_read_before_a_reset_is_refused(self, views: Views) -> None:
+        """A batch read after position ``read_after`` is refused, nothing written, once
+        the stored position is below it (a rebuild reset the views meanwhile): the
+        events between would be in neither the views nor the batch."""
+        alice = views.subject()
+        capture(views, alice, "hello")
+        capture(views, alice, "again")
+        events = alice.collect_events()
+        batch = [(i + 1, e) for i, e in enumerate(events)]
+        for store in views.stores:
+            with pytest.raises(PositionMovedError):
+                store.apply_batch(LOG, batch[2:], len(batch), read_after=2)
+            assert store.position("profile", LOG) == 0
+            assert store.apply_batch(LOG, batch[:2], 2, read_after=0) == 2
+            # Read after 1 and applied at 2 (another runner went ahead): the rest goes on.
+            assert store.apply_batch(LOG, batch[1:], len(batch), read_after=1) == len(batch) - 2
+            assert store.position("profile", LOG) == len(batch)
 
     # ------------------------------------------------- what ProjectionRunner drives
 

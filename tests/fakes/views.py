@@ -130,10 +130,13 @@ class InMemoryViewStore:
         vectors: dict[str, bytes] | None = None,
         *,
         projection_name: str | None = None,
+        read_after: int | None = None,
     ) -> int:
         name = projection_name or PROJECTION_NAME
         with self._lock:
             start = self.position(name, application_name)
+            if read_after is not None and start < read_after:
+                raise PositionMovedError(name, read_after, last_position)
             fresh = [(nid, ev) for nid, ev in batch if nid > start]
             if vectors is None:
                 vectors = self._embed([ev for _, ev in fresh])

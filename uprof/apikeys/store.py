@@ -228,6 +228,16 @@ class ApiKeyStore:
             ).first()
         return None if found is None else str(found.app_id)
 
+    def revoked_app_of(self, key_id: str) -> str | None:
+        """The app of the revoked key ``key_id`` of this tenant, or None (live or unknown)."""
+        with self._engine.connect() as conn:
+            found = conn.execute(
+                sa.select(api_keys.c.app_id).where(
+                    api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_not(None), self._ours()
+                )
+            ).first()
+        return None if found is None else str(found.app_id)
+
     def list(self, app_id: str | None = None) -> list[ApiKeyInfo]:
         query = sa.select(
             api_keys.c.key_id,

@@ -35,6 +35,9 @@ from uprof.backends import (
 if TYPE_CHECKING:
     from uprof.settings import Settings
 
+#: The policy store's eventsourcing application name (``PolicyApplication.name``), which
+#: names its tables.
+POLICY_STORE_NAME = "policies"
 #: Advisory lock key that processes starting on one PostgreSQL database queue on.
 SCHEMA_LOCK_KEY = 0x7570726F66  # "uprof"
 #: Advisory lock key every running process holds shared for its life (``hold_open``) and
@@ -275,6 +278,7 @@ class PostgresBackend:
         engine = self.create_engine(settings.database_url, fsync_each_commit=False)
         try:
             pg_restore = _pg_tool("pg_restore", engine)
+            keep_live_policy = _holds_a_policy(engine)
         finally:
             engine.dispose()
         args, env, dbname = _pg_params(settings.database_url)
@@ -285,6 +289,12 @@ class PostgresBackend:
         if listing.returncode != 0:
             raise b.BackupError(f"pg_restore --list failed: {listing.stderr.strip()[-2000:]}")
         lines = listing.stdout.splitlines()
+        if keep_live_policy:
+            # The live policy stays, as API keys and sign-outs do: a backup taken before a
+            # right was revoked must not grant it again (the live log records the
+            # revocation). A database without one (a restore into a new database) takes
+            # the backup's.
+            lines = [line for line in lines if not _names_policy_object(line)]
         if keep_live_audit:
             lines = [line for line in lines if not _names_audit_object(line)]
         toc = settings.data_dir / f".restore-toc-{secrets.token_hex(4)}.list"
@@ -537,6 +547,25 @@ def _names_audit_object(toc_line: str) -> bool:
     if toc_line.startswith(";"):
         return False
     return any("audit" in word for word in toc_line.split()[3:])
+
+
+def _holds_a_policy(engine: sa.Engine) -> bool:
+    """Whether the database's policy store holds a policy (any recorded change)."""
+    table = f"{POLICY_STORE_NAME}_events"
+    with engine.connect() as conn:
+        if not sa.inspect(conn).has_table(table):
+            return False
+        return conn.execute(sa.text(f'SELECT EXISTS (SELECT 1 FROM "{table}")')).scalar() is True
+
+
+def _names_policy_object(toc_line: str) -> bool:
+    """A pg_restore TOC line for a table of the policy store (eventsourcing's
+    ``policies_events`` and ``policies_snapshots``), its sequence, default, indexes or
+    constraints (every one of them is named after the store: ``policies_``)."""
+    if toc_line.startswith(";"):
+        return False
+    prefix = f"{POLICY_STORE_NAME}_"
+    return any(word.startswith(prefix) for word in toc_line.split()[3:])
 
 
 #: Typed as the protocol, so the type checker holds the class to all of it.

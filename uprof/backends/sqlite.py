@@ -233,6 +233,12 @@ class SQLiteBackend:
                         revision, audit = b._views_revision(conn), b._audit_head(conn)
                 finally:
                     engine.dispose()
+        policy = settings.data_dir / POLICY_STORE_FILE
+        if policy.exists():
+            # The policy, for a restore into a data folder that has none (a disaster took
+            # the folder); a restore beside a live policy keeps the live one.
+            _sqlite_copy(policy, out / POLICY_STORE_FILE)
+            os.chmod(out / POLICY_STORE_FILE, 0o600)
         return b._manifest(settings, self.name, revision, audit)
 
     def restore(self, settings: Settings, src: Path, keep_live_audit: bool) -> None:
@@ -267,6 +273,42 @@ class SQLiteBackend:
             for suffix in ("", "-journal", "-wal", "-shm"):
                 staged.with_name(staged.name + suffix).unlink(missing_ok=True)
         _sqlite_copy(src / "events.sqlite", data / "events.sqlite")
+        # The live policy stays (a backup taken before a right was revoked must not grant
+        # it again: the live log records the revocation); a data folder without one takes
+        # the backup's, if the backup lists it (backups before 2026-12-05 hold none).
+        policy = src / POLICY_STORE_FILE
+        if _listed(src, POLICY_STORE_FILE) and not _holds_a_policy(data / POLICY_STORE_FILE):
+            _sqlite_copy(policy, data / POLICY_STORE_FILE)
+
+
+def _listed(src: Path, name: str) -> bool:
+    """Whether the backup's manifest lists ``name`` with the file's checksum (checked again
+    here, as ``read_manifest`` checked every listed file: nothing unlisted is restored)."""
+    from uprof.services.backup import MANIFEST, _sha256
+
+    path = src / name
+    if not path.is_file():
+        return False
+    files = json.loads((src / MANIFEST).read_text(encoding="utf-8")).get("files", {})
+    meta = files.get(name) if isinstance(files, dict) else None
+    return isinstance(meta, dict) and meta.get("sha256") == _sha256(path)
+
+
+def _holds_a_policy(database: Path) -> bool:
+    """Whether the policy store's database holds a policy (any recorded change)."""
+    if not database.exists():
+        return False
+    conn = sqlite3.connect(database, timeout=30)
+    try:
+        conn.execute("PRAGMA busy_timeout=30000")
+        found = conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?", (EVENTS_TABLE,)
+        ).fetchone()
+        return found is not None and (
+            conn.execute(f"SELECT EXISTS (SELECT 1 FROM {EVENTS_TABLE})").fetchone()[0] == 1
+        )
+    finally:
+        conn.close()
 
 
 def _open_lock(engine: sa.Engine, *, shared: bool) -> int | None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import secrets
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
@@ -170,8 +172,23 @@ def export_subject(
     """Export everything held about a subject, with evidence (GDPR Art. 15/20)."""
     with door() as d:
         export = d.export_subject(subject)
-    out.write_text(json.dumps(export, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_private(out, json.dumps(export, indent=2, ensure_ascii=False) + "\n")
     console.print(f"exported {len(export['captured_events'])} events to {out}")
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only (0600), whatever the umask
+    and whatever mode an earlier file there had: a new file beside it, created 0600,
+    replaces it (a reader holding the old file open never sees the new text)."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 # -------------------------------------------------------------------------- audit

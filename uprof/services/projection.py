@@ -154,6 +154,7 @@ class ProjectionRunner:
                     batch.end,
                     vectors,
                     projection_name=self.position_name(k),
+                    read_after=batch.start,
                 )
         return len(batch.notifications)
 
