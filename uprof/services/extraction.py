@@ -184,6 +184,11 @@ class ExtractionWorker:
     def partitions(self) -> tuple[int, ...]:
         return self._owned
 
+    @property
+    def late_captures(self) -> LateCaptures | None:
+        """The late ``capture.accepted`` check (its counts are metrics), if any."""
+        return self._late
+
     def tracking_name(self, k: int) -> str:
         return self._partitioning.name(self._app.name, k)
 
