@@ -559,3 +559,77 @@ def test_an_experience_erased_is_not_proposed_again_from_its_capture(
         assert propose(later) == 1
     finally:
         kernel.close()
+
+
+def test_a_refusal_citing_more_captures_than_an_entry_lists_is_still_audited(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """An app's proposals of an erased item, each citing its capture and 31 others: the
+    refusal named every cited capture, more than the 1,000 an audit entry's list holds,
+    so its append was refused after the save had committed. The app got an error
+    (``invalid_input``) for a request that had written its other proposals, and neither
+    ``item.rebirth_refused`` nor ``proposal.applied`` was on the log. Now the entry names
+    the captures the erased item came from (at most 1,000)."""
+    kernel = build_kernel(settings_for(backend), clock)
+    try:
+        consent(kernel)
+        first = kernel.capture("alice", say(SAIL, ref="one")).capture_id
+        others = [
+            a.capture_id
+            for a in kernel.capture_many("alice", [say(f"ok {n}") for n in range(31 * 33)])
+        ]
+        kernel.process()
+        kernel.erase_item("alice", item_id_of(kernel, "intent"))
+        proposals: list[object] = [
+            IntentProposal("learn to sail", (first, *others[31 * n : 31 * (n + 1)]))
+            for n in range(33)
+        ]
+        proposals.append(MemoryProposal("sailing lessons booked", evidence=(first,)))
+        size = kernel.audit_log.size()
+        applied = kernel.submit_proposals(
+            "alice",
+            ProposalBatch(
+                tuple(proposals),  # type: ignore[arg-type]
+                author="app",
+                owner_agent="agent:one",
+                sharing="shared",
+                app_id=APP,
+                purpose="personalization",
+            ),
+        )
+        assert applied == 1
+        kernel.process()
+        assert items_of(kernel)["intent"] == []
+        assert "sailing lessons booked" in items_of(kernel)["memory"]
+        [entry] = [e.entry for e in kernel.audit_log.entries(action=REBIRTH_REFUSED, after_leaf=size - 1)]
+        assert entry["counts"] == {"intent": 33}
+        assert entry["event_ids"] == [first]  # the capture the erased item came from
+        applied_entries = kernel.audit_log.entries(action="proposal.applied", after_leaf=size - 1)
+        assert [e.entry["counts"] for e in applied_entries] == [{"items": 1}]
+    finally:
+        kernel.close()
+
+
+def test_a_refusal_of_more_captures_than_an_entry_lists_names_the_first_thousand() -> None:
+    """An extraction batch (up to 10,000 captures) re-extracting more than 1,000 captures
+    an erasure took items from, for one subject: one entry, valid, naming 1,000."""
+    import uuid
+
+    from audit.entry import validate_entry
+    from uprof.services.erased_items import ErasedItemGuard, Refused
+
+    written: list[tuple[str, dict[str, object]]] = []
+
+    class Trail:
+        def record_many(self, entries: list[tuple[str, dict[str, object]]]) -> None:
+            for action, fields in entries:
+                validate_entry({"action": action, **fields})
+            written.extend(entries)
+
+    guard = ErasedItemGuard(lambda: None, Trail(), lambda _s: "ps-1")  # type: ignore[arg-type]
+    stream = uuid.uuid4()
+    guard.recorded([Refused(stream, "memory", (f"c{n:05d}",)) for n in range(1500)])
+    [(action, entry)] = written
+    assert action == REBIRTH_REFUSED
+    assert entry["event_ids"] == [f"c{n:05d}" for n in range(1000)]
+    assert entry["counts"] == {"memory": 1500}

@@ -34,6 +34,9 @@ _log = logging.getLogger(__name__)
 
 #: The audit action of a proposal dropped because an erasure took its item.
 REBIRTH_REFUSED = "item.rebirth_refused"
+#: Captures an entry names at most (an audit entry's lists hold 1,000 items; a longer
+#: list is refused, after the save that dropped the proposals has committed).
+MAX_LISTED = 1000
 
 
 @dataclass(frozen=True)
@@ -68,9 +71,12 @@ class ErasedItemGuard:
         found = erased
 
         def check(kind: str, identity: str, evidence: tuple[str, ...]) -> bool:
-            if not found(kind, identity, evidence):
+            # The captures the erased item came from, not every capture the proposal
+            # cites: a proposer citing many others cannot swell the entry.
+            taken = tuple(sorted(c for c in set(evidence) if found(kind, identity, (c,))))
+            if not taken:
                 return False
-            refused.append(Refused(stream_id, kind, tuple(sorted(set(evidence)))))
+            refused.append(Refused(stream_id, kind, taken))
             return True
 
         return check
@@ -92,7 +98,9 @@ class ErasedItemGuard:
                     REBIRTH_REFUSED,
                     {
                         "subject_ref": self._pseudonym_of(str(stream_id)),
-                        "event_ids": sorted({c for d in drops for c in d.capture_ids}),
+                        "event_ids": sorted({c for d in drops for c in d.capture_ids})[
+                            :MAX_LISTED
+                        ],
                         "reason_code": "erased-item",
                         "counts": dict(sorted(Counter(d.kind for d in drops).items())),
                     },
