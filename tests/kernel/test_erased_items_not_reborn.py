@@ -601,10 +601,12 @@ def test_a_refusal_citing_more_captures_than_an_entry_lists_is_still_audited(
         kernel.process()
         assert items_of(kernel)["intent"] == []
         assert "sailing lessons booked" in items_of(kernel)["memory"]
-        [entry] = [e.entry for e in kernel.audit_log.entries(action=REBIRTH_REFUSED, after_leaf=size - 1)]
+        after = size - 1
+        refused = kernel.audit_log.entries(action=REBIRTH_REFUSED, after_leaf=after)
+        [entry] = [e.entry for e in refused]
         assert entry["counts"] == {"intent": 33}
         assert entry["event_ids"] == [first]  # the capture the erased item came from
-        applied_entries = kernel.audit_log.entries(action="proposal.applied", after_leaf=size - 1)
+        applied_entries = kernel.audit_log.entries(action="proposal.applied", after_leaf=after)
         assert [e.entry["counts"] for e in applied_entries] == [{"items": 1}]
     finally:
         kernel.close()

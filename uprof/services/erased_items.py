@@ -88,6 +88,7 @@ class ErasedItemGuard:
             by_stream.setdefault(r.stream_id, []).append(r)
         entries: list[tuple[str, dict[str, object]]] = []
         for stream_id, drops in by_stream.items():
+            captures = sorted({c for d in drops for c in d.capture_ids})
             _log.warning(
                 "%d proposals of one subject would have recorded again items that an "
                 "erasure took (re-extraction of data older than the erasure?): dropped",
@@ -98,9 +99,7 @@ class ErasedItemGuard:
                     REBIRTH_REFUSED,
                     {
                         "subject_ref": self._pseudonym_of(str(stream_id)),
-                        "event_ids": sorted({c for d in drops for c in d.capture_ids})[
-                            :MAX_LISTED
-                        ],
+                        "event_ids": captures[:MAX_LISTED],
                         "reason_code": "erased-item",
                         "counts": dict(sorted(Counter(d.kind for d in drops).items())),
                     },
