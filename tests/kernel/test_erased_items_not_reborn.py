@@ -635,4 +635,3 @@ def test_a_refusal_of_more_captures_than_an_entry_lists_names_the_first_thousand
     assert action == REBIRTH_REFUSED
     assert entry["event_ids"] == [f"c{n:05d}" for n in range(1000)]
     assert entry["counts"] == {"memory": 1500}
-
