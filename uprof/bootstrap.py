@@ -430,11 +430,7 @@ def bootstrap(
     # The erasure ledger's check for the update engine: items erased without their
     # evidence are not recorded again from the same captures (extraction, quarantine
     # retries, proposals).
-    erased_items = ErasedItemGuard(
-        lambda: keystore.ledger,
-        audit,
-        partial(keystore.pseudonym_of_stream, tenant=settings.tenant),
-    )
+    erased_items = ErasedItemGuard(lambda: keystore.ledger, audit, keystore.subjects_of_streams)
     extraction = ExtractionWorker(
         app,
         extractor,

@@ -628,10 +628,58 @@ def test_a_refusal_of_more_captures_than_an_entry_lists_names_the_first_thousand
                 validate_entry({"action": action, **fields})
             written.extend(entries)
 
-    guard = ErasedItemGuard(lambda: None, Trail(), lambda _s: "ps-1")  # type: ignore[arg-type]
+    guard = ErasedItemGuard(
+        lambda: None,
+        Trail(),  # type: ignore[arg-type]
+        lambda streams: dict.fromkeys(streams, ("default", "ps-1")),
+    )
     stream = uuid.uuid4()
     guard.recorded([Refused(stream, "memory", (f"c{n:05d}",)) for n in range(1500)])
     [(action, entry)] = written
     assert action == REBIRTH_REFUSED
     assert entry["event_ids"] == [f"c{n:05d}" for n in range(1000)]
     assert entry["counts"] == {"memory": 1500}
+
+
+def test_a_refusal_by_another_tenants_worker_names_the_subjects_tenant(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Tenants on one set of stores share the event log, and a worker extracts every
+    tenant's captures. The refusal it wrote for another tenant's subject named the
+    worker's tenant and no subject (the pseudonym was looked up in the worker's tenant
+    only): that tenant's auditors never saw it, and the worker's saw a refusal of a
+    subject not theirs. It names the subject's tenant and pseudonym, as the worker's late
+    ``capture.accepted`` does (decision 0101)."""
+    settings = settings_for(backend)
+    seed = Settings().policy_path.read_text(encoding="utf-8")
+    policy = tmp_path / "seed-other.csv"
+    policy.write_text(seed.replace(", default", ", other-tenant"), encoding="utf-8")
+    other = settings.model_copy(update={"tenant": "other-tenant", "policy_path": policy})
+    kernel = build_kernel(other, clock)
+    try:
+        consent(kernel)
+        kernel.capture("alice", say(SAIL))
+        pseudonym = kernel.subjects.pseudonym("alice")
+    finally:
+        kernel.close()
+    backup(settings, tmp_path / "bk")
+    kernel = build_kernel(other, clock)
+    try:
+        kernel.process()
+        kernel.erase_item("alice", item_id_of(kernel, "intent"))
+    finally:
+        kernel.close()
+    restore(settings, tmp_path / "bk")
+    kernel = build_kernel(settings, clock)  # the default tenant's worker extracts it
+    try:
+        kernel.process()
+        [entry] = refusals(kernel)
+        assert (entry["tenant"], entry.get("subject_ref")) == ("other-tenant", pseudonym)
+        assert entry["counts"] == {"intent": 1}
+    finally:
+        kernel.close()
+    kernel = build_kernel(other, clock)
+    try:
+        assert items_of(kernel)["intent"] == []
+    finally:
+        kernel.close()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from uuid import UUID
@@ -55,11 +55,13 @@ class ErasedItemGuard:
         self,
         ledger: Callable[[], ErasureLedger | None],
         audit: AuditTrail,
-        pseudonym_of: Callable[[str], str | None],
+        subjects_of: Callable[[Iterable[str]], dict[str, tuple[str, str]]],
     ) -> None:
         self._ledger = ledger
         self._audit = audit
-        self._pseudonym_of = pseudonym_of
+        #: stream id -> (tenant, pseudonym) of live subjects, whatever their tenant
+        #: (``KeyStore.subjects_of_streams``): a worker extracts every tenant's captures.
+        self._subjects_of = subjects_of
 
     def check(self, stream_id: UUID, refused: list[Refused]) -> ErasedItems | None:
         """The check to give ``apply_proposals`` for this subject (None: the ledger names
@@ -87,7 +89,10 @@ class ErasedItemGuard:
         for r in refused:
             by_stream.setdefault(r.stream_id, []).append(r)
         entries: list[tuple[str, dict[str, object]]] = []
+        subjects = self._subjects_of(str(s) for s in by_stream) if by_stream else {}
         for stream_id, drops in by_stream.items():
+            # The subject's own tenant and pseudonym (none once it is erased).
+            tenant, pseudonym = subjects.get(str(stream_id), (None, None))
             captures = sorted({c for d in drops for c in d.capture_ids})
             _log.warning(
                 "%d proposals of one subject would have recorded again items that an "
@@ -98,7 +103,8 @@ class ErasedItemGuard:
                 (
                     REBIRTH_REFUSED,
                     {
-                        "subject_ref": self._pseudonym_of(str(stream_id)),
+                        "subject_ref": pseudonym,
+                        "tenant": tenant,
                         "event_ids": captures[:MAX_LISTED],
                         "reason_code": "erased-item",
                         "counts": dict(sorted(Counter(d.kind for d in drops).items())),
