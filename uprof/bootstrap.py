@@ -455,7 +455,7 @@ def bootstrap(
         app,
         audit,
         QuarantineIndex(app, lambda: keystore.ledger.state() if keystore.ledger else None),
-        keystore.pseudonym_of_stream,
+        keystore.subjects_of_streams,
         extraction.extract_again,
         tenant_pseudonym_of=partial(keystore.pseudonym_of_stream, tenant=settings.tenant),
     )
