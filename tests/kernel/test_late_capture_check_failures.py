@@ -182,3 +182,36 @@ def test_a_check_that_keeps_failing_neither_stops_projection_nor_goes_unseen(
         assert not any(t in r.getMessage() for r in messages for t in texts)
     finally:
         kernel.close()
+
+
+def test_a_declared_refusal_drops_its_batch_and_the_next_is_checked() -> None:
+    """An entry the audit log refuses is refused at every attempt: that batch is dropped
+    (counted, an error line) and the batches after it are still checked; a busy store
+    (``StoreBusyError``) is not a refusal: its batch is kept."""
+    from types import SimpleNamespace
+    from uuid import uuid4
+
+    from audit.errors import AuditEntryError
+    from domain.errors import StoreBusyError
+
+    late = LateCaptures(None, None, None, dict, grace_s=0)  # type: ignore[arg-type]
+    checked: list[int] = []
+    answers: list[Exception | None] = [AuditEntryError("refused"), None, StoreBusyError("busy")]
+
+    def reconcile(captures: Any, batch_end: int) -> None:
+        checked.append(batch_end)
+        answer = answers.pop(0)
+        if answer is not None:
+            raise answer
+
+    late._reconcile = reconcile  # type: ignore[method-assign]
+
+    def batch(nid: int) -> list[tuple[Any, Any]]:
+        n = SimpleNamespace(id=nid, originator_version=1)
+        return [(n, SimpleNamespace(originator_id=uuid4(), timestamp=None))]
+
+    late.extracted(batch(1), 1)  # refused: dropped
+    late.extracted(batch(2), 2)  # checked
+    late.extracted(batch(3), 3)  # busy: kept
+    assert checked == [1, 2, 3]
+    assert (late.dropped, late.failures, late.waiting) == (1, 1, 1)
