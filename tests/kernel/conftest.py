@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +28,15 @@ def settings_for(backend: Backend) -> Settings:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
+
+
+def other_tenant(settings: Settings, folder: Path, tenant: str = "other-tenant") -> Settings:
+    """``settings`` for another tenant on the same stores, whose policy is the seed's
+    rows for that tenant (the policy file is written into ``folder``)."""
+    seed = Settings().policy_path.read_text(encoding="utf-8")
+    policy = folder / f"seed-{tenant}.csv"
+    policy.write_text(seed.replace(", default", f", {tenant}"), encoding="utf-8")
+    return settings.model_copy(update={"tenant": tenant, "policy_path": policy})
 
 
 def build_kernel(settings: Settings, clock: FakeClock) -> Uprof:

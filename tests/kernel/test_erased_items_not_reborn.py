@@ -23,7 +23,7 @@ from domain.values import AttributeProposal, IntentProposal, MemoryProposal, Pro
 from projections.profile import tables as t
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import APP, build_kernel, consent, say, settings_for
+from tests.kernel.conftest import APP, build_kernel, consent, other_tenant, say, settings_for
 from tests.kernel.other_process import run_in_another_process
 from uprof.kernel import Uprof
 from uprof.services.backup import backup, restore
@@ -651,10 +651,7 @@ def test_a_refusal_by_another_tenants_worker_names_the_subjects_tenant(
     subject not theirs. It names the subject's tenant and pseudonym, as the worker's late
     ``capture.accepted`` does (decision 0101)."""
     settings = settings_for(backend)
-    seed = Settings().policy_path.read_text(encoding="utf-8")
-    policy = tmp_path / "seed-other.csv"
-    policy.write_text(seed.replace(", default", ", other-tenant"), encoding="utf-8")
-    other = settings.model_copy(update={"tenant": "other-tenant", "policy_path": policy})
+    other = other_tenant(settings, tmp_path)
     kernel = build_kernel(other, clock)
     try:
         consent(kernel)

@@ -21,7 +21,7 @@ import pytest
 
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import build_kernel, consent, say, settings_for
+from tests.kernel.conftest import build_kernel, consent, other_tenant, say, settings_for
 from tests.kernel.test_erased_items_not_reborn import SAIL, items_of
 from uprof.settings import Settings
 
@@ -44,9 +44,7 @@ def test_another_tenants_worker_extracts_by_the_subjects_tenants_policy(
         encoding="utf-8",
     )
     mine = settings_for(backend).model_copy(update={"policy_path": narrow})
-    theirs = tmp_path / "seed-other.csv"
-    theirs.write_text(seed.replace(", default", ", other-tenant"), encoding="utf-8")
-    other = mine.model_copy(update={"tenant": "other-tenant", "policy_path": theirs})
+    other = other_tenant(mine, tmp_path)
     kernel = build_kernel(other, clock)
     try:
         consent(kernel)

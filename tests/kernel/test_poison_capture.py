@@ -31,7 +31,7 @@ from domain.profile import SubjectProfile
 from tests.children import PythonChild
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock, FakeExtractor
-from tests.kernel.conftest import APP, say, settings_for
+from tests.kernel.conftest import APP, other_tenant, say, settings_for
 from tests.kernel.other_process import run_in_another_process
 from tests.kernel.poison import MARK, PoisonExtractor, patch_rules
 from uprof import retry
@@ -39,7 +39,6 @@ from uprof.adapters.embeddings import HashingEmbedder
 from uprof.bootstrap import bootstrap
 from uprof.facade import Facade
 from uprof.kernel import Uprof
-from uprof.settings import Settings
 
 POISON_TEXT = f"I live in {MARK}ville and my passport is X1234567"
 
@@ -444,10 +443,7 @@ def test_a_verdict_on_another_tenants_capture_is_recorded_under_that_tenant(
     pseudonym: that tenant's auditors never saw it, the worker's saw another's subject.
     Found by the review of decisions 0097 and 0101 (2026-12-05)."""
     k, _ = poisoned
-    seed = Settings().policy_path.read_text(encoding="utf-8")
-    policy = tmp_path / "seed-other.csv"
-    policy.write_text(seed.replace(", default", ", other"), encoding="utf-8")
-    other = settings_for(backend).model_copy(update={"tenant": "other", "policy_path": policy})
+    other = other_tenant(settings_for(backend), tmp_path, "other")
     there = bootstrap(
         other, clock=FakeClock(), embedder=HashingEmbedder(), extractor=FakeExtractor()
     )
