@@ -30,12 +30,14 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-def other_tenant(settings: Settings, folder: Path, tenant: str = "other-tenant") -> Settings:
-    """``settings`` for another tenant on the same stores, whose policy is the seed's
-    rows for that tenant (the policy file is written into ``folder``)."""
-    seed = Settings().policy_path.read_text(encoding="utf-8")
+def other_tenant(
+    settings: Settings, folder: Path, tenant: str = "other-tenant", seed: Path | None = None
+) -> Settings:
+    """``settings`` for another tenant on the same stores, whose policy is the rows of
+    ``seed`` (default: the packaged seed) for that tenant (written into ``folder``)."""
+    seed_text = (seed or Settings().policy_path).read_text(encoding="utf-8")
     policy = folder / f"seed-{tenant}.csv"
-    policy.write_text(seed.replace(", default", f", {tenant}"), encoding="utf-8")
+    policy.write_text(seed_text.replace(", default", f", {tenant}"), encoding="utf-8")
     return settings.model_copy(update={"tenant": tenant, "policy_path": policy})
 
 

@@ -200,7 +200,9 @@ def test_other_subjects_and_other_tenants_saying_the_same_keep_it(
     backend: Backend, clock: FakeClock, tmp_path: Path
 ) -> None:
     settings = settings_for(backend)
-    other = settings.model_copy(update={"tenant": "other-tenant"})
+    # The other tenant's policy lets the app capture (the worker decides its captures by
+    # it since the review of 2026-12-05; before, by the worker's tenant's).
+    other = other_tenant(settings, tmp_path)
     kernel = build_kernel(settings, clock)
     try:
         consent(kernel)

@@ -1,23 +1,21 @@
-"""Found by the review of decisions 0097 and 0101 (2026-12-05), left: a worker decides
-another tenant's captures with its own tenant's policy.
+"""A worker decides each capture by its subject's tenant's policy (found by the review of
+decisions 0097 and 0101, 2026-12-05).
 
 Tenants on one set of stores share the event log, and a worker extracts every tenant's
 captures (decision 0101 relies on it). What a capture may become is bounded by the
-capturing app's ``capture`` rights (``bootstrap.capture_permits``), decided for the
-worker's tenant (``settings.tenant``) by the worker's authorizer, which holds only its own
-tenant's policy stream. Whichever tenant's worker reaches a capture first decides: here the
-default tenant's policy lets ``app:planner`` capture neither locations nor goals, the other
-tenant's lets it capture both, and the other tenant's subject loses its attribute and
-intent (the opposite policies would let a capture yield categories its tenant's policy
-withholds). Closing it needs the worker to decide with the subject's tenant's policy (an
-authorizer per tenant met, over the shared policy store). Both backends.
+capturing app's ``capture`` rights (``bootstrap.capture_permits``). They were decided for
+the worker's tenant (``settings.tenant``) by the worker's authorizer, which holds only its
+own tenant's policy stream, so whichever tenant's worker reached a capture first decided:
+a narrower policy of the worker's tenant dropped the other tenant's items, a wider one
+let a capture yield categories its own tenant's policy withholds from that app. Now the
+worker reads the subject's tenant from the subject index (one read per batch) and
+decides with that tenant's policy stream in the shared policy store. Both backends; both
+tests fail on 3640e66.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-
-import pytest
 
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
@@ -26,25 +24,24 @@ from tests.kernel.test_erased_items_not_reborn import SAIL, items_of
 from uprof.settings import Settings
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="left: the worker decides another tenant's captures with its own tenant's policy",
-)
-def test_another_tenants_worker_extracts_by_the_subjects_tenants_policy(
-    backend: Backend, clock: FakeClock, tmp_path: Path
-) -> None:
+def without_capture_of(folder: Path, name: str, *categories: str) -> Path:
+    """The seed policy without ``app:planner``'s assistants' right to capture these."""
     seed = Settings().policy_path.read_text(encoding="utf-8")
-    narrow = tmp_path / "seed-default.csv"
-    narrow.write_text(
+    path = folder / name
+    path.write_text(
         "\n".join(
             line
             for line in seed.splitlines()
-            if ", capture, location," not in line and ", capture, goal," not in line
+            if not any(f", capture, {c}," in line for c in categories)
         ),
         encoding="utf-8",
     )
-    mine = settings_for(backend).model_copy(update={"policy_path": narrow})
-    other = other_tenant(mine, tmp_path)
+    return path
+
+
+def extracted_first_by_the_default_tenant(
+    mine: Settings, other: Settings, clock: FakeClock
+) -> dict[str, list[str]]:
     kernel = build_kernel(other, clock)
     try:
         consent(kernel)
@@ -59,8 +56,27 @@ def test_another_tenants_worker_extracts_by_the_subjects_tenants_policy(
     kernel = build_kernel(other, clock)
     try:
         kernel.process()
-        found = items_of(kernel)
-        assert found["attribute"] == ["home_location=Paris"]
-        assert found["intent"] == ["learn to sail"]
+        return items_of(kernel)
     finally:
         kernel.close()
+
+
+def test_a_narrower_policy_of_the_workers_tenant_drops_nothing_of_another(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    narrow = without_capture_of(tmp_path, "narrow.csv", "location", "goal")
+    mine = settings_for(backend).model_copy(update={"policy_path": narrow})
+    found = extracted_first_by_the_default_tenant(mine, other_tenant(mine, tmp_path), clock)
+    assert found["attribute"] == ["home_location=Paris"]
+    assert found["intent"] == ["learn to sail"]
+
+
+def test_a_wider_policy_of_the_workers_tenant_adds_nothing_to_another(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    mine = settings_for(backend)
+    narrow = without_capture_of(tmp_path, "narrow.csv", "location", "goal")
+    theirs = other_tenant(mine, tmp_path, seed=narrow)
+    found = extracted_first_by_the_default_tenant(mine, theirs, clock)
+    assert found["attribute"] == [] and found["intent"] == []
+    assert found["memory"] == [SAIL]
