@@ -15,8 +15,10 @@ tests fail on 3640e66.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
+from tests.children import PythonChild
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import build_kernel, consent, other_tenant, say, settings_for
@@ -48,11 +50,26 @@ def extracted_first_by_the_default_tenant(
         kernel.capture("alice", say(SAIL))
     finally:
         kernel.close()
-    kernel = build_kernel(mine, clock)  # the default tenant's worker gets there first
-    try:
-        kernel.process()
-    finally:
-        kernel.close()
+    # The default tenant's worker, a process of its own, gets there first.
+    worker = PythonChild(
+        textwrap.dedent(
+            f"""
+            from pathlib import Path
+            from tests.fakes.ports import FakeClock
+            from tests.kernel.conftest import build_kernel
+            from uprof.settings import Settings
+
+            settings = Settings.model_validate_json({mine.model_dump_json()!r})
+            kernel = build_kernel(settings, FakeClock())
+            try:
+                kernel.process()
+            finally:
+                kernel.close()
+            """
+        )
+    )
+    _, err = worker.communicate(180)
+    assert worker.returncode == 0, err[-3000:]
     kernel = build_kernel(other, clock)
     try:
         kernel.process()
