@@ -53,13 +53,14 @@ _ADMIN: list[sa.Engine] = []
 OTHER_TENANT = "other-tenant"
 
 
-def seed_policy_for(tenant: str, folder: Path) -> Path:
-    """The seed policy with its ``default`` tenant renamed: a second tenant's own policy."""
+def seed_policy_for(tenant: str, folder: Path, seed: Path | None = None) -> Path:
+    """A seed policy (default: the packaged one) with its ``default`` tenant renamed, written
+    into ``folder``: a second tenant's own policy."""
     from uprof.settings import Settings
 
-    seed = Settings().policy_path.read_text(encoding="utf-8")
+    seed_text = (seed or Settings().policy_path).read_text(encoding="utf-8")
     out = folder / f"seed-{tenant}.csv"
-    out.write_text(seed.replace(", default", f", {tenant}"), encoding="utf-8")
+    out.write_text(seed_text.replace(", default", f", {tenant}"), encoding="utf-8")
     return out
 
 

@@ -214,18 +214,23 @@ def build_authorizer(settings: Settings) -> Authorizer:
     )
 
 
-def capture_permits(authorizer: Authorizer, tenant: str) -> Callable[[str, str], frozenset[str]]:
-    """The categories an app's captures may yield for a purpose (policy action ``capture``).
+def capture_permits(
+    authorizer_for: Callable[[str], Authorizer],
+) -> Callable[[str, str, str], frozenset[str]]:
+    """The categories an app's captures may yield for a purpose (policy action ``capture``),
+    decided by the policy of the subject's tenant: ``permitted(tenant, app_id, purpose)``.
 
     Extraction keeps only what the capturing app may write: otherwise app X's
-    captures could change what app Y is served in categories X may not touch.
+    captures could change what app Y is served in categories X may not touch. A worker
+    extracts every tenant's captures on the stores, so the tenant is the capture's, and
+    ``authorizer_for(tenant)`` the authorizer holding that tenant's policy.
     """
     from domain.values import CATEGORIES
     from uprof.services.policy import PolicyStoreError
 
-    health = getattr(authorizer, "health", None)
-
-    def permitted(app_id: str, purpose: str) -> frozenset[str]:
+    def permitted(tenant: str, app_id: str, purpose: str) -> frozenset[str]:
+        authorizer = authorizer_for(tenant)
+        health = getattr(authorizer, "health", None)
         # An unreadable policy denies everything; extraction must then wait and retry,
         # not commit the capture's results with every item dropped.
         problem = health() if health is not None else ""
@@ -241,6 +246,39 @@ def capture_permits(authorizer: Authorizer, tenant: str) -> Callable[[str, str],
         return frozenset(c for c, d in decisions.items() if d.allowed)
 
     return permitted
+
+
+def tenant_authorizers(
+    own: Authorizer, policy: PolicyService, settings: Settings, audit: AuditTrail
+) -> Callable[[str], Authorizer]:
+    """``own`` for this deployment's tenant; for another tenant on the same stores, an
+    authorizer over that tenant's policy stream in the shared policy store (built when
+    first met, read-only: it never seeds, and a tenant without a policy stream denies
+    everything)."""
+    from uprof.services.policy import PolicyService as Service
+
+    model_text = Path(settings.policy_model_path).read_text(encoding="utf-8")
+    others: dict[str, Authorizer] = {}
+    lock = threading.Lock()
+
+    def authorizer_for(tenant: str) -> Authorizer:
+        if tenant == settings.tenant:
+            return own
+        with lock:
+            found = others.get(tenant)
+            if found is None:
+                found = others[tenant] = Service(
+                    policy.app,
+                    tenant=tenant,
+                    model_text=model_text,
+                    seed_text="",
+                    seed_source="",
+                    audit=audit,
+                    refresh_s=settings.policy_refresh_s,
+                ).authorizer
+            return found
+
+    return authorizer_for
 
 
 def build_policy_service(settings: Settings, audit: AuditTrail, keys: Any) -> PolicyService:
@@ -430,18 +468,20 @@ def bootstrap(
     # The erasure ledger's check for the update engine: items erased without their
     # evidence are not recorded again from the same captures (extraction, quarantine
     # retries, proposals).
-    erased_items = ErasedItemGuard(
-        lambda: keystore.ledger,
-        audit,
-        partial(keystore.pseudonym_of_stream, tenant=settings.tenant),
-    )
+    erased_items = ErasedItemGuard(lambda: keystore.ledger, audit, keystore.subjects_of_streams)
     extraction = ExtractionWorker(
         app,
         extractor,
         evidence,
         clock,
         batch_size=settings.projection_batch_size,
-        may_capture=capture_permits(deciding, settings.tenant),
+        may_capture=capture_permits(
+            (lambda _tenant: deciding)
+            if authorizer is not None  # the caller's own authorizer decides every tenant
+            else tenant_authorizers(deciding, policy, settings, audit)
+        ),
+        tenant=settings.tenant,
+        tenants_of=keystore.subjects_of_streams,
         partitioning=partitioning,
         partitions=partitions,
         erased_items=erased_items,
@@ -459,7 +499,7 @@ def bootstrap(
         app,
         audit,
         QuarantineIndex(app, lambda: keystore.ledger.state() if keystore.ledger else None),
-        keystore.pseudonym_of_stream,
+        keystore.subjects_of_streams,
         extraction.extract_again,
         tenant_pseudonym_of=partial(keystore.pseudonym_of_stream, tenant=settings.tenant),
     )

@@ -3,11 +3,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
 from domain.values import Interaction
-from tests.conftest import Backend
+from tests.conftest import OTHER_TENANT, Backend, seed_policy_for
 from tests.fakes.ports import FakeClock, FakeExtractor
 from uprof.adapters.embeddings import HashingEmbedder
 from uprof.bootstrap import bootstrap
@@ -28,6 +29,15 @@ def settings_for(backend: Backend) -> Settings:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
+
+
+def other_tenant(
+    settings: Settings, folder: Path, tenant: str = OTHER_TENANT, seed: Path | None = None
+) -> Settings:
+    """``settings`` for another tenant on the same stores, whose policy is the rows of
+    ``seed`` (default: the packaged seed) for that tenant (written into ``folder``)."""
+    policy = seed_policy_for(tenant, folder, seed)
+    return settings.model_copy(update={"tenant": tenant, "policy_path": policy})
 
 
 def build_kernel(settings: Settings, clock: FakeClock) -> Uprof:

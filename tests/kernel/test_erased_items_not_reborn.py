@@ -23,7 +23,15 @@ from domain.values import AttributeProposal, IntentProposal, MemoryProposal, Pro
 from projections.profile import tables as t
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import APP, build_kernel, consent, running, say, settings_for
+from tests.kernel.conftest import (
+    APP,
+    build_kernel,
+    consent,
+    other_tenant,
+    running,
+    say,
+    settings_for,
+)
 from tests.kernel.other_process import run_in_another_process
 from uprof.kernel import Uprof
 from uprof.services.backup import backup, restore
@@ -170,7 +178,9 @@ def test_other_subjects_and_other_tenants_saying_the_same_keep_it(
     backend: Backend, clock: FakeClock, tmp_path: Path
 ) -> None:
     settings = settings_for(backend)
-    other = settings.model_copy(update={"tenant": "other-tenant"})
+    # The other tenant's policy lets the app capture (the worker decides its captures by
+    # it since the review of 2026-12-05; before, by the worker's tenant's).
+    other = other_tenant(settings, tmp_path)
     with running(settings, clock) as kernel:
         consent(kernel)
         consent(kernel, "bob")
@@ -484,3 +494,109 @@ def test_an_experience_erased_is_not_proposed_again_from_its_capture(
         later = kernel.capture("alice", say("Another day", ref="two")).capture_id
         kernel.process()
         assert propose(later) == 1
+
+
+def test_a_refusal_citing_more_captures_than_an_entry_lists_is_still_audited(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """An app's proposals of an erased item, each citing its capture and 31 others: the
+    refusal named every cited capture, more than the 1,000 an audit entry's list holds,
+    so its append was refused after the save had committed. The app got an error
+    (``invalid_input``) for a request that had written its other proposals, and neither
+    ``item.rebirth_refused`` nor ``proposal.applied`` was on the log. Now the entry names
+    the captures the erased item came from (at most 1,000)."""
+    with running(settings_for(backend), clock) as kernel:
+        consent(kernel)
+        first = kernel.capture("alice", say(SAIL, ref="one")).capture_id
+        others = [
+            a.capture_id
+            for a in kernel.capture_many("alice", [say(f"ok {n}") for n in range(31 * 33)])
+        ]
+        kernel.process()
+        kernel.erase_item("alice", item_id_of(kernel, "intent"))
+        proposals: list[object] = [
+            IntentProposal("learn to sail", (first, *others[31 * n : 31 * (n + 1)]))
+            for n in range(33)
+        ]
+        proposals.append(MemoryProposal("sailing lessons booked", evidence=(first,)))
+        size = kernel.audit_log.size()
+        applied = kernel.submit_proposals(
+            "alice",
+            ProposalBatch(
+                tuple(proposals),  # type: ignore[arg-type]
+                author="app",
+                owner_agent="agent:one",
+                sharing="shared",
+                app_id=APP,
+                purpose="personalization",
+            ),
+        )
+        assert applied == 1
+        kernel.process()
+        assert items_of(kernel)["intent"] == []
+        assert "sailing lessons booked" in items_of(kernel)["memory"]
+        after = size - 1
+        refused = kernel.audit_log.entries(action=REBIRTH_REFUSED, after_leaf=after)
+        [entry] = [e.entry for e in refused]
+        assert entry["counts"] == {"intent": 33}
+        assert entry["event_ids"] == [first]  # the capture the erased item came from
+        applied_entries = kernel.audit_log.entries(action="proposal.applied", after_leaf=after)
+        assert [e.entry["counts"] for e in applied_entries] == [{"items": 1}]
+
+
+def test_a_refusal_of_more_captures_than_an_entry_lists_names_the_first_thousand() -> None:
+    """An extraction batch (up to 10,000 captures) re-extracting more than 1,000 captures
+    an erasure took items from, for one subject: one entry, valid, naming 1,000."""
+    import uuid
+
+    from audit.entry import validate_entry
+    from uprof.services.erased_items import ErasedItemGuard, Refused
+
+    written: list[tuple[str, dict[str, object]]] = []
+
+    class Trail:
+        def record_many(self, entries: list[tuple[str, dict[str, object]]]) -> None:
+            for action, fields in entries:
+                validate_entry({"action": action, **fields})
+            written.extend(entries)
+
+    guard = ErasedItemGuard(
+        lambda: None,
+        Trail(),  # type: ignore[arg-type]
+        lambda streams: dict.fromkeys(streams, ("default", "ps-1")),
+    )
+    stream = uuid.uuid4()
+    guard.recorded([Refused(stream, "memory", (f"c{n:05d}",)) for n in range(1500)])
+    [(action, entry)] = written
+    assert action == REBIRTH_REFUSED
+    assert entry["event_ids"] == [f"c{n:05d}" for n in range(1000)]
+    assert entry["counts"] == {"memory": 1500}
+
+
+def test_a_refusal_by_another_tenants_worker_names_the_subjects_tenant(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Tenants on one set of stores share the event log, and a worker extracts every
+    tenant's captures. The refusal it wrote for another tenant's subject named the
+    worker's tenant and no subject (the pseudonym was looked up in the worker's tenant
+    only): that tenant's auditors never saw it, and the worker's saw a refusal of a
+    subject not theirs. It names the subject's tenant and pseudonym, as the worker's late
+    ``capture.accepted`` does (decision 0101)."""
+    settings = settings_for(backend)
+    other = other_tenant(settings, tmp_path)
+    with running(other, clock) as kernel:
+        consent(kernel)
+        kernel.capture("alice", say(SAIL))
+        pseudonym = kernel.subjects.pseudonym("alice")
+    backup(settings, tmp_path / "bk")
+    with running(other, clock) as kernel:
+        kernel.process()
+        kernel.erase_item("alice", item_id_of(kernel, "intent"))
+    restore(settings, tmp_path / "bk")
+    with running(settings, clock) as kernel:  # the default tenant's worker extracts it
+        kernel.process()
+        [entry] = refusals(kernel)
+        assert (entry["tenant"], entry.get("subject_ref")) == ("other-tenant", pseudonym)
+        assert entry["counts"] == {"intent": 1}
+    with running(other, clock) as kernel:
+        assert items_of(kernel)["intent"] == []

@@ -31,7 +31,7 @@ from domain.profile import SubjectProfile
 from tests.children import PythonChild
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock, FakeExtractor
-from tests.kernel.conftest import APP, say, settings_for
+from tests.kernel.conftest import APP, other_tenant, say, settings_for
 from tests.kernel.other_process import run_in_another_process
 from tests.kernel.poison import MARK, PoisonExtractor, patch_rules
 from uprof import retry
@@ -432,3 +432,28 @@ def test_a_verdict_whose_audit_entry_was_lost_gets_it_at_the_next_listing(
         assert [q.capture_id for q in door.list_quarantined()] == [poison]
     [entry] = [e.entry for e in k.audit_entries(action="capture.quarantined")]
     assert entry["event_ids"] == [poison] and "principal" not in entry
+
+
+def test_a_verdict_on_another_tenants_capture_is_recorded_under_that_tenant(
+    poisoned: tuple[Uprof, PoisonExtractor], backend: Backend, tmp_path: Path
+) -> None:
+    """Tenants on one set of stores share the event log and a worker extracts every
+    tenant's captures. The default tenant's worker quarantining the other tenant's
+    capture wrote ``capture.quarantined`` under its own tenant with the other tenant's
+    pseudonym: that tenant's auditors never saw it, the worker's saw another's subject.
+    Found by the review of decisions 0097 and 0101 (2026-12-05)."""
+    k, _ = poisoned
+    other = other_tenant(settings_for(backend), tmp_path, "other")
+    there = bootstrap(
+        other, clock=FakeClock(), embedder=HashingEmbedder(), extractor=FakeExtractor()
+    )
+    try:
+        there.grant_consent("alice", app_id=APP, categories=["*"], purposes=["personalization"])
+        poison = there.capture("alice", say(POISON_TEXT)).capture_id
+        pseudonym = there.subjects.pseudonym("alice")
+    finally:
+        there.close()
+    k.process()  # the default tenant's worker, with the poisoned extractor
+    [entry] = [e.entry for e in k.audit_log.entries(action="capture.quarantined")]
+    assert entry["event_ids"] == [poison]
+    assert (entry["tenant"], entry["subject_ref"]) == ("other", pseudonym)

@@ -16,7 +16,8 @@ def worker(world: World, *, policy: bool) -> ExtractionWorker:
         FakeExtractor(),
         EvidenceChecker(world.views),
         world.clock,
-        may_capture=capture_permits(CasbinAuthorizer.seeded(), TENANT) if policy else None,
+        may_capture=capture_permits(lambda _tenant: CasbinAuthorizer.seeded()) if policy else None,
+        tenant=TENANT,
     )
 
 

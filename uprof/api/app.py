@@ -270,3 +270,16 @@ class _LagCollector:
             "Background pipeline runs that failed.",
             value=worker.status.failures if worker else 0,
         )
+        # The extraction worker's check of capture.accepted (decision 0101): a failure
+        # is tried again; captures dropped unchecked are a persistent one's cost.
+        late = self._runtime.kernel.extraction.late_captures
+        yield CounterMetricFamily(
+            "uprof_late_capture_check_failures",
+            "Checks of extracted captures against the audit log that failed (retried).",
+            value=late.failures if late else 0,
+        )
+        yield CounterMetricFamily(
+            "uprof_late_captures_unchecked",
+            "Extracted captures dropped unchecked against the audit log.",
+            value=late.dropped if late else 0,
+        )

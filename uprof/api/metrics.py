@@ -10,6 +10,9 @@ Series:
 - ``uprof_http_request_duration_seconds{method,route}``: histogram;
 - ``uprof_projection_lag_events{stage}`` and ``uprof_log_position``: gauges read at scrape time;
 - ``uprof_pipeline_failures_total``: counter of failed background pipeline runs.
+- ``uprof_late_capture_check_failures_total`` and ``uprof_late_captures_unchecked_total``:
+  counters of the extraction worker's failed checks of captures against the audit log
+  (each tried again) and of captures it dropped unchecked (decision 0101).
 
 Labels are route templates (``/v1/slices``), never raw paths, so nothing a caller
 sends (and no subject reference) becomes a label; a method outside the standard set is

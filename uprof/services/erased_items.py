@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from uuid import UUID
@@ -34,6 +34,9 @@ _log = logging.getLogger(__name__)
 
 #: The audit action of a proposal dropped because an erasure took its item.
 REBIRTH_REFUSED = "item.rebirth_refused"
+#: Captures an entry names at most (an audit entry's lists hold 1,000 items; a longer
+#: list is refused, after the save that dropped the proposals has committed).
+MAX_LISTED = 1000
 
 
 @dataclass(frozen=True)
@@ -52,11 +55,13 @@ class ErasedItemGuard:
         self,
         ledger: Callable[[], ErasureLedger | None],
         audit: AuditTrail,
-        pseudonym_of: Callable[[str], str | None],
+        subjects_of: Callable[[Iterable[str]], dict[str, tuple[str, str]]],
     ) -> None:
         self._ledger = ledger
         self._audit = audit
-        self._pseudonym_of = pseudonym_of
+        #: stream id -> (tenant, pseudonym) of live subjects, whatever their tenant
+        #: (``KeyStore.subjects_of_streams``): a worker extracts every tenant's captures.
+        self._subjects_of = subjects_of
 
     def check(self, stream_id: UUID, refused: list[Refused]) -> ErasedItems | None:
         """The check to give ``apply_proposals`` for this subject (None: the ledger names
@@ -68,9 +73,12 @@ class ErasedItemGuard:
         found = erased
 
         def check(kind: str, identity: str, evidence: tuple[str, ...]) -> bool:
-            if not found(kind, identity, evidence):
+            # The captures the erased item came from, not every capture the proposal
+            # cites: a proposer citing many others cannot swell the entry.
+            taken = tuple(sorted(c for c in set(evidence) if found(kind, identity, (c,))))
+            if not taken:
                 return False
-            refused.append(Refused(stream_id, kind, tuple(sorted(set(evidence)))))
+            refused.append(Refused(stream_id, kind, taken))
             return True
 
         return check
@@ -81,7 +89,11 @@ class ErasedItemGuard:
         for r in refused:
             by_stream.setdefault(r.stream_id, []).append(r)
         entries: list[tuple[str, dict[str, object]]] = []
+        subjects = self._subjects_of(str(s) for s in by_stream) if by_stream else {}
         for stream_id, drops in by_stream.items():
+            # The subject's own tenant and pseudonym (none once it is erased).
+            tenant, pseudonym = subjects.get(str(stream_id), (None, None))
+            captures = sorted({c for d in drops for c in d.capture_ids})
             _log.warning(
                 "%d proposals of one subject would have recorded again items that an "
                 "erasure took (re-extraction of data older than the erasure?): dropped",
@@ -91,8 +103,9 @@ class ErasedItemGuard:
                 (
                     REBIRTH_REFUSED,
                     {
-                        "subject_ref": self._pseudonym_of(str(stream_id)),
-                        "event_ids": sorted({c for d in drops for c in d.capture_ids}),
+                        "subject_ref": pseudonym,
+                        "tenant": tenant,
+                        "event_ids": captures[:MAX_LISTED],
                         "reason_code": "erased-item",
                         "counts": dict(sorted(Counter(d.kind for d in drops).items())),
                     },

@@ -14,7 +14,7 @@ subject, whoever proposed it (I1).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 from uuid import UUID
@@ -150,12 +150,14 @@ class ExtractionWorker:
         evidence: EvidenceChecker,
         clock: Clock,
         batch_size: int = 256,
-        may_capture: Callable[[str, str], frozenset[str]] | None = None,
+        may_capture: Callable[[str, str, str], frozenset[str]] | None = None,
         *,
         partitioning: Partitioning | None = None,
         partitions: Sequence[int] | None = None,
         erased_items: ErasedItemGuard | None = None,
         late_captures: LateCaptures | None = None,
+        tenant: str = "default",
+        tenants_of: Callable[[Iterable[str]], dict[str, tuple[str, str]]] | None = None,
     ) -> None:
         self._app = app
         #: The check that each extracted request is on the audit log (decision
@@ -167,8 +169,14 @@ class ExtractionWorker:
         self._evidence = evidence
         self._clock = clock
         self._batch_size = batch_size
-        #: (app, purpose) -> categories that app's captures may yield; None: all.
+        #: (tenant, app, purpose) -> categories that app's captures may yield under that
+        #: tenant's policy; None: all.
         self._may_capture = may_capture
+        #: This deployment's tenant, and the subjects' own (stream id -> (tenant,
+        #: pseudonym), ``KeyStore.subjects_of_streams``): a worker extracts every tenant's
+        #: captures, each decided by its subject's tenant's policy.
+        self._tenant = tenant
+        self._tenants_of = tenants_of
         self._partitioning = partitioning or Partitioning()
         self._owned = owned_or_all(self._partitioning, partitions)
         #: Batches that lost the race to another worker (re-read and redone).
@@ -183,6 +191,11 @@ class ExtractionWorker:
     @property
     def partitions(self) -> tuple[int, ...]:
         return self._owned
+
+    @property
+    def late_captures(self) -> LateCaptures | None:
+        """The late ``capture.accepted`` check (its counts are metrics), if any."""
+        return self._late
 
     def tracking_name(self, k: int) -> str:
         return self._partitioning.name(self._app.name, k)
@@ -262,12 +275,16 @@ class ExtractionWorker:
         by_stream: dict[UUID, list[tuple[Any, ProposalBatch | Failure]]] = defaultdict(list)
         captured: list[tuple[Any, Any]] = []
         with telemetry.span("uprof.extraction.extract", captures=len(mine)) as extracting:
+            readable = []
             for notification in mine:
                 event = self._app.decode(notification)
                 captured.append((notification, event))
-                if isinstance(event, SubjectProfile.ContentShredded):
-                    continue
-                by_stream[event.originator_id].append((event, self._proposals_for(event)))
+                if not isinstance(event, SubjectProfile.ContentShredded):
+                    readable.append(event)
+            tenants = self._tenants({e.originator_id for e in readable})
+            for event in readable:
+                tenant = tenants.get(event.originator_id, self._tenant)
+                by_stream[event.originator_id].append((event, self._proposals_for(event, tenant)))
             proposals = sum(
                 len(b.proposals)
                 for e in by_stream.values()
@@ -416,7 +433,7 @@ class ExtractionWorker:
         if event is None:  # shredded meanwhile: an erasure takes it out of quarantine
             return RetryOutcome(capture_id, "not-quarantined")
         self._failures.pop(capture_id, None)
-        batch = self._proposals_for(event)
+        batch = self._proposals_for(event, self._tenants({stream_id}).get(stream_id, self._tenant))
         self._failures.pop(capture_id, None)
         if isinstance(batch, Failure):
             return RetryOutcome(capture_id, "still-failing", batch.error)
@@ -448,7 +465,17 @@ class ExtractionWorker:
             self._erased_items.recorded(refused)
         return outcome
 
-    def _proposals_for(self, event: Any) -> ProposalBatch | Failure:
+    def _tenants(self, stream_ids: set[UUID]) -> dict[UUID, str]:
+        """The tenant of each live subject among these streams (one read; {} when only
+        this deployment's tenant is decided for, or for none)."""
+        if self._tenants_of is None or self._may_capture is None or not stream_ids:
+            return {}
+        found = self._tenants_of(str(s) for s in stream_ids)
+        return {s: found[str(s)][0] for s in stream_ids if str(s) in found}
+
+    def _proposals_for(self, event: Any, tenant: str) -> ProposalBatch | Failure:
+        """The extractor's proposals for a capture, bounded by what the capturing app may
+        capture under ``tenant``'s policy (the subject's tenant)."""
         batch = self._extract(event)
         if isinstance(batch, Failure):
             return batch
@@ -458,7 +485,7 @@ class ExtractionWorker:
         kept = tuple(p for p in batch.proposals if set(p.evidence) <= own)
         if self._may_capture is not None:
             # The capturing app's policy bounds what its captures may become.
-            permitted = self._may_capture(event.app_id, event.purpose)
+            permitted = self._may_capture(tenant, event.app_id, event.purpose)
             kept = tuple(p for p in kept if category_of(p) in permitted | {None})
         return replace(
             batch,

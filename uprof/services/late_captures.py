@@ -37,11 +37,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from domain.errors import UprofError
+from domain.errors import ConcurrencyConflictError, UprofError
 from domain.principal import acting_principal
 from domain.profile import SubjectProfile
 from uprof.eventstore import CAPTURED_TOPIC
 from uprof.ports import AuditStore, AuditTrail, EventStore
+from uprof.retry import Backoff
 
 _log = logging.getLogger(__name__)
 
@@ -55,6 +56,12 @@ _LOOK_AHEAD = 64
 #: Pages read at most behind a missing run that starts at its stream's first capture in
 #: the batch: a lost request longer than this behind the batch is named from there on.
 _LOOK_BACK_PAGES = 16
+#: The wait before checking again after a check failed on a store that did not answer
+#: (n failures in a row): 1 s, doubling, at most a minute.
+_AFTER_FAILURE = Backoff(1.0, 60.0)
+#: Captures kept waiting at most while checks keep failing (about 0.4 KB each): past it,
+#: the oldest batches are dropped unchecked (counted in ``dropped``, logged as an error).
+MAX_WAITING = 100_000
 
 
 @dataclass(frozen=True)
@@ -161,42 +168,110 @@ class LateCaptures:
         self._lock = threading.Lock()
         #: Requests this process recorded late (a count for tests and telemetry).
         self.recorded = 0
+        #: Checks that failed (``uprof_late_capture_check_failures_total``).
+        self.failures = 0
+        #: Captures dropped unchecked (``uprof_late_captures_unchecked_total``).
+        self.dropped = 0
+        #: Captures kept waiting at most (``MAX_WAITING``).
+        self.max_waiting = MAX_WAITING
+        self._failed_in_a_row = 0
+        #: No check before this time (a check failed; None: none failing).
+        self._retry_at: datetime | None = None
 
     @property
     def waiting(self) -> int:
-        """Captures extracted and not yet checked (at most ``grace_s`` of them)."""
+        """Captures extracted and not yet checked: ``grace_s`` of them, more while checks
+        fail (at most ``max_waiting``)."""
         return sum(len(c) for c, _ in self._waiting)
 
     def extracted(self, captured: Sequence[tuple[Any, Any]], batch_end: int) -> None:
         """A committed batch's ``(notification, event)`` captures: checked now if they are
         old enough, else by a later ``check_due``. ``batch_end``: the batch's last
-        notification id (a run ending there may go on in the next batch)."""
+        notification id (a run ending there may go on in the next batch). Never raises."""
         if captured:
             with self._lock:
                 self._waiting.append(([_capture(n, e) for n, e in captured], batch_end))
+                # Bounded only while checks fail: else the grace bounds it.
+                over = self.waiting - self.max_waiting if self._failed_in_a_row else 0
+                dropped = 0
+                while over > 0 and len(self._waiting) > 1:
+                    oldest, _ = self._waiting.popleft()
+                    over -= len(oldest)
+                    dropped += len(oldest)
+                self.dropped += dropped
+            if dropped:
+                _log.error(
+                    "dropped %d extracted captures unchecked against the audit log: checks "
+                    "have failed %d times in a row and %d captures wait (a request of "
+                    "theirs a crash kept off the log stays off it)",
+                    dropped,
+                    self._failed_in_a_row,
+                    self.waiting,
+                )
         self.check_due()
 
     def check_due(self) -> None:
-        """Check the waiting batches whose newest capture is ``grace_s`` old. A failure is
-        logged and the batch dropped: the extraction committed, and no later batch reads
-        these captures again."""
-        horizon = self._now() - self._grace
+        """Check the waiting batches whose newest capture is ``grace_s`` old. Never raises:
+        the extraction committed, and this check is the batch's only one, so a check that
+        fails on a store not answering (a driver error, a busy store) keeps its batch and
+        is tried again after a back-off (``failures`` counts it, a warning names its
+        class); only a declared refusal (another ``UprofError``) drops the batch, logged."""
+        now = self._now()
+        horizon = now - self._grace
         while True:
             with self._lock:
+                if self._retry_at is not None and now < self._retry_at:
+                    return
                 if not self._waiting or not _older(self._waiting[0][0], horizon):
                     return
-                captures, batch_end = self._waiting.popleft()
+                batch = self._waiting[0]
             token = acting_principal.set(None)  # the pipeline's entry, whoever drives it
             try:
-                self._reconcile(captures, batch_end)
-            except UprofError as error:
-                _log.warning(
-                    "could not check %d captures against the audit log (%s)",
-                    len(captures),
-                    type(error).__name__,
-                )
+                self._reconcile(*batch)
+            except Exception as error:  # the worker goes on; counted and logged
+                if isinstance(error, UprofError) and not isinstance(
+                    error, ConcurrencyConflictError
+                ):
+                    self._done(batch, dropped=True)
+                    _log.error(
+                        "could not check %d captures against the audit log (%s): dropped",
+                        len(batch[0]),
+                        type(error).__name__,
+                    )
+                    continue
+                self._failed(error, now)
+                return
             finally:
                 acting_principal.reset(token)
+            self._done(batch)
+
+    def _done(self, batch: tuple[list[_Capture], int], *, dropped: bool = False) -> None:
+        """The batch at the head is checked (or dropped): the next one's turn."""
+        with self._lock:
+            if self._waiting and self._waiting[0] is batch:
+                self._waiting.popleft()
+            if dropped:
+                self.dropped += len(batch[0])
+            self._failed_in_a_row = 0
+            self._retry_at = None
+
+    def _failed(self, error: BaseException, now: datetime) -> None:
+        """A check failed on a store not answering: its batch stays first, checked again
+        after the back-off."""
+        with self._lock:
+            self.failures += 1
+            self._failed_in_a_row += 1
+            wait_s = _AFTER_FAILURE.bound_s(self._failed_in_a_row)
+            self._retry_at = now + timedelta(seconds=wait_s)
+            in_a_row, waiting = self._failed_in_a_row, self.waiting
+        _log.warning(
+            "could not check extracted captures against the audit log (%s; %d times in a "
+            "row); %d captures wait, checked again in %.0f s",
+            type(error).__name__,
+            in_a_row,
+            waiting,
+            wait_s,
+        )
 
     def _reconcile(self, captured: Sequence[_Capture], batch_end: int) -> None:
         by_stream: dict[UUID, list[_Capture]] = {}

@@ -100,11 +100,13 @@ class RetryOutcome:
 
 
 def _entry(
-    subject_ref: str | None, capture_id: str, failure: Failure
+    tenant: str | None, subject_ref: str | None, capture_id: str, failure: Failure
 ) -> tuple[str, dict[str, object]]:
+    """The ``capture.quarantined`` entry; ``tenant`` the subject's (None: the trail's own)."""
     return (
         "capture.quarantined",
         {
+            "tenant": tenant,
             "subject_ref": subject_ref,
             "event_ids": [capture_id],
             "request_id": f"quarantine:{capture_id}",
@@ -183,20 +185,21 @@ class QuarantineService:
         app: EventStore,
         audit: AuditTrail,
         index: QuarantineIndex,
-        pseudonym_of: Callable[[str], str | None],
+        subjects_of: Callable[[Iterable[str]], dict[str, tuple[str, str]]],
         extract_again: Callable[[UUID, str], RetryOutcome],
         *,
-        tenant_pseudonym_of: Callable[[str], str | None] | None = None,
+        tenant_pseudonym_of: Callable[[str], str | None],
     ) -> None:
-        """``pseudonym_of(stream)``: the subject's pseudonym whatever its tenant (for the
-        audit entry of a capture quarantined by the pipeline, which serves every tenant);
-        ``tenant_pseudonym_of(stream)``: only when it is this deployment's tenant's, so
-        operators list and retry their own tenant's captures (default: ``pseudonym_of``)."""
+        """``subjects_of(streams)``: each live subject's (tenant, pseudonym) whatever its
+        tenant, for the audit entry of a capture quarantined by the pipeline, which serves
+        every tenant (the entry names the subject's tenant); ``tenant_pseudonym_of(stream)``:
+        only when it is this deployment's tenant's, so operators list and retry their own
+        tenant's captures."""
         self._app = app
         self._audit = audit
         self._index = index
-        self._pseudonym_of = pseudonym_of
-        self._tenant_pseudonym_of = tenant_pseudonym_of or pseudonym_of
+        self._subjects_of = subjects_of
+        self._tenant_pseudonym_of = tenant_pseudonym_of
         self._extract_again = extract_again
 
     def recorded(self, quarantined: Sequence[Quarantined]) -> None:
@@ -209,10 +212,11 @@ class QuarantineService:
                 q.failure.error,
                 q.failure.attempts,
             )
-        entries = [
-            _entry(self._pseudonym_of(str(q.stream_id)), q.capture_id, q.failure)
-            for q in quarantined
-        ]
+        subjects = self._subjects_of(str(q.stream_id) for q in quarantined) if quarantined else {}
+        entries = []
+        for q in quarantined:
+            tenant, pseudonym = subjects.get(str(q.stream_id), (None, None))
+            entries.append(_entry(tenant, pseudonym, q.capture_id, q.failure))
         if entries:
             self._audit.record_many(entries, once_by=("request_id",))
 
@@ -223,7 +227,8 @@ class QuarantineService:
         if not rows:
             return
         entries = [
-            _entry(r.subject, r.capture_id, Failure(r.stage, r.error, r.attempts)) for r in rows
+            _entry(None, r.subject, r.capture_id, Failure(r.stage, r.error, r.attempts))
+            for r in rows
         ]
         token = acting_principal.set(None)
         try:
