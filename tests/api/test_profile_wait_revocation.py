@@ -25,6 +25,7 @@ import pytest
 
 from tests.api.conftest import PLANNER, Apps, bearer, grant, interaction
 from tests.api.test_slice_wait_revocation import revoke_elsewhere
+from tests.children import run_python
 from uprof.api import ApiKeyStore
 from uprof.apikeys.store import KEY_CACHE_TTL_S
 from uprof.kernel import Uprof
@@ -107,6 +108,39 @@ def test_a_key_revoked_during_the_wait_gets_no_profile(
     assert read.json()["error"]["code"] == "unauthenticated"
     assert "Lisbon" not in read.text
     assert _recorded(kernel) == before  # nothing served, nothing recorded as read
+
+
+def test_a_key_revoked_by_the_cli_in_another_process_during_the_wait_gets_no_profile(
+    http: httpx.Client,
+    kernel: Uprof,
+    keys: ApiKeyStore,
+    settings: Settings,
+    apps: Apps,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same with ``uprof apps revoke`` run as a process of its own."""
+    _an_item(http, apps, kernel)
+    clock = [1000.0]
+    monkeypatch.setattr(keys, "_monotonic", lambda: clock[0])
+    issued = keys.create(PLANNER, ["app", "operator"])
+    cli = ["--data-dir", str(settings.data_dir), "--embedder", "hashing"]
+    if settings.database_url:
+        cli += ["--database-url", settings.database_url]
+
+    def revoke_with_the_cli() -> None:
+        script = "import sys\nfrom uprof.cli.main import app\napp(sys.argv[1:])"
+        done = run_python(script, *cli, "apps", "revoke", issued.info.key_id)
+        assert done.returncode == 0, done.stdout + done.stderr
+        clock[0] += KEY_CACHE_TTL_S + 0.1  # the wait outlived the server's read of the row
+
+    before = _recorded(kernel)
+    waited = during_the_wait(kernel, monkeypatch, revoke_with_the_cli)
+    read = http.post("/v1/profile/read", headers=bearer(issued.token), json={"subject": "alice"})
+
+    assert waited == [True]
+    assert read.status_code == 401, read.text
+    assert "Lisbon" not in read.text
+    assert _recorded(kernel) == before
 
 
 @pytest.mark.parametrize("which", [0, 1, 2], ids=["profile", "evidence", "export"])
