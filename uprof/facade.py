@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from os import PathLike
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from audit.entry import normalise_timestamp
 from audit.export import ExportSummary
@@ -105,6 +105,8 @@ if TYPE_CHECKING:
     from uprof.apikeys.store import ApiKeyInfo, IssuedKey
     from uprof.services.backup import BackupReport
     from uprof.services.idempotency import Outcome
+
+_T = TypeVar("_T")
 
 __all__ = [
     "IMPORT_FORMATS",
@@ -747,14 +749,28 @@ class Facade:
         self._authorize_governance("inspect", OPERATIONS_PURPOSE)
         return OPERATIONS_PURPOSE
 
+    def _decided_again(self, decide: Callable[[], _T]) -> _T:
+        """Ask the key and the policy again, after a read and before its answer leaves.
+
+        A whole-view read (a profile, an item's evidence, an export) waits for the
+        subject's views, up to ``read_wait_timeout_s``: a key revoked (any process) or a
+        right the policy took away during the wait refuses the read here, as a slice's
+        does after its wait (decision XXXX-profile-reads-decided-after-the-wait). The
+        policy's refusal is audited as at the first decision."""
+        if self._still_authenticated is not None:
+            self._still_authenticated()
+        return decide()
+
     def _recorded(
         self,
         subject: str,
         reason: str,
-        purpose: str,
         counts: dict[str, int],
         item_refs: Sequence[str] = (),
     ) -> None:
+        """Decide the read again (``_decided_again``), then record it (``subject.read``,
+        with the purpose decided), before the answer leaves."""
+        purpose = self._decided_again(lambda: self._reader_purpose(subject))
         with self._as_principal():
             self._kernel.record_subject_read(
                 subject,
@@ -770,25 +786,23 @@ class Facade:
         self._authorize_governance("inspect", OPERATIONS_PURPOSE)
         with self._as_principal():
             view = self._kernel.profile(subject, as_of=as_of)
-        self._recorded(subject, "profile", OPERATIONS_PURPOSE, _profile_counts(view))
+        self._recorded(subject, "profile", _profile_counts(view))
         return view
 
     def evidence(self, subject: str, item_id: str) -> EvidenceView:
         """One item and the captures behind it: ``inspect``, or a data subject its own."""
-        purpose = self._reader_purpose(subject)
+        self._reader_purpose(subject)
         with self._as_principal():
             found = self._kernel.evidence(subject, item_id)
-        self._recorded(
-            subject, "evidence", purpose, {"captures": len(found.captures)}, [found.item_id]
-        )
+        self._recorded(subject, "evidence", {"captures": len(found.captures)}, [found.item_id])
         return found
 
     def evidence_captures(self, subject: str, capture_ids: set[str]) -> dict[str, Any]:
         """The subject's captured events behind items (its own subject, or ``inspect``)."""
-        purpose = self._reader_purpose(subject)
+        self._reader_purpose(subject)
         with self._as_principal():
             found = self._kernel.evidence_captures(subject, capture_ids)
-        self._recorded(subject, "captures", purpose, {"captures": len(found)})
+        self._recorded(subject, "captures", {"captures": len(found)})
         return found
 
     def profile_page(
@@ -797,7 +811,7 @@ class Facade:
         """The privacy center's profile page, read and recorded as one read (``reason_code``
         ``profile``): the layers, a page of memories, the captures behind the items shown
         and who read them. A data subject its own; anyone else ``inspect``."""
-        purpose = self._reader_purpose(subject)
+        self._reader_purpose(subject)
         with self._as_principal():
             view = self._kernel.profile(subject, with_memories=False)
             page = self._memories(subject, memory_cursor, memories)
@@ -807,7 +821,7 @@ class Facade:
             captures = self._kernel.evidence_captures(subject, cited)
             reads = self._kernel.item_reads(subject)
         counts = _profile_counts(view) | {"memories": len(page.items), "captures": len(captures)}
-        self._recorded(subject, "profile", purpose, counts)
+        self._recorded(subject, "profile", counts)
         return ProfilePage(view, page, captures, reads)
 
     def subject_exists(self, subject: str) -> bool:
@@ -896,10 +910,20 @@ class Facade:
 
     def export_subject(self, subject: str) -> dict[str, Any]:
         self._own_subject(subject)
-        if self.principal.kind is not PrincipalKind.USER:
-            self._authorize_governance("export", ACCESS_PURPOSE)
+
+        def decide() -> None:
+            if self.principal.kind is not PrincipalKind.USER:
+                self._authorize_governance("export", ACCESS_PURPOSE)
+
+        decide()
         with self._as_principal():
-            return self._kernel.export_subject(subject, requested_by=self.principal.label)
+            # Decided again once the profile is read (it waits for the views), before the
+            # export is recorded and returned.
+            return self._kernel.export_subject(
+                subject,
+                requested_by=self.principal.label,
+                still_allowed=lambda: self._decided_again(decide),
+            )
 
     def erase_subject(self, subject: str, *, basis: str = "GDPR-Art.17(1)") -> ErasureResult:
         self._own_subject(subject)
@@ -1127,10 +1151,10 @@ class Facade:
         self, subject: str, *, cursor: str | None = None, limit: int | None = None
     ) -> Page[Any]:
         """A page of the subject's memories, oldest first (``inspect``; a subject its own)."""
-        purpose = self._reader_purpose(subject)
+        self._reader_purpose(subject)
         with self._as_principal():
             page = self._memories(subject, cursor, limit)
-        self._recorded(subject, "memories", purpose, {"memories": len(page.items)})
+        self._recorded(subject, "memories", {"memories": len(page.items)})
         return page
 
     def _memories(self, subject: str, cursor: str | None, limit: int | None) -> Page[Any]:

@@ -388,11 +388,23 @@ class Uprof:
         )
         return handle.pseudonym
 
-    def export_subject(self, subject: str, *, requested_by: str | None = None) -> dict[str, Any]:
-        """Everything held about a subject, with evidence, as portable JSON (Art. 15/20)."""
+    def export_subject(
+        self,
+        subject: str,
+        *,
+        requested_by: str | None = None,
+        still_allowed: Callable[[], None] | None = None,
+    ) -> dict[str, Any]:
+        """Everything held about a subject, with evidence, as portable JSON (Art. 15/20).
+
+        ``still_allowed`` is asked once everything is read (the profile read waits for the
+        subject's views) and before the export is recorded: it raises when the caller's
+        key or right went away meanwhile, and nothing is recorded or returned."""
         stream_id = self.stream_of(subject)
         view = self.profile(subject)
         export = build_subject_export(self.queries, stream_id, view, exported_at=self.clock.now())
+        if still_allowed is not None:
+            still_allowed()
         self.audit.record(
             "subject.exported",
             app_id=requested_by,

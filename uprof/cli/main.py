@@ -12,6 +12,7 @@ import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from domain.errors import ItemNotFoundError
 from uprof.cli.context import (
     STATE,
     console,
@@ -361,11 +362,15 @@ def profile_evidence(
 ) -> None:
     """Show the captured events behind one item."""
     with door() as d:
-        item_id = _expand_item(d, subject, item)
-        print_evidence(console, d.evidence(subject, item_id))
+        try:  # a whole id: the item's read only (each read is on the log as what it showed)
+            found = d.evidence(subject, item)
+        except ItemNotFoundError:
+            found = d.evidence(subject, _expand_item(d, subject, item))
+        print_evidence(console, found)
 
 
 def _expand_item(d: Facade, subject: str, prefix: str) -> str:
+    """The one item id starting with ``prefix`` (a recorded read of the whole profile)."""
     view = d.profile(subject)
     ids = [a.item_id for a in view.attributes] + [i.item_id for i in view.intents]
     ids += [m.item_id for m in view.memories]

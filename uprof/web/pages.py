@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hmac
 import threading
+from collections.abc import Callable
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,7 +18,7 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from domain.errors import UprofError
+from domain.errors import PermissionDeniedError, UprofError
 from uprof.api.errors import classify
 from uprof.api.runtime import ServiceRuntime
 from uprof.apikeys.store import ROLE_OPERATOR, ApiKeyStore
@@ -183,6 +184,19 @@ class WebPages:
         keys: ApiKeyStore = request.app.state.api_keys
         return not key_id or keys.is_live(key_id)
 
+    def user_reader(self, request: Request, session: Session) -> Facade:
+        """The door for a page that shows the session's subject data: after its read (which
+        waits for the views) it asks again whether the link's issuing key stands, and
+        shows nothing if it was revoked meanwhile (``Facade._decided_again``)."""
+
+        def still_live() -> None:
+            if not self.issuer_live(request, session.key_id):
+                raise PermissionDeniedError(
+                    "the key that issued this sign-in link was revoked; nothing is shown"
+                )
+
+        return user_door(self.runtime_of(request), session, still_live=still_live)
+
     def need_user(self, request: Request) -> Session | HTMLResponse:
         session = self.user_session(request)
         if session is not None and not (
@@ -305,8 +319,11 @@ def verify_upload(raw: bytes, kind: str, door: Facade, filename: str) -> dict[st
 # ------------------------------------------------------------------- doors
 
 
-def user_door(runtime: ServiceRuntime, session: Session) -> Facade:
-    """The facade for a privacy-center session: a data subject, for its one subject."""
+def user_door(
+    runtime: ServiceRuntime, session: Session, *, still_live: Callable[[], None] | None = None
+) -> Facade:
+    """The facade for a privacy-center session: a data subject, for its one subject
+    (``still_live``: ``WebPages.user_reader``'s check, for pages that show its data)."""
     return Facade(
         runtime.kernel,
         Principal(
@@ -318,6 +335,7 @@ def user_door(runtime: ServiceRuntime, session: Session) -> Facade:
             kind=PrincipalKind.USER,
             subject=session.subject,
         ),
+        still_authenticated=still_live,
     )
 
 

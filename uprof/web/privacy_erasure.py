@@ -33,7 +33,7 @@ def router(web: WebPages) -> APIRouter:
             runtime = web.runtime_of(request)
             try:
                 with runtime.pipeline():
-                    found = user_door(runtime, session).evidence(session.subject, item_id)
+                    found = web.user_reader(request, session).evidence(session.subject, item_id)
             except ItemNotFoundError:
                 return web.message(request, 404, "No such item", "Your profile has no such item.")
             except UprofError as error:

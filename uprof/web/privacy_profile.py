@@ -18,6 +18,7 @@ from policies.rules import app_id_problem, purpose_problem
 from uprof.api.errors import classify
 from uprof.api.routes.docs import api_router
 from uprof.api.runtime import ServiceRuntime
+from uprof.facade import Facade
 from uprof.web.pages import (
     WebPages,
     download,
@@ -32,9 +33,8 @@ MEMORIES_PER_PAGE = 50
 
 
 def profile_context(
-    runtime: ServiceRuntime, session: Session, memory_cursor: str | None = None
+    runtime: ServiceRuntime, session: Session, door: Facade, memory_cursor: str | None = None
 ) -> dict[str, Any]:
-    door = user_door(runtime, session)
     with runtime.pipeline():  # one read, recorded before the page is (subject.read)
         shown = door.profile_page(
             session.subject, memory_cursor=memory_cursor, memories=MEMORIES_PER_PAGE
@@ -111,7 +111,12 @@ def router(web: WebPages) -> APIRouter:
             return session
         runtime = web.runtime_of(request)
         try:
-            context = profile_context(runtime, session, request.query_params.get("memories"))
+            context = profile_context(
+                runtime,
+                session,
+                web.user_reader(request, session),
+                request.query_params.get("memories"),
+            )
         except UprofError as error:
             status, _ = classify(error)
             if session.receipts:  # erased: what is left is the receipts
@@ -207,7 +212,7 @@ def router(web: WebPages) -> APIRouter:
         runtime = web.runtime_of(request)
         try:
             with runtime.pipeline():
-                export = user_door(runtime, session).export_subject(session.subject)
+                export = web.user_reader(request, session).export_subject(session.subject)
         except UprofError as error:
             return web.kernel_error(request, error)
         return download(
