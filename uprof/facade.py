@@ -755,7 +755,7 @@ class Facade:
         A whole-view read (a profile, an item's evidence, an export) waits for the
         subject's views, up to ``read_wait_timeout_s``: a key revoked (any process) or a
         right the policy took away during the wait refuses the read here, as a slice's
-        does after its wait (decision XXXX-profile-reads-decided-after-the-wait). The
+        does after its wait (decision 0106-profile-reads-decided-after-the-wait). The
         policy's refusal is audited as at the first decision."""
         if self._still_authenticated is not None:
             self._still_authenticated()

@@ -7,7 +7,7 @@ session at its next page). The profile page, an item's erasure confirmation and 
 export then wait for the views, up to ``read_wait_timeout_s``: until 2026-12-05 a key
 revoked during that wait (``uprof apps revoke``, another process) still had the page
 served, the whole profile, and recorded as read. The door asks the issuer again after the
-read, as it asks an API key (decision XXXX-profile-reads-decided-after-the-wait).
+read, as it asks an API key (decision 0106-profile-reads-decided-after-the-wait).
 """
 
 from __future__ import annotations
