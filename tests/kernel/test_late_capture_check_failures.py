@@ -215,3 +215,47 @@ def test_a_declared_refusal_drops_its_batch_and_the_next_is_checked() -> None:
     late.extracted(batch(3), 3)  # busy: kept
     assert checked == [1, 2, 3]
     assert (late.dropped, late.failures, late.waiting) == (1, 1, 1)
+
+
+def test_captures_past_the_bound_are_checked_once_the_store_answers(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Review of decision 0104 (2026-12-05): the bound was a lever. While the audit store
+    does not answer, captures keep committing (their own appends fail: each is a lost
+    request), and anyone who captures could push the backlog past the bound: the oldest
+    batches, the ones holding the outage's first lost requests, were dropped unchecked.
+    Past the bound a batch is now kept as its positions only and read again when checked:
+    the lost request is recorded once the store answers."""
+    kernel = checking_now(backend, clock, projection_batch_size=2)
+    try:
+        consent(kernel, "alice")
+        consent(kernel, "bob")
+        killed_after_commit(backend, TEXTS[:2])  # alice's request, lost
+        error = driver_error(backend)
+        answering = False
+        holding = kernel.audit_log.holding
+
+        def failing(*args: Any, **kwargs: Any) -> Any:
+            if not answering:
+                raise error
+            return holding(*args, **kwargs)
+
+        late = late_of(kernel)
+        late._log.holding = failing  # type: ignore[method-assign]
+        late.max_waiting = 4
+        kernel.process()  # alice's batch extracted; its check fails
+        assert late.failures == 1
+        # Another app's flood while the store does not answer.
+        for n in range(12):
+            kernel.capture("bob", say(f"I collect stamp number {n}"))
+            kernel.process()
+        assert late.waiting <= 4  # still bounded in memory
+        answering = True
+        later(late, 120)
+        kernel.process()
+        lost = [e for e in accepted(kernel) if e.get("reason_code") == LATE]
+        assert [e["counts"] for e in lost] == [{"events": 2}]
+        assert late.dropped == 0
+        assert late.waiting == 0
+    finally:
+        kernel.close()
