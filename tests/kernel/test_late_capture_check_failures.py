@@ -264,13 +264,19 @@ def test_captures_past_the_bound_are_checked_once_the_store_answers(
         kernel.close()
 
 
-@pytest.mark.parametrize("page", [2, 3])
+@pytest.mark.parametrize(("page", "per_check"), [(2, 10), (3, 1)])
 def test_a_lost_request_amid_the_flood_is_named_whole_across_pages(
-    backend: Backend, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, page: int
+    backend: Backend,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+    page: int,
+    per_check: int,
 ) -> None:
-    """The positions kept past the bound are read again a page at a time: a lost request
-    cut by a page's end is still named once, whole."""
+    """The positions kept past the bound are read again a page at a time (a few pages per
+    run, the rest at the next runs): a lost request cut by a page's end is still named
+    once, whole."""
     monkeypatch.setattr(late_captures, "_SPILLED_PAGE", page)
+    monkeypatch.setattr(late_captures, "_SPILLED_PAGES_PER_CHECK", per_check)
     kernel = checking_now(backend, clock, projection_batch_size=2)
     try:
         consent(kernel, "alice")
@@ -297,7 +303,8 @@ def test_a_lost_request_amid_the_flood_is_named_whole_across_pages(
         assert late.failures >= 1 and late.waiting <= 2
         answering = True
         later(late, 600)
-        kernel.process()
+        for _ in range(8):  # a run checks ``per_check`` pages at most
+            kernel.process()
         lost = [e for e in accepted(kernel) if e.get("reason_code") == LATE]
         assert [e["counts"] for e in lost] == [{"events": 3}]
         assert late.dropped == 0 and late.waiting == 0

@@ -63,8 +63,10 @@ _AFTER_FAILURE = Backoff(1.0, 60.0)
 #: the oldest batches keep only their positions (one range for all of them, read again
 #: from the event log when checked), so no capture is dropped for the bound.
 MAX_WAITING = 100_000
-#: Captures read again at once from the positions kept past ``MAX_WAITING``.
+#: Captures read again at once from the positions kept past ``MAX_WAITING``, and pages
+#: of them checked at most per ``check_due`` (the pipeline run goes on to projections).
 _SPILLED_PAGE = 1_000
+_SPILLED_PAGES_PER_CHECK = 10
 
 
 @dataclass(frozen=True)
@@ -198,11 +200,13 @@ class LateCaptures:
         if captured:
             with self._lock:
                 self._waiting.append(([_capture(n, e) for n, e in captured], batch_end))
-                # Bounded only while checks fail: else the grace bounds it. Past the bound
+                # Bounded while checks fail (and until what they left is checked): else
+                # the grace bounds it. Past the bound
                 # the oldest batches keep their positions only (read again when checked):
                 # dropping them would lose the very requests an outage of the audit store
                 # leaves off the log, to anyone who captures enough meanwhile.
-                over = self.waiting - self.max_waiting if self._failed_in_a_row else 0
+                bounded = self._failed_in_a_row or self._spilled is not None
+                over = self.waiting - self.max_waiting if bounded else 0
                 spilled = 0
                 while over > 0 and len(self._waiting) > 1:
                     oldest, end = self._waiting.popleft()
@@ -230,6 +234,7 @@ class LateCaptures:
         class); only a declared refusal (another ``UprofError``) drops the batch, logged."""
         now = self._now()
         horizon = now - self._grace
+        pages = 0
         while True:
             with self._lock:
                 if self._retry_at is not None and now < self._retry_at:
@@ -245,6 +250,9 @@ class LateCaptures:
             try:
                 if batch is None:
                     # The oldest captures, kept as positions: one page of them read again.
+                    pages += 1
+                    if pages > _SPILLED_PAGES_PER_CHECK:
+                        return  # the rest at the next run
                     batch = self._read_spilled(horizon)
                     if batch is None:
                         if self._spilled is None:  # none left: the waiting batches' turn
