@@ -13,6 +13,7 @@ died, and extraction and projections never ran again even once the store answere
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -43,7 +44,7 @@ def test_a_bound_is_its_cap_however_many_retries(backoff: retry.Backoff) -> None
 
 
 def test_a_late_check_failing_for_hours_still_never_raises(
-    backend: Backend, clock: FakeClock
+    backend: Backend, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     kernel = checking_now(backend, clock)
     try:
@@ -56,6 +57,7 @@ def test_a_late_check_failing_for_hours_still_never_raises(
 
         late = late_of(kernel)
         late._log.holding = failing  # type: ignore[method-assign]
+        caplog.set_level(logging.CRITICAL, logger="uprof.services.late_captures")
         kernel.process()
         for n in range(LONG_OUTAGE):  # a check at each back-off's end, for ~18 hours
             later(late, 61.0 * (n + 1))
@@ -82,8 +84,9 @@ class _Failing:
 
 
 def test_the_servers_pipeline_thread_outlives_a_long_outage(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.CRITICAL, logger="uprof.api.runtime")  # 1,100 tracebacks
     # The same doubling, in nanoseconds: no real waiting.
     monkeypatch.setattr(retry, "SUPERVISOR_BACKOFF", retry.Backoff(1e-9, 1e-9))
     kernel = _Failing(LONG_OUTAGE)
@@ -116,8 +119,10 @@ class _StopAfter:
 
 
 def test_the_worker_loop_outlives_a_long_outage(
-    kernel: Uprof, monkeypatch: pytest.MonkeyPatch
+    kernel: Uprof, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.CRITICAL, logger="uprof.cli.worker")  # 1,100 tracebacks
+
     def failing() -> int:
         raise OSError("the store does not answer")
 
