@@ -46,7 +46,10 @@ class Backoff:
         """The wait (its upper bound, with jitter) before retry number ``retry``."""
         if self.first_s <= 0:
             return 0.0
-        return min(self.max_s, self.first_s * 2.0 ** (retry - 1))
+        # The exponent capped: callers count failures in a row without bound, and
+        # ``2.0 ** 1024`` raises OverflowError (inside their ``except`` blocks: a worker's
+        # loop died after 1,024 failed runs in a row). 2**62 is past any cap.
+        return min(self.max_s, self.first_s * 2.0 ** min(retry - 1, 62))
 
     def tenacity_wait(self) -> wait_base:
         if self.jitter:

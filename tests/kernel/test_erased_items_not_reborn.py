@@ -600,3 +600,24 @@ def test_a_refusal_by_another_tenants_worker_names_the_subjects_tenant(
         assert entry["counts"] == {"intent": 1}
     with running(other, clock) as kernel:
         assert items_of(kernel)["intent"] == []
+
+
+def test_a_refusal_for_a_subject_erased_since_its_save_names_no_tenant() -> None:
+    """Review of decisions 0104 and 0105 (2026-12-05): the entry takes its tenant from the
+    subject index after the save; a subject erased in between (by any tenant's process)
+    was written under the worker's tenant, naming another tenant's captures. A subject
+    erased since gets no entry (its erasure's entries speak for its data)."""
+    import uuid
+
+    from tests.fakes.ports import InMemoryAuditTrail
+    from uprof.services.erased_items import ErasedItemGuard, Refused
+
+    trail = InMemoryAuditTrail()
+    live, erased = uuid.uuid4(), uuid.uuid4()
+    guard = ErasedItemGuard(lambda: None, trail, lambda streams: {str(live): ("other", "ps-live")})
+    guard.recorded(
+        [Refused(erased, "attribute", ("c-erased",)), Refused(live, "attribute", ("c-live",))]
+    )
+    assert [(e["tenant"], e["subject_ref"], e["event_ids"]) for e in trail.entries] == [
+        ("other", "ps-live", ["c-live"])
+    ]

@@ -9,7 +9,8 @@ checked was dropped unchecked (its lost request never recorded), the same batch'
 pipeline run raised after one extraction batch, before any projection: with captures
 arriving, nothing was projected while the check kept failing. Now a failed check keeps
 its batch for a later check (backing off), counts the failure and logs it (class name
-only); only a backlog past its bound is dropped, counted and logged as an error. Both
+only); past its bound a backlog keeps its positions only and is read again when checked
+(until a later review it was dropped). Both
 backends; the lost request comes from a real process killed with exit 9 after its
 commit.
 """
@@ -43,6 +44,7 @@ from tests.kernel.test_erased_items_not_reborn import (
     refusals,
 )
 from uprof.kernel import Uprof
+from uprof.services import late_captures
 from uprof.services.backup import restore
 from uprof.services.late_captures import LateCaptures
 
@@ -173,11 +175,12 @@ def test_a_check_that_keeps_failing_neither_stops_projection_nor_goes_unseen(
         # Extraction and projection kept going.
         assert len(kernel.profile("alice").memories) == len(texts)
         assert calls >= 2 and late.failures == calls
-        # Bounded: what was past the bound was dropped, counted and said.
+        # Bounded in memory: what was past the bound kept its positions only (said),
+        # nothing was dropped (a later review of decision 0104).
         assert late.waiting <= 4
-        assert late.dropped == len(texts) - late.waiting
+        assert late.dropped == 0
         messages = [r for r in caplog.records if r.name == "uprof.services.late_captures"]
-        assert any(r.levelno == logging.ERROR and "dropped" in r.getMessage() for r in messages)
+        assert any("kept as positions only" in r.getMessage() for r in messages)
         assert any("OperationalError" in r.getMessage() for r in messages)
         assert not any(t in r.getMessage() for r in messages for t in texts)
     finally:
@@ -215,3 +218,97 @@ def test_a_declared_refusal_drops_its_batch_and_the_next_is_checked() -> None:
     late.extracted(batch(3), 3)  # busy: kept
     assert checked == [1, 2, 3]
     assert (late.dropped, late.failures, late.waiting) == (1, 1, 1)
+
+
+def test_captures_past_the_bound_are_checked_once_the_store_answers(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Review of decision 0104 (2026-12-05): the bound was a lever. While the audit store
+    does not answer, captures keep committing (their own appends fail: each is a lost
+    request), and anyone who captures could push the backlog past the bound: the oldest
+    batches, the ones holding the outage's first lost requests, were dropped unchecked.
+    Past the bound a batch is now kept as its positions only and read again when checked:
+    the lost request is recorded once the store answers."""
+    kernel = checking_now(backend, clock, projection_batch_size=2)
+    try:
+        consent(kernel, "alice")
+        consent(kernel, "bob")
+        killed_after_commit(backend, TEXTS[:2])  # alice's request, lost
+        error = driver_error(backend)
+        answering = False
+        holding = kernel.audit_log.holding
+
+        def failing(*args: Any, **kwargs: Any) -> Any:
+            if not answering:
+                raise error
+            return holding(*args, **kwargs)
+
+        late = late_of(kernel)
+        late._log.holding = failing  # type: ignore[method-assign]
+        late.max_waiting = 4
+        kernel.process()  # alice's batch extracted; its check fails
+        assert late.failures == 1
+        # Another app's flood while the store does not answer.
+        for n in range(12):
+            kernel.capture("bob", say(f"I collect stamp number {n}"))
+            kernel.process()
+        assert late.waiting <= 4  # still bounded in memory
+        answering = True
+        later(late, 120)
+        kernel.process()
+        lost = [e for e in accepted(kernel) if e.get("reason_code") == LATE]
+        assert [e["counts"] for e in lost] == [{"events": 2}]
+        assert late.dropped == 0
+        assert late.waiting == 0
+    finally:
+        kernel.close()
+
+
+@pytest.mark.parametrize(("page", "per_check"), [(2, 10), (3, 1)])
+def test_a_lost_request_amid_the_flood_is_named_whole_across_pages(
+    backend: Backend,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+    page: int,
+    per_check: int,
+) -> None:
+    """The positions kept past the bound are read again a page at a time (a few pages per
+    run, the rest at the next runs): a lost request cut by a page's end is still named
+    once, whole."""
+    monkeypatch.setattr(late_captures, "_SPILLED_PAGE", page)
+    monkeypatch.setattr(late_captures, "_SPILLED_PAGES_PER_CHECK", per_check)
+    kernel = checking_now(backend, clock, projection_batch_size=2)
+    try:
+        consent(kernel, "alice")
+        consent(kernel, "bob")
+        error = driver_error(backend)
+        answering = False
+        holding = kernel.audit_log.holding
+
+        def failing(*args: Any, **kwargs: Any) -> Any:
+            if not answering:
+                raise error
+            return holding(*args, **kwargs)
+
+        late = late_of(kernel)
+        late._log.holding = failing  # type: ignore[method-assign]
+        late.max_waiting = 2
+        for n in range(3):
+            kernel.capture("bob", say(f"I collect stamp number {n}"))
+            kernel.process()
+        killed_after_commit(backend, TEXTS)  # alice's request of three, lost mid-flood
+        for n in range(3, 9):
+            kernel.capture("bob", say(f"I collect stamp number {n}"))
+            kernel.process()
+        assert late.failures >= 1 and late.waiting <= 2
+        answering = True
+        later(late, 600)
+        for _ in range(8):  # a run checks ``per_check`` pages at most
+            kernel.process()
+        lost = [e for e in accepted(kernel) if e.get("reason_code") == LATE]
+        assert [e["counts"] for e in lost] == [{"events": 3}]
+        assert late.dropped == 0 and late.waiting == 0
+        kernel.process()  # nothing is named twice
+        assert len([e for e in accepted(kernel) if e.get("reason_code") == LATE]) == 1
+    finally:
+        kernel.close()

@@ -457,3 +457,52 @@ def test_a_verdict_on_another_tenants_capture_is_recorded_under_that_tenant(
     [entry] = [e.entry for e in k.audit_log.entries(action="capture.quarantined")]
     assert entry["event_ids"] == [poison]
     assert (entry["tenant"], entry["subject_ref"]) == ("other", pseudonym)
+
+
+def test_a_verdict_on_a_capture_whose_subject_is_erased_meanwhile_names_no_tenant(
+    poisoned: tuple[Uprof, PoisonExtractor], backend: Backend, tmp_path: Path
+) -> None:
+    """Review of decisions 0104 and 0105 (2026-12-05). The entry takes its tenant from the
+    subject index, read after the batch's save; a subject its own tenant's process erased
+    in between is no longer there, and the entry was written under the worker's tenant:
+    that tenant's auditors saw another tenant's capture id and its error class. A subject
+    erased since gets no entry (its erasure is what the log says of its data, as for the
+    late ``capture.accepted``, decision 0101). The erasure is a real process of the other
+    tenant."""
+    k, _ = poisoned
+    other = other_tenant(settings_for(backend), tmp_path, "other")
+    there = bootstrap(
+        other, clock=FakeClock(), embedder=HashingEmbedder(), extractor=FakeExtractor()
+    )
+    try:
+        there.grant_consent("alice", app_id=APP, categories=["*"], purposes=["personalization"])
+        poison = there.capture("alice", say(POISON_TEXT)).capture_id
+    finally:
+        there.close()
+    recorded = k.extraction.on_quarantined
+
+    def erased_first(quarantined: Any) -> None:  # after the save, before the append
+        child = PythonChild(
+            textwrap.dedent(
+                f"""
+                from tests.fakes.ports import FakeClock
+                from tests.kernel.conftest import build_kernel
+                from uprof.settings import Settings
+
+                settings = Settings.model_validate_json({other.model_dump_json()!r})
+                kernel = build_kernel(settings, FakeClock())
+                try:
+                    kernel.erase_subject("alice")
+                finally:
+                    kernel.close()
+                """
+            )
+        )
+        _, err = child.communicate(180)
+        assert child.returncode == 0, err[-3000:]
+        recorded(quarantined)
+
+    k.extraction.on_quarantined = erased_first  # type: ignore[method-assign]
+    k.process()
+    entries = [e.entry for e in k.audit_log.entries(action="capture.quarantined")]
+    assert [e for e in entries if poison in e["event_ids"]] == []

@@ -91,8 +91,13 @@ class ErasedItemGuard:
         entries: list[tuple[str, dict[str, object]]] = []
         subjects = self._subjects_of(str(s) for s in by_stream) if by_stream else {}
         for stream_id, drops in by_stream.items():
-            # The subject's own tenant and pseudonym (none once it is erased).
-            tenant, pseudonym = subjects.get(str(stream_id), (None, None))
+            # The subject's own tenant and pseudonym. A subject erased since the save
+            # (by any tenant's process) gets no entry: its tenant is no longer known, the
+            # worker's would name another tenant's captures, and its erasure's entries
+            # are what the log says of its data (as for a late capture.accepted).
+            if str(stream_id) not in subjects:
+                continue
+            tenant, pseudonym = subjects[str(stream_id)]
             captures = sorted({c for d in drops for c in d.capture_ids})
             _log.warning(
                 "%d proposals of one subject would have recorded again items that an "

@@ -60,8 +60,13 @@ _LOOK_BACK_PAGES = 16
 #: (n failures in a row): 1 s, doubling, at most a minute.
 _AFTER_FAILURE = Backoff(1.0, 60.0)
 #: Captures kept waiting at most while checks keep failing (about 0.4 KB each): past it,
-#: the oldest batches are dropped unchecked (counted in ``dropped``, logged as an error).
+#: the oldest batches keep only their positions (one range for all of them, read again
+#: from the event log when checked), so no capture is dropped for the bound.
 MAX_WAITING = 100_000
+#: Captures read again at once from the positions kept past ``MAX_WAITING``, and pages
+#: of them checked at most per ``check_due`` (the pipeline run goes on to projections).
+_SPILLED_PAGE = 1_000
+_SPILLED_PAGES_PER_CHECK = 10
 
 
 @dataclass(frozen=True)
@@ -170,10 +175,14 @@ class LateCaptures:
         self.recorded = 0
         #: Checks that failed (``uprof_late_capture_check_failures_total``).
         self.failures = 0
-        #: Captures dropped unchecked (``uprof_late_captures_unchecked_total``).
+        #: Captures dropped unchecked, each refused by the audit log
+        #: (``uprof_late_captures_unchecked_total``).
         self.dropped = 0
         #: Captures kept waiting at most (``MAX_WAITING``).
         self.max_waiting = MAX_WAITING
+        #: Batches past ``max_waiting`` while checks fail, kept as their positions only:
+        #: the captures after the first and up to the second (None: none).
+        self._spilled: tuple[int, int] | None = None
         self._failed_in_a_row = 0
         #: No check before this time (a check failed; None: none failing).
         self._retry_at: datetime | None = None
@@ -191,22 +200,29 @@ class LateCaptures:
         if captured:
             with self._lock:
                 self._waiting.append(([_capture(n, e) for n, e in captured], batch_end))
-                # Bounded only while checks fail: else the grace bounds it.
-                over = self.waiting - self.max_waiting if self._failed_in_a_row else 0
-                dropped = 0
+                # Bounded while checks fail (and until what they left is checked): else
+                # the grace bounds it. Past the bound
+                # the oldest batches keep their positions only (read again when checked):
+                # dropping them would lose the very requests an outage of the audit store
+                # leaves off the log, to anyone who captures enough meanwhile.
+                bounded = self._failed_in_a_row or self._spilled is not None
+                over = self.waiting - self.max_waiting if bounded else 0
+                spilled = 0
                 while over > 0 and len(self._waiting) > 1:
-                    oldest, _ = self._waiting.popleft()
+                    oldest, end = self._waiting.popleft()
                     over -= len(oldest)
-                    dropped += len(oldest)
-                self.dropped += dropped
-            if dropped:
-                _log.error(
-                    "dropped %d extracted captures unchecked against the audit log: checks "
-                    "have failed %d times in a row and %d captures wait (a request of "
-                    "theirs a crash kept off the log stays off it)",
-                    dropped,
+                    spilled += len(oldest)
+                    after = min(c.nid for c in oldest) - 1
+                    if self._spilled is not None:
+                        after, end = min(after, self._spilled[0]), max(end, self._spilled[1])
+                    self._spilled = (after, end)
+            if spilled:
+                _log.warning(
+                    "%d extracted captures past the bound of %d kept as positions only "
+                    "(read again when checked): checks have failed %d times in a row",
+                    spilled,
+                    self.max_waiting,
                     self._failed_in_a_row,
-                    self.waiting,
                 )
         self.check_due()
 
@@ -218,21 +234,38 @@ class LateCaptures:
         class); only a declared refusal (another ``UprofError``) drops the batch, logged."""
         now = self._now()
         horizon = now - self._grace
+        pages = 0
         while True:
             with self._lock:
                 if self._retry_at is not None and now < self._retry_at:
                     return
-                if not self._waiting or not _older(self._waiting[0][0], horizon):
+                spilled = self._spilled
+                if spilled is None and (
+                    not self._waiting or not _older(self._waiting[0][0], horizon)
+                ):
                     return
-                batch = self._waiting[0]
+                batch = self._waiting[0] if spilled is None else None
+                paged = spilled is not None
             token = acting_principal.set(None)  # the pipeline's entry, whoever drives it
             try:
+                if batch is None:
+                    # The oldest captures, kept as positions: one page of them read again.
+                    pages += 1
+                    if pages > _SPILLED_PAGES_PER_CHECK:
+                        return  # the rest at the next run
+                    batch = self._read_spilled(horizon)
+                    if batch is None:
+                        if self._spilled is None:  # none left: the waiting batches' turn
+                            continue
+                        return  # not grace_s old yet
                 self._reconcile(*batch)
             except Exception as error:  # the worker goes on; counted and logged
-                if isinstance(error, UprofError) and not isinstance(
-                    error, ConcurrencyConflictError
+                if (
+                    batch is not None
+                    and isinstance(error, UprofError)
+                    and not isinstance(error, ConcurrencyConflictError)
                 ):
-                    self._done(batch, dropped=True)
+                    self._done(batch, dropped=True, paged=paged)
                     _log.error(
                         "could not check %d captures against the audit log (%s): dropped",
                         len(batch[0]),
@@ -243,17 +276,46 @@ class LateCaptures:
                 return
             finally:
                 acting_principal.reset(token)
-            self._done(batch)
+            self._done(batch, paged=paged)
 
-    def _done(self, batch: tuple[list[_Capture], int], *, dropped: bool = False) -> None:
+    def _done(
+        self, batch: tuple[list[_Capture], int], *, dropped: bool = False, paged: bool = False
+    ) -> None:
         """The batch at the head is checked (or dropped): the next one's turn."""
         with self._lock:
-            if self._waiting and self._waiting[0] is batch:
+            if not paged and self._waiting and self._waiting[0] is batch:
                 self._waiting.popleft()
+            elif paged and self._spilled is not None:
+                # A page of the spilled positions: what is left starts after it.
+                after = max(self._spilled[0], batch[1])
+                self._spilled = None if after >= self._spilled[1] else (after, self._spilled[1])
             if dropped:
                 self.dropped += len(batch[0])
             self._failed_in_a_row = 0
             self._retry_at = None
+
+    def _read_spilled(self, horizon: datetime) -> tuple[list[_Capture], int] | None:
+        """The next page of the captures kept as positions, as a batch to check (its end:
+        the page's last position); None when what is left is not ``grace_s`` old yet, or
+        nothing is left. Raises what the event store raises (a failed check)."""
+        spilled = self._spilled
+        if spilled is None:
+            return None
+        after, end = spilled
+        page = [
+            n
+            for n in self._app.notifications_after(after, _SPILLED_PAGE, topics=(CAPTURED_TOPIC,))
+            if n.id <= end
+        ]
+        if not page:
+            with self._lock:
+                if self._spilled == spilled:
+                    self._spilled = None
+            return None
+        captures = [_capture(n, self._app.decode(n)) for n in page]
+        if not _older(captures, horizon):
+            return None
+        return captures, page[-1].id
 
     def _failed(self, error: BaseException, now: datetime) -> None:
         """A check failed on a store not answering: its batch stays first, checked again

@@ -215,7 +215,12 @@ class QuarantineService:
         subjects = self._subjects_of(str(q.stream_id) for q in quarantined) if quarantined else {}
         entries = []
         for q in quarantined:
-            tenant, pseudonym = subjects.get(str(q.stream_id), (None, None))
+            # A subject erased since the save gets no entry: its tenant is no longer known
+            # (the worker's would name another tenant's capture), and its erasure takes
+            # the capture out of quarantine.
+            if str(q.stream_id) not in subjects:
+                continue
+            tenant, pseudonym = subjects[str(q.stream_id)]
             entries.append(_entry(tenant, pseudonym, q.capture_id, q.failure))
         if entries:
             self._audit.record_many(entries, once_by=("request_id",))
