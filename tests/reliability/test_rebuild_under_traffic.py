@@ -23,12 +23,23 @@ from collections import Counter
 
 import httpx
 
-from benchmarks.reliability import PLANNER, Target, captured_ids, grant_all, kernel_on, make_settings
+from benchmarks.reliability import (
+    PLANNER,
+    Target,
+    captured_ids,
+    grant_all,
+    interaction,
+    kernel_on,
+    make_settings,
+)
 from benchmarks.server_ready import stop_server
 from tests.reliability.test_group_commit_crash import _start_server
 
 SUBJECTS = [f"rebuild-live-{i}" for i in range(2)]
 CLIENTS = 6
+#: Captures in the views before the server starts: a reset with rows to delete (one
+#: without them left no room for the deadlock with the server's runner).
+SEED = 300
 #: Captures acknowledged before the rebuild starts (the server is under way).
 WARM_UP = 30
 REBUILD_TIMEOUT_S = 600  # a guard against a rebuild that never ends, not a measure
@@ -53,6 +64,13 @@ def test_a_rebuild_beside_a_live_server_under_captures(target: Target) -> None:
     with kernel_on(target) as kernel:
         for subject in SUBJECTS:
             grant_all(kernel, subject)
+        seeded = [
+            kernel.capture(
+                SUBJECTS[n % 2], interaction(f"I want to try seed marker {n}")
+            ).capture_id
+            for n in range(SEED)
+        ]
+        kernel.process()
     keys = ApiKeyStore.open(make_settings(target))
     try:
         token = keys.create(PLANNER).token
@@ -124,6 +142,6 @@ def test_a_rebuild_beside_a_live_server_under_captures(target: Target) -> None:
         kernel.process()  # what the runners had left when the server stopped
         live = kernel.queries.table_digest()
         in_views = Counter(captured_ids(kernel, SUBJECTS))
-        assert set(in_views) == set(acked) and set(in_views.values()) == {1}
+        assert set(in_views) == {*acked, *seeded} and set(in_views.values()) == {1}
         kernel.rebuild()  # alone, with no traffic
         assert kernel.queries.table_digest() == live
