@@ -264,9 +264,7 @@ class ProjectionRunner:
         target = self._app.max_notification_id()
         self.reset()
         total = 0
-        while behind := [
-            k for k in self._partitioning.all if self.partition_position(k) < target
-        ]:
+        while behind := [k for k in self._partitioning.all if self.partition_position(k) < target]:
             consumed = sum(self._run_partition(k) for k in behind)
             if not consumed:
                 break
