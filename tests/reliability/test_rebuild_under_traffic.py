@@ -8,7 +8,8 @@ with "extraction kept losing the race to concurrent captures" (exit 6) before em
 anything, run after run. Now the rebuild replays the log up to the position it took at
 its start and leaves the rest to the runners (decision XXXX-rebuild-beside-live-traffic).
 
-A real server captures for several client threads all through a real CLI rebuild; once
+A real server captures for several client threads all through a real CLI rebuild (whose
+extractor is slower than the server's, so that it loses the race every run); once
 the traffic stops the views equal a clean rebuild and hold every acknowledged capture
 once (SQLite and PostgreSQL).
 """
@@ -39,10 +40,33 @@ SUBJECTS = [f"rebuild-live-{i}" for i in range(2)]
 CLIENTS = 6
 #: Captures in the views before the server starts: a reset with rows to delete (one
 #: without them left no room for the deadlock with the server's runner).
+#: On subjects of their own: the clients' subjects start without history, so their
+#: captures come fast (on the seeded subjects they came too slowly to make extraction lose).
 SEED = 300
+SEEDED = [f"rebuild-seed-{i}" for i in range(3)]
 #: Captures acknowledged before the rebuild starts (the server is under way).
 WARM_UP = 30
 REBUILD_TIMEOUT_S = 600  # a guard against a rebuild that never ends, not a measure
+
+#: ``uprof projections rebuild`` with an extractor slower than the server's (a model: the
+#: rules plus a pause), so that the server's worker extracts each capture first, as a
+#: server with a fast extractor beside a CLI with a model did, run after run.
+REBUILD = """
+import sys, time
+from uprof.adapters.extraction import RuleBasedExtractor
+
+extract = RuleBasedExtractor.extract
+
+def slow(self, capture):
+    time.sleep(0.02)
+    return extract(self, capture)
+
+RuleBasedExtractor.extract = slow
+from uprof.cli.main import app
+
+sys.argv = ["uprof", "projections", "rebuild"]
+app()
+"""
 
 
 def _cli_env(target: Target) -> dict[str, str]:
@@ -64,9 +88,11 @@ def test_a_rebuild_beside_a_live_server_under_captures(target: Target) -> None:
     with kernel_on(target) as kernel:
         for subject in SUBJECTS:
             grant_all(kernel, subject)
+        for subject in SEEDED:
+            grant_all(kernel, subject)
         seeded = [
             kernel.capture(
-                SUBJECTS[n % 2], interaction(f"I want to try seed marker {n}")
+                SEEDED[n % len(SEEDED)], interaction(f"I want to try seed marker {n}")
             ).capture_id
             for n in range(SEED)
         ]
@@ -119,7 +145,7 @@ def test_a_rebuild_beside_a_live_server_under_captures(target: Target) -> None:
         with lock:
             before = len(acked)
         rebuild = subprocess.run(
-            [sys.executable, "-m", "uprof.cli.main", "projections", "rebuild"],
+            [sys.executable, "-c", REBUILD],
             env=_cli_env(target),
             capture_output=True,
             text=True,
@@ -141,7 +167,7 @@ def test_a_rebuild_beside_a_live_server_under_captures(target: Target) -> None:
     with kernel_on(target) as kernel:
         kernel.process()  # what the runners had left when the server stopped
         live = kernel.queries.table_digest()
-        in_views = Counter(captured_ids(kernel, SUBJECTS))
+        in_views = Counter(captured_ids(kernel, SUBJECTS + SEEDED))
         assert set(in_views) == {*acked, *seeded} and set(in_views.values()) == {1}
         kernel.rebuild()  # alone, with no traffic
         assert kernel.queries.table_digest() == live
