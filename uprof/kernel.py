@@ -1293,12 +1293,21 @@ class Uprof:
         restore both rebuilt, and on PostgreSQL one of them crashed on
         ``pk_profile_subjects`` (UniqueViolation). The second now waits, then rebuilds
         again from the log.
+
+        Beside live traffic (a server's clients capturing, its worker running) the
+        rebuild goes up to the log's end when it started and leaves the rest to the
+        runners: captures up to there are extracted first unless another process's
+        worker or captures keep winning the race for them (then that worker, or the
+        next run, extracts them), and the views are replayed up to the log's end once
+        that is done. It ran extraction until no capture was left, which beside a live
+        server never happened, and failed (exit 6) on the lost races before emptying
+        anything (decision 0108-rebuild-beside-live-traffic).
         """
         from uprof.storage import schema_lock
 
         with schema_lock(self.views_engine):
             self._settle_reads()
-            self.extraction.run_until_idle()
+            self._extract_before_rebuild()
             if self.vector_model is not None:
                 model = self.vector_model
                 self.app.record_embedder(model.name, model.dimension)
@@ -1308,6 +1317,19 @@ class Uprof:
         # Every read model was dropped and written again: an administrative write.
         self.audit.record("projections.rebuilt", counts={"events": replayed})
         return replayed
+
+    def _extract_before_rebuild(self) -> None:
+        """Extract the captures the log holds now, so a quiet deployment's rebuilt views
+        show them; a batch lost again and again to another process (its worker took the
+        range, its captures the subjects) is left to it: extraction is the runners' work,
+        not the rebuild's, and the views are a replay of whatever the log holds."""
+        try:
+            self.extraction.run_until(self.app.max_notification_id())
+        except ConcurrencyConflictError:
+            _log.info(
+                "rebuild: extraction lost the race to another process; "
+                "its captures are left to the running workers"
+            )
 
     def run_maintenance(self, *, now: datetime | None = None) -> dict[str, int]:
         """Expire overdue intents and archive cold memories (the decay job)."""

@@ -89,11 +89,19 @@ class SqlViewStore(ProfileQueries):
         return int(low or 0)
 
     def reset(self, projection_names: Sequence[str]) -> None:
+        """Empty the views and set the positions to 0, in one transaction.
+
+        The position rows first: a batch locks its position row, then writes view rows,
+        so the reset takes its locks in the same order. Deleting the rows first made a
+        runner of another process that held its position row wait for a deleted row
+        while the reset waited for the position row: PostgreSQL aborted one of them
+        (DeadlockDetected), the rebuild or the server's batch (decision
+        XXXX-rebuild-beside-live-traffic)."""
         with self._engine.begin() as conn:
-            for table in t.SUBJECT_TABLES:
-                conn.execute(table.delete())
             conn.execute(
                 t.projection_tracking.update()
                 .where(t.projection_tracking.c.projection_name.in_(list(projection_names)))
                 .values(notification_id=0)
             )
+            for table in t.SUBJECT_TABLES:
+                conn.execute(table.delete())

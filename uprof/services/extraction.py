@@ -254,6 +254,18 @@ class ExtractionWorker:
             total += consumed
         return total
 
+    def run_until(self, target: int) -> int:
+        """Extract the owned partitions until each has passed ``target`` (or has nothing
+        left to read); what is captured meanwhile is left to the workers, so this ends
+        under any capture load (``run_until_idle`` ends only when captures stop)."""
+        total = 0
+        while any(self.partition_position(k) < target for k in self._owned):
+            consumed = self.run_once()
+            if not consumed:
+                break
+            total += consumed
+        return total
+
     def _run_batch(self, k: int) -> int:
         start = self.partition_position(k)
         notifications = self._app.notifications_after(

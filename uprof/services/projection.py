@@ -255,11 +255,19 @@ class ProjectionRunner:
 
     def rebuild(self, progress: Progress | None = None) -> int:
         """Reset every partition and replay the log into all of them (owned or not:
-        the views were dropped for every subject)."""
+        the views were dropped for every subject), up to the log's end when it started.
+
+        What is appended meanwhile is left to the runners, which carry on from the
+        positions the replay leaves (guarded, so each event is still projected once):
+        replaying until the log stopped growing never ended beside a live server
+        (decision 0108-rebuild-beside-live-traffic)."""
+        target = self._app.max_notification_id()
         self.reset()
         total = 0
-        target = self._app.max_notification_id()
-        while consumed := sum(self._run_partition(k) for k in self._partitioning.all):
+        while behind := [k for k in self._partitioning.all if self.partition_position(k) < target]:
+            consumed = sum(self._run_partition(k) for k in behind)
+            if not consumed:
+                break
             total += consumed
             if progress is not None:
                 progress(self.position, max(target, self.position))
