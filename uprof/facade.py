@@ -1141,6 +1141,10 @@ class Facade:
             listing = self._listing("consents", ("time", "str"), subject=stream, app=app)
             after = _time_position(self._open(listing, cursor))
             rows = self._kernel.consents_after(subject, app_id=app, after=after, limit=size + 1)
+        # The rows waited for the views: the key (revoked meanwhile?) and the subject's own
+        # link are asked again before they leave, as a recorded read is (0106; REST's list
+        # and MCP ``forget``'s, which withdraws what it lists, both come through here).
+        self._decided_again(lambda: self._own_subject(subject))
         if app is not None and after is None and not rows and not self.principal.is_operator:
             # A first page with none of the app's own consents: it holds none, so the
             # subject is unknown to it (as ``consents``; the listing was the only read).

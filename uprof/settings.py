@@ -126,6 +126,12 @@ class Settings(BaseSettings):
     #: Requests per API key and server process, in the `limits` notation ("50/second",
     #: "50/second;1000/minute"); over it, 429 with Retry-After. None: no limit.
     rate_limit: str | None = None
+    #: Page views and posts per privacy-center session (keyed by the link that opened it)
+    #: and server process, in the same notation; over it, a 429 page with Retry-After and
+    #: nothing read or recorded. Each page view that shows the subject's data appends an
+    #: audit entry (decision 0102), so this bounds how fast a session can grow the log.
+    #: None or "off": no limit.
+    privacy_rate_limit: str | None = "30/minute;300/hour"
 
     #: How long an idempotency key (and the first answer to it) is kept, in seconds.
     idempotency_retention_s: float = Field(default=24 * 3600.0, gt=0.0, le=30 * 24 * 3600.0)
@@ -150,7 +156,7 @@ class Settings(BaseSettings):
     policy_refresh_s: float = Field(default=0.25, ge=0.0, le=60.0)
     audit_origin: str = "uprof.local/audit"
 
-    @field_validator("rate_limit")
+    @field_validator("rate_limit", "privacy_rate_limit")
     @classmethod
     def _rate_limit(cls, value: str | None) -> str | None:
         if value is None or value.strip() in ("", "off"):

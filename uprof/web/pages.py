@@ -20,6 +20,7 @@ from fastapi.templating import Jinja2Templates
 
 from domain.errors import PermissionDeniedError, UprofError
 from uprof.api.errors import classify
+from uprof.api.ratelimit import KeyRateLimiter, RateLimitedError
 from uprof.api.runtime import ServiceRuntime
 from uprof.apikeys.store import ROLE_OPERATOR, ApiKeyStore
 from uprof.facade import PRIVACY_CENTER, Facade, Principal, PrincipalKind
@@ -212,6 +213,27 @@ class WebPages:
                 "Sign-in needed",
                 "Open the sign-in link you were given to reach your privacy center.",
             )
+        return self._counted(request, session)
+
+    def _counted(self, request: Request, session: Session) -> Session | HTMLResponse:
+        """Count one page of the session against ``privacy_rate_limit`` (keyed by the link
+        that opened it), or a 429 page that reads and records nothing: each page showing
+        the subject's data appends an audit entry (decision 0102)."""
+        limiter = _AppStores.of(request).limiter(self.runtime_of(request))
+        if limiter is None:
+            return session
+        try:
+            limiter.check(session.link_id or request.cookies.get(USER_COOKIE) or "")
+        except RateLimitedError as refused:
+            response = self.message(
+                request,
+                429,
+                "Too many requests",
+                "This session has opened too many pages in a short time. "
+                f"Wait {refused.retry_after_s} s, then reload the page.",
+            )
+            response.headers["Retry-After"] = str(refused.retry_after_s)
+            return response
         return session
 
     def checked_user(self, request: Request, csrf: str) -> Session | HTMLResponse:
@@ -263,6 +285,19 @@ class _AppStores:
     def __init__(self) -> None:
         self.links = LinkStore()
         self.sessions: SessionStore | None = None
+        self._limiter: KeyRateLimiter | None = None
+        self._limiter_made = False
+
+    def limiter(self, runtime: ServiceRuntime) -> KeyRateLimiter | None:
+        """The privacy-center sessions' rate limiter (``privacy_rate_limit``; None: off),
+        made on first use from the serving kernel's settings."""
+        if not self._limiter_made:
+            with _APP_STORES_LOCK:
+                if not self._limiter_made:
+                    spec = runtime.kernel.settings.privacy_rate_limit
+                    self._limiter = KeyRateLimiter(spec) if spec else None
+                    self._limiter_made = True
+        return self._limiter
 
     @staticmethod
     def of(request: Request) -> _AppStores:
