@@ -93,6 +93,24 @@ def driver_error(backend: Backend) -> sa.exc.OperationalError:
     return sa.exc.OperationalError("SELECT entry_json FROM audit_entries", {}, orig)
 
 
+class AuditOutage:
+    """The check's audit reads fail in the driver, as a store that stopped answering,
+    until ``answering`` is set; ``calls`` counts the reads tried."""
+
+    def __init__(self, backend: Backend, late: LateCaptures) -> None:
+        self.error = driver_error(backend)
+        self.answering = False
+        self.calls = 0
+        self._holding = late._log.holding
+        late._log.holding = self._read  # type: ignore[method-assign]
+
+    def _read(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        if not self.answering:
+            raise self.error
+        return self._holding(*args, **kwargs)
+
+
 def test_a_failed_check_keeps_its_batch_and_the_worker_goes_on(
     backend: Backend, clock: FakeClock, renamed_audit_table: Callable[[Uprof, bool], None]
 ) -> None:
@@ -154,16 +172,8 @@ def test_a_check_that_keeps_failing_neither_stops_projection_nor_goes_unseen(
     kernel = checking_now(backend, clock, projection_batch_size=2)
     try:
         consent(kernel, "alice")
-        error = driver_error(backend)
-        calls = 0
-
-        def failing(*_a: Any, **_k: Any) -> Any:
-            nonlocal calls
-            calls += 1
-            raise error
-
         late = late_of(kernel)
-        late._log.holding = failing  # type: ignore[method-assign]
+        outage = AuditOutage(backend, late)
         late.max_waiting = 4
         texts = [f"I collect stamp number {n}" for n in range(8)]
         for text in texts:
@@ -174,7 +184,7 @@ def test_a_check_that_keeps_failing_neither_stops_projection_nor_goes_unseen(
                 later(late, late.failures * 120)
         # Extraction and projection kept going.
         assert len(kernel.profile("alice").memories) == len(texts)
-        assert calls >= 2 and late.failures == calls
+        assert outage.calls >= 2 and late.failures == outage.calls
         # Bounded in memory: what was past the bound kept its positions only (said),
         # nothing was dropped (a later review of decision 0104).
         assert late.waiting <= 4
@@ -234,17 +244,8 @@ def test_captures_past_the_bound_are_checked_once_the_store_answers(
         consent(kernel, "alice")
         consent(kernel, "bob")
         killed_after_commit(backend, TEXTS[:2])  # alice's request, lost
-        error = driver_error(backend)
-        answering = False
-        holding = kernel.audit_log.holding
-
-        def failing(*args: Any, **kwargs: Any) -> Any:
-            if not answering:
-                raise error
-            return holding(*args, **kwargs)
-
         late = late_of(kernel)
-        late._log.holding = failing  # type: ignore[method-assign]
+        outage = AuditOutage(backend, late)
         late.max_waiting = 4
         kernel.process()  # alice's batch extracted; its check fails
         assert late.failures == 1
@@ -253,7 +254,7 @@ def test_captures_past_the_bound_are_checked_once_the_store_answers(
             kernel.capture("bob", say(f"I collect stamp number {n}"))
             kernel.process()
         assert late.waiting <= 4  # still bounded in memory
-        answering = True
+        outage.answering = True
         later(late, 120)
         kernel.process()
         lost = [e for e in accepted(kernel) if e.get("reason_code") == LATE]
@@ -281,17 +282,8 @@ def test_a_lost_request_amid_the_flood_is_named_whole_across_pages(
     try:
         consent(kernel, "alice")
         consent(kernel, "bob")
-        error = driver_error(backend)
-        answering = False
-        holding = kernel.audit_log.holding
-
-        def failing(*args: Any, **kwargs: Any) -> Any:
-            if not answering:
-                raise error
-            return holding(*args, **kwargs)
-
         late = late_of(kernel)
-        late._log.holding = failing  # type: ignore[method-assign]
+        outage = AuditOutage(backend, late)
         late.max_waiting = 2
         for n in range(3):
             kernel.capture("bob", say(f"I collect stamp number {n}"))
@@ -301,7 +293,7 @@ def test_a_lost_request_amid_the_flood_is_named_whole_across_pages(
             kernel.capture("bob", say(f"I collect stamp number {n}"))
             kernel.process()
         assert late.failures >= 1 and late.waiting <= 2
-        answering = True
+        outage.answering = True
         later(late, 600)
         for _ in range(8):  # a run checks ``per_check`` pages at most
             kernel.process()
