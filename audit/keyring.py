@@ -388,7 +388,12 @@ class FileKeyRing:
     def _repair_locked(self) -> None:
         """Bring the folder to a state with one current key that the history names last:
         create the first key and history, finish a rotation killed after its commit
-        point, drop a next key a rotation killed before it left."""
+        point, drop a next key a rotation killed before it left, and the temporary files
+        of a write it was killed in (one may hold a private key nobody will use: every
+        writer of these files holds the lock, so none is being written now)."""
+        for name in (NEXT_KEY_FILE, HISTORY_FILE):
+            for leftover in self.folder.glob(f".{name}.*.tmp"):
+                leftover.unlink(missing_ok=True)
         key = load_or_create_signing_key(self.key_path)
         if not self.history_path.exists():
             _write_private(self.history_path, _history_bytes(genesis_history(key, self._clock())))

@@ -212,3 +212,19 @@ def _pem(key: Ed25519PrivateKey) -> bytes:
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
+
+
+def test_temporary_files_a_killed_rotation_left_are_removed_at_the_next_open(
+    tmp_path: Path,
+) -> None:
+    """A rotation killed inside a write leaves its temporary file: for the next key, a
+    private key nobody will use, which must not stay in the key folder."""
+    FileKeyRing(tmp_path).current()
+    left = [
+        tmp_path / f".{NEXT_KEY_FILE}.123.abcd.tmp",
+        tmp_path / f".{HISTORY_FILE}.123.abcd.tmp",
+    ]
+    for path in left:
+        path.write_bytes(_pem(Ed25519PrivateKey.generate()))
+    FileKeyRing(tmp_path).current()
+    assert [p for p in left if p.exists()] == []
