@@ -11,6 +11,13 @@ from audit.checkpoint import CheckpointBody, sign_checkpoint, verify_checkpoint
 from audit.entry import ENTRY_FIELDS, validate_entry
 from audit.errors import AuditEntryError, AuditKeyError, VerificationError
 from audit.export import ExportSummary, export_csv, export_jsonl
+from audit.keyring import (
+    FileKeyRing,
+    KeyHistory,
+    parse_key_history,
+    trusted_keys,
+    verify_key_history,
+)
 from audit.keys import (
     key_id,
     load_or_create_signing_key,
@@ -39,6 +46,8 @@ __all__ = [
     "AuditRecord",
     "CheckpointBody",
     "ExportSummary",
+    "FileKeyRing",
+    "KeyHistory",
     "ProofReport",
     "StoredCheckpoint",
     "StoredEntry",
@@ -57,14 +66,17 @@ __all__ = [
     "metadata",
     "new_commitment_nonce",
     "note_key_id",
+    "parse_key_history",
     "parse_proof",
     "proof_bytes",
     "public_key_pem",
     "sign_checkpoint",
     "subject_commitment",
+    "trusted_keys",
     "validate_entry",
     "verify_checkpoint",
     "verify_export",
+    "verify_key_history",
     "verify_proof",
     "verify_receipt",
     "verify_subject_commitment",

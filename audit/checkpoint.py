@@ -17,6 +17,7 @@ pinned key verifies is rejected (C2SP signed-note.md; FIELD-NOTES §5.2).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from cryptography.exceptions import InvalidSignature
@@ -74,8 +75,13 @@ def sign_checkpoint(key: Ed25519PrivateKey, origin: str, tree_size: int, root: b
     return f"{body}\n{EM_DASH} {origin} {b64encode(blob)}\n"
 
 
-def verify_checkpoint(note: str, public_key: Ed25519PublicKey, origin: str) -> CheckpointBody:
+def verify_checkpoint(
+    note: str, public_key: Ed25519PublicKey | Sequence[Ed25519PublicKey], origin: str
+) -> CheckpointBody:
     """Verify a checkpoint note with the pinned key and origin; return (tree_size, root).
+
+    ``public_key`` may be several keys (an endorsed key history, ``audit.keyring``): a
+    signature line by any of them must verify, and at least one must be present.
 
     Raises VerificationError on any malformation, a wrong origin, or a missing or bad signature.
     """
@@ -112,14 +118,18 @@ def _parse_body(body: str, origin: str) -> tuple[int, bytes]:
 
 
 def _verify_signatures(
-    body: str, signature_block: str, public_key: Ed25519PublicKey, origin: str
+    body: str,
+    signature_block: str,
+    public_key: Ed25519PublicKey | Sequence[Ed25519PublicKey],
+    origin: str,
 ) -> None:
     if not signature_block:
         raise VerificationError("checkpoint note has no signature lines")
     lines = signature_block[:-1].split("\n")
     if len(lines) > MAX_SIGNATURES:
         raise VerificationError(f"checkpoint note has more than {MAX_SIGNATURES} signatures")
-    expected_id = note_key_id(origin, public_key)
+    keys = [public_key] if isinstance(public_key, Ed25519PublicKey) else list(public_key)
+    by_id = {note_key_id(origin, key): key for key in keys}
     verified = False
     for line in lines:
         parts = line.split(" ")
@@ -129,12 +139,13 @@ def _verify_signatures(
         blob = b64decode_strict(blob_text, "checkpoint signature")
         if len(blob) < 5:
             raise VerificationError("checkpoint signature is too short")
-        if name != origin or blob[:4] != expected_id:
+        key = by_id.get(blob[:4]) if name == origin else None
+        if key is None:
             continue  # C2SP: signatures from unknown keys are skipped
         if len(blob) != 4 + 64:
             raise VerificationError("checkpoint Ed25519 signature has the wrong length")
         try:
-            public_key.verify(blob[4:], body.encode("utf-8"))
+            key.verify(blob[4:], body.encode("utf-8"))
         except InvalidSignature:
             raise VerificationError(
                 "checkpoint signature by the pinned key does not verify"

@@ -144,6 +144,11 @@ ENTRY_FIELDS: dict[str, Validator] = {
     "receipt_id": _token,
     "receipt_sha256": _hex64,
     "tree_size": _count,
+    # audit signing key rotation: the ids (hex SHA-256 of the public keys) and the new
+    # key's position in the key history (audit.keyring)
+    "audit_key_id": _hex64,
+    "previous_audit_key_id": _hex64,
+    "audit_key_seq": _count,
     # API keys: the public id (never the secret) and the roles a key was issued with
     "api_key_id": _token,
     "roles": _token_list,

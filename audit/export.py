@@ -27,7 +27,7 @@ from audit.export_format import (
     csv_line,
     entry_line,
 )
-from audit.keys import note_key_id
+from audit.keys import key_id, note_key_id
 from audit.log import AuditLog, StoredEntry, TenantScope
 
 _PROOF_BATCH = 500
@@ -79,6 +79,9 @@ def _rows(
     every entry up to the checkpoint is theirs (the stores hold one tenant) the export is
     what it would be without; otherwise it is filtered on ``tenant``, a filter the
     verifier checks entry by entry, and entries naming no tenant are left out."""
+    # One key for the header's ids and the trailer's signature, whatever another process
+    # rotates meanwhile (the checkpoint is checked against the whole endorsed history).
+    key = log.signing_key()
     checkpoint = log.checkpoint_record()
     scope: TenantScope | None = None
     if tenant is not None:
@@ -94,9 +97,9 @@ def _rows(
         "filter": chosen,
         "filtered": bool(chosen),
         "format": EXPORT_FORMAT,
-        "key_id": log.key_id,
+        "key_id": key_id(key),
         "kind": "header",
-        "note_key_id": note_key_id(log.origin, log.public_key).hex(),
+        "note_key_id": note_key_id(log.origin, key).hex(),
         "origin": log.origin,
         "tree_size": checkpoint.tree_size,
     }
@@ -132,7 +135,7 @@ def _rows(
         "entry_count": count,
         "export_sha256": export_digest.hex(),
         "kind": "trailer",
-        "signature": b64encode(log.sign_export_digest(export_digest)),
+        "signature": b64encode(log.sign_export_digest(export_digest, key=key)),
     }
     summary = ExportSummary(checkpoint.tree_size, count, checkpoint.note, export_digest.hex())
     yield _Row("trailer", canonical_bytes(trailer).decode("utf-8"), summary=summary)

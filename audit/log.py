@@ -35,6 +35,7 @@ from audit.checkpoint import check_origin, sign_checkpoint, verify_checkpoint
 from audit.entry import format_timestamp, normalise_timestamp, validate_entry
 from audit.errors import VerificationError
 from audit.export_format import EXPORT_SIGNATURE_CONTEXT
+from audit.keyring import SigningKeys, StaticSigningKeys
 from audit.keys import key_id
 from audit.merkle import (
     EMPTY_ROOT,
@@ -269,7 +270,7 @@ class AuditLog:
     def __init__(
         self,
         engine: sa.Engine,
-        signing_key: Ed25519PrivateKey,
+        signing_key: Ed25519PrivateKey | SigningKeys,
         origin: str,
         *,
         backend: AuditBackend,
@@ -279,7 +280,12 @@ class AuditLog:
         self._engine = engine
         self._backend = backend
         self._retry = retry
-        self._key = signing_key
+        #: The current key and the keys of its endorsed history (``audit.keyring``).
+        self._keys: SigningKeys = (
+            StaticSigningKeys(signing_key)
+            if isinstance(signing_key, Ed25519PrivateKey)
+            else signing_key
+        )
         self.origin = check_origin(origin)
         self._clock = clock
         #: (tree size, frontier node hashes) after this instance's last committed append;
@@ -294,25 +300,42 @@ class AuditLog:
 
     @property
     def public_key(self) -> Ed25519PublicKey:
-        return self._key.public_key()
+        """The current signing key's public half."""
+        return self._keys.current().public_key()
 
     @property
     def key_id(self) -> str:
-        """Hex SHA-256 of the raw public key (what receipts and exports name)."""
-        return key_id(self._key)
+        """Hex SHA-256 of the current raw public key (what receipts and exports name)."""
+        return key_id(self._keys.current())
+
+    @property
+    def keys(self) -> SigningKeys:
+        """Where the log's keys come from (the current one, the endorsed history)."""
+        return self._keys
+
+    def signing_key(self) -> Ed25519PrivateKey:
+        """The current key, for a caller that must make several signatures with one key
+        (an export's header names the key its trailer is signed with)."""
+        return self._keys.current()
+
+    def trusted_keys(self) -> list[Ed25519PublicKey]:
+        """Every key whose signatures this log accepts: the current key's endorsed history."""
+        return list(self._keys.trusted())
 
     # No general "sign these bytes" method: each signed message kind has its own, with a shape
     # that cannot be mistaken for a checkpoint body (which starts with the origin).
 
-    def sign_json(self, obj: Mapping[str, Any]) -> bytes:
-        """Sign the RFC 8785 bytes of a JSON object (receipt bodies); they start with ``{``."""
-        return self._key.sign(canonical_bytes(obj))
+    def sign_json(self, obj: Mapping[str, Any], *, key: Ed25519PrivateKey | None = None) -> bytes:
+        """Sign the RFC 8785 bytes of a JSON object (receipt bodies); they start with ``{``.
+        ``key``: one ``signing_key()`` returned (the body names it), else the current key."""
+        return (key or self._keys.current()).sign(canonical_bytes(obj))
 
-    def sign_export_digest(self, digest: bytes) -> bytes:
-        """Sign ``EXPORT_SIGNATURE_CONTEXT || digest`` (a 32-byte SHA-256 of an export)."""
+    def sign_export_digest(self, digest: bytes, *, key: Ed25519PrivateKey | None = None) -> bytes:
+        """Sign ``EXPORT_SIGNATURE_CONTEXT || digest`` (a 32-byte SHA-256 of an export) with
+        ``key`` (one ``signing_key()`` returned) or the current key."""
         if len(digest) != 32:
             raise InvalidInputError("an export digest is 32 bytes")
-        return self._key.sign(EXPORT_SIGNATURE_CONTEXT + digest)
+        return (key or self._keys.current()).sign(EXPORT_SIGNATURE_CONTEXT + digest)
 
     def now(self) -> str:
         """Return the log clock's time in the log's timestamp format."""
@@ -491,7 +514,7 @@ class AuditLog:
             row = conn.execute(_CHECKPOINT_AT, {"tree_size": size}).first()
         # The note is deterministic (Ed25519) for one key: signing again costs no write and
         # hands out the current key's signature even if the stored one is an older key's.
-        note = sign_checkpoint(self._key, self.origin, size, root)
+        note = sign_checkpoint(self._keys.current(), self.origin, size, root)
         if row is not None:
             return self._reused(StoredCheckpoint(**row._asdict()), root, note)
         record = StoredCheckpoint(size, root, note, self.now())
@@ -690,7 +713,9 @@ class AuditLog:
         (a leaf hash, a perfect node, a gap in indexes, or a checkpoint root or signature).
         """
         checkpoints = {c.tree_size: c for c in self.checkpoints()}
-        public_key = self.public_key
+        # Any key of the endorsed history signed the checkpoints of its time; a key the
+        # history does not name signed none of them.
+        public_key = self.trusted_keys()
         frontier = Frontier()
         pending: dict[NodeKey, bytes] = {}
 
@@ -725,7 +750,7 @@ class AuditLog:
         return frontier.size
 
     def _check_checkpoint(
-        self, stored: StoredCheckpoint | None, root: bytes, public_key: Ed25519PublicKey
+        self, stored: StoredCheckpoint | None, root: bytes, public_key: Sequence[Ed25519PublicKey]
     ) -> None:
         if stored is None:
             return

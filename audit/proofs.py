@@ -26,7 +26,7 @@ This module imports no database code; ``build_proof`` takes the log it serves fr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +37,8 @@ from audit.canonical import canonical_bytes
 from audit.checkpoint import verify_checkpoint
 from audit.entry import stored_entry_bytes
 from audit.errors import AuditEntryError, VerificationError
-from audit.keys import key_id, load_pinned_key, note_key_id
+from audit.keyring import key_by_id, trusted_keys
+from audit.keys import key_id, note_key_id
 from audit.merkle import HASH_SIZE, leaf_hash, verify_consistency, verify_inclusion
 from audit.strict_json import strict_json
 from domain.errors import InvalidInputError
@@ -126,6 +127,7 @@ def build_proof(
     old_size = _requested_size(old_size, "old_size", minimum=1)
     if leaf_index is not None:
         leaf_index = _requested_size(leaf_index, "leaf_index", minimum=0)
+    signing_key = log.signing_key()  # the document names one key, whatever rotates meanwhile
     checkpoint = log.checkpoint_record()
     size = checkpoint.tree_size
     if old_size > size:
@@ -166,8 +168,8 @@ def build_proof(
         },
         "format": PROOF_FORMAT,
         "inclusion": inclusion,
-        "key_id": log.key_id,
-        "note_key_id": note_key_id(log.origin, log.public_key).hex(),
+        "key_id": key_id(signing_key),
+        "note_key_id": note_key_id(log.origin, signing_key).hex(),
         "origin": log.origin,
         "tree_size": size,
     }
@@ -244,10 +246,11 @@ def _section(document: Mapping[str, Any], name: str, keys: frozenset[str]) -> Ma
 
 def verify_proof(
     proof: Mapping[str, Any] | bytes | str,
-    public_key: Ed25519PublicKey | bytes | str,
+    public_key: Ed25519PublicKey | bytes | str | Sequence[Ed25519PublicKey],
     origin: str,
     *,
     trusted: str | Mapping[str, Any],
+    key_history: Any = None,
 ) -> ProofReport:
     """Check a proof document offline; raise VerificationError naming what failed.
 
@@ -262,20 +265,21 @@ def verify_proof(
     proof from another size than the trusted note's; a trusted tree larger than the new
     one; a consistency proof that does not join the trusted root to the new root (the log
     was rewritten after the trusted checkpoint); an entry or inclusion proof that does not
-    lead to the new root.
+    lead to the new root. ``key_history`` (``audit.keyring``, naming the pinned key): the
+    notes and the document may be signed by any key of that history.
     """
-    key = load_pinned_key(public_key)
+    keys = trusted_keys(public_key, key_history)
     receipt: Mapping[str, Any] | None = None
     if isinstance(trusted, Mapping):
         from audit.receipts import verify_receipt
 
-        verify_receipt(trusted, key, origin=origin)
+        verify_receipt(trusted, keys, origin=origin)
         receipt = trusted
         trusted_note = receipt["checkpoint"]
     else:
         trusted_note = trusted
     try:
-        old_size, old_root = verify_checkpoint(trusted_note, key, origin)
+        old_size, old_root = verify_checkpoint(trusted_note, keys, origin)
     except VerificationError as exc:
         raise VerificationError(f"trusted checkpoint: {exc.reason}") from None
 
@@ -288,14 +292,15 @@ def verify_proof(
         raise VerificationError(
             f"proof origin {document['origin']!r} is not the pinned origin {origin!r}"
         )
-    if document["key_id"] != key_id(key):
+    key = key_by_id(keys, document["key_id"])
+    if key is None:
         raise VerificationError("proof key_id is not the pinned public key's id")
     if document["note_key_id"] != note_key_id(origin, key).hex():
         raise VerificationError("proof note_key_id does not match the pinned public key")
     if not isinstance(document["checkpoint"], str):
         raise VerificationError("proof checkpoint is not a signed note")
     try:
-        tree_size, root = verify_checkpoint(document["checkpoint"], key, origin)
+        tree_size, root = verify_checkpoint(document["checkpoint"], keys, origin)
     except VerificationError as exc:
         raise VerificationError(f"proof checkpoint: {exc.reason}") from None
     if not _is_int(document["tree_size"]) or document["tree_size"] != tree_size:

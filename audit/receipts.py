@@ -32,7 +32,8 @@ from audit.canonical import canonical_bytes
 from audit.checkpoint import verify_checkpoint
 from audit.entry import normalise_timestamp, validate_entry
 from audit.errors import AuditEntryError, VerificationError
-from audit.keys import key_id, load_pinned_key
+from audit.keyring import key_by_id, trusted_keys
+from audit.keys import key_id
 from audit.log import AuditLog
 from audit.merkle import HASH_SIZE, leaf_hash, verify_inclusion
 from audit.strict_json import strict_json
@@ -126,11 +127,12 @@ def issue_erasure_receipt(
     ``residual`` states what may survive (backup retention days, KEK rotation days, a note).
     All values must be canonical-JSON safe (no floats). Raises AuditEntryError otherwise.
     """
+    key = log.signing_key()  # the body names the key that signs it
     body = {
         "type": RECEIPT_TYPE,
         "receipt_id": receipt_id or str(uuid.uuid4()),
         "issued_at": normalise_timestamp(issued_at, "issued_at") if issued_at else log.now(),
-        "issuer": {"origin": log.origin, "key_id": log.key_id},
+        "issuer": {"origin": log.origin, "key_id": key_id(key)},
         "request": {
             "request_id": request_id,
             "received_at": normalise_timestamp(received_at, "received_at"),
@@ -145,7 +147,7 @@ def issue_erasure_receipt(
         check_receipt_body(body)  # the same rules verify_receipt applies
     except VerificationError as exc:
         raise AuditEntryError(exc.reason) from None
-    body_sig = log.sign_json(body)  # canonicalising refuses floats and huge integers
+    body_sig = log.sign_json(body, key=key)  # canonicalising refuses floats and huge integers
     entry = receipt_log_entry(body)
     record = log.append(entry)
     if record.leaf_hash != leaf_hash(canonical_bytes(entry)):  # the log must store it verbatim
@@ -170,9 +172,10 @@ def _is_int(value: Any) -> bool:
 
 def verify_receipt(
     receipt: Mapping[str, Any],
-    public_key: Ed25519PublicKey | bytes | str,
+    public_key: Ed25519PublicKey | bytes | str | Sequence[Ed25519PublicKey],
     *,
     origin: str,
+    key_history: Any = None,
 ) -> None:
     """Verify a receipt offline with only the issuer's public key; raise VerificationError.
 
@@ -180,8 +183,13 @@ def verify_receipt(
     derived from the body sits at ``inclusion.leaf_index`` of the checkpointed tree, in
     the log named ``origin`` (required, as ``verify_export``'s: a key that signs for two
     logs must not let a receipt of one pass for the other).
+
+    With ``key_history`` (``audit.keyring``; it must name the pinned key), the body and
+    checkpoint may be signed by any key of that history: a receipt issued before or after
+    an audit key rotation verifies with the first key (or any trusted one). A sequence of
+    keys as ``public_key`` is taken as the trusted set itself.
     """
-    key = load_pinned_key(public_key)
+    keys = trusted_keys(public_key, key_history)
     if not isinstance(receipt, Mapping) or set(receipt) != RECEIPT_KEYS:
         raise VerificationError(f"a receipt is an object with exactly {sorted(RECEIPT_KEYS)}")
     body = receipt["body"]
@@ -194,12 +202,16 @@ def verify_receipt(
 
     # 1. The body signature and the issuer's key id (FIELD-NOTES §5.5 step 1).
     signature = b64decode_strict(receipt["body_sig"], "body_sig", size=64)
+    key = key_by_id(keys, body["issuer"]["key_id"])
+    if key is None:
+        raise VerificationError(
+            "issuer.key_id is not the id of the pinned public key"
+            + (" nor of a key its history endorses" if len(keys) > 1 or key_history else "")
+        )
     try:
         key.verify(signature, canonical)
     except InvalidSignature:
         raise VerificationError("receipt body signature does not verify") from None
-    if body["issuer"]["key_id"] != key_id(key):
-        raise VerificationError("issuer.key_id is not the id of the pinned public key")
     issuer_origin = body["issuer"]["origin"]
     if issuer_origin != origin:
         raise VerificationError(f"receipt was issued by log {issuer_origin!r}, not {origin!r}")
@@ -207,7 +219,7 @@ def verify_receipt(
     # 2. The checkpoint (step 2).
     if not isinstance(receipt["checkpoint"], str):
         raise VerificationError("receipt checkpoint is not a signed note")
-    tree_size, root = verify_checkpoint(receipt["checkpoint"], key, issuer_origin)
+    tree_size, root = verify_checkpoint(receipt["checkpoint"], keys, issuer_origin)
 
     # 3. The inclusion of the derived log entry (step 3).
     inclusion = receipt["inclusion"]

@@ -50,7 +50,8 @@ from audit.export_format import (
     entry_line,
     split_entry_line,
 )
-from audit.keys import key_id, load_pinned_key, note_key_id
+from audit.keyring import key_by_id, trusted_keys
+from audit.keys import note_key_id
 from audit.merkle import HASH_SIZE, Frontier, leaf_hash, verify_inclusion
 from audit.strict_json import strict_json
 
@@ -109,12 +110,15 @@ class _ExportVerifier:
 
     def __init__(
         self,
-        public_key: Ed25519PublicKey,
+        keys: Sequence[Ed25519PublicKey],
         origin: str,
         fmt: str,
         trusted: Sequence[CheckpointBody] = (),
     ) -> None:
-        self._key = public_key
+        #: The trusted keys (the pinned key, or its endorsed history); the header names
+        #: which one signs the trailer.
+        self._keys = list(keys)
+        self._key = self._keys[-1]
         #: Checkpoints the reader trusted before (smallest first): the trail must extend each.
         self._trusted = sorted(trusted)
         self._origin = origin
@@ -146,13 +150,18 @@ class _ExportVerifier:
             raise fail(f"unknown format {obj['format']!r}")
         if obj["origin"] != self._origin:
             raise fail(f"origin {obj['origin']!r} is not the expected {self._origin!r}")
-        if obj["key_id"] != key_id(self._key):
-            raise fail("key_id is not the pinned public key's id")
+        key = key_by_id(self._keys, obj["key_id"])
+        if key is None:
+            raise fail(
+                "key_id is not the pinned public key's id"
+                + (" nor of a key its history endorses" if len(self._keys) > 1 else "")
+            )
+        self._key = key
         if obj["note_key_id"] != note_key_id(self._origin, self._key).hex():
             raise fail("note_key_id does not match the pinned public key")
         try:
             self._tree_size, self._root = verify_checkpoint(
-                obj["checkpoint"], self._key, self._origin
+                obj["checkpoint"], self._keys, self._origin
             )
         except VerificationError as exc:
             raise fail(exc.reason) from None
@@ -398,10 +407,11 @@ def _decode(raw: bytes, number: int) -> str:
 
 def verify_export(
     source: str | os.PathLike[str] | bytes | Iterable[str | bytes],
-    public_key: Ed25519PublicKey | bytes | str,
+    public_key: Ed25519PublicKey | bytes | str | Sequence[Ed25519PublicKey],
     origin: str,
     *,
     trusted_checkpoints: Iterable[str] = (),
+    key_history: Any = None,
 ) -> VerificationReport:
     """Verify a JSONL or CSV export offline; raise VerificationError at the first problem.
 
@@ -412,8 +422,10 @@ def verify_export(
     earlier export, a witness): an unfiltered export must then hold, as its first n entries,
     exactly the tree of each such checkpoint of size n, so a log rewritten and re-signed
     since is refused.
+    ``key_history`` (``audit.keyring``, naming the pinned key): the export and the trusted
+    checkpoints may be signed by any key of that history (a key rotated since).
     """
-    key = load_pinned_key(public_key)
+    key = trusted_keys(public_key, key_history)
     trusted = []
     for position, note in enumerate(trusted_checkpoints):
         try:

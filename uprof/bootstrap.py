@@ -386,10 +386,9 @@ def bootstrap(
         raise
     subjects = SubjectResolver(keystore, settings.tenant)
     sealer = ViewSealer(keystore)
-    signing_key = material.audit_signing_key()
     audit_log = AuditLog(
         views,
-        signing_key,
+        material.audit_keys(),
         settings.audit_origin,
         backend=backend_for(views),
         retry=AUDIT_APPEND.call,
@@ -562,6 +561,9 @@ def bootstrap(
             reapply_ledger(kernel)
             rebuild_views_ahead_of_log(kernel)
             settle_subjects_without_keys(kernel, accept=settings.accept_lost_keys)
+            # An audit key rotation killed after its key switch, before its entry: the
+            # entry, recorded late (nothing read without a rotation in the history).
+            kernel.record_audit_key_rotations()
         except BaseException:
             kernel.close()
             raise

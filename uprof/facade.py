@@ -1046,7 +1046,7 @@ class Facade:
         self._authorize_governance("audit", COMPLIANCE_PURPOSE)
         return self._kernel.verify_audit(content, kind)
 
-    def audit_key(self) -> dict[str, str]:
+    def audit_key(self) -> dict[str, Any]:
         """The log's origin and public key (for anyone: offline verification needs them)
         and, for a principal the policy lets ``audit``, a fresh signed checkpoint.
 
@@ -1055,10 +1055,22 @@ class Facade:
         is for the audit right only (decided quietly: asking for the key is no refusal)."""
         return self._kernel.audit_key(with_checkpoint=self._may_audit())
 
+    def audit_key_history(self) -> dict[str, Any] | None:
+        """The audit key history (public, like the key: offline verifiers pin the first key,
+        or any they trust, and accept the keys it endorses)."""
+        return self._kernel.audit_key_history()
+
+    def rotate_audit_key(self) -> dict[str, Any]:
+        """Make a new audit signing key current, endorsed by the current one (operator
+        work, ``operate``; audited as ``audit.key_rotated``)."""
+        self._authorize_operator("operate", CATEGORIES, OPERATIONS_PURPOSE)
+        with self._as_principal():
+            return self._kernel.rotate_audit_key(requested_by=self.principal.label)
+
     def audit_checkpoint(self) -> str:
         """A fresh signed checkpoint of the whole log (``audit``, as an export)."""
         self._authorize_governance("audit", COMPLIANCE_PURPOSE)
-        return self._kernel.audit_key()["checkpoint"]
+        return str(self._kernel.audit_key()["checkpoint"])
 
     def _may_audit(self) -> bool:
         """``_authorize_governance("audit", ...)`` without auditing a denial."""

@@ -12,7 +12,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from os import PathLike
@@ -682,23 +682,25 @@ class Uprof:
         return self.cursors
 
     def verify_audit(self, content: bytes, kind: Kind) -> CheckResult:
-        """Check an uploaded export or receipt against this log's key and origin."""
+        """Check an uploaded export or receipt against this log's keys (the current one and
+        those of its endorsed history) and origin."""
         from audit.check import check_upload
 
         log = self.audit_log
-        return check_upload(content, kind, log.public_key, log.origin)
+        return check_upload(content, kind, log.trusted_keys(), log.origin)
 
-    def audit_key(self, *, with_checkpoint: bool = True) -> dict[str, str]:
-        """The log's origin, key id, public key (PEM) and, unless told not to, a fresh
-        signed checkpoint (its tree size counts every tenant's entries: see
+    def audit_key(self, *, with_checkpoint: bool = True) -> dict[str, Any]:
+        """The log's origin, key id, public key (PEM), key history and, unless told not to,
+        a fresh signed checkpoint (its tree size counts every tenant's entries: see
         ``Facade.audit_key``)."""
         from audit.keys import public_key_pem
 
         log = self.audit_log
-        key = {
+        key: dict[str, Any] = {
             "origin": log.origin,
             "key_id": log.key_id,
             "public_key_pem": public_key_pem(log.public_key).decode(),
+            "key_history": self.audit_key_history(),
         }
         if with_checkpoint:
             key["checkpoint"] = log.checkpoint()
@@ -1117,6 +1119,50 @@ class Uprof:
         self.process()
         return self.projections.position >= notification_id
 
+    def audit_key_history(self) -> dict[str, Any] | None:
+        """The audit key history document (public: every key, each endorsed by the one
+        before), or None where the key source keeps no history."""
+        history = getattr(self.audit_log.keys, "history", None)
+        return None if history is None else dict(history().document)
+
+    def rotate_audit_key(self, *, requested_by: str) -> dict[str, Any]:
+        """Make a new audit signing key current, endorsed by the current one, and record it
+        (``audit.key_rotated``: old and new key ids, the new key's position in the history,
+        who asked, when the history changed). A checkpoint signed by the new key follows.
+
+        A rotation the log does not show yet (a process killed between the key switch and
+        its entry) is recorded first (``reason_code`` recorded-late), once across processes."""
+        from audit.keyring import Rotation
+
+        rotate = getattr(self.audit_log.keys, "rotate", None)
+        if rotate is None:
+            raise InvalidInputError("this deployment's audit key source cannot be rotated")
+        self.record_audit_key_rotations()
+        done: Rotation = rotate()
+        history = self.audit_key_history() or {"keys": []}
+        self.audit.record_many(
+            _rotation_entries(history["keys"], seq=done.seq, requested_by=requested_by),
+            once_by=("audit_key_id",),
+        )
+        self.audit_log.checkpoint()
+        return {
+            "seq": done.seq,
+            "previous_key_id": done.previous_key_id,
+            "key_id": done.key_id,
+            "rotated_at": done.created_at,
+        }
+
+    def record_audit_key_rotations(self) -> int:
+        """Append ``audit.key_rotated`` (``reason_code`` recorded-late) for every rotation of
+        the key history the log does not hold yet (``once_by`` the new key id, decided
+        under the log's write lock); return how many rotations the history holds. No read
+        of the log without a rotation."""
+        history = self.audit_key_history()
+        if history is None or len(history["keys"]) < 2:
+            return 0
+        self.audit.record_many(_rotation_entries(history["keys"]), once_by=("audit_key_id",))
+        return len(history["keys"]) - 1
+
     def rotate_keys(self) -> dict[str, int]:
         """Re-wrap every data key under a new KEK epoch and forget the old KEK (audited)."""
         result: dict[str, int] = self.keystore.rotate_kek()
@@ -1349,3 +1395,27 @@ class Uprof:
         finally:
             for close in self.closers:
                 close()
+
+
+def _rotation_entries(
+    records: Sequence[Mapping[str, Any]], *, seq: int | None = None, requested_by: str = ""
+) -> list[tuple[str, dict[str, object]]]:
+    """The ``audit.key_rotated`` entries of a key history's rotations (only ``seq``'s, if
+    given): the new and previous key ids, the position, when the history changed; who
+    asked (``requested_by``), or ``reason_code`` recorded-late for one found unrecorded."""
+    entries: list[tuple[str, dict[str, object]]] = []
+    for previous, record in itertools.pairwise(records):
+        if seq is not None and record["seq"] != seq:
+            continue
+        fields: dict[str, object] = {
+            "audit_key_id": record["key_id"],
+            "previous_audit_key_id": previous["key_id"],
+            "audit_key_seq": record["seq"],
+            "occurred_at": record["created_at"],
+        }
+        if requested_by:
+            fields["requested_by"] = requested_by
+        else:
+            fields["reason_code"] = "recorded-late"
+        entries.append(("audit.key_rotated", fields))
+    return entries

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from eventsourcing.persistence import Notification, Recording, Tracking
 
+    from audit.keyring import SigningKeys
     from audit.log import AuditRecord, StoredEntry
     from domain.errors import SubjectErasedError
     from domain.profile import SubjectProfile
@@ -162,7 +163,12 @@ class KeyMaterialStore(Protocol):
         ...
 
     def audit_signing_key(self) -> Ed25519PrivateKey:
-        """Return the audit log's Ed25519 signing key, creating it on first use."""
+        """Return the audit log's current Ed25519 signing key, creating it on first use."""
+        ...
+
+    def audit_keys(self) -> SigningKeys:
+        """The audit log's current key and the keys of its endorsed history (a
+        ``audit.keyring.FileKeyRing`` also rotates)."""
         ...
 
     def append_erasure(self, record: ErasureRecord) -> None:

@@ -130,6 +130,11 @@ class InMemoryKeyMaterialStore:
     def audit_signing_key(self) -> Any:
         return self._signing
 
+    def audit_keys(self) -> Any:
+        from audit.keyring import StaticSigningKeys
+
+        return StaticSigningKeys(self._signing)
+
     def append_erasure(self, record: Any) -> None:
         self._records.append(record)
 

@@ -274,6 +274,36 @@ def audit_public_key(out: Annotated[Path, typer.Option(help="Write the PEM here.
         console.print(f"public key written to {out}; origin: {key['origin']}")
 
 
+@audit_app.command("keys")
+def audit_keys(
+    out: Annotated[Path, typer.Option(help="Write the key history (JSON) here.")],
+) -> None:
+    """Write the audit key history: every public key the log signed with, each endorsed
+    by the one before. Give it to verifiers with the first public key (--key-history)."""
+    with door() as d:
+        history = d.audit_key_history()
+    if history is None:
+        err_console.print("[bold red]this deployment keeps no audit key history[/]")
+        raise typer.Exit(1)
+    out.write_text(json.dumps(history, indent=1, sort_keys=True) + "\n", encoding="ascii")
+    keys = history["keys"]
+    console.print(
+        f"key history of {len(keys)} key(s) written to {shown(out)}; current key "
+        f"{keys[-1]['key_id'][:16]}…, first key {keys[0]['key_id'][:16]}…",
+        highlight=False,
+    )
+
+
+@audit_app.command("rotate-key")
+def audit_rotate_key() -> None:
+    """Make a new audit signing key current, endorsed by the current one (operator work,
+    the `operate` right; recorded as audit.key_rotated). Exports, receipts and backups
+    signed before still verify, with the key history (`uprof audit keys`)."""
+    with door() as d:
+        done = d.rotate_audit_key()
+    console.print_json(json.dumps(done))
+
+
 @audit_app.command("checkpoint")
 def audit_checkpoint(
     out: Annotated[Path, typer.Option(help="Write the signed note here.")],
@@ -301,15 +331,28 @@ def audit_verify(
             help="A checkpoint note, or a receipt, received earlier: the trail must extend it.",
         ),
     ] = None,
+    key_history: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="The log's key history (`uprof audit keys`): accept the keys it endorses "
+            "after (or before) the pinned one.",
+        ),
+    ] = None,
 ) -> None:
-    """Verify an exported trail offline, with only the public key."""
+    """Verify an exported trail offline, with only the public key (and the key history,
+    for a trail signed by a key rotated in after the pinned one)."""
     from audit.errors import VerificationError
     from audit.verify import verify_export
 
     try:
+        history = read_key_history(key_history)
         key = public_key.read_bytes()
-        notes = [trusted_checkpoint(item.read_bytes(), key, origin) for item in trusted or []]
-        report = verify_export(path, key, origin, trusted_checkpoints=notes)
+        notes = [
+            trusted_checkpoint(item.read_bytes(), key, origin, history) for item in trusted or []
+        ]
+        report = verify_export(path, key, origin, trusted_checkpoints=notes, key_history=history)
     except VerificationError as e:
         err_console.print(f"[bold red]verification failed:[/] {shown(e)}", highlight=False)
         raise typer.Exit(1) from None
@@ -331,14 +374,23 @@ def shown(value: object) -> str:
     return escape(text)
 
 
-def trusted_checkpoint(raw: bytes, public_key: bytes, origin: str) -> str:
+def read_key_history(path: Path | None) -> object:
+    """A key history file, parsed strictly (verified by the verifier it is given to)."""
+    from audit.keyring import parse_key_history
+
+    return None if path is None else parse_key_history(path.read_bytes())
+
+
+def trusted_checkpoint(
+    raw: bytes, public_key: bytes, origin: str, key_history: object = None
+) -> str:
     """The checkpoint note of a file: the note itself, or a verified receipt's checkpoint."""
     from audit.errors import VerificationError
     from audit.receipts import parse_receipt, verify_receipt
 
     if raw.lstrip().startswith(b"{"):
         receipt = parse_receipt(raw)
-        verify_receipt(receipt, public_key, origin=origin)
+        verify_receipt(receipt, public_key, origin=origin, key_history=key_history)
         return str(receipt["checkpoint"])
     try:
         return raw.decode("utf-8")
@@ -386,7 +438,7 @@ def audit_prove(
     consistency proof (and an entry's inclusion proof), to check offline with verify-proof."""
     from audit.checkpoint import verify_checkpoint
     from audit.errors import VerificationError
-    from audit.keys import load_pinned_key
+    from audit.keyring import trusted_keys
     from audit.proofs import proof_bytes, verify_proof
 
     if (from_file is None) == (old_size is None):
@@ -401,7 +453,12 @@ def audit_prove(
                 if isinstance(held, dict):
                     from audit.receipts import verify_receipt
 
-                    verify_receipt(held, key["public_key_pem"], origin=key["origin"])
+                    verify_receipt(
+                        held,
+                        key["public_key_pem"],
+                        origin=key["origin"],
+                        key_history=key["key_history"],
+                    )
                     note = str(held["checkpoint"])
                     inclusion = held["inclusion"]
                     receipt_leaf = inclusion["leaf_index"] if isinstance(inclusion, dict) else None
@@ -410,7 +467,7 @@ def audit_prove(
                     check_against = held if leaf_index == receipt_leaf else note
                 else:
                     note = check_against = held
-                pinned = load_pinned_key(key["public_key_pem"])
+                pinned = trusted_keys(key["public_key_pem"], key["key_history"])
                 old_size = verify_checkpoint(note, pinned, key["origin"]).tree_size
                 now = verify_checkpoint(d.audit_checkpoint(), pinned, key["origin"]).tree_size
             except VerificationError as e:
@@ -435,7 +492,13 @@ def audit_prove(
         out.write_bytes(proof_bytes(document))
         if check_against is not None:
             try:
-                verify_proof(document, key["public_key_pem"], key["origin"], trusted=check_against)
+                verify_proof(
+                    document,
+                    key["public_key_pem"],
+                    key["origin"],
+                    trusted=check_against,
+                    key_history=key["key_history"],
+                )
             except VerificationError as e:
                 err_console.print(
                     f"[bold red]this log does not extend {shown(from_file)}:[/] {shown(e)} "
@@ -465,6 +528,15 @@ def audit_verify_proof(
         ),
     ],
     origin: Annotated[str, typer.Option(help="The log's origin name.")] = "uprof.local/audit",
+    key_history: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="The log's key history (`uprof audit keys`): accept the keys it endorses "
+            "after (or before) the pinned one.",
+        ),
+    ] = None,
 ) -> None:
     """Verify a proof document offline: the log only grew since the checkpoint you trusted."""
     from audit.errors import VerificationError
@@ -472,7 +544,13 @@ def audit_verify_proof(
 
     try:
         held = held_checkpoint(trusted.read_bytes())
-        report = verify_proof(path.read_bytes(), public_key.read_bytes(), origin, trusted=held)
+        report = verify_proof(
+            path.read_bytes(),
+            public_key.read_bytes(),
+            origin,
+            trusted=held,
+            key_history=read_key_history(key_history),
+        )
     except VerificationError as e:
         err_console.print(f"[bold red]proof does not verify:[/] {shown(e)}", highlight=False)
         raise typer.Exit(1) from None
@@ -492,6 +570,15 @@ def audit_verify_receipt(
     origin: Annotated[str, typer.Option(help="The log's origin name.")] = "uprof.local/audit",
     subject: Annotated[str | None, typer.Option(help="Check it is this subject's...")] = None,
     nonce: Annotated[str | None, typer.Option(help="...with the nonce given at erasure.")] = None,
+    key_history: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="The log's key history (`uprof audit keys`): accept the keys it endorses "
+            "after (or before) the pinned one.",
+        ),
+    ] = None,
 ) -> None:
     """Verify an erasure receipt offline, with only the public key and the log's origin."""
     from audit.errors import VerificationError
@@ -505,7 +592,12 @@ def audit_verify_receipt(
         raise typer.BadParameter("--subject and --nonce go together")
     try:
         receipt = parse_receipt(path.read_bytes())
-        verify_receipt(receipt, public_key.read_bytes(), origin=origin)
+        verify_receipt(
+            receipt,
+            public_key.read_bytes(),
+            origin=origin,
+            key_history=read_key_history(key_history),
+        )
         if subject is not None and subject_nonce is not None:
             verify_subject_commitment(receipt, subject, subject_nonce)
     except VerificationError as e:

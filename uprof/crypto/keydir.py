@@ -5,7 +5,10 @@ Layout of ``UPROF_KEY_DIR`` (mode 0700, files 0600)::
     master.key             root secret (lookup keys, pseudonym and ledger marks)
     keks.json              the KEK ring (wraps every subject data key)
     keks.lock              empty; its flock orders wrapping new keys and KEK rotation
-    audit-signing.pem      the audit log's Ed25519 signing key
+    audit-signing.pem      the audit log's current Ed25519 signing key
+    audit-keys.json        the audit key history: every public key, each endorsed by the
+                           one before (audit.keyring; public, published to verifiers)
+    audit-keys.lock        empty; its flock orders audit key rotations
     erasure-ledger.jsonl   append-only: every erasure, by stream id and keyed hash
     keys.sqlite            SQLite deployments: the wrapped data keys (storage.py)
 
@@ -35,7 +38,7 @@ from typing import TYPE_CHECKING
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from audit.keys import load_or_create_signing_key
+from audit.keyring import FileKeyRing
 from domain.errors import UprofError
 from uprof.ports import ErasureRecord
 
@@ -146,6 +149,7 @@ class FileKeyMaterialStore:
         self._master_override = master_secret
         key_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._ledger_lock = threading.Lock()
+        self._audit_keys: FileKeyRing | None = None
         self._records: list[ErasureRecord] = []
         self._snapshot: tuple[ErasureRecord, ...] | None = ()
         #: (inode, bytes consumed) of the ledger file read so far.
@@ -212,8 +216,14 @@ class FileKeyMaterialStore:
         }
         return json.dumps(body).encode()
 
+    def audit_keys(self) -> FileKeyRing:
+        """The audit key ring of this folder: the current key and its endorsed history."""
+        if self._audit_keys is None:
+            self._audit_keys = FileKeyRing(self.path)
+        return self._audit_keys
+
     def audit_signing_key(self) -> Ed25519PrivateKey:
-        return load_or_create_signing_key(self.path / AUDIT_KEY_FILE)
+        return self.audit_keys().current()
 
     # ---------------------------------------------------------------- ledger
 

@@ -990,6 +990,10 @@ class AuditKey(_Response):
     origin: str
     key_id: str
     public_key_pem: str
+    #: The audit key history (``uprof.audit-key-history/v1``, docs/audit-format.md): every
+    #: key the log has signed with, each endorsed by the one before; verifiers pinning an
+    #: older key accept the later ones through it. Null where the deployment keeps none.
+    key_history: dict[str, Any] | None = None
     #: A fresh signed checkpoint, for callers the policy lets ``audit`` only (its tree
     #: size counts every tenant's entries); null for any other caller.
     checkpoint: str | None = None

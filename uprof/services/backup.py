@@ -38,7 +38,7 @@ import json
 import os
 import secrets
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -50,8 +50,9 @@ import sqlalchemy as sa
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from audit.keyring import key_by_id
 from audit.keys import key_id
 from audit.tables import audit_checkpoints, audit_entries, audit_nodes
 from domain.errors import InvalidInputError, UprofError
@@ -264,8 +265,11 @@ def _sign(settings: Settings, manifest: dict[str, Any]) -> None:
     }
 
 
-def _check_signature(manifest: dict[str, Any], key: Ed25519PrivateKey, unsigned_ok: bool) -> None:
-    """Refuse a manifest this deployment's audit key did not sign, naming why."""
+def _check_signature(
+    manifest: dict[str, Any], keys: Sequence[Ed25519PublicKey], unsigned_ok: bool
+) -> None:
+    """Refuse a manifest that no key of this deployment's audit key history (the current
+    key and those it rotated from, ``audit.keyring``) signed, naming why."""
     signature = manifest.get("signature")
     if signature is None:
         if unsigned_ok:
@@ -285,15 +289,17 @@ def _check_signature(manifest: dict[str, Any], key: Ed25519PrivateKey, unsigned_
         raise InvalidInputError(
             f"--from: {MANIFEST} has no valid signature (algorithm, key_id, value)"
         )
-    if signature["key_id"] != key_id(key):
+    key = key_by_id(keys, signature["key_id"])
+    if key is None:
         raise BackupError(
-            f"{MANIFEST} is signed by another key than this deployment's audit signing key "
-            "(another deployment, or an edited backup): restore a backup beside the key "
-            "folder of the deployment that wrote it; nothing was changed"
+            f"{MANIFEST} is signed by another key than this deployment's audit signing keys "
+            "(the current one and those its key history endorses: another deployment, or an "
+            "edited backup): restore a backup beside the key folder of the deployment that "
+            "wrote it; nothing was changed"
         )
     try:
         raw = base64.b64decode(signature["value"], validate=True)
-        key.public_key().verify(raw, _signed_bytes(manifest))
+        key.verify(raw, _signed_bytes(manifest))
     except (InvalidSignature, binascii.Error, ValueError):
         raise BackupError(
             f"{MANIFEST} does not match its signature: the backup was edited after it was "
@@ -413,7 +419,7 @@ def restore(settings: Settings, src: Path, *, allow_unsigned: bool = False) -> R
         )
     # After the deployment check, whose refusal names the usual mistake; an edited
     # manifest (a deployment field removed included) stops here.
-    _check_signature(manifest, material.audit_signing_key(), allow_unsigned)
+    _check_signature(manifest, material.audit_keys().trusted(), allow_unsigned)
     layout = layout_for(settings)  # creates the data and key folders if needed
     views = create_engine(layout.views_url)
     try:

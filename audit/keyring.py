@@ -1,0 +1,496 @@
+"""Audit signing key rotation: a signed key history and the key folder's current key.
+
+The key history is a public JSON document (``HISTORY_FORMAT``)::
+
+    {"format": "uprof.audit-key-history/v1",
+     "keys": [{"seq": 0, "key_id": <hex SHA-256 of the raw public key>,
+               "public_key": <base64 of the 32 raw bytes>, "created_at": <log time>,
+               "prev_sha256": null, "endorsement": null, "acceptance": <base64 sig>},
+              {"seq": 1, ..., "prev_sha256": <hex SHA-256 of RFC 8785(record 0)>,
+               "endorsement": <base64 sig by key 0>, "acceptance": <base64 sig by key 1>},
+              ...]}
+
+Each record's *statement* is its ``seq``, ``key_id``, ``public_key``, ``created_at`` and
+``prev_sha256`` plus ``"type": STATEMENT_TYPE``; both signatures are Ed25519 over
+``HISTORY_CONTEXT || RFC 8785(statement)``. The *endorsement* is the previous key's (a
+new key is current only if the key before it said so); the *acceptance* is the record's
+own key's (it holds the private half, and, through ``prev_sha256``, it vouches for every
+record before it). So the history verifies in both directions from whichever of its keys
+a verifier trusts: forward by endorsements, backward by acceptances over the hash chain.
+``verify_key_history`` accepts a history only when every link holds and the trusted key
+is one of its keys; anything else (a forged or re-ordered record, a history of another
+deployment, a key nobody endorsed) is refused whole.
+
+Retired private keys are not kept: verifying needs only the public keys of the history.
+
+``FileKeyRing`` keeps the current private key (``audit-signing.pem``, as before) and the
+history (``audit-keys.json``) in the key folder, and rotates under an exclusive ``flock``
+so that two processes rotating at once make two successive rotations. A rotation writes
+the new private key to ``audit-signing.next.pem``, then the history naming it (the commit
+point), then renames the new key over the current one. A process killed before the
+history write leaves the old key current (the stray next key is removed later); killed
+after it, the next opening of the ring finishes the rename. At no point is a key current
+that the history does not name, and there is one current key file.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from hashlib import sha256
+from pathlib import Path
+from typing import Any, Protocol
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from audit._codec import b64decode_strict, b64encode, hexdecode_strict
+from audit.canonical import canonical_bytes
+from audit.entry import format_timestamp, normalise_timestamp
+from audit.errors import AuditEntryError, AuditKeyError, VerificationError
+from audit.keys import key_id, load_or_create_signing_key, load_pinned_key, load_signing_key
+from audit.strict_json import strict_json
+
+HISTORY_FORMAT = "uprof.audit-key-history/v1"
+STATEMENT_TYPE = "uprof.audit-key/v1"
+#: Domain separation: no checkpoint (origin first), JSON body ("{") or export context
+#: starts with these bytes.
+HISTORY_CONTEXT = b"uprof audit key history v1\x00"
+RECORD_KEYS = frozenset(
+    {"seq", "key_id", "public_key", "created_at", "prev_sha256", "endorsement", "acceptance"}
+)
+#: A history longer than this is refused (a rotation a day for ten years fits).
+MAX_KEYS = 4096
+
+KEY_FILE = "audit-signing.pem"
+NEXT_KEY_FILE = "audit-signing.next.pem"
+HISTORY_FILE = "audit-keys.json"
+LOCK_FILE = "audit-keys.lock"
+
+
+# --- the document ---------------------------------------------------------------------------
+
+
+def _statement(record: Mapping[str, Any]) -> bytes:
+    statement = {
+        "type": STATEMENT_TYPE,
+        "seq": record["seq"],
+        "key_id": record["key_id"],
+        "public_key": record["public_key"],
+        "created_at": record["created_at"],
+        "prev_sha256": record["prev_sha256"],
+    }
+    return HISTORY_CONTEXT + canonical_bytes(statement)
+
+
+def record_sha256(record: Mapping[str, Any]) -> str:
+    """Hex SHA-256 of a history record's RFC 8785 bytes (signatures included)."""
+    return sha256(canonical_bytes(dict(record))).hexdigest()
+
+
+def _raw(key: Ed25519PrivateKey | Ed25519PublicKey) -> bytes:
+    public = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
+    return public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def _new_record(
+    key: Ed25519PrivateKey,
+    created_at: str,
+    previous: Mapping[str, Any] | None,
+    previous_key: Ed25519PrivateKey | None,
+) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "seq": 0 if previous is None else int(previous["seq"]) + 1,
+        "key_id": key_id(key),
+        "public_key": b64encode(_raw(key)),
+        "created_at": created_at,
+        "prev_sha256": None if previous is None else record_sha256(previous),
+        "endorsement": None,
+    }
+    message = _statement(record)
+    if previous_key is not None:
+        record["endorsement"] = b64encode(previous_key.sign(message))
+    record["acceptance"] = b64encode(key.sign(message))
+    return record
+
+
+def genesis_history(key: Ed25519PrivateKey, created_at: str) -> dict[str, Any]:
+    """A history of one key (the first key a deployment used)."""
+    return {"format": HISTORY_FORMAT, "keys": [_new_record(key, created_at, None, None)]}
+
+
+def extend_history(
+    history: Mapping[str, Any],
+    current: Ed25519PrivateKey,
+    new: Ed25519PrivateKey,
+    created_at: str,
+) -> dict[str, Any]:
+    """``history`` with ``new`` endorsed by ``current`` (which must be its last key)."""
+    records = list(history["keys"])
+    if records[-1]["key_id"] != key_id(current):
+        raise AuditKeyError("only the history's last key can endorse the next one")
+    return {**history, "keys": [*records, _new_record(new, created_at, records[-1], current)]}
+
+
+@dataclass(frozen=True)
+class KeyHistory:
+    """A verified history: its keys in order (oldest first) and the document."""
+
+    keys: tuple[Ed25519PublicKey, ...]
+    key_ids: tuple[str, ...]
+    document: Mapping[str, Any]
+
+    def key(self, wanted: str) -> Ed25519PublicKey | None:
+        """The endorsed key with hex id ``wanted``, or None."""
+        for candidate, candidate_id in zip(self.keys, self.key_ids, strict=True):
+            if candidate_id == wanted:
+                return candidate
+        return None
+
+    @property
+    def current_key_id(self) -> str:
+        return self.key_ids[-1]
+
+
+def parse_key_history(raw: bytes | str) -> Any:
+    """Read a key history file strictly (``strict_json``)."""
+    return strict_json(raw, "key history")
+
+
+def verify_key_history(
+    history: Any, trusted: Ed25519PublicKey | bytes | str | Sequence[Ed25519PublicKey]
+) -> KeyHistory:
+    """Verify every link of ``history`` and that it names the ``trusted`` key (or one of
+    several); return the keys it endorses. Raise VerificationError otherwise."""
+    if isinstance(history, bytes | str):
+        history = parse_key_history(history)
+    if (
+        not isinstance(history, Mapping)
+        or set(history) != {"format", "keys"}
+        or history["format"] != HISTORY_FORMAT
+    ):
+        raise VerificationError(f"a key history is {{'format': {HISTORY_FORMAT!r}, 'keys': [...]}}")
+    records = history["keys"]
+    if not isinstance(records, list) or not 1 <= len(records) <= MAX_KEYS:
+        raise VerificationError(f"a key history holds 1 to {MAX_KEYS} keys")
+    keys: list[Ed25519PublicKey] = []
+    ids: list[str] = []
+    previous: Mapping[str, Any] | None = None
+    for seq, record in enumerate(records):
+        where = f"key history record {seq}"
+        if not isinstance(record, Mapping) or set(record) != RECORD_KEYS:
+            raise VerificationError(f"{where} needs exactly {sorted(RECORD_KEYS)}")
+        if record["seq"] != seq or isinstance(record["seq"], bool):
+            raise VerificationError(f"{where} has seq {record['seq']!r}: records were reordered")
+        raw = b64decode_strict(record["public_key"], f"{where} public_key", size=32)
+        public = Ed25519PublicKey.from_public_bytes(raw)
+        hexdecode_strict(record["key_id"], f"{where} key_id", size=32)
+        if record["key_id"] != key_id(public):
+            raise VerificationError(f"{where}: key_id is not the id of its public key")
+        if record["key_id"] in ids:
+            raise VerificationError(f"{where}: the key appears twice in the history")
+        created_at = record["created_at"]
+        try:
+            if not isinstance(created_at, str) or normalise_timestamp(created_at) != created_at:
+                raise AuditEntryError("created_at")
+        except AuditEntryError:
+            raise VerificationError(
+                f"{where}: created_at is not a time in the log's form"
+            ) from None
+        if previous is not None and created_at < previous["created_at"]:
+            raise VerificationError(f"{where} was created before the key it follows")
+        expected_prev = None if previous is None else record_sha256(previous)
+        if record["prev_sha256"] != expected_prev:
+            raise VerificationError(
+                f"{where} does not follow the record before it (prev_sha256): the history "
+                "was edited, truncated or spliced"
+            )
+        message = _statement(record)
+        _check_signature(public, record["acceptance"], message, f"{where} acceptance")
+        if previous is None:
+            if record["endorsement"] is not None:
+                raise VerificationError(f"{where}: the first key has no endorsement")
+        else:
+            if record["endorsement"] is None:
+                raise VerificationError(f"{where}: the key is endorsed by nobody")
+            _check_signature(keys[-1], record["endorsement"], message, f"{where} endorsement")
+        keys.append(public)
+        ids.append(record["key_id"])
+        previous = record
+    anchors = (
+        list(trusted)
+        if isinstance(trusted, Sequence) and not isinstance(trusted, bytes | str)
+        else [load_pinned_key(trusted)]
+    )
+    if not any(key_id(anchor) in ids for anchor in anchors):
+        raise VerificationError(
+            "the trusted public key is not in this key history: it belongs to another "
+            "deployment, or it was replaced"
+        )
+    return KeyHistory(tuple(keys), tuple(ids), history)
+
+
+def _check_signature(key: Ed25519PublicKey, text: Any, message: bytes, what: str) -> None:
+    signature = b64decode_strict(text, what, size=64)
+    try:
+        key.verify(signature, message)
+    except InvalidSignature:
+        raise VerificationError(f"{what} does not verify") from None
+
+
+def trusted_keys(
+    public_key: Ed25519PublicKey | bytes | str | Sequence[Ed25519PublicKey],
+    key_history: Any = None,
+) -> list[Ed25519PublicKey]:
+    """The keys a verifier accepts: the pinned key alone, or with ``key_history`` every key
+    of that history (verified, and naming the pinned key). A sequence of keys is taken as
+    the already-trusted set."""
+    if isinstance(public_key, Sequence) and not isinstance(public_key, bytes | str):
+        anchors = list(public_key)
+    else:
+        anchors = [load_pinned_key(public_key)]
+    if key_history is None:
+        return anchors
+    return list(verify_key_history(key_history, anchors).keys)
+
+
+def key_by_id(keys: Sequence[Ed25519PublicKey], wanted: object) -> Ed25519PublicKey | None:
+    for candidate in keys:
+        if key_id(candidate) == wanted:
+            return candidate
+    return None
+
+
+# --- key sources ---------------------------------------------------------------------------
+
+
+class SigningKeys(Protocol):
+    """Where an ``AuditLog`` gets its current signing key and the keys it trusts."""
+
+    def current(self) -> Ed25519PrivateKey:
+        """The key new signatures are made with."""
+        ...
+
+    def trusted(self) -> Sequence[Ed25519PublicKey]:
+        """Every key whose signatures the log accepts (the endorsed history)."""
+        ...
+
+
+class StaticSigningKeys:
+    """One key, never rotated (tests, and a log built around a bare key)."""
+
+    def __init__(self, key: Ed25519PrivateKey) -> None:
+        self._key = key
+
+    def current(self) -> Ed25519PrivateKey:
+        return self._key
+
+    def trusted(self) -> Sequence[Ed25519PublicKey]:
+        return (self._key.public_key(),)
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """What a rotation did."""
+
+    seq: int
+    previous_key_id: str
+    key_id: str
+    created_at: str
+
+
+def _now() -> str:
+    return format_timestamp(datetime.now(UTC))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` (mode 0600) through a synced temporary file and a rename."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
+
+
+def _pem(key: Ed25519PrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+class FileKeyRing:
+    """The audit key in a key folder: ``audit-signing.pem`` (current), ``audit-keys.json``
+    (the history), ``audit-keys.lock`` (rotations and repairs hold its ``flock``).
+
+    ``current()`` notices a rotation by another process (the key file's inode changes on
+    each rotation: one ``stat`` per signature), so every process signs with the new key
+    from its next signature on.
+    """
+
+    def __init__(self, folder: Path, *, clock: Any = _now) -> None:
+        self.folder = folder
+        self._clock = clock
+        self._key: Ed25519PrivateKey | None = None
+        self._key_stamp: tuple[int, int] | None = None
+        self._history: KeyHistory | None = None
+        self._history_stamp: tuple[int, int, int] | None = None
+        self._opened = False
+
+    @property
+    def key_path(self) -> Path:
+        return self.folder / KEY_FILE
+
+    @property
+    def history_path(self) -> Path:
+        return self.folder / HISTORY_FILE
+
+    @contextmanager
+    def _lock(self) -> Iterator[None]:
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self.folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    # -- opening and repair
+
+    def _open(self) -> None:
+        if not self._opened:
+            with self._lock():
+                self._repair_locked()
+            self._opened = True
+
+    def _repair_locked(self) -> None:
+        """Bring the folder to a state with one current key that the history names last:
+        create the first key and history, finish a rotation killed after its commit
+        point, drop a next key a rotation killed before it left, and the temporary files
+        of a write it was killed in (one may hold a private key nobody will use: every
+        writer of these files holds the lock, so none is being written now)."""
+        for name in (NEXT_KEY_FILE, HISTORY_FILE):
+            for leftover in self.folder.glob(f".{name}.*.tmp"):
+                leftover.unlink(missing_ok=True)
+        key = load_or_create_signing_key(self.key_path)
+        if not self.history_path.exists():
+            _write_private(self.history_path, _history_bytes(genesis_history(key, self._clock())))
+        document = self._read_history_document()
+        last_id = document["keys"][-1]["key_id"]
+        next_path = self.folder / NEXT_KEY_FILE
+        if key_id(key) != last_id:
+            if next_path.exists() and key_id(load_signing_key(next_path)) == last_id:
+                os.replace(next_path, self.key_path)  # roll the killed rotation forward
+                _fsync_dir(self.folder)
+                key = load_signing_key(self.key_path)
+            else:
+                raise AuditKeyError(
+                    f"the audit key history ({self.history_path}) names key "
+                    f"{last_id[:16]}… as current but {self.key_path} holds key "
+                    f"{key_id(key)[:16]}…: the key file was replaced by hand or the folder "
+                    "was put together from different copies; put back the matching files"
+                )
+        elif next_path.exists():
+            next_path.unlink()  # a rotation killed before its commit point
+            _fsync_dir(self.folder)
+        verify_key_history(document, key.public_key())
+
+    def _read_history_document(self) -> Any:
+        try:
+            raw = self.history_path.read_bytes()
+        except FileNotFoundError:
+            raise AuditKeyError(f"the audit key history {self.history_path} is missing") from None
+        try:
+            document = parse_key_history(raw)
+            verify_key_history(document, [_anchor_of(document)])
+        except VerificationError as exc:
+            raise AuditKeyError(f"the audit key history {self.history_path}: {exc}") from None
+        return document
+
+    # -- SigningKeys
+
+    def current(self) -> Ed25519PrivateKey:
+        self._open()
+        try:
+            st = os.stat(self.key_path)
+        except FileNotFoundError:
+            raise AuditKeyError(f"signing key file {self.key_path} does not exist") from None
+        stamp = (st.st_ino, st.st_mtime_ns)
+        if self._key is None or stamp != self._key_stamp:
+            self._key = load_signing_key(self.key_path)
+            self._key_stamp = stamp
+        return self._key
+
+    def history(self) -> KeyHistory:
+        """The verified history, anchored at the current key (cached until the file changes)."""
+        current = self.current()
+        st = os.stat(self.history_path)
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        cached = self._history
+        if cached is None or stamp != self._history_stamp or key_id(current) not in cached.key_ids:
+            document = self._read_history_document()
+            try:
+                cached = verify_key_history(document, current.public_key())
+            except VerificationError as exc:
+                raise AuditKeyError(f"the audit key history {self.history_path}: {exc}") from None
+            self._history, self._history_stamp = cached, stamp
+        return cached
+
+    def trusted(self) -> Sequence[Ed25519PublicKey]:
+        return self.history().keys
+
+    # -- rotation
+
+    def rotate(self) -> Rotation:
+        """Make a new key current, endorsed by the current one; return what was done."""
+        with self._lock():
+            self._repair_locked()
+            self._opened = True
+            current = load_signing_key(self.key_path)
+            document = self._read_history_document()
+            new = Ed25519PrivateKey.generate()
+            next_path = self.folder / NEXT_KEY_FILE
+            _write_private(next_path, _pem(new))
+            created_at = max(self._clock(), document["keys"][-1]["created_at"])
+            extended = extend_history(document, current, new, created_at)
+            _write_private(self.history_path, _history_bytes(extended))  # the commit point
+            os.replace(next_path, self.key_path)
+            _fsync_dir(self.folder)
+            record = extended["keys"][-1]
+            return Rotation(record["seq"], key_id(current), record["key_id"], created_at)
+
+
+def _anchor_of(document: Any) -> Ed25519PublicKey:
+    """The first key a document names (its own anchor: the links are checked, the anchor is
+    decided by the caller)."""
+    try:
+        raw = b64decode_strict(document["keys"][0]["public_key"], "first public_key", size=32)
+    except (KeyError, IndexError, TypeError):
+        raise VerificationError("a key history holds at least one key") from None
+    return Ed25519PublicKey.from_public_bytes(raw)
+
+
+def _history_bytes(document: Mapping[str, Any]) -> bytes:
+    return json.dumps(document, indent=1, sort_keys=True).encode("ascii") + b"\n"
