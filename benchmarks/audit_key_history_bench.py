@@ -1,4 +1,4 @@
-"""What an audit key history costs (decision XXXX-audit-key-rotation).
+"""What an audit key history costs (decision 0110-audit-key-rotation).
 
     python -m benchmarks.audit_key_history_bench --keys 1 10 100 1000 --repeats 5
 

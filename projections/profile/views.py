@@ -96,7 +96,7 @@ class SqlViewStore(ProfileQueries):
         runner of another process that held its position row wait for a deleted row
         while the reset waited for the position row: PostgreSQL aborted one of them
         (DeadlockDetected), the rebuild or the server's batch (decision
-        XXXX-rebuild-beside-live-traffic)."""
+        0108-rebuild-beside-live-traffic)."""
         with self._engine.begin() as conn:
             conn.execute(
                 t.projection_tracking.update()

@@ -1,4 +1,4 @@
-"""Audit signing key rotation (decision XXXX-audit-key-rotation), on both backends.
+"""Audit signing key rotation (decision 0110-audit-key-rotation), on both backends.
 
 Until this change the key could not be rotated: one pinned key, no history. A key file
 replaced by hand left the stored checkpoints signed by the old key, so
