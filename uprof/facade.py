@@ -576,6 +576,11 @@ class Facade:
         self._known_to_app(subject)  # before the profile read, which waits for the views
         with self._as_principal():
             view = self._kernel.profile(subject)
+        # The profile waited for the views: the key (revoked meanwhile?) and the subject's
+        # own link are asked again before the consents leave, as for ``list_consents``.
+        # A withdrawal with ``erase`` (REST, MCP ``forget``, the privacy center) reads
+        # them here before it withdraws and erases (review of 0108/0109).
+        self._decided_again(lambda: self._own_subject(subject))
         if self.principal.kind is PrincipalKind.APP:
             own = [c for c in view.consents if c.app_id == self.principal.policy_subject]
             if not own and not self.principal.is_operator:
