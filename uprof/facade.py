@@ -418,15 +418,32 @@ class Facade:
         if updated - named:
             self._authorize("propose", sorted(updated - named), bound.purpose)
         categories = sorted(named | updated)
-        with self._as_principal():
+
+        def consented() -> None:
             missing = self._kernel.unconsented(subject, bound.app_id, categories, bound.purpose)
             if missing:
                 raise ConsentRequiredError(
                     f"app {bound.app_id!r} has no consent in force for category "
                     f"{missing[0]!r} and purpose {bound.purpose!r}"
                 )
+
+        def decide() -> None:
+            if categories:
+                self._authorize("propose", categories, bound.purpose)
+            consented()
+
+        with self._as_principal():
+            consented()
+            # Decided again once the kernel has waited for the subject's views (the
+            # evidence check reads them), before anything is written: a key revoked, a
+            # right or a consent taken away during the wait writes nothing (review of
+            # 0108/0109, as reads that wait, 0106).
             return self._kernel.submit_proposals(
-                subject, bound, observed_at=observed_at, request_token=request_token
+                subject,
+                bound,
+                observed_at=observed_at,
+                request_token=request_token,
+                still_allowed=lambda: self._decided_again(decide),
             )
 
     def _bind_intent_updates(

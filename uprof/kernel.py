@@ -781,10 +781,13 @@ class Uprof:
         *,
         observed_at: datetime | None = None,
         request_token: str | None = None,
+        still_allowed: Callable[[], object] | None = None,
     ) -> int:
         # Agents cite events they just captured: let the captures view catch up first
         # (refusing evidence the view has not reached yet would be a false refusal).
         self._require_subject_fresh(subject, "the subject's captures")
+        if still_allowed is not None:
+            still_allowed()  # the caller's decision, asked again after the wait
         return self.proposal_service.submit(
             subject,
             batch,
