@@ -220,10 +220,17 @@ class WebPages:
         that opened it), or a 429 page that reads and records nothing: each page showing
         the subject's data appends an audit entry (decision 0102)."""
         limiter = _AppStores.of(request).limiter(self.runtime_of(request))
+        key = session.link_id or request.cookies.get(USER_COOKIE) or ""
+        return self._over_limit(request, limiter, key) or session
+
+    def _over_limit(
+        self, request: Request, limiter: KeyRateLimiter | None, key: str
+    ) -> HTMLResponse | None:
+        """Count one page for ``key``: None, or the 429 page (with ``Retry-After``)."""
         if limiter is None:
-            return session
+            return None
         try:
-            limiter.check(session.link_id or request.cookies.get(USER_COOKIE) or "")
+            limiter.check(key)
         except RateLimitedError as refused:
             response = self.message(
                 request,
@@ -234,7 +241,7 @@ class WebPages:
             )
             response.headers["Retry-After"] = str(refused.retry_after_s)
             return response
-        return session
+        return None
 
     def checked_user(self, request: Request, csrf: str) -> Session | HTMLResponse:
         session = self.need_user(request)
@@ -262,7 +269,12 @@ class WebPages:
         if not alive:
             self.sessions(request).drop(request.cookies.get(OPERATOR_COOKIE), "operator")
             return self.message(request, 403, "Forbidden", "Your API key is no longer valid.")
-        return session
+        # A console session is its key: its pages count against the key's REST allowance
+        # (``rate_limit``), or a page that signs in as the key would dodge it (review of
+        # 0108/0109: audit pages, each recorded, read without bound).
+        limiter = getattr(request.app.state, "rate_limiter", None)
+        refused = self._over_limit(request, limiter, session.key_id)
+        return refused or session
 
     def checked_operator(self, request: Request, csrf: str) -> Session | Response:
         session = self.need_operator(request)
