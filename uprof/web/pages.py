@@ -200,6 +200,12 @@ class WebPages:
 
     def need_user(self, request: Request) -> Session | HTMLResponse:
         session = self.user_session(request)
+        if session is not None:
+            # Counted first: a page over the limit asks no store (the subject's
+            # incarnation, the issuing key) before its 429.
+            refused = self._counted(request, session)
+            if refused is not None:
+                return refused
         if session is not None and not (
             self.same_incarnation(request, session.subject, session.incarnation)
             and self.issuer_live(request, session.key_id)
@@ -213,15 +219,15 @@ class WebPages:
                 "Sign-in needed",
                 "Open the sign-in link you were given to reach your privacy center.",
             )
-        return self._counted(request, session)
+        return session
 
-    def _counted(self, request: Request, session: Session) -> Session | HTMLResponse:
+    def _counted(self, request: Request, session: Session) -> HTMLResponse | None:
         """Count one page of the session against ``privacy_rate_limit`` (keyed by the link
         that opened it), or a 429 page that reads and records nothing: each page showing
         the subject's data appends an audit entry (decision 0102)."""
         limiter = _AppStores.of(request).limiter(self.runtime_of(request))
         key = session.link_id or request.cookies.get(USER_COOKIE) or ""
-        return self._over_limit(request, limiter, key) or session
+        return self._over_limit(request, limiter, key)
 
     def _over_limit(
         self, request: Request, limiter: KeyRateLimiter | None, key: str
