@@ -178,3 +178,84 @@ def test_a_rebuild_killed_mid_replay_is_repaired_by_a_fresh_process(
         assert fresh.queries.table_digest() == live
     finally:
         fresh.close()
+
+
+#: One process's part in the race below, all started at once: ``rebuild`` (two of them),
+#: ``erase`` (the erased subject, asked again while the views are being rebuilt, as a
+#: client does on ``erasure_incomplete``) or ``worker`` (a runner looping until told).
+RACER = """
+import sys, time
+from pathlib import Path
+from domain.errors import ErasureIncompleteError
+from tests.conftest import Backend
+from tests.fakes.ports import FakeClock
+from tests.kernel.conftest import build_kernel, settings_for
+
+backend = Backend(sys.argv[1], sys.argv[2], Path(sys.argv[3]))
+role, go, stop = sys.argv[4], Path(sys.argv[5]), Path(sys.argv[6])
+settings = settings_for(backend).model_copy(update={"projection_batch_size": int(sys.argv[7])})
+kernel = build_kernel(settings, FakeClock())
+while not go.exists():
+    time.sleep(0.005)
+try:
+    if role == "rebuild":
+        kernel.rebuild()
+    elif role == "erase":
+        for _ in range(20):
+            try:
+                kernel.erase_subject(sys.argv[8])
+                break
+            except ErasureIncompleteError:
+                time.sleep(0.1)
+        else:
+            raise SystemExit("the erasure never completed")
+    else:
+        while not stop.exists():
+            kernel.process()
+            time.sleep(0.01)
+finally:
+    kernel.close()
+"""
+
+
+def test_two_rebuilds_an_erasure_and_a_worker_at_once_in_four_processes(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Two ``uprof projections rebuild`` at once, beside a worker process and an erasure
+    in a fourth: every process ends well, the erased subject has no row and every other
+    subject's views equal a clean rebuild."""
+    kernel = build_kernel(_settings(backend), clock)
+    try:
+        for n, subject in enumerate([*SUBJECTS, ERASED]):
+            consent(kernel, subject)
+            for day in (1, 2, 3):
+                kernel.capture(subject, say(f"I like tea number {n}{day} in Paris", day=day))
+        kernel.process()
+        erased_stream = str(kernel.stream_of(ERASED))
+        before = {s: _items(kernel, s) for s in SUBJECTS}
+        go, stop = tmp_path / "go", tmp_path / "stop"
+        args = (backend.kind, backend.url, str(backend.data_dir))
+        racers = {
+            role: PythonChild(
+                RACER, *args, role.rstrip("12"), str(go), str(stop), str(BATCH), ERASED
+            )
+            for role in ("rebuild1", "rebuild2", "erase", "worker")
+        }
+        go.touch()
+        try:
+            for role in ("rebuild1", "rebuild2", "erase"):
+                _, err = racers[role].communicate(timeout=WAIT_S * 3)
+                assert racers[role].returncode == 0, (role, err[-3000:])
+        finally:
+            stop.touch()
+            _, err = racers["worker"].communicate(timeout=WAIT_S)
+        assert racers["worker"].returncode == 0, err[-3000:]
+
+        kernel.process()
+        assert _rows_of(kernel, erased_stream) == {}
+        assert {s: _items(kernel, s) for s in SUBJECTS} == before
+        live = kernel.queries.table_digest()
+        kernel.rebuild()
+        assert kernel.queries.table_digest() == live
+    finally:
+        kernel.close()
