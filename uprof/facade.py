@@ -419,25 +419,22 @@ class Facade:
             self._authorize("propose", sorted(updated - named), bound.purpose)
         categories = sorted(named | updated)
 
-        def consented() -> None:
+        def decide() -> None:
+            if categories:
+                self._authorize("propose", categories, bound.purpose)
+
+        with self._as_principal():
             missing = self._kernel.unconsented(subject, bound.app_id, categories, bound.purpose)
             if missing:
                 raise ConsentRequiredError(
                     f"app {bound.app_id!r} has no consent in force for category "
                     f"{missing[0]!r} and purpose {bound.purpose!r}"
                 )
-
-        def decide() -> None:
-            if categories:
-                self._authorize("propose", categories, bound.purpose)
-            consented()
-
-        with self._as_principal():
-            consented()
             # Decided again once the kernel has waited for the subject's views (the
-            # evidence check reads them), before anything is written: a key revoked, a
-            # right or a consent taken away during the wait writes nothing (review of
-            # 0108/0109, as reads that wait, 0106).
+            # evidence check reads them), before anything is written: a key revoked or a
+            # right taken away during the wait writes nothing (review of 0108/0109, as
+            # reads that wait, 0106). A consent withdrawn meanwhile is the aggregate's to
+            # refuse: it applies no proposal without a consent in force at write time.
             return self._kernel.submit_proposals(
                 subject,
                 bound,
