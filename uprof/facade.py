@@ -418,6 +418,11 @@ class Facade:
         if updated - named:
             self._authorize("propose", sorted(updated - named), bound.purpose)
         categories = sorted(named | updated)
+
+        def decide() -> None:
+            if categories:
+                self._authorize("propose", categories, bound.purpose)
+
         with self._as_principal():
             missing = self._kernel.unconsented(subject, bound.app_id, categories, bound.purpose)
             if missing:
@@ -425,8 +430,17 @@ class Facade:
                     f"app {bound.app_id!r} has no consent in force for category "
                     f"{missing[0]!r} and purpose {bound.purpose!r}"
                 )
+            # Decided again once the kernel has waited for the subject's views (the
+            # evidence check reads them), before anything is written: a key revoked or a
+            # right taken away during the wait writes nothing (review of 0108/0109, as
+            # reads that wait, 0106). A consent withdrawn meanwhile is the aggregate's to
+            # refuse: it applies no proposal without a consent in force at write time.
             return self._kernel.submit_proposals(
-                subject, bound, observed_at=observed_at, request_token=request_token
+                subject,
+                bound,
+                observed_at=observed_at,
+                request_token=request_token,
+                still_allowed=lambda: self._decided_again(decide),
             )
 
     def _bind_intent_updates(
@@ -576,6 +590,11 @@ class Facade:
         self._known_to_app(subject)  # before the profile read, which waits for the views
         with self._as_principal():
             view = self._kernel.profile(subject)
+        # The profile waited for the views: the key (revoked meanwhile?) and the subject's
+        # own link are asked again before the consents leave, as for ``list_consents``.
+        # A withdrawal with ``erase`` (REST, MCP ``forget``, the privacy center) reads
+        # them here before it withdraws and erases (review of 0108/0109).
+        self._decided_again(lambda: self._own_subject(subject))
         if self.principal.kind is PrincipalKind.APP:
             own = [c for c in view.consents if c.app_id == self.principal.policy_subject]
             if not own and not self.principal.is_operator:

@@ -29,7 +29,7 @@ from domain.errors import (
     SubjectNotFoundError,
 )
 from domain.values import ConsentGrant, Interaction, ProposalBatch
-from uprof import telemetry
+from uprof import retry, telemetry
 from uprof.crypto.keystore import KeyStore, is_pseudonym
 from uprof.crypto.ledger import LedgerState
 from uprof.eventstore import ProfilesApplication
@@ -783,10 +783,13 @@ class Uprof:
         *,
         observed_at: datetime | None = None,
         request_token: str | None = None,
+        still_allowed: Callable[[], object] | None = None,
     ) -> int:
         # Agents cite events they just captured: let the captures view catch up first
         # (refusing evidence the view has not reached yet would be a false refusal).
         self._require_subject_fresh(subject, "the subject's captures")
+        if still_allowed is not None:
+            still_allowed()  # the caller's decision, asked again after the wait
         return self.proposal_service.submit(
             subject,
             batch,
@@ -1085,7 +1088,11 @@ class Uprof:
                     # Captures kept winning; project a batch, extract on the next run.
                     self.projections.run_once()
                     raise
-                projected = self.projections.run_once()
+                # A rebuild in another process may reset the views between a batch's read
+                # and its apply: the batch is refused, nothing written (0103), and read
+                # again from the new position, as a worker does. Passed up, it failed an
+                # embedded erasure or read beside the rebuild (review of 0108/0109).
+                projected = retry.WORKER_COLLISION.call(self.projections.run_once)
                 if projected and progress is not None:
                     position = self.projections.position
                     progress(position, max(target, position))

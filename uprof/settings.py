@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 if TYPE_CHECKING:
@@ -33,6 +33,12 @@ def parse_rate_limit(spec: str) -> list[RateLimitItem]:
         raise ValueError(
             f"{spec!r} is not a rate limit; use '<count>/<second|minute|hour|day>', "
             "several separated by ';', for example '50/second;1000/minute'"
+        )
+    if any(item.amount < 1 for item in items):
+        # `limits` takes 0 as "nothing allowed": every request refused, for good.
+        raise ValueError(
+            f"{spec!r} allows no request at all (a count of 0); give a count of at least "
+            "1, or 'off' for no limit"
         )
     return items
 
@@ -158,7 +164,14 @@ class Settings(BaseSettings):
 
     @field_validator("rate_limit", "privacy_rate_limit")
     @classmethod
-    def _rate_limit(cls, value: str | None) -> str | None:
+    def _rate_limit(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and not value.strip() and info.field_name == "privacy_rate_limit":
+            # On by default: an empty value (an unset template variable) must not turn it
+            # off; only "off" does (review of 0108/0109).
+            raise ValueError(
+                "privacy_rate_limit is empty; give a limit such as '30/minute;300/hour', "
+                "or 'off' for no limit"
+            )
         if value is None or value.strip() in ("", "off"):
             return None
         parse_rate_limit(value)

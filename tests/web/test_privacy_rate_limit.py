@@ -64,3 +64,33 @@ def test_a_session_over_its_rate_gets_a_429_page_and_nothing_is_recorded(
         with httpx.Client(base_url=server.url, timeout=30) as other:
             open_link(other, privacy_link(http, apps.planner_operator, "alice"))
             assert other.get("/privacy").status_code == 200
+
+
+def test_a_page_over_the_limit_is_refused_before_the_stores_are_asked(
+    server: LiveServer,
+    http: httpx.Client,
+    kernel: Uprof,
+    apps: Apps,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Decision 0109 says the 429 comes "before any door is made": found in its review,
+    the session's subject was looked up in the key store (its incarnation) and its
+    issuing key asked first, on every refused page too. Refused pages now cost the
+    cookie's signature and its sign-out check only."""
+    grant(http, apps.planner)
+    with httpx.Client(base_url=server.url, timeout=30) as user:
+        open_link(user, privacy_link(http, apps.planner_operator, "alice"))
+        for _ in range(PAGES):
+            assert user.get("/privacy").status_code == 200
+        looked_up: list[str] = []
+        real = kernel.subject_pseudonym
+
+        def counted(subject: str) -> str | None:
+            looked_up.append(subject)
+            return real(subject)
+
+        monkeypatch.setattr(kernel, "subject_pseudonym", counted)
+
+        assert user.get("/privacy").status_code == 429
+        assert user.post("/privacy/consents/withdraw", data={"csrf": "x"}).status_code == 429
+        assert looked_up == []

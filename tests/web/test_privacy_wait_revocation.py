@@ -18,7 +18,7 @@ import pytest
 from tests.api.conftest import Apps, LiveServer, bearer, grant, interaction
 from tests.api.test_profile_wait_revocation import during_the_wait
 from tests.api.test_slice_wait_revocation import revoke_elsewhere
-from tests.web.conftest import open_link, privacy_link
+from tests.web.conftest import csrf_of, open_link, privacy_link
 from uprof.api import ApiKeyStore
 from uprof.kernel import Uprof
 from uprof.settings import Settings
@@ -73,3 +73,46 @@ def test_a_page_whose_link_issuer_was_revoked_during_the_wait_shows_nothing(
         assert refused.status_code == 403, refused.text[-2000:]
         assert "Lisbon" not in refused.text
         assert _recorded(kernel) == before
+
+
+def test_a_withdrawal_with_erase_whose_link_issuer_was_revoked_during_the_wait_erases_nothing(
+    server: LiveServer,
+    http: httpx.Client,
+    kernel: Uprof,
+    keys: ApiKeyStore,
+    settings: Settings,
+    apps: Apps,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The privacy center's "withdraw and erase" reads the consents through the views (a
+    wait) before it erases: an issuer revoked during that wait ends it there (review of
+    0108/0109; it erased, with a receipt, for a session whose key no longer stood)."""
+    consent_id = grant(http, apps.planner)
+    captured = http.post(
+        "/v1/captures",
+        headers=bearer(apps.planner),
+        json={"subject": "alice", **interaction("I live in Lisbon")},
+    )
+    assert captured.status_code == 201, captured.text
+    assert kernel.wait_until_caught_up(30)
+    clock = [1000.0]
+    monkeypatch.setattr(keys, "_monotonic", lambda: clock[0])
+    issuer = keys.create("app:planner", ["app", "operator"])
+    with httpx.Client(base_url=server.url, timeout=30) as user:
+        open_link(user, privacy_link(http, issuer.token, "alice"))
+        page = user.get("/privacy")
+        assert page.status_code == 200
+        waited = during_the_wait(
+            kernel, monkeypatch, revoke_elsewhere(settings, keys, issuer.info.key_id, clock)
+        )
+
+        refused = user.post(
+            "/privacy/consents/withdraw",
+            data={"csrf": csrf_of(page.text), "consent_id": consent_id, "erase": "1"},
+        )
+
+        assert waited == [True]
+        assert refused.status_code == 403, refused.text[-2000:]
+        actions = [e.entry["action"] for e in kernel.audit_log.entries()]
+        assert not [a for a in actions if "withdraw" in a or "eras" in a], actions
+        assert [c.consent_id for c in kernel.consents_in_force("alice")] == [consent_id]

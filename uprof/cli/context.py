@@ -80,7 +80,12 @@ def settings() -> Settings:
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as e:
-        problems = "; ".join(str(err["msg"]) for err in e.errors())
+        # Each problem names its setting as it is set (UPROF_<FIELD>): two settings may
+        # refuse the same text (the two rate limits), and a bare message names neither.
+        problems = "; ".join(
+            f"UPROF_{str(err['loc'][0]).upper()}: {err['msg']}" if err["loc"] else str(err["msg"])
+            for err in e.errors()
+        )
         err_console.print(f"[bold red]error:[/] configuration: {problems}", highlight=False)
         raise typer.Exit(2) from None
 

@@ -200,6 +200,12 @@ class WebPages:
 
     def need_user(self, request: Request) -> Session | HTMLResponse:
         session = self.user_session(request)
+        if session is not None:
+            # Counted first: a page over the limit asks no store (the subject's
+            # incarnation, the issuing key) before its 429.
+            refused = self._counted(request, session)
+            if refused is not None:
+                return refused
         if session is not None and not (
             self.same_incarnation(request, session.subject, session.incarnation)
             and self.issuer_live(request, session.key_id)
@@ -213,17 +219,24 @@ class WebPages:
                 "Sign-in needed",
                 "Open the sign-in link you were given to reach your privacy center.",
             )
-        return self._counted(request, session)
+        return session
 
-    def _counted(self, request: Request, session: Session) -> Session | HTMLResponse:
+    def _counted(self, request: Request, session: Session) -> HTMLResponse | None:
         """Count one page of the session against ``privacy_rate_limit`` (keyed by the link
         that opened it), or a 429 page that reads and records nothing: each page showing
         the subject's data appends an audit entry (decision 0102)."""
         limiter = _AppStores.of(request).limiter(self.runtime_of(request))
+        key = session.link_id or request.cookies.get(USER_COOKIE) or ""
+        return self._over_limit(request, limiter, key)
+
+    def _over_limit(
+        self, request: Request, limiter: KeyRateLimiter | None, key: str
+    ) -> HTMLResponse | None:
+        """Count one page for ``key``: None, or the 429 page (with ``Retry-After``)."""
         if limiter is None:
-            return session
+            return None
         try:
-            limiter.check(session.link_id or request.cookies.get(USER_COOKIE) or "")
+            limiter.check(key)
         except RateLimitedError as refused:
             response = self.message(
                 request,
@@ -234,7 +247,7 @@ class WebPages:
             )
             response.headers["Retry-After"] = str(refused.retry_after_s)
             return response
-        return session
+        return None
 
     def checked_user(self, request: Request, csrf: str) -> Session | HTMLResponse:
         session = self.need_user(request)
@@ -262,7 +275,12 @@ class WebPages:
         if not alive:
             self.sessions(request).drop(request.cookies.get(OPERATOR_COOKIE), "operator")
             return self.message(request, 403, "Forbidden", "Your API key is no longer valid.")
-        return session
+        # A console session is its key: its pages count against the key's REST allowance
+        # (``rate_limit``), or a page that signs in as the key would dodge it (review of
+        # 0108/0109: audit pages, each recorded, read without bound).
+        limiter = getattr(request.app.state, "rate_limiter", None)
+        refused = self._over_limit(request, limiter, session.key_id)
+        return refused or session
 
     def checked_operator(self, request: Request, csrf: str) -> Session | Response:
         session = self.need_operator(request)

@@ -159,7 +159,9 @@ def router(web: WebPages) -> APIRouter:
                 return web.message(
                     request, 404, "No such consent", "You gave no consent with that id."
                 )
-            door = user_door(runtime, session)
+            # With erase the withdrawal reads the consents through the views (a wait):
+            # the door asks again whether the link's issuer stands before it erases.
+            door = web.user_reader(request, session)
             result = runtime.call_waiting(
                 lambda: door.withdraw_consent(subject, consent_id, erase=bool(erase))
             )
