@@ -436,7 +436,7 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
                     "WHERE application_name = :n"
                 ),
                 {"n": name},
-            ).scalar()
+            ).scalar_one()
         return int(stands)
 
     def move_check_position(self, name: str, expected: int, to: int) -> bool:

@@ -18,14 +18,14 @@ Both backends.
 from __future__ import annotations
 
 import signal
-from datetime import UTC, datetime, timedelta
 import textwrap
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
 import pytest
 
-from tests.children import PythonChild
+from tests.children import PythonChild, run_python
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import consent, running, say, settings_for
@@ -35,7 +35,6 @@ from tests.kernel.test_capture_accepted_reconciled import (
     TEXTS,
     accepted,
 )
-from tests.children import run_python
 from uprof.kernel import Uprof
 from uprof.partitions import Partitioning
 from uprof.services.late_captures import LateCaptures
@@ -98,7 +97,9 @@ def killed_after_commit(backend: Backend, partitions: int) -> None:
             from tests.kernel.conftest import build_kernel, say, settings_for
 
             backend = Backend({backend.kind!r}, {backend.url!r}, Path({str(backend.data_dir)!r}))
-            settings = settings_for(backend).model_copy(update={{"worker_partitions": {partitions}}})
+            settings = settings_for(backend).model_copy(
+                update={{"worker_partitions": {partitions}}}
+            )
             kernel = build_kernel(settings, FakeClock())
             kernel.capture_service._audit.record_many = lambda *a, **k: os._exit(9)
             kernel.capture_many("alice", [say(t) for t in {list(TEXTS[:2])!r}])
@@ -204,4 +205,3 @@ def test_a_batch_failing_for_a_reason_of_its_own_holds_no_later_check(
         lost = [e for e in accepted(kernel) if e.get("reason_code") == LATE]
         assert [e["counts"] for e in lost] == [{"events": 2}]
         assert late.dropped == 1
-

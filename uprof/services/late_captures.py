@@ -174,6 +174,9 @@ class _Partition:
     #: The batch whose check failed last ((start, end)) and how many times in a row.
     stuck: tuple[int, int] | None = None
     stuck_failures: int = 0
+    #: A page read after this position was too young to check until this time: not
+    #: read again before (a page is decoded; another worker's batches wait the grace).
+    young: tuple[int, datetime] | None = None
 
 
 class LateCaptures:
@@ -373,9 +376,7 @@ class LateCaptures:
         later check (False: ``error`` is then the check's failure). A declared refusal
         is dropped at once; any other error is a store not answering, unless it keeps
         failing while the next batch is checked: then it fails for a reason of its own."""
-        declared = isinstance(error, UprofError) and not isinstance(
-            error, ConcurrencyConflictError
-        )
+        declared = isinstance(error, UprofError) and not isinstance(error, ConcurrencyConflictError)
         if not declared:
             with self._lock:
                 if part.stuck == (batch.start, batch.end):
@@ -422,6 +423,8 @@ class LateCaptures:
             return head if _older(head.captures, horizon) else None
         if bound <= after:
             return None
+        if part.young is not None and part.young[0] == after and horizon < part.young[1]:
+            return None  # read already: not old enough yet
         # Not in memory: read again from the log (after a restart, another process's
         # batches, or what went past the bound).
         pages[0] += 1
@@ -435,6 +438,9 @@ class LateCaptures:
         page = [n for n in read if n.id <= end and part.mine(n.originator_id)]
         captures = [_capture(n, self._app.decode(n)) for n in page]
         if not _older(captures, horizon):
+            newest = max(c.at for c in captures if c.at is not None)
+            with self._lock:
+                part.young = (after, newest)
             return None
         return _Batch(captures, after, end)
 
