@@ -59,7 +59,7 @@ def main(backend: str) -> dict[str, Any]:
             late._reconcile = timed
         moved = [0.0, 0]
         move = getattr(late, "_move", None)
-        if move is not None:
+        if late is not None and move is not None:
 
             def timed_move(*args: Any) -> None:
                 began = time.perf_counter()

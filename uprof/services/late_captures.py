@@ -59,12 +59,13 @@ _LOOK_BACK_PAGES = 16
 #: The wait before checking again after a check failed on a store that did not answer
 #: (n failures in a row): 1 s, doubling, at most a minute.
 _AFTER_FAILURE = Backoff(1.0, 60.0)
-#: Captures kept waiting at most while checks keep failing (about 0.4 KB each): past it,
-#: the oldest batches keep only their positions (one range for all of them, read again
-#: from the event log when checked), so no capture is dropped for the bound.
+#: Captures kept waiting in memory at most (about 0.4 KB each): past it, the oldest
+#: batches are let go from memory and read again from the event log when checked (the
+#: check position is still before them), so no capture is dropped for the bound.
 MAX_WAITING = 100_000
-#: Captures read again at once from the positions kept past ``MAX_WAITING``, and pages
-#: of them checked at most per ``check_due`` (the pipeline run goes on to projections).
+#: Captures read again at once from the log (what memory does not hold: after a restart,
+#: another process's batches, past ``MAX_WAITING``), and pages of them checked at most
+#: per ``check_due`` (the pipeline run goes on to projections).
 _SPILLED_PAGE = 1_000
 _SPILLED_PAGES_PER_CHECK = 10
 #: Checks failed in a row on one batch before the next batch is checked to tell a store
@@ -168,7 +169,10 @@ class _Partition:
     #: The furthest extraction position this process knows of (read once, then each
     #: batch's end): captures up to it and after ``checked`` are to be checked.
     extracted_to: int = 0
+    #: This process started the position (``begin``), or found it not started: read
+    #: again only at this process's first batch of the partition.
     started: bool = False
+    absent: bool = False
     #: Committed batches not yet checked, oldest first (bounded: ``max_waiting``).
     batches: deque[_Batch] = field(default_factory=deque)
     #: The batch whose check failed last ((start, end)) and how many times in a row.
@@ -269,7 +273,7 @@ class LateCaptures:
             return
         at = self._app.start_check_position(part.row, start)
         with self._lock:
-            part.started = True
+            part.started, part.absent = True, False
             if part.checked is None:
                 part.checked = at
 
@@ -336,9 +340,14 @@ class LateCaptures:
 
     def _check_partition(self, part: _Partition, horizon: datetime, pages: list[int]) -> None:
         if part.checked is None:
+            if part.absent:
+                return
             at = self._app.check_position(part.row)
             if at is None:
-                return  # not started: nothing extracted since check positions exist
+                # Not started: nothing extracted since check positions exist (or another
+                # process started it since: this one's first batch of it reads it).
+                part.absent = True
+                return
             extracted_to = self._app.tracking_position(part.extraction)
             with self._lock:
                 part.checked = at
