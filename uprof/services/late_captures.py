@@ -175,8 +175,8 @@ class _Partition:
     absent: bool = False
     #: Committed batches not yet checked, oldest first (bounded: ``max_waiting``).
     batches: deque[_Batch] = field(default_factory=deque)
-    #: The batch whose check failed last ((start, end)) and how many times in a row.
-    stuck: tuple[int, int] | None = None
+    #: Where the batch whose check failed last starts, and how many times in a row.
+    stuck: int | None = None
     stuck_failures: int = 0
     #: A page read after this position was too young to check until this time: not
     #: read again before (a page is decoded; another worker's batches wait the grace).
@@ -388,10 +388,10 @@ class LateCaptures:
         declared = isinstance(error, UprofError) and not isinstance(error, ConcurrencyConflictError)
         if not declared:
             with self._lock:
-                if part.stuck == (batch.start, batch.end):
+                if part.stuck == batch.start:
                     part.stuck_failures += 1
                 else:
-                    part.stuck, part.stuck_failures = (batch.start, batch.end), 1
+                    part.stuck, part.stuck_failures = batch.start, 1
                 failures = part.stuck_failures
             if failures < _OWN_FAILURE_AFTER:
                 return False
@@ -458,7 +458,7 @@ class LateCaptures:
         with self._lock:
             while part.batches and part.batches[0].end <= moved:
                 part.batches.popleft()
-            if part.stuck is not None and part.stuck[1] <= moved:
+            if part.stuck is not None and part.stuck < moved:
                 part.stuck, part.stuck_failures = None, 0
             self._failed_in_a_row = 0
             self._retry_at = None
