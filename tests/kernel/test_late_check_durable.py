@@ -205,3 +205,33 @@ def test_a_batch_failing_for_a_reason_of_its_own_holds_no_later_check(
         lost = [e for e in accepted(kernel) if e.get("reason_code") == LATE]
         assert [e["counts"] for e in lost] == [{"events": 2}]
         assert late.dropped == 1
+
+
+def test_memory_stays_bounded_within_the_grace_and_nothing_is_lost(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """The bound holds while checks succeed too (a flood within the grace): past it the
+    oldest batches are let go from memory and read again from the log once old enough,
+    so the lost request among them is still named, once."""
+    settings = settings_for(backend).model_copy(update={"projection_batch_size": 2})
+    with running(settings, clock) as kernel:
+        consent(kernel, "alice")
+        consent(kernel, "bob")
+        late = kernel.extraction.late_captures
+        assert isinstance(late, LateCaptures)
+        late.max_waiting = 2
+        killed_after_commit(backend, 1)  # alice's request, lost
+        for n in range(6):
+            kernel.capture("bob", say(f"I collect stamp number {n}"))
+            kernel.process()
+            assert late.waiting <= 2
+        assert accepted(kernel) and not [
+            e for e in accepted(kernel) if e.get("reason_code") == LATE
+        ]  # within the grace: nothing checked yet
+        when = datetime.now(UTC) + timedelta(seconds=120)
+        late._now = lambda: when  # type: ignore[method-assign]
+        kernel.process()
+        kernel.process()
+        lost = [e for e in accepted(kernel) if e.get("reason_code") == LATE]
+        assert [e["counts"] for e in lost] == [{"events": 2}]
+        assert late.waiting == 0 and late.dropped == 0
