@@ -10,6 +10,10 @@ checked inside the measured run (the default waits 60 s, after the run):
   batch checks about 13 subjects and cuts one or two requests, which costs a look-ahead);
 - ``check_ms_per_batch``: on code that has the check, the time ``LateCaptures`` spent
   per checked batch in the second run (None on older code).
+- ``move_ms_per_check`` and ``moves``: on code whose check has a durable position
+  (decision 0112-late-check-durable), the time spent saving it per save, and how many
+  saves the second run made (one per pipeline run that checked something; None on
+  older code).
 
 Prints one JSON line. Interleave rounds with a checkout of older code by running this
 file (by its path: older trees lack it) with ``PYTHONPATH`` set to each tree in turn,
@@ -53,6 +57,19 @@ def main(backend: str) -> dict[str, Any]:
                     spent[1] += 1
 
             late._reconcile = timed
+        moved = [0.0, 0]
+        move = getattr(late, "_move", None)
+        if late is not None and move is not None:
+
+            def timed_move(*args: Any) -> None:
+                began = time.perf_counter()
+                try:
+                    move(*args)
+                finally:
+                    moved[0] += time.perf_counter() - began
+                    moved[1] += 1
+
+            late._move = timed_move
         began = time.perf_counter()
         k.process()
         out["pipeline_many_events_per_s"] = round(2_000 / (time.perf_counter() - began), 1)
@@ -61,6 +78,10 @@ def main(backend: str) -> dict[str, Any]:
         )
         out["checked_batches"] = spent[1] if late is not None else None
         out["recorded_late"] = getattr(late, "recorded", None)
+        out["move_ms_per_check"] = (
+            round(1000 * moved[0] / moved[1], 3) if move is not None and moved[1] else None
+        )
+        out["moves"] = moved[1] if move is not None else None
     return out
 
 

@@ -406,6 +406,50 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
     def tracking_position(self, name: str) -> int:
         return self.process_recorder.max_tracking_id(name) or 0
 
+    # Check positions: rows of the library's tracking table beside the worker positions
+    # (single-row tracking: one row per name), named by their owner, so
+    # no migration: the table is the library's and a row is only added.
+
+    def check_position(self, name: str) -> int | None:
+        with self.events_engine.connect() as conn:
+            at = conn.execute(
+                sa.text(
+                    f"SELECT notification_id FROM {self._tracking_table()} "
+                    "WHERE application_name = :n"
+                ),
+                {"n": name},
+            ).scalar()
+        return None if at is None else int(at)
+
+    def start_check_position(self, name: str, at: int) -> int:
+        with self.events_engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    f"INSERT INTO {self._tracking_table()} (application_name, notification_id) "
+                    "VALUES (:n, :at) ON CONFLICT (application_name) DO NOTHING"
+                ),
+                {"n": name, "at": at},
+            )
+            stands = conn.execute(
+                sa.text(
+                    f"SELECT notification_id FROM {self._tracking_table()} "
+                    "WHERE application_name = :n"
+                ),
+                {"n": name},
+            ).scalar_one()
+        return int(stands)
+
+    def move_check_position(self, name: str, expected: int, to: int) -> bool:
+        with self.events_engine.begin() as conn:
+            moved = conn.execute(
+                sa.text(
+                    f"UPDATE {self._tracking_table()} SET notification_id = :to "
+                    "WHERE application_name = :n AND notification_id = :expected"
+                ),
+                {"n": name, "expected": expected, "to": to},
+            )
+        return bool(moved.rowcount)
+
     def drop_snapshots(self, stream_id: UUID) -> int:
         """Delete a stream's snapshot rows: a snapshot is a cache of state that may hold
         content an erasure just shredded. Returns how many rows went."""

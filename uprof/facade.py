@@ -1420,9 +1420,11 @@ class Facade:
             return self._kernel.retry_quarantined(capture_ids)
 
     def process(self) -> int:
+        """Extract and project up to the log's end as it is now; what is appended
+        meanwhile is left to the running workers (``Uprof.process_to_log_end``)."""
         self._authorize_operator("operate", CATEGORIES, OPERATIONS_PURPOSE)
         with self._as_principal():
-            return self._kernel.process()
+            return self._kernel.process_to_log_end()
 
     def rebuild(self, progress: Callable[[int, int], None] | None = None) -> int:
         self._authorize_operator("operate", CATEGORIES, OPERATIONS_PURPOSE)

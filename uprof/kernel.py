@@ -1100,6 +1100,27 @@ class Uprof:
                 if extracted == 0 and projected == 0:
                     return total
 
+    def process_to_log_end(self) -> int:
+        """``uprof projections run``: extract and project up to the log's end as it is
+        when this starts, and leave what is appended meanwhile to the running workers
+        (the server's, ``uprof worker``), as a rebuild does (decision
+        0108-rebuild-beside-live-traffic). Captures up to there are extracted unless
+        another process's worker or captures keep winning the race for them (then that
+        worker extracts them: an ``INFO`` line); the views are then projected up to the
+        log's end after that extraction (its own events included). ``process`` runs
+        until both are idle, which beside a live server never happens: it failed (exit
+        6) on the lost races (decision 0112-late-check-durable)."""
+        self.forget_erased_elsewhere()
+        with self._process_lock:
+            try:
+                self.extraction.run_until(self.app.max_notification_id())
+            except ConcurrencyConflictError:
+                _log.info(
+                    "projections run: extraction lost the race to another process; "
+                    "its captures are left to the running workers"
+                )
+            return self.projections.run_until(self.app.max_notification_id())
+
     def process_once(self) -> int:
         """One batch of extraction, then one of projection, per partition this process
         runs; returns how many notifications they consumed (0: caught up).

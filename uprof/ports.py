@@ -271,6 +271,20 @@ class EventStore(Protocol):
         """Where the named worker position stands (0: never saved)."""
         ...
 
+    def check_position(self, name: str) -> int | None:
+        """Where the named check position stands (None: never started). Check positions
+        sit beside the worker positions (the late ``capture.accepted`` check's)."""
+        ...
+
+    def start_check_position(self, name: str, at: int) -> int:
+        """Start the named check position at ``at`` unless it has started; where it stands."""
+        ...
+
+    def move_check_position(self, name: str, expected: int, to: int) -> bool:
+        """Move the named check position from ``expected`` to ``to`` (compare-and-set,
+        across processes); False when it stands elsewhere (another process moved it)."""
+        ...
+
     def drop_snapshots(self, stream_id: UUID) -> int:
         """Delete a stream's snapshots; returns how many went."""
         ...

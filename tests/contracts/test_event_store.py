@@ -185,6 +185,23 @@ class EventStoreContract:
         events.save_tracked([events.load(profile.id)], GuardedTracking("worker", 5, expected=2))
         assert events.tracking_position("worker") == 5
 
+    def test_a_check_position_starts_once_and_moves_only_from_where_it_stands(
+        self, stores: Stores
+    ) -> None:
+        """The late check's position beside a worker's (decision 0112-late-check-durable):
+        started once (a second start keeps it), moved by compare-and-set, apart from
+        the worker positions; durable (another store object on the same database)."""
+        events = stores.events()
+        assert events.check_position("check:worker") is None
+        assert events.start_check_position("check:worker", 4) == 4
+        assert events.start_check_position("check:worker", 9) == 4  # started already
+        assert events.move_check_position("check:worker", 4, 7) is True
+        assert events.move_check_position("check:worker", 4, 8) is False  # moved meanwhile
+        assert events.check_position("check:worker") == 7
+        assert events.tracking_position("worker") == 0  # a row of its own
+        events.save_tracked([], GuardedTracking("worker", 3, expected=0))
+        assert events.check_position("check:worker") == 7
+
     def test_catch_up_brings_a_stale_copy_to_the_head(self, stores: Stores) -> None:
         events = stores.events()
         profile = new_subject(stores)

@@ -45,6 +45,8 @@ class InMemoryEventStore(ProfilesApplication):
         # the library application with in-memory persistence.
         self._keystore = keystore
         self._writer_turns = [threading.RLock() for _ in range(WRITER_STRIPES)]
+        self._checks: dict[str, int] = {}
+        self._check_lock = threading.Lock()
         ConflictsAsDomainErrors.__init__(self, {"PERSISTENCE_MODULE": "eventsourcing.popo"})
 
     def construct_recorder(self) -> ProcessRecorder:
@@ -83,6 +85,21 @@ class InMemoryEventStore(ProfilesApplication):
 
     def claim_partitioning(self, count: int) -> None:
         raise NotImplementedError("not part of the EventStore port (bootstrap's partitions)")
+
+    def check_position(self, name: str) -> int | None:
+        with self._check_lock:
+            return self._checks.get(name)
+
+    def start_check_position(self, name: str, at: int) -> int:
+        with self._check_lock:
+            return self._checks.setdefault(name, at)
+
+    def move_check_position(self, name: str, expected: int, to: int) -> bool:
+        with self._check_lock:
+            if self._checks.get(name) != expected:
+                return False
+            self._checks[name] = to
+            return True
 
     def snapshot_count(self, stream_id: UUID) -> int:
         """How many snapshots the stream has (for tests)."""

@@ -128,6 +128,22 @@ def test_two_workers_record_it_once(backend: Backend, kernel: Uprof) -> None:
     assert exported_trail_verifies(kernel)
 
 
+def checked_alone(kernel: Uprof, n: Any) -> None:
+    """One capture checked as a batch of one by a worker of its own (its own position,
+    started just before the capture): the checks of two workers in any order."""
+    late = LateCaptures(
+        kernel.app,
+        kernel.audit_log,
+        kernel.audit,
+        kernel.keystore.subjects_of_streams,
+        grace_s=0,
+    )
+    position = f"test-worker-{n.id}"
+    late.follow(position, lambda _stream: True)
+    late.begin(position, n.id - 1)
+    late.extracted([(n, kernel.app.decode(n))], n.id, extraction=position, start=n.id - 1)
+
+
 def test_the_batch_holding_the_requests_end_checked_first_names_it_whole(
     backend: Backend, kernel: Uprof
 ) -> None:
@@ -140,15 +156,8 @@ def test_the_batch_holding_the_requests_end_checked_first_names_it_whole(
     killed_after_commit(backend, TEXTS[:2])
     first, second = kernel.app.notifications_after(0, 1000, topics=(CAPTURED_TOPIC,))
     assert (second.id, second.originator_version) == (first.id + 1, first.originator_version + 1)
-    late = LateCaptures(
-        kernel.app,
-        kernel.audit_log,
-        kernel.audit,
-        kernel.keystore.subjects_of_streams,
-        grace_s=0,
-    )
-    late.extracted([(second, kernel.app.decode(second))], second.id)
-    late.extracted([(first, kernel.app.decode(first))], first.id)
+    checked_alone(kernel, second)
+    checked_alone(kernel, first)
     (entry,) = accepted(kernel)
     assert (entry["reason_code"], entry["counts"]) == (LATE, {"events": 2})
     assert entry["notification_id"] == second.id
@@ -165,15 +174,8 @@ def test_the_look_back_stops_at_the_request_before_on_the_log(
     killed_after_commit(backend, TEXTS[:2])
     recorded, first, second = kernel.app.notifications_after(0, 1000, topics=(CAPTURED_TOPIC,))
     assert (second.id, first.id) == (first.id + 1, recorded.id + 1)  # one run of positions
-    late = LateCaptures(
-        kernel.app,
-        kernel.audit_log,
-        kernel.audit,
-        kernel.keystore.subjects_of_streams,
-        grace_s=0,
-    )
     for n in (second, first, recorded):
-        late.extracted([(n, kernel.app.decode(n))], n.id)
+        checked_alone(kernel, n)
     entries = accepted(kernel)
     assert [e.get("reason_code") for e in entries] == [None, LATE]
     assert (entries[1]["counts"], entries[1]["notification_id"]) == ({"events": 2}, second.id)

@@ -23,6 +23,7 @@ import threading
 from collections import Counter
 
 import httpx
+import pytest
 
 from benchmarks.reliability import (
     PLANNER,
@@ -64,7 +65,7 @@ def slow(self, capture):
 RuleBasedExtractor.extract = slow
 from uprof.cli.main import app
 
-sys.argv = ["uprof", "projections", "rebuild"]
+sys.argv = ["uprof", "projections", sys.argv[1]]
 app()
 """
 
@@ -82,7 +83,16 @@ def _cli_env(target: Target) -> dict[str, str]:
     return env
 
 
-def test_a_rebuild_beside_a_live_server_under_captures(target: Target) -> None:
+@pytest.mark.parametrize(
+    ("command", "seed"),
+    # ``projections run`` needs no seed (no reset): the cost stays small.
+    [("rebuild", SEED), ("run", 0)],
+)
+def test_a_rebuild_beside_a_live_server_under_captures(
+    target: Target, command: str, seed: int
+) -> None:
+    """Also ``uprof projections run`` ("catch up now"), which ran extraction until idle
+    and failed the same way (exit 6): now it stops where the log ended at its start."""
     from uprof.api import ApiKeyStore
 
     with kernel_on(target) as kernel:
@@ -94,7 +104,7 @@ def test_a_rebuild_beside_a_live_server_under_captures(target: Target) -> None:
             kernel.capture(
                 SEEDED[n % len(SEEDED)], interaction(f"I want to try seed marker {n}")
             ).capture_id
-            for n in range(SEED)
+            for n in range(seed)
         ]
         kernel.process()
     keys = ApiKeyStore.open(make_settings(target))
@@ -145,7 +155,7 @@ def test_a_rebuild_beside_a_live_server_under_captures(target: Target) -> None:
         with lock:
             before = len(acked)
         rebuild = subprocess.run(
-            [sys.executable, "-c", REBUILD],
+            [sys.executable, "-c", REBUILD, command],
             env=_cli_env(target),
             capture_output=True,
             text=True,

@@ -383,7 +383,8 @@ def _expand_item(d: Facade, subject: str, prefix: str) -> str:
 
 @projections_app.command("run")
 def projections_run() -> None:
-    """Extract and project everything not yet processed."""
+    """Extract and project what the log holds now (what is appended meanwhile is left
+    to the running workers, as a rebuild does)."""
     with door() as d:
         console.print(f"processed {d.process()} notifications")
 

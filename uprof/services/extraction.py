@@ -179,6 +179,9 @@ class ExtractionWorker:
         self._tenants_of = tenants_of
         self._partitioning = partitioning or Partitioning()
         self._owned = owned_or_all(self._partitioning, partitions)
+        if late_captures is not None:
+            for k in self._owned:
+                late_captures.follow(self.tracking_name(k), self._partition_test(k))
         #: Batches that lost the race to another worker (re-read and redone).
         self.moved_conflicts = 0
         #: Told of the captures a committed batch quarantined (audit and log: the
@@ -187,6 +190,9 @@ class ExtractionWorker:
         #: Captures of the batch in hand whose extraction gave up: a batch redone after a
         #: lost race does not ask the extractor again (cleared when the partition's run ends).
         self._failures: dict[str, Failure] = {}
+
+    def _partition_test(self, k: int) -> Callable[[Any], bool]:
+        return lambda stream_id: self._partitioning.of(stream_id) == k
 
     @property
     def partitions(self) -> tuple[int, ...]:
@@ -273,6 +279,9 @@ class ExtractionWorker:
         )
         if not notifications:
             return 0
+        if self._late is not None:
+            # What this batch commits is to be checked, even by another process.
+            self._late.begin(self.tracking_name(k), start)
         with telemetry.span(
             "uprof.extraction.batch", partition=k, notifications=len(notifications)
         ) as traced:
@@ -335,7 +344,9 @@ class ExtractionWorker:
             with telemetry.span("uprof.extraction.save", subjects=len(profiles)):
                 self._app.save_tracked(profiles, tracking)
         if self._late is not None:
-            self._late.extracted(captured, notifications[-1].id)
+            self._late.extracted(
+                captured, notifications[-1].id, extraction=self.tracking_name(k), start=start
+            )
         if quarantined:
             self.on_quarantined(quarantined)
         if refused and self._erased_items is not None:

@@ -32,7 +32,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -59,14 +59,20 @@ _LOOK_BACK_PAGES = 16
 #: The wait before checking again after a check failed on a store that did not answer
 #: (n failures in a row): 1 s, doubling, at most a minute.
 _AFTER_FAILURE = Backoff(1.0, 60.0)
-#: Captures kept waiting at most while checks keep failing (about 0.4 KB each): past it,
-#: the oldest batches keep only their positions (one range for all of them, read again
-#: from the event log when checked), so no capture is dropped for the bound.
+#: Captures kept waiting in memory at most (about 0.4 KB each): past it, the oldest
+#: batches are let go from memory and read again from the event log when checked (the
+#: check position is still before them), so no capture is dropped for the bound.
 MAX_WAITING = 100_000
-#: Captures read again at once from the positions kept past ``MAX_WAITING``, and pages
-#: of them checked at most per ``check_due`` (the pipeline run goes on to projections).
+#: Captures read again at once from the log (what memory does not hold: after a restart,
+#: another process's batches, past ``MAX_WAITING``), and pages of them checked at most
+#: per ``check_due`` (the pipeline run goes on to projections).
 _SPILLED_PAGE = 1_000
 _SPILLED_PAGES_PER_CHECK = 10
+#: Checks failed in a row on one batch before the next batch is checked to tell a store
+#: not answering from a failure of the batch's own (which then drops it).
+_OWN_FAILURE_AFTER = 3
+#: The check positions' names: this prefix and the extraction position's name.
+CHECK_ROW_PREFIX = "uprof.late-check:"
 
 
 @dataclass(frozen=True)
@@ -138,6 +144,45 @@ def _capture(notification: Any, event: Any) -> _Capture:
     )
 
 
+@dataclass
+class _Batch:
+    """Captures of one partition to check: those after ``start`` up to ``end`` (both log
+    positions), from a committed batch kept in memory or read again from the log."""
+
+    captures: list[_Capture]
+    start: int
+    end: int
+
+
+@dataclass
+class _Partition:
+    """One extraction position this process follows, with its check position."""
+
+    #: The extraction position's name, and the check position's (a row beside it).
+    extraction: str
+    row: str
+    #: Whether a notification's subject (its originator id) is of this partition.
+    mine: Callable[[Any], bool]
+    #: Where the check position stands as this process last saw it (None: not read yet,
+    #: or never started).
+    checked: int | None = None
+    #: The furthest extraction position this process knows of (read once, then each
+    #: batch's end): captures up to it and after ``checked`` are to be checked.
+    extracted_to: int = 0
+    #: This process started the position (``begin``), or found it not started: read
+    #: again only at this process's first batch of the partition.
+    started: bool = False
+    absent: bool = False
+    #: Committed batches not yet checked, oldest first (bounded: ``max_waiting``).
+    batches: deque[_Batch] = field(default_factory=deque)
+    #: Where the batch whose check failed last starts, and how many times in a row.
+    stuck: int | None = None
+    stuck_failures: int = 0
+    #: A page read after this position was too young to check until this time: not
+    #: read again before (a page is decoded; another worker's batches wait the grace).
+    young: tuple[int, datetime] | None = None
+
+
 class LateCaptures:
     """The extraction worker's check that each request it extracted is on the audit log.
 
@@ -148,7 +193,16 @@ class LateCaptures:
     ``AuditStore.holding`` over the batch's subjects and capture positions. Entries go
     out as the pipeline's (no principal) with the subject's own tenant. Subjects erased
     since are skipped: their pseudonym is gone with them, and their erasure's entries are
-    what the log says of their data (decision 0101-capture-accepted-reconciled)."""
+    what the log says of their data (decision 0101-capture-accepted-reconciled).
+
+    What is still to be checked is durable (decision 0112-late-check-durable): each
+    extraction position has a check position beside it (``check_row``), and every
+    capture of its partition after it, up to the extraction position, is still to be
+    checked, whichever process extracted it. Batches in memory spare the log a read;
+    what memory does not hold (after a restart, another process's batches, what went
+    past the bound) is read again from the log, a page at a time. The position moves
+    by compare-and-set once what precedes it is checked, so a process killed at any
+    point leaves its unchecked captures to the next one that runs the partition."""
 
     def __init__(
         self,
@@ -168,164 +222,268 @@ class LateCaptures:
         self._grace = timedelta(seconds=grace_s)
         #: Wall clock, as the events' timestamps are (not the deployment's clock).
         self._now = now
-        #: Committed batches not yet checked: (captures, the batch's last notification id).
-        self._waiting: deque[tuple[list[_Capture], int]] = deque()
+        #: The extraction positions followed, by name (``follow``).
+        self._parts: dict[str, _Partition] = {}
         self._lock = threading.Lock()
+        #: One check at a time in this process (a second caller returns at once).
+        self._checking = threading.Lock()
         #: Requests this process recorded late (a count for tests and telemetry).
         self.recorded = 0
         #: Checks that failed (``uprof_late_capture_check_failures_total``).
         self.failures = 0
-        #: Captures dropped unchecked, each refused by the audit log
-        #: (``uprof_late_captures_unchecked_total``).
+        #: Captures dropped unchecked, each refused by the audit log or failing on its
+        #: own (``uprof_late_captures_unchecked_total``).
         self.dropped = 0
-        #: Captures kept waiting at most (``MAX_WAITING``).
+        #: Captures kept waiting in memory at most (``MAX_WAITING``).
         self.max_waiting = MAX_WAITING
-        #: Batches past ``max_waiting`` while checks fail, kept as their positions only:
-        #: the captures after the first and up to the second (None: none).
-        self._spilled: tuple[int, int] | None = None
         self._failed_in_a_row = 0
         #: No check before this time (a check failed; None: none failing).
         self._retry_at: datetime | None = None
 
     @property
     def waiting(self) -> int:
-        """Captures extracted and not yet checked: ``grace_s`` of them, more while checks
-        fail (at most ``max_waiting``)."""
-        return sum(len(c) for c, _ in self._waiting)
+        """Captures extracted and held in memory not yet checked: ``grace_s`` of them,
+        more while checks fail (at most ``max_waiting``)."""
+        with self._lock:
+            return self._held_in_memory()
 
-    def extracted(self, captured: Sequence[tuple[Any, Any]], batch_end: int) -> None:
-        """A committed batch's ``(notification, event)`` captures: checked now if they are
-        old enough, else by a later ``check_due``. ``batch_end``: the batch's last
-        notification id (a run ending there may go on in the next batch). Never raises."""
-        if captured:
-            with self._lock:
-                self._waiting.append(([_capture(n, e) for n, e in captured], batch_end))
-                # Bounded while checks fail (and until what they left is checked): else
-                # the grace bounds it. Past the bound
-                # the oldest batches keep their positions only (read again when checked):
-                # dropping them would lose the very requests an outage of the audit store
-                # leaves off the log, to anyone who captures enough meanwhile.
-                bounded = self._failed_in_a_row or self._spilled is not None
-                over = self.waiting - self.max_waiting if bounded else 0
-                spilled = 0
-                while over > 0 and len(self._waiting) > 1:
-                    oldest, end = self._waiting.popleft()
-                    over -= len(oldest)
-                    spilled += len(oldest)
-                    after = min(c.nid for c in oldest) - 1
-                    if self._spilled is not None:
-                        after, end = min(after, self._spilled[0]), max(end, self._spilled[1])
-                    self._spilled = (after, end)
-            if spilled:
-                _log.warning(
-                    "%d extracted captures past the bound of %d kept as positions only "
-                    "(read again when checked): checks have failed %d times in a row",
-                    spilled,
-                    self.max_waiting,
-                    self._failed_in_a_row,
-                )
+    def _held_in_memory(self) -> int:
+        return sum(len(b.captures) for p in self._parts.values() for b in p.batches)
+
+    @staticmethod
+    def check_row(extraction: str) -> str:
+        """The check position's name beside an extraction position's."""
+        return f"{CHECK_ROW_PREFIX}{extraction}"
+
+    def follow(self, extraction: str, mine: Callable[[Any], bool]) -> None:
+        """Check the captures extracted at the position named ``extraction``; ``mine``
+        tells a notification's originator id of that partition. The extraction worker
+        calls it for each partition it runs."""
+        with self._lock:
+            if extraction not in self._parts:
+                self._parts[extraction] = _Partition(extraction, self.check_row(extraction), mine)
+
+    def begin(self, extraction: str, start: int) -> None:
+        """Before a partition's first batch in this process (``start``: the position it
+        starts from): start the check position there unless it has started (a database
+        whose workers ran before check positions existed starts from its first batch
+        since). A write once per partition and process; raises what the store raises."""
+        part = self._parts[extraction]
+        if part.started:
+            return
+        at = self._app.start_check_position(part.row, start)
+        with self._lock:
+            part.started, part.absent = True, False
+            if part.checked is None:
+                part.checked = at
+
+    def extracted(
+        self, captured: Sequence[tuple[Any, Any]], batch_end: int, *, extraction: str, start: int
+    ) -> None:
+        """A committed batch's ``(notification, event)`` captures of the partition named
+        ``extraction``, read after ``start``: checked now if they are old enough, else by
+        a later ``check_due``. ``batch_end``: the batch's last notification id (a run
+        ending there may go on in the next batch). Never raises."""
+        part = self._parts[extraction]
+        spilled = 0
+        with self._lock:
+            part.extracted_to = max(part.extracted_to, batch_end)
+            part.batches.append(_Batch([_capture(n, e) for n, e in captured], start, batch_end))
+            # Bounded: past the bound (checks failing, or more captures than it within
+            # the grace) the oldest batches are let go from memory: the check position
+            # is still before them, so they are read again from the log when checked
+            # (nothing is dropped for the bound: decision 0107).
+            over = self._held_in_memory() - self.max_waiting
+            while over > 0:
+                fullest = max(self._parts.values(), key=lambda p: len(p.batches))
+                if len(fullest.batches) <= 1:
+                    break
+                oldest = fullest.batches.popleft()
+                over -= len(oldest.captures)
+                spilled += len(oldest.captures)
+        if spilled:
+            _log.warning(
+                "%d extracted captures past the bound of %d kept as positions only "
+                "(read again when checked): checks have failed %d times in a row",
+                spilled,
+                self.max_waiting,
+                self._failed_in_a_row,
+            )
         self.check_due()
 
     def check_due(self) -> None:
-        """Check the waiting batches whose newest capture is ``grace_s`` old. Never raises:
-        the extraction committed, and this check is the batch's only one, so a check that
-        fails on a store not answering (a driver error, a busy store) keeps its batch and
-        is tried again after a back-off (``failures`` counts it, a warning names its
-        class); only a declared refusal (another ``UprofError``) drops the batch, logged."""
+        """Check, partition by partition, the captures after the check position whose
+        newest is ``grace_s`` old, and move the position over them. Never raises: the
+        extraction committed, so a check that fails on a store not answering (a driver
+        error, a busy store) is tried again after a back-off (``failures`` counts it, a
+        warning names its class); a declared refusal (another ``UprofError``) drops its
+        batch, logged; a batch that keeps failing while the next one is checked fails
+        for a reason of its own and is dropped, logged, so it holds no later check."""
         now = self._now()
-        horizon = now - self._grace
-        pages = 0
-        while True:
-            with self._lock:
-                if self._retry_at is not None and now < self._retry_at:
-                    return
-                spilled = self._spilled
-                if spilled is None and (
-                    not self._waiting or not _older(self._waiting[0][0], horizon)
-                ):
-                    return
-                batch = self._waiting[0] if spilled is None else None
-                paged = spilled is not None
-            token = acting_principal.set(None)  # the pipeline's entry, whoever drives it
-            try:
-                if batch is None:
-                    # The oldest captures, kept as positions: one page of them read again.
-                    pages += 1
-                    if pages > _SPILLED_PAGES_PER_CHECK:
-                        return  # the rest at the next run
-                    batch = self._read_spilled(horizon)
-                    if batch is None:
-                        if self._spilled is None:  # none left: the waiting batches' turn
-                            continue
-                        return  # not grace_s old yet
-                self._reconcile(*batch)
-            except Exception as error:  # the worker goes on; counted and logged
-                if (
-                    batch is not None
-                    and isinstance(error, UprofError)
-                    and not isinstance(error, ConcurrencyConflictError)
-                ):
-                    self._done(batch, dropped=True, paged=paged)
-                    _log.error(
-                        "could not check %d captures against the audit log (%s): dropped",
-                        len(batch[0]),
-                        type(error).__name__,
-                    )
-                    continue
-                self._failed(error, now)
-                return
-            finally:
-                acting_principal.reset(token)
-            self._done(batch, paged=paged)
-
-    def _done(
-        self, batch: tuple[list[_Capture], int], *, dropped: bool = False, paged: bool = False
-    ) -> None:
-        """The batch at the head is checked (or dropped): the next one's turn."""
         with self._lock:
-            if not paged and self._waiting and self._waiting[0] is batch:
-                self._waiting.popleft()
-            elif paged and self._spilled is not None:
-                # A page of the spilled positions: what is left starts after it.
-                after = max(self._spilled[0], batch[1])
-                self._spilled = None if after >= self._spilled[1] else (after, self._spilled[1])
-            if dropped:
-                self.dropped += len(batch[0])
+            if self._retry_at is not None and now < self._retry_at:
+                return
+        if not self._checking.acquire(blocking=False):
+            return  # another thread of this process is checking
+        token = acting_principal.set(None)  # the pipeline's entry, whoever drives it
+        try:
+            pages = [0]
+            for part in list(self._parts.values()):
+                try:
+                    self._check_partition(part, now - self._grace, pages)
+                except Exception as error:  # the worker goes on; counted and logged
+                    self._failed(error, now)
+                    return
+        finally:
+            acting_principal.reset(token)
+            self._checking.release()
+
+    def _check_partition(self, part: _Partition, horizon: datetime, pages: list[int]) -> None:
+        if part.checked is None:
+            if part.absent:
+                return
+            at = self._app.check_position(part.row)
+            if at is None:
+                # Not started: nothing extracted since check positions exist (or another
+                # process started it since: this one's first batch of it reads it).
+                part.absent = True
+                return
+            extracted_to = self._app.tracking_position(part.extraction)
+            with self._lock:
+                part.checked = at
+                part.extracted_to = max(part.extracted_to, extracted_to)
+        start = moved = part.checked
+        try:
+            while True:
+                batch = self._next(part, moved, horizon, pages)
+                if batch is None:
+                    return
+                try:
+                    self._check(batch)
+                except Exception as error:
+                    if not self._set_aside(part, batch, error, horizon, pages):
+                        raise
+                moved = batch.end
+                self._passed(part, moved)
+        finally:
+            if moved != start:
+                self._move(part, start, moved)
+
+    def _check(self, batch: _Batch) -> None:
+        if batch.captures:
+            self._reconcile(batch.captures, batch.end)
+
+    def _set_aside(
+        self,
+        part: _Partition,
+        batch: _Batch,
+        error: BaseException,
+        horizon: datetime,
+        pages: list[int],
+    ) -> bool:
+        """Whether a batch whose check raised ``error`` is dropped (True) or kept for a
+        later check (False: ``error`` is then the check's failure). A declared refusal
+        is dropped at once; any other error is a store not answering, unless it keeps
+        failing while the next batch is checked: then it fails for a reason of its own."""
+        declared = isinstance(error, UprofError) and not isinstance(error, ConcurrencyConflictError)
+        if not declared:
+            with self._lock:
+                if part.stuck == batch.start:
+                    part.stuck_failures += 1
+                else:
+                    part.stuck, part.stuck_failures = batch.start, 1
+                failures = part.stuck_failures
+            if failures < _OWN_FAILURE_AFTER:
+                return False
+            # The next batch answers the question: checked, the store answers.
+            probe = self._next(part, batch.end, horizon, pages)
+            if probe is None:
+                return False
+            self._check(probe)  # raises: the store does not answer (backing off)
+            try:
+                self._check(batch)  # once more, the store answering
+                return True  # the store was back: checked after all
+            except Exception as again:
+                error = again
+        with self._lock:
+            self.dropped += len(batch.captures)
+            part.stuck, part.stuck_failures = None, 0
+        _log.error(
+            "could not check %d captures against the audit log (%s; log positions %d to "
+            "%d): dropped",
+            len(batch.captures),
+            type(error).__name__,
+            batch.start + 1,
+            batch.end,
+        )
+        return True
+
+    def _next(
+        self, part: _Partition, after: int, horizon: datetime, pages: list[int]
+    ) -> _Batch | None:
+        """The partition's next captures to check after position ``after``, if their
+        newest is ``grace_s`` old: the batch in memory that starts there, else a page of
+        the log up to the next batch in memory (or to the furthest extraction position
+        known). None: nothing due. Raises what the event store raises."""
+        with self._lock:
+            head = next((b for b in part.batches if b.end > after), None)
+            bound = part.extracted_to if head is None else head.start
+        if head is not None and head.start <= after:
+            return head if _older(head.captures, horizon) else None
+        if bound <= after:
+            return None
+        if part.young is not None and part.young[0] == after and horizon < part.young[1]:
+            return None  # read already: not old enough yet
+        # Not in memory: read again from the log (after a restart, another process's
+        # batches, or what went past the bound).
+        pages[0] += 1
+        if pages[0] > _SPILLED_PAGES_PER_CHECK:
+            return None  # the rest at the next run
+        read = self._app.notifications_after(after, _SPILLED_PAGE, topics=(CAPTURED_TOPIC,))
+        if len(read) < _SPILLED_PAGE or read[-1].id >= bound:
+            end = bound
+        else:
+            end = read[-1].id
+        page = [n for n in read if n.id <= end and part.mine(n.originator_id)]
+        captures = [_capture(n, self._app.decode(n)) for n in page]
+        if not _older(captures, horizon):
+            newest = max(c.at for c in captures if c.at is not None)
+            with self._lock:
+                part.young = (after, newest)
+            return None
+        return _Batch(captures, after, end)
+
+    def _passed(self, part: _Partition, moved: int) -> None:
+        """Checked up to ``moved``: the batches in memory before it go."""
+        with self._lock:
+            while part.batches and part.batches[0].end <= moved:
+                part.batches.popleft()
+            if part.stuck is not None and part.stuck < moved:
+                part.stuck, part.stuck_failures = None, 0
             self._failed_in_a_row = 0
             self._retry_at = None
 
-    def _read_spilled(self, horizon: datetime) -> tuple[list[_Capture], int] | None:
-        """The next page of the captures kept as positions, as a batch to check (its end:
-        the page's last position); None when what is left is not ``grace_s`` old yet, or
-        nothing is left. Raises what the event store raises (a failed check)."""
-        spilled = self._spilled
-        if spilled is None:
-            return None
-        after, end = spilled
-        page = [
-            n
-            for n in self._app.notifications_after(after, _SPILLED_PAGE, topics=(CAPTURED_TOPIC,))
-            if n.id <= end
-        ]
-        if not page:
+    def _move(self, part: _Partition, start: int, moved: int) -> None:
+        """Save the check position (compare-and-set from where this process last saw it);
+        moved by another process meanwhile, it is read again at the next check. A failed
+        save is a check failed on a store not answering: what was checked is checked
+        again (writing nothing: ``once_by``)."""
+        if self._app.move_check_position(part.row, start, moved):
             with self._lock:
-                if self._spilled == spilled:
-                    self._spilled = None
-            return None
-        captures = [_capture(n, self._app.decode(n)) for n in page]
-        if not _older(captures, horizon):
-            return None
-        return captures, page[-1].id
+                part.checked = moved
+        else:
+            with self._lock:
+                part.checked = None
 
     def _failed(self, error: BaseException, now: datetime) -> None:
-        """A check failed on a store not answering: its batch stays first, checked again
-        after the back-off."""
+        """A check failed on a store not answering: the check position stays, what is
+        after it is checked again after the back-off."""
         with self._lock:
             self.failures += 1
             self._failed_in_a_row += 1
             wait_s = _AFTER_FAILURE.bound_s(self._failed_in_a_row)
             self._retry_at = now + timedelta(seconds=wait_s)
-            in_a_row, waiting = self._failed_in_a_row, self.waiting
+            in_a_row, waiting = self._failed_in_a_row, self._held_in_memory()
         _log.warning(
             "could not check extracted captures against the audit log (%s; %d times in a "
             "row); %d captures wait, checked again in %.0f s",
