@@ -46,10 +46,13 @@ def test_a_request_captured_between_the_two_copies_is_named_after_a_restore(
         kernel.capture("bob", say("I collect stamp number 0"))
         kernel.process()  # the check position has started, past stamp 0
         events_db = settings.data_dir / "events.sqlite"
+        views_db = settings.data_dir / "views.sqlite"
+        copied: list[Path] = []
         between: list[int] = []
 
         def connect(path: Any, *a: Any, **k: Any) -> sqlite3.Connection:
-            if Path(path) == events_db and not between:
+            copied.append(Path(path))
+            if Path(path) == events_db and views_db in copied[:-1] and not between:
                 # The audit log is copied; the event log is not yet: a request arrives,
                 # is extracted and checked (its entry is on the live log).
                 kernel.capture("bob", say("I collect stamp number 1"))
@@ -58,14 +61,12 @@ def test_a_request_captured_between_the_two_copies_is_named_after_a_restore(
                 between.append(kernel.app.check_position(row) or 0)
             return sqlite3.connect(path, *a, **k)
 
-        monkeypatch.setattr(
-            sqlite_backend, "sqlite3", SimpleNamespace(connect=connect, Error=sqlite3.Error)
-        )
+        driver = SimpleNamespace(**{n: getattr(sqlite3, n) for n in dir(sqlite3) if n[0] != "_"})
+        driver.connect = connect
+        monkeypatch.setattr(sqlite_backend, "sqlite3", driver)
         backup(settings, tmp_path / "bk")
         monkeypatch.undo()
-        captures = [
-            n.id for n in kernel.app.notifications_after(0, 100, topics=(CAPTURED_TOPIC,))
-        ]
+        captures = [n.id for n in kernel.app.notifications_after(0, 100, topics=(CAPTURED_TOPIC,))]
         assert between == [captures[-1]]  # checked, on the live log
     _empty_data_stores(backend, settings)  # a disaster: the live audit log is gone
     restore(settings, tmp_path / "bk")
