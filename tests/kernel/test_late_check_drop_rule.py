@@ -124,3 +124,34 @@ def test_a_next_batch_that_never_asks_the_store_proves_nothing(
         _runs(kernel, late, 3, since)
         lost = [e for e in accepted(kernel) if e.get("reason_code") == LATE]
         assert [e["counts"] for e in lost] == [{"events": 2}]
+
+
+def test_two_workers_on_one_partition_name_a_lost_request_once(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Held (review of 0112): two real worker processes run one partition at once; the
+    compare-and-set lets neither move the check position past what it did not check,
+    neither spins, and the lost request is named once."""
+    from tests.children import PythonChild
+    from tests.kernel.test_late_check_durable import worker_script
+
+    settings = settings_for(backend).model_copy(update={"projection_batch_size": 2})
+    with running(settings, clock) as kernel:
+        consent(kernel, "alice")
+        consent(kernel, "bob")
+        for n in range(6):
+            kernel.capture("bob", say(f"I collect stamp number {n}"))
+    killed_after_commit(backend, 1)  # alice's request, lost
+    script = worker_script(backend, partitions=1, owned=None, failing=False)
+    children = [PythonChild(script), PythonChild(script)]
+    for child in children:
+        _, err = child.communicate(180)
+        assert child.returncode == 0, err[-3000:]
+    with running(settings, clock) as kernel:
+        lost = [e for e in accepted(kernel) if e.get("reason_code") == LATE]
+        assert [e["counts"] for e in lost] == [{"events": 2}]
+        late = _late(kernel)
+        name = kernel.extraction.tracking_name(0)
+        assert kernel.app.check_position(late.check_row(name)) == (
+            kernel.extraction.partition_position(0)
+        )
