@@ -114,3 +114,50 @@ def test_a_key_file_swapped_under_a_running_ring_is_not_signed_with(tmp_path: Pa
     (folder / ".swap").replace(folder / KEY_FILE)
     with pytest.raises(AuditKeyError, match="replaced by hand"):
         ring.current()
+
+
+def _chain(n: int) -> tuple[list[Ed25519PrivateKey], dict[str, Any]]:
+    keys = [Ed25519PrivateKey.generate() for _ in range(n)]
+    history = genesis_history(keys[0], T0)
+    for i in range(1, n):
+        history = extend_history(history, keys[i - 1], keys[i], T1)
+    return keys, history
+
+
+def test_a_key_endorsed_again_later_is_refused() -> None:
+    """Held: a key coming back (K0, K1, K0 again), every signature genuine, is refused:
+    a key id names one position of the history."""
+    keys, history = _chain(2)
+    again = extend_history(history, keys[1], keys[0], T1)
+    with pytest.raises(VerificationError, match="appears twice"):
+        verify_key_history(again, keys[0].public_key())
+
+
+def test_records_of_two_deployments_spliced_are_refused() -> None:
+    """Held: the first records of one deployment followed by a later record of another
+    (each record intact, its signatures genuine) break the hash chain or the
+    endorsement."""
+    ours_keys, ours = _chain(2)
+    _, theirs = _chain(3)
+    spliced = copy.deepcopy(ours)
+    spliced["keys"].append(copy.deepcopy(theirs["keys"][2]))
+    with pytest.raises(VerificationError, match="prev_sha256"):
+        verify_key_history(spliced, ours_keys[0].public_key())
+
+
+def test_a_later_trusted_key_vouches_for_no_key_put_before_it() -> None:
+    """Held: a verifier that trusts a later key (K1) is given a history with a stranger's
+    key put in front (positions shifted, or in K0's place): K1's acceptance covers the
+    record before it, so neither verifies."""
+    keys, history = _chain(3)
+    stranger = Ed25519PrivateKey.generate()
+    prefixed = genesis_history(stranger, T0)
+    prefixed["keys"] += [copy.deepcopy(record) for record in history["keys"]]
+    for seq, record in enumerate(prefixed["keys"]):
+        record["seq"] = seq
+    with pytest.raises(VerificationError):
+        verify_key_history(prefixed, keys[1].public_key())
+    replaced = copy.deepcopy(history)
+    replaced["keys"][0] = genesis_history(stranger, T0)["keys"][0]
+    with pytest.raises(VerificationError):
+        verify_key_history(replaced, keys[1].public_key())

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
-import textwrap
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,11 +15,15 @@ from audit.errors import AuditKeyError
 from audit.keyring import HISTORY_FILE
 from audit.keys import public_key_pem
 from audit.receipts import verify_receipt
+from domain.errors import PermissionDeniedError
+from domain.principal import Principal, PrincipalKind
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import running, settings_for
 from tests.kernel.test_audit_key_rotation_processes import child, wait_for
 from tests.kernel.test_keys_apart import ALICE, fill
+from uprof.facade import Facade
+from uprof.kernel import Uprof
 
 
 def test_a_history_lost_after_a_rotation_stops_the_start(
@@ -115,7 +119,7 @@ def test_a_start_during_a_rotation_does_not_take_over_its_entry(
         wait_for(started, starting)
         try:  # the start finishes (old code) or waits for the rotation (fixed)
             starting.wait(10)
-        except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: still waiting
+        except subprocess.TimeoutExpired:
             pass
     finally:
         go.touch()
@@ -156,3 +160,90 @@ def test_rotation_entries_and_history_agree_after_several_rotations(
         ] == [(n, ids[n - 1], ids[n]) for n in (1, 2, 3)]
         assert all(e["requested_by"] == "operator:test" for e in entries)
         assert k.audit_log.verify_integrity() == k.audit_log.size()
+
+
+def test_an_audit_only_key_cannot_rotate(kernel: Uprof) -> None:
+    """Held: the audit right (reading the trail, verifying) does not include rotating
+    the key: only ``operate`` does, and a refused rotation changes nothing."""
+    compliance = Facade(
+        kernel,
+        Principal(
+            kernel.subjects.tenant,
+            "app:compliance-console",
+            "k5",
+            PrincipalKind.APP,
+            frozenset({"app"}),
+        ),
+    )
+    compliance.audit_checkpoint()  # it holds the audit right
+    before = kernel.audit_key_history()
+    with pytest.raises(PermissionDeniedError):
+        compliance.rotate_audit_key()
+    assert kernel.audit_key_history() == before
+    assert list(kernel.audit_log.entries(action="audit.key_rotated")) == []
+
+
+def test_rotations_beside_another_process_issuing_receipts_and_backups(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Held: one process rotates three times while another real process erases subjects
+    (a receipt and a checkpoint each) and writes backups. Every receipt verifies offline
+    from the first public key with the final history, every backup manifest is signed by
+    a key of it, the log's integrity check passes, and each rotation is on the log once,
+    naming who asked."""
+    from uprof.services.backup import MANIFEST, _check_signature
+
+    settings = settings_for(backend)
+    with running(settings, clock) as k:
+        first_pem = public_key_pem(k.audit_log.public_key)
+        origin = k.audit_log.origin
+    out_dir, stop, busy = tmp_path / "out", tmp_path / "stop", tmp_path / "busy"
+    out_dir.mkdir()
+    worker = child(
+        backend,
+        f"""
+        from uprof.services.backup import backup
+        from tests.kernel.test_keys_apart import ALICE, fill
+        kernel = build_kernel(settings_for(backend), FakeClock())
+        out = Path({str(out_dir)!r})
+        try:
+            n = 0
+            while not Path({str(stop)!r}).exists() or n < 3:
+                fill(kernel, f"s{{n}}", ALICE)
+                receipt = kernel.erase_subject(f"s{{n}}").receipt
+                (out / f"receipt-{{n}}.json").write_text(json.dumps(receipt))
+                kernel.audit_log.checkpoint()
+                if n % 2 == 0:
+                    backup(settings_for(backend), out / f"backup-{{n}}")
+                n += 1
+                Path({str(busy)!r}).touch()
+        finally:
+            kernel.close()
+        """,
+    )
+    try:
+        wait_for(busy, worker)
+        with running(settings, clock) as k:
+            for _ in range(3):  # each between two of the other process's erasures
+                busy.unlink()
+                wait_for(busy, worker)
+                k.rotate_audit_key(requested_by="operator:rotating")
+    finally:
+        stop.touch()
+    _out, err = worker.communicate(timeout=300)
+    assert worker.returncode == 0, err[-3000:]
+    with running(settings, clock) as k:
+        history = k.audit_key_history()
+        trusted = k.audit_log.trusted_keys()
+        entries = [e.entry for e in k.audit_log.entries(action="audit.key_rotated")]
+        assert [e["audit_key_seq"] for e in entries] == [1, 2, 3]
+        assert all(e["requested_by"] == "operator:rotating" for e in entries)
+        assert k.audit_log.verify_integrity() == k.audit_log.size()
+    receipts = sorted(out_dir.glob("receipt-*.json"))
+    assert len(receipts) >= 3
+    for path in receipts:
+        verify_receipt(json.loads(path.read_text()), first_pem, origin=origin, key_history=history)
+    manifests = sorted(out_dir.glob(f"backup-*/{MANIFEST}"))
+    assert manifests
+    for path in manifests:
+        _check_signature(json.loads(path.read_text()), trusted, False)
