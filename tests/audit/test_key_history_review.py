@@ -161,3 +161,23 @@ def test_a_later_trusted_key_vouches_for_no_key_put_before_it() -> None:
     replaced["keys"][0] = genesis_history(stranger, T0)["keys"][0]
     with pytest.raises(VerificationError):
         verify_key_history(replaced, keys[1].public_key())
+
+
+def test_a_folder_put_together_from_two_copies_does_not_open(tmp_path: Path) -> None:
+    """Held: the newer history with an older key file of the same deployment (a key
+    endorsed by the history, but not its last), and the older history with the newer key
+    file, each stop the ring at opening, naming both files."""
+    folder = tmp_path / "keys"
+    FileKeyRing(folder).current()
+    old = tmp_path / "old"
+    shutil.copytree(folder, old)
+    FileKeyRing(folder).rotate()
+    new_history_old_key = tmp_path / "a"
+    shutil.copytree(folder, new_history_old_key)
+    shutil.copy2(old / KEY_FILE, new_history_old_key / KEY_FILE)
+    old_history_new_key = tmp_path / "b"
+    shutil.copytree(old, old_history_new_key)
+    shutil.copy2(folder / KEY_FILE, old_history_new_key / KEY_FILE)
+    for mixed in (new_history_old_key, old_history_new_key):
+        with pytest.raises(AuditKeyError, match=f"{HISTORY_FILE}.*{KEY_FILE}"):
+            FileKeyRing(mixed).current()
