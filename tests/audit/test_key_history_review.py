@@ -181,3 +181,24 @@ def test_a_folder_put_together_from_two_copies_does_not_open(tmp_path: Path) -> 
     for mixed in (new_history_old_key, old_history_new_key):
         with pytest.raises(AuditKeyError, match=f"{HISTORY_FILE}.*{KEY_FILE}"):
             FileKeyRing(mixed).current()
+
+
+def test_a_rotation_past_the_history_limit_is_refused_before_it_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Verifiers refuse a history longer than MAX_KEYS. A rotation past it wrote the
+    history anyway (its commit point), after which the key folder no longer opened: no
+    start, no signature, and the previous key's private half already gone. The rotation
+    now refuses first and leaves the folder as it was."""
+    import audit.keyring as keyring
+
+    monkeypatch.setattr(keyring, "MAX_KEYS", 3)
+    folder = tmp_path / "keys"
+    ring = FileKeyRing(folder)
+    ring.rotate()
+    ring.rotate()
+    before = (folder / HISTORY_FILE).read_bytes(), (folder / KEY_FILE).read_bytes()
+    with pytest.raises(AuditKeyError, match="3 keys"):
+        ring.rotate()
+    assert ((folder / HISTORY_FILE).read_bytes(), (folder / KEY_FILE).read_bytes()) == before
+    assert len(FileKeyRing(folder).history().keys) == 3
