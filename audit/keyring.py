@@ -514,6 +514,13 @@ class FileKeyRing:
             self._opened = True
             current = load_signing_key(self.key_path)
             document = self._read_history_document()
+            if len(document["keys"]) >= MAX_KEYS:
+                # Refused before anything is written: a longer history would be refused by
+                # every verifier, this folder's next opening included.
+                raise AuditKeyError(
+                    f"the audit key history {self.history_path} holds {MAX_KEYS} keys, the "
+                    "most a verifier accepts: no further rotation (nothing was changed)"
+                )
             new = Ed25519PrivateKey.generate()
             next_path = self.folder / NEXT_KEY_FILE
             _write_private(next_path, _pem(new))
