@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -247,3 +248,38 @@ def test_rotations_beside_another_process_issuing_receipts_and_backups(
     assert manifests
     for path in manifests:
         _check_signature(json.loads(path.read_text()), trusted, False)
+
+
+class _RotatesAfterHistoryRead:
+    """The deployment's key ring, with another process's rotation landing just after a
+    reader took the history (delegates everything else)."""
+
+    def __init__(self, ring: Any) -> None:
+        self._ring = ring
+        self.armed = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ring, name)
+
+    def history(self) -> Any:
+        taken = self._ring.history()
+        if self.armed:
+            self.armed = False
+            self._ring.rotate()
+        return taken
+
+
+def test_the_published_key_and_its_checkpoint_agree_across_a_rotation(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """GET /v1/audit/key read the key id, the history and the checkpoint one after the
+    other: a rotation in between gave a checkpoint by a key the response's history did
+    not list, so a verifier checking the response with itself refused it."""
+    from audit.checkpoint import verify_checkpoint
+    from audit.keyring import trusted_keys
+
+    with running(settings_for(backend), clock) as k:
+        k.audit_log._keys = _RotatesAfterHistoryRead(k.audit_log.keys)
+        published = k.audit_key()
+        keys = trusted_keys(published["public_key_pem"], published["key_history"])
+        verify_checkpoint(published["checkpoint"], keys, published["origin"])
