@@ -695,15 +695,21 @@ class Uprof:
         ``Facade.audit_key``)."""
         from audit.keys import public_key_pem
 
+        from audit.keys import key_id
+
         log = self.audit_log
+        # One key for the id, the PEM and the checkpoint, taken before the history (a
+        # rotation writes its history before its key): the response verifies with itself
+        # whatever another process rotates meanwhile.
+        signing = log.signing_key()
         key: dict[str, Any] = {
             "origin": log.origin,
-            "key_id": log.key_id,
-            "public_key_pem": public_key_pem(log.public_key).decode(),
+            "key_id": key_id(signing),
+            "public_key_pem": public_key_pem(signing.public_key()).decode(),
             "key_history": self.audit_key_history(),
         }
         if with_checkpoint:
-            key["checkpoint"] = log.checkpoint()
+            key["checkpoint"] = log.checkpoint_record(key=signing).note
         return key
 
     def stores_shared(self) -> bool:
