@@ -693,9 +693,7 @@ class Uprof:
         """The log's origin, key id, public key (PEM), key history and, unless told not to,
         a fresh signed checkpoint (its tree size counts every tenant's entries: see
         ``Facade.audit_key``)."""
-        from audit.keys import public_key_pem
-
-        from audit.keys import key_id
+        from audit.keys import key_id, public_key_pem
 
         log = self.audit_log
         # One key for the id, the PEM and the checkpoint, taken before the history (a
