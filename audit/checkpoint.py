@@ -129,7 +129,12 @@ def _verify_signatures(
     if len(lines) > MAX_SIGNATURES:
         raise VerificationError(f"checkpoint note has more than {MAX_SIGNATURES} signatures")
     keys = [public_key] if isinstance(public_key, Ed25519PublicKey) else list(public_key)
-    by_id = {note_key_id(origin, key): key for key in keys}
+    # A note key id is 4 bytes: two keys of a long history may share one (the birthday
+    # bound, n^2 / 2^33), so an id names a list of candidate keys, and a line is good when
+    # one of them verifies it (C2SP signed-note: key ids are not unique).
+    by_id: dict[bytes, list[Ed25519PublicKey]] = {}
+    for candidate in keys:
+        by_id.setdefault(note_key_id(origin, candidate), []).append(candidate)
     verified = False
     for line in lines:
         parts = line.split(" ")
@@ -139,19 +144,23 @@ def _verify_signatures(
         blob = b64decode_strict(blob_text, "checkpoint signature")
         if len(blob) < 5:
             raise VerificationError("checkpoint signature is too short")
-        key = by_id.get(blob[:4]) if name == origin else None
-        if key is None:
+        candidates = by_id.get(blob[:4], []) if name == origin else []
+        if not candidates:
             continue  # C2SP: signatures from unknown keys are skipped
         if len(blob) != 4 + 64:
             raise VerificationError("checkpoint Ed25519 signature has the wrong length")
-        try:
-            key.verify(blob[4:], body.encode("utf-8"))
-        except InvalidSignature:
-            raise VerificationError(
-                "checkpoint signature by the pinned key does not verify"
-            ) from None
+        if not any(_verifies(key, blob[4:], body) for key in candidates):
+            raise VerificationError("checkpoint signature by the pinned key does not verify")
         verified = True
     if not verified:
         raise VerificationError(
             f"checkpoint carries no signature by the pinned key for origin {origin!r}"
         )
+
+
+def _verifies(key: Ed25519PublicKey, signature: bytes, body: str) -> bool:
+    try:
+        key.verify(signature, body.encode("utf-8"))
+    except InvalidSignature:
+        return False
+    return True

@@ -82,7 +82,7 @@ def _rows(
     # One key for the header's ids and the trailer's signature, whatever another process
     # rotates meanwhile (the checkpoint is checked against the whole endorsed history).
     key = log.signing_key()
-    checkpoint = log.checkpoint_record()
+    checkpoint = log.checkpoint_record(key=key)
     scope: TenantScope | None = None
     if tenant is not None:
         scope = log.tenant_scope(tenant)

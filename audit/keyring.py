@@ -39,7 +39,7 @@ import fcntl
 import json
 import os
 import secrets
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -433,15 +433,42 @@ class FileKeyRing:
 
     def current(self) -> Ed25519PrivateKey:
         self._open()
+        stamp = self._key_file_stamp()
+        if self._key is None or stamp != self._key_stamp:
+            key = load_signing_key(self.key_path)
+            if self._key is not None and not self._named_current(key):
+                # Read again: a rotation may have renamed its key in between.
+                stamp = self._key_file_stamp()
+                key = load_signing_key(self.key_path)
+                if not self._named_current(key):
+                    raise AuditKeyError(
+                        f"{self.key_path} now holds key {key_id(key)[:16]}…, which the "
+                        f"audit key history ({self.history_path}) does not name as current: "
+                        "the key file was replaced by hand (or put back from an older "
+                        "copy) under a running process; nothing is signed with it. Put "
+                        "back the matching files"
+                    )
+            self._key, self._key_stamp = key, stamp
+        return self._key
+
+    def _key_file_stamp(self) -> tuple[int, int]:
         try:
             st = os.stat(self.key_path)
         except FileNotFoundError:
             raise AuditKeyError(f"signing key file {self.key_path} does not exist") from None
-        stamp = (st.st_ino, st.st_mtime_ns)
-        if self._key is None or stamp != self._key_stamp:
-            self._key = load_signing_key(self.key_path)
-            self._key_stamp = stamp
-        return self._key
+        return (st.st_ino, st.st_mtime_ns)
+
+    def _named_current(self, key: Ed25519PrivateKey) -> bool:
+        """Whether a key file just (re)loaded may be signed with: the history names it
+        last, or names it just before the last while the next key file still waits for
+        its rename (a rotation between its commit point and its switch). No lock: a
+        process may be inside a database write here, and a rotation holds the lock while
+        it writes its entry."""
+        ids = [record["key_id"] for record in self._read_history_document()["keys"]]
+        if ids[-1] == key_id(key):
+            return True
+        in_flight = len(ids) >= 2 and ids[-2] == key_id(key)
+        return in_flight and (self.folder / NEXT_KEY_FILE).exists()
 
     def history(self) -> KeyHistory:
         """The verified history, anchored at the current key (cached until the file changes)."""
@@ -463,13 +490,37 @@ class FileKeyRing:
 
     # -- rotation
 
-    def rotate(self) -> Rotation:
-        """Make a new key current, endorsed by the current one; return what was done."""
+    @contextmanager
+    def settled(self) -> Iterator[Mapping[str, Any]]:
+        """The history document while no rotation is in progress (under the rotations'
+        lock, a killed one repaired): a caller recording the rotations that are not on the
+        log yet sees only those whose process died or finished, never one about to record
+        its own entry."""
+        with self._lock():
+            self._repair_locked()
+            self._opened = True
+            yield self._read_history_document()
+
+    def rotate(
+        self, record: Callable[[Rotation, Mapping[str, Any]], None] | None = None
+    ) -> Rotation:
+        """Make a new key current, endorsed by the current one; return what was done.
+
+        ``record(rotation, history)`` runs after the key switch, still under the lock (the
+        rotation's audit entry: no other process's ``settled`` can see the rotation first
+        and record it as its own)."""
         with self._lock():
             self._repair_locked()
             self._opened = True
             current = load_signing_key(self.key_path)
             document = self._read_history_document()
+            if len(document["keys"]) >= MAX_KEYS:
+                # Refused before anything is written: a longer history would be refused by
+                # every verifier, this folder's next opening included.
+                raise AuditKeyError(
+                    f"the audit key history {self.history_path} holds {MAX_KEYS} keys, the "
+                    "most a verifier accepts: no further rotation (nothing was changed)"
+                )
             new = Ed25519PrivateKey.generate()
             next_path = self.folder / NEXT_KEY_FILE
             _write_private(next_path, _pem(new))
@@ -478,8 +529,11 @@ class FileKeyRing:
             _write_private(self.history_path, _history_bytes(extended))  # the commit point
             os.replace(next_path, self.key_path)
             _fsync_dir(self.folder)
-            record = extended["keys"][-1]
-            return Rotation(record["seq"], key_id(current), record["key_id"], created_at)
+            added = extended["keys"][-1]
+            done = Rotation(added["seq"], key_id(current), added["key_id"], created_at)
+            if record is not None:
+                record(done, extended)
+            return done
 
 
 def _anchor_of(document: Any) -> Ed25519PublicKey:

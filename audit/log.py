@@ -501,8 +501,12 @@ class AuditLog:
         """Sign, store and return a checkpoint note for the current tree size."""
         return self.checkpoint_record().note
 
-    def checkpoint_record(self) -> StoredCheckpoint:
+    def checkpoint_record(self, *, key: Ed25519PrivateKey | None = None) -> StoredCheckpoint:
         """Like ``checkpoint`` but return the stored record (size, root, note, time).
+
+        ``key``: one ``signing_key()`` returned, for a document that names its key
+        (receipt, export, proof) and must carry a checkpoint that key signed even when
+        another process rotates the key in between; else the current key.
 
         A log that has not grown since its size was last signed reuses that stored
         checkpoint and writes nothing (a poller of ``GET /v1/audit/key`` opens no write
@@ -514,7 +518,7 @@ class AuditLog:
             row = conn.execute(_CHECKPOINT_AT, {"tree_size": size}).first()
         # The note is deterministic (Ed25519) for one key: signing again costs no write and
         # hands out the current key's signature even if the stored one is an older key's.
-        note = sign_checkpoint(self._keys.current(), self.origin, size, root)
+        note = sign_checkpoint(key or self._keys.current(), self.origin, size, root)
         if row is not None:
             return self._reused(StoredCheckpoint(**row._asdict()), root, note)
         record = StoredCheckpoint(size, root, note, self.now())

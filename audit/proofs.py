@@ -128,7 +128,7 @@ def build_proof(
     if leaf_index is not None:
         leaf_index = _requested_size(leaf_index, "leaf_index", minimum=0)
     signing_key = log.signing_key()  # the document names one key, whatever rotates meanwhile
-    checkpoint = log.checkpoint_record()
+    checkpoint = log.checkpoint_record(key=signing_key)
     size = checkpoint.tree_size
     if old_size > size:
         raise InvalidInputError(

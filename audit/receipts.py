@@ -152,7 +152,7 @@ def issue_erasure_receipt(
     record = log.append(entry)
     if record.leaf_hash != leaf_hash(canonical_bytes(entry)):  # the log must store it verbatim
         raise VerificationError("the log stored the receipt entry differently from its body")
-    checkpoint = log.checkpoint_record()
+    checkpoint = log.checkpoint_record(key=key)  # signed by the key the body names
     proof = log.inclusion_proof(record.leaf_index, checkpoint.tree_size)
     return {
         "body": body,

@@ -693,17 +693,21 @@ class Uprof:
         """The log's origin, key id, public key (PEM), key history and, unless told not to,
         a fresh signed checkpoint (its tree size counts every tenant's entries: see
         ``Facade.audit_key``)."""
-        from audit.keys import public_key_pem
+        from audit.keys import key_id, public_key_pem
 
         log = self.audit_log
+        # One key for the id, the PEM and the checkpoint, taken before the history (a
+        # rotation writes its history before its key): the response verifies with itself
+        # whatever another process rotates meanwhile.
+        signing = log.signing_key()
         key: dict[str, Any] = {
             "origin": log.origin,
-            "key_id": log.key_id,
-            "public_key_pem": public_key_pem(log.public_key).decode(),
+            "key_id": key_id(signing),
+            "public_key_pem": public_key_pem(signing.public_key()).decode(),
             "key_history": self.audit_key_history(),
         }
         if with_checkpoint:
-            key["checkpoint"] = log.checkpoint()
+            key["checkpoint"] = log.checkpoint_record(key=signing).note
         return key
 
     def stores_shared(self) -> bool:
@@ -1170,12 +1174,15 @@ class Uprof:
         if rotate is None:
             raise InvalidInputError("this deployment's audit key source cannot be rotated")
         self.record_audit_key_rotations()
-        done: Rotation = rotate()
-        history = self.audit_key_history() or {"keys": []}
-        self.audit.record_many(
-            _rotation_entries(history["keys"], seq=done.seq, requested_by=requested_by),
-            once_by=("audit_key_id",),
-        )
+
+        def record(done: Rotation, history: Mapping[str, Any]) -> None:
+            # Under the key ring's lock: no other process records this rotation late.
+            self.audit.record_many(
+                _rotation_entries(history["keys"], seq=done.seq, requested_by=requested_by),
+                once_by=("audit_key_id",),
+            )
+
+        done: Rotation = rotate(record)
         self.audit_log.checkpoint()
         return {
             "seq": done.seq,
@@ -1185,15 +1192,53 @@ class Uprof:
         }
 
     def record_audit_key_rotations(self) -> int:
-        """Append ``audit.key_rotated`` (``reason_code`` recorded-late) for every rotation of
-        the key history the log does not hold yet (``once_by`` the new key id, decided
-        under the log's write lock); return how many rotations the history holds. No read
-        of the log without a rotation."""
-        history = self.audit_key_history()
-        if history is None or len(history["keys"]) < 2:
+        """Check the key folder against the log's rotations, then append
+        ``audit.key_rotated`` (``reason_code`` recorded-late) for every rotation of the
+        key history the log does not hold yet; return how many rotations the history holds.
+
+        A rotation on the log whose key the history lacks means the key folder is not the
+        one that rotated (a history lost and made again from the current key, a key folder
+        put back from a copy older than the rotation, another machine's copy of the
+        folder): that raises ``AuditKeyError`` naming the history file, rather than sign
+        with a retired key or a history verifiers do not know. The late entries are decided
+        under the key ring's lock (``settled``), so a rotation still recording its own
+        entry is never taken for a killed one. One indexed read of the log (its
+        ``audit.key_rotated`` entries, read before the history: a rotation writes its
+        history before its entry)."""
+        from audit.errors import AuditKeyError
+
+        keys = self.audit_log.keys
+        if getattr(keys, "history", None) is None:
             return 0
-        self.audit.record_many(_rotation_entries(history["keys"]), once_by=("audit_key_id",))
-        return len(history["keys"]) - 1
+        on_log = [e.entry for e in self.audit_log.entries(action="audit.key_rotated")]
+        history = self.audit_key_history() or {"keys": []}
+        ids = [record["key_id"] for record in history["keys"]]
+        for entry in on_log:
+            seq = entry.get("audit_key_seq")
+            if not (
+                isinstance(seq, int)
+                and 0 < seq < len(ids)
+                and ids[seq] == entry.get("audit_key_id")
+                and ids[seq - 1] == entry.get("previous_audit_key_id")
+            ):
+                path = getattr(keys, "history_path", "the audit key history")
+                raise AuditKeyError(
+                    f"the audit log records a rotation to audit key "
+                    f"{str(entry.get('audit_key_id'))[:16]}… (seq {entry.get('audit_key_seq')}) "
+                    f"that {path} does not hold: this key folder is not the one that rotated "
+                    "(a history lost and made again, a copy older than the rotation, or "
+                    "another machine's copy); put back the key folder's newest "
+                    "audit-keys.json and audit-signing.pem"
+                )
+        if len(ids) < 2 or {e.get("audit_key_id") for e in on_log} >= set(ids[1:]):
+            return max(len(ids) - 1, 0)
+        settled = getattr(keys, "settled", None)
+        if settled is None:
+            self.audit.record_many(_rotation_entries(history["keys"]), once_by=("audit_key_id",))
+            return len(ids) - 1
+        with settled() as document:
+            self.audit.record_many(_rotation_entries(document["keys"]), once_by=("audit_key_id",))
+            return len(document["keys"]) - 1
 
     def rotate_keys(self) -> dict[str, int]:
         """Re-wrap every data key under a new KEK epoch and forget the old KEK (audited)."""
