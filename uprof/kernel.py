@@ -1123,7 +1123,11 @@ class Uprof:
                     "projections run: extraction lost the race to another process; "
                     "its captures are left to the running workers"
                 )
-            return self.projections.run_until(self.app.max_notification_id())
+            # As ``process``: a rebuild in another process that reset the views between a
+            # batch's read and its apply refuses it (nothing written); read again from the
+            # new position (review of 0112: `projections run` beside a rebuild, exit 6).
+            target = self.app.max_notification_id()
+            return retry.WORKER_COLLISION.call(lambda: self.projections.run_until(target))
 
     def process_once(self) -> int:
         """One batch of extraction, then one of projection, per partition this process

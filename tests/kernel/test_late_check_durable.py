@@ -189,11 +189,11 @@ def test_a_batch_failing_for_a_reason_of_its_own_holds_no_later_check(
         reconcile = late._reconcile
         poisoned: list[int] = []
 
-        def own_failure(captured: Any, batch_end: int) -> None:
+        def own_failure(captured: Any, batch_end: int) -> bool:
             if not poisoned or poisoned[0] == batch_end:
                 poisoned[:1] = [batch_end]
                 raise RuntimeError("this batch's own failure")
-            reconcile(captured, batch_end)
+            return reconcile(captured, batch_end)  # whether it asked the store
 
         late._reconcile = own_failure  # type: ignore[method-assign]
         kernel.process()

@@ -211,6 +211,10 @@ class SQLiteBackend:
         from uprof.services import backup as b
 
         revision, audit = None, (0, "")
+        # The late check's positions as they stand before the audit log is copied: the
+        # event log is copied after it, and a check meanwhile may pass a request whose
+        # entry the copied audit log lacks (review of 0112).
+        checked = _check_positions(settings.data_dir / "events.sqlite")
         for name in SQLITE_FILES:
             live = settings.data_dir / name
             if not live.exists():
@@ -226,6 +230,8 @@ class SQLiteBackend:
                 dst.close()
                 src.close()
             os.chmod(target, 0o600)
+            if name == "events.sqlite":
+                _check_positions_back(target, checked)
             if name == "views.sqlite":
                 engine = sa.create_engine(f"sqlite:///{target}")
                 try:
@@ -349,3 +355,44 @@ def _sqlite_copy(source: Path, target: Path) -> None:
 
 #: Typed as the protocol, so the type checker holds the class to all of it.
 SQLITE: Backend = SQLiteBackend()
+
+
+def _check_positions(events: Path) -> dict[str, int]:
+    """The late check's positions (decision 0112-late-check-durable) in a live event log,
+    read through the driver."""
+    from uprof.services.late_captures import CHECK_ROW_PREFIX
+
+    if not events.exists():
+        return {}
+    conn = sqlite3.connect(events, timeout=30)
+    try:
+        conn.execute("PRAGMA busy_timeout=30000")
+        rows = conn.execute(
+            "SELECT application_name, notification_id FROM tracking "
+            "WHERE substr(application_name, 1, ?) = ?",
+            (len(CHECK_ROW_PREFIX), CHECK_ROW_PREFIX),
+        ).fetchall()
+    except sqlite3.OperationalError:  # no tracking table yet: nothing checked
+        return {}
+    finally:
+        conn.close()
+    return {str(name): int(at) for name, at in rows}
+
+
+def _check_positions_back(copy: Path, checked: dict[str, int]) -> None:
+    """In a backup's event log, move each check position back to where it stood before
+    the backup's audit log was copied: a request checked since (its entry on the live
+    log, not on the copied one) is checked again after a restore, not passed for ever.
+    A position started since stays (nothing before it was checked by anyone)."""
+    if not checked:
+        return
+    conn = sqlite3.connect(copy)
+    try:
+        with conn:
+            conn.executemany(
+                "UPDATE tracking SET notification_id = ? "
+                "WHERE application_name = ? AND notification_id > ?",
+                [(at, name, at) for name, at in checked.items()],
+            )
+    finally:
+        conn.close()

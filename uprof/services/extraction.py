@@ -270,6 +270,11 @@ class ExtractionWorker:
             if not consumed:
                 break
             total += consumed
+        if self._late is not None:
+            # What earlier runs extracted and is old enough now, even when nothing was
+            # left to extract (``run_once`` checks too): with no server (a CLI-only
+            # deployment) this is the only check there is (review of 0112).
+            self._late.check_due()
         return total
 
     def _run_batch(self, k: int) -> int:

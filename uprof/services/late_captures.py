@@ -29,6 +29,7 @@ entry counting both (the log kept no boundary between them; nobody else can name
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -37,7 +38,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from domain.errors import ConcurrencyConflictError, UprofError
+import sqlalchemy as sa
+from eventsourcing.persistence import PersistenceError
+
+from domain.errors import ConcurrencyConflictError, StoresLostError, UprofError
 from domain.principal import acting_principal
 from domain.profile import SubjectProfile
 from uprof.eventstore import CAPTURED_TOPIC
@@ -369,9 +373,10 @@ class LateCaptures:
             if moved != start:
                 self._move(part, start, moved)
 
-    def _check(self, batch: _Batch) -> None:
-        if batch.captures:
-            self._reconcile(batch.captures, batch.end)
+    def _check(self, batch: _Batch) -> bool:
+        """Check a batch; whether the audit store was asked (False: nothing of it was
+        left to ask, its subjects erased since)."""
+        return bool(batch.captures) and self._reconcile(batch.captures, batch.end)
 
     def _set_aside(
         self,
@@ -382,10 +387,17 @@ class LateCaptures:
         pages: list[int],
     ) -> bool:
         """Whether a batch whose check raised ``error`` is dropped (True) or kept for a
-        later check (False: ``error`` is then the check's failure). A declared refusal
-        is dropped at once; any other error is a store not answering, unless it keeps
-        failing while the next batch is checked: then it fails for a reason of its own."""
-        declared = isinstance(error, UprofError) and not isinstance(error, ConcurrencyConflictError)
+        later check (False: ``error`` is then the check's failure). A store's failure
+        (``_of_a_store``) is never the batch's own, however long it lasts: kept. A
+        declared refusal is dropped at once; any other error is a store not answering,
+        unless it keeps failing while the next batch is checked and that check asked the
+        store: then it fails for a reason of its own (review of 0112: a store that reads
+        but does not write failed only the batch that had a lost request to write, and a
+        next batch of erased subjects passed without asking the store; both dropped the
+        lost request)."""
+        if _of_a_store(error):
+            return False
+        declared = isinstance(error, UprofError)
         if not declared:
             with self._lock:
                 if part.stuck == batch.start:
@@ -399,11 +411,14 @@ class LateCaptures:
             probe = self._next(part, batch.end, horizon, pages)
             if probe is None:
                 return False
-            self._check(probe)  # raises: the store does not answer (backing off)
+            if not self._check(probe):  # raises: the store does not answer (backing off)
+                return False  # the store was not asked: no answer to the question
             try:
                 self._check(batch)  # once more, the store answering
                 return True  # the store was back: checked after all
             except Exception as again:
+                if _of_a_store(again):
+                    return False  # the store failed this time: not the batch's own
                 error = again
         with self._lock:
             self.dropped += len(batch.captures)
@@ -493,14 +508,16 @@ class LateCaptures:
             wait_s,
         )
 
-    def _reconcile(self, captured: Sequence[_Capture], batch_end: int) -> None:
+    def _reconcile(self, captured: Sequence[_Capture], batch_end: int) -> bool:
+        """Name the lost requests among ``captured``; whether the audit store was asked
+        (False: every subject erased since)."""
         by_stream: dict[UUID, list[_Capture]] = {}
         for capture in captured:
             by_stream.setdefault(capture.stream, []).append(capture)
         subjects = self._subjects_of(str(s) for s in by_stream)
         live = {s: c for s, c in by_stream.items() if str(s) in subjects}
         if not live:
-            return
+            return False
         refs = {s: subjects[str(s)][1] for s in live}
         held = self._held(refs, live)
         requests = []
@@ -539,6 +556,7 @@ class LateCaptures:
                 "their commit and their audit append): recorded late",
                 len(requests),
             )
+        return True
 
     def _held(
         self, refs: dict[UUID, str], captures: dict[UUID, list[_Capture]]
@@ -669,6 +687,35 @@ class LateCaptures:
             n = notifications[capture.nid]  # decoded only for a lost request
             lost.append(_capture(n, self._app.decode(n)))
         return [*reversed(lost), *run]
+
+
+#: What a store raises when it does not answer (or answers busy): drivers' errors as
+#: SQLAlchemy, eventsourcing and the drivers themselves raise them, the file system's,
+#: time-outs, a busy store or a lost hold on the stores (``StoresLostError``).
+_STORE_ERRORS: tuple[type[BaseException], ...] = (
+    sa.exc.SQLAlchemyError,
+    PersistenceError,
+    sqlite3.Error,
+    OSError,
+    TimeoutError,
+    ConcurrencyConflictError,
+    StoresLostError,
+)
+
+
+def _of_a_store(error: BaseException) -> bool:
+    """Whether ``error`` (or what caused it) is a store not answering: a driver's error
+    (psycopg's too, told by module, as a SQLite-only deployment may not import it)."""
+    seen: set[int] = set()
+    at: BaseException | None = error
+    while at is not None and id(at) not in seen:
+        seen.add(id(at))
+        if isinstance(at, _STORE_ERRORS) or any(
+            c.__module__.split(".")[0] in ("psycopg", "psycopg_pool") for c in type(at).__mro__
+        ):
+            return True
+        at = at.__cause__ or at.__context__
+    return False
 
 
 def _older(captures: Sequence[_Capture], horizon: datetime) -> bool:
