@@ -26,6 +26,18 @@ erase_app = typer.Typer(no_args_is_help=True, help="Erase a subject, one event o
 audit_app = typer.Typer(no_args_is_help=True, help="Export and verify the audit trail; residue.")
 keys_app = typer.Typer(no_args_is_help=True, help="Key management.")
 
+#: ``--key-history`` of the offline verifiers (``audit verify``, ``verify-receipt``,
+#: ``verify-proof``): one definition, so the three explain it alike.
+KeyHistoryFile = Annotated[
+    Path | None,
+    typer.Option(
+        exists=True,
+        dir_okay=False,
+        help="The log's key history (`uprof audit keys`): accept the keys it endorses "
+        "after (or before) the pinned one.",
+    ),
+]
+
 
 def register(app: typer.Typer) -> None:
     app.command("slice")(slice_command)
@@ -331,15 +343,7 @@ def audit_verify(
             help="A checkpoint note, or a receipt, received earlier: the trail must extend it.",
         ),
     ] = None,
-    key_history: Annotated[
-        Path | None,
-        typer.Option(
-            exists=True,
-            dir_okay=False,
-            help="The log's key history (`uprof audit keys`): accept the keys it endorses "
-            "after (or before) the pinned one.",
-        ),
-    ] = None,
+    key_history: KeyHistoryFile = None,
 ) -> None:
     """Verify an exported trail offline, with only the public key (and the key history,
     for a trail signed by a key rotated in after the pinned one)."""
@@ -528,15 +532,7 @@ def audit_verify_proof(
         ),
     ],
     origin: Annotated[str, typer.Option(help="The log's origin name.")] = "uprof.local/audit",
-    key_history: Annotated[
-        Path | None,
-        typer.Option(
-            exists=True,
-            dir_okay=False,
-            help="The log's key history (`uprof audit keys`): accept the keys it endorses "
-            "after (or before) the pinned one.",
-        ),
-    ] = None,
+    key_history: KeyHistoryFile = None,
 ) -> None:
     """Verify a proof document offline: the log only grew since the checkpoint you trusted."""
     from audit.errors import VerificationError
@@ -570,15 +566,7 @@ def audit_verify_receipt(
     origin: Annotated[str, typer.Option(help="The log's origin name.")] = "uprof.local/audit",
     subject: Annotated[str | None, typer.Option(help="Check it is this subject's...")] = None,
     nonce: Annotated[str | None, typer.Option(help="...with the nonce given at erasure.")] = None,
-    key_history: Annotated[
-        Path | None,
-        typer.Option(
-            exists=True,
-            dir_okay=False,
-            help="The log's key history (`uprof audit keys`): accept the keys it endorses "
-            "after (or before) the pinned one.",
-        ),
-    ] = None,
+    key_history: KeyHistoryFile = None,
 ) -> None:
     """Verify an erasure receipt offline, with only the public key and the log's origin."""
     from audit.errors import VerificationError
