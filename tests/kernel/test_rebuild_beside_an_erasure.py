@@ -15,6 +15,8 @@ every runner does (``uprof worker``, a server's reads).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,44 @@ def _wait_for(path: Path, child: PythonChild) -> None:
         time.sleep(0.02)
 
 
+@contextmanager
+def reset_elsewhere_before_next_apply(
+    kernel: Any, backend: Backend, tmp_path: Path
+) -> Iterator[None]:
+    """Within the block, the kernel's next batch apply meets a reset of the views by a real
+    rebuild in another process: the batch is read, the other process resets, then the
+    apply runs (and is refused, decision 0103). The rebuild finishes after the block and
+    must exit 0."""
+    start, was_reset, go = tmp_path / "start", tmp_path / "reset", tmp_path / "go"
+    child = PythonChild(
+        REBUILD,
+        backend.kind,
+        backend.url,
+        str(backend.data_dir),
+        str(start),
+        str(was_reset),
+        str(go),
+    )
+    views = kernel.projections._views
+    apply = views.apply_batch
+
+    def reset_elsewhere_first(*args: Any, **kwargs: Any) -> Any:
+        views.apply_batch = apply
+        start.touch()
+        _wait_for(was_reset, child)
+        return apply(*args, **kwargs)
+
+    views.apply_batch = reset_elsewhere_first
+    try:
+        yield
+    finally:
+        views.apply_batch = apply
+        start.touch()
+        go.touch()
+        _, err = child.communicate(timeout=WAIT_S)
+    assert child.returncode == 0, err[-3000:]
+
+
 def test_an_erasure_whose_catch_up_meets_another_processs_reset_completes(
     backend: Backend, clock: FakeClock, tmp_path: Path
 ) -> None:
@@ -73,36 +113,9 @@ def test_an_erasure_whose_catch_up_meets_another_processs_reset_completes(
             kernel.capture(subject, say(f"I live in Paris, says {subject}", day=1))
         kernel.process()
         erased_stream = str(kernel.stream_of("erin"))
-        start, was_reset, go = tmp_path / "start", tmp_path / "reset", tmp_path / "go"
-        child = PythonChild(
-            REBUILD,
-            backend.kind,
-            backend.url,
-            str(backend.data_dir),
-            str(start),
-            str(was_reset),
-            str(go),
-        )
-        views = kernel.projections._views
-        apply = views.apply_batch
-
-        def reset_elsewhere_first(*args: Any, **kwargs: Any) -> Any:
-            # The erasure's catch-up has read its batch (the tombstone); the other
-            # process's rebuild resets the views before it is applied.
-            views.apply_batch = apply  # type: ignore[method-assign]
-            start.touch()
-            _wait_for(was_reset, child)
-            return apply(*args, **kwargs)
-
-        views.apply_batch = reset_elsewhere_first  # type: ignore[method-assign]
-        try:
+        # The erasure's catch-up has read its batch (the tombstone) when the reset lands.
+        with reset_elsewhere_before_next_apply(kernel, backend, tmp_path):
             result = kernel.erase_subject("erin")
-        finally:
-            views.apply_batch = apply  # type: ignore[method-assign]
-            start.touch()
-            go.touch()
-            _, err = child.communicate(timeout=WAIT_S)
-        assert child.returncode == 0, err[-3000:]
 
         assert result.receipt["body"]["type"] == "gov.erasure-receipt/v1"
         kernel.process()
