@@ -81,7 +81,9 @@ def _bearer(key: str) -> dict[str, str]:
 def _sign_in(http: httpx.Client, url: str, operator: str) -> None:
     """A privacy-center session for alice, through a link issued and opened at ``url``
     (links are kept by the server that issued them; the session cookie is good on all)."""
-    issued = http.post(f"{url}/v1/privacy/links", headers=_bearer(operator), json={"subject": "alice"})
+    issued = http.post(
+        f"{url}/v1/privacy/links", headers=_bearer(operator), json={"subject": "alice"}
+    )
     assert issued.status_code == 201, issued.text
     shown = http.get(f"{url}{issued.json()['login_path']}")
     token = re.search(r'name="token" value="([^"]+)"', shown.text)

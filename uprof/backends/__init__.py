@@ -165,6 +165,12 @@ class Backend(Protocol):
         entering see every earlier writer's commit."""
         ...
 
+    def commit_without_flush(self, conn: sa.Connection) -> None:
+        """Let the open transaction of ``conn`` commit without waiting for its log to
+        reach the disk: for data whose last moments a crash of the database server may
+        lose (rate-limit counters), never for anything acknowledged to a caller."""
+        ...
+
     def is_transient_lock(self, error: BaseException | None) -> bool:
         """Whether a driver error (``sa.exc.OperationalError.orig``) says another writer
         holds a lock for now; by the driver's error code, never its wording."""

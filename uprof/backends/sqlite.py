@@ -201,6 +201,9 @@ class SQLiteBackend:
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
             yield conn
 
+    def commit_without_flush(self, conn: sa.Connection) -> None:
+        return None  # the views file commits with synchronous=NORMAL in WAL: no fsync
+
     def scan_tables(self, engine: sa.Engine, terms: Sequence[str]) -> TableScan:
         # The databases are files in the data folder: the file scan's child reads them
         # (raw bytes and tables, from a snapshot; FIELD-NOTES 8.1).
