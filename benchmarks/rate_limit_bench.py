@@ -38,6 +38,7 @@ import sqlalchemy as sa
 from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
 
+from benchmarks.bench_common import run_context
 from uprof.services.rate_limits import RateCounters, RateLimiter, bucket_of
 from uprof.settings import parse_rate_limit
 from uprof.storage import create_engine, migrate
@@ -46,14 +47,19 @@ SPEC = "30/minute;300/hour"
 KEYS = 100
 
 
-def _per_call_us(fn: Callable[[int], Any], calls: int) -> tuple[float, float]:
+def _per_call_us(fn: Callable[[str], Any], keys: list[str]) -> tuple[float, float]:
+    """Wall and CPU µs per call of ``fn`` over ``keys``."""
     wall, cpu = time.perf_counter(), time.process_time()
-    for n in range(calls):
-        fn(n)
+    for key in keys:
+        fn(key)
     return (
-        (time.perf_counter() - wall) / calls * 1e6,
-        (time.process_time() - cpu) / calls * 1e6,
+        (time.perf_counter() - wall) / len(keys) * 1e6,
+        (time.process_time() - cpu) / len(keys) * 1e6,
     )
+
+
+def _spread(run: str, calls: int) -> list[str]:
+    return [f"{run}-{n % KEYS}" for n in range(calls)]
 
 
 def _memory_limiter() -> Callable[[str], bool]:
@@ -84,10 +90,10 @@ def _measure_memory(runs: int, calls: int) -> dict[str, Any]:
     for _ in range(runs):
         check = _memory_limiter()
         run = uuid.uuid4().hex[:8]
-        allowed.append(_per_call_us(lambda n: check(f"{run}-{n % KEYS}"), calls))
+        allowed.append(_per_call_us(check, _spread(run, calls)))
         for _ in range(30):
             check("over")
-        refused.append(_per_call_us(lambda n: check("over"), calls))
+        refused.append(_per_call_us(check, ["over"] * calls))
     return {"allowed": _median(allowed), "refused_memo": _median(refused)}
 
 
@@ -95,9 +101,7 @@ def _two_processes(url: str, calls: int) -> float:
     """Wall µs per check in each of two processes checking at once (median of the two)."""
     context = multiprocessing.get_context("spawn")
     barrier, results = context.Barrier(2), context.Queue()
-    procs = [
-        context.Process(target=_child, args=(url, calls, barrier, results)) for _ in range(2)
-    ]
+    procs = [context.Process(target=_child, args=(url, calls, barrier, results)) for _ in range(2)]
     for proc in procs:
         proc.start()
     values = [results.get(timeout=600) for _ in procs]
@@ -112,7 +116,7 @@ def _child(url: str, calls: int, barrier: Any, results: Any) -> None:
     run = uuid.uuid4().hex[:8]
     limiter.check(f"{run}-warm")
     barrier.wait(120)
-    wall, _ = _per_call_us(lambda n: limiter.check(f"{run}-{n % KEYS}"), calls)
+    wall, _ = _per_call_us(limiter.check, _spread(run, calls))
     engine.dispose()
     results.put(wall)
 
@@ -128,13 +132,13 @@ def _measure_db(url: str, runs: int, calls: int) -> dict[str, Any]:
             limiter = RateLimiter(items, counters, "bench")
             run = uuid.uuid4().hex[:8]
             limiter.check(f"{run}-warm")  # a pooled connection, the statements compiled
-            allowed.append(_per_call_us(lambda n: limiter.check(f"{run}-{n % KEYS}"), calls))
+            allowed.append(_per_call_us(limiter.check, _spread(run, calls)))
             over = f"{run}-over"
             for _ in range(30):
                 limiter.check(over)
-            memo.append(_per_call_us(lambda n: limiter.check(over), calls))
+            memo.append(_per_call_us(limiter.check, [over] * calls))
             bucket = bucket_of("bench", over)
-            direct.append(_per_call_us(lambda n: counters.hit(bucket, items), calls))
+            direct.append(_per_call_us(lambda b: counters.hit(b, items), [bucket] * calls))
             two.append(_two_processes(url, calls))
         return {
             "allowed": _median(allowed),
@@ -157,9 +161,12 @@ def main() -> None:
     args = parser.parse_args()
 
     out: dict[str, Any] = {"spec": SPEC, "keys": KEYS, "calls": args.calls, "runs": args.runs}
+    out["context_before"] = run_context()
     out["memory"] = _measure_memory(args.runs, args.calls)
     with tempfile.TemporaryDirectory(prefix="uprof-rl-bench-") as tmp:
-        out["sqlite"] = _measure_db(f"sqlite:///{Path(tmp) / 'views.sqlite'}", args.runs, args.calls)
+        out["sqlite"] = _measure_db(
+            f"sqlite:///{Path(tmp) / 'views.sqlite'}", args.runs, args.calls
+        )
     name = f"uprof_rl_bench_{uuid.uuid4().hex[:8]}"
     admin = sa.create_engine(f"{args.postgres}/postgres", isolation_level="AUTOCOMMIT")
     try:
@@ -170,6 +177,7 @@ def main() -> None:
         with admin.connect() as conn:
             conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+    out["context_after"] = run_context()
     text = json.dumps(out, indent=2)
     print(text)
     if args.out:

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 
 from domain.errors import RateLimitUnavailableError
 from domain.naming import NAMING_CONVENTION
@@ -116,6 +117,7 @@ class RateCounters:
         self._prune_every_s = prune_every_s
         self._pruned_at = -math.inf
         self._prune_lock = threading.Lock()
+        self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
 
     def hit(self, bucket: str, limits: Sequence[RateLimitItem]) -> Refusal | None:
         """Count one hit of ``bucket`` against every one of ``limits``: None if it is
@@ -151,29 +153,25 @@ class RateCounters:
             # Counters, not records: a crash of the database server may lose the last
             # few hundred ms of hits; no commit waits for a disk flush (PostgreSQL).
             self._backend.commit_without_flush(conn)
-            for period in sorted({int(item.get_expiry()) for item in limits}):
-                slot = _slot(period, now)
-                current = by_period.get(period, {}).get(slot, 0)
-                values = {
-                    "bucket": bucket,
-                    "period_s": period,
-                    "slot": slot,
-                    "hits": current + 1,
-                    "expires_at": _expires_at(period, slot),
-                }
-                # The bucket's lock is held: the row read above is the row here.
-                if current:
-                    conn.execute(
-                        table.update()
-                        .where(
-                            table.c.bucket == bucket,
-                            table.c.period_s == period,
-                            table.c.slot == slot,
-                        )
-                        .values(hits=current + 1)
-                    )
-                else:
-                    conn.execute(table.insert().values(**values))
+            # One statement for every period's slot: INSERT .. ON CONFLICT DO UPDATE.
+            insert = self._insert(table).values(
+                [
+                    {
+                        "bucket": bucket,
+                        "period_s": period,
+                        "slot": _slot(period, now),
+                        "hits": 1,
+                        "expires_at": _expires_at(period, _slot(period, now)),
+                    }
+                    for period in sorted({int(item.get_expiry()) for item in limits})
+                ]
+            )
+            conn.execute(
+                insert.on_conflict_do_update(
+                    index_elements=[table.c.bucket, table.c.period_s, table.c.slot],
+                    set_={"hits": table.c.hits + 1},
+                )
+            )
             if any(int(row.slot) < _slot(int(row.period_s), now) - SLOTS for row in rows):
                 conn.execute(
                     table.delete().where(table.c.bucket == bucket, table.c.expires_at < now)
