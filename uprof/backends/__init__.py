@@ -159,16 +159,12 @@ class Backend(Protocol):
         ...
 
     def serialised_transaction(
-        self, engine: sa.Engine, lock_key: int
+        self, engine: sa.Engine, lock_key: int, *, flush: bool = True
     ) -> AbstractContextManager[sa.Connection]:
         """A write transaction entered one at a time per ``lock_key``; reads after
-        entering see every earlier writer's commit."""
-        ...
-
-    def commit_without_flush(self, conn: sa.Connection) -> None:
-        """Let the open transaction of ``conn`` commit without waiting for its log to
-        reach the disk: for data whose last moments a crash of the database server may
-        lose (rate-limit counters), never for anything acknowledged to a caller."""
+        entering see every earlier writer's commit. ``flush=False``: its commit need not
+        wait for the log to reach the disk, for data whose last moments a crash of the
+        database server may lose (rate-limit counters), never anything acknowledged."""
         ...
 
     def is_transient_lock(self, error: BaseException | None) -> bool:

@@ -198,17 +198,22 @@ class PostgresBackend:
         return ["DROP FUNCTION IF EXISTS uprof_audit_append_only()"]
 
     @contextlib.contextmanager
-    def serialised_transaction(self, engine: sa.Engine, lock_key: int) -> Iterator[sa.Connection]:
+    def serialised_transaction(
+        self, engine: sa.Engine, lock_key: int, *, flush: bool = True
+    ) -> Iterator[sa.Connection]:
         # READ COMMITTED: each statement after the lock sees every earlier holder's commit.
         with engine.connect() as conn:
             conn = conn.execution_options(isolation_level="READ COMMITTED")
             with conn.begin():
-                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(lock_key)))
+                lock = sa.func.pg_advisory_xact_lock(lock_key)
+                if flush:
+                    conn.execute(sa.select(lock))
+                else:
+                    # This transaction only, in the lock's round trip: the WAL writer
+                    # flushes its commit within a few hundred ms.
+                    local = sa.func.set_config("synchronous_commit", "off", True)
+                    conn.execute(sa.select(lock, local))
                 yield conn
-
-    def commit_without_flush(self, conn: sa.Connection) -> None:
-        # This transaction only: the WAL writer flushes it within a few hundred ms.
-        conn.exec_driver_sql("SET LOCAL synchronous_commit TO OFF")
 
     def scan_tables(self, engine: sa.Engine, terms: Sequence[str]) -> TableScan:
         inspector = sa.inspect(engine)

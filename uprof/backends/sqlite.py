@@ -191,8 +191,12 @@ class SQLiteBackend:
         return position
 
     @contextlib.contextmanager
-    def serialised_transaction(self, engine: sa.Engine, lock_key: int) -> Iterator[sa.Connection]:
+    def serialised_transaction(
+        self, engine: sa.Engine, lock_key: int, *, flush: bool = True
+    ) -> Iterator[sa.Connection]:
         # One writer per database file: the write lock is the lock, whatever the key.
+        # ``flush`` changes nothing: the engine's own synchronous setting decides (the
+        # views file: NORMAL in WAL, no fsync per commit).
         with engine.connect() as conn, conn.begin():
             dbapi = conn.connection.dbapi_connection
             if not getattr(dbapi, "in_transaction", True):
@@ -200,9 +204,6 @@ class SQLiteBackend:
                 # two writers cannot both read the same state.
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
             yield conn
-
-    def commit_without_flush(self, conn: sa.Connection) -> None:
-        return None  # the views file commits with synchronous=NORMAL in WAL: no fsync
 
     def scan_tables(self, engine: sa.Engine, terms: Sequence[str]) -> TableScan:
         # The databases are files in the data folder: the file scan's child reads them

@@ -133,7 +133,9 @@ class RateCounters:
     def _hit(self, bucket: str, limits: Sequence[RateLimitItem]) -> Refusal | None:
         table = rate_limit_slots
         lock_key = (_LOCK_TAG << 32) | int(bucket[:8], 16)
-        with self._backend.serialised_transaction(self._engine, lock_key) as conn:
+        # Counters, not records: a crash of the database server may lose its last few
+        # hundred ms of hits, so no commit here waits for a disk flush (PostgreSQL).
+        with self._backend.serialised_transaction(self._engine, lock_key, flush=False) as conn:
             now = self._clock()
             rows = conn.execute(
                 sa.select(table.c.period_s, table.c.slot, table.c.hits).where(
@@ -150,9 +152,6 @@ class RateCounters:
             ]
             if refusals:
                 return max(refusals, key=lambda r: r.retry_after_s)
-            # Counters, not records: a crash of the database server may lose the last
-            # few hundred ms of hits; no commit waits for a disk flush (PostgreSQL).
-            self._backend.commit_without_flush(conn)
             # One statement for every period's slot: INSERT .. ON CONFLICT DO UPDATE.
             insert = self._insert(table).values(
                 [
