@@ -173,3 +173,21 @@ def test_a_refused_key_is_refused_from_memory_until_its_time_then_asked_again(
             limiter.check("k")
     finally:
         broken.dispose()
+
+
+def test_a_hit_counted_is_allowed_even_if_the_housekeeping_after_it_fails(
+    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deletion of every bucket's expired rows runs after the hit's commit: a failure
+    there must not refuse (503) a hit already counted, nor spend the caller's allowance
+    on a refusal."""
+    counters = RateCounters(engine, prune_every_s=0)
+    limits = parse_rate_limit("2/minute")
+
+    def fails() -> None:
+        raise sa.exc.OperationalError("DELETE", {}, Exception("database is locked"))
+
+    monkeypatch.setattr(engine, "begin", fails)
+    assert counters.hit(bucket_of("test", "k"), limits) is None
+    assert counters.hit(bucket_of("test", "k"), limits) is None
+    assert counters.hit(bucket_of("test", "k"), limits) is not None  # both were counted

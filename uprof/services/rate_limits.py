@@ -40,6 +40,7 @@ cookie, and names no one.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import threading
 import time
@@ -56,6 +57,8 @@ from uprof.caching import BoundedCache
 
 if TYPE_CHECKING:
     from limits import RateLimitItem
+
+_log = logging.getLogger(__name__)
 
 metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
 
@@ -124,11 +127,14 @@ class RateCounters:
         allowed (and counted), else the refusal with the longest wait (nothing counted).
         Raises ``RateLimitUnavailableError`` if the database does not answer."""
         try:
-            return self._hit(bucket, limits)
+            refusal = self._hit(bucket, limits)
         except sa.exc.SQLAlchemyError as error:
             raise RateLimitUnavailableError(
                 f"the rate-limit counters could not be read ({type(error).__name__})"
             ) from error
+        if refusal is None:
+            self._prune_now_and_then(self._clock())
+        return refusal
 
     def _hit(self, bucket: str, limits: Sequence[RateLimitItem]) -> Refusal | None:
         table = rate_limit_slots
@@ -175,17 +181,25 @@ class RateCounters:
                 conn.execute(
                     table.delete().where(table.c.bucket == bucket, table.c.expires_at < now)
                 )
-        self._prune_now_and_then(now)
         return None
 
     def _prune_now_and_then(self, now: float) -> None:
-        """Delete every bucket's expired rows, at most once per ``prune_every_s`` here."""
+        """Delete every bucket's expired rows, at most once per ``prune_every_s`` here.
+        Housekeeping after a counted hit: a failure is logged and tried again at the next
+        turn, never turned into a refusal of the hit."""
         with self._prune_lock:
             if now - self._pruned_at < self._prune_every_s:
                 return
             self._pruned_at = now
-        with self._engine.begin() as conn:
-            conn.execute(rate_limit_slots.delete().where(rate_limit_slots.c.expires_at < now))
+        try:
+            with self._engine.begin() as conn:
+                conn.execute(rate_limit_slots.delete().where(rate_limit_slots.c.expires_at < now))
+        except sa.exc.SQLAlchemyError as error:
+            _log.warning(
+                "could not delete expired rate-limit slots (%s); tried again in %.0f s",
+                type(error).__name__,
+                self._prune_every_s,
+            )
 
     def rows(self) -> int:
         """How many rows the table holds (for tests and benchmarks)."""
