@@ -13,7 +13,7 @@ psycopg, and ``import uprof.backends`` costs nothing at CLI start.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,6 +165,16 @@ class Backend(Protocol):
         entering see every earlier writer's commit. ``flush=False``: its commit need not
         wait for the log to reach the disk, for data whose last moments a crash of the
         database server may lose (rate-limit counters), never anything acknowledged."""
+        ...
+
+    def upsert(
+        self,
+        table: sa.Table,
+        rows: Sequence[Mapping[str, Any]],
+        keys: Sequence[sa.Column[Any]],
+        set_: Mapping[str, Any],
+    ) -> sa.Executable:
+        """``INSERT rows ... ON CONFLICT (keys) DO UPDATE SET set_`` in one statement."""
         ...
 
     def is_transient_lock(self, error: BaseException | None) -> bool:

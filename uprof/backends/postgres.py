@@ -215,6 +215,21 @@ class PostgresBackend:
                     conn.execute(sa.select(lock, local))
                 yield conn
 
+    def upsert(
+        self,
+        table: sa.Table,
+        rows: Sequence[Mapping[str, Any]],
+        keys: Sequence[sa.Column[Any]],
+        set_: Mapping[str, Any],
+    ) -> sa.Executable:
+        from sqlalchemy.dialects.postgresql import insert
+
+        return (
+            insert(table)
+            .values(list(rows))
+            .on_conflict_do_update(index_elements=list(keys), set_=dict(set_))
+        )
+
     def scan_tables(self, engine: sa.Engine, terms: Sequence[str]) -> TableScan:
         inspector = sa.inspect(engine)
         tables, hits = 0, []

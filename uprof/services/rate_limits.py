@@ -49,7 +49,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 
 from domain.errors import RateLimitUnavailableError
 from domain.naming import NAMING_CONVENTION
@@ -120,7 +119,6 @@ class RateCounters:
         self._prune_every_s = prune_every_s
         self._pruned_at = -math.inf
         self._prune_lock = threading.Lock()
-        self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
 
     def hit(self, bucket: str, limits: Sequence[RateLimitItem]) -> Refusal | None:
         """Count one hit of ``bucket`` against every one of ``limits``: None if it is
@@ -159,22 +157,23 @@ class RateCounters:
             if refusals:
                 return max(refusals, key=lambda r: r.retry_after_s)
             # One statement for every period's slot: INSERT .. ON CONFLICT DO UPDATE.
-            insert = self._insert(table).values(
-                [
-                    {
-                        "bucket": bucket,
-                        "period_s": period,
-                        "slot": _slot(period, now),
-                        "hits": 1,
-                        "expires_at": _expires_at(period, _slot(period, now)),
-                    }
-                    for period in sorted({int(item.get_expiry()) for item in limits})
-                ]
-            )
+            periods = sorted({int(item.get_expiry()) for item in limits})
+            rows_to_count = [
+                {
+                    "bucket": bucket,
+                    "period_s": period,
+                    "slot": _slot(period, now),
+                    "hits": 1,
+                    "expires_at": _expires_at(period, _slot(period, now)),
+                }
+                for period in periods
+            ]
             conn.execute(
-                insert.on_conflict_do_update(
-                    index_elements=[table.c.bucket, table.c.period_s, table.c.slot],
-                    set_={"hits": table.c.hits + 1},
+                self._backend.upsert(
+                    table,
+                    rows_to_count,
+                    [table.c.bucket, table.c.period_s, table.c.slot],
+                    {"hits": table.c.hits + 1},
                 )
             )
             if any(int(row.slot) < _slot(int(row.period_s), now) - SLOTS for row in rows):
