@@ -15,6 +15,7 @@ UprofError
 ├── ErasureIncompleteError   keys are destroyed but derived stores are not purged yet
 ├── ModelUnavailableError    the configured embedding model is not installed on this machine
 ├── EmbedderMismatchError    the store's vectors were made by another embedding model
+├── RateLimitUnavailableError the rate-limit counters could not be read: refused, not let through
 └── ConcurrencyConflictError other writers kept winning the race (retries gave up)
     ├── VersionConflictError another writer saved the same stream version or log index first
     ├── StoreBusyError       another connection held the store's lock past the driver's wait
@@ -130,6 +131,13 @@ class EmbedderMismatchError(UprofError):
         "set UPROF_EMBEDDER back to the recorded model, or stop every server and worker and"
         " run `uprof projections rebuild` with the new one (decision 0049)"
     )
+
+
+class RateLimitUnavailableError(UprofError):
+    """The deployment's rate-limit counters did not answer (the database is down or busy
+    past its wait): the request is refused rather than let through uncounted."""
+
+    hint = "retry after a few seconds (header Retry-After); nothing was done"
 
 
 class StoresLostError(UprofError):

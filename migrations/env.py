@@ -17,6 +17,7 @@ from uprof.backends import backend_for
 from uprof.crypto.tables import metadata as keys_metadata
 from uprof.services.erased_keys import metadata as erased_keys_metadata
 from uprof.services.idempotency import metadata as idempotency_metadata
+from uprof.services.rate_limits import metadata as rate_limits_metadata
 from uprof.services.sign_outs import metadata as sign_outs_metadata
 
 config = context.config
@@ -34,6 +35,7 @@ TARGETS = {
         idempotency_metadata,
         erased_keys_metadata,
         sign_outs_metadata,
+        rate_limits_metadata,
     ],
     "keys": [keys_metadata, api_metadata],
     # Only indexes of ours on eventsourcing's events table: no table of alembic's.
@@ -51,6 +53,7 @@ OWN_TABLES = {
         idempotency_metadata,
         erased_keys_metadata,
         sign_outs_metadata,
+        rate_limits_metadata,
     )
     for t in md.tables
 }

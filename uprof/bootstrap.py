@@ -52,6 +52,7 @@ from uprof.services.profile import ProfileService
 from uprof.services.projection import ProjectionRunner
 from uprof.services.proposals import ProposalService
 from uprof.services.quarantine import QuarantineIndex, QuarantineService
+from uprof.services.rate_limits import RateCounters
 from uprof.services.reads import ReadRecorder
 from uprof.services.sign_outs import SignOuts
 from uprof.services.slices import Authorizer, Freshness, SliceService
@@ -538,6 +539,7 @@ def bootstrap(
         closers=(close,),
         web_session_key=derive_key(root, WEB_SESSION_KEY_LABEL),
         web_sign_outs=SignOuts(views),
+        rate_counters=RateCounters(views),
         idempotency=IdempotencyStore(
             views,
             derive_key(master, "uprof/idempotency/1"),

@@ -48,6 +48,7 @@ from uprof.services.profile import EvidenceView, ProfileService, ProfileView
 from uprof.services.projection import ProjectionRunner
 from uprof.services.proposals import ProposalService
 from uprof.services.quarantine import QuarantinedCapture, QuarantineService, RetryOutcome
+from uprof.services.rate_limits import RateCounters, RateLimiter
 from uprof.services.reads import ReadRecorder
 from uprof.services.residue import (
     ResidueReport,
@@ -59,7 +60,7 @@ from uprof.services.sign_outs import SignOuts
 from uprof.services.slices import Freshness, ProfileSlice, SliceRequest, SliceService
 from uprof.services.subject_export import build_subject_export
 from uprof.services.subjects import SubjectRequest, SubjectResolver, check_subject_ref
-from uprof.settings import Settings
+from uprof.settings import Settings, parse_rate_limit
 from uprof.vector_model import RecordedModelEmbedder
 
 if TYPE_CHECKING:
@@ -123,6 +124,9 @@ class Uprof:
     #: Web sessions signed out, for every server (None in kernels built without bootstrap:
     #: the web pages then remember sign-outs in memory only).
     web_sign_outs: SignOuts | None = None
+    #: The deployment's rate-limit counters, shared by every process (None in kernels
+    #: built without bootstrap: ``rate_limiter`` makes them over ``views_engine``).
+    rate_counters: RateCounters | None = None
     #: Called when a read finds its subject behind and background workers must catch
     #: up (a long-running server sets it to its worker's wake-up).
     wake_workers: Callable[[], None] = lambda: None
@@ -1462,6 +1466,12 @@ class Uprof:
         # The job's events are in the log either way; say whether the views show them yet.
         result["views_caught_up"] = int(self.ensure_fresh(self.settings.read_wait_timeout_s))
         return result
+
+    def rate_limiter(self, spec: str, namespace: str) -> RateLimiter:
+        """Limits of ``spec`` (the ``UPROF_RATE_LIMIT`` notation) per key of ``namespace``,
+        counted in the deployment's database: one allowance for every process."""
+        counters = self.rate_counters or RateCounters(self.views_engine)
+        return RateLimiter(parse_rate_limit(spec), counters, namespace)
 
     def close(self) -> None:
         for stop in list(self.worker_stoppers):

@@ -129,11 +129,13 @@ class Settings(BaseSettings):
     #: document (/openapi.json) is served either way: it is data, not a page.
     api_docs: bool = True
 
-    #: Requests per API key and server process, in the `limits` notation ("50/second",
-    #: "50/second;1000/minute"); over it, 429 with Retry-After. None: no limit.
+    #: Requests per API key (REST, MCP and console pages), in the `limits` notation
+    #: ("50/second", "50/second;1000/minute"); over it, 429 with Retry-After. Counted in
+    #: the deployment's database: one allowance for every process, kept across restarts
+    #: (uprof.services.rate_limits). None: no limit.
     rate_limit: str | None = None
-    #: Page views and posts per privacy-center session (keyed by the link that opened it)
-    #: and server process, in the same notation; over it, a 429 page with Retry-After and
+    #: Page views and posts per privacy-center session (keyed by the link that opened it),
+    #: in the same notation and counted the same way; over it, a 429 page with Retry-After and
     #: nothing read or recorded. Each page view that shows the subject's data appends an
     #: audit entry (decision 0102), so this bounds how fast a session can grow the log.
     #: None or "off": no limit.

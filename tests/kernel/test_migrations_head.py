@@ -80,9 +80,12 @@ def test_a_store_behind_its_head_is_migrated_and_one_at_head_is_left_alone(
         assert {"granted_position", "withdrawn_position"} <= _columns(engine, "consents")
         assert {"stream_id", "capture_id", "mark"} <= _columns(engine, "erased_keys")
         assert {"session_id", "expires_at"} <= _columns(engine, "signed_out_sessions")
-        assert _versions(engine) >= {"0007_views_signed_out_sessions"}
+        assert {"bucket", "period_s", "slot", "hits", "expires_at"} <= _columns(
+            engine, "rate_limit_slots"
+        )
+        assert _versions(engine) == {"0008_views_rate_limit_slots"}
         migrate(engine, "views")  # at head: nothing to do
-        assert _versions(engine) >= {"0007_views_signed_out_sessions"}
+        assert _versions(engine) == {"0008_views_rate_limit_slots"}
     finally:
         engine.dispose()
 

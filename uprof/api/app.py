@@ -22,9 +22,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Route
 
 import uprof
-from domain.errors import CaptureBackloggedError, UprofError
+from domain.errors import CaptureBackloggedError, RateLimitUnavailableError, UprofError
 from uprof.api.errors import (
     CAPTURE_RETRY_AFTER_S,
+    RATE_LIMIT_UNAVAILABLE_RETRY_AFTER_S,
     EdgeError,
     body_for,
     classify,
@@ -32,7 +33,7 @@ from uprof.api.errors import (
 )
 from uprof.api.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimitMiddleware
 from uprof.api.metrics import Metrics, MetricsMiddleware
-from uprof.api.ratelimit import KeyRateLimiter, RateLimitedError
+from uprof.api.ratelimit import RateLimitedError, limiter_for
 from uprof.api.routes import (
     audit,
     captures,
@@ -159,7 +160,7 @@ def create_app(
     app.state.api_keys = api_keys
     app.state.metrics = metrics
     app.state.max_ready_lag = max_ready_lag
-    app.state.rate_limiter = KeyRateLimiter(rate_limit) if rate_limit else None
+    app.state.rate_limiter = limiter_for(kernel, rate_limit)
 
     for router in included:
         app.include_router(router)
@@ -193,11 +194,11 @@ def _install_error_handlers(app: FastAPI, page_errors: PageErrors | None = None)
             _log.error("uprof error mapped to %d: %s", status, type(error).__name__)
         if page_errors is not None and (page := page_errors(request, error)) is not None:
             return page
-        headers = (
-            {"Retry-After": str(CAPTURE_RETRY_AFTER_S)}
-            if isinstance(error, CaptureBackloggedError)
-            else None
-        )
+        headers = None
+        if isinstance(error, CaptureBackloggedError):
+            headers = {"Retry-After": str(CAPTURE_RETRY_AFTER_S)}
+        elif isinstance(error, RateLimitUnavailableError):
+            headers = {"Retry-After": str(RATE_LIMIT_UNAVAILABLE_RETRY_AFTER_S)}
         return _json(body_for(error), status, headers)
 
     @app.exception_handler(EdgeError)

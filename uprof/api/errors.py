@@ -26,6 +26,7 @@ from domain.errors import (
     InvalidInputError,
     ModelUnavailableError,
     PermissionDeniedError,
+    RateLimitUnavailableError,
     ReadRecordingError,
     ReadTimeoutError,
     StoresLostError,
@@ -55,12 +56,15 @@ STATUS_TABLE: tuple[tuple[type[UprofError], int, str], ...] = (
     (EmbedderMismatchError, 503, "embedder_mismatch"),
     (ModelUnavailableError, 503, "model_unavailable"),
     (StoresLostError, 503, "stores_lost"),
+    (RateLimitUnavailableError, 503, "rate_limit_unavailable"),
     (UprofError, 500, "internal"),
 )
 
 
 #: Seconds a client is told to wait (Retry-After) before retrying a refused capture.
 CAPTURE_RETRY_AFTER_S = 1
+#: Seconds a client is told to wait when the rate-limit counters did not answer.
+RATE_LIMIT_UNAVAILABLE_RETRY_AFTER_S = 5
 
 
 def classify(error: UprofError) -> tuple[int, str]:

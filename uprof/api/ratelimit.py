@@ -1,23 +1,32 @@
-"""Requests per API key, limited by the `limits` library: 429 with ``Retry-After``.
+"""Rate limits at the edges: 429 with ``Retry-After``.
 
-One limiter per server process, keyed by the authenticated key id (never by an id the
-request states, and never by IP: many apps may share a gateway). The counters live in
-the process's memory, so with N server processes a key gets up to N times the rate;
-docs/api.md says so. Off unless configured (``UPROF_RATE_LIMIT`` or ``uprof serve
---rate-limit``), in the `limits` notation: ``"50/second"``, ``"50/second;1000/minute"``.
+Every limit of a deployment goes through ``KeyRateLimiter`` here: ``UPROF_RATE_LIMIT`` per
+authenticated API key id (REST, MCP and the console share one allowance per key; never
+an id the request states, never an IP: many apps may share a gateway), and
+``UPROF_PRIVACY_RATE_LIMIT`` per privacy-center session (``uprof.web.pages``). The
+counters are in the deployment's database (``Uprof.rate_limiter``, decision
+shared-rate-limits): every server process counts against the same allowance, and a
+restart keeps it. When the counters cannot be read the request is refused with a 503
+(``RateLimitUnavailableError``), never let through uncounted. Off unless configured, in
+the `limits` notation: ``"50/second"``, ``"50/second;1000/minute"``.
 """
 
 from __future__ import annotations
 
 import math
-import time
+from typing import TYPE_CHECKING
 
 from limits import RateLimitItem
-from limits.storage import MemoryStorage
-from limits.strategies import MovingWindowRateLimiter
 
 from uprof.api.errors import EdgeError
-from uprof.settings import parse_rate_limit
+
+if TYPE_CHECKING:
+    from uprof.kernel import Uprof
+
+#: The namespace of API keys' buckets (REST, MCP and console pages alike).
+API_KEYS = "api-key"
+#: The namespace of privacy-center sessions' buckets (keyed by the link that opened them).
+PRIVACY_LINKS = "privacy-link"
 
 
 class RateLimitedError(EdgeError):
@@ -34,15 +43,21 @@ class RateLimitedError(EdgeError):
 
 
 class KeyRateLimiter:
-    """Moving-window limits per API key id (a key over any one of them is refused)."""
+    """Moving-window limits per key of one namespace (a key over any one is refused)."""
 
-    def __init__(self, spec: str) -> None:
-        self._items = parse_rate_limit(spec)
-        self._limiter = MovingWindowRateLimiter(MemoryStorage())
+    def __init__(self, kernel: Uprof, spec: str, namespace: str = API_KEYS) -> None:
+        self._limiter = kernel.rate_limiter(spec, namespace)
 
-    def check(self, key_id: str) -> None:
-        """Count one request for ``key_id``, or raise ``RateLimitedError``."""
-        for item in self._items:
-            if not self._limiter.hit(item, key_id):
-                reset_at = self._limiter.get_window_stats(item, key_id).reset_time
-                raise RateLimitedError(item, max(1, math.ceil(reset_at - time.time())))
+    def check(self, key: str) -> None:
+        """Count one request for ``key``, or raise ``RateLimitedError`` (over a limit) or
+        ``RateLimitUnavailableError`` (the counters did not answer)."""
+        refusal = self._limiter.check(key)
+        if refusal is not None:
+            raise RateLimitedError(refusal.limit, max(1, math.ceil(refusal.retry_after_s)))
+
+
+def limiter_for(
+    kernel: Uprof, spec: str | None, namespace: str = API_KEYS
+) -> KeyRateLimiter | None:
+    """The limiter of ``spec`` over the deployment's counters (None: no limit)."""
+    return KeyRateLimiter(kernel, spec, namespace) if spec else None

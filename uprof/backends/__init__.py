@@ -13,7 +13,7 @@ psycopg, and ``import uprof.backends`` costs nothing at CLI start.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,10 +159,22 @@ class Backend(Protocol):
         ...
 
     def serialised_transaction(
-        self, engine: sa.Engine, lock_key: int
+        self, engine: sa.Engine, lock_key: int, *, flush: bool = True
     ) -> AbstractContextManager[sa.Connection]:
         """A write transaction entered one at a time per ``lock_key``; reads after
-        entering see every earlier writer's commit."""
+        entering see every earlier writer's commit. ``flush=False``: its commit need not
+        wait for the log to reach the disk, for data whose last moments a crash of the
+        database server may lose (rate-limit counters), never anything acknowledged."""
+        ...
+
+    def upsert(
+        self,
+        table: sa.Table,
+        rows: Sequence[Mapping[str, Any]],
+        keys: Sequence[sa.Column[Any]],
+        set_: Mapping[str, Any],
+    ) -> sa.Executable:
+        """``INSERT rows ... ON CONFLICT (keys) DO UPDATE SET set_`` in one statement."""
         ...
 
     def is_transient_lock(self, error: BaseException | None) -> bool:

@@ -198,13 +198,37 @@ class PostgresBackend:
         return ["DROP FUNCTION IF EXISTS uprof_audit_append_only()"]
 
     @contextlib.contextmanager
-    def serialised_transaction(self, engine: sa.Engine, lock_key: int) -> Iterator[sa.Connection]:
+    def serialised_transaction(
+        self, engine: sa.Engine, lock_key: int, *, flush: bool = True
+    ) -> Iterator[sa.Connection]:
         # READ COMMITTED: each statement after the lock sees every earlier holder's commit.
         with engine.connect() as conn:
             conn = conn.execution_options(isolation_level="READ COMMITTED")
             with conn.begin():
-                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(lock_key)))
+                lock = sa.func.pg_advisory_xact_lock(lock_key)
+                if flush:
+                    conn.execute(sa.select(lock))
+                else:
+                    # This transaction only, in the lock's round trip: the WAL writer
+                    # flushes its commit within a few hundred ms.
+                    local = sa.func.set_config("synchronous_commit", "off", True)
+                    conn.execute(sa.select(lock, local))
                 yield conn
+
+    def upsert(
+        self,
+        table: sa.Table,
+        rows: Sequence[Mapping[str, Any]],
+        keys: Sequence[sa.Column[Any]],
+        set_: Mapping[str, Any],
+    ) -> sa.Executable:
+        from sqlalchemy.dialects.postgresql import insert
+
+        return (
+            insert(table)
+            .values(list(rows))
+            .on_conflict_do_update(index_elements=list(keys), set_=dict(set_))
+        )
 
     def scan_tables(self, engine: sa.Engine, terms: Sequence[str]) -> TableScan:
         inspector = sa.inspect(engine)

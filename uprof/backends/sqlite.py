@@ -13,7 +13,7 @@ import json
 import os
 import secrets
 import sqlite3
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
@@ -191,8 +191,12 @@ class SQLiteBackend:
         return position
 
     @contextlib.contextmanager
-    def serialised_transaction(self, engine: sa.Engine, lock_key: int) -> Iterator[sa.Connection]:
+    def serialised_transaction(
+        self, engine: sa.Engine, lock_key: int, *, flush: bool = True
+    ) -> Iterator[sa.Connection]:
         # One writer per database file: the write lock is the lock, whatever the key.
+        # ``flush`` changes nothing: the engine's own synchronous setting decides (the
+        # views file: NORMAL in WAL, no fsync per commit).
         with engine.connect() as conn, conn.begin():
             dbapi = conn.connection.dbapi_connection
             if not getattr(dbapi, "in_transaction", True):
@@ -200,6 +204,21 @@ class SQLiteBackend:
                 # two writers cannot both read the same state.
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
             yield conn
+
+    def upsert(
+        self,
+        table: sa.Table,
+        rows: Sequence[Mapping[str, Any]],
+        keys: Sequence[sa.Column[Any]],
+        set_: Mapping[str, Any],
+    ) -> sa.Executable:
+        from sqlalchemy.dialects.sqlite import insert
+
+        return (
+            insert(table)
+            .values(list(rows))
+            .on_conflict_do_update(index_elements=list(keys), set_=dict(set_))
+        )
 
     def scan_tables(self, engine: sa.Engine, terms: Sequence[str]) -> TableScan:
         # The databases are files in the data folder: the file scan's child reads them

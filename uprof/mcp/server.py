@@ -47,7 +47,7 @@ from domain.errors import UprofError
 from uprof.api.deps import key_still_live
 from uprof.api.errors import EdgeError, body_for, unauthenticated, validation_problem
 from uprof.api.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimitMiddleware
-from uprof.api.ratelimit import KeyRateLimiter
+from uprof.api.ratelimit import limiter_for
 from uprof.api.runtime import ServiceRuntime
 from uprof.api.scoped import AppScope
 from uprof.apikeys.store import ApiKeyStore, Principal
@@ -169,7 +169,7 @@ def build_server(
     create``), not through OAuth. ``rate_limit``: requests per API key, in the notation
     of ``UPROF_RATE_LIMIT`` (each tool call and resource read is one request).
     """
-    limiter = KeyRateLimiter(rate_limit) if rate_limit else None
+    limiter = limiter_for(runtime.kernel, rate_limit)
     verifier = ApiKeyTokenVerifier(api_keys) if api_keys is not None else None
     auth = (
         AuthSettings(issuer_url=issuer_url, resource_server_url=None, validate_token_resource=False)
@@ -189,7 +189,7 @@ def build_server(
         if limiter is not None:
             try:
                 limiter.check(key_id)
-            except EdgeError as refused:
+            except (EdgeError, UprofError) as refused:  # over the limit, or not countable
                 raise _tool_error(refused) from None
 
     def scope() -> AppScope:

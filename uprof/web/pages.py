@@ -18,9 +18,9 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from domain.errors import PermissionDeniedError, UprofError
-from uprof.api.errors import classify
-from uprof.api.ratelimit import KeyRateLimiter, RateLimitedError
+from domain.errors import PermissionDeniedError, RateLimitUnavailableError, UprofError
+from uprof.api.errors import RATE_LIMIT_UNAVAILABLE_RETRY_AFTER_S, classify
+from uprof.api.ratelimit import PRIVACY_LINKS, KeyRateLimiter, RateLimitedError, limiter_for
 from uprof.api.runtime import ServiceRuntime
 from uprof.apikeys.store import ROLE_OPERATOR, ApiKeyStore
 from uprof.facade import PRIVACY_CENTER, Facade, Principal, PrincipalKind
@@ -237,6 +237,17 @@ class WebPages:
             return None
         try:
             limiter.check(key)
+        except RateLimitUnavailableError:
+            # Fail closed: a page the deployment cannot count is not served.
+            response = self.message(
+                request,
+                503,
+                "Service unavailable",
+                "This page cannot be shown right now. "
+                f"Wait {RATE_LIMIT_UNAVAILABLE_RETRY_AFTER_S} s, then reload the page.",
+            )
+            response.headers["Retry-After"] = str(RATE_LIMIT_UNAVAILABLE_RETRY_AFTER_S)
+            return response
         except RateLimitedError as refused:
             response = self.message(
                 request,
@@ -313,7 +324,7 @@ class _AppStores:
             with _APP_STORES_LOCK:
                 if not self._limiter_made:
                     spec = runtime.kernel.settings.privacy_rate_limit
-                    self._limiter = KeyRateLimiter(spec) if spec else None
+                    self._limiter = limiter_for(runtime.kernel, spec, PRIVACY_LINKS)
                     self._limiter_made = True
         return self._limiter
 

@@ -51,11 +51,12 @@ _DESCRIPTIONS = {
 def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """The ``responses=`` entry for the given error statuses.
 
-    400, 401, 413, 422 and 429 (rate limit) apply to every authenticated route.
-    Routes that act through the facade add 403 (policy decides every action, deny by
-    default) and 503 (a read that cannot be recorded in the audit log, a view that does
-    not catch up in time, a backlogged writer); the schemathesis run checks that no
-    route answers a status it does not declare.
+    400, 401, 413, 422, 429 (rate limit) and 503 (the rate-limit counters did not
+    answer: ``rate_limit_unavailable``) apply to every authenticated route. Routes that
+    act through the facade add 403 (policy decides every action, deny by default) and
+    503 for their own reasons (a read that cannot be recorded in the audit log, a view
+    that does not catch up in time, a backlogged writer); the schemathesis run checks that
+    no route answers a status it does not declare.
     """
-    wanted = sorted({400, 401, 413, 422, 429, *statuses})
+    wanted = sorted({400, 401, 413, 422, 429, 503, *statuses})
     return {s: {"model": ErrorOut, "description": _DESCRIPTIONS[s]} for s in wanted}
