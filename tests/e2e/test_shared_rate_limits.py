@@ -5,7 +5,7 @@ The counters of ``UPROF_RATE_LIMIT`` (per API key) and ``UPROF_PRIVACY_RATE_LIMI
 privacy-center session, keyed by its link) lived in each server process's memory: with
 two servers a caller alternating between them got twice the allowance, and a restart
 gave a fresh one (security.md, decisions 0109 and 0111). They are now counted in the
-deployment's database (decision shared-rate-limits).
+deployment's database (decision 0115-shared-rate-limits).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Rate-limit counters in the deployment's database: one allowance for every server
-process, kept across restarts (decision shared-rate-limits).
+process, kept across restarts (decision 0115-shared-rate-limits).
 
 The limits of ``UPROF_RATE_LIMIT`` (per API key, every surface) and
 ``UPROF_PRIVACY_RATE_LIMIT`` (per privacy-center session) used to be counted in each
