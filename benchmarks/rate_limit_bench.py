@@ -1,5 +1,5 @@
 """What a rate-limit check costs: the per-process limiter (main until decision
-shared-rate-limits) beside the deployment's counters on SQLite and PostgreSQL.
+0115-shared-rate-limits) beside the deployment's counters on SQLite and PostgreSQL.
 
 ``python -m benchmarks.rate_limit_bench --runs 5 --out docs/bench/rate-limits.json`` from
 the tree's root (PostgreSQL at ``--postgres``, trust auth; a database of its own is

@@ -5,7 +5,7 @@ authenticated API key id (REST, MCP and the console share one allowance per key;
 an id the request states, never an IP: many apps may share a gateway), and
 ``UPROF_PRIVACY_RATE_LIMIT`` per privacy-center session (``uprof.web.pages``). The
 counters are in the deployment's database (``Uprof.rate_limiter``, decision
-shared-rate-limits): every server process counts against the same allowance, and a
+0115-shared-rate-limits): every server process counts against the same allowance, and a
 restart keeps it. When the counters cannot be read the request is refused with a 503
 (``RateLimitUnavailableError``), never let through uncounted. Off unless configured, in
 the `limits` notation: ``"50/second"``, ``"50/second;1000/minute"``.
