@@ -11,6 +11,7 @@ folder: by default the sibling folder ``<data_dir>.keys`` (docs/governance.md).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -19,6 +20,13 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 if TYPE_CHECKING:
     from limits import RateLimitItem
+
+
+#: The longest period a rate limit may have (seconds): a year, within the 32-bit
+#: ``rate_limit_slots.period_s`` (uprof.services.rate_limits) on every backend.
+MAX_RATE_PERIOD_S = 366 * 24 * 3600
+#: "/0 minutes", "/ 00 second": a period of zero units.
+_ZERO_PERIOD = re.compile(r"/\s*0+(?![0-9])")
 
 
 def parse_rate_limit(spec: str) -> list[RateLimitItem]:
@@ -33,6 +41,15 @@ def parse_rate_limit(spec: str) -> list[RateLimitItem]:
         raise ValueError(
             f"{spec!r} is not a rate limit; use '<count>/<second|minute|hour|day>', "
             "several separated by ';', for example '50/second;1000/minute'"
+        )
+    if _ZERO_PERIOD.search(spec):
+        # `limits` reads "5/0 minutes" as 5 per minute: say so rather than guess.
+        raise ValueError(f"{spec!r} has a period of 0; give a period of at least 1 second")
+    if any(item.get_expiry() > MAX_RATE_PERIOD_S for item in items):
+        # The counters' table keeps a period in a 32-bit integer on PostgreSQL: a longer
+        # one failed every check there, a 503 for every request (review of 0115, bug BG).
+        raise ValueError(
+            f"{spec!r} has a period longer than a year; give periods of at most 366 days"
         )
     if any(item.amount < 1 for item in items):
         # `limits` takes 0 as "nothing allowed": every request refused, for good.

@@ -61,3 +61,20 @@ def test_no_limit_by_default_and_bad_specs_are_refused_naming_the_field() -> Non
     ]
     with pytest.raises(ValueError, match="rate_limit"):
         Settings(rate_limit="fast")
+
+
+def test_periods_the_counters_cannot_hold_are_refused_at_startup() -> None:
+    """Review of 0115, bug BG: ``limits`` reads "5/0 minutes" as 5 per minute, and a
+    period over 2**31 - 1 s ("10/100 years") was accepted, then failed every check on
+    PostgreSQL (``rate_limit_slots.period_s`` is a 32-bit integer: "integer out of
+    range"), so every request got a 503 ``rate_limit_unavailable``. Both are refused when
+    the settings load, naming the field."""
+    for spec in ("5/0 minutes", "1/0 second", "10/100 years", "30/minute;10/400 days"):
+        with pytest.raises(ValueError, match="rate_limit") as refused:
+            Settings(rate_limit=spec)
+        assert "period" in str(refused.value), spec
+        with pytest.raises(ValueError, match="privacy_rate_limit"):
+            Settings(privacy_rate_limit=spec)
+    # Still accepted: every period from a second to a year.
+    assert Settings(rate_limit="1/second;2/3 seconds;10/365 days").rate_limit
+    assert Settings(privacy_rate_limit="1000/year").privacy_rate_limit

@@ -69,7 +69,10 @@ async def authenticate(
         raise unauthenticated("invalid or revoked API key")
     limiter: KeyRateLimiter | None = request.app.state.rate_limiter
     if limiter is not None:
-        limiter.check(principal.key_id)
+        # A database transaction that may wait (the views file's write lock, the bucket's
+        # lock, a pooled connection): in the thread pool, never on the loop, where its
+        # wait held up every other request of the process (review of 0115, bug BF).
+        await run_in_threadpool(limiter.check, principal.key_id)
     return principal
 
 
