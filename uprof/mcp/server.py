@@ -16,8 +16,9 @@ comes from authentication, as over REST (I3):
 The REST API's limits hold here too: ``http_app`` refuses a body over the size limit
 (413) before it is read, and a key's ``initialize`` once the key holds
 ``max_sessions_per_key`` open sessions (429 ``too_many_sessions``: the SDK's session limit
-is the whole server's, every app's and tenant's), and ``rate_limit`` (``UPROF_RATE_LIMIT``) counts every tool call
-and resource read against the key's allowance (a ``rate_limited`` error, nothing done).
+is the whole server's, every app's and tenant's), and ``rate_limit`` (``UPROF_RATE_LIMIT``)
+counts every tool call and resource read against the key's allowance (a ``rate_limited``
+error, nothing done).
 
 Failures become tool errors (``is_error``) whose text is the REST error body as JSON
 (``{"error": {"code": "consent_required", "message": ..., "hint": ..., "fields": [...]}}``),
