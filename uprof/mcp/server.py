@@ -498,7 +498,7 @@ def http_app(
     ``max_body_bytes`` with 413 before it is read (the MCP SDK reads a body whole into
     memory before parsing it), as the REST API does, and a new session of a key that
     already holds ``max_sessions_per_key`` (429 ``too_many_sessions``)."""
-    app = server.streamable_http_app(streamable_http_path=path, host=host)
+    app: ASGIApp = server.streamable_http_app(streamable_http_path=path, host=host)
     api_keys = server.api_keys if isinstance(server, UprofMCPServer) else None
     if api_keys is not None:
         app = SessionsPerKeyMiddleware(app, server.session_manager, api_keys, max_sessions_per_key)
