@@ -7,9 +7,9 @@ console's pages count against the key's ``UPROF_RATE_LIMIT`` allowance (review o
 0108/0109). The sign-in itself was counted by nothing: any app's key, over its limit on
 REST, MCP and the console's pages, posted its own key to ``/console/login`` as often as it
 liked and each post wrote an entry to the audit log (found in review: 6 posts under
-``2/minute`` were all answered, 403 or 303, and wrote 6 entries). A sign-in is now counted against the key, once the key is
-known (an unknown key names no allowance and records nothing); over it, a 429 page that
-records nothing.
+``2/minute`` were all answered, 403 or 303, and wrote 6 entries). A sign-in is now counted
+against the key, once the key is known (an unknown key names no allowance and records
+nothing); over it, a 429 page that records nothing.
 """
 
 from __future__ import annotations
