@@ -77,3 +77,37 @@ def test_one_key_cannot_take_every_mcp_session(kernel: Uprof, keys: ApiKeyStore)
     assert str(DEFAULT_MAX_SESSIONS_PER_KEY) in error["message"]
     assert ended.status_code in (200, 204), ended.text[:300]
     assert again.status_code == 200, again.text[:300]
+
+
+def test_another_key_can_neither_use_nor_end_a_keys_session(
+    kernel: Uprof, keys: ApiKeyStore
+) -> None:
+    """Held: a session belongs to the key that opened it (the SDK compares the key id our
+    token verifier gives); another key, of another app or of the same app, that learns its
+    id gets 404 as for no session, and the session goes on serving its own key."""
+    owner = keys.create(PLANNER).token
+    strangers = [keys.create(OTHER).token, keys.create(PLANNER).token]
+    runtime = ServiceRuntime.for_kernel(kernel)
+    app = http_app(build_server(runtime, keys), path="/mcp")
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+    runtime.start()
+    try:
+        with LiveServer(app) as live, httpx.Client(timeout=30) as client:
+            session = {"mcp-session-id": _open(client, live.url, owner).headers["mcp-session-id"]}
+            used = [
+                client.post(
+                    f"{live.url}/mcp", json=listing, headers={**ACCEPT, **bearer(t), **session}
+                )
+                for t in strangers
+            ]
+            ended = [
+                client.delete(f"{live.url}/mcp", headers={**ACCEPT, **bearer(t), **session})
+                for t in strangers
+            ]
+            still = client.post(
+                f"{live.url}/mcp", json=listing, headers={**ACCEPT, **bearer(owner), **session}
+            )
+    finally:
+        runtime.stop()
+    assert [r.status_code for r in used + ended] == [404] * 4, [r.text[:200] for r in used]
+    assert still.status_code == 200 and "profile_slice" in still.text, still.text[:300]
