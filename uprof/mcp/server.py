@@ -14,8 +14,11 @@ comes from authentication, as over REST (I3):
   revoked key gets 401 before any tool runs.
 
 The REST API's limits hold here too: ``http_app`` refuses a body over the size limit
-(413) before it is read, and ``rate_limit`` (``UPROF_RATE_LIMIT``) counts every tool call
-and resource read against the key's allowance (a ``rate_limited`` error, nothing done).
+(413) before it is read, and a key's ``initialize`` once the key holds
+``max_sessions_per_key`` open sessions (429 ``too_many_sessions``: the SDK's session limit
+is the whole server's, every app's and tenant's), and ``rate_limit`` (``UPROF_RATE_LIMIT``)
+counts every tool call and resource read against the key's allowance (a ``rate_limited``
+error, nothing done).
 
 Failures become tool errors (``is_error``) whose text is the REST error body as JSON
 (``{"error": {"code": "consent_required", "message": ..., "hint": ..., "fields": [...]}}``),
@@ -41,7 +44,8 @@ from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.shared.exceptions import MCPError
 from mcp.types import INTERNAL_ERROR, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
-from starlette.types import ASGIApp
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from domain.errors import UprofError
 from uprof.api.deps import key_still_live
@@ -50,7 +54,7 @@ from uprof.api.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimitMiddleware
 from uprof.api.ratelimit import limiter_for
 from uprof.api.runtime import ServiceRuntime
 from uprof.api.scoped import AppScope
-from uprof.apikeys.store import ApiKeyStore, Principal
+from uprof.apikeys.store import ApiKeyStore, NeedsRead, Principal
 from uprof.schemas import api as w
 from uprof.schemas.api import ErrorOut, FieldProblem, field_problems
 
@@ -114,10 +118,14 @@ def _tool_error(error: UprofError | EdgeError | ValidationError) -> UprofToolErr
 class UprofMCPServer(MCPServer):
     """The SDK's server, with every failure in the REST error form.
 
+    ``api_keys`` is the key store its HTTP transport authenticates with (None: stdio).
+
     The SDK validates arguments against the tool's signature before the tool runs and
     reports a mismatch as ``Error executing tool <name>: <pydantic text>``; here that,
     and the SDK's prefix on the tools' own errors, become the REST body.
     """
+
+    api_keys: ApiKeyStore | None = None
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
         # The SDK drops arguments the tool does not declare; REST refuses an unknown body
@@ -176,13 +184,14 @@ def build_server(
         if verifier is not None
         else None
     )
-    server: MCPServer = UprofMCPServer(
+    server = UprofMCPServer(
         "uprof",
         instructions=INSTRUCTIONS,
         token_verifier=verifier,
         auth=auth,
         log_level="WARNING",
     )
+    server.api_keys = api_keys
 
     def counted(key_id: str) -> None:
         """Count one request against the key's allowance (after authentication, as REST)."""
@@ -471,18 +480,98 @@ def build_server(
     return server
 
 
+#: Open MCP sessions one API key may hold at once on one server process. The SDK holds at
+#: most 10,000 per process, every key's together, each until it is deleted or idle for 30
+#: minutes; an MCP client keeps one per connection.
+DEFAULT_MAX_SESSIONS_PER_KEY = 100
+
+
 def http_app(
     server: MCPServer,
     *,
     path: str = "/mcp",
     host: str = "127.0.0.1",
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_sessions_per_key: int = DEFAULT_MAX_SESSIONS_PER_KEY,
 ) -> ASGIApp:
     """The server over streamable HTTP at ``path``, refusing a request body over
     ``max_body_bytes`` with 413 before it is read (the MCP SDK reads a body whole into
-    memory before parsing it), as the REST API does."""
-    app = server.streamable_http_app(streamable_http_path=path, host=host)
+    memory before parsing it), as the REST API does, and a new session of a key that
+    already holds ``max_sessions_per_key`` (429 ``too_many_sessions``)."""
+    app: ASGIApp = server.streamable_http_app(streamable_http_path=path, host=host)
+    api_keys = server.api_keys if isinstance(server, UprofMCPServer) else None
+    if api_keys is not None:
+        app = SessionsPerKeyMiddleware(app, server.session_manager, api_keys, max_sessions_per_key)
     return BodySizeLimitMiddleware(app, max_body_bytes=max_body_bytes)
+
+
+class SessionsPerKeyMiddleware:
+    """Refuse an API key's new MCP session while it holds ``limit`` open ones.
+
+    The SDK refuses every new session once ``max_sessions`` are open, whoever opened them,
+    and opening one runs no tool, so the rate limit never counted it: one app's key could
+    open sessions until no other app or tenant of the server could start one (hostile
+    callers round 5, bug BP). Sessions are counted from the SDK's own record of who opened
+    each (the key id our token verifier gives as the subject), so a session that ends
+    (deleted, idle, crashed) stops counting when the SDK forgets it. Requests opening
+    sessions of one key at the same moment may each pass the count once: the overshoot is
+    bounded by the key's concurrent connections, not by time.
+    """
+
+    def __init__(self, app: ASGIApp, manager: Any, api_keys: ApiKeyStore, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("max_sessions_per_key must be at least 1")
+        owners = getattr(manager, "_session_owners", None)
+        if not isinstance(owners, dict):
+            # Fail at start, not open: without the SDK's record nothing could be counted.
+            raise RuntimeError("this MCP SDK keeps no session owners: cannot count sessions")
+        self.app = app
+        self._owners: dict[str, Any] = owners
+        self._api_keys = api_keys
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and not _has_session(scope):
+            key_id = await self._key_id(scope)
+            if key_id is not None and self._open(key_id) >= self.limit:
+                refused = EdgeError(
+                    429,
+                    "too_many_sessions",
+                    f"this API key already holds {self.limit} open MCP sessions",
+                    hint="reuse an open session, or end one you no longer use (HTTP DELETE "
+                    "with its Mcp-Session-Id); an idle session ends after 30 minutes",
+                )
+                response = JSONResponse(refused.body().model_dump(mode="json"), status_code=429)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _open(self, key_id: str) -> int:
+        # The SDK's owners are ``AuthorizationContext`` dicts (client_id, issuer, subject).
+        return sum(1 for owner in list(self._owners.values()) if owner.get("subject") == key_id)
+
+    async def _key_id(self, scope: Scope) -> str | None:
+        """The key id of the request's bearer token; None for none or an invalid one (the
+        SDK's bearer check answers those with 401)."""
+        token = _bearer(scope)
+        if token is None:
+            return None
+        principal = self._api_keys.authenticate_cached(token)
+        if isinstance(principal, NeedsRead):
+            principal = await anyio.to_thread.run_sync(self._api_keys.authenticate, token)
+        return None if principal is None else principal.key_id
+
+
+def _has_session(scope: Scope) -> bool:
+    return any(name == b"mcp-session-id" for name, _ in scope.get("headers", ()))
+
+
+def _bearer(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+    return None
 
 
 def _resource_error(error: UprofToolError) -> MCPError:

@@ -40,6 +40,11 @@ def router(web: WebPages) -> APIRouter:
                 401,
                 error="That API key is unknown, malformed or revoked.",
             )
+        # Counted before anything is recorded: a key over its allowance signs in nowhere
+        # and writes nothing (an unknown key above names no allowance and no one).
+        refused = web.key_counted(request, principal.key_id)
+        if refused is not None:
+            return refused
         door = key_door(web.runtime_of(request), principal.app_id, principal.key_id)
         if not principal.has_role(ROLE_OPERATOR):
             door.console_sign_in(refused=True)

@@ -289,9 +289,17 @@ class WebPages:
         # A console session is its key: its pages count against the key's REST allowance
         # (``rate_limit``), or a page that signs in as the key would dodge it (review of
         # 0108/0109: audit pages, each recorded, read without bound).
-        limiter = getattr(request.app.state, "rate_limiter", None)
-        refused = self._over_limit(request, limiter, session.key_id)
+        refused = self.key_counted(request, session.key_id)
         return refused or session
+
+    def key_counted(self, request: Request, key_id: str) -> HTMLResponse | None:
+        """Count one page against the API key ``key_id``'s allowance (``rate_limit``, the
+        one REST and MCP count against): None, or the 429 page. The console's pages, and
+        its sign-in once the key is known: each sign-in is recorded (``console.signed_in``
+        or ``console.sign_in_refused``), and uncounted they grew the log without bound for
+        a key over its limit everywhere else (hostile callers round 5, bug BQ)."""
+        limiter = getattr(request.app.state, "rate_limiter", None)
+        return self._over_limit(request, limiter, key_id)
 
     def checked_operator(self, request: Request, csrf: str) -> Session | Response:
         session = self.need_operator(request)

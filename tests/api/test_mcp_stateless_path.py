@@ -1,0 +1,96 @@
+"""The MCP SDK's sessionless path goes through the same key, limit and argument checks
+(hostile callers, round 5; held, kept as a regression guard; both backends, live server).
+
+Since MCP SDK 2.x a request carrying ``MCP-Protocol-Version: 2026-07-28`` (a revision
+without sessions) skips the session manager: no ``initialize``, no ``mcp-session-id``, one
+tool call per HTTP request. Tried as a way around what a session carries: it is still
+refused without a key (401), a tool call still runs as the key's app, an argument the tool
+does not declare is still refused naming it, and ``UPROF_RATE_LIMIT`` still counts each
+call against the key's allowance, nothing done once it is spent.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+from tests.api.conftest import PLANNER, WHEN, LiveServer, bearer
+from uprof.api import ApiKeyStore
+from uprof.api.runtime import ServiceRuntime
+from uprof.kernel import Uprof
+from uprof.mcp import build_server
+from uprof.mcp.server import http_app
+
+MODERN = "2026-07-28"
+HEADERS = {
+    "Accept": "application/json, text/event-stream",
+    "Content-Type": "application/json",
+    "MCP-Protocol-Version": MODERN,
+    "Mcp-Method": "tools/call",
+    "Mcp-Name": "capture",
+}
+META = {
+    "io.modelcontextprotocol/protocolVersion": MODERN,
+    "io.modelcontextprotocol/clientInfo": {"name": "attack", "version": "1"},
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+ARGUMENTS = {"subject": "alice", "agent_id": "agent:one", "occurred_at": WHEN}
+
+
+def _call(n: int, arguments: dict[str, Any]) -> str:
+    params = {"name": "capture", "arguments": arguments, "_meta": META}
+    return json.dumps({"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": params})
+
+
+def _error(response: httpx.Response) -> dict[str, Any] | None:
+    result = response.json()["result"]
+    if not result.get("isError"):
+        return None
+    error: dict[str, Any] = json.loads(result["content"][0]["text"])["error"]
+    return error
+
+
+def test_the_sessionless_mcp_path_keeps_the_key_the_limit_and_the_argument_check(
+    kernel: Uprof, keys: ApiKeyStore
+) -> None:
+    kernel.grant_consent("alice", app_id=PLANNER, categories=["*"], purposes=["personalization"])
+    planner = keys.create(PLANNER).token
+    runtime = ServiceRuntime.for_kernel(kernel)
+    app = http_app(build_server(runtime, keys, rate_limit="2/minute"), path="/mcp")
+    runtime.start()
+    try:
+        with LiveServer(app) as live, httpx.Client(timeout=30) as client:
+            url = f"{live.url}/mcp"
+            stranger = client.post(
+                url, content=_call(0, {**ARGUMENTS, "user_input": "hi"}), headers=HEADERS
+            )
+            calls = [
+                client.post(
+                    url, content=_call(n, arguments), headers={**HEADERS, **bearer(planner)}
+                )
+                for n, arguments in enumerate(
+                    [
+                        {**ARGUMENTS, "user_input": "I like tea"},
+                        {**ARGUMENTS, "user_input": "I like tea", "app_id": "app:calendar"},
+                        {**ARGUMENTS, "user_input": "I like coffee"},
+                        {**ARGUMENTS, "user_input": "I like water"},
+                    ],
+                    1,
+                )
+            ]
+    finally:
+        runtime.stop()
+    assert stranger.status_code == 401
+    assert all(c.status_code == 200 for c in calls), [c.text[:200] for c in calls]
+    # A call refused for its arguments runs no tool and is not counted (as over the
+    # session path): the allowance of 2 is the first and the third call's.
+    first, foreign, second, over = (_error(c) for c in calls)
+    assert first is None and second is None
+    assert foreign is not None and foreign["code"] == "invalid_request"
+    assert [f["field"] for f in foreign["fields"]] == ["app_id"]
+    assert over is not None and over["code"] == "rate_limited"
+    accepted = list(kernel.audit_entries(action="capture.accepted"))
+    assert len(accepted) == 2  # the refused calls wrote nothing
+    assert {e.entry["app_id"] for e in accepted} == {PLANNER}  # as the key's app
