@@ -1150,7 +1150,12 @@ class Uprof:
                 # Captures kept winning; project what is there, extract on the next run.
                 self.projections.run_once()
                 raise
-            return extracted + self.projections.run_once()
+            # As ``process``: a rebuild in another process that reset the views between
+            # the batch's read and its apply refuses it (nothing written); read it again
+            # from the new position. Passed up, ``uprof worker`` logged it as a failed
+            # batch (ERROR, a traceback, a failure in its count) and waited its back-off
+            # (decision 0118-idempotency-reclaim-and-worker-collisions).
+            return extracted + retry.WORKER_COLLISION.call(self.projections.run_once)
 
     def catch_up(self, notification_id: int, timeout_s: float) -> bool:
         """Make sure projections have passed ``notification_id`` (bounded when in background)."""

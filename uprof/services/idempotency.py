@@ -233,11 +233,20 @@ class IdempotencyStore:
                 return None
             except sa.exc.IntegrityError:
                 pass
-            with self._engine.begin() as conn:
+            with self._engine.connect() as conn:
                 row = conn.execute(sa.select(t).where(t.c.token == token)).first()
+                conn.rollback()  # the read's transaction ends here, before any write
                 if row is not None and row.expires_ms <= now:
-                    # Expired: the key may name a new request now.
-                    conn.execute(t.delete().where(t.c.token == token, t.c.expires_ms <= now))
+                    # Expired: the key may name a new request now. One conditional DELETE
+                    # in a transaction of its own, never a write in the read's: on SQLite
+                    # a transaction that has read and then writes after another process's
+                    # commit to the views file (every rate-limited request commits there)
+                    # fails with SQLITE_BUSY_SNAPSHOT, which no busy timeout retries. The
+                    # condition does what the read did: a row another process claimed
+                    # anew meanwhile has not expired and stays (decision
+                    # 0118-idempotency-reclaim-and-worker-collisions).
+                    with conn.begin():
+                        conn.execute(t.delete().where(t.c.token == token, t.c.expires_ms <= now))
                     continue
             if row is None:
                 continue  # released between our insert and our read: claim again
