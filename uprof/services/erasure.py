@@ -211,13 +211,12 @@ class ErasureService:
         before = self._row_counts(str(stream))
 
         def tombstone() -> int:
-            profile = self._app.load(stream)
-            if profile.erased:
-                # An erasure killed after its tombstone: finish that one (its position is
-                # found below, from the stream).
-                return 0
-            profile.erase(request_id=request_id, basis=basis, now=received_at)
-            return self._app.save(profile)[-1].notification.id
+            # Read no ciphertext: a damaged event must not make a subject unerasable
+            # (bug BX). 0: an erasure killed after its tombstone; finish that one (its
+            # position is found below, from the stream).
+            return self._app.append_subject_tombstone(
+                stream, request_id=request_id, basis=basis, now=received_at
+            )
 
         tombstone_id = self._app.with_retry(tombstone)
         draft = _Draft(
