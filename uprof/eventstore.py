@@ -198,7 +198,7 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
             raise SubjectNotFoundError("no such subject stream")
         if any(s.topic == _ERASED_TOPIC for s in stored):
             return 0
-        tombstone = SubjectProfile.SubjectErased(
+        tombstone = SubjectProfile.SubjectErased(  # type: ignore[call-arg]  # made by @event
             originator_id=stream_id,
             originator_version=stored[-1].originator_version + 1,
             timestamp=SubjectProfile.SubjectErased.create_timestamp(),
