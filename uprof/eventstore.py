@@ -193,10 +193,12 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
         """
         if self._keystore.is_shredded(str(stream_id)):
             raise SubjectErasedError("this subject has been erased")
-        stored = self.recorder.select_events(stream_id)
+        # The newest event only, whatever the stream's length: nothing is ever appended
+        # after a tombstone (every writer reloads on a version conflict and is refused).
+        stored = self.recorder.select_events(stream_id, desc=True, limit=1)
         if not stored:
             raise SubjectNotFoundError("no such subject stream")
-        if any(s.topic == _ERASED_TOPIC for s in stored):
+        if stored[-1].topic == _ERASED_TOPIC:
             return 0
         tombstone = SubjectProfile.SubjectErased(  # type: ignore[call-arg]  # made by @event
             originator_id=stream_id,
