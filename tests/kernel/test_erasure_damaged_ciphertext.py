@@ -15,10 +15,11 @@ import sqlalchemy as sa
 from eventsourcing.persistence import MapperDeserialisationError
 
 from audit.receipts import verify_receipt
-from domain.errors import SubjectErasedError
+from domain.errors import StoredDataDamagedError, SubjectErasedError
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import consent, running, say, settings_for
+from tests.kernel.conftest import APP, consent, running, say, settings_for
+from uprof.api.errors import classify
 from uprof.kernel import Uprof
 
 CANARY = "Qzxdamagedcanary"
@@ -103,3 +104,29 @@ def test_erasing_a_damaged_unextracted_capture_frees_the_partition(
         assert [m.text for m in k.profile("bob").memories] == [f"I met {BYSTANDER} at the market"]
         assert k.residue_scan([CANARY, "alice"]).clean
         assert k.audit_log.verify_integrity() == k.audit_log.size()
+
+
+def test_a_read_of_a_damaged_event_fails_closed_with_a_named_error(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """A slice reads the subject's stream (consents): the damaged event must refuse it with
+    an error every surface names (REST 500 ``stored_data_damaged``), not the anonymous
+    ``internal`` of an unexpected exception, and the message holds no stream id or
+    content. The pipeline still sees the library's decoding error (bug BZ)."""
+    _damaged_subject(backend, clock)
+    with running(settings_for(backend), clock) as k:
+        stream = str(k.stream_of("alice"))
+        with pytest.raises(StoredDataDamagedError) as refused:
+            k.slice(
+                "alice",
+                "market",
+                budget_tokens=200,
+                purpose="personalization",
+                app_id=APP,
+                agent_id="agent:one",
+            )
+        assert isinstance(refused.value, MapperDeserialisationError)
+        assert classify(refused.value) == (500, "stored_data_damaged")
+        message = str(refused.value)
+        assert stream not in message and CANARY not in message
+        assert k.profile("bob").memories  # the other subject is served as before
