@@ -123,9 +123,13 @@ class SQLiteBackend:
         finally:
             os.close(fd)  # releases the flock
 
-    def fold_log(self, engine: sa.Engine) -> None:
+    def fold_log(self, engine: sa.Engine) -> bool:
+        # The pragma does not raise when it cannot finish: a reader in another process
+        # (a shell, a backup tool, a scan) holding a snapshot makes it wait out the busy
+        # timeout and answer busy=1, the WAL left whole, deleted bytes and all (bug CA).
         with engine.connect() as conn:
-            conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+            row = conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)").first()
+        return row is None or int(row[0]) == 0
 
     def hold_open(self, engine: sa.Engine) -> Callable[[], None]:
         # A flock of a file of its own (never the database file: FIELD-NOTES 8.1); the
