@@ -56,11 +56,11 @@ def _pragmas_full(dbapi_connection: Any, record: Any) -> None:
     _pragmas(dbapi_connection, record, synchronous="FULL")
 
 
-#: SQLite's primary result codes for "another connection holds the lock" (BUSY, LOCKED).
 #: How long an erasure's WAL truncation is tried (the connections' busy timeout), and
 #: the pause between tries while another process's checkpoint runs.
 FOLD_TIMEOUT_S = 30.0
 FOLD_RETRY_S = 0.05
+#: SQLite's primary result codes for "another connection holds the lock" (BUSY, LOCKED).
 _BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 
 
