@@ -182,6 +182,16 @@ class PositionMovedError(ConcurrencyConflictError):
         self.new = new
 
 
+class StoredDataDamagedError(UprofError):
+    """A stored event failed authentication: the storage was damaged or altered. Raised
+    instead of serving anything from it; the message names the event's version only."""
+
+    hint = (
+        "a stored event of this subject cannot be opened (damaged or altered storage); "
+        "restore the stores from a backup, or erase the subject"
+    )
+
+
 class ReadRecordingError(UprofError):
     hint = "reads cannot be recorded right now, so none are served; check the store and retry"
 

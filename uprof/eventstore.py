@@ -12,6 +12,7 @@ import dataclasses
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -98,6 +99,7 @@ def topic_of(event_class: type) -> str:
 #: Recording a read changes nothing a later read depends on; every other event may.
 READ_TOPIC = topic_of(SubjectProfile.SliceServed)
 CAPTURED_TOPIC = topic_of(SubjectProfile.InteractionCaptured)
+_ERASED_TOPIC = topic_of(SubjectProfile.SubjectErased)
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,38 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
             raise
         assert isinstance(profile, SubjectProfile)
         return profile
+
+    def append_subject_tombstone(
+        self, stream_id: UUID, *, request_id: str, basis: str, now: datetime
+    ) -> int:
+        """Append ``SubjectErased`` to a stream without decrypting any of it; return its
+        log position, or 0 when the stream already holds its tombstone.
+
+        Erasure must not depend on the data being readable: a stored event whose
+        ciphertext was damaged (a flipped byte, a bad copy) fails authentication, and a
+        tombstone that replayed the aggregate first could never be appended, so the
+        subject could never be erased (bug BX). Tombstones are stored in plaintext
+        (ids only), so topics and versions are all this needs; the version check of
+        the insert still orders it against concurrent writers (``with_retry``).
+        """
+        if self._keystore.is_shredded(str(stream_id)):
+            raise SubjectErasedError("this subject has been erased")
+        # The newest event only, whatever the stream's length: nothing is ever appended
+        # after a tombstone (every writer reloads on a version conflict and is refused).
+        stored = self.recorder.select_events(stream_id, desc=True, limit=1)
+        if not stored:
+            raise SubjectNotFoundError("no such subject stream")
+        if stored[-1].topic == _ERASED_TOPIC:
+            return 0
+        tombstone = SubjectProfile.SubjectErased(  # type: ignore[call-arg]  # made by @event
+            originator_id=stream_id,
+            originator_version=stored[-1].originator_version + 1,
+            timestamp=SubjectProfile.SubjectErased.create_timestamp(),
+            request_id=request_id,
+            basis=basis,
+            erased_at=now,
+        )
+        return self.save(tombstone)[-1].notification.id
 
     def catch_up(self, profile: SubjectProfile) -> SubjectProfile:
         """Bring a loaded copy of a subject up to its stream's head (the events saved

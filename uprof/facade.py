@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from os import PathLike
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
+from uuid import UUID
 
 from audit.entry import normalise_timestamp
 from audit.export import ExportSummary
@@ -780,15 +781,24 @@ class Facade:
             self._still_authenticated()
         return decide()
 
+    def _incarnation(self, subject: str) -> UUID | None:
+        """The stream the name stands for now, looked up *before* a recorded read, so that
+        the record can tell whether the name still stands for what was read."""
+        handle = self._kernel.subjects.find(subject)
+        return handle.stream_id if handle is not None else None
+
     def _recorded(
         self,
         subject: str,
         reason: str,
         counts: dict[str, int],
         item_refs: Sequence[str] = (),
+        *,
+        read_from: UUID | None,
     ) -> None:
         """Decide the read again (``_decided_again``), then record it (``subject.read``,
-        with the purpose decided), before the answer leaves."""
+        with the purpose decided), before the answer leaves. ``read_from``: the subject's
+        stream as ``_incarnation`` gave it before the read."""
         purpose = self._decided_again(lambda: self._reader_purpose(subject))
         with self._as_principal():
             self._kernel.record_subject_read(
@@ -798,30 +808,40 @@ class Facade:
                 app_id=self.principal.app_id,
                 counts=counts,
                 item_refs=item_refs,
+                read_from=read_from,
             )
 
     def profile(self, subject: str, *, as_of: datetime | None = None) -> ProfileView:
         """The whole, ungated profile: the policy's ``inspect`` over every category."""
         self._authorize_governance("inspect", OPERATIONS_PURPOSE)
+        read_from = self._incarnation(subject)
         with self._as_principal():
             view = self._kernel.profile(subject, as_of=as_of)
-        self._recorded(subject, "profile", _profile_counts(view))
+        self._recorded(subject, "profile", _profile_counts(view), read_from=read_from)
         return view
 
     def evidence(self, subject: str, item_id: str) -> EvidenceView:
         """One item and the captures behind it: ``inspect``, or a data subject its own."""
         self._reader_purpose(subject)
+        read_from = self._incarnation(subject)
         with self._as_principal():
             found = self._kernel.evidence(subject, item_id)
-        self._recorded(subject, "evidence", {"captures": len(found.captures)}, [found.item_id])
+        self._recorded(
+            subject,
+            "evidence",
+            {"captures": len(found.captures)},
+            [found.item_id],
+            read_from=read_from,
+        )
         return found
 
     def evidence_captures(self, subject: str, capture_ids: set[str]) -> dict[str, Any]:
         """The subject's captured events behind items (its own subject, or ``inspect``)."""
         self._reader_purpose(subject)
+        read_from = self._incarnation(subject)
         with self._as_principal():
             found = self._kernel.evidence_captures(subject, capture_ids)
-        self._recorded(subject, "captures", {"captures": len(found)})
+        self._recorded(subject, "captures", {"captures": len(found)}, read_from=read_from)
         return found
 
     def profile_page(
@@ -831,6 +851,7 @@ class Facade:
         ``profile``): the layers, a page of memories, the captures behind the items shown
         and who read them. A data subject its own; anyone else ``inspect``."""
         self._reader_purpose(subject)
+        read_from = self._incarnation(subject)
         with self._as_principal():
             view = self._kernel.profile(subject, with_memories=False)
             page = self._memories(subject, memory_cursor, memories)
@@ -840,7 +861,7 @@ class Facade:
             captures = self._kernel.evidence_captures(subject, cited)
             reads = self._kernel.item_reads(subject)
         counts = _profile_counts(view) | {"memories": len(page.items), "captures": len(captures)}
-        self._recorded(subject, "profile", counts)
+        self._recorded(subject, "profile", counts, read_from=read_from)
         return ProfilePage(view, page, captures, reads)
 
     def subject_exists(self, subject: str) -> bool:
@@ -1187,9 +1208,10 @@ class Facade:
     ) -> Page[Any]:
         """A page of the subject's memories, oldest first (``inspect``; a subject its own)."""
         self._reader_purpose(subject)
+        read_from = self._incarnation(subject)
         with self._as_principal():
             page = self._memories(subject, cursor, limit)
-        self._recorded(subject, "memories", {"memories": len(page.items)})
+        self._recorded(subject, "memories", {"memories": len(page.items)}, read_from=read_from)
         return page
 
     def _memories(self, subject: str, cursor: str | None, limit: int | None) -> Page[Any]:

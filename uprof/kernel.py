@@ -597,6 +597,7 @@ class Uprof:
         app_id: str,
         counts: dict[str, int],
         item_refs: Sequence[str] = (),
+        read_from: UUID | None = None,
     ) -> None:
         """Record that a subject's data is about to be shown (``subject.read``), or raise.
 
@@ -610,8 +611,16 @@ class Uprof:
         page's read is (decision 0094): a read whose record fails is not served, and the
         failure is ``ReadRecordingError`` (503 ``read_not_recorded``) whatever the store
         raised, so every surface says the same thing.
+
+        ``read_from``: the subject's stream, looked up before the read. When the name no
+        longer stands for it, the subject was erased while the read ran (and perhaps its
+        name re-created): the read is refused with ``SubjectErasedError`` and nothing is
+        recorded, rather than serve the erased subject's data after its erasure and put
+        the read on the new subject's pseudonym, linking the two (bug BY).
         """
         handle = self.subjects.find(subject)
+        if read_from is not None and (handle is None or handle.stream_id != read_from):
+            raise SubjectErasedError("this subject was erased while it was read")
         if handle is None:
             raise SubjectNotFoundError("no such subject")
         try:

@@ -215,6 +215,13 @@ class EventStore(Protocol):
         """Every event of a stream, decoded, in version order."""
         ...
 
+    def append_subject_tombstone(
+        self, stream_id: UUID, *, request_id: str, basis: str, now: datetime
+    ) -> int:
+        """Append ``SubjectErased`` without decrypting the stream; its log position, or 0
+        when the stream already holds it. Raises as ``load`` does."""
+        ...
+
     def save(self, *aggregates: SubjectProfile) -> list[Recording[UUID]]:
         """Append the aggregates' pending events in one transaction, all or nothing.
 

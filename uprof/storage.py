@@ -213,7 +213,8 @@ def log_holds_events(engine: sa.Engine) -> bool:
     return False
 
 
-def fold_log(engine: sa.Engine) -> None:
+def fold_log(engine: sa.Engine) -> bool:
     """Fold a write-ahead log into the main file (SQLite: checkpoint and truncate the WAL),
-    so shredded bytes do not linger; nothing on a backend whose log is not ours to fold."""
-    backend_for(engine).fold_log(engine)
+    so shredded bytes do not linger; nothing on a backend whose log is not ours to fold.
+    False when another process's read transaction kept the WAL from being truncated."""
+    return backend_for(engine).fold_log(engine)

@@ -29,6 +29,7 @@ from domain.errors import (
     RateLimitUnavailableError,
     ReadRecordingError,
     ReadTimeoutError,
+    StoredDataDamagedError,
     StoresLostError,
     SubjectErasedError,
     SubjectNotFoundError,
@@ -57,6 +58,7 @@ STATUS_TABLE: tuple[tuple[type[UprofError], int, str], ...] = (
     (ModelUnavailableError, 503, "model_unavailable"),
     (StoresLostError, 503, "stores_lost"),
     (RateLimitUnavailableError, 503, "rate_limit_unavailable"),
+    (StoredDataDamagedError, 500, "stored_data_damaged"),
     (UprofError, 500, "internal"),
 )
 

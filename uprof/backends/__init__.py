@@ -108,8 +108,9 @@ class Backend(Protocol):
         """Held while a starting process creates or migrates tables (one at a time)."""
         ...
 
-    def fold_log(self, engine: sa.Engine) -> None:
-        """Fold a write-ahead log into the main file, so deleted bytes do not linger."""
+    def fold_log(self, engine: sa.Engine) -> bool:
+        """Fold a write-ahead log into the main file, so deleted bytes do not linger;
+        False when it could not (another process's read transaction holds it)."""
         ...
 
     def events_table_candidates(self, engine: sa.Engine) -> list[tuple[str | None, str]]:

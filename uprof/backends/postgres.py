@@ -119,8 +119,8 @@ class PostgresBackend:
                 conn.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": SCHEMA_LOCK_KEY})
                 conn.commit()
 
-    def fold_log(self, engine: sa.Engine) -> None:
-        return None  # the server's WAL is not ours to fold (docs/governance.md, residue)
+    def fold_log(self, engine: sa.Engine) -> bool:
+        return True  # the server's WAL is not ours to fold (docs/governance.md, residue)
 
     def hold_open(self, engine: sa.Engine) -> Callable[[], None]:
         # A session-level advisory lock on a connection of its own, kept for the life of

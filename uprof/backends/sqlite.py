@@ -13,6 +13,7 @@ import json
 import os
 import secrets
 import sqlite3
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,6 +56,10 @@ def _pragmas_full(dbapi_connection: Any, record: Any) -> None:
     _pragmas(dbapi_connection, record, synchronous="FULL")
 
 
+#: How long an erasure's WAL truncation is tried (the connections' busy timeout), and
+#: the pause between tries while another process's checkpoint runs.
+FOLD_TIMEOUT_S = 30.0
+FOLD_RETRY_S = 0.05
 #: SQLite's primary result codes for "another connection holds the lock" (BUSY, LOCKED).
 _BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 
@@ -123,9 +128,21 @@ class SQLiteBackend:
         finally:
             os.close(fd)  # releases the flock
 
-    def fold_log(self, engine: sa.Engine) -> None:
-        with engine.connect() as conn:
-            conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+    def fold_log(self, engine: sa.Engine) -> bool:
+        # The pragma does not raise when it cannot finish: a reader in another process
+        # (a shell, a backup tool, a scan) holding a snapshot makes it wait out the busy
+        # timeout and answer busy=1, the WAL left whole, deleted bytes and all (bug CA).
+        # It also answers busy at once while another process runs a checkpoint (another
+        # uprof process folding the same store): tried again until the busy timeout.
+        deadline = time.monotonic() + FOLD_TIMEOUT_S
+        while True:
+            with engine.connect() as conn:
+                row = conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)").first()
+            if row is None or int(row[0]) == 0:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(FOLD_RETRY_S)
 
     def hold_open(self, engine: sa.Engine) -> Callable[[], None]:
         # A flock of a file of its own (never the database file: FIELD-NOTES 8.1); the

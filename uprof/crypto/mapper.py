@@ -31,6 +31,7 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.utils import get_topic
 
+from domain.errors import StoredDataDamagedError
 from domain.profile import SubjectProfile
 from uprof.ports import SubjectKeyStore
 
@@ -48,6 +49,20 @@ TOMBSTONE_TOPICS = frozenset(
     )
 )
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class DamagedEventError(MapperDeserialisationError, StoredDataDamagedError):
+    """A stored event that does not open: still the library's decoding error (every
+    pipeline and replay treats it as before), and a uprof error, so every surface names
+    it (500 ``stored_data_damaged``) instead of answering an anonymous internal error
+    (bug BZ). The message names the event's version, never its stream or content."""
+
+
+def _damaged(stored_event: StoredEvent, what: str) -> DamagedEventError:
+    return DamagedEventError(
+        f"stored event at version {stored_event.originator_version} of this subject's "
+        f"stream {what} (damaged or altered storage)"
+    )
 
 
 def _aad(originator_id: Any, originator_version: int, topic: str) -> bytes:
@@ -106,11 +121,7 @@ class SubjectKeyMapper(Mapper[UUID]):
             key = self.keystore.capture_key(stream, state[1:17].hex())
             body = state[17:]
         else:
-            msg = (
-                f"stored event {stored_event.originator_id}@{stored_event.originator_version} "
-                "is not in a known sealed format"
-            )
-            raise MapperDeserialisationError(msg)
+            raise _damaged(stored_event, "is not in a known sealed format")
         if key is None:
             return SubjectProfile.ContentShredded(
                 originator_id=UUID(stream),
@@ -122,12 +133,8 @@ class SubjectKeyMapper(Mapper[UUID]):
         try:
             plain = AESGCM(key).decrypt(body[:NONCE], body[NONCE:], aad)
         except InvalidTag as e:
-            # Never include state in the message: ids and versions only (FIELD-NOTES §3.3).
-            msg = (
-                f"stored event {stored_event.originator_id}@{stored_event.originator_version} "
-                "failed authentication (moved or altered ciphertext)"
-            )
-            raise MapperDeserialisationError(msg) from e
+            # Never include state in the message: a version only (FIELD-NOTES §3.3).
+            raise _damaged(stored_event, "failed authentication (moved or altered)") from e
         return super().to_domain_event(self._replace(stored_event, plain))
 
     @staticmethod

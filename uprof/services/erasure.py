@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -211,13 +212,12 @@ class ErasureService:
         before = self._row_counts(str(stream))
 
         def tombstone() -> int:
-            profile = self._app.load(stream)
-            if profile.erased:
-                # An erasure killed after its tombstone: finish that one (its position is
-                # found below, from the stream).
-                return 0
-            profile.erase(request_id=request_id, basis=basis, now=received_at)
-            return self._app.save(profile)[-1].notification.id
+            # Read no ciphertext: a damaged event must not make a subject unerasable
+            # (bug BX). 0: an erasure killed after its tombstone; finish that one (its
+            # position is found below, from the stream).
+            return self._app.append_subject_tombstone(
+                stream, request_id=request_id, basis=basis, now=received_at
+            )
 
         tombstone_id = self._app.with_retry(tombstone)
         draft = _Draft(
@@ -560,6 +560,10 @@ class ErasureService:
                 draft = replace(draft, counts=counts)
                 caught_up = self._catch_up(position, timeout_s)
                 left = self._left_after(draft) if caught_up else "projections behind"
+        if not left:
+            # Not done while a WAL still holds what the erasure deleted (the key store's
+            # holds the wrapped keys, beside the KEK): fold every store's WAL first.
+            left = self._unfolded()
         ledger = self._keystore.ledger
         if left:
             if ledger is not None and (not resumed or rewritten):
@@ -576,7 +580,7 @@ class ErasureService:
                 else "the item's erasure is recorded"
             )
             raise ErasureIncompleteError(
-                f"erasure did not complete: projections have not purged it yet ({left}); "
+                f"erasure did not complete ({left}); "
                 f"{written}. Ask again to finish it and receive its receipt"
             )
         purged: dict[str, Any] = (
@@ -726,10 +730,23 @@ class ErasureService:
 
     # ----------------------------------------------------------------- helpers
 
+    def _unfolded(self) -> str:
+        """Fold every store's SQLite WAL (no deleted bytes linger); what could not be
+        folded, as the reason the erasure is not done, or "" (bug CA)."""
+        held = [
+            Path(engine.url.database or "").name or str(engine.url)
+            for engine in self._engines
+            if not fold_log(engine)
+        ]
+        if not held:
+            return ""
+        return (
+            "another process holds a read transaction on " + ", ".join(held) + ", whose "
+            "write-ahead log still holds the deleted rows"
+        )
+
     def _settle(self, pseudonym: str, request_id: str, tombstone_id: int, **purged: Any) -> None:
-        """Fold SQLite WALs (no deleted bytes linger) and audit what the purge removed."""
-        for engine in self._engines:
-            fold_log(engine)
+        """Audit what the purge removed (the WALs are folded by then: ``_unfolded``)."""
         # Once per request, however many processes finish it at once (each signs its
         # own receipt, and each receipt is on the log; the purge happened once).
         self._audit.record_many(
