@@ -45,7 +45,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import INTERNAL_ERROR, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from domain.errors import UprofError
 from uprof.api.deps import key_still_live
@@ -513,9 +513,15 @@ class SessionsPerKeyMiddleware:
     open sessions until no other app or tenant of the server could start one (hostile
     callers round 5, bug BP). Sessions are counted from the SDK's own record of who opened
     each (the key id our token verifier gives as the subject), so a session that ends
-    (deleted, idle, crashed) stops counting when the SDK forgets it. Requests opening
-    sessions of one key at the same moment may each pass the count once: the overshoot is
-    bounded by the key's concurrent connections, not by time.
+    (deleted, idle, crashed) stops counting when the SDK forgets it.
+
+    A request that may open a session holds a place in the count from the moment it passes
+    until the SDK has registered its session (its answer starts) or it ends: the SDK
+    registers a session only after its own bearer check (a key read in a worker thread),
+    so counting registered sessions alone let every request of a burst sent together pass
+    while none was registered yet, as many sessions as the key could send requests at once
+    (review of 0117). The count and the place are taken with no await between them, so on
+    the one event loop no two requests see the same count.
     """
 
     def __init__(self, app: ASGIApp, manager: Any, api_keys: ApiKeyStore, limit: int) -> None:
@@ -529,22 +535,57 @@ class SessionsPerKeyMiddleware:
         self._owners: dict[str, Any] = owners
         self._api_keys = api_keys
         self.limit = limit
+        # Requests of each key that passed the count and whose session the SDK has not yet
+        # registered (or refused).
+        self._opening: dict[str, int] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and not _has_session(scope):
             key_id = await self._key_id(scope)
-            if key_id is not None and self._open(key_id) >= self.limit:
-                refused = EdgeError(
-                    429,
-                    "too_many_sessions",
-                    f"this API key already holds {self.limit} open MCP sessions",
-                    hint="reuse an open session, or end one you no longer use (HTTP DELETE "
-                    "with its Mcp-Session-Id); an idle session ends after 30 minutes",
-                )
-                response = JSONResponse(refused.body().model_dump(mode="json"), status_code=429)
-                await response(scope, receive, send)
+            if key_id is not None:
+                # No await from the count to the place taken: the check is atomic.
+                if self._open(key_id) + self._opening.get(key_id, 0) >= self.limit:
+                    refused = EdgeError(
+                        429,
+                        "too_many_sessions",
+                        f"this API key already holds {self.limit} open MCP sessions",
+                        hint="reuse an open session, or end one you no longer use (HTTP "
+                        "DELETE with its Mcp-Session-Id); an idle session ends after 30 minutes",
+                    )
+                    body = refused.body().model_dump(mode="json")
+                    await JSONResponse(body, status_code=429)(scope, receive, send)
+                    return
+                await self._opening_session(key_id, scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+    async def _opening_session(
+        self, key_id: str, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """Serve a request that may open a session of ``key_id``, holding its place in the
+        count until the SDK has registered the session: the SDK registers it before it
+        starts the answer, so from then on ``_session_owners`` counts it (and a refused
+        one until the SDK drops it, a moment later: counted twice, never missed)."""
+        self._opening[key_id] = self._opening.get(key_id, 0) + 1
+        held = True
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                left = self._opening.pop(key_id) - 1
+                if left:
+                    self._opening[key_id] = left
+
+        async def answering(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                release()
+            await send(message)
+
+        try:
+            await self.app(scope, receive, answering)
+        finally:
+            release()
 
     def _open(self, key_id: str) -> int:
         # The SDK's owners are ``AuthorizationContext`` dicts (client_id, issuer, subject).
