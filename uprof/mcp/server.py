@@ -119,6 +119,8 @@ class UprofMCPServer(MCPServer):
     """The SDK's server, with every failure in the REST error form.
 
     ``api_keys`` is the key store its HTTP transport authenticates with (None: stdio).
+    ``count_call`` (set by ``build_server`` when a rate limit is set) counts one request of
+    the calling key, raising the ``rate_limited`` (or ``unauthenticated``) tool error.
 
     The SDK validates arguments against the tool's signature before the tool runs and
     reports a mismatch as ``Error executing tool <name>: <pydantic text>``; here that,
@@ -126,8 +128,25 @@ class UprofMCPServer(MCPServer):
     """
 
     api_keys: ApiKeyStore | None = None
+    count_call: Callable[[], None] | None = None
+
+    async def _counted(self) -> None:
+        # Every tool call and resource read is one request of the key, counted before its
+        # arguments are looked at: a call refused for them is counted as REST counts a 422
+        # (review of 0117: an agent looping on malformed calls was never slowed over MCP).
+        # In a worker thread: the count is a database transaction (0115) that may wait.
+        if self.count_call is not None:
+            await anyio.to_thread.run_sync(self.count_call)
+
+    async def read_resource(self, uri: Any, context: Any = None) -> Any:
+        try:
+            await self._counted()
+        except UprofToolError as refused:
+            raise _resource_error(refused) from None
+        return await super().read_resource(uri, context)
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        await self._counted()
         # The SDK drops arguments the tool does not declare; REST refuses an unknown body
         # field. An argument naming another app, a role or a principal must not be taken
         # for granted by the caller while the call runs as the key's app: refuse it.
@@ -193,18 +212,38 @@ def build_server(
     )
     server.api_keys = api_keys
 
-    def counted(key_id: str) -> None:
-        """Count one request against the key's allowance (after authentication, as REST)."""
-        if limiter is not None:
-            try:
-                limiter.check(key_id)
-            except (EdgeError, UprofError) as refused:  # over the limit, or not countable
-                raise _tool_error(refused) from None
-
-    def scope() -> AppScope:
+    def count_call() -> None:
+        """Count one request of the calling key against its allowance (after
+        authentication, as REST: a caller without a valid key is refused uncounted)."""
+        assert limiter is not None
         token = get_access_token()
         if token is not None:
-            counted(token.subject or "")
+            key_id = token.subject or ""
+        else:
+            key_id = authenticated_stdio().key_id
+        try:
+            limiter.check(key_id)
+        except (EdgeError, UprofError) as refused:  # over the limit, or not countable
+            raise _tool_error(refused) from None
+
+    if limiter is not None:
+        server.count_call = count_call
+
+    def authenticated_stdio() -> Principal:
+        if stdio_principal is None:
+            # Neither transport authenticated the caller: fail closed.
+            raise _tool_error(
+                unauthenticated("no API key: set UPROF_API_KEY or send a bearer token")
+            )
+        principal = stdio_principal if stdio_check is None else stdio_check()
+        if principal is None or principal.key_id != stdio_principal.key_id:
+            raise _tool_error(unauthenticated("UPROF_API_KEY is no longer valid (revoked)"))
+        return principal
+
+    def scope() -> AppScope:
+        # Counted already, by ``UprofMCPServer`` before the call's arguments were checked.
+        token = get_access_token()
+        if token is not None:
             return AppScope(
                 runtime,
                 token.client_id,
@@ -214,20 +253,14 @@ def build_server(
                 if api_keys is None
                 else key_still_live(api_keys, token.subject or ""),
             )
-        if stdio_principal is not None:
-            principal = stdio_principal if stdio_check is None else stdio_check()
-            if principal is None or principal.key_id != stdio_principal.key_id:
-                raise _tool_error(unauthenticated("UPROF_API_KEY is no longer valid (revoked)"))
-            counted(principal.key_id)
-            return AppScope(
-                runtime,
-                principal.app_id,
-                principal.roles,
-                key_id=principal.key_id,
-                still_authenticated=None if stdio_check is None else stdio_still_live(),
-            )
-        # Neither transport authenticated the caller: fail closed.
-        raise _tool_error(unauthenticated("no API key: set UPROF_API_KEY or send a bearer token"))
+        principal = authenticated_stdio()
+        return AppScope(
+            runtime,
+            principal.app_id,
+            principal.roles,
+            key_id=principal.key_id,
+            still_authenticated=None if stdio_check is None else stdio_still_live(),
+        )
 
     def stdio_still_live() -> Callable[[], None]:
         def check() -> None:
