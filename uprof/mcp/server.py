@@ -42,7 +42,9 @@ from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.shared.exceptions import MCPError
+from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 from mcp.types import INTERNAL_ERROR, ToolAnnotations
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import BaseModel, Field, ValidationError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -573,7 +575,12 @@ class SessionsPerKeyMiddleware:
         self._opening: dict[str, int] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and not _has_session(scope):
+        if (
+            scope["type"] == "http"
+            and scope["method"] == "POST"
+            and not _has_session(scope)
+            and not _sessionless(scope)
+        ):
             key_id = await self._key_id(scope)
             if key_id is not None:
                 # No await from the count to the place taken: the check is atomic.
@@ -638,6 +645,22 @@ class SessionsPerKeyMiddleware:
 
 def _has_session(scope: Scope) -> bool:
     return any(name == b"mcp-session-id" for name, _ in scope.get("headers", ()))
+
+
+def _sessionless(scope: Scope) -> bool:
+    """Whether the SDK serves the request on its sessionless path (opening no session):
+    its first ``mcp-protocol-version`` names a revision other than those that open one
+    with ``initialize``, read as the SDK's session manager reads it. Such a request was
+    refused ``too_many_sessions`` for sessions it does not open, and once a request
+    holds a place in the count until answered, a key's concurrent sessionless calls
+    would have been counted as sessions (review of 0117)."""
+    version = next(
+        (value for name, value in scope.get("headers", ()) if name == _PROTOCOL_VERSION), None
+    )
+    return version is not None and version.decode("latin-1") not in HANDSHAKE_PROTOCOL_VERSIONS
+
+
+_PROTOCOL_VERSION = MCP_PROTOCOL_VERSION_HEADER.encode("ascii")
 
 
 def _bearer(scope: Scope) -> str | None:
