@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 from mcp import Client as McpClient
+from mcp.shared.exceptions import MCPError
 
 from tests.api.conftest import PLANNER, WHEN, LiveServer, bearer
 from uprof.api import ApiKeyStore
@@ -104,3 +105,34 @@ def test_tool_calls_refused_for_their_arguments_count_over_stdio(kernel: Uprof) 
     ]
     assert codes == ["invalid_request", "invalid_request", "rate_limited"], codes
     assert list(kernel.audit_entries(action="capture.accepted")) == []
+
+
+def test_resource_reads_count_a_refused_one_too(kernel: Uprof) -> None:
+    """A read of a URI no resource matches is refused by the SDK before the resource runs;
+    it counts as a request too, and reads of the profile go on counting."""
+    kernel.grant_consent("alice", app_id=PLANNER, categories=["*"], purposes=["personalization"])
+    runtime = ServiceRuntime.for_kernel(kernel)
+    server = build_server(
+        runtime, stdio_principal=Principal(PLANNER, "k", frozenset({"app"})), rate_limit="2/minute"
+    )
+
+    async def reads() -> list[str]:
+        outcomes = []
+        async with McpClient(server) as client:
+            for uri in ("uprof://nothing/alice", "uprof://profile/alice", "uprof://profile/alice"):
+                try:
+                    await client.read_resource(uri)
+                    outcomes.append("served")
+                except MCPError as refused:
+                    outcomes.append(refused.error.message)
+        return outcomes
+
+    runtime.start()
+    try:
+        unknown, first, over = asyncio.run(reads())
+    finally:
+        runtime.stop()
+    assert unknown != "served" and "rate_limited" not in unknown, unknown
+    assert first == "served"
+    assert over != "served", "a third read was served within an allowance of 2"
+    assert json.loads(over)["error"]["code"] == "rate_limited", over
