@@ -6,7 +6,8 @@ without sessions) skips the session manager: no ``initialize``, no ``mcp-session
 tool call per HTTP request. Tried as a way around what a session carries: it is still
 refused without a key (401), a tool call still runs as the key's app, an argument the tool
 does not declare is still refused naming it, and ``UPROF_RATE_LIMIT`` still counts each
-call against the key's allowance, nothing done once it is spent.
+call (a refused one too, review of 0117) against the key's allowance, nothing done once it
+is spent.
 """
 
 from __future__ import annotations
@@ -84,13 +85,14 @@ def test_the_sessionless_mcp_path_keeps_the_key_the_limit_and_the_argument_check
         runtime.stop()
     assert stranger.status_code == 401
     assert all(c.status_code == 200 for c in calls), [c.text[:200] for c in calls]
-    # A call refused for its arguments runs no tool and is not counted (as over the
-    # session path): the allowance of 2 is the first and the third call's.
+    # A call refused for its arguments runs no tool but is counted, as REST counts a 422
+    # (review of 0117): the allowance of 2 is the first and the second call's.
     first, foreign, second, over = (_error(c) for c in calls)
-    assert first is None and second is None
+    assert first is None
     assert foreign is not None and foreign["code"] == "invalid_request"
     assert [f["field"] for f in foreign["fields"]] == ["app_id"]
+    assert second is not None and second["code"] == "rate_limited"
     assert over is not None and over["code"] == "rate_limited"
     accepted = list(kernel.audit_entries(action="capture.accepted"))
-    assert len(accepted) == 2  # the refused calls wrote nothing
+    assert len(accepted) == 1  # the refused calls wrote nothing
     assert {e.entry["app_id"] for e in accepted} == {PLANNER}  # as the key's app

@@ -19,6 +19,9 @@ from uprof.cli.context import STATE, err_console, fail, settings
 #: The REST server's default (``uprof serve --max-body-bytes``), without importing it at start.
 DEFAULT_MAX_BODY_BYTES = 1_048_576
 
+#: ``uprof.mcp.server.DEFAULT_MAX_SESSIONS_PER_KEY``, without importing it at start.
+DEFAULT_MAX_SESSIONS_PER_KEY = 100
+
 API_KEY_ENV = "UPROF_API_KEY"
 
 
@@ -32,11 +35,29 @@ def mcp(
     max_body_bytes: Annotated[
         int, typer.Option(help="HTTP: largest request body accepted (413 over it).")
     ] = DEFAULT_MAX_BODY_BYTES,
+    max_sessions_per_key: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="HTTP: open MCP sessions one API key may hold at once (429 "
+            "too_many_sessions over it; a session ends when deleted or idle 30 minutes).",
+        ),
+    ] = DEFAULT_MAX_SESSIONS_PER_KEY,
 ) -> None:
     """Serve the MCP tools profile_slice, capture and forget, and the profile resource."""
     if transport not in ("stdio", "http"):
         raise typer.BadParameter("transport must be stdio or http")
-    run(transport, host=host, port=port, path=path, max_body_bytes=max_body_bytes)  # type: ignore[arg-type]
+    # The cap was a constant of ``http_app`` (decision 0117): a deployment serving more
+    # conversations at once through one key than that had no way to raise it (review of
+    # 0117).
+    run(
+        transport,  # type: ignore[arg-type]
+        host=host,
+        port=port,
+        path=path,
+        max_body_bytes=max_body_bytes,
+        max_sessions_per_key=max_sessions_per_key,
+    )
 
 
 def run(
@@ -46,6 +67,7 @@ def run(
     port: int,
     path: str,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_sessions_per_key: int = DEFAULT_MAX_SESSIONS_PER_KEY,
 ) -> None:
     from uprof.api.runtime import ServiceRuntime
     from uprof.apikeys.store import ApiKeyStore
@@ -93,7 +115,13 @@ def run(
                 issuer_url=f"http://{host}:{port}",
                 rate_limit=server_settings.rate_limit,
             )
-            app = http_app(server, path=path, host=host, max_body_bytes=max_body_bytes)
+            app = http_app(
+                server,
+                path=path,
+                host=host,
+                max_body_bytes=max_body_bytes,
+                max_sessions_per_key=max_sessions_per_key,
+            )
             uvicorn.run(
                 app,
                 host=host,

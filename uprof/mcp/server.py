@@ -42,10 +42,12 @@ from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.shared.exceptions import MCPError
+from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 from mcp.types import INTERNAL_ERROR, ToolAnnotations
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import BaseModel, Field, ValidationError
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from domain.errors import UprofError
 from uprof.api.deps import key_still_live
@@ -119,6 +121,8 @@ class UprofMCPServer(MCPServer):
     """The SDK's server, with every failure in the REST error form.
 
     ``api_keys`` is the key store its HTTP transport authenticates with (None: stdio).
+    ``count_call`` (set by ``build_server`` when a rate limit is set) counts one request of
+    the calling key, raising the ``rate_limited`` (or ``unauthenticated``) tool error.
 
     The SDK validates arguments against the tool's signature before the tool runs and
     reports a mismatch as ``Error executing tool <name>: <pydantic text>``; here that,
@@ -126,8 +130,25 @@ class UprofMCPServer(MCPServer):
     """
 
     api_keys: ApiKeyStore | None = None
+    count_call: Callable[[], None] | None = None
+
+    async def _counted(self) -> None:
+        # Every tool call and resource read is one request of the key, counted before its
+        # arguments are looked at: a call refused for them is counted as REST counts a 422
+        # (review of 0117: an agent looping on malformed calls was never slowed over MCP).
+        # In a worker thread: the count is a database transaction (0115) that may wait.
+        if self.count_call is not None:
+            await anyio.to_thread.run_sync(self.count_call)
+
+    async def read_resource(self, uri: Any, context: Any = None) -> Any:
+        try:
+            await self._counted()
+        except UprofToolError as refused:
+            raise _resource_error(refused) from None
+        return await super().read_resource(uri, context)
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        await self._counted()
         # The SDK drops arguments the tool does not declare; REST refuses an unknown body
         # field. An argument naming another app, a role or a principal must not be taken
         # for granted by the caller while the call runs as the key's app: refuse it.
@@ -193,18 +214,38 @@ def build_server(
     )
     server.api_keys = api_keys
 
-    def counted(key_id: str) -> None:
-        """Count one request against the key's allowance (after authentication, as REST)."""
-        if limiter is not None:
-            try:
-                limiter.check(key_id)
-            except (EdgeError, UprofError) as refused:  # over the limit, or not countable
-                raise _tool_error(refused) from None
-
-    def scope() -> AppScope:
+    def count_call() -> None:
+        """Count one request of the calling key against its allowance (after
+        authentication, as REST: a caller without a valid key is refused uncounted)."""
+        assert limiter is not None
         token = get_access_token()
         if token is not None:
-            counted(token.subject or "")
+            key_id = token.subject or ""
+        else:
+            key_id = authenticated_stdio().key_id
+        try:
+            limiter.check(key_id)
+        except (EdgeError, UprofError) as refused:  # over the limit, or not countable
+            raise _tool_error(refused) from None
+
+    if limiter is not None:
+        server.count_call = count_call
+
+    def authenticated_stdio() -> Principal:
+        if stdio_principal is None:
+            # Neither transport authenticated the caller: fail closed.
+            raise _tool_error(
+                unauthenticated("no API key: set UPROF_API_KEY or send a bearer token")
+            )
+        principal = stdio_principal if stdio_check is None else stdio_check()
+        if principal is None or principal.key_id != stdio_principal.key_id:
+            raise _tool_error(unauthenticated("UPROF_API_KEY is no longer valid (revoked)"))
+        return principal
+
+    def scope() -> AppScope:
+        # Counted already, by ``UprofMCPServer`` before the call's arguments were checked.
+        token = get_access_token()
+        if token is not None:
             return AppScope(
                 runtime,
                 token.client_id,
@@ -214,20 +255,14 @@ def build_server(
                 if api_keys is None
                 else key_still_live(api_keys, token.subject or ""),
             )
-        if stdio_principal is not None:
-            principal = stdio_principal if stdio_check is None else stdio_check()
-            if principal is None or principal.key_id != stdio_principal.key_id:
-                raise _tool_error(unauthenticated("UPROF_API_KEY is no longer valid (revoked)"))
-            counted(principal.key_id)
-            return AppScope(
-                runtime,
-                principal.app_id,
-                principal.roles,
-                key_id=principal.key_id,
-                still_authenticated=None if stdio_check is None else stdio_still_live(),
-            )
-        # Neither transport authenticated the caller: fail closed.
-        raise _tool_error(unauthenticated("no API key: set UPROF_API_KEY or send a bearer token"))
+        principal = authenticated_stdio()
+        return AppScope(
+            runtime,
+            principal.app_id,
+            principal.roles,
+            key_id=principal.key_id,
+            still_authenticated=None if stdio_check is None else stdio_still_live(),
+        )
 
     def stdio_still_live() -> Callable[[], None]:
         def check() -> None:
@@ -513,9 +548,15 @@ class SessionsPerKeyMiddleware:
     open sessions until no other app or tenant of the server could start one (hostile
     callers round 5, bug BP). Sessions are counted from the SDK's own record of who opened
     each (the key id our token verifier gives as the subject), so a session that ends
-    (deleted, idle, crashed) stops counting when the SDK forgets it. Requests opening
-    sessions of one key at the same moment may each pass the count once: the overshoot is
-    bounded by the key's concurrent connections, not by time.
+    (deleted, idle, crashed) stops counting when the SDK forgets it.
+
+    A request that may open a session holds a place in the count from the moment it passes
+    until the SDK has registered its session (its answer starts) or it ends: the SDK
+    registers a session only after its own bearer check (a key read in a worker thread),
+    so counting registered sessions alone let every request of a burst sent together pass
+    while none was registered yet, as many sessions as the key could send requests at once
+    (review of 0117). The count and the place are taken with no await between them, so on
+    the one event loop no two requests see the same count.
     """
 
     def __init__(self, app: ASGIApp, manager: Any, api_keys: ApiKeyStore, limit: int) -> None:
@@ -529,22 +570,62 @@ class SessionsPerKeyMiddleware:
         self._owners: dict[str, Any] = owners
         self._api_keys = api_keys
         self.limit = limit
+        # Requests of each key that passed the count and whose session the SDK has not yet
+        # registered (or refused).
+        self._opening: dict[str, int] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and not _has_session(scope):
+        if (
+            scope["type"] == "http"
+            and scope["method"] == "POST"
+            and not _has_session(scope)
+            and not _sessionless(scope)
+        ):
             key_id = await self._key_id(scope)
-            if key_id is not None and self._open(key_id) >= self.limit:
-                refused = EdgeError(
-                    429,
-                    "too_many_sessions",
-                    f"this API key already holds {self.limit} open MCP sessions",
-                    hint="reuse an open session, or end one you no longer use (HTTP DELETE "
-                    "with its Mcp-Session-Id); an idle session ends after 30 minutes",
-                )
-                response = JSONResponse(refused.body().model_dump(mode="json"), status_code=429)
-                await response(scope, receive, send)
+            if key_id is not None:
+                # No await from the count to the place taken: the check is atomic.
+                if self._open(key_id) + self._opening.get(key_id, 0) >= self.limit:
+                    refused = EdgeError(
+                        429,
+                        "too_many_sessions",
+                        f"this API key already holds {self.limit} open MCP sessions",
+                        hint="reuse an open session, or end one you no longer use (HTTP "
+                        "DELETE with its Mcp-Session-Id); an idle session ends after 30 minutes",
+                    )
+                    body = refused.body().model_dump(mode="json")
+                    await JSONResponse(body, status_code=429)(scope, receive, send)
+                    return
+                await self._opening_session(key_id, scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+    async def _opening_session(
+        self, key_id: str, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """Serve a request that may open a session of ``key_id``, holding its place in the
+        count until the SDK has registered the session: the SDK registers it before it
+        starts the answer, so from then on ``_session_owners`` counts it (and a refused
+        one until the SDK drops it, a moment later: counted twice, never missed)."""
+        self._opening[key_id] = self._opening.get(key_id, 0) + 1
+        held = True
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                left = self._opening.pop(key_id) - 1
+                if left:
+                    self._opening[key_id] = left
+
+        async def answering(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                release()
+            await send(message)
+
+        try:
+            await self.app(scope, receive, answering)
+        finally:
+            release()
 
     def _open(self, key_id: str) -> int:
         # The SDK's owners are ``AuthorizationContext`` dicts (client_id, issuer, subject).
@@ -564,6 +645,22 @@ class SessionsPerKeyMiddleware:
 
 def _has_session(scope: Scope) -> bool:
     return any(name == b"mcp-session-id" for name, _ in scope.get("headers", ()))
+
+
+def _sessionless(scope: Scope) -> bool:
+    """Whether the SDK serves the request on its sessionless path (opening no session):
+    its first ``mcp-protocol-version`` names a revision other than those that open one
+    with ``initialize``, read as the SDK's session manager reads it. Such a request was
+    refused ``too_many_sessions`` for sessions it does not open, and once a request
+    holds a place in the count until answered, a key's concurrent sessionless calls
+    would have been counted as sessions (review of 0117)."""
+    version = next(
+        (value for name, value in scope.get("headers", ()) if name == _PROTOCOL_VERSION), None
+    )
+    return version is not None and version.decode("latin-1") not in HANDSHAKE_PROTOCOL_VERSIONS
+
+
+_PROTOCOL_VERSION = MCP_PROTOCOL_VERSION_HEADER.encode("ascii")
 
 
 def _bearer(scope: Scope) -> str | None:
