@@ -230,8 +230,15 @@ class EventStore(Protocol):
         """
         ...
 
-    def save_tracked(self, aggregates: Sequence[SubjectProfile], tracking: Tracking | None) -> None:
-        """``save`` plus a worker position in the same transaction.
+    def save_tracked(
+        self,
+        aggregates: Sequence[SubjectProfile],
+        tracking: Tracking | None,
+        *,
+        events: Sequence[Any] = (),
+    ) -> None:
+        """``save`` plus ``events`` built without an aggregate, plus a worker position, in
+        the same transaction.
 
         A ``GuardedTracking`` only replaces the position it started from, else
         PositionMovedError (nothing written).

@@ -15,6 +15,7 @@ from uuid import UUID
 
 import pytest
 import sqlalchemy as sa
+from eventsourcing.utils import get_topic
 
 from domain.errors import StoredDataDamagedError, SubjectErasedError
 from domain.profile import SubjectProfile
@@ -63,10 +64,9 @@ def memories(kernel: Uprof, subject: str) -> list[str]:
 
 def set_aside(kernel: Uprof) -> list[object]:
     """The log's ``DamagedEventQuarantined`` events."""
+    topic = get_topic(SubjectProfile.DamagedEventQuarantined)
     return [
-        e
-        for n in kernel.app.notifications_after(0, 10_000)
-        if isinstance(e := kernel.app.decode(n), SubjectProfile.DamagedEventQuarantined)
+        kernel.app.decode(n) for n in kernel.app.notifications_after(0, 10_000, topics=(topic,))
     ]
 
 
