@@ -11,6 +11,7 @@ guarded position, and the partition goes on.
 
 from __future__ import annotations
 
+import os
 from uuid import UUID
 
 import pytest
@@ -22,7 +23,10 @@ from domain.profile import SubjectProfile
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import APP, consent, running, say, settings_for
+from uprof.crypto import mapper
+from uprof.crypto.mapper import DamagedEventError
 from uprof.kernel import Uprof
+from uprof.services.quarantine import MAX_DAMAGED_EVENTS
 
 CANARY = "Qzxdamagedcanary"
 BYSTANDER = "Qzxbystandercanary"
@@ -118,3 +122,94 @@ def test_a_damaged_capture_does_not_stop_other_subjects_extraction(
         assert len(set_aside(k)) == 1
         assert [q.notification_id for q in k.quarantined()] == [nid]
         assert k.audit_log.verify_integrity() == k.audit_log.size()
+
+
+def test_erasing_the_damaged_subject_clears_its_quarantine(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """alice's later capture, written before the damage, cannot be applied (her stream
+    does not load): it is set aside beside the damaged one (a new capture of hers is
+    refused as a damaged read, BZ). Her erasure still completes (0119) and takes both
+    entries out of the list; the residue scan finds nothing, bob is unchanged."""
+    with running(settings_for(backend), clock) as k:
+        consent(k, "alice")
+        consent(k, "bob")
+        k.process()
+        k.capture_many("alice", [say(f"I met {CANARY} at the market", ref="a-1")])
+        k.capture_many("bob", [say(f"I met {BYSTANDER} at the market", ref="b-1")])
+        k.capture_many("alice", [say(f"I met {CANARY}2 at the park", ref="a-2")])
+        damage(k, k.stream_of("alice"))
+    with running(settings_for(backend), clock) as k:
+        k.process()
+        assert memories(k, "bob") == [f"I met {BYSTANDER} at the market"]
+        stages = sorted(q.stage for q in k.quarantined())
+        assert stages == ["damaged", "load"]
+        [held] = [q for q in k.quarantined() if q.stage == "load"]
+        assert k.retry_quarantined([held.capture_id])[0].outcome == "still-failing"
+        [damaged] = [q for q in k.quarantined() if q.stage == "damaged"]
+        assert k.retry_quarantined([damaged.capture_id])[0].outcome == "still-failing"
+        bob = k.profile("bob")
+        k.erase_subject("alice")
+        assert k.quarantined() == []
+        assert k.lag().quarantined == 0
+        with pytest.raises(SubjectErasedError):
+            k.profile("alice")
+        assert k.residue_scan([CANARY, "alice"]).clean
+        assert k.profile("bob") == bob
+        k.capture_many("bob", [say("I met Qzxthirdcanary at the market", ref="b-3")])
+        k.process()
+        assert len(memories(k, "bob")) == 2
+        assert k.audit_log.verify_integrity() == k.audit_log.size()
+    with running(settings_for(backend), clock) as k:
+        assert k.quarantined() == []
+
+
+def test_rebuilt_views_equal_live_ones_past_a_damaged_event(
+    backend: Backend, clock: FakeClock
+) -> None:
+    _damaged_before_extraction(backend, clock)
+    with running(settings_for(backend), clock) as k:
+        k.process()
+        live = memories(k, "bob")
+        k.rebuild()
+        assert memories(k, "bob") == live
+
+
+def test_a_wrong_key_folder_stops_the_pipeline_and_sets_nothing_aside(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """A KEK that is not the one the DEKs were wrapped under (another deployment's key
+    folder) must not read as damage: the pipeline stops as before, nothing is recorded."""
+    _damaged_before_extraction(backend, clock)
+    with running(settings_for(backend), clock) as k:
+        ring = k.keystore._ring  # type: ignore[attr-defined]
+        ring.keys = {epoch: os.urandom(32) for epoch in ring.keys}
+        ring.reload = lambda: None  # keep the foreign ring
+        for subject in ("alice", "bob"):
+            k.keystore.evict(str(k.stream_of(subject)))
+        before = k.extraction.position
+        with pytest.raises(Exception) as stopped:  # noqa: PT011  # whatever the unwrap raises
+            k.process()
+        assert not isinstance(stopped.value, StoredDataDamagedError)
+        assert k.extraction.position == before
+        assert set_aside(k) == []
+
+
+def test_many_events_failing_authentication_stop_the_pipeline(
+    backend: Backend, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug of ours that breaks every event's authentication (here: the associated data
+    changed) looks like damage everywhere; past ``MAX_DAMAGED_EVENTS`` the pipeline stops
+    instead of setting every capture aside."""
+    with running(settings_for(backend), clock) as k:
+        consent(k, "bob")
+        k.process()
+        for i in range(MAX_DAMAGED_EVENTS + 2):
+            k.capture_many("bob", [say(f"I like green tea {i}", ref=f"b-{i}")])
+    monkeypatch.setattr(mapper, "_aad", lambda *_a: b"not what was sealed")
+    with running(settings_for(backend), clock) as k:
+        before = k.extraction.position
+        with pytest.raises(DamagedEventError):
+            k.process()
+        assert k.extraction.position == before
+        assert set_aside(k) == []
