@@ -277,6 +277,11 @@ class EventStore(Protocol):
         """Up to ``limit`` notifications after ``position``, in log order."""
         ...
 
+    def stream_versions(self, stream_ids: Sequence[UUID]) -> dict[UUID, int]:
+        """The version of each stream's newest event (streams without events left out),
+        read from the stored rows without decrypting anything."""
+        ...
+
     def decode(self, notification: Notification) -> Any:
         """The domain event a notification holds (``ContentShredded`` once its key is gone)."""
         ...

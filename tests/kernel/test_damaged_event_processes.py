@@ -15,8 +15,6 @@ import textwrap
 from collections import Counter
 from pathlib import Path
 
-from eventsourcing.utils import get_topic
-
 from domain.profile import SubjectProfile
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
@@ -28,8 +26,9 @@ BOB_CAPTURES = 40
 
 
 def _child(backend: Backend, body: str) -> subprocess.Popen[str]:
-    script = textwrap.dedent(
-        f"""
+    script = (
+        textwrap.dedent(
+            f"""
         import os
         from pathlib import Path
         from tests.conftest import Backend
@@ -39,11 +38,18 @@ def _child(backend: Backend, body: str) -> subprocess.Popen[str]:
         backend = Backend({backend.kind!r}, {backend.url!r}, Path({str(backend.data_dir)!r}))
         kernel = build_kernel(settings_for(backend), FakeClock())
         """
-    ) + textwrap.dedent(body) + "\nkernel.close()\n"
+        )
+        + textwrap.dedent(body)
+        + "\nkernel.close()\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
     return subprocess.Popen(
-        [sys.executable, "-c", script], cwd=REPO, env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
 
 

@@ -188,7 +188,7 @@ def test_a_wrong_key_folder_stops_the_pipeline_and_sets_nothing_aside(
         for subject in ("alice", "bob"):
             k.keystore.evict(str(k.stream_of(subject)))
         before = k.extraction.position
-        with pytest.raises(Exception) as stopped:  # noqa: PT011  # whatever the unwrap raises
+        with pytest.raises(Exception) as stopped:  # whatever the unwrap raises
             k.process()
         assert not isinstance(stopped.value, StoredDataDamagedError)
         assert k.extraction.position == before

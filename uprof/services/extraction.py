@@ -58,7 +58,6 @@ from uprof.services.quarantine import (
     damaged_entry_id,
 )
 
-
 _log = logging.getLogger(__name__)
 
 

@@ -382,9 +382,7 @@ class QuarantineService:
         holds no verdict and its positions are before the event, so the pipeline
         extracts it as any other), or the subject's erasure (decision
         XXXX-damaged-events-quarantined)."""
-        notification = next(
-            iter(self._app.notifications_after(q.notification_id - 1, 1)), None
-        )
+        notification = next(iter(self._app.notifications_after(q.notification_id - 1, 1)), None)
         if notification is None or int(notification.id) != q.notification_id:
             return RetryOutcome(q.capture_id, "not-quarantined")
         try:
