@@ -26,6 +26,7 @@ from tests.kernel.conftest import APP, consent, running, say, settings_for
 from uprof.crypto import mapper
 from uprof.crypto.mapper import DamagedEventError
 from uprof.kernel import Uprof
+from uprof.services.late_captures import LateCaptures
 from uprof.services.quarantine import MAX_DAMAGED_EVENTS
 
 CANARY = "Qzxdamagedcanary"
@@ -213,3 +214,24 @@ def test_many_events_failing_authentication_stop_the_pipeline(
             k.process()
         assert k.extraction.position == before
         assert set_aside(k) == []
+
+
+def test_the_late_audit_check_of_another_process_passes_a_damaged_event(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """What one process extracted is checked against the audit log by the next one, read
+    again from the log (decision 0112). Reading the damaged event there failed the check
+    at every run (a warning and a back-off each time, the check position stuck), so no
+    later lost request of the partition would be named."""
+    _damaged_before_extraction(backend, clock)
+    with running(settings_for(backend), clock) as k:
+        k.process()  # extracted; its check waits for the grace (an hour by default)
+    settings = settings_for(backend).model_copy(update={"late_capture_check_s": 0})
+    with running(settings, clock) as k:
+        late = k.extraction.late_captures
+        assert isinstance(late, LateCaptures)
+        k.process()
+        k.process()
+        assert late.failures == 0
+        name = late.check_row(k.extraction.tracking_name(0))
+        assert k.app.check_position(name) == k.extraction.position
