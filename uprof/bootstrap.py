@@ -531,7 +531,7 @@ def bootstrap(
             partitions=partitions,
             # Damaged events the extraction worker set aside are passed over, not
             # projected (decision XXXX-damaged-events-quarantined).
-            set_aside=quarantined.is_set_aside,
+            set_aside=quarantined.set_aside_among,
         ),
         maintenance=MaintenanceService(app, subjects, queries),
         slice_service=slice_service,

@@ -12,6 +12,7 @@ guarded position, and the partition goes on.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from uuid import UUID
 
 import pytest
@@ -26,6 +27,7 @@ from tests.kernel.conftest import APP, consent, running, say, settings_for
 from uprof.crypto import mapper
 from uprof.crypto.mapper import DamagedEventError
 from uprof.kernel import Uprof
+from uprof.services.backup import backup, restore
 from uprof.services.late_captures import LateCaptures
 from uprof.services.quarantine import MAX_DAMAGED_EVENTS
 
@@ -235,3 +237,50 @@ def test_the_late_audit_check_of_another_process_passes_a_damaged_event(
         assert late.failures == 0
         name = late.check_row(k.extraction.tracking_name(0))
         assert k.app.check_position(name) == k.extraction.position
+
+
+def test_a_restore_from_before_the_damage_extracts_the_event(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """The restore that repairs a damaged event is one of a backup taken before the
+    damage, hence before its verdict: the restored log holds no verdict and its positions
+    are before the event, so the pipeline extracts it as any other."""
+    settings = settings_for(backend)
+    with running(settings, clock) as k:
+        consent(k, "alice")
+        consent(k, "bob")
+        k.process()
+        k.capture_many("alice", [say(f"I met {CANARY} at the market", ref="a-1")])
+        k.capture_many("bob", [say(f"I met {BYSTANDER} at the market", ref="b-1")])
+    backup(settings, tmp_path / "bk")
+    with running(settings, clock) as k:
+        damage(k, k.stream_of("alice"))
+        k.process()
+        assert [q.stage for q in k.quarantined()] == ["damaged"]
+    restore(settings, tmp_path / "bk")
+    with running(settings, clock) as k:
+        k.process()
+        assert set_aside(k) == []
+        assert k.quarantined() == []
+        assert memories(k, "alice") == [f"I met {CANARY} at the market"]
+        assert memories(k, "bob") == [f"I met {BYSTANDER} at the market"]
+
+
+def test_a_row_repaired_in_place_is_not_retried_and_rebuild_equals_live(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """A damaged row repaired by hand keeps its verdict: the retry says ``not-retryable``
+    (the restore of decision 0060 is the repair that re-extracts), and the projections,
+    live or rebuilt, pass over it alike."""
+    _damaged_before_extraction(backend, clock)
+    with running(settings_for(backend), clock) as k:
+        k.process()
+        damage(k, k.stream_of("alice"))  # the same byte flipped back: the row opens again
+    with running(settings_for(backend), clock) as k:
+        [entry] = k.quarantined()
+        assert k.retry_quarantined([entry.capture_id])[0].outcome == "not-retryable"
+        k.process()
+        live = (k.profile("alice"), k.profile("bob"))
+        k.rebuild()
+        assert (k.profile("alice"), k.profile("bob")) == live
+        assert memories(k, "alice") == []

@@ -15,7 +15,7 @@ from eventsourcing.persistence import Notification
 
 from domain.errors import UprofError
 from uprof import retry, telemetry
-from uprof.crypto.mapper import DamagedEventError
+from uprof.eventstore import CAPTURED_TOPIC
 from uprof.partitions import Partitioning, owned_or_all
 from uprof.ports import EventStore, MemoryEmbedding, ViewStore
 
@@ -70,11 +70,11 @@ class ProjectionRunner:
         partitioning: Partitioning | None = None,
         partitions: Sequence[int] | None = None,
         embed_ahead: bool = True,
-        set_aside: Callable[[int], bool] | None = None,
+        set_aside: Callable[[Sequence[int]], set[int]] | None = None,
     ) -> None:
         self._app = app
-        #: Whether the log holds a verdict setting this (damaged) notification aside
-        #: (``QuarantineIndex.is_set_aside``); None: every damaged event stops projection.
+        #: Which of these captures the log holds a verdict setting aside as damaged
+        #: (``QuarantineIndex.set_aside_among``); None: every damaged event stops projection.
         self._set_aside = set_aside
         self._views = views
         self._embed_memories = embed_memories
@@ -170,29 +170,31 @@ class ProjectionRunner:
         if not notifications:
             return None
         of = self._partitioning.of
-        events = [
-            (n.id, event)
-            for n in notifications
-            if self._partitioning.count == 1 or of(n.originator_id) == k
-            if (event := self._decode(n)) is not None
+        mine = [
+            n for n in notifications if self._partitioning.count == 1 or of(n.originator_id) == k
         ]
+        aside = self._aside(mine)
+        events = [(n.id, self._decode(n)) for n in mine if int(n.id) not in aside]
         # Embedded outside the write transaction (the views database is not locked while
         # the model runs), in the embedding thread so that this one can go on.
         vectors = self._embedding.submit(self._embed_or_leave_out, [e for _, e in events])
         return _Batch(start, notifications, events, vectors)
 
+    def _aside(self, notifications: Sequence[Notification]) -> set[int]:
+        """The damaged captures among these that the extraction worker set aside: passed
+        over, not projected, whether or not they open now (a row repaired by hand), so
+        that live runs and rebuilds pass over the same events and rebuilt views equal
+        live ones. A damaged event without a verdict still stops the batch when decoded:
+        the extraction worker judges damage, not this loop (decision
+        XXXX-damaged-events-quarantined). Only captures are ever set aside, so a batch
+        without one asks nothing."""
+        if self._set_aside is None:
+            return set()
+        captures = [int(n.id) for n in notifications if n.topic == CAPTURED_TOPIC]
+        return self._set_aside(captures) if captures else set()
+
     def _decode(self, notification: Notification) -> Any:
-        """The notification's event; None for a damaged event the extraction pipeline
-        has set aside (its verdict is on the log: live runs and rebuilds pass over the
-        same events, so rebuilt views equal live ones). A damaged event without a verdict
-        stops the batch as before: the extraction worker judges damage, not this loop
-        (decision XXXX-damaged-events-quarantined)."""
-        try:
-            return self._app.decode(notification)
-        except DamagedEventError:
-            if self._set_aside is not None and self._set_aside(int(notification.id)):
-                return None
-            raise
+        return self._app.decode(notification)
 
     def _embed_or_leave_out(self, events: Sequence[Any]) -> dict[str, bytes]:
         """The batch's vectors; when the model fails on the batch, each memory on its own

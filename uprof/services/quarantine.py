@@ -214,13 +214,12 @@ class QuarantineIndex:
             return damaged
         return [d for d in damaged if str(d[0]) not in state.streams]
 
-    def is_set_aside(self, notification_id: int) -> bool:
-        """Whether the log holds a damaged-event verdict for this notification (erased
-        since or not): a projection passes over it instead of stopping."""
+    def set_aside_among(self, notification_ids: Sequence[int]) -> set[int]:
+        """Those of these notifications the log holds a damaged-event verdict for (erased
+        since or not): a projection passes over them. One head read when nothing is new."""
         with self._lock:
-            if notification_id not in self._set_aside:
-                self._catch_up()
-            return notification_id in self._set_aside
+            self._catch_up()
+            return self._set_aside.intersection(notification_ids)
 
     def damaged_count(self) -> int:
         """Damaged events ever set aside in this log (what ``MAX_DAMAGED_EVENTS`` bounds)."""
