@@ -26,6 +26,7 @@ from domain.errors import (
     SubjectErasedError,
     SubjectNotFoundError,
     UprofError,
+    VersionConflictError,
 )
 from domain.principal import qualified_agent
 from domain.profile import ErasedItems, SubjectProfile
@@ -74,6 +75,14 @@ def category_of(proposal: Any) -> str | None:
 
 def evidence_ids(batch: ProposalBatch) -> set[str]:
     return {e for p in batch.proposals for e in p.evidence}
+
+
+_OPENS_AGAIN = "a damaged event opened again while its batch ran: the batch is read again"
+
+
+class _OpensAgain(VersionConflictError):
+    """A damaged event opened between two reads of one batch (a row repaired by hand):
+    the batch is read again (``retry.EXTRACTION_BATCH``), nothing of it saved."""
 
 
 class _Redo(Exception):
@@ -485,11 +494,16 @@ class ExtractionWorker:
             still = []
             for notification in notifications:
                 try:
-                    self._app.decode(notification)
+                    event = self._app.decode(notification)
                 except DamagedEventError:
                     still.append(notification)
+                    continue
+                if not isinstance(event, SubjectProfile.ContentShredded):
+                    raise _OpensAgain(_OPENS_AGAIN)
             if notifications and not still:
                 continue  # erased meanwhile: its keys are gone, so is the damage
+            if not notifications and not self._still_unreadable(stream_id):
+                continue  # erased (or repaired) meanwhile: nothing to set aside
             version = heads[stream_id]
             for notification in still:
                 version += 1
@@ -524,6 +538,20 @@ class ExtractionWorker:
                 failure = Failure("load", DAMAGED_ERROR, 1)
                 quarantined.append(Quarantined(stream_id, event.capture_id, failure))
         return verdicts
+
+    def _still_unreadable(self, stream_id: UUID) -> bool:
+        """Whether the subject still fails to load on a damaged event, asked after its
+        head was read: an erasure since names it in the ledger first, and then every
+        event of it reads as shredded (nothing is appended after its tombstone)."""
+        try:
+            profile = self._app.load(stream_id)
+        except DamagedEventError:
+            return True
+        except (SubjectErasedError, SubjectNotFoundError):
+            return False
+        if profile.erased:
+            return False
+        raise _OpensAgain(_OPENS_AGAIN)
 
     def _erased_check(self, stream_id: UUID, refused: list[Refused]) -> ErasedItems | None:
         if self._erased_items is None:
