@@ -1,0 +1,46 @@
+"""Child processes for the read-then-write sweep's tests (decision
+XXXX-read-then-write-sweep): each builds its own kernel on the test's stores, as another
+server or CLI process would, and meets the other racer at a barrier placed right before a
+chosen statement (``idem_child.before_first``)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from tests.fakes.ports import FakeClock
+from tests.kernel.conftest import build_kernel
+from tests.kernel.idem_child import before_first
+from uprof.settings import Settings
+
+
+def _meet(barrier: Any, timeout_s: float) -> None:
+    """Wait for the other racer; go on alone if it cannot come (on SQLite a racer whose
+    transaction has written holds the file's write lock, so the other waits on the lock,
+    never reaching the barrier: the interleaving the barrier asks for cannot happen)."""
+    try:
+        barrier.wait(timeout=timeout_s)
+    except threading.BrokenBarrierError:
+        pass
+
+
+def bind_at_once(
+    settings: Settings, kind: str, alias: str, subject: str, barrier: Any, out: Any
+) -> None:
+    """Bind ``alias`` (a session id or an identifier) to ``subject`` with the other racer:
+    both are right before the statement that stores the binding (barrier)."""
+    kernel = build_kernel(settings, FakeClock())
+    try:
+        before_first(
+            kernel.keys_engine, "INSERT INTO SUBJECT_ALIASES", lambda: _meet(barrier, 3.0)
+        )
+        try:
+            if kind == "session":
+                kernel.register_session(alias, subject)
+            else:
+                kernel.register_identifier(alias, subject)
+            out.put(("ok", ""))
+        except Exception as error:  # reported to the test, which names it
+            out.put(("error", f"{type(error).__name__}: {error}"[:500]))
+    finally:
+        kernel.close()
