@@ -44,3 +44,43 @@ def bind_at_once(
             out.put(("error", f"{type(error).__name__}: {error}"[:500]))
     finally:
         kernel.close()
+
+
+def revoke_in_step(settings: Settings, key_id: str, role: str, sync: dict[str, Any], out: Any) -> None:
+    """Revoke ``key_id`` in step with the other racer: both read the key live; ``first``
+    revokes it and waits before its audit append until ``second`` (which revokes only
+    after ``first`` committed) has finished its whole call."""
+    from uprof.apikeys.store import ApiKeyStore
+
+    kernel = build_kernel(settings, FakeClock())
+    live_app_of, revoke = ApiKeyStore.live_app_of, ApiKeyStore.revoke
+    record_many = kernel.audit.record_many
+
+    def read_live(self: ApiKeyStore, kid: str) -> str | None:
+        found = live_app_of(self, kid)
+        sync["both_read"].wait(timeout=60)
+        return found
+
+    def revoke_in_turn(self: ApiKeyStore, kid: str) -> bool:
+        if role == "second":
+            assert sync["first_revoked"].wait(timeout=60)
+        done = revoke(self, kid)
+        if role == "first":
+            sync["first_revoked"].set()
+        return done
+
+    def append_in_turn(*args: Any, **kwargs: Any) -> Any:
+        if role == "first":
+            sync["second_done"].wait(timeout=10)  # on a fixed kernel the second writes none
+        return record_many(*args, **kwargs)
+
+    ApiKeyStore.live_app_of = read_live  # type: ignore[method-assign]
+    ApiKeyStore.revoke = revoke_in_turn  # type: ignore[method-assign]
+    kernel.audit.record_many = append_in_turn  # type: ignore[method-assign]
+    try:
+        revoked = kernel.revoke_api_key(key_id)
+        if role == "second":
+            sync["second_done"].set()
+        out.put((role, revoked))
+    finally:
+        kernel.close()
