@@ -31,9 +31,7 @@ def bind_at_once(
     both are right before the statement that stores the binding (barrier)."""
     kernel = build_kernel(settings, FakeClock())
     try:
-        before_first(
-            kernel.keys_engine, "INSERT INTO SUBJECT_ALIASES", lambda: _meet(barrier, 3.0)
-        )
+        before_first(kernel.keys_engine, "INSERT INTO SUBJECT_ALIASES", lambda: _meet(barrier, 3.0))
         try:
             if kind == "session":
                 kernel.register_session(alias, subject)
@@ -46,7 +44,9 @@ def bind_at_once(
         kernel.close()
 
 
-def revoke_in_step(settings: Settings, key_id: str, role: str, sync: dict[str, Any], out: Any) -> None:
+def revoke_in_step(
+    settings: Settings, key_id: str, role: str, sync: dict[str, Any], out: Any
+) -> None:
     """Revoke ``key_id`` in step with the other racer: both read the key live; ``first``
     revokes it and waits before its audit append until ``second`` (which revokes only
     after ``first`` committed) has finished its whole call."""
@@ -82,5 +82,25 @@ def revoke_in_step(settings: Settings, key_id: str, role: str, sync: dict[str, A
         if role == "second":
             sync["second_done"].set()
         out.put((role, revoked))
+    finally:
+        kernel.close()
+
+
+def recreate_at_once(settings: Settings, subject: str, barrier: Any, out: Any) -> None:
+    """Re-create an erased ``subject`` with the other racer: both have found the name
+    marked erased before either records the re-creation (barrier)."""
+    kernel = build_kernel(settings, FakeClock())
+    ledger = kernel.keystore.ledger
+    assert ledger is not None
+    is_erased = ledger.is_erased
+
+    def found_erased(tenant: str, ref: str) -> bool:
+        erased = is_erased(tenant, ref)
+        _meet(barrier, 60.0)
+        return erased
+
+    ledger.is_erased = found_erased  # type: ignore[method-assign]
+    try:
+        out.put(kernel.recreate_subject(subject))
     finally:
         kernel.close()

@@ -44,7 +44,9 @@ def _bound_to(backend: Backend, kind: str, alias: str) -> str:
     kernel = build_kernel(settings_for(backend), FakeClock())
     try:
         request = (
-            SubjectRequest(session_id=alias) if kind == SESSION else SubjectRequest(identifier=alias)
+            SubjectRequest(session_id=alias)
+            if kind == SESSION
+            else SubjectRequest(identifier=alias)
         )
         handle = kernel.subjects.resolve(request)
         for name in ("alice", "bob", "carol"):
