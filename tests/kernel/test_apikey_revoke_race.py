@@ -12,7 +12,8 @@ crash and recorded later, of a revocation recorded as it happened; and both comm
 they had revoked the key. A process that saw the key live and then lost the UPDATE did not
 revoke it: it now answers False and writes nothing; the process that revoked writes the
 entry. A revocation whose entry a crash kept off the log is still recorded late by the next
-call, which finds the key revoked from the start (tests/kernel/test_apikey_revoked_after_a_crash.py).
+call, which finds the key revoked from the start
+(tests/kernel/test_apikey_revoked_after_a_crash.py).
 """
 
 from __future__ import annotations
