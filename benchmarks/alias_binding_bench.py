@@ -1,4 +1,4 @@
-"""What binding a session id or an identifier costs (decision XXXX-read-then-write-sweep).
+"""What binding a session id or an identifier costs (decision 0121-read-then-write-sweep).
 
 ``python -m benchmarks.alias_binding_bench --runs 5 --calls 500`` from the tree's root
 (``--postgres URL``: also on PostgreSQL, trust auth; a database of its own is created and

@@ -389,7 +389,7 @@ class Uprof:
         handle = self.subjects.find_or_create(ref, now=self.clock.now(), audit=self.audit)
         # Once per new subject (its pseudonym is its own): two processes re-creating the
         # name at once both pass the check above, and both appended this entry (bug CO,
-        # decision XXXX-read-then-write-sweep); the key store already lets one create it.
+        # decision 0121-read-then-write-sweep); the key store already lets one create it.
         self.audit.record_many(
             [
                 (
@@ -1330,7 +1330,7 @@ class Uprof:
             # Live when read, revoked by another process before our UPDATE: its entry
             # is on its way. Recording it here as "recorded-late" told the log that a
             # crash had lost an on-time revocation, and the revoking process's own entry
-            # was then left out (bug CN, decision XXXX-read-then-write-sweep).
+            # was then left out (bug CN, decision 0121-read-then-write-sweep).
             return False
         if app_id is None:
             app_id = store.revoked_app_of(key_id)

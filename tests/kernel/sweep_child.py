@@ -1,5 +1,5 @@
 """Child processes for the read-then-write sweep's tests (decision
-XXXX-read-then-write-sweep): each builds its own kernel on the test's stores, as another
+0121-read-then-write-sweep): each builds its own kernel on the test's stores, as another
 server or CLI process would, and meets the other racer at a barrier placed right before a
 chosen statement (``idem_child.before_first``)."""
 

@@ -1,5 +1,5 @@
 """Binding a session id or an identifier from two processes at once (SQLite and
-PostgreSQL, real processes; decision XXXX-read-then-write-sweep, bug CM).
+PostgreSQL, real processes; decision 0121-read-then-write-sweep, bug CM).
 
 ``SubjectKeyStore.bind_alias`` replaced a binding with a DELETE then an INSERT in one
 transaction. On SQLite the DELETE takes the file's write lock, so a second binder waits

@@ -1,5 +1,5 @@
 """Two processes revoking one API key at once (SQLite and PostgreSQL, real processes;
-decision XXXX-read-then-write-sweep, bug CN).
+decision 0121-read-then-write-sweep, bug CN).
 
 ``revoke_api_key`` reads whether the key is live, revokes it with a conditional UPDATE
 (``revoked_at IS NULL``), and appends ``apikey.revoked`` once (``once_by`` the key id).

@@ -1,5 +1,5 @@
 """Two processes re-creating one erased subject at once (SQLite and PostgreSQL, real
-processes; decision XXXX-read-then-write-sweep, bug CO).
+processes; decision 0121-read-then-write-sweep, bug CO).
 
 ``recreate_subject`` checks that the name is marked erased, records the re-creation in
 the ledger, creates the new subject (the key store's primary key lets one process create

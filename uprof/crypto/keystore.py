@@ -389,7 +389,7 @@ class KeyStore:
         # One statement, never "DELETE, then INSERT": on PostgreSQL a DELETE that finds no
         # row locks nothing, so two processes binding the same new alias at once both
         # inserted and the second failed on the primary key; a rebind raced the same way
-        # (bug CM, decision XXXX-read-then-write-sweep). The upsert lets the key decide:
+        # (bug CM, decision 0121-read-then-write-sweep). The upsert lets the key decide:
         # the later binding replaces the earlier, on both backends.
         c = subject_aliases.c
         statement = backend_for(self._engine).upsert(
