@@ -530,6 +530,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "rrf-equal": {"fusion": "rrf", "lexical_weight": 0.5},
     "rrf-equal-k10": {"fusion": "rrf", "lexical_weight": 0.5, "rrf_k": 10.0},
     "rrf-dense": {"fusion": "rrf", "lexical_weight": 0.3},
+    # Second pass, named from the tune half's table only (a smaller k came closer).
+    "rrf-equal-k3": {"fusion": "rrf", "lexical_weight": 0.5, "rrf_k": 3.0},
+    "rrf-k10": {"fusion": "rrf", "rrf_k": 10.0},
 }
 
 
