@@ -133,11 +133,37 @@ def replay(recording: Path, data: Path, budgets: Sequence[int]) -> Any:
     return summarise(loc, pref)
 
 
+def latency(data: Path, questions: int = 100, rounds: int = 3) -> dict[str, Any]:
+    """Question-embedding time, e5 against MiniLM (one thread each), interleaved: the first
+    ``questions`` LoCoMo dev questions, ``rounds`` rounds alternating which model goes first."""
+    from benchmarks.baselines import minilm_embedder
+
+    e5, minilm = _model(), minilm_embedder()
+    convs = locomo.load_locomo(data / "locomo_dev.json")
+    asked = [q.question for c in convs for q in c.questions][:questions]
+    minilm(["warm up"])
+    e5.query(["warm up"])
+    runs: dict[str, Any] = {"minilm": lambda q: minilm([q]), "e5": lambda q: e5.query([q])}
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for r in range(rounds):
+        order = list(runs) if r % 2 == 0 else list(reversed(runs))
+        for q in asked:
+            for name in order:
+                start = time.perf_counter()
+                runs[name](q)
+                times[name].append((time.perf_counter() - start) * 1000)
+    return {
+        name: {"p50_ms": float(np.percentile(t, 50)), "p95_ms": float(np.percentile(t, 95))}
+        for name, t in times.items()
+    } | {"load": list(os.getloadavg())}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR)
     parser.add_argument("--baseline", action="store_true")
     parser.add_argument("--replay", type=Path, help="a retrieval_replay --record file")
+    parser.add_argument("--latency", action="store_true", help="question-embedding time")
     parser.add_argument("--budgets", default=",".join(map(str, LOCOMO_BUDGETS)))
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -145,6 +171,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     report: dict[str, Any] = {"results": {}}
     if args.baseline:
         report["results"]["embedding-e5"] = baseline(args.data, budgets)
+        args.out.write_text(json.dumps(report, indent=1))
+    if args.latency:
+        from benchmarks.baselines import set_torch_threads
+
+        set_torch_threads(1)
+        report["latency"] = latency(args.data)
         args.out.write_text(json.dumps(report, indent=1))
     if args.replay:
         report["results"]["uprof-e5"] = replay(args.replay, args.data, budgets)
