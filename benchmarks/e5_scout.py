@@ -11,7 +11,7 @@ this run only. Two checks, both per half (``retrieval_replay.half_of``):
   recording with every vector (memories, profile lines, query) replaced by e5's of the
   same text, service options unchanged: uprof with e5 as its embedder.
 
-Decision XXXX-retrieval-round-8 holds the figures.
+Decision 0122-retrieval-round-8 holds the figures.
 """
 
 from __future__ import annotations

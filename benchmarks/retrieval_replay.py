@@ -524,7 +524,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "lexical-0.5": {"lexical_weight": 0.5},
     "lexical-0.3": {"lexical_weight": 0.3},
     "no-mmr": {"mmr_penalty": 0.0},
-    # Round 8 (decision XXXX-retrieval-round-8): reciprocal rank fusion of the lexical and
+    # Round 8 (decision 0122-retrieval-round-8): reciprocal rank fusion of the lexical and
     # dense rankings in place of the score fusion, named before the run.
     "rrf": {"fusion": "rrf"},
     "rrf-equal": {"fusion": "rrf", "lexical_weight": 0.5},

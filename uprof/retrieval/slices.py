@@ -71,7 +71,7 @@ class SliceOptions:
     #: scaled scores linearly; ``"rrf"`` mixes their reciprocal ranks instead (Cormack et
     #: al. 2009), ``(rrf_k + 1) / (rrf_k + rank)`` per signal, weighted by
     #: ``lexical_weight`` as above, so a memory first in both scores 1. Off: it gained
-    #: nothing that held on the untouched half (decision XXXX-retrieval-round-8).
+    #: nothing that held on the untouched half (decision 0122-retrieval-round-8).
     fusion: Literal["score", "rrf"] = "score"
     rrf_k: float = 60.0
     #: Pseudo-relevance feedback: the query vector moves towards the mean of the best
