@@ -524,6 +524,15 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "lexical-0.5": {"lexical_weight": 0.5},
     "lexical-0.3": {"lexical_weight": 0.3},
     "no-mmr": {"mmr_penalty": 0.0},
+    # Round 8 (decision 0122-retrieval-round-8): reciprocal rank fusion of the lexical and
+    # dense rankings in place of the score fusion, named before the run.
+    "rrf": {"fusion": "rrf"},
+    "rrf-equal": {"fusion": "rrf", "lexical_weight": 0.5},
+    "rrf-equal-k10": {"fusion": "rrf", "lexical_weight": 0.5, "rrf_k": 10.0},
+    "rrf-dense": {"fusion": "rrf", "lexical_weight": 0.3},
+    # Second pass, named from the tune half's table only (a smaller k came closer).
+    "rrf-equal-k3": {"fusion": "rrf", "lexical_weight": 0.5, "rrf_k": 3.0},
+    "rrf-k10": {"fusion": "rrf", "rrf_k": 10.0},
 }
 
 

@@ -387,8 +387,17 @@ class Uprof:
             raise InvalidInputError("subject: not an erased subject; nothing to re-create")
         ledger.record_recreated(self.subjects.tenant, ref)
         handle = self.subjects.find_or_create(ref, now=self.clock.now(), audit=self.audit)
-        self.audit.record(
-            "subject.recreated", subject_ref=handle.pseudonym, app_id=_token(requested_by)
+        # Once per new subject (its pseudonym is its own): two processes re-creating the
+        # name at once both pass the check above, and both appended this entry (bug CO,
+        # decision 0121-read-then-write-sweep); the key store already lets one create it.
+        self.audit.record_many(
+            [
+                (
+                    "subject.recreated",
+                    {"subject_ref": handle.pseudonym, "app_id": _token(requested_by)},
+                )
+            ],
+            once_by=("subject_ref",),
         )
         return handle.pseudonym
 
@@ -1309,13 +1318,21 @@ class Uprof:
         The revocation stands even if its entry then fails to be written (the error is
         raised); asking again records it then (``reason_code`` recorded-late): a process
         killed between the key store's commit and the append left a revoked key the log
-        said was live, and no later call could record it. Once across processes."""
+        said was live, and no later call could record it. Once across processes.
+        False, and nothing recorded, also when the key was live as this call began and
+        another process revoked it first: that process records it, as it happened."""
         from uprof.apikeys.store import ApiKeyStore
 
         store = ApiKeyStore(self.keys_engine, tenant=self.subjects.tenant, now=self.clock.now)
         app_id = store.live_app_of(key_id)
         fields: dict[str, object] = {"app_id": app_id, "api_key_id": key_id}
-        if app_id is None or not store.revoke(key_id):
+        if app_id is not None and not store.revoke(key_id):
+            # Live when read, revoked by another process before our UPDATE: its entry
+            # is on its way. Recording it here as "recorded-late" told the log that a
+            # crash had lost an on-time revocation, and the revoking process's own entry
+            # was then left out (bug CN, decision 0121-read-then-write-sweep).
+            return False
+        if app_id is None:
             app_id = store.revoked_app_of(key_id)
             if app_id is None or any(
                 e.entry.get("api_key_id") == key_id

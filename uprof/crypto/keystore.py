@@ -377,18 +377,29 @@ class KeyStore:
         self, tenant: str, kind: str, alias: str, stream_id: uuid.UUID, *, now: datetime
     ) -> None:
         """Bind a session id or a known identifier to a subject's stream (rebinding replaces)."""
-        alias_hash = self._alias_hash(tenant, kind, alias)
+        from uprof.backends import backend_for
+
+        row = {
+            "alias_hash": self._alias_hash(tenant, kind, alias),
+            "kind": kind,
+            "tenant": tenant,
+            "stream_id": str(stream_id),
+            "created_at": now,
+        }
+        # One statement, never "DELETE, then INSERT": on PostgreSQL a DELETE that finds no
+        # row locks nothing, so two processes binding the same new alias at once both
+        # inserted and the second failed on the primary key; a rebind raced the same way
+        # (bug CM, decision 0121-read-then-write-sweep). The upsert lets the key decide:
+        # the later binding replaces the earlier, on both backends.
+        c = subject_aliases.c
+        statement = backend_for(self._engine).upsert(
+            subject_aliases,
+            [row],
+            [c.alias_hash],
+            {name: value for name, value in row.items() if name != "alias_hash"},
+        )
         with self._engine.begin() as conn:
-            conn.execute(subject_aliases.delete().where(subject_aliases.c.alias_hash == alias_hash))
-            conn.execute(
-                subject_aliases.insert().values(
-                    alias_hash=alias_hash,
-                    kind=kind,
-                    tenant=tenant,
-                    stream_id=str(stream_id),
-                    created_at=now,
-                )
-            )
+            conn.execute(statement)
 
     def pseudonym_of_stream(self, stream_id: str, tenant: str | None = None) -> str | None:
         """The audit pseudonym of a live subject's stream (of ``tenant``, if named); None

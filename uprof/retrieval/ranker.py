@@ -216,6 +216,21 @@ def _dense_scores(
     return (dense if norm <= 0 else _scaled(_cosines(index.vectors, moved / norm))), scale
 
 
+def _reciprocal_ranks(
+    scores: np.ndarray, k: float, matched: np.ndarray | None = None
+) -> np.ndarray:
+    """``(k + 1) / (k + rank)`` of each memory in ``scores``' order (rank 1 is the best, so
+    it scores 1); memories outside ``matched`` (no query word, for BM25) score 0 rather
+    than an arbitrary rank among the ties at zero. Equal scores rank chronologically."""
+    order = np.argsort(-scores, kind="stable")
+    ranks = np.empty(len(scores), dtype=np.float64)
+    ranks[order] = np.arange(1, len(scores) + 1, dtype=np.float64)
+    reciprocal: np.ndarray = (k + 1.0) / (k + ranks)
+    if matched is not None:
+        reciprocal[~matched] = 0.0
+    return reciprocal
+
+
 def _query_actors(index: MemoryIndex, query: Query) -> tuple[np.ndarray, frozenset[str]]:
     """Which speakers the query names (mask over actor ids) and the name terms it used."""
     named = np.zeros(len(index.actor_terms), dtype=bool)
@@ -256,7 +271,11 @@ def memory_relevance(
     if index.vectors is not None and query_vector is not None:
         weight = options.lexical_weight if top > 0 else 0.0
         dense, scale = _dense_scores(index, query_vector, lexical, weight, options)
-        fused = weight * lexical + (1.0 - weight) * dense
+        if options.fusion == "rrf" and top > 0:
+            fused = weight * _reciprocal_ranks(lexical, options.rrf_k, lexical > 0)
+            fused += (1.0 - weight) * _reciprocal_ranks(dense, options.rrf_k)
+        else:
+            fused = weight * lexical + (1.0 - weight) * dense
     else:
         weight, fused = 1.0, lexical
     if named.any():

@@ -67,6 +67,13 @@ class SliceOptions:
 
     #: Share of the lexical score in the fusion; the dense score gets the rest.
     lexical_weight: float = 0.7
+    #: How the lexical and dense signals of a memory are fused: ``"score"`` mixes their
+    #: scaled scores linearly; ``"rrf"`` mixes their reciprocal ranks instead (Cormack et
+    #: al. 2009), ``(rrf_k + 1) / (rrf_k + rank)`` per signal, weighted by
+    #: ``lexical_weight`` as above, so a memory first in both scores 1. Off: it gained
+    #: nothing that held on the untouched half (decision 0122-retrieval-round-8).
+    fusion: Literal["score", "rrf"] = "score"
+    rrf_k: float = 60.0
     #: Pseudo-relevance feedback: the query vector moves towards the mean of the best
     #: ``feedback_memories`` first-pass hits, by ``feedback_weight``. Off: it cost 0.02-0.06
     #: on PrefEval and was neutral on LoCoMo (decision 0033-multi-hop-and-preferences).
