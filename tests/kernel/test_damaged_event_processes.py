@@ -1,6 +1,6 @@
 """A damaged event set aside by real processes racing on one partition (both backends).
 
-Two processes extract the same partition at once: one verdict is recorded and every other
+Three processes extract the same partition at once: one verdict is recorded and every other
 capture is extracted once. A process killed (exit 9, no cleanup) after deciding to set
 the event aside and before its batch commits leaves no verdict and no moved position; the
 next process sets it aside once.
@@ -75,12 +75,24 @@ def _extracted_once(k: object) -> None:
     assert set(cited.values()) == {1}
 
 
-def test_two_processes_set_a_damaged_event_aside_once(backend: Backend, clock: FakeClock) -> None:
+def test_three_processes_set_a_damaged_event_aside_once(backend: Backend, clock: FakeClock) -> None:
     nid = _prepare(backend, clock)
-    children = [_child(backend, "kernel.extraction.run_until_idle()") for _ in range(2)]
+    # All three meet at a barrier (a file each) once their kernels are built, then extract.
+    gate = backend.data_dir / "gate"
+    gate.mkdir()
+    body = f"""
+        import time
+        Path({str(gate)!r}, str(os.getpid())).touch()
+        while len(list(Path({str(gate)!r}).iterdir())) < 3:
+            time.sleep(0.005)
+        kernel.extraction.run_until_idle()
+        print("lost races", kernel.extraction.moved_conflicts)
+        """
+    children = [_child(backend, body) for _ in range(3)]
     for child in children:
-        _, err = child.communicate(timeout=300)
+        out, err = child.communicate(timeout=300)
         assert child.returncode == 0, err[-3000:]
+        print(out.strip().splitlines()[-1])
     with running(settings_for(backend), clock) as k:
         [verdict] = set_aside(k)
         assert verdict.notification_id == nid  # type: ignore[attr-defined]
