@@ -11,6 +11,7 @@ guarded position, and the partition goes on.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from uuid import UUID
@@ -104,6 +105,10 @@ def test_a_damaged_capture_does_not_stop_other_subjects_extraction(
         assert listed.stage == "damaged"
         assert listed.error == "DamagedEventError"
         assert k.lag().quarantined == 1
+        [entry] = [e.entry for e in k.audit_entries(action="capture.quarantined")]
+        assert entry["event_ids"] == [f"event:{nid}"]
+        assert entry["reason_code"] == "DamagedEventError"
+        assert CANARY not in json.dumps(entry)
         # alice's damaged capture is not served as extracted: her reads fail closed.
         with pytest.raises(StoredDataDamagedError):
             k.slice(
@@ -284,3 +289,19 @@ def test_a_row_repaired_in_place_is_not_retried_and_rebuild_equals_live(
         k.rebuild()
         assert (k.profile("alice"), k.profile("bob")) == live
         assert memories(k, "alice") == []
+
+
+def test_a_verdict_whose_audit_entry_was_lost_gets_it_at_the_next_listing(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """As when the worker dies between its batch's commit and its audit append."""
+    nid = _damaged_before_extraction(backend, clock)
+    with running(settings_for(backend), clock) as k:
+        k.extraction.on_quarantined = lambda _q: None  # the append never happens
+        k.process()
+        assert list(k.audit_entries(action="capture.quarantined")) == []
+    with running(settings_for(backend), clock) as k:
+        for _ in range(2):
+            assert [q.capture_id for q in k.quarantined()] == [f"event:{nid}"]
+        [entry] = [e.entry for e in k.audit_entries(action="capture.quarantined")]
+        assert entry["event_ids"] == [f"event:{nid}"]
