@@ -190,29 +190,29 @@ class QuarantineIndex:
 
     def held(self) -> list[tuple[UUID, Any, int]]:
         """(stream, CaptureQuarantined event, notification id) of every capture held now."""
+        return self._both()[0]
+
+    def _both(self) -> tuple[list[tuple[UUID, Any, int]], list[tuple[UUID, Any, int]]]:
+        """Captures held, and damaged events set aside, after one catch-up with the log;
+        what the erasure ledger names left out."""
         with self._lock:
             self._catch_up()
             held = list(self._held.values())
+            damaged = list(self._damaged.values())
         state = self._ledger_state()
         if state is None:
-            return held
+            return held, damaged
         return [
             (stream, event, nid)
             for stream, event, nid in held
             if str(stream) not in state.streams
             and event.capture_id not in state.captures.get(str(stream), frozenset())
-        ]
+        ], [d for d in damaged if str(d[0]) not in state.streams]
 
     def damaged(self) -> list[tuple[UUID, Any, int]]:
         """(stream, DamagedEventQuarantined event, its notification id) of every damaged
         event set aside now (a subject erased, or named by the erasure ledger, is not)."""
-        with self._lock:
-            self._catch_up()
-            damaged = list(self._damaged.values())
-        state = self._ledger_state()
-        if state is None:
-            return damaged
-        return [d for d in damaged if str(d[0]) not in state.streams]
+        return self._both()[1]
 
     def set_aside_among(self, notification_ids: Sequence[int]) -> set[int]:
         """Those of these notifications the log holds a damaged-event verdict for (erased
@@ -228,7 +228,8 @@ class QuarantineIndex:
             return len(self._set_aside)
 
     def count(self) -> int:
-        return len(self.held()) + len(self.damaged())
+        held, damaged = self._both()
+        return len(held) + len(damaged)
 
 
 class QuarantineService:
