@@ -51,7 +51,7 @@ from uprof.services.paging import CursorCodec
 from uprof.services.profile import ProfileService
 from uprof.services.projection import ProjectionRunner
 from uprof.services.proposals import ProposalService
-from uprof.services.quarantine import QuarantineIndex, QuarantineService
+from uprof.services.quarantine import DamagedEvents, QuarantineIndex, QuarantineService
 from uprof.services.rate_limits import RateCounters
 from uprof.services.reads import ReadRecorder
 from uprof.services.sign_outs import SignOuts
@@ -506,6 +506,7 @@ def bootstrap(
     )
     extraction.on_quarantined = quarantine.recorded
     extraction.damaged_count = quarantined.damaged_count
+    extraction.already_set_aside = quarantined.set_aside_among
     kernel = Uprof(
         settings=settings,
         app=app,
@@ -532,6 +533,7 @@ def bootstrap(
             # Damaged events the extraction worker set aside are passed over, not
             # projected (decision XXXX-damaged-events-quarantined).
             set_aside=quarantined.set_aside_among,
+            on_damaged=DamagedEvents(app, quarantined, clock.now, quarantine.recorded).set_aside,
         ),
         maintenance=MaintenanceService(app, subjects, queries),
         slice_service=slice_service,

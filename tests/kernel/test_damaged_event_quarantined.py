@@ -305,3 +305,38 @@ def test_a_verdict_whose_audit_entry_was_lost_gets_it_at_the_next_listing(
             assert [q.capture_id for q in k.quarantined()] == [f"event:{nid}"]
         [entry] = [e.entry for e in k.audit_entries(action="capture.quarantined")]
         assert entry["event_ids"] == [f"event:{nid}"]
+
+
+def _damaged_after_extraction(backend: Backend, clock: FakeClock) -> int:
+    with running(settings_for(backend), clock) as k:
+        consent(k, "alice")
+        consent(k, "bob")
+        k.capture_many("alice", [say(f"I met {CANARY} at the market", ref="a-1")])
+        k.capture_many("bob", [say(f"I met {BYSTANDER} at the market", ref="b-1")])
+        k.process()
+        return damage(k, k.stream_of("alice"))
+
+
+def test_a_rebuild_passes_an_event_damaged_after_its_extraction(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """An event damaged after it was extracted and projected has no verdict: a rebuild
+    stopped there (``DamagedEventError``), leaving every later event of the partition
+    unprojected, so bob's reads failed too (bug DC; run by hand on SQLite). The
+    projection now records the verdict first and passes over it, once."""
+    nid = _damaged_after_extraction(backend, clock)
+    with running(settings_for(backend), clock) as k:
+        k.capture_many("bob", [say("I met Qzxsecondcanary at the park", ref="b-2")])
+        k.process()
+        live_bob = k.profile("bob")
+        k.rebuild()
+        assert k.profile("bob") == live_bob
+        assert [v.notification_id for v in set_aside(k)] == [nid]  # type: ignore[attr-defined]
+        [entry] = k.quarantined()
+        assert (entry.capture_id, entry.stage) == (f"event:{nid}", "damaged")
+        k.rebuild()  # again: the verdict is there, nothing recorded twice
+        assert k.profile("bob") == live_bob
+        assert len(set_aside(k)) == 1
+        k.erase_subject("alice")
+        assert k.quarantined() == []
+        assert k.residue_scan([CANARY, "alice"]).clean

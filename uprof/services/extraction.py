@@ -211,6 +211,9 @@ class ExtractionWorker:
         #: How many damaged events the log sets aside (the composition root sets it to
         #: ``QuarantineIndex.damaged_count``): bounds them by ``MAX_DAMAGED_EVENTS``.
         self.damaged_count: Callable[[], int] = lambda: 0
+        #: Which of these notifications the log already sets aside as damaged (the
+        #: projections may have met them first: ``QuarantineIndex.set_aside_among``).
+        self.already_set_aside: Callable[[Sequence[int]], set[int]] = lambda _ids: set()
         #: Captures of the batch in hand whose extraction gave up: a batch redone after a
         #: lost race does not ask the extractor again (cleared when the partition's run ends).
         self._failures: dict[str, Failure] = {}
@@ -341,7 +344,8 @@ class ExtractionWorker:
                 if not isinstance(event, SubjectProfile.ContentShredded):
                     readable.append(event)
             if damaged:
-                self._refuse_past_damage_limit(len(damaged))
+                known = self.already_set_aside([int(n.id) for n in damaged])
+                self._refuse_past_damage_limit(len(damaged) - len(known))
             tenants = self._tenants({e.originator_id for e in readable})
             for event in readable:
                 tenant = tenants.get(event.originator_id, self._tenant)
@@ -491,8 +495,13 @@ class ExtractionWorker:
         for stream_id, notifications in unreadable.items():
             if stream_id not in heads:
                 continue
-            still = []
+            # Asked after the head was read: a verdict committed since (the projections
+            # set these aside too) conflicts with ours on the stream's next version.
+            known = self.already_set_aside([int(n.id) for n in notifications])
+            still, shredded = [], False
             for notification in notifications:
+                if int(notification.id) in known:
+                    continue
                 try:
                     event = self._app.decode(notification)
                 except DamagedEventError:
@@ -500,7 +509,8 @@ class ExtractionWorker:
                     continue
                 if not isinstance(event, SubjectProfile.ContentShredded):
                     raise _OpensAgain(_OPENS_AGAIN)
-            if notifications and not still:
+                shredded = True
+            if shredded:
                 continue  # erased meanwhile: its keys are gone, so is the damage
             if not notifications and not self._still_unreadable(stream_id):
                 continue  # erased (or repaired) meanwhile: nothing to set aside

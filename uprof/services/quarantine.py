@@ -39,6 +39,7 @@ from eventsourcing.utils import get_topic
 
 from domain.principal import acting_principal
 from domain.profile import SubjectProfile
+from uprof import retry
 from uprof.crypto.mapper import DamagedEventError
 from uprof.ports import AuditTrail, EventStore
 
@@ -230,6 +231,75 @@ class QuarantineIndex:
     def count(self) -> int:
         held, damaged = self._both()
         return len(held) + len(damaged)
+
+
+class DamagedEvents:
+    """Set aside a damaged event the projections meet without a verdict.
+
+    The extraction batch sets aside the captures it finds damaged, with its position
+    (``uprof.services.extraction``). An event damaged after it was extracted and
+    projected, or of another kind (an extracted item, a consent), is met first by a
+    projection, a rebuild above all, which must not stop there for every subject of the
+    partition (bug DC) nor pass over it unrecorded. The verdict cannot commit with the
+    views' position (another store), so it commits first, on its own: a
+    ``DamagedEventQuarantined`` at the stream's next version, read after the head, the
+    index asked after the head, so that two processes writing it at once conflict on
+    that version and the loser finds the winner's verdict. A projection killed after the
+    verdict and before its position moves passes over the event next time by the
+    verdict. Bounded by ``MAX_DAMAGED_EVENTS`` with the extraction's verdicts.
+    """
+
+    def __init__(
+        self,
+        app: EventStore,
+        index: QuarantineIndex,
+        now: Callable[[], datetime],
+        recorded: Callable[[Sequence[Quarantined]], None],
+    ) -> None:
+        self._app = app
+        self._index = index
+        self._now = now
+        self._recorded = recorded
+
+    def set_aside(self, notification: Any) -> Any:
+        """None once a verdict sets ``notification`` aside (written now, or by another
+        process); the event it reads as when it opens now (its subject erased meanwhile:
+        shredded). Raises ``DamagedEventError`` past ``MAX_DAMAGED_EVENTS``."""
+        return retry.SUBJECT_WRITE.call(lambda: self._set_aside(notification))
+
+    def _set_aside(self, notification: Any) -> Any:
+        nid, stream = int(notification.id), notification.originator_id
+        head = self._app.stream_versions([stream]).get(stream)
+        if nid in self._index.set_aside_among([nid]) or head is None:
+            return None
+        try:
+            # After the head: an erasure names the subject in its ledger before it
+            # appends its tombstone, so one since reads as shredded here.
+            return self._app.decode(notification)
+        except DamagedEventError:
+            pass
+        if self._index.damaged_count() + 1 > MAX_DAMAGED_EVENTS:
+            _log.error(
+                "a stored event fails authentication and %d are set aside already: "
+                "stopping (decision XXXX-damaged-events-quarantined)",
+                MAX_DAMAGED_EVENTS,
+            )
+            raise DamagedEventError(
+                f"more than {MAX_DAMAGED_EVENTS} stored events fail authentication: "
+                "the pipeline stops instead of setting them aside"
+            )
+        verdict = SubjectProfile.DamagedEventQuarantined(
+            originator_id=stream,
+            originator_version=head + 1,
+            timestamp=SubjectProfile.DamagedEventQuarantined.create_timestamp(),
+            notification_id=nid,
+            damaged_version=int(notification.originator_version),
+            quarantined_at=self._now(),
+        )
+        self._app.save_tracked([], None, events=[verdict])
+        entry = damaged_entry_id(nid)
+        self._recorded([Quarantined(stream, entry, Failure(DAMAGED_STAGE, DAMAGED_ERROR, 1))])
+        return None
 
 
 class QuarantineService:
