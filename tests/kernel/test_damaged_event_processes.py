@@ -130,3 +130,36 @@ def test_a_process_killed_before_its_verdict_commits_leaves_nothing(
         assert [v.notification_id for v in set_aside(k)] == [nid]  # type: ignore[attr-defined]
         _extracted_once(k)
         assert [q.notification_id for q in k.quarantined()] == [nid]
+
+
+def test_three_projecting_processes_set_a_damaged_item_aside_once(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """An extracted memory damaged before it is projected: three real projecting
+    processes meet it at once (bug DC). One verdict; bob's items projected."""
+    with running(settings_for(backend), clock) as k:
+        consent(k, "alice")
+        consent(k, "bob")
+        k.capture_many("alice", [say("I met Qzxdamaged at the market", ref="a-1")])
+        for i in range(10):
+            k.capture_many("bob", [say(f"I met Qzxfriend{i} at the market", ref=f"b-{i}")])
+        k.extraction.run_until_idle()  # extracted, not projected
+        nid = damage(k, k.stream_of("alice"), topic="MemoryRecorded")
+    gate = backend.data_dir / "gate"
+    gate.mkdir()
+    body = f"""
+        import time
+        Path({str(gate)!r}, str(os.getpid())).touch()
+        while len(list(Path({str(gate)!r}).iterdir())) < 3:
+            time.sleep(0.005)
+        kernel.projections.run_until_idle()
+        """
+    children = [_child(backend, body) for _ in range(3)]
+    for child in children:
+        _, err = child.communicate(timeout=300)
+        assert child.returncode == 0, err[-3000:]
+    with running(settings_for(backend), clock) as k:
+        assert [v.notification_id for v in set_aside(k)] == [nid]  # type: ignore[attr-defined]
+        assert len(k.profile("bob").memories) == 10
+        [entry] = [e.entry for e in k.audit_entries(action="capture.quarantined")]
+        assert entry["event_ids"] == [f"event:{nid}"]

@@ -36,9 +36,12 @@ CANARY = "Qzxdamagedcanary"
 BYSTANDER = "Qzxbystandercanary"
 
 
-def damage(kernel: Uprof, stream: UUID, nth_capture: int = 0) -> int:
-    """Flip the last byte (inside the GCM tag) of one stored capture of ``stream``, in
-    the stored row itself; return that event's notification id."""
+def damage(
+    kernel: Uprof, stream: UUID, nth_capture: int = 0, topic: str = "InteractionCaptured"
+) -> int:
+    """Flip the last byte (inside the GCM tag) of one stored event of ``stream`` (the
+    ``nth_capture``-th of ``topic``), in the stored row itself; return its notification
+    id. Flipping it again repairs it."""
     app = kernel.app
     table = app.recorder.events_table_name  # type: ignore[attr-defined]
     key = app.backend.stream_key(stream)
@@ -50,7 +53,7 @@ def damage(kernel: Uprof, stream: UUID, nth_capture: int = 0) -> int:
             ),
             {"s": key},
         ).all()
-        version, _, state = [r for r in rows if "InteractionCaptured" in r[1]][nth_capture]
+        version, _, state = [r for r in rows if topic in r[1]][nth_capture]
         conn.execute(
             sa.text(
                 f"UPDATE {table} SET state = :st WHERE originator_id = :s "
