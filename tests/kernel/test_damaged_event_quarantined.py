@@ -343,3 +343,19 @@ def test_a_rebuild_passes_an_event_damaged_after_its_extraction(
         k.erase_subject("alice")
         assert k.quarantined() == []
         assert k.residue_scan([CANARY, "alice"]).clean
+
+
+def test_a_capture_the_projections_set_aside_first_gets_one_verdict(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """The projections may meet an unextracted damaged capture before the extraction
+    worker does (separate loops): the worker finds their verdict and writes none."""
+    nid = _damaged_before_extraction(backend, clock)
+    with running(settings_for(backend), clock) as k:
+        k.projections.run_until_idle()
+        assert [v.notification_id for v in set_aside(k)] == [nid]  # type: ignore[attr-defined]
+        k.process()
+        assert memories(k, "bob") == [f"I met {BYSTANDER} at the market"]
+        assert [v.notification_id for v in set_aside(k)] == [nid]  # type: ignore[attr-defined]
+        assert [q.capture_id for q in k.quarantined()] == [f"event:{nid}"]
+        assert len(list(k.audit_entries(action="capture.quarantined"))) == 1
