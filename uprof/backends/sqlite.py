@@ -40,6 +40,10 @@ OPEN_LOCK_SUFFIX = ".open-lock"
 EVENTS_TABLE = "stored_events"
 
 
+#: How long a connection waits for another's lock before "database is locked".
+BUSY_TIMEOUT_MS = 30_000
+
+
 def _pragmas(dbapi_connection: Any, _record: Any, *, synchronous: str = "NORMAL") -> None:
     cursor = dbapi_connection.cursor()
     # Deleted rows must not linger in free pages (FIELD-NOTES §4); never rely on the
@@ -47,7 +51,7 @@ def _pragmas(dbapi_connection: Any, _record: Any, *, synchronous: str = "NORMAL"
     cursor.execute("PRAGMA secure_delete=ON")
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute(f"PRAGMA synchronous={synchronous}")
-    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
 
@@ -130,14 +134,25 @@ class SQLiteBackend:
 
     def fold_log(self, engine: sa.Engine) -> bool:
         # The pragma does not raise when it cannot finish: a reader in another process
-        # (a shell, a backup tool, a scan) holding a snapshot makes it wait out the busy
-        # timeout and answer busy=1, the WAL left whole, deleted bytes and all (bug CA).
-        # It also answers busy at once while another process runs a checkpoint (another
-        # uprof process folding the same store): tried again until the busy timeout.
+        # (a shell, a backup tool, a scan) holding a snapshot leaves it answering busy=1,
+        # the WAL left whole, deleted bytes and all (bug CA). It also answers busy while
+        # another process runs a checkpoint (another uprof process folding the same
+        # store). So it is tried again until FOLD_TIMEOUT_S, each try *without* the busy
+        # wait: TRUNCATE takes the file's write lock and, under a busy handler, keeps it
+        # while it waits for the readers to go, and every other process's commit to the
+        # file (the rate limit's, the projector's) waited or failed "database is locked"
+        # for as long (bug CT). Between tries the lock is free for them.
         deadline = time.monotonic() + FOLD_TIMEOUT_S
         while True:
             with engine.connect() as conn:
-                row = conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)").first()
+                driver = conn.connection.driver_connection
+                assert driver is not None
+                driver.execute("PRAGMA busy_timeout=0")
+                try:
+                    row = driver.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                finally:
+                    # The connection goes back to the pool: the usual patience again.
+                    driver.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             if row is None or int(row[0]) == 0:
                 return True
             if time.monotonic() >= deadline:
