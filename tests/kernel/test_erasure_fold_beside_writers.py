@@ -148,3 +148,49 @@ def test_an_erasure_waiting_on_a_reader_does_not_stop_other_processes_writes(
         with pytest.raises(SubjectErasedError):
             k.profile("alice")
         assert_intact(k, "bob", BOB)
+
+
+_BUSY_LOOP = """
+import os, sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], timeout=30, isolation_level=None)
+print("GO", flush=True)
+while not os.path.exists(sys.argv[3]):
+    if sys.argv[2] == "write":
+        conn.execute("INSERT INTO t VALUES (2)")
+    else:
+        conn.execute("SELECT count(*) FROM t").fetchall()
+"""
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_the_fold_is_not_starved_by_a_steady_stream_of_commits_and_reads(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """The other side of CT: tries that never wait for the readers found the log busy
+    every time under two processes committing and two reading in tight loops, and the
+    fold gave up after its 30 s (every erasure ``erasure_incomplete`` under load). Each
+    try may hold new writers off for a moment, so it folds."""
+    database = tmp_path / "busy.sqlite"
+    engine = sqlite_backend.SQLiteBackend().create_engine(
+        f"sqlite:///{database}", fsync_each_commit=False
+    )
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE t (x INTEGER)")
+    stop = tmp_path / "stop"
+    loops = [
+        subprocess.Popen(
+            [sys.executable, "-c", _BUSY_LOOP, str(database), kind, str(stop)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for kind in ("write", "write", "read", "read")
+    ]
+    try:
+        for loop in loops:
+            assert loop.stdout is not None and loop.stdout.readline().strip() == "GO"
+        assert sqlite_backend.SQLiteBackend().fold_log(engine)
+    finally:
+        stop.touch()
+        for loop in loops:
+            loop.communicate(timeout=60)
+        engine.dispose()
