@@ -418,10 +418,17 @@ class Uprof:
         export = build_subject_export(self.queries, stream_id, view, exported_at=self.clock.now())
         if still_allowed is not None:
             still_allowed()
+        # The name must still stand for the stream exported: erased meanwhile (and
+        # perhaps re-created), the export is refused and nothing recorded, rather than
+        # answer the erased subject's data after its receipt and put the export on the
+        # new subject's pseudonym, linking the two (bug CV; the door's reads: BY).
+        handle = self.subjects.find(subject)
+        if handle is None or handle.stream_id != stream_id:
+            raise SubjectErasedError("this subject was erased while it was exported")
         self.audit.record(
             "subject.exported",
             app_id=requested_by,
-            subject_ref=self.subjects.pseudonym(subject),
+            subject_ref=handle.pseudonym,
             counts={
                 "captures": len(export["captured_events"]),
                 "items": len(view.attributes) + len(view.memories) + len(view.intents),

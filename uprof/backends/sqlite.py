@@ -40,6 +40,10 @@ OPEN_LOCK_SUFFIX = ".open-lock"
 EVENTS_TABLE = "stored_events"
 
 
+#: How long a connection waits for another's lock before "database is locked".
+BUSY_TIMEOUT_MS = 30_000
+
+
 def _pragmas(dbapi_connection: Any, _record: Any, *, synchronous: str = "NORMAL") -> None:
     cursor = dbapi_connection.cursor()
     # Deleted rows must not linger in free pages (FIELD-NOTES §4); never rely on the
@@ -47,7 +51,7 @@ def _pragmas(dbapi_connection: Any, _record: Any, *, synchronous: str = "NORMAL"
     cursor.execute("PRAGMA secure_delete=ON")
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute(f"PRAGMA synchronous={synchronous}")
-    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
 
@@ -59,7 +63,11 @@ def _pragmas_full(dbapi_connection: Any, record: Any) -> None:
 #: How long an erasure's WAL truncation is tried (the connections' busy timeout), and
 #: the pause between tries while another process's checkpoint runs.
 FOLD_TIMEOUT_S = 30.0
-FOLD_RETRY_S = 0.05
+#: How long one try may wait (holding the file's write lock) for readers to go, and the
+#: pause after it: longer than the try, and than the longest sleep of a waiting writer's
+#: busy handler (100 ms), so that waiting writers always get their turn (bug CT).
+FOLD_TRY_MS = 100
+FOLD_RETRY_S = 0.15
 #: SQLite's primary result codes for "another connection holds the lock" (BUSY, LOCKED).
 _BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 
@@ -130,14 +138,28 @@ class SQLiteBackend:
 
     def fold_log(self, engine: sa.Engine) -> bool:
         # The pragma does not raise when it cannot finish: a reader in another process
-        # (a shell, a backup tool, a scan) holding a snapshot makes it wait out the busy
-        # timeout and answer busy=1, the WAL left whole, deleted bytes and all (bug CA).
-        # It also answers busy at once while another process runs a checkpoint (another
-        # uprof process folding the same store): tried again until the busy timeout.
+        # (a shell, a backup tool, a scan) holding a snapshot leaves it answering busy=1,
+        # the WAL left whole, deleted bytes and all (bug CA). It also answers busy while
+        # another process runs a checkpoint (another uprof process folding the same
+        # store). So it is tried again until FOLD_TIMEOUT_S, each try with a short busy
+        # wait (FOLD_TRY_MS): TRUNCATE takes the file's write lock and, under the busy
+        # handler, keeps it while it waits for the readers to go; with the connections'
+        # 30 s every other process's commit to the file (the rate limit's, the
+        # projector's) waited or failed "database is locked" for as long (bug CT).
+        # Between tries the lock is free for them. Not no wait at all: under a steady
+        # stream of commits and reads a try that cannot hold off new writers for a
+        # moment rarely finds the log idle, and the fold starved (30 s, measured).
         deadline = time.monotonic() + FOLD_TIMEOUT_S
         while True:
             with engine.connect() as conn:
-                row = conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)").first()
+                driver = conn.connection.driver_connection
+                assert driver is not None
+                driver.execute(f"PRAGMA busy_timeout={FOLD_TRY_MS}")
+                try:
+                    row = driver.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                finally:
+                    # The connection goes back to the pool: the usual patience again.
+                    driver.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             if row is None or int(row[0]) == 0:
                 return True
             if time.monotonic() >= deadline:

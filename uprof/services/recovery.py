@@ -19,9 +19,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -189,8 +191,9 @@ def reapply_ledger(kernel: Any, *, rebuild_if_stale: bool = True) -> LedgerReapp
             report.snapshot_rows,
             report.stale_captures,
         )
-        for engine in _engines(kernel):
-            fold_log(engine)
+        unfolded = [engine for engine in _engines(kernel) if not fold_log(engine)]
+        if unfolded:
+            _fold_when_free(kernel, unfolded)
     if report.stale_captures and rebuild_if_stale:
         kernel.rebuild()
         report.rebuilt = True
@@ -550,6 +553,44 @@ def _erase_items(app: Any, stream: UUID, item_ids: set[str]) -> None:
     profile = app.load(stream)
     profile.erase_items(sorted(item_ids), reason="erasure-reapplied")
     app.save(profile)
+
+
+#: Pause between a start's tries to fold a WAL that a reader held (bug CU).
+REFOLD_PAUSE_S = 1.0
+
+
+def _fold_when_free(kernel: Any, engines: Sequence[sa.Engine]) -> None:
+    """Keep folding ``engines``' WALs in the background until each is truncated or the
+    kernel closes (bug CU).
+
+    The re-destruction above deleted erased subjects' key rows again, but while another
+    process holds a read transaction (a backup tool, a shell) the deletion stays in the
+    WAL and the old pages, wrapped keys and all, stay in the main file beside the KEK.
+    Nothing else folded them: the next start finds nothing to re-destroy, and only the
+    next erasure or the last close would. The start is not refused for it (the service
+    serves nothing of those subjects: their rows are gone for every reader from now on);
+    the fold is owed, said at ERROR, and tried again until it is done."""
+    names = ", ".join(Path(e.url.database or "").name or str(e.url) for e in engines)
+    _log.error(
+        "erasure ledger re-applied, but another process holds a read transaction on %s: "
+        "its file still holds the erased rows until the write-ahead log is folded; "
+        "trying again in the background",
+        names,
+    )
+    stop = threading.Event()
+    kernel.worker_stoppers.append(stop.set)
+    owed = list(engines)
+
+    def run() -> None:
+        while owed and not stop.wait(REFOLD_PAUSE_S):
+            try:
+                owed[:] = [engine for engine in owed if not fold_log(engine)]
+            except Exception:  # the stores closed under it: the last close folds
+                return
+        if not owed:
+            _log.warning("the write-ahead logs held at start are folded: %s", names)
+
+    threading.Thread(target=run, name="uprof-refold", daemon=True).start()
 
 
 def _engines(kernel: Any) -> Iterable[sa.Engine]:

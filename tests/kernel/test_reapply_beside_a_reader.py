@@ -1,0 +1,76 @@
+"""Review of 0119 (bug CU): a start that destroys again what a restored key folder brought
+back of an erased subject, while another process holds a read transaction on
+``keys.sqlite`` (a backup tool, a shell).
+
+The re-destruction's deletion goes to the WAL; while the reader holds it, the fold
+cannot truncate and the main file keeps the old pages: the erased subject's wrapped data
+key, beside the KEK that unwraps it, and the log keeps the ciphertext forever. The start
+ignored the fold's answer, and nothing folded the file afterwards (the next start finds
+nothing to destroy again; only an erasure or the last close would fold). The running
+service must fold it once the reader is gone. SQLite only: PostgreSQL's WAL is the
+server's.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+
+import uprof.backends.sqlite as sqlite_backend
+from domain.errors import SubjectErasedError
+from tests.conftest import Backend
+from tests.fakes.ports import FakeClock
+from tests.kernel.conftest import running, settings_for
+from tests.kernel.test_erasure_beside_a_reader import _files_holding, _reader, _wrapped_keys
+from tests.kernel.test_keys_apart import ALICE, BOB, assert_intact, fill
+
+pytestmark = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+
+#: How long the running service is given to fold once the reader is gone (it retries
+#: every second); a bound on the wait, not a measured time.
+PATIENCE_S = 60.0
+
+
+def test_a_start_beside_a_reader_folds_the_re_destroyed_keys_once_the_reader_goes(
+    backend: Backend, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_backend, "FOLD_TIMEOUT_S", 2.0)
+    settings = settings_for(backend)
+    keys_db = settings.key_path / "keys.sqlite"
+    old = backend.data_dir / "old-keys.sqlite"
+    with running(settings, clock) as k:
+        fill(k, "alice", ALICE)
+        fill(k, "bob", BOB)
+        wrapped = _wrapped_keys(keys_db, str(k.stream_of("alice")))
+        assert wrapped
+    # Closed: the key store is one file again; the copy an operator restores later.
+    assert not keys_db.with_name("keys.sqlite-wal").exists()
+    shutil.copy2(keys_db, old)
+    with running(settings, clock) as k:
+        k.erase_subject("alice")
+    for suffix in ("-wal", "-shm"):
+        keys_db.with_name("keys.sqlite" + suffix).unlink(missing_ok=True)
+    shutil.copy2(old, keys_db)  # the key store put back from before the erasure
+    reader = _reader(keys_db)
+    try:
+        assert reader.stdout is not None and reader.stdout.readline().strip() == "HOLD"
+        with running(settings, clock) as k:
+            with pytest.raises(SubjectErasedError):
+                k.profile("alice")
+            reader.kill()
+            reader.wait()
+            deadline = time.monotonic() + PATIENCE_S
+            holding = _files_holding(settings.key_path, wrapped)
+            while holding and time.monotonic() < deadline:
+                time.sleep(1.0)
+                holding = _files_holding(settings.key_path, wrapped)
+            # Still running, the reader gone: no file of the key folder holds the key.
+            assert holding == [], holding
+            assert_intact(k, "bob", BOB)
+    finally:
+        reader.kill()
+        reader.wait()
+        if reader.stdout is not None:
+            reader.stdout.close()
