@@ -320,6 +320,24 @@ class SubjectProfile(Aggregate):
         def apply(self, aggregate: Any) -> None:
             pass
 
+    @dataclass(frozen=True)
+    class DamagedEventQuarantined(Aggregate.Event):
+        """The pipeline set aside a stored event of this stream that does not open
+        (its ciphertext is damaged: storage, not our code), by its log position.
+
+        Built by the extraction batch from the stored rows' plaintext metadata, never by
+        a command (the stream cannot be loaded while the damaged event is in it), and
+        stored in plaintext: ids and a version only. Applies nothing: the quarantine is
+        the log's, folded by ``uprof.services.quarantine``.
+        """
+
+        notification_id: int
+        damaged_version: int
+        quarantined_at: datetime
+
+        def apply(self, aggregate: Any) -> None:
+            pass
+
     @event("Registered")
     def __init__(self, id: uuid.UUID, tenant: str) -> None:
         """Open the stream; ``id`` comes from the key store (random, never derived)."""

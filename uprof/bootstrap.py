@@ -51,7 +51,7 @@ from uprof.services.paging import CursorCodec
 from uprof.services.profile import ProfileService
 from uprof.services.projection import ProjectionRunner
 from uprof.services.proposals import ProposalService
-from uprof.services.quarantine import QuarantineIndex, QuarantineService
+from uprof.services.quarantine import DamagedEvents, QuarantineIndex, QuarantineService
 from uprof.services.rate_limits import RateCounters
 from uprof.services.reads import ReadRecorder
 from uprof.services.sign_outs import SignOuts
@@ -495,15 +495,18 @@ def bootstrap(
             grace_s=settings.late_capture_check_s,
         ),
     )
+    quarantined = QuarantineIndex(app, lambda: keystore.ledger.state() if keystore.ledger else None)
     quarantine = QuarantineService(
         app,
         audit,
-        QuarantineIndex(app, lambda: keystore.ledger.state() if keystore.ledger else None),
+        quarantined,
         keystore.subjects_of_streams,
         extraction.extract_again,
         tenant_pseudonym_of=partial(keystore.pseudonym_of_stream, tenant=settings.tenant),
     )
     extraction.on_quarantined = quarantine.recorded
+    extraction.damaged_count = quarantined.damaged_count
+    extraction.already_set_aside = quarantined.set_aside_among
     kernel = Uprof(
         settings=settings,
         app=app,
@@ -527,6 +530,10 @@ def bootstrap(
             batch_size=settings.projection_batch_size,
             partitioning=partitioning,
             partitions=partitions,
+            # Damaged events the extraction worker set aside are passed over, not
+            # projected (decision XXXX-damaged-events-quarantined).
+            set_aside=quarantined.set_aside_among,
+            on_damaged=DamagedEvents(app, quarantined, clock.now, quarantine.recorded).set_aside,
         ),
         maintenance=MaintenanceService(app, subjects, queries),
         slice_service=slice_service,

@@ -281,10 +281,18 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
         """Every event of a stream, decoded, in version order (no snapshot)."""
         return [self.mapper.to_domain_event(r) for r in self.recorder.select_events(stream_id)]
 
-    def save_tracked(self, aggregates: Sequence[SubjectProfile], tracking: Tracking | None) -> None:
-        """Save aggregates' pending events together with a tracking position."""
+    def save_tracked(
+        self,
+        aggregates: Sequence[SubjectProfile],
+        tracking: Tracking | None,
+        *,
+        events: Sequence[Any] = (),
+    ) -> None:
+        """Save aggregates' pending events, and ``events`` built without an aggregate
+        (the pipeline's verdicts on streams that cannot be loaded), together with a
+        tracking position."""
         processing_event: ProcessingEvent[UUID] = ProcessingEvent(tracking=tracking)
-        processing_event.collect_events(*aggregates)
+        processing_event.collect_events(*aggregates, *events)
         self._record(processing_event)
         self._take_snapshots(processing_event)
 

@@ -230,8 +230,15 @@ class EventStore(Protocol):
         """
         ...
 
-    def save_tracked(self, aggregates: Sequence[SubjectProfile], tracking: Tracking | None) -> None:
-        """``save`` plus a worker position in the same transaction.
+    def save_tracked(
+        self,
+        aggregates: Sequence[SubjectProfile],
+        tracking: Tracking | None,
+        *,
+        events: Sequence[Any] = (),
+    ) -> None:
+        """``save`` plus ``events`` built without an aggregate, plus a worker position, in
+        the same transaction.
 
         A ``GuardedTracking`` only replaces the position it started from, else
         PositionMovedError (nothing written).
@@ -268,6 +275,11 @@ class EventStore(Protocol):
         self, position: int, limit: int, topics: Iterable[str] = ()
     ) -> Sequence[Notification]:
         """Up to ``limit`` notifications after ``position``, in log order."""
+        ...
+
+    def stream_versions(self, stream_ids: Sequence[UUID]) -> dict[UUID, int]:
+        """The version of each stream's newest event (streams without events left out),
+        read from the stored rows without decrypting anything."""
         ...
 
     def decode(self, notification: Notification) -> Any:

@@ -48,6 +48,11 @@ TOMBSTONE_TOPICS = frozenset(
         SubjectProfile.ItemsErased,
     )
 )
+#: Stored in plaintext too: ids and times only, written when the stream cannot be read.
+#: ``DamagedEventQuarantined`` is appended beside a damaged event by the pipeline, which
+#: cannot load the stream, and must read back whatever keys are left (decision
+#: XXXX-damaged-events-quarantined).
+PLAIN_TOPICS = TOMBSTONE_TOPICS | {get_topic(SubjectProfile.DamagedEventQuarantined)}
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -89,7 +94,7 @@ class SubjectKeyMapper(Mapper[UUID]):
     def to_stored_event(self, domain_event: Any) -> StoredEvent:
         stored = super().to_stored_event(domain_event)
         stream = str(stored.originator_id)
-        if stored.topic in TOMBSTONE_TOPICS:
+        if stored.topic in PLAIN_TOPICS:
             return self._replace(stored, PLAIN + stored.state)
         aad = _aad(stored.originator_id, stored.originator_version, stored.topic)
         nonce = os.urandom(NONCE)
@@ -111,7 +116,7 @@ class SubjectKeyMapper(Mapper[UUID]):
     def to_domain_event(self, stored_event: StoredEvent) -> Any:
         state = stored_event.state
         kind = state[:1]
-        if kind == PLAIN and stored_event.topic in TOMBSTONE_TOPICS:
+        if kind == PLAIN and stored_event.topic in PLAIN_TOPICS:
             return super().to_domain_event(self._replace(stored_event, state[1:]))
         stream = str(stored_event.originator_id)
         if kind == SUBJECT_SEALED and len(state) >= 1 + 4 + NONCE + TAG:

@@ -13,9 +13,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class QuarantinedOut(BaseModel):
-    capture_id: str
+    capture_id: str = Field(
+        description="The capture's id; `event:<notification id>` for a damaged event "
+        "(its capture id is inside the damaged ciphertext)."
+    )
     subject_pseudonym: str = Field(description="The subject's audit pseudonym.")
-    stage: str = Field(description="`extract` (the extractor raised) or `apply`.")
+    stage: str = Field(
+        description="`extract` (the extractor raised), `apply`, `damaged` (the stored "
+        "event does not open) or `load` (its subject's stream holds a damaged event)."
+    )
     error: str = Field(description="The error's class (never its message).")
     attempts: int
     quarantined_at: datetime
@@ -40,7 +46,10 @@ class QuarantineRetryIn(BaseModel):
 
 class RetryOutcomeOut(BaseModel):
     capture_id: str
-    outcome: str = Field(description="`released`, `still-failing` or `not-quarantined`.")
+    outcome: str = Field(
+        description="`released`, `still-failing`, `not-quarantined` or `not-retryable` "
+        "(a damaged event that opens again after a repair by hand: restore the stores)."
+    )
     error: str = Field(default="", description="The error's class, when still failing.")
 
 

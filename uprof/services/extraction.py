@@ -13,6 +13,7 @@ subject, whoever proposed it (I1).
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
@@ -25,6 +26,7 @@ from domain.errors import (
     SubjectErasedError,
     SubjectNotFoundError,
     UprofError,
+    VersionConflictError,
 )
 from domain.principal import qualified_agent
 from domain.profile import ErasedItems, SubjectProfile
@@ -40,13 +42,24 @@ from domain.values import (
     attribute_spec,
 )
 from uprof import retry, telemetry
+from uprof.crypto.mapper import DamagedEventError
 from uprof.eventstore import CAPTURED_TOPIC
 from uprof.partitions import Partitioning, owned_or_all
 from uprof.ports import Clock, EventStore, Extractor, ViewStore
 from uprof.recorders import GuardedTracking, PositionMovedError
 from uprof.services.erased_items import ErasedItemGuard, Refused
 from uprof.services.late_captures import LateCaptures
-from uprof.services.quarantine import Failure, Quarantined, RetryOutcome
+from uprof.services.quarantine import (
+    DAMAGED_ERROR,
+    DAMAGED_STAGE,
+    MAX_DAMAGED_EVENTS,
+    Failure,
+    Quarantined,
+    RetryOutcome,
+    damaged_entry_id,
+)
+
+_log = logging.getLogger(__name__)
 
 
 def category_of(proposal: Any) -> str | None:
@@ -62,6 +75,14 @@ def category_of(proposal: Any) -> str | None:
 
 def evidence_ids(batch: ProposalBatch) -> set[str]:
     return {e for p in batch.proposals for e in p.evidence}
+
+
+_OPENS_AGAIN = "a damaged event opened again while its batch ran: the batch is read again"
+
+
+class _OpensAgain(VersionConflictError):
+    """A damaged event opened between two reads of one batch (a row repaired by hand):
+    the batch is read again (``retry.EXTRACTION_BATCH``), nothing of it saved."""
 
 
 class _Redo(Exception):
@@ -187,6 +208,12 @@ class ExtractionWorker:
         #: Told of the captures a committed batch quarantined (audit and log: the
         #: composition root sets it to ``QuarantineService.recorded``).
         self.on_quarantined: Callable[[Sequence[Quarantined]], None] = lambda _q: None
+        #: How many damaged events the log sets aside (the composition root sets it to
+        #: ``QuarantineIndex.damaged_count``): bounds them by ``MAX_DAMAGED_EVENTS``.
+        self.damaged_count: Callable[[], int] = lambda: 0
+        #: Which of these notifications the log already sets aside as damaged (the
+        #: projections may have met them first: ``QuarantineIndex.set_aside_among``).
+        self.already_set_aside: Callable[[Sequence[int]], set[int]] = lambda _ids: set()
         #: Captures of the batch in hand whose extraction gave up: a batch redone after a
         #: lost race does not ask the extractor again (cleared when the partition's run ends).
         self._failures: dict[str, Failure] = {}
@@ -300,13 +327,25 @@ class ExtractionWorker:
         # needs the captured event only, not the subject's state.
         by_stream: dict[UUID, list[tuple[Any, ProposalBatch | Failure]]] = defaultdict(list)
         captured: list[tuple[Any, Any]] = []
+        damaged: list[Any] = []  # notifications whose stored event does not open
         with telemetry.span("uprof.extraction.extract", captures=len(mine)) as extracting:
             readable = []
             for notification in mine:
-                event = self._app.decode(notification)
+                try:
+                    event = self._app.decode(notification)
+                except DamagedEventError:
+                    # Storage damage only (the mapper's verdict: the key is there and
+                    # genuine, the stored bytes fail authentication). A missing or
+                    # wrong key, a key store error or a bug decoding an authenticated
+                    # plaintext is another error and stops the batch, as before.
+                    damaged.append(notification)
+                    continue
                 captured.append((notification, event))
                 if not isinstance(event, SubjectProfile.ContentShredded):
                     readable.append(event)
+            if damaged:
+                known = self.already_set_aside([int(n.id) for n in damaged])
+                self._refuse_past_damage_limit(len(damaged) - len(known))
             tenants = self._tenants({e.originator_id for e in readable})
             for event in readable:
                 tenant = tenants.get(event.originator_id, self._tenant)
@@ -328,14 +367,24 @@ class ExtractionWorker:
         # the turns, and only brought up to date under them, so the capture writer, which
         # waits for these turns, waits for the apply and the save only (decision 0017).
         loaded = {}
+        # Subjects whose stream holds a damaged event cannot be loaded: their captures in
+        # this batch are set aside with the damaged ones (by stream, in log order).
+        unreadable: dict[UUID, list[Any]] = defaultdict(list)
+        for notification in damaged:
+            unreadable[notification.originator_id].append(notification)
         for stream_id in by_stream:
+            if stream_id in unreadable:
+                continue
             try:
                 loaded[stream_id] = self._app.load(stream_id)
             except (SubjectErasedError, SubjectNotFoundError):
                 continue
+            except DamagedEventError:
+                unreadable[stream_id] = []
         quarantined: list[Quarantined] = []
         refused: list[Refused] = []
-        with self._app.writer_turns(by_stream):
+        with self._app.writer_turns([*by_stream, *unreadable]):
+            verdicts = self._set_aside(unreadable, by_stream, now, quarantined)
             profiles = []
             for stream_id, extracted in by_stream.items():
                 if stream_id not in loaded:
@@ -347,7 +396,7 @@ class ExtractionWorker:
                     continue
                 profiles.append(profile)
             with telemetry.span("uprof.extraction.save", subjects=len(profiles)):
-                self._app.save_tracked(profiles, tracking)
+                self._app.save_tracked(profiles, tracking, events=verdicts)
         if self._late is not None:
             self._late.extracted(
                 captured, notifications[-1].id, extraction=self.tracking_name(k), start=start
@@ -409,6 +458,111 @@ class ExtractionWorker:
                 quarantined.append(Quarantined(profile.id, event.capture_id, failure))
         return profile
 
+    def _refuse_past_damage_limit(self, new: int) -> None:
+        """Fail closed when setting these aside would pass ``MAX_DAMAGED_EVENTS``: many
+        events failing authentication is a bug of ours or the wrong key store far more
+        often than storage damage, and the pipeline then stops as it did before."""
+        if self.damaged_count() + new > MAX_DAMAGED_EVENTS:
+            _log.error(
+                "%d stored events fail authentication and %d are set aside already: "
+                "stopping instead of setting aside more than %d (a wrong key store or a "
+                "bug looks like this; decision XXXX-damaged-events-quarantined)",
+                new,
+                self.damaged_count(),
+                MAX_DAMAGED_EVENTS,
+            )
+            raise DamagedEventError(
+                f"more than {MAX_DAMAGED_EVENTS} stored events fail authentication: "
+                "the pipeline stops instead of setting them aside"
+            )
+
+    def _set_aside(
+        self,
+        unreadable: dict[UUID, list[Any]],
+        by_stream: dict[UUID, list[tuple[Any, ProposalBatch | Failure]]],
+        now: Any,
+        quarantined: list[Quarantined],
+    ) -> list[Any]:
+        """The verdicts that set aside, in the batch's save, the damaged events and the
+        captures of subjects whose stream holds one (they cannot be applied: the subject
+        does not load). Built from the stored rows' metadata at each stream's head, so
+        the insert's version check orders them against other writers; the guarded
+        position makes them one verdict across processes (decision 0087). A subject
+        erased since its event failed reads as shredded now (its ledger entry comes
+        before its tombstone): nothing is appended after a tombstone."""
+        heads = self._app.stream_versions(list(unreadable))
+        verdicts: list[Any] = []
+        for stream_id, notifications in unreadable.items():
+            if stream_id not in heads:
+                continue
+            # Asked after the head was read: a verdict committed since (the projections
+            # set these aside too) conflicts with ours on the stream's next version.
+            known = self.already_set_aside([int(n.id) for n in notifications])
+            still, shredded = [], False
+            for notification in notifications:
+                if int(notification.id) in known:
+                    continue
+                try:
+                    event = self._app.decode(notification)
+                except DamagedEventError:
+                    still.append(notification)
+                    continue
+                if not isinstance(event, SubjectProfile.ContentShredded):
+                    raise _OpensAgain(_OPENS_AGAIN)
+                shredded = True
+            if shredded:
+                continue  # erased meanwhile: its keys are gone, so is the damage
+            if not notifications and not self._still_unreadable(stream_id):
+                continue  # erased (or repaired) meanwhile: nothing to set aside
+            version = heads[stream_id]
+            for notification in still:
+                version += 1
+                verdicts.append(
+                    SubjectProfile.DamagedEventQuarantined(
+                        originator_id=stream_id,
+                        originator_version=version,
+                        timestamp=SubjectProfile.DamagedEventQuarantined.create_timestamp(),
+                        notification_id=int(notification.id),
+                        damaged_version=int(notification.originator_version),
+                        quarantined_at=now,
+                    )
+                )
+                failure = Failure(DAMAGED_STAGE, DAMAGED_ERROR, 1)
+                entry = damaged_entry_id(int(notification.id))
+                quarantined.append(Quarantined(stream_id, entry, failure))
+            for event, _ in by_stream.pop(stream_id, []):
+                version += 1
+                verdicts.append(
+                    SubjectProfile.CaptureQuarantined(  # type: ignore[call-arg]  # made by @event
+                        originator_id=stream_id,
+                        originator_version=version,
+                        timestamp=SubjectProfile.CaptureQuarantined.create_timestamp(),
+                        capture_id=event.capture_id,
+                        stage="load",
+                        error=DAMAGED_ERROR,
+                        attempts=1,
+                        quarantined_at=now,
+                        evidence=[event.capture_id],
+                    )
+                )
+                failure = Failure("load", DAMAGED_ERROR, 1)
+                quarantined.append(Quarantined(stream_id, event.capture_id, failure))
+        return verdicts
+
+    def _still_unreadable(self, stream_id: UUID) -> bool:
+        """Whether the subject still fails to load on a damaged event, asked after its
+        head was read: an erasure since names it in the ledger first, and then every
+        event of it reads as shredded (nothing is appended after its tombstone)."""
+        try:
+            profile = self._app.load(stream_id)
+        except DamagedEventError:
+            return True
+        except (SubjectErasedError, SubjectNotFoundError):
+            return False
+        if profile.erased:
+            return False
+        raise _OpensAgain(_OPENS_AGAIN)
+
     def _erased_check(self, stream_id: UUID, refused: list[Refused]) -> ErasedItems | None:
         if self._erased_items is None:
             return None
@@ -448,7 +602,11 @@ class ExtractionWorker:
         load-decide-save of the subject's stream, apply its proposals and save them with
         ``CaptureReleased``. A retry that lost to another (any process) reloads and finds
         it released; a capture still failing saves nothing."""
-        if capture_id not in self._app.load(stream_id).quarantined:
+        try:
+            profile = self._app.load(stream_id)
+        except DamagedEventError:  # its stream still holds a damaged event
+            return RetryOutcome(capture_id, "still-failing", DAMAGED_ERROR)
+        if capture_id not in profile.quarantined:
             return RetryOutcome(capture_id, "not-quarantined")
         event = next(
             (

@@ -39,6 +39,8 @@ from eventsourcing.utils import get_topic
 
 from domain.principal import acting_principal
 from domain.profile import SubjectProfile
+from uprof import retry
+from uprof.crypto.mapper import DamagedEventError
 from uprof.ports import AuditTrail, EventStore
 
 if TYPE_CHECKING:
@@ -50,7 +52,24 @@ QUARANTINED_TOPIC = get_topic(SubjectProfile.CaptureQuarantined)
 RELEASED_TOPIC = get_topic(SubjectProfile.CaptureReleased)
 CAPTURE_ERASED_TOPIC = get_topic(SubjectProfile.CaptureErased)
 SUBJECT_ERASED_TOPIC = get_topic(SubjectProfile.SubjectErased)
-TOPICS = (QUARANTINED_TOPIC, RELEASED_TOPIC, CAPTURE_ERASED_TOPIC, SUBJECT_ERASED_TOPIC)
+DAMAGED_TOPIC = get_topic(SubjectProfile.DamagedEventQuarantined)
+TOPICS = (
+    QUARANTINED_TOPIC,
+    RELEASED_TOPIC,
+    CAPTURE_ERASED_TOPIC,
+    SUBJECT_ERASED_TOPIC,
+    DAMAGED_TOPIC,
+)
+#: Damaged events the pipeline sets aside in the whole log, at most. Storage damage is
+#: rare and local (a flipped byte, a torn copy); many events failing authentication at
+#: once is what a bug of ours (a changed associated-data format) or a key store that
+#: is not this log's looks like, and quarantining them would hide it while the service
+#: dropped every capture. Past this the pipeline stops at the next damaged event, as it
+#: did before quarantine (fail closed), and the operator decides.
+MAX_DAMAGED_EVENTS = 16
+#: The stage and error class a damaged event's quarantine is listed with.
+DAMAGED_STAGE = "damaged"
+DAMAGED_ERROR = "DamagedEventError"
 #: Notifications read per page when the index catches up with the log.
 PAGE = 500
 
@@ -126,6 +145,12 @@ class QuarantineIndex:
         self._lock = threading.Lock()
         self._position = 0
         self._held: dict[str, tuple[UUID, Any, int]] = {}
+        #: Damaged events set aside (their notification id -> (stream, verdict, the
+        #: verdict's notification id)), while their subject is not erased.
+        self._damaged: dict[int, tuple[UUID, Any, int]] = {}
+        #: Every notification ever set aside as damaged, erased or not: what a projection
+        #: (live or rebuilding) may pass over without projecting it.
+        self._set_aside: set[int] = set()
 
     def _catch_up(self) -> None:
         # The head first: every notification up to it has committed (writers of the log
@@ -151,30 +176,130 @@ class QuarantineIndex:
             self._held[event.capture_id] = held  # type: ignore[attr-defined]
         elif isinstance(event, SubjectProfile.CaptureReleased | SubjectProfile.CaptureErased):
             self._held.pop(event.capture_id, None)  # type: ignore[attr-defined]
+        elif isinstance(event, SubjectProfile.DamagedEventQuarantined):
+            nid = int(event.notification_id)
+            self._damaged[nid] = (event.originator_id, event, int(notification.id))
+            self._set_aside.add(nid)
         elif isinstance(event, SubjectProfile.SubjectErased):
             stream = event.originator_id
             for capture_id in [c for c, (s, _, _) in self._held.items() if s == stream]:
                 del self._held[capture_id]
+            for nid in [n for n, (s, _, _) in self._damaged.items() if s == stream]:
+                del self._damaged[nid]
         # Shredded (ContentShredded): its capture or subject was erased; the tombstone
         # that follows in the log (or the ledger, until it is there) leaves it out.
 
     def held(self) -> list[tuple[UUID, Any, int]]:
         """(stream, CaptureQuarantined event, notification id) of every capture held now."""
+        return self._both()[0]
+
+    def _both(self) -> tuple[list[tuple[UUID, Any, int]], list[tuple[UUID, Any, int]]]:
+        """Captures held, and damaged events set aside, after one catch-up with the log;
+        what the erasure ledger names left out."""
         with self._lock:
             self._catch_up()
             held = list(self._held.values())
+            damaged = list(self._damaged.values())
         state = self._ledger_state()
         if state is None:
-            return held
+            return held, damaged
         return [
             (stream, event, nid)
             for stream, event, nid in held
             if str(stream) not in state.streams
             and event.capture_id not in state.captures.get(str(stream), frozenset())
-        ]
+        ], [d for d in damaged if str(d[0]) not in state.streams]
+
+    def damaged(self) -> list[tuple[UUID, Any, int]]:
+        """(stream, DamagedEventQuarantined event, its notification id) of every damaged
+        event set aside now (a subject erased, or named by the erasure ledger, is not)."""
+        return self._both()[1]
+
+    def set_aside_among(self, notification_ids: Sequence[int]) -> set[int]:
+        """Those of these notifications the log holds a damaged-event verdict for (erased
+        since or not): a projection passes over them. One head read when nothing is new."""
+        with self._lock:
+            self._catch_up()
+            return self._set_aside.intersection(notification_ids)
+
+    def damaged_count(self) -> int:
+        """Damaged events ever set aside in this log (what ``MAX_DAMAGED_EVENTS`` bounds)."""
+        with self._lock:
+            self._catch_up()
+            return len(self._set_aside)
 
     def count(self) -> int:
-        return len(self.held())
+        held, damaged = self._both()
+        return len(held) + len(damaged)
+
+
+class DamagedEvents:
+    """Set aside a damaged event the projections meet without a verdict.
+
+    The extraction batch sets aside the captures it finds damaged, with its position
+    (``uprof.services.extraction``). An event damaged after it was extracted and
+    projected, or of another kind (an extracted item, a consent), is met first by a
+    projection, a rebuild above all, which must not stop there for every subject of the
+    partition (bug DC) nor pass over it unrecorded. The verdict cannot commit with the
+    views' position (another store), so it commits first, on its own: a
+    ``DamagedEventQuarantined`` at the stream's next version, read after the head, the
+    index asked after the head, so that two processes writing it at once conflict on
+    that version and the loser finds the winner's verdict. A projection killed after the
+    verdict and before its position moves passes over the event next time by the
+    verdict. Bounded by ``MAX_DAMAGED_EVENTS`` with the extraction's verdicts.
+    """
+
+    def __init__(
+        self,
+        app: EventStore,
+        index: QuarantineIndex,
+        now: Callable[[], datetime],
+        recorded: Callable[[Sequence[Quarantined]], None],
+    ) -> None:
+        self._app = app
+        self._index = index
+        self._now = now
+        self._recorded = recorded
+
+    def set_aside(self, notification: Any) -> Any:
+        """None once a verdict sets ``notification`` aside (written now, or by another
+        process); the event it reads as when it opens now (its subject erased meanwhile:
+        shredded). Raises ``DamagedEventError`` past ``MAX_DAMAGED_EVENTS``."""
+        return retry.SUBJECT_WRITE.call(lambda: self._set_aside(notification))
+
+    def _set_aside(self, notification: Any) -> Any:
+        nid, stream = int(notification.id), notification.originator_id
+        head = self._app.stream_versions([stream]).get(stream)
+        if nid in self._index.set_aside_among([nid]) or head is None:
+            return None
+        try:
+            # After the head: an erasure names the subject in its ledger before it
+            # appends its tombstone, so one since reads as shredded here.
+            return self._app.decode(notification)
+        except DamagedEventError:
+            pass
+        if self._index.damaged_count() + 1 > MAX_DAMAGED_EVENTS:
+            _log.error(
+                "a stored event fails authentication and %d are set aside already: "
+                "stopping (decision XXXX-damaged-events-quarantined)",
+                MAX_DAMAGED_EVENTS,
+            )
+            raise DamagedEventError(
+                f"more than {MAX_DAMAGED_EVENTS} stored events fail authentication: "
+                "the pipeline stops instead of setting them aside"
+            )
+        verdict = SubjectProfile.DamagedEventQuarantined(
+            originator_id=stream,
+            originator_version=head + 1,
+            timestamp=SubjectProfile.DamagedEventQuarantined.create_timestamp(),
+            notification_id=nid,
+            damaged_version=int(notification.originator_version),
+            quarantined_at=self._now(),
+        )
+        self._app.save_tracked([], None, events=[verdict])
+        entry = damaged_entry_id(nid)
+        self._recorded([Quarantined(stream, entry, Failure(DAMAGED_STAGE, DAMAGED_ERROR, 1))])
+        return None
 
 
 class QuarantineService:
@@ -262,6 +387,25 @@ class QuarantineService:
                     stream_id=stream,
                 )
             )
+        for stream, event, _ in self._index.damaged():
+            pseudonym = self._tenant_pseudonym_of(str(stream))
+            if pseudonym is None:
+                continue
+            nid = int(event.notification_id)
+            # Listed by its own log position: its capture id is inside the ciphertext.
+            rows.append(
+                QuarantinedCapture(
+                    capture_id=damaged_entry_id(nid),
+                    subject=pseudonym,
+                    stage=DAMAGED_STAGE,
+                    error=DAMAGED_ERROR,
+                    attempts=1,
+                    quarantined_at=event.quarantined_at,
+                    notification_id=nid,
+                    stream_id=stream,
+                )
+            )
+        rows.sort(key=lambda r: r.notification_id)
         self._record_missing(rows)
         return rows
 
@@ -283,7 +427,11 @@ class QuarantineService:
             if q is None:
                 outcomes.append(RetryOutcome(capture_id, "not-quarantined"))
                 continue
-            outcome = self._extract_again(q.stream_id, capture_id)
+            outcome = (
+                self._retry_damaged(q)
+                if q.stage == DAMAGED_STAGE
+                else self._extract_again(q.stream_id, capture_id)
+            )
             if outcome.outcome != "not-quarantined":
                 self._audit.record(
                     "capture.released" if outcome.outcome == "released" else "capture.retried",
@@ -294,3 +442,26 @@ class QuarantineService:
                 )
             outcomes.append(outcome)
         return outcomes
+
+    def _retry_damaged(self, q: QuarantinedCapture) -> RetryOutcome:
+        """A damaged event is not extracted again in place: ``still-failing`` while it
+        does not open, ``not-retryable`` once it does (a row repaired by hand). Its
+        capture row was passed over by the projections at its position, so extracting it
+        now would serve results the views and a rebuild place differently; the repair
+        that brings it back is a restore of the stores from before the damage (its log
+        holds no verdict and its positions are before the event, so the pipeline
+        extracts it as any other), or the subject's erasure (decision
+        XXXX-damaged-events-quarantined)."""
+        notification = next(iter(self._app.notifications_after(q.notification_id - 1, 1)), None)
+        if notification is None or int(notification.id) != q.notification_id:
+            return RetryOutcome(q.capture_id, "not-quarantined")
+        try:
+            self._app.decode(notification)
+        except DamagedEventError:
+            return RetryOutcome(q.capture_id, "still-failing", DAMAGED_ERROR)
+        return RetryOutcome(q.capture_id, "not-retryable")
+
+
+def damaged_entry_id(notification_id: int) -> str:
+    """The id a damaged event's quarantine is listed and retried by: its log position."""
+    return f"event:{notification_id}"

@@ -32,7 +32,7 @@ from domain.errors import UprofError
 from domain.profile import SubjectProfile
 from projections.profile import tables as t
 from uprof.backends import backend_for
-from uprof.crypto.mapper import TOMBSTONE_TOPICS
+from uprof.crypto.mapper import PLAIN_TOPICS
 from uprof.crypto.tables import capture_keys, subject_aliases, subject_index, subject_keys
 from uprof.eventstore import ProfilesApplication
 from uprof.services import residue_files
@@ -158,7 +158,7 @@ def check_shredded_streams(
             )
         for stored in app.recorder.select_events(UUID(stream_id)):
             report.events_checked += 1
-            if stored.topic in TOMBSTONE_TOPICS:
+            if stored.topic in PLAIN_TOPICS:
                 continue
             event = app.mapper.to_domain_event(stored)
             if not isinstance(event, SubjectProfile.ContentShredded):
