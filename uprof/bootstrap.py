@@ -531,7 +531,7 @@ def bootstrap(
             partitioning=partitioning,
             partitions=partitions,
             # Damaged events the extraction worker set aside are passed over, not
-            # projected (decision XXXX-damaged-events-quarantined).
+            # projected (decision 0124-damaged-events-quarantined).
             set_aside=quarantined.set_aside_among,
             on_damaged=DamagedEvents(app, quarantined, clock.now, quarantine.recorded).set_aside,
         ),

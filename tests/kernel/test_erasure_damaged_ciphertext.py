@@ -85,7 +85,7 @@ def test_erasing_a_damaged_unextracted_capture_frees_the_partition(
     backend: Backend, clock: FakeClock
 ) -> None:
     """The damaged event is not extracted yet (it used to stop its partition; it is now
-    set aside, decision XXXX-damaged-events-quarantined). Erasing alice must still
+    set aside, decision 0124-damaged-events-quarantined). Erasing alice must still
     complete, and afterwards the damaged event reads as shredded (its key is gone): bob's
     capture is extracted and served."""
     with running(settings_for(backend), clock) as k:
@@ -96,7 +96,7 @@ def test_erasing_a_damaged_unextracted_capture_frees_the_partition(
         k.capture_many("bob", [say(f"I met {BYSTANDER} at the market", ref="b-1")])
         _flip_one_byte(k, k.stream_of("alice"), "InteractionCaptured")
     with running(settings_for(backend), clock) as k:
-        # Set aside since decision XXXX-damaged-events-quarantined (it stopped the
+        # Set aside since decision 0124-damaged-events-quarantined (it stopped the
         # partition before): the erasure must complete all the same.
         k.process()
         result = k.erase_subject("alice")

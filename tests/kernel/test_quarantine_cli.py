@@ -51,7 +51,7 @@ def test_an_operator_sees_a_damaged_event_set_aside_from_the_cli(
     backend: Backend, clock: FakeClock
 ) -> None:
     """A damaged event set aside by its log position is listed, counted and retried with
-    the other quarantined captures (decision XXXX-damaged-events-quarantined)."""
+    the other quarantined captures (decision 0124-damaged-events-quarantined)."""
     with running(settings_for(backend), clock) as k:
         consent(k, "alice")
         k.process()

@@ -51,7 +51,7 @@ TOMBSTONE_TOPICS = frozenset(
 #: Stored in plaintext too: ids and times only, written when the stream cannot be read.
 #: ``DamagedEventQuarantined`` is appended beside a damaged event by the pipeline, which
 #: cannot load the stream, and must read back whatever keys are left (decision
-#: XXXX-damaged-events-quarantined).
+#: 0124-damaged-events-quarantined).
 PLAIN_TOPICS = TOMBSTONE_TOPICS | {get_topic(SubjectProfile.DamagedEventQuarantined)}
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

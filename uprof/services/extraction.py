@@ -466,7 +466,7 @@ class ExtractionWorker:
             _log.error(
                 "%d stored events fail authentication and %d are set aside already: "
                 "stopping instead of setting aside more than %d (a wrong key store or a "
-                "bug looks like this; decision XXXX-damaged-events-quarantined)",
+                "bug looks like this; decision 0124-damaged-events-quarantined)",
                 new,
                 self.damaged_count(),
                 MAX_DAMAGED_EVENTS,

@@ -494,7 +494,7 @@ class LateCaptures:
     def _decoded(self, notification: Any) -> _Capture:
         """A capture read again from the log. A damaged one (its stored bytes fail
         authentication; the extraction worker set it aside, decision
-        XXXX-damaged-events-quarantined) is kept by its positions only, as a shredded
+        0124-damaged-events-quarantined) is kept by its positions only, as a shredded
         one is: its entry on the log is found by position, and a lost request that only
         it could name is not named (its app, agent and purpose are in the ciphertext).
         Reading it failed every check of the partition, in every process but the one

@@ -193,7 +193,7 @@ class ProjectionRunner:
         """The damaged events among these that the log sets aside: passed over, not
         projected, whether or not they open now (a row repaired by hand), so that live
         runs and rebuilds pass over the same events and rebuilt views equal live ones
-        (decision XXXX-damaged-events-quarantined). One head read when nothing is new."""
+        (decision 0124-damaged-events-quarantined). One head read when nothing is new."""
         if self._set_aside is None or not notifications:
             return set()
         return self._set_aside([int(n.id) for n in notifications])

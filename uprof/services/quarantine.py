@@ -281,7 +281,7 @@ class DamagedEvents:
         if self._index.damaged_count() + 1 > MAX_DAMAGED_EVENTS:
             _log.error(
                 "a stored event fails authentication and %d are set aside already: "
-                "stopping (decision XXXX-damaged-events-quarantined)",
+                "stopping (decision 0124-damaged-events-quarantined)",
                 MAX_DAMAGED_EVENTS,
             )
             raise DamagedEventError(
@@ -451,7 +451,7 @@ class QuarantineService:
         that brings it back is a restore of the stores from before the damage (its log
         holds no verdict and its positions are before the event, so the pipeline
         extracts it as any other), or the subject's erasure (decision
-        XXXX-damaged-events-quarantined)."""
+        0124-damaged-events-quarantined)."""
         notification = next(iter(self._app.notifications_after(q.notification_id - 1, 1)), None)
         if notification is None or int(notification.id) != q.notification_id:
             return RetryOutcome(q.capture_id, "not-quarantined")
