@@ -578,19 +578,36 @@ def _fold_when_free(kernel: Any, engines: Sequence[sa.Engine]) -> None:
         names,
     )
     stop = threading.Event()
-    kernel.worker_stoppers.append(stop.set)
     owed = list(engines)
 
     def run() -> None:
         while owed and not stop.wait(REFOLD_PAUSE_S):
             try:
-                owed[:] = [engine for engine in owed if not fold_log(engine)]
-            except Exception:  # the stores closed under it: the last close folds
+                # One short try per store and pause (timeout 0), never the fold's full
+                # patience (30 s of tries): the stop is looked at between tries, so a
+                # close does not return with this thread still opening and locking the
+                # stores after the kernel let go of them (bug DT).
+                for engine in list(owed):
+                    if stop.is_set():
+                        return
+                    if fold_log(engine, timeout_s=0):
+                        owed.remove(engine)
+            except Exception:
+                _log.exception("the background fold of %s failed; it is not tried again", names)
                 return
         if not owed:
             _log.warning("the write-ahead logs held at start are folded: %s", names)
 
-    threading.Thread(target=run, name="uprof-refold", daemon=True).start()
+    thread = threading.Thread(target=run, name="uprof-refold", daemon=True)
+
+    def stop_and_wait() -> None:
+        # The kernel's close runs its stoppers before it releases and disposes the
+        # stores: wait for the one try in progress (at most FOLD_TRY_MS per store).
+        stop.set()
+        thread.join()
+
+    thread.start()
+    kernel.worker_stoppers.append(stop_and_wait)
 
 
 def _engines(kernel: Any) -> Iterable[sa.Engine]:
