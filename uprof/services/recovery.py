@@ -139,6 +139,9 @@ def reapply_ledger(kernel: Any, *, rebuild_if_stale: bool = True) -> LedgerReapp
     """Destroy whatever a copy, a backup or a restore brought back of erased data."""
     ledger = kernel.keystore.ledger
     report = LedgerReapplied()
+    owed = [engine for engine in _engines(kernel) if _owed_marker(engine, exists=True)]
+    if owed:  # an earlier process's re-application could not fold, and ended (bug DU)
+        _fold_when_free(kernel, owed)
     if ledger is None:
         return report
     report.adopted = adopt_shredded_streams(kernel)
@@ -191,7 +194,9 @@ def reapply_ledger(kernel: Any, *, rebuild_if_stale: bool = True) -> LedgerReapp
             report.snapshot_rows,
             report.stale_captures,
         )
-        unfolded = [engine for engine in _engines(kernel) if not fold_log(engine)]
+        unfolded = [
+            engine for engine in _engines(kernel) if engine not in owed and not fold_log(engine)
+        ]
         if unfolded:
             _fold_when_free(kernel, unfolded)
     if report.stale_captures and rebuild_if_stale:
@@ -577,6 +582,17 @@ def _fold_when_free(kernel: Any, engines: Sequence[sa.Engine]) -> None:
         "trying again in the background",
         names,
     )
+    # The fold is owed beyond this process (bug DU): one that ends first (a CLI command,
+    # a start that fails later) leaves the marker, and the next start folds; that start
+    # would not owe it otherwise (nothing left to destroy again), and a server started
+    # then would keep the old pages for as long as it runs.
+    for engine in engines:
+        marker = _owed_marker(engine)
+        if marker is not None:
+            try:
+                marker.touch(mode=0o600)
+            except OSError as error:
+                _log.error("could not record the owed fold of %s: %s", marker.name, error)
     stop = threading.Event()
     owed = list(engines)
 
@@ -592,6 +608,9 @@ def _fold_when_free(kernel: Any, engines: Sequence[sa.Engine]) -> None:
                         return
                     if fold_log(engine, timeout_s=0):
                         owed.remove(engine)
+                        marker = _owed_marker(engine)
+                        if marker is not None:
+                            marker.unlink(missing_ok=True)
             except Exception:
                 _log.exception("the background fold of %s failed; it is not tried again", names)
                 return
@@ -608,6 +627,22 @@ def _fold_when_free(kernel: Any, engines: Sequence[sa.Engine]) -> None:
 
     thread.start()
     kernel.worker_stoppers.append(stop_and_wait)
+
+
+#: Beside a SQLite file whose fold a re-application owes: the next start folds it (DU).
+FOLD_OWED_SUFFIX = ".fold-owed"
+
+
+def _owed_marker(engine: sa.Engine, *, exists: bool = False) -> Path | None:
+    """The owed-fold marker of ``engine``'s file (SQLite files only; None otherwise, or
+    when ``exists`` and there is none)."""
+    database = engine.url.database
+    if engine.url.get_backend_name() != "sqlite" or not database or database == ":memory:":
+        return None
+    if engine.url.query.get("mode") == "memory":
+        return None
+    marker = Path(database + FOLD_OWED_SUFFIX)
+    return marker if not exists or marker.exists() else None
 
 
 def _engines(kernel: Any) -> Iterable[sa.Engine]:
