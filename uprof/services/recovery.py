@@ -20,6 +20,7 @@ import functools
 import hashlib
 import logging
 import threading
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -575,6 +576,12 @@ def _fold_when_free(kernel: Any, engines: Sequence[sa.Engine]) -> None:
     next erasure or the last close would. The start is not refused for it (the service
     serves nothing of those subjects: their rows are gone for every reader from now on);
     the fold is owed, said at ERROR, and tried again until it is done."""
+    # A start may re-apply the ledger more than once (after a rebuild, after settling lost
+    # keys): one background fold per store and process is enough.
+    engines = [e for e in engines if e not in _FOLDING]
+    if not engines:
+        return
+    _FOLDING.update(engines)
     names = ", ".join(Path(e.url.database or "").name or str(e.url) for e in engines)
     _log.error(
         "erasure ledger re-applied, but another process holds a read transaction on %s: "
@@ -597,6 +604,12 @@ def _fold_when_free(kernel: Any, engines: Sequence[sa.Engine]) -> None:
     owed = list(engines)
 
     def run() -> None:
+        try:
+            fold_until_done()
+        finally:
+            _FOLDING.difference_update(engines)
+
+    def fold_until_done() -> None:
         while owed and not stop.wait(REFOLD_PAUSE_S):
             try:
                 # One short try per store and pause (timeout 0), never the fold's full
@@ -628,6 +641,9 @@ def _fold_when_free(kernel: Any, engines: Sequence[sa.Engine]) -> None:
     thread.start()
     kernel.worker_stoppers.append(stop_and_wait)
 
+
+#: The engines a background fold of this process is folding.
+_FOLDING: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
 
 #: Beside a SQLite file whose fold a re-application owes: the next start folds it (DU).
 FOLD_OWED_SUFFIX = ".fold-owed"
