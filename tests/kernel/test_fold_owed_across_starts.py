@@ -11,7 +11,11 @@ the last connection's close folds). SQLite only: PostgreSQL's WAL is the server'
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
+import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -21,12 +25,36 @@ from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import running, settings_for
 from tests.kernel.test_erasure_beside_a_reader import _files_holding, _reader, _wrapped_keys
 from tests.kernel.test_keys_apart import ALICE, BOB, assert_intact, fill
+from uprof.settings import Settings
 
 pytestmark = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 
 #: How long the second start is given to fold (it retries every second); a bound on the
 #: wait, not a measured time.
 PATIENCE_S = 60.0
+
+
+def _short_lived_start(settings: Settings) -> None:
+    """A process that starts on the folder and ends at once (as a CLI command does)."""
+    script = textwrap.dedent(
+        f"""
+        from pathlib import Path
+        import uprof.backends.sqlite as sqlite_backend
+        from tests.fakes.ports import FakeClock
+        from tests.kernel.conftest import build_kernel
+        from uprof.settings import Settings
+        sqlite_backend.FOLD_TIMEOUT_S = 2.0
+        settings = Settings(data_dir=Path({str(settings.data_dir)!r}), embedder="hashing")
+        build_kernel(settings, FakeClock()).close()
+        """
+    )
+    subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=Path(__file__).resolve().parents[2],
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
 
 
 def test_a_fold_owed_by_a_start_that_ended_is_done_by_the_next_start(
@@ -50,8 +78,7 @@ def test_a_fold_owed_by_a_start_that_ended_is_done_by_the_next_start(
     reader = _reader(keys_db)
     try:
         assert reader.stdout is not None and reader.stdout.readline().strip() == "HOLD"
-        with running(settings, clock):
-            pass  # a short-lived process: it re-destroys, cannot fold, and ends
+        _short_lived_start(settings)  # re-destroys, cannot fold, and ends
         assert _files_holding(settings.key_path, wrapped) != []  # the fold is owed
     finally:
         reader.kill()
