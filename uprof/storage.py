@@ -213,8 +213,9 @@ def log_holds_events(engine: sa.Engine) -> bool:
     return False
 
 
-def fold_log(engine: sa.Engine) -> bool:
+def fold_log(engine: sa.Engine, *, timeout_s: float | None = None) -> bool:
     """Fold a write-ahead log into the main file (SQLite: checkpoint and truncate the WAL),
     so shredded bytes do not linger; nothing on a backend whose log is not ours to fold.
-    False when another process's read transaction kept the WAL from being truncated."""
-    return backend_for(engine).fold_log(engine)
+    False when another process's read transaction kept the WAL from being truncated
+    within ``timeout_s`` (the backend's bound if None; 0 is a single short try)."""
+    return backend_for(engine).fold_log(engine, timeout_s=timeout_s)

@@ -108,9 +108,10 @@ class Backend(Protocol):
         """Held while a starting process creates or migrates tables (one at a time)."""
         ...
 
-    def fold_log(self, engine: sa.Engine) -> bool:
+    def fold_log(self, engine: sa.Engine, *, timeout_s: float | None = None) -> bool:
         """Fold a write-ahead log into the main file, so deleted bytes do not linger;
-        False when it could not (another process's read transaction holds it)."""
+        False when it could not (another process's read transaction holds it) within
+        ``timeout_s`` (the backend's own bound if None; 0 is one try)."""
         ...
 
     def events_table_candidates(self, engine: sa.Engine) -> list[tuple[str | None, str]]:

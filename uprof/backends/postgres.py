@@ -119,7 +119,7 @@ class PostgresBackend:
                 conn.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": SCHEMA_LOCK_KEY})
                 conn.commit()
 
-    def fold_log(self, engine: sa.Engine) -> bool:
+    def fold_log(self, engine: sa.Engine, *, timeout_s: float | None = None) -> bool:
         return True  # the server's WAL is not ours to fold (docs/governance.md, residue)
 
     def hold_open(self, engine: sa.Engine) -> Callable[[], None]:

@@ -136,7 +136,7 @@ class SQLiteBackend:
         finally:
             os.close(fd)  # releases the flock
 
-    def fold_log(self, engine: sa.Engine) -> bool:
+    def fold_log(self, engine: sa.Engine, *, timeout_s: float | None = None) -> bool:
         # The pragma does not raise when it cannot finish: a reader in another process
         # (a shell, a backup tool, a scan) holding a snapshot leaves it answering busy=1,
         # the WAL left whole, deleted bytes and all (bug CA). It also answers busy while
@@ -149,7 +149,7 @@ class SQLiteBackend:
         # Between tries the lock is free for them. Not no wait at all: under a steady
         # stream of commits and reads a try that cannot hold off new writers for a
         # moment rarely finds the log idle, and the fold starved (30 s, measured).
-        deadline = time.monotonic() + FOLD_TIMEOUT_S
+        deadline = time.monotonic() + (FOLD_TIMEOUT_S if timeout_s is None else timeout_s)
         while True:
             with engine.connect() as conn:
                 driver = conn.connection.driver_connection

@@ -20,6 +20,7 @@ import functools
 import hashlib
 import logging
 import threading
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -139,6 +140,9 @@ def reapply_ledger(kernel: Any, *, rebuild_if_stale: bool = True) -> LedgerReapp
     """Destroy whatever a copy, a backup or a restore brought back of erased data."""
     ledger = kernel.keystore.ledger
     report = LedgerReapplied()
+    owed = [engine for engine in _engines(kernel) if _owed_marker(engine, exists=True)]
+    if owed:  # an earlier process's re-application could not fold, and ended (bug DU)
+        _fold_when_free(kernel, owed)
     if ledger is None:
         return report
     report.adopted = adopt_shredded_streams(kernel)
@@ -191,7 +195,9 @@ def reapply_ledger(kernel: Any, *, rebuild_if_stale: bool = True) -> LedgerReapp
             report.snapshot_rows,
             report.stale_captures,
         )
-        unfolded = [engine for engine in _engines(kernel) if not fold_log(engine)]
+        unfolded = [
+            engine for engine in _engines(kernel) if engine not in owed and not fold_log(engine)
+        ]
         if unfolded:
             _fold_when_free(kernel, unfolded)
     if report.stale_captures and rebuild_if_stale:
@@ -570,6 +576,12 @@ def _fold_when_free(kernel: Any, engines: Sequence[sa.Engine]) -> None:
     next erasure or the last close would. The start is not refused for it (the service
     serves nothing of those subjects: their rows are gone for every reader from now on);
     the fold is owed, said at ERROR, and tried again until it is done."""
+    # A start may re-apply the ledger more than once (after a rebuild, after settling lost
+    # keys): one background fold per store and process is enough.
+    engines = [e for e in engines if e not in _FOLDING]
+    if not engines:
+        return
+    _FOLDING.update(engines)
     names = ", ".join(Path(e.url.database or "").name or str(e.url) for e in engines)
     _log.error(
         "erasure ledger re-applied, but another process holds a read transaction on %s: "
@@ -577,20 +589,76 @@ def _fold_when_free(kernel: Any, engines: Sequence[sa.Engine]) -> None:
         "trying again in the background",
         names,
     )
+    # The fold is owed beyond this process (bug DU): one that ends first (a CLI command,
+    # a start that fails later) leaves the marker, and the next start folds; that start
+    # would not owe it otherwise (nothing left to destroy again), and a server started
+    # then would keep the old pages for as long as it runs.
+    for engine in engines:
+        marker = _owed_marker(engine)
+        if marker is not None:
+            try:
+                marker.touch(mode=0o600)
+            except OSError as error:
+                _log.error("could not record the owed fold of %s: %s", marker.name, error)
     stop = threading.Event()
-    kernel.worker_stoppers.append(stop.set)
     owed = list(engines)
 
     def run() -> None:
+        try:
+            fold_until_done()
+        finally:
+            _FOLDING.difference_update(engines)
+
+    def fold_until_done() -> None:
         while owed and not stop.wait(REFOLD_PAUSE_S):
             try:
-                owed[:] = [engine for engine in owed if not fold_log(engine)]
-            except Exception:  # the stores closed under it: the last close folds
+                # One short try per store and pause (timeout 0), never the fold's full
+                # patience (30 s of tries): the stop is looked at between tries, so a
+                # close does not return with this thread still opening and locking the
+                # stores after the kernel let go of them (bug DT).
+                for engine in list(owed):
+                    if stop.is_set():
+                        return
+                    if fold_log(engine, timeout_s=0):
+                        owed.remove(engine)
+                        marker = _owed_marker(engine)
+                        if marker is not None:
+                            marker.unlink(missing_ok=True)
+            except Exception:
+                _log.exception("the background fold of %s failed; it is not tried again", names)
                 return
         if not owed:
             _log.warning("the write-ahead logs held at start are folded: %s", names)
 
-    threading.Thread(target=run, name="uprof-refold", daemon=True).start()
+    thread = threading.Thread(target=run, name="uprof-refold", daemon=True)
+
+    def stop_and_wait() -> None:
+        # The kernel's close runs its stoppers before it releases and disposes the
+        # stores: wait for the one try in progress (at most FOLD_TRY_MS per store).
+        stop.set()
+        thread.join()
+
+    thread.start()
+    kernel.worker_stoppers.append(stop_and_wait)
+
+
+#: The engines a background fold of this process is folding.
+_FOLDING: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
+
+#: Beside a SQLite file whose fold a re-application owes: the next start folds it (DU).
+FOLD_OWED_SUFFIX = ".fold-owed"
+
+
+def _owed_marker(engine: sa.Engine, *, exists: bool = False) -> Path | None:
+    """The owed-fold marker of ``engine``'s file (SQLite files only; None otherwise, or
+    when ``exists`` and there is none)."""
+    database = engine.url.database
+    if engine.url.get_backend_name() != "sqlite" or not database or database == ":memory:":
+        return None
+    if engine.url.query.get("mode") == "memory":
+        return None
+    marker = Path(database + FOLD_OWED_SUFFIX)
+    return marker if not exists or marker.exists() else None
 
 
 def _engines(kernel: Any) -> Iterable[sa.Engine]:
