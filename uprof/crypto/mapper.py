@@ -63,6 +63,16 @@ class DamagedEventError(MapperDeserialisationError, StoredDataDamagedError):
     (bug BZ). The message names the event's version, never its stream or content."""
 
 
+class DamagedPurgeSignalError(MapperDeserialisationError, StoredDataDamagedError):
+    """A stored purge signal (a tombstone: ``SubjectErased``, ``CaptureErased``,
+    ``ItemsErased``) that is not in its plaintext format. Named as damage on every
+    surface, but never ``DamagedEventError``: what the pipeline may set aside and pass
+    over is an event whose loss withholds data, and passing over a purge signal serves
+    again what it purged (an item erased without its evidence keeps its keys). It stops
+    the pipeline, as a tombstone whose body does not decode does (review of 0124, bug EA).
+    """
+
+
 def _damaged(stored_event: StoredEvent, what: str) -> DamagedEventError:
     return DamagedEventError(
         f"stored event at version {stored_event.originator_version} of this subject's "
@@ -116,8 +126,26 @@ class SubjectKeyMapper(Mapper[UUID]):
     def to_domain_event(self, stored_event: StoredEvent) -> Any:
         state = stored_event.state
         kind = state[:1]
-        if kind == PLAIN and stored_event.topic in PLAIN_TOPICS:
-            return super().to_domain_event(self._replace(stored_event, state[1:]))
+        if stored_event.topic in PLAIN_TOPICS:
+            if kind == PLAIN:
+                return super().to_domain_event(self._replace(stored_event, state[1:]))
+            # Never read on as a sealed row: its marker byte altered to a sealed kind
+            # made the next bytes a key version or capture id no key has, and the
+            # tombstone read as shredded, passed over unrecorded (bug EA). In a stream
+            # whose keys are destroyed it purges nothing that is not gone already: read
+            # as shredded, so erasing the subject still frees its partition (0119).
+            if self.keystore.is_shredded(str(stored_event.originator_id)):
+                return SubjectProfile.ContentShredded(
+                    originator_id=stored_event.originator_id,
+                    originator_version=stored_event.originator_version,
+                    timestamp=_EPOCH,
+                    topic=stored_event.topic,
+                )
+            raise DamagedPurgeSignalError(
+                f"stored event at version {stored_event.originator_version} of this "
+                "subject's stream is a purge signal not in its plaintext format "
+                "(damaged or altered storage)"
+            )
         stream = str(stored_event.originator_id)
         if kind == SUBJECT_SEALED and len(state) >= 1 + 4 + NONCE + TAG:
             key = self.keystore.key(stream, int.from_bytes(state[1:5], "big"))
