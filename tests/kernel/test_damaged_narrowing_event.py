@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from domain.errors import StoredDataDamagedError
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import consent, running, say, settings_for
+from tests.kernel.conftest import APP, consent, running, say, settings_for
 from tests.kernel.test_damaged_event_quarantined import memories, set_aside
 from uprof.crypto.mapper import DamagedEventError
 from uprof.kernel import Uprof
@@ -99,3 +99,40 @@ def test_a_damaged_item_erasure_is_not_passed_over(backend: Backend, clock: Fake
         k.rebuild()
         assert memories(k, "bob") == live_bob
         assert k.residue_scan([ERASED, "Qzxerasedcanary"]).clean
+
+
+def test_a_consent_withdrawal_with_an_altered_marker_does_not_read_as_shredded(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """The marker byte of a subject-sealed row altered to the capture-sealed kind made the
+    mapper look up a capture key named by the next 16 bytes, find none, and read the
+    event as shredded (applies nothing): on main at 9cb1b23 alice's withdrawal was gone
+    from her loaded profile, the consent back in force for the app (``unconsented``
+    answered [] in a fresh process). A withdrawal is never sealed under a capture key:
+    the row is damaged, and the stream does not load (fail closed)."""
+    with running(settings_for(backend), clock) as k:
+        consent_id = consent(k, "alice")
+        k.withdraw_consent("alice", consent_id)
+        assert k.unconsented("alice", APP, ["preferences"], "personalization") == ["preferences"]
+        alter(k, k.stream_of("alice"), ".ConsentWithdrawn", 0, b"\x02")
+    with running(settings_for(backend), clock) as k:
+        with pytest.raises(DamagedEventError):
+            k.unconsented("alice", APP, ["preferences"], "personalization")
+        with pytest.raises(DamagedEventError):
+            k.consents_in_force("alice")
+
+
+def test_a_consent_withdrawal_naming_an_unknown_key_version_is_damaged(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """The 4-byte key version of a subject-sealed row altered to one its stream never
+    had: on main at 9cb1b23 it read as shredded (``key`` answers None for "destroyed or
+    unknown"), dropping the withdrawal as above. A stream's keys are destroyed all at
+    once, so a stream that still has keys and lacks this one is a damaged row."""
+    with running(settings_for(backend), clock) as k:
+        consent_id = consent(k, "alice")
+        k.withdraw_consent("alice", consent_id)
+        alter(k, k.stream_of("alice"), ".ConsentWithdrawn", 1, b"\xff\xff\xff\xff")
+    with running(settings_for(backend), clock) as k:
+        with pytest.raises(DamagedEventError):
+            k.unconsented("alice", APP, ["preferences"], "personalization")

@@ -16,6 +16,8 @@ projections, the extraction worker and aggregate replay keep running.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 from datetime import UTC, datetime
 from typing import Any
@@ -29,9 +31,9 @@ from eventsourcing.persistence import (
     StoredEvent,
     Transcoder,
 )
-from eventsourcing.utils import get_topic
+from eventsourcing.utils import get_topic, resolve_topic
 
-from domain.errors import StoredDataDamagedError
+from domain.errors import StoredDataDamagedError, SubjectErasedError
 from domain.profile import SubjectProfile
 from uprof.ports import SubjectKeyStore
 
@@ -94,6 +96,21 @@ def _capture_of(domain_event: Any) -> tuple[str | None, bool]:
     return None, False
 
 
+@functools.cache
+def _capture_sealable(topic: str) -> bool:
+    """Whether events of ``topic`` are ever sealed under a capture key (``_capture_of``):
+    a capture, or an event that names evidence. Anything else (a consent, its withdrawal,
+    an archive, a supersession) is sealed under the subject's DEK, so a row of it marked
+    capture-sealed was altered (bug EB)."""
+    if topic == get_topic(SubjectProfile.InteractionCaptured):
+        return True
+    try:
+        cls = resolve_topic(topic)
+        return any(f.name == "evidence" for f in dataclasses.fields(cls))
+    except Exception:  # not an event class of ours: the row cannot be ours either
+        return False
+
+
 class SubjectKeyMapper(Mapper[UUID]):
     """Mapper that encrypts per subject and per capture; built by the profiles app."""
 
@@ -150,11 +167,21 @@ class SubjectKeyMapper(Mapper[UUID]):
         if kind == SUBJECT_SEALED and len(state) >= 1 + 4 + NONCE + TAG:
             key = self.keystore.key(stream, int.from_bytes(state[1:5], "big"))
             body = state[5:]
-        elif kind == CAPTURE_SEALED and len(state) >= 1 + 16 + NONCE + TAG:
+        elif (
+            kind == CAPTURE_SEALED
+            and len(state) >= 1 + 16 + NONCE + TAG
+            and _capture_sealable(stored_event.topic)
+        ):
             key = self.keystore.capture_key(stream, state[1:17].hex())
             body = state[17:]
         else:
             raise _damaged(stored_event, "is not in a known sealed format")
+        if key is None and kind == SUBJECT_SEALED and self._has_keys(stream):
+            # "Shredded" only when the key was destroyed: a stream's DEKs are destroyed
+            # all at once (``destroy``), so a version its stream lacks while it has keys
+            # is an altered row. Read as shredded it applied nothing, and a withdrawal
+            # altered so was dropped from the loaded profile: consent back in force (EB).
+            raise _damaged(stored_event, "names a key version its stream does not have")
         if key is None:
             return SubjectProfile.ContentShredded(
                 originator_id=UUID(stream),
@@ -169,6 +196,15 @@ class SubjectKeyMapper(Mapper[UUID]):
             # Never include state in the message: a version only (FIELD-NOTES §3.3).
             raise _damaged(stored_event, "failed authentication (moved or altered)") from e
         return super().to_domain_event(self._replace(stored_event, plain))
+
+    def _has_keys(self, stream: str) -> bool:
+        """Whether ``stream`` still has a DEK (asked after a version was not found: a
+        stream erased meanwhile, by any process, has none and reads as shredded)."""
+        try:
+            self.keystore.current_key(stream)
+        except SubjectErasedError:
+            return False
+        return True
 
     @staticmethod
     def _replace(stored: StoredEvent, state: bytes) -> StoredEvent:
