@@ -153,7 +153,7 @@ class SubjectKeyMapper(Mapper[UUID]):
             # as shredded, so erasing the subject still frees its partition (0119).
             if self.keystore.is_shredded(str(stored_event.originator_id)):
                 return SubjectProfile.ContentShredded(
-                    originator_id=stored_event.originator_id,
+                    originator_id=UUID(str(stored_event.originator_id)),
                     originator_version=stored_event.originator_version,
                     timestamp=_EPOCH,
                     topic=stored_event.topic,
