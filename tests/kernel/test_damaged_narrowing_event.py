@@ -136,3 +136,33 @@ def test_a_consent_withdrawal_naming_an_unknown_key_version_is_damaged(
     with running(settings_for(backend), clock) as k:
         with pytest.raises(DamagedEventError):
             k.unconsented("alice", APP, ["preferences"], "personalization")
+
+
+def test_a_withdrawal_swapped_for_another_subjects_does_not_open(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Held: alice's ``ConsentWithdrawn`` row overwritten with bob's (same topic, same
+    format, bob's DEK version) fails authentication under alice's key (the associated
+    data names the stream and version): damaged, and alice's consent checks fail closed
+    in a fresh process."""
+    with running(settings_for(backend), clock) as k:
+        for subject in ("alice", "bob"):
+            k.withdraw_consent(subject, consent(k, subject))
+        bob_row = _row(k, k.stream_of("bob"), ".ConsentWithdrawn")
+        assert len(bob_row) == len(_row(k, k.stream_of("alice"), ".ConsentWithdrawn"))
+        alter(k, k.stream_of("alice"), ".ConsentWithdrawn", 0, bob_row)
+    with running(settings_for(backend), clock) as k:
+        with pytest.raises(DamagedEventError):
+            k.unconsented("alice", APP, ["preferences"], "personalization")
+        assert k.unconsented("bob", APP, ["preferences"], "personalization") == ["preferences"]
+
+
+def _row(kernel: Uprof, stream: UUID, topic: str) -> bytes:
+    app = kernel.app
+    table = app.recorder.events_table_name  # type: ignore[attr-defined]
+    with app.events_engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(f"SELECT topic, state FROM {table} WHERE originator_id = :s"),
+            {"s": app.backend.stream_key(stream)},
+        ).all()
+    return next(bytes(r[1]) for r in rows if r[0].endswith(topic))
