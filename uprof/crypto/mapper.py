@@ -16,6 +16,8 @@ projections, the extraction worker and aggregate replay keep running.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 from datetime import UTC, datetime
 from typing import Any
@@ -29,9 +31,9 @@ from eventsourcing.persistence import (
     StoredEvent,
     Transcoder,
 )
-from eventsourcing.utils import get_topic
+from eventsourcing.utils import get_topic, resolve_topic
 
-from domain.errors import StoredDataDamagedError
+from domain.errors import StoredDataDamagedError, SubjectErasedError
 from domain.profile import SubjectProfile
 from uprof.ports import SubjectKeyStore
 
@@ -63,6 +65,16 @@ class DamagedEventError(MapperDeserialisationError, StoredDataDamagedError):
     (bug BZ). The message names the event's version, never its stream or content."""
 
 
+class DamagedPurgeSignalError(MapperDeserialisationError, StoredDataDamagedError):
+    """A stored purge signal (a tombstone: ``SubjectErased``, ``CaptureErased``,
+    ``ItemsErased``) that is not in its plaintext format. Named as damage on every
+    surface, but never ``DamagedEventError``: what the pipeline may set aside and pass
+    over is an event whose loss withholds data, and passing over a purge signal serves
+    again what it purged (an item erased without its evidence keeps its keys). It stops
+    the pipeline, as a tombstone whose body does not decode does (review of 0124, bug EA).
+    """
+
+
 def _damaged(stored_event: StoredEvent, what: str) -> DamagedEventError:
     return DamagedEventError(
         f"stored event at version {stored_event.originator_version} of this subject's "
@@ -82,6 +94,21 @@ def _capture_of(domain_event: Any) -> tuple[str | None, bool]:
     if evidence:
         return str(evidence[0]), False
     return None, False
+
+
+@functools.cache
+def _capture_sealable(topic: str) -> bool:
+    """Whether events of ``topic`` are ever sealed under a capture key (``_capture_of``):
+    a capture, or an event that names evidence. Anything else (a consent, its withdrawal,
+    an archive, a supersession) is sealed under the subject's DEK, so a row of it marked
+    capture-sealed was altered (bug EB)."""
+    if topic == get_topic(SubjectProfile.InteractionCaptured):
+        return True
+    try:
+        cls = resolve_topic(topic)
+        return any(f.name == "evidence" for f in dataclasses.fields(cls))
+    except Exception:  # not an event class of ours: the row cannot be ours either
+        return False
 
 
 class SubjectKeyMapper(Mapper[UUID]):
@@ -116,17 +143,45 @@ class SubjectKeyMapper(Mapper[UUID]):
     def to_domain_event(self, stored_event: StoredEvent) -> Any:
         state = stored_event.state
         kind = state[:1]
-        if kind == PLAIN and stored_event.topic in PLAIN_TOPICS:
-            return super().to_domain_event(self._replace(stored_event, state[1:]))
+        if stored_event.topic in PLAIN_TOPICS:
+            if kind == PLAIN:
+                return super().to_domain_event(self._replace(stored_event, state[1:]))
+            # Never read on as a sealed row: its marker byte altered to a sealed kind
+            # made the next bytes a key version or capture id no key has, and the
+            # tombstone read as shredded, passed over unrecorded (bug EA). In a stream
+            # whose keys are destroyed it purges nothing that is not gone already: read
+            # as shredded, so erasing the subject still frees its partition (0119).
+            if self.keystore.is_shredded(str(stored_event.originator_id)):
+                return SubjectProfile.ContentShredded(
+                    originator_id=UUID(str(stored_event.originator_id)),
+                    originator_version=stored_event.originator_version,
+                    timestamp=_EPOCH,
+                    topic=stored_event.topic,
+                )
+            raise DamagedPurgeSignalError(
+                f"stored event at version {stored_event.originator_version} of this "
+                "subject's stream is a purge signal not in its plaintext format "
+                "(damaged or altered storage)"
+            )
         stream = str(stored_event.originator_id)
         if kind == SUBJECT_SEALED and len(state) >= 1 + 4 + NONCE + TAG:
             key = self.keystore.key(stream, int.from_bytes(state[1:5], "big"))
             body = state[5:]
-        elif kind == CAPTURE_SEALED and len(state) >= 1 + 16 + NONCE + TAG:
+        elif (
+            kind == CAPTURE_SEALED
+            and len(state) >= 1 + 16 + NONCE + TAG
+            and _capture_sealable(stored_event.topic)
+        ):
             key = self.keystore.capture_key(stream, state[1:17].hex())
             body = state[17:]
         else:
             raise _damaged(stored_event, "is not in a known sealed format")
+        if key is None and kind == SUBJECT_SEALED and self._has_keys(stream):
+            # "Shredded" only when the key was destroyed: a stream's DEKs are destroyed
+            # all at once (``destroy``), so a version its stream lacks while it has keys
+            # is an altered row. Read as shredded it applied nothing, and a withdrawal
+            # altered so was dropped from the loaded profile: consent back in force (EB).
+            raise _damaged(stored_event, "names a key version its stream does not have")
         if key is None:
             return SubjectProfile.ContentShredded(
                 originator_id=UUID(stream),
@@ -141,6 +196,15 @@ class SubjectKeyMapper(Mapper[UUID]):
             # Never include state in the message: a version only (FIELD-NOTES §3.3).
             raise _damaged(stored_event, "failed authentication (moved or altered)") from e
         return super().to_domain_event(self._replace(stored_event, plain))
+
+    def _has_keys(self, stream: str) -> bool:
+        """Whether ``stream`` still has a DEK (asked after a version was not found: a
+        stream erased meanwhile, by any process, has none and reads as shredded)."""
+        try:
+            self.keystore.current_key(stream)
+        except SubjectErasedError:
+            return False
+        return True
 
     @staticmethod
     def _replace(stored: StoredEvent, state: bytes) -> StoredEvent:
