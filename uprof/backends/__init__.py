@@ -178,6 +178,14 @@ class Backend(Protocol):
         """``INSERT rows ... ON CONFLICT (keys) DO UPDATE SET set_`` in one statement."""
         ...
 
+    def upsert_from(
+        self, table: sa.Table, select: sa.Select[Any], keys: Sequence[sa.Column[Any]]
+    ) -> sa.Insert:
+        """``INSERT INTO table SELECT ... ON CONFLICT (keys) DO UPDATE`` every other
+        column the select names (by label) to the proposed row's value, in one statement:
+        nothing is written when the select finds no row."""
+        ...
+
     def is_transient_lock(self, error: BaseException | None) -> bool:
         """Whether a driver error (``sa.exc.OperationalError.orig``) says another writer
         holds a lock for now; by the driver's error code, never its wording."""

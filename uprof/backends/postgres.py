@@ -215,6 +215,19 @@ class PostgresBackend:
                     conn.execute(sa.select(lock, local))
                 yield conn
 
+    def upsert_from(
+        self, table: sa.Table, select: sa.Select[Any], keys: Sequence[sa.Column[Any]]
+    ) -> sa.Insert:
+        from sqlalchemy.dialects.postgresql import insert
+
+        names = [column.name for column in select.selected_columns]
+        statement = insert(table).from_select(names, select)
+        key_names = {key.name for key in keys}
+        return statement.on_conflict_do_update(
+            index_elements=list(keys),
+            set_={name: statement.excluded[name] for name in names if name not in key_names},
+        )
+
     def upsert(
         self,
         table: sa.Table,

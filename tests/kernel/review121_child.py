@@ -1,0 +1,49 @@
+"""Child processes for the review of decision 0121 (decision XXXX-review-of-0121): each
+builds its own kernel on the test's stores, as another server or CLI process would, and
+is held at a chosen statement while the test process acts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+from tests.fakes.ports import FakeClock
+from tests.kernel.conftest import build_kernel
+from uprof.settings import Settings
+
+
+def bind_beside_an_erasure(
+    settings: Settings, subject: str, alias: str, hold: str, sync: dict[str, Any], out: Any
+) -> None:
+    """Register ``alias`` as a session of ``subject`` while the test erases the subject.
+
+    ``hold="before"``: the binder has found the subject live and waits right before the
+    statement that stores the binding until the test has erased the subject.
+    ``hold="after"``: the binder has stored the binding (not committed) and waits up to
+    3 s for the test's erasure before it commits (an erasure that waits on the binding's
+    locks cannot come; one that does not wait finishes meanwhile)."""
+    kernel = build_kernel(settings, FakeClock())
+    held: list[bool] = []
+
+    def before(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
+        if hold == "before" and not held and "INTO SUBJECT_ALIASES" in statement.upper():
+            held.append(True)
+            sync["ready"].set()
+            assert sync["erased"].wait(timeout=120)
+
+    def after(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
+        if hold == "after" and not held and "INTO SUBJECT_ALIASES" in statement.upper():
+            held.append(True)
+            sync["ready"].set()
+            sync["erased"].wait(timeout=3)
+
+    sa.event.listen(kernel.keys_engine, "before_cursor_execute", before)
+    sa.event.listen(kernel.keys_engine, "after_cursor_execute", after)
+    try:
+        kernel.register_session(alias, subject)
+        out.put(("ok", ""))
+    except Exception as error:  # reported to the test, which names it
+        out.put(("error", f"{type(error).__name__}: {error}"[:500]))
+    finally:
+        kernel.close()
