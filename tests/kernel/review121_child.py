@@ -47,3 +47,32 @@ def bind_beside_an_erasure(
         out.put(("error", f"{type(error).__name__}: {error}"[:500]))
     finally:
         kernel.close()
+
+
+def revoke_then_hold(settings: Settings, key_id: str, sync: dict[str, Any], out: Any) -> None:
+    """Revoke ``key_id`` (the key store's UPDATE commits), then wait up to 5 s before the
+    audit append: for the test's ``go``, or a process killed by the test there."""
+    kernel = build_kernel(settings, FakeClock())
+    record_many = kernel.audit.record_many
+
+    def append_later(*args: Any, **kwargs: Any) -> Any:
+        sync["revoked"].set()
+        sync["go"].wait(timeout=5)
+        return record_many(*args, **kwargs)
+
+    kernel.audit.record_many = append_later  # type: ignore[method-assign]
+    try:
+        out.put(("first", kernel.revoke_api_key(key_id)))
+    finally:
+        kernel.close()
+
+
+def revoke_once(settings: Settings, key_id: str, role: str, barrier: Any, out: Any) -> None:
+    """Ask to revoke ``key_id`` (after the barrier, if any), as ``uprof apps revoke``."""
+    kernel = build_kernel(settings, FakeClock())
+    try:
+        if barrier is not None:
+            barrier.wait(timeout=60)
+        out.put((role, kernel.revoke_api_key(key_id)))
+    finally:
+        kernel.close()

@@ -108,6 +108,13 @@ class Backend(Protocol):
         """Held while a starting process creates or migrates tables (one at a time)."""
         ...
 
+    def named_lock(self, engine: sa.Engine, name: str) -> AbstractContextManager[None]:
+        """An exclusive lock of the deployment's, by ``name``, held until the block ends
+        or its holder dies (kill -9 included), across processes and, on PostgreSQL,
+        hosts. It orders work that spans more than one store's transaction (a key
+        store commit, then an audit entry), which no transaction can hold."""
+        ...
+
     def fold_log(self, engine: sa.Engine) -> bool:
         """Fold a write-ahead log into the main file, so deleted bytes do not linger;
         False when it could not (another process's read transaction holds it)."""

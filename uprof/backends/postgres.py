@@ -8,6 +8,7 @@ tables stays in the key folder.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import secrets
@@ -117,6 +118,21 @@ class PostgresBackend:
                 yield
             finally:
                 conn.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": SCHEMA_LOCK_KEY})
+                conn.commit()
+
+    @contextlib.contextmanager
+    def named_lock(self, engine: sa.Engine, name: str) -> Iterator[None]:
+        # A session-level advisory lock on a connection of its own (``schema_lock``); the
+        # server drops it when the session ends, the holder's death included.
+        digest = hashlib.sha256(f"uprof/named-lock/{name}".encode()).digest()
+        key = int.from_bytes(digest[:8], "big", signed=True)
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT pg_advisory_lock(:key)"), {"key": key})
+            conn.commit()
+            try:
+                yield
+            finally:
+                conn.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": key})
                 conn.commit()
 
     def fold_log(self, engine: sa.Engine) -> bool:

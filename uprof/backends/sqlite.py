@@ -128,6 +128,24 @@ class SQLiteBackend:
         finally:
             os.close(fd)  # releases the flock
 
+    @contextlib.contextmanager
+    def named_lock(self, engine: sa.Engine, name: str) -> Iterator[None]:
+        # As ``schema_lock``: an exclusive flock of a file of its own beside the database
+        # (never the database file: FIELD-NOTES 8.1); the system drops it when the
+        # holder dies.
+        database = engine.url.database
+        if not database or database == ":memory:" or engine.url.query.get("mode") == "memory":
+            yield
+            return
+        import fcntl
+
+        fd = os.open(f"{database}.{name}-lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the flock
+
     def fold_log(self, engine: sa.Engine) -> bool:
         # The pragma does not raise when it cannot finish: a reader in another process
         # (a shell, a backup tool, a scan) holding a snapshot makes it wait out the busy
