@@ -76,3 +76,30 @@ def revoke_once(settings: Settings, key_id: str, role: str, barrier: Any, out: A
         out.put((role, kernel.revoke_api_key(key_id)))
     finally:
         kernel.close()
+
+
+def erase_at_once(settings: Settings, subject: str, barrier: Any, out: Any) -> None:
+    """Erase ``subject`` with the other racer: both have found it live (barrier right
+    after the erasure's own lookup) before either records anything."""
+    import threading
+
+    kernel = build_kernel(settings, FakeClock())
+    service = kernel.erasure_service
+    require = service._require
+
+    def found_live(ref: str) -> Any:
+        handle = require(ref)
+        try:
+            barrier.wait(timeout=60)
+        except threading.BrokenBarrierError:
+            pass
+        return handle
+
+    service._require = found_live  # type: ignore[method-assign]
+    try:
+        result = kernel.erase_subject(subject)
+        out.put(("ok", result.receipt["body"]))
+    except Exception as error:  # reported to the test, which names it
+        out.put(("error", f"{type(error).__name__}: {error}"[:500]))
+    finally:
+        kernel.close()
