@@ -49,15 +49,17 @@ def bind_beside_an_erasure(
         kernel.close()
 
 
-def revoke_then_hold(settings: Settings, key_id: str, sync: dict[str, Any], out: Any) -> None:
-    """Revoke ``key_id`` (the key store's UPDATE commits), then wait up to 5 s before the
-    audit append: for the test's ``go``, or a process killed by the test there."""
+def revoke_then_hold(
+    settings: Settings, key_id: str, sync: dict[str, Any], out: Any, hold_s: float = 5.0
+) -> None:
+    """Revoke ``key_id`` (the key store's UPDATE commits), then wait up to ``hold_s``
+    before the audit append: for the test's ``go``, or a process killed by the test."""
     kernel = build_kernel(settings, FakeClock())
     record_many = kernel.audit.record_many
 
     def append_later(*args: Any, **kwargs: Any) -> Any:
         sync["revoked"].set()
-        sync["go"].wait(timeout=5)
+        sync["go"].wait(timeout=hold_s)
         return record_many(*args, **kwargs)
 
     kernel.audit.record_many = append_later  # type: ignore[method-assign]
@@ -67,9 +69,18 @@ def revoke_then_hold(settings: Settings, key_id: str, sync: dict[str, Any], out:
         kernel.close()
 
 
-def revoke_once(settings: Settings, key_id: str, role: str, barrier: Any, out: Any) -> None:
+def revoke_once(
+    settings: Settings,
+    key_id: str,
+    role: str,
+    barrier: Any,
+    out: Any,
+    lock_wait_s: float | None = None,
+) -> None:
     """Ask to revoke ``key_id`` (after the barrier, if any), as ``uprof apps revoke``."""
     kernel = build_kernel(settings, FakeClock())
+    if lock_wait_s is not None:
+        kernel.REVOCATION_LOCK_WAIT_S = lock_wait_s  # type: ignore[misc]
     try:
         if barrier is not None:
             barrier.wait(timeout=60)

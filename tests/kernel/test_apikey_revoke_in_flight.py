@@ -92,3 +92,36 @@ def test_a_revocation_lost_to_a_crash_is_recorded_late_once_by_two_retries_at_on
         assert sorted(answers.values()) == [False, True], answers
     finally:
         kernel.close()
+
+
+def test_a_revocation_that_hangs_does_not_keep_another_key_usable(backend: Backend) -> None:
+    # The revocation lock must not let one stuck ``revoke`` (a suspended terminal, a
+    # hung connection) hold up the revocation of a leaked key: past its wait, the
+    # other revocation goes on without the lock and records its own entry on time.
+    settings = settings_for(backend)
+    stuck_key, leaked_key = _issue(backend), _issue(backend)
+    ctx = children.CONTEXT
+    sync, out = {"revoked": ctx.Event(), "go": ctx.Event()}, ctx.Queue()
+    stuck = ctx.Process(target=revoke_then_hold, args=(settings, stuck_key, sync, out, 300.0))
+    stuck.start()
+    try:
+        assert sync["revoked"].wait(timeout=120)  # holds the lock, appending "forever"
+        other = ctx.Process(
+            target=revoke_once, args=(settings, leaked_key, "other", None, out, 0.2)
+        )
+        other.start()
+        # Without a bound on the wait this never comes while the first is stuck.
+        assert out.get(timeout=120) == ("other", True)
+        other.join(60)
+        assert other.exitcode == 0
+    finally:
+        sync["go"].set()
+    assert out.get(timeout=120) == ("first", True)
+    stuck.join(60)
+    kernel = build_kernel(settings, FakeClock())
+    try:
+        entries = {e["api_key_id"]: e for e in revocations(kernel)}
+        assert set(entries) == {stuck_key, leaked_key}
+        assert all("reason_code" not in e for e in entries.values()), entries
+    finally:
+        kernel.close()

@@ -108,11 +108,14 @@ class Backend(Protocol):
         """Held while a starting process creates or migrates tables (one at a time)."""
         ...
 
-    def named_lock(self, engine: sa.Engine, name: str) -> AbstractContextManager[None]:
+    def named_lock(
+        self, engine: sa.Engine, name: str, *, wait_s: float
+    ) -> AbstractContextManager[bool]:
         """An exclusive lock of the deployment's, by ``name``, held until the block ends
         or its holder dies (kill -9 included), across processes and, on PostgreSQL,
         hosts. It orders work that spans more than one store's transaction (a key
-        store commit, then an audit entry), which no transaction can hold."""
+        store commit, then an audit entry), which no transaction can hold. Waits at most
+        ``wait_s`` (a live holder may hang); yields whether it holds the lock."""
         ...
 
     def fold_log(self, engine: sa.Engine) -> bool:

@@ -16,6 +16,7 @@ import select
 import shutil
 import subprocess
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -44,6 +45,8 @@ SCHEMA_LOCK_KEY = 0x7570726F66  # "uprof"
 #: Advisory lock key every running process holds shared for its life (``hold_open``) and
 #: ``uprof restore`` exclusively (``stores_alone``).
 OPEN_LOCK_KEY = SCHEMA_LOCK_KEY + 1
+#: How often ``named_lock`` tries again while another session holds it.
+NAMED_LOCK_POLL_S = 0.05
 #: The backup's one file: ``pg_dump --format=custom`` of every table but the key store's.
 PG_DUMP = "database.dump"
 #: eventsourcing names the table after the application ("profiles").
@@ -121,19 +124,27 @@ class PostgresBackend:
                 conn.commit()
 
     @contextlib.contextmanager
-    def named_lock(self, engine: sa.Engine, name: str) -> Iterator[None]:
+    def named_lock(self, engine: sa.Engine, name: str, *, wait_s: float) -> Iterator[bool]:
         # A session-level advisory lock on a connection of its own (``schema_lock``); the
-        # server drops it when the session ends, the holder's death included.
+        # server drops it when the session ends, the holder's death included. Tried
+        # without blocking until ``wait_s`` has passed.
         digest = hashlib.sha256(f"uprof/named-lock/{name}".encode()).digest()
         key = int.from_bytes(digest[:8], "big", signed=True)
+        try_lock = sa.text("SELECT pg_try_advisory_lock(:key)")
         with engine.connect() as conn:
-            conn.execute(sa.text("SELECT pg_advisory_lock(:key)"), {"key": key})
-            conn.commit()
-            try:
-                yield
-            finally:
-                conn.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": key})
+            deadline = time.monotonic() + wait_s
+            while True:
+                held = bool(conn.execute(try_lock, {"key": key}).scalar_one())
                 conn.commit()
+                if held or time.monotonic() >= deadline:
+                    break
+                time.sleep(NAMED_LOCK_POLL_S)
+            try:
+                yield held
+            finally:
+                if held:
+                    conn.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": key})
+                    conn.commit()
 
     def fold_log(self, engine: sa.Engine) -> bool:
         return True  # the server's WAL is not ours to fold (docs/governance.md, residue)
