@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from os import PathLike
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 from uuid import UUID
 
 from audit.export import ExportStream, ExportSummary, stream_export
@@ -68,7 +68,7 @@ if TYPE_CHECKING:
 
     from audit.check import CheckResult, Kind
     from audit.log import AuditLog, StoredEntry
-    from uprof.apikeys.store import ApiKeyInfo, IssuedKey
+    from uprof.apikeys.store import ApiKeyInfo, ApiKeyStore, IssuedKey
     from uprof.services.backup import BackupReport
 
 Progress = Callable[[int, int], None]
@@ -118,6 +118,9 @@ class Uprof:
     views_engine: Any
     keys_engine: Any
     closers: Sequence[Callable[[], None]] = ()
+    #: How long an API-key revocation waits for another one holding the revocation lock
+    #: (bug DL) before it revokes without it.
+    REVOCATION_LOCK_WAIT_S: ClassVar[float] = 30.0
     #: Signs the web pages' session cookies (derived from the master secret in the key
     #: folder, so sessions survive a restart and hold on every server of a deployment).
     web_session_key: bytes = b""
@@ -1329,8 +1332,32 @@ class Uprof:
         False, and nothing recorded, also when the key was live as this call began and
         another process revoked it first: that process records it, as it happened."""
         from uprof.apikeys.store import ApiKeyStore
+        from uprof.backends import backend_for
 
         store = ApiKeyStore(self.keys_engine, tenant=self.subjects.tenant, now=self.clock.now)
+        # From the read to the entry under one lock of the deployment's, which a dead
+        # holder drops: "revoked, and no entry" then means a crash, never a revocation
+        # whose entry is on its way. Without it a call arriving between another
+        # process's commit and its append (which waits for the log's write lock) wrote
+        # the entry as recorded-late and the on-time one was left out (bug DL, decision
+        # 0127-review-of-0121). Revocations are rare operator acts: one at a time is cheap.
+        # A holder that hangs alive must not keep a leaked key usable: past the wait the
+        # revocation goes on without the lock (its own UPDATE and entry are right; only a
+        # key found revoked may then be recorded late while its revoker still appends).
+        backend = backend_for(self.keys_engine)
+        lock = backend.named_lock(
+            self.keys_engine, "apikey-revocation", wait_s=self.REVOCATION_LOCK_WAIT_S
+        )
+        with lock as held:
+            if not held:
+                _log.warning(
+                    "another API-key revocation has held the revocation lock for %.0f s; "
+                    "revoking without it",
+                    self.REVOCATION_LOCK_WAIT_S,
+                )
+            return self._revoke_api_key(store, key_id)
+
+    def _revoke_api_key(self, store: ApiKeyStore, key_id: str) -> bool:
         app_id = store.live_app_of(key_id)
         fields: dict[str, object] = {"app_id": app_id, "api_key_id": key_id}
         if app_id is not None and not store.revoke(key_id):

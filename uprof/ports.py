@@ -342,8 +342,9 @@ class SubjectKeyStore(Protocol):
 
     def bind_alias(
         self, tenant: str, kind: str, alias: str, stream_id: UUID, *, now: datetime
-    ) -> None:
-        """Bind a session id or identifier to a stream (rebinding replaces)."""
+    ) -> bool:
+        """Bind a session id or identifier to a stream (rebinding replaces); False, and
+        nothing bound, when the stream is no longer a live subject's."""
         ...
 
     def resolve_alias(self, tenant: str, kind: str, alias: str) -> SubjectHandle | None:

@@ -61,6 +61,24 @@ class KeyStoreContract:
         assert found is not None and found.stream_id == b.stream_id
         assert keys.resolve_alias(TENANT, "identifier", "s1") is None
 
+    def test_binding_to_an_erased_stream_binds_nothing(self, stores: Stores) -> None:
+        # The caller found the subject live; another process erased it before the
+        # binding was stored (bug DK): nothing may point at the shredded stream.
+        keys = stores.keys()
+        a = keys.resolve_or_create(TENANT, "a", now=NOW)
+        b = keys.resolve_or_create(TENANT, "b", now=NOW)
+        assert keys.bind_alias(TENANT, "session", "s1", b.stream_id, now=NOW)
+        keys.destroy(str(a.stream_id), now=NOW)
+        assert not keys.bind_alias(TENANT, "session", "s2", a.stream_id, now=NOW)
+        assert keys.resolve_alias(TENANT, "session", "s2") is None
+        # A rebinding to it neither binds nor drops the live binding it would replace.
+        assert not keys.bind_alias(TENANT, "session", "s1", a.stream_id, now=NOW)
+        found = keys.resolve_alias(TENANT, "session", "s1")
+        assert found is not None and found.stream_id == b.stream_id
+        # Nor to another tenant's stream.
+        assert not keys.bind_alias("other", "session", "s3", b.stream_id, now=NOW)
+        assert keys.destruction_preview(str(a.stream_id)).aliases == 0
+
     def test_a_subject_has_a_current_data_key_and_a_view_key(self, stores: Stores) -> None:
         keys = stores.keys()
         stream = str(keys.resolve_or_create(TENANT, "a", now=NOW).stream_id)

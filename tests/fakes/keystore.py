@@ -80,8 +80,12 @@ class InMemoryKeyStore:
 
     def bind_alias(
         self, tenant: str, kind: str, alias: str, stream_id: uuid.UUID, *, now: datetime
-    ) -> None:
-        self._aliases[(tenant, kind, alias)] = stream_id
+    ) -> bool:
+        with self._lock:
+            if self._tenants.get(stream_id) != tenant or self._handle(stream_id) is None:
+                return False  # no live subject's stream: nothing bound (as the real store)
+            self._aliases[(tenant, kind, alias)] = stream_id
+            return True
 
     def resolve_alias(self, tenant: str, kind: str, alias: str) -> SubjectHandle | None:
         stream_id = self._aliases.get((tenant, kind, alias))

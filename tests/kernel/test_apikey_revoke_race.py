@@ -38,6 +38,7 @@ def test_two_processes_revoking_one_key_record_the_revocation_as_it_happened(
         setup.close()
     ctx = children.CONTEXT
     sync = {
+        "first_read": ctx.Event(),
         "both_read": ctx.Barrier(2),
         "first_revoked": ctx.Event(),
         "second_done": ctx.Event(),

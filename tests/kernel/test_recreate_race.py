@@ -49,3 +49,25 @@ def test_two_processes_recreating_one_subject_record_one_recreation(backend: Bac
         assert [e["subject_ref"] for e in entries] == [handle.pseudonym], entries
     finally:
         kernel.close()
+
+
+def test_each_recreation_of_a_name_erased_again_is_recorded(backend: Backend) -> None:
+    # Review of 0121 (held): ``once_by=("subject_ref",)`` keys on the new subject's
+    # pseudonym, drawn anew for every incarnation, so a name erased, re-created, erased
+    # again and re-created again gets its second entry too.
+    settings = settings_for(backend)
+    kernel = build_kernel(settings, FakeClock())
+    try:
+        consent(kernel, "alice")
+        pseudonyms = []
+        for _ in range(2):
+            kernel.erase_subject("alice")
+            pseudonyms.append(kernel.recreate_subject("alice"))
+            consent(kernel, "alice")
+        entries = [
+            e.entry for e in kernel.audit_log.entries() if e.entry["action"] == "subject.recreated"
+        ]
+        assert len(set(pseudonyms)) == 2
+        assert [e["subject_ref"] for e in entries] == pseudonyms, entries
+    finally:
+        kernel.close()

@@ -108,6 +108,16 @@ class Backend(Protocol):
         """Held while a starting process creates or migrates tables (one at a time)."""
         ...
 
+    def named_lock(
+        self, engine: sa.Engine, name: str, *, wait_s: float
+    ) -> AbstractContextManager[bool]:
+        """An exclusive lock of the deployment's, by ``name``, held until the block ends
+        or its holder dies (kill -9 included), across processes and, on PostgreSQL,
+        hosts. It orders work that spans more than one store's transaction (a key
+        store commit, then an audit entry), which no transaction can hold. Waits at most
+        ``wait_s`` (a live holder may hang); yields whether it holds the lock."""
+        ...
+
     def fold_log(self, engine: sa.Engine, *, timeout_s: float | None = None) -> bool:
         """Fold a write-ahead log into the main file, so deleted bytes do not linger;
         False when it could not (another process's read transaction holds it) within
@@ -177,6 +187,14 @@ class Backend(Protocol):
         set_: Mapping[str, Any],
     ) -> sa.Executable:
         """``INSERT rows ... ON CONFLICT (keys) DO UPDATE SET set_`` in one statement."""
+        ...
+
+    def upsert_from(
+        self, table: sa.Table, select: sa.Select[Any], keys: Sequence[sa.Column[Any]]
+    ) -> sa.Insert:
+        """``INSERT INTO table SELECT ... ON CONFLICT (keys) DO UPDATE`` every other
+        column the select names (by label) to the proposed row's value, in one statement:
+        nothing is written when the select finds no row."""
         ...
 
     def is_transient_lock(self, error: BaseException | None) -> bool:

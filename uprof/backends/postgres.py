@@ -8,6 +8,7 @@ tables stays in the key folder.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import secrets
@@ -15,6 +16,7 @@ import select
 import shutil
 import subprocess
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -43,6 +45,8 @@ SCHEMA_LOCK_KEY = 0x7570726F66  # "uprof"
 #: Advisory lock key every running process holds shared for its life (``hold_open``) and
 #: ``uprof restore`` exclusively (``stores_alone``).
 OPEN_LOCK_KEY = SCHEMA_LOCK_KEY + 1
+#: How often ``named_lock`` tries again while another session holds it.
+NAMED_LOCK_POLL_S = 0.05
 #: The backup's one file: ``pg_dump --format=custom`` of every table but the key store's.
 PG_DUMP = "database.dump"
 #: eventsourcing names the table after the application ("profiles").
@@ -118,6 +122,29 @@ class PostgresBackend:
             finally:
                 conn.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": SCHEMA_LOCK_KEY})
                 conn.commit()
+
+    @contextlib.contextmanager
+    def named_lock(self, engine: sa.Engine, name: str, *, wait_s: float) -> Iterator[bool]:
+        # A session-level advisory lock on a connection of its own (``schema_lock``); the
+        # server drops it when the session ends, the holder's death included. Tried
+        # without blocking until ``wait_s`` has passed.
+        digest = hashlib.sha256(f"uprof/named-lock/{name}".encode()).digest()
+        key = int.from_bytes(digest[:8], "big", signed=True)
+        try_lock = sa.text("SELECT pg_try_advisory_lock(:key)")
+        with engine.connect() as conn:
+            deadline = time.monotonic() + wait_s
+            while True:
+                held = bool(conn.execute(try_lock, {"key": key}).scalar_one())
+                conn.commit()
+                if held or time.monotonic() >= deadline:
+                    break
+                time.sleep(NAMED_LOCK_POLL_S)
+            try:
+                yield held
+            finally:
+                if held:
+                    conn.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": key})
+                    conn.commit()
 
     def fold_log(self, engine: sa.Engine, *, timeout_s: float | None = None) -> bool:
         return True  # the server's WAL is not ours to fold (docs/governance.md, residue)
@@ -214,6 +241,19 @@ class PostgresBackend:
                     local = sa.func.set_config("synchronous_commit", "off", True)
                     conn.execute(sa.select(lock, local))
                 yield conn
+
+    def upsert_from(
+        self, table: sa.Table, select: sa.Select[Any], keys: Sequence[sa.Column[Any]]
+    ) -> sa.Insert:
+        from sqlalchemy.dialects.postgresql import insert
+
+        names = [column.name for column in select.selected_columns]
+        statement = insert(table).from_select(names, select)
+        key_names = {key.name for key in keys}
+        return statement.on_conflict_do_update(
+            index_elements=list(keys),
+            set_={name: statement.excluded[name] for name in names if name not in key_names},
+        )
 
     def upsert(
         self,

@@ -375,31 +375,44 @@ class KeyStore:
 
     def bind_alias(
         self, tenant: str, kind: str, alias: str, stream_id: uuid.UUID, *, now: datetime
-    ) -> None:
-        """Bind a session id or a known identifier to a subject's stream (rebinding replaces)."""
+    ) -> bool:
+        """Bind a session id or a known identifier to a subject's stream (rebinding
+        replaces); False, and nothing stored, when the stream has no index row (the
+        subject was erased, here or in another process, since the caller found it)."""
         from uprof.backends import backend_for
 
-        row = {
-            "alias_hash": self._alias_hash(tenant, kind, alias),
-            "kind": kind,
-            "tenant": tenant,
-            "stream_id": str(stream_id),
-            "created_at": now,
-        }
+        index = subject_index.c
+        # The binding is taken from the subject's index row, read and (PostgreSQL) share-
+        # locked by the same statement: a binding stored after another process's erasure
+        # had deleted the subject's aliases pointed at the shredded stream, a keyed hash of
+        # the session id or e-mail left linked to it after the receipt (bug DK, decision
+        # 0127-review-of-0121). ``destroy`` deletes the index row before the aliases, so
+        # either it waits for this binding and deletes it, or this finds no row. SQLite:
+        # the statement writes, so it runs under the file's write lock (the lock clause
+        # is not rendered there).
+        source = (
+            sa.select(
+                sa.literal(self._alias_hash(tenant, kind, alias)).label("alias_hash"),
+                sa.literal(kind).label("kind"),
+                sa.literal(tenant).label("tenant"),
+                index.stream_id.label("stream_id"),
+                sa.literal(now, subject_aliases.c.created_at.type).label("created_at"),
+            )
+            .where(index.stream_id == str(stream_id), index.tenant == tenant)
+            .with_for_update(read=True)
+        )
         # One statement, never "DELETE, then INSERT": on PostgreSQL a DELETE that finds no
         # row locks nothing, so two processes binding the same new alias at once both
         # inserted and the second failed on the primary key; a rebind raced the same way
         # (bug CM, decision 0121-read-then-write-sweep). The upsert lets the key decide:
         # the later binding replaces the earlier, on both backends.
-        c = subject_aliases.c
-        statement = backend_for(self._engine).upsert(
-            subject_aliases,
-            [row],
-            [c.alias_hash],
-            {name: value for name, value in row.items() if name != "alias_hash"},
-        )
+        statement = (
+            backend_for(self._engine)
+            .upsert_from(subject_aliases, source, [subject_aliases.c.alias_hash])
+            .returning(subject_aliases.c.alias_hash)
+        )  # psycopg's rowcount here is -1
         with self._engine.begin() as conn:
-            conn.execute(statement)
+            return conn.execute(statement).first() is not None
 
     def pseudonym_of_stream(self, stream_id: str, tenant: str | None = None) -> str | None:
         """The audit pseudonym of a live subject's stream (of ``tenant``, if named); None
@@ -654,10 +667,13 @@ class KeyStore:
             n_capture = conn.execute(
                 capture_keys.delete().where(capture_keys.c.stream_id == stream_id)
             ).rowcount
+            # The index row before the aliases: on PostgreSQL its DELETE waits for a
+            # binding that holds the row (``bind_alias``), and the alias DELETE after it
+            # then sees that binding and deletes it too (bug DK).
+            conn.execute(subject_index.delete().where(subject_index.c.stream_id == stream_id))
             n_alias = conn.execute(
                 subject_aliases.delete().where(subject_aliases.c.stream_id == stream_id)
             ).rowcount
-            conn.execute(subject_index.delete().where(subject_index.c.stream_id == stream_id))
             exists = conn.execute(
                 sa.select(shredded_streams.c.stream_id).where(
                     shredded_streams.c.stream_id == stream_id

@@ -82,14 +82,27 @@ class SubjectResolver:
     def register_session(self, session_id: str, subject_ref: str, *, now: datetime) -> None:
         """Bind a session to a subject (apps do this when the user signs in)."""
         handle = self._require(subject_ref)
-        self._keystore.bind_alias(self.tenant, SESSION, session_id, handle.stream_id, now=now)
+        bound = self._keystore.bind_alias(
+            self.tenant, SESSION, session_id, handle.stream_id, now=now
+        )
+        self._bound_or_gone(bound, subject_ref)
 
     def register_identifier(self, identifier: str, subject_ref: str, *, now: datetime) -> None:
         """Record that an identifier (e-mail, handle) names a subject."""
         handle = self._require(subject_ref)
-        self._keystore.bind_alias(
+        bound = self._keystore.bind_alias(
             self.tenant, IDENTIFIER, _fold_identifier(identifier), handle.stream_id, now=now
         )
+        self._bound_or_gone(bound, subject_ref)
+
+    def _bound_or_gone(self, bound: bool, subject_ref: str) -> None:
+        """Nothing was bound: the subject found live was erased (by another process)
+        before the binding was stored (bug DK); the caller is told as if it had asked
+        after the erasure."""
+        if not bound:
+            if self.is_erased(subject_ref):
+                raise SubjectErasedError(ERASED_SUBJECT)
+            raise SubjectNotFoundError("no such subject")
 
     def _require(self, subject_ref: str) -> SubjectHandle:
         handle = self.find(subject_ref)
