@@ -260,3 +260,21 @@ def test_a_withdrawal_cut_from_the_stream_tail(backend: Backend, clock: FakeCloc
         except Exception:
             return  # fail closed
         assert answer == CATS, "withdrawn consent back in force"
+
+
+@pytest.mark.parametrize("kind", ["verdict", "capture-tombstone"])
+def test_held_a_withdrawal_relabelled_as_a_plaintext_topic(
+    backend: Backend, clock: FakeClock, kind: str
+) -> None:
+    """Held: only the topic column changed to a plaintext topic (the sealed state kept):
+    a plaintext topic not in its plaintext format is refused as a damaged purge signal
+    (0126, bug EA), never read as shredded while the subject has keys: consent checks
+    fail closed in a fresh process."""
+    stream, version = _withdrawn(backend, clock)
+    with running(settings_for(backend), clock) as k:
+        topic, _ = _forged(k, stream, version, kind)
+        state = next(s for v, _, s in _rows(k, stream) if v == version)
+        _write(k, stream, version, topic, state)
+    with running(settings_for(backend), clock) as k:
+        with pytest.raises(StoredDataDamagedError):
+            k.unconsented("alice", APP, CATS, PURPOSE)
