@@ -18,6 +18,7 @@ from uuid import UUID
 
 import sqlalchemy as sa
 from eventsourcing.application import ProcessingEvent, project_aggregate
+from eventsourcing.domain import OriginatorIDError, OriginatorVersionError
 from eventsourcing.persistence import (
     JSONTranscoder,
     Mapper,
@@ -28,7 +29,12 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.utils import get_topic
 
-from domain.errors import ConcurrencyConflictError, SubjectErasedError, SubjectNotFoundError
+from domain.errors import (
+    ConcurrencyConflictError,
+    StoredDataDamagedError,
+    SubjectErasedError,
+    SubjectNotFoundError,
+)
 from domain.profile import STATE_VALUE_TYPES, SubjectProfile
 from uprof import retry, vector_model
 from uprof.backends import Backend, backend_for
@@ -171,6 +177,15 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
             raise SubjectErasedError("this subject has been erased")
         try:
             profile: SubjectProfile = self.repository.get(stream_id)
+        except (OriginatorVersionError, OriginatorIDError):
+            # Every genuine stream is numbered 1, 2, 3... with no gap: a row deleted from
+            # the middle of it (storage damage, or a writer of the event store dropping a
+            # consent's withdrawal) is damage, named as such on every surface rather than
+            # the library's anonymous error (review of 0126, bug EM). Still fails closed.
+            raise StoredDataDamagedError(
+                "stored events of this subject's stream are not in sequence "
+                "(a version is missing or out of place: damaged or altered storage)"
+            ) from None
         except Exception as e:  # AggregateNotFoundError
             if type(e).__name__ == "AggregateNotFoundError":
                 raise SubjectNotFoundError("no such subject stream") from None
