@@ -10,7 +10,7 @@ row, at its version, with a well-formed plaintext row that applies nothing (bug 
 delete it when it is the stream's last row (bug EL): on main at 314c138 the next process
 served the app again (4 of 4 and 2 of 2, both backends). Neither is fixed: security.md
 does not count an event-store writer without the key store among the attackers it
-defends against (decision XXXX-review-of-0126); the tests are strict expected failures.
+defends against (decision 0128-review-of-0126); the tests are strict expected failures.
 The ``test_held_*`` ones are attacks that failed closed.
 """
 
@@ -93,7 +93,7 @@ def _forged(k: Uprof, stream: UUID, version: int, kind: str) -> tuple[str, bytes
     return stored.topic, stored.state
 
 
-#: Found, not fixed (bugs EK, EL; decision XXXX-review-of-0126): strict, so a fix turns
+#: Found, not fixed (bugs EK, EL; decision 0128-review-of-0126): strict, so a fix turns
 #: these into failures until the marker is removed.
 NOT_FIXED_EK = pytest.mark.xfail(
     strict=True,
