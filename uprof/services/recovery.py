@@ -661,6 +661,10 @@ def _owed_marker(engine: sa.Engine, *, exists: bool = False) -> Path | None:
     return marker if not exists or marker.exists() else None
 
 
+#: The marker as the residue scan reads it (bug EU).
+owed_fold_marker = _owed_marker
+
+
 def _engines(kernel: Any) -> Iterable[sa.Engine]:
     engines = (kernel.views_engine, kernel.keys_engine, kernel.app.events_engine)
     return {id(e): e for e in engines}.values()
