@@ -164,6 +164,12 @@ def reapply_ledger(kernel: Any, *, rebuild_if_stale: bool = True) -> LedgerReapp
         n = _delete_in(conn, capture_keys.name, "capture_id", captures)
         report.details["capture_keys_by_capture"] = n
         report.key_rows += n
+        if report.key_rows:
+            # Written down before the deletion commits (bug EV): from the commit on, the
+            # fold is owed, and the fold below waits up to FOLD_TIMEOUT_S beside a reader;
+            # a process killed in that wait (kill -9, Ctrl+C of a CLI command) left no
+            # record, and the next start, with nothing to destroy again, owed nothing.
+            _owe_fold(kernel.keys_engine)
         present = {
             r.stream_id
             for r in _select_in(conn, shredded_streams.name, "stream_id", streams, "stream_id")
@@ -179,10 +185,14 @@ def reapply_ledger(kernel: Any, *, rebuild_if_stale: bool = True) -> LedgerReapp
             report.view_rows += n
             if n:
                 report.details[table.name] = n
+        if report.view_rows:
+            _owe_fold(kernel.views_engine)  # before the commit, as the key store's (EV)
         rows = _select_in(conn, t.captures.name, "capture_id", captures, "stream_id")
         report.stale_captures = len(rows)
         stale_streams = {r.stream_id for r in rows}
     report.snapshot_rows = _drop_snapshots(kernel, [*streams, *sorted(stale_streams)])
+    if report.snapshot_rows:
+        _owe_fold(kernel.app.events_engine)  # just after its commit (EV)
     if report.resurrected:
         for stream_id in [*streams, *stale_streams]:
             kernel.keystore.evict(stream_id)
@@ -195,9 +205,14 @@ def reapply_ledger(kernel: Any, *, rebuild_if_stale: bool = True) -> LedgerReapp
             report.snapshot_rows,
             report.stale_captures,
         )
-        unfolded = [
-            engine for engine in _engines(kernel) if engine not in owed and not fold_log(engine)
-        ]
+        unfolded = []
+        for engine in _engines(kernel):
+            if engine in owed:
+                continue
+            if fold_log(engine):
+                _paid_fold(engine)
+            else:
+                unfolded.append(engine)
         if unfolded:
             _fold_when_free(kernel, unfolded)
     if report.stale_captures and rebuild_if_stale:
@@ -594,12 +609,7 @@ def _fold_when_free(kernel: Any, engines: Sequence[sa.Engine]) -> None:
     # would not owe it otherwise (nothing left to destroy again), and a server started
     # then would keep the old pages for as long as it runs.
     for engine in engines:
-        marker = _owed_marker(engine)
-        if marker is not None:
-            try:
-                marker.touch(mode=0o600)
-            except OSError as error:
-                _log.error("could not record the owed fold of %s: %s", marker.name, error)
+        _owe_fold(engine)
     stop = threading.Event()
     owed = list(engines)
 
@@ -621,9 +631,7 @@ def _fold_when_free(kernel: Any, engines: Sequence[sa.Engine]) -> None:
                         return
                     if fold_log(engine, timeout_s=0):
                         owed.remove(engine)
-                        marker = _owed_marker(engine)
-                        if marker is not None:
-                            marker.unlink(missing_ok=True)
+                        _paid_fold(engine)
             except Exception:
                 _log.exception("the background fold of %s failed; it is not tried again", names)
                 return
@@ -659,6 +667,30 @@ def _owed_marker(engine: sa.Engine, *, exists: bool = False) -> Path | None:
         return None
     marker = Path(database + FOLD_OWED_SUFFIX)
     return marker if not exists or marker.exists() else None
+
+
+def _owe_fold(engine: sa.Engine) -> None:
+    """Write down that ``engine``'s file owes a fold (its marker; SQLite files only)."""
+    marker = _owed_marker(engine)
+    if marker is not None:
+        try:
+            marker.touch(mode=0o600)
+        except OSError as error:
+            _log.error("could not record the owed fold of %s: %s", marker.name, error)
+
+
+def _paid_fold(engine: sa.Engine) -> None:
+    """``engine``'s file folded: its marker goes."""
+    marker = _owed_marker(engine)
+    if marker is not None:
+        try:
+            marker.unlink(missing_ok=True)
+        except OSError as error:  # left: one extra fold at the next start, not a failed one
+            _log.warning("could not remove %s after the fold: %s", marker.name, error)
+
+
+#: The marker as the residue scan reads it (bug EU).
+owed_fold_marker = _owed_marker
 
 
 def _engines(kernel: Any) -> Iterable[sa.Engine]:

@@ -36,6 +36,7 @@ from uprof.crypto.mapper import PLAIN_TOPICS
 from uprof.crypto.tables import capture_keys, subject_aliases, subject_index, subject_keys
 from uprof.eventstore import ProfilesApplication
 from uprof.services import residue_files
+from uprof.services.recovery import owed_fold_marker
 from uprof.services.residue_files import encodings as _encodings
 
 #: The child that reads the files (standard library only, run with ``python -I``).
@@ -50,7 +51,7 @@ class ResidueScanError(UprofError):
 
 @dataclass(frozen=True)
 class Finding:
-    kind: str  # "plaintext" | "decryptable" | "key" | "row" | "snapshot" | "unscanned"
+    kind: str  # "plaintext" | "decryptable" | "key" | "row" | "snapshot" | "unscanned" | "unfolded"
     location: str
     detail: str
 
@@ -127,7 +128,25 @@ def check_shredded_streams(
     stream_ids: Iterable[str],
     report: ResidueReport,
 ) -> None:
-    """Every erased stream: no key, no alias, no snapshot, no view row, no event that opens."""
+    """Every erased stream: no key, no alias, no snapshot, no view row, no event that opens.
+
+    And no store whose write-ahead log a re-destruction could not fold (bug EU): the rows
+    are gone for SQL, but the old pages, wrapped keys and all, stay in the main file until
+    the fold is done, and the key bytes are no search term. The ``.fold-owed`` marker
+    (decision 0125) is the record of it; the report is not clean while one is there."""
+    engines = {id(e): e for e in (keys, views, app.events_engine)}.values()
+    for engine in engines:
+        marker = owed_fold_marker(engine, exists=True)
+        if marker is not None:
+            report.findings.append(
+                Finding(
+                    "unfolded",
+                    Path(engine.url.database or "").name,
+                    "the write-ahead log of an erasure re-applied at start is not folded yet "
+                    "(another process held a read transaction): the file may still hold "
+                    f"erased rows ({marker.name})",
+                )
+            )
     for stream_id in stream_ids:
         report.streams_checked += 1
         with keys.connect() as conn:
