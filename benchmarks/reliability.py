@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -632,6 +633,14 @@ def _without_reads(digest: dict[str, list[tuple[Any, ...]]]) -> dict[str, list[t
     return out
 
 
+def _unexpected(error: BaseException) -> str:
+    """An unexpected error of a load thread, with the last frames it came from: a bare
+    ``AssertionError: `` (seen once in CI, bug EX) names nothing without them."""
+    frames = traceback.extract_tb(error.__traceback__)[-3:]
+    where = " < ".join(f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno} {f.name}" for f in frames[::-1])
+    return f"{type(error).__name__}: {error} at {where}"
+
+
 def erasure_scenario(
     target: Target,
     *,
@@ -683,7 +692,7 @@ def erasure_scenario(
                     )
                     counts["captures"] += 1
                 except Exception as e:
-                    errors.append(f"capture {type(e).__name__}: {e}")
+                    errors.append(f"capture {_unexpected(e)}")
                 k += 1
                 time.sleep(pause)
 
@@ -706,7 +715,7 @@ def erasure_scenario(
                 except (SubjectNotFoundError, SubjectErasedError):
                     counts["slices_refused_erased"] += 1
                 except Exception as e:
-                    errors.append(f"slice {type(e).__name__}: {e}")
+                    errors.append(f"slice {_unexpected(e)}")
 
         def work() -> None:
             while not stop.is_set():
@@ -719,7 +728,7 @@ def erasure_scenario(
                         # starvation (docs/reliability.md); the loop simply tries again.
                         counts["extraction_conflicts_exhausted"] += 1
                     else:
-                        errors.append(f"worker {type(e).__name__}: {e}"[:300])
+                        errors.append(f"worker {_unexpected(e)}"[:600])
 
         pool = [threading.Thread(target=write, args=(w,)) for w in range(writers)]
         pool += [threading.Thread(target=read, args=(r,)) for r in range(readers)]

@@ -149,19 +149,23 @@ class SQLiteBackend:
             return
         import fcntl
 
+        def try_lock(fd: int) -> bool:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False  # a live holder: polled below, as PostgreSQL's try-lock is
+            return True
+
         fd = os.open(f"{database}.{name}-lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
+            # Polling a lock until a deadline, not retrying a failure: the wait is bounded
+            # by time (a holder may hang), which the attempt-counted retry policies of
+            # ``uprof.retry`` do not express.
             deadline = time.monotonic() + wait_s
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    held = True
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        held = False
-                        break
-                    time.sleep(NAMED_LOCK_POLL_S)
+            held = try_lock(fd)
+            while not held and time.monotonic() < deadline:
+                time.sleep(NAMED_LOCK_POLL_S)
+                held = try_lock(fd)
             yield held
         finally:
             os.close(fd)  # releases the flock
