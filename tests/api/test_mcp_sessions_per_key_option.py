@@ -11,6 +11,7 @@ to raise the cap short of changing the code.
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -42,37 +43,55 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def _serving(args: list[str], path: str) -> tuple[subprocess.Popen[str], str]:
+    """``uprof mcp`` on a port picked free, answering at ``path``; its process and URL.
+
+    The port is closed between the pick and the server's bind (``uprof mcp`` takes no
+    handed-over socket), so another test's server may take it first: the clean-clone CI
+    once saw this test's requests answered 401 by such a server. The readiness probe
+    asks for this server's own random path (any other server answers 404) and a server
+    that could not bind is started again on another port.
+    """
+    for _ in range(5):
+        port = _free_port()
+        server = subprocess.Popen(
+            [sys.executable, *args, "--port", str(port), "--path", path],
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        url = f"http://127.0.0.1:{port}{path}"
+        deadline = time.monotonic() + 90
+        with httpx.Client(timeout=30) as client:
+            while server.poll() is None:
+                try:
+                    if client.get(url).status_code != 404:
+                        return server, url
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline, "uprof mcp did not start"
+                time.sleep(0.2)
+        error = server.communicate()[1]
+        assert "address already in use" in error.lower(), error[-2000:]
+    raise AssertionError("no free port held for uprof mcp in 5 tries")
+
+
 def test_uprof_mcp_takes_the_cap_of_open_sessions_per_key(
     backend: Backend, kernel: Uprof, keys: ApiKeyStore
 ) -> None:
     token = keys.create(PLANNER).token
-    port = _free_port()
     args = ["-m", "uprof.mcp", "--data-dir", str(kernel.settings.data_dir)]
     if backend.kind == "postgres":
         args += ["--database-url", backend.url]
-    args += ["--embedder", "hashing", "mcp", "--transport", "http", "--port", str(port)]
+    args += ["--embedder", "hashing", "mcp", "--transport", "http"]
     args += ["--max-sessions-per-key", "2"]
-    server = subprocess.Popen(
-        [sys.executable, *args],
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}/mcp"
+    server, url = _serving(args, f"/mcp-{secrets.token_hex(8)}")
     try:
         with httpx.Client(timeout=30) as client:
-            deadline = time.monotonic() + 90
-            while True:
-                assert server.poll() is None, server.communicate()[1][-2000:]
-                try:
-                    client.get(f"http://127.0.0.1:{port}/")
-                    break
-                except httpx.TransportError:
-                    assert time.monotonic() < deadline, "uprof mcp did not start"
-                    time.sleep(0.2)
             tries = [
                 client.post(url, json=HELLO, headers={**ACCEPT, **bearer(token)}) for _ in range(3)
             ]
+        assert server.poll() is None, "the answers came from another process"
     finally:
         server.terminate()
         server.communicate(timeout=30)
