@@ -237,6 +237,44 @@ class Backend(Protocol):
         ...
 
 
+#: A dialect's ``insert`` (``sqlalchemy.dialects.postgresql.insert`` or ``...sqlite.insert``):
+#: the two share SQLAlchemy's ``ON CONFLICT`` API, so each backend's upserts are built here.
+DialectInsert = Callable[[Any], Any]
+
+
+def upsert_with(
+    insert: DialectInsert,
+    table: sa.Table,
+    rows: Sequence[Mapping[str, Any]],
+    keys: Sequence[sa.Column[Any]],
+    set_: Mapping[str, Any],
+) -> sa.Executable:
+    """``Backend.upsert`` built with the backend's dialect ``insert``."""
+    statement: sa.Executable = (
+        insert(table)
+        .values(list(rows))
+        .on_conflict_do_update(index_elements=list(keys), set_=dict(set_))
+    )
+    return statement
+
+
+def upsert_from_with(
+    insert: DialectInsert,
+    table: sa.Table,
+    select: sa.Select[Any],
+    keys: Sequence[sa.Column[Any]],
+) -> sa.Insert:
+    """``Backend.upsert_from`` built with the backend's dialect ``insert``."""
+    names = [column.name for column in select.selected_columns]
+    statement = insert(table).from_select(names, select)
+    key_names = {key.name for key in keys}
+    upsert: sa.Insert = statement.on_conflict_do_update(
+        index_elements=list(keys),
+        set_={name: statement.excluded[name] for name in names if name not in key_names},
+    )
+    return upsert
+
+
 def backend_named(scheme: str) -> Backend:
     """The backend registered for a SQLAlchemy backend name ("sqlite", "postgresql")."""
     target = REGISTRY.get(scheme)

@@ -32,6 +32,8 @@ from uprof.backends import (
     StoresInUseError,
     TableScan,
     TermHit,
+    upsert_from_with,
+    upsert_with,
 )
 
 if TYPE_CHECKING:
@@ -247,13 +249,7 @@ class PostgresBackend:
     ) -> sa.Insert:
         from sqlalchemy.dialects.postgresql import insert
 
-        names = [column.name for column in select.selected_columns]
-        statement = insert(table).from_select(names, select)
-        key_names = {key.name for key in keys}
-        return statement.on_conflict_do_update(
-            index_elements=list(keys),
-            set_={name: statement.excluded[name] for name in names if name not in key_names},
-        )
+        return upsert_from_with(insert, table, select, keys)
 
     def upsert(
         self,
@@ -264,11 +260,7 @@ class PostgresBackend:
     ) -> sa.Executable:
         from sqlalchemy.dialects.postgresql import insert
 
-        return (
-            insert(table)
-            .values(list(rows))
-            .on_conflict_do_update(index_elements=list(keys), set_=dict(set_))
-        )
+        return upsert_with(insert, table, rows, keys, set_)
 
     def scan_tables(self, engine: sa.Engine, terms: Sequence[str]) -> TableScan:
         inspector = sa.inspect(engine)

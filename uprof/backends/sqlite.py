@@ -21,7 +21,14 @@ from uuid import UUID
 
 import sqlalchemy as sa
 
-from uprof.backends import Backend, StorageLayout, StoresInUseError, TableScan
+from uprof.backends import (
+    Backend,
+    StorageLayout,
+    StoresInUseError,
+    TableScan,
+    upsert_from_with,
+    upsert_with,
+)
 
 if TYPE_CHECKING:
     from uprof.settings import Settings
@@ -283,13 +290,7 @@ class SQLiteBackend:
     ) -> sa.Insert:
         from sqlalchemy.dialects.sqlite import insert
 
-        names = [column.name for column in select.selected_columns]
-        statement = insert(table).from_select(names, select)
-        key_names = {key.name for key in keys}
-        return statement.on_conflict_do_update(
-            index_elements=list(keys),
-            set_={name: statement.excluded[name] for name in names if name not in key_names},
-        )
+        return upsert_from_with(insert, table, select, keys)
 
     def upsert(
         self,
@@ -300,11 +301,7 @@ class SQLiteBackend:
     ) -> sa.Executable:
         from sqlalchemy.dialects.sqlite import insert
 
-        return (
-            insert(table)
-            .values(list(rows))
-            .on_conflict_do_update(index_elements=list(keys), set_=dict(set_))
-        )
+        return upsert_with(insert, table, rows, keys, set_)
 
     def scan_tables(self, engine: sa.Engine, terms: Sequence[str]) -> TableScan:
         # The databases are files in the data folder: the file scan's child reads them
