@@ -4,6 +4,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -88,3 +89,23 @@ def consent(kernel: Uprof, subject: str = "alice", app: str = APP, categories=("
     return kernel.grant_consent(
         subject, app_id=app, categories=list(categories), purposes=["personalization"]
     )
+
+
+def erased_and_recreated_while_profile_is_read(
+    kernel: Uprof, settings: Settings, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> list[str]:
+    """Make ``kernel.profile`` run, right after its read, an erasure of ``alice`` and a
+    re-creation of the name in another kernel on the same stores (another process, inside
+    the window of a recorded read). Returns the list the new pseudonym is appended to."""
+    read_profile = kernel.profile
+    new_pseudonyms: list[str] = []
+
+    def profile_then_erased_elsewhere(subject: str, **kwargs: Any) -> Any:
+        view = read_profile(subject, **kwargs)
+        with running(settings, clock) as other:
+            other.erase_subject("alice")
+            new_pseudonyms.append(other.recreate_subject("alice"))
+        return view
+
+    monkeypatch.setattr(kernel, "profile", profile_then_erased_elsewhere)
+    return new_pseudonyms

@@ -12,15 +12,19 @@ stands for), run inside the window. Both backends.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from domain.errors import SubjectErasedError
 from domain.principal import Principal
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import consent, running, say, settings_for
+from tests.kernel.conftest import (
+    consent,
+    erased_and_recreated_while_profile_is_read,
+    running,
+    say,
+    settings_for,
+)
 from uprof.facade import Facade
 
 CANARY = "Qzxstraddlecanary"
@@ -35,17 +39,7 @@ def test_a_read_straddling_an_erasure_and_a_recreation_is_refused(
         k.capture_many("alice", [say(f"I met {CANARY} at the market", ref="a-1")])
         k.process()
         old_pseudonym = k.subjects.find("alice").pseudonym
-        read_profile = k.profile
-        new_pseudonyms: list[str] = []
-
-        def profile_then_erased_elsewhere(subject: str, **kwargs: Any) -> Any:
-            view = read_profile(subject, **kwargs)
-            with running(settings, clock) as other:  # another process, inside the window
-                other.erase_subject("alice")
-                new_pseudonyms.append(other.recreate_subject("alice"))
-            return view
-
-        monkeypatch.setattr(k, "profile", profile_then_erased_elsewhere)
+        new_pseudonyms = erased_and_recreated_while_profile_is_read(k, settings, clock, monkeypatch)
         door = Facade(k, Principal.local_operator(k.subjects.tenant))
         with pytest.raises(SubjectErasedError):
             door.profile("alice")
