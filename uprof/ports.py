@@ -408,6 +408,15 @@ class SubjectKeyStore(Protocol):
         """Whether the stream's keys were destroyed."""
         ...
 
+    def plain_row_key(self, key_id: int) -> bytes | None:
+        """The deployment key that authenticates plaintext event rows under ``key_id``,
+        or None when there is no such key."""
+        ...
+
+    def current_plain_row_key(self) -> tuple[int, bytes]:
+        """(key id, key) tagging new plaintext event rows, created on first use."""
+        ...
+
     def shredded_among(self, stream_ids: Iterable[str]) -> set[str]:
         """Which of these streams are shredded."""
         ...

@@ -40,6 +40,7 @@ class InMemoryKeyStore:
         self._deks: dict[str, dict[int, bytes]] = {}
         self._capture_keys: dict[tuple[str, str], bytes] = {}
         self._shredded: set[str] = set()
+        self._plain_row_keys = {1: AESGCM.generate_key(bit_length=256)}
 
     def _handle(self, stream_id: uuid.UUID, *, created: bool = False) -> SubjectHandle | None:
         for (_, _), (sid, pseudonym) in self._index.items():
@@ -189,3 +190,10 @@ class InMemoryKeyStore:
 
     def shredded_among(self, stream_ids: Iterable[str]) -> set[str]:
         return set(stream_ids) & self._shredded
+
+    def plain_row_key(self, key_id: int) -> bytes | None:
+        return self._plain_row_keys.get(key_id)
+
+    def current_plain_row_key(self) -> tuple[int, bytes]:
+        key_id = max(self._plain_row_keys)
+        return key_id, self._plain_row_keys[key_id]

@@ -16,11 +16,15 @@ The ``test_held_*`` ones are attacks that failed closed.
 
 from __future__ import annotations
 
+import secrets
 from datetime import UTC, datetime
-from uuid import UUID
+from typing import Any
+from uuid import UUID, uuid4
 
 import pytest
 import sqlalchemy as sa
+from eventsourcing.persistence import Mapper
+from eventsourcing.utils import get_topic
 
 from domain.errors import StoredDataDamagedError
 from domain.profile import SubjectProfile
@@ -76,50 +80,56 @@ def _withdrawn(backend: Backend, clock: FakeClock) -> tuple[UUID, int]:
         return stream, _version_of(k, stream, ".ConsentWithdrawn")
 
 
-def _forged(k: Uprof, stream: UUID, version: int, kind: str) -> tuple[str, bytes]:
-    """A plaintext row anyone can build from the code alone (no key)."""
+def _plain_event(stream: UUID, version: int, kind: str) -> Any:
+    """A plaintext event that applies nothing to consents."""
     now = datetime(2026, 1, 1, tzinfo=UTC)
     common = {"originator_id": stream, "originator_version": version, "timestamp": now}
     if kind == "verdict":
-        ev = SubjectProfile.DamagedEventQuarantined(
+        return SubjectProfile.DamagedEventQuarantined(
             **common, notification_id=1, damaged_version=1, quarantined_at=now
         )
-    else:
-        ev = SubjectProfile.CaptureErased(  # type: ignore[call-arg]
-            **common, capture_id="0" * 32, erased_at=now
-        )
-    stored = k.app.mapper.to_stored_event(ev)
-    assert stored.state[:1] == b"\x00"  # plaintext: no key was used
-    return stored.topic, stored.state
+    return SubjectProfile.CaptureErased(  # type: ignore[call-arg]
+        **common, capture_id="0" * 32, erased_at=now
+    )
 
 
-#: Found, not fixed (bugs EK, EL; decision 0128-review-of-0126): strict, so a fix turns
-#: these into failures until the marker is removed.
-NOT_FIXED_EK = pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="EK: plaintext rows are not authenticated (not fixed)",
-)
+def _forged(
+    k: Uprof, stream: UUID, version: int, kind: str, form: str = "untagged"
+) -> tuple[str, bytes]:
+    """A plaintext row anyone can build from the code alone (no key): the format of
+    before the tags (``0x00 | JSON``), or the tagged one with a tag guessed under key 1."""
+    # The library's own mapping (what the code alone does), without uprof's mapper.
+    stored = Mapper.to_stored_event(k.app.mapper, _plain_event(stream, version, kind))
+    topic, body = stored.topic, stored.state
+    if form == "untagged":
+        return topic, b"\x00" + body
+    return topic, b"\x03" + (1).to_bytes(4, "big") + secrets.token_bytes(32) + body
+
+
+#: Found, not fixed (bug EL; decision 0128-review-of-0126): strict, so a fix turns
+#: it into a failure until the marker is removed.
 NOT_FIXED_EL = pytest.mark.xfail(
     strict=True, raises=AssertionError, reason="EL: nothing anchors a stream's head (not fixed)"
 )
 
 
-@NOT_FIXED_EK
+@pytest.mark.parametrize("form", ["untagged", "guessed-tag"])
 @pytest.mark.parametrize("kind", ["verdict", "capture-tombstone"])
 def test_a_withdrawal_overwritten_by_a_forged_plaintext_row(
-    backend: Backend, clock: FakeClock, kind: str
+    backend: Backend, clock: FakeClock, kind: str, form: str
 ) -> None:
     """alice's ``ConsentWithdrawn`` row overwritten, at its version, by a plaintext
     ``DamagedEventQuarantined`` or ``CaptureErased`` (of no capture) built without any
-    key: the next process must not serve the app as if the consent were in force."""
+    key: the next process must not serve the app as if the consent were in force.
+    On main at 4b78f56 it did (bug EK); now the row is not authenticated: damage."""
     stream, version = _withdrawn(backend, clock)
     with running(settings_for(backend), clock) as k:
-        _write(k, stream, version, *_forged(k, stream, version, kind))
+        _write(k, stream, version, *_forged(k, stream, version, kind, form))
     with running(settings_for(backend), clock) as k:
         try:
             answer = k.unconsented("alice", APP, CATS, PURPOSE)
-        except DamagedEventError:
+        except StoredDataDamagedError as error:
+            assert "not authenticated" in str(error)
             return  # fail closed
         assert answer == CATS, "withdrawn consent back in force"
 
@@ -277,4 +287,33 @@ def test_held_a_withdrawal_relabelled_as_a_plaintext_topic(
         _write(k, stream, version, topic, state)
     with running(settings_for(backend), clock) as k:
         with pytest.raises(StoredDataDamagedError):
+            k.unconsented("alice", APP, CATS, PURPOSE)
+
+
+@pytest.mark.parametrize("moved", ["stream", "version", "topic", "nowhere"])
+def test_a_tagged_plain_row_moved_from_another_place_is_damage(
+    backend: Backend, clock: FakeClock, moved: str
+) -> None:
+    """A genuine tagged plaintext row (made by the mapper, with the deployment's key) for
+    another stream, another version or another topic, written over alice's withdrawal:
+    the tag binds the row's place, so it does not verify there: damaged in a fresh
+    process. ``nowhere``: one made for this very place verifies and applies nothing (the
+    consent is back in force), which is why the key stays in the key store."""
+    stream, version = _withdrawn(backend, clock)
+    with running(settings_for(backend), clock) as k:
+        made_for = {
+            "stream": (uuid4(), version, "verdict"),
+            "version": (stream, version + 7, "verdict"),
+            "topic": (stream, version, "capture-tombstone"),
+            "nowhere": (stream, version, "verdict"),
+        }[moved]
+        stored = k.app.mapper.to_stored_event(_plain_event(*made_for))
+        assert stored.state[:1] == b"\x03"  # tagged
+        verdict = get_topic(SubjectProfile.DamagedEventQuarantined)
+        _write(k, stream, version, verdict, stored.state)
+    with running(settings_for(backend), clock) as k:
+        if moved == "nowhere":
+            assert k.unconsented("alice", APP, CATS, PURPOSE) == []
+            return
+        with pytest.raises(StoredDataDamagedError, match="not authenticated"):
             k.unconsented("alice", APP, CATS, PURPOSE)

@@ -67,3 +67,25 @@ shredded_streams = sa.Table(
     sa.Column("stream_id", sa.String(36), primary_key=True),
     sa.Column("shredded_at", sa.DateTime(timezone=True), nullable=False),
 )
+
+#: The deployment's keys that authenticate plaintext event rows (purge signals and
+#: quarantine verdicts, ``uprof.crypto.mapper``), wrapped by the KEK like the DEKs. Not
+#: per subject: those rows are written after a subject's keys are destroyed. A row's tag
+#: names its key id; the newest id tags new rows, older ones still verify theirs.
+plain_row_keys = sa.Table(
+    "plain_row_keys",
+    metadata,
+    sa.Column("key_id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("wrapped_key", sa.LargeBinary, nullable=False),
+    sa.Column("kek_id", sa.String(64), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+#: One-off upgrades of stored data finished on this deployment (by name). Kept in the key
+#: store: a writer of the event store alone cannot make one run again.
+data_upgrades = sa.Table(
+    "data_upgrades",
+    metadata,
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("completed_at", sa.DateTime(timezone=True), nullable=False),
+)

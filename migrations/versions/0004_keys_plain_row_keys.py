@@ -1,0 +1,42 @@
+"""keys that authenticate plaintext event rows, and finished data upgrades
+
+Revision ID: 0004_keys_plain_row_keys
+Revises: 0003_keys_api_key_tenant
+Create Date: 2026-12-05
+
+The rows themselves are re-written with tags by the start after this revision
+(``uprof.crypto.plain_rows``), which needs the KEK and the event log: not a migration's
+work. ``data_upgrades`` records that it finished.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0004_keys_plain_row_keys"
+down_revision = "0003_keys_api_key_tenant"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "plain_row_keys",
+        sa.Column("key_id", sa.Integer(), autoincrement=False, nullable=False),
+        sa.Column("wrapped_key", sa.LargeBinary(), nullable=False),
+        sa.Column("kek_id", sa.String(length=64), nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("key_id", name=op.f("pk_plain_row_keys")),
+    )
+    op.create_table(
+        "data_upgrades",
+        sa.Column("name", sa.String(length=64), nullable=False),
+        sa.Column("completed_at", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("name", name=op.f("pk_data_upgrades")),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table("data_upgrades")
+    op.drop_table("plain_row_keys")

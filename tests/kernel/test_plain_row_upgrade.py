@@ -1,0 +1,237 @@
+"""The start that tags the plaintext rows written before tags existed (bug EK's upgrade;
+decision XXXX-authenticated-plaintext-rows), both backends.
+
+A store of before the change is built by writing raw rows: every plaintext row of a store
+the current code wrote (capture erasures, a subject's erasure) re-written in the old
+format ``0x00 | JSON state`` and the upgrade's record removed from the key store. The next
+start tags them; killed midway (SIGKILL, a real process) the start after finishes; two
+processes starting at once both come up with every row tagged once.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from domain.errors import StoredDataDamagedError
+from tests import children
+from tests.children import PythonChild
+from tests.conftest import Backend
+from tests.fakes.ports import FakeClock
+from tests.kernel.conftest import APP, consent, running, say, settings_for
+from uprof.crypto.mapper import PLAIN_TAG, PLAIN_TOPICS
+from uprof.crypto.plain_rows import UPGRADE
+from uprof.crypto.tables import data_upgrades
+from uprof.kernel import Uprof
+
+CATS, PURPOSE = ["preferences"], "personalization"
+
+
+def _plain_rows(k: Uprof) -> list[tuple[Any, int, bytes]]:
+    """(originator id as stored, version, state) of every plaintext-topic row."""
+    app = k.app
+    table = app.recorder.events_table_name  # type: ignore[attr-defined]
+    query = sa.text(
+        f"SELECT originator_id, originator_version, state FROM {table} WHERE topic IN :t"
+    ).bindparams(sa.bindparam("t", expanding=True))
+    with app.events_engine.connect() as conn:
+        rows = conn.execute(query, {"t": sorted(PLAIN_TOPICS)}).all()
+    return [(r[0], int(r[1]), bytes(r[2])) for r in rows]
+
+
+def _recorded(k: Uprof) -> bool:
+    with k.keys_engine.connect() as conn:
+        found = conn.execute(sa.select(data_upgrades.c.name)).scalars().all()
+    return UPGRADE in found
+
+
+def _to_legacy(k: Uprof, *, forget_upgrade: bool = True) -> int:
+    """Re-write every tagged plaintext row as before tags existed; the rows re-written."""
+    app = k.app
+    table = app.recorder.events_table_name  # type: ignore[attr-defined]
+    n = 0
+    with app.events_engine.begin() as conn:
+        for stream, version, state in _plain_rows(k):
+            assert state[:1] == b"\x03"
+            conn.execute(
+                sa.text(
+                    f"UPDATE {table} SET state = :st "
+                    "WHERE originator_id = :s AND originator_version = :v"
+                ),
+                {"st": b"\x00" + state[5 + PLAIN_TAG :], "s": stream, "v": version},
+            )
+            n += 1
+    if forget_upgrade:
+        with k.keys_engine.begin() as conn:
+            conn.execute(data_upgrades.delete())
+    return n
+
+
+def _old_store(backend: Backend, clock: FakeClock, *, forget_upgrade: bool = True) -> int:
+    """alice: four captures, three of them erased (plaintext ``CaptureErased`` rows and
+    what erasure writes with them), her consent withdrawn; bob erased (``SubjectErased``).
+    Every plaintext row in the old format; the number of them."""
+    with running(settings_for(backend), clock) as k:
+        granted = consent(k, "alice")
+        acks = k.capture_many("alice", [say(f"I like tea number {i}") for i in range(4)])
+        k.process_to_log_end()
+        for ack in acks[:3]:
+            k.erase_capture("alice", ack.capture_id)
+        k.withdraw_consent("alice", granted)
+        consent(k, "bob")
+        k.capture("bob", say("I live in Lyon"))
+        k.erase_subject("bob")
+        return _to_legacy(k, forget_upgrade=forget_upgrade)
+
+
+def _check_upgraded(k: Uprof, n: int) -> None:
+    rows = _plain_rows(k)
+    assert len(rows) == n and all(s[:1] == b"\x03" for _, _, s in rows)
+    assert _recorded(k)
+    assert k.unconsented("alice", APP, CATS, PURPOSE) == CATS  # the withdrawal still applies
+    k.profile("alice")  # the stream, with its capture erasures, loads
+
+
+def test_a_store_with_untagged_plain_rows_loads_after_the_next_start(
+    backend: Backend, clock: FakeClock
+) -> None:
+    n = _old_store(backend, clock)
+    assert n >= 4  # three capture erasures and bob's tombstone at least
+    with running(settings_for(backend), clock) as k:
+        _check_upgraded(k, n)
+        k.process_to_log_end()  # the pipeline reads every tombstone again
+    with running(settings_for(backend), clock) as k:  # recorded: nothing to do again
+        _check_upgraded(k, n)
+
+
+def test_untagged_rows_after_the_upgrade_are_damage(backend: Backend, clock: FakeClock) -> None:
+    """The same old-format rows with the upgrade recorded (an event-store writer restoring
+    or forging them afterwards): never tagged, never read: the stream does not load."""
+    _old_store(backend, clock, forget_upgrade=False)
+    with running(settings_for(backend), clock) as k:
+        assert all(s[:1] == b"\x00" for _, _, s in _plain_rows(k))
+        with pytest.raises(StoredDataDamagedError, match="not authenticated"):
+            k.unconsented("alice", APP, CATS, PURPOSE)
+
+
+VICTIM = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    import uprof.bootstrap as bootstrap
+    from uprof.crypto import plain_rows
+    from tests.fakes.ports import FakeClock
+    from tests.kernel.conftest import build_kernel
+    from uprof.settings import Settings
+
+    def paused(app, keystore, *, now):
+        def after_page(rewritten):
+            if rewritten >= 2:
+                print(f"paused {rewritten}", flush=True)
+                time.sleep(600)  # killed here
+        return plain_rows.tag_legacy_plain_rows(
+            app, keystore, now=now, page=1, after_page=after_page
+        )
+
+    bootstrap.tag_legacy_plain_rows = paused
+    url = sys.argv[2] or None
+    settings = Settings(data_dir=Path(sys.argv[1]), database_url=url, embedder="hashing")
+    build_kernel(settings, FakeClock()).close()
+    print("finished", flush=True)
+    """
+)
+
+
+@contextmanager
+def _victim(backend: Backend) -> Iterator[PythonChild]:
+    url = backend.url if backend.kind == "postgres" else ""
+    child = PythonChild(VICTIM, str(backend.data_dir / "data"), url, stream_stdout=True)
+    try:
+        yield child
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.communicate(30)  # reaps it and closes its output pipe
+
+
+def test_a_start_killed_midway_through_the_upgrade_is_finished_by_the_next(
+    backend: Backend, clock: FakeClock
+) -> None:
+    n = _old_store(backend, clock)
+    with _victim(backend) as child:
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        assert line.startswith("paused"), (line, child.communicate(5))
+        child.kill()  # SIGKILL mid-upgrade: no cleanup of any kind
+        child.wait(30)
+    with _raw_look(backend) as (rows, recorded):
+        tagged = sum(1 for _, _, s in rows if s[:1] == b"\x03")
+        assert 2 <= tagged < n and not recorded  # midway: some tagged, nothing recorded
+    with running(settings_for(backend), clock) as k:  # the next start finishes it
+        _check_upgraded(k, n)
+
+
+@contextmanager
+def _raw_look(backend: Backend) -> Iterator[tuple[list[tuple[Any, int, bytes]], bool]]:
+    """The plaintext rows and the upgrade's record, read without a start (which would
+    finish the upgrade): straight from the stores."""
+    from uprof.storage import layout_for, open_engines
+
+    layout = layout_for(settings_for(backend))
+    stores = open_engines(layout)
+    try:
+        table = "stored_events" if backend.kind == "sqlite" else "profiles_events"
+        query = sa.text(
+            f"SELECT originator_id, originator_version, state FROM {table} WHERE topic IN :t"
+        ).bindparams(sa.bindparam("t", expanding=True))
+        with stores.events.connect() as conn:
+            rows = [
+                (r[0], int(r[1]), bytes(r[2]))
+                for r in conn.execute(query, {"t": sorted(PLAIN_TOPICS)})
+            ]
+        with stores.keys.connect() as conn:
+            recorded = UPGRADE in conn.execute(sa.select(data_upgrades.c.name)).scalars().all()
+        yield rows, recorded
+    finally:
+        stores.dispose()
+
+
+def _start(data_dir: str, url: str | None, barrier: Any, results: Any) -> None:
+    try:
+        from tests.fakes.ports import FakeClock
+        from tests.kernel.conftest import build_kernel
+        from uprof.settings import Settings
+
+        settings = Settings(data_dir=Path(data_dir), database_url=url, embedder="hashing")
+        barrier.wait(120)
+        build_kernel(settings, FakeClock()).close()
+        results.put("ok")
+    except Exception as error:
+        results.put(f"{type(error).__name__}: {str(error)[:300]}")
+
+
+def test_two_processes_starting_at_once_both_come_up_with_every_row_tagged(
+    backend: Backend, clock: FakeClock
+) -> None:
+    n = _old_store(backend, clock)
+    context = children.CONTEXT
+    barrier, results = context.Barrier(2), context.Queue()
+    url = backend.url if backend.kind == "postgres" else None
+    processes = [
+        context.Process(target=_start, args=(str(backend.data_dir / "data"), url, barrier, results))
+        for _ in range(2)
+    ]
+    for process in processes:
+        process.start()
+    outcomes = [results.get(timeout=300) for _ in processes]
+    for process in processes:
+        process.join(timeout=60)
+    assert outcomes == ["ok", "ok"]
+    with running(settings_for(backend), clock) as k:
+        _check_upgraded(k, n)

@@ -1,0 +1,94 @@
+"""The one-off upgrade that tags the plaintext event rows written before tags existed.
+
+Until 2026-12-05 the mapper stored plaintext rows (purge signals, quarantine verdicts) as
+``0x00 | JSON state``, authenticated by nothing (bug EK). Since then it writes
+``0x03 | key id | HMAC tag | JSON state`` (``uprof.crypto.mapper``) and reads a ``0x00``
+row as damage. This upgrade re-writes each stored ``0x00`` row with its tag, with the
+key store present (it needs the plain-row key, which the KEK unwraps), and then records
+itself done in the key store (``data_upgrades``), after which it never runs again on that
+deployment: an untagged row written later, by a writer of the event store without the
+key store, stays damage.
+
+It runs at every start until recorded done (``uprof.bootstrap``), under the event store's
+schema lock, before anything is read. Safe to repeat and to kill: each page of rows is
+its own transaction, each row is replaced only if it still holds the bytes read (a
+compare-and-set), a tagged row is never touched again, and the record is written only
+after a full pass finds no untagged row left. A killed pass leaves some rows tagged, the
+rest untagged and nothing recorded; the next start finishes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import sqlalchemy as sa
+
+from uprof.crypto.mapper import PLAIN, PLAIN_TOPICS, tagged_plain_state
+
+#: The upgrade's name in the key store's ``data_upgrades`` table.
+UPGRADE = "plain-rows-tagged/1"
+#: Rows read per page (and re-written per transaction).
+PAGE = 500
+
+
+def tag_legacy_plain_rows(
+    app: Any,
+    keystore: Any,
+    *,
+    now: datetime,
+    page: int = PAGE,
+    after_page: Callable[[int], None] | None = None,
+) -> int | None:
+    """Tag every untagged plaintext row of ``app``'s log; the rows re-written by this
+    call, or None when the upgrade was already recorded done (nothing read).
+
+    ``app``: the ``ProfilesApplication``; ``keystore``: its ``KeyStore``.
+    ``after_page``: called with the rows re-written so far after each page commits
+    (tests stop the process there)."""
+    if keystore.data_upgraded(UPGRADE):
+        return None
+    key_id, key = keystore.current_plain_row_key()
+    table, position = app.backend.events_table(app.recorder)
+    select = sa.text(
+        f"SELECT {position} AS position, originator_id, originator_version, topic, state "
+        f"FROM {table} WHERE {position} > :after AND topic IN :topics "
+        f"ORDER BY {position} LIMIT :n"
+    ).bindparams(sa.bindparam("topics", expanding=True))
+    update = sa.text(
+        f"UPDATE {table} SET state = :new "
+        "WHERE originator_id = :s AND originator_version = :v AND state = :old"
+    )
+    topics = sorted(PLAIN_TOPICS)
+    after, rewritten = 0, 0
+    engine: sa.Engine = app.events_engine
+    while True:
+        with engine.begin() as conn:
+            rows = conn.execute(select, {"after": after, "topics": topics, "n": page}).all()
+            for row in rows:
+                state = bytes(row.state)
+                if state[:1] != PLAIN:
+                    continue  # tagged already, or not a plaintext row: the mapper decides
+                new = tagged_plain_state(
+                    key,
+                    key_id,
+                    UUID(str(row.originator_id)),
+                    int(row.originator_version),
+                    str(row.topic),
+                    state[1:],
+                )
+                done = conn.execute(
+                    update,
+                    {"new": new, "s": row.originator_id, "v": row.originator_version, "old": state},
+                )
+                rewritten += done.rowcount
+        if rows:
+            after = int(rows[-1].position)
+            if after_page is not None:
+                after_page(rewritten)
+        if len(rows) < page:
+            break
+    keystore.record_data_upgrade(UPGRADE, now=now)
+    return rewritten
