@@ -378,10 +378,11 @@ def bootstrap(
         app = ProfilesApplication(
             env=layout.eventsourcing_env, keystore=keystore, events_engine=events
         )
-        # Plaintext rows of before 2026-12-05 get their tags, once per deployment
-        # (decision XXXX-authenticated-plaintext-rows); under the lock: one process at a time.
+        # Plaintext rows of before 2026-12-05 get their tags, once per deployment and at
+        # each restore (decision XXXX-authenticated-plaintext-rows); under the lock: one
+        # process at a time.
         try:
-            tag_legacy_plain_rows(app, keystore, now=clock.now())
+            tag_legacy_plain_rows(app, keystore, material, again=restoring)
         except BaseException:
             app.close()
             release_stores()

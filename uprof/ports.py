@@ -162,6 +162,15 @@ class KeyMaterialStore(Protocol):
         wrapped under an epoch a rotation forgets."""
         ...
 
+    def data_upgraded(self, name: str) -> bool:
+        """Whether the one-off upgrade of stored data ``name`` finished on this deployment
+        (kept with the key material: a writer of the stores cannot make it run again)."""
+        ...
+
+    def record_data_upgrade(self, name: str) -> None:
+        """Record durably that ``name`` finished (a second record is a no-op)."""
+        ...
+
     def audit_signing_key(self) -> Ed25519PrivateKey:
         """Return the audit log's current Ed25519 signing key, creating it on first use."""
         ...

@@ -1,4 +1,4 @@
-"""keys that authenticate plaintext event rows, and finished data upgrades
+"""keys that authenticate plaintext event rows
 
 Revision ID: 0004_keys_plain_row_keys
 Revises: 0003_keys_api_key_tenant
@@ -6,7 +6,7 @@ Create Date: 2026-12-05
 
 The rows themselves are re-written with tags by the start after this revision
 (``uprof.crypto.plain_rows``), which needs the KEK and the event log: not a migration's
-work. ``data_upgrades`` records that it finished.
+work; it records that it finished in the key folder (``KeyMaterialStore``).
 """
 
 from __future__ import annotations
@@ -29,14 +29,7 @@ def upgrade() -> None:
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("key_id", name=op.f("pk_plain_row_keys")),
     )
-    op.create_table(
-        "data_upgrades",
-        sa.Column("name", sa.String(length=64), nullable=False),
-        sa.Column("completed_at", sa.DateTime(timezone=True), nullable=False),
-        sa.PrimaryKeyConstraint("name", name=op.f("pk_data_upgrades")),
-    )
 
 
 def downgrade() -> None:
-    op.drop_table("data_upgrades")
     op.drop_table("plain_row_keys")

@@ -2,17 +2,16 @@
 (review of 0126, both backends, each start its own kernel as a process would be).
 
 The mapper reads three topics in plaintext (the purge signals and the pipeline's
-``DamagedEventQuarantined`` verdict, decision 0124): no key is needed to write one, and
-nothing authenticates it. 0126 (bug EB) made a consent withdrawal whose *marker* or *key
-version* is altered read as damage, not as shredding, so the withdrawal cannot be dropped
-from the loaded profile that way. The same writer can instead overwrite the withdrawal's
-row, at its version, with a well-formed plaintext row that applies nothing (bug EK), or
-delete it when it is the stream's last row (bug EL): on main at 314c138 the next process
-served the app again (4 of 4 and 2 of 2, both backends). Neither is fixed: security.md
-does not count an event-store writer without the key store among the attackers it
-defends against (decision 0128-review-of-0126); the tests are strict expected failures.
-The ``test_held_*`` ones are attacks that failed closed.
-"""
+``DamagedEventQuarantined`` verdict, decision 0124): no subject key is needed to write
+one. 0126 (bug EB) made a consent withdrawal whose *marker* or *key version* is altered
+read as damage, not as shredding, so the withdrawal cannot be dropped from the loaded
+profile that way. The same writer could instead overwrite the withdrawal's row, at its
+version, with a well-formed plaintext row that applies nothing (bug EK: on main at
+314c138 and at 4b78f56 the next process served the app again, 4 of 4, both backends), or
+delete it when it is the stream's last row (bug EL, not fixed here: a strict expected
+failure). EK is fixed: plaintext rows carry an HMAC tag under a deployment key in the key
+store (decision XXXX-authenticated-plaintext-rows); a forged, guessed or moved one is
+damage. The ``test_held_*`` ones are attacks that failed closed before."""
 
 from __future__ import annotations
 
@@ -317,3 +316,24 @@ def test_a_tagged_plain_row_moved_from_another_place_is_damage(
             return
         with pytest.raises(StoredDataDamagedError, match="not authenticated"):
             k.unconsented("alice", APP, CATS, PURPOSE)
+
+
+def test_held_an_untagged_row_with_the_plain_row_keys_deleted_is_not_tagged_by_a_start(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """On PostgreSQL the key tables share the database with the event log, so the writer
+    may delete the plain-row keys too, hoping the next start re-tags their untagged row
+    under a new key. The upgrade's record is in the key folder, which they lack: no start
+    tags it, and the consent checks fail closed (the genuine rows' key is gone as well)."""
+    from uprof.crypto.tables import plain_row_keys
+
+    stream, version = _withdrawn(backend, clock)
+    with running(settings_for(backend), clock) as k:
+        _write(k, stream, version, *_forged(k, stream, version, "verdict"))
+        with k.keys_engine.begin() as conn:
+            assert conn.execute(plain_row_keys.delete()).rowcount >= 1
+    for _ in range(2):  # a start, and the start after it
+        with running(settings_for(backend), clock) as k:
+            assert next(s for v, _, s in _rows(k, stream) if v == version)[:1] == b"\x00"
+            with pytest.raises(StoredDataDamagedError, match="not authenticated"):
+                k.unconsented("alice", APP, CATS, PURPOSE)

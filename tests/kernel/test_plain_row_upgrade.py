@@ -25,10 +25,11 @@ from tests.children import PythonChild
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import APP, consent, running, say, settings_for
+from uprof.crypto.keydir import UPGRADE_FILE_PREFIX
 from uprof.crypto.mapper import PLAIN_TAG, PLAIN_TOPICS
 from uprof.crypto.plain_rows import UPGRADE
-from uprof.crypto.tables import data_upgrades
 from uprof.kernel import Uprof
+from uprof.settings import Settings
 
 CATS, PURPOSE = ["preferences"], "personalization"
 
@@ -45,10 +46,13 @@ def _plain_rows(k: Uprof) -> list[tuple[Any, int, bytes]]:
     return [(r[0], int(r[1]), bytes(r[2])) for r in rows]
 
 
+def _record(settings: Settings) -> Path:
+    """The key folder's record that the upgrade finished."""
+    return settings.key_path / f"{UPGRADE_FILE_PREFIX}{UPGRADE}"
+
+
 def _recorded(k: Uprof) -> bool:
-    with k.keys_engine.connect() as conn:
-        found = conn.execute(sa.select(data_upgrades.c.name)).scalars().all()
-    return UPGRADE in found
+    return _record(k.settings).exists()
 
 
 def _to_legacy(k: Uprof, *, forget_upgrade: bool = True) -> int:
@@ -68,15 +72,15 @@ def _to_legacy(k: Uprof, *, forget_upgrade: bool = True) -> int:
             )
             n += 1
     if forget_upgrade:
-        with k.keys_engine.begin() as conn:
-            conn.execute(data_upgrades.delete())
+        _record(k.settings).unlink()
     return n
 
 
 def _old_store(backend: Backend, clock: FakeClock, *, forget_upgrade: bool = True) -> int:
     """alice: four captures, three of them erased (plaintext ``CaptureErased`` rows and
     what erasure writes with them), her consent withdrawn; bob erased (``SubjectErased``).
-    Every plaintext row in the old format; the number of them."""
+    Every plaintext row in the old format, and the upgrade's record in the key folder
+    removed (``forget_upgrade``); the number of rows."""
     with running(settings_for(backend), clock) as k:
         granted = consent(k, "alice")
         acks = k.capture_many("alice", [say(f"I like tea number {i}") for i in range(4)])
@@ -130,13 +134,13 @@ VICTIM = textwrap.dedent(
     from tests.kernel.conftest import build_kernel
     from uprof.settings import Settings
 
-    def paused(app, keystore, *, now):
+    def paused(app, keystore, material, *, again):
         def after_page(rewritten):
             if rewritten >= 2:
                 print(f"paused {rewritten}", flush=True)
                 time.sleep(600)  # killed here
         return plain_rows.tag_legacy_plain_rows(
-            app, keystore, now=now, page=1, after_page=after_page
+            app, keystore, material, again=again, page=1, after_page=after_page
         )
 
     bootstrap.tag_legacy_plain_rows = paused
@@ -195,9 +199,7 @@ def _raw_look(backend: Backend) -> Iterator[tuple[list[tuple[Any, int, bytes]], 
                 (r[0], int(r[1]), bytes(r[2]))
                 for r in conn.execute(query, {"t": sorted(PLAIN_TOPICS)})
             ]
-        with stores.keys.connect() as conn:
-            recorded = UPGRADE in conn.execute(sa.select(data_upgrades.c.name)).scalars().all()
-        yield rows, recorded
+        yield rows, _record(settings_for(backend)).exists()
     finally:
         stores.dispose()
 
@@ -235,3 +237,29 @@ def test_two_processes_starting_at_once_both_come_up_with_every_row_tagged(
     assert outcomes == ["ok", "ok"]
     with running(settings_for(backend), clock) as k:
         _check_upgraded(k, n)
+
+
+def test_plain_rows_verify_after_a_kek_rotation_and_a_new_plain_row_key(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """The plain-row key is wrapped by the KEK: a rotation re-wraps it with the DEKs and
+    forgets the old epoch, and the tagged rows still verify in a fresh process. A second
+    plain-row key (rotation of the key itself) tags new rows; the old ones verify under
+    the id their tag names."""
+    n = _old_store(backend, clock)
+    with running(settings_for(backend), clock) as k:
+        _check_upgraded(k, n)
+        assert k.rotate_keys()["epochs_forgotten"] >= 1
+    with running(settings_for(backend), clock) as k:
+        _check_upgraded(k, n)
+        assert k.keystore.add_plain_row_key() == 2  # type: ignore[attr-defined]
+    with running(settings_for(backend), clock) as k:
+        consent(k, "carol")
+        acks = k.capture_many("carol", [say("I like jazz"), say("I like rock")])
+        k.erase_capture("carol", acks[0].capture_id)  # tombstones tagged under key 2
+        ids = {int.from_bytes(s[1:5], "big") for _, _, s in _plain_rows(k)}
+        assert ids == {1, 2}
+    with running(settings_for(backend), clock) as k:
+        _check_upgraded(k, len(_plain_rows(k)))  # alice's rows, under key 1
+        assert k.unconsented("carol", APP, CATS, PURPOSE) == []  # carol's, under key 2
+        k.process_to_log_end()  # every tombstone read again by the pipeline

@@ -40,7 +40,6 @@ from uprof.caching import BoundedCache, CacheStats
 from uprof.crypto.ledger import ErasureLedger
 from uprof.crypto.tables import (
     capture_keys,
-    data_upgrades,
     plain_row_keys,
     shredded_streams,
     subject_aliases,
@@ -706,22 +705,6 @@ class KeyStore:
         with self._engine.connect() as conn:
             found = conn.execute(sa.select(sa.func.max(plain_row_keys.c.key_id))).scalar_one()
         return None if found is None else int(found)
-
-    def data_upgraded(self, name: str) -> bool:
-        """Whether the one-off upgrade of stored data ``name`` finished on this deployment."""
-        with self._engine.connect() as conn:
-            row = conn.execute(
-                sa.select(data_upgrades.c.name).where(data_upgrades.c.name == name)
-            ).first()
-        return row is not None
-
-    def record_data_upgrade(self, name: str, *, now: datetime) -> None:
-        """Record that ``name`` finished (once: a second process's record is a no-op)."""
-        try:
-            with self._engine.begin() as conn:
-                conn.execute(data_upgrades.insert().values(name=name, completed_at=now))
-        except sa.exc.IntegrityError:
-            pass
 
     # ------------------------------------------------------------ destruction
 

@@ -80,12 +80,14 @@ class DamagedEventError(MapperDeserialisationError, StoredDataDamagedError):
 
 
 class DamagedPurgeSignalError(MapperDeserialisationError, StoredDataDamagedError):
-    """A stored purge signal (a tombstone: ``SubjectErased``, ``CaptureErased``,
-    ``ItemsErased``) that is not in its plaintext format. Named as damage on every
-    surface, but never ``DamagedEventError``: what the pipeline may set aside and pass
-    over is an event whose loss withholds data, and passing over a purge signal serves
-    again what it purged (an item erased without its evidence keeps its keys). It stops
-    the pipeline, as a tombstone whose body does not decode does (review of 0124, bug EA).
+    """A stored plaintext row (a purge signal: ``SubjectErased``, ``CaptureErased``,
+    ``ItemsErased``; or a ``DamagedEventQuarantined`` verdict) that is not authenticated:
+    not in its tagged plaintext format, or its tag does not verify (bugs EA, EK). Named
+    as damage on every surface, but never ``DamagedEventError``: what the pipeline may
+    set aside and pass over is an event whose loss withholds data, and passing over a
+    purge signal serves again what it purged (an item erased without its evidence keeps
+    its keys); a verdict that is not authentic cannot be honoured. It stops the
+    pipeline, as a tombstone whose body does not decode does (review of 0124, bug EA).
     """
 
 

@@ -5,31 +5,34 @@ Until 2026-12-05 the mapper stored plaintext rows (purge signals, quarantine ver
 ``0x03 | key id | HMAC tag | JSON state`` (``uprof.crypto.mapper``) and reads a ``0x00``
 row as damage. This upgrade re-writes each stored ``0x00`` row with its tag, with the
 key store present (it needs the plain-row key, which the KEK unwraps), and then records
-itself done in the key store (``data_upgrades``), after which it never runs again on that
-deployment: an untagged row written later, by a writer of the event store without the
-key store, stays damage.
+itself done in the key folder (``KeyMaterialStore.record_data_upgrade``), after which a
+start never runs it again on that deployment: an untagged row written later, by a writer
+of the stores without the key folder, stays damage. The record is in the key folder and
+not in a key-store table because on PostgreSQL the key tables share the database with the
+event log, and whoever can write the one can delete a row of the other.
 
-It runs at every start until recorded done (``uprof.bootstrap``), under the event store's
-schema lock, before anything is read. Safe to repeat and to kill: each page of rows is
-its own transaction, each row is replaced only if it still holds the bytes read (a
-compare-and-set), a tagged row is never touched again, and the record is written only
-after a full pass finds no untagged row left. A killed pass leaves some rows tagged, the
-rest untagged and nothing recorded; the next start finishes it.
+It runs at start until recorded (``uprof.bootstrap``), and at every restore (the restored
+rows are the operator's chosen backup), under the event store's schema lock, before
+anything is read. Safe to repeat and to kill: each page of rows is its own transaction,
+each row is replaced only if it still holds the bytes read (a compare-and-set), a tagged
+row is never touched again, and the record is written only after a full pass. A killed
+pass leaves some rows tagged, the rest untagged and nothing recorded; the next start
+finishes it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 import sqlalchemy as sa
 
 from uprof.crypto.mapper import PLAIN, PLAIN_TOPICS, tagged_plain_state
+from uprof.ports import KeyMaterialStore
 
-#: The upgrade's name in the key store's ``data_upgrades`` table.
-UPGRADE = "plain-rows-tagged/1"
+#: The upgrade's name in the key folder's record.
+UPGRADE = "plain-rows-tagged-1"
 #: Rows read per page (and re-written per transaction).
 PAGE = 500
 
@@ -37,18 +40,20 @@ PAGE = 500
 def tag_legacy_plain_rows(
     app: Any,
     keystore: Any,
+    material: KeyMaterialStore,
     *,
-    now: datetime,
+    again: bool = False,
     page: int = PAGE,
     after_page: Callable[[int], None] | None = None,
 ) -> int | None:
     """Tag every untagged plaintext row of ``app``'s log; the rows re-written by this
     call, or None when the upgrade was already recorded done (nothing read).
 
-    ``app``: the ``ProfilesApplication``; ``keystore``: its ``KeyStore``.
+    ``app``: the ``ProfilesApplication``; ``keystore``: its ``KeyStore``; ``material``:
+    the key folder that records the upgrade. ``again``: run even if recorded (a restore).
     ``after_page``: called with the rows re-written so far after each page commits
     (tests stop the process there)."""
-    if keystore.data_upgraded(UPGRADE):
+    if not again and material.data_upgraded(UPGRADE):
         return None
     key_id, key = keystore.current_plain_row_key()
     table, position = app.backend.events_table(app.recorder)
@@ -90,5 +95,5 @@ def tag_legacy_plain_rows(
                 after_page(rewritten)
         if len(rows) < page:
             break
-    keystore.record_data_upgrade(UPGRADE, now=now)
+    material.record_data_upgrade(UPGRADE)
     return rewritten

@@ -80,12 +80,3 @@ plain_row_keys = sa.Table(
     sa.Column("kek_id", sa.String(64), nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
 )
-
-#: One-off upgrades of stored data finished on this deployment (by name). Kept in the key
-#: store: a writer of the event store alone cannot make one run again.
-data_upgrades = sa.Table(
-    "data_upgrades",
-    metadata,
-    sa.Column("name", sa.String(64), primary_key=True),
-    sa.Column("completed_at", sa.DateTime(timezone=True), nullable=False),
-)
