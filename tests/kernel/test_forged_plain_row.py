@@ -29,7 +29,7 @@ from domain.errors import StoredDataDamagedError
 from domain.profile import SubjectProfile
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import APP, consent, running, settings_for
+from tests.kernel.conftest import APP, consent, running, say, settings_for
 from uprof.crypto.mapper import DamagedEventError
 from uprof.kernel import Uprof
 
@@ -199,13 +199,16 @@ def test_a_withdrawal_deleted_between_rows_is_named_damage(
             )
 
 
+@pytest.mark.parametrize("form", ["untagged", "with-the-key"])
 def test_held_a_forged_verdict_beside_a_withdrawal_decides_nothing(
-    backend: Backend, clock: FakeClock
+    backend: Backend, clock: FakeClock, form: str
 ) -> None:
-    """Held for access: a forged ``DamagedEventQuarantined`` appended at the stream's next
-    version, naming the withdrawal's log position, is a verdict the pipeline's fold reads,
-    but the loaded profile still applies the withdrawal (the verdict applies nothing):
-    the app is refused in a fresh process."""
+    """Held for access: a ``DamagedEventQuarantined`` appended at the stream's next
+    version, naming the withdrawal's log position. Written without the key (``untagged``)
+    it is damage since EK's fix: the stream does not load, the app is refused. Tagged
+    with the deployment's key (what only uprof itself can write) it is a verdict the
+    pipeline's fold reads, but the loaded profile still applies the withdrawal (the
+    verdict applies nothing): the app is refused in a fresh process."""
     stream, version = _withdrawn(backend, clock)
     with running(settings_for(backend), clock) as k:
         app = k.app
@@ -222,25 +225,33 @@ def test_held_a_forged_verdict_beside_a_withdrawal_decides_nothing(
             ).scalar_one()
         head = max(v for v, _, _ in _rows(k, stream))
         now = datetime(2026, 1, 1, tzinfo=UTC)
-        forged = app.mapper.to_stored_event(
-            SubjectProfile.DamagedEventQuarantined(
-                originator_id=stream,
-                originator_version=head + 1,
-                timestamp=now,
-                notification_id=int(nid),
-                damaged_version=version,
-                quarantined_at=now,
-            )
+        verdict = SubjectProfile.DamagedEventQuarantined(
+            originator_id=stream,
+            originator_version=head + 1,
+            timestamp=now,
+            notification_id=int(nid),
+            damaged_version=version,
+            quarantined_at=now,
         )
+        if form == "untagged":
+            plain = Mapper.to_stored_event(app.mapper, verdict)  # the code alone, no key
+            topic, state = plain.topic, b"\x00" + plain.state
+        else:
+            tagged = app.mapper.to_stored_event(verdict)
+            topic, state = tagged.topic, tagged.state
         with app.events_engine.begin() as conn:
             conn.execute(
                 sa.text(
                     f"INSERT INTO {table} (originator_id, originator_version, topic, state) "
                     "VALUES (:s, :v, :t, :st)"
                 ),
-                {"s": key, "v": head + 1, "t": forged.topic, "st": forged.state},
+                {"s": key, "v": head + 1, "t": topic, "st": state},
             )
     with running(settings_for(backend), clock) as k:
+        if form == "untagged":
+            with pytest.raises(StoredDataDamagedError, match="not authenticated"):
+                k.unconsented("alice", APP, CATS, PURPOSE)
+            return
         assert k.unconsented("alice", APP, CATS, PURPOSE) == CATS
         assert k.consents_in_force("alice") == []
 
@@ -337,3 +348,137 @@ def test_held_an_untagged_row_with_the_plain_row_keys_deleted_is_not_tagged_by_a
             assert next(s for v, _, s in _rows(k, stream) if v == version)[:1] == b"\x00"
             with pytest.raises(StoredDataDamagedError, match="not authenticated"):
                 k.unconsented("alice", APP, CATS, PURPOSE)
+
+
+ERASED = "I met Qzxerasedcanary at the market"
+
+
+def _nid(k: Uprof, stream: UUID, version: int) -> int:
+    app = k.app
+    table, position = app.backend.events_table(app.recorder)
+    with app.events_engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text(
+                    f"SELECT {position} FROM {table} "
+                    "WHERE originator_id = :s AND originator_version = :v"
+                ),
+                {"s": app.backend.stream_key(stream), "v": version},
+            ).scalar_one()
+        )
+
+
+def _served(k: Uprof, subject: str) -> list[str]:
+    """The memories a profile read serves (none when the read fails closed)."""
+    try:
+        return sorted(m.text for m in k.profile(subject).memories)
+    except StoredDataDamagedError:
+        return []
+
+
+def test_a_forged_verdict_naming_an_item_erasure_does_not_undo_it_on_rebuild(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """A keyless ``DamagedEventQuarantined`` appended to alice's stream, naming the log
+    position of her ``ItemsErased``: the projections pass over every position a verdict
+    names, so on main at 4b78f56 the next rebuild passed over the erasure and alice's
+    profile served the erased memory again (bug FM). Now the verdict is not authenticated:
+    the rebuild stops at it (fail closed) and nothing erased is served."""
+    with running(settings_for(backend), clock) as k:
+        consent(k, "alice")
+        k.capture_many("alice", [say(ERASED, ref="a-1")])
+        k.process()
+        [item] = [m for m in k.profile("alice").memories if m.text == ERASED]
+        k.erase_item("alice", item.item_id)
+        assert ERASED not in _served(k, "alice")
+        stream = k.stream_of("alice")
+        erased_at = _version_of(k, stream, ".ItemsErased")
+        head = max(v for v, _, _ in _rows(k, stream))
+        now = datetime(2026, 1, 1, tzinfo=UTC)
+        verdict = SubjectProfile.DamagedEventQuarantined(
+            originator_id=stream,
+            originator_version=head + 1,
+            timestamp=now,
+            notification_id=_nid(k, stream, erased_at),
+            damaged_version=erased_at,
+            quarantined_at=now,
+        )
+        plain = Mapper.to_stored_event(k.app.mapper, verdict)  # the code alone, no key
+        table = k.app.recorder.events_table_name  # type: ignore[attr-defined]
+        with k.app.events_engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    f"INSERT INTO {table} (originator_id, originator_version, topic, state) "
+                    "VALUES (:s, :v, :t, :st)"
+                ),
+                {
+                    "s": k.app.backend.stream_key(stream),
+                    "v": head + 1,
+                    "t": plain.topic,
+                    "st": b"\x00" + plain.state,
+                },
+            )
+    with running(settings_for(backend), clock) as k:
+        try:
+            k.rebuild()
+        except StoredDataDamagedError:
+            pass  # fail closed
+        assert ERASED not in _served(k, "alice"), "erased memory served again"
+
+
+KEPT = "I met Qzxkeptcanary at the park"
+
+
+@pytest.mark.parametrize("form", ["marker-flipped", "untagged"])
+def test_a_verdict_that_is_not_authentic_is_set_aside_and_stops_no_start(
+    backend: Backend, clock: FakeClock, form: str
+) -> None:
+    """A ``DamagedEventQuarantined`` row that does not open (its plaintext marker flipped:
+    storage damage; or written without the key) at alice's next version, in a deployment
+    whose erasure ledger names an erased item (so every start projects to the head).
+    On main at 4b78f56 the marker-flipped one made every start fail (the quarantine index
+    decodes every verdict, and re-applying the ledger projects): no process of the
+    deployment came up, not even to erase alice (bug FN). Now a verdict that is not
+    authentic is damage the pipeline sets aside (a verdict applies nothing), the index
+    does not honour it, bob is served, alice's stream fails closed."""
+    with running(settings_for(backend), clock) as k:
+        consent(k, "alice")
+        consent(k, "bob")
+        k.capture_many("alice", [say(ERASED, ref="a-1")])
+        k.process()
+        [item] = [m for m in k.profile("alice").memories if m.text == ERASED]
+        k.erase_item("alice", item.item_id)
+        stream = k.stream_of("alice")
+        head = max(v for v, _, _ in _rows(k, stream))
+        now = datetime(2026, 1, 1, tzinfo=UTC)
+        verdict = SubjectProfile.DamagedEventQuarantined(
+            originator_id=stream,
+            originator_version=head + 1,
+            timestamp=now,
+            notification_id=1,
+            damaged_version=1,
+            quarantined_at=now,
+        )
+        plain = Mapper.to_stored_event(k.app.mapper, verdict)
+        state = (b"\x01" if form == "marker-flipped" else b"\x00") + plain.state
+        table = k.app.recorder.events_table_name  # type: ignore[attr-defined]
+        with k.app.events_engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    f"INSERT INTO {table} (originator_id, originator_version, topic, state) "
+                    "VALUES (:s, :v, :t, :st)"
+                ),
+                {
+                    "s": k.app.backend.stream_key(stream),
+                    "v": head + 1,
+                    "t": plain.topic,
+                    "st": state,
+                },
+            )
+    with running(settings_for(backend), clock) as k:  # the deployment starts
+        k.capture_many("bob", [say(KEPT, ref="b-1")])
+        k.process()
+        assert KEPT in _served(k, "bob")
+        assert [q.stage for q in k.quarantined()] == ["damaged"]
+        with pytest.raises(StoredDataDamagedError):
+            k.unconsented("alice", APP, CATS, PURPOSE)

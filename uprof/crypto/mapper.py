@@ -68,7 +68,8 @@ TOMBSTONE_TOPICS = frozenset(
 #: ``DamagedEventQuarantined`` is appended beside a damaged event by the pipeline, which
 #: cannot load the stream, and must read back whatever keys are left (decision
 #: 0124-damaged-events-quarantined).
-PLAIN_TOPICS = TOMBSTONE_TOPICS | {get_topic(SubjectProfile.DamagedEventQuarantined)}
+_VERDICT_TOPIC = get_topic(SubjectProfile.DamagedEventQuarantined)
+PLAIN_TOPICS = TOMBSTONE_TOPICS | {_VERDICT_TOPIC}
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -210,9 +211,19 @@ class SubjectKeyMapper(Mapper[UUID]):
                     timestamp=_EPOCH,
                     topic=stored_event.topic,
                 )
+            if stored_event.topic == _VERDICT_TOPIC:
+                # A verdict applies nothing to the views or the profile: passing over one
+                # that is not authentic loses nothing, so it is damage the pipeline sets
+                # aside like any other (0124), and the quarantine index does not honour
+                # it. Stopping here stopped every start of the deployment (bug FN).
+                raise _damaged(
+                    stored_event,
+                    "is a plaintext verdict that is not authenticated (damaged, moved or "
+                    "forged storage)",
+                )
             raise DamagedPurgeSignalError(
                 f"stored event at version {stored_event.originator_version} of this "
-                "subject's stream is a plaintext row (a purge signal or a verdict) that is "
+                "subject's stream is a plaintext row (a purge signal) that is "
                 "not authenticated: not in its tagged plaintext format, or its tag does not "
                 "verify (damaged, moved or forged storage)"
             )
