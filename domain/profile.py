@@ -317,6 +317,15 @@ class SubjectProfile(Aggregate):
 
         topic: str
 
+        def mutate(self, aggregate: Any) -> Any:
+            if aggregate is None:
+                # The stream's first row (its creation, or a snapshot) reads as shredded:
+                # the subject's keys were destroyed after the loader asked whether it
+                # was erased (another process's erasure in between). Say so, rather than
+                # the event library's bare ``assert aggregate is not None`` (bug EX).
+                raise SubjectErasedError("this subject has been erased")
+            return super().mutate(aggregate)
+
         def apply(self, aggregate: Any) -> None:
             pass
 
