@@ -689,10 +689,6 @@ def _paid_fold(engine: sa.Engine) -> None:
             _log.warning("could not remove %s after the fold: %s", marker.name, error)
 
 
-#: The marker as the residue scan reads it (bug EU).
-owed_fold_marker = _owed_marker
-
-
 def _engines(kernel: Any) -> Iterable[sa.Engine]:
     engines = (kernel.views_engine, kernel.keys_engine, kernel.app.events_engine)
     return {id(e): e for e in engines}.values()

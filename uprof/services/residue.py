@@ -36,8 +36,8 @@ from uprof.crypto.mapper import PLAIN_TOPICS
 from uprof.crypto.tables import capture_keys, subject_aliases, subject_index, subject_keys
 from uprof.eventstore import ProfilesApplication
 from uprof.services import residue_files
-from uprof.services.recovery import owed_fold_marker
 from uprof.services.residue_files import encodings as _encodings
+from uprof.storage import fold_log
 
 #: The child that reads the files (standard library only, run with ``python -I``).
 _CHILD = Path(residue_files.__file__)
@@ -130,21 +130,24 @@ def check_shredded_streams(
 ) -> None:
     """Every erased stream: no key, no alias, no snapshot, no view row, no event that opens.
 
-    And no store whose write-ahead log a re-destruction could not fold (bug EU): the rows
-    are gone for SQL, but the old pages, wrapped keys and all, stay in the main file until
-    the fold is done, and the key bytes are no search term. The ``.fold-owed`` marker
-    (decision 0125) is the record of it; the report is not clean while one is there."""
+    And no store whose write-ahead log cannot be folded (bugs EU, FV): the rows are gone
+    for SQL, but until the log is folded the old pages (wrapped keys, view rows) may stay
+    in the main file and the log, and the key bytes are no search term. The scan folds
+    each store's log itself (SQLite: a truncating checkpoint, as an erasure ends with;
+    nothing on PostgreSQL, whose log is the server's) and reports a store it cannot fold
+    as ``unfolded``. The ``.fold-owed`` markers are not read: they are unauthenticated
+    files (a writer of the data folder deletes or forges them), and an erasure a reader
+    kept from folding (``erasure_incomplete``) writes none."""
     engines = {id(e): e for e in (keys, views, app.events_engine)}.values()
     for engine in engines:
-        marker = owed_fold_marker(engine, exists=True)
-        if marker is not None:
+        if not fold_log(engine):
+            name = Path(engine.url.database or "").name or str(engine.url)
             report.findings.append(
                 Finding(
                     "unfolded",
-                    Path(engine.url.database or "").name,
-                    "the write-ahead log of an erasure re-applied at start is not folded yet "
-                    "(another process held a read transaction): the file may still hold "
-                    f"erased rows ({marker.name})",
+                    name,
+                    "another process holds a read transaction on it: its write-ahead log "
+                    "cannot be folded, and until it is the file may still hold erased rows",
                 )
             )
     for stream_id in stream_ids:

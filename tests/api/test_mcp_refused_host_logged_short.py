@@ -1,0 +1,70 @@
+"""A request the MCP SDK refuses for its ``Host`` or ``Origin`` header is logged without
+the header's value (hostile callers round 6, bug FW; both backends, live server).
+
+The SDK's DNS-rebinding check (on for a server bound to a loopback address, as ``uprof
+mcp`` is by default) logs each refused request at WARNING with the header whole. Any valid
+key could send an 8 KB ``Host``: 25 KB of log per request, and rendering the line held
+the server's event loop, so every other app's requests waited (measured with a real
+``uprof mcp`` and no rate limit, two such clients: another key's median answer went from
+2 ms to 3.5 s, the slowest 5.5 s). The line now names the header, not its value.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+import pytest
+
+from tests.api.conftest import PLANNER, LiveServer, bearer
+from uprof.api import ApiKeyStore
+from uprof.api.runtime import ServiceRuntime
+from uprof.kernel import Uprof
+from uprof.mcp import build_server
+from uprof.mcp.server import http_app
+
+ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+PING = '{"jsonrpc": "2.0", "id": 1, "method": "ping"}'
+FORGED = "evil-" + "A" * 8000
+
+
+class _Kept(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_a_forged_host_or_origin_is_not_written_to_the_log(
+    kernel: Uprof, keys: ApiKeyStore
+) -> None:
+    planner = keys.create(PLANNER).token
+    runtime = ServiceRuntime.for_kernel(kernel)
+    app = http_app(build_server(runtime, keys), path="/mcp")
+    kept = _Kept()
+    logger = logging.getLogger("mcp.server.transport_security")
+    logger.addHandler(kept)
+    runtime.start()
+    try:
+        with LiveServer(app) as live, httpx.Client(timeout=30) as client:
+            url = f"{live.url}/mcp"
+            own = {**ACCEPT, **bearer(planner)}
+            refused = [
+                client.post(url, content=PING, headers={**own, "Host": FORGED}),
+                client.post(url, content=PING, headers={**own, "Origin": f"http://{FORGED}"}),
+            ]
+    finally:
+        runtime.stop()
+        logger.removeHandler(kept)
+    assert [r.status_code for r in refused] == [421, 403], [r.text[:100] for r in refused]
+    assert len(kept.lines) == 2, kept.lines
+    for line in kept.lines:
+        assert "evil" not in line and len(line) < 100, line[:200]
+    assert "Host" in kept.lines[0] and "Origin" in kept.lines[1], kept.lines
+
+
+@pytest.fixture(autouse=True)
+def _sdk_logs_warnings() -> None:
+    logging.getLogger("mcp.server.transport_security").setLevel(logging.WARNING)
