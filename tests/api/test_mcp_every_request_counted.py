@@ -20,28 +20,18 @@ from typing import Any
 import httpx
 
 from tests.api.conftest import CALENDAR, PLANNER, LiveServer, bearer
+from tests.api.mcp_messages import HELLO, POST_JSON
 from uprof.api import ApiKeyStore
 from uprof.api.runtime import ServiceRuntime
 from uprof.kernel import Uprof
 from uprof.mcp import build_server
 from uprof.mcp.server import http_app
 
-ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 MODERN = "2026-07-28"
 META = {
     "io.modelcontextprotocol/protocolVersion": MODERN,
     "io.modelcontextprotocol/clientInfo": {"name": "attack", "version": "1"},
     "io.modelcontextprotocol/clientCapabilities": {},
-}
-HELLO = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "attack", "version": "1"},
-    },
 }
 
 
@@ -65,11 +55,11 @@ def test_every_mcp_request_of_a_key_counts_against_its_limit(
     try:
         with LiveServer(app) as live, httpx.Client(timeout=30) as client:
             url = f"{live.url}/mcp"
-            own = {**ACCEPT, **bearer(planner)}
+            own = {**POST_JSON, **bearer(planner)}
             # A stranger's requests are refused and spend nothing of the app's allowance.
-            strangers = [client.post(url, json=HELLO, headers=ACCEPT) for _ in range(3)]
+            strangers = [client.post(url, json=HELLO, headers=POST_JSON) for _ in range(3)]
             strangers += [
-                client.post(url, json=HELLO, headers={**ACCEPT, **bearer("uprof_forged")})
+                client.post(url, json=HELLO, headers={**POST_JSON, **bearer("uprof_forged")})
                 for _ in range(3)
             ]
             opened = client.post(url, json=HELLO, headers=own)  # 1
@@ -99,7 +89,7 @@ def test_every_mcp_request_of_a_key_counts_against_its_limit(
                 "DELETE": client.delete(url, headers=session),
             }
             # Another app's key has its own allowance.
-            other = client.post(url, json=HELLO, headers={**ACCEPT, **bearer(calendar)})
+            other = client.post(url, json=HELLO, headers={**POST_JSON, **bearer(calendar)})
     finally:
         runtime.stop()
     assert [s.status_code for s in strangers] == [401] * 6

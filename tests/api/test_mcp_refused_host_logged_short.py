@@ -17,13 +17,13 @@ import httpx
 import pytest
 
 from tests.api.conftest import PLANNER, LiveServer, bearer
+from tests.api.mcp_messages import POST_JSON
 from uprof.api import ApiKeyStore
 from uprof.api.runtime import ServiceRuntime
 from uprof.kernel import Uprof
 from uprof.mcp import build_server
 from uprof.mcp.server import http_app
 
-ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 PING = '{"jsonrpc": "2.0", "id": 1, "method": "ping"}'
 FORGED = "evil-" + "A" * 8000
 
@@ -50,7 +50,7 @@ def test_a_forged_host_or_origin_is_not_written_to_the_log(
     try:
         with LiveServer(app) as live, httpx.Client(timeout=30) as client:
             url = f"{live.url}/mcp"
-            own = {**ACCEPT, **bearer(planner)}
+            own = {**POST_JSON, **bearer(planner)}
             refused = [
                 client.post(url, content=PING, headers={**own, "Host": FORGED}),
                 client.post(url, content=PING, headers={**own, "Origin": f"http://{FORGED}"}),
