@@ -10,6 +10,7 @@ at the final head. The tail-row deletion itself is in ``test_forged_plain_row.py
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sqlite3
 import textwrap
@@ -272,3 +273,20 @@ def test_an_anchor_write_that_fails_fails_no_committed_request(
     with running(settings, clock) as k:
         assert k.unconsented("alice", APP, CATS, PURPOSE) == CATS
         assert _anchored_at_head(k, stream)
+
+
+def test_the_key_store_commits_with_fsync_again_after_an_anchor_write(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """The anchor's commit skips the key store's fsync (SQLite: NORMAL on its connection
+    for that commit): every connection the key store's pool hands out afterwards is FULL
+    again, so keys written later are flushed as before (decision 0017)."""
+    if backend.kind != "sqlite":
+        pytest.skip("PostgreSQL sets it for the anchor's transaction only (SET LOCAL)")
+    with running(settings_for(backend), clock) as k:
+        for n in range(3):
+            consent(k, f"subject-{n}")
+        with contextlib.ExitStack() as held:
+            conns = [held.enter_context(k.keys_engine.connect()) for _ in range(8)]
+            modes = {c.exec_driver_sql("PRAGMA synchronous").scalar() for c in conns}
+        assert modes == {2}  # FULL
