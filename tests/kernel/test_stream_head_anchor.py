@@ -28,6 +28,7 @@ from tests.kernel.conftest import APP, consent, running, settings_for
 from uprof.crypto.keystore import StreamHead
 from uprof.eventstore import head_digest
 from uprof.kernel import Uprof
+from uprof.services.backup import backup, restore
 
 CATS, PURPOSE = ["preferences"], "personalization"
 CHILD_TIMEOUT_S = 120
@@ -290,3 +291,24 @@ def test_the_key_store_commits_with_fsync_again_after_an_anchor_write(
             conns = [held.enter_context(k.keys_engine.connect()) for _ in range(8)]
             modes = {c.exec_driver_sql("PRAGMA synchronous").scalar() for c in conns}
         assert modes == {2}  # FULL
+
+
+def test_an_operator_restore_of_an_older_backup_is_not_damage(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """``uprof restore`` of a backup taken before alice's withdrawal: the operator chose
+    that log, so its heads become the anchors; alice loads (the withdrawal is gone with
+    everything after the backup, as with any restore), where an older log put in place
+    by hand is damage (above)."""
+    settings = settings_for(backend)
+    with running(settings, clock) as k:
+        granted = consent(k, "alice")
+        stream = k.stream_of("alice")
+    backup(settings, tmp_path / "bk")
+    with running(settings, clock) as k:
+        k.withdraw_consent("alice", granted)
+        assert k.unconsented("alice", APP, CATS, PURPOSE) == CATS
+    restore(settings, tmp_path / "bk")
+    with running(settings, clock) as k:
+        assert _anchored_at_head(k, stream)
+        assert k.unconsented("alice", APP, CATS, PURPOSE) == []
