@@ -33,7 +33,13 @@ from domain.profile import SubjectProfile
 from projections.profile import tables as t
 from uprof.backends import backend_for
 from uprof.crypto.mapper import PLAIN_TOPICS
-from uprof.crypto.tables import capture_keys, subject_aliases, subject_index, subject_keys
+from uprof.crypto.tables import (
+    capture_keys,
+    stream_heads,
+    subject_aliases,
+    subject_index,
+    subject_keys,
+)
 from uprof.eventstore import ProfilesApplication
 from uprof.services import residue_files
 from uprof.services.residue_files import encodings as _encodings
@@ -153,7 +159,7 @@ def check_shredded_streams(
     for stream_id in stream_ids:
         report.streams_checked += 1
         with keys.connect() as conn:
-            for table in (subject_keys, capture_keys, subject_index, subject_aliases):
+            for table in (subject_keys, capture_keys, subject_index, subject_aliases, stream_heads):
                 n = conn.execute(
                     sa.select(sa.func.count())
                     .select_from(table)
