@@ -1,4 +1,4 @@
-"""What the stream-head anchor costs an append and a load (decision XXXX-stream-head-anchor).
+"""What the stream-head anchor costs an append and a load (decision 0132-stream-head-anchor).
 
 ``python -m benchmarks.stream_anchor_bench --backend sqlite --rounds 5 --other ../tree``
 from a tree's root: runs this file from this tree and from ``--other`` (a checkout

@@ -118,7 +118,7 @@ _ERASED_TOPIC = topic_of(SubjectProfile.SubjectErased)
 def head_digest(stream_id: str, version: int, topic: str, state: bytes) -> str:
     """SHA-256 of one stored row as the event store holds it (the sealed state, AEAD tag
     included, or the plaintext one), bound to its stream and version: what a stream's
-    anchor keeps of its head row (decision XXXX-stream-head-anchor)."""
+    anchor keeps of its head row (decision 0132-stream-head-anchor)."""
     h = hashlib.sha256(b"uprof/stream-head/1\x00")
     h.update(f"{stream_id}\x00{version}\x00{topic}\x00".encode())
     h.update(state)

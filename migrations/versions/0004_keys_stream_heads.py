@@ -5,7 +5,7 @@ Revises: 0003_keys_api_key_tenant
 Create Date: 2026-12-05
 
 Empty at first: a stream without an anchor is unknown, and its first load adopts the
-head it finds (decision XXXX-stream-head-anchor).
+head it finds (decision 0132-stream-head-anchor).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from the loaded profile that way. The same writer can instead overwrite the with
 row, at its version, with a well-formed plaintext row that applies nothing (bug EK), or
 delete it when it is the stream's last row (bug EL): on main at 314c138 the next process
 served the app again (4 of 4 and 2 of 2, both backends). EL is fixed: the key store
-anchors each stream's head (decision XXXX-stream-head-anchor), so a cut tail, or a forged
+anchors each stream's head (decision 0132-stream-head-anchor), so a cut tail, or a forged
 row at the head, is damage. EK is not, below the head: its test is a strict expected
 failure (decision 0128-review-of-0126). The ``test_held_*`` ones are attacks that failed
 closed.

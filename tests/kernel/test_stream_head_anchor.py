@@ -1,4 +1,4 @@
-"""Stream-head anchors (bug EL, decision XXXX-stream-head-anchor), both backends.
+"""Stream-head anchors (bug EL, decision 0132-stream-head-anchor), both backends.
 
 The key store keeps, for each subject stream, the newest version known committed and a
 digest of that row. A writer of the event store without the key store who rolls the

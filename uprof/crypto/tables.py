@@ -70,7 +70,7 @@ shredded_streams = sa.Table(
 
 #: The newest version of each subject stream known committed, and a digest of that row,
 #: per event log (``log_id``: where the log lives; a copy elsewhere is another log)
-#: (decision XXXX-stream-head-anchor): kept here, apart from the event store, so that a
+#: (decision 0132-stream-head-anchor): kept here, apart from the event store, so that a
 #: writer of the event store alone cannot cut a stream short or roll it back unseen.
 #: Written after the event commits (it may lag, never lead), only ever raised; deleted
 #: with the stream's keys at erasure.

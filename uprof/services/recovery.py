@@ -165,7 +165,7 @@ def reapply_ledger(kernel: Any, *, rebuild_if_stale: bool = True) -> LedgerReapp
         n = _delete_in(conn, capture_keys.name, "capture_id", captures)
         report.details["capture_keys_by_capture"] = n
         report.key_rows += n
-        # An erased stream's anchors (decision XXXX-stream-head-anchor) guard nothing once
+        # An erased stream's anchors (decision 0132-stream-head-anchor) guard nothing once
         # its keys are gone; a copy of the key store brings them back with the keys. Not
         # key material: counted apart.
         report.details[stream_heads.name] = _delete_in(
