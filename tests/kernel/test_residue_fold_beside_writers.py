@@ -103,3 +103,52 @@ def test_scans_in_a_loop_lose_and_stall_no_write_of_other_processes(backend: Bac
         f"max={waits[-1]:.3f}s"
     )
     assert waits[-1] < sqlite_backend.BUSY_TIMEOUT_MS / 1000 / 10  # far from the 30 s
+
+
+@sqlite_only
+def test_a_scan_killed_in_its_fold_loses_no_write(backend: Backend) -> None:
+    """The scanning process killed with SIGKILL while its fold retries beside a reader
+    (after its file scan: the fold is the scan's last step), a writer writing all along:
+    every acknowledged write is seen by a fresh process, and the next scan, once the
+    reader is gone, folds every store (clean)."""
+    env = _env(backend)
+    data_dir = settings_for(backend).data_dir
+    writer, scanner = Holder(env), Holder(env)
+    holders = [writer, scanner]
+    try:
+        acked = [writer.ask(op="write", subject="w0", text="I live in Lisbon")["capture_id"]]
+        reader = sqlite3.connect(data_dir / "events.sqlite", isolation_level=None)
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM stored_events").fetchall()
+        acked.append(writer.ask(op="write", subject="w0", text="I live in Porto")["capture_id"])
+        assert scanner.proc.stdin is not None
+        scanner.proc.stdin.write('{"op": "scan", "terms": ["Qzxnotpresent"]}\n')
+        scanner.proc.stdin.flush()
+        stop = time.monotonic() + 2.0  # inside the events store's fold (2 s of tries)
+        i = 0
+        while time.monotonic() < stop:
+            done = writer.ask(op="write", subject="w0", text=f"I live in Faro {i}")
+            acked.append(done["capture_id"])
+            i += 1
+        scanner.proc.kill()
+        scanner.proc.wait(30)
+        for j in range(5):
+            done = writer.ask(op="write", subject="w1", text=f"I live in Braga {j}")
+            acked.append(done["capture_id"])
+        reader.rollback()
+        reader.close()
+        fresh = Holder(env)
+        holders.append(fresh)
+        seen = fresh.ask(op="read", subjects=["w0", "w1"], capture_ids=acked)
+        after = fresh.ask(op="scan", terms=["Qzxnotpresent"])
+    finally:
+        for h in holders:
+            if h.proc.poll() is None:
+                h.close()
+            else:
+                for stream in (h.proc.stdin, h.proc.stdout):
+                    if stream is not None:
+                        stream.close()
+    assert seen["subjects"] == ["w0", "w1"]
+    assert seen["capture_ids"] == sorted(acked)
+    assert after["findings"] == []
