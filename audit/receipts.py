@@ -307,6 +307,18 @@ def check_receipt_body(body: Any) -> None:
         raise VerificationError("receipt subject.tenant must be a string")
     hexdecode_strict(subject["subject_commitment"], "receipt subject.subject_commitment", size=32)
     _check_actions(body["actions"])
+    for position, action in enumerate(body["actions"]):
+        # A step another request of the same subject did (the later of two erasures at
+        # once cites the earlier one's tombstone and key destruction): it names that one.
+        if "by_request" in action and (
+            not isinstance(action["by_request"], str)
+            or not action["by_request"]
+            or action["by_request"] == request["request_id"]
+        ):
+            raise VerificationError(
+                f"receipt actions[{position}].by_request must name another request than "
+                "request.request_id"
+            )
     if not isinstance(body["residual"], Mapping):
         raise VerificationError("receipt residual must be an object")
 

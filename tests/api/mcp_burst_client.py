@@ -10,21 +10,11 @@ import json
 import sys
 
 import httpx
-
-HELLO = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "burst", "version": "1"},
-    },
-}
+from mcp_messages import ACCEPT, HELLO  # beside this file: it runs as a script
 
 
 async def _burst(url: str, token: str, n: int) -> dict[str, int]:
-    headers = {"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {token}"}
+    headers = {**ACCEPT, "Authorization": f"Bearer {token}"}
     limits = httpx.Limits(max_connections=n, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=60, limits=limits) as client:
         answers = await asyncio.gather(

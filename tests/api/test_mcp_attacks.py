@@ -21,6 +21,7 @@ from mcp.types import TextResourceContents
 from domain.errors import InvalidInputError as DomainInvalidInput
 from domain.principal import OPERATORS, RESERVED_APP_IDS
 from tests.api.conftest import CALENDAR, PLANNER, WHEN, LiveServer, bearer
+from tests.api.mcp_messages import ACCEPT, HELLO
 from uprof.api import ApiKeyStore
 from uprof.api.runtime import ServiceRuntime
 from uprof.apikeys.store import Principal
@@ -203,17 +204,6 @@ def test_another_apps_key_cannot_use_an_mcp_session(kernel: Uprof, keys: ApiKeyS
     app = build_server(runtime, keys).streamable_http_app(streamable_http_path="/mcp")
     planner, calendar = keys.create(PLANNER).token, keys.create(CALENDAR).token
     kernel.grant_consent("alice", app_id=PLANNER, categories=["*"], purposes=["personalization"])
-    accept = {"Accept": "application/json, text/event-stream"}
-    hello = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "attack", "version": "1"},
-        },
-    }
     call = {
         "jsonrpc": "2.0",
         "id": 2,
@@ -224,17 +214,17 @@ def test_another_apps_key_cannot_use_an_mcp_session(kernel: Uprof, keys: ApiKeyS
     try:
         with LiveServer(app) as live:
             opened = httpx.post(
-                f"{live.url}/mcp", json=hello, headers={**accept, **bearer(planner)}
+                f"{live.url}/mcp", json=HELLO, headers={**ACCEPT, **bearer(planner)}
             )
             assert opened.status_code == 200
             session = {"mcp-session-id": opened.headers["mcp-session-id"]}
-            foreign = {**accept, **bearer(calendar), **session}
+            foreign = {**ACCEPT, **bearer(calendar), **session}
             used = httpx.post(f"{live.url}/mcp", json=call, headers=foreign)
             closed = httpx.delete(f"{live.url}/mcp", headers=foreign)
             own = httpx.post(
                 f"{live.url}/mcp",
                 json={"jsonrpc": "2.0", "id": 3, "method": "tools/list"},
-                headers={**accept, **bearer(planner), **session},
+                headers={**ACCEPT, **bearer(planner), **session},
             )
     finally:
         runtime.stop()

@@ -19,24 +19,13 @@ import httpx
 from mcp import Client as McpClient
 
 from tests.api.conftest import PLANNER, WHEN, LiveServer, bearer
+from tests.api.mcp_messages import ACCEPT, HELLO
 from uprof.api import ApiKeyStore
 from uprof.api.runtime import ServiceRuntime
 from uprof.apikeys.store import Principal
 from uprof.kernel import Uprof
 from uprof.mcp import build_server
 from uprof.mcp.server import http_app
-
-ACCEPT = {"Accept": "application/json, text/event-stream"}
-HELLO = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "attack", "version": "1"},
-    },
-}
 
 
 def _capture_call(text: str) -> dict[str, Any]:

@@ -78,9 +78,12 @@ def test_tool_calls_refused_for_their_arguments_count_over_http(
             ]
     finally:
         runtime.stop()
-    assert all(a.status_code == 200 for a in answers), [a.text[:200] for a in answers]
-    codes = [_code(a.json()["result"]) for a in answers]
-    assert codes == ["invalid_request", "invalid_request", "rate_limited"], codes
+    # Over HTTP the call over the allowance is refused before the SDK reads it, as REST
+    # refuses it (429, ``Retry-After``): every request of a key is counted there (bug FU).
+    assert [a.status_code for a in answers] == [200, 200, 429], [a.text[:200] for a in answers]
+    codes = [_code(a.json()["result"]) for a in answers[:2]]
+    assert codes == ["invalid_request", "invalid_request"], codes
+    assert answers[2].json()["error"]["code"] == "rate_limited"
     assert list(kernel.audit_entries(action="capture.accepted")) == []
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 
 from tests.api.conftest import PLANNER, LiveServer
+from tests.api.mcp_messages import ACCEPT, HELLO
 from uprof.api import ApiKeyStore
 from uprof.api.runtime import ServiceRuntime
 from uprof.kernel import Uprof
@@ -67,17 +68,6 @@ def test_a_burst_of_initialize_requests_opens_no_more_sessions_than_the_cap(
     assert statuses.get("429", 0) >= PROCESSES * EACH - CAP, statuses
 
 
-HELLO = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "attack", "version": "1"},
-    },
-}
-ACCEPT = {"Accept": "application/json, text/event-stream"}
 MODERN = "2026-07-28"
 MODERN_LIST = {
     "jsonrpc": "2.0",

@@ -17,23 +17,13 @@ import json
 import httpx
 
 from tests.api.conftest import PLANNER, LiveServer, bearer
+from tests.api.mcp_messages import ACCEPT, HELLO
 from uprof.api import ApiKeyStore
 from uprof.api.runtime import ServiceRuntime
 from uprof.kernel import Uprof
 from uprof.mcp import build_server
 from uprof.mcp.server import DEFAULT_MAX_SESSIONS_PER_KEY, http_app
 
-ACCEPT = {"Accept": "application/json, text/event-stream"}
-HELLO = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "attack", "version": "1"},
-    },
-}
 OTHER = "app:other"
 
 

@@ -20,21 +20,10 @@ import time
 import httpx
 
 from tests.api.conftest import PLANNER, bearer
+from tests.api.mcp_messages import ACCEPT, HELLO
 from tests.conftest import Backend
 from uprof.api import ApiKeyStore
 from uprof.kernel import Uprof
-
-ACCEPT = {"Accept": "application/json, text/event-stream"}
-HELLO = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "client", "version": "1"},
-    },
-}
 
 
 def _free_port() -> int:

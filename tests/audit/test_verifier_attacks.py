@@ -150,6 +150,11 @@ RECEIPT_FORGERIES = [
     (_set("subject", value={"tenant": "acme"}), "subject needs exactly"),
     (_set("subject", "subject_commitment", value="ana@example.org"), "subject_commitment"),
     (_set("residual", value="nothing survives"), "residual"),
+    # A step done by another request names that one (decision
+    # 0131-simultaneous-erasure-receipts): never this receipt's own request, never blank.
+    (_set("actions", value=[{**ACTIONS[0], "by_request": "req-1"}, ACTIONS[1]]), "by_request"),
+    (_set("actions", value=[ACTIONS[0], {**ACTIONS[1], "by_request": ""}]), "by_request"),
+    (_set("actions", value=[ACTIONS[0], {**ACTIONS[1], "by_request": 7}]), "by_request"),
 ]
 
 
@@ -164,6 +169,12 @@ def test_a_receipt_the_key_signed_but_that_proves_no_erasure_is_refused(
             verify_receipt(forged, log.public_key, origin=ORIGIN)
         result = check_upload(json.dumps(forged).encode(), "receipt", log.public_key, ORIGIN)
         assert not result.ok and reason.replace("\\", "") in result.detail
+
+
+def test_a_receipt_citing_another_requests_destruction_verifies(log: AuditLog) -> None:
+    fill(log, 3)
+    cited = [{**action, "by_request": "req-0"} for action in ACTIONS]
+    verify_receipt(issue(log, cited), log.public_key, origin=ORIGIN)
 
 
 def test_the_issuer_refuses_what_the_verifier_refuses(sqlite_log: AuditLog) -> None:

@@ -8,10 +8,14 @@ read as damage, not as shredding, so the withdrawal cannot be dropped from the l
 profile that way. The same writer could instead overwrite the withdrawal's row, at its
 version, with a well-formed plaintext row that applies nothing (bug EK: on main at
 314c138 and at 4b78f56 the next process served the app again, 4 of 4, both backends), or
-delete it when it is the stream's last row (bug EL, not fixed here: a strict expected
-failure). EK is fixed: plaintext rows carry an HMAC tag under a deployment key in the key
-store (decision XXXX-authenticated-plaintext-rows); a forged, guessed or moved one is
-damage. The ``test_held_*`` ones are attacks that failed closed before."""
+delete it when it is the stream's last row (bug EL: 2 of 2, both backends). EL is fixed
+by the key store's anchor of each stream's head (decision 0132-stream-head-anchor): a cut
+tail, or any row replaced at the head, is damage. EK is fixed below the head too:
+plaintext rows carry an HMAC tag under a deployment key in the key store (decision
+XXXX-authenticated-plaintext-rows); a forged, guessed or moved one is damage. So that each
+EK test tests the tag and not the anchor, its forged row sits below the stream's head (a
+later event is appended first). The ``test_held_*`` ones are attacks that failed closed
+before."""
 
 from __future__ import annotations
 
@@ -105,13 +109,6 @@ def _forged(
     return topic, b"\x03" + (1).to_bytes(4, "big") + secrets.token_bytes(32) + body
 
 
-#: Found, not fixed (bug EL; decision 0128-review-of-0126): strict, so a fix turns
-#: it into a failure until the marker is removed.
-NOT_FIXED_EL = pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="EL: nothing anchors a stream's head (not fixed)"
-)
-
-
 @pytest.mark.parametrize("form", ["untagged", "guessed-tag"])
 @pytest.mark.parametrize("kind", ["verdict", "capture-tombstone"])
 def test_a_withdrawal_overwritten_by_a_forged_plaintext_row(
@@ -123,6 +120,9 @@ def test_a_withdrawal_overwritten_by_a_forged_plaintext_row(
     On main at 4b78f56 it did (bug EK); now the row is not authenticated: damage."""
     stream, version = _withdrawn(backend, clock)
     with running(settings_for(backend), clock) as k:
+        # A later row, so the withdrawal is not the stream's head: a forged head row is
+        # caught by the stream's anchor (bug EL), a row below it only by its tag.
+        consent(k, "alice", app="app:calendar")
         _write(k, stream, version, *_forged(k, stream, version, kind, form))
     with running(settings_for(backend), clock) as k:
         try:
@@ -266,20 +266,29 @@ def _delete(k: Uprof, stream: UUID, version: int) -> None:
         )
 
 
-@NOT_FIXED_EL
 def test_a_withdrawal_cut_from_the_stream_tail(backend: Backend, clock: FakeClock) -> None:
     """The withdrawal as the stream's last row, deleted: no gap is left, and nothing a
-    row carries can tell a stream cut short from one that never went on."""
+    row carries can tell a stream cut short from one that never went on. The stream's
+    anchor in the key store can (bug EL): the next process refuses alice's consent
+    checks and slices as damage. On main at 4b78f56 it served the app again."""
     stream, version = _withdrawn(backend, clock)
     with running(settings_for(backend), clock) as k:
         assert max(v for v, _, _ in _rows(k, stream)) == version
         _delete(k, stream, version)
     with running(settings_for(backend), clock) as k:
-        try:
-            answer = k.unconsented("alice", APP, CATS, PURPOSE)
-        except Exception:
-            return  # fail closed
-        assert answer == CATS, "withdrawn consent back in force"
+        with pytest.raises(StoredDataDamagedError, match="end before"):
+            k.unconsented("alice", APP, CATS, PURPOSE)
+        with pytest.raises(StoredDataDamagedError):
+            k.slice(
+                "alice",
+                "anything",
+                budget_tokens=200,
+                purpose=PURPOSE,
+                app_id=APP,
+                agent_id="coach",
+            )
+        with pytest.raises(StoredDataDamagedError):
+            k.consents_in_force("alice")
 
 
 @pytest.mark.parametrize("kind", ["verdict", "capture-tombstone"])

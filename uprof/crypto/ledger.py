@@ -290,6 +290,15 @@ class ErasureLedger:
                 found = None
         return found
 
+    def drafts_of_stream(self, tenant: str, stream_id: str) -> list[ErasureRecord]:
+        """The tenant's records of this stream that carry a receipt's draft, in ledger
+        order (each written before the keys its draft cites were destroyed)."""
+        return [
+            r
+            for r in self._store.erasure_records()
+            if r.tenant == tenant and r.stream_id == stream_id and r.kind in _DRAFTED and r.draft
+        ]
+
     def erased_stream(self, tenant: str, subject_ref: str) -> str | None:
         """The stream of the name's latest subject erasure while the name is still
         refused; None when it was never erased or was re-created since."""

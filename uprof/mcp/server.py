@@ -17,8 +17,11 @@ The REST API's limits hold here too: ``http_app`` refuses a body over the size l
 (413) before it is read, and a key's ``initialize`` once the key holds
 ``max_sessions_per_key`` open sessions (429 ``too_many_sessions``: the SDK's session limit
 is the whole server's, every app's and tenant's), and ``rate_limit`` (``UPROF_RATE_LIMIT``)
-counts every tool call and resource read against the key's allowance (a ``rate_limited``
-error, nothing done).
+counts against the key's allowance every HTTP request bearing a valid key, whatever it
+asks (``initialize``, ``ping``, ``tools/list``, notifications included: REST counts every
+authenticated request), refusing it over the limit with 429 ``rate_limited`` before the SDK
+reads it; over stdio every tool call and resource read (a ``rate_limited`` tool error,
+nothing done).
 
 Failures become tool errors (``is_error``) whose text is the REST error body as JSON
 (``{"error": {"code": "consent_required", "message": ..., "hint": ..., "fields": [...]}}``),
@@ -31,6 +34,7 @@ Arguments have the REST defaults: what REST requires (``occurred_at``, ``purpose
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
@@ -49,11 +53,17 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from domain.errors import UprofError
+from domain.errors import RateLimitUnavailableError, UprofError
 from uprof.api.deps import key_still_live
-from uprof.api.errors import EdgeError, body_for, unauthenticated, validation_problem
+from uprof.api.errors import (
+    RATE_LIMIT_UNAVAILABLE_RETRY_AFTER_S,
+    EdgeError,
+    body_for,
+    unauthenticated,
+    validation_problem,
+)
 from uprof.api.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimitMiddleware
-from uprof.api.ratelimit import limiter_for
+from uprof.api.ratelimit import KeyRateLimiter, RateLimitedError, limiter_for
 from uprof.api.runtime import ServiceRuntime
 from uprof.api.scoped import AppScope
 from uprof.apikeys.store import ApiKeyStore, NeedsRead, Principal
@@ -131,6 +141,8 @@ class UprofMCPServer(MCPServer):
 
     api_keys: ApiKeyStore | None = None
     count_call: Callable[[], None] | None = None
+    #: The key's allowance (``rate_limit``), counted at the HTTP edge by ``http_app``.
+    limiter: KeyRateLimiter | None = None
 
     async def _counted(self) -> None:
         # Every tool call and resource read is one request of the key, counted before its
@@ -213,16 +225,18 @@ def build_server(
         log_level="WARNING",
     )
     server.api_keys = api_keys
+    server.limiter = limiter
 
     def count_call() -> None:
         """Count one request of the calling key against its allowance (after
-        authentication, as REST: a caller without a valid key is refused uncounted)."""
+        authentication, as REST: a caller without a valid key is refused uncounted).
+
+        Over streamable HTTP every request was counted already, whatever it asks, by
+        ``http_app``'s ``KeyCountedMiddleware``: nothing more here."""
         assert limiter is not None
-        token = get_access_token()
-        if token is not None:
-            key_id = token.subject or ""
-        else:
-            key_id = authenticated_stdio().key_id
+        if get_access_token() is not None:
+            return
+        key_id = authenticated_stdio().key_id
         try:
             limiter.check(key_id)
         except (EdgeError, UprofError) as refused:  # over the limit, or not countable
@@ -534,10 +548,107 @@ def http_app(
     memory before parsing it), as the REST API does, and a new session of a key that
     already holds ``max_sessions_per_key`` (429 ``too_many_sessions``)."""
     app: ASGIApp = server.streamable_http_app(streamable_http_path=path, host=host)
+    _quiet_refused_headers()
     api_keys = server.api_keys if isinstance(server, UprofMCPServer) else None
     if api_keys is not None:
         app = SessionsPerKeyMiddleware(app, server.session_manager, api_keys, max_sessions_per_key)
+        limiter = server.limiter if isinstance(server, UprofMCPServer) else None
+        if limiter is not None:
+            app = KeyCountedMiddleware(app, api_keys, limiter)
     return BodySizeLimitMiddleware(app, max_body_bytes=max_body_bytes)
+
+
+#: The SDK's logger of requests refused for their ``Host`` or ``Origin`` header.
+_TRANSPORT_SECURITY_LOGGER = "mcp.server.transport_security"
+
+
+class _RefusedHeaderNamedNotQuoted(logging.Filter):
+    """The SDK logs a request refused for its ``Host`` or ``Origin`` header with the header
+    whole, a warning per request: a key sending an 8 KB ``Host`` wrote 25 KB of log per
+    request, and rendering it held the event loop, so every other app's requests waited
+    (another key's p50 from 2 ms to 3.5 s under two such clients; hostile callers round 6,
+    bug FW). The record keeps its level and says which header, never its value."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # The SDK's texts: "Invalid Origin header: <value>", "Invalid Host header: <value>",
+        # "Missing Host header in request"; the value is the caller's, so only the prefix
+        # is read. Any other record (a newer SDK's) keeps its own text, cut short: named
+        # as a refused Host it was a false line, its text lost (review of 0130, bug GF).
+        text = str(record.msg)
+        if text.startswith("Invalid Origin"):
+            named = "refused an MCP request: its Origin header is not allowed"
+        elif text.startswith("Invalid Host"):
+            named = "refused an MCP request: its Host header is not allowed"
+        elif text.startswith("Missing Host"):
+            named = "refused an MCP request: it has no Host header"
+        else:
+            try:
+                named = record.getMessage()[:_OTHER_RECORD_CHARS]
+            except (TypeError, ValueError):  # arguments that do not fit: the text alone
+                named = text[:_OTHER_RECORD_CHARS]
+        record.msg = named
+        record.args = ()
+        return True
+
+
+#: The most of a record of the SDK's logger the filter does not know that is kept.
+_OTHER_RECORD_CHARS = 200
+
+
+_QUIET = _RefusedHeaderNamedNotQuoted()
+
+
+def _quiet_refused_headers() -> None:
+    """Install the filter once on the SDK's logger (it is a process-wide object)."""
+    logger = logging.getLogger(_TRANSPORT_SECURITY_LOGGER)
+    if _QUIET not in logger.filters:
+        logger.addFilter(_QUIET)
+
+
+class KeyCountedMiddleware:
+    """Count every HTTP request of an API key against its allowance, whatever it asks.
+
+    REST counts every authenticated request, a refused one included. Here only tool calls
+    and resource reads were counted, inside the SDK: ``initialize``, ``ping``,
+    ``tools/list``, notifications, a GET stream, a DELETE, and a request the SDK's
+    transport refuses for its headers (whose ``Host`` it logs whole) were served without
+    limit to a key over its allowance (hostile callers round 6, bug FU: 600 to 2,000
+    requests/s, and 0.1 to 12.5 KB of log per request on the two logged ones). Every
+    request bearing a valid key is now counted once, before the SDK sees it; over the
+    limit it is answered 429 ``rate_limited`` (``Retry-After``), and 503
+    ``rate_limit_unavailable`` when the counters do not answer, with nothing done. A
+    request without a valid key is passed on uncounted, as REST does: the SDK refuses
+    it 401 (a stranger cannot spend an app's allowance).
+    """
+
+    def __init__(self, app: ASGIApp, api_keys: ApiKeyStore, limiter: KeyRateLimiter) -> None:
+        self.app = app
+        self._api_keys = api_keys
+        self._limiter = limiter
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            key_id = await _key_id(self._api_keys, scope)
+            if key_id is not None:
+                try:
+                    # A database transaction that may wait: never on the loop (bug BF).
+                    await anyio.to_thread.run_sync(self._limiter.check, key_id)
+                except RateLimitedError as refused:
+                    await _refusal(refused, {"Retry-After": str(refused.retry_after_s)})(
+                        scope, receive, send
+                    )
+                    return
+                except RateLimitUnavailableError as unavailable:
+                    retry = {"Retry-After": str(RATE_LIMIT_UNAVAILABLE_RETRY_AFTER_S)}
+                    await _refusal(unavailable, retry)(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+
+def _refusal(error: EdgeError | UprofError, headers: dict[str, str]) -> JSONResponse:
+    body = _error_body(error).model_dump(mode="json")
+    status = error.status if isinstance(error, EdgeError) else 503
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 class SessionsPerKeyMiddleware:
@@ -581,7 +692,7 @@ class SessionsPerKeyMiddleware:
             and not _has_session(scope)
             and not _sessionless(scope)
         ):
-            key_id = await self._key_id(scope)
+            key_id = await _key_id(self._api_keys, scope)
             if key_id is not None:
                 # No await from the count to the place taken: the check is atomic.
                 if self._open(key_id) + self._opening.get(key_id, 0) >= self.limit:
@@ -631,16 +742,17 @@ class SessionsPerKeyMiddleware:
         # The SDK's owners are ``AuthorizationContext`` dicts (client_id, issuer, subject).
         return sum(1 for owner in list(self._owners.values()) if owner.get("subject") == key_id)
 
-    async def _key_id(self, scope: Scope) -> str | None:
-        """The key id of the request's bearer token; None for none or an invalid one (the
-        SDK's bearer check answers those with 401)."""
-        token = _bearer(scope)
-        if token is None:
-            return None
-        principal = self._api_keys.authenticate_cached(token)
-        if isinstance(principal, NeedsRead):
-            principal = await anyio.to_thread.run_sync(self._api_keys.authenticate, token)
-        return None if principal is None else principal.key_id
+
+async def _key_id(api_keys: ApiKeyStore, scope: Scope) -> str | None:
+    """The key id of the request's bearer token; None for none or an invalid one (the
+    SDK's bearer check answers those with 401)."""
+    token = _bearer(scope)
+    if token is None:
+        return None
+    principal = api_keys.authenticate_cached(token)
+    if isinstance(principal, NeedsRead):
+        principal = await anyio.to_thread.run_sync(api_keys.authenticate, token)
+    return None if principal is None else principal.key_id
 
 
 def _has_session(scope: Scope) -> bool:

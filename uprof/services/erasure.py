@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -35,7 +36,9 @@ from domain.errors import (
     InvalidInputError,
     ItemNotFoundError,
     ReadTimeoutError,
+    SubjectErasedError,
     SubjectNotFoundError,
+    UprofError,
 )
 from domain.profile import proposal_identity
 from domain.values import AttributeProposal, ExperienceProposal, IntentProposal, MemoryProposal
@@ -209,46 +212,48 @@ class ErasureService:
             legal_basis=_token(basis),
             reason_code="subject",
         )
-        before = self._row_counts(str(stream))
-
-        def tombstone() -> int:
-            # Read no ciphertext: a damaged event must not make a subject unerasable
-            # (bug BX). 0: an erasure killed after its tombstone; finish that one (its
-            # position is found below, from the stream).
-            return self._app.append_subject_tombstone(
-                stream, request_id=request_id, basis=basis, now=received_at
-            )
-
-        tombstone_id = self._app.with_retry(tombstone)
-        draft = _Draft(
-            request_id=request_id,
-            received_at=received_at.isoformat(),
-            basis=basis,
-            scope="subject",
-            target=[],
-            pseudonym=handle.pseudonym,
-            stream=str(stream),
-            tombstone_id=tombstone_id,
-            actions=[],
-            counts={},
-        )
-        if tombstone_id == 0:
-            draft = self._at_subject_tombstone(draft)
-        # The ledger record comes before the keys go: a crash in between is finished by
-        # the next start, and no copy or restore can bring the keys back (decision 0012).
-        # It carries the receipt's draft, so that a retry after such a crash still gets
-        # the receipt (decision 0052).
         ledger = self._keystore.ledger
         preview = None
-        if ledger is not None:
-            preview = self._keystore.destruction_preview(str(stream))
-            ledger.record_subject(
-                self._tenant,
-                check_subject_ref(subject_ref),
-                str(stream),
+        others: tuple[_OthersKey, ...] = ()
+        # Refused before its ledger record (the subject was erased meanwhile and the log
+        # holds no tombstone to cite, a restore rolled it back): the log says so (bug EY).
+        with self._refusal_recorded(handle.pseudonym, request_id):
+            before = self._row_counts(str(stream))
+            tombstone_id = self._append_subject_tombstone(stream, request_id, basis, received_at)
+            draft = _Draft(
                 request_id=request_id,
-                draft=_subject_drafted(draft, preview, before, snapshots=None).to_json(),
+                received_at=received_at.isoformat(),
+                basis=basis,
+                scope="subject",
+                target=[],
+                pseudonym=handle.pseudonym,
+                stream=str(stream),
+                tombstone_id=tombstone_id,
+                actions=[],
+                counts={},
             )
+            if tombstone_id == 0:
+                # The stream already ends with a tombstone: another request's, running
+                # now, or one killed after appending it. This request finishes on it
+                # and its receipt says whose it is.
+                draft = self._at_subject_tombstone(draft)
+            # The ledger record comes before the keys go: a crash in between is finished
+            # by the next start, and no copy or restore can bring the keys back (decision
+            # 0012). It carries the receipt's draft, so that a retry after such a crash
+            # still gets the receipt (decision 0052).
+            if ledger is not None:
+                preview = self._keystore.destruction_preview(str(stream))
+                # Keys gone before this preview were destroyed after another request's
+                # ledger record named them (records come first): cite that record (bug EW).
+                others = self._destroyed_by_others(draft, preview)
+                drafted = _subject_drafted(draft, preview, before, snapshots=None, others=others)
+                ledger.record_subject(
+                    self._tenant,
+                    check_subject_ref(subject_ref),
+                    str(stream),
+                    request_id=request_id,
+                    draft=drafted.to_json(),
+                )
         # Its mirror in the data stores: a key folder put back from an older copy does
         # not undo the erasure either (uprof.services.erased_keys).
         erased_keys.record(
@@ -263,17 +268,20 @@ class ErasureService:
             # record, destroying the keys first: the receipt cites what the erasure
             # destroyed, whichever process did it.
             destruction = _destroyed_either(preview, destruction)
+        own = {key.key_version for key in destruction.deks}
+        others = tuple(key for key in others if key.key_version not in own)
         self._audit.record_many(
             subject_key_entries(
                 handle.pseudonym,
                 request_id,
                 [(key.key_version, key.dek_commitment) for key in destruction.deks],
-            ),
+            )
+            + _others_key_entries(handle.pseudonym, others),
             once_by=KEY_ENTRY_IDENTITY,
         )
         snapshots = self._app.drop_snapshots(stream)
         self._flush_caches(stream)
-        draft = _subject_drafted(draft, destruction, before, snapshots=snapshots)
+        draft = _subject_drafted(draft, destruction, before, snapshots=snapshots, others=others)
         return self._finish(subject_ref, draft, timeout_s, resumed=False)
 
     # ---------------------------------------------------------------- captures
@@ -346,7 +354,10 @@ class ErasureService:
                     totals[name] += n
             return self._app.save(profile)[-1].notification.id, totals
 
-        tombstone_id, totals = self._app.with_retry(command)
+        # Refused before anything is written (the subject erased meanwhile by another
+        # request): the log says so (bug EY).
+        with self._refusal_recorded(handle.pseudonym, request_id):
+            tombstone_id, totals = self._app.with_retry(command)
         draft = _Draft(
             request_id=request_id,
             received_at=received_at.isoformat(),
@@ -629,14 +640,24 @@ class ErasureService:
         entry per key however many processes finish it at once."""
         captures: list[str] = []
         subject_keys: list[tuple[int, str]] = []
+        others: list[_OthersKey] = []
         for action in draft.actions:
             if action.get("type") != "dek_destroyed":
                 continue
             if action.get("key_kind") == "capture":
                 captures.append(str(action["dek_commitment"]))
+            elif "by_request" in action:  # another request's: under its id (bug EW)
+                others.append(
+                    _OthersKey(
+                        str(action["by_request"]),
+                        int(action["key_version"]),
+                        str(action["dek_commitment"]),
+                    )
+                )
             else:
                 subject_keys.append((int(action["key_version"]), str(action["dek_commitment"])))
         entries = subject_key_entries(draft.pseudonym, draft.request_id, subject_keys)
+        entries += _others_key_entries(draft.pseudonym, others)
         entries += capture_key_entries(draft.pseudonym, draft.request_id, captures)
         self._audit.record_many(entries, once_by=KEY_ENTRY_IDENTITY)
 
@@ -674,19 +695,26 @@ class ErasureService:
         asked again after one killed past its tombstone drafted the log head instead, and
         now cites the tombstone itself. A restore of a backup taken before the tombstone
         removed it: the keys are gone, so it cannot be written again, and a receipt must
-        not cite whatever event now holds that position.
+        not cite whatever event now holds that position. A tombstone another request
+        appended is cited with that request's id (``by_request``).
         """
-        stream = UUID(draft.stream)
-        events = self._app.stream_events(stream)
-        last = events[-1] if events else None
-        if last is None or type(last).__name__ != "SubjectErased":
+        found = self._last_tombstone(UUID(draft.stream))
+        if found is None:
             raise ErasureRolledBackError(
                 "a restore of a backup taken before this erasure removed its tombstone "
                 "from the log; the subject's keys stay destroyed and the restore purged "
                 "its rows, but no receipt can cite the tombstone"
             )
-        (position,) = self._app.notification_ids(stream, [last.originator_version])
-        return _moved_to(draft, position)
+        position, by = found
+        moved = _moved_to(draft, position)
+        if by == draft.request_id or moved.tombstone_by == by:
+            return moved
+        # Another request's tombstone: the receipt says whose (bug EW).
+        actions = [
+            dict(a, by_request=by) if a.get("type") == "tombstone_appended" else a
+            for a in moved.actions
+        ]
+        return replace(moved, tombstone_by=by, actions=actions)
 
     def _append_tombstone_again(self, draft: _Draft) -> _Draft:
         """Append the erasure's events again for what the draft names; the receipt's
@@ -727,6 +755,96 @@ class ErasureService:
                 f"the views did not catch up with the log within {timeout_s:g} s; "
                 "nothing was erased, ask again"
             )
+
+    def _append_subject_tombstone(
+        self, stream: UUID, request_id: str, basis: str, received_at: datetime
+    ) -> int:
+        """Append the subject's tombstone; its log position, or 0 when the stream already
+        ends with one (another request's, or this name's erasure killed after it).
+
+        A stream shredded since this request found the subject live (another request of
+        the same subject destroyed the keys meanwhile) ends with that request's tombstone:
+        0 too, and this request finishes on it (bug EY). Shredded without one (a restore
+        rolled it back): refused, as an erased subject is."""
+
+        def tombstone() -> int:
+            # Read no ciphertext: a damaged event must not make a subject unerasable
+            # (bug BX).
+            return self._app.append_subject_tombstone(
+                stream, request_id=request_id, basis=basis, now=received_at
+            )
+
+        try:
+            return self._app.with_retry(tombstone)
+        except SubjectErasedError:
+            if self._last_tombstone(stream) is None:
+                raise
+            return 0
+
+    def _last_tombstone(self, stream: UUID) -> tuple[int, str] | None:
+        """(log position, request id) of the stream's ``SubjectErased``, None when the
+        stream does not end with one. Tombstones are stored in plaintext: readable after
+        the keys are gone."""
+        events = self._app.stream_events(stream)
+        last = events[-1] if events else None
+        if last is None or type(last).__name__ != "SubjectErased":
+            return None
+        (position,) = self._app.notification_ids(stream, [last.originator_version])
+        return position, str(last.request_id)
+
+    def _destroyed_by_others(self, draft: _Draft, preview: Destruction) -> tuple[_OthersKey, ...]:
+        """The subject keys other requests' ledger records name that ``preview`` (taken
+        before this call) no longer finds: each with the first request that recorded it.
+
+        Every subject erasure records its draft, naming the keys it will destroy, before
+        it destroys them; so a key missing from a preview was destroyed after a record
+        this reads. Only keys a request recorded as its own are cited (never one it
+        cited from a third), so the request named is the one whose ``key.destroyed``
+        entry the log holds for it."""
+        ledger = self._keystore.ledger
+        if ledger is None:
+            return ()
+        own = {key.key_version for key in preview.deks}
+        found: dict[int, _OthersKey] = {}
+        for record in ledger.drafts_of_stream(self._tenant, draft.stream):
+            try:
+                other = _Draft.from_json(record.draft)
+            except (ValueError, TypeError, KeyError):
+                continue  # not a draft this code reads; it cites nothing here
+            if other.request_id == draft.request_id or other.scope != "subject":
+                continue
+            for action in other.actions:
+                if action.get("type") != "dek_destroyed" or "by_request" in action:
+                    continue
+                version = int(action["key_version"])
+                if version not in own and version not in found:
+                    found[version] = _OthersKey(
+                        other.request_id, version, str(action["dek_commitment"])
+                    )
+        return tuple(found[v] for v in sorted(found))
+
+    @contextmanager
+    def _refusal_recorded(self, pseudonym: str, request_id: str) -> Iterator[None]:
+        """An erasure refused after its ``erasure.requested`` entry and before it recorded
+        anything in the ledger: ``erasure.refused`` with the request's id and the refusal's
+        class as ``reason_code``, so that no request on the log is left without an
+        outcome (bug EY). The refusal itself is what the caller gets."""
+        try:
+            yield
+        except UprofError as error:
+            try:
+                self._audit.record(
+                    "erasure.refused",
+                    subject_ref=pseudonym,
+                    request_id=request_id,
+                    reason_code=type(error).__name__,
+                )
+            except Exception as audit_error:  # the refusal is the answer; say what failed
+                error.add_note(
+                    f"its erasure.refused audit entry could not be written: "
+                    f"{type(audit_error).__name__}"
+                )
+            raise
 
     # ----------------------------------------------------------------- helpers
 
@@ -902,6 +1020,9 @@ class _Draft:
     captures: list[str] = field(default_factory=list)
     #: Items the views must no longer list.
     items: list[str] = field(default_factory=list)
+    #: The request whose tombstone a subject erasure cites when it is not this one's
+    #: (another request of the same subject at once, or one killed after it); "" if own.
+    tombstone_by: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
@@ -977,11 +1098,40 @@ def _destroyed_either(preview: Destruction, destroyed: Destruction) -> Destructi
     )
 
 
+@dataclass(frozen=True)
+class _OthersKey:
+    """A subject key another request's ledger record named, and destroyed (bug EW)."""
+
+    by_request: str
+    key_version: int
+    dek_commitment: str
+
+
+def _others_key_entries(
+    pseudonym: str, keys: Sequence[_OthersKey]
+) -> list[tuple[str, dict[str, Any]]]:
+    """The entries of those keys' destruction, under the request that recorded each (to
+    append with ``once_by=KEY_ENTRY_IDENTITY``: that request writes the same ones, so the
+    log holds them once, before any receipt citing them, even if that request's process
+    died after destroying them)."""
+    entries: list[tuple[str, dict[str, Any]]] = []
+    for by in sorted({key.by_request for key in keys}):
+        mine = [(k.key_version, k.dek_commitment) for k in keys if k.by_request == by]
+        entries += subject_key_entries(pseudonym, by, mine)
+    return entries
+
+
 def _subject_drafted(
-    draft: _Draft, destruction: Destruction, before: dict[str, int], *, snapshots: int | None
+    draft: _Draft,
+    destruction: Destruction,
+    before: dict[str, int],
+    *,
+    snapshots: int | None,
+    others: Sequence[_OthersKey] = (),
 ) -> _Draft:
     """A subject erasure's draft citing these keys and counts (``snapshots`` is None
-    before they are dropped: the draft written ahead of the destruction omits it)."""
+    before they are dropped: the draft written ahead of the destruction omits it), and
+    the keys ``others`` destroyed, each with its request's id (``by_request``)."""
     counts = {f"rows_{name}": n for name, n in before.items()}
     if snapshots is not None:
         counts["snapshots"] = snapshots
@@ -990,12 +1140,17 @@ def _subject_drafted(
         capture_keys=destruction.capture_keys,
         aliases=destruction.aliases,
     )
+    if others:
+        counts["deks_by_other_requests"] = len(others)
+    tombstone: dict[str, Any] = {
+        "type": "tombstone_appended",
+        "stream": draft.stream,
+        "notification_id": draft.tombstone_id,
+    }
+    if draft.tombstone_by:
+        tombstone["by_request"] = draft.tombstone_by
     actions: list[dict[str, Any]] = [
-        {
-            "type": "tombstone_appended",
-            "stream": draft.stream,
-            "notification_id": draft.tombstone_id,
-        },
+        tombstone,
         *(
             {
                 "type": "dek_destroyed",
@@ -1003,6 +1158,15 @@ def _subject_drafted(
                 "dek_commitment": key.dek_commitment,
             }
             for key in destruction.deks
+        ),
+        *(
+            {
+                "type": "dek_destroyed",
+                "key_version": key.key_version,
+                "dek_commitment": key.dek_commitment,
+                "by_request": key.by_request,
+            }
+            for key in others
         ),
         {
             "type": "projection_purged",

@@ -1,7 +1,7 @@
 """keys that authenticate plaintext event rows
 
-Revision ID: 0004_keys_plain_row_keys
-Revises: 0003_keys_api_key_tenant
+Revision ID: 0005_keys_plain_row_keys
+Revises: 0004_keys_stream_heads
 Create Date: 2026-12-05
 
 The rows themselves are re-written with tags by the start after this revision
@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0004_keys_plain_row_keys"
-down_revision = "0003_keys_api_key_tenant"
+revision = "0005_keys_plain_row_keys"
+down_revision = "0004_keys_stream_heads"
 branch_labels = None
 depends_on = None
 
