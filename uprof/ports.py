@@ -439,6 +439,11 @@ class SubjectKeyStore(Protocol):
         for a shredded stream."""
         ...
 
+    def move_stream_heads(self, log_id: str, moves: Iterable[tuple[StreamHead, str]]) -> int:
+        """Give each anchor that still is exactly the given one (version and digest) the
+        new digest (compare-and-set); how many moved."""
+        ...
+
     def replace_stream_heads(self, log_id: str, heads: Iterable[StreamHead]) -> int:
         """Make ``heads`` the only anchors of that log (a restore); how many were written."""
         ...

@@ -213,6 +213,17 @@ class InMemoryKeyStore:
                 ):
                     self._heads[(log_id, head.stream_id)] = head
 
+    def move_stream_heads(self, log_id: str, moves: Iterable[tuple[StreamHead, str]]) -> int:
+        moved = 0
+        with self._lock:
+            for head, digest in moves:
+                if self._heads.get((log_id, head.stream_id)) == head:
+                    self._heads[(log_id, head.stream_id)] = StreamHead(
+                        head.stream_id, head.version, digest
+                    )
+                    moved += 1
+        return moved
+
     def replace_stream_heads(self, log_id: str, heads: Iterable[StreamHead]) -> int:
         with self._lock:
             kept = {k: h for k, h in self._heads.items() if k[0] != log_id}

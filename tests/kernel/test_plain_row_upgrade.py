@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import pytest
 import sqlalchemy as sa
@@ -26,8 +27,10 @@ from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import APP, consent, running, say, settings_for
 from uprof.crypto.keydir import UPGRADE_FILE_PREFIX
+from uprof.crypto.keystore import StreamHead
 from uprof.crypto.mapper import PLAIN_TAG, PLAIN_TOPICS
 from uprof.crypto.plain_rows import UPGRADE
+from uprof.eventstore import head_digest
 from uprof.kernel import Uprof
 from uprof.settings import Settings
 
@@ -263,3 +266,171 @@ def test_plain_rows_verify_after_a_kek_rotation_and_a_new_plain_row_key(
         _check_upgraded(k, len(_plain_rows(k)))  # alice's rows, under key 1
         assert k.unconsented("carol", APP, CATS, PURPOSE) == []  # carol's, under key 2
         k.process_to_log_end()  # every tombstone read again by the pipeline
+
+
+# ----------------------------------------------------------- with stream anchors (0132)
+
+ANCHORED = ("alice", "dave")
+
+
+def _head(k: Uprof, stream: UUID) -> tuple[int, str, bytes]:
+    app = k.app
+    table = app.recorder.events_table_name  # type: ignore[attr-defined]
+    with app.events_engine.connect() as conn:
+        row = conn.execute(
+            sa.text(
+                f"SELECT originator_version, topic, state FROM {table} "
+                "WHERE originator_id = :s ORDER BY originator_version DESC LIMIT 1"
+            ),
+            {"s": app.backend.stream_key(stream)},
+        ).one()
+    return int(row[0]), str(row[1]), bytes(row[2])
+
+
+def _anchored_old_store(backend: Backend, clock: FakeClock) -> tuple[int, list[UUID]]:
+    """alice and dave: a capture each erased, so each stream's head is a plaintext
+    ``CaptureErased``; every plaintext row then in the old format, and each stream anchored
+    at that untagged head, as a deployment that ran decision 0132 before this upgrade holds
+    it (the digest of the untagged bytes). The rows and the streams."""
+    with running(settings_for(backend), clock) as k:
+        streams = []
+        for name in ANCHORED:
+            consent(k, name)
+            acks = k.capture_many(name, [say(f"{name} likes tea"), say(f"{name} likes jazz")])
+            k.process_to_log_end()
+            k.erase_capture(name, acks[0].capture_id)
+            streams.append(k.stream_of(name))
+        n = _to_legacy(k)
+        assert k.app.reanchor() >= len(ANCHORED)  # what 0132's code wrote for these rows
+        for stream in streams:
+            version, topic, state = _head(k, stream)
+            assert topic in PLAIN_TOPICS and state[:1] == b"\x00"
+            assert k.keystore.stream_head(k.app.log_id, str(stream)) == StreamHead(
+                str(stream), version, head_digest(str(stream), version, topic, state)
+            )
+        return n, streams
+
+
+def _check_anchored(k: Uprof, n: int, streams: list[UUID]) -> None:
+    """Every plaintext row tagged, each stream anchored at its (tagged) head, and each
+    loads: consent checks and profiles served, no "head replaced"."""
+    rows = _plain_rows(k)
+    assert len(rows) == n and all(s[:1] == b"\x03" for _, _, s in rows)
+    assert _recorded(k)
+    for name, stream in zip(ANCHORED, streams, strict=True):
+        assert k.unconsented(name, APP, CATS, PURPOSE) == []
+        assert [m.text for m in k.profile(name).memories] == [f"{name} likes jazz"]
+        version, topic, state = _head(k, stream)
+        assert state[:1] == b"\x03"
+        assert k.keystore.stream_head(k.app.log_id, str(stream)) == StreamHead(
+            str(stream), version, head_digest(str(stream), version, topic, state)
+        )
+
+
+def test_untagged_head_rows_with_anchors_load_after_the_upgrade(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """The upgrade re-writes anchored head rows: it moves their anchors with them, so no
+    stream reads as "head replaced" (decision 0132's anchors of a deployment that ran it
+    before this upgrade)."""
+    n, streams = _anchored_old_store(backend, clock)
+    with running(settings_for(backend), clock) as k:
+        _check_anchored(k, n, streams)
+    with running(settings_for(backend), clock) as k:  # recorded: nothing to do again
+        _check_anchored(k, n, streams)
+
+
+BETWEEN = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from uprof.eventstore import ProfilesApplication
+    from tests.fakes.ports import FakeClock
+    from tests.kernel.conftest import build_kernel
+    from uprof.settings import Settings
+
+    move = ProfilesApplication.move_anchors
+
+    def moved_then_paused(self, rewrites):
+        n = move(self, rewrites)
+        if n:  # an anchor moved; its row is not re-written yet
+            print(f"moved {n}", flush=True)
+            time.sleep(600)  # killed here
+        return n
+
+    ProfilesApplication.move_anchors = moved_then_paused
+    url = sys.argv[2] or None
+    settings = Settings(data_dir=Path(sys.argv[1]), database_url=url, embedder="hashing")
+    build_kernel(settings, FakeClock()).close()
+    print("finished", flush=True)
+    """
+)
+
+
+def test_a_start_killed_between_an_anchor_move_and_its_row_loads_after_the_next(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """A real process runs the upgrade and is killed (SIGKILL) right after a page's
+    anchor moved to the tagged row's digest, before that row is re-written: the anchor
+    names bytes not stored yet. The next start finds the anchor already moved (left alone)
+    and re-writes the row to exactly those bytes: every stream loads."""
+    n, streams = _anchored_old_store(backend, clock)
+    url = backend.url if backend.kind == "postgres" else ""
+    child = PythonChild(BETWEEN, str(backend.data_dir / "data"), url, stream_stdout=True)
+    try:
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        assert line.startswith("moved"), (line, child.communicate(5))
+        child.kill()
+        child.wait(30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.communicate(30)
+    with _raw_look(backend) as (_, recorded):
+        assert not recorded
+    with _raw_heads_and_anchors(backend) as (heads, anchors):
+        # The window was hit: the streams' anchors (one page: moved in one transaction)
+        # name head rows that are still untagged (their digests not those rows').
+        torn = [
+            s
+            for s in streams
+            if heads[s][2][:1] == b"\x00"
+            and anchors[s] != (heads[s][0], head_digest(str(s), *heads[s]))
+        ]
+        assert sorted(torn) == sorted(streams), (heads, anchors)
+        assert all(anchors[s][0] == heads[s][0] for s in streams)
+    with running(settings_for(backend), clock) as k:  # the next start finishes it
+        _check_anchored(k, n, streams)
+
+
+@contextmanager
+def _raw_heads_and_anchors(
+    backend: Backend,
+) -> Iterator[tuple[dict[UUID, tuple[int, str, bytes]], dict[UUID, tuple[int, str]]]]:
+    """Each stream's head row and each anchor of the live log, read straight from the
+    stores (no start, which would finish the upgrade)."""
+    from uprof.crypto.tables import stream_heads
+    from uprof.eventstore import log_identity
+    from uprof.storage import layout_for, open_engines
+
+    stores = open_engines(layout_for(settings_for(backend)))
+    try:
+        table = "stored_events" if backend.kind == "sqlite" else "profiles_events"
+        with stores.events.connect() as conn:
+            rows = conn.execute(
+                sa.text(
+                    f"SELECT originator_id, originator_version, topic, state FROM {table} "
+                    "ORDER BY originator_version"
+                )
+            ).all()
+        heads = {UUID(str(r[0])): (int(r[1]), str(r[2]), bytes(r[3])) for r in rows}
+        log = log_identity(stores.events)
+        c = stream_heads.c
+        with stores.keys.connect() as conn:
+            found = conn.execute(
+                sa.select(c.stream_id, c.version, c.digest).where(c.log_id == log)
+            ).all()
+        yield heads, {UUID(str(r[0])): (int(r[1]), str(r[2])) for r in found}
+    finally:
+        stores.dispose()

@@ -864,6 +864,33 @@ class KeyStore:
                         conn.invalidate()  # never back in the pool with NORMAL
                         raise
 
+    def move_stream_heads(self, log_id: str, moves: Iterable[tuple[StreamHead, str]]) -> int:
+        """For each (anchor, new digest): if the stream's anchor in that log is still
+        exactly that anchor (version and digest), give it the new digest; an anchor that
+        names another version or digest is left alone (compare-and-set, one transaction).
+        For a committed head row about to be re-written in place (the plain-row upgrade,
+        ``uprof.crypto.plain_rows``). Flushed like the key store's other writes, unlike a
+        raise: a moved anchor must not be lost once its row is re-written. Returns how many
+        anchors moved."""
+        c = stream_heads.c
+        rows = sorted(moves, key=lambda m: m[0].stream_id)  # one lock order: no deadlock
+        moved = 0
+        if not rows:
+            return 0
+        with self._engine.begin() as conn:
+            for head, digest in rows:
+                moved += conn.execute(
+                    stream_heads.update()
+                    .where(
+                        c.log_id == log_id,
+                        c.stream_id == head.stream_id,
+                        c.version == head.version,
+                        c.digest == head.digest,
+                    )
+                    .values(digest=digest)
+                ).rowcount
+        return moved
+
     def replace_stream_heads(self, log_id: str, heads: Iterable[StreamHead]) -> int:
         """Make ``heads`` the only anchors of that log (``uprof restore``: the operator put
         an older log in place, whose heads are the truth from now on); shredded streams

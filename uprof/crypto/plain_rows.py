@@ -18,6 +18,15 @@ each row is replaced only if it still holds the bytes read (a compare-and-set), 
 row is never touched again, and the record is written only after a full pass. A killed
 pass leaves some rows tagged, the rest untagged and nothing recorded; the next start
 finishes it.
+
+A re-tagged row may be its stream's head, whose anchor in the key store (decision
+0132-stream-head-anchor) holds a digest of the row's stored bytes: each page first moves
+those anchors to the tagged bytes (``ProfilesApplication.move_anchors``, a compare-and-set:
+only an anchor still naming the untagged row at that version moves), then re-writes the
+rows. Killed between the two, the anchor names the tagged bytes and the row is still
+untagged: the next start (the upgrade is not recorded) leaves that anchor alone and
+re-writes the row to exactly those bytes (the tag is deterministic). A process appending
+meanwhile raises an anchor past the row's version: not moved, and not needed.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from typing import Any
 from uuid import UUID
 
 import sqlalchemy as sa
+from eventsourcing.persistence import StoredEvent
 
 from uprof.crypto.mapper import PLAIN, PLAIN_TOPICS, tagged_plain_state
 from uprof.ports import KeyMaterialStore
@@ -70,25 +80,42 @@ def tag_legacy_plain_rows(
     after, rewritten = 0, 0
     engine: sa.Engine = app.events_engine
     while True:
-        with engine.begin() as conn:
+        with engine.connect() as conn:
             rows = conn.execute(select, {"after": after, "topics": topics, "n": page}).all()
-            for row in rows:
-                state = bytes(row.state)
-                if state[:1] != PLAIN:
-                    continue  # tagged already, or not a plaintext row: the mapper decides
-                new = tagged_plain_state(
+        rewrites = [
+            (
+                StoredEvent(row.originator_id, int(row.originator_version), str(row.topic), state),
+                tagged_plain_state(
                     key,
                     key_id,
                     UUID(str(row.originator_id)),
                     int(row.originator_version),
                     str(row.topic),
                     state[1:],
-                )
-                done = conn.execute(
-                    update,
-                    {"new": new, "s": row.originator_id, "v": row.originator_version, "old": state},
-                )
-                rewritten += done.rowcount
+                ),
+            )
+            for row in rows
+            # Tagged already, or not a plaintext row: the mapper decides.
+            if (state := bytes(row.state))[:1] == PLAIN
+        ]
+        if rewrites:
+            # The anchors first (decision 0132): a re-tagged row that is its stream's
+            # anchored head changes the bytes the anchor's digest names. Killed after this,
+            # before the rows below commit, the next run finds the rows still untagged and
+            # their anchors already moved (left alone), and re-writes them.
+            app.move_anchors(rewrites)
+            with engine.begin() as conn:
+                for old, new in rewrites:
+                    done = conn.execute(
+                        update,
+                        {
+                            "new": new,
+                            "s": old.originator_id,
+                            "v": old.originator_version,
+                            "old": old.state,
+                        },
+                    )
+                    rewritten += done.rowcount
         if rows:
             after = int(rows[-1].position)
             if after_page is not None:
