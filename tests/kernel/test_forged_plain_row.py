@@ -83,6 +83,14 @@ def _withdrawn(backend: Backend, clock: FakeClock) -> tuple[UUID, int]:
         return stream, _version_of(k, stream, ".ConsentWithdrawn")
 
 
+def _below_the_head(k: Uprof) -> None:
+    """A later row in alice's stream (a grant for another app), so the row a test forges
+    is not the stream's head: a head row replaced is caught by the stream's anchor (bug EL,
+    decision 0132), a row below it only by its own authentication (AEAD or tag), which is
+    what these tests test."""
+    consent(k, "alice", app="app:calendar")
+
+
 def _plain_event(stream: UUID, version: int, kind: str) -> Any:
     """A plaintext event that applies nothing to consents."""
     now = datetime(2026, 1, 1, tzinfo=UTC)
@@ -120,17 +128,11 @@ def test_a_withdrawal_overwritten_by_a_forged_plaintext_row(
     On main at 4b78f56 it did (bug EK); now the row is not authenticated: damage."""
     stream, version = _withdrawn(backend, clock)
     with running(settings_for(backend), clock) as k:
-        # A later row, so the withdrawal is not the stream's head: a forged head row is
-        # caught by the stream's anchor (bug EL), a row below it only by its tag.
-        consent(k, "alice", app="app:calendar")
+        _below_the_head(k)
         _write(k, stream, version, *_forged(k, stream, version, kind, form))
     with running(settings_for(backend), clock) as k:
-        try:
-            answer = k.unconsented("alice", APP, CATS, PURPOSE)
-        except StoredDataDamagedError as error:
-            assert "not authenticated" in str(error)
-            return  # fail closed
-        assert answer == CATS, "withdrawn consent back in force"
+        with pytest.raises(StoredDataDamagedError, match="not authenticated"):
+            k.unconsented("alice", APP, CATS, PURPOSE)
 
 
 def test_held_a_withdrawal_relabelled_as_a_grant(backend: Backend, clock: FakeClock) -> None:
@@ -138,6 +140,7 @@ def test_held_a_withdrawal_relabelled_as_a_grant(backend: Backend, clock: FakeCl
     associated data names the topic, so the row fails authentication: damaged."""
     stream, version = _withdrawn(backend, clock)
     with running(settings_for(backend), clock) as k:
+        _below_the_head(k)
         state = next(s for v, _, s in _rows(k, stream) if v == version)
         granted = next(t for _, t, _ in _rows(k, stream) if t.endswith(".ConsentGranted"))
         _write(k, stream, version, granted, state)
@@ -167,6 +170,7 @@ def test_held_rows_swapped_or_replayed_at_another_version(
         _write(k, stream, version, *rows[version])
         assert k.unconsented("alice", APP, CATS, PURPOSE) == CATS  # restored: opens
         last = max(rows)
+        _below_the_head(k)  # the last row read above no longer the head
         _write(k, stream, last, *rows[version])
     with running(settings_for(backend), clock) as k:
         with pytest.raises(DamagedEventError):
@@ -301,6 +305,7 @@ def test_held_a_withdrawal_relabelled_as_a_plaintext_topic(
     fail closed in a fresh process."""
     stream, version = _withdrawn(backend, clock)
     with running(settings_for(backend), clock) as k:
+        _below_the_head(k)
         topic, _ = _forged(k, stream, version, kind)
         state = next(s for v, _, s in _rows(k, stream) if v == version)
         _write(k, stream, version, topic, state)
@@ -317,9 +322,11 @@ def test_a_tagged_plain_row_moved_from_another_place_is_damage(
     another stream, another version or another topic, written over alice's withdrawal:
     the tag binds the row's place, so it does not verify there: damaged in a fresh
     process. ``nowhere``: one made for this very place verifies and applies nothing (the
-    consent is back in force), which is why the key stays in the key store."""
+    consent is back in force: below the head, no anchor sees it), which is why the key
+    stays in the key store."""
     stream, version = _withdrawn(backend, clock)
     with running(settings_for(backend), clock) as k:
+        _below_the_head(k)
         made_for = {
             "stream": (uuid4(), version, "verdict"),
             "version": (stream, version + 7, "verdict"),
@@ -349,6 +356,7 @@ def test_held_an_untagged_row_with_the_plain_row_keys_deleted_is_not_tagged_by_a
 
     stream, version = _withdrawn(backend, clock)
     with running(settings_for(backend), clock) as k:
+        _below_the_head(k)
         _write(k, stream, version, *_forged(k, stream, version, "verdict"))
         with k.keys_engine.begin() as conn:
             assert conn.execute(plain_row_keys.delete()).rowcount >= 1
