@@ -434,3 +434,36 @@ def _raw_heads_and_anchors(
         yield heads, {UUID(str(r[0])): (int(r[1]), str(r[2])) for r in found}
     finally:
         stores.dispose()
+
+
+def test_the_re_written_rows_commit_flushed_before_the_upgrade_is_recorded(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """SQLite: the event store's own engine commits with ``synchronous=NORMAL`` (no fsync
+    per commit in WAL). The upgrade's record in the key folder is flushed; rows re-written
+    by a NORMAL commit can be lost in a power cut after it, and every row lost so is then
+    an untagged row after the record: damage for good (and an anchor already moved names
+    bytes no longer stored). Each re-writing transaction must commit ``FULL``."""
+    from uprof.bootstrap import build_key_material
+    from uprof.crypto.plain_rows import tag_legacy_plain_rows
+
+    if backend.kind != "sqlite":
+        pytest.skip("PostgreSQL: every commit of the event store is flushed (synchronous_commit)")
+    _old_store(backend, clock)
+    seen: list[int] = []
+    with running(settings_for(backend), clock) as k:
+        _to_legacy(k)
+
+        def on_execute(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+            if statement.lstrip().upper().startswith("UPDATE") and "SET state" in statement:
+                seen.append(cursor.connection.execute("PRAGMA synchronous").fetchone()[0])
+
+        sa.event.listen(k.app.events_engine, "before_cursor_execute", on_execute)
+        try:
+            n = tag_legacy_plain_rows(k.app, k.keystore, build_key_material(k.settings), again=True)
+        finally:
+            sa.event.remove(k.app.events_engine, "before_cursor_execute", on_execute)
+        assert n and len(seen) == n
+        assert set(seen) == {2}, seen  # 2: FULL
+        with k.app.events_engine.connect() as conn:  # and the pool's connection is back
+            assert conn.exec_driver_sql("PRAGMA synchronous").scalar_one() == 1  # NORMAL
