@@ -218,3 +218,65 @@ def test_an_event_erasure_refused_because_the_subject_was_erased_meanwhile_says_
     assert [(e["reason_code"], e["request_id"] in outcomes) for e in refused] == [
         ("SubjectErasedError", True)
     ], refused
+
+
+def test_a_request_whose_keys_the_absorbed_one_destroyed_first_does_not_claim_them(
+    settings: Settings,
+) -> None:
+    """GH: the tombstone's request previews the key and writes its ledger record, then
+    stops before destroying it; the other request, absorbed on that tombstone, previews
+    the key too (still there), destroys it and finishes. The first one's destroy then
+    finds nothing: its receipt must cite the key as the other request's destruction,
+    not as its own, and the log must hold one ``key.destroyed`` entry for it (the other
+    request's), not one under each request."""
+    other, earlier = Held(settings, "after-lookup"), Held(settings, "before-destroy")
+    other.begin()  # past its look for an unfinished erasure to finish, and its lookup
+    earlier.begin()  # tombstone appended, key previewed, ledger record written
+    kind, second = other.answer()  # absorbed; previews the key, destroys it itself
+    assert kind == "ok", second
+    kind, first = earlier.answer()
+    assert kind == "ok", first
+    assert cited(first["body"]) == cited(second["body"])
+    tombstones, keys = cited(first["body"])
+    assert len(tombstones) == 1 and len(keys) == 1, first["body"]
+    r1, r2 = request_of(first), request_of(second)
+    assert by_request(second, "tombstone_appended") == [r1]
+    assert by_request(second, "dek_destroyed") == [None]  # it did destroy the key
+    assert by_request(first, "tombstone_appended") == [None]
+    assert by_request(first, "dek_destroyed") == [r2]  # on main: [None], a second claimant
+    log = checked_offline(settings, first, second)
+    assert log["destroyed"] == [(r2, keys[0][1])], log
+    assert len(log["outcomes"]) == 2 and all(log["outcomes"].values()), log
+
+
+def test_an_event_erasure_whose_capture_key_a_subject_erasure_destroyed_cites_it(
+    settings: Settings,
+) -> None:
+    """GI: an event erasure has appended its ``CaptureErased`` event; a subject erasure
+    of the same subject then destroys every key (the capture's with the subject's) and
+    finishes. The event erasure finds no capture key left: its receipt must still cite
+    a key destruction (the subject's keys, by the subject erasure's request), not a
+    tombstone alone, and the log must hold that destruction under that request."""
+    kernel = build_kernel(settings, FakeClock())
+    try:
+        capture_id = kernel.capture("alice", say("I want to learn to sail")).capture_id
+    finally:
+        kernel.close()
+    call = functools.partial(erase_capture_of, capture_id)
+    event_erasure = Held(settings, "before-capture-preview", call=call)
+    subject_erasure = Held(settings)
+    event_erasure.begin()  # its CaptureErased appended, no key looked for yet
+    kind, first = subject_erasure.begin().answer()
+    assert kind == "ok", first
+    kind, second = event_erasure.answer()
+    assert kind == "ok", second
+    r1 = request_of(first)
+    _, keys = cited(first["body"])
+    assert len(keys) == 1, first["body"]
+    assert by_request(first, "dek_destroyed") == [None]
+    # on main: [], a receipt citing no key destruction at all
+    assert by_request(second, "dek_destroyed") == [r1], second["body"]
+    assert cited(second["body"])[1] == keys
+    log = checked_offline(settings, first, second)
+    assert log["destroyed"] == [(r1, keys[0][1])], log
+    assert len(log["outcomes"]) == 2 and all(log["outcomes"].values()), log
