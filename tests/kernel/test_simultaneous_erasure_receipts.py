@@ -280,3 +280,36 @@ def test_an_event_erasure_whose_capture_key_a_subject_erasure_destroyed_cites_it
     log = checked_offline(settings, first, second)
     assert log["destroyed"] == [(r1, keys[0][1])], log
     assert len(log["outcomes"]) == 2 and all(log["outcomes"].values()), log
+
+
+def test_an_erasure_absorbed_after_the_name_was_re_created_leaves_the_new_subject_live(
+    settings: Settings,
+) -> None:
+    """Review of 0131 (held): a request has found alice live (her first stream); the
+    other request erases her entirely, and the operator re-creates the name (a new
+    stream, consent, a capture) before the first request goes on. Absorbed on the first
+    stream's tombstone, its ledger record (after the re-creation) must not make the new
+    alice unreachable: she stays capturable, and a later erasure erases her new stream
+    with its own tombstone, after a fresh start re-applied the ledger."""
+    later, other = Held(settings, "after-lookup"), Held(settings)
+    later.begin()
+    kind, first = other.begin().answer()
+    assert kind == "ok", first
+    kernel = build_kernel(settings, FakeClock())
+    try:
+        kernel.recreate_subject("alice")
+        consent(kernel, "alice")
+        kernel.capture("alice", say("I moved to Lisbon"))
+    finally:
+        kernel.close()
+    kind, second = later.answer()
+    assert kind == "ok", second
+    assert cited(first["body"]) == cited(second["body"])
+    after = build_kernel(settings, FakeClock())
+    try:
+        after.capture("alice", say("I want to learn to sail"))
+        third = after.erase_subject("alice")
+    finally:
+        after.close()
+    assert cited(third.receipt["body"])[0] != cited(first["body"])[0]  # the new stream's
+    assert by_request(third.receipt, "tombstone_appended") == [None]
