@@ -313,3 +313,37 @@ def test_an_erasure_absorbed_after_the_name_was_re_created_leaves_the_new_subjec
         after.close()
     assert cited(third.receipt["body"])[0] != cited(first["body"])[0]  # the new stream's
     assert by_request(third.receipt, "tombstone_appended") == [None]
+
+
+def test_of_three_erasures_at_once_the_two_that_destroyed_nothing_cite_the_one_that_did(
+    settings: Settings,
+) -> None:
+    """GL: three erasures of alice at once, each previewing the key before any destroys
+    it; the ledger records come in the order C, A, B (A's tombstone, C and B absorbed),
+    and A's destroy deletes the key. B and C must both cite A's destruction, and the log
+    must hold that key's ``key.destroyed`` under A alone: citing the first other record
+    (C, which destroyed nothing) made B write one under C."""
+    b = Held(settings, "after-lookup", "before-destroy")
+    c = Held(settings, "after-lookup", "before-destroy")
+    a = Held(settings, "after-tombstone", "before-destroy")
+    b.begin()
+    c.begin()
+    a.begin()  # A's tombstone appended
+    c.next()  # C: absorbed, key previewed, ledger record (first)
+    a.next()  # A: key previewed, ledger record (second)
+    b.next()  # B: absorbed, key previewed, ledger record (third)
+    kind, first = a.answer()  # A's destroy deletes the key
+    assert kind == "ok", first
+    kind, third = c.answer()
+    assert kind == "ok", third
+    kind, second = b.answer()
+    assert kind == "ok", second
+    r_a = request_of(first)
+    _, keys = cited(first["body"])
+    assert len(keys) == 1, first["body"]
+    assert by_request(first, "dek_destroyed") == [None]
+    assert by_request(third, "dek_destroyed") == [r_a]
+    assert by_request(second, "dek_destroyed") == [r_a]  # before the fix: C's id
+    log = checked_offline(settings, first, second, third)
+    assert log["destroyed"] == [(r_a, keys[0][1])], log
+    assert len(log["outcomes"]) == 3 and all(log["outcomes"].values()), log

@@ -820,7 +820,7 @@ class ErasureService:
         if ledger is None:
             return ()
         own = {key.key_version for key in preview.deks}
-        found: dict[int, _OthersKey] = {}
+        candidates: dict[int, list[_OthersKey]] = {}
         for record in ledger.drafts_of_stream(self._tenant, draft.stream):
             try:
                 other = _Draft.from_json(record.draft)
@@ -832,11 +832,25 @@ class ErasureService:
                 if action.get("type") != "dek_destroyed" or "by_request" in action:
                     continue
                 version = int(action["key_version"])
-                if version not in own and version not in found:
-                    found[version] = _OthersKey(
-                        other.request_id, version, str(action["dek_commitment"])
+                if version not in own:
+                    candidates.setdefault(version, []).append(
+                        _OthersKey(other.request_id, version, str(action["dek_commitment"]))
                     )
-        return tuple(found[v] for v in sorted(found))
+        if any(len(named) > 1 for named in candidates.values()):
+            # Several requests recorded the key before any destroyed it (three or more
+            # at once): the one whose destroy deleted it wrote its ``key.destroyed``
+            # entry right after. Cite that one; the first record only when none is on
+            # the log yet (bug GL: the first record may be a request that deleted
+            # nothing, and this request then wrote a ``key.destroyed`` under it).
+            logged = {
+                (e.entry.get("request_id"), e.entry.get("dek_commitment"))
+                for e in self._log.entries(subject_ref=draft.pseudonym, action="key.destroyed")
+            }
+            candidates = {
+                version: sorted(named, key=lambda k: (k.by_request, k.dek_commitment) not in logged)
+                for version, named in candidates.items()
+            }
+        return tuple(candidates[v][0] for v in sorted(candidates))
 
     @contextmanager
     def _refusal_recorded(self, pseudonym: str, request_id: str) -> Iterator[None]:
