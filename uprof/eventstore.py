@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
+import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -24,6 +27,8 @@ from eventsourcing.persistence import (
     Mapper,
     Notification,
     ProcessRecorder,
+    Recording,
+    StoredEvent,
     Tracking,
     Transcoding,
 )
@@ -38,6 +43,7 @@ from domain.errors import (
 from domain.profile import STATE_VALUE_TYPES, SubjectProfile
 from uprof import retry, vector_model
 from uprof.backends import Backend, backend_for
+from uprof.crypto.keystore import StreamHead
 from uprof.crypto.mapper import SubjectKeyMapper
 from uprof.partitions import claim
 from uprof.ports import SubjectKeyStore
@@ -45,6 +51,7 @@ from uprof.recorders import ConflictsAsDomainErrors
 from uprof.storage import migrate
 
 T = TypeVar("T")
+_log = logging.getLogger(__name__)
 
 
 class ValueObjectAsDict(Transcoding):
@@ -108,6 +115,56 @@ CAPTURED_TOPIC = topic_of(SubjectProfile.InteractionCaptured)
 _ERASED_TOPIC = topic_of(SubjectProfile.SubjectErased)
 
 
+def head_digest(stream_id: str, version: int, topic: str, state: bytes) -> str:
+    """SHA-256 of one stored row as the event store holds it (the sealed state, AEAD tag
+    included, or the plaintext one), bound to its stream and version: what a stream's
+    anchor keeps of its head row (decision 0132-stream-head-anchor)."""
+    h = hashlib.sha256(b"uprof/stream-head/1\x00")
+    h.update(f"{stream_id}\x00{version}\x00{topic}\x00".encode())
+    h.update(state)
+    return h.hexdigest()
+
+
+def log_identity(engine: sa.Engine) -> str:
+    """Which event log this is, for its streams' anchors: where it lives.
+
+    A SQLite log is its file: a copy of the data folder opened elsewhere with the same key
+    folder (an operator's recovery, decision 0088) is another log, whose streams start
+    unknown, while an older file put in the live one's place is the same log, rolled back.
+    A PostgreSQL log shares its database with the key tables, and a copy of the database
+    copies its anchors with it: one identity.
+    """
+    if engine.dialect.name == "sqlite":
+        database = engine.url.database or ""
+        where = "sqlite:" + (
+            str(Path(database).resolve()) if database and not _in_memory(database) else database
+        )
+    else:
+        where = engine.dialect.name
+    return hashlib.sha256(b"uprof/event-log/1\x00" + where.encode()).hexdigest()[:32]
+
+
+def _in_memory(database: str) -> bool:
+    return database == ":memory:" or "mode=memory" in database
+
+
+def _head_of(row: StoredEvent) -> StreamHead:
+    stream_id = str(UUID(str(row.originator_id)))
+    version = int(row.originator_version)
+    return StreamHead(stream_id, version, head_digest(stream_id, version, row.topic, row.state))
+
+
+_CUT_SHORT = (
+    "stored events of this subject's stream end before the last version known committed "
+    "(rows removed from its end, or an older copy of the event store: damaged or altered "
+    "storage)"
+)
+_HEAD_REPLACED = (
+    "the stored event at the head of this subject's stream is not the one committed there "
+    "(replaced: damaged or altered storage)"
+)
+
+
 @dataclass(frozen=True)
 class SubjectHeads:
     """Where one subject's latest events sit in the log (0: none), read in one snapshot.
@@ -139,6 +196,8 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
         self.events_engine = events_engine
         #: What this log's store does its own way (uuid form, SQL parameter style, ...).
         self.backend = backend_for(events_engine)
+        #: Which log this is, for the streams' anchors in the key store (``log_identity``).
+        self.log_id = log_identity(events_engine)
         super().__init__(_with_guarded_recorder(env, self.backend))
         # Our indexes on the library's table: the alembic ``events`` branch, run once the
         # library has created its tables (at head: one query, no alembic import).
@@ -172,9 +231,14 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
     # ------------------------------------------------------------------ subjects
 
     def load(self, stream_id: UUID) -> SubjectProfile:
-        """Load a subject (snapshot plus tail); refuse erased or unknown subjects."""
+        """Load a subject (snapshot plus tail); refuse erased or unknown subjects, and
+        a stream cut short or whose head row was replaced (its anchor, ``_check_head``)."""
         if self._keystore.is_shredded(str(stream_id)):
             raise SubjectErasedError("this subject has been erased")
+        # The anchor before the events: an anchor is written after its event commits, so
+        # every version it names is in the read that follows (read the other way round,
+        # another process's append between the two reads would look like a cut).
+        anchor = self._keystore.stream_head(self.log_id, str(stream_id))
         try:
             profile: SubjectProfile = self.repository.get(stream_id)
         except (OriginatorVersionError, OriginatorIDError):
@@ -188,10 +252,91 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
             ) from None
         except Exception as e:  # AggregateNotFoundError
             if type(e).__name__ == "AggregateNotFoundError":
+                if anchor is not None:  # every row gone, or a copy from before the stream
+                    raise StoredDataDamagedError(_CUT_SHORT) from None
                 raise SubjectNotFoundError("no such subject stream") from None
             raise
         assert isinstance(profile, SubjectProfile)
+        self._check_head(stream_id, profile.version, anchor)
         return profile
+
+    def _check_head(self, stream_id: UUID, loaded: int, anchor: StreamHead | None) -> None:
+        """Refuse a stream that ends below its anchor, or whose row at the anchor's version
+        is not the one anchored (bug EL); adopt a head above the anchor.
+
+        A head above it is an append whose anchor write has not landed (a crash between
+        the two commits, or another process's write in flight): its rows are committed,
+        so anchoring them never runs ahead of the log. No anchor at all: a stream written
+        before anchors existed, or whose anchor write never landed; its head is adopted.
+        """
+        if anchor is not None and loaded < anchor.version:
+            raise StoredDataDamagedError(_CUT_SHORT)
+        if anchor is None:
+            rows = self.recorder.select_events(stream_id, desc=True, limit=1)
+        else:
+            rows = self.recorder.select_events(stream_id, gt=anchor.version - 1)
+            if not rows or rows[0].originator_version != anchor.version:
+                raise StoredDataDamagedError(_CUT_SHORT)
+            if _head_of(rows[0]).digest != anchor.digest:
+                raise StoredDataDamagedError(_HEAD_REPLACED)
+        if rows and (anchor is None or rows[-1].originator_version > anchor.version):
+            self._raise_anchors([rows[-1]])
+
+    def _record(self, processing_event: ProcessingEvent[UUID]) -> list[Recording[UUID]]:
+        """Record, then raise each written stream's anchor in the key store.
+
+        After the commit, never before or inside it: the two stores commit apart, and an
+        anchor ahead of its event would make an honest stream look cut short after a
+        crash between them. So an anchor lags its stream by at most the save of a
+        process killed (or whose key store failed) between its event commit and its
+        anchor commit; the next load or append of the stream adopts it.
+        """
+        recordings = super()._record(processing_event)
+        newest: dict[UUID | str, Notification] = {}
+        for recording in recordings:
+            n = recording.notification
+            held = newest.get(n.originator_id)
+            if held is None or held.originator_version < n.originator_version:
+                newest[n.originator_id] = n
+        if newest:
+            self._raise_anchors(list(newest.values()))
+        return recordings
+
+    def _raise_anchors(self, heads: Sequence[StoredEvent]) -> None:
+        """Raise these committed head rows' anchors; a key store that refuses is logged.
+
+        The events are committed: failing the request now would report a write that
+        happened as one that did not (I12), and failing a load would refuse a stream
+        that is whole. The anchor lags as after a crash, until the stream's next load or
+        append raises it.
+        """
+        try:
+            self._keystore.raise_stream_heads(self.log_id, [_head_of(n) for n in heads])
+        except sa.exc.SQLAlchemyError as error:
+            _log.warning(
+                "stream anchors not written after a committed save (%d streams): %s",
+                len(heads),
+                type(error).__name__,
+            )
+
+    def current_heads(self) -> list[StreamHead]:
+        """Every stream's head row as the event store holds it now (one statement)."""
+        table, _ = self._events_table()
+        with self.events_engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(
+                    f"SELECT e.originator_id, e.originator_version, e.topic, e.state "
+                    f"FROM {table} e JOIN (SELECT originator_id, MAX(originator_version) AS v "
+                    f"FROM {table} GROUP BY originator_id) m "
+                    "ON e.originator_id = m.originator_id AND e.originator_version = m.v"
+                )
+            ).all()
+        return [_head_of(StoredEvent(r[0], int(r[1]), str(r[2]), bytes(r[3]))) for r in rows]
+
+    def reanchor(self) -> int:
+        """Make the event store's current heads the anchors (``uprof restore``, run alone
+        on the stores: the operator chose this log). Returns how many were written."""
+        return self._keystore.replace_stream_heads(self.log_id, self.current_heads())
 
     def append_subject_tombstone(
         self, stream_id: UUID, *, request_id: str, basis: str, now: datetime
@@ -290,7 +435,17 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
         return {s: int(v) for s, v in zip(stream_ids, row, strict=True) if v is not None}
 
     def exists(self, stream_id: UUID) -> bool:
-        return bool(self.recorder.select_events(stream_id, limit=1))
+        """Whether the stream holds events; a stream its anchor says was written and
+        that holds none is damage (an older copy of the event store), not a new one."""
+        if self.recorder.select_events(stream_id, limit=1):
+            return True
+        if self._keystore.stream_head(self.log_id, str(stream_id)) is None:
+            return False
+        # Read again after the anchor: a first append by another process may have
+        # committed (and anchored) between the two reads above.
+        if self.recorder.select_events(stream_id, limit=1):
+            return True
+        raise StoredDataDamagedError(_CUT_SHORT)
 
     def stream_events(self, stream_id: UUID) -> list[Any]:
         """Every event of a stream, decoded, in version order (no snapshot)."""

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
         IntentRow,
         MemoryRow,
     )
-    from uprof.crypto.keystore import Destruction, SubjectHandle
+    from uprof.crypto.keystore import Destruction, StreamHead, SubjectHandle
     from uprof.crypto.ledger import ErasureLedger
 
 T = TypeVar("T")
@@ -412,6 +412,19 @@ class SubjectKeyStore(Protocol):
 
     def shredded_among(self, stream_ids: Iterable[str]) -> set[str]:
         """Which of these streams are shredded."""
+        ...
+
+    def stream_head(self, log_id: str, stream_id: str) -> StreamHead | None:
+        """The stream's anchor in that event log (its newest version known committed)."""
+        ...
+
+    def raise_stream_heads(self, log_id: str, heads: Iterable[StreamHead]) -> None:
+        """Raise each stream's anchor in that log to ``heads``, never lowering one; none
+        for a shredded stream."""
+        ...
+
+    def replace_stream_heads(self, log_id: str, heads: Iterable[StreamHead]) -> int:
+        """Make ``heads`` the only anchors of that log (a restore); how many were written."""
         ...
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from domain.errors import SubjectErasedError
 from tests.contracts.conftest import Stores
+from uprof.crypto.keystore import StreamHead
 
 TENANT = "default"
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
@@ -146,6 +147,37 @@ class KeyStoreContract:
         again = keys.resolve_or_create(TENANT, "a", now=NOW)
         assert again.created and again.stream_id != handle.stream_id
         assert again.pseudonym != handle.pseudonym
+
+    def test_a_stream_anchor_only_rises_and_goes_with_the_keys(self, stores: Stores) -> None:
+        keys = stores.keys()
+        log, copy = "log-1", "log-2"
+        a = str(keys.resolve_or_create(TENANT, "a", now=NOW).stream_id)
+        b = str(keys.resolve_or_create(TENANT, "b", now=NOW).stream_id)
+        assert keys.stream_head(log, a) is None  # unknown until a head is anchored
+        keys.raise_stream_heads(log, [StreamHead(a, 5, "5" * 64), StreamHead(b, 2, "2" * 64)])
+        keys.raise_stream_heads(log, [StreamHead(a, 3, "3" * 64)])  # a late writer lowers nothing
+        keys.raise_stream_heads(log, [StreamHead(a, 5, "x" * 64)])  # nor replaces its digest
+        assert keys.stream_head(log, a) == StreamHead(a, 5, "5" * 64)
+        keys.raise_stream_heads(log, [StreamHead(a, 6, "6" * 64)])
+        assert keys.stream_head(log, a) == StreamHead(a, 6, "6" * 64)
+        assert keys.stream_head(copy, a) is None  # another log (a copy elsewhere) is its own
+        keys.raise_stream_heads(copy, [StreamHead(a, 2, "2" * 64)])
+        assert keys.stream_head(log, a) == StreamHead(a, 6, "6" * 64)
+        keys.destroy(a, now=NOW)
+        assert keys.stream_head(log, a) is None and keys.stream_head(copy, a) is None
+        keys.raise_stream_heads(log, [StreamHead(a, 7, "7" * 64)])  # after the erasure: none
+        assert keys.stream_head(log, a) is None
+        # A restore's heads replace every anchor of its log, lower ones included; none for
+        # a shredded stream; another log's stay.
+        c = str(keys.resolve_or_create(TENANT, "c", now=NOW).stream_id)
+        keys.raise_stream_heads(copy, [StreamHead(b, 9, "9" * 64)])
+        written = keys.replace_stream_heads(
+            log, [StreamHead(a, 1, "1" * 64), StreamHead(b, 1, "1" * 64)]
+        )
+        assert written == 1
+        assert keys.stream_head(log, b) == StreamHead(b, 1, "1" * 64)
+        assert keys.stream_head(log, a) is None and keys.stream_head(log, c) is None
+        assert keys.stream_head(copy, b) == StreamHead(b, 9, "9" * 64)
 
 
 class TestKeyStoreInMemory(KeyStoreContract):

@@ -44,6 +44,7 @@ class InMemoryEventStore(ProfilesApplication):
         # The SQL constructor opens an engine and migrates; this one skips straight to
         # the library application with in-memory persistence.
         self._keystore = keystore
+        self.log_id = "memory"
         self._writer_turns = [threading.RLock() for _ in range(WRITER_STRIPES)]
         self._checks: dict[str, int] = {}
         self._check_lock = threading.Lock()

@@ -16,6 +16,7 @@ from domain.errors import SubjectErasedError
 from uprof.crypto.keystore import (
     DestroyedKey,
     Destruction,
+    StreamHead,
     SubjectHandle,
     dek_commitment,
     new_pseudonym,
@@ -40,6 +41,7 @@ class InMemoryKeyStore:
         self._deks: dict[str, dict[int, bytes]] = {}
         self._capture_keys: dict[tuple[str, str], bytes] = {}
         self._shredded: set[str] = set()
+        self._heads: dict[tuple[str, str], StreamHead] = {}
 
     def _handle(self, stream_id: uuid.UUID, *, created: bool = False) -> SubjectHandle | None:
         for (_, _), (sid, pseudonym) in self._index.items():
@@ -172,6 +174,7 @@ class InMemoryKeyStore:
                 if str(sid) == stream_id:
                     del self._index[ref]
             self._shredded.add(stream_id)
+            self._heads = {k: h for k, h in self._heads.items() if k[1] != stream_id}
         return Destruction(
             deks=tuple(
                 DestroyedKey(v, dek_commitment(stream_id, v, dek))
@@ -189,3 +192,22 @@ class InMemoryKeyStore:
 
     def shredded_among(self, stream_ids: Iterable[str]) -> set[str]:
         return set(stream_ids) & self._shredded
+
+    def stream_head(self, log_id: str, stream_id: str) -> StreamHead | None:
+        return self._heads.get((log_id, stream_id))
+
+    def raise_stream_heads(self, log_id: str, heads: Iterable[StreamHead]) -> None:
+        with self._lock:
+            for head in heads:
+                held = self._heads.get((log_id, head.stream_id))
+                if head.stream_id not in self._shredded and (
+                    held is None or held.version < head.version
+                ):
+                    self._heads[(log_id, head.stream_id)] = head
+
+    def replace_stream_heads(self, log_id: str, heads: Iterable[StreamHead]) -> int:
+        with self._lock:
+            kept = {k: h for k, h in self._heads.items() if k[0] != log_id}
+            fresh = {(log_id, h.stream_id): h for h in heads if h.stream_id not in self._shredded}
+            self._heads = {**kept, **fresh}
+            return len(fresh)

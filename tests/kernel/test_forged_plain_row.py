@@ -8,10 +8,11 @@ version* is altered read as damage, not as shredding, so the withdrawal cannot b
 from the loaded profile that way. The same writer can instead overwrite the withdrawal's
 row, at its version, with a well-formed plaintext row that applies nothing (bug EK), or
 delete it when it is the stream's last row (bug EL): on main at 314c138 the next process
-served the app again (4 of 4 and 2 of 2, both backends). Neither is fixed: security.md
-does not count an event-store writer without the key store among the attackers it
-defends against (decision 0128-review-of-0126); the tests are strict expected failures.
-The ``test_held_*`` ones are attacks that failed closed.
+served the app again (4 of 4 and 2 of 2, both backends). EL is fixed: the key store
+anchors each stream's head (decision 0132-stream-head-anchor), so a cut tail, or a forged
+row at the head, is damage. EK is not, below the head: its test is a strict expected
+failure (decision 0128-review-of-0126). The ``test_held_*`` ones are attacks that failed
+closed.
 """
 
 from __future__ import annotations
@@ -93,15 +94,12 @@ def _forged(k: Uprof, stream: UUID, version: int, kind: str) -> tuple[str, bytes
     return stored.topic, stored.state
 
 
-#: Found, not fixed (bugs EK, EL; decision 0128-review-of-0126): strict, so a fix turns
-#: these into failures until the marker is removed.
+#: Found, not fixed (bug EK; decision 0128-review-of-0126): strict, so a fix turns
+#: it into a failure until the marker is removed.
 NOT_FIXED_EK = pytest.mark.xfail(
     strict=True,
     raises=AssertionError,
     reason="EK: plaintext rows are not authenticated (not fixed)",
-)
-NOT_FIXED_EL = pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="EL: nothing anchors a stream's head (not fixed)"
 )
 
 
@@ -115,6 +113,9 @@ def test_a_withdrawal_overwritten_by_a_forged_plaintext_row(
     key: the next process must not serve the app as if the consent were in force."""
     stream, version = _withdrawn(backend, clock)
     with running(settings_for(backend), clock) as k:
+        # A later row, so the withdrawal is not the stream's head: a forged head row is
+        # caught by the stream's anchor (bug EL), a row below it only by authentication.
+        consent(k, "alice", app="app:calendar")
         _write(k, stream, version, *_forged(k, stream, version, kind))
     with running(settings_for(backend), clock) as k:
         try:
@@ -246,20 +247,29 @@ def _delete(k: Uprof, stream: UUID, version: int) -> None:
         )
 
 
-@NOT_FIXED_EL
 def test_a_withdrawal_cut_from_the_stream_tail(backend: Backend, clock: FakeClock) -> None:
     """The withdrawal as the stream's last row, deleted: no gap is left, and nothing a
-    row carries can tell a stream cut short from one that never went on."""
+    row carries can tell a stream cut short from one that never went on. The stream's
+    anchor in the key store can (bug EL): the next process refuses alice's consent
+    checks and slices as damage. On main at 4b78f56 it served the app again."""
     stream, version = _withdrawn(backend, clock)
     with running(settings_for(backend), clock) as k:
         assert max(v for v, _, _ in _rows(k, stream)) == version
         _delete(k, stream, version)
     with running(settings_for(backend), clock) as k:
-        try:
-            answer = k.unconsented("alice", APP, CATS, PURPOSE)
-        except Exception:
-            return  # fail closed
-        assert answer == CATS, "withdrawn consent back in force"
+        with pytest.raises(StoredDataDamagedError, match="end before"):
+            k.unconsented("alice", APP, CATS, PURPOSE)
+        with pytest.raises(StoredDataDamagedError):
+            k.slice(
+                "alice",
+                "anything",
+                budget_tokens=200,
+                purpose=PURPOSE,
+                app_id=APP,
+                agent_id="coach",
+            )
+        with pytest.raises(StoredDataDamagedError):
+            k.consents_in_force("alice")
 
 
 @pytest.mark.parametrize("kind", ["verdict", "capture-tombstone"])

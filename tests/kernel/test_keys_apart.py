@@ -25,7 +25,7 @@ from uprof.crypto.keydir import (
     move_key_material,
 )
 from uprof.kernel import Uprof
-from uprof.services.backup import BackupError, _sign, backup, restore
+from uprof.services.backup import KEY_TABLES, BackupError, _sign, backup, restore
 from uprof.services.subjects import SubjectRequest
 from uprof.settings import Settings
 from uprof.storage import RESTORE_MARKER
@@ -362,15 +362,7 @@ def test_restore_into_an_empty_deployment_with_the_key_folder(
         engine = sa.create_engine(backend.url)
         with engine.begin() as conn:
             for table in sa.inspect(conn).get_table_names():
-                if table not in (
-                    "subject_index",
-                    "subject_keys",
-                    "capture_keys",
-                    "subject_aliases",
-                    "shredded_streams",
-                    "api_keys",
-                    "alembic_version",
-                ):
+                if table not in (*KEY_TABLES, "alembic_version"):
                     conn.execute(sa.text(f'DROP TABLE "{table}" CASCADE'))
         engine.dispose()
     result = restore(settings, tmp_path / "bk")

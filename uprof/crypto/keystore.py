@@ -41,6 +41,7 @@ from uprof.crypto.ledger import ErasureLedger
 from uprof.crypto.tables import (
     capture_keys,
     shredded_streams,
+    stream_heads,
     subject_aliases,
     subject_index,
     subject_keys,
@@ -162,6 +163,16 @@ def _capture_commitment(capture_id: str, wrapped_key: bytes) -> str:
 
 
 @dataclass(frozen=True)
+class StreamHead:
+    """A stream's newest version known committed, and the digest of that row
+    (``uprof.eventstore.head_digest``)."""
+
+    stream_id: str
+    version: int
+    digest: str
+
+
+@dataclass(frozen=True)
 class DestroyedKey:
     key_version: int
     dek_commitment: str
@@ -198,6 +209,20 @@ _SHREDDED_AMONG = sa.select(shredded_streams.c.stream_id).where(
     shredded_streams.c.stream_id.in_(sa.bindparam("stream_ids", expanding=True))
 )
 _INSERT_CAPTURE_KEYS = capture_keys.insert()
+# Raise a stream's anchor, never lower it (several processes append to one stream and
+# write their anchors in any order): the same text on SQLite and PostgreSQL. PostgreSQL
+# locks the conflicting row and re-evaluates the WHERE on its newest version, SQLite
+# holds its write lock: of two racers the higher version wins whichever commits last.
+# A stream already shredded gets none (an appender that committed before the erasure's
+# tombstone may anchor after ``destroy`` deleted the anchor).
+_RAISE_STREAM_HEAD = sa.text(
+    "INSERT INTO stream_heads (log_id, stream_id, version, digest) "
+    "SELECT CAST(:log_id AS VARCHAR(32)), CAST(:stream_id AS VARCHAR(36)), "
+    "CAST(:version AS INTEGER), CAST(:digest AS VARCHAR(64)) WHERE NOT EXISTS "
+    "(SELECT 1 FROM shredded_streams WHERE stream_id = CAST(:stream_id AS VARCHAR(36))) "
+    "ON CONFLICT (log_id, stream_id) DO UPDATE SET version = excluded.version, "
+    "digest = excluded.digest WHERE stream_heads.version < excluded.version"
+)
 
 
 class KeyStore:
@@ -670,6 +695,9 @@ class KeyStore:
             n_capture = conn.execute(
                 capture_keys.delete().where(capture_keys.c.stream_id == stream_id)
             ).rowcount
+            # The anchor goes with the keys: the shredded mark refuses every load from now
+            # on, so it would guard nothing and only be left behind.
+            conn.execute(stream_heads.delete().where(stream_heads.c.stream_id == stream_id))
             # The index row before the aliases: on PostgreSQL its DELETE waits for a
             # binding that holds the row (``bind_alias``), and the alias DELETE after it
             # then sees that binding and deletes it too (bug DK).
@@ -718,6 +746,70 @@ class KeyStore:
             return set()
         with self._engine.connect() as conn:
             return set(conn.execute(_SHREDDED_AMONG, {"stream_ids": wanted}).scalars())
+
+    # ----------------------------------------------------------- stream heads
+
+    def stream_head(self, log_id: str, stream_id: str) -> StreamHead | None:
+        """The stream's anchor in that log: its newest version known committed (None: not
+        known)."""
+        c = stream_heads.c
+        with self._engine.connect() as conn:
+            row = conn.execute(
+                sa.select(c.version, c.digest).where(c.log_id == log_id, c.stream_id == stream_id)
+            ).first()
+        return None if row is None else StreamHead(stream_id, int(row.version), str(row.digest))
+
+    def raise_stream_heads(self, log_id: str, heads: Iterable[StreamHead]) -> None:
+        """Move each stream's anchor in that log up to ``heads`` (one transaction); an
+        anchor already at or above a head stays, and a shredded stream gets none."""
+        rows = [
+            {"log_id": log_id, "stream_id": h.stream_id, "version": h.version, "digest": h.digest}
+            for h in sorted(heads, key=lambda h: h.stream_id)  # one lock order: no deadlock
+        ]
+        if not rows:
+            return
+        # No flush to disk for this commit: an anchor lost in a power cut or a database
+        # crash lags (the next load adopts the head), it never leads, and the event it
+        # follows was flushed before it began. So it does not pay the key store's fsync.
+        with self._engine.connect() as conn:
+            sqlite = conn.dialect.name == "sqlite"
+            try:
+                if sqlite:  # this connection, until the finally below (outside a transaction)
+                    conn.exec_driver_sql("PRAGMA synchronous=NORMAL")
+                else:  # PostgreSQL: this transaction only
+                    conn.execute(sa.select(sa.func.set_config("synchronous_commit", "off", True)))
+                conn.execute(_RAISE_STREAM_HEAD, rows)
+                conn.commit()
+            finally:
+                if sqlite:
+                    try:
+                        conn.rollback()  # nothing left to roll back after the commit
+                        conn.exec_driver_sql("PRAGMA synchronous=FULL")
+                        conn.commit()
+                    except BaseException:
+                        conn.invalidate()  # never back in the pool with NORMAL
+                        raise
+
+    def replace_stream_heads(self, log_id: str, heads: Iterable[StreamHead]) -> int:
+        """Make ``heads`` the only anchors of that log (``uprof restore``: the operator put
+        an older log in place, whose heads are the truth from now on); shredded streams
+        get none. Returns how many anchors were written."""
+        with self._engine.begin() as conn:
+            conn.execute(stream_heads.delete().where(stream_heads.c.log_id == log_id))
+            shredded = set(conn.execute(sa.select(shredded_streams.c.stream_id)).scalars())
+            rows = [
+                {
+                    "log_id": log_id,
+                    "stream_id": h.stream_id,
+                    "version": h.version,
+                    "digest": h.digest,
+                }
+                for h in heads
+                if h.stream_id not in shredded
+            ]
+            if rows:
+                conn.execute(stream_heads.insert(), rows)
+        return len(rows)
 
     def shredded_stream_ids(self) -> list[str]:
         with self._engine.connect() as conn:

@@ -67,3 +67,18 @@ shredded_streams = sa.Table(
     sa.Column("stream_id", sa.String(36), primary_key=True),
     sa.Column("shredded_at", sa.DateTime(timezone=True), nullable=False),
 )
+
+#: The newest version of each subject stream known committed, and a digest of that row,
+#: per event log (``log_id``: where the log lives; a copy elsewhere is another log)
+#: (decision 0132-stream-head-anchor): kept here, apart from the event store, so that a
+#: writer of the event store alone cannot cut a stream short or roll it back unseen.
+#: Written after the event commits (it may lag, never lead), only ever raised; deleted
+#: with the stream's keys at erasure.
+stream_heads = sa.Table(
+    "stream_heads",
+    metadata,
+    sa.Column("log_id", sa.String(32), primary_key=True),
+    sa.Column("stream_id", sa.String(36), primary_key=True),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("digest", sa.String(64), nullable=False),
+)

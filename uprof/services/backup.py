@@ -471,6 +471,10 @@ def _restore_alone(
     try:
         from uprof.services.recovery import reapply_ledger
 
+        # The key store's stream anchors name the live log's heads, which this older log
+        # lacks: the operator chose it, so its heads are the anchors from now on (before
+        # anything loads a stream; decision 0132-stream-head-anchor).
+        kernel.app.reanchor()
         ledger = reapply_ledger(kernel)
         if kernel.web_sign_outs is not None:
             kernel.web_sign_outs.keep(signed_out, now=datetime.now(UTC))

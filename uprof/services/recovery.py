@@ -39,6 +39,7 @@ from uprof.crypto.ledger import LedgerState
 from uprof.crypto.tables import (
     capture_keys,
     shredded_streams,
+    stream_heads,
     subject_aliases,
     subject_index,
     subject_keys,
@@ -164,6 +165,12 @@ def reapply_ledger(kernel: Any, *, rebuild_if_stale: bool = True) -> LedgerReapp
         n = _delete_in(conn, capture_keys.name, "capture_id", captures)
         report.details["capture_keys_by_capture"] = n
         report.key_rows += n
+        # An erased stream's anchors (decision 0132-stream-head-anchor) guard nothing once
+        # its keys are gone; a copy of the key store brings them back with the keys. Not
+        # key material: counted apart.
+        report.details[stream_heads.name] = _delete_in(
+            conn, stream_heads.name, "stream_id", streams
+        )
         if report.key_rows:
             # Written down before the deletion commits (bug EV): from the commit on, the
             # fold is owed, and the fold below waits up to FOLD_TIMEOUT_S beside a reader;
