@@ -26,6 +26,7 @@ from eventsourcing.persistence import (
     JSONTranscoder,
     Mapper,
     Notification,
+    PersistenceError,
     ProcessRecorder,
     Recording,
     StoredEvent,
@@ -148,10 +149,15 @@ def _in_memory(database: str) -> bool:
     return database == ":memory:" or "mode=memory" in database
 
 
-def _head_of(row: StoredEvent) -> StreamHead:
+def _head_of(row: StoredEvent, over: StreamHead | None = None) -> StreamHead:
+    """The anchor of a committed head row; for a raise, ``over`` is the anchor its
+    writer checked (``StreamHead.over_version``; None: there was none)."""
     stream_id = str(UUID(str(row.originator_id)))
     version = int(row.originator_version)
-    return StreamHead(stream_id, version, head_digest(stream_id, version, row.topic, row.state))
+    digest = head_digest(stream_id, version, row.topic, row.state)
+    if over is None:
+        return StreamHead(stream_id, version, digest)
+    return StreamHead(stream_id, version, digest, over.version, over.digest)
 
 
 _CUT_SHORT = (
@@ -280,7 +286,7 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
             if _head_of(rows[0]).digest != anchor.digest:
                 raise StoredDataDamagedError(_HEAD_REPLACED)
         if rows and (anchor is None or rows[-1].originator_version > anchor.version):
-            self._raise_anchors([rows[-1]])
+            self._raise_anchors(lambda: [_head_of(rows[-1], anchor)])  # checked just above
 
     def _record(self, processing_event: ProcessingEvent[UUID]) -> list[Recording[UUID]]:
         """Record, then raise each written stream's anchor in the key store.
@@ -292,18 +298,47 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
         anchor commit; the next load or append of the stream adopts it.
         """
         recordings = super()._record(processing_event)
-        newest: dict[UUID | str, Notification] = {}
+        newest: dict[str, Notification] = {}
+        first: dict[str, int] = {}
         for recording in recordings:
             n = recording.notification
-            held = newest.get(n.originator_id)
+            stream = str(UUID(str(n.originator_id)))
+            held = newest.get(stream)
             if held is None or held.originator_version < n.originator_version:
-                newest[n.originator_id] = n
+                newest[stream] = n
+            first[stream] = min(first.get(stream, n.originator_version), n.originator_version)
         if newest:
-            self._raise_anchors(list(newest.values()))
+            self._raise_anchors(lambda: self._checked_heads(newest, first))
         return recordings
 
-    def _raise_anchors(self, heads: Sequence[StoredEvent]) -> None:
-        """Raise these committed head rows' anchors; a key store that refuses is logged.
+    def _checked_heads(
+        self, newest: dict[str, Notification], first: dict[str, int]
+    ) -> list[StreamHead]:
+        """The heads a save may raise its streams' anchors to: over each anchor whose
+        row is still the one anchored and below the save's first row (bug GM).
+
+        A writer that did not load the stream (a cached copy, a verdict at ``head + 1``)
+        never checked its anchor, and a stream cut short takes its next rows into the
+        emptied slots. An anchor at or above the save's first version, or whose row is
+        gone or changed, is left as it is: the next load fails closed on it.
+        """
+        anchors = self._keystore.stream_heads_of(self.log_id, newest)
+        heads = []
+        for stream, n in newest.items():
+            anchor = anchors.get(stream)
+            if anchor is not None:
+                if anchor.version >= first[stream]:
+                    continue
+                rows = self.recorder.select_events(
+                    UUID(stream), gt=anchor.version - 1, lte=anchor.version
+                )
+                if not rows or _head_of(rows[0]).digest != anchor.digest:
+                    continue
+            heads.append(_head_of(n, anchor))
+        return heads
+
+    def _raise_anchors(self, heads: Callable[[], Sequence[StreamHead]]) -> None:
+        """Raise committed head rows' anchors; a store that refuses is logged.
 
         The events are committed: failing the request now would report a write that
         happened as one that did not (I12), and failing a load would refuse a stream
@@ -311,11 +346,10 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
         append raises it.
         """
         try:
-            self._keystore.raise_stream_heads(self.log_id, [_head_of(n) for n in heads])
-        except sa.exc.SQLAlchemyError as error:
+            self._keystore.raise_stream_heads(self.log_id, heads())
+        except (sa.exc.SQLAlchemyError, PersistenceError) as error:
             _log.warning(
-                "stream anchors not written after a committed save (%d streams): %s",
-                len(heads),
+                "stream anchors not written after a committed write: %s",
                 type(error).__name__,
             )
 

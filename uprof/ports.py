@@ -416,9 +416,14 @@ class SubjectKeyStore(Protocol):
         """The stream's anchor in that event log (its newest version known committed)."""
         ...
 
+    def stream_heads_of(self, log_id: str, stream_ids: Iterable[str]) -> dict[str, StreamHead]:
+        """The anchors of these streams in that event log (unknown ones left out)."""
+        ...
+
     def raise_stream_heads(self, log_id: str, heads: Iterable[StreamHead]) -> None:
-        """Raise each stream's anchor in that log to ``heads``, never lowering one; none
-        for a shredded stream."""
+        """Raise each stream's anchor in that log to ``heads``, only from the anchor its
+        writer checked (``StreamHead.over_version``), never lowering one; none for a
+        shredded stream."""
         ...
 
     def replace_stream_heads(self, log_id: str, heads: Iterable[StreamHead]) -> int:

@@ -158,8 +158,18 @@ class KeyStoreContract:
         keys.raise_stream_heads(log, [StreamHead(a, 3, "3" * 64)])  # a late writer lowers nothing
         keys.raise_stream_heads(log, [StreamHead(a, 5, "x" * 64)])  # nor replaces its digest
         assert keys.stream_head(log, a) == StreamHead(a, 5, "5" * 64)
-        keys.raise_stream_heads(log, [StreamHead(a, 6, "6" * 64)])
+        # Raised only over the anchor its writer checked (bug GM): not over none, another
+        # version or another digest.
+        for over in ((0, ""), (4, "4" * 64), (5, "x" * 64)):
+            keys.raise_stream_heads(log, [StreamHead(a, 7, "7" * 64, *over)])
+        assert keys.stream_head(log, a) == StreamHead(a, 5, "5" * 64)
+        keys.raise_stream_heads(log, [StreamHead(a, 6, "6" * 64, 5, "5" * 64)])
         assert keys.stream_head(log, a) == StreamHead(a, 6, "6" * 64)
+        assert keys.stream_heads_of(log, [a, b, c_unknown := "0" * 36]) == {
+            a: StreamHead(a, 6, "6" * 64),
+            b: StreamHead(b, 2, "2" * 64),
+        }
+        assert c_unknown not in keys.stream_heads_of(log, [c_unknown])
         assert keys.stream_head(copy, a) is None  # another log (a copy elsewhere) is its own
         keys.raise_stream_heads(copy, [StreamHead(a, 2, "2" * 64)])
         assert keys.stream_head(log, a) == StreamHead(a, 6, "6" * 64)

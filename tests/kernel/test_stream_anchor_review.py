@@ -1,0 +1,88 @@
+"""Attacks on the stream-head anchor (review of decision 0132), both backends.
+
+GM: a writer of the event store cuts a consent's withdrawal off the end of a stream;
+a copy of the subject loaded before the withdrawal (the read recorder's and the capture
+writer's cached copies, a verdict appended at ``head + 1``: every save that does not go
+through ``load``) then appends into the cut slot and past it. The raise after that save
+must not move the anchor over the cut: the stream stays damage, the consent withdrawn
+never comes back into force.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from uuid import UUID
+
+import pytest
+import sqlalchemy as sa
+
+from domain.errors import StoredDataDamagedError
+from tests.conftest import Backend
+from tests.fakes.ports import FakeClock
+from tests.kernel.conftest import APP, consent, running, settings_for
+from uprof.kernel import Uprof
+
+CATS, PURPOSE = ["preferences"], "personalization"
+
+
+def _cut_head(k: Uprof, stream: UUID) -> int:
+    """The attacker: delete the stream's newest row (a writer of the event store only)."""
+    app = k.app
+    table = app.recorder.events_table_name  # type: ignore[attr-defined]
+    key = app.backend.stream_key(stream)
+    with app.events_engine.begin() as conn:
+        head = conn.execute(
+            sa.text(f"SELECT MAX(originator_version) FROM {table} WHERE originator_id = :s"),
+            {"s": key},
+        ).scalar_one()
+        conn.execute(
+            sa.text(f"DELETE FROM {table} WHERE originator_id = :s AND originator_version = :v"),
+            {"s": key, "v": head},
+        )
+    return int(head)
+
+
+def _record_reads(profile: object, n: int) -> None:
+    for _ in range(n):
+        profile.record_slice_served(  # type: ignore[attr-defined]
+            app_id=APP,
+            agent_id="coach",
+            purpose=PURPOSE,
+            item_ids=[],
+            served_at=datetime(2026, 1, 1, tzinfo=UTC),
+            budget_tokens=200,
+            n_tokens=0,
+        )
+
+
+@pytest.mark.parametrize("saves", [1, 2, 3], ids=["one-save-of-two", "two-saves", "three-saves"])
+def test_a_stale_copy_appending_over_a_cut_withdrawal_does_not_launder_it(
+    backend: Backend, clock: FakeClock, saves: int
+) -> None:
+    """alice consents; a cached copy of her is taken; she withdraws (anchored); the
+    withdrawal row is deleted; the stale copy records reads (two in one save, or one
+    in each of two or three saves from a copy that stays cached), the first into the cut
+    slot. A fresh process
+    must refuse alice as damage, never serve her consent as in force again."""
+    settings = settings_for(backend)
+    with running(settings, clock) as k:
+        granted = consent(k, "alice")
+        stream = k.stream_of("alice")
+        stale = k.app.load(stream)  # a cached copy, as the read recorder keeps one
+        k.withdraw_consent("alice", granted)
+        assert k.unconsented("alice", APP, CATS, PURPOSE) == CATS
+        withdrawn_at = _cut_head(k, stream)
+        assert stale.version == withdrawn_at - 1
+        if saves == 1:
+            _record_reads(stale, 2)
+            k.app.save(stale)
+        else:
+            for _ in range(saves):
+                _record_reads(stale, 1)
+                k.app.save(stale)
+        assert stale.version == withdrawn_at + max(saves, 2) - 1
+    with running(settings, clock) as k:
+        with pytest.raises(StoredDataDamagedError):
+            k.unconsented("alice", APP, CATS, PURPOSE)
+        with pytest.raises(StoredDataDamagedError):
+            consent(k, "alice")
