@@ -427,7 +427,8 @@ class SubjectKeyStore(Protocol):
         ...
 
     def replace_stream_heads(self, log_id: str, heads: Iterable[StreamHead]) -> int:
-        """Make ``heads`` the only anchors of that log (a restore); how many were written."""
+        """Make ``heads`` the only anchors, of that log; other logs keep none (a restore,
+        bug GN); how many were written."""
         ...
 
 

@@ -216,7 +216,6 @@ class InMemoryKeyStore:
 
     def replace_stream_heads(self, log_id: str, heads: Iterable[StreamHead]) -> int:
         with self._lock:
-            kept = {k: h for k, h in self._heads.items() if k[0] != log_id}
             fresh = {(log_id, h.stream_id): h for h in heads if h.stream_id not in self._shredded}
-            self._heads = {**kept, **fresh}
+            self._heads = fresh  # every other log's anchors go (bug GN)
             return len(fresh)

@@ -11,6 +11,7 @@ never comes back into force.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 from uuid import UUID
 
 import pytest
@@ -21,6 +22,8 @@ from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import APP, consent, running, settings_for
 from uprof.kernel import Uprof
+from uprof.services.backup import backup, restore
+from uprof.settings import Settings
 
 CATS, PURPOSE = ["preferences"], "personalization"
 
@@ -86,3 +89,31 @@ def test_a_stale_copy_appending_over_a_cut_withdrawal_does_not_launder_it(
             k.unconsented("alice", APP, CATS, PURPOSE)
         with pytest.raises(StoredDataDamagedError):
             consent(k, "alice")
+
+
+def test_a_backup_restored_in_another_folder_then_moved_into_place_is_not_damage(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """GN. The operator restores a backup into a fresh folder beside the live key folder
+    (``uprof restore`` with ``--key-dir``), stops the server and swaps the folders. The
+    restored log now lives at the live path, whose anchors name the heads written after
+    the backup: every subject written since must load as restored, not as damage."""
+    if backend.kind != "sqlite":
+        pytest.skip("a PostgreSQL log's identity does not depend on a folder")
+    live = settings_for(backend)
+    with running(live, clock) as k:
+        granted = consent(k, "alice")
+    backup(live, tmp_path / "bk")
+    with running(live, clock) as k:
+        k.withdraw_consent("alice", granted)
+        assert k.unconsented("alice", APP, CATS, PURPOSE) == CATS
+    staging = Settings(
+        data_dir=backend.data_dir / "staging",
+        key_dir=live.key_path,
+        embedder=live.embedder,
+    )
+    restore(staging, tmp_path / "bk")
+    live.data_dir.rename(backend.data_dir / "data-before-restore")
+    staging.data_dir.rename(live.data_dir)
+    with running(live, clock) as k:
+        assert k.unconsented("alice", APP, CATS, PURPOSE) == []  # as restored

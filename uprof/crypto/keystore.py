@@ -822,11 +822,16 @@ class KeyStore:
                         raise
 
     def replace_stream_heads(self, log_id: str, heads: Iterable[StreamHead]) -> int:
-        """Make ``heads`` the only anchors of that log (``uprof restore``: the operator put
-        an older log in place, whose heads are the truth from now on); shredded streams
-        get none. Returns how many anchors were written."""
+        """Make ``heads`` the only anchors, those of that log (``uprof restore``: the
+        operator put an older log in place, whose heads are the truth from now on);
+        shredded streams get none. Returns how many anchors were written.
+
+        Every other log's anchors go too: they name heads of the log the operator just
+        replaced, and a restored folder moved to the path of the one it replaced takes
+        that path's log identity (bug GN); it would be refused for every stream written
+        since the backup. A copy elsewhere is another log, never the protected one."""
         with self._engine.begin() as conn:
-            conn.execute(stream_heads.delete().where(stream_heads.c.log_id == log_id))
+            conn.execute(stream_heads.delete())
             shredded = set(conn.execute(sa.select(shredded_streams.c.stream_id)).scalars())
             rows = [
                 {
