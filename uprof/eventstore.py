@@ -409,22 +409,31 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
         since it was loaded, usually none or a few): far cheaper than a new load.
         Refuses a subject erased meanwhile, as ``load`` does."""
         caught_up = self.catch_up_many([profile])[profile.id]
-        if isinstance(caught_up, SubjectErasedError):
+        if isinstance(caught_up, (SubjectErasedError, StoredDataDamagedError)):
             raise caught_up
         return caught_up
 
     def catch_up_many(
         self, profiles: Sequence[SubjectProfile]
-    ) -> dict[UUID, SubjectProfile | SubjectErasedError]:
-        """``catch_up`` for several subjects: two queries for all of them (which are
-        shredded, and how far each stream is), then a read of the new events of each
-        stream that moved. A subject erased meanwhile maps to its error."""
+    ) -> dict[UUID, SubjectProfile | SubjectErasedError | StoredDataDamagedError]:
+        """``catch_up`` for several subjects: three queries for all of them (which are
+        shredded, their anchors, and how far each stream is), then a read of the new
+        events of each stream that moved. A subject erased meanwhile maps to its error;
+        a stream now below its anchor to damage, as a load refuses it (bug GO: a copy
+        kept from before a cut would otherwise go on as if nothing were missing)."""
         shredded = self._keystore.shredded_among(str(p.id) for p in profiles)
+        # The anchors before the heads: every version an anchor names is committed
+        # before it is written, so it is in the read that follows.
+        anchors = self._keystore.stream_heads_of(self.log_id, (str(p.id) for p in profiles))
         heads = self.stream_versions([p.id for p in profiles])
-        caught_up: dict[UUID, SubjectProfile | SubjectErasedError] = {}
+        caught_up: dict[UUID, SubjectProfile | SubjectErasedError | StoredDataDamagedError] = {}
         for profile in profiles:
             if str(profile.id) in shredded:
                 caught_up[profile.id] = SubjectErasedError("this subject has been erased")
+                continue
+            anchor = anchors.get(str(profile.id))
+            if anchor is not None and heads.get(profile.id, 0) < anchor.version:
+                caught_up[profile.id] = StoredDataDamagedError(_CUT_SHORT)
                 continue
             current = profile
             if heads.get(profile.id, 0) > profile.version:

@@ -20,7 +20,8 @@ import sqlalchemy as sa
 from domain.errors import StoredDataDamagedError
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import APP, consent, running, settings_for
+from tests.kernel.conftest import APP, consent, running, say, settings_for
+from tests.kernel.test_group_commit import _pending
 from uprof.kernel import Uprof
 from uprof.services.backup import backup, restore
 from uprof.settings import Settings
@@ -117,3 +118,27 @@ def test_a_backup_restored_in_another_folder_then_moved_into_place_is_not_damage
     staging.data_dir.rename(live.data_dir)
     with running(live, clock) as k:
         assert k.unconsented("alice", APP, CATS, PURPOSE) == []  # as restored
+
+
+def test_the_capture_writers_cached_copy_refuses_a_stream_cut_below_its_anchor(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """GO. The capture writer keeps a copy of alice after a capture and only catches it
+    up later (it never loads her again). She withdraws in another writer, and the
+    withdrawal row is deleted: the copy is as far as the stream, so on main the next
+    capture was accepted under the withdrawn consent (and written into the emptied
+    slot). The catch-up must see the stream below its anchor and refuse it as damage."""
+    settings = settings_for(backend)
+    with running(settings, clock) as k:
+        granted = consent(k, "alice")
+        writer = k.capture_service.writer
+        first = _pending(k, "alice", say("I like green tea"))
+        writer.commit([first])
+        assert first.error is None
+        k.withdraw_consent("alice", granted)
+        _cut_head(k, first.stream_id)
+        before = k.app.stream_versions([first.stream_id])[first.stream_id]
+        second = _pending(k, "alice", say("I like mint"))
+        writer.commit([second])
+        assert isinstance(second.error, StoredDataDamagedError)
+        assert k.app.stream_versions([first.stream_id])[first.stream_id] == before
