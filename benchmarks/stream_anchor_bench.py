@@ -53,6 +53,7 @@ def single(backend: str, calls: int, warm: int) -> dict[str, float]:
             grant()
         stream = kernel.stream_of("alice")
         kernel.app.load(stream)
+
         def slice_() -> Any:
             return kernel.slice(
                 "alice",

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from audit.keyring import SigningKeys
     from audit.log import AuditRecord, StoredEntry
-    from domain.errors import SubjectErasedError
+    from domain.errors import StoredDataDamagedError, SubjectErasedError
     from domain.profile import SubjectProfile
     from projections.profile.queries import (
         AttributeRow,
@@ -259,8 +259,9 @@ class EventStore(Protocol):
 
     def catch_up_many(
         self, profiles: Sequence[SubjectProfile]
-    ) -> dict[UUID, SubjectProfile | SubjectErasedError]:
-        """``catch_up`` for several subjects; an erased one maps to its error."""
+    ) -> dict[UUID, SubjectProfile | SubjectErasedError | StoredDataDamagedError]:
+        """``catch_up`` for several subjects; an erased one maps to its error, a stream
+        below its anchor to damage (bug GO)."""
         ...
 
     def notification_ids(self, stream_id: UUID, versions: Sequence[int]) -> list[int]:
