@@ -10,7 +10,7 @@ never comes back into force.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from uuid import UUID
 
@@ -142,3 +142,20 @@ def test_the_capture_writers_cached_copy_refuses_a_stream_cut_below_its_anchor(
         writer.commit([second])
         assert isinstance(second.error, StoredDataDamagedError)
         assert k.app.stream_versions([first.stream_id])[first.stream_id] == before
+
+
+def test_a_profile_as_of_a_time_refuses_a_stream_cut_below_its_anchor(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """GP. ``profile --as-of`` replays the stream's events without loading it
+    (``stream_events``, which reads no anchor). With alice's withdrawal cut off the end,
+    it served her history as if the withdrawal had never happened. It must refuse the
+    stream as damage, as every other read of the subject does."""
+    settings = settings_for(backend)
+    with running(settings, clock) as k:
+        granted = consent(k, "alice")
+        k.withdraw_consent("alice", granted)
+        _cut_head(k, k.stream_of("alice"))
+        later = datetime.now(UTC) + timedelta(days=1)
+        with pytest.raises(StoredDataDamagedError):
+            k.profile("alice", as_of=later)
