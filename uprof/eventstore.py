@@ -160,6 +160,15 @@ def _head_of(row: StoredEvent, over: StreamHead | None = None) -> StreamHead:
     return StreamHead(stream_id, version, digest, over.version, over.digest)
 
 
+def _holds_anchored_row(rows: Sequence[StoredEvent], anchor: StreamHead) -> bool:
+    """Whether ``rows`` (a stream's rows after some version, in order) hold the anchored
+    row unchanged, or start above the anchor's version (nothing to check there)."""
+    if not rows or rows[0].originator_version > anchor.version:
+        return True
+    at = [r for r in rows if r.originator_version == anchor.version]
+    return bool(at) and _head_of(at[0]).digest == anchor.digest
+
+
 _CUT_SHORT = (
     "stored events of this subject's stream end before the last version known committed "
     "(rows removed from its end, or an older copy of the event store: damaged or altered "
@@ -437,7 +446,13 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
                 continue
             current = profile
             if heads.get(profile.id, 0) > profile.version:
-                newer = self.events.get(originator_id=profile.id, gt=profile.version)
+                rows = self.recorder.select_events(profile.id, gt=profile.version)
+                if anchor is not None and not _holds_anchored_row(rows, anchor):
+                    # The anchored row, among the new ones, is not the one committed
+                    # there: a cut slot filled again (bug GQ).
+                    caught_up[profile.id] = StoredDataDamagedError(_HEAD_REPLACED)
+                    continue
+                newer = [self.mapper.to_domain_event(r) for r in rows]
                 projected = project_aggregate(profile, newer)
                 assert isinstance(projected, SubjectProfile)
                 current = projected

@@ -159,3 +159,28 @@ def test_a_profile_as_of_a_time_refuses_a_stream_cut_below_its_anchor(
         later = datetime.now(UTC) + timedelta(days=1)
         with pytest.raises(StoredDataDamagedError):
             k.profile("alice", as_of=later)
+
+
+def test_the_capture_writers_catch_up_refuses_a_cut_slot_filled_again(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """GQ. As GO, but another stale copy (the read recorder's) has already written into
+    the emptied slot, so the stream is back at its anchor's version: the capture writer's
+    catch-up read that row as new and applied it, and accepted the capture under the
+    withdrawn consent. The row at the anchor's version is not the one anchored: damage."""
+    settings = settings_for(backend)
+    with running(settings, clock) as k:
+        granted = consent(k, "alice")
+        writer = k.capture_service.writer
+        first = _pending(k, "alice", say("I like green tea"))
+        writer.commit([first])
+        stale = k.app.load(first.stream_id)  # the read recorder's copy
+        k.withdraw_consent("alice", granted)
+        _cut_head(k, first.stream_id)
+        _record_reads(stale, 1)
+        k.app.save(stale)  # into the emptied slot
+        before = k.app.stream_versions([first.stream_id])[first.stream_id]
+        second = _pending(k, "alice", say("I like mint"))
+        writer.commit([second])
+        assert isinstance(second.error, StoredDataDamagedError)
+        assert k.app.stream_versions([first.stream_id])[first.stream_id] == before
