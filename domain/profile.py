@@ -22,12 +22,14 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from eventsourcing.domain import Aggregate, event
+from eventsourcing.utils import get_topic
 
 from domain.categories import memory_categories
 from domain.errors import (
     ConsentRequiredError,
     IntentTransitionError,
     InvalidInputError,
+    StoredDataDamagedError,
     SubjectErasedError,
 )
 from domain.normalise import clamp, combine, decayed, match_described, normalise_value
@@ -236,6 +238,25 @@ class SubjectProfile(Aggregate):
     #: Version 4 adds ``quarantined``; ``upcast_v3_v4`` gives older snapshots none.
     class_version = 4
 
+    class Event(Aggregate.Event):
+        """Every event of a subject's stream but its opening (``Registered``): each
+        applies to the profile its earlier rows built."""
+
+        def mutate(self, aggregate: Any) -> Any:
+            # ``Registered`` inherits this class before the library's creation mutate.
+            if aggregate is None and not isinstance(self, Aggregate.Created):
+                # The first row read is not the stream's opening (nor a snapshot): the
+                # rows before it were deleted, or it overwrote the opening (a plaintext
+                # verdict or tombstone needs no key). Damage, named as such, rather
+                # than the event library's bare ``assert aggregate is not None``; and
+                # never "erased" for a subject that was not (review of 0130, bug GC).
+                raise StoredDataDamagedError(
+                    f"stored event at version {self.originator_version} is the first of "
+                    "this subject's stream, which does not begin with its opening "
+                    "(damaged or altered storage)"
+                )
+            return super().mutate(aggregate)
+
     @staticmethod
     def upcast_v1_v2(state: dict[str, Any]) -> None:
         state["consents"] = {i: ConsentState(**c) for i, c in state["consents"].items()}
@@ -318,13 +339,21 @@ class SubjectProfile(Aggregate):
         topic: str
 
         def mutate(self, aggregate: Any) -> Any:
-            if aggregate is None:
+            if aggregate is None and self._opens_the_stream():
                 # The stream's first row (its creation, or a snapshot) reads as shredded:
                 # the subject's keys were destroyed after the loader asked whether it
                 # was erased (another process's erasure in between). Say so, rather than
                 # the event library's bare ``assert aggregate is not None`` (bug EX).
                 raise SubjectErasedError("this subject has been erased")
+            # Any other first row is damage (``SubjectProfile.Event``): a capture whose
+            # own key an event erasure destroyed reads as shredded too, in a subject
+            # that was never erased (bug GC).
             return super().mutate(aggregate)
+
+        def _opens_the_stream(self) -> bool:
+            if self.topic == get_topic(SubjectProfile.Registered):
+                return self.originator_version == 1
+            return self.topic == get_topic(SubjectProfile.Snapshot)
 
         def apply(self, aggregate: Any) -> None:
             pass

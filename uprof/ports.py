@@ -398,7 +398,9 @@ class SubjectKeyStore(Protocol):
         ...
 
     def destroy(self, stream_id: str, *, now: datetime) -> Destruction:
-        """Delete every key, alias and index row of a stream; mark it shredded."""
+        """Delete every key, alias and index row of a stream; mark it shredded. The keys
+        returned are those this call deleted: none when another call deleted them first,
+        even one this call waited for (bug GK)."""
         ...
 
     def evict(self, stream_id: str) -> None:

@@ -12,6 +12,7 @@ the server's event loop, so every other app's requests waited (measured with a r
 from __future__ import annotations
 
 import logging
+import socket
 
 import httpx
 import pytest
@@ -68,3 +69,39 @@ def test_a_forged_host_or_origin_is_not_written_to_the_log(
 @pytest.fixture(autouse=True)
 def _sdk_logs_warnings() -> None:
     logging.getLogger("mcp.server.transport_security").setLevel(logging.WARNING)
+
+
+def test_a_request_without_host_and_other_records_are_not_logged_as_a_refused_host(
+    kernel: Uprof, keys: ApiKeyStore
+) -> None:
+    """Review of 0130 (bug GF): the filter rewrote every record of the SDK's logger into
+    "its Host header is not allowed". A request with no ``Host`` at all (HTTP/1.0) was
+    logged as one whose ``Host`` was refused, and any other record of that logger (a
+    newer SDK's) would have been too, its own text lost. A missing header is named as
+    missing; a record the filter does not know keeps its text, cut short."""
+    planner = keys.create(PLANNER).token
+    runtime = ServiceRuntime.for_kernel(kernel)
+    app = http_app(build_server(runtime, keys), path="/mcp")
+    kept = _Kept()
+    logger = logging.getLogger("mcp.server.transport_security")
+    logger.addHandler(kept)
+    runtime.start()
+    try:
+        with LiveServer(app) as live:
+            request = (
+                f"POST /mcp HTTP/1.0\r\nAuthorization: Bearer {planner}\r\n"
+                "Accept: application/json, text/event-stream\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(PING)}\r\n\r\n{PING}"
+            )
+            with socket.create_connection(("127.0.0.1", live.port), timeout=30) as s:
+                s.sendall(request.encode())
+                status = s.recv(4096).split(b"\r\n", 1)[0]
+        logger.warning("Request body too large: %s", "B" * 8000)
+    finally:
+        runtime.stop()
+        logger.removeHandler(kept)
+    assert b" 421 " in status or b" 400 " in status, status
+    assert len(kept.lines) == 2, kept.lines
+    missing, other = kept.lines
+    assert "no Host header" in missing and "not allowed" not in missing, missing
+    assert other.startswith("Request body too large") and len(other) < 300, other[:300]

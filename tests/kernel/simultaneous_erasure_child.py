@@ -10,6 +10,8 @@ another server or CLI process would, and stops at one step of the erasure until 
 - ``"after-tombstone"``: its tombstone append returned (the position, or 0 when the
   stream already ended with one);
 - ``"before-destroy"``: its ledger record is written, the keys not yet destroyed;
+- ``"before-capture-preview"``: an event erasure has appended its ``CaptureErased``
+  event and is about to look for the capture keys (nothing in the ledger yet);
 
 Once its kernel is built it sets ``sync["built"]`` and waits for ``sync["begin"]``: a
 process starting after another's erasure has written its ledger record re-applies that
@@ -50,7 +52,13 @@ def erase_held(
             stopped.append(hold)
             _stop(sync, holds.index(hold))
 
-    unknown = set(holds) - {"after-lookup", "after-requested", "after-tombstone", "before-destroy"}
+    unknown = set(holds) - {
+        "after-lookup",
+        "after-requested",
+        "after-tombstone",
+        "before-destroy",
+        "before-capture-preview",
+    }
     if unknown:
         raise ValueError(f"unknown holds {sorted(unknown)}")
 
@@ -90,6 +98,14 @@ def erase_held(
             return destroy(*args, **kwargs)
 
         service._keystore.destroy = destroy_when_told  # type: ignore[method-assign]
+    if "before-capture-preview" in holds:
+        preview = service._keystore.capture_key_commitment
+
+        def preview_when_told(*args: Any, **kwargs: Any) -> Any:
+            once("before-capture-preview")
+            return preview(*args, **kwargs)
+
+        service._keystore.capture_key_commitment = preview_when_told  # type: ignore[method-assign]
     try:
         result = call(kernel) if call is not None else kernel.erase_subject("alice")
         out.put(("ok", result.receipt))

@@ -218,3 +218,132 @@ def test_an_event_erasure_refused_because_the_subject_was_erased_meanwhile_says_
     assert [(e["reason_code"], e["request_id"] in outcomes) for e in refused] == [
         ("SubjectErasedError", True)
     ], refused
+
+
+def test_a_request_whose_keys_the_absorbed_one_destroyed_first_does_not_claim_them(
+    settings: Settings,
+) -> None:
+    """GH: the tombstone's request previews the key and writes its ledger record, then
+    stops before destroying it; the other request, absorbed on that tombstone, previews
+    the key too (still there), destroys it and finishes. The first one's destroy then
+    finds nothing: its receipt must cite the key as the other request's destruction,
+    not as its own, and the log must hold one ``key.destroyed`` entry for it (the other
+    request's), not one under each request."""
+    other, earlier = Held(settings, "after-lookup"), Held(settings, "before-destroy")
+    other.begin()  # past its look for an unfinished erasure to finish, and its lookup
+    earlier.begin()  # tombstone appended, key previewed, ledger record written
+    kind, second = other.answer()  # absorbed; previews the key, destroys it itself
+    assert kind == "ok", second
+    kind, first = earlier.answer()
+    assert kind == "ok", first
+    assert cited(first["body"]) == cited(second["body"])
+    tombstones, keys = cited(first["body"])
+    assert len(tombstones) == 1 and len(keys) == 1, first["body"]
+    r1, r2 = request_of(first), request_of(second)
+    assert by_request(second, "tombstone_appended") == [r1]
+    assert by_request(second, "dek_destroyed") == [None]  # it did destroy the key
+    assert by_request(first, "tombstone_appended") == [None]
+    assert by_request(first, "dek_destroyed") == [r2]  # on main: [None], a second claimant
+    log = checked_offline(settings, first, second)
+    assert log["destroyed"] == [(r2, keys[0][1])], log
+    assert len(log["outcomes"]) == 2 and all(log["outcomes"].values()), log
+
+
+def test_an_event_erasure_whose_capture_key_a_subject_erasure_destroyed_cites_it(
+    settings: Settings,
+) -> None:
+    """GI: an event erasure has appended its ``CaptureErased`` event; a subject erasure
+    of the same subject then destroys every key (the capture's with the subject's) and
+    finishes. The event erasure finds no capture key left: its receipt must still cite
+    a key destruction (the subject's keys, by the subject erasure's request), not a
+    tombstone alone, and the log must hold that destruction under that request."""
+    kernel = build_kernel(settings, FakeClock())
+    try:
+        capture_id = kernel.capture("alice", say("I want to learn to sail")).capture_id
+    finally:
+        kernel.close()
+    call = functools.partial(erase_capture_of, capture_id)
+    event_erasure = Held(settings, "before-capture-preview", call=call)
+    subject_erasure = Held(settings)
+    event_erasure.begin()  # its CaptureErased appended, no key looked for yet
+    kind, first = subject_erasure.begin().answer()
+    assert kind == "ok", first
+    kind, second = event_erasure.answer()
+    assert kind == "ok", second
+    r1 = request_of(first)
+    _, keys = cited(first["body"])
+    assert len(keys) == 1, first["body"]
+    assert by_request(first, "dek_destroyed") == [None]
+    # on main: [], a receipt citing no key destruction at all
+    assert by_request(second, "dek_destroyed") == [r1], second["body"]
+    assert cited(second["body"])[1] == keys
+    log = checked_offline(settings, first, second)
+    assert log["destroyed"] == [(r1, keys[0][1])], log
+    assert len(log["outcomes"]) == 2 and all(log["outcomes"].values()), log
+
+
+def test_an_erasure_absorbed_after_the_name_was_re_created_leaves_the_new_subject_live(
+    settings: Settings,
+) -> None:
+    """Review of 0131 (held): a request has found alice live (her first stream); the
+    other request erases her entirely, and the operator re-creates the name (a new
+    stream, consent, a capture) before the first request goes on. Absorbed on the first
+    stream's tombstone, its ledger record (after the re-creation) must not make the new
+    alice unreachable: she stays capturable, and a later erasure erases her new stream
+    with its own tombstone, after a fresh start re-applied the ledger."""
+    later, other = Held(settings, "after-lookup"), Held(settings)
+    later.begin()
+    kind, first = other.begin().answer()
+    assert kind == "ok", first
+    kernel = build_kernel(settings, FakeClock())
+    try:
+        kernel.recreate_subject("alice")
+        consent(kernel, "alice")
+        kernel.capture("alice", say("I moved to Lisbon"))
+    finally:
+        kernel.close()
+    kind, second = later.answer()
+    assert kind == "ok", second
+    assert cited(first["body"]) == cited(second["body"])
+    after = build_kernel(settings, FakeClock())
+    try:
+        after.capture("alice", say("I want to learn to sail"))
+        third = after.erase_subject("alice")
+    finally:
+        after.close()
+    assert cited(third.receipt["body"])[0] != cited(first["body"])[0]  # the new stream's
+    assert by_request(third.receipt, "tombstone_appended") == [None]
+
+
+def test_of_three_erasures_at_once_the_two_that_destroyed_nothing_cite_the_one_that_did(
+    settings: Settings,
+) -> None:
+    """GL: three erasures of alice at once, each previewing the key before any destroys
+    it; the ledger records come in the order C, A, B (A's tombstone, C and B absorbed),
+    and A's destroy deletes the key. B and C must both cite A's destruction, and the log
+    must hold that key's ``key.destroyed`` under A alone: citing the first other record
+    (C, which destroyed nothing) made B write one under C."""
+    b = Held(settings, "after-lookup", "before-destroy")
+    c = Held(settings, "after-lookup", "before-destroy")
+    a = Held(settings, "after-tombstone", "before-destroy")
+    b.begin()
+    c.begin()
+    a.begin()  # A's tombstone appended
+    c.next()  # C: absorbed, key previewed, ledger record (first)
+    a.next()  # A: key previewed, ledger record (second)
+    b.next()  # B: absorbed, key previewed, ledger record (third)
+    kind, first = a.answer()  # A's destroy deletes the key
+    assert kind == "ok", first
+    kind, third = c.answer()
+    assert kind == "ok", third
+    kind, second = b.answer()
+    assert kind == "ok", second
+    r_a = request_of(first)
+    _, keys = cited(first["body"])
+    assert len(keys) == 1, first["body"]
+    assert by_request(first, "dek_destroyed") == [None]
+    assert by_request(third, "dek_destroyed") == [r_a]
+    assert by_request(second, "dek_destroyed") == [r_a]  # before the fix: C's id
+    log = checked_offline(settings, first, second, third)
+    assert log["destroyed"] == [(r_a, keys[0][1])], log
+    assert len(log["outcomes"]) == 3 and all(log["outcomes"].values()), log

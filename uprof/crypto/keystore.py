@@ -694,12 +694,15 @@ class KeyStore:
     def destroy(self, stream_id: str, *, now: datetime) -> Destruction:
         """Destroy every key of a stream and its index rows; the stream becomes unreadable."""
         with self._engine.begin() as conn:
-            rows = conn.execute(
-                sa.select(subject_keys.c.key_version, subject_keys.c.dek_commitment)
+            # The keys this DELETE removed, not the keys a read saw before it: a destroy
+            # of another erasure of the subject at once may delete them while this one
+            # waits for its lock, and each receipt claims only its own (bug GK).
+            deleted = conn.execute(
+                subject_keys.delete()
                 .where(subject_keys.c.stream_id == stream_id)
-                .order_by(subject_keys.c.key_version)
+                .returning(subject_keys.c.key_version, subject_keys.c.dek_commitment)
             ).all()
-            conn.execute(subject_keys.delete().where(subject_keys.c.stream_id == stream_id))
+            rows = sorted(deleted, key=lambda r: r.key_version)
             n_capture = conn.execute(
                 capture_keys.delete().where(capture_keys.c.stream_id == stream_id)
             ).rowcount

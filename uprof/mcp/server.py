@@ -572,11 +572,27 @@ class _RefusedHeaderNamedNotQuoted(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         # The SDK's texts: "Invalid Origin header: <value>", "Invalid Host header: <value>",
         # "Missing Host header in request"; the value is the caller's, so only the prefix
-        # is read.
-        header = "Origin" if str(record.msg).startswith("Invalid Origin") else "Host"
-        record.msg = f"refused an MCP request: its {header} header is not allowed"
+        # is read. Any other record (a newer SDK's) keeps its own text, cut short: named
+        # as a refused Host it was a false line, its text lost (review of 0130, bug GF).
+        text = str(record.msg)
+        if text.startswith("Invalid Origin"):
+            named = "refused an MCP request: its Origin header is not allowed"
+        elif text.startswith("Invalid Host"):
+            named = "refused an MCP request: its Host header is not allowed"
+        elif text.startswith("Missing Host"):
+            named = "refused an MCP request: it has no Host header"
+        else:
+            try:
+                named = record.getMessage()[:_OTHER_RECORD_CHARS]
+            except (TypeError, ValueError):  # arguments that do not fit: the text alone
+                named = text[:_OTHER_RECORD_CHARS]
+        record.msg = named
         record.args = ()
         return True
+
+
+#: The most of a record of the SDK's logger the filter does not know that is kept.
+_OTHER_RECORD_CHARS = 200
 
 
 _QUIET = _RefusedHeaderNamedNotQuoted()

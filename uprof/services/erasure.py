@@ -262,14 +262,20 @@ class ErasureService:
             now=self._clock.now(),
             mark=ledger.mark(self._tenant, check_subject_ref(subject_ref)) if ledger else None,
         )
-        destruction = self._keystore.destroy(str(stream), now=self._clock.now())
+        destroyed = self._keystore.destroy(str(stream), now=self._clock.now())
+        destruction = destroyed
         if preview is not None:
-            # A retry in another process may have finished this erasure from its ledger
-            # record, destroying the keys first: the receipt cites what the erasure
-            # destroyed, whichever process did it.
-            destruction = _destroyed_either(preview, destruction)
-        own = {key.key_version for key in destruction.deks}
-        others = tuple(key for key in others if key.key_version not in own)
+            # A key this preview found and this destroy did not was destroyed meanwhile:
+            # by another request of the subject whose ledger record names it (absorbed
+            # on this tombstone, it previewed the key before it went, bug GH), cited as
+            # that request's; else by a retry finishing this erasure from its ledger
+            # record, cited as this erasure's own, whichever process did it.
+            others = self._destroyed_by_others(draft, destroyed)
+            named = {key.key_version for key in others}
+            destruction = _destroyed_either(
+                replace(preview, deks=tuple(k for k in preview.deks if k.key_version not in named)),
+                destroyed,
+            )
         self._audit.record_many(
             subject_key_entries(
                 handle.pseudonym,
@@ -392,16 +398,25 @@ class ErasureService:
             for cid, preview in zip(ids, previews, strict=True)
             if (c := self._keystore.destroy_capture_key(str(stream), cid) or preview)
         ]
+        others: tuple[_OthersKey, ...] = ()
+        if len(commitments) < len(ids):
+            # A capture key already gone: a subject erasure of the same subject at once
+            # destroyed it with the subject's keys, after its ledger record named them.
+            # Cite that destruction as that request's, as a subject erasure does (bug GI).
+            others = self._destroyed_by_others(
+                draft, self._keystore.destruction_preview(str(stream))
+            )
         # As a subject key's: the entry names the commitment its ``key.created`` recorded
         # (written now if a crash kept that one off the log).
         self._audit.record_many(
-            capture_key_entries(handle.pseudonym, request_id, commitments),
+            capture_key_entries(handle.pseudonym, request_id, commitments)
+            + _others_key_entries(handle.pseudonym, others),
             once_by=KEY_ENTRY_IDENTITY,
         )
         # Snapshots may hold the shredded items' values: they are caches, drop them.
         snapshots = self._app.drop_snapshots(stream)
         self._flush_caches(stream)
-        draft = _captures_drafted(draft, commitments, totals, snapshots=snapshots)
+        draft = _captures_drafted(draft, commitments, totals, snapshots=snapshots, others=others)
         return self._finish(subject_ref, draft, timeout_s, resumed=False)
 
     # -------------------------------------------------------------------- item
@@ -805,7 +820,7 @@ class ErasureService:
         if ledger is None:
             return ()
         own = {key.key_version for key in preview.deks}
-        found: dict[int, _OthersKey] = {}
+        candidates: dict[int, list[_OthersKey]] = {}
         for record in ledger.drafts_of_stream(self._tenant, draft.stream):
             try:
                 other = _Draft.from_json(record.draft)
@@ -817,11 +832,25 @@ class ErasureService:
                 if action.get("type") != "dek_destroyed" or "by_request" in action:
                     continue
                 version = int(action["key_version"])
-                if version not in own and version not in found:
-                    found[version] = _OthersKey(
-                        other.request_id, version, str(action["dek_commitment"])
+                if version not in own:
+                    candidates.setdefault(version, []).append(
+                        _OthersKey(other.request_id, version, str(action["dek_commitment"]))
                     )
-        return tuple(found[v] for v in sorted(found))
+        if any(len(named) > 1 for named in candidates.values()):
+            # Several requests recorded the key before any destroyed it (three or more
+            # at once): the one whose destroy deleted it wrote its ``key.destroyed``
+            # entry right after. Cite that one; the first record only when none is on
+            # the log yet (bug GL: the first record may be a request that deleted
+            # nothing, and this request then wrote a ``key.destroyed`` under it).
+            logged = {
+                (e.entry.get("request_id"), e.entry.get("dek_commitment"))
+                for e in self._log.entries(subject_ref=draft.pseudonym, action="key.destroyed")
+            }
+            candidates = {
+                version: sorted(named, key=lambda k: (k.by_request, k.dek_commitment) not in logged)
+                for version, named in candidates.items()
+            }
+        return tuple(candidates[v][0] for v in sorted(candidates))
 
     @contextmanager
     def _refusal_recorded(self, pseudonym: str, request_id: str) -> Iterator[None]:
@@ -1184,12 +1213,20 @@ def _subject_drafted(
 
 
 def _captures_drafted(
-    draft: _Draft, commitments: list[str], totals: dict[str, int], *, snapshots: int | None
+    draft: _Draft,
+    commitments: list[str],
+    totals: dict[str, int],
+    *,
+    snapshots: int | None,
+    others: Sequence[_OthersKey] = (),
 ) -> _Draft:
-    """An event erasure's draft citing these capture-key commitments and counts."""
+    """An event erasure's draft citing these capture-key commitments and counts, and the
+    subject keys ``others`` destroyed, each with its request's id (``by_request``)."""
     counts = dict(totals, captures=len(draft.captures), capture_keys=len(commitments))
     if snapshots is not None:
         counts["snapshots"] = snapshots
+    if others:
+        counts["deks_by_other_requests"] = len(others)
     actions: list[dict[str, Any]] = [
         {
             "type": "tombstone_appended",
@@ -1199,6 +1236,15 @@ def _captures_drafted(
         *(
             {"type": "dek_destroyed", "key_kind": "capture", "dek_commitment": c}
             for c in commitments
+        ),
+        *(
+            {
+                "type": "dek_destroyed",
+                "key_version": key.key_version,
+                "dek_commitment": key.dek_commitment,
+                "by_request": key.by_request,
+            }
+            for key in others
         ),
         {
             "type": "projection_purged",

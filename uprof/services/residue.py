@@ -127,6 +127,15 @@ def scan_database(engine: sa.Engine, terms: Sequence[str], report: ResidueReport
     ]
 
 
+#: How long the scan tries to fold each store's log before it reports it ``unfolded``
+#: (review of 0130, bug GE). Not the erasure's 30 s: an erasure must fold and waits for
+#: it; the scan only reports, and with that bound one scan beside a reader of the three
+#: stores held its caller (and a server worker thread) for 90 s to say what a few
+#: tries already knew. Long enough for the tries to pass the short reads of a busy
+#: server (each waits up to ``FOLD_TRY_MS`` for them).
+SCAN_FOLD_TIMEOUT_S = 2.0
+
+
 def check_shredded_streams(
     app: ProfilesApplication,
     keys: sa.Engine,
@@ -141,12 +150,13 @@ def check_shredded_streams(
     in the main file and the log, and the key bytes are no search term. The scan folds
     each store's log itself (SQLite: a truncating checkpoint, as an erasure ends with;
     nothing on PostgreSQL, whose log is the server's) and reports a store it cannot fold
-    as ``unfolded``. The ``.fold-owed`` markers are not read: they are unauthenticated
-    files (a writer of the data folder deletes or forges them), and an erasure a reader
-    kept from folding (``erasure_incomplete``) writes none."""
+    within ``SCAN_FOLD_TIMEOUT_S`` as ``unfolded``. The ``.fold-owed`` markers are not
+    read: they are unauthenticated files (a writer of the data folder deletes or forges
+    them), and an erasure a reader kept from folding (``erasure_incomplete``) writes
+    none."""
     engines = {id(e): e for e in (keys, views, app.events_engine)}.values()
     for engine in engines:
-        if not fold_log(engine):
+        if not fold_log(engine, timeout_s=SCAN_FOLD_TIMEOUT_S):
             name = Path(engine.url.database or "").name or str(engine.url)
             report.findings.append(
                 Finding(
