@@ -11,7 +11,9 @@ Per call, on one subject whose stream already holds ``--warm`` events:
 - ``append``: ``Uprof.grant_consent`` (load, decide, one event saved, audit entries):
   the anchor adds one key-store transaction after the event commits;
 - ``load``: ``ProfilesApplication.load`` of the stream: the anchor adds one key-store
-  read and one read of the head row.
+  read and one read of the head row;
+- ``slice``: ``Uprof.slice`` of that subject (the hot read path: gate, load, rank, pack,
+  the ``SliceServed`` record handed to the recorder thread), review of 0132.
 """
 
 from __future__ import annotations
@@ -51,9 +53,22 @@ def single(backend: str, calls: int, warm: int) -> dict[str, float]:
             grant()
         stream = kernel.stream_of("alice")
         kernel.app.load(stream)
+
+        def slice_() -> Any:
+            return kernel.slice(
+                "alice",
+                "what does alice like",
+                budget_tokens=200,
+                purpose="personalization",
+                app_id="app:planner",
+                agent_id="coach",
+            )
+
+        slice_()
         return {
             "append_ms": _per_call_ms(grant, calls),
             "load_ms": _per_call_ms(lambda: kernel.app.load(stream), calls),
+            "slice_ms": _per_call_ms(slice_, calls),
         }
 
 

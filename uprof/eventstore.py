@@ -26,6 +26,7 @@ from eventsourcing.persistence import (
     JSONTranscoder,
     Mapper,
     Notification,
+    PersistenceError,
     ProcessRecorder,
     Recording,
     StoredEvent,
@@ -148,10 +149,24 @@ def _in_memory(database: str) -> bool:
     return database == ":memory:" or "mode=memory" in database
 
 
-def _head_of(row: StoredEvent) -> StreamHead:
+def _head_of(row: StoredEvent, over: StreamHead | None = None) -> StreamHead:
+    """The anchor of a committed head row; for a raise, ``over`` is the anchor its
+    writer checked (``StreamHead.over_version``; None: there was none)."""
     stream_id = str(UUID(str(row.originator_id)))
     version = int(row.originator_version)
-    return StreamHead(stream_id, version, head_digest(stream_id, version, row.topic, row.state))
+    digest = head_digest(stream_id, version, row.topic, row.state)
+    if over is None:
+        return StreamHead(stream_id, version, digest)
+    return StreamHead(stream_id, version, digest, over.version, over.digest)
+
+
+def _holds_anchored_row(rows: Sequence[StoredEvent], anchor: StreamHead) -> bool:
+    """Whether ``rows`` (a stream's rows after some version, in order) hold the anchored
+    row unchanged, or start above the anchor's version (nothing to check there)."""
+    if not rows or rows[0].originator_version > anchor.version:
+        return True
+    at = [r for r in rows if r.originator_version == anchor.version]
+    return bool(at) and _head_of(at[0]).digest == anchor.digest
 
 
 _CUT_SHORT = (
@@ -280,7 +295,7 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
             if _head_of(rows[0]).digest != anchor.digest:
                 raise StoredDataDamagedError(_HEAD_REPLACED)
         if rows and (anchor is None or rows[-1].originator_version > anchor.version):
-            self._raise_anchors([rows[-1]])
+            self._raise_anchors(lambda: [_head_of(rows[-1], anchor)])  # checked just above
 
     def _record(self, processing_event: ProcessingEvent[UUID]) -> list[Recording[UUID]]:
         """Record, then raise each written stream's anchor in the key store.
@@ -292,18 +307,47 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
         anchor commit; the next load or append of the stream adopts it.
         """
         recordings = super()._record(processing_event)
-        newest: dict[UUID | str, Notification] = {}
+        newest: dict[str, Notification] = {}
+        first: dict[str, int] = {}
         for recording in recordings:
             n = recording.notification
-            held = newest.get(n.originator_id)
+            stream = str(UUID(str(n.originator_id)))
+            held = newest.get(stream)
             if held is None or held.originator_version < n.originator_version:
-                newest[n.originator_id] = n
+                newest[stream] = n
+            first[stream] = min(first.get(stream, n.originator_version), n.originator_version)
         if newest:
-            self._raise_anchors(list(newest.values()))
+            self._raise_anchors(lambda: self._checked_heads(newest, first))
         return recordings
 
-    def _raise_anchors(self, heads: Sequence[StoredEvent]) -> None:
-        """Raise these committed head rows' anchors; a key store that refuses is logged.
+    def _checked_heads(
+        self, newest: dict[str, Notification], first: dict[str, int]
+    ) -> list[StreamHead]:
+        """The heads a save may raise its streams' anchors to: over each anchor whose
+        row is still the one anchored and below the save's first row (bug GM).
+
+        A writer that did not load the stream (a cached copy, a verdict at ``head + 1``)
+        never checked its anchor, and a stream cut short takes its next rows into the
+        emptied slots. An anchor at or above the save's first version, or whose row is
+        gone or changed, is left as it is: the next load fails closed on it.
+        """
+        anchors = self._keystore.stream_heads_of(self.log_id, newest)
+        heads = []
+        for stream, n in newest.items():
+            anchor = anchors.get(stream)
+            if anchor is not None:
+                if anchor.version >= first[stream]:
+                    continue
+                rows = self.recorder.select_events(
+                    UUID(stream), gt=anchor.version - 1, lte=anchor.version
+                )
+                if not rows or _head_of(rows[0]).digest != anchor.digest:
+                    continue
+            heads.append(_head_of(n, anchor))
+        return heads
+
+    def _raise_anchors(self, heads: Callable[[], Sequence[StreamHead]]) -> None:
+        """Raise committed head rows' anchors; a store that refuses is logged.
 
         The events are committed: failing the request now would report a write that
         happened as one that did not (I12), and failing a load would refuse a stream
@@ -311,11 +355,10 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
         append raises it.
         """
         try:
-            self._keystore.raise_stream_heads(self.log_id, [_head_of(n) for n in heads])
-        except sa.exc.SQLAlchemyError as error:
+            self._keystore.raise_stream_heads(self.log_id, heads())
+        except (sa.exc.SQLAlchemyError, PersistenceError) as error:
             _log.warning(
-                "stream anchors not written after a committed save (%d streams): %s",
-                len(heads),
+                "stream anchors not written after a committed write: %s",
                 type(error).__name__,
             )
 
@@ -393,26 +436,41 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
         since it was loaded, usually none or a few): far cheaper than a new load.
         Refuses a subject erased meanwhile, as ``load`` does."""
         caught_up = self.catch_up_many([profile])[profile.id]
-        if isinstance(caught_up, SubjectErasedError):
+        if isinstance(caught_up, (SubjectErasedError, StoredDataDamagedError)):
             raise caught_up
         return caught_up
 
     def catch_up_many(
         self, profiles: Sequence[SubjectProfile]
-    ) -> dict[UUID, SubjectProfile | SubjectErasedError]:
-        """``catch_up`` for several subjects: two queries for all of them (which are
-        shredded, and how far each stream is), then a read of the new events of each
-        stream that moved. A subject erased meanwhile maps to its error."""
+    ) -> dict[UUID, SubjectProfile | SubjectErasedError | StoredDataDamagedError]:
+        """``catch_up`` for several subjects: three queries for all of them (which are
+        shredded, their anchors, and how far each stream is), then a read of the new
+        events of each stream that moved. A subject erased meanwhile maps to its error;
+        a stream now below its anchor to damage, as a load refuses it (bug GO: a copy
+        kept from before a cut would otherwise go on as if nothing were missing)."""
         shredded = self._keystore.shredded_among(str(p.id) for p in profiles)
+        # The anchors before the heads: every version an anchor names is committed
+        # before it is written, so it is in the read that follows.
+        anchors = self._keystore.stream_heads_of(self.log_id, (str(p.id) for p in profiles))
         heads = self.stream_versions([p.id for p in profiles])
-        caught_up: dict[UUID, SubjectProfile | SubjectErasedError] = {}
+        caught_up: dict[UUID, SubjectProfile | SubjectErasedError | StoredDataDamagedError] = {}
         for profile in profiles:
             if str(profile.id) in shredded:
                 caught_up[profile.id] = SubjectErasedError("this subject has been erased")
                 continue
+            anchor = anchors.get(str(profile.id))
+            if anchor is not None and heads.get(profile.id, 0) < anchor.version:
+                caught_up[profile.id] = StoredDataDamagedError(_CUT_SHORT)
+                continue
             current = profile
             if heads.get(profile.id, 0) > profile.version:
-                newer = self.events.get(originator_id=profile.id, gt=profile.version)
+                rows = self.recorder.select_events(profile.id, gt=profile.version)
+                if anchor is not None and not _holds_anchored_row(rows, anchor):
+                    # The anchored row, among the new ones, is not the one committed
+                    # there: a cut slot filled again (bug GQ).
+                    caught_up[profile.id] = StoredDataDamagedError(_HEAD_REPLACED)
+                    continue
+                newer = [self.mapper.to_domain_event(r) for r in rows]
                 projected = project_aggregate(profile, newer)
                 assert isinstance(projected, SubjectProfile)
                 current = projected

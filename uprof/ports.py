@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from audit.keyring import SigningKeys
     from audit.log import AuditRecord, StoredEntry
-    from domain.errors import SubjectErasedError
+    from domain.errors import StoredDataDamagedError, SubjectErasedError
     from domain.profile import SubjectProfile
     from projections.profile.queries import (
         AttributeRow,
@@ -268,8 +268,9 @@ class EventStore(Protocol):
 
     def catch_up_many(
         self, profiles: Sequence[SubjectProfile]
-    ) -> dict[UUID, SubjectProfile | SubjectErasedError]:
-        """``catch_up`` for several subjects; an erased one maps to its error."""
+    ) -> dict[UUID, SubjectProfile | SubjectErasedError | StoredDataDamagedError]:
+        """``catch_up`` for several subjects; an erased one maps to its error, a stream
+        below its anchor to damage (bug GO)."""
         ...
 
     def notification_ids(self, stream_id: UUID, versions: Sequence[int]) -> list[int]:
@@ -436,9 +437,14 @@ class SubjectKeyStore(Protocol):
         """The stream's anchor in that event log (its newest version known committed)."""
         ...
 
+    def stream_heads_of(self, log_id: str, stream_ids: Iterable[str]) -> dict[str, StreamHead]:
+        """The anchors of these streams in that event log (unknown ones left out)."""
+        ...
+
     def raise_stream_heads(self, log_id: str, heads: Iterable[StreamHead]) -> None:
-        """Raise each stream's anchor in that log to ``heads``, never lowering one; none
-        for a shredded stream."""
+        """Raise each stream's anchor in that log to ``heads``, only from the anchor its
+        writer checked (``StreamHead.over_version``), never lowering one; none for a
+        shredded stream."""
         ...
 
     def move_stream_heads(self, log_id: str, moves: Iterable[tuple[StreamHead, str]]) -> int:
@@ -447,7 +453,8 @@ class SubjectKeyStore(Protocol):
         ...
 
     def replace_stream_heads(self, log_id: str, heads: Iterable[StreamHead]) -> int:
-        """Make ``heads`` the only anchors of that log (a restore); how many were written."""
+        """Make ``heads`` the only anchors, of that log; other logs keep none (a restore,
+        bug GN); how many were written."""
         ...
 
 

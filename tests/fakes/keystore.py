@@ -204,14 +204,23 @@ class InMemoryKeyStore:
     def stream_head(self, log_id: str, stream_id: str) -> StreamHead | None:
         return self._heads.get((log_id, stream_id))
 
+    def stream_heads_of(self, log_id: str, stream_ids: Iterable[str]) -> dict[str, StreamHead]:
+        return {s: h for s in stream_ids if (h := self._heads.get((log_id, s))) is not None}
+
     def raise_stream_heads(self, log_id: str, heads: Iterable[StreamHead]) -> None:
         with self._lock:
             for head in heads:
                 held = self._heads.get((log_id, head.stream_id))
                 if head.stream_id not in self._shredded and (
-                    held is None or held.version < head.version
+                    held is None
+                    or (
+                        held.version < head.version
+                        and (held.version, held.digest) == (head.over_version, head.over_digest)
+                    )
                 ):
-                    self._heads[(log_id, head.stream_id)] = head
+                    self._heads[(log_id, head.stream_id)] = StreamHead(
+                        head.stream_id, head.version, head.digest
+                    )
 
     def move_stream_heads(self, log_id: str, moves: Iterable[tuple[StreamHead, str]]) -> int:
         moved = 0
@@ -226,7 +235,6 @@ class InMemoryKeyStore:
 
     def replace_stream_heads(self, log_id: str, heads: Iterable[StreamHead]) -> int:
         with self._lock:
-            kept = {k: h for k, h in self._heads.items() if k[0] != log_id}
             fresh = {(log_id, h.stream_id): h for h in heads if h.stream_id not in self._shredded}
-            self._heads = {**kept, **fresh}
+            self._heads = fresh  # every other log's anchors go (bug GN)
             return len(fresh)

@@ -12,7 +12,6 @@ processes; SQLite only (PostgreSQL's WAL is the server's).
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,8 +24,12 @@ import pytest
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import running, settings_for
-from tests.kernel.test_erasure_beside_a_reader import _files_holding, _reader, _wrapped_keys
-from tests.kernel.test_keys_apart import ALICE, BOB, assert_intact, fill
+from tests.kernel.sqlite_readers import (
+    files_holding,
+    key_store_put_back_after_erasure,
+    reader_holding,
+)
+from tests.kernel.test_keys_apart import BOB, assert_intact
 from uprof.settings import Settings
 
 pytestmark = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
@@ -77,23 +80,8 @@ def test_a_start_killed_while_it_waits_to_fold_leaves_the_fold_owed(
 ) -> None:
     settings = settings_for(backend)
     keys_db = settings.key_path / "keys.sqlite"
-    old = backend.data_dir / "old-keys.sqlite"
-    with running(settings, clock) as k:
-        fill(k, "alice", ALICE)
-        fill(k, "bob", BOB)
-        stream = str(k.stream_of("alice"))
-        wrapped = _wrapped_keys(keys_db, stream)
-        assert wrapped
-    shutil.copy2(keys_db, old)
-    with running(settings, clock) as k:
-        k.erase_subject("alice")
-    for suffix in ("-wal", "-shm"):
-        keys_db.with_name("keys.sqlite" + suffix).unlink(missing_ok=True)
-    shutil.copy2(old, keys_db)  # the key store put back from before the erasure
-    old.unlink()
-    reader = _reader(keys_db)
-    try:
-        assert reader.stdout is not None and reader.stdout.readline().strip() == "HOLD"
+    stream, wrapped = key_store_put_back_after_erasure(backend, settings, clock)
+    with reader_holding(keys_db):
         start = _start(settings)
         try:
             deadline = time.monotonic() + PATIENCE_S
@@ -107,18 +95,13 @@ def test_a_start_killed_while_it_waits_to_fold_leaves_the_fold_owed(
         finally:
             start.kill()
             start.wait()
-        assert "keys.sqlite" in _files_holding(settings.key_path, wrapped)  # the fold is owed
-    finally:
-        reader.kill()
-        reader.wait()
-        if reader.stdout is not None:
-            reader.stdout.close()
+        assert "keys.sqlite" in files_holding(settings.key_path, wrapped)  # the fold is owed
     with running(settings, clock) as k:  # the next start, long-lived (a server)
         deadline = time.monotonic() + PATIENCE_S
-        holding = _files_holding(settings.key_path, wrapped)
+        holding = files_holding(settings.key_path, wrapped)
         while holding and time.monotonic() < deadline:
             time.sleep(1.0)
-            holding = _files_holding(settings.key_path, wrapped)
+            holding = files_holding(settings.key_path, wrapped)
         # Still running: no file of the key folder holds the erased subject's key.
         assert holding == [], holding
         assert_intact(k, "bob", BOB)

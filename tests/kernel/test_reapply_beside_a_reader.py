@@ -13,7 +13,6 @@ server's.
 
 from __future__ import annotations
 
-import shutil
 import time
 
 import pytest
@@ -23,8 +22,12 @@ from domain.errors import SubjectErasedError
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import running, settings_for
-from tests.kernel.test_erasure_beside_a_reader import _files_holding, _reader, _wrapped_keys
-from tests.kernel.test_keys_apart import ALICE, BOB, assert_intact, fill
+from tests.kernel.sqlite_readers import (
+    files_holding,
+    key_store_put_back_after_erasure,
+    reader_holding,
+)
+from tests.kernel.test_keys_apart import BOB, assert_intact
 
 pytestmark = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 
@@ -39,38 +42,18 @@ def test_a_start_beside_a_reader_folds_the_re_destroyed_keys_once_the_reader_goe
     monkeypatch.setattr(sqlite_backend, "FOLD_TIMEOUT_S", 2.0)
     settings = settings_for(backend)
     keys_db = settings.key_path / "keys.sqlite"
-    old = backend.data_dir / "old-keys.sqlite"
-    with running(settings, clock) as k:
-        fill(k, "alice", ALICE)
-        fill(k, "bob", BOB)
-        wrapped = _wrapped_keys(keys_db, str(k.stream_of("alice")))
-        assert wrapped
-    # Closed: the key store is one file again; the copy an operator restores later.
-    assert not keys_db.with_name("keys.sqlite-wal").exists()
-    shutil.copy2(keys_db, old)
-    with running(settings, clock) as k:
-        k.erase_subject("alice")
-    for suffix in ("-wal", "-shm"):
-        keys_db.with_name("keys.sqlite" + suffix).unlink(missing_ok=True)
-    shutil.copy2(old, keys_db)  # the key store put back from before the erasure
-    reader = _reader(keys_db)
-    try:
-        assert reader.stdout is not None and reader.stdout.readline().strip() == "HOLD"
+    _, wrapped = key_store_put_back_after_erasure(backend, settings, clock)
+    with reader_holding(keys_db) as reader:
         with running(settings, clock) as k:
             with pytest.raises(SubjectErasedError):
                 k.profile("alice")
             reader.kill()
             reader.wait()
             deadline = time.monotonic() + PATIENCE_S
-            holding = _files_holding(settings.key_path, wrapped)
+            holding = files_holding(settings.key_path, wrapped)
             while holding and time.monotonic() < deadline:
                 time.sleep(1.0)
-                holding = _files_holding(settings.key_path, wrapped)
+                holding = files_holding(settings.key_path, wrapped)
             # Still running, the reader gone: no file of the key folder holds the key.
             assert holding == [], holding
             assert_intact(k, "bob", BOB)
-    finally:
-        reader.kill()
-        reader.wait()
-        if reader.stdout is not None:
-            reader.stdout.close()

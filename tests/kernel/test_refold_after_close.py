@@ -13,7 +13,6 @@ PostgreSQL's WAL is the server's.
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -23,8 +22,7 @@ import pytest
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import running, settings_for
-from tests.kernel.test_erasure_beside_a_reader import _reader, _wrapped_keys
-from tests.kernel.test_keys_apart import ALICE, BOB, fill
+from tests.kernel.sqlite_readers import key_store_put_back_after_erasure, reader_holding
 from uprof.services import recovery
 
 pytestmark = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
@@ -52,21 +50,9 @@ def test_a_close_beside_a_reader_ends_the_background_fold(
 ) -> None:
     settings = settings_for(backend)
     keys_db = settings.key_path / "keys.sqlite"
-    old = backend.data_dir / "old-keys.sqlite"
-    with running(settings, clock) as k:
-        fill(k, "alice", ALICE)
-        fill(k, "bob", BOB)
-        assert _wrapped_keys(keys_db, str(k.stream_of("alice")))
-    shutil.copy2(keys_db, old)
-    with running(settings, clock) as k:
-        k.erase_subject("alice")
-    for suffix in ("-wal", "-shm"):
-        keys_db.with_name("keys.sqlite" + suffix).unlink(missing_ok=True)
-    shutil.copy2(old, keys_db)  # the key store put back from before the erasure
+    key_store_put_back_after_erasure(backend, settings, clock)
     before = {t.ident for t in _refold_threads()}
-    reader = _reader(keys_db)
-    try:
-        assert reader.stdout is not None and reader.stdout.readline().strip() == "HOLD"
+    with reader_holding(keys_db):
         with running(settings, clock):
             started = [t for t in _refold_threads() if t.ident not in before]
             assert started, "the start beside a reader did not owe a fold"
@@ -76,8 +62,3 @@ def test_a_close_beside_a_reader_ends_the_background_fold(
         # Closed, the reader still there: nothing of this kernel touches the store.
         assert [t for t in started if t.is_alive()] == []
         assert _open_in(settings.key_path) == []
-    finally:
-        reader.kill()
-        reader.wait()
-        if reader.stdout is not None:
-            reader.stdout.close()

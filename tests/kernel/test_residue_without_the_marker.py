@@ -16,8 +16,6 @@ SQLite only: PostgreSQL's WAL is the server's (its scan folds nothing and finds 
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 import uprof.backends.sqlite as sqlite_backend
@@ -25,8 +23,13 @@ from domain.errors import ErasureIncompleteError
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import running, settings_for
-from tests.kernel.test_erasure_beside_a_reader import _files_holding, _reader, _wrapped_keys
-from tests.kernel.test_fold_owed_across_starts import _short_lived_start
+from tests.kernel.sqlite_readers import (
+    files_holding,
+    key_store_put_back_after_erasure,
+    reader_holding,
+    short_lived_start,
+    wrapped_keys,
+)
 from tests.kernel.test_keys_apart import ALICE, BOB, assert_intact, fill
 from uprof.services.recovery import FOLD_OWED_SUFFIX
 
@@ -42,24 +45,17 @@ def test_the_scan_is_not_clean_beside_an_erasure_a_reader_kept_unfolded(
     with running(settings, clock) as k:
         fill(k, "alice", ALICE)
         fill(k, "bob", BOB)
-        wrapped = _wrapped_keys(keys_db, str(k.stream_of("alice")))
-        reader = _reader(keys_db)
-        try:
-            assert reader.stdout is not None and reader.stdout.readline().strip() == "HOLD"
+        wrapped = wrapped_keys(keys_db, str(k.stream_of("alice")))
+        with reader_holding(keys_db):
             with pytest.raises(ErasureIncompleteError):
                 k.erase_subject("alice")
-            assert _files_holding(settings.key_path, wrapped)  # the key is on disk
+            assert files_holding(settings.key_path, wrapped)  # the key is on disk
             assert not list(settings.key_path.glob("*" + FOLD_OWED_SUFFIX))
             report = k.residue_scan(["no such term"])
             assert not report.clean, "clean while the key store holds the erased key"
             assert any(
                 f.kind == "unfolded" and "keys.sqlite" in f.location for f in report.findings
             ), report.findings
-        finally:
-            reader.kill()
-            reader.wait()
-            if reader.stdout is not None:
-                reader.stdout.close()
         k.erase_subject("alice")  # asked again, the reader gone: done
         assert k.residue_scan(["no such term"]).clean
         assert_intact(k, "bob", BOB)
@@ -73,33 +69,17 @@ def test_a_deleted_marker_does_not_make_the_scan_clean(
     monkeypatch.setattr(sqlite_backend, "FOLD_TIMEOUT_S", 2.0)
     settings = settings_for(backend)
     keys_db = settings.key_path / "keys.sqlite"
-    old = backend.data_dir / "old-keys.sqlite"
-    with running(settings, clock) as k:
-        fill(k, "alice", ALICE)
-        wrapped = _wrapped_keys(keys_db, str(k.stream_of("alice")))
-    shutil.copy2(keys_db, old)
-    with running(settings, clock) as k:
-        k.erase_subject("alice")
-    for suffix in ("-wal", "-shm"):
-        keys_db.with_name("keys.sqlite" + suffix).unlink(missing_ok=True)
-    shutil.copy2(old, keys_db)  # the key store put back from before the erasure
-    reader = _reader(keys_db)
-    try:
-        assert reader.stdout is not None and reader.stdout.readline().strip() == "HOLD"
-        _short_lived_start(settings)  # re-destroys, cannot fold, and ends
+    _, wrapped = key_store_put_back_after_erasure(backend, settings, clock, bystander=False)
+    with reader_holding(keys_db):
+        short_lived_start(settings)  # re-destroys, cannot fold, and ends
         marker = keys_db.with_name("keys.sqlite" + FOLD_OWED_SUFFIX)
         assert marker.exists()
         marker.unlink()  # the attack
         with running(settings, clock) as k:
-            assert "keys.sqlite" in _files_holding(settings.key_path, wrapped)
+            assert "keys.sqlite" in files_holding(settings.key_path, wrapped)
             report = k.residue_scan(["no such term"])
             assert not report.clean, "clean while keys.sqlite holds the erased key"
             assert any("keys.sqlite" in f.location for f in report.findings), report.findings
-    finally:
-        reader.kill()
-        reader.wait()
-        if reader.stdout is not None:
-            reader.stdout.close()
 
 
 def test_forged_markers_in_the_data_folder_neither_fail_a_start_nor_spoil_the_scan(
@@ -131,33 +111,16 @@ def test_an_owed_fold_whose_marker_cannot_be_written_is_neither_receipted_nor_cl
     monkeypatch.setattr(sqlite_backend, "FOLD_TIMEOUT_S", 2.0)
     settings = settings_for(backend)
     keys_db = settings.key_path / "keys.sqlite"
-    old = backend.data_dir / "old-keys.sqlite"
-    with running(settings, clock) as k:
-        fill(k, "alice", ALICE)
-        fill(k, "bob", BOB)
-        wrapped = _wrapped_keys(keys_db, str(k.stream_of("alice")))
-    shutil.copy2(keys_db, old)
-    with running(settings, clock) as k:
-        k.erase_subject("alice")
-    for suffix in ("-wal", "-shm"):
-        keys_db.with_name("keys.sqlite" + suffix).unlink(missing_ok=True)
-    shutil.copy2(old, keys_db)
+    _, wrapped = key_store_put_back_after_erasure(backend, settings, clock)
     marker = keys_db.with_name("keys.sqlite" + FOLD_OWED_SUFFIX)
     marker.symlink_to(backend.data_dir / "no-such-folder" / "marker")  # cannot be created
-    reader = _reader(keys_db)
-    try:
-        assert reader.stdout is not None and reader.stdout.readline().strip() == "HOLD"
+    with reader_holding(keys_db):
         with running(settings, clock) as k:  # re-destroys, cannot fold nor mark it
             assert not marker.exists()
-            assert "keys.sqlite" in _files_holding(settings.key_path, wrapped)
+            assert "keys.sqlite" in files_holding(settings.key_path, wrapped)
             with pytest.raises(ErasureIncompleteError):
                 k.erase_subject("bob")
             report = k.residue_scan(["no such term"])
             assert any(
                 f.kind == "unfolded" and "keys.sqlite" in f.location for f in report.findings
             ), report.findings
-    finally:
-        reader.kill()
-        reader.wait()
-        if reader.stdout is not None:
-            reader.stdout.close()

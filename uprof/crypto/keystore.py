@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import sqlalchemy as sa
@@ -171,6 +171,11 @@ class StreamHead:
     stream_id: str
     version: int
     digest: str
+    #: For a raise: the anchor its writer found whole (its row still there, digest
+    #: equal) below the rows it raises to; version 0 when there was none. The anchor is
+    #: raised only from exactly that one (bug GM). Not stored.
+    over_version: int = field(default=0, compare=False)
+    over_digest: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
@@ -215,14 +220,20 @@ _INSERT_CAPTURE_KEYS = capture_keys.insert()
 # locks the conflicting row and re-evaluates the WHERE on its newest version, SQLite
 # holds its write lock: of two racers the higher version wins whichever commits last.
 # A stream already shredded gets none (an appender that committed before the erasure's
-# tombstone may anchor after ``destroy`` deleted the anchor).
+# tombstone may anchor after ``destroy`` deleted the anchor). And only over the anchor
+# its writer checked against the event store (``StreamHead.over_version``): a writer
+# that does not load (a cached copy, a verdict at ``head + 1``) may have appended into
+# a slot someone emptied, and raising over an anchor nobody checked would launder the
+# cut (bug GM); another writer's raise in between leaves this one lagging, which is safe.
 _RAISE_STREAM_HEAD = sa.text(
     "INSERT INTO stream_heads (log_id, stream_id, version, digest) "
     "SELECT CAST(:log_id AS VARCHAR(32)), CAST(:stream_id AS VARCHAR(36)), "
     "CAST(:version AS INTEGER), CAST(:digest AS VARCHAR(64)) WHERE NOT EXISTS "
     "(SELECT 1 FROM shredded_streams WHERE stream_id = CAST(:stream_id AS VARCHAR(36))) "
     "ON CONFLICT (log_id, stream_id) DO UPDATE SET version = excluded.version, "
-    "digest = excluded.digest WHERE stream_heads.version < excluded.version"
+    "digest = excluded.digest WHERE stream_heads.version < excluded.version "
+    "AND stream_heads.version = CAST(:over_version AS INTEGER) "
+    "AND stream_heads.digest = CAST(:over_digest AS VARCHAR(64))"
 )
 
 
@@ -836,11 +847,34 @@ class KeyStore:
             ).first()
         return None if row is None else StreamHead(stream_id, int(row.version), str(row.digest))
 
+    def stream_heads_of(self, log_id: str, stream_ids: Iterable[str]) -> dict[str, StreamHead]:
+        """``stream_head`` for several streams (one query); unknown ones left out."""
+        wanted = sorted(set(stream_ids))
+        if not wanted:
+            return {}
+        c = stream_heads.c
+        with self._engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(c.stream_id, c.version, c.digest).where(
+                    c.log_id == log_id, c.stream_id.in_(wanted)
+                )
+            ).all()
+        return {r.stream_id: StreamHead(r.stream_id, int(r.version), str(r.digest)) for r in rows}
+
     def raise_stream_heads(self, log_id: str, heads: Iterable[StreamHead]) -> None:
-        """Move each stream's anchor in that log up to ``heads`` (one transaction); an
-        anchor already at or above a head stays, and a shredded stream gets none."""
+        """Move each stream's anchor in that log up to ``heads`` (one transaction): a
+        missing one is written; one is raised only from the anchor its writer checked
+        (``StreamHead.over_version``), so one already at or above a head, or moved
+        since, stays; a shredded stream gets none."""
         rows = [
-            {"log_id": log_id, "stream_id": h.stream_id, "version": h.version, "digest": h.digest}
+            {
+                "log_id": log_id,
+                "stream_id": h.stream_id,
+                "version": h.version,
+                "digest": h.digest,
+                "over_version": h.over_version,
+                "over_digest": h.over_digest,
+            }
             for h in sorted(heads, key=lambda h: h.stream_id)  # one lock order: no deadlock
         ]
         if not rows:
@@ -895,11 +929,16 @@ class KeyStore:
         return moved
 
     def replace_stream_heads(self, log_id: str, heads: Iterable[StreamHead]) -> int:
-        """Make ``heads`` the only anchors of that log (``uprof restore``: the operator put
-        an older log in place, whose heads are the truth from now on); shredded streams
-        get none. Returns how many anchors were written."""
+        """Make ``heads`` the only anchors, those of that log (``uprof restore``: the
+        operator put an older log in place, whose heads are the truth from now on);
+        shredded streams get none. Returns how many anchors were written.
+
+        Every other log's anchors go too: they name heads of the log the operator just
+        replaced, and a restored folder moved to the path of the one it replaced takes
+        that path's log identity (bug GN); it would be refused for every stream written
+        since the backup. A copy elsewhere is another log, never the protected one."""
         with self._engine.begin() as conn:
-            conn.execute(stream_heads.delete().where(stream_heads.c.log_id == log_id))
+            conn.execute(stream_heads.delete())
             shredded = set(conn.execute(sa.select(shredded_streams.c.stream_id)).scalars())
             rows = [
                 {

@@ -84,6 +84,9 @@ class ProfileService:
         """
         if when.tzinfo is None:
             raise InvalidInputError("as_of must carry a timezone")
+        # Loaded first, for its checks alone: ``stream_events`` reads no anchor, and a
+        # stream cut below it would replay as if its last events never happened (bug GP).
+        self._app.load(stream_id)
         stored = self._app.stream_events(stream_id)
         if not stored:
             raise SubjectNotFoundError("no such subject stream")
