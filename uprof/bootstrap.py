@@ -34,6 +34,7 @@ from uprof.crypto.keydir import (
 )
 from uprof.crypto.keystore import KekRing, KeyStore, derive_key
 from uprof.crypto.ledger import ErasureLedger
+from uprof.crypto.plain_rows import tag_legacy_plain_rows
 from uprof.eventstore import ProfilesApplication
 from uprof.kernel import Uprof
 from uprof.partitions import Partitioning
@@ -377,6 +378,16 @@ def bootstrap(
         app = ProfilesApplication(
             env=layout.eventsourcing_env, keystore=keystore, events_engine=events
         )
+        # Plaintext rows of before 2026-12-05 get their tags, once per deployment and at
+        # each restore (decision XXXX-authenticated-plaintext-rows); under the lock: one
+        # process at a time.
+        try:
+            tag_legacy_plain_rows(app, keystore, material, again=restoring)
+        except BaseException:
+            app.close()
+            release_stores()
+            stores.dispose()
+            raise
     partitioning = Partitioning(settings.worker_partitions)
     try:
         app.claim_partitioning(partitioning.count)

@@ -376,6 +376,24 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
             ).all()
         return [_head_of(StoredEvent(r[0], int(r[1]), str(r[2]), bytes(r[3]))) for r in rows]
 
+    def move_anchors(self, rewrites: Sequence[tuple[StoredEvent, bytes]]) -> int:
+        """Before committed rows are re-written in place (``uprof.crypto.plain_rows``), move
+        the anchor of each row that is its stream's anchored head from the row's stored
+        bytes to its new state: only if the anchor still names exactly the old row
+        (compare-and-set in the key store). An anchor at another version (the row is not
+        the anchored head, or another process's append raised it past) or with another
+        digest (already moved by an earlier, killed run; or a head replaced, which stays
+        damage) is left alone. Call it, and let it return, *before* the rows are
+        re-written: killed between the two, the anchor names the new bytes and the old
+        row is still there, which the re-run that must follow re-writes (a row re-written
+        first would leave an anchor naming bytes no longer stored, and a re-run would not
+        find the row to re-write). Returns how many anchors moved."""
+        moves = [
+            (_head_of(row), _head_of(dataclasses.replace(row, state=state)).digest)
+            for row, state in rewrites
+        ]
+        return self._keystore.move_stream_heads(self.log_id, moves)
+
     def reanchor(self) -> int:
         """Make the event store's current heads the anchors (``uprof restore``, run alone
         on the stores: the operator chose this log). Returns how many were written."""

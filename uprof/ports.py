@@ -162,6 +162,15 @@ class KeyMaterialStore(Protocol):
         wrapped under an epoch a rotation forgets."""
         ...
 
+    def data_upgraded(self, name: str) -> bool:
+        """Whether the one-off upgrade of stored data ``name`` finished on this deployment
+        (kept with the key material: a writer of the stores cannot make it run again)."""
+        ...
+
+    def record_data_upgrade(self, name: str) -> None:
+        """Record durably that ``name`` finished (a second record is a no-op)."""
+        ...
+
     def audit_signing_key(self) -> Ed25519PrivateKey:
         """Return the audit log's current Ed25519 signing key, creating it on first use."""
         ...
@@ -411,6 +420,15 @@ class SubjectKeyStore(Protocol):
         """Whether the stream's keys were destroyed."""
         ...
 
+    def plain_row_key(self, key_id: int) -> bytes | None:
+        """The deployment key that authenticates plaintext event rows under ``key_id``,
+        or None when there is no such key."""
+        ...
+
+    def current_plain_row_key(self) -> tuple[int, bytes]:
+        """(key id, key) tagging new plaintext event rows, created on first use."""
+        ...
+
     def shredded_among(self, stream_ids: Iterable[str]) -> set[str]:
         """Which of these streams are shredded."""
         ...
@@ -427,6 +445,11 @@ class SubjectKeyStore(Protocol):
         """Raise each stream's anchor in that log to ``heads``, only from the anchor its
         writer checked (``StreamHead.over_version``), never lowering one; none for a
         shredded stream."""
+        ...
+
+    def move_stream_heads(self, log_id: str, moves: Iterable[tuple[StreamHead, str]]) -> int:
+        """Give each anchor that still is exactly the given one (version and digest) the
+        new digest (compare-and-set); how many moved."""
         ...
 
     def replace_stream_heads(self, log_id: str, heads: Iterable[StreamHead]) -> int:

@@ -190,6 +190,34 @@ class KeyStoreContract:
         assert keys.stream_head(log, a) is None and keys.stream_head(log, c) is None
         assert keys.stream_head(copy, b) is None
 
+    def test_a_stream_anchor_moves_to_a_new_digest_only_from_the_one_it_holds(
+        self, stores: Stores
+    ) -> None:
+        """The plain-row upgrade's compare-and-set: an anchor moves to a re-written head
+        row's digest only while it still names that row's old bytes at that version."""
+        keys = stores.keys()
+        log = "log-1"
+        a = str(keys.resolve_or_create(TENANT, "a", now=NOW).stream_id)
+        b = str(keys.resolve_or_create(TENANT, "b", now=NOW).stream_id)
+        keys.raise_stream_heads(log, [StreamHead(a, 5, "o" * 64), StreamHead(b, 7, "p" * 64)])
+        assert keys.move_stream_heads(log, []) == 0
+        moved = keys.move_stream_heads(
+            log,
+            [
+                (StreamHead(a, 5, "o" * 64), "n" * 64),  # holds the old digest: moves
+                (StreamHead(b, 6, "p" * 64), "q" * 64),  # raised past that version: stays
+            ],
+        )
+        assert moved == 1
+        assert keys.stream_head(log, a) == StreamHead(a, 5, "n" * 64)
+        assert keys.stream_head(log, b) == StreamHead(b, 7, "p" * 64)
+        # Again (a re-run after a kill): already moved, nothing to do.
+        assert keys.move_stream_heads(log, [(StreamHead(a, 5, "o" * 64), "n" * 64)]) == 0
+        # Another digest than the old one (a head replaced by someone): left alone.
+        assert keys.move_stream_heads(log, [(StreamHead(b, 7, "z" * 64), "q" * 64)]) == 0
+        assert keys.stream_head(log, b) == StreamHead(b, 7, "p" * 64)
+        assert keys.move_stream_heads("log-2", [(StreamHead(b, 7, "p" * 64), "q" * 64)]) == 0
+
 
 class TestKeyStoreInMemory(KeyStoreContract):
     @pytest.fixture

@@ -41,6 +41,7 @@ class InMemoryKeyStore:
         self._deks: dict[str, dict[int, bytes]] = {}
         self._capture_keys: dict[tuple[str, str], bytes] = {}
         self._shredded: set[str] = set()
+        self._plain_row_keys = {1: AESGCM.generate_key(bit_length=256)}
         self._heads: dict[tuple[str, str], StreamHead] = {}
 
     def _handle(self, stream_id: uuid.UUID, *, created: bool = False) -> SubjectHandle | None:
@@ -193,6 +194,13 @@ class InMemoryKeyStore:
     def shredded_among(self, stream_ids: Iterable[str]) -> set[str]:
         return set(stream_ids) & self._shredded
 
+    def plain_row_key(self, key_id: int) -> bytes | None:
+        return self._plain_row_keys.get(key_id)
+
+    def current_plain_row_key(self) -> tuple[int, bytes]:
+        key_id = max(self._plain_row_keys)
+        return key_id, self._plain_row_keys[key_id]
+
     def stream_head(self, log_id: str, stream_id: str) -> StreamHead | None:
         return self._heads.get((log_id, stream_id))
 
@@ -213,6 +221,17 @@ class InMemoryKeyStore:
                     self._heads[(log_id, head.stream_id)] = StreamHead(
                         head.stream_id, head.version, head.digest
                     )
+
+    def move_stream_heads(self, log_id: str, moves: Iterable[tuple[StreamHead, str]]) -> int:
+        moved = 0
+        with self._lock:
+            for head, digest in moves:
+                if self._heads.get((log_id, head.stream_id)) == head:
+                    self._heads[(log_id, head.stream_id)] = StreamHead(
+                        head.stream_id, head.version, digest
+                    )
+                    moved += 1
+        return moved
 
     def replace_stream_heads(self, log_id: str, heads: Iterable[StreamHead]) -> int:
         with self._lock:

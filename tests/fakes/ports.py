@@ -103,6 +103,7 @@ class InMemoryKeyMaterialStore:
         self._signing = Ed25519PrivateKey.generate()
         self._records: list[Any] = []
         self._ring_lock = threading.RLock()
+        self._upgrades: set[str] = set()
 
     def master_secret(self) -> bytes:
         import secrets
@@ -137,6 +138,12 @@ class InMemoryKeyMaterialStore:
 
     def append_erasure(self, record: Any) -> None:
         self._records.append(record)
+
+    def data_upgraded(self, name: str) -> bool:
+        return name in self._upgrades
+
+    def record_data_upgrade(self, name: str) -> None:
+        self._upgrades.add(name)
 
     def erasure_records(self) -> tuple[Any, ...]:
         return tuple(self._records)

@@ -362,7 +362,7 @@ def test_restore_into_an_empty_deployment_with_the_key_folder(
         engine = sa.create_engine(backend.url)
         with engine.begin() as conn:
             for table in sa.inspect(conn).get_table_names():
-                if table not in (*KEY_TABLES, "alembic_version"):
+                if table not in (*KEY_TABLES, "alembic_version"):  # every key table kept
                     conn.execute(sa.text(f'DROP TABLE "{table}" CASCADE'))
         engine.dispose()
     result = restore(settings, tmp_path / "bk")

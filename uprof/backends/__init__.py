@@ -170,6 +170,13 @@ class Backend(Protocol):
         """What ``append_only_ddl`` left behind once its tables are dropped."""
         ...
 
+    def flushed_transaction(self, engine: sa.Engine) -> AbstractContextManager[sa.Connection]:
+        """A write transaction whose commit reaches the disk before it returns, whatever
+        the engine's own setting (an engine that does not flush each commit: the views
+        and the event store's SQLite files), for a write that something flushed later
+        counts on (the plain-row upgrade's record in the key folder)."""
+        ...
+
     def serialised_transaction(
         self, engine: sa.Engine, lock_key: int, *, flush: bool = True
     ) -> AbstractContextManager[sa.Connection]:

@@ -227,6 +227,13 @@ class PostgresBackend:
         return ["DROP FUNCTION IF EXISTS uprof_audit_append_only()"]
 
     @contextlib.contextmanager
+    def flushed_transaction(self, engine: sa.Engine) -> Iterator[sa.Connection]:
+        # Every commit is flushed here (synchronous_commit), unless a transaction turns
+        # it off for itself.
+        with engine.begin() as conn:
+            yield conn
+
+    @contextlib.contextmanager
     def serialised_transaction(
         self, engine: sa.Engine, lock_key: int, *, flush: bool = True
     ) -> Iterator[sa.Connection]:

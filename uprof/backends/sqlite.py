@@ -271,6 +271,26 @@ class SQLiteBackend:
         return position
 
     @contextlib.contextmanager
+    def flushed_transaction(self, engine: sa.Engine) -> Iterator[sa.Connection]:
+        # ``synchronous`` is the connection's, set outside a transaction: FULL for this
+        # one commit, then the engine's own setting again before the connection goes back
+        # to the pool (invalidated if that fails: never pooled with another setting).
+        with engine.connect() as conn:
+            own = conn.exec_driver_sql("PRAGMA synchronous").scalar_one()
+            conn.exec_driver_sql("PRAGMA synchronous=FULL")
+            conn.commit()  # SQLAlchemy began one for the PRAGMAs; nothing to commit
+            try:
+                with conn.begin():
+                    yield conn
+            finally:
+                try:
+                    conn.exec_driver_sql(f"PRAGMA synchronous={int(own)}")
+                    conn.commit()
+                except BaseException:
+                    conn.invalidate()
+                    raise
+
+    @contextlib.contextmanager
     def serialised_transaction(
         self, engine: sa.Engine, lock_key: int, *, flush: bool = True
     ) -> Iterator[sa.Connection]:

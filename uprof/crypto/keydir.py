@@ -33,6 +33,7 @@ import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,8 @@ KEK_RING_FILE = "keks.json"
 RING_LOCK_FILE = "keks.lock"
 AUDIT_KEY_FILE = "audit-signing.pem"
 LEDGER_FILE = "erasure-ledger.jsonl"
+#: A finished one-off data upgrade: ``upgraded.<name>`` (``record_data_upgrade``).
+UPGRADE_FILE_PREFIX = "upgraded."
 KEYS_DB_FILE = "keys.sqlite"
 #: Key material an older uprof kept inside the data folder.
 LEGACY_FILES = (MASTER_KEY_FILE, KEK_RING_FILE, AUDIT_KEY_FILE, KEYS_DB_FILE)
@@ -61,6 +64,12 @@ class KeyMaterialError(UprofError):
     """The key folder is misplaced, unreadable or holds something unexpected."""
 
     hint = "key material lives in UPROF_KEY_DIR, apart from UPROF_DATA_DIR (docs/governance.md)"
+
+
+def _upgrade_file(name: str) -> str:
+    if not name or not all(c.isalnum() or c in "-_." for c in name):
+        raise ValueError(f"data upgrade name {name!r}: letters, digits, '-', '_', '.' only")
+    return UPGRADE_FILE_PREFIX + name
 
 
 def _fsync_dir(path: Path) -> None:
@@ -215,6 +224,13 @@ class FileKeyMaterialStore:
             ]
         }
         return json.dumps(body).encode()
+
+    def data_upgraded(self, name: str) -> bool:
+        return (self.path / _upgrade_file(name)).exists()
+
+    def record_data_upgrade(self, name: str) -> None:
+        stamp = datetime.now(UTC).isoformat().encode()
+        _create_once(self.path / _upgrade_file(name), stamp)
 
     def audit_keys(self) -> FileKeyRing:
         """The audit key ring of this folder: the current key and its endorsed history."""

@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 import sqlalchemy as sa
 from cryptography.hazmat.primitives import hashes
@@ -40,6 +40,7 @@ from uprof.caching import BoundedCache, CacheStats
 from uprof.crypto.ledger import ErasureLedger
 from uprof.crypto.tables import (
     capture_keys,
+    plain_row_keys,
     shredded_streams,
     stream_heads,
     subject_aliases,
@@ -273,6 +274,10 @@ class KeyStore:
         self._handles: BoundedCache[str, tuple[float, SubjectHandle]] = BoundedCache(
             MAX_CACHED_HANDLES, name="subject-handles"
         )
+        #: key id -> the deployment's plain-row key (a handful, never destroyed: a KEK
+        #: rotation re-wraps them, the keys stay the same), and the newest id.
+        self._plain_row_keys: dict[int, bytes] = {}
+        self._plain_row_current: int | None = None
 
     # ---------------------------------------------------------------- subjects
 
@@ -665,6 +670,78 @@ class KeyStore:
             return None
         return _capture_commitment(capture_id, row.wrapped_key)
 
+    # --------------------------------------------------------- plain-row keys
+
+    def plain_row_key(self, key_id: int) -> bytes | None:
+        """The deployment key that authenticates plaintext event rows under ``key_id``
+        (``uprof.crypto.mapper``), or None when the key store has no such key."""
+        cached = self._plain_row_keys.get(key_id)
+        if cached is not None:
+            return cached
+        with self._engine.connect() as conn:
+            row = conn.execute(
+                sa.select(plain_row_keys.c.wrapped_key, plain_row_keys.c.kek_id).where(
+                    plain_row_keys.c.key_id == key_id
+                )
+            ).first()
+        if row is None:
+            return None
+        key = aes_key_unwrap(self._ring.key_for(row.kek_id), row.wrapped_key)
+        self._plain_row_keys[key_id] = key
+        return key
+
+    def current_plain_row_key(self) -> tuple[int, bytes]:
+        """(key id, key) that tags new plaintext rows: the newest in the key store,
+        created on first use (one per deployment, whichever process creates it first)."""
+        if self._plain_row_current is not None:
+            return self._plain_row_current, self._plain_row_keys[self._plain_row_current]
+        newest = self._newest_plain_row_key_id()
+        if newest is None:
+            self.add_plain_row_key(first=True)
+            newest = self._newest_plain_row_key_id()
+        assert newest is not None  # created above, by this process or another
+        key = self.plain_row_key(newest)
+        if key is None:  # pragma: no cover - read just after it was found
+            raise RuntimeError(f"plain-row key {newest} vanished from the key store")
+        self._plain_row_current = newest
+        return newest, key
+
+    def add_plain_row_key(self, *, first: bool = False) -> int:
+        """Create the next plain-row key (rotation; ``first``: only if there is none).
+
+        Cross-process safe on every backend: the key id is the primary key, so of two
+        processes inserting the same id one commits and the other's insert fails (on
+        PostgreSQL it waits for the first to commit); the loser uses the winner's key.
+        Wrapped under the store's current KEK under the ring's shared lock, so a KEK
+        rotation re-wraps it with the others."""
+        key = AESGCM.generate_key(bit_length=256)
+        newest = self._newest_plain_row_key_id()
+        if first and newest is not None:
+            return newest
+        key_id = (newest or 0) + 1
+        try:
+            with self._ring.wrapping() as (kek_id, kek), self._engine.begin() as conn:
+                conn.execute(
+                    plain_row_keys.insert().values(
+                        key_id=key_id,
+                        wrapped_key=aes_key_wrap(kek, key),
+                        kek_id=kek_id,
+                        created_at=datetime.now(UTC),
+                    )
+                )
+        except sa.exc.IntegrityError:
+            if not first:
+                raise
+            return key_id  # another process created it first: theirs is the key
+        self._plain_row_keys[key_id] = key
+        self._plain_row_current = None if not first else key_id
+        return key_id
+
+    def _newest_plain_row_key_id(self) -> int | None:
+        with self._engine.connect() as conn:
+            found = conn.execute(sa.select(sa.func.max(plain_row_keys.c.key_id))).scalar_one()
+        return None if found is None else int(found)
+
     # ------------------------------------------------------------ destruction
 
     def destruction_preview(self, stream_id: str) -> Destruction:
@@ -824,6 +901,33 @@ class KeyStore:
                         conn.invalidate()  # never back in the pool with NORMAL
                         raise
 
+    def move_stream_heads(self, log_id: str, moves: Iterable[tuple[StreamHead, str]]) -> int:
+        """For each (anchor, new digest): if the stream's anchor in that log is still
+        exactly that anchor (version and digest), give it the new digest; an anchor that
+        names another version or digest is left alone (compare-and-set, one transaction).
+        For a committed head row about to be re-written in place (the plain-row upgrade,
+        ``uprof.crypto.plain_rows``). Flushed like the key store's other writes, unlike a
+        raise: a moved anchor must not be lost once its row is re-written. Returns how many
+        anchors moved."""
+        c = stream_heads.c
+        rows = sorted(moves, key=lambda m: m[0].stream_id)  # one lock order: no deadlock
+        moved = 0
+        if not rows:
+            return 0
+        with self._engine.begin() as conn:
+            for head, digest in rows:
+                moved += conn.execute(
+                    stream_heads.update()
+                    .where(
+                        c.log_id == log_id,
+                        c.stream_id == head.stream_id,
+                        c.version == head.version,
+                        c.digest == head.digest,
+                    )
+                    .values(digest=digest)
+                ).rowcount
+        return moved
+
     def replace_stream_heads(self, log_id: str, heads: Iterable[StreamHead]) -> int:
         """Make ``heads`` the only anchors, those of that log (``uprof restore``: the
         operator put an older log in place, whose heads are the truth from now on);
@@ -890,5 +994,17 @@ class KeyStore:
                     .values(wrapped_dek=aes_key_wrap(new_kek, dek), kek_id=new_id)
                 )
                 rewrapped += 1
+            # The plain-row keys are wrapped by the KEK too (``add_plain_row_key``).
+            for r in conn.execute(
+                sa.select(
+                    plain_row_keys.c.key_id, plain_row_keys.c.wrapped_key, plain_row_keys.c.kek_id
+                ).where(plain_row_keys.c.kek_id != new_id)
+            ).all():
+                key = aes_key_unwrap(self._ring.key_for(r.kek_id), r.wrapped_key)
+                conn.execute(
+                    plain_row_keys.update()
+                    .where(plain_row_keys.c.key_id == r.key_id)
+                    .values(wrapped_key=aes_key_wrap(new_kek, key), kek_id=new_id)
+                )
         forgotten = self._ring.forget_before(new_epoch)
         return {"epoch": new_epoch, "deks_rewrapped": rewrapped, "epochs_forgotten": len(forgotten)}

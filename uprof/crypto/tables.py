@@ -68,6 +68,19 @@ shredded_streams = sa.Table(
     sa.Column("shredded_at", sa.DateTime(timezone=True), nullable=False),
 )
 
+#: The deployment's keys that authenticate plaintext event rows (purge signals and
+#: quarantine verdicts, ``uprof.crypto.mapper``), wrapped by the KEK like the DEKs. Not
+#: per subject: those rows are written after a subject's keys are destroyed. A row's tag
+#: names its key id; the newest id tags new rows, older ones still verify theirs.
+plain_row_keys = sa.Table(
+    "plain_row_keys",
+    metadata,
+    sa.Column("key_id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("wrapped_key", sa.LargeBinary, nullable=False),
+    sa.Column("kek_id", sa.String(64), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
 #: The newest version of each subject stream known committed, and a digest of that row,
 #: per event log (``log_id``: where the log lives; a copy elsewhere is another log)
 #: (decision 0132-stream-head-anchor): kept here, apart from the event store, so that a
