@@ -8,7 +8,7 @@ purge signal or a verdict is) to a new stream, mapped by the deployment's mapper
 inserted in one recorder call, and loads them back (rows selected, each mapped back).
 Also the mapper alone (no SQL), both ways. Prints the median per run, in microseconds per
 event. Run it in a checkout of main and of the branch, side by side (decision
-XXXX-authenticated-plaintext-rows).
+0136-authenticated-plaintext-rows).
 """
 
 from __future__ import annotations

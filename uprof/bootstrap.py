@@ -379,7 +379,7 @@ def bootstrap(
             env=layout.eventsourcing_env, keystore=keystore, events_engine=events
         )
         # Plaintext rows of before 2026-12-05 get their tags, once per deployment and at
-        # each restore (decision XXXX-authenticated-plaintext-rows); under the lock: one
+        # each restore (decision 0136-authenticated-plaintext-rows); under the lock: one
         # process at a time.
         try:
             tag_legacy_plain_rows(app, keystore, material, again=restoring)

@@ -12,7 +12,7 @@ delete it when it is the stream's last row (bug EL: 2 of 2, both backends). EL i
 by the key store's anchor of each stream's head (decision 0132-stream-head-anchor): a cut
 tail, or any row replaced at the head, is damage. EK is fixed below the head too:
 plaintext rows carry an HMAC tag under a deployment key in the key store (decision
-XXXX-authenticated-plaintext-rows); a forged, guessed or moved one is damage. So that each
+0136-authenticated-plaintext-rows); a forged, guessed or moved one is damage. So that each
 EK test tests the tag and not the anchor, its forged row sits below the stream's head (a
 later event is appended first). The ``test_held_*`` ones are attacks that failed closed
 before."""

@@ -1,5 +1,5 @@
 """The start that tags the plaintext rows written before tags existed (bug EK's upgrade;
-decision XXXX-authenticated-plaintext-rows), both backends.
+decision 0136-authenticated-plaintext-rows), both backends.
 
 A store of before the change is built by writing raw rows: every plaintext row of a store
 the current code wrote (capture erasures, a subject's erasure) re-written in the old

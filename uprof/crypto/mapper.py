@@ -20,7 +20,7 @@ Plaintext rows (``PLAIN_TOPICS``) are written without a subject key (after erasu
 so they are authenticated instead: an HMAC-SHA256 tag under a deployment key kept in the
 key store (wrapped by the KEK, ``KeyStore.current_plain_row_key``) over the same
 associated data, the key id and the JSON state. A plaintext row without a valid tag is
-damage (decision XXXX-authenticated-plaintext-rows; bug EK).
+damage (decision 0136-authenticated-plaintext-rows; bug EK).
 """
 
 from __future__ import annotations
