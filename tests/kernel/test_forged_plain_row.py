@@ -499,3 +499,29 @@ def test_a_verdict_that_is_not_authentic_is_set_aside_and_stops_no_start(
         assert [q.stage for q in k.quarantined()] == ["damaged"]
         with pytest.raises(StoredDataDamagedError):
             k.unconsented("alice", APP, CATS, PURPOSE)
+
+
+@pytest.mark.parametrize("kind", ["verdict", "capture-tombstone"])
+def test_an_untagged_row_forged_after_the_upgrade_is_not_tagged_when_its_record_is_lost(
+    backend: Backend, clock: FakeClock, kind: str
+) -> None:
+    """Review of 0136 (bug GR). After the upgrade, an event-store writer overwrites the
+    withdrawal (below the head) with an untagged plaintext row; later the key folder loses
+    the upgrade's record (restored from a copy taken before the upgrade, or the file
+    deleted). The next start must not take the forged row for a legacy one and tag it:
+    a deployment that already holds its plain-row key has run the upgrade, and only a
+    pass begun on record and not finished is resumed. On main at 66aa5cb the start tagged
+    it and served the app again."""
+    from uprof.crypto.keydir import UPGRADE_FILE_PREFIX
+    from uprof.crypto.plain_rows import UPGRADE
+
+    stream, version = _withdrawn(backend, clock)
+    with running(settings_for(backend), clock) as k:
+        _below_the_head(k)
+        _write(k, stream, version, *_forged(k, stream, version, kind))
+        (k.settings.key_path / f"{UPGRADE_FILE_PREFIX}{UPGRADE}").unlink()
+    for _ in range(2):  # a start, and the start after it
+        with running(settings_for(backend), clock) as k:
+            assert next(s for v, _, s in _rows(k, stream) if v == version)[:1] == b"\x00"
+            with pytest.raises(StoredDataDamagedError, match="not authenticated"):
+                k.unconsented("alice", APP, CATS, PURPOSE)

@@ -43,6 +43,8 @@ from uprof.ports import KeyMaterialStore
 
 #: The upgrade's name in the key folder's record.
 UPGRADE = "plain-rows-tagged-1"
+#: The key folder's marker of a pass begun and not finished (review of 0136, bug GR).
+BEGUN = "plain-rows-tagging-begun-1"
 #: Rows read per page (and re-written per transaction).
 PAGE = 500
 
@@ -64,7 +66,18 @@ def tag_legacy_plain_rows(
     ``after_page``: called with the rows re-written so far after each page commits
     (tests stop the process there)."""
     if not again and material.data_upgraded(UPGRADE):
+        material.forget_data_upgrade(BEGUN)  # a pass killed between its two records
         return None
+    if not again and not material.data_upgraded(BEGUN) and keystore.has_plain_row_key():
+        # The deployment holds its plain-row key, which only a first pass of this upgrade
+        # creates (begun on record just before it), yet no pass is begun or recorded done:
+        # the key folder lost its record (restored from before the upgrade, or the file
+        # deleted). Its untagged rows were written after the upgrade, by someone outside
+        # uprof: they stay damage. Tagging them made a forged row authentic (bug GR).
+        material.record_data_upgrade(UPGRADE)
+        return None
+    # Begun on record before the key is created: a pass killed after that is resumed.
+    material.record_data_upgrade(BEGUN)
     key_id, key = keystore.current_plain_row_key()
     table, position = app.backend.events_table(app.recorder)
     select = sa.text(
@@ -125,4 +138,7 @@ def tag_legacy_plain_rows(
         if len(rows) < page:
             break
     material.record_data_upgrade(UPGRADE)
+    # Then the pass is no longer in progress: a start that finds the record above gone
+    # (and this marker gone) does not tag what the stores hold then (bug GR).
+    material.forget_data_upgrade(BEGUN)
     return rewritten
