@@ -171,6 +171,11 @@ class KeyMaterialStore(Protocol):
         """Record durably that ``name`` finished (a second record is a no-op)."""
         ...
 
+    def forget_data_upgrade(self, name: str) -> None:
+        """Remove the record ``name`` durably (none: a no-op); a marker of work in
+        progress, removed once the work's own record is written."""
+        ...
+
     def audit_signing_key(self) -> Ed25519PrivateKey:
         """Return the audit log's current Ed25519 signing key, creating it on first use."""
         ...

@@ -145,5 +145,8 @@ class InMemoryKeyMaterialStore:
     def record_data_upgrade(self, name: str) -> None:
         self._upgrades.add(name)
 
+    def forget_data_upgrade(self, name: str) -> None:
+        self._upgrades.discard(name)
+
     def erasure_records(self) -> tuple[Any, ...]:
         return tuple(self._records)

@@ -499,3 +499,76 @@ def test_a_verdict_that_is_not_authentic_is_set_aside_and_stops_no_start(
         assert [q.stage for q in k.quarantined()] == ["damaged"]
         with pytest.raises(StoredDataDamagedError):
             k.unconsented("alice", APP, CATS, PURPOSE)
+
+
+@pytest.mark.parametrize("keys", ["kept", "deleted"])
+@pytest.mark.parametrize("kind", ["verdict", "capture-tombstone"])
+def test_an_untagged_row_forged_after_the_upgrade_is_not_tagged_when_its_record_is_lost(
+    backend: Backend, clock: FakeClock, kind: str, keys: str
+) -> None:
+    """Review of 0136 (bug GR). After the upgrade, an event-store writer overwrites the
+    withdrawal (below the head) with an untagged plaintext row; later the key folder loses
+    the upgrade's record (restored from a copy taken before the upgrade, or the file
+    deleted). The next start must not take the forged row for a legacy one and tag it:
+    a deployment that already holds its plain-row key has run the upgrade, and only a
+    pass begun on record and not finished is resumed. With the plain-row keys' rows
+    deleted too (``keys="deleted"``: on PostgreSQL they share the event log's database),
+    the log's genuine tagged rows (bob's erasure) still show the upgrade ran. On main at
+    66aa5cb the start tagged the forged row and served the app again."""
+    from uprof.crypto.keydir import UPGRADE_FILE_PREFIX
+    from uprof.crypto.plain_rows import UPGRADE
+    from uprof.crypto.tables import plain_row_keys
+
+    stream, version = _withdrawn(backend, clock)
+    with running(settings_for(backend), clock) as k:
+        consent(k, "bob")
+        k.erase_subject("bob")  # a genuine tagged row elsewhere in the log
+        _below_the_head(k)
+        _write(k, stream, version, *_forged(k, stream, version, kind))
+        (k.settings.key_path / f"{UPGRADE_FILE_PREFIX}{UPGRADE}").unlink()
+        if keys == "deleted":
+            with k.keys_engine.begin() as conn:
+                assert conn.execute(plain_row_keys.delete()).rowcount >= 1
+    for _ in range(2):  # a start, and the start after it
+        with running(settings_for(backend), clock) as k:
+            assert next(s for v, _, s in _rows(k, stream) if v == version)[:1] == b"\x00"
+            with pytest.raises(StoredDataDamagedError, match="not authenticated"):
+                k.unconsented("alice", APP, CATS, PURPOSE)
+
+
+@pytest.mark.parametrize("form", ["unknown-key-id", "key-id-zero", "truncated-tag", "no-tag"])
+def test_held_a_genuine_tagged_row_with_its_key_id_or_tag_altered(
+    backend: Backend, clock: FakeClock, form: str
+) -> None:
+    """Held (review of 0136): alice's genuine tagged ``CaptureErased`` row (below her
+    head) with its key id changed to one the key store lacks (or 0), its tag cut short by
+    one byte, or its tag removed. None reads as a legacy row or as a row of another key:
+    each is damage at load, and the starts after leave it as it is (the upgrade touches
+    only ``0x00`` rows)."""
+    with running(settings_for(backend), clock) as k:
+        consent(k, "alice")
+        ack = k.capture("alice", say("I like tea"))
+        k.process_to_log_end()
+        k.erase_capture("alice", ack.capture_id)
+        _below_the_head(k)
+        stream = k.stream_of("alice")
+        version = _version_of(k, stream, ".CaptureErased")
+        topic, state = next((t, s) for v, t, s in _rows(k, stream) if v == version)
+        assert state[:1] == b"\x03"
+        key_id, tag, body = state[1:5], state[5:37], state[37:]
+        altered = {
+            "unknown-key-id": b"\x03" + (int.from_bytes(key_id, "big") + 6).to_bytes(4, "big"),
+            "key-id-zero": b"\x03" + (0).to_bytes(4, "big"),
+        }.get(form, b"\x03" + key_id)
+        if form in ("unknown-key-id", "key-id-zero"):
+            altered += tag + body
+        elif form == "truncated-tag":
+            altered += tag[:31] + body
+        else:
+            altered += body
+        _write(k, stream, version, topic, altered)
+    for _ in range(2):
+        with running(settings_for(backend), clock) as k:
+            assert next(s for v, _, s in _rows(k, stream) if v == version) == altered
+            with pytest.raises(StoredDataDamagedError, match="not authenticated"):
+                k.profile("alice")

@@ -232,6 +232,12 @@ class FileKeyMaterialStore:
         stamp = datetime.now(UTC).isoformat().encode()
         _create_once(self.path / _upgrade_file(name), stamp)
 
+    def forget_data_upgrade(self, name: str) -> None:
+        path = self.path / _upgrade_file(name)
+        if path.exists():
+            path.unlink(missing_ok=True)
+            _fsync_dir(self.path)
+
     def audit_keys(self) -> FileKeyRing:
         """The audit key ring of this folder: the current key and its endorsed history."""
         if self._audit_keys is None:

@@ -690,6 +690,11 @@ class KeyStore:
         self._plain_row_keys[key_id] = key
         return key
 
+    def has_plain_row_key(self) -> bool:
+        """Whether the key store holds a plain-row key (created by the first run of the
+        upgrade that tags legacy rows, ``uprof.crypto.plain_rows``); nothing is created."""
+        return self._plain_row_current is not None or self._newest_plain_row_key_id() is not None
+
     def current_plain_row_key(self) -> tuple[int, bytes]:
         """(key id, key) that tags new plaintext rows: the newest in the key store,
         created on first use (one per deployment, whichever process creates it first)."""

@@ -31,18 +31,20 @@ meanwhile raises an anchor past the row's version: not moved, and not needed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from uuid import UUID
 
 import sqlalchemy as sa
 from eventsourcing.persistence import StoredEvent
 
-from uprof.crypto.mapper import PLAIN, PLAIN_TOPICS, tagged_plain_state
+from uprof.crypto.mapper import PLAIN, PLAIN_TAGGED, PLAIN_TOPICS, tagged_plain_state
 from uprof.ports import KeyMaterialStore
 
 #: The upgrade's name in the key folder's record.
 UPGRADE = "plain-rows-tagged-1"
+#: The key folder's marker of a pass begun and not finished (review of 0136, bug GR).
+BEGUN = "plain-rows-tagging-begun-1"
 #: Rows read per page (and re-written per transaction).
 PAGE = 500
 
@@ -64,24 +66,50 @@ def tag_legacy_plain_rows(
     ``after_page``: called with the rows re-written so far after each page commits
     (tests stop the process there)."""
     if not again and material.data_upgraded(UPGRADE):
+        material.forget_data_upgrade(BEGUN)  # a pass killed between its two records
         return None
-    key_id, key = keystore.current_plain_row_key()
     table, position = app.backend.events_table(app.recorder)
     select = sa.text(
         f"SELECT {position} AS position, originator_id, originator_version, topic, state "
         f"FROM {table} WHERE {position} > :after AND topic IN :topics "
         f"ORDER BY {position} LIMIT :n"
     ).bindparams(sa.bindparam("topics", expanding=True))
+    topics = sorted(PLAIN_TOPICS)
+    engine: sa.Engine = app.events_engine
+
+    def pages() -> Iterator[Sequence[Any]]:
+        after = 0
+        while True:
+            with engine.connect() as conn:
+                rows = conn.execute(select, {"after": after, "topics": topics, "n": page}).all()
+            yield rows
+            if len(rows) < page:
+                return
+            after = int(rows[-1].position)
+
+    if not again and not material.data_upgraded(BEGUN):
+        # No pass on record, begun or done. The plain-row key exists only once a first
+        # pass has begun (on record just before it creates the key), and a tagged row
+        # only once a key existed: either means the upgrade ran and the key folder lost
+        # its records since (restored from a copy taken before the upgrade, or the files
+        # deleted); with the key's row deleted as well (PostgreSQL: it shares the
+        # database with the event log), the tagged rows still tell. The untagged rows
+        # are then written after the upgrade, by someone outside uprof: damage, never
+        # tagged. Tagging them made a forged row authentic (bug GR).
+        if keystore.has_plain_row_key() or any(
+            bytes(row.state)[:1] == PLAIN_TAGGED for rows in pages() for row in rows
+        ):
+            material.record_data_upgrade(UPGRADE)
+            return None
+    # Begun on record before the key is created: a pass killed after that is resumed.
+    material.record_data_upgrade(BEGUN)
+    key_id, key = keystore.current_plain_row_key()
     update = sa.text(
         f"UPDATE {table} SET state = :new "
         "WHERE originator_id = :s AND originator_version = :v AND state = :old"
     )
-    topics = sorted(PLAIN_TOPICS)
-    after, rewritten = 0, 0
-    engine: sa.Engine = app.events_engine
-    while True:
-        with engine.connect() as conn:
-            rows = conn.execute(select, {"after": after, "topics": topics, "n": page}).all()
+    rewritten = 0
+    for rows in pages():
         rewrites = [
             (
                 StoredEvent(row.originator_id, int(row.originator_version), str(row.topic), state),
@@ -118,11 +146,10 @@ def tag_legacy_plain_rows(
                         },
                     )
                     rewritten += done.rowcount
-        if rows:
-            after = int(rows[-1].position)
-            if after_page is not None:
-                after_page(rewritten)
-        if len(rows) < page:
-            break
+        if rows and after_page is not None:
+            after_page(rewritten)
     material.record_data_upgrade(UPGRADE)
+    # Then the pass is no longer in progress: a start that finds the record above gone
+    # (and this marker gone) does not tag what the stores hold then (bug GR).
+    material.forget_data_upgrade(BEGUN)
     return rewritten
