@@ -15,7 +15,6 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -126,7 +125,7 @@ def head_digest(stream_id: str, version: int, topic: str, state: bytes) -> str:
     return h.hexdigest()
 
 
-def log_identity(engine: sa.Engine) -> str:
+def log_identity(backend: Backend, engine: sa.Engine) -> str:
     """Which event log this is, for its streams' anchors: where it lives.
 
     A SQLite log is its file: a copy of the data folder opened elsewhere with the same key
@@ -135,18 +134,8 @@ def log_identity(engine: sa.Engine) -> str:
     A PostgreSQL log shares its database with the key tables, and a copy of the database
     copies its anchors with it: one identity.
     """
-    if engine.dialect.name == "sqlite":
-        database = engine.url.database or ""
-        where = "sqlite:" + (
-            str(Path(database).resolve()) if database and not _in_memory(database) else database
-        )
-    else:
-        where = engine.dialect.name
+    where = backend.log_location(engine)
     return hashlib.sha256(b"uprof/event-log/1\x00" + where.encode()).hexdigest()[:32]
-
-
-def _in_memory(database: str) -> bool:
-    return database == ":memory:" or "mode=memory" in database
 
 
 def _head_of(row: StoredEvent, over: StreamHead | None = None) -> StreamHead:
@@ -212,7 +201,7 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
         #: What this log's store does its own way (uuid form, SQL parameter style, ...).
         self.backend = backend_for(events_engine)
         #: Which log this is, for the streams' anchors in the key store (``log_identity``).
-        self.log_id = log_identity(events_engine)
+        self.log_id = log_identity(self.backend, events_engine)
         super().__init__(_with_guarded_recorder(env, self.backend))
         # Our indexes on the library's table: the alembic ``events`` branch, run once the
         # library has created its tables (at head: one query, no alembic import).

@@ -419,6 +419,7 @@ def _raw_heads_and_anchors(
 ) -> Iterator[tuple[dict[UUID, tuple[int, str, bytes]], dict[UUID, tuple[int, str]]]]:
     """Each stream's head row and each anchor of the live log, read straight from the
     stores (no start, which would finish the upgrade)."""
+    from uprof.backends import backend_for
     from uprof.crypto.tables import stream_heads
     from uprof.eventstore import log_identity
     from uprof.storage import layout_for, open_engines
@@ -434,7 +435,7 @@ def _raw_heads_and_anchors(
                 )
             ).all()
         heads = {UUID(str(r[0])): (int(r[1]), str(r[2]), bytes(r[3])) for r in rows}
-        log = log_identity(stores.events)
+        log = log_identity(backend_for(stores.events), stores.events)
         c = stream_heads.c
         with stores.keys.connect() as conn:
             found = conn.execute(

@@ -177,6 +177,18 @@ class Backend(Protocol):
         counts on (the plain-row upgrade's record in the key folder)."""
         ...
 
+    def unflushed_transaction(self, engine: sa.Engine) -> AbstractContextManager[sa.Connection]:
+        """A write transaction whose commit is not flushed to disk before it returns,
+        whatever the engine's own setting: for a write whose loss in a power cut is safe
+        and that should not pay an fsync (a stream's anchor, which may only lag)."""
+        ...
+
+    def log_location(self, engine: sa.Engine) -> str:
+        """Where the store behind ``engine`` lives, as far as its data can tell: a SQLite
+        file's resolved path (a copy elsewhere is another place), a PostgreSQL database's
+        one name for all (its key tables travel with it)."""
+        ...
+
     def serialised_transaction(
         self, engine: sa.Engine, lock_key: int, *, flush: bool = True
     ) -> AbstractContextManager[sa.Connection]:

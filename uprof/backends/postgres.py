@@ -234,6 +234,16 @@ class PostgresBackend:
             yield conn
 
     @contextlib.contextmanager
+    def unflushed_transaction(self, engine: sa.Engine) -> Iterator[sa.Connection]:
+        # This transaction only (set_config's is_local): the engine's other commits flush.
+        with engine.begin() as conn:
+            conn.execute(sa.select(sa.func.set_config("synchronous_commit", "off", True)))
+            yield conn
+
+    def log_location(self, engine: sa.Engine) -> str:
+        return "postgresql"
+
+    @contextlib.contextmanager
     def serialised_transaction(
         self, engine: sa.Engine, lock_key: int, *, flush: bool = True
     ) -> Iterator[sa.Connection]:

@@ -270,25 +270,22 @@ class SQLiteBackend:
         position: sa.ColumnElement[int] = sa.func.instr(column, needle)
         return position
 
-    @contextlib.contextmanager
-    def flushed_transaction(self, engine: sa.Engine) -> Iterator[sa.Connection]:
-        # ``synchronous`` is the connection's, set outside a transaction: FULL for this
-        # one commit, then the engine's own setting again before the connection goes back
-        # to the pool (invalidated if that fails: never pooled with another setting).
-        with engine.connect() as conn:
-            own = conn.exec_driver_sql("PRAGMA synchronous").scalar_one()
-            conn.exec_driver_sql("PRAGMA synchronous=FULL")
-            conn.commit()  # SQLAlchemy began one for the PRAGMAs; nothing to commit
-            try:
-                with conn.begin():
-                    yield conn
-            finally:
-                try:
-                    conn.exec_driver_sql(f"PRAGMA synchronous={int(own)}")
-                    conn.commit()
-                except BaseException:
-                    conn.invalidate()
-                    raise
+    def flushed_transaction(
+        self, engine: sa.Engine
+    ) -> contextlib.AbstractContextManager[sa.Connection]:
+        return _synchronous_for_one_commit(engine, "FULL")
+
+    def unflushed_transaction(
+        self, engine: sa.Engine
+    ) -> contextlib.AbstractContextManager[sa.Connection]:
+        return _synchronous_for_one_commit(engine, "NORMAL")
+
+    def log_location(self, engine: sa.Engine) -> str:
+        database = engine.url.database or ""
+        in_memory = database == ":memory:" or "mode=memory" in database
+        return "sqlite:" + (
+            str(Path(database).resolve()) if database and not in_memory else database
+        )
 
     @contextlib.contextmanager
     def serialised_transaction(
@@ -407,6 +404,28 @@ class SQLiteBackend:
         policy = src / POLICY_STORE_FILE
         if _listed(src, POLICY_STORE_FILE) and not _holds_a_policy(data / POLICY_STORE_FILE):
             _sqlite_copy(policy, data / POLICY_STORE_FILE)
+
+
+@contextlib.contextmanager
+def _synchronous_for_one_commit(engine: sa.Engine, level: str) -> Iterator[sa.Connection]:
+    """A transaction committed at ``PRAGMA synchronous=<level>``. The setting is the
+    connection's, set outside a transaction: ``level`` for this one commit, then the
+    engine's own setting again before the connection goes back to the pool (invalidated
+    if that fails: never pooled with another setting)."""
+    with engine.connect() as conn:
+        own = conn.exec_driver_sql("PRAGMA synchronous").scalar_one()
+        conn.exec_driver_sql(f"PRAGMA synchronous={level}")
+        conn.commit()  # SQLAlchemy began one for the PRAGMAs; nothing to commit
+        try:
+            with conn.begin():
+                yield conn
+        finally:
+            try:
+                conn.exec_driver_sql(f"PRAGMA synchronous={int(own)}")
+                conn.commit()
+            except BaseException:
+                conn.invalidate()
+                raise
 
 
 def _listed(src: Path, name: str) -> bool:

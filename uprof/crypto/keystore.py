@@ -887,24 +887,10 @@ class KeyStore:
         # No flush to disk for this commit: an anchor lost in a power cut or a database
         # crash lags (the next load adopts the head), it never leads, and the event it
         # follows was flushed before it began. So it does not pay the key store's fsync.
-        with self._engine.connect() as conn:
-            sqlite = conn.dialect.name == "sqlite"
-            try:
-                if sqlite:  # this connection, until the finally below (outside a transaction)
-                    conn.exec_driver_sql("PRAGMA synchronous=NORMAL")
-                else:  # PostgreSQL: this transaction only
-                    conn.execute(sa.select(sa.func.set_config("synchronous_commit", "off", True)))
-                conn.execute(_RAISE_STREAM_HEAD, rows)
-                conn.commit()
-            finally:
-                if sqlite:
-                    try:
-                        conn.rollback()  # nothing left to roll back after the commit
-                        conn.exec_driver_sql("PRAGMA synchronous=FULL")
-                        conn.commit()
-                    except BaseException:
-                        conn.invalidate()  # never back in the pool with NORMAL
-                        raise
+        from uprof.backends import backend_for
+
+        with backend_for(self._engine).unflushed_transaction(self._engine) as conn:
+            conn.execute(_RAISE_STREAM_HEAD, rows)
 
     def move_stream_heads(self, log_id: str, moves: Iterable[tuple[StreamHead, str]]) -> int:
         """For each (anchor, new digest): if the stream's anchor in that log is still
