@@ -6,6 +6,9 @@ Also imported by ``mcp_burst_client.py``, which runs as a script in its own proc
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 #: The streamable HTTP transport answers in JSON or as an event stream; a client must
 #: accept both.
 ACCEPT = {"Accept": "application/json, text/event-stream"}
@@ -22,3 +25,29 @@ HELLO = {
         "clientInfo": {"name": "uprof-tests", "version": "1"},
     },
 }
+
+#: The protocol revision of the SDK's sessionless path: no ``initialize``, every request
+#: carries who the client is in ``_meta`` (``META``).
+MODERN = "2026-07-28"
+META = {
+    "io.modelcontextprotocol/protocolVersion": MODERN,
+    "io.modelcontextprotocol/clientInfo": {"name": "uprof-tests", "version": "1"},
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+#: Headers of a sessionless ``tools/call`` of ``capture``.
+SESSIONLESS_CAPTURE = {
+    **POST_JSON,
+    "MCP-Protocol-Version": MODERN,
+    "Mcp-Method": "tools/call",
+    "Mcp-Name": "capture",
+}
+
+
+def rpc(method: str, n: int | None = None, params: dict[str, Any] | None = None) -> str:
+    """A JSON-RPC message as text: a request with id ``n``, a notification without."""
+    message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+    if n is not None:
+        message["id"] = n
+    if params is not None:
+        message["params"] = params
+    return json.dumps(message)

@@ -9,28 +9,18 @@ session cap; a refused request names no session and says nothing of another key.
 
 from __future__ import annotations
 
-import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 
 from tests.api.conftest import CALENDAR, PLANNER, LiveServer, bearer
-from tests.api.mcp_messages import HELLO, POST_JSON
+from tests.api.mcp_messages import HELLO, POST_JSON, rpc
 from uprof.api import ApiKeyStore
 from uprof.api.runtime import ServiceRuntime
 from uprof.kernel import Uprof
 from uprof.mcp import build_server
 from uprof.mcp.server import SessionsPerKeyMiddleware, http_app
-
-
-def _rpc(method: str, n: int | None = None, params: dict[str, Any] | None = None) -> str:
-    message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
-    if n is not None:
-        message["id"] = n
-    if params is not None:
-        message["params"] = params
-    return json.dumps(message)
 
 
 def _slice(n: int) -> str:
@@ -41,7 +31,7 @@ def _slice(n: int) -> str:
         "budget_tokens": 50,
         "subject": "alice",
     }
-    return _rpc("tools/call", n, {"name": "profile_slice", "arguments": arguments})
+    return rpc("tools/call", n, {"name": "profile_slice", "arguments": arguments})
 
 
 def _session(client: httpx.Client, url: str, token: str) -> dict[str, str]:
@@ -49,7 +39,7 @@ def _session(client: httpx.Client, url: str, token: str) -> dict[str, str]:
     opened = client.post(url, json=HELLO, headers=own)
     assert opened.status_code == 200, opened.text[:200]
     session = {**own, "mcp-session-id": opened.headers["mcp-session-id"]}
-    done = client.post(url, content=_rpc("notifications/initialized"), headers=session)
+    done = client.post(url, content=rpc("notifications/initialized"), headers=session)
     assert done.status_code == 202, done.text[:200]
     return session
 
@@ -89,7 +79,7 @@ def test_a_burst_passes_exactly_the_allowance(kernel: Uprof, keys: ApiKeyStore) 
 
             def ping(n: int) -> int:
                 with httpx.Client(timeout=30) as own:
-                    return own.post(url, content=_rpc("ping", n), headers=session).status_code
+                    return own.post(url, content=rpc("ping", n), headers=session).status_code
 
             with ThreadPoolExecutor(max_workers=24) as pool:
                 statuses = list(pool.map(ping, range(100, 124)))

@@ -14,34 +14,15 @@ spends nothing of the app's allowance.
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import httpx
 
 from tests.api.conftest import CALENDAR, PLANNER, LiveServer, bearer
-from tests.api.mcp_messages import HELLO, POST_JSON
+from tests.api.mcp_messages import HELLO, META, MODERN, POST_JSON, rpc
 from uprof.api import ApiKeyStore
 from uprof.api.runtime import ServiceRuntime
 from uprof.kernel import Uprof
 from uprof.mcp import build_server
 from uprof.mcp.server import http_app
-
-MODERN = "2026-07-28"
-META = {
-    "io.modelcontextprotocol/protocolVersion": MODERN,
-    "io.modelcontextprotocol/clientInfo": {"name": "attack", "version": "1"},
-    "io.modelcontextprotocol/clientCapabilities": {},
-}
-
-
-def _rpc(method: str, n: int | None = None, params: dict[str, Any] | None = None) -> str:
-    message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
-    if n is not None:
-        message["id"] = n
-    if params is not None:
-        message["params"] = params
-    return json.dumps(message)
 
 
 def test_every_mcp_request_of_a_key_counts_against_its_limit(
@@ -65,26 +46,26 @@ def test_every_mcp_request_of_a_key_counts_against_its_limit(
             opened = client.post(url, json=HELLO, headers=own)  # 1
             session = {**own, "mcp-session-id": opened.headers.get("mcp-session-id", "")}
             initialized = client.post(  # 2
-                url, content=_rpc("notifications/initialized"), headers=session
+                url, content=rpc("notifications/initialized"), headers=session
             )
-            listed = client.post(url, content=_rpc("tools/list", 2), headers=session)  # 3
+            listed = client.post(url, content=rpc("tools/list", 2), headers=session)  # 3
             # The allowance is spent: whatever the key asks now is refused, nothing done.
             over = {
-                "ping": client.post(url, content=_rpc("ping", 3), headers=session),
-                "tools/list": client.post(url, content=_rpc("tools/list", 4), headers=session),
+                "ping": client.post(url, content=rpc("ping", 3), headers=session),
+                "tools/list": client.post(url, content=rpc("tools/list", 4), headers=session),
                 "initialize": client.post(url, json=HELLO, headers=own),
                 "notification": client.post(
                     url,
-                    content=_rpc("notifications/cancelled", None, {"requestId": {"x": 1}}),
+                    content=rpc("notifications/cancelled", None, {"requestId": {"x": 1}}),
                     headers=session,
                 ),
                 "sessionless tools/list": client.post(
                     url,
-                    content=_rpc("tools/list", 5, {"_meta": META}),
+                    content=rpc("tools/list", 5, {"_meta": META}),
                     headers={**own, "MCP-Protocol-Version": MODERN, "Mcp-Method": "tools/list"},
                 ),
                 "forged Host": client.post(
-                    url, content=_rpc("ping", 6), headers={**session, "Host": "evil.example"}
+                    url, content=rpc("ping", 6), headers={**session, "Host": "evil.example"}
                 ),
                 "DELETE": client.delete(url, headers=session),
             }

@@ -21,6 +21,7 @@ from mcp import Client as McpClient
 from mcp.shared.exceptions import MCPError
 
 from tests.api.conftest import PLANNER, WHEN, LiveServer, bearer
+from tests.api.mcp_messages import META, SESSIONLESS_CAPTURE
 from uprof.api import ApiKeyStore
 from uprof.api.runtime import ServiceRuntime
 from uprof.apikeys.store import Principal
@@ -28,19 +29,6 @@ from uprof.kernel import Uprof
 from uprof.mcp import build_server
 from uprof.mcp.server import http_app
 
-MODERN = "2026-07-28"
-HEADERS = {
-    "Accept": "application/json, text/event-stream",
-    "Content-Type": "application/json",
-    "MCP-Protocol-Version": MODERN,
-    "Mcp-Method": "tools/call",
-    "Mcp-Name": "capture",
-}
-META = {
-    "io.modelcontextprotocol/protocolVersion": MODERN,
-    "io.modelcontextprotocol/clientInfo": {"name": "attack", "version": "1"},
-    "io.modelcontextprotocol/clientCapabilities": {},
-}
 GOOD = {"subject": "alice", "agent_id": "agent:one", "occurred_at": WHEN, "user_input": "tea"}
 # Refused by the SDK (a required argument missing), and by uprof (an undeclared one).
 MISSING = {k: v for k, v in GOOD.items() if k != "occurred_at"}
@@ -72,7 +60,7 @@ def test_tool_calls_refused_for_their_arguments_count_over_http(
                 client.post(
                     f"{live.url}/mcp",
                     content=_call(n, arguments),
-                    headers={**HEADERS, **bearer(planner)},
+                    headers={**SESSIONLESS_CAPTURE, **bearer(planner)},
                 )
                 for n, arguments in enumerate([MISSING, UNDECLARED, GOOD], 1)
             ]

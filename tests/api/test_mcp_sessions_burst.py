@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 from tests.api.conftest import PLANNER, LiveServer
-from tests.api.mcp_messages import ACCEPT, HELLO
+from tests.api.mcp_messages import ACCEPT, HELLO, META, MODERN
 from uprof.api import ApiKeyStore
 from uprof.api.runtime import ServiceRuntime
 from uprof.kernel import Uprof
@@ -68,19 +68,7 @@ def test_a_burst_of_initialize_requests_opens_no_more_sessions_than_the_cap(
     assert statuses.get("429", 0) >= PROCESSES * EACH - CAP, statuses
 
 
-MODERN = "2026-07-28"
-MODERN_LIST = {
-    "jsonrpc": "2.0",
-    "id": 2,
-    "method": "tools/list",
-    "params": {
-        "_meta": {
-            "io.modelcontextprotocol/protocolVersion": MODERN,
-            "io.modelcontextprotocol/clientInfo": {"name": "attack", "version": "1"},
-            "io.modelcontextprotocol/clientCapabilities": {},
-        }
-    },
-}
+MODERN_LIST = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"_meta": META}}
 
 
 def test_no_request_of_a_key_at_its_cap_opens_a_session_and_sessionless_ones_are_served(

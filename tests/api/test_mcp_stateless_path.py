@@ -18,25 +18,13 @@ from typing import Any
 import httpx
 
 from tests.api.conftest import PLANNER, WHEN, LiveServer, bearer
+from tests.api.mcp_messages import META, SESSIONLESS_CAPTURE
 from uprof.api import ApiKeyStore
 from uprof.api.runtime import ServiceRuntime
 from uprof.kernel import Uprof
 from uprof.mcp import build_server
 from uprof.mcp.server import http_app
 
-MODERN = "2026-07-28"
-HEADERS = {
-    "Accept": "application/json, text/event-stream",
-    "Content-Type": "application/json",
-    "MCP-Protocol-Version": MODERN,
-    "Mcp-Method": "tools/call",
-    "Mcp-Name": "capture",
-}
-META = {
-    "io.modelcontextprotocol/protocolVersion": MODERN,
-    "io.modelcontextprotocol/clientInfo": {"name": "attack", "version": "1"},
-    "io.modelcontextprotocol/clientCapabilities": {},
-}
 ARGUMENTS = {"subject": "alice", "agent_id": "agent:one", "occurred_at": WHEN}
 
 
@@ -65,11 +53,15 @@ def test_the_sessionless_mcp_path_keeps_the_key_the_limit_and_the_argument_check
         with LiveServer(app) as live, httpx.Client(timeout=30) as client:
             url = f"{live.url}/mcp"
             stranger = client.post(
-                url, content=_call(0, {**ARGUMENTS, "user_input": "hi"}), headers=HEADERS
+                url,
+                content=_call(0, {**ARGUMENTS, "user_input": "hi"}),
+                headers=SESSIONLESS_CAPTURE,
             )
             calls = [
                 client.post(
-                    url, content=_call(n, arguments), headers={**HEADERS, **bearer(planner)}
+                    url,
+                    content=_call(n, arguments),
+                    headers={**SESSIONLESS_CAPTURE, **bearer(planner)},
                 )
                 for n, arguments in enumerate(
                     [

@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -56,6 +57,22 @@ def files_holding(folder: Path, wrapped: list[bytes]) -> list[str]:
     )
     found: list[str] = json.loads(done.stdout)
     return found
+
+
+#: How long a running service is given to fold a store it owes (it retries every second);
+#: a bound on the wait, not a measured time.
+FOLD_PATIENCE_S = 60.0
+
+
+def files_holding_once_folded(folder: Path, wrapped: list[bytes]) -> list[str]:
+    """``files_holding``, asked every second until no file holds the keys or
+    ``FOLD_PATIENCE_S`` passed: what still holds them then (``[]``: folded in time)."""
+    deadline = time.monotonic() + FOLD_PATIENCE_S
+    holding = files_holding(folder, wrapped)
+    while holding and time.monotonic() < deadline:
+        time.sleep(1.0)
+        holding = files_holding(folder, wrapped)
+    return holding
 
 
 @contextmanager

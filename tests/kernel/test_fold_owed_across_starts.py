@@ -10,8 +10,6 @@ the last connection's close folds). SQLite only: PostgreSQL's WAL is the server'
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 import uprof.backends.sqlite as sqlite_backend
@@ -20,6 +18,7 @@ from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import running, settings_for
 from tests.kernel.sqlite_readers import (
     files_holding,
+    files_holding_once_folded,
     key_store_put_back_after_erasure,
     reader_holding,
     short_lived_start,
@@ -27,10 +26,6 @@ from tests.kernel.sqlite_readers import (
 from tests.kernel.test_keys_apart import BOB, assert_intact
 
 pytestmark = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
-
-#: How long the second start is given to fold (it retries every second); a bound on the
-#: wait, not a measured time.
-PATIENCE_S = 60.0
 
 
 def test_a_fold_owed_by_a_start_that_ended_is_done_by_the_next_start(
@@ -44,11 +39,7 @@ def test_a_fold_owed_by_a_start_that_ended_is_done_by_the_next_start(
         short_lived_start(settings)  # re-destroys, cannot fold, and ends
         assert files_holding(settings.key_path, wrapped) != []  # the fold is owed
     with running(settings, clock) as k:  # the next start, long-lived (a server)
-        deadline = time.monotonic() + PATIENCE_S
-        holding = files_holding(settings.key_path, wrapped)
-        while holding and time.monotonic() < deadline:
-            time.sleep(1.0)
-            holding = files_holding(settings.key_path, wrapped)
+        holding = files_holding_once_folded(settings.key_path, wrapped)
         # Still running: no file of the key folder holds the erased subject's key.
         assert holding == [], holding
         assert_intact(k, "bob", BOB)

@@ -26,6 +26,7 @@ from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import running, settings_for
 from tests.kernel.sqlite_readers import (
     files_holding,
+    files_holding_once_folded,
     key_store_put_back_after_erasure,
     reader_holding,
 )
@@ -97,11 +98,7 @@ def test_a_start_killed_while_it_waits_to_fold_leaves_the_fold_owed(
             start.wait()
         assert "keys.sqlite" in files_holding(settings.key_path, wrapped)  # the fold is owed
     with running(settings, clock) as k:  # the next start, long-lived (a server)
-        deadline = time.monotonic() + PATIENCE_S
-        holding = files_holding(settings.key_path, wrapped)
-        while holding and time.monotonic() < deadline:
-            time.sleep(1.0)
-            holding = files_holding(settings.key_path, wrapped)
+        holding = files_holding_once_folded(settings.key_path, wrapped)
         # Still running: no file of the key folder holds the erased subject's key.
         assert holding == [], holding
         assert_intact(k, "bob", BOB)

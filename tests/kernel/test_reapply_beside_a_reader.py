@@ -13,8 +13,6 @@ server's.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 import uprof.backends.sqlite as sqlite_backend
@@ -23,17 +21,13 @@ from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import running, settings_for
 from tests.kernel.sqlite_readers import (
-    files_holding,
+    files_holding_once_folded,
     key_store_put_back_after_erasure,
     reader_holding,
 )
 from tests.kernel.test_keys_apart import BOB, assert_intact
 
 pytestmark = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
-
-#: How long the running service is given to fold once the reader is gone (it retries
-#: every second); a bound on the wait, not a measured time.
-PATIENCE_S = 60.0
 
 
 def test_a_start_beside_a_reader_folds_the_re_destroyed_keys_once_the_reader_goes(
@@ -49,11 +43,7 @@ def test_a_start_beside_a_reader_folds_the_re_destroyed_keys_once_the_reader_goe
                 k.profile("alice")
             reader.kill()
             reader.wait()
-            deadline = time.monotonic() + PATIENCE_S
-            holding = files_holding(settings.key_path, wrapped)
-            while holding and time.monotonic() < deadline:
-                time.sleep(1.0)
-                holding = files_holding(settings.key_path, wrapped)
+            holding = files_holding_once_folded(settings.key_path, wrapped)
             # Still running, the reader gone: no file of the key folder holds the key.
             assert holding == [], holding
             assert_intact(k, "bob", BOB)
