@@ -17,7 +17,6 @@ from pathlib import Path
 from uuid import UUID
 
 import pytest
-import sqlalchemy as sa
 from eventsourcing.utils import get_topic
 
 from domain.errors import StoredDataDamagedError, SubjectErasedError
@@ -25,6 +24,7 @@ from domain.profile import SubjectProfile
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import APP, consent, running, say, settings_for
+from tests.kernel.stored_rows import flip_last_byte, rewrite_row, stored_rows
 from uprof.crypto import mapper
 from uprof.crypto.mapper import DamagedEventError
 from uprof.kernel import Uprof
@@ -42,25 +42,11 @@ def damage(
     """Flip the last byte (inside the GCM tag) of one stored event of ``stream`` (the
     ``nth_capture``-th of ``topic``), in the stored row itself; return its notification
     id. Flipping it again repairs it."""
+    version, topic_found, state = [r for r in stored_rows(kernel, stream) if topic in r[1]][
+        nth_capture
+    ]
+    rewrite_row(kernel, stream, version, topic_found, flip_last_byte(state))
     app = kernel.app
-    table = app.recorder.events_table_name  # type: ignore[attr-defined]
-    key = app.backend.stream_key(stream)
-    with app.events_engine.begin() as conn:
-        rows = conn.execute(
-            sa.text(
-                f"SELECT originator_version, topic, state FROM {table} "
-                "WHERE originator_id = :s ORDER BY originator_version"
-            ),
-            {"s": key},
-        ).all()
-        version, _, state = [r for r in rows if topic in r[1]][nth_capture]
-        conn.execute(
-            sa.text(
-                f"UPDATE {table} SET state = :st WHERE originator_id = :s "
-                "AND originator_version = :v"
-            ),
-            {"st": bytes(state[:-1]) + bytes([state[-1] ^ 0x01]), "s": key, "v": version},
-        )
     found = [
         n.id
         for n in app.notifications_after(0, 10_000)

@@ -21,6 +21,7 @@ from domain.errors import StoredDataDamagedError
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import APP, consent, running, say, settings_for
+from tests.kernel.stored_rows import rewrite_row, stored_rows
 from tests.kernel.test_damaged_event_quarantined import memories, set_aside
 from uprof.crypto.mapper import DamagedEventError
 from uprof.kernel import Uprof
@@ -34,28 +35,8 @@ def damage_first_byte(kernel: Uprof, stream: UUID, topic: str) -> None:
 def alter(kernel: Uprof, stream: UUID, topic: str, at: int, new: bytes | None) -> None:
     """Overwrite bytes ``at`` of ``stream``'s first ``topic`` row with ``new`` (None: flip
     the low bit of that byte), in the stored row itself."""
-    app = kernel.app
-    table = app.recorder.events_table_name  # type: ignore[attr-defined]
-    key = app.backend.stream_key(stream)
-    with app.events_engine.begin() as conn:
-        version, state = next(
-            (r[0], r[2])
-            for r in conn.execute(
-                sa.text(
-                    f"SELECT originator_version, topic, state FROM {table} "
-                    "WHERE originator_id = :s ORDER BY originator_version"
-                ),
-                {"s": key},
-            )
-            if r[1].endswith(topic)
-        )
-        conn.execute(
-            sa.text(
-                f"UPDATE {table} SET state = :st WHERE originator_id = :s "
-                "AND originator_version = :v"
-            ),
-            {"st": _altered(bytes(state), at, new), "s": key, "v": version},
-        )
+    version, found, state = next(r for r in stored_rows(kernel, stream) if r[1].endswith(topic))
+    rewrite_row(kernel, stream, version, found, _altered(state, at, new))
 
 
 def _altered(state: bytes, at: int, new: bytes | None) -> bytes:

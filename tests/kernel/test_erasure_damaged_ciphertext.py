@@ -11,7 +11,6 @@ from __future__ import annotations
 from uuid import UUID
 
 import pytest
-import sqlalchemy as sa
 from eventsourcing.persistence import MapperDeserialisationError
 
 from audit.receipts import verify_receipt
@@ -19,6 +18,7 @@ from domain.errors import StoredDataDamagedError, SubjectErasedError
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import APP, consent, running, say, settings_for
+from tests.kernel.stored_rows import flip_last_byte, rewrite_row, stored_rows
 from uprof.api.errors import classify
 from uprof.kernel import Uprof
 
@@ -28,26 +28,8 @@ BYSTANDER = "Qzxbystandercanary"
 
 def _flip_one_byte(kernel: Uprof, stream: UUID, topic_part: str) -> None:
     """Flip the last byte (inside the GCM tag) of one stored event of ``stream``."""
-    app = kernel.app
-    table = app.recorder.events_table_name  # type: ignore[attr-defined]
-    key = app.backend.stream_key(stream)
-    with app.events_engine.begin() as conn:
-        rows = conn.execute(
-            sa.text(
-                f"SELECT originator_version, topic, state FROM {table} "
-                "WHERE originator_id = :s ORDER BY originator_version"
-            ),
-            {"s": key},
-        ).all()
-        version, _, state = next(r for r in rows if topic_part in r[1])
-        damaged = bytes(state[:-1]) + bytes([state[-1] ^ 0x01])
-        conn.execute(
-            sa.text(
-                f"UPDATE {table} SET state = :st WHERE originator_id = :s "
-                "AND originator_version = :v"
-            ),
-            {"st": damaged, "s": key, "v": version},
-        )
+    version, topic, state = next(r for r in stored_rows(kernel, stream) if topic_part in r[1])
+    rewrite_row(kernel, stream, version, topic, flip_last_byte(state))
 
 
 def _damaged_subject(backend: Backend, clock: FakeClock) -> None:

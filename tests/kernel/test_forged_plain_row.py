@@ -34,44 +34,15 @@ from domain.profile import SubjectProfile
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import APP, consent, running, say, settings_for
+from tests.kernel.stored_rows import rewrite_row, stored_rows
 from uprof.crypto.mapper import DamagedEventError
 from uprof.kernel import Uprof
 
 CATS, PURPOSE = ["preferences"], "personalization"
 
 
-def _rows(k: Uprof, stream: UUID) -> list[tuple[int, str, bytes]]:
-    app = k.app
-    table = app.recorder.events_table_name  # type: ignore[attr-defined]
-    with app.events_engine.connect() as conn:
-        return [
-            (int(r[0]), str(r[1]), bytes(r[2]))
-            for r in conn.execute(
-                sa.text(
-                    f"SELECT originator_version, topic, state FROM {table} "
-                    "WHERE originator_id = :s ORDER BY originator_version"
-                ),
-                {"s": app.backend.stream_key(stream)},
-            )
-        ]
-
-
-def _write(k: Uprof, stream: UUID, version: int, topic: str, state: bytes) -> None:
-    app = k.app
-    table = app.recorder.events_table_name  # type: ignore[attr-defined]
-    with app.events_engine.begin() as conn:
-        done = conn.execute(
-            sa.text(
-                f"UPDATE {table} SET topic = :t, state = :st "
-                "WHERE originator_id = :s AND originator_version = :v"
-            ),
-            {"t": topic, "st": state, "s": app.backend.stream_key(stream), "v": version},
-        )
-        assert done.rowcount == 1
-
-
 def _version_of(k: Uprof, stream: UUID, topic: str) -> int:
-    return next(v for v, t, _ in _rows(k, stream) if t.endswith(topic))
+    return next(v for v, t, _ in stored_rows(k, stream) if t.endswith(topic))
 
 
 def _withdrawn(backend: Backend, clock: FakeClock) -> tuple[UUID, int]:
@@ -129,7 +100,7 @@ def test_a_withdrawal_overwritten_by_a_forged_plaintext_row(
     stream, version = _withdrawn(backend, clock)
     with running(settings_for(backend), clock) as k:
         _below_the_head(k)
-        _write(k, stream, version, *_forged(k, stream, version, kind, form))
+        rewrite_row(k, stream, version, *_forged(k, stream, version, kind, form))
     with running(settings_for(backend), clock) as k:
         with pytest.raises(StoredDataDamagedError, match="not authenticated"):
             k.unconsented("alice", APP, CATS, PURPOSE)
@@ -141,9 +112,9 @@ def test_held_a_withdrawal_relabelled_as_a_grant(backend: Backend, clock: FakeCl
     stream, version = _withdrawn(backend, clock)
     with running(settings_for(backend), clock) as k:
         _below_the_head(k)
-        state = next(s for v, _, s in _rows(k, stream) if v == version)
-        granted = next(t for _, t, _ in _rows(k, stream) if t.endswith(".ConsentGranted"))
-        _write(k, stream, version, granted, state)
+        state = next(s for v, _, s in stored_rows(k, stream) if v == version)
+        granted = next(t for _, t, _ in stored_rows(k, stream) if t.endswith(".ConsentGranted"))
+        rewrite_row(k, stream, version, granted, state)
     with running(settings_for(backend), clock) as k:
         with pytest.raises(DamagedEventError):
             k.unconsented("alice", APP, CATS, PURPOSE)
@@ -158,20 +129,20 @@ def test_held_rows_swapped_or_replayed_at_another_version(
     stream, version = _withdrawn(backend, clock)
     with running(settings_for(backend), clock) as k:
         k.withdraw_consent("alice", consent(k, "alice"))  # a later row to replay over
-        rows = {v: (t, s) for v, t, s in _rows(k, stream)}
+        rows = {v: (t, s) for v, t, s in stored_rows(k, stream)}
         grant = max(v for v, (t, _) in rows.items() if v < version and t.endswith("Granted"))
-        _write(k, stream, version, *rows[grant])
-        _write(k, stream, grant, *rows[version])
+        rewrite_row(k, stream, version, *rows[grant])
+        rewrite_row(k, stream, grant, *rows[version])
     with running(settings_for(backend), clock) as k:
         with pytest.raises(DamagedEventError):
             k.unconsented("alice", APP, CATS, PURPOSE)
     with running(settings_for(backend), clock) as k:
-        _write(k, stream, grant, *rows[grant])
-        _write(k, stream, version, *rows[version])
+        rewrite_row(k, stream, grant, *rows[grant])
+        rewrite_row(k, stream, version, *rows[version])
         assert k.unconsented("alice", APP, CATS, PURPOSE) == CATS  # restored: opens
         last = max(rows)
         _below_the_head(k)  # the last row read above no longer the head
-        _write(k, stream, last, *rows[version])
+        rewrite_row(k, stream, last, *rows[version])
     with running(settings_for(backend), clock) as k:
         with pytest.raises(DamagedEventError):
             k.unconsented("alice", APP, CATS, PURPOSE)
@@ -227,7 +198,7 @@ def test_held_a_forged_verdict_beside_a_withdrawal_decides_nothing(
                 ),
                 {"s": key, "v": version},
             ).scalar_one()
-        head = max(v for v, _, _ in _rows(k, stream))
+        head = max(v for v, _, _ in stored_rows(k, stream))
         now = datetime(2026, 1, 1, tzinfo=UTC)
         verdict = SubjectProfile.DamagedEventQuarantined(
             originator_id=stream,
@@ -277,7 +248,7 @@ def test_a_withdrawal_cut_from_the_stream_tail(backend: Backend, clock: FakeCloc
     checks and slices as damage. On main at 4b78f56 it served the app again."""
     stream, version = _withdrawn(backend, clock)
     with running(settings_for(backend), clock) as k:
-        assert max(v for v, _, _ in _rows(k, stream)) == version
+        assert max(v for v, _, _ in stored_rows(k, stream)) == version
         _delete(k, stream, version)
     with running(settings_for(backend), clock) as k:
         with pytest.raises(StoredDataDamagedError, match="end before"):
@@ -307,8 +278,8 @@ def test_held_a_withdrawal_relabelled_as_a_plaintext_topic(
     with running(settings_for(backend), clock) as k:
         _below_the_head(k)
         topic, _ = _forged(k, stream, version, kind)
-        state = next(s for v, _, s in _rows(k, stream) if v == version)
-        _write(k, stream, version, topic, state)
+        state = next(s for v, _, s in stored_rows(k, stream) if v == version)
+        rewrite_row(k, stream, version, topic, state)
     with running(settings_for(backend), clock) as k:
         with pytest.raises(StoredDataDamagedError):
             k.unconsented("alice", APP, CATS, PURPOSE)
@@ -336,7 +307,7 @@ def test_a_tagged_plain_row_moved_from_another_place_is_damage(
         stored = k.app.mapper.to_stored_event(_plain_event(*made_for))
         assert stored.state[:1] == b"\x03"  # tagged
         verdict = get_topic(SubjectProfile.DamagedEventQuarantined)
-        _write(k, stream, version, verdict, stored.state)
+        rewrite_row(k, stream, version, verdict, stored.state)
     with running(settings_for(backend), clock) as k:
         if moved == "nowhere":
             assert k.unconsented("alice", APP, CATS, PURPOSE) == []
@@ -357,12 +328,12 @@ def test_held_an_untagged_row_with_the_plain_row_keys_deleted_is_not_tagged_by_a
     stream, version = _withdrawn(backend, clock)
     with running(settings_for(backend), clock) as k:
         _below_the_head(k)
-        _write(k, stream, version, *_forged(k, stream, version, "verdict"))
+        rewrite_row(k, stream, version, *_forged(k, stream, version, "verdict"))
         with k.keys_engine.begin() as conn:
             assert conn.execute(plain_row_keys.delete()).rowcount >= 1
     for _ in range(2):  # a start, and the start after it
         with running(settings_for(backend), clock) as k:
-            assert next(s for v, _, s in _rows(k, stream) if v == version)[:1] == b"\x00"
+            assert next(s for v, _, s in stored_rows(k, stream) if v == version)[:1] == b"\x00"
             with pytest.raises(StoredDataDamagedError, match="not authenticated"):
                 k.unconsented("alice", APP, CATS, PURPOSE)
 
@@ -410,7 +381,7 @@ def test_a_forged_verdict_naming_an_item_erasure_does_not_undo_it_on_rebuild(
         assert ERASED not in _served(k, "alice")
         stream = k.stream_of("alice")
         erased_at = _version_of(k, stream, ".ItemsErased")
-        head = max(v for v, _, _ in _rows(k, stream))
+        head = max(v for v, _, _ in stored_rows(k, stream))
         now = datetime(2026, 1, 1, tzinfo=UTC)
         verdict = SubjectProfile.DamagedEventQuarantined(
             originator_id=stream,
@@ -466,7 +437,7 @@ def test_a_verdict_that_is_not_authentic_is_set_aside_and_stops_no_start(
         [item] = [m for m in k.profile("alice").memories if m.text == ERASED]
         k.erase_item("alice", item.item_id)
         stream = k.stream_of("alice")
-        head = max(v for v, _, _ in _rows(k, stream))
+        head = max(v for v, _, _ in stored_rows(k, stream))
         now = datetime(2026, 1, 1, tzinfo=UTC)
         verdict = SubjectProfile.DamagedEventQuarantined(
             originator_id=stream,
@@ -524,14 +495,14 @@ def test_an_untagged_row_forged_after_the_upgrade_is_not_tagged_when_its_record_
         consent(k, "bob")
         k.erase_subject("bob")  # a genuine tagged row elsewhere in the log
         _below_the_head(k)
-        _write(k, stream, version, *_forged(k, stream, version, kind))
+        rewrite_row(k, stream, version, *_forged(k, stream, version, kind))
         (k.settings.key_path / f"{UPGRADE_FILE_PREFIX}{UPGRADE}").unlink()
         if keys == "deleted":
             with k.keys_engine.begin() as conn:
                 assert conn.execute(plain_row_keys.delete()).rowcount >= 1
     for _ in range(2):  # a start, and the start after it
         with running(settings_for(backend), clock) as k:
-            assert next(s for v, _, s in _rows(k, stream) if v == version)[:1] == b"\x00"
+            assert next(s for v, _, s in stored_rows(k, stream) if v == version)[:1] == b"\x00"
             with pytest.raises(StoredDataDamagedError, match="not authenticated"):
                 k.unconsented("alice", APP, CATS, PURPOSE)
 
@@ -553,7 +524,7 @@ def test_held_a_genuine_tagged_row_with_its_key_id_or_tag_altered(
         _below_the_head(k)
         stream = k.stream_of("alice")
         version = _version_of(k, stream, ".CaptureErased")
-        topic, state = next((t, s) for v, t, s in _rows(k, stream) if v == version)
+        topic, state = next((t, s) for v, t, s in stored_rows(k, stream) if v == version)
         assert state[:1] == b"\x03"
         key_id, tag, body = state[1:5], state[5:37], state[37:]
         altered = {
@@ -566,9 +537,9 @@ def test_held_a_genuine_tagged_row_with_its_key_id_or_tag_altered(
             altered += tag[:31] + body
         else:
             altered += body
-        _write(k, stream, version, topic, altered)
+        rewrite_row(k, stream, version, topic, altered)
     for _ in range(2):
         with running(settings_for(backend), clock) as k:
-            assert next(s for v, _, s in _rows(k, stream) if v == version) == altered
+            assert next(s for v, _, s in stored_rows(k, stream) if v == version) == altered
             with pytest.raises(StoredDataDamagedError, match="not authenticated"):
                 k.profile("alice")

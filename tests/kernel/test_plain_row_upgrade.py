@@ -26,6 +26,7 @@ from tests.children import PythonChild
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import APP, consent, running, say, settings_for
+from tests.kernel.stored_rows import head_row
 from uprof.crypto.keydir import UPGRADE_FILE_PREFIX
 from uprof.crypto.keystore import StreamHead
 from uprof.crypto.mapper import PLAIN_TAG, PLAIN_TOPICS
@@ -282,20 +283,6 @@ def test_plain_rows_verify_after_a_kek_rotation_and_a_new_plain_row_key(
 ANCHORED = ("alice", "dave")
 
 
-def _head(k: Uprof, stream: UUID) -> tuple[int, str, bytes]:
-    app = k.app
-    table = app.recorder.events_table_name  # type: ignore[attr-defined]
-    with app.events_engine.connect() as conn:
-        row = conn.execute(
-            sa.text(
-                f"SELECT originator_version, topic, state FROM {table} "
-                "WHERE originator_id = :s ORDER BY originator_version DESC LIMIT 1"
-            ),
-            {"s": app.backend.stream_key(stream)},
-        ).one()
-    return int(row[0]), str(row[1]), bytes(row[2])
-
-
 def _anchored_old_store(backend: Backend, clock: FakeClock) -> tuple[int, list[UUID]]:
     """alice and dave: a capture each erased, so each stream's head is a plaintext
     ``CaptureErased``; every plaintext row then in the old format, and each stream anchored
@@ -312,7 +299,7 @@ def _anchored_old_store(backend: Backend, clock: FakeClock) -> tuple[int, list[U
         n = _to_legacy(k)
         assert k.app.reanchor() >= len(ANCHORED)  # what 0132's code wrote for these rows
         for stream in streams:
-            version, topic, state = _head(k, stream)
+            version, topic, state = head_row(k, stream)
             assert topic in PLAIN_TOPICS and state[:1] == b"\x00"
             assert k.keystore.stream_head(k.app.log_id, str(stream)) == StreamHead(
                 str(stream), version, head_digest(str(stream), version, topic, state)
@@ -329,7 +316,7 @@ def _check_anchored(k: Uprof, n: int, streams: list[UUID]) -> None:
     for name, stream in zip(ANCHORED, streams, strict=True):
         assert k.unconsented(name, APP, CATS, PURPOSE) == []
         assert [m.text for m in k.profile(name).memories] == [f"{name} likes jazz"]
-        version, topic, state = _head(k, stream)
+        version, topic, state = head_row(k, stream)
         assert state[:1] == b"\x03"
         assert k.keystore.stream_head(k.app.log_id, str(stream)) == StreamHead(
             str(stream), version, head_digest(str(stream), version, topic, state)

@@ -25,6 +25,7 @@ from tests.children import PythonChild, run_python
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import APP, consent, running, settings_for
+from tests.kernel.stored_rows import head_row
 from uprof.crypto.keystore import StreamHead
 from uprof.eventstore import head_digest
 from uprof.kernel import Uprof
@@ -34,26 +35,12 @@ CATS, PURPOSE = ["preferences"], "personalization"
 CHILD_TIMEOUT_S = 120
 
 
-def _head_row(k: Uprof, stream: UUID) -> tuple[int, str, bytes]:
-    app = k.app
-    table = app.recorder.events_table_name  # type: ignore[attr-defined]
-    with app.events_engine.connect() as conn:
-        row = conn.execute(
-            sa.text(
-                f"SELECT originator_version, topic, state FROM {table} "
-                "WHERE originator_id = :s ORDER BY originator_version DESC LIMIT 1"
-            ),
-            {"s": app.backend.stream_key(stream)},
-        ).one()
-    return int(row[0]), str(row[1]), bytes(row[2])
-
-
 def _anchor(k: Uprof, stream: UUID) -> StreamHead | None:
     return k.keystore.stream_head(k.app.log_id, str(stream))
 
 
 def _anchored_at_head(k: Uprof, stream: UUID) -> bool:
-    version, topic, state = _head_row(k, stream)
+    version, topic, state = head_row(k, stream)
     anchor = _anchor(k, stream)
     return anchor == StreamHead(
         str(stream), version, head_digest(str(stream), version, topic, state)
@@ -138,7 +125,7 @@ def test_an_honest_crash_between_the_event_and_its_anchor_loads(
     with running(settings, clock) as k:
         consent_id = consent(k, "alice")
         stream = k.stream_of("alice")
-        before = _head_row(k, stream)[0]
+        before = head_row(k, stream)[0]
         assert _anchored_at_head(k, stream)
     script = textwrap.dedent(
         f"""
@@ -162,7 +149,7 @@ def test_an_honest_crash_between_the_event_and_its_anchor_loads(
     done = run_python(script, timeout=CHILD_TIMEOUT_S)
     assert done.returncode == -9, (done.returncode, done.stdout, done.stderr[-2000:])
     with running(settings, clock) as k:
-        head = _head_row(k, stream)[0]
+        head = head_row(k, stream)[0]
         assert head == before + 1  # the withdrawal committed
         anchor = _anchor(k, stream)
         assert anchor is not None and anchor.version == before  # its anchor never came
@@ -229,7 +216,7 @@ def test_two_processes_appending_to_one_stream_leave_the_anchor_at_the_final_hea
             if child.poll() is None:
                 child.kill()
     with running(settings, clock) as k:
-        assert _head_row(k, stream)[0] == 1 + 1 + 2 * 2 * 12  # creation, grant, 48 appends
+        assert head_row(k, stream)[0] == 1 + 1 + 2 * 2 * 12  # creation, grant, 48 appends
         assert _anchored_at_head(k, stream)
         assert k.unconsented("alice", APP, CATS, PURPOSE) == []  # the first grant stands
 
@@ -270,7 +257,7 @@ def test_an_anchor_write_that_fails_fails_no_committed_request(
         k.withdraw_consent("alice", granted)
         monkeypatch.undo()
         anchor = _anchor(k, stream)
-        assert anchor is not None and anchor.version == _head_row(k, stream)[0] - 1
+        assert anchor is not None and anchor.version == head_row(k, stream)[0] - 1
     with running(settings, clock) as k:
         assert k.unconsented("alice", APP, CATS, PURPOSE) == CATS
         assert _anchored_at_head(k, stream)
