@@ -23,7 +23,8 @@ from domain.errors import StoredDataDamagedError, SubjectErasedError
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import APP, consent, running, say, settings_for
-from tests.kernel.test_forged_plain_row import _delete, _forged, _rows, _write
+from tests.kernel.stored_rows import rewrite_row, stored_rows
+from tests.kernel.test_forged_plain_row import _delete, _forged
 from uprof.crypto.keydir import KeyMaterialError
 from uprof.crypto.tables import subject_keys
 from uprof.kernel import Uprof
@@ -67,7 +68,7 @@ def test_a_stream_opened_by_a_forged_plaintext_row_is_named_damage(
     build one): on main the bare ``AssertionError`` again (GC)."""
     stream = _alice(backend, clock)
     with running(settings_for(backend), clock) as k:
-        _write(k, stream, 1, *_forged(k, stream, 1, "verdict"))
+        rewrite_row(k, stream, 1, *_forged(k, stream, 1, "verdict"))
     with running(settings_for(backend), clock) as k:
         _damage_named(k, stream)
 
@@ -81,7 +82,7 @@ def test_a_stream_whose_first_row_left_is_an_erased_capture_is_not_erased(
     (GC)."""
     stream = _alice(backend, clock, captures=2)
     with running(settings_for(backend), clock) as k:
-        rows = _rows(k, stream)
+        rows = stored_rows(k, stream)
         version, _, state = next(r for r in rows if r[1].endswith(".InteractionCaptured"))
         assert state[:1] == b"\x02"  # sealed under the capture's own key
         assert k.keystore.destroy_capture_key(str(stream), state[1:17].hex()) is not None
