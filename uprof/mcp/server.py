@@ -678,7 +678,7 @@ class KeyCountedMiddleware:
         ids = [value for name, value in scope.get("headers", ()) if name == b"mcp-session-id"]
         if len(ids) != 1:
             return None
-        session_id = ids[0].decode("latin-1")
+        session_id = str(ids[0].decode("latin-1"))
         owner = self._owners.get(session_id)
         if not isinstance(owner, dict) or owner.get("subject") != key_id:
             return None
