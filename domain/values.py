@@ -76,7 +76,9 @@ _TOKEN_RE = re.compile(r"^[A-Za-z0-9_.:/*#=\-]{1,128}$")
 
 def check_token(field_name: str, value: str) -> str:
     """Refuse an id that is not a short token (letters, digits, ``_.:/*#=-``)."""
-    if not _TOKEN_RE.match(value or ""):
+    # fullmatch: ``$`` also matches before a final line end, and ``x\n`` passed here while
+    # the audit entry refused it, stopping the read recorder (round 7, bug HL).
+    if not _TOKEN_RE.fullmatch(value or ""):
         raise InvalidInputError(
             f"{field_name} must be 1-128 letters, digits or _.:/*#=- "
             f"(got {len(value or '')} chars)",

@@ -67,7 +67,9 @@ def test_every_mcp_request_of_a_key_counts_against_its_limit(
                 "forged Host": client.post(
                     url, content=rpc("ping", 6), headers={**session, "Host": "evil.example"}
                 ),
-                "DELETE": client.delete(url, headers=session),
+                # Ending its own session is not counted (round 7, bug HI:
+                # test_mcp_over_limit_ends_sessions.py); a DELETE of any other id is.
+                "DELETE": client.delete(url, headers={**session, "mcp-session-id": "0" * 32}),
             }
             # Another app's key has its own allowance.
             other = client.post(url, json=HELLO, headers={**POST_JSON, **bearer(calendar)})

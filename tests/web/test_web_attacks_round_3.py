@@ -89,10 +89,11 @@ def test_the_sign_in_page_escapes_what_the_link_carries_and_runs_no_script(
 def test_a_session_cookie_of_one_tenant_opens_nothing_on_another(
     server: LiveServer, http: httpx.Client, apps: Apps, settings: Settings, keys: ApiKeyStore
 ) -> None:
-    """Tenants on one set of stores share the key folder, so the cookie's signature holds
-    on both; the key the cookie names (the console's, or the one that issued the link)
-    is unknown to the other tenant, and with it the session. Bob is unknown there, so the
-    subject's incarnation alone would not refuse the privacy-center cookie."""
+    """Tenants on one set of stores share the key folder; the cookie's signature names its
+    tenant (hostile callers round 7, bug HJ: before, it held on both, and only the key the
+    cookie names, unknown to the other tenant, refused the session; a key of no tenant
+    did not). Bob is unknown there, so the subject's incarnation alone would not refuse
+    the privacy-center cookie; the console cookie is no session (back to sign-in)."""
     grant(http, apps.planner, subject="bob")
     with httpx.Client(base_url=server.url, timeout=30) as here:
         open_link(here, privacy_link(http, apps.planner_operator, "bob"))
@@ -112,7 +113,8 @@ def test_a_session_cookie_of_one_tenant_opens_nothing_on_another(
                 headers={"Cookie": f"{OPERATOR_COOKIE}={operator}"},
                 follow_redirects=False,
             )
-            assert console.status_code == 403, console.text
+            assert console.status_code == 303, console.text
+            assert console.headers["location"] == "/console/login"
     finally:
         other_keys.close()
         other_kernel.close()

@@ -42,17 +42,43 @@ class BodySizeLimitMiddleware:
             await self._refuse(scope, receive, send)
             return
         received = 0
+        over = False
+        started = False  # the app's own answer began before the body went over
+        refused = False  # our 413 was sent
 
         async def counted() -> Message:
-            nonlocal received
+            nonlocal received, over
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_body_bytes:
+                    over = True
                     raise BodyTooLargeError(self.max_body_bytes)
             return message
 
-        await self.app(scope, counted, send)
+        async def sent(message: Message) -> None:
+            # Once the body went over, whatever the app answers for it is replaced by the
+            # one refusal: REST turned it into its JSON error, but an app that is not
+            # FastAPI's (the MCP SDK's Starlette app) answered text/plain (hostile callers
+            # round 7, bug HK). An answer the app had already begun is left alone.
+            nonlocal started, refused
+            if over and not started:
+                if not refused:
+                    refused = True
+                    await self._refuse(scope, receive, send)
+                return
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counted, sent)
+        except BodyTooLargeError:
+            if started:
+                raise
+            if not refused:
+                refused = True
+                await self._refuse(scope, receive, send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         from starlette.responses import JSONResponse

@@ -554,7 +554,8 @@ def http_app(
         app = SessionsPerKeyMiddleware(app, server.session_manager, api_keys, max_sessions_per_key)
         limiter = server.limiter if isinstance(server, UprofMCPServer) else None
         if limiter is not None:
-            app = KeyCountedMiddleware(app, api_keys, limiter)
+            owners = getattr(server.session_manager, "_session_owners", None)
+            app = KeyCountedMiddleware(app, api_keys, limiter, owners)
     return BodySizeLimitMiddleware(app, max_body_bytes=max_body_bytes)
 
 
@@ -621,14 +622,32 @@ class KeyCountedMiddleware:
     it 401 (a stranger cannot spend an app's allowance).
     """
 
-    def __init__(self, app: ASGIApp, api_keys: ApiKeyStore, limiter: KeyRateLimiter) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        api_keys: ApiKeyStore,
+        limiter: KeyRateLimiter,
+        owners: dict[str, Any] | None = None,
+    ) -> None:
+        """``owners``: the SDK's record of who opened each session (``_session_owners``),
+        so that a key may end its own sessions uncounted; None counts every DELETE."""
         self.app = app
         self._api_keys = api_keys
         self._limiter = limiter
+        self._owners = owners
+        # Sessions whose uncounted DELETE is being served (one per session at a time).
+        self._ending: set[str] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             key_id = await _key_id(self._api_keys, scope)
+            ending = None if key_id is None else self._own_session_ended(key_id, scope)
+            if ending is not None:
+                try:
+                    await self.app(scope, receive, send)
+                finally:
+                    self._ending.discard(ending)
+                return
             if key_id is not None:
                 try:
                     # A database transaction that may wait: never on the loop (bug BF).
@@ -643,6 +662,30 @@ class KeyCountedMiddleware:
                     await _refusal(unavailable, retry)(scope, receive, send)
                     return
         await self.app(scope, receive, send)
+
+    def _own_session_ended(self, key_id: str, scope: Scope) -> str | None:
+        """The session id of a DELETE that ends a session ``key_id`` opened and holds, taken
+        for this request; None for any other request (counted).
+
+        Over its allowance a key could not end its sessions (a DELETE was counted like any
+        request): they stayed in its session cap and the SDK's table until idle for 30
+        minutes, whatever the client did (hostile callers round 7, bug HI). Ending one
+        only gives back what the key holds, so it is not counted; a DELETE of an unknown,
+        ended or another key's session is. The id is taken with no await between the check
+        and the take, so a burst of DELETEs of one session passes one uncounted."""
+        if self._owners is None or scope["method"] != "DELETE":
+            return None
+        ids = [value for name, value in scope.get("headers", ()) if name == b"mcp-session-id"]
+        if len(ids) != 1:
+            return None
+        session_id = str(ids[0].decode("latin-1"))
+        owner = self._owners.get(session_id)
+        if not isinstance(owner, dict) or owner.get("subject") != key_id:
+            return None
+        if session_id in self._ending:
+            return None
+        self._ending.add(session_id)
+        return session_id
 
 
 def _refusal(error: EdgeError | UprofError, headers: dict[str, str]) -> JSONResponse:

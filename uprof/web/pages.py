@@ -101,7 +101,9 @@ class WebPages:
                 if stores.sessions is None:
                     kernel = self.runtime_of(request).kernel
                     stores.sessions = SessionStore(
-                        kernel.web_session_key, sign_outs=kernel.web_sign_outs
+                        kernel.web_session_key,
+                        sign_outs=kernel.web_sign_outs,
+                        tenant=kernel.subjects.tenant,
                     )
         return stores.sessions
 

@@ -10,7 +10,8 @@ the deployment's master secret in the key folder (itsdangerous, HMAC-SHA256, wit
 time it was issued): no server keeps it, so it survives a restart and works on every
 server of one deployment. It says what kind it is, binds ONE subject (privacy center) or
 one operator key (console), and carries its own CSRF token; a cookie whose signature does
-not match, or older than SESSION_TTL, is no session. A sign-out is recorded in the data
+not match, or older than SESSION_TTL, is no session. The signature names the tenant: a
+cookie of another tenant on the same stores is no session either. A sign-out is recorded in the data
 stores (``SignOutRecord``, the kernel's ``web_sign_outs``): a copy of a signed-out cookie is
 refused by every server of the deployment, after restarts too, until it would have expired.
 What a server keeps in memory, and loses on a restart: the erasure receipts shown to a
@@ -143,10 +144,18 @@ class SessionStore:
         ttl: timedelta = SESSION_TTL,
         max_sessions: int = MAX_SESSIONS,
         sign_outs: SignOutRecord | None = None,
+        tenant: str = "default",
     ) -> None:
+        """``tenant``: the deployment tenant whose pages the sessions open. Tenants on
+        shared stores share the master secret the key is derived from, so the tenant is
+        part of the signature: another tenant's cookie is no session here (hostile
+        callers round 7, bug HJ). The default tenant signs as before it was (its
+        sessions survive the upgrade); another tenant's sessions of before are signed
+        out once."""
         if len(secret) < 32:
             raise ValueError("the session signing key must be at least 32 bytes")
-        self._signer = URLSafeTimedSerializer(secret, salt=_SALT)
+        salt = _SALT if tenant == "default" else f"{_SALT}/tenant/{tenant}"
+        self._signer = URLSafeTimedSerializer(secret, salt=salt)
         self._tag_key = hmac.new(secret, _INCARNATION_SALT, hashlib.sha256).digest()
         self._ttl = ttl
         self._receipts: BoundedCache[str, list[dict[str, Any]]] = BoundedCache(
