@@ -1,4 +1,4 @@
-"""Cost of the request body limit's wrapper per request (decision XXXX-hostile-callers-round-7).
+"""Cost of the request body limit's wrapper per request (decision 0138-hostile-callers-round-7).
 
 ``BodySizeLimitMiddleware`` around an ASGI app that reads a small body and answers ``{}``,
 called in process (no server, no network): what the limit itself adds to every REST and
