@@ -326,8 +326,9 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` (mode 0600) through a synced temporary file and a rename."""
+def _write_private(path: Path, data: bytes, *, sync_folder: bool = True) -> None:
+    """Write ``data`` to ``path`` (mode 0600) through a synced temporary file and a rename
+    (and the folder synced after it, unless ``sync_folder`` is false)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -338,7 +339,8 @@ def _write_private(path: Path, data: bytes) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
+    if sync_folder:
+        _fsync_dir(path.parent)
 
 
 def _pem(key: Ed25519PrivateKey) -> bytes:
@@ -421,7 +423,9 @@ class FileKeyRing:
                 return
             for leftover in self.folder.glob(f".{ANCHOR_FILE}.*.tmp"):
                 leftover.unlink(missing_ok=True)  # a write killed before its rename
-            _write_private(self.anchor_path, note.encode("utf-8"))
+            # The note is synced before its rename, the folder not after: a crash may lose
+            # the rename, leaving the anchor behind (safe: it only ever lags), never torn.
+            _write_private(self.anchor_path, note.encode("utf-8"), sync_folder=False)
 
     def forget_checkpoint_anchor(self) -> None:
         with self._anchor_lock():

@@ -299,8 +299,10 @@ class AuditLog:
     ) -> None:
         self._engine = engine
         self._anchor = anchor
-        #: The largest tree size this instance has anchored (no file read below it).
+        #: The largest tree size this instance has anchored (no file write below it).
         self._anchored_size = -1
+        #: The anchored note last read and its verified (tree size, root).
+        self._anchor_seen: tuple[str, tuple[int, bytes]] | None = None
         self._backend = backend
         self._retry = retry
         #: The current key and the keys of its endorsed history (``audit.keyring``).
@@ -569,7 +571,12 @@ class AuditLog:
         note = None if self._anchor is None else self._anchor.anchored_checkpoint()
         if note is None:
             return None
-        return verify_checkpoint(note, self.trusted_keys(), self.origin)
+        cached = self._anchor_seen
+        if cached is not None and cached[0] == note:
+            return cached[1]  # verified before (each process verifies each note once)
+        body = verify_checkpoint(note, self.trusted_keys(), self.origin)
+        self._anchor_seen = (note, body)
+        return body
 
     def _check_anchor(
         self, conn: sa.Connection, anchored: tuple[int, bytes] | None, size: int, root: bytes
