@@ -169,3 +169,54 @@ def test_two_processes_appending_and_signing_at_once_are_never_refused(
         assert note is not None and int(note.split("\n")[1]) == signed
     finally:
         engine.dispose()
+
+
+def test_exports_taken_while_another_process_appends_verify_and_extend_each_other(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """Held (both backends): each export is bounded by the checkpoint it signs first, so
+    a writer in another process appending throughout changes nothing in it; every export
+    verifies offline, and each one extends the checkpoints of those before it."""
+    from audit.export import export_jsonl
+    from audit.keys import public_key_pem
+    from audit.verify import verify_export
+    from tests.fakes.ports import FakeClock
+    from tests.kernel.conftest import running, settings_for
+    from tests.kernel.test_audit_key_rotation_processes import child, wait_for
+
+    stop = tmp_path / "stop"
+    writer = child(
+        backend,
+        f"""
+        kernel = build_kernel(settings_for(backend), FakeClock())
+        try:
+            Path({str(tmp_path)!r}, "writing").touch()
+            i = 0
+            while not Path({str(stop)!r}).exists():
+                kernel.audit.record("consent.granted", subject_ref=f"subj_w{{i}}")
+                i += 1
+            print(i)
+        finally:
+            kernel.close()
+        """,
+    )
+    trusted: list[str] = []
+    sizes: list[int] = []
+    try:
+        wait_for(tmp_path / "writing", writer)
+        with running(settings_for(backend), FakeClock()) as kernel:
+            pem = public_key_pem(kernel.audit_log.public_key)
+            for n in range(4):
+                path = tmp_path / f"export-{n}.jsonl"
+                summary = export_jsonl(kernel.audit_log, path)
+                report = verify_export(
+                    path, pem, kernel.settings.audit_origin, trusted_checkpoints=trusted
+                )
+                assert report.tree_size == summary.tree_size == report.entry_count
+                trusted.append(summary.checkpoint)
+                sizes.append(summary.tree_size)
+    finally:
+        stop.touch()
+        out, err = writer.communicate(timeout=120)
+    assert writer.returncode == 0, err[-3000:]
+    assert int(out) > 0 and sizes == sorted(sizes) and sizes[-1] > sizes[0]
