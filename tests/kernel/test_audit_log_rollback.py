@@ -220,3 +220,54 @@ def test_exports_taken_while_another_process_appends_verify_and_extend_each_othe
         out, err = writer.communicate(timeout=120)
     assert writer.returncode == 0, err[-3000:]
     assert int(out) > 0 and sizes == sorted(sizes) and sizes[-1] > sizes[0]
+
+
+def test_a_process_killed_while_appending_and_signing_leaves_a_log_that_extends_its_anchor(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """SIGKILL at a random point of a loop of appends and checkpoints (inside an append's
+    transaction, between a checkpoint's row and its anchor, inside the anchor's write):
+    the log still verifies against the anchor, the next checkpoint is signed and anchored,
+    and no temporary anchor file is left once it is."""
+    import random
+    import signal
+    import time
+
+    from tests.kernel.conftest import settings_for
+    from tests.kernel.test_audit_key_rotation_processes import child, wait_for
+
+    keys = FileKeyMaterialStore(settings_for(backend).key_path).audit_keys()
+    for run in range(3):
+        ready = tmp_path / f"ready-{run}"
+        process = child(
+            backend,
+            f"""
+            kernel = build_kernel(settings_for(backend), FakeClock())
+            Path({str(ready)!r}).touch()
+            i = 0
+            while True:
+                kernel.audit.record("consent.granted", subject_ref=f"subj_{run}_{{i}}")
+                kernel.audit_log.checkpoint_record()
+                i += 1
+            """,
+        )
+        try:
+            wait_for(ready, process)
+            time.sleep(random.uniform(0.05, 0.4))
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+        finally:
+            if process.poll() is None:
+                process.kill()
+        engine = sa.create_engine(_views_url(backend))
+        try:
+            log = AuditLog(
+                engine, keys, "uprof.local/audit", backend=backend_for(engine), anchor=keys
+            )
+            size = log.verify_integrity()
+            assert log.checkpoint_record().tree_size == size
+            note = keys.anchored_checkpoint()
+            assert note is not None and int(note.split("\n")[1]) == size
+            assert not list(keys.folder.glob(".audit-checkpoint.note.*.tmp"))
+        finally:
+            engine.dispose()
