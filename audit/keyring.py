@@ -31,6 +31,11 @@ point), then renames the new key over the current one. A process killed before t
 history write leaves the old key current (the stray next key is removed later); killed
 after it, the next opening of the ring finishes the rename. At no point is a key current
 that the history does not name, and there is one current key file.
+
+``FileKeyRing`` is also the log's ``audit.log.CheckpointAnchor``: ``audit-checkpoint.note``
+holds the newest checkpoint note the log signed, only ever replaced by a larger one (under
+the ``flock`` of ``audit-checkpoint.lock``, through a synced temporary file and a rename),
+so a log database put back from an older copy is told from one that grew.
 """
 
 from __future__ import annotations
@@ -73,6 +78,9 @@ KEY_FILE = "audit-signing.pem"
 NEXT_KEY_FILE = "audit-signing.next.pem"
 HISTORY_FILE = "audit-keys.json"
 LOCK_FILE = "audit-keys.lock"
+#: The newest checkpoint the log signed (its note), kept apart from the log (bug HE).
+ANCHOR_FILE = "audit-checkpoint.note"
+ANCHOR_LOCK_FILE = "audit-checkpoint.lock"
 
 
 # --- the document ---------------------------------------------------------------------------
@@ -318,8 +326,9 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` (mode 0600) through a synced temporary file and a rename."""
+def _write_private(path: Path, data: bytes, *, sync_folder: bool = True) -> None:
+    """Write ``data`` to ``path`` (mode 0600) through a synced temporary file and a rename
+    (and the folder synced after it, unless ``sync_folder`` is false)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -330,7 +339,8 @@ def _write_private(path: Path, data: bytes) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
+    if sync_folder:
+        _fsync_dir(path.parent)
 
 
 def _pem(key: Ed25519PrivateKey) -> bytes:
@@ -376,6 +386,52 @@ class FileKeyRing:
             yield
         finally:
             os.close(fd)
+
+    # -- the checkpoint anchor (audit.log.CheckpointAnchor)
+
+    @property
+    def anchor_path(self) -> Path:
+        return self.folder / ANCHOR_FILE
+
+    @contextmanager
+    def _anchor_lock(self) -> Iterator[None]:
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self.folder / ANCHOR_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def anchored_checkpoint(self) -> str | None:
+        """The newest checkpoint note the log signed, or None (none signed since the
+        anchor existed, or forgotten by a restore). Its signature is checked by the log."""
+        try:
+            raw = self.anchor_path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise VerificationError(f"{self.anchor_path} is not a checkpoint note") from None
+
+    def raise_checkpoint_anchor(self, tree_size: int, note: str) -> None:
+        """Keep ``note`` unless the kept note is of at least ``tree_size`` entries."""
+        with self._anchor_lock():
+            kept = self.anchored_checkpoint()
+            if kept is not None and _note_size(kept) >= tree_size:
+                return
+            for leftover in self.folder.glob(f".{ANCHOR_FILE}.*.tmp"):
+                leftover.unlink(missing_ok=True)  # a write killed before its rename
+            # The note is synced before its rename, the folder not after: a crash may lose
+            # the rename, leaving the anchor behind (safe: it only ever lags), never torn.
+            _write_private(self.anchor_path, note.encode("utf-8"), sync_folder=False)
+
+    def forget_checkpoint_anchor(self) -> None:
+        with self._anchor_lock():
+            if self.anchor_path.exists():
+                self.anchor_path.unlink()
+                _fsync_dir(self.folder)
 
     # -- opening and repair
 
@@ -534,6 +590,13 @@ class FileKeyRing:
             if record is not None:
                 record(done, extended)
             return done
+
+
+def _note_size(note: str) -> int:
+    """The tree size a checkpoint note names (its second line), -1 if it names none: an
+    unreadable kept note is replaced by the next one (the log checks the signature)."""
+    lines = note.split("\n")
+    return int(lines[1]) if len(lines) > 1 and lines[1].isdigit() else -1
 
 
 def _anchor_of(document: Any) -> Ed25519PublicKey:

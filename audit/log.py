@@ -25,7 +25,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from hashlib import sha256
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import sqlalchemy as sa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -244,6 +244,23 @@ def _could_match(
     return [[]]
 
 
+@runtime_checkable
+class CheckpointAnchor(Protocol):
+    """Where the newest checkpoint a log signed is kept apart from the log (in uprof: the
+    key folder, ``audit.keyring.FileKeyRing``), so that a log put back from an older copy
+    (or cut, or rewritten below it) is told from one that only grew (bug HE).
+
+    ``anchored_checkpoint`` returns that signed note, or None; ``raise_checkpoint_anchor``
+    keeps ``note`` (of ``tree_size`` entries) unless the kept one is at least as large;
+    ``forget_checkpoint_anchor`` drops it (``uprof restore`` choosing an older log)."""
+
+    def anchored_checkpoint(self) -> str | None: ...
+
+    def raise_checkpoint_anchor(self, tree_size: int, note: str) -> None: ...
+
+    def forget_checkpoint_anchor(self) -> None: ...
+
+
 class Retry(Protocol):
     """Runs an append again while it fails with a transient error (``StoreBusyError``,
     ``VersionConflictError``); uprof passes its one retry policy (``uprof.retry``)."""
@@ -264,7 +281,9 @@ class AuditLog:
     ``AuditBackend`` (in uprof: ``uprof.backends.backend_for(engine)``). ``origin`` names
     the log in its checkpoints and is the checkpoint key name. ``retry`` runs an append
     again when it met another writer (see ``Retry``; alone, the log tries once). ``clock``
-    returns an aware datetime (tests pass a fixed one).
+    returns an aware datetime (tests pass a fixed one). ``anchor`` keeps the newest signed
+    checkpoint outside the log's database (``CheckpointAnchor``): a log that does not
+    extend it is signed no checkpoint and fails ``verify_integrity``.
     """
 
     def __init__(
@@ -276,8 +295,14 @@ class AuditLog:
         backend: AuditBackend,
         retry: Retry = run_once,
         clock: Callable[[], datetime] = _utc_now,
+        anchor: CheckpointAnchor | None = None,
     ) -> None:
         self._engine = engine
+        self._anchor = anchor
+        #: The largest tree size this instance has anchored (no file write below it).
+        self._anchored_size = -1
+        #: The anchored note last read and its verified (tree size, root).
+        self._anchor_seen: tuple[str, tuple[int, bytes]] | None = None
         self._backend = backend
         self._retry = retry
         #: The current key and the keys of its endorsed history (``audit.keyring``).
@@ -512,15 +537,71 @@ class AuditLog:
         checkpoint and writes nothing (a poller of ``GET /v1/audit/key`` opens no write
         transaction); only a new size is stored, once (``tree_size`` is the table's key:
         of two processes signing one size at once, the second finds the first's row)."""
+        # The anchor before the log: whatever it names was committed before it was kept,
+        # so the log read next holds at least that much, whoever appends meanwhile.
+        anchored = self._anchored()
         with self._engine.connect() as conn:
             size = self._size(conn)
             root = self._root(conn, size)
+            self._check_anchor(conn, anchored, size, root)
             row = conn.execute(_CHECKPOINT_AT, {"tree_size": size}).first()
         # The note is deterministic (Ed25519) for one key: signing again costs no write and
         # hands out the current key's signature even if the stored one is an older key's.
         note = sign_checkpoint(key or self._keys.current(), self.origin, size, root)
         if row is not None:
-            return self._reused(StoredCheckpoint(**row._asdict()), root, note)
+            record = self._reused(StoredCheckpoint(**row._asdict()), root, note)
+        else:
+            record = self._stored_checkpoint(size, root, note)
+        if self._anchor is not None and size > self._anchored_size:
+            # After the row: a kill in between leaves the anchor behind, never ahead.
+            self._anchor.raise_checkpoint_anchor(size, note)
+            self._anchored_size = size
+        return record
+
+    def reanchor(self) -> None:
+        """Forget the anchored checkpoint: the operator put an older log in place on
+        purpose (``uprof restore`` taking a backup's log); its next checkpoint anchors."""
+        if self._anchor is not None:
+            self._anchor.forget_checkpoint_anchor()
+        self._anchored_size = -1
+
+    def _anchored(self) -> tuple[int, bytes] | None:
+        """The anchored checkpoint's (tree size, root), its signature checked; None
+        without an anchor. Read it *before* the log (see ``checkpoint_record``)."""
+        note = None if self._anchor is None else self._anchor.anchored_checkpoint()
+        if note is None:
+            return None
+        cached = self._anchor_seen
+        if cached is not None and cached[0] == note:
+            return cached[1]  # verified before (each process verifies each note once)
+        body = verify_checkpoint(note, self.trusted_keys(), self.origin)
+        self._anchor_seen = (note, body)
+        return body
+
+    def _check_anchor(
+        self, conn: sa.Connection, anchored: tuple[int, bytes] | None, size: int, root: bytes
+    ) -> None:
+        """Refuse a log that does not extend the anchored checkpoint (``CheckpointAnchor``):
+        its newest entries were lost (an older copy put back, the tail cut) or the entries
+        that checkpoint covers were rewritten."""
+        if anchored is None:
+            return
+        anchored_size, anchored_root = anchored
+        if anchored_size > size:
+            raise VerificationError(
+                f"the audit log holds {size} entries, but this log's key signed a checkpoint "
+                f"of {anchored_size}: the log was rolled back (put back from an older copy) "
+                "or its newest entries were deleted; refusing to sign a tree that forks it"
+            )
+        found = root if anchored_size == size else self._root(conn, anchored_size)
+        if found != anchored_root:
+            raise VerificationError(
+                f"the first {anchored_size} entries of the audit log are not those of the "
+                "checkpoint this log's key signed: the log was rewritten or replaced by "
+                "another (rolled back, then appended to); refusing to sign a tree that forks it"
+            )
+
+    def _stored_checkpoint(self, size: int, root: bytes, note: str) -> StoredCheckpoint:
         record = StoredCheckpoint(size, root, note, self.now())
         try:
             with self._engine.begin() as conn:
@@ -730,6 +811,7 @@ class AuditLog:
                     raise VerificationError(f"stored Merkle node {key} does not match the leaves")
             pending.clear()
 
+        anchored = self._anchored()  # before the log, as in ``checkpoint_record``
         self._check_checkpoint(checkpoints.get(0), EMPTY_ROOT, public_key)
         for stored_entry in self.entries():
             index = frontier.size
@@ -751,6 +833,8 @@ class AuditLog:
                 check_pending(conn)
         if any(size > frontier.size for size in checkpoints):
             raise VerificationError("a stored checkpoint covers more entries than the log holds")
+        with self._engine.connect() as conn:
+            self._check_anchor(conn, anchored, frontier.size, frontier.root())
         return frontier.size
 
     def _check_checkpoint(

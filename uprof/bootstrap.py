@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from audit.log import AuditLog
+from audit.log import AuditLog, CheckpointAnchor
 from domain.errors import UprofError
 from domain.values import CapturedInteraction, ProposalBatch
 from projections.profile.projector import ProfileProjector, embed_memories
@@ -398,13 +398,17 @@ def bootstrap(
         raise
     subjects = SubjectResolver(keystore, settings.tenant)
     sealer = ViewSealer(keystore)
+    audit_keys = material.audit_keys()
     audit_log = AuditLog(
         views,
-        material.audit_keys(),
+        audit_keys,
         settings.audit_origin,
         backend=backend_for(views),
         retry=AUDIT_APPEND.call,
         clock=clock.now,
+        # The key folder keeps the newest checkpoint signed: an older copy of the log put
+        # back is refused a checkpoint that would fork it (bug HE).
+        anchor=audit_keys if isinstance(audit_keys, CheckpointAnchor) else None,
     )
     if audit is None:
         audit = AuditLogTrail(audit_log, settings.tenant)

@@ -246,8 +246,9 @@ def test_the_cli_proves_and_verifies_and_a_rewritten_copy_fails(
             f"sqlite:///{copy / 'data' / 'views.sqlite'}",
             cli_for(backend, copy / "data"),
         )
+        keys_of_copy = copy / "data.keys"
     else:
-        views_url, run_copy = backend.url, run
+        views_url, run_copy, keys_of_copy = backend.url, run, backend.data_dir / "data.keys"
     engine = sa.create_engine(views_url)
     try:
         with engine.connect() as conn:
@@ -260,6 +261,12 @@ def test_the_cli_proves_and_verifies_and_a_rewritten_copy_fails(
     finally:
         engine.dispose()
     rewritten = tmp_path / "rewritten.json"
+    # The deployment itself refuses to sign the rewritten tree: its key folder keeps the
+    # checkpoint it signed (bug HE)...
+    refused = run_copy("audit", "prove", "--from", str(old), "--out", str(rewritten), code=1)
+    assert "rewritten or replaced" in refused and not rewritten.exists(), refused
+    # ...which whoever rewrote the log with the key folder in hand removes too.
+    (keys_of_copy / "audit-checkpoint.note").unlink()
     failed = run_copy("audit", "prove", "--from", str(old), "--out", str(rewritten), code=1)
     assert "does not extend" in failed
     assert "does not extend the trusted checkpoint" in run(

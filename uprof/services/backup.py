@@ -475,6 +475,10 @@ def _restore_alone(
         # lacks: the operator chose it, so its heads are the anchors from now on (before
         # anything loads a stream; decision 0132-stream-head-anchor).
         kernel.app.reanchor()
+        if not keep_live_audit:
+            # Likewise the audit log's: the backup's log (the live one was empty) is the
+            # one the operator chose, shorter than the checkpoint the key folder keeps.
+            kernel.audit_log.reanchor()
         ledger = reapply_ledger(kernel)
         if kernel.web_sign_outs is not None:
             kernel.web_sign_outs.keep(signed_out, now=datetime.now(UTC))
