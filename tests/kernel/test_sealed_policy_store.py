@@ -100,7 +100,7 @@ def test_a_policy_row_moved_to_another_version_does_not_grant(
             app_id=APP, actions=["read"], categories=["health"], purpose="personalization"
         )
     rows = policy_rows(backend, settings)
-    (granted_v, granted_t, granted), (revoked_v, _, _) = rows[-2], rows[-1]
+    (_, granted_t, granted), (revoked_v, _, _) = rows[-2], rows[-1]
     set_policy_row(backend, settings, revoked_v, granted_t, granted)
     allowed, reason = _decide(settings, clock, APP, "health")
     assert not allowed

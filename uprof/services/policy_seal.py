@@ -145,7 +145,10 @@ def head_of(row: StoredEvent, over: StreamHead | None = None) -> StreamHead:
     return StreamHead(stream_id, version, digest, over.version, over.digest)
 
 
-_CUT = "a tenant's policy stream ends before the last version known committed (rows removed, or an older policy store put back)"
+_CUT = (
+    "a tenant's policy stream ends before the last version known committed "
+    "(rows removed, or an older policy store put back)"
+)
 _REPLACED = "the row at the head of a tenant's policy stream is not the one committed there"
 
 
@@ -254,7 +257,7 @@ def seal_legacy_policy_rows(
             for r in conn.execute(select).all()
         ]
     if not again and not material.data_upgraded(BEGUN):
-        streams = {str(UUID(r.originator_id)) for r in rows}
+        streams = {str(UUID(str(r.originator_id))) for r in rows}
         if any(r.state[:1] == PLAIN_TAGGED for r in rows) or app.keystore.stream_heads_of(
             app.log_id, streams
         ):
@@ -272,7 +275,12 @@ def seal_legacy_policy_rows(
             if row.state[:1] == PLAIN_TAGGED:
                 continue
             new = tagged_plain_state(
-                key, key_id, UUID(row.originator_id), row.originator_version, row.topic, row.state
+                key,
+                key_id,
+                UUID(str(row.originator_id)),
+                row.originator_version,
+                row.topic,
+                row.state,
             )
             tagged += conn.execute(
                 update,
@@ -294,7 +302,7 @@ def seal_legacy_policy_rows(
         after_rows(tagged)
     heads: dict[str, StoredEvent] = {}
     for row in rows:
-        stream = str(UUID(row.originator_id))
+        stream = str(UUID(str(row.originator_id)))
         if stream not in heads or heads[stream].originator_version < row.originator_version:
             heads[stream] = row
     anchors = []
