@@ -297,3 +297,32 @@ def test_a_data_folder_copied_elsewhere_is_another_log_not_damage(
     with running(settings, clock) as k:  # the live deployment: whole
         decision = _decide(k, APP)
         assert not decision.allowed and "stored_data_damaged" not in decision.reason
+
+
+def test_a_restore_does_not_tag_a_row_forged_into_the_live_policy(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """A restore runs the upgrade again whatever the record says (a backup's policy may
+    be of before the seal), and it keeps the live policy: a row forged untagged into the
+    live policy must not be tagged by it (GR's attack, through ``uprof restore``)."""
+    from uprof.services.backup import backup, restore
+
+    settings = settings_for(backend)
+    with running(settings, clock):
+        pass  # a deployment started once (its signing key), then backed up
+    backup(settings, tmp_path / "bk")
+    with running(settings, clock) as k:
+        version, topic, state = forged_change(
+            k.policy.app,
+            k.subjects.tenant,
+            lambda p: p.add_rule(
+                [INTRUDER, k.subjects.tenant, "read", "diet", "personalization", "allow"],
+                "operator:local#cli",
+            ),
+        )
+    insert_policy_row(backend, settings, version, topic, state)
+    restore(settings, tmp_path / "bk")
+    assert policy_rows(backend, settings)[-1][2][:1] == b"{"  # never tagged
+    with running(settings, clock) as k:
+        decision = _decide(k, INTRUDER)
+        assert not decision.allowed and "stored_data_damaged" in decision.reason

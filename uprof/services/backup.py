@@ -475,6 +475,10 @@ def _restore_alone(
         # lacks: the operator chose it, so its heads are the anchors from now on (before
         # anything loads a stream; decision 0132-stream-head-anchor).
         kernel.app.reanchor()
+        # That replaced every anchor, the policy store's too: anchor the policy in place
+        # (the live one kept, or the backup's; decision XXXX-sealed-policy-store).
+        if kernel.policy_service is not None:
+            kernel.policy_service.anchor_policy()
         ledger = reapply_ledger(kernel)
         if kernel.web_sign_outs is not None:
             kernel.web_sign_outs.keep(signed_out, now=datetime.now(UTC))

@@ -380,6 +380,13 @@ class PolicyService:
         assert isinstance(policy, TenantPolicy)
         return policy
 
+    def anchor_policy(self) -> None:
+        """Anchor every tenant's policy stream at its head as stored now, where it has no
+        anchor (``uprof restore``, after the key store's anchors were replaced), and
+        read the policy again."""
+        self.app.anchor_missing_heads(self.app.policy_streams())
+        self.authorizer.refresh(force=True)
+
     def report_damage(self, error: Exception) -> None:
         """Log and audit that the policy store was found damaged (every check denies)."""
         _log.error("%s; every policy check denies", error)

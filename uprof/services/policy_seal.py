@@ -212,6 +212,23 @@ class SealedPolicyLog:
             heads.append(head_of(row, anchor))
         self.raise_anchors(heads)
 
+    def policy_streams(self) -> list[UUID]:
+        """Every stream of the policy store (one per tenant; the store is small)."""
+        notes = self.recorder.select_notifications(start=None, limit=1_000_000)
+        return sorted({UUID(str(n.originator_id)) for n in notes})
+
+    def anchor_missing_heads(self, stream_ids: Sequence[UUID]) -> None:
+        """Anchor each stream without an anchor at its head as stored now (the upgrade
+        once its rows are tagged; ``uprof restore`` once 0132's ``reanchor`` replaced
+        every anchor: the operator chose the stores). An existing anchor is left alone.
+        Raised, not flushed: one lost in a power cut is adopted again at the next load."""
+        heads = []
+        for stream_id in stream_ids:
+            rows = self.recorder.select_events(stream_id, desc=True, limit=1)
+            if rows:
+                heads.append(head_of(rows[0]))
+        self.keystore.raise_stream_heads(self.log_id, heads)
+
     def raise_anchors(self, heads: Sequence[StreamHead]) -> None:
         """Raise anchors; a key store that refuses is logged (the rows are committed:
         the anchor lags, as after a crash, I12)."""
@@ -256,10 +273,16 @@ def seal_legacy_policy_rows(
             StoredEvent(str(r[0]), int(r[1]), str(r[2]), bytes(r[3]))
             for r in conn.execute(select).all()
         ]
-    if not again and not material.data_upgraded(BEGUN):
+    if not material.data_upgraded(BEGUN):
+        # No pass in progress. A tagged row means the store was sealed before: any
+        # untagged row beside it was written since by someone without the key, and stays
+        # damage, at a start whose record is lost (GR) and at a restore alike (a restore
+        # keeps the live policy, and a backup's policy is either all tagged or, taken
+        # before the seal, all untagged). A start (not a restore, which replaces the
+        # anchors) also takes an anchor of this log as that evidence.
         streams = {str(UUID(str(r.originator_id))) for r in rows}
-        if any(r.state[:1] == PLAIN_TAGGED for r in rows) or app.keystore.stream_heads_of(
-            app.log_id, streams
+        if any(r.state[:1] == PLAIN_TAGGED for r in rows) or (
+            not again and app.keystore.stream_heads_of(app.log_id, streams)
         ):
             material.record_data_upgrade(UPGRADE)
             return None
@@ -300,16 +323,7 @@ def seal_legacy_policy_rows(
                 )
     if after_rows is not None:
         after_rows(tagged)
-    heads: dict[str, StoredEvent] = {}
-    for row in rows:
-        stream = str(UUID(str(row.originator_id)))
-        if stream not in heads or heads[stream].originator_version < row.originator_version:
-            heads[stream] = row
-    anchors = []
-    for stream in heads:
-        (head,) = app.recorder.select_events(UUID(stream), desc=True, limit=1)
-        anchors.append(head_of(head))
-    app.keystore.raise_stream_heads(app.log_id, anchors)
+    app.anchor_missing_heads(sorted({UUID(str(r.originator_id)) for r in rows}))
     material.record_data_upgrade(UPGRADE)
     material.forget_data_upgrade(BEGUN)
     return tagged
