@@ -21,6 +21,7 @@ from tests.kernel.policy_rows import (
     set_policy_row,
 )
 from uprof.facade import Facade
+from uprof.services.policy import POLICY_STORE_DAMAGED
 from uprof.settings import Settings
 
 APP = "app:planner"
@@ -31,7 +32,8 @@ DAMAGED = "stored_data_damaged"
 def _decide(
     settings: Settings, clock: FakeClock, app: str, category: str = "diet"
 ) -> tuple[bool, str]:
-    """One fresh start's decision (a process started after the attack), and its reason."""
+    """One fresh start's decision (a process started after the attack), and its reason;
+    a damaged store is also audited (``policy.store_damaged``) and shown by ``/readyz``."""
     with running(settings, clock) as k:
         d = k.authorizer.decide(
             app_id=app,
@@ -40,6 +42,9 @@ def _decide(
             category=category,
             purpose="personalization",
         )
+        if DAMAGED in d.reason:
+            assert list(k.audit_log.entries(action=POLICY_STORE_DAMAGED)), "not audited"
+            assert DAMAGED in k.policy.health()
         return d.allowed, d.reason
 
 
