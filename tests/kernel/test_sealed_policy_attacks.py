@@ -326,3 +326,119 @@ def test_a_restore_does_not_tag_a_row_forged_into_the_live_policy(
     with running(settings, clock) as k:
         decision = _decide(k, INTRUDER)
         assert not decision.allowed and "stored_data_damaged" in decision.reason
+
+
+def _start(data_dir: str, url: str | None, barrier: Any, results: Any) -> None:
+    try:
+        from tests.fakes.ports import FakeClock
+        from tests.kernel.conftest import build_kernel
+        from uprof.settings import Settings
+
+        settings = Settings(data_dir=Path(data_dir), database_url=url, embedder="hashing")
+        barrier.wait(120)
+        build_kernel(settings, FakeClock()).close()
+        results.put("ok")
+    except Exception as error:
+        results.put(f"{type(error).__name__}: {str(error)[:300]}")
+
+
+def test_two_processes_starting_at_once_on_a_store_of_before_the_seal(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Both run the upgrade's start under the schema lock: one tags, the other finds it
+    recorded; both come up, and no row is tagged twice or left untagged."""
+    settings = settings_for(backend)
+    n = _legacy_store(settings, clock)
+    context = children.CONTEXT
+    barrier, results = context.Barrier(2), context.Queue()
+    url = backend.url if backend.kind == "postgres" else None
+    processes = [
+        context.Process(target=_start, args=(str(settings.data_dir), url, barrier, results))
+        for _ in range(2)
+    ]
+    for process in processes:
+        process.start()
+    outcomes = [results.get(timeout=300) for _ in processes]
+    for process in processes:
+        process.join(timeout=60)
+    assert outcomes == ["ok", "ok"]
+    _check_sealed(settings, clock, n)
+
+
+CHANGER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from domain.principal import Principal
+    from uprof.facade import Facade
+    from uprof.services import policy_seal
+    from tests.fakes.ports import FakeClock
+    from tests.kernel.conftest import build_kernel
+    from uprof.settings import Settings
+
+    def killed_here(self, newest, first):
+        print("committed", flush=True)
+        time.sleep(600)  # killed here: the change committed, its anchor not raised
+
+    url = sys.argv[2] or None
+    settings = Settings(data_dir=Path(sys.argv[1]), database_url=url, embedder="hashing")
+    k = build_kernel(settings, FakeClock())
+    policy_seal.SealedPolicyLog.anchor_saved = killed_here
+    Facade(k, Principal.local_operator(k.subjects.tenant)).policy_grant(
+        role="role:assistant", actions=["read"], categories=["location"],
+        purpose="personalization",
+    )
+    """
+)
+
+
+def test_a_change_killed_between_its_commit_and_its_anchor_is_adopted_not_damage(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """SIGKILL in 0132's crash window on the policy store: the change is committed, its
+    anchor lags; the next start adopts the head (no false damage) and the change is in
+    force."""
+    settings = settings_for(backend)
+    with running(settings, clock) as k:
+        before = _anchor(k).version
+        assert not _decide(k, APP, "location").allowed  # what the change will grant
+    url = backend.url if backend.kind == "postgres" else ""
+    child = PythonChild(CHANGER, str(settings.data_dir), url, stream_stdout=True)
+    try:
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        assert line.startswith("committed"), (line, child.communicate(5))
+        child.kill()
+        child.wait(30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.communicate(30)
+    head = policy_rows(backend, settings)[-1][0]
+    assert head == before + 1
+    assert _stored_anchor(backend, settings) == before  # lagging, as the kill left it
+    with running(settings, clock) as k:  # the start's load adopts the head
+        decision = _decide(k, APP, "location")
+        assert decision.allowed and "stored_data_damaged" not in decision.reason
+        assert _anchor(k).version == head
+
+
+def _stored_anchor(backend: Backend, settings: Settings) -> int:
+    """The policy stream's anchored version, read from the key store without a start."""
+    url = (
+        f"sqlite:///{settings.key_path / 'keys.sqlite'}"
+        if backend.kind == "sqlite"
+        else backend.url
+    )
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return int(
+                conn.execute(
+                    sa.select(stream_heads.c.version).where(
+                        stream_heads.c.stream_id == str(policy_id(settings.tenant))
+                    )
+                ).scalar_one()
+            )
+    finally:
+        engine.dispose()
