@@ -163,10 +163,10 @@ def put_policy_store_back(backend: Backend, settings: Settings, frm: Path) -> No
         engine.dispose()
 
 
-def policy_to_legacy(k: Any) -> int:
+def policy_to_legacy(k: Any, *, keep_snapshots: bool = False) -> int:
     """Make the policy store of ``k`` as a deployment of before the seal holds it: every
-    row untagged, no snapshot, no anchor of the policy log, no upgrade record. The rows
-    re-written."""
+    row untagged (snapshots untagged too with ``keep_snapshots``, else none), no anchor of
+    the policy log, no upgrade record. The event rows re-written."""
     from uprof.crypto.keydir import UPGRADE_FILE_PREFIX
     from uprof.crypto.mapper import PLAIN_TAG
     from uprof.crypto.tables import stream_heads
@@ -197,7 +197,18 @@ def policy_to_legacy(k: Any) -> int:
                     {"st": state[5 + PLAIN_TAG :], "s": sid, "v": version},
                 )
                 n += 1
-            conn.execute(sa.text(f"DELETE FROM {snapshots}"))
+            if not keep_snapshots:
+                conn.execute(sa.text(f"DELETE FROM {snapshots}"))
+            for sid, version, state in conn.execute(
+                sa.text(f"SELECT originator_id, originator_version, state FROM {snapshots}")
+            ).all():
+                conn.execute(
+                    sa.text(
+                        f"UPDATE {snapshots} SET state = :st "
+                        "WHERE originator_id = :s AND originator_version = :v"
+                    ),
+                    {"st": bytes(state)[5 + PLAIN_TAG :], "s": sid, "v": version},
+                )
     finally:
         if k.app.backend.name == "sqlite":
             engine.dispose()

@@ -442,3 +442,60 @@ def _stored_anchor(backend: Backend, settings: Settings) -> int:
             )
     finally:
         engine.dispose()
+
+
+def test_an_untagged_snapshot_of_before_the_seal_is_dropped_and_rebuilt(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """A policy stream long enough to have a snapshot (every 100 events), all of it of
+    before the seal: the upgrade drops the untagged snapshot (a cache), the policy loads
+    from the tagged events, and the next snapshot is written tagged."""
+    from tests.kernel.policy_rows import policy_engine
+
+    settings = settings_for(backend)
+    rule = {
+        "role": "role:assistant",
+        "actions": ["read"],
+        "categories": ["location"],
+        "purpose": "personalization",
+    }
+    with running(settings, clock) as k:
+        f = Facade(k, Principal.local_operator(k.subjects.tenant))
+        for i in range(100):  # seed + 100 changes: a snapshot at version 100
+            (f.policy_grant if i % 2 == 0 else f.policy_revoke)(**rule)
+        assert _decide(k, APP, "location").allowed is False
+        policy_to_legacy(k, keep_snapshots=True)
+
+    def snapshots() -> list[bytes]:
+        engine, _, table = policy_engine(backend, settings)
+        try:
+            with engine.connect() as conn:
+                return [bytes(r[0]) for r in conn.execute(sa.text(f"SELECT state FROM {table}"))]
+        finally:
+            engine.dispose()
+
+    assert [s[:1] for s in snapshots()] == [b"{"]
+    with running(settings, clock) as k:
+        assert snapshots() == []
+        assert not _decide(k, APP, "location").allowed
+        assert "stored_data_damaged" not in _decide(k, APP, "location").reason
+        f = Facade(k, Principal.local_operator(k.subjects.tenant))
+        for i in range(100):
+            (f.policy_grant if i % 2 == 0 else f.policy_revoke)(**rule)
+    assert [s[:1] for s in snapshots()] == [b"\x03"]
+    with running(settings, clock) as k:
+        assert not _decide(k, APP, "location").allowed
+        assert "stored_data_damaged" not in _decide(k, APP, "location").reason
+    # A tagged snapshot altered (its rule list rewritten) is damage like any row.
+    engine, _, table = policy_engine(backend, settings)
+    try:
+        with engine.begin() as conn:
+            (state,) = conn.execute(sa.text(f"SELECT state FROM {table}")).scalars()
+            forged = bytes(state).replace(b"role:assistant", b"app:intruder")
+            assert forged != bytes(state)
+            conn.execute(sa.text(f"UPDATE {table} SET state = :st"), {"st": forged})
+    finally:
+        engine.dispose()
+    with running(settings, clock) as k:
+        decision = _decide(k, INTRUDER)
+        assert not decision.allowed and "stored_data_damaged" in decision.reason
