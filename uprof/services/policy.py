@@ -391,7 +391,12 @@ class PolicyService:
         """Log and audit that the policy store was found damaged (every check denies)."""
         _log.error("%s; every policy check denies", error)
         try:
-            self._audit.record(POLICY_STORE_DAMAGED, requested_by=SEEDED_BY)
+            self._audit.record(
+                POLICY_STORE_DAMAGED,
+                tenant=self.tenant,
+                reason_code="stored_data_damaged",
+                outcome="every_check_denied",
+            )
         except Exception:  # the denial stands whether or not the entry could be written
             _log.exception("could not audit the damaged policy store")
 
