@@ -62,7 +62,7 @@ def create_schema(settings: Settings) -> None:
         ProfilesApplication(
             env=layout.eventsourcing_env, keystore=keystore, events_engine=events
         ).close()
-        PolicyApplication(env=policy_store_env(settings)).close()
+        PolicyApplication(env=policy_store_env(settings), keystore=keystore).close()
     finally:
         stores.dispose()
 

@@ -283,10 +283,22 @@ def tenant_authorizers(
     return authorizer_for
 
 
-def build_policy_service(settings: Settings, audit: AuditTrail, keys: Any) -> PolicyService:
-    """Open the policy store and seed it from ``settings.policy_path`` on first start."""
+def build_policy_service(
+    settings: Settings,
+    audit: AuditTrail,
+    keys: Any,
+    keystore: KeyStore,
+    material: KeyMaterialStore,
+    events: Any,
+    *,
+    restoring: bool = False,
+) -> PolicyService:
+    """Open the policy store, seal its rows of before the seal once (decision
+    XXXX-sealed-policy-store; at each restore again), and seed it from
+    ``settings.policy_path`` on first start. Call under the event log's schema lock."""
     from policies import packaged_seed_policy_text
     from uprof.services.policy import PolicyApplication, PolicyService
+    from uprof.services.policy_seal import seal_legacy_policy_rows
     from uprof.storage import policy_store_env
 
     def known_app(app_id: str) -> bool:
@@ -298,8 +310,25 @@ def build_policy_service(settings: Settings, audit: AuditTrail, keys: Any) -> Po
     seed_path = Path(settings.policy_path)
     seed_text = seed_path.read_text(encoding="utf-8")
     packaged = seed_text == packaged_seed_policy_text()
+    env = policy_store_env(settings)
+    app = PolicyApplication(env=env, keystore=keystore)
+    try:
+        backend = backend_for(events)
+        if backend.name == "sqlite":
+            engine = backend.create_engine(
+                f"sqlite:///{env['SQLITE_DBNAME']}", fsync_each_commit=True
+            )
+            try:
+                seal_legacy_policy_rows(app, engine, material, again=restoring)
+            finally:
+                engine.dispose()
+        else:
+            seal_legacy_policy_rows(app, events, material, again=restoring)
+    except BaseException:
+        app.close()
+        raise
     service = PolicyService(
-        PolicyApplication(env=policy_store_env(settings)),
+        app,
         tenant=settings.tenant,
         model_text=Path(settings.policy_model_path).read_text(encoding="utf-8"),
         seed_text=seed_text,
@@ -436,7 +465,9 @@ def bootstrap(
     evidence = EvidenceChecker(queries)
 
     with schema_lock(events):
-        policy = build_policy_service(settings, audit, keys)
+        policy = build_policy_service(
+            settings, audit, keys, keystore, material, events, restoring=restoring
+        )
     # The policy store decides, unless the caller brought its own authorizer (tests, benches).
     deciding: Authorizer = authorizer or policy.authorizer
 

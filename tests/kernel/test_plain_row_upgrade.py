@@ -26,6 +26,7 @@ from tests.children import PythonChild
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import APP, consent, running, say, settings_for
+from tests.kernel.policy_rows import policy_to_legacy
 from tests.kernel.stored_rows import head_row
 from uprof.crypto.keydir import UPGRADE_FILE_PREFIX
 from uprof.crypto.keystore import StreamHead
@@ -81,6 +82,9 @@ def _to_legacy(k: Uprof, *, forget_upgrade: bool = True) -> int:
         # upgrade's first pass creates it; a key without a pass begun or done on record
         # means the record was lost after the upgrade, bug GR).
         _record(k.settings).unlink()
+        # The policy store was sealed with the same key after the plain-row upgrade
+        # (decision XXXX-sealed-policy-store): a store of before both holds it untagged.
+        policy_to_legacy(k)
         with k.keys_engine.begin() as conn:
             conn.execute(plain_row_keys.delete())
     return n

@@ -86,7 +86,7 @@ def test_a_seed_race_keeps_the_first_seed(empty_backend: Backend) -> None:
     settings = settings_for(empty_backend)
     k = build_kernel(settings, FakeClock())
     try:
-        late = PolicyApplication(env=policy_store_env(settings))
+        late = PolicyApplication(env=policy_store_env(settings), keystore=k.keystore)
         try:
             rival = TenantPolicy(
                 tenant="default",

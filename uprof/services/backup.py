@@ -479,6 +479,10 @@ def _restore_alone(
             # Likewise the audit log's: the backup's log (the live one was empty) is the
             # one the operator chose, shorter than the checkpoint the key folder keeps.
             kernel.audit_log.reanchor()
+        # That replaced every anchor, the policy store's too: anchor the policy in place
+        # (the live one kept, or the backup's; decision XXXX-sealed-policy-store).
+        if kernel.policy_service is not None:
+            kernel.policy_service.anchor_policy()
         ledger = reapply_ledger(kernel)
         if kernel.web_sign_outs is not None:
             kernel.web_sign_outs.keep(signed_out, now=datetime.now(UTC))

@@ -36,12 +36,13 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from eventsourcing.application import AggregateNotFoundError
+from eventsourcing.application import ProcessingEvent
 from eventsourcing.domain import DomainEvent
+from eventsourcing.persistence import Mapper, Recording
 
 from audit.entry import validate_entry
 from audit.errors import AuditEntryError
-from domain.errors import UprofError, VersionConflictError
+from domain.errors import StoredDataDamagedError, UprofError, VersionConflictError
 from domain.policy import TenantPolicy, policy_id
 from domain.values import CATEGORIES
 from policies.authorizer import AccessDecision, CasbinAuthorizer, PolicyDeniedError
@@ -64,6 +65,7 @@ from policies.rules import (
 from uprof import retry
 from uprof.ports import AuditTrail
 from uprof.recorders import ConflictsAsDomainErrors
+from uprof.services.policy_seal import PolicyRowMapper, SealedPolicyLog, policy_log_id
 
 _log = logging.getLogger(__name__)
 
@@ -73,6 +75,8 @@ DEFAULT_REFRESH_S = 0.25
 POLICY_SNAPSHOT_INTERVAL = 100
 #: The audit action of every policy change.
 POLICY_CHANGED = "policy.changed"
+#: The audit action written when the policy store is found damaged (every check denies).
+POLICY_STORE_DAMAGED = "policy.store_damaged"
 #: Who seeds the policy on first start.
 SEEDED_BY = "system:bootstrap"
 
@@ -106,11 +110,36 @@ class PolicyStoreError(UprofError):
     )
 
 
-class PolicyApplication(ConflictsAsDomainErrors[UUID]):
-    """The event store of every tenant's policy stream (not personal data: no sealing)."""
+class PolicyApplication(SealedPolicyLog, ConflictsAsDomainErrors[UUID]):
+    """The event store of every tenant's policy stream: not personal data, so not
+    encrypted, but sealed (``uprof.services.policy_seal``): every row tagged under the
+    deployment's plain-row key, every stream's head anchored in the key store."""
 
     name = "policies"
     snapshotting_intervals = {TenantPolicy: POLICY_SNAPSHOT_INTERVAL}  # noqa: RUF012
+
+    def __init__(self, env: dict[str, str], *, keystore: Any) -> None:
+        self.keystore = keystore
+        super().__init__(env)
+        self.log_id = policy_log_id(self.env)
+
+    def construct_mapper(self) -> Mapper[UUID]:
+        return PolicyRowMapper(self.construct_transcoder(), self.keystore)
+
+    def _record(self, processing_event: ProcessingEvent[UUID]) -> list[Recording[UUID]]:
+        """Record, then raise each written stream's anchor (after the commit: 0132)."""
+        recordings = super()._record(processing_event)
+        newest: dict[str, Any] = {}
+        first: dict[str, int] = {}
+        for recording in recordings:
+            n = recording.notification
+            stream = str(UUID(str(n.originator_id)))
+            if stream not in newest or newest[stream].originator_version < n.originator_version:
+                newest[stream] = n
+            first[stream] = min(first.get(stream, n.originator_version), n.originator_version)
+        if newest:
+            self.anchor_saved(newest, first)
+        return recordings
 
 
 @dataclass(frozen=True)
@@ -196,6 +225,11 @@ class StoredPolicyAuthorizer:
                     self._inner.reload(rows, version=version)
                     self._head, self._version = head, version
                 self._failure = ""
+            except StoredDataDamagedError as error:  # fail closed, named, logged, audited
+                failure = str(error)
+                if self._failure != failure:
+                    self._service.report_damage(error)
+                self._failure = failure
             except Exception as error:  # fail closed: an unreadable store denies everything
                 if not self._failure:
                     _log.exception("policy store unreadable; every policy check denies")
@@ -333,20 +367,38 @@ class PolicyService:
 
     def current_rows(self) -> tuple[int, list[tuple[str, ...]]]:
         """Return the version and casbin rows of the policy in force (0 and none if unseeded)."""
-        try:
-            policy: TenantPolicy = self.app.repository.get(self._id)
-        except AggregateNotFoundError:
+        policy = self._load()
+        if policy is None:
             return 0, []
-        assert isinstance(policy, TenantPolicy)
         return policy.version, policy.rows()
 
     def _load(self) -> TenantPolicy | None:
-        try:
-            policy: TenantPolicy = self.app.repository.get(self._id)
-        except AggregateNotFoundError:
+        """The tenant's policy, checked against its anchor (``PolicyStoreDamagedError``)."""
+        policy = self.app.load_checked(self._id)
+        if policy is None:
             return None
         assert isinstance(policy, TenantPolicy)
         return policy
+
+    def anchor_policy(self) -> None:
+        """Anchor every tenant's policy stream at its head as stored now, where it has no
+        anchor (``uprof restore``, after the key store's anchors were replaced), and
+        read the policy again."""
+        self.app.anchor_missing_heads(self.app.policy_streams())
+        self.authorizer.refresh(force=True)
+
+    def report_damage(self, error: Exception) -> None:
+        """Log and audit that the policy store was found damaged (every check denies)."""
+        _log.error("%s; every policy check denies", error)
+        try:
+            self._audit.record(
+                POLICY_STORE_DAMAGED,
+                tenant=self.tenant,
+                reason_code="stored_data_damaged",
+                outcome="every_check_denied",
+            )
+        except Exception:  # the denial stands whether or not the entry could be written
+            _log.exception("could not audit the damaged policy store")
 
     def ensure_seeded(self) -> bool:
         """Record the first version from the policy file unless the stream exists.
@@ -355,7 +407,12 @@ class PolicyService:
         seeding at the same moment conflicts and keeps the first one's version. Rows of
         other tenants in the file are left out. Returns True when this call seeded.
         """
-        if self._load() is not None:
+        try:
+            if self._load() is not None:
+                return False
+        except StoredDataDamagedError:
+            # Never seeded over: the damage is the policy store's, and every check denies
+            # (the authorizer reads the store again and names it).
             return False
         seed = parse_policy_text(self._seed_text, source=self._seed_source).for_tenant(self.tenant)
         policy = TenantPolicy(
@@ -388,6 +445,7 @@ class PolicyService:
         else:
             if at.tzinfo is None:
                 raise PolicyInputError("at", "needs a timezone (e.g. 2026-01-01T00:00:00Z)")
+            self._load()  # the stream whole (its anchor), before reading it back
             version = 0
             for stored in self.app.events.get(self._id):
                 # The store types events by protocol; its events are DomainEvents (timed).
@@ -412,6 +470,7 @@ class PolicyService:
 
     def history(self) -> list[PolicyChange]:
         """Return every change of the tenant's policy, oldest first."""
+        self._load()  # the stream whole (its anchor), before reading it back
         return [_change_of(e) for e in self.app.events.get(self._id)]
 
     # --- changing it -------------------------------------------------------------------------
@@ -563,6 +622,8 @@ class PolicyService:
     def _current_policy(self) -> TenantPolicy | None:
         try:
             return self._load()
+        except StoredDataDamagedError:
+            raise  # named as the policy store's damage, not as an unreadable store
         except Exception as error:
             raise PolicyStoreError(f"policy store unreadable ({type(error).__name__})") from None
 

@@ -1,0 +1,329 @@
+"""The policy store, sealed: every row authenticated, every stream's head anchored.
+
+The policy store (``PolicyApplication``) is an event log like the profile log, and a
+writer of the stores could forge, alter, move, cut or roll back its rows: a forged
+``RuleAdded`` was served at the next start (bug HA), a revocation cut from the tail or an
+older ``policies.sqlite`` put back granted the revoked right again (bug HB). It now gets
+the profile log's two guarantees, by the same mechanisms (decision
+XXXX-sealed-policy-store):
+
+- **Every row tagged** (decision 0136): ``0x03 | key id | HMAC-SHA256 | JSON state``
+  under the deployment's plain-row key (``KeyStore.current_plain_row_key``, wrapped by
+  the KEK), over the row's stream, version and topic (``uprof.crypto.mapper``'s
+  ``tagged_plain_state``). Events and snapshots alike. A row without a valid tag is
+  damage (``PolicyStoreDamagedError``).
+- **Every stream's head anchored** (decision 0132, review 0135) in the key store's
+  ``stream_heads``, under a log id of the policy store's own (``policy_log_id``). Read
+  before the events on each load, raised after each save only over the anchor that save
+  found whole (compare-and-set in the database). A stream that ends below its anchor, or
+  whose anchored row changed, is damage.
+
+``seal_legacy_policy_rows`` is the one-off upgrade of a store of before this change,
+run at start under the event log's schema lock, with 0137's defence (bug GR): it tags
+only when nothing shows it ran before.
+
+Damage never grants: the authorizer denies every check, naming the policy store and
+``stored_data_damaged``, and the service logs and audits it (``policy.store_damaged``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import sqlalchemy as sa
+from eventsourcing.domain import OriginatorIDError, OriginatorVersionError
+from eventsourcing.persistence import Mapper, StoredEvent, Transcoder
+
+from domain.errors import StoredDataDamagedError
+from uprof.crypto.keystore import StreamHead
+from uprof.crypto.mapper import PLAIN_TAG, PLAIN_TAGGED, plain_row_tag, tagged_plain_state
+from uprof.eventstore import head_digest
+from uprof.ports import KeyMaterialStore
+
+_log = logging.getLogger(__name__)
+
+#: The upgrade's name in the key folder's record, and its "begun" marker (0137).
+UPGRADE = "policy-rows-tagged-1"
+BEGUN = "policy-rows-tagging-begun-1"
+_HEADER = 1 + 4 + PLAIN_TAG
+
+
+class PolicyStoreDamagedError(StoredDataDamagedError):
+    """A policy row failed authentication, or the policy stream was cut short or rolled
+    back: every policy check denies (500 ``stored_data_damaged`` where it surfaces)."""
+
+    hint = (
+        "the policy store (policies.sqlite, or the policies_* tables) was damaged or "
+        "altered; every policy check denies. Restore it from a backup (uprof restore), "
+        "or see docs/security.md"
+    )
+
+
+def _damaged(what: str) -> PolicyStoreDamagedError:
+    return PolicyStoreDamagedError(f"policy store damaged (stored_data_damaged): {what}")
+
+
+def policy_log_id(env: Any) -> str:
+    """The policy store's log id for its anchors: its file on SQLite (as 0132's
+    ``log_identity``: a copy opened elsewhere is another log, an older file put in the
+    live one's place the same log rolled back), one constant on PostgreSQL. Labelled
+    apart from the profile log's ids."""
+    module = str(env.get("PERSISTENCE_MODULE") or "")
+    if module.endswith("sqlite"):
+        name = str(env.get("SQLITE_DBNAME") or "")
+        memory = name == ":memory:" or "mode=memory" in name
+        where = "sqlite:" + (name if memory or not name else str(Path(name).resolve()))
+    else:
+        where = module or "memory"
+    return hashlib.sha256(b"uprof/policy-log/1\x00" + where.encode()).hexdigest()[:32]
+
+
+def authentic_body(keystore: Any, stored: StoredEvent) -> bytes | None:
+    """The JSON state of a tagged policy row whose tag verifies, else None."""
+    import hmac
+
+    state = bytes(stored.state)
+    if state[:1] != PLAIN_TAGGED or len(state) < _HEADER:
+        return None
+    key_id = int.from_bytes(state[1:5], "big")
+    key = keystore.plain_row_key(key_id)
+    if key is None:
+        return None
+    body = state[_HEADER:]
+    want = plain_row_tag(
+        key, key_id, stored.originator_id, stored.originator_version, stored.topic, body
+    )
+    return body if hmac.compare_digest(want, state[5:_HEADER]) else None
+
+
+class PolicyRowMapper(Mapper[UUID]):
+    """Tags every policy row on write; refuses, as damage, every row whose tag does not
+    verify on read (events and snapshots)."""
+
+    def __init__(self, transcoder: Transcoder, keystore: Any) -> None:
+        super().__init__(transcoder=transcoder)
+        self.keystore = keystore
+
+    def to_stored_event(self, domain_event: Any) -> StoredEvent:
+        stored = super().to_stored_event(domain_event)
+        key_id, key = self.keystore.current_plain_row_key()
+        state = tagged_plain_state(
+            key, key_id, stored.originator_id, stored.originator_version, stored.topic, stored.state
+        )
+        return StoredEvent(stored.originator_id, stored.originator_version, stored.topic, state)
+
+    def to_domain_event(self, stored_event: StoredEvent) -> Any:
+        body = authentic_body(self.keystore, stored_event)
+        if body is None:
+            raise _damaged(
+                f"the row at version {stored_event.originator_version} of a tenant's policy "
+                "stream is not authenticated (forged, altered or moved)"
+            )
+        return super().to_domain_event(
+            StoredEvent(
+                stored_event.originator_id,
+                stored_event.originator_version,
+                stored_event.topic,
+                body,
+            )
+        )
+
+
+def head_of(row: StoredEvent, over: StreamHead | None = None) -> StreamHead:
+    """The anchor of a committed head row (0132's digest); ``over``: the anchor its writer
+    found whole, for a raise."""
+    stream_id = str(UUID(str(row.originator_id)))
+    version = int(row.originator_version)
+    digest = head_digest(stream_id, version, row.topic, bytes(row.state))
+    if over is None:
+        return StreamHead(stream_id, version, digest)
+    return StreamHead(stream_id, version, digest, over.version, over.digest)
+
+
+_CUT = (
+    "a tenant's policy stream ends before the last version known committed "
+    "(rows removed, or an older policy store put back)"
+)
+_REPLACED = "the row at the head of a tenant's policy stream is not the one committed there"
+
+
+class SealedPolicyLog:
+    """What ``PolicyApplication`` does to keep its streams anchored: the checked load and
+    the raise after a save. Mixed into the application (it needs its recorder)."""
+
+    recorder: Any
+    repository: Any
+    keystore: Any
+    log_id: str
+
+    def load_checked(self, stream_id: UUID) -> Any | None:
+        """The stream's aggregate (None: no stream and no anchor); damage raised as
+        ``PolicyStoreDamagedError``. The anchor is read before the events (0132)."""
+        anchor = self.keystore.stream_head(self.log_id, str(stream_id))
+        try:
+            aggregate = self.repository.get(stream_id)
+        except (OriginatorVersionError, OriginatorIDError):
+            raise _damaged("a tenant's policy stream is not in sequence") from None
+        except Exception as error:
+            if type(error).__name__ != "AggregateNotFoundError":
+                raise
+            if anchor is not None:
+                raise _damaged(_CUT) from None
+            return None
+        self.check_head(stream_id, int(aggregate.version), anchor)
+        return aggregate
+
+    def check_head(self, stream_id: UUID, loaded: int, anchor: StreamHead | None) -> None:
+        """Refuse a stream below its anchor or whose anchored row changed; adopt a head
+        above it (an append whose anchor write has not landed, or no anchor yet)."""
+        if anchor is not None and loaded < anchor.version:
+            raise _damaged(_CUT)
+        if anchor is None:
+            rows = self.recorder.select_events(stream_id, desc=True, limit=1)
+        else:
+            rows = self.recorder.select_events(stream_id, gt=anchor.version - 1)
+            if not rows or rows[0].originator_version != anchor.version:
+                raise _damaged(_CUT)
+            if head_of(rows[0]).digest != anchor.digest:
+                raise _damaged(_REPLACED)
+        if rows and (anchor is None or rows[-1].originator_version > anchor.version):
+            self.raise_anchors([head_of(rows[-1], anchor)])
+
+    def anchor_saved(self, newest: dict[str, StoredEvent], first: dict[str, int]) -> None:
+        """After a save committed: raise each stream's anchor over the one still whole
+        and below the save's first row (0135, bug GM); others stay for the next load."""
+        anchors = self.keystore.stream_heads_of(self.log_id, newest)
+        heads = []
+        for stream, row in newest.items():
+            anchor = anchors.get(stream)
+            if anchor is not None:
+                if anchor.version >= first[stream]:
+                    continue
+                rows = self.recorder.select_events(
+                    UUID(stream), gt=anchor.version - 1, lte=anchor.version
+                )
+                if not rows or head_of(rows[0]).digest != anchor.digest:
+                    continue
+            heads.append(head_of(row, anchor))
+        self.raise_anchors(heads)
+
+    def policy_streams(self) -> list[UUID]:
+        """Every stream of the policy store (one per tenant; the store is small)."""
+        notes = self.recorder.select_notifications(start=None, limit=1_000_000)
+        return sorted({UUID(str(n.originator_id)) for n in notes})
+
+    def anchor_missing_heads(self, stream_ids: Sequence[UUID]) -> None:
+        """Anchor each stream without an anchor at its head as stored now (the upgrade
+        once its rows are tagged; ``uprof restore`` once 0132's ``reanchor`` replaced
+        every anchor: the operator chose the stores). An existing anchor is left alone.
+        Raised, not flushed: one lost in a power cut is adopted again at the next load."""
+        heads = []
+        for stream_id in stream_ids:
+            rows = self.recorder.select_events(stream_id, desc=True, limit=1)
+            if rows:
+                heads.append(head_of(rows[0]))
+        self.keystore.raise_stream_heads(self.log_id, heads)
+
+    def raise_anchors(self, heads: Sequence[StreamHead]) -> None:
+        """Raise anchors; a key store that refuses is logged (the rows are committed:
+        the anchor lags, as after a crash, I12)."""
+        try:
+            self.keystore.raise_stream_heads(self.log_id, heads)
+        except Exception as error:
+            _log.warning("policy store anchors not written: %s", type(error).__name__)
+
+
+def seal_legacy_policy_rows(
+    app: Any,
+    engine: sa.Engine,
+    material: KeyMaterialStore,
+    *,
+    again: bool = False,
+    after_rows: Any = None,
+) -> int | None:
+    """Tag the policy rows written before the store was sealed, once per deployment; the
+    rows tagged, or None when nothing was to be done. ``again``: a restore (the operator's
+    chosen backup may hold untagged rows). ``after_rows``: called once the rows are
+    committed, before the anchors and the record (tests stop the process there).
+
+    Safe to kill and to repeat: one flushed transaction re-writes every untagged row by
+    compare-and-set, and drops the untagged snapshots (a cache, rebuilt from the events);
+    then every stream's head is anchored (a raise: an anchor never goes down); only then
+    is it recorded done in the key folder. A pass killed after its begun marker is
+    finished by the next start. With no record at all (the key folder lost it, GR) the
+    pass tags nothing if the store holds a tagged row or the key store an anchor of this
+    log: the upgrade ran, so an untagged row is someone else's, and stays damage.
+    """
+    if not again and material.data_upgraded(UPGRADE):
+        material.forget_data_upgrade(BEGUN)
+        return None
+    from uprof.backends import backend_for
+
+    backend = backend_for(engine)
+    events, _ = backend.events_table(app.recorder)
+    snapshots, _ = backend.events_table(app.snapshots.recorder)
+    select = sa.text(f"SELECT originator_id, originator_version, topic, state FROM {events}")
+    with engine.connect() as conn:
+        rows = [
+            StoredEvent(str(r[0]), int(r[1]), str(r[2]), bytes(r[3]))
+            for r in conn.execute(select).all()
+        ]
+    if not material.data_upgraded(BEGUN):
+        # No pass in progress. A tagged row means the store was sealed before: any
+        # untagged row beside it was written since by someone without the key, and stays
+        # damage, at a start whose record is lost (GR) and at a restore alike (a restore
+        # keeps the live policy, and a backup's policy is either all tagged or, taken
+        # before the seal, all untagged). A start (not a restore, which replaces the
+        # anchors) also takes an anchor of this log as that evidence.
+        streams = {str(UUID(str(r.originator_id))) for r in rows}
+        if any(r.state[:1] == PLAIN_TAGGED for r in rows) or (
+            not again and app.keystore.stream_heads_of(app.log_id, streams)
+        ):
+            material.record_data_upgrade(UPGRADE)
+            return None
+    material.record_data_upgrade(BEGUN)
+    key_id, key = app.keystore.current_plain_row_key()
+    update = sa.text(
+        f"UPDATE {events} SET state = :new "
+        "WHERE originator_id = :s AND originator_version = :v AND state = :old"
+    )
+    tagged = 0
+    with backend.flushed_transaction(engine) as conn:
+        for row in rows:
+            if row.state[:1] == PLAIN_TAGGED:
+                continue
+            new = tagged_plain_state(
+                key,
+                key_id,
+                UUID(str(row.originator_id)),
+                row.originator_version,
+                row.topic,
+                row.state,
+            )
+            tagged += conn.execute(
+                update,
+                {"new": new, "s": row.originator_id, "v": row.originator_version, "old": row.state},
+            ).rowcount
+        # Snapshots are a cache: an untagged one is dropped, not tagged (the events rebuild it).
+        for s in conn.execute(
+            sa.text(f"SELECT originator_id, originator_version, state FROM {snapshots}")
+        ).all():
+            if bytes(s[2])[:1] != PLAIN_TAGGED:
+                conn.execute(
+                    sa.text(
+                        f"DELETE FROM {snapshots} WHERE originator_id = :s "
+                        "AND originator_version = :v"
+                    ),
+                    {"s": s[0], "v": s[1]},
+                )
+    if after_rows is not None:
+        after_rows(tagged)
+    app.anchor_missing_heads(sorted({UUID(str(r.originator_id)) for r in rows}))
+    material.record_data_upgrade(UPGRADE)
+    material.forget_data_upgrade(BEGUN)
+    return tagged
