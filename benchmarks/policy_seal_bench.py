@@ -1,5 +1,5 @@
 """What sealing the policy store costs a policy check, a reload and a change
-(decision XXXX-sealed-policy-store).
+(decision 0140-sealed-policy-store).
 
 ``python -m benchmarks.policy_seal_bench --backend sqlite --rounds 5 --other ../tree``
 from a tree's root: runs this file from this tree and from ``--other`` (a checkout

@@ -294,7 +294,7 @@ def build_policy_service(
     restoring: bool = False,
 ) -> PolicyService:
     """Open the policy store, seal its rows of before the seal once (decision
-    XXXX-sealed-policy-store; at each restore again), and seed it from
+    0140-sealed-policy-store; at each restore again), and seed it from
     ``settings.policy_path`` on first start. Call under the event log's schema lock."""
     from policies import packaged_seed_policy_text
     from uprof.services.policy import PolicyApplication, PolicyService

@@ -83,7 +83,7 @@ def _to_legacy(k: Uprof, *, forget_upgrade: bool = True) -> int:
         # means the record was lost after the upgrade, bug GR).
         _record(k.settings).unlink()
         # The policy store was sealed with the same key after the plain-row upgrade
-        # (decision XXXX-sealed-policy-store): a store of before both holds it untagged.
+        # (decision 0140-sealed-policy-store): a store of before both holds it untagged.
         policy_to_legacy(k)
         with k.keys_engine.begin() as conn:
             conn.execute(plain_row_keys.delete())

@@ -1,4 +1,4 @@
-"""Attacks on the sealed policy store (decision XXXX-sealed-policy-store), kept as tests
+"""Attacks on the sealed policy store (decision 0140-sealed-policy-store), kept as tests
 (SQLite and PostgreSQL): its one-off upgrade (a store of before the seal, the record lost
 from the key folder as in GR, a start killed with SIGKILL midway), two processes changing
 and checking the policy at once, and a data folder copied elsewhere."""

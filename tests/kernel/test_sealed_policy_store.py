@@ -1,4 +1,4 @@
-"""The policy store is sealed like the profile log (decision XXXX-sealed-policy-store):
+"""The policy store is sealed like the profile log (decision 0140-sealed-policy-store):
 a policy row forged, altered, moved, cut from the tail, or an older policy store put
 back, is damage; every policy check then denies, naming the policy store, instead of
 granting what the stores were made to say (bugs HA, HB; SQLite and PostgreSQL)."""

@@ -480,7 +480,7 @@ def _restore_alone(
             # one the operator chose, shorter than the checkpoint the key folder keeps.
             kernel.audit_log.reanchor()
         # That replaced every anchor, the policy store's too: anchor the policy in place
-        # (the live one kept, or the backup's; decision XXXX-sealed-policy-store).
+        # (the live one kept, or the backup's; decision 0140-sealed-policy-store).
         if kernel.policy_service is not None:
             kernel.policy_service.anchor_policy()
         ledger = reapply_ledger(kernel)

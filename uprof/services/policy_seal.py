@@ -5,7 +5,7 @@ writer of the stores could forge, alter, move, cut or roll back its rows: a forg
 ``RuleAdded`` was served at the next start (bug HA), a revocation cut from the tail or an
 older ``policies.sqlite`` put back granted the revoked right again (bug HB). It now gets
 the profile log's two guarantees, by the same mechanisms (decision
-XXXX-sealed-policy-store):
+0140-sealed-policy-store):
 
 - **Every row tagged** (decision 0136): ``0x03 | key id | HMAC-SHA256 | JSON state``
   under the deployment's plain-row key (``KeyStore.current_plain_row_key``, wrapped by
