@@ -411,10 +411,19 @@ class SubjectKeyStore(Protocol):
         goes, so that a retry after a crash can finish it (decision 0052)."""
         ...
 
-    def destroy(self, stream_id: str, *, now: datetime) -> Destruction:
+    def destroy(
+        self, stream_id: str, *, now: datetime, request_id: str | None = None
+    ) -> Destruction:
         """Delete every key, alias and index row of a stream; mark it shredded. The keys
         returned are those this call deleted: none when another call deleted them first,
-        even one this call waited for (bug GK)."""
+        even one this call waited for (bug GK). Each is recorded, in the same
+        transaction, as destroyed by ``request_id`` (``destroyed_by``, bug GW)."""
+        ...
+
+    def destroyed_by(self, stream_id: str) -> dict[int, tuple[str | None, str]]:
+        """Per destroyed key version: (the request whose ``destroy`` deleted it, None
+        when no request did; its commitment). Keys destroyed before the key store kept
+        this are left out."""
         ...
 
     def evict(self, stream_id: str) -> None:

@@ -41,6 +41,7 @@ class InMemoryKeyStore:
         self._deks: dict[str, dict[int, bytes]] = {}
         self._capture_keys: dict[tuple[str, str], bytes] = {}
         self._shredded: set[str] = set()
+        self._destroyed: dict[tuple[str, int], tuple[str | None, str]] = {}
         self._plain_row_keys = {1: AESGCM.generate_key(bit_length=256)}
         self._heads: dict[tuple[str, str], StreamHead] = {}
 
@@ -162,9 +163,15 @@ class InMemoryKeyStore:
             aliases=len(aliases),
         )
 
-    def destroy(self, stream_id: str, *, now: datetime) -> Destruction:
+    def destroy(
+        self, stream_id: str, *, now: datetime, request_id: str | None = None
+    ) -> Destruction:
         with self._lock:
             deks = self._deks.pop(stream_id, {})
+            for v, dek in deks.items():
+                self._destroyed.setdefault(
+                    (stream_id, v), (request_id, dek_commitment(stream_id, v, dek))
+                )
             captures = [k for k in self._capture_keys if k[0] == stream_id]
             for k in captures:
                 del self._capture_keys[k]
@@ -184,6 +191,10 @@ class InMemoryKeyStore:
             capture_keys=len(captures),
             aliases=len(aliases),
         )
+
+    def destroyed_by(self, stream_id: str) -> dict[int, tuple[str | None, str]]:
+        with self._lock:
+            return {v: by for (sid, v), by in self._destroyed.items() if sid == stream_id}
 
     def evict(self, stream_id: str) -> None:
         """Nothing is cached."""

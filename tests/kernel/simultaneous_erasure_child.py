@@ -12,6 +12,8 @@ another server or CLI process would, and stops at one step of the erasure until 
 - ``"before-destroy"``: its ledger record is written, the keys not yet destroyed;
 - ``"before-capture-preview"``: an event erasure has appended its ``CaptureErased``
   event and is about to look for the capture keys (nothing in the ledger yet);
+- ``"after-destroy"``: its ``destroy`` returned (the keys deleted, committed), its
+  ``key.destroyed`` entries not yet written (the test may kill it there);
 
 Once its kernel is built it sets ``sync["built"]`` and waits for ``sync["begin"]``: a
 process starting after another's erasure has written its ledger record re-applies that
@@ -58,6 +60,7 @@ def erase_held(
         "after-tombstone",
         "before-destroy",
         "before-capture-preview",
+        "after-destroy",
     }
     if unknown:
         raise ValueError(f"unknown holds {sorted(unknown)}")
@@ -98,6 +101,15 @@ def erase_held(
             return destroy(*args, **kwargs)
 
         service._keystore.destroy = destroy_when_told  # type: ignore[method-assign]
+    if "after-destroy" in holds:
+        destroy_now = service._keystore.destroy
+
+        def destroyed_then_held(*args: Any, **kwargs: Any) -> Any:
+            destruction = destroy_now(*args, **kwargs)
+            once("after-destroy")
+            return destruction
+
+        service._keystore.destroy = destroyed_then_held  # type: ignore[method-assign]
     if "before-capture-preview" in holds:
         preview = service._keystore.capture_key_commitment
 

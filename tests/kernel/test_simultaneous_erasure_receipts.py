@@ -71,6 +71,11 @@ class Held:
         self._reached()
         return self
 
+    def kill(self) -> None:
+        """Kill the child where it is held (SIGKILL: no cleanup, no audit write)."""
+        self.process.kill()
+        self.process.join(60)
+
     def answer(self) -> tuple[str, Any]:
         self.sync["begin"].set()
         for i in range(len(self.holds)):
@@ -347,3 +352,38 @@ def test_of_three_erasures_at_once_the_two_that_destroyed_nothing_cite_the_one_t
     log = checked_offline(settings, first, second, third)
     assert log["destroyed"] == [(r_a, keys[0][1])], log
     assert len(log["outcomes"]) == 3 and all(log["outcomes"].values()), log
+
+
+def test_of_three_erasures_at_once_a_dead_destroyer_is_still_the_one_cited(
+    settings: Settings,
+) -> None:
+    """GW: as GL, three erasures of alice at once (ledger records C, A, B; A's tombstone),
+    but A is killed (SIGKILL) right after its destroy deleted the key, before its
+    ``key.destroyed`` entry. B and C must both cite A, the request that deleted the key
+    (the key store keeps who did, in the destroy's own transaction), and the log must
+    hold that key's ``key.destroyed`` under A alone. Before the fix B cited C (GL's
+    fallback: the first other ledger record, no ``key.destroyed`` on the log yet)."""
+    b = Held(settings, "after-lookup", "before-destroy")
+    c = Held(settings, "after-lookup", "before-destroy")
+    a = Held(settings, "after-tombstone", "before-destroy", "after-destroy")
+    b.begin()
+    c.begin()
+    a.begin()  # A's tombstone appended
+    c.next()  # C: absorbed, key previewed, ledger record (first)
+    a.next()  # A: key previewed, ledger record (second)
+    b.next()  # B: absorbed, key previewed, ledger record (third)
+    a.next()  # A's destroy deleted the key (committed)
+    a.kill()  # before its key.destroyed entry
+    kind, second = b.answer()  # B first: no key.destroyed entry on the log yet
+    assert kind == "ok", second
+    kind, third = c.answer()
+    assert kind == "ok", third
+    r_a = third["body"]["actions"][0].get("by_request")
+    assert r_a and r_a not in (request_of(second), request_of(third)), third["body"]
+    _, keys = cited(third["body"])
+    assert len(keys) == 1, third["body"]
+    assert by_request(third, "dek_destroyed") == [r_a]
+    assert by_request(second, "dek_destroyed") == [r_a], second["body"]  # main: C's id
+    assert cited(second["body"]) == cited(third["body"])
+    log = checked_offline(settings, second, third)
+    assert log["destroyed"] == [(r_a, keys[0][1])], log

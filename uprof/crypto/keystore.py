@@ -40,6 +40,7 @@ from uprof.caching import BoundedCache, CacheStats
 from uprof.crypto.ledger import ErasureLedger
 from uprof.crypto.tables import (
     capture_keys,
+    destroyed_keys,
     plain_row_keys,
     shredded_streams,
     stream_heads,
@@ -773,8 +774,14 @@ class KeyStore:
             aliases=int(n_alias),
         )
 
-    def destroy(self, stream_id: str, *, now: datetime) -> Destruction:
-        """Destroy every key of a stream and its index rows; the stream becomes unreadable."""
+    def destroy(
+        self, stream_id: str, *, now: datetime, request_id: str | None = None
+    ) -> Destruction:
+        """Destroy every key of a stream and its index rows; the stream becomes unreadable.
+
+        Each key this call deleted is recorded as destroyed by ``request_id`` in the same
+        transaction (``destroyed_by``): which request destroyed a key is a fact only this
+        DELETE knows, and it is kept even when the process dies right after (bug GW)."""
         with self._engine.begin() as conn:
             # The keys this DELETE removed, not the keys a read saw before it: a destroy
             # of another erasure of the subject at once may delete them while this one
@@ -785,6 +792,29 @@ class KeyStore:
                 .returning(subject_keys.c.key_version, subject_keys.c.dek_commitment)
             ).all()
             rows = sorted(deleted, key=lambda r: r.key_version)
+            if rows:
+                # Rows left by an older destroy of the same key (a key folder put back
+                # from a copy, whose keys a start destroys again) keep the first word.
+                known = set(
+                    conn.execute(
+                        sa.select(destroyed_keys.c.key_version).where(
+                            destroyed_keys.c.stream_id == stream_id
+                        )
+                    ).scalars()
+                )
+                fresh = [
+                    {
+                        "stream_id": stream_id,
+                        "key_version": r.key_version,
+                        "dek_commitment": r.dek_commitment,
+                        "request_id": request_id,
+                        "destroyed_at": now,
+                    }
+                    for r in rows
+                    if r.key_version not in known
+                ]
+                if fresh:
+                    conn.execute(destroyed_keys.insert(), fresh)
             n_capture = conn.execute(
                 capture_keys.delete().where(capture_keys.c.stream_id == stream_id)
             ).rowcount
@@ -811,6 +841,19 @@ class KeyStore:
             capture_keys=n_capture,
             aliases=n_alias,
         )
+
+    def destroyed_by(self, stream_id: str) -> dict[int, tuple[str | None, str]]:
+        """Per destroyed key version of the stream: (the request whose ``destroy`` deleted
+        it, or None when no request did; its commitment). Keys destroyed before the key
+        store kept this (revision ``0006_keys_destroyed_keys``) are left out."""
+        c = destroyed_keys.c
+        with self._engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(c.key_version, c.request_id, c.dek_commitment).where(
+                    c.stream_id == stream_id
+                )
+            ).all()
+        return {int(r.key_version): (r.request_id, str(r.dek_commitment)) for r in rows}
 
     def evict(self, stream_id: str) -> None:
         """Forget a stream's cached keys and lookups (every cache of this store)."""

@@ -262,7 +262,9 @@ class ErasureService:
             now=self._clock.now(),
             mark=ledger.mark(self._tenant, check_subject_ref(subject_ref)) if ledger else None,
         )
-        destroyed = self._keystore.destroy(str(stream), now=self._clock.now())
+        destroyed = self._keystore.destroy(
+            str(stream), now=self._clock.now(), request_id=request_id
+        )
         destruction = destroyed
         if preview is not None:
             # A key this preview found and this destroy did not was destroyed meanwhile:
@@ -636,7 +638,9 @@ class ErasureService:
         exist. Destroying is idempotent."""
         stream = UUID(draft.stream)
         if draft.scope == "subject":
-            self._keystore.destroy(draft.stream, now=self._clock.now())
+            self._keystore.destroy(
+                draft.stream, now=self._clock.now(), request_id=draft.request_id
+            )
         for capture_id in draft.captures:
             self._keystore.destroy_capture_key(draft.stream, capture_id)
         self._record_keys_destroyed(draft)
@@ -808,18 +812,34 @@ class ErasureService:
         return position, str(last.request_id)
 
     def _destroyed_by_others(self, draft: _Draft, preview: Destruction) -> tuple[_OthersKey, ...]:
-        """The subject keys other requests' ledger records name that ``preview`` (taken
-        before this call) no longer finds: each with the first request that recorded it.
+        """The subject keys another request destroyed that ``preview`` (taken before this
+        call) no longer finds, each with that request.
 
-        Every subject erasure records its draft, naming the keys it will destroy, before
-        it destroys them; so a key missing from a preview was destroyed after a record
-        this reads. Only keys a request recorded as its own are cited (never one it
-        cited from a third), so the request named is the one whose ``key.destroyed``
-        entry the log holds for it."""
+        The key store says exactly which request's ``destroy`` deleted a key: it records
+        it in that DELETE's transaction (``destroyed_by``), so the answer does not depend
+        on what the audit log holds yet, nor on whether that request's process is still
+        alive (bug GW). A key destroyed by this same request (a retry of it, or a start
+        re-applying its record under its id) is its own, not another's.
+
+        Keys the store has no such row for (destroyed before the key store kept them, or
+        by a process still running older code) fall back to the ledger: every subject
+        erasure records its draft, naming the keys it will destroy, before it destroys
+        them, so a key missing from a preview was destroyed after a record this reads.
+        Only keys a request recorded as its own are cited (never one it cited from a
+        third)."""
+        own = {key.key_version for key in preview.deks}
+        exact: dict[int, _OthersKey] = {}
+        mine: set[int] = set()
+        for version, (by, commitment) in self._keystore.destroyed_by(draft.stream).items():
+            if version in own or by is None:
+                continue
+            if by == draft.request_id:
+                mine.add(version)
+            else:
+                exact[version] = _OthersKey(by, version, commitment)
         ledger = self._keystore.ledger
         if ledger is None:
-            return ()
-        own = {key.key_version for key in preview.deks}
+            return tuple(exact[v] for v in sorted(exact))
         candidates: dict[int, list[_OthersKey]] = {}
         for record in ledger.drafts_of_stream(self._tenant, draft.stream):
             try:
@@ -832,7 +852,7 @@ class ErasureService:
                 if action.get("type") != "dek_destroyed" or "by_request" in action:
                     continue
                 version = int(action["key_version"])
-                if version not in own:
+                if version not in own and version not in mine and version not in exact:
                     candidates.setdefault(version, []).append(
                         _OthersKey(other.request_id, version, str(action["dek_commitment"]))
                     )
@@ -850,7 +870,8 @@ class ErasureService:
                 version: sorted(named, key=lambda k: (k.by_request, k.dek_commitment) not in logged)
                 for version, named in candidates.items()
             }
-        return tuple(candidates[v][0] for v in sorted(candidates))
+        cited = {v: named[0] for v, named in candidates.items()} | exact
+        return tuple(cited[v] for v in sorted(cited))
 
     @contextmanager
     def _refusal_recorded(self, pseudonym: str, request_id: str) -> Iterator[None]:
