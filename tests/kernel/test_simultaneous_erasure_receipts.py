@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from audit.receipts import verify_receipt
 from tests import children
@@ -387,3 +388,75 @@ def test_of_three_erasures_at_once_a_dead_destroyer_is_still_the_one_cited(
     assert cited(second["body"]) == cited(third["body"])
     log = checked_offline(settings, second, third)
     assert log["destroyed"] == [(r_a, keys[0][1])], log
+
+
+def test_a_key_store_of_the_previous_release_is_migrated_and_attributes_exactly(
+    settings: Settings,
+) -> None:
+    """Attack on GW's fix: a live deployment's key store written by the previous release
+    (revision 0005, no ``destroyed_keys``) is opened by this release. The open migrates
+    it (an additive table, no row rewritten), an erasure then records its destroy there,
+    and its receipt still verifies offline."""
+    from alembic import command
+    from alembic.config import Config
+
+    from uprof.storage import MIGRATIONS_DIR
+
+    old = build_kernel(settings, FakeClock())
+    try:
+        engine = old.keystore._engine
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS_DIR))
+        config.attributes["branch"] = "keys"
+        with engine.begin() as conn:
+            config.attributes["connection"] = conn
+            command.downgrade(config, "0005_keys_plain_row_keys")
+        assert "destroyed_keys" not in sa.inspect(engine).get_table_names()
+    finally:
+        old.close()
+    kernel = build_kernel(settings, FakeClock())
+    try:
+        assert "destroyed_keys" in sa.inspect(kernel.keystore._engine).get_table_names()
+        stream = str(kernel.subjects.find("alice").stream_id)
+        receipt = kernel.erase_subject("alice").receipt
+        (version, commitment), *_ = cited(receipt["body"])[1]
+        assert kernel.keystore.destroyed_by(stream) == {
+            version: (request_of(receipt), commitment)
+        }
+    finally:
+        kernel.close()
+    checked_offline(settings, receipt)
+
+
+def test_keys_destroyed_by_older_code_fall_back_to_the_ledger(settings: Settings) -> None:
+    """Attack on GW's fix: during a rolling upgrade a process still running the older
+    code destroys the key and records nobody (as a destroy with no request does). The
+    other two requests then cite the destroyer from the ledger and the log (GL's
+    fallback), never a request that deleted nothing, and the log holds one entry."""
+    b = Held(settings, "after-lookup", "before-destroy")
+    c = Held(settings, "after-lookup", "before-destroy")
+    a = Held(settings, "after-tombstone", "before-destroy", "after-destroy")
+    b.begin()
+    c.begin()
+    a.begin()
+    c.next()
+    a.next()
+    b.next()
+    a.next()  # A's destroy deleted the key
+    kernel = build_kernel(settings, FakeClock())
+    try:  # what the older code leaves: no row naming the destroyer
+        with kernel.keystore._engine.begin() as conn:
+            conn.execute(sa.text("DELETE FROM destroyed_keys"))
+    finally:
+        kernel.close()
+    kind, first = a.answer()  # A writes its key.destroyed entry and finishes
+    assert kind == "ok", first
+    kind, second = b.answer()
+    assert kind == "ok", second
+    kind, third = c.answer()
+    assert kind == "ok", third
+    r_a = request_of(first)
+    assert by_request(second, "dek_destroyed") == [r_a]
+    assert by_request(third, "dek_destroyed") == [r_a]
+    log = checked_offline(settings, first, second, third)
+    assert log["destroyed"] == [(r_a, cited(first["body"])[1][0][1])], log
