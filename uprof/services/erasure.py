@@ -878,7 +878,8 @@ class ErasureService:
         """An erasure refused after its ``erasure.requested`` entry and before it recorded
         anything in the ledger: ``erasure.refused`` with the request's id and the refusal's
         class as ``reason_code``, so that no request on the log is left without an
-        outcome (bug EY). The refusal itself is what the caller gets."""
+        outcome (bug EY); any other error (storage) ``erasure.failed`` the same way (bug
+        GX). The error itself is what the caller gets."""
         try:
             yield
         except UprofError as error:
@@ -892,6 +893,24 @@ class ErasureService:
             except Exception as audit_error:  # the refusal is the answer; say what failed
                 error.add_note(
                     f"its erasure.refused audit entry could not be written: "
+                    f"{type(audit_error).__name__}"
+                )
+            raise
+        except Exception as error:
+            # Not a refusal: the storage failed (a lock timeout, a lost connection). The
+            # request still ends on the log, ``erasure.failed`` with the error's class
+            # (bug GX); a retry is a new request. Written best effort: the store that
+            # failed may be the audit log's too, and the failure is the answer.
+            try:
+                self._audit.record(
+                    "erasure.failed",
+                    subject_ref=pseudonym,
+                    request_id=request_id,
+                    reason_code=type(error).__name__,
+                )
+            except Exception as audit_error:
+                error.add_note(
+                    f"its erasure.failed audit entry could not be written: "
                     f"{type(audit_error).__name__}"
                 )
             raise
