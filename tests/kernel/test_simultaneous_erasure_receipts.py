@@ -420,9 +420,7 @@ def test_a_key_store_of_the_previous_release_is_migrated_and_attributes_exactly(
         stream = str(kernel.subjects.find("alice").stream_id)
         receipt = kernel.erase_subject("alice").receipt
         (version, commitment), *_ = cited(receipt["body"])[1]
-        assert kernel.keystore.destroyed_by(stream) == {
-            version: (request_of(receipt), commitment)
-        }
+        assert kernel.keystore.destroyed_by(stream) == {version: (request_of(receipt), commitment)}
     finally:
         kernel.close()
     checked_offline(settings, receipt)

@@ -638,9 +638,7 @@ class ErasureService:
         exist. Destroying is idempotent."""
         stream = UUID(draft.stream)
         if draft.scope == "subject":
-            self._keystore.destroy(
-                draft.stream, now=self._clock.now(), request_id=draft.request_id
-            )
+            self._keystore.destroy(draft.stream, now=self._clock.now(), request_id=draft.request_id)
         for capture_id in draft.captures:
             self._keystore.destroy_capture_key(draft.stream, capture_id)
         self._record_keys_destroyed(draft)
