@@ -193,6 +193,19 @@ class KeyMaterialStore(Protocol):
         """Every record appended so far by any process, in order."""
         ...
 
+    def erasure_in_flight(self, request_id: str) -> AbstractContextManager[None]:
+        """Mark an erasure request in flight while the block runs (from before its
+        ``erasure.requested`` entry to its ledger record or outcome), so that every
+        process of the deployment can tell it from a request whose process died; the
+        mark goes with the process however it ends."""
+        ...
+
+    def erasure_owner_gone(self, request_id: str) -> AbstractContextManager[bool]:
+        """True inside the block when the request's in-flight mark exists and no process
+        holds it (its process died in flight); the mark is then held until the block
+        ends, and removed. False when a process holds it, or there is none."""
+        ...
+
 
 # --------------------------------------------------------------------------- storage
 #

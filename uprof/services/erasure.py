@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -66,6 +66,9 @@ KEY_ENTRY_IDENTITY: tuple[str | tuple[str, ...], ...] = (
 #: its creation is not on the log (the process that made the key died before appending
 #: it, or the append failed; a retry finds the subject, or the request, and writes none).
 CREATED_AT_ERASURE = "recorded-at-erasure"
+#: The audit actions that end an erasure request (each names its ``request_id``): one of
+#: them follows every ``erasure.requested`` entry (bugs EY, GX, GY).
+_OUTCOMES = ("projection.purged", "erasure.refused", "erasure.failed", "erasure.abandoned")
 
 
 def subject_key_entries(
@@ -205,55 +208,62 @@ class ErasureService:
         stream = handle.stream_id
         request_id = str(uuid.uuid4())
         received_at = self._clock.now()
-        self._audit.record(
-            "erasure.requested",
-            subject_ref=handle.pseudonym,
-            request_id=request_id,
-            legal_basis=_token(basis),
-            reason_code="subject",
-        )
-        ledger = self._keystore.ledger
-        preview = None
-        others: tuple[_OthersKey, ...] = ()
-        # Refused before its ledger record (the subject was erased meanwhile and the log
-        # holds no tombstone to cite, a restore rolled it back): the log says so (bug EY).
-        with self._refusal_recorded(handle.pseudonym, request_id):
-            before = self._row_counts(str(stream))
-            tombstone_id = self._append_subject_tombstone(stream, request_id, basis, received_at)
-            draft = _Draft(
+        # In flight until its ledger record or its outcome: a start tells a request
+        # whose process died here from a live one by this mark (bug GY).
+        with self._in_flight(request_id):
+            self._audit.record(
+                "erasure.requested",
+                subject_ref=handle.pseudonym,
                 request_id=request_id,
-                received_at=received_at.isoformat(),
-                basis=basis,
-                scope="subject",
-                target=[],
-                pseudonym=handle.pseudonym,
-                stream=str(stream),
-                tombstone_id=tombstone_id,
-                actions=[],
-                counts={},
+                legal_basis=_token(basis),
+                reason_code="subject",
             )
-            if tombstone_id == 0:
-                # The stream already ends with a tombstone: another request's, running
-                # now, or one killed after appending it. This request finishes on it
-                # and its receipt says whose it is.
-                draft = self._at_subject_tombstone(draft)
-            # The ledger record comes before the keys go: a crash in between is finished
-            # by the next start, and no copy or restore can bring the keys back (decision
-            # 0012). It carries the receipt's draft, so that a retry after such a crash
-            # still gets the receipt (decision 0052).
-            if ledger is not None:
-                preview = self._keystore.destruction_preview(str(stream))
-                # Keys gone before this preview were destroyed after another request's
-                # ledger record named them (records come first): cite that record (bug EW).
-                others = self._destroyed_by_others(draft, preview)
-                drafted = _subject_drafted(draft, preview, before, snapshots=None, others=others)
-                ledger.record_subject(
-                    self._tenant,
-                    check_subject_ref(subject_ref),
-                    str(stream),
-                    request_id=request_id,
-                    draft=drafted.to_json(),
+            ledger = self._keystore.ledger
+            preview = None
+            others: tuple[_OthersKey, ...] = ()
+            # Refused before its ledger record (the subject was erased meanwhile and the log
+            # holds no tombstone to cite, a restore rolled it back): the log says so (bug EY).
+            with self._refusal_recorded(handle.pseudonym, request_id):
+                before = self._row_counts(str(stream))
+                tombstone_id = self._append_subject_tombstone(
+                    stream, request_id, basis, received_at
                 )
+                draft = _Draft(
+                    request_id=request_id,
+                    received_at=received_at.isoformat(),
+                    basis=basis,
+                    scope="subject",
+                    target=[],
+                    pseudonym=handle.pseudonym,
+                    stream=str(stream),
+                    tombstone_id=tombstone_id,
+                    actions=[],
+                    counts={},
+                )
+                if tombstone_id == 0:
+                    # The stream already ends with a tombstone: another request's, running
+                    # now, or one killed after appending it. This request finishes on it
+                    # and its receipt says whose it is.
+                    draft = self._at_subject_tombstone(draft)
+                # The ledger record comes before the keys go: a crash in between is finished
+                # by the next start, and no copy or restore can bring the keys back (decision
+                # 0012). It carries the receipt's draft, so that a retry after such a crash
+                # still gets the receipt (decision 0052).
+                if ledger is not None:
+                    preview = self._keystore.destruction_preview(str(stream))
+                    # Keys gone before this preview were destroyed after another request's
+                    # ledger record named them (records come first): cite that record (bug EW).
+                    others = self._destroyed_by_others(draft, preview)
+                    drafted = _subject_drafted(
+                        draft, preview, before, snapshots=None, others=others
+                    )
+                    ledger.record_subject(
+                        self._tenant,
+                        check_subject_ref(subject_ref),
+                        str(stream),
+                        request_id=request_id,
+                        draft=drafted.to_json(),
+                    )
         # Its mirror in the data stores: a key folder put back from an older copy does
         # not undo the erasure either (uprof.services.erased_keys).
         erased_keys.record(
@@ -341,57 +351,60 @@ class ErasureService:
             )
         request_id = str(uuid.uuid4())
         received_at = self._clock.now()
-        self._audit.record(
-            "erasure.requested",
-            subject_ref=handle.pseudonym,
-            request_id=request_id,
-            legal_basis=_token(basis),
-            reason_code=scope,
-            event_ids=ids[:1000],
-        )
-        cited = {c: self._items_citing(str(stream), c) for c in ids}
-
-        def command() -> tuple[int, dict[str, int]]:
-            profile = self._app.load(stream)
-            totals = {"items_erased": 0, "attributes_restated": 0}
-            for capture_id in ids:
-                outcome = profile.erase_capture(
-                    capture_id, cited_by=cited[capture_id], now=received_at
-                )
-                for name, n in outcome.items():
-                    totals[name] += n
-            return self._app.save(profile)[-1].notification.id, totals
-
-        # Refused before anything is written (the subject erased meanwhile by another
-        # request): the log says so (bug EY).
-        with self._refusal_recorded(handle.pseudonym, request_id):
-            tombstone_id, totals = self._app.with_retry(command)
-        draft = _Draft(
-            request_id=request_id,
-            received_at=received_at.isoformat(),
-            basis=basis,
-            scope=scope,
-            target=named,
-            pseudonym=handle.pseudonym,
-            stream=str(stream),
-            tombstone_id=tombstone_id,
-            actions=[],
-            counts={},
-            captures=ids,
-        )
-        previews: list[str | None] = [None] * len(ids)
-        if self._keystore.ledger is not None:
-            previews = [self._keystore.capture_key_commitment(str(stream), cid) for cid in ids]
-            self._keystore.ledger.record_captures(
-                self._tenant,
-                str(stream),
-                ids,
+        # In flight until its ledger record or its outcome: a start tells a request
+        # whose process died here from a live one by this mark (bug GY).
+        with self._in_flight(request_id):
+            self._audit.record(
+                "erasure.requested",
+                subject_ref=handle.pseudonym,
                 request_id=request_id,
-                subject_ref=check_subject_ref(subject_ref),
-                draft=_captures_drafted(
-                    draft, [c for c in previews if c], totals, snapshots=None
-                ).to_json(),
+                legal_basis=_token(basis),
+                reason_code=scope,
+                event_ids=ids[:1000],
             )
+            cited = {c: self._items_citing(str(stream), c) for c in ids}
+
+            def command() -> tuple[int, dict[str, int]]:
+                profile = self._app.load(stream)
+                totals = {"items_erased": 0, "attributes_restated": 0}
+                for capture_id in ids:
+                    outcome = profile.erase_capture(
+                        capture_id, cited_by=cited[capture_id], now=received_at
+                    )
+                    for name, n in outcome.items():
+                        totals[name] += n
+                return self._app.save(profile)[-1].notification.id, totals
+
+            # Refused before anything is written (the subject erased meanwhile by another
+            # request): the log says so (bug EY).
+            with self._refusal_recorded(handle.pseudonym, request_id):
+                tombstone_id, totals = self._app.with_retry(command)
+            draft = _Draft(
+                request_id=request_id,
+                received_at=received_at.isoformat(),
+                basis=basis,
+                scope=scope,
+                target=named,
+                pseudonym=handle.pseudonym,
+                stream=str(stream),
+                tombstone_id=tombstone_id,
+                actions=[],
+                counts={},
+                captures=ids,
+            )
+            previews: list[str | None] = [None] * len(ids)
+            if self._keystore.ledger is not None:
+                previews = [self._keystore.capture_key_commitment(str(stream), cid) for cid in ids]
+                self._keystore.ledger.record_captures(
+                    self._tenant,
+                    str(stream),
+                    ids,
+                    request_id=request_id,
+                    subject_ref=check_subject_ref(subject_ref),
+                    draft=_captures_drafted(
+                        draft, [c for c in previews if c], totals, snapshots=None
+                    ).to_json(),
+                )
         erased_keys.record(self._views, str(stream), ids, now=self._clock.now())
         # As for a subject: a retry elsewhere may have destroyed a key first; the receipt
         # cites it all the same (the commitment its ledger record names).
@@ -870,6 +883,54 @@ class ErasureService:
             }
         cited = {v: named[0] for v, named in candidates.items()} | exact
         return tuple(cited[v] for v in sorted(cited))
+
+    def _in_flight(self, request_id: str) -> AbstractContextManager[None]:
+        ledger = self._keystore.ledger
+        return nullcontext() if ledger is None else ledger.in_flight(request_id)
+
+    def settle_abandoned(self) -> list[str]:
+        """Give an outcome to each erasure request whose process died between its
+        ``erasure.requested`` entry and its ledger record (bug GY): ``erasure.abandoned``,
+        ``reason_code`` ``process-ended``. Run by every start.
+
+        A request is taken for dead only when its in-flight mark (key folder) exists and
+        no process holds it; the ledger and the log are read again while holding it, so a
+        request that wrote its record or outcome just before is left alone. Requests on
+        the log from before marks were kept have none and are left as they are. Returns
+        the request ids so settled."""
+        ledger = self._keystore.ledger
+        if ledger is None:
+            return []
+        open_requests = self._requests_without_outcome(ledger)
+        settled: list[str] = []
+        for request_id, pseudonym in open_requests.items():
+            with ledger.owner_gone(request_id) as gone:
+                if not gone or request_id not in self._requests_without_outcome(ledger):
+                    continue
+                self._audit.record(
+                    "erasure.abandoned",
+                    subject_ref=pseudonym,
+                    request_id=request_id,
+                    reason_code="process-ended",
+                )
+                settled.append(request_id)
+        return settled
+
+    def _requests_without_outcome(self, ledger: ErasureLedger) -> dict[str, str]:
+        """request id -> subject pseudonym of each ``erasure.requested`` entry with no
+        outcome entry and no ledger record."""
+        requested = {
+            str(e.entry["request_id"]): str(e.entry.get("subject_ref", ""))
+            for e in self._log.entries(action="erasure.requested")
+            if e.entry.get("request_id")
+        }
+        if not requested:
+            return {}
+        for action in _OUTCOMES:
+            for e in self._log.entries(action=action):
+                requested.pop(str(e.entry.get("request_id")), None)
+        recorded = {r.request_id for r in ledger.records() if r.request_id}
+        return {r: p for r, p in requested.items() if r not in recorded}
 
     @contextmanager
     def _refusal_recorded(self, pseudonym: str, request_id: str) -> Iterator[None]:
