@@ -413,8 +413,19 @@ class SubjectKeyStore(Protocol):
         """What ``destroy_capture_key`` would return now; nothing is deleted."""
         ...
 
-    def destroy_capture_key(self, stream_id: str, capture_id: str) -> str | None:
-        """Delete one capture's key; a commitment to it, or None if there was none."""
+    def destroy_capture_key(
+        self, stream_id: str, capture_id: str, *, request_id: str | None = None
+    ) -> str | None:
+        """Delete one capture's key; a commitment to the key this call deleted, or None
+        if there was none left. The deletion is recorded as ``request_id``'s in the same
+        transaction (``capture_keys_destroyed_by``)."""
+        ...
+
+    def capture_keys_destroyed_by(
+        self, stream_id: str, capture_ids: Iterable[str]
+    ) -> dict[str, tuple[str | None, str]]:
+        """Per capture whose key a destroy deleted: (that destroy's request, None when no
+        request's; the key's commitment). A start's re-application records none."""
         ...
 
     def destruction_preview(self, stream_id: str) -> Destruction:

@@ -1,4 +1,5 @@
-"""who destroyed each subject data key (decision XXXX-exact-erasure-attribution)
+"""who destroyed each subject data key and capture key (decision
+XXXX-exact-erasure-attribution)
 
 Revision ID: 0006_keys_destroyed_keys
 Revises: 0005_keys_plain_row_keys
@@ -31,7 +32,17 @@ def upgrade() -> None:
         sa.Column("destroyed_at", sa.DateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("stream_id", "key_version", name=op.f("pk_destroyed_keys")),
     )
+    op.create_table(
+        "destroyed_capture_keys",
+        sa.Column("capture_id", sa.String(length=32), nullable=False),
+        sa.Column("stream_id", sa.String(length=36), nullable=False),
+        sa.Column("key_commitment", sa.String(length=64), nullable=False),
+        sa.Column("request_id", sa.String(length=64), nullable=True),
+        sa.Column("destroyed_at", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("capture_id", name=op.f("pk_destroyed_capture_keys")),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("destroyed_capture_keys")
     op.drop_table("destroyed_keys")

@@ -42,6 +42,7 @@ class InMemoryKeyStore:
         self._capture_keys: dict[tuple[str, str], bytes] = {}
         self._shredded: set[str] = set()
         self._destroyed: dict[tuple[str, int], tuple[str | None, str]] = {}
+        self._captures_destroyed: dict[tuple[str, str], tuple[str | None, str]] = {}
         self._plain_row_keys = {1: AESGCM.generate_key(bit_length=256)}
         self._heads: dict[tuple[str, str], StreamHead] = {}
 
@@ -143,11 +144,28 @@ class InMemoryKeyStore:
             return None
         return hashlib.sha256(b"capture-key-commit" + capture_id.encode() + key).hexdigest()
 
-    def destroy_capture_key(self, stream_id: str, capture_id: str) -> str | None:
-        key = self._capture_keys.pop((stream_id, capture_id), None)
-        if key is None:
-            return None
-        return hashlib.sha256(b"capture-key-commit" + capture_id.encode() + key).hexdigest()
+    def destroy_capture_key(
+        self, stream_id: str, capture_id: str, *, request_id: str | None = None
+    ) -> str | None:
+        with self._lock:
+            key = self._capture_keys.pop((stream_id, capture_id), None)
+            if key is None:
+                return None
+            commitment = hashlib.sha256(
+                b"capture-key-commit" + capture_id.encode() + key
+            ).hexdigest()
+            self._captures_destroyed.setdefault((stream_id, capture_id), (request_id, commitment))
+        return commitment
+
+    def capture_keys_destroyed_by(
+        self, stream_id: str, capture_ids: Iterable[str]
+    ) -> dict[str, tuple[str | None, str]]:
+        with self._lock:
+            return {
+                c: self._captures_destroyed[(stream_id, c)]
+                for c in capture_ids
+                if (stream_id, c) in self._captures_destroyed
+            }
 
     def destruction_preview(self, stream_id: str) -> Destruction:
         with self._lock:
@@ -174,7 +192,10 @@ class InMemoryKeyStore:
                 )
             captures = [k for k in self._capture_keys if k[0] == stream_id]
             for k in captures:
-                del self._capture_keys[k]
+                commitment = hashlib.sha256(
+                    b"capture-key-commit" + k[1].encode() + self._capture_keys.pop(k)
+                ).hexdigest()
+                self._captures_destroyed.setdefault(k, (request_id, commitment))
             aliases = [k for k, sid in self._aliases.items() if str(sid) == stream_id]
             for a in aliases:
                 del self._aliases[a]

@@ -411,12 +411,14 @@ def test_a_key_store_of_the_previous_release_is_migrated_and_attributes_exactly(
         with engine.begin() as conn:
             config.attributes["connection"] = conn
             command.downgrade(config, "0005_keys_plain_row_keys")
-        assert "destroyed_keys" not in sa.inspect(engine).get_table_names()
+        tables = set(sa.inspect(engine).get_table_names())
+        assert not {"destroyed_keys", "destroyed_capture_keys"} & tables
     finally:
         old.close()
     kernel = build_kernel(settings, FakeClock())
     try:
-        assert "destroyed_keys" in sa.inspect(kernel.keystore._engine).get_table_names()
+        tables = sa.inspect(kernel.keystore._engine).get_table_names()
+        assert {"destroyed_keys", "destroyed_capture_keys"} <= set(tables)
         stream = str(kernel.subjects.find("alice").stream_id)
         receipt = kernel.erase_subject("alice").receipt
         (version, commitment), *_ = cited(receipt["body"])[1]
@@ -458,3 +460,61 @@ def test_keys_destroyed_by_older_code_fall_back_to_the_ledger(settings: Settings
     assert by_request(third, "dek_destroyed") == [r_a]
     log = checked_offline(settings, first, second, third)
     assert log["destroyed"] == [(r_a, cited(first["body"])[1][0][1])], log
+
+
+def _event_and_subject_erasures(settings: Settings) -> tuple[Held, Held, str]:
+    kernel = build_kernel(settings, FakeClock())
+    try:
+        capture_id = kernel.capture("alice", say("I want to learn to sail")).capture_id
+    finally:
+        kernel.close()
+    call = functools.partial(erase_capture_of, capture_id)
+    event_erasure = Held(settings, "before-capture-destroy", call=call)
+    subject_erasure = Held(settings)  # built now: its start re-applies no record of E
+    event_erasure.begin()  # E: capture key previewed, ledger record written
+    return event_erasure, subject_erasure, capture_id
+
+
+def test_an_event_erasure_whose_previewed_capture_key_a_subject_erasure_destroyed_cites_it(
+    settings: Settings,
+) -> None:
+    """GZ: an event erasure E has previewed its capture key and written its ledger record;
+    a subject erasure S then destroys every key (the capture's with the subject's) and
+    finishes. E's destroy finds the capture key gone: E must cite S's destruction
+    (``by_request``), not claim the capture key from its preview, and the log must hold
+    no ``key.destroyed`` under E for a key S deleted."""
+    e, s, _ = _event_and_subject_erasures(settings)
+    kind, first = s.begin().answer()
+    assert kind == "ok", first
+    kind, second = e.answer()
+    assert kind == "ok", second
+    r_s = request_of(first)
+    assert by_request(second, "dek_destroyed") == [r_s], second["body"]  # main: [None]
+    assert cited(second["body"])[1] == cited(first["body"])[1]
+    log = checked_offline(settings, first, second)
+    assert [r for r, _ in log["destroyed"]] == [r_s], log
+
+
+def test_an_event_erasure_killed_after_its_ledger_record_and_retried_cites_the_subject_erasure(
+    settings: Settings,
+) -> None:
+    """An event erasure E killed (SIGKILL) after its ledger record, before destroying its
+    capture key; a subject erasure S of the same subject then destroys every key and
+    finishes; the caller asks E again. The retry finishes E's request (its receipt, its
+    outcome), citing S's destruction ``by_request``, never the capture key as E's own.
+    On main the retry was refused (the subject is gone) and E never ended."""
+    e, s, capture_id = _event_and_subject_erasures(settings)
+    e.kill()
+    kind, first = s.begin().answer()
+    assert kind == "ok", first
+    kernel = build_kernel(settings, FakeClock())
+    try:
+        second = kernel.erase_capture("alice", capture_id).receipt  # main: SubjectNotFound
+    finally:
+        kernel.close()
+    r_s = request_of(first)
+    assert by_request(second, "dek_destroyed") == [r_s], second["body"]
+    assert cited(second["body"])[1] == cited(first["body"])[1]
+    log = checked_offline(settings, first, second)
+    assert [r for r, _ in log["destroyed"]] == [r_s], log
+    assert len(log["outcomes"]) == 2 and all(log["outcomes"].values()), log

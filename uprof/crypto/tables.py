@@ -84,6 +84,20 @@ destroyed_keys = sa.Table(
     sa.Column("destroyed_at", sa.DateTime(timezone=True), nullable=False),
 )
 
+#: Who destroyed each capture key: the request whose ``destroy_capture_key`` or subject
+#: ``destroy`` deleted it, in the same transaction. An event erasure finding its capture
+#: key gone tells its own destruction (an earlier attempt) from a subject erasure's (bug
+#: GZ). A capture key a start deleted re-applying the ledger has no row.
+destroyed_capture_keys = sa.Table(
+    "destroyed_capture_keys",
+    metadata,
+    sa.Column("capture_id", sa.String(32), primary_key=True),
+    sa.Column("stream_id", sa.String(36), nullable=False),
+    sa.Column("key_commitment", sa.String(64), nullable=False),
+    sa.Column("request_id", sa.String(64), nullable=True),
+    sa.Column("destroyed_at", sa.DateTime(timezone=True), nullable=False),
+)
+
 #: The deployment's keys that authenticate plaintext event rows (purge signals and
 #: quarantine verdicts, ``uprof.crypto.mapper``), wrapped by the KEK like the DEKs. Not
 #: per subject: those rows are written after a subject's keys are destroyed. A row's tag

@@ -337,10 +337,13 @@ class ErasureService:
         """
         ids = sorted(set(capture_ids))
         named = sorted(set(target if target is not None else ids))
-        handle = self._require(subject_ref)
+        # Asked again after it answered incomplete, or after its process died past its
+        # ledger record: finished, even when a subject erasure has erased the subject
+        # since (it cites that erasure's destruction, bug GZ), as a subject erasure is.
         resumed = self.resume(subject_ref, scope, named, timeout_s=timeout_s)
         if resumed is not None:
             return resumed
+        handle = self._require(subject_ref)
         stream = handle.stream_id
         self._require_views_current(timeout_s)
         rows = self._queries.captures(ids)
@@ -406,21 +409,18 @@ class ErasureService:
                     ).to_json(),
                 )
         erased_keys.record(self._views, str(stream), ids, now=self._clock.now())
-        # As for a subject: a retry elsewhere may have destroyed a key first; the receipt
-        # cites it all the same (the commitment its ledger record names).
-        commitments = [
-            c
-            for cid, preview in zip(ids, previews, strict=True)
-            if (c := self._keystore.destroy_capture_key(str(stream), cid) or preview)
-        ]
-        others: tuple[_OthersKey, ...] = ()
-        if len(commitments) < len(ids):
-            # A capture key already gone: a subject erasure of the same subject at once
-            # destroyed it with the subject's keys, after its ledger record named them.
-            # Cite that destruction as that request's, as a subject erasure does (bug GI).
-            others = self._destroyed_by_others(
-                draft, self._keystore.destruction_preview(str(stream))
-            )
+        destroyed = {
+            cid: self._keystore.destroy_capture_key(str(stream), cid, request_id=request_id)
+            for cid in ids
+        }
+        # A capture key already gone: a subject erasure of the same subject at once
+        # destroyed it with the subject's keys (bug GI, before this request's preview; bug
+        # GZ, after it). Cite that destruction as that request's, as a subject erasure
+        # does; a key a retry of this request destroyed is its own (the commitment its
+        # ledger record names).
+        commitments, others = self._capture_citations(
+            draft, [destroyed[cid] or preview for cid, preview in zip(ids, previews, strict=True)]
+        )
         # As a subject key's: the entry names the commitment its ``key.created`` recorded
         # (written now if a crash kept that one off the log).
         self._audit.record_many(
@@ -579,7 +579,7 @@ class ErasureService:
         """
         rewritten = False
         if resumed:
-            self._reapply(draft)
+            draft = self._reapply(draft)
             if draft.scope == "subject":
                 draft = self._at_subject_tombstone(draft)
             elif not self._tombstone_in_log(draft):
@@ -642,22 +642,94 @@ class ErasureService:
             ledger.record_receipted(self._tenant, draft.request_id)
         return result
 
-    def _reapply(self, draft: _Draft) -> None:
+    def _reapply(self, draft: _Draft) -> _Draft:
         """Destroy again what the erasure destroys, before finishing it from its draft.
 
         The process that began it may have died between its ledger record and the key
         destruction; the next start re-applies the ledger, but a process that was already
         running when it died has not, and the receipt must not cite keys that still
-        exist. Destroying is idempotent."""
+        exist. Destroying is idempotent. Returns the draft citing who destroyed the
+        capture keys (``_recited``)."""
         stream = UUID(draft.stream)
         if draft.scope == "subject":
             self._keystore.destroy(draft.stream, now=self._clock.now(), request_id=draft.request_id)
         for capture_id in draft.captures:
-            self._keystore.destroy_capture_key(draft.stream, capture_id)
+            self._keystore.destroy_capture_key(
+                draft.stream, capture_id, request_id=draft.request_id
+            )
+        draft = self._recited(draft)
         self._record_keys_destroyed(draft)
         if draft.scope != "item":
             self._app.drop_snapshots(stream)
         self._flush_caches(stream)
+        return draft
+
+    def _capture_citations(
+        self, draft: _Draft, own: Sequence[str | None]
+    ) -> tuple[list[str], tuple[_OthersKey, ...]]:
+        """An event erasure's capture-key commitments (``own``: per capture of the draft,
+        the key it destroyed or previewed, None when it found none) less those a subject
+        erasure's destroy deleted, and that erasure's subject keys to cite instead.
+
+        The key store says which request's destroy deleted each capture key (recorded in
+        that DELETE's transaction, bug GZ). A key with no such row (deleted by a start
+        re-applying the ledger, or before the key store kept this) stays this request's
+        when it previewed it."""
+        gone = [cid for cid, c in zip(draft.captures, own, strict=True) if c is None]
+        by = self._keystore.capture_keys_destroyed_by(draft.stream, draft.captures)
+        foreign = {
+            cid: request
+            for cid, (request, _) in by.items()
+            if request is not None and request != draft.request_id
+        }
+        if not gone and not foreign:
+            return [c for c in own if c], ()
+        others = self._destroyed_by_others(draft, self._keystore.destruction_preview(draft.stream))
+        destroyers = {key.by_request for key in others}
+        taken = {cid for cid, request in foreign.items() if request in destroyers}
+        kept = [c for cid, c in zip(draft.captures, own, strict=True) if c and cid not in taken]
+        return kept, (others if len(kept) < len(draft.captures) else ())
+
+    def _recited(self, draft: _Draft) -> _Draft:
+        """A resumed event erasure's draft citing what the key store says now: its draft
+        was written before its capture keys went, and a subject erasure of the subject
+        may have destroyed them since (bug GZ)."""
+        if not draft.captures:
+            return draft
+        own = [
+            str(a["dek_commitment"])
+            for a in draft.actions
+            if a.get("type") == "dek_destroyed"
+            and a.get("key_kind") == "capture"
+            and "by_request" not in a
+        ]
+        foreign = {
+            commitment: request
+            for request, commitment in self._keystore.capture_keys_destroyed_by(
+                draft.stream, draft.captures
+            ).values()
+            if request is not None and request != draft.request_id
+        }
+        if not foreign and len(own) == len(draft.captures):
+            return draft
+        others = self._destroyed_by_others(draft, self._keystore.destruction_preview(draft.stream))
+        destroyers = {key.by_request for key in others}
+        kept = [c for c in own if foreign.get(c) not in destroyers]
+        if len(kept) == len(draft.captures):
+            others = ()
+        had = [
+            (a.get("by_request"), a.get("key_version"), a.get("dek_commitment"))
+            for a in draft.actions
+            if a.get("type") == "dek_destroyed" and a.get("key_kind") != "capture"
+        ]
+        if kept == own and had == [(k.by_request, k.key_version, k.dek_commitment) for k in others]:
+            return draft
+        totals = {
+            k: v
+            for k, v in draft.counts.items()
+            if k not in ("captures", "capture_keys", "deks_by_other_requests")
+        }
+        return _captures_drafted(draft, kept, totals, snapshots=None, others=others)
 
     def _record_keys_destroyed(self, draft: _Draft) -> None:
         """The ``key.destroyed`` entries of a finished erasure, as the uninterrupted path
