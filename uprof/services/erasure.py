@@ -565,8 +565,17 @@ class ErasureService:
         if scope == "subject":
             current = ledger.erased_stream(self._tenant, ref)
         else:
-            handle = self._subjects.find(subject_ref)
-            current = None if handle is None else str(handle.stream_id)
+            # A subject erasure may have erased the subject since: the erasure is then
+            # finished on the erased stream, citing that erasure's destruction (bug GZ).
+            try:
+                handle = self._subjects.find(subject_ref)
+            except SubjectErasedError:
+                handle = None
+            current = (
+                str(handle.stream_id)
+                if handle is not None
+                else ledger.erased_stream(self._tenant, ref)
+            )
         return draft if current == draft.stream else None
 
     def _finish(
