@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import sqlalchemy.exc
 
+from tests import children
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import build_kernel, consent, say, settings_for
@@ -142,3 +143,28 @@ def test_a_start_beside_a_live_request_does_not_abandon_it(settings: Settings) -
     kind, receipt = live.answer()
     assert kind == "ok", receipt
     assert list(_outcomes(settings).values()) == [["projection.purged"]]
+
+
+def _start(settings: Settings, go: Any) -> None:
+    go.wait(60)
+    build_kernel(settings, FakeClock()).close()
+
+
+def test_two_starts_at_once_abandon_a_dead_request_once(settings: Settings) -> None:
+    """Attack on GY's fix (two processes): a request killed after its
+    ``erasure.requested`` entry, then two processes starting at the same moment, each
+    settling dead requests. The request gets one ``erasure.abandoned``, not two: the
+    second re-reads the log while holding the dead request's mark."""
+    dead = Held(settings, "after-tombstone")
+    dead.begin()
+    dead.kill()
+    ctx = children.CONTEXT
+    go = ctx.Event()
+    starts = [ctx.Process(target=_start, args=(settings, go)) for _ in range(2)]
+    for p in starts:
+        p.start()
+    go.set()
+    for p in starts:
+        p.join(120)
+        assert p.exitcode == 0
+    assert list(_outcomes(settings).values()) == [["erasure.abandoned"]]

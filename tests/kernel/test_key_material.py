@@ -166,3 +166,10 @@ def test_an_erasure_in_flight_is_dead_only_once_its_process_is(tmp_path: Path) -
     with pytest.raises(ValueError):
         with store.erasure_in_flight("../../etc/passwd"):
             pass
+    with store.erasure_owner_gone("../../etc/passwd") as gone:
+        assert gone is False  # a start reading an odd id on the log goes on
+    with pytest.raises(RuntimeError), store.erasure_in_flight(request_id):
+        raise RuntimeError("refused")  # its outcome written inside: no mark left
+    with store.erasure_owner_gone(request_id) as gone:
+        assert gone is False
+    assert not list((folder / "erasures-in-flight").iterdir())

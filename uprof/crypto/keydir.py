@@ -268,13 +268,20 @@ class FileKeyMaterialStore:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-            path.unlink(missing_ok=True)
+            try:
+                yield
+            finally:
+                # Ended in this process, done, refused or failed (its outcome is written
+                # inside the block): no mark left behind. Only a dead process leaves one.
+                path.unlink(missing_ok=True)
         finally:
             os.close(fd)
 
     @contextmanager
     def erasure_owner_gone(self, request_id: str) -> Iterator[bool]:
+        if not _REQUEST_ID.fullmatch(request_id):
+            yield False  # no request of this code: it never had a mark
+            return
         path = self._in_flight_path(request_id)
         try:
             fd = os.open(path, os.O_RDWR)
