@@ -619,6 +619,9 @@ def bootstrap(
             # An audit key rotation killed after its key switch, before its entry: the
             # entry, recorded late (nothing read without a rotation in the history).
             kernel.record_audit_key_rotations()
+            # An erasure killed between its erasure.requested entry and its ledger
+            # record: its outcome, abandoned (bug GY).
+            kernel.erasure_service.settle_abandoned()
         except BaseException:
             kernel.close()
             raise

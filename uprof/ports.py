@@ -193,6 +193,19 @@ class KeyMaterialStore(Protocol):
         """Every record appended so far by any process, in order."""
         ...
 
+    def erasure_in_flight(self, request_id: str) -> AbstractContextManager[None]:
+        """Mark an erasure request in flight while the block runs (from before its
+        ``erasure.requested`` entry to its ledger record or outcome), so that every
+        process of the deployment can tell it from a request whose process died; the
+        mark goes with the process however it ends."""
+        ...
+
+    def erasure_owner_gone(self, request_id: str) -> AbstractContextManager[bool]:
+        """True inside the block when the request's in-flight mark exists and no process
+        holds it (its process died in flight); the mark is then held until the block
+        ends, and removed. False when a process holds it, or there is none."""
+        ...
+
 
 # --------------------------------------------------------------------------- storage
 #
@@ -400,8 +413,19 @@ class SubjectKeyStore(Protocol):
         """What ``destroy_capture_key`` would return now; nothing is deleted."""
         ...
 
-    def destroy_capture_key(self, stream_id: str, capture_id: str) -> str | None:
-        """Delete one capture's key; a commitment to it, or None if there was none."""
+    def destroy_capture_key(
+        self, stream_id: str, capture_id: str, *, request_id: str | None = None
+    ) -> str | None:
+        """Delete one capture's key; a commitment to the key this call deleted, or None
+        if there was none left. The deletion is recorded as ``request_id``'s in the same
+        transaction (``capture_keys_destroyed_by``)."""
+        ...
+
+    def capture_keys_destroyed_by(
+        self, stream_id: str, capture_ids: Iterable[str]
+    ) -> dict[str, tuple[str | None, str]]:
+        """Per capture whose key a destroy deleted: (that destroy's request, None when no
+        request's; the key's commitment). A start's re-application records none."""
         ...
 
     def destruction_preview(self, stream_id: str) -> Destruction:
@@ -411,10 +435,19 @@ class SubjectKeyStore(Protocol):
         goes, so that a retry after a crash can finish it (decision 0052)."""
         ...
 
-    def destroy(self, stream_id: str, *, now: datetime) -> Destruction:
+    def destroy(
+        self, stream_id: str, *, now: datetime, request_id: str | None = None
+    ) -> Destruction:
         """Delete every key, alias and index row of a stream; mark it shredded. The keys
         returned are those this call deleted: none when another call deleted them first,
-        even one this call waited for (bug GK)."""
+        even one this call waited for (bug GK). Each is recorded, in the same
+        transaction, as destroyed by ``request_id`` (``destroyed_by``, bug GW)."""
+        ...
+
+    def destroyed_by(self, stream_id: str) -> dict[int, tuple[str | None, str]]:
+        """Per destroyed key version: (the request whose ``destroy`` deleted it, None
+        when no request did; its commitment). Keys destroyed before the key store kept
+        this are left out."""
         ...
 
     def evict(self, stream_id: str) -> None:

@@ -41,6 +41,8 @@ class InMemoryKeyStore:
         self._deks: dict[str, dict[int, bytes]] = {}
         self._capture_keys: dict[tuple[str, str], bytes] = {}
         self._shredded: set[str] = set()
+        self._destroyed: dict[tuple[str, int], tuple[str | None, str]] = {}
+        self._captures_destroyed: dict[tuple[str, str], tuple[str | None, str]] = {}
         self._plain_row_keys = {1: AESGCM.generate_key(bit_length=256)}
         self._heads: dict[tuple[str, str], StreamHead] = {}
 
@@ -142,11 +144,28 @@ class InMemoryKeyStore:
             return None
         return hashlib.sha256(b"capture-key-commit" + capture_id.encode() + key).hexdigest()
 
-    def destroy_capture_key(self, stream_id: str, capture_id: str) -> str | None:
-        key = self._capture_keys.pop((stream_id, capture_id), None)
-        if key is None:
-            return None
-        return hashlib.sha256(b"capture-key-commit" + capture_id.encode() + key).hexdigest()
+    def destroy_capture_key(
+        self, stream_id: str, capture_id: str, *, request_id: str | None = None
+    ) -> str | None:
+        with self._lock:
+            key = self._capture_keys.pop((stream_id, capture_id), None)
+            if key is None:
+                return None
+            commitment = hashlib.sha256(
+                b"capture-key-commit" + capture_id.encode() + key
+            ).hexdigest()
+            self._captures_destroyed.setdefault((stream_id, capture_id), (request_id, commitment))
+        return commitment
+
+    def capture_keys_destroyed_by(
+        self, stream_id: str, capture_ids: Iterable[str]
+    ) -> dict[str, tuple[str | None, str]]:
+        with self._lock:
+            return {
+                c: self._captures_destroyed[(stream_id, c)]
+                for c in capture_ids
+                if (stream_id, c) in self._captures_destroyed
+            }
 
     def destruction_preview(self, stream_id: str) -> Destruction:
         with self._lock:
@@ -162,12 +181,21 @@ class InMemoryKeyStore:
             aliases=len(aliases),
         )
 
-    def destroy(self, stream_id: str, *, now: datetime) -> Destruction:
+    def destroy(
+        self, stream_id: str, *, now: datetime, request_id: str | None = None
+    ) -> Destruction:
         with self._lock:
             deks = self._deks.pop(stream_id, {})
+            for v, dek in deks.items():
+                self._destroyed.setdefault(
+                    (stream_id, v), (request_id, dek_commitment(stream_id, v, dek))
+                )
             captures = [k for k in self._capture_keys if k[0] == stream_id]
             for k in captures:
-                del self._capture_keys[k]
+                commitment = hashlib.sha256(
+                    b"capture-key-commit" + k[1].encode() + self._capture_keys.pop(k)
+                ).hexdigest()
+                self._captures_destroyed.setdefault(k, (request_id, commitment))
             aliases = [k for k, sid in self._aliases.items() if str(sid) == stream_id]
             for a in aliases:
                 del self._aliases[a]
@@ -184,6 +212,10 @@ class InMemoryKeyStore:
             capture_keys=len(captures),
             aliases=len(aliases),
         )
+
+    def destroyed_by(self, stream_id: str) -> dict[int, tuple[str | None, str]]:
+        with self._lock:
+            return {v: by for (sid, v), by in self._destroyed.items() if sid == stream_id}
 
     def evict(self, stream_id: str) -> None:
         """Nothing is cached."""

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -104,6 +105,7 @@ class InMemoryKeyMaterialStore:
         self._records: list[Any] = []
         self._ring_lock = threading.RLock()
         self._upgrades: set[str] = set()
+        self._in_flight: set[str] = set()
 
     def master_secret(self) -> bytes:
         import secrets
@@ -150,3 +152,15 @@ class InMemoryKeyMaterialStore:
 
     def erasure_records(self) -> tuple[Any, ...]:
         return tuple(self._records)
+
+    @contextlib.contextmanager
+    def erasure_in_flight(self, request_id: str) -> Iterator[None]:
+        self._in_flight.add(request_id)  # one process: it is alive while this runs
+        try:
+            yield
+        finally:
+            self._in_flight.discard(request_id)
+
+    @contextlib.contextmanager
+    def erasure_owner_gone(self, request_id: str) -> Iterator[bool]:
+        yield False  # one process: a request it began is alive or finished

@@ -12,6 +12,10 @@ another server or CLI process would, and stops at one step of the erasure until 
 - ``"before-destroy"``: its ledger record is written, the keys not yet destroyed;
 - ``"before-capture-preview"``: an event erasure has appended its ``CaptureErased``
   event and is about to look for the capture keys (nothing in the ledger yet);
+- ``"before-capture-destroy"``: an event erasure's ledger record is written, its
+  capture keys not yet destroyed (the test may kill it there);
+- ``"after-destroy"``: its ``destroy`` returned (the keys deleted, committed), its
+  ``key.destroyed`` entries not yet written (the test may kill it there);
 
 Once its kernel is built it sets ``sync["built"]`` and waits for ``sync["begin"]``: a
 process starting after another's erasure has written its ledger record re-applies that
@@ -58,6 +62,8 @@ def erase_held(
         "after-tombstone",
         "before-destroy",
         "before-capture-preview",
+        "after-destroy",
+        "before-capture-destroy",
     }
     if unknown:
         raise ValueError(f"unknown holds {sorted(unknown)}")
@@ -98,6 +104,23 @@ def erase_held(
             return destroy(*args, **kwargs)
 
         service._keystore.destroy = destroy_when_told  # type: ignore[method-assign]
+    if "after-destroy" in holds:
+        destroy_now = service._keystore.destroy
+
+        def destroyed_then_held(*args: Any, **kwargs: Any) -> Any:
+            destruction = destroy_now(*args, **kwargs)
+            once("after-destroy")
+            return destruction
+
+        service._keystore.destroy = destroyed_then_held  # type: ignore[method-assign]
+    if "before-capture-destroy" in holds:
+        destroy_capture = service._keystore.destroy_capture_key
+
+        def destroy_capture_when_told(*args: Any, **kwargs: Any) -> Any:
+            once("before-capture-destroy")
+            return destroy_capture(*args, **kwargs)
+
+        service._keystore.destroy_capture_key = destroy_capture_when_told  # type: ignore[method-assign]
     if "before-capture-preview" in holds:
         preview = service._keystore.capture_key_commitment
 

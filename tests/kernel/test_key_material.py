@@ -130,3 +130,46 @@ def test_bootstrap_takes_another_key_material_store(tmp_path: Path) -> None:
         k.close()
     for name in ("master.key", "keks.json", "audit-signing.pem", "erasure-ledger.jsonl"):
         assert not (settings.key_path / name).exists()
+
+
+def _hold_in_flight(folder: Path, request_id: str, held: object, done: object) -> None:
+    store = FileKeyMaterialStore(folder)
+    with store.erasure_in_flight(request_id):
+        held.set()  # type: ignore[attr-defined]
+        done.wait(60)  # type: ignore[attr-defined]
+
+
+def test_an_erasure_in_flight_is_dead_only_once_its_process_is(tmp_path: Path) -> None:
+    """GY's mark, across real processes: a request held by a live process is not taken
+    for dead; killed (SIGKILL), it is, and once; a request that finished leaves no mark
+    (not dead either); and no path outside the folder can be named."""
+    folder = tmp_path / "keys"
+    store = FileKeyMaterialStore(folder)
+    request_id = "0b7c3d4e-1f2a-4b5c-8d9e-0a1b2c3d4e5f"
+    ctx = children.CONTEXT
+    held, done = ctx.Event(), ctx.Event()
+    owner = ctx.Process(target=_hold_in_flight, args=(folder, request_id, held, done))
+    owner.start()
+    assert held.wait(60)
+    with store.erasure_owner_gone(request_id) as gone:
+        assert gone is False  # alive
+    owner.kill()
+    owner.join(60)
+    with store.erasure_owner_gone(request_id) as gone:
+        assert gone is True
+    with store.erasure_owner_gone(request_id) as gone:
+        assert gone is False  # settled: the mark went with it
+    with store.erasure_in_flight(request_id):
+        pass
+    with store.erasure_owner_gone(request_id) as gone:
+        assert gone is False  # finished: no mark left
+    with pytest.raises(ValueError):
+        with store.erasure_in_flight("../../etc/passwd"):
+            pass
+    with store.erasure_owner_gone("../../etc/passwd") as gone:
+        assert gone is False  # a start reading an odd id on the log goes on
+    with pytest.raises(RuntimeError), store.erasure_in_flight(request_id):
+        raise RuntimeError("refused")  # its outcome written inside: no mark left
+    with store.erasure_owner_gone(request_id) as gone:
+        assert gone is False
+    assert not list((folder / "erasures-in-flight").iterdir())

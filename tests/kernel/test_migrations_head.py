@@ -46,7 +46,7 @@ def test_a_branch_that_forks_is_left_to_alembic(
     )
     monkeypatch.setattr(storage, "MIGRATIONS_DIR", folder)
     assert branch_head("views") is None
-    assert branch_head("keys") == "0005_keys_plain_row_keys"  # the other branch is unaffected
+    assert branch_head("keys") == "0006_keys_destroyed_keys"  # the other branch is unaffected
 
 
 def test_a_header_written_another_way_is_left_to_alembic(

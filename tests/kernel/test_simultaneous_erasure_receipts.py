@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from audit.receipts import verify_receipt
 from tests import children
@@ -70,6 +71,11 @@ class Held:
         self.at += 1
         self._reached()
         return self
+
+    def kill(self) -> None:
+        """Kill the child where it is held (SIGKILL: no cleanup, no audit write)."""
+        self.process.kill()
+        self.process.join(60)
 
     def answer(self) -> tuple[str, Any]:
         self.sync["begin"].set()
@@ -347,3 +353,168 @@ def test_of_three_erasures_at_once_the_two_that_destroyed_nothing_cite_the_one_t
     log = checked_offline(settings, first, second, third)
     assert log["destroyed"] == [(r_a, keys[0][1])], log
     assert len(log["outcomes"]) == 3 and all(log["outcomes"].values()), log
+
+
+def test_of_three_erasures_at_once_a_dead_destroyer_is_still_the_one_cited(
+    settings: Settings,
+) -> None:
+    """GW: as GL, three erasures of alice at once (ledger records C, A, B; A's tombstone),
+    but A is killed (SIGKILL) right after its destroy deleted the key, before its
+    ``key.destroyed`` entry. B and C must both cite A, the request that deleted the key
+    (the key store keeps who did, in the destroy's own transaction), and the log must
+    hold that key's ``key.destroyed`` under A alone. Before the fix B cited C (GL's
+    fallback: the first other ledger record, no ``key.destroyed`` on the log yet)."""
+    b = Held(settings, "after-lookup", "before-destroy")
+    c = Held(settings, "after-lookup", "before-destroy")
+    a = Held(settings, "after-tombstone", "before-destroy", "after-destroy")
+    b.begin()
+    c.begin()
+    a.begin()  # A's tombstone appended
+    c.next()  # C: absorbed, key previewed, ledger record (first)
+    a.next()  # A: key previewed, ledger record (second)
+    b.next()  # B: absorbed, key previewed, ledger record (third)
+    a.next()  # A's destroy deleted the key (committed)
+    a.kill()  # before its key.destroyed entry
+    kind, second = b.answer()  # B first: no key.destroyed entry on the log yet
+    assert kind == "ok", second
+    kind, third = c.answer()
+    assert kind == "ok", third
+    r_a = third["body"]["actions"][0].get("by_request")
+    assert r_a and r_a not in (request_of(second), request_of(third)), third["body"]
+    _, keys = cited(third["body"])
+    assert len(keys) == 1, third["body"]
+    assert by_request(third, "dek_destroyed") == [r_a]
+    assert by_request(second, "dek_destroyed") == [r_a], second["body"]  # main: C's id
+    assert cited(second["body"]) == cited(third["body"])
+    log = checked_offline(settings, second, third)
+    assert log["destroyed"] == [(r_a, keys[0][1])], log
+
+
+def test_a_key_store_of_the_previous_release_is_migrated_and_attributes_exactly(
+    settings: Settings,
+) -> None:
+    """Attack on GW's fix: a live deployment's key store written by the previous release
+    (revision 0005, no ``destroyed_keys``) is opened by this release. The open migrates
+    it (an additive table, no row rewritten), an erasure then records its destroy there,
+    and its receipt still verifies offline."""
+    from alembic import command
+    from alembic.config import Config
+
+    from uprof.storage import MIGRATIONS_DIR
+
+    old = build_kernel(settings, FakeClock())
+    try:
+        engine = old.keystore._engine
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS_DIR))
+        config.attributes["branch"] = "keys"
+        with engine.begin() as conn:
+            config.attributes["connection"] = conn
+            command.downgrade(config, "0005_keys_plain_row_keys")
+        tables = set(sa.inspect(engine).get_table_names())
+        assert not {"destroyed_keys", "destroyed_capture_keys"} & tables
+    finally:
+        old.close()
+    kernel = build_kernel(settings, FakeClock())
+    try:
+        tables = sa.inspect(kernel.keystore._engine).get_table_names()
+        assert {"destroyed_keys", "destroyed_capture_keys"} <= set(tables)
+        stream = str(kernel.subjects.find("alice").stream_id)
+        receipt = kernel.erase_subject("alice").receipt
+        (version, commitment), *_ = cited(receipt["body"])[1]
+        assert kernel.keystore.destroyed_by(stream) == {version: (request_of(receipt), commitment)}
+    finally:
+        kernel.close()
+    checked_offline(settings, receipt)
+
+
+def test_keys_destroyed_by_older_code_fall_back_to_the_ledger(settings: Settings) -> None:
+    """Attack on GW's fix: during a rolling upgrade a process still running the older
+    code destroys the key and records nobody (as a destroy with no request does). The
+    other two requests then cite the destroyer from the ledger and the log (GL's
+    fallback), never a request that deleted nothing, and the log holds one entry."""
+    b = Held(settings, "after-lookup", "before-destroy")
+    c = Held(settings, "after-lookup", "before-destroy")
+    a = Held(settings, "after-tombstone", "before-destroy", "after-destroy")
+    b.begin()
+    c.begin()
+    a.begin()
+    c.next()
+    a.next()
+    b.next()
+    a.next()  # A's destroy deleted the key
+    kernel = build_kernel(settings, FakeClock())
+    try:  # what the older code leaves: no row naming the destroyer
+        with kernel.keystore._engine.begin() as conn:
+            conn.execute(sa.text("DELETE FROM destroyed_keys"))
+    finally:
+        kernel.close()
+    kind, first = a.answer()  # A writes its key.destroyed entry and finishes
+    assert kind == "ok", first
+    kind, second = b.answer()
+    assert kind == "ok", second
+    kind, third = c.answer()
+    assert kind == "ok", third
+    r_a = request_of(first)
+    assert by_request(second, "dek_destroyed") == [r_a]
+    assert by_request(third, "dek_destroyed") == [r_a]
+    log = checked_offline(settings, first, second, third)
+    assert log["destroyed"] == [(r_a, cited(first["body"])[1][0][1])], log
+
+
+def _event_and_subject_erasures(settings: Settings) -> tuple[Held, Held, str]:
+    kernel = build_kernel(settings, FakeClock())
+    try:
+        capture_id = kernel.capture("alice", say("I want to learn to sail")).capture_id
+    finally:
+        kernel.close()
+    call = functools.partial(erase_capture_of, capture_id)
+    event_erasure = Held(settings, "before-capture-destroy", call=call)
+    subject_erasure = Held(settings)  # built now: its start re-applies no record of E
+    event_erasure.begin()  # E: capture key previewed, ledger record written
+    return event_erasure, subject_erasure, capture_id
+
+
+def test_an_event_erasure_whose_previewed_capture_key_a_subject_erasure_destroyed_cites_it(
+    settings: Settings,
+) -> None:
+    """GZ: an event erasure E has previewed its capture key and written its ledger record;
+    a subject erasure S then destroys every key (the capture's with the subject's) and
+    finishes. E's destroy finds the capture key gone: E must cite S's destruction
+    (``by_request``), not claim the capture key from its preview, and the log must hold
+    no ``key.destroyed`` under E for a key S deleted."""
+    e, s, _ = _event_and_subject_erasures(settings)
+    kind, first = s.begin().answer()
+    assert kind == "ok", first
+    kind, second = e.answer()
+    assert kind == "ok", second
+    r_s = request_of(first)
+    assert by_request(second, "dek_destroyed") == [r_s], second["body"]  # main: [None]
+    assert cited(second["body"])[1] == cited(first["body"])[1]
+    log = checked_offline(settings, first, second)
+    assert [r for r, _ in log["destroyed"]] == [r_s], log
+
+
+def test_an_event_erasure_killed_after_its_ledger_record_and_retried_cites_the_subject_erasure(
+    settings: Settings,
+) -> None:
+    """An event erasure E killed (SIGKILL) after its ledger record, before destroying its
+    capture key; a subject erasure S of the same subject then destroys every key and
+    finishes; the caller asks E again. The retry finishes E's request (its receipt, its
+    outcome), citing S's destruction ``by_request``, never the capture key as E's own.
+    On main the retry was refused (the subject is gone) and E never ended."""
+    e, s, capture_id = _event_and_subject_erasures(settings)
+    e.kill()
+    kind, first = s.begin().answer()
+    assert kind == "ok", first
+    kernel = build_kernel(settings, FakeClock())
+    try:
+        second = kernel.erase_capture("alice", capture_id).receipt  # main: SubjectNotFound
+    finally:
+        kernel.close()
+    r_s = request_of(first)
+    assert by_request(second, "dek_destroyed") == [r_s], second["body"]
+    assert cited(second["body"])[1] == cited(first["body"])[1]
+    log = checked_offline(settings, first, second)
+    assert [r for r, _ in log["destroyed"]] == [r_s], log
+    assert len(log["outcomes"]) == 2 and all(log["outcomes"].values()), log

@@ -40,7 +40,7 @@ def outcomes_of_every_request(kernel: Uprof) -> dict[str, list[str]]:
         e.entry["request_id"] for e in kernel.audit_log.entries(action="erasure.requested")
     ]
     found: dict[str, list[str]] = {r: [] for r in requested}
-    for action in ("projection.purged", "erasure.refused"):
+    for action in ("projection.purged", "erasure.refused", "erasure.failed", "erasure.abandoned"):
         for e in kernel.audit_log.entries(action=action):
             if e.entry.get("request_id") in found:
                 found[e.entry["request_id"]].append(action)

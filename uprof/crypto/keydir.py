@@ -27,6 +27,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import sqlite3
@@ -51,6 +52,9 @@ KEK_RING_FILE = "keks.json"
 RING_LOCK_FILE = "keks.lock"
 AUDIT_KEY_FILE = "audit-signing.pem"
 LEDGER_FILE = "erasure-ledger.jsonl"
+#: One lock file per erasure request between its ``erasure.requested`` entry and its
+#: ledger record (``erasure_in_flight``), held with ``flock`` by its process.
+IN_FLIGHT_DIR = "erasures-in-flight"
 #: A finished one-off data upgrade: ``upgraded.<name>`` (``record_data_upgrade``).
 UPGRADE_FILE_PREFIX = "upgraded."
 KEYS_DB_FILE = "keys.sqlite"
@@ -58,6 +62,7 @@ KEYS_DB_FILE = "keys.sqlite"
 LEGACY_FILES = (MASTER_KEY_FILE, KEK_RING_FILE, AUDIT_KEY_FILE, KEYS_DB_FILE)
 
 _log = logging.getLogger(__name__)
+_REQUEST_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 class KeyMaterialError(UprofError):
@@ -246,6 +251,53 @@ class FileKeyMaterialStore:
 
     def audit_signing_key(self) -> Ed25519PrivateKey:
         return self.audit_keys().current()
+
+    # ------------------------------------------------------ erasures in flight
+
+    def _in_flight_path(self, request_id: str) -> Path:
+        if not _REQUEST_ID.fullmatch(request_id):
+            raise ValueError("not an erasure request id")
+        return self.path / IN_FLIGHT_DIR / f"{request_id}.lock"
+
+    @contextmanager
+    def erasure_in_flight(self, request_id: str) -> Iterator[None]:
+        # An flock dies with its process (SIGKILL included): a lock file nobody holds
+        # is a request whose process is gone (``erasure_owner_gone``).
+        path = self._in_flight_path(request_id)
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                # Ended in this process, done, refused or failed (its outcome is written
+                # inside the block): no mark left behind. Only a dead process leaves one.
+                path.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+
+    @contextmanager
+    def erasure_owner_gone(self, request_id: str) -> Iterator[bool]:
+        if not _REQUEST_ID.fullmatch(request_id):
+            yield False  # no request of this code: it never had a mark
+            return
+        path = self._in_flight_path(request_id)
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            yield False  # finished (or began before marks were kept): not known dead
+            return
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False  # its process holds it: alive
+                return
+            yield True
+            path.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
 
     # ---------------------------------------------------------------- ledger
 

@@ -40,6 +40,8 @@ from uprof.caching import BoundedCache, CacheStats
 from uprof.crypto.ledger import ErasureLedger
 from uprof.crypto.tables import (
     capture_keys,
+    destroyed_capture_keys,
+    destroyed_keys,
     plain_row_keys,
     shredded_streams,
     stream_heads,
@@ -191,6 +193,37 @@ class Destruction:
     deks: tuple[DestroyedKey, ...]
     capture_keys: int
     aliases: int
+
+
+def _record_capture_keys_destroyed(
+    conn: sa.Connection,
+    stream_id: str,
+    commitments: Mapping[str, str],
+    request_id: str | None,
+    now: datetime,
+) -> None:
+    """Record capture keys a DELETE of this transaction removed as ``request_id``'s; a
+    row an older destroy of the same key left (a key folder put back from a copy) keeps
+    the first word."""
+    c = destroyed_capture_keys.c
+    ids = sorted(commitments)
+    known: set[str] = set()
+    for i in range(0, len(ids), 500):  # a whole subject's capture keys: bounded IN lists
+        chunk = ids[i : i + 500]
+        known |= set(conn.execute(sa.select(c.capture_id).where(c.capture_id.in_(chunk))).scalars())
+    fresh = [
+        {
+            "capture_id": capture_id,
+            "stream_id": stream_id,
+            "key_commitment": commitment,
+            "request_id": request_id,
+            "destroyed_at": now,
+        }
+        for capture_id, commitment in sorted(commitments.items())
+        if capture_id not in known
+    ]
+    if fresh:
+        conn.execute(destroyed_capture_keys.insert(), fresh)
 
 
 def new_pseudonym() -> str:
@@ -655,20 +688,47 @@ class KeyStore:
             row = conn.execute(sa.select(capture_keys.c.wrapped_key).where(*where)).first()
         return None if row is None else _capture_commitment(capture_id, row.wrapped_key)
 
-    def destroy_capture_key(self, stream_id: str, capture_id: str) -> str | None:
+    def destroy_capture_key(
+        self, stream_id: str, capture_id: str, *, request_id: str | None = None
+    ) -> str | None:
         """Destroy one capture's key (item-level shredding).
 
-        Returns a commitment to the destroyed wrapped key (for the receipt), or None
-        when there was no such key.
+        Returns a commitment to the key this call deleted (for the receipt), or None
+        when there was none left to delete; the deletion is recorded as ``request_id``'s
+        in the same transaction (``capture_keys_destroyed_by``, bug GZ).
         """
         where = (capture_keys.c.capture_id == capture_id, capture_keys.c.stream_id == stream_id)
         with self._engine.begin() as conn:
-            row = conn.execute(sa.select(capture_keys.c.wrapped_key).where(*where)).first()
-            conn.execute(capture_keys.delete().where(*where))
+            # What this DELETE removed, not what a read before it saw (as ``destroy``,
+            # bug GK): a subject erasure at once may delete it while this one waits.
+            row = conn.execute(
+                capture_keys.delete().where(*where).returning(capture_keys.c.wrapped_key)
+            ).first()
+            commitment = None if row is None else _capture_commitment(capture_id, row.wrapped_key)
+            if commitment is not None:
+                _record_capture_keys_destroyed(
+                    conn, stream_id, {capture_id: commitment}, request_id, datetime.now(UTC)
+                )
         self._capture_keys.pop((stream_id, capture_id))
-        if row is None:
-            return None
-        return _capture_commitment(capture_id, row.wrapped_key)
+        return commitment
+
+    def capture_keys_destroyed_by(
+        self, stream_id: str, capture_ids: Iterable[str]
+    ) -> dict[str, tuple[str | None, str]]:
+        """Per capture of the stream whose key was destroyed: (the request whose destroy
+        deleted it, None when none did; its commitment). Keys deleted by a start
+        re-applying the ledger, or before the key store kept this, are left out."""
+        wanted = sorted(set(capture_ids))
+        if not wanted:
+            return {}
+        c = destroyed_capture_keys.c
+        with self._engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(c.capture_id, c.request_id, c.key_commitment).where(
+                    c.stream_id == stream_id, c.capture_id.in_(wanted)
+                )
+            ).all()
+        return {str(r.capture_id): (r.request_id, str(r.key_commitment)) for r in rows}
 
     # --------------------------------------------------------- plain-row keys
 
@@ -773,8 +833,14 @@ class KeyStore:
             aliases=int(n_alias),
         )
 
-    def destroy(self, stream_id: str, *, now: datetime) -> Destruction:
-        """Destroy every key of a stream and its index rows; the stream becomes unreadable."""
+    def destroy(
+        self, stream_id: str, *, now: datetime, request_id: str | None = None
+    ) -> Destruction:
+        """Destroy every key of a stream and its index rows; the stream becomes unreadable.
+
+        Each key this call deleted is recorded as destroyed by ``request_id`` in the same
+        transaction (``destroyed_by``): which request destroyed a key is a fact only this
+        DELETE knows, and it is kept even when the process dies right after (bug GW)."""
         with self._engine.begin() as conn:
             # The keys this DELETE removed, not the keys a read saw before it: a destroy
             # of another erasure of the subject at once may delete them while this one
@@ -785,9 +851,46 @@ class KeyStore:
                 .returning(subject_keys.c.key_version, subject_keys.c.dek_commitment)
             ).all()
             rows = sorted(deleted, key=lambda r: r.key_version)
-            n_capture = conn.execute(
-                capture_keys.delete().where(capture_keys.c.stream_id == stream_id)
-            ).rowcount
+            if rows:
+                # Rows left by an older destroy of the same key (a key folder put back
+                # from a copy, whose keys a start destroys again) keep the first word.
+                known = set(
+                    conn.execute(
+                        sa.select(destroyed_keys.c.key_version).where(
+                            destroyed_keys.c.stream_id == stream_id
+                        )
+                    ).scalars()
+                )
+                fresh = [
+                    {
+                        "stream_id": stream_id,
+                        "key_version": r.key_version,
+                        "dek_commitment": r.dek_commitment,
+                        "request_id": request_id,
+                        "destroyed_at": now,
+                    }
+                    for r in rows
+                    if r.key_version not in known
+                ]
+                if fresh:
+                    conn.execute(destroyed_keys.insert(), fresh)
+            captured = conn.execute(
+                capture_keys.delete()
+                .where(capture_keys.c.stream_id == stream_id)
+                .returning(capture_keys.c.capture_id, capture_keys.c.wrapped_key)
+            ).all()
+            n_capture = len(captured)
+            if captured:
+                _record_capture_keys_destroyed(
+                    conn,
+                    stream_id,
+                    {
+                        r.capture_id: _capture_commitment(r.capture_id, r.wrapped_key)
+                        for r in captured
+                    },
+                    request_id,
+                    now,
+                )
             # The anchor goes with the keys: the shredded mark refuses every load from now
             # on, so it would guard nothing and only be left behind.
             conn.execute(stream_heads.delete().where(stream_heads.c.stream_id == stream_id))
@@ -811,6 +914,19 @@ class KeyStore:
             capture_keys=n_capture,
             aliases=n_alias,
         )
+
+    def destroyed_by(self, stream_id: str) -> dict[int, tuple[str | None, str]]:
+        """Per destroyed key version of the stream: (the request whose ``destroy`` deleted
+        it, or None when no request did; its commitment). Keys destroyed before the key
+        store kept this (revision ``0006_keys_destroyed_keys``) are left out."""
+        c = destroyed_keys.c
+        with self._engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(c.key_version, c.request_id, c.dek_commitment).where(
+                    c.stream_id == stream_id
+                )
+            ).all()
+        return {int(r.key_version): (r.request_id, str(r.dek_commitment)) for r in rows}
 
     def evict(self, stream_id: str) -> None:
         """Forget a stream's cached keys and lookups (every cache of this store)."""

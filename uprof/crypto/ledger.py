@@ -21,6 +21,7 @@ import hmac
 import json
 import threading
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -289,6 +290,18 @@ class ErasureLedger:
             ):
                 found = None
         return found
+
+    def records(self) -> Sequence[ErasureRecord]:
+        """Every record, in ledger order."""
+        return self._store.erasure_records()
+
+    def in_flight(self, request_id: str) -> AbstractContextManager[None]:
+        """Mark an erasure request in flight (``KeyMaterialStore.erasure_in_flight``)."""
+        return self._store.erasure_in_flight(request_id)
+
+    def owner_gone(self, request_id: str) -> AbstractContextManager[bool]:
+        """Whether the request's process died in flight (``erasure_owner_gone``)."""
+        return self._store.erasure_owner_gone(request_id)
 
     def drafts_of_stream(self, tenant: str, stream_id: str) -> list[ErasureRecord]:
         """The tenant's records of this stream that carry a receipt's draft, in ledger

@@ -68,6 +68,36 @@ shredded_streams = sa.Table(
     sa.Column("shredded_at", sa.DateTime(timezone=True), nullable=False),
 )
 
+#: Who destroyed each subject data key: the request whose ``destroy`` deleted it, written
+#: in that destroy's own transaction (decision XXXX-exact-erasure-attribution). Another
+#: erasure of the subject at once cites exactly that request, whatever the audit log
+#: holds yet. ``request_id`` is NULL for a destroy no request made (a start re-applying
+#: a ledger record written without one, lost keys accepted). No key material: the
+#: commitment is the one ``key.created`` and ``key.destroyed`` entries publish.
+destroyed_keys = sa.Table(
+    "destroyed_keys",
+    metadata,
+    sa.Column("stream_id", sa.String(36), primary_key=True),
+    sa.Column("key_version", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("dek_commitment", sa.String(64), nullable=False),
+    sa.Column("request_id", sa.String(64), nullable=True),
+    sa.Column("destroyed_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+#: Who destroyed each capture key: the request whose ``destroy_capture_key`` or subject
+#: ``destroy`` deleted it, in the same transaction. An event erasure finding its capture
+#: key gone tells its own destruction (an earlier attempt) from a subject erasure's (bug
+#: GZ). A capture key a start deleted re-applying the ledger has no row.
+destroyed_capture_keys = sa.Table(
+    "destroyed_capture_keys",
+    metadata,
+    sa.Column("capture_id", sa.String(32), primary_key=True),
+    sa.Column("stream_id", sa.String(36), nullable=False),
+    sa.Column("key_commitment", sa.String(64), nullable=False),
+    sa.Column("request_id", sa.String(64), nullable=True),
+    sa.Column("destroyed_at", sa.DateTime(timezone=True), nullable=False),
+)
+
 #: The deployment's keys that authenticate plaintext event rows (purge signals and
 #: quarantine verdicts, ``uprof.crypto.mapper``), wrapped by the KEK like the DEKs. Not
 #: per subject: those rows are written after a subject's keys are destroyed. A row's tag

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -66,6 +66,9 @@ KEY_ENTRY_IDENTITY: tuple[str | tuple[str, ...], ...] = (
 #: its creation is not on the log (the process that made the key died before appending
 #: it, or the append failed; a retry finds the subject, or the request, and writes none).
 CREATED_AT_ERASURE = "recorded-at-erasure"
+#: The audit actions that end an erasure request (each names its ``request_id``): one of
+#: them follows every ``erasure.requested`` entry (bugs EY, GX, GY).
+_OUTCOMES = ("projection.purged", "erasure.refused", "erasure.failed", "erasure.abandoned")
 
 
 def subject_key_entries(
@@ -205,55 +208,62 @@ class ErasureService:
         stream = handle.stream_id
         request_id = str(uuid.uuid4())
         received_at = self._clock.now()
-        self._audit.record(
-            "erasure.requested",
-            subject_ref=handle.pseudonym,
-            request_id=request_id,
-            legal_basis=_token(basis),
-            reason_code="subject",
-        )
-        ledger = self._keystore.ledger
-        preview = None
-        others: tuple[_OthersKey, ...] = ()
-        # Refused before its ledger record (the subject was erased meanwhile and the log
-        # holds no tombstone to cite, a restore rolled it back): the log says so (bug EY).
-        with self._refusal_recorded(handle.pseudonym, request_id):
-            before = self._row_counts(str(stream))
-            tombstone_id = self._append_subject_tombstone(stream, request_id, basis, received_at)
-            draft = _Draft(
+        # In flight until its ledger record or its outcome: a start tells a request
+        # whose process died here from a live one by this mark (bug GY).
+        with self._in_flight(request_id):
+            self._audit.record(
+                "erasure.requested",
+                subject_ref=handle.pseudonym,
                 request_id=request_id,
-                received_at=received_at.isoformat(),
-                basis=basis,
-                scope="subject",
-                target=[],
-                pseudonym=handle.pseudonym,
-                stream=str(stream),
-                tombstone_id=tombstone_id,
-                actions=[],
-                counts={},
+                legal_basis=_token(basis),
+                reason_code="subject",
             )
-            if tombstone_id == 0:
-                # The stream already ends with a tombstone: another request's, running
-                # now, or one killed after appending it. This request finishes on it
-                # and its receipt says whose it is.
-                draft = self._at_subject_tombstone(draft)
-            # The ledger record comes before the keys go: a crash in between is finished
-            # by the next start, and no copy or restore can bring the keys back (decision
-            # 0012). It carries the receipt's draft, so that a retry after such a crash
-            # still gets the receipt (decision 0052).
-            if ledger is not None:
-                preview = self._keystore.destruction_preview(str(stream))
-                # Keys gone before this preview were destroyed after another request's
-                # ledger record named them (records come first): cite that record (bug EW).
-                others = self._destroyed_by_others(draft, preview)
-                drafted = _subject_drafted(draft, preview, before, snapshots=None, others=others)
-                ledger.record_subject(
-                    self._tenant,
-                    check_subject_ref(subject_ref),
-                    str(stream),
-                    request_id=request_id,
-                    draft=drafted.to_json(),
+            ledger = self._keystore.ledger
+            preview = None
+            others: tuple[_OthersKey, ...] = ()
+            # Refused before its ledger record (the subject was erased meanwhile and the log
+            # holds no tombstone to cite, a restore rolled it back): the log says so (bug EY).
+            with self._refusal_recorded(handle.pseudonym, request_id):
+                before = self._row_counts(str(stream))
+                tombstone_id = self._append_subject_tombstone(
+                    stream, request_id, basis, received_at
                 )
+                draft = _Draft(
+                    request_id=request_id,
+                    received_at=received_at.isoformat(),
+                    basis=basis,
+                    scope="subject",
+                    target=[],
+                    pseudonym=handle.pseudonym,
+                    stream=str(stream),
+                    tombstone_id=tombstone_id,
+                    actions=[],
+                    counts={},
+                )
+                if tombstone_id == 0:
+                    # The stream already ends with a tombstone: another request's, running
+                    # now, or one killed after appending it. This request finishes on it
+                    # and its receipt says whose it is.
+                    draft = self._at_subject_tombstone(draft)
+                # The ledger record comes before the keys go: a crash in between is finished
+                # by the next start, and no copy or restore can bring the keys back (decision
+                # 0012). It carries the receipt's draft, so that a retry after such a crash
+                # still gets the receipt (decision 0052).
+                if ledger is not None:
+                    preview = self._keystore.destruction_preview(str(stream))
+                    # Keys gone before this preview were destroyed after another request's
+                    # ledger record named them (records come first): cite that record (bug EW).
+                    others = self._destroyed_by_others(draft, preview)
+                    drafted = _subject_drafted(
+                        draft, preview, before, snapshots=None, others=others
+                    )
+                    ledger.record_subject(
+                        self._tenant,
+                        check_subject_ref(subject_ref),
+                        str(stream),
+                        request_id=request_id,
+                        draft=drafted.to_json(),
+                    )
         # Its mirror in the data stores: a key folder put back from an older copy does
         # not undo the erasure either (uprof.services.erased_keys).
         erased_keys.record(
@@ -262,7 +272,9 @@ class ErasureService:
             now=self._clock.now(),
             mark=ledger.mark(self._tenant, check_subject_ref(subject_ref)) if ledger else None,
         )
-        destroyed = self._keystore.destroy(str(stream), now=self._clock.now())
+        destroyed = self._keystore.destroy(
+            str(stream), now=self._clock.now(), request_id=request_id
+        )
         destruction = destroyed
         if preview is not None:
             # A key this preview found and this destroy did not was destroyed meanwhile:
@@ -325,10 +337,13 @@ class ErasureService:
         """
         ids = sorted(set(capture_ids))
         named = sorted(set(target if target is not None else ids))
-        handle = self._require(subject_ref)
+        # Asked again after it answered incomplete, or after its process died past its
+        # ledger record: finished, even when a subject erasure has erased the subject
+        # since (it cites that erasure's destruction, bug GZ), as a subject erasure is.
         resumed = self.resume(subject_ref, scope, named, timeout_s=timeout_s)
         if resumed is not None:
             return resumed
+        handle = self._require(subject_ref)
         stream = handle.stream_id
         self._require_views_current(timeout_s)
         rows = self._queries.captures(ids)
@@ -339,73 +354,73 @@ class ErasureService:
             )
         request_id = str(uuid.uuid4())
         received_at = self._clock.now()
-        self._audit.record(
-            "erasure.requested",
-            subject_ref=handle.pseudonym,
-            request_id=request_id,
-            legal_basis=_token(basis),
-            reason_code=scope,
-            event_ids=ids[:1000],
-        )
-        cited = {c: self._items_citing(str(stream), c) for c in ids}
-
-        def command() -> tuple[int, dict[str, int]]:
-            profile = self._app.load(stream)
-            totals = {"items_erased": 0, "attributes_restated": 0}
-            for capture_id in ids:
-                outcome = profile.erase_capture(
-                    capture_id, cited_by=cited[capture_id], now=received_at
-                )
-                for name, n in outcome.items():
-                    totals[name] += n
-            return self._app.save(profile)[-1].notification.id, totals
-
-        # Refused before anything is written (the subject erased meanwhile by another
-        # request): the log says so (bug EY).
-        with self._refusal_recorded(handle.pseudonym, request_id):
-            tombstone_id, totals = self._app.with_retry(command)
-        draft = _Draft(
-            request_id=request_id,
-            received_at=received_at.isoformat(),
-            basis=basis,
-            scope=scope,
-            target=named,
-            pseudonym=handle.pseudonym,
-            stream=str(stream),
-            tombstone_id=tombstone_id,
-            actions=[],
-            counts={},
-            captures=ids,
-        )
-        previews: list[str | None] = [None] * len(ids)
-        if self._keystore.ledger is not None:
-            previews = [self._keystore.capture_key_commitment(str(stream), cid) for cid in ids]
-            self._keystore.ledger.record_captures(
-                self._tenant,
-                str(stream),
-                ids,
+        # In flight until its ledger record or its outcome: a start tells a request
+        # whose process died here from a live one by this mark (bug GY).
+        with self._in_flight(request_id):
+            self._audit.record(
+                "erasure.requested",
+                subject_ref=handle.pseudonym,
                 request_id=request_id,
-                subject_ref=check_subject_ref(subject_ref),
-                draft=_captures_drafted(
-                    draft, [c for c in previews if c], totals, snapshots=None
-                ).to_json(),
+                legal_basis=_token(basis),
+                reason_code=scope,
+                event_ids=ids[:1000],
             )
+            cited = {c: self._items_citing(str(stream), c) for c in ids}
+
+            def command() -> tuple[int, dict[str, int]]:
+                profile = self._app.load(stream)
+                totals = {"items_erased": 0, "attributes_restated": 0}
+                for capture_id in ids:
+                    outcome = profile.erase_capture(
+                        capture_id, cited_by=cited[capture_id], now=received_at
+                    )
+                    for name, n in outcome.items():
+                        totals[name] += n
+                return self._app.save(profile)[-1].notification.id, totals
+
+            # Refused before anything is written (the subject erased meanwhile by another
+            # request): the log says so (bug EY).
+            with self._refusal_recorded(handle.pseudonym, request_id):
+                tombstone_id, totals = self._app.with_retry(command)
+            draft = _Draft(
+                request_id=request_id,
+                received_at=received_at.isoformat(),
+                basis=basis,
+                scope=scope,
+                target=named,
+                pseudonym=handle.pseudonym,
+                stream=str(stream),
+                tombstone_id=tombstone_id,
+                actions=[],
+                counts={},
+                captures=ids,
+            )
+            previews: list[str | None] = [None] * len(ids)
+            if self._keystore.ledger is not None:
+                previews = [self._keystore.capture_key_commitment(str(stream), cid) for cid in ids]
+                self._keystore.ledger.record_captures(
+                    self._tenant,
+                    str(stream),
+                    ids,
+                    request_id=request_id,
+                    subject_ref=check_subject_ref(subject_ref),
+                    draft=_captures_drafted(
+                        draft, [c for c in previews if c], totals, snapshots=None
+                    ).to_json(),
+                )
         erased_keys.record(self._views, str(stream), ids, now=self._clock.now())
-        # As for a subject: a retry elsewhere may have destroyed a key first; the receipt
-        # cites it all the same (the commitment its ledger record names).
-        commitments = [
-            c
-            for cid, preview in zip(ids, previews, strict=True)
-            if (c := self._keystore.destroy_capture_key(str(stream), cid) or preview)
-        ]
-        others: tuple[_OthersKey, ...] = ()
-        if len(commitments) < len(ids):
-            # A capture key already gone: a subject erasure of the same subject at once
-            # destroyed it with the subject's keys, after its ledger record named them.
-            # Cite that destruction as that request's, as a subject erasure does (bug GI).
-            others = self._destroyed_by_others(
-                draft, self._keystore.destruction_preview(str(stream))
-            )
+        destroyed = {
+            cid: self._keystore.destroy_capture_key(str(stream), cid, request_id=request_id)
+            for cid in ids
+        }
+        # A capture key already gone: a subject erasure of the same subject at once
+        # destroyed it with the subject's keys (bug GI, before this request's preview; bug
+        # GZ, after it). Cite that destruction as that request's, as a subject erasure
+        # does; a key a retry of this request destroyed is its own (the commitment its
+        # ledger record names).
+        commitments, others = self._capture_citations(
+            draft, [destroyed[cid] or preview for cid, preview in zip(ids, previews, strict=True)]
+        )
         # As a subject key's: the entry names the commitment its ``key.created`` recorded
         # (written now if a crash kept that one off the log).
         self._audit.record_many(
@@ -550,8 +565,17 @@ class ErasureService:
         if scope == "subject":
             current = ledger.erased_stream(self._tenant, ref)
         else:
-            handle = self._subjects.find(subject_ref)
-            current = None if handle is None else str(handle.stream_id)
+            # A subject erasure may have erased the subject since: the erasure is then
+            # finished on the erased stream, citing that erasure's destruction (bug GZ).
+            try:
+                handle = self._subjects.find(subject_ref)
+            except SubjectErasedError:
+                handle = None
+            current = (
+                str(handle.stream_id)
+                if handle is not None
+                else ledger.erased_stream(self._tenant, ref)
+            )
         return draft if current == draft.stream else None
 
     def _finish(
@@ -564,7 +588,7 @@ class ErasureService:
         """
         rewritten = False
         if resumed:
-            self._reapply(draft)
+            draft = self._reapply(draft)
             if draft.scope == "subject":
                 draft = self._at_subject_tombstone(draft)
             elif not self._tombstone_in_log(draft):
@@ -627,22 +651,94 @@ class ErasureService:
             ledger.record_receipted(self._tenant, draft.request_id)
         return result
 
-    def _reapply(self, draft: _Draft) -> None:
+    def _reapply(self, draft: _Draft) -> _Draft:
         """Destroy again what the erasure destroys, before finishing it from its draft.
 
         The process that began it may have died between its ledger record and the key
         destruction; the next start re-applies the ledger, but a process that was already
         running when it died has not, and the receipt must not cite keys that still
-        exist. Destroying is idempotent."""
+        exist. Destroying is idempotent. Returns the draft citing who destroyed the
+        capture keys (``_recited``)."""
         stream = UUID(draft.stream)
         if draft.scope == "subject":
-            self._keystore.destroy(draft.stream, now=self._clock.now())
+            self._keystore.destroy(draft.stream, now=self._clock.now(), request_id=draft.request_id)
         for capture_id in draft.captures:
-            self._keystore.destroy_capture_key(draft.stream, capture_id)
+            self._keystore.destroy_capture_key(
+                draft.stream, capture_id, request_id=draft.request_id
+            )
+        draft = self._recited(draft)
         self._record_keys_destroyed(draft)
         if draft.scope != "item":
             self._app.drop_snapshots(stream)
         self._flush_caches(stream)
+        return draft
+
+    def _capture_citations(
+        self, draft: _Draft, own: Sequence[str | None]
+    ) -> tuple[list[str], tuple[_OthersKey, ...]]:
+        """An event erasure's capture-key commitments (``own``: per capture of the draft,
+        the key it destroyed or previewed, None when it found none) less those a subject
+        erasure's destroy deleted, and that erasure's subject keys to cite instead.
+
+        The key store says which request's destroy deleted each capture key (recorded in
+        that DELETE's transaction, bug GZ). A key with no such row (deleted by a start
+        re-applying the ledger, or before the key store kept this) stays this request's
+        when it previewed it."""
+        gone = [cid for cid, c in zip(draft.captures, own, strict=True) if c is None]
+        by = self._keystore.capture_keys_destroyed_by(draft.stream, draft.captures)
+        foreign = {
+            cid: request
+            for cid, (request, _) in by.items()
+            if request is not None and request != draft.request_id
+        }
+        if not gone and not foreign:
+            return [c for c in own if c], ()
+        others = self._destroyed_by_others(draft, self._keystore.destruction_preview(draft.stream))
+        destroyers = {key.by_request for key in others}
+        taken = {cid for cid, request in foreign.items() if request in destroyers}
+        kept = [c for cid, c in zip(draft.captures, own, strict=True) if c and cid not in taken]
+        return kept, (others if len(kept) < len(draft.captures) else ())
+
+    def _recited(self, draft: _Draft) -> _Draft:
+        """A resumed event erasure's draft citing what the key store says now: its draft
+        was written before its capture keys went, and a subject erasure of the subject
+        may have destroyed them since (bug GZ)."""
+        if not draft.captures:
+            return draft
+        own = [
+            str(a["dek_commitment"])
+            for a in draft.actions
+            if a.get("type") == "dek_destroyed"
+            and a.get("key_kind") == "capture"
+            and "by_request" not in a
+        ]
+        foreign = {
+            commitment: request
+            for request, commitment in self._keystore.capture_keys_destroyed_by(
+                draft.stream, draft.captures
+            ).values()
+            if request is not None and request != draft.request_id
+        }
+        if not foreign and len(own) == len(draft.captures):
+            return draft
+        others = self._destroyed_by_others(draft, self._keystore.destruction_preview(draft.stream))
+        destroyers = {key.by_request for key in others}
+        kept = [c for c in own if foreign.get(c) not in destroyers]
+        if len(kept) == len(draft.captures):
+            others = ()
+        had = [
+            (a.get("by_request"), a.get("key_version"), a.get("dek_commitment"))
+            for a in draft.actions
+            if a.get("type") == "dek_destroyed" and a.get("key_kind") != "capture"
+        ]
+        if kept == own and had == [(k.by_request, k.key_version, k.dek_commitment) for k in others]:
+            return draft
+        totals = {
+            k: v
+            for k, v in draft.counts.items()
+            if k not in ("captures", "capture_keys", "deks_by_other_requests")
+        }
+        return _captures_drafted(draft, kept, totals, snapshots=None, others=others)
 
     def _record_keys_destroyed(self, draft: _Draft) -> None:
         """The ``key.destroyed`` entries of a finished erasure, as the uninterrupted path
@@ -808,18 +904,34 @@ class ErasureService:
         return position, str(last.request_id)
 
     def _destroyed_by_others(self, draft: _Draft, preview: Destruction) -> tuple[_OthersKey, ...]:
-        """The subject keys other requests' ledger records name that ``preview`` (taken
-        before this call) no longer finds: each with the first request that recorded it.
+        """The subject keys another request destroyed that ``preview`` (taken before this
+        call) no longer finds, each with that request.
 
-        Every subject erasure records its draft, naming the keys it will destroy, before
-        it destroys them; so a key missing from a preview was destroyed after a record
-        this reads. Only keys a request recorded as its own are cited (never one it
-        cited from a third), so the request named is the one whose ``key.destroyed``
-        entry the log holds for it."""
+        The key store says exactly which request's ``destroy`` deleted a key: it records
+        it in that DELETE's transaction (``destroyed_by``), so the answer does not depend
+        on what the audit log holds yet, nor on whether that request's process is still
+        alive (bug GW). A key destroyed by this same request (a retry of it, or a start
+        re-applying its record under its id) is its own, not another's.
+
+        Keys the store has no such row for (destroyed before the key store kept them, or
+        by a process still running older code) fall back to the ledger: every subject
+        erasure records its draft, naming the keys it will destroy, before it destroys
+        them, so a key missing from a preview was destroyed after a record this reads.
+        Only keys a request recorded as its own are cited (never one it cited from a
+        third)."""
+        own = {key.key_version for key in preview.deks}
+        exact: dict[int, _OthersKey] = {}
+        mine: set[int] = set()
+        for version, (by, commitment) in self._keystore.destroyed_by(draft.stream).items():
+            if version in own or by is None:
+                continue
+            if by == draft.request_id:
+                mine.add(version)
+            else:
+                exact[version] = _OthersKey(by, version, commitment)
         ledger = self._keystore.ledger
         if ledger is None:
-            return ()
-        own = {key.key_version for key in preview.deks}
+            return tuple(exact[v] for v in sorted(exact))
         candidates: dict[int, list[_OthersKey]] = {}
         for record in ledger.drafts_of_stream(self._tenant, draft.stream):
             try:
@@ -832,7 +944,7 @@ class ErasureService:
                 if action.get("type") != "dek_destroyed" or "by_request" in action:
                     continue
                 version = int(action["key_version"])
-                if version not in own:
+                if version not in own and version not in mine and version not in exact:
                     candidates.setdefault(version, []).append(
                         _OthersKey(other.request_id, version, str(action["dek_commitment"]))
                     )
@@ -850,14 +962,64 @@ class ErasureService:
                 version: sorted(named, key=lambda k: (k.by_request, k.dek_commitment) not in logged)
                 for version, named in candidates.items()
             }
-        return tuple(candidates[v][0] for v in sorted(candidates))
+        cited = {v: named[0] for v, named in candidates.items()} | exact
+        return tuple(cited[v] for v in sorted(cited))
+
+    def _in_flight(self, request_id: str) -> AbstractContextManager[None]:
+        ledger = self._keystore.ledger
+        return nullcontext() if ledger is None else ledger.in_flight(request_id)
+
+    def settle_abandoned(self) -> list[str]:
+        """Give an outcome to each erasure request whose process died between its
+        ``erasure.requested`` entry and its ledger record (bug GY): ``erasure.abandoned``,
+        ``reason_code`` ``process-ended``. Run by every start.
+
+        A request is taken for dead only when its in-flight mark (key folder) exists and
+        no process holds it; the ledger and the log are read again while holding it, so a
+        request that wrote its record or outcome just before is left alone. Requests on
+        the log from before marks were kept have none and are left as they are. Returns
+        the request ids so settled."""
+        ledger = self._keystore.ledger
+        if ledger is None:
+            return []
+        open_requests = self._requests_without_outcome(ledger)
+        settled: list[str] = []
+        for request_id, pseudonym in open_requests.items():
+            with ledger.owner_gone(request_id) as gone:
+                if not gone or request_id not in self._requests_without_outcome(ledger):
+                    continue
+                self._audit.record(
+                    "erasure.abandoned",
+                    subject_ref=pseudonym,
+                    request_id=request_id,
+                    reason_code="process-ended",
+                )
+                settled.append(request_id)
+        return settled
+
+    def _requests_without_outcome(self, ledger: ErasureLedger) -> dict[str, str]:
+        """request id -> subject pseudonym of each ``erasure.requested`` entry with no
+        outcome entry and no ledger record."""
+        requested = {
+            str(e.entry["request_id"]): str(e.entry.get("subject_ref", ""))
+            for e in self._log.entries(action="erasure.requested")
+            if e.entry.get("request_id")
+        }
+        if not requested:
+            return {}
+        for action in _OUTCOMES:
+            for e in self._log.entries(action=action):
+                requested.pop(str(e.entry.get("request_id")), None)
+        recorded = {r.request_id for r in ledger.records() if r.request_id}
+        return {r: p for r, p in requested.items() if r not in recorded}
 
     @contextmanager
     def _refusal_recorded(self, pseudonym: str, request_id: str) -> Iterator[None]:
         """An erasure refused after its ``erasure.requested`` entry and before it recorded
         anything in the ledger: ``erasure.refused`` with the request's id and the refusal's
         class as ``reason_code``, so that no request on the log is left without an
-        outcome (bug EY). The refusal itself is what the caller gets."""
+        outcome (bug EY); any other error (storage) ``erasure.failed`` the same way (bug
+        GX). The error itself is what the caller gets."""
         try:
             yield
         except UprofError as error:
@@ -871,6 +1033,24 @@ class ErasureService:
             except Exception as audit_error:  # the refusal is the answer; say what failed
                 error.add_note(
                     f"its erasure.refused audit entry could not be written: "
+                    f"{type(audit_error).__name__}"
+                )
+            raise
+        except Exception as error:
+            # Not a refusal: the storage failed (a lock timeout, a lost connection). The
+            # request still ends on the log, ``erasure.failed`` with the error's class
+            # (bug GX); a retry is a new request. Written best effort: the store that
+            # failed may be the audit log's too, and the failure is the answer.
+            try:
+                self._audit.record(
+                    "erasure.failed",
+                    subject_ref=pseudonym,
+                    request_id=request_id,
+                    reason_code=type(error).__name__,
+                )
+            except Exception as audit_error:
+                error.add_note(
+                    f"its erasure.failed audit entry could not be written: "
                     f"{type(audit_error).__name__}"
                 )
             raise
