@@ -1,5 +1,5 @@
 """who destroyed each subject data key and capture key (decision
-XXXX-exact-erasure-attribution)
+0141-exact-erasure-attribution)
 
 Revision ID: 0006_keys_destroyed_keys
 Revises: 0005_keys_plain_row_keys

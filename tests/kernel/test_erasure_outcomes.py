@@ -1,5 +1,5 @@
 """Every requested erasure ends with an outcome on the audit log (bug GX, decision
-XXXX-exact-erasure-attribution), on SQLite and PostgreSQL.
+0141-exact-erasure-attribution), on SQLite and PostgreSQL.
 
 A request that fails on a storage error between its ``erasure.requested`` entry and
 its ledger record (a lock timeout, a lost connection) answered with the error and left

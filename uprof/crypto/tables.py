@@ -69,7 +69,7 @@ shredded_streams = sa.Table(
 )
 
 #: Who destroyed each subject data key: the request whose ``destroy`` deleted it, written
-#: in that destroy's own transaction (decision XXXX-exact-erasure-attribution). Another
+#: in that destroy's own transaction (decision 0141-exact-erasure-attribution). Another
 #: erasure of the subject at once cites exactly that request, whatever the audit log
 #: holds yet. ``request_id`` is NULL for a destroy no request made (a start re-applying
 #: a ledger record written without one, lost keys accepted). No key material: the
