@@ -19,13 +19,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
+import httpx
 import pytest
 
 from domain.errors import InvalidInputError
 from domain.values import Interaction
-from tests.api.conftest import CALENDAR, PLANNER, api_settings, build_kernel
+from tests.api.conftest import CALENDAR, PLANNER, LiveServer, api_settings, bearer, build_kernel
 from tests.conftest import Backend
+from uprof.api import ApiKeyStore
 from uprof.kernel import Uprof
+from uprof.server import create_server
 
 #: Active intents of the subject: with its 200 memories, more than an entry can list.
 INTENTS = 1_200
@@ -91,3 +94,47 @@ def test_a_slice_with_more_items_than_an_audit_entry_lists_is_refused_alone(
     # (The calendar's policy lets it see none of these items: served empty, recorded.)
     assert served[0] > 0 and served[2] > 0 and max(served) <= 1_000, served
     assert kernel.reads.recorded == recorded + len(served)
+
+
+def test_over_rest_the_refusal_is_a_422_naming_the_budget(
+    quiet_kernel: Uprof, keys: ApiKeyStore
+) -> None:
+    """The same slice asked over REST by the app's key: 422 ``invalid_input`` naming
+    ``budget_tokens``; the next slice of the same key is served."""
+    kernel = quiet_kernel
+    kernel.grant_consent("alice", app_id=PLANNER, categories=["*"], purposes=["personalization"])
+    said = [
+        Interaction(
+            app_id=PLANNER,
+            agent_id="agent:one",
+            occurred_at=WHEN,
+            user_input=f"I want to go {_word(n)}",
+            sharing="shared",
+        )
+        for n in range(INTENTS)
+    ]
+    for start in range(0, INTENTS, 100):
+        kernel.capture_many("alice", said[start : start + 100])
+    kernel.process()
+    planner = keys.create(PLANNER).token
+    ask = {
+        "subject": "alice",
+        "query": "plans",
+        "purpose": "personalization",
+        "agent_id": "agent:one",
+        "lexical_only": True,
+    }
+    with (
+        LiveServer(create_server(kernel, keys)) as live,
+        httpx.Client(base_url=live.url, timeout=60, headers=bearer(planner)) as http,
+    ):
+        refused = http.post("/v1/slices", json={**ask, "budget_tokens": 32_768})
+        served = http.post("/v1/slices", json={**ask, "budget_tokens": 2_000})
+    assert refused.status_code == 422, refused.text[:300]
+    error = refused.json()["error"]
+    assert error["code"] == "invalid_input"
+    assert [f["field"] for f in error["fields"]] == ["budget_tokens"], error
+    assert served.status_code == 200, served.text[:300]
+    assert served.json()["items"]
+    kernel.reads.drain()
+    assert kernel.reads.healthy
