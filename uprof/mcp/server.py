@@ -635,18 +635,15 @@ class KeyCountedMiddleware:
         self._api_keys = api_keys
         self._limiter = limiter
         self._owners = owners
-        # Sessions whose uncounted DELETE is being served (one per session at a time).
-        self._ending: set[str] = set()
+        # Sessions whose one uncounted DELETE was taken (served, or refused by the SDK):
+        # never exempt again. Ids the SDK has forgotten are pruned (``_spend``).
+        self._spent: set[str] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             key_id = await _key_id(self._api_keys, scope)
-            ending = None if key_id is None else self._own_session_ended(key_id, scope)
-            if ending is not None:
-                try:
-                    await self.app(scope, receive, send)
-                finally:
-                    self._ending.discard(ending)
+            if key_id is not None and self._own_session_ended(key_id, scope):
+                await self.app(scope, receive, send)
                 return
             if key_id is not None:
                 try:
@@ -663,29 +660,41 @@ class KeyCountedMiddleware:
                     return
         await self.app(scope, receive, send)
 
-    def _own_session_ended(self, key_id: str, scope: Scope) -> str | None:
-        """The session id of a DELETE that ends a session ``key_id`` opened and holds, taken
-        for this request; None for any other request (counted).
+    def _own_session_ended(self, key_id: str, scope: Scope) -> bool:
+        """Whether the request is the first DELETE of a session ``key_id`` opened and
+        holds (its exemption is taken here); False for any other request (counted).
 
         Over its allowance a key could not end its sessions (a DELETE was counted like any
         request): they stayed in its session cap and the SDK's table until idle for 30
         minutes, whatever the client did (hostile callers round 7, bug HI). Ending one
         only gives back what the key holds, so it is not counted; a DELETE of an unknown,
-        ended or another key's session is. The id is taken with no await between the check
-        and the take, so a burst of DELETEs of one session passes one uncounted."""
+        ended or another key's session is. Once per session, not once at a time: a DELETE
+        the SDK refuses (a forged ``Host``, the sessionless revision's header) leaves the
+        session held, and each such DELETE was uncounted, without limit (review of 0138,
+        bug HO). The id is taken with no await between the check and the take, so a burst
+        of DELETEs of one session passes one uncounted."""
         if self._owners is None or scope["method"] != "DELETE":
-            return None
+            return False
         ids = [value for name, value in scope.get("headers", ()) if name == b"mcp-session-id"]
         if len(ids) != 1:
-            return None
+            return False
         session_id = str(ids[0].decode("latin-1"))
         owner = self._owners.get(session_id)
         if not isinstance(owner, dict) or owner.get("subject") != key_id:
-            return None
-        if session_id in self._ending:
-            return None
-        self._ending.add(session_id)
-        return session_id
+            return False
+        if session_id in self._spent:
+            return False
+        self._spend(session_id)
+        return True
+
+    def _spend(self, session_id: str) -> None:
+        """Record the session's exemption as taken. The record holds ids the SDK still
+        holds plus those it forgot since the last pruning: pruned when it grows past twice
+        the SDK's table, so it stays within a few times the SDK's own bound."""
+        owners = self._owners
+        if owners is not None and len(self._spent) >= 2 * len(owners) + 64:
+            self._spent = {spent for spent in self._spent if spent in owners}
+        self._spent.add(session_id)
 
 
 def _refusal(error: EdgeError | UprofError, headers: dict[str, str]) -> JSONResponse:

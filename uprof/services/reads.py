@@ -30,7 +30,14 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from domain.errors import ReadRecordingError, SubjectErasedError, SubjectNotFoundError
+from audit.entry import validate_entry
+from audit.errors import AuditEntryError
+from domain.errors import (
+    InvalidInputError,
+    ReadRecordingError,
+    SubjectErasedError,
+    SubjectNotFoundError,
+)
 from domain.profile import SubjectProfile
 from uprof import retry
 from uprof.caching import BoundedCache
@@ -105,7 +112,13 @@ class ReadRecorder:
     # ---------------------------------------------------------------- writers
 
     def record(self, read: ServedRead) -> None:
-        """Record one served read (now, or queued for the recorder thread)."""
+        """Record one served read (now, or queued for the recorder thread).
+
+        A read whose audit entry the log would refuse is refused here, before it is
+        served (``InvalidInputError``): queued, it was refused by the recorder after its
+        retries, and the recorder gave up for every read of the process (review of 0138,
+        bug HP: a slice of more than 1,000 items)."""
+        check_recordable(read)
         if self.mode == "sync":
             self._write([read])
             return
@@ -256,24 +269,7 @@ class ReadRecorder:
             by_stream[read.stream_id].append(read)
         for stream_id, reads in by_stream.items():
             self._save_reads(stream_id, reads)
-        self._audit.record_many(
-            [
-                (
-                    "slice.served",
-                    {
-                        "subject_ref": read.pseudonym,
-                        "principal": read.principal or None,
-                        "app_id": read.app_id,
-                        "agent_id": read.agent_id,
-                        "purpose": read.purpose,
-                        "occurred_at": read.served_at.isoformat(),
-                        "item_refs": list(read.item_ids),
-                        "counts": {"tokens": read.n_tokens, "budget": read.budget_tokens},
-                    },
-                )
-                for read in batch
-            ]
-        )
+        self._audit.record_many([(_ACTION, _audit_fields(read)) for read in batch])
         self.recorded += len(batch)
 
     def _save_reads(self, stream_id: UUID, reads: Sequence[ServedRead]) -> None:
@@ -305,3 +301,49 @@ class ReadRecorder:
             # Erased between serving and recording: its stream takes no more events;
             # the audit entry (pseudonym and ids only) still records that the read happened.
             pass
+
+
+_ACTION = "slice.served"
+#: The request field to name when an audit field of a read is refused: the items and the
+#: counts of a slice follow from its budget.
+_REQUEST_FIELD = {"item_refs": "budget_tokens", "counts": "budget_tokens"}
+
+
+def _audit_fields(read: ServedRead) -> dict[str, Any]:
+    """The fields of a read's audit entry (the log adds its tenant and time)."""
+    return {
+        "subject_ref": read.pseudonym,
+        "principal": read.principal or None,
+        "app_id": read.app_id,
+        "agent_id": read.agent_id,
+        "purpose": read.purpose,
+        "occurred_at": read.served_at.isoformat(),
+        "item_refs": list(read.item_ids),
+        "counts": {"tokens": read.n_tokens, "budget": read.budget_tokens},
+    }
+
+
+def check_recordable(read: ServedRead) -> None:
+    """Refuse a read whose audit entry the log would refuse (``InvalidInputError`` naming
+    the request field to blame), so that it is not served: a read that cannot be audited
+    is not served, and it must not stop the recorder for everyone else's reads."""
+    fields = {name: value for name, value in _audit_fields(read).items() if value is not None}
+    try:
+        validate_entry({"action": _ACTION, **fields})
+    except AuditEntryError:
+        pass
+    else:
+        return
+    for name, value in fields.items():  # which field: named to the caller
+        try:
+            validate_entry({"action": _ACTION, name: value})
+        except AuditEntryError as refused:
+            more = (
+                f" (it would list {len(read.item_ids)} items; ask a smaller budget_tokens)"
+                if name == "item_refs"
+                else ""
+            )
+            raise InvalidInputError(
+                f"this read cannot be recorded, so it is not served: {refused}{more}",
+                field=_REQUEST_FIELD.get(name, name),
+            ) from None

@@ -149,13 +149,14 @@ class SessionStore:
         """``tenant``: the deployment tenant whose pages the sessions open. Tenants on
         shared stores share the master secret the key is derived from, so the tenant is
         part of the signature: another tenant's cookie is no session here (hostile
-        callers round 7, bug HJ). The default tenant signs as before it was (its
-        sessions survive the upgrade); another tenant's sessions of before are signed
-        out once."""
+        callers round 7, bug HJ). Every tenant's sessions of before that change, the
+        default tenant's included, are signed out once (review of 0138, bug HQ)."""
         if len(secret) < 32:
             raise ValueError("the session signing key must be at least 32 bytes")
-        salt = _SALT if tenant == "default" else f"{_SALT}/tenant/{tenant}"
-        self._signer = URLSafeTimedSerializer(secret, salt=salt)
+        # Every tenant, the default one too: before round 7 every tenant signed with the
+        # bare salt, so the default tenant keeping it accepted another tenant's cookies
+        # of before the upgrade for their hour (review of 0138, bug HQ).
+        self._signer = URLSafeTimedSerializer(secret, salt=f"{_SALT}/tenant/{tenant}")
         self._tag_key = hmac.new(secret, _INCARNATION_SALT, hashlib.sha256).digest()
         self._ttl = ttl
         self._receipts: BoundedCache[str, list[dict[str, Any]]] = BoundedCache(
