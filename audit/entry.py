@@ -22,7 +22,9 @@ from audit.errors import AuditEntryError
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9_.:/*#=\-]{1,200}\Z")
 _ACTION_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.:\-]{0,99}\Z")
 _HEX64_RE = re.compile(r"^[0-9a-f]{64}\Z")
-_MAX_LIST = 1000
+#: The longest list an entry holds (item references of a read, among others): a slice
+#: never packs more items than its read's entry can list (uprof.retrieval.slices).
+MAX_LIST = 1000
 
 Validator = Callable[[str, Any], None]
 
@@ -66,15 +68,15 @@ def _timestamp(path: str, value: Any) -> None:
 
 
 def _token_list(path: str, value: Any) -> None:
-    if not isinstance(value, list | tuple) or len(value) > _MAX_LIST:
-        raise _fail(path, f"a list of at most {_MAX_LIST} tokens", value)
+    if not isinstance(value, list | tuple) or len(value) > MAX_LIST:
+        raise _fail(path, f"a list of at most {MAX_LIST} tokens", value)
     for i, item in enumerate(value):
         _token(f"{path}[{i}]", item)
 
 
 def _hex64_list(path: str, value: Any) -> None:
-    if not isinstance(value, list | tuple) or not 1 <= len(value) <= _MAX_LIST:
-        raise _fail(path, f"a list of 1 to {_MAX_LIST} SHA-256s (64 lowercase hex digits)", value)
+    if not isinstance(value, list | tuple) or not 1 <= len(value) <= MAX_LIST:
+        raise _fail(path, f"a list of 1 to {MAX_LIST} SHA-256s (64 lowercase hex digits)", value)
     for i, item in enumerate(value):
         _hex64(f"{path}[{i}]", item)
 
@@ -87,7 +89,7 @@ def _token_or_token_list(path: str, value: Any) -> None:
 
 
 def _counts(path: str, value: Any) -> None:
-    if not isinstance(value, Mapping) or len(value) > _MAX_LIST:
+    if not isinstance(value, Mapping) or len(value) > MAX_LIST:
         raise _fail(path, "an object of token -> non-negative integer", value)
     for key, item in value.items():
         _token(f"{path} key", key)

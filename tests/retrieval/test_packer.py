@@ -19,6 +19,7 @@ def _problem(costs: list[int], utility: list[float], budget: int, **kw: object) 
         group_costs=np.asarray(kw.pop("group_costs", []), dtype=np.int64),  # type: ignore[arg-type]
         similar_to=kw.pop("similar_to", None),  # type: ignore[arg-type]
         budget=budget,
+        max_chosen=kw.pop("max_chosen", None),  # type: ignore[arg-type]
     )
 
 
@@ -27,6 +28,12 @@ def test_fix_up_beats_plain_ratio_greedy() -> None:
     # (ratio 0.45); the big one alone is worth more than both cheap ones together.
     result = pack(_problem([10, 10, 100], [5.0, 5.0, 45.0], budget=105))
     assert result.chosen == (2,)
+
+
+def test_at_most_max_chosen_are_taken_the_most_relevant_first() -> None:
+    # Room for all five, but a slice may list only three (its read's audit entry).
+    result = pack(_problem([5] * 5, [0.2, 0.9, 0.5, 0.8, 0.1], budget=100, max_chosen=3))
+    assert sorted(result.chosen) == [1, 2, 3]
 
 
 def test_overheads_are_paid_once_and_counted() -> None:

@@ -291,6 +291,7 @@ def _problem(
         budget=budget,
         mmr_penalty=options.mmr_penalty,
         duplicate_threshold=options.duplicate_threshold,
+        max_chosen=options.max_items,
     )
 
 
@@ -452,6 +453,10 @@ def _finish(
             twin = choices[result.duplicate_of[j]].candidate.item_id
             left_out.append(
                 LeftOut(item_id, choice.candidate.layer, "duplicate", f"near-duplicate of {twin}")
+            )
+        elif len(result.chosen) >= options.max_items:
+            detail = (
+                f"a slice holds at most {options.max_items} items; more relevant ones took them"
             )
         else:
             detail = f"needs {choice.cost} tokens; the budget went to more relevant items"

@@ -54,6 +54,8 @@ class PackProblem:
     similar_to_many: Callable[[np.ndarray], np.ndarray] | None = None
     mmr_penalty: float = 0.5
     duplicate_threshold: float = 0.95
+    #: At most this many choices are taken (None: as many as fit).
+    max_chosen: int | None = None
 
 
 @dataclass(frozen=True)
@@ -143,8 +145,10 @@ def _members(groups: np.ndarray, n_groups: int) -> list[np.ndarray]:
 
 
 def _first_fit(state: _Packing) -> None:
-    """Take the highest-gain choice that fits, until none fits or none gains."""
-    while True:
+    """Take the highest-gain choice that fits, until none fits, none gains or the most
+    choices allowed are taken."""
+    limit = state.p.max_chosen
+    while limit is None or len(state.chosen) < limit:
         gains = state.gains()
         ok = state.available & (state.extra <= state.room()) & (gains > 0) & ~state.duplicates()
         if not ok.any():

@@ -7,6 +7,7 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
+from audit.entry import MAX_LIST
 from domain.values import Layer
 from uprof.retrieval.candidates import Candidate
 
@@ -114,6 +115,9 @@ class SliceOptions:
     group_memories_by_day: bool = True
     #: A profile line and the memory it was extracted from count as duplicates.
     derived_duplicates: bool = True
+    #: Most items one slice holds: its read is audited item by item, and one audit entry
+    #: lists at most this many (a slice the log could not record would not be served).
+    max_items: int = MAX_LIST
     #: The legend line is shown only when some item carries a mark it explains.
     legend_only_when_marked: bool = True
     #: Utility of attributes that neither match the query's categories nor its words.
