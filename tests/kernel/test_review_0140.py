@@ -1,0 +1,92 @@
+"""Review of decisions 0139 and 0140 (docs/decisions/XXXX-review-of-0139-0140.md): the
+sealed policy store's documented remedy, ``uprof restore``, attacked (SQLite and
+PostgreSQL)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from domain.principal import Principal
+from tests.conftest import Backend
+from tests.fakes.ports import FakeClock
+from tests.kernel.conftest import running, settings_for
+from tests.kernel.policy_rows import (
+    delete_policy_rows_from,
+    policy_engine,
+    policy_rows,
+)
+from uprof.bootstrap import RestoreInterruptedError
+from uprof.facade import Facade
+from uprof.services.backup import BackupError, backup, restore
+from uprof.settings import Settings
+
+APP = "app:planner"
+DAMAGED = "stored_data_damaged"
+
+
+def _decide(settings: Settings, clock: FakeClock) -> Any:
+    with running(settings, clock) as k:
+        return k.authorizer.decide(
+            app_id=APP,
+            tenant=k.subjects.tenant,
+            action="read",
+            category="diet",
+            purpose="personalization",
+        )
+
+
+def _empty_live_policy(backend: Backend, settings: Settings) -> None:
+    """The operator path the refusal names: the live policy store moved out of the way
+    (SQLite: ``policies.sqlite`` moved aside; PostgreSQL: the ``policies_*`` rows deleted)."""
+    if backend.kind == "sqlite":
+        live = Path(settings.data_dir) / "policies.sqlite"
+        for suffix in ("", "-wal", "-shm"):
+            p = Path(str(live) + suffix)
+            if p.exists():
+                p.rename(str(p) + ".damaged")
+        return
+    import sqlalchemy as sa
+
+    engine, table, snapshots = policy_engine(backend, settings)
+    try:
+        with engine.begin() as conn:
+            for name in (table, snapshots):
+                conn.execute(sa.text(f"DELETE FROM {name}"))
+    finally:
+        engine.dispose()
+
+
+def test_a_restore_does_not_accept_a_revocation_cut_from_the_live_policy(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """HS: the planner's role revoked and backed up; then the revocation's row is cut
+    from the live policy (HB's attack), which every check now reports as damage, naming
+    ``uprof restore`` as the remedy. The restore keeps the live policy and, after
+    replacing every anchor, anchored its (cut) head: the revoked right was in force
+    again, with no damage reported. It must refuse, naming the live policy store, and
+    the operator path it names (the live policy moved aside, then the restore run
+    again) must end with the backup's policy, the revocation in force."""
+    settings = settings_for(backend)
+    assert _decide(settings, clock).allowed
+    with running(settings, clock) as k:
+        Facade(k, Principal.local_operator(k.subjects.tenant)).policy_revoke(
+            app_id=APP, role="role:assistant"
+        )
+    assert not _decide(settings, clock).allowed
+    backup(settings, tmp_path / "bk")
+    delete_policy_rows_from(backend, settings, policy_rows(backend, settings)[-1][0])
+    damaged = _decide(settings, clock)
+    assert not damaged.allowed and DAMAGED in damaged.reason
+    with pytest.raises(BackupError, match="policy store"):
+        restore(settings, tmp_path / "bk")
+    # On main the restore went through and the planner was served again. Refused, the
+    # restore leaves its marker: no start serves anything until it is run again.
+    with pytest.raises(RestoreInterruptedError):
+        _decide(settings, clock)
+    _empty_live_policy(backend, settings)
+    restore(settings, tmp_path / "bk")
+    final = _decide(settings, clock)
+    assert not final.allowed and DAMAGED not in final.reason, final.reason
