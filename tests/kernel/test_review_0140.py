@@ -4,6 +4,7 @@ PostgreSQL)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -90,3 +91,61 @@ def test_a_restore_does_not_accept_a_revocation_cut_from_the_live_policy(
     restore(settings, tmp_path / "bk")
     final = _decide(settings, clock)
     assert not final.allowed and DAMAGED not in final.reason, final.reason
+
+
+def test_a_start_on_a_views_store_behind_the_signed_checkpoint_is_refused(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """HT (0139's gap): an older views store put back (``views.sqlite`` copied over the
+    live one; on PostgreSQL its newer rows deleted) takes away the sign-outs written
+    since, and the audit entries past a checkpoint the key folder keeps. On main the
+    next start came up and served the signed-out web session again (only a later
+    checkpoint was refused). A start must refuse, naming the rollback and the ways out;
+    ``uprof restore`` and the note's deletion (accepting the loss) still work."""
+    import sqlalchemy as sa
+
+    from audit.tables import audit_entries
+    from domain.errors import UprofError
+    from tests.kernel.test_audit_log_rollback import _copy_sqlite, _cut_to
+    from uprof.services.sign_outs import signed_out_sessions
+
+    settings = settings_for(backend)
+    views = Path(settings.data_dir) / "views.sqlite"
+    with running(settings, clock) as k:
+        k.audit.record("app.created", app_id="app:a0")
+    older = tmp_path / "views-older.sqlite"
+    if backend.kind == "sqlite":
+        _copy_sqlite(views, older)
+    else:
+        engine = sa.create_engine(backend.url)
+        with engine.connect() as conn:
+            old_size = int(
+                conn.execute(sa.select(sa.func.count()).select_from(audit_entries)).scalar_one()
+            )
+        engine.dispose()
+    with running(settings, clock) as k:
+        assert k.web_sign_outs is not None
+        k.web_sign_outs.sign_out(
+            "session-1", until=clock.now() + timedelta(hours=1), now=clock.now()
+        )
+        k.audit.record("app.created", app_id="app:a1")
+        k.audit_log.checkpoint()  # a receipt, an export or a key poll signs one
+    # The older views store put back.
+    if backend.kind == "sqlite":
+        for side in ("-wal", "-shm"):
+            Path(f"{views}{side}").unlink(missing_ok=True)
+        _copy_sqlite(older, views)
+    else:
+        _cut_to(backend, old_size)
+        engine = sa.create_engine(backend.url)
+        with engine.begin() as conn:
+            conn.execute(signed_out_sessions.delete())
+        engine.dispose()
+    with pytest.raises(UprofError, match=r"audit-checkpoint\.note"):
+        with running(settings, clock) as k:
+            assert k.web_sign_outs is not None
+            assert k.web_sign_outs.is_signed_out("session-1"), "a signed-out session opens again"
+    # Accepting the loss on purpose (docs/audit-format.md): the note deleted, it starts.
+    (settings.key_path / "audit-checkpoint.note").unlink()
+    with running(settings, clock) as k:
+        k.audit_log.checkpoint()
