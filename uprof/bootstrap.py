@@ -120,8 +120,9 @@ def refuse_interrupted_restore(settings: Settings) -> None:
 
 class AuditLogBehindError(UprofError):
     hint = (
-        "put the newer views store back, or `uprof restore` a backup; to accept the loss "
-        "for good, delete audit-checkpoint.note from the key folder (docs/audit-format.md)"
+        "put the newer views store back, or `uprof restore` a backup into an empty data "
+        "folder; to accept the loss for good, delete audit-checkpoint.note from the key "
+        "folder (docs/operations.md)"
     )
 
 
@@ -137,8 +138,8 @@ def _refuse_audit_log_behind(audit_log: AuditLog) -> None:
             f"the views store's audit log does not extend the checkpoint kept in the key "
             f"folder (audit-checkpoint.note): {error}. Its sign-outs, idempotency answers and "
             "rate-limit slots may have gone back with it: nothing is served. Put the newer "
-            "views store back, or run `uprof restore` from a backup; to accept the loss for "
-            "good, delete audit-checkpoint.note from the key folder"
+            "views store back, or `uprof restore` a backup into an empty data folder; to "
+            "accept the loss for good, delete audit-checkpoint.note from the key folder"
         ) from None
 
 

@@ -101,7 +101,7 @@ def test_a_start_on_a_views_store_behind_the_signed_checkpoint_is_refused(
     since, and the audit entries past a checkpoint the key folder keeps. On main the
     next start came up and served the signed-out web session again (only a later
     checkpoint was refused). A start must refuse, naming the rollback and the ways out;
-    ``uprof restore`` and the note's deletion (accepting the loss) still work."""
+    the note's deletion (accepting the loss) still works."""
     import sqlalchemy as sa
 
     from audit.tables import audit_entries
@@ -130,6 +130,7 @@ def test_a_start_on_a_views_store_behind_the_signed_checkpoint_is_refused(
         )
         k.audit.record("app.created", app_id="app:a1")
         k.audit_log.checkpoint()  # a receipt, an export or a key poll signs one
+    backup(settings, tmp_path / "bk")
     # The older views store put back.
     if backend.kind == "sqlite":
         for side in ("-wal", "-shm"):
@@ -145,6 +146,10 @@ def test_a_start_on_a_views_store_behind_the_signed_checkpoint_is_refused(
         with running(settings, clock) as k:
             assert k.web_sign_outs is not None
             assert k.web_sign_outs.is_signed_out("session-1"), "a signed-out session opens again"
+    # A restore beside the rolled-back log changes nothing: the log it would keep does not
+    # extend the backup's, and it names the way (a restore into an empty data folder).
+    with pytest.raises(BackupError, match="empty data folder"):
+        restore(settings, tmp_path / "bk")
     # Accepting the loss on purpose (docs/audit-format.md): the note deleted, it starts.
     (settings.key_path / "audit-checkpoint.note").unlink()
     with running(settings, clock) as k:
