@@ -15,9 +15,11 @@ from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import running, settings_for
 from tests.kernel.policy_rows import (
+    copy_policy_store,
     delete_policy_rows_from,
     policy_engine,
     policy_rows,
+    put_policy_store_back,
 )
 from uprof.bootstrap import RestoreInterruptedError
 from uprof.facade import Facade
@@ -60,8 +62,9 @@ def _empty_live_policy(backend: Backend, settings: Settings) -> None:
         engine.dispose()
 
 
+@pytest.mark.parametrize("attack", ["cut", "older-store"])
 def test_a_restore_does_not_accept_a_revocation_cut_from_the_live_policy(
-    backend: Backend, clock: FakeClock, tmp_path: Path
+    backend: Backend, clock: FakeClock, tmp_path: Path, attack: str
 ) -> None:
     """HS: the planner's role revoked and backed up; then the revocation's row is cut
     from the live policy (HB's attack), which every check now reports as damage, naming
@@ -69,16 +72,21 @@ def test_a_restore_does_not_accept_a_revocation_cut_from_the_live_policy(
     replacing every anchor, anchored its (cut) head: the revoked right was in force
     again, with no damage reported. It must refuse, naming the live policy store, and
     the operator path it names (the live policy moved aside, then the restore run
-    again) must end with the backup's policy, the revocation in force."""
+    again) must end with the backup's policy, the revocation in force. ``older-store``:
+    the same through a copy of the policy store taken before the revocation, put back."""
     settings = settings_for(backend)
     assert _decide(settings, clock).allowed
+    copy_policy_store(backend, settings, tmp_path / "old-policy")
     with running(settings, clock) as k:
         Facade(k, Principal.local_operator(k.subjects.tenant)).policy_revoke(
             app_id=APP, role="role:assistant"
         )
     assert not _decide(settings, clock).allowed
     backup(settings, tmp_path / "bk")
-    delete_policy_rows_from(backend, settings, policy_rows(backend, settings)[-1][0])
+    if attack == "cut":
+        delete_policy_rows_from(backend, settings, policy_rows(backend, settings)[-1][0])
+    else:
+        put_policy_store_back(backend, settings, tmp_path / "old-policy")
     damaged = _decide(settings, clock)
     assert not damaged.allowed and DAMAGED in damaged.reason
     with pytest.raises(BackupError, match="policy store"):
