@@ -162,3 +162,38 @@ def test_a_start_on_a_views_store_behind_the_signed_checkpoint_is_refused(
     (settings.key_path / "audit-checkpoint.note").unlink()
     with running(settings, clock) as k:
         k.audit_log.checkpoint()
+
+
+def test_one_tenants_damaged_policy_stream_denies_nothing_of_another_tenant(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Held (blast radius): two tenants on the same stores, each with its policy stream.
+    The revocation cut from the default tenant's stream makes every check of *that*
+    tenant deny, naming the damage; the other tenant's start, seeded from its own file,
+    still grants what its policy says, with no damage named."""
+    settings = settings_for(backend)
+    assert _decide(settings, clock).allowed
+    seed = tmp_path / "acme.csv"
+    seed.write_text(
+        "p, role:assistant, acme, read, diet, personalization, allow\n"
+        "g, app:planner, role:assistant, acme\n",
+        encoding="utf-8",
+    )
+    acme = settings.model_copy(update={"tenant": "acme", "policy_path": seed})
+    with running(acme, clock) as k:
+        assert k.authorizer.decide(
+            app_id=APP, tenant="acme", action="read", category="diet", purpose="personalization"
+        ).allowed
+    with running(settings, clock) as k:
+        Facade(k, Principal.local_operator(k.subjects.tenant)).policy_revoke(
+            app_id=APP, role="role:assistant"
+        )
+    delete_policy_rows_from(backend, settings, policy_rows(backend, settings)[-1][0])
+    damaged = _decide(settings, clock)
+    assert not damaged.allowed and DAMAGED in damaged.reason
+    with running(acme, clock) as k:
+        other = k.authorizer.decide(
+            app_id=APP, tenant="acme", action="read", category="diet", purpose="personalization"
+        )
+        assert other.allowed, other.reason
+        assert not k.policy.health()
