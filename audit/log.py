@@ -558,6 +558,19 @@ class AuditLog:
             self._anchored_size = size
         return record
 
+    def check_extends_anchor(self) -> None:
+        """Raise ``VerificationError`` when the log does not extend the anchored
+        checkpoint (``checkpoint_record``'s check, without signing anything): what a
+        start runs, so that nothing is served from a views store put back from an older
+        copy (its sign-outs, idempotency answers and rate-limit slots lost with it)."""
+        anchored = self._anchored()  # before the log, as in ``checkpoint_record``
+        if anchored is None:
+            return
+        with self._engine.connect() as conn:
+            size = self._size(conn)
+            root = self._root(conn, size) if size == anchored[0] else b""
+            self._check_anchor(conn, anchored, size, root)
+
     def reanchor(self) -> None:
         """Forget the anchored checkpoint: the operator put an older log in place on
         purpose (``uprof restore`` taking a backup's log); its next checkpoint anchors."""

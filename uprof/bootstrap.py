@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
+from audit.errors import VerificationError
 from audit.log import AuditLog, CheckpointAnchor
 from domain.errors import UprofError
 from domain.values import CapturedInteraction, ProposalBatch
@@ -115,6 +116,31 @@ def refuse_interrupted_restore(settings: Settings) -> None:
             f"a restore into {settings.data_dir} was interrupted ({marker.name} is present); "
             "run `uprof restore --from <the same backup>` again before starting uprof"
         )
+
+
+class AuditLogBehindError(UprofError):
+    hint = (
+        "put the newer views store back, or `uprof restore` a backup into an empty data "
+        "folder; to accept the loss for good, delete audit-checkpoint.note from the key "
+        "folder (docs/operations.md)"
+    )
+
+
+def _refuse_audit_log_behind(audit_log: AuditLog) -> None:
+    """Refuse to start on a views store whose audit log does not extend the checkpoint
+    the key folder keeps (bug HT): an older copy put back, which also lost the sign-outs,
+    idempotency answers and rate-limit slots written since (a signed-out web session
+    would open again). ``uprof restore`` starts without this check (it chooses logs)."""
+    try:
+        audit_log.check_extends_anchor()
+    except VerificationError as error:
+        raise AuditLogBehindError(
+            f"the views store's audit log does not extend the checkpoint kept in the key "
+            f"folder (audit-checkpoint.note): {error}. Its sign-outs, idempotency answers and "
+            "rate-limit slots may have gone back with it: nothing is served. Put the newer "
+            "views store back, or `uprof restore` a backup into an empty data folder; to "
+            "accept the loss for good, delete audit-checkpoint.note from the key folder"
+        ) from None
 
 
 def _hold_stores_open(
@@ -439,6 +465,14 @@ def bootstrap(
         # back is refused a checkpoint that would fork it (bug HE).
         anchor=audit_keys if isinstance(audit_keys, CheckpointAnchor) else None,
     )
+    if not restoring:
+        try:
+            _refuse_audit_log_behind(audit_log)
+        except BaseException:
+            app.close()
+            release_stores()
+            stores.dispose()
+            raise
     if audit is None:
         audit = AuditLogTrail(audit_log, settings.tenant)
     # Every vector this process makes goes through the check that the store's vectors

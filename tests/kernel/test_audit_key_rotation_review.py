@@ -108,12 +108,12 @@ def test_a_start_during_a_rotation_does_not_take_over_its_entry(
         starting = child(
             backend,
             f"""
-            from uprof.kernel import Uprof
-            original = Uprof.record_audit_key_rotations
-            def record(self):
+            import uprof.bootstrap as b
+            original = b._refuse_audit_log_behind
+            def check(log):  # the start's first use of the audit key (bug HT's check)
                 Path({str(started)!r}).touch()
-                return original(self)
-            Uprof.record_audit_key_rotations = record
+                return original(log)
+            b._refuse_audit_log_behind = check
             build_kernel(settings_for(backend), FakeClock()).close()
             """,
         )

@@ -32,6 +32,7 @@ from tests.conftest import Backend, _create_pg_database, _drop_pg_database, _pg_
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import running, settings_for
 from tests.kernel.test_keys_apart import ALICE, BOB, assert_erased_everywhere, assert_intact, fill
+from uprof.bootstrap import AuditLogBehindError
 from uprof.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,6 +146,11 @@ def test_a_copy_taken_at_each_erasure_step_resurrects_nothing(
             assert_erased_everywhere(k, "alice", terms, tmp_path / "live")
             assert_intact(k, "bob", BOB)
             assert k.audit_log.verify_integrity() == k.audit_log.size()
+        # The copy's audit log is behind the checkpoint the live key folder keeps: its
+        # start is refused (bug HT). The attacker holds the key folder: they delete it.
+        with pytest.raises(AuditLogBehindError), running(copy_settings, clock):
+            pass
+        (settings.key_path / "audit-checkpoint.note").unlink()
         with running(copy_settings, clock) as c:
             with pytest.raises(SubjectErasedError):
                 c.profile("alice")

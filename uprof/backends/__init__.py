@@ -241,7 +241,13 @@ class Backend(Protocol):
 
     def restore(self, settings: Settings, src: Path, keep_live_audit: bool) -> None:
         """Replace the data stores with the backup in ``src`` (views before the log);
-        ``keep_live_audit``: keep the live audit rows, which extend the backup's."""
+        ``keep_live_audit``: keep the live audit rows, which extend the backup's. The
+        live policy store is kept when it holds a policy (``holds_a_policy``)."""
+        ...
+
+    def holds_a_policy(self, settings: Settings) -> bool:
+        """Whether the live policy store holds a policy (any recorded change): the one a
+        ``restore`` keeps instead of the backup's."""
         ...
 
     def hold_open(self, engine: sa.Engine) -> Callable[[], None]:

@@ -344,6 +344,14 @@ class PostgresBackend:
             engine.dispose()
         return b._manifest(settings, self.name, revision, audit)
 
+    def holds_a_policy(self, settings: Settings) -> bool:
+        assert settings.database_url is not None
+        engine = self.create_engine(settings.database_url, fsync_each_commit=False)
+        try:
+            return _holds_a_policy(engine)
+        finally:
+            engine.dispose()
+
     def restore(self, settings: Settings, src: Path, keep_live_audit: bool) -> None:
         from uprof.services import backup as b
 

@@ -366,6 +366,9 @@ class SQLiteBackend:
             os.chmod(out / POLICY_STORE_FILE, 0o600)
         return b._manifest(settings, self.name, revision, audit)
 
+    def holds_a_policy(self, settings: Settings) -> bool:
+        return _holds_a_policy(settings.data_dir / POLICY_STORE_FILE)
+
     def restore(self, settings: Settings, src: Path, keep_live_audit: bool) -> None:
         from uprof.services.backup import AUDIT_KEYS
 

@@ -466,10 +466,17 @@ def _restore_alone(
     )
     _fsync(marker)
     _fsync(settings.data_dir)
+    keep_live_policy = backend_for_settings(settings).holds_a_policy(settings)
     backend_for_settings(settings).restore(settings, src, keep_live_audit)
     kernel = bootstrap(settings, restoring=True)
     try:
         from uprof.services.recovery import reapply_ledger
+
+        if keep_live_policy and kernel.policy_service is not None:
+            # The live policy is kept, and anchored again below: checked first against
+            # the anchors it has, or a damaged one (a revocation cut from its tail, an
+            # older store put back) would become the policy in force (bug HS).
+            _check_live_policy(kernel.policy_service)
 
         # The key store's stream anchors name the live log's heads, which this older log
         # lacks: the operator chose it, so its heads are the anchors from now on (before
@@ -507,6 +514,24 @@ def _restore_alone(
     marker.unlink()
     _fsync(settings.data_dir)
     return RestoreReport(manifest["backend"], keep_live_audit, entries, ledger)
+
+
+def _check_live_policy(policy: Any) -> None:
+    """Refuse to keep a damaged live policy (``PolicyStoreDamagedError``), naming the
+    way to take the backup's instead; the restore marker stays, so every start refuses
+    until ``uprof restore`` is run again."""
+    from uprof.services.policy_seal import PolicyStoreDamagedError
+
+    try:
+        policy.app.check_every_stream()
+    except PolicyStoreDamagedError as error:
+        raise BackupError(
+            f"the live policy store is damaged ({error}); a restore keeps the live policy "
+            "and would make it the policy in force. Move policies.sqlite out of the data "
+            "folder (PostgreSQL: delete the rows of the policies_events and "
+            "policies_snapshots tables), then run uprof restore again: it takes the "
+            "backup's policy"
+        ) from None
 
 
 def _sign_outs_to_keep(views: sa.Engine, marker: Path) -> list[tuple[str, datetime]]:

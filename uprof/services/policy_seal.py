@@ -217,6 +217,14 @@ class SealedPolicyLog:
         notes = self.recorder.select_notifications(start=None, limit=1_000_000)
         return sorted({UUID(str(n.originator_id)) for n in notes})
 
+    def check_every_stream(self) -> None:
+        """Load every tenant's policy stream against its anchor (``load_checked``);
+        raise the first damage found. ``uprof restore`` keeping the live policy runs it
+        before it replaces the anchors: anchored again, a damaged policy (a cut
+        revocation, an older store put back) would be the policy in force (bug HS)."""
+        for stream_id in self.policy_streams():
+            self.load_checked(stream_id)
+
     def anchor_missing_heads(self, stream_ids: Sequence[UUID]) -> None:
         """Anchor each stream without an anchor at its head as stored now (the upgrade
         once its rows are tagged; ``uprof restore`` once 0132's ``reanchor`` replaced
