@@ -1,4 +1,4 @@
-"""Review of decisions 0139 and 0140 (docs/decisions/XXXX-review-of-0139-0140.md): the
+"""Review of decisions 0139 and 0140 (docs/decisions/0143-review-of-0139-0140.md): the
 sealed policy store's documented remedy, ``uprof restore``, attacked (SQLite and
 PostgreSQL)."""
 
