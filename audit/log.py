@@ -617,7 +617,10 @@ class AuditLog:
     def _stored_checkpoint(self, size: int, root: bytes, note: str) -> StoredCheckpoint:
         record = StoredCheckpoint(size, root, note, self.now())
         try:
-            with self._engine.begin() as conn:
+            # Flushed, with every entry committed before it: the key folder's anchor,
+            # raised next and flushed, must never name entries a power cut could still
+            # take from the log (the views store does not flush each commit; review of 0139).
+            with self._backend.flushed_transaction(self._engine) as conn:
                 conn.execute(
                     audit_checkpoints.insert().values(
                         tree_size=size, root=root, note=note, created_at=record.created_at

@@ -84,6 +84,11 @@ class AuditBackend(Protocol):
         time, and in which reads after entering see every earlier writer's commit."""
         ...
 
+    def flushed_transaction(self, engine: sa.Engine) -> AbstractContextManager[sa.Connection]:
+        """A write transaction whose commit reaches the disk before it returns, with every
+        commit before it, whatever the engine's own setting."""
+        ...
+
     def is_transient_lock(self, error: BaseException | None) -> bool:
         """Whether a driver error says another writer holds a lock for now (worth another
         attempt), judged by the driver's error code, never its wording."""

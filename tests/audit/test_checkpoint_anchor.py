@@ -7,6 +7,7 @@ these pin the anchor's own rules on both backends.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -15,8 +16,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from audit.errors import VerificationError
 from audit.keyring import ANCHOR_FILE, FileKeyRing
 from audit.log import AuditLog
+from audit.tables import create_tables
 from tests.audit.conftest import ORIGIN, make_clock, sample_entry
+from tests.conftest import Backend
 from uprof.backends import backend_for
+from uprof.storage import create_engine
 
 
 class _AnotherWriterFirst:
@@ -86,3 +90,39 @@ def test_the_anchor_only_grows_and_a_restore_forgets_it(engine: sa.Engine, tmp_p
     assert ring.anchored_checkpoint() is None
     log.append(sample_entry(5))
     assert log.checkpoint_record().tree_size == 6 == log.verify_integrity()
+
+
+def test_a_new_checkpoint_is_stored_flushed_before_the_anchor_names_it(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """The key folder's anchor is flushed; the views store's commits are not (SQLite
+    ``synchronous=NORMAL``). The checkpoint row is committed flushed, which flushes every
+    entry before it, so a power cut cannot leave the anchor naming entries the log lost
+    (review of 0139). Seen from the driver: the durability setting in force when each
+    statement runs."""
+    engine = create_engine(backend.url)
+    create_tables(engine, backend_for(engine))
+    seen: list[tuple[str, object]] = []
+
+    def durability(conn: object, cursor: Any, statement: str, *_: object) -> None:
+        ask = "PRAGMA synchronous" if backend.kind == "sqlite" else "SHOW synchronous_commit"
+        for table in ("audit_entries", "audit_checkpoints"):
+            if statement.lstrip().upper().startswith(f"INSERT INTO {table.upper()}"):
+                seen.append((table, cursor.connection.execute(ask).fetchone()[0]))
+
+    sa.event.listen(engine, "before_cursor_execute", durability)
+    try:
+        ring = FileKeyRing(tmp_path / "keys")
+        log = _log(engine, ring, ring)
+        for i in range(3):
+            log.append(sample_entry(i))
+        log.checkpoint()
+    finally:
+        engine.dispose()
+    flushed = 2 if backend.kind == "sqlite" else "on"  # FULL / on
+    entries = {value for table, value in seen if table == "audit_entries"}
+    checkpoints = [value for table, value in seen if table == "audit_checkpoints"]
+    if backend.kind == "sqlite":
+        assert entries == {1}, seen  # NORMAL: the entries alone are not flushed
+    assert checkpoints == [flushed], seen
+    assert ring.anchored_checkpoint() is not None

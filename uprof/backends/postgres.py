@@ -228,9 +228,10 @@ class PostgresBackend:
 
     @contextlib.contextmanager
     def flushed_transaction(self, engine: sa.Engine) -> Iterator[sa.Connection]:
-        # Every commit is flushed here (synchronous_commit), unless a transaction turns
-        # it off for itself.
+        # Flushed whatever the database's own setting (an operator, or a test fixture,
+        # may set synchronous_commit off for the database): on for this transaction only.
         with engine.begin() as conn:
+            conn.execute(sa.select(sa.func.set_config("synchronous_commit", "on", True)))
             yield conn
 
     @contextlib.contextmanager
