@@ -107,7 +107,5 @@ def test_a_stale_slice_is_refused_unless_the_app_accepts_it() -> None:
         retriever.invoke("where do I live?")
     assert refused.value.code == "read_timeout"
     assert retriever.last_slice is not None and retriever.last_slice.fresh is False
-    lenient = UprofRetriever(
-        client=client, subject="alice", agent_id="agent:one", allow_stale=True
-    )
+    lenient = UprofRetriever(client=client, subject="alice", agent_id="agent:one", allow_stale=True)
     assert lenient.invoke("where do I live?") == []

@@ -203,3 +203,17 @@ def test_forgetting_every_consent_with_erase_withdraws_each_and_says_so(kernel: 
     assert "captured" in call(tools["capture"], alice, user_input="I love jazz music")
     done = call(tools["forget"], alice, erase=True)
     assert len(done.get("withdrawn", [])) == 2, done
+
+
+def test_forget_withdraws_only_this_apps_consents(kernel: Uprof) -> None:
+    """Held: with another app's consent of alice in force, ``forget()`` withdraws this
+    app's and reports them; the other app's consent stays in force."""
+    mine = kernel.grant_consent(
+        "alice", app_id="app:planner", categories=["*"], purposes=["personalization"]
+    )
+    theirs = kernel.grant_consent(
+        "alice", app_id="app:calendar", categories=["*"], purposes=["personalization"]
+    )
+    done = call(tools_for(kernel, "app:planner")["forget"], UprofContext("alice"))
+    assert done == {"withdrawn": [mine], "erasure_receipts": []}, done
+    assert [g.consent_id for g in kernel.consents_in_force("alice")] == [theirs]
