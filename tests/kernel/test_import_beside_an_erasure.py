@@ -2,9 +2,10 @@
 SQLite and PostgreSQL; decision XXXX-import-and-adapters-attacks).
 
 The import has checked the subject (live, consent in force) and written one of its
-records, and is about to write the next when the other process erases it. Held: every record of the erased subject written after the
-erasure fails, named and counted; none creates the subject again or leaves a capture of
-it; the other subject's records are all imported; a re-run changes nothing.
+records, and is about to write the next when the other process erases it. Held: every
+record of the erased subject written after the erasure fails, named and counted; none
+creates the subject again or leaves a capture of it; the other subject's records are all
+imported; a re-run changes nothing.
 """
 
 from __future__ import annotations
