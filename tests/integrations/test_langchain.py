@@ -67,3 +67,45 @@ def test_without_consent_nothing_is_captured_and_another_app_reads_nothing(
     with pytest.raises(NotFoundError):
         rogue.invoke("what music does alice love?")
     assert rogue.last_slice is None
+
+
+def test_a_stale_slice_is_refused_unless_the_app_accepts_it() -> None:
+    """Bug ID: a slice whose read-your-writes wait ran out (``fresh: false``, I7) came back
+    as documents like any other, and an empty one as ``[]``: the chain could not tell "uprof
+    knows nothing of this user" from "uprof could not wait for what they just said", and
+    answered from a profile missing it. The retriever now raises the 503 ``read_timeout``
+    that whole-view reads raise; ``allow_stale=True`` serves it (``slice_fresh`` False).
+
+    The client is a stand-in serving what the kernel serves when its workers are stuck
+    (an embedded client starts its own worker, so a real one cannot be held stale)."""
+    from typing import Any
+
+    from uprof.sdk import ProfileSlice, ServiceUnavailableError
+
+    class Stalled(Client):
+        def __init__(self) -> None:  # no backend: only ``slice`` is called
+            pass
+
+        def slice(self, subject: str, query: str, **options: Any) -> ProfileSlice:
+            return ProfileSlice(
+                text="",
+                n_tokens=0,
+                budget_tokens=256,
+                items=[],
+                left_out=[],
+                withheld={},
+                fresh=False,
+                waited_ms=200.0,
+                purpose="personalization",
+                app_id="app:planner",
+                subject_pseudonym="subj_" + "0" * 32,
+            )
+
+    client = Stalled()
+    retriever = UprofRetriever(client=client, subject="alice", agent_id="agent:one")
+    with pytest.raises(ServiceUnavailableError) as refused:
+        retriever.invoke("where do I live?")
+    assert refused.value.code == "read_timeout"
+    assert retriever.last_slice is not None and retriever.last_slice.fresh is False
+    lenient = UprofRetriever(client=client, subject="alice", agent_id="agent:one", allow_stale=True)
+    assert lenient.invoke("where do I live?") == []

@@ -149,3 +149,71 @@ def test_the_network_is_closed_but_loopback(kernel: Uprof) -> None:
         pytest.raises(SocketConnectBlockedError),
     ):
         socket.create_connection(("192.0.2.1", 443), timeout=1)  # TEST-NET-1, never routed
+
+
+def test_a_slice_served_stale_says_so_to_the_model() -> None:
+    """Bug IB: a slice whose read-your-writes wait ran out is served with ``fresh: false``
+    (I7, tests/kernel/test_freshness.py); the tool dropped the flag, so the model took a
+    profile without the user's newest words (here: an empty one) for the current one. The
+    LangChain retriever keeps it (``slice_fresh``, ``last_slice``).
+
+    The client is a stand-in serving what the kernel serves when its workers are stuck
+    (an embedded client starts its own worker, so a real one cannot be held stale)."""
+    from uprof.sdk import ProfileSlice
+
+    def stale(fresh: bool) -> ProfileSlice:
+        return ProfileSlice(
+            text="",
+            n_tokens=0,
+            budget_tokens=512,
+            items=[],
+            left_out=[],
+            withheld={},
+            fresh=fresh,
+            waited_ms=200.0,
+            purpose="personalization",
+            app_id="app:planner",
+            subject_pseudonym="subj_" + "0" * 32,
+        )
+
+    class Stalled:
+        fresh = False
+
+        def slice(self, subject: str, query: str, **options: Any) -> ProfileSlice:
+            return stale(self.fresh)
+
+    client = Stalled()
+    tools = {t.name: t for t in uprof_tools(client, agent_id="agent:one")}  # type: ignore[arg-type]
+    alice = UprofContext(subject="alice")
+    piece = call(tools["profile_slice"], alice, query="where do I live?")
+    assert piece.get("fresh") is False, piece
+    assert "note" in piece
+    client.fresh = True
+    served = call(tools["profile_slice"], alice, query="where do I live?")
+    assert served["fresh"] is True and "note" not in served
+
+
+def test_forgetting_every_consent_with_erase_withdraws_each_and_says_so(kernel: Uprof) -> None:
+    """An app holding two consents of alice: ``forget(erase=True)`` withdraws both, or says
+    which it withdrew before it failed (never a bare failure after a withdrawal)."""
+    for purpose in ("personalization", "analytics"):
+        kernel.grant_consent("alice", app_id="app:planner", categories=["*"], purposes=[purpose])
+    tools = tools_for(kernel, "app:planner")
+    alice = UprofContext(subject="alice")
+    assert "captured" in call(tools["capture"], alice, user_input="I love jazz music")
+    done = call(tools["forget"], alice, erase=True)
+    assert len(done.get("withdrawn", [])) == 2, done
+
+
+def test_forget_withdraws_only_this_apps_consents(kernel: Uprof) -> None:
+    """Held: with another app's consent of alice in force, ``forget()`` withdraws this
+    app's and reports them; the other app's consent stays in force."""
+    mine = kernel.grant_consent(
+        "alice", app_id="app:planner", categories=["*"], purposes=["personalization"]
+    )
+    theirs = kernel.grant_consent(
+        "alice", app_id="app:calendar", categories=["*"], purposes=["personalization"]
+    )
+    done = call(tools_for(kernel, "app:planner")["forget"], UprofContext("alice"))
+    assert done == {"withdrawn": [mine], "erasure_receipts": []}, done
+    assert [g.consent_id for g in kernel.consents_in_force("alice")] == [theirs]

@@ -22,7 +22,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict
 
-from uprof.sdk import Client, ProfileSlice
+from uprof.sdk import Client, ProfileSlice, ServiceUnavailableError
 
 __all__ = ["UprofChatMessageHistory", "UprofRetriever", "documents_of"]
 
@@ -62,6 +62,12 @@ class UprofRetriever(BaseRetriever):
 
     What the policy, consent or sharing withhold never reaches the documents (they are
     counted in the slice's ``withheld``; ``last_slice`` keeps the last slice served).
+
+    A slice served without the subject's newest writes (``fresh`` false: the wait for the
+    workers ran out, I7) raises ``ServiceUnavailableError`` ``read_timeout``, as a
+    whole-view read does: a chain must not answer from it as if it were current (an empty
+    one would look like "nothing known"). ``allow_stale=True`` returns its documents, each
+    with ``slice_fresh`` False in its metadata.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -72,6 +78,7 @@ class UprofRetriever(BaseRetriever):
     purpose: str = "personalization"
     budget_tokens: int = 512
     agent_type: str = ""
+    allow_stale: bool = False
     last_slice: ProfileSlice | None = None
 
     def _get_relevant_documents(
@@ -86,6 +93,15 @@ class UprofRetriever(BaseRetriever):
             agent_type=self.agent_type,
         )
         self.last_slice = piece
+        if not piece.fresh and not self.allow_stale:
+            raise ServiceUnavailableError(
+                503,
+                "read_timeout",
+                f"the slice could not wait for the subject's newest writes "
+                f"(waited {piece.waited_ms:.0f} ms): it may miss what they said last",
+                hint="retry when the workers have caught up, or set allow_stale=True to "
+                "use it anyway (each document's slice_fresh says so)",
+            )
         return documents_of(piece, subject=self.subject, purpose=self.purpose)
 
 

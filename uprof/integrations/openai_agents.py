@@ -95,7 +95,20 @@ def uprof_tools(
             }
             for i in piece.items
         ]
-        return json.dumps({"text": piece.text, "items": items, "withheld": piece.withheld})
+        answer: dict[str, Any] = {
+            "text": piece.text,
+            "items": items,
+            "withheld": piece.withheld,
+            "fresh": piece.fresh,
+        }
+        if not piece.fresh:
+            # I7: the wait for the user's newest words ran out; the model must not take
+            # this (maybe empty) profile for the current one.
+            answer["note"] = (
+                "this profile may miss what the user said most recently (uprof could not "
+                "wait for it); do not treat it as complete"
+            )
+        return json.dumps(answer)
 
     @function_tool(failure_error_function=_refusal)
     def capture(
