@@ -1,4 +1,4 @@
-"""An import file of one tenant run in another (decision XXXX-import-and-adapters-attacks;
+"""An import file of one tenant run in another (decision 0144-import-and-adapters-attacks;
 held, both backends): subjects are resolved in the running tenant, so an export of tenant A
 imported into tenant B reaches nobody of A's, creates nobody in B without B's consent,
 and a record naming A's subject by its pseudonym is a stranger to B."""

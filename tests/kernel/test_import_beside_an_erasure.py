@@ -1,5 +1,5 @@
 """An import in one process while another erases one of its subjects (real processes,
-SQLite and PostgreSQL; decision XXXX-import-and-adapters-attacks).
+SQLite and PostgreSQL; decision 0144-import-and-adapters-attacks).
 
 The import has checked the subject (live, consent in force) and written one of its
 records, and is about to write the next when the other process erases it. Held: every

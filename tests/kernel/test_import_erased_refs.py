@@ -21,7 +21,7 @@ from uprof.services.importer import import_interactions
 
 @pytest.mark.xfail(
     strict=True,
-    reason="bug IC, left open (decision XXXX-import-and-adapters-attacks): the stream "
+    reason="bug IC, left open (decision 0144-import-and-adapters-attacks): the stream "
     "forgets an erased capture's ref token after the idempotency retention",
 )
 def test_an_erased_capture_stays_erased_after_the_retention_window(
