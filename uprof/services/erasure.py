@@ -365,8 +365,6 @@ class ErasureService:
                 reason_code=scope,
                 event_ids=ids[:1000],
             )
-            cited = {c: self._items_citing(str(stream), c) for c in ids}
-
             def command() -> tuple[int, dict[str, int]]:
                 profile = self._app.load(stream)
                 totals = {"items_erased": 0, "attributes_restated": 0}
@@ -379,35 +377,40 @@ class ErasureService:
                 return self._app.save(profile)[-1].notification.id, totals
 
             # Refused before anything is written (the subject erased meanwhile by another
-            # request): the log says so (bug EY).
+            # request): the log says so (bug EY). Anything else failing up to the ledger
+            # record, the key preview and the record included, ends it ``erasure.failed``
+            # (bugs GX, HX).
             with self._refusal_recorded(handle.pseudonym, request_id):
+                cited = {c: self._items_citing(str(stream), c) for c in ids}
                 tombstone_id, totals = self._app.with_retry(command)
-            draft = _Draft(
-                request_id=request_id,
-                received_at=received_at.isoformat(),
-                basis=basis,
-                scope=scope,
-                target=named,
-                pseudonym=handle.pseudonym,
-                stream=str(stream),
-                tombstone_id=tombstone_id,
-                actions=[],
-                counts={},
-                captures=ids,
-            )
-            previews: list[str | None] = [None] * len(ids)
-            if self._keystore.ledger is not None:
-                previews = [self._keystore.capture_key_commitment(str(stream), cid) for cid in ids]
-                self._keystore.ledger.record_captures(
-                    self._tenant,
-                    str(stream),
-                    ids,
+                draft = _Draft(
                     request_id=request_id,
-                    subject_ref=check_subject_ref(subject_ref),
-                    draft=_captures_drafted(
-                        draft, [c for c in previews if c], totals, snapshots=None
-                    ).to_json(),
+                    received_at=received_at.isoformat(),
+                    basis=basis,
+                    scope=scope,
+                    target=named,
+                    pseudonym=handle.pseudonym,
+                    stream=str(stream),
+                    tombstone_id=tombstone_id,
+                    actions=[],
+                    counts={},
+                    captures=ids,
                 )
+                previews: list[str | None] = [None] * len(ids)
+                if self._keystore.ledger is not None:
+                    previews = [
+                        self._keystore.capture_key_commitment(str(stream), cid) for cid in ids
+                    ]
+                    self._keystore.ledger.record_captures(
+                        self._tenant,
+                        str(stream),
+                        ids,
+                        request_id=request_id,
+                        subject_ref=check_subject_ref(subject_ref),
+                        draft=_captures_drafted(
+                            draft, [c for c in previews if c], totals, snapshots=None
+                        ).to_json(),
+                    )
         erased_keys.record(self._views, str(stream), ids, now=self._clock.now())
         destroyed = {
             cid: self._keystore.destroy_capture_key(str(stream), cid, request_id=request_id)
