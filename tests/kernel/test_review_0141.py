@@ -3,15 +3,19 @@ PostgreSQL (decision XXXX-review-of-0141)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy.exc
 
+from tests import children
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import build_kernel, consent, say, settings_for
+from tests.kernel.test_key_material import _hold_in_flight
 from tests.kernel.test_two_erasures_at_once import outcomes_of_every_request
+from uprof.crypto.keydir import FileKeyMaterialStore
 
 
 def _storage_error(*args: Any, **kwargs: Any) -> Any:
@@ -44,3 +48,35 @@ def test_an_event_erasure_failing_at_its_key_preview_or_ledger_record_has_an_out
         assert list(outcomes.values()) == [["erasure.failed"]], outcomes  # main: [[]]
     finally:
         kernel.close()
+
+
+def test_a_mark_another_host_wrote_is_never_taken_for_dead(tmp_path: Path) -> None:
+    """HY: the in-flight mark is an ``flock``, which many shared folders (NFS mounted
+    ``local_lock=all`` or ``nolock``, SMB, some container volume drivers) keep per host. A
+    request live on host A, its mark in a key folder host B shares, looked unheld from B,
+    and B's start wrote ``erasure.abandoned`` for it; it then finished with a second
+    outcome. The mark names its host, and a start judges only its own host's marks: a
+    request dead on another host waits for a start there (fail safe)."""
+    folder = tmp_path / "keys"
+    store = FileKeyMaterialStore(folder)
+    request_id = "0b7c3d4e-1f2a-4b5c-8d9e-0a1b2c3d4e5f"
+    marks = folder / "erasures-in-flight"
+    marks.mkdir(parents=True)
+    # Host A's live request, its lock invisible here (not held on this host).
+    (marks / f"{request_id}.lock").write_text("host=host-a.elsewhere.example\n")
+    with store.erasure_owner_gone(request_id) as gone:
+        assert gone is False  # main: True, and the start abandons a live request
+    assert (marks / f"{request_id}.lock").exists()  # and leaves host A's mark alone
+    # A mark this host's process left when it was killed is still judged here.
+    ctx = children.CONTEXT
+    held, done = ctx.Event(), ctx.Event()
+    mine = "1c8d4e5f-2a3b-4c6d-9e0f-1b2c3d4e5f60"
+    owner = ctx.Process(target=_hold_in_flight, args=(folder, mine, held, done))
+    owner.start()
+    assert held.wait(60)
+    with store.erasure_owner_gone(mine) as gone:
+        assert gone is False
+    owner.kill()
+    owner.join(60)
+    with store.erasure_owner_gone(mine) as gone:
+        assert gone is True
