@@ -30,6 +30,7 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -63,6 +64,11 @@ LEGACY_FILES = (MASTER_KEY_FILE, KEK_RING_FILE, AUDIT_KEY_FILE, KEYS_DB_FILE)
 
 _log = logging.getLogger(__name__)
 _REQUEST_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def _host_line() -> bytes:
+    """What an in-flight mark says of its host (``erasure_in_flight``)."""
+    return f"host={socket.gethostname()}\n".encode()
 
 
 class KeyMaterialError(UprofError):
@@ -262,13 +268,15 @@ class FileKeyMaterialStore:
     @contextmanager
     def erasure_in_flight(self, request_id: str) -> Iterator[None]:
         # An flock dies with its process (SIGKILL included): a lock file nobody holds
-        # is a request whose process is gone (``erasure_owner_gone``).
+        # is a request whose process is gone (``erasure_owner_gone``). It names its
+        # host: only a start on that host can tell (bug HY).
         path = self._in_flight_path(request_id)
         path.parent.mkdir(mode=0o700, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
+                os.write(fd, _host_line())
                 yield
             finally:
                 # Ended in this process, done, refused or failed (its outcome is written
@@ -289,6 +297,13 @@ class FileKeyMaterialStore:
             yield False  # finished (or began before marks were kept): not known dead
             return
         try:
+            written = os.read(fd, 4096)
+            if written and written != _host_line():
+                # Another host's request (a shared folder): its lock may not reach this
+                # host, so an unheld lock proves nothing here. Left to a start on its
+                # host, never abandoned from here (bug HY).
+                yield False
+                return
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
