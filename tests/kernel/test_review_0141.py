@@ -3,6 +3,7 @@ PostgreSQL (decision XXXX-review-of-0141)."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,15 @@ from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import build_kernel, consent, say, settings_for
 from tests.kernel.test_key_material import _hold_in_flight
+from tests.kernel.test_simultaneous_erasure_receipts import (
+    Held,
+    checked_offline,
+    erase_capture_of,
+    request_of,
+)
 from tests.kernel.test_two_erasures_at_once import outcomes_of_every_request
 from uprof.crypto.keydir import FileKeyMaterialStore
+from uprof.settings import Settings
 
 
 def _storage_error(*args: Any, **kwargs: Any) -> Any:
@@ -80,3 +88,46 @@ def test_a_mark_another_host_wrote_is_never_taken_for_dead(tmp_path: Path) -> No
     owner.join(60)
     with store.erasure_owner_gone(mine) as gone:
         assert gone is True
+
+
+@pytest.fixture
+def settings(backend: Backend) -> Settings:
+    settings = settings_for(backend)
+    setup = build_kernel(settings, FakeClock())
+    try:
+        consent(setup, "alice")
+    finally:
+        setup.close()
+    return settings
+
+
+def test_two_event_erasures_of_one_capture_at_once_claim_its_key_once(
+    settings: Settings,
+) -> None:
+    """HZ: two event erasures A and B of the same capture, at once (two real processes),
+    both preview its key and write their ledger records; A's destroy deletes it, B's
+    finds it gone. B claimed the key from its preview: the log held ``key.destroyed`` for
+    the one key under A and under B, and B's receipt said B destroyed it. The key store
+    says A's DELETE removed it (``destroyed_capture_keys``): B cites it ``by_request`` A."""
+    kernel = build_kernel(settings, FakeClock())
+    try:
+        capture_id = kernel.capture("alice", say("I want to learn to sail")).capture_id
+    finally:
+        kernel.close()
+    call = functools.partial(erase_capture_of, capture_id)
+    a = Held(settings, "before-capture-destroy", call=call)
+    b = Held(settings, "before-capture-destroy", call=call)
+    a.begin()
+    b.begin()  # both previewed the key and wrote their ledger records
+    kind, first = a.answer()
+    assert kind == "ok", first
+    kind, second = b.answer()
+    assert kind == "ok", second
+    r_a = request_of(first)
+    capture_keys = [
+        a for a in second["body"]["actions"] if a.get("key_kind") == "capture"
+    ]
+    assert [k.get("by_request") for k in capture_keys] == [r_a], second["body"]  # main: [None]
+    log = checked_offline(settings, first, second)
+    assert [r for r, _ in log["destroyed"]] == [r_a], log  # main: A's and B's
+    assert len(log["outcomes"]) == 2 and all(log["outcomes"].values()), log
