@@ -115,19 +115,21 @@ def test_two_event_erasures_of_one_capture_at_once_claim_its_key_once(
     finally:
         kernel.close()
     call = functools.partial(erase_capture_of, capture_id)
-    a = Held(settings, "before-capture-destroy", call=call)
-    b = Held(settings, "before-capture-destroy", call=call)
-    a.begin()
-    b.begin()  # both previewed the key and wrote their ledger records
+    a = Held(settings, "after-requested", "before-capture-destroy", call=call)
+    b = Held(settings, "after-requested", "before-capture-destroy", call=call)
+    a.begin()  # each found the capture in the views: two requests, neither resumes the other
+    b.begin()
+    a.next()  # A: CaptureErased appended, key previewed, ledger record written
+    b.next()  # B: the same, the key still there
     kind, first = a.answer()
     assert kind == "ok", first
     kind, second = b.answer()
     assert kind == "ok", second
     r_a = request_of(first)
-    capture_keys = [
-        a for a in second["body"]["actions"] if a.get("key_kind") == "capture"
-    ]
-    assert [k.get("by_request") for k in capture_keys] == [r_a], second["body"]  # main: [None]
+    capture_keys = [x for x in second["body"]["actions"] if x.get("key_kind") == "capture"]
+    assert [k.get("by_request") for k in capture_keys] == [r_a], second["body"][
+        "actions"
+    ]  # main: [None]
     log = checked_offline(settings, first, second)
     assert [r for r, _ in log["destroyed"]] == [r_a], log  # main: A's and B's
     assert len(log["outcomes"]) == 2 and all(log["outcomes"].values()), log
