@@ -4,6 +4,9 @@ PostgreSQL (decision XXXX-review-of-0141)."""
 from __future__ import annotations
 
 import functools
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -133,3 +136,54 @@ def test_two_event_erasures_of_one_capture_at_once_claim_its_key_once(
     log = checked_offline(settings, first, second)
     assert [r for r, _ in log["destroyed"]] == [r_a], log  # main: A's and B's
     assert len(log["outcomes"]) == 2 and all(log["outcomes"].values()), log
+
+
+def _uprof(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    """This tree's ``uprof`` CLI, in its own process, on the test's stores."""
+    where = ["--data-dir", str(settings.data_dir), "--embedder", "hashing"]
+    if settings.database_url:
+        where += ["--database-url", settings.database_url]
+    code = "import sys; from uprof.cli.main import app; sys.argv[0] = 'uprof'; app()"
+    return subprocess.run(
+        [sys.executable, "-c", code, *where, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_a_receipt_citing_another_event_erasures_capture_key_verifies_with_the_cli(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """HZ's receipt (a capture ``dek_destroyed`` with ``by_request``) verifies offline with
+    ``uprof audit verify-receipt``, and one with that ``by_request`` altered does not."""
+    kernel = build_kernel(settings, FakeClock())
+    try:
+        capture_id = kernel.capture("alice", say("I want to learn to sail")).capture_id
+    finally:
+        kernel.close()
+    call = functools.partial(erase_capture_of, capture_id)
+    a = Held(settings, "after-requested", "before-capture-destroy", call=call)
+    b = Held(settings, "after-requested", "before-capture-destroy", call=call)
+    a.begin()
+    b.begin()
+    a.next()
+    b.next()
+    assert a.answer()[0] == "ok"
+    kind, second = b.answer()
+    assert kind == "ok", second
+    assert any("by_request" in x for x in second["body"]["actions"] if x.get("key_kind"))
+    key = tmp_path / "audit.pem"
+    made = _uprof(settings, "audit", "public-key", "--out", str(key))
+    assert made.returncode == 0, made.stderr
+    path = tmp_path / "receipt.json"
+    path.write_text(json.dumps(second))
+    checked = _uprof(settings, "audit", "verify-receipt", str(path), "--public-key", str(key))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    for action in second["body"]["actions"]:
+        if action.get("key_kind") == "capture" and "by_request" in action:
+            action["by_request"] = "00000000-0000-4000-8000-000000000000"
+    path.write_text(json.dumps(second))
+    altered = _uprof(settings, "audit", "verify-receipt", str(path), "--public-key", str(key))
+    assert altered.returncode == 1, altered.stdout + altered.stderr
