@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -187,3 +188,32 @@ def test_a_receipt_citing_another_event_erasures_capture_key_verifies_with_the_c
     path.write_text(json.dumps(second))
     altered = _uprof(settings, "audit", "verify-receipt", str(path), "--public-key", str(key))
     assert altered.returncode == 1, altered.stdout + altered.stderr
+
+
+@pytest.mark.parametrize("planted", ["directory", "fifo", "symlink"])
+def test_a_hostile_file_planted_as_a_mark_neither_stops_a_start_nor_is_followed(
+    tmp_path: Path, planted: str
+) -> None:
+    """IA: a start reads the mark of every request the log leaves open. A directory planted
+    under a logged request's mark name made ``erasure_owner_gone`` raise
+    (``IsADirectoryError``), and every start failed; a FIFO or a symlink was opened like
+    a lock file (a FIFO could block the read of its host line; a symlink was followed out
+    of the folder). Anything but a regular file is not a mark: left alone, never judged."""
+    folder = tmp_path / "keys"
+    store = FileKeyMaterialStore(folder)
+    request_id = "2d9e5f60-3b4c-4d7e-8f10-2c3d4e5f6071"
+    marks = folder / "erasures-in-flight"
+    marks.mkdir(parents=True)
+    path = marks / f"{request_id}.lock"
+    outside = tmp_path / "elsewhere"
+    outside.write_text("")
+    if planted == "directory":
+        path.mkdir()
+    elif planted == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to(outside)
+    with store.erasure_owner_gone(request_id) as gone:  # main: IsADirectoryError
+        assert gone is False
+    assert path.exists() or path.is_symlink()
+    assert outside.read_text() == ""
