@@ -32,6 +32,7 @@ import secrets
 import shutil
 import socket
 import sqlite3
+import stat
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -292,11 +293,20 @@ class FileKeyMaterialStore:
             return
         path = self._in_flight_path(request_id)
         try:
-            fd = os.open(path, os.O_RDWR)
+            # Never followed out of the folder, never blocked on (bug IA).
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
             yield False  # finished (or began before marks were kept): not known dead
             return
+        except OSError as error:  # a directory, a symlink: not a mark this code wrote
+            _log.warning("erasure in-flight mark %s is not a file (%s): left alone", path, error)
+            yield False
+            return
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO, a device: not a mark either
+                _log.warning("erasure in-flight mark %s is not a regular file: left alone", path)
+                yield False
+                return
             written = os.read(fd, 4096)
             if written and written != _host_line():
                 # Another host's request (a shared folder): its lock may not reach this
