@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 import sqlalchemy.exc
 
 from tests import children
@@ -217,3 +218,57 @@ def test_a_hostile_file_planted_as_a_mark_neither_stops_a_start_nor_is_followed(
         assert gone is False
     assert path.exists() or path.is_symlink()
     assert outside.read_text() == ""
+
+
+def test_a_downgrade_of_0006_under_a_live_erasure_destroys_no_key_without_its_row(
+    settings: Settings,
+) -> None:
+    """Held: the keys migration 0006 downgraded (its two tables dropped) while another
+    process's subject erasure sits between its ledger record and its destroy. That
+    destroy fails on the missing table and rolls back: no key goes without its
+    ``destroyed_keys`` row. The next start migrates to head and re-applies the ledger; the
+    erasure asked again is finished, its receipt verifying offline, one outcome."""
+    from alembic import command
+    from alembic.config import Config
+
+    from uprof.storage import MIGRATIONS_DIR
+
+    before = build_kernel(settings, FakeClock())
+    try:
+        stream = str(before.subjects.find("alice").stream_id)
+        url = before.keystore._engine.url
+    finally:
+        before.close()
+    held = Held(settings, "before-destroy")
+    held.begin()  # its ledger record written, its keys not yet destroyed
+    # The operator's downgrade, from outside uprof (a start here would re-apply the
+    # ledger and destroy the keys itself).
+    engine = sa.create_engine(url)
+    try:
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS_DIR))
+        config.attributes["branch"] = "keys"
+        with engine.begin() as conn:
+            config.attributes["connection"] = conn
+            command.downgrade(config, "0005_keys_plain_row_keys")
+    finally:
+        engine.dispose()
+    kind, answer = held.answer()
+    assert kind == "error", answer  # its destroy failed on the missing table
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            left = conn.execute(
+                sa.text("SELECT count(*) FROM subject_keys WHERE stream_id = :s"), {"s": stream}
+            ).scalar_one()
+    finally:
+        engine.dispose()
+    assert left > 0  # rolled back with the failed row insert: no key gone unrecorded
+    kernel = build_kernel(settings, FakeClock())  # a start: migrates, re-applies the ledger
+    try:
+        assert not kernel.keystore.destruction_preview(stream).deks
+        receipt = kernel.erase_subject("alice").receipt
+    finally:
+        kernel.close()
+    log = checked_offline(settings, receipt)
+    assert list(log["outcomes"].values()) == [["projection.purged"]], log
