@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 import sqlalchemy.exc
 
+from domain.errors import InvalidInputError
 from tests import children
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
@@ -59,6 +60,41 @@ def test_an_event_erasure_failing_at_its_key_preview_or_ledger_record_has_an_out
         monkeypatch.undo()
         outcomes = outcomes_of_every_request(kernel)
         assert list(outcomes.values()) == [["erasure.failed"]], outcomes  # main: [[]]
+    finally:
+        kernel.close()
+
+
+def test_an_event_erasure_failing_at_its_ledger_record_asked_again_destroys_the_key(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HX, its residue: the failed request had appended ``CaptureErased`` (the views
+    dropped the capture) but recorded nothing in the ledger and destroyed no key. Asked
+    again, the erasure was refused ("no captured event"), and the capture key, and so the
+    event, stayed readable until a subject erasure. A capture of this subject's stream
+    whose key is still there is erased again: a new request, which destroys it."""
+    kernel = build_kernel(settings_for(backend), FakeClock())
+    try:
+        consent(kernel, "alice")
+        capture_id = kernel.capture("alice", say("I want to learn to sail")).capture_id
+        stream = str(kernel.subjects.find("alice").stream_id)
+        ledger = kernel.erasure_service._keystore.ledger
+        assert ledger is not None
+        monkeypatch.setattr(ledger, "record_captures", _storage_error)
+        with pytest.raises(sqlalchemy.exc.OperationalError):
+            kernel.erase_capture("alice", capture_id)
+        monkeypatch.undo()
+        assert kernel.keystore.capture_key_commitment(stream, capture_id) is not None
+        receipt = kernel.erase_capture("alice", capture_id).receipt  # main: InvalidInputError
+        assert kernel.keystore.capture_key_commitment(stream, capture_id) is None
+        kinds = [a.get("key_kind") for a in receipt["body"]["actions"]]
+        assert kinds.count("capture") == 1, receipt["body"]["actions"]
+        outcomes = outcomes_of_every_request(kernel)
+        assert sorted(map(sorted, outcomes.values())) == [
+            ["erasure.failed"],
+            ["projection.purged"],
+        ], outcomes
+        with pytest.raises(InvalidInputError):  # a capture of no key and no row: refused
+            kernel.erase_capture("alice", "0" * 32)
     finally:
         kernel.close()
 
