@@ -347,7 +347,15 @@ class ErasureService:
         stream = handle.stream_id
         self._require_views_current(timeout_s)
         rows = self._queries.captures(ids)
-        foreign = [c for c in ids if c not in rows or rows[c].stream_id != str(stream)]
+        # A capture the views dropped whose key this stream still holds: an earlier request
+        # appended its ``CaptureErased`` and failed before its ledger record (bug HX). The
+        # key is the stream's own (keyed by stream and capture), so erase it again.
+        foreign = [
+            c
+            for c in ids
+            if (c in rows and rows[c].stream_id != str(stream))
+            or (c not in rows and self._keystore.capture_key_commitment(str(stream), c) is None)
+        ]
         if foreign:
             raise InvalidInputError(
                 f"no captured event {foreign[0]!r} for this subject", field="capture_id"
