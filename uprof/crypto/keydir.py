@@ -30,7 +30,9 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import sqlite3
+import stat
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -63,6 +65,11 @@ LEGACY_FILES = (MASTER_KEY_FILE, KEK_RING_FILE, AUDIT_KEY_FILE, KEYS_DB_FILE)
 
 _log = logging.getLogger(__name__)
 _REQUEST_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def _host_line() -> bytes:
+    """What an in-flight mark says of its host (``erasure_in_flight``)."""
+    return f"host={socket.gethostname()}\n".encode()
 
 
 class KeyMaterialError(UprofError):
@@ -262,13 +269,15 @@ class FileKeyMaterialStore:
     @contextmanager
     def erasure_in_flight(self, request_id: str) -> Iterator[None]:
         # An flock dies with its process (SIGKILL included): a lock file nobody holds
-        # is a request whose process is gone (``erasure_owner_gone``).
+        # is a request whose process is gone (``erasure_owner_gone``). It names its
+        # host: only a start on that host can tell (bug HY).
         path = self._in_flight_path(request_id)
         path.parent.mkdir(mode=0o700, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
+                os.write(fd, _host_line())
                 yield
             finally:
                 # Ended in this process, done, refused or failed (its outcome is written
@@ -284,11 +293,27 @@ class FileKeyMaterialStore:
             return
         path = self._in_flight_path(request_id)
         try:
-            fd = os.open(path, os.O_RDWR)
+            # Never followed out of the folder, never blocked on (bug IA).
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
             yield False  # finished (or began before marks were kept): not known dead
             return
+        except OSError as error:  # a directory, a symlink: not a mark this code wrote
+            _log.warning("erasure in-flight mark %s is not a file (%s): left alone", path, error)
+            yield False
+            return
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO, a device: not a mark either
+                _log.warning("erasure in-flight mark %s is not a regular file: left alone", path)
+                yield False
+                return
+            written = os.read(fd, 4096)
+            if written and written != _host_line():
+                # Another host's request (a shared folder): its lock may not reach this
+                # host, so an unheld lock proves nothing here. Left to a start on its
+                # host, never abandoned from here (bug HY).
+                yield False
+                return
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -347,7 +347,15 @@ class ErasureService:
         stream = handle.stream_id
         self._require_views_current(timeout_s)
         rows = self._queries.captures(ids)
-        foreign = [c for c in ids if c not in rows or rows[c].stream_id != str(stream)]
+        # A capture the views dropped whose key this stream still holds: an earlier request
+        # appended its ``CaptureErased`` and failed before its ledger record (bug HX). The
+        # key is the stream's own (keyed by stream and capture), so erase it again.
+        foreign = [
+            c
+            for c in ids
+            if (c in rows and rows[c].stream_id != str(stream))
+            or (c not in rows and self._keystore.capture_key_commitment(str(stream), c) is None)
+        ]
         if foreign:
             raise InvalidInputError(
                 f"no captured event {foreign[0]!r} for this subject", field="capture_id"
@@ -365,7 +373,6 @@ class ErasureService:
                 reason_code=scope,
                 event_ids=ids[:1000],
             )
-            cited = {c: self._items_citing(str(stream), c) for c in ids}
 
             def command() -> tuple[int, dict[str, int]]:
                 profile = self._app.load(stream)
@@ -379,35 +386,40 @@ class ErasureService:
                 return self._app.save(profile)[-1].notification.id, totals
 
             # Refused before anything is written (the subject erased meanwhile by another
-            # request): the log says so (bug EY).
+            # request): the log says so (bug EY). Anything else failing up to the ledger
+            # record, the key preview and the record included, ends it ``erasure.failed``
+            # (bugs GX, HX).
             with self._refusal_recorded(handle.pseudonym, request_id):
+                cited = {c: self._items_citing(str(stream), c) for c in ids}
                 tombstone_id, totals = self._app.with_retry(command)
-            draft = _Draft(
-                request_id=request_id,
-                received_at=received_at.isoformat(),
-                basis=basis,
-                scope=scope,
-                target=named,
-                pseudonym=handle.pseudonym,
-                stream=str(stream),
-                tombstone_id=tombstone_id,
-                actions=[],
-                counts={},
-                captures=ids,
-            )
-            previews: list[str | None] = [None] * len(ids)
-            if self._keystore.ledger is not None:
-                previews = [self._keystore.capture_key_commitment(str(stream), cid) for cid in ids]
-                self._keystore.ledger.record_captures(
-                    self._tenant,
-                    str(stream),
-                    ids,
+                draft = _Draft(
                     request_id=request_id,
-                    subject_ref=check_subject_ref(subject_ref),
-                    draft=_captures_drafted(
-                        draft, [c for c in previews if c], totals, snapshots=None
-                    ).to_json(),
+                    received_at=received_at.isoformat(),
+                    basis=basis,
+                    scope=scope,
+                    target=named,
+                    pseudonym=handle.pseudonym,
+                    stream=str(stream),
+                    tombstone_id=tombstone_id,
+                    actions=[],
+                    counts={},
+                    captures=ids,
                 )
+                previews: list[str | None] = [None] * len(ids)
+                if self._keystore.ledger is not None:
+                    previews = [
+                        self._keystore.capture_key_commitment(str(stream), cid) for cid in ids
+                    ]
+                    self._keystore.ledger.record_captures(
+                        self._tenant,
+                        str(stream),
+                        ids,
+                        request_id=request_id,
+                        subject_ref=check_subject_ref(subject_ref),
+                        draft=_captures_drafted(
+                            draft, [c for c in previews if c], totals, snapshots=None
+                        ).to_json(),
+                    )
         erased_keys.record(self._views, str(stream), ids, now=self._clock.now())
         destroyed = {
             cid: self._keystore.destroy_capture_key(str(stream), cid, request_id=request_id)
@@ -418,20 +430,23 @@ class ErasureService:
         # GZ, after it). Cite that destruction as that request's, as a subject erasure
         # does; a key a retry of this request destroyed is its own (the commitment its
         # ledger record names).
-        commitments, others = self._capture_citations(
+        commitments, others, by_others = self._capture_citations(
             draft, [destroyed[cid] or preview for cid, preview in zip(ids, previews, strict=True)]
         )
         # As a subject key's: the entry names the commitment its ``key.created`` recorded
         # (written now if a crash kept that one off the log).
         self._audit.record_many(
             capture_key_entries(handle.pseudonym, request_id, commitments)
-            + _others_key_entries(handle.pseudonym, others),
+            + _others_key_entries(handle.pseudonym, others)
+            + _others_capture_entries(handle.pseudonym, by_others),
             once_by=KEY_ENTRY_IDENTITY,
         )
         # Snapshots may hold the shredded items' values: they are caches, drop them.
         snapshots = self._app.drop_snapshots(stream)
         self._flush_caches(stream)
-        draft = _captures_drafted(draft, commitments, totals, snapshots=snapshots, others=others)
+        draft = _captures_drafted(
+            draft, commitments, totals, snapshots=snapshots, others=others, by_others=by_others
+        )
         return self._finish(subject_ref, draft, timeout_s, resumed=False)
 
     # -------------------------------------------------------------------- item
@@ -675,7 +690,7 @@ class ErasureService:
 
     def _capture_citations(
         self, draft: _Draft, own: Sequence[str | None]
-    ) -> tuple[list[str], tuple[_OthersKey, ...]]:
+    ) -> tuple[list[str], tuple[_OthersKey, ...], tuple[tuple[str, str], ...]]:
         """An event erasure's capture-key commitments (``own``: per capture of the draft,
         the key it destroyed or previewed, None when it found none) less those a subject
         erasure's destroy deleted, and that erasure's subject keys to cite instead.
@@ -683,7 +698,9 @@ class ErasureService:
         The key store says which request's destroy deleted each capture key (recorded in
         that DELETE's transaction, bug GZ). A key with no such row (deleted by a start
         re-applying the ledger, or before the key store kept this) stays this request's
-        when it previewed it."""
+        when it previewed it. A capture key another event erasure's destroy deleted (two
+        of the same capture at once) is cited as that request's: (request, commitment),
+        the third value (bug HZ)."""
         gone = [cid for cid, c in zip(draft.captures, own, strict=True) if c is None]
         by = self._keystore.capture_keys_destroyed_by(draft.stream, draft.captures)
         foreign = {
@@ -692,12 +709,19 @@ class ErasureService:
             if request is not None and request != draft.request_id
         }
         if not gone and not foreign:
-            return [c for c in own if c], ()
+            return [c for c in own if c], (), ()
         others = self._destroyed_by_others(draft, self._keystore.destruction_preview(draft.stream))
         destroyers = {key.by_request for key in others}
-        taken = {cid for cid, request in foreign.items() if request in destroyers}
-        kept = [c for cid, c in zip(draft.captures, own, strict=True) if c and cid not in taken]
-        return kept, (others if len(kept) < len(draft.captures) else ())
+        by_others = tuple(
+            sorted(
+                (request, by[cid][1])
+                for cid, request in foreign.items()
+                if request not in destroyers
+            )
+        )
+        kept = [c for cid, c in zip(draft.captures, own, strict=True) if c and cid not in foreign]
+        cited = len(kept) + len(by_others)
+        return kept, (others if cited < len(draft.captures) else ()), by_others
 
     def _recited(self, draft: _Draft) -> _Draft:
         """A resumed event erasure's draft citing what the key store says now: its draft
@@ -712,6 +736,13 @@ class ErasureService:
             and a.get("key_kind") == "capture"
             and "by_request" not in a
         ]
+        had_by_others = sorted(
+            (str(a["by_request"]), str(a["dek_commitment"]))
+            for a in draft.actions
+            if a.get("type") == "dek_destroyed"
+            and a.get("key_kind") == "capture"
+            and "by_request" in a
+        )
         foreign = {
             commitment: request
             for request, commitment in self._keystore.capture_keys_destroyed_by(
@@ -723,22 +754,39 @@ class ErasureService:
             return draft
         others = self._destroyed_by_others(draft, self._keystore.destruction_preview(draft.stream))
         destroyers = {key.by_request for key in others}
-        kept = [c for c in own if foreign.get(c) not in destroyers]
-        if len(kept) == len(draft.captures):
+        # Another event erasure's destroy deleted it (bug HZ): that request's.
+        by_others = sorted(
+            {(foreign[c], c) for c in own if c in foreign and foreign[c] not in destroyers}
+            | set(had_by_others)
+        )
+        kept = [c for c in own if c not in foreign]
+        if len(kept) + len(by_others) >= len(draft.captures):
             others = ()
         had = [
             (a.get("by_request"), a.get("key_version"), a.get("dek_commitment"))
             for a in draft.actions
             if a.get("type") == "dek_destroyed" and a.get("key_kind") != "capture"
         ]
-        if kept == own and had == [(k.by_request, k.key_version, k.dek_commitment) for k in others]:
+        if (
+            kept == own
+            and by_others == had_by_others
+            and had == [(k.by_request, k.key_version, k.dek_commitment) for k in others]
+        ):
             return draft
         totals = {
             k: v
             for k, v in draft.counts.items()
-            if k not in ("captures", "capture_keys", "deks_by_other_requests")
+            if k
+            not in (
+                "captures",
+                "capture_keys",
+                "deks_by_other_requests",
+                "capture_keys_by_other_requests",
+            )
         }
-        return _captures_drafted(draft, kept, totals, snapshots=None, others=others)
+        return _captures_drafted(
+            draft, kept, totals, snapshots=None, others=others, by_others=tuple(by_others)
+        )
 
     def _record_keys_destroyed(self, draft: _Draft) -> None:
         """The ``key.destroyed`` entries of a finished erasure, as the uninterrupted path
@@ -750,12 +798,15 @@ class ErasureService:
         written some: the log, under its write lock, leaves out those it holds, so one
         entry per key however many processes finish it at once."""
         captures: list[str] = []
+        by_others: list[tuple[str, str]] = []
         subject_keys: list[tuple[int, str]] = []
         others: list[_OthersKey] = []
         for action in draft.actions:
             if action.get("type") != "dek_destroyed":
                 continue
-            if action.get("key_kind") == "capture":
+            if action.get("key_kind") == "capture" and "by_request" in action:
+                by_others.append((str(action["by_request"]), str(action["dek_commitment"])))
+            elif action.get("key_kind") == "capture":
                 captures.append(str(action["dek_commitment"]))
             elif "by_request" in action:  # another request's: under its id (bug EW)
                 others.append(
@@ -770,6 +821,7 @@ class ErasureService:
         entries = subject_key_entries(draft.pseudonym, draft.request_id, subject_keys)
         entries += _others_key_entries(draft.pseudonym, others)
         entries += capture_key_entries(draft.pseudonym, draft.request_id, captures)
+        entries += _others_capture_entries(draft.pseudonym, by_others)
         self._audit.record_many(entries, once_by=KEY_ENTRY_IDENTITY)
 
     def _left_after(self, draft: _Draft) -> str:
@@ -1330,6 +1382,18 @@ def _others_key_entries(
     return entries
 
 
+def _others_capture_entries(
+    pseudonym: str, keys: Sequence[tuple[str, str]]
+) -> list[tuple[str, dict[str, Any]]]:
+    """The entries of capture keys another event erasure's destroy deleted, each
+    (request, commitment), under that request (bug HZ): the same ones it writes itself,
+    so the log holds them once."""
+    entries: list[tuple[str, dict[str, Any]]] = []
+    for by in sorted({request for request, _ in keys}):
+        entries += capture_key_entries(pseudonym, by, [c for r, c in keys if r == by])
+    return entries
+
+
 def _subject_drafted(
     draft: _Draft,
     destruction: Destruction,
@@ -1399,10 +1463,14 @@ def _captures_drafted(
     *,
     snapshots: int | None,
     others: Sequence[_OthersKey] = (),
+    by_others: Sequence[tuple[str, str]] = (),
 ) -> _Draft:
-    """An event erasure's draft citing these capture-key commitments and counts, and the
-    subject keys ``others`` destroyed, each with its request's id (``by_request``)."""
+    """An event erasure's draft citing these capture-key commitments and counts, the
+    subject keys ``others`` destroyed and the capture keys other event erasures destroyed
+    (``by_others``: request, commitment), each with its request's id (``by_request``)."""
     counts = dict(totals, captures=len(draft.captures), capture_keys=len(commitments))
+    if by_others:
+        counts["capture_keys_by_other_requests"] = len(by_others)
     if snapshots is not None:
         counts["snapshots"] = snapshots
     if others:
@@ -1416,6 +1484,10 @@ def _captures_drafted(
         *(
             {"type": "dek_destroyed", "key_kind": "capture", "dek_commitment": c}
             for c in commitments
+        ),
+        *(
+            {"type": "dek_destroyed", "key_kind": "capture", "dek_commitment": c, "by_request": r}
+            for r, c in by_others
         ),
         *(
             {
