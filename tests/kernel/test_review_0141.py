@@ -1,5 +1,5 @@
 """Attacks on decision 0141 (exact erasure attribution, erasure outcomes), on SQLite and
-PostgreSQL (decision XXXX-review-of-0141)."""
+PostgreSQL (decision 0145-review-of-0141)."""
 
 from __future__ import annotations
 
