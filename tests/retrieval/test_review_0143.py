@@ -8,15 +8,14 @@ relevance cut. Items the cap cut were in neither list.
 
 from __future__ import annotations
 
-from tests.retrieval.factories import attribute, intent
+from tests.retrieval.factories import NOW, attribute, intent
 from uprof.adapters.tokens import TiktokenCounter
-from uprof.retrieval import MemoryIndex, SliceOptions, build_slice
-from tests.retrieval.factories import NOW
+from uprof.retrieval import MemoryIndex, PackedSlice, SliceOptions, build_slice
 
 COUNTER = TiktokenCounter()
 
 
-def _capped(max_items: int, budget: int = 4_000):  # type: ignore[no-untyped-def]
+def _capped(max_items: int, budget: int = 4_000) -> tuple[PackedSlice, set[str]]:
     attrs = [attribute(f"a{i}", "preferences", f"likes hiking trail {i}") for i in range(6)]
     goals = [intent(f"i{i}", f"go hiking on trail {i}") for i in range(6)]
     packed = build_slice(
