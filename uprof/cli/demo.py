@@ -303,7 +303,13 @@ def demo(
     fresh: Annotated[bool, typer.Option(help="Start from an empty data folder.")] = False,
 ) -> None:
     """Run the scripted two-user, two-app conversation and show the profiles."""
+    # A scratch deployment of its own: its key folder beside its data folder and SQLite,
+    # whatever the shell's UPROF_KEY_DIR / UPROF_DATABASE_URL name (a deployment's own:
+    # --fresh deleted that key folder, and the demo's log raised its checkpoint note; bug IH).
+    data_dir = data_dir.expanduser().resolve()
     STATE.data_dir = data_dir
+    STATE.key_dir = data_dir.with_name(data_dir.name + ".keys")
+    STATE.database_url = ""  # "": SQLite in the data folder (an empty URL reads as none)
     if fresh:
         # The key folder (keys, erasure ledger) goes too: a fresh demo forgets everything.
         paths = settings()

@@ -455,9 +455,11 @@ def _finish(
                 LeftOut(item_id, choice.candidate.layer, "duplicate", f"near-duplicate of {twin}")
             )
         elif len(result.chosen) >= options.max_items:
+            # Reported like any other cut (review of 0143, bug IG: it was in neither list).
             detail = (
                 f"a slice holds at most {options.max_items} items; more relevant ones took them"
             )
+            left_out.append(LeftOut(item_id, choice.candidate.layer, "budget", detail))
         else:
             detail = f"needs {choice.cost} tokens; the budget went to more relevant items"
             left_out.append(LeftOut(item_id, choice.candidate.layer, "budget", detail))
