@@ -544,6 +544,11 @@ def bootstrap(
         catch_up=lambda nid, timeout: kernel_ref[0].catch_up(nid, timeout),
         flush_caches=lambda stream: kernel_ref[0].flush_caches(stream),
         tenant=settings.tenant,
+        ref_token=lambda app_id, ref: (
+            None
+            if kernel_ref[0].idempotency is None
+            else kernel_ref[0].request_token(app_id, ref, namespace="source_ref")
+        ),
     )
     # The erasure ledger's check for the update engine: items erased without their
     # evidence are not recorded again from the same captures (extraction, quarantine

@@ -47,6 +47,9 @@ class CaptureOutcome:
     acks: list[CaptureAck]
     skipped: int
     replayed: bool
+    #: Of those skipped, the indices of the interactions whose item token names a
+    #: capture erased at the subject's request (an import record; bug IC).
+    erased: tuple[int, ...] = ()
 
 
 def to_utc(value: datetime, field: str) -> datetime:
@@ -290,9 +293,11 @@ class CaptureService:
         thread)."""
 
         made: dict[str, str] = {}  # capture id -> its key's commitment
+        erased: list[int] = []  # indices skipped as erased at the subject's request
 
         def save() -> tuple[list[str], list[int], int, dict[str, Any] | None]:
             made.clear()  # a retried save makes its keys again
+            erased.clear()
             profile = self._app.load(stream_id)
             now = self._clock.now()
             if batch_token or item_tokens is not None:
@@ -311,6 +316,12 @@ class CaptureService:
             tokens: dict[str, dict[str, Any]] = {}
             for index, interaction in enumerate(checked):
                 token = item_tokens[index] if item_tokens is not None else None
+                if token and profile.ref_erased(token):
+                    # Its capture was erased at the subject's request: never again by
+                    # an import, however late (bug IC).
+                    erased.append(index)
+                    skipped += 1
+                    continue
                 if token and (
                     token in tokens
                     or profile.recorded_request(token, now=now, window_s=token_window_s)
@@ -373,6 +384,7 @@ class CaptureService:
             ],
             skipped,
             False,
+            tuple(erased),
         )
 
     def _answer(self, pending: PendingCapture) -> CaptureOutcome:
