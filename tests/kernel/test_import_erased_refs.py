@@ -66,14 +66,18 @@ def test_a_capture_erased_by_a_withdrawal_stays_erased(kernel: Uprof, clock: Fak
 
 def test_the_save_skips_an_erased_ref_the_check_did_not_see(kernel: Uprof) -> None:
     """The stream decides at the capture's save too (an erasure between an import's check
-    and its write, another process): the record is skipped and named."""
+    and its write, another process): the record is skipped and named, also when its token
+    is its idempotency key's."""
     consent(kernel)
     assert import_interactions(kernel, [record("I like tea", ref="r-1")]).captured == 1
     kernel.ensure_fresh(10)
     kernel.erase_capture("alice", captured(kernel)[0])
-    token = kernel.request_token(APP, "r-1", namespace="source_ref")
-    outcome = kernel.capture_once("alice", [say("I like tea", ref="r-1")], item_tokens=[token])
-    assert (outcome.acks, outcome.skipped, outcome.erased) == ([], 1, (0,))
+    for token in (
+        kernel.request_token(APP, "r-1", namespace="source_ref"),
+        kernel.request_token(APP, "a-key"),
+    ):
+        outcome = kernel.capture_once("alice", [say("I like tea", ref="r-1")], item_tokens=[token])
+        assert (outcome.acks, outcome.skipped, outcome.erased) == ([], 1, (0,))
 
 
 def test_a_live_capture_with_an_erased_ref_is_captured(kernel: Uprof) -> None:
