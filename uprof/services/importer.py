@@ -31,6 +31,7 @@ import itertools
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from uuid import UUID
 
 from domain.errors import InvalidInputError, ReadTimeoutError, SubjectErasedError, UprofError
 from domain.profile import CAPTURE_CATEGORY, SubjectProfile
@@ -256,6 +257,7 @@ class _Run:
         self._consent: dict[tuple[str, str, str], str | None] = {}
         self._permits: dict[tuple[str, str], str | None] = {}
         self._tokens_seen: set[str] = set()
+        self._profiles: dict[str, SubjectProfile] = {}
         self._views_fresh = False
 
     def report(self) -> ImportReport:
@@ -286,6 +288,9 @@ class _Run:
         # So is consent (decision 0067: a retry is decided again): a record skipped as
         # captured already is reported so only under a consent in force for its chunk.
         self._consent = {key: why for key, why in self._consent.items() if why is not None}
+        # The subjects' streams loaded for this chunk's consent checks, asked again
+        # whether a record's capture was erased (one load per subject per chunk).
+        self._profiles = {}
         good: list[ImportRecord] = []
         for parsed in chunk:
             if isinstance(parsed, ImportProblem):
@@ -340,7 +345,8 @@ class _Run:
         except InvalidInputError as error:
             why = str(error)
         else:
-            allowed = handle is not None and kernel.app.load(handle.stream_id).has_consent(
+            profile = None if handle is None else self._profile(row.subject, handle.stream_id)
+            allowed = profile is not None and profile.has_consent(
                 app_id=row.app_id,
                 category=CAPTURE_CATEGORY,
                 purpose=row.purpose,
@@ -355,6 +361,11 @@ class _Run:
         self._consent[key] = why
         return why
 
+    def _profile(self, subject: str, stream_id: UUID) -> SubjectProfile:
+        if subject not in self._profiles:
+            self._profiles[subject] = self.kernel.app.load(stream_id)
+        return self._profiles[subject]
+
     # ------------------------------------------------------------- idempotency
 
     def _deduplicated(self, records: Sequence[ImportRecord]) -> list[_Pending]:
@@ -368,7 +379,7 @@ class _Run:
                 )
             self._views_fresh = True
         known = _already_captured(self.kernel, [p.row for p in rows])
-        erased = _erased(self.kernel, [p.row for p in rows])
+        erased = _erased(self.kernel, [p.row for p in rows], self._profile)
         fresh: list[_Pending] = []
         for pending, captured, gone in zip(rows, known, erased, strict=True):
             token = pending.token
@@ -428,7 +439,11 @@ class _Run:
             self.subjects.add(subject)
 
 
-def _erased(kernel: Uprof, rows: list[InteractionIn]) -> list[bool]:
+def _erased(
+    kernel: Uprof,
+    rows: list[InteractionIn],
+    load: Callable[[str, UUID], SubjectProfile],
+) -> list[bool]:
     """Per row: was a capture of its subject from its app with its source_ref erased at
     the subject's request? Asked of the subject's stream, which keeps the ref's keyed
     token with no expiry; the capture's save asks again (bug IC)."""
@@ -441,7 +456,7 @@ def _erased(kernel: Uprof, rows: list[InteractionIn]) -> list[bool]:
                 handle = kernel.subjects.find(row.subject)
             except SubjectErasedError:
                 handle = None  # erased since its check: its write fails, naming it
-            profiles[row.subject] = None if handle is None else kernel.app.load(handle.stream_id)
+            profiles[row.subject] = None if handle is None else load(row.subject, handle.stream_id)
     erased: list[bool] = []
     for row in rows:
         profile = profiles.get(row.subject) if row.source_ref else None
