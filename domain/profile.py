@@ -322,6 +322,7 @@ class SubjectProfile(Aggregate):
         ItemsErased: ClassVar[type[Aggregate.Event]]
         AttributeRestated: ClassVar[type[Aggregate.Event]]
         CaptureErased: ClassVar[type[Aggregate.Event]]
+        ErasedRefsNoted: ClassVar[type[Aggregate.Event]]
         SubjectErased: ClassVar[type[Aggregate.Event]]
         CaptureQuarantined: ClassVar[type[Aggregate.Event]]
         CaptureReleased: ClassVar[type[Aggregate.Event]]
@@ -1286,7 +1287,12 @@ class SubjectProfile(Aggregate):
             self.archived_memories.discard(item_id)
 
     def erase_capture(
-        self, capture_id: str, *, cited_by: list[str], now: datetime
+        self,
+        capture_id: str,
+        *,
+        cited_by: list[str],
+        now: datetime,
+        ref_token: str | None = None,
     ) -> dict[str, int]:
         """Erase one captured event and everything derived only from it.
 
@@ -1294,6 +1300,10 @@ class SubjectProfile(Aggregate):
         (the read side knows them; this aggregate does not keep memories). An
         attribute that other evidence still backs is restated without this capture,
         with the confidence of what remains, so it survives the capture's shredding.
+
+        ``ref_token`` is the keyed token of the capture's (app, source_ref), when it had
+        a ref: the stream keeps it for the subject's life, so an import of the same
+        record is skipped however late (bug IC, decision XXXX-erased-refs-stay-erased).
         """
         self._refuse_if_erased()
         restated = erased = 0
@@ -1332,6 +1342,9 @@ class SubjectProfile(Aggregate):
         if doomed:
             self._items_erased(item_ids=sorted(doomed), reason="evidence-erased")
             erased = len(doomed)
+        if ref_token and ref_token not in self._erased_refs():
+            # Before the tombstone: a capture erasure's receipt cites its last event.
+            self._erased_refs_noted(tokens=[ref_token])
         self._capture_erased(capture_id=capture_id, erased_at=now)
         return {"items_erased": erased, "attributes_restated": restated}
 
@@ -1369,6 +1382,22 @@ class SubjectProfile(Aggregate):
             last_observed_at=observed_at,
         )
 
+    def _erased_refs(self) -> set[str]:
+        # Streams and snapshots from before bug IC's fix have none.
+        refs: set[str] = self.__dict__.setdefault("erased_refs", set())
+        return refs
+
+    def ref_erased(self, token: str) -> bool:
+        """Whether a capture whose (app, source_ref) has this keyed token was erased at
+        the subject's request: an import of that record is skipped, with no expiry."""
+        return token in self._erased_refs()
+
+    @event("ErasedRefsNoted")
+    def _erased_refs_noted(self, tokens: list[str]) -> None:
+        # Sealed under the subject's key (it names no capture, no evidence): a keyed hash
+        # only, and gone with the subject's key when the subject is erased.
+        self._erased_refs().update(tokens)
+
     @event("CaptureErased")
     def _capture_erased(self, capture_id: str, erased_at: datetime) -> None:
         self.capture_count = max(0, self.capture_count - 1)
@@ -1387,6 +1416,7 @@ class SubjectProfile(Aggregate):
         self.intents = {}
         self.archived_memories = set()
         self.quarantined = {}
+        self.erased_refs: set[str] = set()
 
     def _refuse_if_erased(self) -> None:
         if self.erased:

@@ -531,6 +531,15 @@ def bootstrap(
         ensure_fresh=ensure_subject_fresh,
         default_wait_s=settings.read_wait_timeout_s,
     )
+
+    def source_ref_token(app_id: str, ref: str) -> str | None:
+        """The import's keyed token of (app, source_ref): what the stream keeps of an
+        erased capture's ref (bug IC); None without idempotency keys."""
+        kernel = kernel_ref[0]
+        if kernel.idempotency is None:
+            return None
+        return kernel.request_token(app_id, ref, namespace="source_ref")
+
     erasure_service = ErasureService(
         app,
         keystore,
@@ -544,6 +553,7 @@ def bootstrap(
         catch_up=lambda nid, timeout: kernel_ref[0].catch_up(nid, timeout),
         flush_caches=lambda stream: kernel_ref[0].flush_caches(stream),
         tenant=settings.tenant,
+        ref_token=source_ref_token,
     )
     # The erasure ledger's check for the update engine: items erased without their
     # evidence are not recorded again from the same captures (extraction, quarantine
@@ -595,7 +605,9 @@ def bootstrap(
         queries=queries,
         clock=clock,
         audit=audit,
-        capture_service=CaptureService(app, subjects, keystore, clock, audit),
+        capture_service=CaptureService(
+            app, subjects, keystore, clock, audit, ref_token=source_ref_token
+        ),
         consent_service=ConsentService(app, subjects, clock, audit),
         proposal_service=ProposalService(
             app, subjects, evidence, clock, audit, erased_items=erased_items

@@ -200,6 +200,13 @@ def import_jsonl(
         err_console.print(f"[red]failed[/] {escape(str(problem))}", highlight=False, soft_wrap=True)
     if len(report.failed) > MAX_PROBLEMS_SHOWN:
         err_console.print(f"... and {len(report.failed) - MAX_PROBLEMS_SHOWN} more failed records")
+    for where in report.erased[:MAX_PROBLEMS_SHOWN]:
+        console.print(
+            f"skipped {escape(where)}: its capture was erased at the subject's request",
+            highlight=False,
+        )
+    if len(report.erased) > MAX_PROBLEMS_SHOWN:
+        console.print(f"... and {len(report.erased) - MAX_PROBLEMS_SHOWN} more erased records")
     verb = "would capture" if report.dry_run else "captured"
     console.print(
         f"{verb} {report.captured} interactions from {report.lines} records for "

@@ -47,6 +47,9 @@ class CaptureOutcome:
     acks: list[CaptureAck]
     skipped: int
     replayed: bool
+    #: Of those skipped, the indices of the interactions whose item token names a
+    #: capture erased at the subject's request (an import record; bug IC).
+    erased: tuple[int, ...] = ()
 
 
 def to_utc(value: datetime, field: str) -> datetime:
@@ -124,8 +127,12 @@ class CaptureService:
         keystore: SubjectKeyStore,
         clock: Clock,
         audit: AuditTrail,
+        ref_token: Callable[[str, str], str | None] = lambda app_id, ref: None,
     ) -> None:
+        """``ref_token(app_id, source_ref)``: the import's keyed token of a ref, which a
+        subject's stream keeps for each capture erased at the subject's request."""
         self._app = app
+        self._ref_token = ref_token
         self._keystore = keystore
         self._subjects = subjects
         self._clock = clock
@@ -290,9 +297,11 @@ class CaptureService:
         thread)."""
 
         made: dict[str, str] = {}  # capture id -> its key's commitment
+        erased: list[int] = []  # indices skipped as erased at the subject's request
 
         def save() -> tuple[list[str], list[int], int, dict[str, Any] | None]:
             made.clear()  # a retried save makes its keys again
+            erased.clear()
             profile = self._app.load(stream_id)
             now = self._clock.now()
             if batch_token or item_tokens is not None:
@@ -311,6 +320,18 @@ class CaptureService:
             tokens: dict[str, dict[str, Any]] = {}
             for index, interaction in enumerate(checked):
                 token = item_tokens[index] if item_tokens is not None else None
+                ref = (
+                    self._ref_token(interaction.app_id, interaction.source_ref)
+                    if item_tokens is not None and interaction.source_ref
+                    else None
+                )
+                if ref and profile.ref_erased(ref):
+                    # An import record (it has item tokens) whose capture was erased at
+                    # the subject's request: never again, however late (bug IC). Live
+                    # captures are not skipped (decision XXXX-erased-refs-stay-erased).
+                    erased.append(index)
+                    skipped += 1
+                    continue
                 if token and (
                     token in tokens
                     or profile.recorded_request(token, now=now, window_s=token_window_s)
@@ -373,6 +394,7 @@ class CaptureService:
             ],
             skipped,
             False,
+            tuple(erased),
         )
 
     def _answer(self, pending: PendingCapture) -> CaptureOutcome:

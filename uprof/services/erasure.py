@@ -175,7 +175,11 @@ class ErasureService:
         catch_up: Callable[[int, float], bool],
         flush_caches: Callable[[UUID], None],
         tenant: str,
+        ref_token: Callable[[str, str], str | None] = lambda app_id, ref: None,
     ) -> None:
+        """``ref_token(app_id, source_ref)``: the keyed token an import computes for a
+        record's ref (None when there is none); an erased capture's is kept in its
+        subject's stream so that no import brings it back (bug IC)."""
         self._app = app
         self._keystore = keystore
         self._subjects = subjects
@@ -188,6 +192,7 @@ class ErasureService:
         self._catch_up = catch_up
         self._flush_caches = flush_caches
         self._tenant = tenant
+        self._ref_token = ref_token
 
     # ----------------------------------------------------------------- subject
 
@@ -379,7 +384,10 @@ class ErasureService:
                 totals = {"items_erased": 0, "attributes_restated": 0}
                 for capture_id in ids:
                     outcome = profile.erase_capture(
-                        capture_id, cited_by=cited[capture_id], now=received_at
+                        capture_id,
+                        cited_by=cited[capture_id],
+                        now=received_at,
+                        ref_token=refs[capture_id],
                     )
                     for name, n in outcome.items():
                         totals[name] += n
@@ -391,6 +399,15 @@ class ErasureService:
             # (bugs GX, HX).
             with self._refusal_recorded(handle.pseudonym, request_id):
                 cited = {c: self._items_citing(str(stream), c) for c in ids}
+                # Read while the capture's key still opens its ref (the view row goes
+                # with it). A capture the views dropped (bug HX) had its token noted by
+                # the request that appended its ``CaptureErased``.
+                refs = {
+                    c: self._ref_token(row.app_id, row.source_ref)
+                    if (row := rows.get(c)) is not None and row.source_ref
+                    else None
+                    for c in ids
+                }
                 tombstone_id, totals = self._app.with_retry(command)
                 draft = _Draft(
                     request_id=request_id,

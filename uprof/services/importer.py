@@ -16,6 +16,13 @@ the same file: each such record carries a token (a keyed hash of its app and key
 its app and source ref) that the subject's stream records with the capture, so two
 writers of one record cannot both save it. Chat and Mem0 records get a derived
 ``source_ref`` (``uprof.services.import_formats``), so their re-runs skip too.
+
+An erased capture stays erased (bug IC): a record whose (app, source_ref) names a capture
+erased at the subject's request (``erase_capture``, a withdrawal with ``erase``) is
+skipped however late, and named in ``ImportReport.erased``. The subject's stream keeps
+the ref's keyed token for the subject's life (``SubjectProfile.ref_erased``, decided
+again by the capture's save). Live captures are not affected: a user may say the same
+thing again through the app (decision XXXX-erased-refs-stay-erased).
 """
 
 from __future__ import annotations
@@ -24,9 +31,10 @@ import itertools
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from uuid import UUID
 
 from domain.errors import InvalidInputError, ReadTimeoutError, SubjectErasedError, UprofError
-from domain.profile import CAPTURE_CATEGORY
+from domain.profile import CAPTURE_CATEGORY, SubjectProfile
 from uprof.kernel import Uprof
 from uprof.schemas.capture import InteractionIn
 from uprof.services.capture import check_interaction
@@ -68,6 +76,9 @@ class ImportReport:
     #: Why the run stopped before the end of the file (the counts are what was done
     #: until then; the records after were not read), or None when it read it all.
     stopped: str | None = None
+    #: The records (where each is) skipped because their capture was erased at the
+    #: subject's request; each is counted in ``skipped`` too.
+    erased: tuple[str, ...] = ()
 
 
 def parse_lines(lines: Iterable[str]) -> list[InteractionIn]:
@@ -241,10 +252,12 @@ class _Run:
         self.skipped = 0
         self.subjects: set[str] = set()
         self.failed: list[ImportProblem] = []
+        self.erased: list[str] = []
         self._failed_where: set[str] = set()
         self._consent: dict[tuple[str, str, str], str | None] = {}
         self._permits: dict[tuple[str, str], str | None] = {}
         self._tokens_seen: set[str] = set()
+        self._profiles: dict[str, SubjectProfile] = {}
         self._views_fresh = False
 
     def report(self) -> ImportReport:
@@ -255,6 +268,7 @@ class _Run:
             self.skipped,
             tuple(self.failed),
             dry_run=self.dry_run,
+            erased=tuple(dict.fromkeys(self.erased)),
         )
 
     def _fail(self, problem: ImportProblem) -> None:
@@ -274,6 +288,9 @@ class _Run:
         # So is consent (decision 0067: a retry is decided again): a record skipped as
         # captured already is reported so only under a consent in force for its chunk.
         self._consent = {key: why for key, why in self._consent.items() if why is not None}
+        # The subjects' streams loaded for this chunk's consent checks, asked again
+        # whether a record's capture was erased (one load per subject per chunk).
+        self._profiles = {}
         good: list[ImportRecord] = []
         for parsed in chunk:
             if isinstance(parsed, ImportProblem):
@@ -328,7 +345,8 @@ class _Run:
         except InvalidInputError as error:
             why = str(error)
         else:
-            allowed = handle is not None and kernel.app.load(handle.stream_id).has_consent(
+            profile = None if handle is None else self._profile(row.subject, handle.stream_id)
+            allowed = profile is not None and profile.has_consent(
                 app_id=row.app_id,
                 category=CAPTURE_CATEGORY,
                 purpose=row.purpose,
@@ -343,6 +361,11 @@ class _Run:
         self._consent[key] = why
         return why
 
+    def _profile(self, subject: str, stream_id: UUID) -> SubjectProfile:
+        if subject not in self._profiles:
+            self._profiles[subject] = self.kernel.app.load(stream_id)
+        return self._profiles[subject]
+
     # ------------------------------------------------------------- idempotency
 
     def _deduplicated(self, records: Sequence[ImportRecord]) -> list[_Pending]:
@@ -356,9 +379,14 @@ class _Run:
                 )
             self._views_fresh = True
         known = _already_captured(self.kernel, [p.row for p in rows])
+        erased = _erased(self.kernel, [p.row for p in rows], self._profile)
         fresh: list[_Pending] = []
-        for pending, captured in zip(rows, known, strict=True):
+        for pending, captured, gone in zip(rows, known, erased, strict=True):
             token = pending.token
+            if gone:
+                self.erased.append(pending.record.where)
+                self.skipped += 1
+                continue
             if captured or (token is not None and token in self._tokens_seen):
                 self.skipped += 1  # captured before, or repeated in this file
                 continue
@@ -406,7 +434,39 @@ class _Run:
                 continue
             self.captured += len(outcome.acks)
             self.skipped += outcome.skipped
+            # Erased meanwhile (after this chunk's check): the stream's save said so.
+            self.erased.extend(group[i].record.where for i in outcome.erased)
             self.subjects.add(subject)
+
+
+def _erased(
+    kernel: Uprof,
+    rows: list[InteractionIn],
+    load: Callable[[str, UUID], SubjectProfile],
+) -> list[bool]:
+    """Per row: was a capture of its subject from its app with its source_ref erased at
+    the subject's request? Asked of the subject's stream, which keeps the ref's keyed
+    token with no expiry; the capture's save asks again (bug IC)."""
+    if kernel.idempotency is None or not any(row.source_ref for row in rows):
+        return [False] * len(rows)
+    profiles: dict[str, SubjectProfile | None] = {}
+    for row in rows:
+        if row.source_ref and row.subject not in profiles:
+            try:
+                handle = kernel.subjects.find(row.subject)
+            except SubjectErasedError:
+                handle = None  # erased since its check: its write fails, naming it
+            profiles[row.subject] = None if handle is None else load(row.subject, handle.stream_id)
+    erased: list[bool] = []
+    for row in rows:
+        profile = profiles.get(row.subject) if row.source_ref else None
+        erased.append(
+            profile is not None
+            and profile.ref_erased(
+                kernel.request_token(row.app_id, row.source_ref, namespace="source_ref")
+            )
+        )
+    return erased
 
 
 def _already_captured(kernel: Uprof, rows: list[InteractionIn]) -> list[bool]:
