@@ -1303,7 +1303,7 @@ class SubjectProfile(Aggregate):
 
         ``ref_token`` is the keyed token of the capture's (app, source_ref), when it had
         a ref: the stream keeps it for the subject's life, so an import of the same
-        record is skipped however late (bug IC, decision XXXX-erased-refs-stay-erased).
+        record is skipped however late (bug IC, decision 0147-erased-refs-stay-erased).
         """
         self._refuse_if_erased()
         restated = erased = 0

@@ -6,7 +6,7 @@ captures view, which matches ``source_ref``, loses the erased capture with the r
 derived data. A day later the same file (an old export, a nightly sync) captured the
 erased words again, reported as a plain new capture. Fixed: the erasure keeps the keyed
 token of the capture's (app, source_ref) in the subject's sealed stream, with no expiry
-(decision XXXX-erased-refs-stay-erased).
+(decision 0147-erased-refs-stay-erased).
 """
 
 from __future__ import annotations

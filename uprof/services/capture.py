@@ -328,7 +328,7 @@ class CaptureService:
                 if ref and profile.ref_erased(ref):
                     # An import record (it has item tokens) whose capture was erased at
                     # the subject's request: never again, however late (bug IC). Live
-                    # captures are not skipped (decision XXXX-erased-refs-stay-erased).
+                    # captures are not skipped (decision 0147-erased-refs-stay-erased).
                     erased.append(index)
                     skipped += 1
                     continue

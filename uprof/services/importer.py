@@ -22,7 +22,7 @@ erased at the subject's request (``erase_capture``, a withdrawal with ``erase``)
 skipped however late, and named in ``ImportReport.erased``. The subject's stream keeps
 the ref's keyed token for the subject's life (``SubjectProfile.ref_erased``, decided
 again by the capture's save). Live captures are not affected: a user may say the same
-thing again through the app (decision XXXX-erased-refs-stay-erased).
+thing again through the app (decision 0147-erased-refs-stay-erased).
 """
 
 from __future__ import annotations
