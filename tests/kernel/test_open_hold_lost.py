@@ -40,11 +40,13 @@ pytestmark = pytest.mark.parametrize(
 
 def end_open_lock_sessions(database: str) -> int:
     """What the server does to a session it ends: here, every session holding the open
-    lock of ``database`` (``pg_terminate_backend``)."""
+    lock of ``database`` (``pg_terminate_backend``, waiting up to 10 s for each to be gone:
+    without a timeout it only signals, and the session's lock was still listed now and
+    then when the test looked next)."""
     with _admin().connect() as conn:
         ended = conn.execute(
             sa.text(
-                "SELECT count(pg_terminate_backend(l.pid)) FROM pg_locks l "
+                "SELECT count(pg_terminate_backend(l.pid, 10000)) FROM pg_locks l "
                 "JOIN pg_stat_activity a ON a.pid = l.pid "
                 "WHERE l.locktype = 'advisory' AND l.classid = :hi AND l.objid = :lo "
                 "AND l.objsubid = 1 AND a.datname = :db"
