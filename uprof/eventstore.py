@@ -12,7 +12,7 @@ import dataclasses
 import hashlib
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -138,15 +138,83 @@ def log_identity(backend: Backend, engine: sa.Engine) -> str:
     return hashlib.sha256(b"uprof/event-log/1\x00" + where.encode()).hexdigest()[:32]
 
 
-def _head_of(row: StoredEvent, over: StreamHead | None = None) -> StreamHead:
+def head_of(row: StoredEvent, over: StreamHead | None = None) -> StreamHead:
     """The anchor of a committed head row; for a raise, ``over`` is the anchor its
     writer checked (``StreamHead.over_version``; None: there was none)."""
     stream_id = str(UUID(str(row.originator_id)))
     version = int(row.originator_version)
-    digest = head_digest(stream_id, version, row.topic, row.state)
+    digest = head_digest(stream_id, version, row.topic, bytes(row.state))
     if over is None:
         return StreamHead(stream_id, version, digest)
     return StreamHead(stream_id, version, digest, over.version, over.digest)
+
+
+class AnchorBrokenError(Exception):
+    """A stream no longer holds the head row its anchor names: it ends below the anchor
+    or that row is gone (``cut_short``), or the row there is another one. Each store
+    words its own error (the event log's, the policy store's)."""
+
+    def __init__(self, *, cut_short: bool) -> None:
+        super().__init__("cut short" if cut_short else "head row replaced")
+        self.cut_short = cut_short
+
+
+def head_to_adopt(
+    recorder: Any, stream_id: UUID, loaded: int, anchor: StreamHead | None
+) -> StreamHead | None:
+    """Check a stream loaded at version ``loaded`` against its anchor; return the head
+    to raise the anchor to, if any. Raises ``AnchorBrokenError``.
+
+    A head above the anchor is an append whose anchor write has not landed (a crash
+    between the two commits, or another process's write in flight): its rows are
+    committed, so anchoring them never runs ahead of the log. No anchor at all: a stream
+    written before anchors existed, or whose anchor write never landed; its head is
+    adopted. One function for the event log and the policy store (0132, 0140).
+    """
+    if anchor is not None and loaded < anchor.version:
+        raise AnchorBrokenError(cut_short=True)
+    if anchor is None:
+        rows = recorder.select_events(stream_id, desc=True, limit=1)
+    else:
+        rows = recorder.select_events(stream_id, gt=anchor.version - 1)
+        if not rows or rows[0].originator_version != anchor.version:
+            raise AnchorBrokenError(cut_short=True)
+        if head_of(rows[0]).digest != anchor.digest:
+            raise AnchorBrokenError(cut_short=False)
+    if rows and (anchor is None or rows[-1].originator_version > anchor.version):
+        return head_of(rows[-1], anchor)
+    return None
+
+
+def heads_after_save(
+    keystore: Any,
+    log_id: str,
+    recorder: Any,
+    newest: Mapping[str, StoredEvent],
+    first: Mapping[str, int],
+) -> list[StreamHead]:
+    """The heads a committed save may raise its streams' anchors to (``newest``: each
+    stream's newest row written; ``first``: its first version written): over each
+    anchor whose row is still the one anchored and below the save's first row (bug GM).
+
+    A writer that did not load the stream (a cached copy, a verdict at ``head + 1``)
+    never checked its anchor, and a stream cut short takes its next rows into the
+    emptied slots. An anchor at or above the save's first version, or whose row is gone
+    or changed, is left as it is: the next load fails closed on it. One function for
+    the event log and the policy store (0135, 0140).
+    """
+    anchors = keystore.stream_heads_of(log_id, newest)
+    heads = []
+    for stream, row in newest.items():
+        anchor = anchors.get(stream)
+        if anchor is not None:
+            if anchor.version >= first[stream]:
+                continue
+            rows = recorder.select_events(UUID(stream), gt=anchor.version - 1, lte=anchor.version)
+            if not rows or head_of(rows[0]).digest != anchor.digest:
+                continue
+        heads.append(head_of(row, anchor))
+    return heads
 
 
 def _holds_anchored_row(rows: Sequence[StoredEvent], anchor: StreamHead) -> bool:
@@ -155,7 +223,7 @@ def _holds_anchored_row(rows: Sequence[StoredEvent], anchor: StreamHead) -> bool
     if not rows or rows[0].originator_version > anchor.version:
         return True
     at = [r for r in rows if r.originator_version == anchor.version]
-    return bool(at) and _head_of(at[0]).digest == anchor.digest
+    return bool(at) and head_of(at[0]).digest == anchor.digest
 
 
 _CUT_SHORT = (
@@ -265,26 +333,16 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
         return profile
 
     def _check_head(self, stream_id: UUID, loaded: int, anchor: StreamHead | None) -> None:
-        """Refuse a stream that ends below its anchor, or whose row at the anchor's version
-        is not the one anchored (bug EL); adopt a head above the anchor.
-
-        A head above it is an append whose anchor write has not landed (a crash between
-        the two commits, or another process's write in flight): its rows are committed,
-        so anchoring them never runs ahead of the log. No anchor at all: a stream written
-        before anchors existed, or whose anchor write never landed; its head is adopted.
-        """
-        if anchor is not None and loaded < anchor.version:
-            raise StoredDataDamagedError(_CUT_SHORT)
-        if anchor is None:
-            rows = self.recorder.select_events(stream_id, desc=True, limit=1)
-        else:
-            rows = self.recorder.select_events(stream_id, gt=anchor.version - 1)
-            if not rows or rows[0].originator_version != anchor.version:
-                raise StoredDataDamagedError(_CUT_SHORT)
-            if _head_of(rows[0]).digest != anchor.digest:
-                raise StoredDataDamagedError(_HEAD_REPLACED)
-        if rows and (anchor is None or rows[-1].originator_version > anchor.version):
-            self._raise_anchors(lambda: [_head_of(rows[-1], anchor)])  # checked just above
+        """Refuse a stream below its anchor or whose anchored row changed (bug EL);
+        adopt a head above it (``head_to_adopt``)."""
+        try:
+            head = head_to_adopt(self.recorder, stream_id, loaded, anchor)
+        except AnchorBrokenError as broken:
+            raise StoredDataDamagedError(
+                _CUT_SHORT if broken.cut_short else _HEAD_REPLACED
+            ) from None
+        if head is not None:
+            self._raise_anchors(lambda: [head])  # checked just above
 
     def _record(self, processing_event: ProcessingEvent[UUID]) -> list[Recording[UUID]]:
         """Record, then raise each written stream's anchor in the key store.
@@ -306,34 +364,10 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
                 newest[stream] = n
             first[stream] = min(first.get(stream, n.originator_version), n.originator_version)
         if newest:
-            self._raise_anchors(lambda: self._checked_heads(newest, first))
+            self._raise_anchors(
+                lambda: heads_after_save(self._keystore, self.log_id, self.recorder, newest, first)
+            )
         return recordings
-
-    def _checked_heads(
-        self, newest: dict[str, Notification], first: dict[str, int]
-    ) -> list[StreamHead]:
-        """The heads a save may raise its streams' anchors to: over each anchor whose
-        row is still the one anchored and below the save's first row (bug GM).
-
-        A writer that did not load the stream (a cached copy, a verdict at ``head + 1``)
-        never checked its anchor, and a stream cut short takes its next rows into the
-        emptied slots. An anchor at or above the save's first version, or whose row is
-        gone or changed, is left as it is: the next load fails closed on it.
-        """
-        anchors = self._keystore.stream_heads_of(self.log_id, newest)
-        heads = []
-        for stream, n in newest.items():
-            anchor = anchors.get(stream)
-            if anchor is not None:
-                if anchor.version >= first[stream]:
-                    continue
-                rows = self.recorder.select_events(
-                    UUID(stream), gt=anchor.version - 1, lte=anchor.version
-                )
-                if not rows or _head_of(rows[0]).digest != anchor.digest:
-                    continue
-            heads.append(_head_of(n, anchor))
-        return heads
 
     def _raise_anchors(self, heads: Callable[[], Sequence[StreamHead]]) -> None:
         """Raise committed head rows' anchors; a store that refuses is logged.
@@ -363,7 +397,7 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
                     "ON e.originator_id = m.originator_id AND e.originator_version = m.v"
                 )
             ).all()
-        return [_head_of(StoredEvent(r[0], int(r[1]), str(r[2]), bytes(r[3]))) for r in rows]
+        return [head_of(StoredEvent(r[0], int(r[1]), str(r[2]), bytes(r[3]))) for r in rows]
 
     def move_anchors(self, rewrites: Sequence[tuple[StoredEvent, bytes]]) -> int:
         """Before committed rows are re-written in place (``uprof.crypto.plain_rows``), move
@@ -378,7 +412,7 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
         first would leave an anchor naming bytes no longer stored, and a re-run would not
         find the row to re-write). Returns how many anchors moved."""
         moves = [
-            (_head_of(row), _head_of(dataclasses.replace(row, state=state)).digest)
+            (head_of(row), head_of(dataclasses.replace(row, state=state)).digest)
             for row, state in rewrites
         ]
         return self._keystore.move_stream_heads(self.log_id, moves)

@@ -42,7 +42,7 @@ from eventsourcing.persistence import Mapper, StoredEvent, Transcoder
 from domain.errors import StoredDataDamagedError
 from uprof.crypto.keystore import StreamHead
 from uprof.crypto.mapper import PLAIN_TAG, PLAIN_TAGGED, plain_row_tag, tagged_plain_state
-from uprof.eventstore import head_digest
+from uprof.eventstore import AnchorBrokenError, head_of, head_to_adopt, heads_after_save
 from uprof.ports import KeyMaterialStore
 
 _log = logging.getLogger(__name__)
@@ -134,17 +134,6 @@ class PolicyRowMapper(Mapper[UUID]):
         )
 
 
-def head_of(row: StoredEvent, over: StreamHead | None = None) -> StreamHead:
-    """The anchor of a committed head row (0132's digest); ``over``: the anchor its writer
-    found whole, for a raise."""
-    stream_id = str(UUID(str(row.originator_id)))
-    version = int(row.originator_version)
-    digest = head_digest(stream_id, version, row.topic, bytes(row.state))
-    if over is None:
-        return StreamHead(stream_id, version, digest)
-    return StreamHead(stream_id, version, digest, over.version, over.digest)
-
-
 _CUT = (
     "a tenant's policy stream ends before the last version known committed "
     "(rows removed, or an older policy store put back)"
@@ -181,36 +170,19 @@ class SealedPolicyLog:
     def check_head(self, stream_id: UUID, loaded: int, anchor: StreamHead | None) -> None:
         """Refuse a stream below its anchor or whose anchored row changed; adopt a head
         above it (an append whose anchor write has not landed, or no anchor yet)."""
-        if anchor is not None and loaded < anchor.version:
-            raise _damaged(_CUT)
-        if anchor is None:
-            rows = self.recorder.select_events(stream_id, desc=True, limit=1)
-        else:
-            rows = self.recorder.select_events(stream_id, gt=anchor.version - 1)
-            if not rows or rows[0].originator_version != anchor.version:
-                raise _damaged(_CUT)
-            if head_of(rows[0]).digest != anchor.digest:
-                raise _damaged(_REPLACED)
-        if rows and (anchor is None or rows[-1].originator_version > anchor.version):
-            self.raise_anchors([head_of(rows[-1], anchor)])
+        try:
+            head = head_to_adopt(self.recorder, stream_id, loaded, anchor)
+        except AnchorBrokenError as broken:
+            raise _damaged(_CUT if broken.cut_short else _REPLACED) from None
+        if head is not None:
+            self.raise_anchors([head])
 
     def anchor_saved(self, newest: dict[str, StoredEvent], first: dict[str, int]) -> None:
         """After a save committed: raise each stream's anchor over the one still whole
         and below the save's first row (0135, bug GM); others stay for the next load."""
-        anchors = self.keystore.stream_heads_of(self.log_id, newest)
-        heads = []
-        for stream, row in newest.items():
-            anchor = anchors.get(stream)
-            if anchor is not None:
-                if anchor.version >= first[stream]:
-                    continue
-                rows = self.recorder.select_events(
-                    UUID(stream), gt=anchor.version - 1, lte=anchor.version
-                )
-                if not rows or head_of(rows[0]).digest != anchor.digest:
-                    continue
-            heads.append(head_of(row, anchor))
-        self.raise_anchors(heads)
+        self.raise_anchors(
+            heads_after_save(self.keystore, self.log_id, self.recorder, newest, first)
+        )
 
     def policy_streams(self) -> list[UUID]:
         """Every stream of the policy store (one per tenant; the store is small)."""
