@@ -36,6 +36,8 @@ import sys
 import tempfile
 import threading
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from multiprocessing import reduction
 from pathlib import Path
 from typing import IO
@@ -216,3 +218,17 @@ def run_python(
 
 if _in_the_fork_server():
     _check_forkable()
+
+
+@contextmanager
+def streaming_child(script: str, *args: str) -> Iterator[PythonChild]:
+    """A ``PythonChild`` whose output a test reads line by line as it writes them
+    (``stream_stdout``); at the end killed if still running, then reaped and its pipe
+    closed."""
+    child = PythonChild(script, *args, stream_stdout=True)
+    try:
+        yield child
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.communicate(30)

@@ -91,6 +91,15 @@ def consent(kernel: Uprof, subject: str = "alice", app: str = APP, categories=("
     )
 
 
+def consented_settings(backend: Backend, subject: str = "alice") -> Settings:
+    """The settings of a deployment where ``subject`` granted ``APP`` consent to every
+    category (one start, closed: each test then starts its own processes)."""
+    settings = settings_for(backend)
+    with running(settings, FakeClock()) as setup:
+        consent(setup, subject)
+    return settings
+
+
 def erased_and_recreated_while_profile_is_read(
     kernel: Uprof, settings: Settings, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> list[str]:

@@ -22,7 +22,7 @@ import sqlalchemy.exc
 from tests import children
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import build_kernel, consent, say, settings_for
+from tests.kernel.conftest import build_kernel, consent, consented_settings, say, settings_for
 from tests.kernel.test_simultaneous_erasure_receipts import Held, by_request
 from tests.kernel.test_two_erasures_at_once import outcomes_of_every_request
 from uprof.settings import Settings
@@ -83,13 +83,7 @@ def test_an_event_erasure_failing_on_storage_before_its_ledger_record_has_an_out
 
 @pytest.fixture
 def settings(backend: Backend) -> Settings:
-    settings = settings_for(backend)
-    setup = build_kernel(settings, FakeClock())
-    try:
-        consent(setup, "alice")
-    finally:
-        setup.close()
-    return settings
+    return consented_settings(backend)
 
 
 def _outcomes(settings: Settings) -> dict[str, list[str]]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -22,7 +22,7 @@ import sqlalchemy as sa
 
 from domain.errors import StoredDataDamagedError
 from tests import children
-from tests.children import PythonChild
+from tests.children import PythonChild, streaming_child
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import APP, consent, running, say, settings_for
@@ -166,16 +166,9 @@ VICTIM = textwrap.dedent(
 )
 
 
-@contextmanager
-def _victim(backend: Backend) -> Iterator[PythonChild]:
+def _victim(backend: Backend) -> AbstractContextManager[PythonChild]:
     url = backend.url if backend.kind == "postgres" else ""
-    child = PythonChild(VICTIM, str(backend.data_dir / "data"), url, stream_stdout=True)
-    try:
-        yield child
-    finally:
-        if child.poll() is None:
-            child.kill()
-        child.communicate(30)  # reaps it and closes its output pipe
+    return streaming_child(VICTIM, str(backend.data_dir / "data"), url)
 
 
 def test_a_start_killed_midway_through_the_upgrade_is_finished_by_the_next(
@@ -376,17 +369,12 @@ def test_a_start_killed_between_an_anchor_move_and_its_row_loads_after_the_next(
     and re-writes the row to exactly those bytes: every stream loads."""
     n, streams = _anchored_old_store(backend, clock)
     url = backend.url if backend.kind == "postgres" else ""
-    child = PythonChild(BETWEEN, str(backend.data_dir / "data"), url, stream_stdout=True)
-    try:
+    with streaming_child(BETWEEN, str(backend.data_dir / "data"), url) as child:
         assert child.stdout is not None
         line = child.stdout.readline()
         assert line.startswith("moved"), (line, child.communicate(5))
         child.kill()
         child.wait(30)
-    finally:
-        if child.poll() is None:
-            child.kill()
-        child.communicate(30)
     with _raw_look(backend) as (_, recorded):
         assert not recorded
     with _raw_heads_and_anchors(backend) as (heads, anchors):

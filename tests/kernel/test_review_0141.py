@@ -19,7 +19,7 @@ from domain.errors import InvalidInputError
 from tests import children
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import build_kernel, consent, say, settings_for
+from tests.kernel.conftest import build_kernel, consent, consented_settings, say, settings_for
 from tests.kernel.test_key_material import _hold_in_flight
 from tests.kernel.test_simultaneous_erasure_receipts import (
     Held,
@@ -133,13 +133,7 @@ def test_a_mark_another_host_wrote_is_never_taken_for_dead(tmp_path: Path) -> No
 
 @pytest.fixture
 def settings(backend: Backend) -> Settings:
-    settings = settings_for(backend)
-    setup = build_kernel(settings, FakeClock())
-    try:
-        consent(setup, "alice")
-    finally:
-        setup.close()
-    return settings
+    return consented_settings(backend)
 
 
 def test_two_event_erasures_of_one_capture_at_once_claim_its_key_once(

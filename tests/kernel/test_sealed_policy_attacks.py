@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 import textwrap
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from domain.policy import policy_id
 from domain.principal import Principal
 from tests import children
-from tests.children import PythonChild
+from tests.children import PythonChild, streaming_child
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import running, settings_for
@@ -183,16 +183,9 @@ VICTIM = textwrap.dedent(
 )
 
 
-@contextmanager
-def _victim(backend: Backend) -> Iterator[PythonChild]:
+def _victim(backend: Backend) -> AbstractContextManager[PythonChild]:
     url = backend.url if backend.kind == "postgres" else ""
-    child = PythonChild(VICTIM, str(backend.data_dir / "data"), url, stream_stdout=True)
-    try:
-        yield child
-    finally:
-        if child.poll() is None:
-            child.kill()
-        child.communicate(30)
+    return streaming_child(VICTIM, str(backend.data_dir / "data"), url)
 
 
 def test_a_start_killed_midway_through_the_upgrade_is_finished_by_the_next(
@@ -403,17 +396,12 @@ def test_a_change_killed_between_its_commit_and_its_anchor_is_adopted_not_damage
         before = _anchor(k).version
         assert not _decide(k, APP, "location").allowed  # what the change will grant
     url = backend.url if backend.kind == "postgres" else ""
-    child = PythonChild(CHANGER, str(settings.data_dir), url, stream_stdout=True)
-    try:
+    with streaming_child(CHANGER, str(settings.data_dir), url) as child:
         assert child.stdout is not None
         line = child.stdout.readline()
         assert line.startswith("committed"), (line, child.communicate(5))
         child.kill()
         child.wait(30)
-    finally:
-        if child.poll() is None:
-            child.kill()
-        child.communicate(30)
     head = policy_rows(backend, settings)[-1][0]
     assert head == before + 1
     assert _stored_anchor(backend, settings) == before  # lagging, as the kill left it

@@ -28,7 +28,7 @@ from audit.receipts import verify_receipt
 from tests import children
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import build_kernel, consent, say, settings_for
+from tests.kernel.conftest import build_kernel, consent, consented_settings, say
 from tests.kernel.simultaneous_erasure_child import erase_capture_of, erase_held
 from tests.kernel.test_two_erasures_at_once import cited, outcomes_of_every_request
 from uprof.settings import Settings
@@ -114,13 +114,7 @@ def checked_offline(settings: Settings, *receipts: dict[str, Any]) -> dict[str, 
 
 @pytest.fixture
 def settings(backend: Backend) -> Settings:
-    settings = settings_for(backend)
-    setup = build_kernel(settings, FakeClock())
-    try:
-        consent(setup, "alice")
-    finally:
-        setup.close()
-    return settings
+    return consented_settings(backend)
 
 
 def test_a_request_previewing_after_the_other_destroyed_the_keys_cites_that_destruction(
