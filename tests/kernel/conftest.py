@@ -1,10 +1,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -15,6 +15,9 @@ from uprof.adapters.embeddings import HashingEmbedder
 from uprof.bootstrap import bootstrap
 from uprof.kernel import Uprof
 from uprof.settings import Settings
+
+if TYPE_CHECKING:
+    from tests.children import PythonChild
 
 APP = "app:planner"
 
@@ -89,6 +92,17 @@ def consent(kernel: Uprof, subject: str = "alice", app: str = APP, categories=("
     return kernel.grant_consent(
         subject, app_id=app, categories=list(categories), purposes=["personalization"]
     )
+
+
+def child_on(script: str, backend: Backend) -> AbstractContextManager[PythonChild]:
+    """``script`` run in a child process (``streaming_child``) with the deployment's data
+    folder and database URL (empty on SQLite) as its two arguments."""
+    # Imported here: the fork server imports this module before tests.children, whose
+    # import checks what the other modules left running there.
+    from tests.children import streaming_child
+
+    url = backend.url if backend.kind == "postgres" else ""
+    return streaming_child(script, str(settings_for(backend).data_dir), url)
 
 
 def consented_settings(backend: Backend, subject: str = "alice") -> Settings:

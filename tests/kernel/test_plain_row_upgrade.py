@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -22,10 +22,9 @@ import sqlalchemy as sa
 
 from domain.errors import StoredDataDamagedError
 from tests import children
-from tests.children import PythonChild, streaming_child
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import APP, consent, running, say, settings_for
+from tests.kernel.conftest import APP, child_on, consent, running, say, settings_for
 from tests.kernel.policy_rows import policy_to_legacy
 from tests.kernel.stored_rows import head_row
 from uprof.crypto.keydir import UPGRADE_FILE_PREFIX
@@ -166,16 +165,11 @@ VICTIM = textwrap.dedent(
 )
 
 
-def _victim(backend: Backend) -> AbstractContextManager[PythonChild]:
-    url = backend.url if backend.kind == "postgres" else ""
-    return streaming_child(VICTIM, str(backend.data_dir / "data"), url)
-
-
 def test_a_start_killed_midway_through_the_upgrade_is_finished_by_the_next(
     backend: Backend, clock: FakeClock
 ) -> None:
     n = _old_store(backend, clock)
-    with _victim(backend) as child:
+    with child_on(VICTIM, backend) as child:
         assert child.stdout is not None
         line = child.stdout.readline()
         assert line.startswith("paused"), (line, child.communicate(5))
@@ -368,8 +362,7 @@ def test_a_start_killed_between_an_anchor_move_and_its_row_loads_after_the_next(
     names bytes not stored yet. The next start finds the anchor already moved (left alone)
     and re-writes the row to exactly those bytes: every stream loads."""
     n, streams = _anchored_old_store(backend, clock)
-    url = backend.url if backend.kind == "postgres" else ""
-    with streaming_child(BETWEEN, str(backend.data_dir / "data"), url) as child:
+    with child_on(BETWEEN, backend) as child:
         assert child.stdout is not None
         line = child.stdout.readline()
         assert line.startswith("moved"), (line, child.communicate(5))

@@ -8,7 +8,6 @@ from __future__ import annotations
 import shutil
 import textwrap
 from collections.abc import Iterator
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +17,10 @@ import sqlalchemy as sa
 from domain.policy import policy_id
 from domain.principal import Principal
 from tests import children
-from tests.children import PythonChild, streaming_child
+from tests.children import streaming_child
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import running, settings_for
+from tests.kernel.conftest import child_on, running, settings_for
 from tests.kernel.policy_rows import (
     delete_policy_rows_from,
     forged_change,
@@ -183,17 +182,12 @@ VICTIM = textwrap.dedent(
 )
 
 
-def _victim(backend: Backend) -> AbstractContextManager[PythonChild]:
-    url = backend.url if backend.kind == "postgres" else ""
-    return streaming_child(VICTIM, str(backend.data_dir / "data"), url)
-
-
 def test_a_start_killed_midway_through_the_upgrade_is_finished_by_the_next(
     backend: Backend, clock: FakeClock
 ) -> None:
     settings = settings_for(backend)
     n = _legacy_store(settings, clock)
-    with _victim(backend) as child:
+    with child_on(VICTIM, backend) as child:
         assert child.stdout is not None
         line = child.stdout.readline()
         assert line.startswith("paused"), (line, child.communicate(5))
