@@ -1,11 +1,11 @@
-"""What sealing the policy store costs a policy check, a reload and a change
-(decision 0140-sealed-policy-store).
+"""What sealing the policy store costs a policy check, a reload and a change (decision
+0140-sealed-policy-store).
 
 ``python -m benchmarks.policy_seal_bench --backend sqlite --rounds 5 --other ../tree``
 from a tree's root: runs this file from this tree and from ``--other`` (a checkout
-without the seal, with this file copied in) alternately, each round a fresh process on a
-fresh store, and prints per-call medians of each tree and their ratio. ``--single``: one
-measurement in this process (what each round runs).
+without the seal, with this file and ``side_by_side.py`` copied in) alternately, each
+round a fresh process on a fresh store, and prints per-call medians of each tree and
+their ratio. ``--single``: one measurement in this process (what each round runs).
 
 Per call, on the default tenant's policy (seeded, plus ``--warm`` changes):
 
@@ -22,18 +22,11 @@ Per call, on the default tenant's policy (seeded, plus ``--warm`` changes):
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parents[1]
+from benchmarks.side_by_side import side_by_side_main
 
 
 def _per_call(fn: Callable[[], Any], calls: int, scale: float) -> float:
@@ -85,54 +78,8 @@ def single(backend: str, calls: int, warm: int) -> dict[str, float]:
         }
 
 
-def _run_in(tree: Path, args: argparse.Namespace) -> dict[str, float]:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.policy_seal_bench",
-            "--single",
-            f"--backend={args.backend}",
-            f"--calls={args.calls}",
-            f"--warm={args.warm}",
-        ],
-        cwd=tree,
-        env={**os.environ, "PYTHONPATH": str(tree)},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite")
-    parser.add_argument("--calls", type=int, default=100)
-    parser.add_argument("--warm", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--other", type=Path, help="the tree to compare with")
-    parser.add_argument("--single", action="store_true")
-    args = parser.parse_args()
-    if args.single:
-        print(json.dumps(single(args.backend, args.calls, args.warm)))
-        return
-    trees = {"this": HERE, **({"other": args.other.resolve()} if args.other else {})}
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
-    for _ in range(args.rounds):
-        for name, tree in trees.items():  # alternately: drift hits both alike
-            runs[name].append(_run_in(tree, args))
-    medians = {
-        name: {k: round(statistics.median(r[k] for r in rs), 3) for k in rs[0]}
-        for name, rs in runs.items()
-    }
-    out: dict[str, Any] = {"backend": args.backend, "rounds": args.rounds, "median": medians}
-    if "other" in medians:
-        out["ratio_this_to_other"] = {
-            k: round(medians["this"][k] / medians["other"][k], 3) for k in medians["this"]
-        }
-    print(json.dumps(out))
+    side_by_side_main("benchmarks.policy_seal_bench", __doc__, single, calls=100)
 
 
 if __name__ == "__main__":
