@@ -326,3 +326,48 @@ def test_a_key_reused_for_another_subject_is_refused_naming_the_header(
     assert error["code"] == "idempotency_key_reused"
     assert "Idempotency-Key" in error["message"]
     assert stored(kernel)["InteractionCaptured"] == 1
+
+
+def test_mcp_capture_retried_with_its_key_through_a_dropped_answer_is_stored_once(
+    kernel: Uprof, keys: Any
+) -> None:
+    """The MCP server cannot tell a host's retry from a new call (a new JSON-RPC id, the
+    same arguments): the key is the caller's to send, and a retry with it is stored once."""
+    from tests.api.mcp_messages import HELLO, POST_JSON, rpc
+    from uprof.api.runtime import ServiceRuntime
+    from uprof.mcp import build_server
+    from uprof.mcp.server import http_app
+
+    planner = keys.create(PLANNER).token
+    kernel.grant_consent("alice", app_id=PLANNER, categories=["*"], purposes=["personalization"])
+    runtime = ServiceRuntime.for_kernel(kernel)
+    app = http_app(build_server(runtime, keys), path="/mcp")
+    arguments = {
+        "subject": "alice",
+        "agent_id": "agent:one",
+        "user_input": "I like tea",
+        "occurred_at": "2025-01-01T09:00:00+00:00",
+        "idempotency_key": "host-call-7",
+    }
+    runtime.start()
+    try:
+        with (
+            LiveServer(app) as live,
+            DroppingProxy(live.port) as proxy,
+            httpx.Client(timeout=30) as client,
+        ):
+            url = f"{proxy.url}/mcp"
+            own = {**POST_JSON, **bearer(planner)}
+            opened = client.post(url, json=HELLO, headers=own)
+            session = {**own, "mcp-session-id": opened.headers["mcp-session-id"]}
+            client.post(url, content=rpc("notifications/initialized"), headers=session)
+            call = {"name": "capture", "arguments": arguments}
+            proxy.arm()
+            with pytest.raises(httpx.TransportError):
+                client.post(url, content=rpc("tools/call", 2, call), headers=session)
+            again = client.post(url, content=rpc("tools/call", 3, call), headers=session)
+    finally:
+        runtime.stop()
+    assert proxy.dropped == 1
+    assert again.status_code == 200 and '"isError":true' not in again.text, again.text[:300]
+    assert stored(kernel)["InteractionCaptured"] == 1
