@@ -371,3 +371,51 @@ def test_mcp_capture_retried_with_its_key_through_a_dropped_answer_is_stored_onc
     assert proxy.dropped == 1
     assert again.status_code == 200 and '"isError":true' not in again.text, again.text[:300]
     assert stored(kernel)["InteractionCaptured"] == 1
+
+
+# ------------------------------------------------- a reused key names its field
+
+
+def test_a_reused_key_is_refused_naming_the_field_the_caller_sent(
+    kernel: Uprof, http: httpx.Client, apps: Apps
+) -> None:
+    """REST and the SDK name the header in ``error.fields``; the MCP tool names its own
+    argument, ``idempotency_key``, never a header its caller did not send."""
+    from mcp import Client as McpClient
+
+    from uprof.api.runtime import ServiceRuntime
+    from uprof.apikeys.store import Principal
+    from uprof.mcp import build_server
+
+    grant(http, apps.planner)
+    headers = bearer(apps.planner) | {"Idempotency-Key": "k-1"}
+    http.post("/v1/captures", headers=headers, json={"subject": "alice", **interaction("a")})
+    rest = http.post("/v1/captures", headers=headers, json={"subject": "alice", **interaction("b")})
+    assert rest.status_code == 409
+    assert [f["field"] for f in rest.json()["error"]["fields"]] == ["Idempotency-Key"]
+
+    runtime = ServiceRuntime.for_kernel(kernel)
+    runtime.start()
+    server = build_server(runtime, stdio_principal=Principal(PLANNER, "k", frozenset({"app"})))
+    args = {
+        "subject": "alice",
+        "agent_id": "agent:one",
+        "user_input": "I like tea",
+        "occurred_at": "2025-01-01T09:00:00+00:00",
+        "idempotency_key": "m-1",
+    }
+
+    async def scenario() -> Any:
+        async with McpClient(server) as client:
+            await client.call_tool("capture", args)
+            return await client.call_tool("capture", {**args, "user_input": "I like coffee"})
+
+    try:
+        reused = asyncio.run(scenario())
+    finally:
+        runtime.stop()
+    assert reused.is_error
+    error = json.loads(reused.content[0].text)["error"]
+    assert error["code"] == "idempotency_key_reused"
+    assert [f["field"] for f in error["fields"]] == ["idempotency_key"], error
+    assert "Idempotency-Key" not in error["message"] + error["hint"], error
