@@ -203,9 +203,14 @@ class CaptureBackloggedError(UprofError):
 
 
 class IdempotencyKeyReusedError(UprofError):
-    """The same idempotency key came back with a different request."""
+    """The same idempotency key came back with a different request. ``field`` names the
+    key as the caller sent it (the REST body lists it in ``error.fields``)."""
 
     hint = (
         "an Idempotency-Key names one request: send the identical body to replay it, "
         "or a new key for a new request"
     )
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field

@@ -115,12 +115,40 @@ class UprofToolError(ToolError):
         super().__init__(body.model_dump_json())
 
 
+#: The REST header, named as the tools take it: an MCP caller sent the argument, and an
+#: error naming a header it never sent does not tell it what to fix (bug IL).
+_ARGUMENT_OF_HEADER = {"Idempotency-Key": "idempotency_key"}
+
+
 def _error_body(error: UprofError | EdgeError | ValidationError) -> ErrorOut:
     if isinstance(error, ValidationError):
         return validation_problem(field_problems([dict(e) for e in error.errors()])).body()
     if isinstance(error, EdgeError):
         return error.body()
-    return body_for(error)
+    return _in_tool_terms(body_for(error))
+
+
+def _in_tool_terms(body: ErrorOut) -> ErrorOut:
+    """The body with each REST header it names called by the tool argument it came from."""
+    named = body.error
+    if not any(f.field in _ARGUMENT_OF_HEADER for f in named.fields):
+        return body
+
+    def said(text: str) -> str:
+        for header, argument in _ARGUMENT_OF_HEADER.items():
+            text = text.replace(header, argument)
+        return text
+
+    fields = [
+        f.model_copy(
+            update={"field": _ARGUMENT_OF_HEADER.get(f.field, f.field), "message": said(f.message)}
+        )
+        for f in named.fields
+    ]
+    error = named.model_copy(
+        update={"message": said(named.message), "hint": said(named.hint), "fields": fields}
+    )
+    return body.model_copy(update={"error": error})
 
 
 def _tool_error(error: UprofError | EdgeError | ValidationError) -> UprofToolError:

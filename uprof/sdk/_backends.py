@@ -6,6 +6,10 @@ SDK error for the failure, so the clients above them cannot tell them apart.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -29,6 +33,34 @@ class SyncBackend(Protocol):
     def stream_text(self, call: Call[Any]) -> Iterator[str]: ...
 
     def close(self) -> None: ...
+
+
+#: How many times an HTTP backend sends a write again after a network failure.
+DEFAULT_WRITE_RETRIES = 2
+#: The pause before the n-th resend is this times 2**(n-1) seconds.
+RETRY_PAUSE_S = 0.1
+
+
+def _keyed(call: Call[R]) -> Call[R]:
+    """The call with an idempotency key, if its operation takes one and it has none.
+
+    A write sent over a network can fail after the server committed it (the answer is
+    lost): sent again, it must not be written twice. The key is made once per call, here,
+    and every resend of that call carries it; it is random, so two calls never share one
+    (never derived from what the caller passes, which two calls may have in common)."""
+    if call.operation.keyed and call.idempotency_key is None:
+        return dataclasses.replace(call, idempotency_key=f"uprof-sdk-{uuid.uuid4().hex}")
+    return call
+
+
+def _attempts(call: Call[Any], retries: int) -> int:
+    """How many times a call may be sent: a keyed write ``1 + retries``, anything else once
+    (a write without a key, an erasure, could be done twice)."""
+    return 1 + max(0, retries) if call.idempotency_key is not None and call.operation.keyed else 1
+
+
+def _failed(call: Call[Any], error: httpx.HTTPError) -> TransportError:
+    return TransportError(f"{call.operation.name}: {type(error).__name__}: {error}")
 
 
 def _request_kwargs(call: Call[Any]) -> dict[str, Any]:
@@ -58,16 +90,28 @@ def _parse(call: Call[R], response: httpx.Response) -> R:
 class HttpBackend:
     """Send calls to the REST API with ``Authorization: Bearer <api_key>``."""
 
-    def __init__(self, client: httpx.Client) -> None:
+    def __init__(self, client: httpx.Client, write_retries: int = DEFAULT_WRITE_RETRIES) -> None:
         self._client = client
+        self._retries = write_retries
 
     def send(self, call: Call[R]) -> R:
-        op = call.operation
-        try:
-            response = self._client.request(op.method, op.path, **_request_kwargs(call))
-        except httpx.HTTPError as error:
-            raise TransportError(f"{op.name}: {type(error).__name__}: {error}") from error
-        return _parse(call, response)
+        call = _keyed(call)
+        op, kwargs = call.operation, _request_kwargs(call)
+        attempts = _attempts(call, self._retries)
+        for attempt in range(attempts):
+            try:
+                response = self._client.request(op.method, op.path, **kwargs)
+            except httpx.TransportError as error:
+                # No answer: the write may have been committed. Sent again with its key,
+                # the server answers it once (module ``uprof.services.idempotency``).
+                if attempt + 1 == attempts:
+                    raise _failed(call, error) from error
+                time.sleep(RETRY_PAUSE_S * 2**attempt)
+            except httpx.HTTPError as error:
+                raise _failed(call, error) from error
+            else:
+                return _parse(call, response)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def send_for_bytes(self, call: Call[Any]) -> bytes:
         """The answer's body as it came (a proof document is a file, checked byte for byte)."""
@@ -97,16 +141,28 @@ class HttpBackend:
 
 
 class AsyncHttpBackend:
-    def __init__(self, client: httpx.AsyncClient) -> None:
+    def __init__(
+        self, client: httpx.AsyncClient, write_retries: int = DEFAULT_WRITE_RETRIES
+    ) -> None:
         self._client = client
+        self._retries = write_retries
 
     async def send(self, call: Call[R]) -> R:
-        op = call.operation
-        try:
-            response = await self._client.request(op.method, op.path, **_request_kwargs(call))
-        except httpx.HTTPError as error:
-            raise TransportError(f"{op.name}: {type(error).__name__}: {error}") from error
-        return _parse(call, response)
+        call = _keyed(call)  # as ``HttpBackend.send``
+        op, kwargs = call.operation, _request_kwargs(call)
+        attempts = _attempts(call, self._retries)
+        for attempt in range(attempts):
+            try:
+                response = await self._client.request(op.method, op.path, **kwargs)
+            except httpx.TransportError as error:
+                if attempt + 1 == attempts:
+                    raise _failed(call, error) from error
+                await asyncio.sleep(RETRY_PAUSE_S * 2**attempt)
+            except httpx.HTTPError as error:
+                raise _failed(call, error) from error
+            else:
+                return _parse(call, response)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def send_for_bytes(self, call: Call[Any]) -> bytes:
         op = call.operation

@@ -21,7 +21,13 @@ from pydantic import BaseModel, JsonValue
 
 from uprof.schemas import api as w
 from uprof.sdk import _operations as ops
-from uprof.sdk._backends import AsyncHttpBackend, EmbeddedBackend, HttpBackend, SyncBackend
+from uprof.sdk._backends import (
+    DEFAULT_WRITE_RETRIES,
+    AsyncHttpBackend,
+    EmbeddedBackend,
+    HttpBackend,
+    SyncBackend,
+)
 from uprof.sdk._errors import TransportError, invalid_request
 from uprof.sdk._operations import Call, Operation
 
@@ -210,11 +216,12 @@ class Client:
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         transport: httpx.BaseTransport | None = None,
+        write_retries: int = DEFAULT_WRITE_RETRIES,
     ) -> None:
         http = httpx.Client(
             base_url=base_url, headers=_headers(api_key), timeout=timeout_s, transport=transport
         )
-        self._backend: SyncBackend = HttpBackend(http)
+        self._backend: SyncBackend = HttpBackend(http, write_retries)
 
     @classmethod
     def embedded(cls, kernel: Uprof, app_id: str, *, roles: Sequence[str] = ("app",)) -> Client:
@@ -250,6 +257,10 @@ class Client:
 
         ``idempotency_key`` (on every write method): makes the call safe to retry; a
         retry with the same key and arguments gets the first answer and writes nothing.
+        Over HTTP a write given no key gets one made for this call, and after a network
+        failure (no answer: the write may have been committed) the client sends it again
+        with that key, ``write_retries`` times (default 2), so it is stored once. Pass
+        your own key to keep a retry of your own (a new call) safe too.
         """
         fields = ops.interaction(
             agent_id=agent_id,
@@ -594,11 +605,12 @@ class AsyncClient:
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         transport: httpx.AsyncBaseTransport | None = None,
+        write_retries: int = DEFAULT_WRITE_RETRIES,
     ) -> None:
         http = httpx.AsyncClient(
             base_url=base_url, headers=_headers(api_key), timeout=timeout_s, transport=transport
         )
-        self._backend = AsyncHttpBackend(http)
+        self._backend = AsyncHttpBackend(http, write_retries)
 
     async def capture(
         self,

@@ -28,18 +28,25 @@ class Operation(Generic[R]):
     method: str
     path: str
     response: type[R]
+    #: A write the server answers once per ``Idempotency-Key``: the HTTP backends give it
+    #: a key when the caller gave none, and retry it after a network failure.
+    keyed: bool = False
 
 
-CAPTURE = Operation("capture", "POST", "/v1/captures", w.CaptureAck)
-CAPTURE_MANY = Operation("capture_many", "POST", "/v1/captures/batch", w.CaptureBatchAck)
-SUBMIT_PROPOSALS = Operation("submit_proposals", "POST", "/v1/proposals", w.ProposalsResult)
+CAPTURE = Operation("capture", "POST", "/v1/captures", w.CaptureAck, keyed=True)
+CAPTURE_MANY = Operation(
+    "capture_many", "POST", "/v1/captures/batch", w.CaptureBatchAck, keyed=True
+)
+SUBMIT_PROPOSALS = Operation(
+    "submit_proposals", "POST", "/v1/proposals", w.ProposalsResult, keyed=True
+)
 SLICE = Operation("slice", "POST", "/v1/slices", w.ProfileSlice)
 PROFILE = Operation("profile", "POST", "/v1/profile/read", w.Profile)
 EVIDENCE = Operation("evidence", "POST", "/v1/evidence/read", w.Evidence)
-GRANT_CONSENT = Operation("grant_consent", "POST", "/v1/consents", w.ConsentGranted)
+GRANT_CONSENT = Operation("grant_consent", "POST", "/v1/consents", w.ConsentGranted, keyed=True)
 CONSENTS = Operation("consents", "POST", "/v1/consents/list", w.ConsentList)
 WITHDRAW_CONSENT = Operation(
-    "withdraw_consent", "POST", "/v1/consents/withdraw", w.ConsentWithdrawn
+    "withdraw_consent", "POST", "/v1/consents/withdraw", w.ConsentWithdrawn, keyed=True
 )
 REGISTER_SESSION = Operation("register_session", "POST", "/v1/sessions", w.Registered)
 REGISTER_IDENTIFIER = Operation("register_identifier", "POST", "/v1/identifiers", w.Registered)

@@ -252,14 +252,17 @@ class IdempotencyStore:
                 continue  # released between our insert and our read: claim again
             if row.body_hash != body_hash:
                 raise IdempotencyKeyReusedError(
-                    f"{HEADER} was already used by this app for a different request"
+                    f"{HEADER} was already used by this app for a different request",
+                    field=HEADER,
                 )
             if row.state == "done":
                 return Outcome(json.loads(row.response), int(row.status), replayed=True)
             # Claimed and not answered: its writer is still running, or died. Run the
             # write too; the subject's stream lets only one of them write (module doc).
             return None
-        raise IdempotencyKeyReusedError(f"{HEADER} is being claimed and released repeatedly")
+        raise IdempotencyKeyReusedError(
+            f"{HEADER} is being claimed and released repeatedly", field=HEADER
+        )
 
     def _answer(self, token: str, body_hash: str, response: dict[str, Any], status: int) -> Outcome:
         t = idempotency_keys
