@@ -168,3 +168,80 @@ def test_processes_starting_at_once_on_a_previous_schema_store_all_come_up(
     outcomes = sorted(results.get(timeout=5) for _ in processes)
     assert outcomes == ["ok"] * STARTS
     assert_upgraded_and_intact(settings, clock)
+
+
+
+_OLD_PROCESS = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    import sqlalchemy as sa
+    from uprof.storage import create_engine
+
+    # A process of the previous release: its transactions read the tables it knows.
+    engines = [create_engine(url) for url in dict.fromkeys(sys.argv[1:3])]
+    conns = [e.connect() for e in engines]
+    gate = Path(sys.argv[3])
+    tables = {"audit_entries", "subject_keys", "signed_out_sessions"}
+
+    def counts():
+        out = {}
+        for conn in conns:
+            for name in sorted(tables & set(sa.inspect(conn).get_table_names())):
+                out[name] = conn.execute(sa.text(f"SELECT count(*) FROM {name}")).scalar_one()
+        return out
+
+    before = counts()
+    print("holding", flush=True)
+    while not gate.exists():
+        time.sleep(0.02)
+    assert counts() == before, (counts(), before)
+    for conn in conns:
+        conn.commit()
+    print("after", counts() == before, flush=True)
+    for conn in conns:
+        conn.close()
+    """
+)
+
+_NEW_START = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from tests.fakes.ports import FakeClock
+    from tests.kernel.conftest import build_kernel
+    from uprof.settings import Settings
+
+    settings = Settings(
+        data_dir=Path(sys.argv[1]), database_url=sys.argv[2] or None, embedder="hashing"
+    )
+    build_kernel(settings, FakeClock()).close()
+    print("started", flush=True)
+    """
+)
+
+
+def test_a_start_upgrades_beside_a_process_of_the_previous_release_reading(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """The previous release's process keeps its open read transactions on the tables it
+    knows while a new start migrates: the start comes up (the upgrade only adds tables
+    and indexes: it waits for no lock such a reader holds), and the old process reads
+    on, its rows unchanged."""
+    settings = previous_schema_store(backend, clock)
+    layout = layout_for(settings)
+    gate = tmp_path / "gate"
+    old = children.PythonChild(
+        _OLD_PROCESS, layout.views_url, layout.keys_url, str(gate), stream_stdout=True
+    )
+    try:
+        assert old.stdout is not None
+        assert old.stdout.readline().strip() == "holding", old.communicate()[1][-3000:]
+        url = backend.url if backend.kind == "postgres" else ""
+        new = children.run_python(_NEW_START, str(settings.data_dir), url, timeout=120)
+        assert new.returncode == 0 and "started" in new.stdout, new.stderr[-3000:]
+    finally:
+        gate.touch()
+        out, err = old.communicate(timeout=60)
+    assert old.returncode == 0 and "after True" in out, err[-3000:]
+    assert_upgraded_and_intact(settings, clock)
