@@ -111,7 +111,7 @@ def test_a_backup_taken_beside_writers_restores_consistent(
         assert made.returncode == 0, made.stdout + made.stderr[-3000:]
     finally:
         stop.touch()
-        out, err = writer.communicate(timeout=180)
+        _, err = writer.communicate(timeout=180)
         assert writer.returncode == 0, err[-3000:]
         if eraser is not None:
             _, err = eraser.communicate(timeout=180)

@@ -170,7 +170,6 @@ def test_processes_starting_at_once_on_a_previous_schema_store_all_come_up(
     assert_upgraded_and_intact(settings, clock)
 
 
-
 _OLD_PROCESS = textwrap.dedent(
     """
     import sys, time

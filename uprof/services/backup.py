@@ -142,7 +142,7 @@ def _views_head() -> str | None:
     if head is None:  # the plain reading declined: alembic reads the files properly
         config = Config()
         config.set_main_option("script_location", str(MIGRATIONS_DIR))
-        head = ScriptDirectory.from_config(config).get_current_head("views")
+        head = ScriptDirectory.from_config(config).revision_map.get_current_head("views")
     return head
 
 
