@@ -271,3 +271,26 @@ def test_a_restore_refused_for_its_schema_revision_leaves_the_store_as_it_was(
         views.dispose()
         keys.dispose()
     assert not (settings.data_dir / "RESTORE-IN-PROGRESS.json").exists()
+
+
+def test_one_of_three_starts_killed_inside_the_upgrade_leaves_it_to_the_others(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Three starts at once on a previous-schema store, one of them killed right after
+    its first ``CREATE TABLE`` of the keys upgrade (while the others queue on the schema
+    lock): the other two come up, the store at head and whole."""
+    settings = previous_schema_store(backend, clock)
+    url = backend.url if backend.kind == "postgres" else ""
+    starts = [
+        children.PythonChild(_KILLED_START, point, str(settings.data_dir), url)
+        for point in ("CREATE TABLE destroyed_keys", "no such statement", "no such statement")
+    ]
+    outcomes = []
+    for child in starts:
+        out, err = child.communicate(timeout=180)
+        outcomes.append((child.returncode, out.strip(), err[-2000:]))
+    codes = sorted(code for code, _, _ in outcomes)
+    # The first may find the store upgraded by another before it reached the point.
+    assert codes in ([0, 0, 9], [0, 0, 0]), outcomes
+    assert all("started" in out for code, out, _ in outcomes if code == 0), outcomes
+    assert_upgraded_and_intact(settings, clock)
