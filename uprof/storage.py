@@ -113,7 +113,9 @@ def migrate(engine: sa.Engine, branch: str) -> None:
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     config.attributes["branch"] = branch
-    with engine.begin() as conn:
+    # One transaction for the whole upgrade, on every backend: a process killed midway
+    # leaves the store at its previous revision, whole (bug JA).
+    with backend_for(engine).migration_transaction(engine) as conn:
         config.attributes["connection"] = conn
         command.upgrade(config, f"{branch}@head")
 

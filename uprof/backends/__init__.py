@@ -108,6 +108,12 @@ class Backend(Protocol):
         """Held while a starting process creates or migrates tables (one at a time)."""
         ...
 
+    def migration_transaction(self, engine: sa.Engine) -> AbstractContextManager[sa.Connection]:
+        """A connection in one transaction that a migration runs whole in: committed at
+        the end of the block, rolled back on an error or with its process (kill -9), so
+        a store is never left with part of a revision's changes (bug JA)."""
+        ...
+
     def named_lock(
         self, engine: sa.Engine, name: str, *, wait_s: float
     ) -> AbstractContextManager[bool]:

@@ -126,6 +126,12 @@ class PostgresBackend:
                 conn.commit()
 
     @contextlib.contextmanager
+    def migration_transaction(self, engine: sa.Engine) -> Iterator[sa.Connection]:
+        # PostgreSQL's DDL is transactional: the whole upgrade commits or none of it.
+        with engine.begin() as conn:
+            yield conn
+
+    @contextlib.contextmanager
     def named_lock(self, engine: sa.Engine, name: str, *, wait_s: float) -> Iterator[bool]:
         # A session-level advisory lock on a connection of its own (``schema_lock``); the
         # server drops it when the session ends, the holder's death included. Tried

@@ -146,6 +146,26 @@ class SQLiteBackend:
             os.close(fd)  # releases the flock
 
     @contextlib.contextmanager
+    def migration_transaction(self, engine: sa.Engine) -> Iterator[sa.Connection]:
+        # pysqlite opens a transaction only before DML and runs DDL outside one: each
+        # CREATE TABLE of a migration committed on its own, so a start killed midway left
+        # a table without its revision, and every later start failed "table ... already
+        # exists" (bug JA). With the driver's own transaction handling off, one explicit
+        # BEGIN IMMEDIATE holds the whole upgrade (DDL is transactional in SQLite), and
+        # takes the write lock first: the revision alembic reads is the one it changes.
+        with engine.connect() as conn:
+            driver = conn.connection.driver_connection
+            assert driver is not None
+            saved = driver.isolation_level
+            driver.isolation_level = None
+            try:
+                with conn.begin():
+                    conn.exec_driver_sql("BEGIN IMMEDIATE")
+                    yield conn
+            finally:
+                driver.isolation_level = saved  # the pooled connection as it was
+
+    @contextlib.contextmanager
     def named_lock(self, engine: sa.Engine, name: str, *, wait_s: float) -> Iterator[bool]:
         # As ``schema_lock``: an exclusive flock of a file of its own beside the database
         # (never the database file: FIELD-NOTES 8.1); the system drops it when the

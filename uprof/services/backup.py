@@ -63,7 +63,14 @@ from uprof.crypto.keystore import derive_key
 from uprof.crypto.tables import metadata as keys_metadata
 from uprof.services.sign_outs import SignOuts
 from uprof.settings import Settings
-from uprof.storage import MIGRATIONS_DIR, RESTORE_MARKER, create_engine, layout_for, migrate
+from uprof.storage import (
+    MIGRATIONS_DIR,
+    RESTORE_MARKER,
+    branch_head,
+    create_engine,
+    layout_for,
+    migrate,
+)
 
 FORMAT = "uprof-backup/1"
 #: Domain separation of a manifest's signature (``_signed_bytes``).
@@ -127,6 +134,16 @@ def _views_revision(conn: sa.Connection) -> str | None:
     rows = conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalars()
     found = [r for r in rows if r in views]
     return found[0] if found else None
+
+
+def _views_head() -> str | None:
+    """The views branch's newest revision: what ``migrate`` brings a store to."""
+    head = branch_head("views")
+    if head is None:  # the plain reading declined: alembic reads the files properly
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS_DIR))
+        head = ScriptDirectory.from_config(config).revision_map.get_current_head("views")
+    return head
 
 
 def _audit_head(conn: sa.Connection) -> tuple[int, str]:
@@ -436,15 +453,18 @@ def _restore_alone(
 ) -> RestoreReport:
     from uprof.bootstrap import bootstrap
 
-    migrate(views, "views")
-    with views.connect() as conn:
-        live_revision = _views_revision(conn)
-    if manifest["views_revision"] != live_revision:
+    # Compared before the live views are migrated: a refused restore changes nothing. It
+    # migrated them first, so its refusal left them at this release's head (and the key
+    # store not), where the previous release it sends the operator to could neither
+    # start nor restore (bug JB).
+    head = _views_head()
+    if manifest["views_revision"] != head:
         raise BackupError(
             f"the backup's schema revision {manifest['views_revision']!r} differs from "
-            f"this uprof's {live_revision!r}: restore with the version that made it, "
-            "then upgrade"
+            f"this uprof's {head!r}: restore with the version that made it, then upgrade "
+            "(start this version); nothing was changed"
         )
+    migrate(views, "views")
     keep_live_audit = _live_audit_extends(views, manifest)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     marker = settings.data_dir / RESTORE_MARKER

@@ -1,0 +1,73 @@
+"""``uprof backup`` killed (``os._exit``, as kill -9) midway, in a real process, both
+backends (decision XXXX-upgrade-and-backup-processes): no backup folder appears, a
+restore from what it left is refused, the stores serve on, and the next backup restores.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from domain.errors import InvalidInputError
+from tests.children import run_python
+from tests.conftest import Backend
+from tests.fakes.ports import FakeClock
+from tests.kernel.conftest import build_kernel, settings_for
+from tests.kernel.test_keys_apart import BOB, assert_intact, fill
+from uprof.services.backup import restore
+
+#: Where the backup dies: Python run in its process before the command.
+POINTS = {
+    "while-copying": """
+        from uprof.backends import backend_for_settings
+        from uprof.settings import Settings
+        kind = type(backend_for_settings(Settings()))
+        kind.backup = lambda self, settings, out: (
+            (out / "views.sqlite").write_bytes(b"half"), os._exit(9))
+        """,
+    "before-manifest": """
+        import uprof.services.backup as b
+        b._sign = lambda *a, **k: os._exit(9)
+        """,
+}
+
+
+@pytest.mark.parametrize("point", list(POINTS))
+def test_a_backup_killed_midway_leaves_no_backup_and_the_next_one_restores(
+    backend: Backend, clock: FakeClock, tmp_path: Path, point: str
+) -> None:
+    settings = settings_for(backend)
+    k = build_kernel(settings, clock)
+    fill(k, "bob", BOB)
+    k.close()
+    env = dict(os.environ, UPROF_DATA_DIR=str(settings.data_dir), UPROF_EMBEDDER="hashing")
+    if backend.kind == "postgres":
+        env["UPROF_DATABASE_URL"] = backend.url
+    script = "import os\n" + textwrap.dedent(POINTS[point])
+    script += "from uprof.cli.main import app\napp()\n"
+    bk = tmp_path / "out" / "bk"
+    died = run_python(script, "backup", "--to", str(bk), env=env, timeout=180)
+    assert died.returncode == 9, died.stdout + died.stderr[-3000:]
+    assert not bk.exists()
+    leftovers = list((tmp_path / "out").glob(".bk.partial-*"))
+    assert len(leftovers) <= 1, leftovers
+    for left in leftovers:
+        with pytest.raises(InvalidInputError):
+            restore(settings, left)
+    k = build_kernel(settings, clock)
+    try:
+        assert_intact(k, "bob", BOB)
+    finally:
+        k.close()
+    made = run_python("from uprof.cli.main import app\napp()\n", "backup", "--to", str(bk), env=env)
+    assert made.returncode == 0, made.stdout + made.stderr[-3000:]
+    restore(settings, bk)
+    k = build_kernel(settings, clock)
+    try:
+        assert_intact(k, "bob", BOB)
+        k.audit_log.verify_integrity()
+    finally:
+        k.close()

@@ -1,0 +1,103 @@
+"""``uprof restore`` killed (``os._exit``, no cleanup, as kill -9) at each step, in a real
+process, both backends (decision XXXX-upgrade-and-backup-processes).
+
+The backup is taken before alice's erasure. Killed before the copy, after it, before the
+erasure ledger is re-applied (alice's data readable in the stores again) or after the
+audit entry: every start refuses while the marker stays, and ``uprof restore`` run again
+finishes it, with alice erased, bob served and the audit log whole.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from domain.errors import SubjectErasedError
+from tests.children import run_python
+from tests.conftest import Backend
+from tests.fakes.ports import FakeClock
+from tests.kernel.conftest import build_kernel, settings_for
+from tests.kernel.test_keys_apart import ALICE, BOB, assert_intact, fill
+from uprof.bootstrap import RestoreInterruptedError
+from uprof.services.backup import backup, restore
+from uprof.storage import RESTORE_MARKER
+
+#: Where the restore dies: Python run in the restoring process before the command.
+POINTS = {
+    "before-copy": """
+        from uprof.backends import backend_for_settings
+        from uprof.settings import Settings
+        kind = type(backend_for_settings(Settings()))
+        kind.restore = lambda *a, **k: os._exit(9)
+        """,
+    "after-copy": """
+        from uprof.backends import backend_for_settings
+        from uprof.settings import Settings
+        kind = type(backend_for_settings(Settings()))
+        copy = kind.restore
+        def copied(*a, **k):
+            copy(*a, **k)
+            os._exit(9)
+        kind.restore = copied
+        """,
+    "before-ledger": """
+        import uprof.services.recovery as recovery
+        recovery.reapply_ledger = lambda *a, **k: os._exit(9)
+        """,
+    "after-audit-entry": """
+        from audit.log import AuditLog
+        check = AuditLog.verify_integrity
+        def checked(self, *a, **k):
+            check(self, *a, **k)
+            os._exit(9)
+        AuditLog.verify_integrity = checked
+        """,
+}
+
+
+def _env(backend: Backend) -> dict[str, str]:
+    settings = settings_for(backend)
+    env = dict(os.environ, UPROF_DATA_DIR=str(settings.data_dir), UPROF_EMBEDDER="hashing")
+    if backend.kind == "postgres":
+        env["UPROF_DATABASE_URL"] = backend.url
+    return env
+
+
+@pytest.mark.parametrize("point", list(POINTS))
+def test_a_restore_killed_at_each_step_is_finished_by_running_it_again(
+    backend: Backend, clock: FakeClock, tmp_path: Path, point: str
+) -> None:
+    settings = settings_for(backend)
+    k = build_kernel(settings, clock)
+    fill(k, "alice", ALICE)
+    fill(k, "bob", BOB)
+    k.close()
+    backup(settings, tmp_path / "bk")
+    k = build_kernel(settings, clock)
+    k.erase_subject("alice")
+    k.close()
+
+    script = "import os\n" + textwrap.dedent(POINTS[point])
+    script += "from uprof.cli.main import app\napp()\n"
+    died = run_python(
+        script, "restore", "--from", str(tmp_path / "bk"), env=_env(backend), timeout=180
+    )
+    assert died.returncode == 9, died.stdout + died.stderr[-3000:]
+    assert (settings.data_dir / RESTORE_MARKER).exists()
+    with pytest.raises(RestoreInterruptedError):
+        build_kernel(settings, clock)
+
+    restore(settings, tmp_path / "bk")
+    assert not (settings.data_dir / RESTORE_MARKER).exists()
+    k = build_kernel(settings, clock)
+    try:
+        k.audit_log.verify_integrity()
+        assert_intact(k, "bob", BOB)
+        for read in (lambda: k.profile("alice"), lambda: k.export_subject("alice")):
+            with pytest.raises(SubjectErasedError):
+                read()
+    finally:
+        k.close()
