@@ -1,5 +1,5 @@
 """``uprof backup`` while other real processes write, then ``uprof restore`` (decision
-XXXX-upgrade-and-backup-processes), both backends.
+0149-upgrade-and-backup-processes), both backends.
 
 A writer process captures for bob in a loop and changes the policy, another process
 erases alice, and ``uprof backup`` (the command, a process of its own) runs meanwhile.

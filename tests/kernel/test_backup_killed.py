@@ -1,5 +1,5 @@
 """``uprof backup`` killed (``os._exit``, as kill -9) midway, in a real process, both
-backends (decision XXXX-upgrade-and-backup-processes): no backup folder appears, a
+backends (decision 0149-upgrade-and-backup-processes): no backup folder appears, a
 restore from what it left is refused, the stores serve on, and the next backup restores.
 """
 

@@ -1,5 +1,5 @@
 """``uprof restore`` killed (``os._exit``, no cleanup, as kill -9) at each step, in a real
-process, both backends (decision XXXX-upgrade-and-backup-processes).
+process, both backends (decision 0149-upgrade-and-backup-processes).
 
 The backup is taken before alice's erasure. Killed before the copy, after it, before the
 erasure ledger is re-applied (alice's data readable in the stores again) or after the

@@ -1,5 +1,5 @@
 """Schema upgrades with several real processes, both backends (decision
-XXXX-upgrade-and-backup-processes).
+0149-upgrade-and-backup-processes).
 
 A store of the previous schema is built from a store at head: the ``views`` branch taken
 down to ``0007`` and the ``keys`` branch to ``0005`` (alembic's own downgrades), with a
