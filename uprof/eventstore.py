@@ -351,6 +351,49 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
                 type(error).__name__,
             )
 
+    def damaged_streams(self) -> list[str]:
+        """The streams of this log that a load would refuse for their anchor: below it,
+        or whose row at the anchor's version is not the one anchored (the checks of
+        ``_check_head``, for every anchored stream at once). For readers of the whole log
+        that do not load each subject (a rebuild of the views): they must not replay a
+        stream cut short as if it were whole (bug IS).
+
+        The anchors are read before the heads, as a load reads them: a version an anchor
+        names was committed before the anchor was written. A head above its anchor (an
+        anchor lagging, or another process's append in flight) costs one read of the
+        anchored row. Streams without an anchor are unknown, not damaged (a load adopts
+        them); shredded streams have none."""
+        anchors = self._keystore.stream_heads_in(self.log_id)
+        if not anchors:
+            return []
+        heads = {h.stream_id: h for h in self.current_heads()}
+        damaged = []
+        for stream, anchor in sorted(anchors.items()):
+            head = heads.get(stream)
+            if head is None or head.version < anchor.version:
+                damaged.append(stream)
+            elif head.version == anchor.version:
+                if head.digest != anchor.digest:
+                    damaged.append(stream)
+            else:
+                rows = self.recorder.select_events(
+                    UUID(stream), gt=anchor.version - 1, lte=anchor.version
+                )
+                if not rows or _head_of(rows[0]).digest != anchor.digest:
+                    damaged.append(stream)
+        return damaged
+
+    def refuse_damaged_streams(self, what: str) -> None:
+        """Raise ``StoredDataDamagedError`` when any stream is ``damaged_streams``: a
+        reader of the whole log fails closed as a load of that stream does."""
+        damaged = self.damaged_streams()
+        if damaged:
+            raise StoredDataDamagedError(
+                f"{what} refused: {len(damaged)} subject stream(s) end before the last "
+                "version known committed, or their head row is not the one committed there "
+                "(damaged or altered storage: restore the stores, or erase those subjects)"
+            )
+
     def current_heads(self) -> list[StreamHead]:
         """Every stream's head row as the event store holds it now (one statement)."""
         table, _ = self._events_table()
