@@ -12,6 +12,7 @@ row was replaced; the views stay as they were.
 
 from __future__ import annotations
 
+from pathlib import Path
 from uuid import UUID
 
 import pytest
@@ -20,14 +21,16 @@ import sqlalchemy as sa
 from domain.errors import StoredDataDamagedError
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import consent, running, say, settings_for
+from tests.kernel.conftest import APP, consent, running, say, settings_for
 from tests.kernel.test_damaged_event_quarantined import memories
 from tests.kernel.test_stream_anchor_review import _cut_head
 from uprof.kernel import Uprof
+from uprof.services.backup import backup, restore
 
 ERASED = "I met Qzxerasedcanary at the market"
 KEPT = "I met Qzxkeptcanary at the park"
 LATER = "I met Qzxlatercanary at the pool"
+CATS, PURPOSE = ["preferences"], "personalization"
 
 
 def _replace_head(k: Uprof, stream: UUID) -> None:
@@ -108,3 +111,47 @@ def test_a_rebuild_of_a_whole_log_is_not_refused(backend: Backend, clock: FakeCl
         k.rebuild()
         assert ERASED not in memories(k, "alice")
         assert KEPT in memories(k, "bob")
+
+
+def test_a_backup_of_a_stream_cut_below_its_anchor_is_refused(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """IT. alice withdraws her consent; the withdrawal is cut from her stream; the
+    operator's routine backup copies the log and signs it. On main the backup was
+    written, and restoring it re-anchored the cut log (``reanchor``): the withdrawal was
+    gone for good and her consent in force again. The backup now refuses to vouch for
+    a log that a load refuses, and writes nothing."""
+    settings = settings_for(backend)
+    with running(settings, clock) as k:
+        granted = consent(k, "alice")
+        k.withdraw_consent("alice", granted)
+        assert k.unconsented("alice", APP, CATS, PURPOSE) == CATS
+        _cut_head(k, k.stream_of("alice"))
+    with pytest.raises(StoredDataDamagedError):
+        backup(settings, tmp_path / "bk")
+    assert not (tmp_path / "bk").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".bk.partial")]
+    with running(settings, clock) as k:  # nothing changed: still refused, never in force
+        with pytest.raises(StoredDataDamagedError):
+            k.unconsented("alice", APP, CATS, PURPOSE)
+
+
+def test_a_backup_of_a_whole_log_restores(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """The backup's check refuses nothing honest (a stream without an anchor included)."""
+    settings = settings_for(backend)
+    with running(settings, clock) as k:
+        granted = consent(k, "alice")
+        k.withdraw_consent("alice", granted)
+        consent(k, "bob")
+        with k.keystore._engine.begin() as conn:  # type: ignore[attr-defined]
+            conn.execute(
+                sa.text("DELETE FROM stream_heads WHERE stream_id = :s"),
+                {"s": str(k.stream_of("bob"))},
+            )
+    backup(settings, tmp_path / "bk")
+    restore(settings, tmp_path / "bk")
+    with running(settings, clock) as k:
+        assert k.unconsented("alice", APP, CATS, PURPOSE) == CATS
+        assert k.unconsented("bob", APP, CATS, PURPOSE) == []
