@@ -45,6 +45,7 @@ from uprof import retry, vector_model
 from uprof.backends import Backend, backend_for
 from uprof.crypto.keystore import StreamHead
 from uprof.crypto.mapper import SubjectKeyMapper
+from uprof.crypto.tables import stream_heads
 from uprof.partitions import claim
 from uprof.ports import SubjectKeyStore
 from uprof.recorders import ConflictsAsDomainErrors
@@ -226,6 +227,87 @@ def _holds_anchored_row(rows: Sequence[StoredEvent], anchor: StreamHead) -> bool
     return bool(at) and head_of(at[0]).digest == anchor.digest
 
 
+def damaged_among(
+    anchors: dict[str, StreamHead],
+    heads: dict[str, StreamHead],
+    anchored_row: Callable[[str, int], StoredEvent | None],
+) -> list[str]:
+    """The anchored streams a load would refuse: no head, a head below the anchor, or a
+    row at the anchor's version that is not the one anchored (``anchored_row`` reads it,
+    asked only for a head above its anchor). ``anchors`` must have been read before
+    ``heads``: a version an anchor names was committed before the anchor was written."""
+    damaged = []
+    for stream, anchor in sorted(anchors.items()):
+        head = heads.get(stream)
+        if head is None or head.version < anchor.version:
+            damaged.append(stream)
+        elif head.version == anchor.version:
+            if head.digest != anchor.digest:
+                damaged.append(stream)
+        else:
+            row = anchored_row(stream, anchor.version)
+            if row is None or head_of(row).digest != anchor.digest:
+                damaged.append(stream)
+    return damaged
+
+
+def _heads_sql(table: str) -> str:
+    return (
+        f"SELECT e.originator_id, e.originator_version, e.topic, e.state "
+        f"FROM {table} e JOIN (SELECT originator_id, MAX(originator_version) AS v "
+        f"FROM {table} GROUP BY originator_id) m "
+        "ON e.originator_id = m.originator_id AND e.originator_version = m.v"
+    )
+
+
+def damaged_streams_in(events_engine: sa.Engine, keys_engine: sa.Engine) -> list[str]:
+    """``ProfilesApplication.damaged_streams`` for a process that runs no application
+    (``uprof backup``): the event log behind ``events_engine`` against its anchors in the
+    key store behind ``keys_engine``. Reads only."""
+    backend = backend_for(events_engine)
+    log_id = log_identity(backend, events_engine)
+    c = stream_heads.c
+    with keys_engine.connect() as conn:
+        anchors = {
+            r.stream_id: StreamHead(r.stream_id, int(r.version), str(r.digest))
+            for r in conn.execute(
+                sa.select(c.stream_id, c.version, c.digest).where(c.log_id == log_id)
+            )
+        }
+    if not anchors:
+        return []
+    inspector = sa.inspect(events_engine)
+    found = [
+        (schema, name)
+        for schema, name in backend.events_table_candidates(events_engine)
+        if inspector.has_table(name, schema=schema)
+    ]
+    if not found:
+        return sorted(anchors)  # anchored streams, and no log at all
+    schema, name = found[0]
+    table = f'"{schema}"."{name}"' if schema else name
+    with events_engine.connect() as conn:
+        heads = {
+            h.stream_id: h
+            for h in (
+                head_of(StoredEvent(r[0], int(r[1]), str(r[2]), bytes(r[3])))
+                for r in conn.execute(sa.text(_heads_sql(table))).all()
+            )
+        }
+
+        def anchored_row(stream: str, version: int) -> StoredEvent | None:
+            r = conn.execute(
+                sa.text(
+                    f"SELECT originator_id, originator_version, topic, state FROM {table} "
+                    "WHERE originator_id = :s AND originator_version = :v"
+                ),
+                {"s": backend.stream_key(UUID(stream)), "v": version},
+            ).first()
+            return None if r is None else StoredEvent(r[0], int(r[1]), str(r[2]), bytes(r[3]))
+
+        return damaged_among(anchors, heads, anchored_row)
+
+
 _CUT_SHORT = (
     "stored events of this subject's stream end before the last version known committed "
     "(rows removed from its end, or an older copy of the event store: damaged or altered "
@@ -385,18 +467,45 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
                 type(error).__name__,
             )
 
+    def damaged_streams(self) -> list[str]:
+        """The streams of this log that a load would refuse for their anchor: below it,
+        or whose row at the anchor's version is not the one anchored (the checks of
+        ``_check_head``, for every anchored stream at once). For readers of the whole log
+        that do not load each subject (a rebuild of the views): they must not replay a
+        stream cut short as if it were whole (bug IS).
+
+        The anchors are read before the heads, as a load reads them: a version an anchor
+        names was committed before the anchor was written. A head above its anchor (an
+        anchor lagging, or another process's append in flight) costs one read of the
+        anchored row. Streams without an anchor are unknown, not damaged (a load adopts
+        them); shredded streams have none."""
+        anchors = self._keystore.stream_heads_in(self.log_id)
+        if not anchors:
+            return []
+        heads = {h.stream_id: h for h in self.current_heads()}
+
+        def anchored_row(stream: str, version: int) -> StoredEvent | None:
+            rows = self.recorder.select_events(UUID(stream), gt=version - 1, lte=version)
+            return rows[0] if rows else None
+
+        return damaged_among(anchors, heads, anchored_row)
+
+    def refuse_damaged_streams(self, what: str) -> None:
+        """Raise ``StoredDataDamagedError`` when any stream is ``damaged_streams``: a
+        reader of the whole log fails closed as a load of that stream does."""
+        damaged = self.damaged_streams()
+        if damaged:
+            raise StoredDataDamagedError(
+                f"{what} refused: {len(damaged)} subject stream(s) end before the last "
+                "version known committed, or their head row is not the one committed there "
+                "(damaged or altered storage: restore the stores, or erase those subjects)"
+            )
+
     def current_heads(self) -> list[StreamHead]:
         """Every stream's head row as the event store holds it now (one statement)."""
         table, _ = self._events_table()
         with self.events_engine.connect() as conn:
-            rows = conn.execute(
-                sa.text(
-                    f"SELECT e.originator_id, e.originator_version, e.topic, e.state "
-                    f"FROM {table} e JOIN (SELECT originator_id, MAX(originator_version) AS v "
-                    f"FROM {table} GROUP BY originator_id) m "
-                    "ON e.originator_id = m.originator_id AND e.originator_version = m.v"
-                )
-            ).all()
+            rows = conn.execute(sa.text(_heads_sql(table))).all()
         return [head_of(StoredEvent(r[0], int(r[1]), str(r[2]), bytes(r[3]))) for r in rows]
 
     def move_anchors(self, rewrites: Sequence[tuple[StoredEvent, bytes]]) -> int:

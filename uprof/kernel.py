@@ -1498,6 +1498,10 @@ class Uprof:
         from uprof.storage import schema_lock
 
         with schema_lock(self.views_engine):
+            # Before anything is dropped: a rebuild replays the log through the
+            # notification reader, which reads no anchor, and would serve a stream cut
+            # short as if it were whole (bug IS); the views stay as they were.
+            self.app.refuse_damaged_streams("rebuilding the views")
             self._settle_reads()
             self._extract_before_rebuild()
             if self.vector_model is not None:

@@ -479,6 +479,10 @@ class SubjectKeyStore(Protocol):
         """The anchors of these streams in that event log (unknown ones left out)."""
         ...
 
+    def stream_heads_in(self, log_id: str) -> dict[str, StreamHead]:
+        """Every anchor of that event log, by stream id."""
+        ...
+
     def raise_stream_heads(self, log_id: str, heads: Iterable[StreamHead]) -> None:
         """Raise each stream's anchor in that log to ``heads``, only from the anchor its
         writer checked (``StreamHead.over_version``), never lowering one; none for a

@@ -982,6 +982,16 @@ class KeyStore:
             ).all()
         return {r.stream_id: StreamHead(r.stream_id, int(r.version), str(r.digest)) for r in rows}
 
+    def stream_heads_in(self, log_id: str) -> dict[str, StreamHead]:
+        """Every anchor of that log (one query): what a reader of the whole log checks
+        it against (``ProfilesApplication.damaged_streams``)."""
+        c = stream_heads.c
+        with self._engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(c.stream_id, c.version, c.digest).where(c.log_id == log_id)
+            ).all()
+        return {r.stream_id: StreamHead(r.stream_id, int(r.version), str(r.digest)) for r in rows}
+
     def raise_stream_heads(self, log_id: str, heads: Iterable[StreamHead]) -> None:
         """Move each stream's anchor in that log up to ``heads`` (one transaction): a
         missing one is written; one is raised only from the anchor its writer checked

@@ -55,7 +55,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from audit.keyring import key_by_id
 from audit.keys import key_id
 from audit.tables import audit_checkpoints, audit_entries, audit_nodes
-from domain.errors import InvalidInputError, UprofError
+from domain.errors import InvalidInputError, StoredDataDamagedError, UprofError
 from domain.principal import Principal
 from uprof.apikeys.tables import metadata as api_metadata
 from uprof.backends import StoresInUseError, backend_for_settings
@@ -214,9 +214,33 @@ def _stores_held_open(settings: Settings) -> Iterator[None]:
         views.dispose()
 
 
+def _refuse_damaged_log(settings: Settings) -> None:
+    """Refuse to vouch for an event log that a load refuses: a stream below its anchor
+    or whose anchored row was replaced (bug IT). Signed and later restored, such a copy
+    became the truth (``reanchor``), and a consent withdrawal cut from it was gone for
+    good. Checked after the copy, on the live store, which the copy was taken from."""
+    from uprof.eventstore import damaged_streams_in
+
+    layout = layout_for(settings)
+    events, keys = create_engine(layout.events_url), create_engine(layout.keys_url)
+    try:
+        damaged = damaged_streams_in(events, keys)
+    finally:
+        events.dispose()
+        keys.dispose()
+    if damaged:
+        raise StoredDataDamagedError(
+            f"backup refused: {len(damaged)} subject stream(s) end before the last version "
+            "known committed, or their head row is not the one committed there (damaged or "
+            "altered storage: restore an earlier backup, or erase those subjects); nothing "
+            "was written"
+        )
+
+
 def _write_backup(settings: Settings, partial: Path, dest: Path) -> BackupReport:
     try:
         manifest = backend_for_settings(settings).backup(settings, partial)
+        _refuse_damaged_log(settings)
         manifest["files"] = {
             p.name: {"sha256": _sha256(p), "bytes": p.stat().st_size}
             for p in sorted(partial.iterdir())
