@@ -1,5 +1,5 @@
 """What checking the stream-head anchors costs the readers of the whole log (decision
-XXXX-anchor-readers): a rebuild of the views and ``uprof backup``.
+0150-anchor-readers): a rebuild of the views and ``uprof backup``.
 
 ``python -m benchmarks.anchor_readers_bench --backend sqlite --rounds 5 --other ../tree``
 from a tree's root: runs this file from this tree and from ``--other`` (a checkout

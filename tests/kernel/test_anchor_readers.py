@@ -1,5 +1,5 @@
 """Readers of the event log that do not go through ``load`` (attack round on the
-stream-head anchors, decision XXXX-anchor-readers), both backends.
+stream-head anchors, decision 0150-anchor-readers), both backends.
 
 A writer of the event store (not of the key store) cuts a subject stream's newest row:
 the item erasure. A load refuses the stream (0132). A rebuild of the views replays the

@@ -1,4 +1,4 @@
-"""The policy store altered under running processes (decision XXXX-anchor-readers, on
+"""The policy store altered under running processes (decision 0150-anchor-readers, on
 0140-sealed-policy-store), both backends, two real processes.
 
 A writer of the stores cuts the revocation of a grant from the tenant's policy stream, or
