@@ -66,9 +66,18 @@ def new_commitment_nonce() -> bytes:
 
 
 def subject_commitment(subject_id: str, nonce: bytes) -> str:
-    """Return hex ``SHA-256(subject_id (UTF-8) || nonce)``."""
-    if len(nonce) < 16:
-        raise AuditEntryError("the commitment nonce must have at least 16 random bytes")
+    """Return hex ``SHA-256(subject_id (UTF-8) || nonce)``.
+
+    The nonce is exactly ``NONCE_BYTES`` long, for the issuer and for the verifier alike:
+    with no separator between the two parts, a nonce of any other length would let bytes
+    move across the boundary, so that the receipt of ``ana1`` (nonce N) also matched ``ana``
+    with the nonce ``1 || N``, and every shorter prefix of the subject id likewise (bug IW).
+    A fixed length leaves one way to split what was hashed."""
+    if not isinstance(nonce, bytes | bytearray) or len(nonce) != NONCE_BYTES:
+        raise AuditEntryError(
+            f"the commitment nonce must be exactly {NONCE_BYTES} random bytes "
+            f"({2 * NONCE_BYTES} hex digits, as given at erasure)"
+        )
     return sha256(subject_id.encode("utf-8") + nonce).hexdigest()
 
 
