@@ -185,6 +185,7 @@ def verify_receipt(
     *,
     origin: str,
     key_history: Any = None,
+    tenant: str | None = None,
 ) -> None:
     """Verify a receipt offline with only the issuer's public key; raise VerificationError.
 
@@ -197,6 +198,9 @@ def verify_receipt(
     checkpoint may be signed by any key of that history: a receipt issued before or after
     an audit key rotation verifies with the first key (or any trusted one). A sequence of
     keys as ``public_key`` is taken as the trusted set itself.
+    With ``tenant``, the receipt must be that tenant's (``body.subject.tenant``): tenants
+    sharing one set of stores share the log, its key and its origin, so without it a
+    receipt of another tenant verifies as well as one's own (bug IX).
     """
     keys = trusted_keys(public_key, key_history)
     if not isinstance(receipt, Mapping) or set(receipt) != RECEIPT_KEYS:
@@ -224,6 +228,11 @@ def verify_receipt(
     issuer_origin = body["issuer"]["origin"]
     if issuer_origin != origin:
         raise VerificationError(f"receipt was issued by log {issuer_origin!r}, not {origin!r}")
+    stated_tenant = body["subject"]["tenant"]
+    if tenant is not None and stated_tenant != tenant:
+        raise VerificationError(
+            f"receipt is of an erasure for tenant {stated_tenant!r}, not {tenant!r}"
+        )
 
     # 2. The checkpoint (step 2).
     if not isinstance(receipt["checkpoint"], str):

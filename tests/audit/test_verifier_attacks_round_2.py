@@ -107,3 +107,28 @@ def test_the_issuer_commits_with_a_nonce_of_the_one_length(sqlite_log: AuditLog)
         with pytest.raises(Exception, match=f"{NONCE_BYTES} random bytes"):
             subject_commitment("ana", os.urandom(size))
     assert len(new_commitment_nonce()) == NONCE_BYTES
+
+
+# --- A receipt shown as another tenant's -----------------------------------------------------
+
+
+def test_a_receipt_of_another_tenant_is_told_apart(sqlite_log: AuditLog, tmp_path: Path) -> None:
+    """Tenants on one set of stores share the log, its key and its origin: a receipt of
+    tenant globex verified for acme's auditor with "receipt verified" and no word of the
+    tenant, and nothing could ask for acme's. The verdict names the tenant, and --tenant
+    (``verify_receipt(..., tenant=)``) refuses another's."""
+    receipt = issue_for(sqlite_log, "ana", new_commitment_nonce(), tenant="globex")
+    verify_receipt(receipt, sqlite_log.public_key, origin=ORIGIN, tenant="globex")
+    with pytest.raises(VerificationError, match="for tenant 'globex', not 'acme'"):
+        verify_receipt(receipt, sqlite_log.public_key, origin=ORIGIN, tenant="acme")
+
+    path = tmp_path / "receipt.json"
+    path.write_text(json.dumps(receipt))
+    key = tmp_path / "audit.pem"
+    key.write_bytes(public_key_pem(sqlite_log.public_key))
+    pinned = ["--public-key", str(key), "--origin", ORIGIN]
+    shown = run_cli("verify-receipt", str(path), *pinned)
+    assert shown.exit_code == 0 and 'tenant "globex"' in " ".join(shown.output.split())
+    asked = run_cli("verify-receipt", str(path), *pinned, "--tenant", "acme")
+    assert refused(asked) and "not 'acme'" in " ".join(asked.output.split()), asked.output
+    assert run_cli("verify-receipt", str(path), *pinned, "--tenant", "globex").exit_code == 0
