@@ -516,6 +516,12 @@ def _verify_csv(
 
 
 def _csv_cells(line: str, number: int) -> list[str]:
+    # Python's csv refuses a field over its limit (128 KiB by default), and the allowlist
+    # lets an entry's cell be larger (1,000 tokens of 200 characters in a list field): such
+    # a CSV trail, which the log wrote, was refused (bug IY). No field is longer than its
+    # line, which is already read; the limit is process-wide and only ever raised.
+    if len(line) > csv.field_size_limit():
+        csv.field_size_limit(len(line))
     try:
         rows = list(csv.reader([line]))
     except csv.Error as exc:

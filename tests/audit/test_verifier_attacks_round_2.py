@@ -132,3 +132,315 @@ def test_a_receipt_of_another_tenant_is_told_apart(sqlite_log: AuditLog, tmp_pat
     asked = run_cli("verify-receipt", str(path), *pinned, "--tenant", "acme")
     assert refused(asked) and "not 'acme'" in " ".join(asked.output.split()), asked.output
     assert run_cli("verify-receipt", str(path), *pinned, "--tenant", "globex").exit_code == 0
+
+
+# --- What held: a file that reads one way to a person and another to the verifier ------------
+
+
+def _receipt_file(log: AuditLog, tmp_path: Path, **kw: Any) -> tuple[dict[str, Any], Path, Path]:
+    receipt = issue_for(log, "ana", new_commitment_nonce(), **kw)
+    path = tmp_path / "receipt.json"
+    path.write_text(json.dumps(receipt, indent=1))
+    key = tmp_path / "audit.pem"
+    key.write_bytes(public_key_pem(log.public_key))
+    return receipt, path, key
+
+
+def test_duplicate_keys_are_refused_by_every_reader(sqlite_log: AuditLog, tmp_path: Path) -> None:
+    """Python keeps the last of two equal keys, a person (or another reader) the first: the
+    receipt, the key history, the proof document and every export line refuse them."""
+    receipt, _, key = _receipt_file(sqlite_log, tmp_path)
+    text = json.dumps(receipt)
+    shown = text.replace('"tenant": "acme"', '"tenant": "globex", "tenant": "acme"')
+    assert shown != text
+    with pytest.raises(VerificationError, match="duplicate object key 'tenant'"):
+        parse_receipt(shown)
+    history = json.dumps(genesis_history(Ed25519PrivateKey.generate(), TIME))
+    with pytest.raises(VerificationError, match="duplicate object key 'format'"):
+        parse_key_history(history.replace('{"format"', '{"format": "x", "format"', 1))
+    trail = tmp_path / "trail.jsonl"
+    export_jsonl(sqlite_log, trail)
+    lines = trail.read_text().splitlines()
+    lines[1] = lines[1].replace('"kind":"entry"', '"kind":"trailer","kind":"entry"')
+    with pytest.raises(VerificationError, match="duplicate object key 'kind'") as bad:
+        verify_export(lines, sqlite_log.public_key, ORIGIN)
+    assert bad.value.line_number == 2
+    doubled = tmp_path / "doubled.json"
+    doubled.write_text(shown)
+    assert refused(run_cli("verify-receipt", str(doubled), "--public-key", str(key)))
+
+
+def test_unicode_is_compared_as_signed_not_as_shown(sqlite_log: AuditLog, tmp_path: Path) -> None:
+    """The signature covers the value (RFC 8785 of the parsed body): an escaped spelling of
+    the same text verifies, the same-looking text in another normal form (NFD) does not.
+    (A tenant outside the log's token shape, such as "caf\u00e9", is refused by the issuer.)"""
+    receipt = issue_erasure_receipt(
+        sqlite_log,
+        request_id="req-1",
+        received_at="2025-01-01T09:00:00Z",
+        basis="Art. 17 RGPD, d\u00e9cision du 1er mars",
+        scope="subject",
+        tenant="acme",
+        subject_commitment=subject_commitment("ana", new_commitment_nonce()),
+        actions=ACTIONS,
+        residual={"note": "caf\u00e9"},
+    )
+    escaped = json.dumps(receipt, ensure_ascii=True)
+    raw = json.dumps(receipt, ensure_ascii=False)
+    assert "\\u00e9" in escaped and "\u00e9" in raw
+    for text in (escaped, raw):
+        verify_receipt(parse_receipt(text.encode()), sqlite_log.public_key, origin=ORIGIN)
+    decomposed = raw.replace("caf\u00e9", "cafe\u0301")
+    assert decomposed != raw
+    with pytest.raises(VerificationError, match="signature does not verify"):
+        verify_receipt(parse_receipt(decomposed.encode()), sqlite_log.public_key, origin=ORIGIN)
+    with pytest.raises(Exception, match="tenant must be a token"):
+        issue_for(sqlite_log, "ana", new_commitment_nonce(), tenant="caf\u00e9")
+
+
+# --- What held: another deployment's receipt, key or history ---------------------------------
+
+
+def test_another_deployments_receipt_key_or_history_vouches_for_nothing(
+    sqlite_log: AuditLog, signing_key: Ed25519PrivateKey, tmp_path: Path
+) -> None:
+    """Deployment B uses the same origin (the default one is shared by every install) and
+    the same tenant name; the verifier pins A's key, or A's key with a history."""
+    other_key = Ed25519PrivateKey.generate()
+    other, engine = _shadow_log(tmp_path / "b.sqlite", other_key, ORIGIN)
+    try:
+        theirs = issue_for(other, "ana", new_commitment_nonce())
+    finally:
+        engine.dispose()
+    ours = genesis_history(signing_key, TIME)
+    rotated = Ed25519PrivateKey.generate()
+    ours = extend_history(ours, signing_key, rotated, "2025-02-01T00:00:00.000000Z")
+    history_b = genesis_history(other_key, TIME)
+    for public, history in ((sqlite_log.public_key, None), (sqlite_log.public_key, ours)):
+        with pytest.raises(VerificationError, match="issuer.key_id is not the id"):
+            verify_receipt(theirs, public, origin=ORIGIN, key_history=history)
+    with pytest.raises(VerificationError, match="not in this key history"):
+        verify_receipt(theirs, sqlite_log.public_key, origin=ORIGIN, key_history=history_b)
+    # B's key claimed under A's id: the id picks A's key, whose check fails.
+    forged = json.loads(json.dumps(theirs))
+    forged["body"]["issuer"]["key_id"] = ours["keys"][0]["key_id"]
+    with pytest.raises(VerificationError, match="signature does not verify"):
+        verify_receipt(forged, sqlite_log.public_key, origin=ORIGIN, key_history=ours)
+    # The 4-byte note key id, or an id of another length, as the issuer's key id.
+    for wrong in (theirs["checkpoint"].split(" ")[-1][:8], "", "00" * 33):
+        forged["body"]["issuer"]["key_id"] = wrong
+        with pytest.raises(VerificationError):
+            verify_receipt(forged, sqlite_log.public_key, origin=ORIGIN, key_history=ours)
+    # B's key spliced in front of A's history: A's acceptance covers the record before it.
+    spliced = genesis_history(other_key, TIME)
+    spliced["keys"].append({**ours["keys"][0], "seq": 1})
+    with pytest.raises(VerificationError):
+        verify_receipt(theirs, sqlite_log.public_key, origin=ORIGIN, key_history=spliced)
+
+    # Through the CLI: B's receipt, B's history and B's checkpoint as trusted are refused.
+    paths = {}
+    for name, content in (
+        ("theirs.json", json.dumps(theirs)),
+        ("history-b.json", json.dumps(history_b)),
+        ("note-b.txt", theirs["checkpoint"]),
+        ("a.pem", public_key_pem(sqlite_log.public_key).decode()),
+    ):
+        paths[name] = tmp_path / name
+        paths[name].write_text(content)
+    pinned = ["--public-key", str(paths["a.pem"]), "--origin", ORIGIN]
+    assert refused(run_cli("verify-receipt", str(paths["theirs.json"]), *pinned))
+    with_history = ("--key-history", str(paths["history-b.json"]))
+    assert refused(run_cli("verify-receipt", str(paths["theirs.json"]), *pinned, *with_history))
+    trail = tmp_path / "ours.jsonl"
+    export_jsonl(sqlite_log, trail)
+    assert run_cli("verify", str(trail), *pinned).exit_code == 0
+    trusted = ("--trusted-checkpoint", str(paths["note-b.txt"]))
+    assert refused(run_cli("verify", str(trail), *pinned, *trusted))
+
+
+def test_a_file_never_vouches_for_itself(sqlite_log: AuditLog, tmp_path: Path) -> None:
+    """The key is pinned from outside: a receipt, a trail, a history or another algorithm's
+    key given as the public key is refused, whatever public key the file carries inside."""
+    from cryptography.hazmat.primitives.asymmetric.ed448 import Ed448PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    receipt, path, _ = _receipt_file(sqlite_log, tmp_path)
+    # The attacker puts a PEM inside the receipt (residual is free-form): still not a key file.
+    trail = tmp_path / "trail.jsonl"
+    export_jsonl(sqlite_log, trail)
+    history = tmp_path / "history.json"
+    history.write_text(json.dumps(genesis_history(Ed25519PrivateKey.generate(), TIME)))
+    ed448 = tmp_path / "ed448.pem"
+    ed448.write_bytes(
+        Ed448PrivateKey.generate()
+        .public_key()
+        .public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
+    )
+    for command, target in (("verify-receipt", path), ("verify", trail)):
+        for key in (target, trail, history, ed448):
+            result = run_cli(command, str(target), "--public-key", str(key), "--origin", ORIGIN)
+            assert refused(result), (command, key.name, result.output)
+    with pytest.raises(VerificationError, match="pinned public key cannot be used"):
+        verify_receipt(receipt, json.dumps(receipt), origin=ORIGIN)
+
+
+# --- What held: trails cut, trees forked, inputs huge ----------------------------------------
+
+
+def test_a_trail_cut_at_a_checkpoint_boundary_is_refused(
+    sqlite_log: AuditLog, tmp_path: Path
+) -> None:
+    """The cut leaves a trail whose entries match a checkpoint the log really signed
+    (size 5): without the trailer, or with the whole trail's, it is refused."""
+    fill(sqlite_log, 5)
+    at_five = sqlite_log.checkpoint_record().note
+    fill(sqlite_log, 5)
+    trail = tmp_path / "trail.jsonl"
+    export_jsonl(sqlite_log, trail)
+    lines = trail.read_text().splitlines()
+    assert len(lines) == 12
+    for cut in (lines[:6], [*lines[:6], lines[-1]], lines[:-1]):
+        with pytest.raises(VerificationError):
+            verify_export(cut, sqlite_log.public_key, ORIGIN, trusted_checkpoints=[at_five])
+    cut_file = tmp_path / "cut.jsonl"
+    cut_file.write_text("".join(line + "\n" for line in lines[:6]))
+    key = tmp_path / "audit.pem"
+    key.write_bytes(public_key_pem(sqlite_log.public_key))
+    assert refused(run_cli("verify", str(cut_file), "--public-key", str(key), "--origin", ORIGIN))
+
+
+def test_two_signed_trees_that_disagree_are_reported(
+    sqlite_log: AuditLog, signing_key: Ed25519PrivateKey, tmp_path: Path
+) -> None:
+    """A fork: the key signed two roots for one size. Holding either, the reader is told
+    that the trail does not extend it; holding both, the trail is refused whichever it is."""
+    fill(sqlite_log, 4)
+    honest = sqlite_log.checkpoint_record().note
+    fork = sign_checkpoint(signing_key, ORIGIN, 4, sha256(b"another tree").digest())
+    fill(sqlite_log, 2)
+    trail = tmp_path / "trail.jsonl"
+    export_jsonl(sqlite_log, trail)
+    verify_export(trail, sqlite_log.public_key, ORIGIN, trusted_checkpoints=[honest])
+    for held in ([fork], [honest, fork], [fork, honest]):
+        with pytest.raises(VerificationError, match="trusted checkpoint of size 4"):
+            verify_export(trail, sqlite_log.public_key, ORIGIN, trusted_checkpoints=held)
+    key = tmp_path / "audit.pem"
+    key.write_bytes(public_key_pem(sqlite_log.public_key))
+    notes = []
+    for name, note in (("honest.note", honest), ("fork.note", fork)):
+        notes += ["--trusted-checkpoint", str(tmp_path / name)]
+        (tmp_path / name).write_text(note)
+    result = run_cli("verify", str(trail), "--public-key", str(key), "--origin", ORIGIN, *notes)
+    assert refused(result), result.output
+
+
+HUGE_OR_DEEP = [
+    pytest.param(b"[" * 2_000_000, id="two-million-brackets"),
+    pytest.param(b'{"a":' * 200_000 + b"1" + b"}" * 200_000, id="deep-objects"),
+    pytest.param(b'{"leaf_index":' + b"9" * 100_000 + b"}", id="huge-integer"),
+    pytest.param(b'"' + b"\\" * 1_000_001 + b'"', id="odd-escapes"),
+    pytest.param(b"\xef\xbb\xbf{}", id="byte-order-mark"),
+]
+
+
+@pytest.mark.parametrize("content", HUGE_OR_DEEP)
+def test_huge_or_deep_inputs_are_refused_with_a_reason(
+    content: bytes, sqlite_log: AuditLog, tmp_path: Path
+) -> None:
+    """Every verifier and every file it reads: a VerificationError, a CLI exit 1 with
+    the reason, never a RecursionError, a ValueError or a traceback."""
+    key = tmp_path / "audit.pem"
+    key.write_bytes(public_key_pem(sqlite_log.public_key))
+    bad = tmp_path / "bad"
+    bad.write_bytes(content)
+    trail = tmp_path / "trail.jsonl"
+    export_jsonl(sqlite_log, trail)
+    receipt_path = _receipt_file(sqlite_log, tmp_path)[1]
+    pinned = ("--public-key", str(key), "--origin", ORIGIN)
+    for args in (
+        ("verify-receipt", str(bad), *pinned),
+        ("verify", str(bad), *pinned),
+        ("verify", str(trail), *pinned, "--trusted-checkpoint", str(bad)),
+        ("verify", str(trail), *pinned, "--key-history", str(bad)),
+        ("verify-receipt", str(receipt_path), *pinned, "--key-history", str(bad)),
+        ("verify-proof", str(bad), *pinned, "--trusted-checkpoint", str(receipt_path)),
+    ):
+        result = run_cli(*args)
+        assert refused(result), (args[0], args[-1], result.output[-300:])
+
+
+# --- What held: names of files, and the documented procedure from a clean shell --------------
+
+
+def test_file_names_cannot_dress_a_refusal_as_success(sqlite_log: AuditLog, tmp_path: Path) -> None:
+    key = tmp_path / "audit.pem"
+    key.write_bytes(public_key_pem(sqlite_log.public_key))
+    for name in ("[bold green]verified.json", "verified \x1b[32mOK\x1b[0m.json", "-x\nverified"):
+        path = tmp_path / name
+        path.write_text('{"body": {}}')
+        for command in ("verify-receipt", "verify"):
+            result = run_cli(command, "--public-key", str(key), "--", str(path))
+            assert refused(result) and "\x1b" not in result.output, (name, result.output)
+
+
+def test_the_documented_offline_procedure_works_from_a_clean_shell(
+    sqlite_log: AuditLog, tmp_path: Path
+) -> None:
+    """docs/governance.md and docs/audit-format.md §6: only the public key, the origin and
+    the files; no deployment, no UPROF_ setting, an empty home, nothing written."""
+    receipt, receipt_path, key = _receipt_file(sqlite_log, tmp_path)
+    fill(sqlite_log, 3)
+    trail = tmp_path / "trail.jsonl"
+    export_jsonl(sqlite_log, trail)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), "LANG": "C.UTF-8"}
+    uprof = str(Path(sys.executable).parent / "uprof")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+
+    def shell(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [uprof, "audit", *args, "--public-key", "audit.pem", "--origin", ORIGIN],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    done = shell("verify-receipt", "receipt.json")
+    assert done.returncode == 0 and "receipt verified" in done.stdout, done.stderr
+    assert shell("verify", "trail.jsonl").returncode == 0
+    tampered = json.loads(receipt_path.read_text())
+    tampered["body"]["residual"]["backup_retention_days"] = 1
+    (tmp_path / "tampered.json").write_text(json.dumps(tampered))
+    refused_run = shell("verify-receipt", "tampered.json")
+    assert refused_run.returncode == 1 and "verified" not in refused_run.stdout
+    assert "Traceback" not in refused_run.stderr
+    assert sorted(p.name for p in tmp_path.rglob("*")) == sorted([*before, "tampered.json"])
+
+
+# --- A trail the log wrote, refused for its size ----------------------------------------------
+
+
+def test_a_csv_trail_of_the_largest_entries_the_log_stores_verifies(
+    sqlite_log: AuditLog, tmp_path: Path
+) -> None:
+    """The allowlist takes up to 1,000 tokens of 200 characters in a list field; such an
+    entry's CSV cell is over 128 KiB, Python's csv field limit, so the verifier refused the
+    CSV export of a log it had no reason to doubt ("row is not valid CSV"), when the JSONL
+    export of the same log verified."""
+    from audit.export import export_csv
+
+    sqlite_log.append(
+        {"action": "subject.read", "item_refs": [f"{i:04d}" + "a" * 196 for i in range(1000)]}
+    )
+    fill(sqlite_log, 2)
+    reports = []
+    for name, write in (("trail.jsonl", export_jsonl), ("trail.csv", export_csv)):
+        path = tmp_path / name
+        write(sqlite_log, path)
+        reports.append(verify_export(path, sqlite_log.public_key, ORIGIN))
+    assert [r.format for r in reports] == ["jsonl", "csv"]
+    assert reports[0].root == reports[1].root and reports[1].entry_count == 3
