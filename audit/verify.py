@@ -48,6 +48,7 @@ from audit.export_format import (
     TRAILER_KEYS,
     csv_line,
     entry_line,
+    read_csv_rows,
     split_entry_line,
 )
 from audit.keyring import key_by_id, trusted_keys
@@ -516,14 +517,8 @@ def _verify_csv(
 
 
 def _csv_cells(line: str, number: int) -> list[str]:
-    # Python's csv refuses a field over its limit (128 KiB by default), and the allowlist
-    # lets an entry's cell be larger (1,000 tokens of 200 characters in a list field): such
-    # a CSV trail, which the log wrote, was refused (bug IY). No field is longer than its
-    # line, which is already read; the limit is process-wide and only ever raised.
-    if len(line) > csv.field_size_limit():
-        csv.field_size_limit(len(line))
     try:
-        rows = list(csv.reader([line]))
+        rows = list(read_csv_rows([line]))
     except csv.Error as exc:
         raise VerificationError(f"row is not valid CSV ({exc})", line_number=number) from None
     if len(rows) != 1 or len(rows[0]) != len(CSV_COLUMNS):

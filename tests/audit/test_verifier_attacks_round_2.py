@@ -8,6 +8,7 @@ verdict (its exit code and whether it says "verified") on each.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -40,6 +41,7 @@ from tests.audit.conftest import ORIGIN
 from tests.audit.test_log import fill
 from tests.audit.test_verifier_attacks import ACTIONS, _shadow_log
 from uprof.cli.main import app as cli
+from uprof.schemas.api import AuditExportSummary
 
 TIME = "2025-01-01T00:00:00.000000Z"
 
@@ -217,7 +219,7 @@ def test_another_deployments_receipt_key_or_history_vouches_for_nothing(
     ours = extend_history(ours, signing_key, rotated, "2025-02-01T00:00:00.000000Z")
     history_b = genesis_history(other_key, TIME)
     for public, history in ((sqlite_log.public_key, None), (sqlite_log.public_key, ours)):
-        with pytest.raises(VerificationError, match="issuer.key_id is not the id"):
+        with pytest.raises(VerificationError, match=r"issuer\.key_id is not the id"):
             verify_receipt(theirs, public, origin=ORIGIN, key_history=history)
     with pytest.raises(VerificationError, match="not in this key history"):
         verify_receipt(theirs, sqlite_log.public_key, origin=ORIGIN, key_history=history_b)
@@ -388,7 +390,7 @@ def test_the_documented_offline_procedure_works_from_a_clean_shell(
 ) -> None:
     """docs/governance.md and docs/audit-format.md §6: only the public key, the origin and
     the files; no deployment, no UPROF_ setting, an empty home, nothing written."""
-    receipt, receipt_path, key = _receipt_file(sqlite_log, tmp_path)
+    receipt_path = _receipt_file(sqlite_log, tmp_path)[1]
     fill(sqlite_log, 3)
     trail = tmp_path / "trail.jsonl"
     export_jsonl(sqlite_log, trail)
@@ -430,17 +432,27 @@ def test_a_csv_trail_of_the_largest_entries_the_log_stores_verifies(
     """The allowlist takes up to 1,000 tokens of 200 characters in a list field; such an
     entry's CSV cell is over 128 KiB, Python's csv field limit, so the verifier refused the
     CSV export of a log it had no reason to doubt ("row is not valid CSV"), when the JSONL
-    export of the same log verified."""
+    export of the same log verified, and the summary the SDK and the REST export build of
+    a CSV export failed the same way."""
     from audit.export import export_csv
 
     sqlite_log.append(
         {"action": "subject.read", "item_refs": [f"{i:04d}" + "a" * 196 for i in range(1000)]}
     )
     fill(sqlite_log, 2)
+    default_limit = csv.field_size_limit()
     reports = []
-    for name, write in (("trail.jsonl", export_jsonl), ("trail.csv", export_csv)):
-        path = tmp_path / name
-        write(sqlite_log, path)
-        reports.append(verify_export(path, sqlite_log.public_key, ORIGIN))
-    assert [r.format for r in reports] == ["jsonl", "csv"]
-    assert reports[0].root == reports[1].root and reports[1].entry_count == 3
+    try:
+        for name, write in (("trail.jsonl", export_jsonl), ("trail.csv", export_csv)):
+            path = tmp_path / name
+            write(sqlite_log, path)
+            csv.field_size_limit(128 * 1024)  # Python's default: each reader must cope
+            reports.append(verify_export(path, sqlite_log.public_key, ORIGIN))
+        assert [r.format for r in reports] == ["jsonl", "csv"]
+        assert reports[0].root == reports[1].root and reports[1].entry_count == 3
+        # What the SDK and POST /v1/audit/export read of a CSV export they received.
+        lines = (tmp_path / "trail.csv").read_text().splitlines(keepends=True)
+        csv.field_size_limit(128 * 1024)
+        assert AuditExportSummary.of_export(lines, "csv").entry_count == 3
+    finally:
+        csv.field_size_limit(default_limit)
