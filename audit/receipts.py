@@ -78,7 +78,12 @@ def subject_commitment(subject_id: str, nonce: bytes) -> str:
             f"the commitment nonce must be exactly {NONCE_BYTES} random bytes "
             f"({2 * NONCE_BYTES} hex digits, as given at erasure)"
         )
-    return sha256(subject_id.encode("utf-8") + nonce).hexdigest()
+    try:
+        encoded = subject_id.encode("utf-8")
+    except (AttributeError, UnicodeEncodeError):
+        # A shell hands Python undecodable argument bytes as lone surrogates (bug IZ).
+        raise AuditEntryError("the subject id is not UTF-8 text") from None
+    return sha256(encoded + nonce).hexdigest()
 
 
 def receipt_log_entry(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -456,3 +456,23 @@ def test_a_csv_trail_of_the_largest_entries_the_log_stores_verifies(
         assert AuditExportSummary.of_export(lines, "csv").entry_count == 3
     finally:
         csv.field_size_limit(default_limit)
+
+
+def test_a_subject_that_is_not_utf8_is_refused_with_a_reason(
+    sqlite_log: AuditLog, tmp_path: Path
+) -> None:
+    """A shell hands Python the bytes of `--subject $'\\xff'` as a lone surrogate, which
+    cannot be encoded: verify-receipt ended in a UnicodeEncodeError traceback."""
+    nonce = new_commitment_nonce()
+    receipt = issue_for(sqlite_log, "ana", nonce)
+    with pytest.raises(VerificationError, match="not UTF-8 text"):
+        verify_subject_commitment(receipt, "\udcff", nonce)
+    path = tmp_path / "receipt.json"
+    path.write_text(json.dumps(receipt))
+    key = tmp_path / "audit.pem"
+    key.write_bytes(public_key_pem(sqlite_log.public_key))
+    pinned = ["--public-key", str(key), "--origin", ORIGIN]
+    result = run_cli(
+        "verify-receipt", str(path), *pinned, "--subject", "an\udcff", "--nonce", nonce.hex()
+    )
+    assert refused(result) and "not UTF-8 text" in result.output, result.output
