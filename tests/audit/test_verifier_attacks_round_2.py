@@ -475,4 +475,4 @@ def test_a_subject_that_is_not_utf8_is_refused_with_a_reason(
     result = run_cli(
         "verify-receipt", str(path), *pinned, "--subject", "an\udcff", "--nonce", nonce.hex()
     )
-    assert refused(result) and "not UTF-8 text" in result.output, result.output
+    assert refused(result) and "not UTF-8 text" in " ".join(result.output.split())
