@@ -21,6 +21,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from typer.testing import CliRunner
 
+from audit.check import check_upload
 from audit.checkpoint import sign_checkpoint
 from audit.errors import VerificationError
 from audit.export import export_jsonl
@@ -134,6 +135,9 @@ def test_a_receipt_of_another_tenant_is_told_apart(sqlite_log: AuditLog, tmp_pat
     asked = run_cli("verify-receipt", str(path), *pinned, "--tenant", "acme")
     assert refused(asked) and "not 'acme'" in " ".join(asked.output.split()), asked.output
     assert run_cli("verify-receipt", str(path), *pinned, "--tenant", "globex").exit_code == 0
+    # The upload check (POST /v1/audit/verify, the console) names it too.
+    checked = check_upload(path.read_bytes(), "receipt", sqlite_log.public_key, ORIGIN)
+    assert checked.ok and "for tenant globex" in checked.detail
 
 
 # --- What held: a file that reads one way to a person and another to the verifier ------------
