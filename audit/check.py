@@ -39,7 +39,8 @@ def check_upload(raw: bytes, kind: Kind, public_key: Any, origin: str) -> CheckR
             verify_receipt(receipt, public_key, origin=origin)
             body = receipt["body"]
             detail = (
-                f"receipt {body['receipt_id']} issued {body['issued_at']}, "
+                f"receipt {body['receipt_id']} issued {body['issued_at']} for tenant "
+                f"{body['subject']['tenant']}, "
                 f"{len(body['actions'])} actions, scope {body['request']['scope']}"
             )
         else:

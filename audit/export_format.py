@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 EXPORT_FORMAT = "uprof.audit-export/v1"
 #: Domain separation: no checkpoint note (origin first) or JSON body ("{" first) starts so.
@@ -95,3 +95,23 @@ def csv_line(cells: Sequence[str]) -> str:
     buffer = io.StringIO()
     csv.writer(buffer, lineterminator="\n").writerow(cells)
     return buffer.getvalue()
+
+
+def read_csv_rows(lines: Iterable[str]) -> Iterator[list[str]]:
+    """Read a CSV export's records, one line each (every reader of the format uses this).
+
+    Python's csv refuses a field over its limit (128 KiB by default), and the allowlist
+    lets an entry's cell be larger (1,000 tokens of 200 characters in a list field), so a
+    CSV trail the log wrote was refused by the verifier, and its summary failed in the SDK
+    and ``POST /v1/audit/export`` (bug IY). The exporter writes no field across lines and
+    no field is longer than its line, which is already read: the limit (process-wide) is
+    raised to each line's length, never lowered.
+    """
+
+    def sized() -> Iterator[str]:
+        for line in lines:
+            if len(line) > csv.field_size_limit():
+                csv.field_size_limit(len(line))
+            yield line
+
+    return csv.reader(sized())

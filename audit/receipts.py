@@ -66,10 +66,24 @@ def new_commitment_nonce() -> bytes:
 
 
 def subject_commitment(subject_id: str, nonce: bytes) -> str:
-    """Return hex ``SHA-256(subject_id (UTF-8) || nonce)``."""
-    if len(nonce) < 16:
-        raise AuditEntryError("the commitment nonce must have at least 16 random bytes")
-    return sha256(subject_id.encode("utf-8") + nonce).hexdigest()
+    """Return hex ``SHA-256(subject_id (UTF-8) || nonce)``.
+
+    The nonce is exactly ``NONCE_BYTES`` long, for the issuer and for the verifier alike:
+    with no separator between the two parts, a nonce of any other length would let bytes
+    move across the boundary, so that the receipt of ``ana1`` (nonce N) also matched ``ana``
+    with the nonce ``1 || N``, and every shorter prefix of the subject id likewise (bug IW).
+    A fixed length leaves one way to split what was hashed."""
+    if not isinstance(nonce, bytes | bytearray) or len(nonce) != NONCE_BYTES:
+        raise AuditEntryError(
+            f"the commitment nonce must be exactly {NONCE_BYTES} random bytes "
+            f"({2 * NONCE_BYTES} hex digits, as given at erasure)"
+        )
+    try:
+        encoded = subject_id.encode("utf-8")
+    except (AttributeError, UnicodeEncodeError):
+        # A shell hands Python undecodable argument bytes as lone surrogates (bug IZ).
+        raise AuditEntryError("the subject id is not UTF-8 text") from None
+    return sha256(encoded + nonce).hexdigest()
 
 
 def receipt_log_entry(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -176,6 +190,7 @@ def verify_receipt(
     *,
     origin: str,
     key_history: Any = None,
+    tenant: str | None = None,
 ) -> None:
     """Verify a receipt offline with only the issuer's public key; raise VerificationError.
 
@@ -188,6 +203,9 @@ def verify_receipt(
     checkpoint may be signed by any key of that history: a receipt issued before or after
     an audit key rotation verifies with the first key (or any trusted one). A sequence of
     keys as ``public_key`` is taken as the trusted set itself.
+    With ``tenant``, the receipt must be that tenant's (``body.subject.tenant``): tenants
+    sharing one set of stores share the log, its key and its origin, so without it a
+    receipt of another tenant verifies as well as one's own (bug IX).
     """
     keys = trusted_keys(public_key, key_history)
     if not isinstance(receipt, Mapping) or set(receipt) != RECEIPT_KEYS:
@@ -215,6 +233,11 @@ def verify_receipt(
     issuer_origin = body["issuer"]["origin"]
     if issuer_origin != origin:
         raise VerificationError(f"receipt was issued by log {issuer_origin!r}, not {origin!r}")
+    stated_tenant = body["subject"]["tenant"]
+    if tenant is not None and stated_tenant != tenant:
+        raise VerificationError(
+            f"receipt is of an erasure for tenant {stated_tenant!r}, not {tenant!r}"
+        )
 
     # 2. The checkpoint (step 2).
     if not isinstance(receipt["checkpoint"], str):

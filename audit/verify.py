@@ -48,6 +48,7 @@ from audit.export_format import (
     TRAILER_KEYS,
     csv_line,
     entry_line,
+    read_csv_rows,
     split_entry_line,
 )
 from audit.keyring import key_by_id, trusted_keys
@@ -517,7 +518,7 @@ def _verify_csv(
 
 def _csv_cells(line: str, number: int) -> list[str]:
     try:
-        rows = list(csv.reader([line]))
+        rows = list(read_csv_rows([line]))
     except csv.Error as exc:
         raise VerificationError(f"row is not valid CSV ({exc})", line_number=number) from None
     if len(rows) != 1 or len(rows[0]) != len(CSV_COLUMNS):

@@ -260,7 +260,7 @@ def test_the_cli_pins_the_origin_and_refuses_unreadable_files(
 
     short_nonce = run(str(receipts["real"]), "--subject", "ana", "--nonce", "abcd")
     assert short_nonce.exit_code == 1 and isinstance(short_nonce.exception, SystemExit)
-    assert "at least 16 random bytes" in short_nonce.output
+    assert "exactly 32 random bytes" in short_nonce.output
 
     bad_key = tmp_path / "bad.pem"
     bad_key.write_text("-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n")

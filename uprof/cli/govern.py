@@ -567,6 +567,10 @@ def audit_verify_receipt(
     subject: Annotated[str | None, typer.Option(help="Check it is this subject's...")] = None,
     nonce: Annotated[str | None, typer.Option(help="...with the nonce given at erasure.")] = None,
     key_history: KeyHistoryFile = None,
+    tenant: Annotated[
+        str | None,
+        typer.Option(help="Check it is this tenant's (tenants on shared stores share a key)."),
+    ] = None,
 ) -> None:
     """Verify an erasure receipt offline, with only the public key and the log's origin."""
     from audit.errors import VerificationError
@@ -585,6 +589,7 @@ def audit_verify_receipt(
             public_key.read_bytes(),
             origin=origin,
             key_history=read_key_history(key_history),
+            tenant=tenant,
         )
         if subject is not None and subject_nonce is not None:
             verify_subject_commitment(receipt, subject, subject_nonce)
@@ -594,7 +599,8 @@ def audit_verify_receipt(
     body = receipt["body"]
     console.print(
         f"[green]receipt verified[/]: {shown(body['receipt_id'])} issued "
-        f"{shown(body['issued_at'])} by {shown(origin)}, {len(body['actions'])} actions, "
+        f"{shown(body['issued_at'])} by {shown(origin)} for tenant "
+        f"{shown(json.dumps(body['subject']['tenant']))}, {len(body['actions'])} actions, "
         f"scope {shown(json.dumps(body['request']['scope']))}"
         + (", subject matches" if subject is not None else ""),
         highlight=False,

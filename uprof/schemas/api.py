@@ -17,7 +17,6 @@ The SDK re-exports the response models, so they double as its typed results.
 
 from __future__ import annotations
 
-import csv
 import json
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -33,6 +32,7 @@ from pydantic import (
     model_validator,
 )
 
+from audit.export_format import read_csv_rows
 from domain.values import ATTRIBUTE_KEYS, CATEGORIES, check_sharing
 
 # Re-exported: the surfaces (routes, MCP) read the page bounds from the wire schemas.
@@ -890,7 +890,7 @@ class AuditExportSummary(_Response):
         """
         records: Iterable[str]
         if fmt == "csv":
-            rows = csv.reader(lines)
+            rows = read_csv_rows(lines)
             next(rows, None)  # the column names
             records = (row[-1] for row in rows if row and row[0] in ("header", "trailer"))
         else:
