@@ -1,5 +1,5 @@
 """Attacks on what auditors and data subjects verify offline, by a party crafting the inputs
-(decision XXXX-verifier-attacks). Random mutation is covered by test_export.py,
+(decision 0151-verifier-attacks). Random mutation is covered by test_export.py,
 test_receipts.py and test_verifier_attacks.py; these are chosen inputs: a receipt shown as
 another subject's or another tenant's, another deployment's key or history, two signed trees
 that disagree, files that read one way to a person and another to the verifier, and the CLI's
