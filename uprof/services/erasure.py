@@ -16,7 +16,9 @@ The subject cascade, in order (FIELD-NOTES §3.5):
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import sqlalchemy as sa
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from audit.log import AuditLog
 from audit.receipts import issue_erasure_receipt, new_commitment_nonce, subject_commitment
@@ -421,6 +424,10 @@ class ErasureService:
                     actions=[],
                     counts={},
                     captures=ids,
+                    sealed_refs=[
+                        self._seal_ref(str(stream), request_id, token)
+                        for token in sorted({r for r in refs.values() if r})
+                    ],
                 )
                 previews: list[str | None] = [None] * len(ids)
                 if self._keystore.ledger is not None:
@@ -902,11 +909,16 @@ class ErasureService:
         stream = UUID(draft.stream)
         now = self._clock.now()
 
+        tokens = self._unsealed_refs(draft)
+
         def command() -> int:
             profile = self._app.load(stream)
             if draft.captures:
+                # The refs' tokens too (bug IO): the restore rolled them back with the
+                # tombstone, and the view rows that named the refs are gone.
                 for capture_id in draft.captures:
                     profile.erase_capture(capture_id, cited_by=[], now=now)
+                profile.note_erased_refs(tokens)
             else:
                 profile.erase_items(list(draft.items), reason="user-request")
             return self._app.save(profile)[-1].notification.id
@@ -914,6 +926,63 @@ class ErasureService:
         position = self._app.with_retry(command)
         self._flush_caches(stream)
         return _moved_to(draft, position)
+
+    def note_erased_refs(self, stream_ids: Sequence[str]) -> int:
+        """Note again in each live stream the erased captures' ref tokens its ledger
+        drafts hold and the stream lacks (a restore of data older than the erasure rolled
+        its ``ErasedRefsNoted`` back, bug IO); returns how many tokens. Run by the start
+        that finds erased captures still projected (``recovery.reapply_ledger``)."""
+        ledger = self._keystore.ledger
+        if ledger is None:
+            return 0
+        noted = 0
+        for stream_id in sorted(set(stream_ids)):
+            tokens = sorted(
+                {
+                    token
+                    for record in ledger.drafts_of_stream(self._tenant, stream_id)
+                    for token in self._unsealed_refs(_Draft.from_json(record.draft))
+                }
+            )
+            if not tokens:
+                continue
+            stream = UUID(stream_id)
+
+            def command(stream: UUID = stream, tokens: list[str] = tokens) -> int:
+                profile = self._app.load(stream)
+                missing = [t for t in tokens if not profile.ref_erased(t)]
+                if missing:
+                    profile.note_erased_refs(missing)
+                    self._app.save(profile)
+                return len(missing)
+
+            try:
+                noted += self._app.with_retry(command)
+            except SubjectErasedError:
+                continue  # erased since: the subject's key, and so the tokens, are gone
+            self._flush_caches(stream)
+        return noted
+
+    def _seal_ref(self, stream_id: str, request_id: str, token: str) -> str:
+        """``token`` sealed under the subject's current data key, bound to the stream and
+        the request (AES-GCM, AAD): ``<key version>:<base64 nonce|ciphertext>``."""
+        version, key = self._keystore.current_key(stream_id)
+        nonce = os.urandom(12)
+        sealed = AESGCM(key).encrypt(nonce, token.encode(), _ref_aad(stream_id, request_id))
+        return f"{version}:{base64.b64encode(nonce + sealed).decode()}"
+
+    def _unsealed_refs(self, draft: _Draft) -> list[str]:
+        """The draft's ref tokens that the subject's keys still open (none once erased)."""
+        tokens = []
+        for sealed in draft.sealed_refs:
+            version, _, body = sealed.partition(":")
+            key = self._keystore.key(draft.stream, int(version))
+            if key is None:
+                continue
+            raw = base64.b64decode(body)
+            aad = _ref_aad(draft.stream, draft.request_id)
+            tokens.append(AESGCM(key).decrypt(raw[:12], raw[12:], aad).decode())
+        return tokens
 
     def _erase_strays(self, draft: _Draft, item_ids: list[str]) -> int:
         stream = UUID(draft.stream)
@@ -1301,6 +1370,11 @@ class _Draft:
     #: The request whose tombstone a subject erasure cites when it is not this one's
     #: (another request of the same subject at once, or one killed after it); "" if own.
     tombstone_by: str = ""
+    #: The import tokens of the erased captures' (app, source_ref), each sealed under the
+    #: subject's data key (``_seal_ref``): a restore that rolls the stream's
+    #: ``ErasedRefsNoted`` back cannot make an import bring the capture back (bug IO), and
+    #: the tokens die with the subject's key.
+    sealed_refs: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
@@ -1524,6 +1598,10 @@ def _captures_drafted(
         {"type": "cache_invalidated", "caches": ["capture-keys", "slice-index", "snapshots"]},
     ]
     return replace(draft, actions=actions, counts=counts)
+
+
+def _ref_aad(stream_id: str, request_id: str) -> bytes:
+    return f"erased-ref|{stream_id}|{request_id}".encode()
 
 
 def _token(text: str) -> str:
