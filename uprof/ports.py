@@ -206,6 +206,14 @@ class KeyMaterialStore(Protocol):
         ends, and removed. False when a process holds it, or there is none."""
         ...
 
+    def erasure_mark_of_host(
+        self, request_id: str, host: str, *, keep: bool = False
+    ) -> AbstractContextManager[str]:
+        """For an operator declaring ``host`` gone for good: ``"none"`` (no mark of that
+        host), ``"held"`` (a process holds it) or ``"gone"`` (then held until the block
+        ends, and removed unless ``keep``). Raises ValueError for this host's own name."""
+        ...
+
 
 # --------------------------------------------------------------------------- storage
 #

@@ -164,3 +164,9 @@ class InMemoryKeyMaterialStore:
     @contextlib.contextmanager
     def erasure_owner_gone(self, request_id: str) -> Iterator[bool]:
         yield False  # one process: a request it began is alive or finished
+
+    @contextlib.contextmanager
+    def erasure_mark_of_host(
+        self, request_id: str, host: str, *, keep: bool = False
+    ) -> Iterator[str]:
+        yield "none"  # one process, one host: no other host's marks

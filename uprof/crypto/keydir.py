@@ -324,6 +324,43 @@ class FileKeyMaterialStore:
         finally:
             os.close(fd)
 
+    @contextmanager
+    def erasure_mark_of_host(
+        self, request_id: str, host: str, *, keep: bool = False
+    ) -> Iterator[str]:
+        """An operator settling another host's requests (``uprof erase settle-host``):
+        ``"none"`` when the request has no mark naming ``host``, ``"held"`` when a
+        process holds it (a lock seen from here: that host is not dead), ``"gone"``
+        otherwise; then the mark is held until the block ends, and removed. Refuses this
+        host's own name: a start here judges its marks by their locks."""
+        if f"host={host}\n".encode() == _host_line():
+            raise ValueError("that is this host: its requests are judged by their locks")
+        if not _REQUEST_ID.fullmatch(request_id) or "\n" in host or not host:
+            yield "none"
+            return
+        path = self._in_flight_path(request_id)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:  # none, or not a mark this code wrote (bug IA)
+            yield "none"
+            return
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode) or os.read(fd, 4096) != (
+                f"host={host}\n".encode()
+            ):
+                yield "none"
+                return
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield "held"
+                return
+            yield "gone"
+            if not keep:  # ``keep``: only looked at
+                path.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+
     # ---------------------------------------------------------------- ledger
 
     def append_erasure(self, record: ErasureRecord) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -155,6 +156,16 @@ RESIDUAL = {
 
 
 @dataclass(frozen=True)
+class HostSettled:
+    """What ``uprof erase settle-host`` did: the requests it settled as abandoned, or
+    the marks of that host a process holds (then it settled none)."""
+
+    host: str
+    settled: list[str]
+    held: list[str]
+
+
+@dataclass(frozen=True)
 class ErasureResult:
     """The signed receipt, and the nonce that lets only the subject link it to themselves."""
 
@@ -196,6 +207,9 @@ class ErasureService:
         self._flush_caches = flush_caches
         self._tenant = tenant
         self._ref_token = ref_token
+        #: (stream, ledger items of it) whose items the views no longer list, or whose
+        #: erasure this process appended (bug IP).
+        self._items_gone: set[tuple[str, frozenset[str]]] = set()
 
     # ----------------------------------------------------------------- subject
 
@@ -927,6 +941,50 @@ class ErasureService:
         self._flush_caches(stream)
         return _moved_to(draft, position)
 
+    def erase_recorded_items(self, stream_id: UUID) -> int:
+        """Erase the items the ledger names for this stream that the views still list;
+        returns how many. Asked before a read of the subject is served (bug IP).
+
+        An item erasure records itself in the ledger before it appends its
+        ``ItemsErased`` (so that a restore or a retry finishes it); a request killed
+        between the two left the item listed, and served by every process already
+        running, until a start re-applied the ledger or someone asked again. No key
+        guards an item, so the reader appends the event itself (``erasure-reapplied``,
+        as a start does); an erasure still running appends its own too, which removes
+        nothing more. Costs one dictionary look-up per read when the ledger names no item
+        of the stream, and one pass over its views once per ledger state otherwise."""
+        ledger = self._keystore.ledger
+        if ledger is None:
+            return 0
+        state = ledger.state()
+        wanted = state.items.get(str(stream_id))
+        if not wanted or str(stream_id) in state.streams:
+            return 0
+        if (str(stream_id), wanted) in self._items_gone:
+            return 0  # this process appended their erasure, or found them gone
+        stream = str(stream_id)
+        listed = {a.item_id for a in self._queries.attributes(stream)}
+        listed |= {i.item_id for i in self._queries.intents(stream)}
+        listed |= {m.item_id for m in self._queries.memories(stream, include_archived=True)[0]}
+        doomed = sorted(wanted & listed)
+        if not doomed:
+            self._items_gone.add((stream, wanted))
+            return 0
+
+        def command() -> None:
+            profile = self._app.load(stream_id)
+            profile.erase_items(doomed, reason="erasure-reapplied")
+            self._app.save(profile)
+
+        try:
+            self._app.with_retry(command)
+        except SubjectErasedError:
+            return 0
+        # Appended once by this process: the views drop them as they pass the event.
+        self._items_gone.add((stream, wanted))
+        self._flush_caches(stream_id)
+        return len(doomed)
+
     def note_erased_refs(self, stream_ids: Sequence[str]) -> int:
         """Note again in each live stream the erased captures' ref tokens its ledger
         drafts hold and the stream lacks (a restore of data older than the erasure rolled
@@ -1134,6 +1192,50 @@ class ErasureService:
                 )
                 settled.append(request_id)
         return settled
+
+    def settle_host(self, host: str, *, requested_by: str) -> HostSettled:
+        """Settle the open requests whose in-flight marks name ``host``, a host that an
+        operator declares gone for good (its marks are judged by no start: bug HY's
+        choice): ``erasure.abandoned``, ``reason_code`` ``host-gone``, with who asked.
+
+        Refused for this host's own name (its next start judges its marks by their locks)
+        and when any of that host's marks is held (a lock seen from here: the host is
+        alive); nothing is written then. Each request is read again while holding its
+        mark, as a start does, so a request that wrote its record or outcome meanwhile
+        is left alone."""
+        if host == socket.gethostname():
+            raise InvalidInputError(
+                f"{host!r} is this host: a start here settles its dead requests by their "
+                "locks (run any uprof command); settle-host is for another host, gone",
+                field="host",
+            )
+        if not host or any(c.isspace() for c in host):
+            raise InvalidInputError("a host name, as its in-flight marks name it", field="host")
+        ledger = self._keystore.ledger
+        if ledger is None:
+            return HostSettled(host, [], [])
+        open_requests = self._requests_without_outcome(ledger)
+        held: list[str] = []
+        for request_id in open_requests:
+            with ledger.mark_of_host(request_id, host, keep=True) as state:
+                if state == "held":
+                    held.append(request_id)
+        if held:
+            return HostSettled(host, [], held)
+        settled: list[str] = []
+        for request_id, pseudonym in open_requests.items():
+            with ledger.mark_of_host(request_id, host) as state:
+                if state != "gone" or request_id not in self._requests_without_outcome(ledger):
+                    continue
+                self._audit.record(
+                    "erasure.abandoned",
+                    subject_ref=pseudonym,
+                    request_id=request_id,
+                    reason_code="host-gone",
+                    requested_by=requested_by,
+                )
+                settled.append(request_id)
+        return HostSettled(host, settled, [])
 
     def _requests_without_outcome(self, ledger: ErasureLedger) -> dict[str, str]:
         """request id -> subject pseudonym of each ``erasure.requested`` entry with no
