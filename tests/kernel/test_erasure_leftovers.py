@@ -30,6 +30,7 @@ from tests.kernel.test_erasure_resume_scopes import (
 )
 from tests.kernel.test_import_erased_refs import captured
 from tests.kernel.test_import_idempotency import record
+from tests.kernel.test_simultaneous_erasure_receipts import Held
 from uprof.services.backup import backup, restore
 from uprof.services.importer import import_interactions
 
@@ -279,3 +280,98 @@ def test_an_operator_settles_the_requests_of_a_host_gone_for_good(backend: Backe
         assert kernel.erase_subject("alice").receipt  # asked again: a new request completes
     finally:
         kernel.close()
+
+
+# ------------------------------------------------ the start's sweep, bounded by a mark
+
+
+def _requested_leaf(settings: Any) -> dict[str, int]:
+    kernel = build_kernel(settings, FakeClock())
+    try:
+        return {
+            str(e.entry["request_id"]): e.leaf_index
+            for e in kernel.audit_log.entries(action="erasure.requested")
+        }
+    finally:
+        kernel.close()
+
+
+def _mark(settings: Any) -> dict[str, Any] | None:
+    kernel = build_kernel(settings, FakeClock())
+    try:
+        ledger = kernel.keystore.ledger
+        assert ledger is not None
+        raw = ledger.settled_mark()
+        return None if raw is None else dict(json.loads(raw))
+    finally:
+        kernel.close()
+
+
+def _start_killed_writing_the_mark(settings: Any) -> None:
+    """A start SIGKILLed inside the mark's write (its temporary file written, not yet
+    renamed): the ``os.replace`` is where a torn mark would come from."""
+    real = os.replace
+
+    def replace(src: Any, dst: Any) -> None:
+        if str(dst).endswith("erasures-settled-upto.json"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        real(src, dst)
+
+    os.replace = replace  # type: ignore[assignment]
+    build_kernel(settings, FakeClock())
+
+
+@pytest.mark.parametrize("mark", ["kept", "killed-mid-write", "damaged", "foreign-log"])
+def test_the_settled_mark_never_passes_an_open_request(backend: Backend, mark: str) -> None:
+    """Decision item 3: starts read only the log after the settled-up-to mark. A request
+    alive across many starts (a real process, held after ``erasure.requested``) keeps the
+    mark below it; killed, the next start still settles it. The mark written by a start
+    killed mid-write, a damaged mark, and a mark whose leaf is not this log's (a log put
+    back from a backup and grown again) each fall back to the whole log."""
+    settings = settings_for(backend)
+    setup = build_kernel(settings, FakeClock())
+    consent(setup)
+    for n in range(3):  # settled requests before it: the mark may pass these
+        consent(setup, f"early-{n}")
+        setup.erase_subject(f"early-{n}")
+    setup.close()
+    live = Held(settings, "after-tombstone")
+    live.begin()
+    try:
+        for _ in range(2):
+            build_kernel(settings, FakeClock()).close()
+        leaves = _requested_leaf(settings)
+        (request,) = [r for r, leaf in leaves.items() if leaf == max(leaves.values())]
+        written = _mark(settings)
+        assert written is not None
+        assert max(leaves.values()) > written["after_leaf"] >= sorted(leaves.values())[2]
+    finally:
+        live.kill()
+    if mark == "killed-mid-write":
+        child = children.CONTEXT.Process(target=_start_killed_writing_the_mark, args=(settings,))
+        child.start()
+        child.join(120)
+        assert child.exitcode in (-signal.SIGKILL, 0)
+    elif mark in ("damaged", "foreign-log"):
+        kernel = build_kernel(settings, FakeClock())
+        ledger = kernel.keystore.ledger
+        assert ledger is not None
+        size = kernel.audit_log.size()
+        text = (
+            "{not json"
+            if mark == "damaged"
+            else json.dumps({"after_leaf": size - 1, "leaf_hash": "00" * 32})
+        )
+        ledger.write_settled_mark(text)  # after this start's sweep: the next one reads it
+        kernel.close()
+    kernel = build_kernel(settings, FakeClock())
+    try:
+        abandoned = [
+            e.entry["request_id"] for e in kernel.audit_log.entries(action="erasure.abandoned")
+        ]
+        assert abandoned == [request]
+        assert kernel.erase_subject("alice").receipt
+    finally:
+        kernel.close()
+    moved = _mark(settings)
+    assert moved is not None and moved["after_leaf"] >= _requested_leaf(settings)[request]
