@@ -1392,6 +1392,14 @@ class SubjectProfile(Aggregate):
         the subject's request: an import of that record is skipped, with no expiry."""
         return token in self._erased_refs()
 
+    def note_erased_refs(self, tokens: list[str]) -> None:
+        """Note erased captures' ref tokens the stream lacks (a restore rolled back the
+        erasure's ``ErasedRefsNoted``, bug IO)."""
+        self._refuse_if_erased()
+        missing = sorted(set(tokens) - self._erased_refs())
+        if missing:
+            self._erased_refs_noted(tokens=missing)
+
     @event("ErasedRefsNoted")
     def _erased_refs_noted(self, tokens: list[str]) -> None:
         # Sealed under the subject's key (it names no capture, no evidence): a keyed hash

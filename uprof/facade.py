@@ -74,7 +74,7 @@ from policies.rules import purpose_problem
 from policies.visibility import is_visible
 from uprof.kernel import Lag, Uprof
 from uprof.services.capture import CaptureAck
-from uprof.services.erasure import ErasureResult
+from uprof.services.erasure import ErasureResult, HostSettled
 from uprof.services.extraction import category_of
 from uprof.services.import_formats import FORMATS as IMPORT_FORMATS
 from uprof.services.import_formats import FileLines, ImportDefaults, ImportProblem
@@ -1099,6 +1099,13 @@ class Facade:
         """The audit key history (public, like the key: offline verifiers pin the first key,
         or any they trust, and accept the keys it endorses)."""
         return self._kernel.audit_key_history()
+
+    def settle_erasures_of_host(self, host: str) -> HostSettled:
+        """Settle the erasure requests left open by a host gone for good (operator work,
+        ``operate``; each audited ``erasure.abandoned``, ``reason_code`` host-gone)."""
+        self._authorize_operator("operate", CATEGORIES, OPERATIONS_PURPOSE)
+        with self._as_principal():
+            return self._kernel.settle_erasures_of_host(host, requested_by=self.principal.label)
 
     def rotate_audit_key(self) -> dict[str, Any]:
         """Make a new audit signing key current, endorsed by the current one (operator

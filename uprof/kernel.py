@@ -37,7 +37,7 @@ from uprof.ports import AuditTrail, Clock, ViewStore
 from uprof.retrieval import text as retrieval_text
 from uprof.services.capture import CaptureAck, CaptureOutcome, CaptureService
 from uprof.services.consent import ConsentService, collected_under
-from uprof.services.erasure import ErasureResult, ErasureService
+from uprof.services.erasure import ErasureResult, ErasureService, HostSettled
 from uprof.services.erasure import _token as _token
 from uprof.services.extraction import ExtractionWorker
 from uprof.services.idempotency import Execute, IdempotencyStore, Outcome
@@ -1031,6 +1031,9 @@ class Uprof:
         stream_id = self.stream_of(subject)
         self._settle_reads()
         if not self.settings.background_workers:
+            # An item erasure killed after its ledger record: its items go first (bug IP;
+            # with workers, ``ensure_subject_fresh`` does it).
+            self.erasure_service.erase_recorded_items(stream_id)
             self.process()
             return
         timeout = self.settings.read_wait_timeout_s
@@ -1074,6 +1077,8 @@ class Uprof:
         projections need not be asked again.
         """
         deadline = time.monotonic() + timeout_s
+        if self.erasure_service.erase_recorded_items(stream_id):  # bug IP
+            known_head = None
         while True:
             fresh, head = self._subject_caught_up(stream_id, known_head)
             if fresh or time.monotonic() >= deadline:
@@ -1197,6 +1202,11 @@ class Uprof:
         before), or None where the key source keeps no history."""
         history = getattr(self.audit_log.keys, "history", None)
         return None if history is None else dict(history().document)
+
+    def settle_erasures_of_host(self, host: str, *, requested_by: str) -> HostSettled:
+        """Settle the erasure requests a host gone for good left open
+        (``ErasureService.settle_host``)."""
+        return self.erasure_service.settle_host(host, requested_by=requested_by)
 
     def rotate_audit_key(self, *, requested_by: str) -> dict[str, Any]:
         """Make a new audit signing key current, endorsed by the current one, and record it

@@ -206,6 +206,22 @@ class KeyMaterialStore(Protocol):
         ends, and removed. False when a process holds it, or there is none."""
         ...
 
+    def settled_mark(self) -> str | None:
+        """The text ``write_settled_mark`` last wrote (None: never)."""
+        ...
+
+    def write_settled_mark(self, text: str) -> None:
+        """Replace the start's settled-up-to mark, whole (``ErasureService``)."""
+        ...
+
+    def erasure_mark_of_host(
+        self, request_id: str, host: str, *, keep: bool = False
+    ) -> AbstractContextManager[str]:
+        """For an operator declaring ``host`` gone for good: ``"none"`` (no mark of that
+        host), ``"held"`` (a process holds it) or ``"gone"`` (then held until the block
+        ends, and removed unless ``keep``). Raises ValueError for this host's own name."""
+        ...
+
 
 # --------------------------------------------------------------------------- storage
 #

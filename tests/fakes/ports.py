@@ -164,3 +164,15 @@ class InMemoryKeyMaterialStore:
     @contextlib.contextmanager
     def erasure_owner_gone(self, request_id: str) -> Iterator[bool]:
         yield False  # one process: a request it began is alive or finished
+
+    def settled_mark(self) -> str | None:
+        return getattr(self, "_settled_mark", None)
+
+    def write_settled_mark(self, text: str) -> None:
+        self._settled_mark = text
+
+    @contextlib.contextmanager
+    def erasure_mark_of_host(
+        self, request_id: str, host: str, *, keep: bool = False
+    ) -> Iterator[str]:
+        yield "none"  # one process, one host: no other host's marks

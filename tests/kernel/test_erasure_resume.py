@@ -261,7 +261,8 @@ def test_a_retry_after_a_crash_before_an_item_erasure_was_written_gets_the_recei
         kernel.subjects.tenant, "alice", scope="item", target=[intent.item_id]
     )
     assert record is not None
-    assert [i.item_id for i in kernel.profile("alice").intents] == [intent.item_id]
+    # Not served meanwhile (bug IP: it was, until a start or a retry).
+    assert kernel.profile("alice").intents == ()
     result = kernel.erase_item("alice", intent.item_id)
     assert result.receipt["body"]["request"]["request_id"] == record.request_id
     verify_receipt(result.receipt, kernel.audit_log.public_key, origin=kernel.audit_log.origin)

@@ -177,6 +177,46 @@ def erase_item(
         print_receipt(console, d.erase_item(subject, item, with_evidence=with_evidence), out)
 
 
+@erase_app.command("settle-host")
+def erase_settle_host(
+    host: Annotated[str, typer.Argument(help="The host name its in-flight marks name.")],
+    yes: Annotated[
+        bool, typer.Option("--yes", help="Confirm that HOST is gone for good and runs nothing.")
+    ] = False,
+) -> None:
+    """Settle the erasure requests left open by a host that will never start again
+    (operator work, the `operate` right).
+
+    A start settles only its own host's dead requests: a lock in a shared key folder
+    may not reach other hosts, so from here an unheld lock proves nothing. Once you know
+    HOST is gone (decommissioned, its container gone for good), this writes
+    `erasure.abandoned` (reason_code host-gone, with who asked) for each request whose
+    mark names HOST and that has no outcome and no ledger record. Refused for this host
+    and while any of HOST's marks is locked; the subject's data stays as it was (ask for
+    the erasure again)."""
+    if not yes:
+        err_console.print(
+            f"settle-host declares {host!r} gone for good: a request still running there "
+            "would end with two outcomes. Check it is, then run again with --yes."
+        )
+        raise typer.Exit(2)
+    with door() as d:
+        done = d.settle_erasures_of_host(host)
+    if done.held:
+        err_console.print(
+            f"refused: {len(done.held)} erasure request(s) of {host!r} are locked by a "
+            "running process, so that host is not gone; nothing was settled: "
+            + ", ".join(done.held)
+        )
+        raise typer.Exit(1)
+    console.print(
+        f"settled {len(done.settled)} erasure request(s) of {host!r} as abandoned"
+        + (": " + ", ".join(done.settled) if done.settled else "")
+        + ("" if done.settled else " (none was open with a mark of that host)"),
+        highlight=False,
+    )
+
+
 def export_subject(
     subject: Annotated[str, typer.Option()],
     out: Annotated[Path, typer.Option(help="Where to write the JSON export.")],

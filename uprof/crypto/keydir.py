@@ -57,6 +57,8 @@ LEDGER_FILE = "erasure-ledger.jsonl"
 #: One lock file per erasure request between its ``erasure.requested`` entry and its
 #: ledger record (``erasure_in_flight``), held with ``flock`` by its process.
 IN_FLIGHT_DIR = "erasures-in-flight"
+#: Where the start's sweep for open erasure requests may begin (``settled_mark``).
+SETTLED_MARK_FILE = "erasures-settled-upto.json"
 #: A finished one-off data upgrade: ``upgraded.<name>`` (``record_data_upgrade``).
 UPGRADE_FILE_PREFIX = "upgraded."
 KEYS_DB_FILE = "keys.sqlite"
@@ -321,6 +323,62 @@ class FileKeyMaterialStore:
                 return
             yield True
             path.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+
+    def settled_mark(self) -> str | None:
+        """The start's settled-up-to mark as last written (``write_settled_mark``)."""
+        try:
+            return (self.path / SETTLED_MARK_FILE).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+
+    def write_settled_mark(self, text: str) -> None:
+        # Whole or not at all (a process killed mid-write leaves the old mark, or a
+        # temporary file that the next write's ``os.replace`` never sees).
+        path = self.path / SETTLED_MARK_FILE
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    @contextmanager
+    def erasure_mark_of_host(
+        self, request_id: str, host: str, *, keep: bool = False
+    ) -> Iterator[str]:
+        """An operator settling another host's requests (``uprof erase settle-host``):
+        ``"none"`` when the request has no mark naming ``host``, ``"held"`` when a
+        process holds it (a lock seen from here: that host is not dead), ``"gone"``
+        otherwise; then the mark is held until the block ends, and removed. Refuses this
+        host's own name: a start here judges its marks by their locks."""
+        if f"host={host}\n".encode() == _host_line():
+            raise ValueError("that is this host: its requests are judged by their locks")
+        if not _REQUEST_ID.fullmatch(request_id) or "\n" in host or not host:
+            yield "none"
+            return
+        path = self._in_flight_path(request_id)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:  # none, or not a mark this code wrote (bug IA)
+            yield "none"
+            return
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode) or os.read(fd, 4096) != (
+                f"host={host}\n".encode()
+            ):
+                yield "none"
+                return
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield "held"
+                return
+            yield "gone"
+            if not keep:  # ``keep``: only looked at
+                path.unlink(missing_ok=True)
         finally:
             os.close(fd)
 

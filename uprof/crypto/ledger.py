@@ -303,6 +303,19 @@ class ErasureLedger:
         """Whether the request's process died in flight (``erasure_owner_gone``)."""
         return self._store.erasure_owner_gone(request_id)
 
+    def settled_mark(self) -> str | None:
+        """The start's settled-up-to mark (``KeyMaterialStore.settled_mark``)."""
+        return self._store.settled_mark()
+
+    def write_settled_mark(self, text: str) -> None:
+        self._store.write_settled_mark(text)
+
+    def mark_of_host(
+        self, request_id: str, host: str, *, keep: bool = False
+    ) -> AbstractContextManager[str]:
+        """Another host's in-flight mark (``erasure_mark_of_host``)."""
+        return self._store.erasure_mark_of_host(request_id, host, keep=keep)
+
     def drafts_of_stream(self, tenant: str, stream_id: str) -> list[ErasureRecord]:
         """The tenant's records of this stream that carry a receipt's draft, in ledger
         order (each written before the keys its draft cites were destroyed)."""

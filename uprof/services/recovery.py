@@ -222,6 +222,9 @@ def reapply_ledger(kernel: Any, *, rebuild_if_stale: bool = True) -> LedgerReapp
                 unfolded.append(engine)
         if unfolded:
             _fold_when_free(kernel, unfolded)
+    if stale_streams:
+        # The restore rolled back their erasures' ref tokens too (bug IO).
+        kernel.erasure_service.note_erased_refs(sorted(stale_streams))
     if report.stale_captures and rebuild_if_stale:
         kernel.rebuild()
         report.rebuilt = True
