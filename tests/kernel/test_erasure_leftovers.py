@@ -1,4 +1,4 @@
-"""Leftovers of decisions 0141, 0145 and 0147 (decision XXXX-erasure-leftovers).
+"""Leftovers of decisions 0141, 0145 and 0147 (decision 0152-erasure-leftovers).
 
 Bug IO: a restore that rolled a capture erasure's events back (its ``ErasedRefsNoted``
 and its ``CaptureErased``) had the erasure's events appended again without the ref's

@@ -1182,7 +1182,7 @@ class ErasureService:
         Reads only the entries after the settled-up-to mark (key folder): the leaf before
         the oldest request still open, moved forward by each start. Without it every
         start read every ``erasure.requested`` entry ever written (decision
-        XXXX-erasure-leftovers: ~0.9 ms per 10 past erasures on SQLite)."""
+        0152-erasure-leftovers: ~0.9 ms per 10 past erasures on SQLite)."""
         ledger = self._keystore.ledger
         if ledger is None:
             return []
