@@ -131,3 +131,46 @@ def test_a_capture_retried_after_the_server_was_killed_and_restarted_is_stored_o
     assert proxy.dropped == 1
     assert again.capture_id
     assert kinds(target)["InteractionCaptured"] == 1
+
+
+def test_a_withdrawal_with_erase_resent_after_a_kill_before_its_answer_gets_a_receipt(
+    target: Target, token: str
+) -> None:
+    """The server is killed after the withdrawal's erasure was written and before its
+    answer was kept: the key is claimed, no answer stored (the state is set as the kill
+    leaves it). The client's resend (same key) is the same request: it is answered with
+    a receipt of that erasure, never with ``erasure: null`` ("nothing was collected")
+    for captures that were erased (bug JF)."""
+    server, url = _start_server(target)
+    try:
+        with Client(url, token) as client:
+            consent_id = client.consents("alice")[0].consent_id
+            client.capture("alice", agent_id="agent:one", user_input="I like tea", occurred_at=WHEN)
+            first = client.withdraw_consent("alice", consent_id, erase=True, idempotency_key="w-1")
+    finally:
+        server.send_signal(signal.SIGKILL)
+        server.wait(30)
+    assert first.erasure is not None and first.erasure.counts["captures"] == 1
+    with kernel_on(target) as kernel:
+        assert kernel.idempotency is not None
+        with kernel.idempotency._engine.begin() as conn:
+            t = idempotency_keys
+            unanswered = conn.execute(
+                t.update()
+                .where(t.c.operation == "consent.withdraw")
+                .values(state="pending", status=None, response=None)
+            ).rowcount
+    assert unanswered == 1
+    server, url = _start_server(target)
+    try:
+        with Client(url, token) as client:
+            again = client.withdraw_consent("alice", consent_id, erase=True, idempotency_key="w-1")
+    finally:
+        stop_server(server, timeout_s=30)
+    assert again.consent.erase_requested
+    assert again.erasure is not None, "a resend of an erasure that was done answered no receipt"
+    body, first_body = again.erasure.receipt["body"], first.erasure.receipt["body"]
+    assert isinstance(body, dict) and isinstance(first_body, dict)
+    assert body["request"] == first_body["request"]  # the same request's erasure
+    assert again.erasure.subject_nonce_hex != ""
+    assert kinds(target)["CaptureErased"] == 1
