@@ -19,7 +19,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 
 from benchmarks.reliability import PLANNER, Target, grant_all, kernel_on, make_settings
 from benchmarks.server_ready import stop_server
