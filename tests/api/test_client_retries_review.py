@@ -101,3 +101,20 @@ def test_every_failed_write_names_its_key_and_a_read_none() -> None:
     assert given.value.idempotency_key == "g-1"
     assert (batch.idempotency_key or "").startswith("uprof-sdk-")
     assert read.value.idempotency_key is None and async_read.idempotency_key is None
+
+
+def test_a_kept_withdrawal_answer_replayed_signs_no_second_receipt(
+    server: LiveServer, kernel: Uprof, apps: Apps, http: httpx.Client
+) -> None:
+    """JF's receipt issued again is only for a request whose answer was never kept: a
+    replay of a kept answer returns that answer and signs nothing."""
+    from audit.receipts import RECEIPT_ACTION
+
+    consent_id = grant(http, apps.planner)
+    with Client(server.url, apps.planner) as client:
+        client.capture("alice", agent_id="agent:one", user_input="I like tea", occurred_at=WHEN)
+        first = client.withdraw_consent("alice", consent_id, erase=True, idempotency_key="w-1")
+        again = client.withdraw_consent("alice", consent_id, erase=True, idempotency_key="w-1")
+    assert first.erasure is not None and again.erasure is not None
+    assert again.erasure.receipt == first.erasure.receipt
+    assert len(list(kernel.audit_log.entries(action=RECEIPT_ACTION))) == 1
