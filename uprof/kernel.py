@@ -40,7 +40,7 @@ from uprof.services.consent import ConsentService, collected_under
 from uprof.services.erasure import ErasureResult, ErasureService, HostSettled
 from uprof.services.erasure import _token as _token
 from uprof.services.extraction import ExtractionWorker
-from uprof.services.idempotency import Execute, IdempotencyStore, Outcome
+from uprof.services.idempotency import Execute, IdempotencyStore, Outcome, replaying
 from uprof.services.maintenance import MaintenanceService
 from uprof.services.paging import CursorCodec
 from uprof.services.policy import PolicyChange, PolicyChangeResult, PolicyService, PolicyState
@@ -365,6 +365,14 @@ class Uprof:
             **collected_under(grant, withdrawn_position or grant.withdrawn_position),
         )
         if not collected:
+            if request_token is not None and not replaying.get():
+                # A retry of a keyed request whose erasure finished and whose answer was
+                # never kept (its process died first; a kept answer is replayed as kept):
+                # the receipt of that erasure, issued again, never "nothing was
+                # collected" (bug JF). None when the request collected nothing.
+                return self.erasure_service.resume(
+                    subject, "consent-withdrawal", [consent_id], finished_too=True
+                )
             return None
         return self.erasure_service.erase_captures(
             subject, collected, scope="consent-withdrawal", target=[consent_id]

@@ -269,12 +269,14 @@ class ErasureLedger:
         *,
         scope: str = "subject",
         target: Sequence[str] = (),
+        receipted_too: bool = False,
     ) -> ErasureRecord | None:
         """The subject's latest erasure of this scope and target that recorded a draft
         and has issued no receipt since: one that answered ``erasure_incomplete``, or one
         whose process died after its ledger record (None when there is none, or the name
         was re-created after it). Of one request, the latest record's draft wins: an
-        ``incomplete`` record holds the counts known after the keys went."""
+        ``incomplete`` record holds the counts known after the keys went. With
+        ``receipted_too``, also one that has issued its receipt."""
         mark = self.mark(tenant, subject_ref)
         wanted = (scope, sorted(target))
         found: ErasureRecord | None = None
@@ -285,7 +287,11 @@ class ErasureLedger:
                 if draft_key(record.draft) == wanted:
                     found = record
             elif found is not None and (
-                (record.kind == "receipted" and record.request_id == found.request_id)
+                (
+                    record.kind == "receipted"
+                    and record.request_id == found.request_id
+                    and not receipted_too
+                )
                 or (record.kind == "recreated" and record.mark == mark)
             ):
                 found = None

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from uprof.sdk._errors import TransportError, error_for
+from uprof.sdk._errors import TransportError, UprofClientError, error_for
 from uprof.sdk._operations import Call
 
 if TYPE_CHECKING:
@@ -60,7 +60,22 @@ def _attempts(call: Call[Any], retries: int) -> int:
 
 
 def _failed(call: Call[Any], error: httpx.HTTPError) -> TransportError:
-    return TransportError(f"{call.operation.name}: {type(error).__name__}: {error}")
+    return _with_key(
+        call, TransportError(f"{call.operation.name}: {type(error).__name__}: {error}")
+    )
+
+
+E = TypeVar("E", bound=UprofClientError)
+
+
+def _with_key(call: Call[Any], error: E) -> E:
+    """The error, naming the key its write was sent with: a caller whose write may have
+    been stored (no answer, or an error answered to a resend) retries with that key, so
+    the retry is that write, not a second one (bug JE: the key made for the call was
+    lost with the call, and the caller's retry after a restart stored it twice)."""
+    if call.operation.keyed:
+        error.idempotency_key = call.idempotency_key
+    return error
 
 
 def _request_kwargs(call: Call[Any]) -> dict[str, Any]:
@@ -80,11 +95,13 @@ def _parse(call: Call[R], response: httpx.Response) -> R:
     except ValueError:
         payload = None
     if response.status_code >= 400:
-        raise error_for(response.status_code, payload)
+        raise _with_key(call, error_for(response.status_code, payload))
     try:
         return call.operation.response.model_validate(payload)
     except ValidationError as error:
-        raise TransportError(f"unexpected response to {call.operation.name}: {error}") from None
+        raise _with_key(
+            call, TransportError(f"unexpected response to {call.operation.name}: {error}")
+        ) from None
 
 
 class HttpBackend:

@@ -23,7 +23,15 @@ from uprof.schemas.api import FieldProblem
 
 
 class UprofClientError(Exception):
-    """Base of every error the SDK raises."""
+    """Base of every error the SDK raises.
+
+    ``idempotency_key``: the key an HTTP write was sent with (yours, or the one the client
+    made for the call), None for anything else. After a ``TransportError`` (or an error
+    answered to one of the client's resends) the write may have been stored: call again
+    with the same arguments and ``idempotency_key=error.idempotency_key`` to get its
+    answer instead of writing it twice."""
+
+    idempotency_key: str | None = None
 
 
 class TransportError(UprofClientError):

@@ -595,23 +595,35 @@ class ErasureService:
     # ------------------------------------------------------- finishing, resuming
 
     def resume(
-        self, subject_ref: str, scope: str, target: Sequence[str], *, timeout_s: float = 30.0
+        self,
+        subject_ref: str,
+        scope: str,
+        target: Sequence[str],
+        *,
+        timeout_s: float = 30.0,
+        finished_too: bool = False,
     ) -> ErasureResult | None:
         """Finish this subject's erasure of ``scope`` and ``target`` that answered
         ``erasure_incomplete`` (any process), issuing the receipt of that same request;
-        None when there is none."""
-        draft = self._unfinished(subject_ref, scope, target)
+        None when there is none. With ``finished_too``, also one that finished: its
+        receipt is issued again (a retry of a request whose answer was lost)."""
+        draft = self._unfinished(subject_ref, scope, target, finished_too=finished_too)
         if draft is None:
             return None
         return self._finish(subject_ref, draft, timeout_s, resumed=True)
 
-    def _unfinished(self, subject_ref: str, scope: str, target: Sequence[str]) -> _Draft | None:
-        """The draft of this subject's unfinished erasure of ``scope`` and ``target``."""
+    def _unfinished(
+        self, subject_ref: str, scope: str, target: Sequence[str], *, finished_too: bool = False
+    ) -> _Draft | None:
+        """The draft of this subject's unfinished erasure of ``scope`` and ``target``
+        (with ``finished_too``, its latest erasure of them, finished or not)."""
         ledger = self._keystore.ledger
         if ledger is None:
             return None
         ref = check_subject_ref(subject_ref)
-        record = ledger.unfinished(self._tenant, ref, scope=scope, target=target)
+        record = ledger.unfinished(
+            self._tenant, ref, scope=scope, target=target, receipted_too=finished_too
+        )
         if record is None:
             return None
         draft = _Draft.from_json(record.draft)
