@@ -1,0 +1,125 @@
+"""The review of decision 0151-verifier-attacks, through the service surfaces.
+
+Two servers, one per tenant, on the same stores (both backends), as
+``test_audit_tenants.py`` sets them up: what the upload check (``POST /v1/audit/verify``,
+the console's ``/console/verify``) says of another tenant's receipt and export (bug JQ),
+and whether a receipt's subject commitment is over the subject's id as the service knows
+it (bug JR).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+from audit.receipts import verify_subject_commitment
+from tests.api.conftest import PLANNER, LiveServer, bearer, grant, interaction
+from tests.conftest import OTHER_TENANT
+from uprof.api import ApiKeyStore
+from uprof.kernel import Uprof
+from uprof.server import create_server
+
+
+def _erase(http: httpx.Client, planner: str, operator: str, subject: str) -> dict[str, Any]:
+    """Capture one interaction of ``subject`` and erase it; the erasure's JSON answer."""
+    grant(http, planner, subject.strip())
+    captured = http.post(
+        "/v1/captures",
+        headers=bearer(planner),
+        json={"subject": subject.strip(), **interaction("I like tea")},
+    )
+    assert captured.status_code in (200, 201, 202), captured.text
+    erased = http.post(
+        "/v1/governance/erasures/subject", headers=bearer(operator), json={"subject": subject}
+    )
+    assert erased.status_code == 200, erased.text
+    return dict(erased.json())
+
+
+def _verify(http: httpx.Client, key: str, content: str, kind: str) -> dict[str, Any]:
+    answer = http.post(
+        "/v1/audit/verify", headers=bearer(key), json={"kind": kind, "content": content}
+    )
+    assert answer.status_code == 200, answer.text
+    return dict(answer.json())
+
+
+def _console_verify(url: str, key: str, content: str, kind: str) -> httpx.Response:
+    with httpx.Client(base_url=url, timeout=60) as console:
+        console.post("/console/login", data={"api_key": key})
+        page = console.get("/console/verify")
+        assert page.status_code == 200, page.text
+        csrf = page.text.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+        return console.post(
+            "/console/verify",
+            data={"csrf": csrf, "kind": kind},
+            files={"upload": ("upload.json", content.encode(), "application/octet-stream")},
+        )
+
+
+def test_the_upload_check_refuses_another_tenants_receipt_and_export(
+    kernel: Uprof, keys: ApiKeyStore, other: tuple[Uprof, ApiKeyStore]
+) -> None:
+    """Bug JQ. Tenants on one set of stores share the log's key and origin, and an
+    auditor of tenant B reads none of A's entries (decision 0089); yet B's upload check
+    (``POST /v1/audit/verify``, the console) answered ``ok: true`` for A's receipt and for
+    A's tenant-filtered export: only the detail text named A (0151 added it for receipts),
+    and a script or a person reading the verdict took it for B's. Each server checks
+    uploads as its own tenant's; its own files still verify."""
+    other_kernel, other_keys = other
+    a_planner = keys.create(PLANNER).token
+    a_auditor = keys.create(PLANNER, ["app", "operator"]).token
+    b_auditor = other_keys.create(PLANNER, ["app", "operator"]).token
+    with (
+        LiveServer(create_server(kernel, keys)) as a_live,
+        LiveServer(create_server(other_kernel, other_keys)) as b_live,
+        httpx.Client(base_url=a_live.url, timeout=60) as a,
+        httpx.Client(base_url=b_live.url, timeout=60) as b,
+    ):
+        receipt = json.dumps(_erase(a, a_planner, a_auditor, "alice")["receipt"])
+        exported = a.post("/v1/audit/export", headers=bearer(a_auditor), json={"format": "jsonl"})
+        assert exported.status_code == 200, exported.text
+        b_exported = b.post("/v1/audit/export", headers=bearer(b_auditor), json={"format": "jsonl"})
+        assert b_exported.status_code == 200, b_exported.text
+        a_on_a = _verify(a, a_auditor, receipt, "receipt")
+        a_export_on_a = _verify(a, a_auditor, exported.text, "export")
+        b_export_on_b = _verify(b, b_auditor, b_exported.text, "export")
+        a_on_b = _verify(b, b_auditor, receipt, "receipt")
+        a_export_on_b = _verify(b, b_auditor, exported.text, "export")
+        console_a_on_b = _console_verify(b_live.url, b_auditor, receipt, "receipt")
+        console_export_on_b = _console_verify(b_live.url, b_auditor, exported.text, "export")
+
+    # Each tenant's own files verify on its own server.
+    assert a_on_a["ok"] and "for tenant default" in a_on_a["detail"], a_on_a
+    assert a_export_on_a["ok"], a_export_on_a
+    assert b_export_on_b["ok"], b_export_on_b
+    # A's receipt and A's export, on B's server: refused, naming both tenants.
+    assert not a_on_b["ok"], a_on_b
+    assert "'default'" in a_on_b["detail"] and repr(OTHER_TENANT) in a_on_b["detail"], a_on_b
+    assert not a_export_on_b["ok"], a_export_on_b
+    assert "'default'" in a_export_on_b["detail"], a_export_on_b
+    for page in (console_a_on_b, console_export_on_b):
+        assert page.status_code == 422, page.text
+        assert "&#39;default&#39;" in page.text or "'default'" in page.text
+
+
+def test_a_receipt_commits_to_the_subject_as_the_service_knows_it(
+    kernel: Uprof, keys: ApiKeyStore
+) -> None:
+    """Bug JR. The service finds a subject by its id with the surrounding blanks taken
+    away (``check_subject_ref``): " alice " is alice. The receipt's commitment was over
+    the id as the request spelt it, so alice's receipt, erased as " alice ", did not match
+    ``--subject alice`` with the nonce given at erasure, and a resumed erasure (asked again
+    as "alice") committed to another spelling than the request that began it. The
+    commitment is over the id the subject is known by."""
+    planner = keys.create(PLANNER).token
+    operator = keys.create(PLANNER, ["app", "operator"]).token
+    with (
+        LiveServer(create_server(kernel, keys)) as live,
+        httpx.Client(base_url=live.url, timeout=60) as http,
+    ):
+        answer = _erase(http, planner, operator, " alice ")
+    nonce = bytes.fromhex(answer["subject_nonce_hex"])
+    verify_subject_commitment(answer["receipt"], "alice", nonce)
