@@ -9,6 +9,7 @@ it (bug JR).
 
 from __future__ import annotations
 
+import csv
 import json
 from typing import Any
 
@@ -123,3 +124,33 @@ def test_a_receipt_commits_to_the_subject_as_the_service_knows_it(
         answer = _erase(http, planner, operator, " alice ")
     nonce = bytes.fromhex(answer["subject_nonce_hex"])
     verify_subject_commitment(answer["receipt"], "alice", nonce)
+
+
+def test_a_giant_single_field_upload_is_capped_before_the_csv_limit_moves(
+    kernel: Uprof, keys: ApiKeyStore
+) -> None:
+    """IY held: ``csv.field_size_limit`` is process-wide and ``read_csv_rows`` never lowers
+    it, so a hostile ``POST /v1/audit/verify`` could raise it only to its own largest line:
+    a body over the server's cap is answered 413 before any reader runs (the limit does not
+    move); one under it is refused with a reason (ok false, no 500), and the limit moves at
+    most to that body's length. (The server runs in this process: the limit is observable.)"""
+    operator = keys.create(PLANNER, ["app", "operator"]).token
+    before = csv.field_size_limit()
+    with (
+        LiveServer(create_server(kernel, keys)) as live,
+        httpx.Client(base_url=live.url, timeout=120) as http,
+    ):
+        giant = "header," + "x" * (2 * 1024 * 1024)
+        too_large = http.post(
+            "/v1/audit/verify", headers=bearer(operator), json={"kind": "export", "content": giant}
+        )
+        after_refusal = csv.field_size_limit()
+        under = "uprof.audit-export/v1,kind\n" + "entry," + "x" * (700 * 1024) + "\n"
+        answered = http.post(
+            "/v1/audit/verify", headers=bearer(operator), json={"kind": "export", "content": under}
+        )
+    assert too_large.status_code == 413, too_large.text
+    assert after_refusal == before
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["ok"] is False and answered.json()["detail"]
+    assert csv.field_size_limit() <= max(before, len(under))
