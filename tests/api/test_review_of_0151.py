@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
+from typer.testing import CliRunner
 
 from audit.receipts import verify_subject_commitment
 from tests.api.conftest import PLANNER, LiveServer, bearer, grant, interaction
 from tests.conftest import OTHER_TENANT
 from uprof.api import ApiKeyStore
+from uprof.cli.main import app as cli
 from uprof.kernel import Uprof
 from uprof.server import create_server
 
@@ -154,3 +157,42 @@ def test_a_giant_single_field_upload_is_capped_before_the_csv_limit_moves(
     assert answered.status_code == 200, answered.text
     assert answered.json()["ok"] is False and answered.json()["detail"]
     assert csv.field_size_limit() <= max(before, len(under))
+
+
+def test_the_trail_verifier_names_the_tenant_an_export_is_filtered_on(
+    kernel: Uprof, keys: ApiKeyStore, other: tuple[Uprof, ApiKeyStore], tmp_path: Path
+) -> None:
+    """Bug JS. On shared stores a tenant's export is filtered on its tenant (decision
+    0089), and the log's key and origin are every tenant's; ``uprof audit verify`` said
+    "verified: N entries, tree size …" of tenant A's trail with no word of the tenant, and
+    nothing could ask for B's, so B's auditor handed A's trail took it for B's (IX for
+    receipts, not for trails). The verdict names the filter's tenant, and ``--tenant``
+    (``verify_export(..., tenant=)``) refuses a trail filtered on another tenant."""
+    a_auditor = keys.create(PLANNER, ["app", "operator"]).token
+    other_kernel, other_keys = other
+    b_auditor = other_keys.create(PLANNER, ["app", "operator"]).token
+    with (
+        LiveServer(create_server(kernel, keys)) as a_live,
+        LiveServer(create_server(other_kernel, other_keys)) as b_live,
+        httpx.Client(base_url=a_live.url, timeout=60) as a,
+        httpx.Client(base_url=b_live.url, timeout=60) as b,
+    ):
+        b.post("/v1/audit/entries", headers=bearer(b_auditor), json={"limit": 1})
+        exported = a.post("/v1/audit/export", headers=bearer(a_auditor), json={"format": "jsonl"})
+        assert exported.status_code == 200, exported.text
+        key = a.get("/v1/audit/key", headers=bearer(a_auditor)).json()
+    trail = tmp_path / "trail.jsonl"
+    trail.write_text(exported.text)
+    pem = tmp_path / "audit.pem"
+    pem.write_text(key["public_key_pem"])
+    assert json.loads(exported.text.splitlines()[0])["filter"] == {"tenant": "default"}
+    pinned = [str(trail), "--public-key", str(pem), "--origin", key["origin"]]
+    runner = CliRunner()
+    shown = runner.invoke(cli, ["audit", "verify", *pinned])
+    theirs = runner.invoke(cli, ["audit", "verify", *pinned, "--tenant", OTHER_TENANT])
+    own = runner.invoke(cli, ["audit", "verify", *pinned, "--tenant", "default"])
+    assert shown.exit_code == 0 and 'tenant "default"' in " ".join(shown.output.split())
+    assert theirs.exit_code == 1, theirs.output
+    assert "verified" not in theirs.output.lower().replace("does not verify", "")
+    assert "'default'" in " ".join(theirs.output.split()), theirs.output
+    assert own.exit_code == 0, own.output
