@@ -199,3 +199,52 @@ def test_the_trail_verifier_names_the_tenant_an_export_is_filtered_on(
     assert "verified" not in theirs.output.lower().replace("does not verify", "")
     assert "'default'" in " ".join(theirs.output.split()), theirs.output
     assert own.exit_code == 0, own.output
+
+
+def test_receipts_of_every_scope_verify_with_the_subjects_nonce_and_tenant(
+    kernel: Uprof, keys: ApiKeyStore, tmp_path: Path
+) -> None:
+    """IW held for what the service issues: a capture's erasure and a subject's (one
+    method issues every scope's receipt, with a nonce of the one length) verify with the
+    pinned key, the server's tenant and the subject's nonce, through the CLI as an auditor
+    runs it; the nonce shortened or lengthened by a byte is refused with a reason."""
+    planner = keys.create(PLANNER).token
+    operator = keys.create(PLANNER, ["app", "operator"]).token
+    with (
+        LiveServer(create_server(kernel, keys)) as live,
+        httpx.Client(base_url=live.url, timeout=60) as http,
+    ):
+        grant(http, planner, "bob")
+        captured = http.post(
+            "/v1/captures", headers=bearer(planner), json={"subject": "bob", **interaction("hi")}
+        )
+        assert captured.status_code in (200, 201, 202), captured.text
+        capture_id = captured.json()["capture_id"]
+        one = http.post(
+            "/v1/governance/erasures/capture",
+            headers=bearer(operator),
+            json={"subject": "bob", "capture_id": capture_id},
+        )
+        assert one.status_code == 200, one.text
+        whole = http.post(
+            "/v1/governance/erasures/subject", headers=bearer(operator), json={"subject": "bob"}
+        )
+        assert whole.status_code == 200, whole.text
+        key = http.get("/v1/audit/key", headers=bearer(operator)).json()
+    runner = CliRunner()
+    for answer in (one.json(), whole.json()):
+        nonce = answer["subject_nonce_hex"]
+        assert len(bytes.fromhex(nonce)) == 32
+        path = tmp_path / f"receipt-{answer['receipt']['body']['request']['scope']}.json"
+        path.write_text(json.dumps(answer["receipt"]))
+        pem = path.with_suffix(".pem")
+        pem.write_text(key["public_key_pem"])
+        pinned = [str(path), "--public-key", str(pem), "--origin", key["origin"]]
+        asked = ["--tenant", "default", "--subject", "bob", "--nonce", nonce]
+        checked = runner.invoke(cli, ["audit", "verify-receipt", *pinned, *asked])
+        assert checked.exit_code == 0 and "subject matches" in checked.output, checked.output
+        for wrong in (nonce[:-2], nonce + "00"):
+            refused = runner.invoke(
+                cli, ["audit", "verify-receipt", *pinned, "--subject", "bob", "--nonce", wrong]
+            )
+            assert refused.exit_code == 1 and "32 random bytes" in refused.output, refused.output
