@@ -28,15 +28,22 @@ class CheckResult:
     line_text: str = ""
 
 
-def check_upload(raw: bytes, kind: Kind, public_key: Any, origin: str) -> CheckResult:
-    """Verify ``raw`` (an export in JSONL or CSV, or a receipt's JSON) with the log's key."""
+def check_upload(
+    raw: bytes, kind: Kind, public_key: Any, origin: str, *, tenant: str | None = None
+) -> CheckResult:
+    """Verify ``raw`` (an export in JSONL or CSV, or a receipt's JSON) with the log's key.
+
+    With ``tenant`` (the service's own: tenants on one set of stores share the log's key
+    and origin), a receipt of another tenant and an export of another tenant's are
+    refused: the verdict, ``ok``, is what a caller reads, and it said ``True`` for another
+    tenant's file to an auditor who may read none of that tenant's entries (bug JQ)."""
     from audit.receipts import parse_receipt, verify_receipt
     from audit.verify import verify_export
 
     try:
         if kind == "receipt":
             receipt = parse_receipt(raw)
-            verify_receipt(receipt, public_key, origin=origin)
+            verify_receipt(receipt, public_key, origin=origin, tenant=tenant)
             body = receipt["body"]
             detail = (
                 f"receipt {body['receipt_id']} issued {body['issued_at']} for tenant "
@@ -44,10 +51,12 @@ def check_upload(raw: bytes, kind: Kind, public_key: Any, origin: str) -> CheckR
                 f"{len(body['actions'])} actions, scope {body['request']['scope']}"
             )
         else:
-            report = verify_export(bytes(raw), public_key, origin)
+            report = verify_export(bytes(raw), public_key, origin, tenant=tenant)
+            filtered_on = report.filter.get("tenant")
             detail = (
                 f"{report.entry_count} entries, tree size {report.tree_size}, "
                 f"format {report.format}"
+                + (f", tenant {filtered_on}" if filtered_on is not None else "")
             )
     except VerificationError as error:
         line_text = ""

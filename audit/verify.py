@@ -115,7 +115,10 @@ class _ExportVerifier:
         origin: str,
         fmt: str,
         trusted: Sequence[CheckpointBody] = (),
+        tenant: str | None = None,
     ) -> None:
+        #: The tenant whose trail this must be (``verify_export(..., tenant=)``), or None.
+        self._tenant = tenant
         #: The trusted keys (the pinned key, or its endorsed history); the header names
         #: which one signs the trailer.
         self._keys = list(keys)
@@ -188,6 +191,8 @@ class _ExportVerifier:
                 raise AuditEntryError("exported_at must be a time in the log's form")
         except AuditEntryError:
             raise fail("exported_at must be a UTC time like 2025-03-01T08:00:00.000000Z") from None
+        if self._tenant is not None and chosen.get("tenant", self._tenant) != self._tenant:
+            raise fail(f"export is filtered on tenant {chosen['tenant']!r}, not {self._tenant!r}")
         self._filter, self._filtered = chosen, bool(chosen)
         self._check_trusted_sizes(fail)
         self._header = obj
@@ -285,6 +290,10 @@ class _ExportVerifier:
         for name in ("subject_ref", "app_id", "action", "tenant"):
             if name in self._filter and entry.get(name) != self._filter[name]:
                 raise fail(f"entry does not match the export's filter on {name}")
+        stated = entry.get("tenant")
+        if self._tenant is not None and stated is not None and stated != self._tenant:
+            # An unfiltered trail of several tenants' entries is not one tenant's (JS).
+            raise fail(f"entry is of tenant {stated!r}, not {self._tenant!r}")
         recorded_at = entry.get("recorded_at")
         if "since" in self._filter or "until" in self._filter:
             if not isinstance(recorded_at, str):
@@ -413,6 +422,7 @@ def verify_export(
     *,
     trusted_checkpoints: Iterable[str] = (),
     key_history: Any = None,
+    tenant: str | None = None,
 ) -> VerificationReport:
     """Verify a JSONL or CSV export offline; raise VerificationError at the first problem.
 
@@ -425,6 +435,10 @@ def verify_export(
     since is refused.
     ``key_history`` (``audit.keyring``, naming the pinned key): the export and the trusted
     checkpoints may be signed by any key of that history (a key rotated since).
+    With ``tenant``, the trail must be that tenant's: an export filtered on another tenant,
+    or holding an entry that names another, is refused. Tenants on one set of stores share
+    the log's key and origin, so without it another tenant's trail verifies as well as
+    one's own (bug JS; the verdict, ``report.filter``, names the tenant filtered on).
     """
     key = trusted_keys(public_key, key_history)
     trusted = []
@@ -438,8 +452,8 @@ def verify_export(
     if first is None:
         raise VerificationError("export is empty", line_number=0)
     if first[1].startswith("{"):
-        return _verify_jsonl(first, lines, _ExportVerifier(key, origin, "jsonl", trusted))
-    return _verify_csv(first, lines, _ExportVerifier(key, origin, "csv", trusted))
+        return _verify_jsonl(first, lines, _ExportVerifier(key, origin, "jsonl", trusted, tenant))
+    return _verify_csv(first, lines, _ExportVerifier(key, origin, "csv", trusted, tenant))
 
 
 def _verify_jsonl(

@@ -723,11 +723,14 @@ class Uprof:
 
     def verify_audit(self, content: bytes, kind: Kind) -> CheckResult:
         """Check an uploaded export or receipt against this log's keys (the current one and
-        those of its endorsed history) and origin."""
+        those of its endorsed history) and origin, as this tenant's: another tenant's
+        receipt or tenant-filtered export is refused (bug JQ)."""
         from audit.check import check_upload
 
         log = self.audit_log
-        return check_upload(content, kind, log.trusted_keys(), log.origin)
+        return check_upload(
+            content, kind, log.trusted_keys(), log.origin, tenant=self.subjects.tenant
+        )
 
     def audit_key(self, *, with_checkpoint: bool = True) -> dict[str, Any]:
         """The log's origin, key id, public key (PEM), key history and, unless told not to,

@@ -384,6 +384,10 @@ def audit_verify(
         ),
     ] = None,
     key_history: KeyHistoryFile = None,
+    tenant: Annotated[
+        str | None,
+        typer.Option(help="Check it is this tenant's (tenants on shared stores share a key)."),
+    ] = None,
 ) -> None:
     """Verify an exported trail offline, with only the public key (and the key history,
     for a trail signed by a key rotated in after the pinned one)."""
@@ -396,13 +400,20 @@ def audit_verify(
         notes = [
             trusted_checkpoint(item.read_bytes(), key, origin, history) for item in trusted or []
         ]
-        report = verify_export(path, key, origin, trusted_checkpoints=notes, key_history=history)
+        report = verify_export(
+            path, key, origin, trusted_checkpoints=notes, key_history=history, tenant=tenant
+        )
     except VerificationError as e:
         err_console.print(f"[bold red]verification failed:[/] {shown(e)}", highlight=False)
         raise typer.Exit(1) from None
     console.print(
         f"[green]verified[/]: {report.entry_count} entries, tree size {report.tree_size}, "
         f"format {report.format}, key {report.key_id[:16]}…"
+        + (
+            f", filtered on tenant {shown(json.dumps(report.filter['tenant']))}"
+            if "tenant" in report.filter
+            else ""
+        )
         + (f", extends {len(notes)} trusted checkpoint(s)" if notes else ""),
         highlight=False,
     )

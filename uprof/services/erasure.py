@@ -1496,6 +1496,9 @@ class ErasureService:
         counts: dict[str, int],
     ) -> ErasureResult:
         nonce = new_commitment_nonce()
+        # Over the id the subject is known by (as ``SubjectResolver.find`` reads it), not
+        # as this request spelt it: " alice " is alice, and her receipt matches "alice" (JR).
+        known_as = check_subject_ref(subject_ref)
         receipt = issue_erasure_receipt(
             self._log,
             request_id=request_id,
@@ -1503,7 +1506,7 @@ class ErasureService:
             basis=basis,
             scope=scope,
             tenant=self._tenant,
-            subject_commitment=subject_commitment(subject_ref, nonce),
+            subject_commitment=subject_commitment(known_as, nonce),
             actions=actions,
             residual=RESIDUAL,
         )
