@@ -1,5 +1,5 @@
 """What held in the review of decision 0151-verifier-attacks (docs/decisions/
-XXXX-review-of-0151.md), kept as tests: tenant names as the verifier compares them, the
+0154-review-of-0151.md), kept as tests: tenant names as the verifier compares them, the
 other hashes of the code base that join variable parts, and the process-wide CSV field
 limit. The defects found (JQ, JR) are tested in tests/api/test_review_of_0151.py.
 """
