@@ -8,13 +8,18 @@ its receipt too: the replay skipped the erasure's ``ItemsErased`` as "later".
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+from tests import children
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import build_kernel, consent, say, settings_for
+from tests.kernel.conftest import APP, build_kernel, consent, say, settings_for
 from tests.kernel.test_erasure_leftovers import _killed_after_record
 from tests.kernel.test_erasure_resume_attacks import SAIL
+from tests.kernel.test_simultaneous_erasure_receipts import checked_offline
 
 
 def test_a_history_read_does_not_serve_an_item_whose_erasure_was_killed(
@@ -61,3 +66,74 @@ def test_a_history_read_from_before_an_item_erasure_does_not_serve_the_item(
         assert sorted(a.item_id for a in then.attributes) == kept
     finally:
         kernel.close()
+
+
+# ------------------- IP: a read in another process while the item erasure is alive
+
+
+def _erase_item_held(settings: Any, item_id: str, held: Any, go: Any, out: Any) -> None:
+    """A child erasing an item, held (alive) right after its ledger record until ``go``."""
+    kernel = build_kernel(settings, FakeClock())
+    ledger = kernel.keystore.ledger
+    assert ledger is not None
+    real = ledger.record_items
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        real(*args, **kwargs)
+        held.set()
+        assert go.wait(120)
+
+    ledger.record_items = recorded  # type: ignore[method-assign]
+    try:
+        out.put(("ok", kernel.erase_item("alice", item_id).receipt))
+    except Exception as error:  # the answer the caller would get
+        out.put(("error", repr(error)))
+    finally:
+        kernel.close()
+
+
+def test_a_read_beside_a_live_item_erasure_leaves_it_one_answer(backend: Backend) -> None:
+    """Held (IP): process A's item erasure is alive between its ledger record and its
+    ``ItemsErased``; process B (already running) serves a slice and the profile. B's
+    read erases the item itself (so it is not served); A then finishes: one receipt,
+    verifiable offline, one outcome on the log, no error, and the item stays gone."""
+    settings = settings_for(backend)
+    running = build_kernel(settings, FakeClock())
+    ctx = children.CONTEXT
+    try:
+        consent(running)
+        running.capture("alice", say(f"I want to learn to {SAIL}", ref="sail"))
+        running.process()
+        (intent,) = running.profile("alice").intents
+        held, go, out = ctx.Event(), ctx.Event(), ctx.Queue()
+        child = ctx.Process(target=_erase_item_held, args=(settings, intent.item_id, held, go, out))
+        child.start()
+        try:
+            assert held.wait(120), "the erasure never reached its ledger record"
+            served = running.slice(
+                "alice",
+                "learn",
+                budget_tokens=500,
+                purpose="personalization",
+                app_id=APP,
+                agent_id="agent:one",
+            )
+            assert intent.item_id not in json.dumps(asdict(served), default=str)
+            assert running.profile("alice").intents == ()
+        finally:
+            go.set()
+            kind, receipt = out.get(timeout=120)
+            child.join(60)
+        assert (kind, child.exitcode) == ("ok", 0), receipt
+        checked_offline(settings, receipt)
+        request = receipt["body"]["request"]["request_id"]
+        naming = [
+            e.entry["action"]
+            for e in running.audit_log.entries()
+            if e.entry.get("request_id") == request
+        ]
+        assert naming.count("projection.purged") == 1, naming
+        running.process()
+        assert running.profile("alice").intents == ()
+    finally:
+        running.close()
