@@ -17,9 +17,11 @@ from tests import children
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import APP, build_kernel, consent, say, settings_for
-from tests.kernel.test_erasure_leftovers import _killed_after_record
+from tests.kernel.test_erasure_leftovers import ERASED, LINES, _killed_after_record
 from tests.kernel.test_erasure_resume_attacks import SAIL
 from tests.kernel.test_simultaneous_erasure_receipts import checked_offline
+from uprof.services.erasure import _Draft
+from uprof.services.importer import import_interactions
 
 
 def test_a_history_read_does_not_serve_an_item_whose_erasure_was_killed(
@@ -137,3 +139,50 @@ def test_a_read_beside_a_live_item_erasure_leaves_it_one_answer(backend: Backend
         assert running.profile("alice").intents == ()
     finally:
         running.close()
+
+
+# ------------------------- IO: the sealed ref tokens once the subject is erased
+
+
+def test_the_sealed_ref_tokens_die_with_the_subject(backend: Backend, clock: FakeClock) -> None:
+    """Held (IO): a capture erasure seals its ref token into its ledger draft; once the
+    subject is erased the residue scan finds neither the words, nor the ref, nor the
+    token (data folder, databases, raw key folder bytes), and no draft opens any more."""
+    settings = settings_for(backend)
+    kernel = build_kernel(settings, clock)
+    try:
+        consent(kernel)
+        assert import_interactions(kernel, LINES).captured == 2
+        kernel.ensure_fresh(10)
+        stream = str(kernel.stream_of("alice"))
+        erased = next(
+            c.capture_id for c in kernel.queries.all_captures(stream) if c.source_ref == "r-erased"
+        )
+        token = kernel.request_token(APP, "r-erased", namespace="source_ref")
+        assert token
+        kernel.erase_capture("alice", erased)
+        ledger = kernel.keystore.ledger
+        assert ledger is not None
+        service = kernel.erasure_service
+        drafts = [
+            _Draft.from_json(r.draft)
+            for r in ledger.drafts_of_stream(kernel.settings.tenant, stream)
+        ]
+        assert [t for d in drafts for t in service._unsealed_refs(d)] == [token]
+        kernel.erase_subject("alice")
+        clock.advance(seconds=kernel.settings.idempotency_retention_s + 3600)
+        kernel.purge_idempotency_keys()
+        drafts = [
+            _Draft.from_json(r.draft)
+            for r in ledger.drafts_of_stream(kernel.settings.tenant, stream)
+        ]
+        assert drafts and [t for d in drafts for t in service._unsealed_refs(d)] == []
+        report = kernel.residue_scan([ERASED, "r-erased", token])
+        assert report.clean, report.findings
+        key_dir = kernel.settings.key_dir
+        assert key_dir is not None
+        for path in key_dir.rglob("*"):
+            if path.is_file():
+                assert token.encode() not in path.read_bytes(), path
+    finally:
+        kernel.close()
