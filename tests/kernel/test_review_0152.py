@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from tests import children
@@ -19,7 +20,9 @@ from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import APP, build_kernel, consent, say, settings_for
 from tests.kernel.test_erasure_leftovers import ERASED, LINES, _killed_after_record
 from tests.kernel.test_erasure_resume_attacks import SAIL
+from tests.kernel.test_import_idempotency import record
 from tests.kernel.test_simultaneous_erasure_receipts import checked_offline
+from uprof.services.backup import backup, restore
 from uprof.services.erasure import _Draft
 from uprof.services.importer import import_interactions
 
@@ -184,5 +187,43 @@ def test_the_sealed_ref_tokens_die_with_the_subject(backend: Backend, clock: Fak
         for path in key_dir.rglob("*"):
             if path.is_file():
                 assert token.encode() not in path.read_bytes(), path
+    finally:
+        kernel.close()
+
+
+def test_a_restored_item_with_evidence_erasure_still_skips_its_reimport(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Held (IO, the other erasure kind that erases captures): an item erased with its
+    evidence (receipted), a restore of a backup from before, a re-import after the
+    idempotency retention: the erased capture does not come back."""
+    lines = [record(f"I want to learn to {SAIL}", ref="r-sail"), record("I like tea", ref="r-kept")]
+    settings = settings_for(backend)
+    kernel = build_kernel(settings, clock)
+    try:
+        consent(kernel)
+        assert import_interactions(kernel, lines).captured == 2
+        kernel.ensure_fresh(10)
+        (intent,) = kernel.profile("alice").intents
+    finally:
+        kernel.close()
+    backup(settings, tmp_path / "bk")
+    kernel = build_kernel(settings, clock)
+    try:
+        assert kernel.erase_item("alice", intent.item_id, with_evidence=True).receipt
+    finally:
+        kernel.close()
+    restore(settings, tmp_path / "bk")
+    kernel = build_kernel(settings, clock)
+    try:
+        clock.advance(seconds=kernel.settings.idempotency_retention_s + 3600)
+        kernel.purge_idempotency_keys()
+        kernel.ensure_fresh(10)
+        again = import_interactions(kernel, lines)
+        assert (again.captured, again.erased) == (0, ("line 1",)), again
+        kernel.ensure_fresh(10)
+        refs = [c.source_ref for c in kernel.queries.all_captures(str(kernel.stream_of("alice")))]
+        assert refs == ["r-kept"]
+        assert kernel.profile("alice").intents == ()
     finally:
         kernel.close()
