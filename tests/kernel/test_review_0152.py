@@ -9,6 +9,7 @@ its receipt too: the replay skipped the erasure's ``ItemsErased`` as "later".
 from __future__ import annotations
 
 import json
+import signal
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,7 +19,16 @@ from tests import children
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import APP, build_kernel, consent, say, settings_for
-from tests.kernel.test_erasure_leftovers import ERASED, LINES, _killed_after_record
+from tests.kernel.test_erasure_leftovers import (
+    ERASED,
+    LINES,
+    OTHER_HOST,
+    SETTLE,
+    _cli_env,
+    _erase_on_other_host,
+    _killed_after_record,
+    _outcomes,
+)
 from tests.kernel.test_erasure_resume_attacks import SAIL
 from tests.kernel.test_import_idempotency import record
 from tests.kernel.test_simultaneous_erasure_receipts import checked_offline
@@ -225,5 +235,53 @@ def test_a_restored_item_with_evidence_erasure_still_skips_its_reimport(
         refs = [c.source_ref for c in kernel.queries.all_captures(str(kernel.stream_of("alice")))]
         assert refs == ["r-kept"]
         assert kernel.profile("alice").intents == ()
+    finally:
+        kernel.close()
+
+
+# ----------------------------------------------- settle-host, run twice at once
+
+
+def test_two_settle_host_runs_at_once_settle_each_request_once(backend: Backend) -> None:
+    """Held (settle-host): requests dead on a host gone for good, two
+    ``uprof erase settle-host`` processes at once: each request ends with exactly one
+    outcome; the spellings of that host a mark does not carry (upper
+    case, a trailing dot) settle nothing; the audit log still verifies."""
+    settings = settings_for(backend)
+    setup = build_kernel(settings, FakeClock())
+    consent(setup)
+    setup.close()
+    ctx = children.CONTEXT
+    for _ in range(3):
+        dead = ctx.Process(target=_erase_on_other_host, args=(settings, None, None))
+        dead.start()
+        dead.join(120)
+        assert dead.exitcode == -signal.SIGKILL
+    env = _cli_env(settings)
+    for spelling in (OTHER_HOST.upper(), OTHER_HOST + "."):
+        done = children.run_python(SETTLE, "erase", "settle-host", spelling, "--yes", env=env)
+        assert done.returncode == 0 and "settled 0" in " ".join(done.stdout.split()), done
+    # Each later child's start, on that host, settled the one killed before it: the last
+    # one is left open, for the operator.
+    before = _outcomes(settings)
+    still_open = [r for r, found in before.items() if not found]
+    assert len(still_open) == 1, before
+    assert all(f == [("erasure.abandoned", "process-ended")] for f in before.values() if f)
+    runs = [
+        children.PythonChild(SETTLE, "erase", "settle-host", OTHER_HOST, "--yes", env=env)
+        for _ in range(2)
+    ]
+    answers = [(run.communicate(timeout=240), run.returncode) for run in runs]
+    # One may find the other's hold on a mark and refuse, writing nothing (exit 1; its
+    # message then blames the host: see the decision's "Left"); never two outcomes.
+    assert sorted(code for _, code in answers)[0] == 0, answers
+    assert all(code in (0, 1) for _, code in answers), answers
+    outcomes = _outcomes(settings)
+    assert outcomes.keys() == before.keys()
+    assert all(len(found) == 1 for found in outcomes.values()), outcomes
+    assert [outcomes[r] for r in still_open] == [[("erasure.abandoned", "host-gone")]]
+    kernel = build_kernel(settings, FakeClock())
+    try:
+        kernel.audit_log.verify_integrity()
     finally:
         kernel.close()
