@@ -15,10 +15,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from domain.errors import StoredDataDamagedError
 from tests import children
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import APP, build_kernel, consent, say, settings_for
+from tests.kernel.test_damaged_event_quarantined import damage
 from tests.kernel.test_erasure_leftovers import (
     ERASED,
     LINES,
@@ -283,5 +287,34 @@ def test_two_settle_host_runs_at_once_settle_each_request_once(backend: Backend)
     kernel = build_kernel(settings, FakeClock())
     try:
         kernel.audit_log.verify_integrity()
+    finally:
+        kernel.close()
+
+
+# --------------------- IP on a damaged stream: the read refuses, it serves no item
+
+
+def test_a_killed_item_erasure_on_a_damaged_stream_is_not_served(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Attacked (IP): one event of the subject's stream altered in storage, then an item
+    erasure SIGKILLed after its ledger record. The running process cannot append the
+    erasure (the stream fails authentication), so its reads of that subject answer the
+    damage error rather than serve the item; before the kill, they were served."""
+    settings = settings_for(backend)
+    kernel = build_kernel(settings, clock)
+    try:
+        consent(kernel)
+        kernel.capture("alice", say(f"I want to learn to {SAIL}", ref="sail"))
+        kernel.capture("alice", say("I live in Porto", ref="porto"))
+        kernel.process()
+        (intent,) = kernel.profile("alice").intents
+        damage(kernel, kernel.stream_of("alice"), 1)
+        assert [i.item_id for i in kernel.profile("alice").intents] == [intent.item_id]
+        _killed_after_record(settings, "item", intent.item_id)
+        with pytest.raises(StoredDataDamagedError):
+            kernel.profile("alice")
+        with pytest.raises(StoredDataDamagedError):
+            kernel.export_subject("alice")
     finally:
         kernel.close()
