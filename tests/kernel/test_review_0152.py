@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -318,3 +319,68 @@ def test_a_killed_item_erasure_on_a_damaged_stream_is_not_served(
             kernel.export_subject("alice")
     finally:
         kernel.close()
+
+
+# ---------------- JW: a settle-host run in progress is not a live host's lock
+
+
+def _settle_held(settings: Any, held: Any, go: Any, out: Any) -> None:
+    """An operator's settle-host run (this host), held while it holds a mark of the host
+    gone for good, just as it writes that request's ``erasure.abandoned``."""
+    kernel = build_kernel(settings, FakeClock())
+    service = kernel.erasure_service
+    record = service._audit.record
+
+    def recorded(action: str, **fields: Any) -> Any:
+        if action == "erasure.abandoned":
+            held.set()
+            assert go.wait(120)
+        return record(action, **fields)
+
+    service._audit.record = recorded  # type: ignore[method-assign]
+    try:
+        done = kernel.settle_erasures_of_host(OTHER_HOST, requested_by="operator:first")
+        out.put((done.settled, done.held))
+    finally:
+        kernel.close()
+
+
+def test_a_settle_host_run_beside_another_is_not_told_the_host_is_alive(
+    backend: Backend,
+) -> None:
+    """JW: a second ``uprof erase settle-host`` while the first holds a mark of the host
+    gone for good. On main the second took the first's hold for the host's own and
+    refused: "locked by a running process, so that host is not gone", exit 1, although
+    the host was gone and the first run settled it. Settle-host runs take turns: the
+    second waits for the first, then finds nothing left open (exit 0)."""
+    settings = settings_for(backend)
+    setup = build_kernel(settings, FakeClock())
+    consent(setup)
+    setup.close()
+    ctx = children.CONTEXT
+    dead = ctx.Process(target=_erase_on_other_host, args=(settings, None, None))
+    dead.start()
+    dead.join(120)
+    assert dead.exitcode == -signal.SIGKILL
+    held, go, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    first = ctx.Process(target=_settle_held, args=(settings, held, go, out))
+    first.start()
+    try:
+        assert held.wait(120), "the first run never reached its request"
+        second = children.PythonChild(
+            SETTLE, "erase", "settle-host", OTHER_HOST, "--yes", env=_cli_env(settings)
+        )
+        try:
+            # On main it answers at once; taking turns, it waits for the first run.
+            second.wait(timeout=20)
+        except subprocess.TimeoutExpired:  # still waiting: let the first run finish
+            pass
+    finally:
+        go.set()
+    settled, refused = out.get(timeout=120)
+    first.join(60)
+    assert (first.exitcode, len(settled), refused) == (0, 1, []), (settled, refused)
+    stdout, stderr = second.communicate(timeout=240)
+    assert second.returncode == 0, (stdout, stderr)
+    assert "settled 0" in " ".join(stdout.split()), stdout
+    assert list(_outcomes(settings).values()) == [[("erasure.abandoned", "host-gone")]]
