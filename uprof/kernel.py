@@ -858,6 +858,9 @@ class Uprof:
     ) -> ProfileView:
         stream_id = self.stream_of(subject)
         if as_of is not None:
+            # Items a killed item erasure's ledger record names go first, as for every
+            # other read of the subject (bug IP; the history read skipped it: JU).
+            self.erasure_service.erase_recorded_items(stream_id)
             return self.profile_service.as_of(stream_id, as_of)
         self._require_subject_fresh(subject, "the profile")
         return self.profile_service.current(stream_id, with_memories=with_memories)

@@ -214,6 +214,10 @@ class KeyMaterialStore(Protocol):
         """Replace the start's settled-up-to mark, whole (``ErasureService``)."""
         ...
 
+    def settle_host_turn(self) -> AbstractContextManager[None]:
+        """Held for a whole settle-host run: another run (any process) waits for it."""
+        ...
+
     def erasure_mark_of_host(
         self, request_id: str, host: str, *, keep: bool = False
     ) -> AbstractContextManager[str]:

@@ -172,6 +172,10 @@ class InMemoryKeyMaterialStore:
         self._settled_mark = text
 
     @contextlib.contextmanager
+    def settle_host_turn(self) -> Iterator[None]:
+        yield  # one process: no other run to wait for
+
+    @contextlib.contextmanager
     def erasure_mark_of_host(
         self, request_id: str, host: str, *, keep: bool = False
     ) -> Iterator[str]:

@@ -59,6 +59,10 @@ LEDGER_FILE = "erasure-ledger.jsonl"
 IN_FLIGHT_DIR = "erasures-in-flight"
 #: Where the start's sweep for open erasure requests may begin (``settled_mark``).
 SETTLED_MARK_FILE = "erasures-settled-upto.json"
+#: Held (``flock``) by an operator's ``uprof erase settle-host`` run for its whole run
+#: (``settle_host_turn``): runs take turns instead of taking each other's hold on a mark
+#: for a live host's (bug JW).
+SETTLE_HOST_LOCK_FILE = "erasures-settle-host.lock"
 #: A finished one-off data upgrade: ``upgraded.<name>`` (``record_data_upgrade``).
 UPGRADE_FILE_PREFIX = "upgraded."
 KEYS_DB_FILE = "keys.sqlite"
@@ -344,6 +348,18 @@ class FileKeyMaterialStore:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+
+    @contextmanager
+    def settle_host_turn(self) -> Iterator[None]:
+        """Held for a whole ``uprof erase settle-host`` run; another run waits for it."""
+        fd = os.open(
+            self.path / SETTLE_HOST_LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600
+        )
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     @contextmanager
     def erasure_mark_of_host(

@@ -316,6 +316,10 @@ class ErasureLedger:
     def write_settled_mark(self, text: str) -> None:
         self._store.write_settled_mark(text)
 
+    def settle_host_turn(self) -> AbstractContextManager[None]:
+        """A settle-host run's turn (``KeyMaterialStore.settle_host_turn``)."""
+        return self._store.settle_host_turn()
+
     def mark_of_host(
         self, request_id: str, host: str, *, keep: bool = False
     ) -> AbstractContextManager[str]:

@@ -1228,7 +1228,7 @@ class ErasureService:
         and when any of that host's marks is held (a lock seen from here: the host is
         alive); nothing is written then. Each request is read again while holding its
         mark, as a start does, so a request that wrote its record or outcome meanwhile
-        is left alone."""
+        is left alone. One run at a time: another waits for its turn."""
         if host == socket.gethostname():
             raise InvalidInputError(
                 f"{host!r} is this host: a start here settles its dead requests by their "
@@ -1240,6 +1240,12 @@ class ErasureService:
         ledger = self._keystore.ledger
         if ledger is None:
             return HostSettled(host, [], [])
+        # Runs take turns (any process): a run holds each mark while it looks at it, and
+        # another run would take that hold for the host's own, and refuse (bug JW).
+        with ledger.settle_host_turn():
+            return self._settle_host(ledger, host, requested_by)
+
+    def _settle_host(self, ledger: ErasureLedger, host: str, requested_by: str) -> HostSettled:
         after = self._settled_after(ledger)
         open_requests = self._requests_without_outcome(ledger, after)
         held: list[str] = []

@@ -94,7 +94,12 @@ class ProfileService:
         for position, event in enumerate(stored, start=1):
             # The mapper types events by protocol; the profile's are DomainEvents (timed).
             assert isinstance(event, DomainEvent)
-            if isinstance(event, SubjectProfile.ContentShredded) or event.timestamp > when:
+            if isinstance(event, SubjectProfile.ContentShredded):
+                continue
+            # An erasure holds for the past too: a history read from before an item's
+            # erasure must not serve the item again (bug JV), so every ``ItemsErased`` is
+            # replayed, at its place in the stream, whenever it was written.
+            if event.timestamp > when and not isinstance(event, SubjectProfile.ItemsErased):
                 continue
             events.append((position, event))
         scratch = sa.create_engine("sqlite://")
