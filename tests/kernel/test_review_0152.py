@@ -1,4 +1,4 @@
-"""Attack review of decision 0152-erasure-leftovers (decision XXXX-review-of-0152).
+"""Attack review of decision 0152-erasure-leftovers (decision 0155-review-of-0152).
 
 Bug JU: the history read (``profile(as_of=...)``) did not ask the ledger first, so an
 item erasure killed after its ledger record (bug IP's window) stayed served there.
