@@ -33,8 +33,8 @@ from tests.kernel.test_upgrade_processes import (
     assert_upgraded_and_intact,
     previous_schema_store,
 )
-from uprof.settings import Settings
 from uprof.backends import StorageLayout
+from uprof.settings import Settings
 from uprof.storage import MIGRATIONS_DIR, RESTORE_MARKER, branch_head, create_engine, layout_for
 
 #: Statements of a first start's migrations on an empty store (views, audit, keys, API
