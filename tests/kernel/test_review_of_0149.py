@@ -378,3 +378,79 @@ def test_an_upgrade_behind_a_long_write_transaction_waits_for_it(
     finally:
         engine.dispose()
     assert_upgraded_and_intact(settings, clock)
+
+
+#: Where a restore dies inside its revision checks (JB's, then JI's).
+CHECK_POINTS = {
+    "views-check": "import uprof.services.backup as b\nb._views_head = lambda: os._exit(9)\n",
+    "files-check": (
+        "import uprof.services.backup as b\nb._unknown_revisions = lambda *a: os._exit(9)\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("point", list(CHECK_POINTS))
+def test_a_restore_killed_during_its_revision_checks_leaves_the_stores_as_they_were(
+    backend: Backend, clock: FakeClock, tmp_path: Path, point: str
+) -> None:
+    """``uprof restore`` killed while it compares the backup's schema revisions: no marker,
+    the next start serves the live data, and the restore run again finishes."""
+    import os
+
+    settings = settings_for(backend)
+    k = build_kernel(settings, clock)
+    fill(k, "bob", BOB)
+    k.close()
+    from uprof.services.backup import backup, restore
+
+    backup(settings, tmp_path / "bk")
+    env = dict(os.environ, UPROF_DATA_DIR=str(settings.data_dir), UPROF_EMBEDDER="hashing")
+    if backend.kind == "postgres":
+        env["UPROF_DATABASE_URL"] = backend.url
+    script = "import os\n" + CHECK_POINTS[point] + "from uprof.cli.main import app\napp()\n"
+    died = children.run_python(
+        script, "restore", "--from", str(tmp_path / "bk"), env=env, timeout=180
+    )
+    assert died.returncode == 9, died.stdout + died.stderr[-3000:]
+    assert not (settings.data_dir / RESTORE_MARKER).exists()
+    k = build_kernel(settings, clock)
+    try:
+        assert_intact(k, "bob", BOB)
+    finally:
+        k.close()
+    restore(settings, tmp_path / "bk")
+    k = build_kernel(settings, clock)
+    try:
+        assert_intact(k, "bob", BOB)
+        k.audit_log.verify_integrity()
+    finally:
+        k.close()
+
+
+def test_a_backup_whose_revision_is_missing_is_refused_and_changes_nothing(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Bug JJ: a manifest without ``views_revision`` (signed again, as a release that
+    wrote none would sign it) passed the check of the manifest's fields and ended the
+    restore in a ``KeyError``; it is refused naming the field, before anything changes."""
+    from domain.errors import InvalidInputError
+    from uprof.services import backup as b
+
+    settings = settings_for(backend)
+    k = build_kernel(settings, clock)
+    fill(k, "bob", BOB)
+    k.close()
+    b.backup(settings, tmp_path / "bk")
+    manifest = json.loads((tmp_path / "bk" / b.MANIFEST).read_text(encoding="utf-8"))
+    del manifest["views_revision"]
+    manifest.pop("signature", None)
+    b._sign(settings, manifest)
+    (tmp_path / "bk" / b.MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+    with pytest.raises(InvalidInputError, match="views_revision"):
+        b.restore(settings, tmp_path / "bk")
+    assert not (settings.data_dir / RESTORE_MARKER).exists()
+    k = build_kernel(settings, clock)
+    try:
+        assert_intact(k, "bob", BOB)
+    finally:
+        k.close()

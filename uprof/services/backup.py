@@ -413,7 +413,12 @@ def _check_manifest_fields(manifest: dict[str, Any]) -> None:
         name
         for name, ok in (
             ("files", isinstance(manifest.get("files"), dict)),
-            ("views_revision", isinstance(manifest.get("views_revision"), str | None)),
+            # Present, even when None (a store never migrated): read as ``[...]`` below; a
+            # manifest without it ended the restore in a KeyError (bug JJ).
+            (
+                "views_revision",
+                "views_revision" in manifest and isinstance(manifest["views_revision"], str | None),
+            ),
             ("deployment", isinstance(manifest.get("deployment"), str | None)),
             ("audit", isinstance(audit, dict)),
             ("audit.entries", isinstance(audit, dict) and type(audit.get("entries")) is int),
