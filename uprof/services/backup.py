@@ -38,6 +38,7 @@ import json
 import os
 import secrets
 import shutil
+import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -144,6 +145,29 @@ def _views_head() -> str | None:
         config.set_main_option("script_location", str(MIGRATIONS_DIR))
         head = ScriptDirectory.from_config(config).revision_map.get_current_head("views")
     return head
+
+
+def _unknown_revisions(src: Path, manifest: dict[str, Any]) -> list[str]:
+    """``file (revision)`` for each alembic revision recorded in the backup's own database
+    files (listed in the manifest, checksums checked) that no migration of this release
+    has. Read through the driver, read-only: a backup's copy, never a live store."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    known = {r.revision for r in ScriptDirectory.from_config(config).walk_revisions()}
+    unknown = []
+    for name in sorted(manifest["files"]):
+        if not name.endswith(".sqlite"):
+            continue
+        db = sqlite3.connect(f"{(src / name).as_uri()}?mode=ro", uri=True)
+        try:
+            has_table = db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'alembic_version'"
+            ).fetchone()
+            rows = db.execute("SELECT version_num FROM alembic_version") if has_table else []
+            unknown += [f"{name} ({row[0]})" for row in rows if row[0] not in known]
+        finally:
+            db.close()
+    return unknown
 
 
 def _audit_head(conn: sa.Connection) -> tuple[int, str]:
@@ -413,7 +437,12 @@ def _check_manifest_fields(manifest: dict[str, Any]) -> None:
         name
         for name, ok in (
             ("files", isinstance(manifest.get("files"), dict)),
-            ("views_revision", isinstance(manifest.get("views_revision"), str | None)),
+            # Present, even when None (a store never migrated): read as ``[...]`` below; a
+            # manifest without it ended the restore in a KeyError (bug JJ).
+            (
+                "views_revision",
+                "views_revision" in manifest and isinstance(manifest["views_revision"], str | None),
+            ),
             ("deployment", isinstance(manifest.get("deployment"), str | None)),
             ("audit", isinstance(audit, dict)),
             ("audit.entries", isinstance(audit, dict) and type(audit.get("entries")) is int),
@@ -487,6 +516,16 @@ def _restore_alone(
             f"the backup's schema revision {manifest['views_revision']!r} differs from "
             f"this uprof's {head!r}: restore with the version that made it, then upgrade "
             "(start this version); nothing was changed"
+        )
+    # The views' revision is not the only one a backup carries: a SQLite backup's event
+    # log holds the events branch's. One this release does not know (a newer release's)
+    # was copied in, and the start inside the restore then failed on it, the stores
+    # replaced and the marker left (bug JI). An older one is upgraded by that start.
+    unknown = _unknown_revisions(src, manifest)
+    if unknown:
+        raise BackupError(
+            f"the backup's {', '.join(unknown)} is at a schema revision this uprof does not "
+            "know: a newer release made it; restore it with that release; nothing was changed"
         )
     migrate(views, "views")
     keep_live_audit = _live_audit_extends(views, manifest)
