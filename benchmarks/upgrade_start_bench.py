@@ -1,5 +1,5 @@
 """What a start costs with migrations run whole in one transaction (decision
-XXXX-review-of-0149), side by side with another checkout.
+0156-review-of-0149), side by side with another checkout.
 
 ``python -m benchmarks.upgrade_start_bench --backend sqlite|postgres --rounds N
 [--calls C] [--other TREE]``

@@ -1,5 +1,5 @@
 """Review of decision 0149 (schema upgrades, backup and restore with real processes), both
-backends (decision XXXX-review-of-0149).
+backends (decision 0156-review-of-0149).
 
 - JI: a backup made by a newer release carries its schema revisions; the restore compared
   only the views branch's, so a SQLite backup whose event log (``events.sqlite``, copied
