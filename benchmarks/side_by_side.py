@@ -3,7 +3,7 @@ tree with another checkout (``--other``), one fresh process per round.
 
 A benchmark module using it has a ``single(backend, calls, warm)`` that measures once in
 its process and returns per-call figures, and a ``main`` that hands itself here. Each
-round runs ``python -m <module> --single`` in this tree, then in ``--other``, alternately,
+round runs ``python -m <module> --single`` in both trees, the first swapping every round,
 so load that comes and goes on a shared machine falls on both alike; the output is each
 tree's medians and their ratio. A checkout from before the benchmark existed needs the
 benchmark file and this one copied into its ``benchmarks/``.
@@ -63,9 +63,13 @@ def side_by_side_main(module: str, description: str | None, single: Single, *, c
         return
     trees = {"this": HERE, **({"other": args.other.resolve()} if args.other else {})}
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+    order = list(trees.items())
     for _ in range(args.rounds):
-        for name, tree in trees.items():  # alternately: drift hits both alike
+        # Alternately, and which tree goes first swaps every round: load that comes and
+        # goes, and whatever the first run of a round pays (cold caches), fall on both alike.
+        for name, tree in order:
             runs[name].append(_run_in(tree, module, args))
+        order.reverse()
     medians = {
         name: {k: round(statistics.median(r[k] for r in rs), 3) for k in rs[0]}
         for name, rs in runs.items()
