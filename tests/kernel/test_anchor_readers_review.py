@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import os
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
+from uuid import UUID
 
 import pytest
 import sqlalchemy as sa
@@ -22,9 +24,15 @@ from domain.errors import StoredDataDamagedError
 from tests.children import PythonChild
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import consent, running, say, settings_for
+from tests.kernel.conftest import APP, consent, running, say, settings_for
 from tests.kernel.test_keys_apart import ALICE, BOB, fill
-from uprof.services.backup import backup
+from tests.kernel.test_stream_anchor_review import _cut_head
+from uprof.backends import backend_for_settings
+from uprof.kernel import Uprof
+from uprof.services.backup import backup, restore
+from uprof.settings import Settings
+
+CATS, PURPOSE = ["preferences"], "personalization"
 
 _ARGS = """
 import sys, time
@@ -205,3 +213,81 @@ def test_a_stream_deleted_whole_refuses_the_backup_and_the_rebuild(
         with pytest.raises(StoredDataDamagedError):
             k.rebuild()
         assert ALICE["memory"] in str(k.export_subject("alice")["memories"])
+
+
+def _cut_and_keep(k: Uprof, stream: UUID) -> Callable[[], None]:
+    """The attacker (a writer of the event store only): cut the stream's newest row now,
+    and return how to put it back, as it was (same version, topic and state)."""
+    app = k.app
+    table = app.recorder.events_table_name  # type: ignore[attr-defined]
+    key = app.backend.stream_key(stream)
+    engine = app.events_engine
+    with engine.connect() as conn:
+        head = conn.execute(
+            sa.text(
+                f"SELECT originator_version, topic, state FROM {table} WHERE originator_id = :s "
+                "ORDER BY originator_version DESC LIMIT 1"
+            ),
+            {"s": key},
+        ).one()
+    _cut_head(k, stream)
+    row = {"s": key, "v": int(head[0]), "t": str(head[1]), "st": bytes(head[2])}
+    url = engine.url
+
+    def put_back() -> None:
+        other = sa.create_engine(url)  # another connection, as the attacker's own
+        try:
+            with other.begin() as conn:
+                conn.execute(
+                    sa.text(
+                        f"INSERT INTO {table} (originator_id, originator_version, topic, state) "
+                        "VALUES (:s, :v, :t, :st)"
+                    ),
+                    row,
+                )
+        finally:
+            other.dispose()
+
+    return put_back
+
+
+def test_a_cut_put_back_between_the_copy_and_the_check_is_refused(
+    backend: Backend, clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """alice withdraws her consent; the withdrawal is cut from her stream; the backup
+    copies the log; the row is put back before the check. The check read the live store
+    after the copy, which is whole again: the copy without the withdrawal was signed, and
+    restored it put her consent in force again. The backup checks the copy itself now
+    (SQLite: the copied file against the anchors read before it was copied; PostgreSQL:
+    the dump's own snapshot)."""
+    settings = settings_for(backend)
+    with running(settings, clock) as k:
+        granted = consent(k, "alice")
+        k.withdraw_consent("alice", granted)
+        assert k.unconsented("alice", APP, CATS, PURPOSE) == CATS
+        put_back = _cut_and_keep(k, k.stream_of("alice"))
+    kind = type(backend_for_settings(settings))
+    copy = kind.backup
+
+    def copy_then_put_back(self: object, s: Settings, out: Path) -> dict[str, object]:
+        try:
+            return copy(self, s, out)  # type: ignore[arg-type]
+        finally:
+            put_back()  # once the copy is taken, whatever the backup then does
+
+    monkeypatch.setattr(kind, "backup", copy_then_put_back)
+    refused = 0
+    try:
+        backup(settings, tmp_path / "bk")
+    except StoredDataDamagedError:
+        refused = 1
+    monkeypatch.undo()
+    if not refused:  # what the signed copy holds, restored: the withdrawal is gone
+        restore(settings, tmp_path / "bk")
+        with running(settings, clock) as k:
+            served = k.unconsented("alice", APP, CATS, PURPOSE)
+        assert served == CATS, f"restored from the signed copy: consent in force ({served})"
+    assert refused, "a copy of a cut log was signed"
+    assert not (tmp_path / "bk").exists()
+    with running(settings, clock) as k:  # the live log is whole again: nothing lost
+        assert k.unconsented("alice", APP, CATS, PURPOSE) == CATS
