@@ -12,8 +12,10 @@ refuse every damaged log: a stream deleted whole while its anchor stays.
 from __future__ import annotations
 
 import os
+import sqlite3
 import textwrap
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from uuid import UUID
 
@@ -21,7 +23,7 @@ import pytest
 import sqlalchemy as sa
 
 from domain.errors import StoredDataDamagedError
-from tests.children import PythonChild
+from tests.children import PythonChild, run_python
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import APP, consent, running, say, settings_for
@@ -291,3 +293,52 @@ def test_a_cut_put_back_between_the_copy_and_the_check_is_refused(
     assert not (tmp_path / "bk").exists()
     with running(settings, clock) as k:  # the live log is whole again: nothing lost
         assert k.unconsented("alice", APP, CATS, PURPOSE) == CATS
+
+
+ERASED_MEMORY = "I met Qzxerasedcanary at the market"
+
+
+def _copy(src: Path, dst: Path) -> None:
+    """One SQLite file into another, through the driver (connections closed after)."""
+    with closing(sqlite3.connect(src)) as a, closing(sqlite3.connect(dst)) as b:
+        a.backup(b)
+
+
+def test_a_start_refused_on_views_ahead_of_a_cut_log_is_restored(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Held. The start path (SQLite only: views ahead of the log come from the two files
+    copied apart; on PostgreSQL they are one database). An older ``events.sqlite`` put
+    back after an item erasure: the views are ahead, and alice's stream is below its
+    anchor. The start refuses before it drops the views, naming the damage and the way
+    out; ``uprof restore`` (a process of its own) of the last good backup is that way
+    out: the next start serves alice without the erased memory."""
+    if backend.kind != "sqlite":
+        pytest.skip("views ahead of the log: the SQLite files copied apart")
+    settings = settings_for(backend)
+    events = settings.data_dir / "events.sqlite"
+    with running(settings, clock) as k:
+        consent(k, "alice")
+        k.capture_many("alice", [say(ERASED_MEMORY, ref="a-1")])
+        k.process()
+        backup(settings, tmp_path / "good")
+        older = tmp_path / "older.sqlite"
+        _copy(events, older)
+        [item] = [m for m in k.profile("alice").memories if m.text == ERASED_MEMORY]
+        k.erase_item("alice", item.item_id)
+        k.capture_many("alice", [say("note Qzxafter", ref="a-2")])
+        k.process()
+    for suffix in ("-wal", "-shm"):
+        Path(f"{events}{suffix}").unlink(missing_ok=True)
+    _copy(older, events)
+    with pytest.raises(StoredDataDamagedError) as refused:
+        with running(settings, clock):
+            pass
+    assert "restore" in str(refused.value)
+    put_back = run_python(
+        _CLI, "restore", "--from", str(tmp_path / "good"), env=_cli_env(backend), timeout=300
+    )
+    assert put_back.returncode == 0, put_back.stdout + put_back.stderr[-3000:]
+    with running(settings, clock) as k:
+        assert ERASED_MEMORY not in str(k.export_subject("alice")["memories"])
+        assert k.unconsented("alice", APP, CATS, PURPOSE) == []
