@@ -267,9 +267,7 @@ def log_anchors(conn: sa.Connection, log_id: str) -> dict[str, StreamHead]:
     c = stream_heads.c
     return {
         r.stream_id: StreamHead(r.stream_id, int(r.version), str(r.digest))
-        for r in conn.execute(
-            sa.select(c.stream_id, c.version, c.digest).where(c.log_id == log_id)
-        )
+        for r in conn.execute(sa.select(c.stream_id, c.version, c.digest).where(c.log_id == log_id))
     }
 
 

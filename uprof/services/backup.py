@@ -223,7 +223,7 @@ def log_anchors_now(settings: Settings) -> dict[str, Any]:
 
     layout = layout_for(settings)
     events = sa.create_engine(layout.events_url)  # only its URL: never connected
-    keys = sa.create_engine(layout.keys_url)
+    keys = create_engine(layout.keys_url)  # its busy timeout: a read waits out a commit
     try:
         log_id = log_identity(backend_for_settings(settings), events)
         with keys.connect() as conn:
