@@ -115,7 +115,7 @@ _REBUILDER = _ARGS + textwrap.dedent(
 _CLI = "from uprof.cli.main import app\napp()\n"
 
 ERASED = [f"e{i}" for i in range(8)]
-#: A start's projection that lost a range to another process's worker (exit code 6).
+#: A start's projection refused by another process's rebuild (exit code 6).
 _LOST_RACE = "another worker processed this range first"
 
 
@@ -164,8 +164,8 @@ def test_backups_and_rebuilds_beside_writers_and_erasures_are_never_refused(
             out, err = making.communicate(timeout=300)
             if making.returncode != 0 and _LOST_RACE in err:
                 # Not the anchor check: the CLI's start projects the views before it
-                # re-applies the ledger and can lose that range to another process's
-                # worker (found in this review, not fixed: see decision
+                # re-applies the ledger, and the rebuilder's reset under that batch
+                # refuses it (found in this review, not fixed: see decision
                 # XXXX-review-of-0150). The check itself must never refuse.
                 lost += 1
                 continue
@@ -182,7 +182,7 @@ def test_backups_and_rebuilds_beside_writers_and_erasures_are_never_refused(
             assert child.returncode == 0, err[-3000:]
     print(
         f"backups {backups} ({beside_erasures} ended while erasures ran; {lost} lost the "
-        "start's projection race), "
+        "start's projection to the rebuild), "
         f"writer turns {_count(marks['writer'])}, rebuilds {_count(marks['rebuilder'])}"
     )
     assert _count(marks["eraser"]) == len(ERASED)
