@@ -260,52 +260,54 @@ def _heads_sql(table: str) -> str:
     )
 
 
-def damaged_streams_in(events_engine: sa.Engine, keys_engine: sa.Engine) -> list[str]:
-    """``ProfilesApplication.damaged_streams`` for a process that runs no application
-    (``uprof backup``): the event log behind ``events_engine`` against its anchors in the
-    key store behind ``keys_engine``. Reads only."""
-    backend = backend_for(events_engine)
-    log_id = log_identity(backend, events_engine)
+def log_anchors(conn: sa.Connection, log_id: str) -> dict[str, StreamHead]:
+    """Every anchor of that log, read through ``conn`` (a connection to the key store):
+    ``KeyStore.stream_heads_in`` for a process that runs no application (``uprof
+    backup``), inside the transaction it reads the log in, where there is one."""
     c = stream_heads.c
-    with keys_engine.connect() as conn:
-        anchors = {
-            r.stream_id: StreamHead(r.stream_id, int(r.version), str(r.digest))
-            for r in conn.execute(
-                sa.select(c.stream_id, c.version, c.digest).where(c.log_id == log_id)
-            )
-        }
+    return {
+        r.stream_id: StreamHead(r.stream_id, int(r.version), str(r.digest))
+        for r in conn.execute(sa.select(c.stream_id, c.version, c.digest).where(c.log_id == log_id))
+    }
+
+
+def damaged_in(conn: sa.Connection, anchors: dict[str, StreamHead]) -> list[str]:
+    """``ProfilesApplication.damaged_streams`` for the event log that ``conn`` reads
+    (``uprof backup``: the copied file, or the dump's own snapshot) against ``anchors``,
+    which must have been read before that log was: every version they name is then in
+    it. Reads only."""
     if not anchors:
         return []
-    inspector = sa.inspect(events_engine)
+    backend = backend_for(conn.engine)
+    inspector = sa.inspect(conn)
     found = [
         (schema, name)
-        for schema, name in backend.events_table_candidates(events_engine)
+        for schema, name in backend.events_table_candidates(conn.engine)
         if inspector.has_table(name, schema=schema)
     ]
     if not found:
         return sorted(anchors)  # anchored streams, and no log at all
     schema, name = found[0]
     table = f'"{schema}"."{name}"' if schema else name
-    with events_engine.connect() as conn:
-        heads = {
-            h.stream_id: h
-            for h in (
-                head_of(StoredEvent(r[0], int(r[1]), str(r[2]), bytes(r[3])))
-                for r in conn.execute(sa.text(_heads_sql(table))).all()
-            )
-        }
+    heads = {
+        h.stream_id: h
+        for h in (
+            head_of(StoredEvent(r[0], int(r[1]), str(r[2]), bytes(r[3])))
+            for r in conn.execute(sa.text(_heads_sql(table))).all()
+        )
+    }
 
-        def anchored_row(stream: str, version: int) -> StoredEvent | None:
-            r = conn.execute(
-                sa.text(
-                    f"SELECT originator_id, originator_version, topic, state FROM {table} "
-                    "WHERE originator_id = :s AND originator_version = :v"
-                ),
-                {"s": backend.stream_key(UUID(stream)), "v": version},
-            ).first()
-            return None if r is None else StoredEvent(r[0], int(r[1]), str(r[2]), bytes(r[3]))
+    def anchored_row(stream: str, version: int) -> StoredEvent | None:
+        r = conn.execute(
+            sa.text(
+                f"SELECT originator_id, originator_version, topic, state FROM {table} "
+                "WHERE originator_id = :s AND originator_version = :v"
+            ),
+            {"s": backend.stream_key(UUID(stream)), "v": version},
+        ).first()
+        return None if r is None else StoredEvent(r[0], int(r[1]), str(r[2]), bytes(r[3]))
 
-        return damaged_among(anchors, heads, anchored_row)
+    return damaged_among(anchors, heads, anchored_row)
 
 
 _CUT_SHORT = (

@@ -311,6 +311,7 @@ class PostgresBackend:
         return TableScan(tables, hits)
 
     def backup(self, settings: Settings, out: Path) -> dict[str, Any]:
+        from uprof.eventstore import log_anchors, log_identity
         from uprof.services import backup as b
 
         assert settings.database_url is not None
@@ -326,6 +327,11 @@ class PostgresBackend:
                 conn.exec_driver_sql("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 snapshot = conn.exec_driver_sql("SELECT pg_export_snapshot()").scalar_one()
                 revision, audit = b._views_revision(conn), b._audit_head(conn)
+                # The dump's own snapshot, anchors and events alike (review of 0150,
+                # bug JM): what is checked is what is copied, and a damaged log is
+                # refused before it is dumped.
+                anchors = log_anchors(conn, log_identity(self, engine))
+                b.refuse_damaged_copy(conn, anchors)
                 result = subprocess.run(
                     [
                         pg_dump,

@@ -350,6 +350,7 @@ class SQLiteBackend:
         from uprof.services import backup as b
 
         revision, audit = None, (0, "")
+        anchors: dict[str, Any] = {}
         # The late check's positions as they stand before the audit log is copied: the
         # event log is copied after it, and a check meanwhile may pass a request whose
         # entry the copied audit log lacks (review of 0112).
@@ -359,6 +360,9 @@ class SQLiteBackend:
             if not live.exists():
                 raise b.BackupError(f"{live} does not exist: nothing to back up (start uprof once)")
             target = out / name
+            if name == "events.sqlite":
+                # Before the copy: every version these anchors name is in it (bug JM).
+                anchors = b.log_anchors_now(settings)
             src = sqlite3.connect(live, timeout=30)
             dst = sqlite3.connect(target)
             try:
@@ -371,6 +375,13 @@ class SQLiteBackend:
             os.chmod(target, 0o600)
             if name == "events.sqlite":
                 _check_positions_back(target, checked)
+                # The copy itself, not the live file after it (review of 0150, bug JM).
+                copied = sa.create_engine(f"sqlite:///{target}")
+                try:
+                    with copied.connect() as conn:
+                        b.refuse_damaged_copy(conn, anchors)
+                finally:
+                    copied.dispose()
             if name == "views.sqlite":
                 engine = sa.create_engine(f"sqlite:///{target}")
                 try:

@@ -238,20 +238,35 @@ def _stores_held_open(settings: Settings) -> Iterator[None]:
         views.dispose()
 
 
-def _refuse_damaged_log(settings: Settings) -> None:
-    """Refuse to vouch for an event log that a load refuses: a stream below its anchor
-    or whose anchored row was replaced (bug IT). Signed and later restored, such a copy
-    became the truth (``reanchor``), and a consent withdrawal cut from it was gone for
-    good. Checked after the copy, on the live store, which the copy was taken from."""
-    from uprof.eventstore import damaged_streams_in
+def log_anchors_now(settings: Settings) -> dict[str, Any]:
+    """Every anchor of the live event log, read now from the key store: for a backend
+    that checks its copy of the log after copying it (SQLite), read *before* the copy
+    begins, so every version an anchor names is in the copy (an anchor is written after
+    its event commits)."""
+    from uprof.eventstore import log_anchors, log_identity
 
     layout = layout_for(settings)
-    events, keys = create_engine(layout.events_url), create_engine(layout.keys_url)
+    events = sa.create_engine(layout.events_url)  # only its URL: never connected
+    keys = create_engine(layout.keys_url)  # its busy timeout: a read waits out a commit
     try:
-        damaged = damaged_streams_in(events, keys)
+        log_id = log_identity(backend_for_settings(settings), events)
+        with keys.connect() as conn:
+            return log_anchors(conn, log_id)
     finally:
-        events.dispose()
         keys.dispose()
+        events.dispose()
+
+
+def refuse_damaged_copy(conn: sa.Connection, anchors: dict[str, Any]) -> None:
+    """Refuse to vouch for a copy of the event log that a load refuses: a stream below
+    its anchor or whose anchored row was replaced (bug IT). Signed and later restored,
+    such a copy became the truth (``reanchor``), and a consent withdrawal cut from it
+    was gone for good. ``conn`` reads the copy itself (the copied file, or the dump's
+    snapshot), never the live store after the copy: a cut put back between the copy and
+    a check of the live store was not seen (review of 0150, bug JM)."""
+    from uprof.eventstore import damaged_in
+
+    damaged = damaged_in(conn, anchors)
     if damaged:
         raise StoredDataDamagedError(
             f"backup refused: {len(damaged)} subject stream(s) end before the last version "
@@ -263,8 +278,8 @@ def _refuse_damaged_log(settings: Settings) -> None:
 
 def _write_backup(settings: Settings, partial: Path, dest: Path) -> BackupReport:
     try:
+        # The backend checks its copy of the log against the anchors (refuse_damaged_copy).
         manifest = backend_for_settings(settings).backup(settings, partial)
-        _refuse_damaged_log(settings)
         manifest["files"] = {
             p.name: {"sha256": _sha256(p), "bytes": p.stat().st_size}
             for p in sorted(partial.iterdir())
