@@ -166,7 +166,7 @@ def test_backups_and_rebuilds_beside_writers_and_erasures_are_never_refused(
                 # Not the anchor check: the CLI's start projects the views before it
                 # re-applies the ledger, and the rebuilder's reset under that batch
                 # refuses it (found in this review, not fixed: see decision
-                # XXXX-review-of-0150). The check itself must never refuse.
+                # 0157-review-of-0150). The check itself must never refuse.
                 lost += 1
                 continue
             assert making.returncode == 0, out + err[-3000:]
