@@ -164,6 +164,21 @@ class StoreBusyError(ConcurrencyConflictError):
     hint = "the store is busy with other writers; retry after a short wait"
 
 
+class RequestInProgressError(ConcurrencyConflictError):
+    """A keyed request came again while its first is still running (an erasing
+    withdrawal, which must not run twice at once); nothing was written. ``field`` names
+    the key as the caller sent it."""
+
+    hint = (
+        "the first request with this Idempotency-Key is still running; retry the same "
+        "request with the same key after a short wait (header Retry-After)"
+    )
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class PositionMovedError(ConcurrencyConflictError):
     """Another worker saved past the position a batch started from; nothing was written.
 

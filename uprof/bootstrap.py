@@ -645,6 +645,7 @@ def bootstrap(
             tenant=settings.tenant,
             retention_s=settings.idempotency_retention_s,
             clock_ms=lambda: int(clock.now().timestamp() * 1000),
+            turn=lambda name, wait_s: backend_for(views).named_lock(views, name, wait_s=wait_s),
         ),
         policy_service=policy,
         cursors=CursorCodec(derive_key(master, "uprof/cursor/1")),

@@ -313,3 +313,34 @@ def test_mcp_capture_takes_an_idempotency_key(kernel: Uprof) -> None:
     assert reused.is_error and "idempotency_key_reused" in str(reused.content)
     assert untimed.is_error and "occurred_at" in str(untimed.content)
     assert captures_in_log(kernel) == 1
+
+
+def test_a_withdrawal_whose_first_still_runs_is_409_request_in_progress(
+    http: httpx.Client, kernel: Uprof, apps: Apps
+) -> None:
+    """Bug JG at the edge: the key's turn held (as the first request, still erasing, holds
+    it), the resend is refused 409 ``request_in_progress`` with Retry-After, naming the
+    header, and nothing is withdrawn; once the turn is free the same request runs."""
+    from uprof.backends import backend_for
+    from uprof.services.idempotency import TURN_SHARDS
+
+    consent_id = grant(http, apps.planner)
+    store = kernel.idempotency
+    assert store is not None
+    store.in_progress_wait_s = 0.2
+    token = store.token(PLANNER, "w-held")
+    engine = kernel.views_engine
+    name = f"idempotency-turn-{int(token[:8], 16) % TURN_SHARDS}"
+    body = {"subject": "alice", "consent_id": consent_id, "erase": True}
+    with backend_for(engine).named_lock(engine, name, wait_s=0) as held:
+        assert held
+        refused = post(http, apps.planner, "/v1/consents/withdraw", body, "w-held")
+    assert refused.status_code == 409, refused.text
+    assert refused.headers["Retry-After"] == "5"
+    error = refused.json()["error"]
+    assert error["code"] == "request_in_progress", error
+    assert [f["field"] for f in error["fields"]] == ["Idempotency-Key"]
+    assert all(c.withdrawn_at is None for c in kernel.profile("alice").consents)
+    done = post(http, apps.planner, "/v1/consents/withdraw", body, "w-held")
+    assert done.status_code == 200, done.text
+    assert done.json()["consent"]["withdrawn_at"] is not None

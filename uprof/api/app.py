@@ -22,10 +22,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Route
 
 import uprof
-from domain.errors import CaptureBackloggedError, RateLimitUnavailableError, UprofError
+from domain.errors import (
+    CaptureBackloggedError,
+    RateLimitUnavailableError,
+    RequestInProgressError,
+    UprofError,
+)
 from uprof.api.errors import (
     CAPTURE_RETRY_AFTER_S,
     RATE_LIMIT_UNAVAILABLE_RETRY_AFTER_S,
+    REQUEST_IN_PROGRESS_RETRY_AFTER_S,
     EdgeError,
     body_for,
     classify,
@@ -199,6 +205,8 @@ def _install_error_handlers(app: FastAPI, page_errors: PageErrors | None = None)
             headers = {"Retry-After": str(CAPTURE_RETRY_AFTER_S)}
         elif isinstance(error, RateLimitUnavailableError):
             headers = {"Retry-After": str(RATE_LIMIT_UNAVAILABLE_RETRY_AFTER_S)}
+        elif isinstance(error, RequestInProgressError):
+            headers = {"Retry-After": str(REQUEST_IN_PROGRESS_RETRY_AFTER_S)}
         return _json(body_for(error), status, headers)
 
     @app.exception_handler(EdgeError)

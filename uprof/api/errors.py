@@ -29,6 +29,7 @@ from domain.errors import (
     RateLimitUnavailableError,
     ReadRecordingError,
     ReadTimeoutError,
+    RequestInProgressError,
     StoredDataDamagedError,
     StoresLostError,
     SubjectErasedError,
@@ -50,6 +51,7 @@ STATUS_TABLE: tuple[tuple[type[UprofError], int, str], ...] = (
     (ReadTimeoutError, 503, "read_timeout"),
     (ReadRecordingError, 503, "read_not_recorded"),
     (CaptureBackloggedError, 503, "capture_backlogged"),
+    (RequestInProgressError, 409, "request_in_progress"),
     (ConcurrencyConflictError, 409, "conflict_retry"),
     (IdempotencyKeyReusedError, 409, "idempotency_key_reused"),
     (ErasureIncompleteError, 503, "erasure_incomplete"),
@@ -67,6 +69,8 @@ STATUS_TABLE: tuple[tuple[type[UprofError], int, str], ...] = (
 CAPTURE_RETRY_AFTER_S = 1
 #: Seconds a client is told to wait when the rate-limit counters did not answer.
 RATE_LIMIT_UNAVAILABLE_RETRY_AFTER_S = 5
+#: Seconds a client is told to wait when the first request with its key still runs.
+REQUEST_IN_PROGRESS_RETRY_AFTER_S = 5
 
 
 def classify(error: UprofError) -> tuple[int, str]:

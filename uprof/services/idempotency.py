@@ -27,6 +27,16 @@ retry gets the effect of one write and the first answer:
    row: the row's retention starts at the claim, before the write), so the run
    writes nothing. The kernel audits each replay (``request.replayed``).
 
+5. **One at a time, where the stream cannot arbitrate** (``SERIALIZED``): a withdrawal
+   with erase spans the subject's stream, the key store, the ledger and the audit log,
+   so two runs of one key at once made two erasure requests (bug JG). Such a write
+   holds the deployment's lock of its key (``turn``: an advisory lock on PostgreSQL,
+   across hosts; a file lock on SQLite) from its claim to its answer. A duplicate waits
+   up to ``in_progress_wait_s`` for it, then claims: it finds the answer (a replay), or
+   a claim whose writer died (the lock dies with its holder, kill -9 included) and runs
+   as above. A first still running past the wait is answered ``RequestInProgressError``
+   (409 ``request_in_progress``, Retry-After), naming the key; nothing is written.
+
 A write that fails (consent refused, bad input) releases its claim: nothing was
 written, and the caller may fix the cause and retry with the same key.
 
@@ -46,14 +56,20 @@ import hmac
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 
-from domain.errors import IdempotencyKeyReusedError, InvalidInputError, SubjectErasedError
+from domain.errors import (
+    IdempotencyKeyReusedError,
+    InvalidInputError,
+    RequestInProgressError,
+    SubjectErasedError,
+)
 from domain.naming import NAMING_CONVENTION
 
 #: The REST header (and the field name it is reported under).
@@ -63,6 +79,19 @@ MAX_KEY_LENGTH = 255
 DEFAULT_RETENTION_S = 24 * 3600.0
 #: Purge expired rows at most this often per process.
 PURGE_EVERY_S = 60.0
+#: Operations whose duplicates run one at a time (module doc, 5): a withdrawal with
+#: erase is an erasure, which the subject's stream alone cannot make once (bug JG).
+SERIALIZED = frozenset({"consent.withdraw"})
+#: How long a duplicate of a ``SERIALIZED`` write waits for its first by default.
+DEFAULT_IN_PROGRESS_WAIT_S = 10.0
+#: Keys share this many locks (a lock is a file on SQLite: a bounded number of them).
+#: Two different keys on one lock only wait for each other, never answer each other.
+TURN_SHARDS = 256
+
+#: A deployment's exclusive lock by name, held until the block ends or its holder dies;
+#: waits at most the seconds given and yields whether it holds the lock
+#: (``Backend.named_lock`` bound to the store's engine).
+Turn = Callable[[str, float], AbstractContextManager[bool]]
 
 metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
 
@@ -149,6 +178,8 @@ class IdempotencyStore:
         tenant: str,
         retention_s: float = DEFAULT_RETENTION_S,
         clock_ms: Callable[[], int] | None = None,
+        turn: Turn | None = None,
+        in_progress_wait_s: float = DEFAULT_IN_PROGRESS_WAIT_S,
     ) -> None:
         if len(secret) < 32:
             raise ValueError("the idempotency secret must be at least 32 bytes")
@@ -160,6 +191,8 @@ class IdempotencyStore:
         self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         self._purge_lock = threading.Lock()
         self._last_purge = 0.0
+        self._turn = turn
+        self.in_progress_wait_s = in_progress_wait_s
 
     # ------------------------------------------------------------------ hashes
 
@@ -191,6 +224,29 @@ class IdempotencyStore:
         """Run a keyed write once: claim, write (passing the token), store the answer."""
         token = self.token(app_id, check_key(key))
         body_hash = self.body_hash(operation, body)
+        with self._one_at_a_time(token, operation):
+            return self._run(token, app_id, operation, body_hash, execute)
+
+    @contextmanager
+    def _one_at_a_time(self, token: str, operation: str) -> Iterator[None]:
+        """Hold the key's turn from claim to answer for a ``SERIALIZED`` operation
+        (module doc, 5); refuse with ``RequestInProgressError`` past the wait."""
+        if self._turn is None or operation not in SERIALIZED:
+            yield
+            return
+        shard = int(token[:8], 16) % TURN_SHARDS
+        with self._turn(f"idempotency-turn-{shard}", self.in_progress_wait_s) as held:
+            if not held:
+                raise RequestInProgressError(
+                    f"the first request with this {HEADER} is still running; "
+                    "nothing was done by this one",
+                    field=HEADER,
+                )
+            yield
+
+    def _run(
+        self, token: str, app_id: str, operation: str, body_hash: str, execute: Execute
+    ) -> Outcome:
         stored = self._claim(token, app_id, operation, body_hash)
         if stored is not None:
             # A replay is decided like a fresh call: the write runs again with the same
