@@ -3,9 +3,9 @@
 
 ``python -m benchmarks.anchor_readers_bench --backend sqlite --rounds 5 --other ../tree``
 from a tree's root: runs this file from this tree and from ``--other`` (a checkout
-without the check, with this file copied in) alternately, each round a fresh process on
-a fresh store of ``--subjects`` subjects (one consent each), and prints medians of each
-tree and their ratio. ``--single``: one measurement in this process.
+without the check, with this file and ``side_by_side.py`` copied in) alternately, each
+round a fresh process on a fresh store of ``--subjects`` subjects (one consent each), and
+prints medians of each tree and their ratio. ``--single``: one measurement in this process.
 
 - ``rebuild_ms``: ``Uprof.rebuild`` (the check adds one read of every anchor of the log
   and one read of every stream's head row, before anything is dropped);
@@ -15,18 +15,11 @@ tree and their ratio. ``--single``: one measurement in this process.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
-HERE = Path(__file__).resolve().parents[1]
+from benchmarks.side_by_side import side_by_side_main
 
 
 def single(backend: str, subjects: int, calls: int) -> dict[str, float]:
@@ -58,56 +51,15 @@ def single(backend: str, subjects: int, calls: int) -> dict[str, float]:
         return out
 
 
-def _run_in(tree: Path, args: argparse.Namespace) -> dict[str, float]:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.anchor_readers_bench",
-            "--single",
-            f"--backend={args.backend}",
-            f"--subjects={args.subjects}",
-            f"--calls={args.calls}",
-        ],
-        cwd=tree,
-        env={**os.environ, "PYTHONPATH": str(tree)},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite")
-    parser.add_argument("--subjects", type=int, default=300)
-    parser.add_argument("--calls", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--other", type=Path, help="the tree to compare with")
-    parser.add_argument("--single", action="store_true")
-    args = parser.parse_args()
-    if args.single:
-        print(json.dumps(single(args.backend, args.subjects, args.calls)))
-        return
-    trees = {"this": HERE, **({"other": args.other.resolve()} if args.other else {})}
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
-    for _ in range(args.rounds):
-        for name, tree in trees.items():  # alternately: drift hits both alike
-            runs[name].append(_run_in(tree, args))
-    medians = {
-        name: {k: round(statistics.median(r[k] for r in rs), 3) for k in rs[0]}
-        for name, rs in runs.items()
-    }
-    out: dict[str, Any] = {"backend": args.backend, "rounds": args.rounds, "median": medians}
-    if "other" in medians:
-        out["ratio_this_to_other"] = {
-            k: round(medians["this"][k] / medians["other"][k], 3)
-            for k in medians["this"]
-            if k in medians["other"]
-        }
-    print(json.dumps(out))
+    side_by_side_main(
+        "benchmarks.anchor_readers_bench",
+        __doc__,
+        single,
+        calls=3,
+        sizes={"subjects": 300},
+        rounds=3,
+    )
 
 
 if __name__ == "__main__":

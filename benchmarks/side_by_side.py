@@ -1,8 +1,9 @@
 """Two trees measured side by side: the command line of a benchmark that compares this
 tree with another checkout (``--other``), one fresh process per round.
 
-A benchmark module using it has a ``single(backend, calls, warm)`` that measures once in
-its process and returns per-call figures, and a ``main`` that hands itself here. Each
+A benchmark module using it has a ``single(backend, calls=..., **sizes)`` that measures
+once in its process and returns per-call figures (``sizes``: its own integer options, by
+default ``warm``), and a ``main`` that hands itself here. Each
 round runs ``python -m <module> --single`` in both trees, the first swapping every round,
 so load that comes and goes on a shared machine falls on both alike; the output is each
 tree's medians and their ratio. A checkout from before the benchmark existed needs the
@@ -23,10 +24,12 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parents[1]
 
-Single = Callable[[str, int, int], dict[str, float]]
+Single = Callable[..., dict[str, float]]
 
 
-def _run_in(tree: Path, module: str, args: argparse.Namespace) -> dict[str, float]:
+def _run_in(
+    tree: Path, module: str, args: argparse.Namespace, sizes: dict[str, int]
+) -> dict[str, float]:
     done = subprocess.run(
         [
             sys.executable,
@@ -35,7 +38,7 @@ def _run_in(tree: Path, module: str, args: argparse.Namespace) -> dict[str, floa
             "--single",
             f"--backend={args.backend}",
             f"--calls={args.calls}",
-            f"--warm={args.warm}",
+            *(f"--{name}={getattr(args, name)}" for name in sizes),
         ],
         cwd=tree,
         env={**os.environ, "PYTHONPATH": str(tree)},
@@ -47,19 +50,32 @@ def _run_in(tree: Path, module: str, args: argparse.Namespace) -> dict[str, floa
     return result
 
 
-def side_by_side_main(module: str, description: str | None, single: Single, *, calls: int) -> None:
+def side_by_side_main(
+    module: str,
+    description: str | None,
+    single: Single,
+    *,
+    calls: int,
+    sizes: dict[str, int] | None = None,
+    rounds: int = 5,
+) -> None:
     """Parse the command line; with ``--single`` measure once here, else run the rounds
-    and print the medians (and, with ``--other``, the ratio this/other) as JSON."""
+    and print the medians (and, with ``--other``, the ratio this/other of the figures
+    both trees report) as JSON. ``sizes``: the benchmark's integer options and their
+    defaults (default: ``warm``, 20)."""
+    sizes = {"warm": 20} if sizes is None else sizes
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite")
     parser.add_argument("--calls", type=int, default=calls)
-    parser.add_argument("--warm", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=5)
+    for name, default in sizes.items():
+        parser.add_argument(f"--{name}", type=int, default=default)
+    parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--other", type=Path, help="the tree to compare with")
     parser.add_argument("--single", action="store_true", help="one measurement, here")
     args = parser.parse_args()
     if args.single:
-        print(json.dumps(single(args.backend, args.calls, args.warm)))
+        chosen = {name: getattr(args, name) for name in sizes}
+        print(json.dumps(single(args.backend, calls=args.calls, **chosen)))
         return
     trees = {"this": HERE, **({"other": args.other.resolve()} if args.other else {})}
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
@@ -68,7 +84,7 @@ def side_by_side_main(module: str, description: str | None, single: Single, *, c
         # Alternately, and which tree goes first swaps every round: load that comes and
         # goes, and whatever the first run of a round pays (cold caches), fall on both alike.
         for name, tree in order:
-            runs[name].append(_run_in(tree, module, args))
+            runs[name].append(_run_in(tree, module, args, sizes))
         order.reverse()
     medians = {
         name: {k: round(statistics.median(r[k] for r in rs), 3) for k in rs[0]}
@@ -77,6 +93,8 @@ def side_by_side_main(module: str, description: str | None, single: Single, *, c
     out: dict[str, Any] = {"backend": args.backend, "rounds": args.rounds, "median": medians}
     if "other" in medians:
         out["ratio_this_to_other"] = {
-            k: round(medians["this"][k] / medians["other"][k], 3) for k in medians["this"]
+            k: round(medians["this"][k] / medians["other"][k], 3)
+            for k in medians["this"]
+            if k in medians["other"]
         }
     print(json.dumps(out))
