@@ -11,11 +11,12 @@ back-off from ``SUPERVISOR_BACKOFF``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
 from tenacity import (
+    AsyncRetrying,
     RetryCallState,
     Retrying,
     retry_if_exception_type,
@@ -106,6 +107,28 @@ class RetryPolicy:
         )
         try:
             return retrying(operation)
+        except self.on as error:
+            if give_up is None or isinstance(error, self.never):
+                raise
+            raise give_up(error) from error
+
+    async def call_async(
+        self,
+        operation: Callable[[], Awaitable[T]],
+        *,
+        give_up: Callable[[BaseException], BaseException] | None = None,
+    ) -> T:
+        """``call`` for a coroutine function (the async SDK client), whose waits are
+        awaited. ``operation`` must be an ``async def`` (tenacity awaits only those: a
+        lambda returning a coroutine would be taken for a plain function)."""
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.attempts),
+            wait=self.backoff.tenacity_wait(),
+            retry=retry_if_exception_type(self.on) & retry_if_not_exception_type(self.never),
+            reraise=True,
+        )
+        try:
+            return await retrying(operation)
         except self.on as error:
             if give_up is None or isinstance(error, self.never):
                 raise

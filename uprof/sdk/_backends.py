@@ -6,9 +6,7 @@ SDK error for the failure, so the clients above them cannot tell them apart.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -16,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from uprof.retry import Backoff, RetryPolicy
 from uprof.sdk._errors import TransportError, UprofClientError, error_for
 from uprof.sdk._operations import Call
 
@@ -59,7 +58,18 @@ def _attempts(call: Call[Any], retries: int) -> int:
     return 1 + max(0, retries) if call.idempotency_key is not None and call.operation.keyed else 1
 
 
-def _failed(call: Call[Any], error: httpx.HTTPError) -> TransportError:
+def _resend_policy(attempts: int) -> RetryPolicy:
+    """Sending a call ``attempts`` times in all, again only after a transport error (no
+    answer), ``RETRY_PAUSE_S`` then twice as long each time (``uprof.retry``: the one
+    retry policy of the project)."""
+    return RetryPolicy(
+        attempts=attempts,
+        on=(httpx.TransportError,),
+        backoff=Backoff(first_s=RETRY_PAUSE_S, max_s=RETRY_PAUSE_S * 2**8),
+    )
+
+
+def _failed(call: Call[Any], error: BaseException) -> TransportError:
     return _with_key(
         call, TransportError(f"{call.operation.name}: {type(error).__name__}: {error}")
     )
@@ -114,21 +124,17 @@ class HttpBackend:
     def send(self, call: Call[R]) -> R:
         call = _keyed(call)
         op, kwargs = call.operation, _request_kwargs(call)
-        attempts = _attempts(call, self._retries)
-        for attempt in range(attempts):
-            try:
-                response = self._client.request(op.method, op.path, **kwargs)
-            except httpx.TransportError as error:
-                # No answer: the write may have been committed. Sent again with its key,
-                # the server answers it once (module ``uprof.services.idempotency``).
-                if attempt + 1 == attempts:
-                    raise _failed(call, error) from error
-                time.sleep(RETRY_PAUSE_S * 2**attempt)
-            except httpx.HTTPError as error:
-                raise _failed(call, error) from error
-            else:
-                return _parse(call, response)
-        raise AssertionError("unreachable")  # pragma: no cover
+        # No answer (a transport error): the write may have been committed. Sent again
+        # with its key, the server answers it once (``uprof.services.idempotency``).
+        resend = _resend_policy(_attempts(call, self._retries))
+        try:
+            response = resend.call(
+                lambda: self._client.request(op.method, op.path, **kwargs),
+                give_up=lambda error: _failed(call, error),
+            )
+        except httpx.HTTPError as error:  # any other failure: not sent again
+            raise _failed(call, error) from error
+        return _parse(call, response)
 
     def send_for_bytes(self, call: Call[Any]) -> bytes:
         """The answer's body as it came (a proof document is a file, checked byte for byte)."""
@@ -167,19 +173,16 @@ class AsyncHttpBackend:
     async def send(self, call: Call[R]) -> R:
         call = _keyed(call)  # as ``HttpBackend.send``
         op, kwargs = call.operation, _request_kwargs(call)
-        attempts = _attempts(call, self._retries)
-        for attempt in range(attempts):
-            try:
-                response = await self._client.request(op.method, op.path, **kwargs)
-            except httpx.TransportError as error:
-                if attempt + 1 == attempts:
-                    raise _failed(call, error) from error
-                await asyncio.sleep(RETRY_PAUSE_S * 2**attempt)
-            except httpx.HTTPError as error:
-                raise _failed(call, error) from error
-            else:
-                return _parse(call, response)
-        raise AssertionError("unreachable")  # pragma: no cover
+        resend = _resend_policy(_attempts(call, self._retries))
+
+        async def request() -> httpx.Response:  # a coroutine function: tenacity awaits it
+            return await self._client.request(op.method, op.path, **kwargs)
+
+        try:
+            response = await resend.call_async(request, give_up=lambda error: _failed(call, error))
+        except httpx.HTTPError as error:
+            raise _failed(call, error) from error
+        return _parse(call, response)
 
     async def send_for_bytes(self, call: Call[Any]) -> bytes:
         op = call.operation
