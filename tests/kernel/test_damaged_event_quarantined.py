@@ -164,10 +164,19 @@ def test_erasing_the_damaged_subject_clears_its_quarantine(
 def test_rebuilt_views_equal_live_ones_past_a_damaged_event(
     backend: Backend, clock: FakeClock
 ) -> None:
+    """The damaged capture is alice's anchored head row. A rebuild refuses before it drops
+    anything (decision 0150, bug IS: a head row that is not the one committed may stand
+    in for a narrowing event, which a rebuild must not pass over), so the views stay the
+    live ones; erasing the damaged subject (0119) lets the rebuild run, and it rebuilds
+    bob's views as they were."""
     _damaged_before_extraction(backend, clock)
     with running(settings_for(backend), clock) as k:
         k.process()
         live = memories(k, "bob")
+        with pytest.raises(StoredDataDamagedError, match="rebuilding the views refused"):
+            k.rebuild()
+        assert memories(k, "bob") == live
+        k.erase_subject("alice")
         k.rebuild()
         assert memories(k, "bob") == live
 
