@@ -23,7 +23,7 @@ from tests.children import PythonChild, run_python
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import build_kernel, settings_for
-from tests.kernel.test_keys_apart import ALICE, BOB, fill
+from tests.kernel.test_keys_apart import BOB, filled_deployment
 
 _WRITER = textwrap.dedent(
     """
@@ -78,11 +78,7 @@ def _wait_for(progress: Path, at_least: int, writer: PythonChild) -> int:
 def test_a_backup_taken_beside_writers_restores_consistent(
     backend: Backend, clock: FakeClock, tmp_path: Path
 ) -> None:
-    settings = settings_for(backend)
-    k = build_kernel(settings, clock)
-    fill(k, "alice", ALICE)
-    fill(k, "bob", BOB)
-    k.close()
+    settings = filled_deployment(backend, clock, "alice", "bob")
     progress, stop, bk = tmp_path / "progress", tmp_path / "stop", tmp_path / "bk"
     args = (backend.kind, backend.url, str(backend.data_dir), str(progress), str(stop))
     writer = PythonChild(_WRITER, *args)

@@ -20,7 +20,7 @@ from tests.children import run_python
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import build_kernel, settings_for
-from tests.kernel.test_keys_apart import ALICE, BOB, assert_intact, fill
+from tests.kernel.test_keys_apart import BOB, assert_intact, filled_deployment
 from uprof.bootstrap import RestoreInterruptedError
 from uprof.services.backup import backup, restore
 from uprof.storage import RESTORE_MARKER
@@ -70,11 +70,7 @@ def _env(backend: Backend) -> dict[str, str]:
 def test_a_restore_killed_at_each_step_is_finished_by_running_it_again(
     backend: Backend, clock: FakeClock, tmp_path: Path, point: str
 ) -> None:
-    settings = settings_for(backend)
-    k = build_kernel(settings, clock)
-    fill(k, "alice", ALICE)
-    fill(k, "bob", BOB)
-    k.close()
+    settings = filled_deployment(backend, clock, "alice", "bob")
     backup(settings, tmp_path / "bk")
     k = build_kernel(settings, clock)
     k.erase_subject("alice")

@@ -27,7 +27,13 @@ from tests import children
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import build_kernel, settings_for
-from tests.kernel.test_keys_apart import BOB, assert_intact, fill
+from tests.kernel.test_keys_apart import (
+    BOB,
+    assert_bob_intact,
+    assert_intact,
+    fill,
+    filled_deployment,
+)
 from tests.kernel.test_upgrade_processes import (
     PREVIOUS,
     assert_upgraded_and_intact,
@@ -218,10 +224,7 @@ def test_a_backup_of_a_newer_release_is_refused_and_changes_nothing(
     restore failed on the revision it does not know, the marker left behind."""
     from uprof.services.backup import BackupError, backup, restore
 
-    settings = settings_for(backend)
-    k = build_kernel(settings, clock)
-    fill(k, "bob", BOB)
-    k.close()
+    settings = filled_deployment(backend, clock, "bob")
     backup(settings, tmp_path / "bk")
     _forge_a_newer_release_backup(settings, backend, tmp_path / "bk")
     with pytest.raises(BackupError, match="nothing was changed"):
@@ -229,11 +232,7 @@ def test_a_backup_of_a_newer_release_is_refused_and_changes_nothing(
     assert not (settings.data_dir / RESTORE_MARKER).exists()
     layout = layout_for(settings)
     assert branch_head("events") in _revisions(layout.events_url)
-    k = build_kernel(settings, clock)
-    try:
-        assert_intact(k, "bob", BOB)
-    finally:
-        k.close()
+    assert_bob_intact(settings, clock, audit_verifies=False)
 
 
 _WRITER = textwrap.dedent(
@@ -397,10 +396,7 @@ def test_a_restore_killed_during_its_revision_checks_leaves_the_stores_as_they_w
     the next start serves the live data, and the restore run again finishes."""
     import os
 
-    settings = settings_for(backend)
-    k = build_kernel(settings, clock)
-    fill(k, "bob", BOB)
-    k.close()
+    settings = filled_deployment(backend, clock, "bob")
     from uprof.services.backup import backup, restore
 
     backup(settings, tmp_path / "bk")
@@ -413,18 +409,9 @@ def test_a_restore_killed_during_its_revision_checks_leaves_the_stores_as_they_w
     )
     assert died.returncode == 9, died.stdout + died.stderr[-3000:]
     assert not (settings.data_dir / RESTORE_MARKER).exists()
-    k = build_kernel(settings, clock)
-    try:
-        assert_intact(k, "bob", BOB)
-    finally:
-        k.close()
+    assert_bob_intact(settings, clock, audit_verifies=False)
     restore(settings, tmp_path / "bk")
-    k = build_kernel(settings, clock)
-    try:
-        assert_intact(k, "bob", BOB)
-        k.audit_log.verify_integrity()
-    finally:
-        k.close()
+    assert_bob_intact(settings, clock, audit_verifies=True)
 
 
 def test_a_backup_whose_revision_is_missing_is_refused_and_changes_nothing(
@@ -436,10 +423,7 @@ def test_a_backup_whose_revision_is_missing_is_refused_and_changes_nothing(
     from domain.errors import InvalidInputError
     from uprof.services import backup as b
 
-    settings = settings_for(backend)
-    k = build_kernel(settings, clock)
-    fill(k, "bob", BOB)
-    k.close()
+    settings = filled_deployment(backend, clock, "bob")
     b.backup(settings, tmp_path / "bk")
     manifest = json.loads((tmp_path / "bk" / b.MANIFEST).read_text(encoding="utf-8"))
     del manifest["views_revision"]
@@ -449,8 +433,4 @@ def test_a_backup_whose_revision_is_missing_is_refused_and_changes_nothing(
     with pytest.raises(InvalidInputError, match="views_revision"):
         b.restore(settings, tmp_path / "bk")
     assert not (settings.data_dir / RESTORE_MARKER).exists()
-    k = build_kernel(settings, clock)
-    try:
-        assert_intact(k, "bob", BOB)
-    finally:
-        k.close()
+    assert_bob_intact(settings, clock, audit_verifies=False)

@@ -27,8 +27,7 @@ from alembic.config import Config
 from tests import children
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import build_kernel, settings_for
-from tests.kernel.test_keys_apart import BOB, assert_intact, fill
+from tests.kernel.test_keys_apart import assert_bob_intact, filled_deployment
 from uprof.settings import Settings
 from uprof.storage import MIGRATIONS_DIR, branch_head, create_engine, layout_for
 
@@ -60,10 +59,7 @@ def _engines(settings: Settings) -> tuple[sa.Engine, sa.Engine]:
 
 def previous_schema_store(backend: Backend, clock: FakeClock) -> Settings:
     """A deployment holding bob's data, its stores taken down to PREVIOUS."""
-    settings = settings_for(backend)
-    k = build_kernel(settings, clock)
-    fill(k, "bob", BOB)
-    k.close()
+    settings = filled_deployment(backend, clock, "bob")
     views, keys = _engines(settings)
     try:
         for branch, engine in (("views", views), ("keys", keys)):
@@ -81,11 +77,7 @@ def previous_schema_store(backend: Backend, clock: FakeClock) -> Settings:
 
 
 def assert_upgraded_and_intact(settings: Settings, clock: FakeClock) -> None:
-    k = build_kernel(settings, clock)
-    try:
-        assert_intact(k, "bob", BOB)
-    finally:
-        k.close()
+    assert_bob_intact(settings, clock, audit_verifies=False)
     views, keys = _engines(settings)
     try:
         assert branch_head("views") in _revisions(views)
