@@ -21,7 +21,16 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from tests.api.conftest import PLANNER, Apps, LiveServer, bearer, grant, interaction
+from tests.api.conftest import (
+    MCP_CAPTURE,
+    PLANNER,
+    Apps,
+    LiveServer,
+    bearer,
+    grant,
+    interaction,
+    planner_mcp_server,
+)
 from uprof.kernel import Uprof
 from uprof.sdk import AsyncClient, Client, TransportError
 
@@ -383,10 +392,6 @@ def test_a_reused_key_is_refused_naming_the_field_the_caller_sent(
     argument, ``idempotency_key``, never a header its caller did not send."""
     from mcp import Client as McpClient
 
-    from uprof.api.runtime import ServiceRuntime
-    from uprof.apikeys.store import Principal
-    from uprof.mcp import build_server
-
     grant(http, apps.planner)
     headers = bearer(apps.planner) | {"Idempotency-Key": "k-1"}
     http.post("/v1/captures", headers=headers, json={"subject": "alice", **interaction("a")})
@@ -394,26 +399,13 @@ def test_a_reused_key_is_refused_naming_the_field_the_caller_sent(
     assert rest.status_code == 409
     assert [f["field"] for f in rest.json()["error"]["fields"]] == ["Idempotency-Key"]
 
-    runtime = ServiceRuntime.for_kernel(kernel)
-    runtime.start()
-    server = build_server(runtime, stdio_principal=Principal(PLANNER, "k", frozenset({"app"})))
-    args = {
-        "subject": "alice",
-        "agent_id": "agent:one",
-        "user_input": "I like tea",
-        "occurred_at": "2025-01-01T09:00:00+00:00",
-        "idempotency_key": "m-1",
-    }
-
-    async def scenario() -> Any:
+    async def scenario(server: Any) -> Any:
         async with McpClient(server) as client:
-            await client.call_tool("capture", args)
-            return await client.call_tool("capture", {**args, "user_input": "I like coffee"})
+            await client.call_tool("capture", MCP_CAPTURE)
+            return await client.call_tool("capture", {**MCP_CAPTURE, "user_input": "I like coffee"})
 
-    try:
-        reused = asyncio.run(scenario())
-    finally:
-        runtime.stop()
+    with planner_mcp_server(kernel) as server:
+        reused = asyncio.run(scenario(server))
     assert reused.is_error
     error = json.loads(reused.content[0].text)["error"]
     assert error["code"] == "idempotency_key_reused"
