@@ -287,3 +287,18 @@ def planner_mcp_server(kernel: Uprof) -> Iterator[Any]:
     finally:
         runtime.stop()
 
+
+@contextlib.contextmanager
+def tenant_servers(
+    kernel: Uprof, keys: ApiKeyStore, other: tuple[Uprof, ApiKeyStore]
+) -> Iterator[tuple[LiveServer, LiveServer, httpx.Client, httpx.Client]]:
+    """Tenant A's server (``kernel``, ``keys``) and tenant B's (the ``other`` fixture) on
+    one set of stores, live, with a client of each: ``(a_live, b_live, a, b)``."""
+    other_kernel, other_keys = other
+    with (
+        LiveServer(create_server(kernel, keys)) as a_live,
+        LiveServer(create_server(other_kernel, other_keys)) as b_live,
+        httpx.Client(base_url=a_live.url, timeout=60) as a,
+        httpx.Client(base_url=b_live.url, timeout=60) as b,
+    ):
+        yield a_live, b_live, a, b
