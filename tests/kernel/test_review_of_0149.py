@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from benchmarks.schema_downgrade import PREVIOUS, downgrade_stores
 from tests import children
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
@@ -35,13 +36,12 @@ from tests.kernel.test_keys_apart import (
     filled_deployment,
 )
 from tests.kernel.test_upgrade_processes import (
-    PREVIOUS,
+    NEW_START,
     assert_upgraded_and_intact,
     previous_schema_store,
 )
-from uprof.backends import StorageLayout
 from uprof.settings import Settings
-from uprof.storage import MIGRATIONS_DIR, RESTORE_MARKER, branch_head, create_engine, layout_for
+from uprof.storage import RESTORE_MARKER, branch_head, create_engine, layout_for
 
 #: Statements of a first start's migrations on an empty store (views, audit, keys, API
 #: keys, the events branch's index), each a point where the start is killed right after.
@@ -163,28 +163,11 @@ def test_a_backup_at_head_restores_into_a_store_still_at_the_previous_schema(
     build_kernel(settings, clock).close()  # this release's first start: at head
     backup(settings, tmp_path / "bk")
     layout = layout_for(settings)
-    _downgrade(layout, PREVIOUS)
+    downgrade_stores(layout, PREVIOUS)
     assert branch_head("views") not in _revisions(layout.views_url)
     restore(settings, tmp_path / "bk")
     assert not (settings.data_dir / RESTORE_MARKER).exists()
     assert_upgraded_and_intact(settings, clock)
-
-
-def _downgrade(layout: StorageLayout, to: dict[str, str]) -> None:
-    from alembic import command
-    from alembic.config import Config
-
-    for branch, url in (("views", layout.views_url), ("keys", layout.keys_url)):
-        engine = create_engine(url)
-        try:
-            config = Config()
-            config.set_main_option("script_location", str(MIGRATIONS_DIR))
-            config.attributes["branch"] = branch
-            with engine.begin() as conn:
-                config.attributes["connection"] = conn
-                command.downgrade(config, to[branch])
-        finally:
-            engine.dispose()
 
 
 def _forge_a_newer_release_backup(settings: Settings, backend: Backend, bk: Path) -> None:
@@ -320,22 +303,6 @@ _HOLDER = textwrap.dedent(
     """
 )
 
-_START = textwrap.dedent(
-    """
-    import sys
-    from pathlib import Path
-    from tests.fakes.ports import FakeClock
-    from tests.kernel.conftest import build_kernel
-    from uprof.settings import Settings
-
-    settings = Settings(
-        data_dir=Path(sys.argv[1]), database_url=sys.argv[2] or None, embedder="hashing"
-    )
-    build_kernel(settings, FakeClock()).close()
-    print("started", flush=True)
-    """
-)
-
 
 def test_an_upgrade_behind_a_long_write_transaction_waits_for_it(
     backend: Backend, clock: FakeClock, tmp_path: Path
@@ -357,7 +324,7 @@ def test_an_upgrade_behind_a_long_write_transaction_waits_for_it(
     try:
         assert holder.stdout is not None
         assert holder.stdout.readline().strip() == "holding", holder.communicate(30)
-        start = children.PythonChild(_START, str(settings.data_dir), url)
+        start = children.PythonChild(NEW_START, str(settings.data_dir), url)
         try:
             # Let the start reach the store while the transaction is open (ordering only:
             # the outcome asserted does not depend on it).

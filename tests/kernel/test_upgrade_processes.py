@@ -21,18 +21,16 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
 
+from benchmarks.schema_downgrade import PREVIOUS, downgrade_stores
 from tests import children
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.test_keys_apart import assert_bob_intact, filled_deployment
 from uprof.settings import Settings
-from uprof.storage import MIGRATIONS_DIR, branch_head, create_engine, layout_for
+from uprof.storage import branch_head, create_engine, layout_for
 
 #: The previous schema: each branch one or two revisions below its head.
-PREVIOUS = {"views": "0007_views_signed_out_sessions", "keys": "0005_keys_plain_row_keys"}
 
 #: Statements of the upgrade from PREVIOUS to head (views first, then keys), each a
 #: point where a start is killed right after it ran.
@@ -60,16 +58,11 @@ def _engines(settings: Settings) -> tuple[sa.Engine, sa.Engine]:
 def previous_schema_store(backend: Backend, clock: FakeClock) -> Settings:
     """A deployment holding bob's data, its stores taken down to PREVIOUS."""
     settings = filled_deployment(backend, clock, "bob")
+    downgrade_stores(layout_for(settings), PREVIOUS)
     views, keys = _engines(settings)
     try:
-        for branch, engine in (("views", views), ("keys", keys)):
-            config = Config()
-            config.set_main_option("script_location", str(MIGRATIONS_DIR))
-            config.attributes["branch"] = branch
-            with engine.begin() as conn:
-                config.attributes["connection"] = conn
-                command.downgrade(config, PREVIOUS[branch])
-            assert PREVIOUS[branch] in _revisions(engine)
+        assert PREVIOUS["views"] in _revisions(views)
+        assert PREVIOUS["keys"] in _revisions(keys)
     finally:
         views.dispose()
         keys.dispose()
@@ -195,7 +188,8 @@ _OLD_PROCESS = textwrap.dedent(
     """
 )
 
-_NEW_START = textwrap.dedent(
+#: A start of this release, in its own process, on the store its arguments name.
+NEW_START = textwrap.dedent(
     """
     import sys
     from pathlib import Path
@@ -229,7 +223,7 @@ def test_a_start_upgrades_beside_a_process_of_the_previous_release_reading(
         assert old.stdout is not None
         assert old.stdout.readline().strip() == "holding", old.communicate()[1][-3000:]
         url = backend.url if backend.kind == "postgres" else ""
-        new = children.run_python(_NEW_START, str(settings.data_dir), url, timeout=120)
+        new = children.run_python(NEW_START, str(settings.data_dir), url, timeout=120)
         assert new.returncode == 0 and "started" in new.stdout, new.stderr[-3000:]
     finally:
         gate.touch()
