@@ -5,7 +5,6 @@ restore from what it left is refused, the stores serve on, and the next backup r
 
 from __future__ import annotations
 
-import os
 import textwrap
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from domain.errors import InvalidInputError
 from tests.children import run_python
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
+from tests.kernel.conftest import cli_env
 from tests.kernel.test_keys_apart import assert_bob_intact, filled_deployment
 from uprof.services.backup import restore
 
@@ -39,9 +39,7 @@ def test_a_backup_killed_midway_leaves_no_backup_and_the_next_one_restores(
     backend: Backend, clock: FakeClock, tmp_path: Path, point: str
 ) -> None:
     settings = filled_deployment(backend, clock, "bob")
-    env = dict(os.environ, UPROF_DATA_DIR=str(settings.data_dir), UPROF_EMBEDDER="hashing")
-    if backend.kind == "postgres":
-        env["UPROF_DATABASE_URL"] = backend.url
+    env = cli_env(backend)
     script = "import os\n" + textwrap.dedent(POINTS[point])
     script += "from uprof.cli.main import app\napp()\n"
     bk = tmp_path / "out" / "bk"

@@ -27,7 +27,7 @@ from benchmarks.schema_downgrade import PREVIOUS, downgrade_stores
 from tests import children
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import build_kernel, settings_for
+from tests.kernel.conftest import build_kernel, cli_env, settings_for
 from tests.kernel.test_keys_apart import (
     BOB,
     assert_bob_intact,
@@ -361,15 +361,12 @@ def test_a_restore_killed_during_its_revision_checks_leaves_the_stores_as_they_w
 ) -> None:
     """``uprof restore`` killed while it compares the backup's schema revisions: no marker,
     the next start serves the live data, and the restore run again finishes."""
-    import os
 
     settings = filled_deployment(backend, clock, "bob")
     from uprof.services.backup import backup, restore
 
     backup(settings, tmp_path / "bk")
-    env = dict(os.environ, UPROF_DATA_DIR=str(settings.data_dir), UPROF_EMBEDDER="hashing")
-    if backend.kind == "postgres":
-        env["UPROF_DATABASE_URL"] = backend.url
+    env = cli_env(backend)
     script = "import os\n" + CHECK_POINTS[point] + "from uprof.cli.main import app\napp()\n"
     died = children.run_python(
         script, "restore", "--from", str(tmp_path / "bk"), env=env, timeout=180
