@@ -21,16 +21,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from tests.api.conftest import (
-    MCP_CAPTURE,
-    PLANNER,
-    Apps,
-    LiveServer,
-    bearer,
-    grant,
-    interaction,
-    planner_mcp_server,
-)
+from tests.api.conftest import PLANNER, Apps, LiveServer, bearer, grant, interaction
 from uprof.kernel import Uprof
 from uprof.sdk import AsyncClient, Client, TransportError
 
@@ -42,7 +33,8 @@ class DroppingProxy:
     """Forward 127.0.0.1:<port> to the server; ``arm()`` drops the next answer.
 
     The drop happens when the server's first byte of the answer arrives: the server has
-    committed the write and answered, and the client gets a closed connection instead."""
+    committed the write and answered, and the client gets a closed connection instead. A
+    connection it cannot forward (no server listening) is closed at once."""
 
     def __init__(self, target_port: int) -> None:
         self._target = ("127.0.0.1", target_port)
@@ -82,7 +74,11 @@ class DroppingProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
-            server = socket.create_connection(self._target)
+            try:
+                server = socket.create_connection(self._target)
+            except OSError:
+                client.close()  # nothing listening: the client sees the connection end
+                continue
             for source, sink, answers in ((client, server, False), (server, client, True)):
                 t = threading.Thread(target=self._pump, args=(source, sink, answers), daemon=True)
                 t.start()
@@ -391,6 +387,8 @@ def test_a_reused_key_is_refused_naming_the_field_the_caller_sent(
     """REST and the SDK name the header in ``error.fields``; the MCP tool names its own
     argument, ``idempotency_key``, never a header its caller did not send."""
     from mcp import Client as McpClient
+
+    from tests.api.conftest import MCP_CAPTURE, planner_mcp_server
 
     grant(http, apps.planner)
     headers = bearer(apps.planner) | {"Idempotency-Key": "k-1"}
