@@ -12,6 +12,7 @@ successful replay is audited (``request.replayed``).
 from __future__ import annotations
 
 import asyncio
+import functools
 from datetime import UTC, datetime
 from typing import Any
 
@@ -238,22 +239,19 @@ def test_mcp_and_embedded_sdk_replays_are_decided_again(kernel: Uprof) -> None:
             return [first, await client.call_tool("capture", args)]
 
     with planner_mcp_server(kernel) as server, Client.embedded(kernel, PLANNER) as sdk:
-        sdk.capture(
+        # One keyed SDK capture, sent before the revocation and again after it.
+        keyed_capture = functools.partial(
+            sdk.capture,
             "alice",
             agent_id="agent:one",
             user_input="I like coffee",
             occurred_at=WHEN,
             idempotency_key="s-1",
         )
+        keyed_capture()
         first, again = asyncio.run(twice(server))
         with pytest.raises(PermissionDeniedError):
-            sdk.capture(
-                "alice",
-                agent_id="agent:one",
-                user_input="I like coffee",
-                occurred_at=WHEN,
-                idempotency_key="s-1",
-            )
+            keyed_capture()
     assert not first.is_error
     assert again.is_error and "permission_denied" in str(again.content)
     assert captures_in_log(kernel) == 2
