@@ -243,6 +243,17 @@ _WRITER = textwrap.dedent(
 )
 
 
+def _create_review_writes(url: str) -> None:
+    """The table the writer and holder children write their rows to, in the store at
+    ``url`` (not one of uprof's: the upgrade must leave it and its rows alone)."""
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("CREATE TABLE review_writes (i INTEGER PRIMARY KEY)"))
+    finally:
+        engine.dispose()
+
+
 def test_an_upgrade_beside_writers_and_readers_of_the_same_stores_loses_no_write(
     backend: Backend, clock: FakeClock, tmp_path: Path
 ) -> None:
@@ -254,12 +265,7 @@ def test_an_upgrade_beside_writers_and_readers_of_the_same_stores_loses_no_write
     layout = layout_for(settings)
     urls = sorted({layout.views_url, layout.keys_url})
     for url in urls:
-        engine = create_engine(url)
-        try:
-            with engine.begin() as conn:
-                conn.execute(sa.text("CREATE TABLE review_writes (i INTEGER PRIMARY KEY)"))
-        finally:
-            engine.dispose()
+        _create_review_writes(url)
     stop = tmp_path / "stop"
     writers = [children.PythonChild(_WRITER, url, str(stop), stream_stdout=True) for url in urls]
     try:
@@ -312,12 +318,7 @@ def test_an_upgrade_behind_a_long_write_transaction_waits_for_it(
     the writer commits; the writer's row is kept."""
     settings = previous_schema_store(backend, clock)
     layout = layout_for(settings)
-    engine = create_engine(layout.views_url)
-    try:
-        with engine.begin() as conn:
-            conn.execute(sa.text("CREATE TABLE review_writes (i INTEGER PRIMARY KEY)"))
-    finally:
-        engine.dispose()
+    _create_review_writes(layout.views_url)
     stop = tmp_path / "stop"
     url = backend.url if backend.kind == "postgres" else ""
     holder = children.PythonChild(_HOLDER, layout.views_url, str(stop), stream_stdout=True)
