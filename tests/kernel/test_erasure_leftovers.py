@@ -39,6 +39,16 @@ ERASED = "Qzxerasedcanary lives here"
 LINES = [record(ERASED, ref="r-erased"), record("I like tea", ref="r-kept")]
 
 
+def imported_with_consent(kernel: Uprof, lines: list[str]) -> dict[str, str]:
+    """Alice consents and her two-line file is imported (both lines captured, the views
+    fresh): her capture ids by source ref."""
+    consent(kernel)
+    assert import_interactions(kernel, lines).captured == 2
+    kernel.ensure_fresh(10)
+    captures = kernel.queries.all_captures(str(kernel.stream_of("alice")))
+    return {c.source_ref: c.capture_id for c in captures}
+
+
 def assert_a_later_reimport_skips_the_erased_line(
     kernel: Uprof, clock: FakeClock, lines: list[str]
 ) -> None:
@@ -66,14 +76,7 @@ def test_a_restored_capture_erasure_still_skips_its_reimport(
     settings = settings_for(backend)
     kernel = build_kernel(settings, clock)
     try:
-        consent(kernel)
-        assert import_interactions(kernel, LINES).captured == 2
-        kernel.ensure_fresh(10)
-        erased = next(
-            c.capture_id
-            for c in kernel.queries.all_captures(str(kernel.stream_of("alice")))
-            if c.source_ref == "r-erased"
-        )
+        erased = imported_with_consent(kernel, LINES)["r-erased"]
     finally:
         kernel.close()
     backup(settings, tmp_path / "bk")

@@ -34,6 +34,7 @@ from tests.kernel.test_erasure_leftovers import (
     _killed_after_record,
     _outcomes,
     assert_a_later_reimport_skips_the_erased_line,
+    imported_with_consent,
 )
 from tests.kernel.test_erasure_resume_attacks import SAIL
 from tests.kernel.test_import_idempotency import record
@@ -41,7 +42,6 @@ from tests.kernel.test_simultaneous_erasure_receipts import checked_offline
 from uprof.kernel import Uprof
 from uprof.services.backup import backup, restore
 from uprof.services.erasure import _Draft
-from uprof.services.importer import import_interactions
 
 
 def test_a_history_read_does_not_serve_an_item_whose_erasure_was_killed(
@@ -177,13 +177,8 @@ def test_the_sealed_ref_tokens_die_with_the_subject(backend: Backend, clock: Fak
     settings = settings_for(backend)
     kernel = build_kernel(settings, clock)
     try:
-        consent(kernel)
-        assert import_interactions(kernel, LINES).captured == 2
-        kernel.ensure_fresh(10)
+        erased = imported_with_consent(kernel, LINES)["r-erased"]
         stream = str(kernel.stream_of("alice"))
-        erased = next(
-            c.capture_id for c in kernel.queries.all_captures(stream) if c.source_ref == "r-erased"
-        )
         token = kernel.request_token(APP, "r-erased", namespace="source_ref")
         assert token
         kernel.erase_capture("alice", erased)
@@ -224,9 +219,7 @@ def test_a_restored_item_with_evidence_erasure_still_skips_its_reimport(
     settings = settings_for(backend)
     kernel = build_kernel(settings, clock)
     try:
-        consent(kernel)
-        assert import_interactions(kernel, lines).captured == 2
-        kernel.ensure_fresh(10)
+        imported_with_consent(kernel, lines)
         (intent,) = kernel.profile("alice").intents
     finally:
         kernel.close()
