@@ -26,6 +26,7 @@ from benchmarks.schema_downgrade import PREVIOUS, downgrade_stores
 from tests import children
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
+from tests.kernel.test_concurrent_start import STARTS, starts_at_once
 from tests.kernel.test_keys_apart import assert_bob_intact, filled_deployment
 from uprof.settings import Settings
 from uprof.storage import branch_head, create_engine, layout_for
@@ -120,38 +121,11 @@ def test_a_start_killed_midway_through_an_upgrade_is_finished_by_the_next(
     assert_upgraded_and_intact(settings, clock)
 
 
-STARTS = 3
-
-
-def _start(data_dir: str, url: str | None, barrier: object, results: object) -> None:
-    try:
-        from tests.kernel.conftest import build_kernel as build
-
-        settings = Settings(data_dir=Path(data_dir), database_url=url, embedder="hashing")
-        barrier.wait(120)  # type: ignore[attr-defined]
-        build(settings, FakeClock()).close()
-        results.put("ok")  # type: ignore[attr-defined]
-    except Exception as error:
-        results.put(f"{type(error).__name__}: {str(error)[:300]}")  # type: ignore[attr-defined]
-
-
 def test_processes_starting_at_once_on_a_previous_schema_store_all_come_up(
     backend: Backend, clock: FakeClock
 ) -> None:
     settings = previous_schema_store(backend, clock)
-    context = children.CONTEXT
-    barrier, results = context.Barrier(STARTS), context.Queue()
-    url = backend.url if backend.kind == "postgres" else None
-    processes = [
-        context.Process(target=_start, args=(str(settings.data_dir), url, barrier, results))
-        for _ in range(STARTS)
-    ]
-    for p in processes:
-        p.start()
-    for p in processes:
-        p.join(180)
-    outcomes = sorted(results.get(timeout=5) for _ in processes)
-    assert outcomes == ["ok"] * STARTS
+    assert starts_at_once(settings.data_dir, backend) == ["ok"] * STARTS
     assert_upgraded_and_intact(settings, clock)
 
 
