@@ -14,6 +14,9 @@ Per call, in one process (imports done by a first, untimed start):
   shared machine; a lock wait shows in wall time only);
 - ``first_start_ms`` (SQLite only): the first start on an empty data folder, every
   branch from base.
+
+A checkout from before this benchmark needs this file, side_by_side.py and
+schema_downgrade.py (the downgrade it shares with the upgrade tests) in its benchmarks/.
 """
 
 from __future__ import annotations
@@ -25,29 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.side_by_side import side_by_side_main
-
-#: One revision below each branch's head (as tests/kernel/test_upgrade_processes.py).
-PREVIOUS = {"views": "0007_views_signed_out_sessions", "keys": "0005_keys_plain_row_keys"}
-
-
-def _downgrade(settings: Any) -> None:
-    from alembic import command
-    from alembic.config import Config
-
-    from uprof.storage import MIGRATIONS_DIR, create_engine, layout_for
-
-    layout = layout_for(settings)
-    for branch, url in (("views", layout.views_url), ("keys", layout.keys_url)):
-        engine = create_engine(url)
-        try:
-            config = Config()
-            config.set_main_option("script_location", str(MIGRATIONS_DIR))
-            config.attributes["branch"] = branch
-            with engine.begin() as conn:
-                config.attributes["connection"] = conn
-                command.downgrade(config, PREVIOUS[branch])
-        finally:
-            engine.dispose()
 
 
 def _timed_ms(fn: Any, cpu: list[float] | None = None) -> float:
@@ -61,6 +41,8 @@ def _timed_ms(fn: Any, cpu: list[float] | None = None) -> float:
 
 def single(backend: str, calls: int, warm: int) -> dict[str, float]:
     from benchmarks.reliability import Target, kernel_on, make_settings, open_kernel, temp_target
+    from benchmarks.schema_downgrade import PREVIOUS, downgrade_stores
+    from uprof.storage import layout_for
 
     with temp_target(backend) as target:
         with kernel_on(target):
@@ -77,7 +59,7 @@ def single(backend: str, calls: int, warm: int) -> dict[str, float]:
         upgrades: list[float] = []
         upgrade_cpu: list[float] = []
         for _ in range(calls):
-            _downgrade(settings)
+            downgrade_stores(layout_for(settings), PREVIOUS)
             upgrades.append(_timed_ms(start, upgrade_cpu))
         out = {
             "start_at_head_ms": statistics.median(at_head),

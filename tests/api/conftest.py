@@ -258,3 +258,47 @@ def grant(
 
 def now_iso() -> str:
     return datetime.now(tz=UTC).isoformat()
+
+
+#: A keyed MCP ``capture`` of alice's by the planner's agent: the call the replay tests
+#: send again, changed or as it is.
+MCP_CAPTURE = {
+    "subject": "alice",
+    "agent_id": "agent:one",
+    "user_input": "I like tea",
+    "occurred_at": "2025-01-01T09:00:00+00:00",
+    "idempotency_key": "m-1",
+}
+
+
+@contextlib.contextmanager
+def planner_mcp_server(kernel: Uprof) -> Iterator[Any]:
+    """An MCP server over a started runtime of ``kernel``, its stdio caller the planner
+    app (as ``uprof mcp`` serves one app); the runtime stops when the block ends."""
+    # Imported here: only the MCP tests pay for the mcp package's import.
+    from uprof.api.runtime import ServiceRuntime
+    from uprof.apikeys.store import Principal
+    from uprof.mcp import build_server
+
+    runtime = ServiceRuntime.for_kernel(kernel)
+    runtime.start()
+    try:
+        yield build_server(runtime, stdio_principal=Principal(PLANNER, "k", frozenset({"app"})))
+    finally:
+        runtime.stop()
+
+
+@contextlib.contextmanager
+def tenant_servers(
+    kernel: Uprof, keys: ApiKeyStore, other: tuple[Uprof, ApiKeyStore]
+) -> Iterator[tuple[LiveServer, LiveServer, httpx.Client, httpx.Client]]:
+    """Tenant A's server (``kernel``, ``keys``) and tenant B's (the ``other`` fixture) on
+    one set of stores, live, with a client of each: ``(a_live, b_live, a, b)``."""
+    other_kernel, other_keys = other
+    with (
+        LiveServer(create_server(kernel, keys)) as a_live,
+        LiveServer(create_server(other_kernel, other_keys)) as b_live,
+        httpx.Client(base_url=a_live.url, timeout=60) as a,
+        httpx.Client(base_url=b_live.url, timeout=60) as b,
+    ):
+        yield a_live, b_live, a, b

@@ -25,14 +25,13 @@ import pytest
 
 from domain.errors import PermissionDeniedError
 from domain.principal import Principal, PrincipalKind
-from tests.api.conftest import PLANNER, Apps, LiveServer, bearer, grant, interaction
+from tests.api.conftest import PLANNER, Apps, bearer, grant, interaction, tenant_servers
 from tests.api.test_audit_tenants import _erase_in_a
 from tests.conftest import OTHER_TENANT, Backend
 from tests.web.conftest import csrf_of
 from uprof.api import ApiKeyStore
 from uprof.facade import Facade
 from uprof.kernel import Uprof
-from uprof.server import create_server
 
 
 def _refusals(kernel: Uprof) -> list[dict[str, object]]:
@@ -50,11 +49,7 @@ def test_another_tenants_operator_key_cannot_residue_scan_shared_stores(
     a_planner = keys.create(PLANNER).token
     a_operator = keys.create(PLANNER, ["app", "operator"]).token
     b_operator = other_keys.create(PLANNER, ["app", "operator"]).token
-    with (
-        LiveServer(create_server(kernel, keys)) as a_live,
-        LiveServer(create_server(other_kernel, other_keys)) as b_live,
-        httpx.Client(base_url=a_live.url, timeout=60) as a,
-    ):
+    with tenant_servers(kernel, keys, other) as (_, b_live, a, _):
         _erase_in_a(a, a_planner, a_operator)  # tenant A erases alice
         with httpx.Client(base_url=b_live.url, timeout=60) as console:
             console.post("/console/login", data={"api_key": b_operator})

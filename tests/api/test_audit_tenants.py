@@ -17,11 +17,10 @@ from typing import Any
 import httpx
 
 from audit.check import check_upload
-from tests.api.conftest import PLANNER, LiveServer, bearer, grant, interaction
+from tests.api.conftest import PLANNER, bearer, grant, interaction, tenant_servers
 from tests.conftest import OTHER_TENANT
 from uprof.api import ApiKeyStore
 from uprof.kernel import Uprof
-from uprof.server import create_server
 
 
 def _tenants(entries: list[dict[str, Any]]) -> set[Any]:
@@ -77,12 +76,7 @@ def test_an_auditor_of_another_tenant_reads_none_of_its_entries(
     a_planner = keys.create(PLANNER).token
     a_auditor = keys.create(PLANNER, ["app", "operator"]).token
     b_auditor = other_keys.create(PLANNER, ["app", "operator"]).token
-    with (
-        LiveServer(create_server(kernel, keys)) as a_live,
-        LiveServer(create_server(other_kernel, other_keys)) as b_live,
-        httpx.Client(base_url=a_live.url, timeout=60) as a,
-        httpx.Client(base_url=b_live.url, timeout=60) as b,
-    ):
+    with tenant_servers(kernel, keys, other) as (a_live, b_live, a, b):
         receipt = _erase_in_a(a, a_planner, a_auditor)
         a_seen = _entries(a, a_auditor)
         b_seen = _entries(b, b_auditor)

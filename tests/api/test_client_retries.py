@@ -33,7 +33,8 @@ class DroppingProxy:
     """Forward 127.0.0.1:<port> to the server; ``arm()`` drops the next answer.
 
     The drop happens when the server's first byte of the answer arrives: the server has
-    committed the write and answered, and the client gets a closed connection instead."""
+    committed the write and answered, and the client gets a closed connection instead. A
+    connection it cannot forward (no server listening) is closed at once."""
 
     def __init__(self, target_port: int) -> None:
         self._target = ("127.0.0.1", target_port)
@@ -73,7 +74,11 @@ class DroppingProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
-            server = socket.create_connection(self._target)
+            try:
+                server = socket.create_connection(self._target)
+            except OSError:
+                client.close()  # nothing listening: the client sees the connection end
+                continue
             for source, sink, answers in ((client, server, False), (server, client, True)):
                 t = threading.Thread(target=self._pump, args=(source, sink, answers), daemon=True)
                 t.start()
@@ -383,9 +388,7 @@ def test_a_reused_key_is_refused_naming_the_field_the_caller_sent(
     argument, ``idempotency_key``, never a header its caller did not send."""
     from mcp import Client as McpClient
 
-    from uprof.api.runtime import ServiceRuntime
-    from uprof.apikeys.store import Principal
-    from uprof.mcp import build_server
+    from tests.api.conftest import MCP_CAPTURE, planner_mcp_server
 
     grant(http, apps.planner)
     headers = bearer(apps.planner) | {"Idempotency-Key": "k-1"}
@@ -394,26 +397,13 @@ def test_a_reused_key_is_refused_naming_the_field_the_caller_sent(
     assert rest.status_code == 409
     assert [f["field"] for f in rest.json()["error"]["fields"]] == ["Idempotency-Key"]
 
-    runtime = ServiceRuntime.for_kernel(kernel)
-    runtime.start()
-    server = build_server(runtime, stdio_principal=Principal(PLANNER, "k", frozenset({"app"})))
-    args = {
-        "subject": "alice",
-        "agent_id": "agent:one",
-        "user_input": "I like tea",
-        "occurred_at": "2025-01-01T09:00:00+00:00",
-        "idempotency_key": "m-1",
-    }
-
-    async def scenario() -> Any:
+    async def scenario(server: Any) -> Any:
         async with McpClient(server) as client:
-            await client.call_tool("capture", args)
-            return await client.call_tool("capture", {**args, "user_input": "I like coffee"})
+            await client.call_tool("capture", MCP_CAPTURE)
+            return await client.call_tool("capture", {**MCP_CAPTURE, "user_input": "I like coffee"})
 
-    try:
-        reused = asyncio.run(scenario())
-    finally:
-        runtime.stop()
+    with planner_mcp_server(kernel) as server:
+        reused = asyncio.run(scenario(server))
     assert reused.is_error
     error = json.loads(reused.content[0].text)["error"]
     assert error["code"] == "idempotency_key_reused"

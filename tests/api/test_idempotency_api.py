@@ -10,12 +10,19 @@ import httpx
 import pytest
 from mcp import Client as McpClient
 
-from tests.api.conftest import CALENDAR, PLANNER, Apps, LiveServer, bearer, grant, interaction
-from uprof.api.runtime import ServiceRuntime
-from uprof.apikeys.store import Principal
+from tests.api.conftest import (
+    CALENDAR,
+    MCP_CAPTURE,
+    PLANNER,
+    Apps,
+    LiveServer,
+    bearer,
+    grant,
+    interaction,
+    planner_mcp_server,
+)
 from uprof.eventstore import CAPTURED_TOPIC
 from uprof.kernel import Uprof
-from uprof.mcp import build_server
 from uprof.sdk import AsyncClient, AttributeProposalIn, Client, ConflictError, InvalidRequestError
 
 WHEN = datetime(2025, 1, 1, 9, tzinfo=UTC)
@@ -283,18 +290,9 @@ def test_sdk_async_client_sends_the_key(server: LiveServer, apps: Apps, kernel: 
 def test_mcp_capture_takes_an_idempotency_key(kernel: Uprof) -> None:
     kernel.grant_consent("alice", app_id=PLANNER, categories=["*"], purposes=["personalization"])
     kernel.grant_consent("alice", app_id=CALENDAR, categories=["*"], purposes=["personalization"])
-    runtime = ServiceRuntime.for_kernel(kernel)
-    runtime.start()
-    server = build_server(runtime, stdio_principal=Principal(PLANNER, "k", frozenset({"app"})))
-    args = {
-        "subject": "alice",
-        "agent_id": "agent:one",
-        "user_input": "I like tea",
-        "occurred_at": "2025-01-01T09:00:00+00:00",
-        "idempotency_key": "m-1",
-    }
+    args = MCP_CAPTURE
 
-    async def scenario() -> list[Any]:
+    async def scenario(server: Any) -> list[Any]:
         async with McpClient(server) as client:
             return [
                 await client.call_tool("capture", args),
@@ -305,10 +303,8 @@ def test_mcp_capture_takes_an_idempotency_key(kernel: Uprof) -> None:
                 ),
             ]
 
-    try:
-        first, again, reused, untimed = asyncio.run(scenario())
-    finally:
-        runtime.stop()
+    with planner_mcp_server(kernel) as server:
+        first, again, reused, untimed = asyncio.run(scenario(server))
     assert not first.is_error and first.structured_content == again.structured_content
     assert reused.is_error and "idempotency_key_reused" in str(reused.content)
     assert untimed.is_error and "occurred_at" in str(untimed.content)

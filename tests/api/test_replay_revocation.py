@@ -12,6 +12,7 @@ successful replay is audited (``request.replayed``).
 from __future__ import annotations
 
 import asyncio
+import functools
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,13 +21,18 @@ import pytest
 import sqlalchemy as sa
 from mcp import Client as McpClient
 
-from tests.api.conftest import PLANNER, Apps, bearer, grant, interaction
+from tests.api.conftest import (
+    MCP_CAPTURE,
+    PLANNER,
+    Apps,
+    bearer,
+    grant,
+    interaction,
+    planner_mcp_server,
+)
 from uprof.api import ApiKeyStore
-from uprof.api.runtime import ServiceRuntime
-from uprof.apikeys.store import Principal
 from uprof.eventstore import CAPTURED_TOPIC
 from uprof.kernel import Uprof
-from uprof.mcp import build_server
 from uprof.sdk import Client, PermissionDeniedError
 from uprof.services.idempotency import idempotency_keys
 
@@ -224,43 +230,28 @@ def test_the_subjects_nonce_of_an_erasing_withdrawal_is_never_kept_for_replays(
 
 def test_mcp_and_embedded_sdk_replays_are_decided_again(kernel: Uprof) -> None:
     kernel.grant_consent("alice", app_id=PLANNER, categories=["*"], purposes=["personalization"])
-    runtime = ServiceRuntime.for_kernel(kernel)
-    runtime.start()
-    server = build_server(runtime, stdio_principal=Principal(PLANNER, "k", frozenset({"app"})))
-    args = {
-        "subject": "alice",
-        "agent_id": "agent:one",
-        "user_input": "I like tea",
-        "occurred_at": "2025-01-01T09:00:00+00:00",
-        "idempotency_key": "m-1",
-    }
+    args = MCP_CAPTURE
 
-    async def twice() -> list[Any]:
+    async def twice(server: Any) -> list[Any]:
         async with McpClient(server) as client:
             first = await client.call_tool("capture", args)
             kernel.policy_revoke(requested_by=OPERATOR, app_id=PLANNER, role="role:assistant")
             return [first, await client.call_tool("capture", args)]
 
-    try:
-        with Client.embedded(kernel, PLANNER) as sdk:
-            sdk.capture(
-                "alice",
-                agent_id="agent:one",
-                user_input="I like coffee",
-                occurred_at=WHEN,
-                idempotency_key="s-1",
-            )
-            first, again = asyncio.run(twice())
-            with pytest.raises(PermissionDeniedError):
-                sdk.capture(
-                    "alice",
-                    agent_id="agent:one",
-                    user_input="I like coffee",
-                    occurred_at=WHEN,
-                    idempotency_key="s-1",
-                )
-    finally:
-        runtime.stop()
+    with planner_mcp_server(kernel) as server, Client.embedded(kernel, PLANNER) as sdk:
+        # One keyed SDK capture, sent before the revocation and again after it.
+        keyed_capture = functools.partial(
+            sdk.capture,
+            "alice",
+            agent_id="agent:one",
+            user_input="I like coffee",
+            occurred_at=WHEN,
+            idempotency_key="s-1",
+        )
+        keyed_capture()
+        first, again = asyncio.run(twice(server))
+        with pytest.raises(PermissionDeniedError):
+            keyed_capture()
     assert not first.is_error
     assert again.is_error and "permission_denied" in str(again.content)
     assert captures_in_log(kernel) == 2

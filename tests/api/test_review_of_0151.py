@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from audit.export_format import CSV_COLUMNS, csv_line
 from audit.receipts import verify_subject_commitment
-from tests.api.conftest import PLANNER, LiveServer, bearer, grant, interaction
+from tests.api.conftest import PLANNER, LiveServer, bearer, grant, interaction, tenant_servers
 from tests.conftest import OTHER_TENANT
 from uprof.api import ApiKeyStore
 from uprof.cli.main import app as cli
@@ -73,16 +73,11 @@ def test_the_upload_check_refuses_another_tenants_receipt_and_export(
     A's tenant-filtered export: only the detail text named A (0151 added it for receipts),
     and a script or a person reading the verdict took it for B's. Each server checks
     uploads as its own tenant's; its own files still verify."""
-    other_kernel, other_keys = other
+    _, other_keys = other
     a_planner = keys.create(PLANNER).token
     a_auditor = keys.create(PLANNER, ["app", "operator"]).token
     b_auditor = other_keys.create(PLANNER, ["app", "operator"]).token
-    with (
-        LiveServer(create_server(kernel, keys)) as a_live,
-        LiveServer(create_server(other_kernel, other_keys)) as b_live,
-        httpx.Client(base_url=a_live.url, timeout=60) as a,
-        httpx.Client(base_url=b_live.url, timeout=60) as b,
-    ):
+    with tenant_servers(kernel, keys, other) as (_, b_live, a, b):
         receipt = json.dumps(_erase(a, a_planner, a_auditor, "alice")["receipt"])
         exported = a.post("/v1/audit/export", headers=bearer(a_auditor), json={"format": "jsonl"})
         assert exported.status_code == 200, exported.text
@@ -172,14 +167,9 @@ def test_the_trail_verifier_names_the_tenant_an_export_is_filtered_on(
     receipts, not for trails). The verdict names the filter's tenant, and ``--tenant``
     (``verify_export(..., tenant=)``) refuses a trail filtered on another tenant."""
     a_auditor = keys.create(PLANNER, ["app", "operator"]).token
-    other_kernel, other_keys = other
+    _, other_keys = other
     b_auditor = other_keys.create(PLANNER, ["app", "operator"]).token
-    with (
-        LiveServer(create_server(kernel, keys)) as a_live,
-        LiveServer(create_server(other_kernel, other_keys)) as b_live,
-        httpx.Client(base_url=a_live.url, timeout=60) as a,
-        httpx.Client(base_url=b_live.url, timeout=60) as b,
-    ):
+    with tenant_servers(kernel, keys, other) as (_, _, a, b):
         b.post("/v1/audit/entries", headers=bearer(b_auditor), json={"limit": 1})
         exported = a.post("/v1/audit/export", headers=bearer(a_auditor), json={"format": "jsonl"})
         assert exported.status_code == 200, exported.text

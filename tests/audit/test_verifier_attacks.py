@@ -57,15 +57,23 @@ ACTIONS = [
 ]
 
 
-def issue(log: AuditLog, actions: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def issue(
+    log: AuditLog,
+    actions: list[dict[str, Any]] | None = None,
+    *,
+    commitment: str | None = None,
+    tenant: str = "acme",
+) -> dict[str, Any]:
+    """A subject erasure's receipt on ``log`` (by default of tenant acme, committing to a
+    fixed stand-in for the subject, with ACTIONS)."""
     return issue_erasure_receipt(
         log,
         request_id="req-1",
         received_at="2025-01-01T09:00:00Z",
         basis="GDPR-Art.17(1)",
         scope="subject",
-        tenant="acme",
-        subject_commitment=sha256(b"subject").hexdigest(),
+        tenant=tenant,
+        subject_commitment=sha256(b"subject").hexdigest() if commitment is None else commitment,
         actions=ACTIONS if actions is None else actions,
         residual={"backup_retention_days": 35},
     )

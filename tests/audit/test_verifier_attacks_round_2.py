@@ -40,7 +40,7 @@ from audit.receipts import (
 from audit.verify import verify_export
 from tests.audit.conftest import ORIGIN
 from tests.audit.test_log import fill
-from tests.audit.test_verifier_attacks import ACTIONS, _shadow_log
+from tests.audit.test_verifier_attacks import ACTIONS, _shadow_log, issue
 from uprof.cli.main import app as cli
 from uprof.schemas.api import AuditExportSummary
 
@@ -48,17 +48,8 @@ TIME = "2025-01-01T00:00:00.000000Z"
 
 
 def issue_for(log: AuditLog, subject: str, nonce: bytes, tenant: str = "acme") -> dict[str, Any]:
-    return issue_erasure_receipt(
-        log,
-        request_id="req-1",
-        received_at="2025-01-01T09:00:00Z",
-        basis="GDPR-Art.17(1)",
-        scope="subject",
-        tenant=tenant,
-        subject_commitment=subject_commitment(subject, nonce),
-        actions=ACTIONS,
-        residual={"backup_retention_days": 35},
-    )
+    """A subject erasure's receipt committing to ``subject`` as its nonce makes it."""
+    return issue(log, commitment=subject_commitment(subject, nonce), tenant=tenant)
 
 
 def run_cli(*args: str) -> Any:

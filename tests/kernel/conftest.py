@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
@@ -33,6 +34,16 @@ def settings_for(backend: Backend) -> Settings:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
+
+
+def cli_env(backend: Backend) -> dict[str, str]:
+    """The environment of a ``uprof`` command run in its own process on the deployment
+    ``settings_for(backend)`` describes."""
+    settings = settings_for(backend)
+    env = dict(os.environ, UPROF_DATA_DIR=str(settings.data_dir), UPROF_EMBEDDER="hashing")
+    if backend.kind == "postgres":
+        env["UPROF_DATABASE_URL"] = backend.url
+    return env
 
 
 def other_tenant(

@@ -23,7 +23,7 @@ from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import APP, consent, running, say, settings_for
 from tests.kernel.test_damaged_event_quarantined import memories
-from tests.kernel.test_stream_anchor_review import _cut_head
+from tests.kernel.test_stream_anchor_review import _cut_head, stream_rows
 from uprof.kernel import Uprof
 from uprof.services.backup import backup, restore
 
@@ -36,14 +36,7 @@ CATS, PURPOSE = ["preferences"], "personalization"
 def _replace_head(k: Uprof, stream: UUID) -> None:
     """The attacker: put the row below the head in the head's place (same version, a
     genuine row of the stream: versions stay contiguous)."""
-    app = k.app
-    table = app.recorder.events_table_name  # type: ignore[attr-defined]
-    key = app.backend.stream_key(stream)
-    with app.events_engine.begin() as conn:
-        head = conn.execute(
-            sa.text(f"SELECT MAX(originator_version) FROM {table} WHERE originator_id = :s"),
-            {"s": key},
-        ).scalar_one()
+    with stream_rows(k, stream) as (conn, table, key, head):
         below = conn.execute(
             sa.text(
                 f"SELECT topic, state FROM {table} "

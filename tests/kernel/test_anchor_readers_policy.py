@@ -22,6 +22,7 @@ from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import running, settings_for
 from tests.kernel.policy_rows import delete_policy_rows_from, policy_rows, set_policy_row
+from tests.kernel.test_sealed_policy_attacks import decide_read
 from uprof.facade import Facade
 
 APP = "app:planner"
@@ -33,14 +34,8 @@ HEALTH = {
 }
 
 
-def _decide(k: Any, category: str = "finance") -> Any:
-    return k.authorizer.decide(
-        app_id=APP,
-        tenant=k.subjects.tenant,
-        action="read",
-        category=category,
-        purpose="personalization",
-    )
+def _decide(k: Any) -> Any:
+    return decide_read(k, APP, "finance")
 
 
 def _other_process_changes(data_dir: str, url: str | None, results: Any) -> None:

@@ -11,7 +11,6 @@ refuse every damaged log: a stream deleted whole while its anchor stays.
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import textwrap
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from domain.errors import StoredDataDamagedError
 from tests.children import PythonChild, run_python
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import APP, consent, running, say, settings_for
+from tests.kernel.conftest import APP, cli_env, consent, running, say, settings_for
 from tests.kernel.test_keys_apart import ALICE, BOB, fill
 from tests.kernel.test_stream_anchor_review import _cut_head
 from uprof.backends import backend_for_settings
@@ -119,14 +118,6 @@ ERASED = [f"e{i}" for i in range(8)]
 _LOST_RACE = "another worker processed this range first"
 
 
-def _cli_env(backend: Backend) -> dict[str, str]:
-    settings = settings_for(backend)
-    env = dict(os.environ, UPROF_DATA_DIR=str(settings.data_dir), UPROF_EMBEDDER="hashing")
-    if backend.kind == "postgres":
-        env["UPROF_DATABASE_URL"] = backend.url
-    return env
-
-
 def _count(progress: Path) -> int:
     return int(progress.read_text() or 0) if progress.exists() else 0
 
@@ -159,7 +150,7 @@ def test_backups_and_rebuilds_beside_writers_and_erasures_are_never_refused(
             for child in (writer, rebuilder):
                 assert child.poll() is None, child.communicate()[1][-3000:]
             dest = tmp_path / f"bk{backups}-{lost}"
-            making = PythonChild(_CLI, "backup", "--to", str(dest), env=_cli_env(backend))
+            making = PythonChild(_CLI, "backup", "--to", str(dest), env=cli_env(backend))
             go.touch()
             out, err = making.communicate(timeout=300)
             if making.returncode != 0 and _LOST_RACE in err:
@@ -345,7 +336,7 @@ def test_a_start_refused_on_views_ahead_of_a_cut_log_is_restored(
             pass
     assert "restore" in str(refused.value)
     put_back = run_python(
-        _CLI, "restore", "--from", str(tmp_path / "good"), env=_cli_env(backend), timeout=300
+        _CLI, "restore", "--from", str(tmp_path / "good"), env=cli_env(backend), timeout=300
     )
     assert put_back.returncode == 0, put_back.stdout + put_back.stderr[-3000:]
     with running(settings, clock) as k:

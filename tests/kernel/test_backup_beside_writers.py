@@ -11,7 +11,6 @@ the policy store reads whole, and alice stays erased (the erasure's ledger re-ap
 from __future__ import annotations
 
 import json
-import os
 import textwrap
 import time
 from pathlib import Path
@@ -22,8 +21,8 @@ from domain.errors import SubjectErasedError
 from tests.children import PythonChild, run_python
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import build_kernel, settings_for
-from tests.kernel.test_keys_apart import ALICE, BOB, fill
+from tests.kernel.conftest import build_kernel, cli_env
+from tests.kernel.test_keys_apart import BOB, filled_deployment
 
 _WRITER = textwrap.dedent(
     """
@@ -56,14 +55,6 @@ _WRITER = textwrap.dedent(
 _CLI = "from uprof.cli.main import app\napp()\n"
 
 
-def _cli_env(backend: Backend) -> dict[str, str]:
-    settings = settings_for(backend)
-    env = dict(os.environ, UPROF_DATA_DIR=str(settings.data_dir), UPROF_EMBEDDER="hashing")
-    if backend.kind == "postgres":
-        env["UPROF_DATABASE_URL"] = backend.url
-    return env
-
-
 def _written(progress: Path) -> int:
     return int(progress.read_text() or 0) if progress.exists() else 0
 
@@ -78,11 +69,7 @@ def _wait_for(progress: Path, at_least: int, writer: PythonChild) -> int:
 def test_a_backup_taken_beside_writers_restores_consistent(
     backend: Backend, clock: FakeClock, tmp_path: Path
 ) -> None:
-    settings = settings_for(backend)
-    k = build_kernel(settings, clock)
-    fill(k, "alice", ALICE)
-    fill(k, "bob", BOB)
-    k.close()
+    settings = filled_deployment(backend, clock, "alice", "bob")
     progress, stop, bk = tmp_path / "progress", tmp_path / "stop", tmp_path / "bk"
     args = (backend.kind, backend.url, str(backend.data_dir), str(progress), str(stop))
     writer = PythonChild(_WRITER, *args)
@@ -107,7 +94,7 @@ def test_a_backup_taken_beside_writers_restores_consistent(
             ),
             *args[:3],
         )
-        made = run_python(_CLI, "backup", "--to", str(bk), env=_cli_env(backend), timeout=180)
+        made = run_python(_CLI, "backup", "--to", str(bk), env=cli_env(backend), timeout=180)
         assert made.returncode == 0, made.stdout + made.stderr[-3000:]
     finally:
         stop.touch()
@@ -118,7 +105,7 @@ def test_a_backup_taken_beside_writers_restores_consistent(
             assert eraser.returncode == 0, err[-3000:]
     assert _written(progress) >= 6
 
-    put_back = run_python(_CLI, "restore", "--from", str(bk), env=_cli_env(backend), timeout=180)
+    put_back = run_python(_CLI, "restore", "--from", str(bk), env=cli_env(backend), timeout=180)
     assert put_back.returncode == 0, put_back.stdout + put_back.stderr[-3000:]
 
     k = build_kernel(settings, clock)

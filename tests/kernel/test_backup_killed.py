@@ -5,7 +5,6 @@ restore from what it left is refused, the stores serve on, and the next backup r
 
 from __future__ import annotations
 
-import os
 import textwrap
 from pathlib import Path
 
@@ -15,8 +14,8 @@ from domain.errors import InvalidInputError
 from tests.children import run_python
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import build_kernel, settings_for
-from tests.kernel.test_keys_apart import BOB, assert_intact, fill
+from tests.kernel.conftest import cli_env
+from tests.kernel.test_keys_apart import assert_bob_intact, filled_deployment
 from uprof.services.backup import restore
 
 #: Where the backup dies: Python run in its process before the command.
@@ -39,13 +38,8 @@ POINTS = {
 def test_a_backup_killed_midway_leaves_no_backup_and_the_next_one_restores(
     backend: Backend, clock: FakeClock, tmp_path: Path, point: str
 ) -> None:
-    settings = settings_for(backend)
-    k = build_kernel(settings, clock)
-    fill(k, "bob", BOB)
-    k.close()
-    env = dict(os.environ, UPROF_DATA_DIR=str(settings.data_dir), UPROF_EMBEDDER="hashing")
-    if backend.kind == "postgres":
-        env["UPROF_DATABASE_URL"] = backend.url
+    settings = filled_deployment(backend, clock, "bob")
+    env = cli_env(backend)
     script = "import os\n" + textwrap.dedent(POINTS[point])
     script += "from uprof.cli.main import app\napp()\n"
     bk = tmp_path / "out" / "bk"
@@ -57,17 +51,8 @@ def test_a_backup_killed_midway_leaves_no_backup_and_the_next_one_restores(
     for left in leftovers:
         with pytest.raises(InvalidInputError):
             restore(settings, left)
-    k = build_kernel(settings, clock)
-    try:
-        assert_intact(k, "bob", BOB)
-    finally:
-        k.close()
+    assert_bob_intact(settings, clock, audit_verifies=False)
     made = run_python("from uprof.cli.main import app\napp()\n", "backup", "--to", str(bk), env=env)
     assert made.returncode == 0, made.stdout + made.stderr[-3000:]
     restore(settings, bk)
-    k = build_kernel(settings, clock)
-    try:
-        assert_intact(k, "bob", BOB)
-        k.audit_log.verify_integrity()
-    finally:
-        k.close()
+    assert_bob_intact(settings, clock, audit_verifies=True)

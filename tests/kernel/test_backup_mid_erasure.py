@@ -11,9 +11,15 @@ import pytest
 from domain.errors import ErasureRolledBackError, SubjectErasedError
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import build_kernel, settings_for
+from tests.kernel.conftest import build_kernel
 from tests.kernel.other_process import crash_at
-from tests.kernel.test_keys_apart import ALICE, BOB, assert_erased_everywhere, assert_intact, fill
+from tests.kernel.test_keys_apart import (
+    ALICE,
+    BOB,
+    assert_erased_everywhere,
+    assert_intact,
+    filled_deployment,
+)
 from uprof.services.backup import backup, restore
 
 #: (method replaced by os._exit(9), its owner): before the ledger record, between the
@@ -30,11 +36,7 @@ STEPS = [
 def test_a_backup_of_a_half_done_erasure_restored_brings_nothing_back(
     backend: Backend, clock: FakeClock, tmp_path: Path, step: tuple[str, str], finish: str
 ) -> None:
-    settings = settings_for(backend)
-    k = build_kernel(settings, clock)
-    fill(k, "alice", ALICE)
-    fill(k, "bob", BOB)
-    k.close()
+    settings = filled_deployment(backend, clock, "alice", "bob")
     died = crash_at(backend, step[0], 'erase_subject("alice")', owner=step[1])
     assert died.returncode == 9, died.stderr[-3000:]
     backup(settings, tmp_path / "bk")

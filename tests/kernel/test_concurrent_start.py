@@ -32,18 +32,25 @@ def _start(data_dir: str, url: str | None, barrier: object, results: object) -> 
         results.put(f"{type(error).__name__}: {str(error)[:300]}")  # type: ignore[attr-defined]
 
 
-def test_processes_starting_at_once_on_a_new_store_all_come_up(empty_backend: Backend) -> None:
-    backend = empty_backend
+def starts_at_once(data_dir: Path, backend: Backend) -> list[str]:
+    """STARTS processes start the deployment in ``data_dir`` (on ``backend``'s database)
+    at the same moment: each one's ``ok`` or its error, in the order they finished."""
     context = children.CONTEXT
     barrier, results = context.Barrier(STARTS), context.Queue()
     url = backend.url if backend.kind == "postgres" else None
     processes = [
-        context.Process(target=_start, args=(str(backend.data_dir / "data"), url, barrier, results))
+        context.Process(target=_start, args=(str(data_dir), url, barrier, results))
         for _ in range(STARTS)
     ]
     for process in processes:
         process.start()
+    # Read before joining (multiprocessing's "joining processes that use queues"): a join
+    # before the queued answers are read can deadlock.
     outcomes = [results.get(timeout=300) for _ in processes]
     for process in processes:
         process.join(timeout=60)
-    assert outcomes == ["ok"] * STARTS
+    return outcomes
+
+
+def test_processes_starting_at_once_on_a_new_store_all_come_up(empty_backend: Backend) -> None:
+    assert starts_at_once(empty_backend.data_dir / "data", empty_backend) == ["ok"] * STARTS

@@ -31,11 +31,38 @@ from tests.kernel.test_erasure_resume_scopes import (
 from tests.kernel.test_import_erased_refs import captured
 from tests.kernel.test_import_idempotency import record
 from tests.kernel.test_simultaneous_erasure_receipts import Held
+from uprof.kernel import Uprof
 from uprof.services.backup import backup, restore
 from uprof.services.importer import import_interactions
 
 ERASED = "Qzxerasedcanary lives here"
 LINES = [record(ERASED, ref="r-erased"), record("I like tea", ref="r-kept")]
+
+
+def imported_with_consent(kernel: Uprof, lines: list[str]) -> dict[str, str]:
+    """Alice consents and her two-line file is imported (both lines captured, the views
+    fresh): her capture ids by source ref."""
+    consent(kernel)
+    assert import_interactions(kernel, lines).captured == 2
+    kernel.ensure_fresh(10)
+    captures = kernel.queries.all_captures(str(kernel.stream_of("alice")))
+    return {c.source_ref: c.capture_id for c in captures}
+
+
+def assert_a_later_reimport_skips_the_erased_line(
+    kernel: Uprof, clock: FakeClock, lines: list[str]
+) -> None:
+    """Once the idempotency retention has passed (its keys purged), alice's file imported
+    again captures nothing: its first line is skipped as erased, and her only capture is
+    the kept one (``r-kept``)."""
+    clock.advance(seconds=kernel.settings.idempotency_retention_s + 3600)
+    kernel.purge_idempotency_keys()
+    kernel.ensure_fresh(10)
+    again = import_interactions(kernel, lines)
+    assert (again.captured, again.erased) == (0, ("line 1",)), again
+    kernel.ensure_fresh(10)
+    refs = [c.source_ref for c in kernel.queries.all_captures(str(kernel.stream_of("alice")))]
+    assert refs == ["r-kept"]
 
 
 @pytest.mark.parametrize("finished_before_restore", [False, True], ids=["incomplete", "receipted"])
@@ -49,14 +76,7 @@ def test_a_restored_capture_erasure_still_skips_its_reimport(
     settings = settings_for(backend)
     kernel = build_kernel(settings, clock)
     try:
-        consent(kernel)
-        assert import_interactions(kernel, LINES).captured == 2
-        kernel.ensure_fresh(10)
-        erased = next(
-            c.capture_id
-            for c in kernel.queries.all_captures(str(kernel.stream_of("alice")))
-            if c.source_ref == "r-erased"
-        )
+        erased = imported_with_consent(kernel, LINES)["r-erased"]
     finally:
         kernel.close()
     backup(settings, tmp_path / "bk")
@@ -78,14 +98,7 @@ def test_a_restored_capture_erasure_still_skips_its_reimport(
         if not finished_before_restore:
             # Asked again: the erasure's events are appended again (the log lost them).
             kernel.erase_capture("alice", erased)
-        clock.advance(seconds=kernel.settings.idempotency_retention_s + 3600)
-        kernel.purge_idempotency_keys()
-        kernel.ensure_fresh(10)
-        again = import_interactions(kernel, LINES)
-        assert (again.captured, again.erased) == (0, ("line 1",)), again
-        kernel.ensure_fresh(10)
-        texts = [c.source_ref for c in kernel.queries.all_captures(str(kernel.stream_of("alice")))]
-        assert texts == ["r-kept"]
+        assert_a_later_reimport_skips_the_erased_line(kernel, clock, LINES)
         assert len(captured(kernel)) == 1
     finally:
         kernel.close()

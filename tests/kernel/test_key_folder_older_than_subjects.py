@@ -20,20 +20,24 @@ import pytest
 
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import build_kernel, settings_for
+from tests.kernel.conftest import build_kernel
 from tests.kernel.other_process import run_in_another_process
 from tests.kernel.test_key_folder_rollback import _put_key_folder_back, _save_key_folder
-from tests.kernel.test_keys_apart import ALICE, BOB, assert_intact, canaries, fill
+from tests.kernel.test_keys_apart import (
+    ALICE,
+    BOB,
+    assert_intact,
+    canaries,
+    fill,
+    filled_deployment,
+)
 from uprof.crypto.keydir import KeyMaterialError
 
 
 def test_a_start_on_a_key_folder_older_than_a_subject_refuses(
     backend: Backend, clock: FakeClock, tmp_path: Path
 ) -> None:
-    settings = settings_for(backend)
-    k = build_kernel(settings, clock)
-    fill(k, "bob", BOB)
-    k.close()
+    settings = filled_deployment(backend, clock, "bob")
     rows = _save_key_folder(backend, settings, tmp_path / "keys-before")
     k = build_kernel(settings, clock)
     fill(k, "alice", ALICE)  # a subject the saved key folder does not know
@@ -73,10 +77,7 @@ def test_an_acceptance_left_set_does_not_erase_the_subjects_of_a_later_loss(
     loss (another old key folder, a mistyped UPROF_KEY_DIR) into erasures: those would be
     permanent, written into the data stores' record, so that even the right key folder
     found again would have the subjects' keys destroyed (decision 0062's join)."""
-    settings = settings_for(backend)
-    k = build_kernel(settings, clock)
-    fill(k, "bob", BOB)
-    k.close()
+    settings = filled_deployment(backend, clock, "bob")
     first = _save_key_folder(backend, settings, tmp_path / "keys-1")
     k = build_kernel(settings, clock)
     fill(k, "alice", ALICE)

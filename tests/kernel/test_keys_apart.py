@@ -42,6 +42,7 @@ def canaries(tag: str) -> dict[str, str]:
 
 
 ALICE, BOB = canaries("alice"), canaries("bob")
+SUBJECTS = {"alice": ALICE, "bob": BOB}
 
 
 def fill(kernel: Uprof, subject: str, c: dict[str, str]) -> None:
@@ -122,6 +123,29 @@ def assert_intact(kernel: Uprof, subject: str, c: dict[str, str]) -> None:
     assert kernel.evidence(subject, item).captures
 
 
+def filled_deployment(backend: Backend, clock: FakeClock, *subjects: str) -> Settings:
+    """A closed deployment holding the canaries of each subject (alice's or bob's): the
+    store a backup, restore, upgrade or copy test starts from."""
+    settings = settings_for(backend)
+    k = build_kernel(settings, clock)
+    for subject in subjects:
+        fill(k, subject, SUBJECTS[subject])
+    k.close()
+    return settings
+
+
+def assert_bob_intact(settings: Settings, clock: FakeClock, *, audit_verifies: bool) -> None:
+    """One start of the deployment serves bob whole (and, asked, its audit log verifies):
+    what a refused, killed or finished restore must leave behind."""
+    k = build_kernel(settings, clock)
+    try:
+        assert_intact(k, "bob", BOB)
+        if audit_verifies:
+            k.audit_log.verify_integrity()
+    finally:
+        k.close()
+
+
 # ------------------------------------------------------------------ placement
 
 
@@ -149,10 +173,7 @@ def test_a_key_dir_inside_or_around_the_data_dir_is_refused(tmp_path: Path, rela
 def test_legacy_key_files_in_the_data_folder_are_refused_then_moved(
     backend: Backend, clock: FakeClock
 ) -> None:
-    settings = settings_for(backend)
-    k = build_kernel(settings, clock)
-    fill(k, "alice", ALICE)
-    k.close()
+    settings = filled_deployment(backend, clock, "alice")
     # An older uprof kept the key files in the data folder: put them back there.
     legacy = ["master.key", "keks.json", "audit-signing.pem"]
     if backend.kind == "sqlite":
@@ -189,11 +210,7 @@ def test_a_copy_of_the_data_taken_before_erasure_stays_erased(
     backend: Backend, clock: FakeClock, tmp_path: Path
 ) -> None:
     """Issue 14: `export-subject` on a pre-erasure copy recovered 36 of 43 canaries."""
-    settings = settings_for(backend)
-    k = build_kernel(settings, clock)
-    fill(k, "alice", ALICE)
-    fill(k, "bob", BOB)
-    k.close()
+    settings = filled_deployment(backend, clock, "alice", "bob")
     copy_settings = _copy_deployment(backend, settings, tmp_path)
     k = build_kernel(settings, clock)
     try:
@@ -356,10 +373,7 @@ def test_restore_into_an_empty_deployment_with_the_key_folder(
     backend: Backend, clock: FakeClock, tmp_path: Path
 ) -> None:
     """Disaster recovery: the data folder (or database) is gone, the key folder is not."""
-    settings = settings_for(backend)
-    k = build_kernel(settings, clock)
-    fill(k, "bob", BOB)
-    k.close()
+    settings = filled_deployment(backend, clock, "bob")
     backup(settings, tmp_path / "bk")
     if backend.kind == "sqlite":
         shutil.rmtree(settings.data_dir)
@@ -372,21 +386,13 @@ def test_restore_into_an_empty_deployment_with_the_key_folder(
         engine.dispose()
     result = restore(settings, tmp_path / "bk")
     assert not result.audit_kept_live
-    k = build_kernel(settings, clock)
-    try:
-        assert_intact(k, "bob", BOB)
-        k.audit_log.verify_integrity()
-    finally:
-        k.close()
+    assert_bob_intact(settings, clock, audit_verifies=True)
 
 
 def test_restore_refuses_a_tampered_backup_and_changes_nothing(
     backend: Backend, clock: FakeClock, tmp_path: Path
 ) -> None:
-    settings = settings_for(backend)
-    k = build_kernel(settings, clock)
-    fill(k, "bob", BOB)
-    k.close()
+    settings = filled_deployment(backend, clock, "bob")
     backup(settings, tmp_path / "bk")
     victim = next(p for p in (tmp_path / "bk").iterdir() if p.name != "manifest.json")
     data = bytearray(victim.read_bytes())
@@ -404,10 +410,7 @@ def test_restore_refuses_a_tampered_backup_and_changes_nothing(
 def test_restore_refuses_an_audit_log_it_would_fork(
     backend: Backend, clock: FakeClock, tmp_path: Path
 ) -> None:
-    settings = settings_for(backend)
-    k = build_kernel(settings, clock)
-    fill(k, "bob", BOB)
-    k.close()
+    settings = filled_deployment(backend, clock, "bob")
     backup(settings, tmp_path / "bk")
     manifest = json.loads((tmp_path / "bk" / "manifest.json").read_text())
     manifest["audit"]["last_leaf_hash"] = "00" * 32  # another deployment's log

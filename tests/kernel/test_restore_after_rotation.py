@@ -7,13 +7,13 @@ from pathlib import Path
 
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import build_kernel, say, settings_for
+from tests.kernel.conftest import build_kernel, say
 from tests.kernel.test_keys_apart import (
     ALICE,
     BOB,
     assert_erased_everywhere,
     assert_intact,
-    fill,
+    filled_deployment,
 )
 from uprof.services.backup import backup, restore
 
@@ -21,11 +21,7 @@ from uprof.services.backup import backup, restore
 def test_an_old_backup_restored_after_rotations_opens_and_keeps_erasures(
     backend: Backend, clock: FakeClock, tmp_path: Path
 ) -> None:
-    settings = settings_for(backend)
-    k = build_kernel(settings, clock)
-    fill(k, "alice", ALICE)
-    fill(k, "bob", BOB)
-    k.close()
+    settings = filled_deployment(backend, clock, "alice", "bob")
     backup(settings, tmp_path / "bk")
     k = build_kernel(settings, clock)
     try:

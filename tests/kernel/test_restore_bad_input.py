@@ -18,28 +18,21 @@ from domain.errors import InvalidInputError
 from tests.conftest import Backend, _create_pg_database, _drop_pg_database, _pg_url
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import build_kernel, settings_for
-from tests.kernel.test_keys_apart import BOB, assert_intact, fill
+from tests.kernel.test_keys_apart import assert_bob_intact, filled_deployment
 from uprof.backends import backend_for_settings
 from uprof.services.backup import KEY_TABLES, BackupError, backup, restore
 from uprof.storage import RESTORE_MARKER
 
 
 def _deployment_with_a_backup(backend: Backend, clock: FakeClock, tmp_path: Path) -> Any:
-    settings = settings_for(backend)
-    k = build_kernel(settings, clock)
-    fill(k, "bob", BOB)
-    k.close()
+    settings = filled_deployment(backend, clock, "bob")
     backup(settings, tmp_path / "bk")
     return settings
 
 
 def _still_intact(settings: Any, clock: FakeClock) -> None:
     assert not (settings.data_dir / RESTORE_MARKER).exists()
-    k = build_kernel(settings, clock)
-    try:
-        assert_intact(k, "bob", BOB)
-    finally:
-        k.close()
+    assert_bob_intact(settings, clock, audit_verifies=False)
 
 
 def test_a_restore_beside_a_key_folder_without_keys_changes_nothing(

@@ -9,7 +9,6 @@ finishes it, with alice erased, bob served and the audit log whole.
 
 from __future__ import annotations
 
-import os
 import textwrap
 from pathlib import Path
 
@@ -19,8 +18,8 @@ from domain.errors import SubjectErasedError
 from tests.children import run_python
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import build_kernel, settings_for
-from tests.kernel.test_keys_apart import ALICE, BOB, assert_intact, fill
+from tests.kernel.conftest import build_kernel, cli_env
+from tests.kernel.test_keys_apart import BOB, assert_intact, filled_deployment
 from uprof.bootstrap import RestoreInterruptedError
 from uprof.services.backup import backup, restore
 from uprof.storage import RESTORE_MARKER
@@ -58,23 +57,11 @@ POINTS = {
 }
 
 
-def _env(backend: Backend) -> dict[str, str]:
-    settings = settings_for(backend)
-    env = dict(os.environ, UPROF_DATA_DIR=str(settings.data_dir), UPROF_EMBEDDER="hashing")
-    if backend.kind == "postgres":
-        env["UPROF_DATABASE_URL"] = backend.url
-    return env
-
-
 @pytest.mark.parametrize("point", list(POINTS))
 def test_a_restore_killed_at_each_step_is_finished_by_running_it_again(
     backend: Backend, clock: FakeClock, tmp_path: Path, point: str
 ) -> None:
-    settings = settings_for(backend)
-    k = build_kernel(settings, clock)
-    fill(k, "alice", ALICE)
-    fill(k, "bob", BOB)
-    k.close()
+    settings = filled_deployment(backend, clock, "alice", "bob")
     backup(settings, tmp_path / "bk")
     k = build_kernel(settings, clock)
     k.erase_subject("alice")
@@ -83,7 +70,7 @@ def test_a_restore_killed_at_each_step_is_finished_by_running_it_again(
     script = "import os\n" + textwrap.dedent(POINTS[point])
     script += "from uprof.cli.main import app\napp()\n"
     died = run_python(
-        script, "restore", "--from", str(tmp_path / "bk"), env=_env(backend), timeout=180
+        script, "restore", "--from", str(tmp_path / "bk"), env=cli_env(backend), timeout=180
     )
     assert died.returncode == 9, died.stdout + died.stderr[-3000:]
     assert (settings.data_dir / RESTORE_MARKER).exists()

@@ -33,13 +33,15 @@ from tests.kernel.test_erasure_leftovers import (
     _erase_on_other_host,
     _killed_after_record,
     _outcomes,
+    assert_a_later_reimport_skips_the_erased_line,
+    imported_with_consent,
 )
 from tests.kernel.test_erasure_resume_attacks import SAIL
 from tests.kernel.test_import_idempotency import record
 from tests.kernel.test_simultaneous_erasure_receipts import checked_offline
+from uprof.kernel import Uprof
 from uprof.services.backup import backup, restore
 from uprof.services.erasure import _Draft
-from uprof.services.importer import import_interactions
 
 
 def test_a_history_read_does_not_serve_an_item_whose_erasure_was_killed(
@@ -63,6 +65,15 @@ def test_a_history_read_does_not_serve_an_item_whose_erasure_was_killed(
         running.close()
 
 
+def _an_intent_beside_an_attribute(kernel: Uprof) -> None:
+    """Alice, consenting, wants to learn to sail (her one intent, the item the tests
+    erase) and lives in Porto (an attribute beside it); both processed."""
+    consent(kernel)
+    kernel.capture("alice", say(f"I want to learn to {SAIL}", ref="sail"))
+    kernel.capture("alice", say("I live in Porto", ref="porto"))
+    kernel.process()
+
+
 def test_a_history_read_from_before_an_item_erasure_does_not_serve_the_item(
     backend: Backend, clock: FakeClock
 ) -> None:
@@ -71,10 +82,7 @@ def test_a_history_read_from_before_an_item_erasure_does_not_serve_the_item(
     settings = settings_for(backend)
     kernel = build_kernel(settings, clock)
     try:
-        consent(kernel)
-        kernel.capture("alice", say(f"I want to learn to {SAIL}", ref="sail"))
-        kernel.capture("alice", say("I live in Porto", ref="porto"))
-        kernel.process()
+        _an_intent_beside_an_attribute(kernel)
         view = kernel.profile("alice")
         (intent,) = view.intents
         kept = sorted(a.item_id for a in view.attributes)
@@ -169,13 +177,8 @@ def test_the_sealed_ref_tokens_die_with_the_subject(backend: Backend, clock: Fak
     settings = settings_for(backend)
     kernel = build_kernel(settings, clock)
     try:
-        consent(kernel)
-        assert import_interactions(kernel, LINES).captured == 2
-        kernel.ensure_fresh(10)
+        erased = imported_with_consent(kernel, LINES)["r-erased"]
         stream = str(kernel.stream_of("alice"))
-        erased = next(
-            c.capture_id for c in kernel.queries.all_captures(stream) if c.source_ref == "r-erased"
-        )
         token = kernel.request_token(APP, "r-erased", namespace="source_ref")
         assert token
         kernel.erase_capture("alice", erased)
@@ -216,9 +219,7 @@ def test_a_restored_item_with_evidence_erasure_still_skips_its_reimport(
     settings = settings_for(backend)
     kernel = build_kernel(settings, clock)
     try:
-        consent(kernel)
-        assert import_interactions(kernel, lines).captured == 2
-        kernel.ensure_fresh(10)
+        imported_with_consent(kernel, lines)
         (intent,) = kernel.profile("alice").intents
     finally:
         kernel.close()
@@ -231,14 +232,7 @@ def test_a_restored_item_with_evidence_erasure_still_skips_its_reimport(
     restore(settings, tmp_path / "bk")
     kernel = build_kernel(settings, clock)
     try:
-        clock.advance(seconds=kernel.settings.idempotency_retention_s + 3600)
-        kernel.purge_idempotency_keys()
-        kernel.ensure_fresh(10)
-        again = import_interactions(kernel, lines)
-        assert (again.captured, again.erased) == (0, ("line 1",)), again
-        kernel.ensure_fresh(10)
-        refs = [c.source_ref for c in kernel.queries.all_captures(str(kernel.stream_of("alice")))]
-        assert refs == ["r-kept"]
+        assert_a_later_reimport_skips_the_erased_line(kernel, clock, lines)
         assert kernel.profile("alice").intents == ()
     finally:
         kernel.close()
@@ -303,10 +297,7 @@ def test_a_killed_item_erasure_on_a_damaged_stream_is_not_served(
     settings = settings_for(backend)
     kernel = build_kernel(settings, clock)
     try:
-        consent(kernel)
-        kernel.capture("alice", say(f"I want to learn to {SAIL}", ref="sail"))
-        kernel.capture("alice", say("I live in Porto", ref="porto"))
-        kernel.process()
+        _an_intent_beside_an_attribute(kernel)
         (intent,) = kernel.profile("alice").intents
         damage(kernel, kernel.stream_of("alice"), 1)
         assert [i.item_id for i in kernel.profile("alice").intents] == [intent.item_id]

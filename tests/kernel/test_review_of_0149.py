@@ -23,19 +23,25 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from benchmarks.schema_downgrade import PREVIOUS, downgrade_stores
 from tests import children
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import build_kernel, settings_for
-from tests.kernel.test_keys_apart import BOB, assert_intact, fill
+from tests.kernel.conftest import build_kernel, cli_env, settings_for
+from tests.kernel.test_keys_apart import (
+    BOB,
+    assert_bob_intact,
+    assert_intact,
+    fill,
+    filled_deployment,
+)
 from tests.kernel.test_upgrade_processes import (
-    PREVIOUS,
+    NEW_START,
     assert_upgraded_and_intact,
     previous_schema_store,
 )
-from uprof.backends import StorageLayout
 from uprof.settings import Settings
-from uprof.storage import MIGRATIONS_DIR, RESTORE_MARKER, branch_head, create_engine, layout_for
+from uprof.storage import RESTORE_MARKER, branch_head, create_engine, layout_for
 
 #: Statements of a first start's migrations on an empty store (views, audit, keys, API
 #: keys, the events branch's index), each a point where the start is killed right after.
@@ -157,28 +163,11 @@ def test_a_backup_at_head_restores_into_a_store_still_at_the_previous_schema(
     build_kernel(settings, clock).close()  # this release's first start: at head
     backup(settings, tmp_path / "bk")
     layout = layout_for(settings)
-    _downgrade(layout, PREVIOUS)
+    downgrade_stores(layout, PREVIOUS)
     assert branch_head("views") not in _revisions(layout.views_url)
     restore(settings, tmp_path / "bk")
     assert not (settings.data_dir / RESTORE_MARKER).exists()
     assert_upgraded_and_intact(settings, clock)
-
-
-def _downgrade(layout: StorageLayout, to: dict[str, str]) -> None:
-    from alembic import command
-    from alembic.config import Config
-
-    for branch, url in (("views", layout.views_url), ("keys", layout.keys_url)):
-        engine = create_engine(url)
-        try:
-            config = Config()
-            config.set_main_option("script_location", str(MIGRATIONS_DIR))
-            config.attributes["branch"] = branch
-            with engine.begin() as conn:
-                config.attributes["connection"] = conn
-                command.downgrade(config, to[branch])
-        finally:
-            engine.dispose()
 
 
 def _forge_a_newer_release_backup(settings: Settings, backend: Backend, bk: Path) -> None:
@@ -218,10 +207,7 @@ def test_a_backup_of_a_newer_release_is_refused_and_changes_nothing(
     restore failed on the revision it does not know, the marker left behind."""
     from uprof.services.backup import BackupError, backup, restore
 
-    settings = settings_for(backend)
-    k = build_kernel(settings, clock)
-    fill(k, "bob", BOB)
-    k.close()
+    settings = filled_deployment(backend, clock, "bob")
     backup(settings, tmp_path / "bk")
     _forge_a_newer_release_backup(settings, backend, tmp_path / "bk")
     with pytest.raises(BackupError, match="nothing was changed"):
@@ -229,11 +215,7 @@ def test_a_backup_of_a_newer_release_is_refused_and_changes_nothing(
     assert not (settings.data_dir / RESTORE_MARKER).exists()
     layout = layout_for(settings)
     assert branch_head("events") in _revisions(layout.events_url)
-    k = build_kernel(settings, clock)
-    try:
-        assert_intact(k, "bob", BOB)
-    finally:
-        k.close()
+    assert_bob_intact(settings, clock, audit_verifies=False)
 
 
 _WRITER = textwrap.dedent(
@@ -261,6 +243,17 @@ _WRITER = textwrap.dedent(
 )
 
 
+def _create_review_writes(url: str) -> None:
+    """The table the writer and holder children write their rows to, in the store at
+    ``url`` (not one of uprof's: the upgrade must leave it and its rows alone)."""
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("CREATE TABLE review_writes (i INTEGER PRIMARY KEY)"))
+    finally:
+        engine.dispose()
+
+
 def test_an_upgrade_beside_writers_and_readers_of_the_same_stores_loses_no_write(
     backend: Backend, clock: FakeClock, tmp_path: Path
 ) -> None:
@@ -272,12 +265,7 @@ def test_an_upgrade_beside_writers_and_readers_of_the_same_stores_loses_no_write
     layout = layout_for(settings)
     urls = sorted({layout.views_url, layout.keys_url})
     for url in urls:
-        engine = create_engine(url)
-        try:
-            with engine.begin() as conn:
-                conn.execute(sa.text("CREATE TABLE review_writes (i INTEGER PRIMARY KEY)"))
-        finally:
-            engine.dispose()
+        _create_review_writes(url)
     stop = tmp_path / "stop"
     writers = [children.PythonChild(_WRITER, url, str(stop), stream_stdout=True) for url in urls]
     try:
@@ -321,22 +309,6 @@ _HOLDER = textwrap.dedent(
     """
 )
 
-_START = textwrap.dedent(
-    """
-    import sys
-    from pathlib import Path
-    from tests.fakes.ports import FakeClock
-    from tests.kernel.conftest import build_kernel
-    from uprof.settings import Settings
-
-    settings = Settings(
-        data_dir=Path(sys.argv[1]), database_url=sys.argv[2] or None, embedder="hashing"
-    )
-    build_kernel(settings, FakeClock()).close()
-    print("started", flush=True)
-    """
-)
-
 
 def test_an_upgrade_behind_a_long_write_transaction_waits_for_it(
     backend: Backend, clock: FakeClock, tmp_path: Path
@@ -346,19 +318,14 @@ def test_an_upgrade_behind_a_long_write_transaction_waits_for_it(
     the writer commits; the writer's row is kept."""
     settings = previous_schema_store(backend, clock)
     layout = layout_for(settings)
-    engine = create_engine(layout.views_url)
-    try:
-        with engine.begin() as conn:
-            conn.execute(sa.text("CREATE TABLE review_writes (i INTEGER PRIMARY KEY)"))
-    finally:
-        engine.dispose()
+    _create_review_writes(layout.views_url)
     stop = tmp_path / "stop"
     url = backend.url if backend.kind == "postgres" else ""
     holder = children.PythonChild(_HOLDER, layout.views_url, str(stop), stream_stdout=True)
     try:
         assert holder.stdout is not None
         assert holder.stdout.readline().strip() == "holding", holder.communicate(30)
-        start = children.PythonChild(_START, str(settings.data_dir), url)
+        start = children.PythonChild(NEW_START, str(settings.data_dir), url)
         try:
             # Let the start reach the store while the transaction is open (ordering only:
             # the outcome asserted does not depend on it).
@@ -395,36 +362,21 @@ def test_a_restore_killed_during_its_revision_checks_leaves_the_stores_as_they_w
 ) -> None:
     """``uprof restore`` killed while it compares the backup's schema revisions: no marker,
     the next start serves the live data, and the restore run again finishes."""
-    import os
 
-    settings = settings_for(backend)
-    k = build_kernel(settings, clock)
-    fill(k, "bob", BOB)
-    k.close()
+    settings = filled_deployment(backend, clock, "bob")
     from uprof.services.backup import backup, restore
 
     backup(settings, tmp_path / "bk")
-    env = dict(os.environ, UPROF_DATA_DIR=str(settings.data_dir), UPROF_EMBEDDER="hashing")
-    if backend.kind == "postgres":
-        env["UPROF_DATABASE_URL"] = backend.url
+    env = cli_env(backend)
     script = "import os\n" + CHECK_POINTS[point] + "from uprof.cli.main import app\napp()\n"
     died = children.run_python(
         script, "restore", "--from", str(tmp_path / "bk"), env=env, timeout=180
     )
     assert died.returncode == 9, died.stdout + died.stderr[-3000:]
     assert not (settings.data_dir / RESTORE_MARKER).exists()
-    k = build_kernel(settings, clock)
-    try:
-        assert_intact(k, "bob", BOB)
-    finally:
-        k.close()
+    assert_bob_intact(settings, clock, audit_verifies=False)
     restore(settings, tmp_path / "bk")
-    k = build_kernel(settings, clock)
-    try:
-        assert_intact(k, "bob", BOB)
-        k.audit_log.verify_integrity()
-    finally:
-        k.close()
+    assert_bob_intact(settings, clock, audit_verifies=True)
 
 
 def test_a_backup_whose_revision_is_missing_is_refused_and_changes_nothing(
@@ -436,10 +388,7 @@ def test_a_backup_whose_revision_is_missing_is_refused_and_changes_nothing(
     from domain.errors import InvalidInputError
     from uprof.services import backup as b
 
-    settings = settings_for(backend)
-    k = build_kernel(settings, clock)
-    fill(k, "bob", BOB)
-    k.close()
+    settings = filled_deployment(backend, clock, "bob")
     b.backup(settings, tmp_path / "bk")
     manifest = json.loads((tmp_path / "bk" / b.MANIFEST).read_text(encoding="utf-8"))
     del manifest["views_revision"]
@@ -449,8 +398,4 @@ def test_a_backup_whose_revision_is_missing_is_refused_and_changes_nothing(
     with pytest.raises(InvalidInputError, match="views_revision"):
         b.restore(settings, tmp_path / "bk")
     assert not (settings.data_dir / RESTORE_MARKER).exists()
-    k = build_kernel(settings, clock)
-    try:
-        assert_intact(k, "bob", BOB)
-    finally:
-        k.close()
+    assert_bob_intact(settings, clock, audit_verifies=False)

@@ -42,7 +42,9 @@ def _record(settings: Settings, name: str = UPGRADE) -> Path:
     return settings.key_path / f"{UPGRADE_FILE_PREFIX}{name}"
 
 
-def _decide(k: Any, app: str, category: str = "diet") -> Any:
+def decide_read(k: Any, app: str, category: str = "diet") -> Any:
+    """The tenant's policy decision now: may ``app`` read ``category`` of a subject for
+    personalization?"""
     return k.authorizer.decide(
         app_id=app,
         tenant=k.subjects.tenant,
@@ -77,8 +79,8 @@ def _check_sealed(settings: Settings, clock: FakeClock, n: int) -> None:
     assert len(rows) >= n and all(state[:1] == b"\x03" for _, _, state in rows)
     assert _record(settings).exists() and not _record(settings, BEGUN).exists()
     with running(settings, clock) as k:
-        assert not _decide(k, APP).allowed  # the revocation still applies
-        assert _decide(k, APP).reason.find("stored_data_damaged") < 0
+        assert not decide_read(k, APP).allowed  # the revocation still applies
+        assert decide_read(k, APP).reason.find("stored_data_damaged") < 0
         assert _anchor(k).version == rows[-1][0]
 
 
@@ -103,7 +105,7 @@ def test_a_store_of_before_the_seal_is_tagged_and_anchored_at_the_next_start(
     n = _legacy_store(settings, clock)
     assert n >= 2 and all(s[:1] == b"{" for _, _, s in policy_rows(backend, settings))
     with running(settings, clock) as k:  # the upgrade runs at this start
-        assert not _decide(k, APP).allowed
+        assert not decide_read(k, APP).allowed
     _check_sealed(settings, clock, n)
     # Changes keep working, and the anchor protects what the upgrade tagged.
     rule = {
@@ -118,7 +120,7 @@ def test_a_store_of_before_the_seal_is_tagged_and_anchored_at_the_next_start(
         assert f.policy_revoke(**rule).changes
     delete_policy_rows_from(backend, settings, policy_rows(backend, settings)[-1][0])
     with running(settings, clock) as k:
-        decision = _decide(k, APP)
+        decision = decide_read(k, APP)
         assert not decision.allowed and "stored_data_damaged" in decision.reason
 
 
@@ -149,7 +151,7 @@ def test_a_row_forged_after_the_upgrade_is_not_tagged_when_the_record_is_lost(
     _record(settings).unlink()
     for _ in range(2):  # and the start after that
         with running(settings, clock) as k:
-            decision = _decide(k, INTRUDER)
+            decision = decide_read(k, INTRUDER)
             assert not decision.allowed
             assert "stored_data_damaged" in decision.reason and "policy store" in decision.reason
             assert k.policy.health()  # /readyz says so
@@ -196,7 +198,7 @@ def test_a_start_killed_midway_through_the_upgrade_is_finished_by_the_next(
     assert all(s[:1] == b"\x03" for _, _, s in policy_rows(backend, settings))
     assert not _record(settings).exists() and _record(settings, BEGUN).exists()
     with running(settings, clock) as k:  # finishes it: anchors, records
-        assert not _decide(k, APP).allowed
+        assert not decide_read(k, APP).allowed
     _check_sealed(settings, clock, n)
 
 
@@ -241,12 +243,12 @@ def test_checks_beside_another_process_changing_the_policy_never_read_damage(
         reasons = set()
         while changer.is_alive():
             k.authorizer.refresh(force=True)
-            reasons.add(_decide(k, APP, "health").reason)
+            reasons.add(decide_read(k, APP, "health").reason)
         changer.join(60)
         assert results.get(timeout=60) == "ok"
         assert not [r for r in reasons if "stored_data_damaged" in r or "unreadable" in r]
         k.authorizer.refresh(force=True)
-        assert not _decide(k, APP, "health").allowed  # an even count: the last was a revoke
+        assert not decide_read(k, APP, "health").allowed  # an even count: the last was a revoke
         head = policy_rows(backend, settings)[-1][0]
         assert _anchor(k).version == head
         assert k.policy.show().version == head
@@ -268,7 +270,7 @@ def test_a_data_folder_copied_elsewhere_is_another_log_not_damage(
     shutil.copytree(settings.data_dir, copy)
     there = settings.model_copy(update={"data_dir": copy, "key_dir": settings.key_path})
     with running(there, clock) as k:
-        decision = _decide(k, APP)
+        decision = decide_read(k, APP)
         assert not decision.allowed and "stored_data_damaged" not in decision.reason
     engine = sa.create_engine(f"sqlite:///{copy / 'policies.sqlite'}")
     try:
@@ -280,9 +282,9 @@ def test_a_data_folder_copied_elsewhere_is_another_log_not_damage(
     finally:
         engine.dispose()
     with running(there, clock) as k:
-        assert "stored_data_damaged" in _decide(k, APP).reason
+        assert "stored_data_damaged" in decide_read(k, APP).reason
     with running(settings, clock) as k:  # the live deployment: whole
-        decision = _decide(k, APP)
+        decision = decide_read(k, APP)
         assert not decision.allowed and "stored_data_damaged" not in decision.reason
 
 
@@ -388,7 +390,7 @@ def test_a_change_killed_between_its_commit_and_its_anchor_is_adopted_not_damage
     settings = settings_for(backend)
     with running(settings, clock) as k:
         before = _anchor(k).version
-        assert not _decide(k, APP, "location").allowed  # what the change will grant
+        assert not decide_read(k, APP, "location").allowed  # what the change will grant
     url = backend.url if backend.kind == "postgres" else ""
     with streaming_child(CHANGER, str(settings.data_dir), url) as child:
         assert child.stdout is not None
@@ -400,7 +402,7 @@ def test_a_change_killed_between_its_commit_and_its_anchor_is_adopted_not_damage
     assert head == before + 1
     assert _stored_anchor(backend, settings) == before  # lagging, as the kill left it
     with running(settings, clock) as k:  # the start's load adopts the head
-        decision = _decide(k, APP, "location")
+        decision = decide_read(k, APP, "location")
         assert decision.allowed and "stored_data_damaged" not in decision.reason
         assert _anchor(k).version == head
 
@@ -445,7 +447,7 @@ def test_an_untagged_snapshot_of_before_the_seal_is_dropped_and_rebuilt(
         f = Facade(k, Principal.local_operator(k.subjects.tenant))
         for i in range(100):  # seed + 100 changes: a snapshot at version 100
             (f.policy_grant if i % 2 == 0 else f.policy_revoke)(**rule)
-        assert _decide(k, APP, "location").allowed is False
+        assert decide_read(k, APP, "location").allowed is False
         policy_to_legacy(k, keep_snapshots=True)
 
     def snapshots() -> list[bytes]:
@@ -459,15 +461,15 @@ def test_an_untagged_snapshot_of_before_the_seal_is_dropped_and_rebuilt(
     assert [s[:1] for s in snapshots()] == [b"{"]
     with running(settings, clock) as k:
         assert snapshots() == []
-        assert not _decide(k, APP, "location").allowed
-        assert "stored_data_damaged" not in _decide(k, APP, "location").reason
+        assert not decide_read(k, APP, "location").allowed
+        assert "stored_data_damaged" not in decide_read(k, APP, "location").reason
         f = Facade(k, Principal.local_operator(k.subjects.tenant))
         for i in range(100):
             (f.policy_grant if i % 2 == 0 else f.policy_revoke)(**rule)
     assert [s[:1] for s in snapshots()] == [b"\x03"]
     with running(settings, clock) as k:
-        assert not _decide(k, APP, "location").allowed
-        assert "stored_data_damaged" not in _decide(k, APP, "location").reason
+        assert not decide_read(k, APP, "location").allowed
+        assert "stored_data_damaged" not in decide_read(k, APP, "location").reason
     # A tagged snapshot altered (its rule list rewritten) is damage like any row.
     engine, _, table = policy_engine(backend, settings)
     try:
@@ -479,5 +481,5 @@ def test_an_untagged_snapshot_of_before_the_seal_is_dropped_and_rebuilt(
     finally:
         engine.dispose()
     with running(settings, clock) as k:
-        decision = _decide(k, INTRUDER)
+        decision = decide_read(k, INTRUDER)
         assert not decision.allowed and "stored_data_damaged" in decision.reason

@@ -10,6 +10,8 @@ never comes back into force.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from uuid import UUID
@@ -29,8 +31,11 @@ from uprof.settings import Settings
 CATS, PURPOSE = ["preferences"], "personalization"
 
 
-def _cut_head(k: Uprof, stream: UUID) -> int:
-    """The attacker: delete the stream's newest row (a writer of the event store only)."""
+@contextmanager
+def stream_rows(k: Uprof, stream: UUID) -> Iterator[tuple[sa.Connection, str, str, int]]:
+    """An attacker's hold on a stream's stored rows (a writer of the event store only): a
+    transaction on the event store, the events table's name, the stream's stored key and
+    its head version."""
     app = k.app
     table = app.recorder.events_table_name  # type: ignore[attr-defined]
     key = app.backend.stream_key(stream)
@@ -39,6 +44,12 @@ def _cut_head(k: Uprof, stream: UUID) -> int:
             sa.text(f"SELECT MAX(originator_version) FROM {table} WHERE originator_id = :s"),
             {"s": key},
         ).scalar_one()
+        yield conn, table, key, head
+
+
+def _cut_head(k: Uprof, stream: UUID) -> int:
+    """The attacker: delete the stream's newest row (a writer of the event store only)."""
+    with stream_rows(k, stream) as (conn, table, key, head):
         conn.execute(
             sa.text(f"DELETE FROM {table} WHERE originator_id = :s AND originator_version = :v"),
             {"s": key, "v": head},

@@ -21,19 +21,17 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
 
+from benchmarks.schema_downgrade import PREVIOUS, downgrade_stores
 from tests import children
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import build_kernel, settings_for
-from tests.kernel.test_keys_apart import BOB, assert_intact, fill
+from tests.kernel.test_concurrent_start import STARTS, starts_at_once
+from tests.kernel.test_keys_apart import assert_bob_intact, filled_deployment
 from uprof.settings import Settings
-from uprof.storage import MIGRATIONS_DIR, branch_head, create_engine, layout_for
+from uprof.storage import branch_head, create_engine, layout_for
 
 #: The previous schema: each branch one or two revisions below its head.
-PREVIOUS = {"views": "0007_views_signed_out_sessions", "keys": "0005_keys_plain_row_keys"}
 
 #: Statements of the upgrade from PREVIOUS to head (views first, then keys), each a
 #: point where a start is killed right after it ran.
@@ -60,20 +58,12 @@ def _engines(settings: Settings) -> tuple[sa.Engine, sa.Engine]:
 
 def previous_schema_store(backend: Backend, clock: FakeClock) -> Settings:
     """A deployment holding bob's data, its stores taken down to PREVIOUS."""
-    settings = settings_for(backend)
-    k = build_kernel(settings, clock)
-    fill(k, "bob", BOB)
-    k.close()
+    settings = filled_deployment(backend, clock, "bob")
+    downgrade_stores(layout_for(settings), PREVIOUS)
     views, keys = _engines(settings)
     try:
-        for branch, engine in (("views", views), ("keys", keys)):
-            config = Config()
-            config.set_main_option("script_location", str(MIGRATIONS_DIR))
-            config.attributes["branch"] = branch
-            with engine.begin() as conn:
-                config.attributes["connection"] = conn
-                command.downgrade(config, PREVIOUS[branch])
-            assert PREVIOUS[branch] in _revisions(engine)
+        assert PREVIOUS["views"] in _revisions(views)
+        assert PREVIOUS["keys"] in _revisions(keys)
     finally:
         views.dispose()
         keys.dispose()
@@ -81,11 +71,7 @@ def previous_schema_store(backend: Backend, clock: FakeClock) -> Settings:
 
 
 def assert_upgraded_and_intact(settings: Settings, clock: FakeClock) -> None:
-    k = build_kernel(settings, clock)
-    try:
-        assert_intact(k, "bob", BOB)
-    finally:
-        k.close()
+    assert_bob_intact(settings, clock, audit_verifies=False)
     views, keys = _engines(settings)
     try:
         assert branch_head("views") in _revisions(views)
@@ -135,38 +121,11 @@ def test_a_start_killed_midway_through_an_upgrade_is_finished_by_the_next(
     assert_upgraded_and_intact(settings, clock)
 
 
-STARTS = 3
-
-
-def _start(data_dir: str, url: str | None, barrier: object, results: object) -> None:
-    try:
-        from tests.kernel.conftest import build_kernel as build
-
-        settings = Settings(data_dir=Path(data_dir), database_url=url, embedder="hashing")
-        barrier.wait(120)  # type: ignore[attr-defined]
-        build(settings, FakeClock()).close()
-        results.put("ok")  # type: ignore[attr-defined]
-    except Exception as error:
-        results.put(f"{type(error).__name__}: {str(error)[:300]}")  # type: ignore[attr-defined]
-
-
 def test_processes_starting_at_once_on_a_previous_schema_store_all_come_up(
     backend: Backend, clock: FakeClock
 ) -> None:
     settings = previous_schema_store(backend, clock)
-    context = children.CONTEXT
-    barrier, results = context.Barrier(STARTS), context.Queue()
-    url = backend.url if backend.kind == "postgres" else None
-    processes = [
-        context.Process(target=_start, args=(str(settings.data_dir), url, barrier, results))
-        for _ in range(STARTS)
-    ]
-    for p in processes:
-        p.start()
-    for p in processes:
-        p.join(180)
-    outcomes = sorted(results.get(timeout=5) for _ in processes)
-    assert outcomes == ["ok"] * STARTS
+    assert starts_at_once(settings.data_dir, backend) == ["ok"] * STARTS
     assert_upgraded_and_intact(settings, clock)
 
 
@@ -203,7 +162,8 @@ _OLD_PROCESS = textwrap.dedent(
     """
 )
 
-_NEW_START = textwrap.dedent(
+#: A start of this release, in its own process, on the store its arguments name.
+NEW_START = textwrap.dedent(
     """
     import sys
     from pathlib import Path
@@ -237,7 +197,7 @@ def test_a_start_upgrades_beside_a_process_of_the_previous_release_reading(
         assert old.stdout is not None
         assert old.stdout.readline().strip() == "holding", old.communicate()[1][-3000:]
         url = backend.url if backend.kind == "postgres" else ""
-        new = children.run_python(_NEW_START, str(settings.data_dir), url, timeout=120)
+        new = children.run_python(NEW_START, str(settings.data_dir), url, timeout=120)
         assert new.returncode == 0 and "started" in new.stdout, new.stderr[-3000:]
     finally:
         gate.touch()

@@ -9,9 +9,7 @@ server process on the same store then takes the caller's retry, as the docs tell
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,7 +31,8 @@ WHEN = datetime(2025, 1, 1, 9, tzinfo=UTC)
 class KillingProxy(DroppingProxy):
     """A ``DroppingProxy`` that kills the server when it drops an answer (the write is
     committed and answered, the answer never leaves), and can be pointed at the next
-    server process. A connection it cannot forward (no server) is closed at once."""
+    server process (a connection it cannot forward, no server, is closed at once: the
+    base proxy's own behaviour)."""
 
     def __init__(self, server: subprocess.Popen[bytes], port: int) -> None:
         super().__init__(port)
@@ -48,22 +47,6 @@ class KillingProxy(DroppingProxy):
             self.server.send_signal(signal.SIGKILL)
             self.server.wait(30)
         return dropping
-
-    def _accept(self) -> None:
-        while not self._closing:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(self._target)
-            except OSError:
-                client.close()  # nothing listening: the client sees the connection end
-                continue
-            for source, sink, answers in ((client, upstream, False), (upstream, client, True)):
-                threading.Thread(
-                    target=self._pump, args=(source, sink, answers), daemon=True
-                ).start()
 
 
 @pytest.fixture
