@@ -322,6 +322,7 @@ def test_a_withdrawal_whose_first_still_runs_is_409_request_in_progress(
     it), the resend is refused 409 ``request_in_progress`` with Retry-After, naming the
     header, and nothing is withdrawn; once the turn is free the same request runs."""
     from uprof.backends import backend_for
+
     consent_id = grant(http, apps.planner)
     store = kernel.idempotency
     assert store is not None
