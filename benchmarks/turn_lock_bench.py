@@ -38,6 +38,7 @@ def single(backend: str, calls: int, warm: int) -> dict[str, float]:
 
     with temp_target(backend) as target, kernel_on(target) as kernel:
         store = kernel.idempotency
+        assert store is not None, "the kernel was built without its idempotency store"
         engine = kernel.views_engine
         lock = backend_for(engine).named_lock
 
