@@ -74,6 +74,16 @@ class RetryPolicy:
     #: Errors among ``on`` that are raised at once all the same (a broad ``on`` minus
     #: the errors that already say what to do).
     never: tuple[type[BaseException], ...] = ()
+    #: The wait a failure asks for itself (a server's Retry-After), in seconds, or None
+    #: for the back-off's; capped at ``backoff.max_s`` (a server's hint must not hold a
+    #: caller for as long as it likes).
+    told_wait: Callable[[BaseException], float | None] | None = None
+
+    def _wait(self) -> wait_base:
+        backoff = self.backoff.tenacity_wait()
+        if self.told_wait is None:
+            return backoff
+        return _ToldOrBackoff(self.told_wait, backoff, self.backoff.max_s)
 
     def call(
         self,
@@ -100,7 +110,7 @@ class RetryPolicy:
         # thread), and a policy may run nested inside another one's operation.
         retrying = Retrying(
             stop=stop_after_attempt(self.attempts),
-            wait=self.backoff.tenacity_wait(),
+            wait=self._wait(),
             retry=retry_if_exception_type(self.on) & retry_if_not_exception_type(self.never),
             before_sleep=report,
             reraise=True,
@@ -123,7 +133,7 @@ class RetryPolicy:
         lambda returning a coroutine would be taken for a plain function)."""
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.attempts),
-            wait=self.backoff.tenacity_wait(),
+            wait=self._wait(),
             retry=retry_if_exception_type(self.on) & retry_if_not_exception_type(self.never),
             reraise=True,
         )
@@ -133,6 +143,24 @@ class RetryPolicy:
             if give_up is None or isinstance(error, self.never):
                 raise
             raise give_up(error) from error
+
+
+class _ToldOrBackoff(wait_base):
+    """Wait what the last failure asked for (``RetryPolicy.told_wait``), at most ``cap_s``;
+    the back-off's wait when it asked for nothing."""
+
+    def __init__(
+        self, told: Callable[[BaseException], float | None], backoff: wait_base, cap_s: float
+    ) -> None:
+        self._told, self._backoff, self._cap_s = told, backoff, cap_s
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        outcome = retry_state.outcome
+        error = outcome.exception() if outcome is not None else None
+        told = self._told(error) if error is not None else None
+        if told is None:
+            return float(self._backoff(retry_state))
+        return min(max(0.0, told), self._cap_s)
 
 
 #: A load-decide-save command on one subject's stream lost the version race to another

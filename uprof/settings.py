@@ -160,6 +160,11 @@ class Settings(BaseSettings):
 
     #: How long an idempotency key (and the first answer to it) is kept, in seconds.
     idempotency_retention_s: float = Field(default=24 * 3600.0, gt=0.0, le=30 * 24 * 3600.0)
+    #: How long a resend of a keyed erasing withdrawal waits for its first request, still
+    #: running, to answer (then replays that answer), in seconds; past it the resend is
+    #: refused 409 ``request_in_progress`` with Retry-After, and nothing is done. Each
+    #: waiting resend holds a server worker for up to this long.
+    request_in_progress_wait_s: float = Field(default=10.0, ge=0.0, le=300.0)
 
     #: Where spans go (decision 0035-observability): "none" (default: no tracing, nothing
     #: imported), "console" (stderr) or "otlp" (an OTLP/HTTP collector at otel_endpoint;

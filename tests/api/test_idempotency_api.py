@@ -318,7 +318,6 @@ def test_a_withdrawal_whose_first_still_runs_is_409_request_in_progress(
     it), the resend is refused 409 ``request_in_progress`` with Retry-After, naming the
     header, and nothing is withdrawn; once the turn is free the same request runs."""
     from uprof.backends import backend_for
-    from uprof.services.idempotency import TURN_SHARDS
 
     consent_id = grant(http, apps.planner)
     store = kernel.idempotency
@@ -326,7 +325,7 @@ def test_a_withdrawal_whose_first_still_runs_is_409_request_in_progress(
     store.in_progress_wait_s = 0.2
     token = store.token(PLANNER, "w-held")
     engine = kernel.views_engine
-    name = f"idempotency-turn-{int(token[:8], 16) % TURN_SHARDS}"
+    name = store.turn_name(token)
     body = {"subject": "alice", "consent_id": consent_id, "erase": True}
     with backend_for(engine).named_lock(engine, name, wait_s=0) as held:
         assert held

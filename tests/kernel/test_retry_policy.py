@@ -160,3 +160,30 @@ def test_the_checks_above_can_fail() -> None:
     )
     assert _sleeps_in_except_handlers(hand_rolled) == [6]
     assert _message_tests(hand_rolled) == [5]
+
+
+def test_a_told_wait_is_used_and_capped_at_the_backoffs_max() -> None:
+    """``told_wait`` (a server's Retry-After, bug KE): the failure's own wait, never more
+    than ``backoff.max_s``; the back-off's wait when the failure names none."""
+    from tenacity import RetryCallState
+
+    class Told(Exception):
+        def __init__(self, wait_s: float | None) -> None:
+            self.wait_s = wait_s
+
+    policy = RetryPolicy(
+        attempts=3,
+        on=(Told,),
+        backoff=Backoff(first_s=1.0, max_s=30.0),
+        told_wait=lambda error: error.wait_s if isinstance(error, Told) else None,
+    )
+
+    def wait_after(error: BaseException) -> float:
+        state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
+        state.set_exception((type(error), error, None))
+        return float(policy._wait()(state))
+
+    assert wait_after(Told(5.0)) == 5.0
+    assert wait_after(Told(3600.0)) == 30.0
+    assert wait_after(Told(-1.0)) == 0.0
+    assert wait_after(Told(None)) == 1.0  # the back-off's first wait

@@ -133,13 +133,17 @@ class PostgresBackend:
 
     @contextlib.contextmanager
     def named_lock(self, engine: sa.Engine, name: str, *, wait_s: float) -> Iterator[bool]:
-        # A session-level advisory lock on a connection of its own (``schema_lock``); the
-        # server drops it when the session ends, the holder's death included. Tried
-        # without blocking until ``wait_s`` has passed.
+        # A session-level advisory lock on a connection of its own; the server drops it
+        # when the session ends, the holder's death included. Keyed by 64 bits of a
+        # sha256 of the name (no two names in use share a key in practice: bug KC).
+        # Tried without blocking until ``wait_s`` has passed. The connection comes from
+        # the engine's lock engine, never from its pool: a holder keeps it for all the
+        # work it guards (an erasure), which takes its connections from the pool, and
+        # holders pinning pooled connections starved that work (bug KD).
         digest = hashlib.sha256(f"uprof/named-lock/{name}".encode()).digest()
         key = int.from_bytes(digest[:8], "big", signed=True)
         try_lock = sa.text("SELECT pg_try_advisory_lock(:key)")
-        with engine.connect() as conn:
+        with _lock_engine(engine).connect() as conn:
             deadline = time.monotonic() + wait_s
             while True:
                 held = bool(conn.execute(try_lock, {"key": key}).scalar_one())
@@ -664,3 +668,32 @@ def _names_policy_object(toc_line: str) -> bool:
 
 #: Typed as the protocol, so the type checker holds the class to all of it.
 POSTGRES: Backend = PostgresBackend()
+
+
+#: The engine named locks take their connections from, per engine (``_lock_engine``).
+_LOCK_ENGINES: weakref.WeakKeyDictionary[sa.Engine, sa.Engine] = weakref.WeakKeyDictionary()
+_LOCK_ENGINES_MUTEX = threading.Lock()
+#: Idle lock sessions kept for reuse; more are opened when more locks are held at once.
+LOCK_POOL_SIZE = 2
+
+
+def _lock_engine(engine: sa.Engine) -> sa.Engine:
+    """An engine of ``engine``'s database for ``named_lock`` alone, disposed with it.
+
+    Its pool has no upper bound (``max_overflow=-1``): each lock held or waited for is
+    one session, and a lock must never wait for a connection that the work it guards
+    holds (bug KD). The bound is the number of guarded writes running at once, each
+    of which is already a request the server admitted."""
+    with _LOCK_ENGINES_MUTEX:
+        locks = _LOCK_ENGINES.get(engine)
+        if locks is None:
+            locks = sa.create_engine(
+                engine.url,
+                pool_pre_ping=True,
+                pool_size=LOCK_POOL_SIZE,
+                max_overflow=-1,
+                hide_parameters=True,
+            )
+            _LOCK_ENGINES[engine] = locks
+            sa.event.listen(engine, "engine_disposed", lambda _disposed: locks.dispose())
+        return locks

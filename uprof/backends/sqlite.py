@@ -9,6 +9,7 @@ each application has its own file (FIELD-NOTES 2.2).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -167,34 +168,37 @@ class SQLiteBackend:
 
     @contextlib.contextmanager
     def named_lock(self, engine: sa.Engine, name: str, *, wait_s: float) -> Iterator[bool]:
-        # As ``schema_lock``: an exclusive flock of a file of its own beside the database
-        # (never the database file: FIELD-NOTES 8.1); the system drops it when the
-        # holder dies. Tried without blocking until ``wait_s`` has passed.
+        # An exclusive flock of a file of its own (never the database file: FIELD-NOTES
+        # 8.1), one file per name in a folder beside the database, named by a sha256 of
+        # the name (a long hash: two names never share a file, bug KC); the system drops
+        # the flock when the holder dies. Tried without blocking until ``wait_s`` passed.
         database = engine.url.database
         if not database or database == ":memory:" or engine.url.query.get("mode") == "memory":
             yield True
             return
-        import fcntl
-
-        def try_lock(fd: int) -> bool:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return False  # a live holder: polled below, as PostgreSQL's try-lock is
-            return True
-
-        fd = os.open(f"{database}.{name}-lock", os.O_RDWR | os.O_CREAT, 0o600)
+        folder = f"{database}.locks"
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        path = os.path.join(folder, hashlib.sha256(name.encode()).hexdigest())
+        # Polling a lock until a deadline, not retrying a failure: the wait is bounded
+        # by time (a holder may hang), which the attempt-counted retry policies of
+        # ``uprof.retry`` do not express.
+        deadline = time.monotonic() + wait_s
+        fd = _lock_file(path)
+        while fd is None and time.monotonic() < deadline:
+            time.sleep(NAMED_LOCK_POLL_S)
+            fd = _lock_file(path)
+        if fd is None:
+            yield False
+            return
         try:
-            # Polling a lock until a deadline, not retrying a failure: the wait is bounded
-            # by time (a holder may hang), which the attempt-counted retry policies of
-            # ``uprof.retry`` do not express.
-            deadline = time.monotonic() + wait_s
-            held = try_lock(fd)
-            while not held and time.monotonic() < deadline:
-                time.sleep(NAMED_LOCK_POLL_S)
-                held = try_lock(fd)
-            yield held
+            yield True
         finally:
+            # Per-key names would leave a file per key ever used: the holder deletes its
+            # file while it still holds it, then lets go. A waiter that flocked the
+            # deleted file sees that the path no longer names it and opens the path
+            # again (``_lock_file``), so two processes never both hold one name.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
             os.close(fd)  # releases the flock
 
     def fold_log(self, engine: sa.Engine, *, timeout_s: float | None = None) -> bool:
@@ -571,3 +575,29 @@ def _check_positions_back(copy: Path, checked: dict[str, int]) -> None:
             )
     finally:
         conn.close()
+
+
+def _lock_file(path: str) -> int | None:
+    """The descriptor of ``path`` flocked exclusively, or None while a live process holds it.
+
+    Holders delete their file before they let go (``SqliteBackend.named_lock``), so the
+    file flocked may no longer be the one at ``path``: its lock then guards nothing, and
+    the path is opened again (a new file, or another process's). A file left by a holder
+    that died is flocked, used and deleted by the next holder of its name."""
+    import fcntl
+
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None  # a live holder: the caller polls, as PostgreSQL's try-lock is
+        try:
+            at_path = os.stat(path)
+        except FileNotFoundError:
+            at_path = None
+        mine = os.fstat(fd)
+        if at_path is not None and (at_path.st_dev, at_path.st_ino) == (mine.st_dev, mine.st_ino):
+            return fd
+        os.close(fd)  # deleted by its last holder after we opened it: open the path again

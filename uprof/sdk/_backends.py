@@ -69,6 +69,56 @@ def _resend_policy(attempts: int) -> RetryPolicy:
     )
 
 
+#: How many times a keyed write answered 409 ``request_in_progress`` (its first request,
+#: with the same key, still runs on the server) is sent again with that key.
+DEFAULT_IN_PROGRESS_RESENDS = 3
+#: The longest pause before such a resend, whatever the server's Retry-After says.
+IN_PROGRESS_MAX_PAUSE_S = 30.0
+
+
+class _StillRunning(Exception):
+    """A keyed write was answered 409 ``request_in_progress``: the first request with
+    its key still runs. Sent again after Retry-After, it gets that request's answer."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        super().__init__("request_in_progress")
+        self.response = response
+
+    @property
+    def retry_after_s(self) -> float | None:
+        """The server's Retry-After in seconds (the server sends delta-seconds), or None."""
+        try:
+            return float(self.response.headers.get("Retry-After", ""))
+        except ValueError:
+            return None
+
+
+def _unless_still_running(response: httpx.Response) -> httpx.Response:
+    if response.status_code == 409:
+        try:
+            code = response.json()["error"]["code"]
+        except (ValueError, KeyError, TypeError):
+            code = None
+        if code == "request_in_progress":
+            raise _StillRunning(response)
+    return response
+
+
+def _in_progress_policy(call: Call[Any], resends: int) -> RetryPolicy:
+    """Sending a keyed write again, with its key, while the server answers that its first
+    request still runs: after the server's Retry-After (at most
+    ``IN_PROGRESS_MAX_PAUSE_S``), ``resends`` times (bug KE: the SDK raised
+    ``ConflictError`` where the resend would have replayed the first answer). A call
+    without a key is never refused so, and is sent once."""
+    keyed = call.idempotency_key is not None and call.operation.keyed
+    return RetryPolicy(
+        attempts=1 + max(0, resends) if keyed else 1,
+        on=(_StillRunning,),
+        backoff=Backoff(first_s=1.0, max_s=IN_PROGRESS_MAX_PAUSE_S),
+        told_wait=lambda error: error.retry_after_s if isinstance(error, _StillRunning) else None,
+    )
+
+
 def _failed(call: Call[Any], error: BaseException) -> TransportError:
     return _with_key(
         call, TransportError(f"{call.operation.name}: {type(error).__name__}: {error}")
@@ -117,9 +167,15 @@ def _parse(call: Call[R], response: httpx.Response) -> R:
 class HttpBackend:
     """Send calls to the REST API with ``Authorization: Bearer <api_key>``."""
 
-    def __init__(self, client: httpx.Client, write_retries: int = DEFAULT_WRITE_RETRIES) -> None:
+    def __init__(
+        self,
+        client: httpx.Client,
+        write_retries: int = DEFAULT_WRITE_RETRIES,
+        in_progress_resends: int = DEFAULT_IN_PROGRESS_RESENDS,
+    ) -> None:
         self._client = client
         self._retries = write_retries
+        self._in_progress_resends = in_progress_resends
 
     def send(self, call: Call[R]) -> R:
         call = _keyed(call)
@@ -127,11 +183,18 @@ class HttpBackend:
         # No answer (a transport error): the write may have been committed. Sent again
         # with its key, the server answers it once (``uprof.services.idempotency``).
         resend = _resend_policy(_attempts(call, self._retries))
-        try:
+
+        def answered() -> httpx.Response:
             response = resend.call(
                 lambda: self._client.request(op.method, op.path, **kwargs),
                 give_up=lambda error: _failed(call, error),
             )
+            return _unless_still_running(response)
+
+        try:
+            response = _in_progress_policy(call, self._in_progress_resends).call(answered)
+        except _StillRunning as still:  # still running after every resend: ConflictError
+            response = still.response
         except httpx.HTTPError as error:  # any other failure: not sent again
             raise _failed(call, error) from error
         return _parse(call, response)
@@ -165,10 +228,14 @@ class HttpBackend:
 
 class AsyncHttpBackend:
     def __init__(
-        self, client: httpx.AsyncClient, write_retries: int = DEFAULT_WRITE_RETRIES
+        self,
+        client: httpx.AsyncClient,
+        write_retries: int = DEFAULT_WRITE_RETRIES,
+        in_progress_resends: int = DEFAULT_IN_PROGRESS_RESENDS,
     ) -> None:
         self._client = client
         self._retries = write_retries
+        self._in_progress_resends = in_progress_resends
 
     async def send(self, call: Call[R]) -> R:
         call = _keyed(call)  # as ``HttpBackend.send``
@@ -178,8 +245,15 @@ class AsyncHttpBackend:
         async def request() -> httpx.Response:  # a coroutine function: tenacity awaits it
             return await self._client.request(op.method, op.path, **kwargs)
 
-        try:
+        async def answered() -> httpx.Response:
             response = await resend.call_async(request, give_up=lambda error: _failed(call, error))
+            return _unless_still_running(response)
+
+        try:
+            waiting = _in_progress_policy(call, self._in_progress_resends)
+            response = await waiting.call_async(answered)
+        except _StillRunning as still:
+            response = still.response
         except httpx.HTTPError as error:
             raise _failed(call, error) from error
         return _parse(call, response)

@@ -22,6 +22,7 @@ from pydantic import BaseModel, JsonValue
 from uprof.schemas import api as w
 from uprof.sdk import _operations as ops
 from uprof.sdk._backends import (
+    DEFAULT_IN_PROGRESS_RESENDS,
     DEFAULT_WRITE_RETRIES,
     AsyncHttpBackend,
     EmbeddedBackend,
@@ -217,11 +218,12 @@ class Client:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         transport: httpx.BaseTransport | None = None,
         write_retries: int = DEFAULT_WRITE_RETRIES,
+        in_progress_resends: int = DEFAULT_IN_PROGRESS_RESENDS,
     ) -> None:
         http = httpx.Client(
             base_url=base_url, headers=_headers(api_key), timeout=timeout_s, transport=transport
         )
-        self._backend: SyncBackend = HttpBackend(http, write_retries)
+        self._backend: SyncBackend = HttpBackend(http, write_retries, in_progress_resends)
 
     @classmethod
     def embedded(cls, kernel: Uprof, app_id: str, *, roles: Sequence[str] = ("app",)) -> Client:
@@ -260,7 +262,11 @@ class Client:
         Over HTTP a write given no key gets one made for this call, and after a network
         failure (no answer: the write may have been committed) the client sends it again
         with that key, ``write_retries`` times (default 2), so it is stored once. Pass
-        your own key to keep a retry of your own (a new call) safe too.
+        your own key to keep a retry of your own (a new call) safe too. A keyed write
+        answered 409 ``request_in_progress`` (its first request, same key, still runs)
+        is sent again with its key after the server's Retry-After (at most 30 s),
+        ``in_progress_resends`` times (default 3), and gets the first request's answer;
+        after that, ``ConflictError`` with that code.
         """
         fields = ops.interaction(
             agent_id=agent_id,
@@ -606,11 +612,12 @@ class AsyncClient:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         transport: httpx.AsyncBaseTransport | None = None,
         write_retries: int = DEFAULT_WRITE_RETRIES,
+        in_progress_resends: int = DEFAULT_IN_PROGRESS_RESENDS,
     ) -> None:
         http = httpx.AsyncClient(
             base_url=base_url, headers=_headers(api_key), timeout=timeout_s, transport=transport
         )
-        self._backend = AsyncHttpBackend(http, write_retries)
+        self._backend = AsyncHttpBackend(http, write_retries, in_progress_resends)
 
     async def capture(
         self,

@@ -31,7 +31,8 @@ retry gets the effect of one write and the first answer:
    with erase spans the subject's stream, the key store, the ledger and the audit log,
    so two runs of one key at once made two erasure requests (bug JG). Such a write
    holds the deployment's lock of its key (``turn``: an advisory lock on PostgreSQL,
-   across hosts; a file lock on SQLite) from its claim to its answer. A duplicate waits
+   across hosts; a file lock on SQLite) from its claim to its answer. Each key has a
+   lock of its own (``turn_name``), so another key's request never waits (bug KC). A duplicate waits
    up to ``in_progress_wait_s`` for it, then claims: it finds the answer (a replay), or
    a claim whose writer died (the lock dies with its holder, kill -9 included) and runs
    as above. A first still running past the wait is answered ``RequestInProgressError``
@@ -82,11 +83,9 @@ PURGE_EVERY_S = 60.0
 #: Operations whose duplicates run one at a time (module doc, 5): a withdrawal with
 #: erase is an erasure, which the subject's stream alone cannot make once (bug JG).
 SERIALIZED = frozenset({"consent.withdraw"})
-#: How long a duplicate of a ``SERIALIZED`` write waits for its first by default.
+#: How long a duplicate of a ``SERIALIZED`` write waits for its first by default
+#: (the setting ``request_in_progress_wait_s``).
 DEFAULT_IN_PROGRESS_WAIT_S = 10.0
-#: Keys share this many locks (a lock is a file on SQLite: a bounded number of them).
-#: Two different keys on one lock only wait for each other, never answer each other.
-TURN_SHARDS = 256
 
 #: A deployment's exclusive lock by name, held until the block ends or its holder dies;
 #: waits at most the seconds given and yields whether it holds the lock
@@ -227,6 +226,14 @@ class IdempotencyStore:
         with self._one_at_a_time(token, operation):
             return self._run(token, app_id, operation, body_hash, execute)
 
+    @staticmethod
+    def turn_name(token: str) -> str:
+        """The name of a key's turn: one lock per key (per tenant and app: the token is
+        their keyed hash), never shared with another key. Decision 0158 hashed keys onto
+        256 shared locks, and a stranger's request on the same lock waited for, and past
+        10 s was refused by, another subject's erasure (bug KC)."""
+        return f"idempotency-turn-{token}"
+
     @contextmanager
     def _one_at_a_time(self, token: str, operation: str) -> Iterator[None]:
         """Hold the key's turn from claim to answer for a ``SERIALIZED`` operation
@@ -234,8 +241,7 @@ class IdempotencyStore:
         if self._turn is None or operation not in SERIALIZED:
             yield
             return
-        shard = int(token[:8], 16) % TURN_SHARDS
-        with self._turn(f"idempotency-turn-{shard}", self.in_progress_wait_s) as held:
+        with self._turn(self.turn_name(token), self.in_progress_wait_s) as held:
             if not held:
                 raise RequestInProgressError(
                     f"the first request with this {HEADER} is still running; "
