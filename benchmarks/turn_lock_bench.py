@@ -1,4 +1,4 @@
-"""What a keyed withdrawal's turn costs (decision XXXX-turn-locks): one lock per key (a
+"""What a keyed withdrawal's turn costs (decision 0159-turn-locks): one lock per key (a
 file created and deleted on SQLite; an advisory lock on a connection of a lock engine of
 its own on PostgreSQL) against 0158's 256 shared locks (a file kept per shard; a pooled
 connection of the views engine).

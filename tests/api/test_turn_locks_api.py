@@ -4,7 +4,7 @@ KD: on PostgreSQL the key's turn (decision 0158) was a session advisory lock on 
 connection of the views engine's pool (5 + 10 overflow), held for the whole erasure, and
 the erasure takes its own connections from that pool: more keyed erasing withdrawals at
 once than the pool holds starved each other. Now the turns take their connections from
-an engine of their own (decision XXXX-turn-locks).
+an engine of their own (decision 0159-turn-locks).
 
 KE: the SDK raised ``ConflictError(code="request_in_progress")`` where waiting the
 server's Retry-After and sending the same key again replays the first answer; it now

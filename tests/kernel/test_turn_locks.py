@@ -3,7 +3,7 @@ for each other. Decision 0158 hashed each key's turn onto one of 256 shared lock
 keys on one shard took turns: with the first held inside its erasure (a real process,
 as a long erasure of a large subject is) the second, a stranger's, waited the full 10 s
 and was refused 409 ``request_in_progress``. Now each key has a lock of its own
-(decision XXXX-turn-locks)."""
+(decision 0159-turn-locks)."""
 
 from __future__ import annotations
 
