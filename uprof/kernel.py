@@ -1243,7 +1243,8 @@ class Uprof:
                 once_by=("audit_key_id",),
             )
 
-        done: Rotation = rotate(record)
+        # The log's head under its append lock is where the old key stops signing.
+        done: Rotation = rotate(record, log_head=self.audit_log.held_head)
         self.audit_log.checkpoint()
         return {
             "seq": done.seq,
