@@ -33,9 +33,9 @@ from audit.checkpoint import verify_checkpoint
 from audit.entry import normalise_timestamp, validate_entry
 from audit.errors import AuditEntryError, VerificationError
 from audit.keyring import key_by_id, trusted_keys
-from audit.keys import key_id
+from audit.keys import TrustedKeys, key_id
 from audit.log import AuditLog
-from audit.merkle import HASH_SIZE, leaf_hash, verify_inclusion
+from audit.merkle import HASH_SIZE, leaf_hash, verify_consistency, verify_inclusion
 from audit.strict_json import strict_json
 
 RECEIPT_TYPE = "gov.erasure-receipt/v1"
@@ -191,6 +191,7 @@ def verify_receipt(
     origin: str,
     key_history: Any = None,
     tenant: str | None = None,
+    rotation_proof: Sequence[str] | None = None,
 ) -> None:
     """Verify a receipt offline with only the issuer's public key; raise VerificationError.
 
@@ -243,6 +244,7 @@ def verify_receipt(
     if not isinstance(receipt["checkpoint"], str):
         raise VerificationError("receipt checkpoint is not a signed note")
     tree_size, root = verify_checkpoint(receipt["checkpoint"], keys, issuer_origin)
+    _check_reaches_rotation_point(keys, body["issuer"]["key_id"], tree_size, root, rotation_proof)
 
     # 3. The inclusion of the derived log entry (step 3).
     inclusion = receipt["inclusion"]
@@ -267,6 +269,43 @@ def verify_receipt(
         except VerificationError as exc:
             failures.append(exc)
     raise failures[0]
+
+
+def _check_reaches_rotation_point(
+    keys: TrustedKeys,
+    issuer_key_id: str,
+    tree_size: int,
+    root: bytes,
+    rotation_proof: Sequence[str] | None,
+) -> None:
+    """Bug KG: a receipt whose issuer key was rotated out at (N, R) after the receipt's
+    checkpoint (size m < N) proves nothing by itself, since whoever holds that retired key
+    can sign a tree of their own of any size up to N. It verifies only with
+    ``rotation_proof``, the log's consistency proof from (m, root) to (N, R) (base64
+    hashes; ``AuditLog.consistency_proof(m, N)``, on demand): the receipt's tree is then
+    the one the key history says the key stopped at."""
+    point = keys.retired_at.get(issuer_key_id)
+    if point is None or tree_size >= point.tree_size:
+        return  # a current key, a v1 (unbounded) rotation, or m = N (root checked)
+    if rotation_proof is None:
+        raise VerificationError(
+            f"the receipt's key was rotated out at tree size {point.tree_size}, after its "
+            f"checkpoint of size {tree_size}: it verifies only with the consistency proof "
+            f"from {tree_size} to {point.tree_size} (rotation_proof), which the log gives"
+        )
+    if not isinstance(rotation_proof, list | tuple):
+        raise VerificationError("rotation_proof is a list of base64 hashes")
+    hashes = [
+        b64decode_strict(h, f"rotation_proof hash {i}", size=HASH_SIZE)
+        for i, h in enumerate(rotation_proof)
+    ]
+    try:
+        verify_consistency(tree_size, point.tree_size, root, point.root, hashes)
+    except VerificationError as exc:
+        raise VerificationError(
+            f"the receipt's tree is not the log the key history says its key stopped at "
+            f"(rotation_proof: {exc.reason}): a retired key's fork"
+        ) from None
 
 
 def verify_subject_commitment(receipt: Mapping[str, Any], subject_id: str, nonce: bytes) -> None:

@@ -10,6 +10,7 @@ attacks."""
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import multiprocessing
@@ -271,3 +272,60 @@ def test_a_process_appending_through_rotations_never_signs_beyond_a_retired_keys
     notes = json.loads(Path(out).read_text())
     sizes = [verify_checkpoint(note, keys, ORIGIN).tree_size for note in notes]
     assert sizes[-1] > points[-1]  # the appender went on past the last rotation
+
+
+# --- KG: a retired key's forgery at or below its rotation point -----------------------------
+
+
+def _b64(hashes: list[bytes]) -> list[str]:
+    return [base64.b64encode(h).decode() for h in hashes]
+
+
+def test_kg_a_receipt_a_retired_key_signs_over_a_tree_of_its_own_below_the_point_is_refused(
+    engine: sa.Engine, tmp_path: Path
+) -> None:
+    """KG (review of 0151): the leaked key signs a receipt over a tree of its own of size
+    m < N, holding an entry the log never held. The size bound alone lets it through; the
+    receipt must now reach (N, R) by a consistency proof, which no fork has."""
+    log, ring, leaked = _rotated(engine, tmp_path / "keys", 5, 3)
+    history = _history(ring)
+    fork = sa.create_engine(f"sqlite:///{tmp_path / 'fork.sqlite'}")
+    create_tables(fork, backend_for(fork))
+    forged = issue(_log(fork, StaticSigningKeys(leaked)), new_commitment_nonce())
+    assert forged["inclusion"]["tree_size"] < 5
+    with pytest.raises(VerificationError, match="rotated out at tree size 5, after its"):
+        verify_receipt(forged, leaked.public_key(), origin=ORIGIN, key_history=history)
+    m = forged["inclusion"]["tree_size"]
+    honest_proof = _b64(log.consistency_proof(m, 5))  # the real log's proof from m to N
+    with pytest.raises(VerificationError, match="a retired key's fork"):
+        verify_receipt(
+            forged,
+            leaked.public_key(),
+            origin=ORIGIN,
+            key_history=history,
+            rotation_proof=honest_proof,
+        )
+    fork.dispose()
+
+
+def test_an_honest_receipt_of_a_retired_key_verifies_with_the_proof_to_the_point(
+    engine: sa.Engine, tmp_path: Path
+) -> None:
+    ring = FileKeyRing(tmp_path)
+    log = _log(engine, ring)
+    fill(log, 2)
+    receipt = issue(log, new_commitment_nonce())  # size 3, by the first key
+    signer = ring.current()
+    fill(log, 4)
+    ring.rotate(log_head=log.held_head)  # retired at 7
+    history = _history(ring)
+    verify_receipt(receipt, signer.public_key(), origin=ORIGIN)  # pinned, no history: as before
+    with pytest.raises(VerificationError, match="rotation_proof"):
+        verify_receipt(receipt, signer.public_key(), origin=ORIGIN, key_history=history)
+    verify_receipt(
+        receipt,
+        signer.public_key(),
+        origin=ORIGIN,
+        key_history=history,
+        rotation_proof=_b64(log.consistency_proof(3, 7)),
+    )
