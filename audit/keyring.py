@@ -21,6 +21,12 @@ a verifier trusts: forward by endorsements, backward by acceptances over the has
 is one of its keys; anything else (a forged or re-ordered record, a history of another
 deployment, a key nobody endorsed) is refused whole.
 
+A v2 history (``HISTORY_FORMAT_V2``, decision XXXX-rotation-bound) adds to each record a
+rotation writes ``previous_key_retired_at``: the log's tree size and root, read under the
+log's append lock, at which the key before stopped signing; it is in the statement both
+keys sign. ``KeyHistory.trusted`` gives the keys as ranges (``audit.keys.TrustedKeys``),
+which ``audit.checkpoint.verify_checkpoint`` applies for every verifier.
+
 Retired private keys are not kept: verifying needs only the public keys of the history.
 
 ``FileKeyRing`` keeps the current private key (``audit-signing.pem``, as before) and the
