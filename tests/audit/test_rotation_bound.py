@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from typer.testing import CliRunner
 
 from audit.checkpoint import sign_checkpoint, verify_checkpoint
 from audit.errors import AuditKeyError, VerificationError
@@ -34,7 +35,7 @@ from audit.keyring import (
     trusted_keys,
     verify_key_history,
 )
-from audit.keys import key_id, load_signing_key
+from audit.keys import key_id, load_signing_key, public_key_pem
 from audit.log import AuditLog
 from audit.receipts import new_commitment_nonce, verify_receipt
 from audit.tables import create_tables
@@ -44,6 +45,7 @@ from tests.audit.test_log import fill
 from tests.audit.test_receipts import issue
 from tests.conftest import Backend
 from uprof.backends import backend_for
+from uprof.cli.main import app as cli
 from uprof.retry import AUDIT_APPEND
 
 
@@ -329,3 +331,38 @@ def test_an_honest_receipt_of_a_retired_key_verifies_with_the_proof_to_the_point
         key_history=history,
         rotation_proof=_b64(log.consistency_proof(3, 7)),
     )
+
+
+def test_the_cli_takes_a_rotation_proof_and_says_which_points_a_trail_passed(
+    engine: sa.Engine, tmp_path: Path
+) -> None:
+    ring = FileKeyRing(tmp_path / "keys")
+    log = _log(engine, ring)
+    fill(log, 2)
+    receipt = issue(log, new_commitment_nonce())  # size 3, by the first key
+    first = ring.current()
+    fill(log, 4)
+    ring.rotate(log_head=log.held_head)  # retired at 7
+    files = {
+        "receipt": json.dumps(receipt),
+        "history": ring.history_path.read_text(),
+        "key.pem": public_key_pem(first).decode(),
+        "proof": json.dumps(_b64(log.consistency_proof(3, 7))),
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    common = [
+        "--public-key", str(tmp_path / "key.pem"), "--origin", ORIGIN,
+        "--key-history", str(tmp_path / "history"),
+    ]  # fmt: skip
+    runner = CliRunner()
+    verify = ["audit", "verify-receipt", str(tmp_path / "receipt"), *common]
+    refused = runner.invoke(cli, verify)
+    assert refused.exit_code == 1 and "rotation_proof" in refused.output
+    accepted = runner.invoke(cli, [*verify, "--rotation-proof", str(tmp_path / "proof")])
+    assert accepted.exit_code == 0, accepted.output
+
+    export_jsonl(log, tmp_path / "trail.jsonl")
+    trail = runner.invoke(cli, ["audit", "verify", str(tmp_path / "trail.jsonl"), *common])
+    assert trail.exit_code == 0, trail.output
+    assert "passes through 1 key rotation point" in " ".join(trail.output.split())
