@@ -244,7 +244,10 @@ def verify_receipt(
     if not isinstance(receipt["checkpoint"], str):
         raise VerificationError("receipt checkpoint is not a signed note")
     tree_size, root = verify_checkpoint(receipt["checkpoint"], keys, issuer_origin)
-    _check_reaches_rotation_point(keys, body["issuer"]["key_id"], tree_size, root, rotation_proof)
+    if rotation_proof is not ROTATION_POINT_CHECKED_BY_CALLER:
+        _check_reaches_rotation_point(
+            keys, body["issuer"]["key_id"], tree_size, root, rotation_proof
+        )
 
     # 3. The inclusion of the derived log entry (step 3).
     inclusion = receipt["inclusion"]
@@ -269,6 +272,27 @@ def verify_receipt(
         except VerificationError as exc:
             failures.append(exc)
     raise failures[0]
+
+
+#: ``verify_receipt(..., rotation_proof=ROTATION_POINT_CHECKED_BY_CALLER)``: for
+#: ``audit.proofs.verify_proof`` only, whose consistency proof from the receipt's checkpoint
+#: to a later one does that check (``retired_point_reached``).
+ROTATION_POINT_CHECKED_BY_CALLER: Sequence[str] = ("checked by the caller",)
+
+
+def retired_point_reached(
+    keys: TrustedKeys, issuer_key_id: str, receipt_size: int, later_size: int
+) -> None:
+    """Raise unless a receipt's tree (size ``receipt_size``), proven consistent with a
+    later checkpoint of ``later_size`` (verified in range), reaches its issuer key's
+    retirement point: that later tree is then vouched for by a key in its range."""
+    point = keys.retired_at.get(issuer_key_id)
+    if point is not None and receipt_size < point.tree_size > later_size:
+        raise VerificationError(
+            f"the receipt's key was rotated out at tree size {point.tree_size}, after its "
+            f"checkpoint of size {receipt_size}: a proof to size {later_size} does not reach "
+            "that point, so the receipt's tree rests on the retired key's word alone"
+        )
 
 
 def _check_reaches_rotation_point(

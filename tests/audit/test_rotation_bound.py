@@ -37,6 +37,7 @@ from audit.keyring import (
 )
 from audit.keys import key_id, load_signing_key, public_key_pem
 from audit.log import AuditLog
+from audit.proofs import build_proof, verify_proof
 from audit.receipts import new_commitment_nonce, verify_receipt
 from audit.tables import create_tables
 from audit.verify import verify_export
@@ -366,3 +367,31 @@ def test_the_cli_takes_a_rotation_proof_and_says_which_points_a_trail_passed(
     trail = runner.invoke(cli, ["audit", "verify", str(tmp_path / "trail.jsonl"), *common])
     assert trail.exit_code == 0, trail.output
     assert "passes through 1 key rotation point" in " ".join(trail.output.split())
+
+
+def test_a_proof_from_a_retired_keys_receipt_must_reach_the_rotation_point(
+    engine: sa.Engine, tmp_path: Path
+) -> None:
+    """``verify_proof`` with a receipt as its trusted point: the honest log's proof to its
+    current head (past the point) stands for the rotation proof; a forger's proof inside
+    their own fork (below the point, by the retired key) does not."""
+    ring = FileKeyRing(tmp_path / "keys")
+    log = _log(engine, ring)
+    fill(log, 2)
+    receipt = issue(log, new_commitment_nonce())
+    first = ring.current()
+    fill(log, 4)
+    ring.rotate(log_head=log.held_head)
+    history = _history(ring)
+    proof = build_proof(log, receipt["inclusion"]["tree_size"])
+    verify_proof(proof, first.public_key(), ORIGIN, trusted=receipt, key_history=history)
+
+    fork = sa.create_engine(f"sqlite:///{tmp_path / 'fork.sqlite'}")
+    create_tables(fork, backend_for(fork))
+    forger = _log(fork, StaticSigningKeys(first))
+    forged = issue(forger, new_commitment_nonce())
+    fill(forger, 2)
+    forged_proof = build_proof(forger, forged["inclusion"]["tree_size"])
+    with pytest.raises(VerificationError, match="rests on the retired key's word"):
+        verify_proof(forged_proof, first.public_key(), ORIGIN, trusted=forged, key_history=history)
+    fork.dispose()
