@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from hashlib import sha256
 from typing import Any
@@ -191,7 +191,7 @@ def verify_receipt(
     origin: str,
     key_history: Any = None,
     tenant: str | None = None,
-    rotation_proof: Sequence[str] | None = None,
+    rotation_proof: Sequence[str] | Callable[[int, int], Sequence[str]] | None = None,
 ) -> None:
     """Verify a receipt offline with only the issuer's public key; raise VerificationError.
 
@@ -300,17 +300,20 @@ def _check_reaches_rotation_point(
     issuer_key_id: str,
     tree_size: int,
     root: bytes,
-    rotation_proof: Sequence[str] | None,
+    rotation_proof: Sequence[str] | Callable[[int, int], Sequence[str]] | None,
 ) -> None:
     """Bug KG: a receipt whose issuer key was rotated out at (N, R) after the receipt's
     checkpoint (size m < N) proves nothing by itself, since whoever holds that retired key
     can sign a tree of their own of any size up to N. It verifies only with
     ``rotation_proof``, the log's consistency proof from (m, root) to (N, R) (base64
     hashes; ``AuditLog.consistency_proof(m, N)``, on demand): the receipt's tree is then
-    the one the key history says the key stopped at."""
+    the one the key history says the key stopped at. A verifier that holds the log (the
+    service's upload check) passes ``rotation_proof(m, N)`` to ask it."""
     point = keys.retired_at.get(issuer_key_id)
     if point is None or tree_size >= point.tree_size:
         return  # a current key, a v1 (unbounded) rotation, or m = N (root checked)
+    if callable(rotation_proof):
+        rotation_proof = rotation_proof(tree_size, point.tree_size)
     if rotation_proof is None:
         raise VerificationError(
             f"the receipt's key was rotated out at tree size {point.tree_size}, after its "
