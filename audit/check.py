@@ -8,6 +8,7 @@ leaf, and the failing line's text to show.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -29,21 +30,31 @@ class CheckResult:
 
 
 def check_upload(
-    raw: bytes, kind: Kind, public_key: Any, origin: str, *, tenant: str | None = None
+    raw: bytes,
+    kind: Kind,
+    public_key: Any,
+    origin: str,
+    *,
+    tenant: str | None = None,
+    rotation_proof: Callable[[int, int], Sequence[str]] | None = None,
 ) -> CheckResult:
     """Verify ``raw`` (an export in JSONL or CSV, or a receipt's JSON) with the log's key.
 
     With ``tenant`` (the service's own: tenants on one set of stores share the log's key
     and origin), a receipt of another tenant and an export of another tenant's are
     refused: the verdict, ``ok``, is what a caller reads, and it said ``True`` for another
-    tenant's file to an auditor who may read none of that tenant's entries (bug JQ)."""
+    tenant's file to an auditor who may read none of that tenant's entries (bug JQ).
+    ``rotation_proof(m, n)``: the log's consistency proof between two of its sizes, for a
+    receipt whose key was rotated out after it (``verify_receipt``, bug KG)."""
     from audit.receipts import parse_receipt, verify_receipt
     from audit.verify import verify_export
 
     try:
         if kind == "receipt":
             receipt = parse_receipt(raw)
-            verify_receipt(receipt, public_key, origin=origin, tenant=tenant)
+            verify_receipt(
+                receipt, public_key, origin=origin, tenant=tenant, rotation_proof=rotation_proof
+            )
             body = receipt["body"]
             detail = (
                 f"receipt {body['receipt_id']} issued {body['issued_at']} for tenant "

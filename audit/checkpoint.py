@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from audit._codec import b64decode_strict, b64encode
 from audit.errors import VerificationError
-from audit.keys import note_key_id
+from audit.keys import TrustedKeys, note_key_id
 from audit.merkle import HASH_SIZE
 from domain.errors import InvalidInputError
 
@@ -101,7 +101,10 @@ def verify_checkpoint(
         raise VerificationError("checkpoint note has no blank line before its signatures")
     body, signature_block = note[: separator + 1], note[separator + 2 :]
     tree_size, root = _parse_body(body, origin)
-    _verify_signatures(body, signature_block, public_key, origin)
+    for key in _verify_signatures(body, signature_block, public_key, origin):
+        if isinstance(public_key, TrustedKeys):
+            # The one place key ranges are applied: every verifier comes through here.
+            public_key.check_signed_range(key, tree_size, root)
     return CheckpointBody(tree_size, root)
 
 
@@ -122,7 +125,8 @@ def _verify_signatures(
     signature_block: str,
     public_key: Ed25519PublicKey | Sequence[Ed25519PublicKey],
     origin: str,
-) -> None:
+) -> list[Ed25519PublicKey]:
+    """Check every signature line by a trusted key; return the keys that signed."""
     if not signature_block:
         raise VerificationError("checkpoint note has no signature lines")
     lines = signature_block[:-1].split("\n")
@@ -135,7 +139,7 @@ def _verify_signatures(
     by_id: dict[bytes, list[Ed25519PublicKey]] = {}
     for candidate in keys:
         by_id.setdefault(note_key_id(origin, candidate), []).append(candidate)
-    verified = False
+    signed_by: list[Ed25519PublicKey] = []
     for line in lines:
         parts = line.split(" ")
         if len(parts) != 3 or parts[0] != EM_DASH or not parts[1]:
@@ -149,13 +153,15 @@ def _verify_signatures(
             continue  # C2SP: signatures from unknown keys are skipped
         if len(blob) != 4 + 64:
             raise VerificationError("checkpoint Ed25519 signature has the wrong length")
-        if not any(_verifies(key, blob[4:], body) for key in candidates):
+        good = [key for key in candidates if _verifies(key, blob[4:], body)]
+        if not good:
             raise VerificationError("checkpoint signature by the pinned key does not verify")
-        verified = True
-    if not verified:
+        signed_by.extend(good)
+    if not signed_by:
         raise VerificationError(
             f"checkpoint carries no signature by the pinned key for origin {origin!r}"
         )
+    return signed_by
 
 
 def _verifies(key: Ed25519PublicKey, signature: bytes, body: str) -> bool:

@@ -21,6 +21,12 @@ a verifier trusts: forward by endorsements, backward by acceptances over the has
 is one of its keys; anything else (a forged or re-ordered record, a history of another
 deployment, a key nobody endorsed) is refused whole.
 
+A v2 history (``HISTORY_FORMAT_V2``, decision XXXX-rotation-bound) adds to each record a
+rotation writes ``previous_key_retired_at``: the log's tree size and root, read under the
+log's append lock, at which the key before stopped signing; it is in the statement both
+keys sign. ``KeyHistory.trusted`` gives the keys as ranges (``audit.keys.TrustedKeys``),
+which ``audit.checkpoint.verify_checkpoint`` applies for every verifier.
+
 Retired private keys are not kept: verifying needs only the public keys of the history.
 
 ``FileKeyRing`` keeps the current private key (``audit-signing.pem``, as before) and the
@@ -45,8 +51,8 @@ import json
 import os
 import secrets
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from hashlib import sha256
 from pathlib import Path
@@ -60,11 +66,29 @@ from audit._codec import b64decode_strict, b64encode, hexdecode_strict
 from audit.canonical import canonical_bytes
 from audit.entry import format_timestamp, normalise_timestamp
 from audit.errors import AuditEntryError, AuditKeyError, VerificationError
-from audit.keys import key_id, load_or_create_signing_key, load_pinned_key, load_signing_key
+from audit.keys import (
+    RetiredAt,
+    TrustedKeys,
+    key_id,
+    load_or_create_signing_key,
+    load_pinned_key,
+    load_signing_key,
+)
+from audit.merkle import HASH_SIZE
 from audit.strict_json import strict_json
 
 HISTORY_FORMAT = "uprof.audit-key-history/v1"
+#: A history that records where each rotated-out key stopped signing (decision
+#: XXXX-rotation-bound): written by every rotation from now on. A v1 verifier refuses it
+#: whole (fail closed) rather than read it as a flat key list.
+HISTORY_FORMAT_V2 = "uprof.audit-key-history/v2"
+HISTORY_FORMATS = frozenset({HISTORY_FORMAT, HISTORY_FORMAT_V2})
 STATEMENT_TYPE = "uprof.audit-key/v1"
+#: The statement of a record that names where the key before it was retired.
+STATEMENT_TYPE_V2 = "uprof.audit-key/v2"
+#: The field of a v2 record: ``{"tree_size": n, "root": <base64 root>}``, the log's head
+#: under its append lock when this record's key replaced the one before.
+RETIRED_AT = "previous_key_retired_at"
 #: Domain separation: no checkpoint (origin first), JSON body ("{") or export context
 #: starts with these bytes.
 HISTORY_CONTEXT = b"uprof audit key history v1\x00"
@@ -88,13 +112,17 @@ ANCHOR_LOCK_FILE = "audit-checkpoint.lock"
 
 def _statement(record: Mapping[str, Any]) -> bytes:
     statement = {
-        "type": STATEMENT_TYPE,
+        "type": STATEMENT_TYPE_V2 if RETIRED_AT in record else STATEMENT_TYPE,
         "seq": record["seq"],
         "key_id": record["key_id"],
         "public_key": record["public_key"],
         "created_at": record["created_at"],
         "prev_sha256": record["prev_sha256"],
     }
+    if RETIRED_AT in record:
+        # Signed by both keys: the old key agrees it stops here, the new one that it
+        # starts here (neither can later move the point alone).
+        statement[RETIRED_AT] = record[RETIRED_AT]
     return HISTORY_CONTEXT + canonical_bytes(statement)
 
 
@@ -113,6 +141,7 @@ def _new_record(
     created_at: str,
     previous: Mapping[str, Any] | None,
     previous_key: Ed25519PrivateKey | None,
+    retired_at: RetiredAt | None = None,
 ) -> dict[str, Any]:
     record: dict[str, Any] = {
         "seq": 0 if previous is None else int(previous["seq"]) + 1,
@@ -122,6 +151,11 @@ def _new_record(
         "prev_sha256": None if previous is None else record_sha256(previous),
         "endorsement": None,
     }
+    if retired_at is not None:
+        record[RETIRED_AT] = {
+            "tree_size": retired_at.tree_size,
+            "root": b64encode(retired_at.root),
+        }
     message = _statement(record)
     if previous_key is not None:
         record["endorsement"] = b64encode(previous_key.sign(message))
@@ -139,12 +173,16 @@ def extend_history(
     current: Ed25519PrivateKey,
     new: Ed25519PrivateKey,
     created_at: str,
+    retired_at: RetiredAt | None = None,
 ) -> dict[str, Any]:
-    """``history`` with ``new`` endorsed by ``current`` (which must be its last key)."""
+    """``history`` with ``new`` endorsed by ``current`` (which must be its last key);
+    with ``retired_at`` (the log's head when ``current`` stops signing) a v2 history."""
     records = list(history["keys"])
     if records[-1]["key_id"] != key_id(current):
         raise AuditKeyError("only the history's last key can endorse the next one")
-    return {**history, "keys": [*records, _new_record(new, created_at, records[-1], current)]}
+    added = _new_record(new, created_at, records[-1], current, retired_at)
+    document_format = history["format"] if retired_at is None else HISTORY_FORMAT_V2
+    return {"format": document_format, "keys": [*records, added]}
 
 
 @dataclass(frozen=True)
@@ -154,6 +192,14 @@ class KeyHistory:
     keys: tuple[Ed25519PublicKey, ...]
     key_ids: tuple[str, ...]
     document: Mapping[str, Any]
+    #: Where each rotated-out key stopped signing, by key id (v2 records only: a key
+    #: rotated out by a v1 record has no entry and stays unbounded).
+    retired_at: Mapping[str, RetiredAt] = field(default_factory=dict)
+
+    @property
+    def trusted(self) -> TrustedKeys:
+        """The keys as ranges (``audit.keys.TrustedKeys``), for every verifier."""
+        return TrustedKeys(self.keys, self.retired_at)
 
     def key(self, wanted: str) -> Ed25519PublicKey | None:
         """The endorsed key with hex id ``wanted``, or None."""
@@ -182,18 +228,22 @@ def verify_key_history(
     if (
         not isinstance(history, Mapping)
         or set(history) != {"format", "keys"}
-        or history["format"] != HISTORY_FORMAT
+        or not any(history["format"] == known for known in HISTORY_FORMATS)
     ):
-        raise VerificationError(f"a key history is {{'format': {HISTORY_FORMAT!r}, 'keys': [...]}}")
+        raise VerificationError(
+            f"a key history is {{'format': {HISTORY_FORMAT_V2!r} (or {HISTORY_FORMAT!r}), "
+            "'keys': [...]}"
+        )
     records = history["keys"]
     if not isinstance(records, list) or not 1 <= len(records) <= MAX_KEYS:
         raise VerificationError(f"a key history holds 1 to {MAX_KEYS} keys")
     keys: list[Ed25519PublicKey] = []
     ids: list[str] = []
+    retired_at: dict[str, RetiredAt] = {}
     previous: Mapping[str, Any] | None = None
     for seq, record in enumerate(records):
         where = f"key history record {seq}"
-        if not isinstance(record, Mapping) or set(record) != RECORD_KEYS:
+        if not isinstance(record, Mapping) or set(record) - {RETIRED_AT} != RECORD_KEYS:
             raise VerificationError(f"{where} needs exactly {sorted(RECORD_KEYS)}")
         if record["seq"] != seq or isinstance(record["seq"], bool):
             raise VerificationError(f"{where} has seq {record['seq']!r}: records were reordered")
@@ -229,6 +279,19 @@ def verify_key_history(
             if record["endorsement"] is None:
                 raise VerificationError(f"{where}: the key is endorsed by nobody")
             _check_signature(keys[-1], record["endorsement"], message, f"{where} endorsement")
+        if RETIRED_AT in record:
+            if history["format"] != HISTORY_FORMAT_V2 or previous is None:
+                raise VerificationError(
+                    f"{where}: {RETIRED_AT} belongs to a rotation record of a "
+                    f"{HISTORY_FORMAT_V2} history"
+                )
+            point = _retired_at(record[RETIRED_AT], where)
+            if retired_at and point.tree_size < max(p.tree_size for p in retired_at.values()):
+                raise VerificationError(
+                    f"{where}: {RETIRED_AT}.tree_size {point.tree_size} is below an earlier "
+                    "rotation's: the log cannot shrink"
+                )
+            retired_at[ids[-1]] = point
         keys.append(public)
         ids.append(record["key_id"])
         previous = record
@@ -242,7 +305,17 @@ def verify_key_history(
             "the trusted public key is not in this key history: it belongs to another "
             "deployment, or it was replaced"
         )
-    return KeyHistory(tuple(keys), tuple(ids), history)
+    return KeyHistory(tuple(keys), tuple(ids), history, retired_at)
+
+
+def _retired_at(value: Any, where: str) -> RetiredAt:
+    if not isinstance(value, Mapping) or set(value) != {"tree_size", "root"}:
+        raise VerificationError(f"{where}: {RETIRED_AT} is {{'tree_size': n, 'root': <base64>}}")
+    size = value["tree_size"]
+    if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size < 2**63:
+        raise VerificationError(f"{where}: {RETIRED_AT}.tree_size is not a tree size")
+    root = b64decode_strict(value["root"], f"{where} {RETIRED_AT}.root", size=HASH_SIZE)
+    return RetiredAt(size, root)
 
 
 def _check_signature(key: Ed25519PublicKey, text: Any, message: bytes, what: str) -> None:
@@ -256,17 +329,20 @@ def _check_signature(key: Ed25519PublicKey, text: Any, message: bytes, what: str
 def trusted_keys(
     public_key: Ed25519PublicKey | bytes | str | Sequence[Ed25519PublicKey],
     key_history: Any = None,
-) -> list[Ed25519PublicKey]:
-    """The keys a verifier accepts: the pinned key alone, or with ``key_history`` every key
-    of that history (verified, and naming the pinned key). A sequence of keys is taken as
-    the already-trusted set."""
-    if isinstance(public_key, Sequence) and not isinstance(public_key, bytes | str):
-        anchors = list(public_key)
+) -> TrustedKeys:
+    """The keys a verifier accepts, as ranges (``TrustedKeys``): the pinned key alone, or
+    with ``key_history`` every key of that history (verified, and naming the pinned key),
+    each rotated-out key bounded where a v2 history recorded its retirement. A sequence of
+    keys is taken as the already-trusted set (its ranges kept)."""
+    if isinstance(public_key, TrustedKeys):
+        anchors: Sequence[Ed25519PublicKey] = public_key
+    elif isinstance(public_key, Sequence) and not isinstance(public_key, bytes | str):
+        anchors = TrustedKeys(public_key)
     else:
-        anchors = [load_pinned_key(public_key)]
+        anchors = TrustedKeys([load_pinned_key(public_key)])
     if key_history is None:
-        return anchors
-    return list(verify_key_history(key_history, anchors).keys)
+        return anchors if isinstance(anchors, TrustedKeys) else TrustedKeys(anchors)
+    return verify_key_history(key_history, list(anchors)).trusted
 
 
 def key_by_id(keys: Sequence[Ed25519PublicKey], wanted: object) -> Ed25519PublicKey | None:
@@ -541,8 +617,8 @@ class FileKeyRing:
             self._history, self._history_stamp = cached, stamp
         return cached
 
-    def trusted(self) -> Sequence[Ed25519PublicKey]:
-        return self.history().keys
+    def trusted(self) -> TrustedKeys:
+        return self.history().trusted
 
     # -- rotation
 
@@ -558,9 +634,19 @@ class FileKeyRing:
             yield self._read_history_document()
 
     def rotate(
-        self, record: Callable[[Rotation, Mapping[str, Any]], None] | None = None
+        self,
+        record: Callable[[Rotation, Mapping[str, Any]], None] | None = None,
+        *,
+        log_head: Callable[[], AbstractContextManager[RetiredAt]] | None = None,
     ) -> Rotation:
         """Make a new key current, endorsed by the current one; return what was done.
+
+        ``log_head()`` (``AuditLog.held_head``): holds the log's append lock and gives its
+        size and root. The history records them as where the old key stopped signing, and
+        the key file is switched before the lock is let go: a process that reads the log's
+        size after it then reads the new key (``current`` stats the key file per call), so
+        no checkpoint beyond that size is signed by the old key. Without it (a key ring
+        used without a log) the rotation is a v1 one, unbounded.
 
         ``record(rotation, history)`` runs after the key switch, still under the lock (the
         rotation's audit entry: no other process's ``settled`` can see the rotation first
@@ -580,11 +666,12 @@ class FileKeyRing:
             new = Ed25519PrivateKey.generate()
             next_path = self.folder / NEXT_KEY_FILE
             _write_private(next_path, _pem(new))
-            created_at = max(self._clock(), document["keys"][-1]["created_at"])
-            extended = extend_history(document, current, new, created_at)
-            _write_private(self.history_path, _history_bytes(extended))  # the commit point
-            os.replace(next_path, self.key_path)
-            _fsync_dir(self.folder)
+            with log_head() if log_head is not None else nullcontext(None) as head:
+                created_at = max(self._clock(), document["keys"][-1]["created_at"])
+                extended = extend_history(document, current, new, created_at, head)
+                _write_private(self.history_path, _history_bytes(extended))  # the commit point
+                os.replace(next_path, self.key_path)
+                _fsync_dir(self.folder)
             added = extended["keys"][-1]
             done = Rotation(added["seq"], key_id(current), added["key_id"], created_at)
             if record is not None:

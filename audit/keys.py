@@ -14,14 +14,16 @@ from __future__ import annotations
 import os
 import secrets
 import stat
+from collections.abc import Iterable, Mapping
 from hashlib import sha256
 from pathlib import Path
+from typing import NamedTuple
 
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from audit.errors import AuditKeyError
+from audit.errors import AuditKeyError, VerificationError
 
 #: C2SP signed-note signature type byte for Ed25519.
 ED25519_NOTE_ALGORITHM = b"\x01"
@@ -133,3 +135,56 @@ def key_id(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
 def note_key_id(name: str, key: Ed25519PrivateKey | Ed25519PublicKey) -> bytes:
     """Return the 4-byte C2SP note key id for ``name`` and this Ed25519 key."""
     return sha256(name.encode() + b"\n" + ED25519_NOTE_ALGORITHM + raw_public_key(key)).digest()[:4]
+
+
+class RetiredAt(NamedTuple):
+    """Where a rotated-out key stopped signing: the log's tree size and root when the key
+    after it became current (recorded under the log's append lock, ``audit.keyring``)."""
+
+    tree_size: int
+    root: bytes
+
+
+class TrustedKeys(tuple[Ed25519PublicKey, ...]):
+    """The keys a verifier accepts, as ranges: a key of ``retired_at`` signs checkpoints of
+    at most its recorded tree size (and, at that size, only the recorded root); any other
+    key signs any size (the current key, or an old key rotated out before the history
+    recorded where: a v1 rotation, unbounded).
+
+    A tuple, so every place that took a flat key list still does; the ranges travel with
+    it to ``audit.checkpoint.verify_checkpoint``, the one place that applies them."""
+
+    retired_at: Mapping[str, RetiredAt]
+
+    def __new__(
+        cls,
+        keys: Iterable[Ed25519PublicKey],
+        retired_at: Mapping[str, RetiredAt] | None = None,
+    ) -> TrustedKeys:
+        self = super().__new__(cls, keys)
+        self.retired_at = dict(retired_at or {})
+        return self
+
+    @property
+    def unbounded_retired(self) -> int:
+        """How many keys other than the newest have no recorded retirement point (rotated
+        out by a v1 history record): their signatures are accepted at any size."""
+        return max(len(self) - 1 - len(self.retired_at), 0)
+
+    def check_signed_range(self, key: Ed25519PublicKey, tree_size: int, root: bytes) -> None:
+        """Raise VerificationError when ``key`` signed a checkpoint outside its range."""
+        bound = self.retired_at.get(key_id(key))
+        if bound is None:
+            return
+        if tree_size > bound.tree_size:
+            raise VerificationError(
+                f"checkpoint of tree size {tree_size} is signed by key {key_id(key)[:16]}…, "
+                f"which was rotated out at tree size {bound.tree_size}: a retired key "
+                "vouches for nothing after its rotation (a leaked or backed-up old key?)"
+            )
+        if tree_size == bound.tree_size and root != bound.root:
+            raise VerificationError(
+                f"checkpoint of tree size {tree_size} by key {key_id(key)[:16]}… names "
+                "another root than the one the key history recorded when that key was "
+                "rotated out: the checkpoint forks the log"
+            )

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from hashlib import sha256
@@ -33,10 +33,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from audit.canonical import canonical_bytes
 from audit.checkpoint import check_origin, sign_checkpoint, verify_checkpoint
 from audit.entry import format_timestamp, normalise_timestamp, validate_entry
-from audit.errors import VerificationError
+from audit.errors import AuditKeyError, VerificationError
 from audit.export_format import EXPORT_SIGNATURE_CONTEXT
 from audit.keyring import SigningKeys, StaticSigningKeys
-from audit.keys import key_id
+from audit.keys import RetiredAt, TrustedKeys, key_id
 from audit.merkle import (
     EMPTY_ROOT,
     Frontier,
@@ -343,9 +343,20 @@ class AuditLog:
         (an export's header names the key its trailer is signed with)."""
         return self._keys.current()
 
-    def trusted_keys(self) -> list[Ed25519PublicKey]:
-        """Every key whose signatures this log accepts: the current key's endorsed history."""
-        return list(self._keys.trusted())
+    def trusted_keys(self) -> TrustedKeys:
+        """Every key whose signatures this log accepts: the current key's endorsed history,
+        as ranges (a rotated-out key only up to where the history says it stopped)."""
+        keys = self._keys.trusted()
+        return keys if isinstance(keys, TrustedKeys) else TrustedKeys(keys)
+
+    @contextmanager
+    def held_head(self) -> Iterator[RetiredAt]:
+        """The log's size and root, with its append lock held until the block ends: what a
+        key rotation records as where the old key stopped signing (``FileKeyRing.rotate``'s
+        ``log_head``). Nothing is appended meanwhile, by any process."""
+        with self._write_transaction() as conn:
+            size = self._size(conn)
+            yield RetiredAt(size, self._root(conn, size))
 
     # No general "sign these bytes" method: each signed message kind has its own, with a shape
     # that cannot be mistaken for a checkpoint body (which starts with the origin).
@@ -547,7 +558,20 @@ class AuditLog:
             row = conn.execute(_CHECKPOINT_AT, {"tree_size": size}).first()
         # The note is deterministic (Ed25519) for one key: signing again costs no write and
         # hands out the current key's signature even if the stored one is an older key's.
-        note = sign_checkpoint(key or self._keys.current(), self.origin, size, root)
+        # The size was read before the key: a rotation switches the key file under the
+        # append lock, so a size that grew after it comes with the new key here. A captured
+        # ``key`` (or a rotation killed before its switch) may still be out of its range:
+        # refused here, never handed out as a note every verifier would refuse.
+        signer = key or self._keys.current()
+        try:
+            self.trusted_keys().check_signed_range(signer.public_key(), size, root)
+        except VerificationError as exc:
+            raise AuditKeyError(
+                f"not signing the checkpoint of size {size}: {exc.reason}. The audit key was "
+                "rotated while this document was being built (ask again), or a rotation was "
+                "killed before its key switch (a restart finishes it)"
+            ) from None
+        note = sign_checkpoint(signer, self.origin, size, root)
         if row is not None:
             record = self._reused(StoredCheckpoint(**row._asdict()), root, note)
         else:

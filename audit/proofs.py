@@ -271,9 +271,13 @@ def verify_proof(
     keys = trusted_keys(public_key, key_history)
     receipt: Mapping[str, Any] | None = None
     if isinstance(trusted, Mapping):
-        from audit.receipts import verify_receipt
+        from audit.receipts import ROTATION_POINT_CHECKED_BY_CALLER, verify_receipt
 
-        verify_receipt(trusted, keys, origin=origin)
+        # The consistency proof below, to a checkpoint in its key's range, is the receipt's
+        # proof of reaching its key's rotation point (``retired_point_reached``).
+        verify_receipt(
+            trusted, keys, origin=origin, rotation_proof=ROTATION_POINT_CHECKED_BY_CALLER
+        )
         receipt = trusted
         trusted_note = receipt["checkpoint"]
     else:
@@ -327,6 +331,10 @@ def verify_proof(
             "the proof was altered)"
         ) from None
 
+    if receipt is not None:
+        from audit.receipts import retired_point_reached
+
+        retired_point_reached(keys, receipt["body"]["issuer"]["key_id"], old_size, tree_size)
     leaf_index = _check_inclusion(document["inclusion"], tree_size, root, receipt)
     return ProofReport(origin, key_id(key), old_size, old_root, tree_size, root, leaf_index)
 

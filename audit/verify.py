@@ -52,7 +52,7 @@ from audit.export_format import (
     split_entry_line,
 )
 from audit.keyring import key_by_id, trusted_keys
-from audit.keys import note_key_id
+from audit.keys import TrustedKeys, note_key_id
 from audit.merkle import HASH_SIZE, Frontier, leaf_hash, verify_inclusion
 from audit.strict_json import strict_json
 
@@ -75,6 +75,11 @@ class VerificationReport:
     last_leaf_index: int | None = None
     exported_at: str = ""
     export_sha256: str = ""
+    #: How many of the key history's rotation points the trail was checked to pass through
+    #: (``keys_unbounded``: rotations a v1 history recorded no point for, whose old keys
+    #: this verdict cannot bound; see docs/audit-format.md).
+    rotation_points_checked: int = 0
+    keys_unbounded: int = 0
 
 
 def _strict_json(text: str, line_number: int) -> Any:
@@ -119,9 +124,9 @@ class _ExportVerifier:
     ) -> None:
         #: The tenant whose trail this must be (``verify_export(..., tenant=)``), or None.
         self._tenant = tenant
-        #: The trusted keys (the pinned key, or its endorsed history); the header names
-        #: which one signs the trailer.
-        self._keys = list(keys)
+        #: The trusted keys (the pinned key, or its endorsed history, as ranges); the
+        #: header names which one signs the trailer.
+        self._keys = keys if isinstance(keys, TrustedKeys) else TrustedKeys(keys)
         self._key = self._keys[-1]
         #: Checkpoints the reader trusted before (smallest first): the trail must extend each.
         self._trusted = sorted(trusted)
@@ -138,6 +143,7 @@ class _ExportVerifier:
         self._last = -1
         self._first: int | None = None
         self._report: VerificationReport | None = None
+        self._rotation_points_checked = 0
 
     # header ---------------------------------------------------------------------------------
 
@@ -194,6 +200,7 @@ class _ExportVerifier:
         if self._tenant is not None and chosen.get("tenant", self._tenant) != self._tenant:
             raise fail(f"export is filtered on tenant {chosen['tenant']!r}, not {self._tenant!r}")
         self._filter, self._filtered = chosen, bool(chosen)
+        self._check_rotation_points()
         self._check_trusted_sizes(fail)
         self._header = obj
         self._digest.update(line.encode("utf-8") + b"\n")
@@ -275,6 +282,22 @@ class _ExportVerifier:
             )
         self._check_trusted_prefix(fail)  # a trusted size of 0
 
+    def _check_rotation_points(self) -> None:
+        """A whole trail must pass through every point where the key history says a key
+        was rotated out, inside its size: entries a retired key's checkpoints covered are
+        then the log's (a log rewritten below a rotation point, or a retired key's fork
+        of it, is refused). A filtered trail, or one smaller than a point, cannot show it:
+        ``rotation_points_checked`` says how many were."""
+        if self._filtered:
+            return
+        points = [
+            CheckpointBody(point.tree_size, point.root)
+            for point in self._keys.retired_at.values()
+            if point.tree_size <= self._tree_size
+        ]
+        self._rotation_points_checked = len(points)
+        self._trusted = sorted([*self._trusted, *points])
+
     def _check_trusted_prefix(self, fail: Any) -> None:
         """Compare the root of the leaves read so far with a trusted checkpoint of that size."""
         while self._trusted and self._trusted[0].tree_size == self._frontier.size:
@@ -349,6 +372,8 @@ class _ExportVerifier:
             last_leaf_index=None if self._first is None else self._last,
             exported_at=header["exported_at"],
             export_sha256=digest.hex(),
+            rotation_points_checked=self._rotation_points_checked,
+            keys_unbounded=self._keys.unbounded_retired,
         )
 
     @property

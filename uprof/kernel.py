@@ -725,11 +725,22 @@ class Uprof:
         """Check an uploaded export or receipt against this log's keys (the current one and
         those of its endorsed history) and origin, as this tenant's: another tenant's
         receipt or tenant-filtered export is refused (bug JQ)."""
+        from audit._codec import b64encode
         from audit.check import check_upload
 
         log = self.audit_log
+
+        def rotation_proof(old_size: int, new_size: int) -> list[str]:
+            # This service holds the log: it proves a retired key's receipt itself (KG).
+            return [b64encode(h) for h in log.consistency_proof(old_size, new_size)]
+
         return check_upload(
-            content, kind, log.trusted_keys(), log.origin, tenant=self.subjects.tenant
+            content,
+            kind,
+            log.trusted_keys(),
+            log.origin,
+            tenant=self.subjects.tenant,
+            rotation_proof=rotation_proof,
         )
 
     def audit_key(self, *, with_checkpoint: bool = True) -> dict[str, Any]:
@@ -1243,7 +1254,8 @@ class Uprof:
                 once_by=("audit_key_id",),
             )
 
-        done: Rotation = rotate(record)
+        # The log's head under its append lock is where the old key stops signing.
+        done: Rotation = rotate(record, log_head=self.audit_log.held_head)
         self.audit_log.checkpoint()
         return {
             "seq": done.seq,

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
+from audit._codec import b64encode
 from audit.errors import VerificationError
-from audit.keyring import HISTORY_FILE, KEY_FILE, verify_key_history
+from audit.keyring import HISTORY_FILE, KEY_FILE, trusted_keys, verify_key_history
 from audit.keys import key_id, public_key_pem
 from audit.receipts import verify_receipt
 from audit.verify import verify_export
@@ -91,10 +92,19 @@ def test_a_rotation_is_recorded_and_everything_signed_before_still_verifies(
         assert k.verify_audit((tmp_path / "before.jsonl").read_bytes(), "export").ok
         assert k.verify_audit((tmp_path / "after.jsonl").read_bytes(), "export").ok
         origin = k.audit_log.origin
+        # The old key was rotated out after the old receipt's checkpoint: offline, with the
+        # history, that receipt needs the log's proof up to the rotation point (bug KG).
+        point = trusted_keys(first_pem, history).retired_at[first_id].tree_size
+        old_size = old_receipt["inclusion"]["tree_size"]
+        rotation_proof = [b64encode(h) for h in k.audit_log.consistency_proof(old_size, point)]
 
     # Offline, with only the FIRST public key and the published history.
-    for receipt in (old_receipt, new_receipt):
-        verify_receipt(receipt, first_pem, origin=origin, key_history=history)
+    verify_receipt(new_receipt, first_pem, origin=origin, key_history=history)
+    verify_receipt(
+        old_receipt, first_pem, origin=origin, key_history=history, rotation_proof=rotation_proof
+    )
+    with pytest.raises(VerificationError, match="rotation_proof"):
+        verify_receipt(old_receipt, first_pem, origin=origin, key_history=history)
     verify_export(tmp_path / "after.jsonl", first_pem, origin, key_history=history)
     verify_export(tmp_path / "before.jsonl", first_pem, origin, key_history=history)
     # Without the history, the first key alone does not vouch for the new key.

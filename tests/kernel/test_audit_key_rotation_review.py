@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from audit._codec import b64encode
 from audit.errors import AuditKeyError
 from audit.keyring import HISTORY_FILE
 from audit.keys import public_key_pem
@@ -240,10 +241,19 @@ def test_rotations_beside_another_process_issuing_receipts_and_backups(
         assert [e["audit_key_seq"] for e in entries] == [1, 2, 3]
         assert all(e["requested_by"] == "operator:rotating" for e in entries)
         assert k.audit_log.verify_integrity() == k.audit_log.size()
-    receipts = sorted(out_dir.glob("receipt-*.json"))
-    assert len(receipts) >= 3
-    for path in receipts:
-        verify_receipt(json.loads(path.read_text()), first_pem, origin=origin, key_history=history)
+        receipts = sorted(out_dir.glob("receipt-*.json"))
+        assert len(receipts) >= 3
+        log = k.audit_log
+        for path in receipts:
+            # A receipt issued before a rotation needs the log's proof up to that rotation's
+            # point (decision XXXX-rotation-bound, bug KG); the log gives it.
+            verify_receipt(
+                json.loads(path.read_text()),
+                first_pem,
+                origin=origin,
+                key_history=history,
+                rotation_proof=lambda m, n: [b64encode(h) for h in log.consistency_proof(m, n)],
+            )
     manifests = sorted(out_dir.glob(f"backup-*/{MANIFEST}"))
     assert manifests
     for path in manifests:

@@ -414,7 +414,18 @@ def audit_verify(
             if "tenant" in report.filter
             else ""
         )
-        + (f", extends {len(notes)} trusted checkpoint(s)" if notes else ""),
+        + (f", extends {len(notes)} trusted checkpoint(s)" if notes else "")
+        + (
+            f", passes through {report.rotation_points_checked} key rotation point(s)"
+            if report.rotation_points_checked
+            else ""
+        )
+        + (
+            f"; {report.keys_unbounded} retired key(s) rotated out without a recorded point "
+            "are trusted at any size (docs/audit-format.md §4.2)"
+            if report.keys_unbounded
+            else ""
+        ),
         highlight=False,
     )
 
@@ -622,10 +633,20 @@ def audit_verify_receipt(
         str | None,
         typer.Option(help="Check it is this tenant's (tenants on shared stores share a key)."),
     ] = None,
+    rotation_proof: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="For a receipt whose key was rotated out after it: the log's consistency "
+            "proof from its checkpoint to the rotation point (a JSON list of base64 hashes).",
+        ),
+    ] = None,
 ) -> None:
     """Verify an erasure receipt offline, with only the public key and the log's origin."""
     from audit.errors import VerificationError
     from audit.receipts import parse_receipt, verify_receipt, verify_subject_commitment
+    from audit.strict_json import strict_json
 
     try:
         subject_nonce = bytes.fromhex(nonce) if nonce is not None else None
@@ -641,6 +662,11 @@ def audit_verify_receipt(
             origin=origin,
             key_history=read_key_history(key_history),
             tenant=tenant,
+            rotation_proof=(
+                None
+                if rotation_proof is None
+                else strict_json(rotation_proof.read_bytes(), "rotation proof")
+            ),
         )
         if subject is not None and subject_nonce is not None:
             verify_subject_commitment(receipt, subject, subject_nonce)
