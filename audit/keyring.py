@@ -21,7 +21,7 @@ a verifier trusts: forward by endorsements, backward by acceptances over the has
 is one of its keys; anything else (a forged or re-ordered record, a history of another
 deployment, a key nobody endorsed) is refused whole.
 
-A v2 history (``HISTORY_FORMAT_V2``, decision XXXX-rotation-bound) adds to each record a
+A v2 history (``HISTORY_FORMAT_V2``, decision 0160-rotation-bound) adds to each record a
 rotation writes ``previous_key_retired_at``: the log's tree size and root, read under the
 log's append lock, at which the key before stopped signing; it is in the statement both
 keys sign. ``KeyHistory.trusted`` gives the keys as ranges (``audit.keys.TrustedKeys``),
@@ -79,7 +79,7 @@ from audit.strict_json import strict_json
 
 HISTORY_FORMAT = "uprof.audit-key-history/v1"
 #: A history that records where each rotated-out key stopped signing (decision
-#: XXXX-rotation-bound): written by every rotation from now on. A v1 verifier refuses it
+#: 0160-rotation-bound): written by every rotation from now on. A v1 verifier refuses it
 #: whole (fail closed) rather than read it as a flat key list.
 HISTORY_FORMAT_V2 = "uprof.audit-key-history/v2"
 HISTORY_FORMATS = frozenset({HISTORY_FORMAT, HISTORY_FORMAT_V2})

@@ -1,4 +1,4 @@
-"""What bounding a rotated-out audit key costs (decision XXXX-rotation-bound), side by side.
+"""What bounding a rotated-out audit key costs (decision 0160-rotation-bound), side by side.
 
     python -m benchmarks.rotation_bound_bench --rounds 5 --entries 5000 --other ../main
 

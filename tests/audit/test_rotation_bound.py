@@ -1,4 +1,4 @@
-"""Decision XXXX-rotation-bound: a rotated-out audit key vouches only up to where it stopped.
+"""Decision 0160-rotation-bound: a rotated-out audit key vouches only up to where it stopped.
 
 At rotation the key history records the log's size N and root R under the log's append
 lock, in a record both keys sign (v2). Every verifier takes the history as ranges

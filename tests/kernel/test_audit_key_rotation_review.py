@@ -246,7 +246,7 @@ def test_rotations_beside_another_process_issuing_receipts_and_backups(
         log = k.audit_log
         for path in receipts:
             # A receipt issued before a rotation needs the log's proof up to that rotation's
-            # point (decision XXXX-rotation-bound, bug KG); the log gives it.
+            # point (decision 0160-rotation-bound, bug KG); the log gives it.
             verify_receipt(
                 json.loads(path.read_text()),
                 first_pem,
