@@ -209,6 +209,13 @@ AUDIT_APPEND = RetryPolicy(
     attempts=30, on=(StoreBusyError, VersionConflictError), backoff=Backoff(0.005, 0.5)
 )
 
+#: Switching a SQLite database into WAL mode met another connection's write lock, which
+#: SQLite answers at once instead of waiting (bug KA): the other is switching the same new
+#: file, and once it has, the switch is a no-op. Short jittered waits, about 5 s in all.
+WAL_SWITCH = RetryPolicy(
+    attempts=100, on=(StoreBusyError,), backoff=Backoff(0.005, 0.1, jitter=True)
+)
+
 #: A read's inline pipeline run collided with the background worker on a position
 #: (raised before anything is written): run the read again.
 WORKER_COLLISION = RetryPolicy(attempts=3, on=(PositionMovedError,), backoff=Backoff(0.05, 0.05))

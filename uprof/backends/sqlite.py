@@ -59,7 +59,7 @@ def _pragmas(dbapi_connection: Any, _record: Any, *, synchronous: str = "NORMAL"
     # Deleted rows must not linger in free pages (FIELD-NOTES §4); never rely on the
     # build default. WAL lets readers run beside the projection writer.
     cursor.execute("PRAGMA secure_delete=ON")
-    cursor.execute("PRAGMA journal_mode=WAL")
+    _into_wal(dbapi_connection)
     cursor.execute(f"PRAGMA synchronous={synchronous}")
     cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     cursor.execute("PRAGMA foreign_keys=ON")
@@ -68,6 +68,52 @@ def _pragmas(dbapi_connection: Any, _record: Any, *, synchronous: str = "NORMAL"
 
 def _pragmas_full(dbapi_connection: Any, record: Any) -> None:
     _pragmas(dbapi_connection, record, synchronous="FULL")
+
+
+def _into_wal(connection: sqlite3.Connection) -> None:
+    """Put the connection's database into WAL mode; a no-op, taking no lock, once it is.
+
+    The switch of a database not yet in WAL (a new file) needs the file's exclusive lock,
+    and while another connection holds its write lock SQLite refuses at once, "database is
+    locked", without the busy wait: waiting could deadlock with a holder that wants to
+    upgrade in turn. Processes starting at once on a new store all switch each new file,
+    and one of them failed its start (bug KA). The other holder is another switch (or a
+    short write) that ends in milliseconds, and once a switch has committed the file's
+    header says WAL and every later switch is a no-op: so the refused switch is tried
+    again (``WAL_SWITCH``). Every switch uprof makes comes here: its engines' connections
+    (``_pragmas``) and the files it hands to eventsourcing (``_file_into_wal``).
+    """
+    from domain.errors import StoreBusyError
+    from uprof.retry import WAL_SWITCH
+
+    def switch() -> None:
+        try:
+            connection.execute("PRAGMA journal_mode=WAL").fetchall()
+        except sqlite3.OperationalError as error:
+            if SQLITE.is_transient_lock(error):
+                raise StoreBusyError(
+                    "another process held the write lock of a new SQLite database while "
+                    "this one switched it into WAL mode"
+                ) from error
+            raise
+
+    WAL_SWITCH.call(switch)
+
+
+def _file_into_wal(database: Path) -> Path:
+    """Switch ``database`` into WAL mode before eventsourcing opens it (creating it if it
+    is new), and return it.
+
+    eventsourcing's connection pool switches a file itself, once, without waiting on a
+    refused switch (bug KA, ``_into_wal``); a file already in WAL it leaves alone. Through
+    the driver only, never a plain open of the file (FIELD-NOTES 8.1).
+    """
+    connection = sqlite3.connect(database, timeout=BUSY_TIMEOUT_MS / 1000)
+    try:
+        _into_wal(connection)
+    finally:
+        connection.close()
+    return database
 
 
 #: How long an erasure's WAL truncation is tried (the connections' busy timeout), and
@@ -100,7 +146,8 @@ class SQLiteBackend:
         data.mkdir(parents=True, exist_ok=True)
         keys = settings.key_path
         keys.mkdir(mode=0o700, parents=True, exist_ok=True)
-        events = data / "events.sqlite"
+        # Handed to eventsourcing, which would switch it into WAL without waiting (bug KA).
+        events = _file_into_wal(data / "events.sqlite")
         return StorageLayout(
             views_url=f"sqlite:///{data / 'views.sqlite'}",
             keys_url=f"sqlite:///{keys / 'keys.sqlite'}",
@@ -117,7 +164,8 @@ class SQLiteBackend:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         return {
             "PERSISTENCE_MODULE": self.persistence_module,
-            "SQLITE_DBNAME": str(settings.data_dir / POLICY_STORE_FILE),
+            # Handed to eventsourcing, which would switch it into WAL without waiting (KA).
+            "SQLITE_DBNAME": str(_file_into_wal(settings.data_dir / POLICY_STORE_FILE)),
             "SQLITE_LOCK_TIMEOUT": "30",
         }
 
