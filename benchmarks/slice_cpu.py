@@ -11,7 +11,9 @@ compares. Usage, once per code tree (decision 0041-slice-latency-round-2)::
 ``SEEDED`` is a folder seeded by ``uprof bench slice --seeded``. Per round and mode
 the p50 over the questions of: ``retrieval_only`` (a hybrid slice whose query vector is
 precomputed: everything but embedding the question), ``lexical`` (a lexical-only slice)
-and ``embed`` (embedding the question alone, through the deployment's embedder). With
+and ``embed`` (embedding the question alone, through the deployment's embedder); each
+also as ``<mode>_process_cpu`` (every thread of the process: the bridges' product runs
+half on a helper thread from 4,096 memories up) and ``<mode>_wall``. With
 ``--profile``, a cProfile of one more pass of retrieval-only slices goes to out.json.prof.
 Not run in the test suite or CI.
 """
@@ -80,15 +82,24 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
         for question in questions[:3]:  # warm-up: builds the views
             one(question)
             one(question, lexical=True)
-        per_round: dict[str, list[float]] = {name: [] for name in modes}
+        # The serving thread's CPU; the whole process's CPU, which also counts the helper
+        # thread's half of a large bridges product (decision 0042); and wall time.
+        clocks = {
+            "": time.thread_time,
+            "_process_cpu": time.process_time,
+            "_wall": time.perf_counter,
+        }
+        per_round: dict[str, list[float]] = {name + c: [] for name in modes for c in clocks}
         for _ in range(rounds):
             for name, run in modes.items():
-                timings = []
+                timings: dict[str, list[float]] = {c: [] for c in clocks}
                 for question in questions:
-                    began = time.thread_time()
+                    began = {c: clock() for c, clock in clocks.items()}
                     run(question)
-                    timings.append((time.thread_time() - began) * 1000)
-                per_round[name].append(round(statistics.median(timings), 2))
+                    for c, clock in clocks.items():
+                        timings[c].append((clock() - began[c]) * 1000)
+                for c, values in timings.items():
+                    per_round[name + c].append(round(statistics.median(values), 2))
             k.reads.drain()
         if profile:
             profiler = cProfile.Profile()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,7 +31,9 @@ def _reference_bridges(
     assert index.vectors is not None
     seeds = np.argpartition(-relevance, k - 1)[:k]
     n = len(relevance)
-    links = np.einsum("ij,kj->ik", index.vectors, index.vectors[seeds])
+    # Decision XXXX-slice-speed: the seeds' cosines are one float32 BLAS product on one
+    # thread (it was einsum); everything after it is the round-2 reference unchanged.
+    links = np.matmul(index.vectors[seeds], index.vectors.T).T
     ranked = np.partition(links, [(n - 1) // 2, n // 2, n - 2], axis=0)
     floor = (ranked[(n - 1) // 2] + ranked[n // 2]) / 2
     closest_other = ranked[n - 2]
@@ -65,9 +68,9 @@ def test_bridges_equal_the_reference_bit_for_bit(n: int) -> None:
 
 
 @pytest.mark.parametrize("busy_helper", [False, True])
-def test_seed_links_split_in_two_equal_one_einsum_bit_for_bit(busy_helper: bool) -> None:
+def test_seed_links_split_in_two_equal_one_product_bit_for_bit(busy_helper: bool) -> None:
     """Large indexes are split between two threads (decision 0042); with the helper
-    thread busy, the caller takes its half back. Either way, einsum's very bits."""
+    thread busy, the caller takes its half back. Either way, the whole product's bits."""
     import threading
 
     rng = np.random.default_rng(42)
@@ -83,7 +86,59 @@ def test_seed_links_split_in_two_equal_one_einsum_bit_for_bit(busy_helper: bool)
     if blocker is not None:
         assert blocker.result() is True  # the helper was held for the whole call
     assert got.shape == (10, len(vectors))
-    assert np.array_equal(got, np.einsum("kj,ij->ki", seeds, vectors))
+    assert np.array_equal(got, np.matmul(seeds, vectors.T))
+
+
+def _unit_rows(n: int, width: int, rng: np.random.Generator) -> np.ndarray:
+    vectors = rng.standard_normal((n, width)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors
+
+
+@pytest.mark.parametrize("n", [3, 17, 1_001, ranker._SPLIT_LINKS_FROM * 2 + 7])
+def test_seed_links_are_einsums_cosines_to_float32_rounding(n: int) -> None:
+    """The BLAS product (decision XXXX-slice-speed) moves a cosine by float32 rounding
+    only, never by more: what it can change is the order of near-ties."""
+    rng = np.random.default_rng(n)
+    vectors = _unit_rows(n, 384, rng)
+    seeds = vectors[rng.choice(n, min(10, n), replace=False)]
+    got = _seed_links(seeds, vectors)
+    exact = np.einsum("kj,ij->ki", seeds.astype(np.float64), vectors.astype(np.float64))
+    assert got.dtype == np.float32
+    assert np.abs(got - exact).max() < 2e-6
+    assert np.abs(got - np.einsum("kj,ij->ki", seeds, vectors)).max() < 2e-6
+
+
+@pytest.mark.parametrize("n", [5, 64, 1_001, ranker._SPLIT_LINKS_FROM * 2 + 7])
+def test_equal_memory_vectors_get_equal_cosines_wherever_they_sit(n: int) -> None:
+    """Tie stability: a turn repeated word for word has the same vector, and its copies
+    must stay tied (and so rank chronologically) whatever their positions: first, last,
+    either side of the split between the two threads."""
+    rng = np.random.default_rng(n + 1)
+    vectors = _unit_rows(n, 384, rng)
+    half = n // 2
+    spots = sorted({0, 1, half - 1, half, half + 1, n - 2, n - 1, *rng.choice(n, 5).tolist()})
+    vectors[spots] = vectors[spots[2]]
+    seeds = vectors[rng.choice(n, min(10, n), replace=False)]
+    links = _seed_links(seeds, vectors)
+    for row in links:
+        assert len(set(row[spots].tolist())) == 1
+
+
+def test_numpys_blas_runs_on_one_thread_once_the_ranker_is_loaded() -> None:
+    """A multi-threaded BLAS product waits for the other core (decision XXXX-slice-speed)."""
+    import scipy.linalg  # noqa: F401  loads scipy's own BLAS too, as the embedder's stack does
+    from threadpoolctl import threadpool_info
+
+    # numpy's own BLAS, the one its matmul calls: a BLAS loaded later by another package
+    # (scipy's, through sentence-transformers) keeps its own setting and is not ours.
+    blas = [
+        lib
+        for lib in threadpool_info()
+        if lib["user_api"] == "blas" and "numpy" in Path(lib["filepath"]).parent.name
+    ]
+    assert blas, "numpy's BLAS was not found"
+    assert all(lib["num_threads"] == 1 for lib in blas)
 
 
 def test_the_seed_spread_is_kept_per_index_and_never_shared() -> None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from domain.catalogue import CATALOGUE, Catalogue
 from uprof.retrieval.candidates import Candidate
@@ -43,6 +44,13 @@ _SPLIT_LINKS_FROM = 4_096
 #: One helper thread, shared by every slice of the process: it computes the second half
 #: of a large bridges product while the calling thread computes the first.
 _links_helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="uprof-links")
+#: numpy's BLAS computes on the calling thread only, in every process that ranks
+#: memories. A product of a slice's size with BLAS's own threads (one per core) cost
+#: 8x the one-thread product on a 2-core machine whose other core was busy (11.5 against
+#: 1.4 ms at 5k memories; decision XXXX-slice-speed): each call waits for a thread the
+#: other processes hold. Set once, here, for the process: the limit is process-wide state,
+#: so raising and restoring it per call would race between concurrent slices.
+_BLAS_ON_ONE_THREAD = threadpool_limits(limits=1, user_api="blas")
 
 
 def category_cues(catalogue: Catalogue) -> dict[str, frozenset[str]]:
@@ -305,28 +313,32 @@ def _with_neighbours(index: MemoryIndex, relevance: np.ndarray, weight: float) -
 
 
 def _seed_links(seed_vectors: np.ndarray, vectors: np.ndarray) -> np.ndarray:
-    """Each seed's cosine to every memory, (seeds, memories), bit for bit einsum's.
+    """Each seed's cosine to every memory, (seeds, memories): one float32 matrix product.
 
-    The largest single product of a slice (10 seeds x 20,000 memories x 384 is 11 ms on
-    one core here). For a large index the memories are cut in two: the helper thread
-    computes the second half while this thread computes the first (einsum releases the
-    GIL in its loop). Each cosine is the same einsum over the same 384 numbers either
-    way, so the bits do not change (tested). If the helper has not started its half when
-    this thread finishes (the other core is busy), this thread takes it back and computes
-    it itself, so a busy machine waits for nothing it could not have done alone.
+    The largest single product of a slice (10 seeds x 20,000 memories x 384). A BLAS
+    product on one thread (``_BLAS_ON_ONE_THREAD``) costs about a third of the einsum it
+    replaced (decision XXXX-slice-speed); its cosines differ from einsum's in the last
+    bits (up to 7e-7), which can swap near-ties, so the retrieval benchmarks were re-run
+    (same decision). Two equal memory vectors still get the same cosine wherever they
+    sit (tested), so repeated turns stay tied and rank chronologically.
+
+    For a large index the memories are cut in two: the helper thread computes the second
+    half while this thread computes the first (BLAS releases the GIL). If the helper has
+    not started its half when this thread finishes (the other core is busy), this thread
+    takes it back and computes it itself, so a busy machine waits for nothing it could
+    not have done alone. Each half is the same product over the same rows either way.
     """
     n = len(vectors)
+    links = np.empty((len(seed_vectors), n), dtype=np.float32)
+    seeds = np.asarray(seed_vectors, dtype=np.float32)
     if n < _SPLIT_LINKS_FROM:
-        product: np.ndarray = np.einsum("kj,ij->ki", seed_vectors, vectors)
-        return product
+        np.matmul(seeds, vectors.T, out=links)
+        return links
     half = n // 2
-    links = np.empty((len(seed_vectors), n), dtype=np.result_type(seed_vectors, vectors))
-    second = _links_helper.submit(
-        np.einsum, "kj,ij->ki", seed_vectors, vectors[half:], out=links[:, half:]
-    )
-    np.einsum("kj,ij->ki", seed_vectors, vectors[:half], out=links[:, :half])
+    second = _links_helper.submit(np.matmul, seeds, vectors[half:].T, out=links[:, half:])
+    np.matmul(seeds, vectors[:half].T, out=links[:, :half])
     if second.cancel():
-        np.einsum("kj,ij->ki", seed_vectors, vectors[half:], out=links[:, half:])
+        np.matmul(seeds, vectors[half:].T, out=links[:, half:])
     else:
         second.result()
     return links
@@ -354,12 +366,9 @@ def _with_bridges(index: MemoryIndex, relevance: np.ndarray, options: SliceOptio
     if options.bridge_weight <= 0 or k < 1 or len(relevance) < 3 or index.vectors is None:
         return relevance
     seeds = np.argpartition(-relevance, k - 1)[:k]
-    # (k, n): each seed's cosine to every memory. einsum, not @: a matrix product this
-    # size starts BLAS threads, which on busy cores doubled the slice's CPU time
-    # (measured, 4.7k memories: 21 ms against 13 ms per slice); see _cosines. Seeds
+    # (k, n): each seed's cosine to every memory, on one BLAS thread (_seed_links). Seeds
     # are rows, so each seed's cosines are contiguous for the partition below (the
-    # (n, k) layout made it partition strided columns, several times slower); every
-    # cosine is the same number either way (einsum sums each pair alike).
+    # (n, k) layout made it partition strided columns, several times slower).
     links = _seed_links(index.vectors[seeds], index.vectors)
     floor, closest_other = index.seed_spread(seeds, links)
     strength = np.clip(
