@@ -1,4 +1,4 @@
-"""The bridges' product, einsum (main before decision XXXX-slice-speed) against one-thread
+"""The bridges' product, einsum (main before decision 0162-slice-speed) against one-thread
 BLAS (that decision), paired in one process on a seeded bench subject.
 
 Wall times on the shared 2-core machine swing with other jobs, so both versions run in

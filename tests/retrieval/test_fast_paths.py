@@ -31,7 +31,7 @@ def _reference_bridges(
     assert index.vectors is not None
     seeds = np.argpartition(-relevance, k - 1)[:k]
     n = len(relevance)
-    # Decision XXXX-slice-speed: the seeds' cosines are one float32 BLAS product on one
+    # Decision 0162-slice-speed: the seeds' cosines are one float32 BLAS product on one
     # thread (it was einsum); everything after it is the round-2 reference unchanged.
     links = np.matmul(index.vectors[seeds], index.vectors.T).T
     ranked = np.partition(links, [(n - 1) // 2, n // 2, n - 2], axis=0)
@@ -97,7 +97,7 @@ def _unit_rows(n: int, width: int, rng: np.random.Generator) -> np.ndarray:
 
 @pytest.mark.parametrize("n", [3, 17, 1_001, ranker._SPLIT_LINKS_FROM * 2 + 7])
 def test_seed_links_are_einsums_cosines_to_float32_rounding(n: int) -> None:
-    """The BLAS product (decision XXXX-slice-speed) moves a cosine by float32 rounding
+    """The BLAS product (decision 0162-slice-speed) moves a cosine by float32 rounding
     only, never by more: what it can change is the order of near-ties."""
     rng = np.random.default_rng(n)
     vectors = _unit_rows(n, 384, rng)
@@ -126,7 +126,7 @@ def test_equal_memory_vectors_get_equal_cosines_wherever_they_sit(n: int) -> Non
 
 
 def test_numpys_blas_runs_on_one_thread_once_the_ranker_is_loaded() -> None:
-    """A multi-threaded BLAS product waits for the other core (decision XXXX-slice-speed)."""
+    """A multi-threaded BLAS product waits for the other core (decision 0162-slice-speed)."""
     import scipy.linalg  # noqa: F401  loads scipy's own BLAS too, as the embedder's stack does
     from threadpoolctl import threadpool_info
 

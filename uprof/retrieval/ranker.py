@@ -47,7 +47,7 @@ _links_helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="uprof-link
 #: numpy's BLAS computes on the calling thread only, in every process that ranks
 #: memories. A product of a slice's size with BLAS's own threads (one per core) cost
 #: 8x the one-thread product on a 2-core machine whose other core was busy (11.5 against
-#: 1.4 ms at 5k memories; decision XXXX-slice-speed): each call waits for a thread the
+#: 1.4 ms at 5k memories; decision 0162-slice-speed): each call waits for a thread the
 #: other processes hold. Set once, here, for the process: the limit is process-wide state,
 #: so raising and restoring it per call would race between concurrent slices.
 _BLAS_ON_ONE_THREAD = threadpool_limits(limits=1, user_api="blas")
@@ -317,7 +317,7 @@ def _seed_links(seed_vectors: np.ndarray, vectors: np.ndarray) -> np.ndarray:
 
     The largest single product of a slice (10 seeds x 20,000 memories x 384). A BLAS
     product on one thread (``_BLAS_ON_ONE_THREAD``) costs about a third of the einsum it
-    replaced (decision XXXX-slice-speed); its cosines differ from einsum's in the last
+    replaced (decision 0162-slice-speed); its cosines differ from einsum's in the last
     bits (up to 7e-7), which can swap near-ties, so the retrieval benchmarks were re-run
     (same decision). Two equal memory vectors still get the same cosine wherever they
     sit (tested), so repeated turns stay tied and rank chronologically.
