@@ -1,0 +1,49 @@
+"""A process of the previous release (decision 0158) holding a keyed withdrawal's turn,
+for ``test_turn_locks_across_releases``. Its lock is written out here as that release
+took it (``git show 260ddd9:uprof/backends/sqlite.py``, ``.../postgres.py``,
+``.../services/idempotency.py``), not through this release's code: the key's turn was
+one of 256 shard locks, ``idempotency-turn-<int(token[:8], 16) % 256>``, taken
+exclusively; on SQLite an flock of the file ``<views database>.<name>-lock`` beside the
+database, on PostgreSQL a session advisory lock on 64 bits of
+``sha256("uprof/named-lock/<name>")``."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+from typing import Any
+
+import sqlalchemy as sa
+
+#: The previous release's shard count (decision 0158).
+SHARDS = 256
+
+
+def shard_name(token: str) -> str:
+    return f"idempotency-turn-{int(token[:8], 16) % SHARDS}"
+
+
+def hold_previous_turn(views_url: str, token: str, holding: Any, release: Any) -> None:
+    """Hold ``token``'s turn as the previous release does until ``release`` is set
+    (the first request of a keyed erasing withdrawal, still running there)."""
+    name = shard_name(token)
+    url = sa.engine.make_url(views_url)
+    if url.get_backend_name() == "sqlite":
+        fd = os.open(f"{url.database}.{name}-lock", os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        holding.set()
+        release.wait(120)
+        os.close(fd)
+        return
+    digest = hashlib.sha256(f"uprof/named-lock/{name}".encode()).digest()
+    key = int.from_bytes(digest[:8], "big", signed=True)
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar()
+            conn.commit()
+            holding.set()
+            release.wait(120)
+    finally:
+        engine.dispose()

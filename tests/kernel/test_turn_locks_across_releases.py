@@ -1,0 +1,56 @@
+"""Bug KJ (review of 0159-turn-locks): during an upgrade a process of the previous
+release may still serve requests (docs/operations.md, "Upgrading a deployment"). That
+release (decision 0158) took a keyed withdrawal's turn as one of 256 shard locks; this
+one takes a lock of the key's own, which the old process never sees. A withdrawal with
+erase sent to an old process and resent with its key to a new one ran in both at once:
+two erasures of one key, bug JG again. The new release also holds the key's old shard
+lock, *shared*: the old release's exclusive holder and it exclude each other, while two
+holders of this release (two keys on one old shard) still never wait for each other
+(bug KC)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import children
+from tests.conftest import Backend
+from tests.fakes.ports import FakeClock
+from tests.kernel.conftest import APP, build_kernel, settings_for
+from tests.kernel.previous_release_turn_child import hold_previous_turn
+from uprof.services.idempotency import RequestInProgressError
+from uprof.storage import layout_for
+
+
+def test_a_key_whose_first_request_runs_in_a_previous_release_process_is_not_run_again(
+    backend: Backend,
+) -> None:
+    settings = settings_for(backend)
+    kernel = build_kernel(settings, FakeClock())
+    holding, release = children.CONTEXT.Event(), children.CONTEXT.Event()
+    old = None
+    try:
+        store = kernel.idempotency
+        assert store is not None
+        store.in_progress_wait_s = 1.0
+        key = "withdraw-during-upgrade"
+        old = children.CONTEXT.Process(
+            target=hold_previous_turn,
+            args=(layout_for(settings).views_url, store.token(APP, key), holding, release),
+        )
+        old.start()
+        assert holding.wait(60), "the previous release's process did not take its turn"
+        ran: list[str] = []
+
+        def execute(token: str) -> tuple[dict[str, object], int]:
+            ran.append(token)  # the erasure, a second time for this key
+            return {"receipt": None}, 200
+
+        body = {"subject": "alice", "consent_id": "c-1", "erase": True}
+        with pytest.raises(RequestInProgressError):
+            kernel.idempotent(APP, key, "consent.withdraw", body, execute)
+        assert ran == []
+    finally:
+        release.set()
+        if old is not None:
+            old.join(60)
+        kernel.close()
