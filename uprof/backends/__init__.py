@@ -124,6 +124,15 @@ class Backend(Protocol):
         ``wait_s`` (a live holder may hang); yields whether it holds the lock."""
         ...
 
+    def previous_release_lock(
+        self, engine: sa.Engine, name: str, *, wait_s: float
+    ) -> AbstractContextManager[bool]:
+        """``name``'s lock as the previous release (decision 0158) took it, held *shared*:
+        a process of that release holding it exclusively (it may still run during an
+        upgrade) and this holder exclude each other, while holders of this release never
+        wait for each other on it (bug KJ). Same wait and answer as ``named_lock``."""
+        ...
+
     def fold_log(self, engine: sa.Engine, *, timeout_s: float | None = None) -> bool:
         """Fold a write-ahead log into the main file, so deleted bytes do not linger;
         False when it could not (another process's read transaction holds it) within

@@ -140,23 +140,17 @@ class PostgresBackend:
         # the engine's lock engine, never from its pool: a holder keeps it for all the
         # work it guards (an erasure), which takes its connections from the pool, and
         # holders pinning pooled connections starved that work (bug KD).
-        digest = hashlib.sha256(f"uprof/named-lock/{name}".encode()).digest()
-        key = int.from_bytes(digest[:8], "big", signed=True)
-        try_lock = sa.text("SELECT pg_try_advisory_lock(:key)")
-        with _lock_engine(engine).connect() as conn:
-            deadline = time.monotonic() + wait_s
-            while True:
-                held = bool(conn.execute(try_lock, {"key": key}).scalar_one())
-                conn.commit()
-                if held or time.monotonic() >= deadline:
-                    break
-                time.sleep(NAMED_LOCK_POLL_S)
-            try:
-                yield held
-            finally:
-                if held:
-                    conn.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": key})
-                    conn.commit()
+        with _advisory_named_lock(engine, name, wait_s=wait_s, shared=False) as held:
+            yield held
+
+    @contextlib.contextmanager
+    def previous_release_lock(
+        self, engine: sa.Engine, name: str, *, wait_s: float
+    ) -> Iterator[bool]:
+        # The previous release took ``named_lock``'s advisory key, exclusively; a shared
+        # advisory lock of the same key conflicts with that and with nothing else.
+        with _advisory_named_lock(engine, name, wait_s=wait_s, shared=True) as held:
+            yield held
 
     def fold_log(self, engine: sa.Engine, *, timeout_s: float | None = None) -> bool:
         return True  # the server's WAL is not ours to fold (docs/governance.md, residue)
@@ -675,6 +669,31 @@ _LOCK_ENGINES: weakref.WeakKeyDictionary[sa.Engine, sa.Engine] = weakref.WeakKey
 _LOCK_ENGINES_MUTEX = threading.Lock()
 #: Idle lock sessions kept for reuse; more are opened when more locks are held at once.
 LOCK_POOL_SIZE = 2
+
+
+@contextlib.contextmanager
+def _advisory_named_lock(
+    engine: sa.Engine, name: str, *, wait_s: float, shared: bool
+) -> Iterator[bool]:
+    """``PostgresBackend.named_lock`` (``shared``: ``previous_release_lock``)."""
+    digest = hashlib.sha256(f"uprof/named-lock/{name}".encode()).digest()
+    key = int.from_bytes(digest[:8], "big", signed=True)
+    mode = "_shared" if shared else ""
+    try_lock = sa.text(f"SELECT pg_try_advisory_lock{mode}(:key)")
+    with _lock_engine(engine).connect() as conn:
+        deadline = time.monotonic() + wait_s
+        while True:
+            held = bool(conn.execute(try_lock, {"key": key}).scalar_one())
+            conn.commit()
+            if held or time.monotonic() >= deadline:
+                break
+            time.sleep(NAMED_LOCK_POLL_S)
+        try:
+            yield held
+        finally:
+            if held:
+                conn.execute(sa.text(f"SELECT pg_advisory_unlock{mode}(:key)"), {"key": key})
+                conn.commit()
 
 
 def _lock_engine(engine: sa.Engine) -> sa.Engine:

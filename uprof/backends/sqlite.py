@@ -201,6 +201,39 @@ class SQLiteBackend:
                 os.unlink(path)
             os.close(fd)  # releases the flock
 
+    @contextlib.contextmanager
+    def previous_release_lock(
+        self, engine: sa.Engine, name: str, *, wait_s: float
+    ) -> Iterator[bool]:
+        # The previous release flocked ``<database>.<name>-lock`` exclusively and kept the
+        # file (one per name it used: its names were few, 256 turn shards); a shared
+        # flock of that file conflicts with that and with nothing else. Never deleted
+        # here either: a process of that release may hold or open it.
+        database = engine.url.database
+        if not database or database == ":memory:" or engine.url.query.get("mode") == "memory":
+            yield True
+            return
+        import fcntl
+
+        def try_lock(fd: int) -> bool:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            return True
+
+        fd = os.open(f"{database}.{name}-lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            # Polled until a deadline, as ``named_lock`` (not a retry of a failure).
+            deadline = time.monotonic() + wait_s
+            held = try_lock(fd)
+            while not held and time.monotonic() < deadline:
+                time.sleep(NAMED_LOCK_POLL_S)
+                held = try_lock(fd)
+            yield held
+        finally:
+            os.close(fd)  # releases the flock
+
     def fold_log(self, engine: sa.Engine, *, timeout_s: float | None = None) -> bool:
         # The pragma does not raise when it cannot finish: a reader in another process
         # (a shell, a backup tool, a scan) holding a snapshot leaves it answering busy=1,
