@@ -10,13 +10,20 @@ holders of this release (two keys on one old shard) still never wait for each ot
 
 from __future__ import annotations
 
+import os
+import signal
+from pathlib import Path
+
 import pytest
+import sqlalchemy as sa
 
 from tests import children
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import APP, build_kernel, settings_for
 from tests.kernel.previous_release_turn_child import hold_previous_turn
+from tests.kernel.turn_lock_child import hold_until_killed
+from uprof.backends import backend_for as backend_of
 from uprof.services.idempotency import RequestInProgressError
 from uprof.storage import layout_for
 
@@ -54,3 +61,40 @@ def test_a_key_whose_first_request_runs_in_a_previous_release_process_is_not_run
         if old is not None:
             old.join(60)
         kernel.close()
+
+
+def test_a_turn_whose_holder_was_killed_is_taken_by_the_next_and_its_file_goes(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """Attack of the review of 0159: kill -9 of a process holding a key's turn. The next
+    taker gets it at once (PostgreSQL ends the session's advisory lock; on SQLite the
+    flock dies with the process and its file, left behind, is taken over by the next
+    holder of the name and deleted by it)."""
+    database = tmp_path / "locks.sqlite"
+    url = backend.url if backend.kind == "postgres" else f"sqlite:///{database}"
+    holding = children.CONTEXT.Event()
+    holder = children.CONTEXT.Process(
+        target=hold_until_killed, args=(url, "idempotency-turn-killed", holding)
+    )
+    holder.start()
+    try:
+        assert holding.wait(60), "the holder did not take the lock"
+        engine = sa.create_engine(url)
+        try:
+            with backend_of(engine).named_lock(engine, "idempotency-turn-killed", wait_s=0) as held:
+                assert not held  # a live holder keeps it
+            os.kill(holder.pid or 0, signal.SIGKILL)
+            holder.join(30)
+            assert holder.exitcode == -signal.SIGKILL
+            if backend.kind == "sqlite":  # the dead holder's file is still there
+                assert len(list((tmp_path / "locks.sqlite.locks").iterdir())) == 1
+            with backend_of(engine).named_lock(engine, "idempotency-turn-killed", wait_s=5) as held:
+                assert held
+        finally:
+            engine.dispose()
+    finally:
+        if holder.is_alive():
+            holder.kill()
+            holder.join(30)
+    if backend.kind == "sqlite":
+        assert list((tmp_path / "locks.sqlite.locks").iterdir()) == []
