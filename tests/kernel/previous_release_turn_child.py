@@ -26,12 +26,16 @@ def shard_name(token: str) -> str:
 
 def hold_previous_turn(views_url: str, token: str, holding: Any, release: Any) -> None:
     """Hold ``token``'s turn as the previous release does until ``release`` is set
-    (the first request of a keyed erasing withdrawal, still running there)."""
+    (the first request of a keyed erasing withdrawal, still running there); exit 3 if
+    the turn is not free (a holder of this release has it)."""
     name = shard_name(token)
     url = sa.engine.make_url(views_url)
     if url.get_backend_name() == "sqlite":
         fd = os.open(f"{url.database}.{name}-lock", os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os._exit(3)
         holding.set()
         release.wait(120)
         os.close(fd)
@@ -41,7 +45,8 @@ def hold_previous_turn(views_url: str, token: str, holding: Any, release: Any) -
     engine = sa.create_engine(url)
     try:
         with engine.connect() as conn:
-            assert conn.execute(sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar()
+            if not conn.execute(sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar():
+                os._exit(3)
             conn.commit()
             holding.set()
             release.wait(120)

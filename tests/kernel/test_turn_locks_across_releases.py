@@ -98,3 +98,35 @@ def test_a_turn_whose_holder_was_killed_is_taken_by_the_next_and_its_file_goes(
             holder.join(30)
     if backend.kind == "sqlite":
         assert list((tmp_path / "locks.sqlite.locks").iterdir()) == []
+
+
+def test_a_previous_release_process_cannot_take_a_key_this_release_runs(
+    backend: Backend,
+) -> None:
+    """The other way round: while this release runs a key (its turn held), a process of
+    the previous release finds that key's turn taken."""
+    settings = settings_for(backend)
+    kernel = build_kernel(settings, FakeClock())
+    try:
+        store = kernel.idempotency
+        assert store is not None
+        token = store.token(APP, "withdraw-during-upgrade")
+        engine = kernel.views_engine
+        with backend_of(engine).named_lock(
+            engine,
+            store.turn_name(token),
+            wait_s=0,
+            previous_release_shared=store.previous_release_turn_name(token),
+        ) as held:
+            assert held
+            holding, release = children.CONTEXT.Event(), children.CONTEXT.Event()
+            release.set()
+            old = children.CONTEXT.Process(
+                target=hold_previous_turn,
+                args=(layout_for(settings).views_url, token, holding, release),
+            )
+            old.start()
+            old.join(60)
+            assert old.exitcode == 3  # its turn was not free
+    finally:
+        kernel.close()

@@ -132,25 +132,45 @@ class PostgresBackend:
             yield conn
 
     @contextlib.contextmanager
-    def named_lock(self, engine: sa.Engine, name: str, *, wait_s: float) -> Iterator[bool]:
+    def named_lock(
+        self,
+        engine: sa.Engine,
+        name: str,
+        *,
+        wait_s: float,
+        previous_release_shared: str | None = None,
+    ) -> Iterator[bool]:
         # A session-level advisory lock on a connection of its own; the server drops it
         # when the session ends, the holder's death included. Keyed by 64 bits of a
         # sha256 of the name (no two names in use share a key in practice: bug KC).
         # Tried without blocking until ``wait_s`` has passed. The connection comes from
         # the engine's lock engine, never from its pool: a holder keeps it for all the
         # work it guards (an erasure), which takes its connections from the pool, and
-        # holders pinning pooled connections starved that work (bug KD).
-        with _advisory_named_lock(engine, name, wait_s=wait_s, shared=False) as held:
-            yield held
-
-    @contextlib.contextmanager
-    def previous_release_lock(
-        self, engine: sa.Engine, name: str, *, wait_s: float
-    ) -> Iterator[bool]:
-        # The previous release took ``named_lock``'s advisory key, exclusively; a shared
-        # advisory lock of the same key conflicts with that and with nothing else.
-        with _advisory_named_lock(engine, name, wait_s=wait_s, shared=True) as held:
-            yield held
+        # holders pinning pooled connections starved that work (bug KD). The previous
+        # release's lock (``previous_release_shared``, bug KJ) was the same advisory
+        # key of its name, exclusive; here it is taken shared, on the same session.
+        key = _advisory_key(name)
+        with _lock_engine(engine).connect() as conn:
+            deadline = time.monotonic() + wait_s
+            held = _poll_advisory(conn, "pg_try_advisory_lock", key, deadline)
+            old_key = (
+                None if previous_release_shared is None else _advisory_key(previous_release_shared)
+            )
+            if held and old_key is not None:
+                if not _poll_advisory(conn, "pg_try_advisory_lock_shared", old_key, deadline):
+                    conn.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": key})
+                    conn.commit()
+                    held = False
+            try:
+                yield held
+            finally:
+                if held:
+                    conn.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": key})
+                    if old_key is not None:
+                        conn.execute(
+                            sa.text("SELECT pg_advisory_unlock_shared(:key)"), {"key": old_key}
+                        )
+                    conn.commit()
 
     def fold_log(self, engine: sa.Engine, *, timeout_s: float | None = None) -> bool:
         return True  # the server's WAL is not ours to fold (docs/governance.md, residue)
@@ -671,29 +691,23 @@ _LOCK_ENGINES_MUTEX = threading.Lock()
 LOCK_POOL_SIZE = 2
 
 
-@contextlib.contextmanager
-def _advisory_named_lock(
-    engine: sa.Engine, name: str, *, wait_s: float, shared: bool
-) -> Iterator[bool]:
-    """``PostgresBackend.named_lock`` (``shared``: ``previous_release_lock``)."""
+def _advisory_key(name: str) -> int:
+    """``named_lock``'s advisory key of ``name``: 64 bits of a sha256 (as in 0158)."""
     digest = hashlib.sha256(f"uprof/named-lock/{name}".encode()).digest()
-    key = int.from_bytes(digest[:8], "big", signed=True)
-    mode = "_shared" if shared else ""
-    try_lock = sa.text(f"SELECT pg_try_advisory_lock{mode}(:key)")
-    with _lock_engine(engine).connect() as conn:
-        deadline = time.monotonic() + wait_s
-        while True:
-            held = bool(conn.execute(try_lock, {"key": key}).scalar_one())
-            conn.commit()
-            if held or time.monotonic() >= deadline:
-                break
-            time.sleep(NAMED_LOCK_POLL_S)
-        try:
-            yield held
-        finally:
-            if held:
-                conn.execute(sa.text(f"SELECT pg_advisory_unlock{mode}(:key)"), {"key": key})
-                conn.commit()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def _poll_advisory(conn: sa.Connection, try_function: str, key: int, deadline: float) -> bool:
+    """Try ``try_function`` (``pg_try_advisory_lock`` or its ``_shared`` form) on ``key``
+    every ``NAMED_LOCK_POLL_S`` until it holds or ``deadline`` (monotonic) has passed;
+    polling a lock until a deadline, not retrying a failure (``named_lock``)."""
+    try_lock = sa.text(f"SELECT {try_function}(:key)")
+    while True:
+        held = bool(conn.execute(try_lock, {"key": key}).scalar_one())
+        conn.commit()
+        if held or time.monotonic() >= deadline:
+            return held
+        time.sleep(NAMED_LOCK_POLL_S)
 
 
 def _lock_engine(engine: sa.Engine) -> sa.Engine:

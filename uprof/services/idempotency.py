@@ -87,14 +87,16 @@ SERIALIZED = frozenset({"consent.withdraw"})
 #: (the setting ``request_in_progress_wait_s``).
 DEFAULT_IN_PROGRESS_WAIT_S = 10.0
 
-#: A deployment's exclusive lock by name, held until the block ends or its holder dies;
-#: waits at most the seconds given and yields whether it holds the lock
-#: (``Backend.named_lock`` bound to the store's engine).
-Turn = Callable[[str, float], AbstractContextManager[bool]]
-#: The previous release's turn of a key (decision 0158) was one of this many shared
-#: locks, taken exclusively; this release also holds the key's one, shared, so a
-#: process of that release still running during an upgrade never runs the key beside
-#: it (bug KJ). Remove with the release after next.
+#: A deployment's exclusive lock by name, held until the block ends or its holder dies,
+#: with the previous release's lock of the second name held shared beside it; waits at
+#: most the seconds given and yields whether it holds both (``Backend.named_lock`` bound
+#: to the store's engine).
+Turn = Callable[[str, str, float], AbstractContextManager[bool]]
+#: The previous release's turn of a key (decision 0158) was one of this many locks,
+#: shared by the keys hashed onto it and taken exclusively. A process of that release
+#: may still serve requests during an upgrade (docs/operations.md), so a turn also holds
+#: the key's one, shared: the old process and this release never run one key at once
+#: (bug KJ). Drop it once no deployment can run that release beside this one.
 PREVIOUS_RELEASE_TURN_SHARDS = 256
 
 metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
@@ -184,7 +186,6 @@ class IdempotencyStore:
         clock_ms: Callable[[], int] | None = None,
         turn: Turn | None = None,
         in_progress_wait_s: float = DEFAULT_IN_PROGRESS_WAIT_S,
-        previous_release_turn: Turn | None = None,
     ) -> None:
         if len(secret) < 32:
             raise ValueError("the idempotency secret must be at least 32 bytes")
@@ -197,7 +198,6 @@ class IdempotencyStore:
         self._purge_lock = threading.Lock()
         self._last_purge = 0.0
         self._turn = turn
-        self._previous_release_turn = previous_release_turn
         self.in_progress_wait_s = in_progress_wait_s
 
     # ------------------------------------------------------------------ hashes
@@ -243,40 +243,25 @@ class IdempotencyStore:
 
     @staticmethod
     def previous_release_turn_name(token: str) -> str:
-        """The name of a key's turn in the previous release (decision 0158): one of
-        ``PREVIOUS_RELEASE_TURN_SHARDS`` locks, shared by the keys hashed onto it."""
+        """The name of a key's turn in the previous release (decision 0158)."""
         return f"idempotency-turn-{int(token[:8], 16) % PREVIOUS_RELEASE_TURN_SHARDS}"
 
     @contextmanager
     def _one_at_a_time(self, token: str, operation: str) -> Iterator[None]:
         """Hold the key's turn from claim to answer for a ``SERIALIZED`` operation
-        (module doc, 5); refuse with ``RequestInProgressError`` past the wait. The
-        key's own lock first, then (shared) the previous release's lock of it, with
-        what is left of the wait: a process of that release only ever takes the
-        latter, so the two orders cannot wait on each other in a circle."""
+        (module doc, 5); refuse with ``RequestInProgressError`` past the wait."""
         if self._turn is None or operation not in SERIALIZED:
             yield
             return
-        deadline = time.monotonic() + self.in_progress_wait_s
-        with self._turn(self.turn_name(token), self.in_progress_wait_s) as held:
+        previous = self.previous_release_turn_name(token)
+        with self._turn(self.turn_name(token), previous, self.in_progress_wait_s) as held:
             if not held:
-                raise self._in_progress()
-            if self._previous_release_turn is None:
-                yield
-                return
-            left_s = max(0.0, deadline - time.monotonic())
-            name = self.previous_release_turn_name(token)
-            with self._previous_release_turn(name, left_s) as free:
-                if not free:
-                    raise self._in_progress()
-                yield
-
-    @staticmethod
-    def _in_progress() -> RequestInProgressError:
-        return RequestInProgressError(
-            f"the first request with this {HEADER} is still running; nothing was done by this one",
-            field=HEADER,
-        )
+                raise RequestInProgressError(
+                    f"the first request with this {HEADER} is still running; "
+                    "nothing was done by this one",
+                    field=HEADER,
+                )
+            yield
 
     def _run(
         self, token: str, app_id: str, operation: str, body_hash: str, execute: Execute
