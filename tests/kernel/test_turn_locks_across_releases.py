@@ -10,6 +10,7 @@ holders of this release (two keys on one old shard) still never wait for each ot
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 from pathlib import Path
@@ -21,7 +22,7 @@ from tests import children
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import APP, build_kernel, settings_for
-from tests.kernel.previous_release_turn_child import hold_previous_turn
+from tests.kernel.previous_release_turn_child import hold_previous_release_lock, hold_previous_turn
 from tests.kernel.turn_lock_child import hold_until_killed
 from uprof.backends import backend_for as backend_of
 from uprof.services.idempotency import RequestInProgressError
@@ -129,4 +130,35 @@ def test_a_previous_release_process_cannot_take_a_key_this_release_runs(
             old.join(60)
             assert old.exitcode == 3  # its turn was not free
     finally:
+        kernel.close()
+
+
+def test_a_revocation_waits_for_a_previous_release_process_revoking(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The API-key revocation lock moved into the lock folder on SQLite too: a revocation
+    in a process of the previous release (its lock ``<keys database>.apikey-revocation-
+    lock``) and one in this release ran at once, the race of bug DL. Now this release
+    also holds the old file shared: it finds the old holder, waits, and (as a revocation
+    does past its wait) revokes without the lock, saying so. PostgreSQL kept the lock's
+    advisory key: the same there before and after."""
+    settings = settings_for(backend)
+    kernel = build_kernel(settings, FakeClock())
+    holding, release = children.CONTEXT.Event(), children.CONTEXT.Event()
+    old = children.CONTEXT.Process(
+        target=hold_previous_release_lock,
+        args=(layout_for(settings).keys_url, "apikey-revocation", holding, release),
+    )
+    try:
+        issued = kernel.issue_api_key(APP, ["app"])
+        monkeypatch.setattr(type(kernel), "REVOCATION_LOCK_WAIT_S", 0.5)
+        old.start()
+        assert holding.wait(60), "the previous release's process did not take its lock"
+        with caplog.at_level(logging.WARNING, logger="uprof.kernel"):
+            assert kernel.revoke_api_key(issued.info.key_id)
+        assert any("revoking without it" in r.getMessage() for r in caplog.records)
+    finally:
+        release.set()
+        if old.pid is not None:
+            old.join(60)
         kernel.close()
