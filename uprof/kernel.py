@@ -1380,9 +1380,14 @@ class Uprof:
         # A holder that hangs alive must not keep a leaked key usable: past the wait the
         # revocation goes on without the lock (its own UPDATE and entry are right; only a
         # key found revoked may then be recorded late while its revoker still appends).
+        # The previous release's lock of the same name too (shared): a process of it may
+        # still revoke during an upgrade, and 0159 moved the SQLite lock file (bug KJ).
         backend = backend_for(self.keys_engine)
         lock = backend.named_lock(
-            self.keys_engine, "apikey-revocation", wait_s=self.REVOCATION_LOCK_WAIT_S
+            self.keys_engine,
+            "apikey-revocation",
+            wait_s=self.REVOCATION_LOCK_WAIT_S,
+            previous_release_shared="apikey-revocation",
         )
         with lock as held:
             if not held:
