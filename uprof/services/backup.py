@@ -69,6 +69,7 @@ from uprof.storage import (
     RESTORE_MARKER,
     branch_head,
     create_engine,
+    downgrade_to,
     layout_for,
     migrate,
 )
@@ -126,15 +127,20 @@ def _fsync(path: Path) -> None:
 
 def _views_revision(conn: sa.Connection) -> str | None:
     """The views branch's revision recorded in a database (None: not migrated)."""
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    script = ScriptDirectory.from_config(config)
-    views = {r.revision for r in script.iterate_revisions("views@head", "base")}
+    views = _views_branch_revisions()
     if not sa.inspect(conn).has_table("alembic_version"):
         return None
     rows = conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalars()
     found = [r for r in rows if r in views]
     return found[0] if found else None
+
+
+def _views_branch_revisions() -> set[str]:
+    """Every revision of the views branch, head to base (alembic's reading)."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    script = ScriptDirectory.from_config(config)
+    return {r.revision for r in script.iterate_revisions("views@head", "base")}
 
 
 def _views_head() -> str | None:
@@ -145,6 +151,32 @@ def _views_head() -> str | None:
         config.set_main_option("script_location", str(MIGRATIONS_DIR))
         head = ScriptDirectory.from_config(config).revision_map.get_current_head("views")
     return head
+
+
+def _upgradable_revision(manifest: dict[str, Any], head: str | None) -> str:
+    """The backup's views revision, when this release can bring it to ``head``: the head
+    itself or one of the views branch's earlier revisions. Anything else is refused
+    naming the backup's views file and the revision, before anything changes: a newer
+    release's (restore it with that release) or none or another branch's (not a store
+    this release's migrations made). Before bug KH only the head itself was accepted."""
+    revision = manifest["views_revision"]
+    if revision is not None and revision == head:
+        return revision
+    if revision in _views_branch_revisions():
+        return str(revision)
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    known = {r.revision for r in ScriptDirectory.from_config(config).walk_revisions()}
+    why = (
+        "a newer release made it: restore it with that release"
+        if revision is not None and revision not in known
+        else "not a revision of the views branch this release upgrades from"
+    )
+    files = ", ".join(name for name in manifest["files"] if name.startswith(("views", "database")))
+    raise BackupError(
+        f"the backup's {files or 'views'} is at schema revision {revision!r} ({why}; "
+        f"this uprof brings the views branch's revisions up to {head!r}); nothing was changed"
+    )
 
 
 def _unknown_revisions(src: Path, manifest: dict[str, Any]) -> list[str]:
@@ -526,12 +558,7 @@ def _restore_alone(
     # store not), where the previous release it sends the operator to could neither
     # start nor restore (bug JB).
     head = _views_head()
-    if manifest["views_revision"] != head:
-        raise BackupError(
-            f"the backup's schema revision {manifest['views_revision']!r} differs from "
-            f"this uprof's {head!r}: restore with the version that made it, then upgrade "
-            "(start this version); nothing was changed"
-        )
+    backup_revision = _upgradable_revision(manifest, head)
     # The views' revision is not the only one a backup carries: a SQLite backup's event
     # log holds the events branch's. One this release does not know (a newer release's)
     # was copied in, and the start inside the restore then failed on it, the stores
@@ -565,8 +592,16 @@ def _restore_alone(
     _fsync(marker)
     _fsync(settings.data_dir)
     keep_live_policy = backend_for_settings(settings).holds_a_policy(settings)
+    if backup_revision != head:
+        # A backup of an older release (bug KH): the live views go down to its revision
+        # first, so what the copy keeps of them (the audit rows, the tables it does not
+        # replace on PostgreSQL) and what it brings have one schema, and alembic's
+        # record says so; the start below upgrades all of it to head. Under the marker:
+        # killed anywhere from here, every start refuses and the restore run again
+        # upgrades the live views, takes them down and copies again.
+        downgrade_to(views, "views", backup_revision)
     backend_for_settings(settings).restore(settings, src, keep_live_audit)
-    kernel = bootstrap(settings, restoring=True)
+    kernel = bootstrap(settings, restoring=True)  # upgrades every branch to head
     try:
         from uprof.services.recovery import reapply_ledger
 
