@@ -33,9 +33,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import fcntl
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import sqlite3
@@ -241,9 +243,93 @@ def backup(settings: Settings, dest: Path) -> BackupReport:
     dest = dest.expanduser().resolve()
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(f".{dest.name}.partial-{secrets.token_hex(4)}")
-    with _stores_held_open(settings):
+    with _stores_held_open(settings), _writing(partial):
+        # What killed backups left here (bug KI): a copy of the stores outside the
+        # backup set. Removed only once this process holds its own partial's lock.
+        remove_stale_partials(dest.parent)
         partial.mkdir(mode=0o700)
         return _write_backup(settings, partial, dest)
+
+
+#: A backup's folder while it is written: ``.<name>.partial-<8 hex>``.
+_PARTIAL = re.compile(r"^\..+\.partial-[0-9a-f]{8}$")
+#: Beside a partial folder: the file whose flock its writer holds while it lives.
+_WRITER_LOCK = ".lock"
+
+
+@contextmanager
+def _writing(partial: Path) -> Iterator[None]:
+    """Hold the partial folder's writer lock (an exclusive flock of the file beside it)
+    from before the folder exists until it is renamed or removed. The system drops a
+    flock when its holder dies, kill -9 included: a partial whose lock anyone can take
+    has no writer left (``partials``). Never a lock inside the folder: it would be
+    renamed into the backup."""
+    lock = partial.with_name(partial.name + _WRITER_LOCK)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class Partial:
+    path: Path
+    #: True: a live process is writing it (its lock is held); False: left by a killed one.
+    being_written: bool
+
+
+@contextmanager
+def _taken(partial: Path) -> Iterator[bool]:
+    """Try to take a partial folder's writer lock without waiting: True (held until the
+    block ends) when no process holds it, that is when its writer is gone."""
+    lock = partial.with_name(partial.name + _WRITER_LOCK)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def partials(parent: Path) -> list[Partial]:
+    """The partial backup folders in ``parent``, each with whether a process writes it
+    (for ``uprof audit residue --backups``). A lock file left without its folder (its
+    writer killed between the rename and the unlink) is not a copy of anything."""
+    if not parent.is_dir():
+        return []
+    found = []
+    for path in sorted(parent.iterdir()):
+        if _PARTIAL.match(path.name) and path.is_dir():
+            with _taken(path) as gone:
+                found.append(Partial(path, being_written=not gone))
+    return found
+
+
+def remove_stale_partials(parent: Path) -> list[Path]:
+    """Remove each partial backup folder in ``parent`` that no process is writing, and
+    its lock file; the folder is removed while this process holds its lock, so a second
+    remover skips it. Returns what was removed."""
+    removed = []
+    names = {p.name.removesuffix(_WRITER_LOCK) for p in parent.iterdir()}
+    for name in sorted(n for n in names if _PARTIAL.match(n)):
+        partial = parent / name
+        with _taken(partial) as gone:
+            if not gone:
+                continue  # a live backup's
+            if partial.is_dir():
+                shutil.rmtree(partial)
+                removed.append(partial)
+            partial.with_name(name + _WRITER_LOCK).unlink(missing_ok=True)
+    if removed:
+        _fsync(parent)
+    return removed
 
 
 @contextmanager
