@@ -671,10 +671,9 @@ def audit_residue(
     ] = None,
 ) -> None:
     """Scan every store for the terms and for decryptable data of erased subjects."""
-    from uprof.services.backup import partials
-
     with door() as d:
         report = d.residue_scan(term)
+        found = d.partial_backups(backups or [])
     console.print(
         f"scanned {report.files_scanned} files ({report.bytes_scanned} bytes), "
         f"{report.tables_scanned} tables, {report.streams_checked} erased streams "
@@ -685,16 +684,15 @@ def audit_residue(
     # stores outside the backup set (bug KI). Listed, not read: its files are the
     # stores' own bytes, under the subjects' keys.
     left = []
-    for folder in backups or []:
-        for partial in partials(folder):
-            if partial.being_written:
-                console.print(
-                    f"partial backup {partial.path}: being written by a live process",
-                    soft_wrap=True,  # a path folded across lines is not one to copy
-                    highlight=False,
-                )
-            else:
-                left.append(partial.path)
+    for partial in found:
+        if partial.being_written:
+            console.print(
+                f"partial backup {partial.path}: being written by a live process",
+                soft_wrap=True,  # a path folded across lines is not one to copy
+                highlight=False,
+            )
+        else:
+            left.append(partial.path)
     if report.clean and not left:
         console.print("[green]residue: 0[/]")
         return

@@ -162,9 +162,7 @@ def _upgradable_revision(manifest: dict[str, Any], head: str | None) -> str:
     release's (restore it with that release) or none or another branch's (not a store
     this release's migrations made). Before bug KH only the head itself was accepted."""
     revision = manifest["views_revision"]
-    if revision is not None and revision == head:
-        return revision
-    if revision in _views_branch_revisions():
+    if isinstance(revision, str) and revision in _views_branch_revisions():
         return str(revision)
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
