@@ -134,6 +134,35 @@ def test_a_partial_left_by_an_earlier_release_is_removed_too(
     old = out / ".bk0.partial-0123abcd"
     old.mkdir(parents=True)
     (old / "views.sqlite").write_bytes(b"a copy of the views")
+    code, text = _residue(backend, out)
+    assert code == 1 and old.name in text, text
+    assert sorted(p.name for p in out.iterdir()) == [old.name]  # the audit wrote nothing
     made = run_python(_CLI, "backup", "--to", str(out / "bk"), env=cli_env(backend), timeout=180)
     assert made.returncode == 0, made.stdout + made.stderr[-3000:]
     assert not old.exists()
+
+
+def test_backups_at_once_into_one_folder_each_complete_and_leave_nothing(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Three real ``uprof backup`` processes at once into one parent folder holding a
+    stale partial: each removes stale ones while the others write, none removes
+    another's folder; every backup is complete (its manifest and checksums check) and
+    nothing else is left."""
+    from uprof.services.backup import read_manifest
+
+    settings = filled_deployment(backend, clock, "bob")
+    out = tmp_path / "out"
+    old = out / ".bk9.partial-89abcdef"
+    old.mkdir(parents=True)
+    (old / "events.sqlite").write_bytes(b"a copy of the log")
+    names = [f"bk{i}" for i in range(3)]
+    children = [
+        PythonChild(_CLI, "backup", "--to", str(out / name), env=cli_env(backend))
+        for name in names
+    ]
+    results = [(child.communicate(timeout=240), child.returncode) for child in children]
+    assert [code for _, code in results] == [0, 0, 0], results
+    assert sorted(p.name for p in out.iterdir()) == names
+    for name in names:
+        read_manifest(settings, out / name)

@@ -218,3 +218,20 @@ def test_a_store_downgraded_for_the_restore_keeps_the_live_audit_rows(
         assert "erasure.requested" in actions
     finally:
         k.close()
+
+
+def test_a_backup_several_revisions_old_is_restored_and_brought_to_head(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Views five revisions down (``0003``: the batch table rebuilds of 0004 and 0005 on
+    the way up, and on the way down for the live views): restored and brought to head."""
+    from uprof.services.backup import backup, restore
+
+    settings = filled_deployment(backend, clock, "bob")
+    downgrade_stores(layout_for(settings), {**PREVIOUS, "views": "0003_views_idem_sealed"})
+    backup(settings, tmp_path / "bk")
+    build_kernel(settings, clock).close()  # the upgrade
+    restore(settings, tmp_path / "bk")
+    assert not (settings.data_dir / RESTORE_MARKER).exists()
+    assert_upgraded_and_intact(settings, clock)
+    assert_bob_intact(settings, clock, audit_verifies=True)

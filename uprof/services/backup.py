@@ -266,6 +266,14 @@ def _writing(partial: Path) -> Iterator[None]:
     fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+        if not _locks_the_file_at(fd, lock):
+            # Between the create and the flock, another backup took the then unheld
+            # lock for a stale one's and removed the file: locked, this descriptor
+            # guards nothing another process can see.
+            raise BackupError(
+                "another uprof backup in the same folder removed this one's lock file as "
+                "it began; run the backup again; nothing was written"
+            )
         yield
     finally:
         lock.unlink(missing_ok=True)
@@ -280,20 +288,37 @@ class Partial:
 
 
 @contextmanager
-def _taken(partial: Path) -> Iterator[bool]:
+def _taken(partial: Path, *, create: bool = True) -> Iterator[bool]:
     """Try to take a partial folder's writer lock without waiting: True (held until the
-    block ends) when no process holds it, that is when its writer is gone."""
+    block ends) when no process holds it, that is when its writer is gone. A partial
+    without its lock file has no writer either (a writer creates the file before the
+    folder and removes it after the rename): an earlier release's, or a lost file;
+    ``create=False`` (a look that must write nothing) says so without creating one."""
     lock = partial.with_name(partial.name + _WRITER_LOCK)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fd = os.open(lock, os.O_RDWR | (os.O_CREAT if create else 0), 0o600)
+    except FileNotFoundError:
+        yield True
+        return
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             yield False
             return
-        yield True
+        # Taken, but the file at the path may be another by now (removed by another
+        # remover, or created again): only the lock of the file still there decides.
+        yield _locks_the_file_at(fd, lock)
     finally:
         os.close(fd)
+
+
+def _locks_the_file_at(fd: int, path: Path) -> bool:
+    """Whether ``fd`` is open on the file that ``path`` names now."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False
 
 
 def partials(parent: Path) -> list[Partial]:
@@ -305,7 +330,7 @@ def partials(parent: Path) -> list[Partial]:
     found = []
     for path in sorted(parent.iterdir()):
         if _PARTIAL.match(path.name) and path.is_dir():
-            with _taken(path) as gone:
+            with _taken(path, create=False) as gone:
                 found.append(Partial(path, being_written=not gone))
     return found
 
