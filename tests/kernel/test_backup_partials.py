@@ -158,8 +158,7 @@ def test_backups_at_once_into_one_folder_each_complete_and_leave_nothing(
     (old / "events.sqlite").write_bytes(b"a copy of the log")
     names = [f"bk{i}" for i in range(3)]
     children = [
-        PythonChild(_CLI, "backup", "--to", str(out / name), env=cli_env(backend))
-        for name in names
+        PythonChild(_CLI, "backup", "--to", str(out / name), env=cli_env(backend)) for name in names
     ]
     results = [(child.communicate(timeout=240), child.returncode) for child in children]
     assert [code for _, code in results] == [0, 0, 0], results
