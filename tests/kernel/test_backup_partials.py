@@ -16,6 +16,8 @@ import signal
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.children import PythonChild, run_python
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
@@ -165,3 +167,67 @@ def test_backups_at_once_into_one_folder_each_complete_and_leave_nothing(
     assert sorted(p.name for p in out.iterdir()) == names
     for name in names:
         read_manifest(settings, out / name)
+
+
+#: ``uprof backup`` on SQLite stopped in the middle of a file's copy: every backup API
+#: copy runs one page per step, and after the first page of the event log it waits
+#: until ``argv[1]`` exists (or it is killed).
+_MID_COPY_BACKUP = textwrap.dedent(
+    """
+    import sqlite3, sys, time
+    from pathlib import Path
+
+    go = Path(sys.argv.pop(1))
+    connect = sqlite3.connect
+
+    class _PageByPage(sqlite3.Connection):
+        def backup(self, target, **kw):
+            file = Path(target.execute("PRAGMA database_list").fetchall()[0][2])
+
+            def step(status, remaining, total):
+                if remaining > 0 and file.name == "events.sqlite":
+                    print("copying", file.parent, flush=True)
+                    while not go.exists():
+                        time.sleep(0.05)
+
+            return super().backup(target, pages=1, progress=step, sleep=0)
+
+    sqlite3.connect = lambda *a, **k: connect(*a, factory=_PageByPage, **k)
+    from uprof.cli.main import app
+    app()
+    """
+)
+
+
+def test_a_sqlite_backup_killed_by_sigkill_inside_a_file_copy_is_removed_by_the_next(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """The kill inside the copy of the event log itself (the backup API between two
+    pages): the half-copied partial is removed by the next backup. SQLite only: on
+    PostgreSQL the copy is ``pg_dump``, a process of its own writing the dump file."""
+    if backend.kind != "sqlite":
+        pytest.skip("the copy is pg_dump's, a process of its own")
+    settings = filled_deployment(backend, clock, "bob")
+    out = tmp_path / "out"
+    child = PythonChild(
+        _MID_COPY_BACKUP,
+        str(tmp_path / "never"),
+        "backup",
+        "--to",
+        str(out / "bk1"),
+        env=cli_env(backend),
+        stream_stdout=True,
+    )
+    assert child.stdout is not None
+    line = child.stdout.readline()
+    child.send_signal(signal.SIGKILL)
+    rest = child.communicate(timeout=60)
+    assert line.startswith("copying"), (line, rest)
+    partial = Path(line.split(" ", 1)[1].strip())
+    assert partial.is_dir() and (partial / "events.sqlite").exists()
+    assert child.returncode == -signal.SIGKILL
+    made = run_python(_CLI, "backup", "--to", str(out / "bk2"), env=cli_env(backend), timeout=180)
+    assert made.returncode == 0, made.stdout + made.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["bk2"]
+    restore(settings, out / "bk2")
+    assert_bob_intact(settings, clock, audit_verifies=True)
