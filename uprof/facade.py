@@ -104,7 +104,7 @@ from uprof.services.subjects import NAMESPACE_SEPARATOR, SubjectRequest
 if TYPE_CHECKING:
     from audit.check import CheckResult, Kind
     from uprof.apikeys.store import ApiKeyInfo, IssuedKey
-    from uprof.services.backup import BackupReport
+    from uprof.services.backup import BackupReport, Partial
     from uprof.services.idempotency import Outcome
 
 _T = TypeVar("_T")
@@ -1152,6 +1152,17 @@ class Facade:
             )
         with self._as_principal():
             return self._kernel.residue_scan(terms)
+
+    def partial_backups(self, folders: Sequence[PathLike[str] | str]) -> list[Partial]:
+        """The partial backup folders in each of ``folders`` (where ``uprof backup --to``
+        writes), each with whether a live process writes it: the residue audit's look
+        outside the data folder (bug KI). Listed, never read; decided as ``audit``."""
+        from pathlib import Path
+
+        from uprof.services.backup import partials
+
+        self._authorize_governance("audit", COMPLIANCE_PURPOSE)
+        return [p for folder in folders for p in partials(Path(folder))]
 
     def recreate_subject(self, subject: str) -> str:
         """Lift an erased subject's mark (operator work); returns the new, unlinkable pseudonym."""
