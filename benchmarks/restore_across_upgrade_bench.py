@@ -1,4 +1,4 @@
-"""What a restore across an upgrade costs (decision XXXX-restore-across-upgrade, bug KH).
+"""What a restore across an upgrade costs (decision 0164-restore-across-upgrade, bug KH).
 
 ``python -m benchmarks.restore_across_upgrade_bench --backend sqlite|postgres --rounds N
 [--subjects S]``

@@ -114,7 +114,7 @@ def downgrade_to(engine: sa.Engine, branch: str, revision: str) -> None:
     """Take one store's tables of ``branch`` down to ``revision`` (alembic's own
     downgrades), in one transaction like ``migrate``: a restore of an older backup
     brings the live store to the backup's revision before it replaces its data, and the
-    start after the copy upgrades it again (decision XXXX-restore-across-upgrade)."""
+    start after the copy upgrades it again (decision 0164-restore-across-upgrade)."""
     if revision in _current_revisions(engine):
         return
     _migrate_branch(engine, branch, revision, downgrade=True)

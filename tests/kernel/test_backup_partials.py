@@ -1,5 +1,5 @@
 """What a killed ``uprof backup`` leaves behind (bug KI, decision
-XXXX-restore-across-upgrade), with real ``uprof backup`` processes, both backends.
+0164-restore-across-upgrade), with real ``uprof backup`` processes, both backends.
 
 A backup writes into a hidden ``.<name>.partial-<hex>`` folder beside the destination and
 renames it when complete. Killed with SIGKILL, it left that folder: a copy of the views

@@ -1,4 +1,4 @@
-"""Restore across an upgrade (bug KH, decision XXXX-restore-across-upgrade), both backends.
+"""Restore across an upgrade (bug KH, decision 0164-restore-across-upgrade), both backends.
 
 The operator backs up (docs/operations.md tells them to), installs this release and
 starts it, which upgrades the stores. Until KH, the backup taken before the upgrade could
