@@ -1,0 +1,109 @@
+"""Review of decision 0160-rotation-bound (decision XXXX-review-of-0160), on both backends.
+
+0160 made a receipt issued before an audit key rotation verify offline, with the key
+history, only beside a "rotation proof" (the log's consistency proof from the receipt's
+checkpoint to the point where its key was rotated out), and left nothing that hands the
+proof out: a data subject's or auditor's receipt was refused offline, and only the
+operator's Python API could compute it. Now ``uprof audit rotation-proof`` and
+``POST /v1/audit/rotation-proof`` (tests/api/test_review_of_0160_rest.py) give it, through
+the facade, as this tenant's, audited.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from audit.keyring import trusted_keys
+from domain.errors import InvalidInputError, PermissionDeniedError
+from domain.principal import Principal, PrincipalKind
+from tests.conftest import seed_policy_for
+from tests.conftest import Backend
+from tests.fakes.ports import FakeClock
+from tests.kernel.conftest import APP, build_kernel, running, settings_for
+from tests.kernel.test_admin_audit import cli_for
+from tests.kernel.test_keys_apart import ALICE, BOB, fill
+from uprof.facade import Facade
+from uprof.kernel import Uprof
+
+
+def _proofs_served(kernel: Uprof) -> list[dict[str, object]]:
+    return [e.entry for e in kernel.audit_log.entries(action="audit.proof_served")]
+
+
+def test_the_cli_hands_out_the_rotation_proof_an_old_receipt_needs_offline(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    run = cli_for(backend)
+    with running(settings_for(backend), clock) as k:
+        fill(k, "alice", ALICE)
+        receipt = k.erase_subject("alice").receipt
+        fill(k, "bob", BOB)  # the log grows past the receipt's checkpoint before the rotation
+    receipt_file, proof_file = tmp_path / "receipt.json", tmp_path / "rotation-proof.json"
+    receipt_file.write_text(json.dumps(receipt))
+    run("audit", "public-key", "--out", str(tmp_path / "first.pem"))
+    run("audit", "rotation-proof", str(receipt_file), "--out", str(proof_file))
+    assert not proof_file.exists()  # before the rotation: its key is current, nothing needed
+    run("audit", "rotate-key")
+    run("audit", "keys", "--out", str(tmp_path / "keys.json"))
+    check = [
+        "audit",
+        "verify-receipt",
+        str(receipt_file),
+        "--public-key",
+        str(tmp_path / "first.pem"),
+        "--key-history",
+        str(tmp_path / "keys.json"),
+    ]
+    assert "rotation_proof" in run(*check, code=1)  # 0160: refused, naming the proof
+
+    said = run("audit", "rotation-proof", str(receipt_file), "--out", str(proof_file))
+
+    assert "rotation proof written" in said
+    assert "receipt verified" in run(*check, "--rotation-proof", str(proof_file))
+    history = json.loads((tmp_path / "keys.json").read_text())
+    point = trusted_keys((tmp_path / "first.pem").read_bytes(), history).retired_at[
+        receipt["body"]["issuer"]["key_id"]
+    ]
+    assert receipt["inclusion"]["tree_size"] < point.tree_size  # a real proof, not m = N
+    with running(settings_for(backend), clock) as k:
+        served = _proofs_served(k)[-1]
+    assert served["counts"] == {
+        "old_size": receipt["inclusion"]["tree_size"],
+        "rotation_point": point.tree_size,
+    }
+    # A receipt edited by hand gets no proof (it is verified first).
+    receipt["body"]["actions"] = receipt["body"]["actions"][:-1]
+    receipt_file.write_text(json.dumps(receipt))
+    run("audit", "rotation-proof", str(receipt_file), "--out", str(tmp_path / "x"), code=2)
+    assert not (tmp_path / "x").exists()
+
+
+def test_only_this_tenants_receipt_gets_a_proof_and_only_with_the_audit_right(
+    kernel: Uprof, tmp_path: Path
+) -> None:
+    fill(kernel, "alice", ALICE)
+    receipt = json.dumps(kernel.erase_subject("alice").receipt).encode()
+    there = kernel.settings.model_copy(
+        update={"tenant": "t2", "policy_path": seed_policy_for("t2", tmp_path)}
+    )
+    other = build_kernel(there, FakeClock())
+    try:
+        app_door = Facade(
+            kernel,
+            Principal(kernel.subjects.tenant, APP, "k1", PrincipalKind.APP, frozenset({"app"})),
+        )
+        with pytest.raises(PermissionDeniedError):
+            app_door.receipt_rotation_proof(receipt)
+        with pytest.raises(InvalidInputError, match="tenant"):
+            Facade(other, Principal.local_operator("t2")).receipt_rotation_proof(receipt)
+        own = Facade(kernel, Principal.local_operator(kernel.subjects.tenant))
+        assert own.receipt_rotation_proof(receipt)["rotation_proof"] is None
+        assert len(_proofs_served(kernel)) == 1
+        assert _proofs_served(other) == [] or all(
+            e["tenant"] == kernel.subjects.tenant for e in _proofs_served(other)
+        )
+    finally:
+        other.close()
