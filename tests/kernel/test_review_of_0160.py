@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from audit.keyring import trusted_keys
+from audit.keys import public_key_pem
+from audit.receipts import verify_receipt
 from domain.errors import InvalidInputError, PermissionDeniedError
 from domain.principal import Principal, PrincipalKind
 from tests.conftest import seed_policy_for
@@ -24,6 +26,7 @@ from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import APP, build_kernel, running, settings_for
 from tests.kernel.test_admin_audit import cli_for
+from tests.kernel.test_audit_key_rotation_processes import child
 from tests.kernel.test_keys_apart import ALICE, BOB, fill
 from uprof.facade import Facade
 from uprof.kernel import Uprof
@@ -107,3 +110,46 @@ def test_only_this_tenants_receipt_gets_a_proof_and_only_with_the_audit_right(
         )
     finally:
         other.close()
+
+
+def test_a_running_server_finishes_a_rotation_killed_before_its_key_switch(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """Bug KN. A rotation killed (kill -9, a real process) after writing the history (its
+    commit point) and before renaming the new key over the old: the history bounds the old
+    key at N, but a process that had the key ring open kept signing with the old key file,
+    so every checkpoint beyond N was refused (``AuditKeyError``): erasure receipts, exports
+    and proofs failed in a long-running server until it was restarted. Now the ring
+    finishes the killed rotation itself (its lock free: no rotation alive) and signs with
+    the new key, which the history names."""
+    settings = settings_for(backend)
+    with running(settings, clock) as k:
+        fill(k, "alice", ALICE)
+        first_pem = public_key_pem(k.audit_log.public_key)
+        k.audit_log.checkpoint()  # the server has its key ring open
+        rotating = child(
+            backend,
+            """
+            import signal
+            import audit.keyring as keyring
+            real_replace = os.replace
+            def replace(src, dst):
+                if Path(src).name == keyring.NEXT_KEY_FILE:
+                    os.kill(os.getpid(), signal.SIGKILL)  # after the history, before the key
+                return real_replace(src, dst)
+            os.replace = replace
+            kernel = build_kernel(settings_for(backend), FakeClock())
+            kernel.rotate_audit_key(requested_by="operator:killed")
+            """,
+        )
+        rotating.communicate(timeout=300)
+        assert rotating.returncode == -9
+        history = k.audit_key_history()
+        assert history is not None and len(history["keys"]) == 2  # the commit point passed
+
+        receipt = k.erase_subject("alice").receipt  # the log grew past N
+
+        assert receipt["body"]["issuer"]["key_id"] == history["keys"][-1]["key_id"]
+        origin = k.audit_log.origin
+        assert k.audit_log.verify_integrity() == k.audit_log.size()
+    verify_receipt(receipt, first_pem, origin=origin, key_history=history)
