@@ -16,13 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from audit.keyring import trusted_keys
-from audit.keys import public_key_pem
+from audit.keyring import KEY_FILE, trusted_keys
+from audit.keys import key_id, load_signing_key, public_key_pem
 from audit.receipts import verify_receipt
 from domain.errors import InvalidInputError, PermissionDeniedError
 from domain.principal import Principal, PrincipalKind
-from tests.conftest import seed_policy_for
-from tests.conftest import Backend
+from tests.conftest import Backend, seed_policy_for
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import APP, build_kernel, running, settings_for
 from tests.kernel.test_admin_audit import cli_for
@@ -153,3 +152,36 @@ def test_a_running_server_finishes_a_rotation_killed_before_its_key_switch(
         origin = k.audit_log.origin
         assert k.audit_log.verify_integrity() == k.audit_log.size()
     verify_receipt(receipt, first_pem, origin=origin, key_history=history)
+
+
+def test_a_backup_manifest_a_retired_key_signed_beyond_its_point_is_refused(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Bug KO. 0160 bounded a retired key's checkpoints, receipts and exports at the tree
+    size N where it was rotated out, but ``uprof restore`` still took a backup manifest
+    signed by any key of the history, whatever the log size the manifest names: whoever
+    holds a leaked old key signed a backup of the log as it is now (past N), its files
+    edited, and the restore took it. The manifest names its log size (``audit.entries``):
+    a retired key's manifest beyond the key's point is refused, as its checkpoint is."""
+    import base64
+
+    from uprof.services.backup import BackupError, _signed_bytes, backup, restore
+
+    settings = settings_for(backend)
+    with running(settings, clock) as k:
+        fill(k, "alice", ALICE)
+        leaked = load_signing_key(settings.key_path / KEY_FILE)
+        k.rotate_audit_key(requested_by="operator:test")
+        fill(k, "bob", BOB)  # the log grows past the old key's point
+    backup(settings, tmp_path / "bk")
+    path = tmp_path / "bk" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["signature"] = {
+        "algorithm": "ed25519",
+        "key_id": key_id(leaked),
+        "value": base64.b64encode(leaked.sign(_signed_bytes(manifest))).decode(),
+    }
+    path.write_text(json.dumps(manifest))
+
+    with pytest.raises(BackupError, match="rotated out"):
+        restore(settings, tmp_path / "bk")
