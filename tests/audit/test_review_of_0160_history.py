@@ -15,9 +15,9 @@ import sqlalchemy as sa
 from audit.errors import VerificationError
 from audit.keyring import HISTORY_FORMAT, RETIRED_AT, FileKeyRing, verify_key_history
 from audit.receipts import new_commitment_nonce, verify_receipt
+from tests.audit.conftest import ORIGIN
 from tests.audit.test_log import fill
 from tests.audit.test_receipts import issue
-from tests.audit.conftest import ORIGIN
 from tests.audit.test_rotation_bound import _b64, _history, _log, _rotated
 
 
