@@ -767,8 +767,8 @@ class Uprof:
             proven.append((old_size, new_size, hashes))
             return hashes
 
-        receipt = parse_receipt(content)
         try:
+            receipt = parse_receipt(content)
             verify_receipt(
                 receipt,
                 log.trusted_keys(),

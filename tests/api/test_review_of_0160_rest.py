@@ -68,3 +68,16 @@ def test_the_api_hands_out_the_rotation_proof_for_an_offline_check(
         json={"receipt": json.dumps(forged)},
     )
     assert bad.status_code == 422, bad.text
+
+
+@pytest.mark.parametrize("content", ["not json", '{"body": 1}', '{"a": 1, "a": 2}'])
+def test_a_receipt_that_is_not_one_is_a_clear_422(
+    http: httpx.Client, apps: Apps, content: str
+) -> None:
+    answer = http.post(
+        "/v1/audit/rotation-proof",
+        headers=bearer(apps.planner_operator),
+        json={"receipt": content},
+    )
+    assert answer.status_code == 422, answer.text
+    assert "receipt" in answer.text
