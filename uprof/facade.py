@@ -1081,6 +1081,15 @@ class Facade:
                 old_size, leaf_index=leaf_index, requested_by=self.principal.label
             )
 
+    def receipt_rotation_proof(self, content: bytes) -> dict[str, Any]:
+        """The rotation proof an erasure receipt issued before an audit key rotation needs
+        offline (``Uprof.receipt_rotation_proof``): same decision as a proof document
+        (``audit``), taken before the receipt is read; this tenant's receipts only;
+        audited (``audit.proof_served``)."""
+        self._authorize_governance("audit", COMPLIANCE_PURPOSE)
+        with self._as_principal():
+            return self._kernel.receipt_rotation_proof(content, requested_by=self.principal.label)
+
     def verify_audit(self, content: bytes, kind: Kind) -> CheckResult:
         """Check an export or a receipt against this log's key."""
         self._authorize_governance("audit", COMPLIANCE_PURPOSE)

@@ -743,6 +743,60 @@ class Uprof:
             rotation_proof=rotation_proof,
         )
 
+    def receipt_rotation_proof(self, content: bytes, *, requested_by: str | None) -> dict[str, Any]:
+        """The rotation proof of an erasure receipt of this tenant's (decision
+        XXXX-review-of-0160): the log's consistency proof from the receipt's checkpoint
+        (size m) to the point (N, R) where the history says its issuer key was rotated out,
+        which ``verify_receipt(..., rotation_proof=)`` and ``uprof audit verify-receipt
+        --rotation-proof`` need offline when m < N (bug KG). ``rotation_proof`` is None
+        when the receipt needs none (its key is current, unbounded, or stopped at m).
+
+        The receipt is verified first, with this log's keys and as this tenant's (the one
+        check of ``verify_receipt``): a forged or another tenant's receipt gets no proof.
+        Hashes only, no entry; audited before it is handed out (``audit.proof_served``)."""
+        from audit._codec import b64encode
+        from audit.errors import VerificationError
+        from audit.receipts import parse_receipt, verify_receipt
+
+        self.reads.drain()
+        log = self.audit_log
+        proven: list[tuple[int, int, list[str]]] = []
+
+        def rotation_proof(old_size: int, new_size: int) -> list[str]:
+            hashes = [b64encode(h) for h in log.consistency_proof(old_size, new_size)]
+            proven.append((old_size, new_size, hashes))
+            return hashes
+
+        try:
+            receipt = parse_receipt(content)
+            verify_receipt(
+                receipt,
+                log.trusted_keys(),
+                origin=log.origin,
+                tenant=self.subjects.tenant,
+                rotation_proof=rotation_proof,
+            )
+        except VerificationError as exc:
+            raise InvalidInputError(f"receipt: {exc.reason}") from None
+        tree_size = int(receipt["inclusion"]["tree_size"])
+        rotated_at = proven[0][1] if proven else None
+        counts = {"old_size": tree_size}
+        if rotated_at is not None:
+            counts["rotation_point"] = rotated_at
+        self.audit.record(
+            "audit.proof_served",
+            app_id=requested_by,
+            tree_size=tree_size if rotated_at is None else rotated_at,
+            counts=counts,
+        )
+        return {
+            "receipt_id": receipt["body"]["receipt_id"],
+            "issuer_key_id": receipt["body"]["issuer"]["key_id"],
+            "tree_size": tree_size,
+            "rotation_point": rotated_at,
+            "rotation_proof": proven[0][2] if proven else None,
+        }
+
     def audit_key(self, *, with_checkpoint: bool = True) -> dict[str, Any]:
         """The log's origin, key id, public key (PEM), key history and, unless told not to,
         a fresh signed checkpoint (its tree size counts every tenant's entries: see

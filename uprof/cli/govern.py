@@ -580,6 +580,32 @@ def audit_prove(
     )
 
 
+@audit_app.command("rotation-proof")
+def audit_rotation_proof(
+    receipt: Annotated[Path, typer.Argument(exists=True, dir_okay=False)],
+    out: Annotated[
+        Path, typer.Option(help="Write the rotation proof (a JSON list of base64 hashes) here.")
+    ],
+) -> None:
+    """The rotation proof of an erasure receipt issued before an audit key rotation: what
+    verify-receipt --key-history needs beside it (--rotation-proof OUT)."""
+    with door() as d:
+        proof = d.receipt_rotation_proof(receipt.read_bytes())
+    if proof["rotation_proof"] is None:
+        console.print(
+            f"receipt {shown(proof['receipt_id'])} needs no rotation proof: its key was not "
+            "rotated out after its checkpoint (nothing written)",
+            highlight=False,
+        )
+        return
+    out.write_text(json.dumps(proof["rotation_proof"]) + "\n")
+    console.print(
+        f"rotation proof written to {shown(out)}: tree size {proof['tree_size']} to the "
+        f"rotation point {proof['rotation_point']} of key {proof['issuer_key_id'][:16]}…",
+        highlight=False,
+    )
+
+
 @audit_app.command("verify-proof")
 def audit_verify_proof(
     path: Annotated[Path, typer.Argument(exists=True, dir_okay=False)],

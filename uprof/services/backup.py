@@ -55,8 +55,9 @@ from alembic.script import ScriptDirectory
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from audit.errors import VerificationError
 from audit.keyring import key_by_id
-from audit.keys import key_id
+from audit.keys import TrustedKeys, key_id
 from audit.tables import audit_checkpoints, audit_entries, audit_nodes
 from domain.errors import InvalidInputError, StoredDataDamagedError, UprofError
 from domain.principal import Principal
@@ -526,6 +527,17 @@ def _check_signature(
             f"{MANIFEST} does not match its signature: the backup was edited after it was "
             "written; nothing was changed"
         ) from None
+    if isinstance(keys, TrustedKeys):
+        # Bug KO (decision XXXX-review-of-0160): a key rotated out at tree size N vouches
+        # for no backup of a longer log, as for no checkpoint of one (a leaked old key).
+        try:
+            keys.check_signed_range(key, int(manifest["audit"]["entries"]), None)
+        except VerificationError as exc:
+            raise BackupError(
+                f"{MANIFEST} of a log of {manifest['audit']['entries']} entries is signed "
+                f"by an audit key that was rotated out before that ({exc.reason}); nothing "
+                "was changed"
+            ) from None
 
 
 def _manifest(
