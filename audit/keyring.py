@@ -587,7 +587,7 @@ class FileKeyRing:
 
     def _finish_killed_rotation(self) -> None:
         """Finish (or drop) a rotation killed with its next key file left, if no rotation
-        is alive: bug KN (decision XXXX-review-of-0160). A rotation killed after its
+        is alive: bug KN (decision 0165-review-of-0160). A rotation killed after its
         history write (the commit point) and before its rename left the history bounding
         the old key at its point N while the old key file stayed; a process that had the
         ring open kept signing with it, and its log refused every checkpoint beyond N

@@ -175,7 +175,7 @@ class TrustedKeys(tuple[Ed25519PublicKey, ...]):
         """Raise VerificationError when ``key`` signed a checkpoint outside its range.
 
         ``root`` None: a signed document that names a log size but no root (a backup
-        manifest, bug KO of decision XXXX-review-of-0160), bounded by its size alone."""
+        manifest, bug KO of decision 0165-review-of-0160), bounded by its size alone."""
         bound = self.retired_at.get(key_id(key))
         if bound is None:
             return

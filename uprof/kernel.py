@@ -745,7 +745,7 @@ class Uprof:
 
     def receipt_rotation_proof(self, content: bytes, *, requested_by: str | None) -> dict[str, Any]:
         """The rotation proof of an erasure receipt of this tenant's (decision
-        XXXX-review-of-0160): the log's consistency proof from the receipt's checkpoint
+        0165-review-of-0160): the log's consistency proof from the receipt's checkpoint
         (size m) to the point (N, R) where the history says its issuer key was rotated out,
         which ``verify_receipt(..., rotation_proof=)`` and ``uprof audit verify-receipt
         --rotation-proof`` need offline when m < N (bug KG). ``rotation_proof`` is None

@@ -1,4 +1,4 @@
-"""``POST /v1/audit/rotation-proof`` (decision XXXX-review-of-0160): the rotation proof an
+"""``POST /v1/audit/rotation-proof`` (decision 0165-review-of-0160): the rotation proof an
 erasure receipt issued before an audit key rotation needs offline with the key history."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Review of decision 0160-rotation-bound (decision XXXX-review-of-0160): a hostile key
+"""Review of decision 0160-rotation-bound (decision 0165-review-of-0160): a hostile key
 history and a hostile rotation proof, each an attack kept as a test. None found a defect:
 the v2 statement both keys sign covers the point, so a history cannot drop, move or reorder
 it, and a proof binds the receipt's tree to the recorded root. What is left (a history cut

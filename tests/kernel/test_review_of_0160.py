@@ -1,4 +1,4 @@
-"""Review of decision 0160-rotation-bound (decision XXXX-review-of-0160), on both backends.
+"""Review of decision 0160-rotation-bound (decision 0165-review-of-0160), on both backends.
 
 0160 made a receipt issued before an audit key rotation verify offline, with the key
 history, only beside a "rotation proof" (the log's consistency proof from the receipt's

@@ -528,7 +528,7 @@ def _check_signature(
             "written; nothing was changed"
         ) from None
     if isinstance(keys, TrustedKeys):
-        # Bug KO (decision XXXX-review-of-0160): a key rotated out at tree size N vouches
+        # Bug KO (decision 0165-review-of-0160): a key rotated out at tree size N vouches
         # for no backup of a longer log, as for no checkpoint of one (a leaked old key).
         try:
             keys.check_signed_range(key, int(manifest["audit"]["entries"]), None)
