@@ -505,9 +505,9 @@ def _erase_items_again(kernel: Any, state: LedgerState) -> int:
     # process the start waits for it, then projects what is left and reads whole views.
     # Without it the start's batches met the rebuild's reset and replay, and the first
     # batch refused (``PositionMovedError``) ended the start: ``uprof backup`` beside
-    # ``uprof projections rebuild`` failed with exit 6 (bug KB); a batch the start won
-    # failed the rebuild's replay instead, and views read halfway through a replay did
-    # not list items the replay brought back after.
+    # ``uprof projections rebuild`` failed with exit 6 (bug KB). Reading the batch again
+    # alone would still read the views' items halfway through a replay, before it brings
+    # an erased item back.
     with schema_lock(kernel.views_engine):
         _project_to_head(kernel)
         with kernel.views_engine.connect() as conn:
