@@ -1239,10 +1239,20 @@ class Uprof:
                     "projections run: extraction lost the race to another process; "
                     "its captures are left to the running workers"
                 )
-            # As ``process``: a rebuild in another process that reset the views between a
-            # batch's read and its apply refuses it (nothing written); read again from the
-            # new position (review of 0112: `projections run` beside a rebuild, exit 6).
-            target = self.app.max_notification_id()
+            return self.project_to(self.app.max_notification_id())
+
+    def project_to(self, target: int) -> int:
+        """Project this process's partitions until each has passed ``target``; what is
+        appended meanwhile is left to the runners. The one catch-up to a target:
+        ``uprof projections run`` and a start that must see the views at the log's head
+        before it re-applies the erasure ledger (``recovery._project_to_head``).
+
+        As ``process``: a rebuild in another process that reset the views between a
+        batch's read and its apply refuses it (nothing written); it is read again from
+        the new position. Passed up, it failed ``projections run`` (review of 0112) and
+        every start beside a rebuild whose ledger names erased items, ``uprof backup``
+        included (bug KB, exit 6)."""
+        with self._process_lock:
             return retry.WORKER_COLLISION.call(lambda: self.projections.run_until(target))
 
     def process_once(self) -> int:
