@@ -724,8 +724,10 @@ def audit_residue(
 ) -> None:
     """Scan every store for the terms and for decryptable data of erased subjects."""
     with door() as d:
-        report = d.residue_scan(term)
+        # The backup folders first: one that is not a folder is refused (exit 2) before
+        # the long scan (bug LD).
         found = d.partial_backups(backups or [])
+        report = d.residue_scan(term)
     console.print(
         f"scanned {report.files_scanned} files ({report.bytes_scanned} bytes), "
         f"{report.tables_scanned} tables, {report.streams_checked} erased streams "

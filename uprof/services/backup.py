@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import errno
 import fcntl
 import hashlib
 import json
@@ -297,8 +298,18 @@ def _taken(partial: Path, *, create: bool = True) -> Iterator[bool]:
     ``create=False`` (a look that must write nothing) says so without creating one."""
     lock = partial.with_name(partial.name + _WRITER_LOCK)
     try:
-        fd = os.open(lock, os.O_RDWR | (os.O_CREAT if create else 0), 0o600)
+        # O_NOFOLLOW: a symlink planted under a lock file's name must not make this
+        # create (or open for writing) the file it points to, anywhere (bug LC).
+        flags = os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
+        fd = os.open(lock, flags, 0o600)
     except FileNotFoundError:
+        yield True
+        return
+    except OSError as error:
+        if error.errno != errno.ELOOP:
+            raise
+        # A link, not a writer's lock: a writer creates its own with O_EXCL, which a
+        # name already taken by a link refuses, so no writer holds this partial.
         yield True
         return
     try:
@@ -327,13 +338,23 @@ def partials(parent: Path) -> list[Partial]:
     (for ``uprof audit residue --backups``). A lock file left without its folder (its
     writer killed between the rename and the unlink) is not a copy of anything."""
     if not parent.is_dir():
-        return []
+        # Nothing looked at is no finding: a mistyped or unmounted folder must not read
+        # as "residue: 0" (bug LD).
+        raise InvalidInputError(f"--backups: {parent} is not a folder")
     found = []
     for path in sorted(parent.iterdir()):
-        if _PARTIAL.match(path.name) and path.is_dir():
+        if _is_partial_folder(path):
             with _taken(path, create=False) as gone:
                 found.append(Partial(path, being_written=not gone))
     return found
+
+
+def _is_partial_folder(path: Path) -> bool:
+    """Whether ``path`` is a folder a backup wrote (``backup``'s ``partial``): named so,
+    and a real folder. A symlink named so is not one (a backup never makes one): it is
+    neither a copy of the stores nor the cleaner's to remove, and ``shutil.rmtree``
+    refuses it, which made every backup into its parent fail (bug LC)."""
+    return bool(_PARTIAL.match(path.name)) and path.is_dir() and not path.is_symlink()
 
 
 def remove_stale_partials(parent: Path) -> list[Path]:
@@ -347,7 +368,7 @@ def remove_stale_partials(parent: Path) -> list[Path]:
         with _taken(partial) as gone:
             if not gone:
                 continue  # a live backup's
-            if partial.is_dir():
+            if _is_partial_folder(partial):
                 shutil.rmtree(partial)
                 removed.append(partial)
             partial.with_name(name + _WRITER_LOCK).unlink(missing_ok=True)
@@ -724,7 +745,7 @@ def _restore_alone(
     backend_for_settings(settings).restore(settings, src, keep_live_audit)
     kernel = bootstrap(settings, restoring=True)  # upgrades every branch to head
     try:
-        from uprof.services.recovery import reapply_ledger
+        from uprof.services.recovery import reapply_ledger, withdraw_again
 
         if keep_live_policy and kernel.policy_service is not None:
             # The live policy is kept, and anchored again below: checked first against
@@ -745,6 +766,11 @@ def _restore_alone(
         if kernel.policy_service is not None:
             kernel.policy_service.anchor_policy()
         ledger = reapply_ledger(kernel)
+        # The ledger holds erasures, not withdrawals: a consent withdrawn after the backup
+        # is in force in the backup's log, and only the live audit log (kept) records its
+        # withdrawal. Written again into the stream, or the app was served the subject's
+        # data again under a consent the subject had withdrawn (bug LB).
+        withdrawn_again = withdraw_again(kernel)
         if kernel.web_sign_outs is not None:
             kernel.web_sign_outs.keep(signed_out, now=datetime.now(UTC))
         # Only the operator of the stores can restore (the stores are held alone, so no
@@ -758,6 +784,7 @@ def _restore_alone(
                 "erased_streams": ledger.erased_streams,
                 "erased_captures": ledger.erased_captures,
                 "resurrected": ledger.resurrected,
+                "withdrawals_reapplied": withdrawn_again,
             },
         )
         with kernel.views_engine.connect() as conn:
