@@ -189,6 +189,28 @@ def test_numpys_blas_runs_on_one_thread_once_the_ranker_is_loaded() -> None:
     assert all(lib["num_threads"] == 1 for lib in blas)
 
 
+def test_a_fresh_process_asking_blas_for_two_threads_gets_one_once_it_ranks() -> None:
+    """The check above runs in the test process, where the environment may already pin
+    BLAS to one thread: here a real child asks for two (``OPENBLAS_NUM_THREADS``), loads
+    the kernel as every uprof process does, and must end with numpy's BLAS on one thread
+    (review of 0162: a change that drops the limit fails here on any machine)."""
+    import os
+    import subprocess
+    import sys
+
+    probe = (
+        "import json, pathlib, threadpoolctl, uprof.kernel;"
+        "print(json.dumps([lib['num_threads'] for lib in threadpoolctl.threadpool_info()"
+        " if lib['user_api'] == 'blas' and 'numpy' in pathlib.Path(lib['filepath']).parent.name]))"
+    )
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "2", "OMP_NUM_THREADS": "2"}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[1]"
+
+
 def test_the_seed_spread_is_kept_per_index_and_never_shared() -> None:
     rng = np.random.default_rng(7)
     one, other = _index(50, rng), _index(50, rng)
