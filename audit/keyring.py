@@ -565,6 +565,8 @@ class FileKeyRing:
 
     def current(self) -> Ed25519PrivateKey:
         self._open()
+        if (self.folder / NEXT_KEY_FILE).exists():
+            self._finish_killed_rotation()
         stamp = self._key_file_stamp()
         if self._key is None or stamp != self._key_stamp:
             key = load_signing_key(self.key_path)
@@ -582,6 +584,30 @@ class FileKeyRing:
                     )
             self._key, self._key_stamp = key, stamp
         return self._key
+
+    def _finish_killed_rotation(self) -> None:
+        """Finish (or drop) a rotation killed with its next key file left, if no rotation
+        is alive: bug KN (decision 0165-review-of-0160). A rotation killed after its
+        history write (the commit point) and before its rename left the history bounding
+        the old key at its point N while the old key file stayed; a process that had the
+        ring open kept signing with it, and its log refused every checkpoint beyond N
+        (receipts, exports, proofs failed) until a restart's ``_repair_locked``. That
+        repair runs here, under the ring's lock taken without waiting: every rotation
+        holds that lock from before it writes its next key file until it is done, so a
+        lock we get means the file is a dead rotation's; a lock we cannot get means a
+        live rotation, whose own rename comes (the in-flight allowance of
+        ``_named_current``). Never waiting keeps a caller inside a database write from
+        deadlocking with a rotation waiting for the log's append lock."""
+        fd = os.open(self.folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return  # a rotation is alive (in this process or another)
+            if (self.folder / NEXT_KEY_FILE).exists():
+                self._repair_locked()
+        finally:
+            os.close(fd)
 
     def _key_file_stamp(self) -> tuple[int, int]:
         try:

@@ -171,8 +171,11 @@ class TrustedKeys(tuple[Ed25519PublicKey, ...]):
         out by a v1 history record): their signatures are accepted at any size."""
         return max(len(self) - 1 - len(self.retired_at), 0)
 
-    def check_signed_range(self, key: Ed25519PublicKey, tree_size: int, root: bytes) -> None:
-        """Raise VerificationError when ``key`` signed a checkpoint outside its range."""
+    def check_signed_range(self, key: Ed25519PublicKey, tree_size: int, root: bytes | None) -> None:
+        """Raise VerificationError when ``key`` signed a checkpoint outside its range.
+
+        ``root`` None: a signed document that names a log size but no root (a backup
+        manifest, bug KO of decision 0165-review-of-0160), bounded by its size alone."""
         bound = self.retired_at.get(key_id(key))
         if bound is None:
             return
@@ -182,7 +185,7 @@ class TrustedKeys(tuple[Ed25519PublicKey, ...]):
                 f"which was rotated out at tree size {bound.tree_size}: a retired key "
                 "vouches for nothing after its rotation (a leaked or backed-up old key?)"
             )
-        if tree_size == bound.tree_size and root != bound.root:
+        if tree_size == bound.tree_size and root is not None and root != bound.root:
             raise VerificationError(
                 f"checkpoint of tree size {tree_size} by key {key_id(key)[:16]}… names "
                 "another root than the one the key history recorded when that key was "

@@ -9,7 +9,7 @@ make that store: alembic's own downgrade, each branch in the store that holds it
 from __future__ import annotations
 
 from uprof.backends import StorageLayout
-from uprof.storage import MIGRATIONS_DIR, create_engine
+from uprof.storage import create_engine, downgrade_to
 
 #: One revision below each branch's head: the previous release's schema.
 PREVIOUS = {"views": "0007_views_signed_out_sessions", "keys": "0005_keys_plain_row_keys"}
@@ -17,19 +17,9 @@ PREVIOUS = {"views": "0007_views_signed_out_sessions", "keys": "0005_keys_plain_
 
 def downgrade_stores(layout: StorageLayout, to: dict[str, str]) -> None:
     """Take the views store to ``to["views"]`` and the key store to ``to["keys"]``."""
-    # Imported here, as uprof.storage.migrate does: alembic's import alone is ~0.15-0.25 s
-    # (decision 0035-observability), paid only by the callers that downgrade.
-    from alembic import command
-    from alembic.config import Config
-
     for branch, url in (("views", layout.views_url), ("keys", layout.keys_url)):
         engine = create_engine(url)
         try:
-            config = Config()
-            config.set_main_option("script_location", str(MIGRATIONS_DIR))
-            config.attributes["branch"] = branch
-            with engine.begin() as conn:
-                config.attributes["connection"] = conn
-                command.downgrade(config, to[branch])
+            downgrade_to(engine, branch, to[branch])
         finally:
             engine.dispose()

@@ -645,7 +645,9 @@ def bootstrap(
             tenant=settings.tenant,
             retention_s=settings.idempotency_retention_s,
             clock_ms=lambda: int(clock.now().timestamp() * 1000),
-            turn=lambda name, wait_s: backend_for(views).named_lock(views, name, wait_s=wait_s),
+            turn=lambda name, previous, wait_s: backend_for(views).named_lock(
+                views, name, wait_s=wait_s, previous_release_shared=previous
+            ),
             in_progress_wait_s=settings.request_in_progress_wait_s,
         ),
         policy_service=policy,

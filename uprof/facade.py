@@ -104,7 +104,7 @@ from uprof.services.subjects import NAMESPACE_SEPARATOR, SubjectRequest
 if TYPE_CHECKING:
     from audit.check import CheckResult, Kind
     from uprof.apikeys.store import ApiKeyInfo, IssuedKey
-    from uprof.services.backup import BackupReport
+    from uprof.services.backup import BackupReport, Partial
     from uprof.services.idempotency import Outcome
 
 _T = TypeVar("_T")
@@ -1081,6 +1081,15 @@ class Facade:
                 old_size, leaf_index=leaf_index, requested_by=self.principal.label
             )
 
+    def receipt_rotation_proof(self, content: bytes) -> dict[str, Any]:
+        """The rotation proof an erasure receipt issued before an audit key rotation needs
+        offline (``Uprof.receipt_rotation_proof``): same decision as a proof document
+        (``audit``), taken before the receipt is read; this tenant's receipts only;
+        audited (``audit.proof_served``)."""
+        self._authorize_governance("audit", COMPLIANCE_PURPOSE)
+        with self._as_principal():
+            return self._kernel.receipt_rotation_proof(content, requested_by=self.principal.label)
+
     def verify_audit(self, content: bytes, kind: Kind) -> CheckResult:
         """Check an export or a receipt against this log's key."""
         self._authorize_governance("audit", COMPLIANCE_PURPOSE)
@@ -1152,6 +1161,17 @@ class Facade:
             )
         with self._as_principal():
             return self._kernel.residue_scan(terms)
+
+    def partial_backups(self, folders: Sequence[PathLike[str] | str]) -> list[Partial]:
+        """The partial backup folders in each of ``folders`` (where ``uprof backup --to``
+        writes), each with whether a live process writes it: the residue audit's look
+        outside the data folder (bug KI). Listed, never read; decided as ``audit``."""
+        from pathlib import Path
+
+        from uprof.services.backup import partials
+
+        self._authorize_governance("audit", COMPLIANCE_PURPOSE)
+        return [p for folder in folders for p in partials(Path(folder))]
 
     def recreate_subject(self, subject: str) -> str:
         """Lift an erased subject's mark (operator work); returns the new, unlinkable pseudonym."""

@@ -743,6 +743,60 @@ class Uprof:
             rotation_proof=rotation_proof,
         )
 
+    def receipt_rotation_proof(self, content: bytes, *, requested_by: str | None) -> dict[str, Any]:
+        """The rotation proof of an erasure receipt of this tenant's (decision
+        0165-review-of-0160): the log's consistency proof from the receipt's checkpoint
+        (size m) to the point (N, R) where the history says its issuer key was rotated out,
+        which ``verify_receipt(..., rotation_proof=)`` and ``uprof audit verify-receipt
+        --rotation-proof`` need offline when m < N (bug KG). ``rotation_proof`` is None
+        when the receipt needs none (its key is current, unbounded, or stopped at m).
+
+        The receipt is verified first, with this log's keys and as this tenant's (the one
+        check of ``verify_receipt``): a forged or another tenant's receipt gets no proof.
+        Hashes only, no entry; audited before it is handed out (``audit.proof_served``)."""
+        from audit._codec import b64encode
+        from audit.errors import VerificationError
+        from audit.receipts import parse_receipt, verify_receipt
+
+        self.reads.drain()
+        log = self.audit_log
+        proven: list[tuple[int, int, list[str]]] = []
+
+        def rotation_proof(old_size: int, new_size: int) -> list[str]:
+            hashes = [b64encode(h) for h in log.consistency_proof(old_size, new_size)]
+            proven.append((old_size, new_size, hashes))
+            return hashes
+
+        try:
+            receipt = parse_receipt(content)
+            verify_receipt(
+                receipt,
+                log.trusted_keys(),
+                origin=log.origin,
+                tenant=self.subjects.tenant,
+                rotation_proof=rotation_proof,
+            )
+        except VerificationError as exc:
+            raise InvalidInputError(f"receipt: {exc.reason}") from None
+        tree_size = int(receipt["inclusion"]["tree_size"])
+        rotated_at = proven[0][1] if proven else None
+        counts = {"old_size": tree_size}
+        if rotated_at is not None:
+            counts["rotation_point"] = rotated_at
+        self.audit.record(
+            "audit.proof_served",
+            app_id=requested_by,
+            tree_size=tree_size if rotated_at is None else rotated_at,
+            counts=counts,
+        )
+        return {
+            "receipt_id": receipt["body"]["receipt_id"],
+            "issuer_key_id": receipt["body"]["issuer"]["key_id"],
+            "tree_size": tree_size,
+            "rotation_point": rotated_at,
+            "rotation_proof": proven[0][2] if proven else None,
+        }
+
     def audit_key(self, *, with_checkpoint: bool = True) -> dict[str, Any]:
         """The log's origin, key id, public key (PEM), key history and, unless told not to,
         a fresh signed checkpoint (its tree size counts every tenant's entries: see
@@ -1185,10 +1239,20 @@ class Uprof:
                     "projections run: extraction lost the race to another process; "
                     "its captures are left to the running workers"
                 )
-            # As ``process``: a rebuild in another process that reset the views between a
-            # batch's read and its apply refuses it (nothing written); read again from the
-            # new position (review of 0112: `projections run` beside a rebuild, exit 6).
-            target = self.app.max_notification_id()
+            return self.project_to(self.app.max_notification_id())
+
+    def project_to(self, target: int) -> int:
+        """Project this process's partitions until each has passed ``target``; what is
+        appended meanwhile is left to the runners. The one catch-up to a target:
+        ``uprof projections run`` and a start that must see the views at the log's head
+        before it re-applies the erasure ledger (``recovery._project_to_head``).
+
+        As ``process``: a rebuild in another process that reset the views between a
+        batch's read and its apply refuses it (nothing written); it is read again from
+        the new position. Passed up, it failed ``projections run`` (review of 0112) and
+        every start beside a rebuild whose ledger names erased items, ``uprof backup``
+        included (bug KB, exit 6)."""
+        with self._process_lock:
             return retry.WORKER_COLLISION.call(lambda: self.projections.run_until(target))
 
     def process_once(self) -> int:
@@ -1380,9 +1444,14 @@ class Uprof:
         # A holder that hangs alive must not keep a leaked key usable: past the wait the
         # revocation goes on without the lock (its own UPDATE and entry are right; only a
         # key found revoked may then be recorded late while its revoker still appends).
+        # The previous release's lock of the same name too (shared): a process of it may
+        # still revoke during an upgrade, and 0159 moved the SQLite lock file (bug KJ).
         backend = backend_for(self.keys_engine)
         lock = backend.named_lock(
-            self.keys_engine, "apikey-revocation", wait_s=self.REVOCATION_LOCK_WAIT_S
+            self.keys_engine,
+            "apikey-revocation",
+            wait_s=self.REVOCATION_LOCK_WAIT_S,
+            previous_release_shared="apikey-revocation",
         )
         with lock as held:
             if not held:

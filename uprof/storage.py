@@ -107,17 +107,31 @@ def migrate(engine: sa.Engine, branch: str) -> None:
     head = branch_head(branch)
     if head is not None and head in _current_revisions(engine):
         return
+    _migrate_branch(engine, branch, f"{branch}@head", downgrade=False)
+
+
+def downgrade_to(engine: sa.Engine, branch: str, revision: str) -> None:
+    """Take one store's tables of ``branch`` down to ``revision`` (alembic's own
+    downgrades), in one transaction like ``migrate``: a restore of an older backup
+    brings the live store to the backup's revision before it replaces its data, and the
+    start after the copy upgrades it again (decision 0164-restore-across-upgrade)."""
+    if revision in _current_revisions(engine):
+        return
+    _migrate_branch(engine, branch, revision, downgrade=True)
+
+
+def _migrate_branch(engine: sa.Engine, branch: str, target: str, *, downgrade: bool) -> None:
     from alembic import command
     from alembic.config import Config
 
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     config.attributes["branch"] = branch
-    # One transaction for the whole upgrade, on every backend: a process killed midway
+    # One transaction for the whole change, on every backend: a process killed midway
     # leaves the store at its previous revision, whole (bug JA).
     with backend_for(engine).migration_transaction(engine) as conn:
         config.attributes["connection"] = conn
-        command.upgrade(config, f"{branch}@head")
+        (command.downgrade if downgrade else command.upgrade)(config, target)
 
 
 _HEADER = re.compile(

@@ -206,33 +206,6 @@ def test_a_start_upgrades_beside_a_process_of_the_previous_release_reading(
     assert_upgraded_and_intact(settings, clock)
 
 
-def test_a_restore_refused_for_its_schema_revision_leaves_the_store_as_it_was(
-    backend: Backend, clock: FakeClock, tmp_path: Path
-) -> None:
-    """A backup of the previous schema, restored by this release into a store still at the
-    previous schema, is refused (restore with the release that made it, then upgrade):
-    refused, it must change nothing. Until bug JB the restore migrated the live views to
-    this release's head before it compared, so its refusal left them upgraded (and the
-    key store not), where the previous release, told to do the restore, could neither
-    start nor restore ("Can't locate revision")."""
-    from uprof.services.backup import BackupError, backup, restore
-
-    settings = previous_schema_store(backend, clock)
-    backup(settings, tmp_path / "bk")
-    with pytest.raises(BackupError, match="schema revision"):
-        restore(settings, tmp_path / "bk")
-    views, keys = _engines(settings)
-    try:
-        assert _revisions(views) >= {PREVIOUS["views"]}
-        assert branch_head("views") not in _revisions(views)
-        with views.connect() as conn:
-            assert not sa.inspect(conn).has_table("rate_limit_slots")
-    finally:
-        views.dispose()
-        keys.dispose()
-    assert not (settings.data_dir / "RESTORE-IN-PROGRESS.json").exists()
-
-
 def test_one_of_three_starts_killed_inside_the_upgrade_leaves_it_to_the_others(
     backend: Backend, clock: FakeClock
 ) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -25,3 +26,12 @@ def count_under_lock(url: str, name: str, counter: str, rounds: int) -> None:
                 path.write_text(str(seen + 1))
     finally:
         engine.dispose()
+
+
+def hold_until_killed(url: str, name: str, holding: Any) -> None:
+    """Take the lock ``name`` and keep it until this process is killed (kill -9)."""
+    engine = sa.create_engine(url)
+    with backend_for(engine).named_lock(engine, name, wait_s=60) as held:
+        assert held, "the lock was not free within 60 s"
+        holding.set()
+        time.sleep(600)

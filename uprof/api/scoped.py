@@ -484,6 +484,12 @@ class AppScope:
         self._require(ROLE_OPERATOR)
         return proof_bytes(self._door.prove_audit(body.old_size, leaf_index=body.leaf_index))
 
+    def receipt_rotation_proof(self, body: w.ReceiptRotationProofIn) -> w.ReceiptRotationProof:
+        """A receipt's rotation proof (``operator`` role; the policy's ``audit``)."""
+        self._require(ROLE_OPERATOR)
+        proof = self._door.receipt_rotation_proof(body.receipt.encode())
+        return w.ReceiptRotationProof.model_validate(proof)
+
     def audit_verify(self, body: w.AuditVerifyIn) -> w.AuditVerification:
         """Check an export or a receipt against this log's key (``operator`` role)."""
         self._require(ROLE_OPERATOR)

@@ -115,13 +115,23 @@ class Backend(Protocol):
         ...
 
     def named_lock(
-        self, engine: sa.Engine, name: str, *, wait_s: float
+        self,
+        engine: sa.Engine,
+        name: str,
+        *,
+        wait_s: float,
+        previous_release_shared: str | None = None,
     ) -> AbstractContextManager[bool]:
         """An exclusive lock of the deployment's, by ``name``, held until the block ends
         or its holder dies (kill -9 included), across processes and, on PostgreSQL,
         hosts. It orders work that spans more than one store's transaction (a key
         store commit, then an audit entry), which no transaction can hold. Waits at most
-        ``wait_s`` (a live holder may hang); yields whether it holds the lock."""
+        ``wait_s`` (a live holder may hang); yields whether it holds the lock.
+
+        ``previous_release_shared``: also hold, *shared*, the lock of that name as the
+        previous release (decision 0158) took it, within the same wait; a process of
+        that release holding it (exclusively) and this holder exclude each other, while
+        holders of this release never wait for each other on it (bug KJ)."""
         ...
 
     def fold_log(self, engine: sa.Engine, *, timeout_s: float | None = None) -> bool:

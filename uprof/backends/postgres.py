@@ -132,30 +132,44 @@ class PostgresBackend:
             yield conn
 
     @contextlib.contextmanager
-    def named_lock(self, engine: sa.Engine, name: str, *, wait_s: float) -> Iterator[bool]:
+    def named_lock(
+        self,
+        engine: sa.Engine,
+        name: str,
+        *,
+        wait_s: float,
+        previous_release_shared: str | None = None,
+    ) -> Iterator[bool]:
         # A session-level advisory lock on a connection of its own; the server drops it
         # when the session ends, the holder's death included. Keyed by 64 bits of a
         # sha256 of the name (no two names in use share a key in practice: bug KC).
         # Tried without blocking until ``wait_s`` has passed. The connection comes from
         # the engine's lock engine, never from its pool: a holder keeps it for all the
         # work it guards (an erasure), which takes its connections from the pool, and
-        # holders pinning pooled connections starved that work (bug KD).
-        digest = hashlib.sha256(f"uprof/named-lock/{name}".encode()).digest()
-        key = int.from_bytes(digest[:8], "big", signed=True)
-        try_lock = sa.text("SELECT pg_try_advisory_lock(:key)")
+        # holders pinning pooled connections starved that work (bug KD). The previous
+        # release's lock (``previous_release_shared``, bug KJ) was the same advisory
+        # key of its name, exclusive; here it is taken shared, on the same session.
+        key = _advisory_key(name)
         with _lock_engine(engine).connect() as conn:
             deadline = time.monotonic() + wait_s
-            while True:
-                held = bool(conn.execute(try_lock, {"key": key}).scalar_one())
-                conn.commit()
-                if held or time.monotonic() >= deadline:
-                    break
-                time.sleep(NAMED_LOCK_POLL_S)
+            held = _poll_advisory(conn, "pg_try_advisory_lock", key, deadline)
+            old_key = (
+                None if previous_release_shared is None else _advisory_key(previous_release_shared)
+            )
+            if held and old_key is not None:
+                if not _poll_advisory(conn, "pg_try_advisory_lock_shared", old_key, deadline):
+                    conn.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": key})
+                    conn.commit()
+                    held = False
             try:
                 yield held
             finally:
                 if held:
                     conn.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": key})
+                    if old_key is not None:
+                        conn.execute(
+                            sa.text("SELECT pg_advisory_unlock_shared(:key)"), {"key": old_key}
+                        )
                     conn.commit()
 
     def fold_log(self, engine: sa.Engine, *, timeout_s: float | None = None) -> bool:
@@ -675,6 +689,25 @@ _LOCK_ENGINES: weakref.WeakKeyDictionary[sa.Engine, sa.Engine] = weakref.WeakKey
 _LOCK_ENGINES_MUTEX = threading.Lock()
 #: Idle lock sessions kept for reuse; more are opened when more locks are held at once.
 LOCK_POOL_SIZE = 2
+
+
+def _advisory_key(name: str) -> int:
+    """``named_lock``'s advisory key of ``name``: 64 bits of a sha256 (as in 0158)."""
+    digest = hashlib.sha256(f"uprof/named-lock/{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def _poll_advisory(conn: sa.Connection, try_function: str, key: int, deadline: float) -> bool:
+    """Try ``try_function`` (``pg_try_advisory_lock`` or its ``_shared`` form) on ``key``
+    every ``NAMED_LOCK_POLL_S`` until it holds or ``deadline`` (monotonic) has passed;
+    polling a lock until a deadline, not retrying a failure (``named_lock``)."""
+    try_lock = sa.text(f"SELECT {try_function}(:key)")
+    while True:
+        held = bool(conn.execute(try_lock, {"key": key}).scalar_one())
+        conn.commit()
+        if held or time.monotonic() >= deadline:
+            return held
+        time.sleep(NAMED_LOCK_POLL_S)
 
 
 def _lock_engine(engine: sa.Engine) -> sa.Engine:

@@ -215,7 +215,14 @@ class SQLiteBackend:
                 driver.isolation_level = saved  # the pooled connection as it was
 
     @contextlib.contextmanager
-    def named_lock(self, engine: sa.Engine, name: str, *, wait_s: float) -> Iterator[bool]:
+    def named_lock(
+        self,
+        engine: sa.Engine,
+        name: str,
+        *,
+        wait_s: float,
+        previous_release_shared: str | None = None,
+    ) -> Iterator[bool]:
         # An exclusive flock of a file of its own (never the database file: FIELD-NOTES
         # 8.1), one file per name in a folder beside the database, named by a sha256 of
         # the name (a long hash: two names never share a file, bug KC); the system drops
@@ -238,9 +245,26 @@ class SQLiteBackend:
         if fd is None:
             yield False
             return
+        old_fd = None
         try:
+            if previous_release_shared is not None:
+                # The previous release flocked ``<database>.<name>-lock`` exclusively and
+                # kept the file (bug KJ); a shared flock of it conflicts with that alone.
+                # Never deleted here: a process of that release may hold or open it.
+                old_fd = os.open(
+                    f"{database}.{previous_release_shared}-lock", os.O_RDWR | os.O_CREAT, 0o600
+                )
+                shared = _flocked(old_fd, shared=True)
+                while not shared and time.monotonic() < deadline:
+                    time.sleep(NAMED_LOCK_POLL_S)
+                    shared = _flocked(old_fd, shared=True)
+                if not shared:
+                    yield False
+                    return
             yield True
         finally:
+            if old_fd is not None:
+                os.close(old_fd)
             # Per-key names would leave a file per key ever used: the holder deletes its
             # file while it still holds it, then lets go. A waiter that flocked the
             # deleted file sees that the path no longer names it and opens the path
@@ -632,13 +656,9 @@ def _lock_file(path: str) -> int | None:
     file flocked may no longer be the one at ``path``: its lock then guards nothing, and
     the path is opened again (a new file, or another process's). A file left by a holder
     that died is flocked, used and deleted by the next holder of its name."""
-    import fcntl
-
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _flocked(fd, shared=False):
             os.close(fd)
             return None  # a live holder: the caller polls, as PostgreSQL's try-lock is
         try:
@@ -649,3 +669,15 @@ def _lock_file(path: str) -> int | None:
         if at_path is not None and (at_path.st_dev, at_path.st_ino) == (mine.st_dev, mine.st_ino):
             return fd
         os.close(fd)  # deleted by its last holder after we opened it: open the path again
+
+
+def _flocked(fd: int, *, shared: bool) -> bool:
+    """Whether ``fd`` now holds an flock (shared or exclusive) without waiting; False
+    while another holder's lock conflicts."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True

@@ -970,6 +970,27 @@ class AuditInclusion(_Response):
     hashes: list[str]
 
 
+class ReceiptRotationProofIn(_Request):
+    """An erasure receipt (its JSON, as issued) whose rotation proof is asked for."""
+
+    model_config = _example({"receipt": "<the erasure receipt's JSON>"})
+
+    receipt: Annotated[str, Field(min_length=1)]
+
+
+class ReceiptRotationProof(_Response):
+    """The log's consistency proof from the receipt's checkpoint (``tree_size``) to the
+    point where its issuer key was rotated out (``rotation_point``): save
+    ``rotation_proof`` as a JSON file for ``uprof audit verify-receipt --rotation-proof``.
+    Both null when the receipt needs none (its key was not rotated out after it)."""
+
+    receipt_id: str
+    issuer_key_id: str
+    tree_size: int
+    rotation_point: int | None
+    rotation_proof: list[str] | None
+
+
 class AuditProof(_Response):
     """A proof document (``uprof.audit-proof/v1``, docs/audit-format.md §3.1): save the
     response body as it is and check it offline with ``uprof audit verify-proof``."""

@@ -33,9 +33,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import fcntl
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import sqlite3
@@ -53,8 +55,9 @@ from alembic.script import ScriptDirectory
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from audit.errors import VerificationError
 from audit.keyring import key_by_id
-from audit.keys import key_id
+from audit.keys import TrustedKeys, key_id
 from audit.tables import audit_checkpoints, audit_entries, audit_nodes
 from domain.errors import InvalidInputError, StoredDataDamagedError, UprofError
 from domain.principal import Principal
@@ -69,6 +72,7 @@ from uprof.storage import (
     RESTORE_MARKER,
     branch_head,
     create_engine,
+    downgrade_to,
     layout_for,
     migrate,
 )
@@ -126,15 +130,20 @@ def _fsync(path: Path) -> None:
 
 def _views_revision(conn: sa.Connection) -> str | None:
     """The views branch's revision recorded in a database (None: not migrated)."""
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    script = ScriptDirectory.from_config(config)
-    views = {r.revision for r in script.iterate_revisions("views@head", "base")}
+    views = _views_branch_revisions()
     if not sa.inspect(conn).has_table("alembic_version"):
         return None
     rows = conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalars()
     found = [r for r in rows if r in views]
     return found[0] if found else None
+
+
+def _views_branch_revisions() -> set[str]:
+    """Every revision of the views branch, head to base (alembic's reading)."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    script = ScriptDirectory.from_config(config)
+    return {r.revision for r in script.iterate_revisions("views@head", "base")}
 
 
 def _views_head() -> str | None:
@@ -145,6 +154,30 @@ def _views_head() -> str | None:
         config.set_main_option("script_location", str(MIGRATIONS_DIR))
         head = ScriptDirectory.from_config(config).revision_map.get_current_head("views")
     return head
+
+
+def _upgradable_revision(manifest: dict[str, Any], head: str | None) -> str:
+    """The backup's views revision, when this release can bring it to ``head``: the head
+    itself or one of the views branch's earlier revisions. Anything else is refused
+    naming the backup's views file and the revision, before anything changes: a newer
+    release's (restore it with that release) or none or another branch's (not a store
+    this release's migrations made). Before bug KH only the head itself was accepted."""
+    revision = manifest["views_revision"]
+    if isinstance(revision, str) and revision in _views_branch_revisions():
+        return str(revision)
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    known = {r.revision for r in ScriptDirectory.from_config(config).walk_revisions()}
+    why = (
+        "a newer release made it: restore it with that release"
+        if revision is not None and revision not in known
+        else "not a revision of the views branch this release upgrades from"
+    )
+    files = ", ".join(name for name in manifest["files"] if name.startswith(("views", "database")))
+    raise BackupError(
+        f"the backup's {files or 'views'} is at schema revision {revision!r} ({why}; "
+        f"this uprof brings the views branch's revisions up to {head!r}); nothing was changed"
+    )
 
 
 def _unknown_revisions(src: Path, manifest: dict[str, Any]) -> list[str]:
@@ -209,9 +242,118 @@ def backup(settings: Settings, dest: Path) -> BackupReport:
     dest = dest.expanduser().resolve()
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(f".{dest.name}.partial-{secrets.token_hex(4)}")
-    with _stores_held_open(settings):
+    with _stores_held_open(settings), _writing(partial):
+        # What killed backups left here (bug KI): a copy of the stores outside the
+        # backup set. Removed only once this process holds its own partial's lock.
+        remove_stale_partials(dest.parent)
         partial.mkdir(mode=0o700)
         return _write_backup(settings, partial, dest)
+
+
+#: A backup's folder while it is written: ``.<name>.partial-<8 hex>``.
+_PARTIAL = re.compile(r"^\..+\.partial-[0-9a-f]{8}$")
+#: Beside a partial folder: the file whose flock its writer holds while it lives.
+_WRITER_LOCK = ".lock"
+
+
+@contextmanager
+def _writing(partial: Path) -> Iterator[None]:
+    """Hold the partial folder's writer lock (an exclusive flock of the file beside it)
+    from before the folder exists until it is renamed or removed. The system drops a
+    flock when its holder dies, kill -9 included: a partial whose lock anyone can take
+    has no writer left (``partials``). Never a lock inside the folder: it would be
+    renamed into the backup."""
+    lock = partial.with_name(partial.name + _WRITER_LOCK)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if not _locks_the_file_at(fd, lock):
+            # Between the create and the flock, another backup took the then unheld
+            # lock for a stale one's and removed the file: locked, this descriptor
+            # guards nothing another process can see.
+            raise BackupError(
+                "another uprof backup in the same folder removed this one's lock file as "
+                "it began; run the backup again; nothing was written"
+            )
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class Partial:
+    path: Path
+    #: True: a live process is writing it (its lock is held); False: left by a killed one.
+    being_written: bool
+
+
+@contextmanager
+def _taken(partial: Path, *, create: bool = True) -> Iterator[bool]:
+    """Try to take a partial folder's writer lock without waiting: True (held until the
+    block ends) when no process holds it, that is when its writer is gone. A partial
+    without its lock file has no writer either (a writer creates the file before the
+    folder and removes it after the rename): an earlier release's, or a lost file;
+    ``create=False`` (a look that must write nothing) says so without creating one."""
+    lock = partial.with_name(partial.name + _WRITER_LOCK)
+    try:
+        fd = os.open(lock, os.O_RDWR | (os.O_CREAT if create else 0), 0o600)
+    except FileNotFoundError:
+        yield True
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        # Taken, but the file at the path may be another by now (removed by another
+        # remover, or created again): only the lock of the file still there decides.
+        yield _locks_the_file_at(fd, lock)
+    finally:
+        os.close(fd)
+
+
+def _locks_the_file_at(fd: int, path: Path) -> bool:
+    """Whether ``fd`` is open on the file that ``path`` names now."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False
+
+
+def partials(parent: Path) -> list[Partial]:
+    """The partial backup folders in ``parent``, each with whether a process writes it
+    (for ``uprof audit residue --backups``). A lock file left without its folder (its
+    writer killed between the rename and the unlink) is not a copy of anything."""
+    if not parent.is_dir():
+        return []
+    found = []
+    for path in sorted(parent.iterdir()):
+        if _PARTIAL.match(path.name) and path.is_dir():
+            with _taken(path, create=False) as gone:
+                found.append(Partial(path, being_written=not gone))
+    return found
+
+
+def remove_stale_partials(parent: Path) -> list[Path]:
+    """Remove each partial backup folder in ``parent`` that no process is writing, and
+    its lock file; the folder is removed while this process holds its lock, so a second
+    remover skips it. Returns what was removed."""
+    removed = []
+    names = {p.name.removesuffix(_WRITER_LOCK) for p in parent.iterdir()}
+    for name in sorted(n for n in names if _PARTIAL.match(n)):
+        partial = parent / name
+        with _taken(partial) as gone:
+            if not gone:
+                continue  # a live backup's
+            if partial.is_dir():
+                shutil.rmtree(partial)
+                removed.append(partial)
+            partial.with_name(name + _WRITER_LOCK).unlink(missing_ok=True)
+    if removed:
+        _fsync(parent)
+    return removed
 
 
 @contextmanager
@@ -385,6 +527,17 @@ def _check_signature(
             f"{MANIFEST} does not match its signature: the backup was edited after it was "
             "written; nothing was changed"
         ) from None
+    if isinstance(keys, TrustedKeys):
+        # Bug KO (decision 0165-review-of-0160): a key rotated out at tree size N vouches
+        # for no backup of a longer log, as for no checkpoint of one (a leaked old key).
+        try:
+            keys.check_signed_range(key, int(manifest["audit"]["entries"]), None)
+        except VerificationError as exc:
+            raise BackupError(
+                f"{MANIFEST} of a log of {manifest['audit']['entries']} entries is signed "
+                f"by an audit key that was rotated out before that ({exc.reason}); nothing "
+                "was changed"
+            ) from None
 
 
 def _manifest(
@@ -526,12 +679,7 @@ def _restore_alone(
     # store not), where the previous release it sends the operator to could neither
     # start nor restore (bug JB).
     head = _views_head()
-    if manifest["views_revision"] != head:
-        raise BackupError(
-            f"the backup's schema revision {manifest['views_revision']!r} differs from "
-            f"this uprof's {head!r}: restore with the version that made it, then upgrade "
-            "(start this version); nothing was changed"
-        )
+    backup_revision = _upgradable_revision(manifest, head)
     # The views' revision is not the only one a backup carries: a SQLite backup's event
     # log holds the events branch's. One this release does not know (a newer release's)
     # was copied in, and the start inside the restore then failed on it, the stores
@@ -565,8 +713,16 @@ def _restore_alone(
     _fsync(marker)
     _fsync(settings.data_dir)
     keep_live_policy = backend_for_settings(settings).holds_a_policy(settings)
+    if backup_revision != head:
+        # A backup of an older release (bug KH): the live views go down to its revision
+        # first, so what the copy keeps of them (the audit rows, the tables it does not
+        # replace on PostgreSQL) and what it brings have one schema, and alembic's
+        # record says so; the start below upgrades all of it to head. Under the marker:
+        # killed anywhere from here, every start refuses and the restore run again
+        # upgrades the live views, takes them down and copies again.
+        downgrade_to(views, "views", backup_revision)
     backend_for_settings(settings).restore(settings, src, keep_live_audit)
-    kernel = bootstrap(settings, restoring=True)
+    kernel = bootstrap(settings, restoring=True)  # upgrades every branch to head
     try:
         from uprof.services.recovery import reapply_ledger
 

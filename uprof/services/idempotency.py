@@ -87,10 +87,17 @@ SERIALIZED = frozenset({"consent.withdraw"})
 #: (the setting ``request_in_progress_wait_s``).
 DEFAULT_IN_PROGRESS_WAIT_S = 10.0
 
-#: A deployment's exclusive lock by name, held until the block ends or its holder dies;
-#: waits at most the seconds given and yields whether it holds the lock
-#: (``Backend.named_lock`` bound to the store's engine).
-Turn = Callable[[str, float], AbstractContextManager[bool]]
+#: A deployment's exclusive lock by name, held until the block ends or its holder dies,
+#: with the previous release's lock of the second name held shared beside it; waits at
+#: most the seconds given and yields whether it holds both (``Backend.named_lock`` bound
+#: to the store's engine).
+Turn = Callable[[str, str, float], AbstractContextManager[bool]]
+#: The previous release's turn of a key (decision 0158) was one of this many locks,
+#: shared by the keys hashed onto it and taken exclusively. A process of that release
+#: may still serve requests during an upgrade (docs/operations.md), so a turn also holds
+#: the key's one, shared: the old process and this release never run one key at once
+#: (bug KJ). Drop it once no deployment can run that release beside this one.
+PREVIOUS_RELEASE_TURN_SHARDS = 256
 
 metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
 
@@ -234,6 +241,11 @@ class IdempotencyStore:
         10 s was refused by, another subject's erasure (bug KC)."""
         return f"idempotency-turn-{token}"
 
+    @staticmethod
+    def previous_release_turn_name(token: str) -> str:
+        """The name of a key's turn in the previous release (decision 0158)."""
+        return f"idempotency-turn-{int(token[:8], 16) % PREVIOUS_RELEASE_TURN_SHARDS}"
+
     @contextmanager
     def _one_at_a_time(self, token: str, operation: str) -> Iterator[None]:
         """Hold the key's turn from claim to answer for a ``SERIALIZED`` operation
@@ -241,7 +253,8 @@ class IdempotencyStore:
         if self._turn is None or operation not in SERIALIZED:
             yield
             return
-        with self._turn(self.turn_name(token), self.in_progress_wait_s) as held:
+        previous = self.previous_release_turn_name(token)
+        with self._turn(self.turn_name(token), previous, self.in_progress_wait_s) as held:
             if not held:
                 raise RequestInProgressError(
                     f"the first request with this {HEADER} is still running; "

@@ -45,7 +45,7 @@ from uprof.crypto.tables import (
     subject_keys,
 )
 from uprof.services import erased_keys
-from uprof.storage import fold_log
+from uprof.storage import fold_log, schema_lock
 
 _log = logging.getLogger(__name__)
 
@@ -498,14 +498,23 @@ def _erase_items_again(kernel: Any, state: LedgerState) -> int:
     }
     if not wanted:
         return 0
-    _project_to_head(kernel)
     all_ids = sorted({i for ids in wanted.values() for i in ids})
     listed: dict[str, set[str]] = {}
-    with kernel.views_engine.connect() as conn:
-        for table in (t.attributes, t.intents, t.memories):
-            for row in _select_in(conn, table.name, "item_id", all_ids, "item_id, stream_id"):
-                if row.item_id in wanted.get(row.stream_id, ()):
-                    listed.setdefault(row.stream_id, set()).add(row.item_id)
+    # Under the views' schema lock, which a rebuild holds from before its reset until its
+    # replay has reached its target (``Uprof.rebuild``): beside a rebuild in another
+    # process the start waits for it, then projects what is left and reads whole views.
+    # Without it the start's batches met the rebuild's reset and replay, and the first
+    # batch refused (``PositionMovedError``) ended the start: ``uprof backup`` beside
+    # ``uprof projections rebuild`` failed with exit 6 (bug KB). Reading the batch again
+    # alone would still read the views' items halfway through a replay, before it brings
+    # an erased item back.
+    with schema_lock(kernel.views_engine):
+        _project_to_head(kernel)
+        with kernel.views_engine.connect() as conn:
+            for table in (t.attributes, t.intents, t.memories):
+                for row in _select_in(conn, table.name, "item_id", all_ids, "item_id, stream_id"):
+                    if row.item_id in wanted.get(row.stream_id, ()):
+                        listed.setdefault(row.stream_id, set()).add(row.item_id)
     for stream_id, ids in sorted(listed.items()):
         kernel.app.with_retry(functools.partial(_erase_items, kernel.app, UUID(stream_id), ids))
         _log.warning(
@@ -576,8 +585,7 @@ def _project_to_head(kernel: Any) -> None:
         projections.position,
         head,
     )
-    with kernel._process_lock:
-        projections.run_until(head)
+    kernel.project_to(head)  # a batch lost to another runner is read again
 
 
 def _erase_items(app: Any, stream: UUID, item_ids: set[str]) -> None:

@@ -27,6 +27,8 @@ from uprof.schemas.api import (
     AuditVerifyIn,
     ReceiptListIn,
     ReceiptPage,
+    ReceiptRotationProof,
+    ReceiptRotationProofIn,
 )
 
 router = api_router(prefix="/v1/audit", tags=["audit"])
@@ -90,6 +92,20 @@ def prove(body: AuditProofIn, scope: Scope) -> Response:
     appended meanwhile. Audited (``audit.proof_served``).
     """
     return Response(content=scope.audit_proof(body), media_type="application/json")
+
+
+@router.post(
+    "/rotation-proof", response_model=ReceiptRotationProof, responses=errors(403, 422, 503)
+)
+def rotation_proof(body: ReceiptRotationProofIn, scope: Scope) -> ReceiptRotationProof:
+    """The rotation proof of an erasure receipt issued before an audit key rotation: the
+    log's consistency proof from the receipt's checkpoint to the point where its key was
+    rotated out, which an offline check with the key history needs (``uprof audit
+    verify-receipt RECEIPT --key-history keys.json --rotation-proof FILE``, FILE holding
+    ``rotation_proof``). ``operator`` role, the policy's ``audit``; this tenant's receipts
+    only (another tenant's or a forged one: 422). Audited (``audit.proof_served``).
+    """
+    return scope.receipt_rotation_proof(body)
 
 
 @router.post("/entries", response_model=AuditEntryPage, responses=errors(403, 503))
