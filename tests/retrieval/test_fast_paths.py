@@ -32,8 +32,9 @@ def _reference_bridges(
     seeds = np.argpartition(-relevance, k - 1)[:k]
     n = len(relevance)
     # Decision 0162-slice-speed: the seeds' cosines are one float32 BLAS product on one
-    # thread (it was einsum); everything after it is the round-2 reference unchanged.
-    links = np.matmul(index.vectors[seeds], index.vectors.T).T
+    # thread (it was einsum), einsum's below _BLAS_LINKS_FROM (bug KU); the product is
+    # tested on its own below; everything after it is the round-2 reference unchanged.
+    links = _seed_links(index.vectors[seeds], index.vectors).T
     ranked = np.partition(links, [(n - 1) // 2, n // 2, n - 2], axis=0)
     floor = (ranked[(n - 1) // 2] + ranked[n // 2]) / 2
     closest_other = ranked[n - 2]
@@ -125,6 +126,53 @@ def test_equal_memory_vectors_get_equal_cosines_wherever_they_sit(n: int) -> Non
         assert len(set(row[spots].tolist())) == 1
 
 
+# Bug KU (decision XXXX-review-of-0162): OpenBLAS computes a small product (SkylakeX:
+# at most 100^3 multiply-adds) with its small-matrix kernel and a one-seed product with
+# its matrix-vector kernel; both sum the last, remainder rows in another order, so two
+# copies of one turn got cosines one bit apart, and so different bridged relevance.
+# Every size up to well past those kernels' bounds, with 10, 2 and 1 seeds.
+_TIE_SIZES = [
+    *((n, min(10, n)) for n in range(3, 1_200, 7)),
+    *((n, 2) for n in range(1_000, 1_400, 13)),
+    *((n, 1) for n in (3, 7, 1_001, ranker._SPLIT_LINKS_FROM * 2 + 7)),
+]
+
+
+def test_copies_of_one_turn_get_one_cosine_at_every_size_and_seed_count() -> None:
+    rng = np.random.default_rng(162)
+    split = []
+    for n, k in _TIE_SIZES:
+        vectors = _unit_rows(n, 384, rng)
+        spots = sorted({0, n - 1, n - 2, *rng.choice(n, 3).tolist()})
+        vectors[spots] = vectors[spots[0]]
+        links = _seed_links(vectors[rng.choice(n, k, replace=False)], vectors)
+        if any(len(set(row[spots].tolist())) != 1 for row in links):
+            split.append((n, k))
+    assert split == []
+
+
+def test_copies_of_one_turn_keep_one_bridged_relevance_in_a_small_index() -> None:
+    """What KU did to a slice: a repeated turn reached only through a bridge got a
+    different relevance per copy, so its copies no longer ranked chronologically."""
+    rng = np.random.default_rng(1)
+    uneven = 0
+    for n in (5, 7, 9, 13, 30, 61):
+        for _ in range(20):
+            vectors = _unit_rows(n, 384, rng)
+            copies = [1, n - 2, n - 1]
+            vectors[copies] = vectors[copies[0]]
+            index = MemoryIndex.build(
+                [memory(f"m{i}", f"turn {i}", at=T0 + timedelta(minutes=i)) for i in range(n)],
+                vectors,
+                COUNTER,
+            )
+            relevance = rng.random(n).astype(np.float32) * 0.5
+            relevance[copies] = 0.01  # only a bridge lifts the repeated turn
+            bridged = _with_bridges(index, relevance, SliceOptions())
+            uneven += len(set(bridged[copies].tolist())) != 1
+    assert uneven == 0
+
+
 def test_numpys_blas_runs_on_one_thread_once_the_ranker_is_loaded() -> None:
     """A multi-threaded BLAS product waits for the other core (decision 0162-slice-speed)."""
     import scipy.linalg  # noqa: F401  loads scipy's own BLAS too, as the embedder's stack does
@@ -139,6 +187,28 @@ def test_numpys_blas_runs_on_one_thread_once_the_ranker_is_loaded() -> None:
     ]
     assert blas, "numpy's BLAS was not found"
     assert all(lib["num_threads"] == 1 for lib in blas)
+
+
+def test_a_fresh_process_asking_blas_for_two_threads_gets_one_once_it_ranks() -> None:
+    """The check above runs in the test process, where the environment may already pin
+    BLAS to one thread: here a real child asks for two (``OPENBLAS_NUM_THREADS``), loads
+    the kernel as every uprof process does, and must end with numpy's BLAS on one thread
+    (review of 0162: a change that drops the limit fails here on any machine)."""
+    import os
+    import subprocess
+    import sys
+
+    probe = (
+        "import json, pathlib, threadpoolctl, uprof.kernel;"
+        "print(json.dumps([lib['num_threads'] for lib in threadpoolctl.threadpool_info()"
+        " if lib['user_api'] == 'blas' and 'numpy' in pathlib.Path(lib['filepath']).parent.name]))"
+    )
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "2", "OMP_NUM_THREADS": "2"}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[1]"
 
 
 def test_the_seed_spread_is_kept_per_index_and_never_shared() -> None:

@@ -51,6 +51,14 @@ _links_helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="uprof-link
 #: other processes hold. Set once, here, for the process: the limit is process-wide state,
 #: so raising and restoring it per call would race between concurrent slices.
 _BLAS_ON_ONE_THREAD = threadpool_limits(limits=1, user_api="blas")
+#: Below this many multiply-adds (or with one seed) the seeds' cosines are einsum's, not
+#: BLAS's. OpenBLAS computes a small product with its small-matrix kernel (on SkylakeX up
+#: to 100^3 multiply-adds) and a one-row product with its matrix-vector kernel; both sum
+#: the remainder rows in another order, so two copies of one repeated turn got cosines one
+#: bit apart and stopped ranking chronologically (bug KU, decision XXXX-review-of-0162).
+#: Four times that bound: from 1,042 memories at 10 seeds of 384 dimensions. Below it
+#: einsum costs well under a millisecond, so the BLAS product saved nothing worth a tie.
+_BLAS_LINKS_FROM = 4 * 100**3
 
 
 def category_cues(catalogue: Catalogue) -> dict[str, frozenset[str]]:
@@ -320,7 +328,8 @@ def _seed_links(seed_vectors: np.ndarray, vectors: np.ndarray) -> np.ndarray:
     replaced (decision 0162-slice-speed); its cosines differ from einsum's in the last
     bits (up to 7e-7), which can swap near-ties, so the retrieval benchmarks were re-run
     (same decision). Two equal memory vectors still get the same cosine wherever they
-    sit (tested), so repeated turns stay tied and rank chronologically.
+    sit (tested), so repeated turns stay tied and rank chronologically: a small or
+    one-seed product is einsum's (``_BLAS_LINKS_FROM``, bug KU).
 
     For a large index the memories are cut in two: the helper thread computes the second
     half while this thread computes the first (BLAS releases the GIL). If the helper has
@@ -331,17 +340,30 @@ def _seed_links(seed_vectors: np.ndarray, vectors: np.ndarray) -> np.ndarray:
     n = len(vectors)
     links = np.empty((len(seed_vectors), n), dtype=np.float32)
     seeds = np.asarray(seed_vectors, dtype=np.float32)
+    # One kernel for the whole product, halves included, so equal rows get equal bits.
+    blas = len(seeds) > 1 and seeds.size * n >= _BLAS_LINKS_FROM
+    product = _blas_product if blas else _einsum_product
     if n < _SPLIT_LINKS_FROM:
-        np.matmul(seeds, vectors.T, out=links)
+        product(seeds, vectors, links)
         return links
     half = n // 2
-    second = _links_helper.submit(np.matmul, seeds, vectors[half:].T, out=links[:, half:])
-    np.matmul(seeds, vectors[:half].T, out=links[:, :half])
+    second = _links_helper.submit(product, seeds, vectors[half:], links[:, half:])
+    product(seeds, vectors[:half], links[:, :half])
     if second.cancel():
-        np.matmul(seeds, vectors[half:].T, out=links[:, half:])
+        product(seeds, vectors[half:], links[:, half:])
     else:
         second.result()
     return links
+
+
+def _blas_product(seeds: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+    """``out = seeds . rows^T`` by BLAS's matrix product, on one thread."""
+    np.matmul(seeds, rows.T, out=out)
+
+
+def _einsum_product(seeds: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+    """``out = seeds . rows^T`` by einsum: each cosine summed alike wherever its row sits."""
+    np.einsum("kj,ij->ki", seeds, rows, out=out)
 
 
 def _with_bridges(index: MemoryIndex, relevance: np.ndarray, options: SliceOptions) -> np.ndarray:
