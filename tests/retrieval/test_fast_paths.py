@@ -126,7 +126,7 @@ def test_equal_memory_vectors_get_equal_cosines_wherever_they_sit(n: int) -> Non
         assert len(set(row[spots].tolist())) == 1
 
 
-# Bug KU (decision XXXX-review-of-0162): OpenBLAS computes a small product (SkylakeX:
+# Bug KU (decision 0168-review-of-0162): OpenBLAS computes a small product (SkylakeX:
 # at most 100^3 multiply-adds) with its small-matrix kernel and a one-seed product with
 # its matrix-vector kernel; both sum the last, remainder rows in another order, so two
 # copies of one turn got cosines one bit apart, and so different bridged relevance.

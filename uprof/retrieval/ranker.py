@@ -55,7 +55,7 @@ _BLAS_ON_ONE_THREAD = threadpool_limits(limits=1, user_api="blas")
 #: BLAS's. OpenBLAS computes a small product with its small-matrix kernel (on SkylakeX up
 #: to 100^3 multiply-adds) and a one-row product with its matrix-vector kernel; both sum
 #: the remainder rows in another order, so two copies of one repeated turn got cosines one
-#: bit apart and stopped ranking chronologically (bug KU, decision XXXX-review-of-0162).
+#: bit apart and stopped ranking chronologically (bug KU, decision 0168-review-of-0162).
 #: Four times that bound: from 1,042 memories at 10 seeds of 384 dimensions. Below it
 #: einsum costs well under a millisecond, so the BLAS product saved nothing worth a tie.
 _BLAS_LINKS_FROM = 4 * 100**3
