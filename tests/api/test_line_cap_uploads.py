@@ -72,7 +72,9 @@ def test_an_upload_line_over_the_cap_is_refused_naming_it_when_the_body_fits(
     app = create_server(kernel, keys, max_body_bytes=2 * _cap())
     with LiveServer(app) as live, httpx.Client(base_url=live.url, timeout=120) as http:
         answer = http.post(
-            "/v1/audit/verify", headers=bearer(operator), json={"kind": "export", "content": content}
+            "/v1/audit/verify",
+            headers=bearer(operator),
+            json={"kind": "export", "content": content},
         )
     assert answer.status_code == 200, answer.text
     body = answer.json()
