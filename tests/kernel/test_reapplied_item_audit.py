@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from uuid import UUID
 
 from tests import children
 from tests.conftest import Backend
@@ -104,3 +105,32 @@ def test_a_start_reapplying_a_killed_item_erasure_records_it(backend: Backend) -
             assert entries[0]["request_id"] == _item_request(started, intent.item_id)
         finally:
             started.close()
+
+
+def test_the_same_reapplication_appended_twice_is_recorded_once(backend: Backend) -> None:
+    """What keeps racing processes at one entry, made deterministic: the same items of
+    the same request re-applied twice (the second as a process that read the views
+    before the first's event) append two events but one ``erasure.items_reapplied``."""
+    settings = settings_for(backend)
+    running = build_kernel(settings, FakeClock())
+    try:
+        consent(running)
+        running.capture("alice", say(f"I want to learn to {SAIL}", ref="sail"))
+        running.process()
+        (intent,) = running.profile("alice").intents
+        _killed_after_record(settings, "item", intent.item_id)
+        ledger = running.keystore.ledger
+        assert ledger is not None
+        (stream,) = {r.stream_id for r in ledger.records() if intent.item_id in r.item_ids}
+        assert stream is not None
+        for _ in range(2):
+            running.erasure_service.reapply_items(UUID(stream), [intent.item_id])
+        assert [e["item_refs"] for e in _entries(running)] == [[intent.item_id]]
+        reasons = [
+            getattr(e, "reason", None)
+            for e in running.app.stream_events(UUID(stream))
+            if type(e).__name__ == "ItemsErased"
+        ]
+        assert reasons.count("erasure-reapplied") == 2, reasons
+    finally:
+        running.close()
