@@ -66,6 +66,25 @@ CSV_PROOF_SEPARATOR = ";"
 
 _ENTRY_LINE_PREFIX = '{"entry":'
 
+#: The longest line (in bytes, without its newline) a reader of an export accepts. The
+#: largest line the exporter can write is an entry with every allowlisted field at its
+#: largest (docs/audit-format.md, "Line length"): six token-list fields (``categories``,
+#: ``purposes``, ``item_refs``, ``event_ids``, ``roles``, ``rule``) of 1,000 tokens of 200
+#: characters (~203 KB each), ``counts`` with 1,000 such keys (~220 KB), ``dek_commitments``
+#: of 1,000 SHA-256s (~67 KB) and the scalars: ~1.52 MB as JSONL, ~1.55 MB as CSV (every
+#: ``"`` doubled). A header with 100 signature lines is ~40 KB. 4 MiB is that with a margin
+#: of 2.6x; a longer line is refused after reading ``MAX_LINE_BYTES + 1`` bytes of it, so a
+#: trail of one multi-gigabyte line costs the verifier 4 MiB, not the line (bug KX).
+MAX_LINE_BYTES = 4 * 1024 * 1024
+
+# Python's csv refuses a field over its limit (128 KiB by default), which an entry's cell
+# can exceed (bug IY). The limit is global state of the csv module: it is set here, once, at
+# import, to the line cap (no field is longer than its line, and no reader is handed a line
+# over the cap), and nothing changes it afterwards. Raising it per line, as IY did, raced
+# with every other thread reading CSV and let one upload's line length set everyone's
+# limit (bug KY).
+csv.field_size_limit(MAX_LINE_BYTES)
+
 
 def entry_line(entry_json: str, proof_b64: Sequence[str], leaf_index: int) -> str:
     """Assemble the canonical JSONL line of one entry (without its newline).
@@ -100,18 +119,7 @@ def csv_line(cells: Sequence[str]) -> str:
 def read_csv_rows(lines: Iterable[str]) -> Iterator[list[str]]:
     """Read a CSV export's records, one line each (every reader of the format uses this).
 
-    Python's csv refuses a field over its limit (128 KiB by default), and the allowlist
-    lets an entry's cell be larger (1,000 tokens of 200 characters in a list field), so a
-    CSV trail the log wrote was refused by the verifier, and its summary failed in the SDK
-    and ``POST /v1/audit/export`` (bug IY). The exporter writes no field across lines and
-    no field is longer than its line, which is already read: the limit (process-wide) is
-    raised to each line's length, never lowered.
+    The allowlist lets an entry's cell be larger than Python's default csv field limit
+    (bug IY); the limit is the line cap, set once when this module is imported (above).
     """
-
-    def sized() -> Iterator[str]:
-        for line in lines:
-            if len(line) > csv.field_size_limit():
-                csv.field_size_limit(len(line))
-            yield line
-
-    return csv.reader(sized())
+    return csv.reader(lines)

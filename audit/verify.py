@@ -45,6 +45,7 @@ from audit.export_format import (
     EXPORT_SIGNATURE_CONTEXT,
     FILTER_KEYS,
     HEADER_KEYS,
+    MAX_LINE_BYTES,
     TRAILER_KEYS,
     csv_line,
     entry_line,
@@ -415,19 +416,39 @@ def _numbered_lines(
             yield from _file_lines(handle)
         return
     for number, item in enumerate(source, start=1):
+        if isinstance(item, bytes):
+            _check_length(len(item) - item.endswith(b"\n"), number)
         text = _decode(item, number) if isinstance(item, bytes) else item
         if not isinstance(text, str):
             raise VerificationError("export lines must be text", line_number=number)
         if text.endswith("\n"):
             text = text[:-1]
+        # A character is at least one byte: only a line near the cap is encoded to count.
+        if len(text) > MAX_LINE_BYTES // 4:
+            _check_length(
+                len(text) if len(text) > MAX_LINE_BYTES else len(text.encode("utf-8")), number
+            )
         yield number, text
 
 
 def _file_lines(handle: BinaryIO) -> Iterator[tuple[int, str]]:
-    for number, raw in enumerate(handle, start=1):
+    """Read a file a line at a time, never more than ``MAX_LINE_BYTES + 1`` bytes of one."""
+    number = 0
+    while raw := handle.readline(MAX_LINE_BYTES + 1):
+        number += 1
         if not raw.endswith(b"\n"):
+            _check_length(len(raw), number)
             raise VerificationError("last line has no newline", line_number=number)
         yield number, _decode(raw[:-1], number)
+
+
+def _check_length(size: int, number: int) -> None:
+    if size > MAX_LINE_BYTES:
+        raise VerificationError(
+            f"line is longer than {MAX_LINE_BYTES} bytes, the longest an export holds "
+            "(docs/audit-format.md, line length)",
+            line_number=number,
+        )
 
 
 def _decode(raw: bytes, number: int) -> str:

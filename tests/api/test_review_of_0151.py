@@ -128,11 +128,10 @@ def test_a_receipt_commits_to_the_subject_as_the_service_knows_it(
 def test_a_giant_single_field_upload_is_capped_before_the_csv_limit_moves(
     kernel: Uprof, keys: ApiKeyStore
 ) -> None:
-    """IY held: ``csv.field_size_limit`` is process-wide and ``read_csv_rows`` never lowers
-    it, so a hostile ``POST /v1/audit/verify`` could raise it only to its own largest line:
-    a body over the server's cap is answered 413 before any reader runs (the limit does not
-    move); one under it is refused with a reason (ok false, no 500), and the limit moves at
-    most to that body's length. (The server runs in this process: the limit is observable.)"""
+    """``csv.field_size_limit`` is process-wide: a body over the server's cap is answered
+    413 before any reader runs; one under it is refused with a reason (ok false, no 500),
+    and the limit does not move (IY raised it to each line read; KY fixed it at import).
+    (The server runs in this process: the limit is observable.)"""
     operator = keys.create(PLANNER, ["app", "operator"]).token
     before = csv.field_size_limit()
     with (
@@ -154,7 +153,8 @@ def test_a_giant_single_field_upload_is_capped_before_the_csv_limit_moves(
     assert after_refusal == before
     assert answered.status_code == 200, answered.text
     assert answered.json()["ok"] is False and answered.json()["detail"]
-    assert len(line) <= csv.field_size_limit() <= max(before, len(line))
+    # KY: the limit is fixed at import to the line cap; no upload moves it.
+    assert csv.field_size_limit() == before
 
 
 def test_the_trail_verifier_names_the_tenant_an_export_is_filtered_on(

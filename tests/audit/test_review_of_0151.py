@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from audit.check import check_upload
-from audit.export_format import read_csv_rows
+from audit.export_format import MAX_LINE_BYTES, read_csv_rows
 from audit.keys import public_key_pem
 from audit.log import AuditLog
 from audit.receipts import new_commitment_nonce
@@ -81,16 +81,13 @@ def test_the_other_joined_hashes_split_one_way() -> None:
     assert check_subject_ref("a\x1fb") == "a\x1fb"
 
 
-def test_the_csv_field_limit_follows_the_longest_line_read(tmp_path: Path) -> None:
-    """IY's reader raises the process-wide limit to the length of a line it has already
-    read, never further and never lower: a hostile upload can raise it only to the size of
-    its own body, which the server's body cap bounds (POST /v1/audit/verify: tested in
-    tests/api/test_review_of_0151.py)."""
+def test_the_csv_field_limit_is_fixed_and_reading_never_moves_it(tmp_path: Path) -> None:
+    """IY's reader raised the process-wide limit to each line it read; KY fixed it once, at
+    import, to the line cap (``MAX_LINE_BYTES``), so a hostile upload cannot move it at all
+    (POST /v1/audit/verify: tests/api/test_line_cap_uploads.py)."""
     before = csv.field_size_limit()
-    cell = "x" * (before + 1000)
+    cell = "x" * (128 * 1024 + 1000)
     rows = list(read_csv_rows([f"entry,{cell}\n"]))
     assert rows == [["entry", cell]]
-    after = csv.field_size_limit()
-    assert after == len(f"entry,{cell}\n")
     rows = list(read_csv_rows(["a,b\n"]))
-    assert rows == [["a", "b"]] and csv.field_size_limit() == after
+    assert rows == [["a", "b"]] and csv.field_size_limit() == before == MAX_LINE_BYTES

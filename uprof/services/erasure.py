@@ -22,7 +22,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
@@ -48,7 +48,7 @@ from domain.errors import (
 from domain.profile import proposal_identity
 from domain.values import AttributeProposal, ExperienceProposal, IntentProposal, MemoryProposal
 from projections.profile import tables as t
-from uprof.ports import AuditTrail, Clock, EventStore, SubjectKeyStore, ViewStore
+from uprof.ports import AuditTrail, Clock, ErasureRecord, EventStore, SubjectKeyStore, ViewStore
 from uprof.services import erased_keys
 from uprof.services.capture_writer import CAPTURE_KEY
 from uprof.services.subjects import SubjectResolver, check_subject_ref
@@ -985,20 +985,43 @@ class ErasureService:
         if not doomed:
             self._items_gone.add((stream, wanted))
             return 0
-
-        def command() -> None:
-            profile = self._app.load(stream_id)
-            profile.erase_items(doomed, reason="erasure-reapplied")
-            self._app.save(profile)
-
         try:
-            self._app.with_retry(command)
+            self.reapply_items(stream_id, doomed)
         except SubjectErasedError:
             return 0
         # Appended once by this process: the views drop them as they pass the event.
         self._items_gone.add((stream, wanted))
-        self._flush_caches(stream_id)
         return len(doomed)
+
+    def reapply_items(self, stream_id: UUID, item_ids: Iterable[str]) -> None:
+        """Erase again items the ledger names and the views still list, audited: the one
+        way a read (``erase_recorded_items``) or a start (``recovery.reapply_ledger``)
+        re-applies an item erasure.
+
+        The views change here, so the log records it (bug KZ): one
+        ``erasure.items_reapplied`` entry per ledger request whose items this erases
+        (``request_id``, ``item_refs``; ids only), appended with ``once_by`` under the
+        log's write lock, so processes re-applying the same items at once write one entry.
+        It is written before the event, as the ledger record is: a process killed between
+        the two leaves the items listed, and the next reader's entry is the same one (left
+        out), never an erasure with no entry. The price: an entry whose event a subject
+        erasure made moot (SubjectErasedError, raised to the caller) stays on the log."""
+        stream = str(stream_id)
+        doomed = sorted(set(item_ids))
+        ledger = self._keystore.ledger
+        if ledger is not None:
+            self._audit.record_many(
+                _reapplied_entries(ledger.records(), stream, doomed),
+                once_by=("request_id", "item_refs"),
+            )
+
+        def command() -> None:
+            profile = self._app.load(stream_id)
+            profile.erase_items(doomed, reason=REAPPLIED_REASON)
+            self._app.save(profile)
+
+        self._app.with_retry(command)
+        self._flush_caches(stream_id)
 
     def note_erased_refs(self, stream_ids: Sequence[str]) -> int:
         """Note again in each live stream the erased captures' ref tokens its ledger
@@ -1785,3 +1808,27 @@ def _ref_aad(stream_id: str, request_id: str) -> bytes:
 def _token(text: str) -> str:
     """Audit tokens allow no spaces: keep the basis recognisable but token-shaped."""
     return "".join(ch if ch.isalnum() or ch in "_.:/*#=-" else "-" for ch in text)[:200]
+
+
+#: The reason of an item erasure re-applied from the ledger (an event and audit reason code).
+REAPPLIED_REASON = "erasure-reapplied"
+
+
+def _reapplied_entries(
+    records: Iterable[ErasureRecord], stream: str, doomed: Sequence[str]
+) -> list[tuple[str, dict[str, object]]]:
+    """The ``erasure.items_reapplied`` entries of re-erasing ``doomed`` in ``stream``: one
+    per ``items`` ledger record naming some of them, with its request and those ids."""
+    wanted = set(doomed)
+    entries: list[tuple[str, dict[str, object]]] = []
+    for record in records:
+        ids = sorted(wanted & set(record.item_ids))
+        if record.kind != "items" or record.stream_id != stream or not ids:
+            continue
+        fields: dict[str, object] = {"item_refs": ids, "reason_code": REAPPLIED_REASON}
+        if record.request_id:
+            fields["request_id"] = record.request_id
+        if record.draft:
+            fields["subject_ref"] = _Draft.from_json(record.draft).pseudonym
+        entries.append(("erasure.items_reapplied", fields))
+    return entries

@@ -516,7 +516,7 @@ def _erase_items_again(kernel: Any, state: LedgerState) -> int:
                     if row.item_id in wanted.get(row.stream_id, ()):
                         listed.setdefault(row.stream_id, set()).add(row.item_id)
     for stream_id, ids in sorted(listed.items()):
-        kernel.app.with_retry(functools.partial(_erase_items, kernel.app, UUID(stream_id), ids))
+        kernel.erasure_service.reapply_items(UUID(stream_id), ids)  # audited (bug KZ)
         _log.warning(
             "erasure ledger re-applied: %d erased items of one stream were listed again "
             "(data older than their erasure); erased again",
@@ -586,12 +586,6 @@ def _project_to_head(kernel: Any) -> None:
         head,
     )
     kernel.project_to(head)  # a batch lost to another runner is read again
-
-
-def _erase_items(app: Any, stream: UUID, item_ids: set[str]) -> None:
-    profile = app.load(stream)
-    profile.erase_items(sorted(item_ids), reason="erasure-reapplied")
-    app.save(profile)
 
 
 #: Pause between a start's tries to fold a WAL that a reader held (bug CU).

@@ -1,0 +1,136 @@
+"""KZ: a re-applied item erasure is audited, once, across processes.
+
+An item erasure killed after its ledger record (a real child, SIGKILL) leaves the item
+listed; the next read of the subject re-applies the erasure (bug IP): the views change
+then, and the log, which promises an entry for every write, recorded nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from uuid import UUID
+
+from tests import children
+from tests.conftest import Backend
+from tests.fakes.ports import FakeClock
+from tests.kernel.conftest import build_kernel, consent, say, settings_for
+from tests.kernel.test_erasure_leftovers import _killed_after_record
+from tests.kernel.test_erasure_resume_attacks import SAIL
+from uprof.kernel import Uprof
+
+ACTION = "erasure.items_reapplied"
+
+
+def _read_at_once(settings: Any, ready: Any, out: Any) -> None:
+    """A child already running (its kernel built), reading alice when all are ready."""
+    kernel = build_kernel(settings, FakeClock())
+    try:
+        ready.wait(120)
+        out.put([i.item_id for i in kernel.profile("alice").intents])
+    finally:
+        kernel.close()
+
+
+def _entries(kernel: Uprof) -> list[dict[str, Any]]:
+    return [dict(e.entry) for e in kernel.audit_log.entries() if e.entry["action"] == ACTION]
+
+
+def _item_request(kernel: Uprof, item_id: str) -> str:
+    ledger = kernel.keystore.ledger
+    assert ledger is not None
+    (request,) = {r.request_id for r in ledger.records() if item_id in r.item_ids}
+    return request
+
+
+def test_two_processes_reapplying_a_killed_item_erasure_record_it_once(
+    backend: Backend,
+) -> None:
+    """Two real processes read the subject at once after the erasure was killed: the
+    item is served by neither, and the log holds exactly one ``erasure.items_reapplied``
+    entry naming the item id and the ledger's request id (no plaintext); later reads,
+    which change nothing, add none."""
+    settings = settings_for(backend)
+    running = build_kernel(settings, FakeClock())
+    ctx = children.CONTEXT
+    try:
+        consent(running)
+        running.capture("alice", say(f"I want to learn to {SAIL}", ref="sail"))
+        running.process()
+        (intent,) = running.profile("alice").intents
+        _killed_after_record(settings, "item", intent.item_id)
+        request = _item_request(running, intent.item_id)
+        ready, out = ctx.Barrier(2), ctx.Queue()
+        readers = [ctx.Process(target=_read_at_once, args=(settings, ready, out)) for _ in "ab"]
+        for reader in readers:
+            reader.start()
+        served = [out.get(timeout=180) for _ in readers]
+        for reader in readers:
+            reader.join(60)
+        assert [r.exitcode for r in readers] == [0, 0]
+        assert served == [[], []], served
+        entries = _entries(running)
+        assert len(entries) == 1, entries
+        (entry,) = entries
+        assert entry["item_refs"] == [intent.item_id]
+        assert entry["request_id"] == request
+        assert entry["reason_code"] == "erasure-reapplied"
+        assert SAIL.lower() not in json.dumps(entry).lower()
+        running.process()
+        for _ in range(3):
+            assert running.profile("alice").intents == ()
+        assert len(_entries(running)) == 1
+    finally:
+        running.close()
+
+
+def test_a_start_reapplying_a_killed_item_erasure_records_it(backend: Backend) -> None:
+    """The same re-application done by a start (``recovery.reapply_ledger``) goes
+    through the same audited path: one entry, whatever number of starts."""
+    settings = settings_for(backend)
+    first = build_kernel(settings, FakeClock())
+    try:
+        consent(first)
+        first.capture("alice", say(f"I want to learn to {SAIL}", ref="sail"))
+        first.process()
+        (intent,) = first.profile("alice").intents
+    finally:
+        first.close()
+    _killed_after_record(settings, "item", intent.item_id)
+    for _ in range(2):
+        started = build_kernel(settings, FakeClock())
+        try:
+            entries = _entries(started)
+            assert [e["item_refs"] for e in entries] == [[intent.item_id]], entries
+            assert entries[0]["request_id"] == _item_request(started, intent.item_id)
+        finally:
+            started.close()
+
+
+def test_the_same_reapplication_appended_twice_is_recorded_once(backend: Backend) -> None:
+    """What keeps racing processes at one entry, made deterministic: the same items of
+    the same request re-applied twice (the second as a process that read the views
+    before the first's event) append two events but one ``erasure.items_reapplied``."""
+    settings = settings_for(backend)
+    running = build_kernel(settings, FakeClock())
+    try:
+        consent(running)
+        running.capture("alice", say(f"I want to learn to {SAIL}", ref="sail"))
+        running.process()
+        (intent,) = running.profile("alice").intents
+        _killed_after_record(settings, "item", intent.item_id)
+        ledger = running.keystore.ledger
+        assert ledger is not None
+        (stream,) = {r.stream_id for r in ledger.records() if intent.item_id in r.item_ids}
+        assert stream is not None
+        for _ in range(2):
+            running.erasure_service.reapply_items(UUID(stream), [intent.item_id])
+        assert [e["item_refs"] for e in _entries(running)] == [[intent.item_id]]
+        reasons = [
+            getattr(e, "reason", None)
+            for e in running.app.stream_events(UUID(stream))
+            if type(e).__name__ == "ItemsErased"
+        ]
+        assert reasons.count("erasure-reapplied") == 2, reasons
+    finally:
+        running.close()
