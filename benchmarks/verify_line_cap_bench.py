@@ -1,5 +1,5 @@
 """What the line cap (KX) and the fixed csv limit (KY) cost the offline verifier
-(decision XXXX-small-leftovers).
+(decision 0169-small-leftovers).
 
 Builds a SQLite audit log of ``--entries`` entries, exports it as JSONL and as CSV, and
 times ``verify_export`` of each file, ``--repeat`` times; prints the medians (ms) and the
