@@ -1,10 +1,11 @@
 """The SDK's ``audit_rotation_proof`` (decision XXXX-restore-edges) against the live
 server: the proof for a receipt issued before an audit key rotation, which then checks
-offline with the key history; sync and async clients alike."""
+offline with the key history; sync, async and embedded clients alike."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime
 
 import pytest
@@ -12,10 +13,16 @@ import pytest
 from audit.errors import VerificationError
 from audit.receipts import verify_receipt
 from domain.principal import Principal
-from tests.api.conftest import Apps, LiveServer
+from tests.api.conftest import PLANNER, Apps, LiveServer
 from uprof.facade import Facade
 from uprof.kernel import Uprof
-from uprof.sdk import AsyncClient, Client, InvalidRequestError, PermissionDeniedError
+from uprof.sdk import (
+    AsyncClient,
+    Client,
+    InvalidRequestError,
+    PermissionDeniedError,
+    ReceiptRotationProof,
+)
 
 WHEN = datetime(2025, 1, 1, 9, tzinfo=UTC)
 
@@ -36,7 +43,7 @@ def _pre_rotation_receipt(server: LiveServer, apps: Apps, kernel: Uprof) -> dict
     return dict(withdrawn.erasure.receipt)
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("mode", ["sync", "async", "embedded"])
 def test_the_sdk_gets_a_rotation_proof_that_verifies_the_receipt_offline(
     server: LiveServer, apps: Apps, kernel: Uprof, mode: str
 ) -> None:
@@ -50,16 +57,19 @@ def test_the_sdk_gets_a_rotation_proof_that_verifies_the_receipt_offline(
     with pytest.raises(VerificationError, match="rotation_proof"):
         verify_receipt(receipt, pem, origin=origin, key_history=history)
 
-    if mode == "sync":
+    if mode == "embedded":
+        with Client.embedded(kernel, PLANNER, roles=("app", "operator")) as client:
+            proof = client.audit_rotation_proof(json.dumps(receipt))
+    elif mode == "sync":
         with Client(server.url, apps.planner_operator) as client:
             proof = client.audit_rotation_proof(receipt)
     else:
 
-        async def ask() -> object:
+        async def ask() -> ReceiptRotationProof:
             async with AsyncClient(server.url, apps.planner_operator) as client:
                 return await client.audit_rotation_proof(receipt)
 
-        proof = asyncio.run(ask())  # type: ignore[assignment]
+        proof = asyncio.run(ask())
 
     assert proof.tree_size < (proof.rotation_point or 0)
     assert proof.rotation_proof is not None
