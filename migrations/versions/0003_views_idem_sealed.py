@@ -28,6 +28,9 @@ revision = "0003_views_idem_sealed"
 down_revision = "0002_audit"
 branch_labels = None
 depends_on = None
+#: Its downgrade is refused (the old columns held plaintext): ``uprof restore`` reads this
+#: to refuse, before anything changes, a backup of a revision below it (bug LE).
+one_way = True
 
 #: Rows of the profile read model, purged so that it is rebuilt from the log.
 _DERIVED = (

@@ -9,6 +9,7 @@ an app id.
 from __future__ import annotations
 
 import contextlib
+import json
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
@@ -184,6 +185,14 @@ def _target(dest: str | PathLike[str] | TextIO) -> Iterator[TextIO]:
 def _page(op: Operation[R], model: type[BaseModel], **fields: Any) -> Call[R]:
     """One page of a list; ``cursor``/``limit`` left out when not given (server defaults)."""
     return Call(op, ops.build(model, **_given(**fields)))
+
+
+def _rotation_proof(receipt: str | Mapping[str, Any]) -> Call[w.ReceiptRotationProof]:
+    """The call for a receipt's rotation proof: the receipt's JSON as issued, or the
+    ``receipt`` mapping an erasure answered (``ErasureReceipt.receipt``)."""
+    content = receipt if isinstance(receipt, str) else json.dumps(dict(receipt))
+    body = ops.build(w.ReceiptRotationProofIn, receipt=content)
+    return Call(ops.RECEIPT_ROTATION_PROOF, body)
 
 
 def _audit_filters(
@@ -418,6 +427,13 @@ class Client:
         ``operator`` role, the policy's ``audit``)."""
         body = ops.build(w.AuditProofIn, old_size=old_size, leaf_index=leaf_index)
         return self._backend.send_for_bytes(Call(ops.AUDIT_PROOF, body))
+
+    def audit_rotation_proof(self, receipt: str | Mapping[str, Any]) -> w.ReceiptRotationProof:
+        """The proof an erasure receipt issued before an audit key rotation needs offline
+        with the key history: save ``rotation_proof`` as a JSON file for ``uprof audit
+        verify-receipt --rotation-proof`` (both null when the receipt needs none;
+        ``operator`` role, the policy's ``audit``; this tenant's receipts only)."""
+        return self._backend.send(_rotation_proof(receipt))
 
     def register_session(self, session_id: str, subject: str) -> None:
         body = ops.build(w.SessionIn, session_id=session_id, subject=subject)
@@ -775,6 +791,11 @@ class AsyncClient:
     async def audit_proof(self, old_size: int, *, leaf_index: int | None = None) -> bytes:
         body = ops.build(w.AuditProofIn, old_size=old_size, leaf_index=leaf_index)
         return await self._backend.send_for_bytes(Call(ops.AUDIT_PROOF, body))
+
+    async def audit_rotation_proof(
+        self, receipt: str | Mapping[str, Any]
+    ) -> w.ReceiptRotationProof:
+        return await self._backend.send(_rotation_proof(receipt))
 
     async def register_session(self, session_id: str, subject: str) -> None:
         body = ops.build(w.SessionIn, session_id=session_id, subject=subject)

@@ -64,6 +64,10 @@ AUDIT_VERIFY = Operation("audit_verify", "POST", "/v1/audit/verify", w.AuditVeri
 AUDIT_KEY = Operation("audit_key", "GET", "/v1/audit/key", w.AuditKey)
 #: Answers the proof document's file bytes (``Client.audit_proof``), not a parsed model.
 AUDIT_PROOF = Operation("audit_proof", "POST", "/v1/audit/proof", w.AuditProof)
+#: Named like the scope's method (the embedded backend calls it by this name).
+RECEIPT_ROTATION_PROOF = Operation(
+    "receipt_rotation_proof", "POST", "/v1/audit/rotation-proof", w.ReceiptRotationProof
+)
 AUDIT_ENTRIES = Operation("audit_entries", "POST", "/v1/audit/entries", w.AuditEntryPage)
 AUDIT_RECEIPTS = Operation("audit_receipts", "POST", "/v1/audit/receipts", w.ReceiptPage)
 LIST_MEMORIES = Operation("list_memories", "POST", "/v1/memories/list", w.MemoryPage)

@@ -147,6 +147,20 @@ def _views_branch_revisions() -> set[str]:
     return {r.revision for r in script.iterate_revisions("views@head", "base")}
 
 
+def _restorable_revisions() -> list[str]:
+    """The views branch's revisions a restore can take the live views down to, head
+    first: down to the newest migration marked ``one_way`` (its downgrade is refused),
+    which is included, the ones below it not (bug LE)."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    restorable = []
+    for script in ScriptDirectory.from_config(config).iterate_revisions("views@head", "base"):
+        restorable.append(script.revision)
+        if getattr(script.module, "one_way", False):
+            break
+    return restorable
+
+
 def _views_head() -> str | None:
     """The views branch's newest revision: what ``migrate`` brings a store to."""
     head = branch_head("views")
@@ -161,11 +175,23 @@ def _upgradable_revision(manifest: dict[str, Any], head: str | None) -> str:
     """The backup's views revision, when this release can bring it to ``head``: the head
     itself or one of the views branch's earlier revisions. Anything else is refused
     naming the backup's views file and the revision, before anything changes: a newer
-    release's (restore it with that release) or none or another branch's (not a store
-    this release's migrations made). Before bug KH only the head itself was accepted."""
+    release's (restore it with that release), none or another branch's (not a store
+    this release's migrations made), or one below a one-way migration (bug LE). Before
+    bug KH only the head itself was accepted."""
     revision = manifest["views_revision"]
-    if isinstance(revision, str) and revision in _views_branch_revisions():
+    restorable = _restorable_revisions()
+    if isinstance(revision, str) and revision in restorable:
         return str(revision)
+    files = ", ".join(name for name in manifest["files"] if name.startswith(("views", "database")))
+    if isinstance(revision, str) and revision in _views_branch_revisions():
+        # Accepted before bug LE: the live views' downgrade then failed on the one-way
+        # migration after the marker was written, and every start refused.
+        raise BackupError(
+            f"the backup's {files or 'views'} is at schema revision {revision!r}, older "
+            f"than the oldest revision this release can restore to ({restorable[-1]!r}: "
+            "its migration cannot be undone); restore it with the release that made it; "
+            "nothing was changed"
+        )
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     known = {r.revision for r in ScriptDirectory.from_config(config).walk_revisions()}
@@ -174,7 +200,6 @@ def _upgradable_revision(manifest: dict[str, Any], head: str | None) -> str:
         if revision is not None and revision not in known
         else "not a revision of the views branch this release upgrades from"
     )
-    files = ", ".join(name for name in manifest["files"] if name.startswith(("views", "database")))
     raise BackupError(
         f"the backup's {files or 'views'} is at schema revision {revision!r} ({why}; "
         f"this uprof brings the views branch's revisions up to {head!r}); nothing was changed"

@@ -1,0 +1,90 @@
+"""The SDK's ``audit_rotation_proof`` (decision XXXX-restore-edges) against the live
+server: the proof for a receipt issued before an audit key rotation, which then checks
+offline with the key history; sync, async and embedded clients alike."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime
+
+import pytest
+
+from audit.errors import VerificationError
+from audit.receipts import verify_receipt
+from domain.principal import Principal
+from tests.api.conftest import PLANNER, Apps, LiveServer
+from uprof.facade import Facade
+from uprof.kernel import Uprof
+from uprof.sdk import (
+    AsyncClient,
+    Client,
+    InvalidRequestError,
+    PermissionDeniedError,
+    ReceiptRotationProof,
+)
+
+WHEN = datetime(2025, 1, 1, 9, tzinfo=UTC)
+
+
+def _pre_rotation_receipt(server: LiveServer, apps: Apps, kernel: Uprof) -> dict[str, object]:
+    """A receipt for bob's erasure; the log grows past it, then the audit key rotates."""
+    with Client(server.url, apps.planner_operator) as client:
+        consent_id = client.grant_consent(
+            "bob", categories=["*"], purposes=["personalization"], collected_by="consent-ui:t"
+        )
+        client.capture("bob", agent_id="agent:one", user_input="I keep bees", occurred_at=WHEN)
+        withdrawn = client.withdraw_consent("bob", consent_id, erase=True)
+        assert withdrawn.erasure is not None
+        client.grant_consent(
+            "carol", categories=["*"], purposes=["personalization"], collected_by="consent-ui:t"
+        )
+    Facade(kernel, Principal.local_operator(kernel.subjects.tenant)).rotate_audit_key()
+    return dict(withdrawn.erasure.receipt)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "embedded"])
+def test_the_sdk_gets_a_rotation_proof_that_verifies_the_receipt_offline(
+    server: LiveServer, apps: Apps, kernel: Uprof, mode: str
+) -> None:
+    with Client(server.url, apps.planner_operator) as client:
+        pinned = client.audit_key()
+    receipt = _pre_rotation_receipt(server, apps, kernel)
+    with Client(server.url, apps.planner_operator) as client:
+        history = client.audit_key().key_history
+    assert history is not None
+    origin, pem = pinned.origin, pinned.public_key_pem
+    with pytest.raises(VerificationError, match="rotation_proof"):
+        verify_receipt(receipt, pem, origin=origin, key_history=history)
+
+    if mode == "embedded":
+        with Client.embedded(kernel, PLANNER, roles=("app", "operator")) as client:
+            proof = client.audit_rotation_proof(json.dumps(receipt))
+    elif mode == "sync":
+        with Client(server.url, apps.planner_operator) as client:
+            proof = client.audit_rotation_proof(receipt)
+    else:
+
+        async def ask() -> ReceiptRotationProof:
+            async with AsyncClient(server.url, apps.planner_operator) as client:
+                return await client.audit_rotation_proof(receipt)
+
+        proof = asyncio.run(ask())
+
+    assert proof.tree_size < (proof.rotation_point or 0)
+    assert proof.rotation_proof is not None
+    verify_receipt(
+        receipt, pem, origin=origin, key_history=history, rotation_proof=proof.rotation_proof
+    )
+
+
+def test_the_sdk_refuses_an_app_without_the_operator_role_and_a_receipt_that_is_not_one(
+    server: LiveServer, apps: Apps
+) -> None:
+    with Client(server.url, apps.planner) as client, pytest.raises(PermissionDeniedError):
+        client.audit_rotation_proof('{"body": 1}')
+    with Client(server.url, apps.planner_operator) as client:
+        with pytest.raises(InvalidRequestError, match="receipt"):
+            client.audit_rotation_proof("not json")
+        with pytest.raises(InvalidRequestError, match="receipt"):
+            client.audit_rotation_proof("")  # refused before sending
