@@ -1,4 +1,4 @@
-"""The SDK's ``audit_rotation_proof`` (decision XXXX-restore-edges) against the live
+"""The SDK's ``audit_rotation_proof`` (decision 0170-restore-edges) against the live
 server: the proof for a receipt issued before an audit key rotation, which then checks
 offline with the key history; sync, async and embedded clients alike."""
 
