@@ -21,7 +21,6 @@ Not run in the test suite or CI.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -101,31 +100,9 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
     result: dict[str, Any] = {"questions": n, "rounds": rounds, "load_before": os.getloadavg()}
     with sb._seeded_deployment(seeded) as k:
         k.process()
-        real = k.slice_service._embedder
-        vectors: dict[str, np.ndarray] = {q: real.embed([q]) for q in questions}
-
-        class Precomputed:
-            dimension = 384
-
-            def embed(self, texts: Sequence[str]) -> np.ndarray:
-                if len(texts) == 1 and texts[0] in vectors:
-                    return vectors[texts[0]]
-                return np.asarray(real.embed(texts))
-
-        k.slice_service._embedder = Precomputed()
-
-        def one(question: str) -> None:
-            k.slice(
-                "bench",
-                question,
-                budget_tokens=sb.BUDGET,
-                purpose=sb.PURPOSE,
-                app_id=sb.APP,
-                agent_id=sb.AGENT,
-            )
-
+        k.slice_service._embedder = sb.PrecomputedEmbedder(k.slice_service._embedder, questions)
         for question in questions[:3]:  # warm-up: builds the views and the index
-            one(question)
+            sb.serve_bench_slice(k, question)
 
         seen: list[np.ndarray] = []  # the memory vectors the slices' products ran over
 
@@ -136,7 +113,7 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
                 return links(seed_vectors, memory)
 
             with patch.object(ranker, "_seed_links", recording):
-                one(questions[case % n])
+                sb.serve_bench_slice(k, questions[case % n])
 
         result["slices"] = _paired(n * rounds, slice_with)
         k.reads.drain()
@@ -147,10 +124,7 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
         seeds = [tiled[rng.choice(rows, 10, replace=False)] for _ in range(200)]
         result[f"product_{rows}"] = _paired(200, _product_of(seeds, tiled))
     result["memory_rows"] = len(memory_vectors)
-    result["load_after"] = os.getloadavg()
-    out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    print(json.dumps(result))
-    return result
+    return sb.write_result(out, result)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ Reports per round the p50 wall time of each way, and the median over the questio
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -64,14 +63,7 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
 
         def timed(question: str) -> float:
             began = time.perf_counter()
-            k.slice(
-                "bench",
-                question,
-                budget_tokens=sb.BUDGET,
-                purpose=sb.PURPOSE,
-                app_id=sb.APP,
-                agent_id=sb.AGENT,
-            )
+            sb.serve_bench_slice(k, question)
             return (time.perf_counter() - began) * 1000
 
         names = list(WAYS)
@@ -97,10 +89,7 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
     result["per_round"] = per_round
     for key in per_round[0]:
         result[key] = statistics.median(r[key] for r in per_round)
-    result["load_after"] = os.getloadavg()
-    out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    print(json.dumps(result))
-    return result
+    return sb.write_result(out, result)
 
 
 if __name__ == "__main__":
