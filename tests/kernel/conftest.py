@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from domain.values import Interaction
+from projections.profile.queries import IntentRow
 from tests.conftest import OTHER_TENANT, Backend, seed_policy_for
 from tests.fakes.ports import FakeClock, FakeExtractor
 from uprof.adapters.embeddings import HashingEmbedder
@@ -103,6 +104,19 @@ def consent(kernel: Uprof, subject: str = "alice", app: str = APP, categories=("
     return kernel.grant_consent(
         subject, app_id=app, categories=list(categories), purposes=["personalization"]
     )
+
+
+#: A word no other text holds, so a leak of the erased item shows in any dump.
+SAIL = "Qzxsailcanary"
+
+
+def sail_intent_of_alice(kernel: Uprof) -> IntentRow:
+    """Alice consented and holding one processed intent, the one an erasure test erases."""
+    consent(kernel)
+    kernel.capture("alice", say(f"I want to learn to {SAIL}", ref="sail"))
+    kernel.process()
+    (intent,) = kernel.profile("alice").intents
+    return intent
 
 
 def child_on(script: str, backend: Backend) -> AbstractContextManager[PythonChild]:
