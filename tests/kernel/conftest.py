@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import base64
+import json
 import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -8,7 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from audit.keys import key_id
 from domain.values import Interaction
 from projections.profile.queries import IntentRow
 from tests.conftest import OTHER_TENANT, Backend, seed_policy_for
@@ -16,6 +20,7 @@ from tests.fakes.ports import FakeClock, FakeExtractor
 from uprof.adapters.embeddings import HashingEmbedder
 from uprof.bootstrap import bootstrap
 from uprof.kernel import Uprof
+from uprof.services.backup import _signed_bytes
 from uprof.settings import Settings
 
 if TYPE_CHECKING:
@@ -108,6 +113,19 @@ def consent(kernel: Uprof, subject: str = "alice", app: str = APP, categories=("
 
 #: A word no other text holds, so a leak of the erased item shows in any dump.
 SAIL = "Qzxsailcanary"
+
+
+def sign_backup_manifest(folder: Path, key: Ed25519PrivateKey) -> None:
+    """Sign the manifest of the backup in ``folder`` with ``key`` in place of its own
+    signature, as whoever holds that key (a leaked old one, a stranger's) could."""
+    path = folder / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["signature"] = {
+        "algorithm": "ed25519",
+        "key_id": key_id(key),
+        "value": base64.b64encode(key.sign(_signed_bytes(manifest))).decode(),
+    }
+    path.write_text(json.dumps(manifest))
 
 
 def sail_intent_of_alice(kernel: Uprof) -> IntentRow:
