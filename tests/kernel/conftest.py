@@ -128,10 +128,11 @@ def sign_backup_manifest(folder: Path, key: Ed25519PrivateKey) -> None:
     path.write_text(json.dumps(manifest))
 
 
-def sail_intent_of_alice(kernel: Uprof) -> IntentRow:
-    """Alice consented and holding one processed intent, the one an erasure test erases."""
+def sail_intent_of_alice(kernel: Uprof, sailing: str = SAIL) -> IntentRow:
+    """Alice consented and holding one processed intent, to learn to ``sailing`` (by
+    default a canary word), the one an erasure test erases."""
     consent(kernel)
-    kernel.capture("alice", say(f"I want to learn to {SAIL}", ref="sail"))
+    kernel.capture("alice", say(f"I want to learn to {sailing}", ref="sail"))
     kernel.process()
     (intent,) = kernel.profile("alice").intents
     return intent
