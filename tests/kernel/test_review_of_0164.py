@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 
 from benchmarks.schema_downgrade import PREVIOUS, downgrade_stores
-from tests.children import run_python
+from tests.children import CLI_SCRIPT, run_python
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import APP, build_kernel, cli_env, running
@@ -31,8 +31,6 @@ from tests.kernel.test_keys_apart import BOB, assert_bob_intact, filled_deployme
 from uprof.services.backup import backup, partials, remove_stale_partials, restore
 from uprof.settings import Settings
 from uprof.storage import layout_for
-
-_CLI = "from uprof.cli.main import app\napp()\n"
 
 
 def _previous_schema_backup(backend: Backend, clock: FakeClock, bk: Path) -> Settings:
@@ -100,7 +98,9 @@ def test_a_symlink_named_like_a_partial_neither_blocks_a_backup_nor_is_followed(
     link.symlink_to(elsewhere, target_is_directory=True)
     assert partials(out) == []
     assert remove_stale_partials(out) == []
-    made = run_python(_CLI, "backup", "--to", str(out / "bk1"), env=cli_env(backend), timeout=180)
+    made = run_python(
+        CLI_SCRIPT, "backup", "--to", str(out / "bk1"), env=cli_env(backend), timeout=180
+    )
     assert made.returncode == 0, made.stdout + made.stderr[-3000:]
     assert (elsewhere / "precious").read_text(encoding="utf-8") == "keep"
     assert link.is_symlink()
@@ -128,7 +128,7 @@ def test_the_residue_audit_refuses_a_backups_folder_that_does_not_exist(
     "residue: 0" about a folder nothing looked at."""
     filled_deployment(backend, clock, "bob")
     done = run_python(
-        _CLI, "audit", "residue", "--term", "Qzxnothere", "--backups", str(tmp_path / "typo"),
+        CLI_SCRIPT, "audit", "residue", "--term", "Qzxnothere", "--backups", str(tmp_path / "typo"),
         env=cli_env(backend), timeout=180,
     )  # fmt: skip
     text = done.stdout + done.stderr[-2000:]

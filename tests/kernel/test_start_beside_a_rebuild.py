@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.children import PythonChild, run_python
+from tests.children import CLI_SCRIPT, PythonChild, progress_count, run_python
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import (
@@ -182,12 +182,6 @@ _REBUILDS = textwrap.dedent(
     """
 )
 
-_CLI = "from uprof.cli.main import app\napp()\n"
-
-
-def _rounds(path: Path) -> int:
-    return int(path.read_text() or 0) if path.exists() else 0
-
 
 def test_backups_beside_a_looping_rebuild_all_succeed_and_restore(
     backend: Backend, clock: FakeClock, tmp_path: Path
@@ -215,17 +209,19 @@ def test_backups_beside_a_looping_rebuild_all_succeed_and_restore(
         for i in range(BACKUPS):
             assert rebuilder.poll() is None, rebuilder.communicate()[1][-3000:]
             to = tmp_path / f"bk{i}"
-            done = run_python(_CLI, "backup", "--to", str(to), env=cli_env(backend), timeout=180)
+            done = run_python(
+                CLI_SCRIPT, "backup", "--to", str(to), env=cli_env(backend), timeout=180
+            )
             assert done.returncode == 0, done.stdout + done.stderr[-3000:]
             made.append(to)
     finally:
         stop.touch()
         _, err = rebuilder.communicate(timeout=180)
     assert rebuilder.returncode == 0, err[-3000:]
-    assert _rounds(rounds) >= 1
+    assert progress_count(rounds) >= 1
 
     put_back = run_python(
-        _CLI, "restore", "--from", str(made[-1]), env=cli_env(backend), timeout=180
+        CLI_SCRIPT, "restore", "--from", str(made[-1]), env=cli_env(backend), timeout=180
     )
     assert put_back.returncode == 0, put_back.stdout + put_back.stderr[-3000:]
     kernel = build_kernel(settings, clock)
