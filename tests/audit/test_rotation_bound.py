@@ -65,6 +65,21 @@ def _rotated(
     return log, ring, leaked
 
 
+def _receipt_before_a_rotation(
+    engine: sa.Engine, folder: Path
+) -> tuple[AuditLog, FileKeyRing, dict[str, Any], Ed25519PrivateKey]:
+    """A receipt at tree size 3 by the first key, which is then rotated out at 7; return
+    the log, its ring, the receipt and the key that signed it."""
+    ring = FileKeyRing(folder)
+    log = audit_log_on(engine, ring)
+    fill(log, 2)
+    receipt = issue(log, new_commitment_nonce())
+    signer = ring.current()
+    fill(log, 4)
+    ring.rotate(log_head=log.held_head)
+    return log, ring, receipt, signer
+
+
 def _history(ring: FileKeyRing) -> Any:
     return json.loads(ring.history_path.read_text())
 
@@ -302,13 +317,7 @@ def test_kg_a_receipt_a_retired_key_signs_over_a_tree_of_its_own_below_the_point
 def test_an_honest_receipt_of_a_retired_key_verifies_with_the_proof_to_the_point(
     engine: sa.Engine, tmp_path: Path
 ) -> None:
-    ring = FileKeyRing(tmp_path)
-    log = audit_log_on(engine, ring)
-    fill(log, 2)
-    receipt = issue(log, new_commitment_nonce())  # size 3, by the first key
-    signer = ring.current()
-    fill(log, 4)
-    ring.rotate(log_head=log.held_head)  # retired at 7
+    log, ring, receipt, signer = _receipt_before_a_rotation(engine, tmp_path)
     history = _history(ring)
     verify_receipt(receipt, signer.public_key(), origin=ORIGIN)  # pinned, no history: as before
     with pytest.raises(VerificationError, match="rotation_proof"):
@@ -325,13 +334,7 @@ def test_an_honest_receipt_of_a_retired_key_verifies_with_the_proof_to_the_point
 def test_the_cli_takes_a_rotation_proof_and_says_which_points_a_trail_passed(
     engine: sa.Engine, tmp_path: Path
 ) -> None:
-    ring = FileKeyRing(tmp_path / "keys")
-    log = audit_log_on(engine, ring)
-    fill(log, 2)
-    receipt = issue(log, new_commitment_nonce())  # size 3, by the first key
-    first = ring.current()
-    fill(log, 4)
-    ring.rotate(log_head=log.held_head)  # retired at 7
+    log, ring, receipt, first = _receipt_before_a_rotation(engine, tmp_path / "keys")
     files = {
         "receipt": json.dumps(receipt),
         "history": ring.history_path.read_text(),
