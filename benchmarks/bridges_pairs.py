@@ -21,20 +21,16 @@ Not run in the test suite or CI.
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 from unittest.mock import patch
 
 import numpy as np
 
 from benchmarks import slice_bench as sb
-from benchmarks.baselines import set_torch_threads
-from benchmarks.bench_common import DEFAULT_DATA_DIR
 from uprof.retrieval import ranker
 
 Links = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -94,10 +90,10 @@ def _product_of(seeds: list[np.ndarray], memory: np.ndarray) -> Callable[[int, L
 
 
 def main(argv: Sequence[str]) -> dict[str, Any]:
-    seeded, n, rounds, out = Path(argv[0]), int(argv[1]), int(argv[2]), Path(argv[3])
-    set_torch_threads(1)
-    questions = sb.locomo_questions(DEFAULT_DATA_DIR, n)
-    result: dict[str, Any] = {"questions": n, "rounds": rounds, "load_before": os.getloadavg()}
+    args = sb.SeededRun.from_argv(argv)
+    seeded, questions, rounds, out = args.seeded, args.questions, args.rounds, args.out
+    n = len(questions)
+    result = args.header()
     with sb._seeded_deployment(seeded) as k:
         k.process()
         k.slice_service._embedder = sb.PrecomputedEmbedder(k.slice_service._embedder, questions)

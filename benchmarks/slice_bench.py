@@ -30,7 +30,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -151,6 +151,35 @@ class PrecomputedEmbedder:
         if len(texts) == 1 and texts[0] in self._vectors:
             return self._vectors[texts[0]]
         return np.asarray(self._real.embed(texts))
+
+
+@dataclass(frozen=True)
+class SeededRun:
+    """The command line of a script timing slices on a copy of a seeded folder:
+    ``SEEDED N ROUNDS OUT``."""
+
+    seeded: Path
+    questions: list[str]
+    rounds: int
+    out: Path
+
+    @classmethod
+    def from_argv(cls, argv: Sequence[str]) -> SeededRun:
+        """Parse the arguments, read the N questions and pin torch to one thread (the
+        service's setting), so every such script measures alike."""
+        from benchmarks.baselines import set_torch_threads  # torch loads only to run
+
+        set_torch_threads(1)
+        questions = locomo_questions(DEFAULT_DATA_DIR, int(argv[1]))
+        return cls(Path(argv[0]), questions, int(argv[2]), Path(argv[3]))
+
+    def header(self) -> dict[str, Any]:
+        """The start of the result: what was run, and the load average before it."""
+        return {
+            "questions": len(self.questions),
+            "rounds": self.rounds,
+            "load_before": os.getloadavg(),
+        }
 
 
 def write_result(out: Path, result: dict[str, Any]) -> dict[str, Any]:

@@ -21,25 +21,20 @@ Not run in the test suite or CI.
 from __future__ import annotations
 
 import cProfile
-import os
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from benchmarks import slice_bench as sb
-from benchmarks.baselines import set_torch_threads
-from benchmarks.bench_common import DEFAULT_DATA_DIR
 
 
 def main(argv: Sequence[str]) -> dict[str, Any]:
-    seeded, n, rounds, out = Path(argv[0]), int(argv[1]), int(argv[2]), Path(argv[3])
+    args = sb.SeededRun.from_argv(argv)
     profile = "--profile" in argv[4:]
-    set_torch_threads(1)
-    questions = sb.locomo_questions(DEFAULT_DATA_DIR, n)
-    result: dict[str, Any] = {"questions": n, "rounds": rounds, "load_before": os.getloadavg()}
+    seeded, questions, rounds, out = args.seeded, args.questions, args.rounds, args.out
+    result = args.header()
     with sb._seeded_deployment(seeded) as k:
         k.process()
         real = k.slice_service._embedder
