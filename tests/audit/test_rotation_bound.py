@@ -366,13 +366,7 @@ def test_a_proof_from_a_retired_keys_receipt_must_reach_the_rotation_point(
     """``verify_proof`` with a receipt as its trusted point: the honest log's proof to its
     current head (past the point) stands for the rotation proof; a forger's proof inside
     their own fork (below the point, by the retired key) does not."""
-    ring = FileKeyRing(tmp_path / "keys")
-    log = audit_log_on(engine, ring)
-    fill(log, 2)
-    receipt = issue(log, new_commitment_nonce())
-    first = ring.current()
-    fill(log, 4)
-    ring.rotate(log_head=log.held_head)
+    log, ring, receipt, first = _receipt_before_a_rotation(engine, tmp_path / "keys")
     history = _history(ring)
     proof = build_proof(log, receipt["inclusion"]["tree_size"])
     verify_proof(proof, first.public_key(), ORIGIN, trusted=receipt, key_history=history)
