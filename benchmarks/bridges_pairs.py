@@ -21,21 +21,16 @@ Not run in the test suite or CI.
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 from unittest.mock import patch
 
 import numpy as np
 
 from benchmarks import slice_bench as sb
-from benchmarks.baselines import set_torch_threads
-from benchmarks.bench_common import DEFAULT_DATA_DIR
 from uprof.retrieval import ranker
 
 Links = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -95,37 +90,15 @@ def _product_of(seeds: list[np.ndarray], memory: np.ndarray) -> Callable[[int, L
 
 
 def main(argv: Sequence[str]) -> dict[str, Any]:
-    seeded, n, rounds, out = Path(argv[0]), int(argv[1]), int(argv[2]), Path(argv[3])
-    set_torch_threads(1)
-    questions = sb.locomo_questions(DEFAULT_DATA_DIR, n)
-    result: dict[str, Any] = {"questions": n, "rounds": rounds, "load_before": os.getloadavg()}
+    args = sb.SeededRun.from_argv(argv)
+    seeded, questions, rounds, out = args.seeded, args.questions, args.rounds, args.out
+    n = len(questions)
+    result = args.header()
     with sb._seeded_deployment(seeded) as k:
         k.process()
-        real = k.slice_service._embedder
-        vectors: dict[str, np.ndarray] = {q: real.embed([q]) for q in questions}
-
-        class Precomputed:
-            dimension = 384
-
-            def embed(self, texts: Sequence[str]) -> np.ndarray:
-                if len(texts) == 1 and texts[0] in vectors:
-                    return vectors[texts[0]]
-                return np.asarray(real.embed(texts))
-
-        k.slice_service._embedder = Precomputed()
-
-        def one(question: str) -> None:
-            k.slice(
-                "bench",
-                question,
-                budget_tokens=sb.BUDGET,
-                purpose=sb.PURPOSE,
-                app_id=sb.APP,
-                agent_id=sb.AGENT,
-            )
-
+        k.slice_service._embedder = sb.PrecomputedEmbedder(k.slice_service._embedder, questions)
         for question in questions[:3]:  # warm-up: builds the views and the index
-            one(question)
+            sb.serve_bench_slice(k, question)
 
         seen: list[np.ndarray] = []  # the memory vectors the slices' products ran over
 
@@ -136,7 +109,7 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
                 return links(seed_vectors, memory)
 
             with patch.object(ranker, "_seed_links", recording):
-                one(questions[case % n])
+                sb.serve_bench_slice(k, questions[case % n])
 
         result["slices"] = _paired(n * rounds, slice_with)
         k.reads.drain()
@@ -147,10 +120,7 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
         seeds = [tiled[rng.choice(rows, 10, replace=False)] for _ in range(200)]
         result[f"product_{rows}"] = _paired(200, _product_of(seeds, tiled))
     result["memory_rows"] = len(memory_vectors)
-    result["load_after"] = os.getloadavg()
-    out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    print(json.dumps(result))
-    return result
+    return sb.write_result(out, result)
 
 
 if __name__ == "__main__":

@@ -30,10 +30,12 @@ import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from benchmarks.bench_common import DEFAULT_DATA_DIR, BenchTurn, percentile, run_context
 from benchmarks.kernel_bench import deployment
@@ -117,6 +119,75 @@ def _seeded_deployment(folder: Path) -> Iterator[Any]:
         yield k
     finally:
         k.close()
+
+
+def serve_bench_slice(
+    k: Any, question: str, *, lexical: bool = False, now: datetime | None = None
+) -> Any:
+    """One slice of the bench subject for the bench app, agent, purpose and budget."""
+    return k.slice(
+        "bench",
+        question,
+        budget_tokens=BUDGET,
+        purpose=PURPOSE,
+        app_id=APP,
+        agent_id=AGENT,
+        lexical_only=lexical,
+        now=now,
+    )
+
+
+class PrecomputedEmbedder:
+    """The real embedder, except that each given question's vector is computed once up
+    front: a timed hybrid slice then measures everything but embedding the question."""
+
+    dimension = 384
+
+    def __init__(self, real: Any, questions: Sequence[str]) -> None:
+        self._real = real
+        self._vectors: dict[str, np.ndarray] = {q: real.embed([q]) for q in questions}
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if len(texts) == 1 and texts[0] in self._vectors:
+            return self._vectors[texts[0]]
+        return np.asarray(self._real.embed(texts))
+
+
+@dataclass(frozen=True)
+class SeededRun:
+    """The command line of a script timing slices on a copy of a seeded folder:
+    ``SEEDED N ROUNDS OUT``."""
+
+    seeded: Path
+    questions: list[str]
+    rounds: int
+    out: Path
+
+    @classmethod
+    def from_argv(cls, argv: Sequence[str]) -> SeededRun:
+        """Parse the arguments, read the N questions and pin torch to one thread (the
+        service's setting), so every such script measures alike."""
+        from benchmarks.baselines import set_torch_threads  # torch loads only to run
+
+        set_torch_threads(1)
+        questions = locomo_questions(DEFAULT_DATA_DIR, int(argv[1]))
+        return cls(Path(argv[0]), questions, int(argv[2]), Path(argv[3]))
+
+    def header(self) -> dict[str, Any]:
+        """The start of the result: what was run, and the load average before it."""
+        return {
+            "questions": len(self.questions),
+            "rounds": self.rounds,
+            "load_before": os.getloadavg(),
+        }
+
+
+def write_result(out: Path, result: dict[str, Any]) -> dict[str, Any]:
+    """Stamp the load average after the run, write ``result`` to ``out`` and print it."""
+    result["load_after"] = os.getloadavg()
+    out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    print(json.dumps(result))
+    return result
 
 
 def _seed(k: Any, turns: Sequence[BenchTurn]) -> None:
@@ -230,22 +301,11 @@ def run(
 def _time_uprof(k: Any, questions: list[str], *, lexical: bool) -> list[float]:
     """Milliseconds per slice, after one warm-up slice (it builds the subject's view)."""
 
-    def one(question: str) -> None:
-        k.slice(
-            "bench",
-            question,
-            budget_tokens=BUDGET,
-            purpose=PURPOSE,
-            app_id=APP,
-            agent_id=AGENT,
-            lexical_only=lexical,
-        )
-
-    one(questions[0])
+    serve_bench_slice(k, questions[0], lexical=lexical)
     timings = []
     for question in questions:
         began = time.perf_counter()
-        one(question)
+        serve_bench_slice(k, question, lexical=lexical)
         timings.append((time.perf_counter() - began) * 1000)
     return timings
 
@@ -262,16 +322,7 @@ def slice_contents(k: Any, questions: list[str], now: datetime) -> dict[str, Any
     for mode, lexical in (("hybrid", False), ("lexical_only", True)):
         rows = []
         for question in questions:
-            served = k.slice(
-                "bench",
-                question,
-                budget_tokens=BUDGET,
-                purpose=PURPOSE,
-                app_id=APP,
-                agent_id=AGENT,
-                lexical_only=lexical,
-                now=now,
-            )
+            served = serve_bench_slice(k, question, lexical=lexical, now=now)
             rows.append(
                 {
                     "question": question,

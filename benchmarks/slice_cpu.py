@@ -21,67 +21,40 @@ Not run in the test suite or CI.
 from __future__ import annotations
 
 import cProfile
-import json
-import os
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from benchmarks import slice_bench as sb
-from benchmarks.baselines import set_torch_threads
-from benchmarks.bench_common import DEFAULT_DATA_DIR
 
 
 def main(argv: Sequence[str]) -> dict[str, Any]:
-    seeded, n, rounds, out = Path(argv[0]), int(argv[1]), int(argv[2]), Path(argv[3])
+    args = sb.SeededRun.from_argv(argv)
     profile = "--profile" in argv[4:]
-    set_torch_threads(1)
-    questions = sb.locomo_questions(DEFAULT_DATA_DIR, n)
-    result: dict[str, Any] = {"questions": n, "rounds": rounds, "load_before": os.getloadavg()}
+    seeded, questions, rounds, out = args.seeded, args.questions, args.rounds, args.out
+    result = args.header()
     with sb._seeded_deployment(seeded) as k:
         k.process()
         real = k.slice_service._embedder
-        vectors: dict[str, np.ndarray] = {q: real.embed([q]) for q in questions}
-
-        class Precomputed:
-            dimension = 384
-
-            def embed(self, texts: Sequence[str]) -> np.ndarray:
-                if len(texts) == 1 and texts[0] in vectors:
-                    return vectors[texts[0]]
-                return np.asarray(real.embed(texts))
-
-        def one(question: str, *, lexical: bool = False) -> None:
-            k.slice(
-                "bench",
-                question,
-                budget_tokens=sb.BUDGET,
-                purpose=sb.PURPOSE,
-                app_id=sb.APP,
-                agent_id=sb.AGENT,
-                lexical_only=lexical,
-            )
+        precomputed = sb.PrecomputedEmbedder(real, questions)
 
         def retrieval_only(question: str) -> None:
-            k.slice_service._embedder = Precomputed()
+            k.slice_service._embedder = precomputed
             try:
-                one(question)
+                sb.serve_bench_slice(k, question)
             finally:
                 k.slice_service._embedder = real
 
         modes: dict[str, Callable[[str], object]] = {
             "retrieval_only": retrieval_only,
-            "lexical": lambda q: one(q, lexical=True),
+            "lexical": lambda q: sb.serve_bench_slice(k, q, lexical=True),
             "embed": lambda q: real.embed([q]),
         }
         for question in questions[:3]:  # warm-up: builds the views
-            one(question)
-            one(question, lexical=True)
+            sb.serve_bench_slice(k, question)
+            sb.serve_bench_slice(k, question, lexical=True)
         # The serving thread's CPU; the whole process's CPU, which also counts the helper
         # thread's half of a large bridges product (decision 0042); and wall time.
         clocks = {
@@ -110,10 +83,7 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
             profiler.dump_stats(f"{out}.prof")
     for name, values in per_round.items():
         result[name] = {"cpu_p50_ms_per_round": values, "median": statistics.median(values)}
-    result["load_after"] = os.getloadavg()
-    out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    print(json.dumps(result))
-    return result
+    return sb.write_result(out, result)
 
 
 if __name__ == "__main__":

@@ -23,19 +23,14 @@ Reports per round the p50 wall time of each way, and the median over the questio
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from benchmarks import slice_bench as sb
-from benchmarks.baselines import set_torch_threads
-from benchmarks.bench_common import DEFAULT_DATA_DIR
 from uprof.retrieval import ranker
 
 #: Ways to serve a slice: split the bridges' product or not.
@@ -55,23 +50,15 @@ def _way(split: bool) -> Iterator[None]:
 
 
 def main(argv: Sequence[str]) -> dict[str, Any]:
-    seeded, n, rounds, out = Path(argv[0]), int(argv[1]), int(argv[2]), Path(argv[3])
-    set_torch_threads(1)
-    questions = sb.locomo_questions(DEFAULT_DATA_DIR, n)
-    result: dict[str, Any] = {"questions": n, "rounds": rounds, "load_before": os.getloadavg()}
+    args = sb.SeededRun.from_argv(argv)
+    seeded, questions, rounds, out = args.seeded, args.questions, args.rounds, args.out
+    result = args.header()
     with sb._seeded_deployment(seeded) as k:
         k.process()
 
         def timed(question: str) -> float:
             began = time.perf_counter()
-            k.slice(
-                "bench",
-                question,
-                budget_tokens=sb.BUDGET,
-                purpose=sb.PURPOSE,
-                app_id=sb.APP,
-                agent_id=sb.AGENT,
-            )
+            sb.serve_bench_slice(k, question)
             return (time.perf_counter() - began) * 1000
 
         names = list(WAYS)
@@ -97,10 +84,7 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
     result["per_round"] = per_round
     for key in per_round[0]:
         result[key] = statistics.median(r[key] for r in per_round)
-    result["load_after"] = os.getloadavg()
-    out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    print(json.dumps(result))
-    return result
+    return sb.write_result(out, result)
 
 
 if __name__ == "__main__":

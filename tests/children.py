@@ -51,6 +51,16 @@ PRELOAD = [
     "tests.children",  # last: its import in the fork server checks what the others left
 ]
 
+#: A child script running the ``uprof`` CLI on its arguments (``run_python(CLI_SCRIPT,
+#: "backup", ...)``): the command as an operator runs it, a process of its own.
+CLI_SCRIPT = "from uprof.cli.main import app\napp()\n"
+
+
+def progress_count(path: Path) -> int:
+    """The count a looping child last wrote to ``path``: 0 before its first round."""
+    return int(path.read_text() or 0) if path.exists() else 0
+
+
 CONTEXT = multiprocessing.get_context("forkserver")
 CONTEXT.set_forkserver_preload(PRELOAD)
 

@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from audit.log import AuditLog
+from audit.log import AuditLog, SigningKeys
 from audit.tables import create_tables
 from tests.conftest import Backend
 from uprof.backends import backend_for
@@ -25,6 +25,20 @@ def make_clock(start: datetime | None = None) -> Callable[[], datetime]:
     base = start or datetime(2025, 1, 1, tzinfo=UTC)
     ticks = itertools.count()
     return lambda: base + timedelta(seconds=next(ticks))
+
+
+def audit_log_on(
+    engine: sa.Engine, keys: Ed25519PrivateKey | SigningKeys, origin: str = ORIGIN
+) -> AuditLog:
+    """A log on ``engine`` as the tests open one: retried appends, the one-second clock."""
+    return AuditLog(
+        engine,
+        keys,
+        origin,
+        backend=backend_for(engine),
+        retry=AUDIT_APPEND.call,
+        clock=make_clock(),
+    )
 
 
 @pytest.fixture
@@ -44,14 +58,7 @@ def engine(backend: Backend) -> Iterator[sa.Engine]:
 
 @pytest.fixture
 def log(engine: sa.Engine, signing_key: Ed25519PrivateKey) -> AuditLog:
-    return AuditLog(
-        engine,
-        signing_key,
-        ORIGIN,
-        backend=backend_for(engine),
-        retry=AUDIT_APPEND.call,
-        clock=make_clock(),
-    )
+    return audit_log_on(engine, signing_key)
 
 
 @pytest.fixture
@@ -66,14 +73,7 @@ def sqlite_engine(tmp_path: Path) -> Iterator[sa.Engine]:
 
 @pytest.fixture
 def sqlite_log(sqlite_engine: sa.Engine, signing_key: Ed25519PrivateKey) -> AuditLog:
-    return AuditLog(
-        sqlite_engine,
-        signing_key,
-        ORIGIN,
-        backend=backend_for(sqlite_engine),
-        retry=AUDIT_APPEND.call,
-        clock=make_clock(),
-    )
+    return audit_log_on(sqlite_engine, signing_key)
 
 
 def sample_entry(i: int) -> dict[str, object]:

@@ -17,9 +17,8 @@ from audit.export import export_csv, export_jsonl
 from audit.keys import public_key_pem
 from audit.log import AuditLog
 from audit.verify import verify_export
-from tests.audit.conftest import ORIGIN, make_clock, sample_entry
+from tests.audit.conftest import ORIGIN, audit_log_on, sample_entry
 from tests.audit.test_log import fill
-from uprof.retry import AUDIT_APPEND
 
 
 def export_lines(log: AuditLog, **filters: str) -> list[bytes]:
@@ -104,14 +103,7 @@ def test_a_second_log_cannot_lend_its_entries(
     other_engine = sa.create_engine(f"sqlite:///{tmp_path / 'other.sqlite'}")
     create_tables(other_engine, backend_for(other_engine))
     try:
-        other = AuditLog(
-            other_engine,
-            signing_key,
-            ORIGIN,
-            backend=backend_for(other_engine),
-            retry=AUDIT_APPEND.call,
-            clock=make_clock(),
-        )
+        other = audit_log_on(other_engine, signing_key)
         other.append_many(sample_entry(i) for i in range(6))
         other.append({"action": "forged"})
         ours, theirs = export_lines(sqlite_log), export_lines(other)

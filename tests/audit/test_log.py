@@ -23,7 +23,7 @@ from audit.merkle import EMPTY_ROOT, MerkleTree, leaf_hash, verify_consistency, 
 from audit.tables import audit_entries, audit_nodes
 from domain.errors import InvalidInputError
 from tests import children
-from tests.audit.conftest import ORIGIN, make_clock, sample_entry
+from tests.audit.conftest import ORIGIN, audit_log_on, sample_entry
 from tests.conftest import Backend
 from uprof.backends import backend_for
 from uprof.retry import AUDIT_APPEND
@@ -275,14 +275,7 @@ def test_a_stored_checkpoint_with_another_root_is_reported(
 def _append_in_thread(url: str, key: Ed25519PrivateKey, worker: int, out: list[int]) -> None:
     engine = sa.create_engine(url)
     try:
-        log = AuditLog(
-            engine,
-            key,
-            ORIGIN,
-            backend=backend_for(engine),
-            retry=AUDIT_APPEND.call,
-            clock=make_clock(),
-        )
+        log = audit_log_on(engine, key)
         for batch in range(20):
             entries = [
                 {"action": "concurrent", "agent_id": f"w{worker}-{batch}-{i}"}

@@ -29,11 +29,10 @@ from audit.receipts import issue_erasure_receipt
 from audit.tables import audit_checkpoints, audit_entries, audit_nodes
 from domain.errors import InvalidInputError
 from tests import children
-from tests.audit.conftest import ORIGIN, make_clock
+from tests.audit.conftest import ORIGIN, audit_log_on
 from tests.audit.test_log import fill
 from tests.conftest import Backend
-from uprof.backends import backend_for, backend_for_url
-from uprof.retry import AUDIT_APPEND
+from uprof.backends import backend_for_url
 
 OTHER_ORIGIN = "uprof.test/shadow"
 
@@ -443,17 +442,6 @@ def _tamper(engine: sa.Engine, change: dict[int, str], *, rehash_tree: bool) -> 
             conn.execute(audit_nodes.insert(), rows)
 
 
-def _reopened(engine: sa.Engine, key: Ed25519PrivateKey) -> AuditLog:
-    return AuditLog(
-        engine,
-        key,
-        ORIGIN,
-        backend=backend_for(engine),
-        retry=AUDIT_APPEND.call,
-        clock=make_clock(),
-    )
-
-
 def test_a_log_rewritten_below_the_trusted_checkpoint_and_resigned_fails_to_verify(
     log: AuditLog, engine: sa.Engine, signing_key: Ed25519PrivateKey
 ) -> None:
@@ -469,7 +457,7 @@ def test_a_log_rewritten_below_the_trusted_checkpoint_and_resigned_fails_to_veri
     later["counts"] = {"items": 999}
     _tamper(engine, {15: canonical_bytes(later).decode()}, rehash_tree=True)
     verify_proof(
-        build_proof(_reopened(engine, signing_key), 12),
+        build_proof(audit_log_on(engine, signing_key), 12),
         log.public_key,
         ORIGIN,
         trusted=trusted,
@@ -480,7 +468,7 @@ def test_a_log_rewritten_below_the_trusted_checkpoint_and_resigned_fails_to_veri
     forged = json.loads(next(iter(log.entries(after_leaf=2, page_size=1))).entry_json)
     forged["decision"] = "allow" if forged.get("decision") != "allow" else "deny"
     _tamper(engine, {3: canonical_bytes(forged).decode()}, rehash_tree=True)
-    rewritten = _reopened(engine, signing_key)
+    rewritten = audit_log_on(engine, signing_key)
     assert rewritten.verify_integrity() == 17  # self-consistent: only old notes betray it
     document = build_proof(rewritten, 12, leaf_index=3)
     failure = _refused(
@@ -506,7 +494,7 @@ def test_entries_rewritten_without_their_tree_fail_their_inclusion_proof(
     forged = json.loads(next(iter(log.entries(after_leaf=4, page_size=1))).entry_json)
     forged["counts"] = {"items": 999}
     _tamper(engine, {5: canonical_bytes(forged).decode()}, rehash_tree=False)
-    reopened = _reopened(engine, signing_key)
+    reopened = audit_log_on(engine, signing_key)
     verify_proof(build_proof(reopened, 12), log.public_key, ORIGIN, trusted=trusted)
     _refused(
         "proof inclusion: .*altered",
@@ -527,7 +515,7 @@ def _append_until_stopped(url: str, key_pem: bytes, worker: int, stop: Any) -> N
     assert isinstance(key, Ed25519PrivateKey)
     engine = backend_for_url(url).create_engine(url, fsync_each_commit=False)
     try:
-        log = _reopened(engine, key)
+        log = audit_log_on(engine, key)
         batch = 0
         while not stop.is_set():
             log.append_many(
@@ -544,7 +532,7 @@ def test_proofs_served_while_other_processes_append_verify(
 ) -> None:
     # Engines as a deployment builds them (SQLite: WAL, 30 s busy timeout), in every process.
     served = backend_for_url(backend.url).create_engine(backend.url, fsync_each_commit=False)
-    log = _reopened(served, signing_key)
+    log = audit_log_on(served, signing_key)
     fill(log, 5)
     trusted = log.checkpoint()
     pem = signing_key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
@@ -590,7 +578,7 @@ def test_a_missing_entry_row_is_reported_not_replaced_by_its_neighbour(
         else:
             conn.exec_driver_sql("DROP TRIGGER IF EXISTS trg_audit_entries_no_delete")
         conn.execute(audit_entries.delete().where(audit_entries.c.leaf_index == 6))
-    reopened = _reopened(engine, signing_key)
+    reopened = audit_log_on(engine, signing_key)
     with pytest.raises(VerificationError, match="no entry at leaf_index 6"):
         build_proof(reopened, 3, leaf_index=6)
     build_proof(reopened, 3, leaf_index=10)  # entries whose proofs do not need it still are
@@ -625,7 +613,7 @@ def test_a_stored_entry_the_log_could_not_have_written_is_an_integrity_error(
     document after it was built), and serves nothing a verifier would blame on the proof."""
     fill(log, 12)
     _tamper(engine, {5: rewrite(_stored_text(log, 5))}, rehash_tree=True)
-    reopened = _reopened(engine, signing_key)
+    reopened = audit_log_on(engine, signing_key)
     with pytest.raises(VerificationError, match="leaf_index 5") as caught:
         proof_bytes(build_proof(reopened, 3, leaf_index=5))
     assert not isinstance(caught.value, InvalidInputError)

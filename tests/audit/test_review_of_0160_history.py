@@ -13,12 +13,15 @@ import pytest
 import sqlalchemy as sa
 
 from audit.errors import VerificationError
-from audit.keyring import HISTORY_FORMAT, RETIRED_AT, FileKeyRing, verify_key_history
-from audit.receipts import new_commitment_nonce, verify_receipt
+from audit.keyring import HISTORY_FORMAT, RETIRED_AT, verify_key_history
+from audit.receipts import verify_receipt
 from tests.audit.conftest import ORIGIN
-from tests.audit.test_log import fill
-from tests.audit.test_receipts import issue
-from tests.audit.test_rotation_bound import _b64, _history, _log, _rotated
+from tests.audit.test_rotation_bound import (
+    _b64,
+    _history,
+    _receipt_before_a_rotation,
+    _rotated,
+)
 
 
 def test_a_point_dropped_and_the_history_relabelled_v1_is_refused(
@@ -62,13 +65,7 @@ def test_a_history_cut_before_the_rotation_is_refused_by_a_verifier_pinning_the_
 
 
 def test_a_rotation_proof_for_another_tree_is_refused(engine: sa.Engine, tmp_path: Path) -> None:
-    ring = FileKeyRing(tmp_path)
-    log = _log(engine, ring)
-    fill(log, 2)
-    receipt = issue(log, new_commitment_nonce())  # size 3
-    signer = ring.current()
-    fill(log, 4)
-    ring.rotate(log_head=log.held_head)  # retired at 7
+    log, ring, receipt, signer = _receipt_before_a_rotation(engine, tmp_path)
     history = _history(ring)
     for wrong in (log.consistency_proof(2, 7), log.consistency_proof(3, 6), []):
         with pytest.raises(VerificationError, match="rotation_proof"):

@@ -41,24 +41,12 @@ from audit.proofs import build_proof, verify_proof
 from audit.receipts import new_commitment_nonce, verify_receipt
 from audit.tables import create_tables
 from audit.verify import verify_export
-from tests.audit.conftest import ORIGIN, make_clock, sample_entry
+from tests.audit.conftest import ORIGIN, audit_log_on, sample_entry
 from tests.audit.test_log import fill
 from tests.audit.test_receipts import issue
 from tests.conftest import Backend
 from uprof.backends import backend_for
 from uprof.cli.main import app as cli
-from uprof.retry import AUDIT_APPEND
-
-
-def _log(engine: sa.Engine, keys: Any) -> AuditLog:
-    return AuditLog(
-        engine,
-        keys,
-        ORIGIN,
-        backend=backend_for(engine),
-        retry=AUDIT_APPEND.call,
-        clock=make_clock(),
-    )
 
 
 def _rotated(
@@ -67,7 +55,7 @@ def _rotated(
     """A log of ``before`` entries, its key rotated (the old private key kept, as a leak
     would), then ``after`` entries more; return the log, its ring and the old key."""
     ring = FileKeyRing(folder)
-    log = _log(engine, ring)
+    log = audit_log_on(engine, ring)
     fill(log, before)
     log.checkpoint()
     leaked = load_signing_key(ring.key_path)
@@ -75,6 +63,21 @@ def _rotated(
     fill(log, after)
     log.checkpoint()
     return log, ring, leaked
+
+
+def _receipt_before_a_rotation(
+    engine: sa.Engine, folder: Path
+) -> tuple[AuditLog, FileKeyRing, dict[str, Any], Ed25519PrivateKey]:
+    """A receipt at tree size 3 by the first key, which is then rotated out at 7; return
+    the log, its ring, the receipt and the key that signed it."""
+    ring = FileKeyRing(folder)
+    log = audit_log_on(engine, ring)
+    fill(log, 2)
+    receipt = issue(log, new_commitment_nonce())
+    signer = ring.current()
+    fill(log, 4)
+    ring.rotate(log_head=log.held_head)
+    return log, ring, receipt, signer
 
 
 def _history(ring: FileKeyRing) -> Any:
@@ -127,7 +130,7 @@ def test_kf_an_export_signed_by_a_retired_key_beyond_its_rotation_is_refused(
 ) -> None:
     """KF end to end: a copy of the log and the leaked key make a whole signed trail."""
     _, ring, leaked = _rotated(engine, tmp_path / "keys", 5, 3)
-    forger = _log(engine, StaticSigningKeys(leaked))
+    forger = audit_log_on(engine, StaticSigningKeys(leaked))
     export_jsonl(forger, tmp_path / "trail.jsonl")
     with pytest.raises(VerificationError, match="rotated out at tree size 5"):
         verify_export(
@@ -139,7 +142,7 @@ def test_kf_a_receipt_signed_by_a_retired_key_beyond_its_rotation_is_refused(
     engine: sa.Engine, tmp_path: Path
 ) -> None:
     _, ring, leaked = _rotated(engine, tmp_path, 5, 3)
-    receipt = issue(_log(engine, StaticSigningKeys(leaked)), new_commitment_nonce())
+    receipt = issue(audit_log_on(engine, StaticSigningKeys(leaked)), new_commitment_nonce())
     with pytest.raises(VerificationError, match="rotated out at tree size 5"):
         verify_receipt(receipt, leaked.public_key(), origin=ORIGIN, key_history=_history(ring))
 
@@ -160,7 +163,7 @@ def test_a_whole_trail_must_pass_through_each_rotation_point(
 
     rewritten = sa.create_engine(f"sqlite:///{tmp_path / 'rewritten.sqlite'}")
     create_tables(rewritten, backend_for(rewritten))
-    current = _log(rewritten, StaticSigningKeys(load_signing_key(ring.key_path)))
+    current = audit_log_on(rewritten, StaticSigningKeys(load_signing_key(ring.key_path)))
     current.append_many(sample_entry(100 + i) for i in range(8))
     export_jsonl(current, tmp_path / "rewritten.jsonl")
     with pytest.raises(VerificationError, match="first 5 entries"):
@@ -177,7 +180,7 @@ def test_a_v1_rotation_stays_unbounded_and_the_verdict_says_so(
     or a key ring rotated without its log) bounds nothing, and the export verdict counts
     the retired keys it could not bound."""
     ring = FileKeyRing(tmp_path / "keys")
-    log = _log(engine, ring)
+    log = audit_log_on(engine, ring)
     fill(log, 5)
     leaked = ring.current()
     ring.rotate()
@@ -208,7 +211,7 @@ def test_a_document_whose_key_was_rotated_out_under_it_is_not_signed_beyond_the_
     """A receipt or export takes its key once; if a rotation lands and the log grows before
     it signs its checkpoint, it is refused (ask again), never handed out unverifiable."""
     ring = FileKeyRing(tmp_path)
-    log = _log(engine, ring)
+    log = audit_log_on(engine, ring)
     fill(log, 5)
     captured = log.signing_key()
     ring.rotate(log_head=log.held_head)
@@ -224,7 +227,7 @@ def test_a_document_whose_key_was_rotated_out_under_it_is_not_signed_beyond_the_
 def _appender(url: str, folder: str, out: str, stop: str) -> None:
     """Append and sign a checkpoint per entry until ``stop`` appears; keep every note."""
     engine = sa.create_engine(url)
-    log = _log(engine, FileKeyRing(Path(folder)))
+    log = audit_log_on(engine, FileKeyRing(Path(folder)))
     notes, i = [], 0
     while not Path(stop).exists() or i < 5:
         log.append(sample_entry(i))
@@ -239,7 +242,7 @@ def _appender(url: str, folder: str, out: str, stop: str) -> None:
 def _rotator(url: str, folder: str, started: str, stop: str, rotations: int) -> None:
     engine = sa.create_engine(url)
     ring = FileKeyRing(Path(folder))
-    log = _log(engine, ring)
+    log = audit_log_on(engine, ring)
     while not Path(started).exists():
         time.sleep(0.01)
     for _ in range(rotations):
@@ -294,7 +297,7 @@ def test_kg_a_receipt_a_retired_key_signs_over_a_tree_of_its_own_below_the_point
     history = _history(ring)
     fork = sa.create_engine(f"sqlite:///{tmp_path / 'fork.sqlite'}")
     create_tables(fork, backend_for(fork))
-    forged = issue(_log(fork, StaticSigningKeys(leaked)), new_commitment_nonce())
+    forged = issue(audit_log_on(fork, StaticSigningKeys(leaked)), new_commitment_nonce())
     assert forged["inclusion"]["tree_size"] < 5
     with pytest.raises(VerificationError, match="rotated out at tree size 5, after its"):
         verify_receipt(forged, leaked.public_key(), origin=ORIGIN, key_history=history)
@@ -314,13 +317,7 @@ def test_kg_a_receipt_a_retired_key_signs_over_a_tree_of_its_own_below_the_point
 def test_an_honest_receipt_of_a_retired_key_verifies_with_the_proof_to_the_point(
     engine: sa.Engine, tmp_path: Path
 ) -> None:
-    ring = FileKeyRing(tmp_path)
-    log = _log(engine, ring)
-    fill(log, 2)
-    receipt = issue(log, new_commitment_nonce())  # size 3, by the first key
-    signer = ring.current()
-    fill(log, 4)
-    ring.rotate(log_head=log.held_head)  # retired at 7
+    log, ring, receipt, signer = _receipt_before_a_rotation(engine, tmp_path)
     history = _history(ring)
     verify_receipt(receipt, signer.public_key(), origin=ORIGIN)  # pinned, no history: as before
     with pytest.raises(VerificationError, match="rotation_proof"):
@@ -337,13 +334,7 @@ def test_an_honest_receipt_of_a_retired_key_verifies_with_the_proof_to_the_point
 def test_the_cli_takes_a_rotation_proof_and_says_which_points_a_trail_passed(
     engine: sa.Engine, tmp_path: Path
 ) -> None:
-    ring = FileKeyRing(tmp_path / "keys")
-    log = _log(engine, ring)
-    fill(log, 2)
-    receipt = issue(log, new_commitment_nonce())  # size 3, by the first key
-    first = ring.current()
-    fill(log, 4)
-    ring.rotate(log_head=log.held_head)  # retired at 7
+    log, ring, receipt, first = _receipt_before_a_rotation(engine, tmp_path / "keys")
     files = {
         "receipt": json.dumps(receipt),
         "history": ring.history_path.read_text(),
@@ -375,20 +366,14 @@ def test_a_proof_from_a_retired_keys_receipt_must_reach_the_rotation_point(
     """``verify_proof`` with a receipt as its trusted point: the honest log's proof to its
     current head (past the point) stands for the rotation proof; a forger's proof inside
     their own fork (below the point, by the retired key) does not."""
-    ring = FileKeyRing(tmp_path / "keys")
-    log = _log(engine, ring)
-    fill(log, 2)
-    receipt = issue(log, new_commitment_nonce())
-    first = ring.current()
-    fill(log, 4)
-    ring.rotate(log_head=log.held_head)
+    log, ring, receipt, first = _receipt_before_a_rotation(engine, tmp_path / "keys")
     history = _history(ring)
     proof = build_proof(log, receipt["inclusion"]["tree_size"])
     verify_proof(proof, first.public_key(), ORIGIN, trusted=receipt, key_history=history)
 
     fork = sa.create_engine(f"sqlite:///{tmp_path / 'fork.sqlite'}")
     create_tables(fork, backend_for(fork))
-    forger = _log(fork, StaticSigningKeys(first))
+    forger = audit_log_on(fork, StaticSigningKeys(first))
     forged = issue(forger, new_commitment_nonce())
     fill(forger, 2)
     forged_proof = build_proof(forger, forged["inclusion"]["tree_size"])

@@ -16,15 +16,12 @@ import sqlalchemy as sa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from audit.export import export_jsonl
-from audit.log import AuditLog
 from audit.proofs import build_proof, verify_proof
 from audit.receipts import new_commitment_nonce, verify_receipt
 from audit.verify import verify_export
-from tests.audit.conftest import ORIGIN, make_clock
+from tests.audit.conftest import ORIGIN, audit_log_on
 from tests.audit.test_log import fill
 from tests.audit.test_receipts import issue
-from uprof.backends import backend_for
-from uprof.retry import AUDIT_APPEND
 
 
 class RotatedAfterFirstUse:
@@ -43,22 +40,11 @@ class RotatedAfterFirstUse:
         return (self.old.public_key(), self.new.public_key())
 
 
-def _log(engine: sa.Engine, keys: RotatedAfterFirstUse) -> AuditLog:
-    return AuditLog(
-        engine,
-        keys,
-        ORIGIN,
-        backend=backend_for(engine),
-        retry=AUDIT_APPEND.call,
-        clock=make_clock(),
-    )
-
-
 def test_a_receipt_issued_across_a_rotation_verifies_with_the_key_it_names(
     engine: sa.Engine,
 ) -> None:
     keys = RotatedAfterFirstUse()
-    log = _log(engine, keys)
+    log = audit_log_on(engine, keys)
     fill(log, 5)
     keys.reads = 0
     receipt = issue(log, new_commitment_nonce())
@@ -69,7 +55,7 @@ def test_an_export_written_across_a_rotation_verifies_with_the_key_it_names(
     engine: sa.Engine, tmp_path: Path
 ) -> None:
     keys = RotatedAfterFirstUse()
-    log = _log(engine, keys)
+    log = audit_log_on(engine, keys)
     fill(log, 5)
     keys.reads = 0
     export_jsonl(log, tmp_path / "trail.jsonl")
@@ -80,7 +66,7 @@ def test_a_proof_built_across_a_rotation_verifies_with_the_key_it_names(
     engine: sa.Engine,
 ) -> None:
     keys = RotatedAfterFirstUse()
-    log = _log(engine, keys)
+    log = audit_log_on(engine, keys)
     fill(log, 5)
     from audit.checkpoint import sign_checkpoint
 

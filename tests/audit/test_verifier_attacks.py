@@ -43,11 +43,10 @@ from audit.receipts import (
 )
 from audit.tables import create_tables
 from audit.verify import verify_export
-from tests.audit.conftest import ORIGIN, make_clock
+from tests.audit.conftest import ORIGIN, audit_log_on
 from tests.audit.test_log import fill
 from uprof.backends import backend_for
 from uprof.cli.main import app as cli
-from uprof.retry import AUDIT_APPEND
 
 TIME = "2025-01-01T00:00:00.000000Z"
 GOOD_ENTRY = f'{{"action":"consent.granted","recorded_at":"{TIME}","subject_ref":"s1"}}'
@@ -231,14 +230,7 @@ def test_unreadable_receipt_files_are_refused_with_the_reason(raw: bytes, reason
 def _shadow_log(path: Path, key: Ed25519PrivateKey, origin: str) -> tuple[AuditLog, sa.Engine]:
     engine = sa.create_engine(f"sqlite:///{path}")
     create_tables(engine, backend_for(engine))
-    log = AuditLog(
-        engine,
-        key,
-        origin,
-        backend=backend_for(engine),
-        retry=AUDIT_APPEND.call,
-        clock=make_clock(),
-    )
+    log = audit_log_on(engine, key, origin)
     return log, engine
 
 

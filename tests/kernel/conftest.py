@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import base64
+import json
 import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -8,13 +10,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from audit.keys import key_id
 from domain.values import Interaction
+from projections.profile.queries import IntentRow
 from tests.conftest import OTHER_TENANT, Backend, seed_policy_for
 from tests.fakes.ports import FakeClock, FakeExtractor
 from uprof.adapters.embeddings import HashingEmbedder
 from uprof.bootstrap import bootstrap
 from uprof.kernel import Uprof
+from uprof.services.backup import _signed_bytes
 from uprof.settings import Settings
 
 if TYPE_CHECKING:
@@ -103,6 +109,33 @@ def consent(kernel: Uprof, subject: str = "alice", app: str = APP, categories=("
     return kernel.grant_consent(
         subject, app_id=app, categories=list(categories), purposes=["personalization"]
     )
+
+
+#: A word no other text holds, so a leak of the erased item shows in any dump.
+SAIL = "Qzxsailcanary"
+
+
+def sign_backup_manifest(folder: Path, key: Ed25519PrivateKey) -> None:
+    """Sign the manifest of the backup in ``folder`` with ``key`` in place of its own
+    signature, as whoever holds that key (a leaked old one, a stranger's) could."""
+    path = folder / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["signature"] = {
+        "algorithm": "ed25519",
+        "key_id": key_id(key),
+        "value": base64.b64encode(key.sign(_signed_bytes(manifest))).decode(),
+    }
+    path.write_text(json.dumps(manifest))
+
+
+def sail_intent_of_alice(kernel: Uprof, sailing: str = SAIL) -> IntentRow:
+    """Alice consented and holding one processed intent, to learn to ``sailing`` (by
+    default a canary word), the one an erasure test erases."""
+    consent(kernel)
+    kernel.capture("alice", say(f"I want to learn to {sailing}", ref="sail"))
+    kernel.process()
+    (intent,) = kernel.profile("alice").intents
+    return intent
 
 
 def child_on(script: str, backend: Backend) -> AbstractContextManager[PythonChild]:

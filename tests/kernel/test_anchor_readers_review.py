@@ -22,7 +22,7 @@ import pytest
 import sqlalchemy as sa
 
 from domain.errors import StoredDataDamagedError
-from tests.children import PythonChild, run_python
+from tests.children import CLI_SCRIPT, PythonChild, progress_count, run_python
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import APP, cli_env, consent, running, say, settings_for
@@ -111,15 +111,9 @@ _REBUILDER = _ARGS + textwrap.dedent(
     """
 )
 
-_CLI = "from uprof.cli.main import app\napp()\n"
-
 ERASED = [f"e{i}" for i in range(8)]
 #: A start's projection refused by another process's rebuild (exit code 6).
 _LOST_RACE = "another worker processed this range first"
-
-
-def _count(progress: Path) -> int:
-    return int(progress.read_text() or 0) if progress.exists() else 0
 
 
 def test_backups_and_rebuilds_beside_writers_and_erasures_are_never_refused(
@@ -150,7 +144,7 @@ def test_backups_and_rebuilds_beside_writers_and_erasures_are_never_refused(
             for child in (writer, rebuilder):
                 assert child.poll() is None, child.communicate()[1][-3000:]
             dest = tmp_path / f"bk{backups}-{lost}"
-            making = PythonChild(_CLI, "backup", "--to", str(dest), env=cli_env(backend))
+            making = PythonChild(CLI_SCRIPT, "backup", "--to", str(dest), env=cli_env(backend))
             go.touch()
             out, err = making.communicate(timeout=300)
             if making.returncode != 0 and _LOST_RACE in err:
@@ -174,10 +168,11 @@ def test_backups_and_rebuilds_beside_writers_and_erasures_are_never_refused(
     print(
         f"backups {backups} ({beside_erasures} ended while erasures ran; {lost} lost the "
         "start's projection to the rebuild), "
-        f"writer turns {_count(marks['writer'])}, rebuilds {_count(marks['rebuilder'])}"
+        f"writer turns {progress_count(marks['writer'])}, "
+        f"rebuilds {progress_count(marks['rebuilder'])}"
     )
-    assert _count(marks["eraser"]) == len(ERASED)
-    assert _count(marks["writer"]) >= 4 and _count(marks["rebuilder"]) >= 2
+    assert progress_count(marks["eraser"]) == len(ERASED)
+    assert progress_count(marks["writer"]) >= 4 and progress_count(marks["rebuilder"]) >= 2
     # The loop ran while the others wrote: a last backup, and a rebuild, once all is quiet.
     backup(settings, tmp_path / "last")
     with running(settings, clock) as k:
@@ -336,7 +331,7 @@ def test_a_start_refused_on_views_ahead_of_a_cut_log_is_restored(
             pass
     assert "restore" in str(refused.value)
     put_back = run_python(
-        _CLI, "restore", "--from", str(tmp_path / "good"), env=cli_env(backend), timeout=300
+        CLI_SCRIPT, "restore", "--from", str(tmp_path / "good"), env=cli_env(backend), timeout=300
     )
     assert put_back.returncode == 0, put_back.stdout + put_back.stderr[-3000:]
     with running(settings, clock) as k:

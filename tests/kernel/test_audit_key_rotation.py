@@ -26,7 +26,7 @@ from domain.errors import PermissionDeniedError
 from domain.principal import Principal, PrincipalKind
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import APP, build_kernel, running, settings_for
+from tests.kernel.conftest import APP, build_kernel, running, settings_for, sign_backup_manifest
 from tests.kernel.test_admin_audit import cli_for
 from tests.kernel.test_keys_apart import ALICE, BOB, fill
 from uprof.facade import Facade
@@ -172,25 +172,15 @@ def test_restore_after_rotations_accepts_a_backup_signed_by_the_old_key(
 def test_a_backup_signed_by_a_key_outside_the_history_is_refused(
     backend: Backend, clock: FakeClock, tmp_path: Path
 ) -> None:
-    import base64
-
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from uprof.services.backup import BackupError, _signed_bytes
+    from uprof.services.backup import BackupError
 
     settings = settings_for(backend)
     with running(settings, clock) as k:
         fill(k, "alice", ALICE)
     backup(settings, tmp_path / "bk")
-    path = tmp_path / "bk" / "manifest.json"
-    manifest = json.loads(path.read_text())
-    stranger = Ed25519PrivateKey.generate()
-    manifest["signature"] = {
-        "algorithm": "ed25519",
-        "key_id": key_id(stranger),
-        "value": base64.b64encode(stranger.sign(_signed_bytes(manifest))).decode(),
-    }
-    path.write_text(json.dumps(manifest))
+    sign_backup_manifest(tmp_path / "bk", Ed25519PrivateKey.generate())
     with pytest.raises(BackupError, match="another key"):
         restore(settings, tmp_path / "bk")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from domain.errors import SubjectErasedError
-from tests.children import PythonChild, run_python
+from tests.children import CLI_SCRIPT, PythonChild, progress_count, run_python
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import build_kernel, cli_env
@@ -52,15 +52,9 @@ _WRITER = textwrap.dedent(
     """
 )
 
-_CLI = "from uprof.cli.main import app\napp()\n"
-
-
-def _written(progress: Path) -> int:
-    return int(progress.read_text() or 0) if progress.exists() else 0
-
 
 def _wait_for(progress: Path, at_least: int, writer: PythonChild) -> int:
-    while (n := _written(progress)) < at_least:
+    while (n := progress_count(progress)) < at_least:
         assert writer.poll() is None, writer.communicate()[1][-3000:]
         time.sleep(0.05)
     return n
@@ -94,7 +88,7 @@ def test_a_backup_taken_beside_writers_restores_consistent(
             ),
             *args[:3],
         )
-        made = run_python(_CLI, "backup", "--to", str(bk), env=cli_env(backend), timeout=180)
+        made = run_python(CLI_SCRIPT, "backup", "--to", str(bk), env=cli_env(backend), timeout=180)
         assert made.returncode == 0, made.stdout + made.stderr[-3000:]
     finally:
         stop.touch()
@@ -103,9 +97,11 @@ def test_a_backup_taken_beside_writers_restores_consistent(
         if eraser is not None:
             _, err = eraser.communicate(timeout=180)
             assert eraser.returncode == 0, err[-3000:]
-    assert _written(progress) >= 6
+    assert progress_count(progress) >= 6
 
-    put_back = run_python(_CLI, "restore", "--from", str(bk), env=cli_env(backend), timeout=180)
+    put_back = run_python(
+        CLI_SCRIPT, "restore", "--from", str(bk), env=cli_env(backend), timeout=180
+    )
     assert put_back.returncode == 0, put_back.stdout + put_back.stderr[-3000:]
 
     k = build_kernel(settings, clock)

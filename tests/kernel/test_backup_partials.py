@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.children import PythonChild, run_python
+from tests.children import CLI_SCRIPT, PythonChild, run_python
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import cli_env
@@ -50,7 +50,6 @@ _PAUSED_BACKUP = textwrap.dedent(
     app()
     """
 )
-_CLI = "from uprof.cli.main import app\napp()\n"
 
 
 def _paused_backup(backend: Backend, go: Path, to: Path) -> tuple[PythonChild, Path]:
@@ -69,7 +68,7 @@ def _paused_backup(backend: Backend, go: Path, to: Path) -> tuple[PythonChild, P
 
 def _residue(backend: Backend, backups: Path) -> tuple[int, str]:
     done = run_python(
-        _CLI, "audit", "residue", "--term", "Qzxnothere", "--backups", str(backups),
+        CLI_SCRIPT, "audit", "residue", "--term", "Qzxnothere", "--backups", str(backups),
         env=cli_env(backend), timeout=180,
     )  # fmt: skip
     return done.returncode, done.stdout + done.stderr[-2000:]
@@ -88,7 +87,9 @@ def test_a_backup_killed_by_sigkill_leaves_a_partial_the_next_backup_removes(
     # The residue audit finds it, naming it.
     code, text = _residue(backend, out)
     assert code == 1 and partial.name in text, text
-    made = run_python(_CLI, "backup", "--to", str(out / "bk2"), env=cli_env(backend), timeout=180)
+    made = run_python(
+        CLI_SCRIPT, "backup", "--to", str(out / "bk2"), env=cli_env(backend), timeout=180
+    )
     assert made.returncode == 0, made.stdout + made.stderr[-3000:]
     assert not partial.exists()
     assert sorted(p.name for p in out.iterdir()) == ["bk2"]  # no partial, no lock file left
@@ -109,7 +110,7 @@ def test_a_backup_beside_another_still_writing_leaves_its_partial_alone(
     first, partial = _paused_backup(backend, go, out / "bk1")
     try:
         made = run_python(
-            _CLI, "backup", "--to", str(out / "bk2"), env=cli_env(backend), timeout=180
+            CLI_SCRIPT, "backup", "--to", str(out / "bk2"), env=cli_env(backend), timeout=180
         )
         assert made.returncode == 0, made.stdout + made.stderr[-3000:]
         assert partial.is_dir()
@@ -139,7 +140,9 @@ def test_a_partial_left_by_an_earlier_release_is_removed_too(
     code, text = _residue(backend, out)
     assert code == 1 and old.name in text, text
     assert sorted(p.name for p in out.iterdir()) == [old.name]  # the audit wrote nothing
-    made = run_python(_CLI, "backup", "--to", str(out / "bk"), env=cli_env(backend), timeout=180)
+    made = run_python(
+        CLI_SCRIPT, "backup", "--to", str(out / "bk"), env=cli_env(backend), timeout=180
+    )
     assert made.returncode == 0, made.stdout + made.stderr[-3000:]
     assert not old.exists()
 
@@ -160,7 +163,8 @@ def test_backups_at_once_into_one_folder_each_complete_and_leave_nothing(
     (old / "events.sqlite").write_bytes(b"a copy of the log")
     names = [f"bk{i}" for i in range(3)]
     children = [
-        PythonChild(_CLI, "backup", "--to", str(out / name), env=cli_env(backend)) for name in names
+        PythonChild(CLI_SCRIPT, "backup", "--to", str(out / name), env=cli_env(backend))
+        for name in names
     ]
     results = [(child.communicate(timeout=240), child.returncode) for child in children]
     assert [code for _, code in results] == [0, 0, 0], results
@@ -226,7 +230,9 @@ def test_a_sqlite_backup_killed_by_sigkill_inside_a_file_copy_is_removed_by_the_
     partial = Path(line.split(" ", 1)[1].strip())
     assert partial.is_dir() and (partial / "events.sqlite").exists()
     assert child.returncode == -signal.SIGKILL
-    made = run_python(_CLI, "backup", "--to", str(out / "bk2"), env=cli_env(backend), timeout=180)
+    made = run_python(
+        CLI_SCRIPT, "backup", "--to", str(out / "bk2"), env=cli_env(backend), timeout=180
+    )
     assert made.returncode == 0, made.stdout + made.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["bk2"]
     restore(settings, out / "bk2")

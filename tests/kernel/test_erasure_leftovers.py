@@ -22,8 +22,7 @@ from domain.errors import ErasureIncompleteError, SubjectErasedError
 from tests import children
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import build_kernel, consent, say, settings_for
-from tests.kernel.test_erasure_resume_attacks import SAIL
+from tests.kernel.conftest import SAIL, build_kernel, consent, say, settings_for
 from tests.kernel.test_erasure_resume_scopes import (
     projections_stall_after_first_wait,
     unfinished_request,

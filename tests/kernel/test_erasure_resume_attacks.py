@@ -24,7 +24,14 @@ from projections.profile import tables as t
 from tests.children import PythonChild
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import build_kernel, consent, say, settings_for
+from tests.kernel.conftest import (
+    SAIL,
+    build_kernel,
+    consent,
+    sail_intent_of_alice,
+    say,
+    settings_for,
+)
 from tests.kernel.test_erasure import fill_with_canaries
 from tests.kernel.test_erasure_resume import projections_stay_behind, rows_left
 from tests.kernel.test_erasure_resume import unfinished_request as unfinished_subject_request
@@ -406,8 +413,6 @@ def test_two_processes_finish_the_same_incomplete_erasure_at_once(
 
 # ------------------------------------------------------------------ restore a backup
 
-SAIL = "Qzxsailcanary"
-
 
 def _backup_then_incomplete_capture_erasure_then_restore(
     backend: Backend, clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -504,10 +509,7 @@ def _intent_backed_up(backend: Backend, clock: FakeClock, tmp_path: Path) -> tup
     """A subject with one intent, a backup taken of it, and a kernel opened again."""
     settings = settings_for(backend)
     kernel = build_kernel(settings, clock)
-    consent(kernel)
-    kernel.capture("alice", say(f"I want to learn to {SAIL}", ref="sail"))
-    kernel.process()
-    (intent,) = kernel.profile("alice").intents
+    intent = sail_intent_of_alice(kernel)
     kernel.close()
     backup(settings, tmp_path / "bk")
     return settings, build_kernel(settings, clock), intent

@@ -17,7 +17,14 @@ import sqlalchemy as sa
 from projections.profile import tables as t
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import build_kernel, consent, running, say, settings_for
+from tests.kernel.conftest import (
+    build_kernel,
+    consent,
+    running,
+    sail_intent_of_alice,
+    say,
+    settings_for,
+)
 from uprof.kernel import Uprof
 from uprof.services.backup import backup, restore
 
@@ -84,10 +91,7 @@ def test_a_start_projects_to_the_head_it_found_not_after_it(
 
     settings = settings_for(backend)
     with running(settings, clock) as kernel:
-        consent(kernel)
-        kernel.capture("alice", say("I want to learn to sail", ref="sail"))
-        kernel.process()
-        (intent,) = kernel.profile("alice").intents
+        intent = sail_intent_of_alice(kernel, "sail")
         kernel.erase_item("alice", intent.item_id)  # the ledger names an item from now on
         kernel.process()
         for i in range(3):  # the views fall behind the log

@@ -14,9 +14,13 @@ from uuid import UUID
 from tests import children
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import build_kernel, consent, say, settings_for
+from tests.kernel.conftest import (
+    SAIL,
+    build_kernel,
+    sail_intent_of_alice,
+    settings_for,
+)
 from tests.kernel.test_erasure_leftovers import _killed_after_record
-from tests.kernel.test_erasure_resume_attacks import SAIL
 from uprof.kernel import Uprof
 
 ACTION = "erasure.items_reapplied"
@@ -54,10 +58,7 @@ def test_two_processes_reapplying_a_killed_item_erasure_record_it_once(
     running = build_kernel(settings, FakeClock())
     ctx = children.CONTEXT
     try:
-        consent(running)
-        running.capture("alice", say(f"I want to learn to {SAIL}", ref="sail"))
-        running.process()
-        (intent,) = running.profile("alice").intents
+        intent = sail_intent_of_alice(running)
         _killed_after_record(settings, "item", intent.item_id)
         request = _item_request(running, intent.item_id)
         ready, out = ctx.Barrier(2), ctx.Queue()
@@ -90,10 +91,7 @@ def test_a_start_reapplying_a_killed_item_erasure_records_it(backend: Backend) -
     settings = settings_for(backend)
     first = build_kernel(settings, FakeClock())
     try:
-        consent(first)
-        first.capture("alice", say(f"I want to learn to {SAIL}", ref="sail"))
-        first.process()
-        (intent,) = first.profile("alice").intents
+        intent = sail_intent_of_alice(first)
     finally:
         first.close()
     _killed_after_record(settings, "item", intent.item_id)
@@ -114,10 +112,7 @@ def test_the_same_reapplication_appended_twice_is_recorded_once(backend: Backend
     settings = settings_for(backend)
     running = build_kernel(settings, FakeClock())
     try:
-        consent(running)
-        running.capture("alice", say(f"I want to learn to {SAIL}", ref="sail"))
-        running.process()
-        (intent,) = running.profile("alice").intents
+        intent = sail_intent_of_alice(running)
         _killed_after_record(settings, "item", intent.item_id)
         ledger = running.keystore.ledger
         assert ledger is not None

@@ -22,7 +22,7 @@ from benchmarks.schema_downgrade import PREVIOUS, downgrade_stores
 from tests import children
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import build_kernel, cli_env
+from tests.kernel.conftest import build_kernel, cli_env, running
 from tests.kernel.test_keys_apart import (
     ALICE,
     assert_bob_intact,
@@ -47,26 +47,20 @@ def _backup_before_the_upgrade(
     downgrade_stores(layout_for(settings), PREVIOUS)
     backup(settings, bk)
     assert json.loads((bk / "manifest.json").read_text())["views_revision"] == PREVIOUS["views"]
-    k = build_kernel(settings, clock)  # this release's first start: the upgrade
-    try:
+    with running(settings, clock) as k:  # this release's first start: the upgrade
         if erase_after:
             k.erase_subject("alice")
-    finally:
-        k.close()
     return settings
 
 
 def _assert_restored_at_head(settings: Settings, clock: FakeClock, tmp_path: Path) -> None:
     assert not (settings.data_dir / RESTORE_MARKER).exists()
     assert_upgraded_and_intact(settings, clock)
-    k = build_kernel(settings, clock)
-    try:
+    with running(settings, clock) as k:
         assert_erased_everywhere(k, "alice", list(ALICE.values()), tmp_path)
         k.audit_log.verify_integrity()
         actions = [e["action"] for e in audit_entries(k, tmp_path / "all.jsonl")]
         assert "backup.restored" in actions
-    finally:
-        k.close()
 
 
 def test_a_backup_of_the_previous_schema_is_restored_and_brought_to_head(
@@ -212,12 +206,9 @@ def test_a_store_downgraded_for_the_restore_keeps_the_live_audit_rows(
     finally:
         views.dispose()
         keys.dispose()
-    k = build_kernel(settings, clock)
-    try:
+    with running(settings, clock) as k:
         actions = [e["action"] for e in audit_entries(k, tmp_path / "all.jsonl")]
         assert "erasure.requested" in actions
-    finally:
-        k.close()
 
 
 def test_a_backup_several_revisions_old_is_restored_and_brought_to_head(

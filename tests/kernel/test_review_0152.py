@@ -22,7 +22,15 @@ from domain.errors import StoredDataDamagedError
 from tests import children
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import APP, build_kernel, consent, say, settings_for
+from tests.kernel.conftest import (
+    APP,
+    SAIL,
+    build_kernel,
+    consent,
+    sail_intent_of_alice,
+    say,
+    settings_for,
+)
 from tests.kernel.test_damaged_event_quarantined import damage
 from tests.kernel.test_erasure_leftovers import (
     ERASED,
@@ -36,7 +44,6 @@ from tests.kernel.test_erasure_leftovers import (
     assert_a_later_reimport_skips_the_erased_line,
     imported_with_consent,
 )
-from tests.kernel.test_erasure_resume_attacks import SAIL
 from tests.kernel.test_import_idempotency import record
 from tests.kernel.test_simultaneous_erasure_receipts import checked_offline
 from uprof.kernel import Uprof
@@ -52,10 +59,7 @@ def test_a_history_read_does_not_serve_an_item_whose_erasure_was_killed(
     settings = settings_for(backend)
     running = build_kernel(settings, clock)
     try:
-        consent(running)
-        running.capture("alice", say(f"I want to learn to {SAIL}", ref="sail"))
-        running.process()
-        (intent,) = running.profile("alice").intents
+        intent = sail_intent_of_alice(running)
         _killed_after_record(settings, "item", intent.item_id)
         later = datetime.now(UTC) + timedelta(days=1)
         then = running.profile("alice", as_of=later)
@@ -129,10 +133,7 @@ def test_a_read_beside_a_live_item_erasure_leaves_it_one_answer(backend: Backend
     running = build_kernel(settings, FakeClock())
     ctx = children.CONTEXT
     try:
-        consent(running)
-        running.capture("alice", say(f"I want to learn to {SAIL}", ref="sail"))
-        running.process()
-        (intent,) = running.profile("alice").intents
+        intent = sail_intent_of_alice(running)
         held, go, out = ctx.Event(), ctx.Event(), ctx.Queue()
         child = ctx.Process(target=_erase_item_held, args=(settings, intent.item_id, held, go, out))
         child.start()

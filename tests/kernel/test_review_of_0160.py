@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from audit.keyring import KEY_FILE, trusted_keys
-from audit.keys import key_id, load_signing_key, public_key_pem
+from audit.keys import load_signing_key, public_key_pem
 from audit.receipts import verify_receipt
 from domain.errors import InvalidInputError, PermissionDeniedError
 from domain.principal import Principal, PrincipalKind
 from tests.conftest import Backend, seed_policy_for
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import APP, build_kernel, running, settings_for
+from tests.kernel.conftest import APP, build_kernel, running, settings_for, sign_backup_manifest
 from tests.kernel.test_admin_audit import cli_for
 from tests.kernel.test_audit_key_rotation_processes import child
 from tests.kernel.test_keys_apart import ALICE, BOB, fill
@@ -163,9 +163,7 @@ def test_a_backup_manifest_a_retired_key_signed_beyond_its_point_is_refused(
     holds a leaked old key signed a backup of the log as it is now (past N), its files
     edited, and the restore took it. The manifest names its log size (``audit.entries``):
     a retired key's manifest beyond the key's point is refused, as its checkpoint is."""
-    import base64
-
-    from uprof.services.backup import BackupError, _signed_bytes, backup, restore
+    from uprof.services.backup import BackupError, backup, restore
 
     settings = settings_for(backend)
     with running(settings, clock) as k:
@@ -174,14 +172,7 @@ def test_a_backup_manifest_a_retired_key_signed_beyond_its_point_is_refused(
         k.rotate_audit_key(requested_by="operator:test")
         fill(k, "bob", BOB)  # the log grows past the old key's point
     backup(settings, tmp_path / "bk")
-    path = tmp_path / "bk" / "manifest.json"
-    manifest = json.loads(path.read_text())
-    manifest["signature"] = {
-        "algorithm": "ed25519",
-        "key_id": key_id(leaked),
-        "value": base64.b64encode(leaked.sign(_signed_bytes(manifest))).decode(),
-    }
-    path.write_text(json.dumps(manifest))
+    sign_backup_manifest(tmp_path / "bk", leaked)
 
     with pytest.raises(BackupError, match="rotated out"):
         restore(settings, tmp_path / "bk")

@@ -23,16 +23,14 @@ import json
 from pathlib import Path
 
 from benchmarks.schema_downgrade import PREVIOUS, downgrade_stores
-from tests.children import run_python
+from tests.children import CLI_SCRIPT, run_python
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import APP, build_kernel, cli_env
+from tests.kernel.conftest import APP, build_kernel, cli_env, running
 from tests.kernel.test_keys_apart import BOB, assert_bob_intact, filled_deployment
 from uprof.services.backup import backup, partials, remove_stale_partials, restore
 from uprof.settings import Settings
 from uprof.storage import layout_for
-
-_CLI = "from uprof.cli.main import app\napp()\n"
 
 
 def _previous_schema_backup(backend: Backend, clock: FakeClock, bk: Path) -> Settings:
@@ -51,31 +49,22 @@ def test_a_consent_withdrawn_after_the_backup_stays_withdrawn_after_the_restore(
     """LB: bob withdraws the app's consent after the backup; the restore of that
     backup (the previous schema's, taken down and up again) must not put it back."""
     settings = _previous_schema_backup(backend, clock, tmp_path / "bk")
-    k = build_kernel(settings, clock)
-    try:
+    with running(settings, clock) as k:
         grants = k.consents_in_force("bob", app_id=APP)
         assert grants
         for grant in grants:
             k.withdraw_consent("bob", grant.consent_id)
         assert k.unconsented("bob", APP, ["*"], "personalization") == ["*"]
-    finally:
-        k.close()
     restore(settings, tmp_path / "bk")
-    k = build_kernel(settings, clock)
-    try:
+    with running(settings, clock) as k:
         assert k.consents_in_force("bob", app_id=APP) == []
         assert k.unconsented("bob", APP, ["*"], "personalization") == ["*"]
         k.audit_log.verify_integrity()
-    finally:
-        k.close()
     # A second restore of the same backup writes the withdrawal once more, not twice:
     # the stream's own withdrawal is in the backup's log only once it was written again.
     restore(settings, tmp_path / "bk")
-    k = build_kernel(settings, clock)
-    try:
+    with running(settings, clock) as k:
         assert k.consents_in_force("bob", app_id=APP) == []
-    finally:
-        k.close()
 
 
 def test_an_item_erased_after_the_backup_stays_erased_after_the_restore(
@@ -84,20 +73,14 @@ def test_an_item_erased_after_the_backup_stays_erased_after_the_restore(
     """Attacked, held: an item erased (with its evidence) after the previous schema's
     backup stays erased once that backup is restored and brought to head."""
     settings = _previous_schema_backup(backend, clock, tmp_path / "bk")
-    k = build_kernel(settings, clock)
-    try:
+    with running(settings, clock) as k:
         item = next(a for a in k.profile("bob").attributes if BOB["attribute"] in a.value)
         k.erase_item("bob", item.item_id, with_evidence=True)
-    finally:
-        k.close()
     restore(settings, tmp_path / "bk")
-    k = build_kernel(settings, clock)
-    try:
+    with running(settings, clock) as k:
         assert BOB["attribute"] not in [a.value for a in k.profile("bob").attributes]
         assert BOB["attribute"] not in json.dumps(k.export_subject("bob"))
         k.audit_log.verify_integrity()
-    finally:
-        k.close()
 
 
 def test_a_symlink_named_like_a_partial_neither_blocks_a_backup_nor_is_followed(
@@ -115,7 +98,9 @@ def test_a_symlink_named_like_a_partial_neither_blocks_a_backup_nor_is_followed(
     link.symlink_to(elsewhere, target_is_directory=True)
     assert partials(out) == []
     assert remove_stale_partials(out) == []
-    made = run_python(_CLI, "backup", "--to", str(out / "bk1"), env=cli_env(backend), timeout=180)
+    made = run_python(
+        CLI_SCRIPT, "backup", "--to", str(out / "bk1"), env=cli_env(backend), timeout=180
+    )
     assert made.returncode == 0, made.stdout + made.stderr[-3000:]
     assert (elsewhere / "precious").read_text(encoding="utf-8") == "keep"
     assert link.is_symlink()
@@ -143,7 +128,7 @@ def test_the_residue_audit_refuses_a_backups_folder_that_does_not_exist(
     "residue: 0" about a folder nothing looked at."""
     filled_deployment(backend, clock, "bob")
     done = run_python(
-        _CLI, "audit", "residue", "--term", "Qzxnothere", "--backups", str(tmp_path / "typo"),
+        CLI_SCRIPT, "audit", "residue", "--term", "Qzxnothere", "--backups", str(tmp_path / "typo"),
         env=cli_env(backend), timeout=180,
     )  # fmt: skip
     text = done.stdout + done.stderr[-2000:]

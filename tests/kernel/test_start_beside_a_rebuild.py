@@ -18,10 +18,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.children import PythonChild, run_python
+from tests.children import CLI_SCRIPT, PythonChild, progress_count, run_python
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import build_kernel, cli_env, consent, say, settings_for
+from tests.kernel.conftest import (
+    build_kernel,
+    cli_env,
+    sail_intent_of_alice,
+    say,
+    settings_for,
+)
+from uprof.kernel import Uprof
 from uprof.services.recovery import reapply_ledger
 
 WAIT_S = 120
@@ -78,6 +85,15 @@ _REBUILD_WHEN_TOLD = textwrap.dedent(
 RESET_WAIT_S = 10.0
 
 
+def _erased_and_rebuilt_alike(kernel: Uprof, item_id: str) -> None:
+    """The erased item stays out of the profile, and a rebuild from the log gives the
+    very views the live projection holds."""
+    assert item_id not in [i.item_id for i in kernel.profile("alice").intents]
+    live = kernel.queries.table_digest()
+    kernel.rebuild()
+    assert kernel.queries.table_digest() == live
+
+
 def _wait_for(path: Path, child: PythonChild, wait_s: float) -> bool:
     deadline = time.monotonic() + wait_s
     while not path.exists():
@@ -97,10 +113,7 @@ def test_a_starts_catch_up_beside_another_processs_rebuild_completes(
     CLI). Now the start holds the rebuild's lock: the rebuild waits, then runs whole."""
     kernel = build_kernel(settings_for(backend), clock)
     try:
-        consent(kernel)
-        kernel.capture("alice", say("I want to learn to sail", ref="sail"))
-        kernel.process()
-        (intent,) = kernel.profile("alice").intents
+        intent = sail_intent_of_alice(kernel, "sail")
         kernel.erase_item("alice", intent.item_id)  # the ledger names an item from now on
         kernel.process()
 
@@ -141,10 +154,7 @@ def test_a_starts_catch_up_beside_another_processs_rebuild_completes(
         assert child.returncode == 0, err[-3000:]
         kernel.process()
         assert kernel.projections.position >= kernel.app.max_notification_id()
-        assert intent.item_id not in [i.item_id for i in kernel.profile("alice").intents]
-        live = kernel.queries.table_digest()
-        kernel.rebuild()
-        assert kernel.queries.table_digest() == live
+        _erased_and_rebuilt_alike(kernel, intent.item_id)
     finally:
         kernel.close()
 
@@ -172,12 +182,6 @@ _REBUILDS = textwrap.dedent(
     """
 )
 
-_CLI = "from uprof.cli.main import app\napp()\n"
-
-
-def _rounds(path: Path) -> int:
-    return int(path.read_text() or 0) if path.exists() else 0
-
 
 def test_backups_beside_a_looping_rebuild_all_succeed_and_restore(
     backend: Backend, clock: FakeClock, tmp_path: Path
@@ -189,10 +193,7 @@ def test_backups_beside_a_looping_rebuild_all_succeed_and_restore(
     settings = settings_for(backend)
     kernel = build_kernel(settings, clock)
     try:
-        consent(kernel)
-        kernel.capture("alice", say("I want to learn to sail", ref="sail"))
-        kernel.process()
-        (intent,) = kernel.profile("alice").intents
+        intent = sail_intent_of_alice(kernel, "sail")
         kernel.erase_item("alice", intent.item_id)
         for i in range(300):  # a replay long enough to be met (2 of 2 on main, SQLite)
             kernel.capture("alice", say(f"I visited city number {i}", ref=f"c{i}"))
@@ -208,25 +209,24 @@ def test_backups_beside_a_looping_rebuild_all_succeed_and_restore(
         for i in range(BACKUPS):
             assert rebuilder.poll() is None, rebuilder.communicate()[1][-3000:]
             to = tmp_path / f"bk{i}"
-            done = run_python(_CLI, "backup", "--to", str(to), env=cli_env(backend), timeout=180)
+            done = run_python(
+                CLI_SCRIPT, "backup", "--to", str(to), env=cli_env(backend), timeout=180
+            )
             assert done.returncode == 0, done.stdout + done.stderr[-3000:]
             made.append(to)
     finally:
         stop.touch()
         _, err = rebuilder.communicate(timeout=180)
     assert rebuilder.returncode == 0, err[-3000:]
-    assert _rounds(rounds) >= 1
+    assert progress_count(rounds) >= 1
 
     put_back = run_python(
-        _CLI, "restore", "--from", str(made[-1]), env=cli_env(backend), timeout=180
+        CLI_SCRIPT, "restore", "--from", str(made[-1]), env=cli_env(backend), timeout=180
     )
     assert put_back.returncode == 0, put_back.stdout + put_back.stderr[-3000:]
     kernel = build_kernel(settings, clock)
     try:
         kernel.process()
-        assert intent.item_id not in [i.item_id for i in kernel.profile("alice").intents]
-        live = kernel.queries.table_digest()
-        kernel.rebuild()
-        assert kernel.queries.table_digest() == live
+        _erased_and_rebuilt_alike(kernel, intent.item_id)
     finally:
         kernel.close()
