@@ -8,6 +8,7 @@ then, and the log, which promises an entry for every write, recorded nothing.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -15,8 +16,10 @@ from tests import children
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import (
+    OTHER_TENANT,
     SAIL,
     build_kernel,
+    other_tenant,
     sail_intent_of_alice,
     settings_for,
 )
@@ -129,3 +132,40 @@ def test_the_same_reapplication_appended_twice_is_recorded_once(backend: Backend
         assert reasons.count("erasure-reapplied") == 2, reasons
     finally:
         running.close()
+
+
+def test_a_start_records_another_tenants_reapplied_items_in_that_tenants_trail(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """LF: tenants on one set of stores share the ledger, the views and the audit log
+    (decision 0089). A start of tenant A re-applies tenant B's killed item erasure (the
+    views are shared, so it must) and recorded it as A's: A's auditors read B's
+    subject's pseudonym and request id, B's trail lacked the re-application. The entry
+    names B now; A's trail holds none, and B's start (or read) writes no second one."""
+    settings = settings_for(backend)
+    theirs = other_tenant(settings, tmp_path)
+    other = build_kernel(theirs, FakeClock())
+    try:
+        intent = sail_intent_of_alice(other)
+    finally:
+        other.close()
+    _killed_after_record(theirs, "item", intent.item_id)
+    ours = build_kernel(settings, FakeClock())  # tenant A's start re-applies B's item
+    try:
+        request = _item_request(ours, intent.item_id)
+        entries = _entries(ours)
+        assert [(e["tenant"], e["request_id"]) for e in entries] == [
+            (OTHER_TENANT, request)
+        ], entries
+        mine = [dict(e.entry) for e in ours.audit_entries(action=ACTION)]
+        assert mine == [], mine
+    finally:
+        ours.close()
+    other = build_kernel(theirs, FakeClock())
+    try:
+        assert other.profile("alice").intents == ()
+        (seen,) = [dict(e.entry) for e in other.audit_entries(action=ACTION)]
+        assert seen["item_refs"] == [intent.item_id]
+        assert len(_entries(other)) == 1
+    finally:
+        other.close()
