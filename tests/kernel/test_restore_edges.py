@@ -39,3 +39,57 @@ def test_a_revision_below_a_one_way_migration_is_refused_before_anything_changes
         restore(settings, tmp_path / "bk")
     assert not (settings.data_dir / RESTORE_MARKER).exists()
     assert_bob_intact(settings, clock, audit_verifies=True)
+
+
+def test_every_migration_whose_downgrade_is_refused_says_so() -> None:
+    """Held (review of 0170): the restore learns where it cannot go down from the
+    ``one_way`` marker alone, so a later migration whose downgrade raises and that lacks
+    the marker would bring LE back (the downgrade failing after the marker). Every
+    migration whose ``downgrade`` raises is marked ``one_way = True`` (the literal, not a
+    truthy string), and the restore's lowest revision is the newest such of the views
+    branch; the other branches are never taken down by a restore."""
+    import ast
+
+    from uprof.services.backup import _restorable_revisions
+    from uprof.storage import MIGRATIONS_DIR
+
+    refusing, marked = set(), set()
+    for path in sorted((MIGRATIONS_DIR / "versions").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = {
+            t.id: n.value.value
+            for n in tree.body
+            if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+            for t in n.targets
+            if isinstance(t, ast.Name)
+        }
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name == "downgrade":
+                if any(isinstance(n, ast.Raise) for n in ast.walk(node)):
+                    refusing.add(names["revision"])
+        if names.get("one_way") is True:
+            marked.add(names["revision"])
+    assert refusing == marked, (refusing, marked)
+    assert "0003_views_idem_sealed" in marked
+    assert _restorable_revisions()[-1] in marked
+
+
+@pytest.mark.parametrize(
+    "revision", ["0004_views_memory_categories ", "0004_VIEWS_MEMORY_CATEGORIES", "0003_views"]
+)
+def test_a_revision_name_near_a_real_one_is_refused_before_anything_changes(
+    backend: Backend, clock: FakeClock, tmp_path: Path, revision: object
+) -> None:
+    """Held (review of 0170): revision names are matched exactly (a trailing space,
+    another case, a prefix): refused naming the file, no marker, the stores still
+    starting (a number or a list in its place is refused earlier, as an edited manifest)."""
+    from uprof.services.backup import BackupError, backup, restore
+
+    settings = filled_deployment(backend, clock, "bob")
+    backup(settings, tmp_path / "bk")
+    _resign(settings, tmp_path / "bk", views_revision=revision)
+    name = "views.sqlite" if backend.kind == "sqlite" else "database.dump"
+    with pytest.raises(BackupError, match=f"{name}.*nothing was changed"):
+        restore(settings, tmp_path / "bk")
+    assert not (settings.data_dir / RESTORE_MARKER).exists()
+    assert_bob_intact(settings, clock, audit_verifies=True)
