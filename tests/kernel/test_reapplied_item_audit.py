@@ -172,9 +172,9 @@ def test_a_start_records_another_tenants_reapplied_items_in_that_tenants_trail(
     try:
         request = _item_request(ours, intent.item_id)
         entries = _entries(ours)
-        assert [(e["tenant"], e["request_id"]) for e in entries] == [
-            (OTHER_TENANT, request)
-        ], entries
+        assert [(e["tenant"], e["request_id"]) for e in entries] == [(OTHER_TENANT, request)], (
+            entries
+        )
         mine = [dict(e.entry) for e in ours.audit_entries(action=ACTION)]
         assert mine == [], mine
     finally:
