@@ -57,6 +57,18 @@ def _start_killed_after_its_entry(settings: Any) -> None:
     build_kernel(settings, FakeClock())
 
 
+def _erasure_of_alices_intent_killed(settings: Any) -> Any:
+    """Alice's intent (one start, closed), then its item erasure killed in a child after
+    its ledger record: the item listed, its erasure to re-apply."""
+    first = build_kernel(settings, FakeClock())
+    try:
+        intent = sail_intent_of_alice(first)
+    finally:
+        first.close()
+    _killed_after_record(settings, "item", intent.item_id)
+    return intent
+
+
 def _entries(kernel: Uprof) -> list[dict[str, Any]]:
     return [dict(e.entry) for e in kernel.audit_log.entries() if e.entry["action"] == ACTION]
 
@@ -110,12 +122,7 @@ def test_a_start_reapplying_a_killed_item_erasure_records_it(backend: Backend) -
     """The same re-application done by a start (``recovery.reapply_ledger``) goes
     through the same audited path: one entry, whatever number of starts."""
     settings = settings_for(backend)
-    first = build_kernel(settings, FakeClock())
-    try:
-        intent = sail_intent_of_alice(first)
-    finally:
-        first.close()
-    _killed_after_record(settings, "item", intent.item_id)
+    intent = _erasure_of_alices_intent_killed(settings)
     for _ in range(2):
         started = build_kernel(settings, FakeClock())
         try:
@@ -162,12 +169,7 @@ def test_a_start_records_another_tenants_reapplied_items_in_that_tenants_trail(
     names B now; A's trail holds none, and B's start (or read) writes no second one."""
     settings = settings_for(backend)
     theirs = other_tenant(settings, tmp_path)
-    other = build_kernel(theirs, FakeClock())
-    try:
-        intent = sail_intent_of_alice(other)
-    finally:
-        other.close()
-    _killed_after_record(theirs, "item", intent.item_id)
+    intent = _erasure_of_alices_intent_killed(theirs)
     ours = build_kernel(settings, FakeClock())  # tenant A's start re-applies B's item
     try:
         request = _item_request(ours, intent.item_id)
