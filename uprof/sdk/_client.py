@@ -174,8 +174,9 @@ def _written_lines(chunks: Iterable[str], out: TextIO) -> Iterator[str]:
         out.write(chunk)
         *ended, rest = chunk.split("\n")
         for piece in ended:
-            yield "".join([*pending, piece, "\n"])
-            pending, size = [], 0
+            if pending:
+                piece, pending, size = "".join([*pending, piece]), [], 0
+            yield piece + "\n"
         if rest:
             pending.append(rest)
             size += len(rest)
