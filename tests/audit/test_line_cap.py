@@ -194,3 +194,41 @@ def test_a_text_line_that_is_not_utf8_is_refused_naming_it_at_any_length(
     assert reason in from_file.value.reason
     if width > _cap() // 4:
         assert reason in from_text.value.reason
+
+
+
+_HOST = """
+import csv, io, sys
+csv.field_size_limit(int(sys.argv[1]))
+import uprof.sdk  # what an application embedding the SDK imports
+from audit.export_format import MAX_LINE_BYTES, read_csv_rows
+cell = "x" * (MAX_LINE_BYTES - 10)
+assert list(read_csv_rows(["entry," + cell + "\\n"])) == [["entry", cell]]
+if csv.field_size_limit() > MAX_LINE_BYTES:  # the host's own long field, read as before
+    (row,) = csv.reader(io.StringIO("a," + "x" * (MAX_LINE_BYTES + 1024) + "\\n"))
+print(csv.field_size_limit())
+"""
+
+
+def test_importing_the_sdk_never_lowers_the_hosts_csv_limit() -> None:
+    """LI: the csv field limit is global to a process, and the SDK runs inside other
+    people's applications. KY set it, at import, to the line cap: an application that
+    had raised it for its own CSV (the common ``csv.field_size_limit(sys.maxsize)``) could
+    no longer read a field over 4 MiB once it imported ``uprof.sdk``. The import only
+    raises it to the cap, never lowers it, and uprof reads a cell near the cap either way
+    (a fresh interpreter per limit: a host's raised one, and Python's default)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    for limit, after in ((sys.maxsize, sys.maxsize), (131072, _cap())):
+        done = subprocess.run(
+            [sys.executable, "-c", _HOST, str(limit)],
+            cwd=root,
+            env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.split() == [str(after)], (limit, done.stdout)
