@@ -196,7 +196,6 @@ def test_a_text_line_that_is_not_utf8_is_refused_naming_it_at_any_length(
         assert reason in from_text.value.reason
 
 
-
 _HOST = """
 import csv, io, sys
 csv.field_size_limit(int(sys.argv[1]))
