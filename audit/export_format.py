@@ -78,12 +78,15 @@ _ENTRY_LINE_PREFIX = '{"entry":'
 MAX_LINE_BYTES = 4 * 1024 * 1024
 
 # Python's csv refuses a field over its limit (128 KiB by default), which an entry's cell
-# can exceed (bug IY). The limit is global state of the csv module: it is set here, once, at
-# import, to the line cap (no field is longer than its line, and no reader is handed a line
-# over the cap), and nothing changes it afterwards. Raising it per line, as IY did, raced
-# with every other thread reading CSV and let one upload's line length set everyone's
-# limit (bug KY).
-csv.field_size_limit(MAX_LINE_BYTES)
+# can exceed (bug IY). The limit is global state of the csv module: it is raised here, once,
+# at import, to the line cap (no field is longer than its line, and no reader is handed a
+# line over the cap), and nothing changes it afterwards. Raising it per line, as IY did,
+# raced with every other thread reading CSV and let one upload's line length set everyone's
+# limit (bug KY). Never lowered: the SDK imports this inside other people's applications,
+# and one that raised the limit for its own CSV (to ``sys.maxsize``, say) could no longer
+# read a field over the cap once it imported ``uprof.sdk`` (bug LI).
+if csv.field_size_limit() < MAX_LINE_BYTES:
+    csv.field_size_limit(MAX_LINE_BYTES)
 
 
 def entry_line(entry_json: str, proof_b64: Sequence[str], leaf_index: int) -> str:

@@ -426,9 +426,19 @@ def _numbered_lines(
         # A character is at least one byte: only a line near the cap is encoded to count.
         if len(text) > MAX_LINE_BYTES // 4:
             _check_length(
-                len(text) if len(text) > MAX_LINE_BYTES else len(text.encode("utf-8")), number
+                len(text) if len(text) > MAX_LINE_BYTES else _utf8_size(text, number), number
             )
         yield number, text
+
+
+def _utf8_size(text: str, number: int) -> int:
+    """The line's length in UTF-8. Text read with ``errors="surrogateescape"`` holds lone
+    surrogates for bytes that are not UTF-8: refused as the same bytes in a file are, not
+    as ``UnicodeEncodeError`` (bug LH)."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise VerificationError("line is not UTF-8", line_number=number) from None
 
 
 def _file_lines(handle: BinaryIO) -> Iterator[tuple[int, str]]:

@@ -8,8 +8,10 @@ import asyncio
 import json
 from datetime import UTC, datetime
 
+import httpx
 import pytest
 
+from audit._codec import b64encode
 from audit.errors import VerificationError
 from audit.receipts import verify_receipt
 from domain.principal import Principal
@@ -22,6 +24,7 @@ from uprof.sdk import (
     InvalidRequestError,
     PermissionDeniedError,
     ReceiptRotationProof,
+    TransportError,
 )
 
 WHEN = datetime(2025, 1, 1, 9, tzinfo=UTC)
@@ -88,3 +91,46 @@ def test_the_sdk_refuses_an_app_without_the_operator_role_and_a_receipt_that_is_
             client.audit_rotation_proof("not json")
         with pytest.raises(InvalidRequestError, match="receipt"):
             client.audit_rotation_proof("")  # refused before sending
+
+
+def test_a_hostile_servers_rotation_proof_makes_no_receipt_verify(
+    server: LiveServer, apps: Apps, kernel: Uprof
+) -> None:
+    """Review of 0170: the SDK hands over what the server answered without checking it
+    (it holds no key history to check it with), so what a server says can matter only
+    through ``verify_receipt``, which checks the proof against the caller's pinned key
+    history. A proof of another receipt's size, a cut or padded one, a null one: none
+    makes the receipt verify; wrong types are the SDK's ``TransportError``."""
+    with Client(server.url, apps.planner_operator) as client:
+        pinned = client.audit_key()
+    receipt = _pre_rotation_receipt(server, apps, kernel)
+    with Client(server.url, apps.planner_operator) as client:
+        history = client.audit_key().key_history
+        real = client.audit_rotation_proof(receipt)
+    assert real.rotation_proof and real.rotation_point is not None
+    other = kernel.audit_log.consistency_proof(real.tree_size - 1, real.rotation_point)
+    forged = {
+        "another size's": [b64encode(h) for h in other],
+        "cut": real.rotation_proof[:-1],
+        "padded": [*real.rotation_proof, real.rotation_proof[0]],
+        "null": None,
+    }
+    for hashes in forged.values():
+        answer = {**real.model_dump(), "rotation_proof": hashes}
+        transport = httpx.MockTransport(lambda _r, a=answer: httpx.Response(200, json=a))
+        with Client("http://uprof.test", "k", transport=transport) as client:
+            told = client.audit_rotation_proof(receipt)
+        with pytest.raises(VerificationError):
+            verify_receipt(
+                receipt,
+                pinned.public_key_pem,
+                origin=pinned.origin,
+                key_history=history,
+                rotation_proof=told.rotation_proof,
+            )
+    for wrong in ({"rotation_proof": "abc"}, {"tree_size": "many"}, [1], "x" * 100_000):
+        answer = {**real.model_dump(), **wrong} if isinstance(wrong, dict) else wrong
+        transport = httpx.MockTransport(lambda _r, a=answer: httpx.Response(200, json=a))
+        with Client("http://uprof.test", "k", transport=transport) as client:
+            with pytest.raises(TransportError, match="receipt_rotation_proof"):
+                client.audit_rotation_proof(receipt)

@@ -166,3 +166,68 @@ def test_the_csv_field_limit_is_the_cap_and_reading_never_moves_it(tmp_path: Pat
     cell = "x" * (_cap() - 10)
     assert list(read_csv_rows([f"entry,{cell}\n"])) == [["entry", cell]]
     assert csv.field_size_limit() == before == _cap()
+
+
+@pytest.mark.parametrize("width", [10, 1_100_000, _cap() + 1])
+def test_a_text_line_that_is_not_utf8_is_refused_naming_it_at_any_length(
+    sqlite_log: AuditLog, tmp_path: Path, width: int
+) -> None:
+    """LH: lines handed in as text, read from a file with ``errors="surrogateescape"`` (a
+    reader that keeps bytes that are not UTF-8), hold lone surrogates. The length check
+    KX added encodes a line of over a quarter of the cap to count its bytes, and raised
+    ``UnicodeEncodeError``, not the verifier's error. Such a line is refused as not UTF-8,
+    naming it, as the same bytes in a file are (a short one, never encoded there, is
+    refused for what it holds, naming it too)."""
+    fill(sqlite_log, 2)
+    path = tmp_path / "trail.jsonl"
+    export_jsonl(sqlite_log, path)
+    lines = path.read_bytes().split(b"\n")
+    lines.insert(1, b'{"kind":"entry","x":"' + b"\xff" * width + b'"}')
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(VerificationError) as from_file:
+        verify_export(path, sqlite_log.public_key, ORIGIN)
+    with path.open(encoding="utf-8", errors="surrogateescape", newline="") as text:
+        with pytest.raises(VerificationError) as from_text:
+            verify_export(text, sqlite_log.public_key, ORIGIN)
+    assert from_file.value.line_number == from_text.value.line_number == 2
+    reason = "line is not UTF-8" if width < _cap() else f"longer than {_cap()} bytes"
+    assert reason in from_file.value.reason
+    if width > _cap() // 4:
+        assert reason in from_text.value.reason
+
+
+_HOST = """
+import csv, io, sys
+csv.field_size_limit(int(sys.argv[1]))
+import uprof.sdk  # what an application embedding the SDK imports
+from audit.export_format import MAX_LINE_BYTES, read_csv_rows
+cell = "x" * (MAX_LINE_BYTES - 10)
+assert list(read_csv_rows(["entry," + cell + "\\n"])) == [["entry", cell]]
+if csv.field_size_limit() > MAX_LINE_BYTES:  # the host's own long field, read as before
+    (row,) = csv.reader(io.StringIO("a," + "x" * (MAX_LINE_BYTES + 1024) + "\\n"))
+print(csv.field_size_limit())
+"""
+
+
+def test_importing_the_sdk_never_lowers_the_hosts_csv_limit() -> None:
+    """LI: the csv field limit is global to a process, and the SDK runs inside other
+    people's applications. KY set it, at import, to the line cap: an application that
+    had raised it for its own CSV (the common ``csv.field_size_limit(sys.maxsize)``) could
+    no longer read a field over 4 MiB once it imported ``uprof.sdk``. The import only
+    raises it to the cap, never lowers it, and uprof reads a cell near the cap either way
+    (a fresh interpreter per limit: a host's raised one, and Python's default)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    for limit, after in ((sys.maxsize, sys.maxsize), (131072, _cap())):
+        done = subprocess.run(
+            [sys.executable, "-c", _HOST, str(limit)],
+            cwd=root,
+            env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.split() == [str(after)], (limit, done.stdout)

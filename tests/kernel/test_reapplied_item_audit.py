@@ -8,6 +8,9 @@ then, and the log, which promises an entry for every write, recorded nothing.
 from __future__ import annotations
 
 import json
+import os
+import signal
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -15,8 +18,10 @@ from tests import children
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import (
+    OTHER_TENANT,
     SAIL,
     build_kernel,
+    other_tenant,
     sail_intent_of_alice,
     settings_for,
 )
@@ -34,6 +39,34 @@ def _read_at_once(settings: Any, ready: Any, out: Any) -> None:
         out.put([i.item_id for i in kernel.profile("alice").intents])
     finally:
         kernel.close()
+
+
+def _start_killed_after_its_entry(settings: Any) -> None:
+    """A child starting (its start re-applies the ledger's items), SIGKILLed right after
+    the re-application's audit entry is committed and before its ``ItemsErased``."""
+    from uprof.adapters.audit_trail import AuditLogTrail
+
+    real = AuditLogTrail.record_many
+
+    def recorded(self: AuditLogTrail, entries: Any, **kwargs: Any) -> None:
+        real(self, entries, **kwargs)
+        if any(action == ACTION for action, _ in entries):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    AuditLogTrail.record_many = recorded  # type: ignore[method-assign]
+    build_kernel(settings, FakeClock())
+
+
+def _erasure_of_alices_intent_killed(settings: Any) -> Any:
+    """Alice's intent (one start, closed), then its item erasure killed in a child after
+    its ledger record: the item listed, its erasure to re-apply."""
+    first = build_kernel(settings, FakeClock())
+    try:
+        intent = sail_intent_of_alice(first)
+    finally:
+        first.close()
+    _killed_after_record(settings, "item", intent.item_id)
+    return intent
 
 
 def _entries(kernel: Uprof) -> list[dict[str, Any]]:
@@ -89,12 +122,7 @@ def test_a_start_reapplying_a_killed_item_erasure_records_it(backend: Backend) -
     """The same re-application done by a start (``recovery.reapply_ledger``) goes
     through the same audited path: one entry, whatever number of starts."""
     settings = settings_for(backend)
-    first = build_kernel(settings, FakeClock())
-    try:
-        intent = sail_intent_of_alice(first)
-    finally:
-        first.close()
-    _killed_after_record(settings, "item", intent.item_id)
+    intent = _erasure_of_alices_intent_killed(settings)
     for _ in range(2):
         started = build_kernel(settings, FakeClock())
         try:
@@ -129,3 +157,74 @@ def test_the_same_reapplication_appended_twice_is_recorded_once(backend: Backend
         assert reasons.count("erasure-reapplied") == 2, reasons
     finally:
         running.close()
+
+
+def test_a_start_records_another_tenants_reapplied_items_in_that_tenants_trail(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """LF: tenants on one set of stores share the ledger, the views and the audit log
+    (decision 0089). A start of tenant A re-applies tenant B's killed item erasure (the
+    views are shared, so it must) and recorded it as A's: A's auditors read B's
+    subject's pseudonym and request id, B's trail lacked the re-application. The entry
+    names B now; A's trail holds none, and B's start (or read) writes no second one."""
+    settings = settings_for(backend)
+    theirs = other_tenant(settings, tmp_path)
+    intent = _erasure_of_alices_intent_killed(theirs)
+    ours = build_kernel(settings, FakeClock())  # tenant A's start re-applies B's item
+    try:
+        request = _item_request(ours, intent.item_id)
+        entries = _entries(ours)
+        assert [(e["tenant"], e["request_id"]) for e in entries] == [(OTHER_TENANT, request)], (
+            entries
+        )
+        mine = [dict(e.entry) for e in ours.audit_entries(action=ACTION)]
+        assert mine == [], mine
+    finally:
+        ours.close()
+    other = build_kernel(theirs, FakeClock())
+    try:
+        assert other.profile("alice").intents == ()
+        (seen,) = [dict(e.entry) for e in other.audit_entries(action=ACTION)]
+        assert seen["item_refs"] == [intent.item_id]
+        assert len(_entries(other)) == 1
+    finally:
+        other.close()
+
+
+def test_a_start_killed_between_the_entry_and_the_event_leaves_one_entry(
+    backend: Backend,
+) -> None:
+    """Held (review of 0169): a start SIGKILLed after the ``erasure.items_reapplied``
+    entry and before the event leaves the item listed; the next read (another process,
+    already running) erases it and its entry is the same one (left out): one entry,
+    never an unaudited re-application, and a start after it adds none."""
+    settings = settings_for(backend)
+    running = build_kernel(settings, FakeClock())
+    try:
+        intent = sail_intent_of_alice(running)
+        _killed_after_record(settings, "item", intent.item_id)
+        child = children.CONTEXT.Process(target=_start_killed_after_its_entry, args=(settings,))
+        child.start()
+        child.join(120)
+        assert child.exitcode == -signal.SIGKILL
+        assert [e["item_refs"] for e in _entries(running)] == [[intent.item_id]]
+        ledger = running.keystore.ledger
+        assert ledger is not None
+        (stream,) = {r.stream_id for r in ledger.records() if intent.item_id in r.item_ids}
+        reapplied = [
+            e
+            for e in running.app.stream_events(UUID(str(stream)))
+            if getattr(e, "reason", None) == "erasure-reapplied"
+        ]
+        assert reapplied == [], reapplied  # the child died before its event
+        running.process()
+        assert running.profile("alice").intents == ()
+        assert [e["item_refs"] for e in _entries(running)] == [[intent.item_id]]
+    finally:
+        running.close()
+    started = build_kernel(settings, FakeClock())
+    try:
+        assert started.profile("alice").intents == ()
+        assert len(_entries(started)) == 1
+    finally:
+        started.close()

@@ -103,13 +103,24 @@ def _resign(settings: Settings, bk: Path, **fields: object) -> None:
     (bk / b.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
 
 
-@pytest.mark.parametrize("revision", [PREVIOUS["keys"], None])
+@pytest.mark.parametrize(
+    "revision",
+    [
+        PREVIOUS["keys"],
+        None,
+        "0004_views_memory_categories ",
+        "0004_VIEWS_MEMORY_CATEGORIES",
+        "0003_views",
+    ],
+)
 def test_a_revision_this_release_cannot_upgrade_from_is_refused_naming_file_and_revision(
     backend: Backend, clock: FakeClock, tmp_path: Path, revision: str | None
 ) -> None:
     """A views revision that is not one of the views branch's (a key-store revision in
     its place) or none at all (a store never migrated): refused, naming the backup's
-    views file and the revision, before anything changes."""
+    views file and the revision, before anything changes. Names are matched exactly: a
+    trailing space, another case or a prefix of a real one is refused too (review of
+    0170)."""
     from uprof.services.backup import BackupError, backup, restore
 
     settings = filled_deployment(backend, clock, "bob")

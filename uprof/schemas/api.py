@@ -17,8 +17,9 @@ The SDK re-exports the response models, so they double as its typed results.
 
 from __future__ import annotations
 
+import csv
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
@@ -32,7 +33,7 @@ from pydantic import (
     model_validator,
 )
 
-from audit.export_format import read_csv_rows
+from audit.export_format import MAX_LINE_BYTES, read_csv_rows
 from domain.values import ATTRIBUTE_KEYS, CATEGORIES, check_sharing
 
 # Re-exported: the surfaces (routes, MCP) read the page bounds from the wire schemas.
@@ -887,23 +888,36 @@ class AuditExportSummary(_Response):
 
         ``POST /v1/audit/export`` streams the file itself; the SDK rebuilds this summary
         from what it received, streaming too (one record in memory at a time).
+
+        Anything else than an export (what a broken or hostile server may stream) raises
+        ``ValueError``: a line over the trail's line cap (``MAX_LINE_BYTES``, counted in
+        characters, each at least a byte: the SDK's readers hand over at most the cap and
+        a newline and one character of a line, so memory stays bounded; bug LG), a CSV
+        row the csv module refuses, a header or trailer that is not a JSON object.
         """
         records: Iterable[str]
         if fmt == "csv":
-            rows = read_csv_rows(lines)
+            rows = read_csv_rows(_capped(lines))
             next(rows, None)  # the column names
             records = (row[-1] for row in rows if row and row[0] in ("header", "trailer"))
         else:
-            records = (line for line in lines if line.strip())
-        header: dict[str, Any] | None = None
-        trailer: dict[str, Any] | None = None
-        for record in records:
-            if header is None:
-                header = json.loads(record)
-                continue
-            if '"kind":"trailer"' in record:
-                trailer = json.loads(record)
-        if header is None or trailer is None or trailer.get("kind") != "trailer":
+            records = (line for line in _capped(lines) if line.strip())
+        header: Any = None
+        trailer: Any = None
+        try:
+            for record in records:
+                if header is None:
+                    header = json.loads(record)
+                    continue
+                if '"kind":"trailer"' in record:
+                    trailer = json.loads(record)
+        except csv.Error as exc:
+            raise ValueError(f"a row is not valid CSV ({exc})") from None
+        if (
+            not isinstance(header, dict)
+            or not isinstance(trailer, dict)
+            or trailer.get("kind") != "trailer"
+        ):
             raise ValueError("the export has no header or no trailer: it was cut short")
         return cls(
             tree_size=header["tree_size"],
@@ -911,6 +925,14 @@ class AuditExportSummary(_Response):
             checkpoint=header["checkpoint"],
             export_sha256=trailer["export_sha256"],
         )
+
+
+def _capped(lines: Iterable[str]) -> Iterator[str]:
+    """The lines, refusing one over the trail's line cap (with its newline: ``+ 1``)."""
+    for number, line in enumerate(lines, start=1):
+        if len(line) > MAX_LINE_BYTES + 1:
+            raise ValueError(f"line {number} is longer than {MAX_LINE_BYTES} bytes")
+        yield line
 
 
 class AuditExport(_Response):

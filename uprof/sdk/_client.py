@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Self, TextIO, TypeVar
 import httpx
 from pydantic import BaseModel, JsonValue
 
+from audit.export_format import MAX_LINE_BYTES
 from uprof.schemas import api as w
 from uprof.sdk import _operations as ops
 from uprof.sdk._backends import (
@@ -161,16 +162,29 @@ def _assembled(fmt: str, content: str) -> w.AuditExport:
 
 
 def _written_lines(chunks: Iterable[str], out: TextIO) -> Iterator[str]:
-    """Write each chunk to ``out`` as it comes, and yield the text again line by line."""
-    pending = ""
+    """Write each chunk to ``out`` as it comes, and yield the text again line by line.
+
+    A line is gathered up to the trail's line cap and one character, no further: longer,
+    it is handed over as it is, and the summary refuses it (``of_export``). It gathered
+    a line of any length from the server, and split all it had gathered again at every
+    chunk: memory and time grew with a hostile line (bug LG)."""
+    pending: list[str] = []
+    size = 0
     for chunk in chunks:
         out.write(chunk)
-        pending += chunk
-        *lines, pending = pending.split("\n")
-        for line in lines:
-            yield line + "\n"
+        *ended, rest = chunk.split("\n")
+        for piece in ended:
+            if pending:
+                piece, pending, size = "".join([*pending, piece]), [], 0
+            yield piece + "\n"
+        if rest:
+            pending.append(rest)
+            size += len(rest)
+        if size > MAX_LINE_BYTES + 1:
+            yield "".join(pending)
+            pending, size = [], 0
     if pending:
-        yield pending
+        yield "".join(pending)
 
 
 @contextlib.contextmanager
@@ -779,7 +793,9 @@ class AsyncClient:
                 out.write(text)
                 copy.write(text)
             copy.seek(0)
-            return _summary_of(copy, format)
+            # At most the line cap and a newline and one character of a line at a time
+            # (bug LG): a longer line is refused by the summary, never read whole.
+            return _summary_of(iter(lambda: copy.readline(MAX_LINE_BYTES + 2), ""), format)
 
     async def audit_verify(self, content: str, *, kind: str = "export") -> w.AuditVerification:
         body = ops.build(w.AuditVerifyIn, kind=kind, content=content)

@@ -1826,6 +1826,12 @@ def _reapplied_entries(
         if record.kind != "items" or record.stream_id != stream or not ids:
             continue
         fields: dict[str, object] = {"item_refs": ids, "reason_code": REAPPLIED_REASON}
+        if record.tenant:
+            # The subject's tenant, not the trail's: tenants on one set of stores share
+            # the ledger and the views, so a start of tenant A re-applies tenant B's items
+            # too, and named them A's: A's auditors read B's pseudonym and request, B's
+            # trail lacked the re-application (bug LF; decision 0089).
+            fields["tenant"] = record.tenant
         if record.request_id:
             fields["request_id"] = record.request_id
         if record.draft:

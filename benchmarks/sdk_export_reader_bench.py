@@ -1,0 +1,72 @@
+"""Cost of the SDK's capped export readers (bug LG, review of 0169-small-leftovers).
+
+``Client.audit_export_to`` and ``AsyncClient.audit_export_to`` over an in-process
+``httpx.MockTransport`` streaming a synthetic JSONL trail (a header, ``LINES`` entry-sized
+lines of ``WIDTH`` characters, a trailer) in ``CHUNK``-byte pieces, written to a file in
+a temporary folder: what the readers themselves cost, without a server or a network.
+Run from a tree's root to measure that tree's code:
+``python -m benchmarks.sdk_export_reader_bench``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+
+from uprof.sdk import AsyncClient, Client
+
+RUNS = 15
+LINES = 20_000
+WIDTH = 700
+CHUNK = 65_536
+
+_HEADER = '{"checkpoint":"c","kind":"header","tree_size":1}\n'
+_TRAILER = '{"entry_count":1,"export_sha256":"s","kind":"trailer"}\n'
+_BODY = (_HEADER + ("x" * WIDTH + "\n") * LINES + _TRAILER).encode()
+_PIECES = [_BODY[i : i + CHUNK] for i in range(0, len(_BODY), CHUNK)]
+
+
+class _Stream(httpx.AsyncByteStream):
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for piece in _PIECES:
+            yield piece
+
+
+def _sync(path: Path) -> None:
+    transport = httpx.MockTransport(lambda _r: httpx.Response(200, content=iter(_PIECES)))
+    with Client("http://bench.invalid", "k", transport=transport) as client:
+        client.audit_export_to(path)
+
+
+def _async(path: Path) -> None:
+    async def run() -> None:
+        transport = httpx.MockTransport(lambda _r: httpx.Response(200, stream=_Stream()))
+        async with AsyncClient("http://bench.invalid", "k", transport=transport) as client:
+            await client.audit_export_to(path)
+
+    asyncio.run(run())
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "trail.jsonl"
+        for name, run in (("sync", _sync), ("async", _async)):
+            times = []
+            for _ in range(RUNS):
+                start = time.perf_counter()
+                run(path)
+                times.append((time.perf_counter() - start) * 1e3)
+            print(
+                f"{name} audit_export_to, {len(_BODY) / 1e6:.1f} MB in {len(_PIECES)} chunks: "
+                f"median {statistics.median(times):.1f} ms ({RUNS} runs)"
+            )
+
+
+if __name__ == "__main__":
+    main()
