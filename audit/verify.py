@@ -49,6 +49,7 @@ from audit.export_format import (
     TRAILER_KEYS,
     csv_line,
     entry_line,
+    over_line_cap,
     read_csv_rows,
     split_entry_line,
 )
@@ -423,11 +424,8 @@ def _numbered_lines(
             raise VerificationError("export lines must be text", line_number=number)
         if text.endswith("\n"):
             text = text[:-1]
-        # A character is at least one byte: only a line near the cap is encoded to count.
-        if len(text) > MAX_LINE_BYTES // 4:
-            _check_length(
-                len(text) if len(text) > MAX_LINE_BYTES else len(text.encode("utf-8")), number
-            )
+        if over_line_cap(text):
+            _check_length(MAX_LINE_BYTES + 1, number)
         yield number, text
 
 

@@ -32,7 +32,7 @@ from pydantic import (
     model_validator,
 )
 
-from audit.export_format import read_csv_rows
+from audit.export_format import checked_lines, read_csv_rows
 from domain.values import ATTRIBUTE_KEYS, CATEGORIES, check_sharing
 
 # Re-exported: the surfaces (routes, MCP) read the page bounds from the wire schemas.
@@ -886,9 +886,12 @@ class AuditExportSummary(_Response):
         """Read the summary from an export file's header and trailer (its lines, in order).
 
         ``POST /v1/audit/export`` streams the file itself; the SDK rebuilds this summary
-        from what it received, streaming too (one record in memory at a time).
+        from what it received, streaming too (one record in memory at a time). A line
+        longer than ``audit.export_format.MAX_LINE_BYTES`` raises ``ValueError``.
         """
         records: Iterable[str]
+        # Each line checked against the format's cap before csv or json reads it (bug LX).
+        lines = checked_lines(lines)
         if fmt == "csv":
             rows = read_csv_rows(lines)
             next(rows, None)  # the column names

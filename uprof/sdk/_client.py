@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Self, TextIO, TypeVar
 import httpx
 from pydantic import BaseModel, JsonValue
 
+from audit.export_format import MAX_LINE_BYTES, capped_lines, line_cap_refusal
 from uprof.schemas import api as w
 from uprof.sdk import _operations as ops
 from uprof.sdk._backends import (
@@ -152,7 +153,9 @@ def _summary_of(lines: Iterable[str], fmt: str) -> w.AuditExportSummary:
     try:
         return w.AuditExportSummary.of_export(lines, fmt)
     except (ValueError, KeyError) as error:
-        raise TransportError(f"audit_export: the export arrived incomplete ({error})") from None
+        raise TransportError(
+            f"audit_export: the export arrived incomplete or malformed ({error})"
+        ) from None
 
 
 def _assembled(fmt: str, content: str) -> w.AuditExport:
@@ -161,16 +164,28 @@ def _assembled(fmt: str, content: str) -> w.AuditExport:
 
 
 def _written_lines(chunks: Iterable[str], out: TextIO) -> Iterator[str]:
-    """Write each chunk to ``out`` as it comes, and yield the text again line by line."""
-    pending = ""
+    """Write each chunk to ``out`` as it comes, and yield the text again line by line.
+
+    The part of a line not yet ended is kept up to the format's line cap, no further: a
+    server's endless line is refused (``ValueError``) once it passes the cap, not held
+    whole (bug LX). Only the new chunk is split, never what is kept."""
+    pending: list[str] = []
+    kept = 0
+    number = 0
     for chunk in chunks:
         out.write(chunk)
-        pending += chunk
-        *lines, pending = pending.split("\n")
-        for line in lines:
-            yield line + "\n"
+        *ends, rest = chunk.split("\n")
+        for end in ends:
+            number += 1
+            yield "".join([*pending, end, "\n"])
+            pending, kept = [], 0
+        if rest:
+            pending.append(rest)
+            kept += len(rest)
+            if kept > MAX_LINE_BYTES:  # characters: at least as many bytes
+                raise ValueError(line_cap_refusal(number + 1))
     if pending:
-        yield pending
+        yield "".join(pending)
 
 
 @contextlib.contextmanager
@@ -779,7 +794,8 @@ class AsyncClient:
                 out.write(text)
                 copy.write(text)
             copy.seek(0)
-            return _summary_of(copy, format)
+            # A line at a time, never more than the cap of one (bug LX).
+            return _summary_of(capped_lines(copy.readline), format)
 
     async def audit_verify(self, content: str, *, kind: str = "export") -> w.AuditVerification:
         body = ops.build(w.AuditVerifyIn, kind=kind, content=content)
