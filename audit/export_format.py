@@ -114,7 +114,7 @@ def capped_lines(read: Callable[[int], str]) -> Iterator[str]:
     """The lines of a text stream (``read`` is its ``readline``), each with its newline,
     reading at most ``MAX_LINE_BYTES`` + 1 characters of one: a longer line raises
     ``ValueError`` once the cap is passed, so a stream of one endless line costs the
-    cap, not the line (bug LX)."""
+    cap, not the line (bug LU)."""
     number = 0
     while line := read(MAX_LINE_BYTES + 1):
         number += 1

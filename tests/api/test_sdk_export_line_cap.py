@@ -1,5 +1,5 @@
 """The SDK's reading of an audit export a server streams to it is bounded by the format's
-line cap, ``audit.export_format.MAX_LINE_BYTES`` (decision 0169), as the verifier is (bug LX).
+line cap, ``audit.export_format.MAX_LINE_BYTES`` (decision 0169), as the verifier is (bug LU).
 
 ``Client.audit_export_to`` and ``AsyncClient.audit_export_to`` rebuild the export's summary
 from the lines they receive (``AuditExportSummary.of_export``). A hostile or broken server

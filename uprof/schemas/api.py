@@ -890,7 +890,7 @@ class AuditExportSummary(_Response):
         longer than ``audit.export_format.MAX_LINE_BYTES`` raises ``ValueError``.
         """
         records: Iterable[str]
-        # Each line checked against the format's cap before csv or json reads it (bug LX).
+        # Each line checked against the format's cap before csv or json reads it (bug LU).
         lines = checked_lines(lines)
         if fmt == "csv":
             rows = read_csv_rows(lines)

@@ -168,7 +168,7 @@ def _written_lines(chunks: Iterable[str], out: TextIO) -> Iterator[str]:
 
     The part of a line not yet ended is kept up to the format's line cap, no further: a
     server's endless line is refused (``ValueError``) once it passes the cap, not held
-    whole (bug LX). Only the new chunk is split, never what is kept."""
+    whole (bug LU). Only the new chunk is split, never what is kept."""
     pending: list[str] = []
     kept = 0
     number = 0
@@ -794,7 +794,7 @@ class AsyncClient:
                 out.write(text)
                 copy.write(text)
             copy.seek(0)
-            # A line at a time, never more than the cap of one (bug LX).
+            # A line at a time, never more than the cap of one (bug LU).
             return _summary_of(capped_lines(copy.readline), format)
 
     async def audit_verify(self, content: str, *, kind: str = "export") -> w.AuditVerification:
