@@ -81,7 +81,7 @@ def _assert_refused_naming_the_cap(error: BaseException | None, peak: int) -> No
 def test_the_sdk_refuses_a_hostile_export_line_within_the_cap(
     fmt: str, newline: bool, tmp_path: Path
 ) -> None:
-    """Bug LX: a line over the cap (16 MiB of small CSV cells or JSONL spaces) streamed to
+    """Bug LU: a line over the cap (16 MiB of small CSV cells or JSONL spaces) streamed to
     ``audit_export_to`` is refused naming the cap, reading at most about the cap."""
     client = Client("http://uprof.test", "k", transport=_transport(fmt, newline))
     # To a file: what the caller keeps of the answer is not the reader's memory.
@@ -93,7 +93,7 @@ def test_the_sdk_refuses_a_hostile_export_line_within_the_cap(
 def test_the_async_sdk_refuses_a_hostile_export_line_within_the_cap(
     fmt: str, tmp_path: Path
 ) -> None:
-    """Bug LX, the async client: it spools what it receives and reads the summary back
+    """Bug LU, the async client: it spools what it receives and reads the summary back
     from the spool, a line at a time, at most the cap of one."""
 
     async def export() -> None:
