@@ -177,7 +177,7 @@ def _written_lines(chunks: Iterable[str], out: TextIO) -> Iterator[str]:
         *ends, rest = chunk.split("\n")
         for end in ends:
             number += 1
-            yield "".join([*pending, end, "\n"])
+            yield "".join([*pending, end, "\n"]) if pending else end + "\n"
             pending, kept = [], 0
         if rest:
             pending.append(rest)
