@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 EXPORT_FORMAT = "uprof.audit-export/v1"
 #: Domain separation: no checkpoint note (origin first) or JSON body ("{" first) starts so.
@@ -87,6 +87,44 @@ MAX_LINE_BYTES = 4 * 1024 * 1024
 # read a field over the cap once it imported ``uprof.sdk`` (bug LI).
 if csv.field_size_limit() < MAX_LINE_BYTES:
     csv.field_size_limit(MAX_LINE_BYTES)
+
+
+def over_line_cap(text: str) -> bool:
+    """Whether ``text`` (one line, without its newline) is longer than ``MAX_LINE_BYTES``
+    in UTF-8. A character is at least one byte: only a line near the cap is encoded."""
+    if len(text) <= MAX_LINE_BYTES // 4:
+        return False
+    return len(text) > MAX_LINE_BYTES or len(text.encode("utf-8")) > MAX_LINE_BYTES
+
+
+def line_cap_refusal(number: int) -> str:
+    """The message refusing line ``number`` of an export as over the cap."""
+    return (
+        f"line {number} is longer than {MAX_LINE_BYTES} bytes, the longest an export "
+        "holds (docs/audit-format.md, line length)"
+    )
+
+
+def checked_lines(lines: Iterable[str]) -> Iterator[str]:
+    """``lines`` as they are, refusing (``ValueError``) the first over the cap."""
+    near = MAX_LINE_BYTES // 4  # shorter lines are under the cap whatever their characters
+    for number, line in enumerate(lines, start=1):
+        if len(line) > near and over_line_cap(line.removesuffix("\n")):
+            raise ValueError(line_cap_refusal(number))
+        yield line
+
+
+def capped_lines(read: Callable[[int], str]) -> Iterator[str]:
+    """The lines of a text stream (``read`` is its ``readline``), each with its newline,
+    reading at most ``MAX_LINE_BYTES`` + 1 characters of one: a longer line raises
+    ``ValueError`` once the cap is passed, so a stream of one endless line costs the
+    cap, not the line (bug LU)."""
+    number = 0
+    while line := read(MAX_LINE_BYTES + 1):
+        number += 1
+        if over_line_cap(line.removesuffix("\n")):
+            raise ValueError(line_cap_refusal(number))
+        yield line
 
 
 def entry_line(entry_json: str, proof_b64: Sequence[str], leaf_index: int) -> str:

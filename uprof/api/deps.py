@@ -6,6 +6,7 @@ binds the key's app to an ``AppScope``. No route reads an app id from anywhere e
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Annotated
 
@@ -18,7 +19,7 @@ from uprof.api.ratelimit import KeyRateLimiter
 from uprof.api.runtime import ServiceRuntime
 from uprof.api.scoped import AppScope
 from uprof.apikeys.store import ApiKeyStore, NeedsRead, Principal
-from uprof.facade import STREAM_RECHECK_RECORDS
+from uprof.facade import STREAM_RECHECK_RECORDS, client_waits_at_most
 
 #: auto_error=False: a missing header must give our 401 body, not FastAPI's 403.
 bearer_scheme = HTTPBearer(
@@ -108,6 +109,38 @@ IdempotencyKey = Annotated[
     str | None,
     Header(alias="Idempotency-Key", description=IDEMPOTENCY_DESCRIPTION, max_length=255),
 ]
+
+
+PREFER_DESCRIPTION = (
+    "Optional (RFC 7240). `wait=N`: this client waits N seconds for an answer; a keyed "
+    "withdrawal whose first request still runs is answered 409 `request_in_progress` "
+    "within that, not after the server's own wait (`UPROF_REQUEST_IN_PROGRESS_WAIT_S`) "
+    "when that is longer. Other preferences, and a `wait` that is not a whole number, are "
+    "ignored."
+)
+
+#: The ``Prefer`` request header of the routes that may wait for a first request.
+Prefer = Annotated[
+    str | None, Header(alias="Prefer", description=PREFER_DESCRIPTION, max_length=1024)
+]
+
+
+def preferred_wait_s(prefer: str | None) -> float | None:
+    """The seconds of a ``Prefer`` header's ``wait`` preference (RFC 7240: delta-seconds),
+    or None: no header, no ``wait``, or one that is not a whole number of seconds (a
+    preference the server does not understand is ignored, RFC 7240 section 2)."""
+    for preference in (prefer or "").split(","):
+        name, _, value = preference.partition("=")
+        if name.strip().lower() != "wait":
+            continue
+        value = value.split(";")[0].strip().strip('"')
+        return float(value) if value.isascii() and value.isdigit() else None
+    return None
+
+
+def client_waits(prefer: str | None) -> contextlib.AbstractContextManager[None]:
+    """Serve the request inside this block knowing how long its client waits (bug LV)."""
+    return client_waits_at_most(preferred_wait_s(prefer))
 
 
 def mark_replay(scope: AppScope, response: Response) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
@@ -33,7 +33,7 @@ from pydantic import (
     model_validator,
 )
 
-from audit.export_format import MAX_LINE_BYTES, read_csv_rows
+from audit.export_format import checked_lines, read_csv_rows
 from domain.values import ATTRIBUTE_KEYS, CATEGORIES, check_sharing
 
 # Re-exported: the surfaces (routes, MCP) read the page bounds from the wire schemas.
@@ -890,18 +890,19 @@ class AuditExportSummary(_Response):
         from what it received, streaming too (one record in memory at a time).
 
         Anything else than an export (what a broken or hostile server may stream) raises
-        ``ValueError``: a line over the trail's line cap (``MAX_LINE_BYTES``, counted in
-        characters, each at least a byte: the SDK's readers hand over at most the cap and
-        a newline and one character of a line, so memory stays bounded; bug LG), a CSV
+        ``ValueError``: a line over the trail's line cap (``audit.export_format.MAX_LINE_BYTES``;
+        the SDK's readers never hold more than the cap of a line, bugs LG and LU), a CSV
         row the csv module refuses, a header or trailer that is not a JSON object.
         """
         records: Iterable[str]
+        # Each line checked against the format's cap before csv or json reads it (bug LU).
+        lines = checked_lines(lines)
         if fmt == "csv":
-            rows = read_csv_rows(_capped(lines))
+            rows = read_csv_rows(lines)
             next(rows, None)  # the column names
             records = (row[-1] for row in rows if row and row[0] in ("header", "trailer"))
         else:
-            records = (line for line in _capped(lines) if line.strip())
+            records = (line for line in lines if line.strip())
         header: Any = None
         trailer: Any = None
         try:
@@ -925,14 +926,6 @@ class AuditExportSummary(_Response):
             checkpoint=header["checkpoint"],
             export_sha256=trailer["export_sha256"],
         )
-
-
-def _capped(lines: Iterable[str]) -> Iterator[str]:
-    """The lines, refusing one over the trail's line cap (with its newline: ``+ 1``)."""
-    for number, line in enumerate(lines, start=1):
-        if len(line) > MAX_LINE_BYTES + 1:
-            raise ValueError(f"line {number} is longer than {MAX_LINE_BYTES} bytes")
-        yield line
 
 
 class AuditExport(_Response):

@@ -138,15 +138,29 @@ def _with_key(call: Call[Any], error: E) -> E:
     return error
 
 
-def _request_kwargs(call: Call[Any]) -> dict[str, Any]:
+def _request_kwargs(call: Call[Any], timeout: httpx.Timeout | None = None) -> dict[str, Any]:
     kwargs: dict[str, Any] = {}
     if call.idempotency_key is not None:
         kwargs["headers"] = {"Idempotency-Key": call.idempotency_key}
+        wait = _server_wait_s(timeout)
+        if wait is not None:
+            kwargs["headers"]["Prefer"] = f"wait={wait}"
     if call.body is None:
         return kwargs
     # exclude_unset: the server applies its own defaults, so SDK and server never disagree.
     kwargs["json"] = call.body.model_dump(mode="json", exclude_unset=True)
     return kwargs
+
+
+def _server_wait_s(timeout: httpx.Timeout | None) -> int | None:
+    """How long the server may keep a keyed write waiting for its first request (still
+    running) before it answers 409 ``request_in_progress``: half this client's read
+    timeout, the other half for the write itself once the first is done. Sent as
+    ``Prefer: wait``; the server's own wait may be up to 300 s, and a send cut by the read
+    timeout never hears the 409 (bug LV). None: no read timeout, no limit to tell."""
+    if timeout is None or timeout.read is None:
+        return None
+    return int(timeout.read // 2)
 
 
 def _parse(call: Call[R], response: httpx.Response) -> R:
@@ -179,7 +193,7 @@ class HttpBackend:
 
     def send(self, call: Call[R]) -> R:
         call = _keyed(call)
-        op, kwargs = call.operation, _request_kwargs(call)
+        op, kwargs = call.operation, _request_kwargs(call, self._client.timeout)
         # No answer (a transport error): the write may have been committed. Sent again
         # with its key, the server answers it once (``uprof.services.idempotency``).
         resend = _resend_policy(_attempts(call, self._retries))
@@ -239,7 +253,7 @@ class AsyncHttpBackend:
 
     async def send(self, call: Call[R]) -> R:
         call = _keyed(call)  # as ``HttpBackend.send``
-        op, kwargs = call.operation, _request_kwargs(call)
+        op, kwargs = call.operation, _request_kwargs(call, self._client.timeout)
         resend = _resend_policy(_attempts(call, self._retries))
 
         async def request() -> httpx.Response:  # a coroutine function: tenacity awaits it

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Self, TextIO, TypeVar
 import httpx
 from pydantic import BaseModel, JsonValue
 
-from audit.export_format import MAX_LINE_BYTES
+from audit.export_format import MAX_LINE_BYTES, capped_lines, line_cap_refusal
 from uprof.schemas import api as w
 from uprof.sdk import _operations as ops
 from uprof.sdk._backends import (
@@ -153,7 +153,9 @@ def _summary_of(lines: Iterable[str], fmt: str) -> w.AuditExportSummary:
     try:
         return w.AuditExportSummary.of_export(lines, fmt)
     except (ValueError, KeyError) as error:
-        raise TransportError(f"audit_export: the export arrived incomplete ({error})") from None
+        raise TransportError(
+            f"audit_export: the export arrived incomplete or malformed ({error})"
+        ) from None
 
 
 def _assembled(fmt: str, content: str) -> w.AuditExport:
@@ -164,25 +166,24 @@ def _assembled(fmt: str, content: str) -> w.AuditExport:
 def _written_lines(chunks: Iterable[str], out: TextIO) -> Iterator[str]:
     """Write each chunk to ``out`` as it comes, and yield the text again line by line.
 
-    A line is gathered up to the trail's line cap and one character, no further: longer,
-    it is handed over as it is, and the summary refuses it (``of_export``). It gathered
-    a line of any length from the server, and split all it had gathered again at every
-    chunk: memory and time grew with a hostile line (bug LG)."""
+    The part of a line not yet ended is kept up to the format's line cap, no further: a
+    server's endless line is refused (``ValueError``) once it passes the cap, not held
+    whole (bug LU). Only the new chunk is split, never what is kept."""
     pending: list[str] = []
-    size = 0
+    kept = 0
+    number = 0
     for chunk in chunks:
         out.write(chunk)
-        *ended, rest = chunk.split("\n")
-        for piece in ended:
-            if pending:
-                piece, pending, size = "".join([*pending, piece]), [], 0
-            yield piece + "\n"
+        *ends, rest = chunk.split("\n")
+        for end in ends:
+            number += 1
+            yield "".join([*pending, end, "\n"]) if pending else end + "\n"
+            pending, kept = [], 0
         if rest:
             pending.append(rest)
-            size += len(rest)
-        if size > MAX_LINE_BYTES + 1:
-            yield "".join(pending)
-            pending, size = [], 0
+            kept += len(rest)
+            if kept > MAX_LINE_BYTES:  # characters: at least as many bytes
+                raise ValueError(line_cap_refusal(number + 1))
     if pending:
         yield "".join(pending)
 
@@ -793,9 +794,8 @@ class AsyncClient:
                 out.write(text)
                 copy.write(text)
             copy.seek(0)
-            # At most the line cap and a newline and one character of a line at a time
-            # (bug LG): a longer line is refused by the summary, never read whole.
-            return _summary_of(iter(lambda: copy.readline(MAX_LINE_BYTES + 2), ""), format)
+            # A line at a time, never more than the cap of one (bug LU).
+            return _summary_of(capped_lines(copy.readline), format)
 
     async def audit_verify(self, content: str, *, kind: str = "export") -> w.AuditVerification:
         body = ops.build(w.AuditVerifyIn, kind=kind, content=content)

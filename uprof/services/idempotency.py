@@ -138,6 +138,12 @@ def _without_secrets(value: Any) -> Any:
 #: one answered was erased and its name re-created), and nothing may be written there.
 replaying: ContextVar[bool] = ContextVar("uprof_idempotency_replaying", default=False)
 
+#: How long the client of the request being served waits for its answer, in seconds, when
+#: it said so (``Prefer: wait``, RFC 7240); None: not said. A duplicate waits for its first
+#: request no longer than that: past the client's own timeout the 409 would go to nobody,
+#: and the abandoned wait would hold a server worker (bug LV).
+client_wait_s: ContextVar[float | None] = ContextVar("uprof_client_wait_s", default=None)
+
 
 def refuse_unrecorded(replay: bool | None = None) -> None:
     """Call where a keyed write found no recorded token, before it writes: a replay
@@ -254,7 +260,11 @@ class IdempotencyStore:
             yield
             return
         previous = self.previous_release_turn_name(token)
-        with self._turn(self.turn_name(token), previous, self.in_progress_wait_s) as held:
+        wait_s = self.in_progress_wait_s
+        client = client_wait_s.get()
+        if client is not None:
+            wait_s = min(wait_s, client)
+        with self._turn(self.turn_name(token), previous, wait_s) as held:
             if not held:
                 raise RequestInProgressError(
                     f"the first request with this {HEADER} is still running; "

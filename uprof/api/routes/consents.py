@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import Response
 
-from uprof.api.deps import IdempotencyKey, Scope, mark_replay
+from uprof.api.deps import IdempotencyKey, Prefer, Scope, client_waits, mark_replay
 from uprof.api.routes.docs import api_router, errors
 from uprof.schemas.api import (
     ConsentGranted,
@@ -48,12 +48,14 @@ def withdraw_consent(
     scope: Scope,
     response: Response,
     idempotency_key: IdempotencyKey = None,
+    prefer: Prefer = None,
 ) -> ConsentWithdrawn:
     """Withdraw one of the calling app's consents; the next capture or read under it is refused.
 
     With ``erase``, what was collected under the consent is erased too, and the answer
     carries the signed erasure receipt.
     """
-    withdrawn = scope.withdraw_consent(body, idempotency_key=idempotency_key)
+    with client_waits(prefer):
+        withdrawn = scope.withdraw_consent(body, idempotency_key=idempotency_key)
     mark_replay(scope, response)
     return withdrawn
