@@ -287,6 +287,13 @@ class Facade:
                 f"app {OPERATORS!r} is not an operator: {OPERATORS!r} is the policy's "
                 "name for operators, and this principal has no operator role"
             )
+        self._ask_authorizer(policy_subject, action, categories, purpose)
+
+    def _ask_authorizer(
+        self, policy_subject: str, action: str, categories: Sequence[str], purpose: str
+    ) -> None:
+        """The policy's answer for ``policy_subject`` itself, whoever asks (raises
+        PermissionDeniedError); ``_ask_policy`` first checks the principal may ask it."""
         self._kernel.authorizer.authorize_all(
             app_id=policy_subject,
             tenant=self._kernel.subjects.tenant,
@@ -296,10 +303,16 @@ class Facade:
         )
 
     def _decide(
-        self, policy_subject: str, action: str, categories: Sequence[str], purpose: str
+        self,
+        policy_subject: str,
+        action: str,
+        categories: Sequence[str],
+        purpose: str,
+        *,
+        ask: Callable[[str, str, Sequence[str], str], None] | None = None,
     ) -> None:
         try:
-            self._ask_policy(policy_subject, action, categories, purpose)
+            (ask or self._ask_policy)(policy_subject, action, categories, purpose)
         except PermissionDeniedError as denied:
             with self._as_principal():
                 self._kernel.audit.record(
@@ -889,6 +902,25 @@ class Facade:
         """
         self._authorize_governance("export", ACCESS_PURPOSE)
         self._authorize_governance("erase", ERASURE_PURPOSE)
+
+    def privacy_link_stands(self) -> None:
+        """Decide again, for this data subject's link or the session it opened, what
+        issuing the link needed (``authorize_privacy_link``): the operators' policy
+        allowing ``export`` and ``erase``.
+
+        The link does both whatever the policy says, so only an operator the policy allows
+        them is handed one; decided at issue only, a link issued just before the
+        deployment denied them opened a session that exported (or erased) the whole
+        profile for the link's 15 minutes plus the session's hour (hostile callers round
+        8, bug LQ). The privacy center asks this where it asks whether the issuing key is
+        live: at sign-in and on every page. Raises PermissionDeniedError, audited under
+        this link's principal (``app_id`` operators, ``reason_code`` the action)."""
+        if self.principal.kind is not PrincipalKind.USER:
+            raise PermissionDeniedError("only a data subject's link is decided so")
+        # Decided as the issuer was (``_authorize_operator``), by the policy's answer for
+        # ``operators`` itself: this principal is not one of them, and asks for the issuer.
+        self._decide(OPERATORS, "export", CATEGORIES, ACCESS_PURPOSE, ask=self._ask_authorizer)
+        self._decide(OPERATORS, "erase", CATEGORIES, ERASURE_PURPOSE, ask=self._ask_authorizer)
 
     def privacy_link_issued(self, subject: str, link_id: str) -> None:
         """Record that a sign-in link to ``subject``'s privacy center was handed to this

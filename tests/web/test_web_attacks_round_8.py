@@ -4,8 +4,11 @@ SQLite and PostgreSQL against a live server: each test failed on the code before
 from __future__ import annotations
 
 import httpx
+import pytest
 
-from tests.api.conftest import Apps, LiveServer, bearer
+from domain.principal import OPERATORS, PRIVACY_CENTER
+from tests.api.conftest import Apps, LiveServer, bearer, grant, interaction
+from tests.web.conftest import open_link, privacy_link
 from uprof.kernel import Uprof
 
 
@@ -49,3 +52,58 @@ def test_an_export_the_policy_refuses_is_the_refusal_page_with_403(
 
 def _denials(kernel: Uprof) -> int:
     return sum(1 for e in kernel.audit_log.entries() if e.entry["action"] == "access.denied")
+
+
+@pytest.mark.parametrize(
+    ("action", "purpose"), [("export", "access-request"), ("erase", "erasure")]
+)
+def test_a_link_stands_only_while_the_operators_may_export_and_erase(
+    server: LiveServer,
+    http: httpx.Client,
+    apps: Apps,
+    kernel: Uprof,
+    action: str,
+    purpose: str,
+) -> None:
+    """Bug LQ: issuing a privacy-center link needs the operators' policy to allow
+    ``export`` and ``erase`` (the link does both, whatever the policy says), but only at
+    issue: an operator key issued itself a link, the deployment then denied operators
+    ``export`` (or ``erase``; REST and new links: 403), and the link issued just before
+    still opened a session that downloaded the whole profile, for its 15 minutes plus
+    the session's hour. A link and its session now stand only while the policy allows
+    what issuing them needed, decided again where the issuing key is: at sign-in and on
+    every page; the refusal is audited under the link's principal."""
+    grant(http, apps.planner)
+    captured = http.post(
+        "/v1/captures",
+        headers=bearer(apps.planner),
+        json={"subject": "alice", **interaction("I live in Lisbon")},
+    )
+    assert captured.status_code == 201, captured.text
+    unused = privacy_link(http, apps.planner_operator, "alice")
+    with (
+        httpx.Client(base_url=server.url, timeout=30) as signed_in,
+        httpx.Client(base_url=server.url, timeout=30) as late,
+    ):
+        open_link(signed_in, privacy_link(http, apps.planner_operator, "alice"))
+        assert signed_in.get("/privacy/export.json").status_code == 200
+        _deny_operators(kernel, action, purpose)
+        issued = http.post(
+            "/v1/privacy/links", headers=bearer(apps.planner_operator), json={"subject": "alice"}
+        )
+        assert issued.status_code == 403, issued.text
+        kernel.reads.drain()
+        before = _denials(kernel)
+        refused = open_link(late, unused, expect=403)
+        assert "Link not valid" in refused.text
+        assert late.get("/privacy/export.json").status_code == 401
+        ended = signed_in.get("/privacy/export.json")
+        assert ended.status_code == 401, ended.text[:200]
+        assert "Lisbon" not in ended.text
+        assert signed_in.get("/privacy").status_code == 401
+    kernel.reads.drain()
+    every = [e.entry for e in kernel.audit_log.entries() if e.entry["action"] == "access.denied"]
+    denied = every[before:]  # the unused link's sign-in, and the open session's next page
+    assert len(denied) == 2, denied
+    assert all(e["principal"].startswith(f"{PRIVACY_CENTER}#") for e in denied), denied
+    assert all(e["app_id"] == OPERATORS and e["reason_code"] == action for e in denied), denied
