@@ -107,3 +107,42 @@ def test_a_link_stands_only_while_the_operators_may_export_and_erase(
     assert len(denied) == 2, denied
     assert all(e["principal"].startswith(f"{PRIVACY_CENTER}#") for e in denied), denied
     assert all(e["app_id"] == OPERATORS and e["reason_code"] == action for e in denied), denied
+
+
+def test_a_policy_change_the_policy_refuses_is_one_refusal_on_the_log(
+    server: LiveServer, http: httpx.Client, apps: Apps, kernel: Uprof
+) -> None:
+    """Bug LR: with operators denied ``policy``, a change posted from the console was
+    refused (403) and then the page was drawn again to show the refusal beside the rules,
+    which read the rules through the door, refused and audited too: one request, two
+    ``access.denied`` entries, where REST writes one. An auditor counting an operator's
+    refusals counted each console attempt twice. The refused change is now the refusal
+    page, one entry; a change refused for its input still shows the form and the rules."""
+    from tests.web.conftest import csrf_of
+
+    with httpx.Client(base_url=server.url, timeout=30) as console:
+        assert console.post("/console/login", data={"api_key": apps.planner_operator})
+        csrf = csrf_of(console.get("/console/policy").text)
+        bad = console.post(
+            "/console/policy/grant", data={"csrf": csrf, "app_id": "app:calendar", "role": "x"}
+        )
+        assert bad.status_code == 422 and "role:assistant" in bad.text  # the rules, shown
+        _deny_operators(kernel, "policy", "operations")
+        kernel.reads.drain()
+        before = _denials(kernel)
+        rest = http.post(
+            "/v1/policy/grant",
+            headers=bearer(apps.planner_operator),
+            json={"app_id": "app:calendar", "role": "role:assistant"},
+        )
+        assert rest.status_code == 403, rest.text
+        kernel.reads.drain()
+        assert _denials(kernel) - before == 1  # REST: one request, one entry
+        before += 1
+        change = {"csrf": csrf, "app_id": "app:calendar", "role": "role:assistant"}
+        for verb in ("grant", "revoke"):
+            refused = console.post(f"/console/policy/{verb}", data=change)
+            assert refused.status_code == 403, refused.text[:200]
+            assert "Request refused" in refused.text and "role:scheduler" not in refused.text
+        kernel.reads.drain()
+        assert _denials(kernel) - before == 2
