@@ -123,3 +123,35 @@ def test_a_policy_change_the_policy_refuses_is_one_refusal_on_the_log(
             assert "Request refused" in refused.text and "role:scheduler" not in refused.text
         kernel.reads.drain()
         assert _denials(kernel) - before == 2
+
+
+def test_a_residue_scan_takes_a_bounded_number_of_terms(
+    server: LiveServer, apps: Apps, kernel: Uprof, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bug LS: the console's residue scan took every line of the form as a term, as many
+    as the body limit holds (1 MiB: ~100,000 short terms), and scanned for each: a file
+    scan and one query per table column per term, about 3 ms a term on an empty SQLite
+    folder and 53 ms on an empty PostgreSQL database, so one post held a server thread
+    and a database connection for about an hour and a half, and the pool's 40 threads
+    went with 40 posts. The door now refuses more than ``MAX_RESIDUE_TERMS`` terms (422,
+    naming ``terms``) before anything is scanned; the form keeps what was typed."""
+    from tests.web.conftest import csrf_of
+    from uprof.facade import MAX_RESIDUE_TERMS
+
+    scans: list[int] = []
+    scan = kernel.residue_scan
+    monkeypatch.setattr(
+        kernel, "residue_scan", lambda terms: scans.append(len(terms)) or scan(terms)
+    )
+    with httpx.Client(base_url=server.url, timeout=60) as console:
+        assert console.post("/console/login", data={"api_key": apps.planner_operator})
+        csrf = csrf_of(console.get("/console/receipts").text)
+        many = "\n".join(f"Zq7-term-{i}" for i in range(MAX_RESIDUE_TERMS + 1))
+        refused = console.post("/console/residue", data={"csrf": csrf, "terms": many})
+        assert refused.status_code == 422, refused.text[-300:]
+        assert f"terms: at most {MAX_RESIDUE_TERMS}" in refused.text
+        assert "Zq7-term-0" in refused.text  # the form keeps what was typed
+        assert scans == []
+        done = console.post("/console/residue", data={"csrf": csrf, "terms": "Zq7\nZq8"})
+        assert done.status_code == 200 and "erased streams" in done.text, done.text[-300:]
+    assert scans == [2]
