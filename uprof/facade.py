@@ -920,13 +920,23 @@ class Facade:
         profile for the link's 15 minutes plus the session's hour (hostile callers round
         8, bug LQ). The privacy center asks this where it asks whether the issuing key is
         live: at sign-in and on every page. Raises PermissionDeniedError, audited under
-        this link's principal (``app_id`` operators, ``reason_code`` the action)."""
+        this link's principal (``app_id`` operators, ``reason_code`` the action), or
+        PolicyStoreError while the policy store cannot be read (every check denies)."""
         if self.principal.kind is not PrincipalKind.USER:
             raise PermissionDeniedError("only a data subject's link is decided so")
         # Decided as the issuer was (``_authorize_operator``), by the policy's answer for
         # ``operators`` itself: this principal is not one of them, and asks for the issuer.
-        self._decide(OPERATORS, "export", CATEGORIES, ACCESS_PURPOSE, ask=self._ask_authorizer)
-        self._decide(OPERATORS, "erase", CATEGORIES, ERASURE_PURPOSE, ask=self._ask_authorizer)
+        try:
+            for action, purpose in (("export", ACCESS_PURPOSE), ("erase", ERASURE_PURPOSE)):
+                self._decide(OPERATORS, action, CATEGORIES, purpose, ask=self._ask_authorizer)
+        except PermissionDeniedError:
+            # An unreadable policy store denies every check: refused all the same, but as
+            # the outage it is, so the privacy center keeps the session and shows the
+            # refusal until the store answers, instead of signing the subject out for good.
+            problem = self._kernel.policy_health()
+            if problem:
+                raise PolicyStoreError(problem) from None
+            raise
 
     def privacy_link_issued(self, subject: str, link_id: str) -> None:
         """Record that a sign-in link to ``subject``'s privacy center was handed to this

@@ -8,6 +8,8 @@ import pytest
 
 from domain.principal import OPERATORS, PRIVACY_CENTER
 from tests.api.conftest import Apps, LiveServer, bearer, grant
+from tests.conftest import Backend
+from tests.policies.test_policy_store import _rename_policy_table
 from tests.web.conftest import deny_operators, open_link, privacy_link
 from uprof.kernel import Uprof
 
@@ -155,3 +157,26 @@ def test_a_residue_scan_takes_a_bounded_number_of_terms(
         done = console.post("/console/residue", data={"csrf": csrf, "terms": "Zq7\nZq8"})
         assert done.status_code == 200 and "erased streams" in done.text, done.text[-300:]
     assert scans == [2]
+
+
+def test_a_policy_store_outage_refuses_the_privacy_center_and_keeps_its_sessions(
+    server: LiveServer, http: httpx.Client, apps: Apps, kernel: Uprof, backend: Backend
+) -> None:
+    """Held with the fix of bug LQ: while the policy store cannot be read every check
+    denies, the link's too. The pages are refused (fail closed) but the session is not
+    ended: it serves again once the store answers, rather than being signed out for good
+    by an outage."""
+    grant(http, apps.planner)
+    with httpx.Client(base_url=server.url, timeout=30) as browser:
+        open_link(browser, privacy_link(http, apps.planner_operator, "alice"))
+        assert browser.get("/privacy/export.json").status_code == 200
+        _rename_policy_table(backend, kernel.settings)
+        try:
+            assert "policy store unreadable" in kernel.policy_health()
+            refused = browser.get("/privacy/export.json")
+            assert refused.status_code >= 500 and "policy store unreadable" in refused.text
+            assert "consents" not in refused.text
+        finally:
+            _rename_policy_table(backend, kernel.settings, back=True)
+        assert kernel.policy_health() == ""
+        assert browser.get("/privacy/export.json").status_code == 200

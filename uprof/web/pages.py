@@ -186,7 +186,9 @@ class WebPages:
         stands: the API key that asked for it is live (a link or session from before
         links named their key has none, and its bounded life), and the operators' policy
         still allows what issuing it needed (``Facade.privacy_link_stands``, which
-        audits a refusal): a link is not worth more than its issuer's rights."""
+        audits a refusal): a link is not worth more than its issuer's rights. While the
+        policy store cannot be read, its ``PolicyStoreError`` goes up to the page (a
+        refusal that keeps the session), never False (which ends it)."""
         keys: ApiKeyStore = request.app.state.api_keys
         if session.key_id and not keys.is_live(session.key_id):
             return False
