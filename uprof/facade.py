@@ -153,6 +153,12 @@ OPERATIONS_PURPOSE = "operations"
 ROLE_REQUIRED = "role-required"
 #: A stream being read (an audit export) asks the policy again after this many records.
 STREAM_RECHECK_RECORDS = 500
+#: Most terms one residue scan looks for. Each term costs a pass over every file and a
+#: query per table column (about 3 ms on an empty SQLite folder, 53 ms on an empty
+#: PostgreSQL database, growing with the data): unbounded, the console's form (one term
+#: a line, up to the body limit) held a server thread and a connection for hours per post
+#: (hostile callers round 8, bug LS). An auditor's terms for one subject are a handful.
+MAX_RESIDUE_TERMS = 100
 
 
 @contextlib.contextmanager
@@ -301,6 +307,13 @@ class Facade:
                 f"app {OPERATORS!r} is not an operator: {OPERATORS!r} is the policy's "
                 "name for operators, and this principal has no operator role"
             )
+        self._ask_authorizer(policy_subject, action, categories, purpose)
+
+    def _ask_authorizer(
+        self, policy_subject: str, action: str, categories: Sequence[str], purpose: str
+    ) -> None:
+        """The policy's answer for ``policy_subject`` itself, whoever asks (raises
+        PermissionDeniedError); ``_ask_policy`` first checks the principal may ask it."""
         self._kernel.authorizer.authorize_all(
             app_id=policy_subject,
             tenant=self._kernel.subjects.tenant,
@@ -310,10 +323,16 @@ class Facade:
         )
 
     def _decide(
-        self, policy_subject: str, action: str, categories: Sequence[str], purpose: str
+        self,
+        policy_subject: str,
+        action: str,
+        categories: Sequence[str],
+        purpose: str,
+        *,
+        ask: Callable[[str, str, Sequence[str], str], None] | None = None,
     ) -> None:
         try:
-            self._ask_policy(policy_subject, action, categories, purpose)
+            (ask or self._ask_policy)(policy_subject, action, categories, purpose)
         except PermissionDeniedError as denied:
             with self._as_principal():
                 self._kernel.audit.record(
@@ -904,6 +923,35 @@ class Facade:
         self._authorize_governance("export", ACCESS_PURPOSE)
         self._authorize_governance("erase", ERASURE_PURPOSE)
 
+    def privacy_link_stands(self) -> None:
+        """Decide again, for this data subject's link or the session it opened, what
+        issuing the link needed (``authorize_privacy_link``): the operators' policy
+        allowing ``export`` and ``erase``.
+
+        The link does both whatever the policy says, so only an operator the policy allows
+        them is handed one; decided at issue only, a link issued just before the
+        deployment denied them opened a session that exported (or erased) the whole
+        profile for the link's 15 minutes plus the session's hour (hostile callers round
+        8, bug LQ). The privacy center asks this where it asks whether the issuing key is
+        live: at sign-in and on every page. Raises PermissionDeniedError, audited under
+        this link's principal (``app_id`` operators, ``reason_code`` the action), or
+        PolicyStoreError while the policy store cannot be read (every check denies)."""
+        if self.principal.kind is not PrincipalKind.USER:
+            raise PermissionDeniedError("only a data subject's link is decided so")
+        # Decided as the issuer was (``_authorize_operator``), by the policy's answer for
+        # ``operators`` itself: this principal is not one of them, and asks for the issuer.
+        try:
+            for action, purpose in (("export", ACCESS_PURPOSE), ("erase", ERASURE_PURPOSE)):
+                self._decide(OPERATORS, action, CATEGORIES, purpose, ask=self._ask_authorizer)
+        except PermissionDeniedError:
+            # An unreadable policy store denies every check: refused all the same, but as
+            # the outage it is, so the privacy center keeps the session and shows the
+            # refusal until the store answers, instead of signing the subject out for good.
+            problem = self._kernel.policy_health()
+            if problem:
+                raise PolicyStoreError(problem) from None
+            raise
+
     def privacy_link_issued(self, subject: str, link_id: str) -> None:
         """Record that a sign-in link to ``subject``'s privacy center was handed to this
         principal (``privacy_link.issued``: the pseudonym and the link's id, never the
@@ -1161,6 +1209,12 @@ class Facade:
         CLI: whoever holds the data folder holds every tenant's files) may run it; an API
         key is refused, audited (``access.denied``, ``reason_code`` ``stores-shared``)."""
         self._authorize_governance("audit", COMPLIANCE_PURPOSE)
+        if len(terms) > MAX_RESIDUE_TERMS:
+            raise InvalidInputError(
+                f"terms: at most {MAX_RESIDUE_TERMS} terms per scan, {len(terms)} given; "
+                "split them over several scans",
+                field="terms",
+            )
         if self.principal.app_id != LOCAL_OPERATOR and self._kernel.stores_shared():
             with self._as_principal():
                 self._kernel.audit.record(

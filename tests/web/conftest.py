@@ -102,6 +102,20 @@ def console_cookie(client: httpx.Client, operator_key: str) -> str:
     return str(signed.cookies[OPERATOR_COOKIE])
 
 
+def deny_operators(uprof: Any, action: str, purpose: str) -> None:
+    """Deny every operator ``action`` for ``purpose``, in every category (the policy's
+    ``role:operator``, as a deployment narrowing its operators would), on the kernel
+    ``uprof``."""
+    uprof.policy_grant(
+        requested_by="test",
+        role="role:operator",
+        actions=[action],
+        categories=["any"],
+        purpose=purpose,
+        effect="deny",
+    )
+
+
 def csrf_of(html: str) -> str:
     match = re.search(r'name="csrf" value="([^"]+)"', html)
     assert match, "no CSRF token in the page"

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from tests.api.conftest import Apps, LiveServer, bearer, grant, interaction
-from tests.web.conftest import open_link
+from tests.web.conftest import deny_operators, open_link
 from uprof.kernel import Uprof
 
 
@@ -22,14 +22,7 @@ def test_the_console_shows_no_policy_to_an_operator_the_policy_denies_reading_it
         assert console.post("/console/login", data={"api_key": apps.planner_operator})
         shown = console.get("/console/policy")
         assert shown.status_code == 200 and "role:assistant" in shown.text
-        kernel.policy_grant(
-            requested_by="test",
-            role="role:operator",
-            actions=["policy"],
-            categories=["any"],
-            purpose="operations",
-            effect="deny",
-        )
+        deny_operators(kernel, "policy", "operations")
         assert http.get("/v1/policy", headers=bearer(apps.planner_operator)).status_code == 403
         refused = console.get("/console/policy")
         assert refused.status_code == 403, refused.text
@@ -122,14 +115,7 @@ def test_an_operator_denied_export_or_erase_cannot_hand_itself_a_link_that_does_
         json={"subject": "alice", **interaction("I live in Lisbon")},
     )
     assert captured.status_code == 201, captured.text
-    kernel.policy_grant(
-        requested_by="test",
-        role="role:operator",
-        actions=[action],
-        categories=["any"],
-        purpose=purpose,
-        effect="deny",
-    )
+    deny_operators(kernel, action, purpose)
     direct = "/v1/governance/exports" if action == "export" else "/v1/governance/erasures/subject"
     body = {"subject": "alice"}
     assert http.post(direct, headers=bearer(apps.planner_operator), json=body).status_code == 403
@@ -146,14 +132,7 @@ def test_an_operator_the_policy_denies_audit_gets_a_refusal_page_from_verify_and
     instead of a page, and the receipts listing under the residue form was never shown."""
     from tests.web.conftest import csrf_of
 
-    kernel.policy_grant(
-        requested_by="test",
-        role="role:operator",
-        actions=["audit"],
-        categories=["any"],
-        purpose="compliance",
-        effect="deny",
-    )
+    deny_operators(kernel, "audit", "compliance")
     with httpx.Client(base_url=server.url, timeout=30) as console:
         assert console.post("/console/login", data={"api_key": apps.planner_operator})
         csrf = csrf_of(console.get("/console/verify").text)

@@ -116,8 +116,12 @@ def router(web: WebPages) -> APIRouter:
                 since=args["since"],
                 until=args["until"],
             )
-        except (UprofError, ValueError) as problem:
+        except ValueError as problem:  # a time the form cannot read
             return web.message(request, 422, "Export refused", str(problem))
+        except UprofError as problem:
+            # With the status REST gives (a policy refusal 403, not a malformed search's
+            # 422), as every other console page (round 8, bug LP).
+            return web.kernel_error(request, problem)
         # The session's key is checked again as the trail streams (as the REST export's).
         keys: ApiKeyStore = request.app.state.api_keys
         records = while_live(stream.records, lambda: keys.is_live(session.key_id))

@@ -118,6 +118,11 @@ def router(web: WebPages) -> APIRouter:
             )
         except UprofError as failure:
             status, _ = classify(failure)
+            if status == 403:
+                # Refused ``policy``, the key may not read the rules either: drawing the
+                # page again asked the door for them, refused and audited a second time,
+                # two entries for one request (round 8, bug LR).
+                return web.kernel_error(request, failure)
             return policy_page(web, request, session, status, error=str(failure), form=form)
         done = (
             f"{verb}: {len(result.changes)} change(s) recorded, policy version {result.version}"

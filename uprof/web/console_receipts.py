@@ -8,7 +8,7 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import Response
 
-from domain.errors import UprofError
+from domain.errors import InvalidInputError, UprofError
 from uprof.api.routes.docs import api_router
 from uprof.facade import Facade
 from uprof.web.pages import CONSOLE_PAGE_ROWS, WebPages, operator_door
@@ -53,14 +53,18 @@ def router(web: WebPages) -> APIRouter:
             return session
         wanted = [t.strip() for t in terms.splitlines() if t.strip()]
         door = operator_door(web.runtime_of(request), session)
+        report, error, status = None, "", 200
         if not wanted:
-            report = None
             error = "Give at least one term, one per line."
         else:
-            report, error = door.residue_scan(wanted), ""
+            try:
+                report = door.residue_scan(wanted)
+            except InvalidInputError as problem:  # too many terms: the form keeps them
+                error, status = str(problem), 422
         return web.page(
             request,
             "console_receipts.html",
+            status,
             session=session,
             report=report,
             terms=terms,

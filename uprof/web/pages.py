@@ -181,11 +181,22 @@ class WebPages:
             return True
         return hmac.compare_digest(self.sessions(request).incarnation(current), incarnation)
 
-    def issuer_live(self, request: Request, key_id: str) -> bool:
-        """Whether the API key that issued a privacy-center link is still live (a link
-        or session from before links named their key has none, and its bounded life)."""
+    def issuer_stands(self, request: Request, session: Session) -> bool:
+        """Whether what issued a privacy-center link (or the session it opened) still
+        stands: the API key that asked for it is live (a link or session from before
+        links named their key has none, and its bounded life), and the operators' policy
+        still allows what issuing it needed (``Facade.privacy_link_stands``, which
+        audits a refusal): a link is not worth more than its issuer's rights. While the
+        policy store cannot be read, its ``PolicyStoreError`` goes up to the page (a
+        refusal that keeps the session), never False (which ends it)."""
         keys: ApiKeyStore = request.app.state.api_keys
-        return not key_id or keys.is_live(key_id)
+        if session.key_id and not keys.is_live(session.key_id):
+            return False
+        try:
+            user_door(self.runtime_of(request), session).privacy_link_stands()
+        except PermissionDeniedError:
+            return False
+        return True
 
     def user_reader(self, request: Request, session: Session) -> Facade:
         """The door for a page that shows the session's subject data: after its read (which
@@ -193,9 +204,10 @@ class WebPages:
         shows nothing if it was revoked meanwhile (``Facade._decided_again``)."""
 
         def still_live() -> None:
-            if not self.issuer_live(request, session.key_id):
+            if not self.issuer_stands(request, session):
                 raise PermissionDeniedError(
-                    "the key that issued this sign-in link was revoked; nothing is shown"
+                    "the sign-in link no longer stands (the key that issued it was revoked, "
+                    "or the policy no longer lets operators export and erase); nothing is shown"
                 )
 
         return user_door(self.runtime_of(request), session, still_live=still_live)
@@ -210,7 +222,7 @@ class WebPages:
                 return refused
         if session is not None and not (
             self.same_incarnation(request, session.subject, session.incarnation)
-            and self.issuer_live(request, session.key_id)
+            and self.issuer_stands(request, session)
         ):
             self.sessions(request).drop(request.cookies.get(USER_COOKIE), "user")
             session = None

@@ -103,13 +103,9 @@ def router(web: WebPages) -> APIRouter:
         if refused is not None:
             return refused
         redeemed = web.links(request).redeem(token)
-        subject, incarnation, issued_by, link_id = redeemed or ("", "", "", "")
-        if (
-            redeemed is None
-            or not web.same_incarnation(request, subject, incarnation)
-            or not web.issuer_live(request, issued_by)
-        ):
+        if redeemed is None:
             return link_not_valid(request)
+        subject, incarnation, issued_by, link_id = redeemed
         session = Session(
             kind="user",
             subject=subject,
@@ -117,6 +113,10 @@ def router(web: WebPages) -> APIRouter:
             key_id=issued_by,
             link_id=link_id,
         )
+        if not web.same_incarnation(request, subject, incarnation) or not web.issuer_stands(
+            request, session
+        ):
+            return link_not_valid(request)
         # On the log before the session exists: it opens the whole profile.
         user_door(web.runtime_of(request), session).privacy_link_used()
         sessions = web.sessions(request)
