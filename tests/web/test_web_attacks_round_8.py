@@ -1,4 +1,4 @@
-"""Hostile callers, round 8, on the web pages (decision XXXX-hostile-callers-round-8), on
+"""Hostile callers, round 8, on the web pages (decision 0173-hostile-callers-round-8), on
 SQLite and PostgreSQL against a live server: each test failed on the code before its fix."""
 
 from __future__ import annotations
