@@ -89,12 +89,18 @@ if csv.field_size_limit() < MAX_LINE_BYTES:
     csv.field_size_limit(MAX_LINE_BYTES)
 
 
-def over_line_cap(text: str) -> bool:
-    """Whether ``text`` (one line, without its newline) is longer than ``MAX_LINE_BYTES``
-    in UTF-8. A character is at least one byte: only a line near the cap is encoded."""
-    if len(text) <= MAX_LINE_BYTES // 4:
+def over_line_cap(text: str, *, ended: bool = False) -> bool:
+    """Whether ``text`` (one line, without its newline; with it when ``ended``) is longer
+    than ``MAX_LINE_BYTES`` in UTF-8. A character is at least one byte: only a line near
+    the cap and not all ASCII (``isascii`` is a flag of the string) is encoded, and the
+    line is never copied to take its newline off (bug MB: a line at the cap was copied
+    twice more here)."""
+    size = len(text) - (ended and text.endswith("\n"))
+    if size <= MAX_LINE_BYTES // 4:
         return False
-    return len(text) > MAX_LINE_BYTES or len(text.encode("utf-8")) > MAX_LINE_BYTES
+    if size > MAX_LINE_BYTES or text.isascii():
+        return size > MAX_LINE_BYTES
+    return len(text.encode("utf-8")) - (len(text) - size) > MAX_LINE_BYTES
 
 
 def line_cap_refusal(number: int) -> str:
@@ -109,7 +115,7 @@ def checked_lines(lines: Iterable[str]) -> Iterator[str]:
     """``lines`` as they are, refusing (``ValueError``) the first over the cap."""
     near = MAX_LINE_BYTES // 4  # shorter lines are under the cap whatever their characters
     for number, line in enumerate(lines, start=1):
-        if len(line) > near and over_line_cap(line.removesuffix("\n")):
+        if len(line) > near and over_line_cap(line, ended=True):
             raise ValueError(line_cap_refusal(number))
         yield line
 
@@ -122,7 +128,7 @@ def capped_lines(read: Callable[[int], str]) -> Iterator[str]:
     number = 0
     while line := read(MAX_LINE_BYTES + 1):
         number += 1
-        if over_line_cap(line.removesuffix("\n")):
+        if over_line_cap(line, ended=True):
             raise ValueError(line_cap_refusal(number))
         yield line
 
@@ -162,5 +168,11 @@ def read_csv_rows(lines: Iterable[str]) -> Iterator[list[str]]:
 
     The allowlist lets an entry's cell be larger than Python's default csv field limit
     (bug IY); the limit is the line cap, set once when this module is imported (above).
+
+    Each line is read alone: the exporter writes one record per line (a cell's newline
+    is escaped inside its JSON), and one ``csv.reader`` over all the lines would carry a
+    quoted cell on into the next line, so a hostile stream of short lines, each under the
+    cap, grew one record without end (bug MA). Alone, no record is longer than its line.
     """
-    return csv.reader(lines)
+    for line in lines:
+        yield from csv.reader((line,))

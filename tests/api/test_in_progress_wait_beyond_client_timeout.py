@@ -118,3 +118,39 @@ def test_a_client_cannot_lengthen_the_servers_wait(
     assert answer.status_code == 409, answer.text
     assert answer.json()["error"]["code"] == "request_in_progress"
     assert took < 5.0, took
+
+
+def test_a_short_prefer_wait_is_this_requests_alone_and_this_apps_key_alone(
+    server: LiveServer, http: httpx.Client, kernel: Uprof, apps: Apps
+) -> None:
+    """Held (review of 0172): ``Prefer: wait=0`` is one request's. Sent four times on the
+    server's worker threads, each refused at once; the next request without it, on the
+    same workers, still gets the server's whole wait (the context variable is reset, not
+    left on a reused thread). Another app sending the same key string with ``wait=0``
+    beside the held turn is not refused: keys are per app (the turn is a keyed hash of
+    tenant, app and key), so no wait tells one app about another's request."""
+    consent_id = grant(http, apps.planner)
+    theirs = grant(http, apps.calendar, categories=("schedule",), purposes=("scheduling",))
+    body = {"subject": "alice", "consent_id": consent_id, "erase": False}
+
+    def withdraw(key: str, prefer: str | None, consent: dict[str, Any]) -> tuple[int, float]:
+        headers = {"Authorization": f"Bearer {key}", "Idempotency-Key": "w-shared"}
+        if prefer is not None:
+            headers["Prefer"] = prefer
+        began = time.monotonic()
+        answer = http.post("/v1/consents/withdraw", headers=headers, json=consent)
+        return answer.status_code, time.monotonic() - began
+
+    with turn_held_until_refused(kernel, "w-shared"):
+        store = kernel.idempotency
+        assert store is not None
+        store.in_progress_wait_s = 1.5
+        quick = [withdraw(apps.planner, "wait=0", body) for _ in range(4)]
+        assert [status for status, _ in quick] == [409] * 4, quick
+        assert max(took for _, took in quick) < 1.0, quick
+        status, took = withdraw(apps.planner, None, body)
+        assert status == 409
+        assert took >= 1.4, took  # the server's wait, not the previous requests' 0
+        other_app = {"subject": "alice", "consent_id": theirs, "erase": False}
+        status, _ = withdraw(apps.calendar, "wait=0", other_app)
+        assert status == 200  # its own key's turn: free

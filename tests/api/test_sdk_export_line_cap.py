@@ -114,3 +114,139 @@ def test_the_summary_reader_refuses_a_line_over_the_cap(fmt: str) -> None:
     lines = (["kind,entry\n"] if fmt == "csv" else []) + [line]
     with pytest.raises(ValueError, match=f"longer than {MAX_LINE_BYTES} bytes"):
         AuditExportSummary.of_export(lines, fmt)
+
+
+#: A CSV export whose header row opens a quoted cell and never closes it: each line is
+#: short (under the cap), but ``csv`` joins them into one record, a cell per line.
+RECORD_LINES = 3_000_000
+
+
+def _one_endless_record() -> Iterator[bytes]:
+    yield b"kind,leaf_index,recorded_at,action,app_id,subject_ref,entry,inclusion,data\n"
+    yield b'header,"\n'
+    lines = b'x","\n' * (CHUNK // 5)
+    for _ in range(RECORD_LINES // (CHUNK // 5)):
+        yield lines
+
+
+def test_a_csv_record_never_runs_on_over_lines(tmp_path: Path) -> None:
+    """Bug MA: the format has one record per line (the verifier reads each line alone),
+    but the summary reader handed its lines to one ``csv.reader``, which carries a quoted
+    cell on into the next line: a server streaming short lines that each close a cell and
+    open the next grew one record without end (15 MB streamed cost 177 MB, and more with
+    every line), whatever the line cap. Each line is read as its own record now, so no
+    record or cell is longer than its line (nor than the cap, whatever csv limit the host
+    application set: bug LI); this answer is refused at its header."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=_one_endless_record())
+
+    client = Client("http://uprof.test", "k", transport=httpx.MockTransport(handle))
+    error, peak = _peak_of(lambda: client.audit_export_to(tmp_path / "export", format="csv"))
+    assert isinstance(error, TransportError), repr(error)
+    assert peak < PEAK_BOUND, f"peak {peak} bytes reading short lines"
+
+
+#: A line the cap long and one character more, sent eight bytes at a time (HTTP's chunked
+#: encoding lets a server end a chunk anywhere; httpx hands over each as it comes).
+SMALL_PIECE = 8
+
+
+def _line_in_small_pieces() -> Iterator[bytes]:
+    yield b'{"kind":"header","tree_size":1,"checkpoint":"c"}\n'
+    for _ in range(MAX_LINE_BYTES // SMALL_PIECE + 1):
+        yield b"abcdefgh"
+
+
+def test_a_line_sent_in_small_pieces_costs_the_cap_not_a_string_per_piece(
+    tmp_path: Path,
+) -> None:
+    """Bug MB: the sync reader kept the unended part of a line as a list of the pieces it
+    came in, bounded in characters (the cap) but not in objects: a server sending its
+    line a few bytes at a time made it hold a string (about 50 bytes) and a list slot
+    per piece, 10 to 35 times the cap (2-byte pieces: 147 MB). It is refused at the cap,
+    having held about the cap."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=_line_in_small_pieces())
+
+    client = Client("http://uprof.test", "k", transport=httpx.MockTransport(handle))
+    error, peak = _peak_of(lambda: client.audit_export_to(tmp_path / "export"))
+    assert isinstance(error, TransportError), repr(error)
+    assert str(MAX_LINE_BYTES) in str(error), str(error)
+    assert peak < PEAK_BOUND, f"peak {peak} bytes reading a line of the cap in small pieces"
+
+
+_HEADER = b'{"checkpoint":"c","kind":"header","tree_size":1}\n'
+_TRAILER = b'{"entry_count":1,"export_sha256":"d","kind":"trailer","signature":"s"}\n'
+
+
+def _pieces_around_the_cap(line: bytes) -> Iterator[bytes]:
+    """An export with ``line`` between header and trailer, cut exactly where the line's
+    cap ends (inside a multi-byte character, or between CR and LF), then every 64 KiB."""
+    body = _HEADER + line + _TRAILER
+    cut = len(_HEADER) + MAX_LINE_BYTES
+    yield body[:cut]
+    for start in range(cut, len(body), CHUNK):
+        yield body[start : start + CHUNK]
+
+
+_X = MAX_LINE_BYTES
+
+
+@pytest.mark.parametrize(
+    ("line", "kept"),
+    [
+        (b"x" * (_X - 1) + b"\n", True),
+        (b"x" * _X + b"\n", True),
+        (b"x" * (_X + 1) + b"\n", False),
+        (b"x" * (_X - 2) + "é".encode() + b"\n", True),  # the cap in bytes, one char less
+        (b"x" * (_X - 1) + "é".encode() + b"\n", False),  # the cap in chars, a byte over
+        (b"x" * (_X - 3) + "€".encode() + b"\n", True),  # the cut inside the character
+        (b"x" * (_X - 1) + b"\r\n", True),  # CR is a byte of the line
+        (b"x" * _X + b"\r\n", False),  # the cut between CR and LF
+    ],
+    ids=[
+        "cap-1",
+        "cap",
+        "cap+1",
+        "2-byte-at-cap",
+        "2-byte-over",
+        "3-byte-cut",
+        "cr-at-cap",
+        "cr-over",
+    ],
+)
+def test_both_readers_count_the_cap_in_bytes_at_its_edges(
+    line: bytes, kept: bool, tmp_path: Path
+) -> None:
+    """Held (review of 0171/0172): the sync and async readers agree at the cap's edges,
+    a line of the cap in UTF-8 bytes read, one byte more refused naming the cap, whether
+    the last character is one byte or several and wherever a chunk ends in it."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=_pieces_around_the_cap(line))
+
+    async def handle_async(request: httpx.Request) -> httpx.Response:
+        async def body() -> AsyncIterator[bytes]:
+            for piece in _pieces_around_the_cap(line):
+                yield piece
+
+        return httpx.Response(200, content=body())
+
+    async def export_async() -> AuditExportSummary:
+        transport = httpx.MockTransport(handle_async)
+        async with AsyncClient("http://uprof.test", "k", transport=transport) as c:
+            return await c.audit_export_to(tmp_path / "async")
+
+    client = Client("http://uprof.test", "k", transport=httpx.MockTransport(handle))
+    for read in (
+        lambda: client.audit_export_to(tmp_path / "sync"),
+        lambda: asyncio.run(export_async()),
+    ):
+        if kept:
+            summary = read()
+            assert (summary.tree_size, summary.entry_count) == (1, 1)
+        else:
+            with pytest.raises(TransportError, match=str(MAX_LINE_BYTES)):
+                read()

@@ -14,15 +14,24 @@ process is alive (it holds its in-flight mark in the key folder).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy.exc
 
 from tests import children
-from tests.conftest import Backend
+from tests.conftest import OTHER_TENANT, Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import build_kernel, consent, consented_settings, say, settings_for
+from tests.kernel.conftest import (
+    build_kernel,
+    consent,
+    consented_settings,
+    other_tenant,
+    running,
+    say,
+    settings_for,
+)
 from tests.kernel.test_simultaneous_erasure_receipts import Held, by_request
 from tests.kernel.test_two_erasures_at_once import outcomes_of_every_request
 from uprof.settings import Settings
@@ -162,3 +171,38 @@ def test_two_starts_at_once_abandon_a_dead_request_once(settings: Settings) -> N
         p.join(120)
         assert p.exitcode == 0
     assert list(_outcomes(settings).values()) == [["erasure.abandoned"]]
+
+
+def test_a_start_settles_another_tenants_dead_request_in_that_tenants_trail(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """LZ: tenants on one set of stores share the audit log and the key folder's
+    in-flight marks (decision 0089), and every start settles every dead request it finds
+    there (GY). Tenant B's erasure killed (SIGKILL, a real child) after its
+    ``erasure.requested`` entry was settled by tenant A's start as A's: A's auditors read
+    B's subject's pseudonym and request id, and B's trail showed the request with no
+    outcome. The ``erasure.abandoned`` entry names the request's tenant now."""
+    settings = settings_for(backend)
+    theirs = other_tenant(settings, tmp_path)
+    with running(theirs, FakeClock()) as setup:
+        consent(setup, "alice")
+    dead = Held(theirs, "after-requested")
+    dead.begin()
+    dead.kill()
+    ours = build_kernel(settings, FakeClock())  # tenant A's start settles dead requests
+    try:
+        (requested,) = [e.entry for e in ours.audit_log.entries(action="erasure.requested")]
+        (abandoned,) = [e.entry for e in ours.audit_log.entries(action="erasure.abandoned")]
+        assert abandoned["request_id"] == requested["request_id"]
+        assert abandoned["subject_ref"] == requested["subject_ref"]
+        assert (requested["tenant"], abandoned["tenant"]) == (OTHER_TENANT, OTHER_TENANT)
+        assert list(ours.audit_entries(action="erasure.abandoned")) == []
+    finally:
+        ours.close()
+    other = build_kernel(theirs, FakeClock())
+    try:
+        (seen,) = [e.entry for e in other.audit_entries(action="erasure.abandoned")]
+        assert seen["request_id"] == requested["request_id"]
+        assert seen["reason_code"] == "process-ended"
+    finally:
+        other.close()

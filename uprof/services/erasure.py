@@ -1225,7 +1225,7 @@ class ErasureService:
         size = self._log.size()
         open_requests = self._requests_without_outcome(ledger, after, size)
         settled: list[str] = []
-        for request_id, (pseudonym, _) in open_requests.items():
+        for request_id, request in open_requests.items():
             with ledger.owner_gone(request_id) as gone:
                 if not gone or request_id not in self._requests_without_outcome(
                     ledger, after, size
@@ -1233,12 +1233,13 @@ class ErasureService:
                     continue
                 self._audit.record(
                     "erasure.abandoned",
-                    subject_ref=pseudonym,
+                    subject_ref=request.pseudonym,
                     request_id=request_id,
                     reason_code="process-ended",
+                    tenant=request.tenant,
                 )
                 settled.append(request_id)
-        left = [leaf for r, (_, leaf) in open_requests.items() if r not in settled]
+        left = [r.leaf for i, r in open_requests.items() if i not in settled]
         self._move_settled_mark(ledger, after, min(left) - 1 if left else size - 1)
         return settled
 
@@ -1279,7 +1280,7 @@ class ErasureService:
         if held:
             return HostSettled(host, [], held)
         settled: list[str] = []
-        for request_id, (pseudonym, _) in open_requests.items():
+        for request_id, request in open_requests.items():
             with ledger.mark_of_host(request_id, host) as state:
                 if state != "gone" or request_id not in self._requests_without_outcome(
                     ledger, after
@@ -1287,10 +1288,11 @@ class ErasureService:
                     continue
                 self._audit.record(
                     "erasure.abandoned",
-                    subject_ref=pseudonym,
+                    subject_ref=request.pseudonym,
                     request_id=request_id,
                     reason_code="host-gone",
                     requested_by=requested_by,
+                    tenant=request.tenant,
                 )
                 settled.append(request_id)
         return HostSettled(host, settled, [])
@@ -1332,12 +1334,20 @@ class ErasureService:
 
     def _requests_without_outcome(
         self, ledger: ErasureLedger, after: int = -1, size: int | None = None
-    ) -> dict[str, tuple[str, int]]:
-        """request id -> (subject pseudonym, leaf index) of each ``erasure.requested``
-        entry after leaf ``after`` (and before ``size``) with no outcome entry and no
-        ledger record. An outcome follows its request on the log, so it is after it."""
+    ) -> dict[str, _OpenRequest]:
+        """request id -> its ``_OpenRequest``, for each ``erasure.requested`` entry after
+        leaf ``after`` (and before ``size``) with no outcome entry and no ledger record. An
+        outcome follows its request on the log, so it is after it. Every tenant's: tenants
+        on one set of stores share the log and the in-flight marks (decision 0089)."""
         requested = {
-            str(e.entry["request_id"]): (str(e.entry.get("subject_ref", "")), e.leaf_index)
+            str(e.entry["request_id"]): _OpenRequest(
+                str(e.entry.get("subject_ref", "")),
+                e.leaf_index,
+                # The request's own entry names its tenant (written by the request, from
+                # its authenticated tenant); None for an entry from before entries named
+                # one: the trail's, as then.
+                e.entry.get("tenant") or None,
+            )
             for e in self._log.entries(action="erasure.requested", after_leaf=after, tree_size=size)
             if e.entry.get("request_id")
         }
@@ -1808,6 +1818,17 @@ def _ref_aad(stream_id: str, request_id: str) -> bytes:
 def _token(text: str) -> str:
     """Audit tokens allow no spaces: keep the basis recognisable but token-shaped."""
     return "".join(ch if ch.isalnum() or ch in "_.:/*#=-" else "-" for ch in text)[:200]
+
+
+@dataclass(frozen=True)
+class _OpenRequest:
+    """An erasure request on the log with no outcome yet (``settle_abandoned``)."""
+
+    pseudonym: str
+    leaf: int
+    #: The tenant its ``erasure.requested`` entry names: its outcome goes to that tenant's
+    #: trail, whichever tenant's start or command settles it (bug LZ).
+    tenant: str | None
 
 
 #: The reason of an item erasure re-applied from the ledger (an event and audit reason code).
