@@ -45,7 +45,7 @@ def check_upload(
     refused: the verdict, ``ok``, is what a caller reads, and it said ``True`` for another
     tenant's file to an auditor who may read none of that tenant's entries (bug JQ).
     ``rotation_proof(m, n)``: the log's consistency proof between two of its sizes, for a
-    receipt whose key was rotated out after it (``verify_receipt``, bug KG)."""
+    receipt or an export whose key was rotated out after it (bugs KG, LK)."""
     from audit.receipts import parse_receipt, verify_receipt
     from audit.verify import verify_export
 
@@ -62,7 +62,9 @@ def check_upload(
                 f"{len(body['actions'])} actions, scope {body['request']['scope']}"
             )
         else:
-            report = verify_export(bytes(raw), public_key, origin, tenant=tenant)
+            report = verify_export(
+                bytes(raw), public_key, origin, tenant=tenant, rotation_proof=rotation_proof
+            )
             filtered_on = report.filter.get("tenant")
             detail = (
                 f"{report.entry_count} entries, tree size {report.tree_size}, "

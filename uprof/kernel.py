@@ -731,7 +731,8 @@ class Uprof:
         log = self.audit_log
 
         def rotation_proof(old_size: int, new_size: int) -> list[str]:
-            # This service holds the log: it proves a retired key's receipt itself (KG).
+            # This service holds the log: it proves a retired key's receipt or export
+            # itself (KG, LK).
             return [b64encode(h) for h in log.consistency_proof(old_size, new_size)]
 
         return check_upload(

@@ -505,6 +505,7 @@ def audit_prove(
     from audit.checkpoint import verify_checkpoint
     from audit.errors import VerificationError
     from audit.keyring import trusted_keys
+    from audit.keys import HELD_BY_READER
     from audit.proofs import proof_bytes, verify_proof
 
     if (from_file is None) == (old_size is None):
@@ -534,7 +535,11 @@ def audit_prove(
                 else:
                     note = check_against = held
                 pinned = trusted_keys(key["public_key_pem"], key["key_history"])
-                old_size = verify_checkpoint(note, pinned, key["origin"]).tree_size
+                # The operator's held note (checked against the log by the proof below)
+                # and the log's fresh one: sizes only, no rotation proof needed.
+                old_size = verify_checkpoint(
+                    note, pinned, key["origin"], rotation_proof=HELD_BY_READER
+                ).tree_size
                 now = verify_checkpoint(d.audit_checkpoint(), pinned, key["origin"]).tree_size
             except VerificationError as e:
                 err_console.print(
