@@ -217,6 +217,22 @@ class TrustedKeys(tuple[Ed25519PublicKey, ...]):
                 "rotated out: the checkpoint forks the log"
             )
 
+    def check_vouches_alone(self, key: Ed25519PublicKey, what: str) -> None:
+        """Raise VerificationError when ``key`` was rotated out at a recorded point: for a
+        signed document that names no root (a backup manifest, ``what``), nothing can show
+        it is of the log the key stopped at, so a retired key's signature on it is that
+        key's word alone, which whoever holds a leaked copy gives to anything (bug LM,
+        decision XXXX-retired-below). Its size above the point is ``check_signed_range``'s
+        refusal (bug KO); this one is for sizes at or below it. A key a v1 record retired
+        stays unbounded, as everywhere."""
+        point = self.retired_at.get(key_id(key))
+        if point is not None:
+            raise VerificationError(
+                f"{what} is signed by key {key_id(key)[:16]}…, which was rotated out at tree "
+                f"size {point.tree_size}: it names no root that a consistency proof could "
+                "take to that point, so it rests on the retired key's word alone"
+            )
+
     def only(self, key: Ed25519PublicKey) -> TrustedKeys:
         """``key`` alone, with its range: for a document that names the key signing it
         (an export's header, a proof document), whose checkpoint must be that key's."""

@@ -7,6 +7,7 @@ a note of a fork signed by the retired key gets no proof (bugs LK, LL)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from domain.principal import Principal
 from tests.audit.conftest import audit_log_on
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import running, settings_for
+from tests.kernel.conftest import running, settings_for, sign_backup_manifest
 from tests.kernel.test_admin_audit import cli_for
 from tests.kernel.test_keys_apart import ALICE, BOB, canaries, fill
 from uprof.backends import backend_for
@@ -108,3 +109,35 @@ def load_stranger():  # type: ignore[no-untyped-def]
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     return Ed25519PrivateKey.generate()
+
+
+def test_lm_a_backup_manifest_a_retired_key_signs_at_or_below_its_point_is_refused(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Bug LM. KO (decision 0165-review-of-0160) refused a retired key's manifest of a
+    log longer than the key's point; one at or below it was still restored on the key's
+    word. A manifest names no root, so no rotation proof can bind it to the log the key
+    stopped at: whoever holds a leaked copy of the key edits a backup taken before the
+    rotation and signs it again, and the restore took it. Now such a backup is as good
+    as unsigned: refused, naming --allow-unsigned, which restores it."""
+    from uprof.services.backup import BackupError, backup, restore
+
+    settings = settings_for(backend)
+    with running(settings, clock) as k:
+        fill(k, "alice", ALICE)
+    backup(settings, tmp_path / "bk")  # at the point: signed by the key about to retire
+    leaked = load_signing_key(settings.key_path / KEY_FILE)
+    with running(settings, clock) as k:
+        Facade(k, Principal.local_operator(k.subjects.tenant)).rotate_audit_key()
+        fill(k, "bob", BOB)
+    manifest_path = tmp_path / "bk" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["created_at"] = "2020-01-01T00:00:00+00:00"  # an edit the signature no longer sees
+    manifest_path.write_text(json.dumps(manifest))
+    sign_backup_manifest(tmp_path / "bk", leaked)
+
+    with pytest.raises(BackupError, match="--allow-unsigned"):
+        restore(settings, tmp_path / "bk")
+    restore(settings, tmp_path / "bk", allow_unsigned=True)  # the operator vouches for it
+    with running(settings, clock) as k:
+        assert k.audit_log.verify_integrity() == k.audit_log.size()
