@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
+from functools import partial
 from hashlib import sha256
 from pathlib import Path
 from typing import Any
@@ -71,6 +73,18 @@ def _fork(
     return fork, forger
 
 
+def _refused_below_the_point(
+    verify: Callable[..., object], history: Any, log: AuditLog, size: int, point: int
+) -> None:
+    """A forgery of ``size`` by the key retired at ``point``: refused without a rotation
+    proof, naming the one it needs, and with the real log's proof from ``size`` to
+    ``point``, which does not take a fork there."""
+    with pytest.raises(VerificationError, match=f"rotation proof from {size} to {point}"):
+        verify(key_history=history)
+    with pytest.raises(VerificationError, match="a retired key's fork"):
+        verify(key_history=history, rotation_proof=_b64(log.consistency_proof(size, point)))
+
+
 def _made_up(i: int) -> dict[str, object]:
     """An entry the real log never held."""
     return {"action": "consent.granted", "subject_ref": f"sub_forged{i}", "purpose": "marketing"}
@@ -93,17 +107,8 @@ def test_lk_an_export_a_retired_key_signs_over_a_tree_of_its_own_below_the_point
     history = _history(ring)
 
     for trail in ("forged.jsonl", "forged-filtered.jsonl"):
-        with pytest.raises(VerificationError, match="rotation proof from 3 to 5"):
-            verify_export(tmp_path / trail, leaked.public_key(), ORIGIN, key_history=history)
-        # The real log's proof from 3 to 5 does not take the fork to (5, R).
-        with pytest.raises(VerificationError, match="a retired key's fork"):
-            verify_export(
-                tmp_path / trail,
-                leaked.public_key(),
-                ORIGIN,
-                key_history=history,
-                rotation_proof=_b64(log.consistency_proof(3, 5)),
-            )
+        verify = partial(verify_export, tmp_path / trail, leaked.public_key(), ORIGIN)
+        _refused_below_the_point(verify, history, log, 3, 5)
     fork.dispose()
 
 
@@ -193,17 +198,8 @@ def test_ll_a_proof_document_a_retired_key_signs_inside_a_fork_below_the_point_i
     forged = build_proof(forger, 2, leaf_index=3)
     history = _history(ring)
 
-    with pytest.raises(VerificationError, match="rotation proof from 4 to 6"):
-        verify_proof(forged, leaked.public_key(), ORIGIN, trusted=held, key_history=history)
-    with pytest.raises(VerificationError, match="a retired key's fork"):
-        verify_proof(
-            forged,
-            leaked.public_key(),
-            ORIGIN,
-            trusted=held,
-            key_history=history,
-            rotation_proof=_b64(log.consistency_proof(4, 6)),
-        )
+    verify = partial(verify_proof, forged, leaked.public_key(), ORIGIN, trusted=held)
+    _refused_below_the_point(verify, history, log, 4, 6)
     fork.dispose()
 
 
@@ -235,3 +231,22 @@ def test_an_honest_proof_document_taken_before_the_rotation_verifies_with_its_ro
     verify_proof(
         build_proof(log, 2), leaked.public_key(), ORIGIN, trusted=held, key_history=history
     )
+
+
+def test_a_v1_history_still_bounds_nothing_below_and_the_verdict_says_so(
+    engine: sa.Engine, tmp_path: Path
+) -> None:
+    """Old trails do not break: a key a v1 record retired (no point) is unbounded, so its
+    export taken before that rotation verifies with the history and no proof, and the
+    verdict counts the key it could not bound, as before this decision."""
+    log, ring = _log(engine, tmp_path / "keys")
+    fill(log, 3)
+    export_jsonl(log, tmp_path / "old.jsonl")
+    log.checkpoint()
+    leaked = load_signing_key(ring.key_path)
+    ring.rotate()  # without the log: a v1 record
+    fill(log, 2)
+    report = verify_export(
+        tmp_path / "old.jsonl", leaked.public_key(), ORIGIN, key_history=_history(ring)
+    )
+    assert (report.tree_size, report.keys_unbounded) == (3, 1)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from audit.checkpoint import sign_checkpoint
 from audit.keyring import KEY_FILE, StaticSigningKeys
@@ -27,6 +28,7 @@ from tests.kernel.test_admin_audit import cli_for
 from tests.kernel.test_keys_apart import ALICE, BOB, canaries, fill
 from uprof.backends import backend_for
 from uprof.facade import Facade
+from uprof.kernel import Uprof
 
 
 def test_an_export_and_a_proof_taken_before_a_rotation_get_their_proof_and_verify(
@@ -79,36 +81,29 @@ def test_an_export_and_a_proof_taken_before_a_rotation_get_their_proof_and_verif
 
 
 def test_a_note_a_retired_key_signs_over_a_fork_gets_no_rotation_proof(
-    backend: Backend, clock: FakeClock, tmp_path: Path
+    kernel: Uprof, tmp_path: Path
 ) -> None:
-    settings = settings_for(backend)
-    with running(settings, clock) as k:
-        fill(k, "alice", ALICE)
-        leaked = load_signing_key(settings.key_path / KEY_FILE)
-        door = Facade(k, Principal.local_operator(k.subjects.tenant))
-        door.rotate_audit_key()
-        fill(k, "bob", BOB)
-        fork = sa.create_engine(f"sqlite:///{tmp_path / 'fork.sqlite'}")
-        create_tables(fork, backend_for(fork))
-        forger = audit_log_on(fork, StaticSigningKeys(leaked), k.audit_log.origin)
-        forger.append({"action": "consent.granted", "subject_ref": "sub_forged"})
-        note = forger.checkpoint()
-        before = len(list(k.audit_log.entries(action="audit.proof_served")))
-        with pytest.raises(InvalidInputError, match="a retired key's fork"):
-            door.checkpoint_rotation_proof(note)
-        # Nor a note of another key, nor something that is no note at all.
-        stranger = sign_checkpoint(load_stranger(), k.audit_log.origin, 1, b"\0" * 32)
-        for junk in (stranger, "not a note", '{"body": 1, "checkpoint": "x"}'):
-            with pytest.raises(InvalidInputError, match="checkpoint"):
-                door.checkpoint_rotation_proof(junk)
-        assert len(list(k.audit_log.entries(action="audit.proof_served"))) == before
-        fork.dispose()
-
-
-def load_stranger():  # type: ignore[no-untyped-def]
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    return Ed25519PrivateKey.generate()
+    k = kernel
+    door = Facade(k, Principal.local_operator(k.subjects.tenant))
+    fill(k, "alice", ALICE)
+    leaked = load_signing_key(k.settings.key_path / KEY_FILE)
+    door.rotate_audit_key()
+    fill(k, "bob", BOB)
+    fork = sa.create_engine(f"sqlite:///{tmp_path / 'fork.sqlite'}")
+    create_tables(fork, backend_for(fork))
+    forger = audit_log_on(fork, StaticSigningKeys(leaked), k.audit_log.origin)
+    forger.append({"action": "consent.granted", "subject_ref": "sub_forged"})
+    note = forger.checkpoint()
+    before = len(list(k.audit_log.entries(action="audit.proof_served")))
+    with pytest.raises(InvalidInputError, match="a retired key's fork"):
+        door.checkpoint_rotation_proof(note)
+    # Nor a note of another key, nor something that is no note at all.
+    stranger = sign_checkpoint(Ed25519PrivateKey.generate(), k.audit_log.origin, 1, b"\0" * 32)
+    for junk in (stranger, "not a note", '{"body": 1, "checkpoint": "x"}'):
+        with pytest.raises(InvalidInputError, match="checkpoint"):
+            door.checkpoint_rotation_proof(junk)
+    assert len(list(k.audit_log.entries(action="audit.proof_served"))) == before
+    fork.dispose()
 
 
 def test_lm_a_backup_manifest_a_retired_key_signs_at_or_below_its_point_is_refused(
