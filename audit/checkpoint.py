@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from audit._codec import b64decode_strict, b64encode
 from audit.errors import VerificationError
-from audit.keys import TrustedKeys, note_key_id
+from audit.keys import RotationProof, TrustedKeys, note_key_id
 from audit.merkle import HASH_SIZE
 from domain.errors import InvalidInputError
 
@@ -76,12 +76,20 @@ def sign_checkpoint(key: Ed25519PrivateKey, origin: str, tree_size: int, root: b
 
 
 def verify_checkpoint(
-    note: str, public_key: Ed25519PublicKey | Sequence[Ed25519PublicKey], origin: str
+    note: str,
+    public_key: Ed25519PublicKey | Sequence[Ed25519PublicKey],
+    origin: str,
+    *,
+    rotation_proof: RotationProof = None,
 ) -> CheckpointBody:
     """Verify a checkpoint note with the pinned key and origin; return (tree_size, root).
 
     ``public_key`` may be several keys (an endorsed key history, ``audit.keyring``): a
-    signature line by any of them must verify, and at least one must be present.
+    signature line by any of them must verify, and at least one must be present. Given as
+    ``TrustedKeys`` (the history's ranges), a retired key's checkpoint above its point is
+    refused, and one below it (size m < N) verifies only with ``rotation_proof``, the
+    log's consistency proof from m to N (``TrustedKeys.check_reaches_point``); pass
+    ``audit.keys.HELD_BY_READER`` for a note the reader chose to trust, not one handed in.
 
     Raises VerificationError on any malformation, a wrong origin, or a missing or bad signature.
     """
@@ -101,10 +109,12 @@ def verify_checkpoint(
         raise VerificationError("checkpoint note has no blank line before its signatures")
     body, signature_block = note[: separator + 1], note[separator + 2 :]
     tree_size, root = _parse_body(body, origin)
-    for key in _verify_signatures(body, signature_block, public_key, origin):
-        if isinstance(public_key, TrustedKeys):
-            # The one place key ranges are applied: every verifier comes through here.
+    signers = _verify_signatures(body, signature_block, public_key, origin)
+    if isinstance(public_key, TrustedKeys):
+        # The one place key ranges are applied: every verifier comes through here.
+        for key in signers:
             public_key.check_signed_range(key, tree_size, root)
+        public_key.check_reaches_point(signers, tree_size, root, rotation_proof)
     return CheckpointBody(tree_size, root)
 
 

@@ -14,16 +14,18 @@ from __future__ import annotations
 import os
 import secrets
 import stat
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from hashlib import sha256
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeAlias
 
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from audit._codec import b64decode_strict
 from audit.errors import AuditKeyError, VerificationError
+from audit.merkle import HASH_SIZE, verify_consistency
 
 #: C2SP signed-note signature type byte for Ed25519.
 ED25519_NOTE_ALGORITHM = b"\x01"
@@ -145,6 +147,29 @@ class RetiredAt(NamedTuple):
     root: bytes
 
 
+#: What a verifier is given for a statement below its key's rotation point: the log's
+#: consistency proof from the statement's tree size m to the point N (base64 hashes), a
+#: callable ``(m, N) -> hashes`` (a verifier that holds the log asks it), or None.
+RotationProof: TypeAlias = Sequence[str] | Callable[[int, int], Sequence[str]] | None
+
+
+class _HeldByReader(tuple[str, ...]):
+    """The type of ``HELD_BY_READER`` (a sequence, so it passes where a proof does)."""
+
+
+#: ``verify_checkpoint(..., rotation_proof=HELD_BY_READER)``: the note is one the reader
+#: chose to trust (a trusted checkpoint handed in, the log's own anchor, a receipt whose
+#: later proof ``verify_proof`` checks itself), not a statement someone hands them: a
+#: forged one only makes the checks that compare with it fail, so it needs no proof.
+HELD_BY_READER: Sequence[str] = _HeldByReader(("held by the reader",))
+
+#: Where a holder gets what a retired key's statement below its point needs.
+ROTATION_PROOF_SOURCE = (
+    "`uprof audit rotation-proof FILE --out proof.json`, `POST /v1/audit/rotation-proof`, "
+    "SDK `audit_rotation_proof`"
+)
+
+
 class TrustedKeys(tuple[Ed25519PublicKey, ...]):
     """The keys a verifier accepts, as ranges: a key of ``retired_at`` signs checkpoints of
     at most its recorded tree size (and, at that size, only the recorded root); any other
@@ -191,3 +216,85 @@ class TrustedKeys(tuple[Ed25519PublicKey, ...]):
                 "another root than the one the key history recorded when that key was "
                 "rotated out: the checkpoint forks the log"
             )
+
+    def check_vouches_alone(self, key: Ed25519PublicKey, what: str) -> None:
+        """Raise VerificationError when ``key`` was rotated out at a recorded point: for a
+        signed document that names no root (a backup manifest, ``what``), nothing can show
+        it is of the log the key stopped at, so a retired key's signature on it is that
+        key's word alone, which whoever holds a leaked copy gives to anything (bug LM,
+        decision XXXX-retired-below). Its size above the point is ``check_signed_range``'s
+        refusal (bug KO); this one is for sizes at or below it. A key a v1 record retired
+        stays unbounded, as everywhere."""
+        point = self.retired_at.get(key_id(key))
+        if point is not None:
+            raise VerificationError(
+                f"{what} is signed by key {key_id(key)[:16]}…, which was rotated out at tree "
+                f"size {point.tree_size}: it names no root that a consistency proof could "
+                "take to that point, so it rests on the retired key's word alone"
+            )
+
+    def only(self, key: Ed25519PublicKey) -> TrustedKeys:
+        """``key`` alone, with its range: for a document that names the key signing it
+        (an export's header, a proof document), whose checkpoint must be that key's."""
+        point = self.retired_at.get(key_id(key))
+        return TrustedKeys([key], {} if point is None else {key_id(key): point})
+
+    def point_below(
+        self, signers: Iterable[Ed25519PublicKey], tree_size: int
+    ) -> tuple[str, RetiredAt] | None:
+        """The rotation point a checkpoint of ``tree_size`` must be proven to reach, or None
+        when one of its ``signers`` vouches for it alone (a current key, a key a v1 record
+        left unbounded, a retired key at its point, whose root ``check_signed_range``
+        compared, or the empty tree, which every log extends)."""
+        below: list[tuple[str, RetiredAt]] = []
+        for key in signers:
+            point = self.retired_at.get(key_id(key))
+            if point is None or tree_size >= point.tree_size or tree_size == 0:
+                return None
+            below.append((key_id(key), point))
+        return min(below, key=lambda item: item[1].tree_size) if below else None
+
+    def check_reaches_point(
+        self,
+        signers: Iterable[Ed25519PublicKey],
+        tree_size: int,
+        root: bytes,
+        rotation_proof: RotationProof,
+    ) -> RetiredAt | None:
+        """Bugs KG, LK, LL (decisions 0160-rotation-bound, XXXX-retired-below): a tree of
+        size m < N signed only by a key the history says was rotated out at (N, R) rests
+        on that key's word, and whoever holds a leaked copy of it signs a tree of their own
+        of any size up to N. It verifies only with ``rotation_proof``, the log's
+        consistency proof from (m, root) to (N, R): the tree is then the one the history
+        says the key stopped at. Return the point reached (None: none was needed)."""
+        if rotation_proof is HELD_BY_READER:
+            return None
+        needed = self.point_below(signers, tree_size)
+        if needed is None:
+            return None
+        signer, point = needed
+        if callable(rotation_proof):
+            rotation_proof = rotation_proof(tree_size, point.tree_size)
+        if rotation_proof is None:
+            raise VerificationError(
+                f"the checkpoint of size {tree_size} is signed by key {signer[:16]}…, which "
+                f"was rotated out at tree size {point.tree_size}, after its checkpoint of "
+                f"size {tree_size}: it verifies only with the rotation proof from "
+                f"{tree_size} to {point.tree_size} (rotation_proof, the log's consistency "
+                f"proof; {ROTATION_PROOF_SOURCE} give it)"
+            )
+        if not isinstance(rotation_proof, list | tuple):
+            raise VerificationError("rotation_proof is a list of base64 hashes")
+        hashes = [
+            b64decode_strict(h, f"rotation_proof hash {i}", size=HASH_SIZE)
+            for i, h in enumerate(rotation_proof)
+        ]
+        try:
+            verify_consistency(tree_size, point.tree_size, root, point.root, hashes)
+        except VerificationError as exc:
+            raise VerificationError(
+                f"the tree of size {tree_size} signed by key {signer[:16]}… is not the log "
+                "the key history says that key stopped at (rotation_proof: "
+                f"{exc.reason}): a retired key's fork"
+            ) from None
+        return point

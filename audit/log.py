@@ -36,7 +36,7 @@ from audit.entry import format_timestamp, normalise_timestamp, validate_entry
 from audit.errors import AuditKeyError, VerificationError
 from audit.export_format import EXPORT_SIGNATURE_CONTEXT
 from audit.keyring import SigningKeys, StaticSigningKeys
-from audit.keys import RetiredAt, TrustedKeys, key_id
+from audit.keys import HELD_BY_READER, RetiredAt, TrustedKeys, key_id
 from audit.merkle import (
     EMPTY_ROOT,
     Frontier,
@@ -611,7 +611,12 @@ class AuditLog:
         cached = self._anchor_seen
         if cached is not None and cached[0] == note:
             return cached[1]  # verified before (each process verifies each note once)
-        body = verify_checkpoint(note, self.trusted_keys(), self.origin)
+        # The log's own anchor (its key folder's), not a statement handed in: a retired
+        # key's note below its point needs no rotation proof here (the log is compared
+        # with it next).
+        body = verify_checkpoint(
+            note, self.trusted_keys(), self.origin, rotation_proof=HELD_BY_READER
+        )
         self._anchor_seen = (note, body)
         return body
 
@@ -886,7 +891,10 @@ class AuditLog:
             raise VerificationError(
                 f"stored checkpoint for tree size {stored.tree_size} has a different root"
             )
-        size, note_root = verify_checkpoint(stored.note, public_key, self.origin)
+        # Its root was just recomputed from the log itself: that is this note's proof.
+        size, note_root = verify_checkpoint(
+            stored.note, public_key, self.origin, rotation_proof=HELD_BY_READER
+        )
         if (size, note_root) != (stored.tree_size, root):
             raise VerificationError(f"checkpoint note for tree size {stored.tree_size} disagrees")
 

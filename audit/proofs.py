@@ -38,7 +38,7 @@ from audit.checkpoint import verify_checkpoint
 from audit.entry import stored_entry_bytes
 from audit.errors import AuditEntryError, VerificationError
 from audit.keyring import key_by_id, trusted_keys
-from audit.keys import key_id, note_key_id
+from audit.keys import HELD_BY_READER, RotationProof, key_id, note_key_id
 from audit.merkle import HASH_SIZE, leaf_hash, verify_consistency, verify_inclusion
 from audit.strict_json import strict_json
 from domain.errors import InvalidInputError
@@ -251,6 +251,7 @@ def verify_proof(
     *,
     trusted: str | Mapping[str, Any],
     key_history: Any = None,
+    rotation_proof: RotationProof = None,
 ) -> ProofReport:
     """Check a proof document offline; raise VerificationError naming what failed.
 
@@ -266,7 +267,9 @@ def verify_proof(
     one; a consistency proof that does not join the trusted root to the new root (the log
     was rewritten after the trusted checkpoint); an entry or inclusion proof that does not
     lead to the new root. ``key_history`` (``audit.keyring``, naming the pinned key): the
-    notes and the document may be signed by any key of that history.
+    notes and the document may be signed by any key of that history; a document whose
+    checkpoint (size m) its key signed before being rotated out at N > m verifies only
+    with ``rotation_proof``, the log's consistency proof from m to N (bug LL).
     """
     keys = trusted_keys(public_key, key_history)
     receipt: Mapping[str, Any] | None = None
@@ -283,7 +286,10 @@ def verify_proof(
     else:
         trusted_note = trusted
     try:
-        old_size, old_root = verify_checkpoint(trusted_note, keys, origin)
+        # The reader's own note: a forged one only fails the consistency proof below.
+        old_size, old_root = verify_checkpoint(
+            trusted_note, keys, origin, rotation_proof=HELD_BY_READER
+        )
     except VerificationError as exc:
         raise VerificationError(f"trusted checkpoint: {exc.reason}") from None
 
@@ -304,9 +310,16 @@ def verify_proof(
     if not isinstance(document["checkpoint"], str):
         raise VerificationError("proof checkpoint is not a signed note")
     try:
-        tree_size, root = verify_checkpoint(document["checkpoint"], keys, origin)
+        # The key the document names signs its checkpoint, in that key's range (LL).
+        tree_size, root = verify_checkpoint(
+            document["checkpoint"], keys.only(key), origin, rotation_proof=rotation_proof
+        )
     except VerificationError as exc:
         raise VerificationError(f"proof checkpoint: {exc.reason}") from None
+    # Where the document's tree is proven to reach: its own size, or its key's rotation
+    # point when the rotation proof took it there.
+    below = keys.point_below([key], tree_size)
+    reached = tree_size if below is None else below[1].tree_size
     if not _is_int(document["tree_size"]) or document["tree_size"] != tree_size:
         raise VerificationError("proof tree_size differs from its signed checkpoint")
 
@@ -334,7 +347,7 @@ def verify_proof(
     if receipt is not None:
         from audit.receipts import retired_point_reached
 
-        retired_point_reached(keys, receipt["body"]["issuer"]["key_id"], old_size, tree_size)
+        retired_point_reached(keys, receipt["body"]["issuer"]["key_id"], old_size, reached)
     leaf_index = _check_inclusion(document["inclusion"], tree_size, root, receipt)
     return ProofReport(origin, key_id(key), old_size, old_root, tree_size, root, leaf_index)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from hashlib import sha256
 from typing import Any
@@ -33,9 +33,9 @@ from audit.checkpoint import verify_checkpoint
 from audit.entry import normalise_timestamp, validate_entry
 from audit.errors import AuditEntryError, VerificationError
 from audit.keyring import key_by_id, trusted_keys
-from audit.keys import TrustedKeys, key_id
+from audit.keys import HELD_BY_READER, RotationProof, TrustedKeys, key_id
 from audit.log import AuditLog
-from audit.merkle import HASH_SIZE, leaf_hash, verify_consistency, verify_inclusion
+from audit.merkle import HASH_SIZE, leaf_hash, verify_inclusion
 from audit.strict_json import strict_json
 
 RECEIPT_TYPE = "gov.erasure-receipt/v1"
@@ -191,7 +191,7 @@ def verify_receipt(
     origin: str,
     key_history: Any = None,
     tenant: str | None = None,
-    rotation_proof: Sequence[str] | Callable[[int, int], Sequence[str]] | None = None,
+    rotation_proof: RotationProof = None,
 ) -> None:
     """Verify a receipt offline with only the issuer's public key; raise VerificationError.
 
@@ -243,11 +243,11 @@ def verify_receipt(
     # 2. The checkpoint (step 2).
     if not isinstance(receipt["checkpoint"], str):
         raise VerificationError("receipt checkpoint is not a signed note")
-    tree_size, root = verify_checkpoint(receipt["checkpoint"], keys, issuer_origin)
-    if rotation_proof is not ROTATION_POINT_CHECKED_BY_CALLER:
-        _check_reaches_rotation_point(
-            keys, body["issuer"]["key_id"], tree_size, root, rotation_proof
-        )
+    # A checkpoint below its key's rotation point needs ``rotation_proof`` (bug KG): the
+    # rule of every retired key's statement, applied where every verifier applies it.
+    tree_size, root = verify_checkpoint(
+        receipt["checkpoint"], keys, issuer_origin, rotation_proof=rotation_proof
+    )
 
     # 3. The inclusion of the derived log entry (step 3).
     inclusion = receipt["inclusion"]
@@ -277,7 +277,7 @@ def verify_receipt(
 #: ``verify_receipt(..., rotation_proof=ROTATION_POINT_CHECKED_BY_CALLER)``: for
 #: ``audit.proofs.verify_proof`` only, whose consistency proof from the receipt's checkpoint
 #: to a later one does that check (``retired_point_reached``).
-ROTATION_POINT_CHECKED_BY_CALLER: Sequence[str] = ("checked by the caller",)
+ROTATION_POINT_CHECKED_BY_CALLER: Sequence[str] = HELD_BY_READER
 
 
 def retired_point_reached(
@@ -293,46 +293,6 @@ def retired_point_reached(
             f"checkpoint of size {receipt_size}: a proof to size {later_size} does not reach "
             "that point, so the receipt's tree rests on the retired key's word alone"
         )
-
-
-def _check_reaches_rotation_point(
-    keys: TrustedKeys,
-    issuer_key_id: str,
-    tree_size: int,
-    root: bytes,
-    rotation_proof: Sequence[str] | Callable[[int, int], Sequence[str]] | None,
-) -> None:
-    """Bug KG: a receipt whose issuer key was rotated out at (N, R) after the receipt's
-    checkpoint (size m < N) proves nothing by itself, since whoever holds that retired key
-    can sign a tree of their own of any size up to N. It verifies only with
-    ``rotation_proof``, the log's consistency proof from (m, root) to (N, R) (base64
-    hashes; ``AuditLog.consistency_proof(m, N)``, on demand): the receipt's tree is then
-    the one the key history says the key stopped at. A verifier that holds the log (the
-    service's upload check) passes ``rotation_proof(m, N)`` to ask it."""
-    point = keys.retired_at.get(issuer_key_id)
-    if point is None or tree_size >= point.tree_size:
-        return  # a current key, a v1 (unbounded) rotation, or m = N (root checked)
-    if callable(rotation_proof):
-        rotation_proof = rotation_proof(tree_size, point.tree_size)
-    if rotation_proof is None:
-        raise VerificationError(
-            f"the receipt's key was rotated out at tree size {point.tree_size}, after its "
-            f"checkpoint of size {tree_size}: it verifies only with the consistency proof "
-            f"from {tree_size} to {point.tree_size} (rotation_proof), which the log gives"
-        )
-    if not isinstance(rotation_proof, list | tuple):
-        raise VerificationError("rotation_proof is a list of base64 hashes")
-    hashes = [
-        b64decode_strict(h, f"rotation_proof hash {i}", size=HASH_SIZE)
-        for i, h in enumerate(rotation_proof)
-    ]
-    try:
-        verify_consistency(tree_size, point.tree_size, root, point.root, hashes)
-    except VerificationError as exc:
-        raise VerificationError(
-            f"the receipt's tree is not the log the key history says its key stopped at "
-            f"(rotation_proof: {exc.reason}): a retired key's fork"
-        ) from None
 
 
 def verify_subject_commitment(receipt: Mapping[str, Any], subject_id: str, nonce: bytes) -> None:

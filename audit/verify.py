@@ -53,7 +53,7 @@ from audit.export_format import (
     split_entry_line,
 )
 from audit.keyring import key_by_id, trusted_keys
-from audit.keys import TrustedKeys, note_key_id
+from audit.keys import HELD_BY_READER, RotationProof, TrustedKeys, note_key_id
 from audit.merkle import HASH_SIZE, Frontier, leaf_hash, verify_inclusion
 from audit.strict_json import strict_json
 
@@ -122,7 +122,11 @@ class _ExportVerifier:
         fmt: str,
         trusted: Sequence[CheckpointBody] = (),
         tenant: str | None = None,
+        rotation_proof: RotationProof = None,
     ) -> None:
+        #: For a trail whose key was rotated out after its checkpoint: the log's proof
+        #: from the checkpoint's size to the key's point (``verify_export``).
+        self._rotation_proof = rotation_proof
         #: The tenant whose trail this must be (``verify_export(..., tenant=)``), or None.
         self._tenant = tenant
         #: The trusted keys (the pinned key, or its endorsed history, as ranges); the
@@ -171,10 +175,22 @@ class _ExportVerifier:
         if obj["note_key_id"] != note_key_id(self._origin, self._key).hex():
             raise fail("note_key_id does not match the pinned public key")
         try:
+            # Signed by the key the header names, the one that signs the trailer, in its
+            # range (LN): checked against every key of the history, a retired key signed
+            # the trailer of a filtered trail over the current key's checkpoint unbounded.
+            # Below its point, the checkpoint needs its rotation proof (LK).
             self._tree_size, self._root = verify_checkpoint(
-                obj["checkpoint"], self._keys, self._origin
+                obj["checkpoint"],
+                self._keys.only(key),
+                self._origin,
+                rotation_proof=self._rotation_proof,
             )
         except VerificationError as exc:
+            if "carries no signature" in exc.reason:
+                raise fail(
+                    "the checkpoint is not signed by the key the header names (key_id), "
+                    "the one that signs the trailer"
+                ) from None
             raise fail(exc.reason) from None
         if not _is_int(obj["tree_size"]) or obj["tree_size"] != self._tree_size:
             raise fail("tree_size differs from the signed checkpoint")
@@ -479,6 +495,7 @@ def verify_export(
     trusted_checkpoints: Iterable[str] = (),
     key_history: Any = None,
     tenant: str | None = None,
+    rotation_proof: RotationProof = None,
 ) -> VerificationReport:
     """Verify a JSONL or CSV export offline; raise VerificationError at the first problem.
 
@@ -495,12 +512,17 @@ def verify_export(
     or holding an entry that names another, is refused. Tenants on one set of stores share
     the log's key and origin, so without it another tenant's trail verifies as well as
     one's own (bug JS; the verdict, ``report.filter``, names the tenant filtered on).
+    ``rotation_proof``: for a trail whose checkpoint (size m) its key signed before being
+    rotated out at N > m (the history says so), the log's consistency proof from m to N
+    (base64 hashes, or a callable ``(m, N) -> hashes``); without it such a trail is refused
+    (bug LK, decision XXXX-retired-below): it rests on the retired key's word alone.
     """
     key = trusted_keys(public_key, key_history)
     trusted = []
     for position, note in enumerate(trusted_checkpoints):
         try:
-            trusted.append(verify_checkpoint(note, key, origin))
+            # The reader's own notes: a forged one only makes the trail fail to extend it.
+            trusted.append(verify_checkpoint(note, key, origin, rotation_proof=HELD_BY_READER))
         except VerificationError as exc:
             raise VerificationError(f"trusted checkpoint {position + 1}: {exc.reason}") from None
     lines = _numbered_lines(source)
@@ -508,8 +530,12 @@ def verify_export(
     if first is None:
         raise VerificationError("export is empty", line_number=0)
     if first[1].startswith("{"):
-        return _verify_jsonl(first, lines, _ExportVerifier(key, origin, "jsonl", trusted, tenant))
-    return _verify_csv(first, lines, _ExportVerifier(key, origin, "csv", trusted, tenant))
+        return _verify_jsonl(
+            first, lines, _ExportVerifier(key, origin, "jsonl", trusted, tenant, rotation_proof)
+        )
+    return _verify_csv(
+        first, lines, _ExportVerifier(key, origin, "csv", trusted, tenant, rotation_proof)
+    )
 
 
 def _verify_jsonl(

@@ -18,10 +18,12 @@ is an advisory lock instead of ``BEGIN IMMEDIATE``). Per process, medians in ms:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -50,20 +52,30 @@ def _fill(log: AuditLog, start: int, count: int) -> None:
         log.append_many({"action": "bench", "request_id": f"r{base + i}"} for i in range(n))
 
 
-def single(backend: str, calls: int, entries: int) -> dict[str, float]:
+@contextlib.contextmanager
+def sqlite_log(backend: str) -> Iterator[tuple[Path, FileKeyRing, AuditLog]]:
+    """A SQLite file log with a ``FileKeyRing`` key folder, in a temporary folder (also
+    ``benchmarks.retired_below_bench``'s)."""
     if backend != "sqlite":
         raise SystemExit("this benchmark runs on a SQLite file log only")
     with tempfile.TemporaryDirectory() as folder:
         engine = sa.create_engine(f"sqlite:///{Path(folder) / 'audit.sqlite'}")
         create_tables(engine, backend_for(engine))
         ring = FileKeyRing(Path(folder) / "keys")
-        log = AuditLog(engine, ring, ORIGIN, backend=backend_for(engine))
+        try:
+            yield Path(folder), ring, AuditLog(engine, ring, ORIGIN, backend=backend_for(engine))
+        finally:
+            engine.dispose()
+
+
+def single(backend: str, calls: int, entries: int) -> dict[str, float]:
+    with sqlite_log(backend) as (folder, ring, log):
         first = ring.current().public_key()
         _fill(log, 0, entries // 2)
         log.checkpoint()
         _rotate(ring, log)
         _fill(log, entries // 2, entries - entries // 2)
-        trail = Path(folder) / "trail.jsonl"
+        trail = folder / "trail.jsonl"
         export_jsonl(log, trail)
         history = json.loads(ring.history_path.read_text())
         verify = []
@@ -81,7 +93,6 @@ def single(backend: str, calls: int, entries: int) -> dict[str, float]:
             start = time.perf_counter()
             _rotate(ring, log)
             rotate.append((time.perf_counter() - start) * 1000)
-        engine.dispose()
     return {
         "rotate_ms": statistics.median(rotate),
         "checkpoint_ms": statistics.median(checkpoint),

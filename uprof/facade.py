@@ -1152,6 +1152,16 @@ class Facade:
         with self._as_principal():
             return self._kernel.receipt_rotation_proof(content, requested_by=self.principal.label)
 
+    def checkpoint_rotation_proof(self, content: bytes | str) -> dict[str, Any]:
+        """The rotation proof an export, a proof document or a checkpoint note signed
+        before an audit key rotation needs offline (``Uprof.checkpoint_rotation_proof``):
+        the receipt's decision (``audit``), taken before the note is read; audited."""
+        self._authorize_governance("audit", COMPLIANCE_PURPOSE)
+        with self._as_principal():
+            return self._kernel.checkpoint_rotation_proof(
+                content, requested_by=self.principal.label
+            )
+
     def verify_audit(self, content: bytes, kind: Kind) -> CheckResult:
         """Check an export or a receipt against this log's key."""
         self._authorize_governance("audit", COMPLIANCE_PURPOSE)

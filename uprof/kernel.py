@@ -731,7 +731,8 @@ class Uprof:
         log = self.audit_log
 
         def rotation_proof(old_size: int, new_size: int) -> list[str]:
-            # This service holds the log: it proves a retired key's receipt itself (KG).
+            # This service holds the log: it proves a retired key's receipt or export
+            # itself (KG, LK).
             return [b64encode(h) for h in log.consistency_proof(old_size, new_size)]
 
         return check_upload(
@@ -754,9 +755,76 @@ class Uprof:
         The receipt is verified first, with this log's keys and as this tenant's (the one
         check of ``verify_receipt``): a forged or another tenant's receipt gets no proof.
         Hashes only, no entry; audited before it is handed out (``audit.proof_served``)."""
+        from audit.receipts import parse_receipt, verify_receipt
+
+        def check(rotation_proof: Callable[[int, int], list[str]]) -> tuple[int, str, str]:
+            receipt = parse_receipt(content)
+            verify_receipt(
+                receipt,
+                self.audit_log.trusted_keys(),
+                origin=self.audit_log.origin,
+                tenant=self.subjects.tenant,
+                rotation_proof=rotation_proof,
+            )
+            body = receipt["body"]
+            return (
+                int(receipt["inclusion"]["tree_size"]),
+                body["issuer"]["key_id"],
+                body["receipt_id"],
+            )
+
+        return self._serve_rotation_proof("receipt", check, requested_by)
+
+    def checkpoint_rotation_proof(
+        self, content: bytes | str, *, requested_by: str | None
+    ) -> dict[str, Any]:
+        """The rotation proof of a checkpoint this log's key signed before it was rotated
+        out (decision XXXX-retired-below): an export's (its header's note), a proof
+        document's, or a note. The same proof as a receipt's, from the note's size m to
+        the key's point N, which ``verify_export``/``verify_proof(..., rotation_proof=)``
+        and ``uprof audit verify --rotation-proof`` need offline when m < N (bugs LK, LL).
+
+        ``content`` is the note, or the file that carries it (``carried_checkpoint``).
+        The note is verified first, with this log's keys, and the proof with it: a note of
+        another log, or of a fork of this one, gets none (the proof would not lead from
+        its root to R). A checkpoint is the whole log's (its tree size counts every
+        tenant's entries, as ``GET /v1/audit/key`` says): hashes only, no entry."""
+        from audit.check import carried_checkpoint
+        from audit.checkpoint import verify_checkpoint
+        from audit.errors import VerificationError
+        from audit.keys import key_id
+
+        origin = self.audit_log.origin
+
+        def signed(note: str, key: Any) -> bool:
+            try:
+                verify_checkpoint(note, [key], origin)  # one key, its signature only
+            except VerificationError:
+                return False
+            return True
+
+        def check(rotation_proof: Callable[[int, int], list[str]]) -> tuple[int, str, None]:
+            note = carried_checkpoint(content)
+            keys = self.audit_log.trusted_keys()
+            size, _ = verify_checkpoint(note, keys, origin, rotation_proof=rotation_proof)
+            # The key the proof is about: the one whose point it reaches, else a signer.
+            signers = [key for key in keys if signed(note, key)]
+            needed = keys.point_below(signers, size)
+            return size, needed[0] if needed is not None else key_id(signers[0]), None
+
+        return self._serve_rotation_proof("checkpoint", check, requested_by)
+
+    def _serve_rotation_proof(
+        self,
+        what: str,
+        check: Callable[[Callable[[int, int], list[str]]], tuple[int, str, str | None]],
+        requested_by: str | None,
+    ) -> dict[str, Any]:
+        """Run ``check`` (the one verification of what was handed in) with a
+        ``rotation_proof`` callable that computes and keeps the log's proof it asks for,
+        audit the serving (``audit.proof_served``), and answer the proof."""
         from audit._codec import b64encode
         from audit.errors import VerificationError
-        from audit.receipts import parse_receipt, verify_receipt
 
         self.reads.drain()
         log = self.audit_log
@@ -768,17 +836,9 @@ class Uprof:
             return hashes
 
         try:
-            receipt = parse_receipt(content)
-            verify_receipt(
-                receipt,
-                log.trusted_keys(),
-                origin=log.origin,
-                tenant=self.subjects.tenant,
-                rotation_proof=rotation_proof,
-            )
+            tree_size, signer, receipt_id = check(rotation_proof)
         except VerificationError as exc:
-            raise InvalidInputError(f"receipt: {exc.reason}") from None
-        tree_size = int(receipt["inclusion"]["tree_size"])
+            raise InvalidInputError(f"{what}: {exc.reason}", field=what) from None
         rotated_at = proven[0][1] if proven else None
         counts = {"old_size": tree_size}
         if rotated_at is not None:
@@ -790,8 +850,8 @@ class Uprof:
             counts=counts,
         )
         return {
-            "receipt_id": receipt["body"]["receipt_id"],
-            "issuer_key_id": receipt["body"]["issuer"]["key_id"],
+            "receipt_id": receipt_id,
+            "issuer_key_id": signer,
             "tree_size": tree_size,
             "rotation_point": rotated_at,
             "rotation_proof": proven[0][2] if proven else None,

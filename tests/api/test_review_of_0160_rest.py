@@ -81,3 +81,40 @@ def test_a_receipt_that_is_not_one_is_a_clear_422(
     )
     assert answer.status_code == 422, answer.text
     assert "receipt" in answer.text
+
+
+def test_the_api_hands_out_the_rotation_proof_of_a_checkpoint_and_names_the_field(
+    http: httpx.Client, apps: Apps, kernel: Uprof
+) -> None:
+    """Decision XXXX-retired-below: ``{"checkpoint": note}`` (an export's or a proof
+    document's note) gets the same proof as a receipt (bugs LK, LL); exactly one of the
+    two fields; a note of another key is 422 naming ``checkpoint``."""
+    from audit.checkpoint import sign_checkpoint, verify_checkpoint
+    from audit.keyring import trusted_keys
+
+    before = http.get("/v1/audit/key", headers=bearer(apps.planner_operator)).json()
+    grant(http, apps.planner, subject="carol")  # the log grows past the held note
+    Facade(kernel, Principal.local_operator(kernel.subjects.tenant)).rotate_audit_key()
+    history = http.get("/v1/audit/key", headers=bearer(apps.planner)).json()["key_history"]
+    keys = trusted_keys(before["public_key_pem"], history)
+    note, origin = before["checkpoint"], before["origin"]
+    with pytest.raises(VerificationError, match="rotation proof from"):
+        verify_checkpoint(note, keys, origin)
+
+    def ask(body: object) -> httpx.Response:
+        return http.post(
+            "/v1/audit/rotation-proof", headers=bearer(apps.planner_operator), json=body
+        )
+
+    answer = ask({"checkpoint": note})
+    assert answer.status_code == 200, answer.text
+    proof = answer.json()
+    assert proof["receipt_id"] is None and proof["tree_size"] < proof["rotation_point"]
+    verify_checkpoint(note, keys, origin, rotation_proof=proof["rotation_proof"])
+    for body in ({}, {"checkpoint": note, "receipt": "{}"}):
+        assert ask(body).status_code == 422
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    stranger = sign_checkpoint(Ed25519PrivateKey.generate(), origin, 1, b"\0" * 32)
+    refused = ask({"checkpoint": stranger})
+    assert refused.status_code == 422 and "checkpoint" in refused.text

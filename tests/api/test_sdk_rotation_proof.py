@@ -134,3 +134,45 @@ def test_a_hostile_servers_rotation_proof_makes_no_receipt_verify(
         with Client("http://uprof.test", "k", transport=transport) as client:
             with pytest.raises(TransportError, match="receipt_rotation_proof"):
                 client.audit_rotation_proof(receipt)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "embedded"])
+def test_the_sdk_gets_the_rotation_proof_of_an_export_taken_before_a_rotation(
+    server: LiveServer, apps: Apps, kernel: Uprof, mode: str
+) -> None:
+    """Decision XXXX-retired-below: an export (its header's note) signed before the
+    rotation needs the same proof as a receipt (bug LK); ``checkpoint=`` asks for it."""
+    from audit.checkpoint import verify_checkpoint
+    from audit.keyring import trusted_keys
+
+    with Client(server.url, apps.planner_operator) as client:
+        pinned = client.audit_key()
+    note = pinned.checkpoint
+    _pre_rotation_receipt(server, apps, kernel)  # the log grows, then the key rotates
+    with Client(server.url, apps.planner_operator) as client:
+        keys = trusted_keys(pinned.public_key_pem, client.audit_key().key_history)
+    with pytest.raises(VerificationError, match="uprof audit rotation-proof"):
+        verify_checkpoint(note, keys, pinned.origin)
+
+    if mode == "embedded":
+        with Client.embedded(kernel, PLANNER, roles=("app", "operator")) as client:
+            proof = client.audit_rotation_proof(checkpoint=note)
+    elif mode == "sync":
+        with Client(server.url, apps.planner_operator) as client:
+            proof = client.audit_rotation_proof(checkpoint=note)
+    else:
+
+        async def ask() -> ReceiptRotationProof:
+            async with AsyncClient(server.url, apps.planner_operator) as client:
+                return await client.audit_rotation_proof(checkpoint=note)
+
+        proof = asyncio.run(ask())
+
+    assert proof.receipt_id is None and proof.rotation_proof is not None
+    assert proof.tree_size < (proof.rotation_point or 0)
+    verify_checkpoint(note, keys, pinned.origin, rotation_proof=proof.rotation_proof)
+    with Client(server.url, apps.planner_operator) as client:
+        with pytest.raises(InvalidRequestError, match="checkpoint"):
+            client.audit_rotation_proof(checkpoint="not a note")
+        with pytest.raises(TypeError):
+            client.audit_rotation_proof(json.dumps({}), checkpoint=note)

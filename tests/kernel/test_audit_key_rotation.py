@@ -31,7 +31,7 @@ from tests.kernel.test_admin_audit import cli_for
 from tests.kernel.test_keys_apart import ALICE, BOB, fill
 from uprof.facade import Facade
 from uprof.kernel import Uprof
-from uprof.services.backup import backup, restore
+from uprof.services.backup import BackupError, backup, restore
 
 
 def key_dir(backend: Backend) -> Path:
@@ -97,6 +97,11 @@ def test_a_rotation_is_recorded_and_everything_signed_before_still_verifies(
         point = trusted_keys(first_pem, history).retired_at[first_id].tree_size
         old_size = old_receipt["inclusion"]["tree_size"]
         rotation_proof = [b64encode(h) for h in k.audit_log.consistency_proof(old_size, point)]
+        # So does the export taken before the rotation (bug LK, decision XXXX-retired-below).
+        export_size = json.loads((tmp_path / "before.jsonl").read_text().split("\n")[0])
+        export_proof = [
+            b64encode(h) for h in k.audit_log.consistency_proof(export_size["tree_size"], point)
+        ]
 
     # Offline, with only the FIRST public key and the published history.
     verify_receipt(new_receipt, first_pem, origin=origin, key_history=history)
@@ -106,7 +111,15 @@ def test_a_rotation_is_recorded_and_everything_signed_before_still_verifies(
     with pytest.raises(VerificationError, match="rotation_proof"):
         verify_receipt(old_receipt, first_pem, origin=origin, key_history=history)
     verify_export(tmp_path / "after.jsonl", first_pem, origin, key_history=history)
-    verify_export(tmp_path / "before.jsonl", first_pem, origin, key_history=history)
+    verify_export(
+        tmp_path / "before.jsonl",
+        first_pem,
+        origin,
+        key_history=history,
+        rotation_proof=export_proof,
+    )
+    with pytest.raises(VerificationError, match="rotation_proof"):
+        verify_export(tmp_path / "before.jsonl", first_pem, origin, key_history=history)
     # Without the history, the first key alone does not vouch for the new key.
     with pytest.raises(VerificationError, match=r"issuer\.key_id"):
         verify_receipt(new_receipt, first_pem, origin=origin)
@@ -161,7 +174,12 @@ def test_restore_after_rotations_accepts_a_backup_signed_by_the_old_key(
         k.rotate_audit_key(requested_by="operator:test")
         k.rotate_audit_key(requested_by="operator:test")
         assert len(k.audit_log.trusted_keys()) == 3
-    restore(settings, tmp_path / "bk")  # verify_integrity runs inside: checkpoints by 3 keys
+    # Its signature verifies, but a key rotated out since vouches for no manifest on its
+    # own (a leaked copy signs any): restored on the operator's word (bug LM, decision
+    # XXXX-retired-below; until then the old key's signature sufficed).
+    with pytest.raises(BackupError, match="--allow-unsigned"):
+        restore(settings, tmp_path / "bk")
+    restore(settings, tmp_path / "bk", allow_unsigned=True)  # verify_integrity runs inside
     with running(settings, clock) as k:
         assert k.audit_log.verify_integrity() == k.audit_log.size()
         assert key_id(k.audit_log.signing_key()) != first
@@ -173,8 +191,6 @@ def test_a_backup_signed_by_a_key_outside_the_history_is_refused(
     backend: Backend, clock: FakeClock, tmp_path: Path
 ) -> None:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    from uprof.services.backup import BackupError
 
     settings = settings_for(backend)
     with running(settings, clock) as k:

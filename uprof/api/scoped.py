@@ -485,9 +485,14 @@ class AppScope:
         return proof_bytes(self._door.prove_audit(body.old_size, leaf_index=body.leaf_index))
 
     def receipt_rotation_proof(self, body: w.ReceiptRotationProofIn) -> w.ReceiptRotationProof:
-        """A receipt's rotation proof (``operator`` role; the policy's ``audit``)."""
+        """A receipt's, or a checkpoint's (an export's, a proof document's), rotation proof
+        (``operator`` role; the policy's ``audit``)."""
         self._require(ROLE_OPERATOR)
-        proof = self._door.receipt_rotation_proof(body.receipt.encode())
+        if body.receipt is not None:
+            proof = self._door.receipt_rotation_proof(body.receipt.encode())
+        else:
+            assert body.checkpoint is not None  # the model holds exactly one
+            proof = self._door.checkpoint_rotation_proof(body.checkpoint)
         return w.ReceiptRotationProof.model_validate(proof)
 
     def audit_verify(self, body: w.AuditVerifyIn) -> w.AuditVerification:

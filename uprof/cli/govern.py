@@ -7,7 +7,7 @@ import os
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -37,6 +37,23 @@ KeyHistoryFile = Annotated[
         "after (or before) the pinned one.",
     ),
 ]
+RotationProofFile = Annotated[
+    Path | None,
+    typer.Option(
+        exists=True,
+        dir_okay=False,
+        help="For a file whose key was rotated out after it was signed: the log's "
+        "consistency proof from its checkpoint to the rotation point (a JSON list of base64 "
+        "hashes, from `uprof audit rotation-proof`).",
+    ),
+]
+
+
+def read_rotation_proof(path: Path | None) -> Any:
+    """The rotation proof file's JSON (checked by the verifier), or None."""
+    from audit.strict_json import strict_json
+
+    return None if path is None else strict_json(path.read_bytes(), "rotation proof")
 
 
 def register(app: typer.Typer) -> None:
@@ -388,9 +405,11 @@ def audit_verify(
         str | None,
         typer.Option(help="Check it is this tenant's (tenants on shared stores share a key)."),
     ] = None,
+    rotation_proof: RotationProofFile = None,
 ) -> None:
     """Verify an exported trail offline, with only the public key (and the key history,
-    for a trail signed by a key rotated in after the pinned one)."""
+    for a trail signed by a key rotated in after the pinned one; a trail whose key was
+    rotated out after it was exported also needs its --rotation-proof)."""
     from audit.errors import VerificationError
     from audit.verify import verify_export
 
@@ -401,7 +420,13 @@ def audit_verify(
             trusted_checkpoint(item.read_bytes(), key, origin, history) for item in trusted or []
         ]
         report = verify_export(
-            path, key, origin, trusted_checkpoints=notes, key_history=history, tenant=tenant
+            path,
+            key,
+            origin,
+            trusted_checkpoints=notes,
+            key_history=history,
+            tenant=tenant,
+            rotation_proof=read_rotation_proof(rotation_proof),
         )
     except VerificationError as e:
         err_console.print(f"[bold red]verification failed:[/] {shown(e)}", highlight=False)
@@ -505,6 +530,7 @@ def audit_prove(
     from audit.checkpoint import verify_checkpoint
     from audit.errors import VerificationError
     from audit.keyring import trusted_keys
+    from audit.keys import HELD_BY_READER
     from audit.proofs import proof_bytes, verify_proof
 
     if (from_file is None) == (old_size is None):
@@ -534,7 +560,11 @@ def audit_prove(
                 else:
                     note = check_against = held
                 pinned = trusted_keys(key["public_key_pem"], key["key_history"])
-                old_size = verify_checkpoint(note, pinned, key["origin"]).tree_size
+                # The operator's held note (checked against the log by the proof below)
+                # and the log's fresh one: sizes only, no rotation proof needed.
+                old_size = verify_checkpoint(
+                    note, pinned, key["origin"], rotation_proof=HELD_BY_READER
+                ).tree_size
                 now = verify_checkpoint(d.audit_checkpoint(), pinned, key["origin"]).tree_size
             except VerificationError as e:
                 err_console.print(
@@ -580,6 +610,19 @@ def audit_prove(
     )
 
 
+def _is_receipt(raw: bytes) -> bool:
+    """Whether a file is a receipt (one JSON object with a ``body``), not an export, a
+    proof document or a note (whose checkpoint the log checks)."""
+    from audit.errors import VerificationError
+    from audit.strict_json import strict_json
+
+    try:
+        parsed = strict_json(raw, "file")
+    except VerificationError:
+        return False
+    return isinstance(parsed, dict) and "body" in parsed
+
+
 @audit_app.command("rotation-proof")
 def audit_rotation_proof(
     receipt: Annotated[Path, typer.Argument(exists=True, dir_okay=False)],
@@ -587,14 +630,21 @@ def audit_rotation_proof(
         Path, typer.Option(help="Write the rotation proof (a JSON list of base64 hashes) here.")
     ],
 ) -> None:
-    """The rotation proof of an erasure receipt issued before an audit key rotation: what
-    verify-receipt --key-history needs beside it (--rotation-proof OUT)."""
+    """The rotation proof of a file signed before an audit key rotation (an erasure
+    receipt, an export, a proof document or a checkpoint note): what verify-receipt,
+    verify and verify-proof --key-history need beside it (--rotation-proof OUT)."""
+    raw = receipt.read_bytes()
     with door() as d:
-        proof = d.receipt_rotation_proof(receipt.read_bytes())
+        if _is_receipt(raw):
+            proof = d.receipt_rotation_proof(raw)
+            what = f"receipt {shown(proof['receipt_id'])}"
+        else:
+            proof = d.checkpoint_rotation_proof(raw)
+            what = f"the checkpoint of size {proof['tree_size']} in {shown(receipt)}"
     if proof["rotation_proof"] is None:
         console.print(
-            f"receipt {shown(proof['receipt_id'])} needs no rotation proof: its key was not "
-            "rotated out after its checkpoint (nothing written)",
+            f"{what} needs no rotation proof: its key was not rotated out after its "
+            "checkpoint (nothing written)",
             highlight=False,
         )
         return
@@ -621,8 +671,10 @@ def audit_verify_proof(
     ],
     origin: Annotated[str, typer.Option(help="The log's origin name.")] = "uprof.local/audit",
     key_history: KeyHistoryFile = None,
+    rotation_proof: RotationProofFile = None,
 ) -> None:
-    """Verify a proof document offline: the log only grew since the checkpoint you trusted."""
+    """Verify a proof document offline: the log only grew since the checkpoint you trusted
+    (a document whose key was rotated out after it was made also needs --rotation-proof)."""
     from audit.errors import VerificationError
     from audit.proofs import verify_proof
 
@@ -634,6 +686,7 @@ def audit_verify_proof(
             origin,
             trusted=held,
             key_history=read_key_history(key_history),
+            rotation_proof=read_rotation_proof(rotation_proof),
         )
     except VerificationError as e:
         err_console.print(f"[bold red]proof does not verify:[/] {shown(e)}", highlight=False)
@@ -659,20 +712,11 @@ def audit_verify_receipt(
         str | None,
         typer.Option(help="Check it is this tenant's (tenants on shared stores share a key)."),
     ] = None,
-    rotation_proof: Annotated[
-        Path | None,
-        typer.Option(
-            exists=True,
-            dir_okay=False,
-            help="For a receipt whose key was rotated out after it: the log's consistency "
-            "proof from its checkpoint to the rotation point (a JSON list of base64 hashes).",
-        ),
-    ] = None,
+    rotation_proof: RotationProofFile = None,
 ) -> None:
     """Verify an erasure receipt offline, with only the public key and the log's origin."""
     from audit.errors import VerificationError
     from audit.receipts import parse_receipt, verify_receipt, verify_subject_commitment
-    from audit.strict_json import strict_json
 
     try:
         subject_nonce = bytes.fromhex(nonce) if nonce is not None else None
@@ -688,11 +732,7 @@ def audit_verify_receipt(
             origin=origin,
             key_history=read_key_history(key_history),
             tenant=tenant,
-            rotation_proof=(
-                None
-                if rotation_proof is None
-                else strict_json(rotation_proof.read_bytes(), "rotation proof")
-            ),
+            rotation_proof=read_rotation_proof(rotation_proof),
         )
         if subject is not None and subject_nonce is not None:
             verify_subject_commitment(receipt, subject, subject_nonce)

@@ -52,7 +52,8 @@ def restore_command(
         typer.Option(
             "--allow-unsigned",
             help="Restore a backup whose manifest is not signed (written before "
-            "2026-12-04); check where it came from first.",
+            "2026-12-04), or is signed by an audit key rotated out since (its signature "
+            "binds nothing a leaked old key could not sign); check where it came from first.",
         ),
     ] = False,
 ) -> None:

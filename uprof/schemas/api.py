@@ -986,20 +986,32 @@ class AuditInclusion(_Response):
 
 
 class ReceiptRotationProofIn(_Request):
-    """An erasure receipt (its JSON, as issued) whose rotation proof is asked for."""
+    """What a rotation proof is asked for: an erasure receipt (its JSON, as issued), or a
+    signed checkpoint note (an export's header ``checkpoint``, a proof document's, or the
+    export or proof document itself); exactly one of the two."""
 
     model_config = _example({"receipt": "<the erasure receipt's JSON>"})
 
-    receipt: Annotated[str, Field(min_length=1)]
+    receipt: Annotated[str | None, Field(min_length=1)] = None
+    checkpoint: Annotated[str | None, Field(min_length=1, max_length=65536)] = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> ReceiptRotationProofIn:
+        if (self.receipt is None) == (self.checkpoint is None):
+            raise ValueError("give exactly one of receipt and checkpoint")
+        return self
 
 
 class ReceiptRotationProof(_Response):
     """The log's consistency proof from the receipt's checkpoint (``tree_size``) to the
     point where its issuer key was rotated out (``rotation_point``): save
     ``rotation_proof`` as a JSON file for ``uprof audit verify-receipt --rotation-proof``.
-    Both null when the receipt needs none (its key was not rotated out after it)."""
+    Both null when the receipt needs none (its key was not rotated out after it). For a
+    checkpoint (an export's, a proof document's), ``receipt_id`` is null, ``tree_size``
+    the note's, and the file is for ``uprof audit verify --rotation-proof`` or
+    ``verify-proof --rotation-proof``."""
 
-    receipt_id: str
+    receipt_id: str | None
     issuer_key_id: str
     tree_size: int
     rotation_point: int | None

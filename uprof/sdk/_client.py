@@ -215,9 +215,19 @@ def _page(op: Operation[R], model: type[BaseModel], **fields: Any) -> Call[R]:
     return Call(op, ops.build(model, **_given(**fields)))
 
 
-def _rotation_proof(receipt: str | Mapping[str, Any]) -> Call[w.ReceiptRotationProof]:
-    """The call for a receipt's rotation proof: the receipt's JSON as issued, or the
-    ``receipt`` mapping an erasure answered (``ErasureReceipt.receipt``)."""
+def _rotation_proof(
+    receipt: str | Mapping[str, Any] | None, checkpoint: str | None
+) -> Call[w.ReceiptRotationProof]:
+    """The call for a rotation proof: of a receipt (its JSON as issued, or the ``receipt``
+    mapping an erasure answered, ``ErasureReceipt.receipt``), or of a checkpoint (a
+    signed note, such as an export header's ``checkpoint``, or a proof document's text)."""
+    if (receipt is None) == (checkpoint is None):
+        raise TypeError("give exactly one of receipt and checkpoint")
+    if receipt is None:
+        return Call(
+            ops.RECEIPT_ROTATION_PROOF,
+            ops.build(w.ReceiptRotationProofIn, checkpoint=checkpoint),
+        )
     content = receipt if isinstance(receipt, str) else json.dumps(dict(receipt))
     body = ops.build(w.ReceiptRotationProofIn, receipt=content)
     return Call(ops.RECEIPT_ROTATION_PROOF, body)
@@ -456,12 +466,17 @@ class Client:
         body = ops.build(w.AuditProofIn, old_size=old_size, leaf_index=leaf_index)
         return self._backend.send_for_bytes(Call(ops.AUDIT_PROOF, body))
 
-    def audit_rotation_proof(self, receipt: str | Mapping[str, Any]) -> w.ReceiptRotationProof:
+    def audit_rotation_proof(
+        self, receipt: str | Mapping[str, Any] | None = None, *, checkpoint: str | None = None
+    ) -> w.ReceiptRotationProof:
         """The proof an erasure receipt issued before an audit key rotation needs offline
         with the key history: save ``rotation_proof`` as a JSON file for ``uprof audit
         verify-receipt --rotation-proof`` (both null when the receipt needs none;
-        ``operator`` role, the policy's ``audit``; this tenant's receipts only)."""
-        return self._backend.send(_rotation_proof(receipt))
+        ``operator`` role, the policy's ``audit``; this tenant's receipts only). With
+        ``checkpoint`` (an export header's signed note, or a proof document's text)
+        instead, the proof an export or proof document signed before the rotation needs
+        (``uprof audit verify``/``verify-proof --rotation-proof``)."""
+        return self._backend.send(_rotation_proof(receipt, checkpoint))
 
     def register_session(self, session_id: str, subject: str) -> None:
         body = ops.build(w.SessionIn, session_id=session_id, subject=subject)
@@ -822,9 +837,9 @@ class AsyncClient:
         return await self._backend.send_for_bytes(Call(ops.AUDIT_PROOF, body))
 
     async def audit_rotation_proof(
-        self, receipt: str | Mapping[str, Any]
+        self, receipt: str | Mapping[str, Any] | None = None, *, checkpoint: str | None = None
     ) -> w.ReceiptRotationProof:
-        return await self._backend.send(_rotation_proof(receipt))
+        return await self._backend.send(_rotation_proof(receipt, checkpoint))
 
     async def register_session(self, session_id: str, subject: str) -> None:
         body = ops.build(w.SessionIn, session_id=session_id, subject=subject)

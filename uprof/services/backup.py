@@ -584,6 +584,19 @@ def _check_signature(
                 f"by an audit key that was rotated out before that ({exc.reason}); nothing "
                 "was changed"
             ) from None
+        # Bug LM (decision XXXX-retired-below): at or below the point, a retired key's
+        # signature binds nothing a leaked copy of it could not sign; the backup is as
+        # good as unsigned, and restored, like one, by an operator who checked it.
+        try:
+            keys.check_vouches_alone(key, MANIFEST)
+        except VerificationError as exc:
+            if not unsigned_ok:
+                raise BackupError(
+                    f"{exc.reason} (a backup taken before an audit key rotation, or one "
+                    "whose manifest a leaked old key signed): nothing vouches that its files "
+                    "are the ones written; check where it came from, then restore it with "
+                    "--allow-unsigned; nothing was changed"
+                ) from None
 
 
 def _manifest(

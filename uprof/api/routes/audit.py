@@ -104,6 +104,10 @@ def rotation_proof(body: ReceiptRotationProofIn, scope: Scope) -> ReceiptRotatio
     verify-receipt RECEIPT --key-history keys.json --rotation-proof FILE``, FILE holding
     ``rotation_proof``). ``operator`` role, the policy's ``audit``; this tenant's receipts
     only (another tenant's or a forged one: 422). Audited (``audit.proof_served``).
+    With ``checkpoint`` instead (an export header's signed note, or a proof document),
+    the same proof for an export or proof document signed before the rotation (``uprof
+    audit verify`` / ``verify-proof --rotation-proof FILE``); a note of another log or
+    of a fork of this one: 422.
     """
     return scope.receipt_rotation_proof(body)
 
