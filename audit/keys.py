@@ -222,7 +222,7 @@ class TrustedKeys(tuple[Ed25519PublicKey, ...]):
         signed document that names no root (a backup manifest, ``what``), nothing can show
         it is of the log the key stopped at, so a retired key's signature on it is that
         key's word alone, which whoever holds a leaked copy gives to anything (bug LM,
-        decision XXXX-retired-below). Its size above the point is ``check_signed_range``'s
+        decision 0175-retired-below). Its size above the point is ``check_signed_range``'s
         refusal (bug KO); this one is for sizes at or below it. A key a v1 record retired
         stays unbounded, as everywhere."""
         point = self.retired_at.get(key_id(key))
@@ -261,7 +261,7 @@ class TrustedKeys(tuple[Ed25519PublicKey, ...]):
         root: bytes,
         rotation_proof: RotationProof,
     ) -> RetiredAt | None:
-        """Bugs KG, LK, LL (decisions 0160-rotation-bound, XXXX-retired-below): a tree of
+        """Bugs KG, LK, LL (decisions 0160-rotation-bound, 0175-retired-below): a tree of
         size m < N signed only by a key the history says was rotated out at (N, R) rests
         on that key's word, and whoever holds a leaked copy of it signs a tree of their own
         of any size up to N. It verifies only with ``rotation_proof``, the log's

@@ -515,7 +515,7 @@ def verify_export(
     ``rotation_proof``: for a trail whose checkpoint (size m) its key signed before being
     rotated out at N > m (the history says so), the log's consistency proof from m to N
     (base64 hashes, or a callable ``(m, N) -> hashes``); without it such a trail is refused
-    (bug LK, decision XXXX-retired-below): it rests on the retired key's word alone.
+    (bug LK, decision 0175-retired-below): it rests on the retired key's word alone.
     """
     key = trusted_keys(public_key, key_history)
     trusted = []

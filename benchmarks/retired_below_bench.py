@@ -1,6 +1,6 @@
 """What a retired key's rotation proof costs an export's verifier, side by side.
 
-Decision XXXX-retired-below.
+Decision 0175-retired-below.
 
     python -m benchmarks.retired_below_bench --rounds 5 --entries 2000 --other ../main
 

@@ -779,7 +779,7 @@ class Uprof:
         self, content: bytes | str, *, requested_by: str | None
     ) -> dict[str, Any]:
         """The rotation proof of a checkpoint this log's key signed before it was rotated
-        out (decision XXXX-retired-below): an export's (its header's note), a proof
+        out (decision 0175-retired-below): an export's (its header's note), a proof
         document's, or a note. The same proof as a receipt's, from the note's size m to
         the key's point N, which ``verify_export``/``verify_proof(..., rotation_proof=)``
         and ``uprof audit verify --rotation-proof`` need offline when m < N (bugs LK, LL).

@@ -86,7 +86,7 @@ def test_a_receipt_that_is_not_one_is_a_clear_422(
 def test_the_api_hands_out_the_rotation_proof_of_a_checkpoint_and_names_the_field(
     http: httpx.Client, apps: Apps, kernel: Uprof
 ) -> None:
-    """Decision XXXX-retired-below: ``{"checkpoint": note}`` (an export's or a proof
+    """Decision 0175-retired-below: ``{"checkpoint": note}`` (an export's or a proof
     document's note) gets the same proof as a receipt (bugs LK, LL); exactly one of the
     two fields; a note of another key is 422 naming ``checkpoint``."""
     from audit.checkpoint import sign_checkpoint, verify_checkpoint

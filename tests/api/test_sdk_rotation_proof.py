@@ -140,7 +140,7 @@ def test_a_hostile_servers_rotation_proof_makes_no_receipt_verify(
 def test_the_sdk_gets_the_rotation_proof_of_an_export_taken_before_a_rotation(
     server: LiveServer, apps: Apps, kernel: Uprof, mode: str
 ) -> None:
-    """Decision XXXX-retired-below: an export (its header's note) signed before the
+    """Decision 0175-retired-below: an export (its header's note) signed before the
     rotation needs the same proof as a receipt (bug LK); ``checkpoint=`` asks for it."""
     from audit.checkpoint import verify_checkpoint
     from audit.keyring import trusted_keys

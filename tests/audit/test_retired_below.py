@@ -1,5 +1,5 @@
 """A retired audit key vouches for nothing below its rotation point on its own word
-(decision XXXX-retired-below; 0160-rotation-bound closed it for checkpoints above the point
+(decision 0175-retired-below; 0160-rotation-bound closed it for checkpoints above the point
 and for receipts below it, 0165-review-of-0160 left the rest).
 
 Whoever holds a leaked retired key (a backup, a leak) signs an export, a proof document

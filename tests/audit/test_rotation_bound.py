@@ -277,7 +277,7 @@ def test_a_process_appending_through_rotations_never_signs_beyond_a_retired_keys
     assert len(points) == 3
     notes = json.loads(Path(out).read_text())
     # A note below its key's point verifies with the log's proof to that point
-    # (decision XXXX-retired-below): asked of the log, as a verifier holding it does.
+    # (decision 0175-retired-below): asked of the log, as a verifier holding it does.
     log = audit_log_on(engine, FileKeyRing(folder))
     sizes = [
         verify_checkpoint(
@@ -386,7 +386,7 @@ def test_a_proof_from_a_retired_keys_receipt_must_reach_the_rotation_point(
     fill(forger, 2)
     forged_proof = build_proof(forger, forged["inclusion"]["tree_size"])
     # Refused at the document's own checkpoint, the retired key's below its point (LL,
-    # decision XXXX-retired-below), before the receipt's point is looked at.
+    # decision 0175-retired-below), before the receipt's point is looked at.
     with pytest.raises(VerificationError, match="rotation proof from 3 to 7"):
         verify_proof(forged_proof, first.public_key(), ORIGIN, trusted=forged, key_history=history)
     fork.dispose()

@@ -97,7 +97,7 @@ def test_a_rotation_is_recorded_and_everything_signed_before_still_verifies(
         point = trusted_keys(first_pem, history).retired_at[first_id].tree_size
         old_size = old_receipt["inclusion"]["tree_size"]
         rotation_proof = [b64encode(h) for h in k.audit_log.consistency_proof(old_size, point)]
-        # So does the export taken before the rotation (bug LK, decision XXXX-retired-below).
+        # So does the export taken before the rotation (bug LK, decision 0175-retired-below).
         export_size = json.loads((tmp_path / "before.jsonl").read_text().split("\n")[0])
         export_proof = [
             b64encode(h) for h in k.audit_log.consistency_proof(export_size["tree_size"], point)
@@ -176,7 +176,7 @@ def test_restore_after_rotations_accepts_a_backup_signed_by_the_old_key(
         assert len(k.audit_log.trusted_keys()) == 3
     # Its signature verifies, but a key rotated out since vouches for no manifest on its
     # own (a leaked copy signs any): restored on the operator's word (bug LM, decision
-    # XXXX-retired-below; until then the old key's signature sufficed).
+    # 0175-retired-below; until then the old key's signature sufficed).
     with pytest.raises(BackupError, match="--allow-unsigned"):
         restore(settings, tmp_path / "bk")
     restore(settings, tmp_path / "bk", allow_unsigned=True)  # verify_integrity runs inside

@@ -259,7 +259,7 @@ def test_rotations_beside_another_process_issuing_receipts_and_backups(
     for path in manifests:
         manifest = json.loads(path.read_text())
         # Every signature verifies; one by a key rotated out since vouches for its backup
-        # only with the operator's word (--allow-unsigned, bug LM, XXXX-retired-below).
+        # only with the operator's word (--allow-unsigned, bug LM, 0175-retired-below).
         retired = manifest["signature"]["key_id"] in trusted.retired_at
         if retired:
             with pytest.raises(BackupError, match="--allow-unsigned"):

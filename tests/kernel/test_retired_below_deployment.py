@@ -1,4 +1,4 @@
-"""Decision XXXX-retired-below in a deployment, on both backends: an export or a proof
+"""Decision 0175-retired-below in a deployment, on both backends: an export or a proof
 document taken before an audit key rotation verifies offline with the key history only
 beside its rotation proof, which ``uprof audit rotation-proof`` (and the facade behind
 ``POST /v1/audit/rotation-proof``) now hands out for them as for receipts; the

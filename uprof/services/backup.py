@@ -584,7 +584,7 @@ def _check_signature(
                 f"by an audit key that was rotated out before that ({exc.reason}); nothing "
                 "was changed"
             ) from None
-        # Bug LM (decision XXXX-retired-below): at or below the point, a retired key's
+        # Bug LM (decision 0175-retired-below): at or below the point, a retired key's
         # signature binds nothing a leaked copy of it could not sign; the backup is as
         # good as unsigned, and restored, like one, by an operator who checked it.
         try:
