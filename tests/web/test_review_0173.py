@@ -1,0 +1,51 @@
+"""Review of decision 0173 (hostile callers, round 8) as an outside attacker, on SQLite and
+PostgreSQL against a live server: each test failed on main (4bf158b) before its fix."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+
+from domain.errors import InvalidInputError
+from domain.principal import Principal
+from tests.api.conftest import Apps, LiveServer, grant
+from tests.conftest import Backend
+from tests.policies.test_policy_store import _rename_policy_table
+from tests.web.conftest import open_link, privacy_link
+from uprof.facade import Facade
+from uprof.kernel import Uprof
+
+
+def test_a_policy_store_outage_is_503_with_retry_after(
+    server: LiveServer, http: httpx.Client, apps: Apps, kernel: Uprof, backend: Backend
+) -> None:
+    """Bug MF: ``PolicyStoreError`` had no row in the status table, so a privacy-center
+    page refused for an unreadable policy store (0173's outage branch) answered 500
+    "internal", logged as a server fault, with no ``Retry-After``; REST's policy routes
+    mapped the same error by hand to 503 without one. An outage is temporary: the table
+    now says 503 ``policy_store_unavailable`` with ``Retry-After`` for every surface (REST,
+    MCP, the SDK's embedded mode, the pages), and the page keeps the session (0173)."""
+    from uprof.api.errors import classify, retry_after_s
+    from uprof.facade import PolicyStoreError
+
+    outage = PolicyStoreError("policy store unreadable (OperationalError)")
+    assert classify(outage) == (503, "policy_store_unavailable")
+    assert (retry_after_s(outage) or 0) > 0
+    grant(http, apps.planner)
+    with httpx.Client(base_url=server.url, timeout=30) as browser:
+        open_link(browser, privacy_link(http, apps.planner_operator, "alice"))
+        assert browser.get("/privacy/export.json").status_code == 200
+        _rename_policy_table(backend, kernel.settings)
+        try:
+            assert "policy store unreadable" in kernel.policy_health()
+            for path in ("/privacy/export.json", "/privacy", "/privacy/receipts"):
+                page = browser.get(path)
+                assert page.status_code == 503, (path, page.status_code, page.text[:300])
+                assert int(page.headers["Retry-After"]) > 0, path
+                assert "policy store unreadable" in page.text and "consents" not in page.text
+        finally:
+            _rename_policy_table(backend, kernel.settings, back=True)
+        assert kernel.policy_health() == ""
+        assert browser.get("/privacy/export.json").status_code == 200
