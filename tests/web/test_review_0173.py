@@ -49,3 +49,36 @@ def test_a_policy_store_outage_is_503_with_retry_after(
             _rename_policy_table(backend, kernel.settings, back=True)
         assert kernel.policy_health() == ""
         assert browser.get("/privacy/export.json").status_code == 200
+
+
+def test_a_sign_in_during_a_policy_store_outage_does_not_burn_the_link(
+    server: LiveServer, http: httpx.Client, apps: Apps, kernel: Uprof, backend: Backend
+) -> None:
+    """Bug MG: at sign-in the link was redeemed (burned) before 0173's policy check, so a
+    subject pressing "Sign in" while the policy store could not be read got the outage's
+    refusal and a used link: once the store answered, the same link said "Link not
+    valid", and only an operator could help (a new link), the outage signing the subject
+    out for good, which 0173 keeps from happening to an open session. Refused for the
+    outage, the link is handed back unused and signs in once the store answers."""
+    grant(http, apps.planner)
+    login = privacy_link(http, apps.planner_operator, "alice")
+    with httpx.Client(base_url=server.url, timeout=30) as browser:
+        shown = browser.get(login)
+        token = re.search(r'name="token" value="([^"]+)"', shown.text)
+        assert token is not None
+        _rename_policy_table(backend, kernel.settings)
+        try:
+            assert "policy store unreadable" in kernel.policy_health()
+            refused = browser.post("/privacy/login", data={"token": token.group(1)})
+            assert refused.status_code >= 500, refused.text[:300]
+            assert "policy store unreadable" in refused.text
+            assert browser.get("/privacy/export.json").status_code == 401
+        finally:
+            _rename_policy_table(backend, kernel.settings, back=True)
+        assert kernel.policy_health() == ""
+        signed = browser.post("/privacy/login", data={"token": token.group(1)})
+        assert signed.status_code == 303, signed.text[:300]
+        assert browser.get("/privacy/export.json").status_code == 200
+        # Still single-use: the session took it.
+        again = browser.post("/privacy/login", data={"token": token.group(1)})
+        assert again.status_code == 403 and "Link not valid" in again.text
