@@ -940,14 +940,24 @@ class Facade:
             raise PermissionDeniedError("only a data subject's link is decided so")
         # Decided as the issuer was (``_authorize_operator``), by the policy's answer for
         # ``operators`` itself: this principal is not one of them, and asks for the issuer.
+        rights = (("export", ACCESS_PURPOSE), ("erase", ERASURE_PURPOSE))
+        try:  # quietly first: a refusal is decided (and audited) below, with the store read
+            for action, purpose in rights:
+                self._ask_authorizer(OPERATORS, action, CATEGORIES, purpose)
+            return
+        except PermissionDeniedError:
+            # The policy answers from its last look at the store (``policy_refresh_s``):
+            # that look may be an outage the store has since come out of. Looked at now,
+            # then decided again, so a page just after an outage is not refused as by the
+            # policy, which ends the session for good (review of 0173, bug MH).
+            problem = self._kernel.policy_health()
         try:
-            for action, purpose in (("export", ACCESS_PURPOSE), ("erase", ERASURE_PURPOSE)):
+            for action, purpose in rights:
                 self._decide(OPERATORS, action, CATEGORIES, purpose, ask=self._ask_authorizer)
         except PermissionDeniedError:
             # An unreadable policy store denies every check: refused all the same, but as
             # the outage it is, so the privacy center keeps the session and shows the
             # refusal until the store answers, instead of signing the subject out for good.
-            problem = self._kernel.policy_health()
             if problem:
                 raise PolicyStoreError(problem) from None
             raise

@@ -82,3 +82,40 @@ def test_a_sign_in_during_a_policy_store_outage_does_not_burn_the_link(
         # Still single-use: the session took it.
         again = browser.post("/privacy/login", data={"token": token.group(1)})
         assert again.status_code == 403 and "Link not valid" in again.text
+
+
+def test_a_page_just_after_a_policy_store_outage_keeps_the_session(
+    server: LiveServer, http: httpx.Client, apps: Apps, kernel: Uprof, backend: Backend
+) -> None:
+    """Bug MH: the link's check asked the policy (which answers from its last look at the
+    store for ``policy_refresh_s``), and only on a denial asked the store's health, which
+    looks now. A page in the window after the store came back got the cached outage's
+    denial, then a healthy store: taken for the policy's refusal, the session was ended
+    for good by an outage that was over, and an ``access.denied`` written for it. The
+    link is now decided again once the store answers."""
+    grant(http, apps.planner)
+    with httpx.Client(base_url=server.url, timeout=30) as browser:
+        open_link(browser, privacy_link(http, apps.planner_operator, "alice"))
+        assert browser.get("/privacy/export.json").status_code == 200
+        # Widen the window the store's last look is trusted (0.25 s by default), so the
+        # page below surely falls in it.
+        kernel.authorizer.refresh_s = 3600.0
+        try:
+            _rename_policy_table(backend, kernel.settings)
+            try:
+                assert "policy store unreadable" in kernel.policy_health()
+            finally:
+                _rename_policy_table(backend, kernel.settings, back=True)
+            kernel.reads.drain()
+            before = _denials(kernel)
+            page = browser.get("/privacy/export.json")
+            assert page.status_code == 200, (page.status_code, page.text[:300])
+            kernel.reads.drain()
+            assert _denials(kernel) == before
+            assert browser.get("/privacy").status_code == 200
+        finally:
+            kernel.authorizer.refresh_s = 0.25
+
+
+def _denials(kernel: Uprof) -> int:
+    return sum(1 for e in kernel.audit_log.entries() if e.entry["action"] == "access.denied")
