@@ -1225,6 +1225,15 @@ class Facade:
                 "split them over several scans",
                 field="terms",
             )
+        blank = next((i for i, term in enumerate(terms) if not term.strip()), None)
+        if blank is not None:
+            # A blank term is in everything: PostgreSQL finds '' in every value of every
+            # column, and a space is in nearly every file, a report of residue everywhere
+            # (the CLI passed a script's empty variable through; review of 0173, bug ME).
+            raise InvalidInputError(
+                f"terms[{blank}]: a blank term is found in every store; give the text to look for",
+                field="terms",
+            )
         if self.principal.app_id != LOCAL_OPERATOR and self._kernel.stores_shared():
             with self._as_principal():
                 self._kernel.audit.record(

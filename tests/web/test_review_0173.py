@@ -119,3 +119,20 @@ def test_a_page_just_after_a_policy_store_outage_keeps_the_session(
 
 def _denials(kernel: Uprof) -> int:
     return sum(1 for e in kernel.audit_log.entries() if e.entry["action"] == "access.denied")
+
+
+@pytest.mark.parametrize("blank", ["", " ", "\t\n"])
+def test_a_residue_scan_refuses_a_blank_term_naming_terms(kernel: Uprof, blank: str) -> None:
+    """Bug ME: the door counted the residue scan's terms (0173, LS) but took an empty or
+    blank one: on PostgreSQL an empty term is in every value (``position('' in x)`` is 1),
+    so the CLI's ``uprof audit residue --term ""`` (a script's empty variable) reported
+    every row of every table as residue; a blank term (a space) was found in nearly every
+    file on both backends. The console dropped blank lines, the CLI did not: the door now
+    refuses a blank term, naming ``terms`` and its place, before anything is read."""
+    door = Facade(kernel, Principal.local_operator(kernel.subjects.tenant))
+    clean = door.residue_scan(["Zq7-never-said"])
+    assert clean.clean, clean.findings[:3]
+    with pytest.raises(InvalidInputError) as refused:
+        door.residue_scan(["Zq7-never-said", blank])
+    assert refused.value.field == "terms"
+    assert "terms[1]" in str(refused.value)
