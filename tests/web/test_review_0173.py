@@ -4,6 +4,7 @@ PostgreSQL against a live server: each test failed on main (4bf158b) before its 
 from __future__ import annotations
 
 import re
+import time
 
 import httpx
 import pytest
@@ -136,3 +137,46 @@ def test_a_residue_scan_refuses_a_blank_term_naming_terms(kernel: Uprof, blank: 
         door.residue_scan(["Zq7-never-said", blank])
     assert refused.value.field == "terms"
     assert "terms[1]" in str(refused.value)
+
+
+def _deny_operators_in_child(settings_json: str, action: str, purpose: str) -> None:
+    from tests.api.conftest import build_kernel
+    from tests.web.conftest import deny_operators
+    from uprof.settings import Settings
+
+    other = build_kernel(Settings.model_validate_json(settings_json))
+    try:
+        deny_operators(other, action, purpose)
+    finally:
+        other.close()
+
+
+def test_a_policy_change_by_another_process_ends_an_open_privacy_session(
+    server: LiveServer, http: httpx.Client, apps: Apps, kernel: Uprof
+) -> None:
+    """Held (0173, LQ, many processes): a session is open on this server; another real
+    process (a second deployment's kernel on the same stores, as the CLI is) denies the
+    operators ``export``. Within the policy's refresh bound (decision 0015) this server
+    decides the link on the policy the other process wrote: the next page is refused and
+    the session ends, the refusal audited under the link's principal."""
+    from tests import children
+
+    grant(http, apps.planner)
+    with httpx.Client(base_url=server.url, timeout=30) as browser:
+        open_link(browser, privacy_link(http, apps.planner_operator, "alice"))
+        assert browser.get("/privacy/export.json").status_code == 200
+        child = children.CONTEXT.Process(
+            target=_deny_operators_in_child,
+            args=(kernel.settings.model_dump_json(), "export", "access-request"),
+        )
+        child.start()
+        child.join(120)
+        assert child.exitcode == 0
+        time.sleep(kernel.settings.policy_refresh_s * 2)
+        ended = browser.get("/privacy/export.json")
+        assert ended.status_code == 401, ended.text[:300]
+        assert "consents" not in ended.text
+    kernel.reads.drain()
+    last = [e.entry for e in kernel.audit_log.entries() if e.entry["action"] == "access.denied"]
+    assert last and last[-1]["principal"].startswith("privacy-center#")
+    assert last[-1]["reason_code"] == "export"
