@@ -36,8 +36,8 @@ from domain.errors import (
     SubjectNotFoundError,
     UprofError,
 )
+from uprof.facade import PolicyStoreError
 from uprof.schemas.api import ErrorBody, ErrorOut, FieldProblem
-from uprof.services.policy import PolicyStoreError
 
 #: (error class, HTTP status, stable error code); first match wins, subclasses first.
 STATUS_TABLE: tuple[tuple[type[UprofError], int, str], ...] = (
