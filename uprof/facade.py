@@ -940,14 +940,24 @@ class Facade:
             raise PermissionDeniedError("only a data subject's link is decided so")
         # Decided as the issuer was (``_authorize_operator``), by the policy's answer for
         # ``operators`` itself: this principal is not one of them, and asks for the issuer.
+        rights = (("export", ACCESS_PURPOSE), ("erase", ERASURE_PURPOSE))
+        try:  # quietly first: a refusal is decided (and audited) below, with the store read
+            for action, purpose in rights:
+                self._ask_authorizer(OPERATORS, action, CATEGORIES, purpose)
+            return
+        except PermissionDeniedError:
+            # The policy answers from its last look at the store (``policy_refresh_s``):
+            # that look may be an outage the store has since come out of. Looked at now,
+            # then decided again, so a page just after an outage is not refused as by the
+            # policy, which ends the session for good (review of 0173, bug MH).
+            problem = self._kernel.policy_health()
         try:
-            for action, purpose in (("export", ACCESS_PURPOSE), ("erase", ERASURE_PURPOSE)):
+            for action, purpose in rights:
                 self._decide(OPERATORS, action, CATEGORIES, purpose, ask=self._ask_authorizer)
         except PermissionDeniedError:
             # An unreadable policy store denies every check: refused all the same, but as
             # the outage it is, so the privacy center keeps the session and shows the
             # refusal until the store answers, instead of signing the subject out for good.
-            problem = self._kernel.policy_health()
             if problem:
                 raise PolicyStoreError(problem) from None
             raise
@@ -1223,6 +1233,15 @@ class Facade:
             raise InvalidInputError(
                 f"terms: at most {MAX_RESIDUE_TERMS} terms per scan, {len(terms)} given; "
                 "split them over several scans",
+                field="terms",
+            )
+        blank = next((i for i, term in enumerate(terms) if not term.strip()), None)
+        if blank is not None:
+            # A blank term is in everything: PostgreSQL finds '' in every value of every
+            # column, and a space is in nearly every file, a report of residue everywhere
+            # (the CLI passed a script's empty variable through; review of 0173, bug ME).
+            raise InvalidInputError(
+                f"terms[{blank}]: a blank term is found in every store; give the text to look for",
                 field="terms",
             )
         if self.principal.app_id != LOCAL_OPERATOR and self._kernel.stores_shared():

@@ -23,18 +23,13 @@ from starlette.routing import BaseRoute, Route
 
 import uprof
 from domain.errors import (
-    CaptureBackloggedError,
-    RateLimitUnavailableError,
-    RequestInProgressError,
     UprofError,
 )
 from uprof.api.errors import (
-    CAPTURE_RETRY_AFTER_S,
-    RATE_LIMIT_UNAVAILABLE_RETRY_AFTER_S,
-    REQUEST_IN_PROGRESS_RETRY_AFTER_S,
     EdgeError,
     body_for,
     classify,
+    retry_after_s,
     validation_problem,
 )
 from uprof.api.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimitMiddleware
@@ -200,13 +195,8 @@ def _install_error_handlers(app: FastAPI, page_errors: PageErrors | None = None)
             _log.error("uprof error mapped to %d: %s", status, type(error).__name__)
         if page_errors is not None and (page := page_errors(request, error)) is not None:
             return page
-        headers = None
-        if isinstance(error, CaptureBackloggedError):
-            headers = {"Retry-After": str(CAPTURE_RETRY_AFTER_S)}
-        elif isinstance(error, RateLimitUnavailableError):
-            headers = {"Retry-After": str(RATE_LIMIT_UNAVAILABLE_RETRY_AFTER_S)}
-        elif isinstance(error, RequestInProgressError):
-            headers = {"Retry-After": str(REQUEST_IN_PROGRESS_RETRY_AFTER_S)}
+        wait = retry_after_s(error)
+        headers = None if wait is None else {"Retry-After": str(wait)}
         return _json(body_for(error), status, headers)
 
     @app.exception_handler(EdgeError)

@@ -36,6 +36,7 @@ from domain.errors import (
     SubjectNotFoundError,
     UprofError,
 )
+from uprof.facade import PolicyStoreError
 from uprof.schemas.api import ErrorBody, ErrorOut, FieldProblem
 
 #: (error class, HTTP status, stable error code); first match wins, subclasses first.
@@ -60,6 +61,10 @@ STATUS_TABLE: tuple[tuple[type[UprofError], int, str], ...] = (
     (ModelUnavailableError, 503, "model_unavailable"),
     (StoresLostError, 503, "stores_lost"),
     (RateLimitUnavailableError, 503, "rate_limit_unavailable"),
+    # Temporary, like the other 503s: every policy check denies until the store answers,
+    # and a change or a privacy-center page refused meanwhile is retried, not a fault
+    # (review of 0173, bug MF; it fell through to 500 "internal").
+    (PolicyStoreError, 503, "policy_store_unavailable"),
     (StoredDataDamagedError, 500, "stored_data_damaged"),
     (UprofError, 500, "internal"),
 )
@@ -71,11 +76,25 @@ CAPTURE_RETRY_AFTER_S = 1
 RATE_LIMIT_UNAVAILABLE_RETRY_AFTER_S = 5
 #: Seconds a client is told to wait when the first request with its key still runs.
 REQUEST_IN_PROGRESS_RETRY_AFTER_S = 5
+#: Seconds a client is told to wait when the policy store could not be read.
+POLICY_STORE_RETRY_AFTER_S = 5
 
 
 def classify(error: UprofError) -> tuple[int, str]:
     """Return (HTTP status, error code) for a uprof error."""
     return next((status, code) for cls, status, code in STATUS_TABLE if isinstance(error, cls))
+
+
+def retry_after_s(error: UprofError) -> int | None:
+    """The ``Retry-After`` (seconds) a refusal for ``error`` carries, or None: one table for
+    REST, MCP and the web pages."""
+    waits: tuple[tuple[type[UprofError], int], ...] = (
+        (CaptureBackloggedError, CAPTURE_RETRY_AFTER_S),
+        (RateLimitUnavailableError, RATE_LIMIT_UNAVAILABLE_RETRY_AFTER_S),
+        (RequestInProgressError, REQUEST_IN_PROGRESS_RETRY_AFTER_S),
+        (PolicyStoreError, POLICY_STORE_RETRY_AFTER_S),
+    )
+    return next((wait for cls, wait in waits if isinstance(error, cls)), None)
 
 
 def body_for(error: UprofError) -> ErrorOut:

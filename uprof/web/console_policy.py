@@ -18,6 +18,7 @@ from uprof.web.pages import (
     CONSOLE_PAGE_ROWS,
     WebPages,
     operator_door,
+    retry_later,
 )
 from uprof.web.state import Session
 
@@ -123,7 +124,8 @@ def router(web: WebPages) -> APIRouter:
                 # page again asked the door for them, refused and audited a second time,
                 # two entries for one request (round 8, bug LR).
                 return web.kernel_error(request, failure)
-            return policy_page(web, request, session, status, error=str(failure), form=form)
+            shown = policy_page(web, request, session, status, error=str(failure), form=form)
+            return retry_later(shown, failure)
         done = (
             f"{verb}: {len(result.changes)} change(s) recorded, policy version {result.version}"
             if result.changes

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from fastapi import Request
@@ -19,7 +19,7 @@ from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse,
 from fastapi.templating import Jinja2Templates
 
 from domain.errors import PermissionDeniedError, RateLimitUnavailableError, UprofError
-from uprof.api.errors import RATE_LIMIT_UNAVAILABLE_RETRY_AFTER_S, classify
+from uprof.api.errors import RATE_LIMIT_UNAVAILABLE_RETRY_AFTER_S, classify, retry_after_s
 from uprof.api.ratelimit import PRIVACY_LINKS, KeyRateLimiter, RateLimitedError, limiter_for
 from uprof.api.runtime import ServiceRuntime
 from uprof.apikeys.store import ROLE_OPERATOR, ApiKeyStore
@@ -27,6 +27,7 @@ from uprof.facade import PRIVACY_CENTER, Facade, Principal, PrincipalKind
 from uprof.web.state import LinkStore, Session, SessionStore
 
 _HERE = Path(__file__).parent
+_R = TypeVar("_R", bound=Response)
 USER_COOKIE = "uprof_privacy"
 OPERATOR_COOKIE = "uprof_console"
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
@@ -164,7 +165,7 @@ class WebPages:
 
     def kernel_error(self, request: Request, error: UprofError) -> HTMLResponse:
         status, _ = classify(error)
-        return self.message(request, status, "Request refused", str(error))
+        return retry_later(self.message(request, status, "Request refused", str(error)), error)
 
     # ------------------------------------------------- privacy-center sessions
 
@@ -322,6 +323,15 @@ class WebPages:
         if not session.csrf_ok(csrf):
             return self.bad_csrf(request)
         return session
+
+
+def retry_later(response: _R, error: UprofError) -> _R:
+    """``response``, a page refused for ``error``, with the ``Retry-After`` REST gives for
+    it (a policy-store outage, review of 0173 bug MF): a temporary refusal says when."""
+    wait = retry_after_s(error)
+    if wait is not None:
+        response.headers["Retry-After"] = str(wait)
+    return response
 
 
 # ---------------------------------------------------------------- downloads

@@ -23,6 +23,7 @@ from uprof.web.pages import (
     WebPages,
     download,
     receipt_record,
+    retry_later,
     user_door,
 )
 from uprof.web.state import Session
@@ -121,7 +122,8 @@ def router(web: WebPages) -> APIRouter:
             status, _ = classify(error)
             if session.receipts:  # erased: what is left is the receipts
                 return RedirectResponse("/privacy/receipts", status_code=303)
-            return web.message(request, status, "Profile not available", str(error))
+            shown = web.message(request, status, "Profile not available", str(error))
+            return retry_later(shown, error)
         return web.page(
             request,
             "privacy.html",

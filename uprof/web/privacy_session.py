@@ -17,6 +17,7 @@ from uprof.api.errors import EdgeError
 from uprof.api.routes.docs import api_router, errors
 from uprof.api.scoped import scope_with_role
 from uprof.apikeys.store import ROLE_OPERATOR
+from uprof.facade import PolicyStoreError
 from uprof.schemas.api import SubjectRef
 from uprof.web.pages import (
     USER_COOKIE,
@@ -102,20 +103,28 @@ def router(web: WebPages) -> APIRouter:
         refused = web.cross_site(request)
         if refused is not None:
             return refused
-        redeemed = web.links(request).redeem(token)
+        links = web.links(request)
+        redeemed = links.redeem(token)
         if redeemed is None:
             return link_not_valid(request)
-        subject, incarnation, issued_by, link_id = redeemed
+        subject, incarnation = redeemed.subject, redeemed.incarnation
         session = Session(
             kind="user",
             subject=subject,
             incarnation=incarnation,
-            key_id=issued_by,
-            link_id=link_id,
+            key_id=redeemed.issued_by,
+            link_id=redeemed.link_id,
         )
-        if not web.same_incarnation(request, subject, incarnation) or not web.issuer_stands(
-            request, session
-        ):
+        try:
+            stands = web.same_incarnation(request, subject, incarnation) and web.issuer_stands(
+                request, session
+            )
+        except PolicyStoreError:
+            # Not decided (the store did not answer), so refused, but not spent: the
+            # same link signs in once the store answers (review of 0173, bug MG).
+            links.give_back(token, redeemed)
+            raise
+        if not stands:
             return link_not_valid(request)
         # On the log before the session exists: it opens the whole profile.
         user_door(web.runtime_of(request), session).privacy_link_used()

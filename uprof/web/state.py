@@ -25,7 +25,7 @@ import hmac
 import secrets
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 
@@ -61,6 +61,16 @@ class _Link:
     link_id: str = field(default_factory=lambda: secrets.token_hex(8))
 
 
+class Redeemed(NamedTuple):
+    """What a redeemed link said (``LinkStore.redeem``)."""
+
+    subject: str
+    incarnation: str
+    issued_by: str
+    link_id: str
+    expires_at: datetime
+
+
 class LinkStore:
     """Single-use sign-in links for the privacy center, stored by hash."""
 
@@ -78,9 +88,9 @@ class LinkStore:
         self._links.put(_hash(token), link)
         return token, expires_at, link.link_id
 
-    def redeem(self, token: str) -> tuple[str, str, str, str] | None:
-        """Return the link's subject, incarnation tag, issuing key id and link id and
-        burn the link; None when unknown, used or expired."""
+    def redeem(self, token: str) -> Redeemed | None:
+        """Return the link's subject, incarnation tag, issuing key id, link id and expiry,
+        and burn the link; None when unknown, used or expired."""
         if not token or len(token) > 200:
             return None
         # Taken out of the store: a burnt link is gone, exactly like an unknown one.
@@ -88,7 +98,24 @@ class LinkStore:
         if link is None or link.used or link.expires_at <= _now():
             return None
         link.used = True
-        return link.subject, link.incarnation, link.issued_by, link.link_id
+        return Redeemed(
+            link.subject, link.incarnation, link.issued_by, link.link_id, link.expires_at
+        )
+
+    def give_back(self, token: str, redeemed: Redeemed) -> None:
+        """Put a link ``redeem`` took back, unused, with its own expiry: the sign-in could
+        not be decided (the policy store did not answer), so it opened no session, and
+        the link is not spent by an outage (review of 0173, bug MG)."""
+        if redeemed.expires_at <= _now():
+            return
+        link = _Link(
+            redeemed.subject,
+            redeemed.expires_at,
+            incarnation=redeemed.incarnation,
+            issued_by=redeemed.issued_by,
+            link_id=redeemed.link_id,
+        )
+        self._links.put(_hash(token), link)
 
     def __len__(self) -> int:
         return len(self._links)

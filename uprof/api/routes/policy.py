@@ -28,7 +28,6 @@ from uprof.facade import (
     PolicyChangeResult,
     PolicyInputError,
     PolicyState,
-    PolicyStoreError,
 )
 from uprof.schemas.api import DEFAULT_PAGE_LIMIT, MAX_CURSOR_CHARS, MAX_PAGE_LIMIT, FieldProblem
 from uprof.schemas.policy import (
@@ -64,8 +63,6 @@ def _guarded(operation: Callable[[], T]) -> T:
             hint=error.hint,
             fields=[FieldProblem(field=error.field, message=error.problem)],
         ) from None
-    except PolicyStoreError as error:
-        raise EdgeError(503, "policy_store_unavailable", str(error), hint=error.hint) from None
 
 
 def policy_out(state: PolicyState) -> PolicyOut:
