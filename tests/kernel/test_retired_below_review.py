@@ -1,0 +1,119 @@
+"""Review of decision 0175-retired-below, as an outside attacker: the restore of a backup
+whose manifest nothing but the operator vouches for (a retired key's, an unsigned one),
+and what ``--allow-unsigned`` still checks. Both backends."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from audit.keyring import KEY_FILE
+from audit.keys import key_id, load_signing_key
+from domain.principal import Principal
+from tests.conftest import Backend
+from tests.fakes.ports import FakeClock
+from tests.kernel.conftest import running, settings_for, sign_backup_manifest
+from tests.kernel.test_keys_apart import ALICE, BOB, fill
+from uprof.facade import Facade
+
+
+def _restored_entries(settings: Any, clock: FakeClock) -> list[dict[str, Any]]:
+    with running(settings, clock) as k:
+        return [json.loads(e.entry_json) for e in k.audit_log.entries(action="backup.restored")]
+
+
+def _backup_then_rotate(settings: Any, clock: FakeClock, folder: Path) -> Any:
+    """A backup taken at the rotation point (signed by the key about to retire), then the
+    key rotated out and the log grown; return the retired private key."""
+    from uprof.services.backup import backup
+
+    with running(settings, clock) as k:
+        fill(k, "alice", ALICE)
+    backup(settings, folder)
+    retired = load_signing_key(settings.key_path / KEY_FILE)
+    with running(settings, clock) as k:
+        Facade(k, Principal.local_operator(k.subjects.tenant)).rotate_audit_key()
+        fill(k, "bob", BOB)
+    return retired
+
+
+def test_mj_a_restore_the_operator_vouched_for_says_so_in_its_audit_entry(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Bug MJ. ``uprof restore --allow-unsigned`` takes a manifest a retired key signed
+    (LM: that signature binds nothing a leaked copy of the key could not sign) or an
+    unsigned one, on the operator's word alone. Its ``backup.restored`` entry was the
+    same as a restore the deployment's key vouched for: the trail could not tell which
+    restores rested on an operator's word, nor which retired key's manifest. Now the
+    entry names it: ``decision`` ``operator-vouched``, ``rule`` ``manifest-retired-key``
+    (with the key's ``audit_key_id``) or ``manifest-unsigned``; a restore whose manifest
+    the current key signed names none of them, ``--allow-unsigned`` given or not."""
+    from uprof.services.backup import backup, restore
+
+    settings = settings_for(backend)
+    retired = _backup_then_rotate(settings, clock, tmp_path / "old")
+    restore(settings, tmp_path / "old", allow_unsigned=True)
+    (by_retired,) = _restored_entries(settings, clock)
+    assert by_retired.get("decision") == "operator-vouched", by_retired
+    assert by_retired.get("rule") == "manifest-retired-key", by_retired
+    assert by_retired.get("audit_key_id") == key_id(retired), by_retired
+
+    # The same backup, its signature removed: unsigned, on the operator's word too.
+    manifest_path = tmp_path / "old" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    del manifest["signature"]
+    manifest_path.write_text(json.dumps(manifest))
+    restore(settings, tmp_path / "old", allow_unsigned=True)
+    unsigned = _restored_entries(settings, clock)[-1]
+    assert unsigned.get("decision") == "operator-vouched", unsigned
+    assert unsigned.get("rule") == "manifest-unsigned", unsigned
+    assert "audit_key_id" not in unsigned
+
+    # A backup the current key signed: its signature vouched, the flag changes nothing.
+    backup(settings, tmp_path / "new")
+    restore(settings, tmp_path / "new", allow_unsigned=True)
+    signed = _restored_entries(settings, clock)[-1]
+    assert {"decision", "rule", "audit_key_id"}.isdisjoint(signed), signed
+
+
+def test_allow_unsigned_still_checks_a_retired_keys_signature_and_the_files(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Held (review of 0175): ``--allow-unsigned`` waives the retired key's range, not
+    its signature nor the files' hashes. A manifest edited after the retired key signed
+    it, a backup file changed under a manifest the retired key signed again, and a
+    manifest of a longer log than the key's point (KO) are refused with the flag, and
+    nothing was restored."""
+    from uprof.services.backup import BackupError, restore
+
+    settings = settings_for(backend)
+    retired = _backup_then_rotate(settings, clock, tmp_path / "bk")
+    manifest_path = tmp_path / "bk" / "manifest.json"
+    original = manifest_path.read_text()
+
+    manifest = json.loads(original)
+    manifest["created_at"] = "2020-01-01T00:00:00+00:00"  # after the signature
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(BackupError, match="does not match its signature"):
+        restore(settings, tmp_path / "bk", allow_unsigned=True)
+
+    manifest_path.write_text(original)
+    listed = sorted(json.loads(original)["files"])[0]
+    target = tmp_path / "bk" / listed
+    saved = target.read_bytes()
+    target.write_bytes(saved + b"\0")
+    sign_backup_manifest(tmp_path / "bk", retired)  # the leaked key signs again
+    with pytest.raises(Exception, match=r"(?i)sha-?256|hash|changed|does not match"):
+        restore(settings, tmp_path / "bk", allow_unsigned=True)
+    target.write_bytes(saved)
+
+    manifest = json.loads(original)
+    manifest["audit"]["entries"] += 100  # past the retired key's point
+    manifest_path.write_text(json.dumps(manifest))
+    sign_backup_manifest(tmp_path / "bk", retired)
+    with pytest.raises(BackupError, match="rotated out before that"):
+        restore(settings, tmp_path / "bk", allow_unsigned=True)
+    assert _restored_entries(settings, clock) == []
