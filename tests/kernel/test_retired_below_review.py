@@ -4,19 +4,25 @@ and what ``--allow-unsigned`` still checks. Both backends."""
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
-from audit.keyring import KEY_FILE
+from audit.keyring import KEY_FILE, StaticSigningKeys
 from audit.keys import key_id, load_signing_key
+from audit.tables import create_tables
 from domain.principal import Principal
+from tests.audit.conftest import audit_log_on
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import running, settings_for, sign_backup_manifest
-from tests.kernel.test_keys_apart import ALICE, BOB, fill
+from tests.kernel.test_admin_audit import cli_for
+from tests.kernel.test_keys_apart import ALICE, BOB, canaries, fill
+from uprof.backends import backend_for
 from uprof.facade import Facade
 
 
@@ -117,3 +123,70 @@ def test_allow_unsigned_still_checks_a_retired_keys_signature_and_the_files(
     with pytest.raises(BackupError, match="rotated out before that"):
         restore(settings, tmp_path / "bk", allow_unsigned=True)
     assert _restored_entries(settings, clock) == []
+
+
+def test_mk_audit_prove_from_a_receipt_issued_before_a_rotation(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Bug MK. ``uprof audit prove --from receipt.json`` (prove the log only grew since a
+    receipt someone holds) checked the receipt with ``verify_receipt`` without a rotation
+    proof: a receipt the deployment honestly issued before its audit key was rotated out
+    (below the key's point) was refused as "not a checkpoint of this log", though the
+    command holds the log that proves it. Now it verifies with the log's proof, as
+    ``POST /v1/audit/verify`` does, and the document it writes verifies offline against
+    the receipt with the key history. A receipt of a fork the retired key signed is
+    still refused: the same ``verify_receipt`` refuses it (KG, decision 0160-rotation-bound)."""
+    run = cli_for(backend)
+    settings = settings_for(backend)
+    with running(settings, clock) as k:
+        fill(k, "alice", ALICE)
+        receipt = k.erase_subject("alice").receipt
+        fill(k, "bob", BOB)
+        leaf = receipt["inclusion"]["leaf_index"]
+        copied = [json.loads(e.entry_json) for e in k.audit_log.entries(tree_size=leaf + 1)]
+        origin = k.audit_log.origin
+    (tmp_path / "receipt.json").write_text(json.dumps(receipt))
+    leaked = load_signing_key(settings.key_path / KEY_FILE)
+    run("audit", "rotate-key")
+    with running(settings, clock) as k:
+        fill(k, "carol", canaries("carol"))
+        keys = k.audit_log.trusted_keys()
+        point = keys.retired_at[receipt["body"]["issuer"]["key_id"]]
+        assert receipt["inclusion"]["tree_size"] < point.tree_size  # below the point
+    run("audit", "prove", "--from", str(tmp_path / "receipt.json"), "--out", str(tmp_path / "p.json"))
+    document = json.loads((tmp_path / "p.json").read_text())
+    assert document["consistency"]["old_size"] == receipt["inclusion"]["tree_size"]
+    run("audit", "keys", "--out", str(tmp_path / "keys.json"))
+    run("audit", "public-key", "--out", str(tmp_path / "key.pem"))
+    run(
+        "audit", "verify-proof", str(tmp_path / "p.json"),
+        "--public-key", str(tmp_path / "key.pem"),
+        "--key-history", str(tmp_path / "keys.json"),
+        "--trusted-checkpoint", str(tmp_path / "receipt.json"),
+    )  # fmt: skip
+
+    # The same receipt moved into a fork the leaked retired key signs (its entry at the
+    # same leaf, one made-up entry after): its tree is not this log's; refused, no proof.
+    fork = sa.create_engine(f"sqlite:///{tmp_path / 'fork.sqlite'}")
+    create_tables(fork, backend_for(fork))
+    forger = audit_log_on(fork, StaticSigningKeys(leaked), origin)
+    forger.append_many([*copied, {"action": "consent.granted", "subject_ref": "sub_forged"}])
+    size = forger.size()
+    forged = {
+        **receipt,
+        "checkpoint": forger.checkpoint(),
+        "inclusion": {
+            "leaf_index": leaf,
+            "tree_size": size,
+            "hashes": [base64.b64encode(h).decode() for h in forger.inclusion_proof(leaf, size)],
+        },
+    }
+    fork.dispose()
+    (tmp_path / "forged.json").write_text(json.dumps(forged))
+    out = " ".join(
+        run(
+            "audit", "prove", "--from", str(tmp_path / "forged.json"),
+            "--out", str(tmp_path / "q.json"), code=1,
+        ).split()
+    )  # fmt: skip
+    assert "does not extend" in out and "proof consistency" in out, out

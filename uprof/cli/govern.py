@@ -543,13 +543,17 @@ def audit_prove(
             try:
                 held = held_checkpoint(from_file.read_bytes())
                 if isinstance(held, dict):
-                    from audit.receipts import verify_receipt
+                    from audit.receipts import ROTATION_POINT_CHECKED_BY_CALLER, verify_receipt
 
+                    # A receipt issued before its key was rotated out needs no rotation
+                    # proof here (bug MK): ``verify_proof`` below proves this log, to a
+                    # checkpoint of its current key, extends the receipt's tree.
                     verify_receipt(
                         held,
                         key["public_key_pem"],
                         origin=key["origin"],
                         key_history=key["key_history"],
+                        rotation_proof=ROTATION_POINT_CHECKED_BY_CALLER,
                     )
                     note = str(held["checkpoint"])
                     inclusion = held["inclusion"]
