@@ -153,7 +153,8 @@ def test_mk_audit_prove_from_a_receipt_issued_before_a_rotation(
         keys = k.audit_log.trusted_keys()
         point = keys.retired_at[receipt["body"]["issuer"]["key_id"]]
         assert receipt["inclusion"]["tree_size"] < point.tree_size  # below the point
-    run("audit", "prove", "--from", str(tmp_path / "receipt.json"), "--out", str(tmp_path / "p.json"))
+    held = str(tmp_path / "receipt.json")
+    run("audit", "prove", "--from", held, "--out", str(tmp_path / "p.json"))
     document = json.loads((tmp_path / "p.json").read_text())
     assert document["consistency"]["old_size"] == receipt["inclusion"]["tree_size"]
     run("audit", "keys", "--out", str(tmp_path / "keys.json"))
