@@ -46,6 +46,36 @@ def _backup_then_rotate(settings: Any, clock: FakeClock, folder: Path) -> Any:
     return retired
 
 
+def _forged_receipt(
+    tmp_path: Path,
+    receipt: dict[str, Any],
+    leaked: Any,
+    origin: str,
+    copied: list[dict[str, Any]],
+) -> Path:
+    """``receipt`` (its body signed by the key now retired) moved into a fork that the
+    leaked key signs: the real entries up to its own, then a made-up one; its inclusion
+    and checkpoint are the fork's. Written to ``forged.json``; return the path."""
+    fork = sa.create_engine(f"sqlite:///{tmp_path / 'fork.sqlite'}")
+    create_tables(fork, backend_for(fork))
+    forger = audit_log_on(fork, StaticSigningKeys(leaked), origin)
+    forger.append_many([*copied, {"action": "consent.granted", "subject_ref": "sub_forged"}])
+    leaf, size = receipt["inclusion"]["leaf_index"], forger.size()
+    forged = {
+        **receipt,
+        "checkpoint": forger.checkpoint(),
+        "inclusion": {
+            "leaf_index": leaf,
+            "tree_size": size,
+            "hashes": [base64.b64encode(h).decode() for h in forger.inclusion_proof(leaf, size)],
+        },
+    }
+    fork.dispose()
+    path = tmp_path / "forged.json"
+    path.write_text(json.dumps(forged))
+    return path
+
+
 def test_mj_a_restore_the_operator_vouched_for_says_so_in_its_audit_entry(
     backend: Backend, clock: FakeClock, tmp_path: Path
 ) -> None:
@@ -167,23 +197,8 @@ def test_mk_audit_prove_from_a_receipt_issued_before_a_rotation(
     )  # fmt: skip
 
     # The same receipt moved into a fork the leaked retired key signs (its entry at the
-    # same leaf, one made-up entry after): its tree is not this log's; refused, no proof.
-    fork = sa.create_engine(f"sqlite:///{tmp_path / 'fork.sqlite'}")
-    create_tables(fork, backend_for(fork))
-    forger = audit_log_on(fork, StaticSigningKeys(leaked), origin)
-    forger.append_many([*copied, {"action": "consent.granted", "subject_ref": "sub_forged"}])
-    size = forger.size()
-    forged = {
-        **receipt,
-        "checkpoint": forger.checkpoint(),
-        "inclusion": {
-            "leaf_index": leaf,
-            "tree_size": size,
-            "hashes": [base64.b64encode(h).decode() for h in forger.inclusion_proof(leaf, size)],
-        },
-    }
-    fork.dispose()
-    (tmp_path / "forged.json").write_text(json.dumps(forged))
+    # same leaf, one made-up entry after): its tree is not this log's; refused.
+    _forged_receipt(tmp_path, receipt, leaked, origin, copied)
     out = " ".join(
         run(
             "audit", "prove", "--from", str(tmp_path / "forged.json"),
@@ -191,3 +206,44 @@ def test_mk_audit_prove_from_a_receipt_issued_before_a_rotation(
         ).split()
     )  # fmt: skip
     assert "does not extend" in out and "proof consistency" in out, out
+
+
+def test_ml_a_receipt_issued_before_a_rotation_is_a_trusted_checkpoint_of_a_trail(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Bug ML. ``uprof audit verify trail --trusted-checkpoint receipt.json`` (the trail
+    must extend the tree of a receipt the reader holds) checked the receipt with
+    ``verify_receipt`` and no rotation proof: an honest receipt issued before the audit
+    key's rotation (below its point) was refused, though its checkpoint note, handed in
+    as a note, is taken (a reader's own note needs none: a forged one only makes the
+    trail fail to extend it). Now the receipt's note is taken the same way, and the trail
+    must extend it: a receipt moved into a fork the leaked key signs is refused, the
+    whole trail does not extend it."""
+    run = cli_for(backend)
+    settings = settings_for(backend)
+    with running(settings, clock) as k:
+        fill(k, "alice", ALICE)
+        receipt = k.erase_subject("alice").receipt
+        fill(k, "bob", BOB)
+        leaf = receipt["inclusion"]["leaf_index"]
+        copied = [json.loads(e.entry_json) for e in k.audit_log.entries(tree_size=leaf + 1)]
+        origin = k.audit_log.origin
+    (tmp_path / "receipt.json").write_text(json.dumps(receipt))
+    (tmp_path / "receipt.note").write_text(receipt["checkpoint"])
+    leaked = load_signing_key(settings.key_path / KEY_FILE)
+    run("audit", "rotate-key")
+    run("audit", "export", "--out", str(tmp_path / "trail.jsonl"))
+    run("audit", "keys", "--out", str(tmp_path / "keys.json"))
+    run("audit", "public-key", "--out", str(tmp_path / "key.pem"))
+    verify = [
+        "audit", "verify", str(tmp_path / "trail.jsonl"),
+        "--public-key", str(tmp_path / "key.pem"),
+        "--key-history", str(tmp_path / "keys.json"),
+        "--trusted-checkpoint",
+    ]  # fmt: skip
+    run(*verify, str(tmp_path / "receipt.note"))  # the note alone: taken on main too
+    run(*verify, str(tmp_path / "receipt.json"))
+
+    forged = _forged_receipt(tmp_path, receipt, leaked, origin, copied)
+    out = " ".join(run(*verify, str(forged), code=1).split())
+    assert "do not hash to the root of the trusted checkpoint" in out, out
