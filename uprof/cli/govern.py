@@ -477,11 +477,20 @@ def trusted_checkpoint(
 ) -> str:
     """The checkpoint note of a file: the note itself, or a verified receipt's checkpoint."""
     from audit.errors import VerificationError
+    from audit.keys import HELD_BY_READER
     from audit.receipts import parse_receipt, verify_receipt
 
     if raw.lstrip().startswith(b"{"):
         receipt = parse_receipt(raw)
-        verify_receipt(receipt, public_key, origin=origin, key_history=key_history)
+        # The reader's own receipt, as their own note (bug ML): one issued before its key
+        # was rotated out needs no rotation proof, since the trail must extend its tree.
+        verify_receipt(
+            receipt,
+            public_key,
+            origin=origin,
+            key_history=key_history,
+            rotation_proof=HELD_BY_READER,
+        )
         return str(receipt["checkpoint"])
     try:
         return raw.decode("utf-8")
@@ -543,13 +552,17 @@ def audit_prove(
             try:
                 held = held_checkpoint(from_file.read_bytes())
                 if isinstance(held, dict):
-                    from audit.receipts import verify_receipt
+                    from audit.receipts import ROTATION_POINT_CHECKED_BY_CALLER, verify_receipt
 
+                    # A receipt issued before its key was rotated out needs no rotation
+                    # proof here (bug MK): ``verify_proof`` below proves this log, to a
+                    # checkpoint of its current key, extends the receipt's tree.
                     verify_receipt(
                         held,
                         key["public_key_pem"],
                         origin=key["origin"],
                         key_history=key["key_history"],
+                        rotation_proof=ROTATION_POINT_CHECKED_BY_CALLER,
                     )
                     note = str(held["checkpoint"])
                     inclusion = held["inclusion"]

@@ -533,15 +533,33 @@ def _sign(settings: Settings, manifest: dict[str, Any]) -> None:
     }
 
 
+@dataclass(frozen=True)
+class OperatorVouched:
+    """Why a restored manifest rests on the operator's word (``--allow-unsigned``), not on
+    a signature of this deployment: ``rule`` ``manifest-unsigned``, or
+    ``manifest-retired-key`` with that key's id. Recorded in ``backup.restored`` (bug MJ,
+    review of decision 0175-retired-below), so the trail tells these restores apart."""
+
+    rule: str
+    audit_key_id: str | None = None
+
+    def entry_fields(self) -> dict[str, str]:
+        fields = {"decision": "operator-vouched", "rule": self.rule}
+        if self.audit_key_id is not None:
+            fields["audit_key_id"] = self.audit_key_id
+        return fields
+
+
 def _check_signature(
     manifest: dict[str, Any], keys: Sequence[Ed25519PublicKey], unsigned_ok: bool
-) -> None:
+) -> OperatorVouched | None:
     """Refuse a manifest that no key of this deployment's audit key history (the current
-    key and those it rotated from, ``audit.keyring``) signed, naming why."""
+    key and those it rotated from, ``audit.keyring``) signed, naming why. Return what the
+    operator vouched for with ``unsigned_ok`` instead of a signature (None: a key did)."""
     signature = manifest.get("signature")
     if signature is None:
         if unsigned_ok:
-            return
+            return OperatorVouched("manifest-unsigned")
         raise BackupError(
             f"{MANIFEST} is not signed (a backup written before 2026-12-04, or one whose "
             "signature was removed): nothing vouches that its files are the ones written; "
@@ -597,6 +615,8 @@ def _check_signature(
                     "are the ones written; check where it came from, then restore it with "
                     "--allow-unsigned; nothing was changed"
                 ) from None
+            return OperatorVouched("manifest-retired-key", key_id(key))
+    return None
 
 
 def _manifest(
@@ -716,20 +736,24 @@ def restore(settings: Settings, src: Path, *, allow_unsigned: bool = False) -> R
         )
     # After the deployment check, whose refusal names the usual mistake; an edited
     # manifest (a deployment field removed included) stops here.
-    _check_signature(manifest, material.audit_keys().trusted(), allow_unsigned)
+    vouched = _check_signature(manifest, material.audit_keys().trusted(), allow_unsigned)
     layout = layout_for(settings)  # creates the data and key folders if needed
     views = create_engine(layout.views_url)
     try:
         # Alone on the stores from the first look to the marker's removal: a process
         # still running would keep writing into the copy, or fail on what it cached.
         with backend_for_settings(settings).stores_alone(views):
-            return _restore_alone(settings, src, manifest, views)
+            return _restore_alone(settings, src, manifest, views, vouched)
     finally:
         views.dispose()
 
 
 def _restore_alone(
-    settings: Settings, src: Path, manifest: dict[str, Any], views: sa.Engine
+    settings: Settings,
+    src: Path,
+    manifest: dict[str, Any],
+    views: sa.Engine,
+    vouched: OperatorVouched | None,
 ) -> RestoreReport:
     from uprof.bootstrap import bootstrap
 
@@ -824,6 +848,7 @@ def _restore_alone(
                 "resurrected": ledger.resurrected,
                 "withdrawals_reapplied": withdrawn_again,
             },
+            **({} if vouched is None else vouched.entry_fields()),
         )
         with kernel.views_engine.connect() as conn:
             entries, _ = _audit_head(conn)
