@@ -155,17 +155,10 @@ def test_allow_unsigned_still_checks_a_retired_keys_signature_and_the_files(
     assert _restored_entries(settings, clock) == []
 
 
-def test_mk_audit_prove_from_a_receipt_issued_before_a_rotation(
-    backend: Backend, clock: FakeClock, tmp_path: Path
-) -> None:
-    """Bug MK. ``uprof audit prove --from receipt.json`` (prove the log only grew since a
-    receipt someone holds) checked the receipt with ``verify_receipt`` without a rotation
-    proof: a receipt the deployment honestly issued before its audit key was rotated out
-    (below the key's point) was refused as "not a checkpoint of this log", though the
-    command holds the log that proves it. Now it verifies with the log's proof, as
-    ``POST /v1/audit/verify`` does, and the document it writes verifies offline against
-    the receipt with the key history. A receipt of a fork the retired key signed is
-    still refused: the same ``verify_receipt`` refuses it (KG, decision 0160-rotation-bound)."""
+def _receipt_then_rotation(backend: Backend, clock: FakeClock, tmp_path: Path) -> tuple[Any, ...]:
+    """Alice erased (her receipt in ``receipt.json``), bob filled after, then the audit key
+    rotated out by the CLI: the CLI runner, the settings, the receipt, the retired key (as
+    a leaked copy), the log's origin and the entries up to the receipt's (for a fork)."""
     run = cli_for(backend)
     settings = settings_for(backend)
     with running(settings, clock) as k:
@@ -178,6 +171,23 @@ def test_mk_audit_prove_from_a_receipt_issued_before_a_rotation(
     (tmp_path / "receipt.json").write_text(json.dumps(receipt))
     leaked = load_signing_key(settings.key_path / KEY_FILE)
     run("audit", "rotate-key")
+    return run, settings, receipt, leaked, origin, copied
+
+
+def test_mk_audit_prove_from_a_receipt_issued_before_a_rotation(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Bug MK. ``uprof audit prove --from receipt.json`` (prove the log only grew since a
+    receipt someone holds) checked the receipt with ``verify_receipt`` without a rotation
+    proof: a receipt the deployment honestly issued before its audit key was rotated out
+    (below the key's point) was refused as "not a checkpoint of this log", though the
+    command holds the log that proves it. Now it verifies with the log's proof, as
+    ``POST /v1/audit/verify`` does, and the document it writes verifies offline against
+    the receipt with the key history. A receipt of a fork the retired key signed is
+    still refused: the same ``verify_receipt`` refuses it (KG, decision 0160-rotation-bound)."""
+    run, settings, receipt, leaked, origin, copied = _receipt_then_rotation(
+        backend, clock, tmp_path
+    )
     with running(settings, clock) as k:
         fill(k, "carol", canaries("carol"))
         keys = k.audit_log.trusted_keys()
@@ -219,19 +229,10 @@ def test_ml_a_receipt_issued_before_a_rotation_is_a_trusted_checkpoint_of_a_trai
     trail fail to extend it). Now the receipt's note is taken the same way, and the trail
     must extend it: a receipt moved into a fork the leaked key signs is refused, the
     whole trail does not extend it."""
-    run = cli_for(backend)
-    settings = settings_for(backend)
-    with running(settings, clock) as k:
-        fill(k, "alice", ALICE)
-        receipt = k.erase_subject("alice").receipt
-        fill(k, "bob", BOB)
-        leaf = receipt["inclusion"]["leaf_index"]
-        copied = [json.loads(e.entry_json) for e in k.audit_log.entries(tree_size=leaf + 1)]
-        origin = k.audit_log.origin
-    (tmp_path / "receipt.json").write_text(json.dumps(receipt))
+    run, _settings, receipt, leaked, origin, copied = _receipt_then_rotation(
+        backend, clock, tmp_path
+    )
     (tmp_path / "receipt.note").write_text(receipt["checkpoint"])
-    leaked = load_signing_key(settings.key_path / KEY_FILE)
-    run("audit", "rotate-key")
     run("audit", "export", "--out", str(tmp_path / "trail.jsonl"))
     run("audit", "keys", "--out", str(tmp_path / "keys.json"))
     run("audit", "public-key", "--out", str(tmp_path / "key.pem"))

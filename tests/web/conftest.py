@@ -8,6 +8,7 @@ save a screenshot of each page to docs/screenshots/.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import tempfile
@@ -132,3 +133,19 @@ def open_link(client: httpx.Client, login_path: str, *, expect: int = 303) -> ht
     signed = client.post("/privacy/login", data={"token": token.group(1)})
     assert signed.status_code == expect, signed.text
     return signed
+
+
+@contextlib.contextmanager
+def policy_store_down(backend: Any, uprof: Any) -> Iterator[None]:
+    """The deployment's policy store unreadable for the block (its table renamed away, as
+    an outage), and readable again after it: its health names the outage inside
+    the block and is clean once the table is back."""
+    from tests.policies.test_policy_store import _rename_policy_table
+
+    _rename_policy_table(backend, uprof.settings)
+    try:
+        assert "policy store unreadable" in uprof.policy_health()
+        yield
+    finally:
+        _rename_policy_table(backend, uprof.settings, back=True)
+    assert uprof.policy_health() == ""

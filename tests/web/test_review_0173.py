@@ -14,7 +14,7 @@ from domain.principal import Principal
 from tests.api.conftest import Apps, LiveServer, grant
 from tests.conftest import Backend
 from tests.policies.test_policy_store import _rename_policy_table
-from tests.web.conftest import open_link, privacy_link
+from tests.web.conftest import open_link, policy_store_down, privacy_link
 from uprof.facade import Facade
 from uprof.kernel import Uprof
 
@@ -38,17 +38,12 @@ def test_a_policy_store_outage_is_503_with_retry_after(
     with httpx.Client(base_url=server.url, timeout=30) as browser:
         open_link(browser, privacy_link(http, apps.planner_operator, "alice"))
         assert browser.get("/privacy/export.json").status_code == 200
-        _rename_policy_table(backend, kernel.settings)
-        try:
-            assert "policy store unreadable" in kernel.policy_health()
+        with policy_store_down(backend, kernel):
             for path in ("/privacy/export.json", "/privacy", "/privacy/receipts"):
                 page = browser.get(path)
                 assert page.status_code == 503, (path, page.status_code, page.text[:300])
                 assert int(page.headers["Retry-After"]) > 0, path
                 assert "policy store unreadable" in page.text and "consents" not in page.text
-        finally:
-            _rename_policy_table(backend, kernel.settings, back=True)
-        assert kernel.policy_health() == ""
         assert browser.get("/privacy/export.json").status_code == 200
 
 
@@ -67,16 +62,11 @@ def test_a_sign_in_during_a_policy_store_outage_does_not_burn_the_link(
         shown = browser.get(login)
         token = re.search(r'name="token" value="([^"]+)"', shown.text)
         assert token is not None
-        _rename_policy_table(backend, kernel.settings)
-        try:
-            assert "policy store unreadable" in kernel.policy_health()
+        with policy_store_down(backend, kernel):
             refused = browser.post("/privacy/login", data={"token": token.group(1)})
             assert refused.status_code >= 500, refused.text[:300]
             assert "policy store unreadable" in refused.text
             assert browser.get("/privacy/export.json").status_code == 401
-        finally:
-            _rename_policy_table(backend, kernel.settings, back=True)
-        assert kernel.policy_health() == ""
         signed = browser.post("/privacy/login", data={"token": token.group(1)})
         assert signed.status_code == 303, signed.text[:300]
         assert browser.get("/privacy/export.json").status_code == 200

@@ -9,8 +9,7 @@ import pytest
 from domain.principal import OPERATORS, PRIVACY_CENTER
 from tests.api.conftest import Apps, LiveServer, bearer, grant
 from tests.conftest import Backend
-from tests.policies.test_policy_store import _rename_policy_table
-from tests.web.conftest import deny_operators, open_link, privacy_link
+from tests.web.conftest import deny_operators, open_link, policy_store_down, privacy_link
 from uprof.kernel import Uprof
 
 
@@ -170,13 +169,8 @@ def test_a_policy_store_outage_refuses_the_privacy_center_and_keeps_its_sessions
     with httpx.Client(base_url=server.url, timeout=30) as browser:
         open_link(browser, privacy_link(http, apps.planner_operator, "alice"))
         assert browser.get("/privacy/export.json").status_code == 200
-        _rename_policy_table(backend, kernel.settings)
-        try:
-            assert "policy store unreadable" in kernel.policy_health()
+        with policy_store_down(backend, kernel):
             refused = browser.get("/privacy/export.json")
             assert refused.status_code >= 500 and "policy store unreadable" in refused.text
             assert "consents" not in refused.text
-        finally:
-            _rename_policy_table(backend, kernel.settings, back=True)
-        assert kernel.policy_health() == ""
         assert browser.get("/privacy/export.json").status_code == 200
