@@ -49,6 +49,7 @@ from audit.export_format import (
     TRAILER_KEYS,
     csv_line,
     entry_line,
+    over_line_cap,
     read_csv_rows,
     split_entry_line,
 )
@@ -439,20 +440,18 @@ def _numbered_lines(
             raise VerificationError("export lines must be text", line_number=number)
         if text.endswith("\n"):
             text = text[:-1]
-        # A character is at least one byte: only a line near the cap is encoded to count.
-        if len(text) > MAX_LINE_BYTES // 4:
-            _check_length(
-                len(text) if len(text) > MAX_LINE_BYTES else _utf8_size(text, number), number
-            )
+        # A character is at least one byte: only a line near the cap needs counting.
+        if len(text) > MAX_LINE_BYTES // 4 and _over_line_cap(text, number):
+            _check_length(MAX_LINE_BYTES + 1, number)
         yield number, text
 
 
-def _utf8_size(text: str, number: int) -> int:
-    """The line's length in UTF-8. Text read with ``errors="surrogateescape"`` holds lone
-    surrogates for bytes that are not UTF-8: refused as the same bytes in a file are, not
-    as ``UnicodeEncodeError`` (bug LH)."""
+def _over_line_cap(text: str, number: int) -> bool:
+    """The format's one byte count (``over_line_cap``). Text read with
+    ``errors="surrogateescape"`` holds lone surrogates for bytes that are not UTF-8:
+    refused as the same bytes in a file are, not as ``UnicodeEncodeError`` (bug LH)."""
     try:
-        return len(text.encode("utf-8"))
+        return over_line_cap(text)
     except UnicodeEncodeError:
         raise VerificationError("line is not UTF-8", line_number=number) from None
 
