@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import enum
 import errno
 import fcntl
 import hashlib
@@ -806,10 +807,10 @@ def _restore_alone(
     # Before the live views are migrated, so that a refusal changes nothing (the audit
     # table's columns read here are those of its first migration).
     keep_live_audit = _live_audit_extends(views, manifest)
-    restart = _audit_restart(views, manifest, keep_live_audit, audit)
+    marker = settings.data_dir / RESTORE_MARKER
+    restart = _audit_restart(views, manifest, keep_live_audit, audit, rerun=marker.exists())
     migrate(views, "views")
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    marker = settings.data_dir / RESTORE_MARKER
     # Sign-outs are kept like the live audit log: the backup's views were copied before
     # the sessions signed out since, whose cookies would otherwise open again. They go in
     # the marker too (random session ids, no credential): a killed restore, run again,
@@ -852,23 +853,21 @@ def _restore_alone(
         # lacks: the operator chose it, so its heads are the anchors from now on (before
         # anything loads a stream; decision 0132-stream-head-anchor).
         kernel.app.reanchor()
-        if not keep_live_audit or restart:
+        if not keep_live_audit or restart is _Restart.NOW:
             # Likewise the audit log's: the backup's log (the live one was empty) is the
             # one the operator chose, shorter than the checkpoint the key folder keeps.
             kernel.audit_log.reanchor()
-        if restart:
+        if restart is _Restart.NOW:
             # Before anything else is logged: the log restarts where the backup's ends,
             # the current key vouching for it in the key history (bug MP).
-            rotated = kernel.rotate_audit_key(
+            kernel.rotate_audit_key(
                 requested_by=Principal.local_operator(kernel.subjects.tenant).label,
                 restart=True,
             )
+        restarted_at: int | None = None
+        if restart is not None:
             vouched = OperatorVouched.adding(vouched, RESTART_RULE)
-            restarted_at: int | None = (
-                kernel.audit_log.trusted_keys().retired_at[rotated["previous_key_id"]].tree_size
-            )
-        else:
-            restarted_at = None
+            restarted_at = _highest_point(kernel.audit_log.trusted_keys()).tree_size
         # That replaced every anchor, the policy store's too: anchor the policy in place
         # (the live one kept, or the backup's; decision 0140-sealed-policy-store).
         if kernel.policy_service is not None:
@@ -948,6 +947,20 @@ def _sign_outs_to_keep(views: sa.Engine, marker: Path) -> list[tuple[str, dateti
 RESTART_RULE = "audit-log-restarted"
 
 
+class _Restart(enum.Enum):
+    """What a restore does about a log restart (``_audit_restart``)."""
+
+    #: Restart the log now (``--restart-audit-log``, the log short of a point).
+    NOW = "now"
+    #: Done already: a restore run again after it was killed past its restart record.
+    DONE = "done"
+
+
+def _highest_point(trusted: TrustedKeys) -> Any:
+    """The highest rotation point the key history records (a ``RetiredAt``), or None."""
+    return max(trusted.retired_at.values(), key=lambda p: p.tree_size, default=None)
+
+
 @dataclass(frozen=True)
 class _AuditChoice:
     """The key history's ranges, and whether the operator asked for a log restart."""
@@ -957,14 +970,21 @@ class _AuditChoice:
 
 
 def _audit_restart(
-    views: sa.Engine, manifest: dict[str, Any], keep_live: bool, audit: _AuditChoice
-) -> bool:
+    views: sa.Engine,
+    manifest: dict[str, Any],
+    keep_live: bool,
+    audit: _AuditChoice,
+    *,
+    rerun: bool,
+) -> _Restart | None:
     """Whether the restore restarts the audit log; refuse it, changing nothing, when the
     log it leaves (the live one kept, or the backup's) ends below the highest rotation
     point of the key history without ``--restart-audit-log`` (bug MO), and the flag when
     there is nothing to restart. Such a log grows past the point N with another root than
-    the retired key signed there, and every whole-trail export fails from then on."""
-    highest = max(audit.trusted.retired_at.values(), key=lambda p: p.tree_size, default=None)
+    the retired key signed there, and every whole-trail export fails from then on.
+    ``rerun``: a killed restore's marker is there; if it restarted the log before it died,
+    the history's highest point is that restart's and the flag finishes it (``DONE``)."""
+    highest = _highest_point(audit.trusted)
     if keep_live:
         with views.connect() as conn:
             size, _ = _audit_head(conn)
@@ -986,12 +1006,14 @@ def _audit_restart(
             "range are refused from then on); nothing was changed"
         )
     if audit.restart and not short:
+        if rerun and keep_live and highest is not None and highest.abandoned is not None:
+            return _Restart.DONE
         raise BackupError(
             f"--restart-audit-log: nothing to restart: {whose} holds {size} entries and "
             "reaches every rotation point the audit key history records; restore without "
             "it; nothing was changed"
         )
-    return short
+    return _Restart.NOW if short else None
 
 
 def _live_audit_extends(views: sa.Engine, manifest: dict[str, Any]) -> bool:
