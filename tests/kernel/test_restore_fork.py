@@ -26,6 +26,7 @@ from audit.errors import VerificationError
 from audit.keyring import KEY_FILE, verify_key_history
 from audit.keys import load_signing_key
 from audit.verify import VerificationReport, verify_export
+from domain.errors import InvalidInputError
 from domain.principal import Principal
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
@@ -180,6 +181,13 @@ def test_mp_restarting_the_audit_log_leaves_a_trail_that_verifies(
     for note in (before.abandoned, before.beyond):
         with pytest.raises(VerificationError, match="restarted"):
             verify_checkpoint(note, trusted, origin)
+    # The deployment hands no rotation proof for them either (REST 422, CLI exit 2), and
+    # names why.
+    with running(settings, clock) as k:
+        door = Facade(k, Principal.local_operator(k.subjects.tenant))
+        for note in (before.abandoned, before.beyond):
+            with pytest.raises(InvalidInputError, match="restarted"):
+                door.checkpoint_rotation_proof(note)
     # What the backup's log holds still verifies: at the restart's point as it is, below
     # it with the proof to that point, which the restarted log gives.
     assert verify_checkpoint(before.at_backup, trusted, origin)[0] == before.backup_size
