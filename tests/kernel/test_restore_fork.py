@@ -125,6 +125,9 @@ def test_mo_a_pre_rotation_backup_into_an_empty_folder_is_refused_before_any_cha
     backend: Backend, clock: FakeClock, tmp_path: Path
 ) -> None:
     settings, before = _pre_rotation_backup(backend, clock, tmp_path)
+    # Its manifest is the retired key's (0175's LM): that refusal names both flags.
+    with pytest.raises(BackupError, match=r"--allow-unsigned .*also --restart-audit-log"):
+        restore(settings, tmp_path / "bk")
     with pytest.raises(BackupError) as refused:
         restore(settings, tmp_path / "bk", allow_unsigned=True)
     said = str(refused.value)

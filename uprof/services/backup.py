@@ -626,11 +626,19 @@ def _check_signature(
             keys.check_vouches_alone(key, MANIFEST)
         except VerificationError as exc:
             if not unsigned_ok:
+                highest = _highest_point(keys) if isinstance(keys, TrustedKeys) else None
+                also = (
+                    f" (into an empty data folder also --restart-audit-log: its audit log "
+                    f"of {manifest['audit']['entries']} entries ends below the rotation "
+                    f"point at tree size {highest.tree_size})"
+                    if highest is not None and manifest["audit"]["entries"] < highest.tree_size
+                    else ""
+                )
                 raise BackupError(
                     f"{exc.reason} (a backup taken before an audit key rotation, or one "
                     "whose manifest a leaked old key signed): nothing vouches that its files "
                     "are the ones written; check where it came from, then restore it with "
-                    "--allow-unsigned; nothing was changed"
+                    f"--allow-unsigned{also}; nothing was changed"
                 ) from None
             return OperatorVouched("manifest-retired-key", key_id(key))
     return None
