@@ -82,13 +82,25 @@ HISTORY_FORMAT = "uprof.audit-key-history/v1"
 #: 0160-rotation-bound): written by every rotation from now on. A v1 verifier refuses it
 #: whole (fail closed) rather than read it as a flat key list.
 HISTORY_FORMAT_V2 = "uprof.audit-key-history/v2"
-HISTORY_FORMATS = frozenset({HISTORY_FORMAT, HISTORY_FORMAT_V2})
+#: A history holding a log restart (``LOG_RESTART``, ``uprof restore
+#: --restart-audit-log``): every later record keeps it. A v2 verifier refuses it whole.
+HISTORY_FORMAT_V3 = "uprof.audit-key-history/v3"
+HISTORY_FORMATS = frozenset({HISTORY_FORMAT, HISTORY_FORMAT_V2, HISTORY_FORMAT_V3})
 STATEMENT_TYPE = "uprof.audit-key/v1"
 #: The statement of a record that names where the key before it was retired.
 STATEMENT_TYPE_V2 = "uprof.audit-key/v2"
+#: The statement of a record that also restarts the log (``LOG_RESTART``).
+STATEMENT_TYPE_V3 = "uprof.audit-key/v3"
 #: The field of a v2 record: ``{"tree_size": n, "root": <base64 root>}``, the log's head
 #: under its append lock when this record's key replaced the one before.
 RETIRED_AT = "previous_key_retired_at"
+#: The field of a restart record: ``{"abandoned": {"tree_size": N, "root": <base64>}}``,
+#: the highest rotation point recorded before it, which the log (put back from a backup
+#: of fewer entries) no longer reaches. The record's ``RETIRED_AT`` is where the log
+#: restarts (its head, under its append lock), and every earlier point above it moves
+#: down to it: a retired key then vouches, with a proof, only for what the restarted log
+#: holds, and whole trails pass through the restart's point instead of the abandoned one.
+LOG_RESTART = "log_restart"
 #: Domain separation: no checkpoint (origin first), JSON body ("{") or export context
 #: starts with these bytes.
 HISTORY_CONTEXT = b"uprof audit key history v1\x00"
@@ -112,7 +124,13 @@ ANCHOR_LOCK_FILE = "audit-checkpoint.lock"
 
 def _statement(record: Mapping[str, Any]) -> bytes:
     statement = {
-        "type": STATEMENT_TYPE_V2 if RETIRED_AT in record else STATEMENT_TYPE,
+        "type": (
+            STATEMENT_TYPE_V3
+            if LOG_RESTART in record
+            else STATEMENT_TYPE_V2
+            if RETIRED_AT in record
+            else STATEMENT_TYPE
+        ),
         "seq": record["seq"],
         "key_id": record["key_id"],
         "public_key": record["public_key"],
@@ -123,6 +141,10 @@ def _statement(record: Mapping[str, Any]) -> bytes:
         # Signed by both keys: the old key agrees it stops here, the new one that it
         # starts here (neither can later move the point alone).
         statement[RETIRED_AT] = record[RETIRED_AT]
+    if LOG_RESTART in record:
+        # Signed by both keys too: the current key vouches for the restart (the
+        # operator's choice), the new key accepts starting there.
+        statement[LOG_RESTART] = record[LOG_RESTART]
     return HISTORY_CONTEXT + canonical_bytes(statement)
 
 
@@ -142,6 +164,7 @@ def _new_record(
     previous: Mapping[str, Any] | None,
     previous_key: Ed25519PrivateKey | None,
     retired_at: RetiredAt | None = None,
+    abandons: RetiredAt | None = None,
 ) -> dict[str, Any]:
     record: dict[str, Any] = {
         "seq": 0 if previous is None else int(previous["seq"]) + 1,
@@ -155,6 +178,10 @@ def _new_record(
         record[RETIRED_AT] = {
             "tree_size": retired_at.tree_size,
             "root": b64encode(retired_at.root),
+        }
+    if abandons is not None:
+        record[LOG_RESTART] = {
+            "abandoned": {"tree_size": abandons.tree_size, "root": b64encode(abandons.root)}
         }
     message = _statement(record)
     if previous_key is not None:
@@ -174,14 +201,22 @@ def extend_history(
     new: Ed25519PrivateKey,
     created_at: str,
     retired_at: RetiredAt | None = None,
+    abandons: RetiredAt | None = None,
 ) -> dict[str, Any]:
     """``history`` with ``new`` endorsed by ``current`` (which must be its last key);
-    with ``retired_at`` (the log's head when ``current`` stops signing) a v2 history."""
+    with ``retired_at`` (the log's head when ``current`` stops signing) a v2 history;
+    with ``abandons`` (the point a log restart gives up, ``LOG_RESTART``) a v3 one."""
     records = list(history["keys"])
     if records[-1]["key_id"] != key_id(current):
         raise AuditKeyError("only the history's last key can endorse the next one")
-    added = _new_record(new, created_at, records[-1], current, retired_at)
-    document_format = history["format"] if retired_at is None else HISTORY_FORMAT_V2
+    if abandons is not None and retired_at is None:
+        raise AuditKeyError("a log restart records where the log restarts (retired_at)")
+    added = _new_record(new, created_at, records[-1], current, retired_at, abandons)
+    document_format = history["format"]
+    if abandons is not None:
+        document_format = HISTORY_FORMAT_V3
+    elif retired_at is not None and document_format != HISTORY_FORMAT_V3:
+        document_format = HISTORY_FORMAT_V2
     return {"format": document_format, "keys": [*records, added]}
 
 
@@ -231,8 +266,8 @@ def verify_key_history(
         or not any(history["format"] == known for known in HISTORY_FORMATS)
     ):
         raise VerificationError(
-            f"a key history is {{'format': {HISTORY_FORMAT_V2!r} (or {HISTORY_FORMAT!r}), "
-            "'keys': [...]}"
+            f"a key history is {{'format': {HISTORY_FORMAT_V3!r} (or {HISTORY_FORMAT_V2!r}, "
+            f"{HISTORY_FORMAT!r}), 'keys': [...]}}"
         )
     records = history["keys"]
     if not isinstance(records, list) or not 1 <= len(records) <= MAX_KEYS:
@@ -243,7 +278,10 @@ def verify_key_history(
     previous: Mapping[str, Any] | None = None
     for seq, record in enumerate(records):
         where = f"key history record {seq}"
-        if not isinstance(record, Mapping) or set(record) - {RETIRED_AT} != RECORD_KEYS:
+        if (
+            not isinstance(record, Mapping)
+            or set(record) - {RETIRED_AT, LOG_RESTART} != RECORD_KEYS
+        ):
             raise VerificationError(f"{where} needs exactly {sorted(RECORD_KEYS)}")
         if record["seq"] != seq or isinstance(record["seq"], bool):
             raise VerificationError(f"{where} has seq {record['seq']!r}: records were reordered")
@@ -280,18 +318,22 @@ def verify_key_history(
                 raise VerificationError(f"{where}: the key is endorsed by nobody")
             _check_signature(keys[-1], record["endorsement"], message, f"{where} endorsement")
         if RETIRED_AT in record:
-            if history["format"] != HISTORY_FORMAT_V2 or previous is None:
+            if history["format"] == HISTORY_FORMAT or previous is None:
                 raise VerificationError(
                     f"{where}: {RETIRED_AT} belongs to a rotation record of a "
                     f"{HISTORY_FORMAT_V2} history"
                 )
             point = _retired_at(record[RETIRED_AT], where)
-            if retired_at and point.tree_size < max(p.tree_size for p in retired_at.values()):
+            if LOG_RESTART in record:
+                point = _restarted(record[LOG_RESTART], point, retired_at, history, where)
+            elif retired_at and point.tree_size < max(p.tree_size for p in retired_at.values()):
                 raise VerificationError(
                     f"{where}: {RETIRED_AT}.tree_size {point.tree_size} is below an earlier "
                     "rotation's: the log cannot shrink"
                 )
             retired_at[ids[-1]] = point
+        elif LOG_RESTART in record:
+            raise VerificationError(f"{where}: {LOG_RESTART} without {RETIRED_AT}")
         keys.append(public)
         ids.append(record["key_id"])
         previous = record
@@ -306,6 +348,50 @@ def verify_key_history(
             "deployment, or it was replaced"
         )
     return KeyHistory(tuple(keys), tuple(ids), history, retired_at)
+
+
+def _restarted(
+    value: Any,
+    point: RetiredAt,
+    retired_at: dict[str, RetiredAt],
+    history: Mapping[str, Any],
+    where: str,
+) -> RetiredAt:
+    """Apply a log restart record (``LOG_RESTART``) whose log restarts at ``point``: it must
+    name, as the point it abandons, the highest one recorded before it, above ``point``;
+    every earlier point above ``point`` moves down to it (``retired_at`` updated in place).
+    Return the record's own point, marked as a restart's."""
+    if history["format"] != HISTORY_FORMAT_V3:
+        raise VerificationError(
+            f"{where}: {LOG_RESTART} belongs to a record of a {HISTORY_FORMAT_V3} history"
+        )
+    if not isinstance(value, Mapping) or set(value) != {"abandoned"}:
+        raise VerificationError(f"{where}: {LOG_RESTART} is {{'abandoned': {{...}}}}")
+    abandoned = _retired_at(value["abandoned"], f"{where} {LOG_RESTART}")
+    highest = max(retired_at.values(), key=lambda p: p.tree_size, default=None)
+    if highest is None or (abandoned.tree_size, abandoned.root) != (
+        highest.tree_size,
+        highest.root,
+    ):
+        raise VerificationError(
+            f"{where}: {LOG_RESTART} does not abandon the highest rotation point recorded "
+            "before it: a restart gives up that point and only that one"
+        )
+    if point.tree_size >= abandoned.tree_size:
+        raise VerificationError(
+            f"{where}: a log restart at tree size {point.tree_size} abandons nothing below "
+            f"the point at {abandoned.tree_size}"
+        )
+    if any(p.tree_size == point.tree_size and p.root != point.root for p in retired_at.values()):
+        raise VerificationError(
+            f"{where}: the log restarts at tree size {point.tree_size} with another root than "
+            "the rotation point recorded there"
+        )
+    moved = RetiredAt(point.tree_size, point.root, abandoned.tree_size)
+    for key, earlier in list(retired_at.items()):
+        if earlier.tree_size > point.tree_size:
+            retired_at[key] = moved
+    return moved
 
 
 def _retired_at(value: Any, where: str) -> RetiredAt:
@@ -664,6 +750,7 @@ class FileKeyRing:
         record: Callable[[Rotation, Mapping[str, Any]], None] | None = None,
         *,
         log_head: Callable[[], AbstractContextManager[RetiredAt]] | None = None,
+        restart: bool = False,
     ) -> Rotation:
         """Make a new key current, endorsed by the current one; return what was done.
 
@@ -676,7 +763,15 @@ class FileKeyRing:
 
         ``record(rotation, history)`` runs after the key switch, still under the lock (the
         rotation's audit entry: no other process's ``settled`` can see the rotation first
-        and record it as its own)."""
+        and record it as its own).
+
+        ``restart``: the log was put back from a backup of fewer entries than the highest
+        rotation point the history records (``uprof restore --restart-audit-log``): the
+        record also names that point as abandoned (``LOG_RESTART``), signed by the
+        current key and the new one. Refused (``AuditKeyError``, nothing changed) when the
+        log reaches every point: there is nothing to restart."""
+        if restart and log_head is None:
+            raise AuditKeyError("a log restart is recorded at the log's head (log_head)")
         with self._lock():
             self._repair_locked()
             self._opened = True
@@ -689,12 +784,32 @@ class FileKeyRing:
                     f"the audit key history {self.history_path} holds {MAX_KEYS} keys, the "
                     "most a verifier accepts: no further rotation (nothing was changed)"
                 )
+            abandons = self._abandoned_point(document) if restart else None
             new = Ed25519PrivateKey.generate()
             next_path = self.folder / NEXT_KEY_FILE
             _write_private(next_path, _pem(new))
             with log_head() if log_head is not None else nullcontext(None) as head:
+                size = -1 if head is None else head.tree_size
+                if restart and (abandons is None or size >= abandons.tree_size):
+                    next_path.unlink()
+                    raise AuditKeyError(
+                        f"nothing to restart: the audit log holds {size} entries, and the "
+                        "key history records no rotation point above that (nothing was "
+                        "changed)"
+                    )
                 created_at = max(self._clock(), document["keys"][-1]["created_at"])
-                extended = extend_history(document, current, new, created_at, head)
+                extended = extend_history(document, current, new, created_at, head, abandons)
+                if restart:
+                    # Checked as every verifier will before it is the history: a restart
+                    # the rules refuse (a log that forks a point below its head) would
+                    # leave a key folder nothing opens.
+                    try:
+                        verify_key_history(extended, [new.public_key()])
+                    except VerificationError as exc:
+                        next_path.unlink()
+                        raise AuditKeyError(
+                            f"not restarting the audit log: {exc.reason} (nothing was changed)"
+                        ) from None
                 _write_private(self.history_path, _history_bytes(extended))  # the commit point
                 os.replace(next_path, self.key_path)
                 _fsync_dir(self.folder)
@@ -703,6 +818,12 @@ class FileKeyRing:
             if record is not None:
                 record(done, extended)
             return done
+
+    @staticmethod
+    def _abandoned_point(document: Any) -> RetiredAt | None:
+        """The highest rotation point a (checked) history document records, or None."""
+        points = verify_key_history(document, [_anchor_of(document)]).retired_at
+        return max(points.values(), key=lambda p: p.tree_size, default=None)
 
 
 def _note_size(note: str) -> int:

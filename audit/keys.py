@@ -145,6 +145,22 @@ class RetiredAt(NamedTuple):
 
     tree_size: int
     root: bytes
+    #: Set when a log restart moved this point down to where the log restarted (``uprof
+    #: restore --restart-audit-log``, a ``log_restart`` record of the key history): the
+    #: tree size of the point the restart abandoned. Only for the refusals' wording.
+    abandoned: int | None = None
+
+    def restart_note(self) -> str:
+        """What a refusal adds for a point a log restart set: why the range above it is
+        gone."""
+        if self.abandoned is None:
+            return ""
+        return (
+            f"; the audit log was restarted at tree size {self.tree_size} from a backup (a "
+            "log_restart record of the key history, `uprof restore --restart-audit-log`), "
+            f"abandoning what was logged up to tree size {self.abandoned}: a checkpoint of "
+            "the abandoned range is not of this log, and nothing can prove it is"
+        )
 
 
 #: What a verifier is given for a statement below its key's rotation point: the log's
@@ -180,6 +196,7 @@ class TrustedKeys(tuple[Ed25519PublicKey, ...]):
     it to ``audit.checkpoint.verify_checkpoint``, the one place that applies them."""
 
     retired_at: Mapping[str, RetiredAt]
+    _by_size: Mapping[int, tuple[RetiredAt, ...]] | None
 
     def __new__(
         cls,
@@ -188,6 +205,7 @@ class TrustedKeys(tuple[Ed25519PublicKey, ...]):
     ) -> TrustedKeys:
         self = super().__new__(cls, keys)
         self.retired_at = dict(retired_at or {})
+        self._by_size = None
         return self
 
     @property
@@ -209,13 +227,39 @@ class TrustedKeys(tuple[Ed25519PublicKey, ...]):
                 f"checkpoint of tree size {tree_size} is signed by key {key_id(key)[:16]}…, "
                 f"which was rotated out at tree size {bound.tree_size}: a retired key "
                 "vouches for nothing after its rotation (a leaked or backed-up old key?)"
+                + bound.restart_note()
             )
         if tree_size == bound.tree_size and root is not None and root != bound.root:
             raise VerificationError(
                 f"checkpoint of tree size {tree_size} by key {key_id(key)[:16]}… names "
                 "another root than the one the key history recorded when that key was "
-                "rotated out: the checkpoint forks the log"
+                "rotated out: the checkpoint forks the log" + bound.restart_note()
             )
+
+    def check_log_root(self, tree_size: int, root: bytes) -> None:
+        """Raise VerificationError when the history records a rotation point at
+        ``tree_size`` whose root is not ``root``, the log's own root there (bug MQ,
+        ``AuditLog.verify_integrity``): the log forks what a retired key signed. Without
+        this, a log opened without its key folder's anchor verified whatever it held past
+        a point; the anchor caught it only where there is one."""
+        for point in self._points_at().get(tree_size, ()):
+            if point.root != root:
+                raise VerificationError(
+                    f"the audit log's first {tree_size} entries do not hash to the root the "
+                    "key history recorded when a key was rotated out at that size: the log "
+                    "forks what that key signed (rewritten, or a backup's log grown past "
+                    "the point; see `uprof restore --restart-audit-log`)" + point.restart_note()
+                )
+
+    def _points_at(self) -> Mapping[int, tuple[RetiredAt, ...]]:
+        """The recorded points by tree size (built once: the integrity check asks per
+        entry)."""
+        if self._by_size is None:
+            by_size: dict[int, tuple[RetiredAt, ...]] = {}
+            for point in self.retired_at.values():
+                by_size[point.tree_size] = (*by_size.get(point.tree_size, ()), point)
+            self._by_size = by_size
+        return self._by_size
 
     def check_vouches_alone(self, key: Ed25519PublicKey, what: str) -> None:
         """Raise VerificationError when ``key`` was rotated out at a recorded point: for a

@@ -858,6 +858,9 @@ class AuditLog:
 
         anchored = self._anchored()  # before the log, as in ``checkpoint_record``
         self._check_checkpoint(checkpoints.get(0), EMPTY_ROOT, public_key)
+        # Each rotation point the key history records, compared with the root recomputed
+        # there (bug MQ): the anchor catches a log that forks it only where one is kept.
+        public_key.check_log_root(0, EMPTY_ROOT)
         for stored_entry in self.entries():
             index = frontier.size
             if stored_entry.leaf_index != index:
@@ -872,7 +875,9 @@ class AuditLog:
             if len(pending) >= _FETCH_CHUNK:
                 with self._engine.connect() as conn:
                     check_pending(conn)
-            self._check_checkpoint(checkpoints.get(frontier.size), frontier.root(), public_key)
+            root = frontier.root()
+            self._check_checkpoint(checkpoints.get(frontier.size), root, public_key)
+            public_key.check_log_root(frontier.size, root)
         if pending:
             with self._engine.connect() as conn:
                 check_pending(conn)

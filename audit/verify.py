@@ -308,11 +308,12 @@ class _ExportVerifier:
         ``rotation_points_checked`` says how many were."""
         if self._filtered:
             return
-        points = [
+        # A set: after a log restart several keys share the restart's point.
+        points = {
             CheckpointBody(point.tree_size, point.root)
             for point in self._keys.retired_at.values()
             if point.tree_size <= self._tree_size
-        ]
+        }
         self._rotation_points_checked = len(points)
         self._trusted = sorted([*self._trusted, *points])
 

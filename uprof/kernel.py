@@ -1357,29 +1357,41 @@ class Uprof:
         (``ErasureService.settle_host``)."""
         return self.erasure_service.settle_host(host, requested_by=requested_by)
 
-    def rotate_audit_key(self, *, requested_by: str) -> dict[str, Any]:
+    def rotate_audit_key(self, *, requested_by: str, restart: bool = False) -> dict[str, Any]:
         """Make a new audit signing key current, endorsed by the current one, and record it
         (``audit.key_rotated``: old and new key ids, the new key's position in the history,
         who asked, when the history changed). A checkpoint signed by the new key follows.
 
         A rotation the log does not show yet (a process killed between the key switch and
-        its entry) is recorded first (``reason_code`` recorded-late), once across processes."""
+        its entry) is recorded first (``reason_code`` recorded-late), once across processes.
+
+        ``restart``: the log was put back from a backup shorter than the history's highest
+        rotation point (``uprof restore --restart-audit-log``): the rotation also records
+        that point as abandoned (``FileKeyRing.rotate``), and its entry says so
+        (``reason_code`` log-restarted, ``tree_size`` where the log restarts)."""
         from audit.keyring import Rotation
 
         rotate = getattr(self.audit_log.keys, "rotate", None)
         if rotate is None:
             raise InvalidInputError("this deployment's audit key source cannot be rotated")
-        self.record_audit_key_rotations()
+        if not restart:
+            # A restart is recorded at the head of the backup's log, before any entry: the
+            # rotations it lacks are recorded late by the next start, after it.
+            self.record_audit_key_rotations()
 
         def record(done: Rotation, history: Mapping[str, Any]) -> None:
             # Under the key ring's lock: no other process records this rotation late.
-            self.audit.record_many(
-                _rotation_entries(history["keys"], seq=done.seq, requested_by=requested_by),
-                once_by=("audit_key_id",),
-            )
+            entries = _rotation_entries(history["keys"], seq=done.seq, requested_by=requested_by)
+            if restart:
+                point = history["keys"][done.seq]["previous_key_retired_at"]
+                for _, fields in entries:
+                    fields.update(reason_code="log-restarted", tree_size=point["tree_size"])
+            self.audit.record_many(entries, once_by=("audit_key_id",))
 
         # The log's head under its append lock is where the old key stops signing.
-        done: Rotation = rotate(record, log_head=self.audit_log.held_head)
+        done: Rotation = rotate(
+            record, log_head=self.audit_log.held_head, **({"restart": True} if restart else {})
+        )
         self.audit_log.checkpoint()
         return {
             "seq": done.seq,

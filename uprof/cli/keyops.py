@@ -56,6 +56,17 @@ def restore_command(
             "binds nothing a leaked old key could not sign); check where it came from first.",
         ),
     ] = False,
+    restart_audit_log: Annotated[
+        bool,
+        typer.Option(
+            "--restart-audit-log",
+            help="Restore a backup taken before an audit key rotation when no later one is "
+            "left: the audit log restarts at the backup's entries, and the current audit key "
+            "signs that restart into the key history (audit-keys.json); receipts and "
+            "checkpoints of what was logged after the backup are refused from then on. "
+            "Refused when the backup's log reaches every rotation point.",
+        ),
+    ] = False,
 ) -> None:
     """Replace the data stores with a backup, then re-apply the erasure ledger.
 
@@ -64,7 +75,12 @@ def restore_command(
     from uprof.services.backup import restore
 
     try:
-        report = restore(settings(), source, allow_unsigned=allow_unsigned)
+        report = restore(
+            settings(),
+            source,
+            allow_unsigned=allow_unsigned,
+            restart_audit_log=restart_audit_log,
+        )
     except UprofError as e:
         fail(e)
         return
@@ -76,6 +92,12 @@ def restore_command(
         f"{ledger.erased_streams} erased subjects, {ledger.erased_captures} erased captures, "
         f"{ledger.resurrected} resurrected rows destroyed"
         + (", read models rebuilt" if ledger.rebuilt else "")
+        + (
+            f"; audit log restarted at {report.audit_restarted_at} entries (recorded in the "
+            "audit key history: take a new backup now)"
+            if report.audit_restarted_at is not None
+            else ""
+        )
     )
 
 

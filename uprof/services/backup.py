@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import enum
 import errno
 import fcntl
 import hashlib
@@ -111,6 +112,8 @@ class RestoreReport:
     audit_kept_live: bool
     audit_entries: int
     ledger: Any  # recovery.LedgerReapplied
+    #: Where the audit log restarted (``--restart-audit-log``), or None.
+    audit_restarted_at: int | None = None
 
 
 # ------------------------------------------------------------------ helpers
@@ -543,11 +546,25 @@ class OperatorVouched:
     rule: str
     audit_key_id: str | None = None
 
-    def entry_fields(self) -> dict[str, str]:
-        fields = {"decision": "operator-vouched", "rule": self.rule}
+    #: Further rules the operator vouched for (``RESTART_RULE``).
+    also: tuple[str, ...] = ()
+
+    def entry_fields(self) -> dict[str, str | list[str]]:
+        rules = [r for r in (self.rule, *self.also) if r]
+        fields: dict[str, str | list[str]] = {
+            "decision": "operator-vouched",
+            "rule": rules[0] if len(rules) == 1 else rules,
+        }
         if self.audit_key_id is not None:
             fields["audit_key_id"] = self.audit_key_id
         return fields
+
+    @staticmethod
+    def adding(vouched: OperatorVouched | None, rule: str) -> OperatorVouched:
+        """``vouched`` with ``rule`` too (a restore both unsigned and restarting says both)."""
+        if vouched is None:
+            return OperatorVouched("", also=(rule,))
+        return OperatorVouched(vouched.rule, vouched.audit_key_id, (*vouched.also, rule))
 
 
 def _check_signature(
@@ -609,11 +626,19 @@ def _check_signature(
             keys.check_vouches_alone(key, MANIFEST)
         except VerificationError as exc:
             if not unsigned_ok:
+                highest = _highest_point(keys) if isinstance(keys, TrustedKeys) else None
+                also = (
+                    f" (into an empty data folder also --restart-audit-log: its audit log "
+                    f"of {manifest['audit']['entries']} entries ends below the rotation "
+                    f"point at tree size {highest.tree_size})"
+                    if highest is not None and manifest["audit"]["entries"] < highest.tree_size
+                    else ""
+                )
                 raise BackupError(
                     f"{exc.reason} (a backup taken before an audit key rotation, or one "
                     "whose manifest a leaked old key signed): nothing vouches that its files "
                     "are the ones written; check where it came from, then restore it with "
-                    "--allow-unsigned; nothing was changed"
+                    f"--allow-unsigned{also}; nothing was changed"
                 ) from None
             return OperatorVouched("manifest-retired-key", key_id(key))
     return None
@@ -707,11 +732,20 @@ def _check_manifest_fields(manifest: dict[str, Any]) -> None:
         )
 
 
-def restore(settings: Settings, src: Path, *, allow_unsigned: bool = False) -> RestoreReport:
+def restore(
+    settings: Settings,
+    src: Path,
+    *,
+    allow_unsigned: bool = False,
+    restart_audit_log: bool = False,
+) -> RestoreReport:
     """Replace the data stores with a backup's, then re-apply the erasure ledger.
 
     The manifest must carry this deployment's signature (``allow_unsigned``: a backup
-    written before manifests were signed, restored after checking where it came from)."""
+    written before manifests were signed, restored after checking where it came from).
+    A restore whose audit log would end below a rotation point of the key history is
+    refused (bug MO) unless ``restart_audit_log``: the log then restarts there, recorded
+    in the key history by the current key (``_audit_restart``)."""
     from uprof.bootstrap import build_key_material
 
     src = src.expanduser().resolve()
@@ -736,14 +770,18 @@ def restore(settings: Settings, src: Path, *, allow_unsigned: bool = False) -> R
         )
     # After the deployment check, whose refusal names the usual mistake; an edited
     # manifest (a deployment field removed included) stops here.
-    vouched = _check_signature(manifest, material.audit_keys().trusted(), allow_unsigned)
+    ranges = material.audit_keys().trusted()
+    trusted = ranges if isinstance(ranges, TrustedKeys) else TrustedKeys(ranges)
+    vouched = _check_signature(manifest, trusted, allow_unsigned)
     layout = layout_for(settings)  # creates the data and key folders if needed
     views = create_engine(layout.views_url)
     try:
         # Alone on the stores from the first look to the marker's removal: a process
         # still running would keep writing into the copy, or fail on what it cached.
         with backend_for_settings(settings).stores_alone(views):
-            return _restore_alone(settings, src, manifest, views, vouched)
+            return _restore_alone(
+                settings, src, manifest, views, vouched, _AuditChoice(trusted, restart_audit_log)
+            )
     finally:
         views.dispose()
 
@@ -754,6 +792,7 @@ def _restore_alone(
     manifest: dict[str, Any],
     views: sa.Engine,
     vouched: OperatorVouched | None,
+    audit: _AuditChoice,
 ) -> RestoreReport:
     from uprof.bootstrap import bootstrap
 
@@ -773,10 +812,13 @@ def _restore_alone(
             f"the backup's {', '.join(unknown)} is at a schema revision this uprof does not "
             "know: a newer release made it; restore it with that release; nothing was changed"
         )
-    migrate(views, "views")
+    # Before the live views are migrated, so that a refusal changes nothing (the audit
+    # table's columns read here are those of its first migration).
     keep_live_audit = _live_audit_extends(views, manifest)
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
     marker = settings.data_dir / RESTORE_MARKER
+    restart = _audit_restart(views, manifest, keep_live_audit, audit, rerun=marker.exists())
+    migrate(views, "views")
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
     # Sign-outs are kept like the live audit log: the backup's views were copied before
     # the sessions signed out since, whose cookies would otherwise open again. They go in
     # the marker too (random session ids, no credential): a killed restore, run again,
@@ -819,10 +861,21 @@ def _restore_alone(
         # lacks: the operator chose it, so its heads are the anchors from now on (before
         # anything loads a stream; decision 0132-stream-head-anchor).
         kernel.app.reanchor()
-        if not keep_live_audit:
+        if not keep_live_audit or restart is _Restart.NOW:
             # Likewise the audit log's: the backup's log (the live one was empty) is the
             # one the operator chose, shorter than the checkpoint the key folder keeps.
             kernel.audit_log.reanchor()
+        if restart is _Restart.NOW:
+            # Before anything else is logged: the log restarts where the backup's ends,
+            # the current key vouching for it in the key history (bug MP).
+            kernel.rotate_audit_key(
+                requested_by=Principal.local_operator(kernel.subjects.tenant).label,
+                restart=True,
+            )
+        restarted_at: int | None = None
+        if restart is not None:
+            vouched = OperatorVouched.adding(vouched, RESTART_RULE)
+            restarted_at = _highest_point(kernel.audit_log.trusted_keys()).tree_size
         # That replaced every anchor, the policy store's too: anchor the policy in place
         # (the live one kept, or the backup's; decision 0140-sealed-policy-store).
         if kernel.policy_service is not None:
@@ -857,7 +910,7 @@ def _restore_alone(
         kernel.close()
     marker.unlink()
     _fsync(settings.data_dir)
-    return RestoreReport(manifest["backend"], keep_live_audit, entries, ledger)
+    return RestoreReport(manifest["backend"], keep_live_audit, entries, ledger, restarted_at)
 
 
 def _check_live_policy(policy: Any) -> None:
@@ -896,6 +949,79 @@ def _sign_outs_to_keep(views: sa.Engine, marker: Path) -> list[tuple[str, dateti
         if until >= now:
             kept.setdefault(sid, until)
     return sorted(kept.items())
+
+
+#: ``backup.restored``'s ``rule`` for a restore that restarted the audit log.
+RESTART_RULE = "audit-log-restarted"
+
+
+class _Restart(enum.Enum):
+    """What a restore does about a log restart (``_audit_restart``)."""
+
+    #: Restart the log now (``--restart-audit-log``, the log short of a point).
+    NOW = "now"
+    #: Done already: a restore run again after it was killed past its restart record.
+    DONE = "done"
+
+
+def _highest_point(trusted: TrustedKeys) -> Any:
+    """The highest rotation point the key history records (a ``RetiredAt``), or None."""
+    return max(trusted.retired_at.values(), key=lambda p: p.tree_size, default=None)
+
+
+@dataclass(frozen=True)
+class _AuditChoice:
+    """The key history's ranges, and whether the operator asked for a log restart."""
+
+    trusted: TrustedKeys
+    restart: bool
+
+
+def _audit_restart(
+    views: sa.Engine,
+    manifest: dict[str, Any],
+    keep_live: bool,
+    audit: _AuditChoice,
+    *,
+    rerun: bool,
+) -> _Restart | None:
+    """Whether the restore restarts the audit log; refuse it, changing nothing, when the
+    log it leaves (the live one kept, or the backup's) ends below the highest rotation
+    point of the key history without ``--restart-audit-log`` (bug MO), and the flag when
+    there is nothing to restart. Such a log grows past the point N with another root than
+    the retired key signed there, and every whole-trail export fails from then on.
+    ``rerun``: a killed restore's marker is there; if it restarted the log before it died,
+    the history's highest point is that restart's and the flag finishes it (``DONE``)."""
+    highest = _highest_point(audit.trusted)
+    if keep_live:
+        with views.connect() as conn:
+            size, _ = _audit_head(conn)
+        whose = "the live audit log (kept: it extends the backup's)"
+    else:
+        size = int(manifest["audit"]["entries"])
+        whose = "the backup's audit log"
+    short = highest is not None and size < highest.tree_size
+    if short and not audit.restart and highest is not None:
+        raise BackupError(
+            f"{whose} holds {size} entries, but the audit key history says a key was "
+            f"rotated out at tree size {highest.tree_size} (a backup taken before that "
+            "rotation): restored, the log would grow past that point with another root than "
+            "the one that key signed, and no whole audit trail would verify from then on. "
+            "Restore a backup taken after the rotation; or, if none is left, run "
+            "`uprof restore --restart-audit-log`: the current audit key then signs, in the "
+            f"key history, that the log restarts at {size} entries, abandoning what was "
+            f"logged after them up to {highest.tree_size} (receipts and checkpoints of that "
+            "range are refused from then on); nothing was changed"
+        )
+    if audit.restart and not short:
+        if rerun and keep_live and highest is not None and highest.abandoned is not None:
+            return _Restart.DONE
+        raise BackupError(
+            f"--restart-audit-log: nothing to restart: {whose} holds {size} entries and "
+            "reaches every rotation point the audit key history records; restore without "
+            "it; nothing was changed"
+        )
+    return _Restart.NOW if short else None
 
 
 def _live_audit_extends(views: sa.Engine, manifest: dict[str, Any]) -> bool:
