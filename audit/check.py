@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from audit.errors import VerificationError
+from audit.export_format import line_at
 
 Kind = Literal["export", "receipt"]
 #: How much of a failing line is quoted back.
@@ -75,9 +76,9 @@ def check_upload(
     except VerificationError as error:
         line_text = ""
         if error.line_number:
-            lines = raw.split(b"\n")
-            if 0 < error.line_number <= len(lines):
-                line_text = lines[error.line_number - 1].decode("utf-8", "replace")
+            # Only what is quoted is decoded: a line may be as long as the cap.
+            quoted = line_at(raw, error.line_number)[: 4 * QUOTED_CHARS]
+            line_text = quoted.decode("utf-8", "replace")
         return CheckResult(
             ok=False,
             kind=kind,

@@ -1,6 +1,7 @@
 """The audit export format, shared by the exporter and the offline verifier.
 
-JSONL, one RFC 8785 canonical JSON object per line, each line ending in ``\\n``:
+JSONL, one RFC 8785 canonical JSON object per line, each line ending in ``\\n``
+(``LINE_END``, the only line end: ``\\r``, ``\\x85``, U+2028 ... are characters of a line):
 
 1. header: ``{"checkpoint", "exported_at", "filter", "filtered", "format", "key_id", "kind":
    "header", "note_key_id", "origin", "tree_size"}``; ``checkpoint`` is the signed C2SP note
@@ -77,6 +78,15 @@ _ENTRY_LINE_PREFIX = '{"entry":'
 #: trail of one multi-gigabyte line costs the verifier 4 MiB, not the line (bug KX).
 MAX_LINE_BYTES = 4 * 1024 * 1024
 
+#: The one line end of the format. Every reader of an export splits at it and nowhere else:
+#: the SDK's (streamed, spooled or whole), the verifier, the server's upload check; the
+#: verifier refuses a ``\\r`` before it (a canonical line holds none, nor does a CSV row as
+#: the exporter writes it), so ``\\r\\n`` is not a line end of the format (bug NE).
+LINE_END = "\n"
+#: The ``newline=`` of a text file an export is read back from: lines end at ``LINE_END``
+#: only (``newline=""`` also ends them at ``\\r``), and nothing is translated.
+TEXT_NEWLINE = LINE_END
+
 # Python's csv refuses a field over its limit (128 KiB by default), which an entry's cell
 # can exceed (bug IY). The limit is global state of the csv module: it is raised here, once,
 # at import, to the line cap (no field is longer than its line, and no reader is handed a
@@ -111,12 +121,25 @@ def line_cap_refusal(number: int) -> str:
     )
 
 
+def _refuse_over_cap(line: str, number: int) -> None:
+    """Raise ``ValueError`` naming line ``number`` when it is over the cap, or when it holds
+    lone surrogates (text read with ``errors="surrogateescape"`` from bytes that are not
+    UTF-8) where its bytes are counted: refused as not UTF-8, as the verifier refuses
+    them (bug LH), not as a ``UnicodeEncodeError`` about a position (bug NF)."""
+    try:
+        over = over_line_cap(line, ended=True)
+    except UnicodeEncodeError:
+        raise ValueError(f"line {number} is not UTF-8") from None
+    if over:
+        raise ValueError(line_cap_refusal(number))
+
+
 def checked_lines(lines: Iterable[str]) -> Iterator[str]:
     """``lines`` as they are, refusing (``ValueError``) the first over the cap."""
     near = MAX_LINE_BYTES // 4  # shorter lines are under the cap whatever their characters
     for number, line in enumerate(lines, start=1):
-        if len(line) > near and over_line_cap(line, ended=True):
-            raise ValueError(line_cap_refusal(number))
+        if len(line) > near:
+            _refuse_over_cap(line, number)
         yield line
 
 
@@ -124,13 +147,45 @@ def capped_lines(read: Callable[[int], str]) -> Iterator[str]:
     """The lines of a text stream (``read`` is its ``readline``), each with its newline,
     reading at most ``MAX_LINE_BYTES`` + 1 characters of one: a longer line raises
     ``ValueError`` once the cap is passed, so a stream of one endless line costs the
-    cap, not the line (bug LU)."""
+    cap, not the line (bug LU). The stream must end its lines at ``LINE_END`` only: a
+    text file opened with ``newline=TEXT_NEWLINE`` (bug NE)."""
     number = 0
     while line := read(MAX_LINE_BYTES + 1):
         number += 1
-        if over_line_cap(line, ended=True):
-            raise ValueError(line_cap_refusal(number))
+        _refuse_over_cap(line, number)
         yield line
+
+
+def export_lines(text: str) -> Iterator[str]:
+    """The lines of an export held whole, each with its ``\\n`` (the last without one when
+    the text does not end with it), split at ``LINE_END`` only, one line at a time.
+
+    ``str.splitlines`` also splits at ``\\r``, ``\\v``, ``\\f``, ``\\x1c``-``\\x1e``,
+    ``\\x85``, U+2028 and U+2029, so one answer read whole was other lines than the same
+    answer read as it streamed, which splits at ``\\n`` as the verifier does (bug NE)."""
+    start = 0
+    while (end := text.find(LINE_END, start)) != -1:
+        yield text[start : end + 1]
+        start = end + 1
+    if start < len(text):
+        yield text[start:]
+
+
+def line_at(raw: bytes, number: int) -> bytes:
+    """Line ``number`` (1-based) of an export's bytes, without its ``\\n``; empty when the
+    file has fewer lines. Found by searching, not by splitting the whole file: a 20 MiB
+    upload of empty lines split into a list cost 160 MiB of pointers to quote one (bug NG)."""
+    end = LINE_END.encode()
+    if number < 1:
+        return b""
+    start = 0
+    for _ in range(number - 1):
+        found = raw.find(end, start)
+        if found == -1:
+            return b""
+        start = found + 1
+    stop = raw.find(end, start)
+    return raw[start : len(raw) if stop == -1 else stop]
 
 
 def entry_line(entry_json: str, proof_b64: Sequence[str], leaf_index: int) -> str:

@@ -1,6 +1,7 @@
 """Cost of the SDK's capped export readers (bug LG, review of 0169-small-leftovers).
 
-``Client.audit_export_to`` and ``AsyncClient.audit_export_to`` over an in-process
+``Client.audit_export_to`` and ``AsyncClient.audit_export_to`` (and ``audit_export``, which
+holds the answer in memory: bugs NC, NE) over an in-process
 ``httpx.MockTransport`` streaming a synthetic JSONL trail (a header, ``LINES`` entry-sized
 lines of ``WIDTH`` characters, a trailer) in ``CHUNK``-byte pieces, written to a file in
 a temporary folder: what the readers themselves cost, without a server or a network.
@@ -44,6 +45,21 @@ def _sync(path: Path) -> None:
         client.audit_export_to(path)
 
 
+def _sync_whole(path: Path) -> None:
+    transport = httpx.MockTransport(lambda _r: httpx.Response(200, content=iter(_PIECES)))
+    with Client("http://bench.invalid", "k", transport=transport) as client:
+        client.audit_export()
+
+
+def _async_whole(path: Path) -> None:
+    async def run() -> None:
+        transport = httpx.MockTransport(lambda _r: httpx.Response(200, stream=_Stream()))
+        async with AsyncClient("http://bench.invalid", "k", transport=transport) as client:
+            await client.audit_export()
+
+    asyncio.run(run())
+
+
 def _async(path: Path) -> None:
     async def run() -> None:
         transport = httpx.MockTransport(lambda _r: httpx.Response(200, stream=_Stream()))
@@ -56,14 +72,19 @@ def _async(path: Path) -> None:
 def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "trail.jsonl"
-        for name, run in (("sync", _sync), ("async", _async)):
+        for name, run in (
+            ("sync audit_export_to", _sync),
+            ("async audit_export_to", _async),
+            ("sync audit_export", _sync_whole),
+            ("async audit_export", _async_whole),
+        ):
             times = []
             for _ in range(RUNS):
                 start = time.perf_counter()
                 run(path)
                 times.append((time.perf_counter() - start) * 1e3)
             print(
-                f"{name} audit_export_to, {len(_BODY) / 1e6:.1f} MB in {len(_PIECES)} chunks: "
+                f"{name}, {len(_BODY) / 1e6:.1f} MB in {len(_PIECES)} chunks: "
                 f"median {statistics.median(times):.1f} ms ({RUNS} runs)"
             )
 

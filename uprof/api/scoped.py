@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
+from audit.export_format import export_lines
 from domain.errors import InvalidInputError, UprofError
 from domain.principal import Principal, PrincipalKind
 from domain.values import (
@@ -434,7 +435,7 @@ class AppScope:
     def audit_export(self, body: w.AuditExportIn) -> w.AuditExport:
         """The whole export in one object (the embedded SDK; REST streams the file)."""
         content = "".join(self.audit_export_stream(body).records)
-        summary = w.AuditExportSummary.of_export(content.splitlines(keepends=True), body.format)
+        summary = w.AuditExportSummary.of_export(export_lines(content), body.format)
         return w.AuditExport(format=body.format, content=content, summary=summary)
 
     def audit_entries(self, body: w.AuditEntriesIn) -> w.AuditEntryPage:

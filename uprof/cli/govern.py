@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
@@ -49,11 +50,58 @@ RotationProofFile = Annotated[
 ]
 
 
+#: The most the CLI reads of a file it takes whole: a receipt, a proof document, a key
+#: history, a checkpoint note, a public key, a rotation proof. Each is kilobytes (a note
+#: with 100 signature lines is about 40 KB, a proof of any tree a few KB); an audit export,
+#: which can be any length, is read a line at a time by the verifier, not through here.
+#: A wrong file (a 2 GB trail, ``/dev/zero``, a FIFO that never ends) was read whole: hours
+#: or all the memory (bug NG). 16 MiB also holds the first two lines of any export (each
+#: at most the format's 4 MiB), all ``rotation-proof`` reads of one.
+MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
+
+
+def read_document(path: Path, option: str, *, head: bool = False) -> bytes:
+    """The bytes of a file handed to ``option``, at most ``MAX_DOCUMENT_BYTES``: a longer
+    one is refused (``typer.BadParameter``, exit 2) naming the option and the limit, a
+    regular file by its size before a byte is read, anything else (a device, a FIFO) once
+    one byte past the limit has arrived. With ``head``, a longer file is not refused: its
+    first ``MAX_DOCUMENT_BYTES`` are returned (an export, whose first lines are read)."""
+    wanted = MAX_DOCUMENT_BYTES + (0 if head else 1)
+    with path.open("rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not head and stat.S_ISREG(info.st_mode) and info.st_size > MAX_DOCUMENT_BYTES:
+            raise _too_long(path, option)
+        # In pieces: ``read(n)`` allocates n bytes before it reads, so reading a key of a
+        # few hundred bytes as ``read(16 MiB + 1)`` cost 16 MiB (seen in test_line_cap).
+        pieces: list[bytes] = []
+        size = 0
+        while size < wanted and (piece := handle.read(min(_READ_PIECE, wanted - size))):
+            pieces.append(piece)
+            size += len(piece)
+    if size > MAX_DOCUMENT_BYTES:
+        raise _too_long(path, option)
+    return b"".join(pieces)
+
+
+_READ_PIECE = 1 << 16
+
+
+def _too_long(path: Path, option: str) -> typer.BadParameter:
+    return typer.BadParameter(
+        f"{shown(path)} is longer than {MAX_DOCUMENT_BYTES} bytes, the most uprof reads "
+        "of a receipt, proof document, key history, checkpoint, key or rotation proof "
+        "(docs/cli.md)",
+        param_hint=option,
+    )
+
+
 def read_rotation_proof(path: Path | None) -> Any:
     """The rotation proof file's JSON (checked by the verifier), or None."""
     from audit.strict_json import strict_json
 
-    return None if path is None else strict_json(path.read_bytes(), "rotation proof")
+    if path is None:
+        return None
+    return strict_json(read_document(path, "--rotation-proof"), "rotation proof")
 
 
 def register(app: typer.Typer) -> None:
@@ -415,9 +463,10 @@ def audit_verify(
 
     try:
         history = read_key_history(key_history)
-        key = public_key.read_bytes()
+        key = read_document(public_key, "--public-key")
         notes = [
-            trusted_checkpoint(item.read_bytes(), key, origin, history) for item in trusted or []
+            trusted_checkpoint(read_document(item, "--trusted-checkpoint"), key, origin, history)
+            for item in trusted or []
         ]
         report = verify_export(
             path,
@@ -469,7 +518,7 @@ def read_key_history(path: Path | None) -> object:
     """A key history file, parsed strictly (verified by the verifier it is given to)."""
     from audit.keyring import parse_key_history
 
-    return None if path is None else parse_key_history(path.read_bytes())
+    return None if path is None else parse_key_history(read_document(path, "--key-history"))
 
 
 def trusted_checkpoint(
@@ -544,13 +593,14 @@ def audit_prove(
 
     if (from_file is None) == (old_size is None):
         raise typer.BadParameter("give exactly one of --from and --old-size")
+    held_raw = None if from_file is None else read_document(from_file, "--from")
     with door() as d:
         held: str | dict[str, object] | None = None
         check_against: str | dict[str, object] | None = None
         key = d.audit_key()
-        if from_file is not None:
+        if held_raw is not None:
             try:
-                held = held_checkpoint(from_file.read_bytes())
+                held = held_checkpoint(held_raw)
                 if isinstance(held, dict):
                     from audit.receipts import ROTATION_POINT_CHECKED_BY_CALLER, verify_receipt
 
@@ -646,7 +696,9 @@ def audit_rotation_proof(
     """The rotation proof of a file signed before an audit key rotation (an erasure
     receipt, an export, a proof document or a checkpoint note): what verify-receipt,
     verify and verify-proof --key-history need beside it (--rotation-proof OUT)."""
-    raw = receipt.read_bytes()
+    # A receipt, a proof document or a note is read whole; of a longer file (an export)
+    # the first lines, which carry its checkpoint.
+    raw = read_document(receipt, "RECEIPT", head=True)
     with door() as d:
         if _is_receipt(raw):
             proof = d.receipt_rotation_proof(raw)
@@ -692,10 +744,10 @@ def audit_verify_proof(
     from audit.proofs import verify_proof
 
     try:
-        held = held_checkpoint(trusted.read_bytes())
+        held = held_checkpoint(read_document(trusted, "--trusted-checkpoint"))
         report = verify_proof(
-            path.read_bytes(),
-            public_key.read_bytes(),
+            read_document(path, "PATH"),
+            read_document(public_key, "--public-key"),
             origin,
             trusted=held,
             key_history=read_key_history(key_history),
@@ -738,10 +790,10 @@ def audit_verify_receipt(
     if (subject is None) != (subject_nonce is None):
         raise typer.BadParameter("--subject and --nonce go together")
     try:
-        receipt = parse_receipt(path.read_bytes())
+        receipt = parse_receipt(read_document(path, "PATH"))
         verify_receipt(
             receipt,
-            public_key.read_bytes(),
+            read_document(public_key, "--public-key"),
             origin=origin,
             key_history=read_key_history(key_history),
             tenant=tenant,

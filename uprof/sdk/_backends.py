@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Generator
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import httpx
@@ -29,7 +29,7 @@ class SyncBackend(Protocol):
 
     def send_for_bytes(self, call: Call[Any]) -> bytes: ...
 
-    def stream_text(self, call: Call[Any]) -> Iterator[str]: ...
+    def stream_text(self, call: Call[Any]) -> Generator[str, None, None]: ...
 
     def close(self) -> None: ...
 
@@ -224,7 +224,7 @@ class HttpBackend:
             _parse(call, response)  # raises the SDK error for the status
         return response.content
 
-    def stream_text(self, call: Call[Any]) -> Iterator[str]:
+    def stream_text(self, call: Call[Any]) -> Generator[str, None, None]:
         """The body of a streamed answer (an audit export) as text, as it arrives."""
         op = call.operation
         try:
@@ -282,7 +282,7 @@ class AsyncHttpBackend:
             _parse(call, response)
         return response.content
 
-    async def stream_text(self, call: Call[Any]) -> AsyncIterator[str]:
+    async def stream_text(self, call: Call[Any]) -> AsyncGenerator[str, None]:
         op = call.operation
         try:
             async with self._client.stream(op.method, op.path, **_request_kwargs(call)) as response:
@@ -350,7 +350,7 @@ class EmbeddedBackend:
             raise error_for(classify(error)[0], body_for(error).model_dump()) from error
         return content
 
-    def stream_text(self, call: Call[Any]) -> Iterator[str]:
+    def stream_text(self, call: Call[Any]) -> Generator[str, None, None]:
         from domain.errors import UprofError
         from uprof.api.errors import EdgeError, body_for, classify
 
