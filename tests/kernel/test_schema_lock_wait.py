@@ -83,11 +83,13 @@ class _Starts:
     def __init__(self, backend: Backend, out: Path) -> None:
         self.backend, self.out, self.all = backend, out, []
 
-    def start(self, role: str, wait_s: float | None = None) -> children.PythonChild:
+    def start(
+        self, role: str, wait_s: float | None = None, command: tuple[str, ...] = COMMAND
+    ) -> children.PythonChild:
         env = cli_env(self.backend)
         if wait_s is not None:
             env["UPROF_SCHEMA_LOCK_WAIT_S"] = str(wait_s)
-        child = children.PythonChild(_START, str(self.out), role, *COMMAND, env=env)
+        child = children.PythonChild(_START, str(self.out), role, *command, env=env)
         self.all.append(child)
         return child
 
@@ -155,6 +157,28 @@ def test_a_start_behind_a_stopped_upgrade_says_so_and_gives_up_without_upgrading
     assert after.returncode == 0, stderr
     assert starts.upgraders() == {holder.pid, after.pid}
     assert_upgraded_and_intact(settings, clock)
+
+
+@pytest.mark.parametrize("command", [("worker",), ("serve", "--port", "0")])
+def test_a_worker_or_server_behind_a_stopped_upgrade_says_so_and_exits(
+    backend: Backend, clock: FakeClock, starts: _Starts, command: tuple[str, ...]
+) -> None:
+    """The long-running starts: the worker logs through its own handler (text lines with
+    a time and a level), the server before uvicorn sets up its logging."""
+    previous_schema_store(backend, clock)
+    holder = starts.stopped_holder()
+    behind = starts.start("wait", wait_s=3, command=command)
+    stdout, stderr = behind.communicate(timeout=HARNESS_WAIT_S)
+    flat = _flat(stderr)
+    assert behind.returncode == 1, (stdout, stderr)
+    report, error = flat[: flat.index("error:")], flat[flat.index("error:") :]
+    assert report.count("for the schema lock of") == 1, stderr
+    assert f"held by pid {holder.pid} " in report, stderr
+    assert "gave up after waiting 3 s (UPROF_SCHEMA_LOCK_WAIT_S)" in error, stderr
+    assert "ready" not in stdout and "Uvicorn running" not in stderr
+    assert starts.upgraders() == {holder.pid}
+    holder.kill()
+    holder.wait(HARNESS_WAIT_S)
 
 
 @pytest.mark.parametrize("holder_ends", ["killed", "resumed"])
@@ -343,7 +367,7 @@ def test_a_postgres_holder_that_is_not_a_uprof_start_is_named_by_its_session(
                 ),
                 {"low": SCHEMA_LOCK_KEY & 0xFFFFFFFF},
             ).scalar_one()
-            assert name.startswith(f"uprof {os.getpid()}@") and name.endswith(" test")
+            assert name.startswith(f"uprof {os.getpid()} ") and name.endswith(" test")
     finally:
         engine.dispose()
 
@@ -415,3 +439,13 @@ def test_a_bad_bound_is_refused_naming_the_setting(
     monkeypatch.setenv("UPROF_SCHEMA_LOCK_WAIT_S", value)
     with pytest.raises(ValidationError, match="schema_lock_wait_s"):
         Settings()
+
+
+def test_a_postgres_holder_name_cut_at_63_bytes_keeps_its_pid_and_time() -> None:
+    from uprof.backends.postgres import _HOLDER_NAME, _holder_name
+
+    record = {"pid": 4_194_303, "since": 1_765_000_000.5, "host": "h" * 100, "purpose": "x"}
+    name = _holder_name(record)
+    assert len(name.encode()) == 63
+    parsed = _HOLDER_NAME.match(name)
+    assert parsed is not None and parsed.group(1, 2) == ("4194303", "1765000000")

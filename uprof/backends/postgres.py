@@ -731,13 +731,14 @@ def _poll_advisory(conn: sa.Connection, try_function: str, key: int, deadline: f
         time.sleep(NAMED_LOCK_POLL_S)
 
 
-#: A schema lock holder's session name: ``uprof <pid>@<host> <since> <purpose>``, cut to
-#: PostgreSQL's 63 bytes (``NAMEDATALEN``); the purpose and host go first when it is cut.
-_HOLDER_NAME = re.compile(r"^uprof (\d{1,10})@(\S*) (\d{1,12}) ?(.*)$")
+#: A schema lock holder's session name: ``uprof <pid> <since> <host> <purpose>``, cut to
+#: PostgreSQL's 63 bytes (``NAMEDATALEN``): the numbers first, so that a cut (a long
+#: host name) shortens only the words.
+_HOLDER_NAME = re.compile(r"^uprof (\d{1,10}) (\d{1,12}) ?(\S*) ?(.*)$")
 
 
 def _holder_name(record: dict[str, Any]) -> str:
-    name = f"uprof {record['pid']}@{record['host']} {int(record['since'])} {record['purpose']}"
+    name = f"uprof {record['pid']} {int(record['since'])} {record['host']} {record['purpose']}"
     return name.encode()[:63].decode(errors="ignore")
 
 
@@ -764,7 +765,7 @@ def _schema_lock_holder_of(conn: sa.Connection) -> str:
     if parsed is None:
         shown = name[:63] if name.isprintable() else repr(name[:63])
         return f"PostgreSQL session {backend_pid} (application_name {shown!r}), not a uprof start"
-    pid, host, since, purpose = parsed.groups()
+    pid, since, host, purpose = parsed.groups()
     return described_holder(
         {"pid": int(pid), "host": host, "since": int(since), "purpose": purpose},
         backend_pid=backend_pid,
