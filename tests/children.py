@@ -203,6 +203,10 @@ class PythonChild:
         self.stdout.close()
         return "".join(rest), self._read(self._err)
 
+    def stderr_so_far(self) -> str:
+        """What the child has written to stderr until now (it may still be running)."""
+        return self._read(self._err)
+
     @staticmethod
     def _read(path: Path) -> str:
         return path.read_text(errors="replace") if path.exists() else ""

@@ -417,9 +417,17 @@ def bootstrap(
             "already hold captured events: UPROF_KEY_DIR (or --key-dir) points to the wrong "
             "folder, or the keys were not restored with the data; refusing to create new keys"
         )
-    with schema_lock(views):
-        migrate(views, "views")
-        migrate(keys, "keys")
+    wait_s = settings.schema_lock_wait_s
+    try:
+        with schema_lock(views, wait_s=wait_s, purpose="start: upgrading views and keys"):
+            migrate(views, "views")
+            migrate(keys, "keys")
+    except BaseException:
+        # A wait given up (``SchemaLockWaitError``) or a failed upgrade: this process
+        # lets go of the stores (an embedded caller may try again, or restore).
+        release_stores()
+        stores.dispose()
+        raise
 
     root = material.master_secret()
     master = root
@@ -429,20 +437,24 @@ def bootstrap(
         kek_ring=KekRing(material),
         ledger=ErasureLedger(material, root),
     )
-    with schema_lock(events):  # the library creates its tables on first open
-        app = ProfilesApplication(
-            env=layout.eventsourcing_env, keystore=keystore, events_engine=events
-        )
-        # Plaintext rows of before 2026-12-05 get their tags, once per deployment and at
-        # each restore (decision 0136-authenticated-plaintext-rows); under the lock: one
-        # process at a time.
-        try:
-            tag_legacy_plain_rows(app, keystore, material, again=restoring)
-        except BaseException:
-            app.close()
-            release_stores()
-            stores.dispose()
-            raise
+    try:
+        # The library creates its tables on first open.
+        with schema_lock(events, wait_s=wait_s, purpose="start: opening the event log"):
+            app = ProfilesApplication(
+                env=layout.eventsourcing_env, keystore=keystore, events_engine=events
+            )
+            # Plaintext rows of before 2026-12-05 get their tags, once per deployment and
+            # at each restore (decision 0136-authenticated-plaintext-rows); under the
+            # lock: one process at a time.
+            try:
+                tag_legacy_plain_rows(app, keystore, material, again=restoring)
+            except BaseException:
+                app.close()
+                raise
+    except BaseException:
+        release_stores()
+        stores.dispose()
+        raise
     partitioning = Partitioning(settings.worker_partitions)
     try:
         app.claim_partitioning(partitioning.count)
@@ -498,10 +510,16 @@ def bootstrap(
         )
     evidence = EvidenceChecker(queries)
 
-    with schema_lock(events):
-        policy = build_policy_service(
-            settings, audit, keys, keystore, material, events, restoring=restoring
-        )
+    try:
+        with schema_lock(events, wait_s=wait_s, purpose="start: opening the policy store"):
+            policy = build_policy_service(
+                settings, audit, keys, keystore, material, events, restoring=restoring
+            )
+    except BaseException:
+        app.close()
+        release_stores()
+        stores.dispose()
+        raise
     # The policy store decides, unless the caller brought its own authorizer (tests, benches).
     deciding: Authorizer = authorizer or policy.authorizer
 

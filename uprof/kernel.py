@@ -1674,7 +1674,11 @@ class Uprof:
         """
         from uprof.storage import schema_lock
 
-        with schema_lock(self.views_engine):
+        with schema_lock(
+            self.views_engine,
+            wait_s=self.settings.schema_lock_wait_s,
+            purpose="projections rebuild",
+        ):
             # Before anything is dropped: a rebuild replays the log through the
             # notification reader, which reads no anchor, and would serve a stream cut
             # short as if it were whole (bug IS); the views stay as they were.

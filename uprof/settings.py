@@ -166,6 +166,13 @@ class Settings(BaseSettings):
     #: waiting resend holds a server worker for up to this long.
     request_in_progress_wait_s: float = Field(default=10.0, ge=0.0, le=300.0)
 
+    #: How long a start (or ``uprof projections rebuild``) waits for a store's schema
+    #: lock, in seconds, while another process holds it to upgrade the store, create its
+    #: tables or rebuild the views; past it the start fails naming the holder, having
+    #: changed nothing. A wait of more than 2 s is logged, naming the holder, every 30 s.
+    #: 0: no limit (a rebuild of a large store may hold the lock for longer than 300 s).
+    schema_lock_wait_s: float = Field(default=300.0, ge=0.0, le=7 * 24 * 3600.0)
+
     #: Where spans go (decision 0035-observability): "none" (default: no tracing, nothing
     #: imported), "console" (stderr) or "otlp" (an OTLP/HTTP collector at otel_endpoint;
     #: needs the ``otlp`` extra). Spans carry counts, sizes and outcomes, never personal data.

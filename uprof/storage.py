@@ -86,14 +86,20 @@ def open_engines(layout: StorageLayout) -> StoreEngines:
     return StoreEngines(views, keys, events)
 
 
-def schema_lock(engine: sa.Engine) -> contextlib.AbstractContextManager[None]:
-    """Let one starting process at a time create or migrate tables.
+def schema_lock(
+    engine: sa.Engine, *, wait_s: float, purpose: str
+) -> contextlib.AbstractContextManager[None]:
+    """Let one starting process at a time create or migrate tables (and a rebuild
+    replay the views alone).
 
     Two processes creating eventsourcing's tables at the same moment crash one of them
-    in PostgreSQL's catalog ("tuple concurrently updated"); the backend orders them
-    (an advisory lock on PostgreSQL; SQLite serialises schema changes by itself).
+    in PostgreSQL's catalog ("tuple concurrently updated"), and two SQLite starts both
+    create alembic's table; the backend orders them (an advisory lock on PostgreSQL,
+    an flock on SQLite). A wait longer than a moment is reported, naming the holder,
+    and ends after ``wait_s`` (``Settings.schema_lock_wait_s``; 0: no limit) with
+    ``SchemaLockWaitError``; ``purpose`` says what the holder does, for those waiting.
     """
-    return backend_for(engine).schema_lock(engine)
+    return backend_for(engine).schema_lock(engine, wait_s=wait_s, purpose=purpose)
 
 
 def migrate(engine: sa.Engine, branch: str) -> None:

@@ -11,8 +11,9 @@ upgrade's first statement, inside its transaction), so the others meet it midway
 What must hold: exactly one process runs the upgrade; all five come up; none comes up
 (and so none writes, or serves) before the upgrade's pause is over, i.e. nobody works on
 a half-upgraded store; every write is kept; the store ends at head with bob whole.
-The wait has no time bound of its own: starts queue on the schema lock (an flock on
-SQLite, an advisory lock on PostgreSQL) for as long as the upgrade runs.
+Starts queue on the schema lock (an flock on SQLite, an advisory lock on PostgreSQL) for
+as long as the upgrade runs, up to ``UPROF_SCHEMA_LOCK_WAIT_S`` (300 s by default, far
+above the pause; test_schema_lock_wait.py tests the bound).
 """
 
 from __future__ import annotations

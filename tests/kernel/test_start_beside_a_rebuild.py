@@ -62,9 +62,9 @@ _REBUILD_WHEN_TOLD = textwrap.dedent(
             time.sleep(0.01)
 
     @contextlib.contextmanager
-    def asked(engine):
+    def asked(engine, **how):
         wants.touch()
-        with lock(engine):
+        with lock(engine, **how):
             yield
 
     views.reset = told

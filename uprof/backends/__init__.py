@@ -13,6 +13,10 @@ psycopg, and ``import uprof.backends`` costs nothing at CLI start.
 from __future__ import annotations
 
 import importlib
+import logging
+import os
+import socket
+import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -40,6 +44,105 @@ class StoresInUseError(UprofError):
     """Another uprof process has the stores open (or a restore holds them alone)."""
 
     hint = "stop every uprof process on this deployment (servers, workers, MCP), then retry"
+
+
+class SchemaLockWaitError(UprofError):
+    """A start (or a rebuild) waited for a store's schema lock longer than
+    ``schema_lock_wait_s``, and stopped without changing anything."""
+
+    hint = (
+        "another uprof process holds the lock (an upgrade or a rebuild); let it finish, "
+        "end it if it is stopped or stuck, or raise UPROF_SCHEMA_LOCK_WAIT_S (0: no limit)"
+    )
+
+
+#: A start waiting for the schema lock says so after this long (seconds), then again
+#: every ``SCHEMA_LOCK_REPORT_EVERY_S``: a start waits this long behind another start
+#: that upgrades a store, or creates a new one, without a word.
+SCHEMA_LOCK_FIRST_REPORT_S = 2.0
+SCHEMA_LOCK_REPORT_EVERY_S = 30.0
+
+_log = logging.getLogger("uprof.backends")
+
+
+def schema_lock_holder(purpose: str) -> dict[str, Any]:
+    """What a holder of a schema lock tells the processes waiting for it: its pid, host,
+    when it took the lock, and what for (a fixed phrase of uprof's, never user input)."""
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "since": time.time(),
+        "purpose": purpose,
+    }
+
+
+def wait_for_schema_lock(
+    try_until: Callable[[float], bool],
+    holder: Callable[[], str],
+    *,
+    store: str,
+    wait_s: float,
+) -> None:
+    """Take a store's schema lock through ``try_until`` (tries without blocking until
+    the monotonic deadline it is given; True once held), reporting the wait.
+
+    The lock's holder may be stopped (SIGSTOP, a debugger, a frozen container), not
+    dead: the lock stays held and a blocking wait never ends, with nothing said. Here
+    a wait longer than ``SCHEMA_LOCK_FIRST_REPORT_S`` logs one warning naming the store
+    and ``holder()``, again every ``SCHEMA_LOCK_REPORT_EVERY_S``; after ``wait_s``
+    (0: no limit) it raises ``SchemaLockWaitError``. Never does it go on without the
+    lock: two upgrades of one store at once are worse than a failed start.
+    """
+    started = time.monotonic()
+    give_up = None if wait_s == 0 else started + wait_s
+    report_at = started + SCHEMA_LOCK_FIRST_REPORT_S
+    reported = False
+    while True:
+        until = report_at if give_up is None else min(report_at, give_up)
+        if try_until(until):
+            if reported:
+                _log.warning(
+                    "took the schema lock of %s after %.0f s", store, time.monotonic() - started
+                )
+            return
+        now = time.monotonic()
+        if give_up is not None and now >= give_up:
+            raise SchemaLockWaitError(
+                f"gave up after waiting {wait_s:g} s (UPROF_SCHEMA_LOCK_WAIT_S) for the "
+                f"schema lock of {store}, held by {holder()}; nothing was changed"
+            )
+        limit = "no limit" if give_up is None else f"gives up after {wait_s:g} s"
+        _log.warning(
+            "waiting %.0f s for the schema lock of %s, held by %s (%s, UPROF_SCHEMA_LOCK_WAIT_S)",
+            now - started,
+            store,
+            holder(),
+            limit,
+        )
+        reported = True
+        report_at = now + SCHEMA_LOCK_REPORT_EVERY_S
+
+
+def described_holder(record: Any, *, backend_pid: int | None = None) -> str:
+    """A schema lock holder as the waiting message names it, from what the holder
+    wrote (``schema_lock_holder``), read back from a file or a session name: any
+    value at all, a record of another release or garbage included."""
+    session = "" if backend_pid is None else f" in PostgreSQL session {backend_pid}"
+    if not isinstance(record, dict):
+        return "a process that did not say who it is" + session
+    pid, host = record.get("pid"), record.get("host")
+    since, purpose = record.get("since"), record.get("purpose")
+    if not isinstance(pid, int) or isinstance(pid, bool) or not 0 < pid < 2**31:
+        return "a process that did not say who it is" + session
+    words = [f"pid {pid}"]
+    if isinstance(host, str) and host and host.isprintable():
+        words.append(f"on {host[:64]}")
+    if isinstance(purpose, str) and purpose and purpose.isprintable():
+        words.append(f"({purpose[:80]})")
+    if isinstance(since, int | float) and not isinstance(since, bool) and 0 < since < 2**40:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since))
+        words.append(f"since {stamp}")
+    return " ".join(words) + session
 
 
 @dataclass(frozen=True)
@@ -104,8 +207,14 @@ class Backend(Protocol):
         """An engine with the connection settings uprof relies on for this backend."""
         ...
 
-    def schema_lock(self, engine: sa.Engine) -> AbstractContextManager[None]:
-        """Held while a starting process creates or migrates tables (one at a time)."""
+    def schema_lock(
+        self, engine: sa.Engine, *, wait_s: float, purpose: str
+    ) -> AbstractContextManager[None]:
+        """Held while a starting process creates or migrates tables (one at a time),
+        and by a rebuild. Waits at most ``wait_s`` (0: no limit) through
+        ``wait_for_schema_lock``, which reports the wait and raises
+        ``SchemaLockWaitError``; the holder says who it is (``schema_lock_holder``,
+        ``purpose``) where waiters can read it."""
         ...
 
     def migration_transaction(self, engine: sa.Engine) -> AbstractContextManager[sa.Connection]:

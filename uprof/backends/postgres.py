@@ -32,8 +32,11 @@ from uprof.backends import (
     StoresInUseError,
     TableScan,
     TermHit,
+    described_holder,
+    schema_lock_holder,
     upsert_from_with,
     upsert_with,
+    wait_for_schema_lock,
 )
 
 if TYPE_CHECKING:
@@ -112,17 +115,35 @@ class PostgresBackend:
         )
 
     @contextlib.contextmanager
-    def schema_lock(self, engine: sa.Engine) -> Iterator[None]:
+    def schema_lock(self, engine: sa.Engine, *, wait_s: float, purpose: str) -> Iterator[None]:
         # Two processes creating eventsourcing's tables at the same moment crash one of
         # them in the catalog ("tuple concurrently updated"): an advisory lock held on its
-        # own connection orders them.
+        # own connection orders them. Tried without blocking (``_poll_advisory``): a
+        # holder stopped, not killed, keeps its session and its lock, and a blocking
+        # pg_advisory_lock hung every other start for ever, saying nothing.
+        url = engine.url
+        store = f"the PostgreSQL database {url.database} at {url.host}:{url.port or 5432}"
         with engine.connect() as conn:
-            conn.execute(sa.text("SELECT pg_advisory_lock(:key)"), {"key": SCHEMA_LOCK_KEY})
+            wait_for_schema_lock(
+                lambda deadline: _poll_advisory(
+                    conn, "pg_try_advisory_lock", SCHEMA_LOCK_KEY, deadline
+                ),
+                lambda: _schema_lock_holder_of(conn),
+                store=store,
+                wait_s=wait_s,
+            )
+            # Who holds it, for the processes waiting: the session's name, which
+            # pg_stat_activity shows beside the lock in pg_locks (``_schema_lock_holder_of``).
+            conn.execute(
+                sa.text("SELECT set_config('application_name', :name, false)"),
+                {"name": _holder_name(schema_lock_holder(purpose))},
+            )
             conn.commit()
             try:
                 yield
             finally:
                 conn.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": SCHEMA_LOCK_KEY})
+                conn.execute(sa.text("RESET application_name"))  # a pooled connection
                 conn.commit()
 
     @contextlib.contextmanager
@@ -708,6 +729,47 @@ def _poll_advisory(conn: sa.Connection, try_function: str, key: int, deadline: f
         if held or time.monotonic() >= deadline:
             return held
         time.sleep(NAMED_LOCK_POLL_S)
+
+
+#: A schema lock holder's session name: ``uprof <pid> <since> <host> <purpose>``, cut to
+#: PostgreSQL's 63 bytes (``NAMEDATALEN``): the numbers first, so that a cut (a long
+#: host name) shortens only the words.
+_HOLDER_NAME = re.compile(r"^uprof (\d{1,10}) (\d{1,12}) ?(\S*) ?(.*)$")
+
+
+def _holder_name(record: dict[str, Any]) -> str:
+    name = f"uprof {record['pid']} {int(record['since'])} {record['host']} {record['purpose']}"
+    return name.encode()[:63].decode(errors="ignore")
+
+
+def _schema_lock_holder_of(conn: sa.Connection) -> str:
+    """The session holding the schema lock, for a waiter: its backend pid, and the
+    uprof process behind it as its session name says (``_holder_name``); a session
+    not of uprof (psql, a process of an earlier release) is named by its backend pid
+    and application name. The lock key is split as pg_locks shows a bigint key."""
+    row = conn.execute(
+        sa.text(
+            "SELECT l.pid, a.application_name FROM pg_locks l "
+            "LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
+            "AND l.classid::bigint = :high AND l.objid::bigint = :low "
+            "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        ),
+        {"high": SCHEMA_LOCK_KEY >> 32, "low": SCHEMA_LOCK_KEY & 0xFFFFFFFF},
+    ).first()
+    conn.commit()
+    if row is None:
+        return "a session that has just let go"
+    backend_pid, name = int(row[0]), row[1] or ""
+    parsed = _HOLDER_NAME.match(name)
+    if parsed is None:
+        shown = name[:63] if name.isprintable() else repr(name[:63])
+        return f"PostgreSQL session {backend_pid} (application_name {shown!r}), not a uprof start"
+    pid, since, host, purpose = parsed.groups()
+    return described_holder(
+        {"pid": int(pid), "host": host, "since": int(since), "purpose": purpose},
+        backend_pid=backend_pid,
+    )
 
 
 def _lock_engine(engine: sa.Engine) -> sa.Engine:

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import secrets
+import socket
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -27,8 +28,11 @@ from uprof.backends import (
     StorageLayout,
     StoresInUseError,
     TableScan,
+    described_holder,
+    schema_lock_holder,
     upsert_from_with,
     upsert_with,
+    wait_for_schema_lock,
 )
 
 if TYPE_CHECKING:
@@ -175,7 +179,7 @@ class SQLiteBackend:
         return engine
 
     @contextlib.contextmanager
-    def schema_lock(self, engine: sa.Engine) -> Iterator[None]:
+    def schema_lock(self, engine: sa.Engine, *, wait_s: float, purpose: str) -> Iterator[None]:
         # SQLite serialises each write, not alembic's "no version table yet? create it":
         # processes starting at once on a new store both decide to create it and all but
         # one fail ("table alembic_version already exists"). An exclusive flock on a file
@@ -185,12 +189,26 @@ class SQLiteBackend:
         if not database or database == ":memory:" or engine.url.query.get("mode") == "memory":
             yield
             return
-        import fcntl
-
         fd = os.open(f"{database}{SCHEMA_LOCK_SUFFIX}", os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
+            # Tried without blocking: a holder stopped (not killed) keeps its flock, and
+            # a blocking wait hung every other start for ever, saying nothing.
+            wait_for_schema_lock(
+                lambda deadline: _poll_flock(fd, shared=False, deadline=deadline),
+                lambda: _schema_lock_holder_of(fd),
+                store=f"the SQLite database {database}",
+                wait_s=wait_s,
+            )
+            # Who holds it, for the processes waiting (written once the flock is ours,
+            # so a waiter never reads a record that a non-holder is writing).
+            record = schema_lock_holder(purpose)
+            record["started"] = _process_started(os.getpid())
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(record).encode(), 0)
+            try:
+                yield
+            finally:
+                os.ftruncate(fd, 0)  # not held any more: nobody to name
         finally:
             os.close(fd)  # releases the flock
 
@@ -254,11 +272,7 @@ class SQLiteBackend:
                 old_fd = os.open(
                     f"{database}.{previous_release_shared}-lock", os.O_RDWR | os.O_CREAT, 0o600
                 )
-                shared = _flocked(old_fd, shared=True)
-                while not shared and time.monotonic() < deadline:
-                    time.sleep(NAMED_LOCK_POLL_S)
-                    shared = _flocked(old_fd, shared=True)
-                if not shared:
+                if not _poll_flock(old_fd, shared=True, deadline=deadline):
                     yield False
                     return
             yield True
@@ -681,3 +695,63 @@ def _flocked(fd: int, *, shared: bool) -> bool:
     except BlockingIOError:
         return False
     return True
+
+
+def _poll_flock(fd: int, *, shared: bool, deadline: float) -> bool:
+    """Try ``_flocked`` every ``NAMED_LOCK_POLL_S`` until it holds or ``deadline``
+    (monotonic) has passed; polling a lock until a deadline, not retrying a failure."""
+    while True:
+        held = _flocked(fd, shared=shared)
+        if held or time.monotonic() >= deadline:
+            return held
+        time.sleep(NAMED_LOCK_POLL_S)
+
+
+#: The most of a schema lock file read for its holder's record (one short JSON object).
+_HOLDER_RECORD_MAX = 4096
+
+
+def _schema_lock_holder_of(fd: int) -> str:
+    """The holder of the schema lock file ``fd``, as its record names it, for a waiter.
+
+    The file may hold anything: nothing (a holder of an earlier release, which wrote
+    none, or one that has just taken the lock), a record left by a holder that died
+    (kill -9 skips the truncation at release), or bytes that are not ours. A record
+    whose process no longer runs on this host is not named as the holder."""
+    try:
+        raw = os.pread(fd, _HOLDER_RECORD_MAX, 0)
+        record = json.loads(raw.decode())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        record = None
+    described = described_holder(record)
+    if not described.startswith("pid ") or record.get("host") != socket.gethostname():
+        return described
+    pid = record["pid"]
+    try:
+        os.kill(pid, 0)  # signal 0: whether the process exists; described_holder: pid > 0
+    except ProcessLookupError:
+        alive = False
+    except PermissionError:
+        alive = True  # another user's process
+    else:
+        alive = True
+    started = record.get("started")
+    if alive and isinstance(started, int) and started != _process_started(pid):
+        alive = False  # the pid was reused since
+    if alive:
+        return described
+    return (
+        f"a process that did not say who it is (the lock file names pid {pid}, which no "
+        "longer runs: a holder killed before it let go left it)"
+    )
+
+
+def _process_started(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, /proc/<pid>/stat field
+    22), telling a process from a later one given the same pid; None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None

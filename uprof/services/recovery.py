@@ -508,7 +508,11 @@ def _erase_items_again(kernel: Any, state: LedgerState) -> int:
     # ``uprof projections rebuild`` failed with exit 6 (bug KB). Reading the batch again
     # alone would still read the views' items halfway through a replay, before it brings
     # an erased item back.
-    with schema_lock(kernel.views_engine):
+    with schema_lock(
+        kernel.views_engine,
+        wait_s=kernel.settings.schema_lock_wait_s,
+        purpose="start: re-applying erasures",
+    ):
         _project_to_head(kernel)
         with kernel.views_engine.connect() as conn:
             for table in (t.attributes, t.intents, t.memories):
