@@ -203,6 +203,29 @@ class SubjectListed:
     created_at: datetime
 
 
+def _residue_term_problem(term: str) -> str:
+    """Why no store can be searched for ``term`` (the residue scan's), or ''."""
+    if not term.strip():
+        # A blank term is in everything: PostgreSQL finds '' in every value of every
+        # column, and a space is in nearly every file, a report of residue everywhere
+        # (the CLI passed a script's empty variable through; review of 0173, bug ME).
+        return "a blank term is found in every store; give the text to look for"
+    if "\x00" in term:
+        # PostgreSQL text holds no NUL: its scan failed (a 500 from the console), and
+        # one rule for every backend (review of 0174, 0176 and 0177, bug MW).
+        return "a NUL character is no text a store is searched for; leave it out"
+    if not term.isascii():
+        try:
+            term.encode("utf-8")
+        except UnicodeEncodeError:
+            # A lone surrogate: what Python makes of a command-line byte that is not
+            # UTF-8; every scan encodes the term, and failed naming no field (bug MW).
+            return (
+                "not UTF-8 text (a byte of the command line that is not UTF-8?); give it in UTF-8"
+            )
+    return ""
+
+
 class Facade:
     """Every operation uprof offers, run for one authenticated principal."""
 
@@ -1235,15 +1258,10 @@ class Facade:
                 "split them over several scans",
                 field="terms",
             )
-        blank = next((i for i, term in enumerate(terms) if not term.strip()), None)
-        if blank is not None:
-            # A blank term is in everything: PostgreSQL finds '' in every value of every
-            # column, and a space is in nearly every file, a report of residue everywhere
-            # (the CLI passed a script's empty variable through; review of 0173, bug ME).
-            raise InvalidInputError(
-                f"terms[{blank}]: a blank term is found in every store; give the text to look for",
-                field="terms",
-            )
+        for i, term in enumerate(terms):
+            problem = _residue_term_problem(term)
+            if problem:
+                raise InvalidInputError(f"terms[{i}]: {problem}", field="terms")
         if self.principal.app_id != LOCAL_OPERATOR and self._kernel.stores_shared():
             with self._as_principal():
                 self._kernel.audit.record(
