@@ -4,12 +4,18 @@ on main before its fix; the attacks that held are kept too."""
 
 from __future__ import annotations
 
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
 import httpx
 import pytest
 
 from domain.errors import InvalidInputError
 from domain.principal import Principal
-from tests.api.conftest import Apps, LiveServer
+from tests.api.conftest import Apps, LiveServer, grant
+from tests.conftest import Backend
+from tests.web.conftest import policy_store_down, privacy_link
 from uprof.facade import Facade
 from uprof.kernel import Uprof
 
@@ -54,3 +60,68 @@ def test_mw_the_console_refuses_a_nul_term_as_bad_input(
         refused = console.post("/console/residue", data={"csrf": csrf, "terms": "Zq7\nZq8\x00"})
         assert refused.status_code == 422, refused.text[-300:]
         assert "terms[1]" in refused.text
+
+
+def _sign_in(url: str, token: str, go: Any, out: Any, times: int) -> None:
+    """A browser in its own process pressing "Sign in" ``times`` with one link's token,
+    once ``go`` is set; puts each answer's status and Retry-After."""
+    assert go.wait(60)
+    with httpx.Client(base_url=url, timeout=60) as browser:
+        for _ in range(times):
+            answer = browser.post("/privacy/login", data={"token": token})
+            out.put((answer.status_code, answer.headers.get("Retry-After")))
+
+
+def _race(url: str, token: str, *, browsers: int = 2, times: int = 1) -> list[tuple[Any, ...]]:
+    from tests import children
+
+    go, out = children.CONTEXT.Event(), children.CONTEXT.Queue()
+    racers = [
+        children.CONTEXT.Process(target=_sign_in, args=(url, token, go, out, times))
+        for _ in range(browsers)
+    ]
+    for racer in racers:
+        racer.start()
+    go.set()
+    answers = [out.get(timeout=120) for _ in range(browsers * times)]
+    for racer in racers:
+        racer.join(60)
+        assert racer.exitcode == 0
+    return sorted(answers, key=str)
+
+
+def _token_of(http: httpx.Client, login_path: str) -> str:
+    shown = http.get(login_path)
+    found = re.search(r'name="token" value="([^"]+)"', shown.text)
+    assert found is not None, shown.text[:300]
+    return found.group(1)
+
+
+def test_a_link_given_back_in_an_outage_still_opens_one_session_raced(
+    server: LiveServer, http: httpx.Client, apps: Apps, kernel: Uprof, backend: Backend
+) -> None:
+    """Held (0176, MG's give-back): browsers in two real processes press "Sign in" with
+    one link at once, three times each, while the policy store cannot be read: every
+    answer is the outage's (503 with Retry-After), none a session, and the link is not
+    spent; once the store answers, the same race opens exactly one session, the other
+    browser's answer "Link not valid". Given back with its own expiry, never a new one."""
+    from uprof.web.state import LinkStore
+
+    grant(http, apps.planner)
+    token = _token_of(http, privacy_link(http, apps.planner_operator, "alice"))
+    with policy_store_down(backend, kernel):
+        during = _race(server.url, token, times=3)
+    assert all(status == 503 and int(wait) > 0 for status, wait in during), during
+    assert [status for status, _ in _race(server.url, token)] == [303, 403]
+
+    links = LinkStore()
+    issued, expires_at, _ = links.issue("alice")
+    redeemed = links.redeem(issued)
+    assert redeemed is not None and redeemed.expires_at == expires_at
+    links.give_back(issued, redeemed)
+    again = links.redeem(issued)
+    assert again is not None and again.expires_at == expires_at  # not extended
+    assert links.redeem(issued) is None  # single-use still
+    gone = redeemed._replace(expires_at=datetime.now(UTC) - timedelta(seconds=1))
+    links.give_back(issued, gone)  # expired meanwhile: not put back
+    assert links.redeem(issued) is None
