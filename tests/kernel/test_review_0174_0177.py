@@ -107,3 +107,38 @@ def test_a_receipt_of_another_deployment_or_edited_is_refused_by_prove_and_verif
         assert "not a checkpoint of this log" in proved and why in proved, (name, proved)
         verified = " ".join(run(*verify, str(path), code=1).split())
         assert why in verified, (name, verified)
+
+
+def test_an_operator_vouched_restore_entry_verifies_in_both_export_formats(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Held (0177, MJ): the ``backup.restored`` entry of a restore on the operator's word
+    (``decision`` ``operator-vouched``, ``rule``, the retired key's ``audit_key_id``) is
+    allowlisted: the whole trail, exported as JSONL and as CSV after the restore, verifies
+    offline with the key history, and the entry is in both files with its fields."""
+    import json
+
+    from tests.kernel.test_admin_audit import cli_for
+    from tests.kernel.test_retired_below_review import _backup_then_rotate
+    from uprof.services.backup import restore
+
+    settings = settings_for(backend)
+    _backup_then_rotate(settings, clock, tmp_path / "old")
+    restore(settings, tmp_path / "old", allow_unsigned=True)
+    run = cli_for(backend)
+    run("audit", "keys", "--out", str(tmp_path / "keys.json"))
+    run("audit", "public-key", "--out", str(tmp_path / "key.pem"))
+    for fmt in ("jsonl", "csv"):
+        trail = tmp_path / f"trail.{fmt}"
+        run("audit", "export", "--format", fmt, "--out", str(trail))
+        out = run(
+            "audit", "verify", str(trail),
+            "--public-key", str(tmp_path / "key.pem"),
+            "--key-history", str(tmp_path / "keys.json"),
+        )  # fmt: skip
+        assert "verified" in out, out
+        text = trail.read_text()
+        assert text.count("operator-vouched") == 1 and "manifest-retired-key" in text, fmt
+    (line,) = [x for x in (tmp_path / "trail.jsonl").read_text().splitlines() if "vouched" in x]
+    entry = json.loads(line)["entry"]
+    assert (entry["action"], entry["decision"]) == ("backup.restored", "operator-vouched")
