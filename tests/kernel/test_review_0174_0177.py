@@ -142,3 +142,56 @@ def test_an_operator_vouched_restore_entry_verifies_in_both_export_formats(
     (line,) = [x for x in (tmp_path / "trail.jsonl").read_text().splitlines() if "vouched" in x]
     entry = json.loads(line)["entry"]
     assert (entry["action"], entry["decision"]) == ("backup.restored", "operator-vouched")
+
+
+def test_a_receipt_of_a_copied_folder_is_refused_by_the_original(
+    clock: FakeClock, tmp_path: Path
+) -> None:
+    """Held (0177, a copied folder): the data and key folders copied while stopped, and
+    the copy run on its own: its receipts are signed by the same audit key, for the same
+    origin. The original, grown on its own too, refuses a receipt of the copy as the
+    reader's own point (``audit prove --from``, ``audit verify --trusted-checkpoint``):
+    its log does not extend the copy's tree, a fork. SQLite only: a PostgreSQL copy is
+    another database, the same fork for these commands."""
+    import json
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from tests.kernel.test_keys_apart import ALICE, BOB, fill
+    from uprof.cli.main import app as cli
+    from uprof.settings import Settings
+
+    original = Settings(data_dir=tmp_path / "a" / "data", embedder="hashing")
+    with running(original, clock) as k:
+        fill(k, "alice", ALICE)
+    copy = Settings(data_dir=tmp_path / "b" / "data", embedder="hashing")
+    shutil.copytree(original.data_dir, copy.data_dir)
+    shutil.copytree(original.key_path, copy.key_path)
+    with running(copy, clock) as k:
+        fill(k, "bob", BOB)
+        forked = k.erase_subject("bob").receipt
+    with running(original, clock) as k:
+        fill(k, "carol", BOB)
+        fill(k, "dave", BOB)
+
+    def run(*args: str) -> tuple[int, str]:
+        done = CliRunner().invoke(
+            cli, ["--data-dir", str(original.data_dir), "--embedder", "hashing", *args]
+        )
+        return done.exit_code, " ".join(done.output.split())
+
+    held = tmp_path / "forked.json"
+    held.write_text(json.dumps(forked))
+    code, out = run("audit", "prove", "--from", str(held), "--out", str(tmp_path / "p.json"))
+    assert code == 1 and "does not extend" in out, out
+    for step in (["export", "--out", str(tmp_path / "t.jsonl")],
+                 ["public-key", "--out", str(tmp_path / "k.pem")],
+                 ["keys", "--out", str(tmp_path / "keys.json")]):  # fmt: skip
+        assert run("audit", *step)[0] == 0
+    code, out = run(
+        "audit", "verify", str(tmp_path / "t.jsonl"),
+        "--public-key", str(tmp_path / "k.pem"), "--key-history", str(tmp_path / "keys.json"),
+        "--trusted-checkpoint", str(held),
+    )  # fmt: skip
+    assert code == 1 and "do not hash to the root of the trusted checkpoint" in out, out
