@@ -69,6 +69,7 @@ from domain.values import (
     Interaction,
     ProposalBatch,
     check_token,
+    text_problem,
 )
 from policies.rules import purpose_problem
 from policies.visibility import is_visible
@@ -210,20 +211,10 @@ def _residue_term_problem(term: str) -> str:
         # column, and a space is in nearly every file, a report of residue everywhere
         # (the CLI passed a script's empty variable through; review of 0173, bug ME).
         return "a blank term is found in every store; give the text to look for"
-    if "\x00" in term:
-        # PostgreSQL text holds no NUL: its scan failed (a 500 from the console), and
-        # one rule for every backend (review of 0174, 0176 and 0177, bug MW).
-        return "a NUL character is no text a store is searched for; leave it out"
-    if not term.isascii():
-        try:
-            term.encode("utf-8")
-        except UnicodeEncodeError:
-            # A lone surrogate: what Python makes of a command-line byte that is not
-            # UTF-8; every scan encodes the term, and failed naming no field (bug MW).
-            return (
-                "not UTF-8 text (a byte of the command line that is not UTF-8?); give it in UTF-8"
-            )
-    return ""
+    # A NUL failed PostgreSQL's scan (a 500 from the console), a lone surrogate (a byte
+    # of the command line that is not UTF-8) every scan, naming no field (bug MW).
+    problem = text_problem(term)
+    return f"{problem}; give the text to look for" if problem else ""
 
 
 class Facade:

@@ -195,3 +195,27 @@ def test_a_receipt_of_a_copied_folder_is_refused_by_the_original(
         "--trusted-checkpoint", str(held),
     )  # fmt: skip
     assert code == 1 and "do not hash to the root of the trusted checkpoint" in out, out
+
+
+def test_mx_settle_host_refuses_a_host_name_that_is_not_text(backend: Backend) -> None:
+    """Bug MX: ``uprof erase settle-host`` refused an empty host or one with spaces
+    (naming ``host``), but a host name holding a byte that is not UTF-8 (what Python makes
+    of ``$'\\xff'`` in a command line: a lone surrogate) reached the in-flight marks,
+    where encoding it raised ``UnicodeEncodeError``: a traceback, exit 1, as soon as a
+    dead request was open. Now refused as bad input, exit 2, naming ``host``; the dead
+    request is left for a run with the right name (a real CLI process, both backends)."""
+    settings = settings_for(backend)
+    with running(settings, FakeClock()) as setup:
+        consent(setup)
+    dead = children.CONTEXT.Process(target=_erase_on_other_host, args=(settings, None, None))
+    dead.start()
+    dead.join(120)
+    assert dead.exitcode == -signal.SIGKILL
+    env = _cli_env(settings)
+    for host in (OTHER_HOST + "\udcff", "\udcff"):
+        done = children.run_python(SETTLE, "erase", "settle-host", host, "--yes", env=env)
+        said = " ".join((done.stdout + done.stderr).split())
+        assert done.returncode == 2 and "host" in said, said[-600:]
+        assert "Traceback" not in said, said[-600:]
+    done = children.run_python(SETTLE, "erase", "settle-host", OTHER_HOST, "--yes", env=env)
+    assert done.returncode == 0 and "settled 1" in " ".join(done.stdout.split()), done
