@@ -949,7 +949,8 @@ class Facade:
         8, bug LQ). The privacy center asks this where it asks whether the issuing key is
         live: at sign-in and on every page. Raises PermissionDeniedError, audited under
         this link's principal (``app_id`` operators, ``reason_code`` the action), or
-        PolicyStoreError while the policy store cannot be read (every check denies)."""
+        PolicyStoreError while the policy store cannot be read (every check denies), or its
+        damage (``StoredDataDamagedError``) while it is damaged."""
         if self.principal.kind is not PrincipalKind.USER:
             raise PermissionDeniedError("only a data subject's link is decided so")
         # Decided as the issuer was (``_authorize_operator``), by the policy's answer for
@@ -964,7 +965,7 @@ class Facade:
             # that look may be an outage the store has since come out of. Looked at now,
             # then decided again, so a page just after an outage is not refused as by the
             # policy, which ends the session for good (review of 0173, bug MH).
-            problem = self._kernel.policy_health()
+            problem = self._kernel.policy_refusal()
         try:
             for action, purpose in rights:
                 self._decide(OPERATORS, action, CATEGORIES, purpose, ask=self._ask_authorizer)
@@ -972,8 +973,10 @@ class Facade:
             # An unreadable policy store denies every check: refused all the same, but as
             # the outage it is, so the privacy center keeps the session and shows the
             # refusal until the store answers, instead of signing the subject out for good.
-            if problem:
-                raise PolicyStoreError(problem) from None
+            # A damaged one as the damage it is (500, no retry; review of 0174, 0176 and
+            # 0177, bug MZ): it was answered as an outage, "retry in 5 s".
+            if problem is not None:
+                raise problem from None
             raise
 
     def privacy_link_issued(self, subject: str, link_id: str) -> None:

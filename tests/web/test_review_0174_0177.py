@@ -15,7 +15,7 @@ from domain.errors import InvalidInputError
 from domain.principal import Principal
 from tests.api.conftest import Apps, LiveServer, grant
 from tests.conftest import Backend
-from tests.web.conftest import policy_store_down, privacy_link
+from tests.web.conftest import open_link, policy_store_down, privacy_link
 from uprof.facade import Facade
 from uprof.kernel import Uprof
 
@@ -125,3 +125,44 @@ def test_a_link_given_back_in_an_outage_still_opens_one_session_raced(
     gone = redeemed._replace(expires_at=datetime.now(UTC) - timedelta(seconds=1))
     links.give_back(issued, gone)  # expired meanwhile: not put back
     assert links.redeem(issued) is None
+
+
+def test_mz_a_damaged_policy_store_is_named_as_damage_in_the_privacy_center(
+    server: LiveServer, http: httpx.Client, apps: Apps, kernel: Uprof, backend: Backend
+) -> None:
+    """Bug MZ: the link's check (0173, 0176's MH) took every problem the policy's health
+    named for an outage: a damaged policy store (a revocation's row cut from its tail,
+    decision 0140) made every privacy-center page, and a sign-in, 503
+    ``policy_store_unavailable`` with ``Retry-After: 5``, a wait to retry, while the
+    store is damage an operator must repair (docs/security.md: ``stored_data_damaged``,
+    500 where it surfaces; retrying changes nothing). Now the pages and the sign-in name
+    the damage (500 ``stored_data_damaged``, no ``Retry-After``); the session is kept and
+    the link not spent (not the policy's refusal), and both serve again once repaired."""
+    from tests.kernel.policy_rows import delete_policy_rows_from, insert_policy_row, policy_rows
+
+    grant(http, apps.planner)
+    door = Facade(kernel, Principal.local_operator(kernel.subjects.tenant))
+    later = _token_of(http, privacy_link(http, apps.planner_operator, "alice"))
+    with httpx.Client(base_url=server.url, timeout=30) as browser:
+        open_link(browser, privacy_link(http, apps.planner_operator, "alice"))
+        assert browser.get("/privacy/export.json").status_code == 200
+        door.policy_revoke(app_id="app:calendar", role="role:scheduler")
+        version, topic, state = policy_rows(backend, kernel.settings)[-1]
+        delete_policy_rows_from(backend, kernel.settings, version)  # the revocation cut
+        try:
+            assert "damaged" in kernel.policy_health()
+            refused = [
+                browser.get("/privacy/export.json"),
+                browser.get("/privacy"),
+                httpx.post(f"{server.url}/privacy/login", data={"token": later}, timeout=30),
+            ]
+            for page in refused:
+                shown = (page.status_code, page.headers.get("Retry-After"))
+                assert shown == (500, None), (shown, page.text[:300])
+                assert "damaged" in page.text, page.text[:300]
+        finally:
+            insert_policy_row(backend, kernel.settings, version, topic, state)
+        assert kernel.policy_health() == ""
+        assert browser.get("/privacy/export.json").status_code == 200  # the session kept
+    with httpx.Client(base_url=server.url, timeout=30) as other:
+        assert other.post("/privacy/login", data={"token": later}).status_code == 303
