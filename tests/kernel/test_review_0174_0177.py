@@ -219,3 +219,33 @@ def test_mx_settle_host_refuses_a_host_name_that_is_not_text(backend: Backend) -
         assert "Traceback" not in said, said[-600:]
     done = children.run_python(SETTLE, "erase", "settle-host", OTHER_HOST, "--yes", env=env)
     assert done.returncode == 0 and "settled 1" in " ".join(done.stdout.split()), done
+
+
+def test_a_pre_rotation_receipt_serves_a_csv_trail_and_another_leaf(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Held (0177, MK and ML beyond their tests): the honest receipt issued before the
+    audit key's rotation is the trusted checkpoint of a CSV trail too, and ``audit prove
+    --from`` it with another entry's ``--leaf-index`` (its note then the point checked)
+    proves the log extends it."""
+    from tests.kernel.test_retired_below_review import _receipt_then_rotation
+
+    run, _settings, receipt, _leaked, _origin, _copied = _receipt_then_rotation(
+        backend, clock, tmp_path
+    )
+    run("audit", "export", "--format", "csv", "--out", str(tmp_path / "trail.csv"))
+    run("audit", "keys", "--out", str(tmp_path / "keys.json"))
+    run("audit", "public-key", "--out", str(tmp_path / "key.pem"))
+    out = run(
+        "audit", "verify", str(tmp_path / "trail.csv"),
+        "--public-key", str(tmp_path / "key.pem"),
+        "--key-history", str(tmp_path / "keys.json"),
+        "--trusted-checkpoint", str(tmp_path / "receipt.json"),
+    )  # fmt: skip
+    assert "extends 1 trusted checkpoint" in " ".join(out.split()), out
+    other = "0" if receipt["inclusion"]["leaf_index"] else "1"
+    out = run(
+        "audit", "prove", "--from", str(tmp_path / "receipt.json"),
+        "--leaf-index", other, "--out", str(tmp_path / "p.json"),
+    )  # fmt: skip
+    assert f"extends {receipt['inclusion']['tree_size']}, entry {other} included" in out, out
