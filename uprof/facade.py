@@ -974,7 +974,7 @@ class Facade:
             # the outage it is, so the privacy center keeps the session and shows the
             # refusal until the store answers, instead of signing the subject out for good.
             # A damaged one as the damage it is (500, no retry; review of 0174, 0176 and
-            # 0177, bug MZ): it was answered as an outage, "retry in 5 s".
+            # 0177, bug MY): it was answered as an outage, "retry in 5 s".
             if problem is not None:
                 raise problem from None
             raise

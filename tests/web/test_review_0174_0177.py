@@ -127,10 +127,10 @@ def test_a_link_given_back_in_an_outage_still_opens_one_session_raced(
     assert links.redeem(issued) is None
 
 
-def test_mz_a_damaged_policy_store_is_named_as_damage_in_the_privacy_center(
+def test_my_a_damaged_policy_store_is_named_as_damage_in_the_privacy_center(
     server: LiveServer, http: httpx.Client, apps: Apps, kernel: Uprof, backend: Backend
 ) -> None:
-    """Bug MZ: the link's check (0173, 0176's MH) took every problem the policy's health
+    """Bug MY: the link's check (0173, 0176's MH) took every problem the policy's health
     named for an outage: a damaged policy store (a revocation's row cut from its tail,
     decision 0140) made every privacy-center page, and a sign-in, 503
     ``policy_store_unavailable`` with ``Retry-After: 5``, a wait to retry, while the

@@ -248,7 +248,7 @@ class StoredPolicyAuthorizer:
         when the policy is in force: the damage itself (500 ``stored_data_damaged``, an
         operator repairs it), or ``PolicyStoreError`` for a store that cannot be read (503,
         retried). Not one for both: a damaged store was answered as an outage, "retry in
-        5 s", in the privacy center (review of 0174, 0176 and 0177, bug MZ)."""
+        5 s", in the privacy center (review of 0174, 0176 and 0177, bug MY)."""
         failure = self.refresh(force=True)
         damage = self._damage  # another thread may have looked since: the same failure only
         if not failure:

@@ -123,7 +123,7 @@ def router(web: WebPages) -> APIRouter:
         except (PolicyStoreError, StoredDataDamagedError):
             # Not decided (the store did not answer, or is damaged), so refused, but not
             # spent: the same link signs in once the store answers (review of 0173, bug
-            # MG) or is repaired (bug MZ).
+            # MG) or is repaired (bug MY).
             links.give_back(token, redeemed)
             raise
         if not stands:
