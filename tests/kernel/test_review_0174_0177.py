@@ -249,3 +249,33 @@ def test_a_pre_rotation_receipt_serves_a_csv_trail_and_another_leaf(
         "--leaf-index", other, "--out", str(tmp_path / "p.json"),
     )  # fmt: skip
     assert f"extends {receipt['inclusion']['tree_size']}, entry {other} included" in out, out
+
+
+def test_na_a_subject_named_with_bytes_that_are_not_utf8_is_refused_naming_it(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Bug NA (MX's class, in every command naming a subject): ``--subject $'al\\xffice'``
+    (a lone surrogate once Python reads the command line) passed ``check_subject_ref``,
+    which refused only NUL, and raised ``UnicodeEncodeError`` where the reference is
+    hashed: a traceback, exit 1, for ``profile show``, ``consent list``, ``export-subject``
+    and ``erase subject``. The one owner of a subject reference now refuses it as bad
+    input naming ``subject`` (exit 2); nothing is read or written."""
+    from tests.kernel.test_admin_audit import cli_for
+
+    settings = settings_for(backend)
+    with running(settings, clock) as k:
+        consent(k)
+        before = k.audit_log.size()
+    run = cli_for(backend)
+    for command in (
+        ["profile", "show"],
+        ["consent", "list"],
+        ["export-subject", "--out", str(tmp_path / "alice.json")],
+        ["erase", "subject"],
+    ):
+        said = " ".join(run(*command, "--subject", "al\udcffice", code=2).split())
+        assert "subject" in said and "Unicode" in said, (command, said)
+    with running(settings, clock) as k:
+        erasures = list(k.audit_log.entries(action="erasure.requested"))
+        assert erasures == [] and k.audit_log.size() >= before
+    assert not (tmp_path / "alice.json").exists()
