@@ -7,6 +7,8 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import pytest
+
 from tests import children
 from tests.conftest import OTHER_TENANT, Backend
 from tests.fakes.ports import FakeClock
@@ -279,3 +281,42 @@ def test_na_a_subject_named_with_bytes_that_are_not_utf8_is_refused_naming_it(
         erasures = list(k.audit_log.entries(action="erasure.requested"))
         assert erasures == [] and k.audit_log.size() >= before
     assert not (tmp_path / "alice.json").exists()
+
+
+def test_nb_an_export_filter_its_verifier_refuses_is_refused_before_writing(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Bug NB (0174: can an honest export hold what its own reader refuses?). The
+    verifier checks the header's filter values with the entry allowlist (an ``app_id``
+    token, an ``action`` name), the exporter took any text: ``uprof audit export --app
+    'a b'`` or ``--action x/y`` (REST's ``Token`` allows ``/``, ``*``, a leading digit,
+    none of them in an action name) wrote, signed and audited an export that every
+    verifier refuses ("filter app_id: ... must be a token"). The exporter now checks the
+    filter with the verifier's own check, before anything is written or audited."""
+    from domain.errors import InvalidInputError
+    from domain.principal import Principal
+    from tests.kernel.test_admin_audit import cli_for
+    from uprof.facade import Facade
+
+    settings = settings_for(backend)
+    with running(settings, clock) as k:
+        consent(k)
+    run = cli_for(backend)
+    trail = tmp_path / "t.jsonl"
+    for option, value, field in (
+        ("--app", "a b", "app_id"),
+        ("--app", "x" * 201, "app_id"),
+        ("--action", "x/y", "action"),
+        ("--action", "9lives", "action"),
+    ):
+        said = " ".join(run("audit", "export", "--out", str(trail), option, value, code=2).split())
+        assert f"filter {field}" in said, (option, value, said)
+        assert not trail.exists()
+    with running(settings, clock) as k:
+        assert list(k.audit_log.entries(action="audit.exported")) == []
+        door = Facade(k, Principal.local_operator(k.subjects.tenant))
+        with pytest.raises(InvalidInputError, match="filter action"):
+            door.stream_audit(action="x/y")  # REST's path: refused before the first byte
+    run("audit", "export", "--out", str(trail), "--action", "consent.granted")
+    run("audit", "public-key", "--out", str(tmp_path / "k.pem"))
+    assert "verified" in run("audit", "verify", str(trail), "--public-key", str(tmp_path / "k.pem"))
