@@ -24,6 +24,7 @@ from audit.export_format import (
     CSV_COPIED_FIELDS,
     CSV_PROOF_SEPARATOR,
     EXPORT_FORMAT,
+    check_filter,
     csv_line,
     entry_line,
 )
@@ -67,6 +68,7 @@ def _filter(
         chosen["since"] = normalise_timestamp(since, "since")
     if until is not None:
         chosen["until"] = normalise_timestamp(until, "until")
+    check_filter(chosen)  # what the verifier will read in the header (bug NB)
     return chosen
 
 

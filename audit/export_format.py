@@ -26,7 +26,11 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from audit.entry import normalise_timestamp, validate_entry
+from audit.errors import AuditEntryError
 
 EXPORT_FORMAT = "uprof.audit-export/v1"
 #: Domain separation: no checkpoint note (origin first) or JSON body ("{" first) starts so.
@@ -97,6 +101,24 @@ TEXT_NEWLINE = LINE_END
 # read a field over the cap once it imported ``uprof.sdk`` (bug LI).
 if csv.field_size_limit() < MAX_LINE_BYTES:
     csv.field_size_limit(MAX_LINE_BYTES)
+
+
+def check_filter(chosen: Mapping[str, Any]) -> None:
+    """Raise ``AuditEntryError`` naming the first filter value an export's header may not
+    hold: ``since``/``until`` a time in the log's form, the others what an entry's field
+    of that name holds (the allowlist). The one check of a header's filter: the verifier
+    refuses a header by it, and the exporter refuses the filter by it before writing
+    anything, since an export with a filter its verifier refuses was written, signed and
+    audited, and never verified (bug NB)."""
+    for name, value in chosen.items():
+        try:
+            if name in ("since", "until"):
+                if not isinstance(value, str) or normalise_timestamp(value, name) != value:
+                    raise AuditEntryError(f"filter {name} must be a time in the log's form")
+            else:
+                validate_entry({"action": "x", name: value})
+        except AuditEntryError as exc:
+            raise AuditEntryError(f"filter {name}: {exc}") from None
 
 
 def over_line_cap(text: str, *, ended: bool = False) -> bool:

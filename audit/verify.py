@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from audit._codec import b64decode_strict, hexdecode_strict
 from audit.canonical import canonical_bytes
 from audit.checkpoint import CheckpointBody, verify_checkpoint
-from audit.entry import normalise_timestamp, stored_entry_bytes, validate_entry
+from audit.entry import normalise_timestamp, stored_entry_bytes
 from audit.errors import AuditEntryError, VerificationError
 from audit.export_format import (
     CSV_COLUMNS,
@@ -47,6 +47,7 @@ from audit.export_format import (
     HEADER_KEYS,
     MAX_LINE_BYTES,
     TRAILER_KEYS,
+    check_filter,
     csv_line,
     entry_line,
     over_line_cap,
@@ -198,15 +199,10 @@ class _ExportVerifier:
         chosen = obj["filter"]
         if not isinstance(chosen, dict) or not set(chosen) <= FILTER_KEYS:
             raise fail(f"filter must be an object with keys among {sorted(FILTER_KEYS)}")
-        for name, value in chosen.items():
-            try:
-                if name in ("since", "until"):
-                    if not isinstance(value, str) or normalise_timestamp(value, name) != value:
-                        raise AuditEntryError(f"filter {name} must be a time in the log's form")
-                else:
-                    validate_entry({"action": "x", name: value})
-            except AuditEntryError as exc:
-                raise fail(f"filter {name}: {exc}") from None
+        try:
+            check_filter(chosen)
+        except AuditEntryError as exc:
+            raise fail(str(exc)) from None
         if obj["filtered"] is not bool(chosen):
             raise fail("'filtered' must be true exactly when a filter is given")
         exported_at = obj["exported_at"]

@@ -87,6 +87,21 @@ def check_token(field_name: str, value: str) -> str:
     return value
 
 
+def text_problem(value: str) -> str:
+    """Why no store keeps ``value`` as text, or '': a NUL character (PostgreSQL text holds
+    none) or a lone surrogate (UTF-8 has none; what Python makes of a byte that is not
+    UTF-8 in a command line or a file). The one rule of the REST edge's text fields and
+    of the door's own inputs (the residue scan's terms, settle-host's host)."""
+    if "\x00" in value:
+        return "must not contain NUL characters"
+    if not value.isascii():  # a flag of the string: ASCII text is never encoded here
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "must be valid Unicode (no lone surrogates)"
+    return ""
+
+
 def check_text(field_name: str, value: str) -> str:
     """Refuse text with NUL characters (no store keeps them faithfully)."""
     if "\x00" in value:

@@ -69,6 +69,7 @@ from domain.values import (
     Interaction,
     ProposalBatch,
     check_token,
+    text_problem,
 )
 from policies.rules import purpose_problem
 from policies.visibility import is_visible
@@ -201,6 +202,19 @@ class SubjectListed:
 
     pseudonym: str
     created_at: datetime
+
+
+def _residue_term_problem(term: str) -> str:
+    """Why no store can be searched for ``term`` (the residue scan's), or ''."""
+    if not term.strip():
+        # A blank term is in everything: PostgreSQL finds '' in every value of every
+        # column, and a space is in nearly every file, a report of residue everywhere
+        # (the CLI passed a script's empty variable through; review of 0173, bug ME).
+        return "a blank term is found in every store; give the text to look for"
+    # A NUL failed PostgreSQL's scan (a 500 from the console), a lone surrogate (a byte
+    # of the command line that is not UTF-8) every scan, naming no field (bug MW).
+    problem = text_problem(term)
+    return f"{problem}; give the text to look for" if problem else ""
 
 
 class Facade:
@@ -935,7 +949,8 @@ class Facade:
         8, bug LQ). The privacy center asks this where it asks whether the issuing key is
         live: at sign-in and on every page. Raises PermissionDeniedError, audited under
         this link's principal (``app_id`` operators, ``reason_code`` the action), or
-        PolicyStoreError while the policy store cannot be read (every check denies)."""
+        PolicyStoreError while the policy store cannot be read (every check denies), or its
+        damage (``StoredDataDamagedError``) while it is damaged."""
         if self.principal.kind is not PrincipalKind.USER:
             raise PermissionDeniedError("only a data subject's link is decided so")
         # Decided as the issuer was (``_authorize_operator``), by the policy's answer for
@@ -950,7 +965,7 @@ class Facade:
             # that look may be an outage the store has since come out of. Looked at now,
             # then decided again, so a page just after an outage is not refused as by the
             # policy, which ends the session for good (review of 0173, bug MH).
-            problem = self._kernel.policy_health()
+            problem = self._kernel.policy_refusal()
         try:
             for action, purpose in rights:
                 self._decide(OPERATORS, action, CATEGORIES, purpose, ask=self._ask_authorizer)
@@ -958,8 +973,10 @@ class Facade:
             # An unreadable policy store denies every check: refused all the same, but as
             # the outage it is, so the privacy center keeps the session and shows the
             # refusal until the store answers, instead of signing the subject out for good.
-            if problem:
-                raise PolicyStoreError(problem) from None
+            # A damaged one as the damage it is (500, no retry; review of 0174, 0176 and
+            # 0177, bug MY): it was answered as an outage, "retry in 5 s".
+            if problem is not None:
+                raise problem from None
             raise
 
     def privacy_link_issued(self, subject: str, link_id: str) -> None:
@@ -1235,15 +1252,10 @@ class Facade:
                 "split them over several scans",
                 field="terms",
             )
-        blank = next((i for i, term in enumerate(terms) if not term.strip()), None)
-        if blank is not None:
-            # A blank term is in everything: PostgreSQL finds '' in every value of every
-            # column, and a space is in nearly every file, a report of residue everywhere
-            # (the CLI passed a script's empty variable through; review of 0173, bug ME).
-            raise InvalidInputError(
-                f"terms[{blank}]: a blank term is found in every store; give the text to look for",
-                field="terms",
-            )
+        for i, term in enumerate(terms):
+            problem = _residue_term_problem(term)
+            if problem:
+                raise InvalidInputError(f"terms[{i}]: {problem}", field="terms")
         if self.principal.app_id != LOCAL_OPERATOR and self._kernel.stores_shared():
             with self._as_principal():
                 self._kernel.audit.record(

@@ -27,6 +27,7 @@ from domain.errors import (
     ReadTimeoutError,
     SubjectErasedError,
     SubjectNotFoundError,
+    UprofError,
 )
 from domain.values import ConsentGrant, Interaction, ProposalBatch
 from uprof import retry, telemetry
@@ -1141,6 +1142,11 @@ class Uprof:
     def policy_health(self) -> str:
         """Why every policy check denies (the store is unreadable), or '' when all is well."""
         return self.policy_service.health() if self.policy_service is not None else ""
+
+    def policy_refusal(self) -> UprofError | None:
+        """What a request refused for the policy store's state raises (its damage, or
+        ``PolicyStoreError`` when unreadable), looked at now; None when all is well."""
+        return self.policy_service.refusal() if self.policy_service is not None else None
 
     # --------------------------------------------------------------- pipeline
 

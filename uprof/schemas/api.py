@@ -34,7 +34,7 @@ from pydantic import (
 )
 
 from audit.export_format import checked_lines, read_csv_rows
-from domain.values import ATTRIBUTE_KEYS, CATEGORIES, check_sharing
+from domain.values import ATTRIBUTE_KEYS, CATEGORIES, check_sharing, text_problem
 
 # Re-exported: the surfaces (routes, MCP) read the page bounds from the wire schemas.
 from uprof.services.paging import DEFAULT_PAGE_LIMIT as DEFAULT_PAGE_LIMIT
@@ -55,12 +55,9 @@ MAX_TEXT_CHARS = 32_000
 
 def _no_nul(value: str) -> str:
     """Refuse NUL characters and lone surrogates: neither survives storage as text."""
-    if "\x00" in value:
-        raise ValueError("must not contain NUL characters")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("must be valid Unicode (no lone surrogates)") from None
+    problem = text_problem(value)
+    if problem:
+        raise ValueError(problem)
     return value
 
 

@@ -46,7 +46,13 @@ from domain.errors import (
     UprofError,
 )
 from domain.profile import proposal_identity
-from domain.values import AttributeProposal, ExperienceProposal, IntentProposal, MemoryProposal
+from domain.values import (
+    AttributeProposal,
+    ExperienceProposal,
+    IntentProposal,
+    MemoryProposal,
+    text_problem,
+)
 from projections.profile import tables as t
 from uprof.ports import AuditTrail, Clock, ErasureRecord, EventStore, SubjectKeyStore, ViewStore
 from uprof.services import erased_keys
@@ -1261,6 +1267,11 @@ class ErasureService:
             )
         if not host or any(c.isspace() for c in host):
             raise InvalidInputError("a host name, as its in-flight marks name it", field="host")
+        problem = text_problem(host)
+        if problem:
+            # A byte of the command line that is not UTF-8 reached the marks, whose
+            # encoding of it raised: a traceback once a request was open (bug MX).
+            raise InvalidInputError(f"host {problem}", field="host")
         ledger = self._keystore.ledger
         if ledger is None:
             return HostSettled(host, [], [])

@@ -207,6 +207,8 @@ class StoredPolicyAuthorizer:
         self._version = 0
         self._checked_at: float | None = None
         self._failure = "the policy store has not been read yet"
+        #: The damage behind ``_failure``, when it is damage and not an unreadable store.
+        self._damage: StoredDataDamagedError | None = None
 
     # --- keeping in step ---------------------------------------------------------------------
 
@@ -224,21 +226,36 @@ class StoredPolicyAuthorizer:
                     version, rows = self._service.current_rows()
                     self._inner.reload(rows, version=version)
                     self._head, self._version = head, version
-                self._failure = ""
+                self._failure, self._damage = "", None
             except StoredDataDamagedError as error:  # fail closed, named, logged, audited
                 failure = str(error)
                 if self._failure != failure:
                     self._service.report_damage(error)
-                self._failure = failure
+                self._failure, self._damage = failure, error
             except Exception as error:  # fail closed: an unreadable store denies everything
                 if not self._failure:
                     _log.exception("policy store unreadable; every policy check denies")
                 self._failure = f"policy store unreadable ({type(error).__name__})"
+                self._damage = None
             return self._failure
 
     def health(self) -> str:
         """Check the store now; return why checks deny, or '' when the policy is in force."""
         return self.refresh(force=True)
+
+    def refusal(self) -> UprofError | None:
+        """Check the store now; the error a request refused for its state raises, or None
+        when the policy is in force: the damage itself (500 ``stored_data_damaged``, an
+        operator repairs it), or ``PolicyStoreError`` for a store that cannot be read (503,
+        retried). Not one for both: a damaged store was answered as an outage, "retry in
+        5 s", in the privacy center (review of 0174, 0176 and 0177, bug MY)."""
+        failure = self.refresh(force=True)
+        damage = self._damage  # another thread may have looked since: the same failure only
+        if not failure:
+            return None
+        if damage is not None and str(damage) == failure:
+            return type(damage)(failure)  # a fresh one: raised by any number of requests
+        return PolicyStoreError(failure)
 
     @property
     def policy_version(self) -> int:
@@ -716,6 +733,10 @@ class PolicyService:
     def health(self) -> str:
         """Return why policy checks deny (the store is unreadable), or '' when all is well."""
         return self.authorizer.health()
+
+    def refusal(self) -> UprofError | None:
+        """The error for the store's state, looked at now (``StoredPolicyAuthorizer.refusal``)."""
+        return self.authorizer.refusal()
 
     def close(self) -> None:
         self.app.close()

@@ -21,6 +21,7 @@ from domain.errors import (
     SubjectErasedError,
     SubjectNotFoundError,
 )
+from domain.values import text_problem
 from uprof.crypto.keystore import SubjectHandle
 from uprof.ports import AuditTrail, SubjectKeyStore
 
@@ -50,8 +51,11 @@ def check_subject_ref(subject_ref: str) -> str:
         raise InvalidInputError(
             f"subject must be at most {MAX_REF_LENGTH} characters", field="subject"
         )
-    if "\x00" in ref:
-        raise InvalidInputError("subject must not contain NUL characters", field="subject")
+    problem = text_problem(ref)
+    if problem:
+        # NUL, and bytes of a command line that are not UTF-8 (a lone surrogate), which
+        # raised UnicodeEncodeError where the reference is hashed (bug NA).
+        raise InvalidInputError(f"subject {problem}", field="subject")
     return ref
 
 

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
 from pydantic import BaseModel, ConfigDict
 
+from domain.errors import StoredDataDamagedError
 from uprof.api.deps import CurrentPrincipal
 from uprof.api.errors import EdgeError
 from uprof.api.routes.docs import api_router, errors
@@ -119,9 +120,10 @@ def router(web: WebPages) -> APIRouter:
             stands = web.same_incarnation(request, subject, incarnation) and web.issuer_stands(
                 request, session
             )
-        except PolicyStoreError:
-            # Not decided (the store did not answer), so refused, but not spent: the
-            # same link signs in once the store answers (review of 0173, bug MG).
+        except (PolicyStoreError, StoredDataDamagedError):
+            # Not decided (the store did not answer, or is damaged), so refused, but not
+            # spent: the same link signs in once the store answers (review of 0173, bug
+            # MG) or is repaired (bug MY).
             links.give_back(token, redeemed)
             raise
         if not stands:
