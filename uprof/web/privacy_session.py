@@ -17,7 +17,6 @@ from uprof.api.errors import EdgeError
 from uprof.api.routes.docs import api_router, errors
 from uprof.api.scoped import scope_with_role
 from uprof.apikeys.store import ROLE_OPERATOR
-from uprof.facade import PolicyStoreError
 from uprof.schemas.api import SubjectRef
 from uprof.web.pages import (
     USER_COOKIE,
@@ -119,18 +118,20 @@ def router(web: WebPages) -> APIRouter:
             stands = web.same_incarnation(request, subject, incarnation) and web.issuer_stands(
                 request, session
             )
-        except PolicyStoreError:
-            # Not decided (the store did not answer), so refused, but not spent: the
-            # same link signs in once the store answers (review of 0173, bug MG).
+            if not stands:
+                return link_not_valid(request)
+            # On the log before the session exists: it opens the whole profile.
+            user_door(web.runtime_of(request), session).privacy_link_used()
+            sessions = web.sessions(request)
+            sessions.drop(request.cookies.get(USER_COOKIE), "user")
+            sid = sessions.create(session)
+        except Exception:
+            # Not decided (a store did not answer: the policy store, review of 0173 bug
+            # MG; the database, review of 0176 bug NH), and no session exists: refused,
+            # but not spent, so the same link signs in once the stores answer. Only a
+            # decided refusal (above) or a session uses it up: still at most one session.
             links.give_back(token, redeemed)
             raise
-        if not stands:
-            return link_not_valid(request)
-        # On the log before the session exists: it opens the whole profile.
-        user_door(web.runtime_of(request), session).privacy_link_used()
-        sessions = web.sessions(request)
-        sessions.drop(request.cookies.get(USER_COOKIE), "user")
-        sid = sessions.create(session)
         # Posted from uprof's own page: the redirect stays same-site, so the browser sends
         # the new (SameSite=Strict) cookie with it.
         response = RedirectResponse("/privacy", status_code=303)
