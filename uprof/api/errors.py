@@ -93,7 +93,7 @@ STORE_UNAVAILABLE_RETRY_AFTER_S = 5
 #: eventsourcing's own recorders: an outage, not a fault of the request or of uprof. A
 #: constraint or a malformed statement (``IntegrityError``, ``ProgrammingError``) stays a
 #: fault (500).
-OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
+OUTAGE_ERRORS: tuple[type[Exception], ...] = (
     sa.exc.OperationalError,
     sa.exc.InterfaceError,
     sa.exc.TimeoutError,
