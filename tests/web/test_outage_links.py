@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from tests.api.conftest import Apps, LiveServer, bearer, grant, interaction
 from tests.conftest import Backend, _admin
-from tests.web.conftest import csrf_of, open_link, privacy_link
+from tests.web.conftest import csrf_of, open_link, policy_store_down, privacy_link
 from uprof.kernel import Uprof
 
 
@@ -113,18 +113,12 @@ def _deny_erase_in_child(settings_json: str, role: str) -> None:
     """Another process (a second kernel on the same stores, as ``uprof policy`` is)
     denies ``role`` the action ``erase`` for purpose ``erasure``, in every category."""
     from tests.api.conftest import build_kernel
+    from tests.web.conftest import deny_operators
     from uprof.settings import Settings
 
     other = build_kernel(Settings.model_validate_json(settings_json))
     try:
-        other.policy_grant(
-            requested_by="test",
-            role=role,
-            actions=["erase"],
-            categories=["any"],
-            purpose="erasure",
-            effect="deny",
-        )
+        deny_operators(other, "erase", "erasure", role=role)
     finally:
         other.close()
 
@@ -245,3 +239,44 @@ def test_a_rest_erasure_whose_erase_right_was_denied_during_the_wait_erases_noth
     assert "Lisbon" in str(kernel.profile("alice"))
     denied = [e.entry for e in kernel.audit_log.entries() if e.entry["action"] == "access.denied"]
     assert denied and denied[-1]["reason_code"] == "erase"
+
+
+def test_a_policy_store_outage_answers_each_surface_as_documented(
+    server: LiveServer, http: httpx.Client, apps: Apps, kernel: Uprof, backend: Backend
+) -> None:
+    """Held (0015's choice, checked across REST and the pages): while the policy store
+    cannot be read, every ordinary decision denies, so a REST call the policy decides is
+    403 ``permission_denied`` naming the outage (a capture, an export, reading or
+    changing the policy: the change is refused at its decision, before the store), and
+    the privacy center, whose link is decided again on every page, answers 503
+    ``policy_store_unavailable`` with ``Retry-After`` and keeps the session (0176). The
+    split is docs/api.md's: a denial ends nothing, an outage of the link's own check must
+    not end the session."""
+    grant(http, apps.planner)
+    with httpx.Client(base_url=server.url, timeout=60) as browser:
+        open_link(browser, privacy_link(http, apps.planner_operator, "alice"))
+        with policy_store_down(backend, kernel):
+            calls = [
+                (apps.planner, "/v1/captures", {"subject": "alice", **interaction("hi")}),
+                (apps.privacy, "/v1/governance/exports", {"subject": "alice"}),
+                (
+                    apps.planner_operator,
+                    "/v1/policy/grant",
+                    {
+                        "role": "role:assistant",
+                        "actions": ["read"],
+                        "categories": ["diet"],
+                        "purpose": "personalization",
+                    },
+                ),
+            ]
+            answers = [http.post(path, headers=bearer(key), json=body) for key, path, body in calls]
+            answers.append(http.get("/v1/policy", headers=bearer(apps.planner_operator)))
+            page = browser.get("/privacy")
+        for answer in answers:
+            assert answer.status_code == 403, answer.text[:300]
+            error = answer.json()["error"]
+            assert error["code"] == "permission_denied"
+            assert "policy store unreadable" in error["message"]
+        assert page.status_code == 503 and int(page.headers["Retry-After"]) > 0
+        assert browser.get("/privacy").status_code == 200  # the session was kept
