@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from tests.api.conftest import Apps, LiveServer, bearer, grant, interaction
 from tests.conftest import Backend, _admin
 from tests.web.conftest import csrf_of, open_link, policy_store_down, privacy_link
+from uprof.api import ApiKeyStore
 from uprof.kernel import Uprof
 
 
@@ -86,9 +87,8 @@ def test_a_sign_in_during_a_database_outage_keeps_the_link_and_answers_503(
             rest = None
             if backend.kind == "sqlite":
                 # REST the same: the operator's next link is refused as the outage it
-                # is. Not on PostgreSQL: there the policy's refresh waits out the event
-                # store pool's connect timeout (30 s) up to ten times first (the
-                # decision record's Left).
+                # is. Not on PostgreSQL: there a request reaching the policy first waits
+                # out its store's pool ten times (2 s each since bug NK, the next test).
                 rest = browser.post(
                     "/v1/privacy/links",
                     headers=bearer(apps.planner_operator),
@@ -280,3 +280,38 @@ def test_a_policy_store_outage_answers_each_surface_as_documented(
             assert "policy store unreadable" in error["message"]
         assert page.status_code == 503 and int(page.headers["Retry-After"]) > 0
         assert browser.get("/privacy").status_code == 200  # the session was kept
+
+
+@pytest.mark.parametrize(
+    "backend", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+def test_a_request_during_a_postgres_outage_is_answered_not_held(
+    server: LiveServer,
+    http: httpx.Client,
+    apps: Apps,
+    kernel: Uprof,
+    keys: ApiKeyStore,
+    backend: Backend,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Bug NK: with the database down, a request whose key was just seen (the key
+    cache answers) reached the policy's version check, which waited for a connection of
+    the policy store's pool (30 s) ten times over, holding the policy's lock: the request
+    was not answered within two minutes (the client's timeout here), and every other
+    decision of the process waited behind it. The pool's wait is 2 s now: refused (the
+    policy denies while it cannot read its store), and served again after the outage."""
+    # The key's row stays cached (its clock stopped): the request passes authentication
+    # without the database and reaches the policy, as any request within the cache's
+    # 2 s of the key's last one does.
+    clock = [1000.0]
+    monkeypatch.setattr(keys, "_monotonic", lambda: clock[0])
+    assert http.get("/v1/policy", headers=bearer(apps.planner_operator)).status_code == 200
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+        with database_down(backend, kernel):
+            time.sleep(kernel.settings.policy_refresh_s * 2)  # the policy's next check due
+            refused = client.get("/v1/policy", headers=bearer(apps.planner_operator))
+        assert refused.status_code in (403, 503), refused.text[:300]
+        assert refused.json()["error"]["code"] in ("permission_denied", "store_unavailable")
+        kernel.policy_health()  # the store read again now, not at the next refresh
+        again = client.get("/v1/policy", headers=bearer(apps.planner_operator))
+        assert again.status_code == 200, again.text[:300]
