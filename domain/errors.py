@@ -16,6 +16,7 @@ UprofError
 ├── ModelUnavailableError    the configured embedding model is not installed on this machine
 ├── EmbedderMismatchError    the store's vectors were made by another embedding model
 ├── RateLimitUnavailableError the rate-limit counters could not be read: refused, not let through
+├── StoreUnavailableError    the database did not answer (an outage): refused, retried later
 └── ConcurrencyConflictError other writers kept winning the race (retries gave up)
     ├── VersionConflictError another writer saved the same stream version or log index first
     ├── StoreBusyError       another connection held the store's lock past the driver's wait
@@ -138,6 +139,15 @@ class RateLimitUnavailableError(UprofError):
     past its wait): the request is refused rather than let through uncounted."""
 
     hint = "retry after a few seconds (header Retry-After); nothing was done"
+
+
+class StoreUnavailableError(UprofError):
+    """The database did not answer a request (refused or lost connections, a store that
+    cannot be read): an outage, temporary like the other 503s. Raised at the edge only,
+    from the driver's error (``uprof.api.errors.store_outage``); the request stopped
+    where the database failed it."""
+
+    hint = "retry after a few seconds (header Retry-After): the database did not answer"
 
 
 class StoresLostError(UprofError):

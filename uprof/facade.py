@@ -1054,28 +1054,38 @@ class Facade:
                 still_allowed=lambda: self._decided_again(decide),
             )
 
+    def _erasure_decided(self, subject: str) -> Callable[[], None]:
+        """Decide an erasure of ``subject``'s data; return that decision to ask again
+        (with the principal's credential, ``_decided_again``) once the erasure has waited
+        and before it writes: the kernel asks it there (review of 0176, bug NI; an
+        erasure went on for a key revoked or an ``erase`` denied during its wait)."""
+
+        def decide() -> None:
+            self._own_subject(subject)
+            if self.principal.kind is not PrincipalKind.USER:
+                self._authorize_governance("erase", ERASURE_PURPOSE)
+
+        decide()
+        return lambda: self._decided_again(decide)
+
     def erase_subject(self, subject: str, *, basis: str = "GDPR-Art.17(1)") -> ErasureResult:
-        self._own_subject(subject)
-        if self.principal.kind is not PrincipalKind.USER:
-            self._authorize_governance("erase", ERASURE_PURPOSE)
+        still_allowed = self._erasure_decided(subject)
         with self._as_principal():
-            return self._kernel.erase_subject(subject, basis=basis)
+            return self._kernel.erase_subject(subject, basis=basis, still_allowed=still_allowed)
 
     def erase_item(
         self, subject: str, item_id: str, *, with_evidence: bool = False
     ) -> ErasureResult:
-        self._own_subject(subject)
-        if self.principal.kind is not PrincipalKind.USER:
-            self._authorize_governance("erase", ERASURE_PURPOSE)
+        still_allowed = self._erasure_decided(subject)
         with self._as_principal():
-            return self._kernel.erase_item(subject, item_id, with_evidence=with_evidence)
+            return self._kernel.erase_item(
+                subject, item_id, with_evidence=with_evidence, still_allowed=still_allowed
+            )
 
     def erase_capture(self, subject: str, capture_id: str) -> ErasureResult:
-        self._own_subject(subject)
-        if self.principal.kind is not PrincipalKind.USER:
-            self._authorize_governance("erase", ERASURE_PURPOSE)
+        still_allowed = self._erasure_decided(subject)
         with self._as_principal():
-            return self._kernel.erase_capture(subject, capture_id)
+            return self._kernel.erase_capture(subject, capture_id, still_allowed=still_allowed)
 
     # ----------------------------------------------------------------- audit
 

@@ -379,11 +379,21 @@ class Uprof:
             subject, collected, scope="consent-withdrawal", target=[consent_id]
         )
 
-    def erase_subject(self, subject: str, *, basis: str = "GDPR-Art.17(1)") -> ErasureResult:
-        """Erase a subject entirely: tombstone, key destruction, purge, signed receipt."""
+    def erase_subject(
+        self,
+        subject: str,
+        *,
+        basis: str = "GDPR-Art.17(1)",
+        still_allowed: Callable[[], object] | None = None,
+    ) -> ErasureResult:
+        """Erase a subject entirely: tombstone, key destruction, purge, signed receipt.
+        ``still_allowed``: the caller's decision, asked again after the waits and before
+        the first write (``uprof.services.erasure._still_allowed``)."""
         with telemetry.span("uprof.erasure", scope="subject"):
             self._settle_reads()  # reads served before the erasure are recorded before it
-            return self.erasure_service.erase_subject(subject, basis=basis)
+            return self.erasure_service.erase_subject(
+                subject, basis=basis, still_allowed=still_allowed
+            )
 
     def recreate_subject(self, subject: str, *, requested_by: str = "operator:cli") -> str:
         """Lift the erased mark of a subject reference; return the new subject's pseudonym.
@@ -935,19 +945,32 @@ class Uprof:
         )
         return report
 
-    def erase_capture(self, subject: str, capture_id: str) -> ErasureResult:
-        """Erase one captured event and everything derived only from it."""
+    def erase_capture(
+        self, subject: str, capture_id: str, *, still_allowed: Callable[[], object] | None = None
+    ) -> ErasureResult:
+        """Erase one captured event and everything derived only from it (``still_allowed``:
+        as ``erase_subject``'s)."""
         with telemetry.span("uprof.erasure", scope="capture"):
             self._settle_reads()
-            return self.erasure_service.erase_capture(subject, capture_id)
+            return self.erasure_service.erase_capture(
+                subject, capture_id, still_allowed=still_allowed
+            )
 
     def erase_item(
-        self, subject: str, item_id: str, *, with_evidence: bool = False
+        self,
+        subject: str,
+        item_id: str,
+        *,
+        with_evidence: bool = False,
+        still_allowed: Callable[[], object] | None = None,
     ) -> ErasureResult:
-        """Erase one item (and, if asked, the captured events behind it)."""
+        """Erase one item (and, if asked, the captured events behind it; ``still_allowed``:
+        as ``erase_subject``'s)."""
         with telemetry.span("uprof.erasure", scope="item"):
             self._settle_reads()
-            return self.erasure_service.erase_item(subject, item_id, with_evidence=with_evidence)
+            return self.erasure_service.erase_item(
+                subject, item_id, with_evidence=with_evidence, still_allowed=still_allowed
+            )
 
     def submit_proposals(
         self,

@@ -103,13 +103,13 @@ def console_cookie(client: httpx.Client, operator_key: str) -> str:
     return str(signed.cookies[OPERATOR_COOKIE])
 
 
-def deny_operators(uprof: Any, action: str, purpose: str) -> None:
+def deny_operators(uprof: Any, action: str, purpose: str, role: str = "role:operator") -> None:
     """Deny every operator ``action`` for ``purpose``, in every category (the policy's
-    ``role:operator``, as a deployment narrowing its operators would), on the kernel
-    ``uprof``."""
+    ``role:operator``, as a deployment narrowing its operators would; or another
+    ``role``), on the kernel ``uprof``."""
     uprof.policy_grant(
         requested_by="test",
-        role="role:operator",
+        role=role,
         actions=[action],
         categories=["any"],
         purpose=purpose,

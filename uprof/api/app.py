@@ -26,10 +26,12 @@ from domain.errors import (
     UprofError,
 )
 from uprof.api.errors import (
+    OUTAGE_ERRORS,
     EdgeError,
     body_for,
     classify,
     retry_after_s,
+    store_outage,
     validation_problem,
 )
 from uprof.api.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimitMiddleware
@@ -188,8 +190,7 @@ def _install_error_handlers(app: FastAPI, page_errors: PageErrors | None = None)
     """Map every failure to the one ``ErrorOut`` shape (STYLE P7: the edge maps, nothing
     else), or, under a page's route, to the page ``page_errors`` renders."""
 
-    @app.exception_handler(UprofError)
-    async def uprof_error(request: Request, error: UprofError) -> Response:
+    def refusal(request: Request, error: UprofError) -> Response:
         status, _code = classify(error)
         if status >= 500:
             _log.error("uprof error mapped to %d: %s", status, type(error).__name__)
@@ -198,6 +199,22 @@ def _install_error_handlers(app: FastAPI, page_errors: PageErrors | None = None)
         wait = retry_after_s(error)
         headers = None if wait is None else {"Retry-After": str(wait)}
         return _json(body_for(error), status, headers)
+
+    @app.exception_handler(UprofError)
+    async def uprof_error(request: Request, error: UprofError) -> Response:
+        return refusal(request, error)
+
+    async def database_down(request: Request, error: Exception) -> Response:
+        # The database not answering is an outage (503, Retry-After), on every surface
+        # and page, not a fault (500): review of 0176, bug NH.
+        outage = store_outage(error)
+        if outage is None:  # registered only for the outage errors; kept total
+            raise error
+        _log.warning("database did not answer: %s", outage)
+        return refusal(request, outage)
+
+    for outage_error in OUTAGE_ERRORS:
+        app.add_exception_handler(outage_error, database_down)
 
     @app.exception_handler(EdgeError)
     async def edge_error(_: Request, error: EdgeError) -> JSONResponse:

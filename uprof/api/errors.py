@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import eventsourcing.persistence as es_persistence
+import sqlalchemy as sa
+
 from domain.errors import (
     CaptureBackloggedError,
     ConcurrencyConflictError,
@@ -32,6 +35,7 @@ from domain.errors import (
     RequestInProgressError,
     StoredDataDamagedError,
     StoresLostError,
+    StoreUnavailableError,
     SubjectErasedError,
     SubjectNotFoundError,
     UprofError,
@@ -65,6 +69,9 @@ STATUS_TABLE: tuple[tuple[type[UprofError], int, str], ...] = (
     # and a change or a privacy-center page refused meanwhile is retried, not a fault
     # (review of 0173, bug MF; it fell through to 500 "internal").
     (PolicyStoreError, 503, "policy_store_unavailable"),
+    # The database itself did not answer (``store_outage``): temporary too, and a
+    # privacy-center sign-in refused for it keeps its link (bug NH; it was 500).
+    (StoreUnavailableError, 503, "store_unavailable"),
     (StoredDataDamagedError, 500, "stored_data_damaged"),
     (UprofError, 500, "internal"),
 )
@@ -78,6 +85,21 @@ RATE_LIMIT_UNAVAILABLE_RETRY_AFTER_S = 5
 REQUEST_IN_PROGRESS_RETRY_AFTER_S = 5
 #: Seconds a client is told to wait when the policy store could not be read.
 POLICY_STORE_RETRY_AFTER_S = 5
+#: Seconds a client is told to wait when the database did not answer.
+STORE_UNAVAILABLE_RETRY_AFTER_S = 5
+
+#: Driver errors that say the database did not answer (connections refused or ended, the
+#: pool's wait for one run out, a store that cannot be read), through SQLAlchemy or
+#: eventsourcing's own recorders: an outage, not a fault of the request or of uprof. A
+#: constraint or a malformed statement (``IntegrityError``, ``ProgrammingError``) stays a
+#: fault (500).
+OUTAGE_ERRORS: tuple[type[Exception], ...] = (
+    sa.exc.OperationalError,
+    sa.exc.InterfaceError,
+    sa.exc.TimeoutError,
+    es_persistence.OperationalError,
+    es_persistence.InterfaceError,
+)
 
 
 def classify(error: UprofError) -> tuple[int, str]:
@@ -93,8 +115,19 @@ def retry_after_s(error: UprofError) -> int | None:
         (RateLimitUnavailableError, RATE_LIMIT_UNAVAILABLE_RETRY_AFTER_S),
         (RequestInProgressError, REQUEST_IN_PROGRESS_RETRY_AFTER_S),
         (PolicyStoreError, POLICY_STORE_RETRY_AFTER_S),
+        (StoreUnavailableError, STORE_UNAVAILABLE_RETRY_AFTER_S),
     )
     return next((wait for cls, wait in waits if isinstance(error, cls)), None)
+
+
+def store_outage(error: BaseException) -> StoreUnavailableError | None:
+    """The refusal to answer for ``error`` when it is the database not answering (one of
+    ``OUTAGE_ERRORS``), else None. Its message names the driver's error class only: the
+    driver's text may quote a statement's parameters."""
+    if not isinstance(error, OUTAGE_ERRORS):
+        return None
+    cause = getattr(error, "orig", None) or error.__cause__ or error
+    return StoreUnavailableError(f"the database did not answer ({type(cause).__name__})")
 
 
 def body_for(error: UprofError) -> ErrorOut:

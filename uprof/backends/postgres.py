@@ -62,6 +62,10 @@ EVENTS_TABLE = "profiles_events"
 _RETRYABLE_STATES = frozenset({"55P03", "40001", "40P01"})
 
 
+#: Seconds a policy-store read waits for a connection of its pool (``policy_store_env``).
+POLICY_POOL_WAIT_S = 2
+
+
 class PostgresBackend:
     name = "postgres"
     backup_files: tuple[str, ...] = (PG_DUMP,)
@@ -105,7 +109,19 @@ class PostgresBackend:
         # The profiles log's database, in tables of its own (policies_events, ...); few
         # connections: one decision-time version check and the rare change.
         env = dict(self.layout(settings).eventsourcing_env)
-        env.update({"POSTGRES_POOL_SIZE": "1", "POSTGRES_MAX_OVERFLOW": "5"})
+        env.update(
+            {
+                "POSTGRES_POOL_SIZE": "1",
+                "POSTGRES_MAX_OVERFLOW": "5",
+                # How long a read waits for a connection of this pool (psycopg_pool's
+                # ``timeout``; eventsourcing names it the connect timeout, 30 s unset).
+                # A decision's version check holds the policy's lock, and eventsourcing
+                # tries a failed read ten times: with the database down every request of
+                # the process waited 10 x 30 s behind it (review of 0176, bug NK). Few
+                # readers share this pool, so a short wait refuses nothing in service.
+                "POSTGRES_CONNECT_TIMEOUT": str(POLICY_POOL_WAIT_S),
+            }
+        )
         return env
 
     def create_engine(self, url: str, *, fsync_each_commit: bool) -> sa.Engine:

@@ -33,7 +33,11 @@ def mcp(
     port: Annotated[int, typer.Option(help="HTTP: TCP port.")] = 8766,
     path: Annotated[str, typer.Option(help="HTTP: endpoint path.")] = "/mcp",
     max_body_bytes: Annotated[
-        int, typer.Option(help="HTTP: largest request body accepted (413 over it).")
+        int,
+        typer.Option(
+            help="Largest request accepted: an HTTP body (413 over it) or a stdio message "
+            "line (a JSON-RPC error over it, the line dropped).",
+        ),
     ] = DEFAULT_MAX_BODY_BYTES,
     max_sessions_per_key: Annotated[
         int,
@@ -103,6 +107,7 @@ def run(
                 stdio_principal=principal,
                 stdio_check=lambda: keys.authenticate(stdio_key),
                 rate_limit=server_settings.rate_limit,
+                max_message_bytes=max_body_bytes,
             ).run("stdio")
         else:
             import uvicorn

@@ -67,6 +67,7 @@ from uprof.api.ratelimit import KeyRateLimiter, RateLimitedError, limiter_for
 from uprof.api.runtime import ServiceRuntime
 from uprof.api.scoped import AppScope
 from uprof.apikeys.store import ApiKeyStore, NeedsRead, Principal
+from uprof.mcp.stdio import bounded_stdio_server
 from uprof.schemas import api as w
 from uprof.schemas.api import ErrorOut, FieldProblem, field_problems
 
@@ -171,6 +172,16 @@ class UprofMCPServer(MCPServer):
     count_call: Callable[[], None] | None = None
     #: The key's allowance (``rate_limit``), counted at the HTTP edge by ``http_app``.
     limiter: KeyRateLimiter | None = None
+    #: The largest message read over stdio: the HTTP transport's body limit
+    #: (``--max-body-bytes``), which stdio lacked (decision 0173's Left).
+    max_stdio_message_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+    async def run_stdio_async(self) -> None:
+        """The SDK's stdio serving, with the message size limit
+        (``uprof.mcp.stdio.bounded_stdio_server``)."""
+        server = self._lowlevel_server
+        async with bounded_stdio_server(self.max_stdio_message_bytes) as (read, write):
+            await server.run(read, write, server.create_initialization_options())
 
     async def _counted(self) -> None:
         # Every tool call and resource read is one request of the key, counted before its
@@ -227,6 +238,7 @@ def build_server(
     stdio_check: Callable[[], Principal | None] | None = None,
     issuer_url: str = "http://127.0.0.1:8766",
     rate_limit: str | None = None,
+    max_message_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> MCPServer:
     """Build the MCP server over a runtime.
 
@@ -237,6 +249,8 @@ def build_server(
     only fills the SDK's auth settings; uprof issues keys itself (``uprof apps
     create``), not through OAuth. ``rate_limit``: requests per API key, in the notation
     of ``UPROF_RATE_LIMIT`` (each tool call and resource read is one request).
+    ``max_message_bytes``: the largest message read over stdio (HTTP's is ``http_app``'s
+    ``max_body_bytes``; ``uprof mcp --max-body-bytes`` sets both).
     """
     limiter = limiter_for(runtime.kernel, rate_limit)
     verifier = ApiKeyTokenVerifier(api_keys) if api_keys is not None else None
@@ -254,6 +268,7 @@ def build_server(
     )
     server.api_keys = api_keys
     server.limiter = limiter
+    server.max_stdio_message_bytes = max_message_bytes
 
     def count_call() -> None:
         """Count one request of the calling key against its allowance (after

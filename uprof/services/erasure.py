@@ -67,6 +67,22 @@ if TYPE_CHECKING:
 _log = logging.getLogger(__name__)
 
 DEFAULT_BASIS = "GDPR-Art.17(1)"
+
+#: The caller's decision (its credential and the policy), asked again: raises to refuse.
+StillAllowed = Callable[[], object]
+
+
+def _still_allowed(still_allowed: StillAllowed | None) -> None:
+    """Ask the caller's decision again, after the request's wait (the views catching up,
+    the reads settling, retries) and before its first write: erasure cannot be undone, so
+    a credential revoked or a right the policy took away during that wait erases nothing
+    (review of 0176, bug NI), as a read or a proposal decided after its wait (0106). A
+    request finishing its own earlier erasure (``resume``) is not asked: its keys are
+    already gone, and finishing only purges and issues the receipt."""
+    if still_allowed is not None:
+        still_allowed()
+
+
 #: A ``key.destroyed`` entry is written once per request and key (with the same action and
 #: subject), whichever processes finish the erasure and however often (decision 0071); a
 #: late ``key.created`` once per key, found by its commitment whether an entry names it
@@ -223,9 +239,17 @@ class ErasureService:
     # ----------------------------------------------------------------- subject
 
     def erase_subject(
-        self, subject_ref: str, *, basis: str = DEFAULT_BASIS, timeout_s: float = 30.0
+        self,
+        subject_ref: str,
+        *,
+        basis: str = DEFAULT_BASIS,
+        timeout_s: float = 30.0,
+        still_allowed: StillAllowed | None = None,
     ) -> ErasureResult:
         """Erase a whole subject and return the signed receipt.
+
+        ``still_allowed`` (the caller's decision) is asked again before the first write,
+        after what the request waited for (``_still_allowed``).
 
         When projections have not purged the subject within ``timeout_s``, the keys are
         already destroyed and ``ErasureIncompleteError`` says so; the ledger keeps the
@@ -235,6 +259,7 @@ class ErasureService:
         resumed = self.resume(subject_ref, "subject", (), timeout_s=timeout_s)
         if resumed is not None:
             return resumed
+        _still_allowed(still_allowed)
         handle = self._require(subject_ref)
         stream = handle.stream_id
         request_id = str(uuid.uuid4())
@@ -342,10 +367,16 @@ class ErasureService:
         *,
         basis: str = DEFAULT_BASIS,
         timeout_s: float = 30.0,
+        still_allowed: StillAllowed | None = None,
     ) -> ErasureResult:
         """Erase one captured event and every item derived only from it."""
         return self.erase_captures(
-            subject_ref, [capture_id], scope="capture", basis=basis, timeout_s=timeout_s
+            subject_ref,
+            [capture_id],
+            scope="capture",
+            basis=basis,
+            timeout_s=timeout_s,
+            still_allowed=still_allowed,
         )
 
     def erase_captures(
@@ -357,6 +388,7 @@ class ErasureService:
         target: Sequence[str] | None = None,
         basis: str = DEFAULT_BASIS,
         timeout_s: float = 30.0,
+        still_allowed: StillAllowed | None = None,
     ) -> ErasureResult:
         """Erase captured events of one subject, each with what derives only from it.
 
@@ -377,6 +409,7 @@ class ErasureService:
         handle = self._require(subject_ref)
         stream = handle.stream_id
         self._require_views_current(timeout_s)
+        _still_allowed(still_allowed)
         rows = self._queries.captures(ids)
         # A capture the views dropped whose key this stream still holds: an earlier request
         # appended its ``CaptureErased`` and failed before its ledger record (bug HX). The
@@ -506,8 +539,10 @@ class ErasureService:
         with_evidence: bool = False,
         basis: str = DEFAULT_BASIS,
         timeout_s: float = 30.0,
+        still_allowed: StillAllowed | None = None,
     ) -> ErasureResult:
-        """Erase one item; with_evidence also erases (and shreds) the events it came from."""
+        """Erase one item; with_evidence also erases (and shreds) the events it came from.
+        ``still_allowed``: as ``erase_subject``'s, after the views' wait."""
         handle = self._require(subject_ref)
         stream = handle.stream_id
         if with_evidence:
@@ -532,11 +567,13 @@ class ErasureService:
                             target=[item_id],
                             basis=basis,
                             timeout_s=timeout_s,
+                            still_allowed=still_allowed,
                         )
         resumed = self.resume(subject_ref, "item", [item_id], timeout_s=timeout_s)
         if resumed is not None:
             return resumed
         self._require_views_current(timeout_s)
+        _still_allowed(still_allowed)
         evidence = self._evidence_of(str(stream), item_id)
         if evidence is None:
             raise ItemNotFoundError(item_id)
@@ -550,6 +587,7 @@ class ErasureService:
                     target=[item_id],
                     basis=basis,
                     timeout_s=timeout_s,
+                    still_allowed=still_allowed,
                 )
                 if self._evidence_of(str(stream), item_id) is None:
                     return result

@@ -200,15 +200,17 @@ class WebPages:
         return True
 
     def user_reader(self, request: Request, session: Session) -> Facade:
-        """The door for a page that shows the session's subject data: after its read (which
-        waits for the views) it asks again whether the link's issuing key stands, and
-        shows nothing if it was revoked meanwhile (``Facade._decided_again``)."""
+        """The door for a page that shows the session's subject data or erases it: after
+        its read or the erasure's wait (the views) it asks again whether the link stands
+        (``issuer_stands``), and shows or erases nothing if it no longer does
+        (``Facade._decided_again``)."""
 
         def still_live() -> None:
             if not self.issuer_stands(request, session):
                 raise PermissionDeniedError(
                     "the sign-in link no longer stands (the key that issued it was revoked, "
-                    "or the policy no longer lets operators export and erase); nothing is shown"
+                    "or the policy no longer lets operators export and erase); nothing is "
+                    "shown or erased"
                 )
 
         return user_door(self.runtime_of(request), session, still_live=still_live)

@@ -14,7 +14,6 @@ from uprof.web.pages import (
     WebPages,
     download,
     receipt_record,
-    user_door,
 )
 
 
@@ -55,7 +54,9 @@ def router(web: WebPages) -> APIRouter:
         if confirm != "yes":
             return web.message(request, 400, "Not confirmed", "Tick the confirmation box to erase.")
         runtime = web.runtime_of(request)
-        door = user_door(runtime, session)
+        # The door that asks the link again (its issuing key, the operators' policy) once
+        # the erasure has waited, before it writes: erasure cannot be undone (bug NI).
+        door = web.user_reader(request, session)
         subject = session.subject
         try:
             if item_id:

@@ -12,13 +12,11 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
 from pydantic import BaseModel, ConfigDict
 
-from domain.errors import StoredDataDamagedError
 from uprof.api.deps import CurrentPrincipal
 from uprof.api.errors import EdgeError
 from uprof.api.routes.docs import api_router, errors
 from uprof.api.scoped import scope_with_role
 from uprof.apikeys.store import ROLE_OPERATOR
-from uprof.facade import PolicyStoreError
 from uprof.schemas.api import SubjectRef
 from uprof.web.pages import (
     USER_COOKIE,
@@ -120,19 +118,21 @@ def router(web: WebPages) -> APIRouter:
             stands = web.same_incarnation(request, subject, incarnation) and web.issuer_stands(
                 request, session
             )
-        except (PolicyStoreError, StoredDataDamagedError):
-            # Not decided (the store did not answer, or is damaged), so refused, but not
-            # spent: the same link signs in once the store answers (review of 0173, bug
-            # MG) or is repaired (bug MY).
+            if not stands:
+                return link_not_valid(request)
+            # On the log before the session exists: it opens the whole profile.
+            user_door(web.runtime_of(request), session).privacy_link_used()
+            sessions = web.sessions(request)
+            sessions.drop(request.cookies.get(USER_COOKIE), "user")
+            sid = sessions.create(session)
+        except Exception:
+            # Not decided (a store did not answer: the policy store, review of 0173 bug
+            # MG; the database, bug NH; or the policy store is damaged, bug MY), and no
+            # session exists: refused, but not spent, so the same link signs in once the
+            # stores answer or are repaired. Only a decided refusal (above) or a session
+            # uses it up: still at most one session.
             links.give_back(token, redeemed)
             raise
-        if not stands:
-            return link_not_valid(request)
-        # On the log before the session exists: it opens the whole profile.
-        user_door(web.runtime_of(request), session).privacy_link_used()
-        sessions = web.sessions(request)
-        sessions.drop(request.cookies.get(USER_COOKIE), "user")
-        sid = sessions.create(session)
         # Posted from uprof's own page: the redirect stays same-site, so the browser sends
         # the new (SameSite=Strict) cookie with it.
         response = RedirectResponse("/privacy", status_code=303)
