@@ -528,3 +528,118 @@ def test_a_start_waiting_for_the_schema_lock_stops_on_sigterm(
     holder.send_signal(signal.SIGCONT)
     holder.communicate(timeout=HARNESS_WAIT_S)
     assert holder.returncode == 0
+
+
+#: An embedded start (the SDK's, a test's ``Uprof``) that gives up its wait for the
+#: schema lock, in a process that lives on.
+_GIVES_UP_THEN_LIVES = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from uprof.backends import SchemaLockWaitError
+    from tests.conftest import Backend
+    from tests.fakes.ports import FakeClock
+    from tests.kernel.conftest import build_kernel, settings_for
+
+    backend = Backend(sys.argv[1], sys.argv[2], Path(sys.argv[3]))
+    settings = settings_for(backend).model_copy(update={"schema_lock_wait_s": 0.3})
+    try:
+        build_kernel(settings, FakeClock())
+    except SchemaLockWaitError as e:
+        print("gave up", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_an_embedded_start_that_gives_up_its_wait_lets_go_of_the_stores(
+    backend: Backend,
+) -> None:
+    """Held (0180's MT, for the wait itself): the stores are free for a restore once
+    the holder is done, while the process that gave up lives on."""
+    from uprof.backends import StoresInUseError, backend_for_settings
+    from uprof.storage import layout_for, open_engines
+
+    settings = settings_for(backend)
+    stores = backend_for_settings(settings)
+    engines = open_engines(layout_for(settings))
+    child = None
+    try:
+        with stores.schema_lock(engines.views, wait_s=HARNESS_WAIT_S, purpose="test holder"):
+            child = children.PythonChild(
+                _GIVES_UP_THEN_LIVES,
+                backend.kind,
+                backend.url,
+                str(backend.data_dir),
+                stream_stdout=True,
+            )
+            assert child.stdout is not None and child.stdout.readline().strip() == "gave up"
+        try:
+            with stores.stores_alone(engines.views):
+                pass
+        except StoresInUseError as refused:
+            pytest.fail(f"the start that gave up still holds the stores: {refused}")
+    finally:
+        engines.dispose()
+        if child is not None:
+            child.kill()
+            child.communicate(timeout=HARNESS_WAIT_S)
+
+
+def test_a_pooled_postgres_connection_is_not_left_named_as_the_holder(
+    empty_backend: Backend,
+) -> None:
+    """Held (0180): the lock's connection goes back to the pool with its session name
+    reset, whether the work under the lock ended well or raised, and a waiter that gave
+    up never named its session: later work on the pool, and a later waiter reading
+    pg_stat_activity, never see a "uprof <pid> ... " session that holds nothing."""
+    if empty_backend.kind != "postgres":
+        pytest.skip("PostgreSQL's session names (SQLite: the lock file)")
+    import sqlalchemy as sa
+
+    from uprof.backends import SchemaLockWaitError
+    from uprof.backends.postgres import POSTGRES
+
+    engine = sa.create_engine(empty_backend.url, pool_size=1, max_overflow=0)
+    other = sa.create_engine(empty_backend.url)
+
+    def names() -> list[str]:
+        with other.connect() as conn:
+            return list(
+                conn.execute(
+                    sa.text(
+                        "SELECT application_name FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+                ).scalars()
+            )
+
+    try:
+        with POSTGRES.schema_lock(engine, wait_s=HARNESS_WAIT_S, purpose="test"):
+            assert any(n.startswith(f"uprof {os.getpid()} ") for n in names())
+        assert not any(n.startswith("uprof ") for n in names()), names()
+        with (
+            pytest.raises(RuntimeError),
+            POSTGRES.schema_lock(engine, wait_s=HARNESS_WAIT_S, purpose="test"),
+        ):
+            raise RuntimeError("the upgrade failed")
+        assert not any(n.startswith("uprof ") for n in names()), names()
+        with engine.connect() as conn:  # the one pooled connection, reused
+            assert (
+                not conn.execute(sa.text("SHOW application_name")).scalar_one().startswith("uprof ")
+            )
+        holder = sa.create_engine(empty_backend.url)
+        try:
+            with POSTGRES.schema_lock(holder, wait_s=HARNESS_WAIT_S, purpose="test"):
+                with (
+                    pytest.raises(SchemaLockWaitError),
+                    POSTGRES.schema_lock(engine, wait_s=0.2, purpose="waiter"),
+                ):
+                    pytest.fail("went on without the lock")
+                assert sum(n.startswith("uprof ") for n in names()) == 1, names()
+        finally:
+            holder.dispose()
+        assert not any(n.startswith("uprof ") for n in names()), names()
+    finally:
+        engine.dispose()
+        other.dispose()
