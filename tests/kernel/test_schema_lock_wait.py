@@ -296,6 +296,49 @@ def test_a_dead_holders_record_is_not_named_as_the_holder(tmp_path: Path) -> Non
     assert f"names pid {os.getpid()}, which no longer runs" in message
 
 
+@pytest.mark.parametrize("started", ["absent", None, True, "12"])
+def test_a_record_naming_a_live_process_without_its_start_is_not_named(
+    tmp_path: Path, started: object
+) -> None:
+    """Bug NN: a record of this host naming a live process (here pid 1, init) but not
+    when it started, or not as a number (never written so by this release, which writes
+    ``started``: a hand-written or foreign record) was named as the holder, and
+    docs/operations.md tells the operator to end the holder (``kill -9 <pid>``): an
+    unrelated process. A live pid is named only when its start time matches."""
+    import json
+    import socket
+
+    record: dict[str, object] = {
+        "pid": 1,
+        "host": socket.gethostname(),
+        "since": time.time(),
+        "purpose": "start: upgrading views and keys",
+    }
+    if started != "absent":
+        record["started"] = started
+    message = _given_up_beside_a_raw_holder(tmp_path, json.dumps(record).encode())
+    assert "held by pid 1 " not in message, message
+    assert "held by a process that did not say who it is (the lock file names pid 1," in message
+
+
+def test_a_huge_or_binary_lock_file_gives_a_short_printable_report(tmp_path: Path) -> None:
+    """Held (0180): whatever a hostile local user writes into the lock file, the report
+    reads 4 KiB of it and stays short and printable (no terminal escapes)."""
+    import json
+    import socket
+
+    long_host = {"pid": os.getpid(), "host": "h" * 10_000, "purpose": "p" * 10_000}
+    for content in (
+        b"\x1b]0;owned\x07" * 100_000,
+        bytes(range(256)) * 5_000,
+        json.dumps(dict(long_host, host=socket.gethostname())).encode(),
+        json.dumps(long_host).encode(),
+    ):
+        message = _given_up_beside_a_raw_holder(tmp_path, content)
+        held_by = message[message.index("held by") :]
+        assert held_by.isprintable() and len(held_by) < 400, held_by
+
+
 @pytest.mark.parametrize(
     "content",
     [
@@ -449,3 +492,154 @@ def test_a_postgres_holder_name_cut_at_63_bytes_keeps_its_pid_and_time() -> None
     assert len(name.encode()) == 63
     parsed = _HOLDER_NAME.match(name)
     assert parsed is not None and parsed.group(1, 2) == ("4194303", "1765000000")
+
+
+# ------------------------------------- a stop asked for while a start waits (bug NM)
+
+
+@pytest.mark.parametrize("command", [("worker",), ("serve", "--port", "0")])
+def test_a_start_waiting_for_the_schema_lock_stops_on_sigterm(
+    backend: Backend, clock: FakeClock, starts: _Starts, command: tuple[str, ...]
+) -> None:
+    """Bug NM: ``uprof worker`` sent SIGTERM (``systemctl stop``, a pod deleted) while it
+    waited for the schema lock went on waiting, up to the whole bound (300 s by default,
+    no end with 0), and then started and ran: the supervisor's grace period ran out
+    and it was killed (-9). Now the wait ends at the stop, the process exits at once
+    (0 for the worker, as after any SIGTERM; by the signal for the server, before
+    uvicorn handles it), never ready, having changed nothing."""
+    previous_schema_store(backend, clock)
+    holder = starts.stopped_holder()
+    behind = starts.start("wait", wait_s=0, command=command)  # 0: it would wait for ever
+    _until("the start behind says it waits", lambda: _waiting(behind))
+    behind.send_signal(signal.SIGTERM)
+    try:
+        stdout, stderr = behind.communicate(timeout=HARNESS_WAIT_S)
+    except Exception:  # main at ffab3cf: the worker waits on, for ever with a bound of 0
+        pytest.fail(f"still waiting after SIGTERM: {behind.stderr_so_far()!r}")
+    assert behind.returncode in (0, -signal.SIGTERM), (stdout, stderr)
+    if command == ("worker",):
+        assert behind.returncode == 0, stderr
+        assert "uprof worker stopped before it started: asked to stop while waiting" in _flat(
+            stderr
+        ), stderr
+    assert "ready" not in stdout and "Uvicorn running" not in stderr
+    assert starts.upgraders() == {holder.pid}  # nothing was changed
+    # The holder resumed, it finishes alone; the stores are nobody's afterwards.
+    holder.send_signal(signal.SIGCONT)
+    holder.communicate(timeout=HARNESS_WAIT_S)
+    assert holder.returncode == 0
+
+
+#: An embedded start (the SDK's, a test's ``Uprof``) that gives up its wait for the
+#: schema lock, in a process that lives on.
+_GIVES_UP_THEN_LIVES = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from uprof.backends import SchemaLockWaitError
+    from tests.conftest import Backend
+    from tests.fakes.ports import FakeClock
+    from tests.kernel.conftest import build_kernel, settings_for
+
+    backend = Backend(sys.argv[1], sys.argv[2], Path(sys.argv[3]))
+    settings = settings_for(backend).model_copy(update={"schema_lock_wait_s": 0.3})
+    try:
+        build_kernel(settings, FakeClock())
+    except SchemaLockWaitError as e:
+        print("gave up", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_an_embedded_start_that_gives_up_its_wait_lets_go_of_the_stores(
+    backend: Backend,
+) -> None:
+    """Held (0180's MT, for the wait itself): the stores are free for a restore once
+    the holder is done, while the process that gave up lives on."""
+    from uprof.backends import StoresInUseError, backend_for_settings
+    from uprof.storage import layout_for, open_engines
+
+    settings = settings_for(backend)
+    stores = backend_for_settings(settings)
+    engines = open_engines(layout_for(settings))
+    child = None
+    try:
+        with stores.schema_lock(engines.views, wait_s=HARNESS_WAIT_S, purpose="test holder"):
+            child = children.PythonChild(
+                _GIVES_UP_THEN_LIVES,
+                backend.kind,
+                backend.url,
+                str(backend.data_dir),
+                stream_stdout=True,
+            )
+            assert child.stdout is not None and child.stdout.readline().strip() == "gave up"
+        try:
+            with stores.stores_alone(engines.views):
+                pass
+        except StoresInUseError as refused:
+            pytest.fail(f"the start that gave up still holds the stores: {refused}")
+    finally:
+        engines.dispose()
+        if child is not None:
+            child.kill()
+            child.communicate(timeout=HARNESS_WAIT_S)
+
+
+def test_a_pooled_postgres_connection_is_not_left_named_as_the_holder(
+    empty_backend: Backend,
+) -> None:
+    """Held (0180): the lock's connection goes back to the pool with its session name
+    reset, whether the work under the lock ended well or raised, and a waiter that gave
+    up never named its session: later work on the pool, and a later waiter reading
+    pg_stat_activity, never see a "uprof <pid> ... " session that holds nothing."""
+    if empty_backend.kind != "postgres":
+        pytest.skip("PostgreSQL's session names (SQLite: the lock file)")
+    import sqlalchemy as sa
+
+    from uprof.backends import SchemaLockWaitError
+    from uprof.backends.postgres import POSTGRES
+
+    engine = sa.create_engine(empty_backend.url, pool_size=1, max_overflow=0)
+    other = sa.create_engine(empty_backend.url)
+
+    def names() -> list[str]:
+        with other.connect() as conn:
+            return list(
+                conn.execute(
+                    sa.text(
+                        "SELECT application_name FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+                ).scalars()
+            )
+
+    try:
+        with POSTGRES.schema_lock(engine, wait_s=HARNESS_WAIT_S, purpose="test"):
+            assert any(n.startswith(f"uprof {os.getpid()} ") for n in names())
+        assert not any(n.startswith("uprof ") for n in names()), names()
+        with (
+            pytest.raises(RuntimeError),
+            POSTGRES.schema_lock(engine, wait_s=HARNESS_WAIT_S, purpose="test"),
+        ):
+            raise RuntimeError("the upgrade failed")
+        assert not any(n.startswith("uprof ") for n in names()), names()
+        with engine.connect() as conn:  # the one pooled connection, reused
+            assert (
+                not conn.execute(sa.text("SHOW application_name")).scalar_one().startswith("uprof ")
+            )
+        holder = sa.create_engine(empty_backend.url)
+        try:
+            with POSTGRES.schema_lock(holder, wait_s=HARNESS_WAIT_S, purpose="test"):
+                with (
+                    pytest.raises(SchemaLockWaitError),
+                    POSTGRES.schema_lock(engine, wait_s=0.2, purpose="waiter"),
+                ):
+                    pytest.fail("went on without the lock")
+                assert sum(n.startswith("uprof ") for n in names()) == 1, names()
+        finally:
+            holder.dispose()
+        assert not any(n.startswith("uprof ") for n in names()), names()
+    finally:
+        engine.dispose()
+        other.dispose()

@@ -61,6 +61,33 @@ class SchemaLockWaitError(UprofError):
 #: that upgrades a store, or creates a new one, without a word.
 SCHEMA_LOCK_FIRST_REPORT_S = 2.0
 SCHEMA_LOCK_REPORT_EVERY_S = 30.0
+#: A wait looks at least this often (seconds) whether the process was asked to stop
+#: (``stop_schema_lock_waits``).
+SCHEMA_LOCK_STOP_CHECK_S = 0.25
+
+
+class SchemaLockWaitStopped(SchemaLockWaitError):
+    """The process was asked to stop (``stop_schema_lock_waits``: a worker's SIGTERM)
+    while it waited for a schema lock; it changed nothing."""
+
+    hint = "nothing to do: the process stopped as asked, before it started"
+
+
+#: Set by ``stop_schema_lock_waits`` (from a signal handler): every wait of this process
+#: that has not got its lock ends at its next look (bug NM).
+_stop_asked = False
+
+
+def stop_schema_lock_waits() -> None:
+    """End this process's waits for a schema lock (``SchemaLockWaitStopped``), from a
+    signal handler: it only assigns a flag (no lock, no I/O). A process that handles
+    SIGTERM itself (``uprof worker``: it finishes its batch first) would otherwise wait
+    through its whole bound (none with 0) before it could stop, and then start: the
+    supervisor's grace period ran out and it was killed. A lock already taken is kept:
+    the upgrade under it finishes, as any batch in hand does."""
+    global _stop_asked
+    _stop_asked = True
+
 
 _log = logging.getLogger("uprof.backends")
 
@@ -99,18 +126,27 @@ def wait_for_schema_lock(
     reported = False
     while True:
         until = report_at if give_up is None else min(report_at, give_up)
-        if try_until(until):
+        # In short turns, so that a stop asked for is seen (the flag is looked at only
+        # after a try failed: an uncontended take never reads it).
+        if try_until(min(until, time.monotonic() + SCHEMA_LOCK_STOP_CHECK_S)):
             if reported:
                 _log.warning(
                     "took the schema lock of %s after %.0f s", store, time.monotonic() - started
                 )
             return
         now = time.monotonic()
+        if _stop_asked:
+            raise SchemaLockWaitStopped(
+                f"asked to stop while waiting {now - started:.0f} s for the schema lock of "
+                f"{store}, held by {holder()}; nothing was changed"
+            )
         if give_up is not None and now >= give_up:
             raise SchemaLockWaitError(
                 f"gave up after waiting {wait_s:g} s (UPROF_SCHEMA_LOCK_WAIT_S) for the "
                 f"schema lock of {store}, held by {holder()}; nothing was changed"
             )
+        if now < report_at:
+            continue
         limit = "no limit" if give_up is None else f"gives up after {wait_s:g} s"
         _log.warning(
             "waiting %.0f s for the schema lock of %s, held by %s (%s, UPROF_SCHEMA_LOCK_WAIT_S)",

@@ -123,6 +123,7 @@ def worker(
     log_level: Annotated[str, typer.Option(help="Log level.")] = "info",
 ) -> None:
     """Run extraction and projections until SIGTERM (then finish the batch and exit 0)."""
+    from uprof.backends import SchemaLockWaitStopped, stop_schema_lock_waits
     from uprof.bootstrap import bootstrap
     from uprof.logs import configure_process_logging
     from uprof.native_memory import limit_malloc_arenas
@@ -149,12 +150,17 @@ def worker(
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         stop.set()  # no lock: see SignalledStop
+        stop_schema_lock_waits()  # a start still waiting for a schema lock ends (bug NM)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     _stacks_on_sigusr1()
     try:
         kernel = bootstrap(worker_settings, partitions=None if partition is None else [partition])
+    except SchemaLockWaitStopped as e:
+        # Stopped as asked, before it started: a clean stop, as after a batch.
+        print(f"uprof worker stopped before it started: {e}", file=sys.stderr, flush=True)
+        return
     except UprofError as e:
         fail(e)
         return

@@ -814,22 +814,37 @@ def _restore_alone(
         )
     # Before the live views are migrated, so that a refusal changes nothing (the audit
     # table's columns read here are those of its first migration).
-    keep_live_audit = _live_audit_extends(views, manifest)
     marker = settings.data_dir / RESTORE_MARKER
-    restart = _audit_restart(views, manifest, keep_live_audit, audit, rerun=marker.exists())
+    earlier = _killed_run(marker)
+    keep_live_audit = _live_audit_extends(views, manifest)
+    # A killed run that took the backup's log (the live one was empty) left that log in
+    # place, and this run keeps it (with what the killed run logged): it is the backup's
+    # log still, and the key folder's anchor must be forgotten as the first run would
+    # have (bug NP: the anchor refused the rolled-back log, and the restore never ended).
+    took_backup_log = not keep_live_audit or earlier.get(MARKER_AUDIT_LOG) == LOG_FROM_BACKUP
+    restart = _audit_restart(
+        views,
+        manifest,
+        keep_live_audit,
+        audit,
+        restarted_before=earlier.get(MARKER_RESTART) is True,
+    )
     migrate(views, "views")
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     # Sign-outs are kept like the live audit log: the backup's views were copied before
     # the sessions signed out since, whose cookies would otherwise open again. They go in
     # the marker too (random session ids, no credential): a killed restore, run again,
-    # finds the views already replaced and the live ones only there.
-    signed_out = _sign_outs_to_keep(views, marker)
+    # finds the views already replaced and the live ones only there. So do this run's
+    # choices about the audit log, which a run again cannot read from the stores.
+    signed_out = _sign_outs_to_keep(earlier, views)
     marker.write_text(
         json.dumps(
             {
                 "from": str(src),
                 "started_at": datetime.now(UTC).isoformat(),
                 "sign_outs": [[sid, until.isoformat()] for sid, until in signed_out],
+                MARKER_AUDIT_LOG: LOG_FROM_BACKUP if took_backup_log else LIVE_LOG_KEPT,
+                MARKER_RESTART: restart is not None,
             }
         )
         + "\n",
@@ -861,7 +876,7 @@ def _restore_alone(
         # lacks: the operator chose it, so its heads are the anchors from now on (before
         # anything loads a stream; decision 0132-stream-head-anchor).
         kernel.app.reanchor()
-        if not keep_live_audit or restart is _Restart.NOW:
+        if took_backup_log or restart is _Restart.NOW:
             # Likewise the audit log's: the backup's log (the live one was empty) is the
             # one the operator chose, shorter than the checkpoint the key folder keeps.
             kernel.audit_log.reanchor()
@@ -894,7 +909,7 @@ def _restore_alone(
             "backup.restored",
             principal=Principal.local_operator(kernel.subjects.tenant).label,
             tree_size=int(manifest["audit"]["entries"]),
-            reason_code="live-log-kept" if keep_live_audit else "log-from-backup",
+            reason_code="log-from-backup" if took_backup_log else "live-log-kept",
             counts={
                 "erased_streams": ledger.erased_streams,
                 "erased_captures": ledger.erased_captures,
@@ -910,7 +925,7 @@ def _restore_alone(
         kernel.close()
     marker.unlink()
     _fsync(settings.data_dir)
-    return RestoreReport(manifest["backend"], keep_live_audit, entries, ledger, restarted_at)
+    return RestoreReport(manifest["backend"], not took_backup_log, entries, ledger, restarted_at)
 
 
 def _check_live_policy(policy: Any) -> None:
@@ -931,15 +946,32 @@ def _check_live_policy(policy: Any) -> None:
         ) from None
 
 
-def _sign_outs_to_keep(views: sa.Engine, marker: Path) -> list[tuple[str, datetime]]:
-    """The live stores' sign-outs in force, with those a killed restore's marker kept."""
+#: What a restore's marker says of its audit log (``_killed_run``): which log it took,
+#: and whether it restarts the log (``--restart-audit-log``).
+MARKER_AUDIT_LOG = "audit_log"
+LOG_FROM_BACKUP = "from-backup"
+LIVE_LOG_KEPT = "live-kept"
+MARKER_RESTART = "restarts_audit_log"
+
+
+def _killed_run(marker: Path) -> dict[str, Any]:
+    """What a killed restore wrote in its marker ({} when none is there, or it is not a
+    JSON object: a marker of an earlier release says less, and is read as saying
+    nothing of what it does not say)."""
+    try:
+        earlier = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return earlier if isinstance(earlier, dict) else {}
+
+
+def _sign_outs_to_keep(earlier: dict[str, Any], views: sa.Engine) -> list[tuple[str, datetime]]:
+    """The live stores' sign-outs in force, with those a killed restore's marker
+    (``earlier``, ``_killed_run``) kept."""
     now = datetime.now(UTC)
     kept = dict(SignOuts(views).in_force(now))
-    try:
-        earlier = json.loads(marker.read_text(encoding="utf-8")).get("sign_outs", [])
-    except (OSError, ValueError, AttributeError):
-        earlier = []
-    for row in earlier if isinstance(earlier, list) else []:
+    rows = earlier.get("sign_outs", [])
+    for row in rows if isinstance(rows, list) else []:
         try:
             sid, until = str(row[0]), datetime.fromisoformat(str(row[1]))
         except (TypeError, ValueError, IndexError):
@@ -983,15 +1015,17 @@ def _audit_restart(
     keep_live: bool,
     audit: _AuditChoice,
     *,
-    rerun: bool,
+    restarted_before: bool,
 ) -> _Restart | None:
     """Whether the restore restarts the audit log; refuse it, changing nothing, when the
     log it leaves (the live one kept, or the backup's) ends below the highest rotation
     point of the key history without ``--restart-audit-log`` (bug MO), and the flag when
     there is nothing to restart. Such a log grows past the point N with another root than
     the retired key signed there, and every whole-trail export fails from then on.
-    ``rerun``: a killed restore's marker is there; if it restarted the log before it died,
-    the history's highest point is that restart's and the flag finishes it (``DONE``)."""
+    ``restarted_before``: a killed restore's marker says it restarts the log; if it did
+    before it died, the history's highest point is that restart's and the flag finishes it
+    (``DONE``). Only then: a history whose highest point is an older restart's, at the
+    same size, is also that of a deployment restarted long ago and lost again (bug NO)."""
     highest = _highest_point(audit.trusted)
     if keep_live:
         with views.connect() as conn:
@@ -1014,7 +1048,7 @@ def _audit_restart(
             "range are refused from then on); nothing was changed"
         )
     if audit.restart and not short:
-        if rerun and keep_live and highest is not None and highest.abandoned is not None:
+        if restarted_before and highest is not None and highest.abandoned is not None:
             return _Restart.DONE
         raise BackupError(
             f"--restart-audit-log: nothing to restart: {whose} holds {size} entries and "
