@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import secrets
+import stat
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
@@ -253,6 +254,12 @@ def _target(dest: str | PathLike[str] | TextIO) -> Iterator[TextIO]:
         yield dest
         return
     path = Path(dest)
+    if _a_stream(path):
+        # A FIFO or a device (``/dev/stdout``): the caller reads it as it is written, and
+        # no partial file can be left in it; renaming over it replaced it (bug NS).
+        with open(path, "w", encoding="utf-8", newline="") as out:
+            yield out
+        return
     # Hidden and named as a part; created as ``open(path, "w")`` would (the umask applies).
     part = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part")
     fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -266,6 +273,16 @@ def _target(dest: str | PathLike[str] | TextIO) -> Iterator[TextIO]:
         part.unlink(missing_ok=True)
         raise
     _sync_folder(path.parent)
+
+
+def _a_stream(path: Path) -> bool:
+    """Whether ``path`` (its link followed) is there and neither a regular file nor a
+    folder: a FIFO, a socket or a device, written into rather than renamed over."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False  # not there (or a dangling link): the part file is renamed to it
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
 def _sync_folder(folder: Path) -> None:
