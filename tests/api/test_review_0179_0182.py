@@ -1,17 +1,22 @@
 """Review of decision 0179's ``audit_export_to(path)`` (written beside the path and
-renamed over it), attacked with paths that are not a plain file: bug NS, and what held.
-No storage is involved (the export streams through ``httpx.MockTransport``)."""
+renamed over it), attacked with paths that are not a plain file (bug NS, and what held),
+and of 0182's MCP stdio line limit (NJ) at its edges (held). No storage is involved: the
+export streams through ``httpx.MockTransport``, the stdio reader reads a byte buffer (the
+real subprocess is ``test_mcp_stdio_message_limit.py``'s)."""
 
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import stat
 from pathlib import Path
 
+import anyio
 import pytest
 
 from tests.api.test_sdk_readers_bounded import HEADER, TRAILER, _async_client, _sync_client
+from uprof.mcp.stdio import BoundedLines
 
 BODY = f"{HEADER}\n{TRAILER}\n".encode()
 
@@ -114,3 +119,50 @@ def test_a_folder_it_cannot_write_is_refused_before_the_export(
 
             asyncio.run(run())
     assert asked == []
+
+
+# --- NJ at its edges (held) ------------------------------------------------------------------
+
+LIMIT = 100
+
+
+def _stdio_read(data: bytes) -> tuple[list[int], int]:
+    """The lengths of the lines ``BoundedLines`` passes on from ``data`` (their newline
+    included), and how many it refused."""
+
+    async def run() -> tuple[list[int], int]:
+        send, receive = anyio.create_memory_object_stream[object](1000)
+        with send, receive:
+            lines = BoundedLines(io.BytesIO(data), LIMIT)
+            lines.answer_with(send)  # type: ignore[arg-type]
+            passed = [len(line) async for line in lines]
+            refused = 0
+            while True:
+                try:
+                    receive.receive_nowait()
+                except anyio.WouldBlock:
+                    return passed, refused
+                refused += 1
+
+    return anyio.run(run)
+
+
+@pytest.mark.parametrize(
+    ("data", "passed", "refused"),
+    [
+        (b"a" * LIMIT + b"\nb\n", [LIMIT + 1, 2], 0),  # exactly at the limit: read
+        (b"a" * (LIMIT + 1) + b"\nb\n", [2], 1),  # one past: refused, the next read
+        (b"b\n" + b"a" * LIMIT, [2, LIMIT], 0),  # the last line unended, at the limit
+        (b"b\n" + b"a" * (LIMIT + 1), [2], 1),  # ... one past it: refused at EOF
+        (b"a" * LIMIT + b"\r\nb\n", [2], 1),  # the \r counts: it is the line's
+        ((b"a" * LIMIT + b"\n") * 50, [LIMIT + 1] * 50, 0),  # many at the limit
+        ((b"a" * (3 * LIMIT) + b"\n") * 5 + b"ok\n", [3], 5),  # many past, then one
+        (b"", [], 0),
+    ],
+    ids=["at", "past", "eof-at", "eof-past", "crlf", "many-at", "many-past", "empty"],
+)
+def test_the_stdio_line_limit_at_its_edges(data: bytes, passed: list[int], refused: int) -> None:
+    """Held (0182, NJ): the limit is the line's bytes without its ``\\n``, as HTTP's is
+    the body's; a last line without a newline is read or refused alike; each refused
+    line is answered once and the session goes on."""
+    assert _stdio_read(data) == (passed, refused)
