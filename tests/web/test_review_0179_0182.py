@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import re
 import sqlite3
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -136,3 +138,26 @@ def test_sqlite_busy_and_unopenable_stores_are_outages(tmp_path: Path) -> None:
     with pytest.raises(sa.exc.OperationalError) as unopenable:
         missing.connect()
     assert store_outage(unopenable.value) is not None
+
+
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+def test_fifty_concurrent_decisions_on_a_healthy_postgres_are_all_served(
+    server: LiveServer, http: httpx.Client, apps: Apps, kernel: Uprof, backend: Backend
+) -> None:
+    """Held (0182, NK): the policy store's pool (1 connection, 5 more on demand) waits
+    2 s for a connection now. Under 50 concurrent requests each deciding by the policy,
+    over rounds spaced past the policy's refresh bound (so that version checks are due),
+    no healthy request is refused as an outage: the checks read one at a time, under the
+    policy's lock."""
+    grant(http, apps.planner)
+
+    def ask(_: int) -> int:
+        with httpx.Client(base_url=server.url, timeout=120) as client:
+            return client.get("/v1/policy", headers=bearer(apps.planner_operator)).status_code
+
+    statuses: list[int] = []
+    with ThreadPoolExecutor(max_workers=50) as pool:
+        for _ in range(3):
+            statuses += pool.map(ask, range(50))
+            time.sleep(kernel.settings.policy_refresh_s * 2)  # the next check due
+    assert statuses == [200] * 150, sorted(set(statuses))
