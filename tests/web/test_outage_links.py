@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import sqlite3
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +16,7 @@ import sqlalchemy as sa
 
 from tests.api.conftest import Apps, LiveServer, bearer, grant, interaction
 from tests.conftest import Backend, _admin
-from tests.web.conftest import csrf_of, open_link, policy_store_down, privacy_link
+from tests.web.conftest import csrf_of, open_link, policy_store_down, privacy_link, table_gone
 from uprof.api import ApiKeyStore
 from uprof.kernel import Uprof
 
@@ -52,22 +51,8 @@ def database_down(backend: Backend, uprof: Uprof) -> Iterator[None]:
             with _admin().connect() as conn:
                 conn.execute(sa.text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true'))
         return
-    store = uprof.settings.key_path / "keys.sqlite"
-
-    def rename(old: str, new: str) -> None:
-        # Through the driver, never open(): see FIELD-NOTES 8.1.
-        conn = sqlite3.connect(store, timeout=30)
-        try:
-            conn.execute(f"ALTER TABLE {old} RENAME TO {new}")
-            conn.commit()
-        finally:
-            conn.close()
-
-    rename("subject_index", "subject_index_gone")
-    try:
+    with table_gone(backend, uprof, "subject_index"):
         yield
-    finally:
-        rename("subject_index_gone", "subject_index")
 
 
 def test_a_sign_in_during_a_database_outage_keeps_the_link_and_answers_503(

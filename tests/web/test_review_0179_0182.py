@@ -3,11 +3,9 @@ PostgreSQL: each test failed on main before its fix, or says it held."""
 
 from __future__ import annotations
 
-import contextlib
 import re
 import sqlite3
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -17,43 +15,9 @@ import sqlalchemy as sa
 
 from tests.api.conftest import Apps, LiveServer, bearer, grant
 from tests.conftest import Backend
-from tests.web.conftest import privacy_link
+from tests.web.conftest import privacy_link, table_gone
 from uprof.api.errors import store_outage
 from uprof.kernel import Uprof
-
-
-@contextlib.contextmanager
-def table_gone(backend: Backend, uprof: Uprof, table: str) -> Iterator[None]:
-    """``table`` of the key store renamed away under the live server for the block (a
-    schema that does not match the code: a missing migration, a table dropped by hand),
-    on either backend; the database itself answers throughout."""
-    gone = f"{table}_gone"
-    if backend.kind == "postgres":
-        engine = sa.create_engine(backend.url)
-
-        def rename(old: str, new: str) -> None:
-            with engine.begin() as conn:
-                conn.execute(sa.text(f"ALTER TABLE {old} RENAME TO {new}"))
-
-    else:
-        store = uprof.settings.key_path / "keys.sqlite"
-
-        def rename(old: str, new: str) -> None:
-            # Through the driver, never open(): FIELD-NOTES 8.1.
-            conn = sqlite3.connect(store, timeout=30)
-            try:
-                conn.execute(f"ALTER TABLE {old} RENAME TO {new}")
-                conn.commit()
-            finally:
-                conn.close()
-
-    rename(table, gone)
-    try:
-        yield
-    finally:
-        rename(gone, table)
-        if backend.kind == "postgres":
-            engine.dispose()
 
 
 def test_a_missing_table_is_a_fault_on_both_backends_not_an_outage(
