@@ -166,3 +166,21 @@ def test_the_stdio_line_limit_at_its_edges(data: bytes, passed: list[int], refus
     the body's; a last line without a newline is read or refused alike; each refused
     line is answered once and the session goes on."""
     assert _stdio_read(data) == (passed, refused)
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+@pytest.mark.parametrize(
+    "name", ["e" * 249 + ".jsonl", "é" * 124 + ".jsonl"], ids=["ascii", "utf8"]
+)
+def test_an_export_to_a_name_near_the_longest_a_folder_takes(
+    how: str, name: str, tmp_path: Path
+) -> None:
+    """Bug NU: 0179's part file is named ``.<name>.<8 hex>.part``, 15 bytes longer than
+    the path's name: a name of 241 to 255 bytes, which ``open(path, "w")`` wrote before
+    0179, failed with ``OSError`` (File name too long) before the export was asked for.
+    The part's name is cut to fit; the path is the one given."""
+    dest = tmp_path / name
+    summary = _export_to(dest, how)
+    assert getattr(summary, "entry_count", None) == 1
+    assert dest.read_bytes() == BODY
+    assert [p.name for p in tmp_path.iterdir()] == [name]

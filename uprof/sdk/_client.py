@@ -261,7 +261,7 @@ def _target(dest: str | PathLike[str] | TextIO) -> Iterator[TextIO]:
             yield out
         return
     # Hidden and named as a part; created as ``open(path, "w")`` would (the umask applies).
-    part = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part")
+    part = path.with_name(_part_name(path.name, secrets.token_hex(4)))
     fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with open(fd, "w", encoding="utf-8", newline="") as out:
@@ -273,6 +273,18 @@ def _target(dest: str | PathLike[str] | TextIO) -> Iterator[TextIO]:
         part.unlink(missing_ok=True)
         raise
     _sync_folder(path.parent)
+
+
+#: The longest file name most file systems take, in bytes (ext4, XFS, btrfs, APFS).
+_NAME_MAX = 255
+
+
+def _part_name(name: str, tag: str) -> str:
+    """``.<name>.<tag>.part``, ``name`` cut (by characters) to fit ``_NAME_MAX`` bytes: a
+    name the path itself may have must not be refused for its part's (bug NU)."""
+    while name and len(os.fsencode(f".{name}.{tag}.part")) > _NAME_MAX:
+        name = name[:-1]
+    return f".{name}.{tag}.part"
 
 
 def _a_stream(path: Path) -> bool:
