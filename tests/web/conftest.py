@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sqlite3
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+import sqlalchemy as sa
 
 from tests.api.conftest import (  # noqa: F401  (fixtures, re-exported for this package)
     apps,
@@ -28,6 +30,8 @@ from tests.api.conftest import (  # noqa: F401  (fixtures, re-exported for this 
     server,
     settings,
 )
+from tests.conftest import Backend
+from uprof.kernel import Uprof
 
 CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
@@ -149,3 +153,37 @@ def policy_store_down(backend: Any, uprof: Any) -> Iterator[None]:
     finally:
         _rename_policy_table(backend, uprof.settings, back=True)
     assert uprof.policy_health() == ""
+
+
+@contextlib.contextmanager
+def table_gone(backend: Backend, uprof: Uprof, table: str) -> Iterator[None]:
+    """``table`` of the key store renamed away under the live server for the block (a
+    schema that does not match the code: a missing migration, a table dropped by hand),
+    on either backend; the database itself answers throughout."""
+    gone = f"{table}_gone"
+    if backend.kind == "postgres":
+        engine = sa.create_engine(backend.url)
+
+        def rename(old: str, new: str) -> None:
+            with engine.begin() as conn:
+                conn.execute(sa.text(f"ALTER TABLE {old} RENAME TO {new}"))
+
+    else:
+        store = uprof.settings.key_path / "keys.sqlite"
+
+        def rename(old: str, new: str) -> None:
+            # Through the driver, never open(): FIELD-NOTES 8.1.
+            conn = sqlite3.connect(store, timeout=30)
+            try:
+                conn.execute(f"ALTER TABLE {old} RENAME TO {new}")
+                conn.commit()
+            finally:
+                conn.close()
+
+    rename(table, gone)
+    try:
+        yield
+    finally:
+        rename(gone, table)
+        if backend.kind == "postgres":
+            engine.dispose()

@@ -10,6 +10,7 @@ revoked API key (401), a role the key lacks (403), a body over the size limit (4
 
 from __future__ import annotations
 
+import sqlite3
 from dataclasses import dataclass, field
 
 import eventsourcing.persistence as es_persistence
@@ -40,6 +41,7 @@ from domain.errors import (
     SubjectNotFoundError,
     UprofError,
 )
+from uprof.backends.sqlite import sqlite_did_not_answer
 from uprof.facade import PolicyStoreError
 from uprof.schemas.api import ErrorBody, ErrorOut, FieldProblem
 
@@ -127,6 +129,10 @@ def store_outage(error: BaseException) -> StoreUnavailableError | None:
     if not isinstance(error, OUTAGE_ERRORS):
         return None
     cause = getattr(error, "orig", None) or error.__cause__ or error
+    if isinstance(cause, sqlite3.Error) and not sqlite_did_not_answer(cause):
+        # SQLite's driver raises OperationalError for a statement that cannot run too,
+        # where PostgreSQL's raises ProgrammingError: a fault on both (bug NR).
+        return None
     return StoreUnavailableError(f"the database did not answer ({type(cause).__name__})")
 
 

@@ -130,6 +130,31 @@ FOLD_TRY_MS = 100
 FOLD_RETRY_S = 0.15
 #: SQLite's primary result codes for "another connection holds the lock" (BUSY, LOCKED).
 _BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
+#: SQLite's primary result codes for "the database did not answer": locked past the wait,
+#: a file that cannot be opened, read or written (I/O, a full or read-only disk), memory.
+#: Not SQLITE_ERROR: the driver raises ``OperationalError`` for it too, but it says a
+#: statement cannot run (no such table or column, a syntax error), which waiting does not
+#: mend (review of 0182, bug NR).
+_OUTAGE_CODES = _BUSY_CODES | frozenset(
+    {
+        sqlite3.SQLITE_NOMEM,
+        sqlite3.SQLITE_READONLY,
+        sqlite3.SQLITE_INTERRUPT,
+        sqlite3.SQLITE_IOERR,
+        sqlite3.SQLITE_FULL,
+        sqlite3.SQLITE_CANTOPEN,
+        sqlite3.SQLITE_PROTOCOL,
+    }
+)
+
+
+def sqlite_did_not_answer(error: sqlite3.Error) -> bool:
+    """Whether SQLite's ``error`` says the database did not answer (an outage), rather
+    than that the statement or the stored data is at fault. An error without a code is
+    not taken for an outage."""
+    code = getattr(error, "sqlite_errorcode", None)
+    # An extended code keeps its primary code in the low byte.
+    return isinstance(code, int) and code & 0xFF in _OUTAGE_CODES
 
 
 class SQLiteBackend:

@@ -15,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from domain.errors import ItemNotFoundError
 from uprof.cli.context import (
     STATE,
+    built_from_options,
     console,
     cursor_option,
     door,
@@ -101,7 +102,9 @@ def capture(
     ] = "private",
 ) -> None:
     """Capture one interaction through the consent gate."""
-    row = InteractionIn(
+    row = built_from_options(
+        InteractionIn,
+        _CAPTURE_OPTIONS,
         subject=subject,
         app_id=app_id,
         agent_id=agent,
@@ -116,6 +119,21 @@ def capture(
     with door() as d:
         ack = d.for_app(app_id).capture(subject, row.to_domain())
         console.print(f"captured [bold]{ack.capture_id}[/] at log position {ack.notification_id}")
+
+
+#: ``uprof capture``'s options, by the request field each gives.
+_CAPTURE_OPTIONS = {
+    "subject": "--subject",
+    "app_id": "--app",
+    "agent_id": "--agent",
+    "user_input": "--text",
+    "agent_response": "--response",
+    "session_id": "--session",
+    "source_ref": "--source-ref",
+    "purpose": "--purpose",
+    "sharing": "--sharing",
+    "occurred_at": "--at",
+}
 
 
 @app.command("import")

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import secrets
+import stat
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
@@ -253,8 +254,14 @@ def _target(dest: str | PathLike[str] | TextIO) -> Iterator[TextIO]:
         yield dest
         return
     path = Path(dest)
+    if _a_stream(path):
+        # A FIFO or a device (``/dev/stdout``): the caller reads it as it is written, and
+        # no partial file can be left in it; renaming over it replaced it (bug NS).
+        with open(path, "w", encoding="utf-8", newline="") as out:
+            yield out
+        return
     # Hidden and named as a part; created as ``open(path, "w")`` would (the umask applies).
-    part = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part")
+    part = path.with_name(_part_name(path.name, secrets.token_hex(4)))
     fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with open(fd, "w", encoding="utf-8", newline="") as out:
@@ -266,6 +273,28 @@ def _target(dest: str | PathLike[str] | TextIO) -> Iterator[TextIO]:
         part.unlink(missing_ok=True)
         raise
     _sync_folder(path.parent)
+
+
+#: The longest file name most file systems take, in bytes (ext4, XFS, btrfs, APFS).
+_NAME_MAX = 255
+
+
+def _part_name(name: str, tag: str) -> str:
+    """``.<name>.<tag>.part``, ``name`` cut (by characters) to fit ``_NAME_MAX`` bytes: a
+    name the path itself may have must not be refused for its part's (bug NU)."""
+    while name and len(os.fsencode(f".{name}.{tag}.part")) > _NAME_MAX:
+        name = name[:-1]
+    return f".{name}.{tag}.part"
+
+
+def _a_stream(path: Path) -> bool:
+    """Whether ``path`` (its link followed) is there and neither a regular file nor a
+    folder: a FIFO, a socket or a device, written into rather than renamed over."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False  # not there (or a dangling link): the part file is renamed to it
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
 def _sync_folder(folder: Path) -> None:
