@@ -31,9 +31,8 @@ def _reference_bridges(
     assert index.vectors is not None
     seeds = np.argpartition(-relevance, k - 1)[:k]
     n = len(relevance)
-    # Decision 0162-slice-speed: the seeds' cosines are one float32 BLAS product on one
-    # thread (it was einsum), einsum's below _BLAS_LINKS_FROM (bug KU); the product is
-    # tested on its own below; everything after it is the round-2 reference unchanged.
+    # The seeds' cosines are _seed_links' (einsum's again since decision 0185); the
+    # product is tested on its own below; everything after it is the round-2 reference.
     links = _seed_links(index.vectors[seeds], index.vectors).T
     ranked = np.partition(links, [(n - 1) // 2, n // 2, n - 2], axis=0)
     floor = (ranked[(n - 1) // 2] + ranked[n // 2]) / 2
@@ -87,7 +86,7 @@ def test_seed_links_split_in_two_equal_one_product_bit_for_bit(busy_helper: bool
     if blocker is not None:
         assert blocker.result() is True  # the helper was held for the whole call
     assert got.shape == (10, len(vectors))
-    assert np.array_equal(got, np.matmul(seeds, vectors.T))
+    assert np.array_equal(got, np.einsum("kj,ij->ki", seeds, vectors))
 
 
 def _unit_rows(n: int, width: int, rng: np.random.Generator) -> np.ndarray:
@@ -98,8 +97,7 @@ def _unit_rows(n: int, width: int, rng: np.random.Generator) -> np.ndarray:
 
 @pytest.mark.parametrize("n", [3, 17, 1_001, ranker._SPLIT_LINKS_FROM * 2 + 7])
 def test_seed_links_are_einsums_cosines_to_float32_rounding(n: int) -> None:
-    """The BLAS product (decision 0162-slice-speed) moves a cosine by float32 rounding
-    only, never by more: what it can change is the order of near-ties."""
+    """The product moves a cosine by float32 rounding only, never by more."""
     rng = np.random.default_rng(n)
     vectors = _unit_rows(n, 384, rng)
     seeds = vectors[rng.choice(n, min(10, n), replace=False)]

@@ -45,20 +45,14 @@ _SPLIT_LINKS_FROM = 4_096
 #: of a large bridges product while the calling thread computes the first.
 _links_helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="uprof-links")
 #: numpy's BLAS computes on the calling thread only, in every process that ranks
-#: memories. A product of a slice's size with BLAS's own threads (one per core) cost
-#: 8x the one-thread product on a 2-core machine whose other core was busy (11.5 against
-#: 1.4 ms at 5k memories; decision 0162-slice-speed): each call waits for a thread the
-#: other processes hold. Set once, here, for the process: the limit is process-wide state,
-#: so raising and restoring it per call would race between concurrent slices.
+#: memories (the bridges' product no longer calls it, decision 0185; whatever else in the
+#: process does keeps this choice). A product of a slice's size with BLAS's own threads
+#: (one per core) cost 8x the one-thread product on a 2-core machine whose other core
+#: was busy (11.5 against 1.4 ms at 5k memories; decision 0162-slice-speed): each call
+#: waits for a thread the other processes hold. Set once, here, for the process: the
+#: limit is process-wide state, so raising and restoring it per call would race between
+#: concurrent slices.
 _BLAS_ON_ONE_THREAD = threadpool_limits(limits=1, user_api="blas")
-#: Below this many multiply-adds (or with one seed) the seeds' cosines are einsum's, not
-#: BLAS's. OpenBLAS computes a small product with its small-matrix kernel (on SkylakeX up
-#: to 100^3 multiply-adds) and a one-row product with its matrix-vector kernel; both sum
-#: the remainder rows in another order, so two copies of one repeated turn got cosines one
-#: bit apart and stopped ranking chronologically (bug KU, decision 0168-review-of-0162).
-#: Four times that bound: from 1,042 memories at 10 seeds of 384 dimensions. Below it
-#: einsum costs well under a millisecond, so the BLAS product saved nothing worth a tie.
-_BLAS_LINKS_FROM = 4 * 100**3
 
 
 def category_cues(catalogue: Catalogue) -> dict[str, frozenset[str]]:
@@ -321,44 +315,36 @@ def _with_neighbours(index: MemoryIndex, relevance: np.ndarray, weight: float) -
 
 
 def _seed_links(seed_vectors: np.ndarray, vectors: np.ndarray) -> np.ndarray:
-    """Each seed's cosine to every memory, (seeds, memories): one float32 matrix product.
+    """Each seed's cosine to every memory, (seeds, memories): one float32 einsum.
 
-    The largest single product of a slice (10 seeds x 20,000 memories x 384). A BLAS
-    product on one thread (``_BLAS_ON_ONE_THREAD``) costs about a third of the einsum it
-    replaced (decision 0162-slice-speed); its cosines differ from einsum's in the last
-    bits (up to 7e-7), which can swap near-ties, so the retrieval benchmarks were re-run
-    (same decision). Two equal memory vectors still get the same cosine wherever they
-    sit (tested), so repeated turns stay tied and rank chronologically: a small or
-    one-seed product is einsum's (``_BLAS_LINKS_FROM``, bug KU).
+    The largest single product of a slice (10 seeds x 20,000 memories x 384). einsum sums
+    each cosine alike wherever its row sits, so two equal memory vectors (a turn repeated
+    word for word) get the very same cosine and rank chronologically. A BLAS product
+    (decision 0162-slice-speed) is faster, but which kernel OpenBLAS picks for which rows
+    depends on the CPU: on SkylakeX only its small and one-row kernels split such ties
+    (bug KU), on this AMD EPYC its large products did too (decision 0185). Ties that hold
+    on one CPU and not another are no guarantee, so the product is einsum's on every CPU.
 
     For a large index the memories are cut in two: the helper thread computes the second
-    half while this thread computes the first (BLAS releases the GIL). If the helper has
-    not started its half when this thread finishes (the other core is busy), this thread
-    takes it back and computes it itself, so a busy machine waits for nothing it could
-    not have done alone. Each half is the same product over the same rows either way.
+    half while this thread computes the first (numpy's loops release the GIL). If the
+    helper has not started its half when this thread finishes (the other core is busy),
+    this thread takes it back and computes it itself, so a busy machine waits for nothing
+    it could not have done alone. Each cosine is the same sum either way.
     """
     n = len(vectors)
     links = np.empty((len(seed_vectors), n), dtype=np.float32)
     seeds = np.asarray(seed_vectors, dtype=np.float32)
-    # One kernel for the whole product, halves included, so equal rows get equal bits.
-    blas = len(seeds) > 1 and seeds.size * n >= _BLAS_LINKS_FROM
-    product = _blas_product if blas else _einsum_product
     if n < _SPLIT_LINKS_FROM:
-        product(seeds, vectors, links)
+        _einsum_product(seeds, vectors, links)
         return links
     half = n // 2
-    second = _links_helper.submit(product, seeds, vectors[half:], links[:, half:])
-    product(seeds, vectors[:half], links[:, :half])
+    second = _links_helper.submit(_einsum_product, seeds, vectors[half:], links[:, half:])
+    _einsum_product(seeds, vectors[:half], links[:, :half])
     if second.cancel():
-        product(seeds, vectors[half:], links[:, half:])
+        _einsum_product(seeds, vectors[half:], links[:, half:])
     else:
         second.result()
     return links
-
-
-def _blas_product(seeds: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
-    """``out = seeds . rows^T`` by BLAS's matrix product, on one thread."""
-    np.matmul(seeds, rows.T, out=out)
 
 
 def _einsum_product(seeds: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
@@ -388,7 +374,7 @@ def _with_bridges(index: MemoryIndex, relevance: np.ndarray, options: SliceOptio
     if options.bridge_weight <= 0 or k < 1 or len(relevance) < 3 or index.vectors is None:
         return relevance
     seeds = np.argpartition(-relevance, k - 1)[:k]
-    # (k, n): each seed's cosine to every memory, on one BLAS thread (_seed_links). Seeds
+    # (k, n): each seed's cosine to every memory (_seed_links, einsum). Seeds
     # are rows, so each seed's cosines are contiguous for the partition below (the
     # (n, k) layout made it partition strided columns, several times slower).
     links = _seed_links(index.vectors[seeds], index.vectors)
