@@ -111,7 +111,14 @@ def test_a_link_given_back_in_an_outage_still_opens_one_session_raced(
     token = _token_of(http, privacy_link(http, apps.planner_operator, "alice"))
     with policy_store_down(backend, kernel):
         during = _race(server.url, token, times=3)
-    assert all(status == 503 and int(wait) > 0 for status, wait in during), during
+    # A press while the other browser's press holds the link (redeemed, not yet given
+    # back) finds it taken: "Link not valid", 403. No press opens a session, and the link
+    # is not spent: the race after the outage still opens exactly one.
+    assert all(
+        (status == 503 and int(wait) > 0) or (status == 403 and wait is None)
+        for status, wait in during
+    ), during
+    assert any(status == 503 for status, _ in during), during
     assert [status for status, _ in _race(server.url, token)] == [303, 403]
 
     links = LinkStore()
