@@ -20,13 +20,17 @@ UprofError
 └── ConcurrencyConflictError other writers kept winning the race (retries gave up)
     ├── VersionConflictError another writer saved the same stream version or log index first
     ├── StoreBusyError       another connection held the store's lock past the driver's wait
+    ├── RequestInProgressError  a request came again while its first still runs
+    │   └── SignInLinkInUseError  a sign-in link pressed while another sign-in holds it
     └── PositionMovedError   another worker saved past a batch's starting position
 
-The three subclasses of ConcurrencyConflictError are transient: nothing was written, and
-the same attempt may succeed a moment later. The stores raise them, translating their
-drivers' errors by type and error code (never by message text), and ``uprof/retry.py``
-decides which are tried again, how often and after what wait. What escapes the retries
-is still a ConcurrencyConflictError, which every edge maps to "retry later" (409).
+The subclasses of ConcurrencyConflictError are transient: nothing was written, and the
+same attempt may succeed a moment later. The stores raise the version, busy and position
+ones, translating their drivers' errors by type and error code (never by message text),
+and ``uprof/retry.py`` decides which are tried again, how often and after what wait. What
+escapes the retries is still a ConcurrencyConflictError, which every edge maps to "retry
+later" (409). ``RequestInProgressError`` is raised where a first request still runs and
+will decide (a keyed withdrawal, a sign-in link): 409 with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -187,6 +191,18 @@ class RequestInProgressError(ConcurrencyConflictError):
     def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message)
         self.field = field
+
+
+class SignInLinkInUseError(RequestInProgressError):
+    """A privacy-center sign-in link was posted while another sign-in with it has taken
+    it and not finished yet (between ``LinkStore.redeem`` and its session, its refusal or,
+    stopped by an outage, its give-back). The link is not spent and this press changed
+    nothing: the other sign-in decides it, so "retry", never "Link not valid" (bug NW)."""
+
+    hint = (
+        "another sign-in with this link has not finished yet; retry after a short wait "
+        "(header Retry-After)"
+    )
 
 
 class PositionMovedError(ConcurrencyConflictError):

@@ -155,6 +155,22 @@ def test_allow_unsigned_still_checks_a_retired_keys_signature_and_the_files(
     assert _restored_entries(settings, clock) == []
 
 
+def verify_trail(run: Any, folder: Path, fmt: str = "jsonl") -> list[str]:
+    """Export the whole trail (``fmt``: jsonl or csv) with the CLI ``run``, and beside it
+    the key history and the public key, into ``folder``; return the ``uprof audit
+    verify`` arguments that check that trail with both (a test adds its
+    ``--trusted-checkpoint``)."""
+    trail = folder / f"trail.{fmt}"
+    run("audit", "export", "--format", fmt, "--out", str(trail))
+    run("audit", "keys", "--out", str(folder / "keys.json"))
+    run("audit", "public-key", "--out", str(folder / "key.pem"))
+    return [
+        "audit", "verify", str(trail),
+        "--public-key", str(folder / "key.pem"),
+        "--key-history", str(folder / "keys.json"),
+    ]  # fmt: skip
+
+
 def _receipt_then_rotation(backend: Backend, clock: FakeClock, tmp_path: Path) -> tuple[Any, ...]:
     """Alice erased (her receipt in ``receipt.json``), bob filled after, then the audit key
     rotated out by the CLI: the CLI runner, the settings, the receipt, the retired key (as
@@ -233,15 +249,7 @@ def test_ml_a_receipt_issued_before_a_rotation_is_a_trusted_checkpoint_of_a_trai
         backend, clock, tmp_path
     )
     (tmp_path / "receipt.note").write_text(receipt["checkpoint"])
-    run("audit", "export", "--out", str(tmp_path / "trail.jsonl"))
-    run("audit", "keys", "--out", str(tmp_path / "keys.json"))
-    run("audit", "public-key", "--out", str(tmp_path / "key.pem"))
-    verify = [
-        "audit", "verify", str(tmp_path / "trail.jsonl"),
-        "--public-key", str(tmp_path / "key.pem"),
-        "--key-history", str(tmp_path / "keys.json"),
-        "--trusted-checkpoint",
-    ]  # fmt: skip
+    verify = [*verify_trail(run, tmp_path), "--trusted-checkpoint"]
     run(*verify, str(tmp_path / "receipt.note"))  # the note alone: taken on main too
     run(*verify, str(tmp_path / "receipt.json"))
 

@@ -64,6 +64,7 @@ def test_a_receipt_of_another_deployment_or_edited_is_refused_by_prove_and_verif
 
     from tests.kernel.test_admin_audit import cli_for
     from tests.kernel.test_keys_apart import ALICE, BOB, fill
+    from tests.kernel.test_retired_below_review import verify_trail
     from uprof.settings import Settings
 
     run = cli_for(backend)
@@ -82,15 +83,7 @@ def test_a_receipt_of_another_deployment_or_edited_is_refused_by_prove_and_verif
     lines = ours["checkpoint"].split("\n")
     assert lines[1] == str(size)
     resized = {**ours, "checkpoint": "\n".join([lines[0], str(size + 1), *lines[2:]])}
-    run("audit", "export", "--out", str(tmp_path / "trail.jsonl"))
-    run("audit", "keys", "--out", str(tmp_path / "keys.json"))
-    run("audit", "public-key", "--out", str(tmp_path / "key.pem"))
-    verify = [
-        "audit", "verify", str(tmp_path / "trail.jsonl"),
-        "--public-key", str(tmp_path / "key.pem"),
-        "--key-history", str(tmp_path / "keys.json"),
-        "--trusted-checkpoint",
-    ]  # fmt: skip
+    verify = [*verify_trail(run, tmp_path), "--trusted-checkpoint"]
     (tmp_path / "ours.json").write_text(json.dumps(ours))
     run(*verify, str(tmp_path / "ours.json"))  # the honest one is taken
     cases = (
@@ -121,25 +114,17 @@ def test_an_operator_vouched_restore_entry_verifies_in_both_export_formats(
     import json
 
     from tests.kernel.test_admin_audit import cli_for
-    from tests.kernel.test_retired_below_review import _backup_then_rotate
+    from tests.kernel.test_retired_below_review import _backup_then_rotate, verify_trail
     from uprof.services.backup import restore
 
     settings = settings_for(backend)
     _backup_then_rotate(settings, clock, tmp_path / "old")
     restore(settings, tmp_path / "old", allow_unsigned=True)
     run = cli_for(backend)
-    run("audit", "keys", "--out", str(tmp_path / "keys.json"))
-    run("audit", "public-key", "--out", str(tmp_path / "key.pem"))
     for fmt in ("jsonl", "csv"):
-        trail = tmp_path / f"trail.{fmt}"
-        run("audit", "export", "--format", fmt, "--out", str(trail))
-        out = run(
-            "audit", "verify", str(trail),
-            "--public-key", str(tmp_path / "key.pem"),
-            "--key-history", str(tmp_path / "keys.json"),
-        )  # fmt: skip
+        out = run(*verify_trail(run, tmp_path, fmt))
         assert "verified" in out, out
-        text = trail.read_text()
+        text = (tmp_path / f"trail.{fmt}").read_text()
         assert text.count("operator-vouched") == 1 and "manifest-retired-key" in text, fmt
     (line,) = [x for x in (tmp_path / "trail.jsonl").read_text().splitlines() if "vouched" in x]
     entry = json.loads(line)["entry"]
@@ -230,20 +215,13 @@ def test_a_pre_rotation_receipt_serves_a_csv_trail_and_another_leaf(
     audit key's rotation is the trusted checkpoint of a CSV trail too, and ``audit prove
     --from`` it with another entry's ``--leaf-index`` (its note then the point checked)
     proves the log extends it."""
-    from tests.kernel.test_retired_below_review import _receipt_then_rotation
+    from tests.kernel.test_retired_below_review import _receipt_then_rotation, verify_trail
 
     run, _settings, receipt, _leaked, _origin, _copied = _receipt_then_rotation(
         backend, clock, tmp_path
     )
-    run("audit", "export", "--format", "csv", "--out", str(tmp_path / "trail.csv"))
-    run("audit", "keys", "--out", str(tmp_path / "keys.json"))
-    run("audit", "public-key", "--out", str(tmp_path / "key.pem"))
-    out = run(
-        "audit", "verify", str(tmp_path / "trail.csv"),
-        "--public-key", str(tmp_path / "key.pem"),
-        "--key-history", str(tmp_path / "keys.json"),
-        "--trusted-checkpoint", str(tmp_path / "receipt.json"),
-    )  # fmt: skip
+    verify = verify_trail(run, tmp_path, "csv")
+    out = run(*verify, "--trusted-checkpoint", str(tmp_path / "receipt.json"))
     assert "extends 1 trusted checkpoint" in " ".join(out.split()), out
     other = "0" if receipt["inclusion"]["leaf_index"] else "1"
     out = run(

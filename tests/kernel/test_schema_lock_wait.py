@@ -15,12 +15,14 @@ does not hang the suite); nothing here asserts how long anything took.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -121,6 +123,25 @@ def _waiting(child: children.PythonChild) -> bool:
     return "for the schema lock of" in child.stderr_so_far()
 
 
+def _given_up(
+    behind: children.PythonChild,
+    holder: children.PythonChild,
+    wait_s: int,
+    stdout: str,
+    stderr: str,
+) -> tuple[str, str]:
+    """The start ``behind`` (its output ``stdout``, ``stderr``) gave up waiting ``wait_s``
+    for the lock ``holder`` holds: exit 1, one report of the wait (more only every 30 s)
+    naming the holder, then the error saying it gave up. Returns (report, error)."""
+    flat = _flat(stderr)
+    assert behind.returncode == 1, (stdout, stderr)
+    report, error = flat[: flat.index("error:")], flat[flat.index("error:") :]
+    assert report.count("for the schema lock of") == 1, stderr
+    assert f"held by pid {holder.pid} " in report, stderr
+    assert f"gave up after waiting {wait_s} s (UPROF_SCHEMA_LOCK_WAIT_S)" in error, stderr
+    return report, error
+
+
 def test_a_start_behind_a_stopped_upgrade_says_so_and_gives_up_without_upgrading(
     backend: Backend, clock: FakeClock, starts: _Starts
 ) -> None:
@@ -132,18 +153,13 @@ def test_a_start_behind_a_stopped_upgrade_says_so_and_gives_up_without_upgrading
         stdout, stderr = behind.communicate(timeout=HARNESS_WAIT_S)
     except Exception:  # main at the time: it waits for ever, and says nothing
         pytest.fail(f"the start behind a stopped upgrade still waits: {behind.stderr_so_far()!r}")
-    flat = _flat(stderr)
-    assert behind.returncode == 1, (stdout, stderr)
+    report, error = _given_up(behind, holder, 5, stdout, stderr)
+    # The report names the store and the holder.
     store = "SQLite database" if backend.kind == "sqlite" else "PostgreSQL database"
-    report, error = flat[: flat.index("error:")], flat[flat.index("error:") :]
-    # One report of the wait (more only every 30 s), naming the store and the holder.
-    assert report.count("for the schema lock of") == 1, stderr
     assert f"for the schema lock of the {store}" in report, stderr
-    assert f"held by pid {holder.pid} " in report, stderr
     if backend.kind == "postgres":
         assert " in PostgreSQL session " in report, stderr
     # Then the error: the holder, what it does and the setting; nothing done.
-    assert "gave up after waiting 5 s (UPROF_SCHEMA_LOCK_WAIT_S)" in error, stderr
     assert f"held by pid {holder.pid} " in error, stderr
     assert "(start: upgrading views and keys)" in error, stderr
     assert "nothing was changed" in error, stderr
@@ -169,12 +185,7 @@ def test_a_worker_or_server_behind_a_stopped_upgrade_says_so_and_exits(
     holder = starts.stopped_holder()
     behind = starts.start("wait", wait_s=3, command=command)
     stdout, stderr = behind.communicate(timeout=HARNESS_WAIT_S)
-    flat = _flat(stderr)
-    assert behind.returncode == 1, (stdout, stderr)
-    report, error = flat[: flat.index("error:")], flat[flat.index("error:") :]
-    assert report.count("for the schema lock of") == 1, stderr
-    assert f"held by pid {holder.pid} " in report, stderr
-    assert "gave up after waiting 3 s (UPROF_SCHEMA_LOCK_WAIT_S)" in error, stderr
+    _given_up(behind, holder, 3, stdout, stderr)
     assert "ready" not in stdout and "Uvicorn running" not in stderr
     assert starts.upgraders() == {holder.pid}
     holder.kill()
@@ -243,13 +254,26 @@ _RAW_FLOCK = textwrap.dedent(
 )
 
 
+def _gives_up(stores: Any, engine: Any, purpose: str = "test") -> Exception:
+    """``stores``' schema lock (``SQLITE`` or ``POSTGRES``) on ``engine``, which another
+    holds: the wait (0.2 s) is given up, the block under it never entered. Returns the
+    ``SchemaLockWaitError``."""
+    from uprof.backends import SchemaLockWaitError
+
+    with (
+        pytest.raises(SchemaLockWaitError) as refused,
+        stores.schema_lock(engine, wait_s=0.2, purpose=purpose),
+    ):
+        pytest.fail("went on without the lock")
+    return refused.value
+
+
 def _given_up_beside_a_raw_holder(tmp_path: Path, content: bytes) -> str:
     """The error of a SQLite schema lock wait (0.2 s) while another process holds the
     lock file, which holds ``content``; afterwards, with that holder killed, the lock
     is taken at once, names this process while held, and nobody once let go."""
     import sqlalchemy as sa
 
-    from uprof.backends import SchemaLockWaitError
     from uprof.backends.sqlite import SCHEMA_LOCK_SUFFIX, SQLITE
 
     database = tmp_path / "views.sqlite"
@@ -259,11 +283,7 @@ def _given_up_beside_a_raw_holder(tmp_path: Path, content: bytes) -> str:
     holder = children.PythonChild(_RAW_FLOCK, str(lock_file), stream_stdout=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        with (
-            pytest.raises(SchemaLockWaitError) as refused,
-            SQLITE.schema_lock(engine, wait_s=0.2, purpose="test"),
-        ):
-            pytest.fail("went on without the lock")
+        refused = _gives_up(SQLITE, engine)
     finally:
         holder.kill()
         holder.communicate(timeout=HARNESS_WAIT_S)
@@ -271,7 +291,7 @@ def _given_up_beside_a_raw_holder(tmp_path: Path, content: bytes) -> str:
         assert f'"pid": {os.getpid()}' in lock_file.read_text()
     assert lock_file.read_bytes() == b""
     engine.dispose()
-    return str(refused.value)
+    return str(refused)
 
 
 def test_a_dead_holders_record_is_not_named_as_the_holder(tmp_path: Path) -> None:
@@ -377,7 +397,6 @@ def test_a_postgres_holder_that_is_not_a_uprof_start_is_named_by_its_session(
         pytest.skip("PostgreSQL's sessions (SQLite: the lock file)")
     import sqlalchemy as sa
 
-    from uprof.backends import SchemaLockWaitError
     from uprof.backends.postgres import POSTGRES, SCHEMA_LOCK_KEY
 
     engine = sa.create_engine(empty_backend.url)
@@ -387,16 +406,12 @@ def test_a_postgres_holder_that_is_not_a_uprof_start_is_named_by_its_session(
             session = other.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
             other.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": SCHEMA_LOCK_KEY})
             other.commit()
-            with (
-                pytest.raises(SchemaLockWaitError) as refused,
-                POSTGRES.schema_lock(engine, wait_s=0.2, purpose="test"),
-            ):
-                pytest.fail("went on without the lock")
+            refused = _gives_up(POSTGRES, engine)
             other.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": SCHEMA_LOCK_KEY})
             other.commit()
         assert (
             f"held by PostgreSQL session {session} (application_name 'psql'), not a uprof start"
-            in str(refused.value)
+            in str(refused)
         )
         with (
             POSTGRES.schema_lock(engine, wait_s=HARNESS_WAIT_S, purpose="test"),
@@ -417,18 +432,26 @@ def test_a_postgres_holder_that_is_not_a_uprof_start_is_named_by_its_session(
 
 # ------------------------------------------- a failed start lets go of the stores (MT)
 
-#: A start whose upgrade fails (as a wait given up does), in a process that lives on:
-#: an embedded runtime (the SDK's), which may try again, or stay up doing other work.
-_FAILS_THEN_LIVES = textwrap.dedent(
+#: An embedded start (the SDK's runtime, a test's ``Uprof``) in a process that lives on
+#: after it, which may try again or stay up doing other work: the test's ``backend``
+#: from its arguments, ``build_kernel`` and the rest; then what the start does, then a
+#: long sleep.
+_EMBEDDED_START = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    import uprof.bootstrap
     from tests.conftest import Backend
     from tests.fakes.ports import FakeClock
     from tests.kernel.conftest import build_kernel, settings_for
 
     backend = Backend(sys.argv[1], sys.argv[2], Path(sys.argv[3]))
+    """
+)
+
+#: A start whose upgrade fails (as a wait given up does).
+_FAILS_THEN_LIVES = _EMBEDDED_START + textwrap.dedent(
+    """
+    import uprof.bootstrap
 
     def failed(engine, branch):
         raise RuntimeError("the upgrade failed")
@@ -443,32 +466,48 @@ _FAILS_THEN_LIVES = textwrap.dedent(
 )
 
 
+def _stores_free_once_an_embedded_start_ended(
+    backend: Backend, script: str, said: str, *, under_the_lock: bool = False
+) -> None:
+    """An embedded start (``script``, in a process that lives on) runs until it says
+    ``said`` (while this process holds the schema lock, ``under_the_lock``); then the
+    stores must be nobody's: a restore's check (``stores_alone``) finds no other holder."""
+    from uprof.backends import StoresInUseError, backend_for_settings
+    from uprof.storage import layout_for, open_engines
+
+    settings = settings_for(backend)
+    stores = backend_for_settings(settings)
+    engines = open_engines(layout_for(settings))
+    child = None
+    try:
+        with (
+            stores.schema_lock(engines.views, wait_s=HARNESS_WAIT_S, purpose="test holder")
+            if under_the_lock
+            else contextlib.nullcontext()
+        ):
+            child = children.PythonChild(
+                script, backend.kind, backend.url, str(backend.data_dir), stream_stdout=True
+            )
+            assert child.stdout is not None and child.stdout.readline().strip() == said
+        try:
+            with stores.stores_alone(engines.views):
+                pass
+        except StoresInUseError as refused:
+            pytest.fail(f"the start that {said} still holds the stores: {refused}")
+    finally:
+        engines.dispose()
+        if child is not None:
+            child.kill()
+            child.communicate(timeout=HARNESS_WAIT_S)
+
+
 def test_a_start_that_fails_under_the_schema_lock_lets_go_of_the_stores(
     backend: Backend,
 ) -> None:
     """Bug MT: the start's hold on the stores (``hold_open``: what ``uprof restore``
     checks) stayed taken after a failure inside the schema lock, for the life of the
     process; a restore was refused "another uprof process has the stores open"."""
-    from uprof.backends import StoresInUseError, backend_for_settings
-    from uprof.storage import layout_for, open_engines
-
-    settings = settings_for(backend)
-    child = children.PythonChild(
-        _FAILS_THEN_LIVES, backend.kind, backend.url, str(backend.data_dir), stream_stdout=True
-    )
-    stores = backend_for_settings(settings)
-    engines = open_engines(layout_for(settings))
-    try:
-        assert child.stdout is not None and child.stdout.readline().strip() == "failed"
-        try:
-            with stores.stores_alone(engines.views):
-                pass
-        except StoresInUseError as refused:
-            pytest.fail(f"the failed start still holds the stores: {refused}")
-    finally:
-        engines.dispose()
-        child.kill()
-        child.communicate(timeout=HARNESS_WAIT_S)
+    _stores_free_once_an_embedded_start_ended(backend, _FAILS_THEN_LIVES, "failed")
 
 
 @pytest.mark.parametrize("value", ["-1", "nan", "soon", str(8 * 24 * 3600)])
@@ -530,18 +569,11 @@ def test_a_start_waiting_for_the_schema_lock_stops_on_sigterm(
     assert holder.returncode == 0
 
 
-#: An embedded start (the SDK's, a test's ``Uprof``) that gives up its wait for the
-#: schema lock, in a process that lives on.
-_GIVES_UP_THEN_LIVES = textwrap.dedent(
+#: An embedded start that gives up its wait for the schema lock.
+_GIVES_UP_THEN_LIVES = _EMBEDDED_START + textwrap.dedent(
     """
-    import sys, time
-    from pathlib import Path
     from uprof.backends import SchemaLockWaitError
-    from tests.conftest import Backend
-    from tests.fakes.ports import FakeClock
-    from tests.kernel.conftest import build_kernel, settings_for
 
-    backend = Backend(sys.argv[1], sys.argv[2], Path(sys.argv[3]))
     settings = settings_for(backend).model_copy(update={"schema_lock_wait_s": 0.3})
     try:
         build_kernel(settings, FakeClock())
@@ -557,33 +589,9 @@ def test_an_embedded_start_that_gives_up_its_wait_lets_go_of_the_stores(
 ) -> None:
     """Held (0180's MT, for the wait itself): the stores are free for a restore once
     the holder is done, while the process that gave up lives on."""
-    from uprof.backends import StoresInUseError, backend_for_settings
-    from uprof.storage import layout_for, open_engines
-
-    settings = settings_for(backend)
-    stores = backend_for_settings(settings)
-    engines = open_engines(layout_for(settings))
-    child = None
-    try:
-        with stores.schema_lock(engines.views, wait_s=HARNESS_WAIT_S, purpose="test holder"):
-            child = children.PythonChild(
-                _GIVES_UP_THEN_LIVES,
-                backend.kind,
-                backend.url,
-                str(backend.data_dir),
-                stream_stdout=True,
-            )
-            assert child.stdout is not None and child.stdout.readline().strip() == "gave up"
-        try:
-            with stores.stores_alone(engines.views):
-                pass
-        except StoresInUseError as refused:
-            pytest.fail(f"the start that gave up still holds the stores: {refused}")
-    finally:
-        engines.dispose()
-        if child is not None:
-            child.kill()
-            child.communicate(timeout=HARNESS_WAIT_S)
+    _stores_free_once_an_embedded_start_ended(
+        backend, _GIVES_UP_THEN_LIVES, "gave up", under_the_lock=True
+    )
 
 
 def test_a_pooled_postgres_connection_is_not_left_named_as_the_holder(
@@ -597,7 +605,6 @@ def test_a_pooled_postgres_connection_is_not_left_named_as_the_holder(
         pytest.skip("PostgreSQL's session names (SQLite: the lock file)")
     import sqlalchemy as sa
 
-    from uprof.backends import SchemaLockWaitError
     from uprof.backends.postgres import POSTGRES
 
     engine = sa.create_engine(empty_backend.url, pool_size=1, max_overflow=0)
@@ -631,11 +638,7 @@ def test_a_pooled_postgres_connection_is_not_left_named_as_the_holder(
         holder = sa.create_engine(empty_backend.url)
         try:
             with POSTGRES.schema_lock(holder, wait_s=HARNESS_WAIT_S, purpose="test"):
-                with (
-                    pytest.raises(SchemaLockWaitError),
-                    POSTGRES.schema_lock(engine, wait_s=0.2, purpose="waiter"),
-                ):
-                    pytest.fail("went on without the lock")
+                _gives_up(POSTGRES, engine, purpose="waiter")
                 assert sum(n.startswith("uprof ") for n in names()) == 1, names()
         finally:
             holder.dispose()

@@ -15,16 +15,19 @@ import sqlite3
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import pytest
 import sqlalchemy as sa
 
 from tests.api.conftest import (  # noqa: F401  (fixtures, re-exported for this package)
+    Apps,
     apps,
     bearer,
+    grant,
     http,
+    interaction,
     kernel,
     keys,
     server,
@@ -127,16 +130,48 @@ def csrf_of(html: str) -> str:
     return match.group(1)
 
 
+def link_token(client: httpx.Client, login_path: str) -> str:
+    """Open a sign-in link's page (a GET: it uses nothing) and read the token its
+    **Sign in** form posts back."""
+    shown = client.get(login_path)
+    assert shown.status_code == 200, shown.text[:300]
+    token = re.search(r'name="token" value="([^"]+)"', shown.text)
+    assert token, f"no sign-in form on the link's page: {shown.text[:300]}"
+    return token.group(1)
+
+
 def open_link(client: httpx.Client, login_path: str, *, expect: int = 303) -> httpx.Response:
     """Do what a user does with a sign-in link: open it, then press "Sign in" (the form
     posts the link's token back). Returns the answer to that post."""
-    shown = client.get(login_path)
-    assert shown.status_code == 200, shown.text
-    token = re.search(r'name="token" value="([^"]+)"', shown.text)
-    assert token, "no sign-in form on the link's page"
-    signed = client.post("/privacy/login", data={"token": token.group(1)})
+    signed = client.post("/privacy/login", data={"token": link_token(client, login_path)})
     assert signed.status_code == expect, signed.text
     return signed
+
+
+class Lisbon(NamedTuple):
+    """What ``lisbon_item`` made: alice's consent and her first extracted item."""
+
+    consent_id: str
+    item_id: str
+
+
+def lisbon_item(client: httpx.Client, app_keys: Apps, uprof: Uprof) -> Lisbon:
+    """Alice consents to the planner, which captures "I live in Lisbon" (through
+    ``client``, with ``app_keys``); once the server's background pipeline has extracted
+    it on the kernel ``uprof``, her consent and first item (the kernel's own read of the
+    profile: no door, nothing recorded)."""
+    consent_id = grant(client, app_keys.planner)
+    captured = client.post(
+        "/v1/captures",
+        headers=bearer(app_keys.planner),
+        json={"subject": "alice", **interaction("I live in Lisbon")},
+    )
+    assert captured.status_code == 201, captured.text
+    assert uprof.wait_until_caught_up(30)
+    view = uprof.profile("alice")
+    items = [*view.attributes, *view.memories, *view.intents]
+    assert items, view
+    return Lisbon(consent_id, str(items[0].item_id))
 
 
 @contextlib.contextmanager

@@ -5,7 +5,6 @@ its fix, or says it held."""
 from __future__ import annotations
 
 import contextlib
-import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -16,7 +15,15 @@ import sqlalchemy as sa
 
 from tests.api.conftest import Apps, LiveServer, bearer, grant, interaction
 from tests.conftest import Backend, _admin
-from tests.web.conftest import csrf_of, open_link, policy_store_down, privacy_link, table_gone
+from tests.web.conftest import (
+    csrf_of,
+    link_token,
+    lisbon_item,
+    open_link,
+    policy_store_down,
+    privacy_link,
+    table_gone,
+)
 from uprof.api import ApiKeyStore
 from uprof.kernel import Uprof
 
@@ -68,11 +75,9 @@ def test_a_sign_in_during_a_database_outage_keeps_the_link_and_answers_503(
     # A connection per request: the server ends the one it answered a fault (500) on,
     # and the next request must not race that end.
     with httpx.Client(base_url=server.url, timeout=120, headers={"Connection": "close"}) as browser:
-        shown = browser.get(login)
-        token = re.search(r'name="token" value="([^"]+)"', shown.text)
-        assert token is not None
+        token = link_token(browser, login)
         with database_down(backend, kernel):
-            refused = browser.post("/privacy/login", data={"token": token.group(1)})
+            refused = browser.post("/privacy/login", data={"token": token})
             assert "uprof_privacy" not in refused.cookies
             rest = None
             if backend.kind == "sqlite":
@@ -86,7 +91,7 @@ def test_a_sign_in_during_a_database_outage_keeps_the_link_and_answers_503(
                         headers=bearer(apps.planner_operator),
                         json={"subject": "alice"},
                     )
-        signed = browser.post("/privacy/login", data={"token": token.group(1)})
+        signed = browser.post("/privacy/login", data={"token": token})
         assert signed.status_code == 303, signed.text[:300]
         if backend.kind == "postgres":
             assert refused.status_code == 503, (refused.status_code, refused.text[:300])
@@ -100,7 +105,7 @@ def test_a_sign_in_during_a_database_outage_keeps_the_link_and_answers_503(
             assert rest.json()["error"]["code"] == "internal"
         assert browser.get("/privacy/export.json").status_code == 200
         # Still single-use: the session took it.
-        again = browser.post("/privacy/login", data={"token": token.group(1)})
+        again = browser.post("/privacy/login", data={"token": token})
         assert again.status_code == 403 and "Link not valid" in again.text
 
 
@@ -160,19 +165,6 @@ def _erasures(kernel: Uprof) -> list[str]:
     ]
 
 
-def _lisbon_item(http: httpx.Client, apps: Apps, kernel: Uprof) -> str:
-    grant(http, apps.planner)
-    captured = http.post(
-        "/v1/captures",
-        headers=bearer(apps.planner),
-        json={"subject": "alice", **interaction("I live in Lisbon")},
-    )
-    assert captured.status_code == 201, captured.text
-    assert kernel.wait_until_caught_up(30)
-    view = kernel.profile("alice")
-    return str([*view.attributes, *view.memories][0].item_id)
-
-
 @pytest.mark.parametrize("scope", ["item", "everything"])
 def test_a_privacy_center_erasure_whose_link_lost_its_rights_during_the_wait_erases_nothing(
     scope: str,
@@ -188,7 +180,7 @@ def test_a_privacy_center_erasure_whose_link_lost_its_rights_during_the_wait_era
     operators ``erase`` meanwhile. The link is worth its issuer's rights (0173), and an
     erasure cannot be undone: decided again after the wait, it erases nothing and says
     so; the subject keeps the session's other pages only while the link stands."""
-    item = _lisbon_item(http, apps, kernel)
+    item = lisbon_item(http, apps, kernel).item_id
     with httpx.Client(base_url=server.url, timeout=120) as user:
         open_link(user, privacy_link(http, apps.planner_operator, "alice"))
         form = user.get("/privacy/erase", params={"item_id": item} if scope == "item" else {})
@@ -220,7 +212,7 @@ def test_a_rest_erasure_whose_erase_right_was_denied_during_the_wait_erases_noth
     the key's app before the erasure's wait and erased after it, whatever the policy said
     by then (another process denied the app's role ``erase`` during the wait). Decided
     again before the first write: 403, audited, nothing erased."""
-    item = _lisbon_item(http, apps, kernel)
+    item = lisbon_item(http, apps, kernel).item_id
     waited = _denied_during_the_wait(kernel, monkeypatch, scope, "role:dpo")
     body = {"subject": "alice", **({"item_id": item} if scope == "item" else {})}
     with httpx.Client(base_url=server.url, timeout=120) as client:

@@ -15,10 +15,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.api.conftest import Apps, LiveServer, bearer, grant, interaction
+from tests.api.conftest import Apps, LiveServer
 from tests.api.test_profile_wait_revocation import during_the_wait
 from tests.api.test_slice_wait_revocation import revoke_elsewhere
-from tests.web.conftest import csrf_of, open_link, privacy_link
+from tests.web.conftest import csrf_of, lisbon_item, open_link, privacy_link
 from uprof.api import ApiKeyStore
 from uprof.kernel import Uprof
 from uprof.settings import Settings
@@ -44,16 +44,7 @@ def test_a_page_whose_link_issuer_was_revoked_during_the_wait_shows_nothing(
     apps: Apps,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    grant(http, apps.planner)
-    captured = http.post(
-        "/v1/captures",
-        headers=bearer(apps.planner),
-        json={"subject": "alice", **interaction("I live in Lisbon")},
-    )
-    assert captured.status_code == 201, captured.text
-    assert kernel.wait_until_caught_up(30)
-    view = kernel.profile("alice")
-    item = str([*view.attributes, *view.memories][0].item_id)
+    item = lisbon_item(http, apps, kernel).item_id
     clock = [1000.0]
     monkeypatch.setattr(keys, "_monotonic", lambda: clock[0])
     issuer = keys.create("app:planner", ["app", "operator"])
@@ -87,14 +78,7 @@ def test_a_withdrawal_with_erase_whose_link_issuer_was_revoked_during_the_wait_e
     """The privacy center's "withdraw and erase" reads the consents through the views (a
     wait) before it erases: an issuer revoked during that wait ends it there (review of
     0108/0109; it erased, with a receipt, for a session whose key no longer stood)."""
-    consent_id = grant(http, apps.planner)
-    captured = http.post(
-        "/v1/captures",
-        headers=bearer(apps.planner),
-        json={"subject": "alice", **interaction("I live in Lisbon")},
-    )
-    assert captured.status_code == 201, captured.text
-    assert kernel.wait_until_caught_up(30)
+    consent_id = lisbon_item(http, apps, kernel).consent_id
     clock = [1000.0]
     monkeypatch.setattr(keys, "_monotonic", lambda: clock[0])
     issuer = keys.create("app:planner", ["app", "operator"])

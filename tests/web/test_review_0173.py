@@ -3,7 +3,6 @@ PostgreSQL against a live server: each test failed on main (4bf158b) before its 
 
 from __future__ import annotations
 
-import re
 import time
 
 import httpx
@@ -14,7 +13,7 @@ from domain.principal import Principal
 from tests.api.conftest import Apps, LiveServer, grant
 from tests.conftest import Backend
 from tests.policies.test_policy_store import _rename_policy_table
-from tests.web.conftest import open_link, policy_store_down, privacy_link
+from tests.web.conftest import link_token, open_link, policy_store_down, privacy_link
 from uprof.facade import Facade
 from uprof.kernel import Uprof
 
@@ -59,19 +58,17 @@ def test_a_sign_in_during_a_policy_store_outage_does_not_burn_the_link(
     grant(http, apps.planner)
     login = privacy_link(http, apps.planner_operator, "alice")
     with httpx.Client(base_url=server.url, timeout=30) as browser:
-        shown = browser.get(login)
-        token = re.search(r'name="token" value="([^"]+)"', shown.text)
-        assert token is not None
+        token = link_token(browser, login)
         with policy_store_down(backend, kernel):
-            refused = browser.post("/privacy/login", data={"token": token.group(1)})
+            refused = browser.post("/privacy/login", data={"token": token})
             assert refused.status_code >= 500, refused.text[:300]
             assert "policy store unreadable" in refused.text
             assert browser.get("/privacy/export.json").status_code == 401
-        signed = browser.post("/privacy/login", data={"token": token.group(1)})
+        signed = browser.post("/privacy/login", data={"token": token})
         assert signed.status_code == 303, signed.text[:300]
         assert browser.get("/privacy/export.json").status_code == 200
         # Still single-use: the session took it.
-        again = browser.post("/privacy/login", data={"token": token.group(1)})
+        again = browser.post("/privacy/login", data={"token": token})
         assert again.status_code == 403 and "Link not valid" in again.text
 
 

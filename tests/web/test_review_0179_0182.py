@@ -3,7 +3,6 @@ PostgreSQL: each test failed on main before its fix, or says it held."""
 
 from __future__ import annotations
 
-import re
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +14,7 @@ import sqlalchemy as sa
 
 from tests.api.conftest import Apps, LiveServer, bearer, grant
 from tests.conftest import Backend
-from tests.web.conftest import privacy_link, table_gone
+from tests.web.conftest import link_token, privacy_link, table_gone
 from uprof.api.errors import store_outage
 from uprof.kernel import Uprof
 
@@ -34,9 +33,7 @@ def test_a_missing_table_is_a_fault_on_both_backends_not_an_outage(
     # A connection per request: the server ends the one it answered a fault (500) on,
     # and the next request must not race that end.
     with httpx.Client(base_url=server.url, timeout=120, headers={"Connection": "close"}) as browser:
-        shown = browser.get(login)
-        token = re.search(r'name="token" value="([^"]+)"', shown.text)
-        assert token is not None
+        token = link_token(browser, login)
         with table_gone(backend, kernel, "subject_index"):
             # Its own connection: the server ends one that a fault (500) was answered on.
             with httpx.Client(base_url=server.url, timeout=120) as operator:
@@ -45,8 +42,8 @@ def test_a_missing_table_is_a_fault_on_both_backends_not_an_outage(
                     headers=bearer(apps.planner_operator),
                     json={"subject": "alice"},
                 )
-            refused = browser.post("/privacy/login", data={"token": token.group(1)})
-        signed = browser.post("/privacy/login", data={"token": token.group(1)})
+            refused = browser.post("/privacy/login", data={"token": token})
+        signed = browser.post("/privacy/login", data={"token": token})
     assert rest.status_code == 500, (rest.status_code, rest.text[:300])
     assert rest.json()["error"]["code"] == "internal"
     assert "Retry-After" not in rest.headers

@@ -21,8 +21,8 @@ import pytest
 import sqlalchemy as sa
 
 from domain.principal import PRIVACY_CENTER
-from tests.api.conftest import PLANNER, Apps, LiveServer, bearer, grant, interaction
-from tests.web.conftest import open_link, privacy_link
+from tests.api.conftest import PLANNER, Apps, LiveServer, bearer, grant
+from tests.web.conftest import lisbon_item, open_link, privacy_link
 from uprof.kernel import Uprof
 
 
@@ -39,22 +39,6 @@ def _reads(kernel: Uprof, principal: str | None = None) -> list[dict[str, Any]]:
     ]
 
 
-def _an_item(http: httpx.Client, apps: Apps, kernel: Uprof) -> str:
-    """A subject with one extracted item (the pipeline runs in the server's background)."""
-    grant(http, apps.planner)
-    captured = http.post(
-        "/v1/captures",
-        headers=bearer(apps.planner),
-        json={"subject": "alice", **interaction("I live in Lisbon")},
-    )
-    assert captured.status_code == 201, captured.text
-    assert kernel.wait_until_caught_up(30)
-    view = kernel.profile("alice")  # the kernel's own read: no door, nothing recorded
-    items = [*view.attributes, *view.memories, *view.intents]
-    assert items, view
-    return str(items[0].item_id)
-
-
 def _link_principal(kernel: Uprof) -> str:
     used = [e for e in _entries(kernel) if e["action"] == "privacy_link.used"]
     return f"{PRIVACY_CENTER}#{used[-1]['link_id']}"
@@ -63,7 +47,7 @@ def _link_principal(kernel: Uprof) -> str:
 def test_the_privacy_profile_page_is_recorded_under_its_link(
     server: LiveServer, http: httpx.Client, kernel: Uprof, apps: Apps
 ) -> None:
-    item = _an_item(http, apps, kernel)
+    item = lisbon_item(http, apps, kernel).item_id
     pseudonym = kernel.subjects.pseudonym("alice")
     with httpx.Client(base_url=server.url, timeout=30) as user:
         open_link(user, privacy_link(http, apps.planner_operator, "alice"))
@@ -102,7 +86,7 @@ def test_a_page_whose_read_cannot_be_recorded_is_not_served(
     apps: Apps,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    item = _an_item(http, apps, kernel)
+    item = lisbon_item(http, apps, kernel).item_id
     with httpx.Client(base_url=server.url, timeout=30) as user:
         open_link(user, privacy_link(http, apps.planner_operator, "alice"))
         before = kernel.audit_log.size()
@@ -133,7 +117,7 @@ def test_a_page_whose_read_cannot_be_recorded_is_not_served(
 def test_the_rest_reads_of_a_profile_are_recorded_under_their_key(
     http: httpx.Client, kernel: Uprof, apps: Apps
 ) -> None:
-    item = _an_item(http, apps, kernel)
+    item = lisbon_item(http, apps, kernel).item_id
     key = bearer(apps.planner_operator)
     principal = f"{PLANNER}#{apps.planner_operator.split('_')[1]}"
     assert http.post("/v1/profile/read", headers=key, json={"subject": "alice"}).is_success

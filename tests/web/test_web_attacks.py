@@ -7,8 +7,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.api.conftest import Apps, LiveServer, bearer, grant, interaction
-from tests.web.conftest import deny_operators, open_link
+from tests.api.conftest import Apps, LiveServer, bearer, grant
+from tests.web.conftest import deny_operators, lisbon_item, open_link
 from uprof.kernel import Uprof
 
 
@@ -108,13 +108,7 @@ def test_an_operator_denied_export_or_erase_cannot_hand_itself_a_link_that_does_
     operators' policy says. Issuing one asked only ``inspect``: an operator key whose
     ``export`` (or ``erase``) the deployment denies (REST 403) issued a link for any
     subject, opened it itself and downloaded the whole profile (or erased it)."""
-    grant(http, apps.planner)
-    captured = http.post(
-        "/v1/captures",
-        headers=bearer(apps.planner),
-        json={"subject": "alice", **interaction("I live in Lisbon")},
-    )
-    assert captured.status_code == 201, captured.text
+    lisbon_item(http, apps, kernel)
     deny_operators(kernel, action, purpose)
     direct = "/v1/governance/exports" if action == "export" else "/v1/governance/erasures/subject"
     body = {"subject": "alice"}

@@ -12,8 +12,9 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
 from pydantic import BaseModel, ConfigDict
 
+from domain.errors import SignInLinkInUseError
 from uprof.api.deps import CurrentPrincipal
-from uprof.api.errors import EdgeError
+from uprof.api.errors import EdgeError, classify
 from uprof.api.routes.docs import api_router, errors
 from uprof.api.scoped import scope_with_role
 from uprof.apikeys.store import ROLE_OPERATOR
@@ -22,6 +23,7 @@ from uprof.web.pages import (
     USER_COOKIE,
     WebPages,
     key_door,
+    retry_later,
     user_door,
 )
 from uprof.web.state import Session
@@ -103,7 +105,10 @@ def router(web: WebPages) -> APIRouter:
         if refused is not None:
             return refused
         links = web.links(request)
-        redeemed = links.redeem(token)
+        try:
+            redeemed = links.redeem(token)
+        except SignInLinkInUseError as in_use:
+            return link_in_use(request, in_use)
         if redeemed is None:
             return link_not_valid(request)
         subject, incarnation = redeemed.subject, redeemed.incarnation
@@ -114,30 +119,52 @@ def router(web: WebPages) -> APIRouter:
             key_id=redeemed.issued_by,
             link_id=redeemed.link_id,
         )
+        # Spent only once decided: a session, or a decided refusal ("Link not valid").
+        # Anything that stops the sign-in before (a store did not answer: the policy
+        # store, review of 0173 bug MG; the database, bug NH; or the policy store is
+        # damaged, bug MY) gives it back unspent, so the same link signs in once the
+        # stores answer or are repaired: still at most one session. Until then another
+        # press with it is told it is in use (bug NW), never "Link not valid".
+        decided = False
         try:
             stands = web.same_incarnation(request, subject, incarnation) and web.issuer_stands(
                 request, session
             )
             if not stands:
+                decided = True
                 return link_not_valid(request)
-            # On the log before the session exists: it opens the whole profile.
-            user_door(web.runtime_of(request), session).privacy_link_used()
             sessions = web.sessions(request)
             sessions.drop(request.cookies.get(USER_COOKIE), "user")
             sid = sessions.create(session)
-        except Exception:
-            # Not decided (a store did not answer: the policy store, review of 0173 bug
-            # MG; the database, bug NH; or the policy store is damaged, bug MY), and no
-            # session exists: refused, but not spent, so the same link signs in once the
-            # stores answer or are repaired. Only a decided refusal (above) or a session
-            # uses it up: still at most one session.
-            links.give_back(token, redeemed)
-            raise
+            # On the log before the session's cookie leaves (it opens the whole profile),
+            # and the last step that can fail: an entry says a session opened. Written
+            # before the browser's earlier session was signed out, a failure of that
+            # sign-out gave the link back after its entry, and the next press wrote a
+            # second one for one session (bug NX).
+            user_door(web.runtime_of(request), session).privacy_link_used()
+            decided = True
+        finally:
+            if decided:
+                links.spend(token)
+            else:
+                links.give_back(token, redeemed)
         # Posted from uprof's own page: the redirect stays same-site, so the browser sends
         # the new (SameSite=Strict) cookie with it.
         response = RedirectResponse("/privacy", status_code=303)
         web.set_cookie(request, response, USER_COOKIE, sid, "/privacy")
         return response
+
+    def link_in_use(request: Request, in_use: SignInLinkInUseError) -> Response:
+        status, _code = classify(in_use)
+        shown = web.message(
+            request,
+            status,
+            "Sign-in in progress",
+            "Another sign-in with this link has not finished yet (pressed twice, or in "
+            "another tab or browser). The link is not used up: wait a few seconds, then "
+            "press Sign in again.",
+        )
+        return retry_later(shown, in_use)
 
     def link_not_valid(request: Request) -> Response:
         return web.message(

@@ -3,7 +3,9 @@
 Links are kept in memory as SHA-256 hashes of their tokens (the token itself exists only
 in the answer to the operator who asked for it); a link is single-use and expires, and a
 restart voids the links not yet used. Bounded (uprof.caching): past MAX_LINKS unredeemed
-links the oldest is voided.
+links the oldest is voided. A sign-in holds its link from ``redeem`` until it ``spend``s it
+(a session, or a decided refusal) or gives it back (stopped before deciding: an outage);
+another sign-in meanwhile is told the link is in use, not that it is not valid (bug NW).
 
 A session lives in its cookie (HttpOnly, SameSite=Strict), signed with a key derived from
 the deployment's master secret in the key folder (itsdangerous, HMAC-SHA256, with the
@@ -23,12 +25,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple, Protocol
 
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 
+from domain.errors import SignInLinkInUseError
 from uprof.caching import BoundedCache
 
 LINK_TTL = timedelta(minutes=15)
@@ -49,7 +53,9 @@ def _hash(token: str) -> str:
 class _Link:
     subject: str
     expires_at: datetime
-    used: bool = False
+    #: A sign-in redeemed the link and has not finished (``LinkStore.redeem``): it alone
+    #: decides whether the link is spent or given back.
+    held: bool = False
     #: The incarnation tag of the subject the link was issued for (``SessionStore.incarnation``).
     incarnation: str = ""
     #: The API key id that asked for the link (it received the token): the link and the
@@ -77,6 +83,8 @@ class LinkStore:
     def __init__(self, ttl: timedelta = LINK_TTL, max_links: int = MAX_LINKS) -> None:
         self._ttl = ttl
         self._links: BoundedCache[str, _Link] = BoundedCache(max_links, name="web-links")
+        #: Makes a redeem's look and hold one step: two sign-ins never both hold a link.
+        self._lock = threading.Lock()
 
     def issue(
         self, subject: str, incarnation: str = "", issued_by: str = ""
@@ -90,32 +98,56 @@ class LinkStore:
 
     def redeem(self, token: str) -> Redeemed | None:
         """Return the link's subject, incarnation tag, issuing key id, link id and expiry,
-        and burn the link; None when unknown, used or expired."""
+        and hold the link for this sign-in, which must then ``spend`` it or ``give_back``
+        it; None when unknown, spent or expired.
+
+        Raises ``SignInLinkInUseError`` while another sign-in holds it: that sign-in has
+        not decided yet, and may still give the link back (an outage), so the link is
+        neither valid for this press nor dead (bug NW: it answered "Link not valid")."""
         if not token or len(token) > 200:
             return None
-        # Taken out of the store: a burnt link is gone, exactly like an unknown one.
-        link = self._links.take(_hash(token))
-        if link is None or link.used or link.expires_at <= _now():
-            return None
-        link.used = True
+        key = _hash(token)
+        with self._lock:
+            link = self._links.get(key)
+            if link is None:
+                return None
+            if link.expires_at <= _now():
+                self._links.take(key)  # expired: gone, exactly like an unknown link
+                return None
+            if link.held:
+                raise SignInLinkInUseError(
+                    "another sign-in with this link has not finished yet; the link is not "
+                    "used up: retry in a few seconds"
+                )
+            link.held = True
         return Redeemed(
             link.subject, link.incarnation, link.issued_by, link.link_id, link.expires_at
         )
 
+    def spend(self, token: str) -> None:
+        """The sign-in that holds the link decided (it opened a session, or refused the
+        link): the link is used up, gone exactly like an unknown one."""
+        with self._lock:
+            self._links.take(_hash(token))
+
     def give_back(self, token: str, redeemed: Redeemed) -> None:
-        """Put a link ``redeem`` took back, unused, with its own expiry: the sign-in could
-        not be decided (the policy store did not answer), so it opened no session, and
-        the link is not spent by an outage (review of 0173, bug MG)."""
-        if redeemed.expires_at <= _now():
-            return
-        link = _Link(
-            redeemed.subject,
-            redeemed.expires_at,
-            incarnation=redeemed.incarnation,
-            issued_by=redeemed.issued_by,
-            link_id=redeemed.link_id,
-        )
-        self._links.put(_hash(token), link)
+        """Release a link ``redeem`` held, unused, with its own expiry: the sign-in could
+        not be decided (a store did not answer), so it opened no session, and the link is
+        not spent by an outage (review of 0173, bug MG). Put back as it was if the bound
+        voided it meanwhile; an expired link is not put back."""
+        key = _hash(token)
+        with self._lock:
+            if redeemed.expires_at <= _now():
+                self._links.take(key)
+                return
+            link = _Link(
+                redeemed.subject,
+                redeemed.expires_at,
+                incarnation=redeemed.incarnation,
+                issued_by=redeemed.issued_by,
+                link_id=redeemed.link_id,
+            )
+            self._links.put(key, link)
 
     def __len__(self) -> int:
         return len(self._links)
