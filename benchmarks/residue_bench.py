@@ -27,22 +27,22 @@ from typing import Any
 
 from benchmarks.kernel_bench import capture_batched, deployment, grant
 from uprof.services.residue import ResidueReport, scan_files
-from uprof.services.residue_files import CHUNK, encodings
+from uprof.services.residue_files import CHUNK, needles
 
 TERMS = ["Porto", "Miso", "cello", "renovation"]
 
 
 def baseline_scan(root: Path, terms: list[str]) -> int:
     """The pre-0010 scan: plain reads in this process. Only for a folder nobody has open."""
-    needles = [n for term in terms for n in encodings(term)]
-    overlap = max(len(n) for n in needles)
+    wanted = [n for term in terms for n in needles(term)]
+    overlap = max(len(n) for n in wanted)
     hits = 0
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         with path.open("rb") as fh:
             tail = b""
             while chunk := fh.read(CHUNK):
                 window = tail + chunk
-                hits += sum(1 for n in needles if n in window)
+                hits += sum(1 for n in wanted if n in window)
                 tail = window[-overlap:]
     return hits
 

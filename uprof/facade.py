@@ -154,11 +154,12 @@ OPERATIONS_PURPOSE = "operations"
 ROLE_REQUIRED = "role-required"
 #: A stream being read (an audit export) asks the policy again after this many records.
 STREAM_RECHECK_RECORDS = 500
-#: Most terms one residue scan looks for. Each term costs a pass over every file and a
-#: query per table column (about 3 ms on an empty SQLite folder, 53 ms on an empty
-#: PostgreSQL database, growing with the data): unbounded, the console's form (one term
-#: a line, up to the body limit) held a server thread and a connection for hours per post
-#: (hostile callers round 8, bug LS). An auditor's terms for one subject are a handful.
+#: Most terms one residue scan looks for. Each term adds needles to the match of every
+#: file and every value (until decision XXXX-residue-at-scale, a query per table column:
+#: 53 ms per term on an empty PostgreSQL database, growing with the data): unbounded,
+#: the console's form (one term a line, up to the body limit) held a server thread and a
+#: connection for hours per post (hostile callers round 8, bug LS). An auditor's terms
+#: for one subject are a handful.
 MAX_RESIDUE_TERMS = 100
 
 

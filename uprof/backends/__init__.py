@@ -390,9 +390,10 @@ class Backend(Protocol):
     # --- operator tools ----------------------------------------------------------------
 
     def scan_tables(self, engine: sa.Engine, terms: Sequence[str]) -> TableScan:
-        """Look for each term (case-insensitive) in every column of every table the
-        server holds; a backend whose databases are files in the data folder scans
-        nothing here (the residue file scan reads them, uprof.services.residue_files)."""
+        """Look for each term in every column of every table the server holds, spelled
+        in any way ``residue_files.needles`` lists (case, normal form, JSON escapes); a
+        backend whose databases are files in the data folder scans nothing here (the
+        residue file scan reads them, uprof.services.residue_files)."""
         ...
 
     def backup(self, settings: Settings, out: Path) -> dict[str, Any]:

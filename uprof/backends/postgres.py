@@ -342,27 +342,40 @@ class PostgresBackend:
         return upsert_with(insert, table, rows, keys, set_)
 
     def scan_tables(self, engine: sa.Engine, terms: Sequence[str]) -> TableScan:
+        # One read of each table for all the terms, matched here as the file scan's child
+        # matches SQLite's tables (residue_files.Matcher: case, normal forms, JSON escapes).
+        # A query per column per term read each table columns x terms times on the server
+        # and compared bytea through encode(.., 'escape'), which spells every non-ASCII
+        # byte as an octal escape (bug OQ). Each table is read in a transaction of its
+        # own, streamed, so the scan holds one table's ACCESS SHARE lock at a time and
+        # only while it reads it (a DDL waiting on it would queue the writers behind it).
+        from uprof.services.residue_files import ROWS_PER_COLUMN, Matcher
+
+        matcher = Matcher(terms)
         inspector = sa.inspect(engine)
         tables, hits = 0, []
-        with engine.connect() as conn:
-            for table_name in inspector.get_table_names():
-                tables += 1
-                for column in inspector.get_columns(table_name):
-                    name = column["name"]
-                    expr = (
-                        f"encode(\"{name}\"::bytea, 'escape')"
-                        if _is_bytea(column)
-                        else f'"{name}"::text'
-                    )
-                    for term in terms:
-                        rows = conn.execute(
-                            sa.text(
-                                f'SELECT ctid::text FROM "{table_name}" '
-                                f"WHERE position(lower(:term) in lower({expr})) > 0 LIMIT 5"
-                            ),
-                            {"term": term},
-                        ).scalars()
-                        hits += [TermHit(table_name, name, ctid, term) for ctid in rows]
+        for table_name in inspector.get_table_names():
+            tables += 1
+            columns = inspector.get_columns(table_name)
+            if not columns:
+                continue
+            names = [column["name"] for column in columns]
+            values = ", ".join(
+                _quoted(name) if _is_bytea(column) else f"{_quoted(name)}::text"
+                for name, column in zip(names, columns, strict=True)
+            )
+            found: dict[tuple[str, str], int] = {}
+            with engine.connect() as conn:
+                rows = conn.execution_options(stream_results=True, yield_per=1_000)
+                for ctid, *row in rows.exec_driver_sql(
+                    f"SELECT ctid::text, {values} FROM {_quoted(table_name)}"
+                ):
+                    for name, value in zip(names, row, strict=True):
+                        for term in matcher.terms_in(value):
+                            seen = found.get((name, term), 0)
+                            if seen < ROWS_PER_COLUMN:
+                                found[(name, term)] = seen + 1
+                                hits.append(TermHit(table_name, name, ctid, term))
         return TableScan(tables, hits)
 
     def backup(self, settings: Settings, out: Path) -> dict[str, Any]:
@@ -654,6 +667,11 @@ def _advisory(engine: sa.Engine, *, shared: bool) -> sa.Connection:
         f"another uprof process has the database {database} open; stop every uprof process "
         "on this deployment (servers, workers, MCP, on every host) before a restore"
     )
+
+
+def _quoted(name: str) -> str:
+    """An identifier from the catalog, quoted for SQL."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _is_bytea(column: Mapping[str, object]) -> bool:

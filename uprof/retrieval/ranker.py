@@ -23,6 +23,7 @@ expensive but clearly relevant one.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -44,6 +45,20 @@ _SPLIT_LINKS_FROM = 4_096
 #: One helper thread, shared by every slice of the process: it computes the second half
 #: of a large bridges product while the calling thread computes the first.
 _links_helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="uprof-links")
+
+
+def _own_links_helper_after_fork() -> None:
+    """A forked child gets a helper of its own (review of 0185, bug OT). The parent's
+    executor comes with a record of the parent's thread, which does not run in the
+    child, so it never starts one: each half waited there until its caller took it
+    back, and stayed queued, cancelled, holding that call's arrays, for the life of the
+    child."""
+    global _links_helper
+    _links_helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="uprof-links")
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_own_links_helper_after_fork)
 #: numpy's BLAS computes on the calling thread only, in every process that ranks
 #: memories (the bridges' product no longer calls it, decision 0185; whatever else in the
 #: process does keeps this choice). A product of a slice's size with BLAS's own threads

@@ -3,7 +3,8 @@
 It plants nothing. Two checks, over every store the system writes:
 
 * **plaintext**: search terms the auditor supplies (a name, an e-mail, a phrase the
-  user said) are looked for as UTF-8 and UTF-16 bytes in every file under the
+  user said) are looked for in any case, Unicode normal form and encoding (UTF-8,
+  UTF-16, JSON-escaped: ``residue_files.needles``) in every file under the
   data folder — SQLite databases with their ``-wal``/``-shm``/``-journal``
   siblings (raw bytes and every table, in one read snapshot, from a child process:
   see ``residue_files``), exports, logs — and in every column of every table of a
@@ -21,7 +22,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from uuid import UUID
@@ -42,7 +43,7 @@ from uprof.crypto.tables import (
 )
 from uprof.eventstore import ProfilesApplication
 from uprof.services import residue_files
-from uprof.services.residue_files import encodings as _encodings
+from uprof.services.residue_files import needles as _needles
 from uprof.storage import fold_log
 
 #: The child that reads the files (standard library only, run with ``python -I``).
@@ -86,7 +87,7 @@ def scan_files(
     (``residue_files``) reads each database's raw bytes and its tables inside one
     read-only snapshot; see its docstring. A child that fails raises, never passes.
     """
-    if not any(_encodings(term) for term in terms):
+    if not any(_needles(term) for term in terms):
         return
     request = json.dumps({"root": str(root), "terms": list(terms)}).encode("utf-8")
     try:
@@ -166,30 +167,22 @@ def check_shredded_streams(
                     "cannot be folded, and until it is the file may still hold erased rows",
                 )
             )
+    stream_ids = list(stream_ids)
+    # Rows left of any erased stream: one query per table for all of them (a chunk of
+    # streams at a time), not one per table per stream: the scan checks every stream ever
+    # erased, and a deployment's erasures only grow.
+    for kind, engine, tables in (
+        ("key", keys, (subject_keys, capture_keys, subject_index, subject_aliases, stream_heads)),
+        ("row", views, t.SUBJECT_TABLES),
+    ):
+        with engine.connect() as conn:
+            for table in tables:
+                for n, stream_id in _rows_left(conn, table, stream_ids):
+                    report.findings.append(
+                        Finding(kind, f"{table.name} stream {stream_id}", f"{n} rows remain")
+                    )
     for stream_id in stream_ids:
         report.streams_checked += 1
-        with keys.connect() as conn:
-            for table in (subject_keys, capture_keys, subject_index, subject_aliases, stream_heads):
-                n = conn.execute(
-                    sa.select(sa.func.count())
-                    .select_from(table)
-                    .where(table.c.stream_id == stream_id)
-                ).scalar_one()
-                if n:
-                    report.findings.append(
-                        Finding("key", f"{table.name} stream {stream_id}", f"{n} rows remain")
-                    )
-        with views.connect() as conn:
-            for table in t.SUBJECT_TABLES:
-                n = conn.execute(
-                    sa.select(sa.func.count())
-                    .select_from(table)
-                    .where(table.c.stream_id == stream_id)
-                ).scalar_one()
-                if n:
-                    report.findings.append(
-                        Finding("row", f"{table.name} stream {stream_id}", f"{n} rows remain")
-                    )
         if app.snapshots is not None and app.snapshots.recorder.select_events(UUID(stream_id)):
             report.findings.append(
                 Finding("snapshot", f"snapshots stream {stream_id}", "snapshot rows remain")
@@ -207,6 +200,25 @@ def check_shredded_streams(
                         f"{stored.topic} still opens",
                     )
                 )
+
+
+#: Erased streams per ``IN (...)`` list of the rows-left queries.
+STREAMS_PER_QUERY = 500
+
+
+def _rows_left(
+    conn: sa.Connection, table: sa.Table, stream_ids: Sequence[str]
+) -> Iterator[tuple[int, str]]:
+    """(rows, stream) for each of ``stream_ids`` that still has rows in ``table``."""
+    for at in range(0, len(stream_ids), STREAMS_PER_QUERY):
+        chunk = stream_ids[at : at + STREAMS_PER_QUERY]
+        counts = conn.execute(
+            sa.select(table.c.stream_id, sa.func.count())
+            .where(table.c.stream_id.in_(chunk))
+            .group_by(table.c.stream_id)
+        ).all()
+        left = {str(stream_id): n for stream_id, n in counts}
+        yield from ((left[s], s) for s in chunk if left.get(s))
 
 
 def _dedupe(report: ResidueReport) -> None:

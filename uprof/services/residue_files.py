@@ -23,7 +23,10 @@ What it reads, per SQLite database found under the root (by name — ``*.sqlite`
 3. every column of every ordinary table, read through the same snapshot, so a value
    split across overflow pages (not contiguous in the file) is still found.
 
-Every other file (exports, logs, key files) is read as raw bytes. The protocol is JSON:
+Every other file (exports, logs, key files) is read as raw bytes. A term is found however
+it is spelled (``needles``: any case, any Unicode normal form, UTF-8, UTF-16-LE or inside
+a JSON string); ``Matcher`` is also what the PostgreSQL table scan matches values with.
+The protocol is JSON:
 ``{"root": ..., "terms": [...]}`` on stdin (terms never go on the command line, where
 other users could read them), the counts and findings on stdout. Standard library only,
 so the child starts fast and runs with ``python -I``.
@@ -31,10 +34,12 @@ so the child starts fast and runs with ``python -I``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import sqlite3
 import sys
+import unicodedata
 from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
@@ -49,20 +54,87 @@ DB_SUFFIXES = (".sqlite", ".sqlite3", ".db")
 ROWS_PER_COLUMN = 5
 
 
-def encodings(term: str) -> list[bytes]:
-    variants = {term, term.lower(), term.upper()}
-    out: list[bytes] = []
-    for v in sorted(variants):
-        out += [v.encode("utf-8"), v.encode("utf-16-le")]
-    return [b for b in out if b]
+#: At most this many spellings of one term's non-ASCII letters, upper or lower case each,
+#: are searched letter by letter; a term with more keeps its uniform spellings (all lower
+#: case, all upper case, title case, case-folded) for those letters.
+MAX_SPELLINGS = 64
+
+
+def needles(term: str) -> list[bytes]:
+    """Every byte string that spells ``term`` as stored text may hold it, ASCII-lowered.
+
+    The bytes searched go through the same ASCII lowering (``bytes.lower``), so ASCII
+    letters match in any case; the term's other letters are spelled in each case
+    (``MAX_SPELLINGS``). Each spelling in each Unicode normal form (a name typed on
+    one keyboard is NFC, pasted from another NFD; bug OP), each encoded as UTF-8,
+    UTF-16-LE and inside a JSON string, escaped as ``json.dumps`` writes it by default
+    (``\\u00eb``; bug OR) and with ``ensure_ascii=False`` (quotes, backslashes, controls).
+    """
+    forms = {unicodedata.normalize(form, term) for form in ("NFC", "NFD", "NFKC", "NFKD")}
+    found: set[bytes] = set()
+    for form in forms:
+        for spelling in _spellings(form):
+            for data in (
+                spelling.encode("utf-8", "surrogatepass"),
+                spelling.encode("utf-16-le", "surrogatepass"),
+                json.dumps(spelling)[1:-1].encode("ascii"),
+                json.dumps(spelling, ensure_ascii=False)[1:-1].encode("utf-8", "surrogatepass"),
+            ):
+                if data:
+                    found.add(data.lower())
+    return sorted(found)
+
+
+def _spellings(form: str) -> set[str]:
+    """``form`` in uniform cases, and letter by letter in each case (bug OP) when few."""
+    uniform = {form, form.lower(), form.upper(), form.title(), form.casefold()}
+    letters = [
+        [c] if c.isascii() else sorted({c, c.lower(), c.upper(), c.casefold()}) for c in form
+    ]
+    count = 1
+    for choices in letters:
+        count *= len(choices)
+        if count > MAX_SPELLINGS:
+            return uniform
+    return uniform | {"".join(p) for p in itertools.product(*letters)}
+
+
+class Matcher:
+    """Which of the terms a value holds, in any of their ``needles``."""
+
+    def __init__(self, terms: Sequence[str]) -> None:
+        self.needles = [(term, n) for term in dict.fromkeys(terms) for n in needles(term)]
+        self.overlap = max((len(n) for _, n in self.needles), default=1)
+        #: One pass of one automaton per value; which term matched is asked only on a hit.
+        longest_first = sorted({n for _, n in self.needles}, key=len, reverse=True)
+        self._any = re.compile(b"|".join(re.escape(n) for n in longest_first) or b"(?!)")
+
+    def terms_in(self, value: object) -> list[str]:
+        """The terms found in a column's value (text or bytes; other types hold no text)."""
+        data = _as_bytes(value)
+        if data is None:
+            return []
+        folded = data.lower()
+        if not self._any.search(folded):
+            return []
+        return sorted({term for term, needle in self.needles if needle in folded})
+
+    def first_offsets(self, window: bytes) -> dict[str, int]:
+        """Each term found in ``window`` (raw bytes) with the offset of its first needle."""
+        folded = window.lower()
+        if not self._any.search(folded):
+            return {}
+        first: dict[str, int] = {}
+        for term, needle in self.needles:
+            at = folded.find(needle)
+            if at >= 0 and at < first.get(term, len(folded)):
+                first[term] = at
+        return first
 
 
 class _Scan:
     def __init__(self, terms: Sequence[str]) -> None:
-        self.needles = [(term, n) for term in terms for n in encodings(term)]
-        self.overlap = max((len(n) for _, n in self.needles), default=0)
-        #: One pass of one automaton per value; which term matched is asked only on a hit.
-        self.any_needle = re.compile(b"|".join(re.escape(n) for _, n in self.needles))
+        self.matcher = Matcher(terms)
         self.findings: list[dict[str, str]] = []
         self.files_scanned = 0
         self.bytes_scanned = 0
@@ -80,13 +152,11 @@ class _Scan:
         while chunk := fh.read(CHUNK):
             window = tail + chunk
             base = offset - len(tail)
-            for term, needle in self.needles:
-                at = window.find(needle)
-                if at >= 0:
-                    self.find("plaintext", f"{path}@{base + at}", f"term {term!r}")
+            for term, at in self.matcher.first_offsets(window).items():
+                self.find("plaintext", f"{path}@{base + at}", f"term {term!r}")
             offset += len(chunk)
             self.bytes_scanned += len(chunk)
-            tail = window[-self.overlap :]
+            tail = window[-self.matcher.overlap :]
 
     def logical(self, path: Path, conn: sqlite3.Connection) -> None:
         tables = conn.execute(
@@ -101,10 +171,7 @@ class _Scan:
             hits: dict[tuple[str, str], int] = {}
             for row_number, row in enumerate(cursor):
                 for column, value in zip(columns, row, strict=True):
-                    data = _as_bytes(value)
-                    if data is None or not self.any_needle.search(data):
-                        continue
-                    for term in sorted({t for t, needle in self.needles if needle in data}):
+                    for term in self.matcher.terms_in(value):
                         key = (column, term)
                         if hits.get(key, 0) < ROWS_PER_COLUMN:
                             hits[key] = hits.get(key, 0) + 1
@@ -118,6 +185,8 @@ class _Scan:
 def _as_bytes(value: object) -> bytes | None:
     if isinstance(value, bytes):
         return value
+    if isinstance(value, memoryview | bytearray):
+        return bytes(value)
     if isinstance(value, str):
         return value.encode("utf-8", "surrogatepass")
     return None
