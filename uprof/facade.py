@@ -155,7 +155,7 @@ ROLE_REQUIRED = "role-required"
 #: A stream being read (an audit export) asks the policy again after this many records.
 STREAM_RECHECK_RECORDS = 500
 #: Most terms one residue scan looks for. Each term adds needles to the match of every
-#: file and every value (until decision XXXX-residue-at-scale, a query per table column:
+#: file and every value (until decision 0187-residue-at-scale, a query per table column:
 #: 53 ms per term on an empty PostgreSQL database, growing with the data): unbounded,
 #: the console's form (one term a line, up to the body limit) held a server thread and a
 #: connection for hours per post (hostile callers round 8, bug LS). An auditor's terms

@@ -1,6 +1,6 @@
 """The residue audit finds a term however a store spells it, and lets writers be.
 
-Bugs OP, OQ, OR, OS (decision XXXX-residue-at-scale). An auditor types a name as
+Bugs OP, OQ, OR, OS (decision 0187-residue-at-scale). An auditor types a name as
 they know it; the stores hold it as the user typed it, in some case, in some Unicode
 normal form, inside JSON (escaped as ``json.dumps`` writes it), in a PostgreSQL bytea
 column. Each test plants the text where the system or an operator's tool could leave
