@@ -103,9 +103,13 @@ def text_problem(value: str) -> str:
 
 
 def check_text(field_name: str, value: str) -> str:
-    """Refuse text with NUL characters (no store keeps them faithfully)."""
-    if "\x00" in value:
-        raise InvalidInputError(f"{field_name} must not contain NUL characters", field=field_name)
+    """Refuse text no store keeps faithfully (``text_problem``: a NUL character, a lone
+    surrogate), naming ``field_name``. It refused NUL only: a lone surrogate handed to the
+    kernel's ``capture_many`` (embedded code, an import) went on to the event's encoding
+    and raised ``UnicodeEncodeError`` (bug ON)."""
+    problem = text_problem(value)
+    if problem:
+        raise InvalidInputError(f"{field_name} {problem}", field=field_name)
     return value
 
 

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import casbin
 from casbin.effect import AllowAndDenyEffector
 
-from domain.errors import PermissionDeniedError
+from domain.errors import PermissionDeniedError, UprofError
 from policies.rules import (
     DENY,
     ROLE_PREFIX,
@@ -78,13 +78,17 @@ class AccessDecision:
 
     ``rule`` is the policy row that decided (subject, tenant, action, category, purpose,
     effect), or empty when nothing matched or the request was refused before the policy.
-    ``policy_version`` lets an audit entry say which policy decided.
+    ``policy_version`` lets an audit entry say which policy decided. ``store_error``: set
+    on a denial the policy did not decide, because its store could not be read (or is
+    damaged); the error class a request that must not pass that denial off as the
+    policy's raises, with ``reason`` (a slice, which filters rather than refuses: bug OL).
     """
 
     allowed: bool
     rule: tuple[str, ...] = ()
     reason: str = ""
     policy_version: int = 0
+    store_error: type[UprofError] | None = None
 
 
 class PolicyDeniedError(PermissionDeniedError):

@@ -457,15 +457,17 @@ def test_an_unreadable_policy_store_denies_every_check_and_says_why(backend: Bac
             purpose="personalization",
         )
         assert not decision.allowed and "every policy check denies" in decision.reason
-        served = k.slice(
-            "alice",
-            "what do I eat?",
-            budget_tokens=512,
-            purpose="personalization",
-            app_id="app:planner",
-            agent_id="agent:one",
-        )
-        assert not served.items and served.withheld.get("policy", 0) >= 1
+        # A slice is refused as the outage (bug OL: it was 200 with every item withheld
+        # "by policy", which an agent could not tell from a profile with nothing to say).
+        with pytest.raises(PolicyStoreError, match="policy store unreadable"):
+            k.slice(
+                "alice",
+                "what do I eat?",
+                budget_tokens=512,
+                purpose="personalization",
+                app_id="app:planner",
+                agent_id="agent:one",
+            )
         with pytest.raises(PolicyStoreError):
             k.policy_grant(requested_by=OPERATOR, app_id="app:planner", role="role:scheduler")
         _rename_policy_table(backend, settings, back=True)

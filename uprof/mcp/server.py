@@ -28,15 +28,18 @@ Failures become tool errors (``is_error``) whose text is the REST error body as 
 bad arguments included (an argument a tool does not declare too, as REST refuses an unknown
 field), never a traceback or raw validation text; a refused read of the profile resource is
 a protocol error whose message is that body, and is not logged (its URI names the subject).
+The database not answering is REST's 503 ``store_unavailable`` body (``store_outage``), and
+over HTTP a key check it stopped is answered 503 with ``Retry-After`` (bug OK).
 Arguments have the REST defaults: what REST requires (``occurred_at``, ``purpose``,
 ``budget_tokens``) is required.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any, TypeVar
 
 import anyio.to_thread
@@ -56,9 +59,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from domain.errors import RateLimitUnavailableError, UprofError
 from uprof.api.deps import key_still_live
 from uprof.api.errors import (
+    OUTAGE_ERRORS,
     RATE_LIMIT_UNAVAILABLE_RETRY_AFTER_S,
+    STORE_UNAVAILABLE_RETRY_AFTER_S,
     EdgeError,
     body_for,
+    store_outage,
     unauthenticated,
     validation_problem,
 )
@@ -72,6 +78,8 @@ from uprof.schemas import api as w
 from uprof.schemas.api import ErrorOut, FieldProblem, field_problems
 
 T = TypeVar("T")
+
+_log = logging.getLogger(__name__)
 
 _ARGUMENT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
@@ -154,6 +162,25 @@ def _in_tool_terms(body: ErrorOut) -> ErrorOut:
 
 def _tool_error(error: UprofError | EdgeError | ValidationError) -> UprofToolError:
     return UprofToolError(_error_body(error))
+
+
+@contextlib.contextmanager
+def _as_tool_errors() -> Iterator[None]:
+    """Raise every refusal of the block as the tool error carrying its REST body, the
+    database not answering included: 503 ``store_unavailable``'s body (``store_outage``).
+    The driver's error escaped the tool, which the SDK answers as a crash ("Error
+    executing tool <name>", nothing an agent can act on) and logs with its traceback
+    (bug OK). Any other driver error is a fault and stays a crash."""
+    try:
+        yield
+    except (UprofError, EdgeError, ValidationError) as error:
+        raise _tool_error(error) from None
+    except OUTAGE_ERRORS as error:
+        outage = store_outage(error)
+        if outage is None:
+            raise
+        _log.warning("database did not answer: %s", outage)
+        raise _tool_error(outage) from None
 
 
 class UprofMCPServer(MCPServer):
@@ -279,11 +306,8 @@ def build_server(
         assert limiter is not None
         if get_access_token() is not None:
             return
-        key_id = authenticated_stdio().key_id
-        try:
-            limiter.check(key_id)
-        except (EdgeError, UprofError) as refused:  # over the limit, or not countable
-            raise _tool_error(refused) from None
+        with _as_tool_errors():  # over the limit, not countable, or the key not read
+            limiter.check(authenticated_stdio().key_id)
 
     if limiter is not None:
         server.count_call = count_call
@@ -334,11 +358,8 @@ def build_server(
         return check
 
     def call(operation: Callable[[AppScope], T]) -> T:
-        app_scope = scope()
-        try:
-            return operation(app_scope)
-        except (UprofError, EdgeError, ValidationError) as error:
-            raise _tool_error(error) from None
+        with _as_tool_errors():  # the key's check reads the database too
+            return operation(scope())
 
     # A slice is recorded (audit entry, read receipt for the user) but changes nothing the
     # agent could observe: read-only for the agent, and the same call gives the same answer.
@@ -599,7 +620,7 @@ def http_app(
         if limiter is not None:
             owners = getattr(server.session_manager, "_session_owners", None)
             app = KeyCountedMiddleware(app, api_keys, limiter, owners)
-    return BodySizeLimitMiddleware(app, max_body_bytes=max_body_bytes)
+    return BodySizeLimitMiddleware(OutageAnsweredMiddleware(app), max_body_bytes=max_body_bytes)
 
 
 #: The SDK's logger of requests refused for their ``Host`` or ``Origin`` header.
@@ -738,6 +759,38 @@ class KeyCountedMiddleware:
         if owners is not None and len(self._spent) >= 2 * len(owners) + 64:
             self._spent = {spent for spent in self._spent if spent in owners}
         self._spent.add(session_id)
+
+
+class OutageAnsweredMiddleware:
+    """Answer a request during which the database did not answer, before any answer
+    began, as REST does: 503 ``store_unavailable`` with ``Retry-After``. The key's check
+    (the SDK's bearer middleware, the session and rate counts) raised the driver's error
+    past the SDK, and the server answered a bare 500 (bug OK). Any other driver error,
+    or one after the answer began, is left to the server (a fault)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def answering(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, answering)
+        except OUTAGE_ERRORS as error:
+            outage = store_outage(error)
+            if outage is None or started:
+                raise
+            _log.warning("database did not answer: %s", outage)
+            retry = {"Retry-After": str(STORE_UNAVAILABLE_RETRY_AFTER_S)}
+            await _refusal(outage, retry)(scope, receive, send)
 
 
 def _refusal(error: EdgeError | UprofError, headers: dict[str, str]) -> JSONResponse:

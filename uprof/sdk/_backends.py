@@ -6,22 +6,26 @@ SDK error for the failure, so the clients above them cannot tell them apart.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import uuid
-from collections.abc import AsyncGenerator, Generator
+from collections.abc import AsyncGenerator, Generator, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import httpx
 from pydantic import BaseModel, ValidationError
 
 from uprof.retry import Backoff, RetryPolicy
-from uprof.sdk._errors import TransportError, UprofClientError, error_for
+from uprof.sdk._errors import TransportError, UprofClientError, error_for, retry_after_header
 from uprof.sdk._operations import Call
 
 if TYPE_CHECKING:
     from uprof.kernel import Uprof
 
 R = TypeVar("R", bound=BaseModel)
+
+_log = logging.getLogger(__name__)
 
 
 class SyncBackend(Protocol):
@@ -169,7 +173,8 @@ def _parse(call: Call[R], response: httpx.Response) -> R:
     except ValueError:
         payload = None
     if response.status_code >= 400:
-        raise _with_key(call, error_for(response.status_code, payload))
+        wait = retry_after_header(response.headers.get("Retry-After"))
+        raise _with_key(call, error_for(response.status_code, payload, wait))
     try:
         return call.operation.response.model_validate(payload)
     except ValidationError as error:
@@ -298,6 +303,41 @@ class AsyncHttpBackend:
         await self._client.aclose()
 
 
+@contextlib.contextmanager
+def _refusals() -> Iterator[None]:
+    """Raise, for a failure of the kernel in this process, the SDK error an HTTP caller
+    would get: the server's status table, and the database not answering as its 503
+    ``store_unavailable`` with the wait (``uprof.api.errors.store_outage``). It escaped as
+    the driver's own error (SQLAlchemy's ``OperationalError``, bug OK). Any other driver
+    error is a fault and stays what it is."""
+    # Imported here: only embedded mode needs the service layer.
+    from domain.errors import UprofError
+    from uprof.api.errors import (
+        OUTAGE_ERRORS,
+        EdgeError,
+        body_for,
+        classify,
+        retry_after_s,
+        store_outage,
+    )
+
+    try:
+        yield
+    except EdgeError as error:
+        raise error_for(error.status, error.body().model_dump()) from error
+    except UprofError as error:
+        wait = retry_after_s(error)
+        raise error_for(classify(error)[0], body_for(error).model_dump(), wait) from error
+    except OUTAGE_ERRORS as error:
+        outage = store_outage(error)
+        if outage is None:
+            raise
+        _log.warning("database did not answer: %s", outage)
+        # Not chained: the driver's text may quote a statement's parameters.
+        body = body_for(outage).model_dump()
+        raise error_for(classify(outage)[0], body, retry_after_s(outage)) from None
+
+
 class EmbeddedBackend:
     """Call the kernel in this process through the same ``AppScope`` the REST routes use.
 
@@ -317,11 +357,8 @@ class EmbeddedBackend:
         self._scope = AppScope(self._runtime, app_id, roles)
 
     def send(self, call: Call[R]) -> R:
-        from domain.errors import UprofError
-        from uprof.api.errors import EdgeError, body_for, classify
-
         op = call.operation
-        try:
+        with _refusals():
             if op.name == "whoami":
                 result = self._whoami()
             elif call.body is None:
@@ -332,35 +369,19 @@ class EmbeddedBackend:
                 )
             else:
                 result = getattr(self._scope, op.name)(call.body)
-        except EdgeError as error:
-            raise error_for(error.status, error.body().model_dump()) from error
-        except UprofError as error:
-            raise error_for(classify(error)[0], body_for(error).model_dump()) from error
         return op.response.model_validate(result.model_dump())
 
     def send_for_bytes(self, call: Call[Any]) -> bytes:
-        from domain.errors import UprofError
-        from uprof.api.errors import EdgeError, body_for, classify
-
-        try:
+        with _refusals():
             content: bytes = getattr(self._scope, call.operation.name)(call.body)
-        except EdgeError as error:
-            raise error_for(error.status, error.body().model_dump()) from error
-        except UprofError as error:
-            raise error_for(classify(error)[0], body_for(error).model_dump()) from error
         return content
 
     def stream_text(self, call: Call[Any]) -> Generator[str, None, None]:
-        from domain.errors import UprofError
-        from uprof.api.errors import EdgeError, body_for, classify
-
-        try:
+        # The records are read as they are taken: the database may stop answering
+        # midway, and that is refused like a failure before the first (bug OK).
+        with _refusals():
             stream = self._scope.audit_export_stream(call.body)  # type: ignore[arg-type]
-        except EdgeError as error:
-            raise error_for(error.status, error.body().model_dump()) from error
-        except UprofError as error:
-            raise error_for(classify(error)[0], body_for(error).model_dump()) from error
-        yield from stream.records
+            yield from stream.records
 
     def _whoami(self) -> BaseModel:
         from uprof.schemas.api import WhoAmI

@@ -39,7 +39,12 @@ class TransportError(UprofClientError):
 
 
 class APIError(UprofClientError):
-    """The service answered with an error status."""
+    """The service answered with an error status.
+
+    ``retry_after_s``: how long the service asked to wait before trying again (its
+    ``Retry-After``, the same table in embedded mode), None when it did not: a 503
+    ``store_unavailable`` (the database did not answer) or ``policy_store_unavailable``
+    carries one."""
 
     status: int = 0
 
@@ -50,6 +55,7 @@ class APIError(UprofClientError):
         message: str,
         hint: str = "",
         fields: Sequence[FieldProblem] = (),
+        retry_after_s: float | None = None,
     ) -> None:
         super().__init__(f"{code}: {message}" if code else message)
         self.status = status
@@ -57,6 +63,7 @@ class APIError(UprofClientError):
         self.message = message
         self.hint = hint
         self.fields = list(fields)
+        self.retry_after_s = retry_after_s
 
 
 class AuthenticationError(APIError):
@@ -107,8 +114,11 @@ _BY_STATUS: dict[int, type[APIError]] = {
 }
 
 
-def error_for(status: int, body: Mapping[str, Any] | None) -> APIError:
-    """Build the SDK error for a status and an ``ErrorOut``-shaped body (or anything else)."""
+def error_for(
+    status: int, body: Mapping[str, Any] | None, retry_after_s: float | None = None
+) -> APIError:
+    """Build the SDK error for a status and an ``ErrorOut``-shaped body (or anything else),
+    and the wait the service asked for (``retry_after_s``)."""
     detail = body.get("error") if isinstance(body, Mapping) else None
     if not isinstance(detail, Mapping):
         detail = {"code": "http_error", "message": f"HTTP {status}"}
@@ -122,7 +132,17 @@ def error_for(status: int, body: Mapping[str, Any] | None) -> APIError:
         str(detail.get("message", "")),
         str(detail.get("hint", "")),
         fields,
+        retry_after_s,
     )
+
+
+def retry_after_header(value: str | None) -> float | None:
+    """The seconds of a ``Retry-After`` header (uprof sends delta-seconds), or None."""
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and seconds >= 0 else None
 
 
 def invalid_request(problems: Sequence[FieldProblem]) -> InvalidRequestError:

@@ -206,6 +206,11 @@ class StoredPolicyAuthorizer:
         self._head: int | None = None
         self._version = 0
         self._checked_at: float | None = None
+        #: Looks at the store begun so far (under the lock): a request that waited for
+        #: the lock takes the answer of a look that began after it asked (bug OM).
+        self._looks_begun = 0
+        #: Whether the last look failed (not "not read yet": the first load is waited for).
+        self._known_down = False
         self._failure = "the policy store has not been read yet"
         #: The damage behind ``_failure``, when it is damage and not an unreadable store.
         self._damage: StoredDataDamagedError | None = None
@@ -213,31 +218,59 @@ class StoredPolicyAuthorizer:
     # --- keeping in step ---------------------------------------------------------------------
 
     def refresh(self, *, force: bool = False) -> str:
-        """Check the store (when due, or now with force); return the failure, or ''."""
-        with self._lock:
+        """Check the store (when due, or now with force); return the failure, or ''.
+
+        During an outage one look may wait ~22 s (eventsourcing's ten tries of the pool's
+        wait, bug NK), and looks are taken one at a time. So (bug OM): a failed look is
+        remembered from when it answered, not from when it began; a request that waited
+        for a look which began after it asked takes that look's answer; and while the
+        store is known not to answer, a request does not wait for the look in flight at
+        all: it is denied at once (fail closed), as it would be by that look. A forced
+        look (``health``, ``refusal``) still waits and looks now, so recovery is seen as
+        soon as the store answers (0176's MH)."""
+        asked = self._looks_begun  # read before waiting: a later look answers this request
+        if self._known_down and not force:
+            if not self._lock.acquire(blocking=False):
+                return self._failure  # the look in flight is the one to see the store back
+        else:
+            self._lock.acquire()
+        try:
+            if self._looks_begun != asked:
+                return self._failure  # a look that began after this request answered it
             now = self.monotonic()
             due = force or self._checked_at is None or now - self._checked_at >= self.refresh_s
             if not due:
                 return self._failure
             self._checked_at = now
-            try:
-                head = self._service.head()
-                if head != self._head or self._failure:
-                    version, rows = self._service.current_rows()
-                    self._inner.reload(rows, version=version)
-                    self._head, self._version = head, version
-                self._failure, self._damage = "", None
-            except StoredDataDamagedError as error:  # fail closed, named, logged, audited
-                failure = str(error)
-                if self._failure != failure:
-                    self._service.report_damage(error)
-                self._failure, self._damage = failure, error
-            except Exception as error:  # fail closed: an unreadable store denies everything
-                if not self._failure:
-                    _log.exception("policy store unreadable; every policy check denies")
-                self._failure = f"policy store unreadable ({type(error).__name__})"
-                self._damage = None
+            self._looks_begun += 1
+            self._look()
+            self._known_down = bool(self._failure)
+            if self._known_down:
+                self._checked_at = self.monotonic()  # remembered from its answer (OM)
             return self._failure
+        finally:
+            self._lock.release()
+
+    def _look(self) -> None:
+        """Read the store's head (and its rows when it moved) into ``_failure``, under
+        the lock."""
+        try:
+            head = self._service.head()
+            if head != self._head or self._failure:
+                version, rows = self._service.current_rows()
+                self._inner.reload(rows, version=version)
+                self._head, self._version = head, version
+            self._failure, self._damage = "", None
+        except StoredDataDamagedError as error:  # fail closed, named, logged, audited
+            failure = str(error)
+            if self._failure != failure:
+                self._service.report_damage(error)
+            self._failure, self._damage = failure, error
+        except Exception as error:  # fail closed: an unreadable store denies everything
+            if not self._failure:
+                _log.exception("policy store unreadable; every policy check denies")
+            self._failure = f"policy store unreadable ({type(error).__name__})"
+            self._damage = None
 
     def health(self) -> str:
         """Check the store now; return why checks deny, or '' when the policy is in force."""
@@ -262,8 +295,16 @@ class StoredPolicyAuthorizer:
         """The policy stream version in force (0 before the first load)."""
         return self._version
 
-    def _denied(self, reason: str) -> AccessDecision:
-        return AccessDecision(False, (), f"{reason}: every policy check denies", self._version)
+    def _denied(self, failure: str) -> AccessDecision:
+        """The denial of every check while the store fails; it names the error a request
+        that must not read it as the policy's raises (``refusal``'s choice)."""
+        damage = self._damage
+        error: type[UprofError] = (
+            type(damage) if damage is not None and str(damage) == failure else PolicyStoreError
+        )
+        return AccessDecision(
+            False, (), f"{failure}: every policy check denies", self._version, store_error=error
+        )
 
     # --- checks (the CasbinAuthorizer surface) -----------------------------------------------
 

@@ -36,6 +36,7 @@ from domain.errors import (
     InvalidInputError,
     SubjectErasedError,
     SubjectNotFoundError,
+    UprofError,
 )
 from domain.heat import heat
 from domain.principal import qualified_agent
@@ -113,6 +114,12 @@ class DecisionLike(Protocol):
 
     @property
     def rule(self) -> tuple[str, ...]: ...
+
+    @property
+    def reason(self) -> str: ...
+
+    @property
+    def store_error(self) -> type[UprofError] | None: ...
 
 
 class Authorizer(Protocol):
@@ -469,6 +476,13 @@ class SliceService:
             purpose=request.purpose,
             categories=list(CATEGORIES),
         )
+        for unanswered in decisions.values():
+            if unanswered.store_error is not None:
+                # The policy store could not be read: every category is denied, and the
+                # slice would be 200 with nothing in it, which an agent takes for a
+                # profile with nothing to tell. Refused as the outage it is (503, or the
+                # store's damage), before anything is recorded (bug OL).
+                raise unanswered.store_error(unanswered.reason)
         verdict = {}
         for category in CATEGORIES:
             decision = decisions.get(category)
