@@ -244,16 +244,18 @@ def export_frame(lines: Iterable[str], fmt: str) -> tuple[dict[str, Any], dict[s
             raise ValueError(f"line {number} ends with \\r\\n, not the format's \\n")
         if trailer is not None:
             raise ValueError(f"line {number} follows the trailer")
-        text = line[:-1]
+        # An entry's line is not copied (its newline cut off): most of an export's bytes
+        # are entries, and a copy of each cost the whole-answer readers half again.
         if fmt == "csv":
             if number == 1:
                 if line != csv_line(CSV_COLUMNS):
                     raise ValueError("line 1 is not the CSV export's column row")
                 continue
-            kind, text = _csv_record(text, number)
+            kind, text = _csv_record(line, number)
+        elif header is not None and line.startswith(_ENTRY_LINE_PREFIX):
+            kind, text = "entry", ""
         else:
-            kind = "entry" if header is not None and text.startswith(_ENTRY_LINE_PREFIX) else ""
-            kind = kind or ("header" if header is None else "trailer")
+            kind, text = ("header" if header is None else "trailer"), line[:-1]
         if header is None:
             if kind != "header":
                 raise ValueError(f"line {number} is not the export's header")
@@ -276,16 +278,16 @@ def _is_count(value: Any) -> bool:
 
 
 def _csv_record(row: str, number: int) -> tuple[str, str]:
-    """(kind, data cell) of a CSV export's row ``number`` (without its newline); the
+    """(kind, data cell) of a CSV export's row ``number`` (with its newline); the
     header's and trailer's rows written as the exporter writes them, as the verifier
     requires (an entry's row is the verifier's to check)."""
     try:
-        (cells,) = list(read_csv_rows([row + LINE_END]))
+        (cells,) = list(read_csv_rows([row]))
     except (csv.Error, ValueError):
         raise ValueError(f"line {number} is not one CSV row") from None
     if len(cells) != len(CSV_COLUMNS) or cells[0] not in ("header", "entry", "trailer"):
         raise ValueError(f"line {number} is not a row of a CSV export")
-    if cells[0] != "entry" and (any(cells[1:-1]) or csv_line(cells) != row + LINE_END):
+    if cells[0] != "entry" and (any(cells[1:-1]) or csv_line(cells) != row):
         raise ValueError(f"line {number} is not a {cells[0]} row as the exporter writes it")
     return cells[0], cells[-1]
 
