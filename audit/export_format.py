@@ -29,8 +29,11 @@ import io
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from audit._codec import b64decode_strict, hexdecode_strict
+from audit.canonical import canonical_bytes
 from audit.entry import normalise_timestamp, validate_entry
-from audit.errors import AuditEntryError
+from audit.errors import AuditEntryError, VerificationError
+from audit.strict_json import strict_json
 
 EXPORT_FORMAT = "uprof.audit-export/v1"
 #: Domain separation: no checkpoint note (origin first) or JSON body ("{" first) starts so.
@@ -208,6 +211,122 @@ def line_at(raw: bytes, number: int) -> bytes:
         start = found + 1
     stop = raw.find(end, start)
     return raw[start : len(raw) if stop == -1 else stop]
+
+
+def export_frame(lines: Iterable[str], fmt: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The header and trailer of an export's ``lines`` (each with its ``\\n``), read as the
+    verifier reads the frame of a file, without its key; ``ValueError`` naming the line
+    where the verifier would refuse it.
+
+    What a line may hold, as ``audit.verify`` reads it: every line ends with ``LINE_END``,
+    the last one too, never with ``\\r\\n`` (no line the exporter writes ends in ``\\r``);
+    JSONL: line 1 is the header, every next line an entry (``{"entry":`` first, as its canonical
+    JSON has it) until the trailer, which is the last line; CSV: the column row, the
+    header row, entry rows, the trailer row, and nothing after it. The header and the
+    trailer are strict JSON objects of exactly their fields, each written as its RFC 8785
+    canonical text (no blank, no space, no ``\\r``). A blank line is none of these. The
+    trailer's ``entry_count`` is the number of entry lines. The entries themselves, the
+    digest and the signatures are the verifier's (``uprof audit verify``,
+    ``Client.audit_verify``). The SDK's summary of an export is read here, so it never
+    reports a file whose frame the verifier refuses (bug OF: the summary readers skipped
+    blank lines and read a header or trailer ended by ``\\r\\n``, which the verifier
+    refuses); tests/audit/test_export_frame.py alters real exports line by line and holds
+    both to the same verdict."""
+    header: dict[str, Any] | None = None
+    trailer: dict[str, Any] | None = None
+    entries = 0
+    for number, line in enumerate(lines, start=1):
+        if not line.endswith(LINE_END):
+            raise ValueError(f"line {number} has no newline: the export was cut short")
+        if line.endswith("\r" + LINE_END):
+            # Neither a canonical JSON line nor a CSV row as the exporter writes it ends
+            # so: a file whose lines end in \r\n was rewritten (bug OF).
+            raise ValueError(f"line {number} ends with \\r\\n, not the format's \\n")
+        if trailer is not None:
+            raise ValueError(f"line {number} follows the trailer")
+        # An entry's line is not copied (its newline cut off): most of an export's bytes
+        # are entries, and a copy of each cost the whole-answer readers half again.
+        if fmt == "csv":
+            if number == 1:
+                if line != csv_line(CSV_COLUMNS):
+                    raise ValueError("line 1 is not the CSV export's column row")
+                continue
+            kind, text = _csv_record(line, number)
+        elif header is not None and line.startswith(_ENTRY_LINE_PREFIX):
+            kind, text = "entry", ""
+        else:
+            kind, text = ("header" if header is None else "trailer"), line[:-1]
+        if header is None:
+            if kind != "header":
+                raise ValueError(f"line {number} is not the export's header")
+            header = _framing_record(text, number, "header", HEADER_KEYS)
+        elif kind == "entry":
+            entries += 1
+        elif kind == "trailer":
+            trailer = _framing_record(text, number, "trailer", TRAILER_KEYS)
+        else:
+            raise ValueError(f"line {number} is a second header")
+    if header is None or trailer is None:
+        raise ValueError("the export has no header or no trailer: it was cut short")
+    if trailer["entry_count"] != entries or not _is_count(trailer["entry_count"]):
+        raise ValueError(f"the trailer's entry_count is not the {entries} entries present")
+    return header, trailer
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _csv_record(row: str, number: int) -> tuple[str, str]:
+    """(kind, data cell) of a CSV export's row ``number`` (with its newline); the
+    header's and trailer's rows written as the exporter writes them, as the verifier
+    requires (an entry's row is the verifier's to check)."""
+    try:
+        (cells,) = list(read_csv_rows([row]))
+    except (csv.Error, ValueError):
+        raise ValueError(f"line {number} is not one CSV row") from None
+    if len(cells) != len(CSV_COLUMNS) or cells[0] not in ("header", "entry", "trailer"):
+        raise ValueError(f"line {number} is not a row of a CSV export")
+    if cells[0] != "entry" and (any(cells[1:-1]) or csv_line(cells) != row):
+        raise ValueError(f"line {number} is not a {cells[0]} row as the exporter writes it")
+    return cells[0], cells[-1]
+
+
+def _framing_record(text: str, number: int, kind: str, keys: frozenset[str]) -> dict[str, Any]:
+    """The header's or trailer's object: strict JSON, exactly ``keys``, canonical text,
+    and the values the verifier checks without the key (the header's format, filter,
+    ``filtered``, ``exported_at`` and ``tree_size``; the trailer's digest and signature
+    as 32 hex and 64 base64 bytes)."""
+    try:
+        obj = strict_json(text, "line", line_number=number)
+        if not isinstance(obj, dict) or obj.get("kind") != kind or set(obj) != keys:
+            raise ValueError(f"line {number} is not the export's {kind}")
+        if canonical_bytes(obj).decode("utf-8") != text:
+            raise ValueError(f"line {number} is not in RFC 8785 canonical form")
+        if kind == "header":
+            _check_header_values(obj, number)
+        else:
+            hexdecode_strict(obj["export_sha256"], "export_sha256", size=32)
+            b64decode_strict(obj["signature"], "export signature", size=64)
+    except (VerificationError, AuditEntryError) as exc:
+        raise ValueError(f"line {number}: {exc}") from None
+    return obj
+
+
+def _check_header_values(header: dict[str, Any], number: int) -> None:
+    chosen = header["filter"]
+    if header["format"] != EXPORT_FORMAT:
+        raise ValueError(f"line {number}: unknown format {header['format']!r}")
+    if not isinstance(chosen, dict) or not set(chosen) <= FILTER_KEYS:
+        raise ValueError(f"line {number}: the filter is not an object of filter keys")
+    check_filter(chosen)
+    if header["filtered"] is not bool(chosen):
+        raise ValueError(f"line {number}: 'filtered' must be true exactly when a filter is given")
+    exported_at = header["exported_at"]
+    if not isinstance(exported_at, str) or normalise_timestamp(exported_at) != exported_at:
+        raise ValueError(f"line {number}: exported_at is not a time in the log's form")
+    if not _is_count(header["tree_size"]):
+        raise ValueError(f"line {number}: tree_size is not a count")
 
 
 def entry_line(entry_json: str, proof_b64: Sequence[str], leaf_index: int) -> str:

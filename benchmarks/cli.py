@@ -15,9 +15,9 @@ from typing import Annotated, Any
 
 import typer
 
-from uprof.cli.context import console
+from uprof.cli.context import CheckedTyper, console
 
-bench_app = typer.Typer(no_args_is_help=True, help="Run benchmarks; results go to docs/.")
+bench_app = CheckedTyper(no_args_is_help=True, help="Run benchmarks; results go to docs/.")
 
 
 @bench_app.command("kernel")

@@ -12,7 +12,9 @@ from typing import Annotated
 
 import typer
 
-reliability_app = typer.Typer(
+from uprof.cli.context import CheckedTyper
+
+reliability_app = CheckedTyper(
     no_args_is_help=True, help="Crash, concurrency, leakage, erasure, tamper, fuzz and soak runs."
 )
 

@@ -12,6 +12,7 @@ Run from a tree's root to measure that tree's code:
 from __future__ import annotations
 
 import asyncio
+import base64
 import statistics
 import tempfile
 import time
@@ -20,6 +21,8 @@ from pathlib import Path
 
 import httpx
 
+from audit.canonical import canonical_bytes
+from audit.export_format import EXPORT_FORMAT
 from uprof.sdk import AsyncClient, Client
 
 RUNS = 15
@@ -27,9 +30,38 @@ LINES = 20_000
 WIDTH = 700
 CHUNK = 65_536
 
-_HEADER = '{"checkpoint":"c","kind":"header","tree_size":1}\n'
-_TRAILER = '{"entry_count":1,"export_sha256":"s","kind":"trailer"}\n'
-_BODY = (_HEADER + ("x" * WIDTH + "\n") * LINES + _TRAILER).encode()
+# A frame as the exporter writes it (canonical header and trailer, entry lines starting
+# as an entry's canonical JSON does): the readers read it as the verifier does (bug OF).
+_HEADER = (
+    canonical_bytes(
+        {
+            "checkpoint": "c",
+            "exported_at": "2026-12-06T00:00:00.000000Z",
+            "filter": {},
+            "filtered": False,
+            "format": EXPORT_FORMAT,
+            "key_id": "k",
+            "kind": "header",
+            "note_key_id": "n",
+            "origin": "o",
+            "tree_size": LINES,
+        }
+    ).decode()
+    + "\n"
+)
+_TRAILER = (
+    canonical_bytes(
+        {
+            "entry_count": LINES,
+            "export_sha256": "00" * 32,
+            "kind": "trailer",
+            "signature": base64.b64encode(bytes(64)).decode(),
+        }
+    ).decode()
+    + "\n"
+)
+_ENTRY = '{"entry":' + "x" * (WIDTH - len('{"entry":')) + "\n"
+_BODY = (_HEADER + _ENTRY * LINES + _TRAILER).encode()
 _PIECES = [_BODY[i : i + CHUNK] for i in range(0, len(_BODY), CHUNK)]
 
 

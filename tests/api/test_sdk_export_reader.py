@@ -20,10 +20,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from audit.export_format import MAX_LINE_BYTES
+from audit.export_format import CSV_COLUMNS, MAX_LINE_BYTES, csv_line
+from tests.api.export_frames import header_line, trailer_line
 from uprof.sdk import AsyncClient, Client, TransportError
 
-HEADER = '{"kind":"header","tree_size":1,"checkpoint":"c"}\n'
+HEADER = header_line() + "\n"
+COLUMNS = csv_line(CSV_COLUMNS).encode()
 CHUNK = 1 << 20
 #: A line ten times the cap, never ended: what a broken server could stream forever.
 ENDLESS = 10 * MAX_LINE_BYTES
@@ -93,7 +95,7 @@ def test_async_export_to_a_file_stops_at_the_line_cap(tmp_path: Path) -> None:
     ("fmt", "body"),
     [
         # A CSV cell over the csv module's limit (the cap): was _csv.Error.
-        ("csv", b'kind,data\nheader,"' + b"x" * (MAX_LINE_BYTES + 10) + b'"\n'),
+        ("csv", COLUMNS + b'header,"' + b"x" * (MAX_LINE_BYTES + 10) + b'"\n'),
         # A header that is JSON but not an object: was TypeError.
         ("jsonl", b"[1]\n" + b'{"kind":"trailer"}\n'),
         ("jsonl", b'"header"\n' + b'{"kind":"trailer","entry_count":1}\n'),
@@ -111,8 +113,9 @@ def test_a_malformed_export_is_a_transport_error(fmt: str, body: bytes) -> None:
 def test_a_line_at_the_cap_is_read(tmp_path: Path, mode: str) -> None:
     """The cap's edge: an entry line of exactly ``MAX_LINE_BYTES`` (the longest an export
     holds) is read, in chunks that end anywhere, and the summary is the trail's."""
-    trailer = '{"entry_count":1,"export_sha256":"s","kind":"trailer"}\n'
-    body = (HEADER + "x" * MAX_LINE_BYTES + "\n" + trailer).encode()
+    trailer = trailer_line(1) + "\n"
+    entry = '{"entry":' + "x" * (MAX_LINE_BYTES - len('{"entry":'))
+    body = (HEADER + entry + "\n" + trailer).encode()
     pieces = [body[i : i + 65_537] for i in range(0, len(body), 65_537)]
 
     class _Pieces(httpx.AsyncByteStream):

@@ -26,16 +26,23 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from audit.check import check_upload
+from audit.check import QUOTED_CHARS, check_upload
 from audit.errors import VerificationError
-from audit.export_format import MAX_LINE_BYTES, capped_lines, checked_lines
+from audit.export_format import (
+    CSV_COLUMNS,
+    MAX_LINE_BYTES,
+    capped_lines,
+    checked_lines,
+    csv_line,
+)
 from audit.verify import verify_export
+from tests.api.export_frames import header_line, trailer_line
 from uprof.schemas.api import AuditExportSummary
 from uprof.sdk import AsyncClient, Client, TransportError
 from uprof.sdk import _client as sdk_client
 
-HEADER = '{"checkpoint":"c","kind":"header","tree_size":1}'
-TRAILER = '{"entry_count":1,"export_sha256":"s","kind":"trailer"}'
+HEADER = header_line()
+TRAILER = trailer_line()
 MEDIA = {"content-type": "application/x-ndjson; charset=utf-8"}
 #: The documented limit of ``audit_export`` (docs/api.md).
 LIMIT = 64 * 1024 * 1024
@@ -216,7 +223,7 @@ def test_an_export_that_arrives_replaces_the_file_whole(how: str, tmp_path: Path
     dest.write_text("an older export\n")
     body = f"{HEADER}\n{TRAILER}\n".encode()
     summary = _read(lambda: iter([body[:10], body[10:]]), how, tmp_path)
-    assert isinstance(summary, AuditExportSummary) and summary.entry_count == 1
+    assert isinstance(summary, AuditExportSummary) and summary.entry_count == 0
     assert dest.read_bytes() == body
     assert [p.name for p in tmp_path.iterdir()] == [dest.name]
 
@@ -259,7 +266,9 @@ def test_the_verifier_and_the_upload_check_read_the_same_one_line(brk: str) -> N
     assert refused.value.line_number == 1
     checked = check_upload(body, "export", key, "o")
     assert not checked.ok and checked.line_number == 1
-    assert checked.line_text == f"{HEADER}{brk}{TRAILER}"
+    # Quoted whole, cut at the quote's length: the break is inside the line.
+    assert checked.line_text == f"{HEADER}{brk}{TRAILER}"[:QUOTED_CHARS]
+    assert len(checked.line_text) > len(HEADER)
 
 
 #: Breaks JSON allows unescaped in a string (the others are control characters).
@@ -275,7 +284,7 @@ def test_a_break_inside_a_string_is_read_alike(brk: str, how: str, tmp_path: Pat
     body = f"{header}\n{TRAILER}\n".encode()
     summary = _read(lambda: iter([body]), how, tmp_path)
     assert isinstance(summary, AuditExportSummary), summary
-    assert summary.checkpoint == f"c{brk}d" and summary.entry_count == 1
+    assert summary.checkpoint == f"c{brk}d" and summary.entry_count == 0
 
 
 # --- NF: lone surrogates near the cap ----------------------------------------------------------
@@ -290,7 +299,7 @@ def _surrogate_line() -> str:
 def test_a_summary_refuses_lone_surrogates_as_not_utf8(fmt: str) -> None:
     """NF: text read with ``surrogateescape`` from a file that is not UTF-8 is refused as
     not UTF-8 naming the line (on main: ``UnicodeEncodeError`` about a position)."""
-    first = "kind,data\n" if fmt == "csv" else HEADER + "\n"
+    first = csv_line(CSV_COLUMNS) if fmt == "csv" else HEADER + "\n"
     lines = [first, _surrogate_line(), TRAILER + "\n"]
     with pytest.raises(ValueError, match="line 2 is not UTF-8") as refused:
         AuditExportSummary.of_export(lines, fmt)

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 from pydantic import BaseModel, ValidationError
 from rich.console import Console
+from typer.core import TyperCommand, TyperGroup
+from typer.models import CommandFunctionType
 
 from domain.errors import (
     ConcurrencyConflictError,
@@ -27,10 +29,13 @@ from domain.errors import (
     UprofError,
 )
 from domain.principal import Principal
-from domain.values import check_sharing
+from domain.values import check_sharing, text_problem
 from uprof.settings import Settings
 
 if TYPE_CHECKING:
+    # The context click hands a command's parse (typer bundles its own click).
+    from typer._click.core import Context as ClickContext
+
     # The kernel and the facade load when a command opens the stores, not when the CLI
     # starts: `uprof --help` and a refused option need neither.
     from uprof.facade import Facade
@@ -53,6 +58,75 @@ EXIT_CODES: tuple[tuple[type[UprofError], int], ...] = (
     (ErasureRolledBackError, 6),
     (UprofError, 1),
 )
+
+
+def _refuse_unkept_text(
+    command: TyperCommand | TyperGroup, ctx: ClickContext, args: list[str]
+) -> None:
+    """Refuse (``typer.BadParameter``, exit 2, naming it) the first option or argument of
+    ``command`` given a value no store, file name or message can hold: a NUL character or
+    a byte that is not UTF-8 (a lone surrogate once Python reads the command line),
+    ``domain.values.text_problem``, the REST edge's rule. Checked on the values as typed,
+    before any type conversion, callback or command runs: most options handed such a
+    value to the command, where a lone surrogate raised ``UnicodeEncodeError`` wherever
+    it was first encoded (``--data-dir``, ``export-subject --out``: a traceback; bug OJ),
+    and 0181/0184 had guarded the others one by one. Paths too: a file name
+    that is not UTF-8 is refused rather than half-handled (a SQLite path, a message, a
+    manifest cannot carry it). The parse is done once more by ``parse_args``: a command
+    line is short, and this way no option is parsed by anything but click."""
+    if ctx.resilient_parsing:  # shell completion: click's own conversions are lenient there
+        return
+    opts, _, _ = command.make_parser(ctx).parse_args(args=list(args))
+    for param in command.get_params(ctx):
+        for value in _typed_values(opts.get(param.name or "")):
+            problem = text_problem(value)
+            if problem:
+                # Named as click names a parameter it refuses ('--text', or an argument's name).
+                name = param.opts[0] if param.opts else (param.name or "")
+                raise typer.BadParameter(problem, ctx=ctx, param_hint=f"'{name}'")
+
+
+def _typed_values(given: Any) -> Iterator[str]:
+    """The strings of one parameter as the parser left them (one, or a list for a
+    repeated option or several arguments, possibly nested)."""
+    if isinstance(given, str):
+        yield given
+    elif isinstance(given, list | tuple):
+        for item in given:
+            yield from _typed_values(item)
+
+
+class CheckedCommand(TyperCommand):
+    """A command that refuses text no store keeps in any option (``_refuse_unkept_text``)."""
+
+    def parse_args(self, ctx: ClickContext, args: list[str]) -> list[str]:
+        _refuse_unkept_text(self, ctx, args)
+        return super().parse_args(ctx, args)
+
+
+class CheckedGroup(TyperGroup):
+    """A command group that refuses text no store keeps in its own options; its commands
+    are ``CheckedCommand``s (``CheckedTyper``)."""
+
+    def parse_args(self, ctx: ClickContext, args: list[str]) -> list[str]:
+        _refuse_unkept_text(self, ctx, args)
+        return super().parse_args(ctx, args)
+
+
+class CheckedTyper(typer.Typer):
+    """``typer.Typer`` whose group and commands are checked ones: every ``uprof`` command
+    group, the plugins' included, is one (a test walks the tree and says so), so no
+    option of any command can take a NUL or a byte that is not UTF-8 (bug OJ)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("cls", CheckedGroup)
+        super().__init__(**kwargs)
+
+    def command(
+        self, *args: Any, **kwargs: Any
+    ) -> Callable[[CommandFunctionType], CommandFunctionType]:
+        kwargs.setdefault("cls", CheckedCommand)
+        return super().command(*args, **kwargs)
 
 
 class CliState:

@@ -16,9 +16,9 @@ from typing import Annotated
 
 import typer
 
-from uprof.cli.context import console, err_console, settings
+from uprof.cli.context import CheckedTyper, console, err_console, settings
 
-extractor_app = typer.Typer(no_args_is_help=True, help="Check the configured extractor.")
+extractor_app = CheckedTyper(no_args_is_help=True, help="Check the configured extractor.")
 
 #: A sentence with two plain facts: a working endpoint should propose something for it.
 PROBE = "I am vegetarian and I live in Porto with my two cats."

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
@@ -14,6 +13,7 @@ import typer
 from rich.table import Table
 
 from uprof.cli.context import (
+    CheckedTyper,
     console,
     cursor_option,
     door,
@@ -22,10 +22,11 @@ from uprof.cli.context import (
     print_page,
 )
 from uprof.cli.render import print_receipt
+from uprof.documents import MAX_DOCUMENT_BYTES, read_at_most
 
-erase_app = typer.Typer(no_args_is_help=True, help="Erase a subject, one event or one item.")
-audit_app = typer.Typer(no_args_is_help=True, help="Export and verify the audit trail; residue.")
-keys_app = typer.Typer(no_args_is_help=True, help="Key management.")
+erase_app = CheckedTyper(no_args_is_help=True, help="Erase a subject, one event or one item.")
+audit_app = CheckedTyper(no_args_is_help=True, help="Export and verify the audit trail; residue.")
+keys_app = CheckedTyper(no_args_is_help=True, help="Key management.")
 
 #: ``--key-history`` of the offline verifiers (``audit verify``, ``verify-receipt``,
 #: ``verify-proof``): one definition, so the three explain it alike.
@@ -50,40 +51,15 @@ RotationProofFile = Annotated[
 ]
 
 
-#: The most the CLI reads of a file it takes whole: a receipt, a proof document, a key
-#: history, a checkpoint note, a public key, a rotation proof. Each is kilobytes (a note
-#: with 100 signature lines is about 40 KB, a proof of any tree a few KB); an audit export,
-#: which can be any length, is read a line at a time by the verifier, not through here.
-#: A wrong file (a 2 GB trail, ``/dev/zero``, a FIFO that never ends) was read whole: hours
-#: or all the memory (bug NG). 16 MiB also holds the first two lines of any export (each
-#: at most the format's 4 MiB), all ``rotation-proof`` reads of one.
-MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
-
-
 def read_document(path: Path, option: str, *, head: bool = False) -> bytes:
-    """The bytes of a file handed to ``option``, at most ``MAX_DOCUMENT_BYTES``: a longer
-    one is refused (``typer.BadParameter``, exit 2) naming the option and the limit, a
-    regular file by its size before a byte is read, anything else (a device, a FIFO) once
-    one byte past the limit has arrived. With ``head``, a longer file is not refused: its
-    first ``MAX_DOCUMENT_BYTES`` are returned (an export, whose first lines are read)."""
-    wanted = MAX_DOCUMENT_BYTES + (0 if head else 1)
-    with path.open("rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not head and stat.S_ISREG(info.st_mode) and info.st_size > MAX_DOCUMENT_BYTES:
-            raise _too_long(path, option)
-        # In pieces: ``read(n)`` allocates n bytes before it reads, so reading a key of a
-        # few hundred bytes as ``read(16 MiB + 1)`` cost 16 MiB (seen in test_line_cap).
-        pieces: list[bytes] = []
-        size = 0
-        while size < wanted and (piece := handle.read(min(_READ_PIECE, wanted - size))):
-            pieces.append(piece)
-            size += len(piece)
-    if size > MAX_DOCUMENT_BYTES:
+    """The bytes of a file handed to ``option``, at most ``MAX_DOCUMENT_BYTES``
+    (``uprof.documents.read_at_most``): a longer one is refused (``typer.BadParameter``,
+    exit 2) naming the option and the limit. With ``head``, a longer file is not refused:
+    its first ``MAX_DOCUMENT_BYTES`` are returned (an export, whose first lines are read)."""
+    content = read_at_most(path, head=head)
+    if content is None:
         raise _too_long(path, option)
-    return b"".join(pieces)
-
-
-_READ_PIECE = 1 << 16
+    return content
 
 
 def _too_long(path: Path, option: str) -> typer.BadParameter:

@@ -9,6 +9,7 @@ import typer
 
 from domain.errors import UprofError
 from uprof.cli.context import (
+    CheckedTyper,
     console,
     cursor_option,
     door,
@@ -18,7 +19,9 @@ from uprof.cli.context import (
     settings,
 )
 
-subjects_app = typer.Typer(no_args_is_help=True, help="Manage subject ids (re-create erased ones).")
+subjects_app = CheckedTyper(
+    no_args_is_help=True, help="Manage subject ids (re-create erased ones)."
+)
 
 
 def register(app: typer.Typer, keys_app: typer.Typer) -> None:

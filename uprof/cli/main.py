@@ -15,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from domain.errors import ItemNotFoundError
 from uprof.cli.context import (
     STATE,
+    CheckedTyper,
     built_from_options,
     console,
     cursor_option,
@@ -33,13 +34,15 @@ if TYPE_CHECKING:
 
 # Plain help: Rich's boxes wrap error text mid-word and show a type (even <bool>) for
 # every flag; plain click help reads the same in a terminal, a log and a test.
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__, rich_markup_mode=None)
-consent_app = typer.Typer(no_args_is_help=True, help="Grant, withdraw and list consents.")
-profile_app = typer.Typer(no_args_is_help=True, help="Show profiles and the evidence behind items.")
-projections_app = typer.Typer(no_args_is_help=True, help="Run, rebuild and inspect projections.")
+app = CheckedTyper(no_args_is_help=True, add_completion=False, help=__doc__, rich_markup_mode=None)
+consent_app = CheckedTyper(no_args_is_help=True, help="Grant, withdraw and list consents.")
+profile_app = CheckedTyper(
+    no_args_is_help=True, help="Show profiles and the evidence behind items."
+)
+projections_app = CheckedTyper(no_args_is_help=True, help="Run, rebuild and inspect projections.")
 app.add_typer(consent_app, name="consent")
 app.add_typer(profile_app, name="profile")
-quarantine_app = typer.Typer(
+quarantine_app = CheckedTyper(
     no_args_is_help=True,
     help="List and retry captures whose extraction failed on every attempt.",
 )

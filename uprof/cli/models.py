@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from uprof.cli.context import console, err_console, settings
+from uprof.cli.context import CheckedTyper, console, err_console, settings
 
 if TYPE_CHECKING:
     from uprof.adapters.models import ModelSpec
 
-models_app = typer.Typer(no_args_is_help=True, help="Install and check embedding models.")
+models_app = CheckedTyper(no_args_is_help=True, help="Install and check embedding models.")
 
 _NAME_HELP = "The UPROF_EMBEDDER value of the model: mpnet."
 _DIR_HELP = "Where models live (UPROF_MODELS_DIR; default ~/.cache/uprof/models)."

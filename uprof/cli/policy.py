@@ -15,12 +15,12 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from uprof.cli.context import console, door, parse_time
+from uprof.cli.context import CheckedTyper, console, door, parse_time
 
 #: The label the command line's policy changes are recorded under.
 CLI_OPERATOR = "operator:local#cli"
 
-policy_app = typer.Typer(
+policy_app = CheckedTyper(
     no_args_is_help=True, help="Show, grant and revoke the authorization policy; its history."
 )
 

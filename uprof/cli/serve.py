@@ -16,10 +16,10 @@ from typing import Annotated
 import typer
 
 from domain.errors import UprofError
-from uprof.cli.context import console, door, fail, settings
+from uprof.cli.context import CheckedTyper, console, door, fail, settings
 from uprof.settings import parse_rate_limit
 
-apps_app = typer.Typer(no_args_is_help=True, help="Create, list and revoke app API keys.")
+apps_app = CheckedTyper(no_args_is_help=True, help="Create, list and revoke app API keys.")
 
 
 def serve(

@@ -26,7 +26,7 @@ import typer
 
 from domain.errors import UprofError
 from uprof import retry
-from uprof.cli.context import console, fail, settings
+from uprof.cli.context import CheckedTyper, console, fail, settings
 
 _log = logging.getLogger("uprof.worker")
 
@@ -187,7 +187,7 @@ def register(app: typer.Typer) -> None:
 def main() -> None:
     """``python -m uprof.cli.worker``: the same command without importing the whole CLI
     (its start-up is a third of a busy machine's, which the reliability bench pays often)."""
-    app = typer.Typer(add_completion=False)
+    app = CheckedTyper(add_completion=False)
     app.command()(worker)
     app()
 

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 import typer
 
 from domain.errors import UprofError
-from uprof.cli.context import STATE, err_console, fail, settings
+from uprof.cli.context import STATE, CheckedTyper, err_console, fail, settings
 
 #: The REST server's default (``uprof serve --max-body-bytes``), without importing it at start.
 DEFAULT_MAX_BODY_BYTES = 1_048_576
@@ -147,7 +147,7 @@ def register(app: typer.Typer) -> None:
 
 def standalone() -> typer.Typer:
     """A CLI with only ``mcp`` and the main CLI's global options (for ``python -m uprof.mcp``)."""
-    cli = typer.Typer(add_completion=False, help=__doc__)
+    cli = CheckedTyper(add_completion=False, help=__doc__)
 
     @cli.callback(invoke_without_command=False)
     def options(

@@ -17,8 +17,6 @@ The SDK re-exports the response models, so they double as its typed results.
 
 from __future__ import annotations
 
-import csv
-import json
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
@@ -33,7 +31,7 @@ from pydantic import (
     model_validator,
 )
 
-from audit.export_format import checked_lines, read_csv_rows
+from audit.export_format import checked_lines, export_frame
 from domain.values import ATTRIBUTE_KEYS, CATEGORIES, check_sharing, text_problem
 
 # Re-exported: the surfaces (routes, MCP) read the page bounds from the wire schemas.
@@ -888,35 +886,14 @@ class AuditExportSummary(_Response):
 
         Anything else than an export (what a broken or hostile server may stream) raises
         ``ValueError``: a line over the trail's line cap (``audit.export_format.MAX_LINE_BYTES``;
-        the SDK's readers never hold more than the cap of a line, bugs LG and LU), a CSV
-        row the csv module refuses, a header or trailer that is not a JSON object.
+        the SDK's readers never hold more than the cap of a line, bugs LG and LU), and
+        whatever frame the verifier refuses (``audit.export_format.export_frame``: a
+        blank line, a header or trailer not in canonical form or ended by ``\\r\\n``,
+        a line after the trailer, a last line without its newline; bug OF).
         """
-        records: Iterable[str]
-        # Each line checked against the format's cap before csv or json reads it (bug LU).
-        lines = checked_lines(lines)
-        if fmt == "csv":
-            rows = read_csv_rows(lines)
-            next(rows, None)  # the column names
-            records = (row[-1] for row in rows if row and row[0] in ("header", "trailer"))
-        else:
-            records = (line for line in lines if line.strip())
-        header: Any = None
-        trailer: Any = None
-        try:
-            for record in records:
-                if header is None:
-                    header = json.loads(record)
-                    continue
-                if '"kind":"trailer"' in record:
-                    trailer = json.loads(record)
-        except csv.Error as exc:
-            raise ValueError(f"a row is not valid CSV ({exc})") from None
-        if (
-            not isinstance(header, dict)
-            or not isinstance(trailer, dict)
-            or trailer.get("kind") != "trailer"
-        ):
-            raise ValueError("the export has no header or no trailer: it was cut short")
+        # Each line checked against the format's cap before csv or json reads it (bug LU);
+        # the frame read as the verifier reads it (bug OF).
+        header, trailer = export_frame(checked_lines(lines), fmt)
         return cls(
             tree_size=header["tree_size"],
             entry_count=trailer["entry_count"],

@@ -27,6 +27,35 @@ R = TypeVar("R", bound=BaseModel)
 
 _log = logging.getLogger(__name__)
 
+#: The most the SDK takes of an answer it returns whole as bytes: a proof document
+#: (``audit_proof``). A proof of any tree is a few kilobytes, and ``uprof audit
+#: verify-proof`` reads at most 16 MiB of one (``uprof.cli.govern.MAX_DOCUMENT_BYTES``):
+#: a longer answer, from a broken or hostile server, is refused once one byte past this
+#: has arrived, not taken whole (bug OI).
+MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
+
+
+class _Capped:
+    """The bytes of one answer, refused (``TransportError``) past ``MAX_DOCUMENT_BYTES``."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._chunks: list[bytes] = []
+        self._size = 0
+
+    def add(self, chunk: bytes) -> None:
+        self._size += len(chunk)
+        if self._size > MAX_DOCUMENT_BYTES:
+            self._chunks = []  # let go of it before the error travels up
+            raise TransportError(
+                f"{self._name}: the answer is longer than {MAX_DOCUMENT_BYTES} bytes, the "
+                "most the SDK takes of a proof document"
+            )
+        self._chunks.append(chunk)
+
+    def content(self) -> bytes:
+        return b"".join(self._chunks)
+
 
 class SyncBackend(Protocol):
     def send(self, call: Call[R]) -> R: ...
@@ -183,6 +212,13 @@ def _parse(call: Call[R], response: httpx.Response) -> R:
         ) from None
 
 
+def _bytes_or_error(call: Call[Any], status: int, content: bytes) -> bytes:
+    """``content``, or the SDK error for ``status`` (read from ``content``, the error body)."""
+    if status >= 400:
+        _parse(call, httpx.Response(status, content=content))  # raises the error for the status
+    return content
+
+
 class HttpBackend:
     """Send calls to the REST API with ``Authorization: Bearer <api_key>``."""
 
@@ -219,15 +255,17 @@ class HttpBackend:
         return _parse(call, response)
 
     def send_for_bytes(self, call: Call[Any]) -> bytes:
-        """The answer's body as it came (a proof document is a file, checked byte for byte)."""
+        """The answer's body as it came (a proof document is a file, checked byte for
+        byte), at most ``MAX_DOCUMENT_BYTES`` of it, an error's body too (bug OI)."""
         op = call.operation
+        body = _Capped(op.name)
         try:
-            response = self._client.request(op.method, op.path, **_request_kwargs(call))
+            with self._client.stream(op.method, op.path, **_request_kwargs(call)) as response:
+                for chunk in response.iter_bytes():
+                    body.add(chunk)
         except httpx.HTTPError as error:
             raise TransportError(f"{op.name}: {type(error).__name__}: {error}") from error
-        if response.status_code >= 400:
-            _parse(call, response)  # raises the SDK error for the status
-        return response.content
+        return _bytes_or_error(call, response.status_code, body.content())
 
     def stream_text(self, call: Call[Any]) -> Generator[str, None, None]:
         """The body of a streamed answer (an audit export) as text, as it arrives."""
@@ -278,14 +316,15 @@ class AsyncHttpBackend:
         return _parse(call, response)
 
     async def send_for_bytes(self, call: Call[Any]) -> bytes:
-        op = call.operation
+        op = call.operation  # as ``HttpBackend.send_for_bytes``
+        body = _Capped(op.name)
         try:
-            response = await self._client.request(op.method, op.path, **_request_kwargs(call))
+            async with self._client.stream(op.method, op.path, **_request_kwargs(call)) as response:
+                async for chunk in response.aiter_bytes():
+                    body.add(chunk)
         except httpx.HTTPError as error:
             raise TransportError(f"{op.name}: {type(error).__name__}: {error}") from error
-        if response.status_code >= 400:
-            _parse(call, response)
-        return response.content
+        return _bytes_or_error(call, response.status_code, body.content())
 
     async def stream_text(self, call: Call[Any]) -> AsyncGenerator[str, None]:
         op = call.operation

@@ -9,6 +9,7 @@ an app id.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import secrets
@@ -260,19 +261,85 @@ def _target(dest: str | PathLike[str] | TextIO) -> Iterator[TextIO]:
         with open(path, "w", encoding="utf-8", newline="") as out:
             yield out
         return
-    # Hidden and named as a part; created as ``open(path, "w")`` would (the umask applies).
-    part = path.with_name(_part_name(path.name, secrets.token_hex(4)))
-    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    _clear_stale_parts(path)
+    part, fd = _claimed_part(path)
     try:
         with open(fd, "w", encoding="utf-8", newline="") as out:
             yield out
             out.flush()
             os.fsync(out.fileno())
-        os.replace(part, path)
+            # Renamed while still open, so still locked: a part unlocked for a moment
+            # before its rename could be taken for a dead process's (bug OH).
+            os.replace(part, path)
     except BaseException:
         part.unlink(missing_ok=True)
         raise
     _sync_folder(path.parent)
+
+
+def _claimed_part(path: Path) -> tuple[Path, int]:
+    """A new part file beside ``path`` (hidden, named as a part, created as ``open(path,
+    "w")`` would: the umask applies), open and locked (``flock``) for this export's life.
+
+    The lock is what tells a live export's part from a dead one's (``_clear_stale_parts``):
+    the system drops it when the process ends, however it ends. Between the create and
+    the lock another export may have taken the new file for a dead one's and removed it:
+    then it has no link any more, and another is made."""
+    while True:
+        part = path.with_name(_part_name(path.name, secrets.token_hex(_PART_TAG_CHARS // 2)))
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held only a moment by a remover, never by a writer
+        if os.fstat(fd).st_nlink:
+            return part, fd
+        os.close(fd)
+
+
+def _clear_stale_parts(path: Path) -> None:
+    """Remove the part files beside ``path`` that no live process writes: those of an
+    export to the same path whose process was killed (nothing else removed them; bug
+    OH). Only a regular file of this user named as one of ``path``'s parts
+    (``.<name>.<8 hex>.part``) whose lock is free is removed, and only while this holds
+    its lock and it is still the file under that name; a part another process is
+    writing is locked and left."""
+    sample = _part_name(path.name, "0" * _PART_TAG_CHARS)
+    head, tail = sample[: -len("0" * _PART_TAG_CHARS) - len(".part")], ".part"
+    try:
+        names = [e.name for e in os.scandir(path.parent) if e.name.startswith(head)]
+    except OSError:
+        return
+    for name in names:
+        tag = name[len(head) : -len(tail)]
+        if name.endswith(tail) and len(tag) == _PART_TAG_CHARS and _is_hex(tag):
+            _remove_if_stale(path.parent / name)
+
+
+def _remove_if_stale(part: Path) -> None:
+    try:
+        fd = os.open(part, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return  # gone, a link, or not ours to read
+    try:
+        mine = os.fstat(fd)
+        if not stat.S_ISREG(mine.st_mode) or mine.st_uid != os.getuid():
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # a live export writes it
+        there = os.stat(part, follow_symlinks=False)
+        if (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino):
+            part.unlink()
+    except OSError:
+        return  # renamed or removed meanwhile: not a stale part any more
+    finally:
+        os.close(fd)
+
+
+_PART_TAG_CHARS = 8
+
+
+def _is_hex(text: str) -> bool:
+    return all(c in "0123456789abcdef" for c in text)
 
 
 #: The longest file name most file systems take, in bytes (ext4, XFS, btrfs, APFS).

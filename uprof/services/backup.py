@@ -67,6 +67,7 @@ from uprof.apikeys.tables import metadata as api_metadata
 from uprof.backends import StoresInUseError, backend_for_settings
 from uprof.crypto.keystore import derive_key
 from uprof.crypto.tables import metadata as keys_metadata
+from uprof.documents import MAX_DOCUMENT_BYTES, read_at_most
 from uprof.services.sign_outs import SignOuts
 from uprof.settings import Settings
 from uprof.storage import (
@@ -667,8 +668,16 @@ def read_manifest(settings: Settings, src: Path) -> dict[str, Any]:
     path = src / MANIFEST
     if not path.is_file():
         raise InvalidInputError(f"--from: {src} holds no {MANIFEST}; not a uprof backup")
+    # Within the bound of every file uprof takes whole: a sparse manifest of terabytes was
+    # read whole, a MemoryError for the operator who mistyped --from (bug OG).
+    content = read_at_most(path)
+    if content is None:
+        raise InvalidInputError(
+            f"--from: {MANIFEST} is longer than {MAX_DOCUMENT_BYTES} bytes, the most uprof "
+            "reads of one; not a uprof backup"
+        )
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest = json.loads(content.decode("utf-8"))
     except ValueError as error:
         raise InvalidInputError(f"--from: {MANIFEST} is not JSON ({error})") from None
     if not isinstance(manifest, dict):
