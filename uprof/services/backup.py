@@ -59,8 +59,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from audit.errors import VerificationError
 from audit.keyring import key_by_id
-from audit.log import AuditLog
 from audit.keys import TrustedKeys, key_id
+from audit.log import AuditLog
 from audit.tables import audit_checkpoints, audit_entries, audit_nodes
 from domain.errors import InvalidInputError, StoredDataDamagedError, UprofError
 from domain.principal import Principal
