@@ -836,11 +836,13 @@ class AuditLog:
             ),
         )
 
-    def verify_integrity(self) -> int:
+    def verify_integrity(self, *, against_anchor: bool = True) -> int:
         """Recompute the whole log from ``entry_json`` and check every stored hash and checkpoint.
 
         Returns the number of entries checked; raises VerificationError at the first mismatch
         (a leaf hash, a perfect node, a gap in indexes, or a checkpoint root or signature).
+        ``against_anchor=False``: not compared with the anchored checkpoint, for a log the
+        operator puts in place of the anchored one (a restore, before ``reanchor``).
         """
         checkpoints = {c.tree_size: c for c in self.checkpoints()}
         # Any key of the endorsed history signed the checkpoints of its time; a key the
@@ -856,7 +858,8 @@ class AuditLog:
                     raise VerificationError(f"stored Merkle node {key} does not match the leaves")
             pending.clear()
 
-        anchored = self._anchored()  # before the log, as in ``checkpoint_record``
+        # Before the log, as in ``checkpoint_record``.
+        anchored = self._anchored() if against_anchor else None
         self._check_checkpoint(checkpoints.get(0), EMPTY_ROOT, public_key)
         # Each rotation point the key history records, compared with the root recomputed
         # there (bug MQ): the anchor catches a log that forks it only where one is kept.

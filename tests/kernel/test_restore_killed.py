@@ -51,7 +51,8 @@ POINTS = {
         check = AuditLog.verify_integrity
         def checked(self, *a, **k):
             check(self, *a, **k)
-            os._exit(9)
+            if k.get("against_anchor", True):  # the last check, not the backup log's first
+                os._exit(9)
         AuditLog.verify_integrity = checked
         """,
 }

@@ -544,8 +544,9 @@ def test_a_start_waiting_for_the_schema_lock_stops_on_sigterm(
     waited for the schema lock went on waiting, up to the whole bound (300 s by default,
     no end with 0), and then started and ran: the supervisor's grace period ran out
     and it was killed (-9). Now the wait ends at the stop, the process exits at once
-    (0 for the worker, as after any SIGTERM; by the signal for the server, before
-    uvicorn handles it), never ready, having changed nothing."""
+    (0, as after any SIGTERM; the server, which died of the signal before uvicorn
+    handled it, now says so too: bug OA, tests/kernel/test_schema_lock_stops.py), never
+    ready, having changed nothing."""
     previous_schema_store(backend, clock)
     holder = starts.stopped_holder()
     behind = starts.start("wait", wait_s=0, command=command)  # 0: it would wait for ever
@@ -555,7 +556,7 @@ def test_a_start_waiting_for_the_schema_lock_stops_on_sigterm(
         stdout, stderr = behind.communicate(timeout=HARNESS_WAIT_S)
     except Exception:  # main at ffab3cf: the worker waits on, for ever with a bound of 0
         pytest.fail(f"still waiting after SIGTERM: {behind.stderr_so_far()!r}")
-    assert behind.returncode in (0, -signal.SIGTERM), (stdout, stderr)
+    assert behind.returncode == 0, (stdout, stderr)
     if command == ("worker",):
         assert behind.returncode == 0, stderr
         assert "uprof worker stopped before it started: asked to stop while waiting" in _flat(

@@ -12,15 +12,19 @@ psycopg, and ``import uprof.backends`` costs nothing at CLI start.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
+import signal
 import socket
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
 
@@ -46,6 +50,34 @@ class StoresInUseError(UprofError):
     hint = "stop every uprof process on this deployment (servers, workers, MCP), then retry"
 
 
+class LockFileAccessError(UprofError):
+    """A lock file of the stores cannot be opened by this process's user (another user's
+    file, a mode without read and write, a folder it cannot enter or write)."""
+
+    hint = (
+        "run uprof as the user that owns the data folder, or give this user read and "
+        "write access to the file and its folder (chown, chmod); nothing was changed"
+    )
+
+
+def lock_file_error(path: str, error: OSError) -> LockFileAccessError:
+    """``LockFileAccessError`` for ``path``, which ``os.open`` refused with ``error``:
+    whose the file is and its mode when it can be seen, and who this process runs as."""
+    whose = "neither it nor its folder can be looked at"
+    for what, place in (("", path), ("its folder ", os.path.dirname(path) or ".")):
+        try:
+            found = os.stat(place)
+        except OSError:
+            continue
+        # A file that is not there yet: the folder it would be created in is to blame.
+        whose = f"{what}owned by uid {found.st_uid}, mode {found.st_mode & 0o7777:04o}"
+        break
+    return LockFileAccessError(
+        f"cannot open the lock file {path} ({error.strerror or error}; {whose}; this "
+        f"process runs as uid {os.geteuid()})"
+    )
+
+
 class SchemaLockWaitError(UprofError):
     """A start (or a rebuild) waited for a store's schema lock longer than
     ``schema_lock_wait_s``, and stopped without changing anything."""
@@ -67,10 +99,15 @@ SCHEMA_LOCK_STOP_CHECK_S = 0.25
 
 
 class SchemaLockWaitStopped(SchemaLockWaitError):
-    """The process was asked to stop (``stop_schema_lock_waits``: a worker's SIGTERM)
-    while it waited for a schema lock; it changed nothing."""
+    """The process was asked to stop (``stop_schema_lock_waits``: a worker's SIGTERM;
+    or SIGTERM or SIGINT left to their defaults, ``signal_number``) while it waited for
+    a schema lock; it changed nothing."""
 
     hint = "nothing to do: the process stopped as asked, before it started"
+
+    def __init__(self, message: str, *, signal_number: int | None = None) -> None:
+        super().__init__(message)
+        self.signal_number = signal_number
 
 
 #: Set by ``stop_schema_lock_waits`` (from a signal handler): every wait of this process
@@ -119,8 +156,31 @@ def wait_for_schema_lock(
     and ``holder()``, again every ``SCHEMA_LOCK_REPORT_EVERY_S``; after ``wait_s``
     (0: no limit) it raises ``SchemaLockWaitError``. Never does it go on without the
     lock: two upgrades of one store at once are worse than a failed start.
+
+    A process that left SIGTERM and SIGINT to Python's defaults (every CLI command,
+    ``uprof serve`` and ``uprof mcp`` before their servers handle them) and gets one
+    while it waits ends the wait with ``SchemaLockWaitStopped`` naming the signal
+    (bug OA); ``uprof worker`` handles them itself (``stop_schema_lock_waits``).
     """
     started = time.monotonic()
+    if try_until(started):  # one try: an uncontended take touches no signal handler
+        return
+    with _stops_on_default_signals() as caught:
+        took = _wait_after_a_failed_try(try_until, holder, caught, started, store, wait_s)
+    if took and caught:
+        # Taken at the moment the signal came: the process does as the signal's default
+        # says (dies, or raises KeyboardInterrupt), as it would have without the wait.
+        signal.raise_signal(caught[0])
+
+
+def _wait_after_a_failed_try(
+    try_until: Callable[[float], bool],
+    holder: Callable[[], str],
+    caught: list[int],
+    started: float,
+    store: str,
+    wait_s: float,
+) -> bool:
     give_up = None if wait_s == 0 else started + wait_s
     report_at = started + SCHEMA_LOCK_FIRST_REPORT_S
     reported = False
@@ -133,12 +193,14 @@ def wait_for_schema_lock(
                 _log.warning(
                     "took the schema lock of %s after %.0f s", store, time.monotonic() - started
                 )
-            return
+            return True
         now = time.monotonic()
-        if _stop_asked:
+        if _stop_asked or caught:
+            by = f" by {signal.Signals(caught[0]).name}" if caught else ""
             raise SchemaLockWaitStopped(
-                f"asked to stop while waiting {now - started:.0f} s for the schema lock of "
-                f"{store}, held by {holder()}; nothing was changed"
+                f"asked to stop{by} while waiting {now - started:.0f} s for the schema lock "
+                f"of {store}, held by {holder()}; nothing was changed",
+                signal_number=caught[0] if caught else None,
             )
         if give_up is not None and now >= give_up:
             raise SchemaLockWaitError(
@@ -157,6 +219,42 @@ def wait_for_schema_lock(
         )
         reported = True
         report_at = now + SCHEMA_LOCK_REPORT_EVERY_S
+
+
+#: What a wait for a schema lock ends on (``_stops_on_default_signals``).
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def _stops_on_default_signals() -> Iterator[list[int]]:
+    """While a wait lasts, catch SIGTERM and SIGINT where the process left them to
+    Python's defaults, into the list yielded (the wait looks at it after each try).
+
+    With the defaults, SIGTERM killed a waiting CLI command, ``uprof serve`` or
+    ``uprof mcp`` without a word (a supervisor's log said nothing of why it never
+    started), and SIGINT raised ``KeyboardInterrupt`` wherever the wait was, printed
+    as "Aborted!" or a traceback (bug OA). A handler the process installed itself
+    (``uprof worker``'s, an embedding program's) or an ignored signal is left alone;
+    so is every signal outside the main thread, where Python cannot set handlers."""
+    caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        caught.append(signum)  # no lock, no I/O: a signal handler
+
+    replaced: dict[int, Any] = {}
+    for signum in _STOP_SIGNALS:
+        current = signal.getsignal(signum)
+        if current is signal.SIG_DFL or current is signal.default_int_handler:
+            replaced[signum] = current
+            signal.signal(signum, on_signal)
+    try:
+        yield caught
+    finally:
+        for replaced_signal, previous in replaced.items():
+            signal.signal(replaced_signal, previous)
 
 
 def described_holder(record: Any, *, backend_pid: int | None = None) -> str:

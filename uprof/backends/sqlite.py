@@ -29,6 +29,7 @@ from uprof.backends import (
     StoresInUseError,
     TableScan,
     described_holder,
+    lock_file_error,
     schema_lock_holder,
     upsert_from_with,
     upsert_with,
@@ -214,7 +215,7 @@ class SQLiteBackend:
         if not database or database == ":memory:" or engine.url.query.get("mode") == "memory":
             yield
             return
-        fd = os.open(f"{database}{SCHEMA_LOCK_SUFFIX}", os.O_RDWR | os.O_CREAT, 0o600)
+        fd = _open_lock_file(f"{database}{SCHEMA_LOCK_SUFFIX}")
         try:
             # Tried without blocking: a holder stopped (not killed) keeps its flock, and
             # a blocking wait hung every other start for ever, saying nothing.
@@ -275,7 +276,10 @@ class SQLiteBackend:
             yield True
             return
         folder = f"{database}.locks"
-        os.makedirs(folder, mode=0o700, exist_ok=True)
+        try:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+        except PermissionError as error:
+            raise lock_file_error(folder, error) from None
         path = os.path.join(folder, hashlib.sha256(name.encode()).hexdigest())
         # Polling a lock until a deadline, not retrying a failure: the wait is bounded
         # by time (a holder may hang), which the attempt-counted retry policies of
@@ -294,9 +298,7 @@ class SQLiteBackend:
                 # The previous release flocked ``<database>.<name>-lock`` exclusively and
                 # kept the file (bug KJ); a shared flock of it conflicts with that alone.
                 # Never deleted here: a process of that release may hold or open it.
-                old_fd = os.open(
-                    f"{database}.{previous_release_shared}-lock", os.O_RDWR | os.O_CREAT, 0o600
-                )
+                old_fd = _open_lock_file(f"{database}.{previous_release_shared}-lock")
                 if not _poll_flock(old_fd, shared=True, deadline=deadline):
                     yield False
                     return
@@ -614,7 +616,7 @@ def _open_lock(engine: sa.Engine, *, shared: bool) -> int | None:
     database = engine.url.database
     if not database or database == ":memory:" or engine.url.query.get("mode") == "memory":
         return None
-    fd = os.open(f"{database}{OPEN_LOCK_SUFFIX}", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = _open_lock_file(f"{database}{OPEN_LOCK_SUFFIX}")
     try:
         fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -688,6 +690,19 @@ def _check_positions_back(copy: Path, checked: dict[str, int]) -> None:
         conn.close()
 
 
+def _open_lock_file(path: str) -> int:
+    """A descriptor of the lock file ``path`` (created, 0600, if missing), for flock.
+
+    A file this process's user may not open (another user's, a mode without read and
+    write, a folder it cannot write) failed every start with ``PermissionError``'s
+    traceback (0180 "Left"): now an error naming the file, its owner and mode, and
+    what to do (bug OB)."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except PermissionError as error:
+        raise lock_file_error(path, error) from None
+
+
 def _lock_file(path: str) -> int | None:
     """The descriptor of ``path`` flocked exclusively, or None while a live process holds it.
 
@@ -696,7 +711,7 @@ def _lock_file(path: str) -> int | None:
     the path is opened again (a new file, or another process's). A file left by a holder
     that died is flocked, used and deleted by the next holder of its name."""
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = _open_lock_file(path)
         if not _flocked(fd, shared=False):
             os.close(fd)
             return None  # a live holder: the caller polls, as PostgreSQL's try-lock is

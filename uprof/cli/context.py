@@ -198,9 +198,23 @@ def door() -> Iterator[Facade]:
 
 
 def fail(error: UprofError) -> None:
+    from uprof.backends import SchemaLockWaitStopped
+
+    if isinstance(error, SchemaLockWaitStopped) and error.signal_number is not None:
+        # SIGTERM or SIGINT while the start waited for a schema lock (bug OA): a stop,
+        # not a failure; the exit status a shell gives a process the signal ended (the
+        # command did not do its work). The servers exit 0 instead (``stopped_early``).
+        stopped_early("uprof", error)
+        raise typer.Exit(128 + error.signal_number)
     err_console.print(f"[bold red]error:[/] {error.diagnostics()}", highlight=False)
     code = next(code for cls, code in EXIT_CODES if isinstance(error, cls))
     raise typer.Exit(code)
+
+
+def stopped_early(command: str, error: UprofError) -> None:
+    """Say that ``command`` stopped as asked while its start waited for a schema lock
+    (``SchemaLockWaitStopped``), having changed nothing."""
+    err_console.print(f"{command} stopped before it started: {error}", highlight=False)
 
 
 def built_from_options(model: type[ModelT], options: Mapping[str, str], **fields: object) -> ModelT:

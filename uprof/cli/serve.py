@@ -16,7 +16,8 @@ from typing import Annotated
 import typer
 
 from domain.errors import UprofError
-from uprof.cli.context import CheckedTyper, console, door, fail, settings
+from uprof.backends import SchemaLockWaitStopped
+from uprof.cli.context import CheckedTyper, console, door, fail, settings, stopped_early
 from uprof.settings import parse_rate_limit
 
 apps_app = CheckedTyper(no_args_is_help=True, help="Create, list and revoke app API keys.")
@@ -85,6 +86,11 @@ def serve(
     listener = _inherited_socket(fd) if fd is not None else None
     try:
         kernel = bootstrap(server_settings)
+    except SchemaLockWaitStopped as e:
+        # SIGTERM or SIGINT while the start waited (bug OA): a clean stop, exit 0, as
+        # uvicorn's after them once serving.
+        stopped_early("uprof serve", e)
+        return
     except UprofError as e:
         fail(e)
         return

@@ -14,7 +14,8 @@ from typing import Annotated, Literal
 import typer
 
 from domain.errors import UprofError
-from uprof.cli.context import STATE, CheckedTyper, err_console, fail, settings
+from uprof.backends import SchemaLockWaitStopped
+from uprof.cli.context import STATE, CheckedTyper, err_console, fail, settings, stopped_early
 
 #: The REST server's default (``uprof serve --max-body-bytes``), without importing it at start.
 DEFAULT_MAX_BODY_BYTES = 1_048_576
@@ -81,22 +82,33 @@ def run(
 
     server_settings = settings().model_copy(update={"background_workers": True})
     limit_malloc_arenas(server_settings.malloc_arenas)  # before any thread starts
-    keys = ApiKeyStore.open(server_settings)
     try:
-        principal = None
-        # This is the one place the edge reads the environment: the MCP client that
-        # spawns the server passes the key this way (stdio has no headers).
-        stdio_key = os.environ.get(API_KEY_ENV)
-        if transport == "stdio":
-            principal = keys.authenticate(stdio_key)
-            if principal is None:
-                err_console.print(f"error: {API_KEY_ENV} is missing, invalid or revoked")
-                raise typer.Exit(3)
         kernel = bootstrap(server_settings)
+    except SchemaLockWaitStopped as e:
+        # SIGTERM or SIGINT while the start waited (bug OA): a clean stop, exit 0, as
+        # after them once serving.
+        stopped_early("uprof mcp", e)
+        return
     except UprofError as e:
-        keys.close()
         fail(e)
         return
+    # After the start, as ``uprof serve`` does: opening the key store upgrades its
+    # schema, which only the start does, under the schema lock. Opened first, it
+    # upgraded the key store beside another process's upgrade, and before this
+    # process's own wait for the lock, so that a start stopped in that wait had
+    # changed the store (bug OE).
+    keys = ApiKeyStore.open(server_settings)
+    principal = None
+    # This is the one place the edge reads the environment: the MCP client that
+    # spawns the server passes the key this way (stdio has no headers).
+    stdio_key = os.environ.get(API_KEY_ENV)
+    if transport == "stdio":
+        principal = keys.authenticate(stdio_key)
+        if principal is None:
+            keys.close()
+            kernel.close()
+            err_console.print(f"error: {API_KEY_ENV} is missing, invalid or revoked")
+            raise typer.Exit(3)
     runtime = ServiceRuntime.for_kernel(kernel)
     runtime.start()
     try:

@@ -60,6 +60,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from audit.errors import VerificationError
 from audit.keyring import key_by_id
 from audit.keys import TrustedKeys, key_id
+from audit.log import AuditLog
 from audit.tables import audit_checkpoints, audit_entries, audit_nodes
 from domain.errors import InvalidInputError, StoredDataDamagedError, UprofError
 from domain.principal import Principal
@@ -881,6 +882,13 @@ def _restore_alone(
             # older store put back) would become the policy in force (bug HS).
             _check_live_policy(kernel.policy_service)
 
+        if took_backup_log or restart is _Restart.NOW:
+            # Before the anchors are forgotten and before a restart is signed into the
+            # key history (bug OD): the backup's log must be one this deployment's keys
+            # signed. Another deployment's, its manifest stripped and restored with
+            # --allow-unsigned, was restarted on the record (for good) before its
+            # checkpoints were found signed by keys this deployment never had.
+            _check_backup_log(kernel.audit_log, restart=restart is _Restart.NOW)
         # The key store's stream anchors name the live log's heads, which this older log
         # lacks: the operator chose it, so its heads are the anchors from now on (before
         # anything loads a stream; decision 0132-stream-head-anchor).
@@ -935,6 +943,28 @@ def _restore_alone(
     marker.unlink()
     _fsync(settings.data_dir)
     return RestoreReport(manifest["backend"], not took_backup_log, entries, ledger, restarted_at)
+
+
+def _check_backup_log(log: AuditLog, *, restart: bool) -> None:
+    """Refuse (``BackupError``, naming what to do) a backup's audit log, copied in place
+    of an empty one, that this deployment's key history does not vouch for: a stored
+    hash that its entries do not give, a checkpoint signed by a key the history does
+    not hold (another deployment's log), a root at a rotation point that is not the
+    recorded one. Not compared with the key folder's anchor, which the restore is about
+    to forget (the operator chose an older log). The restore marker stays: every start
+    refuses until a restore finishes."""
+    try:
+        log.verify_integrity(against_anchor=False)
+    except VerificationError as error:
+        raise BackupError(
+            f"the backup's audit log does not verify with this deployment's audit keys "
+            f"({error.reason}): another deployment's backup, an edited one, or one of a "
+            "timeline an audit log restart abandoned"
+            + (": the audit log was not restarted" if restart else "")
+            + "; the data stores now hold its copy, and every start refuses. Empty the data "
+            "stores (SQLite: move the data folder away; PostgreSQL: drop the data tables, "
+            "keep the key tables), then restore a backup of this deployment"
+        ) from None
 
 
 def _check_live_policy(policy: Any) -> None:
@@ -1032,9 +1062,10 @@ def _audit_restart(
     there is nothing to restart. Such a log grows past the point N with another root than
     the retired key signed there, and every whole-trail export fails from then on.
     ``restarted_before``: a killed restore's marker says it restarts the log; if it did
-    before it died, the history's highest point is that restart's and the flag finishes it
-    (``DONE``). Only then: a history whose highest point is an older restart's, at the
-    same size, is also that of a deployment restarted long ago and lost again (bug NO)."""
+    before it died, the history's highest point is that restart's and the restore run
+    again finishes it (``DONE``), with the flag or without (bug OC). Only then: a
+    history whose highest point is an older restart's, at the same size, is also that of
+    a deployment restarted long ago and lost again (bug NO)."""
     highest = _highest_point(audit.trusted)
     if keep_live:
         with views.connect() as conn:
@@ -1044,6 +1075,13 @@ def _audit_restart(
         size = int(manifest["audit"]["entries"])
         whose = "the backup's audit log"
     short = highest is not None and size < highest.tree_size
+    if not short and restarted_before and highest is not None and highest.abandoned is not None:
+        # The killed run restarted the log (its marker says it would, and the history's
+        # highest point is a restart the log reaches): done, whether or not the flag is
+        # given again. Run again without it, the restore took it for no restart, wrote
+        # "restarts_audit_log": false into the marker, and its trail entry did not say
+        # the operator had restarted the log (bug OC).
+        return _Restart.DONE
     if short and not audit.restart and highest is not None:
         raise BackupError(
             f"{whose} holds {size} entries, but the audit key history says a key was "
@@ -1057,8 +1095,6 @@ def _audit_restart(
             "range are refused from then on); nothing was changed"
         )
     if audit.restart and not short:
-        if restarted_before and highest is not None and highest.abandoned is not None:
-            return _Restart.DONE
         raise BackupError(
             f"--restart-audit-log: nothing to restart: {whose} holds {size} entries and "
             "reaches every rotation point the audit key history records; restore without "
