@@ -23,6 +23,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 import sqlalchemy as sa
@@ -138,7 +139,7 @@ def measure(
         audits: dict[str, Any] = {}
         for count in term_counts:
             terms = terms_of(count, erase)
-            median, each, report = _median_s(lambda t=terms: k.residue_scan(t), runs)
+            median, each, report = _median_s(partial(k.residue_scan, terms), runs)
             audits[str(count)] = {
                 "median_s": median,
                 "runs_s": each,
@@ -168,8 +169,8 @@ def _tables_side_by_side(
         missed: set[tuple[str, str, str]] = set()
         extra: set[tuple[str, str, str]] = set()
         for _ in range(runs):
-            t_b, _, new = _median_s(lambda t=terms: scan(engine, t), 1)
-            t_p, _, old = _median_s(lambda t=terms: per_column_scan(engine, t), 1)
+            t_b, _, new = _median_s(partial(scan, engine, terms), 1)
+            t_p, _, old = _median_s(partial(per_column_scan, engine, terms), 1)
             batched.append(t_b)
             per_column.append(t_p)
             missed |= _hit_keys(old) - _hit_keys(new)
