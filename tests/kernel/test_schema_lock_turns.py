@@ -1,0 +1,87 @@
+"""Bug OU: a start waiting for the schema lock beside a process that takes it again the
+moment it lets go (a rebuild after a rebuild) waited for ever, or until
+``UPROF_SCHEMA_LOCK_WAIT_S`` gave up, on both backends (real processes).
+
+Decision 0180 made every wait for the schema lock tries without blocking, every 50 ms, so
+that a stopped holder is reported: a try had to fall in the moment between one hold and
+the next, and the greedy holder nearly always took the lock first (ten ``uprof backup``
+starts beside a looping rebuild: 156 s on SQLite and 234 s on PostgreSQL, where blocking
+waits took 28 and 42 s). The waiter now waits its turn: PostgreSQL's queue (the blocking
+take under a ``lock_timeout``), SQLite's turnstile file. Counted in the holder's rounds,
+not in seconds: the waiter must have the lock within a few of them.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import time
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from tests import children
+from tests.conftest import Backend
+
+#: A process holding the schema lock for 50 ms at a time, again and again, counting its
+#: rounds in a file, until told to stop.
+_GREEDY_HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    import sqlalchemy as sa
+    from uprof.storage import schema_lock
+
+    url, rounds, stop = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    engine = sa.create_engine(url)
+    n = 0
+    while not stop.exists():
+        with schema_lock(engine, wait_s=0, purpose="greedy holder"):
+            n += 1
+            rounds.write_text(str(n))
+            time.sleep(0.05)
+    engine.dispose()
+    """
+)
+
+#: Rounds of the holder a waiter may see go by before it has the lock: the one in
+#: progress when it asks, and one more taken in the moment before it queued.
+MOST_ROUNDS_WAITED = 3
+
+
+def _rounds(path: Path) -> int:
+    text = path.read_text() if path.exists() else ""
+    return int(text) if text else 0
+
+
+def _url(backend: Backend, tmp_path: Path) -> str:
+    # SQLite's schema lock is a file beside the database's path: no database is needed.
+    return backend.url if backend.kind == "postgres" else f"sqlite:///{tmp_path / 'turns.sqlite'}"
+
+
+def test_a_start_beside_a_holder_that_takes_the_lock_again_at_once_gets_its_turn(
+    backend: Backend, tmp_path: Path
+) -> None:
+    from uprof.storage import schema_lock
+
+    url = _url(backend, tmp_path)
+    rounds, stop = tmp_path / "rounds", tmp_path / "stop"
+    holder = children.PythonChild(_GREEDY_HOLDER, url, str(rounds), str(stop))
+    engine = sa.create_engine(url)
+    seen: list[int] = []
+    try:
+        began = time.monotonic()
+        while _rounds(rounds) < 2:  # the holder is looping
+            assert holder.poll() is None, holder.communicate()[1][-3000:]
+            assert time.monotonic() - began < 120, "the holder never looped"
+            time.sleep(0.02)
+        for _ in range(3):
+            asked = _rounds(rounds)
+            with schema_lock(engine, wait_s=60, purpose="waiter"):
+                seen.append(_rounds(rounds) - asked)
+            time.sleep(0.01)
+    finally:
+        stop.touch()
+        _, err = holder.communicate(timeout=120)
+        engine.dispose()
+    assert holder.returncode == 0, err[-3000:]
+    assert max(seen) <= MOST_ROUNDS_WAITED, f"rounds of the holder waited per take: {seen}"
