@@ -101,6 +101,26 @@ def _drop_pg_database(name: str) -> None:
         conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
+@contextlib.contextmanager
+def pg_database_down(name: str) -> Iterator[None]:
+    """A test's PostgreSQL database out for the block: new connections refused and every
+    session on it ended; open to connections again after it."""
+    with _admin().connect() as conn:
+        conn.execute(sa.text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false'))
+        conn.execute(
+            sa.text(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = :db AND pid <> pg_backend_pid()"
+            ),
+            {"db": name},
+        )
+    try:
+        yield
+    finally:
+        with _admin().connect() as conn:
+            conn.execute(sa.text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true'))
+
+
 @pytest.fixture(scope="session")
 def _sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> SqliteTemplate:
     """The SQLite store files of a first start, schema only, built once per session."""

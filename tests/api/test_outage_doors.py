@@ -39,7 +39,7 @@ from tests.api.conftest import (
     interaction,
     planner_mcp_server,
 )
-from tests.conftest import Backend, _admin
+from tests.conftest import Backend, pg_database_down
 from tests.web.conftest import policy_store_down
 from uprof.api import ApiKeyStore
 from uprof.api.runtime import ServiceRuntime
@@ -64,21 +64,8 @@ def database_down(backend: Backend, kernel: Uprof, *engines: sa.Engine) -> Itera
     docstring). ``engines``: other engines on the key store to close (an ``ApiKeyStore``
     of the test's own)."""
     if backend.kind == "postgres":
-        name = backend.pg_dbname
-        with _admin().connect() as conn:
-            conn.execute(sa.text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false'))
-            conn.execute(
-                sa.text(
-                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                    "WHERE datname = :db AND pid <> pg_backend_pid()"
-                ),
-                {"db": name},
-            )
-        try:
+        with pg_database_down(backend.pg_dbname):
             yield
-        finally:
-            with _admin().connect() as conn:
-                conn.execute(sa.text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true'))
         return
     store = kernel.settings.key_path / "keys.sqlite"
     files = [store.with_name(store.name + suffix) for suffix in ("", "-wal", "-shm")]

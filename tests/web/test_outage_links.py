@@ -11,10 +11,9 @@ from typing import Any
 
 import httpx
 import pytest
-import sqlalchemy as sa
 
 from tests.api.conftest import Apps, LiveServer, bearer, grant, interaction
-from tests.conftest import Backend, _admin
+from tests.conftest import Backend, pg_database_down
 from tests.web.conftest import (
     csrf_of,
     link_token,
@@ -42,21 +41,8 @@ def database_down(backend: Backend, uprof: Uprof) -> Iterator[None]:
     is kept; what SQLite says when it does not answer is mapped in
     ``tests/web/test_review_0179_0182.py``."""
     if backend.kind == "postgres":
-        name = backend.pg_dbname
-        with _admin().connect() as conn:
-            conn.execute(sa.text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false'))
-            conn.execute(
-                sa.text(
-                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                    "WHERE datname = :db AND pid <> pg_backend_pid()"
-                ),
-                {"db": name},
-            )
-        try:
+        with pg_database_down(backend.pg_dbname):
             yield
-        finally:
-            with _admin().connect() as conn:
-                conn.execute(sa.text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true'))
         return
     with table_gone(backend, uprof, "subject_index"):
         yield
