@@ -15,12 +15,19 @@ each evidence turn left out is described by what a later round would need to kno
   contextual vectors address, decision on retrieval round 6);
 * whether it shares a proper name (not a speaker's), or any term held by at most
   ``RARE_DF`` memories, with one of the ``SEED_TOP`` best memories (what entity links
-  address).
+  address);
+* whether it is long (two or more sentences, ``retrieval_replay.memory_sentences``: the
+  turns whose whole-text vector sentence-level matching addresses).
+
+``--variant`` answers with a replay variant's options instead of the service's, and
+``--sentence-vectors`` gives every index its sentence vectors (as the replay's flag).
 
 Usage::
 
     python -m benchmarks.evidence_misses --inputs /tmp/replay.pkl --half tune
     python -m benchmarks.evidence_misses --inputs /tmp/replay.pkl --half tune --show
+    python -m benchmarks.evidence_misses --inputs /tmp/replay.pkl --half tune \
+        --sentence-vectors --variant maxp-max
 """
 
 from __future__ import annotations
@@ -43,8 +50,11 @@ from benchmarks.retrieval_replay import (
     _index,
     half_of,
     load_inputs,
+    memory_sentences,
+    parse_variant,
     recorded_slice,
     service_options,
+    use_sentence_vectors,
 )
 from uprof.retrieval import MemoryIndex, ranker
 from uprof.retrieval.slices import SliceOptions
@@ -143,6 +153,7 @@ def question_misses(
                 "prev_top": prev >= 0 and rank[prev] < CONTEXT_TOP,
                 "rare_with_seed": sorted(rare),
                 "name_with_seed": sorted(shared_names),
+                "long": len(memory_sentences(text)) >= 2,
                 "text": text,
             }
         )
@@ -157,9 +168,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--category", type=int, default=1)
     parser.add_argument("--budget", type=int, default=2048)
     parser.add_argument("--show", action="store_true", help="print every missed turn")
+    parser.add_argument("--variant", default="default", help="a retrieval_replay variant spec")
+    parser.add_argument(
+        "--sentence-vectors", action="store_true", help="as retrieval_replay's flag (MiniLM)"
+    )
     args = parser.parse_args(argv)
     inputs = load_inputs(args.inputs)["locomo"]
-    options = service_options()
+    if args.sentence_vectors:
+        use_sentence_vectors("minilm", 1)
+    options = replace(service_options(), **parse_variant(args.variant)[1])
     counter = _counter()
     counts: Counter[str] = Counter()
     for conv in locomo.load_locomo(args.data / "locomo_dev.json"):
@@ -178,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for row in rows:
                 counts["missed turns"] += 1
                 counts[row["where"]] += 1
-                for flag in ("short", "prev_better", "prev_top"):
+                for flag in ("short", "prev_better", "prev_top", "long"):
                     counts[flag] += bool(row.get(flag))
                 counts["rare term with a top hit"] += bool(row.get("rare_with_seed"))
                 counts["name with a top hit"] += bool(row.get("name_with_seed"))
