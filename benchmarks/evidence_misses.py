@@ -153,6 +153,7 @@ def question_misses(
                 "prev_top": prev >= 0 and rank[prev] < CONTEXT_TOP,
                 "rare_with_seed": sorted(rare),
                 "name_with_seed": sorted(shared_names),
+                "sentences": len(memory_sentences(text)),
                 "long": len(memory_sentences(text)) >= 2,
                 "text": text,
             }
