@@ -184,59 +184,8 @@ def _bench_slice(packed: Any) -> BenchSlice:
     )
 
 
-def memory_sentences(text: str) -> list[str]:
-    """A memory's sentences as the rule extractor splits a turn (``split_sentences`` of
-    the normalised text); a memory of one sentence gets no sentence vectors."""
-    from uprof.adapters.extraction.text import normalise, split_sentences
-
-    return split_sentences(normalise(text))
-
-
-class SentenceVectors:
-    """Sentence vectors for an index (``--sentence-vectors``): every memory of two or more
-    sentences gets one vector per sentence (``MemoryIndex.with_sentences``). Embeddings are
-    cached by text, so a subject rebuilt from the same items (PrefEval users share their
-    distractors) costs nothing the second time."""
-
-    def __init__(self, embed: Callable[[list[str]], np.ndarray]) -> None:
-        self._embed = embed
-        self._cache: dict[str, np.ndarray] = {}
-        self.embedded = 0
-        self.seconds = 0.0
-
-    def __call__(self, index: MemoryIndex) -> MemoryIndex:
-        if index.vectors is None:
-            return index
-        texts: list[str] = []
-        rows: list[int] = []
-        for row, candidate in enumerate(index.candidates):
-            parts = memory_sentences(candidate.text)
-            if len(parts) >= 2:
-                texts += parts
-                rows += [row] * len(parts)
-        missing = sorted({t for t in texts if t not in self._cache})
-        if missing:
-            start = time.perf_counter()
-            got = np.asarray(self._embed(missing), dtype=np.float32)
-            self.seconds += time.perf_counter() - start
-            self._cache.update(zip(missing, got, strict=True))
-            self.embedded += len(missing)
-        dimension = index.vectors.shape[1]
-        vectors = (
-            np.stack([self._cache[t] for t in texts])
-            if texts
-            else np.zeros((0, dimension), dtype=np.float32)
-        )
-        return index.with_sentences(vectors, rows)
-
-
-#: Set by ``--sentence-vectors``: every replayed index gets sentence vectors.
-_sentences: SentenceVectors | None = None
-
-
 def _index(memories: Sequence[Candidate], vectors: np.ndarray | None, counter: Any) -> MemoryIndex:
-    index = MemoryIndex.build(memories, vectors, counter)
-    return index if _sentences is None else _sentences(index)
+    return MemoryIndex.build(memories, vectors, counter)
 
 
 def recorded_slice(
@@ -575,11 +524,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "lexical-0.5": {"lexical_weight": 0.5},
     "lexical-0.3": {"lexical_weight": 0.3},
     "no-mmr": {"mmr_penalty": 0.0},
-    # Round 9 (decision XXXX-retrieval-round-9): sentence-level dense matching (MaxP) of
-    # memories of two or more sentences, named before the run; needs --sentence-vectors.
-    "maxp-max": {"sentence_scoring": "max"},
-    "maxp-mix-0.5": {"sentence_scoring": "mix", "sentence_weight": 0.5},
-    "maxp-mix-0.3": {"sentence_scoring": "mix", "sentence_weight": 0.3},
     # Round 8 (decision 0122-retrieval-round-8): reciprocal rank fusion of the lexical and
     # dense rankings in place of the score fusion, named before the run.
     "rrf": {"fusion": "rrf"},
@@ -606,15 +550,6 @@ def parse_variant(spec: str) -> tuple[str, dict[str, Any]]:
     return name, overrides
 
 
-def use_sentence_vectors(embedder: str, torch_threads: int) -> None:
-    """Give every index built from here on sentence vectors of ``embedder``'s model."""
-    from uprof.adapters.embeddings import SentenceEmbedder
-
-    global _sentences
-    model = SentenceEmbedder.for_model(embedder, torch_threads=torch_threads or None)
-    _sentences = SentenceVectors(model.embed)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR)
@@ -629,12 +564,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--embedder", default="minilm", help="uprof's model when recording: minilm or mpnet"
     )
     parser.add_argument("--skip", default="", help="locomo or prefeval to skip")
-    parser.add_argument(
-        "--sentence-vectors",
-        action="store_true",
-        help="embed each memory's sentences when it has two or more (for the "
-        "sentence_scoring knob; uses --embedder, which must be the recording's model)",
-    )
     parser.add_argument(
         "--tables",
         type=Path,
@@ -670,8 +599,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     items = prefeval.load_prefeval(args.data / "prefeval" / "explicit_preference")
     budgets = [int(b) for b in args.budgets.split(",")]
     counter = _counter()
-    if args.sentence_vectors:
-        use_sentence_vectors(args.embedder, args.torch_threads)
     report: dict[str, Any] = {"halves": {}, "results": {}}
     for conv in convs:
         report["halves"][conv.sample_id] = half_of(conv.sample_id)
@@ -722,10 +649,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         report["results"][name]["overrides"] = overrides
         report["results"][name]["slice_ms"] = slice_times(timings[name], timings.get("default"))
         progress(f"{name}: {time.perf_counter() - start:.0f}s")
-        if _sentences is not None:
-            progress(
-                f"sentences embedded so far: {_sentences.embedded} in {_sentences.seconds:.0f}s"
-            )
         if args.out:
             args.out.write_text(json.dumps(report, indent=1))
     for name, result in report["results"].items():

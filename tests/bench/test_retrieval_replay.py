@@ -8,18 +8,15 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from benchmarks.evidence_misses import proper_names, rank_bucket
+from benchmarks.evidence_misses import memory_sentences, proper_names, rank_bucket
 from benchmarks.prefeval import SEED, load_prefeval, user_events
 from benchmarks.retrieval_replay import (
-    SentenceVectors,
     SliceInputs,
     half_of,
     load_inputs,
     markdown_tables,
-    memory_sentences,
     parse_variant,
     pref_users,
     slice_times,
@@ -28,7 +25,6 @@ from benchmarks.retrieval_replay import (
 )
 from benchmarks.slice_form_gap import first_fit
 from tests.bench.synthetic import write_prefeval
-from uprof.retrieval import MemoryIndex
 
 
 def test_halves_are_fixed_by_the_hash_of_the_case_id() -> None:
@@ -161,32 +157,11 @@ def test_evidence_misses_bucket_ranks_by_fifty_inside_the_pool() -> None:
     assert rank_bucket(30, 40) == "pool 0-39"
 
 
-def test_sentence_vectors_go_to_memories_of_two_or_more_sentences_once_each() -> None:
-    from tests.retrieval.factories import memory
-    from uprof.adapters.tokens import TiktokenCounter
-
-    asked: list[list[str]] = []
-
-    def embed(texts: list[str]) -> np.ndarray:
-        asked.append(list(texts))
-        return np.ones((len(texts), 3), dtype=np.float32)
-
-    sentences = SentenceVectors(embed)
-    memories = [
-        memory("a", "One sentence only, with a comma."),
-        memory("b", "First part. Second part! Third?"),
-    ]
-    index = MemoryIndex.build(memories, np.eye(2, 3, dtype=np.float32), TiktokenCounter())
-    got = sentences(index)
-    assert memory_sentences("First part. Second part! Third?") == [
+def test_evidence_misses_counts_a_turns_sentences_as_the_extractor_splits_them() -> None:
+    assert memory_sentences("First part. Second part!  Third? Dr. Who came") == [
         "First part.",
         "Second part!",
         "Third?",
+        "Dr. Who came",
     ]
-    assert got.sentence_rows is not None and got.sentence_vectors is not None
-    row_b = [c.item_id for c in got.candidates].index("b")
-    assert got.sentence_rows.tolist() == [row_b] * 3
-    assert got.sentence_vectors.shape == (3, 3)
-    sentences(index)  # a rebuilt subject: every sentence is cached
-    assert asked == [["First part.", "Second part!", "Third?"]]
-    assert sentences.embedded == 3
+    assert memory_sentences("One sentence, with a comma") == ["One sentence, with a comma"]

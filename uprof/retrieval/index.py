@@ -17,7 +17,7 @@ here, so ``build_slice`` only scores, picks and renders:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -175,11 +175,6 @@ class MemoryIndex:
     not_retrieved: tuple[LeftOut, ...]
     marked: np.ndarray  # the line carries a provenance or status mark (needs the legend)
     rows_of_capture: dict[str, tuple[int, ...]]  # capture id -> memories citing it
-    #: Sentence vectors (unit rows) of the memories with two or more sentences, grouped by
-    #: memory in row order, and the memory row each belongs to (``with_sentences``);
-    #: None when the caller has none. Only ``SliceOptions.sentence_scoring`` reads them.
-    sentence_vectors: np.ndarray | None = None
-    sentence_rows: np.ndarray | None = None
     #: Bridge seed row -> (median, second-largest) of its cosines to every memory: they
     #: depend on the index only, so each is computed once (at most one per memory).
     _spread: dict[int, tuple[float, float]] = field(default_factory=dict, compare=False, repr=False)
@@ -247,20 +242,6 @@ class MemoryIndex:
 
     def __len__(self) -> int:
         return len(self.candidates)
-
-    def with_sentences(self, vectors: np.ndarray, rows: Sequence[int]) -> MemoryIndex:
-        """This index with sentence vectors: ``vectors[i]`` embeds a sentence of the memory
-        at position ``rows[i]`` of ``candidates`` (chronological order). Rows are grouped
-        by memory, stably, so each memory's sentences are one run for a per-memory max."""
-        owners = np.asarray(rows, dtype=np.int64).reshape(-1)
-        if vectors.ndim != 2 or vectors.shape[0] != len(owners):
-            raise ValueError("one sentence row per sentence vector is required")
-        if len(owners) and (owners.min() < 0 or owners.max() >= len(self)):
-            raise ValueError("a sentence row names no memory of this index")
-        order = np.argsort(owners, kind="stable")
-        return replace(
-            self, sentence_vectors=_unit_rows(vectors[order]), sentence_rows=owners[order]
-        )
 
     def bm25_scores(self, query_terms: Sequence[str]) -> np.ndarray:
         """BM25 score of every memory for the query terms (repeated terms count again)."""

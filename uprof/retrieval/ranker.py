@@ -230,7 +230,7 @@ def _dense_scores(
     q = np.asarray(query_vector, dtype=np.float32).reshape(-1)
     cosines = _cosines(index.vectors, q)
     scale = DenseScale.of(cosines)
-    dense = _with_sentences(index, q, cosines, scale(cosines), options)
+    dense = scale(cosines)
     k = min(options.feedback_memories, len(index))
     if k <= 0 or options.feedback_weight <= 0:
         return dense, scale
@@ -238,47 +238,7 @@ def _dense_scores(
     top = np.argpartition(-first, k - 1)[:k]
     moved = q + options.feedback_weight * index.vectors[top].mean(axis=0)
     norm = float(np.linalg.norm(moved))
-    if norm <= 0:
-        return dense, scale
-    moved_cosines = _cosines(index.vectors, moved / norm)
-    return _with_sentences(index, moved / norm, moved_cosines, _scaled(moved_cosines), options), (
-        scale
-    )
-
-
-def _with_sentences(
-    index: MemoryIndex,
-    q: np.ndarray,
-    cosines: np.ndarray,
-    dense: np.ndarray,
-    options: SliceOptions,
-) -> np.ndarray:
-    """The dense scores with each long memory's best sentence taken into account (MaxP).
-
-    A long turn's vector is the mean of all its sentences, so one sentence that answers
-    the question is diluted by the others. ``best`` is each memory's best sentence
-    cosine (its whole-text cosine when it has no sentence vectors: one sentence), scaled
-    on its own distribution as ``dense`` is, then combined with ``dense`` per
-    ``options.sentence_scoring``.
-    """
-    mode = options.sentence_scoring
-    if mode == "off" or index.sentence_vectors is None or index.sentence_rows is None:
-        return dense
-    if not len(index.sentence_rows):
-        return dense
-    sentence_cosines = _cosines(index.sentence_vectors, q)
-    owners = index.sentence_rows
-    # Sentences are grouped by memory (with_sentences): one reduceat per run.
-    starts = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1]])
-    best = cosines.copy()
-    best[owners[starts]] = np.maximum.reduceat(sentence_cosines, starts)
-    scaled_best = _scaled(best)
-    if mode == "max":
-        combined: np.ndarray = np.maximum(dense, scaled_best)
-    else:
-        w = options.sentence_weight
-        combined = (1.0 - w) * dense + w * scaled_best
-    return combined
+    return (dense if norm <= 0 else _scaled(_cosines(index.vectors, moved / norm))), scale
 
 
 def _reciprocal_ranks(

@@ -101,15 +101,6 @@ class SliceOptions:
     #: near-repeat of a chosen item.
     bridge_weight: float = 0.5
     bridge_seeds: int = 10
-    #: Sentence-level dense matching (MaxP, Dai & Callan 2019): a memory of two or more
-    #: sentences with sentence vectors in its index (``MemoryIndex.sentence_vectors``)
-    #: scores its dense part from its whole-text cosine and its best sentence's cosine,
-    #: each scaled on its own distribution (``DenseScale``): ``"max"`` takes the larger,
-    #: ``"mix"`` takes ``(1 - sentence_weight) * whole + sentence_weight * best``;
-    #: ``"off"``, or an index without sentence vectors, uses the whole text alone.
-    #: Bridges, MMR and profile lines keep the whole-text vectors.
-    sentence_scoring: Literal["off", "max", "mix"] = "off"
-    sentence_weight: float = 0.5
     #: Utilities are relevance ** sharpness: higher values follow the ranking more strictly.
     sharpness: float = 3.0
     #: Memories considered for packing (the best by relevance, plus their neighbours).
