@@ -15,12 +15,18 @@ each evidence turn left out is described by what a later round would need to kno
   contextual vectors address, decision on retrieval round 6);
 * whether it shares a proper name (not a speaker's), or any term held by at most
   ``RARE_DF`` memories, with one of the ``SEED_TOP`` best memories (what entity links
-  address).
+  address);
+* how many sentences it holds (``memory_sentences``), against the mean of every memory
+  of the same conversations: a long turn's whole-text vector is diluted by its other
+  sentences (retrieval round 9 measured sentence-level matching against that).
+
+``--variant`` answers with a replay variant's options instead of the service's.
 
 Usage::
 
     python -m benchmarks.evidence_misses --inputs /tmp/replay.pkl --half tune
     python -m benchmarks.evidence_misses --inputs /tmp/replay.pkl --half tune --show
+    python -m benchmarks.evidence_misses --inputs /tmp/replay.pkl --half tune --variant no-bridges
 """
 
 from __future__ import annotations
@@ -43,9 +49,11 @@ from benchmarks.retrieval_replay import (
     _index,
     half_of,
     load_inputs,
+    parse_variant,
     recorded_slice,
     service_options,
 )
+from uprof.adapters.extraction.text import normalise, split_sentences
 from uprof.retrieval import MemoryIndex, ranker
 from uprof.retrieval.slices import SliceOptions
 from uprof.retrieval.text import terms
@@ -65,6 +73,12 @@ def proper_names(text: str) -> set[str]:
     for match in _NAME.finditer(text):
         found.update(terms(match.group(1)))
     return found
+
+
+def memory_sentences(text: str) -> list[str]:
+    """A memory's sentences as the rule extractor splits a turn (``split_sentences`` of
+    the normalised text)."""
+    return split_sentences(normalise(text))
 
 
 def rank_bucket(rank: int, pool_size: int) -> str:
@@ -143,6 +157,7 @@ def question_misses(
                 "prev_top": prev >= 0 and rank[prev] < CONTEXT_TOP,
                 "rare_with_seed": sorted(rare),
                 "name_with_seed": sorted(shared_names),
+                "sentences": len(memory_sentences(text)),
                 "text": text,
             }
         )
@@ -157,11 +172,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--category", type=int, default=1)
     parser.add_argument("--budget", type=int, default=2048)
     parser.add_argument("--show", action="store_true", help="print every missed turn")
+    parser.add_argument("--variant", default="default", help="a retrieval_replay variant spec")
     args = parser.parse_args(argv)
     inputs = load_inputs(args.inputs)["locomo"]
-    options = service_options()
+    options = replace(service_options(), **parse_variant(args.variant)[1])
     counter = _counter()
     counts: Counter[str] = Counter()
+    sentences = {"missed": 0, "indexed": 0, "all": 0, "memories": 0}
     for conv in locomo.load_locomo(args.data / "locomo_dev.json"):
         if args.half != "full" and half_of(conv.sample_id) != args.half:
             continue
@@ -172,12 +189,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             got = inputs[(conv.sample_id, q.qa_index)]
             if index is None:
                 index = _index(got.memories, got.memory_vectors, counter)
+                sentences["all"] += sum(len(memory_sentences(c.text)) for c in index.candidates)
+                sentences["memories"] += len(index)
             rows = question_misses(conv, q, got, index, options, args.budget, counter)
             counts["questions"] += 1
             counts["missed questions"] += bool(rows)
             for row in rows:
                 counts["missed turns"] += 1
                 counts[row["where"]] += 1
+                if "sentences" in row:  # a turn not indexed has none
+                    sentences["missed"] += row["sentences"]
+                    sentences["indexed"] += 1
                 for flag in ("short", "prev_better", "prev_top"):
                     counts[flag] += bool(row.get(flag))
                 counts["rare term with a top hit"] += bool(row.get("rare_with_seed"))
@@ -187,6 +209,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{args.half} half, category {args.category}, B={args.budget}:")
     for key, value in sorted(counts.items()):
         print(f"  {key}: {value}")
+    if sentences["indexed"] and sentences["memories"]:
+        print(
+            f"  sentences per missed turn: {sentences['missed'] / sentences['indexed']:.2f} "
+            f"(every memory: {sentences['all'] / sentences['memories']:.2f})"
+        )
     return 0
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.evidence_misses import proper_names, rank_bucket
+from benchmarks.evidence_misses import memory_sentences, proper_names, rank_bucket
 from benchmarks.prefeval import SEED, load_prefeval, user_events
 from benchmarks.retrieval_replay import (
     SliceInputs,
@@ -155,3 +155,13 @@ def test_evidence_misses_bucket_ranks_by_fifty_inside_the_pool() -> None:
     assert rank_bucket(199, 200) == "pool 150-199"
     assert rank_bucket(200, 200) == "outside pool"
     assert rank_bucket(30, 40) == "pool 0-39"
+
+
+def test_evidence_misses_counts_a_turns_sentences_as_the_extractor_splits_them() -> None:
+    assert memory_sentences("First part. Second part!  Third? Dr. Who came") == [
+        "First part.",
+        "Second part!",
+        "Third?",
+        "Dr. Who came",
+    ]
+    assert memory_sentences("One sentence, with a comma") == ["One sentence, with a comma"]
