@@ -1214,8 +1214,15 @@ class Facade:
         stores: read twice, it says how much the whole deployment wrote in between. So it
         is for the audit right only (decided quietly: asking for the key is no refusal).
         While the policy cannot be consulted it is refused (``_may_audit``), the key too:
-        whether the caller may have the checkpoint is not known."""
+        whether the caller may have the checkpoint is not known (``audit_public_key`` is
+        the key alone, policy or no policy)."""
         return self._kernel.audit_key(with_checkpoint=self._may_audit())
+
+    def audit_public_key(self) -> dict[str, Any]:
+        """The log's origin, key id, public key and key history, without the checkpoint:
+        public, so no policy is asked, and a verifier gets them while the policy store
+        does not answer too (the console's key download, ``uprof audit public-key``)."""
+        return self._kernel.audit_key(with_checkpoint=False)
 
     def audit_key_history(self) -> dict[str, Any] | None:
         """The audit key history (public, like the key: offline verifiers pin the first key,
