@@ -214,3 +214,28 @@ def test_the_mcp_tools_and_the_embedded_sdk_refuse_during_the_outage(
             with pytest.raises((ServiceUnavailableError, PermissionDeniedError)) as refused:
                 call(sdk)
             assert OUTAGE in str(refused.value), refused.value
+
+
+def test_a_withdrawal_needs_no_policy_and_goes_through_its_outage(
+    server: LiveServer, http: httpx.Client, apps: Apps, kernel: Uprof, backend: Backend
+) -> None:
+    """Held: listing and withdrawing an app's own consent ask no policy (withdrawing only
+    narrows what the app holds, docs/governance.md), so they answer during the outage;
+    once the store is back the capture the withdrawn consent covered is refused."""
+    consent_id = grant(http, apps.planner)
+    app = bearer(apps.planner)
+    with policy_store_down(backend, kernel):
+        listed = http.post("/v1/consents/list", headers=app, json={"subject": "alice"})
+        withdrawn = http.post(
+            "/v1/consents/withdraw",
+            headers=app,
+            json={"subject": "alice", "consent_id": consent_id},
+        )
+    assert listed.status_code == 200, listed.text[:300]
+    assert [c["consent_id"] for c in listed.json()["consents"]] == [consent_id]
+    assert withdrawn.status_code == 200, withdrawn.text[:300]
+    refused = http.post(
+        "/v1/captures", headers=app, json={"subject": "alice", **interaction("I like tea")}
+    )
+    assert refused.status_code == 403, refused.text[:300]
+    assert refused.json()["error"]["code"] == "consent_required"
