@@ -31,8 +31,9 @@ from tests.api.conftest import (
     interaction,
     planner_mcp_server,
 )
-from tests.conftest import Backend
+from tests.conftest import Backend, database_down
 from tests.web.conftest import policy_store_down
+from uprof.api import ApiKeyStore
 from uprof.kernel import Uprof
 from uprof.sdk import Client, PermissionDeniedError, ServiceUnavailableError
 
@@ -239,3 +240,37 @@ def test_a_withdrawal_needs_no_policy_and_goes_through_its_outage(
     )
     assert refused.status_code == 403, refused.text[:300]
     assert refused.json()["error"]["code"] == "consent_required"
+
+
+def test_every_rest_route_that_asks_the_policy_refuses_while_the_database_is_down(
+    server: LiveServer,
+    http: httpx.Client,
+    apps: Apps,
+    kernel: Uprof,
+    keys: ApiKeyStore,
+    backend: Backend,
+) -> None:
+    """Held: with the whole database down (PostgreSQL refusing connections; SQLite's key
+    store unopenable, ``database_down``) the same routes, the audit key included, are
+    refused as the outage they meet first: 503 ``store_unavailable`` or
+    ``policy_store_unavailable`` with ``Retry-After``, or 403 naming the policy store;
+    none 200, none 500. They answer again once the database is back."""
+    grant(http, apps.planner)
+    keyed = {True: bearer(apps.planner_operator), False: bearer(apps.planner)}
+    routes = (*POLICY_ROUTES, ("GET", "/v1/audit/key", True, None))
+    with database_down(backend, kernel.settings.key_path, kernel.keys_engine, keys._engine):
+        answers = [
+            (path, http.request(method, path, headers=keyed[operator], json=body))
+            for method, path, operator, body in routes
+        ]
+    for path, answer in answers:
+        shown = (path, answer.status_code, answer.text[:300])
+        error = answer.json()["error"]
+        if answer.status_code == 403:
+            assert OUTAGE in error["message"], shown
+        else:
+            assert answer.status_code == 503, shown
+            assert error["code"] in ("store_unavailable", "policy_store_unavailable"), shown
+            assert int(answer.headers["Retry-After"]) > 0, shown
+    back = http.get("/v1/audit/key", headers=keyed[True])
+    assert back.status_code == 200 and back.json()["checkpoint"], back.text[:300]
