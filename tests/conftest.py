@@ -121,6 +121,36 @@ def pg_database_down(name: str) -> Iterator[None]:
             conn.execute(sa.text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true'))
 
 
+@contextlib.contextmanager
+def database_down(backend: Backend, key_path: Path, *engines: sa.Engine) -> Iterator[None]:
+    """The deployment's database out for the block, back after it. PostgreSQL: the test's
+    database refuses new connections and its open ones are ended (``pg_database_down``).
+    SQLite: the key store in ``key_path`` (``Settings.key_path``) is closed in ``engines``
+    (the kernel's ``keys_engine``, a key store's own) and its file replaced by something
+    SQLite cannot open (a folder of its name), so each new connection fails with
+    SQLITE_CANTOPEN, an outage by decision 0184's rule (a store that cannot be opened)."""
+    if backend.kind == "postgres":
+        with pg_database_down(backend.pg_dbname):
+            yield
+        return
+    store = key_path / "keys.sqlite"
+    files = [store.with_name(store.name + suffix) for suffix in ("", "-wal", "-shm")]
+    for engine in engines:
+        engine.dispose()
+    moved = [(f, f.with_name(f.name + ".gone")) for f in files if f.exists()]
+    for live, gone in moved:
+        live.rename(gone)
+    store.mkdir()  # where the database was, something SQLite cannot open
+    try:
+        yield
+    finally:
+        store.rmdir()
+        for engine in engines:
+            engine.dispose()  # connections that failed to open, if any
+        for live, gone in moved:
+            gone.rename(live)
+
+
 @pytest.fixture(scope="session")
 def _sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> SqliteTemplate:
     """The SQLite store files of a first start, schema only, built once per session."""

@@ -71,6 +71,7 @@ from domain.values import (
     check_token,
     text_problem,
 )
+from policies.authorizer import PolicyDeniedError
 from policies.rules import purpose_problem
 from policies.visibility import is_visible
 from uprof.kernel import Lag, Uprof
@@ -1211,8 +1212,17 @@ class Facade:
 
         A checkpoint's tree size counts every entry of the log, every tenant's on shared
         stores: read twice, it says how much the whole deployment wrote in between. So it
-        is for the audit right only (decided quietly: asking for the key is no refusal)."""
+        is for the audit right only (decided quietly: asking for the key is no refusal).
+        While the policy cannot be consulted it is refused (``_may_audit``), the key too:
+        whether the caller may have the checkpoint is not known (``audit_public_key`` is
+        the key alone, policy or no policy)."""
         return self._kernel.audit_key(with_checkpoint=self._may_audit())
+
+    def audit_public_key(self) -> dict[str, Any]:
+        """The log's origin, key id, public key and key history, without the checkpoint:
+        public, so no policy is asked, and a verifier gets them while the policy store
+        does not answer too (the console's key download, ``uprof audit public-key``)."""
+        return self._kernel.audit_key(with_checkpoint=False)
 
     def audit_key_history(self) -> dict[str, Any] | None:
         """The audit key history (public, like the key: offline verifiers pin the first key,
@@ -1239,12 +1249,22 @@ class Facade:
         return str(self._kernel.audit_key()["checkpoint"])
 
     def _may_audit(self) -> bool:
-        """``_authorize_governance("audit", ...)`` without auditing a denial."""
+        """``_authorize_governance("audit", ...)`` without auditing a denial.
+
+        Raises the store's error (``PolicyStoreError``, or its damage) when the policy
+        could not be consulted: False would leave the checkpoint out exactly as for a
+        caller without the audit right, a 200 an auditor cannot tell from "not yours"
+        (review of 0186 and 0188, bug OV; the slice's rule, 0188's OL)."""
         try:
             if self.principal.is_operator and not self.principal.acting_for:
                 self._ask_policy(OPERATORS, "audit", CATEGORIES, COMPLIANCE_PURPOSE)
             else:
                 self._check("audit", CATEGORIES, COMPLIANCE_PURPOSE)
+        except PolicyDeniedError as denied:
+            unanswered = denied.decision.store_error
+            if unanswered is not None:
+                raise unanswered(denied.decision.reason) from None
+            return False
         except PermissionDeniedError:
             return False
         return True

@@ -9,11 +9,9 @@ each test failed on main before its fix, or says it held.
 - OL: a slice during a policy-store outage was 200 with every item withheld "by policy":
   an agent could not tell the outage from a profile with nothing to say.
 
-The outage is real: on PostgreSQL the test's database refuses new connections and its
-open ones are ended (``ALLOW_CONNECTIONS false``, ``pg_terminate_backend``); on SQLite
-the key store's connections are closed and its file is replaced by something SQLite
-cannot open (a folder of its name), so each new connection fails with SQLITE_CANTOPEN,
-an outage by decision 0184's rule (a store that cannot be opened).
+The outage is real (``tests.conftest.database_down``): on PostgreSQL the test's database
+refuses new connections and its open ones are ended; on SQLite the key store cannot be
+opened, an outage by decision 0184's rule.
 """
 
 from __future__ import annotations
@@ -27,7 +25,6 @@ from typing import Any
 
 import httpx
 import pytest
-import sqlalchemy as sa
 from mcp import Client as McpClient
 
 from tests.api.conftest import (
@@ -39,7 +36,7 @@ from tests.api.conftest import (
     interaction,
     planner_mcp_server,
 )
-from tests.conftest import Backend, pg_database_down
+from tests.conftest import Backend, database_down
 from tests.web.conftest import policy_store_down
 from uprof.api import ApiKeyStore
 from uprof.api.runtime import ServiceRuntime
@@ -56,34 +53,6 @@ SLICE = {
     "purpose": "personalization",
     "budget_tokens": 512,
 }
-
-
-@contextlib.contextmanager
-def database_down(backend: Backend, kernel: Uprof, *engines: sa.Engine) -> Iterator[None]:
-    """The deployment's database out for the block, back after it (see the module's
-    docstring). ``engines``: other engines on the key store to close (an ``ApiKeyStore``
-    of the test's own)."""
-    if backend.kind == "postgres":
-        with pg_database_down(backend.pg_dbname):
-            yield
-        return
-    store = kernel.settings.key_path / "keys.sqlite"
-    files = [store.with_name(store.name + suffix) for suffix in ("", "-wal", "-shm")]
-    held = (kernel.keys_engine, *engines)
-    for engine in held:
-        engine.dispose()
-    moved = [(f, f.with_name(f.name + ".gone")) for f in files if f.exists()]
-    for live, gone in moved:
-        live.rename(gone)
-    store.mkdir()  # where the database was, something SQLite cannot open
-    try:
-        yield
-    finally:
-        store.rmdir()
-        for engine in held:
-            engine.dispose()  # connections that failed to open, if any
-        for live, gone in moved:
-            gone.rename(live)
 
 
 @contextlib.contextmanager
@@ -138,7 +107,7 @@ def test_mcp_tools_answer_a_database_outage_as_store_unavailable(
     async def scenario(server: Any) -> tuple[Any, Any, Any, Any]:
         async with McpClient(server) as client:
             with policy_answers_from_its_last_look(kernel):
-                with database_down(backend, kernel):
+                with database_down(backend, kernel.settings.key_path, kernel.keys_engine):
                     captured = await client.call_tool("capture", MCP_CAPTURE)
                     # A subject this process never looked up: read from the key store.
                     sliced = await client.call_tool("profile_slice", {"subject": "carol", **SLICE})
@@ -179,7 +148,10 @@ def test_the_embedded_sdk_answers_a_database_outage_as_store_unavailable(
                 idempotency_key="outage-2",
             )
 
-        with policy_answers_from_its_last_look(kernel), database_down(backend, kernel):
+        with (
+            policy_answers_from_its_last_look(kernel),
+            database_down(backend, kernel.settings.key_path, kernel.keys_engine),
+        ):
             for attempt in (capture, lambda: sdk.slice("carol", **SLICE)):
                 with pytest.raises(ServiceUnavailableError) as unavailable:
                     attempt()
@@ -225,7 +197,7 @@ def test_the_mcp_http_transport_answers_a_key_check_during_an_outage_with_503(
                 },
             )
 
-    with database_down(backend, kernel, keys._engine):
+    with database_down(backend, kernel.settings.key_path, kernel.keys_engine, keys._engine):
         answer = asyncio.run(ask())
     assert answer.status_code == 503, answer.text[:300]
     assert int(answer.headers["Retry-After"]) > 0

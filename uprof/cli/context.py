@@ -96,21 +96,54 @@ def _typed_values(given: Any) -> Iterator[str]:
             yield from _typed_values(item)
 
 
+def _outage_answered(error: Exception) -> None:
+    """Exit as ``fail`` does when ``error`` is the database not answering (``store_outage``,
+    the one rule REST, MCP and the SDK answer 503 ``store_unavailable`` by); re-raise any
+    other error. Every command that opened the stores let the driver's error out: a
+    traceback ending in its text (on PostgreSQL the host, port and database), where every
+    other refusal is a line and its hint (review of 0186 and 0188, bug OW)."""
+    if "sqlalchemy" not in sys.modules:
+        raise error  # no store was opened: not the database (and `--help` stays light)
+    from uprof.api.errors import store_outage
+
+    outage = store_outage(error)
+    if outage is None:
+        raise error
+    fail(outage)
+
+
 class CheckedCommand(TyperCommand):
-    """A command that refuses text no store keeps in any option (``_refuse_unkept_text``)."""
+    """A command that refuses text no store keeps in any option (``_refuse_unkept_text``),
+    and answers the database not answering as a refusal (``_outage_answered``)."""
 
     def parse_args(self, ctx: ClickContext, args: list[str]) -> list[str]:
         _refuse_unkept_text(self, ctx, args)
         return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: ClickContext) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Exception as error:
+            _outage_answered(error)
+            raise  # not reached: _outage_answered exits or re-raises
 
 
 class CheckedGroup(TyperGroup):
     """A command group that refuses text no store keeps in its own options; its commands
-    are ``CheckedCommand``s (``CheckedTyper``)."""
+    are ``CheckedCommand``s (``CheckedTyper``). Whatever command of it runs, the database
+    not answering is a refusal (``_outage_answered``): ``uprof serve``, ``worker``,
+    ``mcp`` and ``restore`` open the stores their own way, and are answered here too."""
 
     def parse_args(self, ctx: ClickContext, args: list[str]) -> list[str]:
         _refuse_unkept_text(self, ctx, args)
         return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: ClickContext) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Exception as error:
+            _outage_answered(error)
+            raise  # not reached: _outage_answered exits or re-raises
 
 
 class CheckedTyper(typer.Typer):

@@ -276,12 +276,12 @@ def govern(d: Facade, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     receipt_path, key_path = out / "tomas-erasure-receipt.json", out / "audit-public-key.pem"
     receipt_path.write_text(json.dumps(result.receipt, indent=2) + "\n", encoding="utf-8")
-    key_path.write_text(d.audit_key()["public_key_pem"], encoding="ascii")
+    key_path.write_text(d.audit_public_key()["public_key_pem"], encoding="ascii")
     # Offline verification needs only these two files (`uprof audit verify-receipt` does this).
     verify_receipt(
         parse_receipt(receipt_path.read_bytes()),
         key_path.read_bytes(),
-        origin=d.audit_key()["origin"],
+        origin=d.audit_public_key()["origin"],
     )
     console.print(
         f"tomas erased; receipt {result.receipt['body']['receipt_id']} verified offline "

@@ -362,7 +362,7 @@ def audit_receipts(
 def audit_public_key(out: Annotated[Path, typer.Option(help="Write the PEM here.")]) -> None:
     """Write the audit log's public key (all a verifier needs, with the origin)."""
     with door() as d:
-        key = d.audit_key()
+        key = d.audit_public_key()
         out.write_text(key["public_key_pem"], encoding="ascii")
         console.print(f"public key written to {out}; origin: {key['origin']}")
 
@@ -573,7 +573,7 @@ def audit_prove(
     with door() as d:
         held: str | dict[str, object] | None = None
         check_against: str | dict[str, object] | None = None
-        key = d.audit_key()
+        key = d.audit_public_key()
         if held_raw is not None:
             try:
                 held = held_checkpoint(held_raw)

@@ -28,8 +28,10 @@ from pydantic import (
     ConfigDict,
     Field,
     JsonValue,
+    ValidationError,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from audit.export_format import checked_lines, export_frame
 from domain.values import ATTRIBUTE_KEYS, CATEGORIES, check_sharing, text_problem
@@ -170,6 +172,18 @@ class _Page(_Response):
 # ----------------------------------------------------------------------- capture
 
 
+def _refused_field(model: BaseModel, field: str, message: str) -> ValidationError:
+    """The refusal of a check across fields (a model validator), located at ``field``,
+    the one its message asks for first. A ``ValueError`` there is located at the model
+    itself, which REST, MCP and the SDK all report as the field ``body``: no argument an
+    MCP tool takes, nor a field of the JSON a REST caller sent (review of 0186 and 0188,
+    bug OY). Nested models keep their place (``interactions.0.user_input``)."""
+    detail = InitErrorDetails(
+        type=PydanticCustomError("value_error", message), loc=(field,), input=None
+    )
+    return ValidationError.from_exception_data(type(model).__name__, [detail])
+
+
 class InteractionBody(_Request):
     """One interaction as an app reports it; the app comes from the API key."""
 
@@ -194,7 +208,7 @@ class InteractionBody(_Request):
     @model_validator(mode="after")
     def _has_text(self) -> InteractionBody:
         if not (self.user_input.strip() or self.agent_response.strip()):
-            raise ValueError("user_input or agent_response must hold text")
+            raise _refused_field(self, "user_input", "user_input or agent_response must hold text")
         return self
 
 
@@ -303,7 +317,7 @@ class IntentUpdateIn(_Request):
     @model_validator(mode="after")
     def _names_an_intent(self) -> IntentUpdateIn:
         if not (self.intent_id.strip() or self.description.strip()):
-            raise ValueError("intent_id or description must name the intent")
+            raise _refused_field(self, "intent_id", "intent_id or description must name the intent")
         return self
 
 
@@ -398,7 +412,9 @@ class SliceIn(_Request):
     @model_validator(mode="after")
     def _names_someone(self) -> SliceIn:
         if not (self.subject or self.session_id or self.identifier):
-            raise ValueError("name the subject: subject, session_id or identifier")
+            raise _refused_field(
+                self, "subject", "name the subject: subject, session_id or identifier"
+            )
         return self
 
 
@@ -972,7 +988,7 @@ class ReceiptRotationProofIn(_Request):
     @model_validator(mode="after")
     def _one_of(self) -> ReceiptRotationProofIn:
         if (self.receipt is None) == (self.checkpoint is None):
-            raise ValueError("give exactly one of receipt and checkpoint")
+            raise _refused_field(self, "receipt", "give exactly one of receipt and checkpoint")
         return self
 
 

@@ -135,7 +135,7 @@ def router(web: WebPages) -> APIRouter:
         session = web.need_operator(request)
         if isinstance(session, Response):
             return session
-        pem = operator_door(web.runtime_of(request), session).audit_key()["public_key_pem"]
+        pem = operator_door(web.runtime_of(request), session).audit_public_key()["public_key_pem"]
         return download(pem, "audit-public-key.pem", "application/x-pem-file")
 
     @router.get("/console/verify", include_in_schema=False)
@@ -148,7 +148,7 @@ def router(web: WebPages) -> APIRouter:
             "console_verify.html",
             session=session,
             result=None,
-            origin=operator_door(web.runtime_of(request), session).audit_key()["origin"],
+            origin=operator_door(web.runtime_of(request), session).audit_public_key()["origin"],
         )
 
     @router.post("/console/verify", include_in_schema=False)
@@ -179,7 +179,7 @@ def router(web: WebPages) -> APIRouter:
             status,
             session=session,
             result=result,
-            origin=door.audit_key()["origin"],
+            origin=door.audit_public_key()["origin"],
         )
 
     return router

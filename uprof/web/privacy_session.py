@@ -130,7 +130,10 @@ def router(web: WebPages) -> APIRouter:
             stands = web.same_incarnation(request, subject, incarnation) and web.issuer_stands(
                 request, session
             )
-            if not stands:
+            # Asked after the checks, which may have waited on a store for long: a link
+            # that expired meanwhile is dead, as every other press was told (bug OX), and
+            # before the browser's earlier session is signed out, so refusing it ends nothing.
+            if not stands or not links.still_live(redeemed):
                 decided = True
                 return link_not_valid(request)
             sessions = web.sessions(request)

@@ -124,6 +124,14 @@ class LinkStore:
             link.subject, link.incarnation, link.issued_by, link.link_id, link.expires_at
         )
 
+    def still_live(self, redeemed: Redeemed) -> bool:
+        """Whether the link ``redeem`` held has not expired since: a sign-in that held it
+        while its checks waited asks again before it opens a session. Once expired the
+        link is dead for every other press (``redeem``), so it is for its holder too
+        (review of 0186 and 0188, bug OX: a link that expired while held still opened a
+        session after another press had been told it was not valid)."""
+        return redeemed.expires_at > _now()
+
     def spend(self, token: str) -> None:
         """The sign-in that holds the link decided (it opened a session, or refused the
         link): the link is used up, gone exactly like an unknown one."""
@@ -137,7 +145,7 @@ class LinkStore:
         voided it meanwhile; an expired link is not put back."""
         key = _hash(token)
         with self._lock:
-            if redeemed.expires_at <= _now():
+            if not self.still_live(redeemed):
                 self._links.take(key)
                 return
             link = _Link(
