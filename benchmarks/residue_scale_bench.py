@@ -37,7 +37,7 @@ COMMON_WORDS = ["Porto", "cello", "Miso", "renovation", "gym", "daughter", "Zoë
 
 
 def per_column_scan(engine: sa.Engine, terms: Sequence[str]) -> TableScan:
-    """The PostgreSQL table scan before decision XXXX: one query per column per term,
+    """The PostgreSQL table scan before decision 0187: one query per column per term,
     all in one transaction (the baseline, and the reference of the same-answers test)."""
     inspector = sa.inspect(engine)
     tables, hits = 0, []
