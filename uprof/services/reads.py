@@ -6,7 +6,7 @@ two commits), and nothing the caller gets back depends on it. In ``async`` mode 
 request hands its read to a bounded queue and returns; the recorder writes what has
 queued up as one save per subject and one audit append, so a burst of reads costs a
 few commits, not one pair each. The trade-off is stated in
-docs/decisions/0007-read-recording.md: a crash can lose the reads served in the
+docs/decisions/0007-read-path.md: a crash can lose the reads served in the
 last write window (records are written as soon as the recorder is free, so the
 window is one write long); a capture or consent change is never deferred.
 
