@@ -222,14 +222,21 @@ class FrameLine:
     object (its frame checked), or a JSONL entry's object when its line is not in the
     canonical assembly (``{"entry":`` first; the verifier says what is wrong with it),
     else None: an entry's line is not parsed here. ``text``: what the digest and the
-    canonical checks read: the header's or trailer's canonical JSON; a JSONL entry's
-    line as given. ``cells``: a CSV entry row's cells."""
+    canonical checks read: the header's or trailer's canonical JSON; a CSV entry's row or
+    a parsed JSONL entry's line (a JSONL entry in its canonical assembly is one shared
+    ``FrameLine`` of number 0 and no text: the line is the caller's own). ``cells``: a
+    CSV entry row's cells."""
 
     number: int
     kind: str
     text: str
     record: dict[str, Any] | None = None
     cells: list[str] | None = None
+
+
+#: What ``ExportFrame.read`` returns for a JSONL entry in its canonical assembly: its
+#: number and text are the caller's own (the line it handed in).
+_AN_ENTRY = FrameLine(0, "entry", "")
 
 
 class ExportFrame:
@@ -280,8 +287,9 @@ class ExportFrame:
             text = line[:cut]
             return self._header(_parsed(text, number), text, number)
         if line.startswith(_ENTRY_LINE_PREFIX):
+            # The hot path (most lines): nothing made per line; the caller has the line.
             self.entries += 1
-            return FrameLine(number, "entry", line)
+            return _AN_ENTRY
         text = line[:cut]
         obj = _parsed(text, number)
         kind = obj.get("kind") if isinstance(obj, dict) else None
