@@ -27,6 +27,7 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from audit._codec import b64decode_strict, hexdecode_strict
@@ -213,120 +214,235 @@ def line_at(raw: bytes, number: int) -> bytes:
     return raw[start : len(raw) if stop == -1 else stop]
 
 
-def export_frame(lines: Iterable[str], fmt: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The header and trailer of an export's ``lines`` (each with its ``\\n``), read as the
-    verifier reads the frame of a file, without its key; ``ValueError`` naming the line
-    where the verifier would refuse it.
+@dataclass(frozen=True)
+class FrameLine:
+    """One line of an export as its frame reads it (``ExportFrame.read``).
 
-    What a line may hold, as ``audit.verify`` reads it: every line ends with ``LINE_END``,
-    the last one too, never with ``\\r\\n`` (no line the exporter writes ends in ``\\r``);
-    JSONL: line 1 is the header, every next line an entry (``{"entry":`` first, as its canonical
-    JSON has it) until the trailer, which is the last line; CSV: the column row, the
-    header row, entry rows, the trailer row, and nothing after it. The header and the
-    trailer are strict JSON objects of exactly their fields, each written as its RFC 8785
-    canonical text (no blank, no space, no ``\\r``). A blank line is none of these. The
-    trailer's ``entry_count`` is the number of entry lines. The entries themselves, the
+    ``kind``: "header", "entry" or "trailer". ``record``: the header's or trailer's
+    object (its frame checked), or a JSONL entry's object when its line is not in the
+    canonical assembly (``{"entry":`` first; the verifier says what is wrong with it),
+    else None: an entry's line is not parsed here. ``text``: what the digest and the
+    canonical checks read: the header's or trailer's canonical JSON; a CSV entry's row or
+    a parsed JSONL entry's line (a JSONL entry in its canonical assembly is one shared
+    ``FrameLine`` of number 0 and no text: the line is the caller's own). ``cells``: a
+    CSV entry row's cells."""
+
+    number: int
+    kind: str
+    text: str
+    record: dict[str, Any] | None = None
+    cells: list[str] | None = None
+
+
+#: What ``ExportFrame.read`` returns for a JSONL entry in its canonical assembly: its
+#: number and text are the caller's own (the line it handed in).
+_AN_ENTRY = FrameLine(0, "entry", "")
+
+
+class ExportFrame:
+    """The one reading of an export's frame: the exporter's form of every line, the
+    order of the records, and what the header and the trailer may hold without the
+    key. Fed one line at a time (``read``); ``VerificationError`` naming the line at the
+    first line the format refuses. Both readers of an export read through it: the
+    offline verifier (``audit.verify``, which then checks with the key what only the
+    key can tell: the origin and key ids, the checkpoint, every entry and its proof, the
+    digest and the signature) and the SDK's summary (``export_frame``). They were two
+    readings of one frame, held together by a test only (decision 0189's Left).
+
+    The rules: no line ends in ``\r`` (neither a canonical JSON line nor a CSV row as
+    the exporter writes it does: ``\r\n`` is a rewritten file, bug OF). JSONL: line 1 is
+    the header; then entries (a line ``{"entry":`` first, as its canonical JSON has it, is
+    an entry and is not parsed here; any other is parsed, and must be an entry or the
+    trailer); the trailer is last. CSV: the column row, the header row, entry rows, the
+    trailer row, each row written exactly as the exporter writes it. The header and the
+    trailer are strict JSON objects of exactly their fields, in RFC 8785 canonical
+    form; the header's format, filter, ``filtered``, ``exported_at`` (the log's form) and
+    ``tree_size`` (a count); the trailer's ``entry_count`` the entry lines counted, its
+    digest 32 bytes of hex and its signature 64 of base64. Nothing follows the trailer.
+
+    ``read`` takes a line with its newline (``ended``) or without; an entry's line is
+    not copied to take it off (most of an export's bytes are entries: a copy of each
+    cost the SDK's whole-answer readers half again, decision 0189)."""
+
+    def __init__(self, fmt: str) -> None:
+        self.format = fmt
+        self.header: dict[str, Any] | None = None
+        self.trailer: dict[str, Any] | None = None
+        self.entries = 0
+        self._lines = 0
+
+    def read(self, number: int, line: str, *, ended: bool = False) -> FrameLine | None:
+        """What line ``number`` is (None: the CSV column row)."""
+        self._lines = number
+        cut = len(line) - 1 if ended else len(line)
+        if line.endswith("\r", 0, cut):
+            raise VerificationError(
+                "line ends with \\r\\n, not the format's \\n", line_number=number
+            )
+        if self.trailer is not None:
+            raise VerificationError("content after the export trailer", line_number=number)
+        if self.format == "csv":
+            return self._csv_line(number, line, cut)
+        if self.header is None:
+            text = line[:cut]
+            return self._header(_parsed(text, number), text, number)
+        if line.startswith(_ENTRY_LINE_PREFIX):
+            # The hot path (most lines): nothing made per line; the caller has the line.
+            self.entries += 1
+            return _AN_ENTRY
+        text = line[:cut]
+        obj = _parsed(text, number)
+        kind = obj.get("kind") if isinstance(obj, dict) else None
+        if kind == "entry":
+            self.entries += 1
+            return FrameLine(number, "entry", text, record=obj)
+        if kind == "trailer":
+            return self._trailer(obj, text, number)
+        raise VerificationError(f"unexpected record kind {kind!r}", line_number=number)
+
+    def end(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The header and trailer once every line was read; refused when the lines
+        stopped before the trailer."""
+        if self._lines == 0:
+            raise VerificationError("export is empty", line_number=0)
+        if self.header is None or self.trailer is None:
+            raise VerificationError(
+                "export ends without its trailer: it was truncated", line_number=self._lines
+            )
+        return self.header, self.trailer
+
+    def _csv_line(self, number: int, line: str, cut: int) -> FrameLine | None:
+        if number == 1:
+            if line[:cut] + "\n" != csv_line(CSV_COLUMNS):
+                raise VerificationError(
+                    "neither a JSONL export (no '{') nor a CSV export (wrong column row)",
+                    line_number=number,
+                )
+            return None
+        cells = _csv_cells(line, cut, number)
+        kind, data = cells[0], cells[-1]
+        if kind in ("header", "trailer"):
+            if any(cells[1:-1]):
+                raise VerificationError(f"{kind} row has data outside 'data'", line_number=number)
+            obj = _parsed(data, number)
+            if kind == "header" and self.header is None:
+                return self._header(obj, data, number)
+            if kind == "trailer" and isinstance(obj, dict) and obj.get("kind") == "trailer":
+                if self.header is None:
+                    raise VerificationError(
+                        "export trailer: trailer before the export header", line_number=number
+                    )
+                return self._trailer(obj, data, number)
+            raise VerificationError(f"unexpected {kind} row", line_number=number)
+        if kind == "entry" and self.header is not None:
+            self.entries += 1
+            return FrameLine(number, "entry", line, cells=cells)
+        raise VerificationError(f"unexpected row kind {kind!r}", line_number=number)
+
+    def _header(self, obj: Any, text: str, number: int) -> FrameLine:
+        def fail(reason: str) -> VerificationError:
+            return VerificationError(f"export header: {reason}", line_number=number)
+
+        if not isinstance(obj, dict) or obj.get("kind") != "header":
+            raise fail("the first record must be the header")
+        if set(obj) != HEADER_KEYS:
+            raise fail(f"fields must be {sorted(HEADER_KEYS)}")
+        _require_canonical(obj, text, number)
+        if obj["format"] != EXPORT_FORMAT:
+            raise fail(f"unknown format {obj['format']!r}")
+        chosen = obj["filter"]
+        if not isinstance(chosen, dict) or not set(chosen) <= FILTER_KEYS:
+            raise fail(f"filter must be an object with keys among {sorted(FILTER_KEYS)}")
+        try:
+            check_filter(chosen)
+        except AuditEntryError as exc:
+            raise fail(str(exc)) from None
+        if obj["filtered"] is not bool(chosen):
+            raise fail("'filtered' must be true exactly when a filter is given")
+        exported_at = obj["exported_at"]
+        try:
+            if not isinstance(exported_at, str) or normalise_timestamp(exported_at) != exported_at:
+                raise AuditEntryError("exported_at must be a time in the log's form")
+        except AuditEntryError:
+            raise fail("exported_at must be a UTC time like 2025-03-01T08:00:00.000000Z") from None
+        if not _is_count(obj["tree_size"]):
+            raise fail("tree_size is not a count")
+        self.header = obj
+        return FrameLine(number, "header", text, record=obj)
+
+    def _trailer(self, obj: dict[str, Any], text: str, number: int) -> FrameLine:
+        def fail(reason: str) -> VerificationError:
+            return VerificationError(f"export trailer: {reason}", line_number=number)
+
+        if set(obj) != TRAILER_KEYS:
+            raise fail(f"fields must be {sorted(TRAILER_KEYS)}")
+        _require_canonical(obj, text, number)
+        if not _is_count(obj["entry_count"]) or obj["entry_count"] != self.entries:
+            raise fail(f"entry_count differs from the {self.entries} entries present")
+        try:
+            hexdecode_strict(obj["export_sha256"], "export_sha256", size=32)
+            b64decode_strict(obj["signature"], "export signature", size=64)
+        except VerificationError as exc:
+            raise fail(exc.reason) from None
+        self.trailer = obj
+        return FrameLine(number, "trailer", text, record=obj)
+
+
+def export_frame(lines: Iterable[str], fmt: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The header and trailer of an export's ``lines`` (each with its ``\\n``), read by
+    ``ExportFrame`` as the verifier reads them, without the key; ``ValueError`` naming the
+    line where the verifier refuses the frame. Every line ends with ``LINE_END``, the last
+    one too. A JSONL entry whose line is not the canonical assembly is refused here too
+    (the verifier refuses it, saying what is wrong with it). The entries' contents, the
     digest and the signatures are the verifier's (``uprof audit verify``,
     ``Client.audit_verify``). The SDK's summary of an export is read here, so it never
-    reports a file whose frame the verifier refuses (bug OF: the summary readers skipped
-    blank lines and read a header or trailer ended by ``\\r\\n``, which the verifier
-    refuses); tests/audit/test_export_frame.py alters real exports line by line and holds
-    both to the same verdict."""
-    header: dict[str, Any] | None = None
-    trailer: dict[str, Any] | None = None
-    entries = 0
-    for number, line in enumerate(lines, start=1):
-        if not line.endswith(LINE_END):
-            raise ValueError(f"line {number} has no newline: the export was cut short")
-        if line.endswith("\r" + LINE_END):
-            # Neither a canonical JSON line nor a CSV row as the exporter writes it ends
-            # so: a file whose lines end in \r\n was rewritten (bug OF).
-            raise ValueError(f"line {number} ends with \\r\\n, not the format's \\n")
-        if trailer is not None:
-            raise ValueError(f"line {number} follows the trailer")
-        # An entry's line is not copied (its newline cut off): most of an export's bytes
-        # are entries, and a copy of each cost the whole-answer readers half again.
-        if fmt == "csv":
-            if number == 1:
-                if line != csv_line(CSV_COLUMNS):
-                    raise ValueError("line 1 is not the CSV export's column row")
-                continue
-            kind, text = _csv_record(line, number)
-        elif header is not None and line.startswith(_ENTRY_LINE_PREFIX):
-            kind, text = "entry", ""
-        else:
-            kind, text = ("header" if header is None else "trailer"), line[:-1]
-        if header is None:
-            if kind != "header":
-                raise ValueError(f"line {number} is not the export's header")
-            header = _framing_record(text, number, "header", HEADER_KEYS)
-        elif kind == "entry":
-            entries += 1
-        elif kind == "trailer":
-            trailer = _framing_record(text, number, "trailer", TRAILER_KEYS)
-        else:
-            raise ValueError(f"line {number} is a second header")
-    if header is None or trailer is None:
-        raise ValueError("the export has no header or no trailer: it was cut short")
-    if trailer["entry_count"] != entries or not _is_count(trailer["entry_count"]):
-        raise ValueError(f"the trailer's entry_count is not the {entries} entries present")
-    return header, trailer
+    reports a file whose frame the verifier refuses (bug OF)."""
+    frame = ExportFrame(fmt)
+    try:
+        for number, line in enumerate(lines, start=1):
+            if not line.endswith(LINE_END):
+                raise VerificationError("last line has no newline", line_number=number)
+            read = frame.read(number, line, ended=True)
+            if read is not None and read.kind == "entry" and read.record is not None:
+                raise VerificationError("entry line is not in canonical form", line_number=number)
+        return frame.end()
+    except VerificationError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _csv_record(row: str, number: int) -> tuple[str, str]:
-    """(kind, data cell) of a CSV export's row ``number`` (with its newline); the
-    header's and trailer's rows written as the exporter writes them, as the verifier
-    requires (an entry's row is the verifier's to check)."""
+def _parsed(text: str, number: int) -> Any:
+    return strict_json(text, "line", line_number=number)
+
+
+def _require_canonical(obj: Any, text: str, number: int) -> None:
     try:
-        (cells,) = list(read_csv_rows([row]))
-    except (csv.Error, ValueError):
-        raise ValueError(f"line {number} is not one CSV row") from None
-    if len(cells) != len(CSV_COLUMNS) or cells[0] not in ("header", "entry", "trailer"):
-        raise ValueError(f"line {number} is not a row of a CSV export")
-    if cells[0] != "entry" and (any(cells[1:-1]) or csv_line(cells) != row):
-        raise ValueError(f"line {number} is not a {cells[0]} row as the exporter writes it")
-    return cells[0], cells[-1]
+        canonical = canonical_bytes(obj).decode("utf-8")
+    except AuditEntryError as exc:
+        raise VerificationError(str(exc), line_number=number) from None
+    if canonical != text:
+        raise VerificationError("line is not in RFC 8785 canonical form", line_number=number)
 
 
-def _framing_record(text: str, number: int, kind: str, keys: frozenset[str]) -> dict[str, Any]:
-    """The header's or trailer's object: strict JSON, exactly ``keys``, canonical text,
-    and the values the verifier checks without the key (the header's format, filter,
-    ``filtered``, ``exported_at`` and ``tree_size``; the trailer's digest and signature
-    as 32 hex and 64 base64 bytes)."""
+def _csv_cells(line: str, cut: int, number: int) -> list[str]:
+    """The cells of a CSV export's row ``number`` (``line``, its newline after ``cut``),
+    written exactly as the exporter writes it."""
     try:
-        obj = strict_json(text, "line", line_number=number)
-        if not isinstance(obj, dict) or obj.get("kind") != kind or set(obj) != keys:
-            raise ValueError(f"line {number} is not the export's {kind}")
-        if canonical_bytes(obj).decode("utf-8") != text:
-            raise ValueError(f"line {number} is not in RFC 8785 canonical form")
-        if kind == "header":
-            _check_header_values(obj, number)
-        else:
-            hexdecode_strict(obj["export_sha256"], "export_sha256", size=32)
-            b64decode_strict(obj["signature"], "export signature", size=64)
-    except (VerificationError, AuditEntryError) as exc:
-        raise ValueError(f"line {number}: {exc}") from None
-    return obj
-
-
-def _check_header_values(header: dict[str, Any], number: int) -> None:
-    chosen = header["filter"]
-    if header["format"] != EXPORT_FORMAT:
-        raise ValueError(f"line {number}: unknown format {header['format']!r}")
-    if not isinstance(chosen, dict) or not set(chosen) <= FILTER_KEYS:
-        raise ValueError(f"line {number}: the filter is not an object of filter keys")
-    check_filter(chosen)
-    if header["filtered"] is not bool(chosen):
-        raise ValueError(f"line {number}: 'filtered' must be true exactly when a filter is given")
-    exported_at = header["exported_at"]
-    if not isinstance(exported_at, str) or normalise_timestamp(exported_at) != exported_at:
-        raise ValueError(f"line {number}: exported_at is not a time in the log's form")
-    if not _is_count(header["tree_size"]):
-        raise ValueError(f"line {number}: tree_size is not a count")
+        rows = list(read_csv_rows([line]))
+    except csv.Error as exc:
+        raise VerificationError(f"row is not valid CSV ({exc})", line_number=number) from None
+    if len(rows) != 1 or len(rows[0]) != len(CSV_COLUMNS):
+        raise VerificationError(f"row must have {len(CSV_COLUMNS)} cells", line_number=number)
+    written = csv_line(rows[0])
+    # ``csv_line`` ends with its newline: equal to the line with it, or to the line and it.
+    if len(written) != cut + 1 or not written.startswith(line):
+        raise VerificationError(
+            "row is not written the way the exporter writes it", line_number=number
+        )
+    return rows[0]
 
 
 def entry_line(entry_json: str, proof_b64: Sequence[str], leaf_index: int) -> str:

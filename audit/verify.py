@@ -17,9 +17,9 @@ This module imports no database code.
 
 from __future__ import annotations
 
-import csv
 import functools
 import io
+import itertools
 import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -32,26 +32,19 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from audit._codec import b64decode_strict, hexdecode_strict
-from audit.canonical import canonical_bytes
 from audit.checkpoint import CheckpointBody, verify_checkpoint
-from audit.entry import normalise_timestamp, stored_entry_bytes
+from audit.entry import stored_entry_bytes
 from audit.errors import AuditEntryError, VerificationError
 from audit.export_format import (
     CSV_COLUMNS,
     CSV_COPIED_FIELDS,
     CSV_PROOF_SEPARATOR,
     ENTRY_KEYS,
-    EXPORT_FORMAT,
     EXPORT_SIGNATURE_CONTEXT,
-    FILTER_KEYS,
-    HEADER_KEYS,
     MAX_LINE_BYTES,
-    TRAILER_KEYS,
-    check_filter,
-    csv_line,
+    ExportFrame,
     entry_line,
     over_line_cap,
-    read_csv_rows,
     split_entry_line,
 )
 from audit.keyring import key_by_id, trusted_keys
@@ -158,13 +151,9 @@ class _ExportVerifier:
         def fail(reason: str) -> VerificationError:
             return VerificationError(f"export header: {reason}", line_number=line_number)
 
-        if not isinstance(obj, dict) or obj.get("kind") != "header":
-            raise fail("the first record must be the header")
-        if set(obj) != HEADER_KEYS:
-            raise fail(f"fields must be {sorted(HEADER_KEYS)}")
-        self._require_canonical(obj, line, line_number)
-        if obj["format"] != EXPORT_FORMAT:
-            raise fail(f"unknown format {obj['format']!r}")
+        # The frame (``ExportFrame``: the fields, their canonical form, the format, the
+        # filter, ``filtered``, ``exported_at``, ``tree_size`` a count) was read first;
+        # here what only the pinned key and origin can tell.
         if obj["origin"] != self._origin:
             raise fail(f"origin {obj['origin']!r} is not the expected {self._origin!r}")
         key = key_by_id(self._keys, obj["key_id"])
@@ -194,23 +183,9 @@ class _ExportVerifier:
                     "the one that signs the trailer"
                 ) from None
             raise fail(exc.reason) from None
-        if not _is_int(obj["tree_size"]) or obj["tree_size"] != self._tree_size:
+        if obj["tree_size"] != self._tree_size:
             raise fail("tree_size differs from the signed checkpoint")
         chosen = obj["filter"]
-        if not isinstance(chosen, dict) or not set(chosen) <= FILTER_KEYS:
-            raise fail(f"filter must be an object with keys among {sorted(FILTER_KEYS)}")
-        try:
-            check_filter(chosen)
-        except AuditEntryError as exc:
-            raise fail(str(exc)) from None
-        if obj["filtered"] is not bool(chosen):
-            raise fail("'filtered' must be true exactly when a filter is given")
-        exported_at = obj["exported_at"]
-        try:
-            if not isinstance(exported_at, str) or normalise_timestamp(exported_at) != exported_at:
-                raise AuditEntryError("exported_at must be a time in the log's form")
-        except AuditEntryError:
-            raise fail("exported_at must be a UTC time like 2025-03-01T08:00:00.000000Z") from None
         if self._tenant is not None and chosen.get("tenant", self._tenant) != self._tenant:
             raise fail(f"export is filtered on tenant {chosen['tenant']!r}, not {self._tenant!r}")
         self._filter, self._filtered = chosen, bool(chosen)
@@ -347,13 +322,9 @@ class _ExportVerifier:
         def fail(reason: str) -> VerificationError:
             return VerificationError(f"export trailer: {reason}", line_number=line_number)
 
-        if self._header is None:
-            raise fail("trailer before the export header")
-        if set(obj) != TRAILER_KEYS:
-            raise fail(f"fields must be {sorted(TRAILER_KEYS)}")
-        self._require_canonical(obj, line, line_number)
-        if not _is_int(obj["entry_count"]) or obj["entry_count"] != self._count:
-            raise fail(f"entry_count differs from the {self._count} entries present")
+        # The frame checked the fields, their canonical form, ``entry_count`` against
+        # the entry lines (each verified above) and the digest's and signature's form.
+        assert self._header is not None and obj["entry_count"] == self._count
         if not self._filtered:
             if self._count != self._tree_size:
                 raise fail(
@@ -362,11 +333,8 @@ class _ExportVerifier:
             if self._frontier.root() != self._root:
                 raise fail("root recomputed from all entries differs from the checkpoint root")
         digest = self._digest.digest()
-        try:
-            claimed = hexdecode_strict(obj["export_sha256"], "export_sha256", size=32)
-            signature = b64decode_strict(obj["signature"], "export signature", size=64)
-        except VerificationError as exc:
-            raise fail(exc.reason) from None
+        claimed = hexdecode_strict(obj["export_sha256"], "export_sha256", size=32)
+        signature = b64decode_strict(obj["signature"], "export signature", size=64)
         if claimed != digest:
             raise fail("export_sha256 does not match the lines above: the file was altered")
         try:
@@ -401,17 +369,6 @@ class _ExportVerifier:
                 "export ends without its trailer: it was truncated", line_number=last_line
             )
         return self._report
-
-    @staticmethod
-    def _require_canonical(obj: Any, line: str, line_number: int) -> None:
-        try:
-            canonical = canonical_bytes(obj).decode("utf-8")
-        except AuditEntryError as exc:
-            raise VerificationError(str(exc), line_number=line_number) from None
-        if canonical != line:
-            raise VerificationError(
-                "line is not in RFC 8785 canonical form", line_number=line_number
-            )
 
 
 # --- Input ------------------------------------------------------------------------------------
@@ -525,31 +482,35 @@ def verify_export(
     first = next(lines, None)
     if first is None:
         raise VerificationError("export is empty", line_number=0)
-    if first[1].startswith("{"):
-        return _verify_jsonl(
-            first, lines, _ExportVerifier(key, origin, "jsonl", trusted, tenant, rotation_proof)
-        )
-    return _verify_csv(
-        first, lines, _ExportVerifier(key, origin, "csv", trusted, tenant, rotation_proof)
-    )
+    fmt = "jsonl" if first[1].startswith("{") else "csv"
+    verifier = _ExportVerifier(key, origin, fmt, trusted, tenant, rotation_proof)
+    return _verify_lines(first, lines, verifier, fmt)
 
 
-def _verify_jsonl(
-    first: tuple[int, str], lines: Iterator[tuple[int, str]], verifier: _ExportVerifier
+def _verify_lines(
+    first: tuple[int, str],
+    lines: Iterator[tuple[int, str]],
+    verifier: _ExportVerifier,
+    fmt: str,
 ) -> VerificationReport:
-    number, line = first
-    verifier.header(_strict_json(line, number), line, number)
-    for number, line in lines:
-        if verifier.done:
-            raise VerificationError("content after the export trailer", line_number=number)
-        obj = _strict_json(line, number)
-        kind = obj.get("kind") if isinstance(obj, dict) else None
-        if kind == "entry":
-            _jsonl_entry(verifier, obj, line, number)
-        elif kind == "trailer":
-            verifier.trailer(obj, line, number)
+    """Read the lines through the export's frame (``ExportFrame``, the one reading of it
+    the SDK's summary shares), then check each record with the key."""
+    frame = ExportFrame(fmt)
+    number = first[0]
+    for number, line in itertools.chain((first,), lines):
+        read = frame.read(number, line)
+        if read is None:  # the CSV column row
+            continue
+        if read.kind == "header":
+            verifier.header(read.record, read.text, number)
+        elif read.kind == "trailer":
+            verifier.trailer(read.record, read.text, number)
+        elif read.cells is not None:
+            _csv_entry(verifier, read.cells, number)
         else:
-            raise VerificationError(f"unexpected record kind {kind!r}", line_number=number)
+            obj = read.record if read.record is not None else _strict_json(line, number)
+            _jsonl_entry(verifier, obj, line, number)
+    frame.end()
     return verifier.report(number)
 
 
@@ -573,53 +534,6 @@ def _jsonl_entry(verifier: _ExportVerifier, obj: dict[str, Any], line: str, numb
             "entry line is not in canonical form", line_number=number, leaf_index=shown
         )
     verifier.entry(shown, obj["entry"], entry_json, proof, line, number)
-
-
-def _verify_csv(
-    first: tuple[int, str], lines: Iterator[tuple[int, str]], verifier: _ExportVerifier
-) -> VerificationReport:
-    number, line = first
-    if line + "\n" != csv_line(CSV_COLUMNS):
-        raise VerificationError(
-            "neither a JSONL export (no '{') nor a CSV export (wrong column row)",
-            line_number=number,
-        )
-    seen_header = False
-    for number, line in lines:
-        if verifier.done:
-            raise VerificationError("content after the export trailer", line_number=number)
-        cells = _csv_cells(line, number)
-        kind, data = cells[0], cells[-1]
-        if kind in ("header", "trailer"):
-            if any(cells[1:-1]):
-                raise VerificationError(f"{kind} row has data outside 'data'", line_number=number)
-            obj = _strict_json(data, number)
-            if kind == "header" and not seen_header:
-                verifier.header(obj, data, number)
-                seen_header = True
-            elif kind == "trailer" and isinstance(obj, dict) and obj.get("kind") == "trailer":
-                verifier.trailer(obj, data, number)
-            else:
-                raise VerificationError(f"unexpected {kind} row", line_number=number)
-        elif kind == "entry" and seen_header:
-            _csv_entry(verifier, cells, number)
-        else:
-            raise VerificationError(f"unexpected row kind {kind!r}", line_number=number)
-    return verifier.report(number)
-
-
-def _csv_cells(line: str, number: int) -> list[str]:
-    try:
-        rows = list(read_csv_rows([line]))
-    except csv.Error as exc:
-        raise VerificationError(f"row is not valid CSV ({exc})", line_number=number) from None
-    if len(rows) != 1 or len(rows[0]) != len(CSV_COLUMNS):
-        raise VerificationError(f"row must have {len(CSV_COLUMNS)} cells", line_number=number)
-    if csv_line(rows[0]) != line + "\n":
-        raise VerificationError(
-            "row is not written the way the exporter writes it", line_number=number
-        )
-    return rows[0]
 
 
 def _csv_entry(verifier: _ExportVerifier, cells: list[str], number: int) -> None:

@@ -11,12 +11,15 @@ folder: by default the sibling folder ``<data_dir>.keys`` (docs/governance.md).
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from domain.values import text_problem
 
 if TYPE_CHECKING:
     from limits import RateLimitItem
@@ -62,11 +65,50 @@ def parse_rate_limit(spec: str) -> list[RateLimitItem]:
 
 POLICIES_DIR = Path(__file__).resolve().parent.parent / "policies"
 
+#: The prefix of every environment variable uprof reads.
+ENV_PREFIX = "UPROF_"
+
+
+def setting_text_problem(value: object) -> str:
+    """Why a setting's text is kept by nothing, or '': ``text_problem`` (a NUL, a lone
+    surrogate), said as what it is in an environment variable: Python reads a byte that
+    is not UTF-8 as a lone surrogate, which went on as text to the data folder's path,
+    the key derivation or the driver and ended in a ``UnicodeEncodeError`` traceback,
+    after the data folder was made (bug PD). The one rule of every ``UPROF_*`` value:
+    the settings' (``Settings._text_kept``) and ``environment_value``'s."""
+    if isinstance(value, SecretStr):
+        value = value.get_secret_value()
+    elif isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str):
+        return ""
+    problem = text_problem(value)
+    if problem and "\x00" not in value:
+        return "holds a byte that is not UTF-8 (read as a lone surrogate); give it as UTF-8"
+    return problem
+
+
+class EnvironmentValueError(ValueError):
+    """An ``UPROF_*`` variable read apart from the settings holds text nothing keeps."""
+
+
+def environment_value(name: str) -> str | None:
+    """The ``UPROF_*`` variable ``name`` (None when unset), refused
+    (``EnvironmentValueError`` naming it) as a setting of the same text is: the one
+    reader of a variable that is not a setting (``UPROF_API_KEY``, which stdio's MCP
+    client passes)."""
+    assert name.startswith(ENV_PREFIX), name
+    value = os.environ.get(name)
+    problem = "" if value is None else setting_text_problem(value)
+    if problem:
+        raise EnvironmentValueError(f"{name}: {problem}")
+    return value
+
 
 class Settings(BaseSettings):
     """Configuration of one uprof deployment."""
 
-    model_config = SettingsConfigDict(env_prefix="UPROF_", extra="forbid")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
 
     data_dir: Path = Path(".uprof-data")
     #: None: embedded SQLite files in ``data_dir``. Else a SQLAlchemy PostgreSQL URL.
@@ -192,6 +234,16 @@ class Settings(BaseSettings):
     #: each decision batch checks the store's version when this much time has passed.
     policy_refresh_s: float = Field(default=0.25, ge=0.0, le=60.0)
     audit_origin: str = "uprof.local/audit"
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _text_kept(cls, value: Any) -> Any:
+        # Before any conversion, so that every field says the same, naming itself (the
+        # CLI names it UPROF_<FIELD>); a secret's value is never quoted (bug PD).
+        problem = setting_text_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
     @field_validator("rate_limit", "privacy_rate_limit")
     @classmethod

@@ -167,3 +167,27 @@ def test_the_sdk_readers_summarise_a_real_export(sqlite_log: AuditLog, tmp_path:
     seen = _readers(body, tmp_path)
     assert {type(answer) for answer in seen.values()} == {AuditExportSummary}, seen
     assert {answer.entry_count for answer in seen.values()} == {3}  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+@pytest.mark.parametrize(("name", "alter"), ALTERATIONS, ids=[a[0] for a in ALTERATIONS])
+def test_the_verifier_and_the_summary_refuse_a_frame_by_one_rule(
+    sqlite_log: AuditLog, fmt: str, name: str, alter: Callable[[list[str], int], list[str]]
+) -> None:
+    """One rule set (decision 0189's Left): the verifier reads its lines through
+    ``ExportFrame``, as the summary does, so both refuse an altered frame at the same
+    line for the same reason (on main at 1a68357 two readings of one frame, held
+    together by the test above: the same verdict, and 32 of 32 told in other words).
+    An entry left out is the one alteration the verifier refuses earlier, at the entry
+    after the gap: entries are checked with the key."""
+    fill(sqlite_log, 5)
+    altered = alter(_lines(sqlite_log, fmt), 1 if fmt == "csv" else 0)
+    with pytest.raises(VerificationError) as verified:
+        verify_export("".join(altered).encode(), sqlite_log.public_key, ORIGIN)
+    with pytest.raises(ValueError) as summarised:
+        AuditExportSummary.of_export(altered, fmt)
+    if name == "an entry left out":
+        assert verified.value.leaf_index == 2, verified.value
+        assert "entry_count differs from the 4 entries" in str(summarised.value)
+    else:
+        assert str(summarised.value) == str(verified.value)

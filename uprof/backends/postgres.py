@@ -753,6 +753,24 @@ def _advisory_key(name: str) -> int:
 
 
 def _poll_advisory(conn: sa.Connection, try_function: str, key: int, deadline: float) -> bool:
+    """``_take_advisory`` (its docstring says how), the session dropped if anything but
+    the database ends the wait. A signal handler of the program's own that raises
+    (``uprof.backends._stops_on_default_signals`` leaves such a handler alone) raises
+    inside the blocking query: psycopg cancels the query for ``KeyboardInterrupt`` and
+    ``SystemExit`` only, so the session was left in it, queued for the lock, and the
+    ROLLBACK on leaving the connection failed ("another command is already in
+    progress"), that error replacing the program's own exception (bug PG). Dropped, the
+    session's request ends with it, and a lock granted to it is released."""
+    try:
+        return _take_advisory(conn, try_function, key, deadline)
+    except sa.exc.SQLAlchemyError:
+        raise
+    except BaseException:
+        conn.invalidate()
+        raise
+
+
+def _take_advisory(conn: sa.Connection, try_function: str, key: int, deadline: float) -> bool:
     """Take ``try_function``'s lock (``pg_try_advisory_lock`` or its ``_shared`` form) on
     ``key`` by ``deadline`` (monotonic): True once held, False when the deadline passed.
 

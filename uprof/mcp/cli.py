@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -79,8 +78,18 @@ def run(
     from uprof.bootstrap import bootstrap
     from uprof.mcp.server import build_server, http_app
     from uprof.native_memory import limit_malloc_arenas
+    from uprof.settings import EnvironmentValueError, environment_value
 
     server_settings = settings().model_copy(update={"background_workers": True})
+    # The one variable the edge reads apart from the settings: the MCP client that
+    # spawns the server passes the key this way (stdio has no headers). Read before the
+    # start, and refused as a setting of the same text is (bug PD: a byte that is not
+    # UTF-8 was taken for a revoked key, after the start).
+    try:
+        stdio_key = environment_value(API_KEY_ENV)
+    except EnvironmentValueError as e:
+        err_console.print(f"[bold red]error:[/] configuration: {e}", highlight=False)
+        raise typer.Exit(2) from None
     limit_malloc_arenas(server_settings.malloc_arenas)  # before any thread starts
     try:
         kernel = bootstrap(server_settings)
@@ -99,9 +108,6 @@ def run(
     # changed the store (bug OE).
     keys = ApiKeyStore.open(server_settings)
     principal = None
-    # This is the one place the edge reads the environment: the MCP client that
-    # spawns the server passes the key this way (stdio has no headers).
-    stdio_key = os.environ.get(API_KEY_ENV)
     if transport == "stdio":
         principal = keys.authenticate(stdio_key)
         if principal is None:

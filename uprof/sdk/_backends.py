@@ -35,26 +35,53 @@ _log = logging.getLogger(__name__)
 MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
 
 
-class _Capped:
-    """The bytes of one answer, refused (``TransportError``) past ``MAX_DOCUMENT_BYTES``."""
+#: The most the SDK takes of the body of an answer of status 400 or more to a streamed or
+#: byte call (``audit_export``, ``audit_export_to``, ``audit_proof``): the server's
+#: error is a small JSON object (``{"error": {code, message, details}}``, a few
+#: kilobytes at most). The export's was read whole, and the proof's taken to
+#: ``MAX_DOCUMENT_BYTES`` as if it were the proof (bug PE).
+MAX_ERROR_BODY_BYTES = 1024 * 1024
 
-    def __init__(self, name: str) -> None:
+
+class _Capped:
+    """The bytes of one answer, refused (``TransportError``) past ``limit``: a proof
+    document's ``MAX_DOCUMENT_BYTES``, an error answer's ``MAX_ERROR_BODY_BYTES``."""
+
+    def __init__(self, name: str, limit: int = MAX_DOCUMENT_BYTES, what: str = "") -> None:
         self._name = name
+        self._limit = limit
+        self._what = what or "the most the SDK takes of a proof document"
         self._chunks: list[bytes] = []
         self._size = 0
 
+    @classmethod
+    def error_of(cls, name: str, status: int) -> _Capped:
+        """For the body of an answer of ``status`` (400 or more)."""
+        return cls(
+            name,
+            MAX_ERROR_BODY_BYTES,
+            f"the most the SDK takes of an error answer (status {status}): the server "
+            "answered with an error and a body without end",
+        )
+
     def add(self, chunk: bytes) -> None:
         self._size += len(chunk)
-        if self._size > MAX_DOCUMENT_BYTES:
+        if self._size > self._limit:
             self._chunks = []  # let go of it before the error travels up
             raise TransportError(
-                f"{self._name}: the answer is longer than {MAX_DOCUMENT_BYTES} bytes, the "
-                "most the SDK takes of a proof document"
+                f"{self._name}: the answer is longer than {self._limit} bytes, {self._what}"
             )
         self._chunks.append(chunk)
 
     def content(self) -> bytes:
         return b"".join(self._chunks)
+
+
+def _raise_error_answer(call: Call[Any], response: httpx.Response, body: bytes) -> None:
+    """Raise the SDK error for ``response`` (status 400 or more), its body ``body`` (read
+    through ``_Capped.error_of``), its headers (Retry-After) kept: the proof's error,
+    rebuilt from its bytes alone, lost the wait the server asked for (bug PE)."""
+    _parse(call, httpx.Response(response.status_code, headers=response.headers, content=body))
 
 
 class SyncBackend(Protocol):
@@ -212,11 +239,11 @@ def _parse(call: Call[R], response: httpx.Response) -> R:
         ) from None
 
 
-def _bytes_or_error(call: Call[Any], status: int, content: bytes) -> bytes:
-    """``content``, or the SDK error for ``status`` (read from ``content``, the error body)."""
-    if status >= 400:
-        _parse(call, httpx.Response(status, content=content))  # raises the error for the status
-    return content
+def _capped_for(name: str, response: httpx.Response) -> _Capped:
+    """What a byte call takes of ``response``: a proof document, or an error answer."""
+    if response.status_code >= 400:
+        return _Capped.error_of(name, response.status_code)
+    return _Capped(name)
 
 
 class HttpBackend:
@@ -258,14 +285,16 @@ class HttpBackend:
         """The answer's body as it came (a proof document is a file, checked byte for
         byte), at most ``MAX_DOCUMENT_BYTES`` of it, an error's body too (bug OI)."""
         op = call.operation
-        body = _Capped(op.name)
         try:
             with self._client.stream(op.method, op.path, **_request_kwargs(call)) as response:
+                body = _capped_for(op.name, response)
                 for chunk in response.iter_bytes():
                     body.add(chunk)
         except httpx.HTTPError as error:
             raise TransportError(f"{op.name}: {type(error).__name__}: {error}") from error
-        return _bytes_or_error(call, response.status_code, body.content())
+        if response.status_code >= 400:
+            _raise_error_answer(call, response, body.content())
+        return body.content()
 
     def stream_text(self, call: Call[Any]) -> Generator[str, None, None]:
         """The body of a streamed answer (an audit export) as text, as it arrives."""
@@ -273,8 +302,10 @@ class HttpBackend:
         try:
             with self._client.stream(op.method, op.path, **_request_kwargs(call)) as response:
                 if response.status_code >= 400:
-                    response.read()
-                    _parse(call, response)  # raises the SDK error for the status
+                    body = _Capped.error_of(op.name, response.status_code)
+                    for chunk in response.iter_bytes():
+                        body.add(chunk)
+                    _raise_error_answer(call, response, body.content())
                 yield from response.iter_text()
         except httpx.HTTPError as error:
             raise TransportError(f"{op.name}: {type(error).__name__}: {error}") from error
@@ -317,22 +348,26 @@ class AsyncHttpBackend:
 
     async def send_for_bytes(self, call: Call[Any]) -> bytes:
         op = call.operation  # as ``HttpBackend.send_for_bytes``
-        body = _Capped(op.name)
         try:
             async with self._client.stream(op.method, op.path, **_request_kwargs(call)) as response:
+                body = _capped_for(op.name, response)
                 async for chunk in response.aiter_bytes():
                     body.add(chunk)
         except httpx.HTTPError as error:
             raise TransportError(f"{op.name}: {type(error).__name__}: {error}") from error
-        return _bytes_or_error(call, response.status_code, body.content())
+        if response.status_code >= 400:
+            _raise_error_answer(call, response, body.content())
+        return body.content()
 
     async def stream_text(self, call: Call[Any]) -> AsyncGenerator[str, None]:
         op = call.operation
         try:
             async with self._client.stream(op.method, op.path, **_request_kwargs(call)) as response:
                 if response.status_code >= 400:
-                    await response.aread()
-                    _parse(call, response)
+                    body = _Capped.error_of(op.name, response.status_code)
+                    async for chunk in response.aiter_bytes():
+                        body.add(chunk)
+                    _raise_error_answer(call, response, body.content())
                 async for text in response.aiter_text():
                     yield text
         except httpx.HTTPError as error:

@@ -779,21 +779,30 @@ def restore(
             "was changed"
         )
     # After the deployment check, whose refusal names the usual mistake; an edited
-    # manifest (a deployment field removed included) stops here.
-    ranges = material.audit_keys().trusted()
-    trusted = ranges if isinstance(ranges, TrustedKeys) else TrustedKeys(ranges)
-    vouched = _check_signature(manifest, trusted, allow_unsigned)
+    # manifest (a deployment field removed included) stops here, before the stores are
+    # taken (a key history only grows: a signature it vouches for now, it vouches for
+    # under the lock too).
+    vouched = _check_signature(manifest, _trusted_keys(material), allow_unsigned)
     layout = layout_for(settings)  # creates the data and key folders if needed
     views = create_engine(layout.views_url)
     try:
         # Alone on the stores from the first look to the marker's removal: a process
         # still running would keep writing into the copy, or fail on what it cached.
         with backend_for_settings(settings).stores_alone(views):
-            return _restore_alone(
-                settings, src, manifest, views, vouched, _AuditChoice(trusted, restart_audit_log)
-            )
+            # The key history the restart is decided by is read alone on the stores: read
+            # before, it was another restore's of before its restart, and this one took
+            # the log for short, copied the backup over that restore's stores and then
+            # failed in the key ring, the marker left (bug PF).
+            audit = _AuditChoice(_trusted_keys(material), restart_audit_log)
+            return _restore_alone(settings, src, manifest, views, vouched, audit)
     finally:
         views.dispose()
+
+
+def _trusted_keys(material: Any) -> TrustedKeys:
+    """The key folder's audit key history, as ranges (read from its file each time)."""
+    ranges = material.audit_keys().trusted()
+    return ranges if isinstance(ranges, TrustedKeys) else TrustedKeys(ranges)
 
 
 def _restore_alone(
