@@ -60,6 +60,19 @@ class LockFileAccessError(UprofError):
     )
 
 
+class LockFileRefusedError(LockFileAccessError):
+    """A lock file of the stores is not one uprof made: a symbolic or hard link, a
+    folder, a FIFO, a socket or a device, another user's file or one other users may
+    write. Opened as a lock, a link made uprof create, empty or overwrite the file it
+    names, anywhere this process may write (bug PI); the rest is not a lock of uprof's."""
+
+    hint = (
+        "a lock file is an empty file uprof creates itself (mode 0600, owned by the user "
+        "that runs uprof): remove this one and start again, and let no other user write "
+        "in the data folder; nothing was changed"
+    )
+
+
 def lock_file_error(path: str, error: OSError) -> LockFileAccessError:
     """``LockFileAccessError`` for ``path``, which ``os.open`` refused with ``error``:
     whose the file is and its mode when it can be seen, and who this process runs as."""

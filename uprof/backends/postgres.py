@@ -799,9 +799,34 @@ def _take_advisory(conn: sa.Connection, try_function: str, key: int, deadline: f
         conn.rollback()
         if getattr(error.orig, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
             raise
-        return False
+        # The server may grant the lock in the moment the timeout fires: it raises
+        # 55P03 all the same and keeps the grant, and a session lock outlives the
+        # rollback. Taken for a failed try, the session held the lock unknown to uprof:
+        # a later take and its one release left it held on a pooled connection, and
+        # every other process waited for it (review of 0191). Whether it holds it is the
+        # server's to say.
+        return _holds_advisory(conn, key, shared=try_function.endswith("_shared"))
     conn.commit()
     return True
+
+
+def _holds_advisory(conn: sa.Connection, key: int, *, shared: bool) -> bool:
+    """Whether this session holds the advisory lock ``key`` (shared or exclusive), as
+    ``pg_locks`` shows a bigint key: its high and low 32 bits, ``objsubid`` 1."""
+    held = conn.execute(
+        sa.text(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND pid = pg_backend_pid() AND objsubid = 1 AND mode = :mode "
+            "AND classid::bigint = :high AND objid::bigint = :low)"
+        ),
+        {
+            "mode": "ShareLock" if shared else "ExclusiveLock",
+            "high": (key >> 32) & 0xFFFFFFFF,
+            "low": key & 0xFFFFFFFF,
+        },
+    ).scalar_one()
+    conn.commit()
+    return bool(held)
 
 
 #: A schema lock holder's session name: ``uprof <pid> <since> <host> <purpose>``, cut to

@@ -9,12 +9,14 @@ each application has its own file (FIELD-NOTES 2.2).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import secrets
 import socket
 import sqlite3
+import stat
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -25,6 +27,8 @@ import sqlalchemy as sa
 
 from uprof.backends import (
     Backend,
+    LockFileAccessError,
+    LockFileRefusedError,
     StorageLayout,
     StoresInUseError,
     TableScan,
@@ -46,9 +50,15 @@ POLICY_STORE_FILE = "policies.sqlite"
 SQLITE_FILES = ("views.sqlite", "events.sqlite")
 #: Beside a database file: the file whose flock orders schema changes (``schema_lock``).
 SCHEMA_LOCK_SUFFIX = ".schema-lock"
-#: Beside the schema lock file: the turnstile of the processes waiting for it
-#: (``_SchemaLockTurn``).
+#: Beside a lock file: its turnstile, held by the process that waits next (``_Turns``);
+#: it exists only while one waits.
 SCHEMA_TURN_SUFFIX = ".schema-turn"
+NAMED_TURN_SUFFIX = ".turn"
+#: How long a waiter stays behind the turnstile's holder before it also tries the lock
+#: itself. A live holder tries every ``NAMED_LOCK_POLL_S`` and leaves the turnstile the
+#: moment it has the lock; one stopped there (SIGSTOP) kept every later waiter from a
+#: free lock until their bound gave up (0191 "Left", bug PK).
+TURN_PATIENCE_S = 1.0
 #: Beside the views database: the file every running process holds a shared flock of
 #: (``hold_open``) and ``uprof restore`` an exclusive one (``stores_alone``).
 OPEN_LOCK_SUFFIX = ".open-lock"
@@ -219,28 +229,30 @@ class SQLiteBackend:
             yield
             return
         fd = _open_lock_file(f"{database}{SCHEMA_LOCK_SUFFIX}")
-        turn = _SchemaLockTurn(fd, _open_lock_file(f"{database}{SCHEMA_TURN_SUFFIX}"))
         try:
-            # Tried without blocking: a holder stopped (not killed) keeps its flock, and
-            # a blocking wait hung every other start for ever, saying nothing.
-            wait_for_schema_lock(
-                turn.take_by,
-                lambda: _schema_lock_holder_of(fd),
-                store=f"the SQLite database {database}",
-                wait_s=wait_s,
-            )
+            # Everything opened after the lock file is closed by this ``finally``: the
+            # turnstile was opened before it, and a turnstile refused leaked the lock
+            # file's descriptor on every start that met it (bug PH).
+            turns = _Turns(f"{database}{SCHEMA_TURN_SUFFIX}", lambda: _flocked(fd, shared=False))
+            try:
+                # Tried without blocking: a holder stopped (not killed) keeps its flock,
+                # and a blocking wait hung every other start for ever, saying nothing.
+                wait_for_schema_lock(
+                    turns.take_by,
+                    lambda: _schema_lock_holder_of(fd) + turns.waiting_ahead(),
+                    store=f"the SQLite database {database}",
+                    wait_s=wait_s,
+                )
+            finally:
+                turns.close()  # a wait that ended without the lock leaves the turnstile
             # Who holds it, for the processes waiting (written once the flock is ours,
             # so a waiter never reads a record that a non-holder is writing).
-            record = schema_lock_holder(purpose)
-            record["started"] = _process_started(os.getpid())
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(record).encode(), 0)
+            _write_holder_record(fd, purpose)
             try:
                 yield
             finally:
                 os.ftruncate(fd, 0)  # not held any more: nobody to name
         finally:
-            turn.close()
             os.close(fd)  # releases the flock
 
     @contextlib.contextmanager
@@ -285,18 +297,32 @@ class SQLiteBackend:
             os.makedirs(folder, mode=0o700, exist_ok=True)
         except PermissionError as error:
             raise lock_file_error(folder, error) from None
+        except FileExistsError:
+            pass  # a file or a link under its name: refused just below
+        _check_lock_folder(folder)
         path = os.path.join(folder, hashlib.sha256(name.encode()).hexdigest())
-        # Polling a lock until a deadline, not retrying a failure: the wait is bounded
-        # by time (a holder may hang), which the attempt-counted retry policies of
-        # ``uprof.retry`` do not express.
+        # Tried without blocking until the deadline, in turn with the other waiters
+        # (``_Turns``, as the schema lock): tries every 50 ms alone lost every release
+        # to a holder that takes the lock again at once (bug PJ). Bounded by time (a
+        # holder may hang), which the attempt-counted policies of ``uprof.retry`` are not.
         deadline = time.monotonic() + wait_s
-        fd = _lock_file(path)
-        while fd is None and time.monotonic() < deadline:
-            time.sleep(NAMED_LOCK_POLL_S)
+        taken: list[int] = []
+
+        def take() -> bool:
             fd = _lock_file(path)
-        if fd is None:
+            if fd is not None:
+                taken.append(fd)
+            return fd is not None
+
+        turns = _Turns(f"{path}{NAMED_TURN_SUFFIX}", take)
+        try:
+            turns.take_by(deadline)
+        finally:
+            turns.close()
+        if not taken:
             yield False
             return
+        fd = taken[0]
         old_fd = None
         try:
             if previous_release_shared is not None:
@@ -695,17 +721,116 @@ def _check_positions_back(copy: Path, checked: dict[str, int]) -> None:
         conn.close()
 
 
-def _open_lock_file(path: str) -> int:
-    """A descriptor of the lock file ``path`` (created, 0600, if missing), for flock.
+def _open_lock_file(path: str, *, create: bool = True) -> int:
+    """A descriptor of the lock file ``path`` (created, 0600, if missing and ``create``;
+    ``FileNotFoundError`` otherwise), for flock; every lock file of the stores is opened
+    here.
 
     A file this process's user may not open (another user's, a mode without read and
     write, a folder it cannot write) failed every start with ``PermissionError``'s
     traceback (0180 "Left"): now an error naming the file, its owner and mode, and
-    what to do (bug OB)."""
+    what to do (bug OB). A file that is not one uprof made is refused,
+    ``LockFileRefusedError`` (bug PI): a symbolic link is never followed (it made uprof
+    create the file it names, anywhere, and a schema lock's holder empties and writes
+    its lock file: the linked file was emptied), nor a hard link used, nor a folder,
+    FIFO (``O_NONBLOCK``: never waited on), socket or device, nor a file of a user that
+    is neither this process's nor the folder's owner, or that other users may write."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | (os.O_CREAT if create else 0)
     try:
-        return os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(path, flags, 0o600)
     except PermissionError as error:
         raise lock_file_error(path, error) from None
+    except FileNotFoundError:
+        raise
+    except OSError as error:
+        # ELOOP: a symbolic link (O_NOFOLLOW); EISDIR: a folder; ENXIO: a socket.
+        if error.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EOPNOTSUPP):
+            raise
+        try:
+            what = _file_kind(os.lstat(path).st_mode)
+        except OSError:
+            raise error from None
+        raise _refused(path, what) from None
+    try:
+        why = _not_a_lock_file(path, os.fstat(fd))
+    except BaseException:
+        os.close(fd)
+        raise
+    if why is not None:
+        os.close(fd)
+        raise _refused(path, why)
+    return fd
+
+
+def _refused(path: str, what: str) -> LockFileRefusedError:
+    return LockFileRefusedError(
+        f"refused the lock file {path}: it is {what}, not a lock file uprof made"
+    )
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+    ):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def _not_a_lock_file(path: str, found: os.stat_result) -> str | None:
+    """Why the file ``found`` (``path``'s, opened without following a link) is not a
+    lock file uprof made, or None when it may be one."""
+    if not stat.S_ISREG(found.st_mode):
+        return _file_kind(found.st_mode)
+    # 0: deleted since it was opened (named locks' holders delete theirs), not a link.
+    if found.st_nlink > 1:
+        return f"a hard link ({found.st_nlink} names of one file)"
+    return _not_ours(found, os.path.dirname(path) or ".")
+
+
+def _not_ours(found: os.stat_result, folder: str) -> str | None:
+    """Why a lock file or folder (``found``, in ``folder``) is not this deployment's:
+    owned by a user that is neither this process's nor the folder's owner (root running
+    a deployment of its service user's may use its files), or writable by other users
+    (who could then write the holder's record, or swap the file)."""
+    me, folder_owner = os.geteuid(), os.stat(folder).st_uid
+    if found.st_uid not in (me, folder_owner):
+        return (
+            f"owned by uid {found.st_uid}, neither this process's user (uid {me}) nor the "
+            f"folder's owner (uid {folder_owner})"
+        )
+    if found.st_mode & 0o022:
+        return f"writable by other users (mode {found.st_mode & 0o7777:04o})"
+    return None
+
+
+def _check_lock_folder(folder: str) -> None:
+    """Refuse the named locks' folder when it is not one uprof made: a symbolic link
+    would put its lock and turnstile files, created and deleted, wherever it points."""
+    found = os.lstat(folder)
+    why = (
+        _file_kind(found.st_mode)
+        if not stat.S_ISDIR(found.st_mode)
+        else _not_ours(found, os.path.dirname(folder) or ".")
+    )
+    if why is not None:
+        raise LockFileRefusedError(
+            f"refused the lock folder {folder}: it is {why}, not a folder uprof made"
+        )
+
+
+def _write_holder_record(fd: int, purpose: str) -> None:
+    """Write who holds the flock of ``fd`` (a schema lock, or a turnstile) into its
+    file, for the processes waiting (``_schema_lock_holder_of``)."""
+    record = schema_lock_holder(purpose)
+    record["started"] = _process_started(os.getpid())
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(record).encode(), 0)
 
 
 def _lock_file(path: str) -> int | None:
@@ -752,42 +877,90 @@ def _poll_flock(fd: int, *, shared: bool, deadline: float) -> bool:
         time.sleep(NAMED_LOCK_POLL_S)
 
 
-class _SchemaLockTurn:
-    """Takes the schema lock (``fd``) in turn with the other processes waiting for it.
+class _Turns:
+    """Takes a lock through ``try_lock`` (one try without blocking; True once held) in
+    turn with the other processes waiting for it, through a turnstile file (``turn``).
 
     Waiting by tries every ``NAMED_LOCK_POLL_S`` (0180) lost every release to a holder
     that takes the lock again at once (a rebuild after a rebuild): a waiter's try had to
     fall in the moment between, and ten ``uprof backup`` starts beside a looping rebuild
-    took 156 s where blocking waits took 28 s. So a process that has to wait first holds
-    the turnstile (``turn``, a second file's exclusive flock) while it tries the lock, and
-    every process looks at the turnstile before its first try: while someone waits there,
-    it waits behind them instead of taking the lock the moment it is released. Still only
-    tries without blocking, so a stopped holder is reported and a stop is seen."""
+    took 156 s where blocking waits took 28 s (bug OU, decision 0191); the named locks
+    the same (bug PJ). So a process that has to wait holds the turnstile's exclusive
+    flock while it tries the lock, and every process looks at the turnstile before its
+    first try: while someone waits there, it waits behind them (for the turnstile)
+    instead of taking the lock the moment it is released. A waiter behind the turnstile
+    for ``TURN_PATIENCE_S`` also tries the lock itself: a live holder of the turnstile
+    has the lock by then, a stopped one must not keep the others from it (bug PK).
+    Still only tries without blocking, so a stopped lock holder is reported and a stop
+    is seen. The turnstile file exists only while a process waits: its holder deletes
+    it before it lets go (as ``named_lock``'s files, ``_lock_file``), so the named
+    locks' turnstiles, one per name, leave no file per name ever used. It tells who
+    waits next (``waiting_ahead``); the lock alone decides who holds it."""
 
-    def __init__(self, fd: int, turn: int) -> None:
-        self._fd, self._turn = fd, turn
-        self._queued = False
+    def __init__(self, turn: str, try_lock: Callable[[], bool]) -> None:
+        self._path, self._try_lock = turn, try_lock
+        self._turn: int | None = None  # the turnstile's descriptor while held here
+        self._behind_since: float | None = None
 
     def take_by(self, deadline: float) -> bool:
-        """Whether this process holds the schema lock by ``deadline`` (monotonic)."""
-        import fcntl
+        """Whether this process holds the lock by ``deadline`` (monotonic); called again
+        after False, it goes on waiting where it was."""
+        if self._behind_since is None:
+            if not self._someone_waits() and self._try_lock():
+                return True
+            self._behind_since = time.monotonic()
+        while True:
+            if self._turn is None:
+                self._turn = _lock_file(self._path)
+                if self._turn is not None:
+                    _write_holder_record(self._turn, "")  # who waits next
+            patience_over = time.monotonic() - self._behind_since >= TURN_PATIENCE_S
+            if (self._turn is not None or patience_over) and self._try_lock():
+                self.close()  # the next waiter's turn
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(NAMED_LOCK_POLL_S)
 
-        if not self._queued:
-            if _flocked(self._turn, shared=True):  # nobody waits: try the lock itself
-                fcntl.flock(self._turn, fcntl.LOCK_UN)
-                if _flocked(self._fd, shared=False):
-                    return True
-            if not _poll_flock(self._turn, shared=False, deadline=deadline):
-                return False  # behind another waiter still
-            self._queued = True
-        if not _poll_flock(self._fd, shared=False, deadline=deadline):
-            return False
-        fcntl.flock(self._turn, fcntl.LOCK_UN)  # the next waiter's turn
-        self._queued = False
-        return True
+    def _someone_waits(self) -> bool:
+        try:
+            fd = _open_lock_file(self._path, create=False)
+        except FileNotFoundError:
+            return False  # nobody waits: no turnstile
+        try:
+            return not _flocked(fd, shared=True)
+        finally:
+            os.close(fd)  # and its shared flock with it
+
+    def waiting_ahead(self) -> str:
+        """For a waiter's report: the live process that holds the turnstile, if another
+        does ("; pid N ... waits its turn ahead of this process ..."), else ""."""
+        if self._turn is not None:
+            return ""
+        try:
+            fd = _open_lock_file(self._path, create=False)
+        except (OSError, LockFileAccessError):
+            return ""
+        try:
+            ahead = _schema_lock_holder_of(fd)
+        finally:
+            os.close(fd)
+        if not ahead.startswith("pid "):  # let go, killed, or not written yet
+            return ""
+        return (
+            f"; {ahead} waits its turn ahead of this process (it holds {self._path}; "
+            f"passed by after {TURN_PATIENCE_S:g} s if it is stopped)"
+        )
 
     def close(self) -> None:
-        os.close(self._turn)  # a wait that ended without the lock leaves the turnstile
+        """Leave the turnstile (a no-op when not held here): its file deleted while
+        still held, then the flock let go, as ``named_lock``'s holders do."""
+        if self._turn is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._path)
+        os.close(self._turn)
+        self._turn = None
 
 
 #: The most of a schema lock file read for its holder's record (one short JSON object).
