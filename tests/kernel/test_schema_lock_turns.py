@@ -22,8 +22,10 @@ import sqlalchemy as sa
 from tests import children
 from tests.conftest import Backend
 
-#: A process holding the schema lock for 50 ms at a time, again and again, counting its
-#: rounds in a file, until told to stop.
+#: A process holding the schema lock for 200 ms at a time, again and again, counting its
+#: rounds in a file, until told to stop. A round is long beside the time a waiter's own
+#: Python takes from reading the count to queueing: at 50 ms a loaded 2-core machine
+#: (a CI run, load 8) let a fair waiter see 4 rounds go by, though it waited its turn.
 _GREEDY_HOLDER = textwrap.dedent(
     """
     import sys, time
@@ -38,7 +40,7 @@ _GREEDY_HOLDER = textwrap.dedent(
         with schema_lock(engine, wait_s=0, purpose="greedy holder"):
             n += 1
             rounds.write_text(str(n))
-            time.sleep(0.05)
+            time.sleep(0.2)
     engine.dispose()
     """
 )
