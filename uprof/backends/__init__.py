@@ -489,7 +489,7 @@ class Backend(Protocol):
 
     def scan_tables(self, engine: sa.Engine, terms: Sequence[str]) -> TableScan:
         """Look for each term in every column of every table the server holds, spelled
-        in any way ``residue_files.needles`` lists (case, normal form, JSON escapes); a
+        in any way ``residue_files.needles`` lists (case, normal form, encodings); a
         backend whose databases are files in the data folder scans nothing here (the
         residue file scan reads them, uprof.services.residue_files)."""
         ...

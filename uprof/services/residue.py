@@ -4,11 +4,12 @@ It plants nothing. Two checks, over every store the system writes:
 
 * **plaintext**: search terms the auditor supplies (a name, an e-mail, a phrase the
   user said) are looked for in any case, Unicode normal form and encoding (UTF-8,
-  UTF-16, JSON-escaped: ``residue_files.needles``) in every file under the
+  UTF-16 either way, JSON-escaped, percent-escaped: ``residue_files.needles``) in every
+  file under the
   data folder — SQLite databases with their ``-wal``/``-shm``/``-journal``
   siblings (raw bytes and every table, in one read snapshot, from a child process:
-  see ``residue_files``), exports, logs — and in every column of every table of a
-  PostgreSQL database;
+  see ``residue_files``), exports, logs — and in every column of every table and
+  materialized view of every schema of a PostgreSQL database;
 * **decryptable data**: for every stream the key store lists as shredded, no key
   of any kind remains, no snapshot remains, no read-model row remains, and every
   stored event either is a tombstone (ids only) or fails to open.
