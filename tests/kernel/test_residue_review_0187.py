@@ -410,3 +410,75 @@ def test_the_matcher_gives_what_a_search_for_each_needle_gives() -> None:
                     least[term] = at
             assert matcher.first_offsets(data) == least, (terms, data)
             assert matcher.terms_in(data) == sorted(least), (terms, data)
+
+
+# --- concurrency: scans beside a process that captures, erases and rebuilds -----------------
+
+CHURNER = """
+import sys
+from pathlib import Path
+from tests.fakes.ports import FakeClock
+from tests.kernel.conftest import consent, running, say
+from uprof.settings import Settings
+folder, url, marks = Path(sys.argv[1]), sys.argv[2] or None, Path(sys.argv[3])
+settings = Settings(data_dir=folder, database_url=url, embedder="hashing")
+with running(settings, FakeClock()) as k:
+    i = 0
+    while not (marks / "stop").exists():
+        subject = f"churn-{i}"
+        consent(k, subject)
+        k.capture(subject, say(f"Qzxcity0 visit by a living subject {i}", ref=f"c{i}"))
+        k.process()
+        k.erase_subject(subject)
+        k.rebuild()
+        i += 1
+        (marks / "rounds").write_text(str(i))
+"""
+
+
+def test_held_scans_beside_a_process_that_captures_erases_and_rebuilds(
+    kernel: Uprof, backend: Backend, tmp_path: Path
+) -> None:
+    """Held, both backends: a real process captures a subject's words, erases the subject
+    and rebuilds every view, round after round, while this process runs whole audits for
+    an erased subject's words. Every scan completes; none names the subject erased before
+    the scans began (a rebuild that put its rows back, or a torn read of one, would); no
+    plaintext is found; the churner's rounds go on while the scans run (its writes are not
+    held for a whole scan); and the scan after it stopped is clean. A scan may report rows
+    or keys of a subject the churner is erasing at that moment (the key is shredded first,
+    the rows deleted after): true when read, gone once that erasure ends (Left in the
+    record: the report does not tell an erasure in progress from one left unfinished);
+    and ``unfolded`` beside the rebuild's readers on SQLite, as it must."""
+    from tests.children import PythonChild, progress_count
+    from tests.kernel.conftest import settings_for
+
+    _seeded(kernel, subjects=2, each=3)
+    erased = str(kernel.stream_of("person-0"))
+    kernel.erase_subject("person-0")
+    url = backend.url if backend.kind == "postgres" else ""
+    rounds = tmp_path / "rounds"
+    child = PythonChild(CHURNER, str(settings_for(backend).data_dir), url, str(tmp_path))
+    reports = []
+    try:
+        for _ in range(6_000):  # until its first round (a poll, not a time bound)
+            if progress_count(rounds) or child.poll() is not None:
+                break
+            threading.Event().wait(0.05)
+        first = progress_count(rounds)
+        assert first, "the churner never finished a round"
+        while len(reports) < 3 or progress_count(rounds) < first + 3:
+            assert child.poll() is None, "the churner stopped"
+            reports.append(kernel.residue_scan(["Qzxcity0"]))
+            assert len(reports) < 200, "the churner made no progress beside the scans"
+    finally:
+        (tmp_path / "stop").write_text("")
+        _, err = child.communicate(300)
+    assert child.returncode == 0, err[-2000:]
+    for report in reports:
+        assert report.streams_checked >= 1
+        assert not [f for f in report.findings if erased in f.location], report.findings
+        assert {f.kind for f in report.findings} <= {"unfolded", "row", "key"}, report.findings
+    assert kernel.residue_scan(["Qzxcity0"]).clean
+    assert progress_count(rounds) >= first + 3
+    kinds = sorted({f.kind for report in reports for f in report.findings})
+    print(f"scans={len(reports)} rounds={progress_count(rounds) - first} kinds={kinds}")
