@@ -5,8 +5,7 @@ It plants nothing. Two checks, over every store the system writes:
 * **plaintext**: search terms the auditor supplies (a name, an e-mail, a phrase the
   user said) are looked for in any case, Unicode normal form and encoding (UTF-8,
   UTF-16 either way, JSON-escaped, percent-escaped: ``residue_files.needles``) in every
-  file under the
-  data folder — SQLite databases with their ``-wal``/``-shm``/``-journal``
+  file under the data folder — SQLite databases with their ``-wal``/``-shm``/``-journal``
   siblings (raw bytes and every table, in one read snapshot, from a child process:
   see ``residue_files``), exports, logs — and in every column of every table and
   materialized view of every schema of a PostgreSQL database;
