@@ -96,6 +96,43 @@ def test_a_materialized_view_is_scanned(kernel: Uprof) -> None:
         assert _found(kernel, ZOE, "residue_report.body row ")
 
 
+@pg_only
+def test_a_relation_renamed_under_the_scan_is_named_not_read(
+    kernel: Uprof, backend: Backend
+) -> None:
+    """OZ, the reads of every listed relation: one renamed by another connection after
+    the listing and before its read (an operator's, an upgrade's DDL; likewise one in a
+    schema the deployment's role may not read, as an extension's can be) failed the whole
+    scan with the driver's error (a 500 from the console, no report). It is now an
+    ``unscanned`` finding naming it: the report is not clean, and everything else is
+    still read (the planted name in another table is found)."""
+    engine = kernel.views_engine
+    other = sa.create_engine(backend.url, poolclass=sa.pool.NullPool)
+
+    def rename(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if '"residue_moving"' in statement and "ctid" in statement:
+            with other.begin() as c:
+                c.exec_driver_sql("ALTER TABLE residue_moving RENAME TO residue_moved")
+
+    with _planted(
+        kernel,
+        ("CREATE TABLE residue_moving (body text)", {}),
+        ("CREATE TABLE residue_planted (body text)", {}),
+        ("INSERT INTO residue_planted VALUES (:v)", {"v": f"met {ZOE}"}),
+        drop="DROP TABLE IF EXISTS residue_moving, residue_moved, residue_planted",
+    ):
+        sa.event.listen(engine, "before_cursor_execute", rename)
+        try:
+            report = kernel.residue_scan([ZOE])
+        finally:
+            sa.event.remove(engine, "before_cursor_execute", rename)
+            other.dispose()
+    unscanned = [f for f in report.findings if f.kind == "unscanned"]
+    assert [f.location for f in unscanned] == ["residue_moving"], report.findings
+    assert "cannot read" in unscanned[0].detail and not report.clean
+    assert [f for f in report.findings if f.location.startswith("residue_planted.body row ")]
+
+
 # --- PA: PostgreSQL values the scan read as nothing -----------------------------------------
 
 

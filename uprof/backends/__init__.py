@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -302,10 +302,12 @@ class TermHit:
 
 @dataclass(frozen=True)
 class TableScan:
-    """What a backend's in-place table scan read and found."""
+    """What a backend's in-place table scan read and found; ``unreadable``: (relation,
+    why) for each one listed that it could not read (the report cannot be clean)."""
 
     tables: int
     hits: list[TermHit]
+    unreadable: list[tuple[str, str]] = field(default_factory=list)
 
 
 class Backend(Protocol):

@@ -350,7 +350,7 @@ class PostgresBackend:
         from uprof.services.residue_files import ROWS_PER_COLUMN, Matcher
 
         matcher = Matcher(terms)
-        tables, hits = 0, []
+        tables, hits, unreadable = 0, [], []
         for relation, shown, columns in _stored_relations(engine):
             tables += 1
             # bytea read as bytes, also inside arrays and domains (bug PA: SQLAlchemy's
@@ -361,18 +361,26 @@ class PostgresBackend:
                 for name, kind in columns
             )
             found: dict[tuple[str, str], int] = {}
-            with engine.connect() as conn:
-                rows = conn.execution_options(stream_results=True, yield_per=1_000)
-                for ctid, *row in rows.exec_driver_sql(
-                    f"SELECT ctid::text, {values} FROM {relation}"
-                ):
-                    for (name, _), value in zip(columns, row, strict=True):
-                        for term in matcher.terms_in(value):
-                            seen = found.get((name, term), 0)
-                            if seen < ROWS_PER_COLUMN:
-                                found[(name, term)] = seen + 1
-                                hits.append(TermHit(shown, name, ctid, term))
-        return TableScan(tables, hits)
+            try:
+                with engine.connect() as conn:
+                    rows = conn.execution_options(stream_results=True, yield_per=1_000)
+                    for ctid, *row in rows.exec_driver_sql(
+                        f"SELECT ctid::text, {values} FROM {relation}"
+                    ):
+                        for (name, _), value in zip(columns, row, strict=True):
+                            for term in matcher.terms_in(value):
+                                seen = found.get((name, term), 0)
+                                if seen < ROWS_PER_COLUMN:
+                                    found[(name, term)] = seen + 1
+                                    hits.append(TermHit(shown, name, ctid, term))
+            except sa.exc.DBAPIError as error:
+                # Every schema is read now (OZ): one the deployment's role may not read
+                # (an extension's), or a relation renamed or dropped since the listing,
+                # is named as not read, never passed over; any other error fails the scan.
+                if getattr(error.orig, "sqlstate", None) not in _UNREADABLE:
+                    raise
+                unreadable.append((shown, str(error.orig).strip().splitlines()[0]))
+        return TableScan(tables, hits, unreadable)
 
     def backup(self, settings: Settings, out: Path) -> dict[str, Any]:
         from uprof.eventstore import log_anchors, log_identity
@@ -696,6 +704,11 @@ WHERE c.relkind IN ('r', 'm')
   AND n.nspname <> 'information_schema' AND left(n.nspname, 3) <> 'pg_'
 ORDER BY n.nspname, c.relname, a.attnum
 """
+
+
+#: SQLSTATEs of a relation the scan lists but cannot read: no privilege on it or its
+#: schema, gone since the listing (undefined table, invalid schema name).
+_UNREADABLE = {"42501", "42P01", "3F000"}
 
 
 def _stored_relations(engine: sa.Engine) -> list[tuple[str, str, list[tuple[str, str | None]]]]:

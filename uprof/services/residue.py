@@ -126,6 +126,9 @@ def scan_database(engine: sa.Engine, terms: Sequence[str], report: ResidueReport
         Finding("plaintext", f"{hit.table}.{hit.column} row {hit.row}", f"term {hit.term!r}")
         for hit in scan.hits
     ]
+    report.findings += [
+        Finding("unscanned", table, f"cannot read: {why}") for table, why in scan.unreadable
+    ]
 
 
 #: How long the scan tries to fold each store's log before it reports it ``unfolded``
