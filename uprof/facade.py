@@ -162,6 +162,14 @@ STREAM_RECHECK_RECORDS = 500
 #: connection for hours per post (hostile callers round 8, bug LS). An auditor's terms
 #: for one subject are a handful.
 MAX_RESIDUE_TERMS = 100
+#: Longest term, in characters (review of 0187, bug PC). A term's needles (its spellings,
+#: normal forms and encodings: ``residue_files.needles``) are compiled into the scan's
+#: patterns, in the file scan's child and, on PostgreSQL, in this process, and the file
+#: scan's chunks overlap by the longest needle; their cost grows with the term's length:
+#: until 2026-12-06 100 terms of 3,000 Greek letters took 24.5 s of CPU and 2.3 GB to
+#: compile, and one of a million characters exhausts memory. A name, an e-mail address
+#: or the telling part of a phrase fits.
+MAX_RESIDUE_TERM_CHARS = 200
 
 
 @contextlib.contextmanager
@@ -208,6 +216,11 @@ class SubjectListed:
 
 def _residue_term_problem(term: str) -> str:
     """Why no store can be searched for ``term`` (the residue scan's), or ''."""
+    if len(term) > MAX_RESIDUE_TERM_CHARS:
+        return (
+            f"{len(term)} characters, at most {MAX_RESIDUE_TERM_CHARS}; give the most "
+            "telling part of the text (a name, an address, a few words)"
+        )
     if not term.strip():
         # A blank term is in everything: PostgreSQL finds '' in every value of every
         # column, and a space is in nearly every file, a report of residue everywhere

@@ -190,11 +190,18 @@ def test_a_long_term_across_a_chunk_border_is_found(kernel: Uprof) -> None:
 # --- the matcher itself -------------------------------------------------------------------
 
 
-def test_needles_of_an_ascii_term_are_its_two_encodings() -> None:
-    """An ASCII term costs what it cost: one UTF-8 and one UTF-16 needle."""
+def test_needles_of_an_ascii_term_are_its_encodings() -> None:
+    """An ASCII term costs a few needles: UTF-8, UTF-16 in each byte order, and its
+    space percent-escaped both ways (the review of 0187 added the last three, bug PB)."""
     from uprof.services.residue_files import needles
 
-    assert set(needles("Qzx Porto")) == {b"qzx porto", "qzx porto".encode("utf-16-le")}
+    assert set(needles("Qzx Porto")) == {
+        b"qzx porto",
+        "qzx porto".encode("utf-16-le"),
+        "qzx porto".encode("utf-16-be"),
+        b"qzx%20porto",
+        b"qzx+porto",
+    }
 
 
 def test_a_term_with_many_cased_letters_keeps_its_uniform_spellings() -> None:
@@ -292,8 +299,9 @@ def _relation_locks(engine: sa.Engine, pid: int) -> set[str]:
 
 
 def _table_of(statement: str) -> str | None:
-    """The table a scan statement reads (both scans write ``FROM "<table>"``)."""
-    found = re.search(r'FROM "((?:[^"]|"")+)"', statement)
+    """The table a scan statement reads (``FROM "<table>"``, or since the review of 0187
+    ``FROM "<schema>"."<table>"``)."""
+    found = re.search(r'FROM (?:"(?:[^"]|"")+"\.)?"((?:[^"]|"")+)"', statement)
     return None if found is None or "ctid" not in statement else found.group(1)
 
 

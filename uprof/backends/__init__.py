@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -315,10 +315,12 @@ class TermHit:
 
 @dataclass(frozen=True)
 class TableScan:
-    """What a backend's in-place table scan read and found."""
+    """What a backend's in-place table scan read and found; ``unreadable``: (relation,
+    why) for each one listed that it could not read (the report cannot be clean)."""
 
     tables: int
     hits: list[TermHit]
+    unreadable: list[tuple[str, str]] = field(default_factory=list)
 
 
 class Backend(Protocol):
@@ -502,7 +504,7 @@ class Backend(Protocol):
 
     def scan_tables(self, engine: sa.Engine, terms: Sequence[str]) -> TableScan:
         """Look for each term in every column of every table the server holds, spelled
-        in any way ``residue_files.needles`` lists (case, normal form, JSON escapes); a
+        in any way ``residue_files.needles`` lists (case, normal form, encodings); a
         backend whose databases are files in the data folder scans nothing here (the
         residue file scan reads them, uprof.services.residue_files)."""
         ...

@@ -4,11 +4,11 @@ It plants nothing. Two checks, over every store the system writes:
 
 * **plaintext**: search terms the auditor supplies (a name, an e-mail, a phrase the
   user said) are looked for in any case, Unicode normal form and encoding (UTF-8,
-  UTF-16, JSON-escaped: ``residue_files.needles``) in every file under the
-  data folder — SQLite databases with their ``-wal``/``-shm``/``-journal``
+  UTF-16 either way, JSON-escaped, percent-escaped: ``residue_files.needles``) in every
+  file under the data folder — SQLite databases with their ``-wal``/``-shm``/``-journal``
   siblings (raw bytes and every table, in one read snapshot, from a child process:
-  see ``residue_files``), exports, logs — and in every column of every table of a
-  PostgreSQL database;
+  see ``residue_files``), exports, logs — and in every column of every table and
+  materialized view of every schema of a PostgreSQL database;
 * **decryptable data**: for every stream the key store lists as shredded, no key
   of any kind remains, no snapshot remains, no read-model row remains, and every
   stored event either is a tombstone (ids only) or fails to open.
@@ -125,6 +125,9 @@ def scan_database(engine: sa.Engine, terms: Sequence[str], report: ResidueReport
     report.findings += [
         Finding("plaintext", f"{hit.table}.{hit.column} row {hit.row}", f"term {hit.term!r}")
         for hit in scan.hits
+    ]
+    report.findings += [
+        Finding("unscanned", table, f"cannot read: {why}") for table, why in scan.unreadable
     ]
 
 
