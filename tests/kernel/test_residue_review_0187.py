@@ -1,6 +1,6 @@
 """Review of decision 0187 (the residue audit at scale): where a false "clean" hides.
 
-Bugs OZ, PA, PB, PC (decision XXXX-review-of-0187). Each test plants an erased subject's
+Bugs OZ, PA, PB, PC (decision 0196-review-of-0187). Each test plants an erased subject's
 words where a store, an operator's tool or the service itself could leave them, and asks
 the whole audit (``Uprof.residue_scan``) on both backends where storage is involved; the
 held tests keep what was attacked and found correct.
