@@ -225,11 +225,16 @@ def test_a_document_whose_key_was_rotated_out_under_it_is_not_signed_beyond_the_
 
 
 def _appender(url: str, folder: str, out: str, stop: str) -> None:
-    """Append and sign a checkpoint per entry until ``stop`` appears; keep every note."""
+    """Append and sign a checkpoint per entry until ``stop`` appears, then one more (the
+    rotator makes ``stop`` after its last rotation, so at least one entry and note come
+    after every rotation point: a loop that ended on ``stop`` alone could end exactly at
+    the last point, and the test read that as the appender stopping short); keep every
+    note."""
     engine = sa.create_engine(url)
     log = audit_log_on(engine, FileKeyRing(Path(folder)))
-    notes, i = [], 0
-    while not Path(stop).exists() or i < 5:
+    notes, i, last = [], 0, False
+    while not last:
+        last = Path(stop).exists() and i >= 5
         log.append(sample_entry(i))
         notes.append(log.checkpoint())
         i += 1
