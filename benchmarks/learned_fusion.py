@@ -167,6 +167,30 @@ def _logistic(x: np.ndarray, y: np.ndarray, w: np.ndarray, intercept: bool) -> n
     return coef
 
 
+def _logistic_towards_hand(x: np.ndarray, y: np.ndarray, w: np.ndarray, c: float = C) -> np.ndarray:
+    """Logistic regression, no intercept, whose L2 penalty spares the hand relevance's
+    weight (feature 0): the prior is the hand ranking, not an empty score, so a feature
+    earns weight only where it corrects the hand fusion. scipy's L-BFGS on the same
+    objective scikit-learn minimises (mean sample weight 1, penalty |theta|^2 / 2C)."""
+    from scipy.optimize import minimize
+
+    w = w * len(w) / w.sum()
+    penalised = np.ones(x.shape[1])
+    penalised[LEARNED_FEATURES.index("relevance")] = 0.0
+
+    def loss(theta: np.ndarray) -> tuple[float, np.ndarray]:
+        z = x @ theta
+        value = float(w @ (np.logaddexp(0.0, z) - y * z)) + float((penalised * theta) @ theta) / (
+            2 * C
+        )
+        grad = x.T @ (w * (1.0 / (1.0 + np.exp(-z)) - y)) + penalised * theta / c
+        return value, grad
+
+    got = minimize(loss, np.zeros(x.shape[1]), jac=True, method="L-BFGS-B")
+    coef: np.ndarray = got.x
+    return coef
+
+
 def _pairs(pools: Sequence[Pool], column: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every (positive - negative) difference of each question, both ways, with weights."""
     diffs: list[np.ndarray] = []
@@ -201,17 +225,30 @@ def fit(pools: Sequence[Pool]) -> dict[str, Any]:
     pointwise = _logistic((x - x.mean(axis=0)) / spread, y, w, intercept=True)
     px, py, pw = _pairs(pools, "features")
     pairwise = _logistic(px / spread, py, pw, intercept=False)
+    towards = _logistic_towards_hand(px / spread, py, pw)
+    towards_strong = _logistic_towards_hand(px / spread, py, pw, c=0.1)
     sx, sy, sw = _pairs(pools, "share")
     share_coef = _logistic(sx, sy, sw, intercept=False)
     alpha = float(share_coef[0])
     theta = share_coef[1 : 1 + len(SHARE_FEATURES)]
     return {
         "questions": len(pools),
+        # Spread of the hand relevance and of the pairwise score over the pools, so the two
+        # can be mixed on one scale (the replay's ltr-pairwise-half).
+        "relevance_sd": float(spread[LEARNED_FEATURES.index("relevance")]),
+        "pairwise_sd": float((x @ (pairwise / spread)).std()),
         "ltr-pointwise": {
             "standardised": pointwise.tolist(),
             "raw": (pointwise / spread).tolist(),
         },
         "ltr-pairwise": {"standardised": pairwise.tolist(), "raw": (pairwise / spread).tolist()},
+        # Second pass (named from the tune table only): the pairwise model shrunk towards
+        # the hand ranking instead of towards zero.
+        "ltr-pairwise-hand": {"standardised": towards.tolist(), "raw": (towards / spread).tolist()},
+        "ltr-pairwise-hand-c0.1": {
+            "standardised": towards_strong.tolist(),
+            "raw": (towards_strong / spread).tolist(),
+        },
         "ltr-share": {
             "coef": share_coef.tolist(),
             "alpha": alpha,
@@ -239,13 +276,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     report: dict[str, Any] = {"features": LEARNED_FEATURES, "share_features": SHARE_FEATURES}
     for half in ("tune", "check"):
         report[half] = fit([p for p in pools if half_of(p.case) == half])
-    for model in ("ltr-pointwise", "ltr-pairwise"):
+    for model in ("ltr-pointwise", "ltr-pairwise", "ltr-pairwise-hand", "ltr-pairwise-hand-c0.1"):
         report[f"{model} cosine tune/check"] = _cosine(
             report["tune"][model]["standardised"], report["check"][model]["standardised"]
         )
     args.out.write_text(json.dumps(report, indent=1))
     for half in ("tune", "check"):
-        for model in ("ltr-pointwise", "ltr-pairwise", "ltr-share"):
+        for model in (
+            "ltr-pointwise",
+            "ltr-pairwise",
+            "ltr-pairwise-hand",
+            "ltr-pairwise-hand-c0.1",
+            "ltr-share",
+        ):
             raw = report[half][model]["raw"]
             print(f"{half} {model}: " + " ".join(f"{v:+.4f}" for v in raw))
     return 0
