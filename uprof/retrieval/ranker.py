@@ -269,109 +269,6 @@ def _query_actors(index: MemoryIndex, query: Query) -> tuple[np.ndarray, frozens
     return named, frozenset(used)
 
 
-#: Per-memory features of the learned fusion (``SliceOptions.learned_weights``), in order:
-#: the hand fusion's relevance after neighbour flow and bridges, its parts (scaled lexical,
-#: scaled dense, speaker named, better neighbour's fused relevance, bridged relevance,
-#: recency, heat), the lexical and dense scores times the query's coverage (the best
-#: memory's share of the query's idf mass), and the memory's length (log tokens).
-LEARNED_FEATURES: tuple[str, ...] = (
-    "relevance",
-    "lexical",
-    "dense",
-    "speaker",
-    "neighbour",
-    "bridge",
-    "recency",
-    "heat",
-    "coverage_x_lexical",
-    "coverage_x_dense",
-    "log_tokens",
-)
-#: Query features of the learned lexical share (``SliceOptions.learned_share``): a
-#: constant, the query's coverage, log(1 + content terms), whether it names a speaker.
-SHARE_FEATURES: tuple[str, ...] = ("constant", "coverage", "log_terms", "names_speaker")
-
-
-@dataclass(frozen=True)
-class MemorySignals:
-    """The parts of every memory's fused relevance, before neighbour flow."""
-
-    fused: np.ndarray  # float32, >= 0
-    lexical: np.ndarray
-    dense: np.ndarray
-    speaker: np.ndarray
-    recency: np.ndarray
-    heat: np.ndarray
-    coverage: float  # the best memory's scaled lexical score (share of the query's idf)
-    weight: float  # lexical share used
-    scale: DenseScale | None
-
-
-def share_features(coverage: float, query: Query, named: bool) -> np.ndarray:
-    """``SHARE_FEATURES`` of one query."""
-    return np.asarray([1.0, coverage, float(np.log1p(len(query.terms))), float(named)])
-
-
-def memory_signals(
-    index: MemoryIndex,
-    query: Query,
-    query_vector: np.ndarray | None,
-    now: datetime,
-    options: SliceOptions,
-) -> MemorySignals:
-    """Fused relevance of every memory, before neighbour flow, and its parts."""
-    n = len(index)
-    named, name_terms = _query_actors(index, query)
-    # A speaker's name in the question says whose turn to look at; as a BM25 word it
-    # would instead favour the other speaker's turns that greet them by name.
-    lexical_terms = [t for t in query.terms if t not in name_terms]
-    lexical = index.bm25_scores(lexical_terms)
-    top = float(lexical.max()) if len(lexical) else 0.0
-    if top > 0:
-        # Scaled by a whole-query match, not by the best memory: when the best memory
-        # shares only a word or two with the query, lexical evidence stays weak and the
-        # dense score decides (questions often share no words with their answers).
-        lexical = np.clip(lexical / index.ideal_bm25(lexical_terms), 0.0, 1.0)
-    coverage = float(lexical.max()) if top > 0 else 0.0
-    scale = None
-    dense = np.zeros(n)
-    if index.vectors is not None and query_vector is not None:
-        weight = options.lexical_weight if top > 0 else 0.0
-        if options.learned_share and top > 0:
-            share = share_features(coverage, query, bool(named.any()))
-            weight = float(np.clip(share @ np.asarray(options.learned_share), 0.0, 1.0))
-        dense, scale = _dense_scores(index, query_vector, lexical, weight, options)
-        if options.fusion == "rrf" and top > 0:
-            fused = weight * _reciprocal_ranks(lexical, options.rrf_k, lexical > 0)
-            fused += (1.0 - weight) * _reciprocal_ranks(dense, options.rrf_k)
-        else:
-            fused = weight * lexical + (1.0 - weight) * dense
-    else:
-        weight, fused = 1.0, lexical
-    speaker = np.zeros(n, dtype=bool)
-    if named.any():
-        speaker = (index.actor_of >= 0) & named[np.maximum(index.actor_of, 0)]
-        fused = fused + options.actor_weight * speaker
-    recency = np.zeros(n)
-    if options.recency_weight > 0:
-        age_days = np.maximum(epoch_seconds(now) - index.timestamps, 0.0) / _SECONDS_PER_DAY
-        recency = np.nan_to_num(np.exp2(-age_days / options.recency_half_life_days), nan=0.0)
-        fused = fused + options.recency_weight * recency
-    if options.heat_weight > 0:
-        fused = fused + options.heat_weight * index.heat
-    return MemorySignals(
-        fused=np.asarray(fused, dtype=np.float32),
-        lexical=lexical,
-        dense=dense,
-        speaker=speaker,
-        recency=recency,
-        heat=index.heat,
-        coverage=coverage,
-        weight=weight,
-        scale=scale,
-    )
-
-
 def memory_relevance(
     index: MemoryIndex,
     query: Query,
@@ -384,8 +281,38 @@ def memory_relevance(
     Also returns the lexical weight used and the raw query's dense scale, so other
     items can be scored the same way.
     """
-    got = memory_signals(index, query, query_vector, now, options)
-    return got.fused, got.weight, got.scale
+    named, name_terms = _query_actors(index, query)
+    # A speaker's name in the question says whose turn to look at; as a BM25 word it
+    # would instead favour the other speaker's turns that greet them by name.
+    lexical_terms = [t for t in query.terms if t not in name_terms]
+    lexical = index.bm25_scores(lexical_terms)
+    top = float(lexical.max()) if len(lexical) else 0.0
+    if top > 0:
+        # Scaled by a whole-query match, not by the best memory: when the best memory
+        # shares only a word or two with the query, lexical evidence stays weak and the
+        # dense score decides (questions often share no words with their answers).
+        lexical = np.clip(lexical / index.ideal_bm25(lexical_terms), 0.0, 1.0)
+    scale = None
+    if index.vectors is not None and query_vector is not None:
+        weight = options.lexical_weight if top > 0 else 0.0
+        dense, scale = _dense_scores(index, query_vector, lexical, weight, options)
+        if options.fusion == "rrf" and top > 0:
+            fused = weight * _reciprocal_ranks(lexical, options.rrf_k, lexical > 0)
+            fused += (1.0 - weight) * _reciprocal_ranks(dense, options.rrf_k)
+        else:
+            fused = weight * lexical + (1.0 - weight) * dense
+    else:
+        weight, fused = 1.0, lexical
+    if named.any():
+        speaker = (index.actor_of >= 0) & named[np.maximum(index.actor_of, 0)]
+        fused = fused + options.actor_weight * speaker
+    if options.recency_weight > 0:
+        age_days = np.maximum(epoch_seconds(now) - index.timestamps, 0.0) / _SECONDS_PER_DAY
+        recency = np.exp2(-age_days / options.recency_half_life_days)
+        fused = fused + options.recency_weight * np.nan_to_num(recency, nan=0.0)
+    if options.heat_weight > 0:
+        fused = fused + options.heat_weight * index.heat
+    return np.asarray(fused, dtype=np.float32), weight, scale
 
 
 def _with_neighbours(index: MemoryIndex, relevance: np.ndarray, weight: float) -> np.ndarray:
@@ -441,14 +368,7 @@ def _einsum_product(seeds: np.ndarray, rows: np.ndarray, out: np.ndarray) -> Non
 
 
 def _with_bridges(index: MemoryIndex, relevance: np.ndarray, options: SliceOptions) -> np.ndarray:
-    """``relevance`` lifted by ``_bridged`` where that is higher."""
-    bridged = _bridged(index, relevance, options)
-    return relevance if bridged is None else np.maximum(relevance, bridged)
-
-
-def _bridged(index: MemoryIndex, relevance: np.ndarray, options: SliceOptions) -> np.ndarray | None:
-    """Bridged relevance of every memory (None when bridges are off): it lifts the memories
-    closest in meaning to the best first-stage hits (two-stage retrieval).
+    """Lift the memories closest in meaning to the best first-stage hits (two-stage retrieval).
 
     The seeds are the ``bridge_seeds`` memories the first stage ranks best. A question
     about a category ("what activities does Melanie do?") finds one instance ("a
@@ -467,7 +387,7 @@ def _bridged(index: MemoryIndex, relevance: np.ndarray, options: SliceOptions) -
     """
     k = min(options.bridge_seeds, len(relevance))
     if options.bridge_weight <= 0 or k < 1 or len(relevance) < 3 or index.vectors is None:
-        return None
+        return relevance
     seeds = np.argpartition(-relevance, k - 1)[:k]
     # (k, n): each seed's cosine to every memory (_seed_links, einsum). Seeds
     # are rows, so each seed's cosines are contiguous for the partition below (the
@@ -479,24 +399,8 @@ def _bridged(index: MemoryIndex, relevance: np.ndarray, options: SliceOptions) -
     )
     strength[np.arange(k), seeds] = 0.0  # a seed does not lend to itself
     lent = (strength * relevance[seeds][:, None]).max(axis=0)
-    bridged: np.ndarray = options.bridge_weight * lent.astype(relevance.dtype)
-    return bridged
-
-
-def hand_relevance(
-    index: MemoryIndex,
-    query: Query,
-    query_vector: np.ndarray | None,
-    now: datetime,
-    options: SliceOptions,
-) -> tuple[MemorySignals, np.ndarray, np.ndarray | None]:
-    """The hand fusion of every memory: its signals, its relevance after neighbour flow
-    and bridges, and the bridged relevance (None when bridges are off)."""
-    signals = memory_signals(index, query, query_vector, now, options)
-    lifted = _with_neighbours(index, signals.fused, options.neighbour_weight)
-    bridged = _bridged(index, lifted, options)
-    relevance = lifted if bridged is None else np.maximum(lifted, bridged)
-    return signals, relevance, bridged
+    lifted: np.ndarray = np.maximum(relevance, options.bridge_weight * lent.astype(relevance.dtype))
+    return lifted
 
 
 def rank_memories(
@@ -511,11 +415,9 @@ def rank_memories(
     if n == 0 or options.pool_size <= 0:
         empty = np.zeros(0, dtype=np.int64)
         return MemoryRanking(empty, np.zeros(0), PoolSimilarity(index, empty))
-    signals, relevance, bridged = hand_relevance(index, query, query_vector, now, options)
-    weight, scale = signals.weight, signals.scale
-    if options.learned_weights:
-        features = learned_features(index, signals, relevance, bridged)
-        relevance = _in_learned_order(relevance, features @ np.asarray(options.learned_weights))
+    fused, weight, scale = memory_relevance(index, query, query_vector, now, options)
+    relevance = _with_neighbours(index, fused, options.neighbour_weight)
+    relevance = _with_bridges(index, relevance, options)
     size = min(options.pool_size, n)
     rows = np.argpartition(-relevance, size - 1)[:size] if size < n else np.arange(n)
     # Best first; equal relevance falls back to chronological order (rows are chronological).
@@ -530,44 +432,6 @@ def rank_memories(
         lexical_weight=weight,
         dense_scale=scale,
     )
-
-
-def learned_features(
-    index: MemoryIndex,
-    signals: MemorySignals,
-    relevance: np.ndarray,
-    bridged: np.ndarray | None,
-) -> np.ndarray:
-    """``LEARNED_FEATURES`` of every memory, (memories, features), float64."""
-    padded = np.append(signals.fused, np.float32(0.0))  # index -1 reads the 0 pad
-    neighbour = np.maximum(padded[index.prev], padded[index.next])
-    columns = [
-        relevance,
-        signals.lexical,
-        signals.dense,
-        signals.speaker,
-        neighbour,
-        np.zeros(len(relevance)) if bridged is None else bridged,
-        signals.recency,
-        signals.heat,
-        signals.coverage * signals.lexical,
-        signals.coverage * signals.dense,
-        np.log(np.maximum(index.line_costs, 1)),
-    ]
-    return np.stack([np.asarray(c, dtype=np.float64) for c in columns], axis=1)
-
-
-def _in_learned_order(relevance: np.ndarray, scores: np.ndarray) -> np.ndarray:
-    """The hand fusion's relevance values, best first, handed out in ``scores``' order.
-
-    The learned score decides only the order: the values the packer trades against
-    tokens, and the best memory's relevance that profile lines are measured against,
-    stay the hand fusion's. Equal scores keep chronological order.
-    """
-    order = np.argsort(-scores, kind="stable")
-    out = np.empty_like(relevance)
-    out[order] = np.sort(relevance)[::-1]
-    return out
 
 
 class _LexicalMatch:

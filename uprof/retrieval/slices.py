@@ -75,15 +75,6 @@ class SliceOptions:
     #: nothing that held on the untouched half (decision 0122-retrieval-round-8).
     fusion: Literal["score", "rrf"] = "score"
     rrf_k: float = 60.0
-    #: Learned fusion (round 10, measured): weights of ``ranker.LEARNED_FEATURES``, fit by
-    #: ``benchmarks.learned_fusion`` on the replay's tune half. When set, the memories'
-    #: order is that of the weighted features, and each memory gets the relevance the hand
-    #: fusion gives the memory at its rank (packing sees the same values, in a new order).
-    learned_weights: tuple[float, ...] = ()
-    #: Query-adaptive lexical share (round 10, measured): weights of
-    #: ``ranker.SHARE_FEATURES``; the share of the hand fusion becomes their weighted sum,
-    #: clipped to [0, 1], in place of ``lexical_weight``.
-    learned_share: tuple[float, ...] = ()
     #: Pseudo-relevance feedback: the query vector moves towards the mean of the best
     #: ``feedback_memories`` first-pass hits, by ``feedback_weight``. Off: it cost 0.02-0.06
     #: on PrefEval and was neutral on LoCoMo (decision 0033-multi-hop-and-preferences).
