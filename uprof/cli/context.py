@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import typer
 from pydantic import BaseModel, ValidationError
 from rich.console import Console
+from typer._click.core import Command as ClickCommand
 from typer.core import TyperCommand, TyperGroup
 from typer.models import CommandFunctionType
 
@@ -60,9 +61,7 @@ EXIT_CODES: tuple[tuple[type[UprofError], int], ...] = (
 )
 
 
-def _refuse_unkept_text(
-    command: TyperCommand | TyperGroup, ctx: ClickContext, args: list[str]
-) -> None:
+def _refuse_unkept_text(command: ClickCommand, ctx: ClickContext, args: list[str]) -> None:
     """Refuse (``typer.BadParameter``, exit 2, naming it) the first option or argument of
     ``command`` given a value no store, file name or message can hold: a NUL character or
     a byte that is not UTF-8 (a lone surrogate once Python reads the command line),
@@ -112,9 +111,10 @@ def _outage_answered(error: Exception) -> None:
     fail(outage)
 
 
-class CheckedCommand(TyperCommand):
-    """A command that refuses text no store keeps in any option (``_refuse_unkept_text``),
-    and answers the database not answering as a refusal (``_outage_answered``)."""
+class _Checked(ClickCommand):
+    """What a checked command and a checked group share: text no store keeps is refused in
+    any of its options (``_refuse_unkept_text``), and the database not answering is a
+    refusal (``_outage_answered``)."""
 
     def parse_args(self, ctx: ClickContext, args: list[str]) -> list[str]:
         _refuse_unkept_text(self, ctx, args)
@@ -128,22 +128,15 @@ class CheckedCommand(TyperCommand):
             raise  # not reached: _outage_answered exits or re-raises
 
 
-class CheckedGroup(TyperGroup):
-    """A command group that refuses text no store keeps in its own options; its commands
-    are ``CheckedCommand``s (``CheckedTyper``). Whatever command of it runs, the database
-    not answering is a refusal (``_outage_answered``): ``uprof serve``, ``worker``,
-    ``mcp`` and ``restore`` open the stores their own way, and are answered here too."""
+class CheckedCommand(_Checked, TyperCommand):
+    """A command whose options and outages are checked (``_Checked``)."""
 
-    def parse_args(self, ctx: ClickContext, args: list[str]) -> list[str]:
-        _refuse_unkept_text(self, ctx, args)
-        return super().parse_args(ctx, args)
 
-    def invoke(self, ctx: ClickContext) -> Any:
-        try:
-            return super().invoke(ctx)
-        except Exception as error:
-            _outage_answered(error)
-            raise  # not reached: _outage_answered exits or re-raises
+class CheckedGroup(_Checked, TyperGroup):
+    """A command group whose own options are checked; its commands are
+    ``CheckedCommand``s (``CheckedTyper``). Whatever command of it runs, the database not
+    answering is a refusal: ``uprof serve``, ``worker``, ``mcp`` and ``restore`` open the
+    stores their own way, and are answered here too."""
 
 
 class CheckedTyper(typer.Typer):
