@@ -63,6 +63,36 @@ def test_a_scan_beside_a_running_erasure_says_in_progress(settings: Settings, li
     assert after.clean, after.findings
 
 
+def test_an_erasure_that_ends_during_the_scan_labels_what_it_saw_in_progress(
+    settings: Settings, live: Uprof, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PS: the scan reads alice's remaining rows while the child's erasure is stopped,
+    and the erasure completes (receipt) before the scan labels its findings: they were
+    true when read and are labelled in progress; the request, completed, is no finding."""
+    import uprof.kernel
+
+    stream = str(live.stream_of("alice"))
+    held = Held(settings, "after-destroy").begin()
+    label = uprof.kernel.label_erasures
+    answers: list[tuple[str, object]] = []
+
+    def after_the_erasure_ends(*args: object) -> None:
+        answers.append(held.answer())
+        label(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(uprof.kernel, "label_erasures", after_the_erasure_ends)
+    try:
+        report = live.residue_scan([WORD])
+    finally:
+        if not answers:
+            held.answer()
+    assert [kind for kind, _ in answers] == ["ok"], answers
+    found = _of(report.findings, stream)
+    assert [f for f in found if f.kind == "row"], report.findings
+    assert {f.erasure for f in found} == {IN_PROGRESS}, report.findings
+    assert not [f for f in found if f.kind == "erasure"], report.findings
+
+
 def test_a_scan_after_an_erasure_killed_mid_way_says_interrupted_until_finished(
     settings: Settings, live: Uprof, backend: Backend
 ) -> None:
