@@ -54,6 +54,8 @@ from uprof.services.reads import ReadRecorder
 from uprof.services.residue import (
     ResidueReport,
     check_shredded_streams,
+    erasures_at,
+    label_erasures,
     scan_database,
     scan_files,
 )
@@ -934,15 +936,21 @@ class Uprof:
         """Scan every store for the terms and for decryptable data of erased subjects."""
         self._settle_reads()
         report = ResidueReport()
+        ledger = self.keystore.ledger
+        start = erasures_at(ledger) if ledger is not None else None
         scan_files(self.settings.data_dir, terms, report)
         scan_database(self.views_engine, terms, report)
+        # The ledger's erased streams too: an erasure killed between its ledger record and
+        # its keys' destruction left a stream the key store does not list as shredded,
+        # its keys in place (bug PT); a start destroys them, a running server had not.
+        streams = set(self.keystore.shredded_stream_ids())
+        if ledger is not None:
+            streams |= ledger.state().streams
         check_shredded_streams(
-            self.app,
-            self.keys_engine,
-            self.views_engine,
-            self.keystore.shredded_stream_ids(),
-            report,
+            self.app, self.keys_engine, self.views_engine, sorted(streams), report
         )
+        if ledger is not None and start is not None:
+            label_erasures(ledger, start, report)
         return report
 
     def erase_capture(

@@ -200,6 +200,17 @@ class KeyMaterialStore(Protocol):
         mark goes with the process however it ends."""
         ...
 
+    def erasure_finishing(self, request_id: str) -> AbstractContextManager[bool]:
+        """The request's in-flight mark for a process finishing it (asked again), taken
+        without waiting: True inside the block when taken (removed at its end), False
+        when a live process holds it."""
+        ...
+
+    def erasure_mark_state(self, request_id: str) -> str:
+        """The request's mark, looked at only: ``"held"``, ``"free"`` (its process
+        died), ``"none"``, or ``"host:NAME"`` (another host's, not judged from here)."""
+        ...
+
     def erasure_owner_gone(self, request_id: str) -> AbstractContextManager[bool]:
         """True inside the block when the request's in-flight mark exists and no process
         holds it (its process died in flight); the mark is then held until the block

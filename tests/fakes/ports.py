@@ -162,6 +162,17 @@ class InMemoryKeyMaterialStore:
             self._in_flight.discard(request_id)
 
     @contextlib.contextmanager
+    def erasure_finishing(self, request_id: str) -> Iterator[bool]:
+        if request_id in self._in_flight:
+            yield False  # its (live) holder finishes it
+            return
+        with self.erasure_in_flight(request_id):
+            yield True
+
+    def erasure_mark_state(self, request_id: str) -> str:
+        return "held" if request_id in self._in_flight else "none"
+
+    @contextlib.contextmanager
     def erasure_owner_gone(self, request_id: str) -> Iterator[bool]:
         yield False  # one process: a request it began is alive or finished
 

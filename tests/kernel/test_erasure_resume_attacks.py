@@ -44,6 +44,7 @@ from tests.kernel.test_keys_apart import ALICE, BOB, assert_intact, fill
 from uprof.crypto.keydir import LEDGER_FILE
 from uprof.kernel import Uprof
 from uprof.services.backup import backup, restore
+from uprof.services.residue import INTERRUPTED
 
 
 @pytest.mark.parametrize("retry_token", [None, "w-2"], ids=["no-token", "other-token"])
@@ -454,7 +455,10 @@ def test_a_restore_after_an_incomplete_capture_erasure_brings_nothing_back(
         assert capture_id not in capture_ids(kernel)
         assert SAIL.lower() not in json.dumps(kernel.export_subject("alice"), default=str).lower()
         report = kernel.residue_scan([SAIL, SAIL.lower()])
-        assert report.clean, report.findings
+        # Nothing readable; the erasure answered incomplete and nobody asked again: it is
+        # open, and the audit says so (bug PS, decision XXXX-residue-in-progress).
+        erasures = [(f.kind, f.erasure) for f in report.findings]
+        assert erasures == [("erasure", INTERRUPTED)], report.findings
     finally:
         kernel.close()
 
@@ -597,7 +601,10 @@ def test_a_restore_after_an_incomplete_subject_erasure_brings_nothing_back(
             with pytest.raises(SubjectErasedError):
                 read()
         report = kernel.residue_scan(list(ALICE.values()))
-        assert report.clean, report.findings
+        # Nothing readable; the erasure answered incomplete and nobody asked again: it is
+        # open, and the audit says so (bug PS, decision XXXX-residue-in-progress).
+        erasures = [(f.kind, f.erasure) for f in report.findings]
+        assert erasures == [("erasure", INTERRUPTED)], report.findings
         assert_intact(kernel, "bob", BOB)
     finally:
         kernel.close()

@@ -173,3 +173,37 @@ def test_an_erasure_in_flight_is_dead_only_once_its_process_is(tmp_path: Path) -
     with store.erasure_owner_gone(request_id) as gone:
         assert gone is False
     assert not list((folder / "erasures-in-flight").iterdir())
+
+
+def test_a_look_at_an_erasure_mark_tells_its_state_and_takes_nothing(tmp_path: Path) -> None:
+    """PS (decision XXXX-residue-in-progress): the residue audit's look at a request's
+    mark, across real processes: ``held`` while a live process holds it (a second look
+    at once says the same), ``free`` once that process is killed, and the look neither
+    takes nor removes it (a start still finds it dead, once); ``host:NAME`` for another
+    host's mark; ``none`` for no mark or an id that is not one. A process finishing the
+    request takes the mark only when no live process holds it."""
+    folder = tmp_path / "keys"
+    store = FileKeyMaterialStore(folder)
+    request_id = "0b7c3d4e-1f2a-4b5c-8d9e-0a1b2c3d4e60"
+    assert store.erasure_mark_state(request_id) == "none"
+    assert store.erasure_mark_state("../../etc/passwd") == "none"
+    ctx = children.CONTEXT
+    held, done = ctx.Event(), ctx.Event()
+    owner = ctx.Process(target=_hold_in_flight, args=(folder, request_id, held, done))
+    owner.start()
+    assert held.wait(60)
+    assert store.erasure_mark_state(request_id) == "held"
+    assert FileKeyMaterialStore(folder).erasure_mark_state(request_id) == "held"
+    with store.erasure_finishing(request_id) as taken:
+        assert taken is False  # its live process finishes it
+    owner.kill()
+    owner.join(60)
+    assert store.erasure_mark_state(request_id) == "free"
+    assert store.erasure_mark_state(request_id) == "free"  # looked at, not removed
+    with store.erasure_finishing(request_id) as taken:
+        assert taken is True
+        assert FileKeyMaterialStore(folder).erasure_mark_state(request_id) == "held"
+    assert store.erasure_mark_state(request_id) == "none"  # finished: gone
+    other = "1b7c3d4e-1f2a-4b5c-8d9e-0a1b2c3d4e61"
+    (folder / "erasures-in-flight" / f"{other}.lock").write_text("host=elsewhere-7\n")
+    assert store.erasure_mark_state(other) == "host:elsewhere-7"

@@ -19,6 +19,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
@@ -347,40 +348,42 @@ class PostgresBackend:
         # byte as an octal escape (bug OQ). Each table is read in a transaction of its
         # own, streamed, so the scan holds one table's ACCESS SHARE lock at a time and
         # only while it reads it (a DDL waiting on it would queue the writers behind it).
-        from uprof.services.residue_files import ROWS_PER_COLUMN, Matcher
+        from uprof.services.residue_files import Matcher
 
         matcher = Matcher(terms)
-        tables, hits, unreadable = 0, [], []
-        for relation, shown, columns in _stored_relations(engine):
-            tables += 1
-            # bytea read as bytes, also inside arrays and domains (bug PA: SQLAlchemy's
-            # type name chose; a bytea[] came back as a list the matcher skipped, a domain
-            # over bytea as hex text); every other column as the text it prints as.
-            values = ", ".join(
-                f"{_quoted(name)}::{kind}" if kind else f"{_quoted(name)}::text"
-                for name, kind in columns
-            )
-            found: dict[tuple[str, str], int] = {}
-            try:
-                with engine.connect() as conn:
-                    rows = conn.execution_options(stream_results=True, yield_per=1_000)
-                    for ctid, *row in rows.exec_driver_sql(
-                        f"SELECT ctid::text, {values} FROM {relation}"
-                    ):
-                        for (name, _), value in zip(columns, row, strict=True):
-                            for term in matcher.terms_in(value):
-                                seen = found.get((name, term), 0)
-                                if seen < ROWS_PER_COLUMN:
-                                    found[(name, term)] = seen + 1
-                                    hits.append(TermHit(shown, name, ctid, term))
-            except sa.exc.DBAPIError as error:
-                # Every schema is read now (OZ): one the deployment's role may not read
-                # (an extension's), or a relation renamed or dropped since the listing,
-                # is named as not read, never passed over; any other error fails the scan.
-                if getattr(error.orig, "sqlstate", None) not in _UNREADABLE:
-                    raise
-                unreadable.append((shown, str(error.orig).strip().splitlines()[0]))
-        return TableScan(tables, hits, unreadable)
+        scan = TableScan(0, [])
+        read: set[int] = set()
+        # Listed again once the listed ones are read: a relation created meanwhile is
+        # read too; one created after the last listing is named, never passed over (PU).
+        for listing in range(_LISTINGS):
+            fresh = [r for r in _stored_relations(engine) if r.oid not in read]
+            if not fresh:
+                break
+            if listing == _LISTINGS - 1:
+                scan.unreadable.extend(
+                    (
+                        r.shown,
+                        "created while the scan read the others, after its last "
+                        "listing: scan again",
+                    )
+                    for r in fresh
+                )
+                break
+            for relation in fresh:
+                read.add(relation.oid)
+                if relation.kind == "f":
+                    # Its rows are another server's: reading them would query that server
+                    # from the audit, with the deployment's credentials (bug PU).
+                    scan.unreadable.append(
+                        (
+                            relation.shown,
+                            "a foreign table: its rows are on another server, which this "
+                            "scan does not read; scan that server",
+                        )
+                    )
+                    continue
+                scan = _read_relation(engine, matcher, relation, scan)
+        return _read_large_objects(engine, matcher, scan)
 
     def backup(self, settings: Settings, out: Path) -> dict[str, Any]:
         from uprof.eventstore import log_anchors, log_identity
@@ -681,54 +684,182 @@ def _quoted(name: str) -> str:
 #: Every relation that stores rows, in every schema but the server's own (bug OZ: the
 #: scan listed the default schema's tables only, so a copy an operator kept in a schema
 #: of its own, or a materialized view built from the memories, was never read). Tables
-#: (partitions included, each once: a partitioned parent holds no rows itself) and
-#: materialized views; views store nothing, foreign tables live on another server.
-#: Per column: "bytea" or "bytea[]" when its values are bytes, looked through domains
-#: and arrays (bug PA), else NULL (read as text).
+#: (partitions included, each once: a partitioned parent holds no rows itself),
+#: materialized views, and foreign tables (``'f'``: listed, never read, bug PU); views
+#: store nothing. Per column: "bytea" or "bytea[]" when its values are bytes, looked
+#: through domains and arrays (bug PA); "record" when bytes are inside a composite type
+#: (read as text, whose bytea fields print as hex: ``_hex_bytes``, bug PU); else NULL
+#: (read as text).
 _STORED_RELATIONS = """
-WITH RECURSIVE base(oid, root, arrays) AS (
-    SELECT a.atttypid, a.atttypid, 0 FROM pg_attribute a GROUP BY a.atttypid
+WITH RECURSIVE base(oid, root, arrays, composite) AS (
+    SELECT a.atttypid, a.atttypid, 0, false FROM pg_attribute a GROUP BY a.atttypid
   UNION ALL
-    SELECT CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.typelem END, b.root,
-           b.arrays + CASE WHEN t.typtype = 'd' THEN 0 ELSE 1 END
+    SELECT CASE t.typtype WHEN 'd' THEN t.typbasetype WHEN 'c' THEN f.atttypid
+                ELSE t.typelem END,
+           b.root,
+           b.arrays + CASE WHEN t.typtype IN ('d', 'c') THEN 0 ELSE 1 END,
+           b.composite OR t.typtype = 'c'
     FROM base b JOIN pg_type t ON t.oid = b.oid
+    LEFT JOIN pg_attribute f ON t.typtype = 'c' AND f.attrelid = t.typrelid
+         AND f.attnum > 0 AND NOT f.attisdropped
     WHERE t.typtype = 'd' OR (t.typcategory = 'A' AND t.typelem <> 0)
+       OR (t.typtype = 'c' AND f.atttypid IS NOT NULL)
 )
-SELECT n.nspname, c.relname, a.attname,
-       (SELECT CASE WHEN b.arrays = 0 THEN 'bytea' ELSE 'bytea[]' END FROM base b
-        WHERE b.root = a.atttypid AND b.oid = 'bytea'::regtype LIMIT 1)
+SELECT c.oid, c.relkind, n.nspname, c.relname, a.attname,
+       (SELECT CASE WHEN b.composite THEN 'record' WHEN b.arrays = 0 THEN 'bytea'
+                    ELSE 'bytea[]' END
+        FROM base b WHERE b.root = a.atttypid AND b.oid = 'bytea'::regtype
+        ORDER BY b.composite DESC LIMIT 1)
 FROM pg_class c
 JOIN pg_namespace n ON n.oid = c.relnamespace
 JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-WHERE c.relkind IN ('r', 'm')
+WHERE c.relkind IN ('r', 'm', 'f')
   AND n.nspname <> 'information_schema' AND left(n.nspname, 3) <> 'pg_'
 ORDER BY n.nspname, c.relname, a.attnum
 """
 
 
 #: SQLSTATEs of a relation the scan lists but cannot read: no privilege on it or its
-#: schema, gone since the listing (undefined table, invalid schema name).
-_UNREADABLE = {"42501", "42P01", "3F000"}
+#: schema, gone since the listing (undefined table, invalid schema name), a large object
+#: gone since its listing (undefined object).
+_UNREADABLE = {"42501", "42P01", "3F000", "42704"}
+
+#: A bytea printed as text inside a composite value: ``\x`` and its bytes in hex.
+_HEX_BYTES = re.compile(r"\\x((?:[0-9a-fA-F]{2})+)")
 
 
-def _stored_relations(engine: sa.Engine) -> list[tuple[str, str, list[tuple[str, str | None]]]]:
-    """(SQL name, name in a finding, [(column, "bytea" / "bytea[]" / None)]) per relation.
+def _hex_bytes(text: str) -> Iterator[bytes]:
+    """The bytes of every bytea a composite value's text holds (bug PU: ``::text``
+    prints them as hex, where no term's spelling is). Text that only looks so adds bytes
+    to search, never fewer."""
+    for run in _HEX_BYTES.finditer(text):
+        yield bytes.fromhex(run.group(1))
+
+
+@dataclass(frozen=True)
+class _Relation:
+    oid: int
+    kind: str  # pg_class.relkind
+    sql: str  # "schema"."relation"
+    shown: str  # its name in a finding
+    columns: list[tuple[str, str | None]]
+
+
+def _stored_relations(engine: sa.Engine) -> list[_Relation]:
+    """Every relation ``_STORED_RELATIONS`` lists, with how to read each column.
 
     A finding names a relation of the connection's default schema by its name alone, as
     before; one of another schema as ``schema.relation``."""
-    relations: dict[tuple[str, str], list[tuple[str, str | None]]] = {}
+    relations: dict[int, _Relation] = {}
     with engine.connect() as conn:
         default = conn.exec_driver_sql("SELECT current_schema()").scalar_one()
-        for schema, relation, column, kind in conn.exec_driver_sql(_STORED_RELATIONS):
-            relations.setdefault((schema, relation), []).append((column, kind))
-    return [
-        (
-            f"{_quoted(schema)}.{_quoted(relation)}",
-            relation if schema == default else f"{schema}.{relation}",
-            columns,
+        for oid, kind, schema, name, column, read in conn.exec_driver_sql(_STORED_RELATIONS):
+            if oid not in relations:
+                relations[oid] = _Relation(
+                    oid,
+                    kind,
+                    f"{_quoted(schema)}.{_quoted(name)}",
+                    name if schema == default else f"{schema}.{name}",
+                    [],
+                )
+            relations[oid].columns.append((column, read))
+    return list(relations.values())
+
+
+#: Listings of the relations per scan (``scan_tables``): the first, one after reading it,
+#: and one that only names what is new since as not read.
+_LISTINGS = 3
+
+
+def _read_relation(
+    engine: sa.Engine, matcher: Any, relation: _Relation, scan: TableScan
+) -> TableScan:
+    """Read one relation's rows in a transaction of its own; hits and tables added."""
+    from uprof.services.residue_files import ROWS_PER_COLUMN
+
+    # bytea read as bytes, also inside arrays and domains (bug PA: SQLAlchemy's type name
+    # chose; a bytea[] came back as a list the matcher skipped, a domain over bytea as hex
+    # text); every other column as the text it prints as, the bytes inside a composite
+    # decoded from its hex (bug PU).
+    columns = relation.columns
+    values = ", ".join(
+        f"{_quoted(name)}::{kind}" if kind in ("bytea", "bytea[]") else f"{_quoted(name)}::text"
+        for name, kind in columns
+    )
+    found: dict[tuple[str, str], int] = {}
+    hits = []
+    try:
+        with engine.connect() as conn:
+            rows = conn.execution_options(stream_results=True, yield_per=1_000)
+            for ctid, *row in rows.exec_driver_sql(
+                f"SELECT ctid::text, {values} FROM {relation.sql}"
+            ):
+                for (name, kind), value in zip(columns, row, strict=True):
+                    terms = matcher.terms_in(value)
+                    if kind == "record" and value is not None:
+                        terms += [t for b in _hex_bytes(value) for t in matcher.terms_in(b)]
+                    for term in dict.fromkeys(terms):
+                        seen = found.get((name, term), 0)
+                        if seen < ROWS_PER_COLUMN:
+                            found[(name, term)] = seen + 1
+                            hits.append(TermHit(relation.shown, name, ctid, term))
+    except sa.exc.DBAPIError as error:
+        # Every schema is read now (OZ): one the deployment's role may not read (an
+        # extension's), or a relation renamed or dropped since the listing, is named as not
+        # read, never passed over; any other error fails the scan.
+        if getattr(error.orig, "sqlstate", None) not in _UNREADABLE:
+            raise
+        return TableScan(
+            scan.tables + 1,
+            scan.hits,
+            [*scan.unreadable, (relation.shown, str(error.orig).strip().splitlines()[0])],
         )
-        for (schema, relation), columns in relations.items()
-    ]
+    return TableScan(scan.tables + 1, [*scan.hits, *hits], scan.unreadable)
+
+
+#: Bytes of a large object per read (``lo_get``), as the file scan's windows.
+_LARGE_OBJECT_READ = 1 << 20
+
+
+def _read_large_objects(engine: sa.Engine, matcher: Any, scan: TableScan) -> TableScan:
+    """Every large object (``pg_largeobject``, a catalog table the relation listing
+    leaves out with the server's own; bug PU): read in windows overlapping by the
+    longest needle, as the file scan reads a file; each object in a transaction of its
+    own. One this role may not read (or gone since the listing) is named as not read."""
+    with engine.connect() as conn:
+        oids = list(
+            conn.exec_driver_sql("SELECT oid FROM pg_largeobject_metadata ORDER BY oid").scalars()
+        )
+    if not oids:
+        return scan
+    hits, unreadable = list(scan.hits), list(scan.unreadable)
+    for oid in oids:
+        shown = f"large object {oid}"
+        try:
+            with engine.connect() as conn:
+                found: set[str] = set()
+                offset, tail = 0, b""
+                while True:
+                    chunk = conn.execute(
+                        sa.text("SELECT lo_get(:oid, :at, :n)"),
+                        {"oid": oid, "at": offset, "n": _LARGE_OBJECT_READ},
+                    ).scalar_one()
+                    window = tail + bytes(chunk)
+                    for term in matcher.terms_in(window):
+                        if term not in found:
+                            found.add(term)
+                            hits.append(
+                                TermHit(shown, "data", f"from byte {offset - len(tail)}", term)
+                            )
+                    if len(chunk) < _LARGE_OBJECT_READ:
+                        break
+                    offset += len(chunk)
+                    tail = window[-matcher.overlap :]
+        except sa.exc.DBAPIError as error:
+            if getattr(error.orig, "sqlstate", None) not in _UNREADABLE:
+                raise
+            unreadable.append((shown, str(error.orig).strip().splitlines()[0]))
+    return TableScan(scan.tables + 1, hits, unreadable)
 
 
 def _pg_params(url: str) -> tuple[list[str], dict[str, str], str]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from uprof.cli.context import (
@@ -832,7 +833,13 @@ def audit_residue(
         console.print("[green]residue: 0[/]")
         return
     for finding in report.findings:
-        console.print(f"[red]{finding.kind}[/] at {finding.location}: {finding.detail}")
+        # An erasure's state first: "remain" of a running one is gone when it ends (PS).
+        state = f" [{finding.erasure}]" if finding.erasure else ""
+        console.print(
+            f"[red]{finding.kind}[/]{escape(state)} at {finding.location}: {finding.detail}",
+            soft_wrap=True,
+            highlight=False,
+        )
     for path in left:
         console.print(
             f"[red]partial-backup[/] at {path}: left by a killed uprof backup, a copy of the "

@@ -293,6 +293,59 @@ class FileKeyMaterialStore:
             os.close(fd)
 
     @contextmanager
+    def erasure_finishing(self, request_id: str) -> Iterator[bool]:
+        # A process finishing a request begun elsewhere (asked again after its process
+        # died past its ledger record, or while it runs): the request's mark, taken
+        # without waiting; False when a live process holds it (that one is finishing it
+        # too, and its mark says so). Taken, it names this host and goes at the end.
+        path = self._in_flight_path(request_id)
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, _host_line(), 0)
+                yield True
+            finally:
+                path.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+
+    def erasure_mark_state(self, request_id: str) -> str:
+        """The request's in-flight mark, looked at and never taken for more than the look,
+        nor removed (the residue audit): ``"held"`` (a live process of this host runs
+        it), ``"free"`` (a mark no process holds: its process died), ``"none"`` (no
+        mark), or ``"host:NAME"`` (another host's mark: its lock may not reach here)."""
+        if not _REQUEST_ID.fullmatch(request_id):
+            return "none"
+        try:
+            fd = os.open(
+                self._in_flight_path(request_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+            )
+        except OSError:  # none, or not a mark this code wrote (bug IA)
+            return "none"
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return "none"
+            written = os.read(fd, 4096)
+            if written and written != _host_line():
+                host = written.decode("utf-8", "replace").removeprefix("host=").strip()
+                return f"host:{host}"
+            try:
+                # Shared: two audits looking at once do not take each other for holders.
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return "held"
+            return "free"
+        finally:
+            os.close(fd)  # releases the look's lock
+
+    @contextmanager
     def erasure_owner_gone(self, request_id: str) -> Iterator[bool]:
         if not _REQUEST_ID.fullmatch(request_id):
             yield False  # no request of this code: it never had a mark

@@ -305,6 +305,29 @@ class ErasureLedger:
         """Mark an erasure request in flight (``KeyMaterialStore.erasure_in_flight``)."""
         return self._store.erasure_in_flight(request_id)
 
+    def finishing(self, request_id: str) -> AbstractContextManager[bool]:
+        """The request's mark for a process finishing it (``erasure_finishing``)."""
+        return self._store.erasure_finishing(request_id)
+
+    def mark_state(self, request_id: str) -> str:
+        """The request's mark, looked at only (``erasure_mark_state``)."""
+        return self._store.erasure_mark_state(request_id)
+
+    def open_requests(
+        self, records: Sequence[ErasureRecord] | None = None
+    ) -> dict[str, ErasureRecord]:
+        """request id -> its latest record, for every erasure whose record carries a
+        receipt's draft and that has issued no receipt since (``record_receipted``):
+        begun and not completed, whether its process runs or died, or it answered
+        ``erasure_incomplete``. Of ``records`` (default: the ledger now)."""
+        found: dict[str, ErasureRecord] = {}
+        for record in self._store.erasure_records() if records is None else records:
+            if record.kind in _DRAFTED and record.draft and record.request_id:
+                found[record.request_id] = record
+            elif record.kind == "receipted":
+                found.pop(record.request_id, None)
+        return found
+
     def owner_gone(self, request_id: str) -> AbstractContextManager[bool]:
         """Whether the request's process died in flight (``erasure_owner_gone``)."""
         return self._store.erasure_owner_gone(request_id)

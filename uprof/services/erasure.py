@@ -264,8 +264,9 @@ class ErasureService:
         stream = handle.stream_id
         request_id = str(uuid.uuid4())
         received_at = self._clock.now()
-        # In flight until its ledger record or its outcome: a start tells a request
-        # whose process died here from a live one by this mark (bug GY).
+        # In flight until its outcome: a start tells a request whose process died
+        # before its ledger record from a live one by this mark (bug GY), and the
+        # residue audit an erasure still running from one left unfinished (bug PS).
         with self._in_flight(request_id):
             self._audit.record(
                 "erasure.requested",
@@ -320,43 +321,45 @@ class ErasureService:
                         request_id=request_id,
                         draft=drafted.to_json(),
                     )
-        # Its mirror in the data stores: a key folder put back from an older copy does
-        # not undo the erasure either (uprof.services.erased_keys).
-        erased_keys.record(
-            self._views,
-            str(stream),
-            now=self._clock.now(),
-            mark=ledger.mark(self._tenant, check_subject_ref(subject_ref)) if ledger else None,
-        )
-        destroyed = self._keystore.destroy(
-            str(stream), now=self._clock.now(), request_id=request_id
-        )
-        destruction = destroyed
-        if preview is not None:
-            # A key this preview found and this destroy did not was destroyed meanwhile:
-            # by another request of the subject whose ledger record names it (absorbed
-            # on this tombstone, it previewed the key before it went, bug GH), cited as
-            # that request's; else by a retry finishing this erasure from its ledger
-            # record, cited as this erasure's own, whichever process did it.
-            others = self._destroyed_by_others(draft, destroyed)
-            named = {key.key_version for key in others}
-            destruction = _destroyed_either(
-                replace(preview, deks=tuple(k for k in preview.deks if k.key_version not in named)),
-                destroyed,
+            # Its mirror in the data stores: a key folder put back from an older copy does
+            # not undo the erasure either (uprof.services.erased_keys).
+            erased_keys.record(
+                self._views,
+                str(stream),
+                now=self._clock.now(),
+                mark=ledger.mark(self._tenant, check_subject_ref(subject_ref)) if ledger else None,
             )
-        self._audit.record_many(
-            subject_key_entries(
-                handle.pseudonym,
-                request_id,
-                [(key.key_version, key.dek_commitment) for key in destruction.deks],
+            destroyed = self._keystore.destroy(
+                str(stream), now=self._clock.now(), request_id=request_id
             )
-            + _others_key_entries(handle.pseudonym, others),
-            once_by=KEY_ENTRY_IDENTITY,
-        )
-        snapshots = self._app.drop_snapshots(stream)
-        self._flush_caches(stream)
-        draft = _subject_drafted(draft, destruction, before, snapshots=snapshots, others=others)
-        return self._finish(subject_ref, draft, timeout_s, resumed=False)
+            destruction = destroyed
+            if preview is not None:
+                # A key this preview found and this destroy did not was destroyed meanwhile:
+                # by another request of the subject whose ledger record names it (absorbed
+                # on this tombstone, it previewed the key before it went, bug GH), cited as
+                # that request's; else by a retry finishing this erasure from its ledger
+                # record, cited as this erasure's own, whichever process did it.
+                others = self._destroyed_by_others(draft, destroyed)
+                named = {key.key_version for key in others}
+                destruction = _destroyed_either(
+                    replace(
+                        preview, deks=tuple(k for k in preview.deks if k.key_version not in named)
+                    ),
+                    destroyed,
+                )
+            self._audit.record_many(
+                subject_key_entries(
+                    handle.pseudonym,
+                    request_id,
+                    [(key.key_version, key.dek_commitment) for key in destruction.deks],
+                )
+                + _others_key_entries(handle.pseudonym, others),
+                once_by=KEY_ENTRY_IDENTITY,
+            )
+            snapshots = self._app.drop_snapshots(stream)
+            self._flush_caches(stream)
+            draft = _subject_drafted(draft, destruction, before, snapshots=snapshots, others=others)
+            return self._finish(subject_ref, draft, timeout_s, resumed=False)
 
     # ---------------------------------------------------------------- captures
 
@@ -426,8 +429,9 @@ class ErasureService:
             )
         request_id = str(uuid.uuid4())
         received_at = self._clock.now()
-        # In flight until its ledger record or its outcome: a start tells a request
-        # whose process died here from a live one by this mark (bug GY).
+        # In flight until its outcome: a start tells a request whose process died
+        # before its ledger record from a live one by this mark (bug GY), and the
+        # residue audit an erasure still running from one left unfinished (bug PS).
         with self._in_flight(request_id):
             self._audit.record(
                 "erasure.requested",
@@ -500,34 +504,35 @@ class ErasureService:
                             draft, [c for c in previews if c], totals, snapshots=None
                         ).to_json(),
                     )
-        erased_keys.record(self._views, str(stream), ids, now=self._clock.now())
-        destroyed = {
-            cid: self._keystore.destroy_capture_key(str(stream), cid, request_id=request_id)
-            for cid in ids
-        }
-        # A capture key already gone: a subject erasure of the same subject at once
-        # destroyed it with the subject's keys (bug GI, before this request's preview; bug
-        # GZ, after it). Cite that destruction as that request's, as a subject erasure
-        # does; a key a retry of this request destroyed is its own (the commitment its
-        # ledger record names).
-        commitments, others, by_others = self._capture_citations(
-            draft, [destroyed[cid] or preview for cid, preview in zip(ids, previews, strict=True)]
-        )
-        # As a subject key's: the entry names the commitment its ``key.created`` recorded
-        # (written now if a crash kept that one off the log).
-        self._audit.record_many(
-            capture_key_entries(handle.pseudonym, request_id, commitments)
-            + _others_key_entries(handle.pseudonym, others)
-            + _others_capture_entries(handle.pseudonym, by_others),
-            once_by=KEY_ENTRY_IDENTITY,
-        )
-        # Snapshots may hold the shredded items' values: they are caches, drop them.
-        snapshots = self._app.drop_snapshots(stream)
-        self._flush_caches(stream)
-        draft = _captures_drafted(
-            draft, commitments, totals, snapshots=snapshots, others=others, by_others=by_others
-        )
-        return self._finish(subject_ref, draft, timeout_s, resumed=False)
+            erased_keys.record(self._views, str(stream), ids, now=self._clock.now())
+            destroyed = {
+                cid: self._keystore.destroy_capture_key(str(stream), cid, request_id=request_id)
+                for cid in ids
+            }
+            # A capture key already gone: a subject erasure of the same subject at once
+            # destroyed it with the subject's keys (bug GI, before this request's preview; bug
+            # GZ, after it). Cite that destruction as that request's, as a subject erasure
+            # does; a key a retry of this request destroyed is its own (the commitment its
+            # ledger record names).
+            commitments, others, by_others = self._capture_citations(
+                draft,
+                [destroyed[cid] or preview for cid, preview in zip(ids, previews, strict=True)],
+            )
+            # As a subject key's: the entry names the commitment its ``key.created`` recorded
+            # (written now if a crash kept that one off the log).
+            self._audit.record_many(
+                capture_key_entries(handle.pseudonym, request_id, commitments)
+                + _others_key_entries(handle.pseudonym, others)
+                + _others_capture_entries(handle.pseudonym, by_others),
+                once_by=KEY_ENTRY_IDENTITY,
+            )
+            # Snapshots may hold the shredded items' values: they are caches, drop them.
+            snapshots = self._app.drop_snapshots(stream)
+            self._flush_caches(stream)
+            draft = _captures_drafted(
+                draft, commitments, totals, snapshots=snapshots, others=others, by_others=by_others
+            )
+            return self._finish(subject_ref, draft, timeout_s, resumed=False)
 
     # -------------------------------------------------------------------- item
 
@@ -615,26 +620,28 @@ class ErasureService:
         # fingerprints keep the update engine from recording it again, under a new id,
         # from the captures it came from (a re-extraction after a restore of data older
         # than its extraction; an app proposing it again).
-        ledger = self._keystore.ledger
-        if ledger is not None:
-            ledger.record_items(
-                self._tenant,
-                str(stream),
-                [item_id],
-                request_id=request_id,
-                subject_ref=check_subject_ref(subject_ref),
-                draft=draft.to_json(),
-                fingerprints=self._fingerprints(stream, item_id, ledger),
-            )
+        # In flight until its outcome, as a subject's (bug PS).
+        with self._in_flight(request_id):
+            ledger = self._keystore.ledger
+            if ledger is not None:
+                ledger.record_items(
+                    self._tenant,
+                    str(stream),
+                    [item_id],
+                    request_id=request_id,
+                    subject_ref=check_subject_ref(subject_ref),
+                    draft=draft.to_json(),
+                    fingerprints=self._fingerprints(stream, item_id, ledger),
+                )
 
-        def command() -> int:
-            profile = self._app.load(stream)
-            profile.erase_items([item_id], reason="user-request")
-            return self._app.save(profile)[-1].notification.id
+            def command() -> int:
+                profile = self._app.load(stream)
+                profile.erase_items([item_id], reason="user-request")
+                return self._app.save(profile)[-1].notification.id
 
-        draft = _moved_to(draft, self._app.with_retry(command))
-        self._flush_caches(stream)
-        return self._finish(subject_ref, draft, timeout_s, resumed=False)
+            draft = _moved_to(draft, self._app.with_retry(command))
+            self._flush_caches(stream)
+            return self._finish(subject_ref, draft, timeout_s, resumed=False)
 
     # ------------------------------------------------------- finishing, resuming
 
@@ -654,7 +661,8 @@ class ErasureService:
         draft = self._unfinished(subject_ref, scope, target, finished_too=finished_too)
         if draft is None:
             return None
-        return self._finish(subject_ref, draft, timeout_s, resumed=True)
+        with self._finishing(draft.request_id):
+            return self._finish(subject_ref, draft, timeout_s, resumed=True)
 
     def _unfinished(
         self, subject_ref: str, scope: str, target: Sequence[str], *, finished_too: bool = False
@@ -1246,6 +1254,13 @@ class ErasureService:
     def _in_flight(self, request_id: str) -> AbstractContextManager[None]:
         ledger = self._keystore.ledger
         return nullcontext() if ledger is None else ledger.in_flight(request_id)
+
+    def _finishing(self, request_id: str) -> AbstractContextManager[bool]:
+        """This process finishing a request begun elsewhere holds its mark, unless its
+        own process is alive and holds it (bug PS: the residue audit tells a running
+        erasure from an interrupted one by it)."""
+        ledger = self._keystore.ledger
+        return nullcontext(False) if ledger is None else ledger.finishing(request_id)
 
     def settle_abandoned(self) -> list[str]:
         """Give an outcome to each erasure request whose process died between its

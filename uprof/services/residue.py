@@ -23,7 +23,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from uuid import UUID
 
@@ -33,6 +33,7 @@ from domain.errors import UprofError
 from domain.profile import SubjectProfile
 from projections.profile import tables as t
 from uprof.backends import backend_for
+from uprof.crypto.ledger import ErasureLedger
 from uprof.crypto.mapper import PLAIN_TOPICS
 from uprof.crypto.tables import (
     capture_keys,
@@ -56,11 +57,33 @@ class ResidueScanError(UprofError):
     hint = "see the error; a residue report is only given for a complete scan"
 
 
+#: A finding's ``erasure`` when the stream's erasure was running during the scan (its
+#: process held its mark, or it finished before the scan ended): what it names is being
+#: deleted, and a scan after it ends will not show it.
+IN_PROGRESS = "erasure in progress"
+#: A finding's ``erasure`` when the stream's erasure began and no process runs it: it
+#: stays until someone finishes it (``INTERRUPTED_HINT``).
+INTERRUPTED = "erasure interrupted"
+#: Another host's erasure: its lock may not reach this host, so neither can be told.
+ELSEWHERE = "erasure unfinished on another host"
+INTERRUPTED_HINT = (
+    "finish it: ask for the same erasure again (uprof erase subject|event|item with the "
+    "same subject and target), which completes this request and issues its receipt; "
+    "every uprof start also destroys its keys and rows again, but issues no receipt"
+)
+
+
 @dataclass(frozen=True)
 class Finding:
-    kind: str  # "plaintext" | "decryptable" | "key" | "row" | "snapshot" | "unscanned" | "unfolded"
+    kind: str  # "plaintext" | "decryptable" | "key" | "row" | "snapshot" | "unscanned" |
+    # "unfolded" | "erasure" (a request begun and not completed)
     location: str
     detail: str
+    #: "" or ``IN_PROGRESS`` / ``INTERRUPTED`` / ``ELSEWHERE``: the state of an erasure of
+    #: the stream this finding is of (bug PS: "remain" did not tell them apart).
+    erasure: str = ""
+    #: The erased stream a finding of ``check_shredded_streams`` is of ("" otherwise).
+    stream: str = ""
 
 
 @dataclass
@@ -182,13 +205,23 @@ def check_shredded_streams(
             for table in tables:
                 for n, stream_id in _rows_left(conn, table, stream_ids):
                     report.findings.append(
-                        Finding(kind, f"{table.name} stream {stream_id}", f"{n} rows remain")
+                        Finding(
+                            kind,
+                            f"{table.name} stream {stream_id}",
+                            f"{n} rows remain",
+                            stream=stream_id,
+                        )
                     )
     for stream_id in stream_ids:
         report.streams_checked += 1
         if app.snapshots is not None and app.snapshots.recorder.select_events(UUID(stream_id)):
             report.findings.append(
-                Finding("snapshot", f"snapshots stream {stream_id}", "snapshot rows remain")
+                Finding(
+                    "snapshot",
+                    f"snapshots stream {stream_id}",
+                    "snapshot rows remain",
+                    stream=stream_id,
+                )
             )
         for stored in app.recorder.select_events(UUID(stream_id)):
             report.events_checked += 1
@@ -201,8 +234,82 @@ def check_shredded_streams(
                         "decryptable",
                         f"event {stream_id}@{stored.originator_version}",
                         f"{stored.topic} still opens",
+                        stream=stream_id,
                     )
                 )
+
+
+@dataclass(frozen=True)
+class ErasuresAtStart:
+    """The erasure ledger as a scan found it before it read anything (``erasures_at``)."""
+
+    records: int
+    open: frozenset[str]
+
+
+def erasures_at(ledger: ErasureLedger) -> ErasuresAtStart:
+    records = ledger.records()
+    return ErasuresAtStart(len(records), frozenset(ledger.open_requests(records)))
+
+
+def label_erasures(ledger: ErasureLedger, start: ErasuresAtStart, report: ResidueReport) -> None:
+    """Say, of every erasure begun and not completed, whether it runs (bug PS).
+
+    The scan's findings of a stream whose erasure runs are true when read and gone once it
+    ends (it shreds the keys first, deletes the rows after); those of one whose process
+    died stay until someone finishes it. The ledger knows which erasures began (a record
+    with a receipt's draft) and which completed (``receipted``); the request's in-flight
+    mark, whether a live process holds it. Each open request is one ``erasure`` finding,
+    so a report is never clean while an erasure is unfinished, and every finding of its
+    stream carries its state. An erasure open at the scan's start, or begun during it,
+    that completed before its end ran during the scan: its findings are labelled in
+    progress (no finding of its own)."""
+    records = ledger.records()
+    during = {
+        r.request_id for r in records[start.records :] if r.kind != "receipted" and r.request_id
+    }
+    ran = start.open | during
+    still = ledger.open_requests(records)
+    states: dict[str, str] = {}
+    for request_id, record in still.items():
+        mark = ledger.mark_state(request_id)
+        if mark == "held":
+            state = IN_PROGRESS
+        elif mark.startswith("host:"):
+            state = ELSEWHERE
+        elif request_id not in ledger.open_requests():
+            state = IN_PROGRESS  # completed between the read above and the look at its mark
+        else:
+            state = INTERRUPTED
+        if state == INTERRUPTED:
+            detail = f"{record.kind} erasure begun, no process runs it: {INTERRUPTED_HINT}"
+        elif state == ELSEWHERE:
+            detail = (
+                f"{record.kind} erasure begun on host {mark.removeprefix('host:')}; whether "
+                "it runs can be told only there (uprof erase settle-host if that host is gone)"
+            )
+        else:
+            detail = f"{record.kind} erasure running (its process holds its mark)"
+        report.findings.append(
+            Finding(
+                "erasure",
+                f"erasure request {request_id} stream {record.stream_id}",
+                detail,
+                erasure=state,
+                stream=record.stream_id or "",
+            )
+        )
+        if record.stream_id:
+            # An interrupted request's findings stay: its state wins over a running one's.
+            if states.get(record.stream_id) != INTERRUPTED:
+                states[record.stream_id] = state
+    for record in records:
+        if record.request_id in ran and record.request_id not in still and record.stream_id:
+            states.setdefault(record.stream_id, IN_PROGRESS)
+    report.findings = [
+        replace(f, erasure=states[f.stream]) if f.stream in states and not f.erasure else f
+        for f in report.findings
+    ]
 
 
 #: Erased streams per ``IN (...)`` list of the rows-left queries.
