@@ -456,7 +456,7 @@ def test_a_restore_after_an_incomplete_capture_erasure_brings_nothing_back(
         assert SAIL.lower() not in json.dumps(kernel.export_subject("alice"), default=str).lower()
         report = kernel.residue_scan([SAIL, SAIL.lower()])
         # Nothing readable; the erasure answered incomplete and nobody asked again: it is
-        # open, and the audit says so (bug PS, decision XXXX-residue-in-progress).
+        # open, and the audit says so (bug PS, decision 0198-residue-in-progress).
         erasures = [(f.kind, f.erasure) for f in report.findings]
         assert erasures == [("erasure", INTERRUPTED)], report.findings
     finally:
@@ -602,7 +602,7 @@ def test_a_restore_after_an_incomplete_subject_erasure_brings_nothing_back(
                 read()
         report = kernel.residue_scan(list(ALICE.values()))
         # Nothing readable; the erasure answered incomplete and nobody asked again: it is
-        # open, and the audit says so (bug PS, decision XXXX-residue-in-progress).
+        # open, and the audit says so (bug PS, decision 0198-residue-in-progress).
         erasures = [(f.kind, f.erasure) for f in report.findings]
         assert erasures == [("erasure", INTERRUPTED)], report.findings
         assert_intact(kernel, "bob", BOB)

@@ -176,7 +176,7 @@ def test_an_erasure_in_flight_is_dead_only_once_its_process_is(tmp_path: Path) -
 
 
 def test_a_look_at_an_erasure_mark_tells_its_state_and_takes_nothing(tmp_path: Path) -> None:
-    """PS (decision XXXX-residue-in-progress): the residue audit's look at a request's
+    """PS (decision 0198-residue-in-progress): the residue audit's look at a request's
     mark, across real processes: ``held`` while a live process holds it (a second look
     at once says the same), ``free`` once that process is killed, and the look neither
     takes nor removes it (a start still finds it dead, once); ``host:NAME`` for another

@@ -1,6 +1,6 @@
 """The residue audit while an erasure is under way, or after one was killed (bugs PS, PT).
 
-Decision XXXX-residue-in-progress. Each erasure runs in a real child process
+Decision 0198-residue-in-progress. Each erasure runs in a real child process
 (``Held``, a kernel of its own on the test's stores) stopped at a step of the cascade;
 the audit runs in this process, whose kernel was built before the child's ledger record
 (a start re-applies the ledger: it would destroy what the test looks at). Both backends.

@@ -1,4 +1,4 @@
-"""PostgreSQL places the residue scan did not read (bug PU, decision XXXX-residue-in-progress).
+"""PostgreSQL places the residue scan did not read (bug PU, decision 0198-residue-in-progress).
 
 0196 left them: bytea inside a composite type, large objects, foreign tables, relations
 created after the scan listed the others. Each test plants an erased subject's name

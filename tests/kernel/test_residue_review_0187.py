@@ -485,7 +485,7 @@ def test_held_scans_beside_a_process_that_captures_erases_and_rebuilds(
     held for a whole scan); and the scan after it stopped is clean. A scan may report rows
     or keys of a subject the churner is erasing at that moment (the key is shredded first,
     the rows deleted after): true when read, gone once that erasure ends, and labelled
-    an erasure in progress (decision XXXX-residue-in-progress, bug PS);
+    an erasure in progress (decision 0198-residue-in-progress, bug PS);
     and ``unfolded`` beside the rebuild's readers on SQLite, as it must."""
     from tests.children import PythonChild, progress_count
     from tests.kernel.conftest import settings_for
