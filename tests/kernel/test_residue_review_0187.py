@@ -517,7 +517,7 @@ def test_held_scans_beside_a_process_that_captures_erases_and_rebuilds(
         assert not [f for f in report.findings if erased in f.location], report.findings
         kinds = {"unfolded", "row", "key", "erasure"}
         assert {f.kind for f in report.findings} <= kinds, report.findings
-        # Each a churner's erasure running, and said so (bug PS, decision XXXX).
+        # Each a churner's erasure running, and said so (bug PS, decision 0198).
         churning = [f for f in report.findings if f.kind != "unfolded"]
         assert {f.erasure for f in churning} <= {IN_PROGRESS}, report.findings
     assert kernel.residue_scan(["Qzxcity0"]).clean
