@@ -23,7 +23,7 @@ import sqlalchemy as sa
 
 from tests.conftest import Backend
 from tests.kernel.conftest import consent, say
-from uprof.backends import backend_for
+from tests.kernel.test_residue_spellings import run_beside_a_paused_scan
 from uprof.kernel import Uprof
 from uprof.services.residue import IN_PROGRESS
 from uprof.services.residue_files import CHUNK
@@ -326,42 +326,8 @@ def test_held_an_erasure_in_another_process_finishes_while_the_scan_is_paused(
     captures and erases a subject (its deletes on every view table, its key shredding)
     and finishes before the scan goes on; the scan then completes with no error, and
     a scan after it finds the erased subject's stream fully checked and nothing left."""
-    from tests.children import run_python
-    from tests.kernel.conftest import settings_for
-
     _seeded(kernel, subjects=3, each=3)
-    engine = kernel.views_engine
-    paused, go_on = threading.Event(), threading.Event()
-    statements = 0
-
-    def pause(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        nonlocal statements
-        if "ctid" in statement:
-            statements += 1
-            if statements == 4:
-                paused.set()
-                go_on.wait(300)
-
-    errors: list[BaseException] = []
-
-    def scan() -> None:
-        try:
-            backend_for(engine).scan_tables(engine, ["Qzxcity1"])
-        except BaseException as e:  # reported below
-            errors.append(e)
-
-    sa.event.listen(engine, "before_cursor_execute", pause)
-    thread = threading.Thread(target=scan)
-    try:
-        thread.start()
-        assert paused.wait(120), "the scan never reached its pause"
-        done = run_python(ERASER, str(settings_for(backend).data_dir), backend.url, timeout=240)
-    finally:
-        go_on.set()
-        thread.join(300)
-        sa.event.remove(engine, "before_cursor_execute", pause)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "done" in done.stdout and not errors and not thread.is_alive()
+    run_beside_a_paused_scan(kernel, backend, ERASER)
     report = kernel.residue_scan(["Qzxcity1"])
     assert report.streams_checked == 1
     assert not [f for f in report.findings if f.kind != "plaintext"], report.findings

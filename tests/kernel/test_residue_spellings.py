@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+import subprocess
 import threading
 import unicodedata
 from collections import Counter
@@ -365,20 +366,16 @@ print("done", flush=True)
 """
 
 
-@pg_only
-def test_a_writer_process_finishes_while_the_scan_is_paused(
-    kernel: Uprof, backend: Backend
-) -> None:
-    """Held: a real process captures 21 interactions while the scan is stopped before
-    its fourth table's read (on main: inside its one transaction); the writer finishes
-    before the scan goes on, and every capture is on the log."""
+def run_beside_a_paused_scan(
+    kernel: Uprof, backend: Backend, script: str
+) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` (a real process on the kernel's data folder and database) while the
+    table scan is stopped before its fourth table's read; the scan goes on once the
+    process has ended, and must complete without an error."""
     from tests.children import run_python
     from tests.kernel.conftest import settings_for
 
-    _seeded(kernel, subjects=2, each=3)
     engine = kernel.views_engine
-    stream = kernel.stream_of("person-1")
-    before = len(kernel.app.recorder.select_events(stream))
     paused, go_on = threading.Event(), threading.Event()
     statements = 0
 
@@ -403,7 +400,7 @@ def test_a_writer_process_finishes_while_the_scan_is_paused(
     try:
         thread.start()
         assert paused.wait(120), "the scan never reached its pause"
-        done = run_python(WRITER, str(settings_for(backend).data_dir), backend.url, timeout=240)
+        done = run_python(script, str(settings_for(backend).data_dir), backend.url, timeout=240)
     finally:
         go_on.set()
         thread.join(300)
@@ -411,6 +408,20 @@ def test_a_writer_process_finishes_while_the_scan_is_paused(
     assert done.returncode == 0, done.stderr[-2000:]
     assert "done" in done.stdout
     assert not errors and not thread.is_alive()
+    return done
+
+
+@pg_only
+def test_a_writer_process_finishes_while_the_scan_is_paused(
+    kernel: Uprof, backend: Backend
+) -> None:
+    """Held: a real process captures 21 interactions while the scan is stopped before
+    its fourth table's read (on main: inside its one transaction); the writer finishes
+    before the scan goes on, and every capture is on the log."""
+    _seeded(kernel, subjects=2, each=3)
+    stream = kernel.stream_of("person-1")
+    before = len(kernel.app.recorder.select_events(stream))
+    run_beside_a_paused_scan(kernel, backend, WRITER)
     assert len(kernel.app.recorder.select_events(stream)) >= before + 21
 
 
