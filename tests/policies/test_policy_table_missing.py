@@ -19,6 +19,7 @@ processes (the CLI in its own process), on SQLite and PostgreSQL.
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 import sqlalchemy as sa
 
@@ -27,6 +28,7 @@ from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import consent, running, settings_for
 from tests.kernel.test_review_0141 import _uprof
 from tests.policies.test_policy_store import _rename_policy_table
+from uprof.services.backup import backup, restore
 from uprof.settings import Settings
 
 
@@ -42,6 +44,24 @@ def _policy_tables(backend: Backend, settings: Settings) -> set[str]:
     engine = sa.create_engine(backend.url)
     try:
         return {t for t in sa.inspect(engine).get_table_names() if t.startswith("policies_")}
+    finally:
+        engine.dispose()
+
+
+def _drop_renamed(backend: Backend, settings: Settings) -> None:
+    """Drop the table ``_rename_policy_table`` moved away (the table dropped by hand)."""
+    if backend.kind == "sqlite":
+        conn = sqlite3.connect(settings.data_dir / "policies.sqlite")
+        try:
+            conn.execute("DROP TABLE stored_events_gone")
+            conn.commit()
+        finally:
+            conn.close()
+        return
+    engine = sa.create_engine(backend.url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("DROP TABLE policies_events_gone"))
     finally:
         engine.dispose()
 
@@ -86,3 +106,20 @@ def test_a_new_deployment_still_makes_its_policy_tables(backend: Backend) -> Non
         assert {"stored_events", "stored_snapshots"} <= tables, tables
     else:
         assert {"policies_events", "policies_snapshots"} <= tables, tables
+
+
+def test_px_a_restore_puts_the_missing_policy_table_back(backend: Backend, tmp_path: Path) -> None:
+    """Held, the hint's other road: with the table dropped, ``uprof restore`` of a backup
+    takes the backup's policy (the live store holds none) and every start works again.
+    Dropped, not renamed: on PostgreSQL a renamed ``policies_events`` keeps its
+    sequence's name, and pg_restore then refuses (nothing changed; decision's Left)."""
+    settings = settings_for(backend)
+    with running(settings, FakeClock()) as kernel:
+        consent(kernel, "alice")
+    backup(settings, tmp_path / "bk")
+    _rename_policy_table(backend, settings)
+    _drop_renamed(backend, settings)
+    assert _uprof(settings, "policy", "show").returncode == 7
+    restore(settings, tmp_path / "bk")
+    shown = _uprof(settings, "policy", "show")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
