@@ -337,6 +337,10 @@ def build_policy_service(
     seed_text = seed_path.read_text(encoding="utf-8")
     packaged = seed_text == packaged_seed_policy_text()
     env = policy_store_env(settings)
+    if not restoring:
+        # Made by ``open_tables`` below, which refuses to make a table found missing on a
+        # deployment that had one (bug PX); a restore puts the backup's stores in place.
+        env = {**env, "CREATE_TABLE": "n"}
     app = PolicyApplication(env=env, keystore=keystore)
     try:
         backend = backend_for(events)
@@ -344,12 +348,15 @@ def build_policy_service(
             engine = backend.create_engine(
                 f"sqlite:///{env['SQLITE_DBNAME']}", fsync_each_commit=True
             )
-            try:
-                seal_legacy_policy_rows(app, engine, material, again=restoring)
-            finally:
-                engine.dispose()
         else:
-            seal_legacy_policy_rows(app, events, material, again=restoring)
+            engine = events
+        try:
+            if not restoring:
+                app.open_tables(engine)
+            seal_legacy_policy_rows(app, engine, material, again=restoring)
+        finally:
+            if engine is not events:
+                engine.dispose()
     except BaseException:
         app.close()
         raise

@@ -25,6 +25,7 @@ from domain.errors import (
     IdentityError,
     InvalidInputError,
     PermissionDeniedError,
+    StoredDataDamagedError,
     SubjectErasedError,
     SubjectNotFoundError,
     UprofError,
@@ -57,6 +58,9 @@ EXIT_CODES: tuple[tuple[type[UprofError], int], ...] = (
     (ConcurrencyConflictError, 6),
     (ErasureIncompleteError, 6),
     (ErasureRolledBackError, 6),
+    # Stored data damaged or missing (a store put back, a table dropped): an operator
+    # restores it; retrying does not help, unlike the outage's 1 (bug PX).
+    (StoredDataDamagedError, 7),
     (UprofError, 1),
 )
 

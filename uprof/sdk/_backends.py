@@ -43,9 +43,19 @@ MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
 MAX_ERROR_BODY_BYTES = 1024 * 1024
 
 
+#: The most the SDK takes of the answer of status below 400 to an ordinary JSON call
+#: (``send``: every call but the export and the proof), in memory before it is parsed.
+#: The largest is a subject's export (``export_subject``), all of one subject's data;
+#: the figure is what ``audit_export`` collects in memory
+#: (``uprof.sdk._client.AUDIT_EXPORT_MAX_BYTES``). Every answer was read whole: a broken
+#: or hostile server answering without end took the app's memory (bug PV).
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+
+
 class _Capped:
     """The bytes of one answer, refused (``TransportError``) past ``limit``: a proof
-    document's ``MAX_DOCUMENT_BYTES``, an error answer's ``MAX_ERROR_BODY_BYTES``."""
+    document's ``MAX_DOCUMENT_BYTES``, an error answer's ``MAX_ERROR_BODY_BYTES``, a JSON
+    call's ``MAX_ANSWER_BYTES``."""
 
     def __init__(self, name: str, limit: int = MAX_DOCUMENT_BYTES, what: str = "") -> None:
         self._name = name
@@ -64,6 +74,17 @@ class _Capped:
             "answered with an error and a body without end",
         )
 
+    @classmethod
+    def answer_of(cls, name: str, status: int) -> _Capped:
+        """For the whole answer of ``status`` to an ordinary JSON call (``send``)."""
+        if status >= 400:
+            return cls.error_of(name, status)
+        return cls(
+            name,
+            MAX_ANSWER_BYTES,
+            f"the most the SDK takes of an answer (status {status}) to a call",
+        )
+
     def add(self, chunk: bytes) -> None:
         self._size += len(chunk)
         if self._size > self._limit:
@@ -77,11 +98,48 @@ class _Capped:
         return b"".join(self._chunks)
 
 
+def _read(response: httpx.Response, body: bytes) -> httpx.Response:
+    """``response`` with ``body``, the decoded bytes read of it through a ``_Capped``:
+    its status and headers (Retry-After) kept, less those that describe the bytes on the
+    wire (already decoded; a ``Content-Encoding`` kept would decode them twice)."""
+    headers = httpx.Headers(response.headers)
+    for name in ("content-encoding", "content-length", "transfer-encoding"):
+        headers.pop(name, None)
+    return httpx.Response(
+        response.status_code, headers=headers, content=body, request=response.request
+    )
+
+
 def _raise_error_answer(call: Call[Any], response: httpx.Response, body: bytes) -> None:
     """Raise the SDK error for ``response`` (status 400 or more), its body ``body`` (read
     through ``_Capped.error_of``), its headers (Retry-After) kept: the proof's error,
     rebuilt from its bytes alone, lost the wait the server asked for (bug PE)."""
-    _parse(call, httpx.Response(response.status_code, headers=response.headers, content=body))
+    _parse(call, _read(response, body))
+
+
+def _answer_whole(call: Call[Any], response: httpx.Response) -> httpx.Response:
+    """The answer of a JSON call read through ``_Capped.answer_of``, for ``send`` (bug
+    PV: httpx read it whole, however long). Past the bound, ``TransportError`` naming the
+    call, the status and the bound (and the key its write was sent with); the caller's
+    ``stream`` block then closes the connection unread."""
+    body = _Capped.answer_of(call.operation.name, response.status_code)
+    try:
+        for chunk in response.iter_bytes():
+            body.add(chunk)
+    except TransportError as too_long:
+        raise _with_key(call, too_long) from None
+    return _read(response, body.content())
+
+
+async def _answer_whole_async(call: Call[Any], response: httpx.Response) -> httpx.Response:
+    """``_answer_whole`` for the async client."""
+    body = _Capped.answer_of(call.operation.name, response.status_code)
+    try:
+        async for chunk in response.aiter_bytes():
+            body.add(chunk)
+    except TransportError as too_long:
+        raise _with_key(call, too_long) from None
+    return _read(response, body.content())
 
 
 class SyncBackend(Protocol):
@@ -266,11 +324,14 @@ class HttpBackend:
         # with its key, the server answers it once (``uprof.services.idempotency``).
         resend = _resend_policy(_attempts(call, self._retries))
 
+        def request() -> httpx.Response:
+            # Streamed, so the body is read through the bound; read inside the resend,
+            # as ``request`` read it, so a connection lost mid-body is sent again too.
+            with self._client.stream(op.method, op.path, **kwargs) as response:
+                return _answer_whole(call, response)
+
         def answered() -> httpx.Response:
-            response = resend.call(
-                lambda: self._client.request(op.method, op.path, **kwargs),
-                give_up=lambda error: _failed(call, error),
-            )
+            response = resend.call(request, give_up=lambda error: _failed(call, error))
             return _unless_still_running(response)
 
         try:
@@ -331,7 +392,8 @@ class AsyncHttpBackend:
         resend = _resend_policy(_attempts(call, self._retries))
 
         async def request() -> httpx.Response:  # a coroutine function: tenacity awaits it
-            return await self._client.request(op.method, op.path, **kwargs)
+            async with self._client.stream(op.method, op.path, **kwargs) as response:
+                return await _answer_whole_async(call, response)
 
         async def answered() -> httpx.Response:
             response = await resend.call_async(request, give_up=lambda error: _failed(call, error))

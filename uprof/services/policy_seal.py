@@ -64,6 +64,20 @@ class PolicyStoreDamagedError(StoredDataDamagedError):
     )
 
 
+class PolicyStoreMissingError(PolicyStoreDamagedError):
+    """A starting process found the policy store's events table missing while the key
+    store holds an anchor of the policy log: the table was there, and was dropped or
+    renamed, or its file replaced (bug PX). Nothing is created in its place: an empty
+    table stood in the way of putting the old one back, and was then refused as damage
+    ("rows removed") without saying what was missing. Not an outage: retrying does not
+    bring it back."""
+
+    hint = (
+        "put the policy store's table back: rename it back, or restore the stores from a "
+        "backup (uprof restore). No process starts until it is back"
+    )
+
+
 def _damaged(what: str) -> PolicyStoreDamagedError:
     return PolicyStoreDamagedError(f"policy store damaged (stored_data_damaged): {what}")
 
@@ -147,6 +161,7 @@ class SealedPolicyLog:
 
     recorder: Any
     repository: Any
+    snapshots: Any
     keystore: Any
     log_id: str
 
@@ -183,6 +198,31 @@ class SealedPolicyLog:
         self.raise_anchors(
             heads_after_save(self.keystore, self.log_id, self.recorder, newest, first)
         )
+
+    def open_tables(self, engine: sa.Engine) -> None:
+        """Create the store's tables (built with eventsourcing's ``CREATE_TABLE`` off),
+        unless its events table is missing from ``engine``'s database while the key store
+        holds an anchor of this log: then ``PolicyStoreMissingError``, nothing created
+        (bug PX). The anchors are read first: a process starting beside a new deployment
+        that another one is creating sees no anchor, and creates (if not there) as before;
+        an anchor only ever follows its table."""
+        anchored = self.keystore.stream_heads_in(self.log_id)
+        table = str(self.recorder.events_table_name)
+        if anchored and not sa.inspect(engine).has_table(table):
+            where = (
+                f" of {Path(engine.url.database or '').name}"
+                if engine.dialect.name == "sqlite"
+                else ""
+            )
+            raise PolicyStoreMissingError(
+                f"policy store missing (stored_data_damaged): its table {table}{where} is "
+                f"not there, though the key store holds the anchors of {len(anchored)} "
+                "tenant policy stream(s) stored in it (the table was dropped or renamed, "
+                "or its file replaced); nothing was created in its place"
+            )
+        self.recorder.create_table()
+        if self.snapshots is not None:
+            self.snapshots.recorder.create_table()
 
     def policy_streams(self) -> list[UUID]:
         """Every stream of the policy store (one per tenant; the store is small)."""

@@ -6,6 +6,7 @@ restart voids the links not yet used. Bounded (uprof.caching): past MAX_LINKS un
 links the oldest is voided. A sign-in holds its link from ``redeem`` until it ``spend``s it
 (a session, or a decided refusal) or gives it back (stopped before deciding: an outage);
 another sign-in meanwhile is told the link is in use, not that it is not valid (bug NW).
+A held link is out of the bound's reach (bug PW): only its holder ends the hold.
 
 A session lives in its cookie (HttpOnly, SameSite=Strict), signed with a key derived from
 the deployment's master secret in the key folder (itsdangerous, HMAC-SHA256, with the
@@ -53,9 +54,6 @@ def _hash(token: str) -> str:
 class _Link:
     subject: str
     expires_at: datetime
-    #: A sign-in redeemed the link and has not finished (``LinkStore.redeem``): it alone
-    #: decides whether the link is spent or given back.
-    held: bool = False
     #: The incarnation tag of the subject the link was issued for (``SessionStore.incarnation``).
     incarnation: str = ""
     #: The API key id that asked for the link (it received the token): the link and the
@@ -83,6 +81,12 @@ class LinkStore:
     def __init__(self, ttl: timedelta = LINK_TTL, max_links: int = MAX_LINKS) -> None:
         self._ttl = ttl
         self._links: BoundedCache[str, _Link] = BoundedCache(max_links, name="web-links")
+        #: The links a sign-in redeemed and has not finished with (``redeem``): it alone
+        #: decides whether the link is spent or given back. Kept apart from ``_links``, out
+        #: of the bound's reach: voided by it, a held link was "not valid" to a press beside
+        #: it and then put back by ``give_back``, and opened a session (bug PW). As many as
+        #: sign-ins under way, each with a link of its own.
+        self._held: dict[str, _Link] = {}
         #: Makes a redeem's look and hold one step: two sign-ins never both hold a link.
         self._lock = threading.Lock()
 
@@ -108,18 +112,20 @@ class LinkStore:
             return None
         key = _hash(token)
         with self._lock:
-            link = self._links.get(key)
-            if link is None:
-                return None
-            if link.expires_at <= _now():
-                self._links.take(key)  # expired: gone, exactly like an unknown link
-                return None
-            if link.held:
+            link = self._held.get(key)
+            if link is not None:
+                if link.expires_at <= _now():
+                    return None  # dead (0186); its holder lets it go (``still_live``)
                 raise SignInLinkInUseError(
                     "another sign-in with this link has not finished yet; the link is not "
                     "used up: retry in a few seconds"
                 )
-            link.held = True
+            link = self._links.take(key)
+            if link is None:
+                return None
+            if link.expires_at <= _now():
+                return None  # expired: gone, exactly like an unknown link
+            self._held[key] = link
         return Redeemed(
             link.subject, link.incarnation, link.issued_by, link.link_id, link.expires_at
         )
@@ -136,29 +142,23 @@ class LinkStore:
         """The sign-in that holds the link decided (it opened a session, or refused the
         link): the link is used up, gone exactly like an unknown one."""
         with self._lock:
-            self._links.take(_hash(token))
+            self._held.pop(_hash(token), None)
 
     def give_back(self, token: str, redeemed: Redeemed) -> None:
         """Release a link ``redeem`` held, unused, with its own expiry: the sign-in could
         not be decided (a store did not answer), so it opened no session, and the link is
-        not spent by an outage (review of 0173, bug MG). Put back as it was if the bound
-        voided it meanwhile; an expired link is not put back."""
+        not spent by an outage (review of 0173, bug MG). Only a link this store holds
+        is given back: one it no longer holds (spent) is not revived (bug PW: a link the
+        bound had voided was put back, after a press was told it was not valid); an
+        expired link is not put back."""
         key = _hash(token)
         with self._lock:
-            if not self.still_live(redeemed):
-                self._links.take(key)
-                return
-            link = _Link(
-                redeemed.subject,
-                redeemed.expires_at,
-                incarnation=redeemed.incarnation,
-                issued_by=redeemed.issued_by,
-                link_id=redeemed.link_id,
-            )
-            self._links.put(key, link)
+            link = self._held.pop(key, None)
+            if link is not None and self.still_live(redeemed):
+                self._links.put(key, link)  # under the bound again, as any unheld link
 
     def __len__(self) -> int:
-        return len(self._links)
+        return len(self._links) + len(self._held)
 
 
 @dataclass
