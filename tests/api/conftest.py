@@ -14,7 +14,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -302,3 +302,33 @@ def tenant_servers(
         httpx.Client(base_url=b_live.url, timeout=60) as b,
     ):
         yield a_live, b_live, a, b
+
+
+class CountedAnswer:
+    """An answer body of ``size`` bytes sent in pieces of ``chunk``, counting what the
+    client pulled (an SDK that reads past its bound pulls more than bound + chunk)."""
+
+    def __init__(self, size: int, chunk: int) -> None:
+        self.size = size
+        self.chunk = chunk
+        self.pulled = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        sent = 0
+        while sent < self.size:
+            piece = b"x" * min(self.chunk, self.size - sent)
+            sent += len(piece)
+            self.pulled = sent
+            yield piece
+
+
+class AsyncCountedAnswer(httpx.AsyncByteStream):
+    """``CountedAnswer`` for httpx's async transport."""
+
+    def __init__(self, answer: CountedAnswer) -> None:
+        self._answer = answer
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for piece in self._answer:
+            await asyncio.sleep(0)
+            yield piece

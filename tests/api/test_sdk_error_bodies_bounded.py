@@ -13,45 +13,19 @@ object; now at most ``MAX_ERROR_BODY_BYTES`` of it is taken, and one byte more i
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.api.conftest import AsyncCountedAnswer, CountedAnswer
 from uprof.sdk import AsyncClient, Client, ServiceUnavailableError, TransportError
 
 #: The documented bound of an error answer's body (docs/api.md).
 LIMIT = 1024 * 1024
 CHUNK = 64 * 1024
 CALLS = ["audit_export", "audit_export_to", "audit_proof"]
-
-
-class _Answer:
-    """``size`` bytes in chunks of ``CHUNK``, counting what the client pulled."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.pulled = 0
-
-    def __iter__(self) -> Iterator[bytes]:
-        sent = 0
-        while sent < self.size:
-            piece = b"x" * min(CHUNK, self.size - sent)
-            sent += len(piece)
-            self.pulled = sent
-            yield piece
-
-
-class _AsyncAnswer(httpx.AsyncByteStream):
-    def __init__(self, answer: _Answer) -> None:
-        self._answer = answer
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        for piece in self._answer:
-            await asyncio.sleep(0)
-            yield piece
 
 
 def _ask(client: Any, call: str, folder: Path) -> Any:
@@ -63,7 +37,7 @@ def _ask(client: Any, call: str, folder: Path) -> Any:
 
 
 def _answered(
-    status: int, body: bytes | _Answer, how: str, call: str, folder: Path
+    status: int, body: bytes | CountedAnswer, how: str, call: str, folder: Path
 ) -> BaseException | object:
     """What ``call`` of the sync or async client returns, or raises, for the answer."""
     headers = {"Retry-After": "7"}
@@ -73,7 +47,7 @@ def _answered(
             return httpx.Response(status, headers=headers, content=body)
         if how == "sync":
             return httpx.Response(status, headers=headers, content=iter(body))
-        return httpx.Response(status, headers=headers, stream=_AsyncAnswer(body))
+        return httpx.Response(status, headers=headers, stream=AsyncCountedAnswer(body))
 
     transport = httpx.MockTransport(handle)
     if how == "sync":
@@ -101,7 +75,7 @@ def test_an_endless_error_answer_is_refused_as_it_arrives(
     """PE: 64 MiB answered with status 500 is refused past the bound, naming the call,
     the status and the bound, having pulled at most a chunk more (on main: the export's
     read whole, then a ServerError; the proof's taken to 16 MiB)."""
-    answer = _Answer(64 * LIMIT)
+    answer = CountedAnswer(64 * LIMIT, CHUNK)
     got = _answered(500, answer, how, call, tmp_path)
     assert isinstance(got, TransportError), repr(got)
     said = str(got)

@@ -10,11 +10,11 @@ one byte past that, with a ``TransportError`` naming the limit.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
 
+from tests.api.conftest import AsyncCountedAnswer, CountedAnswer
 from uprof.sdk import AsyncClient, Client, TransportError
 
 #: The documented limit (docs/api.md), the CLI's for a proof document.
@@ -22,34 +22,8 @@ LIMIT = 16 * 1024 * 1024
 CHUNK = 1 << 20
 
 
-class _Answer:
-    """``size`` bytes in chunks of 1 MiB, counting what the client pulled."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.pulled = 0
-
-    def __iter__(self) -> Iterator[bytes]:
-        sent = 0
-        while sent < self.size:
-            piece = b"x" * min(CHUNK, self.size - sent)
-            sent += len(piece)
-            self.pulled = sent
-            yield piece
-
-
-class _AsyncAnswer(httpx.AsyncByteStream):
-    def __init__(self, answer: _Answer) -> None:
-        self._answer = answer
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        for piece in self._answer:
-            await asyncio.sleep(0)
-            yield piece
-
-
-def _proof(size: int, how: str) -> tuple[bytes | BaseException, _Answer]:
-    answer = _Answer(size)
+def _proof(size: int, how: str) -> tuple[bytes | BaseException, CountedAnswer]:
+    answer = CountedAnswer(size, CHUNK)
     if how == "sync":
 
         def handle(request: httpx.Request) -> httpx.Response:
@@ -62,7 +36,7 @@ def _proof(size: int, how: str) -> tuple[bytes | BaseException, _Answer]:
                 return error, answer
 
     def ahandle(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, stream=_AsyncAnswer(answer))
+        return httpx.Response(200, stream=AsyncCountedAnswer(answer))
 
     async def run() -> bytes | BaseException:
         transport = httpx.MockTransport(ahandle)
