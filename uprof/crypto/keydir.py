@@ -32,7 +32,6 @@ import secrets
 import shutil
 import socket
 import sqlite3
-import stat
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -43,6 +42,7 @@ from typing import TYPE_CHECKING
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from audit.keyring import FileKeyRing
+from audit.lockfile import LockFileAccessError, make_lock_folder, open_lock_file
 from domain.errors import UprofError
 from uprof.ports import ErasureRecord
 
@@ -225,8 +225,10 @@ class FileKeyMaterialStore:
     @contextmanager
     def ring_lock(self, *, exclusive: bool) -> Iterator[None]:
         # A flock of a file of its own: every process (and thread: each opens its own
-        # descriptor) of the deployment shares this folder.
-        fd = os.open(self.path / RING_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        # descriptor) of the deployment shares this folder. Checked (bug PP): a link
+        # planted here made this create a file elsewhere, and another user's file let
+        # that user hold every KEK rotation and key wrap.
+        fd = open_lock_file(self.path / RING_LOCK_FILE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
             yield
@@ -278,8 +280,10 @@ class FileKeyMaterialStore:
         # is a request whose process is gone (``erasure_owner_gone``). It names its
         # host: only a start on that host can tell (bug HY).
         path = self._in_flight_path(request_id)
-        path.parent.mkdir(mode=0o700, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        # Checked, folder and file (bug PP): a link as either made this write its host
+        # line into the file it names, anywhere; a link as the folder put the marks there.
+        make_lock_folder(path.parent)
+        fd = open_lock_file(path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
@@ -299,20 +303,17 @@ class FileKeyMaterialStore:
             return
         path = self._in_flight_path(request_id)
         try:
-            # Never followed out of the folder, never blocked on (bug IA).
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+            # Never followed out of the folder, never blocked on (bug IA), nor a hard
+            # link or another user's file taken for a mark (bug PP).
+            fd = open_lock_file(path, create=False)
         except FileNotFoundError:
             yield False  # finished (or began before marks were kept): not known dead
             return
-        except OSError as error:  # a directory, a symlink: not a mark this code wrote
-            _log.warning("erasure in-flight mark %s is not a file (%s): left alone", path, error)
+        except (OSError, LockFileAccessError) as error:  # not a mark this code wrote
+            _log.warning("erasure in-flight mark %s: %s; left alone", path, error)
             yield False
             return
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO, a device: not a mark either
-                _log.warning("erasure in-flight mark %s is not a regular file: left alone", path)
-                yield False
-                return
             written = os.read(fd, 4096)
             if written and written != _host_line():
                 # Another host's request (a shared folder): its lock may not reach this
@@ -352,9 +353,7 @@ class FileKeyMaterialStore:
     @contextmanager
     def settle_host_turn(self) -> Iterator[None]:
         """Held for a whole ``uprof erase settle-host`` run; another run waits for it."""
-        fd = os.open(
-            self.path / SETTLE_HOST_LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600
-        )
+        fd = open_lock_file(self.path / SETTLE_HOST_LOCK_FILE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -377,14 +376,12 @@ class FileKeyMaterialStore:
             return
         path = self._in_flight_path(request_id)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:  # none, or not a mark this code wrote (bug IA)
+            fd = open_lock_file(path, create=False)
+        except (OSError, LockFileAccessError):  # none, or not a mark this code wrote (IA, PP)
             yield "none"
             return
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode) or os.read(fd, 4096) != (
-                f"host={host}\n".encode()
-            ):
+            if os.read(fd, 4096) != (f"host={host}\n".encode()):
                 yield "none"
                 return
             try:
