@@ -1,4 +1,5 @@
-"""Lock files: the one checked opener of every file uprof flocks (decisions 0195, XXXX).
+"""Lock files and key files: the one checked opener of every file uprof flocks, and of
+the secrets it reads from the key folder (decisions 0195, XXXX).
 
 A lock file is an empty file (or one holding its holder's record) that uprof creates
 itself, mode 0600, in a folder of its own: the data folder's SQLite locks
@@ -20,6 +21,7 @@ import errno
 import os
 import stat
 
+from audit.errors import AuditKeyError
 from domain.errors import UprofError
 
 
@@ -185,3 +187,93 @@ def check_lock_folder(folder: str | os.PathLike[str]) -> None:
         raise LockFileRefusedError(
             f"refused the lock folder {folder}: it is {why}, not a folder uprof made"
         )
+
+
+# ----------------------------------------------------------------- the key folder
+
+
+class KeyFileRefusedError(AuditKeyError):
+    """The key folder, or a secret in it, is not as uprof keeps it: a symbolic link
+    (whoever made it chose the keys uprof uses), not a folder or a regular file, another
+    user's, or open to other users (the folder writable: key files can be swapped or
+    linked in; a file readable: the secret is out). An ``AuditKeyError``: the audit
+    signing key's callers see the class they always did (bug PR)."""
+
+    hint = (
+        "the key folder and its files are uprof's alone: owned by the user that runs "
+        "uprof, the folder mode 0700, each file 0600, no links (chown, chmod 700 / 600; "
+        "put back the real file, or set UPROF_KEY_DIR to the folder a link points to); "
+        "nothing was changed"
+    )
+
+
+def check_key_folder(folder: str | os.PathLike[str]) -> None:
+    """Refuse the key folder unless it is a folder (not a link to one), owned by this
+    process's user or its parent folder's owner (root running its service user's
+    deployment), and not writable by other users (bug PR)."""
+    folder = os.fspath(folder)
+    found = os.lstat(folder)
+    why = (
+        _file_kind(found.st_mode)
+        if not stat.S_ISDIR(found.st_mode)
+        else _not_ours(found, os.path.dirname(folder) or ".")
+    )
+    if why is not None:
+        raise KeyFileRefusedError(f"refused the key folder {folder}: it is {why}")
+
+
+def open_key_file(
+    path: str | os.PathLike[str], flags: int = os.O_RDONLY, *, secret: bool = True
+) -> int:
+    """A descriptor of the file ``path`` in the key folder, opened with ``flags`` (and
+    ``O_NOFOLLOW | O_NONBLOCK``; ``FileNotFoundError`` when there is none and ``flags``
+    do not create it, as 0600), refused (``KeyFileRefusedError``) unless it is a regular
+    file, not a link (a link planted there chose the key, or received the erasure
+    ledger's records), owned by this process's user or the folder's owner, and neither
+    readable nor writable by other users (bug PR); ``secret=False`` (the erasure ledger:
+    ids and keyed hashes, which an operator may have copied back 0644) only not
+    writable by them. A second name is allowed: a first
+    start links its file into place before it removes the temporary name, and a racing
+    start reads it in between."""
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+    except FileNotFoundError:
+        raise
+    except OSError as error:
+        # ELOOP: a link (O_NOFOLLOW); EISDIR: a folder; ENXIO: a socket, or a FIFO
+        # opened for writing with no reader.
+        if error.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EOPNOTSUPP):
+            raise
+        try:
+            what = _file_kind(os.lstat(path).st_mode)
+        except OSError:
+            raise error from None
+        raise KeyFileRefusedError(f"refused the key file {path}: it is {what}") from None
+    try:
+        found = os.fstat(fd)
+        why = (
+            _file_kind(found.st_mode)
+            if not stat.S_ISREG(found.st_mode)
+            else _not_ours(found, os.path.dirname(path) or ".")
+        )
+        if why is None and found.st_mode & (0o077 if secret else 0o022):
+            why = f"open to other users (mode {found.st_mode & 0o7777:04o}); run `chmod 600` on it"
+        if why is not None:
+            raise KeyFileRefusedError(f"refused the key file {path}: it is {why}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_key_file(path: str | os.PathLike[str]) -> bytes:
+    """The bytes of the secret ``path`` in the key folder, opened by ``open_key_file``."""
+    fd = open_key_file(path)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from audit.errors import AuditKeyError
 from audit.keyring import FileKeyRing
 from tests import children
 from tests.conftest import Backend
@@ -45,6 +46,7 @@ from tests.kernel.test_lock_turns_review import (
 from tests.kernel.test_schema_lock_wait import HARNESS_WAIT_S, _flat
 from uprof.backends import LockFileRefusedError
 from uprof.crypto.keydir import FileKeyMaterialStore
+from uprof.ports import ErasureRecord
 from uprof.services.backup import partials, remove_stale_partials
 
 REQUEST = "0f1e2d3c-4b5a-4978-8a6b-5c4d3e2f1a0b"
@@ -260,3 +262,143 @@ def test_pq_a_writer_lock_uprof_did_not_make_keeps_its_partial(
     assert partial.is_dir()
     if kind == "hard-link":
         assert victim.read_text() == PRECIOUS
+
+
+# ------------------------------------------------ PR: the key folder and its secrets
+
+#: A secret of the key folder, by its name, and how uprof reads (or appends to) it.
+SECRETS: dict[str, Callable[[Path], object]] = {
+    "master.key": lambda folder: FileKeyMaterialStore(folder).master_secret(),
+    "keks.json": lambda folder: FileKeyMaterialStore(folder).load_kek_ring(),
+    "audit-signing.pem": lambda folder: FileKeyRing(folder).current(),
+    "erasure-ledger.jsonl": lambda folder: FileKeyMaterialStore(folder).append_erasure(
+        ErasureRecord(kind="subject", tenant="t", at="2026-01-01T00:00:00Z", stream_id="s")
+    ),
+}
+
+
+def _secret_elsewhere(name: str, elsewhere: Path) -> Path:
+    """A file ``name`` uprof would accept, made by a start in another key folder."""
+    other = elsewhere / "other-keys"
+    other.mkdir(mode=0o700)
+    SECRETS[name](other)
+    return other / name
+
+
+@pytest.mark.parametrize(
+    "kind", ["symlink-to-a-file", "another-users-file", "open-to-others", "fifo"]
+)
+@pytest.mark.parametrize("name", sorted(SECRETS))
+def test_pr_a_key_file_uprof_did_not_make_is_refused_naming_it(
+    key_folder: Path, tmp_path: Path, name: str, kind: str
+) -> None:
+    """Bug PR. main at 2ccadb9a: a link was followed (a master secret, KEK ring or
+    signing key chosen by whoever planted it; the ledger's records appended to the file
+    it names), another user's file and a master secret or ring readable by every user
+    were used, a FIFO hung the start (here: read without ``O_NONBLOCK`` it would
+    block, so the FIFO case runs its read in a child)."""
+    path = key_folder / name
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    victim = _secret_elsewhere(name, elsewhere)
+    before = victim.read_bytes()
+    if kind == "symlink-to-a-file":
+        path.symlink_to(victim)
+    elif kind == "fifo":
+        os.mkfifo(path, 0o600)
+    else:
+        path.write_bytes(before)
+        path.chmod(0o600)
+        if kind == "another-users-file":
+            os.chown(path, 4242, 4242)
+        else:  # the ledger holds no secret: refused only when others may write it
+            path.chmod(0o666 if name == "erasure-ledger.jsonl" else 0o644)
+    done = children.run_python(_READ_SECRET, str(key_folder), name, timeout=HARNESS_WAIT_S)
+    assert victim.read_bytes() == before, "the file the key file names was changed"
+    said = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr
+    assert said.startswith(f"refused KeyFileRefusedError refused the key file {path}: it is "), (
+        done.stdout,
+        done.stderr,
+    )
+
+
+#: Read (or append to) the secret ``argv[2]`` of the key folder ``argv[1]``: prints
+#: "read", or "refused <class> <message>".
+_READ_SECRET = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from tests.kernel.test_key_folder_locks import SECRETS
+
+    try:
+        SECRETS[sys.argv[2]](Path(sys.argv[1]))
+        print("read")
+    except Exception as error:
+        print("refused", type(error).__name__, str(error).replace(chr(10), " "))
+    """
+)
+
+
+@pytest.mark.parametrize("kind", ["writable-by-others", "symlink", "another-users"])
+def test_pr_a_key_folder_uprof_did_not_make_is_refused_naming_it(tmp_path: Path, kind: str) -> None:
+    """Bug PR. main at 2ccadb9a: a key folder every user may write (who may then plant
+    or swap its keys), a link to one, or another user's, was used without a word."""
+    real = tmp_path / "real-keys"
+    real.mkdir(mode=0o700)
+    folder = tmp_path / "keys"
+    if kind == "symlink":
+        folder.symlink_to(real)
+    else:
+        folder.mkdir(mode=0o700)
+        if kind == "writable-by-others":
+            folder.chmod(0o777)
+        else:
+            os.chown(folder, 4242, 4242)
+    with pytest.raises(AuditKeyError) as refused:  # its KeyFileRefusedError
+        FileKeyMaterialStore(folder)
+    assert type(refused.value).__name__ == "KeyFileRefusedError"
+    assert str(refused.value).startswith(f"refused the key folder {folder}: it is ")
+    assert "nothing was changed" in refused.value.diagnostics()
+    assert list(real.iterdir()) == []
+
+
+def test_pr_a_start_on_a_master_secret_others_can_read_says_what_to_do(
+    sqlite_store: Backend,  # noqa: F811 (the fixture)
+) -> None:
+    """Bug PR, as an operator meets it: exit 1 naming the file and ``chmod 600``, no
+    traceback. main at 2ccadb9a: the command ran on a master secret every user can read."""
+    env = cli_env(sqlite_store)
+    path = settings_for(sqlite_store).key_path / "master.key"
+    first = children.run_python(
+        children.CLI_SCRIPT, "projections", "lag", env=env, timeout=HARNESS_WAIT_S
+    )
+    assert first.returncode == 0 and path.exists(), first.stderr
+    path.chmod(0o644)
+    done = children.run_python(
+        children.CLI_SCRIPT, "projections", "lag", env=env, timeout=HARNESS_WAIT_S
+    )
+    flat = "".join(_flat(done.stderr).split())
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert f"refusedthekeyfile{path}:itisopentootherusers(mode0644)" in flat, done.stderr
+    assert "nothingwaschanged" in flat, done.stderr
+    path.chmod(0o600)
+    again = children.run_python(
+        children.CLI_SCRIPT, "projections", "lag", env=env, timeout=HARNESS_WAIT_S
+    )
+    assert again.returncode == 0, again.stderr
+
+
+def test_pr_a_linked_erasure_ledger_is_never_read(key_folder: Path, tmp_path: Path) -> None:
+    """Bug PR. main at 2ccadb9a: the ledger's records were read from whatever a link
+    named (a planted ledger without an erasure made every erased subject's name usable
+    again; one with records refused subjects never erased)."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    victim = _secret_elsewhere("erasure-ledger.jsonl", elsewhere)
+    (key_folder / "erasure-ledger.jsonl").symlink_to(victim)
+    with pytest.raises(AuditKeyError) as refused:  # its KeyFileRefusedError
+        FileKeyMaterialStore(key_folder).erasure_records()
+    assert str(refused.value).startswith(
+        f"refused the key file {key_folder / 'erasure-ledger.jsonl'}: it is a symbolic link"
+    )

@@ -32,6 +32,7 @@ import secrets
 import shutil
 import socket
 import sqlite3
+import stat
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -42,7 +43,14 @@ from typing import TYPE_CHECKING
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from audit.keyring import FileKeyRing
-from audit.lockfile import LockFileAccessError, make_lock_folder, open_lock_file
+from audit.lockfile import (
+    LockFileAccessError,
+    check_key_folder,
+    make_lock_folder,
+    open_key_file,
+    open_lock_file,
+    read_key_file,
+)
 from domain.errors import UprofError
 from uprof.ports import ErasureRecord
 
@@ -110,11 +118,11 @@ def _create_once(path: Path, data: bytes) -> bytes:
         try:
             os.link(tmp, path)
         except FileExistsError:
-            return path.read_bytes()  # another process won the race
+            return read_key_file(path)  # another process won the race
         except FileNotFoundError:
             if not path.exists():
                 raise
-            return path.read_bytes()  # won, and a ring write cleared our file meanwhile
+            return read_key_file(path)  # won, and a ring write cleared our file meanwhile
         _fsync_dir(path.parent)
         return data
     finally:
@@ -175,6 +183,9 @@ class FileKeyMaterialStore:
         self.location = str(key_dir)
         self._master_override = master_secret
         key_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Owner, mode and no link checked before any key is read or written (bug PR): a
+        # folder others may write lets them plant or swap the keys erasure depends on.
+        check_key_folder(key_dir)
         self._ledger_lock = threading.Lock()
         self._audit_keys: FileKeyRing | None = None
         self._records: list[ErasureRecord] = []
@@ -188,7 +199,10 @@ class FileKeyMaterialStore:
         if self._master_override is not None:
             return self._master_override
         path = self.path / MASTER_KEY_FILE
-        data = path.read_bytes() if path.exists() else _create_once(path, secrets.token_bytes(32))
+        try:
+            data = read_key_file(path)
+        except FileNotFoundError:
+            data = _create_once(path, secrets.token_bytes(32))
         if len(data) < 32:
             raise KeyMaterialError(f"{path} is shorter than 32 bytes; refusing to start")
         return data
@@ -198,10 +212,12 @@ class FileKeyMaterialStore:
 
     def load_kek_ring(self) -> dict[int, bytes]:
         path = self.path / KEK_RING_FILE
-        if not path.exists():
+        try:
+            ring = read_key_file(path)
+        except FileNotFoundError:
             first = {1: AESGCM.generate_key(bit_length=256)}
-            _create_once(path, self._ring_bytes(first))
-        raw = json.loads(path.read_text(encoding="utf-8"))
+            ring = _create_once(path, self._ring_bytes(first))
+        raw = json.loads(ring.decode("utf-8"))
         return {int(e["epoch"]): base64.b64decode(e["key"]) for e in raw["keks"]}
 
     def save_kek_ring(self, keys: dict[int, bytes]) -> None:
@@ -400,7 +416,8 @@ class FileKeyMaterialStore:
     def append_erasure(self, record: ErasureRecord) -> None:
         line = (_record_to_json(record) + "\n").encode()
         path = self.path / LEDGER_FILE
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        # Checked (bug PR): a link planted as the ledger must not receive its records.
+        fd = open_key_file(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, secret=False)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # appends from several processes stay whole lines
             size = os.fstat(fd).st_size
@@ -420,17 +437,20 @@ class FileKeyMaterialStore:
         path = self.path / LEDGER_FILE
         with self._ledger_lock:
             try:
-                stat = path.stat()
+                # lstat: a link planted as the ledger is refused, never read (bug PR).
+                found = os.lstat(path)
             except FileNotFoundError:
                 self._records, self._ledger_state, self._snapshot = [], (0, 0), ()
                 return ()
+            if not stat.S_ISREG(found.st_mode):
+                os.close(open_key_file(path, secret=False))  # raises KeyFileRefusedError, naming it
             inode, consumed = self._ledger_state
-            if stat.st_ino != inode or stat.st_size < consumed:
+            if found.st_ino != inode or found.st_size < consumed:
                 # Replaced or truncated: read it all again, into a new snapshot even when
                 # it holds as many records as before (readers compare snapshots, not counts).
                 self._records, consumed, self._snapshot = [], 0, None
-            if stat.st_size > consumed:
-                with path.open("rb") as fh:
+            if found.st_size > consumed:
+                with os.fdopen(open_key_file(path, secret=False), "rb") as fh:
                     fh.seek(consumed)
                     tail = fh.read()
                 # Only whole lines count; a line still being written is read next time.
@@ -441,7 +461,7 @@ class FileKeyMaterialStore:
                     except (ValueError, KeyError, UnicodeDecodeError):
                         _log.warning("erasure ledger %s: skipped an unreadable line", path)
                 consumed += len(whole)
-            self._ledger_state = (stat.st_ino, consumed)
+            self._ledger_state = (found.st_ino, consumed)
             snapshot = self._snapshot
             if snapshot is None or len(snapshot) != len(self._records):
                 # Copied only when it changed: every key lookup asks (decision 0052).
