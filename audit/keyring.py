@@ -74,6 +74,7 @@ from audit.keys import (
     load_pinned_key,
     load_signing_key,
 )
+from audit.lockfile import open_lock_file
 from audit.merkle import HASH_SIZE
 from audit.strict_json import strict_json
 
@@ -542,7 +543,7 @@ class FileKeyRing:
     @contextmanager
     def _lock(self) -> Iterator[None]:
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(self.folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = open_lock_file(self.folder / LOCK_FILE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -558,7 +559,7 @@ class FileKeyRing:
     @contextmanager
     def _anchor_lock(self) -> Iterator[None]:
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(self.folder / ANCHOR_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = open_lock_file(self.folder / ANCHOR_LOCK_FILE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -684,7 +685,7 @@ class FileKeyRing:
         live rotation, whose own rename comes (the in-flight allowance of
         ``_named_current``). Never waiting keeps a caller inside a database write from
         deadlocking with a rotation waiting for the log's append lock."""
-        fd = os.open(self.folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = open_lock_file(self.folder / LOCK_FILE)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from hashlib import sha256
 from pathlib import Path
@@ -25,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from audit._codec import b64decode_strict
 from audit.errors import AuditKeyError, VerificationError
+from audit.lockfile import read_key_file
 from audit.merkle import HASH_SIZE, verify_consistency
 
 #: C2SP signed-note signature type byte for Ed25519.
@@ -68,15 +68,12 @@ def load_signing_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
     """Load an existing Ed25519 private key (PEM) that only its owner can read."""
     key_path = Path(path)
     try:
-        mode = key_path.stat().st_mode
+        # Checked as every key file (bug PR): no link, this user's, mode 0600.
+        pem = read_key_file(key_path)
     except FileNotFoundError:
         raise AuditKeyError(f"signing key file {key_path} does not exist") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise AuditKeyError(
-            f"signing key file {key_path} has mode {stat.S_IMODE(mode):04o}; run `chmod 600` on it"
-        )
     try:
-        key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+        key = serialization.load_pem_private_key(pem, password=None)
     except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
         raise AuditKeyError(
             f"signing key file {key_path} is not a PEM private key: {exc}"

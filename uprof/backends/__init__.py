@@ -28,6 +28,9 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
 
+from audit.lockfile import LockFileAccessError as LockFileAccessError
+from audit.lockfile import LockFileRefusedError as LockFileRefusedError
+from audit.lockfile import lock_file_error as lock_file_error
 from domain.errors import UprofError
 
 if TYPE_CHECKING:
@@ -48,47 +51,6 @@ class StoresInUseError(UprofError):
     """Another uprof process has the stores open (or a restore holds them alone)."""
 
     hint = "stop every uprof process on this deployment (servers, workers, MCP), then retry"
-
-
-class LockFileAccessError(UprofError):
-    """A lock file of the stores cannot be opened by this process's user (another user's
-    file, a mode without read and write, a folder it cannot enter or write)."""
-
-    hint = (
-        "run uprof as the user that owns the data folder, or give this user read and "
-        "write access to the file and its folder (chown, chmod); nothing was changed"
-    )
-
-
-class LockFileRefusedError(LockFileAccessError):
-    """A lock file of the stores is not one uprof made: a symbolic or hard link, a
-    folder, a FIFO, a socket or a device, another user's file or one other users may
-    write. Opened as a lock, a link made uprof create, empty or overwrite the file it
-    names, anywhere this process may write (bug PI); the rest is not a lock of uprof's."""
-
-    hint = (
-        "a lock file is an empty file uprof creates itself (mode 0600, owned by the user "
-        "that runs uprof): remove this one and start again, and let no other user write "
-        "in the data folder; nothing was changed"
-    )
-
-
-def lock_file_error(path: str, error: OSError) -> LockFileAccessError:
-    """``LockFileAccessError`` for ``path``, which ``os.open`` refused with ``error``:
-    whose the file is and its mode when it can be seen, and who this process runs as."""
-    whose = "neither it nor its folder can be looked at"
-    for what, place in (("", path), ("its folder ", os.path.dirname(path) or ".")):
-        try:
-            found = os.stat(place)
-        except OSError:
-            continue
-        # A file that is not there yet: the folder it would be created in is to blame.
-        whose = f"{what}owned by uid {found.st_uid}, mode {found.st_mode & 0o7777:04o}"
-        break
-    return LockFileAccessError(
-        f"cannot open the lock file {path} ({error.strerror or error}; {whose}; this "
-        f"process runs as uid {os.geteuid()})"
-    )
 
 
 class SchemaLockWaitError(UprofError):

@@ -9,14 +9,12 @@ each application has its own file (FIELD-NOTES 2.2).
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import os
 import secrets
 import socket
 import sqlite3
-import stat
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -25,15 +23,14 @@ from uuid import UUID
 
 import sqlalchemy as sa
 
+from audit.lockfile import make_lock_folder, open_lock_file
 from uprof.backends import (
     Backend,
     LockFileAccessError,
-    LockFileRefusedError,
     StorageLayout,
     StoresInUseError,
     TableScan,
     described_holder,
-    lock_file_error,
     schema_lock_holder,
     upsert_from_with,
     upsert_with,
@@ -228,7 +225,7 @@ class SQLiteBackend:
         if not database or database == ":memory:" or engine.url.query.get("mode") == "memory":
             yield
             return
-        fd = _open_lock_file(f"{database}{SCHEMA_LOCK_SUFFIX}")
+        fd = open_lock_file(f"{database}{SCHEMA_LOCK_SUFFIX}")
         try:
             # Everything opened after the lock file is closed by this ``finally``: the
             # turnstile was opened before it, and a turnstile refused leaked the lock
@@ -293,13 +290,7 @@ class SQLiteBackend:
             yield True
             return
         folder = f"{database}.locks"
-        try:
-            os.makedirs(folder, mode=0o700, exist_ok=True)
-        except PermissionError as error:
-            raise lock_file_error(folder, error) from None
-        except FileExistsError:
-            pass  # a file or a link under its name: refused just below
-        _check_lock_folder(folder)
+        make_lock_folder(folder)
         path = os.path.join(folder, hashlib.sha256(name.encode()).hexdigest())
         # Tried without blocking until the deadline, in turn with the other waiters
         # (``_Turns``, as the schema lock): tries every 50 ms alone lost every release
@@ -329,7 +320,7 @@ class SQLiteBackend:
                 # The previous release flocked ``<database>.<name>-lock`` exclusively and
                 # kept the file (bug KJ); a shared flock of it conflicts with that alone.
                 # Never deleted here: a process of that release may hold or open it.
-                old_fd = _open_lock_file(f"{database}.{previous_release_shared}-lock")
+                old_fd = open_lock_file(f"{database}.{previous_release_shared}-lock")
                 if not _poll_flock(old_fd, shared=True, deadline=deadline):
                     yield False
                     return
@@ -647,7 +638,7 @@ def _open_lock(engine: sa.Engine, *, shared: bool) -> int | None:
     database = engine.url.database
     if not database or database == ":memory:" or engine.url.query.get("mode") == "memory":
         return None
-    fd = _open_lock_file(f"{database}{OPEN_LOCK_SUFFIX}")
+    fd = open_lock_file(f"{database}{OPEN_LOCK_SUFFIX}")
     try:
         fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -721,109 +712,6 @@ def _check_positions_back(copy: Path, checked: dict[str, int]) -> None:
         conn.close()
 
 
-def _open_lock_file(path: str, *, create: bool = True) -> int:
-    """A descriptor of the lock file ``path`` (created, 0600, if missing and ``create``;
-    ``FileNotFoundError`` otherwise), for flock; every lock file of the stores is opened
-    here.
-
-    A file this process's user may not open (another user's, a mode without read and
-    write, a folder it cannot write) failed every start with ``PermissionError``'s
-    traceback (0180 "Left"): now an error naming the file, its owner and mode, and
-    what to do (bug OB). A file that is not one uprof made is refused,
-    ``LockFileRefusedError`` (bug PI): a symbolic link is never followed (it made uprof
-    create the file it names, anywhere, and a schema lock's holder empties and writes
-    its lock file: the linked file was emptied), nor a hard link used, nor a folder,
-    FIFO (``O_NONBLOCK``: never waited on), socket or device, nor a file of a user that
-    is neither this process's nor the folder's owner, or that other users may write."""
-    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | (os.O_CREAT if create else 0)
-    try:
-        fd = os.open(path, flags, 0o600)
-    except PermissionError as error:
-        raise lock_file_error(path, error) from None
-    except FileNotFoundError:
-        raise
-    except OSError as error:
-        # ELOOP: a symbolic link (O_NOFOLLOW); EISDIR: a folder; ENXIO: a socket.
-        if error.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EOPNOTSUPP):
-            raise
-        try:
-            what = _file_kind(os.lstat(path).st_mode)
-        except OSError:
-            raise error from None
-        raise _refused(path, what) from None
-    try:
-        why = _not_a_lock_file(path, os.fstat(fd))
-    except BaseException:
-        os.close(fd)
-        raise
-    if why is not None:
-        os.close(fd)
-        raise _refused(path, why)
-    return fd
-
-
-def _refused(path: str, what: str) -> LockFileRefusedError:
-    return LockFileRefusedError(
-        f"refused the lock file {path}: it is {what}, not a lock file uprof made"
-    )
-
-
-def _file_kind(mode: int) -> str:
-    for test, kind in (
-        (stat.S_ISLNK, "a symbolic link"),
-        (stat.S_ISDIR, "a folder"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a device"),
-        (stat.S_ISBLK, "a device"),
-    ):
-        if test(mode):
-            return kind
-    return "not a regular file"
-
-
-def _not_a_lock_file(path: str, found: os.stat_result) -> str | None:
-    """Why the file ``found`` (``path``'s, opened without following a link) is not a
-    lock file uprof made, or None when it may be one."""
-    if not stat.S_ISREG(found.st_mode):
-        return _file_kind(found.st_mode)
-    # 0: deleted since it was opened (named locks' holders delete theirs), not a link.
-    if found.st_nlink > 1:
-        return f"a hard link ({found.st_nlink} names of one file)"
-    return _not_ours(found, os.path.dirname(path) or ".")
-
-
-def _not_ours(found: os.stat_result, folder: str) -> str | None:
-    """Why a lock file or folder (``found``, in ``folder``) is not this deployment's:
-    owned by a user that is neither this process's nor the folder's owner (root running
-    a deployment of its service user's may use its files), or writable by other users
-    (who could then write the holder's record, or swap the file)."""
-    me, folder_owner = os.geteuid(), os.stat(folder).st_uid
-    if found.st_uid not in (me, folder_owner):
-        return (
-            f"owned by uid {found.st_uid}, neither this process's user (uid {me}) nor the "
-            f"folder's owner (uid {folder_owner})"
-        )
-    if found.st_mode & 0o022:
-        return f"writable by other users (mode {found.st_mode & 0o7777:04o})"
-    return None
-
-
-def _check_lock_folder(folder: str) -> None:
-    """Refuse the named locks' folder when it is not one uprof made: a symbolic link
-    would put its lock and turnstile files, created and deleted, wherever it points."""
-    found = os.lstat(folder)
-    why = (
-        _file_kind(found.st_mode)
-        if not stat.S_ISDIR(found.st_mode)
-        else _not_ours(found, os.path.dirname(folder) or ".")
-    )
-    if why is not None:
-        raise LockFileRefusedError(
-            f"refused the lock folder {folder}: it is {why}, not a folder uprof made"
-        )
-
-
 def _write_holder_record(fd: int, purpose: str) -> None:
     """Write who holds the flock of ``fd`` (a schema lock, or a turnstile) into its
     file, for the processes waiting (``_schema_lock_holder_of``)."""
@@ -841,7 +729,7 @@ def _lock_file(path: str) -> int | None:
     the path is opened again (a new file, or another process's). A file left by a holder
     that died is flocked, used and deleted by the next holder of its name."""
     while True:
-        fd = _open_lock_file(path)
+        fd = open_lock_file(path)
         if not _flocked(fd, shared=False):
             os.close(fd)
             return None  # a live holder: the caller polls, as PostgreSQL's try-lock is
@@ -924,7 +812,7 @@ class _Turns:
 
     def _someone_waits(self) -> bool:
         try:
-            fd = _open_lock_file(self._path, create=False)
+            fd = open_lock_file(self._path, create=False)
         except FileNotFoundError:
             return False  # nobody waits: no turnstile
         try:
@@ -938,7 +826,7 @@ class _Turns:
         if self._turn is not None:
             return ""
         try:
-            fd = _open_lock_file(self._path, create=False)
+            fd = open_lock_file(self._path, create=False)
         except (OSError, LockFileAccessError):
             return ""
         try:

@@ -43,6 +43,14 @@ from typing import TYPE_CHECKING
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from audit.keyring import FileKeyRing
+from audit.lockfile import (
+    LockFileAccessError,
+    check_key_folder,
+    make_lock_folder,
+    open_key_file,
+    open_lock_file,
+    read_key_file,
+)
 from domain.errors import UprofError
 from uprof.ports import ErasureRecord
 
@@ -110,11 +118,11 @@ def _create_once(path: Path, data: bytes) -> bytes:
         try:
             os.link(tmp, path)
         except FileExistsError:
-            return path.read_bytes()  # another process won the race
+            return read_key_file(path)  # another process won the race
         except FileNotFoundError:
             if not path.exists():
                 raise
-            return path.read_bytes()  # won, and a ring write cleared our file meanwhile
+            return read_key_file(path)  # won, and a ring write cleared our file meanwhile
         _fsync_dir(path.parent)
         return data
     finally:
@@ -175,6 +183,9 @@ class FileKeyMaterialStore:
         self.location = str(key_dir)
         self._master_override = master_secret
         key_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Owner, mode and no link checked before any key is read or written (bug PR): a
+        # folder others may write lets them plant or swap the keys erasure depends on.
+        check_key_folder(key_dir)
         self._ledger_lock = threading.Lock()
         self._audit_keys: FileKeyRing | None = None
         self._records: list[ErasureRecord] = []
@@ -188,7 +199,10 @@ class FileKeyMaterialStore:
         if self._master_override is not None:
             return self._master_override
         path = self.path / MASTER_KEY_FILE
-        data = path.read_bytes() if path.exists() else _create_once(path, secrets.token_bytes(32))
+        try:
+            data = read_key_file(path)
+        except FileNotFoundError:
+            data = _create_once(path, secrets.token_bytes(32))
         if len(data) < 32:
             raise KeyMaterialError(f"{path} is shorter than 32 bytes; refusing to start")
         return data
@@ -198,10 +212,12 @@ class FileKeyMaterialStore:
 
     def load_kek_ring(self) -> dict[int, bytes]:
         path = self.path / KEK_RING_FILE
-        if not path.exists():
+        try:
+            ring = read_key_file(path)
+        except FileNotFoundError:
             first = {1: AESGCM.generate_key(bit_length=256)}
-            _create_once(path, self._ring_bytes(first))
-        raw = json.loads(path.read_text(encoding="utf-8"))
+            ring = _create_once(path, self._ring_bytes(first))
+        raw = json.loads(ring.decode("utf-8"))
         return {int(e["epoch"]): base64.b64decode(e["key"]) for e in raw["keks"]}
 
     def save_kek_ring(self, keys: dict[int, bytes]) -> None:
@@ -225,8 +241,10 @@ class FileKeyMaterialStore:
     @contextmanager
     def ring_lock(self, *, exclusive: bool) -> Iterator[None]:
         # A flock of a file of its own: every process (and thread: each opens its own
-        # descriptor) of the deployment shares this folder.
-        fd = os.open(self.path / RING_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        # descriptor) of the deployment shares this folder. Checked (bug PP): a link
+        # planted here made this create a file elsewhere, and another user's file let
+        # that user hold every KEK rotation and key wrap.
+        fd = open_lock_file(self.path / RING_LOCK_FILE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
             yield
@@ -278,8 +296,10 @@ class FileKeyMaterialStore:
         # is a request whose process is gone (``erasure_owner_gone``). It names its
         # host: only a start on that host can tell (bug HY).
         path = self._in_flight_path(request_id)
-        path.parent.mkdir(mode=0o700, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        # Checked, folder and file (bug PP): a link as either made this write its host
+        # line into the file it names, anywhere; a link as the folder put the marks there.
+        make_lock_folder(path.parent)
+        fd = open_lock_file(path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
@@ -352,20 +372,17 @@ class FileKeyMaterialStore:
             return
         path = self._in_flight_path(request_id)
         try:
-            # Never followed out of the folder, never blocked on (bug IA).
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+            # Never followed out of the folder, never blocked on (bug IA), nor a hard
+            # link or another user's file taken for a mark (bug PP).
+            fd = open_lock_file(path, create=False)
         except FileNotFoundError:
             yield False  # finished (or began before marks were kept): not known dead
             return
-        except OSError as error:  # a directory, a symlink: not a mark this code wrote
-            _log.warning("erasure in-flight mark %s is not a file (%s): left alone", path, error)
+        except (OSError, LockFileAccessError) as error:  # not a mark this code wrote
+            _log.warning("erasure in-flight mark %s: %s; left alone", path, error)
             yield False
             return
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO, a device: not a mark either
-                _log.warning("erasure in-flight mark %s is not a regular file: left alone", path)
-                yield False
-                return
             written = os.read(fd, 4096)
             if written and written != _host_line():
                 # Another host's request (a shared folder): its lock may not reach this
@@ -405,9 +422,7 @@ class FileKeyMaterialStore:
     @contextmanager
     def settle_host_turn(self) -> Iterator[None]:
         """Held for a whole ``uprof erase settle-host`` run; another run waits for it."""
-        fd = os.open(
-            self.path / SETTLE_HOST_LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600
-        )
+        fd = open_lock_file(self.path / SETTLE_HOST_LOCK_FILE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -430,14 +445,12 @@ class FileKeyMaterialStore:
             return
         path = self._in_flight_path(request_id)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:  # none, or not a mark this code wrote (bug IA)
+            fd = open_lock_file(path, create=False)
+        except (OSError, LockFileAccessError):  # none, or not a mark this code wrote (IA, PP)
             yield "none"
             return
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode) or os.read(fd, 4096) != (
-                f"host={host}\n".encode()
-            ):
+            if os.read(fd, 4096) != (f"host={host}\n".encode()):
                 yield "none"
                 return
             try:
@@ -456,7 +469,8 @@ class FileKeyMaterialStore:
     def append_erasure(self, record: ErasureRecord) -> None:
         line = (_record_to_json(record) + "\n").encode()
         path = self.path / LEDGER_FILE
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        # Checked (bug PR): a link planted as the ledger must not receive its records.
+        fd = open_key_file(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, secret=False)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # appends from several processes stay whole lines
             size = os.fstat(fd).st_size
@@ -476,17 +490,20 @@ class FileKeyMaterialStore:
         path = self.path / LEDGER_FILE
         with self._ledger_lock:
             try:
-                stat = path.stat()
+                # lstat: a link planted as the ledger is refused, never read (bug PR).
+                found = os.lstat(path)
             except FileNotFoundError:
                 self._records, self._ledger_state, self._snapshot = [], (0, 0), ()
                 return ()
+            if not stat.S_ISREG(found.st_mode):
+                os.close(open_key_file(path, secret=False))  # raises KeyFileRefusedError, naming it
             inode, consumed = self._ledger_state
-            if stat.st_ino != inode or stat.st_size < consumed:
+            if found.st_ino != inode or found.st_size < consumed:
                 # Replaced or truncated: read it all again, into a new snapshot even when
                 # it holds as many records as before (readers compare snapshots, not counts).
                 self._records, consumed, self._snapshot = [], 0, None
-            if stat.st_size > consumed:
-                with path.open("rb") as fh:
+            if found.st_size > consumed:
+                with os.fdopen(open_key_file(path, secret=False), "rb") as fh:
                     fh.seek(consumed)
                     tail = fh.read()
                 # Only whole lines count; a line still being written is read next time.
@@ -497,7 +514,7 @@ class FileKeyMaterialStore:
                     except (ValueError, KeyError, UnicodeDecodeError):
                         _log.warning("erasure ledger %s: skipped an unreadable line", path)
                 consumed += len(whole)
-            self._ledger_state = (stat.st_ino, consumed)
+            self._ledger_state = (found.st_ino, consumed)
             snapshot = self._snapshot
             if snapshot is None or len(snapshot) != len(self._records):
                 # Copied only when it changed: every key lookup asks (decision 0052).

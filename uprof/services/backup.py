@@ -34,10 +34,10 @@ from __future__ import annotations
 import base64
 import binascii
 import enum
-import errno
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import secrets
@@ -60,6 +60,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from audit.errors import VerificationError
 from audit.keyring import key_by_id
 from audit.keys import TrustedKeys, key_id
+from audit.lockfile import LockFileAccessError, open_lock_file
 from audit.log import AuditLog
 from audit.tables import audit_checkpoints, audit_entries, audit_nodes
 from domain.errors import InvalidInputError, StoredDataDamagedError, UprofError
@@ -80,6 +81,8 @@ from uprof.storage import (
     layout_for,
     migrate,
 )
+
+_log = logging.getLogger(__name__)
 
 FORMAT = "uprof-backup/1"
 #: Domain separation of a manifest's signature (``_signed_bytes``).
@@ -295,7 +298,7 @@ def _writing(partial: Path) -> Iterator[None]:
     has no writer left (``partials``). Never a lock inside the folder: it would be
     renamed into the backup."""
     lock = partial.with_name(partial.name + _WRITER_LOCK)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = open_lock_file(lock, new=True)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         if not _locks_the_file_at(fd, lock):
@@ -328,19 +331,25 @@ def _taken(partial: Path, *, create: bool = True) -> Iterator[bool]:
     ``create=False`` (a look that must write nothing) says so without creating one."""
     lock = partial.with_name(partial.name + _WRITER_LOCK)
     try:
-        # O_NOFOLLOW: a symlink planted under a lock file's name must not make this
-        # create (or open for writing) the file it points to, anywhere (bug LC).
-        flags = os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
-        fd = os.open(lock, flags, 0o600)
+        # Checked (bug PP): a symlink planted under a lock file's name must not make
+        # this create (or open for writing) the file it points to, anywhere (bug LC);
+        # a folder or another user's unreadable file under it failed every backup into
+        # this folder with a traceback.
+        fd = open_lock_file(lock, create=create)
     except FileNotFoundError:
         yield True
         return
-    except OSError as error:
-        if error.errno != errno.ELOOP:
-            raise
-        # A link, not a writer's lock: a writer creates its own with O_EXCL, which a
-        # name already taken by a link refuses, so no writer holds this partial.
-        yield True
+    except LockFileAccessError as error:
+        if os.path.islink(lock):
+            # A link, not a writer's lock: a writer creates its own with O_EXCL, which
+            # a name already taken by a link refuses, so no writer holds this partial.
+            yield True
+            return
+        # Not a lock this release's writers make (a folder, a FIFO, a hard link, a
+        # file of another user's or others may write): whose partial it guards is not
+        # known, so it is left alone, never removed (the backup goes on beside it).
+        _log.warning("backup writer lock %s: %s; its partial folder is left alone", lock, error)
+        yield False
         return
     try:
         try:

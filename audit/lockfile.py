@@ -1,0 +1,279 @@
+"""Lock files and key files: the one checked opener of every file uprof flocks, and of
+the secrets it reads from the key folder (decisions 0195, XXXX).
+
+A lock file is an empty file (or one holding its holder's record) that uprof creates
+itself, mode 0600, in a folder of its own: the data folder's SQLite locks
+(``uprof.backends.sqlite``), the key folder's ring, audit-key, checkpoint, erasure and
+settle-host locks (``uprof.crypto.keydir``, ``audit.keyring``) and a backup's writer
+lock (``uprof.services.backup``). Each is opened here, and anything else under its name
+is refused: opened as a lock, a symbolic or hard link made uprof create, empty or write
+the file it names, anywhere this process may write, and another user's file let that
+user hold (block, or reorder) uprof's locks.
+
+It lives in ``audit`` because the audit key ring opens its locks here too, and the
+import contracts keep ``audit`` from importing ``uprof`` (pyproject.toml); ``uprof``
+imports it from ``uprof.backends``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+from audit.errors import AuditKeyError
+from domain.errors import UprofError
+
+
+class LockFileAccessError(UprofError):
+    """A lock file cannot be opened by this process's user (another user's file, a mode
+    without read and write, a folder it cannot enter or write)."""
+
+    hint = (
+        "run uprof as the user that owns the data folder, or give this user read and "
+        "write access to the file and its folder (chown, chmod); nothing was changed"
+    )
+
+
+class LockFileRefusedError(LockFileAccessError):
+    """A lock file is not one uprof made: a symbolic or hard link, a folder, a FIFO, a
+    socket or a device, another user's file or one other users may write. Opened as a
+    lock, a link made uprof create, empty or overwrite the file it names, anywhere this
+    process may write (bugs PI, PP); the rest is not a lock of uprof's."""
+
+    hint = (
+        "a lock file is an empty file uprof creates itself (mode 0600, owned by the user "
+        "that runs uprof): remove this one and start again, and let no other user write "
+        "in the data folder or the key folder; nothing was changed"
+    )
+
+
+def lock_file_error(path: str, error: OSError) -> LockFileAccessError:
+    """``LockFileAccessError`` for ``path``, which ``os.open`` refused with ``error``:
+    whose the file is and its mode when it can be seen, and who this process runs as."""
+    whose = "neither it nor its folder can be looked at"
+    for what, place in (("", path), ("its folder ", os.path.dirname(path) or ".")):
+        try:
+            found = os.stat(place)
+        except OSError:
+            continue
+        # A file that is not there yet: the folder it would be created in is to blame.
+        whose = f"{what}owned by uid {found.st_uid}, mode {found.st_mode & 0o7777:04o}"
+        break
+    return LockFileAccessError(
+        f"cannot open the lock file {path} ({error.strerror or error}; {whose}; this "
+        f"process runs as uid {os.geteuid()})"
+    )
+
+
+def open_lock_file(path: str | os.PathLike[str], *, create: bool = True, new: bool = False) -> int:
+    """A descriptor of the lock file ``path`` (created, 0600, if missing and ``create``;
+    ``FileNotFoundError`` otherwise), for flock; every lock file uprof flocks is opened
+    here (the stores' since bug PI, the key folder's and a backup's since bug PP).
+
+    A file this process's user may not open (another user's, a mode without read and
+    write, a folder it cannot write) failed every start with ``PermissionError``'s
+    traceback (0180 "Left"): now an error naming the file, its owner and mode, and
+    what to do (bug OB). A file that is not one uprof made is refused,
+    ``LockFileRefusedError`` (bug PI): a symbolic link is never followed (it made uprof
+    create the file it names, anywhere, and a schema lock's holder empties and writes
+    its lock file: the linked file was emptied), nor a hard link used, nor a folder,
+    FIFO (``O_NONBLOCK``: never waited on), socket or device, nor a file of a user that
+    is neither this process's nor the folder's owner, or that other users may write.
+
+    ``new``: the file must not exist yet (``O_EXCL``; ``FileExistsError`` otherwise), for
+    a lock whose holder is the only one ever to create it (a backup's writer lock)."""
+    path = os.fspath(path)
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | (os.O_CREAT if create or new else 0)
+    flags |= os.O_EXCL if new else 0
+    try:
+        fd = os.open(path, flags, 0o600)
+    except PermissionError as error:
+        raise lock_file_error(path, error) from None
+    except (FileNotFoundError, FileExistsError):
+        raise
+    except OSError as error:
+        # ELOOP: a symbolic link (O_NOFOLLOW); EISDIR: a folder; ENXIO: a socket.
+        if error.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EOPNOTSUPP):
+            raise
+        try:
+            what = _file_kind(os.lstat(path).st_mode)
+        except OSError:
+            raise error from None
+        raise _refused(path, what) from None
+    try:
+        why = _not_a_lock_file(path, os.fstat(fd))
+    except BaseException:
+        os.close(fd)
+        raise
+    if why is not None:
+        os.close(fd)
+        raise _refused(path, why)
+    return fd
+
+
+def _refused(path: str, what: str) -> LockFileRefusedError:
+    return LockFileRefusedError(
+        f"refused the lock file {path}: it is {what}, not a lock file uprof made"
+    )
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+    ):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def _not_a_lock_file(path: str, found: os.stat_result) -> str | None:
+    """Why the file ``found`` (``path``'s, opened without following a link) is not a
+    lock file uprof made, or None when it may be one."""
+    if not stat.S_ISREG(found.st_mode):
+        return _file_kind(found.st_mode)
+    # 0: deleted since it was opened (named locks' holders delete theirs), not a link.
+    if found.st_nlink > 1:
+        return f"a hard link ({found.st_nlink} names of one file)"
+    return _not_ours(found, os.path.dirname(path) or ".")
+
+
+def _not_ours(found: os.stat_result, folder: str) -> str | None:
+    """Why a lock file or folder (``found``, in ``folder``) is not this deployment's:
+    owned by a user that is neither this process's nor the folder's owner (root running
+    a deployment of its service user's may use its files), or writable by other users
+    (who could then write the holder's record, or swap the file)."""
+    me, folder_owner = os.geteuid(), os.stat(folder).st_uid
+    if found.st_uid not in (me, folder_owner):
+        return (
+            f"owned by uid {found.st_uid}, neither this process's user (uid {me}) nor the "
+            f"folder's owner (uid {folder_owner})"
+        )
+    if found.st_mode & 0o022:
+        return f"writable by other users (mode {found.st_mode & 0o7777:04o})"
+    return None
+
+
+def make_lock_folder(folder: str | os.PathLike[str]) -> None:
+    """Create the folder of a family of lock files (mode 0700) unless it is there, and
+    refuse it when it is not one uprof made (``check_lock_folder``)."""
+    folder = os.fspath(folder)
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+    except PermissionError as error:
+        raise lock_file_error(folder, error) from None
+    except FileExistsError:
+        pass  # a file or a link under its name: refused just below
+    check_lock_folder(folder)
+
+
+def check_lock_folder(folder: str | os.PathLike[str]) -> None:
+    """Refuse a folder of lock files (the named locks', the erasures in flight') when it
+    is not one uprof made: a symbolic link would put its lock files, created, written and
+    deleted, wherever it points; another user's folder lets that user swap them."""
+    folder = os.fspath(folder)
+    found = os.lstat(folder)
+    why = (
+        _file_kind(found.st_mode)
+        if not stat.S_ISDIR(found.st_mode)
+        else _not_ours(found, os.path.dirname(folder) or ".")
+    )
+    if why is not None:
+        raise LockFileRefusedError(
+            f"refused the lock folder {folder}: it is {why}, not a folder uprof made"
+        )
+
+
+# ----------------------------------------------------------------- the key folder
+
+
+class KeyFileRefusedError(AuditKeyError):
+    """The key folder, or a secret in it, is not as uprof keeps it: a symbolic link
+    (whoever made it chose the keys uprof uses), not a folder or a regular file, another
+    user's, or open to other users (the folder writable: key files can be swapped or
+    linked in; a file readable: the secret is out). An ``AuditKeyError``: the audit
+    signing key's callers see the class they always did (bug PR)."""
+
+    hint = (
+        "the key folder and its files are uprof's alone: owned by the user that runs "
+        "uprof, the folder mode 0700, each file 0600, no links (chown, chmod 700 / 600; "
+        "put back the real file, or set UPROF_KEY_DIR to the folder a link points to); "
+        "nothing was changed"
+    )
+
+
+def check_key_folder(folder: str | os.PathLike[str]) -> None:
+    """Refuse the key folder unless it is a folder (not a link to one), owned by this
+    process's user or its parent folder's owner (root running its service user's
+    deployment), and not writable by other users (bug PR)."""
+    folder = os.fspath(folder)
+    found = os.lstat(folder)
+    why = (
+        _file_kind(found.st_mode)
+        if not stat.S_ISDIR(found.st_mode)
+        else _not_ours(found, os.path.dirname(folder) or ".")
+    )
+    if why is not None:
+        raise KeyFileRefusedError(f"refused the key folder {folder}: it is {why}")
+
+
+def open_key_file(
+    path: str | os.PathLike[str], flags: int = os.O_RDONLY, *, secret: bool = True
+) -> int:
+    """A descriptor of the file ``path`` in the key folder, opened with ``flags`` (and
+    ``O_NOFOLLOW | O_NONBLOCK``; ``FileNotFoundError`` when there is none and ``flags``
+    do not create it, as 0600), refused (``KeyFileRefusedError``) unless it is a regular
+    file, not a link (a link planted there chose the key, or received the erasure
+    ledger's records), owned by this process's user or the folder's owner, and neither
+    readable nor writable by other users (bug PR); ``secret=False`` (the erasure ledger:
+    ids and keyed hashes, which an operator may have copied back 0644) only not
+    writable by them. A second name is allowed: a first
+    start links its file into place before it removes the temporary name, and a racing
+    start reads it in between."""
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+    except FileNotFoundError:
+        raise
+    except OSError as error:
+        # ELOOP: a link (O_NOFOLLOW); EISDIR: a folder; ENXIO: a socket, or a FIFO
+        # opened for writing with no reader.
+        if error.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EOPNOTSUPP):
+            raise
+        try:
+            what = _file_kind(os.lstat(path).st_mode)
+        except OSError:
+            raise error from None
+        raise KeyFileRefusedError(f"refused the key file {path}: it is {what}") from None
+    try:
+        found = os.fstat(fd)
+        why = (
+            _file_kind(found.st_mode)
+            if not stat.S_ISREG(found.st_mode)
+            else _not_ours(found, os.path.dirname(path) or ".")
+        )
+        if why is None and found.st_mode & (0o077 if secret else 0o022):
+            why = f"open to other users (mode {found.st_mode & 0o7777:04o}); run `chmod 600` on it"
+        if why is not None:
+            raise KeyFileRefusedError(f"refused the key file {path}: it is {why}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_key_file(path: str | os.PathLike[str]) -> bytes:
+    """The bytes of the secret ``path`` in the key folder, opened by ``open_key_file``."""
+    fd = open_key_file(path)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
