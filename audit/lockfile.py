@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from pathlib import Path
 
 from audit.errors import AuditKeyError
 from domain.errors import UprofError
@@ -207,10 +208,43 @@ class KeyFileRefusedError(AuditKeyError):
     )
 
 
+def key_folder_target(folder: str | os.PathLike[str]) -> Path:
+    """The key folder the configured ``folder`` names, resolved once, at start (review of
+    0198-0200, bug PY). A symbolic link as the configured folder (an operator pointing it
+    at a mounted volume) is followed when the link itself is this process's user's or its
+    parent folder's owner's: whoever made it chose the folder. Its target is then checked
+    as any key folder (``check_key_folder``), and every later open uses the resolved
+    path, so a link swapped under a running process redirects nothing. A link to nothing
+    is refused: following it later would create the key folder wherever it points (a
+    volume not mounted: the root file system)."""
+    path = Path(folder).expanduser()
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        return path.resolve()  # made by the store, mode 0700, where it is named
+    if not stat.S_ISLNK(found.st_mode):
+        return path.resolve()
+    me, parent_owner = os.geteuid(), os.stat(path.absolute().parent).st_uid
+    if found.st_uid not in (me, parent_owner):
+        raise KeyFileRefusedError(
+            f"refused the key folder {path}: it is a symbolic link owned by uid "
+            f"{found.st_uid}, neither this process's user (uid {me}) nor its folder's "
+            f"owner (uid {parent_owner}): whoever made it chose the key folder"
+        )
+    try:
+        return Path(os.path.realpath(path, strict=True))
+    except OSError:
+        raise KeyFileRefusedError(
+            f"refused the key folder {path}: it is a symbolic link to nothing "
+            f"({os.readlink(path)}): mount or make its target first"
+        ) from None
+
+
 def check_key_folder(folder: str | os.PathLike[str]) -> None:
-    """Refuse the key folder unless it is a folder (not a link to one), owned by this
-    process's user or its parent folder's owner (root running its service user's
-    deployment), and not writable by other users (bug PR)."""
+    """Refuse the key folder unless it is a folder (not a link to one: the settings
+    resolve a configured link once, ``key_folder_target``), owned by this process's user
+    or its parent folder's owner (root running its service user's deployment), and not
+    writable by other users (bug PR)."""
     folder = os.fspath(folder)
     found = os.lstat(folder)
     why = (

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from audit.lockfile import KeyFileRefusedError, key_folder_target
 from domain.values import text_problem
 
 if TYPE_CHECKING:
@@ -276,7 +277,14 @@ class Settings(BaseSettings):
         data = self.data_dir.expanduser().resolve()
         if self.key_dir is None:
             self.key_dir = data.with_name(data.name + ".keys")
-        keys = self.key_dir.expanduser().resolve()
+        try:
+            # Resolved once, here: every store of the key folder (the key files, the
+            # ledger, the locks, keys.sqlite) opens under this path, so a configured
+            # link swapped while a process runs redirects none of them (bug PY).
+            keys = key_folder_target(self.key_dir)
+        except KeyFileRefusedError as refused:
+            raise ValueError(f"{refused}; {refused.hint}") from None
+        self.key_dir = keys
         if keys == data or keys.is_relative_to(data) or data.is_relative_to(keys):
             raise ValueError(
                 f"key_dir ({keys}) must not be inside data_dir ({data}) nor contain it: "

@@ -63,6 +63,19 @@ LOCKS: dict[str, Callable[[Path], AbstractContextManager[object]]] = {
 }
 
 
+#: Every taker of a key-folder lock file: (the file, how uprof takes it). An erasure's mark
+#: is taken twice: by the erasure (``erasure_in_flight``) and by a process finishing a
+#: request begun elsewhere (0198's ``erasure_finishing``, landed beside 0200 and opened
+#: by its own ``os.open``: bug QA, review of 0198-0200).
+TAKERS: dict[str, tuple[str, Callable[[Path], AbstractContextManager[object]]]] = {
+    **{name: (name, take) for name, take in LOCKS.items()},
+    "finishing": (
+        f"erasures-in-flight/{REQUEST}.lock",
+        lambda folder: FileKeyMaterialStore(folder).erasure_finishing(REQUEST),
+    ),
+}
+
+
 @pytest.fixture
 def key_folder(tmp_path: Path) -> Path:
     folder = tmp_path / "keys"
@@ -72,20 +85,23 @@ def key_folder(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("kind", HOSTILE)
-@pytest.mark.parametrize("lock_file", sorted(LOCKS))
+@pytest.mark.parametrize("taker", sorted(TAKERS))
 def test_pp_a_hostile_key_folder_lock_file_is_refused_and_nothing_elsewhere_is_touched(
-    key_folder: Path, tmp_path: Path, lock_file: str, kind: str
+    key_folder: Path, tmp_path: Path, taker: str, kind: str
 ) -> None:
     """Bug PP. main at 2ccadb9a: the link's target created (or, for the in-flight mark,
     written), every other kind taken as the lock (a folder: ``IsADirectoryError``; the
-    settle-host lock's link: ``OSError`` ELOOP)."""
+    settle-host lock's link: ``OSError`` ELOOP). Bug QA (``finishing``), main at
+    8c1c0862: a hard link's file emptied and written, a FIFO ``OSError`` EINVAL, a
+    folder ``IsADirectoryError``, another user's or a 0666 file taken as the mark."""
+    lock_file, take = TAKERS[taker]
     path = key_folder / lock_file
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     victim = _plant(kind, path, elsewhere)
     raised: Exception | None = None
     try:
-        with LOCKS[lock_file](key_folder):
+        with take(key_folder):
             pass
     except Exception as error:
         raised = error

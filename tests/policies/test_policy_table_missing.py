@@ -123,3 +123,37 @@ def test_px_a_restore_puts_the_missing_policy_table_back(backend: Backend, tmp_p
     restore(settings, tmp_path / "bk")
     shown = _uprof(settings, "policy", "show")
     assert shown.returncode == 0, shown.stdout + shown.stderr
+
+
+#: One command of each way the CLI reaches its stores (``door()``, its own ``try``
+#: around ``door()`` in keyops and serve, a bulk import, the residue audit), for the
+#: review of 0198-0200: every one exits 7 with the one error, no traceback.
+EVERY_PATH = (
+    ("projections", "lag"),
+    ("capture", "--subject", "alice", "--app", "planner", "--agent", "g", "--text", "hi"),
+    ("erase", "subject", "--subject", "alice"),
+    ("apps", "create", "app1"),
+    ("apps", "list"),
+    ("keys", "rotate"),
+    ("audit", "residue", "--term", "x"),
+    ("audit", "entries"),
+    ("subjects", "list"),
+)
+
+
+def test_held_every_command_meets_a_missing_policy_table_with_exit_7(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """Held (0199's exit 7, attacked command by command; a sweep of every command of
+    ``uprof --help`` outside the tree found the same): the start's refusal reaches each
+    command through ``fail`` and its ``EXIT_CODES``. ``backup`` too, into a new folder."""
+    settings = settings_for(backend)
+    with running(settings, FakeClock()) as kernel:
+        consent(kernel, "alice")
+    _rename_policy_table(backend, settings)
+    for command in (*EVERY_PATH, ("backup", "--to", str(tmp_path / "bk"))):
+        refused = _uprof(settings, *command)
+        said = " ".join((refused.stdout + refused.stderr).split())
+        assert refused.returncode == 7, (command, refused.returncode, said)
+        assert "Traceback" not in said, (command, said)
+        assert said.startswith("error: policy store missing"), (command, said)

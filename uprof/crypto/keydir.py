@@ -319,8 +319,11 @@ class FileKeyMaterialStore:
         # without waiting; False when a live process holds it (that one is finishing it
         # too, and its mark says so). Taken, it names this host and goes at the end.
         path = self._in_flight_path(request_id)
-        path.parent.mkdir(mode=0o700, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        # The same mark as ``erasure_in_flight``'s, checked the same way (bug QA: opened
+        # by its own ``os.open``, a hard link's file was emptied and written, another
+        # user's file taken as the mark, a FIFO or a folder failed with a traceback).
+        make_lock_folder(path.parent)
+        fd = open_lock_file(path)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
