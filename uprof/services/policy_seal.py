@@ -209,13 +209,11 @@ class SealedPolicyLog:
         anchored = self.keystore.stream_heads_in(self.log_id)
         table = str(self.recorder.events_table_name)
         if anchored and not sa.inspect(engine).has_table(table):
-            where = (
-                f" of {Path(engine.url.database or '').name}"
-                if engine.dialect.name == "sqlite"
-                else ""
-            )
+            from uprof.backends import backend_for
+
+            where = backend_for(engine).log_location(engine)
             raise PolicyStoreMissingError(
-                f"policy store missing (stored_data_damaged): its table {table}{where} is "
+                f"policy store missing (stored_data_damaged): its table {table} ({where}) is "
                 f"not there, though the key store holds the anchors of {len(anchored)} "
                 "tenant policy stream(s) stored in it (the table was dropped or renamed, "
                 "or its file replaced); nothing was created in its place"
