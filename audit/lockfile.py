@@ -94,14 +94,7 @@ def open_lock_file(path: str | os.PathLike[str], *, create: bool = True, new: bo
     except (FileNotFoundError, FileExistsError):
         raise
     except OSError as error:
-        # ELOOP: a symbolic link (O_NOFOLLOW); EISDIR: a folder; ENXIO: a socket.
-        if error.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EOPNOTSUPP):
-            raise
-        try:
-            what = _file_kind(os.lstat(path).st_mode)
-        except OSError:
-            raise error from None
-        raise _refused(path, what) from None
+        raise _refused(path, _not_a_file(path, error)) from None
     try:
         why = _not_a_lock_file(path, os.fstat(fd))
     except BaseException:
@@ -111,6 +104,24 @@ def open_lock_file(path: str | os.PathLike[str], *, create: bool = True, new: bo
         os.close(fd)
         raise _refused(path, why)
     return fd
+
+
+#: What opening a name with ``O_NOFOLLOW | O_NONBLOCK`` raises when it is not a regular
+#: file: ELOOP a symbolic link, EISDIR a folder, ENXIO a socket (or a FIFO opened for
+#: writing with no reader), EOPNOTSUPP a socket on some file systems.
+_NOT_A_FILE_ERRNOS = (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EOPNOTSUPP)
+
+
+def _not_a_file(path: str, error: OSError) -> str:
+    """What ``path`` is (``_file_kind``), when opening it failed because it is not a
+    regular file; ``error`` raised again when it failed otherwise, or when the name is
+    gone by the time it is looked at."""
+    if error.errno not in _NOT_A_FILE_ERRNOS:
+        raise error
+    try:
+        return _file_kind(os.lstat(path).st_mode)
+    except OSError:
+        raise error from None
 
 
 def _refused(path: str, what: str) -> LockFileRefusedError:
@@ -275,14 +286,7 @@ def open_key_file(
     except FileNotFoundError:
         raise
     except OSError as error:
-        # ELOOP: a link (O_NOFOLLOW); EISDIR: a folder; ENXIO: a socket, or a FIFO
-        # opened for writing with no reader.
-        if error.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EOPNOTSUPP):
-            raise
-        try:
-            what = _file_kind(os.lstat(path).st_mode)
-        except OSError:
-            raise error from None
+        what = _not_a_file(path, error)
         raise KeyFileRefusedError(f"refused the key file {path}: it is {what}") from None
     try:
         found = os.fstat(fd)
