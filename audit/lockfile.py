@@ -171,6 +171,17 @@ def _not_ours(found: os.stat_result, folder: str) -> str | None:
     return None
 
 
+def _not_our_folder(folder: str) -> str | None:
+    """Why ``folder`` (looked at without following a link) is not a folder this
+    deployment made: not a folder at all (a link, a file), or another user's, or writable
+    by others (``_not_ours``); None when it may be one. Lock folders and the key folder
+    are judged alike."""
+    found = os.lstat(folder)
+    if not stat.S_ISDIR(found.st_mode):
+        return _file_kind(found.st_mode)
+    return _not_ours(found, os.path.dirname(folder) or ".")
+
+
 def make_lock_folder(folder: str | os.PathLike[str]) -> None:
     """Create the folder of a family of lock files (mode 0700) unless it is there, and
     refuse it when it is not one uprof made (``check_lock_folder``)."""
@@ -189,12 +200,7 @@ def check_lock_folder(folder: str | os.PathLike[str]) -> None:
     is not one uprof made: a symbolic link would put its lock files, created, written and
     deleted, wherever it points; another user's folder lets that user swap them."""
     folder = os.fspath(folder)
-    found = os.lstat(folder)
-    why = (
-        _file_kind(found.st_mode)
-        if not stat.S_ISDIR(found.st_mode)
-        else _not_ours(found, os.path.dirname(folder) or ".")
-    )
+    why = _not_our_folder(folder)
     if why is not None:
         raise LockFileRefusedError(
             f"refused the lock folder {folder}: it is {why}, not a folder uprof made"
@@ -257,12 +263,7 @@ def check_key_folder(folder: str | os.PathLike[str]) -> None:
     or its parent folder's owner (root running its service user's deployment), and not
     writable by other users (bug PR)."""
     folder = os.fspath(folder)
-    found = os.lstat(folder)
-    why = (
-        _file_kind(found.st_mode)
-        if not stat.S_ISDIR(found.st_mode)
-        else _not_ours(found, os.path.dirname(folder) or ".")
-    )
+    why = _not_our_folder(folder)
     if why is not None:
         raise KeyFileRefusedError(f"refused the key folder {folder}: it is {why}")
 

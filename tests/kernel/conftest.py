@@ -176,3 +176,23 @@ def erased_and_recreated_while_profile_is_read(
 
     monkeypatch.setattr(kernel, "profile", profile_then_erased_elsewhere)
     return new_pseudonyms
+
+
+def plant_file(kernel: Uprof, name: str, data: bytes) -> Path:
+    """A file of the deployment's exports folder holding ``data``, for the residue audit
+    to find."""
+    path = kernel.settings.data_dir / "exports" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def residue_found(kernel: Uprof, term: str, where: str) -> list[str]:
+    """The locations of a whole residue audit's plaintext findings of ``term`` that
+    mention ``where``."""
+    report = kernel.residue_scan([term])
+    return [
+        f.location
+        for f in report.findings
+        if f.kind == "plaintext" and f.detail == f"term {term!r}" and where in f.location
+    ]

@@ -22,7 +22,7 @@ import pytest
 import sqlalchemy as sa
 
 from tests.conftest import Backend
-from tests.kernel.conftest import consent, say
+from tests.kernel.conftest import consent, plant_file, residue_found, say
 from tests.kernel.test_residue_spellings import run_beside_a_paused_scan
 from uprof.kernel import Uprof
 from uprof.services.residue import IN_PROGRESS
@@ -32,23 +32,6 @@ pg_only = pytest.mark.parametrize("backend", ["postgres"], indirect=True)
 sqlite_only = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 
 ZOE = "Zoë Šimková"
-
-
-def _plant_file(kernel: Uprof, name: str, data: bytes) -> Path:
-    path = kernel.settings.data_dir / "exports" / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    return path
-
-
-def _found(kernel: Uprof, term: str, where: str) -> list[str]:
-    """The locations of the whole audit's plaintext findings of ``term`` naming ``where``."""
-    report = kernel.residue_scan([term])
-    return [
-        f.location
-        for f in report.findings
-        if f.kind == "plaintext" and f.detail == f"term {term!r}" and where in f.location
-    ]
 
 
 @contextmanager
@@ -79,7 +62,7 @@ def test_a_table_in_another_schema_is_scanned(kernel: Uprof) -> None:
         ("INSERT INTO residue_archive.notes VALUES (:v)", {"v": f"met {ZOE}"}),
         drop="DROP SCHEMA residue_archive CASCADE",
     ):
-        assert _found(kernel, ZOE, "residue_archive.notes.body row ")
+        assert residue_found(kernel, ZOE, "residue_archive.notes.body row ")
 
 
 @pg_only
@@ -94,7 +77,7 @@ def test_a_materialized_view_is_scanned(kernel: Uprof) -> None:
         ("DELETE FROM residue_src", {}),
         drop="DROP MATERIALIZED VIEW residue_report; DROP TABLE residue_src",
     ):
-        assert _found(kernel, ZOE, "residue_report.body row ")
+        assert residue_found(kernel, ZOE, "residue_report.body row ")
 
 
 @pg_only
@@ -159,7 +142,7 @@ def test_bytes_in_an_array_or_a_domain_are_scanned(
         (f"INSERT INTO residue_planted VALUES ({literal})", {"v": f"met {ZOE}".encode()}),
         drop="DROP TABLE residue_planted; DROP DOMAIN residue_blob",
     ):
-        assert _found(kernel, ZOE, "residue_planted.v row ")
+        assert residue_found(kernel, ZOE, "residue_planted.v row ")
 
 
 @pg_only
@@ -185,7 +168,7 @@ def test_held_postgres_values_are_read_as_text(kernel: Uprof, column_type: str, 
         ),
         drop="DROP TABLE residue_planted",
     ):
-        assert _found(kernel, ZOE, "residue_planted.v row ")
+        assert residue_found(kernel, ZOE, "residue_planted.v row ")
 
 
 # --- PB: spellings the needles left out --------------------------------------------------------
@@ -214,8 +197,8 @@ def test_a_term_encoded_in_a_file_is_found(kernel: Uprof, spelled: str, data: by
     big-endian export) spells "Š" 01 60 where LE spells 60 01; a URL in an access log
     or a stored link spells the name as percent escapes (%C5%A0imkov%C3%A1, a space as
     %20 or +): text any reader decodes at sight, and the audit said clean."""
-    _plant_file(kernel, "access.log", data)
-    assert _found(kernel, ZOE, "access.log@"), spelled
+    plant_file(kernel, "access.log", data)
+    assert residue_found(kernel, ZOE, "access.log@"), spelled
 
 
 def test_a_term_utf16be_in_a_sqlite_blob_is_found(kernel: Uprof) -> None:
@@ -227,7 +210,7 @@ def test_a_term_utf16be_in_a_sqlite_blob_is_found(kernel: Uprof) -> None:
     conn.execute("INSERT INTO blobs VALUES (?)", (ZOE.encode("utf-16-be"),))
     conn.commit()
     conn.close()
-    assert _found(kernel, ZOE, "copy.sqlite table blobs.b row 0")
+    assert residue_found(kernel, ZOE, "copy.sqlite table blobs.b row 0")
 
 
 @pg_only
@@ -248,7 +231,7 @@ def test_a_term_encoded_in_a_postgres_column_is_found(
         (f"INSERT INTO residue_planted VALUES (CAST(:v AS {column_type}))", {"v": value}),
         drop="DROP TABLE residue_planted",
     ):
-        assert _found(kernel, ZOE, "residue_planted.v row ")
+        assert residue_found(kernel, ZOE, "residue_planted.v row ")
 
 
 def test_an_encoded_term_across_a_chunk_border_is_found(kernel: Uprof) -> None:
@@ -257,8 +240,8 @@ def test_an_encoded_term_across_a_chunk_border_is_found(kernel: Uprof) -> None:
     by the longest needle, so the longer percent needle is covered too)."""
     for data in (_percent(ZOE), ZOE.encode("utf-16-be")):
         head = b"y" * (CHUNK - 7)
-        _plant_file(kernel, "border.bin", head + data + b"z" * 50)
-        assert _found(kernel, ZOE, f"border.bin@{len(head)}"), data
+        plant_file(kernel, "border.bin", head + data + b"z" * 50)
+        assert residue_found(kernel, ZOE, f"border.bin@{len(head)}"), data
 
 
 def test_held_base64_is_not_searched(kernel: Uprof) -> None:
@@ -266,8 +249,8 @@ def test_held_base64_is_not_searched(kernel: Uprof) -> None:
     name depends on the name's offset in the encoded bytes (three spellings, each missing
     up to two letters at each end) and on the bytes beside it; the audit's finding would
     be a guess. The test pins the behaviour an auditor is told about."""
-    _plant_file(kernel, "blob.txt", base64.b64encode(f"met {ZOE} today".encode()))
-    assert not _found(kernel, ZOE, "blob.txt@")
+    plant_file(kernel, "blob.txt", base64.b64encode(f"met {ZOE} today".encode()))
+    assert not residue_found(kernel, ZOE, "blob.txt@")
 
 
 # --- SQLite: what only a journal holds --------------------------------------------------------
@@ -288,7 +271,7 @@ def test_held_a_term_only_in_a_persisted_rollback_journal_is_found(kernel: Uprof
     conn.close()
     assert ZOE.encode() not in path.read_bytes()
     assert ZOE.encode() in path.with_name("tool.db-journal").read_bytes()
-    found = _found(kernel, ZOE, "tool.db")
+    found = residue_found(kernel, ZOE, "tool.db")
     assert found and all("tool.db-journal@" in where for where in found), found
 
 

@@ -18,7 +18,6 @@ import unicodedata
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +25,7 @@ import sqlalchemy as sa
 
 from benchmarks.residue_scale_bench import per_column_scan
 from tests.conftest import Backend
-from tests.kernel.conftest import consent, say
+from tests.kernel.conftest import consent, plant_file, residue_found, say
 from uprof.backends import backend_for
 from uprof.kernel import Uprof
 from uprof.services.residue_files import CHUNK
@@ -35,23 +34,6 @@ pg_only = pytest.mark.parametrize("backend", ["postgres"], indirect=True)
 
 ZOE = "Zoë Šimková"
 QUOTED = 'Anne "Nan" Qzxlee'
-
-
-def _plant_file(kernel: Uprof, name: str, data: bytes) -> Path:
-    path = kernel.settings.data_dir / "exports" / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    return path
-
-
-def _found(kernel: Uprof, term: str, where: str) -> list[str]:
-    """The locations of the scan's plaintext findings of ``term`` that mention ``where``."""
-    report = kernel.residue_scan([term])
-    return [
-        f.location
-        for f in report.findings
-        if f.kind == "plaintext" and f.detail == f"term {term!r}" and where in f.location
-    ]
 
 
 # --- OP: case ---------------------------------------------------------------------------
@@ -68,8 +50,8 @@ def _found(kernel: Uprof, term: str, where: str) -> list[str]:
 def test_a_term_in_another_case_is_found_in_a_file(kernel: Uprof, stored: str, term: str) -> None:
     """OP: the file scan searched the term as typed, all lower and all upper case only:
     "alice QZXWONDERLAND" missed "Alice Qzxwonderland" in an export."""
-    _plant_file(kernel, "notes.txt", f"met {stored} today".encode())
-    assert _found(kernel, term, "notes.txt@4"), "the scan missed the term"
+    plant_file(kernel, "notes.txt", f"met {stored} today".encode())
+    assert residue_found(kernel, term, "notes.txt@4"), "the scan missed the term"
 
 
 def test_a_term_in_another_case_is_found_in_a_sqlite_table(kernel: Uprof) -> None:
@@ -81,7 +63,7 @@ def test_a_term_in_another_case_is_found_in_a_sqlite_table(kernel: Uprof) -> Non
     conn.execute("INSERT INTO notes VALUES (?)", (f"met {ZOE} today",))
     conn.commit()
     conn.close()
-    assert _found(kernel, "zoë ŠIMKOVÁ", "copy.sqlite table notes.body row 0")
+    assert residue_found(kernel, "zoë ŠIMKOVÁ", "copy.sqlite table notes.body row 0")
 
 
 # --- OP, too: Unicode normal forms -----------------------------------------------------------
@@ -96,8 +78,8 @@ def test_a_term_in_another_normal_form_is_found(
     stored = unicodedata.normalize(stored_form, ZOE)
     term = unicodedata.normalize(term_form, ZOE)
     assert stored != term
-    _plant_file(kernel, "notes.txt", stored.encode())
-    assert _found(kernel, term, "notes.txt@0")
+    plant_file(kernel, "notes.txt", stored.encode())
+    assert residue_found(kernel, term, "notes.txt@0")
 
 
 # --- OR: JSON -----------------------------------------------------------------------------
@@ -109,8 +91,8 @@ def test_a_term_inside_json_is_found(kernel: Uprof, term: str, ensure_ascii: boo
     always (stored idempotent answers, exports, log lines): the scan searched the
     term's bytes only."""
     text = json.dumps({"note": f"met {term}"}, ensure_ascii=ensure_ascii)
-    _plant_file(kernel, "answer.json", text.encode())
-    assert _found(kernel, term, "answer.json@")
+    plant_file(kernel, "answer.json", text.encode())
+    assert residue_found(kernel, term, "answer.json@")
 
 
 # --- PostgreSQL tables: OQ (bytea), OR (json), OP --------------------------------------
@@ -160,7 +142,7 @@ def test_a_term_in_a_postgres_column_is_found(
         f"INSERT INTO residue_planted VALUES (CAST(:v AS {given}){cast})",
         {"v": value},
     ):
-        assert _found(kernel, term, "residue_planted.v row ")
+        assert residue_found(kernel, term, "residue_planted.v row ")
 
 
 @pg_only
@@ -176,7 +158,7 @@ def test_a_term_longer_than_its_column_is_no_error_and_no_finding(kernel: Uprof)
         term = "Qzxlongterm" * 40
         report = kernel.residue_scan([term])
         assert not [f for f in report.findings if "residue_planted" in f.location]
-        assert _found(kernel, "QZXLONGT", "residue_planted.v row ")
+        assert residue_found(kernel, "QZXLONGT", "residue_planted.v row ")
 
 
 def test_a_long_term_across_a_chunk_border_is_found(kernel: Uprof) -> None:
@@ -184,8 +166,8 @@ def test_a_long_term_across_a_chunk_border_is_found(kernel: Uprof) -> None:
     border is found at its offset."""
     term = "Qzx a long phrase the user said " * 137
     head = b"x" * (CHUNK - 1_000)
-    _plant_file(kernel, "long.txt", head + term.encode() + b"y" * 100)
-    assert _found(kernel, term, f"long.txt@{len(head)}")
+    plant_file(kernel, "long.txt", head + term.encode() + b"y" * 100)
+    assert residue_found(kernel, term, f"long.txt@{len(head)}")
 
 
 # --- the matcher itself -------------------------------------------------------------------
