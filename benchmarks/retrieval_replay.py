@@ -533,17 +533,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # Second pass, named from the tune half's table only (a smaller k came closer).
     "rrf-equal-k3": {"fusion": "rrf", "lexical_weight": 0.5, "rrf_k": 3.0},
     "rrf-k10": {"fusion": "rrf", "rrf_k": 10.0},
-    # Round 11 (decision XXXX-retrieval-round-11): cluster-level evidence (k = ceil(sqrt(n)),
-    # or about 10 memories a cluster: "fine") and deeper pools, named before the run.
-    "cl-mix-0.2": {"cluster_weight": 0.2},
-    "cl-mix-0.4": {"cluster_weight": 0.4},
-    "cl-max-0.5": {"cluster_weight": 0.5, "cluster_mode": "max"},
-    "cl-fine-mix-0.2": {"cluster_weight": 0.2, "cluster_members": 10.0},
-    "cl-fine-max-0.5": {"cluster_weight": 0.5, "cluster_mode": "max", "cluster_members": 10.0},
-    "pool-400": {"pool_size": 400},
-    "pool-800": {"pool_size": 800},
-    "pool-800-cl-mix-0.2": {"pool_size": 800, "cluster_weight": 0.2},
-    "pool-800-cl-max-0.5": {"pool_size": 800, "cluster_weight": 0.5, "cluster_mode": "max"},
 }
 
 

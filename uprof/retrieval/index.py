@@ -178,11 +178,6 @@ class MemoryIndex:
     #: Bridge seed row -> (median, second-largest) of its cosines to every memory: they
     #: depend on the index only, so each is computed once (at most one per memory).
     _spread: dict[int, tuple[float, float]] = field(default_factory=dict, compare=False, repr=False)
-    #: Cluster count -> (cluster of each memory, unit centroids): the index's own, kept
-    #: for the index's life like the seed spread (``clusters``).
-    _clusters: dict[int, tuple[np.ndarray, np.ndarray]] = field(
-        default_factory=dict, compare=False, repr=False
-    )
 
     @classmethod
     def build(
@@ -280,17 +275,6 @@ class MemoryIndex:
         spread = np.asarray([self._spread[row] for row in rows], dtype=links.dtype)
         return spread[:, 0], spread[:, 1]
 
-    def clusters(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The memories' dense vectors in ``k`` groups: each memory's group id and the
-        groups' unit-length centroids, (k, dim). Query-independent, so computed once per
-        index and count (a deterministic spherical k-means: the same index always gives
-        the same groups). Needs vectors."""
-        assert self.vectors is not None
-        found = self._clusters.get(k)
-        if found is None:
-            found = self._clusters[k] = spherical_kmeans(self.vectors, k)
-        return found
-
     def ideal_bm25(self, query_terms: Sequence[str]) -> float:
         """BM25 of an average-length memory containing each query term once.
 
@@ -304,50 +288,6 @@ class MemoryIndex:
             col = self.bm25.vocabulary.get(term)
             total += self.bm25.unseen_idf if col is None else float(self.bm25.idf[col])
         return total
-
-
-#: Lloyd rounds of ``spherical_kmeans`` at most (it stops earlier once no memory moves).
-KMEANS_ROUNDS = 20
-
-
-def spherical_kmeans(vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Group unit rows into ``k`` clusters by cosine: (cluster of each row, unit centroids).
-
-    k-means++ seeding from a fixed generator, then Lloyd rounds in which each row joins
-    its most similar centroid and each centroid becomes its members' normalised mean (an
-    emptied cluster keeps its centroid). Deterministic for the same rows and k.
-    """
-    n = len(vectors)
-    k = max(1, min(k, n))
-    rng = np.random.default_rng(0)
-    chosen = [int(rng.integers(n))]
-
-    def chord(row: int) -> np.ndarray:
-        """Squared chord distance of every unit row to row ``row``: 2 - 2 cos."""
-        distance: np.ndarray = 2.0 - 2.0 * (vectors @ vectors[row]).astype(np.float64)
-        clipped: np.ndarray = np.maximum(distance, 0.0)
-        return clipped
-
-    nearest = chord(chosen[0])
-    for _ in range(1, k):
-        total = float(nearest.sum())
-        pick = int(rng.choice(n, p=nearest / total)) if total > 0 else int(rng.integers(n))
-        chosen.append(pick)
-        nearest = np.minimum(nearest, chord(pick))
-    centroids = vectors[chosen].copy()
-    labels = np.full(n, -1, dtype=np.int64)
-    for _ in range(KMEANS_ROUNDS):
-        moved = np.argmax(vectors @ centroids.T, axis=1)
-        if np.array_equal(moved, labels):
-            break
-        labels = moved
-        members = np.zeros((k, n), dtype=vectors.dtype)
-        members[labels, np.arange(n)] = 1.0
-        sums = members @ vectors
-        norms = np.linalg.norm(sums, axis=1)
-        filled = norms > 0
-        centroids[filled] = sums[filled] / norms[filled, None]
-    return labels, centroids
 
 
 def _rows_of_capture(ordered: Sequence[Candidate]) -> dict[str, tuple[int, ...]]:

@@ -23,7 +23,6 @@ expensive but clearly relevant one.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -242,42 +241,6 @@ def _dense_scores(
     return (dense if norm <= 0 else _scaled(_cosines(index.vectors, moved / norm))), scale
 
 
-def cluster_count(n: int, members: float) -> int:
-    """How many clusters a subject of ``n`` memories is cut into: ceil(sqrt(n)), or
-    ceil(n / members) when ``members`` (a cluster's mean size) is above 0."""
-    if n <= 0:
-        return 0
-    return min(n, math.ceil(n / members) if members > 0 else math.ceil(math.sqrt(n)))
-
-
-def _with_clusters(
-    index: MemoryIndex,
-    query_vector: np.ndarray,
-    dense: np.ndarray,
-    scale: DenseScale,
-    options: SliceOptions,
-) -> np.ndarray:
-    """Each memory's dense score with its cluster's evidence (``SliceOptions.cluster_weight``).
-
-    A question naming a category ("hobbies") matches the gist of a group of turns better
-    than any one of them ("gym", "pottery"): the cluster centroid's cosine to the query,
-    on the query's own dense scale (median memory 0, best memory 1), lends each member
-    the group's match, mixed with or capped against its own.
-    """
-    weight = options.cluster_weight
-    k = cluster_count(len(index), options.cluster_members)
-    if weight <= 0 or k < 2:
-        return dense
-    labels, centroids = index.clusters(k)
-    q = np.asarray(query_vector, dtype=np.float32).reshape(-1)
-    evidence = scale(_cosines(centroids, q))[labels]
-    if options.cluster_mode == "max":
-        mixed: np.ndarray = np.maximum(dense, weight * evidence)
-    else:
-        mixed = (1.0 - weight) * dense + weight * evidence
-    return mixed
-
-
 def _reciprocal_ranks(
     scores: np.ndarray, k: float, matched: np.ndarray | None = None
 ) -> np.ndarray:
@@ -333,7 +296,6 @@ def memory_relevance(
     if index.vectors is not None and query_vector is not None:
         weight = options.lexical_weight if top > 0 else 0.0
         dense, scale = _dense_scores(index, query_vector, lexical, weight, options)
-        dense = _with_clusters(index, query_vector, dense, scale, options)
         if options.fusion == "rrf" and top > 0:
             fused = weight * _reciprocal_ranks(lexical, options.rrf_k, lexical > 0)
             fused += (1.0 - weight) * _reciprocal_ranks(dense, options.rrf_k)

@@ -80,17 +80,6 @@ class SliceOptions:
     #: on PrefEval and was neutral on LoCoMo (decision 0033-multi-hop-and-preferences).
     feedback_memories: int = 5
     feedback_weight: float = 0.0
-    #: Cluster-level evidence: a subject's memory vectors are grouped once per index
-    #: (spherical k-means, ``MemoryIndex.clusters``), and a memory's dense score takes in
-    #: how well its cluster's centroid matches the question, on the query's own dense
-    #: scale: ``"mix"`` is ``(1 - w) dense + w cluster``, ``"max"`` is
-    #: ``max(dense, w cluster)``, ``w`` being ``cluster_weight`` (0 turns it off). A
-    #: question naming a category can then reach instances none of which matches it
-    #: alone. Clusters: ceil(sqrt(n)) of n memories, or ceil(n / ``cluster_members``)
-    #: when that is above 0. Off: decision XXXX-retrieval-round-11.
-    cluster_weight: float = 0.0
-    cluster_mode: Literal["mix", "max"] = "mix"
-    cluster_members: float = 0.0
     #: Bonus for memories spoken by a person the query names.
     actor_weight: float = 0.2
     #: Bonus for a profile line whose category the query's words point at ("job" ->
