@@ -141,3 +141,37 @@ def test_a_withdrawal_with_erase_whose_erase_right_was_denied_during_the_wait_er
     assert all(c.withdrawn_at is None for c in profile.consents)
     denied = [e.entry for e in kernel.audit_log.entries() if e.entry["action"] == "access.denied"]
     assert denied and denied[-1]["reason_code"] == "erase"
+
+
+def test_a_residue_report_is_not_shown_once_audit_was_denied_during_the_scan(
+    server: LiveServer, apps: Apps, kernel: Uprof, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The residue scan (``audit``) is decided before it reads every file and table,
+    which on stores at scale takes minutes (0187); a deployment that denies its
+    operators ``audit`` meanwhile must not be shown the report (where the terms were
+    found, the erased streams, erasures in progress). Held: the page draws the receipts
+    beside the report, decided again (403, the refusal audited once, no report). The door
+    itself does not decide the scan again: the CLI's local operator gets its report
+    (decision XXXX-hostile-callers-round-9, Left)."""
+    scan = kernel.residue_scan
+
+    def denied_during_the_scan(terms: Any) -> Any:
+        report = scan(terms)
+        deny_operators(kernel, "audit", "compliance")
+        return report
+
+    monkeypatch.setattr(kernel, "residue_scan", denied_during_the_scan)
+    with httpx.Client(base_url=server.url, timeout=60) as console:
+        assert console.post("/console/login", data={"api_key": apps.planner_operator})
+        csrf = csrf_of(console.get("/console/receipts").text)
+        kernel.reads.drain()
+        before = _denials(kernel)
+        refused = console.post("/console/residue", data={"csrf": csrf, "terms": "Zq7"})
+    assert refused.status_code == 403, refused.text[-300:]
+    assert "Residue:" not in refused.text and "erased streams" not in refused.text
+    kernel.reads.drain()
+    assert _denials(kernel) == before + 1
+
+
+def _denials(kernel: Uprof) -> int:
+    return sum(1 for e in kernel.audit_log.entries() if e.entry["action"] == "access.denied")
