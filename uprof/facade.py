@@ -1305,20 +1305,33 @@ class Facade:
             problem = _residue_term_problem(term)
             if problem:
                 raise InvalidInputError(f"terms[{i}]: {problem}", field="terms")
-        if self.principal.app_id != LOCAL_OPERATOR and self._kernel.stores_shared():
-            with self._as_principal():
-                self._kernel.audit.record(
-                    "access.denied",
-                    app_id=self.principal.app_id,
-                    purpose=COMPLIANCE_PURPOSE,
-                    reason_code="stores-shared",
-                )
-            raise PermissionDeniedError(
-                "the residue scan reads every tenant's files on these shared stores: "
-                "only the local operator (uprof audit residue) may run it"
-            )
+        self._alone_on_the_stores()
         with self._as_principal():
-            return self._kernel.residue_scan(terms)
+            report = self._kernel.residue_scan(terms)
+        # Decided again once the scan has read everything (minutes at scale), as a read
+        # after its wait: the ``audit`` right, and the stores, which another tenant that
+        # started on them meanwhile shares, its files and tables read (hostile callers
+        # round 9, bug QW).
+        self._decided_again(lambda: self._authorize_governance("audit", COMPLIANCE_PURPOSE))
+        self._alone_on_the_stores()
+        return report
+
+    def _alone_on_the_stores(self) -> None:
+        """Refuse a residue scan by anyone but the local operator on stores another
+        tenant wrote to (audited ``access.denied``, ``reason_code`` ``stores-shared``)."""
+        if self.principal.app_id == LOCAL_OPERATOR or not self._kernel.stores_shared():
+            return
+        with self._as_principal():
+            self._kernel.audit.record(
+                "access.denied",
+                app_id=self.principal.app_id,
+                purpose=COMPLIANCE_PURPOSE,
+                reason_code="stores-shared",
+            )
+        raise PermissionDeniedError(
+            "the residue scan reads every tenant's files on these shared stores: "
+            "only the local operator (uprof audit residue) may run it"
+        )
 
     def partial_backups(self, folders: Sequence[PathLike[str] | str]) -> list[Partial]:
         """The partial backup folders in each of ``folders`` (where ``uprof backup --to``

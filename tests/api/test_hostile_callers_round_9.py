@@ -4,6 +4,8 @@ since round 8, attacked against a live server on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -95,3 +97,82 @@ def test_a_key_revoked_during_the_withdrawals_own_wait_erases_nothing(
     assert withdrawn.status_code == 401, withdrawn.text
     assert _governed(kernel) == before  # nothing withdrawn, nothing erased
     assert [c.consent_id for c in kernel.consents_in_force("alice")] == [consent_id]
+
+
+def test_a_residue_scan_another_tenant_joined_during_shows_nothing(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bug QW: an operator key's residue scan is refused on stores another tenant writes
+    to (it reads every tenant's files, tables and erased streams), but the stores were
+    looked at once, before the scan, which at scale reads for minutes (0187): a tenant's
+    console scan, started while it was alone on the stores, showed its report though
+    another tenant started on them (its first start writes its policy) during the scan,
+    whose files and tables the scan then read. Looked at again when the scan ends: 403,
+    audited ``stores-shared``, no report."""
+    from tests.api.conftest import LiveServer, build_kernel
+    from tests.conftest import OTHER_TENANT, seed_policy_for
+    from tests.web.conftest import csrf_of
+    from uprof.server import create_server
+
+    b_settings = settings.model_copy(
+        update={"tenant": OTHER_TENANT, "policy_path": seed_policy_for(OTHER_TENANT, tmp_path)}
+    )
+    b_kernel = build_kernel(b_settings)
+    b_keys = ApiKeyStore.open(b_settings)
+    try:
+        b_operator = b_keys.create(PLANNER, ["app", "operator"]).token
+        assert not b_kernel.stores_shared()
+        scan = b_kernel.residue_scan
+
+        def another_tenant_starts_during_the_scan(terms: Any) -> Any:
+            build_kernel(settings).close()  # tenant "default", its first start
+            return scan(terms)
+
+        monkeypatch.setattr(b_kernel, "residue_scan", another_tenant_starts_during_the_scan)
+        with (
+            LiveServer(create_server(b_kernel, b_keys)) as b_live,
+            httpx.Client(base_url=b_live.url, timeout=60) as console,
+        ):
+            assert console.post("/console/login", data={"api_key": b_operator})
+            csrf = csrf_of(console.get("/console/receipts").text)
+            scanned = console.post("/console/residue", data={"csrf": csrf, "terms": "tea"})
+        assert b_kernel.stores_shared()
+        assert scanned.status_code == 403, scanned.text[-400:]
+        assert "erased streams" not in scanned.text
+        b_kernel.reads.drain()
+        refusals = [
+            e.entry
+            for e in b_kernel.audit_entries(action="access.denied")
+            if e.entry.get("reason_code") == "stores-shared"
+        ]
+        assert len(refusals) == 1
+    finally:
+        b_keys.close()
+        b_kernel.close()
+
+
+def test_the_doors_residue_scan_is_decided_again_when_it_ends(
+    kernel: Uprof, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bug QW, the policy's half: the door decided ``audit`` before the scan only, and
+    handed its report over though the operators were denied ``audit`` during it (the
+    console hid it only because its page lists the receipts after the scan, decided
+    again; the CLI printed it). Decided again when the scan ends: refused, audited."""
+    from domain.errors import PermissionDeniedError
+    from domain.principal import Principal, PrincipalKind
+    from uprof.facade import Facade
+
+    scan = kernel.residue_scan
+
+    def denied_during_the_scan(terms: Any) -> Any:
+        report = scan(terms)
+        deny_operators(kernel, "audit", "compliance")
+        return report
+
+    monkeypatch.setattr(kernel, "residue_scan", denied_during_the_scan)
+    operator = Principal("default", PLANNER, "k1", PrincipalKind.OPERATOR, frozenset({"app"}))
+    with pytest.raises(PermissionDeniedError):
+        Facade(kernel, operator).residue_scan(["Zq7-never-said"])
+    kernel.reads.drain()
+    denied = [e.entry for e in kernel.audit_entries(action="access.denied")]
+    assert denied and denied[-1]["reason_code"] == "audit"
