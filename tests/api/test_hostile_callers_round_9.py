@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.api.conftest import PLANNER, Apps, bearer, grant
-from tests.web.conftest import deny_operators
+from tests.web.conftest import audit_denied_during_the_scan, deny_operators
 from uprof.api import ApiKeyStore
 from uprof.kernel import Uprof
 from uprof.settings import Settings
@@ -162,14 +162,7 @@ def test_the_doors_residue_scan_is_decided_again_when_it_ends(
     from domain.principal import Principal, PrincipalKind
     from uprof.facade import Facade
 
-    scan = kernel.residue_scan
-
-    def denied_during_the_scan(terms: Any) -> Any:
-        report = scan(terms)
-        deny_operators(kernel, "audit", "compliance")
-        return report
-
-    monkeypatch.setattr(kernel, "residue_scan", denied_during_the_scan)
+    audit_denied_during_the_scan(kernel, monkeypatch)
     operator = Principal("default", PLANNER, "k1", PrincipalKind.OPERATOR, frozenset({"app"}))
     with pytest.raises(PermissionDeniedError):
         Facade(kernel, operator).residue_scan(["Zq7-never-said"])

@@ -12,6 +12,7 @@ import pytest
 
 from tests.api.conftest import Apps, LiveServer, bearer, grant
 from tests.web.conftest import (
+    audit_denied_during_the_scan,
     csrf_of,
     deny_operators,
     link_token,
@@ -149,18 +150,10 @@ def test_a_residue_report_is_not_shown_once_audit_was_denied_during_the_scan(
     """The residue scan (``audit``) is decided before it reads every file and table,
     which on stores at scale takes minutes (0187); a deployment that denies its
     operators ``audit`` meanwhile must not be shown the report (where the terms were
-    found, the erased streams, erasures in progress). Held: the page draws the receipts
-    beside the report, decided again (403, the refusal audited once, no report). The door
-    itself does not decide the scan again: the CLI's local operator gets its report
-    (decision XXXX-hostile-callers-round-9, Left)."""
-    scan = kernel.residue_scan
-
-    def denied_during_the_scan(terms: Any) -> Any:
-        report = scan(terms)
-        deny_operators(kernel, "audit", "compliance")
-        return report
-
-    monkeypatch.setattr(kernel, "residue_scan", denied_during_the_scan)
+    found, the erased streams, erasures in progress): 403, the refusal audited once, no
+    report. Held on main: the page draws the receipts beside the report, decided again.
+    The door itself decides the scan again since bug QW (tests/api, round 9)."""
+    audit_denied_during_the_scan(kernel, monkeypatch)
     with httpx.Client(base_url=server.url, timeout=60) as console:
         assert console.post("/console/login", data={"api_key": apps.planner_operator})
         csrf = csrf_of(console.get("/console/receipts").text)
