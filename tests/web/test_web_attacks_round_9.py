@@ -168,3 +168,52 @@ def test_a_residue_report_is_not_shown_once_audit_was_denied_during_the_scan(
 
 def _denials(kernel: Uprof) -> int:
     return sum(1 for e in kernel.audit_log.entries() if e.entry["action"] == "access.denied")
+
+
+def test_a_keyed_withdrawal_refused_after_its_wait_keeps_its_key_for_one_erasure(
+    server: LiveServer,
+    http: httpx.Client,
+    apps: Apps,
+    kernel: Uprof,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """I14 through QV's new decision: a keyed withdrawal with ``erase`` refused after the
+    kernel's wait wrote nothing, so its ``Idempotency-Key`` replays no refusal: sent again
+    once the operators may erase, it erases once, with a receipt; the same key again
+    replays that answer, and with another body is 409 ``idempotency_key_reused``."""
+    from tests.web.conftest import lisbon_item
+
+    consent_id = lisbon_item(http, apps, kernel).consent_id
+    withdraw = kernel.withdraw_consent
+
+    def denied_in_the_kernels_wait(*args: Any, **kwargs: Any) -> Any:
+        deny_operators(kernel, "erase", "erasure")  # after the door's first decision
+        return withdraw(*args, **kwargs)
+
+    body = {"subject": "alice", "consent_id": consent_id, "erase": True}
+    keyed = {**bearer(apps.planner_operator), "Idempotency-Key": "w-1"}
+    with monkeypatch.context() as patched:
+        patched.setattr(kernel, "withdraw_consent", denied_in_the_kernels_wait)
+        refused = http.post("/v1/consents/withdraw", headers=keyed, json=body)
+    assert refused.status_code == 403, refused.text[:300]
+    kernel.policy_revoke(
+        requested_by="test",
+        role="role:operator",
+        actions=["erase"],
+        categories=["any"],
+        purpose="erasure",
+        effect="deny",
+    )
+    done = http.post("/v1/consents/withdraw", headers=keyed, json=body)
+    assert done.status_code == 200, done.text[:300]
+    receipt = done.json()["erasure"]
+    assert receipt is not None
+    again = http.post("/v1/consents/withdraw", headers=keyed, json=body)
+    # The replay is the first answer but for the subject's nonce (first answer only).
+    assert again.status_code == 200 and again.json()["erasure"]["receipt"] == receipt["receipt"]
+    reused = http.post("/v1/consents/withdraw", headers=keyed, json={**body, "erase": False})
+    assert reused.status_code == 409, reused.text[:300]
+    assert reused.json()["error"]["code"] == "idempotency_key_reused"
+    kernel.reads.drain()
+    actions = [e.entry["action"] for e in kernel.audit_log.entries()]
+    assert actions.count("consent.withdrawn") == 1
