@@ -41,6 +41,46 @@ def test_a_rotation_proof_of_malformed_text_is_422_naming_the_field(
     assert _proofs_served(kernel) == before
 
 
+def test_an_oversized_checkpoint_is_422_naming_it_and_serves_nothing(
+    kernel: Uprof, keys: ApiKeyStore, apps: Apps
+) -> None:
+    """``checkpoint`` (0175) is capped at 64 KiB, below the default body limit (1 MiB;
+    the ``server`` fixture's 64,000 bytes would answer 413 first): a note is a few
+    hundred bytes, and the SDK and CLI send the note a file carries, not the file."""
+    from tests.api.conftest import LiveServer
+    from uprof.server import create_server
+
+    before = _proofs_served(kernel)
+    with (
+        LiveServer(create_server(kernel, keys)) as live,
+        httpx.Client(base_url=live.url, timeout=30) as client,
+    ):
+        answer = client.post(
+            ROTATION_PROOF, headers=bearer(apps.planner_operator), json={"checkpoint": "n" * 65537}
+        )
+    assert answer.status_code == 422, answer.text[:300]
+    assert answer.json()["error"]["fields"][0]["field"] == "checkpoint"
+    assert _proofs_served(kernel) == before
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"issued_by": "k-other"}, {"tenant": "other-tenant"}, {"app_id": "app:calendar"}],
+)
+def test_a_sign_in_link_takes_no_identity_from_its_body(
+    http: httpx.Client, apps: Apps, extra: dict[str, str]
+) -> None:
+    """``POST /v1/privacy/links``: the issuer (whose rights the link is worth, 0173) is
+    the key; a body naming another issuer, tenant or app is 422 naming the field."""
+    refused = http.post(
+        "/v1/privacy/links",
+        headers=bearer(apps.planner_operator),
+        json={"subject": "alice", **extra},
+    )
+    assert refused.status_code == 422, refused.text[:300]
+    assert next(iter(extra)) in refused.text
+
+
 def test_a_rotation_proof_is_refused_without_the_rights(
     http: httpx.Client, apps: Apps, kernel: Uprof
 ) -> None:
