@@ -15,9 +15,13 @@ client held is measured with ``tracemalloc`` (the decoded bytes are Python objec
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
+import socket
+import threading
 import tracemalloc
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -140,3 +144,49 @@ def test_qb_the_sdk_asks_for_answers_as_they_are_and_reads_them(how: str, tmp_pa
         got, _ = _answer(server.url, how, "whoami", tmp_path)
     assert getattr(got, "app_id", None) == "app:planner", repr(got)
     assert app.asked == [b"identity"]
+
+
+#: Answers no honest server sends, each as its raw bytes (a lying length, headers
+#: without end): the SDK must end each with ``TransportError``, holding little.
+LIES = {
+    "length-shorter-than-body": b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n{" + b" " * 100_000,
+    "length-longer-than-body": b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n{}",
+    "headers-without-end": b"HTTP/1.1 200 OK\r\n" + b"X-A: " + b"a" * 1000 + b"\r\n",
+}
+
+
+@contextlib.contextmanager
+def _lying(answer: bytes, endless: bool) -> Iterator[str]:
+    """A loopback server answering every connection with ``answer`` (again and again
+    while the client reads, when ``endless``), then closing it."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn, contextlib.suppress(OSError):
+                conn.recv(65536)
+                conn.sendall(answer)
+                while endless:
+                    conn.sendall(answer[answer.index(b"X-A") :])
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+@pytest.mark.parametrize("lie", list(LIES))
+def test_held_a_lying_answer_ends_in_a_transport_error(how: str, lie: str, tmp_path: Path) -> None:
+    """Held (0199's PV attacked on the wire): a length shorter than the body (the rest is
+    not read: "unexpected response"), a length longer than what comes (the connection
+    ends: ``RemoteProtocolError``), headers without end (h11's bound)."""
+    with _lying(LIES[lie], endless=lie == "headers-without-end") as url:
+        got, held = _answer(url, how, "whoami", tmp_path)
+    assert isinstance(got, TransportError), repr(got)
+    assert held < HELD_AT_MOST, f"{held} bytes held"

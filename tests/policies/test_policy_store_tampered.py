@@ -109,3 +109,16 @@ def test_qh_a_folder_in_a_stores_place_is_a_store_not_answering(
     code, said = _said(settings, "policy", "show")
     assert code == 1, said
     assert said.startswith("error: the database did not answer (OperationalError)"), said
+
+
+def test_held_the_servers_refuse_to_start_on_a_missing_policy_table(backend: Backend) -> None:
+    """Held (0199's PX at the servers' starts, which 0201's sweep left out): ``serve``,
+    ``worker`` and ``mcp`` exit 7 with the one error line, before they listen."""
+    from tests.policies.test_policy_store import _rename_policy_table
+
+    settings = _deployment(backend)
+    _rename_policy_table(backend, settings)
+    for command in (("serve", "--port", "0"), ("worker",), ("mcp",)):
+        code, said = _said(settings, *command)
+        assert code == 7, (command, code, said)
+        assert said.startswith("error: policy store missing"), (command, said)
