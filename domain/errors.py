@@ -233,6 +233,18 @@ class StoredDataDamagedError(UprofError):
     )
 
 
+class StoreFileDamagedError(StoredDataDamagedError):
+    """A SQLite store's file is not a database, or its pages are damaged (SQLite's
+    ``SQLITE_NOTADB``, ``SQLITE_CORRUPT``): replaced, truncated, or copied over. A command
+    ended in the driver's traceback (review of 0199 and 0201, bug QH)."""
+
+    hint = (
+        "a *.sqlite file of the data folder was replaced or damaged (check each with "
+        "`sqlite3 FILE 'PRAGMA integrity_check'`); restore the stores from a backup "
+        "(uprof restore); nothing was changed"
+    )
+
+
 class ReadRecordingError(UprofError):
     hint = "reads cannot be recorded right now, so none are served; check the store and retry"
 

@@ -35,6 +35,7 @@ from audit.export_format import (
 from uprof.schemas import api as w
 from uprof.sdk import _operations as ops
 from uprof.sdk._backends import (
+    ACCEPTED_ENCODING,
     DEFAULT_IN_PROGRESS_RESENDS,
     DEFAULT_WRITE_RETRIES,
     AsyncHttpBackend,
@@ -62,7 +63,11 @@ ProposalLike = BaseModel | Mapping[str, Any]
 
 
 def _headers(api_key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}", "User-Agent": "uprof-sdk"}
+    return {
+        "Authorization": f"Bearer {api_key}",
+        "User-Agent": "uprof-sdk",
+        "Accept-Encoding": ACCEPTED_ENCODING,
+    }
 
 
 # Request builders, shared by both clients so they cannot drift apart.
