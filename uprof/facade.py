@@ -47,6 +47,7 @@ from audit.export import ExportSummary
 from audit.receipts import RECEIPT_ACTION
 from domain.errors import (
     ConsentRequiredError,
+    IdentityError,
     InvalidInputError,
     PermissionDeniedError,
     SubjectNotFoundError,
@@ -153,6 +154,9 @@ COMPLIANCE_PURPOSE = "compliance"
 OPERATIONS_PURPOSE = "operations"
 #: ``reason_code`` of the ``access.denied`` entry of a key refused for a missing role.
 ROLE_REQUIRED = "role-required"
+#: ``reason_code`` of the ``access.denied`` entry of a slice whose names did not resolve
+#: to one subject (a session or identifier unknown to the app, names that disagree).
+IDENTITY_UNRESOLVED = "identity-unresolved"
 #: A stream being read (an audit export) asks the policy again after this many records.
 STREAM_RECHECK_RECORDS = 500
 #: Most terms one residue scan looks for. Each term adds needles to the match of every
@@ -776,7 +780,7 @@ class Facade:
             session_id=self._namespaced(request.session_id),
             identifier=self._namespaced(request.identifier),
         )
-        with self._as_principal():
+        with self._as_principal(), self._identity_refusals_audited():
             return self._kernel.slice(
                 request,
                 query,
@@ -791,6 +795,20 @@ class Facade:
                 principal=self.principal.label,
                 still_authenticated=self._still_authenticated,
             )
+
+    @contextlib.contextmanager
+    def _identity_refusals_audited(self) -> Iterator[None]:
+        """Record ``access.denied`` for a request refused because its names do not
+        resolve to one subject (I5): a refusal at the boundary, like a policy's."""
+        try:
+            yield
+        except IdentityError:
+            self._kernel.audit.record(
+                "access.denied",
+                app_id=self.principal.policy_subject,
+                reason_code=IDENTITY_UNRESOLVED,
+            )
+            raise
 
     def register_session(self, session_id: str, subject: str) -> None:
         """Bind a session id, inside this app's namespace, to a subject.
