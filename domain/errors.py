@@ -95,6 +95,8 @@ class IdentityError(UprofError):
     def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message)
         self.field = field
+        if field is not None:
+            self.hint = "leave it out, or register it for the subject first; nothing was read"
 
 
 class AmbiguousIdentityError(IdentityError):

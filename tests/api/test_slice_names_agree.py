@@ -88,6 +88,18 @@ def test_qk_a_name_the_app_never_registered_beside_the_subject_is_refused(
     assert _slice(http, apps.planner, subject="alice").status_code == 200
 
 
+def test_held_a_captures_session_is_a_label_not_a_name(http: httpx.Client, apps: Apps) -> None:
+    """A capture's ``session_id`` is the app's label of the conversation, never resolved:
+    one the app never registered is taken (the capture's ``subject`` decides)."""
+    grant(http, apps.planner, "alice")
+    captured = http.post(
+        "/v1/captures",
+        headers=bearer(apps.planner),
+        json={"subject": "alice", "session_id": "never-registered", **interaction("hi")},
+    )
+    assert captured.status_code == 201, captured.text
+
+
 @pytest.mark.usefixtures("alice")
 def test_qk_the_sdks_and_mcp_refuse_alike(server: LiveServer, apps: Apps, kernel: Uprof) -> None:
     call = {**SLICE, "agent_id": "agent:one"}

@@ -136,8 +136,10 @@ class SubjectResolver:
                 key = _fold_identifier(name) if kind == IDENTIFIER else name
                 handle = self._keystore.resolve_alias(self.tenant, kind, key)
                 if handle is None:
+                    # The message names the name as every surface calls it (the CLI's
+                    # is ``--session``); ``field`` is the wire field, for REST's fields.
                     raise IdentityError(
-                        f"the {field} is not registered to any subject by this app",
+                        f"the {source} is not registered to any subject by this app",
                         field=field,
                     )
                 found.append((source, handle))
