@@ -605,6 +605,12 @@ def build_server(
             )
         except UprofToolError as error:
             raise _resource_error(error) from None
+        except Exception:
+            # A fault: left to the SDK it is logged with the URI, which holds the subject
+            # reference (I9), and answered with a generic text. Logged here without it,
+            # answered as the tools' faults are, REST's 500 body (bug QP).
+            _log.exception("the profile resource failed")
+            raise MCPError(code=INTERNAL_ERROR, message=internal_body().model_dump_json()) from None
         return result.model_dump_json()
 
     return server
