@@ -87,7 +87,16 @@ class PermissionDeniedError(UprofError):
 
 
 class IdentityError(UprofError):
+    """``field`` names the name of the request that did not resolve (``session_id``,
+    ``identifier``), when one is to blame: the REST body lists it in ``error.fields``."""
+
     hint = "name the subject explicitly on the request"
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+        if field is not None:
+            self.hint = "leave it out, or register it for the subject first; nothing was read"
 
 
 class AmbiguousIdentityError(IdentityError):

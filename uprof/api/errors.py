@@ -158,6 +158,13 @@ def store_damage(error: BaseException) -> StoreFileDamagedError | None:
     )
 
 
+def internal_body() -> ErrorOut:
+    """The answer to a fault (no refusal, no outage): 500 ``internal`` on REST, the same
+    body as an MCP tool's error. Generic: a fault's text may quote stored data, so it
+    stays in the server's log."""
+    return ErrorOut(error=ErrorBody(code="internal", message="internal server error"))
+
+
 def body_for(error: UprofError) -> ErrorOut:
     """The response body for a uprof error: what happened and what to do about it."""
     _, code = classify(error)

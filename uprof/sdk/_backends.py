@@ -380,7 +380,8 @@ class HttpBackend:
         return body.content()
 
     def stream_text(self, call: Call[Any]) -> Generator[str, None, None]:
-        """The body of a streamed answer (an audit export) as text, as it arrives."""
+        """The body of an answer as text, as it arrives: an audit export, or a subject's
+        export written to a file (``export_subject_to``: past ``send``'s bound)."""
         op = call.operation
         try:
             with self._client.stream(op.method, op.path, **_request_kwargs(call)) as response:
@@ -535,6 +536,11 @@ class EmbeddedBackend:
         return content
 
     def stream_text(self, call: Call[Any]) -> Generator[str, None, None]:
+        if call.operation.name != "audit_export":
+            # An answer the service builds whole (a subject's export): its JSON, as the
+            # server would send it; no wire, so no bound to stream past.
+            yield self.send(call).model_dump_json()
+            return
         # The records are read as they are taken: the database may stop answering
         # midway, and that is refused like a failure before the first (bug OK).
         with _refusals():
