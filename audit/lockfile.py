@@ -1,5 +1,5 @@
 """Lock files and key files: the one checked opener of every file uprof flocks, and of
-the secrets it reads from the key folder (decisions 0195, XXXX).
+the secrets it reads from the key folder (decisions 0195, 0200).
 
 A lock file is an empty file (or one holding its holder's record) that uprof creates
 itself, mode 0600, in a folder of its own: the data folder's SQLite locks
@@ -225,6 +225,49 @@ class KeyFileRefusedError(AuditKeyError):
     )
 
 
+#: How many symbolic links resolving a key folder may meet, as the kernel's own limit
+#: (Linux's MAXSYMLINKS): more is a loop.
+MAX_LINKS = 40
+
+
+def _walked(path: Path) -> tuple[Path, list[tuple[Path, int]]]:
+    """``path`` (absolute) resolved a name at a time as the kernel would, and every
+    symbolic link met on the way (its path and owner): the configured folder's own, its
+    folders', and each hop of a chain. A name not there ends the walk (the store makes
+    the rest), unless a link named it: a link to nothing (``KeyFileRefusedError``)."""
+    done = Path(path.anchor)
+    # Each name still to walk, and the link whose target it came from (None: the path's).
+    todo: list[tuple[str, Path | None]] = [(name, None) for name in path.parts[1:]]
+    links: list[tuple[Path, int]] = []
+    while todo:
+        name, via = todo.pop(0)
+        if name == "..":
+            done = done.parent
+            continue
+        step = done / name
+        try:
+            found = os.lstat(step)
+        except FileNotFoundError:
+            if via is None:
+                return Path(os.path.normpath(step.joinpath(*(n for n, _ in todo)))), links
+            how = "" if via == path else f"reached through {via}, "
+            raise KeyFileRefusedError(
+                f"refused the key folder {path}: it is {how}a symbolic link to nothing "
+                f"({os.readlink(via)}): mount or make its target first"
+            ) from None
+        if not stat.S_ISLNK(found.st_mode):
+            done = step
+            continue
+        links.append((step, found.st_uid))
+        if len(links) > MAX_LINKS:
+            raise KeyFileRefusedError(f"refused the key folder {path}: its links loop")
+        target = Path(os.readlink(step))
+        if target.is_absolute():
+            done = Path(target.anchor)
+        todo[:0] = [(n, step) for n in target.parts[1 if target.is_absolute() else 0 :]]
+    return done, links
+
+
 def key_folder_target(folder: str | os.PathLike[str]) -> Path:
     """The key folder the configured ``folder`` names, resolved once, at start (review of
     0198-0200, bug PY). A symbolic link as the configured folder (an operator pointing it
@@ -233,37 +276,62 @@ def key_folder_target(folder: str | os.PathLike[str]) -> Path:
     as any key folder (``check_key_folder``), and every later open uses the resolved
     path, so a link swapped under a running process redirects nothing. A link to nothing
     is refused: following it later would create the key folder wherever it points (a
-    volume not mounted: the root file system)."""
-    path = Path(folder).expanduser()
-    try:
-        found = os.lstat(path)
-    except FileNotFoundError:
-        return path.resolve()  # made by the store, mode 0700, where it is named
-    if not stat.S_ISLNK(found.st_mode):
-        return path.resolve()
-    me, parent_owner = os.geteuid(), os.stat(path.absolute().parent).st_uid
-    if found.st_uid not in (me, parent_owner):
-        raise KeyFileRefusedError(
-            f"refused the key folder {path}: it is a symbolic link owned by uid "
-            f"{found.st_uid}, neither this process's user (uid {me}) nor its folder's "
-            f"owner (uid {parent_owner}): whoever made it chose the key folder"
-        )
-    try:
-        return Path(os.path.realpath(path, strict=True))
-    except OSError:
-        raise KeyFileRefusedError(
-            f"refused the key folder {path}: it is a symbolic link to nothing "
-            f"({os.readlink(path)}): mount or make its target first"
-        ) from None
+    volume not mounted: the root file system).
+
+    Every link on the way is held to that rule, not the first alone (root's too, the
+    system's own links): each hop of a chain, and a link among the folders above, chooses
+    the key folder as much as the first; one owned by another user let that user point
+    this deployment at another of this user's key folders (bug QC)."""
+    path = Path(folder).expanduser().absolute()
+    resolved, links = _walked(path)
+    if not links:
+        return resolved
+    me, parent_owner = os.geteuid(), os.stat(path.parent).st_uid
+    for link, owner in links:
+        if owner not in (me, parent_owner, 0):
+            how = (
+                "a symbolic link" if link == path else f"reached through the symbolic link {link},"
+            )
+            raise KeyFileRefusedError(
+                f"refused the key folder {path}: it is {how} owned by uid {owner}, neither "
+                f"this process's user (uid {me}), root, nor its folder's owner (uid "
+                f"{parent_owner}): whoever made a link on the way chose the key folder"
+            )
+    return resolved
+
+
+def _above_not_ours(folder: str, owner: int) -> str | None:
+    """Why a folder above the key folder (owned by ``owner``) lets another user put
+    another folder in its place, under a running process that opens its files by path:
+    owned by a user that is neither this process's, root, nor the key folder's, or writable
+    by other users without the sticky bit (``/tmp``'s, which keeps them from renaming what
+    is not theirs). A key folder in such a folder, moved away and replaced by a link to
+    another user's, had its master secret read from there and its next KEK ring written
+    there (bug QD)."""
+    above = os.path.dirname(os.path.abspath(folder))
+    trusted = (os.geteuid(), 0, owner)
+    while True:
+        found = os.stat(above)
+        if found.st_uid not in trusted:
+            return f"under {above}, owned by uid {found.st_uid}, who could replace it"
+        if found.st_mode & 0o022 and not found.st_mode & stat.S_ISVTX:
+            mode = found.st_mode & 0o7777
+            return f"under {above}, writable by other users (mode {mode:04o}), who could replace it"
+        if above == os.path.dirname(above):
+            return None
+        above = os.path.dirname(above)
 
 
 def check_key_folder(folder: str | os.PathLike[str]) -> None:
     """Refuse the key folder unless it is a folder (not a link to one: the settings
     resolve a configured link once, ``key_folder_target``), owned by this process's user
-    or its parent folder's owner (root running its service user's deployment), and not
-    writable by other users (bug PR)."""
+    or its parent folder's owner (root running its service user's deployment), not
+    writable by other users (bug PR), and nobody else may replace it (bug QD,
+    ``_above_not_ours``)."""
     folder = os.fspath(folder)
     why = _not_our_folder(folder)
+    if why is None:
+        why = _above_not_ours(folder, os.lstat(folder).st_uid)
     if why is not None:
         raise KeyFileRefusedError(f"refused the key folder {folder}: it is {why}")
 

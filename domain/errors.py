@@ -87,7 +87,16 @@ class PermissionDeniedError(UprofError):
 
 
 class IdentityError(UprofError):
+    """``field`` names the name of the request that did not resolve (``session_id``,
+    ``identifier``), when one is to blame: the REST body lists it in ``error.fields``."""
+
     hint = "name the subject explicitly on the request"
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+        if field is not None:
+            self.hint = "leave it out, or register it for the subject first; nothing was read"
 
 
 class AmbiguousIdentityError(IdentityError):
@@ -230,6 +239,18 @@ class StoredDataDamagedError(UprofError):
     hint = (
         "a stored event of this subject cannot be opened (damaged or altered storage); "
         "restore the stores from a backup, or erase the subject"
+    )
+
+
+class StoreFileDamagedError(StoredDataDamagedError):
+    """A SQLite store's file is not a database, or its pages are damaged (SQLite's
+    ``SQLITE_NOTADB``, ``SQLITE_CORRUPT``): replaced, truncated, or copied over. A command
+    ended in the driver's traceback (review of 0199 and 0201, bug QH)."""
+
+    hint = (
+        "a *.sqlite file of the data folder was replaced or damaged (check each with "
+        "`sqlite3 FILE 'PRAGMA integrity_check'`); restore the stores from a backup "
+        "(uprof restore); nothing was changed"
     )
 
 

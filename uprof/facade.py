@@ -47,6 +47,7 @@ from audit.export import ExportSummary
 from audit.receipts import RECEIPT_ACTION
 from domain.errors import (
     ConsentRequiredError,
+    IdentityError,
     InvalidInputError,
     PermissionDeniedError,
     SubjectNotFoundError,
@@ -71,7 +72,6 @@ from domain.values import (
     check_token,
     text_problem,
 )
-from policies.authorizer import PolicyDeniedError
 from policies.rules import purpose_problem
 from policies.visibility import is_visible
 from uprof.kernel import Lag, Uprof
@@ -153,6 +153,9 @@ COMPLIANCE_PURPOSE = "compliance"
 OPERATIONS_PURPOSE = "operations"
 #: ``reason_code`` of the ``access.denied`` entry of a key refused for a missing role.
 ROLE_REQUIRED = "role-required"
+#: ``reason_code`` of the ``access.denied`` entry of a slice whose names did not resolve
+#: to one subject (a session or identifier unknown to the app, names that disagree).
+IDENTITY_UNRESOLVED = "identity-unresolved"
 #: A stream being read (an audit export) asks the policy again after this many records.
 STREAM_RECHECK_RECORDS = 500
 #: Most terms one residue scan looks for. Each term adds needles to the match of every
@@ -779,7 +782,7 @@ class Facade:
             session_id=self._namespaced(request.session_id),
             identifier=self._namespaced(request.identifier),
         )
-        with self._as_principal():
+        with self._as_principal(), self._identity_refusals_audited():
             return self._kernel.slice(
                 request,
                 query,
@@ -794,6 +797,20 @@ class Facade:
                 principal=self.principal.label,
                 still_authenticated=self._still_authenticated,
             )
+
+    @contextlib.contextmanager
+    def _identity_refusals_audited(self) -> Iterator[None]:
+        """Record ``access.denied`` for a request refused because its names do not
+        resolve to one subject (I5): a refusal at the boundary, like a policy's."""
+        try:
+            yield
+        except IdentityError:
+            self._kernel.audit.record(
+                "access.denied",
+                app_id=self.principal.policy_subject,
+                reason_code=IDENTITY_UNRESOLVED,
+            )
+            raise
 
     def register_session(self, session_id: str, subject: str) -> None:
         """Bind a session id, inside this app's namespace, to a subject.
@@ -978,24 +995,16 @@ class Facade:
             for action, purpose in rights:
                 self._ask_authorizer(OPERATORS, action, CATEGORIES, purpose)
             return
-        except PermissionDeniedError:
+        except UprofError:
             # The policy answers from its last look at the store (``policy_refresh_s``):
             # that look may be an outage the store has since come out of. Looked at now,
             # then decided again, so a page just after an outage is not refused as by the
-            # policy, which ends the session for good (review of 0173, bug MH).
-            problem = self._kernel.policy_refusal()
-        try:
-            for action, purpose in rights:
-                self._decide(OPERATORS, action, CATEGORIES, purpose, ask=self._ask_authorizer)
-        except PermissionDeniedError:
-            # An unreadable policy store denies every check: refused all the same, but as
-            # the outage it is, so the privacy center keeps the session and shows the
-            # refusal until the store answers, instead of signing the subject out for good.
-            # A damaged one as the damage it is (500, no retry; review of 0174, 0176 and
-            # 0177, bug MY): it was answered as an outage, "retry in 5 s".
-            if problem is not None:
-                raise problem from None
-            raise
+            # policy, which ends the session for good (review of 0173, bug MH). Still
+            # unreadable, the decision raises the store's error (``_refusal_of``, QL): an
+            # outage keeps the session; a damaged store is its damage (500, MY).
+            self._kernel.policy_refusal()
+        for action, purpose in rights:
+            self._decide(OPERATORS, action, CATEGORIES, purpose, ask=self._ask_authorizer)
 
     def privacy_link_issued(self, subject: str, link_id: str) -> None:
         """Record that a sign-in link to ``subject``'s privacy center was handed to this
@@ -1272,17 +1281,13 @@ class Facade:
         Raises the store's error (``PolicyStoreError``, or its damage) when the policy
         could not be consulted: False would leave the checkpoint out exactly as for a
         caller without the audit right, a 200 an auditor cannot tell from "not yours"
-        (review of 0186 and 0188, bug OV; the slice's rule, 0188's OL)."""
+        (review of 0186 and 0188, bug OV; the slice's rule, 0188's OL). The policy raises
+        it itself (``_refusal_of``, QL): it is no ``PermissionDeniedError``."""
         try:
             if self.principal.is_operator and not self.principal.acting_for:
                 self._ask_policy(OPERATORS, "audit", CATEGORIES, COMPLIANCE_PURPOSE)
             else:
                 self._check("audit", CATEGORIES, COMPLIANCE_PURPOSE)
-        except PolicyDeniedError as denied:
-            unanswered = denied.decision.store_error
-            if unanswered is not None:
-                raise unanswered(denied.decision.reason) from None
-            return False
         except PermissionDeniedError:
             return False
         return True

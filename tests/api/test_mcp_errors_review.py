@@ -87,9 +87,10 @@ def test_oy_a_check_across_arguments_names_the_argument_to_fix(
 def test_a_fault_under_a_tool_leaks_nothing_of_its_text(
     kernel: Uprof, monkeypatch: pytest.MonkeyPatch, fault: Exception
 ) -> None:
-    """Held: a fault (a constraint the driver reports, a file that cannot be read) is the
-    MCP SDK's generic crash text: neither the statement, nor its parameters, nor the path
-    reaches the agent."""
+    """Held: a fault (a constraint the driver reports, a file that cannot be read) leaks
+    neither the statement, nor its parameters, nor the path to the agent. Bug QN: its
+    text was the MCP SDK's "Error executing tool profile_slice", not REST's JSON body, so
+    an agent branching on ``error.code`` found none; now REST's 500 body, ``internal``."""
     kernel.grant_consent("alice", app_id=PLANNER, categories=["*"], purposes=["personalization"])
 
     def broken(self: AppScope, body: Any) -> Any:
@@ -99,4 +100,6 @@ def test_a_fault_under_a_tool_leaks_nothing_of_its_text(
     (text,) = _tool_texts(kernel, [("profile_slice", {"subject": "alice", **SLICE})])
     for secret in ("INSERT", "subject_index", "alice@example.com", "/srv", "master.key"):
         assert secret not in text, text
-    assert "profile_slice" in text
+    assert json.loads(text) == {
+        "error": {"code": "internal", "message": "internal server error", "hint": "", "fields": []}
+    }, text

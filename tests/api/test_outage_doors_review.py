@@ -36,7 +36,7 @@ from tests.conftest import Backend, database_down
 from tests.web.conftest import policy_store_down
 from uprof.api import ApiKeyStore
 from uprof.kernel import Uprof
-from uprof.sdk import Client, PermissionDeniedError, ServiceUnavailableError
+from uprof.sdk import Client, ServiceUnavailableError
 
 OUTAGE = "policy store unreadable"
 SLICE = {
@@ -49,14 +49,12 @@ SLICE = {
 
 def _refused_for_the_outage(status: int, body: dict[str, Any], retry_after: str | None) -> None:
     """A refusal that says the policy store did not answer: 503 ``policy_store_unavailable``
-    with a wait, or 403 ``permission_denied`` naming the outage (0188's ordinary
-    decisions). Never 200, never 500."""
+    with a wait. Bug QL: ordinary decisions were 403 ``permission_denied`` naming the
+    outage, without ``Retry-After`` (0188's choice), which an agent reads as a "no"."""
     error = body["error"]
     assert OUTAGE in error["message"], (status, body)
-    if status == 503:
-        assert error["code"] == "policy_store_unavailable" and int(retry_after or 0) > 0
-    else:
-        assert (status, error["code"]) == (403, "permission_denied"), (status, body)
+    assert (status, error["code"]) == (503, "policy_store_unavailable"), (status, body)
+    assert int(retry_after or 0) > 0, (status, body)
 
 
 def test_ov_the_audit_key_is_refused_while_the_policy_cannot_say_who_may_audit(
@@ -122,9 +120,10 @@ POLICY_ROUTES: tuple[tuple[str, str, bool, dict[str, Any] | None], ...] = (
 def test_every_rest_route_that_asks_the_policy_refuses_during_its_outage(
     server: LiveServer, http: httpx.Client, apps: Apps, kernel: Uprof, backend: Backend
 ) -> None:
-    """Held (the audit key is OV's): during the outage each route the policy decides refuses naming
-    it, 403 or 503, none 200 or 500; nothing is captured meanwhile; each answers as
-    before once the store is back (the slice serves alice's diet again)."""
+    """During the outage each route the policy decides refuses naming it, 503 with a wait
+    (bug QL: 403 for most; the audit key is OV's), none 200 or 500; nothing is captured
+    meanwhile; each answers as before once the store is back (the slice serves alice's
+    diet again)."""
     grant(http, apps.planner)
     told = http.post(
         "/v1/captures",
@@ -143,13 +142,38 @@ def test_every_rest_route_that_asks_the_policy_refuses_during_its_outage(
         assert len(kernel.app.notifications_after(0, 100_000)) == log  # nothing written
         ready = http.get("/readyz")
     for path, answer in answers:
-        assert answer.status_code in (403, 503), (path, answer.status_code, answer.text[:300])
+        assert answer.status_code == 503, (path, answer.text[:300])
         _refused_for_the_outage(
             answer.status_code, answer.json(), answer.headers.get("Retry-After")
         )
     assert ready.status_code == 503 and OUTAGE in ready.json()["detail"]
     served = http.post("/v1/slices", headers=keys[False], json={"subject": "alice", **SLICE})
     assert served.status_code == 200 and "vegetarian" in served.text, served.text[:300]
+
+
+def test_ql_the_http_sdk_raises_the_outage_with_its_wait(
+    server: LiveServer, http: httpx.Client, apps: Apps, kernel: Uprof, backend: Backend
+) -> None:
+    """Bug QL over HTTP: a capture and an export during the outage raised
+    ``PermissionDeniedError``, which an app takes for a "no"; now
+    ``ServiceUnavailableError`` ``policy_store_unavailable`` with ``retry_after_s``, raised
+    (not sent again: the SDK resends only what got no answer) and nothing captured."""
+    grant(http, apps.planner)
+    with (
+        Client(server.url, apps.planner) as app,
+        Client(server.url, apps.privacy) as privacy,
+        policy_store_down(backend, kernel),
+    ):
+        log = len(kernel.app.notifications_after(0, 100_000))
+        for call in (
+            lambda: app.capture("alice", agent_id="agent:one", user_input="I like tea"),
+            lambda: privacy.export_subject("alice"),
+        ):
+            with pytest.raises(ServiceUnavailableError) as refused:
+                call()
+            assert refused.value.code == "policy_store_unavailable", refused.value
+            assert refused.value.retry_after_s == 5, refused.value
+        assert len(kernel.app.notifications_after(0, 100_000)) == log
 
 
 def _tool_error(result: Any) -> tuple[int, dict[str, Any]]:
@@ -163,10 +187,10 @@ def _tool_error(result: Any) -> tuple[int, dict[str, Any]]:
 def test_the_mcp_tools_and_the_embedded_sdk_refuse_during_the_outage(
     kernel: Uprof, backend: Backend
 ) -> None:
-    """Held: over MCP the slice (tool and resource), a capture and an item's erasure
-    are tool errors naming the outage; the embedded SDK raises for every call the policy
-    decides (``ServiceUnavailableError`` or ``PermissionDeniedError`` naming it), and
-    returns nothing."""
+    """Over MCP the slice (tool and resource), a capture and an item's erasure are tool
+    errors naming the outage, ``policy_store_unavailable``; the embedded SDK raises
+    ``ServiceUnavailableError`` with that code and the wait for every call the policy
+    decides (bug QL: ``PermissionDeniedError`` for most), and returns nothing."""
     kernel.grant_consent("alice", app_id=PLANNER, categories=["*"], purposes=["personalization"])
     capture = {
         "subject": "alice",
@@ -213,9 +237,11 @@ def test_the_mcp_tools_and_the_embedded_sdk_refuse_during_the_outage(
         policy_store_down(backend, kernel),
     ):
         for call in calls:
-            with pytest.raises((ServiceUnavailableError, PermissionDeniedError)) as refused:
+            with pytest.raises(ServiceUnavailableError) as refused:
                 call(sdk)
             assert OUTAGE in str(refused.value), refused.value
+            assert refused.value.code == "policy_store_unavailable", refused.value
+            assert (refused.value.retry_after_s or 0) > 0, refused.value
 
 
 def test_a_withdrawal_needs_no_policy_and_goes_through_its_outage(

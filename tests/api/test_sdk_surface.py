@@ -73,6 +73,7 @@ CLIENT_METHODS = [
     "erase_subject",
     "evidence",
     "export_subject",
+    "export_subject_to",
     "grant_consent",
     "iter_audit_entries",
     "iter_audit_receipts",

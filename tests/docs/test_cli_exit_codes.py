@@ -9,9 +9,12 @@ order they are matched (a subclass listed before its base class).
 
 from __future__ import annotations
 
+import ast
+import os
 import re
 from pathlib import Path
 
+from tests import children
 from uprof.cli.context import EXIT_CODES
 
 CLI_MD = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
@@ -47,3 +50,82 @@ def test_held_exit_codes_match_subclasses_before_their_bases() -> None:
     for i, (cls, _) in enumerate(EXIT_CODES):
         shadowing = [earlier.__name__ for earlier, _ in EXIT_CODES[:i] if issubclass(cls, earlier)]
         assert not shadowing, f"{cls.__name__} is matched first by {shadowing}"
+
+
+UPROF = Path(__file__).resolve().parents[2] / "uprof"
+#: The exits a command makes itself with a code the table gives another meaning (not 1,
+#: any other error, nor 2, bad input): (file under uprof/, function, code) and the words
+#: the table's row for that code must hold (review of 0199 and 0201, bug QE).
+OWN_EXITS = {
+    ("cli/serve.py", "serve", 3): "`uprof serve` whose server could not start",
+    ("mcp/cli.py", "run", 3): "`uprof mcp` (stdio) whose `UPROF_API_KEY`",
+    ("cli/serve.py", "apps_revoke", 5): "`apps revoke` of a key id",
+}
+#: Where the code comes from the table itself (or a signal), not a literal.
+TABLE_EXITS = {("cli/context.py", "fail")}
+
+
+class _Exits(ast.NodeVisitor):
+    """Every ``typer.Exit``/``SystemExit``/``sys.exit``/``ctx.exit`` call of a module:
+    (function, code or None when the code is not a literal)."""
+
+    def __init__(self) -> None:
+        self.functions: list[str] = ["<module>"]
+        self.found: list[tuple[str, int | None]] = []
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        self.functions.append(node.name)
+        self.generic_visit(node)
+        self.functions.pop()
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_Call(self, node: ast.Call) -> None:
+        name = (
+            node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        )
+        if name in ("Exit", "SystemExit", "exit"):
+            code = node.args[0] if node.args else ast.Constant(0)
+            literal = code.value if isinstance(code, ast.Constant) else None
+            self.found.append((self.functions[-1], literal))
+        self.generic_visit(node)
+
+
+def _exits() -> list[tuple[str, str, int | None]]:
+    found = []
+    for path in sorted(UPROF.rglob("*.py")):
+        visitor = _Exits()
+        visitor.visit(ast.parse(path.read_text(encoding="utf-8")))
+        where = path.relative_to(UPROF).as_posix()
+        found += [(where, function, code) for function, code in visitor.found]
+    return found
+
+
+def test_qe_every_code_a_command_exits_with_itself_is_in_the_table() -> None:
+    """Bug QE: ``uprof serve`` exits 3 when its server cannot start (its port taken),
+    ``uprof mcp`` 3 when its stdio key is missing or revoked, ``apps revoke`` 5 for a key
+    id no live key has: the table said 3 was consent or the policy, 5 a subject. Every
+    literal exit code in uprof/ is 1, 2 or one of ``OWN_EXITS``, whose row says it.
+    main at f9d71eac: the rows for 3 and 5 named none of them."""
+    meanings = {
+        int(found.group(1)): line
+        for line in CLI_MD.read_text(encoding="utf-8").splitlines()
+        if (found := ROW.match(line.strip()))
+    }
+    exits = _exits()
+    own = {(where, function, code) for where, function, code in exits if code not in (None, 1, 2)}
+    assert own == set(OWN_EXITS), "a command exits with a code the table means otherwise"
+    for (_, _, code), words in OWN_EXITS.items():
+        assert words in meanings[code], f"exit {code}'s row does not say {words}"
+    computed = {(where, function) for where, function, code in exits if code is None}
+    assert computed == TABLE_EXITS, "an exit code computed outside the table"
+
+
+def test_qe_apps_revoke_of_an_unknown_key_is_an_error_exit_5(tmp_path: Path) -> None:
+    """Bug QE, a real CLI process: exit 5 as the table says, and the refusal said as every
+    error is (``error: ...`` on stderr). main at f9d71eac: exit 5, said on stdout."""
+    env = dict(os.environ, UPROF_DATA_DIR=str(tmp_path / "data"), UPROF_EMBEDDER="hashing")
+    done = children.run_python(children.CLI_SCRIPT, "apps", "revoke", "nosuch", env=env)
+    assert done.returncode == 5, done.stderr
+    assert done.stdout == "", done.stdout
+    assert " ".join(done.stderr.split()) == "error: no live key with id nosuch", done.stderr

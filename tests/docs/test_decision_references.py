@@ -20,7 +20,10 @@ SEARCHED = (
     "benchmarks",
     "tests",
 )
-PLACEHOLDER = re.compile(r"\b[Dd]ecisions? XXXX\b|\bXXXX-[a-z]|^# XXXX", re.MULTILINE)
+# "decision XXXX", "decisions 0195, XXXX" (a list ending in the placeholder), "XXXX-slug".
+PLACEHOLDER = re.compile(
+    r"\b[Dd]ecisions? XXXX\b|\b\d{4}(?:,| and) XXXX\b|\bXXXX-[a-z]|^# XXXX", re.MULTILINE
+)
 # "0185-bridges-einsum-on-every-cpu", with or without ".md"; a date ("2026-12-06") has no letter.
 NAMED_RECORD = re.compile(r"(?<![\w.-])\d{4}-[a-z][a-z0-9]*(?:-[a-z0-9]+)*(?![\w-])")
 

@@ -217,14 +217,13 @@ def test_a_rest_erasure_whose_erase_right_was_denied_during_the_wait_erases_noth
 def test_a_policy_store_outage_answers_each_surface_as_documented(
     server: LiveServer, http: httpx.Client, apps: Apps, kernel: Uprof, backend: Backend
 ) -> None:
-    """Held (0015's choice, checked across REST and the pages): while the policy store
-    cannot be read, every ordinary decision denies, so a REST call the policy decides is
-    403 ``permission_denied`` naming the outage (a capture, an export, reading or
-    changing the policy: the change is refused at its decision, before the store), and
-    the privacy center, whose link is decided again on every page, answers 503
-    ``policy_store_unavailable`` with ``Retry-After`` and keeps the session (0176). The
-    split is docs/api.md's: a denial ends nothing, an outage of the link's own check must
-    not end the session."""
+    """While the policy store cannot be read, a REST call the policy decides is 503
+    ``policy_store_unavailable`` naming the outage, with ``Retry-After`` (a capture, an
+    export, reading or changing the policy: the change is refused at its decision,
+    before the store); until bug QL it was 403 ``permission_denied`` (0015's choice),
+    which an agent reads as a "no". The privacy center, whose link is decided again on
+    every page, answers 503 with ``Retry-After`` and keeps the session (0176), as
+    before."""
     grant(http, apps.planner)
     with httpx.Client(base_url=server.url, timeout=60) as browser:
         open_link(browser, privacy_link(http, apps.planner_operator, "alice"))
@@ -247,9 +246,10 @@ def test_a_policy_store_outage_answers_each_surface_as_documented(
             answers.append(http.get("/v1/policy", headers=bearer(apps.planner_operator)))
             page = browser.get("/privacy")
         for answer in answers:
-            assert answer.status_code == 403, answer.text[:300]
+            assert answer.status_code == 503, answer.text[:300]
+            assert int(answer.headers["Retry-After"]) > 0
             error = answer.json()["error"]
-            assert error["code"] == "permission_denied"
+            assert error["code"] == "policy_store_unavailable"
             assert "policy store unreadable" in error["message"]
         assert page.status_code == 503 and int(page.headers["Retry-After"]) > 0
         assert browser.get("/privacy").status_code == 200  # the session was kept
@@ -283,8 +283,8 @@ def test_a_request_during_a_postgres_outage_is_answered_not_held(
         with database_down(backend, kernel):
             time.sleep(kernel.settings.policy_refresh_s * 2)  # the policy's next check due
             refused = client.get("/v1/policy", headers=bearer(apps.planner_operator))
-        assert refused.status_code in (403, 503), refused.text[:300]
-        assert refused.json()["error"]["code"] in ("permission_denied", "store_unavailable")
+        assert refused.status_code == 503, refused.text[:300]
+        assert refused.json()["error"]["code"] in ("policy_store_unavailable", "store_unavailable")
         kernel.policy_health()  # the store read again now, not at the next refresh
         again = client.get("/v1/policy", headers=bearer(apps.planner_operator))
         assert again.status_code == 200, again.text[:300]

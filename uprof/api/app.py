@@ -30,6 +30,7 @@ from uprof.api.errors import (
     EdgeError,
     body_for,
     classify,
+    internal_body,
     retry_after_s,
     store_outage,
     validation_problem,
@@ -239,8 +240,7 @@ def _install_error_handlers(app: FastAPI, page_errors: PageErrors | None = None)
         # The message may quote stored data; the log keeps the traceback, the caller
         # gets a generic answer.
         _log.exception("unhandled error", exc_info=error)
-        body = ErrorOut(error=ErrorBody(code="internal", message="internal server error"))
-        return _json(body, 500)
+        return _json(internal_body(), 500)
 
 
 class _LagCollector:

@@ -35,6 +35,7 @@ from domain.errors import (
     ReadTimeoutError,
     RequestInProgressError,
     StoredDataDamagedError,
+    StoreFileDamagedError,
     StoresLostError,
     StoreUnavailableError,
     SubjectErasedError,
@@ -96,6 +97,7 @@ STORE_UNAVAILABLE_RETRY_AFTER_S = 5
 #: constraint or a malformed statement (``IntegrityError``, ``ProgrammingError``) stays a
 #: fault (500).
 OUTAGE_ERRORS: tuple[type[Exception], ...] = (
+    sqlite3.OperationalError,  # uprof's own SQLite connections (the journal's switch)
     sa.exc.OperationalError,
     sa.exc.InterfaceError,
     sa.exc.TimeoutError,
@@ -134,6 +136,33 @@ def store_outage(error: BaseException) -> StoreUnavailableError | None:
         # where PostgreSQL's raises ProgrammingError: a fault on both (bug NR).
         return None
     return StoreUnavailableError(f"the database did not answer ({type(cause).__name__})")
+
+
+#: SQLite's codes for a file that is not a database, or whose pages are damaged.
+_DAMAGE_CODES = frozenset({sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT})
+
+
+def store_damage(error: BaseException) -> StoreFileDamagedError | None:
+    """The refusal for ``error`` when SQLite says a store's file is not a database or is
+    damaged (bug QH), else None: not an outage (waiting mends nothing), not a fault of
+    uprof's; the operator restores the stores."""
+    cause = getattr(error, "orig", None) or error.__cause__ or error
+    code = getattr(cause, "sqlite_errorcode", None)
+    if not isinstance(cause, sqlite3.DatabaseError) or not isinstance(code, int):
+        return None
+    if code & 0xFF not in _DAMAGE_CODES:
+        return None
+    return StoreFileDamagedError(
+        f"stored data damaged: a SQLite store of the data folder is not a database or is "
+        f"damaged ({getattr(cause, 'sqlite_errorname', code)}: {cause})"
+    )
+
+
+def internal_body() -> ErrorOut:
+    """The answer to a fault (no refusal, no outage): 500 ``internal`` on REST, the same
+    body as an MCP tool's error. Generic: a fault's text may quote stored data, so it
+    stays in the server's log."""
+    return ErrorOut(error=ErrorBody(code="internal", message="internal server error"))
 
 
 def body_for(error: UprofError) -> ErrorOut:

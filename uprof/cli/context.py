@@ -101,18 +101,19 @@ def _typed_values(given: Any) -> Iterator[str]:
 
 def _outage_answered(error: Exception) -> None:
     """Exit as ``fail`` does when ``error`` is the database not answering (``store_outage``,
-    the one rule REST, MCP and the SDK answer 503 ``store_unavailable`` by); re-raise any
+    the one rule REST, MCP and the SDK answer 503 ``store_unavailable`` by), or a SQLite
+    store's file that is not a database (``store_damage``, exit 7: bug QH); re-raise any
     other error. Every command that opened the stores let the driver's error out: a
     traceback ending in its text (on PostgreSQL the host, port and database), where every
     other refusal is a line and its hint (review of 0186 and 0188, bug OW)."""
     if "sqlalchemy" not in sys.modules:
         raise error  # no store was opened: not the database (and `--help` stays light)
-    from uprof.api.errors import store_outage
+    from uprof.api.errors import store_damage, store_outage
 
-    outage = store_outage(error)
-    if outage is None:
+    refusal = store_outage(error) or store_damage(error)
+    if refusal is None:
         raise error
-    fail(outage)
+    fail(refusal)
 
 
 class _Checked(ClickCommand):
@@ -227,8 +228,22 @@ def door() -> Iterator[Facade]:
         yield Facade(k, Principal.local_operator(k.subjects.tenant))
 
 
+def _what_stopped(error: UprofError) -> UprofError:
+    """``error``, or, for a policy check that could not consult its store (a denial
+    carrying the store's error), that error: the command exits as the store's state says
+    (7 damaged, 1 unreadable) with its hint, not 3 as refused by the policy with "ask the
+    operator". A policy table emptied (rows removed) exited 3 so (bug QG)."""
+    from policies.authorizer import PolicyDeniedError
+
+    if isinstance(error, PolicyDeniedError) and error.decision.store_error is not None:
+        return error.decision.store_error(str(error))
+    return error
+
+
 def fail(error: UprofError) -> None:
     from uprof.backends import SchemaLockWaitStopped
+
+    error = _what_stopped(error)
 
     if isinstance(error, SchemaLockWaitStopped) and error.signal_number is not None:
         # SIGTERM or SIGINT while the start waited for a schema lock (bug OA): a stop,

@@ -17,7 +17,15 @@ import typer
 
 from domain.errors import UprofError
 from uprof.backends import SchemaLockWaitStopped
-from uprof.cli.context import CheckedTyper, console, door, fail, settings, stopped_early
+from uprof.cli.context import (
+    CheckedTyper,
+    console,
+    door,
+    err_console,
+    fail,
+    settings,
+    stopped_early,
+)
 from uprof.settings import parse_rate_limit
 
 apps_app = CheckedTyper(no_args_is_help=True, help="Create, list and revoke app API keys.")
@@ -240,7 +248,8 @@ def apps_revoke(
     with door() as d:
         revoked = d.revoke_api_key(key_id)
     if not revoked:
-        console.print(f"no live key with id {key_id}")
+        # 5, as an unknown subject: what scripts were told (docs/cli.md's table says so).
+        err_console.print(f"[bold red]error:[/] no live key with id {key_id}", highlight=False)
         raise typer.Exit(5)
     console.print(f"key {key_id} revoked")
 

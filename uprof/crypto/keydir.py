@@ -175,6 +175,33 @@ def _record_from_json(line: str) -> ErasureRecord:
     )
 
 
+def _locked_mark(path: Path, *, blocking: bool) -> int | None:
+    """A descriptor of the erasure mark ``path``, opened through the checked opener and
+    flocked; None when not ``blocking`` and a live process holds it. A lock taken on a
+    file ``path`` no longer names (its holder ended the request and removed it between
+    this open and this lock) marks nothing: it is let go and the mark opened again. It
+    was kept, and a process holding a removed file ran beside the one that made a new
+    mark, finishing the same request at once (bug QI)."""
+    while True:
+        fd = open_lock_file(path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        mine = os.fstat(fd)
+        try:
+            there = os.lstat(path)
+        except FileNotFoundError:
+            there = None
+        if there is not None and (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino):
+            return fd
+        os.close(fd)
+
+
 class FileKeyMaterialStore:
     """Key material as files in one folder (the default ``KeyMaterialStore``)."""
 
@@ -299,9 +326,9 @@ class FileKeyMaterialStore:
         # Checked, folder and file (bug PP): a link as either made this write its host
         # line into the file it names, anywhere; a link as the folder put the marks there.
         make_lock_folder(path.parent)
-        fd = open_lock_file(path)
+        fd = _locked_mark(path, blocking=True)
+        assert fd is not None  # a blocking lock is always taken
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 os.write(fd, _host_line())
                 yield
@@ -323,13 +350,11 @@ class FileKeyMaterialStore:
         # by its own ``os.open``, a hard link's file was emptied and written, another
         # user's file taken as the mark, a FIFO or a folder failed with a traceback).
         make_lock_folder(path.parent)
-        fd = open_lock_file(path)
+        fd = _locked_mark(path, blocking=False)
+        if fd is None:
+            yield False
+            return
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                yield False
-                return
             try:
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, _host_line(), 0)

@@ -40,7 +40,7 @@ import contextlib
 import logging
 import re
 from collections.abc import Callable, Iterator
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, ClassVar, TypeVar
 
 import anyio.to_thread
 from mcp.server.auth.middleware.auth_context import get_access_token
@@ -64,6 +64,7 @@ from uprof.api.errors import (
     STORE_UNAVAILABLE_RETRY_AFTER_S,
     EdgeError,
     body_for,
+    internal_body,
     store_outage,
     unauthenticated,
     validation_problem,
@@ -115,6 +116,22 @@ class ForgetResult(BaseModel):
 
     withdrawn: list[w.Consent] = Field(default_factory=list)
     erasures: list[w.ErasureReceipt] = Field(default_factory=list)
+
+
+class ToolSliceIn(w.SliceIn):
+    """The slice as ``profile_slice`` asks for it: by subject or session, no identifier
+    (its refusals name only the tool's arguments)."""
+
+    _subject_names: ClassVar[tuple[str, ...]] = ("subject", "session_id")
+
+
+class UprofToolCrash(UnexpectedToolError):
+    """A fault under a tool: still a crash to the SDK (it logs the traceback of its
+    cause), its text REST's 500 body, ``internal``, so an agent parsing every tool error
+    as the REST body can branch on the code (review of 0186 and 0188's Left)."""
+
+    def __init__(self) -> None:
+        super().__init__(internal_body().model_dump_json())
 
 
 class UprofToolError(ToolError):
@@ -245,8 +262,8 @@ class UprofMCPServer(MCPServer):
                 raise UprofToolError(validation_problem(problems).body())
         try:
             return await super().call_tool(name, arguments, context)
-        except UnexpectedToolError:
-            raise  # a crash: the SDK answers with a generic text and logs it
+        except UnexpectedToolError as crash:
+            raise UprofToolCrash() from crash
         except ToolError as error:
             cause = error.__cause__
             if isinstance(cause, UprofToolError):
@@ -409,7 +426,7 @@ def build_server(
         """
         return call(
             lambda s: s.slice(
-                w.SliceIn(
+                ToolSliceIn(
                     subject=subject,
                     session_id=session_id,
                     query=query,
@@ -588,6 +605,12 @@ def build_server(
             )
         except UprofToolError as error:
             raise _resource_error(error) from None
+        except Exception:
+            # A fault: left to the SDK it is logged with the URI, which holds the subject
+            # reference (I9), and answered with a generic text. Logged here without it,
+            # answered as the tools' faults are, REST's 500 body (bug QP).
+            _log.exception("the profile resource failed")
+            raise MCPError(code=INTERNAL_ERROR, message=internal_body().model_dump_json()) from None
         return result.model_dump_json()
 
     return server

@@ -398,6 +398,10 @@ class SliceIn(_Request):
         }
     )
 
+    #: The names of the subject the caller can send, as its "name the subject" refusal
+    #: lists them: a surface taking fewer says so (the MCP tool takes no identifier).
+    _subject_names: ClassVar[tuple[str, ...]] = ("subject", "session_id", "identifier")
+
     subject: SubjectRef | None = None
     session_id: Annotated[Text, Field(min_length=1, max_length=128)] | None = None
     identifier: Annotated[Text, Field(min_length=1, max_length=256)] | None = None
@@ -412,9 +416,9 @@ class SliceIn(_Request):
     @model_validator(mode="after")
     def _names_someone(self) -> SliceIn:
         if not (self.subject or self.session_id or self.identifier):
-            raise _refused_field(
-                self, "subject", "name the subject: subject, session_id or identifier"
-            )
+            *others, last = self._subject_names
+            names = f"{', '.join(others)} or {last}"
+            raise _refused_field(self, "subject", f"name the subject: {names}")
         return self
 
 

@@ -75,8 +75,9 @@ class _Capped:
         )
 
     @classmethod
-    def answer_of(cls, name: str, status: int) -> _Capped:
-        """For the whole answer of ``status`` to an ordinary JSON call (``send``)."""
+    def answer_of(cls, name: str, response: httpx.Response) -> _Capped:
+        """For the whole of ``response`` to an ordinary JSON call (``send``)."""
+        status = _plain(name, response)
         if status >= 400:
             return cls.error_of(name, status)
         return cls(
@@ -96,6 +97,27 @@ class _Capped:
 
     def content(self) -> bytes:
         return b"".join(self._chunks)
+
+
+#: The only encoding the SDK asks for (``Accept-Encoding``) and reads. httpx decodes a
+#: compressed answer a piece at a time, each piece whole, before any bound can count it:
+#: ``gzip`` nested in ``gzip`` made 2 GiB of 1,827 bytes on the wire, ``zstd`` 1 GiB of
+#: 32 KiB (bug QB). The server never compresses, and a proxy honours the ask.
+ACCEPTED_ENCODING = "identity"
+
+
+def _plain(name: str, response: httpx.Response) -> int:
+    """``response``'s status, once its body is known to come as it is
+    (``ACCEPTED_ENCODING``): an encoded answer is refused (``TransportError``) before a
+    byte of it is read or decoded."""
+    encoding = response.headers.get("content-encoding", "").strip().lower()
+    if encoding not in ("", ACCEPTED_ENCODING):
+        raise TransportError(
+            f"{name}: the answer (status {response.status_code}) came encoded "
+            f"({encoding!r}), though the SDK asks for it as it is ({ACCEPTED_ENCODING!r}): "
+            "a compressed answer may decode to far more than any bound, so none is read"
+        )
+    return response.status_code
 
 
 def _read(response: httpx.Response, body: bytes) -> httpx.Response:
@@ -122,8 +144,8 @@ def _answer_whole(call: Call[Any], response: httpx.Response) -> httpx.Response:
     PV: httpx read it whole, however long). Past the bound, ``TransportError`` naming the
     call, the status and the bound (and the key its write was sent with); the caller's
     ``stream`` block then closes the connection unread."""
-    body = _Capped.answer_of(call.operation.name, response.status_code)
     try:
+        body = _Capped.answer_of(call.operation.name, response)
         for chunk in response.iter_bytes():
             body.add(chunk)
     except TransportError as too_long:
@@ -133,8 +155,8 @@ def _answer_whole(call: Call[Any], response: httpx.Response) -> httpx.Response:
 
 async def _answer_whole_async(call: Call[Any], response: httpx.Response) -> httpx.Response:
     """``_answer_whole`` for the async client."""
-    body = _Capped.answer_of(call.operation.name, response.status_code)
     try:
+        body = _Capped.answer_of(call.operation.name, response)
         async for chunk in response.aiter_bytes():
             body.add(chunk)
     except TransportError as too_long:
@@ -299,7 +321,7 @@ def _parse(call: Call[R], response: httpx.Response) -> R:
 
 def _capped_for(name: str, response: httpx.Response) -> _Capped:
     """What a byte call takes of ``response``: a proof document, or an error answer."""
-    if response.status_code >= 400:
+    if _plain(name, response) >= 400:
         return _Capped.error_of(name, response.status_code)
     return _Capped(name)
 
@@ -358,11 +380,12 @@ class HttpBackend:
         return body.content()
 
     def stream_text(self, call: Call[Any]) -> Generator[str, None, None]:
-        """The body of a streamed answer (an audit export) as text, as it arrives."""
+        """The body of an answer as text, as it arrives: an audit export, or a subject's
+        export written to a file (``export_subject_to``: past ``send``'s bound)."""
         op = call.operation
         try:
             with self._client.stream(op.method, op.path, **_request_kwargs(call)) as response:
-                if response.status_code >= 400:
+                if _plain(op.name, response) >= 400:
                     body = _Capped.error_of(op.name, response.status_code)
                     for chunk in response.iter_bytes():
                         body.add(chunk)
@@ -425,7 +448,7 @@ class AsyncHttpBackend:
         op = call.operation
         try:
             async with self._client.stream(op.method, op.path, **_request_kwargs(call)) as response:
-                if response.status_code >= 400:
+                if _plain(op.name, response) >= 400:
                     body = _Capped.error_of(op.name, response.status_code)
                     async for chunk in response.aiter_bytes():
                         body.add(chunk)
@@ -513,6 +536,11 @@ class EmbeddedBackend:
         return content
 
     def stream_text(self, call: Call[Any]) -> Generator[str, None, None]:
+        if call.operation.name != "audit_export":
+            # An answer the service builds whole (a subject's export): its JSON, as the
+            # server would send it; no wire, so no bound to stream past.
+            yield self.send(call).model_dump_json()
+            return
         # The records are read as they are taken: the database may stop answering
         # midway, and that is refused like a failure before the first (bug OK).
         with _refusals():

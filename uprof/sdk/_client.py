@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import secrets
 import stat
 import tempfile
@@ -35,6 +36,7 @@ from audit.export_format import (
 from uprof.schemas import api as w
 from uprof.sdk import _operations as ops
 from uprof.sdk._backends import (
+    ACCEPTED_ENCODING,
     DEFAULT_IN_PROGRESS_RESENDS,
     DEFAULT_WRITE_RETRIES,
     AsyncHttpBackend,
@@ -62,7 +64,11 @@ ProposalLike = BaseModel | Mapping[str, Any]
 
 
 def _headers(api_key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}", "User-Agent": "uprof-sdk"}
+    return {
+        "Authorization": f"Bearer {api_key}",
+        "User-Agent": "uprof-sdk",
+        "Accept-Encoding": ACCEPTED_ENCODING,
+    }
 
 
 # Request builders, shared by both clients so they cannot drift apart.
@@ -242,6 +248,49 @@ def _written_lines(chunks: Iterable[str], out: TextIO) -> Iterator[str]:
 
 #: How many pieces of an unended line ``_written_lines`` keeps before joining them.
 _PIECES_PER_BLOCK = 1024
+
+#: The start of a subject export's answer, ``{"export": <the document>}``, as JSON may
+#: space it; the longest such start looked for before the answer is called malformed.
+_EXPORT_OPENING = re.compile(r'\s*\{\s*"export"\s*:\s*')
+_EXPORT_OPENING_MAX = 64
+
+
+class _ExportDocument:
+    """The document of a subject export's answer, ``{"export": <document>}``, taken out
+    of it as the answer arrives, for ``export_subject_to``: ``feed`` each chunk of the
+    answer and write what it returns, then ``end``. What is kept between chunks is the
+    last character and the blanks after it (the answer's closing brace, once it ends), so
+    memory stays flat. An answer that does not open or close as one is a
+    ``TransportError``: the server is not uprof's, or the answer was cut short."""
+
+    def __init__(self) -> None:
+        self._head: str | None = ""
+        self._held = ""
+
+    def feed(self, chunk: str) -> str:
+        if self._head is not None:
+            self._head += chunk
+            opening = _EXPORT_OPENING.match(self._head)
+            if opening is None:
+                if len(self._head) > _EXPORT_OPENING_MAX:
+                    raise self._malformed()
+                return ""
+            chunk, self._head = self._head[opening.end() :], None
+        text = self._held + chunk
+        cut = max(len(text.rstrip()) - 1, 0)
+        self._held = text[cut:]
+        return text[:cut]
+
+    def end(self) -> None:
+        if self._head is not None or self._held.strip() != "}":
+            raise self._malformed()
+
+    @staticmethod
+    def _malformed() -> TransportError:
+        return TransportError(
+            'export_subject_to: the answer is not a whole {"export": ...} document '
+            "(cut short, or not uprof's answer); nothing was written at the path"
+        )
 
 
 @contextlib.contextmanager
@@ -580,6 +629,22 @@ class Client:
         """Everything held about a subject (policy: ``export``/``access-request``)."""
         body = ops.build(w.SubjectExportIn, subject=subject)
         return self._backend.send(Call(ops.EXPORT_SUBJECT, body)).export
+
+    def export_subject_to(self, subject: str, dest: str | PathLike[str] | TextIO) -> None:
+        """Write ``export_subject``'s document (JSON) to ``dest`` (a path or a text file)
+        as it arrives: no bound on its size (``export_subject`` reads up to
+        ``MAX_ANSWER_BYTES``, 64 MiB), memory flat. A path holds the whole export once it
+        has arrived, or, when it is refused or cut short, what it held before (written
+        beside it and renamed over it, as ``audit_export_to``)."""
+        body = ops.build(w.SubjectExportIn, subject=subject)
+        document = _ExportDocument()
+        with _target(dest) as out:
+            with contextlib.closing(
+                self._backend.stream_text(Call(ops.EXPORT_SUBJECT, body))
+            ) as chunks:
+                for chunk in chunks:
+                    out.write(document.feed(chunk))
+            document.end()
 
     def audit_export(
         self,
@@ -959,6 +1024,16 @@ class AsyncClient:
     async def export_subject(self, subject: str) -> dict[str, JsonValue]:
         body = ops.build(w.SubjectExportIn, subject=subject)
         return (await self._backend.send(Call(ops.EXPORT_SUBJECT, body))).export
+
+    async def export_subject_to(self, subject: str, dest: str | PathLike[str] | TextIO) -> None:
+        body = ops.build(w.SubjectExportIn, subject=subject)
+        document = _ExportDocument()
+        with _target(dest) as out:
+            chunks = self._backend.stream_text(Call(ops.EXPORT_SUBJECT, body))
+            async with contextlib.aclosing(chunks):
+                async for chunk in chunks:
+                    out.write(document.feed(chunk))
+            document.end()
 
     async def audit_export(
         self,

@@ -110,6 +110,19 @@ class PolicyStoreError(UprofError):
     )
 
 
+def _refusal_of(decision: AccessDecision) -> UprofError:
+    """The error a refused check raises: the policy's "no" (``PolicyDeniedError``, 403),
+    or, for a denial the policy did not decide because its store could not be read, the
+    store's error (``PolicyStoreError``, 503 ``policy_store_unavailable`` with
+    ``Retry-After``; a damaged store its damage, 500). Fails closed all the same: the
+    request stops here. An outage answered 403 read as a "no" to an agent, which then
+    did not retry (review of 0186 and 0188's Left, bug QL); the one place for every
+    route, tool, SDK call, console page and CLI command."""
+    if decision.store_error is not None:
+        return decision.store_error(decision.reason)
+    return PolicyDeniedError(decision)
+
+
 class PolicyApplication(SealedPolicyLog, ConflictsAsDomainErrors[UUID]):
     """The event store of every tenant's policy stream: not personal data, so not
     encrypted, but sealed (``uprof.services.policy_seal``): every row tagged under the
@@ -335,7 +348,7 @@ class StoredPolicyAuthorizer:
             app_id=app_id, tenant=tenant, action=action, category=category, purpose=purpose
         )
         if not decision.allowed:
-            raise PolicyDeniedError(decision)
+            raise _refusal_of(decision)
         return decision
 
     def decisions_for(
@@ -365,7 +378,7 @@ class StoredPolicyAuthorizer:
         )
         for decision in decisions.values():
             if not decision.allowed:
-                raise PolicyDeniedError(decision)
+                raise _refusal_of(decision)
         return tuple(decisions.values())
 
     # --- the policy as data ------------------------------------------------------------------

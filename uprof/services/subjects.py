@@ -124,6 +124,25 @@ class SubjectResolver:
         ``max_age_s``: an explicit subject looked up that recently may be reused (reads).
         """
         found: list[tuple[str, SubjectHandle]] = []
+        # The app's own names first, each refused when it resolves to nothing: a name
+        # sent is never dropped (I5, bug QK), and looked up before any subject, so the
+        # refusal says nothing of whether the subject beside it exists. Another app's
+        # session is outside this app's namespace: refused as unknown, alike.
+        for source, kind, field, name in (
+            ("session", SESSION, "session_id", request.session_id),
+            ("identifier", IDENTIFIER, "identifier", request.identifier),
+        ):
+            if name:
+                key = _fold_identifier(name) if kind == IDENTIFIER else name
+                handle = self._keystore.resolve_alias(self.tenant, kind, key)
+                if handle is None:
+                    # The message names the name as every surface calls it (the CLI's
+                    # is ``--session``); ``field`` is the wire field, for REST's fields.
+                    raise IdentityError(
+                        f"the {source} is not registered to any subject by this app",
+                        field=field,
+                    )
+                found.append((source, handle))
         if request.subject:
             ref = check_subject_ref(request.subject)
             if calling_agent and ref == calling_agent:
@@ -131,21 +150,7 @@ class SubjectResolver:
             handle = self.find(ref, max_age_s=max_age_s)
             if handle is None:
                 raise SubjectNotFoundError("no such subject")
-            found.append(("subject", handle))
-        if request.session_id:
-            handle = self._keystore.resolve_alias(self.tenant, SESSION, request.session_id)
-            if handle is None and not found:
-                raise IdentityError("the session is not registered to any subject")
-            if handle is not None:
-                found.append(("session", handle))
-        if request.identifier:
-            handle = self._keystore.resolve_alias(
-                self.tenant, IDENTIFIER, _fold_identifier(request.identifier)
-            )
-            if handle is None and not found:
-                raise IdentityError("the identifier is not registered to any subject")
-            if handle is not None:
-                found.append(("identifier", handle))
+            found.insert(0, ("subject", handle))
         if not found:
             raise IdentityError("the request names no subject (subject, session or identifier)")
         if len({h.stream_id for _, h in found}) > 1:

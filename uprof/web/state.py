@@ -73,6 +73,8 @@ class Redeemed(NamedTuple):
     issued_by: str
     link_id: str
     expires_at: datetime
+    #: The link's name in the store (its token's hash), for ``still_live``.
+    key: str = ""
 
 
 class LinkStore:
@@ -87,6 +89,11 @@ class LinkStore:
         #: it and then put back by ``give_back``, and opened a session (bug PW). As many as
         #: sign-ins under way, each with a link of its own.
         self._held: dict[str, _Link] = {}
+        #: The held links whose holder found them live and went on to open a session
+        #: (``still_live``): in use until it spends them or gives them back, expired or
+        #: not. A press told "not valid" at their expiry was contradicted by the
+        #: holder's session a moment later (bug QF).
+        self._opening: set[str] = set()
         #: Makes a redeem's look and hold one step: two sign-ins never both hold a link.
         self._lock = threading.Lock()
 
@@ -114,7 +121,7 @@ class LinkStore:
         with self._lock:
             link = self._held.get(key)
             if link is not None:
-                if link.expires_at <= _now():
+                if link.expires_at <= _now() and key not in self._opening:
                     return None  # dead (0186); its holder lets it go (``still_live``)
                 raise SignInLinkInUseError(
                     "another sign-in with this link has not finished yet; the link is not "
@@ -127,7 +134,7 @@ class LinkStore:
                 return None  # expired: gone, exactly like an unknown link
             self._held[key] = link
         return Redeemed(
-            link.subject, link.incarnation, link.issued_by, link.link_id, link.expires_at
+            link.subject, link.incarnation, link.issued_by, link.link_id, link.expires_at, key
         )
 
     def still_live(self, redeemed: Redeemed) -> bool:
@@ -135,14 +142,23 @@ class LinkStore:
         while its checks waited asks again before it opens a session. Once expired the
         link is dead for every other press (``redeem``), so it is for its holder too
         (review of 0186 and 0188, bug OX: a link that expired while held still opened a
-        session after another press had been told it was not valid)."""
-        return redeemed.expires_at > _now()
+        session after another press had been told it was not valid). Live, it is the
+        holder's to open its session with: another press is told it is in use from then
+        on, even once it expires, until the holder spends it or gives it back (bug QF)."""
+        with self._lock:
+            if redeemed.expires_at <= _now():
+                return False
+            if redeemed.key in self._held:
+                self._opening.add(redeemed.key)
+            return True
 
     def spend(self, token: str) -> None:
         """The sign-in that holds the link decided (it opened a session, or refused the
         link): the link is used up, gone exactly like an unknown one."""
+        key = _hash(token)
         with self._lock:
-            self._held.pop(_hash(token), None)
+            self._held.pop(key, None)
+            self._opening.discard(key)
 
     def give_back(self, token: str, redeemed: Redeemed) -> None:
         """Release a link ``redeem`` held, unused, with its own expiry: the sign-in could
@@ -154,7 +170,8 @@ class LinkStore:
         key = _hash(token)
         with self._lock:
             link = self._held.pop(key, None)
-            if link is not None and self.still_live(redeemed):
+            self._opening.discard(key)
+            if link is not None and redeemed.expires_at > _now():
                 self._links.put(key, link)  # under the bound again, as any unheld link
 
     def __len__(self) -> int:
