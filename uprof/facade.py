@@ -728,10 +728,12 @@ class Facade:
         grant = next((c for c in self.consents(subject) if c.consent_id == consent_id), None)
         if grant is None:
             raise SubjectNotFoundError("no consent with that id for this subject and app")
-        if erase and self.principal.is_operator and grant.app_id != self.principal.acting_for:
-            # Not an app erasing its own collection: the operator's (or, acting for
-            # another app, that app's) ``erase``.
-            self._authorize_governance("erase", ERASURE_PURPOSE)
+        # Not an app erasing its own collection: the operator's (or, acting for another
+        # app, that app's) ``erase``. Decided again after the kernel's own wait, before it
+        # withdraws and erases (hostile callers round 9, bug QV: NI's rule, which this
+        # door missed).
+        governed = self.principal.is_operator and grant.app_id != self.principal.acting_for
+        still_allowed = self._erasure_decided(subject, governed=governed) if erase else None
         with self._as_principal():
             return self._kernel.withdraw_consent(
                 subject,
@@ -739,6 +741,7 @@ class Facade:
                 erase=erase,
                 request_token=request_token,
                 withdrawn_at=withdrawn_at,
+                still_allowed=still_allowed,
             )
 
     def _holds(self, subject: str, consent_id: str) -> bool:
@@ -1078,15 +1081,17 @@ class Facade:
                 still_allowed=lambda: self._decided_again(decide),
             )
 
-    def _erasure_decided(self, subject: str) -> Callable[[], None]:
+    def _erasure_decided(self, subject: str, *, governed: bool = True) -> Callable[[], None]:
         """Decide an erasure of ``subject``'s data; return that decision to ask again
         (with the principal's credential, ``_decided_again``) once the erasure has waited
         and before it writes: the kernel asks it there (review of 0176, bug NI; an
-        erasure went on for a key revoked or an ``erase`` denied during its wait)."""
+        erasure went on for a key revoked or an ``erase`` denied during its wait).
+        ``governed``: the policy's ``erase`` is asked (not for an app erasing what it
+        collected itself, nor for the subject)."""
 
         def decide() -> None:
             self._own_subject(subject)
-            if self.principal.kind is not PrincipalKind.USER:
+            if governed and self.principal.kind is not PrincipalKind.USER:
                 self._authorize_governance("erase", ERASURE_PURPOSE)
 
         decide()
@@ -1305,20 +1310,33 @@ class Facade:
             problem = _residue_term_problem(term)
             if problem:
                 raise InvalidInputError(f"terms[{i}]: {problem}", field="terms")
-        if self.principal.app_id != LOCAL_OPERATOR and self._kernel.stores_shared():
-            with self._as_principal():
-                self._kernel.audit.record(
-                    "access.denied",
-                    app_id=self.principal.app_id,
-                    purpose=COMPLIANCE_PURPOSE,
-                    reason_code="stores-shared",
-                )
-            raise PermissionDeniedError(
-                "the residue scan reads every tenant's files on these shared stores: "
-                "only the local operator (uprof audit residue) may run it"
-            )
+        self._alone_on_the_stores()
         with self._as_principal():
-            return self._kernel.residue_scan(terms)
+            report = self._kernel.residue_scan(terms)
+        # Decided again once the scan has read everything (minutes at scale), as a read
+        # after its wait: the ``audit`` right, and the stores, which another tenant that
+        # started on them meanwhile shares, its files and tables read (hostile callers
+        # round 9, bug QW).
+        self._decided_again(lambda: self._authorize_governance("audit", COMPLIANCE_PURPOSE))
+        self._alone_on_the_stores()
+        return report
+
+    def _alone_on_the_stores(self) -> None:
+        """Refuse a residue scan by anyone but the local operator on stores another
+        tenant wrote to (audited ``access.denied``, ``reason_code`` ``stores-shared``)."""
+        if self.principal.app_id == LOCAL_OPERATOR or not self._kernel.stores_shared():
+            return
+        with self._as_principal():
+            self._kernel.audit.record(
+                "access.denied",
+                app_id=self.principal.app_id,
+                purpose=COMPLIANCE_PURPOSE,
+                reason_code="stores-shared",
+            )
+        raise PermissionDeniedError(
+            "the residue scan reads every tenant's files on these shared stores: "
+            "only the local operator (uprof audit residue) may run it"
+        )
 
     def partial_backups(self, folders: Sequence[PathLike[str] | str]) -> list[Partial]:
         """The partial backup folders in each of ``folders`` (where ``uprof backup --to``

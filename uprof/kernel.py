@@ -293,6 +293,7 @@ class Uprof:
         erase: bool = False,
         request_token: str | None = None,
         withdrawn_at: datetime | None = None,
+        still_allowed: Callable[[], object] | None = None,
     ) -> ErasureResult | None:
         """Withdraw a consent; with ``erase``, also erase what was collected under it.
 
@@ -307,7 +308,9 @@ class Uprof:
         subject's stream and is in force for the next request whatever the pipeline's
         lag (a lagging or stopped worker, or the app's own captures keeping it busy,
         must not hold a withdrawal up). ``withdrawn_at`` is the time to record (default:
-        now), so that a caller can answer with what was recorded.
+        now), so that a caller can answer with what was recorded. ``still_allowed``:
+        the caller's decision of an ``erase``, asked again after the waits and before
+        the first write (as ``erase_subject``'s; finishing an earlier request is not).
         """
         self._settle_reads()
         if not erase:
@@ -339,6 +342,8 @@ class Uprof:
             # again, between the grant and the withdrawal: a later consent's captures of
             # the same app and purposes are not this one's.)
             return None
+        if still_allowed is not None:
+            still_allowed()  # after the waits (reads settled, views current), before writing
         try:
             withdrawn_position = self.consent_service.withdraw(
                 subject,

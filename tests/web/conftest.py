@@ -124,6 +124,19 @@ def deny_operators(uprof: Any, action: str, purpose: str, role: str = "role:oper
     )
 
 
+def audit_denied_during_the_scan(uprof: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deny the operators ``audit`` (``deny_operators``) while ``uprof``'s next residue
+    scans run: after each has read everything, before its report leaves the kernel."""
+    scan = uprof.residue_scan
+
+    def denied_during_the_scan(terms: Any) -> Any:
+        report = scan(terms)
+        deny_operators(uprof, "audit", "compliance")
+        return report
+
+    monkeypatch.setattr(uprof, "residue_scan", denied_during_the_scan)
+
+
 def csrf_of(html: str) -> str:
     match = re.search(r'name="csrf" value="([^"]+)"', html)
     assert match, "no CSRF token in the page"
