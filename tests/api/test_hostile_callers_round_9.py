@@ -1,4 +1,4 @@
-"""Hostile callers, round 9 (decision XXXX-hostile-callers-round-9): the doors that changed
+"""Hostile callers, round 9 (decision 0205-hostile-callers-round-9): the doors that changed
 since round 8, attacked against a live server on SQLite and PostgreSQL."""
 
 from __future__ import annotations

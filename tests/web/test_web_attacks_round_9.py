@@ -1,5 +1,5 @@
 """Hostile callers, round 9, on the pages that changed since round 8 (decision
-XXXX-hostile-callers-round-9), on SQLite and PostgreSQL against a live server: the
+0205-hostile-callers-round-9), on SQLite and PostgreSQL against a live server: the
 residue form's new term checks, the console's public key download, the sign-in link
 held while in use. Each held; kept so that they go on holding."""
 
