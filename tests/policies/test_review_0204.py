@@ -40,7 +40,7 @@ def test_qx_import_on_a_damaged_policy_store_exits_7_with_the_damage(
     no hint."""
     settings = _deployment(backend)
     _empty_policy_table(backend, settings)
-    for dry in ((), ("--dry-run",)):
+    for dry in ((), ("--dry-run",), ("--strict",)):
         code, said = _said(settings, "import", str(_file(tmp_path)), *dry)
         assert code == 7, (dry, code, said)
         assert "policy store damaged (stored_data_damaged)" in said, (dry, said)
