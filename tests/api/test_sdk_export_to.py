@@ -34,6 +34,21 @@ CHUNK = 256 * 1024
 BEFORE = "what the path held before\n"
 
 
+async def answering(scope: dict[str, Any], receive: Any, send: Any) -> bool:
+    """Serve an ASGI lifespan (False), or read a request and start its answer, 200 JSON
+    (True): the body is the caller's to send."""
+    if scope["type"] == "lifespan":
+        while (kind := (await receive())["type"]) != "lifespan.shutdown":
+            await send({"type": f"{kind}.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return False
+    while (await receive()).get("more_body"):
+        pass
+    start = {"type": "http.response.start", "status": 200}
+    await send({**start, "headers": [(b"content-type", b"application/json")]})
+    return True
+
+
 class _Export:
     """An ASGI app answering a subject export of ``size`` bytes of blob, in chunks, made
     as it is sent (``whole=False``: the closing braces never come)."""
@@ -43,15 +58,8 @@ class _Export:
         self.whole = whole
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while (kind := (await receive())["type"]) != "lifespan.shutdown":
-                await send({"type": f"{kind}.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+        if not await answering(scope, receive, send):
             return
-        while (await receive()).get("more_body"):
-            pass
-        start = {"type": "http.response.start", "status": 200}
-        await send({**start, "headers": [(b"content-type", b"application/json")]})
 
         async def body(data: bytes) -> None:
             await send({"type": "http.response.body", "body": data, "more_body": True})

@@ -21,6 +21,7 @@ from uprof.cli.context import (
     cursor_option,
     door,
     err_console,
+    fail,
     limit_option,
     parse_time,
     print_page,
@@ -238,13 +239,12 @@ def import_jsonl(
         highlight=False,
         soft_wrap=True,
     )
-    if report.stopped:
-        err_console.print(
-            f"[red]stopped[/] after {report.lines} records: {escape(report.stopped)}",
-            highlight=False,
-            soft_wrap=True,
-        )
-    if report.failed or report.stopped:
+    if report.stopped_by is not None:
+        # What stopped the run decides the exit, as for any command: an outage 1, a
+        # damaged store 7 with its hint (bug QX: every stop exited 1).
+        err_console.print(f"[red]stopped[/] after {report.lines} records", highlight=False)
+        fail(report.stopped_by)
+    if report.failed:
         raise typer.Exit(1)
 
 

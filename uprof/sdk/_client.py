@@ -255,17 +255,76 @@ _EXPORT_OPENING = re.compile(r'\s*\{\s*"export"\s*:\s*')
 _EXPORT_OPENING_MAX = 64
 
 
+#: What ``_Brackets`` looks at: a bracket, a quote, an escape; all else is skipped.
+_JSON_STRUCTURE = re.compile(r'[{}\[\]"\\]')
+_CLOSES = {"}": "{", "]": "["}
+#: The deepest nesting ``_Brackets`` follows (the stack of open brackets is its memory):
+#: far past any export's, and past what Python's ``json`` reads back.
+_MAX_NESTING = 1000
+
+
+class _Brackets:
+    """Follows a JSON object's brackets and strings as its text arrives in pieces, in
+    memory bounded by its nesting: ``feed`` is False once the text is not one object (it
+    opens with something else, closes what it did not open, goes on after its close, nests
+    past ``_MAX_NESTING``, or has an escape outside a string); ``closed`` says the object
+    has closed. It checks the shape, not every rule of JSON: enough to tell a whole
+    document from one cut short or followed by more."""
+
+    def __init__(self) -> None:
+        self._open: list[str] = []
+        self._started = self._in_string = self._escaped = self.closed = False
+
+    def feed(self, text: str) -> bool:
+        if self.closed:
+            return not text.strip()
+        skip = -1
+        if self._escaped and text:
+            skip, self._escaped = 0, False  # the escaped character, first in this piece
+        for found in _JSON_STRUCTURE.finditer(text):
+            at, char = found.start(), found.group()
+            if at == skip:
+                continue
+            if not self._started:
+                if char != "{" or text[:at].strip():
+                    return False
+                self._started = True
+                self._open.append(char)
+            elif self._in_string:
+                if char == "\\":
+                    skip = at + 1
+                    self._escaped = skip == len(text)
+                elif char == '"':
+                    self._in_string = False
+            elif char == '"':
+                self._in_string = True
+            elif char in "{[":
+                if len(self._open) >= _MAX_NESTING:
+                    return False
+                self._open.append(char)
+            elif char == "\\" or self._open.pop() != _CLOSES[char]:
+                return False
+            elif not self._open:
+                self.closed = True
+                return not text[at + 1 :].strip()
+        return self._started or not text.strip()
+
+
 class _ExportDocument:
     """The document of a subject export's answer, ``{"export": <document>}``, taken out
     of it as the answer arrives, for ``export_subject_to``: ``feed`` each chunk of the
     answer and write what it returns, then ``end``. What is kept between chunks is the
     last character and the blanks after it (the answer's closing brace, once it ends), so
     memory stays flat. An answer that does not open or close as one is a
-    ``TransportError``: the server is not uprof's, or the answer was cut short."""
+    ``TransportError``: the server is not uprof's, or the answer was cut short. What is
+    written is followed as JSON's brackets and strings (``_Brackets``): an answer ending
+    in a brace that closes no ``{"export": {...}}`` (cut after an inner object closed, a
+    key after the document) was written as the export (review of 0204, bug QY)."""
 
     def __init__(self) -> None:
         self._head: str | None = ""
         self._held = ""
+        self._brackets = _Brackets()
 
     def feed(self, chunk: str) -> str:
         if self._head is not None:
@@ -279,10 +338,12 @@ class _ExportDocument:
         text = self._held + chunk
         cut = max(len(text.rstrip()) - 1, 0)
         self._held = text[cut:]
+        if not self._brackets.feed(text[:cut]):
+            raise self._malformed()
         return text[:cut]
 
     def end(self) -> None:
-        if self._head is not None or self._held.strip() != "}":
+        if self._head is not None or self._held.strip() != "}" or not self._brackets.closed:
             raise self._malformed()
 
     @staticmethod

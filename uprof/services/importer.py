@@ -76,6 +76,10 @@ class ImportReport:
     #: Why the run stopped before the end of the file (the counts are what was done
     #: until then; the records after were not read), or None when it read it all.
     stopped: str | None = None
+    #: The error ``stopped`` tells of: the CLI exits by its kind (docs/cli.md's table), so
+    #: a damaged policy store met by a record's check exits 7, not 1 (review of 0204,
+    #: bug QX: 0204 made that check raise the store's own error).
+    stopped_by: UprofError | None = field(default=None, compare=False, repr=False)
     #: The records (where each is) skipped because their capture was erased at the
     #: subject's request; each is counted in ``skipped`` too.
     erased: tuple[str, ...] = ()
@@ -204,6 +208,7 @@ def _import(
                 dry_run=False,
                 refused=True,
                 stopped=checked.stopped,
+                stopped_by=checked.stopped_by,
             )
         lines = materialised
     run = _Run(kernel, may_capture or (lambda app, purpose: None), dry_run, progress)
@@ -215,7 +220,7 @@ def _import(
     except UprofError as error:
         # The views behind the log, the file changed: what was written so far stays
         # written (a re-run skips it) and the report says so, and where it stopped.
-        return replace(run.report(), stopped=str(error))
+        return replace(run.report(), stopped=str(error), stopped_by=error)
     return run.report()
 
 
