@@ -11,7 +11,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from tests.kernel.test_residue_review_0187 import ZOE, _found, _planted, pg_only
+from tests.kernel.conftest import residue_found
+from tests.kernel.test_residue_review_0187 import ZOE, _planted, pg_only
 from uprof.kernel import Uprof
 
 
@@ -30,7 +31,7 @@ def test_bytes_inside_a_composite_type_are_scanned(kernel: Uprof) -> None:
         ),
         drop="DROP TABLE znested; DROP TYPE zpair",
     ):
-        found = _found(kernel, ZOE, "znested")
+        found = residue_found(kernel, ZOE, "znested")
     assert sorted(found) == ["znested.many row (0,2)", "znested.one row (0,1)"], found
 
 
@@ -47,7 +48,7 @@ def test_large_objects_are_scanned(kernel: Uprof) -> None:
         big = conn.execute(sa.text("SELECT lo_from_bytea(0, :b)"), {"b": border}).scalar_one()
         plain = conn.execute(sa.text("SELECT lo_from_bytea(0, 'nothing')")).scalar_one()
     try:
-        found = _found(kernel, ZOE, "large object")
+        found = residue_found(kernel, ZOE, "large object")
     finally:
         with kernel.views_engine.begin() as conn:
             for oid in (small, big, plain):
