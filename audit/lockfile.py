@@ -217,11 +217,13 @@ class KeyFileRefusedError(AuditKeyError):
     linked in; a file readable: the secret is out). An ``AuditKeyError``: the audit
     signing key's callers see the class they always did (bug PR)."""
 
+    # The folders above too (bug RG): a refusal for one of them told only of the folder.
     hint = (
         "the key folder and its files are uprof's alone: owned by the user that runs "
         "uprof, the folder mode 0700, each file 0600, no links (chown, chmod 700 / 600; "
         "put back the real file, or set UPROF_KEY_DIR to the folder a link points to); "
-        "nothing was changed"
+        "the folders above it owned by that user or root and not writable by others "
+        "(chmod go-w, or the sticky bit as /tmp's); nothing was changed"
     )
 
 

@@ -303,7 +303,8 @@ class Uprof:
         erasing whatever collected data is still there (none if the first finished).
         Asking again, with any token or none, for a consent already withdrawn with
         ``erase`` finishes its erasure that answered erasure_incomplete (the receipt of
-        that request); when nothing of it is unfinished, it does nothing.
+        that request), or erases what is still collected under it when its erasure never
+        began (bug RE); when nothing of it is left, it writes nothing.
         Without ``erase`` nothing waits for the views: the withdrawal is a write to the
         subject's stream and is in force for the next request whatever the pipeline's
         lag (a lagging or stopped worker, or the app's own captures keeping it busy,
@@ -336,27 +337,29 @@ class Uprof:
         asked_again = (
             erase and grant is not None and grant.withdrawn_at is not None and grant.erase_requested
         )
-        if asked_again and request_token is None:
-            # Withdrawn with erase already, and nothing of its erasure is unfinished: there
-            # is nothing more to do, and nothing is written. (A keyed retry, below, collects
-            # again, between the grant and the withdrawal: a later consent's captures of
-            # the same app and purposes are not this one's.)
-            return None
         if still_allowed is not None:
             still_allowed()  # after the waits (reads settled, views current), before writing
-        try:
-            withdrawn_position = self.consent_service.withdraw(
-                subject,
-                consent_id,
-                erase_requested=erase,
-                request_token=request_token,
-                token_window_s=self._token_window_s,
-                withdrawn_at=withdrawn_at,
-            )
-        except InvalidInputError:
-            if asked_again:
-                return None  # another request's token: as above
-            raise
+        withdrawn_position: int | None = None
+        if not (asked_again and request_token is None):
+            try:
+                withdrawn_position = self.consent_service.withdraw(
+                    subject,
+                    consent_id,
+                    erase_requested=erase,
+                    request_token=request_token,
+                    token_window_s=self._token_window_s,
+                    withdrawn_at=withdrawn_at,
+                )
+            except InvalidInputError:
+                if not asked_again:
+                    raise
+                request_token = None  # another request's token: as a retry without one
+        # Withdrawn with erase already and nothing of its erasure recorded: the request
+        # that withdrew stopped before its erasure began (its process killed, its wait for
+        # the views run out, refused). Collected again between the grant and the recorded
+        # withdrawal (a later consent's captures of the same app and purposes are not
+        # this one's) and erased, so that any retry finishes what the withdrawal promised
+        # (review of 0203 and 0205, bug RE); nothing collected is left: nothing written.
         if not erase or grant is None:
             return None
         stream = str(self.stream_of(subject))

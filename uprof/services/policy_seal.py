@@ -152,6 +152,8 @@ _CUT = (
     "a tenant's policy stream ends before the last version known committed "
     "(rows removed, or an older policy store put back)"
 )
+#: The columns eventsourcing's recorders read every stored event by (both backends).
+_EVENT_COLUMNS = frozenset({"originator_id", "originator_version", "topic", "state"})
 _REPLACED = "the row at the head of a tenant's policy stream is not the one committed there"
 
 
@@ -218,9 +220,25 @@ class SealedPolicyLog:
                 "tenant policy stream(s) stored in it (the table was dropped or renamed, "
                 "or its file replaced); nothing was created in its place"
             )
+        if anchored:
+            self._require_columns(engine, table)
         self.recorder.create_table()
         if self.snapshots is not None:
             self.snapshots.recorder.create_table()
+
+    def _require_columns(self, engine: sa.Engine, table: str) -> None:
+        """Refuse an events table that lacks a column every event row is read by: a
+        table made again by hand in its place is damage, said once at start, not each
+        policy check's driver error ("no such column", a traceback: review of 0203 and
+        0205, bug RF). Not asked of a new deployment's (no anchor yet), nor of a missing
+        table (``PolicyStoreMissingError`` above)."""
+        there = {str(c["name"]) for c in sa.inspect(engine).get_columns(table)}
+        lacking = sorted(_EVENT_COLUMNS - there)
+        if lacking:
+            raise _damaged(
+                f"its table {table} lacks the column(s) {', '.join(lacking)} (made again "
+                "by hand, or replaced)"
+            )
 
     def policy_streams(self) -> list[UUID]:
         """Every stream of the policy store (one per tenant; the store is small)."""
