@@ -9,10 +9,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import time
 import uuid
 from collections.abc import AsyncGenerator, Generator, Iterator
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+import anyio
+import httpcore
 import httpx
 from pydantic import BaseModel, ValidationError
 
@@ -164,6 +168,159 @@ async def _answer_whole_async(call: Call[Any], response: httpx.Response) -> http
     return _read(response, body.content())
 
 
+class _Deadline:
+    """When one send of a call must have its whole answer: ``timeout_s`` after it began
+    (bug RL: httpx's timeouts are per read, so a server sending a byte every half second,
+    or ``100 Continue`` without end, held a call with ``timeout_s=1`` past 12 s). Each
+    resend has its own: their number and pauses are bounded apart (``write_retries``,
+    ``in_progress_resends``, ``IN_PROGRESS_MAX_PAUSE_S``), and the server's wait for a
+    write still running is told as half of this bound (``_server_wait_s``), so a resend
+    must have all of it. None: the client has no timeout, no deadline."""
+
+    def __init__(self, call: Call[Any], bound_s: float | None) -> None:
+        self._call = call
+        self.bound_s = bound_s
+        self._at = None if bound_s is None else time.monotonic() + bound_s
+
+    def left_s(self) -> float | None:
+        return None if self._at is None else self._at - time.monotonic()
+
+    def passed(self) -> bool:
+        left = self.left_s()
+        return left is not None and left <= 0
+
+    def expired(self) -> TransportError:
+        """The error of a send past its deadline: the call, the bound, the key of its
+        write (it may have been stored; sent again with that key, it is not twice)."""
+        return _with_key(
+            self._call,
+            TransportError(
+                f"{self._call.operation.name}: no whole answer within timeout_s="
+                f"{self.bound_s:g}, the bound of each send of a call"
+            ),
+        )
+
+
+#: The deadline of the sync call running in this thread (or task), which the network
+#: layer below httpx reads at each connect, read and write (``_DeadlinedStream``).
+_DEADLINE: ContextVar[_Deadline | None] = ContextVar("uprof_sdk_deadline", default=None)
+
+
+def _clamped(timeout: float | None) -> float | None:
+    """One read's (write's, connect's) timeout, no longer than what is left of the
+    call's deadline."""
+    deadline = _DEADLINE.get()
+    left = None if deadline is None else deadline.left_s()
+    if left is None:
+        return timeout
+    left = max(left, 1e-6)  # a socket timeout of 0 would not wait at all but not fail
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlinedStream(httpcore.NetworkStream):
+    """A connection whose every read and write waits no longer than the call's deadline
+    allows: httpcore reads an answer's headers, each ``100 Continue`` and its body with
+    one fixed read timeout, and nothing above it runs between those reads."""
+
+    def __init__(self, stream: httpcore.NetworkStream) -> None:
+        self._stream = stream
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._stream.read(max_bytes, _clamped(timeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._stream.write(buffer, _clamped(timeout))
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def start_tls(
+        self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.NetworkStream:
+        tls = self._stream.start_tls(ssl_context, server_hostname, _clamped(timeout))
+        return _DeadlinedStream(tls)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
+class _DeadlinedNetwork(httpcore.NetworkBackend):
+    """httpcore's network layer, its connections ``_DeadlinedStream``s."""
+
+    def __init__(self, backend: httpcore.NetworkBackend) -> None:
+        self._backend = backend
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Any = None,
+    ) -> httpcore.NetworkStream:
+        stream = self._backend.connect_tcp(
+            host, port, _clamped(timeout), local_address, socket_options
+        )
+        return _DeadlinedStream(stream)
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Any = None
+    ) -> httpcore.NetworkStream:
+        stream = self._backend.connect_unix_socket(path, _clamped(timeout), socket_options)
+        return _DeadlinedStream(stream)
+
+    def sleep(self, seconds: float) -> None:
+        self._backend.sleep(seconds)
+
+
+def deadlined_transport() -> httpx.HTTPTransport:
+    """httpx's own transport, its connections bounded by each call's deadline. httpx
+    takes no network layer of the caller's, so it is set on its pool after the fact."""
+    transport = httpx.HTTPTransport()
+    pool: Any = transport._pool
+    pool._network_backend = _DeadlinedNetwork(pool._network_backend)
+    return transport
+
+
+class _Expired(httpx.TimeoutException):
+    """A send past its deadline: an httpx timeout, so a keyed write is sent again like
+    after any other (``_resend_policy``), then told as ``_Deadline.expired()``."""
+
+    def __init__(self, deadline: _Deadline) -> None:
+        super().__init__(str(deadline.expired()))
+        self.deadline = deadline
+
+
+@contextlib.contextmanager
+def _within(deadline: _Deadline) -> Iterator[None]:
+    """Run one sync send under ``deadline``: the network layer reads it, and a failure
+    once it has passed is ``_Expired``, whatever httpx called it."""
+    token = _DEADLINE.set(deadline)
+    try:
+        yield
+    except httpx.HTTPError as error:
+        if deadline.passed():
+            raise _Expired(deadline) from error
+        raise
+    finally:
+        _DEADLINE.reset(token)
+
+
+@contextlib.contextmanager
+def _within_async(deadline: _Deadline) -> Iterator[None]:
+    """Run one async send under ``deadline``: cancelled when it passes (anyio, so under
+    asyncio or trio), wherever it waits, then ``_Expired``."""
+    try:
+        with anyio.fail_after(deadline.left_s()):
+            yield
+    except TimeoutError as error:
+        raise _Expired(deadline) from error
+    except httpx.HTTPError as error:
+        if deadline.passed():
+            raise _Expired(deadline) from error
+        raise
+
+
 class SyncBackend(Protocol):
     def send(self, call: Call[R]) -> R: ...
 
@@ -260,6 +417,8 @@ def _in_progress_policy(call: Call[Any], resends: int) -> RetryPolicy:
 
 
 def _failed(call: Call[Any], error: BaseException) -> TransportError:
+    if isinstance(error, _Expired):
+        return error.deadline.expired()
     return _with_key(
         call, TransportError(f"{call.operation.name}: {type(error).__name__}: {error}")
     )
@@ -339,6 +498,9 @@ class HttpBackend:
         self._retries = write_retries
         self._in_progress_resends = in_progress_resends
 
+    def _deadline(self, call: Call[Any]) -> _Deadline:
+        return _Deadline(call, self._client.timeout.read)
+
     def send(self, call: Call[R]) -> R:
         call = _keyed(call)
         op, kwargs = call.operation, _request_kwargs(call, self._client.timeout)
@@ -349,7 +511,11 @@ class HttpBackend:
         def request() -> httpx.Response:
             # Streamed, so the body is read through the bound; read inside the resend,
             # as ``request`` read it, so a connection lost mid-body is sent again too.
-            with self._client.stream(op.method, op.path, **kwargs) as response:
+            # An expired send is a timeout (no answer): a keyed write is sent again.
+            with (
+                _within(self._deadline(call)),
+                self._client.stream(op.method, op.path, **kwargs) as response,
+            ):
                 return _answer_whole(call, response)
 
         def answered() -> httpx.Response:
@@ -369,30 +535,41 @@ class HttpBackend:
         byte), at most ``MAX_DOCUMENT_BYTES`` of it, an error's body too (bug OI)."""
         op = call.operation
         try:
-            with self._client.stream(op.method, op.path, **_request_kwargs(call)) as response:
+            with (
+                _within(self._deadline(call)),
+                self._client.stream(op.method, op.path, **_request_kwargs(call)) as response,
+            ):
                 body = _capped_for(op.name, response)
                 for chunk in response.iter_bytes():
                     body.add(chunk)
         except httpx.HTTPError as error:
-            raise TransportError(f"{op.name}: {type(error).__name__}: {error}") from error
+            raise _failed(call, error) from error
         if response.status_code >= 400:
             _raise_error_answer(call, response, body.content())
         return body.content()
 
     def stream_text(self, call: Call[Any]) -> Generator[str, None, None]:
         """The body of an answer as text, as it arrives: an audit export, or a subject's
-        export written to a file (``export_subject_to``: past ``send``'s bound)."""
+        export written to a file (``export_subject_to``: past ``send``'s bound).
+
+        The deadline bounds the wait for the answer (its status and headers, an error's
+        whole body); the body of an export then runs as long as it keeps coming, each
+        read within ``timeout_s`` (an export of a gigabyte legitimately takes long)."""
         op = call.operation
         try:
-            with self._client.stream(op.method, op.path, **_request_kwargs(call)) as response:
-                if _plain(op.name, response) >= 400:
-                    body = _Capped.error_of(op.name, response.status_code)
-                    for chunk in response.iter_bytes():
-                        body.add(chunk)
-                    _raise_error_answer(call, response, body.content())
+            with contextlib.ExitStack() as answer:
+                with _within(self._deadline(call)):
+                    response = answer.enter_context(
+                        self._client.stream(op.method, op.path, **_request_kwargs(call))
+                    )
+                    if _plain(op.name, response) >= 400:
+                        body = _Capped.error_of(op.name, response.status_code)
+                        for chunk in response.iter_bytes():
+                            body.add(chunk)
+                        _raise_error_answer(call, response, body.content())
                 yield from response.iter_text()
         except httpx.HTTPError as error:
-            raise TransportError(f"{op.name}: {type(error).__name__}: {error}") from error
+            raise _failed(call, error) from error
 
     def close(self) -> None:
         self._client.close()
@@ -409,14 +586,18 @@ class AsyncHttpBackend:
         self._retries = write_retries
         self._in_progress_resends = in_progress_resends
 
+    def _deadline(self, call: Call[Any]) -> _Deadline:
+        return _Deadline(call, self._client.timeout.read)
+
     async def send(self, call: Call[R]) -> R:
         call = _keyed(call)  # as ``HttpBackend.send``
         op, kwargs = call.operation, _request_kwargs(call, self._client.timeout)
         resend = _resend_policy(_attempts(call, self._retries))
 
         async def request() -> httpx.Response:  # a coroutine function: tenacity awaits it
-            async with self._client.stream(op.method, op.path, **kwargs) as response:
-                return await _answer_whole_async(call, response)
+            with _within_async(self._deadline(call)):
+                async with self._client.stream(op.method, op.path, **kwargs) as response:
+                    return await _answer_whole_async(call, response)
 
         async def answered() -> httpx.Response:
             response = await resend.call_async(request, give_up=lambda error: _failed(call, error))
@@ -434,29 +615,42 @@ class AsyncHttpBackend:
     async def send_for_bytes(self, call: Call[Any]) -> bytes:
         op = call.operation  # as ``HttpBackend.send_for_bytes``
         try:
-            async with self._client.stream(op.method, op.path, **_request_kwargs(call)) as response:
-                body = _capped_for(op.name, response)
-                async for chunk in response.aiter_bytes():
-                    body.add(chunk)
+            with _within_async(self._deadline(call)):
+                async with self._client.stream(
+                    op.method, op.path, **_request_kwargs(call)
+                ) as response:
+                    body = _capped_for(op.name, response)
+                    async for chunk in response.aiter_bytes():
+                        body.add(chunk)
         except httpx.HTTPError as error:
-            raise TransportError(f"{op.name}: {type(error).__name__}: {error}") from error
+            raise _failed(call, error) from error
         if response.status_code >= 400:
             _raise_error_answer(call, response, body.content())
         return body.content()
 
     async def stream_text(self, call: Call[Any]) -> AsyncGenerator[str, None]:
+        """As ``HttpBackend.stream_text``: the deadline bounds the wait for the answer;
+        no cancel scope is held across a ``yield``, so the body runs under the per-read
+        timeout alone."""
         op = call.operation
+        deadline = self._deadline(call)
         try:
-            async with self._client.stream(op.method, op.path, **_request_kwargs(call)) as response:
+            request = self._client.build_request(op.method, op.path, **_request_kwargs(call))
+            with _within_async(deadline):
+                response = await self._client.send(request, stream=True)
+            try:
                 if _plain(op.name, response) >= 400:
                     body = _Capped.error_of(op.name, response.status_code)
-                    async for chunk in response.aiter_bytes():
-                        body.add(chunk)
+                    with _within_async(deadline):
+                        async for chunk in response.aiter_bytes():
+                            body.add(chunk)
                     _raise_error_answer(call, response, body.content())
                 async for text in response.aiter_text():
                     yield text
+            finally:
+                await response.aclose()
         except httpx.HTTPError as error:
-            raise TransportError(f"{op.name}: {type(error).__name__}: {error}") from error
+            raise _failed(call, error) from error
 
     async def aclose(self) -> None:
         await self._client.aclose()

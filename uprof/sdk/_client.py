@@ -43,6 +43,7 @@ from uprof.sdk._backends import (
     EmbeddedBackend,
     HttpBackend,
     SyncBackend,
+    deadlined_transport,
 )
 from uprof.sdk._errors import TransportError, invalid_request
 from uprof.sdk._operations import Call, Operation
@@ -546,7 +547,10 @@ class Client:
         in_progress_resends: int = DEFAULT_IN_PROGRESS_RESENDS,
     ) -> None:
         http = httpx.Client(
-            base_url=base_url, headers=_headers(api_key), timeout=timeout_s, transport=transport
+            base_url=base_url,
+            headers=_headers(api_key),
+            timeout=timeout_s,
+            transport=transport or deadlined_transport(),
         )
         self._backend: SyncBackend = HttpBackend(http, write_retries, in_progress_resends)
 

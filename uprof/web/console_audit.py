@@ -54,7 +54,7 @@ def router(web: WebPages) -> APIRouter:
         session = web.need_operator(request)
         if isinstance(session, Response):
             return session
-        door = operator_door(web.runtime_of(request), session)
+        door = operator_door(request, session)
         rows: list[Any] = []
         next_cursor = None
         error = ""
@@ -105,7 +105,7 @@ def router(web: WebPages) -> APIRouter:
         session = web.need_operator(request)
         if isinstance(session, Response):
             return session
-        door = operator_door(web.runtime_of(request), session)
+        door = operator_door(request, session)
         try:
             form, args = audit_filter(request, door)
             stream = door.stream_audit(
@@ -135,7 +135,7 @@ def router(web: WebPages) -> APIRouter:
         session = web.need_operator(request)
         if isinstance(session, Response):
             return session
-        pem = operator_door(web.runtime_of(request), session).audit_public_key()["public_key_pem"]
+        pem = operator_door(request, session).audit_public_key()["public_key_pem"]
         return download(pem, "audit-public-key.pem", "application/x-pem-file")
 
     @router.get("/console/verify", include_in_schema=False)
@@ -148,7 +148,7 @@ def router(web: WebPages) -> APIRouter:
             "console_verify.html",
             session=session,
             result=None,
-            origin=operator_door(web.runtime_of(request), session).audit_public_key()["origin"],
+            origin=operator_door(request, session).audit_public_key()["origin"],
         )
 
     @router.post("/console/verify", include_in_schema=False)
@@ -170,7 +170,7 @@ def router(web: WebPages) -> APIRouter:
         session = web.checked_operator(request, csrf)
         if isinstance(session, Response):
             return session
-        door = operator_door(web.runtime_of(request), session)
+        door = operator_door(request, session)
         result = verify_upload(raw, kind, door, name)
         status = 200 if result["ok"] else 422
         return web.page(

@@ -38,7 +38,7 @@ def policy_page(
     by_app: dict[str, list[Any]] = {}
     table, state, history, next_query = None, None, [], ""
     cursor = request.query_params.get("cursor") or None
-    door = operator_door(runtime, session)
+    door = operator_door(request, session)
     # An unreadable store denies every check: say so, and show no rules (none is in force).
     problem = door.policy_health()
     if not problem:
@@ -105,7 +105,7 @@ def router(web: WebPages) -> APIRouter:
             return session
         if verb not in ("grant", "revoke"):
             return web.message(request, 404, "Not found", "No such policy change.")
-        door = operator_door(web.runtime_of(request), session)
+        door = operator_door(request, session)
         form = {"app_id": app_id, "role": role, "purpose": purpose, "effect": effect}
         change = door.policy_grant if verb == "grant" else door.policy_revoke
         try:

@@ -33,7 +33,7 @@ def router(web: WebPages) -> APIRouter:
         session = web.need_operator(request)
         if isinstance(session, Response):
             return session
-        door = operator_door(web.runtime_of(request), session)
+        door = operator_door(request, session)
         try:
             listing = receipts_page(door, request.query_params.get("cursor") or None)
         except UprofError as error:
@@ -52,7 +52,7 @@ def router(web: WebPages) -> APIRouter:
         if isinstance(session, Response):
             return session
         wanted = [t.strip() for t in terms.splitlines() if t.strip()]
-        door = operator_door(web.runtime_of(request), session)
+        door = operator_door(request, session)
         report, error, status = None, "", 200
         if not wanted:
             error = "Give at least one term, one per line."

@@ -74,7 +74,7 @@ def router(web: WebPages) -> APIRouter:
         if session is not None:
             # After the drop: a sign-out never waits on the log. A cookie already signed
             # out, or none, names no session and is not recorded.
-            operator_door(web.runtime_of(request), session).console_sign_out()
+            operator_door(request, session).console_sign_out()
         response = RedirectResponse("/console/login", status_code=303)
         response.delete_cookie(OPERATOR_COOKIE, path="/console")
         return response

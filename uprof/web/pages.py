@@ -295,12 +295,7 @@ class WebPages:
         if session is None:
             return RedirectResponse("/console/login", status_code=303)
         # The key may have been revoked since sign-in: sessions die with their key.
-        keys: ApiKeyStore = request.app.state.api_keys
-        alive = any(
-            k.key_id == session.key_id and not k.is_revoked and ROLE_OPERATOR in k.roles
-            for k in keys.list(session.app_id)
-        )
-        if not alive:
+        if not operator_key_stands(request, session):
             self.sessions(request).drop(request.cookies.get(OPERATOR_COOKIE), "operator")
             return self.message(request, 403, "Forbidden", "Your API key is no longer valid.")
         # A console session is its key: its pages count against the key's REST allowance
@@ -437,7 +432,13 @@ def user_door(
     )
 
 
-def key_door(runtime: ServiceRuntime, app_id: str, key_id: str) -> Facade:
+def key_door(
+    runtime: ServiceRuntime,
+    app_id: str,
+    key_id: str,
+    *,
+    still_live: Callable[[], None] | None = None,
+) -> Facade:
     """The facade for an operator API key (console sessions, link issuing)."""
     return Facade(
         runtime.kernel,
@@ -448,8 +449,32 @@ def key_door(runtime: ServiceRuntime, app_id: str, key_id: str) -> Facade:
             kind=PrincipalKind.APP,
             roles=frozenset({ROLE_OPERATOR}),
         ),
+        still_authenticated=still_live,
     )
 
 
-def operator_door(runtime: ServiceRuntime, session: Session) -> Facade:
-    return key_door(runtime, session.app_id, session.key_id)
+def operator_key_stands(request: Request, session: Session) -> bool:
+    """Whether the console session's key is live and still an operator's."""
+    keys: ApiKeyStore = request.app.state.api_keys
+    return any(
+        k.key_id == session.key_id and not k.is_revoked and ROLE_OPERATOR in k.roles
+        for k in keys.list(session.app_id)
+    )
+
+
+def operator_door(request: Request, session: Session) -> Facade:
+    """The facade for a console session, with the console's own credential check: where
+    the facade decides a long action again (``Facade._decided_again``: a residue scan
+    once it has read everything) it asks whether the key still stands, as
+    ``WebPages.user_reader`` does for the privacy center. The pages asked it only when
+    they opened, so a key revoked during a scan still got its report (bug RM)."""
+
+    def still_live() -> None:
+        if not operator_key_stands(request, session):
+            raise PermissionDeniedError(
+                "the console's API key was revoked, or is no longer an operator's, while "
+                "the action ran; nothing is shown"
+            )
+
+    runtime = WebPages.runtime_of(request)
+    return key_door(runtime, session.app_id, session.key_id, still_live=still_live)
