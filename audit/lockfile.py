@@ -18,7 +18,9 @@ imports it from ``uprof.backends``.
 from __future__ import annotations
 
 import errno
+import grp
 import os
+import pwd
 import stat
 from pathlib import Path
 
@@ -302,12 +304,34 @@ def key_folder_target(folder: str | os.PathLike[str]) -> Path:
     return resolved
 
 
+def _private_group(gid: int, trusted: tuple[int, ...]) -> bool:
+    """Whether the group ``gid`` holds no user but ``trusted`` ones: a user private group
+    (Debian's and Ubuntu's scheme, whose users' umask 002 makes their folders 0775, the
+    group being the user alone), so its write bit lets no one else in. Read from the user
+    and group databases; a group they do not know is not private (fail closed)."""
+    try:
+        members = grp.getgrgid(gid).gr_mem
+    except KeyError:
+        return False
+    names = set()
+    for uid in trusted:
+        try:
+            names.add(pwd.getpwuid(uid).pw_name)
+        except KeyError:
+            continue
+    if any(member not in names for member in members):
+        return False
+    return all(user.pw_uid in trusted for user in pwd.getpwall() if user.pw_gid == gid)
+
+
 def _above_not_ours(folder: str, owner: int) -> str | None:
     """Why a folder above the key folder (owned by ``owner``) lets another user put
     another folder in its place, under a running process that opens its files by path:
     owned by a user that is neither this process's, root, nor the key folder's, or writable
     by other users without the sticky bit (``/tmp``'s, which keeps them from renaming what
-    is not theirs). A key folder in such a folder, moved away and replaced by a link to
+    is not theirs); group-writable counts only when the group is not private
+    (``_private_group``: a umask of 002's 0775 folders are the user's alone). A key
+    folder in such a folder, moved away and replaced by a link to
     another user's, had its master secret read from there and its next KEK ring written
     there (bug QD)."""
     above = os.path.dirname(os.path.abspath(folder))
@@ -316,7 +340,10 @@ def _above_not_ours(folder: str, owner: int) -> str | None:
         found = os.stat(above)
         if found.st_uid not in trusted:
             return f"under {above}, owned by uid {found.st_uid}, who could replace it"
-        if found.st_mode & 0o022 and not found.st_mode & stat.S_ISVTX:
+        others = 0o022
+        if found.st_mode & 0o020 and _private_group(found.st_gid, trusted):
+            others = 0o002
+        if found.st_mode & others and not found.st_mode & stat.S_ISVTX:
             mode = found.st_mode & 0o7777
             return f"under {above}, writable by other users (mode {mode:04o}), who could replace it"
         if above == os.path.dirname(above):
