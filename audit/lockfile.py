@@ -17,6 +17,7 @@ imports it from ``uprof.backends``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import grp
 import os
@@ -363,6 +364,33 @@ def check_key_folder(folder: str | os.PathLike[str]) -> None:
         why = _above_not_ours(folder, os.lstat(folder).st_uid)
     if why is not None:
         raise KeyFileRefusedError(f"refused the key folder {folder}: it is {why}")
+
+
+def make_key_folder(folder: Path) -> None:
+    """Make the key folder (0700) and any folder missing above it, then check it
+    (``check_key_folder``). Refused (or failing), it removes the folders it made itself,
+    deepest first and only while empty: a refused first start said "nothing was changed"
+    and left an empty key folder behind (bug RW). A folder that was there before, or
+    that another process made meanwhile (``FileExistsError``), is never removed."""
+    missing = []
+    above = folder
+    while not os.path.lexists(above):
+        missing.append(above)
+        above = above.parent
+    made: list[Path] = []
+    try:
+        for path in reversed(missing):
+            try:
+                os.mkdir(path, 0o700 if path == folder else 0o777)  # the umask applies
+            except FileExistsError:
+                continue
+            made.append(path)
+        check_key_folder(folder)
+    except BaseException:
+        for path in reversed(made):
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+        raise
 
 
 def open_key_file(

@@ -9,6 +9,7 @@ UprofError
 ├── IdentityError            the subject could not be resolved, or resolved ambiguously
 │   └── AmbiguousIdentityError   the request's names (subject, session, identifier) disagree
 ├── SubjectNotFoundError     no such data subject
+│   └── ConsentNotFoundError  the subject holds no consent with that id for the app
 ├── SubjectErasedError       the subject was erased; its stream refuses reads and writes
 ├── IntentTransitionError    an intent lifecycle change that the lifecycle forbids
 ├── ReadTimeoutError         projections did not catch up within the wait bound
@@ -107,6 +108,17 @@ class SubjectNotFoundError(UprofError):
     hint = (
         "check the subject reference; a subject exists once a consent was granted for it "
         "(`uprof consent grant`, POST /v1/consents)"
+    )
+
+
+class ConsentNotFoundError(SubjectNotFoundError):
+    """No consent with the given id for the subject and app. A ``SubjectNotFoundError``
+    (exit 5, 404) as before, but its own hint: the subject's told an operator to check
+    the subject reference, which was right (bug RY)."""
+
+    hint = (
+        "list the subject's consents (`uprof consent list --subject S`, POST "
+        "/v1/consents/list) and name one of them; nothing was changed"
     )
 
 

@@ -46,6 +46,7 @@ from audit.entry import normalise_timestamp
 from audit.export import ExportSummary
 from audit.receipts import RECEIPT_ACTION
 from domain.errors import (
+    ConsentNotFoundError,
     ConsentRequiredError,
     IdentityError,
     InvalidInputError,
@@ -727,7 +728,7 @@ class Facade:
                 )
         grant = next((c for c in self.consents(subject) if c.consent_id == consent_id), None)
         if grant is None:
-            raise SubjectNotFoundError("no consent with that id for this subject and app")
+            raise ConsentNotFoundError("no consent with that id for this subject and app")
         # Not an app erasing its own collection: the operator's (or, acting for another
         # app, that app's) ``erase``. Decided again after the kernel's own wait, before it
         # withdraws and erases (hostile callers round 9, bug QV: NI's rule, which this

@@ -12,7 +12,10 @@ from __future__ import annotations
 import ast
 import os
 import re
+import socket
 from pathlib import Path
+
+import pytest
 
 from tests import children
 from uprof.cli.context import EXIT_CODES
@@ -129,3 +132,81 @@ def test_qe_apps_revoke_of_an_unknown_key_is_an_error_exit_5(tmp_path: Path) -> 
     assert done.returncode == 5, done.stderr
     assert done.stdout == "", done.stdout
     assert " ".join(done.stderr.split()) == "error: no live key with id nosuch", done.stderr
+
+
+def _cli_env(tmp_path: Path) -> dict[str, str]:
+    return dict(os.environ, UPROF_DATA_DIR=str(tmp_path / "data"), UPROF_EMBEDDER="hashing")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("serve", "--port", "70000"),
+        ("serve", "--port", "-1"),
+        ("mcp", "--transport", "http", "--port", "65536"),
+    ],
+    ids=["serve-70000", "serve-minus-1", "mcp-http-65536"],
+)
+def test_rx_a_port_outside_0_to_65535_is_bad_input_exit_2(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """Bug RX, real CLI processes. main at c4cd4030: ``--port 70000`` served on port 4464
+    (the address lookup takes it modulo 65536) while printing 70000, and 65536 on a port
+    the system picked (so both ran until this test's wait ran out); ``-1`` exited 3, a
+    server that could not start."""
+    done = children.run_python(children.CLI_SCRIPT, *args, env=_cli_env(tmp_path), timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "'--port'" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    "args", [("serve",), ("mcp", "--transport", "http")], ids=["serve", "mcp-http"]
+)
+def test_rx_a_server_that_cannot_listen_exits_3_as_the_table_says(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """Bug RX: ``uprof mcp --transport http`` exits 3 too when it cannot listen (uvicorn's
+    own 3, as ``uprof serve``), and for an address not this machine's as for a port taken;
+    main at c4cd4030: the same codes, but exit 3's row named ``uprof serve`` and a port
+    taken only."""
+    row = next(
+        line for line in CLI_MD.read_text(encoding="utf-8").splitlines() if line.startswith("| 3 |")
+    )
+    for words in (
+        "`uprof mcp --transport http`",
+        "the port taken",
+        "an address not this machine's",
+    ):
+        assert words in row, f"exit 3's row does not say {words}"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        done = children.run_python(
+            children.CLI_SCRIPT, *args, "--port", port, env=_cli_env(tmp_path), timeout=120
+        )
+    assert done.returncode == 3, done.stderr
+    assert "address already in use" in done.stderr, done.stderr
+
+
+def test_ry_an_unknown_consent_id_exits_5_saying_how_to_find_the_consent(tmp_path: Path) -> None:
+    """Bug RY, a real CLI process: ``consent withdraw`` of a consent id the subject does not
+    hold exits 5 (the table's row now says so) with a hint that lists the consents. main at
+    c4cd4030: exit 5, hinting to "check the subject reference" of a subject that exists."""
+    env = _cli_env(tmp_path)
+    granted = children.run_python(
+        children.CLI_SCRIPT,
+        *("consent", "grant", "--subject", "alice", "--app", "app:calendar"),
+        *("--category", "schedule", "--purpose", "scheduling"),
+        env=env,
+    )
+    assert granted.returncode == 0, granted.stderr
+    done = children.run_python(
+        children.CLI_SCRIPT,
+        *("consent", "withdraw", "--subject", "alice", "--consent", "nosuch"),
+        env=env,
+    )
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 5, said
+    assert "error: no consent with that id for this subject and app" in said, said
+    assert "uprof consent list --subject S" in said and "subject reference" not in said, said

@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from domain.errors import (
     CaptureBackloggedError,
     ConcurrencyConflictError,
+    ConsentNotFoundError,
     ConsentRequiredError,
     EmbedderMismatchError,
     ErasureIncompleteError,
@@ -53,6 +54,8 @@ STATUS_TABLE: tuple[tuple[type[UprofError], int, str], ...] = (
     (IdentityError, 422, "identity_unresolved"),
     (ConsentRequiredError, 403, "consent_required"),
     (PermissionDeniedError, 403, "permission_denied"),
+    # The code REST's own check of a consent id answers with (``scoped.py``).
+    (ConsentNotFoundError, 404, "consent_not_found"),
     (SubjectNotFoundError, 404, "subject_not_found"),
     (SubjectErasedError, 410, "subject_erased"),
     (IntentTransitionError, 409, "intent_transition"),

@@ -18,6 +18,7 @@ from typer.models import CommandFunctionType
 
 from domain.errors import (
     ConcurrencyConflictError,
+    ConsentNotFoundError,
     ConsentRequiredError,
     ErasureIncompleteError,
     ErasureRolledBackError,
@@ -53,6 +54,7 @@ EXIT_CODES: tuple[tuple[type[UprofError], int], ...] = (
     (PermissionDeniedError, 3),
     (EvidenceError, 4),
     (IdentityError, 4),
+    (ConsentNotFoundError, 5),
     (SubjectNotFoundError, 5),
     (SubjectErasedError, 5),
     (ConcurrencyConflictError, 6),
@@ -327,6 +329,13 @@ def limit_option() -> object:
     return typer.Option(
         "--limit", min=1, max=500, help="Most items on this page (1-500, default 100)."
     )
+
+
+def port_option(help: str) -> object:
+    """A TCP port: 0 (one the system picks) to 65535. Past it, the address lookup took
+    the number modulo 65536 (``--port 70000`` served on 4464 while saying 70000) and a
+    negative one ended as a server that could not start, exit 3 (bug RX): bad input."""
+    return typer.Option("--port", min=0, max=65535, help=help)
 
 
 def cursor_option() -> object:

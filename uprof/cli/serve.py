@@ -23,6 +23,7 @@ from uprof.cli.context import (
     door,
     err_console,
     fail,
+    port_option,
     settings,
     stopped_early,
 )
@@ -35,7 +36,7 @@ def serve(
     host: Annotated[str, typer.Option(help="Interface to bind (loopback by default).")] = (
         "127.0.0.1"
     ),
-    port: Annotated[int, typer.Option(help="TCP port.")] = 8765,
+    port: Annotated[int, port_option("TCP port (0-65535).")] = 8765,
     fd: Annotated[
         int | None,
         typer.Option(

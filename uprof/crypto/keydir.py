@@ -45,7 +45,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from audit.keyring import FileKeyRing
 from audit.lockfile import (
     LockFileAccessError,
-    check_key_folder,
+    make_key_folder,
     make_lock_folder,
     open_key_file,
     open_lock_file,
@@ -209,10 +209,9 @@ class FileKeyMaterialStore:
         self.path = key_dir
         self.location = str(key_dir)
         self._master_override = master_secret
-        key_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         # Owner, mode and no link checked before any key is read or written (bug PR): a
         # folder others may write lets them plant or swap the keys erasure depends on.
-        check_key_folder(key_dir)
+        make_key_folder(key_dir)
         self._ledger_lock = threading.Lock()
         self._audit_keys: FileKeyRing | None = None
         self._records: list[ErasureRecord] = []

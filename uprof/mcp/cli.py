@@ -14,7 +14,15 @@ import typer
 
 from domain.errors import UprofError
 from uprof.backends import SchemaLockWaitStopped
-from uprof.cli.context import STATE, CheckedTyper, err_console, fail, settings, stopped_early
+from uprof.cli.context import (
+    STATE,
+    CheckedTyper,
+    err_console,
+    fail,
+    port_option,
+    settings,
+    stopped_early,
+)
 
 #: The REST server's default (``uprof serve --max-body-bytes``), without importing it at start.
 DEFAULT_MAX_BODY_BYTES = 1_048_576
@@ -30,7 +38,7 @@ def mcp(
         str, typer.Option(help="stdio (one app per process, key in UPROF_API_KEY) or http.")
     ] = "stdio",
     host: Annotated[str, typer.Option(help="HTTP: interface to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="HTTP: TCP port.")] = 8766,
+    port: Annotated[int, port_option("HTTP: TCP port (0-65535).")] = 8766,
     path: Annotated[str, typer.Option(help="HTTP: endpoint path.")] = "/mcp",
     max_body_bytes: Annotated[
         int,
