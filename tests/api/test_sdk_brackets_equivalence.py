@@ -1,5 +1,5 @@
-"""``_Brackets``, made fast (it skips text, whole strings and bracketed runs with no
-bracket inside in ``re``), judges every text as QY's follower did (0206-review-of-0204),
+"""``_Brackets``, made fast (it skips text, whole strings and bracketed runs up to a
+few levels deep in ``re``), judges every text as QY's follower did (0206-review-of-0204),
 which stepped in Python at every bracket, quote and escape and is kept here as the oracle.
 
 Random documents, then cut into random pieces and altered (a character dropped, doubled
