@@ -273,13 +273,97 @@ class _DeadlinedNetwork(httpcore.NetworkBackend):
         self._backend.sleep(seconds)
 
 
-def deadlined_transport() -> httpx.HTTPTransport:
-    """httpx's own transport, its connections bounded by each call's deadline. httpx
-    takes no network layer of the caller's, so it is set on its pool after the fact."""
-    transport = httpx.HTTPTransport()
-    pool: Any = transport._pool
-    pool._network_backend = _DeadlinedNetwork(pool._network_backend)
-    return transport
+#: httpx's exceptions by httpcore's, for the errors our transport lets up: the same names,
+#: so a caller (and ``_within``'s timeout test) sees what httpx's own transport raises.
+_HTTPX_ERRORS: dict[type[Exception], type[httpx.TransportError]] = {
+    getattr(httpcore, name): getattr(httpx, name)
+    for name in (
+        "ConnectTimeout",
+        "ReadTimeout",
+        "WriteTimeout",
+        "PoolTimeout",
+        "TimeoutException",
+        "ConnectError",
+        "ReadError",
+        "WriteError",
+        "NetworkError",
+        "ProxyError",
+        "UnsupportedProtocol",
+        "LocalProtocolError",
+        "RemoteProtocolError",
+        "ProtocolError",
+    )
+}
+
+
+@contextlib.contextmanager
+def _as_httpx() -> Iterator[None]:
+    """httpcore's error as httpx's of the same name: the most specific one, found along
+    the error's class's ancestry."""
+    try:
+        yield
+    except Exception as error:
+        mapped = next((_HTTPX_ERRORS[c] for c in type(error).__mro__ if c in _HTTPX_ERRORS), None)
+        if mapped is None:
+            raise
+        raise mapped(str(error)) from error
+
+
+class _AnswerBytes(httpx.SyncByteStream):
+    """An answer's body from httpcore, its errors httpx's."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def __iter__(self) -> Iterator[bytes]:
+        with _as_httpx():
+            yield from self._stream
+
+    def close(self) -> None:
+        with _as_httpx():
+            self._stream.close()
+
+
+class DeadlinedTransport(httpx.BaseTransport):
+    """The sync client's default transport: an httpcore pool, as httpx's own transport
+    builds with its defaults (verified TLS, the environment's certificates, httpx's
+    limits), whose network layer is ``_DeadlinedNetwork``. httpx's transport takes no
+    network layer; httpcore's pool does, by a public argument, so nothing private is
+    touched (an httpx or httpcore upgrade renaming a private attribute broke the
+    client's creation)."""
+
+    def __init__(self) -> None:
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=httpx.create_ssl_context(),
+            # httpx's own defaults (``httpx.HTTPTransport``'s limits).
+            max_connections=100,
+            max_keepalive_connections=20,
+            keepalive_expiry=5.0,
+            network_backend=_DeadlinedNetwork(httpcore.SyncBackend()),
+        )
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        core_request = httpcore.Request(
+            method=request.method,
+            url=httpcore.URL(
+                scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path
+            ),
+            headers=request.headers.raw,
+            content=request.stream,
+            extensions=request.extensions,
+        )
+        with _as_httpx():
+            answer = self._pool.handle_request(core_request)
+        return httpx.Response(
+            status_code=answer.status,
+            headers=answer.headers,
+            stream=_AnswerBytes(answer.stream),
+            extensions=answer.extensions,
+        )
+
+    def close(self) -> None:
+        self._pool.close()
 
 
 class _Expired(httpx.TimeoutException):
