@@ -1,4 +1,4 @@
-"""The sync client's deadline is built on public API only (XXXX-sdk-polish): its
+"""The sync client's deadline is built on public API only (0210-sdk-polish): its
 default transport is the SDK's own around an httpcore pool given the deadlined network
 layer by argument. 0208 set it on httpx's transport's private pool attribute, so an
 httpx whose ``HTTPTransport`` changed inside broke every client's creation."""
