@@ -7,13 +7,11 @@ the policy at a past time is replayed; another process's change is in force here
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 
 from domain.errors import VersionConflictError
 from domain.policy import TenantPolicy, policy_id
@@ -21,6 +19,7 @@ from tests import children
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import build_kernel, consent, say, settings_for
+from tests.policies.conftest import on_the_policy_table
 from uprof.kernel import Uprof
 from uprof.services.policy import (
     POLICY_CHANGED,
@@ -416,27 +415,8 @@ def test_an_app_onboarded_in_one_step_is_served_what_it_was_granted_and_nothing_
 
 
 def _rename_policy_table(backend: Backend, settings: Settings, *, back: bool = False) -> None:
-    if backend.kind == "sqlite":
-        old, new = "stored_events", "stored_events_gone"
-        if back:
-            old, new = new, old
-        # Through the driver, never open(): see FIELD-NOTES 8.1.
-        conn = sqlite3.connect(settings.data_dir / "policies.sqlite")
-        try:
-            conn.execute(f"ALTER TABLE {old} RENAME TO {new}")
-            conn.commit()
-        finally:
-            conn.close()
-        return
-    old, new = "policies_events", "policies_events_gone"
-    if back:
-        old, new = new, old
-    engine = sa.create_engine(backend.url)
-    try:
-        with engine.begin() as conn:
-            conn.execute(sa.text(f"ALTER TABLE {old} RENAME TO {new}"))
-    finally:
-        engine.dispose()
+    old, new = ("{table}", "{table}_gone") if not back else ("{table}_gone", "{table}")
+    on_the_policy_table(backend, settings, f"ALTER TABLE {old} RENAME TO {new}")
 
 
 def test_an_unreadable_policy_store_denies_every_check_and_says_why(backend: Backend) -> None:

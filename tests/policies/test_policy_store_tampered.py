@@ -16,16 +16,14 @@ store not answering (exit 1), as SQLite says it cannot open it.
 
 from __future__ import annotations
 
-import sqlite3
-
 import pytest
-import sqlalchemy as sa
 
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import consent, running, settings_for
 from tests.kernel.test_lock_turns_review import sqlite_store  # noqa: F401 (a fixture)
 from tests.kernel.test_review_0141 import _uprof
+from tests.policies.conftest import on_the_policy_table
 from uprof.settings import Settings
 
 #: Commands that ask the policy (governance, an app's list) and one that does not.
@@ -47,20 +45,7 @@ def _deployment(backend: Backend) -> Settings:
 
 
 def _empty_policy_table(backend: Backend, settings: Settings) -> None:
-    if backend.kind == "sqlite":
-        conn = sqlite3.connect(settings.data_dir / "policies.sqlite")
-        try:
-            conn.execute("DELETE FROM stored_events")
-            conn.commit()
-        finally:
-            conn.close()
-        return
-    engine = sa.create_engine(backend.url)
-    try:
-        with engine.begin() as conn:
-            conn.execute(sa.text("DELETE FROM policies_events"))
-    finally:
-        engine.dispose()
+    on_the_policy_table(backend, settings, "DELETE FROM {table}")
 
 
 def test_qg_an_emptied_policy_table_exits_7_as_damage_not_3_as_a_denial(

@@ -27,6 +27,7 @@ from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import consent, running, settings_for
 from tests.kernel.test_review_0141 import _uprof
+from tests.policies.conftest import on_the_policy_table
 from tests.policies.test_policy_store import _rename_policy_table
 from uprof.services.backup import backup, restore
 from uprof.settings import Settings
@@ -50,20 +51,7 @@ def _policy_tables(backend: Backend, settings: Settings) -> set[str]:
 
 def _drop_renamed(backend: Backend, settings: Settings) -> None:
     """Drop the table ``_rename_policy_table`` moved away (the table dropped by hand)."""
-    if backend.kind == "sqlite":
-        conn = sqlite3.connect(settings.data_dir / "policies.sqlite")
-        try:
-            conn.execute("DROP TABLE stored_events_gone")
-            conn.commit()
-        finally:
-            conn.close()
-        return
-    engine = sa.create_engine(backend.url)
-    try:
-        with engine.begin() as conn:
-            conn.execute(sa.text("DROP TABLE policies_events_gone"))
-    finally:
-        engine.dispose()
+    on_the_policy_table(backend, settings, "DROP TABLE {table}_gone")
 
 
 def test_px_a_start_without_the_policy_table_says_it_is_missing_and_makes_none(

@@ -6,33 +6,20 @@ driver's "no such column" (SQLite) or "column ... does not exist" (PostgreSQL)."
 
 from __future__ import annotations
 
-import sqlite3
-
-import sqlalchemy as sa
-
 from tests.conftest import Backend
+from tests.policies.conftest import on_the_policy_table
 from tests.policies.test_policy_store_tampered import COMMANDS, _deployment, _said
 from uprof.settings import Settings
 
 
 def _reshaped_policy_table(backend: Backend, settings: Settings) -> None:
     """The policy's event table dropped and made again with columns of its own."""
-    if backend.kind == "sqlite":
-        conn = sqlite3.connect(settings.data_dir / "policies.sqlite")
-        try:
-            conn.execute("DROP TABLE stored_events")
-            conn.execute("CREATE TABLE stored_events (id INTEGER PRIMARY KEY, note TEXT)")
-            conn.commit()
-        finally:
-            conn.close()
-        return
-    engine = sa.create_engine(backend.url)
-    try:
-        with engine.begin() as conn:
-            conn.execute(sa.text("DROP TABLE policies_events"))
-            conn.execute(sa.text("CREATE TABLE policies_events (id BIGINT PRIMARY KEY, note TEXT)"))
-    finally:
-        engine.dispose()
+    on_the_policy_table(
+        backend,
+        settings,
+        "DROP TABLE {table}",
+        "CREATE TABLE {table} (id INTEGER PRIMARY KEY, note TEXT)",
+    )
 
 
 def test_a_policy_table_of_the_wrong_shape_ends_in_one_error_line(backend: Backend) -> None:
