@@ -9,7 +9,8 @@ UprofError
 ├── IdentityError            the subject could not be resolved, or resolved ambiguously
 │   └── AmbiguousIdentityError   the request's names (subject, session, identifier) disagree
 ├── SubjectNotFoundError     no such data subject
-│   └── ConsentNotFoundError  the subject holds no consent with that id for the app
+│   ├── ConsentNotFoundError  the subject holds no consent with that id for the app
+│   └── IntentNotFoundError   no active intent by that id or description the agent may see
 ├── SubjectErasedError       the subject was erased; its stream refuses reads and writes
 ├── IntentTransitionError    an intent lifecycle change that the lifecycle forbids
 ├── ReadTimeoutError         projections did not catch up within the wait bound
@@ -119,6 +120,18 @@ class ConsentNotFoundError(SubjectNotFoundError):
     hint = (
         "list the subject's consents (`uprof consent list --subject S`, POST "
         "/v1/consents/list) and name one of them; nothing was changed"
+    )
+
+
+class IntentNotFoundError(SubjectNotFoundError):
+    """An intent update names no active intent (by id or description) that the proposing
+    agent may see. A ``SubjectNotFoundError`` (exit 5, 404) as before, an intent another
+    agent keeps private answered alike, but its own code and hint: the subject's hint told
+    the app to check the subject reference, and it was right (0209's Left)."""
+
+    hint = (
+        "read the subject's profile slice for its active intents and name one by its id "
+        "(or its description); nothing was written"
     )
 
 

@@ -49,6 +49,7 @@ from domain.errors import (
     ConsentNotFoundError,
     ConsentRequiredError,
     IdentityError,
+    IntentNotFoundError,
     InvalidInputError,
     PermissionDeniedError,
     SubjectNotFoundError,
@@ -539,7 +540,7 @@ class Facade:
             if isinstance(proposal, IntentUpdateProposal):
                 item_id = proposal.intent_id or match_described(proposal.description, described)
                 if item_id not in visible:
-                    raise SubjectNotFoundError(
+                    raise IntentNotFoundError(
                         "no active intent with that id or description that this agent may see"
                     )
                 categories.add(visible[item_id].category)

@@ -263,7 +263,9 @@ def test_the_sdk_moves_only_an_intent_its_agent_may_see(kernel: Uprof) -> None:
     finally:
         for client in (planner, calendar, rogue):
             client.close()
-    assert refusals == ["subject_not_found"] * 3
+    # An intent the agent may not see is one that does not exist (``intent_not_found``,
+    # since 0209's Left); an app holding no consent of alice learns nothing of her.
+    assert refusals == ["intent_not_found", "intent_not_found", "subject_not_found"]
     [goal] = kernel.profile("alice").intents
     assert goal.status == "active"
     assert kernel.lag().log_position == before

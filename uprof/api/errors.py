@@ -27,6 +27,7 @@ from domain.errors import (
     EvidenceError,
     IdempotencyKeyReusedError,
     IdentityError,
+    IntentNotFoundError,
     IntentTransitionError,
     InvalidInputError,
     ModelUnavailableError,
@@ -56,6 +57,7 @@ STATUS_TABLE: tuple[tuple[type[UprofError], int, str], ...] = (
     (PermissionDeniedError, 403, "permission_denied"),
     # The code REST's own check of a consent id answers with (``scoped.py``).
     (ConsentNotFoundError, 404, "consent_not_found"),
+    (IntentNotFoundError, 404, "intent_not_found"),
     (SubjectNotFoundError, 404, "subject_not_found"),
     (SubjectErasedError, 410, "subject_erased"),
     (IntentTransitionError, 409, "intent_transition"),
