@@ -1124,8 +1124,11 @@ class Uprof:
         categories: Sequence[str] = (),
         purpose: str | None = None,
         effect: str = "allow",
+        still_allowed: Callable[[], object] | None = None,
     ) -> PolicyChangeResult:
-        """Assign a role (app_id + role) or add rules (actions x categories for purpose)."""
+        """Assign a role (app_id + role) or add rules (actions x categories for purpose).
+        ``still_allowed``: the caller's decision, asked again once the change has its turn
+        (``PolicyService._apply``)."""
         return self.policy.grant(
             requested_by=requested_by,
             app_id=app_id,
@@ -1134,6 +1137,7 @@ class Uprof:
             categories=categories,
             purpose=purpose,
             effect=effect,
+            still_allowed=still_allowed,
         )
 
     def policy_revoke(
@@ -1146,8 +1150,11 @@ class Uprof:
         categories: Sequence[str] = (),
         purpose: str | None = None,
         effect: str = "allow",
+        still_allowed: Callable[[], object] | None = None,
     ) -> PolicyChangeResult:
-        """Take back a role or remove rules; every named row must be in force."""
+        """Take back a role or remove rules; every named row must be in force.
+        ``still_allowed``: the caller's decision, asked again once the change has its turn
+        (``PolicyService._apply``)."""
         return self.policy.revoke(
             requested_by=requested_by,
             app_id=app_id,
@@ -1156,6 +1163,7 @@ class Uprof:
             categories=categories,
             purpose=purpose,
             effect=effect,
+            still_allowed=still_allowed,
         )
 
     def onboard_app(
@@ -1167,8 +1175,10 @@ class Uprof:
         capture: Sequence[str] | None = None,
         propose: Sequence[str] | None = None,
         requested_by: str,
+        still_allowed: Callable[[], object] | None = None,
     ) -> PolicyChangeResult:
-        """Grant a new app read, capture and propose on these categories for one purpose."""
+        """Grant a new app read, capture and propose on these categories for one purpose
+        (``still_allowed``: as ``policy_grant``'s)."""
         return self.policy.onboard(
             app_id,
             read=read,
@@ -1176,6 +1186,7 @@ class Uprof:
             capture=capture,
             propose=propose,
             requested_by=requested_by,
+            still_allowed=still_allowed,
         )
 
     def policy_health(self) -> str:
