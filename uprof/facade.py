@@ -208,6 +208,9 @@ class ProfilePage:
     memories: Page[Any]
     captures: dict[str, Any]
     reads: list[Any]
+    #: Consents withdrawn with ``erase`` whose erasure is not finished (the page offers
+    #: to finish each: the withdrawal with ``erase`` asked again).
+    erasures_unfinished: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -943,9 +946,10 @@ class Facade:
             cited |= {e for i in view.intents for e in i.evidence}
             captures = self._kernel.evidence_captures(subject, cited)
             reads = self._kernel.item_reads(subject)
+            unfinished = self._kernel.consent_erasures_unfinished(subject)
         counts = _profile_counts(view) | {"memories": len(page.items), "captures": len(captures)}
         self._recorded(subject, "profile", counts, read_from=read_from)
-        return ProfilePage(view, page, captures, reads)
+        return ProfilePage(view, page, captures, reads, unfinished)
 
     def subject_exists(self, subject: str) -> bool:
         """Whether a subject is known (operator work: it reveals that it exists)."""

@@ -925,6 +925,30 @@ class Uprof:
             if row.stream_id == stream
         }
 
+    def consent_erasures_unfinished(self, subject: str) -> frozenset[str]:
+        """The subject's consents withdrawn with ``erase`` whose erasure is not finished:
+        it answered ``erasure_incomplete``, or it never began (its request stopped after
+        the withdrawal was written: its process killed, its wait for the views run out)
+        and the views still hold captures collected under the consent. Asking for the
+        withdrawal with ``erase`` again finishes each (``withdraw_consent``, bug RE).
+        Read from the views: the caller has waited for them."""
+        stream = str(self.stream_of(subject))
+        unfinished = set()
+        for grant in self.queries.consents(stream):
+            if grant.withdrawn_at is None or not grant.erase_requested:
+                continue
+            target = [grant.consent_id]
+            if self.erasure_service.unfinished(subject, "consent-withdrawal", target) or (
+                self.queries.captures_by(
+                    stream,
+                    app_id=grant.app_id,
+                    purposes=grant.purposes,
+                    **collected_under(grant, grant.withdrawn_position),
+                )
+            ):
+                unfinished.add(grant.consent_id)
+        return frozenset(unfinished)
+
     def item_reads(self, subject: str) -> list[Any]:
         """(item, app, purpose, count, last read) for every recorded read of the subject."""
         self._require_all_fresh("the read records")
