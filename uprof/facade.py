@@ -946,7 +946,7 @@ class Facade:
             cited |= {e for i in view.intents for e in i.evidence}
             captures = self._kernel.evidence_captures(subject, cited)
             reads = self._kernel.item_reads(subject)
-            unfinished = self._kernel.consent_erasures_unfinished(subject)
+            unfinished = self._kernel.consent_erasures_unfinished(subject, view.consents)
         counts = _profile_counts(view) | {"memories": len(page.items), "captures": len(captures)}
         self._recorded(subject, "profile", counts, read_from=read_from)
         return ProfilePage(view, page, captures, reads, unfinished)

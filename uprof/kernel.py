@@ -30,6 +30,7 @@ from domain.errors import (
     UprofError,
 )
 from domain.values import ConsentGrant, Interaction, ProposalBatch
+from projections.profile.queries import ConsentRow
 from uprof import retry, telemetry
 from uprof.crypto.keystore import KeyStore, is_pseudonym
 from uprof.crypto.ledger import LedgerState
@@ -925,29 +926,40 @@ class Uprof:
             if row.stream_id == stream
         }
 
-    def consent_erasures_unfinished(self, subject: str) -> frozenset[str]:
+    def consent_erasures_unfinished(
+        self, subject: str, consents: Sequence[ConsentRow] | None = None
+    ) -> frozenset[str]:
         """The subject's consents withdrawn with ``erase`` whose erasure is not finished:
-        it answered ``erasure_incomplete``, or it never began (its request stopped after
-        the withdrawal was written: its process killed, its wait for the views run out)
-        and the views still hold captures collected under the consent. Asking for the
-        withdrawal with ``erase`` again finishes each (``withdraw_consent``, bug RE).
-        Read from the views: the caller has waited for them."""
+        the views still hold captures collected under the consent (its request stopped
+        after the withdrawal was written: its process killed, its wait for the views run
+        out), or it answered ``erasure_incomplete``. Asking for the withdrawal with
+        ``erase`` again finishes each (``withdraw_consent``, bug RE). ``consents``: the
+        subject's, as a profile just read them (default: read from the views); the caller
+        has waited for the views. Nothing more is read for a subject with no consent
+        withdrawn with ``erase``."""
+        asked = [
+            c
+            for c in (
+                self.queries.consents(str(self.stream_of(subject)))
+                if consents is None
+                else consents
+            )
+            if c.withdrawn_at is not None and c.erase_requested
+        ]
+        if not asked:
+            return frozenset()
         stream = str(self.stream_of(subject))
-        unfinished = set()
-        for grant in self.queries.consents(stream):
-            if grant.withdrawn_at is None or not grant.erase_requested:
-                continue
-            target = [grant.consent_id]
-            if self.erasure_service.unfinished(subject, "consent-withdrawal", target) or (
-                self.queries.captures_by(
-                    stream,
-                    app_id=grant.app_id,
-                    purposes=grant.purposes,
-                    **collected_under(grant, grant.withdrawn_position),
-                )
-            ):
-                unfinished.add(grant.consent_id)
-        return frozenset(unfinished)
+        return frozenset(
+            grant.consent_id
+            for grant in asked
+            if self.queries.captures_by(
+                stream,
+                app_id=grant.app_id,
+                purposes=grant.purposes,
+                **collected_under(grant, grant.withdrawn_position),
+            )
+            or self.erasure_service.unfinished(subject, "consent-withdrawal", [grant.consent_id])
+        )
 
     def item_reads(self, subject: str) -> list[Any]:
         """(item, app, purpose, count, last read) for every recorded read of the subject."""
