@@ -209,6 +209,9 @@ class ProfilePage:
     memories: Page[Any]
     captures: dict[str, Any]
     reads: list[Any]
+    #: Consents withdrawn with ``erase`` whose erasure is not finished (the page offers
+    #: to finish each: the withdrawal with ``erase`` asked again).
+    erasures_unfinished: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -944,9 +947,10 @@ class Facade:
             cited |= {e for i in view.intents for e in i.evidence}
             captures = self._kernel.evidence_captures(subject, cited)
             reads = self._kernel.item_reads(subject)
+            unfinished = self._kernel.consent_erasures_unfinished(subject, view.consents)
         counts = _profile_counts(view) | {"memories": len(page.items), "captures": len(captures)}
         self._recorded(subject, "profile", counts, read_from=read_from)
-        return ProfilePage(view, page, captures, reads)
+        return ProfilePage(view, page, captures, reads, unfinished)
 
     def subject_exists(self, subject: str) -> bool:
         """Whether a subject is known (operator work: it reveals that it exists)."""
@@ -1231,9 +1235,18 @@ class Facade:
             )
 
     def verify_audit(self, content: bytes, kind: Kind) -> CheckResult:
-        """Check an export or a receipt against this log's key."""
-        self._authorize_governance("audit", COMPLIANCE_PURPOSE)
-        return self._kernel.verify_audit(content, kind)
+        """Check an export or a receipt against this log's key.
+
+        Decided again once checked (up to 20 MiB from the console, each line against the
+        key), before the verdict leaves, as a residue scan's report (bug SO)."""
+
+        def decide() -> None:
+            self._authorize_governance("audit", COMPLIANCE_PURPOSE)
+
+        decide()
+        checked = self._kernel.verify_audit(content, kind)
+        self._decided_again(decide)
+        return checked
 
     def audit_key(self) -> dict[str, Any]:
         """The log's origin and public key (for anyone: offline verification needs them)
@@ -1563,26 +1576,45 @@ class Facade:
         )
         return None if table is None else table(self._kernel.subjects.tenant)
 
+    def _policy_change_decided(self) -> Callable[[], None]:
+        """Decide a change of the policy (``policy``); return that decision to ask again,
+        with the principal's credential (``_decided_again``), once the change has its
+        turn to be written (``PolicyService._apply``): a key revoked or a right taken
+        away while it waited for the write lock or a conflict's retry changes nothing
+        (bug SN; the console decided its forms only when they were posted)."""
+
+        def decide() -> None:
+            self._authorize_governance("policy", OPERATIONS_PURPOSE)
+
+        decide()
+        return lambda: self._decided_again(decide)
+
     def policy_grant(self, **change: Any) -> Any:
         """Add rules or a role; the change event and audit entry name this principal."""
-        self._authorize_governance("policy", OPERATIONS_PURPOSE)
+        still_allowed = self._policy_change_decided()
         with self._as_principal():
-            return self._kernel.policy_grant(requested_by=self.principal.label, **change)
+            return self._kernel.policy_grant(
+                requested_by=self.principal.label, still_allowed=still_allowed, **change
+            )
 
     def policy_revoke(self, **change: Any) -> Any:
-        self._authorize_governance("policy", OPERATIONS_PURPOSE)
+        still_allowed = self._policy_change_decided()
         with self._as_principal():
-            return self._kernel.policy_revoke(requested_by=self.principal.label, **change)
+            return self._kernel.policy_revoke(
+                requested_by=self.principal.label, still_allowed=still_allowed, **change
+            )
 
     def onboard_app(self, app_id: str, **grants: Any) -> Any:
         """Grant a new app its rules in one change (``uprof apps create --read ...``)."""
-        self._authorize_governance("policy", OPERATIONS_PURPOSE)
+        still_allowed = self._policy_change_decided()
         # Not an app: onboarding "operators" would widen every operator, then issue no key.
         reserved = reserved_app_id_problem(app_id)
         if reserved:
             raise InvalidInputError(reserved)
         with self._as_principal():
-            return self._kernel.onboard_app(app_id, requested_by=self.principal.label, **grants)
+            return self._kernel.onboard_app(
+                app_id, requested_by=self.principal.label, still_allowed=still_allowed, **grants
+            )
 
     def issue_api_key(self, app_id: str, roles: Sequence[str]) -> IssuedKey:
         """Issue an API key for an app (operator work, decided as ``policy``; audited)."""

@@ -30,6 +30,7 @@ from domain.errors import (
     UprofError,
 )
 from domain.values import ConsentGrant, Interaction, ProposalBatch
+from projections.profile.queries import ConsentRow
 from uprof import retry, telemetry
 from uprof.crypto.keystore import KeyStore, is_pseudonym
 from uprof.crypto.ledger import LedgerState
@@ -925,6 +926,41 @@ class Uprof:
             if row.stream_id == stream
         }
 
+    def consent_erasures_unfinished(
+        self, subject: str, consents: Sequence[ConsentRow] | None = None
+    ) -> frozenset[str]:
+        """The subject's consents withdrawn with ``erase`` whose erasure is not finished:
+        the views still hold captures collected under the consent (its request stopped
+        after the withdrawal was written: its process killed, its wait for the views run
+        out), or it answered ``erasure_incomplete``. Asking for the withdrawal with
+        ``erase`` again finishes each (``withdraw_consent``, bug RE). ``consents``: the
+        subject's, as a profile just read them (default: read from the views); the caller
+        has waited for the views. Nothing more is read for a subject with no consent
+        withdrawn with ``erase``."""
+        asked = [
+            c
+            for c in (
+                self.queries.consents(str(self.stream_of(subject)))
+                if consents is None
+                else consents
+            )
+            if c.withdrawn_at is not None and c.erase_requested
+        ]
+        if not asked:
+            return frozenset()
+        stream = str(self.stream_of(subject))
+        return frozenset(
+            grant.consent_id
+            for grant in asked
+            if self.queries.captures_by(
+                stream,
+                app_id=grant.app_id,
+                purposes=grant.purposes,
+                **collected_under(grant, grant.withdrawn_position),
+            )
+            or self.erasure_service.unfinished(subject, "consent-withdrawal", [grant.consent_id])
+        )
+
     def item_reads(self, subject: str) -> list[Any]:
         """(item, app, purpose, count, last read) for every recorded read of the subject."""
         self._require_all_fresh("the read records")
@@ -1124,8 +1160,11 @@ class Uprof:
         categories: Sequence[str] = (),
         purpose: str | None = None,
         effect: str = "allow",
+        still_allowed: Callable[[], object] | None = None,
     ) -> PolicyChangeResult:
-        """Assign a role (app_id + role) or add rules (actions x categories for purpose)."""
+        """Assign a role (app_id + role) or add rules (actions x categories for purpose).
+        ``still_allowed``: the caller's decision, asked again once the change has its turn
+        (``PolicyService._apply``)."""
         return self.policy.grant(
             requested_by=requested_by,
             app_id=app_id,
@@ -1134,6 +1173,7 @@ class Uprof:
             categories=categories,
             purpose=purpose,
             effect=effect,
+            still_allowed=still_allowed,
         )
 
     def policy_revoke(
@@ -1146,8 +1186,11 @@ class Uprof:
         categories: Sequence[str] = (),
         purpose: str | None = None,
         effect: str = "allow",
+        still_allowed: Callable[[], object] | None = None,
     ) -> PolicyChangeResult:
-        """Take back a role or remove rules; every named row must be in force."""
+        """Take back a role or remove rules; every named row must be in force.
+        ``still_allowed``: the caller's decision, asked again once the change has its turn
+        (``PolicyService._apply``)."""
         return self.policy.revoke(
             requested_by=requested_by,
             app_id=app_id,
@@ -1156,6 +1199,7 @@ class Uprof:
             categories=categories,
             purpose=purpose,
             effect=effect,
+            still_allowed=still_allowed,
         )
 
     def onboard_app(
@@ -1167,8 +1211,10 @@ class Uprof:
         capture: Sequence[str] | None = None,
         propose: Sequence[str] | None = None,
         requested_by: str,
+        still_allowed: Callable[[], object] | None = None,
     ) -> PolicyChangeResult:
-        """Grant a new app read, capture and propose on these categories for one purpose."""
+        """Grant a new app read, capture and propose on these categories for one purpose
+        (``still_allowed``: as ``policy_grant``'s)."""
         return self.policy.onboard(
             app_id,
             read=read,
@@ -1176,6 +1222,7 @@ class Uprof:
             capture=capture,
             propose=propose,
             requested_by=requested_by,
+            still_allowed=still_allowed,
         )
 
     def policy_health(self) -> str:

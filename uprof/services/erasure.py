@@ -664,6 +664,11 @@ class ErasureService:
         with self._finishing(draft.request_id):
             return self._finish(subject_ref, draft, timeout_s, resumed=True)
 
+    def unfinished(self, subject_ref: str, scope: str, target: Sequence[str]) -> bool:
+        """Whether this subject's erasure of ``scope`` and ``target`` answered
+        ``erasure_incomplete`` and is not finished yet (what ``resume`` would finish)."""
+        return self._unfinished(subject_ref, scope, target) is not None
+
     def _unfinished(
         self, subject_ref: str, scope: str, target: Sequence[str], *, finished_too: bool = False
     ) -> _Draft | None:

@@ -65,6 +65,7 @@ from policies.rules import (
 from uprof import retry
 from uprof.ports import AuditTrail
 from uprof.recorders import ConflictsAsDomainErrors
+from uprof.services.erasure import StillAllowed
 from uprof.services.policy_seal import PolicyRowMapper, SealedPolicyLog, policy_log_id
 
 _log = logging.getLogger(__name__)
@@ -556,6 +557,7 @@ class PolicyService:
         categories: Sequence[str] = (),
         purpose: str | None = None,
         effect: str = ALLOW,
+        still_allowed: StillAllowed | None = None,
     ) -> PolicyChangeResult:
         """Give ``app_id`` a role (app_id and role, nothing else), or add rules.
 
@@ -564,7 +566,15 @@ class PolicyService:
         together or not at all. Raises PolicyInputError naming the bad field.
         """
         return self._change(
-            "grant", requested_by, app_id, role, actions, categories, purpose, effect
+            "grant",
+            requested_by,
+            app_id,
+            role,
+            actions,
+            categories,
+            purpose,
+            effect,
+            still_allowed=still_allowed,
         )
 
     def revoke(
@@ -577,13 +587,22 @@ class PolicyService:
         categories: Sequence[str] = (),
         purpose: str | None = None,
         effect: str = ALLOW,
+        still_allowed: StillAllowed | None = None,
     ) -> PolicyChangeResult:
         """Take a role away or remove rules (the same shapes as ``grant``).
 
         Every named row must be in force, else PolicyInputError and nothing changes.
         """
         return self._change(
-            "revoke", requested_by, app_id, role, actions, categories, purpose, effect
+            "revoke",
+            requested_by,
+            app_id,
+            role,
+            actions,
+            categories,
+            purpose,
+            effect,
+            still_allowed=still_allowed,
         )
 
     def onboard(
@@ -595,6 +614,7 @@ class PolicyService:
         capture: Sequence[str] | None = None,
         propose: Sequence[str] | None = None,
         requested_by: str,
+        still_allowed: StillAllowed | None = None,
     ) -> PolicyChangeResult:
         """Grant a new app direct rules: read, capture and propose these categories for purpose.
 
@@ -625,7 +645,9 @@ class PolicyService:
             for action, names in categories.items()
             for category in names
         ]
-        return self._apply(label, [("rule", row) for row in rows], adding=True)
+        return self._apply(
+            label, [("rule", row) for row in rows], adding=True, still_allowed=still_allowed
+        )
 
     def _change(
         self,
@@ -637,6 +659,8 @@ class PolicyService:
         categories: Sequence[str],
         purpose: str | None,
         effect: str,
+        *,
+        still_allowed: StillAllowed | None,
     ) -> PolicyChangeResult:
         label = _checked_label(requested_by)
         adding = verb == "grant"
@@ -660,7 +684,9 @@ class PolicyService:
             if adding:
                 self._require_known_app(app_id, current)
             assignment = RoleAssignment(app_id, role, self.tenant)
-            return self._apply(label, [("assignment", assignment)], adding=adding)
+            return self._apply(
+                label, [("assignment", assignment)], adding=adding, still_allowed=still_allowed
+            )
         if bool(app_id) == bool(role):
             raise PolicyInputError(
                 "app_id", "rules go to exactly one subject: give app_id or role, not both"
@@ -688,7 +714,9 @@ class PolicyService:
             for action in checked_actions
             for category in checked_categories
         ]
-        return self._apply(label, [("rule", row) for row in rows], adding=adding)
+        return self._apply(
+            label, [("rule", row) for row in rows], adding=adding, still_allowed=still_allowed
+        )
 
     def _current_policy(self) -> TenantPolicy | None:
         try:
@@ -716,13 +744,21 @@ class PolicyService:
         items: Sequence[tuple[str, PolicyRule | RoleAssignment]],
         *,
         adding: bool,
+        still_allowed: StillAllowed | None = None,
     ) -> PolicyChangeResult:
-        """Record every change of items in one save, then audit them; all or nothing."""
+        """Record every change of items in one save, then audit them; all or nothing.
+
+        ``still_allowed``: the caller's decision (its credential and the policy), asked
+        again once the change has its turn and before each attempt stages it: the wait
+        for the write lock and a conflict's retries come after the caller decided, and
+        a key revoked meanwhile must change nothing (bug SN)."""
         with self._write_lock:
             # Another process changed the policy first (VersionConflictError): re-stage on
             # top of its change.
             policy, pending, entries = retry.POLICY_CHANGE.call(
-                lambda: self._stage_and_save(requested_by, items, adding=adding)
+                lambda: self._stage_and_save(
+                    requested_by, items, adding=adding, still_allowed=still_allowed
+                )
             )
         if not pending:
             return PolicyChangeResult(policy.version, ())
@@ -736,9 +772,12 @@ class PolicyService:
         items: Sequence[tuple[str, PolicyRule | RoleAssignment]],
         *,
         adding: bool,
+        still_allowed: StillAllowed | None = None,
     ) -> tuple[TenantPolicy, list[Any], list[dict[str, Any]]]:
         """Stage items on the policy in force and save them (nothing saved when nothing
         changes). Raises VersionConflictError when another process saved first."""
+        if still_allowed is not None:
+            still_allowed()
         policy = self._current_policy()
         if policy is None:
             raise PolicyStoreError("the policy store has not been seeded")
