@@ -282,3 +282,48 @@ def test_held_a_transport_given_is_the_whole_road(proxy_env: Callable[..., None]
         )
         assert getattr(answer, "app_id", answer) == "app:one"
         assert proxy.requests == []
+
+
+# -- the export under the deadline, cancelled from outside ---------------------------------
+
+
+def _export_answer(conn: socket.socket, cut: bool) -> None:
+    """A subject export's answer whose headers come at once and whose body drips, a piece
+    each 0.05 s, well inside each read's timeout; ``cut``: the connection closes halfway."""
+    body = b'{"export": {"subject": "alice", "items": [' + b'"x", ' * 400 + b'"x"]}}'
+    head = f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len(body)}"
+    conn.sendall(head.encode() + b"\r\n\r\n")
+    for at in range(0, len(body) // 2 if cut else len(body), 8):
+        conn.sendall(body[at : at + 8])
+        time.sleep(0.05)
+
+
+def test_held_an_export_cancelled_by_its_caller_mid_body_leaves_the_path_as_it_was(
+    tmp_path: Path,
+) -> None:
+    """The async export cancelled from outside (``wait_for``) while its body arrives: the
+    path keeps what it held, and no part file stays."""
+    dest = tmp_path / "alice.json"
+    dest.write_text("before")
+
+    async def cancelled(url: str) -> None:
+        async with AsyncClient(url, "k", timeout_s=5) as client:
+            await asyncio.wait_for(client.export_subject_to("alice", dest), 0.5)
+
+    with _serving(lambda conn: _export_answer(conn, cut=False)) as server:
+        with pytest.raises(TimeoutError):
+            asyncio.run(cancelled(server.url))
+    assert dest.read_text() == "before"
+    assert [p.name for p in tmp_path.iterdir()] == ["alice.json"]
+
+
+def test_held_an_export_whose_server_hangs_up_mid_body_leaves_the_path_as_it_was(
+    tmp_path: Path,
+) -> None:
+    dest = tmp_path / "alice.json"
+    dest.write_text("before")
+    with _serving(lambda conn: _export_answer(conn, cut=True)) as server:
+        outcome = _sync(server.url, lambda client: client.export_subject_to("alice", dest))
+    assert isinstance(outcome, TransportError), outcome
+    assert dest.read_text() == "before"
+    assert [p.name for p in tmp_path.iterdir()] == ["alice.json"]
