@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import ipaddress
 import logging
 import time
+import urllib.request
 import uuid
 from collections.abc import AsyncGenerator, Generator, Iterator
 from contextvars import ContextVar
@@ -206,14 +208,19 @@ class _Deadline:
 _DEADLINE: ContextVar[_Deadline | None] = ContextVar("uprof_sdk_deadline", default=None)
 
 
-def _clamped(timeout: float | None) -> float | None:
+def _clamped(timeout: float | None, expired: type[httpcore.TimeoutException]) -> float | None:
     """One read's (write's, connect's) timeout, no longer than what is left of the
-    call's deadline."""
+    call's deadline; once it has passed, ``expired`` (httpcore's timeout of that step)
+    without touching the socket. A read given a tiny timeout still returns what has
+    already arrived: a server sending ``100 Continue`` as fast as it can always had
+    something there, and held a sync call with ``timeout_s=0.5`` as long as it sent (bug
+    SA, 0208's RL clamp)."""
     deadline = _DEADLINE.get()
     left = None if deadline is None else deadline.left_s()
-    if left is None:
+    if deadline is None or left is None:
         return timeout
-    left = max(left, 1e-6)  # a socket timeout of 0 would not wait at all but not fail
+    if left <= 0:
+        raise expired(f"no whole answer within timeout_s={deadline.bound_s:g}")
     return left if timeout is None else min(timeout, left)
 
 
@@ -226,10 +233,10 @@ class _DeadlinedStream(httpcore.NetworkStream):
         self._stream = stream
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self._stream.read(max_bytes, _clamped(timeout))
+        return self._stream.read(max_bytes, _clamped(timeout, httpcore.ReadTimeout))
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        self._stream.write(buffer, _clamped(timeout))
+        self._stream.write(buffer, _clamped(timeout, httpcore.WriteTimeout))
 
     def close(self) -> None:
         self._stream.close()
@@ -237,7 +244,9 @@ class _DeadlinedStream(httpcore.NetworkStream):
     def start_tls(
         self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
     ) -> httpcore.NetworkStream:
-        tls = self._stream.start_tls(ssl_context, server_hostname, _clamped(timeout))
+        tls = self._stream.start_tls(
+            ssl_context, server_hostname, _clamped(timeout, httpcore.ConnectTimeout)
+        )
         return _DeadlinedStream(tls)
 
     def get_extra_info(self, info: str) -> Any:
@@ -259,14 +268,16 @@ class _DeadlinedNetwork(httpcore.NetworkBackend):
         socket_options: Any = None,
     ) -> httpcore.NetworkStream:
         stream = self._backend.connect_tcp(
-            host, port, _clamped(timeout), local_address, socket_options
+            host, port, _clamped(timeout, httpcore.ConnectTimeout), local_address, socket_options
         )
         return _DeadlinedStream(stream)
 
     def connect_unix_socket(
         self, path: str, timeout: float | None = None, socket_options: Any = None
     ) -> httpcore.NetworkStream:
-        stream = self._backend.connect_unix_socket(path, _clamped(timeout), socket_options)
+        stream = self._backend.connect_unix_socket(
+            path, _clamped(timeout, httpcore.ConnectTimeout), socket_options
+        )
         return _DeadlinedStream(stream)
 
     def sleep(self, seconds: float) -> None:
@@ -330,17 +341,48 @@ class DeadlinedTransport(httpx.BaseTransport):
     limits), whose network layer is ``_DeadlinedNetwork``. httpx's transport takes no
     network layer; httpcore's pool does, by a public argument, so nothing private is
     touched (an httpx or httpcore upgrade renaming a private attribute broke the
-    client's creation)."""
+    client's creation). ``proxy``: the pool is httpcore's proxy pool for it, as
+    httpx's transport builds it, on the same network layer (``environment_mounts``)."""
 
-    def __init__(self) -> None:
-        self._pool = httpcore.ConnectionPool(
-            ssl_context=httpx.create_ssl_context(),
-            # httpx's own defaults (``httpx.HTTPTransport``'s limits).
-            max_connections=100,
-            max_keepalive_connections=20,
-            keepalive_expiry=5.0,
-            network_backend=_DeadlinedNetwork(httpcore.SyncBackend()),
+    def __init__(self, proxy: httpx.Proxy | None = None) -> None:
+        network = _DeadlinedNetwork(httpcore.SyncBackend())
+        ssl_context = httpx.create_ssl_context()
+        # httpx's own defaults (``httpx.HTTPTransport``'s limits).
+        limits: dict[str, Any] = {
+            "max_connections": 100,
+            "max_keepalive_connections": 20,
+            "keepalive_expiry": 5.0,
+        }
+        self._pool: httpcore.ConnectionPool
+        if proxy is None:
+            self._pool = httpcore.ConnectionPool(
+                ssl_context=ssl_context, network_backend=network, **limits
+            )
+            return
+        url = httpcore.URL(
+            scheme=proxy.url.raw_scheme,
+            host=proxy.url.raw_host,
+            port=proxy.url.port,
+            target=proxy.url.raw_path,
         )
+        if proxy.url.scheme in ("socks5", "socks5h"):
+            self._pool = httpcore.SOCKSProxy(
+                proxy_url=url,
+                proxy_auth=proxy.raw_auth,
+                ssl_context=ssl_context,
+                network_backend=network,
+                **limits,
+            )
+        else:  # http, https: httpx.Proxy refuses any other scheme
+            self._pool = httpcore.HTTPProxy(
+                proxy_url=url,
+                proxy_auth=proxy.raw_auth,
+                proxy_headers=proxy.headers.raw,
+                ssl_context=ssl_context,
+                proxy_ssl_context=proxy.ssl_context,
+                network_backend=network,
+                **limits,
+            )
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
@@ -364,6 +406,43 @@ class DeadlinedTransport(httpx.BaseTransport):
 
     def close(self) -> None:
         self._pool.close()
+
+
+def environment_mounts() -> dict[str, httpx.BaseTransport | None]:
+    """The proxies the environment names (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``,
+    ``NO_PROXY``, as ``urllib.request.getproxies`` reads them), as ``httpx.Client``'s
+    ``mounts``: a ``DeadlinedTransport`` through each proxy, None (the client's own
+    transport, direct) for each host ``NO_PROXY`` names. httpx mounts its environment's
+    proxies only when it is given no transport; given the SDK's, it mounted none, and
+    every sync call went direct, past the proxy the environment names (bug SC). The
+    rules are httpx's (``httpx._utils.get_environment_proxies``, private, so written
+    here): a proxy without a scheme is ``http://``; ``NO_PROXY=*`` turns every proxy
+    off; a name in it covers itself and every name ending in it."""
+    found = urllib.request.getproxies()
+    direct = [host.strip() for host in found.get("no", "").split(",")]
+    if "*" in direct:
+        return {}
+    mounts: dict[str, httpx.BaseTransport | None] = {}
+    for scheme in ("http", "https", "all"):
+        if found.get(scheme):
+            url = found[scheme] if "://" in found[scheme] else f"http://{found[scheme]}"
+            mounts[f"{scheme}://"] = DeadlinedTransport(httpx.Proxy(url))
+    mounts.update((_no_proxy_pattern(host), None) for host in direct if host)
+    return mounts
+
+
+def _no_proxy_pattern(host: str) -> str:
+    """httpx's mount pattern for one ``NO_PROXY`` entry: an address or ``localhost``
+    exactly, a name with every name ending in it."""
+    if "://" in host:
+        return host
+    with contextlib.suppress(ValueError):
+        ipaddress.IPv4Address(host.split("/")[0])
+        return f"all://{host}"
+    with contextlib.suppress(ValueError):
+        ipaddress.IPv6Address(host.split("/")[0])
+        return f"all://[{host}]"
+    return f"all://{host}" if host.lower() == "localhost" else f"all://*{host}"
 
 
 class _Expired(httpx.TimeoutException):

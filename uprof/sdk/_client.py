@@ -16,6 +16,7 @@ import re
 import secrets
 import stat
 import tempfile
+import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from os import PathLike
@@ -44,6 +45,7 @@ from uprof.sdk._backends import (
     EmbeddedBackend,
     HttpBackend,
     SyncBackend,
+    environment_mounts,
 )
 from uprof.sdk._errors import TransportError, invalid_request
 from uprof.sdk._operations import Call, Operation
@@ -70,6 +72,29 @@ def _headers(api_key: str) -> dict[str, str]:
         "User-Agent": "uprof-sdk",
         "Accept-Encoding": ACCEPTED_ENCODING,
     }
+
+
+def _timeout_of(timeout_s: float | None) -> float | None:
+    """``timeout_s`` as given, once it is a bound a call can be sent under: a finite
+    number of seconds above 0, at most ``threading.TIMEOUT_MAX`` (the longest wait the
+    system takes), or None for none. Anything else was taken as it was and failed at the
+    first call, as an expired deadline (0, -1: never sent), a socket's ``ValueError``
+    (NaN) or ``OverflowError`` (inf, 1e300), or a ``TypeError`` ("5") (bug SB); refused
+    here, ``InvalidRequestError`` naming ``timeout_s``, before any client is made."""
+    if timeout_s is None:
+        return None
+    number = isinstance(timeout_s, int | float) and not isinstance(timeout_s, bool)
+    if not number or not 0 < timeout_s <= threading.TIMEOUT_MAX:
+        raise invalid_request(
+            [
+                w.FieldProblem(
+                    field="timeout_s",
+                    message=f"{timeout_s!r} is not a number of seconds above 0 and at most "
+                    f"{threading.TIMEOUT_MAX:g} (None: no bound)",
+                )
+            ]
+        )
+    return float(timeout_s)
 
 
 # Request builders, shared by both clients so they cannot drift apart.
@@ -585,11 +610,15 @@ class Client:
         write_retries: int = DEFAULT_WRITE_RETRIES,
         in_progress_resends: int = DEFAULT_IN_PROGRESS_RESENDS,
     ) -> None:
+        # Given no transport, the SDK's own, and the environment's proxies through it
+        # (httpx mounts them only for its own); a transport given is the caller's whole
+        # road, as httpx takes it.
         http = httpx.Client(
             base_url=base_url,
             headers=_headers(api_key),
-            timeout=timeout_s,
+            timeout=_timeout_of(timeout_s),
             transport=transport or DeadlinedTransport(),
+            mounts=environment_mounts() if transport is None else None,
         )
         self._backend: SyncBackend = HttpBackend(http, write_retries, in_progress_resends)
 
@@ -1019,7 +1048,10 @@ class AsyncClient:
         in_progress_resends: int = DEFAULT_IN_PROGRESS_RESENDS,
     ) -> None:
         http = httpx.AsyncClient(
-            base_url=base_url, headers=_headers(api_key), timeout=timeout_s, transport=transport
+            base_url=base_url,
+            headers=_headers(api_key),
+            timeout=_timeout_of(timeout_s),
+            transport=transport,
         )
         self._backend = AsyncHttpBackend(http, write_retries, in_progress_resends)
 
