@@ -80,7 +80,9 @@ _ERASER = _ARGS + textwrap.dedent(
             time.sleep(0.01)
         from domain.errors import ErasureIncompleteError, ReadTimeoutError
         for n, subject in enumerate(sys.argv[6:], 1):
-            for _ in range(20):  # beside a rebuild the views lag: "ask again"
+            # Beside a rebuild the views lag: "ask again", until it is done (the count
+            # below says erased; 20 tries and on, as before, could say so untrue).
+            while True:
                 try:
                     kernel.erase_subject(subject)
                     break

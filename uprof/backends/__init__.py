@@ -69,7 +69,7 @@ class SchemaLockWaitError(UprofError):
 SCHEMA_LOCK_FIRST_REPORT_S = 2.0
 SCHEMA_LOCK_REPORT_EVERY_S = 30.0
 #: A wait looks at least this often (seconds) whether the process was asked to stop
-#: (``stop_schema_lock_waits``).
+#: (``stop_schema_lock_waits``, or a signal ``_stops_on_default_signals`` caught).
 SCHEMA_LOCK_STOP_CHECK_S = 0.25
 
 
@@ -116,14 +116,15 @@ def schema_lock_holder(purpose: str) -> dict[str, Any]:
 
 
 def wait_for_schema_lock(
-    try_until: Callable[[float], bool],
+    try_until: Callable[[float, Callable[[], bool]], bool],
     holder: Callable[[], str],
     *,
     store: str,
     wait_s: float,
 ) -> None:
-    """Take a store's schema lock through ``try_until`` (tries without blocking until
-    the monotonic deadline it is given; True once held), reporting the wait.
+    """Take a store's schema lock through ``try_until`` (waits until the monotonic
+    deadline it is given, or until the predicate it is given says the process was asked
+    to stop; True once held), reporting the wait.
 
     The lock's holder may be stopped (SIGSTOP, a debugger, a frozen container), not
     dead: the lock stays held and a blocking wait never ends, with nothing said. Here
@@ -138,18 +139,20 @@ def wait_for_schema_lock(
     (bug OA); ``uprof worker`` handles them itself (``stop_schema_lock_waits``).
     """
     started = time.monotonic()
-    if try_until(started):  # one try: an uncontended take touches no signal handler
-        return
+    # The handlers first, then one wait from the start: a first try without waiting,
+    # then the wait, left a moment between them in which a holder taking the lock again
+    # at once took it, as long as a loaded machine kept this process from queueing
+    # (bug SU; the try saved four ``signal.signal`` calls of an uncontended take).
     with _stops_on_default_signals() as caught:
-        took = _wait_after_a_failed_try(try_until, holder, caught, started, store, wait_s)
+        took = _wait_reporting(try_until, holder, caught, started, store, wait_s)
     if took and caught:
         # Taken at the moment the signal came: the process does as the signal's default
         # says (dies, or raises KeyboardInterrupt), as it would have without the wait.
         signal.raise_signal(caught[0])
 
 
-def _wait_after_a_failed_try(
-    try_until: Callable[[float], bool],
+def _wait_reporting(
+    try_until: Callable[[float, Callable[[], bool]], bool],
     holder: Callable[[], str],
     caught: list[int],
     started: float,
@@ -159,11 +162,19 @@ def _wait_after_a_failed_try(
     give_up = None if wait_s == 0 else started + wait_s
     report_at = started + SCHEMA_LOCK_FIRST_REPORT_S
     reported = False
+
+    def stopping() -> bool:
+        return _stop_asked or bool(caught)
+
     while True:
         until = report_at if give_up is None else min(report_at, give_up)
-        # In short turns, so that a stop asked for is seen (the flag is looked at only
-        # after a try failed: an uncontended take never reads it).
-        if try_until(min(until, time.monotonic() + SCHEMA_LOCK_STOP_CHECK_S)):
+        # One wait until the next report (or the bound), ended early by a stop asked for
+        # (each backend looks at ``stopping`` every ``SCHEMA_LOCK_STOP_CHECK_S`` at most,
+        # and never after an uncontended take). Never in short turns that leave the
+        # queue: PostgreSQL's waiter left it every 0.25 s to look, and a holder taking
+        # the lock again at once took it in each moment the waiter was out, as often as
+        # a loaded machine kept the waiter's process from queueing again (bug SU).
+        if try_until(until, stopping):
             if reported:
                 _log.warning(
                     "took the schema lock of %s after %.0f s", store, time.monotonic() - started

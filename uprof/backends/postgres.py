@@ -28,6 +28,7 @@ import sqlalchemy as sa
 
 from domain.errors import StoresLostError
 from uprof.backends import (
+    SCHEMA_LOCK_STOP_CHECK_S,
     Backend,
     StorageLayout,
     StoresInUseError,
@@ -140,8 +141,8 @@ class PostgresBackend:
         store = f"the PostgreSQL database {url.database} at {url.host}:{url.port or 5432}"
         with engine.connect() as conn:
             wait_for_schema_lock(
-                lambda deadline: _poll_advisory(
-                    conn, "pg_try_advisory_lock", SCHEMA_LOCK_KEY, deadline
+                lambda deadline, stopping: _poll_advisory(
+                    conn, "pg_try_advisory_lock", SCHEMA_LOCK_KEY, deadline, stopping
                 ),
                 lambda: _schema_lock_holder_of(conn),
                 store=store,
@@ -928,6 +929,41 @@ _LOCK_ENGINES: weakref.WeakKeyDictionary[sa.Engine, sa.Engine] = weakref.WeakKey
 _LOCK_ENGINES_MUTEX = threading.Lock()
 #: SQLSTATE of a wait that ``lock_timeout`` ended (``lock_not_available``).
 _LOCK_NOT_AVAILABLE = "55P03"
+#: PostgreSQL's SQLSTATE for a statement ended by a cancel request (query_canceled).
+_QUERY_CANCELED = "57014"
+
+
+@contextlib.contextmanager
+def _cancelled_on_stop(
+    conn: sa.Connection, stopping: Callable[[], bool] | None
+) -> Iterator[Callable[[], bool]]:
+    """While the block runs a blocking statement on ``conn``, look at ``stopping`` every
+    ``SCHEMA_LOCK_STOP_CHECK_S`` from a thread of its own and cancel the statement once
+    it says stop (psycopg's ``cancel_safe``, the documented way from another thread).
+    Yields whether it cancelled. The wait for the lock thus stays in PostgreSQL's queue
+    while the process looks for stops: leaving the queue to look lost the turn (bug SU)."""
+    if stopping is None:
+        yield lambda: False
+        return
+    driver = conn.connection.driver_connection
+    done, cancelled = threading.Event(), threading.Event()
+
+    def watch() -> None:
+        while not done.wait(SCHEMA_LOCK_STOP_CHECK_S):
+            if stopping():
+                cancelled.set()
+                driver.cancel_safe()  # type: ignore[union-attr]
+                return
+
+    watcher = threading.Thread(target=watch, name="uprof-schema-lock-stop", daemon=True)
+    watcher.start()
+    try:
+        yield cancelled.is_set
+    finally:
+        done.set()
+        watcher.join()
+
+
 #: Idle lock sessions kept for reuse; more are opened when more locks are held at once.
 LOCK_POOL_SIZE = 2
 
@@ -938,7 +974,13 @@ def _advisory_key(name: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-def _poll_advisory(conn: sa.Connection, try_function: str, key: int, deadline: float) -> bool:
+def _poll_advisory(
+    conn: sa.Connection,
+    try_function: str,
+    key: int,
+    deadline: float,
+    stopping: Callable[[], bool] | None = None,
+) -> bool:
     """``_take_advisory`` (its docstring says how), the session dropped if anything but
     the database ends the wait. A signal handler of the program's own that raises
     (``uprof.backends._stops_on_default_signals`` leaves such a handler alone) raises
@@ -948,7 +990,7 @@ def _poll_advisory(conn: sa.Connection, try_function: str, key: int, deadline: f
     progress"), that error replacing the program's own exception (bug PG). Dropped, the
     session's request ends with it, and a lock granted to it is released."""
     try:
-        return _take_advisory(conn, try_function, key, deadline)
+        return _take_advisory(conn, try_function, key, deadline, stopping)
     except sa.exc.SQLAlchemyError:
         raise
     except BaseException:
@@ -956,9 +998,17 @@ def _poll_advisory(conn: sa.Connection, try_function: str, key: int, deadline: f
         raise
 
 
-def _take_advisory(conn: sa.Connection, try_function: str, key: int, deadline: float) -> bool:
+def _take_advisory(
+    conn: sa.Connection,
+    try_function: str,
+    key: int,
+    deadline: float,
+    stopping: Callable[[], bool] | None,
+) -> bool:
     """Take ``try_function``'s lock (``pg_try_advisory_lock`` or its ``_shared`` form) on
-    ``key`` by ``deadline`` (monotonic): True once held, False when the deadline passed.
+    ``key`` by ``deadline`` (monotonic): True once held, False when the deadline passed,
+    or when ``stopping()`` said the process was asked to stop (the wait cancelled,
+    ``_cancelled_on_stop``: it stays in the queue until then, bug SU).
 
     One try without blocking; then, while time is left, the blocking form under a
     ``lock_timeout`` of the time left, so that this session waits in PostgreSQL's queue
@@ -967,26 +1017,34 @@ def _take_advisory(conn: sa.Connection, try_function: str, key: int, deadline: f
     rebuild after a rebuild): ten ``uprof backup`` starts beside a looping rebuild took
     234 s where blocking waits took 42 s (decision 0180's polls). The wait still ends by
     the deadline, so a stopped holder is still reported and a stop still seen."""
-    held = bool(conn.execute(sa.text(f"SELECT {try_function}(:key)"), {"key": key}).scalar_one())
-    conn.commit()
+    if stopping is None or deadline <= time.monotonic():
+        held = bool(
+            conn.execute(sa.text(f"SELECT {try_function}(:key)"), {"key": key}).scalar_one()
+        )
+        conn.commit()
+        if held or deadline <= time.monotonic():
+            return held
+    # A wait that looks for stops (the schema lock's) queues at once: the moment between
+    # a failed try and the queue let a holder taking the lock again at once by (bug SU).
     left = deadline - time.monotonic()
-    if held or left <= 0:
-        return held
     # set_config(..., true): for this transaction only, gone at its commit or rollback.
     conn.execute(
         sa.text("SELECT set_config('lock_timeout', :ms, true)"),
         {"ms": f"{max(1, int(left * 1000))}ms"},
     )
     try:
-        conn.execute(
-            sa.text(f"SELECT {try_function.replace('pg_try_', 'pg_', 1)}(:key)"), {"key": key}
-        )
+        with _cancelled_on_stop(conn, stopping) as cancelled:
+            conn.execute(
+                sa.text(f"SELECT {try_function.replace('pg_try_', 'pg_', 1)}(:key)"),
+                {"key": key},
+            )
     except sa.exc.OperationalError as error:
         conn.rollback()
-        if getattr(error.orig, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
+        ended_by = getattr(error.orig, "sqlstate", None)
+        if ended_by != _LOCK_NOT_AVAILABLE and not (ended_by == _QUERY_CANCELED and cancelled()):
             raise
-        # The server may grant the lock in the moment the timeout fires: it raises
-        # 55P03 all the same and keeps the grant, and a session lock outlives the
+        # The server may grant the lock in the moment the timeout (or the cancel) comes:
+        # it raises 55P03 all the same and keeps the grant, and a session lock outlives the
         # rollback. Taken for a failed try, the session held the lock unknown to uprof:
         # a later take and its one release left it held on a pooled connection, and
         # every other process waited for it (review of 0191). Whether it holds it is the

@@ -790,9 +790,10 @@ class _Turns:
         self._turn: int | None = None  # the turnstile's descriptor while held here
         self._behind_since: float | None = None
 
-    def take_by(self, deadline: float) -> bool:
-        """Whether this process holds the lock by ``deadline`` (monotonic); called again
-        after False, it goes on waiting where it was."""
+    def take_by(self, deadline: float, stopping: Callable[[], bool] = lambda: False) -> bool:
+        """Whether this process holds the lock by ``deadline`` (monotonic), unless
+        ``stopping()`` says first that it was asked to stop (looked at between tries);
+        called again after False, it goes on waiting where it was (the turnstile kept)."""
         if self._behind_since is None:
             if not self._someone_waits() and self._try_lock():
                 return True
@@ -806,7 +807,7 @@ class _Turns:
             if (self._turn is not None or patience_over) and self._try_lock():
                 self.close()  # the next waiter's turn
                 return True
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or stopping():
                 return False
             time.sleep(NAMED_LOCK_POLL_S)
 
