@@ -267,14 +267,14 @@ class StoreFileDamagedError(StoredDataDamagedError):
 
 
 class StoreShapeDamagedError(StoredDataDamagedError):
-    """A table of the stores lacks a table or column uprof made (SQLite's ``no such
-    column``, PostgreSQL's ``UndefinedColumn``): altered by hand, or an empty file in a
-    store's place. A running server answered 500 ``internal`` with a traceback
-    (XXXX-store-damage-in-servers, bug SH)."""
+    """A table of the stores lacks a column uprof made (SQLite's ``no such column``,
+    PostgreSQL's ``UndefinedColumn``): altered by hand, or made again by hand. A running
+    server answered 500 ``internal`` with a traceback (XXXX-store-damage-in-servers, bug
+    SH)."""
 
     hint = (
-        "a table of the stores was altered by hand (a table or column uprof made is "
-        "missing); restore the stores from a backup (uprof restore); nothing was changed"
+        "a table of the stores was altered by hand (a column uprof made is missing); "
+        "restore the stores from a backup (uprof restore); nothing was changed"
     )
 
 

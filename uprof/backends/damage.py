@@ -1,6 +1,6 @@
 """Stored data the driver says is damaged: a SQLite file that is not a database (or whose
-pages are damaged), or a table of the wrong shape (a table or column uprof made is
-missing) on either backend. One rule for the CLI, the servers and the policy store's
+pages are damaged), or a table of the wrong shape (a column uprof made is missing) on
+either backend. One rule for the CLI, the servers and the policy store's
 check (0203-review-of-0199-and-0201's QH, XXXX-store-damage-in-servers's SG-SI): not an
 outage (waiting mends nothing), not a fault of uprof's; the operator restores the stores.
 """
@@ -17,16 +17,18 @@ _log = logging.getLogger(__name__)
 
 #: SQLite's codes for a file that is not a database, or whose pages are damaged.
 _DAMAGE_CODES = frozenset({sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT})
-#: SQLite's messages for a table or column uprof's statements name but the store lacks.
-#: SQLite gives them the generic code (SQLITE_ERROR), shared with a malformed statement,
-#: which stays a fault: the text is the only difference (stable across SQLite versions).
-_SQLITE_SHAPE_MESSAGES = ("no such table:", "no such column:", "has no column named")
-#: PostgreSQL's SQLSTATEs for the same: undefined_table, undefined_column.
-_POSTGRES_SHAPE_STATES = frozenset({"42P01", "42703"})
+#: SQLite's messages for a column uprof's statements name but the table lacks. SQLite
+#: gives them the generic code (SQLITE_ERROR), shared with a malformed statement, which
+#: stays a fault: the text is the only difference (stable across SQLite versions). A
+#: table missing altogether is not here: a table renamed away under a running process
+#: is the store not answering (503), as docs/operations.md has said since bug PX.
+_SQLITE_SHAPE_MESSAGES = ("no such column:", "has no column named")
+#: PostgreSQL's SQLSTATE for the same: undefined_column.
+_POSTGRES_SHAPE_STATES = frozenset({"42703"})
 #: Names no table, column or value: the driver's text names the store's schema.
 _SHAPE = (
-    "stored data damaged: a table of the stores is not of the shape uprof made (a table or "
-    "column it reads is missing)"
+    "stored data damaged: a table of the stores is not of the shape uprof made (a column "
+    "it reads is missing)"
 )
 
 
