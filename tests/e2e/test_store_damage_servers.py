@@ -12,6 +12,8 @@ SQLite's ``no such column`` / PostgreSQL's ``UndefinedColumn`` answered 500 ``in
 SI: the policy table of the wrong shape under a running server: every policy check
 denied as the store "unreadable", answered 503 ``policy_store_unavailable`` ("retry in
 5 s"), which waiting never mends.
+SK-SM: the data folder held to the key folder's rule, ``keys move-out``'s key folder
+checked, ``--port 0``'s start line naming the real port (real CLI processes).
 """
 
 from __future__ import annotations
