@@ -326,7 +326,7 @@ def _private_group(gid: int, trusted: tuple[int, ...]) -> bool:
 
 
 def _above_not_ours(folder: str, owner: int) -> str | None:
-    """Why a folder above the key folder (owned by ``owner``) lets another user put
+    """Why a folder above the key (or data) folder (owned by ``owner``) lets another user put
     another folder in its place, under a running process that opens its files by path:
     owned by a user that is neither this process's, root, nor the key folder's, or writable
     by other users without the sticky bit (``/tmp``'s, which keeps them from renaming what
@@ -352,18 +352,45 @@ def _above_not_ours(folder: str, owner: int) -> str | None:
         above = os.path.dirname(above)
 
 
+def not_ours_to_keep(folder: str | os.PathLike[str]) -> str | None:
+    """Why ``folder`` is no safe place for uprof's files: not a folder (a link, a file),
+    another user's or writable by others (``_not_our_folder``), or under a folder another
+    user may rename it out of and put their own in its place (``_above_not_ours``); None
+    when it is. The one rule of the key folder (bugs PR, QD) and the data folder
+    (XXXX-store-damage-in-servers, bug SK)."""
+    folder = os.fspath(folder)
+    return _not_our_folder(folder) or _above_not_ours(folder, os.lstat(folder).st_uid)
+
+
 def check_key_folder(folder: str | os.PathLike[str]) -> None:
     """Refuse the key folder unless it is a folder (not a link to one: the settings
     resolve a configured link once, ``key_folder_target``), owned by this process's user
     or its parent folder's owner (root running its service user's deployment), not
-    writable by other users (bug PR), and nobody else may replace it (bug QD,
-    ``_above_not_ours``)."""
-    folder = os.fspath(folder)
-    why = _not_our_folder(folder)
-    if why is None:
-        why = _above_not_ours(folder, os.lstat(folder).st_uid)
+    writable by other users (bug PR), and nobody else may replace it (bug QD):
+    ``not_ours_to_keep``."""
+    why = not_ours_to_keep(folder)
     if why is not None:
-        raise KeyFileRefusedError(f"refused the key folder {folder}: it is {why}")
+        raise KeyFileRefusedError(f"refused the key folder {os.fspath(folder)}: it is {why}")
+
+
+class DataFolderRefusedError(UprofError):
+    """The data folder, or a folder above it, lets another user replace it: its stores
+    (the event store, the views) could be swapped for theirs under the deployment, which
+    would then write what it captures there (XXXX-store-damage-in-servers, bug SK)."""
+
+    hint = (
+        "the data folder is uprof's alone: owned by the user that runs uprof (or root), "
+        "not writable by others, and the folders above it owned by that user or root and "
+        "not writable by others (chmod go-w, or the sticky bit as /tmp's); nothing was "
+        "changed"
+    )
+
+
+def check_data_folder(folder: str | os.PathLike[str]) -> None:
+    """Refuse the data folder by the key folder's rule (``not_ours_to_keep``)."""
+    why = not_ours_to_keep(folder)
+    if why is not None:
+        raise DataFolderRefusedError(f"refused the data folder {os.fspath(folder)}: it is {why}")
 
 
 def make_key_folder(folder: Path) -> None:

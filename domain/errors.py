@@ -279,6 +279,18 @@ class StoreFileDamagedError(StoredDataDamagedError):
     )
 
 
+class StoreShapeDamagedError(StoredDataDamagedError):
+    """A table of the stores lacks a column uprof made (SQLite's ``no such column``,
+    PostgreSQL's ``UndefinedColumn``): altered by hand, or made again by hand. A running
+    server answered 500 ``internal`` with a traceback (XXXX-store-damage-in-servers, bug
+    SH)."""
+
+    hint = (
+        "a table of the stores was altered by hand (a column uprof made is missing); "
+        "restore the stores from a backup (uprof restore); nothing was changed"
+    )
+
+
 class ReadRecordingError(UprofError):
     hint = "reads cannot be recorded right now, so none are served; check the store and retry"
 

@@ -26,13 +26,14 @@ from domain.errors import (
     UprofError,
 )
 from uprof.api.errors import (
-    OUTAGE_ERRORS,
+    STORE_ERRORS,
     EdgeError,
     body_for,
     classify,
     internal_body,
+    log_store_trouble,
     retry_after_s,
-    store_outage,
+    store_refusal,
     validation_problem,
 )
 from uprof.api.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimitMiddleware
@@ -205,17 +206,20 @@ def _install_error_handlers(app: FastAPI, page_errors: PageErrors | None = None)
     async def uprof_error(request: Request, error: UprofError) -> Response:
         return refusal(request, error)
 
-    async def database_down(request: Request, error: Exception) -> Response:
+    async def store_trouble(request: Request, error: Exception) -> Response:
         # The database not answering is an outage (503, Retry-After), on every surface
-        # and page, not a fault (500): review of 0176, bug NH.
-        outage = store_outage(error)
-        if outage is None:  # registered only for the outage errors; kept total
+        # and page, not a fault (500): review of 0176, bug NH. Stored data damaged (a
+        # file replaced, a table of the wrong shape) is 500 ``stored_data_damaged`` with
+        # the operator's hint, logged once, not ``internal`` and a traceback per request
+        # (XXXX-store-damage-in-servers, bugs SG, SH).
+        answer = store_refusal(error)
+        if answer is None:  # any other driver error is a fault: the handler below
             raise error
-        _log.warning("database did not answer: %s", outage)
-        return refusal(request, outage)
+        log_store_trouble(answer)
+        return refusal(request, answer)
 
-    for outage_error in OUTAGE_ERRORS:
-        app.add_exception_handler(outage_error, database_down)
+    for store_error in STORE_ERRORS:
+        app.add_exception_handler(store_error, store_trouble)
 
     @app.exception_handler(EdgeError)
     async def edge_error(_: Request, error: EdgeError) -> JSONResponse:

@@ -10,6 +10,7 @@ revoked API key (401), a role the key lacks (403), a body over the size limit (4
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from dataclasses import dataclass, field
 
@@ -37,16 +38,18 @@ from domain.errors import (
     ReadTimeoutError,
     RequestInProgressError,
     StoredDataDamagedError,
-    StoreFileDamagedError,
     StoresLostError,
     StoreUnavailableError,
     SubjectErasedError,
     SubjectNotFoundError,
     UprofError,
 )
+from uprof.backends.damage import log_store_damage, store_damage
 from uprof.backends.sqlite import sqlite_did_not_answer
 from uprof.facade import PolicyStoreError
 from uprof.schemas.api import ErrorBody, ErrorOut, FieldProblem
+
+_log = logging.getLogger(__name__)
 
 #: (error class, HTTP status, stable error code); first match wins, subclasses first.
 STATUS_TABLE: tuple[tuple[type[UprofError], int, str], ...] = (
@@ -143,24 +146,34 @@ def store_outage(error: BaseException) -> StoreUnavailableError | None:
     return StoreUnavailableError(f"the database did not answer ({type(cause).__name__})")
 
 
-#: SQLite's codes for a file that is not a database, or whose pages are damaged.
-_DAMAGE_CODES = frozenset({sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT})
+#: Every driver error a store's trouble can surface as: the outages, and the damage
+#: ``store_damage`` reads (SQLite's ``DatabaseError`` for a file that is not a database,
+#: a ``ProgrammingError`` for a table of the wrong shape). What ``store_refusal`` does not
+#: name stays a fault (500 ``internal``).
+STORE_ERRORS: tuple[type[Exception], ...] = (
+    *OUTAGE_ERRORS,
+    sqlite3.DatabaseError,
+    sa.exc.DatabaseError,
+    es_persistence.DatabaseError,
+)
 
 
-def store_damage(error: BaseException) -> StoreFileDamagedError | None:
-    """The refusal for ``error`` when SQLite says a store's file is not a database or is
-    damaged (bug QH), else None: not an outage (waiting mends nothing), not a fault of
-    uprof's; the operator restores the stores."""
-    cause = getattr(error, "orig", None) or error.__cause__ or error
-    code = getattr(cause, "sqlite_errorcode", None)
-    if not isinstance(cause, sqlite3.DatabaseError) or not isinstance(code, int):
-        return None
-    if code & 0xFF not in _DAMAGE_CODES:
-        return None
-    return StoreFileDamagedError(
-        f"stored data damaged: a SQLite store of the data folder is not a database or is "
-        f"damaged ({getattr(cause, 'sqlite_errorname', code)}: {cause})"
-    )
+def store_refusal(error: BaseException) -> UprofError | None:
+    """The refusal for a driver's ``error`` when it is the stores' trouble, not a fault:
+    the database not answering (``store_outage``, 503) or stored data damaged
+    (``store_damage``, 500 ``stored_data_damaged``); else None. The one rule of the CLI,
+    REST, MCP and the embedded SDK (XXXX-store-damage-in-servers, bug SG: the servers
+    asked the outage only)."""
+    return store_outage(error) or store_damage(error)
+
+
+def log_store_trouble(refusal: UprofError) -> None:
+    """Log a server's ``store_refusal``: an outage as a warning, each time (it ends by
+    itself); damage once, with what the operator must do (``log_store_damage``)."""
+    if isinstance(refusal, StoredDataDamagedError):
+        log_store_damage(refusal)
+    else:
+        _log.warning("database did not answer: %s", refusal)
 
 
 def internal_body() -> ErrorOut:

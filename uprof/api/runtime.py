@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from uprof import retry
+from uprof.backends.damage import log_fault_or_damage
 from uprof.kernel import Uprof
 
 _log = logging.getLogger(__name__)
@@ -113,11 +114,13 @@ class PipelineWorker:
             except Exception as error:
                 failed_in_a_row += 1
                 backoff = retry.SUPERVISOR_BACKOFF.bound_s(failed_in_a_row)
-                _log.exception("pipeline run failed; retrying in %.1f s", backoff)
+                shown = log_fault_or_damage(
+                    _log, error, "pipeline run failed; retrying in %.1f s", backoff
+                )
                 self.status.failures += 1
                 # The class only: /readyz answers without a key, and a message may quote
                 # what failed (an extractor's message quoted the capture it choked on).
-                self.status.last_error = type(error).__name__
+                self.status.last_error = shown
                 self.status.state = "failing"
                 self._stop.wait(backoff)
                 continue

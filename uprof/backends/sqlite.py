@@ -23,7 +23,7 @@ from uuid import UUID
 
 import sqlalchemy as sa
 
-from audit.lockfile import make_lock_folder, open_lock_file
+from audit.lockfile import check_data_folder, make_lock_folder, open_lock_file
 from uprof.backends import (
     Backend,
     LockFileAccessError,
@@ -184,6 +184,8 @@ class SQLiteBackend:
     def layout(self, settings: Settings) -> StorageLayout:
         data = settings.data_dir
         data.mkdir(parents=True, exist_ok=True)
+        # Its stores swapped under a running deployment would take what it writes (SK).
+        check_data_folder(data)
         keys = settings.key_path
         keys.mkdir(mode=0o700, parents=True, exist_ok=True)
         # Handed to eventsourcing, which would switch it into WAL without waiting (bug KA).

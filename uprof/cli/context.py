@@ -104,15 +104,16 @@ def _typed_values(given: Any) -> Iterator[str]:
 def _outage_answered(error: Exception) -> None:
     """Exit as ``fail`` does when ``error`` is the database not answering (``store_outage``,
     the one rule REST, MCP and the SDK answer 503 ``store_unavailable`` by), or a SQLite
-    store's file that is not a database (``store_damage``, exit 7: bug QH); re-raise any
+    store damaged (``store_damage``, exit 7: bug QH; a table of the wrong shape too,
+    XXXX-store-damage-in-servers): ``store_refusal``; re-raise any
     other error. Every command that opened the stores let the driver's error out: a
     traceback ending in its text (on PostgreSQL the host, port and database), where every
     other refusal is a line and its hint (review of 0186 and 0188, bug OW)."""
     if "sqlalchemy" not in sys.modules:
         raise error  # no store was opened: not the database (and `--help` stays light)
-    from uprof.api.errors import store_damage, store_outage
+    from uprof.api.errors import store_refusal
 
-    refusal = store_outage(error) or store_damage(error)
+    refusal = store_refusal(error)
     if refusal is None:
         raise error
     fail(refusal)

@@ -92,7 +92,7 @@ def serve(
         server_settings = server_settings.model_copy(update={"rate_limit": rate_limit})
     if api_docs is not None:
         server_settings = server_settings.model_copy(update={"api_docs": api_docs})
-    listener = _inherited_socket(fd) if fd is not None else None
+    listener = _inherited_socket(fd) if fd is not None else _any_free_port(host, port)
     try:
         kernel = bootstrap(server_settings)
     except SchemaLockWaitStopped as e:
@@ -129,6 +129,22 @@ def serve(
     finally:
         keys.close()
         kernel.close()
+
+
+def _any_free_port(host: str, port: int) -> socket.socket | None:
+    """For ``--port 0``, the socket bound here on a port the system picks, so the start
+    line names it (it printed ":0", and only uvicorn's own line the real port:
+    0209-cli-truths's Left, XXXX-store-damage-in-servers bug SM); None for a port named,
+    which uvicorn binds (a port taken is its exit 3)."""
+    if port != 0:
+        return None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, 0), family=family)
+    except OSError as e:
+        raise typer.BadParameter(
+            f"cannot listen on {host} ({e.strerror})", param_hint="'--host'"
+        ) from None
 
 
 def _inherited_socket(fd: int) -> socket.socket:

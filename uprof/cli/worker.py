@@ -26,6 +26,7 @@ import typer
 
 from domain.errors import UprofError
 from uprof import retry
+from uprof.backends.damage import log_fault_or_damage
 from uprof.cli.context import CheckedTyper, console, fail, settings
 
 _log = logging.getLogger("uprof.worker")
@@ -81,10 +82,10 @@ def run_loop(kernel: object, stop: Stop, *, idle_poll_s: float) -> dict[str, int
     while not stop.is_set():
         try:
             processed = kernel.process_once()
-        except Exception:
+        except Exception as error:
             failed_in_a_row += 1
             backoff = retry.SUPERVISOR_BACKOFF.bound_s(failed_in_a_row)
-            _log.exception("worker batch failed; retrying in %.1f s", backoff)
+            log_fault_or_damage(_log, error, "worker batch failed; retrying in %.1f s", backoff)
             totals["failures"] += 1
             stop.wait(backoff)
             continue

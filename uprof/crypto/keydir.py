@@ -578,7 +578,7 @@ def move_key_material(data_dir: Path, key_dir: Path) -> list[str]:
     from the data folder; secrets are copied, synced and removed. Files already in
     the key folder are never overwritten.
     """
-    key_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_key_folder(key_dir)  # checked as at a first start (0209-cli-truths's Left, SL)
     clash = [p.name for p in legacy_key_files(data_dir) if (key_dir / p.name).exists()]
     if clash:
         raise KeyMaterialError(

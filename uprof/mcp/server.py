@@ -59,13 +59,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from domain.errors import RateLimitUnavailableError, UprofError
 from uprof.api.deps import key_still_live
 from uprof.api.errors import (
-    OUTAGE_ERRORS,
     RATE_LIMIT_UNAVAILABLE_RETRY_AFTER_S,
-    STORE_UNAVAILABLE_RETRY_AFTER_S,
+    STORE_ERRORS,
     EdgeError,
     body_for,
+    classify,
     internal_body,
-    store_outage,
+    log_store_trouble,
+    retry_after_s,
+    store_refusal,
     unauthenticated,
     validation_problem,
 )
@@ -192,12 +194,12 @@ def _as_tool_errors() -> Iterator[None]:
         yield
     except (UprofError, EdgeError, ValidationError) as error:
         raise _tool_error(error) from None
-    except OUTAGE_ERRORS as error:
-        outage = store_outage(error)
-        if outage is None:
+    except STORE_ERRORS as error:
+        answer = store_refusal(error)  # damage too (XXXX-store-damage-in-servers, SG)
+        if answer is None:
             raise
-        _log.warning("database did not answer: %s", outage)
-        raise _tool_error(outage) from None
+        log_store_trouble(answer)
+        raise _tool_error(answer) from None
 
 
 class UprofMCPServer(MCPServer):
@@ -807,18 +809,19 @@ class OutageAnsweredMiddleware:
 
         try:
             await self.app(scope, receive, answering)
-        except OUTAGE_ERRORS as error:
-            outage = store_outage(error)
-            if outage is None or started:
+        except STORE_ERRORS as error:
+            answer = store_refusal(error)  # damage too (XXXX-store-damage-in-servers, SG)
+            if answer is None or started:
                 raise
-            _log.warning("database did not answer: %s", outage)
-            retry = {"Retry-After": str(STORE_UNAVAILABLE_RETRY_AFTER_S)}
-            await _refusal(outage, retry)(scope, receive, send)
+            log_store_trouble(answer)
+            wait = retry_after_s(answer)
+            retry = {} if wait is None else {"Retry-After": str(wait)}
+            await _refusal(answer, retry)(scope, receive, send)
 
 
 def _refusal(error: EdgeError | UprofError, headers: dict[str, str]) -> JSONResponse:
     body = _error_body(error).model_dump(mode="json")
-    status = error.status if isinstance(error, EdgeError) else 503
+    status = error.status if isinstance(error, EdgeError) else classify(error)[0]
     return JSONResponse(body, status_code=status, headers=headers)
 
 

@@ -829,12 +829,13 @@ def _refusals() -> Iterator[None]:
     # Imported here: only embedded mode needs the service layer.
     from domain.errors import UprofError
     from uprof.api.errors import (
-        OUTAGE_ERRORS,
+        STORE_ERRORS,
         EdgeError,
         body_for,
         classify,
+        log_store_trouble,
         retry_after_s,
-        store_outage,
+        store_refusal,
     )
 
     try:
@@ -844,14 +845,14 @@ def _refusals() -> Iterator[None]:
     except UprofError as error:
         wait = retry_after_s(error)
         raise error_for(classify(error)[0], body_for(error).model_dump(), wait) from error
-    except OUTAGE_ERRORS as error:
-        outage = store_outage(error)
-        if outage is None:
+    except STORE_ERRORS as error:
+        answer = store_refusal(error)  # damage too (XXXX-store-damage-in-servers, SG)
+        if answer is None:
             raise
-        _log.warning("database did not answer: %s", outage)
+        log_store_trouble(answer)
         # Not chained: the driver's text may quote a statement's parameters.
-        body = body_for(outage).model_dump()
-        raise error_for(classify(outage)[0], body, retry_after_s(outage)) from None
+        body = body_for(answer).model_dump()
+        raise error_for(classify(answer)[0], body, retry_after_s(answer)) from None
 
 
 class EmbeddedBackend:

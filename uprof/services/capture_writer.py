@@ -46,6 +46,7 @@ from domain.errors import (
 from domain.profile import SubjectProfile, capture_consent_refusal
 from domain.values import Interaction
 from uprof import retry, telemetry
+from uprof.backends.damage import log_fault_or_damage
 from uprof.caching import BoundedCache, CacheStats
 from uprof.crypto.keystore import new_pseudonym
 from uprof.ports import AuditTrail, Clock, EventStore, SubjectKeyStore
@@ -346,7 +347,7 @@ class CaptureWriter:
             try:
                 self.commit(group)
             except BaseException as error:  # never leave a waiter hanging
-                _log.exception("capture group failed")
+                log_fault_or_damage(_log, error, "capture group failed")
                 for pending in group:
                     if not pending.answered:
                         pending.error = error

@@ -63,6 +63,7 @@ from policies.rules import (
     role_problem,
 )
 from uprof import retry
+from uprof.backends.damage import store_damage
 from uprof.ports import AuditTrail
 from uprof.recorders import ConflictsAsDomainErrors
 from uprof.services.erasure import StillAllowed
@@ -276,15 +277,24 @@ class StoredPolicyAuthorizer:
                 self._head, self._version = head, version
             self._failure, self._damage = "", None
         except StoredDataDamagedError as error:  # fail closed, named, logged, audited
-            failure = str(error)
-            if self._failure != failure:
-                self._service.report_damage(error)
-            self._failure, self._damage = failure, error
+            self._damaged(error)
         except Exception as error:  # fail closed: an unreadable store denies everything
+            damage = store_damage(error)
+            if damage is not None:  # the driver's damage (XXXX-store-damage-in-servers, SI)
+                self._damaged(damage)
+                return
             if not self._failure:
                 _log.exception("policy store unreadable; every policy check denies")
             self._failure = f"policy store unreadable ({type(error).__name__})"
             self._damage = None
+
+    def _damaged(self, error: StoredDataDamagedError) -> None:
+        """Every check denies for ``error``, reported once (a table of the wrong shape
+        under a running server was an "unreadable" store: 503 "retry", bug SI)."""
+        failure = str(error)
+        if self._failure != failure:
+            self._service.report_damage(error)
+        self._failure, self._damage = failure, error
 
     def health(self) -> str:
         """Check the store now; return why checks deny, or '' when the policy is in force."""
@@ -459,9 +469,9 @@ class PolicyService:
         self.app.anchor_missing_heads(self.app.policy_streams())
         self.authorizer.refresh(force=True)
 
-    def report_damage(self, error: Exception) -> None:
+    def report_damage(self, error: StoredDataDamagedError) -> None:
         """Log and audit that the policy store was found damaged (every check denies)."""
-        _log.error("%s; every policy check denies", error)
+        _log.error("%s; every policy check denies: %s", error, error.hint)
         try:
             self._audit.record(
                 POLICY_STORE_DAMAGED,

@@ -1,0 +1,84 @@
+"""Stored data the driver says is damaged: a SQLite file that is not a database (or whose
+pages are damaged), or a table of the wrong shape (a column uprof made is missing) on
+either backend. One rule for the CLI, the servers and the policy store's
+check (0203-review-of-0199-and-0201's QH, XXXX-store-damage-in-servers's SG-SI): not an
+outage (waiting mends nothing), not a fault of uprof's; the operator restores the stores.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+
+from domain.errors import StoredDataDamagedError, StoreFileDamagedError, StoreShapeDamagedError
+
+_log = logging.getLogger(__name__)
+
+#: SQLite's codes for a file that is not a database, or whose pages are damaged.
+_DAMAGE_CODES = frozenset({sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT})
+#: SQLite's messages for a column uprof's statements name but the table lacks. SQLite
+#: gives them the generic code (SQLITE_ERROR), shared with a malformed statement, which
+#: stays a fault: the text is the only difference (stable across SQLite versions). A
+#: table missing altogether is not here: a table renamed away under a running process
+#: is the store not answering (503), as docs/operations.md has said since bug PX.
+_SQLITE_SHAPE_MESSAGES = ("no such column:", "has no column named")
+#: PostgreSQL's SQLSTATE for the same: undefined_column.
+_POSTGRES_SHAPE_STATES = frozenset({"42703"})
+#: Names no table, column or value: the driver's text names the store's schema.
+_SHAPE = (
+    "stored data damaged: a table of the stores is not of the shape uprof made (a column "
+    "it reads is missing)"
+)
+
+
+def store_damage(error: BaseException) -> StoredDataDamagedError | None:
+    """The refusal for ``error`` when the driver says a store is damaged (its file, or a
+    table's shape), else None. Read through SQLAlchemy's and eventsourcing's wrappers."""
+    cause = getattr(error, "orig", None) or error.__cause__ or error
+    if isinstance(cause, sqlite3.DatabaseError):
+        code = getattr(cause, "sqlite_errorcode", None)
+        if isinstance(code, int) and code & 0xFF in _DAMAGE_CODES:
+            return StoreFileDamagedError(
+                f"stored data damaged: a SQLite store of the data folder is not a database "
+                f"or is damaged ({getattr(cause, 'sqlite_errorname', code)}: {cause})"
+            )
+        if isinstance(cause, sqlite3.OperationalError) and any(
+            words in str(cause) for words in _SQLITE_SHAPE_MESSAGES
+        ):
+            return StoreShapeDamagedError(_SHAPE)
+        return None
+    if getattr(cause, "sqlstate", None) in _POSTGRES_SHAPE_STATES:
+        return StoreShapeDamagedError(_SHAPE)
+    return None
+
+
+_reported: set[str] = set()
+_reported_lock = threading.Lock()
+
+
+def log_store_damage(damage: StoredDataDamagedError) -> None:
+    """Log ``damage`` with what the operator must do, once per process for each kind: a
+    server meets it on every request until the stores are restored, and a line per
+    request (with the driver's traceback, as before) buried the one that says what to do."""
+    with _reported_lock:
+        first = str(damage) not in _reported
+        _reported.add(str(damage))
+    if first:
+        _log.error("%s; every request that reads it is refused: %s", damage, damage.hint)
+
+
+def log_fault_or_damage(
+    log: logging.Logger, error: BaseException, message: str, *args: object
+) -> str:
+    """Log a background failure (the server's pipeline run, ``uprof worker``'s batch, the
+    capture writer's group): stored data damaged once, with what the operator must do
+    (``log_store_damage``; every retry meets it again until the stores are restored, and
+    a traceback each time buried it), any other failure as ``message`` with its
+    traceback. Returns the class to show (the damage's, not the driver's)."""
+    damage = store_damage(error)
+    if damage is None:
+        log.error(message, *args, exc_info=error)
+        return type(error).__name__
+    log_store_damage(damage)
+    return type(damage).__name__
