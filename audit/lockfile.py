@@ -357,7 +357,7 @@ def not_ours_to_keep(folder: str | os.PathLike[str]) -> str | None:
     another user's or writable by others (``_not_our_folder``), or under a folder another
     user may rename it out of and put their own in its place (``_above_not_ours``); None
     when it is. The one rule of the key folder (bugs PR, QD) and the data folder
-    (XXXX-store-damage-in-servers, bug SK)."""
+    (0214-store-damage-in-servers, bug SK)."""
     folder = os.fspath(folder)
     return _not_our_folder(folder) or _above_not_ours(folder, os.lstat(folder).st_uid)
 
@@ -376,7 +376,7 @@ def check_key_folder(folder: str | os.PathLike[str]) -> None:
 class DataFolderRefusedError(UprofError):
     """The data folder, or a folder above it, lets another user replace it: its stores
     (the event store, the views) could be swapped for theirs under the deployment, which
-    would then write what it captures there (XXXX-store-damage-in-servers, bug SK)."""
+    would then write what it captures there (0214-store-damage-in-servers, bug SK)."""
 
     hint = (
         "the data folder is uprof's alone: owned by the user that runs uprof (or root), "

@@ -282,7 +282,7 @@ class StoreFileDamagedError(StoredDataDamagedError):
 class StoreShapeDamagedError(StoredDataDamagedError):
     """A table of the stores lacks a column uprof made (SQLite's ``no such column``,
     PostgreSQL's ``UndefinedColumn``): altered by hand, or made again by hand. A running
-    server answered 500 ``internal`` with a traceback (XXXX-store-damage-in-servers, bug
+    server answered 500 ``internal`` with a traceback (0214-store-damage-in-servers, bug
     SH)."""
 
     hint = (

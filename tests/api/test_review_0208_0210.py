@@ -1,6 +1,6 @@
 """Review of 0208-sdk-deadline-and-console-door and 0210-sdk-polish by attack: the SDK's
 bound against a server (or proxy) that floods rather than drips, ``timeout_s`` values no
-call can be sent under, and the environment's proxy (XXXX-review-of-0208-to-0210).
+call can be sent under, and the environment's proxy (0212-review-of-0208-to-0210).
 
 Every server here is a real loopback socket. A hostile one gives in after a while and
 sends a whole answer, so a call without the bound returns, and the test fails, instead of

@@ -2,7 +2,7 @@
 ``tests/api/test_sdk_brackets_equivalence.py``) with ``hypothesis``: texts made of the
 characters the follower decides on, cut anywhere (empty pieces, one character each),
 escapes and ``\\uXXXX`` escapes split across pieces, runs of ``\\\\"``, and the nesting
-bound at a piece's end (XXXX-review-of-0208-to-0210). Each piece's verdict and whether
+bound at a piece's end (0212-review-of-0208-to-0210). Each piece's verdict and whether
 the object closed must be the same."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """0209-cli-truths attacked as a hostile local user would, in real CLI processes
-(XXXX-review-of-0208-to-0210): ``--port`` spelled the ways the option reads leniently,
+(0212-review-of-0208-to-0210): ``--port`` spelled the ways the option reads leniently,
 and ways it refuses; a data folder reached through a link into a folder others may write; first
 starts racing. All held on main; kept."""
 

@@ -2,7 +2,7 @@
 requests: the caller gets 500 ``stored_data_damaged`` with the operator's hint, never
 500 ``internal`` nor a 403 or 503 an agent reads as "no" or "retry"; the server logs the
 damage once with what to do, and no traceback; nothing is written once it is seen
-(XXXX-store-damage-in-servers, bugs SG-SI).
+(0214-store-damage-in-servers, bugs SG-SI).
 
 SG: a SQLite store file replaced under the server, met by a connection the server opens
 after (its pool grows under a burst of requests): 500 ``internal`` and a traceback per

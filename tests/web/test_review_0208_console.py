@@ -1,6 +1,6 @@
 """The console's door (0208-sdk-deadline-and-console-door, RM) attacked as a hostile
 caller would: a key revoked between pages, a session cookie replayed after sign-out,
-another operator's CSRF token, POSTs without one (XXXX-review-of-0208-to-0210). All held
+another operator's CSRF token, POSTs without one (0212-review-of-0208-to-0210). All held
 on main; kept. Each runs on SQLite and PostgreSQL (the ``server`` fixture's stores)."""
 
 from __future__ import annotations

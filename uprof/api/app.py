@@ -211,7 +211,7 @@ def _install_error_handlers(app: FastAPI, page_errors: PageErrors | None = None)
         # and page, not a fault (500): review of 0176, bug NH. Stored data damaged (a
         # file replaced, a table of the wrong shape) is 500 ``stored_data_damaged`` with
         # the operator's hint, logged once, not ``internal`` and a traceback per request
-        # (XXXX-store-damage-in-servers, bugs SG, SH).
+        # (0214-store-damage-in-servers, bugs SG, SH).
         answer = store_refusal(error)
         if answer is None:  # any other driver error is a fault: the handler below
             raise error

@@ -162,7 +162,7 @@ def store_refusal(error: BaseException) -> UprofError | None:
     """The refusal for a driver's ``error`` when it is the stores' trouble, not a fault:
     the database not answering (``store_outage``, 503) or stored data damaged
     (``store_damage``, 500 ``stored_data_damaged``); else None. The one rule of the CLI,
-    REST, MCP and the embedded SDK (XXXX-store-damage-in-servers, bug SG: the servers
+    REST, MCP and the embedded SDK (0214-store-damage-in-servers, bug SG: the servers
     asked the outage only)."""
     return store_outage(error) or store_damage(error)
 

@@ -1,7 +1,7 @@
 """Stored data the driver says is damaged: a SQLite file that is not a database (or whose
 pages are damaged), or a table of the wrong shape (a column uprof made is missing) on
 either backend. One rule for the CLI, the servers and the policy store's
-check (0203-review-of-0199-and-0201's QH, XXXX-store-damage-in-servers's SG-SI): not an
+check (0203-review-of-0199-and-0201's QH, 0214-store-damage-in-servers's SG-SI): not an
 outage (waiting mends nothing), not a fault of uprof's; the operator restores the stores.
 """
 

@@ -105,7 +105,7 @@ def _outage_answered(error: Exception) -> None:
     """Exit as ``fail`` does when ``error`` is the database not answering (``store_outage``,
     the one rule REST, MCP and the SDK answer 503 ``store_unavailable`` by), or a SQLite
     store damaged (``store_damage``, exit 7: bug QH; a table of the wrong shape too,
-    XXXX-store-damage-in-servers): ``store_refusal``; re-raise any
+    0214-store-damage-in-servers): ``store_refusal``; re-raise any
     other error. Every command that opened the stores let the driver's error out: a
     traceback ending in its text (on PostgreSQL the host, port and database), where every
     other refusal is a line and its hint (review of 0186 and 0188, bug OW)."""

@@ -134,7 +134,7 @@ def serve(
 def _any_free_port(host: str, port: int) -> socket.socket | None:
     """For ``--port 0``, the socket bound here on a port the system picks, so the start
     line names it (it printed ":0", and only uvicorn's own line the real port:
-    0209-cli-truths's Left, XXXX-store-damage-in-servers bug SM); None for a port named,
+    0209-cli-truths's Left, 0214-store-damage-in-servers bug SM); None for a port named,
     which uvicorn binds (a port taken is its exit 3)."""
     if port != 0:
         return None

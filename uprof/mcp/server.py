@@ -195,7 +195,7 @@ def _as_tool_errors() -> Iterator[None]:
     except (UprofError, EdgeError, ValidationError) as error:
         raise _tool_error(error) from None
     except STORE_ERRORS as error:
-        answer = store_refusal(error)  # damage too (XXXX-store-damage-in-servers, SG)
+        answer = store_refusal(error)  # damage too (0214-store-damage-in-servers, SG)
         if answer is None:
             raise
         log_store_trouble(answer)
@@ -810,7 +810,7 @@ class OutageAnsweredMiddleware:
         try:
             await self.app(scope, receive, answering)
         except STORE_ERRORS as error:
-            answer = store_refusal(error)  # damage too (XXXX-store-damage-in-servers, SG)
+            answer = store_refusal(error)  # damage too (0214-store-damage-in-servers, SG)
             if answer is None or started:
                 raise
             log_store_trouble(answer)

@@ -846,7 +846,7 @@ def _refusals() -> Iterator[None]:
         wait = retry_after_s(error)
         raise error_for(classify(error)[0], body_for(error).model_dump(), wait) from error
     except STORE_ERRORS as error:
-        answer = store_refusal(error)  # damage too (XXXX-store-damage-in-servers, SG)
+        answer = store_refusal(error)  # damage too (0214-store-damage-in-servers, SG)
         if answer is None:
             raise
         log_store_trouble(answer)

@@ -280,7 +280,7 @@ class StoredPolicyAuthorizer:
             self._damaged(error)
         except Exception as error:  # fail closed: an unreadable store denies everything
             damage = store_damage(error)
-            if damage is not None:  # the driver's damage (XXXX-store-damage-in-servers, SI)
+            if damage is not None:  # the driver's damage (0214-store-damage-in-servers, SI)
                 self._damaged(damage)
                 return
             if not self._failure:
