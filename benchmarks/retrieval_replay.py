@@ -533,15 +533,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # Second pass, named from the tune half's table only (a smaller k came closer).
     "rrf-equal-k3": {"fusion": "rrf", "lexical_weight": 0.5, "rrf_k": 3.0},
     "rrf-k10": {"fusion": "rrf", "rrf_k": 10.0},
-    # Round 12 (XXXX-retrieval-round-12): spread over days in the packer, named before the run.
-    "ds-0.25": {"day_spread": 0.25},
-    "ds-0.5": {"day_spread": 0.5},
-    "ds-1": {"day_spread": 1.0},
-    "ds-0.5-free2": {"day_spread": 0.5, "day_spread_free": 2},
-    "ds-1-free2": {"day_spread": 1.0, "day_spread_free": 2},
-    "dsb-0.5": {"day_spread": 0.5, "day_spread_balance": True},
-    "dsb-1": {"day_spread": 1.0, "day_spread_balance": True},
-    "dsb-1-free2": {"day_spread": 1.0, "day_spread_free": 2, "day_spread_balance": True},
 }
 
 

@@ -280,11 +280,6 @@ def _problem(
     if options.legend_only_when_marked:
         groups[~np.asarray([c.marked for c in choices], dtype=bool), 0] = -1
     derived = _derived_links(choices, index, options)
-    day = None
-    if options.day_spread > 0:
-        rows = np.asarray([c.memory_row for c in choices], dtype=np.int64)
-        day = np.full(m, -1, dtype=np.int64)
-        day[rows >= 0] = index.day_of[rows[rows >= 0]]
     return PackProblem(
         costs=np.asarray([c.cost for c in choices], dtype=np.int64),
         utility=np.asarray([c.utility for c in choices], dtype=np.float64),
@@ -297,10 +292,6 @@ def _problem(
         mmr_penalty=options.mmr_penalty,
         duplicate_threshold=options.duplicate_threshold,
         max_chosen=options.max_items,
-        day=day,
-        day_spread=options.day_spread,
-        day_spread_free=options.day_spread_free,
-        day_spread_balance=options.day_spread_balance,
     )
 
 

@@ -56,16 +56,6 @@ class PackProblem:
     duplicate_threshold: float = 0.95
     #: At most this many choices are taken (None: as many as fit).
     max_chosen: int | None = None
-    #: Day of each choice (-1: no day, e.g. a profile line), for ``day_spread``; None: off.
-    day: np.ndarray | None = None
-    #: Spread over days: a choice's gain is divided by 1 + day_spread * (the chosen
-    #: choices of its day beyond ``day_spread_free``), so one day's turns do not crowd
-    #: out evidence told on other days. 0 turns it off.
-    day_spread: float = 0.0
-    day_spread_free: int = 0
-    #: Measure a day's count against the mean count of the days chosen so far, so a
-    #: subject whose memories share one day is packed exactly as without the spread.
-    day_spread_balance: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,12 +86,6 @@ class _Packing:
         self.columns: dict[int, np.ndarray] = {}  # similarity to each choice ever chosen
         self.max_sim = np.zeros(m)
         self._gains: np.ndarray | None = None  # gains() for the current max_sim
-        self.spread = problem.day is not None and problem.day_spread > 0
-        if self.spread:
-            assert problem.day is not None
-            self.dated = problem.day >= 0
-            self.day = np.where(self.dated, problem.day, 0)
-            self.day_counts = np.zeros(int(self.day.max(initial=0)) + 1, dtype=np.int64)
         if problem.similar_to_many is not None and m:
             top = np.argsort(-problem.utility, kind="stable")[:PREFETCH_COLUMNS]
             block = np.ascontiguousarray(problem.similar_to_many(top).T)
@@ -128,9 +112,6 @@ class _Packing:
         if self.p.similar_to is not None:
             np.maximum(self.max_sim, self.column(j), out=self.max_sim)
             self._gains = None
-        if self.spread and self.dated[j]:
-            self.day_counts[self.day[j]] += 1
-            self._gains = None
 
     # -- views ----------------------------------------------------------------------
 
@@ -142,22 +123,7 @@ class _Packing:
         if self._gains is None:
             similarity = np.minimum(np.maximum(self.max_sim, 0.0), 1.0)
             self._gains = self.p.utility * (1.0 - self.p.mmr_penalty * similarity)
-            if self.spread:
-                self._gains = self._gains * self._spread_factor()
         return self._gains
-
-    def _spread_factor(self) -> np.ndarray:
-        """Each choice's share of its gain left after its day's chosen choices (1: undated)."""
-        p = self.p
-        crowd = np.maximum(self.day_counts[self.day] - p.day_spread_free, 0)
-        par = 1.0
-        if p.day_spread_balance:
-            days = self.day_counts > 0
-            mean = float(self.day_counts[days].mean()) if days.any() else 0.0
-            par += p.day_spread * max(mean - p.day_spread_free, 0.0)
-        # A quotient, not a product, so a day at the mean keeps exactly its gain.
-        factor = par / (1.0 + p.day_spread * crowd)
-        return np.where(self.dated, factor, 1.0)
 
     def duplicates(self) -> np.ndarray:
         return self.max_sim >= self.p.duplicate_threshold

@@ -107,12 +107,6 @@ class SliceOptions:
     pool_size: int = 200
     #: Marginal-relevance penalty: gain = utility * (1 - mmr_penalty * max similarity to chosen).
     mmr_penalty: float = 0.5
-    #: Spread over days (packer): a memory's gain is divided by 1 + day_spread * (chosen
-    #: memories of its day beyond ``day_spread_free``); with ``day_spread_balance`` the
-    #: count is measured against the mean of the days chosen so far. 0 turns it off.
-    day_spread: float = 0.0
-    day_spread_free: int = 0
-    day_spread_balance: bool = False
     #: Similarity at or above which a candidate is a near-duplicate of a chosen item.
     duplicate_threshold: float = 0.95
     #: Candidates whose utility falls below this are left out as low relevance.
