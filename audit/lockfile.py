@@ -300,7 +300,12 @@ def _folder_target(folder: str | os.PathLike[str], what: str, refused: type[Upro
     resolved, links = _walked(path, what, refused)
     if not links:
         return resolved
-    me, parent_owner = os.geteuid(), os.stat(path.parent).st_uid
+    # Its folder's owner: the nearest folder above that is there (a first start makes the
+    # rest; the data folder's parents often are not there yet).
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    me, parent_owner = os.geteuid(), os.stat(parent).st_uid
     for link, owner in links:
         if owner not in (me, parent_owner, 0):
             how = (
