@@ -1,8 +1,9 @@
 """The data folder's rule (0214-store-damage-in-servers, SK) against the roads an operator
 takes and the ones a hostile user does (XXXX-review-of-0211-to-0214, TC, TD): a data
 folder configured as a link of this user's is used, its target held to the rule; a link
-on the way owned by another user is refused, as the key folder's (0198's QC). Real
-``uprof`` processes on SQLite; the folders above made with other owners need root."""
+on the way owned by another user is refused, as the key folder's
+(0201-review-of-0198-0200's QC). Real ``uprof`` processes on SQLite; the folders above
+made with other owners need root."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def test_tc_a_data_folder_configured_as_this_users_link_is_used(tmp_path: Path) 
     """Bug TC: a data folder given as a symbolic link of this user's (an operator pointing
     it at a mounted volume) was refused at every start since SK ("a symbolic link"): the
     rule looked at the link, not the folder it names. The key folder's rule follows such
-    a link once, at start, and checks its target (0198's PY); the data folder now too."""
+    a link once, at start, and checks its target (PY); the data folder now too."""
     volume = tmp_path / "volume"
     volume.mkdir(mode=0o700)
     link = tmp_path / "data"
@@ -52,7 +53,7 @@ def test_tc_a_data_folder_configured_as_this_users_link_is_used(tmp_path: Path) 
 
 def test_tc_the_data_folder_is_the_links_target_resolved_once(tmp_path: Path) -> None:
     """Every store then opens under the resolved folder: the link swapped while the
-    process runs redirects none of them (as the key folder's, 0198's PY)."""
+    process runs redirects none of them (as the key folder's, PY)."""
     volume = tmp_path / "volume"
     volume.mkdir(mode=0o700)
     link = tmp_path / "data"
@@ -82,7 +83,7 @@ def test_td_a_link_on_the_way_owned_by_another_user_is_refused(tmp_path: Path) -
     """Bug TD: a link among the folders above the data folder, owned by another user, was
     followed without a look (the rule stats the folders above through links): that user
     re-points it and the deployment's next connections open their stores. The key folder
-    refuses such a link (0198's QC); the data folder now too, before any store is made."""
+    refuses such a link (QC); the data folder now too, before any store is made."""
     mine = tmp_path / "mine"
     (mine / "data").mkdir(parents=True, mode=0o700)
     hop = tmp_path / "hop"
