@@ -235,11 +235,14 @@ class KeyFileRefusedError(AuditKeyError):
 MAX_LINKS = 40
 
 
-def _walked(path: Path) -> tuple[Path, list[tuple[Path, int]]]:
+def _walked(
+    path: Path, what: str, refused: type[UprofError]
+) -> tuple[Path, list[tuple[Path, int]]]:
     """``path`` (absolute) resolved a name at a time as the kernel would, and every
     symbolic link met on the way (its path and owner): the configured folder's own, its
     folders', and each hop of a chain. A name not there ends the walk (the store makes
-    the rest), unless a link named it: a link to nothing (``KeyFileRefusedError``)."""
+    the rest), unless a link named it: a link to nothing (``refused``, naming ``what``:
+    the key folder's or the data folder's)."""
     done = Path(path.anchor)
     # Each name still to walk, and the link whose target it came from (None: the path's).
     todo: list[tuple[str, Path | None]] = [(name, None) for name in path.parts[1:]]
@@ -256,8 +259,8 @@ def _walked(path: Path) -> tuple[Path, list[tuple[Path, int]]]:
             if via is None:
                 return Path(os.path.normpath(step.joinpath(*(n for n, _ in todo)))), links
             how = "" if via == path else f"reached through {via}, "
-            raise KeyFileRefusedError(
-                f"refused the key folder {path}: it is {how}a symbolic link to nothing "
+            raise refused(
+                f"refused the {what} {path}: it is {how}a symbolic link to nothing "
                 f"({os.readlink(via)}): mount or make its target first"
             ) from None
         if not stat.S_ISLNK(found.st_mode):
@@ -265,7 +268,7 @@ def _walked(path: Path) -> tuple[Path, list[tuple[Path, int]]]:
             continue
         links.append((step, found.st_uid))
         if len(links) > MAX_LINKS:
-            raise KeyFileRefusedError(f"refused the key folder {path}: its links loop")
+            raise refused(f"refused the {what} {path}: its links loop")
         target = Path(os.readlink(step))
         if target.is_absolute():
             done = Path(target.anchor)
@@ -287,20 +290,31 @@ def key_folder_target(folder: str | os.PathLike[str]) -> Path:
     system's own links): each hop of a chain, and a link among the folders above, chooses
     the key folder as much as the first; one owned by another user let that user point
     this deployment at another of this user's key folders (bug QC)."""
+    return _folder_target(folder, "key folder", KeyFileRefusedError)
+
+
+def _folder_target(folder: str | os.PathLike[str], what: str, refused: type[UprofError]) -> Path:
+    """``folder`` resolved once by ``key_folder_target``'s rule; ``what`` and ``refused``
+    name the folder (the key folder's, the data folder's) and its refusal."""
     path = Path(folder).expanduser().absolute()
-    resolved, links = _walked(path)
+    resolved, links = _walked(path, what, refused)
     if not links:
         return resolved
-    me, parent_owner = os.geteuid(), os.stat(path.parent).st_uid
+    # Its folder's owner: the nearest folder above that is there (a first start makes the
+    # rest; the data folder's parents often are not there yet).
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    me, parent_owner = os.geteuid(), os.stat(parent).st_uid
     for link, owner in links:
         if owner not in (me, parent_owner, 0):
             how = (
                 "a symbolic link" if link == path else f"reached through the symbolic link {link},"
             )
-            raise KeyFileRefusedError(
-                f"refused the key folder {path}: it is {how} owned by uid {owner}, neither "
+            raise refused(
+                f"refused the {what} {path}: it is {how} owned by uid {owner}, neither "
                 f"this process's user (uid {me}), root, nor its folder's owner (uid "
-                f"{parent_owner}): whoever made a link on the way chose the key folder"
+                f"{parent_owner}): whoever made a link on the way chose the {what}"
             )
     return resolved
 
@@ -391,6 +405,17 @@ def check_data_folder(folder: str | os.PathLike[str]) -> None:
     why = not_ours_to_keep(folder)
     if why is not None:
         raise DataFolderRefusedError(f"refused the data folder {os.fspath(folder)}: it is {why}")
+
+
+def data_folder_target(folder: str | os.PathLike[str]) -> Path:
+    """The SQLite data folder the configured ``folder`` names, resolved once, at start, by
+    the key folder's rule (``key_folder_target``): a link of this user's (a mounted
+    volume) is followed and its target checked by ``check_data_folder``, where the rule
+    looked at the link and refused every such deployment (XXXX-review-of-0211-to-0214,
+    bug TC); a link on the way owned by another user, which it followed without a look,
+    is refused: that user re-pointed it and the next connections opened their stores
+    (bug TD). Every store then opens under the resolved path."""
+    return _folder_target(folder, "data folder", DataFolderRefusedError)
 
 
 def make_key_folder(folder: Path) -> None:

@@ -19,7 +19,12 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from audit.lockfile import KeyFileRefusedError, key_folder_target
+from audit.lockfile import (
+    DataFolderRefusedError,
+    KeyFileRefusedError,
+    data_folder_target,
+    key_folder_target,
+)
 from domain.values import text_problem
 
 if TYPE_CHECKING:
@@ -274,6 +279,13 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _keys_apart_from_data(self) -> Settings:
+        if self.database_url is None:
+            try:
+                # SQLite's stores are files of the data folder: resolved once, here, by
+                # the key folder's rule, as the key folder below (TC, TD).
+                self.data_dir = data_folder_target(self.data_dir)
+            except DataFolderRefusedError as refused:
+                raise ValueError(f"{refused}; {refused.hint}") from None
         data = self.data_dir.expanduser().resolve()
         if self.key_dir is None:
             self.key_dir = data.with_name(data.name + ".keys")

@@ -8,6 +8,7 @@ outage (waiting mends nothing), not a fault of uprof's; the operator restores th
 from __future__ import annotations
 
 import logging
+import re
 import sqlite3
 import threading
 
@@ -31,6 +32,20 @@ _SHAPE = (
     "it reads is missing)"
 )
 
+#: The missing column in the driver's text (SQLite's two messages; PostgreSQL's
+#: ``column "x" does not exist``, ``column x.y does not exist``, ``column "x" of relation
+#: "t" does not exist``): its last name, without the table's.
+_MISSING_COLUMN = re.compile(r'(?:no such column: |has no column named |column )"?([\w.]+)"?')
+
+
+def _shape_damage(driver_text: str) -> StoreShapeDamagedError:
+    """A table of the wrong shape; its ``detail`` names the missing column for the log
+    (one line per column: two different damages were one line naming neither, TE)."""
+    damage = StoreShapeDamagedError(_SHAPE)
+    found = _MISSING_COLUMN.search(driver_text)
+    damage.detail = f"column {found.group(1).rsplit('.', 1)[-1]} missing" if found else ""
+    return damage
+
 
 def store_damage(error: BaseException) -> StoredDataDamagedError | None:
     """The refusal for ``error`` when the driver says a store is damaged (its file, or a
@@ -46,10 +61,11 @@ def store_damage(error: BaseException) -> StoredDataDamagedError | None:
         if isinstance(cause, sqlite3.OperationalError) and any(
             words in str(cause) for words in _SQLITE_SHAPE_MESSAGES
         ):
-            return StoreShapeDamagedError(_SHAPE)
+            return _shape_damage(str(cause))
         return None
     if getattr(cause, "sqlstate", None) in _POSTGRES_SHAPE_STATES:
-        return StoreShapeDamagedError(_SHAPE)
+        # The primary message alone: the full text quotes the statement.
+        return _shape_damage(getattr(getattr(cause, "diag", None), "message_primary", "") or "")
     return None
 
 
@@ -58,14 +74,16 @@ _reported_lock = threading.Lock()
 
 
 def log_store_damage(damage: StoredDataDamagedError) -> None:
-    """Log ``damage`` with what the operator must do, once per process for each kind: a
-    server meets it on every request until the stores are restored, and a line per
-    request (with the driver's traceback, as before) buried the one that says what to do."""
+    """Log ``damage`` with what the operator must do, once per process for each kind and
+    ``detail`` (the missing column): a server meets it on every request until the stores
+    are restored, and a line per request (with the driver's traceback, as before) buried
+    the one that says what to do."""
+    said = f"{damage} ({damage.detail})" if damage.detail else str(damage)
     with _reported_lock:
-        first = str(damage) not in _reported
-        _reported.add(str(damage))
+        first = said not in _reported
+        _reported.add(said)
     if first:
-        _log.error("%s; every request that reads it is refused: %s", damage, damage.hint)
+        _log.error("%s; every request that reads it is refused: %s", said, damage.hint)
 
 
 def log_fault_or_damage(
