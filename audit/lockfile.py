@@ -411,7 +411,7 @@ def data_folder_target(folder: str | os.PathLike[str]) -> Path:
     """The SQLite data folder the configured ``folder`` names, resolved once, at start, by
     the key folder's rule (``key_folder_target``): a link of this user's (a mounted
     volume) is followed and its target checked by ``check_data_folder``, where the rule
-    looked at the link and refused every such deployment (XXXX-review-of-0211-to-0214,
+    looked at the link and refused every such deployment (0216-review-of-0211-to-0214,
     bug TC); a link on the way owned by another user, which it followed without a look,
     is refused: that user re-pointed it and the next connections opened their stores
     (bug TD). Every store then opens under the resolved path."""

@@ -1,4 +1,4 @@
-"""0214-store-damage-in-servers attacked (XXXX-review-of-0211-to-0214): a running
+"""0214-store-damage-in-servers attacked (0216-review-of-0211-to-0214): a running
 ``uprof serve`` (real process on loopback, SQLite and PostgreSQL) meeting two different
 tables of the wrong shape, one after the other (bug TE): "logged once" keyed on the
 damage's text, which names no column, so the second was never logged and the operator's

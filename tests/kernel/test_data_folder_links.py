@@ -1,5 +1,5 @@
 """The data folder's rule (0214-store-damage-in-servers, SK) against the roads an operator
-takes and the ones a hostile user does (XXXX-review-of-0211-to-0214, TC, TD): a data
+takes and the ones a hostile user does (0216-review-of-0211-to-0214, TC, TD): a data
 folder configured as a link of this user's is used, its target held to the rule; a link
 on the way owned by another user is refused, as the key folder's
 (0201-review-of-0198-0200's QC). Real ``uprof`` processes on SQLite; the folders above

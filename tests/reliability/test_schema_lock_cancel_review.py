@@ -1,4 +1,4 @@
-"""0213-flakes-under-load's cancel thread attacked (XXXX-review-of-0211-to-0214, Held): a
+"""0213-flakes-under-load's cancel thread attacked (0216-review-of-0211-to-0214, Held): a
 PostgreSQL waiter for an advisory lock stays in the server's queue and a thread of its own
 cancels the wait (psycopg's ``cancel_safe``) once a stop is asked.
 

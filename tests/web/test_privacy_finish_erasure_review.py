@@ -1,4 +1,4 @@
-"""0211-console-and-center-finish's "Finish erasure" attacked (XXXX-review-of-0211-to-0214,
+"""0211-console-and-center-finish's "Finish erasure" attacked (0216-review-of-0211-to-0214,
 a live server on both backends): the form posted from a stale page after the erasure
 finished and without its CSRF token held (one receipt; refused, nothing erased). Posted
 twice at once (a double click) it gives two receipts (bug TF, not fixed: strict xfail)."""
@@ -58,7 +58,7 @@ def test_held_the_stale_pages_finish_after_the_erasure_finished_gives_no_second_
 
 @pytest.mark.xfail(
     strict=True,
-    reason="bug TF, found and not fixed (XXXX-review-of-0211-to-0214, Left): two finishes "
+    reason="bug TF, found and not fixed (0216-review-of-0211-to-0214, Left): two finishes "
     "at once both read the captures still collected and both erase them, two receipts",
 )
 def test_tf_two_finishes_at_once_give_one_receipt(
