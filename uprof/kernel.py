@@ -8,11 +8,12 @@ policy before calling these methods. The kernel itself trusts its arguments.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from os import PathLike
@@ -125,6 +126,9 @@ class Uprof:
     #: How long an API-key revocation waits for another one holding the revocation lock
     #: (bug DL) before it revokes without it.
     REVOCATION_LOCK_WAIT_S: ClassVar[float] = 30.0
+    #: How long an erasing withdrawal waits for another one of the same consent (its
+    #: erasure waits for the views, 30 s at most, then shreds) before it answers "retry".
+    CONSENT_ERASURE_TURN_WAIT_S: ClassVar[float] = 60.0
     #: Signs the web pages' session cookies (derived from the master secret in the key
     #: folder, so sessions survive a restart and hold on every server of a deployment).
     web_session_key: bytes = b""
@@ -324,10 +328,49 @@ class Uprof:
                 withdrawn_at=withdrawn_at,
             )
             return None
+        with self._consent_erasure_turn(subject, consent_id):
+            return self._withdraw_and_erase(
+                subject, consent_id, request_token, withdrawn_at, still_allowed
+            )
+
+    @contextlib.contextmanager
+    def _consent_erasure_turn(self, subject: str, consent_id: str) -> Iterator[None]:
+        """One erasing withdrawal of a consent at a time, across processes (a lock of the
+        deployment's, dropped with a dead holder). Two at once (a double click on the
+        privacy center's "Finish erasure", two retries) both collected the captures
+        still listed and both erased them: two receipts for one erasure (review of 0211
+        to 0214, bug TF). The second, in its turn, reads the consent and the views
+        after the first's erasure and finds nothing left to erase. The name holds the
+        stream's pseudonymous id, never the subject reference (a lock's name may be seen
+        in a lock file's folder or ``pg_locks`` as a hash only, but need not be trusted
+        to)."""
+        from uprof.backends import backend_for
+
+        name = f"consent-erasure/{self.stream_of(subject)}/{consent_id}"
+        turn = backend_for(self.views_engine).named_lock(
+            self.views_engine, name, wait_s=self.CONSENT_ERASURE_TURN_WAIT_S
+        )
+        with turn as held:
+            if not held:
+                raise ConcurrencyConflictError(
+                    "another request is erasing what was collected under this consent; "
+                    "nothing was written"
+                )
+            yield
+
+    def _withdraw_and_erase(
+        self,
+        subject: str,
+        consent_id: str,
+        request_token: str | None,
+        withdrawn_at: datetime | None,
+        still_allowed: Callable[[], object] | None,
+    ) -> ErasureResult | None:
+        """``withdraw_consent`` with ``erase``, in the consent's erasure turn."""
         grant = next(
             (c for c in self.profile(subject).consents if c.consent_id == consent_id), None
         )
-        if erase and grant is not None:
+        if grant is not None:
             # An earlier withdrawal's erasure that answered erasure_incomplete: finish it,
             # whether or not its captures are still listed. Looked for before withdrawing:
             # that consent is withdrawn already, so a retry that does not carry the first
@@ -335,9 +378,7 @@ class Uprof:
             unfinished = self.erasure_service.resume(subject, "consent-withdrawal", [consent_id])
             if unfinished is not None:
                 return unfinished
-        asked_again = (
-            erase and grant is not None and grant.withdrawn_at is not None and grant.erase_requested
-        )
+        asked_again = grant is not None and grant.withdrawn_at is not None and grant.erase_requested
         if still_allowed is not None:
             still_allowed()  # after the waits (reads settled, views current), before writing
         withdrawn_position: int | None = None
@@ -346,7 +387,7 @@ class Uprof:
                 withdrawn_position = self.consent_service.withdraw(
                     subject,
                     consent_id,
-                    erase_requested=erase,
+                    erase_requested=True,
                     request_token=request_token,
                     token_window_s=self._token_window_s,
                     withdrawn_at=withdrawn_at,
@@ -361,7 +402,7 @@ class Uprof:
         # withdrawal (a later consent's captures of the same app and purposes are not
         # this one's) and erased, so that any retry finishes what the withdrawal promised
         # (review of 0203 and 0205, bug RE); nothing collected is left: nothing written.
-        if not erase or grant is None:
+        if grant is None:
             return None
         stream = str(self.stream_of(subject))
         if not withdrawn_position and grant.withdrawn_at is None:

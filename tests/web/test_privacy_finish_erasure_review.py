@@ -1,7 +1,8 @@
 """0211-console-and-center-finish's "Finish erasure" attacked (0216-review-of-0211-to-0214,
 a live server on both backends): the form posted from a stale page after the erasure
 finished and without its CSRF token held (one receipt; refused, nothing erased). Posted
-twice at once (a double click) it gives two receipts (bug TF, not fixed: strict xfail)."""
+twice at once (a double click) it gave two receipts (bug TF: 2 of 2 fail on main at
+077287a0, one per backend; one erasing withdrawal of a consent at a time since)."""
 
 from __future__ import annotations
 
@@ -56,11 +57,6 @@ def test_held_the_stale_pages_finish_after_the_erasure_finished_gives_no_second_
     assert kernel.consent_erasures_unfinished("alice") == frozenset()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug TF, found and not fixed (0216-review-of-0211-to-0214, Left): two finishes "
-    "at once both read the captures still collected and both erase them, two receipts",
-)
 def test_tf_two_finishes_at_once_give_one_receipt(
     server: LiveServer,
     http: httpx.Client,
