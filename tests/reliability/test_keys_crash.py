@@ -26,4 +26,4 @@ def test_sigkill_in_erasure_backup_and_restore_loses_and_resurrects_nothing(
     r = keys_crash_scenario(target, runs=1, seed=3, spawn=forked_victim)
     assert r["violations"] == []
     assert r["backup_complete"] + r["backup_absent"] == 1
-    assert r["erase_acked"] + r["erase_finished_by_retry"] + r["erase_finished_by_start"] == 1
+    assert r["erase_acked"] + r["erase_finished_by_retry"] + r["erase_done_answer_lost"] == 1
