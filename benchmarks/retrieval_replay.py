@@ -533,13 +533,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # Second pass, named from the tune half's table only (a smaller k came closer).
     "rrf-equal-k3": {"fusion": "rrf", "lexical_weight": 0.5, "rrf_k": 3.0},
     "rrf-k10": {"fusion": "rrf", "rrf_k": 10.0},
-    # Round 13 (retrieval-round-13): the lexical score measured from its crowd floor, the
-    # k-th best memory's (times a share), named before the run.
-    "lf-3": {"lexical_floor_rank": 3},
-    "lf-5": {"lexical_floor_rank": 5},
-    "lf-10": {"lexical_floor_rank": 10},
-    "lf-20": {"lexical_floor_rank": 20},
-    "lf-5-half": {"lexical_floor_rank": 5, "lexical_floor_share": 0.5},
 }
 
 

@@ -169,8 +169,6 @@ class MemoryRanking:
     #: Lexical share of the fusion used for this query, and the query's dense scale.
     lexical_weight: float = 1.0
     dense_scale: DenseScale | None = None
-    #: What every scaled lexical score was measured from (``lexical_floor``; 0: off).
-    lexical_floor: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -271,20 +269,6 @@ def _query_actors(index: MemoryIndex, query: Query) -> tuple[np.ndarray, frozens
     return named, frozenset(used)
 
 
-def lexical_floor(lexical: np.ndarray, options: SliceOptions) -> float:
-    """The crowd floor of one query's scaled lexical scores (``lexical_floor_rank``).
-
-    ``lexical_floor_share`` times the ``lexical_floor_rank``-th best score: a match that
-    at least that many memories reach singles none of them out. 0 when off, or when the
-    subject has no more memories than the rank (no crowd to rise above).
-    """
-    k = options.lexical_floor_rank
-    if k <= 0 or len(lexical) <= k:
-        return 0.0
-    kth = float(np.partition(lexical, len(lexical) - k)[len(lexical) - k])
-    return max(options.lexical_floor_share, 0.0) * kth
-
-
 def memory_relevance(
     index: MemoryIndex,
     query: Query,
@@ -297,18 +281,6 @@ def memory_relevance(
     Also returns the lexical weight used and the raw query's dense scale, so other
     items can be scored the same way.
     """
-    fused, weight, scale, _ = _memory_relevance(index, query, query_vector, now, options)
-    return fused, weight, scale
-
-
-def _memory_relevance(
-    index: MemoryIndex,
-    query: Query,
-    query_vector: np.ndarray | None,
-    now: datetime,
-    options: SliceOptions,
-) -> tuple[np.ndarray, float, DenseScale | None, float]:
-    """``memory_relevance`` and the lexical floor it measured from."""
     named, name_terms = _query_actors(index, query)
     # A speaker's name in the question says whose turn to look at; as a BM25 word it
     # would instead favour the other speaker's turns that greet them by name.
@@ -320,9 +292,6 @@ def _memory_relevance(
         # shares only a word or two with the query, lexical evidence stays weak and the
         # dense score decides (questions often share no words with their answers).
         lexical = np.clip(lexical / index.ideal_bm25(lexical_terms), 0.0, 1.0)
-    floor = lexical_floor(lexical, options) if top > 0 else 0.0
-    if floor > 0:
-        lexical = np.maximum(lexical - np.float32(floor), 0.0)
     scale = None
     if index.vectors is not None and query_vector is not None:
         weight = options.lexical_weight if top > 0 else 0.0
@@ -343,7 +312,7 @@ def _memory_relevance(
         fused = fused + options.recency_weight * np.nan_to_num(recency, nan=0.0)
     if options.heat_weight > 0:
         fused = fused + options.heat_weight * index.heat
-    return np.asarray(fused, dtype=np.float32), weight, scale, floor
+    return np.asarray(fused, dtype=np.float32), weight, scale
 
 
 def _with_neighbours(index: MemoryIndex, relevance: np.ndarray, weight: float) -> np.ndarray:
@@ -446,7 +415,7 @@ def rank_memories(
     if n == 0 or options.pool_size <= 0:
         empty = np.zeros(0, dtype=np.int64)
         return MemoryRanking(empty, np.zeros(0), PoolSimilarity(index, empty))
-    fused, weight, scale, floor = _memory_relevance(index, query, query_vector, now, options)
+    fused, weight, scale = memory_relevance(index, query, query_vector, now, options)
     relevance = _with_neighbours(index, fused, options.neighbour_weight)
     relevance = _with_bridges(index, relevance, options)
     size = min(options.pool_size, n)
@@ -462,7 +431,6 @@ def rank_memories(
         best=max(best, 0.0),
         lexical_weight=weight,
         dense_scale=scale,
-        lexical_floor=floor,
     )
 
 
@@ -531,9 +499,8 @@ def rank_profile_items(
     best = ranking.best if ranking.best > 0 else 1.0
     lexical = _LexicalMatch(index, query)
     dense_values = dense.tolist()
-    floor = ranking.lexical_floor
     for i, candidate in enumerate(candidates):
-        relevance = weight * max(lexical(candidate.text) - floor, 0.0)
+        relevance = weight * lexical(candidate.text)
         relevance += (1.0 - weight) * dense_values[i]
         if candidate.category in query.categories:
             relevance += options.category_weight

@@ -75,16 +75,6 @@ class SliceOptions:
     #: nothing that held on the untouched half (decision 0122-retrieval-round-8).
     fusion: Literal["score", "rrf"] = "score"
     rrf_k: float = 60.0
-    #: The crowd floor of the lexical score (0: off): every memory's scaled lexical score
-    #: is measured from ``lexical_floor_share`` times the ``lexical_floor_rank``-th best
-    #: memory's, and profile lines' from the same floor. A query word that more than that
-    #: many of the subject's memories share ("activities" in a travel question) lifts all
-    #: of them alike over a memory the dense side ranks higher, and singles none out;
-    #: only a match that beats the crowd is lexical evidence. The dense score is already
-    #: measured from its own median (``DenseScale``); this is the lexical side's floor,
-    #: calibrated per query from its own score distribution (retrieval round 13).
-    lexical_floor_rank: int = 0
-    lexical_floor_share: float = 1.0
     #: Pseudo-relevance feedback: the query vector moves towards the mean of the best
     #: ``feedback_memories`` first-pass hits, by ``feedback_weight``. Off: it cost 0.02-0.06
     #: on PrefEval and was neutral on LoCoMo (decision 0033-multi-hop-and-preferences).
