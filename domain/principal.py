@@ -13,6 +13,7 @@ naming "agent:one" is ``app:b/agent:one``, never app A's "agent:one".
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -136,4 +137,11 @@ class Principal:
 #: the audit trail names it in every entry written meanwhile.
 acting_principal: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
     "uprof_acting_principal", default=None
+)
+#: The check that the running call's credential (its API key) still stands, set with
+#: ``acting_principal`` when the edge that authenticated gave one; it raises once the
+#: key is revoked. A write that waits for its turn on another thread (the capture
+#: writer's group) asks it there, where the write happens (bug TW).
+acting_credential: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
+    "uprof_acting_credential", default=None
 )
