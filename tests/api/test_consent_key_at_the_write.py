@@ -7,7 +7,8 @@ when they arrive, then load, change and save the subject's stream in its writer 
 (``EventStore.with_retry``: another writer of the same subject saving first, a version
 conflict's retries). The key was not asked again there: a key revoked while the change
 waited still granted (201) or withdrew (200) the consent (bug TX, found in the pass over
-the write routes after TW).
+the write routes after TW). ``POST /v1/proposals`` is decided again after its wait for the
+views, then saves in the same turn: the same gap, the same fix (also TX).
 
 The writer turns are the server process's locks: the test holds the subject's turn as
 another writer would, revokes the key with the CLI in another process, lets the server's
@@ -23,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.api.conftest import PLANNER, LiveServer, bearer, grant
+from tests.api.conftest import PLANNER, LiveServer, bearer, grant, interaction
 from tests.children import run_python
 from uprof.api import ApiKeyStore
 from uprof.apikeys.store import KEY_CACHE_TTL_S
@@ -179,3 +180,86 @@ def test_held_a_consent_change_with_a_live_key_is_written_after_its_turn(
         assert len(after) == 2
     else:
         assert after[consent_id] is True
+
+
+def _proposal_setup(server: LiveServer, kernel: Uprof, keys: ApiKeyStore) -> tuple[Any, dict]:
+    """A planner key of its own, a consent and a capture of alice's in the views; the
+    body of a proposal citing the capture."""
+    issued, _ = _setup(server, keys)
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        captured = http.post(
+            "/v1/captures",
+            headers=bearer(issued.token),
+            json={"subject": "alice", **interaction("I like green tea")},
+        )
+    assert captured.status_code == 201, captured.text
+    assert kernel.wait_until_caught_up(30)  # extracted: no worker takes a turn later
+    body = {
+        "subject": "alice",
+        "agent_id": "agent:one",
+        "purpose": "personalization",
+        "proposals": [
+            {
+                "kind": "memory",
+                "text": "drinks Zq7 tea",
+                "category": "preference",
+                "evidence": [captured.json()["capture_id"]],
+            }
+        ],
+    }
+    return issued, body
+
+
+def _proposed(kernel: Uprof) -> int:
+    return sum(1 for m in kernel.profile("alice").memories if "Zq7" in m.text)
+
+
+def test_a_proposal_that_waited_for_its_turn_is_refused_for_a_key_revoked_meanwhile(
+    server: LiveServer,
+    kernel: Uprof,
+    keys: ApiKeyStore,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Bug TX, the same write of the subject's stream: a proposal is decided again after
+    its wait for the views (0111-review-of-0108-0109, AM), then saved in the subject's
+    writer turn; a key revoked while it waited there wrote the memory. Now 401,
+    nothing written."""
+    clock = [1000.0]
+    monkeypatch.setattr(keys, "_monotonic", lambda: clock[0])
+    issued, body = _proposal_setup(server, kernel, keys)
+
+    def revoked_elsewhere(http: httpx.Client) -> None:
+        _revoke_with_the_cli(settings, issued.info.key_id)
+        clock[0] += KEY_CACHE_TTL_S + 0.1  # the server's read of the row has aged
+        refused = http.post(
+            "/v1/consents/list", headers=bearer(issued.token), json={"subject": "alice"}
+        )
+        assert refused.status_code == 401, refused.text  # revoked, as the server sees it
+
+    answer = _change_after_its_turn(
+        server, kernel, monkeypatch, "/v1/proposals", body, issued.token, revoked_elsewhere
+    )
+    assert answer.status_code == 401, answer.text
+    assert kernel.wait_until_caught_up(30)
+    assert _proposed(kernel) == 0
+
+
+def test_held_a_proposal_with_a_live_key_is_written_after_its_turn(
+    server: LiveServer, kernel: Uprof, keys: ApiKeyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guard: the same wait, the key standing: the memory is written."""
+    issued, body = _proposal_setup(server, kernel, keys)
+
+    def still_standing(http: httpx.Client) -> None:
+        shown = http.post(
+            "/v1/consents/list", headers=bearer(issued.token), json={"subject": "alice"}
+        )
+        assert shown.status_code == 200, shown.text
+
+    answer = _change_after_its_turn(
+        server, kernel, monkeypatch, "/v1/proposals", body, issued.token, still_standing
+    )
+    assert answer.status_code in (200, 201), answer.text
+    assert kernel.wait_until_caught_up(30)
+    assert _proposed(kernel) == 1
