@@ -13,6 +13,7 @@ naming "agent:one" is ``app:b/agent:one``, never app A's "agent:one".
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -137,3 +138,19 @@ class Principal:
 acting_principal: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
     "uprof_acting_principal", default=None
 )
+#: The check that the running call's credential (its API key) still stands, set with
+#: ``acting_principal`` when the edge that authenticated gave one; it raises once the
+#: key is revoked. A write that waits for its turn on another thread (the capture
+#: writer's group) asks it there, where the write happens (bug TW).
+acting_credential: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
+    "uprof_acting_credential", default=None
+)
+
+
+def credential_still_stands() -> None:
+    """Ask the running call's credential again (``acting_credential``; nothing to ask
+    without one: the CLI, the pipeline, the SDK's embedded mode), where a write has its
+    turn: it raises once the key is revoked (bugs TW, TX)."""
+    check = acting_credential.get()
+    if check is not None:
+        check()

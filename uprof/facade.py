@@ -62,6 +62,7 @@ from domain.principal import (
     PRIVACY_CENTER,
     Principal,
     PrincipalKind,
+    acting_credential,
     acting_principal,
     reserved_app_id_problem,
 )
@@ -291,9 +292,11 @@ class Facade:
     @contextlib.contextmanager
     def _as_principal(self) -> Iterator[None]:
         token = acting_principal.set(self.principal)
+        credential = acting_credential.set(self._still_authenticated)
         try:
             yield
         finally:
+            acting_credential.reset(credential)
             acting_principal.reset(token)
 
     def _authorize(self, action: str, categories: Sequence[str], purpose: str) -> None:

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 from domain.errors import ConsentRequiredError, InvalidInputError, SubjectErasedError
-from domain.principal import acting_principal, qualified_agent
+from domain.principal import acting_credential, acting_principal, qualified_agent
 from domain.values import Interaction, check_text, check_token
 from uprof import telemetry
 from uprof.crypto.keystore import SubjectHandle, new_pseudonym
@@ -19,6 +19,7 @@ from uprof.services.capture_writer import (
     PendingCapture,
     capture_keys_created,
     no_consent_on_record,
+    still_standing,
 )
 from uprof.services.idempotency import refuse_unrecorded, replaying
 from uprof.services.late_captures import LateRequest, record_accepted_late
@@ -259,6 +260,7 @@ class CaptureService:
             token_window_s=token_window_s,
             principal=principal.label if principal is not None else None,
             replay=replaying.get(),
+            still_authenticated=acting_credential.get(),
             trace_link=traced.link(),
         )
 
@@ -450,6 +452,8 @@ class CaptureService:
                     pending.subject_ref or "", pending.interactions[0], principal=pending.principal
                 )
                 pending.stream_id, pending.pseudonym = handle.stream_id, handle.pseudonym
+            if not still_standing(pending):  # after the group's wait, as the writer asks
+                return
             outcome = self._save_one(
                 pending.stream_id,
                 pending.pseudonym,

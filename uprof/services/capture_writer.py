@@ -81,6 +81,9 @@ class PendingCapture:
     #: A replay (``idempotency.replaying`` of the request's context): it must find its
     #: token in the stream, or write nothing.
     replay: bool = False
+    #: The request's key check (``acting_credential``), asked again once the request
+    #: has its subject's writer turn: a key revoked while it waited writes nothing.
+    still_authenticated: Callable[[], None] | None = None
     #: The subject's stream and pseudonym; or, until the writer has looked it up,
     #: ``subject_ref`` (checked) with ``stream_id`` None: the writer looks up a whole
     #: group's references with one query instead of one per request thread.
@@ -137,6 +140,23 @@ def _settle(futures: list[asyncio.Future[None]]) -> None:
     for future in futures:
         if not future.done():  # a waiter that was cancelled has gone
             future.set_result(None)
+
+
+def still_standing(pending: PendingCapture) -> bool:
+    """Ask the request's key again, once the request has its turn to be written: the key
+    was checked when the request came in, and a request waits for the writer (other
+    groups, its subject's writer turn) before its captures are written; a key revoked
+    meanwhile (by any process, seen within ``KEY_CACHE_TTL_S`` as every request sees
+    it) writes nothing and is answered the key's refusal (review of 0211, bug TW). The
+    consent is read at the same point (``_apply``)."""
+    if pending.still_authenticated is None:
+        return True
+    try:
+        pending.still_authenticated()
+    except Exception as refused:  # the edge's own error (REST's 401, MCP's tool error)
+        pending.error = refused
+        return False
+    return True
 
 
 def no_consent_on_record(interaction: Interaction) -> ConsentRequiredError:
@@ -467,6 +487,8 @@ class CaptureWriter:
                     continue
                 copies[stream_id] = profile
                 for pending in requests:
+                    if not still_standing(pending):
+                        continue
                     self._apply(profile, pending, now)
                     if isinstance(pending.error, ConsentRequiredError):
                         refused.append(pending)

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import TypedDict
 
 from domain.errors import InvalidInputError, SubjectNotFoundError
+from domain.principal import credential_still_stands
 from domain.profile import SubjectProfile
 from domain.values import check_category, check_token
 from projections.profile.queries import ConsentRow
@@ -103,6 +104,9 @@ class ConsentService:
 
         def command() -> str:
             nonlocal replayed
+            # In the subject's writer turn, before anything is staged (and again at each
+            # conflict's retry): a key revoked while the grant waited grants nothing.
+            credential_still_stands()
             if self._app.exists(handle.stream_id):
                 profile = self._app.load(handle.stream_id)
             else:
@@ -167,6 +171,7 @@ class ConsentService:
             raise SubjectNotFoundError("no such subject")
 
         def command() -> int:
+            credential_still_stands()  # as the grant's, in the writer turn (bug TX)
             profile = self._app.load(handle.stream_id)
             now = self._clock.now()
             if request_token:

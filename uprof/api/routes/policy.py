@@ -12,16 +12,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict
 from datetime import datetime
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, TypeVar
 
 from fastapi import Query
 from pydantic import AwareDatetime
 
-from uprof.api.deps import CurrentPrincipal, Runtime
+from uprof.api.deps import Scope
 from uprof.api.errors import EdgeError
 from uprof.api.routes.docs import api_router, errors
-from uprof.api.scoped import AppScope, scope_with_role
-from uprof.apikeys.store import ROLE_OPERATOR, Principal
+from uprof.api.scoped import AppScope
+from uprof.apikeys.store import ROLE_OPERATOR
 from uprof.facade import (
     Facade,
     PolicyChange,
@@ -45,11 +45,14 @@ router = api_router(prefix="/v1/policy", tags=["policy"])
 T = TypeVar("T")
 
 
-def _operator(runtime: Any, principal: Principal) -> str:
-    """Refuse a key without the operator role (audited); return the label changes are
-    recorded under."""
-    scope_with_role(runtime, principal.app_id, principal.roles, principal.key_id, ROLE_OPERATOR)
-    return f"{principal.app_id}#{principal.key_id}"
+def _door(scope: AppScope) -> Facade:
+    """The facade for the request's operator key, once a key without the operator role
+    is refused (audited). The policy's ``policy`` action decides; the door carries the
+    key's check (``Scope``), which a change asks again with the policy once it has its
+    turn to be written (``PolicyService._apply``): a key revoked while the change waited
+    writes nothing (bug TU)."""
+    scope.require_role(ROLE_OPERATOR)
+    return scope.door
 
 
 def _guarded(operation: Callable[[], T]) -> T:
@@ -87,20 +90,17 @@ def result_out(result: PolicyChangeResult) -> PolicyChangeResultOut:
 
 @router.get("", response_model=PolicyOut, responses=errors(403))
 def show_policy(
-    principal: CurrentPrincipal,
-    runtime: Runtime,
+    scope: Scope,
     at: Annotated[AwareDatetime | None, Query(description="Show the policy in force then.")] = None,
 ) -> PolicyOut:
     """The policy in force now, or at a past time (replayed from the recorded changes)."""
-    _operator(runtime, principal)
     when: datetime | None = at
-    return policy_out(_guarded(lambda: _door(runtime, principal).policy_show(when)))
+    return policy_out(_guarded(lambda: _door(scope).policy_show(when)))
 
 
 @router.get("/history", response_model=PolicyHistoryOut, responses=errors(403))
 def policy_history(
-    principal: CurrentPrincipal,
-    runtime: Runtime,
+    scope: Scope,
     cursor: Annotated[
         str | None,
         Query(
@@ -113,47 +113,33 @@ def policy_history(
     ] = DEFAULT_PAGE_LIMIT,
 ) -> PolicyHistoryOut:
     """The policy's changes, oldest first, a page at a time: version, time, change, row, who."""
-    _operator(runtime, principal)
-    page = _guarded(
-        lambda: _door(runtime, principal).list_policy_history(cursor=cursor, limit=limit)
-    )
+    page = _guarded(lambda: _door(scope).list_policy_history(cursor=cursor, limit=limit))
     return PolicyHistoryOut(
         changes=[change_out(c) for c in page.items], next_cursor=page.next_cursor
     )
 
 
 @router.post("/grant", response_model=PolicyChangeResultOut, responses=errors(403))
-def grant_policy(
-    body: PolicyChangeIn, principal: CurrentPrincipal, runtime: Runtime
-) -> PolicyChangeResultOut:
+def grant_policy(body: PolicyChangeIn, scope: Scope) -> PolicyChangeResultOut:
     """Give an app a role, or add rules; rows already in force are left as they are."""
-    _operator(runtime, principal)
-    return result_out(_guarded(lambda: _door(runtime, principal).policy_grant(**body.model_dump())))
+    return result_out(_guarded(lambda: _door(scope).policy_grant(**body.model_dump())))
 
 
 @router.post("/revoke", response_model=PolicyChangeResultOut, responses=errors(403))
-def revoke_policy(
-    body: PolicyChangeIn, principal: CurrentPrincipal, runtime: Runtime
-) -> PolicyChangeResultOut:
+def revoke_policy(body: PolicyChangeIn, scope: Scope) -> PolicyChangeResultOut:
     """Take a role back, or remove rules; every named row must be in force (else 422)."""
-    _operator(runtime, principal)
-    return result_out(
-        _guarded(lambda: _door(runtime, principal).policy_revoke(**body.model_dump()))
-    )
+    return result_out(_guarded(lambda: _door(scope).policy_revoke(**body.model_dump())))
 
 
 @router.post("/onboard", response_model=PolicyChangeResultOut, responses=errors(403))
-def onboard_app(
-    body: OnboardIn, principal: CurrentPrincipal, runtime: Runtime
-) -> PolicyChangeResultOut:
+def onboard_app(body: OnboardIn, scope: Scope) -> PolicyChangeResultOut:
     """Grant an app read, capture and propose of categories for one purpose, in one change.
 
     Issue its API key with ``uprof apps create`` (or do both at once there).
     """
-    _operator(runtime, principal)
     return result_out(
         _guarded(
-            lambda: _door(runtime, principal).onboard_app(
+            lambda: _door(scope).onboard_app(
                 body.app_id,
                 read=body.read,
                 purpose=body.purpose,
@@ -162,8 +148,3 @@ def onboard_app(
             )
         )
     )
-
-
-def _door(runtime: Any, principal: Any) -> Facade:
-    """The facade for the request's operator key (the policy's ``policy`` action decides)."""
-    return AppScope(runtime, principal.app_id, principal.roles, key_id=principal.key_id).door
