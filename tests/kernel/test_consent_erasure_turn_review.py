@@ -43,6 +43,7 @@ def _withdrawal_or_nothing(consent_id: str, kernel: Any) -> Any:
 
 
 def _lock_file_name(settings: Settings, consent_id: str) -> str:
+    """The sha256 the turn's lock is named by (its file's name on SQLite)."""
     kernel = build_kernel(settings, FakeClock())
     try:
         stream = kernel.stream_of("alice")
@@ -56,11 +57,13 @@ def _lock_files(settings: Settings) -> list[Path]:
     return sorted(p for folder in settings.data_dir.glob("*.locks") for p in folder.iterdir())
 
 
-def _waiting(backend: Backend, settings: Settings, name: str) -> bool:
-    """Whether a process waits for a named lock of the deployment's (its turn's)."""
-    if backend.kind == "sqlite":
+def waiting_for_turn(settings: Settings, name: str) -> bool:
+    """Whether a process waits for the named lock ``name`` of the deployment's: on SQLite
+    its turnstile file (made by a process that waits), on PostgreSQL an advisory lock
+    request queued and not granted."""
+    if settings.database_url is None:
         return any(p.name == f"{name}.turn" for p in _lock_files(settings))
-    engine = sa.create_engine(backend.url, poolclass=sa.pool.NullPool)
+    engine = sa.create_engine(settings.database_url, poolclass=sa.pool.NullPool)
     try:
         with engine.connect() as conn:
             queued = conn.execute(
@@ -75,9 +78,10 @@ def _waiting(backend: Backend, settings: Settings, name: str) -> bool:
     return bool(queued)
 
 
-def _wait_until_waiting(backend: Backend, settings: Settings, name: str) -> None:
+def wait_until_waiting_for_turn(settings: Settings, name: str) -> None:
+    """Until a process waits for ``name``'s lock (a generous bound)."""
     deadline = time.monotonic() + WAIT_S
-    while not _waiting(backend, settings, name):
+    while not waiting_for_turn(settings, name):
         assert time.monotonic() < deadline, "the second request never waited for the turn"
         time.sleep(0.05)
 
@@ -117,7 +121,7 @@ def test_held_the_turns_holder_killed_mid_erasure_lets_the_waiter_finish_it_once
     waiter = Held(settings, call=functools.partial(_withdrawal_or_nothing, consent_id))
     killed.begin()  # in the turn: erasure.requested and its ledger record written
     waiter.begin()
-    _wait_until_waiting(backend, settings, name)
+    wait_until_waiting_for_turn(settings, name)
     killed.kill()
     kind, receipt = waiter.answer()
     assert kind == "ok" and receipt is not None, receipt
@@ -143,7 +147,7 @@ def test_held_two_processes_in_turn_give_one_receipt(
     second = Held(settings, call=functools.partial(_withdrawal_or_nothing, consent_id))
     first.begin()
     second.begin()
-    _wait_until_waiting(backend, settings, name)
+    wait_until_waiting_for_turn(settings, name)
     kind, receipt = first.answer()
     assert kind == "ok" and receipt is not None, receipt
     kind, nothing = second.answer()
