@@ -72,7 +72,7 @@ def test_tz_a_damaged_schemas_text_makes_no_log_line_and_no_answer(
 
 
 def test_held_a_missing_columns_name_carries_nothing_after_it(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """TE's column, from a real driver's text naming a column of a newline and a forged
     line (a trigger's reference may name anything): the log's name stops at the newline."""
@@ -85,6 +85,29 @@ def test_held_a_missing_columns_name_carries_nothing_after_it(
     else:
         pytest.fail("the column was found")
     assert found is not None and found.detail == "column a_gone missing", found
+    monkeypatch.setattr(damage, "_reported", set())  # logged once per process: a fresh one
+    with caplog.at_level(logging.ERROR, logger=damage.__name__):
+        damage.log_store_damage(found)
+    assert [r.getMessage().count("\n") for r in caplog.records] == [0], caplog.text
+    assert "all stores restored" not in caplog.text
+
+
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+def test_held_a_missing_columns_name_carries_nothing_after_it_on_postgresql(
+    backend: Backend, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same from PostgreSQL's ``UndefinedColumn`` (its primary message, as TE reads it)."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(backend.url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn, pytest.raises(sa.exc.DBAPIError) as raised:
+            conn.execute(sa.text(f'SELECT t."a_gone\n{_FORGED}" FROM (SELECT 1 AS a) t'))
+    finally:
+        engine.dispose()
+    found = damage.store_damage(raised.value)
+    assert found is not None and found.detail == "column a_gone missing", found
+    monkeypatch.setattr(damage, "_reported", set())  # logged once per process: a fresh one
     with caplog.at_level(logging.ERROR, logger=damage.__name__):
         damage.log_store_damage(found)
     assert [r.getMessage().count("\n") for r in caplog.records] == [0], caplog.text
