@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -81,7 +82,7 @@ from uprof.kernel import Lag, Uprof
 from uprof.services.capture import CaptureAck
 from uprof.services.erasure import ErasureResult, HostSettled
 from uprof.services.extraction import category_of
-from uprof.services.idempotency import client_wait_s
+from uprof.services.idempotency import client_wait_ends, client_wait_s
 from uprof.services.import_formats import FORMATS as IMPORT_FORMATS
 from uprof.services.import_formats import FileLines, ImportDefaults, ImportProblem
 from uprof.services.importer import ImportReport
@@ -185,9 +186,11 @@ def client_waits_at_most(seconds: float | None) -> Iterator[None]:
     keyed write waiting for its first request gives up within that (bug LV,
     ``uprof.services.idempotency.client_wait_s``)."""
     mark = client_wait_s.set(seconds)
+    ends = client_wait_ends.set(None if seconds is None else time.monotonic() + seconds)
     try:
         yield
     finally:
+        client_wait_ends.reset(ends)
         client_wait_s.reset(mark)
 
 

@@ -38,6 +38,17 @@ _SHAPE = (
 _MISSING_COLUMN = re.compile(r'(?:no such column: |has no column named |column )"?([\w.]+)"?')
 
 
+#: The most of a driver's text a log line carries (a damaged file's schema may be long).
+_DETAIL_MAX = 300
+
+
+def _one_line(text: str) -> str:
+    """``text`` for one log line: control characters and anything not ASCII escaped
+    (a newline shows as ``\\n``, never ends the line), at most ``_DETAIL_MAX`` of it."""
+    escaped = text.encode("unicode_escape").decode("ascii")
+    return escaped if len(escaped) <= _DETAIL_MAX else f"{escaped[:_DETAIL_MAX]}..."
+
+
 def _shape_damage(driver_text: str) -> StoreShapeDamagedError:
     """A table of the wrong shape; its ``detail`` names the missing column for the log
     (one line per column: two different damages were one line naming neither, TE)."""
@@ -54,10 +65,15 @@ def store_damage(error: BaseException) -> StoredDataDamagedError | None:
     if isinstance(cause, sqlite3.DatabaseError):
         code = getattr(cause, "sqlite_errorcode", None)
         if isinstance(code, int) and code & 0xFF in _DAMAGE_CODES:
-            return StoreFileDamagedError(
+            # The driver's text goes to the log alone, escaped: it may quote the file's
+            # schema ("malformed database schema (<name>) - <its SQL>"), whatever a
+            # damaged file holds, newlines included (XXXX-review-of-0216-and-tf, TZ).
+            damaged = StoreFileDamagedError(
                 f"stored data damaged: a SQLite store of the data folder is not a database "
-                f"or is damaged ({getattr(cause, 'sqlite_errorname', code)}: {cause})"
+                f"or is damaged ({getattr(cause, 'sqlite_errorname', code)})"
             )
+            damaged.detail = _one_line(str(cause))
+            return damaged
         if isinstance(cause, sqlite3.OperationalError) and any(
             words in str(cause) for words in _SQLITE_SHAPE_MESSAGES
         ):

@@ -143,6 +143,18 @@ replaying: ContextVar[bool] = ContextVar("uprof_idempotency_replaying", default=
 #: request no longer than that: past the client's own timeout the 409 would go to nobody,
 #: and the abandoned wait would hold a server worker (bug LV).
 client_wait_s: ContextVar[float | None] = ContextVar("uprof_client_wait_s", default=None)
+#: When that wait ends (``time.monotonic``), set with it: what a later wait of the same
+#: request has left of it (``client_wait_left``).
+client_wait_ends: ContextVar[float | None] = ContextVar("uprof_client_wait_ends", default=None)
+
+
+def client_wait_left() -> float | None:
+    """What is left of the client's wait (``client_wait_s``) for the request being served,
+    in seconds (0 once past it); None when the client did not say. Each wait of a
+    request (the key's turn, then the consent's erasure turn) takes from one budget, so
+    that together they end within what the client waits."""
+    ends = client_wait_ends.get()
+    return None if ends is None else max(0.0, ends - time.monotonic())
 
 
 def refuse_unrecorded(replay: bool | None = None) -> None:
@@ -261,7 +273,7 @@ class IdempotencyStore:
             return
         previous = self.previous_release_turn_name(token)
         wait_s = self.in_progress_wait_s
-        client = client_wait_s.get()
+        client = client_wait_left()
         if client is not None:
             wait_s = min(wait_s, client)
         with self._turn(self.turn_name(token), previous, wait_s) as held:
