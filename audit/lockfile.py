@@ -316,7 +316,7 @@ def _folder_target(folder: str | os.PathLike[str], what: str, refused: type[Upro
                 f"this process's user (uid {me}), root, nor its folder's owner (uid "
                 f"{parent_owner}): whoever made a link on the way chose the {what}"
             )
-        # The link's own folders too (XXXX-review-of-0216-and-tf, bug TY): in one another
+        # The link's own folders too (0219-review-of-0216-and-tf, bug TY): in one another
         # user may write, that user renames this user's links among themselves (another
         # of them onto this name is still a link of this user's), or swaps one between
         # the walk's look at its owner and its read of its target.

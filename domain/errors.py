@@ -267,7 +267,7 @@ class StoredDataDamagedError(UprofError):
     )
     #: What the operator's log line names beside the message (a missing column of uprof's
     #: own schema, 0216-review-of-0211-to-0214's TE; a damaged file's driver text, escaped
-    #: to one line, XXXX-review-of-0216-and-tf's TZ); never put in an answer.
+    #: to one line, 0219-review-of-0216-and-tf's TZ); never put in an answer.
     detail = ""
 
 

@@ -356,7 +356,7 @@ class Uprof:
         # No longer than the client waits, when it said (``Prefer: wait``, as the key's
         # turn since bug LV): past it the 409 went to nobody, the SDK's send was cut by
         # its read timeout, and the abandoned request erased later on a server worker
-        # (XXXX-review-of-0216-and-tf, bug UA).
+        # (0219-review-of-0216-and-tf, bug UA).
         wait_s = self.CONSENT_ERASURE_TURN_WAIT_S
         client_left = client_wait_left()
         if client_left is not None:

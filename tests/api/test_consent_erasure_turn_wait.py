@@ -1,5 +1,5 @@
 """TF's consent erasure turn (0216) against the client's own wait, on a real server
-(uvicorn on loopback, both backends; XXXX-review-of-0216-and-tf).
+(uvicorn on loopback, both backends; 0219-review-of-0216-and-tf).
 
 Bug UA: a withdrawal with ``erase`` waits for the consent's erasure turn while another
 request of the same consent erases (another server process, a privacy-center "Finish

@@ -1,5 +1,5 @@
 """TF's consent erasure turn (0216) across two ``uprof serve`` processes on one deployment
-(real processes on loopback, SQLite and PostgreSQL; XXXX-review-of-0216-and-tf): the same
+(real processes on loopback, SQLite and PostgreSQL; 0219-review-of-0216-and-tf): the same
 withdrawal with ``erase``, without an ``Idempotency-Key`` (so no key's turn orders them),
 sent to both servers at once, several times over. Held: one receipt per consent, both
 answered 200 (the second with nothing left to erase), nothing collected left."""

@@ -1,5 +1,5 @@
 """0214/0216's damage line (TE: logged once per kind and column) attacked with the text a
-damaged store puts in the driver's message (XXXX-review-of-0216-and-tf), on a live
+damaged store puts in the driver's message (0219-review-of-0216-and-tf), on a live
 ``uprof serve`` (real process on loopback).
 
 Bug TZ: SQLite's message for a file whose schema is damaged quotes the schema: "malformed

@@ -1,6 +1,6 @@
 """0216's fix of TF (the consent's erasure turn, ``Uprof._consent_erasure_turn``: a named
 lock of the deployment's around an erasing withdrawal) attacked with real processes on
-both backends (XXXX-review-of-0216-and-tf): its holder killed with SIGKILL in the middle
+both backends (0219-review-of-0216-and-tf): its holder killed with SIGKILL in the middle
 of the erasure while another request waits for the turn, the two requests let go one
 after the other in the order TF's double click gave them, and consent ids a hostile
 caller chooses reaching the lock's name. All held.

@@ -1,5 +1,5 @@
 """0216-review-of-0211-to-0214's data folder links (TC, TD) attacked
-(XXXX-review-of-0216-and-tf): a link on the way in a folder another user may write
+(0219-review-of-0216-and-tf): a link on the way in a folder another user may write
 (bug TY), a link swapped between its owner's look and its read, a relative link, a link
 loop. Real ``uprof`` processes on SQLite where a start is what is judged; the folders
 given to another user need root."""

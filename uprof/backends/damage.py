@@ -67,7 +67,7 @@ def store_damage(error: BaseException) -> StoredDataDamagedError | None:
         if isinstance(code, int) and code & 0xFF in _DAMAGE_CODES:
             # The driver's text goes to the log alone, escaped: it may quote the file's
             # schema ("malformed database schema (<name>) - <its SQL>"), whatever a
-            # damaged file holds, newlines included (XXXX-review-of-0216-and-tf, TZ).
+            # damaged file holds, newlines included (0219-review-of-0216-and-tf, TZ).
             damaged = StoreFileDamagedError(
                 f"stored data damaged: a SQLite store of the data folder is not a database "
                 f"or is damaged ({getattr(cause, 'sqlite_errorname', code)})"
