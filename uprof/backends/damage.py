@@ -11,6 +11,7 @@ import logging
 import re
 import sqlite3
 import threading
+from collections.abc import Mapping
 
 from domain.errors import StoredDataDamagedError, StoreFileDamagedError, StoreShapeDamagedError
 
@@ -67,6 +68,42 @@ def store_damage(error: BaseException) -> StoredDataDamagedError | None:
         # The primary message alone: the full text quotes the statement.
         return _shape_damage(getattr(getattr(cause, "diag", None), "message_primary", "") or "")
     return None
+
+
+#: The columns eventsourcing reads each row of an event or snapshot table by, by name
+#: from ``SELECT *`` (``row["topic"]``): one renamed or dropped by hand is an
+#: ``IndexError`` (SQLite's rows) or ``KeyError`` (PostgreSQL's) inside the library, which
+#: no driver's text names; a running server answered 500 ``internal`` with a traceback.
+EVENT_ROW_COLUMNS = frozenset({"originator_id", "originator_version", "topic", "state"})
+#: The columns of the library's tracking table (a process's position per application).
+TRACKING_COLUMNS = frozenset({"application_name", "notification_id"})
+
+
+def refuse_reshaped_tables(
+    wanted: Mapping[str, frozenset[str]], found: Mapping[str, frozenset[str]]
+) -> None:
+    """Raise ``StoreShapeDamagedError`` naming each table of ``wanted`` that lacks a
+    column it must have (``found``: the columns there, ``Backend.table_columns``), for
+    the operator at start (0214-store-damage-in-servers's Left, the event store's
+    counterpart of RF's policy table check). A table not in ``found`` is left alone: a
+    missing table is the store not answering (503), as since PX, or made by the library.
+    """
+    lacking = {
+        table: sorted(columns - found[table])
+        for table, columns in wanted.items()
+        if table in found and columns - found[table]
+    }
+    if not lacking:
+        return
+    said = "; ".join(
+        f"its table {t} lacks the column(s) {', '.join(c)}" for t, c in lacking.items()
+    )
+    damage = StoreShapeDamagedError(
+        f"stored data damaged: the event store is not of the shape uprof made: {said} "
+        "(altered by hand, or made again by hand)"
+    )
+    damage.detail = said
+    raise damage
 
 
 _reported: set[str] = set()

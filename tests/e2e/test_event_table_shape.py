@@ -1,0 +1,177 @@
+"""The event store's tables of the wrong shape, met at start (XXXX-event-table-shape-at-start).
+Real ``uprof`` processes (a CLI command and ``uprof serve``), SQLite and PostgreSQL.
+
+eventsourcing reads each row of its event and snapshot tables by name from ``SELECT *``
+(``row["topic"]``): such a column renamed or dropped by hand is an ``IndexError``
+(SQLite) or ``KeyError`` (PostgreSQL) inside the library, which no driver names, so
+0214-store-damage-in-servers's driver rule never saw it. Before this, a start on such a
+store went on (a CLI command that reads no event exited 0, ``uprof serve`` listened and
+its pipeline logged a traceback per run), and a capture ended in the library's traceback
+(exit 1) or a running server's 500 ``internal``. The start now refuses it: exit 7, one
+line naming the table and the column, the restore hint, no traceback, for the CLI and the
+servers before they listen.
+
+Bug TQ: an event table's column the library reads by name (``topic``, ``state``, and
+PostgreSQL's ``notification_id``). Bug TR: the snapshot table's. Bug TS: the tracking
+table's (named in the library's statements: a driver error, already exit 7 on some
+commands, but never naming the table, and a start that reads no position went on).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from benchmarks.server_ready import popen_serving, stop_server, wait_until_healthy
+from tests.conftest import Backend
+from tests.kernel.conftest import consented_settings
+from tests.kernel.test_review_0141 import _uprof
+from uprof.settings import Settings
+
+#: The event store's tables by hand: SQLite's ``events.sqlite``, PostgreSQL's database.
+TABLES = {
+    "sqlite": {"events": "stored_events", "snapshots": "stored_snapshots", "tracking": "tracking"},
+    "postgres": {
+        "events": "profiles_events",
+        "snapshots": "profiles_snapshots",
+        "tracking": "profiles_tracking",
+    },
+}
+
+#: (bug, table kind, column, how): one per column class. ``drop`` where the backend lets a
+#: column go (SQLite keeps primary key and indexed columns: those are renamed).
+DAMAGES = [
+    pytest.param("TQ", "events", "topic", "rename", id="TQ-events-topic-renamed"),
+    pytest.param("TQ", "events", "state", "drop", id="TQ-events-state-dropped"),
+    pytest.param("TR", "snapshots", "topic", "rename", id="TR-snapshots-topic-renamed"),
+    pytest.param("TR", "snapshots", "state", "drop", id="TR-snapshots-state-dropped"),
+    pytest.param("TS", "tracking", "notification_id", "rename", id="TS-tracking-position"),
+]
+
+
+def _alter(backend: Backend, settings: Settings, table: str, column: str, how: str) -> None:
+    """Rename or drop ``column`` of ``table`` by hand, through the driver (never open():
+    FIELD-NOTES 8.1)."""
+    statement = (
+        f"ALTER TABLE {table} RENAME COLUMN {column} TO {column}_by_hand"
+        if how == "rename"
+        else f"ALTER TABLE {table} DROP COLUMN {column}"
+    )
+    if backend.kind == "sqlite":
+        conn = sqlite3.connect(settings.data_dir / "events.sqlite")
+        try:
+            conn.execute(statement)
+            conn.commit()
+        finally:
+            conn.close()
+        return
+    engine = sa.create_engine(backend.url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text(statement))
+    finally:
+        engine.dispose()
+
+
+def _refused(
+    backend: Backend, table: str, column: str, done: subprocess.CompletedProcess[str]
+) -> None:
+    """Exit 7, one error line naming the table and its column, the restore hint."""
+    said = " ".join((done.stdout + done.stderr).split())
+    assert "Traceback" not in said and "Error:" not in said, said[-2000:]
+    assert done.returncode == 7, (done.returncode, said[-2000:])
+    assert said.startswith("error: stored data damaged: the event store"), said[-2000:]
+    assert f"its table {table} lacks the column(s) {column}" in said, said[-2000:]
+    assert "uprof restore" in said, said[-2000:]
+
+
+def _deployment(backend: Backend) -> Settings:
+    """alice consented, one capture stored: the event table has rows to read."""
+    settings = consented_settings(backend)
+    done = _uprof(
+        settings,
+        "capture",
+        *("--subject", "alice", "--app", "app:planner", "--agent", "agent:one"),
+        *("--text", "I like green tea"),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return settings
+
+
+def _serve(settings: Settings, log: Path) -> tuple[int | None, str]:
+    """Start ``uprof serve`` on ``settings``: (its exit code, its stderr) once it ended by
+    itself, or (None, stderr) if it became healthy (then stopped): within a generous bound
+    either way, never a fixed sleep."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UPROF_")}
+    env |= {
+        "HF_HUB_OFFLINE": "1",
+        "UPROF_DATA_DIR": str(settings.data_dir),
+        "UPROF_EMBEDDER": "hashing",
+        "UPROF_EXTRACTOR": "rules",
+        "COLUMNS": "400",
+    }
+    if settings.database_url:
+        env["UPROF_DATABASE_URL"] = settings.database_url
+    command = [sys.executable, "-m", "uprof.cli.main", "serve", "--log-level", "warning"]
+    with log.open("w") as err:
+        process, port = popen_serving(command, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        wait_until_healthy(process, f"http://127.0.0.1:{port}", timeout_s=120)
+    except RuntimeError:
+        code: int | None = process.wait(timeout=60)
+    else:
+        code = None
+    finally:
+        stop_server(process)
+    return code, log.read_text(encoding="utf-8", errors="replace")
+
+
+@pytest.mark.parametrize(("bug", "kind", "column", "how"), DAMAGES)
+def test_a_damaged_event_store_is_refused_at_start_naming_table_and_column(
+    backend: Backend, tmp_path: Path, bug: str, kind: str, column: str, how: str
+) -> None:
+    """Bugs TQ-TS: a CLI command and ``uprof serve`` on an event store one of whose
+    tables lacks a column the library reads: refused at start, exit 7, one line naming
+    the table and column. On main a command that reads no event exited 0, and the
+    server listened."""
+    settings = _deployment(backend)
+    table = TABLES[backend.kind][kind]
+    _alter(backend, settings, table, column, how)
+    _refused(backend, table, column, _uprof(settings, "apps", "list"))
+    code, log = _serve(settings, tmp_path / "serve.stderr")
+    said = " ".join(log.split())
+    assert code == 7, (code, said[-2000:])
+    assert "Traceback" not in said, said[-2000:]
+    assert f"its table {table} lacks the column(s) {column}" in said, said[-2000:]
+
+
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+def test_tq_postgres_notification_id_of_the_event_table_is_refused_at_start(
+    backend: Backend,
+) -> None:
+    """Bug TQ (PostgreSQL only: SQLite's notification ids are the rowid): the event
+    table's ``notification_id``, which the library reads by name from ``SELECT *``."""
+    settings = _deployment(backend)
+    table = TABLES["postgres"]["events"]
+    _alter(backend, settings, table, "notification_id", "rename")
+    _refused(backend, table, "notification_id", _uprof(settings, "apps", "list"))
+
+
+def test_held_a_store_of_the_right_shape_starts_and_captures(backend: Backend) -> None:
+    """Held: the check refuses nothing on a store as uprof made it (a second start of a
+    deployment with rows in every table it reads)."""
+    settings = _deployment(backend)
+    done = _uprof(
+        settings,
+        "capture",
+        *("--subject", "alice", "--app", "app:planner", "--agent", "agent:one"),
+        *("--text", "I like black tea"),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _uprof(settings, "apps", "list").returncode == 0
