@@ -24,13 +24,23 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from uuid import uuid4
 
 import pytest
 import sqlalchemy as sa
 
 from benchmarks.server_ready import popen_serving, stop_server, wait_until_healthy
 from tests.conftest import Backend
-from tests.kernel.conftest import consented_settings
+from tests.e2e.test_store_damage_servers import (
+    _UNHANDLED,
+    CAPTURE,
+    Served,
+    _count_events,
+    _damaged,
+    served,  # noqa: F401  (the fixture)
+)
+from tests.fakes.ports import FakeClock
+from tests.kernel.conftest import consented_settings, running
 from tests.kernel.test_review_0141 import _uprof
 from uprof.settings import Settings
 
@@ -56,13 +66,14 @@ DAMAGES = [
 
 
 def _alter(backend: Backend, settings: Settings, table: str, column: str, how: str) -> None:
-    """Rename or drop ``column`` of ``table`` by hand, through the driver (never open():
-    FIELD-NOTES 8.1)."""
-    statement = (
-        f"ALTER TABLE {table} RENAME COLUMN {column} TO {column}_by_hand"
-        if how == "rename"
-        else f"ALTER TABLE {table} DROP COLUMN {column}"
-    )
+    """Rename (or rename back) or drop ``column`` of ``table`` by hand, through the
+    driver (never open(): FIELD-NOTES 8.1)."""
+    statement = {
+        "rename": f"ALTER TABLE {table} RENAME COLUMN {column} TO {column}_by_hand",
+        "rename-back": f"ALTER TABLE {table} RENAME COLUMN {column} TO "
+        + column.removesuffix("_by_hand"),
+        "drop": f"ALTER TABLE {table} DROP COLUMN {column}",
+    }[how]
     if backend.kind == "sqlite":
         conn = sqlite3.connect(settings.data_dir / "events.sqlite")
         try:
@@ -175,3 +186,62 @@ def test_held_a_store_of_the_right_shape_starts_and_captures(backend: Backend) -
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert _uprof(settings, "apps", "list").returncode == 0
+
+
+@pytest.fixture
+def server(served: Served) -> Served:  # noqa: F811  (test_store_damage_servers's fixture)
+    return served
+
+
+@pytest.mark.parametrize("column", ["topic", "state"])
+def test_tt_a_column_read_by_name_renamed_under_a_running_server_is_damage(
+    backend: Backend, server: Served, column: str
+) -> None:
+    """Bug TT: the event table's ``topic`` or ``state`` renamed by hand while ``uprof
+    serve`` runs. A capture loads the subject's stream with ``SELECT *`` and the library
+    meets the missing column as an ``IndexError``/``KeyError``: on main 500 ``internal``
+    and a traceback per request (and per pipeline run). Now: the recorder looks at the
+    table when its row read fails so; the column is missing, so it is damage (500
+    ``stored_data_damaged``, the hint, logged once naming the column, no traceback), and
+    nothing is written."""
+    table = TABLES[backend.kind]["events"]
+    before = _count_events(backend, server.settings)
+    _alter(backend, server.settings, table, column, "rename")
+    for _ in range(2):
+        answer = server.post(*CAPTURE)
+        _damaged(answer)
+        assert column not in answer.text and table not in answer.text, answer.text
+    log = server.log()
+    assert not any(line in log for line in _UNHANDLED), log[-3000:]
+    # PostgreSQL's pipeline may log one traceback of its own first: its prepared
+    # statement's plan after the table changed (0214-store-damage-in-servers's Left).
+    tracebacks = log.count("Traceback")
+    assert tracebacks == log.count("cached plan must not change result type"), log[-3000:]
+    shape_lines = [line for line in log.splitlines() if "is not of the shape uprof made" in line]
+    assert len(shape_lines) == 1 and f"column {column} missing" in shape_lines[0], log[-3000:]
+    assert "uprof restore" in shape_lines[0], shape_lines
+    _alter(backend, server.settings, table, f"{column}_by_hand", "rename-back")
+    assert _count_events(backend, server.settings) == before
+
+
+@pytest.mark.parametrize("read", ["select_events", "select_notifications"])
+def test_held_a_lookup_error_of_a_row_read_with_every_column_there_stays_a_fault(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch, read: str
+) -> None:
+    """Held (TT's other side): an ``IndexError``/``KeyError`` out of the library's row
+    read while the table has every column it reads is not called damage: the recorder
+    looks, finds them all, and the error goes on as it was (a fault, 500 ``internal``)."""
+    settings = _deployment(backend)
+    with running(settings, FakeClock()) as kernel:
+        recorder = kernel.app.recorder
+        library = type(recorder).__mro__[1]  # the library's recorder the guard extends
+
+        def broken(self: object, *args: object, **kwargs: object) -> object:
+            raise KeyError("a bug, not the table")
+
+        monkeypatch.setattr(library, read, broken)
+        with pytest.raises(KeyError, match="a bug, not the table"):
+            if read == "select_events":
+                recorder.select_events(uuid4())
+            else:
+                recorder.select_notifications(start=None, limit=10)

@@ -50,7 +50,11 @@ def _shape_damage(driver_text: str) -> StoreShapeDamagedError:
 
 def store_damage(error: BaseException) -> StoredDataDamagedError | None:
     """The refusal for ``error`` when the driver says a store is damaged (its file, or a
-    table's shape), else None. Read through SQLAlchemy's and eventsourcing's wrappers."""
+    table's shape), else None. Read through SQLAlchemy's and eventsourcing's wrappers;
+    a shape damage the event store's recorder found itself (``row_read_damage``) is
+    itself."""
+    if isinstance(error, StoreShapeDamagedError):
+        return error
     cause = getattr(error, "orig", None) or error.__cause__ or error
     if isinstance(cause, sqlite3.DatabaseError):
         code = getattr(cause, "sqlite_errorcode", None)
@@ -104,6 +108,25 @@ def refuse_reshaped_tables(
     )
     damage.detail = said
     raise damage
+
+
+def row_read_damage(
+    read_by_name: frozenset[str], there: frozenset[str]
+) -> StoreShapeDamagedError | None:
+    """What an ``IndexError``/``KeyError`` of the library's row read is, once the table
+    was looked at (``there``: its columns now): damage when a column it reads by name
+    is missing (the answer names none; ``detail`` names it for the log), else None, and
+    the error stays a fault. Told apart by the look, not by the error's text: a lookup
+    failing inside the library's read of ``SELECT *`` with every column there is a bug.
+    The damage is logged here, once (``log_store_damage``): it surfaces as uprof's own
+    error, which no surface's driver-error handler sees."""
+    lacking = sorted(read_by_name - there)
+    if not lacking:
+        return None
+    damage = StoreShapeDamagedError(_SHAPE)
+    damage.detail = f"column {', '.join(lacking)} missing"
+    log_store_damage(damage)
+    return damage
 
 
 _reported: set[str] = set()
