@@ -12,9 +12,10 @@ line naming the table and the column, the restore hint, no traceback, for the CL
 servers before they listen.
 
 Bug TQ: an event table's column the library reads by name (``topic``, ``state``, and
-PostgreSQL's ``notification_id``). Bug TR: the snapshot table's. Bug TS: the tracking
-table's (named in the library's statements: a driver error, already exit 7 on some
-commands, but never naming the table, and a start that reads no position went on).
+PostgreSQL's ``notification_id``). Bug TR: the snapshot table's (nothing read it before a
+subject's hundredth event: every start and capture went on). Bug TS: the tracking
+table's (named in the library's statements: renamed, exit 7 naming no table; dropped on
+SQLite, the library took the table for one to migrate and ended in its traceback, exit 1).
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ DAMAGES = [
     pytest.param("TQ", "events", "state", "drop", id="TQ-events-state-dropped"),
     pytest.param("TR", "snapshots", "topic", "rename", id="TR-snapshots-topic-renamed"),
     pytest.param("TR", "snapshots", "state", "drop", id="TR-snapshots-state-dropped"),
-    pytest.param("TS", "tracking", "notification_id", "rename", id="TS-tracking-position"),
+    pytest.param("TS", "tracking", "notification_id", "rename", id="TS-tracking-renamed"),
+    pytest.param("TS", "tracking", "notification_id", "drop", id="TS-tracking-dropped"),
 ]
 
 

@@ -394,7 +394,7 @@ class Backend(Protocol):
         self, engine: sa.Engine, tables: Sequence[str], *, schema: str | None
     ) -> dict[str, frozenset[str]]:
         """The columns of each of ``tables`` (unqualified names, in ``schema`` where the
-        backend has schemas) in one look at the catalog; a table that is not there is
+        backend has schemas) on one connection; a table that is not there is
         left out. For the event store's shape check at start (``uprof.backends.damage``)."""
         ...
 

@@ -401,8 +401,8 @@ class SQLiteBackend:
     def table_columns(
         self, engine: sa.Engine, tables: Sequence[str], *, schema: str | None
     ) -> dict[str, frozenset[str]]:
-        # One statement over pragma_table_info (a table-valued function per table): a
-        # table that is not there yields no row. ``schema`` is the database's own ("main").
+        # pragma_table_info per table, on one connection: a table that is not there
+        # yields no row. No ``schema``: each store is its own file ("main").
         found: dict[str, set[str]] = {}
         with engine.connect() as conn:
             for table in tables:
