@@ -43,6 +43,7 @@ from domain.errors import (
 from domain.profile import STATE_VALUE_TYPES, SubjectProfile
 from uprof import retry, vector_model
 from uprof.backends import Backend, backend_for
+from uprof.backends.damage import EVENT_ROW_COLUMNS, TRACKING_COLUMNS, refuse_reshaped_tables
 from uprof.crypto.keystore import StreamHead
 from uprof.crypto.mapper import SubjectKeyMapper
 from uprof.crypto.tables import stream_heads
@@ -354,11 +355,46 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
         self.backend = backend_for(events_engine)
         #: Which log this is, for the streams' anchors in the key store (``log_identity``).
         self.log_id = log_identity(self.backend, events_engine)
-        super().__init__(_with_guarded_recorder(env, self.backend))
+        # The library's table creation off: its own statements on a table of the wrong
+        # shape fail first (a tracking table's "no such column", naming no table), and
+        # SQLite's reads a tracking table it cannot query as one to migrate.
+        super().__init__({**_with_guarded_recorder(env, self.backend), "CREATE_TABLE": "n"})
+        try:
+            self.check_table_shapes()
+            self.recorder.create_table()  # type: ignore[attr-defined]
+            if self.snapshots is not None:
+                self.snapshots.recorder.create_table()  # type: ignore[attr-defined]
+        except BaseException:
+            self.close()
+            raise
         # Our indexes on the library's table: the alembic ``events`` branch, run once the
         # library has created its tables (at head: one query, no alembic import).
         migrate(events_engine, "events")
         self._heads_sql = self._build_heads_sql()
+
+    def check_table_shapes(self) -> None:
+        """Refuse (``StoreShapeDamagedError``, exit 7, naming table and column) a log whose
+        event, snapshot or tracking table lacks a column the library reads by name: met
+        at run time, it is an ``IndexError``/``KeyError`` inside eventsourcing that no
+        driver names, so a start went on and a server answered 500 ``internal`` with a
+        traceback per request (XXXX-event-table-shape-at-start). One catalog read per
+        start, before the library creates the tables that are missing (a new log's)."""
+        recorder = self.recorder
+        # PostgreSQL keeps notification ids in a column the library reads by name;
+        # SQLite's are the rowid, which no one can rename.
+        _, id_column = self.backend.events_table(recorder)
+        events_table: str = recorder.events_table_name  # type: ignore[attr-defined]
+        wanted = {
+            events_table: EVENT_ROW_COLUMNS | ({id_column} - {"rowid"}),
+            # SQLite's tracking table has a fixed name and no attribute for it.
+            getattr(recorder, "tracking_table_name", "tracking"): TRACKING_COLUMNS,
+        }
+        if self.snapshots is not None:
+            snapshots: str = self.snapshots.recorder.events_table_name  # type: ignore[attr-defined]
+            wanted[snapshots] = EVENT_ROW_COLUMNS
+        schema = getattr(recorder.datastore, "schema", None)  # type: ignore[attr-defined]
+        found = self.backend.table_columns(self.events_engine, list(wanted), schema=schema)
+        refuse_reshaped_tables(wanted, found)
 
     def construct_mapper(self) -> Mapper[UUID]:
         return SubjectKeyMapper(self.construct_transcoder(), self._keystore)

@@ -3,6 +3,8 @@ explains the guard). A module of its own so that SQLite deployments never import
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from eventsourcing.persistence import Tracking
@@ -10,8 +12,17 @@ from eventsourcing.postgres import PostgresProcessRecorder
 from psycopg.sql import SQL, Identifier
 
 from domain.errors import PositionMovedError
+from uprof.backends.damage import EVENT_ROW_COLUMNS, row_read_damage
 from uprof.backends.postgres import refuse_if_stores_lost
 from uprof.recorders import GuardedTracking
+
+#: A table's columns (as ``PostgresBackend.table_columns``), by schema and name.
+_COLUMNS = SQL(
+    "SELECT a.attname FROM pg_catalog.pg_attribute a "
+    "JOIN pg_catalog.pg_class c ON c.oid = a.attrelid "
+    "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped"
+)
 
 
 class GuardedPostgresProcessRecorder(PostgresProcessRecorder):
@@ -39,6 +50,30 @@ class GuardedPostgresProcessRecorder(PostgresProcessRecorder):
             "WHERE application_name = %(application_name)s "
             "AND notification_id = %(expected)s RETURNING notification_id"
         ).format(*table)
+
+    def select_events(self, *args: Any, **kwargs: Any) -> Any:
+        with self._rows_read_by_name():
+            return super().select_events(*args, **kwargs)
+
+    def select_notifications(self, *args: Any, **kwargs: Any) -> Any:
+        with self._rows_read_by_name():
+            return super().select_notifications(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def _rows_read_by_name(self) -> Iterator[None]:
+        """As SQLite's (``uprof.recorders``): psycopg's dict rows raise ``KeyError`` for
+        a column renamed or dropped by hand; looked at, damage if one is missing (this
+        table's notification ids are a column read by name too), else the error."""
+        try:
+            yield
+        except LookupError as error:
+            with self.datastore.transaction(commit=False) as curs:
+                curs.execute(_COLUMNS, (self.datastore.schema, self.events_table_name))
+                there = frozenset(str(row["attname"]) for row in curs.fetchall())
+            damage = row_read_damage(EVENT_ROW_COLUMNS | {"notification_id"}, there)
+            if damage is None:
+                raise
+            raise damage from error
 
     def _insert_events(self, curs: Any, stored_events: Any, **kwargs: Any) -> None:
         # This pool is not the views engine's: a process that lost its hold on the stores

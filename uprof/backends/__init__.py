@@ -390,6 +390,14 @@ class Backend(Protocol):
         """The qualified table of process positions of an eventsourcing recorder."""
         ...
 
+    def table_columns(
+        self, engine: sa.Engine, tables: Sequence[str], *, schema: str | None
+    ) -> dict[str, frozenset[str]]:
+        """The columns of each of ``tables`` (unqualified names, in ``schema`` where the
+        backend has schemas) on one connection; a table that is not there is
+        left out. For the event store's shape check at start (``uprof.backends.damage``)."""
+        ...
+
     def stream_key(self, stream_id: UUID) -> str:
         """A stream id as eventsourcing stores it in ``originator_id``."""
         ...

@@ -11,6 +11,7 @@ import logging
 import re
 import sqlite3
 import threading
+from collections.abc import Mapping
 
 from domain.errors import StoredDataDamagedError, StoreFileDamagedError, StoreShapeDamagedError
 
@@ -60,7 +61,11 @@ def _shape_damage(driver_text: str) -> StoreShapeDamagedError:
 
 def store_damage(error: BaseException) -> StoredDataDamagedError | None:
     """The refusal for ``error`` when the driver says a store is damaged (its file, or a
-    table's shape), else None. Read through SQLAlchemy's and eventsourcing's wrappers."""
+    table's shape), else None. Read through SQLAlchemy's and eventsourcing's wrappers;
+    a shape damage the event store's recorder found itself (``row_read_damage``) is
+    itself."""
+    if isinstance(error, StoreShapeDamagedError):
+        return error
     cause = getattr(error, "orig", None) or error.__cause__ or error
     if isinstance(cause, sqlite3.DatabaseError):
         code = getattr(cause, "sqlite_errorcode", None)
@@ -83,6 +88,61 @@ def store_damage(error: BaseException) -> StoredDataDamagedError | None:
         # The primary message alone: the full text quotes the statement.
         return _shape_damage(getattr(getattr(cause, "diag", None), "message_primary", "") or "")
     return None
+
+
+#: The columns eventsourcing reads each row of an event or snapshot table by, by name
+#: from ``SELECT *`` (``row["topic"]``): one renamed or dropped by hand is an
+#: ``IndexError`` (SQLite's rows) or ``KeyError`` (PostgreSQL's) inside the library, which
+#: no driver's text names; a running server answered 500 ``internal`` with a traceback.
+EVENT_ROW_COLUMNS = frozenset({"originator_id", "originator_version", "topic", "state"})
+#: The columns of the library's tracking table (a process's position per application).
+TRACKING_COLUMNS = frozenset({"application_name", "notification_id"})
+
+
+def refuse_reshaped_tables(
+    wanted: Mapping[str, frozenset[str]], found: Mapping[str, frozenset[str]]
+) -> None:
+    """Raise ``StoreShapeDamagedError`` naming each table of ``wanted`` that lacks a
+    column it must have (``found``: the columns there, ``Backend.table_columns``), for
+    the operator at start (0214-store-damage-in-servers's Left, the event store's
+    counterpart of RF's policy table check). A table not in ``found`` is left alone: a
+    missing table is the store not answering (503), as since PX, or made by the library.
+    """
+    lacking = {
+        table: sorted(columns - found[table])
+        for table, columns in wanted.items()
+        if table in found and columns - found[table]
+    }
+    if not lacking:
+        return
+    said = "; ".join(
+        f"its table {t} lacks the column(s) {', '.join(c)}" for t, c in lacking.items()
+    )
+    damage = StoreShapeDamagedError(
+        f"stored data damaged: the event store is not of the shape uprof made: {said} "
+        "(altered by hand, or made again by hand)"
+    )
+    damage.detail = said
+    raise damage
+
+
+def row_read_damage(
+    read_by_name: frozenset[str], there: frozenset[str]
+) -> StoreShapeDamagedError | None:
+    """What an ``IndexError``/``KeyError`` of the library's row read is, once the table
+    was looked at (``there``: its columns now): damage when a column it reads by name
+    is missing (the answer names none; ``detail`` names it for the log), else None, and
+    the error stays a fault. Told apart by the look, not by the error's text: a lookup
+    failing inside the library's read of ``SELECT *`` with every column there is a bug.
+    The damage is logged here, once (``log_store_damage``): it surfaces as uprof's own
+    error, which no surface's driver-error handler sees."""
+    lacking = sorted(read_by_name - there)
+    if not lacking:
+        return None
+    damage = StoreShapeDamagedError(_SHAPE)
+    damage.detail = f"column {', '.join(lacking)} missing"
+    log_store_damage(damage)
+    return damage
 
 
 _reported: set[str] = set()

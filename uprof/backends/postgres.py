@@ -248,6 +248,27 @@ class PostgresBackend:
         schema = recorder.datastore.schema
         return f'"{schema}"."{recorder.tracking_table_name}"'
 
+    def table_columns(
+        self, engine: sa.Engine, tables: Sequence[str], *, schema: str | None
+    ) -> dict[str, frozenset[str]]:
+        # pg_attribute, not information_schema.columns (a view with per-row privilege
+        # checks): one cheap catalog read for every table at once. Dropped columns stay in
+        # pg_attribute, marked; system columns have attnum <= 0.
+        statement = sa.text(
+            "SELECT c.relname, a.attname FROM pg_catalog.pg_attribute a "
+            "JOIN pg_catalog.pg_class c ON c.oid = a.attrelid "
+            "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = COALESCE(CAST(:schema AS name), current_schema()) "
+            "AND c.relname = ANY(:tables) AND a.attnum > 0 AND NOT a.attisdropped"
+        )
+        found: dict[str, set[str]] = {}
+        with engine.connect() as conn:
+            for table, column in conn.execute(
+                statement, {"schema": schema or None, "tables": list(tables)}
+            ):
+                found.setdefault(str(table), set()).add(str(column))
+        return {table: frozenset(names) for table, names in found.items()}
+
     def stream_key(self, stream_id: UUID) -> str:
         return str(stream_id)  # a uuid column: psycopg adapts the text form
 

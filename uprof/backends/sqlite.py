@@ -398,6 +398,22 @@ class SQLiteBackend:
     def tracking_table(self, recorder: Any) -> str:
         return "tracking"  # the library's fixed name on SQLite
 
+    def table_columns(
+        self, engine: sa.Engine, tables: Sequence[str], *, schema: str | None
+    ) -> dict[str, frozenset[str]]:
+        # pragma_table_info per table, on one connection: a table that is not there
+        # yields no row. No ``schema``: each store is its own file ("main").
+        found: dict[str, set[str]] = {}
+        with engine.connect() as conn:
+            for table in tables:
+                rows = conn.execute(
+                    sa.text("SELECT name FROM pragma_table_info(:table)"), {"table": table}
+                )
+                names = {str(name) for (name,) in rows}
+                if names:
+                    found[table] = names
+        return {table: frozenset(names) for table, names in found.items()}
+
     def stream_key(self, stream_id: UUID) -> str:
         return stream_id.hex  # eventsourcing keeps uuids as 32-hex text on SQLite
 
