@@ -377,7 +377,7 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
         event, snapshot or tracking table lacks a column the library reads by name: met
         at run time, it is an ``IndexError``/``KeyError`` inside eventsourcing that no
         driver names, so a start went on and a server answered 500 ``internal`` with a
-        traceback per request (XXXX-event-table-shape-at-start). One catalog read per
+        traceback per request (0220-event-table-shape-at-start). One catalog read per
         start, before the library creates the tables that are missing (a new log's)."""
         recorder = self.recorder
         # PostgreSQL keeps notification ids in a column the library reads by name;

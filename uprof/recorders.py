@@ -105,7 +105,7 @@ class GuardedSQLiteProcessRecorder(SQLiteProcessRecorder):
         """The library reads each row of ``SELECT *`` by name: a column renamed or
         dropped by hand under a running process is an ``IndexError`` (sqlite3's rows) no
         driver names. Looked at then: damage if a column is missing, else the error as
-        it was (XXXX-event-table-shape-at-start, bug TT)."""
+        it was (0220-event-table-shape-at-start, bug TT)."""
         try:
             yield
         except LookupError as error:

@@ -1,4 +1,4 @@
-"""The event store's tables of the wrong shape, met at start (XXXX-event-table-shape-at-start).
+"""The event store's tables of the wrong shape, met at start (0220-event-table-shape-at-start).
 Real ``uprof`` processes (a CLI command and ``uprof serve``), SQLite and PostgreSQL.
 
 eventsourcing reads each row of its event and snapshot tables by name from ``SELECT *``
