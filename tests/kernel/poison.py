@@ -69,3 +69,25 @@ def patch_rules(log: str) -> Callable[[], None]:
         RuleBasedExtractor.extract = plain  # type: ignore[method-assign]
 
     return undo
+
+
+def count_batches(folder: str) -> None:
+    """Make ``Uprof.process_once`` (the worker loop's step) write, after each call, how many
+    this process has finished to ``folder/<pid>``: a test can then wait until every worker
+    has finished a batch it began after a given moment, instead of sleeping."""
+    from uprof.kernel import Uprof
+
+    plain = Uprof.process_once
+    mine = Path(folder) / str(os.getpid())
+    done = [0]
+
+    def process_once(self: Any) -> int:
+        try:
+            return plain(self)
+        finally:
+            done[0] += 1
+            written = mine.with_suffix(".new")
+            written.write_text(str(done[0]))
+            written.replace(mine)  # a reader never sees half a number
+
+    Uprof.process_once = process_once  # type: ignore[method-assign]

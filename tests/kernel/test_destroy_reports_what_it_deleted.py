@@ -14,9 +14,48 @@ import threading
 import time
 from datetime import UTC, datetime
 
+import sqlalchemy as sa
+
 from tests.kernel.conftest import consent, say
 from uprof.crypto.tables import subject_keys
 from uprof.kernel import Uprof
+
+
+def _signal_key_deletes(engine: sa.Engine) -> threading.Event:
+    """An Event set when a thread other than this one sends a DELETE of subject keys."""
+    sent = threading.Event()
+    me = threading.get_ident()
+
+    @sa.event.listens_for(engine, "before_cursor_execute")
+    def seen(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        if threading.get_ident() != me and statement.lstrip().upper().startswith(
+            f"DELETE FROM {subject_keys.name.upper()}"
+        ):
+            sent.set()
+
+    return sent
+
+
+def _until_waiting(
+    engine: sa.Engine, other: sa.Connection, deleting: threading.Event, worker: threading.Thread
+) -> None:
+    """Until the worker's destroy waits for ``other``'s uncommitted DELETE: on PostgreSQL,
+    the server lists ``other`` as what blocks a session; on SQLite (no lock table), the
+    worker has sent its DELETE, which cannot run while ``other`` holds the write lock."""
+    assert deleting.wait(60), "the destroy never sent its DELETE"
+    if engine.dialect.name == "postgresql":
+        holder = other.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+        blocked = sa.text(
+            "SELECT count(*) FROM pg_stat_activity WHERE :h = ANY(pg_blocking_pids(pid))"
+        )
+        deadline = time.monotonic() + 60
+        with engine.connect() as look:
+            while not look.execute(blocked, {"h": holder}).scalar_one():
+                assert worker.is_alive(), "the destroy ended without waiting for the lock"
+                assert time.monotonic() < deadline, "the destroy never waited for the lock"
+                time.sleep(0.01)
+                look.rollback()
+    assert worker.is_alive(), "the destroy ended without waiting for the lock"
 
 
 def test_a_destroy_waiting_for_another_deleting_the_keys_reports_none(kernel: Uprof) -> None:
@@ -28,6 +67,7 @@ def test_a_destroy_waiting_for_another_deleting_the_keys_reports_none(kernel: Up
     engine = kernel.keystore._engine
     assert kernel.keystore.destruction_preview(stream).deks, "alice has no key to destroy"
     answers: list[object] = []
+    deleting = _signal_key_deletes(engine)
     with engine.connect() as other:
         other.begin()
         # Another erasure's destroy, its DELETE done, not yet committed.
@@ -38,7 +78,7 @@ def test_a_destroy_waiting_for_another_deleting_the_keys_reports_none(kernel: Up
             )
         )
         worker.start()
-        time.sleep(1.0)  # this destroy now waits for the other's lock
+        _until_waiting(engine, other, deleting, worker)
         other.commit()
     worker.join(60)
     assert not worker.is_alive()

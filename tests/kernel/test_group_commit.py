@@ -6,7 +6,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 from uuid import uuid4
 
 import pytest
@@ -206,6 +207,28 @@ def test_a_subject_erased_after_it_was_queued_fails_only_its_request(kernel: Upr
     assert sorted(_log_captures(kernel)) == [ok.acks[0][0]]
 
 
+def _own_writer(kernel: Uprof, **options: Any) -> CaptureWriter:
+    """Give the kernel's capture service a writer built with ``options`` (not started)."""
+    service = kernel.capture_service
+    service.writer = CaptureWriter(
+        kernel.app,
+        kernel.keystore,
+        kernel.clock,
+        kernel.audit,
+        kernel.subjects,
+        service._write_alone,
+        **options,
+    )
+    return service.writer
+
+
+def _until(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
 def _signal_commits(writer: CaptureWriter) -> threading.Event:
     """An Event set when the writer thread starts committing a group: the group is closed
     (no later request joins it) and the writer is about to wait for the streams' turn."""
@@ -223,16 +246,7 @@ def _signal_commits(writer: CaptureWriter) -> threading.Event:
 def test_a_full_queue_refuses_with_backlogged_and_stores_nothing_for_it(kernel: Uprof) -> None:
     consent(kernel, "alice")
     service = kernel.capture_service
-    service.writer = CaptureWriter(
-        kernel.app,
-        kernel.keystore,
-        kernel.clock,
-        kernel.audit,
-        kernel.subjects,
-        service._write_alone,
-        max_queued=1,
-        enqueue_timeout_s=0.2,
-    )
+    _own_writer(kernel, max_queued=1, enqueue_timeout_s=0.2)
     committing = _signal_commits(service.writer)
     service.writer.start()
     answers: dict[str, object] = {}
@@ -269,10 +283,19 @@ def test_a_full_queue_refuses_with_backlogged_and_stores_nothing_for_it(kernel: 
     assert sorted(stored) == sorted([answers["first"].capture_id, answers["queued"].capture_id])
 
 
-def test_stopping_answers_every_request_queued_or_arriving(writing: Uprof) -> None:
-    kernel = writing
+def test_stopping_answers_every_request_queued_or_arriving(kernel: Uprof) -> None:
+    """A stop asked while requests wait in the queue behind a group in hand, and while
+    clients go on sending: every request is answered and in the log once (the queued ones
+    by the writer draining its queue, the later ones on their callers' threads).
+
+    The moment is made, not waited for: the writer is held on its first group (the
+    streams' turns), groups hold 2 requests, so the 6 clients' first requests are 2 in
+    hand and 4 queued when the stop is asked."""
     consent(kernel, "alice")
     consent(kernel, "bob")
+    writer = _own_writer(kernel, max_group=2)
+    committing = _signal_commits(writer)
+    writer.start()
     acks, errors = [], []
 
     def client(c: int) -> None:
@@ -283,12 +306,23 @@ def test_stopping_answers_every_request_queued_or_arriving(writing: Uprof) -> No
                 errors.append(e)
 
     threads = [threading.Thread(target=client, args=(c,)) for c in range(6)]
-    for t in threads:
-        t.start()
-    time.sleep(0.2)
-    kernel.capture_service.writer.stop()  # while clients are still capturing
-    for t in threads:
-        t.join(60)
+    stopping = threading.Thread(target=writer.stop)
+    streams = [kernel.stream_of("alice"), kernel.stream_of("bob")]
+    try:
+        with kernel.app.writer_turns(streams):  # the writer blocks on its first group
+            for t in threads:
+                t.start()
+            assert committing.wait(60), "the writer never took a request"
+            # Counts every put (no task_done): each client's first request is in.
+            _until(lambda: writer._queue.unfinished_tasks >= len(threads), "clients queued")
+            assert writer._queue.qsize() >= 1, "no request waits in the queue"
+            stopping.start()  # its drain waits for the turns held here
+            _until(lambda: not writer.running, "the stop was never asked")
+        for t in threads:
+            t.join(60)
+        stopping.join(60)
+    finally:
+        writer.stop()
     assert not any(t.is_alive() for t in threads), "a capture was left waiting"
     assert errors == []
     in_log = _log_captures(kernel)
@@ -404,16 +438,7 @@ def test_a_coroutine_finding_the_queue_full_is_refused_with_backlogged(kernel: U
 
     consent(kernel, "alice")
     service = kernel.capture_service
-    service.writer = CaptureWriter(
-        kernel.app,
-        kernel.keystore,
-        kernel.clock,
-        kernel.audit,
-        kernel.subjects,
-        service._write_alone,
-        max_queued=1,
-        enqueue_timeout_s=0.2,
-    )
+    _own_writer(kernel, max_queued=1, enqueue_timeout_s=0.2)
     committing = _signal_commits(service.writer)
     service.writer.start()
     writer_queue = service.writer._queue

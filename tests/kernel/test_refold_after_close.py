@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,9 +45,24 @@ def _open_in(folder: Path) -> list[str]:
     return sorted(held)
 
 
+def _background_fold_tried(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Set when the background fold thread begins a try (past its first pause)."""
+    tried = threading.Event()
+    real = recovery.fold_log
+
+    def signalled(*args: Any, **kwargs: Any) -> bool:
+        if threading.current_thread().name == "uprof-refold":
+            tried.set()
+        return bool(real(*args, **kwargs))
+
+    monkeypatch.setattr(recovery, "fold_log", signalled)
+    return tried
+
+
 def test_a_close_beside_a_reader_ends_the_background_fold(
-    backend: Backend, clock: FakeClock
+    backend: Backend, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    tried = _background_fold_tried(monkeypatch)
     settings = settings_for(backend)
     keys_db = settings.key_path / "keys.sqlite"
     key_store_put_back_after_erasure(backend, settings, clock)
@@ -56,9 +71,8 @@ def test_a_close_beside_a_reader_ends_the_background_fold(
         with running(settings, clock):
             started = [t for t in _refold_threads() if t.ident not in before]
             assert started, "the start beside a reader did not owe a fold"
-            # Let the thread get past its first pause and into a fold (setup, not a
-            # measurement: the assertions below hold however long this is).
-            time.sleep(2 * recovery.REFOLD_PAUSE_S)
+            # The close comes once the thread is past its first pause and into a fold.
+            assert tried.wait(60), "the background fold never tried"
         # Closed, the reader still there: nothing of this kernel touches the store.
         assert [t for t in started if t.is_alive()] == []
         assert _open_in(settings.key_path) == []

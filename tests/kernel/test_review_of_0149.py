@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -40,6 +39,7 @@ from tests.kernel.test_upgrade_processes import (
     assert_upgraded_and_intact,
     previous_schema_store,
 )
+from tests.kernel.test_wal_switch_killed import _wait_for
 from uprof.settings import Settings
 from uprof.storage import RESTORE_MARKER, branch_head, create_engine, layout_for
 
@@ -310,12 +310,38 @@ _HOLDER = textwrap.dedent(
 )
 
 
+#: ``NEW_START`` that touches the file named by its last argument when it asks for the
+#: views store's write lock (SQLite's ``BEGIN IMMEDIATE``): from then on it waits for
+#: whoever holds that lock.
+_START_SEEN_WAITING = (
+    textwrap.dedent(
+        """
+        import sys
+        from pathlib import Path
+        import sqlalchemy as sa
+
+        asked = Path(sys.argv.pop())
+
+        @sa.event.listens_for(sa.engine.Engine, "before_cursor_execute")
+        def _asks_the_write_lock(conn, _cursor, statement, *_):
+            database = str(conn.engine.url.database or "")
+            if statement.strip().upper() == "BEGIN IMMEDIATE" and database.endswith(
+                "views.sqlite"
+            ):
+                asked.touch()
+        """
+    )
+    + NEW_START
+)
+
+
 def test_an_upgrade_behind_a_long_write_transaction_waits_for_it(
     backend: Backend, clock: FakeClock, tmp_path: Path
 ) -> None:
     """Another process holds a write transaction on the views store (SQLite: its write
     lock) when a start must upgrade it: the start waits (busy timeout) and comes up once
-    the writer commits; the writer's row is kept."""
+    the writer commits; the writer's row is kept. On PostgreSQL nothing the start does
+    takes the writer's lock: it comes up while the transaction is still open."""
     settings = previous_schema_store(backend, clock)
     layout = layout_for(settings)
     _create_review_writes(layout.views_url)
@@ -325,11 +351,16 @@ def test_an_upgrade_behind_a_long_write_transaction_waits_for_it(
     try:
         assert holder.stdout is not None
         assert holder.stdout.readline().strip() == "holding", holder.communicate(30)
-        start = children.PythonChild(NEW_START, str(settings.data_dir), url)
+        asked = tmp_path / "asked"
+        start = children.PythonChild(_START_SEEN_WAITING, str(settings.data_dir), url, str(asked))
         try:
-            # Let the start reach the store while the transaction is open (ordering only:
-            # the outcome asserted does not depend on it).
-            time.sleep(2)
+            if backend.kind == "sqlite":
+                # The start asked for the write lock the holder has: it waits (SQLite's
+                # busy handler, 30 s) until the commit below.
+                _wait_for(asked, start)
+            else:
+                out, err = start.communicate(120)  # the transaction still open
+                assert start.returncode == 0 and "started" in out, err[-3000:]
         finally:
             stop.touch()
         out, err = start.communicate(120)

@@ -98,6 +98,29 @@ def _wait_for(path: Path, victim: children.PythonChild, timeout_s: float = 120.0
         time.sleep(0.01)
 
 
+def _wait_until_write_locked(
+    database: Path, victim: children.PythonChild, timeout_s: float = 120.0
+) -> None:
+    """Until a read of ``database`` is refused at once: the victim's switch holds the
+    file's write lock (its pending lock keeps new readers out) and waits inside SQLite
+    for the reader's shared lock to go. The reader only reads, so nobody else holds it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert victim.poll() is None, victim.communicate()
+        # timeout=0: no busy wait, a held pending lock answers "database is locked" at once.
+        connection = sqlite3.connect(database, timeout=0, isolation_level=None)
+        try:
+            connection.execute("BEGIN")
+            connection.execute("SELECT count(*) FROM sqlite_master").fetchall()
+        except sqlite3.OperationalError as error:
+            assert "locked" in str(error), error
+            return
+        finally:
+            connection.close()
+        assert time.monotonic() < deadline, "the switch never took the file's write lock"
+        time.sleep(0.01)
+
+
 def _journal_mode(database: Path) -> str:
     # Reading the mode changes nothing (no switch is asked); through the driver only.
     connection = sqlite3.connect(database, timeout=30)
@@ -150,7 +173,7 @@ def test_a_start_killed_switching_a_new_file_into_wal_leaves_a_folder_others_sta
     try:
         if moment == "during":
             _wait_for(Path(f"{marker}.in"), victim)
-            time.sleep(0.5)  # inside the switch, waiting for the reader's lock
+            _wait_until_write_locked(database, victim)
             assert not Path(f"{marker}.out").exists(), "the switch did not wait for the reader"
         else:
             _wait_for(Path(f"{marker}.out"), victim)

@@ -37,13 +37,15 @@ def poisoned_worker(
     target: Target, log: Path, partition: int | None, partitions: int, *, exit_at: int = 0
 ) -> Child:
     """``uprof worker`` (its own entry point, ``uprof.cli.worker.main``) with the rules
-    extractor poisoned; with ``exit_at`` N it dies (exit 9, no cleanup) at its N-th
-    attempt on a poison capture."""
+    extractor poisoned and its batches counted (``count_batches``); with ``exit_at`` N it
+    dies (exit 9, no cleanup) at its N-th attempt on a poison capture."""
+    batches = _batches_folder(log)
+    batches.mkdir(exist_ok=True)
     entry = [
         "-c",
-        "import sys; from tests.kernel.poison import patch_rules; "
-        f"patch_rules({str(log)!r}); sys.argv[0] = 'uprof-worker'; "
-        "from uprof.cli.worker import main; main()",
+        "import sys; from tests.kernel.poison import count_batches, patch_rules; "
+        f"patch_rules({str(log)!r}); count_batches({str(batches)!r}); "
+        "sys.argv[0] = 'uprof-worker'; from uprof.cli.worker import main; main()",
     ]
     args = ["--partitions", str(partitions), "--idle-poll", "0.02", "--log-level", "warning"]
     if partition is not None:
@@ -52,6 +54,31 @@ def poisoned_worker(
     if exit_at:
         env["UPROF_POISON_EXIT_AT"] = str(exit_at)
     return Child(args, env, ready="uprof worker ready", entry=entry)
+
+
+def _batches_folder(log: Path) -> Path:
+    return log.with_name("batches")
+
+
+def _batches_done(log: Path, child: Child) -> int:
+    assert child.proc is not None
+    mine = _batches_folder(log) / str(child.proc.pid)
+    return int(mine.read_text()) if mine.exists() else 0
+
+
+def until_each_began_a_batch_after_now(log: Path, children: list[Child]) -> None:
+    """Until every worker has finished a batch it began after this call. The batch each
+    had in hand (a poison's retries, a batch another saved first) is over, and the next
+    read the log as it is now: a worker still retrying the poison would have added its
+    attempts to ``log`` by then, whatever the load."""
+    began = [_batches_done(log, c) + 1 for c in children]  # the one in hand may end first
+    deadline = time.monotonic() + CATCH_UP_S
+    while any(_batches_done(log, c) <= b for c, b in zip(children, began, strict=True)):
+        assert all(c.proc is not None and c.proc.poll() is None for c in children), [
+            c.log for c in children
+        ]
+        assert time.monotonic() < deadline, "a worker finished no batch begun after the catch-up"
+        time.sleep(0.02)
 
 
 def quarantine_events(kernel: Any) -> list[Any]:
@@ -90,7 +117,7 @@ def run(target: Target, tmp: Path, *, partitions: int, spec: list[int | None]) -
                 subject = subjects[n % len(subjects)]
                 kernel.capture(subject, interaction(f"I want to visit the place number {n} soon"))
             caught_up = wait_caught_up(kernel, CATCH_UP_S)
-            time.sleep(0.5)  # a worker still retrying would add attempts now
+            until_each_began_a_batch_after_now(log, children)
             exit_codes = [c.sigterm() for c in children]
         assert caught_up, kernel.lag()
         assert exit_codes == [0] * len(children), [c.log for c in children]

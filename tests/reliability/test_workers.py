@@ -9,14 +9,15 @@ race on purpose, and read-your-writes with partitions. The full stress (2 server
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
 
-from benchmarks.reliability import Target, interaction, open_kernel
-from benchmarks.workers_bench import derived_counts, race_scenario
+from benchmarks.reliability import Target, interaction, line_within, open_kernel
+from benchmarks.workers_bench import Child, derived_counts, killed_on_failure, race_scenario
 from domain.errors import PositionMovedError
 from domain.values import CapturedInteraction, ProposalBatch
 from uprof.adapters.extraction import RuleBasedExtractor
@@ -176,22 +177,46 @@ def test_read_your_writes_waits_for_the_partition_that_covers_the_subject(
         assert counts["captures"] == 1 and counts["view_missing"] == 0, counts
 
 
+def _stacks_dumped(child: Child, timeout_s: float = 120.0) -> list[str]:
+    """The stderr lines of ``child`` up to its main thread's frame in ``uprof/cli/worker.py``
+    (the stack dump SIGUSR1 asks for). Fails if stderr ends first: the process ended."""
+    assert child.proc is not None and child.proc.stderr is not None
+    proc, lines = child.proc, []
+    deadline = time.monotonic() + timeout_s
+    while not any("uprof/cli/worker.py" in line for line in lines):
+        left = deadline - time.monotonic()
+        line = line_within(proc.stderr, max(left, 0.0), proc.kill)
+        assert line is not None, f"no stack dump within {timeout_s:.0f} s: {lines}"
+        assert line != "", f"the worker ended (exit {proc.wait(60)}) after: {lines}"
+        lines.append(line)
+    return lines
+
+
 def test_sigusr1_makes_a_worker_write_its_stacks_and_go_on(target: Target) -> None:
     """How a worker that does not stop is diagnosed: SIGUSR1 dumps every thread's stack
-    to stderr, and the worker keeps working and still stops gracefully on SIGTERM."""
-    import signal
-    import time
+    to stderr, and the worker keeps working and still stops gracefully on SIGTERM.
 
-    from benchmarks.workers_bench import _seed, worker_child
+    Waits for the dump itself (not a fixed time): SIGUSR1's default action ends the
+    process, so a worker without the handler closes its stderr instead of writing it."""
+    import signal
+
+    from benchmarks.workers_bench import _seed, wait_caught_up, worker_child
 
     _seed(target, 1, ["alice"])
     child = worker_child(target, 1, None)
     child.start()
     assert child.proc is not None
-    child.proc.send_signal(signal.SIGUSR1)
-    time.sleep(0.5)  # SIGUSR1's default action ends a process: it would have by now
-    assert child.proc.poll() is None, "SIGUSR1 must not stop the worker"
-    assert child.sigterm() == 0
-    # At least the main thread's stack, wherever the signal found it.
-    assert "(most recent call first)" in child.log[-1], child.log[-1]
-    assert "uprof/cli/worker.py" in child.log[-1], child.log[-1]
+    with killed_on_failure([child]):
+        child.proc.send_signal(signal.SIGUSR1)
+        dump = _stacks_dumped(child)
+        assert child.proc.poll() is None, "SIGUSR1 must not stop the worker"
+        # At least the main thread's stack, wherever the signal found it.
+        assert any("(most recent call first)" in line for line in dump), dump
+        # It goes on: a capture made after the dump is extracted and projected.
+        kernel = open_kernel(target, worker_partitions=1)
+        try:
+            kernel.capture("alice", interaction("I want to learn the cello"))
+            assert wait_caught_up(kernel, 120), kernel.lag()
+        finally:
+            kernel.close()
+        assert child.sigterm() == 0, child.log

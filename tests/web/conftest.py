@@ -23,6 +23,7 @@ import sqlalchemy as sa
 
 from tests.api.conftest import (  # noqa: F401  (fixtures, re-exported for this package)
     Apps,
+    LiveServer,
     apps,
     bearer,
     grant,
@@ -156,9 +157,26 @@ def link_token(client: httpx.Client, login_path: str) -> str:
 def open_link(client: httpx.Client, login_path: str, *, expect: int = 303) -> httpx.Response:
     """Do what a user does with a sign-in link: open it, then press "Sign in" (the form
     posts the link's token back). Returns the answer to that post."""
-    signed = client.post("/privacy/login", data={"token": link_token(client, login_path)})
+    return _press_sign_in(client, link_token(client, login_path), expect=expect)
+
+
+def _press_sign_in(client: httpx.Client, token: str, *, expect: int = 303) -> httpx.Response:
+    signed = client.post("/privacy/login", data={"token": token})
     assert signed.status_code == expect, signed.text
     return signed
+
+
+@contextlib.contextmanager
+def signed_in(live: LiveServer, link: str) -> Iterator[httpx.Client]:
+    """A browser of its own (its cookies shared with no other client) on the live server,
+    signed in to the privacy center for the block: ``link`` is a sign-in link's path,
+    opened as a user does (``open_link``), or the token its **Sign in** form posts back."""
+    with httpx.Client(base_url=live.url, timeout=120) as browser:
+        if link.startswith("/"):
+            open_link(browser, link)
+        else:
+            _press_sign_in(browser, link)
+        yield browser
 
 
 class Lisbon(NamedTuple):

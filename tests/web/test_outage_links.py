@@ -18,9 +18,9 @@ from tests.web.conftest import (
     csrf_of,
     link_token,
     lisbon_item,
-    open_link,
     policy_store_down,
     privacy_link,
+    signed_in,
     table_gone,
 )
 from uprof.api import ApiKeyStore
@@ -167,8 +167,7 @@ def test_a_privacy_center_erasure_whose_link_lost_its_rights_during_the_wait_era
     erasure cannot be undone: decided again after the wait, it erases nothing and says
     so; the subject keeps the session's other pages only while the link stands."""
     item = lisbon_item(http, apps, kernel).item_id
-    with httpx.Client(base_url=server.url, timeout=120) as user:
-        open_link(user, privacy_link(http, apps.planner_operator, "alice"))
+    with signed_in(server, privacy_link(http, apps.planner_operator, "alice")) as user:
         form = user.get("/privacy/erase", params={"item_id": item} if scope == "item" else {})
         assert form.status_code == 200, form.text[:300]
         waited = _denied_during_the_wait(kernel, monkeypatch, scope, "role:operator")
@@ -225,8 +224,7 @@ def test_a_policy_store_outage_answers_each_surface_as_documented(
     every page, answers 503 with ``Retry-After`` and keeps the session (0176), as
     before."""
     grant(http, apps.planner)
-    with httpx.Client(base_url=server.url, timeout=60) as browser:
-        open_link(browser, privacy_link(http, apps.planner_operator, "alice"))
+    with signed_in(server, privacy_link(http, apps.planner_operator, "alice")) as browser:
         with policy_store_down(backend, kernel):
             calls = [
                 (apps.planner, "/v1/captures", {"subject": "alice", **interaction("hi")}),

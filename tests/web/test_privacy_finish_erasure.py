@@ -29,9 +29,9 @@ from tests.web.conftest import (
     csrf_of,
     lisbon_item,
     needs_chromium,
-    open_link,
     privacy_link,
     shot,
+    signed_in,
 )
 from tests.web.test_browser import sign_in_user
 from uprof.api import ApiKeyStore
@@ -66,6 +66,15 @@ STOPS: dict[str, tuple[str, Callable[..., Any], int]] = {
 }
 
 
+def stops_once(kernel: Uprof, monkeypatch: pytest.MonkeyPatch, stop: str) -> int:
+    """The kernel's next erasure stops as ``STOPS[stop]`` says (once; undone by the test's
+    end); returns the status its request is answered with."""
+    name, how, status = STOPS[stop]
+    monkeypatch.setattr(kernel.erasure_service, name, getattr(kernel.erasure_service, name))
+    _once(kernel.erasure_service, name, how)
+    return status
+
+
 def _withdraw_form(page: str, consent_id: str) -> dict[str, str]:
     """The fields of the form the page offers for ``consent_id`` (its row's form)."""
     row = re.search(rf'<tr data-consent="{re.escape(consent_id)}">(.*?)</tr>', page, re.S)
@@ -81,9 +90,7 @@ def _stopped_half_way(
     user: httpx.Client, kernel: Uprof, consent_id: str, stop: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The subject withdraws the consent with erase from the page; the erasure stops."""
-    name, how, status = STOPS[stop]
-    monkeypatch.setattr(kernel.erasure_service, name, getattr(kernel.erasure_service, name))
-    _once(kernel.erasure_service, name, how)
+    status = stops_once(kernel, monkeypatch, stop)
     csrf = csrf_of(user.get("/privacy").text)
     stopped = user.post(
         "/privacy/consents/withdraw", data={"csrf": csrf, "consent_id": consent_id, "erase": "1"}
@@ -112,8 +119,7 @@ def test_an_erasure_stopped_half_way_is_shown_and_finished_from_the_page(
     button erases what was collected, with a receipt, and the state is gone."""
     consent_id = lisbon_item(http, apps, kernel).consent_id
     receipts = _receipts(kernel)
-    with httpx.Client(base_url=server.url, timeout=120) as user:
-        open_link(user, privacy_link(http, apps.planner_operator, "alice"))
+    with signed_in(server, privacy_link(http, apps.planner_operator, "alice")) as user:
         _stopped_half_way(user, kernel, consent_id, stop, monkeypatch)
         page = user.get("/privacy")
         assert page.status_code == 200, page.text[-300:]
@@ -142,8 +148,7 @@ def test_an_erasure_that_finished_is_not_shown_unfinished(
     shown withdrawn, with no finish button."""
     consent_id = lisbon_item(http, apps, kernel).consent_id
     kept = grant(http, apps.calendar, categories=("schedule",), purposes=("scheduling",))
-    with httpx.Client(base_url=server.url, timeout=120) as user:
-        open_link(user, privacy_link(http, apps.planner_operator, "alice"))
+    with signed_in(server, privacy_link(http, apps.planner_operator, "alice")) as user:
         for withdrawn, erase in ((consent_id, "1"), (kept, "")):
             csrf = csrf_of(user.get("/privacy").text)
             done = user.post(
@@ -178,11 +183,9 @@ def test_another_subject_cannot_finish_it(
         == 201
     )
     with (
-        httpx.Client(base_url=server.url, timeout=120) as alice,
-        httpx.Client(base_url=server.url, timeout=120) as bob,
+        signed_in(server, privacy_link(http, apps.planner_operator, "alice")) as alice,
+        signed_in(server, privacy_link(http, apps.planner_operator, "bob")) as bob,
     ):
-        open_link(alice, privacy_link(http, apps.planner_operator, "alice"))
-        open_link(bob, privacy_link(http, apps.planner_operator, "bob"))
         _stopped_half_way(alice, kernel, consent_id, "never-began", monkeypatch)
         csrf = csrf_of(bob.get("/privacy").text)
         refused = bob.post(
@@ -205,8 +208,7 @@ def test_the_finish_is_refused_once_the_links_issuer_was_revoked(
     """The finish is decided as the withdrawal is (the link's issuing key must
     stand): revoked after the page was shown, the button erases nothing (401)."""
     consent_id = lisbon_item(http, apps, kernel).consent_id
-    with httpx.Client(base_url=server.url, timeout=120) as user:
-        open_link(user, privacy_link(http, apps.planner_operator, "alice"))
+    with signed_in(server, privacy_link(http, apps.planner_operator, "alice")) as user:
         _stopped_half_way(user, kernel, consent_id, "never-began", monkeypatch)
         form = _withdraw_form(user.get("/privacy").text, consent_id)
         principal = keys.authenticate(apps.planner_operator)
@@ -231,9 +233,7 @@ def test_in_chromium_the_subject_sees_the_unfinished_erasure_and_finishes_it(
     erasure stops (its wait for the views runs out); back on the page the consent says
     "erasure not finished" and the "Finish erasure" button erases it, with a receipt."""
     consent_id = lisbon_item(http, apps, kernel).consent_id
-    name, how, _ = STOPS["never-began"]
-    monkeypatch.setattr(kernel.erasure_service, name, getattr(kernel.erasure_service, name))
-    _once(kernel.erasure_service, name, how)
+    stops_once(kernel, monkeypatch, "never-began")
     sign_in_user(page, server.url + privacy_link(http, apps.planner_operator, "alice"))
     row = page.locator(f'tr[data-consent="{consent_id}"]')
     row.get_by_label("also erase what it collected").check()

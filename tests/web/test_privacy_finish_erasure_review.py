@@ -6,13 +6,16 @@ twice at once (a double click) it gave two receipts (bug TF: 2 of 2 fail on main
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 import httpx
 import pytest
 
 from tests.api.conftest import Apps, LiveServer
-from tests.web.conftest import lisbon_item, open_link, privacy_link
+from tests.web.conftest import lisbon_item, privacy_link, signed_in
 from tests.web.test_privacy_finish_erasure import (
     _receipts,
     _stopped_half_way,
@@ -21,20 +24,30 @@ from tests.web.test_privacy_finish_erasure import (
 from uprof.kernel import Uprof
 
 
-def _half_way_form(
+class HalfWay(NamedTuple):
+    user: httpx.Client
+    consent_id: str
+    form: dict[str, str]
+    receipts: int
+
+
+@contextlib.contextmanager
+def _half_way(
     server: LiveServer,
     http: httpx.Client,
     apps: Apps,
     kernel: Uprof,
     monkeypatch: pytest.MonkeyPatch,
-    user: httpx.Client,
-) -> tuple[str, dict[str, str]]:
+) -> Iterator[HalfWay]:
+    """Alice withdraws her consent with erase from her page and the erasure stops before
+    it began; for the block: her signed-in browser, the consent, the finish form her page
+    then offers, and the receipts counted then."""
     consent_id = lisbon_item(http, apps, kernel).consent_id
-    open_link(user, privacy_link(http, apps.planner_operator, "alice"))
-    _stopped_half_way(user, kernel, consent_id, "never-began", monkeypatch)
-    page = user.get("/privacy")
-    assert "erasure not finished" in page.text
-    return consent_id, _withdraw_form(page.text, consent_id)
+    with signed_in(server, privacy_link(http, apps.planner_operator, "alice")) as user:
+        _stopped_half_way(user, kernel, consent_id, "never-began", monkeypatch)
+        page = user.get("/privacy")
+        assert "erasure not finished" in page.text
+        yield HalfWay(user, consent_id, _withdraw_form(page.text, consent_id), _receipts(kernel))
 
 
 def test_held_the_stale_pages_finish_after_the_erasure_finished_gives_no_second_receipt(
@@ -44,9 +57,7 @@ def test_held_the_stale_pages_finish_after_the_erasure_finished_gives_no_second_
     kernel: Uprof,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    with httpx.Client(base_url=server.url, timeout=120) as user:
-        _, form = _half_way_form(server, http, apps, kernel, monkeypatch, user)
-        receipts = _receipts(kernel)
+    with _half_way(server, http, apps, kernel, monkeypatch) as (user, _, form, receipts):
         first = user.post("/privacy/consents/withdraw", data=form, follow_redirects=False)
         assert first.status_code == 303, first.text[-300:]
         assert kernel.wait_until_caught_up(30)
@@ -64,9 +75,7 @@ def test_tf_two_finishes_at_once_give_one_receipt(
     kernel: Uprof,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    with httpx.Client(base_url=server.url, timeout=120) as user:
-        _, form = _half_way_form(server, http, apps, kernel, monkeypatch, user)
-        receipts = _receipts(kernel)
+    with _half_way(server, http, apps, kernel, monkeypatch) as (user, _, form, receipts):
         with ThreadPoolExecutor(2) as pool:
             answers = list(
                 pool.map(
@@ -92,9 +101,7 @@ def test_held_the_finish_without_its_csrf_token_erases_nothing(
     kernel: Uprof,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    with httpx.Client(base_url=server.url, timeout=120) as user:
-        consent_id, form = _half_way_form(server, http, apps, kernel, monkeypatch, user)
-        receipts = _receipts(kernel)
+    with _half_way(server, http, apps, kernel, monkeypatch) as (user, consent_id, form, receipts):
         forged = {k: v for k, v in form.items() if k != "csrf"}
         refused = user.post("/privacy/consents/withdraw", data=forged, follow_redirects=False)
         assert refused.status_code == 403, refused.text[-300:]

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from tests.api.conftest import Apps, LiveServer, grant
 from tests.conftest import Backend
-from tests.web.conftest import link_token, open_link, policy_store_down, privacy_link
+from tests.web.conftest import link_token, policy_store_down, privacy_link, signed_in
 from uprof.kernel import Uprof
 from uprof.web.pages import WebPages
 
@@ -152,8 +152,7 @@ def test_nw_a_press_while_an_outage_stops_the_holder_is_told_to_retry_and_the_li
         assert refused.status_code == 503 and int(shown[1] or 0) > 0, (shown, refused.text[-600:])
         assert "uprof_privacy" not in refused.cookies
     assert _used_entries(kernel, link_id) == 0
-    with httpx.Client(base_url=server.url, timeout=120) as browser:
-        assert _press(server.url, token, browser).status_code == 303
+    with signed_in(server, token) as browser:
         assert browser.get("/privacy").status_code == 200
     _spent_by_one_session(server, kernel, token, link_id)
 
@@ -172,8 +171,8 @@ def test_nx_a_sign_in_an_outage_stopped_after_its_checks_leaves_no_used_entry(
     step that can fail: none for the stopped sign-in, exactly one for the session."""
     token, link_id = _alices_link(http, apps, kernel)
     assert kernel.web_sign_outs is not None
-    with httpx.Client(base_url=server.url, timeout=120) as browser:
-        open_link(browser, privacy_link(http, apps.planner_operator, "alice"))  # earlier session
+    # An earlier session of this browser.
+    with signed_in(server, privacy_link(http, apps.planner_operator, "alice")) as browser:
         real = kernel.web_sign_outs.sign_out
         calls: list[str] = []
 

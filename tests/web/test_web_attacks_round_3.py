@@ -4,30 +4,30 @@ tests: over plain HTTP against a live server, SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import re
-import time
 
 import httpx
 
 from tests.api.conftest import Apps, LiveServer, bearer, build_kernel, grant, interaction
 from tests.web.conftest import csrf_of, open_link, privacy_link
 from uprof.api import ApiKeyStore
+from uprof.kernel import Uprof
 from uprof.server import create_server
 from uprof.settings import Settings
 from uprof.web.pages import OPERATOR_COOKIE, USER_COOKIE
 
 
-def _item_of(browser: httpx.Client, text: str) -> str:
-    for _ in range(100):  # the pipeline extracts in the background
-        page = browser.get("/privacy").text
-        found = re.search(r'data-item="([^"]+)"', page)
-        if found and text in page:
-            return found.group(1)
-        time.sleep(0.1)
-    raise AssertionError(f"no item with {text!r} on the page")
+def _item_of(browser: httpx.Client, kernel: Uprof, text: str) -> str:
+    # The server's pipeline extracts in the background: once it has caught up with the
+    # log (a generous bound, not a count of looks), the item is on the page or never.
+    assert kernel.wait_until_caught_up(120), kernel.lag()
+    page = browser.get("/privacy").text
+    found = re.search(r'data-item="([^"]+)"', page)
+    assert found and text in page, f"no item with {text!r} on the page"
+    return found.group(1)
 
 
 def test_a_session_reaches_no_item_and_no_page_of_another_subject(
-    server: LiveServer, http: httpx.Client, apps: Apps
+    server: LiveServer, http: httpx.Client, apps: Apps, kernel: Uprof
 ) -> None:
     for subject, said in (("alice", "I live in Lisbon"), ("bob", "I live in Porto")):
         grant(http, apps.planner, subject=subject)
@@ -43,7 +43,7 @@ def test_a_session_reaches_no_item_and_no_page_of_another_subject(
     ):
         open_link(bob, privacy_link(http, apps.planner_operator, "bob"))
         open_link(alice, privacy_link(http, apps.planner_operator, "alice"))
-        bobs = _item_of(bob, "Porto")
+        bobs = _item_of(bob, kernel, "Porto")
         csrf = csrf_of(alice.get("/privacy").text)
         # Bob's item id, from Alice's session: as an item that does not exist.
         assert alice.get("/privacy/erase", params={"item_id": bobs}).status_code == 404

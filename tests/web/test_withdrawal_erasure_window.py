@@ -23,7 +23,7 @@ from audit.receipts import RECEIPT_ACTION
 from tests.api.conftest import Apps, LiveServer, bearer
 from tests.web.conftest import deny_operators, lisbon_item
 from tests.web.test_outage_links import _denied_during_the_wait
-from tests.web.test_privacy_finish_erasure import STOPS, _once
+from tests.web.test_privacy_finish_erasure import stops_once
 from uprof.kernel import Uprof
 
 
@@ -80,9 +80,7 @@ def test_a_wait_that_runs_out_after_the_write_is_finished_by_the_app_not_a_denie
     rights, ``issuer_stands``). The app whose consent it was finishes it (erasing its
     own collection asks no policy), with the receipt."""
     consent_id = lisbon_item(http, apps, kernel).consent_id
-    name, how, status = STOPS["never-began"]
-    monkeypatch.setattr(kernel.erasure_service, name, getattr(kernel.erasure_service, name))
-    _once(kernel.erasure_service, name, how)
+    status = stops_once(kernel, monkeypatch, "never-began")
     body = {"subject": "alice", "consent_id": consent_id, "erase": True}
     stopped = http.post("/v1/consents/withdraw", headers=bearer(apps.planner_operator), json=body)
     assert stopped.status_code == status, stopped.text[:300]
