@@ -533,15 +533,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # Second pass, named from the tune half's table only (a smaller k came closer).
     "rrf-equal-k3": {"fusion": "rrf", "lexical_weight": 0.5, "rrf_k": 3.0},
     "rrf-k10": {"fusion": "rrf", "rrf_k": 10.0},
-    # Round 14 (0217-retrieval-round-13's Left): lexical credit that depends on the dense
-    # side, named before the run. lc: a memory's word match confirmed by its own meaning;
-    # cc: a word's credit kept only where its holders are tighter in meaning than the subject.
-    "lc-0.25": {"lexical_confirm_at": 0.25},
-    "lc-0.5": {"lexical_confirm_at": 0.5},
-    "lc-1": {"lexical_confirm_at": 1.0},
-    "cc-0.05": {"lexical_crowd_coherence": 0.05},
-    "cc-0.1": {"lexical_crowd_coherence": 0.1},
-    "cc-0.05-s10": {"lexical_crowd_coherence": 0.05, "lexical_crowd_size": 10},
 }
 
 

@@ -256,69 +256,6 @@ def _reciprocal_ranks(
     return reciprocal
 
 
-def confirmation(dense: np.ndarray, options: SliceOptions) -> np.ndarray:
-    """Share of each item's lexical score that its meaning confirms (all ones when off).
-
-    ``dense`` is on the query's own scale (the subject's median memory 0, the best 1), so
-    the same standard holds for every subject and query: an item at least
-    ``lexical_confirm_at`` of the way from the median to the best keeps its word match,
-    one at or below the median keeps none of it. Round 13 found PrefEval's misses were
-    memories lifted as a block by one common question word with none of the question's
-    meaning (0217-retrieval-round-13); a word match on a memory the meaning also favours
-    is left alone.
-    """
-    if options.lexical_confirm_at <= 0:
-        return np.ones_like(dense)
-    share: np.ndarray = np.clip(dense / options.lexical_confirm_at, 0.0, 1.0)
-    return share
-
-
-def crowd_credit(
-    index: MemoryIndex, terms: Sequence[str], options: SliceOptions
-) -> dict[str, float]:
-    """Lexical credit of each query term, 1 unless its holders are a crowd (empty when off).
-
-    A term held by at least ``lexical_crowd_size`` memories is a crowd when the holders
-    are no closer to each other in meaning than the subject's memories are on average
-    (unrelated preferences that share "activities"), and a topic when they are closer (a
-    conversation's turns about one thing, where round 13's floor stripped the evidence).
-    The mean pairwise cosine of n unit rows is (|sum|^2 - n) / (n (n - 1)).
-    """
-    if options.lexical_crowd_coherence <= 0 or index.vectors is None or len(index) < 2:
-        return {}
-    vectors = index.vectors
-    n_all = len(index)
-    total = vectors.sum(axis=0, dtype=np.float64)
-    subject = (float(total @ total) - n_all) / (n_all * (n_all - 1))
-    weights = index.bm25.weights
-    credit: dict[str, float] = {}
-    for term in dict.fromkeys(terms):
-        col = index.bm25.vocabulary.get(term)
-        if col is None:
-            continue
-        holders = weights.indices[weights.indptr[col] : weights.indptr[col + 1]]
-        n = len(holders)
-        if n < max(options.lexical_crowd_size, 2):
-            continue
-        mean = vectors[holders].sum(axis=0, dtype=np.float64)
-        coherence = (float(mean @ mean) - n) / (n * (n - 1))
-        excess = coherence - subject
-        credit[term] = min(max(excess / options.lexical_crowd_coherence, 0.0), 1.0)
-    return credit
-
-
-def _credited_bm25(
-    index: MemoryIndex, terms: Sequence[str], credit: dict[str, float]
-) -> np.ndarray:
-    """BM25 of every memory with each term's contribution scaled by its crowd credit."""
-    if not credit:
-        return index.bm25_scores(terms)
-    scores = np.zeros(len(index), dtype=np.float32)
-    for term in terms:
-        scores += np.float32(credit.get(term, 1.0)) * index.bm25_scores([term])
-    return scores
-
-
 def _query_actors(index: MemoryIndex, query: Query) -> tuple[np.ndarray, frozenset[str]]:
     """Which speakers the query names (mask over actor ids) and the name terms it used."""
     named = np.zeros(len(index.actor_terms), dtype=bool)
@@ -348,7 +285,7 @@ def memory_relevance(
     # A speaker's name in the question says whose turn to look at; as a BM25 word it
     # would instead favour the other speaker's turns that greet them by name.
     lexical_terms = [t for t in query.terms if t not in name_terms]
-    lexical = _credited_bm25(index, lexical_terms, crowd_credit(index, lexical_terms, options))
+    lexical = index.bm25_scores(lexical_terms)
     top = float(lexical.max()) if len(lexical) else 0.0
     if top > 0:
         # Scaled by a whole-query match, not by the best memory: when the best memory
@@ -359,7 +296,6 @@ def memory_relevance(
     if index.vectors is not None and query_vector is not None:
         weight = options.lexical_weight if top > 0 else 0.0
         dense, scale = _dense_scores(index, query_vector, lexical, weight, options)
-        lexical = lexical * confirmation(dense, options)
         if options.fusion == "rrf" and top > 0:
             fused = weight * _reciprocal_ranks(lexical, options.rrf_k, lexical > 0)
             fused += (1.0 - weight) * _reciprocal_ranks(dense, options.rrf_k)
@@ -507,12 +443,10 @@ class _LexicalMatch:
     once per profile line.
     """
 
-    def __init__(self, index: MemoryIndex, query: Query, options: SliceOptions) -> None:
+    def __init__(self, index: MemoryIndex, query: Query) -> None:
         self._wanted = list(dict.fromkeys(query.terms))
         self._ideal = index.ideal_bm25(self._wanted)
-        # A line is credited for a crowd's word as the memories are, so it stays on their scale.
-        credit = crowd_credit(index, self._wanted, options)
-        self._idf = {t: credit.get(t, 1.0) * index.ideal_bm25([t]) for t in self._wanted}
+        self._idf = {t: index.ideal_bm25([t]) for t in self._wanted}
 
     def __call__(self, text: str) -> float:
         if self._ideal <= 0:
@@ -563,13 +497,10 @@ def rank_profile_items(
         if ranking.dense_scale is None:
             weight = options.lexical_weight
     best = ranking.best if ranking.best > 0 else 1.0
-    lexical = _LexicalMatch(index, query, options)
+    lexical = _LexicalMatch(index, query)
     dense_values = dense.tolist()
-    # Without vectors there is no meaning to confirm with; the word match stands.
-    has_meaning = vectors is not None and query_vector is not None
-    confirmed = (confirmation(dense, options) if has_meaning else np.ones(n)).tolist()
     for i, candidate in enumerate(candidates):
-        relevance = weight * lexical(candidate.text) * confirmed[i]
+        relevance = weight * lexical(candidate.text)
         relevance += (1.0 - weight) * dense_values[i]
         if candidate.category in query.categories:
             relevance += options.category_weight

@@ -68,21 +68,6 @@ class SliceOptions:
 
     #: Share of the lexical score in the fusion; the dense score gets the rest.
     lexical_weight: float = 0.7
-    #: Lexical credit confirmed by meaning (0 turns it off): a memory's (or profile
-    #: line's) lexical score is multiplied by min(1, dense / ``lexical_confirm_at``), its
-    #: dense score on the query's own scale (the subject's median memory 0, the best 1).
-    #: A word match then only confirms what the meaning supports: a memory no closer to
-    #: the question than the subject's median keeps no lexical credit, one at least
-    #: ``lexical_confirm_at`` of the way to the best keeps all of it. Round 14, off.
-    lexical_confirm_at: float = 0.0
-    #: A query word's crowd told from a topic by meaning (0 turns it off): when at least
-    #: ``lexical_crowd_size`` memories hold the word, its lexical credit is multiplied by
-    #: min(1, excess / ``lexical_crowd_coherence``), where excess is how much closer in
-    #: meaning the word's memories are to each other (mean pairwise cosine) than the
-    #: subject's memories are on average. Scattered holders are a crowd (no credit),
-    #: holders tighter than the subject a topic (full credit). Round 14, off.
-    lexical_crowd_coherence: float = 0.0
-    lexical_crowd_size: int = 5
     #: How the lexical and dense signals of a memory are fused: ``"score"`` mixes their
     #: scaled scores linearly; ``"rrf"`` mixes their reciprocal ranks instead (Cormack et
     #: al. 2009), ``(rrf_k + 1) / (rrf_k + rank)`` per signal, weighted by
