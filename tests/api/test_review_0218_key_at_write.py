@@ -322,3 +322,32 @@ def test_held_an_mcp_capture_that_waited_for_its_turn_is_refused_for_a_key_revok
     assert "unauthenticated" in answers[0].text, answers[0].text
     assert '"isError":true' in answers[0].text.replace(" ", ""), answers[0].text
     assert _captures_of_alice(kernel) == before
+
+
+def test_held_the_key_store_down_when_a_policy_change_asks_its_key_again_is_an_outage(
+    server: LiveServer, kernel: Uprof, keys: ApiKeyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Held (0218's TU, REST's policy routes now on ``Scope``): the key asked again behind
+    the policy's write lock and the key store not answering: 503, the policy unchanged."""
+    issued = keys.create(PLANNER, ["app", "operator"])
+    asked: list[str] = []
+
+    def is_live(key_id: str) -> bool:
+        asked.append(key_id)
+        raise _outage()
+
+    with httpx.Client(base_url=server.url, timeout=WAIT_S) as http:
+        before = http.get("/v1/policy", headers=bearer(issued.token))
+        assert before.status_code == 200, before.text
+        monkeypatch.setattr(keys, "is_live", is_live)
+        down = http.post(
+            "/v1/policy/grant",
+            headers=bearer(issued.token),
+            json={"app_id": "app:calendar", "role": "role:assistant"},
+        )
+        assert asked, "the key was never asked again"
+        assert down.status_code == 503, down.text
+        monkeypatch.undo()
+        after = http.get("/v1/policy", headers=bearer(issued.token))
+    assert after.status_code == 200, after.text
+    assert after.json()["version"] == before.json()["version"]
