@@ -25,6 +25,7 @@ from tests.api.conftest import (
     LiveServer,
     api_settings,
     bearer,
+    build_kernel,
     grant,
     interaction,
 )
@@ -146,3 +147,53 @@ def test_held_a_capture_on_its_own_thread_with_a_live_key_is_written_after_its_t
     answer = _capture_after_its_turn(server, kernel, monkeypatch, issued.token, still_standing)
     assert answer.status_code == 201, answer.text
     assert _captures_of_alice(kernel) == before + 1
+
+
+def test_uj_the_writers_fallback_asks_the_key_in_the_turn_it_waited_for(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bug UJ, the group writer's road: a group that keeps losing (another process's
+    writer saving the subject first, twice) is written request by request
+    (``CaptureService._write_alone``), each in its subject's writer turn. 0218 asked the
+    key before that turn, not in it: a key revoked while the request waited there had
+    its capture written, 201. Asked in the turn: 401, nothing written."""
+    from domain.errors import VersionConflictError
+
+    settings = api_settings(backend, background=True)
+    kernel = build_kernel(settings)
+    keys = ApiKeyStore.open(settings)
+    try:
+        with LiveServer(create_server(kernel, keys, max_body_bytes=64_000)) as live:
+            writer = kernel.capture_service.writer
+            assert writer.running  # group commit: the fallback is the writer's
+            clock = [1000.0]
+            monkeypatch.setattr(keys, "_monotonic", lambda: clock[0])
+            issued = keys.create(PLANNER)
+            with httpx.Client(base_url=live.url, timeout=WAIT_S) as http:
+                grant(http, issued.token)
+            before = _captures_of_alice(kernel)
+            lost: list[int] = []
+
+            def loses(group: list[Any]) -> Any:
+                lost.append(len(group))
+                raise VersionConflictError("another process saved the subject first")
+
+            monkeypatch.setattr(writer, "_write_group", loses)
+
+            def revoked_elsewhere(http: httpx.Client) -> None:
+                _revoke_with_the_cli(settings, issued.info.key_id)
+                clock[0] += KEY_CACHE_TTL_S + 0.1
+                refused = http.post(
+                    "/v1/consents/list", headers=bearer(issued.token), json={"subject": "alice"}
+                )
+                assert refused.status_code == 401, refused.text
+
+            answer = _capture_after_its_turn(
+                live, kernel, monkeypatch, issued.token, revoked_elsewhere
+            )
+            assert lost, "the group never lost: the fallback was not the road"
+            assert answer.status_code == 401, answer.text
+            assert _captures_of_alice(kernel) == before
+    finally:
+        keys.close()
+        kernel.close()
