@@ -19,7 +19,6 @@ from uprof.services.capture_writer import (
     PendingCapture,
     capture_keys_created,
     no_consent_on_record,
-    still_standing,
 )
 from uprof.services.idempotency import refuse_unrecorded, replaying
 from uprof.services.late_captures import LateRequest, record_accepted_late
@@ -219,6 +218,7 @@ class CaptureService:
             batch_token=batch_token,
             item_tokens=item_tokens,
             token_window_s=token_window_s,
+            still_authenticated=acting_credential.get(),
         )
         if outcome.replayed:
             self._record_late(outcome, checked[0], None)
@@ -292,16 +292,25 @@ class CaptureService:
         token_window_s: float,
         principal: str | None = None,
         replay: bool | None = None,
+        still_authenticated: Callable[[], None] | None = None,
     ) -> CaptureOutcome:
         """One request in its own transactions (load, decide, keys, save, audit), retried
         when another writer saved first. ``principal``: the audit label, and ``replay``:
         whether it is a replay, when the caller's context does not carry them (the writer
-        thread)."""
+        thread). ``still_authenticated``: the request's key check (``acting_credential``),
+        asked in the subject's writer turn before each attempt."""
 
         made: dict[str, str] = {}  # capture id -> its key's commitment
         erased: list[int] = []  # indices skipped as erased at the subject's request
 
         def save() -> tuple[list[str], list[int], int, dict[str, Any] | None]:
+            # The request's key asked again in the subject's writer turn (and at each
+            # conflict's retry), before anything is loaded or staged: a key revoked while
+            # the capture waited writes nothing. The one-request road (no group commit,
+            # the writer's fallback) had its capture written (bug UJ), where the writer
+            # asks it (``capture_writer.still_standing``, TW).
+            if still_authenticated is not None:
+                still_authenticated()
             made.clear()  # a retried save makes its keys again
             erased.clear()
             profile = self._app.load(stream_id)
@@ -452,8 +461,6 @@ class CaptureService:
                     pending.subject_ref or "", pending.interactions[0], principal=pending.principal
                 )
                 pending.stream_id, pending.pseudonym = handle.stream_id, handle.pseudonym
-            if not still_standing(pending):  # after the group's wait, as the writer asks
-                return
             outcome = self._save_one(
                 pending.stream_id,
                 pending.pseudonym,
@@ -463,6 +470,7 @@ class CaptureService:
                 token_window_s=pending.token_window_s,
                 principal=pending.principal,
                 replay=pending.replay,
+                still_authenticated=pending.still_authenticated,  # asked in the turn
             )
         except BaseException as error:
             pending.error = error
