@@ -287,11 +287,13 @@ class StoreShapeDamagedError(StoredDataDamagedError):
     """A table of the stores lacks a column uprof made (SQLite's ``no such column``,
     PostgreSQL's ``UndefinedColumn``): altered by hand, or made again by hand. A running
     server answered 500 ``internal`` with a traceback (0214-store-damage-in-servers, bug
-    SH)."""
+    SH); or, on SQLite, where the event log's library writes rows by position, an event
+    store table with a column more (XXXX-review-of-0220-and-0223, bug UP)."""
 
     hint = (
-        "a table of the stores was altered by hand (a column uprof made is missing); "
-        "restore the stores from a backup (uprof restore); nothing was changed"
+        "a table of the stores was altered by hand (a column uprof made is missing, or, "
+        "on SQLite, a column was added to an event store table); restore the stores "
+        "from a backup (uprof restore); nothing was changed"
     )
 
 

@@ -34,7 +34,7 @@ from uuid import UUID
 
 from eventsourcing.application import Application, ProcessingEvent
 from eventsourcing.persistence import IntegrityError, RecordConflictError, Recording, Tracking
-from eventsourcing.sqlite import SQLiteCursor, SQLiteProcessRecorder
+from eventsourcing.sqlite import SQLiteAggregateRecorder, SQLiteCursor, SQLiteProcessRecorder
 
 from domain.errors import PositionMovedError, VersionConflictError
 from uprof.backends.damage import EVENT_ROW_COLUMNS, row_read_damage
@@ -44,6 +44,7 @@ __all__ = [
     "GuardedSQLiteProcessRecorder",
     "GuardedTracking",
     "PositionMovedError",
+    "RowsCheckedSQLiteRecorder",
 ]
 
 
@@ -81,31 +82,22 @@ class GuardedTracking(Tracking):
             )
 
 
-class GuardedSQLiteProcessRecorder(SQLiteProcessRecorder):
-    """SQLite process recorder with compare-and-set tracking (see the module docstring)."""
+class RowsCheckedSQLiteRecorder(SQLiteAggregateRecorder):
+    """The library's SQLite recorder whose row reads tell a table of the wrong shape.
 
-    #: What ``ProfilesApplication`` checks before it trusts a recorder with its positions.
-    guards_tracking = True
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if not self.datastore.single_row_tracking:
-            raise ValueError("guarded tracking needs single-row tracking (SINGLE_ROW_TRACKING)")
+    The library reads each row of ``SELECT *`` by name: a column renamed or dropped by
+    hand under a running process is an ``IndexError`` (sqlite3's rows) no driver names.
+    Looked at then: damage if a column is missing, else the error as it was
+    (0220-event-table-shape-at-start, bug TT). Used as is for the snapshot table, whose
+    rows are read before a subject's events when it has a snapshot
+    (XXXX-review-of-0220-and-0223, bug UN); the process recorder below extends it."""
 
     def select_events(self, *args: Any, **kwargs: Any) -> Any:
         with self._rows_read_by_name():
             return super().select_events(*args, **kwargs)
 
-    def select_notifications(self, *args: Any, **kwargs: Any) -> Any:
-        with self._rows_read_by_name():
-            return super().select_notifications(*args, **kwargs)
-
     @contextlib.contextmanager
     def _rows_read_by_name(self) -> Iterator[None]:
-        """The library reads each row of ``SELECT *`` by name: a column renamed or
-        dropped by hand under a running process is an ``IndexError`` (sqlite3's rows) no
-        driver names. Looked at then: damage if a column is missing, else the error as
-        it was (0220-event-table-shape-at-start, bug TT)."""
         try:
             yield
         except LookupError as error:
@@ -116,6 +108,23 @@ class GuardedSQLiteProcessRecorder(SQLiteProcessRecorder):
             if damage is None:
                 raise
             raise damage from error
+
+
+class GuardedSQLiteProcessRecorder(RowsCheckedSQLiteRecorder, SQLiteProcessRecorder):
+    """SQLite process recorder with compare-and-set tracking (see the module docstring),
+    its row reads checked as ``RowsCheckedSQLiteRecorder``'s."""
+
+    #: What ``ProfilesApplication`` checks before it trusts a recorder with its positions.
+    guards_tracking = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not self.datastore.single_row_tracking:
+            raise ValueError("guarded tracking needs single-row tracking (SINGLE_ROW_TRACKING)")
+
+    def select_notifications(self, *args: Any, **kwargs: Any) -> Any:
+        with self._rows_read_by_name():
+            return super().select_notifications(*args, **kwargs)
 
     def _insert_tracking(self, c: SQLiteCursor, tracking: Tracking) -> None:
         if not isinstance(tracking, GuardedTracking):

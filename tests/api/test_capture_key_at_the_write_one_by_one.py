@@ -60,9 +60,14 @@ def _capture_after_its_turn(
     monkeypatch: pytest.MonkeyPatch,
     token: str,
     meanwhile: Callable[[httpx.Client], None],
+    *,
+    idempotency_key: str | None = None,
 ) -> httpx.Response:
     """Post a capture while its subject's writer turn is held (another writer of the
     subject saving); run ``meanwhile`` once the capture waits there; release it."""
+    headers = bearer(token)
+    if idempotency_key is not None:
+        headers["Idempotency-Key"] = idempotency_key
     held = threading.Lock()
     arrived = threading.Event()
     app = kernel.capture_service._app
@@ -83,7 +88,7 @@ def _capture_after_its_turn(
             target=lambda: answers.append(
                 http.post(
                     "/v1/captures",
-                    headers=bearer(token),
+                    headers=headers,
                     json={"subject": "alice", **interaction(TEXT)},
                 )
             )

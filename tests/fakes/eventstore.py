@@ -12,7 +12,7 @@ import threading
 from collections.abc import Sequence
 from uuid import UUID
 
-from eventsourcing.persistence import ProcessRecorder, StoredEvent, Tracking
+from eventsourcing.persistence import EventStore, ProcessRecorder, StoredEvent, Tracking
 from eventsourcing.popo import POPOAggregateRecorder, POPOProcessRecorder
 
 from domain.errors import PositionMovedError
@@ -52,6 +52,10 @@ class InMemoryEventStore(ProfilesApplication):
 
     def construct_recorder(self) -> ProcessRecorder:
         return GuardedPOPOProcessRecorder()
+
+    def construct_snapshot_store(self) -> EventStore[UUID]:
+        # The library's own: in memory there is no table whose shape could change.
+        return ConflictsAsDomainErrors.construct_snapshot_store(self)
 
     @property
     def _memory(self) -> GuardedPOPOProcessRecorder:

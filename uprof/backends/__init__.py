@@ -308,6 +308,13 @@ class Backend(Protocol):
     #: ``module:Class`` of the process recorder with compare-and-set tracking
     #: (``uprof.recorders``): a topic, imported by eventsourcing only when a log opens.
     guarded_recorder_topic: str
+    #: ``module:Class`` of the snapshot table's recorder, whose row reads tell a table of
+    #: the wrong shape (``uprof.recorders``; eventsourcing has no setting for it).
+    snapshot_recorder_topic: str
+    #: Whether eventsourcing inserts rows into its tables naming no column (``INSERT INTO t
+    #: VALUES (?,?,?,?)``): a column added by hand then fails every write, so the event
+    #: store's start check refuses a column more as well as one less.
+    writes_rows_by_position: bool
     #: Whether alembic must alter tables by copying them (``render_as_batch``).
     alters_in_batches: bool
 

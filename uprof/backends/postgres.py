@@ -72,6 +72,8 @@ class PostgresBackend:
     persistence_module = "eventsourcing.postgres"
     # Its own module: a SQLite deployment never imports psycopg (decision 0035).
     guarded_recorder_topic = "uprof.recorders_postgres:GuardedPostgresProcessRecorder"
+    snapshot_recorder_topic = "uprof.recorders_postgres:RowsCheckedPostgresRecorder"
+    writes_rows_by_position = False
     alters_in_batches = False
 
     def check_database_url(self, url: str) -> None:

@@ -173,6 +173,8 @@ class SQLiteBackend:
     backup_files: tuple[str, ...] = SQLITE_FILES
     persistence_module = "eventsourcing.sqlite"
     guarded_recorder_topic = "uprof.recorders:GuardedSQLiteProcessRecorder"
+    snapshot_recorder_topic = "uprof.recorders:RowsCheckedSQLiteRecorder"
+    writes_rows_by_position = True
     alters_in_batches = True  # SQLite's ALTER TABLE cannot change or drop most things
 
     def check_database_url(self, url: str) -> None:
