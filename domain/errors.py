@@ -288,7 +288,7 @@ class StoreShapeDamagedError(StoredDataDamagedError):
     PostgreSQL's ``UndefinedColumn``): altered by hand, or made again by hand. A running
     server answered 500 ``internal`` with a traceback (0214-store-damage-in-servers, bug
     SH); or, on SQLite, where the event log's library writes rows by position, an event
-    store table with a column more (XXXX-review-of-0220-and-0223, bug UP)."""
+    store table with a column more (0224-review-of-0220-and-0223, bug UP)."""
 
     hint = (
         "a table of the stores was altered by hand (a column uprof made is missing, or, "

@@ -377,7 +377,7 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
         """The library's snapshot store, its recorder's row reads checked as the event
         table's are: a subject with a snapshot is read from that table first, so a column
         renamed there under a running process was the library's ``IndexError``/
-        ``KeyError``, 500 ``internal`` per load (XXXX-review-of-0220-and-0223, bug UN).
+        ``KeyError``, 500 ``internal`` per load (0224-review-of-0220-and-0223, bug UN).
         eventsourcing has no topic setting for this recorder: ours is made on the same
         datastore and table as the library's."""
         made = self.factory.aggregate_recorder(purpose="snapshots")

@@ -90,7 +90,7 @@ class RowsCheckedSQLiteRecorder(SQLiteAggregateRecorder):
     Looked at then: damage if a column is missing, else the error as it was
     (0220-event-table-shape-at-start, bug TT). Used as is for the snapshot table, whose
     rows are read before a subject's events when it has a snapshot
-    (XXXX-review-of-0220-and-0223, bug UN); the process recorder below extends it."""
+    (0224-review-of-0220-and-0223, bug UN); the process recorder below extends it."""
 
     def select_events(self, *args: Any, **kwargs: Any) -> Any:
         with self._rows_read_by_name():

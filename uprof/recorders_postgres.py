@@ -30,7 +30,7 @@ class RowsCheckedPostgresRecorder(PostgresAggregateRecorder):
     """As ``uprof.recorders.RowsCheckedSQLiteRecorder``: psycopg's dict rows raise
     ``KeyError`` for a column renamed or dropped by hand; looked at, damage if one the
     library reads is missing, else the error as it was. As is, the snapshot table's
-    recorder (XXXX-review-of-0220-and-0223, bug UN)."""
+    recorder (0224-review-of-0220-and-0223, bug UN)."""
 
     #: The columns the library reads each row of this recorder's table by.
     read_by_name = EVENT_ROW_COLUMNS
@@ -48,7 +48,7 @@ class RowsCheckedPostgresRecorder(PostgresAggregateRecorder):
         prepared statements), then as a ``KeyError`` of the row read. Either way the
         table is looked at: a column read by name missing is damage; else the refusal is
         read again once (a read changes nothing; a column added, or renamed back, is
-        not damage: XXXX-review-of-0220-and-0223, bug UO), the ``KeyError`` stays a fault."""
+        not damage: 0224-review-of-0220-and-0223, bug UO), the ``KeyError`` stays a fault."""
         try:
             return read()
         except LookupError as error:

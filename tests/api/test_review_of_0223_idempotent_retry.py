@@ -1,4 +1,4 @@
-"""Review of 0223-review-of-0218-and-0219 by attack (XXXX-review-of-0220-and-0223), held:
+"""Review of 0223-review-of-0218-and-0219 by attack (0224-review-of-0220-and-0223), held:
 an idempotent capture refused at the write because its key was revoked while it waited
 for its subject's writer turn (bug UJ's roads: the request thread, group commit off; the
 group writer's one-request fallback, group commit on), then retried with the same

@@ -1,5 +1,5 @@
 """Review of 0220-event-table-shape-at-start and 0223-review-of-0218-and-0219 by attack
-(XXXX-review-of-0220-and-0223). Real ``uprof`` processes, SQLite and PostgreSQL.
+(0224-review-of-0220-and-0223). Real ``uprof`` processes, SQLite and PostgreSQL.
 
 Bug UN: 0220 wrapped the event table's row reads (``select_events``,
 ``select_notifications``) so that a column renamed under a running process is damage,

@@ -27,7 +27,7 @@ _DAMAGE_CODES = frozenset({sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT})
 _SQLITE_SHAPE_MESSAGES = ("no such column:", "has no column named")
 #: SQLite's message for a positional insert (eventsourcing's ``INSERT INTO t VALUES
 #: (?,?,?,?)``) into a table given a column more by hand ("table t has 5 columns but 4
-#: values were supplied"): every write of that table fails (XXXX-review-of-0220-and-0223,
+#: values were supplied"): every write of that table fails (0224-review-of-0220-and-0223,
 #: bug UP). Generic code again; the text is the difference.
 _SQLITE_MORE_COLUMNS = re.compile(r"table (\w+) has \d+ columns but \d+ values were supplied")
 #: PostgreSQL's SQLSTATE for the same: undefined_column.
@@ -127,7 +127,7 @@ def refuse_reshaped_tables(
     counterpart of RF's policy table check). A table not in ``found`` is left alone: a
     missing table is the store not answering (503), as since PX, or made by the library.
     ``exactly``: a column more is refused too, for a backend whose library writes rows by
-    position (``Backend.writes_rows_by_position``; XXXX-review-of-0220-and-0223, bug UP).
+    position (``Backend.writes_rows_by_position``; 0224-review-of-0220-and-0223, bug UP).
     """
     said = []
     for table, columns in wanted.items():
