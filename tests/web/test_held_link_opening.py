@@ -114,7 +114,31 @@ def test_held_a_link_expired_before_its_holder_asked_is_dead_to_both(
 def test_held_the_store_at_its_bound_with_presses_and_floods_at_once() -> None:
     """Held: 8 threads press one link while 4 flood the store past its bound: one press
     holds it, the others are in use; the bound holds (and the held link); spent, it is
-    gone, and nothing else was voided but unheld links."""
+    gone, and nothing else was voided but unheld links.
+
+    The link is unheld until a press takes it, and the bound voids unheld links: a flood
+    that reaches the bound before any press (a loaded machine; CI met it once) voids it,
+    and every press is rightly told "not valid". Such a round is checked for exactly that
+    and played again, until one where a press got there first (at most ``ROUNDS``)."""
+    for _ in range(ROUNDS):
+        said, links, token = _presses_beside_floods()
+        assert len(links) <= 50 + 1, said
+        if said.count("not valid") == 8:
+            assert links.redeem(token) is None  # voided while unheld, and stays so
+            continue
+        assert said.count("held") == 1 and said.count("in use") == 7, said
+        links.spend(token)
+        assert links.redeem(token) is None
+        return
+    pytest.fail(f"in {ROUNDS} rounds the floods voided the link before any press held it")
+
+
+#: Rounds of ``test_held_the_store_at_its_bound_with_presses_and_floods_at_once``.
+ROUNDS = 20
+
+
+def _presses_beside_floods() -> tuple[list[str], LinkStore, str]:
+    """One round: what the 8 presses and 4 floods said (sorted), the store, the link."""
     links = LinkStore(max_links=50)
     token = links.issue("alice")[0]
     start = threading.Barrier(12)
@@ -135,10 +159,8 @@ def test_held_the_store_at_its_bound_with_presses_and_floods_at_once() -> None:
     with ThreadPoolExecutor(max_workers=12) as pool:
         done = [pool.submit(press) for _ in range(8)] + [pool.submit(flood) for _ in range(4)]
         said = sorted(f.result(timeout=120) for f in done)
-    assert said.count("held") == 1 and said.count("in use") == 7, said
-    assert len(links) <= 50 + 1
-    links.spend(token)
-    assert links.redeem(token) is None
+    assert said.count("flooded") == 4, said
+    return said, links, token
 
 
 #: A browser in a process of its own: presses "Sign in" once the go file exists.
