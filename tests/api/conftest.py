@@ -24,6 +24,7 @@ import httpx
 import pytest
 import uvicorn
 
+from tests.children import run_python
 from tests.conftest import OTHER_TENANT, Backend, seed_policy_for
 from tests.fakes.ports import FakeExtractor
 from uprof.adapters.embeddings import HashingEmbedder
@@ -211,6 +212,17 @@ LOOPBACK_TLS = ssl.create_default_context()
 def http(server: LiveServer) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.url, timeout=30, verify=LOOPBACK_TLS) as client:
         yield client
+
+
+def revoke_with_the_cli(settings: Settings, key_id: str) -> None:
+    """``uprof apps revoke KEY_ID``, a process of its own on the same stores (a key
+    revoked from outside the server under attack)."""
+    cli = ["--data-dir", str(settings.data_dir), "--embedder", "hashing"]
+    if settings.database_url:
+        cli += ["--database-url", settings.database_url]
+    script = "import sys\nfrom uprof.cli.main import app\napp(sys.argv[1:])"
+    done = run_python(script, *cli, "apps", "revoke", key_id)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def bearer(key: str) -> dict[str, str]:

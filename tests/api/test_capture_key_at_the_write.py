@@ -27,24 +27,13 @@ from uuid import UUID
 import httpx
 import pytest
 
-from tests.api.conftest import PLANNER, LiveServer, bearer, grant, interaction
-from tests.children import run_python
+from tests.api.conftest import PLANNER, LiveServer, bearer, grant, interaction, revoke_with_the_cli
 from uprof.api import ApiKeyStore
 from uprof.apikeys.store import KEY_CACHE_TTL_S
 from uprof.kernel import Uprof
 from uprof.settings import Settings
 
 TEXT = "I live in Lisbon"
-
-
-def _revoke_with_the_cli(settings: Settings, key_id: str) -> None:
-    """``uprof apps revoke KEY_ID``, a process of its own on the same stores."""
-    cli = ["--data-dir", str(settings.data_dir), "--embedder", "hashing"]
-    if settings.database_url:
-        cli += ["--database-url", settings.database_url]
-    script = "import sys\nfrom uprof.cli.main import app\napp(sys.argv[1:])"
-    done = run_python(script, *cli, "apps", "revoke", key_id)
-    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def _captures_of_alice(kernel: Uprof) -> int:
@@ -115,7 +104,7 @@ def test_a_capture_that_waited_for_its_turn_is_refused_for_a_key_revoked_meanwhi
     before = _captures_of_alice(kernel)
 
     def revoked_elsewhere(http: httpx.Client) -> None:
-        _revoke_with_the_cli(settings, issued.info.key_id)
+        revoke_with_the_cli(settings, issued.info.key_id)
         clock[0] += KEY_CACHE_TTL_S + 0.1  # the server's read of the row has aged
         refused = http.post(
             "/v1/consents/list", headers=bearer(issued.token), json={"subject": "alice"}

@@ -28,8 +28,9 @@ from tests.api.conftest import (
     build_kernel,
     grant,
     interaction,
+    revoke_with_the_cli,
 )
-from tests.api.test_capture_key_at_the_write import TEXT, _captures_of_alice, _revoke_with_the_cli
+from tests.api.test_capture_key_at_the_write import TEXT, _captures_of_alice
 from tests.conftest import Backend
 from uprof.api import ApiKeyStore
 from uprof.apikeys.store import KEY_CACHE_TTL_S
@@ -122,7 +123,7 @@ def test_uj_a_capture_on_its_own_thread_is_refused_for_a_key_revoked_while_it_wa
     before = _captures_of_alice(kernel)
 
     def revoked_elsewhere(http: httpx.Client) -> None:
-        _revoke_with_the_cli(settings, issued.info.key_id)
+        revoke_with_the_cli(settings, issued.info.key_id)
         clock[0] += KEY_CACHE_TTL_S + 0.1  # the server's read of the row has aged
         refused = http.post(
             "/v1/consents/list", headers=bearer(issued.token), json={"subject": "alice"}
@@ -186,7 +187,7 @@ def test_uj_the_writers_fallback_asks_the_key_in_the_turn_it_waited_for(
             monkeypatch.setattr(writer, "_write_group", loses)
 
             def revoked_elsewhere(http: httpx.Client) -> None:
-                _revoke_with_the_cli(settings, issued.info.key_id)
+                revoke_with_the_cli(settings, issued.info.key_id)
                 clock[0] += KEY_CACHE_TTL_S + 0.1
                 refused = http.post(
                     "/v1/consents/list", headers=bearer(issued.token), json={"subject": "alice"}

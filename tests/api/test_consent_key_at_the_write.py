@@ -24,8 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.api.conftest import PLANNER, LiveServer, bearer, grant, interaction
-from tests.children import run_python
+from tests.api.conftest import PLANNER, LiveServer, bearer, grant, interaction, revoke_with_the_cli
 from uprof.api import ApiKeyStore
 from uprof.apikeys.store import KEY_CACHE_TTL_S
 from uprof.kernel import Uprof
@@ -37,16 +36,6 @@ GRANT = {
     "purposes": ["personalization"],
     "collected_by": "consent-ui:test",
 }
-
-
-def _revoke_with_the_cli(settings: Settings, key_id: str) -> None:
-    """``uprof apps revoke KEY_ID``, a process of its own on the same stores."""
-    cli = ["--data-dir", str(settings.data_dir), "--embedder", "hashing"]
-    if settings.database_url:
-        cli += ["--database-url", settings.database_url]
-    script = "import sys\nfrom uprof.cli.main import app\napp(sys.argv[1:])"
-    done = run_python(script, *cli, "apps", "revoke", key_id)
-    assert done.returncode == 0, done.stdout + done.stderr
 
 
 class _Turn:
@@ -135,7 +124,7 @@ def test_a_consent_change_that_waited_for_its_turn_is_refused_for_a_key_revoked_
     before = _consents(kernel)
 
     def revoked_elsewhere(http: httpx.Client) -> None:
-        _revoke_with_the_cli(settings, issued.info.key_id)
+        revoke_with_the_cli(settings, issued.info.key_id)
         clock[0] += KEY_CACHE_TTL_S + 0.1  # the server's read of the row has aged
         refused = http.post(
             "/v1/consents/list", headers=bearer(issued.token), json={"subject": "alice"}
@@ -230,7 +219,7 @@ def test_a_proposal_that_waited_for_its_turn_is_refused_for_a_key_revoked_meanwh
     issued, body = _proposal_setup(server, kernel, keys)
 
     def revoked_elsewhere(http: httpx.Client) -> None:
-        _revoke_with_the_cli(settings, issued.info.key_id)
+        revoke_with_the_cli(settings, issued.info.key_id)
         clock[0] += KEY_CACHE_TTL_S + 0.1  # the server's read of the row has aged
         refused = http.post(
             "/v1/consents/list", headers=bearer(issued.token), json={"subject": "alice"}

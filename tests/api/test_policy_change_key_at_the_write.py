@@ -25,8 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.api.conftest import CALENDAR, PLANNER, LiveServer, bearer
-from tests.children import run_python
+from tests.api.conftest import CALENDAR, PLANNER, LiveServer, bearer, revoke_with_the_cli
 from uprof.api import ApiKeyStore
 from uprof.apikeys.store import KEY_CACHE_TTL_S
 from uprof.kernel import Uprof
@@ -64,16 +63,6 @@ def _policy_changes(kernel: Uprof) -> tuple[int, int]:
     kernel.reads.drain()
     entries = sum(1 for e in kernel.audit_log.entries() if e.entry["action"] == "policy.changed")
     return len(kernel.policy_history()), entries
-
-
-def _revoke_with_the_cli(settings: Settings, key_id: str) -> None:
-    """``uprof apps revoke KEY_ID``, a process of its own on the same stores."""
-    cli = ["--data-dir", str(settings.data_dir), "--embedder", "hashing"]
-    if settings.database_url:
-        cli += ["--database-url", settings.database_url]
-    script = "import sys\nfrom uprof.cli.main import app\napp(sys.argv[1:])"
-    done = run_python(script, *cli, "apps", "revoke", key_id)
-    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def _change_after_its_turn(
@@ -128,7 +117,7 @@ def test_a_rest_policy_change_that_waited_for_its_turn_is_refused_for_a_key_revo
     before = _policy_changes(kernel)
 
     def revoked_elsewhere(http: httpx.Client) -> None:
-        _revoke_with_the_cli(settings, issued.info.key_id)
+        revoke_with_the_cli(settings, issued.info.key_id)
         clock[0] += KEY_CACHE_TTL_S + 0.1  # the server's read of the row has aged
         refused = http.get("/v1/policy", headers=bearer(issued.token))
         assert refused.status_code == 401, refused.text  # revoked, as the server sees it

@@ -22,8 +22,8 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from tests.api.conftest import PLANNER, LiveServer, bearer, grant, interaction
-from tests.api.test_capture_key_at_the_write import _captures_of_alice, _revoke_with_the_cli
+from tests.api.conftest import PLANNER, LiveServer, bearer, grant, interaction, revoke_with_the_cli
+from tests.api.test_capture_key_at_the_write import _captures_of_alice
 from uprof.api import ApiKeyStore
 from uprof.apikeys.store import KEY_CACHE_TTL_S
 from uprof.kernel import Uprof
@@ -103,7 +103,7 @@ def test_held_a_revoked_key_in_a_capture_group_refuses_its_own_request_alone(
             assert in_first_group.wait(WAIT_S), "the first capture never reached the writer"
             threads += [send("revoked", revoked.token), send("standing", standing.token)]
             _until(lambda: writer._queue.qsize() == 2, "both captures queued")
-            _revoke_with_the_cli(settings, revoked.info.key_id)
+            revoke_with_the_cli(settings, revoked.info.key_id)
             clock[0] += KEY_CACHE_TTL_S + 0.1  # the server's reads of the rows have aged
             seen = http.post(
                 "/v1/consents/list", headers=bearer(revoked.token), json={"subject": "alice"}
@@ -227,7 +227,7 @@ def test_held_a_replay_after_its_key_was_revoked_is_refused_and_the_apps_other_k
         first = _post_capture(http, revoked.token, "I live in Lisbon", **{"Idempotency-Key": "r-1"})
         assert first.status_code == 201, first.text
         before = _captures_of_alice(kernel)
-        _revoke_with_the_cli(settings, revoked.info.key_id)
+        revoke_with_the_cli(settings, revoked.info.key_id)
         clock[0] += KEY_CACHE_TTL_S + 0.1
         refused = _post_capture(
             http, revoked.token, "I live in Lisbon", **{"Idempotency-Key": "r-1"}
@@ -307,7 +307,7 @@ def test_held_an_mcp_capture_that_waited_for_its_turn_is_refused_for_a_key_revok
             sender.start()
             try:
                 assert arrived.wait(WAIT_S), "the capture never reached its writer turn"
-                _revoke_with_the_cli(settings, issued.info.key_id)
+                revoke_with_the_cli(settings, issued.info.key_id)
                 clock[0] += KEY_CACHE_TTL_S + 0.1
                 seen = http.post(
                     f"{live.url}/mcp", json=HELLO, headers={**ACCEPT, **bearer(issued.token)}

@@ -23,8 +23,9 @@ from tests.api.conftest import (
     build_kernel,
     grant,
     interaction,
+    revoke_with_the_cli,
 )
-from tests.api.test_capture_key_at_the_write import TEXT, _captures_of_alice, _revoke_with_the_cli
+from tests.api.test_capture_key_at_the_write import TEXT, _captures_of_alice
 from tests.api.test_capture_key_at_the_write_one_by_one import WAIT_S, _capture_after_its_turn
 from tests.conftest import Backend
 from uprof.api import ApiKeyStore
@@ -66,7 +67,7 @@ def test_held_an_idempotent_capture_refused_for_a_revoked_key_is_written_once_on
             before = _captures_of_alice(kernel)
 
             def revoked_elsewhere(http: httpx.Client) -> None:
-                _revoke_with_the_cli(settings, issued.info.key_id)
+                revoke_with_the_cli(settings, issued.info.key_id)
                 clock[0] += KEY_CACHE_TTL_S + 0.1  # the server's read of the row has aged
                 refused = http.post(
                     "/v1/consents/list", headers=bearer(issued.token), json={"subject": "alice"}

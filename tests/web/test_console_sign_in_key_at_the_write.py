@@ -18,22 +18,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.api.conftest import PLANNER, LiveServer
-from tests.children import run_python
+from tests.api.conftest import PLANNER, LiveServer, revoke_with_the_cli
 from uprof.api import ApiKeyStore
 from uprof.kernel import Uprof
 from uprof.settings import Settings
 from uprof.web.pages import OPERATOR_COOKIE
-
-
-def _revoke_with_the_cli(settings: Settings, key_id: str) -> None:
-    """``uprof apps revoke KEY_ID``, a process of its own on the same stores."""
-    cli = ["--data-dir", str(settings.data_dir), "--embedder", "hashing"]
-    if settings.database_url:
-        cli += ["--database-url", settings.database_url]
-    script = "import sys\nfrom uprof.cli.main import app\napp(sys.argv[1:])"
-    done = run_python(script, *cli, "apps", "revoke", key_id)
-    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def _while_the_sign_in_is_recorded(
@@ -75,7 +64,7 @@ def test_a_key_revoked_while_its_sign_in_was_recorded_gets_no_session(
     the console opens nothing with what the browser holds."""
     issued = keys.create(PLANNER, ["app", "operator"])
     ran = _while_the_sign_in_is_recorded(
-        kernel, monkeypatch, lambda: _revoke_with_the_cli(settings, issued.info.key_id)
+        kernel, monkeypatch, lambda: revoke_with_the_cli(settings, issued.info.key_id)
     )
     with httpx.Client(base_url=server.url, timeout=60) as console:
         signed = console.post(
@@ -103,7 +92,7 @@ def test_held_a_sign_in_whose_key_stands_opens_its_session(
     issued = keys.create(PLANNER, ["app", "operator"])
     sibling = keys.create(PLANNER, ["app", "operator"])
     ran = _while_the_sign_in_is_recorded(
-        kernel, monkeypatch, lambda: _revoke_with_the_cli(settings, sibling.info.key_id)
+        kernel, monkeypatch, lambda: revoke_with_the_cli(settings, sibling.info.key_id)
     )
     with httpx.Client(base_url=server.url, timeout=60) as console:
         signed = console.post(
