@@ -82,7 +82,7 @@ from uprof.kernel import Lag, Uprof
 from uprof.services.capture import CaptureAck
 from uprof.services.erasure import ErasureResult, HostSettled
 from uprof.services.extraction import category_of
-from uprof.services.idempotency import client_wait_ends, client_wait_s
+from uprof.services.idempotency import client_wait_ends
 from uprof.services.import_formats import FORMATS as IMPORT_FORMATS
 from uprof.services.import_formats import FileLines, ImportDefaults, ImportProblem
 from uprof.services.importer import ImportReport
@@ -184,14 +184,12 @@ def client_waits_at_most(seconds: float | None) -> Iterator[None]:
     """Serve the requests inside this block (on this thread, or a task copied from it)
     knowing that their client waits ``seconds`` for an answer (None: it did not say): a
     keyed write waiting for its first request gives up within that (bug LV,
-    ``uprof.services.idempotency.client_wait_s``)."""
-    mark = client_wait_s.set(seconds)
+    ``uprof.services.idempotency.client_wait_ends``)."""
     ends = client_wait_ends.set(None if seconds is None else time.monotonic() + seconds)
     try:
         yield
     finally:
         client_wait_ends.reset(ends)
-        client_wait_s.reset(mark)
 
 
 @dataclass(frozen=True)

@@ -138,18 +138,17 @@ def _without_secrets(value: Any) -> Any:
 #: one answered was erased and its name re-created), and nothing may be written there.
 replaying: ContextVar[bool] = ContextVar("uprof_idempotency_replaying", default=False)
 
-#: How long the client of the request being served waits for its answer, in seconds, when
-#: it said so (``Prefer: wait``, RFC 7240); None: not said. A duplicate waits for its first
-#: request no longer than that: past the client's own timeout the 409 would go to nobody,
-#: and the abandoned wait would hold a server worker (bug LV).
-client_wait_s: ContextVar[float | None] = ContextVar("uprof_client_wait_s", default=None)
-#: When that wait ends (``time.monotonic``), set with it: what a later wait of the same
-#: request has left of it (``client_wait_left``).
+#: When the client of the request being served stops waiting for its answer
+#: (``time.monotonic``), when it said how long it waits (``Prefer: wait``, RFC 7240); None:
+#: not said. A duplicate waits for its first request no longer than that: past the
+#: client's own timeout the 409 would go to nobody, and the abandoned wait would hold a
+#: server worker (bug LV); each later wait of the request takes what is left
+#: (``client_wait_left``).
 client_wait_ends: ContextVar[float | None] = ContextVar("uprof_client_wait_ends", default=None)
 
 
 def client_wait_left() -> float | None:
-    """What is left of the client's wait (``client_wait_s``) for the request being served,
+    """What is left of the client's wait (``client_wait_ends``) for the request being served,
     in seconds (0 once past it); None when the client did not say. Each wait of a
     request (the key's turn, then the consent's erasure turn) takes from one budget, so
     that together they end within what the client waits."""
