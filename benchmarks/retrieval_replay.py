@@ -600,12 +600,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # Second pass, named from the tune half's table only (a smaller k came closer).
     "rrf-equal-k3": {"fusion": "rrf", "lexical_weight": 0.5, "rrf_k": 3.0},
     "rrf-k10": {"fusion": "rrf", "rrf_k": 10.0},
-    # Round 15 (decision retrieval-round-15): marginal relevance counted from a similarity
-    # floor (``mmr_floor``), named before the run.
-    "mmrf-subject": {"mmr_floor": "subject"},
-    "mmrf-pool": {"mmr_floor": "pool"},
-    "mmrf-top50": {"mmr_floor": "pool", "mmr_floor_members": 50},
-    "mmrf-top20": {"mmr_floor": "pool", "mmr_floor_members": 20},
 }
 
 

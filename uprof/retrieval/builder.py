@@ -18,7 +18,6 @@ from uprof.retrieval.packer import PackProblem, PackResult, pack
 from uprof.retrieval.ranker import (
     PoolSimilarity,
     analyse_query,
-    mean_pairwise,
     rank_memories,
     rank_profile_items,
 )
@@ -291,21 +290,9 @@ def _problem(
         similar_to_many=_similar_to_many(choices, similarity, derived),
         budget=budget,
         mmr_penalty=options.mmr_penalty,
-        similarity_floor=_similarity_floor(index, similarity, options),
         duplicate_threshold=options.duplicate_threshold,
         max_chosen=options.max_items,
     )
-
-
-def _similarity_floor(
-    index: MemoryIndex, similarity: PoolSimilarity, options: SliceOptions
-) -> float:
-    """The similarity marginal relevance counts from (``SliceOptions.mmr_floor``)."""
-    if options.mmr_floor == "pool":
-        return max(similarity.mean_pairwise(options.mmr_floor_members), 0.0)
-    if options.mmr_floor == "subject":
-        return max(mean_pairwise(index), 0.0)
-    return 0.0
 
 
 def _render(chosen: Sequence[_Choice], index: MemoryIndex, options: SliceOptions) -> str:

@@ -53,9 +53,6 @@ class PackProblem:
     #: The same columns for many choices at once, (m, len(js)); None when not cheaper.
     similar_to_many: Callable[[np.ndarray], np.ndarray] | None = None
     mmr_penalty: float = 0.5
-    #: Similarity below which the MMR discount is nothing; above it, similarity is
-    #: rescaled to [0, 1] (0: raw similarity). Duplicates are found on raw similarity.
-    similarity_floor: float = 0.0
     duplicate_threshold: float = 0.95
     #: At most this many choices are taken (None: as many as fit).
     max_chosen: int | None = None
@@ -124,9 +121,7 @@ class _Packing:
         Recomputed only when the chosen set's similarity changed (every step asks).
         """
         if self._gains is None:
-            floor = self.p.similarity_floor
-            similarity = self.max_sim if floor <= 0 else (self.max_sim - floor) / (1.0 - floor)
-            similarity = np.minimum(np.maximum(similarity, 0.0), 1.0)
+            similarity = np.minimum(np.maximum(self.max_sim, 0.0), 1.0)
             self._gains = self.p.utility * (1.0 - self.p.mmr_penalty * similarity)
         return self._gains
 

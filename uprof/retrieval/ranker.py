@@ -120,23 +120,6 @@ class PoolSimilarity:
             self._terms = pool_terms.tocsr()  # row k: member k's terms and weights
             self._postings = pool_terms.tocsc()  # column t: the members holding term t
 
-    def mean_pairwise(self, members: int = 0) -> float:
-        """Mean similarity of two different memories among the pool's first ``members``
-        (0: all), in closed form: the rows are unit length, so the pairs sum to the
-        squared norm of the rows' sum less the rows' own squares (O(pool), no pairs)."""
-        k = self._size if members <= 0 else min(members, self._size)
-        if k < 2:
-            return 0.0
-        if self._dense is not None:
-            dense = np.asarray(self._dense[:k], dtype=np.float64)
-            own = float(np.einsum("ij,ij->", dense, dense))
-            total = dense.sum(axis=0)
-        else:
-            sparse = self._terms[:k]
-            own = float(sparse.multiply(sparse).sum())
-            total = np.asarray(sparse.sum(axis=0), dtype=np.float64).reshape(-1)
-        return float((total @ total - own) / (k * (k - 1)))
-
     @property
     def batched(self) -> bool:
         """True when columns are cheaper fetched many at a time (lexical mode)."""
@@ -172,18 +155,6 @@ class PoolSimilarity:
             minlength=self._size * len(ks),
         )
         return sums.reshape(self._size, len(ks))
-
-
-def mean_pairwise(index: MemoryIndex) -> float:
-    """Mean cosine of two different memories of the subject (unit rows: closed form);
-    0 without vectors or with fewer than two memories."""
-    n = len(index)
-    if index.vectors is None or n < 2:
-        return 0.0
-    rows = np.asarray(index.vectors, dtype=np.float64)
-    total = rows.sum(axis=0)
-    own = float(np.einsum("ij,ij->", rows, rows))  # n, less any zero rows
-    return float((total @ total - own) / (n * (n - 1)))
 
 
 @dataclass(frozen=True)

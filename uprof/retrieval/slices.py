@@ -107,14 +107,6 @@ class SliceOptions:
     pool_size: int = 200
     #: Marginal-relevance penalty: gain = utility * (1 - mmr_penalty * max similarity to chosen).
     mmr_penalty: float = 0.5
-    #: Where marginal relevance starts counting similarity (retrieval round 15, off by
-    #: default): ``"off"`` discounts raw similarity; ``"subject"`` measures it from the mean
-    #: pairwise similarity of the subject's memories and ``"pool"`` from that of the pool's
-    #: ``mmr_floor_members`` best memories (0: the whole pool), rescaled so the floor is 0
-    #: and an identical item 1. Two memories on the same topic are as alike as the floor
-    #: says topic-mates are, and keep their whole utility; a near-repeat is still discounted.
-    mmr_floor: Literal["off", "subject", "pool"] = "off"
-    mmr_floor_members: int = 0
     #: Similarity at or above which a candidate is a near-duplicate of a chosen item.
     duplicate_threshold: float = 0.95
     #: Candidates whose utility falls below this are left out as low relevance.
