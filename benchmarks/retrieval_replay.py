@@ -215,9 +215,12 @@ def replay_locomo(
     counter: Any,
     indexes: dict[str, MemoryIndex],
     timings: list[float] | None = None,
+    half: str = "full",
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for conv in convs:
+        if half != "full" and half_of(conv.sample_id) != half:
+            continue
         for q in conv.questions:
             got = inputs[(conv.sample_id, q.qa_index)]
             index = indexes.get(conv.sample_id)
@@ -330,11 +333,15 @@ def replay_prefeval(
     counter: Any,
     subjects: dict[tuple[str, int], Any],
     timings: list[float] | None = None,
+    half: str = "full",
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for n in sorted({n for n, _ in settings}):
         budgets = [b for m, b in settings if m == n]
+        # Every user is drawn, so the other half's draws stay those of the whole run.
         for user, events in pref_users(items, n):
+            if half != "full" and half_of(user.topic) != half:
+                continue
             key = (user.source_ref, n)
             subject = subjects.get(key)
             if subject is None:
@@ -403,10 +410,18 @@ def _mean(values: Sequence[float]) -> float:
     return float(np.mean(values)) if values else float("nan")
 
 
-def summarise(locomo_rows: Sequence[dict[str, Any]], pref_rows: Sequence[dict[str, Any]]) -> Any:
-    """Per half and full: ER-strict per budget and per category, PrefEval PR per setting."""
+PARTS: tuple[str, ...] = ("tune", "check", "full")
+
+
+def summarise(
+    locomo_rows: Sequence[dict[str, Any]],
+    pref_rows: Sequence[dict[str, Any]],
+    parts: Sequence[str] = PARTS,
+) -> Any:
+    """Per half and full: ER-strict per budget and per category, PrefEval PR per setting
+    (``parts``: the halves this run replayed; a run of one half summarises only it)."""
     out: dict[str, Any] = {}
-    for part in ("tune", "check", "full"):
+    for part in parts:
 
         def keep(row: dict[str, Any], part: str = part) -> bool:
             return part == "full" or half_of(row["case"]) == part
@@ -424,6 +439,10 @@ def summarise(locomo_rows: Sequence[dict[str, Any]], pref_rows: Sequence[dict[st
                         )
                         for c in (1, 2, 3, 4)
                     },
+                    **{
+                        f"n_cat{c}": sum(r["B"] == b and r["category"] == c for r in loc)
+                        for c in (1, 2, 3, 4)
+                    },
                     "n": sum(r["B"] == b for r in loc),
                     "over": sum(bool(r.get("over")) for r in loc if r["B"] == b),
                 }
@@ -438,6 +457,52 @@ def summarise(locomo_rows: Sequence[dict[str, Any]], pref_rows: Sequence[dict[st
             },
         }
     return out
+
+
+def _weighted(a: Mapping[str, Any], b: Mapping[str, Any], key: str, count: str) -> float:
+    """The count-weighted mean of two halves' figures (a half with no rows has NaN)."""
+    parts = [(h[key], h[count]) for h in (a, b) if h[count]]
+    total = sum(n for _, n in parts)
+    return float(sum(v * n for v, n in parts) / total) if total else float("nan")
+
+
+def full_of_halves(tune: Mapping[str, Any], check: Mapping[str, Any]) -> dict[str, Any]:
+    """The full split's summary from two runs' half summaries, each figure weighted by
+    its questions (users): what ``summarise`` gives over both halves' rows."""
+    locomo_full: dict[str, Any] = {}
+    for key, a in tune["locomo"].items():
+        b = check["locomo"][key]
+        row: dict[str, Any] = {"all": _weighted(a, b, "all", "n")}
+        for c in (1, 2, 3, 4):
+            row[f"cat{c}"] = _weighted(a, b, f"cat{c}", f"n_cat{c}")
+            row[f"n_cat{c}"] = a[f"n_cat{c}"] + b[f"n_cat{c}"]
+        row["n"], row["over"] = a["n"] + b["n"], a["over"] + b["over"]
+        locomo_full[key] = row
+    pref_full = {
+        key: {
+            "pr": _weighted(a, check["prefeval"][key], "pr", "n"),
+            "n": a["n"] + check["prefeval"][key]["n"],
+        }
+        for key, a in tune["prefeval"].items()
+    }
+    return {"locomo": locomo_full, "prefeval": pref_full}
+
+
+def merged_reports(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One report from runs of separate halves: each result's halves side by side, and
+    its full split from them when both halves are there and no run replayed it whole."""
+    merged: dict[str, Any] = {"halves": {}, "results": {}}
+    for report in reports:
+        merged["halves"].update(report.get("halves", {}))
+        for name, result in report["results"].items():
+            into = merged["results"].setdefault(name, {})
+            for part in PARTS:
+                if part in result:
+                    into[part] = result[part]
+    for result in merged["results"].values():
+        if "full" not in result and "tune" in result and "check" in result:
+            result["full"] = full_of_halves(result["tune"], result["check"])
+    return merged
 
 
 def slice_times(
@@ -486,7 +551,9 @@ def markdown_tables(
         "|---|---|---|---|---|---|---|---|---|"
     )
     out: list[str] = []
-    for part in ("tune", "check", "full"):
+    for part in PARTS:
+        if any(part not in results[name] for name in labels):
+            continue
         lines = [f"{part}:", "", head]
         for name, label in labels.items():
             got = results[name][part]
@@ -565,16 +632,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--skip", default="", help="locomo or prefeval to skip")
     parser.add_argument(
+        "--half",
+        choices=("tune", "check", "full"),
+        default="full",
+        help="replay only this half's cases (the other half's rows stay empty)",
+    )
+    parser.add_argument(
         "--tables",
-        type=Path,
-        help="print the ablation tables of this --out report and stop (rows: --labels)",
+        help="print the ablation tables of these ','-separated --out reports (runs of "
+        "separate halves are merged) and stop (rows: --labels)",
     )
     parser.add_argument(
         "--labels", default="", help="'|'-separated name=label rows for --tables (default all)"
     )
     args = parser.parse_args(argv)
     if args.tables:
-        report_in = json.loads(args.tables.read_text())
+        report_in = merged_reports(
+            [json.loads(Path(p).read_text()) for p in args.tables.split(",") if p]
+        )
         pairs = [tuple(p.split("=", 1)) for p in args.labels.split("|") if p]
         labels = dict(pairs) or {n: n for n in report_in["results"]}
         print(markdown_tables(report_in, labels), end="")
@@ -611,6 +686,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         progress(f"baselines: {time.perf_counter() - start:.0f}s")
         if args.out:
             args.out.write_text(json.dumps(report, indent=1))
+    parts = PARTS if args.half == "full" else (args.half,)
     indexes: dict[str, MemoryIndex] = {}
     subjects: dict[tuple[str, int], Any] = {}
     parsed = [parse_variant(spec) for spec in specs]
@@ -630,6 +706,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 counter,
                 indexes,
                 timings[name]["locomo"],
+                args.half,
             )
         )
         pref = (
@@ -643,16 +720,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 counter,
                 subjects,
                 timings[name]["prefeval"],
+                args.half,
             )
         )
-        report["results"][name] = summarise(loc, pref)
+        report["results"][name] = summarise(loc, pref, parts)
         report["results"][name]["overrides"] = overrides
         report["results"][name]["slice_ms"] = slice_times(timings[name], timings.get("default"))
         progress(f"{name}: {time.perf_counter() - start:.0f}s")
         if args.out:
             args.out.write_text(json.dumps(report, indent=1))
     for name, result in report["results"].items():
-        for part in ("tune", "check", "full"):
+        for part in (p for p in PARTS if p in result):
             loc = result[part]["locomo"]
             pref = result[part]["prefeval"]
             cells = [f"{k} {v['all']:.3f}/{v['cat1']:.3f}" for k, v in loc.items()]

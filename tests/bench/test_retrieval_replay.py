@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 import random
 import sys
@@ -17,6 +18,7 @@ from benchmarks.retrieval_replay import (
     half_of,
     load_inputs,
     markdown_tables,
+    merged_reports,
     parse_variant,
     pref_users,
     slice_times,
@@ -165,3 +167,35 @@ def test_evidence_misses_counts_a_turns_sentences_as_the_extractor_splits_them()
         "Dr. Who came",
     ]
     assert memory_sentences("One sentence, with a comma") == ["One sentence, with a comma"]
+
+
+def test_the_full_split_of_two_half_runs_equals_the_whole_runs() -> None:
+    rows = [
+        {"case": case, "category": cat, "B": b, "strict": float((i * 7 + b) % 3 == 0)}
+        for i, (case, cat) in enumerate(
+            [("conv-26", 1), ("conv-26", 2), ("conv-42", 1), ("conv-42", 4), ("conv-30", 1)]
+        )
+        for b in (256, 2048)
+    ]
+    pref = [
+        {"case": topic, "N": 50, "B": 256, "hit": i % 2 == 0}
+        for i, topic in enumerate(["travel_hotel", "travel_hotel", "lifestyle_fit", "x_y"])
+    ]
+    whole = summarise(rows, pref)
+    tune = summarise([r for r in rows if half_of(r["case"]) == "tune"], pref, ("tune",))
+    check = summarise([r for r in rows if half_of(r["case"]) == "check"], pref, ("check",))
+    assert set(tune) == {"tune"} and set(check) == {"check"}
+    merged = merged_reports([{"results": {"x": tune}}, {"results": {"x": check}}])["results"]["x"]
+    for part in ("tune", "check"):  # NaN for an empty category: compared as text
+        assert json.dumps(merged[part], sort_keys=True) == json.dumps(whole[part], sort_keys=True)
+    for key, row in whole["full"]["locomo"].items():
+        for field, value in row.items():
+            assert merged["full"]["locomo"][key][field] == pytest.approx(value, nan_ok=True)
+    for key, row in whole["full"]["prefeval"].items():
+        assert merged["full"]["prefeval"][key]["pr"] == pytest.approx(row["pr"])
+
+
+def test_markdown_tables_print_only_the_halves_a_report_holds() -> None:
+    report = {"results": {name: {"tune": _result(0.5)} for name in ("default", "x")}}
+    text = markdown_tables(report, {"default": "main", "x": "x on"})
+    assert text.startswith("tune:") and "check:" not in text and "full:" not in text
