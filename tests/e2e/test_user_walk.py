@@ -11,6 +11,9 @@ import subprocess
 import sys
 import time
 
+import httpx
+
+from benchmarks.server_ready import popen_serving, stop_server, wait_until_healthy
 from tests.conftest import Backend
 
 UPROF = [sys.executable, "-m", "uprof.cli.main"]
@@ -89,3 +92,24 @@ def test_audit_export_says_what_it_wrote_in_words(backend: Backend) -> None:
     assert f"exported {len(entries)} entries" in said
     assert f"tree size {header['tree_size']}" in said
     assert str(out) in "".join(done.stdout.split())
+
+
+def test_readyz_names_the_worker_a_no_worker_server_waits_for(backend: Backend) -> None:
+    """docs/cli.md's multi-process example: servers with ``--no-worker`` beside ``uprof
+    worker`` processes. Their ``/readyz`` said ``"worker": "inline"``, as if the server did
+    the pipeline's work on request threads; its reads wait for the external workers."""
+    server, port = popen_serving(
+        [*UPROF, *_base(backend), "serve", "--no-worker", "--host", "127.0.0.1"],
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(server, url)
+        answer = httpx.get(f"{url}/readyz", timeout=30)
+    finally:
+        stop_server(server)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["worker"] == "external"
