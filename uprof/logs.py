@@ -27,6 +27,11 @@ LogFormat = Literal["text", "json"]
 #: The text format of a worker's lines (uvicorn keeps its own for servers).
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
+# pycasbin logs its model at INFO whenever an enforcer loads and every denied request at
+# WARNING: deny by default makes one slice a dozen lines. Every long-running process
+# (the servers through uprof.api.logconfig, the worker here) holds it at this level.
+CASBIN_LOG_LEVEL = "ERROR"
+
 
 class JsonFormatter(logging.Formatter):
     """Format a record as one line of JSON."""
@@ -97,3 +102,4 @@ def configure_process_logging(level: str, log_format: LogFormat) -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    logging.getLogger("casbin").setLevel(CASBIN_LOG_LEVEL)

@@ -8,11 +8,13 @@ the hashing one (``UPROF_EMBEDDER=hashing``: loading MiniLM in every CLI process
 cost minutes, and no example depends on the model). A block that cannot run here (a
 server that runs until stopped, a call to a server, a benchmark of hours) carries a
 marker in the document itself, ``<!-- skip: next "why" -->``, with its reason; a block
-without one must run and succeed.
+without one must run and succeed. A document in ``served.SERVED_DOCUMENTS`` gets its own
+loopback ``uprof serve`` and keys first, so its SDK examples run against a real server.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -24,6 +26,8 @@ from unittest import SkipTest
 import pytest
 from sybil import Example, Sybil
 from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser, SkipParser
+
+from tests.docs.served import SERVED_DOCUMENTS, serving_the_document
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -104,16 +108,20 @@ def test_the_examples_of_a_document_run(
     document = SYBIL.parse(path)
     document.namespace["workdir"] = tmp_path
     ran = skipped = 0
-    try:
-        for example in document:
-            try:
-                example.evaluate()
-            except SkipTest:
-                skipped += 1
-            else:
-                ran += 1
-    finally:
-        _close_kernels(document.namespace)
+    with contextlib.ExitStack() as stack:
+        if str(path.relative_to(ROOT)) in SERVED_DOCUMENTS:
+            served = serving_the_document(tmp_path, _environment(tmp_path))
+            document.namespace.update(stack.enter_context(served))
+        try:
+            for example in document:
+                try:
+                    example.evaluate()
+                except SkipTest:
+                    skipped += 1
+                else:
+                    ran += 1
+        finally:
+            _close_kernels(document.namespace)
     if ran == 0 and skipped == 0:
         pytest.skip("no executable examples in this document (prose, tables, output)")
     assert ran + skipped > 0

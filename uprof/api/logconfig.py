@@ -20,6 +20,8 @@ from typing import Any
 
 from uvicorn.config import LOGGING_CONFIG
 
+from uprof.logs import CASBIN_LOG_LEVEL
+
 
 class DropQueryString(logging.Filter):
     """Cut the query string from uvicorn's access-log records (args: client, method,
@@ -40,7 +42,7 @@ def server_log_config(level: str = "info", log_format: str = "text") -> dict[str
     config.setdefault("filters", {})["drop_query"] = {"()": DropQueryString}
     # On the logger, so every handler (ours or one an operator adds) gets the cut record.
     config["loggers"]["uvicorn.access"]["filters"] = ["drop_query"]
-    config["loggers"]["casbin"] = {"level": "ERROR", "propagate": False, "handlers": []}
+    config["loggers"]["casbin"] = {"level": CASBIN_LOG_LEVEL, "propagate": False, "handlers": []}
     config["loggers"]["uprof"] = {
         "handlers": ["default"],
         "level": level.upper(),

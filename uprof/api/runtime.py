@@ -217,7 +217,12 @@ class ServiceRuntime:
             self.worker.stop()
 
     def worker_state(self) -> str:
-        return self.worker.status.state if self.worker is not None else "inline"
+        """``running``, ``failing`` or ``stopped`` for this process's own pipeline worker;
+        ``external`` when reads wait for ``uprof worker`` processes (``serve
+        --no-worker``); ``inline`` when each read does the pipeline's work itself."""
+        if self.worker is not None:
+            return self.worker.status.state
+        return "external" if self.background else "inline"
 
     def wait_caught_up(self, timeout_s: float) -> bool:
         """Wait (bounded) until derived stores reach the log head; for tests and benchmarks."""

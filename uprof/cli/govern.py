@@ -311,7 +311,12 @@ def audit_export(
             since=since,
             until=until,
         )
-    console.print(f"exported to {out}: {summary}")
+    # Words, not the summary's repr: the checkpoint is in the file's header line.
+    console.print(
+        f"exported {summary.entry_count} entries (tree size {summary.tree_size}) to {out}, "
+        f"sha256 {summary.export_sha256}; check it offline with "
+        f"`uprof audit verify {out} --public-key audit.pem`"
+    )
 
 
 @audit_app.command("entries")

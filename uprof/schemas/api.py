@@ -728,6 +728,8 @@ class Readiness(_Response):
     #: Captures set aside after failing extraction on every attempt (they hold nothing
     #: up, so readiness does not depend on them; ``uprof quarantine list`` shows them).
     quarantined: int = 0
+    #: This process's pipeline worker: running, failing, stopped; external (``serve
+    #: --no-worker``: ``uprof worker`` processes do the work); inline (no worker thread).
     worker: str
     detail: str = ""
 
