@@ -1,5 +1,5 @@
 """A document's own loopback server: what a reader of docs/api.md has running when they
-reach the SDK examples (decision XXXX-a-new-users-walk).
+reach the SDK examples (decision 0226-a-new-users-walk).
 
 The document's "Run the server" block stays skipped (it runs until stopped); this does
 what it says in the document's folder: a key for ``app:planner`` and an operator key for

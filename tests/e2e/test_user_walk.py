@@ -1,5 +1,5 @@
 """What a new user met walking the documents' skipped blocks on real processes
-(decision XXXX-a-new-users-walk): the worker's JSON log as docs/operations.md shows it,
+(decision 0226-a-new-users-walk): the worker's JSON log as docs/operations.md shows it,
 and the audit export's answer as a person reads it."""
 
 from __future__ import annotations
