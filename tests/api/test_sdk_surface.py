@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import uprof.sdk
@@ -112,3 +113,14 @@ def test_sync_and_async_clients_offer_the_same_methods() -> None:
 
 def test_the_package_ships_py_typed() -> None:
     assert (Path(uprof.sdk.__file__).parent / "py.typed").exists()
+
+
+def test_a_consent_grant_names_its_collection_record_in_the_signature() -> None:
+    # The server refuses a grant without `collected_by` (422); the SDK used to default it to
+    # None, so a user's type checker and editor presented a required field as optional
+    # (0226-a-new-users-walk, Left). Both clients now make the caller name it.
+    for client in (uprof.sdk.Client, uprof.sdk.AsyncClient):
+        parameter = inspect.signature(client.grant_consent).parameters["collected_by"]
+        assert parameter.kind is inspect.Parameter.KEYWORD_ONLY
+        assert parameter.default is inspect.Parameter.empty
+        assert parameter.annotation in ("str", str)

@@ -169,7 +169,7 @@ def _grant(
     purposes: Sequence[str],
     legal_basis: str,
     expires_at: datetime | None,
-    collected_by: str | None,
+    collected_by: str,
     key: str | None = None,
 ) -> Call[w.ConsentGranted]:
     fields: dict[str, Any] = {
@@ -713,9 +713,9 @@ class Client:
         *,
         categories: Sequence[str],
         purposes: Sequence[str],
+        collected_by: str,
         legal_basis: str = "consent",
         expires_at: datetime | None = None,
-        collected_by: str | None = None,
         idempotency_key: str | None = None,
     ) -> str:
         """Record the subject's consent for this app; returns the consent id.
@@ -1119,9 +1119,9 @@ class AsyncClient:
         *,
         categories: Sequence[str],
         purposes: Sequence[str],
+        collected_by: str,
         legal_basis: str = "consent",
         expires_at: datetime | None = None,
-        collected_by: str | None = None,
         idempotency_key: str | None = None,
     ) -> str:
         call = _grant(
