@@ -28,7 +28,7 @@ from domain.errors import (
     UprofError,
     VersionConflictError,
 )
-from domain.principal import qualified_agent
+from domain.principal import credential_still_stands, qualified_agent
 from domain.profile import ErasedItems, SubjectProfile
 from domain.values import (
     AttributeProposal,
@@ -627,6 +627,10 @@ class ExtractionWorker:
         refused: list[Refused] = []
 
         def apply_and_release() -> RetryOutcome:
+            # In the subject's writer turn, before anything is staged (and at each
+            # conflict's retry): the retry is an operator key's act, and a key revoked
+            # while the model ran releases nothing (bug UR).
+            credential_still_stands()
             profile = self._app.load(stream_id)
             if capture_id not in profile.quarantined:
                 return RetryOutcome(capture_id, "not-quarantined")
