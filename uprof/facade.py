@@ -1063,15 +1063,16 @@ class Facade:
         ``console.sign_in_refused`` (``reason_code`` key-revoked) instead, and the
         PermissionDeniedError is raised: the log never says a session was given that was
         not (0218's TV wrote the entry, then refused the session)."""
-        fields = {"app_id": self.principal.app_id, "api_key_id": self.principal.key_id}
+        fields: dict[str, object] = {
+            "app_id": self.principal.app_id,
+            "api_key_id": self.principal.key_id,
+        }
         with self._as_principal():
             if refused:
                 self._kernel.audit.record("console.sign_in_refused", **fields)
                 return
             try:
-                self._kernel.audit.record_many(
-                    [("console.signed_in", fields)], admitted=key_stands
-                )
+                self._kernel.audit.record_many([("console.signed_in", fields)], admitted=key_stands)
             except PermissionDeniedError:
                 self._kernel.audit.record(
                     "console.sign_in_refused", reason_code=SIGN_IN_KEY_REVOKED, **fields

@@ -306,8 +306,15 @@ class EventStore(Protocol):
         """
         ...
 
-    def with_retry(self, command: Callable[[], T], *, subject: UUID | None = None) -> T:
-        """Run a load-decide-save command again while another writer saved first."""
+    def with_retry(
+        self,
+        command: Callable[[], T],
+        *,
+        subject: UUID | None = None,
+        credential: Callable[[], None] | None = None,
+    ) -> T:
+        """Run a load-decide-save command again while another writer saved first; with
+        ``credential``, asked before each attempt and under the store's write lock."""
         ...
 
     def writer_turns(self, subjects: Iterable[UUID]) -> AbstractContextManager[None]:

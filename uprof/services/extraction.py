@@ -28,7 +28,7 @@ from domain.errors import (
     UprofError,
     VersionConflictError,
 )
-from domain.principal import credential_still_stands, qualified_agent
+from domain.principal import acting_credential, qualified_agent
 from domain.profile import ErasedItems, SubjectProfile
 from domain.values import (
     AttributeProposal,
@@ -627,10 +627,6 @@ class ExtractionWorker:
         refused: list[Refused] = []
 
         def apply_and_release() -> RetryOutcome:
-            # In the subject's writer turn, before anything is staged (and at each
-            # conflict's retry): the retry is an operator key's act, and a key revoked
-            # while the model ran releases nothing (bug UR).
-            credential_still_stands()
             profile = self._app.load(stream_id)
             if capture_id not in profile.quarantined:
                 return RetryOutcome(capture_id, "not-quarantined")
@@ -650,7 +646,12 @@ class ExtractionWorker:
             self._app.save(profile)
             return RetryOutcome(capture_id, "released")
 
-        outcome = self._app.with_retry(apply_and_release, subject=stream_id)
+        # The retry is an operator key's act: the key is asked in the subject's writer
+        # turn, after the model ran, and under the store's lock; a key revoked meanwhile
+        # releases nothing (bug UR; US).
+        outcome = self._app.with_retry(
+            apply_and_release, subject=stream_id, credential=acting_credential.get()
+        )
         if outcome.outcome == "released" and refused and self._erased_items is not None:
             self._erased_items.recorded(refused)
         return outcome
