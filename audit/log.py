@@ -384,9 +384,19 @@ class AuditLog:
         return self.append_many([entry])[0]
 
     def append_many(
-        self, entries: Iterable[Mapping[str, Any]], *, once_by: OnceBy = ()
+        self,
+        entries: Iterable[Mapping[str, Any]],
+        *,
+        once_by: OnceBy = (),
+        admitted: Callable[[], None] | None = None,
     ) -> list[AuditRecord]:
         """Append entries atomically at consecutive indexes; all or nothing.
+
+        ``admitted``, when given, is asked under the log's write lock, after every earlier
+        append has committed and before these are written; whatever it raises is raised
+        and nothing is written. An entry that states a fact which may stop being true
+        while the append waits for its turn (a key that stands) is written only if it is
+        true at its place in the log (decision XXXX-leftovers-of-0218-to-0223).
 
         With ``once_by`` (field names), an entry is left out when the log already holds an
         entry of the same ``action`` and ``subject_ref`` with the same values of those
@@ -400,7 +410,7 @@ class AuditLog:
         prepared = [self._prepare(entry, once_by) for entry in entries]
         if not prepared:
             return []
-        return self._retry(lambda: self._write_typed(prepared, tuple(once_by)))
+        return self._retry(lambda: self._write_typed(prepared, tuple(once_by), admitted))
 
     def holding(
         self,
@@ -456,7 +466,10 @@ class AuditLog:
         return found
 
     def _write_typed(
-        self, prepared: Sequence[_PreparedEntry], once_by: OnceBy = ()
+        self,
+        prepared: Sequence[_PreparedEntry],
+        once_by: OnceBy = (),
+        admitted: Callable[[], None] | None = None,
     ) -> list[AuditRecord]:
         """``_write``, with the driver's transient failures raised as domain errors.
 
@@ -472,7 +485,7 @@ class AuditLog:
                     prepared = _not_yet_written(conn, prepared, once_by)
                 if not prepared:
                     return []
-            return self._write(prepared, once_by)
+            return self._write(prepared, once_by, admitted)
         except sa.exc.IntegrityError as exc:
             # Another writer took these indexes (only without a working lock).
             raise VersionConflictError("another writer took these audit leaf indexes") from exc
@@ -498,8 +511,15 @@ class AuditLog:
         identity = once_keys(stored, once_by) if once_by else ()
         return _PreparedEntry(row, leaf_hash(canonical), identity)
 
-    def _write(self, prepared: Sequence[_PreparedEntry], once_by: OnceBy = ()) -> list[AuditRecord]:
+    def _write(
+        self,
+        prepared: Sequence[_PreparedEntry],
+        once_by: OnceBy = (),
+        admitted: Callable[[], None] | None = None,
+    ) -> list[AuditRecord]:
         with self._write_transaction() as conn:
+            if admitted is not None:
+                admitted()
             if once_by:
                 prepared = _not_yet_written(conn, prepared, once_by)
                 if not prepared:

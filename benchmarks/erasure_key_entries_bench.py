@@ -22,7 +22,7 @@ import json
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,18 +51,26 @@ class _TimedLog(AuditLog):
         self.held_ms: list[float] = []
 
     def _write_typed(
-        self, prepared: Sequence[_PreparedEntry], once_by: OnceBy = ()
+        self,
+        prepared: Sequence[_PreparedEntry],
+        once_by: OnceBy = (),
+        admitted: Callable[[], None] | None = None,
     ) -> list[AuditRecord]:
         return (
-            self._write(prepared, once_by)
+            self._write(prepared, once_by, admitted)
             if self.locked
-            else super()._write_typed(prepared, once_by)
+            else super()._write_typed(prepared, once_by, admitted)
         )
 
-    def _write(self, prepared: Sequence[_PreparedEntry], once_by: OnceBy = ()) -> list[AuditRecord]:
+    def _write(
+        self,
+        prepared: Sequence[_PreparedEntry],
+        once_by: OnceBy = (),
+        admitted: Callable[[], None] | None = None,
+    ) -> list[AuditRecord]:
         start = time.perf_counter()
         try:
-            return super()._write(prepared, once_by)
+            return super()._write(prepared, once_by, admitted)
         finally:
             self.held_ms.append((time.perf_counter() - start) * 1000)
 

@@ -145,12 +145,3 @@ acting_principal: contextvars.ContextVar[Principal | None] = contextvars.Context
 acting_credential: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
     "uprof_acting_credential", default=None
 )
-
-
-def credential_still_stands() -> None:
-    """Ask the running call's credential again (``acting_credential``; nothing to ask
-    without one: the CLI, the pipeline, the SDK's embedded mode), where a write has its
-    turn: it raises once the key is revoked (bugs TW, TX)."""
-    check = acting_credential.get()
-    if check is not None:
-        check()

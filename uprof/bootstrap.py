@@ -470,7 +470,7 @@ def bootstrap(
         release_stores()
         stores.dispose()
         raise
-    subjects = SubjectResolver(keystore, settings.tenant)
+    subjects = SubjectResolver(keystore, settings.tenant, stream_written=app.exists)
     sealer = ViewSealer(keystore)
     audit_keys = material.audit_keys()
     audit_log = AuditLog(

@@ -50,7 +50,7 @@ from uprof.crypto.mapper import SubjectKeyMapper
 from uprof.crypto.tables import stream_heads
 from uprof.partitions import claim
 from uprof.ports import SubjectKeyStore
-from uprof.recorders import ConflictsAsDomainErrors
+from uprof.recorders import ConflictsAsDomainErrors, asked_under_the_store_lock
 from uprof.storage import migrate
 
 T = TypeVar("T")
@@ -760,13 +760,25 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
                 held.enter_context(self._writer_turns[stripe])
             yield
 
-    def with_retry(self, command: Callable[[], T], *, subject: UUID | None = None) -> T:
+    def with_retry(
+        self,
+        command: Callable[[], T],
+        *,
+        subject: UUID | None = None,
+        credential: Callable[[], None] | None = None,
+    ) -> T:
         """Run a load-decide-save command, retrying when another writer saved first.
 
         With ``subject``, writers of that subject in this process take turns (a striped
         lock) instead of racing: under eight threads on one subject, optimistic retries
         alone let an unlucky writer lose every attempt. Writers in other processes are
         still only kept apart by the version check and the retries.
+
+        ``credential``: the check of the key the write is made for (raising once it is
+        revoked; ``acting_credential``). Asked in the turn before each attempt, before
+        anything is loaded or staged (bugs TX, UJ), and again inside the save once the
+        store's own write lock is held, where another process's lock may have kept it
+        waiting (bug US): a key revoked meanwhile writes nothing.
 
         Raises ConcurrencyConflictError (nothing written) when every attempt lost.
         """
@@ -775,10 +787,16 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
             if subject is not None
             else contextlib.nullcontext()
         )
-        with turn:
+
+        def attempt() -> T:
+            if credential is not None:
+                credential()
+            return command()
+
+        with turn, asked_under_the_store_lock(credential):
             # A version conflict means another writer saved first: the command reloads
             # and decides again, after a jittered wait so that writers interleave.
-            return retry.SUBJECT_WRITE.call(command, give_up=_gave_up)
+            return retry.SUBJECT_WRITE.call(attempt, give_up=_gave_up)
 
     # --------------------------------------------------------------------- log
 

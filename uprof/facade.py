@@ -155,6 +155,9 @@ ERASURE_PURPOSE = "erasure"
 ACCESS_PURPOSE = "access-request"
 COMPLIANCE_PURPOSE = "compliance"
 OPERATIONS_PURPOSE = "operations"
+#: ``reason_code`` of the ``console.sign_in_refused`` entry of a key revoked while its
+#: sign-in waited for the log's turn (its ``console.signed_in`` was not written).
+SIGN_IN_KEY_REVOKED = "key-revoked"
 #: ``reason_code`` of the ``access.denied`` entry of a key refused for a missing role.
 ROLE_REQUIRED = "role-required"
 #: ``reason_code`` of the ``access.denied`` entry of a slice whose names did not resolve
@@ -1044,17 +1047,37 @@ class Facade:
                 link_id=self.principal.key_id,
             )
 
-    def console_sign_in(self, *, refused: bool = False) -> None:
+    def console_sign_in(
+        self, *, refused: bool = False, key_stands: Callable[[], None] | None = None
+    ) -> None:
         """Record a compliance-console sign-in with this principal's API key
         (``console.signed_in``, or ``console.sign_in_refused`` for a key without the
         operator role): the key's public id, never the key. Written before the session
-        is opened; a key nobody knows signs in as no one and is not recorded."""
+        is opened; a key nobody knows signs in as no one and is not recorded.
+
+        ``key_stands`` (raising PermissionDeniedError once the key is revoked) is asked
+        under the log's write lock, where the entry takes its place: ``console.signed_in``
+        is written only for a key that stands there, so no revocation of the key
+        (``apikey.revoked``, appended after its key-store commit, behind that lock) can
+        precede it on the log. A key revoked while the sign-in waited for the lock gets
+        ``console.sign_in_refused`` (``reason_code`` key-revoked) instead, and the
+        PermissionDeniedError is raised: the log never says a session was given that was
+        not (0218's TV wrote the entry, then refused the session)."""
+        fields: dict[str, object] = {
+            "app_id": self.principal.app_id,
+            "api_key_id": self.principal.key_id,
+        }
         with self._as_principal():
-            self._kernel.audit.record(
-                "console.sign_in_refused" if refused else "console.signed_in",
-                app_id=self.principal.app_id,
-                api_key_id=self.principal.key_id,
-            )
+            if refused:
+                self._kernel.audit.record("console.sign_in_refused", **fields)
+                return
+            try:
+                self._kernel.audit.record_many([("console.signed_in", fields)], admitted=key_stands)
+            except PermissionDeniedError:
+                self._kernel.audit.record(
+                    "console.sign_in_refused", reason_code=SIGN_IN_KEY_REVOKED, **fields
+                )
+                raise
 
     def console_sign_out(self) -> None:
         """Record that a compliance-console session of this principal's API key was

@@ -84,10 +84,13 @@ class AuditTrail(Protocol):
         entries: Sequence[tuple[str, dict[str, object]]],
         *,
         once_by: Sequence[str | tuple[str, ...]] = (),
+        admitted: Callable[[], None] | None = None,
     ) -> None:
         """Append (action, fields) entries in order, all or nothing. With ``once_by``, an
         entry the log already holds (same action, subject and values of those fields) is
-        left out, decided under the log's write lock: exactly once across processes."""
+        left out, decided under the log's write lock: exactly once across processes.
+        With ``admitted``, that is asked under the log's write lock before anything is
+        written, and what it raises is raised (nothing written)."""
         ...
 
 
@@ -303,8 +306,15 @@ class EventStore(Protocol):
         """
         ...
 
-    def with_retry(self, command: Callable[[], T], *, subject: UUID | None = None) -> T:
-        """Run a load-decide-save command again while another writer saved first."""
+    def with_retry(
+        self,
+        command: Callable[[], T],
+        *,
+        subject: UUID | None = None,
+        credential: Callable[[], None] | None = None,
+    ) -> T:
+        """Run a load-decide-save command again while another writer saved first; with
+        ``credential``, asked before each attempt and under the store's write lock."""
         ...
 
     def writer_turns(self, subjects: Iterable[UUID]) -> AbstractContextManager[None]:
@@ -542,10 +552,15 @@ class AuditStore(Protocol):
         ...
 
     def append_many(
-        self, entries: Iterable[Mapping[str, Any]], *, once_by: Sequence[str | tuple[str, ...]] = ()
+        self,
+        entries: Iterable[Mapping[str, Any]],
+        *,
+        once_by: Sequence[str | tuple[str, ...]] = (),
+        admitted: Callable[[], None] | None = None,
     ) -> list[AuditRecord]:
         """Append entries at consecutive indexes, all or nothing (AuditEntryError); with
-        ``once_by``, leaving out those the log already holds (``AuditLog.append_many``)."""
+        ``once_by``, leaving out those the log already holds; with ``admitted``, asked
+        under the log's write lock first (``AuditLog.append_many``)."""
         ...
 
     def holding(

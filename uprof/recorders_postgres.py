@@ -13,7 +13,11 @@ from psycopg.sql import SQL, Identifier
 from domain.errors import PositionMovedError
 from uprof.backends.damage import EVENT_ROW_COLUMNS, row_read_damage
 from uprof.backends.postgres import refuse_if_stores_lost
-from uprof.recorders import GuardedTracking
+from uprof.recorders import (
+    GuardedTracking,
+    ask_under_the_store_lock,
+    asks_under_the_store_lock,
+)
 
 #: A table's columns (as ``PostgresBackend.table_columns``), by schema and name.
 _COLUMNS = SQL(
@@ -110,6 +114,17 @@ class GuardedPostgresProcessRecorder(RowsCheckedPostgresRecorder, PostgresProces
         # This pool is not the views engine's: a process that lost its hold on the stores
         # (uprof.backends.postgres._OpenHold) must not append to a log it no longer holds.
         refuse_if_stores_lost()
+        if stored_events and asks_under_the_store_lock():
+            # The library takes the table's lock (LOCK TABLE ... IN EXCLUSIVE MODE) with
+            # its inserts, after this method, in pipeline mode, where an error raised is
+            # held until its transaction has committed. Taken here first and waited for
+            # (the pipeline synced), the check is asked with the lock held and what it
+            # raises rolls the transaction back (``uprof.recorders.ask_under_the_store_
+            # lock``, bug US); the library's own LOCK TABLE then finds it held.
+            self._lock_table(curs)
+            with curs.connection.pipeline() as pipeline:
+                pipeline.sync()
+            ask_under_the_store_lock()
         super()._insert_events(curs, stored_events, **kwargs)
 
     def _insert_tracking(self, curs: Any, tracking: Tracking) -> None:

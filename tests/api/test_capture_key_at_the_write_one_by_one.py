@@ -74,12 +74,12 @@ def _capture_after_its_turn(
     app = kernel.capture_service._app
     real = app.with_retry
 
-    def with_retry(command: Callable[[], T], *, subject: Any = None) -> T:
+    def with_retry(command: Callable[[], T], *, subject: Any = None, **options: Any) -> T:
         if subject is not None:  # the capture's save, in its subject's writer turn
             arrived.set()
             with held:
-                return real(command, subject=subject)
-        return real(command, subject=subject)
+                return real(command, subject=subject, **options)
+        return real(command, subject=subject, **options)
 
     monkeypatch.setattr(app, "with_retry", with_retry)
     answers: list[httpx.Response] = []

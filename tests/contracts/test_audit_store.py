@@ -211,9 +211,11 @@ class TestAuditStoreOnDatabase(AuditStoreContract):
         under_lock: list[list[str]] = []
         write = type(log)._write
 
-        def recording(self: object, prepared: list, once_by: object = ()) -> object:
+        def recording(
+            self: object, prepared: list, once_by: object = (), admitted: object = None
+        ) -> object:
             under_lock.append([item.row["action"] for item in prepared])
-            return write(self, prepared, once_by)
+            return write(self, prepared, once_by, admitted)
 
         monkeypatch.setattr(type(log), "_write", recording)
         identity = ("request_id", ("dek_commitment", "dek_commitments"))

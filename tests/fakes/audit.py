@@ -43,8 +43,14 @@ class InMemoryAuditStore:
         ]
 
     def append_many(
-        self, entries: Iterable[Mapping[str, Any]], *, once_by: OnceBy = ()
+        self,
+        entries: Iterable[Mapping[str, Any]],
+        *,
+        once_by: OnceBy = (),
+        admitted: Callable[[], None] | None = None,
     ) -> list[AuditRecord]:
+        if admitted is not None:
+            admitted()
         if once_by:
             held = {key for e in self._entries for key in once_keys(e.entry, once_by)}
             kept = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -46,7 +46,10 @@ class InMemoryAuditTrail:
         entries: list[tuple[str, dict[str, Any]]],
         *,
         once_by: Sequence[str | tuple[str, ...]] = (),
+        admitted: Callable[[], None] | None = None,
     ) -> None:
+        if admitted is not None:
+            admitted()
         for action, fields in entries:
             keys = once_keys({"action": action, **fields}, once_by)
             held = {key for e in self.entries for key in once_keys(e, once_by)}

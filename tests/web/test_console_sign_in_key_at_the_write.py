@@ -28,18 +28,19 @@ from uprof.web.pages import OPERATOR_COOKIE
 def _while_the_sign_in_is_recorded(
     kernel: Uprof, monkeypatch: pytest.MonkeyPatch, what: Any
 ) -> list[bool]:
-    """Run ``what`` once, when the sign-in's ``console.signed_in`` entry is to be written
-    (where the sign-in waits for the audit log's turn), before it is."""
-    real = kernel.audit.record
+    """Run ``what`` once, when the sign-in's ``console.signed_in`` entry goes to the audit
+    log (where the sign-in waits for the log's write lock), before the log takes it."""
+    real = kernel.audit_log.append_many
     ran: list[bool] = []
 
-    def record(action: str, **fields: object) -> None:
-        if action == "console.signed_in" and not ran:
+    def append_many(entries: Any, **options: Any) -> Any:
+        entries = list(entries)
+        if not ran and any(e.get("action") == "console.signed_in" for e in entries):
             what()
             ran.append(True)
-        real(action, **fields)
+        return real(entries, **options)
 
-    monkeypatch.setattr(kernel.audit, "record", record)
+    monkeypatch.setattr(kernel.audit_log, "append_many", append_many)
     return ran
 
 

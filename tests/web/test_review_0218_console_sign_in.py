@@ -22,8 +22,8 @@ def test_held_the_key_store_down_when_the_sign_in_asks_again_gives_no_session(
     server: LiveServer, kernel: Uprof, keys: ApiKeyStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Held: the key authenticates; while its sign-in is recorded the key store stops
-    answering; asked again before the session is made: 503 (an outage page), no session
-    cookie, and the console opens nothing."""
+    answering; asked again where its entry is written: 503 (an outage page), no session
+    cookie, no `console.signed_in` entry, and the console opens nothing."""
     issued = keys.create(PLANNER, ["app", "operator"])
     listed: list[str] = []
 
@@ -47,4 +47,6 @@ def test_held_the_key_store_down_when_the_sign_in_asks_again_gives_no_session(
         opened = console.get("/console", follow_redirects=False)
     assert opened.status_code == 303, opened.status_code
     assert opened.headers["location"] == "/console/login"
-    assert _signed_in_entries(kernel, issued.info.key_id) == 1
+    # No session was given, and the log does not say one was (bug UQ, decision
+    # XXXX-leftovers-of-0218-to-0223): the check that failed runs under the log's lock.
+    assert _signed_in_entries(kernel, issued.info.key_id) == 0

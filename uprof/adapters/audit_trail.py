@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from domain.principal import acting_principal
@@ -29,9 +29,12 @@ class AuditLogTrail:
         entries: Sequence[tuple[str, dict[str, Any]]],
         *,
         once_by: Sequence[str | tuple[str, ...]] = (),
+        admitted: Callable[[], None] | None = None,
     ) -> None:
         self.log.append_many(
-            [self._entry(action, fields) for action, fields in entries], once_by=once_by
+            [self._entry(action, fields) for action, fields in entries],
+            once_by=once_by,
+            admitted=admitted,
         )
 
     def _entry(self, action: str, fields: dict[str, Any]) -> dict[str, Any]:

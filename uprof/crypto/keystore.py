@@ -427,11 +427,12 @@ class KeyStore:
 
     def subjects_after(
         self, tenant: str, *, after: tuple[datetime, str] | None, limit: int
-    ) -> list[tuple[str, datetime]]:
-        """Up to ``limit`` (pseudonym, created_at) of live subjects, after that keyset
-        position. Never the reference itself: the index holds only its keyed hash."""
+    ) -> list[tuple[str, datetime, uuid.UUID]]:
+        """Up to ``limit`` (pseudonym, created_at, stream id) of the index's subjects, after
+        that keyset position. Never the reference itself: the index holds only its keyed
+        hash."""
         c = subject_index.c
-        query = sa.select(c.pseudonym, c.created_at).where(c.tenant == tenant)
+        query = sa.select(c.pseudonym, c.created_at, c.stream_id).where(c.tenant == tenant)
         if after is not None:
             when, pseudonym = after
             query = query.where(
@@ -439,7 +440,9 @@ class KeyStore:
             )
         query = query.order_by(c.created_at, c.pseudonym).limit(limit)
         with self._engine.connect() as conn:
-            return [(r.pseudonym, r.created_at) for r in conn.execute(query)]
+            return [
+                (r.pseudonym, r.created_at, uuid.UUID(r.stream_id)) for r in conn.execute(query)
+            ]
 
     # ----------------------------------------------------------------- aliases
 

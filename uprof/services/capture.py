@@ -304,13 +304,6 @@ class CaptureService:
         erased: list[int] = []  # indices skipped as erased at the subject's request
 
         def save() -> tuple[list[str], list[int], int, dict[str, Any] | None]:
-            # The request's key asked again in the subject's writer turn (and at each
-            # conflict's retry), before anything is loaded or staged: a key revoked while
-            # the capture waited writes nothing. The one-request road (no group commit,
-            # the writer's fallback) had its capture written (bug UJ), where the writer
-            # asks it (``capture_writer.still_standing``, TW).
-            if still_authenticated is not None:
-                still_authenticated()
             made.clear()  # a retried save makes its keys again
             erased.clear()
             profile = self._app.load(stream_id)
@@ -371,7 +364,14 @@ class CaptureService:
             return ids, [by_version[v] for v in versions], skipped, None
 
         try:
-            ids, notification_ids, skipped, first = self._app.with_retry(save, subject=stream_id)
+            # The request's key asked in the subject's writer turn before each attempt and
+            # under the store's lock (``with_retry``): a key revoked while the capture
+            # waited writes nothing. The one-request road (no group commit, the writer's
+            # fallback) had its capture written (bug UJ), where the writer asks it
+            # (``capture_writer.still_standing``, TW).
+            ids, notification_ids, skipped, first = self._app.with_retry(
+                save, subject=stream_id, credential=still_authenticated
+            )
         except ConsentRequiredError:
             self._refused(pseudonym, checked[0], "consent-not-in-force", principal=principal)
             raise

@@ -40,6 +40,7 @@ from uuid import UUID
 from domain.errors import (
     CaptureBackloggedError,
     ConsentRequiredError,
+    PermissionDeniedError,
     SubjectErasedError,
     UprofError,
 )
@@ -50,6 +51,7 @@ from uprof.backends.damage import log_fault_or_damage
 from uprof.caching import BoundedCache, CacheStats
 from uprof.crypto.keystore import new_pseudonym
 from uprof.ports import AuditTrail, Clock, EventStore, SubjectKeyStore
+from uprof.recorders import asked_under_the_store_lock
 from uprof.services.idempotency import refuse_unrecorded
 from uprof.services.subjects import ERASED_SUBJECT, SubjectResolver
 
@@ -157,6 +159,19 @@ def still_standing(pending: PendingCapture) -> bool:
         pending.error = refused
         return False
     return True
+
+
+def keys_still_standing(writing: Iterable[PendingCapture]) -> None:
+    """Ask each request of a group's save again, under the store's lock (inside the
+    save, before its commit): another process holding the lock kept the save waiting,
+    and a key revoked meanwhile must write nothing (bug US). One refused fails the save
+    (PermissionDeniedError, nothing written); the group is then written request by
+    request (``_commit``'s fallback), where each key is asked alone and a refused one is
+    answered its own refusal."""
+    if not all(still_standing(pending) for pending in writing):
+        raise PermissionDeniedError(
+            "a key of the group was revoked while its save waited for the store's lock"
+        )
 
 
 def no_consent_on_record(interaction: Interaction) -> ConsentRequiredError:
@@ -509,7 +524,10 @@ class CaptureWriter:
                 for pending in writing:
                     assert pending.written is not None
                     pending.key_commitments = {c: made[c] for c in pending.written[0]}
-                with telemetry.span("uprof.capture.commit.events", subjects=len(profiles)) as t:
+                with (
+                    telemetry.span("uprof.capture.commit.events", subjects=len(profiles)) as t,
+                    asked_under_the_store_lock(lambda: keys_still_standing(writing)),
+                ):
                     recordings = self._app.save(*profiles.values())
                     t.set(events=len(recordings))
             # Refused and replayed requests changed nothing: every copy is as saved.

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import TypedDict
 
 from domain.errors import InvalidInputError, SubjectNotFoundError
-from domain.principal import credential_still_stands
+from domain.principal import acting_credential
 from domain.profile import SubjectProfile
 from domain.values import check_category, check_token
 from projections.profile.queries import ConsentRow
@@ -104,9 +104,6 @@ class ConsentService:
 
         def command() -> str:
             nonlocal replayed
-            # In the subject's writer turn, before anything is staged (and again at each
-            # conflict's retry): a key revoked while the grant waited grants nothing.
-            credential_still_stands()
             if self._app.exists(handle.stream_id):
                 profile = self._app.load(handle.stream_id)
             else:
@@ -134,7 +131,10 @@ class ConsentService:
             self._app.save(profile)
             return consent_id
 
-        consent_id = self._app.with_retry(command, subject=handle.stream_id)
+        # The key asked in the subject's writer turn and under the store's lock (TX, US).
+        consent_id = self._app.with_retry(
+            command, subject=handle.stream_id, credential=acting_credential.get()
+        )
         if replayed:
             return consent_id
         self._audit.record(
@@ -171,7 +171,6 @@ class ConsentService:
             raise SubjectNotFoundError("no such subject")
 
         def command() -> int:
-            credential_still_stands()  # as the grant's, in the writer turn (bug TX)
             profile = self._app.load(handle.stream_id)
             now = self._clock.now()
             if request_token:
@@ -195,7 +194,9 @@ class ConsentService:
                 if isinstance(r.domain_event, SubjectProfile.ConsentWithdrawn)
             )
 
-        position = self._app.with_retry(command, subject=handle.stream_id)
+        position = self._app.with_retry(  # the key asked as the grant's (TX, US)
+            command, subject=handle.stream_id, credential=acting_credential.get()
+        )
         if not position:
             return 0
         self._audit.record(

@@ -28,7 +28,7 @@ from domain.errors import (
     UprofError,
     VersionConflictError,
 )
-from domain.principal import qualified_agent
+from domain.principal import acting_credential, qualified_agent
 from domain.profile import ErasedItems, SubjectProfile
 from domain.values import (
     AttributeProposal,
@@ -646,7 +646,12 @@ class ExtractionWorker:
             self._app.save(profile)
             return RetryOutcome(capture_id, "released")
 
-        outcome = self._app.with_retry(apply_and_release, subject=stream_id)
+        # The retry is an operator key's act: the key is asked in the subject's writer
+        # turn, after the model ran, and under the store's lock; a key revoked meanwhile
+        # releases nothing (bug UR; US).
+        outcome = self._app.with_retry(
+            apply_and_release, subject=stream_id, credential=acting_credential.get()
+        )
         if outcome.outcome == "released" and refused and self._erased_items is not None:
             self._erased_items.recorded(refused)
         return outcome

@@ -6,7 +6,7 @@ from dataclasses import replace
 from datetime import datetime
 
 from domain.errors import SubjectNotFoundError
-from domain.principal import credential_still_stands, qualified_agent
+from domain.principal import acting_credential, qualified_agent
 from domain.values import ProposalBatch
 from uprof.ports import AuditTrail, Clock, EventStore
 from uprof.services.capture import to_utc
@@ -63,9 +63,6 @@ class ProposalService:
         def command() -> int:
             nonlocal replayed
             refused.clear()  # of this attempt only
-            # In the subject's writer turn (and at each conflict's retry), before anything
-            # is staged: a key revoked while the proposal waited writes nothing (bug TX).
-            credential_still_stands()
             profile = self._app.load(handle.stream_id)
             if request_token:
                 first = profile.recorded_request(request_token, now=now, window_s=token_window_s)
@@ -86,7 +83,10 @@ class ProposalService:
             self._app.save(profile)
             return applied
 
-        applied = self._app.with_retry(command, subject=handle.stream_id)
+        # The key asked in the subject's writer turn and under the store's lock (TX, US).
+        applied = self._app.with_retry(
+            command, subject=handle.stream_id, credential=acting_credential.get()
+        )
         if replayed:
             return applied
         if refused and self._erased_items is not None:

@@ -9,7 +9,7 @@ ambiguity is never resolved by guessing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
@@ -74,12 +74,47 @@ def _fold_identifier(identifier: str) -> str:
     return f"{namespace}{separator}{value.strip().casefold()}"
 
 
-class SubjectResolver:
-    """Map a request to a subject stream in the fixed priority order."""
+#: How many streams a resolver remembers as written (each a UUID, ~100 bytes): past it
+#: the memory starts again, and a stream is asked about once more.
+_WRITTEN_REMEMBERED = 100_000
 
-    def __init__(self, keystore: SubjectKeyStore, tenant: str) -> None:
+
+class SubjectResolver:
+    """Map a request to a subject stream in the fixed priority order.
+
+    A subject exists once its stream holds events (its first consent saved). The index
+    row and first key are made before that save (``find_or_create``), and stay when the
+    save is refused (a key revoked while the grant waited, an outage): such a row names
+    no subject, and every road that finds subjects here treats it as a name never made
+    (bug UT), until a grant writes its stream. ``stream_written`` asks the event store
+    (None: every row counts, for stores without one).
+    """
+
+    def __init__(
+        self,
+        keystore: SubjectKeyStore,
+        tenant: str,
+        *,
+        stream_written: Callable[[UUID], bool] | None = None,
+    ) -> None:
         self._keystore = keystore
         self.tenant = tenant
+        self._stream_written = stream_written
+        # Streams seen written: a stream holds its events until its erasure, which
+        # deletes the index row first, so a row found again with a remembered stream
+        # needs no read of the event store.
+        self._written: set[UUID] = set()
+
+    def written(self, stream_id: UUID) -> bool:
+        """Whether the stream holds events (a subject), remembered once seen."""
+        if self._stream_written is None or stream_id in self._written:
+            return True
+        if not self._stream_written(stream_id):
+            return False
+        if len(self._written) >= _WRITTEN_REMEMBERED:
+            self._written.clear()
+        self._written.add(stream_id)
+        return True
 
     # ------------------------------------------------------------- registries
 
@@ -168,13 +203,19 @@ class SubjectResolver:
         found = self._keystore.resolve(self.tenant, ref, max_age_s=max_age_s)
         if found is None and self.is_erased(ref):
             raise SubjectErasedError(ERASED_SUBJECT)
+        if found is not None and not self.written(found.stream_id):
+            return None  # a grant's row whose save was refused: no subject (UT)
         return found
 
     def find_many(self, subject_refs: Iterable[str]) -> tuple[dict[str, SubjectHandle], set[str]]:
         """``find`` for several checked references with one index lookup: the handles
         found, and which of the others are erased (the rest name no subject)."""
         refs = set(subject_refs)
-        found = self._keystore.resolve_many(self.tenant, refs)
+        found = {
+            ref: handle
+            for ref, handle in self._keystore.resolve_many(self.tenant, refs).items()
+            if self.written(handle.stream_id)  # as ``find`` (UT)
+        }
         # The same order as ``find``: the ledger is read after the index missed.
         erased = {ref for ref in refs - found.keys() if self.is_erased(ref)}
         return found, erased

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
 
+from domain.errors import PermissionDeniedError
 from uprof.api.routes.docs import api_router
 from uprof.apikeys.store import ROLE_OPERATOR, ApiKeyStore
 from uprof.web.pages import (
@@ -56,15 +57,23 @@ def router(web: WebPages) -> APIRouter:
                 f"The key of {principal.app_id} lacks the operator role; "
                 "the compliance console needs it.",
             )
-        door.console_sign_in()  # on the log before the session exists
         session = Session(kind="operator", app_id=principal.app_id, key_id=principal.key_id)
+
+        def key_stands() -> None:
+            if not operator_key_stands(request, session):
+                raise PermissionDeniedError("the console's API key was revoked")
+
+        # Asked where the entry takes its place in the log (its write lock; its row read
+        # now): a key revoked while the sign-in waited for the log's turn got a session
+        # (bug TV), and then a `console.signed_in` entry for a session never given (bug
+        # UQ). It now gets `console.sign_in_refused` and no session; a revocation after
+        # the entry is on the log after it, and ends the session at its next page.
+        try:
+            door.console_sign_in(key_stands=key_stands)
+        except PermissionDeniedError:
+            return web.message(request, 403, "Forbidden", "Your API key is no longer valid.")
         sessions = web.sessions(request)
         sessions.drop(request.cookies.get(OPERATOR_COOKIE), "operator")
-        # Asked again (its row read now) once the sign-in is on the log: writing the entry
-        # waits for the log's turn, and a key revoked after it authenticated got a session
-        # (bug TV). Every page asks too; a session is made only for a key that stands.
-        if not operator_key_stands(request, session):
-            return web.message(request, 403, "Forbidden", "Your API key is no longer valid.")
         sid = sessions.create(session)
         response = RedirectResponse("/console", status_code=303)
         web.set_cookie(request, response, OPERATOR_COOKIE, sid, "/console")

@@ -8,10 +8,10 @@ policy's ``operate`` for operators, and are audited (``quarantine.listed``,
 
 from __future__ import annotations
 
-from uprof.api.deps import CurrentPrincipal, Runtime
+from uprof.api.deps import Scope
 from uprof.api.routes.docs import api_router, errors
-from uprof.api.scoped import scope_with_role
-from uprof.apikeys.store import ROLE_OPERATOR, Principal
+from uprof.api.scoped import AppScope
+from uprof.apikeys.store import ROLE_OPERATOR
 from uprof.facade import Facade
 from uprof.schemas.quarantine import (
     QuarantinedOut,
@@ -24,16 +24,19 @@ from uprof.schemas.quarantine import (
 router = api_router(prefix="/v1/quarantine", tags=["operations"])
 
 
-def _door(runtime: Runtime, principal: Principal) -> Facade:
-    return scope_with_role(
-        runtime, principal.app_id, principal.roles, principal.key_id, ROLE_OPERATOR
-    ).door
+def _door(scope: AppScope) -> Facade:
+    """The facade for the request's operator key, once a key without the operator role
+    is refused (audited). The door carries the key's check (``Scope``): a retry asks it
+    again in the subject's writer turn, after the model ran, before the release is
+    written, so a key revoked meanwhile releases nothing (bug UR)."""
+    scope.require_role(ROLE_OPERATOR)
+    return scope.door
 
 
 @router.get("", response_model=QuarantineOut, responses=errors(403))
-def list_quarantined(principal: CurrentPrincipal, runtime: Runtime) -> QuarantineOut:
+def list_quarantined(scope: Scope) -> QuarantineOut:
     """Every quarantined capture, oldest first: ids, pseudonym, stage, error class."""
-    held = _door(runtime, principal).list_quarantined()
+    held = _door(scope).list_quarantined()
     return QuarantineOut(
         captures=[
             QuarantinedOut(
@@ -51,12 +54,10 @@ def list_quarantined(principal: CurrentPrincipal, runtime: Runtime) -> Quarantin
 
 
 @router.post("/retry", response_model=QuarantineRetryOut, responses=errors(403))
-def retry_quarantined(
-    body: QuarantineRetryIn, principal: CurrentPrincipal, runtime: Runtime
-) -> QuarantineRetryOut:
+def retry_quarantined(body: QuarantineRetryIn, scope: Scope) -> QuarantineRetryOut:
     """Extract quarantined captures again (the named ones, or all): each is released
     (its results saved) or stays quarantined, saying with which error class."""
-    outcomes = _door(runtime, principal).retry_quarantined(body.capture_ids)
+    outcomes = _door(scope).retry_quarantined(body.capture_ids)
     return QuarantineRetryOut(
         outcomes=[
             RetryOutcomeOut(capture_id=o.capture_id, outcome=o.outcome, error=o.error)
