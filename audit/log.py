@@ -396,7 +396,7 @@ class AuditLog:
         append has committed and before these are written; whatever it raises is raised
         and nothing is written. An entry that states a fact which may stop being true
         while the append waits for its turn (a key that stands) is written only if it is
-        true at its place in the log (decision XXXX-leftovers-of-0218-to-0223).
+        true at its place in the log (decision 0227-leftovers-of-0218-to-0223).
 
         With ``once_by`` (field names), an entry is left out when the log already holds an
         entry of the same ``action`` and ``subject_ref`` with the same values of those

@@ -48,5 +48,5 @@ def test_held_the_key_store_down_when_the_sign_in_asks_again_gives_no_session(
     assert opened.status_code == 303, opened.status_code
     assert opened.headers["location"] == "/console/login"
     # No session was given, and the log does not say one was (bug UQ, decision
-    # XXXX-leftovers-of-0218-to-0223): the check that failed runs under the log's lock.
+    # 0227-leftovers-of-0218-to-0223): the check that failed runs under the log's lock.
     assert _signed_in_entries(kernel, issued.info.key_id) == 0
