@@ -103,9 +103,7 @@ class RowsCheckedSQLiteRecorder(SQLiteAggregateRecorder):
             yield
         except LookupError as error:
             with self.datastore.transaction(commit=False) as c:
-                c.execute(
-                    "SELECT name, type FROM pragma_table_info(?)", (self.events_table_name,)
-                )
+                c.execute("SELECT name, type FROM pragma_table_info(?)", (self.events_table_name,))
                 there = {str(row[0]): str(row[1]) for row in c.fetchall()}
             damage = row_read_damage(EVENT_ROW_COLUMNS, there, column_type_fits)
             if damage is None:

@@ -16,9 +16,7 @@ from uprof.backends.postgres import COLUMNS_OF_TABLES, column_type_fits, refuse_
 from uprof.recorders import GuardedTracking
 
 #: ``COLUMNS_OF_TABLES`` in psycopg's parameter style (one statement for both readers).
-_COLUMNS = SQL(
-    COLUMNS_OF_TABLES.replace(":schema", "%(schema)s").replace(":tables", "%(tables)s")
-)
+_COLUMNS = SQL(COLUMNS_OF_TABLES.replace(":schema", "%(schema)s").replace(":tables", "%(tables)s"))
 
 _T = TypeVar("_T")
 

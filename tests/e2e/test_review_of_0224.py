@@ -18,14 +18,13 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 from pathlib import Path
-from uuid import uuid4
 
 import pytest
-import sqlalchemy as sa
 
 from tests.conftest import Backend
 from tests.e2e.test_event_table_shape import TABLES, _alter, _deployment, _serve
-from tests.e2e.test_review_of_0220 import _alter_by_hand, snapshotted  # noqa: F401
+from tests.e2e.test_review_of_0220 import _alter_by_hand
+from tests.e2e.test_review_of_0220 import snapshotted as snapshotted  # the fixture
 from tests.e2e.test_store_damage_servers import (
     _UNHANDLED,
     CAPTURE,

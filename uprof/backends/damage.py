@@ -131,17 +131,16 @@ def shape_faults(
     phrase per kind, naming the columns: a column of ``wanted`` missing, or of a type
     ``fits`` refuses (a column made again, or altered, by hand as TEXT where the library
     keeps an integer or bytes reads back a value its code cannot use: a ``TypeError`` of
-    its own, or the driver's "operator does not exist": XXXX-review-of-0224-and-store-shapes); with ``exactly``, a
-    column more (``Backend.writes_rows_by_position``, 0224-review-of-0220-and-0223, UP)."""
+    its own, or the driver's "operator does not exist";
+    XXXX-review-of-0224-and-store-shapes, UZ); with ``exactly``, a column more
+    (``Backend.writes_rows_by_position``, 0224-review-of-0220-and-0223, UP)."""
     said = []
     if lacking := sorted(wanted - set(there)):
         said.append(f"its table {table} lacks the column(s) {', '.join(lacking)}")
     mistyped = sorted(c for c in wanted & set(there) if not fits(c, there[c]))
     if mistyped:
         kinds = ", ".join(f"{c} ({there[c] or 'no type'})" for c in mistyped)
-        said.append(
-            f"its table {table} has the column(s) {kinds} of a type uprof did not make"
-        )
+        said.append(f"its table {table} has the column(s) {kinds} of a type uprof did not make")
     if exactly and (more := sorted(set(there) - wanted)):
         said.append(
             f"its table {table} has the column(s) {', '.join(more)} uprof did not make "
