@@ -414,3 +414,53 @@ def test_held_a_column_added_to_a_table_no_start_check_looks_at_is_no_fault(
     ):
         said = _said(done := _uprof(settings, *command))
         assert done.returncode == 0 and "Traceback" not in said, (command, said[-2000:])
+
+
+#: (backend, table kind, statement): a policy table damaged by hand, per backend.
+POLICY_REMEDIED = [
+    pytest.param(
+        "sqlite", "events", "ALTER TABLE {t} ADD COLUMN note TEXT", id="sqlite-column-more"
+    ),
+    pytest.param(
+        "postgres",
+        "snapshots",
+        "ALTER TABLE {t} RENAME COLUMN topic TO topic_by_hand",
+        id="postgres-snapshots-topic-renamed",
+    ),
+]
+
+
+@pytest.mark.parametrize(("backend", "kind", "statement"), POLICY_REMEDIED, indirect=["backend"])
+def test_vc_restore_on_a_policy_table_of_the_wrong_shape_names_the_way_out(
+    backend: Backend, tmp_path: Path, kind: str, statement: str
+) -> None:
+    """Bug VC: the policy store's damage hint says "restore it from a backup (uprof
+    restore)", but a restore keeps the live policy store as it is (a backup taken before
+    a revocation must not grant again): on main it exited 0 and left the damaged table in
+    place, so what failed before failed after (SQLite: every policy change exit 7;
+    PostgreSQL's snapshot table: unseen until the hundredth version). Now the restore
+    refuses to keep it, as a damaged live policy (HS), naming the table and the way to
+    take the backup's policy; done that way, the next start and a policy change succeed."""
+    from tests.policies.test_policy_store_tampered import _deployment as policy_deployment
+
+    settings = policy_deployment(backend)
+    backup = tmp_path / "backup"
+    assert (done := _uprof(settings, "backup", "--to", str(backup))).returncode == 0, _said(done)
+    table = POLICY_TABLES[backend.kind][kind]
+    _on_policy_store(backend, settings, statement.format(t=table))
+    said = _said(done := _uprof(settings, "restore", "--from", str(backup)))
+    assert done.returncode != 0 and "Traceback" not in said, said[-2000:]
+    assert "the live policy store is damaged" in said and f"its table {table}" in said, said
+    if backend.kind == "sqlite":
+        assert "Move policies.sqlite out of the data folder" in said, said[-2000:]
+        (settings.data_dir / "policies.sqlite").rename(tmp_path / "policies.sqlite.damaged")
+    else:
+        assert "drop both tables" in said, said[-2000:]
+        _alter_by_hand(backend, settings, "DROP TABLE policies_events, policies_snapshots")
+    done = _uprof(settings, "restore", "--from", str(backup))
+    assert done.returncode == 0, _said(done)[-2000:]
+    grant = ("policy", "grant", "--role", "role:assistant", "--action", "read")
+    grant += ("--category", "any", "--purpose", "support")
+    for command in (("apps", "list"), grant, ("policy", "show")):
+        said = _said(done := _uprof(settings, *command))
+        assert done.returncode == 0 and "Traceback" not in said, (command, said[-2000:])

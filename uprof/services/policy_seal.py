@@ -220,12 +220,12 @@ class SealedPolicyLog:
                 "tenant policy stream(s) stored in it (the table was dropped or renamed, "
                 "or its file replaced); nothing was created in its place"
             )
-        self._require_shape(engine)
+        self.require_shape(engine)
         self.recorder.create_table()
         if self.snapshots is not None:
             self.snapshots.recorder.create_table()
 
-    def _require_shape(self, engine: sa.Engine) -> None:
+    def require_shape(self, engine: sa.Engine) -> None:
         """Refuse, once at start, an events or snapshot table not of the shape uprof made:
         a column every row is read by missing or of a type the library cannot read back,
         or, on SQLite, a column more (its rows are written by position). Met later, it
@@ -234,7 +234,8 @@ class SealedPolicyLog:
         table, a policy change failing at the hundredth version
         (XXXX-review-of-0224-and-store-shapes, bug VB). The event store's rule
         (``uprof.backends.damage.reshaped_tables``). A missing table is left to
-        ``open_tables`` above (and the library makes a new deployment's)."""
+        ``open_tables`` above (and the library makes a new deployment's). ``uprof
+        restore`` asks it of a live policy it would keep (bug VC)."""
         from uprof.backends import backend_for
 
         backend = backend_for(engine)
