@@ -11,6 +11,7 @@ turned to TEXT) went past the start check, which compared names only.
 Bug VA: the same under a running server: 500 ``internal`` and a traceback per request.
 Bug VB: the policy store's start check looked at its events table's columns missing only:
 its snapshot table, a column of the wrong type and, on SQLite, a column more went by.
+Bug VC: ``uprof restore``, the policy store's hint, kept such a live policy store as it was.
 """
 
 from __future__ import annotations
