@@ -6,9 +6,10 @@ fakes for the clock, embedder, extractor and audit trail.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,6 +73,8 @@ from uprof.storage import (
 from uprof.vector_model import RecordedModelEmbedder
 
 if TYPE_CHECKING:
+    import sqlalchemy as sa
+
     from uprof.ports import AuditStore, EventStore, SubjectKeyStore, ViewStore
     from uprof.services.policy import PolicyService
 
@@ -309,6 +312,21 @@ def tenant_authorizers(
     return authorizer_for
 
 
+@contextlib.contextmanager
+def policy_store_engine(events: sa.Engine, env: Mapping[str, str]) -> Iterator[sa.Engine]:
+    """A SQLAlchemy engine on the policy store (``env``: ``policy_store_env``'s): its own
+    file on SQLite, the event log's database (``events``) on PostgreSQL."""
+    backend = backend_for(events)
+    if backend.name != "sqlite":
+        yield events
+        return
+    engine = backend.create_engine(f"sqlite:///{env['SQLITE_DBNAME']}", fsync_each_commit=True)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
 def build_policy_service(
     settings: Settings,
     audit: AuditTrail,
@@ -343,20 +361,10 @@ def build_policy_service(
         env = {**env, "CREATE_TABLE": "n"}
     app = PolicyApplication(env=env, keystore=keystore)
     try:
-        backend = backend_for(events)
-        if backend.name == "sqlite":
-            engine = backend.create_engine(
-                f"sqlite:///{env['SQLITE_DBNAME']}", fsync_each_commit=True
-            )
-        else:
-            engine = events
-        try:
+        with policy_store_engine(events, env) as engine:
             if not restoring:
                 app.open_tables(engine)
             seal_legacy_policy_rows(app, engine, material, again=restoring)
-        finally:
-            if engine is not events:
-                engine.dispose()
     except BaseException:
         app.close()
         raise

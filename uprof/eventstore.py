@@ -409,7 +409,12 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
             wanted[snapshots] = EVENT_ROW_COLUMNS
         schema = getattr(recorder.datastore, "schema", None)  # type: ignore[attr-defined]
         found = self.backend.table_columns(self.events_engine, list(wanted), schema=schema)
-        refuse_reshaped_tables(wanted, found, exactly=self.backend.writes_rows_by_position)
+        refuse_reshaped_tables(
+            wanted,
+            found,
+            self.backend.column_type_fits,
+            exactly=self.backend.writes_rows_by_position,
+        )
 
     def construct_mapper(self) -> Mapper[UUID]:
         return SubjectKeyMapper(self.construct_transcoder(), self._keystore)

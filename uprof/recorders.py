@@ -39,6 +39,7 @@ from eventsourcing.sqlite import SQLiteAggregateRecorder, SQLiteCursor, SQLitePr
 
 from domain.errors import PositionMovedError, VersionConflictError
 from uprof.backends.damage import EVENT_ROW_COLUMNS, row_read_damage
+from uprof.backends.sqlite import column_type_fits
 
 __all__ = [
     "ConflictsAsDomainErrors",
@@ -140,9 +141,9 @@ class RowsCheckedSQLiteRecorder(SQLiteAggregateRecorder):
             yield
         except LookupError as error:
             with self.datastore.transaction(commit=False) as c:
-                c.execute("SELECT name FROM pragma_table_info(?)", (self.events_table_name,))
-                there = frozenset(str(row[0]) for row in c.fetchall())
-            damage = row_read_damage(EVENT_ROW_COLUMNS, there)
+                c.execute("SELECT name, type FROM pragma_table_info(?)", (self.events_table_name,))
+                there = {str(row[0]): str(row[1]) for row in c.fetchall()}
+            damage = row_read_damage(EVENT_ROW_COLUMNS, there, column_type_fits)
             if damage is None:
                 raise
             raise damage from error

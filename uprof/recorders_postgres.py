@@ -6,35 +6,33 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from eventsourcing.persistence import NotSupportedError, Tracking
+from eventsourcing.persistence import DataError, NotSupportedError, ProgrammingError, Tracking
 from eventsourcing.postgres import PostgresAggregateRecorder, PostgresProcessRecorder
 from psycopg.sql import SQL, Identifier
 
 from domain.errors import PositionMovedError
 from uprof.backends.damage import EVENT_ROW_COLUMNS, row_read_damage
-from uprof.backends.postgres import refuse_if_stores_lost
+from uprof.backends.postgres import COLUMNS_OF_TABLES, column_type_fits, refuse_if_stores_lost
 from uprof.recorders import (
     GuardedTracking,
     ask_under_the_store_lock,
     asks_under_the_store_lock,
 )
 
-#: A table's columns (as ``PostgresBackend.table_columns``), by schema and name.
-_COLUMNS = SQL(
-    "SELECT a.attname FROM pg_catalog.pg_attribute a "
-    "JOIN pg_catalog.pg_class c ON c.oid = a.attrelid "
-    "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
-    "WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped"
-)
+#: ``COLUMNS_OF_TABLES`` in psycopg's parameter style (one statement for both readers).
+_COLUMNS = SQL(COLUMNS_OF_TABLES.replace(":schema", "%(schema)s").replace(":tables", "%(tables)s"))
 
 _T = TypeVar("_T")
 
 
 class RowsCheckedPostgresRecorder(PostgresAggregateRecorder):
     """As ``uprof.recorders.RowsCheckedSQLiteRecorder``: psycopg's dict rows raise
-    ``KeyError`` for a column renamed or dropped by hand; looked at, damage if one the
-    library reads is missing, else the error as it was. As is, the snapshot table's
-    recorder (0224-review-of-0220-and-0223, bug UN)."""
+    ``KeyError`` for a column renamed or dropped by hand; a column whose type was
+    altered by hand reads back what the library's code cannot use (``TypeError``) or
+    makes its statement fail ("operator does not exist", ``ProgrammingError``). Looked
+    at, damage if a column the library reads is missing or of another type, else the
+    error as it was. As is, the snapshot table's recorder (0224-review-of-0220-and-0223,
+    bug UN)."""
 
     #: The columns the library reads each row of this recorder's table by.
     read_by_name = EVENT_ROW_COLUMNS
@@ -44,31 +42,43 @@ class RowsCheckedPostgresRecorder(PostgresAggregateRecorder):
             lambda: super(RowsCheckedPostgresRecorder, self).select_events(*args, **kwargs)
         )
 
-    def _read_checked(self, read: Callable[[], _T], *, again: bool = True) -> _T:
+    def _read_checked(self, read: Callable[[], _T]) -> _T:
         """``read()``, a table of the wrong shape told as damage. The library reads by
         name, and prepares its reads: a table altered under a running process is met
         first as PostgreSQL's refusal of the prepared statement ("cached plan must not
-        change result type", once per connection: the rollback after it drops psycopg's
-        prepared statements), then as a ``KeyError`` of the row read. Either way the
-        table is looked at: a column read by name missing is damage; else the refusal is
-        read again once (a read changes nothing; a column added, or renamed back, is
-        not damage: 0224-review-of-0220-and-0223, bug UO), the ``KeyError`` stays a fault."""
-        try:
-            return read()
-        except LookupError as error:
-            self._refuse_if_reshaped(error)
-            raise
-        except NotSupportedError as error:
-            self._refuse_if_reshaped(error)
-            if not again:
+        change result type"), then as the row read's error. Either way the table is
+        looked at: a column read by name missing or of another type is damage; else the
+        refusal is read again (a read changes nothing; a column added, or renamed back, is
+        not damage: 0224-review-of-0220-and-0223, bug UO), any other error stays a fault.
+
+        Read again until a connection without the stale plan answers: each pooled
+        connection prepared the statement on its own, and the rollback after the refusal
+        drops only that connection's, so the next read may take another connection that
+        still holds it (the pool hands them out in turn). One read per connection the pool
+        may hold, and one more, at most (0228-review-of-0224-and-store-shapes, bug UY)."""
+        stale_plans = 0
+        while True:
+            try:
+                return read()
+            except NotSupportedError as error:
+                self._refuse_if_reshaped(error)
+                stale_plans += 1
+                if stale_plans > self._connections_at_most():
+                    raise
+            except (LookupError, TypeError, ProgrammingError, DataError) as error:
+                self._refuse_if_reshaped(error)
                 raise
-            return self._read_checked(read, again=False)
+
+    def _connections_at_most(self) -> int:
+        return int(self.datastore.pool.max_size)
 
     def _refuse_if_reshaped(self, error: Exception) -> None:
         with self.datastore.transaction(commit=False) as curs:
-            curs.execute(_COLUMNS, (self.datastore.schema, self.events_table_name))
-            there = frozenset(str(row["attname"]) for row in curs.fetchall())
-        damage = row_read_damage(self.read_by_name, there)
+            curs.execute(
+                _COLUMNS, {"schema": self.datastore.schema, "tables": [self.events_table_name]}
+            )
+            there = {str(row["attname"]): str(row["typname"]) for row in curs.fetchall()}
+        damage = row_read_damage(self.read_by_name, there, column_type_fits)
         if damage is not None:
             raise damage from error
 

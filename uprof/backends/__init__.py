@@ -399,10 +399,17 @@ class Backend(Protocol):
 
     def table_columns(
         self, engine: sa.Engine, tables: Sequence[str], *, schema: str | None
-    ) -> dict[str, frozenset[str]]:
+    ) -> dict[str, dict[str, str]]:
         """The columns of each of ``tables`` (unqualified names, in ``schema`` where the
-        backend has schemas) on one connection; a table that is not there is
-        left out. For the event store's shape check at start (``uprof.backends.damage``)."""
+        backend has schemas) and their declared types, on one connection; a table that is
+        not there is left out. For the stores' shape checks at start
+        (``uprof.backends.damage``)."""
+        ...
+
+    def column_type_fits(self, column: str, declared: str) -> bool:
+        """Whether eventsourcing's ``column`` (of an event, snapshot or tracking table),
+        declared ``declared`` (as ``table_columns`` gives it), gives the library back the
+        value it wrote: an integer version as an integer, the state as bytes."""
         ...
 
     def stream_key(self, stream_id: UUID) -> str:

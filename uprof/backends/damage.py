@@ -11,7 +11,7 @@ import logging
 import re
 import sqlite3
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from domain.errors import StoredDataDamagedError, StoreFileDamagedError, StoreShapeDamagedError
 
@@ -35,7 +35,7 @@ _POSTGRES_SHAPE_STATES = frozenset({"42703"})
 #: Names no table, column or value: the driver's text names the store's schema.
 _SHAPE = (
     "stored data damaged: a table of the stores is not of the shape uprof made (a column "
-    "it reads is missing)"
+    "it reads is missing, or of another type)"
 )
 #: The same for a column more, where the library writes rows by position (SQLite).
 _SHAPE_MORE = (
@@ -114,33 +114,72 @@ EVENT_ROW_COLUMNS = frozenset({"originator_id", "originator_version", "topic", "
 #: The columns of the library's tracking table (a process's position per application).
 TRACKING_COLUMNS = frozenset({"application_name", "notification_id"})
 
+#: Whether a column's declared type (as the backend's catalog says it) gives the library
+#: back the value it wrote: ``Backend.column_type_fits``.
+TypeFits = Callable[[str, str], bool]
+
+
+def shape_faults(
+    table: str,
+    wanted: frozenset[str],
+    there: Mapping[str, str],
+    fits: TypeFits,
+    *,
+    exactly: bool = False,
+) -> list[str]:
+    """What is wrong with ``table`` (``there``: its columns and their declared types), one
+    phrase per kind, naming the columns: a column of ``wanted`` missing, or of a type
+    ``fits`` refuses (a column made again, or altered, by hand as TEXT where the library
+    keeps an integer or bytes reads back a value its code cannot use: a ``TypeError`` of
+    its own, or the driver's "operator does not exist";
+    0228-review-of-0224-and-store-shapes, UZ); with ``exactly``, a column more
+    (``Backend.writes_rows_by_position``, 0224-review-of-0220-and-0223, UP)."""
+    said = []
+    if lacking := sorted(wanted - set(there)):
+        said.append(f"its table {table} lacks the column(s) {', '.join(lacking)}")
+    mistyped = sorted(c for c in wanted & set(there) if not fits(c, there[c]))
+    if mistyped:
+        kinds = ", ".join(f"{c} ({there[c] or 'no type'})" for c in mistyped)
+        said.append(f"its table {table} has the column(s) {kinds} of a type uprof did not make")
+    if exactly and (more := sorted(set(there) - wanted)):
+        said.append(
+            f"its table {table} has the column(s) {', '.join(more)} uprof did not make "
+            "(its rows are written by position)"
+        )
+    return said
+
+
+def reshaped_tables(
+    wanted: Mapping[str, frozenset[str]],
+    found: Mapping[str, Mapping[str, str]],
+    fits: TypeFits,
+    *,
+    exactly: bool = False,
+) -> list[str]:
+    """``shape_faults`` of each table of ``wanted`` that is there (``found``: the columns
+    and types there, ``Backend.table_columns``). A table not in ``found`` is left alone:
+    a missing table is the store not answering (503), as since PX, or made by the
+    library. One rule for the event store's start check and the policy store's."""
+    said: list[str] = []
+    for table, columns in wanted.items():
+        there = found.get(table)
+        if there is not None:
+            said += shape_faults(table, columns, there, fits, exactly=exactly)
+    return said
+
 
 def refuse_reshaped_tables(
     wanted: Mapping[str, frozenset[str]],
-    found: Mapping[str, frozenset[str]],
+    found: Mapping[str, Mapping[str, str]],
+    fits: TypeFits,
     *,
     exactly: bool = False,
 ) -> None:
-    """Raise ``StoreShapeDamagedError`` naming each table of ``wanted`` that lacks a
-    column it must have (``found``: the columns there, ``Backend.table_columns``), for
-    the operator at start (0214-store-damage-in-servers's Left, the event store's
-    counterpart of RF's policy table check). A table not in ``found`` is left alone: a
-    missing table is the store not answering (503), as since PX, or made by the library.
-    ``exactly``: a column more is refused too, for a backend whose library writes rows by
-    position (``Backend.writes_rows_by_position``; 0224-review-of-0220-and-0223, bug UP).
-    """
-    said = []
-    for table, columns in wanted.items():
-        there = found.get(table)
-        if there is None:
-            continue
-        if lacking := sorted(columns - there):
-            said.append(f"its table {table} lacks the column(s) {', '.join(lacking)}")
-        if exactly and (more := sorted(there - columns)):
-            said.append(
-                f"its table {table} has the column(s) {', '.join(more)} uprof did not make "
-                "(its rows are written by position)"
-            )
+    """Raise ``StoreShapeDamagedError`` naming each table of the event store that is
+    not of the shape uprof made (``reshaped_tables``), for the operator at start
+    (0214-store-damage-in-servers's Left, the event store's counterpart of RF's policy
+    table check)."""
+    said = reshaped_tables(wanted, found, fits, exactly=exactly)
     if not said:
         return
     damage = StoreShapeDamagedError(
@@ -152,20 +191,25 @@ def refuse_reshaped_tables(
 
 
 def row_read_damage(
-    read_by_name: frozenset[str], there: frozenset[str]
+    read_by_name: frozenset[str], there: Mapping[str, str], fits: TypeFits
 ) -> StoreShapeDamagedError | None:
-    """What an ``IndexError``/``KeyError`` of the library's row read is, once the table
-    was looked at (``there``: its columns now): damage when a column it reads by name
-    is missing (the answer names none; ``detail`` names it for the log), else None, and
-    the error stays a fault. Told apart by the look, not by the error's text: a lookup
-    failing inside the library's read of ``SELECT *`` with every column there is a bug.
-    The damage is logged here, once (``log_store_damage``): it surfaces as uprof's own
-    error, which no surface's driver-error handler sees."""
-    lacking = sorted(read_by_name - there)
-    if not lacking:
+    """What an error out of the library's row read is, once the table was looked at
+    (``there``: its columns and their types now): damage when a column it reads by name
+    is missing or of a type it cannot use (the answer names none; ``detail`` names the
+    column for the log), else None, and the error stays a fault. Told apart by the look,
+    not by the error's text: a lookup failing inside the library's read of ``SELECT *``
+    with every column there, of its type, is a bug. The damage is logged here, once
+    (``log_store_damage``): it surfaces as uprof's own error, which no surface's
+    driver-error handler sees."""
+    lacking = sorted(read_by_name - set(there))
+    mistyped = sorted(c for c in read_by_name & set(there) if not fits(c, there[c]))
+    if not lacking and not mistyped:
         return None
     damage = StoreShapeDamagedError(_SHAPE)
-    damage.detail = f"column {', '.join(lacking)} missing"
+    damage.detail = "; ".join(
+        [f"column {', '.join(lacking)} missing"] * bool(lacking)
+        + [f"column {', '.join(mistyped)} of another type"] * bool(mistyped)
+    )
     log_store_damage(damage)
     return damage
 

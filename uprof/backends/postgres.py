@@ -66,6 +66,39 @@ _RETRYABLE_STATES = frozenset({"55P03", "40001", "40P01"})
 POLICY_POOL_WAIT_S = 2
 
 
+#: Each table's columns and their types (``pg_type.typname``), for every table of
+#: ``tables`` in ``schema`` (the session's own when none): the stores' shape checks at
+#: start and the event store's recorders' look at a failed read.
+COLUMNS_OF_TABLES = (
+    "SELECT c.relname, a.attname, t.typname FROM pg_catalog.pg_attribute a "
+    "JOIN pg_catalog.pg_class c ON c.oid = a.attrelid "
+    "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+    "JOIN pg_catalog.pg_type t ON t.oid = a.atttypid "
+    "WHERE n.nspname = COALESCE(CAST(:schema AS name), current_schema()) "
+    "AND c.relname = ANY(:tables) AND a.attnum > 0 AND NOT a.attisdropped"
+)
+#: The types eventsourcing's columns may have and still give it back what it wrote (the
+#: library makes uuid, bigint, text, bytea): a smaller integer or a varchar reads back
+#: the same Python value; text where it keeps an integer, bytes or a uuid does not (its
+#: ``bytes(row["state"])`` fails, its ``originator_version > %s`` is "operator does not
+#: exist").
+_INTEGERS = frozenset({"int2", "int4", "int8"})
+_LIBRARY_COLUMN_TYPES = {
+    "originator_id": frozenset({"uuid"}),
+    "originator_version": _INTEGERS,
+    "notification_id": _INTEGERS,
+    "topic": frozenset({"text", "varchar"}),
+    "application_name": frozenset({"text", "varchar"}),
+    "state": frozenset({"bytea"}),
+}
+
+
+def column_type_fits(column: str, declared: str) -> bool:
+    """``PostgresBackend.column_type_fits``, for the recorders too (no backend there)."""
+    fitting = _LIBRARY_COLUMN_TYPES.get(column)
+    return fitting is None or declared in fitting
+
+
 class PostgresBackend:
     name = "postgres"
     backup_files: tuple[str, ...] = (PG_DUMP,)
@@ -252,24 +285,21 @@ class PostgresBackend:
 
     def table_columns(
         self, engine: sa.Engine, tables: Sequence[str], *, schema: str | None
-    ) -> dict[str, frozenset[str]]:
+    ) -> dict[str, dict[str, str]]:
         # pg_attribute, not information_schema.columns (a view with per-row privilege
         # checks): one cheap catalog read for every table at once. Dropped columns stay in
         # pg_attribute, marked; system columns have attnum <= 0.
-        statement = sa.text(
-            "SELECT c.relname, a.attname FROM pg_catalog.pg_attribute a "
-            "JOIN pg_catalog.pg_class c ON c.oid = a.attrelid "
-            "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE n.nspname = COALESCE(CAST(:schema AS name), current_schema()) "
-            "AND c.relname = ANY(:tables) AND a.attnum > 0 AND NOT a.attisdropped"
-        )
-        found: dict[str, set[str]] = {}
+        statement = sa.text(COLUMNS_OF_TABLES)
+        found: dict[str, dict[str, str]] = {}
         with engine.connect() as conn:
-            for table, column in conn.execute(
+            for table, column, declared in conn.execute(
                 statement, {"schema": schema or None, "tables": list(tables)}
             ):
-                found.setdefault(str(table), set()).add(str(column))
-        return {table: frozenset(names) for table, names in found.items()}
+                found.setdefault(str(table), {})[str(column)] = str(declared)
+        return found
+
+    def column_type_fits(self, column: str, declared: str) -> bool:
+        return column_type_fits(column, declared)
 
     def stream_key(self, stream_id: UUID) -> str:
         return str(stream_id)  # a uuid column: psycopg adapts the text form

@@ -168,6 +168,41 @@ def sqlite_did_not_answer(error: sqlite3.Error) -> bool:
     return isinstance(code, int) and code & 0xFF in _OUTAGE_CODES
 
 
+def type_affinity(declared: str) -> str:
+    """SQLite's affinity of a column declared ``declared`` (sqlite.org, "Datatypes In
+    SQLite", 3.1: the first rule that matches)."""
+    upper = declared.upper()
+    if "INT" in upper:
+        return "INTEGER"
+    if any(word in upper for word in ("CHAR", "CLOB", "TEXT")):
+        return "TEXT"
+    if "BLOB" in upper or not upper.strip():
+        return "BLOB"
+    if any(word in upper for word in ("REAL", "FLOA", "DOUB")):
+        return "REAL"
+    return "NUMERIC"
+
+
+#: The affinities under which SQLite keeps what eventsourcing writes as it was written
+#: (it makes TEXT, INTEGER, TEXT, BLOB): SQLite converts a value on write by its column's
+#: affinity, so a version under TEXT reads back as the text "1" (the library's
+#: ``version + 1`` fails), and a stream id of hex digits alone under INTEGER or NUMERIC as
+#: a number. A blob is never converted: the state fits any.
+_KEPT_AS_WRITTEN = {
+    "originator_id": frozenset({"TEXT", "BLOB"}),
+    "topic": frozenset({"TEXT", "BLOB"}),
+    "application_name": frozenset({"TEXT", "BLOB"}),
+    "originator_version": frozenset({"INTEGER", "NUMERIC", "BLOB"}),
+    "notification_id": frozenset({"INTEGER", "NUMERIC", "BLOB"}),
+}
+
+
+def column_type_fits(column: str, declared: str) -> bool:
+    """``SQLiteBackend.column_type_fits``, for the recorders too (no backend there)."""
+    kept = _KEPT_AS_WRITTEN.get(column)
+    return kept is None or type_affinity(declared) in kept
+
+
 class SQLiteBackend:
     name = "sqlite"
     backup_files: tuple[str, ...] = SQLITE_FILES
@@ -402,19 +437,22 @@ class SQLiteBackend:
 
     def table_columns(
         self, engine: sa.Engine, tables: Sequence[str], *, schema: str | None
-    ) -> dict[str, frozenset[str]]:
+    ) -> dict[str, dict[str, str]]:
         # pragma_table_info per table, on one connection: a table that is not there
         # yields no row. No ``schema``: each store is its own file ("main").
-        found: dict[str, set[str]] = {}
+        found: dict[str, dict[str, str]] = {}
         with engine.connect() as conn:
             for table in tables:
                 rows = conn.execute(
-                    sa.text("SELECT name FROM pragma_table_info(:table)"), {"table": table}
+                    sa.text("SELECT name, type FROM pragma_table_info(:table)"), {"table": table}
                 )
-                names = {str(name) for (name,) in rows}
-                if names:
-                    found[table] = names
-        return {table: frozenset(names) for table, names in found.items()}
+                columns = {str(name): str(declared) for name, declared in rows}
+                if columns:
+                    found[table] = columns
+        return found
+
+    def column_type_fits(self, column: str, declared: str) -> bool:
+        return column_type_fits(column, declared)
 
     def stream_key(self, stream_id: UUID) -> str:
         return stream_id.hex  # eventsourcing keeps uuids as 32-hex text on SQLite

@@ -898,7 +898,7 @@ def _restore_alone(
             # The live policy is kept, and anchored again below: checked first against
             # the anchors it has, or a damaged one (a revocation cut from its tail, an
             # older store put back) would become the policy in force (bug HS).
-            _check_live_policy(kernel.policy_service)
+            _check_live_policy(kernel.policy_service, kernel.app.events_engine, settings)
 
         if took_backup_log or restart is _Restart.NOW:
             # Before the anchors are forgotten and before a restart is signed into the
@@ -985,21 +985,28 @@ def _check_backup_log(log: AuditLog, *, restart: bool) -> None:
         ) from None
 
 
-def _check_live_policy(policy: Any) -> None:
+def _check_live_policy(policy: Any, events: sa.Engine, settings: Settings) -> None:
     """Refuse to keep a damaged live policy (``PolicyStoreDamagedError``), naming the
     way to take the backup's instead; the restore marker stays, so every start refuses
-    until ``uprof restore`` is run again."""
+    until ``uprof restore`` is run again. Its tables first: kept as they are, a table not
+    of the shape uprof made (a column more on SQLite, a column renamed, of another type)
+    refused every start after the restore as before it, the remedy its hint names
+    (0228-review-of-0224-and-store-shapes, bug VC)."""
+    from uprof.bootstrap import policy_store_engine
     from uprof.services.policy_seal import PolicyStoreDamagedError
+    from uprof.storage import policy_store_env
 
     try:
+        with policy_store_engine(events, policy_store_env(settings)) as engine:
+            policy.app.require_shape(engine)
         policy.app.check_every_stream()
     except PolicyStoreDamagedError as error:
         raise BackupError(
             f"the live policy store is damaged ({error}); a restore keeps the live policy "
             "and would make it the policy in force. Move policies.sqlite out of the data "
             "folder (PostgreSQL: delete the rows of the policies_events and "
-            "policies_snapshots tables), then run uprof restore again: it takes the "
-            "backup's policy"
+            "policies_snapshots tables, or drop both tables when one is not of the shape "
+            "uprof made), then run uprof restore again: it takes the backup's policy"
         ) from None
 
 

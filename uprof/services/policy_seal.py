@@ -40,6 +40,8 @@ from eventsourcing.domain import OriginatorIDError, OriginatorVersionError
 from eventsourcing.persistence import Mapper, StoredEvent, Transcoder
 
 from domain.errors import StoredDataDamagedError
+from uprof.backends.damage import EVENT_ROW_COLUMNS as _EVENT_COLUMNS
+from uprof.backends.damage import reshaped_tables
 from uprof.crypto.keystore import StreamHead
 from uprof.crypto.mapper import PLAIN_TAG, PLAIN_TAGGED, plain_row_tag, tagged_plain_state
 from uprof.eventstore import AnchorBrokenError, head_of, head_to_adopt, heads_after_save
@@ -152,8 +154,6 @@ _CUT = (
     "a tenant's policy stream ends before the last version known committed "
     "(rows removed, or an older policy store put back)"
 )
-#: The columns eventsourcing's recorders read every stored event by (both backends).
-_EVENT_COLUMNS = frozenset({"originator_id", "originator_version", "topic", "state"})
 _REPLACED = "the row at the head of a tenant's policy stream is not the one committed there"
 
 
@@ -220,25 +220,36 @@ class SealedPolicyLog:
                 "tenant policy stream(s) stored in it (the table was dropped or renamed, "
                 "or its file replaced); nothing was created in its place"
             )
-        if anchored:
-            self._require_columns(engine, table)
+        self.require_shape(engine)
         self.recorder.create_table()
         if self.snapshots is not None:
             self.snapshots.recorder.create_table()
 
-    def _require_columns(self, engine: sa.Engine, table: str) -> None:
-        """Refuse an events table that lacks a column every event row is read by: a
-        table made again by hand in its place is damage, said once at start, not each
-        policy check's driver error ("no such column", a traceback: review of 0203 and
-        0205, bug RF). Not asked of a new deployment's (no anchor yet), nor of a missing
-        table (``PolicyStoreMissingError`` above)."""
-        there = {str(c["name"]) for c in sa.inspect(engine).get_columns(table)}
-        lacking = sorted(_EVENT_COLUMNS - there)
-        if lacking:
-            raise _damaged(
-                f"its table {table} lacks the column(s) {', '.join(lacking)} (made again "
-                "by hand, or replaced)"
-            )
+    def require_shape(self, engine: sa.Engine) -> None:
+        """Refuse, once at start, an events or snapshot table not of the shape uprof made:
+        a column every row is read by missing or of a type the library cannot read back,
+        or, on SQLite, a column more (its rows are written by position). Met later, it
+        was each policy check's driver error or the library's traceback (review of 0203
+        and 0205, bug RF, for the events table's columns missing), or, for the snapshot
+        table, a policy change failing at the hundredth version
+        (0228-review-of-0224-and-store-shapes, bug VB). The event store's rule
+        (``uprof.backends.damage.reshaped_tables``). A missing table is left to
+        ``open_tables`` above (and the library makes a new deployment's). ``uprof
+        restore`` asks it of a live policy it would keep (bug VC)."""
+        from uprof.backends import backend_for
+
+        backend = backend_for(engine)
+        _, id_column = backend.events_table(self.recorder)
+        wanted = {str(self.recorder.events_table_name): _EVENT_COLUMNS | ({id_column} - {"rowid"})}
+        if self.snapshots is not None:
+            wanted[str(self.snapshots.recorder.events_table_name)] = _EVENT_COLUMNS
+        schema = getattr(self.recorder.datastore, "schema", None)
+        found = backend.table_columns(engine, list(wanted), schema=schema)
+        said = reshaped_tables(
+            wanted, found, backend.column_type_fits, exactly=backend.writes_rows_by_position
+        )
+        if said:
+            raise _damaged(f"{'; '.join(said)} (made again or altered by hand, or replaced)")
 
     def policy_streams(self) -> list[UUID]:
         """Every stream of the policy store (one per tenant; the store is small)."""
