@@ -600,14 +600,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # Second pass, named from the tune half's table only (a smaller k came closer).
     "rrf-equal-k3": {"fusion": "rrf", "lexical_weight": 0.5, "rrf_k": 3.0},
     "rrf-k10": {"fusion": "rrf", "rrf_k": 10.0},
-    # Round 16 (decision XXXX-retrieval-round-16): question-word coverage in the packer,
-    # named before the run. wc-K-P: a question word is covered once K chosen memories hold
-    # it; a memory whose question words are all covered loses P of its gain.
-    "wc-1-0.5": {"word_cover": 1, "word_cover_penalty": 0.5},
-    "wc-2-0.5": {"word_cover": 2, "word_cover_penalty": 0.5},
-    "wc-3-0.5": {"word_cover": 3, "word_cover_penalty": 0.5},
-    "wc-2-0.25": {"word_cover": 2, "word_cover_penalty": 0.25},
-    "wc-3-0.75": {"word_cover": 3, "word_cover_penalty": 0.75},
 }
 
 

@@ -18,7 +18,6 @@ from uprof.retrieval.packer import PackProblem, PackResult, pack
 from uprof.retrieval.ranker import (
     PoolSimilarity,
     analyse_query,
-    lexical_question_words,
     rank_memories,
     rank_profile_items,
 )
@@ -271,7 +270,6 @@ def _problem(
     group_costs: np.ndarray,
     budget: int,
     options: SliceOptions,
-    question_words: Sequence[str] = (),
 ) -> PackProblem:
     m = len(choices)
     owners: dict[str, int] = {}
@@ -294,29 +292,7 @@ def _problem(
         mmr_penalty=options.mmr_penalty,
         duplicate_threshold=options.duplicate_threshold,
         max_chosen=options.max_items,
-        holds=_question_words_held(choices, index, question_words, options),
-        word_cover=options.word_cover,
-        word_cover_penalty=options.word_cover_penalty,
     )
-
-
-def _question_words_held(
-    choices: list[_Choice], index: MemoryIndex, question_words: Sequence[str], options: SliceOptions
-) -> np.ndarray | None:
-    """(choices, words): which of the question's content words each memory choice holds
-    (profile lines hold none: coverage is over memories), or None when coverage is off."""
-    if options.word_cover <= 0 or options.word_cover_penalty <= 0:
-        return None
-    columns = sorted({c for w in question_words if (c := index.bm25.vocabulary.get(w)) is not None})
-    holds = np.zeros((len(choices), len(columns)), dtype=bool)
-    if not columns:
-        return holds
-    rows = np.asarray([c.memory_row for c in choices], dtype=np.int64)
-    memories = np.flatnonzero(rows >= 0)
-    if len(memories):
-        held = index.bm25.term_sets[rows[memories]][:, columns].toarray() > 0
-        holds[memories] = held
-    return holds
 
 
 def _render(chosen: Sequence[_Choice], index: MemoryIndex, options: SliceOptions) -> str:
@@ -422,13 +398,7 @@ def build_slice(
         )
         group_costs = _group_costs(memory_index, day_groups, counter)
         problem = _problem(
-            choices,
-            memory_index,
-            ranking.similarity,
-            group_costs,
-            max(budget_tokens, 0),
-            options,
-            lexical_question_words(memory_index, q),
+            choices, memory_index, ranking.similarity, group_costs, max(budget_tokens, 0), options
         )
         ranked.set(candidates=len(choices))
     with telemetry.span("uprof.slice.pack", candidates=len(choices)) as packing:

@@ -56,14 +56,6 @@ class PackProblem:
     duplicate_threshold: float = 0.95
     #: At most this many choices are taken (None: as many as fit).
     max_chosen: int | None = None
-    #: Question-word coverage (decision XXXX-retrieval-round-16; off unless both are set):
-    #: ``holds[i, t]`` says choice i holds the question's content word t. A word is covered
-    #: once ``word_cover`` chosen choices hold it; a choice whose question words are all
-    #: covered loses ``word_cover_penalty`` of its gain, in proportion to the least covered
-    #: of them. A choice holding no question word is never discounted.
-    holds: np.ndarray | None = None
-    word_cover: int = 0
-    word_cover_penalty: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -93,8 +85,6 @@ class _Packing:
         self.available = np.ones(m, dtype=bool)
         self.columns: dict[int, np.ndarray] = {}  # similarity to each choice ever chosen
         self.max_sim = np.zeros(m)
-        self.covering = _covering(problem)
-        self.held_by_chosen = np.zeros(0 if self.covering is None else self.covering.shape[1])
         self._gains: np.ndarray | None = None  # gains() for the current max_sim
         if problem.similar_to_many is not None and m:
             top = np.argsort(-problem.utility, kind="stable")[:PREFETCH_COLUMNS]
@@ -122,9 +112,6 @@ class _Packing:
         if self.p.similar_to is not None:
             np.maximum(self.max_sim, self.column(j), out=self.max_sim)
             self._gains = None
-        if self.covering is not None and self.covering[j].any():
-            self.held_by_chosen += self.covering[j]
-            self._gains = None
 
     # -- views ----------------------------------------------------------------------
 
@@ -136,33 +123,13 @@ class _Packing:
         if self._gains is None:
             similarity = np.minimum(np.maximum(self.max_sim, 0.0), 1.0)
             self._gains = self.p.utility * (1.0 - self.p.mmr_penalty * similarity)
-            if self.covering is not None:
-                self._gains = self._gains * (1.0 - self.p.word_cover_penalty * self.covered())
         return self._gains
-
-    def covered(self) -> np.ndarray:
-        """How covered each choice's question words are, by its least covered one, in
-        [0, 1] (0 for a choice holding none): the words the chosen set already shows."""
-        assert self.covering is not None
-        share = np.minimum(self.held_by_chosen / self.p.word_cover, 1.0)
-        least: np.ndarray = np.where(self.covering, share[None, :], np.inf).min(axis=1)
-        return np.where(np.isfinite(least), least, 0.0)
 
     def duplicates(self) -> np.ndarray:
         return self.max_sim >= self.p.duplicate_threshold
 
     def room(self) -> int:
         return self.p.budget - self.spent
-
-
-def _covering(problem: PackProblem) -> np.ndarray | None:
-    """The question words each choice holds (bool), or None when coverage is off."""
-    holds = problem.holds
-    if holds is None or problem.word_cover <= 0 or problem.word_cover_penalty <= 0:
-        return None
-    if holds.ndim != 2 or holds.shape[0] != len(problem.costs) or holds.shape[1] == 0:
-        return None
-    return np.asarray(holds, dtype=bool)
 
 
 def _members(groups: np.ndarray, n_groups: int) -> list[np.ndarray]:

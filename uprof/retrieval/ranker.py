@@ -269,12 +269,6 @@ def _query_actors(index: MemoryIndex, query: Query) -> tuple[np.ndarray, frozens
     return named, frozenset(used)
 
 
-def lexical_question_words(index: MemoryIndex, query: Query) -> list[str]:
-    """The query's content terms that BM25 scores: every term but the speakers' names."""
-    _, name_terms = _query_actors(index, query)
-    return [t for t in query.terms if t not in name_terms]
-
-
 def memory_relevance(
     index: MemoryIndex,
     query: Query,
@@ -287,10 +281,10 @@ def memory_relevance(
     Also returns the lexical weight used and the raw query's dense scale, so other
     items can be scored the same way.
     """
-    named, _ = _query_actors(index, query)
+    named, name_terms = _query_actors(index, query)
     # A speaker's name in the question says whose turn to look at; as a BM25 word it
     # would instead favour the other speaker's turns that greet them by name.
-    lexical_terms = lexical_question_words(index, query)
+    lexical_terms = [t for t in query.terms if t not in name_terms]
     lexical = index.bm25_scores(lexical_terms)
     top = float(lexical.max()) if len(lexical) else 0.0
     if top > 0:

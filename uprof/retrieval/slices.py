@@ -107,14 +107,6 @@ class SliceOptions:
     pool_size: int = 200
     #: Marginal-relevance penalty: gain = utility * (1 - mmr_penalty * max similarity to chosen).
     mmr_penalty: float = 0.5
-    #: Question-word coverage: once ``word_cover`` chosen memories hold one of the
-    #: question's content words, a memory whose question words are all that covered loses
-    #: ``word_cover_penalty`` of its gain, so the budget goes to memories that show
-    #: something the chosen ones do not (a question names a category, its evidence the
-    #: instances, which hold none of its words). 0 turns it off (decision
-    #: XXXX-retrieval-round-16).
-    word_cover: int = 0
-    word_cover_penalty: float = 0.0
     #: Similarity at or above which a candidate is a near-duplicate of a chosen item.
     duplicate_threshold: float = 0.95
     #: Candidates whose utility falls below this are left out as low relevance.
