@@ -10,6 +10,7 @@ a network failure for a write that happened. A caller that retries on such a fai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -53,8 +54,14 @@ class DroppingProxy:
 
     def __exit__(self, *exc: object) -> None:
         self._closing = True
+        # Closing a listening socket does not wake a thread blocked in its accept() (Linux):
+        # that thread, and this join, waited out its 10 s bound after every test. A
+        # shutdown wakes it at once, with an OSError its loop ends on.
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         self._accepting.join(10)
+        assert not self._accepting.is_alive(), "the proxy's accepting thread did not end"
 
     def arm(self, answers: int = 1) -> None:
         with self._lock:

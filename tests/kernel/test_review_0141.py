@@ -7,7 +7,6 @@ import functools
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -171,18 +170,17 @@ def test_two_event_erasures_of_one_capture_at_once_claim_its_key_once(
 
 
 def _uprof(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    """This tree's ``uprof`` CLI, in its own process, on the test's stores."""
+    """This tree's ``uprof`` CLI, in its own process, on the test's stores.
+
+    The process is forked from the tests' fork server (``tests.children``), which has the
+    project imported: a fresh interpreter paid those imports again for each of the ~100
+    commands the callers run (0.7-1.2 s of CPU each). The command itself, from its
+    argument parsing and its start on the stores to its exit code, runs in the child."""
     where = ["--data-dir", str(settings.data_dir), "--embedder", "hashing"]
     if settings.database_url:
         where += ["--database-url", settings.database_url]
     code = "import sys; from uprof.cli.main import app; sys.argv[0] = 'uprof'; app()"
-    return subprocess.run(
-        [sys.executable, "-c", code, *where, *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return children.run_python(code, *where, *args, timeout=120)
 
 
 def test_a_receipt_citing_another_event_erasures_capture_key_verifies_with_the_cli(
