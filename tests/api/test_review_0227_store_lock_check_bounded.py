@@ -158,3 +158,42 @@ def test_held_a_key_check_that_answers_under_the_store_lock_writes(
         grant(http, token, "alice", categories=("preference",))
     assert len(kernel.profile("alice").consents) == 2
     assert not hanging.entered.is_set()
+
+
+def test_held_a_key_store_down_under_the_store_lock_answers_503_and_lets_the_lock_go(
+    server: LiveServer,
+    kernel: Uprof,
+    keys: ApiKeyStore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A key check that raises an outage under the store's lock (the key store down):
+    503, nothing written, and the lock is let go: the next grant is written."""
+    from domain.errors import StoreUnavailableError
+
+    token = keys.create(PLANNER).token
+    real = keys.is_live
+    _marking_the_lock(monkeypatch)
+
+    def down(key_id: str) -> bool:
+        if _UNDER_THE_LOCK.get():
+            raise StoreUnavailableError("the key store did not answer")
+        return real(key_id)
+
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        grant(http, token, "alice")
+        monkeypatch.setattr(keys, "is_live", down)
+        refused = http.post(
+            "/v1/consents",
+            headers=bearer(token),
+            json={
+                "subject": "alice",
+                "categories": ["preference"],
+                "purposes": ["personalization"],
+                "collected_by": "consent-ui:test",
+            },
+        )
+        assert refused.status_code == 503, (refused.status_code, refused.text[-300:])
+        assert len(kernel.profile("alice").consents) == 1
+        monkeypatch.setattr(keys, "is_live", real)
+        grant(http, token, "alice", categories=("preference",))
+    assert len(kernel.profile("alice").consents) == 2
