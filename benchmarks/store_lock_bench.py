@@ -24,12 +24,12 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+from uprof.settings import Settings
+
 APP = "app:planner"
 
 
-def _settings(data_dir: Path, database_url: str | None) -> object:
-    from uprof.settings import Settings
-
+def _settings(data_dir: Path, database_url: str | None) -> Settings:
     return Settings(
         data_dir=data_dir,
         database_url=database_url,
@@ -45,7 +45,7 @@ def child(data_dir: Path, database_url: str | None, mode: str, name: str, n: int
     from uprof.bootstrap import bootstrap
     from uprof.facade import Facade
 
-    settings: any = _settings(data_dir, database_url)  # type: ignore[valid-type]
+    settings = _settings(data_dir, database_url)
     keys = ApiKeyStore.open(settings)
     key = next(k for k in keys.list(APP) if not k.is_revoked)
     kernel = bootstrap(settings)
@@ -118,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as folder:
         data_dir = Path(folder) / "data"
-        settings: any = _settings(data_dir, args.database_url)  # type: ignore[valid-type]
+        settings = _settings(data_dir, args.database_url)
         bootstrap(settings).close()  # the stores made once, before the children start
         keys = ApiKeyStore.open(settings)
         keys.create(APP)

@@ -1,9 +1,9 @@
-"""A console sign-in asks its key under the audit log's write lock (0227-leftovers-of-
-0218-to-0223, bug UQ). Every audited write of every process waits for that lock, and
-every read and write of uprof is audited: a key store that does not answer held the log
-for as long as it did not, and every other request with it (bug VQ). The check is now
-given ``CHECK_UNDER_LOCK_WITHIN_S`` under the lock; past it the sign-in is refused as in an
-outage (503, no session, no entry) and the lock is let go.
+"""A console sign-in asks its key under the audit log's write lock
+(0227-leftovers-of-0218-to-0223, bug UQ). Every audited write of every process waits
+for that lock, and every read and write of uprof is audited: a key store that does not
+answer held the log for as long as it did not, and every other request with it (bug
+VQ). The check is now given ``CHECK_UNDER_LOCK_WITHIN_S`` under the lock; past it the
+sign-in is refused as in an outage (503, no session, no entry) and the lock is let go.
 
 SQLite and PostgreSQL, a live server on loopback; the key store made to hang inside the
 server (its ``list``, the read the console's key check makes), released at teardown.
