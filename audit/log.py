@@ -48,7 +48,12 @@ from audit.merkle import (
     tree_hash,
 )
 from audit.tables import AuditBackend, audit_checkpoints, audit_entries, audit_nodes
-from domain.errors import InvalidInputError, StoreBusyError, VersionConflictError
+from domain.errors import (
+    InvalidInputError,
+    StoreBusyError,
+    VersionConflictError,
+)
+from domain.under_lock import CHECK_UNDER_LOCK_WITHIN_S, asked_within
 
 #: Any constant works; it only has to be the same in every process that writes this log.
 _APPEND_LOCK = int.from_bytes(sha256(b"uprof.audit.append").digest()[:8], "big", signed=True)
@@ -394,9 +399,11 @@ class AuditLog:
 
         ``admitted``, when given, is asked under the log's write lock, after every earlier
         append has committed and before these are written; whatever it raises is raised
-        and nothing is written. An entry that states a fact which may stop being true
-        while the append waits for its turn (a key that stands) is written only if it is
-        true at its place in the log (decision 0227-leftovers-of-0218-to-0223).
+        and nothing is written, and one that does not answer within
+        ``CHECK_UNDER_LOCK_WITHIN_S`` raises StoreUnavailableError (``domain.under_lock``,
+        bug VQ). An entry that states a fact which may stop being true while the append
+        waits for its turn (a key that stands) is written only if it is true at its place
+        in the log (decision 0227-leftovers-of-0218-to-0223).
 
         With ``once_by`` (field names), an entry is left out when the log already holds an
         entry of the same ``action`` and ``subject_ref`` with the same values of those
@@ -519,7 +526,8 @@ class AuditLog:
     ) -> list[AuditRecord]:
         with self._write_transaction() as conn:
             if admitted is not None:
-                admitted()
+                # Bounded: every audited write of every process waits for this lock (bug VQ).
+                asked_within(admitted, CHECK_UNDER_LOCK_WITHIN_S)
             if once_by:
                 prepared = _not_yet_written(conn, prepared, once_by)
                 if not prepared:
