@@ -1,5 +1,5 @@
 """What asking a write's key under the event store's lock costs two processes saving at
-once (0227-leftovers-of-0218-to-0223's bug US; XXXX-review-of-0227).
+once (0227-leftovers-of-0218-to-0223's bug US; 0231-review-of-0227).
 
     python -m benchmarks.store_lock_bench --database-url URL [--n 150] [--rounds 2]
     python -m benchmarks.store_lock_bench --sqlite [--n 150] [--rounds 2]
