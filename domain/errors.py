@@ -188,6 +188,12 @@ class StoreUnavailableError(UprofError):
     hint = "retry after a few seconds (header Retry-After): the database did not answer"
 
 
+class CheckUnansweredError(StoreUnavailableError):
+    """A check asked under a write lock every writer waits for (is the request's key
+    still standing?) did not answer within its bound (``domain.under_lock``): the store it
+    reads is hung or overloaded. Nothing was written and the lock was let go."""
+
+
 class StoresLostError(UprofError):
     """This process lost its hold on the stores (the PostgreSQL session holding them open
     ended) and a restore holds them or replaced them since: what it read may be gone."""

@@ -4,6 +4,19 @@ The audit log's write lock and the event store's own write lock are each waited 
 every write of uprof. A check asked under them (is the request's key still standing?)
 may read another store; a store that does not answer then held every writer for as long
 (bugs VQ, VR). ``asked_within`` gives such a check a bound and fails closed past it.
+
+A check that did not answer is left to finish on its own thread (a thread cannot be
+stopped). Two rules follow:
+
+- The check changes nothing the caller or anyone else reads (it raises or returns): its
+  answer may land after the caller refused the write and went on, e.g. after the
+  capture writer's fallback wrote a request the late answer would have marked refused
+  (bug VX). A check that must say more says it by what it raises.
+- The checks left running are bounded (``MAX_CHECKS_LEFT_RUNNING``): behind a key store
+  that hangs, each write refused past the bound left one thread waiting on it, one per
+  write for as long as the store hung (bug VY). Past that many, the next check is
+  refused at once, as an outage, without a thread and without holding the lock for the
+  bound: the store has not answered that many reads already.
 """
 
 from __future__ import annotations
@@ -12,19 +25,32 @@ import contextvars
 import threading
 from collections.abc import Callable
 
-from domain.errors import StoreUnavailableError
+from domain.errors import CheckUnansweredError
 
 #: How long a check may take under such a lock. The checks read one key row (about 1 ms
 #: on PostgreSQL, p90 2.5 ms measured in 0227-leftovers-of-0218-to-0223); past this the
 #: write is refused as in an outage, and the lock is let go.
 CHECK_UNDER_LOCK_WITHIN_S = 2.0
 
+#: Checks running at once in this process, those left behind past their bound included.
+#: Under the locks checks are asked one at a time per lock (two locks), each answering in
+#: about a millisecond: this many still running means the store they read has hung.
+MAX_CHECKS_LEFT_RUNNING = 16
+
+_running = threading.BoundedSemaphore(MAX_CHECKS_LEFT_RUNNING)
+
 
 def asked_within(check: Callable[[], None], within_s: float) -> None:
     """Run ``check`` in this context's variables and raise what it raises; when it has
-    not answered within ``within_s``, raise StoreUnavailableError (the caller writes
+    not answered within ``within_s``, raise CheckUnansweredError (the caller writes
     nothing and lets its lock go) and leave the check to finish on its own thread, its
-    answer unused: a thread cannot be stopped, and what the check guarded was refused."""
+    answer unused. With ``MAX_CHECKS_LEFT_RUNNING`` checks still running, refuse at once
+    (module docstring)."""
+    if not _running.acquire(blocking=False):
+        raise CheckUnansweredError(
+            f"{MAX_CHECKS_LEFT_RUNNING} checks asked under a write lock are still waiting "
+            "for the store they read; nothing was written"
+        )
     context = contextvars.copy_context()
     outcome: list[BaseException | None] = []
     done = threading.Event()
@@ -37,10 +63,15 @@ def asked_within(check: Callable[[], None], within_s: float) -> None:
             outcome.append(error)
         finally:
             done.set()
+            _running.release()
 
-    threading.Thread(target=run, name="check-under-lock", daemon=True).start()
+    try:
+        threading.Thread(target=run, name="check-under-lock", daemon=True).start()
+    except BaseException:
+        _running.release()  # no thread: nothing left running
+        raise
     if not done.wait(within_s):
-        raise StoreUnavailableError(
+        raise CheckUnansweredError(
             f"a check asked under a write lock did not answer within {within_s:g} s; "
             "nothing was written"
         )

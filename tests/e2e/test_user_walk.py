@@ -10,6 +10,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 
@@ -113,3 +115,93 @@ def test_readyz_names_the_worker_a_no_worker_server_waits_for(backend: Backend) 
         stop_server(server)
     assert answer.status_code == 200, answer.text
     assert answer.json()["worker"] == "external"
+
+
+def _readyz_until(
+    url: str, wanted: Callable[[dict[str, Any]], bool], within_s: float
+) -> dict[str, Any]:
+    """Ask ``/readyz`` until its body is ``wanted`` (bounded); return the last body."""
+    deadline = time.monotonic() + within_s
+    body: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        body = httpx.get(f"{url}/readyz", timeout=30).json()
+        if wanted(body):
+            break
+        time.sleep(0.2)  # a poll's pause, not a proof: the condition decides
+    return body
+
+
+def test_wa_readyz_says_when_no_worker_moves_the_pending_work(backend: Backend) -> None:
+    """Bug WA: a ``--no-worker`` server with no ``uprof worker`` at all said only
+    ``"worker": "external"``, ready, while a capture waited for a worker that did not
+    exist. Readiness now says how long the pending work has not moved, and 0 once a
+    worker has caught it up."""
+    created = subprocess.run(
+        [*UPROF, *_base(backend), "apps", "create", "app:planner"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert created.returncode == 0, created.stderr
+    token = next(w for w in created.stdout.split() if w.startswith("upk_"))
+    headers = {"Authorization": f"Bearer {token}"}
+    server, port = popen_serving(
+        [*UPROF, *_base(backend), "serve", "--no-worker", "--host", "127.0.0.1"],
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    worker: subprocess.Popen[str] | None = None
+    try:
+        wait_until_healthy(server, url)
+        with httpx.Client(base_url=url, timeout=60, headers=headers) as http:
+            consent = {
+                "subject": "alice",
+                "categories": ["*"],
+                "purposes": ["personalization"],
+                "collected_by": "consent-ui:test",
+            }
+            assert http.post("/v1/consents", json=consent).status_code == 201
+            captured = http.post(
+                "/v1/captures",
+                json={
+                    "subject": "alice",
+                    "agent_id": "agent:one",
+                    "user_input": "I live in Lisbon",
+                    "occurred_at": "2025-01-01T09:00:00Z",
+                    "sharing": "shared",
+                    "purpose": "personalization",
+                },
+            )
+            assert captured.status_code == 201, captured.text
+        stalled = _readyz_until(url, lambda b: (b.get("pipeline_unmoved_s") or 0) >= 1.0, 60)
+        assert stalled["worker"] == "external"
+        assert stalled["extraction_pending"] >= 1, stalled
+        assert (stalled.get("pipeline_unmoved_s") or 0) >= 1.0, (
+            f"readiness does not say the pending work has not moved: {stalled}"
+        )
+        worker = subprocess.Popen(
+            [*UPROF, *_base(backend), "worker"],
+            env=_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        caught_up = _readyz_until(
+            url,
+            lambda b: b["extraction_pending"] == 0 and b["projection_pending"] == 0,
+            120,
+        )
+        assert caught_up["extraction_pending"] == caught_up["projection_pending"] == 0, caught_up
+        assert caught_up["pipeline_unmoved_s"] == 0.0, caught_up
+    finally:
+        if worker is not None:
+            worker.send_signal(signal.SIGTERM)
+            try:
+                worker.wait(120)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait()
+        stop_server(server)

@@ -32,7 +32,7 @@ from typing import Any, Protocol, TypeVar
 
 from uprof import retry
 from uprof.backends.damage import log_fault_or_damage
-from uprof.kernel import Uprof
+from uprof.kernel import Lag, Uprof
 
 _log = logging.getLogger(__name__)
 
@@ -141,6 +141,38 @@ class GovernanceAuthorizer(Protocol):
     ) -> tuple[Any, ...]: ...
 
 
+class ExternalProgress:
+    """How long the pipeline's pending work has not moved, as this server sees it, when
+    ``uprof worker`` processes do that work (``serve --no-worker``): the server has no
+    word from them, only the positions they move. Its readiness said ``external`` and
+    nothing more, also with no worker running at all (bug WA)."""
+
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._done: tuple[int, int] | None = None
+        self._since = 0.0
+
+    def unmoved_s(self, lag: Lag) -> float:
+        """Seconds since the pending work last moved (0 when nothing is pending), counted
+        from the first look that saw it pending (so at least that long). Done work is the
+        log position less what is pending: captures arriving meanwhile are not progress."""
+        now = self._monotonic()
+        done = (
+            lag.log_position - lag.extraction_pending,
+            lag.log_position - lag.projection_pending,
+        )
+        with self._lock:
+            if lag.caught_up:
+                # Work that appears later is counted from the look that first sees it: a
+                # lower bound, never an alarm for work that has just arrived.
+                self._done = None
+                return 0.0
+            if done != self._done:
+                self._done, self._since = done, now
+            return round(now - self._since, 1)
+
+
 @dataclass
 class ServiceRuntime:
     """The kernel plus what every front door shares: the pipeline lock and the worker."""
@@ -154,6 +186,8 @@ class ServiceRuntime:
     #: and check no policy, so the edge does, with the kernel's authorizer (the policy
     #: store's); a kernel without one falls back to the policy files.
     authorizer: GovernanceAuthorizer | None = None
+    #: ``pipeline_unmoved_s`` of readiness for a server whose workers are external.
+    external_progress: ExternalProgress = field(default_factory=ExternalProgress)
 
     @classmethod
     def for_kernel(

@@ -731,6 +731,11 @@ class Readiness(_Response):
     #: This process's pipeline worker: running, failing, stopped; external (``serve
     #: --no-worker``: ``uprof worker`` processes do the work); inline (no worker thread).
     worker: str
+    #: ``external`` only: seconds the pending extraction and projection work has not
+    #: moved, as this server has seen it (0: nothing pending, or it moved since the last
+    #: look); growing means no ``uprof worker`` runs for it. Readiness does not fail on
+    #: it: every server of the database would fail alike, captures too (docs/api.md).
+    pipeline_unmoved_s: float | None = None
     detail: str = ""
 
 

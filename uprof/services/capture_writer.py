@@ -39,6 +39,7 @@ from uuid import UUID
 
 from domain.errors import (
     CaptureBackloggedError,
+    CheckUnansweredError,
     ConsentRequiredError,
     PermissionDeniedError,
     SubjectErasedError,
@@ -167,11 +168,20 @@ def keys_still_standing(writing: Iterable[PendingCapture]) -> None:
     and a key revoked meanwhile must write nothing (bug US). One refused fails the save
     (PermissionDeniedError, nothing written); the group is then written request by
     request (``_commit``'s fallback), where each key is asked alone and a refused one is
-    answered its own refusal."""
-    if not all(still_standing(pending) for pending in writing):
-        raise PermissionDeniedError(
-            "a key of the group was revoked while its save waited for the store's lock"
-        )
+    answered its own refusal.
+
+    Asked on a thread of its own with a bound (``domain.under_lock``): it marks no
+    request (``pending.error``), since an answer past the bound lands while the fallback
+    writes the same requests, and would refuse one it wrote (bug VX)."""
+    for pending in writing:
+        if pending.still_authenticated is None:
+            continue
+        try:
+            pending.still_authenticated()
+        except Exception as refused:  # the edge's own error; the fallback answers it
+            raise PermissionDeniedError(
+                "a key of the group was revoked while its save waited for the store's lock"
+            ) from refused
 
 
 def no_consent_on_record(interaction: Interaction) -> ConsentRequiredError:
@@ -426,6 +436,15 @@ class CaptureWriter:
 
         try:
             written = retry.CAPTURE_GROUP.call(attempt)
+        except CheckUnansweredError as unanswered:
+            # The group's key check did not answer under the lock: the key store hangs.
+            # Request by request, each asking its key alone under the lock again, the
+            # n-th request of the group waited n bounds (bug VZ). The outage is every
+            # request's answer (503, nothing written; a retry is safe).
+            for pending in group:
+                pending.error = unanswered
+            answer(group)
+            return "unanswered"
         except UprofError:
             pass
         else:

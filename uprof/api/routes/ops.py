@@ -67,6 +67,9 @@ def readyz(request: Request, runtime: Runtime, store: KeyStore) -> JSONResponse:
         projection_pending=lag.projection_pending,
         quarantined=lag.quarantined,
         worker=worker,
+        pipeline_unmoved_s=(
+            runtime.external_progress.unmoved_s(lag) if worker == "external" else None
+        ),
         detail=detail,
     )
     return JSONResponse(body.model_dump(mode="json"), status_code=200 if body.ready else 503)
