@@ -1,5 +1,5 @@
 """``ExternalProgress``: how long pending pipeline work has not moved, as a ``--no-worker``
-server's readiness reports it (bug WA of XXXX-review-of-0226-and-0231)."""
+server's readiness reports it (bug WA of 0232-review-of-0226-and-0231)."""
 
 from __future__ import annotations
 
