@@ -6,11 +6,27 @@ from __future__ import annotations
 import socket
 import subprocess
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
 from uprof.retry import Backoff, RetryPolicy
+
+
+class ServerProcess(Protocol):
+    """What waiting for a server and stopping it use of its process: a ``Popen``, or a
+    test's forked child (``tests.children.PythonChild``)."""
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def terminate(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+    def communicate(self, *, timeout: float | None = None) -> Any: ...
 
 
 class _NotHealthyYet(Exception):
@@ -18,7 +34,7 @@ class _NotHealthyYet(Exception):
 
 
 def wait_until_healthy(
-    process: subprocess.Popen[Any],
+    process: ServerProcess,
     url: str,
     *,
     timeout_s: float = 120.0,
@@ -62,7 +78,7 @@ def popen_serving(command: list[str], **popen: Any) -> tuple[subprocess.Popen[An
     return process, port
 
 
-def stop_server(process: subprocess.Popen[Any], timeout_s: float = 60.0) -> int | None:
+def stop_server(process: ServerProcess, timeout_s: float = 60.0) -> int | None:
     """SIGTERM, wait up to ``timeout_s`` for the graceful exit, then SIGKILL: the process
     is gone and reaped on return, whatever happened (a ``terminate(); wait(t)`` left a
     server that did not stop running, and the caller's error hid it). Returns the exit

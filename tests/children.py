@@ -31,6 +31,8 @@ import atexit
 import multiprocessing
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -78,8 +80,9 @@ def _check_forkable() -> None:
 
 
 class _PipeEnd:
-    """The write end of a pipe, handed to the forked child as a descriptor (the fork
-    server passes it over its socket, as multiprocessing passes a ``Connection``)."""
+    """A descriptor handed to the forked child (a pipe's write end, a listening socket):
+    the fork server passes it over its socket, as multiprocessing passes a
+    ``Connection``; in the child it is a descriptor number of the child's own."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -100,11 +103,16 @@ def _run_script(
     out: str | int,
     err: str,
     new_session: bool = False,
+    handed: int | None = None,
 ) -> None:
     """The child's body: ``python -c script *args`` with fd 1 and 2 on the given files
-    (``out`` a descriptor: a pipe's write end), in a session of its own if asked."""
+    (``out`` a descriptor: a pipe's write end), in a session of its own if asked; a
+    descriptor ``handed`` over is open in the child, its number there the last argument."""
     if new_session:
         os.setsid()
+    if handed is not None:
+        os.set_inheritable(handed, True)
+        args = [*args, str(handed)]
     for fd, path in ((1, out), (2, err)):
         if isinstance(path, int):
             target = path
@@ -138,11 +146,14 @@ class PythonChild:
         env: dict[str, str] | None = None,
         stream_stdout: bool = False,
         new_session: bool = False,
+        hand_over: int | None = None,
+        stderr_to: Path | None = None,
     ) -> None:
         self.args = [sys.executable, "-c", script, *args]
         folder = tempfile.mkdtemp(prefix="uprof-child-")
         weakref.finalize(self, shutil.rmtree, folder, True)
-        self._out, self._err = Path(folder, "stdout"), Path(folder, "stderr")
+        self._out = Path(folder, "stdout")
+        self._err = Path(folder, "stderr") if stderr_to is None else stderr_to
         self.stdout: IO[str] | None = None
         out: str | _PipeEnd = str(self._out)
         if stream_stdout:
@@ -159,6 +170,7 @@ class PythonChild:
                 out,
                 str(self._err),
                 new_session,
+                None if hand_over is None else _PipeEnd(hand_over),
             ),
             name="python-child",
         )
@@ -178,6 +190,9 @@ class PythonChild:
 
     def kill(self) -> None:
         self._process.kill()
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
 
     def send_signal(self, signum: int) -> None:
         if self._process.exitcode is None:
@@ -228,6 +243,19 @@ def run_python(
     code = child.returncode
     assert code is not None
     return subprocess.CompletedProcess(child.args, code, out, err)
+
+
+def serving_child(args: list[str], env: dict[str, str], stderr: Path) -> tuple[PythonChild, int]:
+    """``benchmarks.server_ready.popen_serving`` of the ``uprof`` CLI (``args``: ``serve``
+    and its options), forked from the fork server: the command gets a loopback socket
+    bound and listening here as ``--fd``, its stderr goes to ``stderr``; returns the child
+    and its port. This process keeps no copy of the socket."""
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        port = int(sock.getsockname()[1])
+        child = PythonChild(
+            CLI_SCRIPT, *args, "--fd", env=env, hand_over=sock.fileno(), stderr_to=stderr
+        )
+    return child, port
 
 
 if _in_the_fork_server():

@@ -23,14 +23,14 @@ from __future__ import annotations
 import os
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 from uuid import uuid4
 
 import pytest
 import sqlalchemy as sa
 
-from benchmarks.server_ready import popen_serving, stop_server, wait_until_healthy
+from benchmarks.server_ready import stop_server, wait_until_healthy
+from tests.children import serving_child
 from tests.conftest import Backend
 from tests.e2e.test_store_damage_servers import (
     _UNHANDLED,
@@ -131,9 +131,9 @@ def _serve(settings: Settings, log: Path) -> tuple[int | None, str]:
     }
     if settings.database_url:
         env["UPROF_DATABASE_URL"] = settings.database_url
-    command = [sys.executable, "-m", "uprof.cli.main", "serve", "--log-level", "warning"]
-    with log.open("w") as err:
-        process, port = popen_serving(command, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    # Forked from the tests' fork server (the project imported once), a process of its
+    # own all the same: its start, its refusal and exit code are the command's.
+    process, port = serving_child(["serve", "--log-level", "warning"], env, log)
     try:
         wait_until_healthy(process, f"http://127.0.0.1:{port}", timeout_s=120)
     except RuntimeError:

@@ -22,8 +22,17 @@ from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import running, settings_for
 from tests.kernel.sqlite_readers import files_holding, reader_holding, wrapped_keys
 from tests.kernel.test_keys_apart import ALICE, BOB, assert_intact, fill
+from uprof.backends import sqlite as sqlite_backend
 
 pytestmark = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def _short_fold_patience(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader holds its snapshot until the block ends, so the erasure's fold cannot
+    finish however long it tries: it answers the same after 2 s as after the default
+    30 s of tries (``FOLD_TIMEOUT_S``), which each test waited out before."""
+    monkeypatch.setattr(sqlite_backend, "FOLD_TIMEOUT_S", 2.0)
 
 
 def test_an_erasure_beside_a_reader_is_not_done_until_the_wal_is_folded(

@@ -38,19 +38,21 @@ BACKUPS = 10
 
 
 #: A real rebuild, in a process of its own, that starts when told. It says when it is
-#: ready, when it asks for the rebuild's lock, and when it has reset the views; then it
-#: waits to be let go before its replay.
+#: ready, when it asks for the rebuild's lock, when it found that lock held by another
+#: process, and when it has reset the views; then it waits to be let go before its replay.
 _REBUILD_WHEN_TOLD = textwrap.dedent(
     """
     import contextlib, sys, time
     from pathlib import Path
     import uprof.storage
+    from uprof.backends import SchemaLockWaitError
     from tests.conftest import Backend
     from tests.fakes.ports import FakeClock
     from tests.kernel.conftest import build_kernel, settings_for
 
     backend = Backend(sys.argv[1], sys.argv[2], Path(sys.argv[3]))
-    ready, start, wants, was_reset, go = (Path(a) for a in sys.argv[4:9])
+    ready, start, wants, held_elsewhere, was_reset, go = (Path(a) for a in sys.argv[4:10])
+    try_s = float(sys.argv[10])
     kernel = build_kernel(settings_for(backend), FakeClock())
     views = kernel.projections._views
     reset, lock = views.reset, uprof.storage.schema_lock
@@ -64,6 +66,13 @@ _REBUILD_WHEN_TOLD = textwrap.dedent(
     @contextlib.contextmanager
     def asked(engine, **how):
         wants.touch()
+        try:
+            # A short try first: held by the start, the lock is refused within it, and
+            # the start need not wait out its bound for a reset that cannot land.
+            with lock(engine, **dict(how, wait_s=try_s)):
+                pass
+        except SchemaLockWaitError:
+            held_elsewhere.touch()
         with lock(engine, **how):
             yield
 
@@ -81,8 +90,13 @@ _REBUILD_WHEN_TOLD = textwrap.dedent(
 
 #: How long a start's batch, read, waits for the other process's reset once that
 #: process asked for the rebuild's lock: on main the reset lands within it; with the
-#: start holding that lock it cannot land at all.
+#: start holding that lock it cannot land at all, and the wait ends as soon as the other
+#: process says the lock was refused to it (it waited the whole bound before).
 RESET_WAIT_S = 10.0
+
+#: How long the other process tries the rebuild's lock before it says the lock is held
+#: elsewhere (then it queues for it as a rebuild does).
+LOCK_TRY_S = 0.5
 
 
 def _erased_and_rebuilt_alike(kernel: Uprof, item_id: str) -> None:
@@ -94,9 +108,10 @@ def _erased_and_rebuilt_alike(kernel: Uprof, item_id: str) -> None:
     assert kernel.queries.table_digest() == live
 
 
-def _wait_for(path: Path, child: PythonChild, wait_s: float) -> bool:
+def _wait_for(path: Path, child: PythonChild, wait_s: float, *, or_for: Path | None = None) -> bool:
+    """Wait for ``path`` (or ``or_for``) to exist, the child alive; False after ``wait_s``."""
     deadline = time.monotonic() + wait_s
-    while not path.exists():
+    while not path.exists() and not (or_for is not None and or_for.exists()):
         assert child.poll() is None, child.communicate()[1][-3000:]
         if time.monotonic() >= deadline:
             return False
@@ -117,15 +132,16 @@ def test_a_starts_catch_up_beside_another_processs_rebuild_completes(
         kernel.erase_item("alice", intent.item_id)  # the ledger names an item from now on
         kernel.process()
 
-        ready, start, wants, was_reset, go = (
-            tmp_path / name for name in ("ready", "start", "wants", "reset", "go")
+        ready, start, wants, held_elsewhere, was_reset, go = (
+            tmp_path / name for name in ("ready", "start", "wants", "held", "reset", "go")
         )
         child = PythonChild(
             _REBUILD_WHEN_TOLD,
             backend.kind,
             backend.url,
             str(backend.data_dir),
-            *(str(p) for p in (ready, start, wants, was_reset, go)),
+            *(str(p) for p in (ready, start, wants, held_elsewhere, was_reset, go)),
+            str(LOCK_TRY_S),
         )
         try:
             assert _wait_for(ready, child, WAIT_S), "the rebuild never got ready"
@@ -139,7 +155,7 @@ def test_a_starts_catch_up_beside_another_processs_rebuild_completes(
                 views.apply_batch = apply
                 start.touch()
                 assert _wait_for(wants, child, WAIT_S), "the rebuild never asked for its lock"
-                _wait_for(was_reset, child, RESET_WAIT_S)
+                _wait_for(was_reset, child, RESET_WAIT_S, or_for=held_elsewhere)
                 return apply(*args, **kwargs)
 
             views.apply_batch = rebuild_elsewhere_first  # type: ignore[method-assign]
