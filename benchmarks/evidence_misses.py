@@ -46,10 +46,9 @@ from benchmarks.bench_common import DEFAULT_DATA_DIR
 from benchmarks.retrieval_replay import (
     _bench_slice,
     _counter,
-    _index,
-    half_of,
     load_inputs,
     parse_variant,
+    recorded_questions_by_conversation,
     recorded_slice,
     service_options,
 )
@@ -179,18 +178,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     counter = _counter()
     counts: Counter[str] = Counter()
     sentences = {"missed": 0, "indexed": 0, "all": 0, "memories": 0}
-    for conv in locomo.load_locomo(args.data / "locomo_dev.json"):
-        if args.half != "full" and half_of(conv.sample_id) != args.half:
-            continue
-        index: MemoryIndex | None = None
-        for q in conv.questions:
-            if q.category != args.category:
-                continue
-            got = inputs[(conv.sample_id, q.qa_index)]
-            if index is None:
-                index = _index(got.memories, got.memory_vectors, counter)
-                sentences["all"] += sum(len(memory_sentences(c.text)) for c in index.candidates)
-                sentences["memories"] += len(index)
+    walk = recorded_questions_by_conversation(args.data, inputs, args.half, args.category, counter)
+    for conv, asked, index in walk:
+        sentences["all"] += sum(len(memory_sentences(c.text)) for c in index.candidates)
+        sentences["memories"] += len(index)
+        for q, got in asked:
             rows = question_misses(conv, q, got, index, options, args.budget, counter)
             counts["questions"] += 1
             counts["missed questions"] += bool(rows)

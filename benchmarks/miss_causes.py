@@ -51,10 +51,9 @@ from benchmarks.bench_common import DEFAULT_DATA_DIR
 from benchmarks.retrieval_replay import (
     _bench_slice,
     _counter,
-    _index,
-    half_of,
     load_inputs,
     parse_variant,
+    recorded_questions_by_conversation,
     recorded_slice,
     service_options,
 )
@@ -310,16 +309,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     budgets = [int(b) for b in args.budgets.split(",")]
     counter = _counter()
     rows: list[tuple[str, int, int, list[dict[str, Any]]]] = []
-    for conv in locomo.load_locomo(args.data / "locomo_dev.json"):
-        if args.half != "full" and half_of(conv.sample_id) != args.half:
-            continue
-        index: MemoryIndex | None = None
-        for q in conv.questions:
-            if q.category != args.category:
-                continue
-            got = inputs[(conv.sample_id, q.qa_index)]
-            if index is None:
-                index = _index(got.memories, got.memory_vectors, counter)
+    walk = recorded_questions_by_conversation(args.data, inputs, args.half, args.category, counter)
+    for conv, asked, index in walk:
+        for q, got in asked:
             for budget in budgets:
                 missed = missed_turns(conv, q, got, index, options, budget, counter)
                 rows.append((conv.sample_id, q.qa_index, budget, missed))

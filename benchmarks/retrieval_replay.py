@@ -188,6 +188,25 @@ def _index(memories: Sequence[Candidate], vectors: np.ndarray | None, counter: A
     return MemoryIndex.build(memories, vectors, counter)
 
 
+def recorded_questions_by_conversation(
+    data_dir: Path, inputs: Mapping[Any, Any], half: str, category: int, counter: Any
+) -> Iterator[tuple[Any, list[tuple[Any, Any]], MemoryIndex]]:
+    """Each dev conversation of ``half`` ("full" for all) holding questions of
+    ``category``: the conversation, its questions with their recorded inputs, and the
+    memory index built once from the first one's (the diagnosis tools' common walk)."""
+    for conv in locomo.load_locomo(data_dir / "locomo_dev.json"):
+        if half != "full" and half_of(conv.sample_id) != half:
+            continue
+        asked = [
+            (q, inputs[(conv.sample_id, q.qa_index)])
+            for q in conv.questions
+            if q.category == category
+        ]
+        if asked:
+            first = asked[0][1]
+            yield conv, asked, _index(first.memories, first.memory_vectors, counter)
+
+
 def recorded_slice(
     got: SliceInputs, index: MemoryIndex, budget: int, counter: Any, options: SliceOptions
 ) -> Any:

@@ -21,6 +21,7 @@ from benchmarks.retrieval_replay import (
     merged_reports,
     parse_variant,
     pref_users,
+    recorded_questions_by_conversation,
     slice_times,
     summarise,
     worst_fall,
@@ -199,3 +200,34 @@ def test_markdown_tables_print_only_the_halves_a_report_holds() -> None:
     report = {"results": {name: {"tune": _result(0.5)} for name in ("default", "x")}}
     text = markdown_tables(report, {"default": "main", "x": "x on"})
     assert text.startswith("tune:") and "check:" not in text and "full:" not in text
+
+
+def test_the_diagnosis_walk_gives_each_conversations_category_questions_one_index(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # miss_causes and evidence_misses walk the recording alike: conversations of one half,
+    # their questions of one category with their recorded inputs, one index each, built
+    # from the first question's memories.
+    import benchmarks.retrieval_replay as replay
+
+    data = Path(__file__).resolve().parents[2] / ".." / "shared" / "bench" / "data"
+    built: list[object] = []
+
+    def index(memories: object, vectors: object, counter: object) -> object:
+        built.append(memories)
+        return ("index", memories)
+
+    class Recorded(dict):  # type: ignore[type-arg]
+        def __missing__(self, key: tuple[str, int]) -> object:
+            return type("Got", (), {"memories": key, "memory_vectors": None})()
+
+    monkeypatch.setattr(replay, "_index", index)
+    walked = list(recorded_questions_by_conversation(data, Recorded(), "tune", 1, None))
+    assert [conv.sample_id for conv, _, _ in walked] == ["conv-26", "conv-30", "conv-43", "conv-50"]
+    for conv, asked, built_index in walked:
+        assert asked and all(q.category == 1 for q, _ in asked)
+        assert [got.memories for _, got in asked] == [
+            (conv.sample_id, q.qa_index) for q, _ in asked
+        ]
+        assert built_index == ("index", asked[0][1].memories)
+    assert len(built) == len(walked)
