@@ -52,6 +52,8 @@ CAPTURE = (
         "purpose": "personalization",
     },
 )
+#: Bursts of 120 requests SG sends at most before it says no new connection met the file.
+MAX_BURSTS = 20
 #: Where each store's tables are by hand: SQLite's file, PostgreSQL's events table name.
 EVENTS_TABLE = {"sqlite": "stored_events", "postgres": "profiles_events"}
 
@@ -238,15 +240,24 @@ def test_sg_a_store_file_replaced_under_a_server_met_by_a_new_connection(
     """Bug SG: views.sqlite replaced by text (renamed over it, as a copy gone wrong does)
     while the server runs. The connections it holds keep the old file; a burst of
     requests makes its pool open new ones, which meet the text. Every answer is either
-    the old file's (200) or the damage's; at least one met the new file."""
+    the old file's (200) or the damage's; at least one met the new file.
+
+    Whether a burst grows the pool depends on how many of its requests overlap, which a
+    loaded machine can shrink to none (a clean-clone CI met nothing in one burst of 120,
+    where a quiet run meets 15-20): bursts are sent until one is met, up to
+    ``MAX_BURSTS``, each answer checked."""
     views = served.settings.data_dir / "views.sqlite"
     text = views.with_name("views.sqlite.by-hand")
     text.write_text("not a database\n" * 512, encoding="utf-8")
     text.replace(views)
+    met: list[httpx.Response] = []
     with ThreadPoolExecutor(40) as pool:
-        answers = list(pool.map(lambda _: served.post(*CONSENTS), range(120)))
-    met = [a for a in answers if a.status_code != 200]
-    assert met, "no request met the replaced file"
+        for _ in range(MAX_BURSTS):
+            answers = list(pool.map(lambda _: served.post(*CONSENTS), range(120)))
+            met = [a for a in answers if a.status_code != 200]
+            if met:
+                break
+    assert met, f"no request of {MAX_BURSTS} bursts met the replaced file"
     for answer in met:
         _damaged(answer)
     assert views.read_text(encoding="utf-8") == "not a database\n" * 512  # nothing written
