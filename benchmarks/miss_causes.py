@@ -49,11 +49,9 @@ import numpy as np
 from benchmarks import locomo
 from benchmarks.bench_common import DEFAULT_DATA_DIR
 from benchmarks.retrieval_replay import (
-    SubQueryVectors,
     _bench_slice,
     _counter,
     load_inputs,
-    minilm_embed,
     parse_variant,
     recorded_questions_by_conversation,
     recorded_slice,
@@ -63,15 +61,7 @@ from uprof.retrieval import MemoryIndex, builder, packer, ranker
 from uprof.retrieval.index import epoch_seconds
 from uprof.retrieval.slices import SliceOptions
 
-TERMS: tuple[str, ...] = (
-    "lexical",
-    "dense",
-    "speaker",
-    "recency/heat",
-    "neighbours",
-    "bridges",
-    "sub-queries",  # only when the options lift what sub-queries admit
-)
+TERMS: tuple[str, ...] = ("lexical", "dense", "speaker", "recency/heat", "neighbours", "bridges")
 #: Causes in table order (a question's cause is its first missed turn's in this order).
 CAUSES: tuple[str, ...] = (
     "not indexed",
@@ -93,17 +83,11 @@ class Terms:
     relevance: np.ndarray  # the ranker's final relevance (sum of the parts)
 
 
-def relevance_terms(
-    index: MemoryIndex,
-    got: Any,
-    options: SliceOptions,
-    subquery_vectors: np.ndarray | None = None,
-) -> Terms:
+def relevance_terms(index: MemoryIndex, got: Any, options: SliceOptions) -> Terms:
     """The ranker's relevance of every memory, split by term.
 
     Recomputes ``memory_relevance``'s fusion term by term (score fusion, no feedback:
-    the service's options) and checks the sum against the ranker's own functions. The
-    sub-queries' lift is a term of its own when the options lift (``subquery_vectors``)."""
+    the service's options) and checks the sum against the ranker's own functions."""
     if options.fusion != "score" or options.feedback_weight > 0:
         raise ValueError("the split covers score fusion without feedback only")
     query = ranker.analyse_query(got.query)
@@ -145,13 +129,6 @@ def relevance_terms(
         "neighbours": lifted.astype(np.float64) - fused.astype(np.float64),
         "bridges": final.astype(np.float64) - lifted.astype(np.float64),
     }
-    admitted, strength = ranker._sub_query_admitted(index, subquery_vectors, options)
-    if len(admitted) and options.subquery_weight > 0:
-        raised = final.copy()
-        lift = (options.subquery_weight * strength * final.max()).astype(final.dtype)
-        raised[admitted] = np.maximum(raised[admitted], lift)
-        parts["sub-queries"] = raised.astype(np.float64) - final.astype(np.float64)
-        final = raised
     return Terms(parts, final.astype(np.float64))
 
 
@@ -162,7 +139,7 @@ def gap_term(terms: Terms, row: int, above: Sequence[int]) -> str:
         return "none above"
     rows = np.asarray(above, dtype=np.int64)
     means = {name: float(np.mean(part[rows] - part[row])) for name, part in terms.parts.items()}
-    return max((name for name in TERMS if name in means), key=lambda name: means[name])
+    return max(TERMS, key=lambda name: means[name])
 
 
 @dataclass
@@ -197,14 +174,7 @@ def _traced_pack(trace: PackTrace) -> Any:
     return traced
 
 
-def traced_slice(
-    got: Any,
-    index: MemoryIndex,
-    budget: int,
-    counter: Any,
-    options: Any,
-    subquery_vectors: np.ndarray | None = None,
-) -> Any:
+def traced_slice(got: Any, index: MemoryIndex, budget: int, counter: Any, options: Any) -> Any:
     trace = PackTrace(choices=[])
     original = builder._problem
 
@@ -216,7 +186,7 @@ def traced_slice(
         patch.object(builder, "_problem", keep_choices),
         patch.object(builder, "pack", _traced_pack(trace)),
     ):
-        packed = recorded_slice(got, index, budget, counter, options, subquery_vectors)
+        packed = recorded_slice(got, index, budget, counter, options)
     return packed, trace
 
 
@@ -241,10 +211,9 @@ def missed_turns(
     options: SliceOptions,
     budget: int,
     counter: Any,
-    subquery_vectors: np.ndarray | None = None,
 ) -> list[dict[str, Any]]:
     """One row per evidence turn the slice left out, with its cause (empty: a hit)."""
-    packed, trace = traced_slice(got, index, budget, counter, options, subquery_vectors)
+    packed, trace = traced_slice(got, index, budget, counter, options)
     sl = _bench_slice(packed)
     covered = locomo.verbatim_covered(
         [sl.text], q.evidence, conv.verbatim, conv.verbatim_captioned
@@ -257,7 +226,7 @@ def missed_turns(
     choice_of_row = {c.memory_row: j for j, c in enumerate(trace.choices) if c.memory_row >= 0}
     packed_rows = [c.memory_row for c in trace.choices if c.candidate.item_id in in_slice]
     packed_rows = [r for r in packed_rows if r >= 0]
-    terms = relevance_terms(index, got, options, subquery_vectors)
+    terms = relevance_terms(index, got, options)
     rows_of = {ref: r for r, c in enumerate(index.candidates) for ref in c.source_refs}
     out: list[dict[str, Any]] = []
     for ref in missing:
@@ -340,14 +309,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     budgets = [int(b) for b in args.budgets.split(",")]
     counter = _counter()
     rows: list[tuple[str, int, int, list[dict[str, Any]]]] = []
-    # The recording holds only the question's vector: sub-queries are embedded here.
-    subqueries = SubQueryVectors(minilm_embed()) if options.subquery_max > 0 else None
     walk = recorded_questions_by_conversation(args.data, inputs, args.half, args.category, counter)
     for conv, asked, index in walk:
         for q, got in asked:
-            vectors = None if subqueries is None else subqueries(got.query, index, options)
             for budget in budgets:
-                missed = missed_turns(conv, q, got, index, options, budget, counter, vectors)
+                missed = missed_turns(conv, q, got, index, options, budget, counter)
                 rows.append((conv.sample_id, q.qa_index, budget, missed))
                 if args.show:
                     for m in missed:

@@ -60,7 +60,6 @@ import numpy as np
 from benchmarks import locomo, prefeval
 from benchmarks.bench_common import DEFAULT_DATA_DIR, BenchSlice, SliceItemRef, count_tokens
 from uprof.retrieval import Candidate, MemoryIndex, build_slice
-from uprof.retrieval.ranker import sub_queries
 from uprof.retrieval.slices import SliceOptions
 
 LOCOMO_BUDGETS: tuple[int, ...] = (256, 1024, 2048)
@@ -189,12 +188,13 @@ def _index(memories: Sequence[Candidate], vectors: np.ndarray | None, counter: A
     return MemoryIndex.build(memories, vectors, counter)
 
 
-class SubQueryVectors:
-    """Sub-queries embedded at replay time (the recording holds only the question's
-    vector): ``ranker.sub_queries`` of each question over its index, embedded by
-    ``embed`` (the recording's model: ``minilm_embed``) in one batch per question, as the
-    service embeds them beside the question, and kept by text across variants and
-    budgets. ``seconds`` and ``texts`` count the embedding work done."""
+class TextVectors:
+    """Texts embedded at replay time, for a variant that needs vectors the recording does
+    not hold (it keeps each question's vector only): ``embed`` (the recording's model:
+    ``minilm_embed``) takes one batch per call, as the service embeds a slice's texts in
+    one call, and every vector is kept by text across variants and budgets. ``seconds``,
+    ``texts`` and ``calls`` count the embedding work done (decision
+    XXXX-retrieval-round-17 embedded each question's sub-queries so)."""
 
     def __init__(self, embed: Callable[[Sequence[str]], np.ndarray]) -> None:
         self._embed = embed
@@ -203,12 +203,11 @@ class SubQueryVectors:
         self.texts = 0
         self.calls = 0
 
-    def __call__(self, query: str, index: MemoryIndex, options: SliceOptions) -> np.ndarray | None:
-        """One row per sub-query of ``query`` (None when the options ask for none)."""
-        texts = sub_queries(query, index, options.subquery_max)
+    def __call__(self, texts: Sequence[str]) -> np.ndarray | None:
+        """One row per text, in order (None for no texts); only unseen texts are embedded."""
         if not texts:
             return None
-        missing = [t for t in texts if t not in self._cache]
+        missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
         if missing:
             start = time.perf_counter()
             vectors = np.asarray(self._embed(missing), dtype=np.float32)
@@ -224,8 +223,7 @@ def minilm_embed(torch_threads: int = 1) -> Callable[[Sequence[str]], np.ndarray
     threads set as the product sets them; loaded on first use."""
     from uprof.adapters.embeddings import SentenceEmbedder
 
-    embedder = SentenceEmbedder(torch_threads=torch_threads)
-    return embedder.embed
+    return SentenceEmbedder(torch_threads=torch_threads).embed
 
 
 def recorded_questions_by_conversation(
@@ -248,15 +246,9 @@ def recorded_questions_by_conversation(
 
 
 def recorded_slice(
-    got: SliceInputs,
-    index: MemoryIndex,
-    budget: int,
-    counter: Any,
-    options: SliceOptions,
-    subquery_vectors: np.ndarray | None = None,
+    got: SliceInputs, index: MemoryIndex, budget: int, counter: Any, options: SliceOptions
 ) -> Any:
-    """``build_slice`` for one recorded question over its conversation's index (with its
-    sub-queries' vectors, ``SubQueryVectors``, when the options use them)."""
+    """``build_slice`` for one recorded question over its conversation's index."""
     return build_slice(
         query=got.query,
         attributes=got.attributes,
@@ -269,7 +261,6 @@ def recorded_slice(
         options=options,
         attribute_vectors=got.attribute_vectors,
         intent_vectors=got.intent_vectors,
-        subquery_vectors=subquery_vectors,
     )
 
 
@@ -282,7 +273,6 @@ def replay_locomo(
     indexes: dict[str, MemoryIndex],
     timings: list[float] | None = None,
     half: str = "full",
-    subqueries: SubQueryVectors | None = None,
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for conv in convs:
@@ -293,12 +283,9 @@ def replay_locomo(
             index = indexes.get(conv.sample_id)
             if index is None:
                 index = indexes[conv.sample_id] = _index(got.memories, got.memory_vectors, counter)
-            # Embedded once per question, before the budgets are timed: the service
-            # embeds them with the question, outside ``build_slice``.
-            vectors = None if subqueries is None else subqueries(got.query, index, options)
             for budget in budgets:
                 start = time.perf_counter()
-                packed = recorded_slice(got, index, budget, counter, options, vectors)
+                packed = recorded_slice(got, index, budget, counter, options)
                 if timings is not None:
                     timings.append(time.perf_counter() - start)
                 _, over, union, *_ = locomo.score_question(conv, q, [_bench_slice(packed)], budget)
@@ -377,7 +364,6 @@ def prefeval_slice(
     budget: int,
     options: SliceOptions,
     counter: Any,
-    subquery_vectors: np.ndarray | None = None,
 ) -> Any:
     """``build_slice`` for one PrefEval user over its ``user_subject`` at ``budget``."""
     index, attrs, attr_vecs, intents, intent_vecs = subject
@@ -393,7 +379,6 @@ def prefeval_slice(
         options=options,
         attribute_vectors=attr_vecs,
         intent_vectors=intent_vecs,
-        subquery_vectors=subquery_vectors,
     )
 
 
@@ -406,7 +391,6 @@ def replay_prefeval(
     subjects: dict[tuple[str, int], Any],
     timings: list[float] | None = None,
     half: str = "full",
-    subqueries: SubQueryVectors | None = None,
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for n in sorted({n for n, _ in settings}):
@@ -420,10 +404,9 @@ def replay_prefeval(
             if subject is None:
                 subject = subjects[key] = user_subject(events, inputs, counter)
             asked = inputs[user.source_ref]
-            vectors = None if subqueries is None else subqueries(user.question, subject[0], options)
             for budget in budgets:
                 start = time.perf_counter()
-                packed = prefeval_slice(user, subject, asked, budget, options, counter, vectors)
+                packed = prefeval_slice(user, subject, asked, budget, options, counter)
                 if timings is not None:
                     timings.append(time.perf_counter() - start)
                 sl = _bench_slice(packed)
@@ -674,28 +657,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # Second pass, named from the tune half's table only (a smaller k came closer).
     "rrf-equal-k3": {"fusion": "rrf", "lexical_weight": 0.5, "rrf_k": 3.0},
     "rrf-k10": {"fusion": "rrf", "rrf_k": 10.0},
-    # Round 17 (XXXX-retrieval-round-17): sub-queries of the question's content words,
-    # embedded at replay time, admit memories to the pool (and lift them), named before
-    # the run.
-    "sq-admit": {"subquery_max": 2, "subquery_floor": 0.5, "subquery_members": 10},
-    "sq-lift-0.3": {
-        "subquery_max": 2,
-        "subquery_floor": 0.5,
-        "subquery_members": 10,
-        "subquery_weight": 0.3,
-    },
-    "sq-lift-0.5": {
-        "subquery_max": 2,
-        "subquery_floor": 0.5,
-        "subquery_members": 10,
-        "subquery_weight": 0.5,
-    },
-    "sq-lift-0.5-top3": {
-        "subquery_max": 2,
-        "subquery_floor": 0.7,
-        "subquery_members": 3,
-        "subquery_weight": 0.5,
-    },
 }
 
 
@@ -787,14 +748,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     subjects: dict[tuple[str, int], Any] = {}
     parsed = [parse_variant(spec) for spec in specs]
     timings: dict[str, dict[str, list[float]]] = {}
-    subqueries = (
-        SubQueryVectors(minilm_embed(args.torch_threads or 1))
-        if any(replace(service_options(), **o).subquery_max > 0 for _, o in parsed)
-        else None
-    )
     for name, overrides in parsed:
         options = replace(service_options(), **overrides)
-        embedded = (0.0, 0) if subqueries is None else (subqueries.seconds, subqueries.texts)
         start = time.perf_counter()
         timings[name] = {"locomo": [], "prefeval": []}
         loc = (
@@ -809,7 +764,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 indexes,
                 timings[name]["locomo"],
                 args.half,
-                subqueries,
             )
         )
         pref = (
@@ -824,18 +778,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 subjects,
                 timings[name]["prefeval"],
                 args.half,
-                subqueries,
             )
         )
         report["results"][name] = summarise(loc, pref, parts)
         report["results"][name]["overrides"] = overrides
         report["results"][name]["slice_ms"] = slice_times(timings[name], timings.get("default"))
-        if subqueries is not None and options.subquery_max > 0:
-            # New texts only: a sub-query met by an earlier variant is not embedded again.
-            report["results"][name]["subquery_embedding"] = {
-                "seconds": subqueries.seconds - embedded[0],
-                "texts": subqueries.texts - embedded[1],
-            }
         progress(f"{name}: {time.perf_counter() - start:.0f}s")
         if args.out:
             args.out.write_text(json.dumps(report, indent=1))

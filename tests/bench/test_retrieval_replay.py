@@ -7,8 +7,7 @@ import pickle
 import random
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,7 @@ from benchmarks.evidence_misses import memory_sentences, proper_names, rank_buck
 from benchmarks.prefeval import SEED, load_prefeval, user_events
 from benchmarks.retrieval_replay import (
     SliceInputs,
-    SubQueryVectors,
+    TextVectors,
     half_of,
     load_inputs,
     markdown_tables,
@@ -32,11 +31,7 @@ from benchmarks.retrieval_replay import (
 )
 from benchmarks.slice_form_gap import first_fit
 from tests.bench.synthetic import write_prefeval
-from tests.retrieval.factories import T0, memory
 from uprof.adapters.embeddings import HashingEmbedder
-from uprof.adapters.tokens import TiktokenCounter
-from uprof.retrieval import MemoryIndex, SliceOptions
-from uprof.retrieval.ranker import sub_queries
 
 
 def test_halves_are_fixed_by_the_hash_of_the_case_id() -> None:
@@ -244,7 +239,7 @@ def test_the_diagnosis_walk_gives_each_conversations_category_questions_one_inde
     assert len(built) == len(walked)
 
 
-def test_sub_queries_are_embedded_once_per_text_in_one_batch_per_question() -> None:
+def test_texts_are_embedded_once_each_in_one_batch_per_call() -> None:
     hashing = HashingEmbedder(dimension=16)
     calls: list[list[str]] = []
 
@@ -252,20 +247,13 @@ def test_sub_queries_are_embedded_once_per_text_in_one_batch_per_question() -> N
         calls.append(list(texts))
         return hashing.embed(texts)
 
-    texts = ["We painted the fence.", "The support group met."]
-    memories = [memory(f"m{i}", t, at=T0 + timedelta(days=i)) for i, t in enumerate(texts)]
-    index = MemoryIndex.build(memories, hashing.embed(texts), TiktokenCounter())
-    vectors = SubQueryVectors(embed)
-    off = SliceOptions()
-    assert vectors("What are Caroline's hobbies?", index, off) is None and not calls
-    on = replace(off, subquery_max=2)
-    question = "What causes and hobbies does Caroline support?"
-    got = vectors(question, index, on)
-    wanted = sub_queries(question, index, 2)
-    assert calls == [list(wanted)] and len(wanted) == 2
-    assert got is not None and np.allclose(got, hashing.embed(list(wanted)))
-    # A later question (another variant, another budget) embeds only what is new.
-    vectors("Which hobbies does Caroline have?", index, on)
-    vectors(question, index, on)
-    assert calls == [list(wanted)]
-    assert vectors.texts == 2 and vectors.calls == 1 and vectors.seconds >= 0
+    vectors = TextVectors(embed)
+    assert vectors([]) is None and not calls
+    got = vectors(["hobbies", "causes", "hobbies"])
+    assert calls == [["hobbies", "causes"]]  # one batch, each text once
+    assert got is not None and np.allclose(got, hashing.embed(["hobbies", "causes", "hobbies"]))
+    # A later call (another variant, another budget) embeds only what is new.
+    again = vectors(["causes", "support"])
+    assert calls == [["hobbies", "causes"], ["support"]]
+    assert again is not None and np.allclose(again, hashing.embed(["causes", "support"]))
+    assert vectors.texts == 3 and vectors.calls == 2 and vectors.seconds >= 0

@@ -36,7 +36,7 @@ from domain.catalogue import CATALOGUE, Catalogue
 from uprof.retrieval.candidates import Candidate
 from uprof.retrieval.index import MemoryIndex, epoch_seconds
 from uprof.retrieval.slices import SliceOptions
-from uprof.retrieval.text import STOPWORDS, stem, term_set, terms, words
+from uprof.retrieval.text import stem, term_set, terms, words
 
 _SECONDS_PER_DAY = 86_400.0
 #: Below this many memories the seeds' cosines are computed in the calling thread alone:
@@ -403,86 +403,14 @@ def _with_bridges(index: MemoryIndex, relevance: np.ndarray, options: SliceOptio
     return lifted
 
 
-def sub_queries(text: str, index: MemoryIndex, limit: int) -> tuple[str, ...]:
-    """Up to ``limit`` sub-queries of a question: its runs of content words.
-
-    A run is a maximal stretch of words that are not stopwords (the general list the
-    lexical side uses), after dropping the words that name one of the index's speakers
-    (the ranker favours a named speaker's turns already; a name alone would pull every
-    turn that greets them). Runs whose rarest word is rarer in the index come first (a
-    word no memory holds first: the lexical side cannot reach its meaning at all), then
-    by position; a run repeating an earlier one, or the whole question, is skipped.
-    Nothing here knows a data set: only the question's own words and the index's
-    document frequencies."""
-    if limit <= 0:
-        return ()
-    names: set[str] = set().union(*index.actor_terms) if index.actor_terms else set()
-    runs: list[list[str]] = [[]]
-    for word in words(text):
-        if word in STOPWORDS or stem(word) in names:
-            if runs[-1]:
-                runs.append([])
-            continue
-        runs[-1].append(word)
-    vocabulary, idf = index.bm25.vocabulary, index.bm25.idf
-
-    def rarity(run: list[str]) -> float:
-        return max(
-            index.bm25.unseen_idf if (col := vocabulary.get(stem(w))) is None else float(idf[col])
-            for w in run
-        )
-
-    whole = " ".join(words(text))
-    found = sorted(
-        ((-rarity(run), pos, " ".join(run)) for pos, run in enumerate(runs) if run),
-    )
-    out: list[str] = []
-    for _, _, phrase in found:
-        if phrase != whole and phrase not in out:
-            out.append(phrase)
-    return tuple(out[:limit])
-
-
-def _sub_query_admitted(
-    index: MemoryIndex, subquery_vectors: np.ndarray | None, options: SliceOptions
-) -> tuple[np.ndarray, np.ndarray]:
-    """The memories the sub-queries admit and the strength of each (its best scaled cosine
-    to a sub-query admitting it): per sub-query, its ``subquery_members`` best memories at
-    or above ``subquery_floor`` on the sub-query's own scale (median 0, best 1)."""
-    none = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-    if (
-        subquery_vectors is None
-        or index.vectors is None
-        or options.subquery_max <= 0
-        or options.subquery_members <= 0
-        or len(index) == 0
-    ):
-        return none
-    vectors = np.asarray(subquery_vectors, dtype=np.float32).reshape(-1, index.vectors.shape[1])
-    strength = np.zeros(len(index), dtype=np.float32)
-    admitted = np.zeros(len(index), dtype=bool)
-    k = min(options.subquery_members, len(index))
-    for vector in vectors[: options.subquery_max]:
-        scaled = _scaled(_cosines(index.vectors, vector))
-        best = np.argpartition(-scaled, k - 1)[:k]
-        best = best[scaled[best] >= options.subquery_floor]
-        admitted[best] = True
-        strength[best] = np.maximum(strength[best], scaled[best])
-    rows = np.flatnonzero(admitted)
-    return rows, strength[rows]
-
-
 def rank_memories(
     index: MemoryIndex,
     query: Query,
     query_vector: np.ndarray | None,
     now: datetime,
     options: SliceOptions,
-    subquery_vectors: np.ndarray | None = None,
 ) -> MemoryRanking:
-    """Score all memories, keep the best ``pool_size`` (and what the sub-queries admit,
-    ``subquery_vectors``: one row per ``sub_queries`` of the query), and return their
-    utilities."""
+    """Score all memories, keep the best ``pool_size``, and return their utilities."""
     n = len(index)
     if n == 0 or options.pool_size <= 0:
         empty = np.zeros(0, dtype=np.int64)
@@ -490,20 +418,12 @@ def rank_memories(
     fused, weight, scale = memory_relevance(index, query, query_vector, now, options)
     relevance = _with_neighbours(index, fused, options.neighbour_weight)
     relevance = _with_bridges(index, relevance, options)
-    admitted, strength = _sub_query_admitted(index, subquery_vectors, options)
-    if len(admitted) and options.subquery_weight > 0:
-        top = relevance.max()
-        lift = (options.subquery_weight * strength * top).astype(relevance.dtype)
-        relevance = relevance.copy()
-        relevance[admitted] = np.maximum(relevance[admitted], lift)
     size = min(options.pool_size, n)
     rows = np.argpartition(-relevance, size - 1)[:size] if size < n else np.arange(n)
-    if len(admitted):
-        rows = np.union1d(rows, admitted)
     # Best first; equal relevance falls back to chronological order (rows are chronological).
     rows = rows[np.lexsort((rows, -relevance[rows]))]
     best = float(relevance[rows[0]])
-    utility = (relevance[rows] / best) ** options.sharpness if best > 0 else np.zeros(len(rows))
+    utility = (relevance[rows] / best) ** options.sharpness if best > 0 else np.zeros(size)
     return MemoryRanking(
         rows,
         np.asarray(utility, dtype=np.float64),

@@ -101,20 +101,6 @@ class SliceOptions:
     #: near-repeat of a chosen item.
     bridge_weight: float = 0.5
     bridge_seeds: int = 10
-    #: Sub-queries: up to ``subquery_max`` runs of the question's content words (speakers'
-    #: names left out; words no memory holds first), each embedded like the question
-    #: (``ranker.sub_queries``; 0 turns it off). A question often names a category
-    #: ("hobbies") that its answers never say; a sub-query of that word alone reaches the
-    #: memories closest to it. Each sub-query admits to the pool at most
-    #: ``subquery_members`` memories whose cosine to it, scaled like the query's (the
-    #: median memory 0, the sub-query's own best 1), is at least ``subquery_floor``, and
-    #: lifts each to at least ``subquery_weight`` x that scaled cosine x the best
-    #: memory's relevance (a maximum, as bridges: it never lowers a memory; 0 admits
-    #: without lifting).
-    subquery_max: int = 0
-    subquery_floor: float = 0.5
-    subquery_members: int = 10
-    subquery_weight: float = 0.0
     #: Utilities are relevance ** sharpness: higher values follow the ranking more strictly.
     sharpness: float = 3.0
     #: Memories considered for packing (the best by relevance, plus their neighbours).
