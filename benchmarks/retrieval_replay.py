@@ -188,6 +188,44 @@ def _index(memories: Sequence[Candidate], vectors: np.ndarray | None, counter: A
     return MemoryIndex.build(memories, vectors, counter)
 
 
+class TextVectors:
+    """Texts embedded at replay time, for a variant that needs vectors the recording does
+    not hold (it keeps each question's vector only): ``embed`` (the recording's model:
+    ``minilm_embed``) takes one batch per call, as the service embeds a slice's texts in
+    one call, and every vector is kept by text across variants and budgets. ``seconds``,
+    ``texts`` and ``calls`` count the embedding work done (decision
+    XXXX-retrieval-round-17 embedded each question's sub-queries so)."""
+
+    def __init__(self, embed: Callable[[Sequence[str]], np.ndarray]) -> None:
+        self._embed = embed
+        self._cache: dict[str, np.ndarray] = {}
+        self.seconds = 0.0
+        self.texts = 0
+        self.calls = 0
+
+    def __call__(self, texts: Sequence[str]) -> np.ndarray | None:
+        """One row per text, in order (None for no texts); only unseen texts are embedded."""
+        if not texts:
+            return None
+        missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
+        if missing:
+            start = time.perf_counter()
+            vectors = np.asarray(self._embed(missing), dtype=np.float32)
+            self.seconds += time.perf_counter() - start
+            self.texts += len(missing)
+            self.calls += 1
+            self._cache.update(zip(missing, vectors, strict=True))
+        return np.stack([self._cache[t] for t in texts])
+
+
+def minilm_embed(torch_threads: int = 1) -> Callable[[Sequence[str]], np.ndarray]:
+    """The product's MiniLM embedder from its local weights (no download), with torch's
+    threads set as the product sets them; loaded on first use."""
+    from uprof.adapters.embeddings import SentenceEmbedder
+
+    return SentenceEmbedder(torch_threads=torch_threads).embed
+
+
 def recorded_questions_by_conversation(
     data_dir: Path, inputs: Mapping[Any, Any], half: str, category: int, counter: Any
 ) -> Iterator[tuple[Any, list[tuple[Any, Any]], MemoryIndex]]:

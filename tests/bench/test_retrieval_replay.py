@@ -6,15 +6,18 @@ import json
 import pickle
 import random
 import sys
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from benchmarks.evidence_misses import memory_sentences, proper_names, rank_bucket
 from benchmarks.prefeval import SEED, load_prefeval, user_events
 from benchmarks.retrieval_replay import (
     SliceInputs,
+    TextVectors,
     half_of,
     load_inputs,
     markdown_tables,
@@ -28,6 +31,7 @@ from benchmarks.retrieval_replay import (
 )
 from benchmarks.slice_form_gap import first_fit
 from tests.bench.synthetic import write_prefeval
+from uprof.adapters.embeddings import HashingEmbedder
 
 
 def test_halves_are_fixed_by_the_hash_of_the_case_id() -> None:
@@ -233,3 +237,23 @@ def test_the_diagnosis_walk_gives_each_conversations_category_questions_one_inde
         ]
         assert built_index == ("index", asked[0][1].memories)
     assert len(built) == len(walked)
+
+
+def test_texts_are_embedded_once_each_in_one_batch_per_call() -> None:
+    hashing = HashingEmbedder(dimension=16)
+    calls: list[list[str]] = []
+
+    def embed(texts: Sequence[str]) -> np.ndarray:
+        calls.append(list(texts))
+        return hashing.embed(texts)
+
+    vectors = TextVectors(embed)
+    assert vectors([]) is None and not calls
+    got = vectors(["hobbies", "causes", "hobbies"])
+    assert calls == [["hobbies", "causes"]]  # one batch, each text once
+    assert got is not None and np.allclose(got, hashing.embed(["hobbies", "causes", "hobbies"]))
+    # A later call (another variant, another budget) embeds only what is new.
+    again = vectors(["causes", "support"])
+    assert calls == [["hobbies", "causes"], ["support"]]
+    assert again is not None and np.allclose(again, hashing.embed(["causes", "support"]))
+    assert vectors.texts == 3 and vectors.calls == 2 and vectors.seconds >= 0
