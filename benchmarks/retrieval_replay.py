@@ -194,7 +194,7 @@ class TextVectors:
     ``minilm_embed``) takes one batch per call, as the service embeds a slice's texts in
     one call, and every vector is kept by text across variants and budgets. ``seconds``,
     ``texts`` and ``calls`` count the embedding work done (decision
-    XXXX-retrieval-round-17 embedded each question's sub-queries so)."""
+    0234-retrieval-round-17 embedded each question's sub-queries so)."""
 
     def __init__(self, embed: Callable[[Sequence[str]], np.ndarray]) -> None:
         self._embed = embed
