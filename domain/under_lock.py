@@ -17,6 +17,13 @@ stopped). Two rules follow:
   write for as long as the store hung (bug VY). Past that many, the next check is
   refused at once, as an outage, without a thread and without holding the lock for the
   bound: the store has not answered that many reads already.
+
+A write's key check asked in its writer turn, before the store's lock (the subject's turn
+of ``EventStore.with_retry``; the capture writer's group, on the one thread that writes
+every app's captures), is asked the same way, on threads named ``KEY_CHECK_IN_TURN``: it
+had no bound, and a key read that hung there held the capture writer (bug WI). The
+callers take the bound from ``uprof.recorders.key_check_within_s`` (the client's
+``Prefer: wait``, bug WJ).
 """
 
 from __future__ import annotations
