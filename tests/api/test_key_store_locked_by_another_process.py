@@ -187,6 +187,8 @@ def test_wk_a_write_whose_key_row_must_be_read_answers_within_the_bound(
     assert took < ANSWERED_WITHIN_S, f"the grant was answered after {took:.1f} s"
     if backend.kind == "postgres":
         assert held_all_along and answer.status_code == 503, answer.text
+    else:
+        assert answer.status_code == 201, answer.text  # written once the lock went
     _all_or_nothing(answer, _consents(kernel) - before)
     with httpx.Client(base_url=server.url, timeout=WAIT_S) as http:
         grant(http, planner.token, categories=("location",))
