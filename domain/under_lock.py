@@ -17,6 +17,13 @@ stopped). Two rules follow:
   write for as long as the store hung (bug VY). Past that many, the next check is
   refused at once, as an outage, without a thread and without holding the lock for the
   bound: the store has not answered that many reads already.
+
+A write's key check asked in its writer turn, before the store's lock (the subject's turn
+of ``EventStore.with_retry``; the capture writer's group, on the one thread that writes
+every app's captures), is asked the same way, on threads named ``KEY_CHECK_IN_TURN``: it
+had no bound, and a key read that hung there held the capture writer (bug WI). The
+callers take the bound from ``uprof.recorders.key_check_within_s`` (the client's
+``Prefer: wait``, bug WJ).
 """
 
 from __future__ import annotations
@@ -24,8 +31,11 @@ from __future__ import annotations
 import contextvars
 import threading
 from collections.abc import Callable
+from typing import TypeVar
 
 from domain.errors import CheckUnansweredError
+
+T = TypeVar("T")
 
 #: How long a check may take under such a lock. The checks read one key row (about 1 ms
 #: on PostgreSQL, p90 2.5 ms measured in 0227-leftovers-of-0218-to-0223); past this the
@@ -37,36 +47,42 @@ CHECK_UNDER_LOCK_WITHIN_S = 2.0
 #: about a millisecond: this many still running means the store they read has hung.
 MAX_CHECKS_LEFT_RUNNING = 16
 
+#: The thread name of a check asked under one of the two locks (the default).
+UNDER_A_LOCK = "check-under-lock"
+#: The thread name of a write's key check asked in its writer turn, before the store's
+#: lock: the subject's turn (``EventStore.with_retry``) or the capture writer's group.
+KEY_CHECK_IN_TURN = "key-check-in-turn"
+
 _running = threading.BoundedSemaphore(MAX_CHECKS_LEFT_RUNNING)
 
 
-def asked_within(check: Callable[[], None], within_s: float) -> None:
-    """Run ``check`` in this context's variables and raise what it raises; when it has
-    not answered within ``within_s``, raise CheckUnansweredError (the caller writes
-    nothing and lets its lock go) and leave the check to finish on its own thread, its
-    answer unused. With ``MAX_CHECKS_LEFT_RUNNING`` checks still running, refuse at once
-    (module docstring)."""
+def asked_within(check: Callable[[], T], within_s: float, *, name: str = UNDER_A_LOCK) -> T:
+    """Run ``check`` in this context's variables and return what it returns or raise what
+    it raises; when it has not answered within ``within_s``, raise CheckUnansweredError
+    (the caller writes nothing and lets its lock go) and leave the check to finish on its
+    own thread (named ``name``), its answer unused. With ``MAX_CHECKS_LEFT_RUNNING``
+    checks still running, refuse at once (module docstring)."""
     if not _running.acquire(blocking=False):
         raise CheckUnansweredError(
             f"{MAX_CHECKS_LEFT_RUNNING} checks asked under a write lock are still waiting "
             "for the store they read; nothing was written"
         )
     context = contextvars.copy_context()
-    outcome: list[BaseException | None] = []
+    answered: list[T] = []
+    raised: list[BaseException] = []
     done = threading.Event()
 
     def run() -> None:
         try:
-            context.run(check)
-            outcome.append(None)
+            answered.append(context.run(check))
         except BaseException as error:  # handed to the caller below
-            outcome.append(error)
+            raised.append(error)
         finally:
             done.set()
             _running.release()
 
     try:
-        threading.Thread(target=run, name="check-under-lock", daemon=True).start()
+        threading.Thread(target=run, name=name, daemon=True).start()
     except BaseException:
         _running.release()  # no thread: nothing left running
         raise
@@ -75,5 +91,6 @@ def asked_within(check: Callable[[], None], within_s: float) -> None:
             f"a check asked under a write lock did not answer within {within_s:g} s; "
             "nothing was written"
         )
-    if outcome[0] is not None:
-        raise outcome[0]
+    if raised:
+        raise raised[0]
+    return answered[0]

@@ -42,6 +42,7 @@ from domain.errors import (
     SubjectNotFoundError,
 )
 from domain.profile import STATE_VALUE_TYPES, SubjectProfile
+from domain.under_lock import KEY_CHECK_IN_TURN, asked_within
 from uprof import retry, vector_model
 from uprof.backends import Backend, backend_for
 from uprof.backends.damage import EVENT_ROW_COLUMNS, TRACKING_COLUMNS, refuse_reshaped_tables
@@ -50,7 +51,11 @@ from uprof.crypto.mapper import SubjectKeyMapper
 from uprof.crypto.tables import stream_heads
 from uprof.partitions import claim
 from uprof.ports import SubjectKeyStore
-from uprof.recorders import ConflictsAsDomainErrors, asked_under_the_store_lock
+from uprof.recorders import (
+    ConflictsAsDomainErrors,
+    asked_under_the_store_lock,
+    key_check_within_s,
+)
 from uprof.storage import migrate
 
 T = TypeVar("T")
@@ -795,7 +800,11 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
 
         def attempt() -> T:
             if credential is not None:
-                credential()
+                # Bounded as under the store's lock: the check may read the key store, and
+                # this thread holds the subject's turn (other subjects share its stripe);
+                # on the capture writer's thread (its fallback) every app's captures wait
+                # for it (bug WI). Past the bound: an outage, 503, nothing written.
+                asked_within(credential, key_check_within_s(), name=KEY_CHECK_IN_TURN)
             return command()
 
         with turn, asked_under_the_store_lock(credential):

@@ -116,8 +116,10 @@ PREFER_DESCRIPTION = (
     "withdrawal whose first request still runs is answered 409 `request_in_progress` "
     "within that, not after the server's own wait (`UPROF_REQUEST_IN_PROGRESS_WAIT_S`) "
     "when that is longer, and a withdrawal with `erase` behind another erasure of the "
-    "same consent 409 `conflict_retry` (both waits within the N seconds together). Other "
-    "preferences, and a `wait` that is not a whole number, are ignored."
+    "same consent 409 `conflict_retry` (both waits within the N seconds together); a "
+    "check of the key that has not answered within what is left of them is 503 "
+    "`store_unavailable`, nothing written. Other preferences, and a `wait` that is not a "
+    "whole number, are ignored."
 )
 
 #: The ``Prefer`` request header of the routes that may wait for a first request.

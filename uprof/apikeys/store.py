@@ -15,12 +15,13 @@ Casbin policy and the subject's consent, decided in the kernel):
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import re
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -120,6 +121,14 @@ def check_roles(roles: Iterable[str]) -> tuple[str, ...]:
 KEY_CACHE_TTL_S = 2.0
 #: Live key rows kept (bounded: memory stays flat whatever keys are presented).
 MAX_CACHED_KEYS = 10_000
+#: How long a read of the key table waits for a lock another session holds on it
+#: (PostgreSQL: ``ACCESS EXCLUSIVE`` from a migration, a ``VACUUM FULL``, an operator's
+#: ``LOCK TABLE``) before it fails as an outage (503, nothing written). Without it every
+#: request whose key row had aged waited for as long as the lock was held, at its
+#: authentication, before any bound (bug WK). The same order as the checks' bound under
+#: the write locks (``domain.under_lock.CHECK_UNDER_LOCK_WITHIN_S``), and shorter, so
+#: that a check asked there ends with an answer rather than being left running.
+KEY_READ_LOCK_WAIT_S = 1.5
 
 
 @dataclass(frozen=True)
@@ -220,7 +229,7 @@ class ApiKeyStore:
 
     def live_app_of(self, key_id: str) -> str | None:
         """The app of the live key ``key_id`` (read now, not from the cache), or None."""
-        with self._engine.connect() as conn:
+        with self._reading() as conn:
             found = conn.execute(
                 sa.select(api_keys.c.app_id).where(
                     api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_(None), self._ours()
@@ -230,7 +239,7 @@ class ApiKeyStore:
 
     def revoked_app_of(self, key_id: str) -> str | None:
         """The app of the revoked key ``key_id`` of this tenant, or None (live or unknown)."""
-        with self._engine.connect() as conn:
+        with self._reading() as conn:
             found = conn.execute(
                 sa.select(api_keys.c.app_id).where(
                     api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_not(None), self._ours()
@@ -249,7 +258,7 @@ class ApiKeyStore:
         query = query.order_by(api_keys.c.created_at, api_keys.c.key_id)
         if app_id is not None:
             query = query.where(api_keys.c.app_id == app_id)
-        with self._engine.connect() as conn:
+        with self._reading() as conn:
             rows = conn.execute(query).all()
         return [
             ApiKeyInfo(
@@ -310,7 +319,7 @@ class ApiKeyStore:
             return cached
         now = self._monotonic()
         ticket = self._rows.ticket()
-        with self._engine.connect() as conn:
+        with self._reading() as conn:
             found = conn.execute(
                 sa.select(
                     api_keys.c.app_id, api_keys.c.key_hash, api_keys.c.roles, api_keys.c.revoked_at
@@ -322,6 +331,21 @@ class ApiKeyStore:
         row = _KeyRow(found.app_id, found.key_hash, frozenset(found.roles.split()), now)
         self._rows.put(key_id, row, ticket=ticket)
         return row
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[sa.Connection]:
+        """A connection for the reads of the key table, whose wait for another session's
+        lock is bounded (``KEY_READ_LOCK_WAIT_S``). SQLite's key store is in WAL mode:
+        a read never waits for a writer there."""
+        with self._engine.connect() as conn:
+            if conn.dialect.name == "postgresql":
+                # For this transaction only (set_config's ``true``): gone when the
+                # connection goes back to the pool, which rolls it back.
+                conn.execute(
+                    sa.text("SELECT set_config('lock_timeout', :ms, true)"),
+                    {"ms": f"{int(KEY_READ_LOCK_WAIT_S * 1000)}ms"},
+                )
+            yield conn
 
     def _ours(self) -> sa.ColumnElement[bool]:
         """Rows of this store's tenant (and keys issued before keys named one)."""

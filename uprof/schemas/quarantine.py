@@ -11,6 +11,8 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from uprof.schemas.api import ErrorOut
+
 
 class QuarantinedOut(BaseModel):
     capture_id: str = Field(
@@ -55,3 +57,15 @@ class RetryOutcomeOut(BaseModel):
 
 class QuarantineRetryOut(BaseModel):
     outcomes: list[RetryOutcomeOut]
+
+
+class QuarantineRetryRefusedOut(ErrorOut):
+    """A retry refused partway (the key revoked while a capture was extracted, an
+    outage): the refusal, and what was done before it."""
+
+    outcomes: list[RetryOutcomeOut] = Field(
+        default_factory=list,
+        description="The captures retried before the refusal, as a 200 lists them (those "
+        "`released` are released, each audited `capture.released`); the others named "
+        "were not released.",
+    )

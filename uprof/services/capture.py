@@ -368,7 +368,7 @@ class CaptureService:
             # under the store's lock (``with_retry``): a key revoked while the capture
             # waited writes nothing. The one-request road (no group commit, the writer's
             # fallback) had its capture written (bug UJ), where the writer asks it
-            # (``capture_writer.still_standing``, TW).
+            # (``capture_writer.keys_refused``, TW).
             ids, notification_ids, skipped, first = self._app.with_retry(
                 save, subject=stream_id, credential=still_authenticated
             )

@@ -46,13 +46,14 @@ from domain.errors import (
     UprofError,
 )
 from domain.profile import SubjectProfile, capture_consent_refusal
+from domain.under_lock import KEY_CHECK_IN_TURN, asked_within
 from domain.values import Interaction
 from uprof import retry, telemetry
 from uprof.backends.damage import log_fault_or_damage
 from uprof.caching import BoundedCache, CacheStats
 from uprof.crypto.keystore import new_pseudonym
 from uprof.ports import AuditTrail, Clock, EventStore, SubjectKeyStore
-from uprof.recorders import asked_under_the_store_lock
+from uprof.recorders import asked_under_the_store_lock, key_check_within_s
 from uprof.services.idempotency import refuse_unrecorded
 from uprof.services.subjects import ERASED_SUBJECT, SubjectResolver
 
@@ -145,21 +146,28 @@ def _settle(futures: list[asyncio.Future[None]]) -> None:
             future.set_result(None)
 
 
-def still_standing(pending: PendingCapture) -> bool:
-    """Ask the request's key again, once the request has its turn to be written: the key
-    was checked when the request came in, and a request waits for the writer (other
-    groups, its subject's writer turn) before its captures are written; a key revoked
-    meanwhile (by any process, seen within ``KEY_CACHE_TTL_S`` as every request sees
-    it) writes nothing and is answered the key's refusal (review of 0211, bug TW). The
-    consent is read at the same point (``_apply``)."""
-    if pending.still_authenticated is None:
-        return True
-    try:
-        pending.still_authenticated()
-    except Exception as refused:  # the edge's own error (REST's 401, MCP's tool error)
-        pending.error = refused
-        return False
-    return True
+def keys_refused(pendings: Sequence[PendingCapture]) -> list[Exception | None]:
+    """Ask each request's key again, once the requests have their subjects' writer turns:
+    the key was checked when the request came in, and a request waits for the writer
+    (other groups, its subject's writer turn) before its captures are written; a key
+    revoked meanwhile (by any process, seen within ``KEY_CACHE_TTL_S`` as every request
+    sees it) writes nothing and is answered the key's refusal (review of 0211, bug TW).
+    The consent is read at the same point (``_apply``).
+
+    Returns each request's refusal (the edge's own error: REST's 401, MCP's tool error)
+    or None, in order, and marks no request: the writer asks it through
+    ``domain.under_lock.asked_within`` (bug WI), so its answer may come after the
+    writer answered the group 503 and went on."""
+    refusals: list[Exception | None] = []
+    for pending in pendings:
+        refused: Exception | None = None
+        if pending.still_authenticated is not None:
+            try:
+                pending.still_authenticated()
+            except Exception as error:
+                refused = error
+        refusals.append(refused)
+    return refusals
 
 
 def keys_still_standing(writing: Iterable[PendingCapture]) -> None:
@@ -513,6 +521,19 @@ class CaptureWriter:
             refused: list[PendingCapture] = []
             now = self._clock.now()
             fresh = self._fresh_copies(list(by_stream), ticket)
+            # Every request's key in one bounded ask: the key store may read a row, and
+            # this is the process's one capture writer, every app's captures waiting for
+            # it; a key store that did not answer held them all (bug WI). Past the bound
+            # the group is answered 503 at once (CheckUnansweredError, as under the lock).
+            refusals = dict(
+                zip(
+                    map(id, group),
+                    asked_within(
+                        lambda: keys_refused(group), key_check_within_s(), name=KEY_CHECK_IN_TURN
+                    ),
+                    strict=True,
+                )
+            )
             for stream_id, requests in by_stream.items():
                 profile = fresh[stream_id]
                 if isinstance(profile, UprofError):  # erased or unknown since resolved
@@ -521,7 +542,8 @@ class CaptureWriter:
                     continue
                 copies[stream_id] = profile
                 for pending in requests:
-                    if not still_standing(pending):
+                    if (key_refused := refusals[id(pending)]) is not None:
+                        pending.error = key_refused
                         continue
                     self._apply(profile, pending, now)
                     if isinstance(pending.error, ConsentRequiredError):

@@ -429,17 +429,25 @@ class QuarantineService:
         """Extract the named quarantined captures again (all of them with None)."""
         held = {q.capture_id: q for q in self.captures()}
         wanted = list(held) if capture_ids is None else list(dict.fromkeys(capture_ids))
-        outcomes = []
+        outcomes: list[RetryOutcome] = []
         for capture_id in wanted:
             q = held.get(capture_id)
             if q is None:
                 outcomes.append(RetryOutcome(capture_id, "not-quarantined"))
                 continue
-            outcome = (
-                self._retry_damaged(q)
-                if q.stage == DAMAGED_STAGE
-                else self._extract_again(q.stream_id, capture_id)
-            )
+            try:
+                outcome = (
+                    self._retry_damaged(q)
+                    if q.stage == DAMAGED_STAGE
+                    else self._extract_again(q.stream_id, capture_id)
+                )
+            except BaseException as refused:
+                # Each release is its own write: a refusal here (the key revoked while
+                # this capture was extracted, an outage) leaves the earlier ones released
+                # and audited. Its answer says which (bug WL): ``retried_before``.
+                if outcomes:
+                    setattr(refused, _RETRIED_BEFORE, list(outcomes))
+                raise
             if outcome.outcome != "not-quarantined":
                 self._audit.record(
                     "capture.released" if outcome.outcome == "released" else "capture.retried",
@@ -468,6 +476,16 @@ class QuarantineService:
         except DamagedEventError:
             return RetryOutcome(q.capture_id, "still-failing", DAMAGED_ERROR)
         return RetryOutcome(q.capture_id, "not-retryable")
+
+
+#: The attribute a refusal raised partway through ``QuarantineService.retry`` carries.
+_RETRIED_BEFORE = "uprof_retried_before"
+
+
+def retried_before(error: BaseException) -> list[RetryOutcome]:
+    """The outcomes of the captures a retry had retried (released ones audited
+    ``capture.released``) before ``error`` stopped it, in order; [] if none."""
+    return list(getattr(error, _RETRIED_BEFORE, ()))
 
 
 def damaged_entry_id(notification_id: int) -> str:
