@@ -96,6 +96,11 @@ class Lag:
     #: Captures set aside because their extraction failed on every attempt (they do
     #: not hold the pipeline up, so ``caught_up`` does not count them).
     quarantined: int = 0
+    #: Where the pipeline's workers are: every extraction partition's position, then
+    #: every projection partition's. Only the workers (and a rebuild) move them; the log
+    #: position also moves for every other write (a consent, an erasure), which is no work
+    #: done on what is pending (bug WE).
+    worked_to: tuple[int, ...] = ()
 
     @property
     def caught_up(self) -> bool:
@@ -1789,6 +1794,7 @@ class Uprof:
             extraction_pending=self.extraction.lag(),
             projection_pending=self.projections.lag(),
             quarantined=self.quarantine.count() if self.quarantine is not None else 0,
+            worked_to=(*self.extraction.positions(), *self.projections.positions()),
         )
 
     def quarantined(self) -> list[QuarantinedCapture]:

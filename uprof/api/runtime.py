@@ -150,26 +150,24 @@ class ExternalProgress:
     def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
         self._monotonic = monotonic
         self._lock = threading.Lock()
-        self._done: tuple[int, int] | None = None
+        self._worked_to: tuple[int, ...] | None = None
         self._since = 0.0
 
     def unmoved_s(self, lag: Lag) -> float:
         """Seconds since the pending work last moved (0 when nothing is pending), counted
-        from the first look that saw it pending (so at least that long). Done work is the
-        log position less what is pending: captures arriving meanwhile are not progress."""
+        from the first look that saw it pending (so at least that long). Moved means a
+        worker's position moved (``Lag.worked_to``): the log position less what is
+        pending also moved for every write that is no capture (a consent, an erasure), and
+        said 0 while no worker ran (bug WE); captures arriving are not progress either."""
         now = self._monotonic()
-        done = (
-            lag.log_position - lag.extraction_pending,
-            lag.log_position - lag.projection_pending,
-        )
         with self._lock:
             if lag.caught_up:
                 # Work that appears later is counted from the look that first sees it: a
                 # lower bound, never an alarm for work that has just arrived.
-                self._done = None
+                self._worked_to = None
                 return 0.0
-            if done != self._done:
-                self._done, self._since = done, now
+            if lag.worked_to != self._worked_to:
+                self._worked_to, self._since = lag.worked_to, now
             return round(now - self._since, 1)
 
 

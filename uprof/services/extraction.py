@@ -240,6 +240,10 @@ class ExtractionWorker:
     def partition_position(self, k: int) -> int:
         return self._app.tracking_position(self.tracking_name(k))
 
+    def positions(self) -> tuple[int, ...]:
+        """Every partition's position (owned or not), in partition order."""
+        return tuple(self.partition_position(k) for k in self._partitioning.all)
+
     @property
     def position(self) -> int:
         """The lowest position of every partition: all captures up to it are extracted."""

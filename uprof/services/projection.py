@@ -107,6 +107,10 @@ class ProjectionRunner:
     def partition_position(self, k: int) -> int:
         return self._views.position(self.position_name(k), self._app.name)
 
+    def positions(self) -> tuple[int, ...]:
+        """Every partition's position (owned or not), in partition order."""
+        return tuple(self.partition_position(k) for k in self._partitioning.all)
+
     @property
     def position(self) -> int:
         """The lowest position of every partition: the whole log up to it is projected."""
