@@ -107,10 +107,6 @@ class ProjectionRunner:
     def partition_position(self, k: int) -> int:
         return self._views.position(self.position_name(k), self._app.name)
 
-    def positions(self) -> tuple[int, ...]:
-        """Every partition's position (owned or not), in partition order."""
-        return tuple(self.partition_position(k) for k in self._partitioning.all)
-
     @property
     def position(self) -> int:
         """The lowest position of every partition: the whole log up to it is projected."""
@@ -130,6 +126,13 @@ class ProjectionRunner:
     def lag(self) -> int:
         """Notifications recorded but not yet projected (by the slowest partition)."""
         return max(0, self._app.max_notification_id() - self.position)
+
+    def pending_by_partition(self) -> tuple[tuple[int, int], ...]:
+        """Every partition's (owned or not) position and notifications not yet projected
+        by it, in partition order."""
+        head = self._app.max_notification_id()
+        positions = [self.partition_position(k) for k in self._partitioning.all]
+        return tuple((position, max(0, head - position)) for position in positions)
 
     def run_once(self) -> int:
         """Project one batch per owned partition; returns how many notifications it consumed."""
