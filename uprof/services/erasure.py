@@ -45,7 +45,7 @@ from domain.errors import (
     SubjectNotFoundError,
     UprofError,
 )
-from domain.profile import SubjectProfile, proposal_identity
+from domain.profile import proposal_identity
 from domain.values import (
     AttributeProposal,
     ExperienceProposal,
@@ -1047,7 +1047,7 @@ class ErasureService:
             # rebuild (reset, replaying) do not list what the replay has not reached yet;
             # remembered as gone then, the items came back with the replay and this
             # process served them on every read (bug WF). Otherwise asked again.
-            if wanted <= self._erased_in_log(stream_id):
+            if wanted <= self._app.erased_item_ids(stream_id):
                 self._items_gone.add((stream, wanted))
             return 0
         try:
@@ -1057,15 +1057,6 @@ class ErasureService:
         # Appended once by this process: the views drop them as they pass the event.
         self._items_gone.add((stream, wanted))
         return len(doomed)
-
-    def _erased_in_log(self, stream_id: UUID) -> set[str]:
-        """The items an ``ItemsErased`` of the stream names (one read of the stream)."""
-        return {
-            item_id
-            for event in self._app.stream_events(stream_id)
-            if isinstance(event, SubjectProfile.ItemsErased)
-            for item_id in event.item_ids
-        }
 
     def reapply_items(self, stream_id: UUID, item_ids: Iterable[str]) -> None:
         """Erase again items the ledger names and the views still list, audited: the one
