@@ -721,12 +721,12 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
         """The items an ``ItemsErased`` of the stream names: only those events decoded
         (stored in plaintext, ids only), not the whole stream."""
         topic = topic_of(SubjectProfile.ItemsErased)
-        return {
-            item_id
-            for stored in self.recorder.select_events(stream_id)
-            if stored.topic == topic
-            for item_id in self.mapper.to_domain_event(stored).item_ids
-        }
+        erased: set[str] = set()
+        for stored in self.recorder.select_events(stream_id):
+            if stored.topic == topic:
+                event: Any = self.mapper.to_domain_event(stored)  # an ItemsErased
+                erased.update(event.item_ids)
+        return erased
 
     def save_tracked(
         self,

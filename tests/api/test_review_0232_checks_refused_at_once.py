@@ -11,7 +11,6 @@ an event, released before the end.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 
 import httpx
 import pytest
