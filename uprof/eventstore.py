@@ -722,6 +722,17 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
         """Every event of a stream, decoded, in version order (no snapshot)."""
         return [self.mapper.to_domain_event(r) for r in self.recorder.select_events(stream_id)]
 
+    def erased_item_ids(self, stream_id: UUID) -> set[str]:
+        """The items an ``ItemsErased`` of the stream names: only those events decoded
+        (stored in plaintext, ids only), not the whole stream."""
+        topic = topic_of(SubjectProfile.ItemsErased)
+        erased: set[str] = set()
+        for stored in self.recorder.select_events(stream_id):
+            if stored.topic == topic:
+                event: Any = self.mapper.to_domain_event(stored)  # an ItemsErased
+                erased.update(event.item_ids)
+        return erased
+
     def save_tracked(
         self,
         aggregates: Sequence[SubjectProfile],

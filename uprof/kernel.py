@@ -96,6 +96,12 @@ class Lag:
     #: Captures set aside because their extraction failed on every attempt (they do
     #: not hold the pipeline up, so ``caught_up`` does not count them).
     quarantined: int = 0
+    #: Where the pipeline's workers are, and what each has pending: (position, pending)
+    #: of every extraction partition, then of every projection partition. Only the
+    #: workers (and a rebuild) move a position; the log position also moves for every
+    #: other write (a consent, an erasure), which is no work done on what is pending (bug
+    #: WE), and one partition's worker moving says nothing of another's (bug WG).
+    worked_to: tuple[tuple[int, int], ...] = ()
 
     @property
     def caught_up(self) -> bool:
@@ -1784,11 +1790,13 @@ class Uprof:
         return True
 
     def lag(self) -> Lag:
+        extraction = self.extraction.pending_by_partition()
         return Lag(
             log_position=self.app.max_notification_id(),
-            extraction_pending=self.extraction.lag(),
+            extraction_pending=sum(pending for _, pending in extraction),
             projection_pending=self.projections.lag(),
             quarantined=self.quarantine.count() if self.quarantine is not None else 0,
+            worked_to=(*extraction, *self.projections.pending_by_partition()),
         )
 
     def quarantined(self) -> list[QuarantinedCapture]:

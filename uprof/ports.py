@@ -276,6 +276,10 @@ class EventStore(Protocol):
         """Every event of a stream, decoded, in version order."""
         ...
 
+    def erased_item_ids(self, stream_id: UUID) -> set[str]:
+        """The items an ``ItemsErased`` of the stream names."""
+        ...
+
     def append_subject_tombstone(
         self, stream_id: UUID, *, request_id: str, basis: str, now: datetime
     ) -> int:

@@ -76,3 +76,45 @@ def test_vy_past_the_checks_left_running_the_next_is_refused_at_once() -> None:
     asked_again: list[bool] = []
     under_lock.asked_within(lambda: asked_again.append(True), WAIT_S)
     assert asked_again == [True]
+
+
+def test_held_every_road_gives_its_slot_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Held (XXXX-review-of-0232): a check that raises after its bound, one that raises
+    what is no Exception (``SystemExit``, as a ``sys.exit`` deep in a driver would), and
+    one whose thread could not start each give their slot back: afterwards exactly
+    ``MAX_CHECKS_LEFT_RUNNING`` checks can be left running again, and not one more."""
+    release = threading.Event()
+
+    def late_refusal() -> None:
+        release.wait(WAIT_S)
+        raise PermissionDeniedError("revoked, said late")
+
+    def exits() -> None:
+        raise SystemExit(3)
+
+    with pytest.raises(CheckUnansweredError):
+        under_lock.asked_within(late_refusal, 0.01)
+    with pytest.raises(SystemExit):
+        under_lock.asked_within(exits, WAIT_S)
+
+    def cannot_start(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(threading.Thread, "start", cannot_start)
+        with pytest.raises(RuntimeError):
+            under_lock.asked_within(lambda: None, WAIT_S)
+    release.set()
+    for thread in [t for t in threading.enumerate() if t.name == "check-under-lock"]:
+        thread.join(WAIT_S)
+    hold = threading.Event()
+    try:
+        for _ in range(under_lock.MAX_CHECKS_LEFT_RUNNING):
+            with pytest.raises(CheckUnansweredError, match="did not answer"):
+                under_lock.asked_within(lambda: hold.wait(WAIT_S), 0.01)
+        with pytest.raises(CheckUnansweredError, match="still waiting"):
+            under_lock.asked_within(lambda: None, WAIT_S)
+    finally:
+        hold.set()
+    for thread in [t for t in threading.enumerate() if t.name == "check-under-lock"]:
+        thread.join(WAIT_S)

@@ -150,27 +150,35 @@ class ExternalProgress:
     def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
         self._monotonic = monotonic
         self._lock = threading.Lock()
-        self._done: tuple[int, int] | None = None
-        self._since = 0.0
+        #: Each worker position with work pending at the last look: where it was, and
+        #: since when it has been there.
+        self._seen: dict[int, tuple[int, float]] = {}
 
     def unmoved_s(self, lag: Lag) -> float:
-        """Seconds since the pending work last moved (0 when nothing is pending), counted
-        from the first look that saw it pending (so at least that long). Done work is the
-        log position less what is pending: captures arriving meanwhile are not progress."""
+        """Seconds the pending work has not moved (0 when nothing is pending): the longest
+        any worker position with work pending has stayed where it is, counted from the
+        first look that saw it pending (so at least that long).
+
+        By position (``Lag.worked_to``): the log position less what is pending also moved
+        for every write that is no capture (a consent, an erasure) and said 0 while no
+        worker ran (bug WE); with workers split by partition, the live workers' moves
+        said 0 while a dead one's partition waited (bug WG). New captures are not
+        progress either."""
         now = self._monotonic()
-        done = (
-            lag.log_position - lag.extraction_pending,
-            lag.log_position - lag.projection_pending,
-        )
         with self._lock:
             if lag.caught_up:
                 # Work that appears later is counted from the look that first sees it: a
                 # lower bound, never an alarm for work that has just arrived.
-                self._done = None
+                self._seen = {}
                 return 0.0
-            if done != self._done:
-                self._done, self._since = done, now
-            return round(now - self._since, 1)
+            seen: dict[int, tuple[int, float]] = {}
+            for index, (position, pending) in enumerate(lag.worked_to):
+                if not pending:
+                    continue
+                last = self._seen.get(index)
+                seen[index] = (position, last[1] if last and last[0] == position else now)
+            self._seen = seen
+            return round(max((now - since for _, since in seen.values()), default=0.0), 1)
 
 
 @dataclass

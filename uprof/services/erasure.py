@@ -232,8 +232,8 @@ class ErasureService:
         self._flush_caches = flush_caches
         self._tenant = tenant
         self._ref_token = ref_token
-        #: (stream, ledger items of it) whose items the views no longer list, or whose
-        #: erasure this process appended (bug IP).
+        #: (stream, ledger items of it) whose erasure the log holds: appended by this
+        #: process, or found there with the views listing none of them (bugs IP, WF).
         self._items_gone: set[tuple[str, frozenset[str]]] = set()
 
     # ----------------------------------------------------------------- subject
@@ -1024,7 +1024,9 @@ class ErasureService:
         guards an item, so the reader appends the event itself (``erasure-reapplied``,
         as a start does); an erasure still running appends its own too, which removes
         nothing more. Costs one dictionary look-up per read when the ledger names no item
-        of the stream, and one pass over its views once per ledger state otherwise."""
+        of the stream, and one pass over its views and one read of its stream once per
+        ledger state otherwise (each read while the views list none of the items and the
+        log holds no erasure of them: views being replayed)."""
         ledger = self._keystore.ledger
         if ledger is None:
             return 0
@@ -1040,7 +1042,13 @@ class ErasureService:
         listed |= {m.item_id for m in self._queries.memories(stream, include_archived=True)[0]}
         doomed = sorted(wanted & listed)
         if not doomed:
-            self._items_gone.add((stream, wanted))
+            # Not listed is gone for good only once the log holds their erasure: every
+            # replay then purges them again. Views halfway through another process's
+            # rebuild (reset, replaying) do not list what the replay has not reached yet;
+            # remembered as gone then, the items came back with the replay and this
+            # process served them on every read (bug WF). Otherwise asked again.
+            if wanted <= self._app.erased_item_ids(stream_id):
+                self._items_gone.add((stream, wanted))
             return 0
         try:
             self.reapply_items(stream_id, doomed)

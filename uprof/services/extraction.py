@@ -247,13 +247,18 @@ class ExtractionWorker:
 
     def lag(self) -> int:
         """Captures not yet extracted (in every partition, up to 10,000)."""
-        pending = 0
+        return sum(pending for _, pending in self.pending_by_partition())
+
+    def pending_by_partition(self) -> tuple[tuple[int, int], ...]:
+        """Every partition's (owned or not) position and captures not yet extracted (up
+        to 10,000), in partition order."""
+        found = []
         for k in self._partitioning.all:
-            after = self._app.notifications_after(
-                self.partition_position(k), 10_000, topics=(CAPTURED_TOPIC,)
-            )
-            pending += sum(1 for n in after if self._partitioning.of(n.originator_id) == k)
-        return pending
+            position = self.partition_position(k)
+            after = self._app.notifications_after(position, 10_000, topics=(CAPTURED_TOPIC,))
+            pending = sum(1 for n in after if self._partitioning.of(n.originator_id) == k)
+            found.append((position, pending))
+        return tuple(found)
 
     def run_once(self) -> int:
         """Extract one batch per owned partition; returns how many notifications it consumed.

@@ -127,6 +127,13 @@ class ProjectionRunner:
         """Notifications recorded but not yet projected (by the slowest partition)."""
         return max(0, self._app.max_notification_id() - self.position)
 
+    def pending_by_partition(self) -> tuple[tuple[int, int], ...]:
+        """Every partition's (owned or not) position and notifications not yet projected
+        by it, in partition order."""
+        head = self._app.max_notification_id()
+        positions = [self.partition_position(k) for k in self._partitioning.all]
+        return tuple((position, max(0, head - position)) for position in positions)
+
     def run_once(self) -> int:
         """Project one batch per owned partition; returns how many notifications it consumed."""
         return sum(self._run_partition(k) for k in self._owned)
