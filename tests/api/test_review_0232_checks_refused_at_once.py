@@ -1,4 +1,4 @@
-"""Held (XXXX-review-of-0232): a check refused at once because
+"""Held (0236-review-of-0232): a check refused at once because
 ``MAX_CHECKS_LEFT_RUNNING`` checks still wait on a hung store (bug VY of
 0232-review-of-0226-and-0231) is an outage on every door of a live server, for every
 app alike, and leaves the store's lock and the capture writer consistent.

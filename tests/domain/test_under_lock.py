@@ -79,7 +79,7 @@ def test_vy_past_the_checks_left_running_the_next_is_refused_at_once() -> None:
 
 
 def test_held_every_road_gives_its_slot_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Held (XXXX-review-of-0232): a check that raises after its bound, one that raises
+    """Held (0236-review-of-0232): a check that raises after its bound, one that raises
     what is no Exception (``SystemExit``, as a ``sys.exit`` deep in a driver would), and
     one whose thread could not start each give their slot back: afterwards exactly
     ``MAX_CHECKS_LEFT_RUNNING`` checks can be left running again, and not one more."""

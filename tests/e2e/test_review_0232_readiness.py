@@ -1,4 +1,4 @@
-"""Bug WE (XXXX-review-of-0232): ``pipeline_unmoved_s`` of a ``serve --no-worker`` server
+"""Bug WE (0236-review-of-0232): ``pipeline_unmoved_s`` of a ``serve --no-worker`` server
 with no ``uprof worker`` running said 0 after any write that is no capture.
 
 0232-review-of-0226-and-0231's WA counted the pending work as moved whenever the log

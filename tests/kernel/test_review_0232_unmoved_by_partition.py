@@ -1,4 +1,4 @@
-"""Bug WG (XXXX-review-of-0232): ``pipeline_unmoved_s`` with workers split by partition
+"""Bug WG (0236-review-of-0232): ``pipeline_unmoved_s`` with workers split by partition
 (``uprof worker --partitions 2 --partition K``), one of them gone (killed -9, never
 restarted), SQLite and PostgreSQL.
 

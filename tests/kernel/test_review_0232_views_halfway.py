@@ -1,5 +1,5 @@
 """Views read halfway through another process's replay (``uprof projections rebuild``),
-SQLite and PostgreSQL, real processes (XXXX-review-of-0232).
+SQLite and PostgreSQL, real processes (0236-review-of-0232).
 
 An item erasure records itself in the erasure ledger before it appends its
 ``ItemsErased``; killed between the two (or a restore of data older than the erasure),

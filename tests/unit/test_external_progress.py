@@ -1,6 +1,6 @@
 """``ExternalProgress``: how long pending pipeline work has not moved, as a ``--no-worker``
 server's readiness reports it (bug WA of 0232-review-of-0226-and-0231; bugs WE and WG of
-XXXX-review-of-0232: moved means a worker position with work pending moved)."""
+0236-review-of-0232: moved means a worker position with work pending moved)."""
 
 from __future__ import annotations
 
