@@ -265,7 +265,9 @@ def erase_settle_host(
 
 def export_subject(
     subject: Annotated[str, typer.Option()],
-    out: Annotated[Path, typer.Option(help="Where to write the JSON export.", callback=writable_file)],
+    out: Annotated[
+        Path, typer.Option(help="Where to write the JSON export.", callback=writable_file)
+    ],
 ) -> None:
     """Export everything held about a subject, with evidence (GDPR Art. 15/20)."""
     with door() as d:
@@ -294,7 +296,9 @@ def write_private(path: Path, text: str) -> None:
 
 @audit_app.command("export")
 def audit_export(
-    out: Annotated[Path, typer.Option(help="Output file (.jsonl or .csv).", callback=writable_file)],
+    out: Annotated[
+        Path, typer.Option(help="Output file (.jsonl or .csv).", callback=writable_file)
+    ],
     fmt: Annotated[str, typer.Option("--format", help="jsonl or csv")] = "jsonl",
     subject: Annotated[str | None, typer.Option(help="Only this subject.")] = None,
     app_id: Annotated[str | None, typer.Option("--app")] = None,
@@ -381,7 +385,9 @@ def audit_public_key(
 
 @audit_app.command("keys")
 def audit_keys(
-    out: Annotated[Path, typer.Option(help="Write the key history (JSON) here.", callback=writable_file)],
+    out: Annotated[
+        Path, typer.Option(help="Write the key history (JSON) here.", callback=writable_file)
+    ],
 ) -> None:
     """Write the audit key history: every public key the log signed with, each endorsed
     by the one before. Give it to verifiers with the first public key (--key-history)."""
@@ -566,7 +572,9 @@ def held_checkpoint(raw: bytes) -> str | dict[str, object]:
 
 @audit_app.command("prove")
 def audit_prove(
-    out: Annotated[Path, typer.Option(help="Write the proof document (JSON) here.", callback=writable_file)],
+    out: Annotated[
+        Path, typer.Option(help="Write the proof document (JSON) here.", callback=writable_file)
+    ],
     from_file: Annotated[
         Path | None,
         typer.Option(
