@@ -19,6 +19,7 @@ UprofError
 ├── EmbedderMismatchError    the store's vectors were made by another embedding model
 ├── RateLimitUnavailableError the rate-limit counters could not be read: refused, not let through
 ├── StoreUnavailableError    the database did not answer (an outage): refused, retried later
+├── DeploymentNotFoundError  no deployment where a command that reads one was sent
 └── ConcurrencyConflictError other writers kept winning the race (retries gave up)
     ├── VersionConflictError another writer saved the same stream version or log index first
     ├── StoreBusyError       another connection held the store's lock past the driver's wait
@@ -261,6 +262,20 @@ class PositionMovedError(ConcurrencyConflictError):
         self.name = name
         self.expected = expected
         self.new = new
+
+
+class DeploymentNotFoundError(UprofError):
+    """A command that reads or changes a deployment was sent where none is: a data folder
+    holding no uprof stores (a typo'd ``--data-dir``, another working directory, no
+    ``UPROF_DATA_DIR``), a database without uprof's tables. Raised before anything is
+    made there: answering about a new, empty deployment made on the spot would tell a
+    check that cannot fail as a pass (decision XXXX-the-wrong-folder)."""
+
+    hint = (
+        "name the deployment's data folder (--data-dir, UPROF_DATA_DIR) or database "
+        "(--database-url, UPROF_DATABASE_URL); to make a new deployment there, run "
+        "`uprof init` (or start it with `uprof serve` or `uprof apps create`)"
+    )
 
 
 class StoredDataDamagedError(UprofError):

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 #: The longest period a rate limit may have (seconds): a year, within the 32-bit
 #: ``rate_limit_slots.period_s`` (uprof.services.rate_limits) on every backend.
 MAX_RATE_PERIOD_S = 366 * 24 * 3600
+#: The longest wait for the model endpoint's answer (``llm_timeout_s``), seconds.
+LLM_TIMEOUT_MAX_S = 3600.0
 #: "/0 minutes", "/ 00 second": a period of zero units.
 _ZERO_PERIOD = re.compile(r"/\s*0+(?![0-9])")
 
@@ -138,7 +140,9 @@ class Settings(BaseSettings):
     llm_base_url: str = "http://127.0.0.1:11434/v1"
     llm_model: str = "llama3.1"
     llm_api_key: SecretStr | None = None
-    llm_timeout_s: float = 30.0
+    #: Seconds an extraction request waits (bounded: 1e309 overflowed the HTTP client's
+    #: clock, a traceback, and 0 or less waits for nothing: bug WP).
+    llm_timeout_s: float = Field(default=30.0, gt=0.0, le=LLM_TIMEOUT_MAX_S)
     #: When the model endpoint fails: "wait" keeps the captures in the log, unextracted,
     #: and the pipeline retries (readiness names the error); "rules" extracts them with
     #: the rule-based extractor instead, marking the batch (``fallback_from``).

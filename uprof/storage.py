@@ -33,6 +33,43 @@ def layout_for(settings: Settings) -> StorageLayout:
     return backend_for_settings(settings).layout(settings)
 
 
+def deployment_place(settings: Settings) -> str:
+    """Where ``settings`` put a deployment's data, as the user named it: the data folder,
+    or the database URL with its password hidden."""
+    if settings.database_url is None:
+        return f"the data folder {settings.data_dir}"
+    url = sa.engine.make_url(settings.database_url).render_as_string(hide_password=True)
+    return f"the database {url}"
+
+
+def holds_a_deployment(settings: Settings) -> bool:
+    """Whether the data stores of ``settings`` hold a deployment (its backend's
+    ``holds_a_deployment``): found without making anything."""
+    return backend_for_settings(settings).holds_a_deployment(settings)
+
+
+def refuse_without_deployment(settings: Settings) -> None:
+    """Raise ``DeploymentNotFoundError`` unless the data stores of ``settings`` hold a
+    deployment, making nothing there. A command that reads or changes a deployment asks
+    this before it opens the stores: opened, they are made, and the command answered
+    about a new, empty deployment: "residue: 0", no API keys, a backup of nothing (bug
+    WM, decision XXXX-the-wrong-folder). The commands that start a deployment (``uprof
+    init``, ``serve``, ``apps create``, ...) do not ask."""
+    from domain.errors import DeploymentNotFoundError
+
+    if holds_a_deployment(settings):
+        return
+    why = (
+        "it does not exist"
+        if settings.database_url is None and not settings.data_dir.exists()
+        else "it holds none of uprof's stores"
+    )
+    raise DeploymentNotFoundError(
+        f"no uprof deployment in {deployment_place(settings)} ({why}): this command reads "
+        "or changes an existing deployment and makes none; nothing was made there"
+    )
+
+
 def policy_store_env(settings: Settings) -> dict[str, str]:
     """Return the eventsourcing settings of the policy store (``PolicyApplication``).
 

@@ -86,9 +86,9 @@ def test_held_a_data_folder_linked_into_a_folder_others_may_write_is_refused_lea
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
     (home / "deploy").symlink_to(shared)
-    done = _uprof(
-        Settings(data_dir=home / "deploy" / "a" / "data", embedder="hashing"), "policy", "show"
-    )
+    # A first start: `init` (a command that reads, such as `policy show`, makes nothing
+    # where no deployment is since XXXX-the-wrong-folder, and says so).
+    done = _uprof(Settings(data_dir=home / "deploy" / "a" / "data", embedder="hashing"), "init")
     said = " ".join(done.stderr.split())
     assert done.returncode == 1, said
     assert f"under {shared}, writable by other users (mode 0777)" in said, said
@@ -103,7 +103,7 @@ def test_held_first_starts_racing_all_start_on_one_private_key_folder(tmp_path: 
     deploy.mkdir(mode=0o700)
     data = deploy / "a" / "b" / "data"
     code = "import sys; from uprof.cli.main import app; sys.argv[0] = 'uprof'; app()"
-    args = ["--data-dir", str(data), "--embedder", "hashing", "policy", "show"]
+    args = ["--data-dir", str(data), "--embedder", "hashing", "init"]  # first starts
     starts = [
         subprocess.Popen(
             [sys.executable, "-c", code, *args],

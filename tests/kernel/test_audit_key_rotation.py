@@ -221,7 +221,7 @@ def test_the_cli_rotates_publishes_the_history_and_verifies_old_receipts(
         receipt = k.erase_subject("alice").receipt
     (tmp_path / "receipt.json").write_text(json.dumps(receipt))
     run("audit", "public-key", "--out", str(tmp_path / "first.pem"))
-    done = json.loads(run("audit", "rotate-key"))
+    done = json.loads(run("audit", "rotate-key", "--json"))
     assert done["seq"] == 1
     run("audit", "keys", "--out", str(tmp_path / "keys.json"))
     history = json.loads((tmp_path / "keys.json").read_text())

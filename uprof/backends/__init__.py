@@ -520,6 +520,14 @@ class Backend(Protocol):
         ``restore`` keeps instead of the backup's."""
         ...
 
+    def holds_a_deployment(self, settings: Settings) -> bool:
+        """Whether the data stores ``settings`` names hold a deployment, found without
+        making anything (no folder, no file, no table): any store of one, whole or not
+        (a damaged one is the start's to refuse, naming what is wrong). Asked before a
+        command that reads a deployment opens its stores
+        (``uprof.storage.refuse_without_deployment``)."""
+        ...
+
     def hold_open(self, engine: sa.Engine) -> Callable[[], None]:
         """Mark the stores of ``engine`` (the views store) open by this process until the
         returned function is called: a shared lock every running process holds. Raises

@@ -494,6 +494,18 @@ class PostgresBackend:
         finally:
             engine.dispose()
 
+    def holds_a_deployment(self, settings: Settings) -> bool:
+        assert settings.database_url is not None
+        # The database is the user's to make; a deployment's tables are uprof's: the
+        # migrations' version table, the event log's, the policy store's.
+        engine = self.create_engine(settings.database_url, fsync_each_commit=False)
+        try:
+            with engine.connect() as conn:
+                tables = set(sa.inspect(conn).get_table_names())
+        finally:
+            engine.dispose()
+        return bool(tables & {"alembic_version", EVENTS_TABLE, f"{POLICY_STORE_NAME}_events"})
+
     def restore(self, settings: Settings, src: Path, keep_live_audit: bool) -> None:
         from uprof.services import backup as b
 

@@ -42,6 +42,10 @@ if TYPE_CHECKING:
 
 #: The SQLite file of the policy store (its own application, so its own file).
 POLICY_STORE_FILE = "policies.sqlite"
+#: The views store (read models, audit log) in the data folder.
+VIEWS_STORE_FILE = "views.sqlite"
+#: The stores of a deployment's data folder (one of them there: a deployment is).
+DATA_STORE_FILES = (VIEWS_STORE_FILE, "events.sqlite", POLICY_STORE_FILE)
 #: The files of a backup, views first: the views' projection position must never be
 #: ahead of the log.
 SQLITE_FILES = ("views.sqlite", "events.sqlite")
@@ -228,7 +232,7 @@ class SQLiteBackend:
         # Handed to eventsourcing, which would switch it into WAL without waiting (bug KA).
         events = _file_into_wal(data / "events.sqlite")
         return StorageLayout(
-            views_url=f"sqlite:///{data / 'views.sqlite'}",
+            views_url=f"sqlite:///{data / VIEWS_STORE_FILE}",
             keys_url=f"sqlite:///{keys / 'keys.sqlite'}",
             events_url=f"sqlite:///{events}",
             eventsourcing_env={
@@ -596,6 +600,10 @@ class SQLiteBackend:
 
     def holds_a_policy(self, settings: Settings) -> bool:
         return _holds_a_policy(settings.data_dir / POLICY_STORE_FILE)
+
+    def holds_a_deployment(self, settings: Settings) -> bool:
+        # Looked for, not opened: a SQLite connection makes the file it names.
+        return any((settings.data_dir / name).is_file() for name in DATA_STORE_FILES)
 
     def restore(self, settings: Settings, src: Path, keep_live_audit: bool) -> None:
         from uprof.services.backup import AUDIT_KEYS

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import typer
 from pydantic import BaseModel, ValidationError
 from rich.console import Console
+from rich.markup import escape
 from typer._click.core import Command as ClickCommand
 from typer.core import TyperCommand, TyperGroup
 from typer.models import CommandFunctionType
@@ -20,6 +22,7 @@ from domain.errors import (
     ConcurrencyConflictError,
     ConsentNotFoundError,
     ConsentRequiredError,
+    DeploymentNotFoundError,
     ErasureIncompleteError,
     ErasureRolledBackError,
     EvidenceError,
@@ -63,6 +66,9 @@ EXIT_CODES: tuple[tuple[type[UprofError], int], ...] = (
     # Stored data damaged or missing (a store put back, a table dropped): an operator
     # restores it; retrying does not help, unlike the outage's 1 (bug PX).
     (StoredDataDamagedError, 7),
+    # A command that reads a deployment sent where none is (bug WM): the place is wrong,
+    # not the input, nor the stores.
+    (DeploymentNotFoundError, 8),
     (UprofError, 1),
 )
 
@@ -119,6 +125,48 @@ def _outage_answered(error: Exception) -> None:
     fail(refusal)
 
 
+class NamedFileError(InvalidInputError):
+    """The system refused a file or folder the command was given (``_named_file_refused``):
+    bad input, exit 2, with a hint that does not claim nothing was done."""
+
+    hint = (
+        "correct that path and run the command again; what the command did before the "
+        "file was refused stands"
+    )
+
+
+def _named_file_refused(ctx: ClickContext, error: Exception) -> None:
+    """Exit 2 naming the option (``fail``, ``InvalidInputError``) when ``error`` is the
+    system refusing a file or folder an option or argument of the command named, or a
+    file inside it: an ``--out`` that is a folder, in a folder that does not exist or
+    with a name too long, a ``backup --to`` that is a file. Each ended in the OSError's
+    traceback, the file's name last (bug WO). Only paths the command was given are
+    matched: a store's own file failing is not the caller's input."""
+    if not isinstance(error, OSError) or error.filename is None:
+        return
+    failed = [
+        os.path.abspath(os.fsdecode(name))
+        for name in (error.filename, error.filename2)
+        if isinstance(name, str | bytes)
+    ]
+    for param in ctx.command.params:
+        for given in _given_paths(ctx.params.get(param.name or "")):
+            named = os.path.abspath(given)
+            if any(f == named or f.startswith(named.rstrip(os.sep) + os.sep) for f in failed):
+                option = param.opts[0] if param.opts else (param.name or "")
+                reason = error.strerror or type(error).__name__
+                fail(NamedFileError(f"{option} {escape(str(given))}: {reason}", field=option))
+
+
+def _given_paths(value: Any) -> Iterator[Path]:
+    """The paths among one parameter's converted value (one, or a list of them)."""
+    if isinstance(value, Path):
+        yield value
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _given_paths(item)
+
+
 class _Checked(ClickCommand):
     """What a checked command and a checked group share: text no store keeps is refused in
     any of its options (``_refuse_unkept_text``), and the database not answering is a
@@ -137,7 +185,15 @@ class _Checked(ClickCommand):
 
 
 class CheckedCommand(_Checked, TyperCommand):
-    """A command whose options and outages are checked (``_Checked``)."""
+    """A command whose options and outages are checked (``_Checked``), and whose files
+    the system refuses are named as its options (``_named_file_refused``)."""
+
+    def invoke(self, ctx: ClickContext) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Exception as error:
+            _named_file_refused(ctx, error)
+            raise
 
 
 class CheckedGroup(_Checked, TyperGroup):
@@ -201,13 +257,23 @@ def settings() -> Settings:
 
 
 @contextmanager
-def kernel() -> Iterator[Uprof]:
-    """Build the deployment for one command and map uprof errors to exit codes."""
+def kernel(*, creates: bool = False) -> Iterator[Uprof]:
+    """Open the deployment for one command and map uprof errors to exit codes.
+
+    ``creates``: the command starts a deployment where there is none (``uprof init``,
+    ``apps create``, a capture: its work is the deployment's first data). Any other
+    command reads or changes an existing one, and is refused a data folder or database
+    holding none (``DeploymentNotFoundError``, exit 8), before anything is made there
+    (bug WM)."""
     from uprof.bootstrap import bootstrap
+    from uprof.storage import refuse_without_deployment
 
     k = None
     try:
-        k = bootstrap(settings())
+        chosen = settings()
+        if not creates:
+            refuse_without_deployment(chosen)
+        k = bootstrap(chosen)
         yield k
     except UprofError as e:
         fail(e)
@@ -217,8 +283,8 @@ def kernel() -> Iterator[Uprof]:
 
 
 @contextmanager
-def door() -> Iterator[Facade]:
-    """The authorized facade, as the local operator.
+def door(*, creates: bool = False) -> Iterator[Facade]:
+    """The authorized facade, as the local operator (``creates``: as ``kernel``'s).
 
     Whoever can run this command can read the data and key stores, so the CLI is the
     operator (``operator:local``): the policy's ``operators`` rows still decide what
@@ -227,7 +293,7 @@ def door() -> Iterator[Facade]:
     """
     from uprof.facade import Facade
 
-    with kernel() as k:
+    with kernel(creates=creates) as k:
         yield Facade(k, Principal.local_operator(k.subjects.tenant))
 
 
@@ -300,6 +366,30 @@ def parse_time(value: str | None, option: str) -> datetime | None:
         )
         raise typer.Exit(2)
     return parsed
+
+
+def writable_file(value: Path | None) -> Path | None:
+    """Typer callback of an option naming a file the command writes: refused (exit 2,
+    naming the option) before the command does anything when it cannot be one: a folder,
+    in a folder that does not exist, a name longer than the file system takes. An
+    erasure's ``--out`` found so only after the erasure was done: its receipt was lost to
+    a traceback (bug WO); ``_named_file_refused`` names what is found later (the file
+    system full, no right to write there)."""
+    if value is None:
+        return None
+    try:
+        if value.is_dir():
+            raise typer.BadParameter(f"{value} is a folder: name a file in it")
+        folder = value.parent
+        if not folder.is_dir():
+            missing = "is not a folder" if folder.exists() else "does not exist"
+            raise typer.BadParameter(f"{value}: {folder} {missing}")
+        limit = os.pathconf(folder, "PC_NAME_MAX")
+        if len(os.fsencode(value.name)) > limit:
+            raise typer.BadParameter(f"{value}: a file name is at most {limit} bytes here")
+    except OSError as error:
+        raise typer.BadParameter(f"{value}: {error.strerror or type(error).__name__}") from None
+    return value
 
 
 def sharing_option(value: str) -> str:

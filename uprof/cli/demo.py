@@ -316,7 +316,7 @@ def demo(
         for folder in (paths.data_dir, paths.key_path):
             if folder.exists():
                 shutil.rmtree(folder)
-    with door() as d:
+    with door(creates=True) as d:
         console.rule("[bold]uprof demo[/]: capture → consent gate → extraction → projections")
         console.print(
             f"stores: {data_dir} (SQLite: events, views+audit); keys: {settings().key_path}"

@@ -17,6 +17,7 @@ from typing import Annotated
 import typer
 
 from uprof.cli.context import CheckedTyper, console, err_console, settings
+from uprof.settings import LLM_TIMEOUT_MAX_S
 
 extractor_app = CheckedTyper(no_args_is_help=True, help="Check the configured extractor.")
 
@@ -32,7 +33,13 @@ def check(
     ] = None,
     model: Annotated[str | None, typer.Option(help="Model name (UPROF_LLM_MODEL).")] = None,
     timeout_s: Annotated[
-        float | None, typer.Option(help="Seconds to wait for the answer (UPROF_LLM_TIMEOUT_S).")
+        float | None,
+        typer.Option(
+            help="Seconds to wait for the answer, up to 3600 (UPROF_LLM_TIMEOUT_S).",
+            # As the setting's bounds: 1e309 ended in an OverflowError traceback (WP).
+            min=0.001,
+            max=LLM_TIMEOUT_MAX_S,
+        ),
     ] = None,
 ) -> None:
     """Send one extraction request to the model endpoint and report the outcome."""

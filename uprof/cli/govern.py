@@ -21,6 +21,7 @@ from uprof.cli.context import (
     err_console,
     limit_option,
     print_page,
+    writable_file,
 )
 from uprof.cli.render import print_receipt
 from uprof.documents import MAX_DOCUMENT_BYTES, read_at_most
@@ -188,7 +189,10 @@ def print_slice(result: object, *, title: str) -> None:
 @erase_app.command("subject")
 def erase_subject(
     subject: Annotated[str, typer.Option()],
-    out: Annotated[Path | None, typer.Option(help="Write the signed receipt here.")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Write the signed receipt here.", callback=writable_file),
+    ] = None,
     basis: Annotated[str, typer.Option(help="Legal basis.")] = "GDPR-Art.17(1)",
 ) -> None:
     """Erase a subject entirely and print (or save) the signed receipt."""
@@ -200,7 +204,7 @@ def erase_subject(
 def erase_event(
     subject: Annotated[str, typer.Option()],
     capture: Annotated[str, typer.Option(help="Capture id of the event.")],
-    out: Annotated[Path | None, typer.Option()] = None,
+    out: Annotated[Path | None, typer.Option(callback=writable_file)] = None,
 ) -> None:
     """Erase one captured event and everything derived only from it."""
     with door() as d:
@@ -212,7 +216,7 @@ def erase_item(
     subject: Annotated[str, typer.Option()],
     item: Annotated[str, typer.Option(help="Item id.")],
     with_evidence: Annotated[bool, typer.Option(help="Also erase the source events.")] = False,
-    out: Annotated[Path | None, typer.Option()] = None,
+    out: Annotated[Path | None, typer.Option(callback=writable_file)] = None,
 ) -> None:
     """Erase one item of the profile."""
     with door() as d:
@@ -261,7 +265,9 @@ def erase_settle_host(
 
 def export_subject(
     subject: Annotated[str, typer.Option()],
-    out: Annotated[Path, typer.Option(help="Where to write the JSON export.")],
+    out: Annotated[
+        Path, typer.Option(help="Where to write the JSON export.", callback=writable_file)
+    ],
 ) -> None:
     """Export everything held about a subject, with evidence (GDPR Art. 15/20)."""
     with door() as d:
@@ -290,7 +296,9 @@ def write_private(path: Path, text: str) -> None:
 
 @audit_app.command("export")
 def audit_export(
-    out: Annotated[Path, typer.Option(help="Output file (.jsonl or .csv).")],
+    out: Annotated[
+        Path, typer.Option(help="Output file (.jsonl or .csv).", callback=writable_file)
+    ],
     fmt: Annotated[str, typer.Option("--format", help="jsonl or csv")] = "jsonl",
     subject: Annotated[str | None, typer.Option(help="Only this subject.")] = None,
     app_id: Annotated[str | None, typer.Option("--app")] = None,
@@ -365,7 +373,9 @@ def audit_receipts(
 
 
 @audit_app.command("public-key")
-def audit_public_key(out: Annotated[Path, typer.Option(help="Write the PEM here.")]) -> None:
+def audit_public_key(
+    out: Annotated[Path, typer.Option(help="Write the PEM here.", callback=writable_file)],
+) -> None:
     """Write the audit log's public key (all a verifier needs, with the origin)."""
     with door() as d:
         key = d.audit_public_key()
@@ -375,7 +385,9 @@ def audit_public_key(out: Annotated[Path, typer.Option(help="Write the PEM here.
 
 @audit_app.command("keys")
 def audit_keys(
-    out: Annotated[Path, typer.Option(help="Write the key history (JSON) here.")],
+    out: Annotated[
+        Path, typer.Option(help="Write the key history (JSON) here.", callback=writable_file)
+    ],
 ) -> None:
     """Write the audit key history: every public key the log signed with, each endorsed
     by the one before. Give it to verifiers with the first public key (--key-history)."""
@@ -394,18 +406,31 @@ def audit_keys(
 
 
 @audit_app.command("rotate-key")
-def audit_rotate_key() -> None:
+def audit_rotate_key(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the rotation as JSON.")] = False,
+) -> None:
     """Make a new audit signing key current, endorsed by the current one (operator work,
     the `operate` right; recorded as audit.key_rotated). Exports, receipts and backups
     signed before still verify, with the key history (`uprof audit keys`)."""
     with door() as d:
         done = d.rotate_audit_key()
-    console.print_json(json.dumps(done))
+    if as_json:
+        console.print_json(json.dumps(done))
+        return
+    # A sentence, as its neighbours say what they did; --json for scripts (bug WN).
+    console.print(
+        f"audit key rotated (rotation {done['seq']}): the log now signs with key "
+        f"{done['key_id']}, endorsed by the previous key {done['previous_key_id']}; "
+        "give verifiers the key history (`uprof audit keys --out FILE`) and take a backup "
+        "now (one taken before restores only with --allow-unsigned)",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 @audit_app.command("checkpoint")
 def audit_checkpoint(
-    out: Annotated[Path, typer.Option(help="Write the signed note here.")],
+    out: Annotated[Path, typer.Option(help="Write the signed note here.", callback=writable_file)],
 ) -> None:
     """Sign and write a checkpoint of the log as it is now: keep it (or hand it to an
     auditor) to ask later for a proof that the log only grew since (`audit prove`)."""
@@ -547,7 +572,9 @@ def held_checkpoint(raw: bytes) -> str | dict[str, object]:
 
 @audit_app.command("prove")
 def audit_prove(
-    out: Annotated[Path, typer.Option(help="Write the proof document (JSON) here.")],
+    out: Annotated[
+        Path, typer.Option(help="Write the proof document (JSON) here.", callback=writable_file)
+    ],
     from_file: Annotated[
         Path | None,
         typer.Option(
@@ -672,7 +699,11 @@ def _is_receipt(raw: bytes) -> bool:
 def audit_rotation_proof(
     receipt: Annotated[Path, typer.Argument(exists=True, dir_okay=False)],
     out: Annotated[
-        Path, typer.Option(help="Write the rotation proof (a JSON list of base64 hashes) here.")
+        Path,
+        typer.Option(
+            help="Write the rotation proof (a JSON list of base64 hashes) here.",
+            callback=writable_file,
+        ),
     ],
 ) -> None:
     """The rotation proof of a file signed before an audit key rotation (an erasure

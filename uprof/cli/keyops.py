@@ -140,9 +140,13 @@ def keys_move_out() -> None:
     Stop every uprof process on this deployment first.
     """
     from uprof.crypto.keydir import move_key_material
+    from uprof.storage import refuse_without_deployment
 
     s = settings()
     try:
+        # Before the key folder is made: a data folder that is not there ended in a
+        # FileNotFoundError traceback, after making the key folder (bug WO).
+        refuse_without_deployment(s)
         moved = move_key_material(s.data_dir, s.key_path)
     except UprofError as e:
         fail(e)

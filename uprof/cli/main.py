@@ -22,10 +22,13 @@ from uprof.cli.context import (
     door,
     err_console,
     fail,
+    kernel,
     limit_option,
     parse_time,
     print_page,
+    settings,
     sharing_option,
+    writable_file,
 )
 from uprof.cli.render import print_evidence, print_profile, print_receipt
 from uprof.schemas.capture import InteractionIn
@@ -87,6 +90,25 @@ def main(
     STATE.embedder = embedder
 
 
+@app.command()
+def init() -> None:
+    """Make a new deployment in the data folder (or database) and its key folder, or say
+    that one is there already (changing nothing). The commands that read a deployment
+    refuse a place holding none; this, `serve` and `apps create` start one."""
+    from uprof.storage import deployment_place, holds_a_deployment
+
+    chosen = settings()
+    found = holds_a_deployment(chosen)
+    with kernel(creates=True):
+        pass  # the start makes what is missing: stores, keys, the seeded policy
+    said = "found a uprof deployment in" if found else "made a new uprof deployment in"
+    console.print(
+        f"{said} {deployment_place(chosen)}, key folder {chosen.key_path}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
 # ----------------------------------------------------------------------- capture
 
 
@@ -120,7 +142,7 @@ def capture(
         sharing=sharing,
         occurred_at=parse_time(at, "--at") or datetime.now(tz=UTC),
     )
-    with door() as d:
+    with door(creates=True) as d:
         ack = d.for_app(app_id).capture(subject, row.to_domain())
         console.print(f"captured [bold]{ack.capture_id}[/] at log position {ack.notification_id}")
 
@@ -207,7 +229,7 @@ def import_jsonl(
     total = None
     if fmt != "mem0":
         total = sum(1 for line in lines if line.strip())
-    with door() as d, _progress() as bar:
+    with door(creates=not dry_run) as d, _progress() as bar:
         task = bar.add_task("checking" if dry_run else "importing", total=total)
         report = d.import_interactions(
             lines,
@@ -269,7 +291,7 @@ def consent_grant(
 ) -> None:
     """Record, as the operator, a consent the user gave an app (the app's policy must
     let it hold consent for those categories and purposes)."""
-    with door() as d:
+    with door(creates=True) as d:
         consent_id = d.grant_consent(
             subject,
             app_id=app_id,
@@ -294,7 +316,8 @@ def consent_withdraw(
         ),
     ] = False,
     out: Annotated[
-        Path | None, typer.Option(help="With --erase: write the signed receipt here.")
+        Path | None,
+        typer.Option(help="With --erase: write the signed receipt here.", callback=writable_file),
     ] = None,
 ) -> None:
     """Withdraw a consent: the next capture under it is refused. With --erase, what the

@@ -55,7 +55,7 @@ def _print_result(result: Any, verb: str) -> None:
 
 
 def _change(verb: str, **kwargs: Any) -> None:
-    with door() as d:
+    with door(creates=True) as d:
         method = d.policy_grant if verb == "grant" else d.policy_revoke
         _print_result(method(**kwargs), verb)
 

@@ -205,7 +205,7 @@ def apps_create(
         console.print("[bold red]error:[/] onboarding needs --read and --purpose together")
         raise typer.Exit(2)
     try:
-        with door() as d:
+        with door(creates=True) as d:
             if onboarding:
                 result = d.onboard_app(
                     app_id,
