@@ -269,7 +269,7 @@ class DeploymentNotFoundError(UprofError):
     holding no uprof stores (a typo'd ``--data-dir``, another working directory, no
     ``UPROF_DATA_DIR``), a database without uprof's tables. Raised before anything is
     made there: answering about a new, empty deployment made on the spot would tell a
-    check that cannot fail as a pass (decision XXXX-the-wrong-folder)."""
+    check that cannot fail as a pass (decision 0237-the-wrong-folder)."""
 
     hint = (
         "name the deployment's data folder (--data-dir, UPROF_DATA_DIR) or database "

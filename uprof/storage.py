@@ -53,7 +53,7 @@ def refuse_without_deployment(settings: Settings) -> None:
     deployment, making nothing there. A command that reads or changes a deployment asks
     this before it opens the stores: opened, they are made, and the command answered
     about a new, empty deployment: "residue: 0", no API keys, a backup of nothing (bug
-    WM, decision XXXX-the-wrong-folder). The commands that start a deployment (``uprof
+    WM, decision 0237-the-wrong-folder). The commands that start a deployment (``uprof
     init``, ``serve``, ``apps create``, ...) do not ask."""
     from domain.errors import DeploymentNotFoundError
 

@@ -128,7 +128,7 @@ def test_qe_apps_revoke_of_an_unknown_key_is_an_error_exit_5(tmp_path: Path) -> 
     """Bug QE, a real CLI process: exit 5 as the table says, and the refusal said as every
     error is (``error: ...`` on stderr). main at f9d71eac: exit 5, said on stdout."""
     env = dict(os.environ, UPROF_DATA_DIR=str(tmp_path / "data"), UPROF_EMBEDDER="hashing")
-    # On a deployment: where none is, the command exits 8 (XXXX-the-wrong-folder).
+    # On a deployment: where none is, the command exits 8 (0237-the-wrong-folder).
     assert children.run_python(children.CLI_SCRIPT, "init", env=env).returncode == 0
     done = children.run_python(children.CLI_SCRIPT, "apps", "revoke", "nosuch", env=env)
     assert done.returncode == 5, done.stderr

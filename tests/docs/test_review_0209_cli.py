@@ -87,7 +87,7 @@ def test_held_a_data_folder_linked_into_a_folder_others_may_write_is_refused_lea
     home.mkdir(mode=0o700)
     (home / "deploy").symlink_to(shared)
     # A first start: `init` (a command that reads, such as `policy show`, makes nothing
-    # where no deployment is since XXXX-the-wrong-folder, and says so).
+    # where no deployment is since 0237-the-wrong-folder, and says so).
     done = _uprof(Settings(data_dir=home / "deploy" / "a" / "data", embedder="hashing"), "init")
     said = " ".join(done.stderr.split())
     assert done.returncode == 1, said

@@ -1,4 +1,4 @@
-"""What the CLI says, as a person and a script read it (decision XXXX-the-wrong-folder):
+"""What the CLI says, as a person and a script read it (decision 0237-the-wrong-folder):
 ``uprof audit rotate-key`` in sentences as its neighbours, JSON with ``--json``."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A command run where no deployment is: a typo'd ``--data-dir``, the wrong working
 directory, a missing ``UPROF_DATA_DIR``, a ``--database-url`` naming a database without
-uprof's tables (decision XXXX-the-wrong-folder).
+uprof's tables (decision 0237-the-wrong-folder).
 
 Until then every command made a new, empty deployment there and answered about it: an
 auditor's ``uprof audit residue`` said "residue: 0", ``apps list`` "[]", ``backup`` wrote
