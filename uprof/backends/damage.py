@@ -202,6 +202,10 @@ def row_read_damage(
     with every column there, of its type, is a bug. The damage is logged here, once
     (``log_store_damage``): it surfaces as uprof's own error, which no surface's
     driver-error handler sees."""
+    if not there:
+        # No table at all (renamed away, dropped): the store not answering, as since PX
+        # (503), not a table of the wrong shape; the error stays what it was.
+        return None
     lacking = sorted(read_by_name - set(there))
     mistyped = sorted(c for c in read_by_name & set(there) if not fits(c, there[c]))
     if not lacking and not mistyped:
