@@ -361,9 +361,12 @@ def test_ws_a_policy_table_altered_under_a_server_is_damage_on_every_route(
     backend: Backend, live: Live, attack: str, snapshot: bool
 ) -> None:
     """Bug WS: the policy store's events table altered by hand while ``uprof serve`` runs
-    (a column renamed, of another type, a row of another shape). Every policy-checked
-    route answers 500 ``stored_data_damaged``: never 403, never 503 "retry", never a
-    traceback, and nothing is written."""
+    (a column renamed, of another type, a row of another shape). On main the policy's
+    routes answered 500 ``internal`` (show, history) and 503 "policy store unreadable"
+    (a grant), with tracebacks, while captures (201) and slices (200) went on allowed by
+    the policy read before (the checks look at the head, which did not move). Now every
+    policy-checked route answers 500 ``stored_data_damaged``: never 403, never 503
+    "retry", never a traceback, and nothing is written."""
     _attack_policy(backend, live.settings, attack)
     _every_policy_checked_route_answers_the_damage(backend, live)
 
@@ -378,6 +381,8 @@ def test_wt_a_policy_snapshot_altered_under_a_server_is_damage_on_every_route(
 ) -> None:
     """Bug WT: the policy store's snapshot table altered by hand while ``uprof serve``
     runs (a column renamed, a row cut short, a row's state gone): the policy's next load
-    reads it first. Every policy-checked route answers the damage."""
+    reads it first. On main the policy's routes met it (500 ``internal``, 503, or the
+    row's failed tag) while captures and slices went on allowed. Now every
+    policy-checked route answers the damage."""
     _attack_policy(backend, live_policy_snapshot.settings, attack)
     _every_policy_checked_route_answers_the_damage(backend, live_policy_snapshot)
