@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 import sqlalchemy as sa
-from eventsourcing.application import ProcessingEvent, project_aggregate
+from eventsourcing.application import Application, ProcessingEvent, project_aggregate
 from eventsourcing.domain import OriginatorIDError, OriginatorVersionError
 from eventsourcing.persistence import (
     EventStore,
@@ -111,6 +111,19 @@ def _with_guarded_recorder(env: dict[str, str], backend: Backend) -> dict[str, s
             f"{backend.name}, whose module is {backend.persistence_module!r}"
         )
     return {**env, "PROCESS_RECORDER_TOPIC": backend.guarded_recorder_topic}
+
+
+def rows_checked_snapshot_store(app: Application[UUID], topic: str) -> EventStore[UUID]:
+    """``app``'s snapshot store with its recorder of ``topic`` (a ``RowsChecked...``
+    recorder: its row reads tell a table or row of the wrong shape as damage), made on the
+    library's datastore and table. eventsourcing has no topic setting for this recorder.
+    The profiles log's and the policy store's (XXXX-shapes-under-running-processes)."""
+    made = app.factory.aggregate_recorder(purpose="snapshots")
+    checked = resolve_topic(topic)(
+        datastore=made.datastore,  # type: ignore[attr-defined]
+        events_table_name=made.events_table_name,  # type: ignore[attr-defined]
+    )
+    return app.factory.event_store(mapper=app.mapper, recorder=checked)
 
 
 def topic_of(event_class: type) -> str:
@@ -382,15 +395,8 @@ class ProfilesApplication(ConflictsAsDomainErrors[UUID]):
         """The library's snapshot store, its recorder's row reads checked as the event
         table's are: a subject with a snapshot is read from that table first, so a column
         renamed there under a running process was the library's ``IndexError``/
-        ``KeyError``, 500 ``internal`` per load (0224-review-of-0220-and-0223, bug UN).
-        eventsourcing has no topic setting for this recorder: ours is made on the same
-        datastore and table as the library's."""
-        made = self.factory.aggregate_recorder(purpose="snapshots")
-        checked = resolve_topic(self.backend.snapshot_recorder_topic)(
-            datastore=made.datastore,  # type: ignore[attr-defined]
-            events_table_name=made.events_table_name,  # type: ignore[attr-defined]
-        )
-        return self.factory.event_store(mapper=self.mapper, recorder=checked)
+        ``KeyError``, 500 ``internal`` per load (0224-review-of-0220-and-0223, bug UN)."""
+        return rows_checked_snapshot_store(self, self.backend.snapshot_recorder_topic)
 
     def check_table_shapes(self) -> None:
         """Refuse (``StoreShapeDamagedError``, exit 7, naming table and column) a log whose

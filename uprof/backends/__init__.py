@@ -311,6 +311,9 @@ class Backend(Protocol):
     #: ``module:Class`` of the snapshot table's recorder, whose row reads tell a table of
     #: the wrong shape (``uprof.recorders``; eventsourcing has no setting for it).
     snapshot_recorder_topic: str
+    #: The library's application recorder with ``snapshot_recorder_topic``'s checks:
+    #: the policy store's (``policy_store_env`` names it, and that snapshot recorder).
+    checked_application_recorder_topic: str
     #: Whether eventsourcing inserts rows into its tables naming no column (``INSERT INTO t
     #: VALUES (?,?,?,?)``): a column added by hand then fails every write, so the event
     #: store's start check refuses a column more as well as one less.
@@ -576,6 +579,22 @@ def upsert_from_with(
         set_={name: statement.excluded[name] for name in names if name not in key_names},
     )
     return upsert
+
+
+#: The policy store's eventsourcing setting naming its snapshot recorder's class (read by
+#: ``PolicyApplication``: the library has no setting for it).
+SNAPSHOT_RECORDER_TOPIC = "SNAPSHOT_RECORDER_TOPIC"
+
+
+def policy_recorders(backend: Backend) -> dict[str, str]:
+    """The policy store's recorders, their row reads checked as the profiles log's: its
+    reads under a running process went through the library's own, so a column renamed or
+    of another type, or a row of another shape, was the store "unreadable", 503 "retry",
+    or a traceback (XXXX-shapes-under-running-processes, bugs WS, WT)."""
+    return {
+        "APPLICATION_RECORDER_TOPIC": backend.checked_application_recorder_topic,
+        SNAPSHOT_RECORDER_TOPIC: backend.snapshot_recorder_topic,
+    }
 
 
 def backend_named(scheme: str) -> Backend:

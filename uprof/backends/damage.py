@@ -11,7 +11,8 @@ import logging
 import re
 import sqlite3
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from domain.errors import StoredDataDamagedError, StoreFileDamagedError, StoreShapeDamagedError
 
@@ -35,7 +36,7 @@ _POSTGRES_SHAPE_STATES = frozenset({"42703"})
 #: Names no table, column or value: the driver's text names the store's schema.
 _SHAPE = (
     "stored data damaged: a table of the stores is not of the shape uprof made (a column "
-    "it reads is missing, or of another type)"
+    "it reads is missing, or of another type, or a row is of another shape)"
 )
 #: The same for a column more, where the library writes rows by position (SQLite).
 _SHAPE_MORE = (
@@ -201,6 +202,10 @@ def row_read_damage(
     with every column there, of its type, is a bug. The damage is logged here, once
     (``log_store_damage``): it surfaces as uprof's own error, which no surface's
     driver-error handler sees."""
+    if not there:
+        # No table at all (renamed away, dropped): the store not answering, as since PX
+        # (503), not a table of the wrong shape; the error stays what it was.
+        return None
     lacking = sorted(read_by_name - set(there))
     mistyped = sorted(c for c in read_by_name & set(there) if not fits(c, there[c]))
     if not lacking and not mistyped:
@@ -210,6 +215,31 @@ def row_read_damage(
         [f"column {', '.join(lacking)} missing"] * bool(lacking)
         + [f"column {', '.join(mistyped)} of another type"] * bool(mistyped)
     )
+    log_store_damage(damage)
+    return damage
+
+
+def rows_of_another_shape(rows: Iterable[Any]) -> bool:
+    """Whether a row the library read back is not of the shape it writes: a version that
+    is not an integer, a topic not text, a state not bytes. SQLite hands on what a column
+    made again by hand converted (a version under TEXT reads back ``"1"``), and either
+    backend a NULL put in by hand: the library's aggregate code or uprof's mapper then
+    fails outside the read, naming nothing (XXXX-shapes-under-running-processes, bugs
+    WQ, WS). A type look per row, no statement."""
+    return any(
+        type(row.originator_version) is not int
+        or type(row.topic) is not str
+        or type(row.state) is not bytes
+        for row in rows
+    )
+
+
+def row_shape_damage(table: str) -> StoreShapeDamagedError:
+    """The damage of a row of ``table`` not of the shape the library writes, its columns
+    all there and of their types (``rows_of_another_shape``): altered by hand. Logged
+    once naming the table; the answer names none."""
+    damage = StoreShapeDamagedError(_SHAPE)
+    damage.detail = f"a row of table {table} of another shape"
     log_store_damage(damage)
     return damage
 

@@ -35,6 +35,7 @@ from uprof.backends import (
     TableScan,
     TermHit,
     described_holder,
+    policy_recorders,
     schema_lock_holder,
     upsert_from_with,
     upsert_with,
@@ -106,6 +107,9 @@ class PostgresBackend:
     # Its own module: a SQLite deployment never imports psycopg (decision 0035).
     guarded_recorder_topic = "uprof.recorders_postgres:GuardedPostgresProcessRecorder"
     snapshot_recorder_topic = "uprof.recorders_postgres:RowsCheckedPostgresRecorder"
+    checked_application_recorder_topic = (
+        "uprof.recorders_postgres:RowsCheckedPostgresApplicationRecorder"
+    )
     writes_rows_by_position = False
     alters_in_batches = False
 
@@ -155,6 +159,7 @@ class PostgresBackend:
                 # the process waited 10 x 30 s behind it (review of 0176, bug NK). Few
                 # readers share this pool, so a short wait refuses nothing in service.
                 "POSTGRES_CONNECT_TIMEOUT": str(POLICY_POOL_WAIT_S),
+                **policy_recorders(self),
             }
         )
         return env

@@ -31,6 +31,7 @@ from uprof.backends import (
     StoresInUseError,
     TableScan,
     described_holder,
+    policy_recorders,
     schema_lock_holder,
     upsert_from_with,
     upsert_with,
@@ -213,6 +214,7 @@ class SQLiteBackend:
     persistence_module = "eventsourcing.sqlite"
     guarded_recorder_topic = "uprof.recorders:GuardedSQLiteProcessRecorder"
     snapshot_recorder_topic = "uprof.recorders:RowsCheckedSQLiteRecorder"
+    checked_application_recorder_topic = "uprof.recorders:RowsCheckedSQLiteApplicationRecorder"
     writes_rows_by_position = True
     alters_in_batches = True  # SQLite's ALTER TABLE cannot change or drop most things
 
@@ -250,6 +252,7 @@ class SQLiteBackend:
             # Handed to eventsourcing, which would switch it into WAL without waiting (KA).
             "SQLITE_DBNAME": str(_file_into_wal(settings.data_dir / POLICY_STORE_FILE)),
             "SQLITE_LOCK_TIMEOUT": "30",
+            **policy_recorders(self),
         }
 
     def create_engine(self, url: str, *, fsync_each_commit: bool) -> sa.Engine:
