@@ -117,7 +117,7 @@ def rows_checked_snapshot_store(app: Application[UUID], topic: str) -> EventStor
     """``app``'s snapshot store with its recorder of ``topic`` (a ``RowsChecked...``
     recorder: its row reads tell a table or row of the wrong shape as damage), made on the
     library's datastore and table. eventsourcing has no topic setting for this recorder.
-    The profiles log's and the policy store's (XXXX-shapes-under-running-processes)."""
+    The profiles log's and the policy store's (0238-shapes-under-running-processes)."""
     made = app.factory.aggregate_recorder(purpose="snapshots")
     checked = resolve_topic(topic)(
         datastore=made.datastore,  # type: ignore[attr-defined]

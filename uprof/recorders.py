@@ -172,7 +172,7 @@ class RowsCheckedSQLiteRecorder(SQLiteAggregateRecorder):
     500 ``internal`` per request under a running process until the next start refused
     it. So the rows read are looked at too (their values' types, no statement), and a
     row that is not what the library wrote makes the recorder look at its table
-    (XXXX-shapes-under-running-processes, bug WQ)."""
+    (0238-shapes-under-running-processes, bug WQ)."""
 
     def select_events(self, *args: Any, **kwargs: Any) -> Any:
         with self._rows_read_by_name():
@@ -207,7 +207,7 @@ class RowsCheckedSQLiteApplicationRecorder(RowsCheckedSQLiteRecorder, SQLiteAppl
     """The library's application recorder, its row reads checked as
     ``RowsCheckedSQLiteRecorder``'s: the policy store's (its reads under a running
     process were the library's own, so a column renamed or a row of another shape was the
-    store "unreadable", 503 "retry": XXXX-shapes-under-running-processes, bug WS), and
+    store "unreadable", 503 "retry": 0238-shapes-under-running-processes, bug WS), and
     the base of the profiles log's guarded process recorder."""
 
     def select_notifications(self, *args: Any, **kwargs: Any) -> Any:

@@ -53,7 +53,7 @@ class RowsCheckedPostgresRecorder(PostgresAggregateRecorder):
     at, damage if a column the library reads is missing or of another type, else the
     error as it was. As is, the snapshot table's recorder (0224-review-of-0220-and-0223,
     bug UN). A row read back with a NULL put in by hand is damage too (its read's
-    ``TypeError``, or a row of another shape handed on: XXXX-shapes-under-running-
+    ``TypeError``, or a row of another shape handed on: 0238-shapes-under-running-
     processes, bug WS).
 
     Its writes look at the table's types in their own transaction (bug WR): PostgreSQL
@@ -172,7 +172,7 @@ class RowsCheckedPostgresApplicationRecorder(
     RowsCheckedPostgresRecorder, PostgresApplicationRecorder
 ):
     """The library's application recorder, its reads and writes checked as
-    ``RowsCheckedPostgresRecorder``'s: the policy store's (XXXX-shapes-under-running-
+    ``RowsCheckedPostgresRecorder``'s: the policy store's (0238-shapes-under-running-
     processes, bug WS), and the base of the profiles log's guarded process recorder."""
 
     #: This table's notification ids are a column the library reads by name too.

@@ -1,5 +1,5 @@
 """Store shapes under running processes, and the policy store's run-time reads
-(XXXX-shapes-under-running-processes; 0228-review-of-0224-and-store-shapes's Left). Live
+(0238-shapes-under-running-processes; 0228-review-of-0224-and-store-shapes's Left). Live
 ``uprof serve`` on loopback, SQLite and PostgreSQL, tables altered by hand through the
 driver while the server runs.
 

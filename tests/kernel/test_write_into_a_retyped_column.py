@@ -1,5 +1,5 @@
 """A write into an event table altered under a running process
-(XXXX-shapes-under-running-processes, bug WR): PostgreSQL converts the library's values
+(0238-shapes-under-running-processes, bug WR): PostgreSQL converts the library's values
 into a column altered to text by hand (an assignment cast), so a new stream's first write
 (no row of it to read first) went in, stored in a form no read can use, and the caller
 was told it succeeded. Now the write looks at the table's types in its own transaction:

@@ -590,7 +590,7 @@ def policy_recorders(backend: Backend) -> dict[str, str]:
     """The policy store's recorders, their row reads checked as the profiles log's: its
     reads under a running process went through the library's own, so a column renamed or
     of another type, or a row of another shape, was the store "unreadable", 503 "retry",
-    or a traceback (XXXX-shapes-under-running-processes, bugs WS, WT)."""
+    or a traceback (0238-shapes-under-running-processes, bugs WS, WT)."""
     return {
         "APPLICATION_RECORDER_TOPIC": backend.checked_application_recorder_topic,
         SNAPSHOT_RECORDER_TOPIC: backend.snapshot_recorder_topic,

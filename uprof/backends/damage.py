@@ -224,7 +224,7 @@ def rows_of_another_shape(rows: Iterable[Any]) -> bool:
     is not an integer, a topic not text, a state not bytes. SQLite hands on what a column
     made again by hand converted (a version under TEXT reads back ``"1"``), and either
     backend a NULL put in by hand: the library's aggregate code or uprof's mapper then
-    fails outside the read, naming nothing (XXXX-shapes-under-running-processes, bugs
+    fails outside the read, naming nothing (0238-shapes-under-running-processes, bugs
     WQ, WS). A type look per row, no statement."""
     return any(
         type(row.originator_version) is not int

@@ -146,7 +146,7 @@ class PolicyApplication(SealedPolicyLog, ConflictsAsDomainErrors[UUID]):
     def construct_snapshot_store(self) -> EventStore[UUID]:
         """The snapshot store, its recorder the backend's checked one where the store's
         settings name it (``uprof.backends.policy_recorders``): a policy stream with a
-        snapshot is read from that table first (XXXX-shapes-under-running-processes, WT)."""
+        snapshot is read from that table first (0238-shapes-under-running-processes, WT)."""
         topic = self.env.get(SNAPSHOT_RECORDER_TOPIC)
         if not topic:
             return super().construct_snapshot_store()
@@ -306,7 +306,7 @@ class StoredPolicyAuthorizer:
         store whole again. The looks read only the store's head while it does not move,
         so damage met by ``uprof policy show`` or a change (a row or a column altered in
         place) left every check allowing by the policy read before
-        (XXXX-shapes-under-running-processes, bugs WS, WT)."""
+        (0238-shapes-under-running-processes, bugs WS, WT)."""
         with self._lock:
             self._damaged(error)
             self._known_down = True

@@ -179,7 +179,7 @@ class SealedPolicyLog:
         except StoreShapeDamagedError as reshaped:
             # The recorders' look at a failed or odd read (a column renamed or of another
             # type, a row of another shape), logged there naming the column: the policy
-            # store's damage for the checks, audited (XXXX-shapes-under-running-processes).
+            # store's damage for the checks, audited (0238-shapes-under-running-processes).
             raise _damaged(_RESHAPED) from reshaped
 
     def _load_checked(self, stream_id: UUID) -> Any | None:
