@@ -313,15 +313,18 @@ def test_sk_a_data_folder_another_user_could_replace_is_refused(tmp_path: Path) 
     # Its key folder elsewhere (UPROF_KEY_DIR): beside it, the key folder's own rule
     # refused the start already.
     keys = ["--key-dir", str(tmp_path / "keys")]
-    done = _cli(data, *keys, "apps", "list")
+    # A command that makes a deployment (0237-the-wrong-folder: one that only reads makes
+    # none anywhere, and says so first).
+    done = _cli(data, *keys, "init")
     said = " ".join((done.stdout + done.stderr).split())
     assert done.returncode == 1, said
     assert f"refused the data folder {data}" in said and "writable by other users" in said
     assert "Traceback" not in said
     assert not (data / "events.sqlite").exists()
     shared.chmod(0o755)  # the rule's other side: a folder only its owner writes is kept
-    kept = _cli(data, *keys, "apps", "list")
+    kept = _cli(data, *keys, "init")
     assert kept.returncode == 0, kept.stdout + kept.stderr
+    assert (data / "events.sqlite").exists()
 
 
 def test_sl_keys_move_out_checks_the_folders_above_the_key_folder(tmp_path: Path) -> None:
@@ -333,6 +336,8 @@ def test_sl_keys_move_out_checks_the_folders_above_the_key_folder(tmp_path: Path
     shared.mkdir()
     shared.chmod(0o777)
     keys = shared / "keys"
+    made = _cli(data, "init")  # a deployment to move the keys of (0237-the-wrong-folder)
+    assert made.returncode == 0, made.stdout + made.stderr
     done = _cli(data, "--key-dir", str(keys), "keys", "move-out")
     said = " ".join((done.stdout + done.stderr).split())
     assert done.returncode == 1, said
