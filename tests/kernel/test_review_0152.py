@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -336,24 +335,6 @@ def _settle_held(settings: Any, held: Any, go: Any, out: Any) -> None:
         kernel.close()
 
 
-def _settle_host_turn_file(settings: Any) -> Path:
-    """The file whose flock is a settle-host run's turn (in the key folder)."""
-    return Path(settings.key_path) / SETTLE_HOST_LOCK_FILE
-
-
-def _blocked_on(path: Path, pid: int) -> bool:
-    """Whether process ``pid`` waits for a flock of ``path`` (Linux's /proc/locks lists
-    a blocked request as ``N: -> FLOCK ADVISORY WRITE <pid> <dev>:<inode> 0 EOF``)."""
-    inode = str(path.stat().st_ino)
-    with open("/proc/locks") as locks:
-        for line in locks:
-            fields = line.split()
-            if len(fields) >= 8 and fields[1] == "->" and fields[2] == "FLOCK":
-                if fields[5] == str(pid) and fields[6].rsplit(":", 1)[-1] == inode:
-                    return True
-    return False
-
-
 def test_a_settle_host_run_beside_another_is_not_told_the_host_is_alive(
     backend: Backend,
 ) -> None:
@@ -379,15 +360,11 @@ def test_a_settle_host_run_beside_another_is_not_told_the_host_is_alive(
         second = children.PythonChild(
             SETTLE, "erase", "settle-host", OTHER_HOST, "--yes", env=_cli_env(settings)
         )
-        # On main it answers at once; taking turns, it waits for the first run. Once
-        # the system shows it blocked on the turn's lock it can only wait, and the first
-        # run is let go then, instead of after the whole 20 s.
-        turn = _settle_host_turn_file(settings)
-        deadline = time.monotonic() + 20
-        while second.poll() is None and time.monotonic() < deadline:
-            if _blocked_on(turn, second.pid):
-                break
-            time.sleep(0.05)
+        # On main it answers at once; taking turns, it waits for the first run. Once it
+        # is seen blocked on the turn's flock it can only wait: the first run goes on
+        # then, not after the whole 20 s.
+        turn = settings.key_path / SETTLE_HOST_LOCK_FILE
+        children.until_ended_or_blocked_on(second, turn, 20)
     finally:
         go.set()
     settled, refused = out.get(timeout=120)
