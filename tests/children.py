@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -56,6 +57,36 @@ PRELOAD = [
 #: A child script running the ``uprof`` CLI on its arguments (``run_python(CLI_SCRIPT,
 #: "backup", ...)``): the command as an operator runs it, a process of its own.
 CLI_SCRIPT = "from uprof.cli.main import app\napp()\n"
+
+
+def blocked_on_flock(pid: int, path: Path) -> bool:
+    """Whether process ``pid`` waits for a ``flock`` of ``path``: Linux's /proc/locks
+    lists a blocked request as ``N: -> FLOCK ADVISORY WRITE <pid> <dev>:<inode> 0 EOF``.
+    False where it cannot tell (no such file, or the lock file not made yet)."""
+    try:
+        inode = str(path.stat().st_ino)
+        with open("/proc/locks") as locks:
+            lines = locks.readlines()
+    except FileNotFoundError:
+        return False
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 8 and fields[1] == "->" and fields[2] == "FLOCK":
+            if fields[5] == str(pid) and fields[6].rsplit(":", 1)[-1] == inode:
+                return True
+    return False
+
+
+def until_ended_or_blocked_on(child: PythonChild, path: Path, timeout_s: float) -> None:
+    """Wait until ``child`` has ended or is blocked on a flock of ``path`` (from then on
+    it can only wait for its holder), at most ``timeout_s``. For a test whose child, on
+    a fixed build, queues for a lock the test's other process holds until let go: the
+    test lets it go once the queueing is seen, not after the whole bound."""
+    deadline = time.monotonic() + timeout_s
+    while child.poll() is None and time.monotonic() < deadline:
+        if blocked_on_flock(child.pid, path):
+            return
+        time.sleep(0.05)
 
 
 def progress_count(path: Path) -> int:

@@ -27,6 +27,9 @@ from uprof.kernel import Uprof
 
 def test_a_line_end_in_a_slices_ids_is_refused_naming_the_field(kernel: Uprof) -> None:
     kernel.grant_consent("alice", app_id=PLANNER, categories=["*"], purposes=["personalization"])
+    # The fixture's kernel runs no worker: projected here, the good slices below find
+    # alice's views caught up instead of each waiting out read_wait_timeout_s (10 s).
+    kernel.process()
     tenant = kernel.subjects.tenant
     door = Facade(kernel, Principal(tenant, PLANNER, "k1", PrincipalKind.APP, frozenset({"app"})))
     good = {"purpose": "personalization", "agent_id": "agent:one"}

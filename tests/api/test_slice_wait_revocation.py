@@ -117,6 +117,9 @@ def test_a_key_revoked_during_the_wait_gets_no_slice_over_mcp(
     monkeypatch.setattr(keys, "_monotonic", lambda: clock[0])
     issued = keys.create(PLANNER)
     kernel.grant_consent("alice", app_id=PLANNER, categories=["*"], purposes=["personalization"])
+    # No worker runs here: projected now, the wait below still runs (and revokes) but
+    # finds the views caught up instead of waiting out read_wait_timeout_s (10 s).
+    kernel.process()
     principal = keys.authenticate(issued.token)
     assert principal is not None
     server = build_server(

@@ -6,6 +6,7 @@ chosen statement (``idem_child.before_first``)."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from tests.fakes.ports import FakeClock
@@ -44,25 +45,47 @@ def bind_at_once(
         kernel.close()
 
 
+#: How long the second racer first tries the revocation lock before it queues for it as
+#: ``revoke_api_key`` does: refused, it says so, and the first need not wait for it.
+LOCK_TRY_S = 0.5
+
+
+def _first_of(events: list[Any], timeout_s: float) -> None:
+    """Wait until any of ``events`` is set, at most ``timeout_s``; go on alone after."""
+    deadline = time.monotonic() + timeout_s
+    while not any(e.is_set() for e in events) and time.monotonic() < deadline:
+        events[0].wait(timeout=0.02)
+
+
 def revoke_in_step(
     settings: Settings, key_id: str, role: str, sync: dict[str, Any], out: Any
 ) -> None:
     """Revoke ``key_id`` in step with the other racer: both read the key live; ``first``
     revokes it and waits before its audit append until ``second`` (which revokes only
-    after ``first`` committed) has finished its whole call."""
+    after ``first`` committed) has finished its whole call.
+
+    Since bug DL the second cannot read, nor finish, while the first holds the
+    revocation lock: the first would wait out both bounds (3 s, then 10 s) for what
+    cannot come. The second first tries the lock for ``LOCK_TRY_S``; refused (the
+    first holds it), it sets ``second_locked_out`` and queues for it as before, and the
+    first goes on alone at once. A kernel without the lock never refuses it: the racers
+    then meet as before."""
     from uprof.apikeys.store import ApiKeyStore
+    from uprof.backends import backend_for
 
     kernel = build_kernel(settings, FakeClock())
     live_app_of, revoke = ApiKeyStore.live_app_of, ApiKeyStore.revoke
     record_many = kernel.audit.record_many
+    backend = type(backend_for(kernel.keys_engine))
+    named_lock = backend.named_lock
 
     def read_live(self: ApiKeyStore, kid: str) -> str | None:
         found = live_app_of(self, kid)
         if role == "first":
             sync["first_read"].set()
-        # Since bug DL the second cannot read while the first holds the revocation lock:
-        # the first goes on alone (decision 0127-review-of-0121).
-        _meet(sync["both_read"], 3.0)
+            _first_of([sync["second_read"], sync["second_locked_out"]], 3.0)
+        else:
+            sync["second_read"].set()
         return found
 
     def revoke_in_turn(self: ApiKeyStore, kid: str) -> bool:
@@ -74,13 +97,22 @@ def revoke_in_step(
         return done
 
     def append_in_turn(*args: Any, **kwargs: Any) -> Any:
-        if role == "first":
-            sync["second_done"].wait(timeout=10)  # on a fixed kernel the second writes none
+        if role == "first":  # on a fixed kernel the second writes none
+            _first_of([sync["second_done"], sync["second_locked_out"]], 10.0)
         return record_many(*args, **kwargs)
+
+    def lock_tried_first(self: Any, engine: Any, name: str, **kwargs: Any) -> Any:
+        if role == "second" and name == "apikey-revocation":
+            with named_lock(self, engine, name, **{**kwargs, "wait_s": LOCK_TRY_S}) as held:
+                pass
+            if not held:
+                sync["second_locked_out"].set()
+        return named_lock(self, engine, name, **kwargs)
 
     ApiKeyStore.live_app_of = read_live  # type: ignore[method-assign]
     ApiKeyStore.revoke = revoke_in_turn  # type: ignore[method-assign]
     kernel.audit.record_many = append_in_turn  # type: ignore[method-assign]
+    backend.named_lock = lock_tried_first  # type: ignore[method-assign]
     try:
         if role == "second":  # the roles as named, whichever process starts first
             assert sync["first_read"].wait(timeout=60)

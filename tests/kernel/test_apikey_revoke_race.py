@@ -39,7 +39,8 @@ def test_two_processes_revoking_one_key_record_the_revocation_as_it_happened(
     ctx = children.CONTEXT
     sync = {
         "first_read": ctx.Event(),
-        "both_read": ctx.Barrier(2),
+        "second_read": ctx.Event(),
+        "second_locked_out": ctx.Event(),
         "first_revoked": ctx.Event(),
         "second_done": ctx.Event(),
     }

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +13,12 @@ import pytest
 
 from audit._codec import b64encode
 from audit.errors import AuditKeyError
-from audit.keyring import HISTORY_FILE
+from audit.keyring import HISTORY_FILE, LOCK_FILE
 from audit.keys import public_key_pem
 from audit.receipts import verify_receipt
 from domain.errors import PermissionDeniedError
 from domain.principal import Principal, PrincipalKind
+from tests.children import until_ended_or_blocked_on
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import running, settings_for
@@ -119,10 +119,9 @@ def test_a_start_during_a_rotation_does_not_take_over_its_entry(
             """,
         )
         wait_for(started, starting)
-        try:  # the start finishes (old code) or waits for the rotation (fixed)
-            starting.wait(10)
-        except subprocess.TimeoutExpired:
-            pass
+        # The start finishes (old code) or waits for the rotation (fixed): once it is
+        # seen blocked on the key ring's flock, the rotation goes on, not after 10 s.
+        until_ended_or_blocked_on(starting, settings.key_path / LOCK_FILE, 10)
     finally:
         go.touch()
     out, err = rotating.communicate(timeout=120)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -46,6 +45,7 @@ from tests.kernel.test_erasure_leftovers import (
 )
 from tests.kernel.test_import_idempotency import record
 from tests.kernel.test_simultaneous_erasure_receipts import checked_offline
+from uprof.crypto.keydir import SETTLE_HOST_LOCK_FILE
 from uprof.kernel import Uprof
 from uprof.services.backup import backup, restore
 from uprof.services.erasure import _Draft
@@ -360,11 +360,11 @@ def test_a_settle_host_run_beside_another_is_not_told_the_host_is_alive(
         second = children.PythonChild(
             SETTLE, "erase", "settle-host", OTHER_HOST, "--yes", env=_cli_env(settings)
         )
-        try:
-            # On main it answers at once; taking turns, it waits for the first run.
-            second.wait(timeout=20)
-        except subprocess.TimeoutExpired:  # still waiting: let the first run finish
-            pass
+        # On main it answers at once; taking turns, it waits for the first run. Once it
+        # is seen blocked on the turn's flock it can only wait: the first run goes on
+        # then, not after the whole 20 s.
+        turn = settings.key_path / SETTLE_HOST_LOCK_FILE
+        children.until_ended_or_blocked_on(second, turn, 20)
     finally:
         go.set()
     settled, refused = out.get(timeout=120)

@@ -19,6 +19,7 @@ from tests.kernel.test_simultaneous_erasure_receipts import Held, request_of
 from uprof.settings import Settings
 
 KEY = "withdraw-erase-1"
+IN_PROGRESS_WAIT_S = 1.0  # request_in_progress_wait_s of the held test
 
 
 def keyed_withdrawal(consent_id: str, kernel: Any) -> Any:
@@ -66,6 +67,9 @@ def test_a_keyed_withdrawal_resent_while_the_first_erases_runs_one_erasure(
     setup: tuple[Settings, str], hold: str
 ) -> None:
     settings, consent_id = setup
+    # The first is held until the resend has answered, so the resend's wait for it can
+    # only end refused: 1 s of it shows that as well as the default 10 s did.
+    settings = settings.model_copy(update={"request_in_progress_wait_s": IN_PROGRESS_WAIT_S})
     call = functools.partial(keyed_withdrawal, consent_id)
     first = Held(settings, hold, call=call)
     resend = Held(settings, call=call)
