@@ -46,7 +46,7 @@ def test_tc_a_data_folder_configured_as_this_users_link_is_used(tmp_path: Path) 
     volume.mkdir(mode=0o700)
     link = tmp_path / "data"
     link.symlink_to(volume)
-    done = _cli(link, "--key-dir", str(tmp_path / "keys"), "apps", "list")
+    done = _cli(link, "--key-dir", str(tmp_path / "keys"), "init")
     assert done.returncode == 0, _said(done)
     assert (volume / "events.sqlite").exists()  # the stores are in the link's target
 
@@ -70,7 +70,7 @@ def test_tc_a_link_to_a_folder_open_to_all_is_still_refused(tmp_path: Path) -> N
     (shared / "volume").mkdir(mode=0o700)
     link = tmp_path / "data"
     link.symlink_to(shared / "volume")
-    done = _cli(link, "--key-dir", str(tmp_path / "keys"), "apps", "list")
+    done = _cli(link, "--key-dir", str(tmp_path / "keys"), "init")
     said = _said(done)
     assert done.returncode == 1, said
     assert f"refused the data folder {shared / 'volume'}" in said
@@ -89,7 +89,7 @@ def test_td_a_link_on_the_way_owned_by_another_user_is_refused(tmp_path: Path) -
     hop = tmp_path / "hop"
     hop.symlink_to(mine)
     os.lchown(hop, _STRANGER, _STRANGER)
-    done = _cli(hop / "data", "--key-dir", str(tmp_path / "keys"), "apps", "list")
+    done = _cli(hop / "data", "--key-dir", str(tmp_path / "keys"), "init")
     said = _said(done)
     assert done.returncode != 0, said
     assert f"refused the data folder {hop / 'data'}" in said, said
@@ -102,7 +102,7 @@ def test_td_a_link_on_the_way_owned_by_another_user_is_refused(tmp_path: Path) -
 
 def test_held_a_relative_data_folder_is_used(tmp_path: Path) -> None:
     tmp_path.chmod(0o755)
-    done = _cli("rel-data", "--key-dir", str(tmp_path / "keys"), "apps", "list", cwd=tmp_path)
+    done = _cli("rel-data", "--key-dir", str(tmp_path / "keys"), "init", cwd=tmp_path)
     assert done.returncode == 0, _said(done)
     assert (tmp_path / "rel-data" / "events.sqlite").exists()
 
@@ -112,7 +112,7 @@ def test_held_a_data_folder_under_tmps_sticky_folder_is_used(tmp_path: Path) -> 
     sticky.mkdir()
     sticky.chmod(0o1777)
     data = sticky / "data"
-    done = _cli(data, "--key-dir", str(tmp_path / "keys"), "apps", "list")
+    done = _cli(data, "--key-dir", str(tmp_path / "keys"), "init")
     assert done.returncode == 0, _said(done)
 
 
@@ -129,7 +129,7 @@ def test_held_a_folder_above_owned_by_another_user_is_refused(tmp_path: Path) ->
     theirs = tmp_path / "theirs"
     theirs.mkdir(mode=0o755)
     os.chown(theirs, _STRANGER, _STRANGER)
-    done = _cli(theirs / "data", "--key-dir", str(tmp_path / "keys"), "apps", "list")
+    done = _cli(theirs / "data", "--key-dir", str(tmp_path / "keys"), "init")
     said = _said(done)
     assert done.returncode == 1, said
     assert f"owned by uid {_STRANGER}, who could replace it" in said
@@ -141,7 +141,7 @@ def test_held_a_folder_above_writable_by_another_group_is_refused(tmp_path: Path
     shared.mkdir()
     os.chown(shared, os.geteuid(), _STRANGER)  # a group the databases do not know
     shared.chmod(0o2775)
-    done = _cli(shared / "data", "--key-dir", str(tmp_path / "keys"), "apps", "list")
+    done = _cli(shared / "data", "--key-dir", str(tmp_path / "keys"), "init")
     said = _said(done)
     assert done.returncode == 1, said
     assert "writable by other users (mode 2775)" in said

@@ -27,7 +27,7 @@ def test_a_key_folder_under_a_group_writable_folder_is_refused_with_the_remedy(
     deploy.mkdir()
     deploy.chmod(0o777)
     settings = Settings(data_dir=deploy / "data", embedder="hashing")
-    done = _uprof(settings, "policy", "show")
+    done = _uprof(settings, "init")
     said = " ".join((done.stdout + done.stderr).split())
     assert done.returncode == 1, said
     assert f"it is under {deploy}, writable by other users (mode 0777)" in said, said
@@ -50,7 +50,7 @@ def test_rw_a_refused_first_start_leaves_no_folder_it_made_above_the_key_folder(
     own parents missing) are all removed; the open folder above was there, and stays."""
     deploy = _open_deploy(tmp_path)
     settings = Settings(data_dir=deploy / "a" / "b" / "data", embedder="hashing")
-    done = _uprof(settings, "policy", "show")
+    done = _uprof(settings, "init")
     assert done.returncode == 1, done.stdout + done.stderr
     assert "writable by other users (mode 0777)" in " ".join(done.stderr.split())
     assert sorted(deploy.iterdir()) == [], "a refused first start left folders it made"
@@ -65,7 +65,7 @@ def test_rw_a_key_folder_that_was_there_is_not_removed_by_the_refusal(tmp_path: 
     keys.mkdir(mode=0o700)
     before = keys.stat()
     settings = Settings(data_dir=deploy / "data", embedder="hashing")
-    done = _uprof(settings, "policy", "show")
+    done = _uprof(settings, "init")
     assert done.returncode == 1, done.stdout + done.stderr
     assert sorted(deploy.iterdir()) == [keys]
     after = keys.stat()
