@@ -1,0 +1,175 @@
+"""Readers of the views beside another process's ``projections rebuild`` (SQLite and
+PostgreSQL, real processes; decision XXXX-readers-beside-a-rebuild).
+
+A rebuild resets the views and replays the log into them under the views' schema lock
+(0166-backup-beside-rebuild). Halfway, the views list only what the replay has passed.
+0236-review-of-0232 attacked a history read of the subject there (bug WF); these attack
+the other readers of a process that was already running, with the rebuild in a process
+of its own held just after its reset (0233's ``_REBUILD_WHEN_TOLD``), or killed -9 there.
+
+The scenario is 0236's: an item erasure killed between its ledger record and its
+``ItemsErased`` leaves the item's events in the log with no erasure of them, so every
+replay lists the item again until someone erases it again. A read of the subject asks
+the ledger first (bug IP), and then catches the views up: bug WY, the ask looked at the
+views before they were caught up, found nothing listed, and the catch-up brought the
+item back into the answer.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from domain.errors import UprofError
+from tests.conftest import Backend
+from tests.fakes.ports import FakeClock
+from tests.kernel.conftest import APP, SAIL, build_kernel, sail_intent_of_alice, settings_for
+from tests.kernel.test_erasure_leftovers import _killed_after_record
+from tests.kernel.test_review_0232_views_halfway import _let_go, _listed, _rebuild_child
+from tests.kernel.test_start_beside_a_rebuild import WAIT_S, _wait_for
+from uprof.kernel import Uprof
+from uprof.services.residue import ResidueReport
+
+
+def _profile(kernel: Uprof) -> Any:
+    return [i.item_id for i in kernel.profile("alice").intents]
+
+
+def _export(kernel: Uprof) -> Any:
+    return kernel.export_subject("alice")
+
+
+def _slice(kernel: Uprof) -> Any:
+    return kernel.slice(
+        "alice",
+        f"learn to {SAIL}",
+        budget_tokens=512,
+        purpose="personalization",
+        app_id=APP,
+        agent_id="agent:one",
+    )
+
+
+READERS: dict[str, Callable[[Uprof], Any]] = {
+    "profile": _profile,
+    "export": _export,
+    "slice": _slice,
+}
+
+
+def _served(answer: Any, item_id: str) -> bool:
+    """Whether an answer (item ids, an export, a slice) names the erased item (the
+    canary's words stay in the capture and in the memory drawn from it: the erasure
+    took the intent only)."""
+    return item_id in str(answer)
+
+
+def _scan(kernel: Uprof) -> ResidueReport | UprofError:
+    """The residue scan for the canary, or the error it was refused with."""
+    try:
+        return kernel.residue_scan([SAIL])
+    except UprofError as refused:
+        return refused
+
+
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_wy_a_read_halfway_through_a_replay_serves_no_erased_item(
+    backend: Backend, clock: FakeClock, tmp_path: Path, reader: str
+) -> None:
+    """Bug WY: a running process reads the subject (profile, export, slice) while another
+    process's rebuild has reset the views. The read asked the ledger, found the item not
+    listed and erased nothing; its own catch-up then replayed the log into the views and
+    it served the erased item (once: the next read erased it)."""
+    settings = settings_for(backend)
+    kernel = build_kernel(settings, clock)
+    try:
+        intent = sail_intent_of_alice(kernel)
+        assert _served(READERS[reader](kernel), intent.item_id)  # the reader shows it
+        child, signals = _rebuild_child(backend, tmp_path)
+        try:
+            _killed_after_record(settings, "item", intent.item_id)
+            assert _listed(kernel, intent.item_id)
+            signals["start"].touch()
+            assert _wait_for(signals["reset"], child, WAIT_S), "the rebuild never reset"
+            assert not _listed(kernel, intent.item_id)  # halfway: not replayed yet
+            answer = READERS[reader](kernel)
+        finally:
+            _let_go(child, signals)
+        assert not _served(answer, intent.item_id), (
+            f"the {reader} read halfway through another process's replay served the erased item"
+        )
+        kernel.process()
+        assert not _listed(kernel, intent.item_id)
+        assert not _served(READERS[reader](kernel), intent.item_id)
+    finally:
+        kernel.close()
+
+
+def test_wy_a_rebuild_killed_halfway_then_every_reader(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """The rebuild killed -9 just after its reset (its lock goes with it; the views are
+    empty, their positions 0). The process that was running reads on: the residue scan
+    is not clean (the interrupted erasure is a finding whatever the views hold); the
+    profile, the export and the slice do not serve the erased item; a rebuild from the
+    log then gives the views the live projection holds."""
+    settings = settings_for(backend)
+    kernel = build_kernel(settings, clock)
+    try:
+        intent = sail_intent_of_alice(kernel)
+        child, signals = _rebuild_child(backend, tmp_path)
+        try:
+            _killed_after_record(settings, "item", intent.item_id)
+            signals["start"].touch()
+            assert _wait_for(signals["reset"], child, WAIT_S), "the rebuild never reset"
+        finally:
+            os.kill(child.pid, signal.SIGKILL)
+            child.communicate(timeout=WAIT_S)
+        assert child.returncode == -signal.SIGKILL
+        assert not _listed(kernel, intent.item_id)  # the views are empty
+        scanned = _scan(kernel)
+        assert not (isinstance(scanned, ResidueReport) and scanned.clean), scanned
+        for name, read in sorted(READERS.items()):
+            assert not _served(read(kernel), intent.item_id), (
+                f"after a rebuild killed halfway, the {name} read served the erased item"
+            )
+        assert not _listed(kernel, intent.item_id)
+        assert kernel.ensure_fresh(10)  # the reads served above, recorded and projected
+        live = kernel.queries.table_digest()
+        kernel.rebuild()
+        assert kernel.queries.table_digest() == live
+        assert not _served(_profile(kernel), intent.item_id)
+    finally:
+        kernel.close()
+
+
+def test_held_a_residue_scan_halfway_is_not_clean(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """The residue scan halfway through another process's replay: the erased item's
+    words are not in the views as plaintext at any time (the scan found none before the
+    rebuild either), and the interrupted erasure is a finding of its own, read from the
+    ledger, not the views: the scan is not clean halfway, nor after."""
+    settings = settings_for(backend)
+    kernel = build_kernel(settings, clock)
+    try:
+        intent = sail_intent_of_alice(kernel)
+        child, signals = _rebuild_child(backend, tmp_path)
+        try:
+            _killed_after_record(settings, "item", intent.item_id)
+            before = _scan(kernel)
+            signals["start"].touch()
+            assert _wait_for(signals["reset"], child, WAIT_S), "the rebuild never reset"
+            halfway = _scan(kernel)
+        finally:
+            _let_go(child, signals)
+        for result in (before, halfway, _scan(kernel)):
+            assert isinstance(result, ResidueReport), result
+            assert [f.kind for f in result.findings] == ["erasure"], result.findings
+    finally:
+        kernel.close()
