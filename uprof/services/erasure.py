@@ -1015,7 +1015,8 @@ class ErasureService:
 
     def erase_recorded_items(self, stream_id: UUID) -> int:
         """Erase the items the ledger names for this stream that the views still list,
-        or that the log holds no erasure of; returns how many. Asked before a read of the subject is served (bug IP).
+        or that the log holds no erasure of; returns how many. Asked before a read of the
+        subject is served (bug IP).
 
         An item erasure records itself in the ledger before it appends its
         ``ItemsErased`` (so that a restore or a retry finishes it); a request killed
