@@ -19,19 +19,31 @@ from __future__ import annotations
 
 import os
 import signal
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from domain.errors import UprofError
+from domain.errors import ReadTimeoutError, UprofError
+from tests.children import PythonChild
 from tests.conftest import Backend
 from tests.fakes.ports import FakeClock
-from tests.kernel.conftest import APP, SAIL, build_kernel, sail_intent_of_alice, settings_for
+from tests.kernel.conftest import (
+    APP,
+    SAIL,
+    build_kernel,
+    consent,
+    running,
+    sail_intent_of_alice,
+    say,
+    settings_for,
+)
 from tests.kernel.test_erasure_leftovers import _killed_after_record
 from tests.kernel.test_review_0232_views_halfway import _let_go, _listed, _rebuild_child
 from tests.kernel.test_start_beside_a_rebuild import WAIT_S, _wait_for
+from uprof.backends import SchemaLockWaitError
 from uprof.kernel import Uprof
 from uprof.services.residue import ResidueReport
 
@@ -148,28 +160,153 @@ def test_wy_a_rebuild_killed_halfway_then_every_reader(
         kernel.close()
 
 
-def test_held_a_residue_scan_halfway_is_not_clean(
+#: A real rebuild in a process of its own held inside its replay: its first batch read
+#: (after the reset), it says so and waits to be let go before applying it.
+_REBUILD_HELD_IN_ITS_REPLAY = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from tests.conftest import Backend
+    from tests.fakes.ports import FakeClock
+    from tests.kernel.conftest import build_kernel, settings_for
+
+    backend = Backend(sys.argv[1], sys.argv[2], Path(sys.argv[3]))
+    applying, go = Path(sys.argv[4]), Path(sys.argv[5])
+    kernel = build_kernel(settings_for(backend), FakeClock())
+    views = kernel.projections._views
+    apply = views.apply_batch
+
+    def held(*args, **kwargs):
+        if not applying.exists():
+            applying.touch()
+            while not go.exists():
+                time.sleep(0.01)
+        return apply(*args, **kwargs)
+
+    views.apply_batch = held
+    try:
+        print("replayed", kernel.rebuild())
+    finally:
+        kernel.close()
+    """
+)
+
+
+def test_held_an_erasure_and_a_worker_beside_a_rebuild_held_in_its_replay(
     backend: Backend, clock: FakeClock, tmp_path: Path
 ) -> None:
-    """The residue scan halfway through another process's replay: the erased item's
-    words are not in the views as plaintext at any time (the scan found none before the
-    rebuild either), and the interrupted erasure is a finding of its own, read from the
-    ledger, not the views: the scan is not clean halfway, nor after."""
+    """Another process's rebuild has reset the views and read its first batch (the log
+    up to the item) when a running process erases the item (its receipt issued once its
+    own catch-up passed the erasure) and projects a new capture as a worker does. Let go,
+    the rebuild's batch must not list the item again, nor project anything twice: the
+    views are then what a rebuild from the log gives."""
     settings = settings_for(backend)
     kernel = build_kernel(settings, clock)
     try:
         intent = sail_intent_of_alice(kernel)
+        applying, go = tmp_path / "applying", tmp_path / "go"
+        child = PythonChild(
+            _REBUILD_HELD_IN_ITS_REPLAY,
+            backend.kind,
+            backend.url,
+            str(backend.data_dir),
+            str(applying),
+            str(go),
+        )
+        try:
+            assert _wait_for(applying, child, WAIT_S), "the rebuild never read a batch"
+            result = kernel.erase_item("alice", intent.item_id)
+            assert result.receipt is not None
+            kernel.capture("alice", say("I live in Porto", ref="porto"))
+            kernel.process()
+        finally:
+            go.touch()
+            out, err = child.communicate(timeout=WAIT_S)
+        kernel.process()
+        assert not _listed(kernel, intent.item_id), (
+            f"the rebuild listed the erased item again after its receipt ({out} {err[-2000:]})"
+        )
+        assert not _served(_profile(kernel), intent.item_id)
+        assert kernel.ensure_fresh(10)
+        live = kernel.queries.table_digest()
+        kernel.rebuild()
+        assert kernel.queries.table_digest() == live
+        print("REBUILD", child.returncode, out, err[-1500:])
+    finally:
+        kernel.close()
+
+
+def _bob_erased_and_alice_held(kernel: Uprof) -> None:
+    """Bob erased whole (his receipt issued), alice holding her intent: a scan of the
+    whole views is clean."""
+    consent(kernel, "bob")
+    kernel.capture("bob", say(f"Bob wants to {SAIL} too", ref="bob"))
+    sail_intent_of_alice(kernel)
+    kernel.erase_subject("bob")
+    kernel.process()
+    whole = _scan(kernel)
+    assert isinstance(whole, ResidueReport) and whole.clean, whole
+
+
+def test_wz_a_residue_scan_halfway_through_a_replay_says_nothing_clean(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Bug WZ: the residue scan of a running process, while another process's rebuild had
+    reset the views and not replayed them, checked the erased streams' rows in views that
+    held none of anyone's, and said clean ("residue: 0"): a check that could not fail.
+    It now scans under the rebuild's own lock: beside a rebuild that outlasts the wait,
+    it is refused, and after it, it scans the whole views."""
+    settings = settings_for(backend).model_copy(update={"schema_lock_wait_s": 1.0})
+    kernel = build_kernel(settings, clock)
+    try:
+        _bob_erased_and_alice_held(kernel)
         child, signals = _rebuild_child(backend, tmp_path)
         try:
-            _killed_after_record(settings, "item", intent.item_id)
-            before = _scan(kernel)
             signals["start"].touch()
             assert _wait_for(signals["reset"], child, WAIT_S), "the rebuild never reset"
             halfway = _scan(kernel)
         finally:
             _let_go(child, signals)
-        for result in (before, halfway, _scan(kernel)):
-            assert isinstance(result, ResidueReport), result
-            assert [f.kind for f in result.findings] == ["erasure"], result.findings
+        assert not isinstance(halfway, ResidueReport), (
+            f"the residue scan reported over views another process was replaying: {halfway}"
+        )
+        assert isinstance(halfway, SchemaLockWaitError), halfway
+        after = _scan(kernel)
+        assert isinstance(after, ResidueReport) and after.clean, after
     finally:
         kernel.close()
+
+
+def test_wz_a_residue_scan_over_views_a_killed_rebuild_left_empty(
+    backend: Backend, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Bug WZ, killed: the rebuild killed -9 after its reset leaves the views empty and
+    their positions at 0, its lock gone with it. A server whose workers do not catch the
+    views up (``serve --no-worker``, or workers stopped) scanned them and said clean;
+    the scan now waits for the views to catch up with the log, bounded, and is refused
+    (503 ``read_timeout``) when they do not."""
+    settings = settings_for(backend)
+    with running(settings, clock) as setup:
+        _bob_erased_and_alice_held(setup)
+    stalled = settings.model_copy(update={"background_workers": True, "read_wait_timeout_s": 0.5})
+    kernel = build_kernel(stalled, clock)
+    try:
+        child, signals = _rebuild_child(backend, tmp_path)
+        try:
+            signals["start"].touch()
+            assert _wait_for(signals["reset"], child, WAIT_S), "the rebuild never reset"
+        finally:
+            os.kill(child.pid, signal.SIGKILL)
+            child.communicate(timeout=WAIT_S)
+        assert child.returncode == -signal.SIGKILL
+        assert kernel.projections.position == 0
+        scanned = _scan(kernel)
+        assert isinstance(scanned, ReadTimeoutError), (
+            f"the residue scan reported over views a killed rebuild left empty: {scanned}"
+        )
+    finally:
+        kernel.close()
+    with running(settings, clock) as caught_up:
+        caught_up.process()
+        after = _scan(caught_up)
+        assert isinstance(after, ResidueReport) and after.clean, after
