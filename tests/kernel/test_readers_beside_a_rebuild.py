@@ -43,6 +43,7 @@ from tests.kernel.conftest import (
 from tests.kernel.test_erasure_leftovers import _killed_after_record
 from tests.kernel.test_review_0232_views_halfway import _let_go, _listed, _rebuild_child
 from tests.kernel.test_start_beside_a_rebuild import WAIT_S, _wait_for
+from uprof.api.errors import classify, retry_after_s
 from uprof.backends import SchemaLockWaitError
 from uprof.kernel import Uprof
 from uprof.services.residue import ResidueReport
@@ -271,6 +272,8 @@ def test_wz_a_residue_scan_halfway_through_a_replay_says_nothing_clean(
             f"the residue scan reported over views another process was replaying: {halfway}"
         )
         assert isinstance(halfway, SchemaLockWaitError), halfway
+        # The console's scan answers it as a temporary refusal, not a fault.
+        assert (classify(halfway), retry_after_s(halfway)) == ((503, "store_unavailable"), 5)
         after = _scan(kernel)
         assert isinstance(after, ResidueReport) and after.clean, after
     finally:
