@@ -173,7 +173,8 @@ _REBUILD_HELD_IN_ITS_REPLAY = textwrap.dedent(
 
     backend = Backend(sys.argv[1], sys.argv[2], Path(sys.argv[3]))
     applying, go = Path(sys.argv[4]), Path(sys.argv[5])
-    kernel = build_kernel(settings_for(backend), FakeClock())
+    settings = settings_for(backend).model_copy(update={"worker_partitions": int(sys.argv[6])})
+    kernel = build_kernel(settings, FakeClock())
     views = kernel.projections._views
     apply = views.apply_batch
 
@@ -193,15 +194,17 @@ _REBUILD_HELD_IN_ITS_REPLAY = textwrap.dedent(
 )
 
 
+@pytest.mark.parametrize("partitions", [1, 2])
 def test_held_an_erasure_and_a_worker_beside_a_rebuild_held_in_its_replay(
-    backend: Backend, clock: FakeClock, tmp_path: Path
+    backend: Backend, clock: FakeClock, tmp_path: Path, partitions: int
 ) -> None:
     """Another process's rebuild has reset the views and read its first batch (the log
     up to the item) when a running process erases the item (its receipt issued once its
     own catch-up passed the erasure) and projects a new capture as a worker does. Let go,
     the rebuild's batch must not list the item again, nor project anything twice: the
-    views are then what a rebuild from the log gives."""
-    settings = settings_for(backend)
+    views are then what a rebuild from the log gives. With two pipeline partitions too
+    (each its own position; the rebuild replays both)."""
+    settings = settings_for(backend).model_copy(update={"worker_partitions": partitions})
     kernel = build_kernel(settings, clock)
     try:
         intent = sail_intent_of_alice(kernel)
@@ -213,6 +216,7 @@ def test_held_an_erasure_and_a_worker_beside_a_rebuild_held_in_its_replay(
             str(backend.data_dir),
             str(applying),
             str(go),
+            str(partitions),
         )
         try:
             assert _wait_for(applying, child, WAIT_S), "the rebuild never read a batch"
