@@ -1046,8 +1046,25 @@ class Uprof:
         return self.subjects.pseudonym(subject)
 
     def residue_scan(self, terms: Sequence[str]) -> ResidueReport:
-        """Scan every store for the terms and for decryptable data of erased subjects."""
+        """Scan every store for the terms and for decryptable data of erased subjects.
+
+        Never over views halfway through a replay (bug WZ): under the views' schema lock,
+        which a ``projections rebuild`` holds from before its reset to the end of its
+        replay (a rebuild in another process waits for the scan, or the scan for it, up
+        to ``schema_lock_wait_s``). Halfway the views hold few rows of anyone, and the
+        rows-left check of the erased streams said clean about views it had not seen
+        whole. Views as they stand otherwise, behind the log or not: an erasure under way
+        is reported as it is (its rows, labelled), and a catch-up would write no row of
+        an erased stream (its events do not open)."""
+        from uprof.storage import schema_lock
+
         self._settle_reads()
+        with schema_lock(
+            self.views_engine, wait_s=self.settings.schema_lock_wait_s, purpose="residue scan"
+        ):
+            return self._residue_scan(terms)
+
+    def _residue_scan(self, terms: Sequence[str]) -> ResidueReport:
         report = ResidueReport()
         ledger = self.keystore.ledger
         start = erasures_at(ledger) if ledger is not None else None

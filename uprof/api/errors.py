@@ -44,6 +44,7 @@ from domain.errors import (
     SubjectNotFoundError,
     UprofError,
 )
+from uprof.backends import SchemaLockWaitError
 from uprof.backends.damage import log_store_damage, store_damage
 from uprof.backends.sqlite import sqlite_did_not_answer
 from uprof.facade import PolicyStoreError
@@ -83,6 +84,9 @@ STATUS_TABLE: tuple[tuple[type[UprofError], int, str], ...] = (
     # The database itself did not answer (``store_outage``): temporary too, and a
     # privacy-center sign-in refused for it keeps its link (bug NH; it was 500).
     (StoreUnavailableError, 503, "store_unavailable"),
+    # A residue scan from the console beside a rebuild that outlasts ``schema_lock_wait_s``
+    # (XXXX-readers-beside-a-rebuild): the views are being replayed, ask again later.
+    (SchemaLockWaitError, 503, "store_unavailable"),
     (StoredDataDamagedError, 500, "stored_data_damaged"),
     (UprofError, 500, "internal"),
 )
@@ -128,6 +132,7 @@ def retry_after_s(error: UprofError) -> int | None:
         (RequestInProgressError, REQUEST_IN_PROGRESS_RETRY_AFTER_S),
         (PolicyStoreError, POLICY_STORE_RETRY_AFTER_S),
         (StoreUnavailableError, STORE_UNAVAILABLE_RETRY_AFTER_S),
+        (SchemaLockWaitError, STORE_UNAVAILABLE_RETRY_AFTER_S),
     )
     return next((wait for cls, wait in waits if isinstance(error, cls)), None)
 

@@ -1014,8 +1014,9 @@ class ErasureService:
         return _moved_to(draft, position)
 
     def erase_recorded_items(self, stream_id: UUID) -> int:
-        """Erase the items the ledger names for this stream that the views still list;
-        returns how many. Asked before a read of the subject is served (bug IP).
+        """Erase the items the ledger names for this stream that the views still list,
+        or that the log holds no erasure of; returns how many. Asked before a read of the
+        subject is served (bug IP).
 
         An item erasure records itself in the ledger before it appends its
         ``ItemsErased`` (so that a restore or a retry finishes it); a request killed
@@ -1024,9 +1025,8 @@ class ErasureService:
         guards an item, so the reader appends the event itself (``erasure-reapplied``,
         as a start does); an erasure still running appends its own too, which removes
         nothing more. Costs one dictionary look-up per read when the ledger names no item
-        of the stream, and one pass over its views and one read of its stream once per
-        ledger state otherwise (each read while the views list none of the items and the
-        log holds no erasure of them: views being replayed)."""
+        of the stream, and one pass over its views (and a read of its stream when they list
+        none of the items) once per ledger state otherwise."""
         ledger = self._keystore.ledger
         if ledger is None:
             return 0
@@ -1043,13 +1043,18 @@ class ErasureService:
         doomed = sorted(wanted & listed)
         if not doomed:
             # Not listed is gone for good only once the log holds their erasure: every
-            # replay then purges them again. Views halfway through another process's
-            # rebuild (reset, replaying) do not list what the replay has not reached yet;
-            # remembered as gone then, the items came back with the replay and this
-            # process served them on every read (bug WF). Otherwise asked again.
-            if wanted <= self._app.erased_item_ids(stream_id):
+            # replay then purges them again. Views behind the log do not list what they
+            # have not reached yet: halfway through another process's rebuild (reset,
+            # replaying), or left empty by one killed -9. Remembered as gone then, the
+            # items came back with the replay and this process served them on every read
+            # (bug WF); erasing nothing, the read caught the views up after this look and
+            # served them once, as did an export or a slice (bug WY). The log decides:
+            # what it holds no erasure of is erased now (ids the log never held cost one
+            # event naming them, once).
+            doomed = sorted(wanted - self._app.erased_item_ids(stream_id))
+            if not doomed:
                 self._items_gone.add((stream, wanted))
-            return 0
+                return 0
         try:
             self.reapply_items(stream_id, doomed)
         except SubjectErasedError:
