@@ -1,5 +1,5 @@
 """Readers of the views beside another process's ``projections rebuild`` (SQLite and
-PostgreSQL, real processes; decision XXXX-readers-beside-a-rebuild).
+PostgreSQL, real processes; decision 0240-readers-beside-a-rebuild).
 
 A rebuild resets the views and replays the log into them under the views' schema lock
 (0166-backup-beside-rebuild). Halfway, the views list only what the replay has passed.

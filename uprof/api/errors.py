@@ -85,7 +85,7 @@ STATUS_TABLE: tuple[tuple[type[UprofError], int, str], ...] = (
     # privacy-center sign-in refused for it keeps its link (bug NH; it was 500).
     (StoreUnavailableError, 503, "store_unavailable"),
     # A residue scan from the console beside a rebuild that outlasts ``schema_lock_wait_s``
-    # (XXXX-readers-beside-a-rebuild): the views are being replayed, ask again later.
+    # (0240-readers-beside-a-rebuild): the views are being replayed, ask again later.
     (SchemaLockWaitError, 503, "store_unavailable"),
     (StoredDataDamagedError, 500, "stored_data_damaged"),
     (UprofError, 500, "internal"),
