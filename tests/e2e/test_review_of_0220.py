@@ -12,16 +12,15 @@ traceback on every capture of that subject, the damage named nowhere.
 from __future__ import annotations
 
 import os
-import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
 from benchmarks.server_ready import popen_serving, stop_server, wait_until_healthy
+from tests.by_hand import by_hand
 from tests.conftest import Backend
 from tests.e2e.test_event_table_shape import TABLES, _alter, _deployment, _serve
 from tests.e2e.test_store_damage_servers import (
@@ -116,20 +115,7 @@ def _add_column(backend: Backend, settings: Settings, table: str) -> None:
 
 
 def _alter_by_hand(backend: Backend, settings: Settings, statement: str) -> None:
-    if backend.kind == "sqlite":
-        conn = sqlite3.connect(settings.data_dir / "events.sqlite")
-        try:
-            conn.execute(statement)
-            conn.commit()
-        finally:
-            conn.close()
-        return
-    engine = sa.create_engine(backend.url)
-    try:
-        with engine.begin() as conn:
-            conn.execute(sa.text(statement))
-    finally:
-        engine.dispose()
+    by_hand(backend, settings, "events.sqlite", statement)
 
 
 @pytest.mark.parametrize("backend", ["postgres"], indirect=True)

@@ -31,6 +31,7 @@ import pytest
 import sqlalchemy as sa
 
 from benchmarks.server_ready import popen_serving, stop_server, wait_until_healthy
+from tests.by_hand import by_hand
 from tests.conftest import Backend
 from tests.e2e.test_review_of_0224 import POLICY_TABLES, _recreated_with
 from tests.e2e.test_store_damage_servers import (
@@ -152,26 +153,6 @@ def live_policy_snapshot(backend: Backend, tmp_path: Path) -> Iterator[Live]:
     yield from _serve(_prepared(backend, policy_snapshot=True), tmp_path / "serve.stderr")
 
 
-def _by_hand(backend: Backend, settings: Settings, file: str, *statements: str) -> None:
-    """``statements`` by hand in one transaction (SQLite's ``file``; PostgreSQL's db)."""
-    if backend.kind == "sqlite":
-        conn = sqlite3.connect(settings.data_dir / file, timeout=30)
-        try:
-            for statement in statements:
-                conn.execute(statement)
-            conn.commit()
-        finally:
-            conn.close()
-        return
-    engine = sa.create_engine(backend.url)
-    try:
-        with engine.begin() as conn:
-            for statement in statements:
-                conn.execute(sa.text(statement))
-    finally:
-        engine.dispose()
-
-
 def _no_traceback(live: Live) -> str:
     log = live.log()
     assert not any(line in log for line in TRACEBACKS), log[-3000:]
@@ -249,7 +230,7 @@ def test_wr_a_served_first_write_into_a_column_retyped_is_damage_nothing_logged(
     write, stay: 0227's UT reads a subject as there only once its stream holds events).
     The deterministic road is ``tests/kernel/test_write_into_a_retyped_column.py``."""
     before = _written(backend, live.settings)
-    _by_hand(
+    by_hand(
         backend,
         live.settings,
         "events.sqlite",
@@ -322,7 +303,7 @@ def _attack_policy(backend: Backend, settings: Settings, attack: str) -> None:
     if backend.kind == "sqlite" and attack == "version-retyped":
         _recreated_with(settings, "policies.sqlite", "stored_events", "originator_version", "TEXT")
         return
-    _by_hand(backend, settings, "policies.sqlite", *_policy_statements(backend, attack))
+    by_hand(backend, settings, "policies.sqlite", *_policy_statements(backend, attack))
 
 
 def _every_policy_checked_route_answers_the_damage(backend: Backend, live: Live) -> None:

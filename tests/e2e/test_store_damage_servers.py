@@ -33,6 +33,7 @@ import pytest
 import sqlalchemy as sa
 
 from benchmarks.server_ready import popen_serving, stop_server, wait_until_healthy
+from tests.by_hand import by_hand
 from tests.conftest import Backend
 from tests.kernel.conftest import consented_settings
 from tests.policies.conftest import on_the_policy_table
@@ -109,26 +110,6 @@ def served(backend: Backend, tmp_path: Path) -> Iterator[Served]:
         stop_server(process)
 
 
-def _on_store(backend: Backend, settings: Settings, file: str, *statements: str) -> None:
-    """Run ``statements`` by hand on a store (SQLite's ``file``; PostgreSQL's database)."""
-    if backend.kind == "sqlite":
-        conn = sqlite3.connect(settings.data_dir / file)
-        try:
-            for statement in statements:
-                conn.execute(statement)
-            conn.commit()
-        finally:
-            conn.close()
-        return
-    engine = sa.create_engine(backend.url)
-    try:
-        with engine.begin() as conn:
-            for statement in statements:
-                conn.execute(sa.text(statement))
-    finally:
-        engine.dispose()
-
-
 def _count_events(backend: Backend, settings: Settings) -> int:
     table = EVENTS_TABLE[backend.kind]
     if backend.kind == "sqlite":
@@ -174,7 +155,7 @@ def test_sh_a_view_table_of_the_wrong_shape_is_stored_data_damaged(
     backend: Backend, served: Served
 ) -> None:
     """Bug SH (views): the consents' table with a column renamed by hand."""
-    _on_store(backend, served.settings, "views.sqlite", _RENAMED_APP_ID)
+    by_hand(backend, served.settings, "views.sqlite", _RENAMED_APP_ID)
     for _ in range(3):
         _damaged(served.post(*CONSENTS))
     _logged_once(served, "a table of the stores is not of the shape")
@@ -190,7 +171,7 @@ def test_sh_an_event_table_of_the_wrong_shape_refuses_the_capture_and_writes_not
     refused as damage and nothing is written."""
     table = EVENTS_TABLE[backend.kind]
     before = _count_events(backend, served.settings)
-    _on_store(
+    by_hand(
         backend,
         served.settings,
         "events.sqlite",
@@ -198,7 +179,7 @@ def test_sh_an_event_table_of_the_wrong_shape_refuses_the_capture_and_writes_not
     )
     for _ in range(2):
         _damaged(served.post(*CAPTURE))
-    _on_store(
+    by_hand(
         backend,
         served.settings,
         "events.sqlite",

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-import sqlalchemy as sa
 
 from policies import CasbinAuthorizer, copy_seed_policy
+from tests.by_hand import by_hand
 
 if TYPE_CHECKING:
     from tests.conftest import Backend
@@ -42,21 +41,7 @@ def model_file(tmp_path: Path) -> Path:
 
 def on_the_policy_table(backend: Backend, settings: Settings, *statements: str) -> None:
     """Run ``statements`` by hand on the policy store's event table, ``{table}`` naming it:
-    ``stored_events`` in SQLite's ``policies.sqlite`` (through the driver, never open():
-    FIELD-NOTES 8.1), ``policies_events`` on PostgreSQL. One transaction."""
-    if backend.kind == "sqlite":
-        conn = sqlite3.connect(settings.data_dir / "policies.sqlite")
-        try:
-            for statement in statements:
-                conn.execute(statement.format(table="stored_events"))
-            conn.commit()
-        finally:
-            conn.close()
-        return
-    engine = sa.create_engine(backend.url)
-    try:
-        with engine.begin() as conn:
-            for statement in statements:
-                conn.execute(sa.text(statement.format(table="policies_events")))
-    finally:
-        engine.dispose()
+    ``stored_events`` in SQLite's ``policies.sqlite``, ``policies_events`` on PostgreSQL.
+    One transaction."""
+    table = "stored_events" if backend.kind == "sqlite" else "policies_events"
+    by_hand(backend, settings, "policies.sqlite", *(s.format(table=table) for s in statements))
