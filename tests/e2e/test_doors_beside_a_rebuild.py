@@ -12,6 +12,7 @@ log. No sleep decides anything: each step waits on a file or on the server's hea
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -21,6 +22,8 @@ import httpx
 
 from benchmarks.server_ready import popen_serving, stop_server, wait_until_healthy
 from tests.api.conftest import PRIVACY
+from tests.api.mcp_messages import HELLO, rpc
+from tests.api.test_mcp_stdio_message_limit import _Answers
 from tests.children import PythonChild
 from tests.conftest import Backend
 from tests.e2e.test_review_0232_readiness import _stopped, _worker
@@ -222,3 +225,92 @@ def test_held_partition_workers_beside_a_rebuild_held_in_its_replay(
         live = after.queries.table_digest()
         after.rebuild()
         assert after.queries.table_digest() == live
+
+
+#: What the MCP door is asked: the slice tool and the profile resource.
+MCP_READS = {
+    "profile_slice": (
+        "tools/call",
+        {"name": "profile_slice", "arguments": {**READS["slice"][1]}},
+    ),
+    "profile resource": ("resources/read", {"uri": "uprof://profile/alice"}),
+}
+
+
+def test_held_mcp_reads_beside_a_rebuild_held_at_its_reset(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """A running ``uprof mcp --transport stdio`` (a real process, the planner's operator
+    key) answers the slice tool and the profile resource while another process's rebuild
+    has reset the views (the erasure killed after its ledger record): no answer names
+    the item, then or after, and the views end equal to a rebuild from the log."""
+    from uprof.api import ApiKeyStore
+
+    settings, clock = settings_for(backend), FakeClock()
+    with running(settings, clock) as setup:
+        intent = sail_intent_of_alice(setup)
+    keys = ApiKeyStore.open(settings)
+    try:
+        token = keys.create(APP, ["app", "operator"]).token
+    finally:
+        keys.close()
+    args = [sys.executable, "-m", "uprof.mcp", "--data-dir", str(settings.data_dir)]
+    args += ["--embedder", "hashing"]
+    args += ["--database-url", backend.url] if settings.database_url else []
+    args += ["mcp", "--transport", "stdio"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UPROF_")}
+    env |= {"UPROF_API_KEY": token, "HF_HUB_OFFLINE": "1"}
+    mcp = subprocess.Popen(
+        args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env
+    )
+    sent = iter(range(2, 1000))
+
+    def ask_all() -> dict[str, str]:
+        assert mcp.stdin is not None
+        out = {}
+        for name, (method, params) in MCP_READS.items():
+            mcp.stdin.write(rpc(method, next(sent), params).encode() + b"\n")
+            mcp.stdin.flush()
+            out[name] = json.dumps(answers.next())
+        return out
+
+    try:
+        assert mcp.stdin is not None
+        answers = _Answers(mcp)
+        mcp.stdin.write(json.dumps(HELLO).encode() + b"\n")
+        mcp.stdin.flush()
+        assert answers.next()["id"] == 1
+        mcp.stdin.write(rpc("notifications/initialized").encode() + b"\n")
+        mcp.stdin.flush()
+        before = ask_all()
+        assert all(intent.item_id in text for text in before.values()), before
+        child, signals = _rebuild_child(backend, tmp_path)
+        try:
+            _killed_after_record(settings, "item", intent.item_id)
+            signals["start"].touch()
+            assert _wait_for(signals["reset"], child, WAIT_S), "the rebuild never reset"
+            halfway = ask_all()
+        finally:
+            _let_go(child, signals)
+        after = ask_all()
+    finally:
+        if mcp.stdin is not None:
+            mcp.stdin.close()
+        try:
+            mcp.wait(WAIT_S)
+        except subprocess.TimeoutExpired:
+            mcp.kill()
+            mcp.wait()
+        if mcp.stdout is not None:
+            mcp.stdout.close()
+    for when, answered in (("halfway", halfway), ("after", after)):
+        # Answered, not refused: a result, and no tool error in it.
+        results = [json.loads(text).get("result") for text in answered.values()]
+        assert all(r is not None and not r.get("isError") for r in results), answered
+        assert not [n for n, text in answered.items() if intent.item_id in text], (when, answered)
+    with running(settings, clock) as kernel:
+        assert kernel.ensure_fresh(10)
+        assert not _listed(kernel, intent.item_id)
+        live = kernel.queries.table_digest()
+        kernel.rebuild()
+        assert kernel.queries.table_digest() == live
