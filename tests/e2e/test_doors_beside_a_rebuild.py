@@ -1,6 +1,6 @@
 """The REST door (``uprof serve`` on loopback, a real process) beside another process's
 ``projections rebuild`` held just after its reset (SQLite and PostgreSQL; decision
-XXXX-doors-beside-a-rebuild). 0240-readers-beside-a-rebuild drove the kernel's reads
+0241-doors-beside-a-rebuild). 0240-readers-beside-a-rebuild drove the kernel's reads
 embedded; this drives the same scenario through a running server.
 
 The scenario is 0236's: an item erasure killed between its ledger record and its
