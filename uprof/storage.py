@@ -304,6 +304,24 @@ def log_holds_events(engine: sa.Engine) -> bool:
     return False
 
 
+def audit_log_holds_entries(engine: sa.Engine) -> bool:
+    """Whether the audit log (``audit_entries``, in the views store) holds any entry: a
+    deployment's data even before its first captured event (an API key issued, a policy
+    changed), written under its keys. Asked with ``log_holds_events`` before a start
+    creates key material (bug XD, decision XXXX-the-wrong-folder-2)."""
+    if not sa.inspect(engine).has_table(AUDIT_ENTRIES_TABLE):
+        return False
+    with engine.connect() as conn:
+        table = sa.table(AUDIT_ENTRIES_TABLE)
+        return (
+            conn.execute(sa.select(sa.literal(1)).select_from(table).limit(1)).first() is not None
+        )
+
+
+#: The audit log's table of entries (migrations/versions/0002_audit_create_audit_log_tables).
+AUDIT_ENTRIES_TABLE = "audit_entries"
+
+
 def fold_log(engine: sa.Engine, *, timeout_s: float | None = None) -> bool:
     """Fold a write-ahead log into the main file (SQLite: checkpoint and truncate the WAL),
     so shredded bytes do not linger; nothing on a backend whose log is not ours to fold.

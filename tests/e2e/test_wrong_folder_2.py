@@ -130,3 +130,39 @@ def test_xe_keys_rotate_and_maintain_say_what_they_did_in_words(backend: Backend
     assert "the views show" in ran, ran
     obj = json.loads(_said(env, "maintain", "--json"))
     assert obj == {"intents_expired": 0, "memories_archived": 0, "views_caught_up": 1}
+
+
+# ------------------------------------ XD: a wrong key folder beside a deployment's data
+
+
+def test_xd_a_wrong_key_folder_beside_data_without_events_is_refused(
+    empty_backend: Backend,
+) -> None:
+    """Bug XD. A deployment started by ``apps create`` (an API key, its audit entries, no
+    captured event yet), then a command run with a wrong ``UPROF_KEY_DIR``: the start
+    refused a key folder without a master key only when the event log held an event, so
+    here it made new keys and answered: ``apps list`` said ``[]`` on SQLite (the key
+    database is in the key folder) and the audit log went on under a new signing key.
+    Now the audit log's entries count as the deployment's data too: exit 8, naming the
+    key folder and the data's place, and nothing is made in the wrong folder; the right
+    one still opens everything."""
+    data = empty_backend.data_dir / "data"
+    place = {"UPROF_DATA_DIR": str(data)}
+    if empty_backend.kind == "postgres":
+        place["UPROF_DATABASE_URL"] = empty_backend.url
+    env = _env(place)
+    made = _run(env, "apps", "create", "app:planner")
+    assert made.returncode == 0, made.stderr
+    wrong = empty_backend.data_dir / "elsewhere.keys"
+    for command in (["apps", "list"], ["audit", "entries"], ["apps", "create", "app:other"]):
+        done = _run({**env, "UPROF_KEY_DIR": str(wrong)}, *command)
+        flat = "".join(done.stderr.split())
+        assert done.returncode == NO_DEPLOYMENT, (command, done.returncode, done.stdout[-300:])
+        assert "Traceback" not in done.stderr
+        assert str(wrong) in flat, flat[-400:]
+        named = empty_backend.pg_dbname if empty_backend.kind == "postgres" else str(data)
+        assert named in flat, flat[-400:]
+        assert not (wrong / "master.key").exists(), command
+    listed = _run(env, "apps", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert [k["app_id"] for k in json.loads(listed.stdout)] == ["app:planner"]
