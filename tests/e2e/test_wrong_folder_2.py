@@ -53,11 +53,13 @@ def test_xc_a_database_that_does_not_exist_is_no_deployment_not_an_outage(
     server answered, and its answer will not change by waiting: exit 8 now, naming the
     database and saying to create it or correct the name, for a command that reads and
     for those that start a deployment (``uprof init``, ``apps create``: uprof makes
-    tables, never databases). Nothing is made: no database, no key folder."""
+    tables, never databases). Nothing is made: no database, no key folder; the URL's
+    password is not shown."""
     if empty_backend.kind != "postgres":
         pytest.skip("a database on a server is PostgreSQL's")
     typo = f"{empty_backend.pg_dbname}_typo"
-    url = sa.engine.make_url(empty_backend.url).set(database=typo)
+    # A password the refusal must not show (the server here trusts the loopback).
+    url = sa.engine.make_url(empty_backend.url).set(database=typo, password="s3cret-pw")
     data = empty_backend.data_dir / "d"
     env = _env({"UPROF_DATA_DIR": str(data), "UPROF_DATABASE_URL": url.render_as_string(False)})
     done = _run(env, *command)
@@ -67,6 +69,7 @@ def test_xc_a_database_that_does_not_exist_is_no_deployment_not_an_outage(
     assert typo in "".join(done.stderr.split())
     assert "does not exist" in flat
     assert "did not answer" not in flat and "retry" not in flat.lower()
+    assert "s3cret-pw" not in done.stderr + done.stdout
     assert not _database_exists(typo)
     assert not data.with_name("d.keys").exists() and not data.exists()
 
@@ -135,8 +138,9 @@ def test_xe_keys_rotate_and_maintain_say_what_they_did_in_words(backend: Backend
 # ------------------------------------ XD: a wrong key folder beside a deployment's data
 
 
+@pytest.mark.parametrize("start", [["apps", "create", "app:planner"], ["init"]])
 def test_xd_a_wrong_key_folder_beside_data_without_events_is_refused(
-    empty_backend: Backend,
+    empty_backend: Backend, start: list[str]
 ) -> None:
     """Bug XD. A deployment started by ``apps create`` (an API key, its audit entries, no
     captured event yet), then a command run with a wrong ``UPROF_KEY_DIR``: the start
@@ -145,13 +149,14 @@ def test_xd_a_wrong_key_folder_beside_data_without_events_is_refused(
     database is in the key folder) and the audit log went on under a new signing key.
     Now the audit log's entries count as the deployment's data too: exit 8, naming the
     key folder and the data's place, and nothing is made in the wrong folder; the right
-    one still opens everything."""
+    one still opens everything. ``uprof init`` alone writes an entry too (the seeded
+    policy's), so a deployment it made is covered."""
     data = empty_backend.data_dir / "data"
     place = {"UPROF_DATA_DIR": str(data)}
     if empty_backend.kind == "postgres":
         place["UPROF_DATABASE_URL"] = empty_backend.url
     env = _env(place)
-    made = _run(env, "apps", "create", "app:planner")
+    made = _run(env, *start)
     assert made.returncode == 0, made.stderr
     wrong = empty_backend.data_dir / "elsewhere.keys"
     for command in (["apps", "list"], ["audit", "entries"], ["apps", "create", "app:other"]):
@@ -165,4 +170,5 @@ def test_xd_a_wrong_key_folder_beside_data_without_events_is_refused(
         assert not (wrong / "master.key").exists(), command
     listed = _run(env, "apps", "list")
     assert listed.returncode == 0, listed.stderr
-    assert [k["app_id"] for k in json.loads(listed.stdout)] == ["app:planner"]
+    expected = ["app:planner"] if start[0] == "apps" else []
+    assert [k["app_id"] for k in json.loads(listed.stdout)] == expected
