@@ -20,6 +20,7 @@ UprofError
 ├── RateLimitUnavailableError the rate-limit counters could not be read: refused, not let through
 ├── StoreUnavailableError    the database did not answer (an outage): refused, retried later
 ├── DeploymentNotFoundError  no deployment where a command that reads one was sent
+│   └── DatabaseNotFoundError  the PostgreSQL server has no database of the URL's name
 └── ConcurrencyConflictError other writers kept winning the race (retries gave up)
     ├── VersionConflictError another writer saved the same stream version or log index first
     ├── StoreBusyError       another connection held the store's lock past the driver's wait
@@ -275,6 +276,18 @@ class DeploymentNotFoundError(UprofError):
         "name the deployment's data folder (--data-dir, UPROF_DATA_DIR) or database "
         "(--database-url, UPROF_DATABASE_URL); to make a new deployment there, run "
         "`uprof init` (or start it with `uprof serve` or `uprof apps create`)"
+    )
+
+
+class DatabaseNotFoundError(DeploymentNotFoundError):
+    """The PostgreSQL server of ``--database-url`` answered that it has no database of
+    that name (a typo'd name, one not created yet). Not an outage: waiting changes
+    nothing, and uprof makes tables, never databases (decision
+    XXXX-the-wrong-folder-2, bug XC)."""
+
+    hint = (
+        "correct the database's name in --database-url (UPROF_DATABASE_URL), or create "
+        "it on the server (createdb NAME, or CREATE DATABASE) and run `uprof init`"
     )
 
 

@@ -31,7 +31,7 @@ from uprof.crypto.keydir import (
     KEK_RING_FILE,
     MASTER_KEY_FILE,
     FileKeyMaterialStore,
-    KeyMaterialError,
+    KeyFolderNotFoundError,
     refuse_legacy_key_files,
 )
 from uprof.crypto.keystore import KekRing, KeyStore, derive_key
@@ -64,6 +64,8 @@ from uprof.settings import Settings
 from uprof.storage import (
     RESTORE_MARKER,
     StoreEngines,
+    audit_log_holds_entries,
+    deployment_place,
     layout_for,
     log_holds_events,
     migrate,
@@ -422,15 +424,26 @@ def bootstrap(
     stores = open_engines(layout)
     views, keys, events = stores.views, stores.keys, stores.events
     release_stores = _hold_stores_open(settings, stores, restoring=restoring)
-    if not material.has_master_secret() and log_holds_events(events):
+    if (
+        not material.has_master_secret()
+        and (log_holds_events(events) or audit_log_holds_entries(views))
+        # Asked again after the data: a first start beside this one may have made the key
+        # and written its first entries between the two looks (then all is well).
+        and not material.has_master_secret()
+    ):
         release_stores()
         stores.dispose()
         # A new root secret beside an old log would make every subject unreadable (and
-        # look erased), while new captures went on under keys that open nothing old.
-        raise KeyMaterialError(
-            f"the key folder {material.location} holds no master key, but the data stores "
-            "already hold captured events: UPROF_KEY_DIR (or --key-dir) points to the wrong "
-            "folder, or the keys were not restored with the data; refusing to create new keys"
+        # look erased), while new captures went on under keys that open nothing old. A
+        # log without events is no proof of a new deployment: the audit log's entries
+        # (an API key issued, a policy changed) were written under this deployment's keys
+        # too (bug XD: the policy store then read as altered, or a traceback).
+        raise KeyFolderNotFoundError(
+            f"the key folder {material.location} holds no master key, but "
+            f"{deployment_place(settings)} already holds a deployment's data (captured "
+            "events or audit log entries): UPROF_KEY_DIR (or --key-dir) points to the "
+            "wrong folder, or the keys were not restored with the data; refusing to "
+            "create new keys"
         )
     wait_s = settings.schema_lock_wait_s
     try:

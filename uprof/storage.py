@@ -57,7 +57,7 @@ def refuse_without_deployment(settings: Settings) -> None:
     init``, ``serve``, ``apps create``, ...) do not ask."""
     from domain.errors import DeploymentNotFoundError
 
-    if holds_a_deployment(settings):
+    if deployment_found(settings):
         return
     why = (
         "it does not exist"
@@ -68,6 +68,38 @@ def refuse_without_deployment(settings: Settings) -> None:
         f"no uprof deployment in {deployment_place(settings)} ({why}): this command reads "
         "or changes an existing deployment and makes none; nothing was made there"
     )
+
+
+def deployment_found(settings: Settings) -> bool:
+    """``holds_a_deployment``, with a database the server does not have refused
+    (``refuse_missing_database``, exit 8) rather than let out as the outage it looks
+    like. Asked before anything is made: a command that creates made the key folder
+    first, then met the missing database (bug XC)."""
+    try:
+        return holds_a_deployment(settings)
+    except Exception as error:
+        refuse_missing_database(settings, error)
+        raise
+
+
+def refuse_missing_database(settings: Settings, error: BaseException) -> None:
+    """Raise ``DatabaseNotFoundError`` (exit 8) when ``error``, raised opening the stores
+    of ``settings``, is the server saying the database the URL names does not exist;
+    else return, and the caller lets ``error`` go on (an outage stays one). A typo'd
+    database name was told as an outage, "retry after a few seconds": waiting changes
+    nothing (bug XC, decision XXXX-the-wrong-folder-2). Asked only after a failure:
+    a server that answers pays nothing more."""
+    from domain.errors import DatabaseNotFoundError
+
+    if settings.database_url is None:
+        return
+    if not backend_for_settings(settings).database_missing(settings, error):
+        return
+    given = sa.engine.make_url(settings.database_url)
+    raise DatabaseNotFoundError(
+        f"no uprof deployment in {deployment_place(settings)}: the server has no database "
+        f"{given.database!r} (it does not exist); nothing was made there"
+    ) from None
 
 
 def policy_store_env(settings: Settings) -> dict[str, str]:
@@ -270,6 +302,24 @@ def log_holds_events(engine: sa.Engine) -> bool:
             if conn.execute(sa.select(sa.literal(1)).select_from(table).limit(1)).first():
                 return True
     return False
+
+
+def audit_log_holds_entries(engine: sa.Engine) -> bool:
+    """Whether the audit log (``audit_entries``, in the views store) holds any entry: a
+    deployment's data even before its first captured event (an API key issued, a policy
+    changed), written under its keys. Asked with ``log_holds_events`` before a start
+    creates key material (bug XD, decision XXXX-the-wrong-folder-2)."""
+    if not sa.inspect(engine).has_table(AUDIT_ENTRIES_TABLE):
+        return False
+    with engine.connect() as conn:
+        table = sa.table(AUDIT_ENTRIES_TABLE)
+        return (
+            conn.execute(sa.select(sa.literal(1)).select_from(table).limit(1)).first() is not None
+        )
+
+
+#: The audit log's table of entries (migrations/versions/0002_audit_create_audit_log_tables).
+AUDIT_ENTRIES_TABLE = "audit_entries"
 
 
 def fold_log(engine: sa.Engine, *, timeout_s: float | None = None) -> bool:

@@ -531,6 +531,12 @@ class Backend(Protocol):
         (``uprof.storage.refuse_without_deployment``)."""
         ...
 
+    def database_missing(self, settings: Settings, error: BaseException) -> bool:
+        """Whether ``error``, raised connecting to the stores of ``settings``, is the
+        server's answer that the database it names does not exist (not an outage: bug
+        XC). Asked only after a failure, so a start that works pays nothing."""
+        ...
+
     def hold_open(self, engine: sa.Engine) -> Callable[[], None]:
         """Mark the stores of ``engine`` (the views store) open by this process until the
         returned function is called: a shared lock every running process holds. Raises

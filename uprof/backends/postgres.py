@@ -100,6 +100,14 @@ def column_type_fits(column: str, declared: str) -> bool:
     return fitting is None or declared in fitting
 
 
+#: PostgreSQL's SQLSTATE for a database that does not exist (``invalid_catalog_name``).
+INVALID_CATALOG_NAME = "3D000"
+
+#: Databases every PostgreSQL server has, where the catalogue of databases is read when
+#: the one a URL names refused the connection (``database_missing``).
+MAINTENANCE_DATABASES = ("postgres", "template1")
+
+
 class PostgresBackend:
     name = "postgres"
     backup_files: tuple[str, ...] = (PG_DUMP,)
@@ -510,6 +518,36 @@ class PostgresBackend:
         finally:
             engine.dispose()
         return bool(tables & {"alembic_version", EVENTS_TABLE, f"{POLICY_STORE_NAME}_events"})
+
+    def database_missing(self, settings: Settings, error: BaseException) -> bool:
+        assert settings.database_url is not None
+        cause = getattr(error, "orig", None) or error
+        sqlstate = getattr(cause, "sqlstate", None)
+        if sqlstate is not None:  # the server's answer, where the driver hands it over
+            return bool(sqlstate == INVALID_CATALOG_NAME)
+        if not isinstance(error, sa.exc.OperationalError):
+            return False
+        # libpq keeps no SQLSTATE for a refused connection (psycopg's ``sqlstate`` is None
+        # there), and its text is the server's, in the server's language: ask the server's
+        # catalogue instead, through a database every server has. A server that does not
+        # answer there either is the outage it looked like.
+        given = sa.engine.make_url(settings.database_url)
+        for maintenance in MAINTENANCE_DATABASES:
+            engine = sa.create_engine(
+                given.set(database=maintenance), poolclass=sa.pool.NullPool, hide_parameters=True
+            )
+            try:
+                with engine.connect() as conn:
+                    found = conn.execute(
+                        sa.text("SELECT 1 FROM pg_database WHERE datname = :name"),
+                        {"name": given.database or "postgres"},
+                    ).first()
+                return found is None
+            except sa.exc.DBAPIError:
+                continue  # not allowed there (or not there): the next one
+            finally:
+                engine.dispose()
+        return False
 
     def restore(self, settings: Settings, src: Path, keep_live_audit: bool) -> None:
         from uprof.services import backup as b

@@ -608,6 +608,9 @@ class SQLiteBackend:
         # Looked for, not opened: a SQLite connection makes the file it names.
         return any((settings.data_dir / name).is_file() for name in DATA_STORE_FILES)
 
+    def database_missing(self, settings: Settings, error: BaseException) -> bool:
+        return False  # a data folder, not a server: its absence is holds_a_deployment's
+
     def restore(self, settings: Settings, src: Path, keep_live_audit: bool) -> None:
         from uprof.services.backup import AUDIT_KEYS
 

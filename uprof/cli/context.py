@@ -266,13 +266,17 @@ def kernel(*, creates: bool = False) -> Iterator[Uprof]:
     holding none (``DeploymentNotFoundError``, exit 8), before anything is made there
     (bug WM)."""
     from uprof.bootstrap import bootstrap
-    from uprof.storage import refuse_without_deployment
+    from uprof.storage import deployment_found, refuse_without_deployment
 
     k = None
     try:
         chosen = settings()
         if not creates:
             refuse_without_deployment(chosen)
+        else:
+            # A database the server does not have is refused before the start makes the
+            # key folder, not told as an outage after (bug XC).
+            deployment_found(chosen)
         k = bootstrap(chosen)
         yield k
     except UprofError as e:

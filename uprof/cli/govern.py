@@ -887,7 +887,19 @@ def audit_residue(
 
 
 @keys_app.command("rotate")
-def keys_rotate() -> None:
+def keys_rotate(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
+) -> None:
     """Re-wrap every data key under a new KEK epoch and forget the old KEK."""
     with door() as d:
-        console.print_json(json.dumps(d.rotate_keys()))
+        done = d.rotate_keys()
+    if as_json:
+        console.print_json(json.dumps(done))
+        return
+    # A sentence, as `audit rotate-key` says what it did; --json for scripts (bug XE).
+    console.print(
+        f"data keys re-wrapped under KEK epoch {done['epoch']}: {done['deks_rewrapped']} "
+        f"data keys, {done['epochs_forgotten']} old KEK epoch(s) forgotten",
+        highlight=False,
+        soft_wrap=True,
+    )

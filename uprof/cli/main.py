@@ -95,10 +95,14 @@ def init() -> None:
     """Make a new deployment in the data folder (or database) and its key folder, or say
     that one is there already (changing nothing). The commands that read a deployment
     refuse a place holding none; this, `serve` and `apps create` start one."""
-    from uprof.storage import deployment_place, holds_a_deployment
+    from domain.errors import DeploymentNotFoundError
+    from uprof.storage import deployment_found, deployment_place
 
     chosen = settings()
-    found = holds_a_deployment(chosen)
+    try:
+        found = deployment_found(chosen)
+    except DeploymentNotFoundError as refused:  # a database the server does not have (XC)
+        fail(refused)
     with kernel(creates=True):
         pass  # the start makes what is missing: stores, keys, the seeded policy
     said = "found a uprof deployment in" if found else "made a new uprof deployment in"
@@ -518,10 +522,27 @@ def quarantine_retry(
 
 
 @app.command()
-def maintain() -> None:
+def maintain(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
+) -> None:
     """Run the decay job: expire overdue intents, archive the coldest memories past capacity."""
     with door() as d:
-        console.print_json(json.dumps(d.run_maintenance()))
+        done = d.run_maintenance()
+    if as_json:
+        console.print_json(json.dumps(done))
+        return
+    # A sentence, as the CLI's other commands say what they did; --json for scripts (XE).
+    shown = (
+        "the views show it"
+        if done["views_caught_up"]
+        else "the views do not show it yet (they catch up; `uprof projections lag`)"
+    )
+    console.print(
+        f"maintenance ran: {done['intents_expired']} overdue intents expired, "
+        f"{done['memories_archived']} memories archived; {shown}",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 #: Entry point group of commands that other packages add to ``uprof``: each entry is a

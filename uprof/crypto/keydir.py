@@ -51,7 +51,7 @@ from audit.lockfile import (
     open_lock_file,
     read_key_file,
 )
-from domain.errors import UprofError
+from domain.errors import DeploymentNotFoundError, UprofError
 from uprof.ports import ErasureRecord
 
 if TYPE_CHECKING:
@@ -90,6 +90,19 @@ class KeyMaterialError(UprofError):
     """The key folder is misplaced, unreadable or holds something unexpected."""
 
     hint = "key material lives in UPROF_KEY_DIR, apart from UPROF_DATA_DIR (docs/governance.md)"
+
+
+class KeyFolderNotFoundError(KeyMaterialError, DeploymentNotFoundError):
+    """A deployment's data found with a key folder that holds no master key: a mistyped
+    ``UPROF_KEY_DIR``/``--key-dir`` (on PostgreSQL, another working directory), or data
+    restored without its keys. The wrong place, as a data folder holding no deployment is
+    (exit 8; decision XXXX-the-wrong-folder-2, bug XD): new keys there would leave every
+    key the data was written under behind."""
+
+    hint = (
+        "name the deployment's key folder (--key-dir, UPROF_KEY_DIR), or restore it with "
+        "the data (docs/governance.md); nothing was made in the folder named"
+    )
 
 
 def _upgrade_file(name: str) -> str:
