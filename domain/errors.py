@@ -283,7 +283,7 @@ class DatabaseNotFoundError(DeploymentNotFoundError):
     """The PostgreSQL server of ``--database-url`` answered that it has no database of
     that name (a typo'd name, one not created yet). Not an outage: waiting changes
     nothing, and uprof makes tables, never databases (decision
-    XXXX-the-wrong-folder-2, bug XC)."""
+    0242-the-wrong-folder-2, bug XC)."""
 
     hint = (
         "correct the database's name in --database-url (UPROF_DATABASE_URL), or create "

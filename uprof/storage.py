@@ -87,7 +87,7 @@ def refuse_missing_database(settings: Settings, error: BaseException) -> None:
     of ``settings``, is the server saying the database the URL names does not exist;
     else return, and the caller lets ``error`` go on (an outage stays one). A typo'd
     database name was told as an outage, "retry after a few seconds": waiting changes
-    nothing (bug XC, decision XXXX-the-wrong-folder-2). Asked only after a failure:
+    nothing (bug XC, decision 0242-the-wrong-folder-2). Asked only after a failure:
     a server that answers pays nothing more."""
     from domain.errors import DatabaseNotFoundError
 
@@ -308,7 +308,7 @@ def audit_log_holds_entries(engine: sa.Engine) -> bool:
     """Whether the audit log (``audit_entries``, in the views store) holds any entry: a
     deployment's data even before its first captured event (an API key issued, a policy
     changed), written under its keys. Asked with ``log_holds_events`` before a start
-    creates key material (bug XD, decision XXXX-the-wrong-folder-2)."""
+    creates key material (bug XD, decision 0242-the-wrong-folder-2)."""
     if not sa.inspect(engine).has_table(AUDIT_ENTRIES_TABLE):
         return False
     with engine.connect() as conn:

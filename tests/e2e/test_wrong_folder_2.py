@@ -1,4 +1,4 @@
-"""What 0237-the-wrong-folder left (decision XXXX-the-wrong-folder-2): a PostgreSQL URL
+"""What 0237-the-wrong-folder left (decision 0242-the-wrong-folder-2): a PostgreSQL URL
 naming a database the server does not have, a wrong key folder beside a deployment's
 data, and the two operator commands that still printed JSON. Each command runs as the
 operator runs it, a process of its own."""

@@ -96,7 +96,7 @@ class KeyFolderNotFoundError(KeyMaterialError, DeploymentNotFoundError):
     """A deployment's data found with a key folder that holds no master key: a mistyped
     ``UPROF_KEY_DIR``/``--key-dir`` (on PostgreSQL, another working directory), or data
     restored without its keys. The wrong place, as a data folder holding no deployment is
-    (exit 8; decision XXXX-the-wrong-folder-2, bug XD): new keys there would leave every
+    (exit 8; decision 0242-the-wrong-folder-2, bug XD): new keys there would leave every
     key the data was written under behind."""
 
     hint = (
