@@ -65,11 +65,13 @@ from uprof.storage import (
     RESTORE_MARKER,
     StoreEngines,
     audit_log_holds_entries,
+    deployment_found,
     deployment_place,
     layout_for,
     log_holds_events,
     migrate,
     open_engines,
+    refuse_without_deployment,
     schema_lock,
 )
 from uprof.vector_model import RecordedModelEmbedder
@@ -87,7 +89,17 @@ if TYPE_CHECKING:
         return app, keys, log, views
 
 
-__all__ = ["AUDIT_KEY_FILE", "KEK_RING_FILE", "MASTER_KEY_FILE", "bootstrap"]
+# The deployment checks the CLI asks before it opens one (0237-the-wrong-folder): through
+# the composition root, as surfaces reach everything below the facade.
+__all__ = [
+    "AUDIT_KEY_FILE",
+    "KEK_RING_FILE",
+    "MASTER_KEY_FILE",
+    "bootstrap",
+    "deployment_found",
+    "deployment_place",
+    "refuse_without_deployment",
+]
 _log = logging.getLogger(__name__)
 
 

@@ -103,7 +103,7 @@ from uprof.services.policy import (
     PolicyStoreError,
 )
 from uprof.services.profile import EvidenceView, ProfileView
-from uprof.services.quarantine import QuarantinedCapture, RetryOutcome
+from uprof.services.quarantine import QuarantinedCapture, RetryOutcome, retried_before
 from uprof.services.residue import ResidueReport
 from uprof.services.slices import ProfileSlice
 from uprof.services.subjects import NAMESPACE_SEPARATOR, SubjectRequest
@@ -146,6 +146,7 @@ __all__ = [
     "RetryOutcome",
     "SubjectListed",
     "SubjectRequest",
+    "retried_before",
 ]
 
 #: Category every raw capture is authorized under (what a capture is before extraction).

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.by_hand import by_hand
 from tests.conftest import Backend
 from tests.e2e.test_store_damage_servers import (
     _RENAMED_APP_ID,
@@ -17,7 +18,6 @@ from tests.e2e.test_store_damage_servers import (
     EVENTS_TABLE,
     Served,
     _damaged,
-    _on_store,
     served,  # noqa: F401  (the fixture)
 )
 
@@ -33,13 +33,13 @@ _SHAPE_LINE = "a table of the stores is not of the shape uprof made"
 def test_te_a_second_different_table_of_the_wrong_shape_is_logged_too(
     backend: Backend, server: Served
 ) -> None:
-    _on_store(backend, server.settings, "views.sqlite", _RENAMED_APP_ID)
+    by_hand(backend, server.settings, "views.sqlite", _RENAMED_APP_ID)
     for _ in range(2):
         answer = server.post(*CONSENTS)
         _damaged(answer)
         assert "app_id" not in answer.text
     table = EVENTS_TABLE[backend.kind]
-    _on_store(
+    by_hand(
         backend,
         server.settings,
         "events.sqlite",
@@ -63,7 +63,7 @@ def test_te_a_second_different_table_of_the_wrong_shape_is_logged_too(
 def test_held_the_same_damage_met_again_is_not_logged_again(
     backend: Backend, server: Served
 ) -> None:
-    _on_store(backend, server.settings, "views.sqlite", _RENAMED_APP_ID)
+    by_hand(backend, server.settings, "views.sqlite", _RENAMED_APP_ID)
     for _ in range(4):
         _damaged(server.post(*CONSENTS))
     assert server.log().count(_SHAPE_LINE) == 1, server.log()[-3000:]

@@ -131,8 +131,7 @@ def test_held_a_relative_link_is_followed_from_its_own_folder(tmp_path: Path) ->
         tmp_path / "etc" / "data",
         "--key-dir",
         str(tmp_path / "keys"),
-        "apps",
-        "list",
+        "init",  # a command that makes a deployment (0237-the-wrong-folder)
         cwd=elsewhere,
     )
     assert done.returncode == 0, _said(done)

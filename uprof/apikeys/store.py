@@ -337,14 +337,10 @@ class ApiKeyStore:
         """A connection for the reads of the key table, whose wait for another session's
         lock is bounded (``KEY_READ_LOCK_WAIT_S``). SQLite's key store is in WAL mode:
         a read never waits for a writer there."""
+        from uprof.backends import backend_for
+
         with self._engine.connect() as conn:
-            if conn.dialect.name == "postgresql":
-                # For this transaction only (set_config's ``true``): gone when the
-                # connection goes back to the pool, which rolls it back.
-                conn.execute(
-                    sa.text("SELECT set_config('lock_timeout', :ms, true)"),
-                    {"ms": f"{int(KEY_READ_LOCK_WAIT_S * 1000)}ms"},
-                )
+            backend_for(conn).bound_lock_waits(conn, KEY_READ_LOCK_WAIT_S)
             yield conn
 
     def _ours(self) -> sa.ColumnElement[bool]:

@@ -488,6 +488,12 @@ class Backend(Protocol):
         nothing is written when the select finds no row."""
         ...
 
+    def bound_lock_waits(self, conn: sa.Connection, seconds: float) -> None:
+        """Bound how long this transaction of ``conn`` waits for another session's lock
+        (then the driver raises); over when the transaction ends. A no-op where reads
+        never wait for a lock (SQLite in WAL mode)."""
+        ...
+
     def is_transient_lock(self, error: BaseException | None) -> bool:
         """Whether a driver error (``sa.exc.OperationalError.orig``) says another writer
         holds a lock for now; by the driver's error code, never its wording."""

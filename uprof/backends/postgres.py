@@ -327,6 +327,14 @@ class PostgresBackend:
         # One array instead of an expanded IN list.
         return f"{column} = ANY(CAST(:ids AS {cast or 'text'}[]))", list(ids)
 
+    def bound_lock_waits(self, conn: sa.Connection, seconds: float) -> None:
+        # For this transaction only (set_config's ``true``): gone when the connection
+        # goes back to the pool, which rolls it back.
+        conn.execute(
+            sa.text("SELECT set_config('lock_timeout', :ms, true)"),
+            {"ms": f"{int(seconds * 1000)}ms"},
+        )
+
     def is_transient_lock(self, error: BaseException | None) -> bool:
         return getattr(error, "sqlstate", None) in _RETRYABLE_STATES
 

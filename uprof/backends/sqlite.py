@@ -485,6 +485,10 @@ class SQLiteBackend:
     def drop_append_only_ddl(self) -> list[str]:
         return []  # triggers go with their tables
 
+    def bound_lock_waits(self, conn: sa.Connection, seconds: float) -> None:
+        # WAL mode: a read never waits for a writer's lock here.
+        return None
+
     def is_transient_lock(self, error: BaseException | None) -> bool:
         code = getattr(error, "sqlite_errorcode", None)
         # BUSY or LOCKED; an extended code keeps its primary code in the low byte.

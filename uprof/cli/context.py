@@ -265,8 +265,7 @@ def kernel(*, creates: bool = False) -> Iterator[Uprof]:
     command reads or changes an existing one, and is refused a data folder or database
     holding none (``DeploymentNotFoundError``, exit 8), before anything is made there
     (bug WM)."""
-    from uprof.bootstrap import bootstrap
-    from uprof.storage import deployment_found, refuse_without_deployment
+    from uprof.bootstrap import bootstrap, deployment_found, refuse_without_deployment
 
     k = None
     try:

@@ -139,8 +139,8 @@ def keys_move_out() -> None:
 
     Stop every uprof process on this deployment first.
     """
+    from uprof.bootstrap import refuse_without_deployment
     from uprof.crypto.keydir import move_key_material
-    from uprof.storage import refuse_without_deployment
 
     s = settings()
     try:

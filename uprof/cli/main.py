@@ -96,7 +96,7 @@ def init() -> None:
     that one is there already (changing nothing). The commands that read a deployment
     refuse a place holding none; this, `serve` and `apps create` start one."""
     from domain.errors import DeploymentNotFoundError
-    from uprof.storage import deployment_found, deployment_place
+    from uprof.bootstrap import deployment_found, deployment_place
 
     chosen = settings()
     try:

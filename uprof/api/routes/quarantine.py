@@ -16,7 +16,7 @@ from uprof.api.errors import EdgeError, body_for, classify, retry_after_s, store
 from uprof.api.routes.docs import api_router, errors
 from uprof.api.scoped import AppScope
 from uprof.apikeys.store import ROLE_OPERATOR
-from uprof.facade import Facade
+from uprof.facade import Facade, RetryOutcome, retried_before
 from uprof.schemas.api import ErrorOut
 from uprof.schemas.quarantine import (
     QuarantinedOut,
@@ -26,7 +26,6 @@ from uprof.schemas.quarantine import (
     QuarantineRetryRefusedOut,
     RetryOutcomeOut,
 )
-from uprof.services.quarantine import RetryOutcome, retried_before
 
 router = api_router(prefix="/v1/quarantine", tags=["operations"])
 
