@@ -52,8 +52,10 @@ def _said(done: subprocess.CompletedProcess[str]) -> str:
 def _recreated_with(settings: Settings, file: str, table: str, column: str, declared: str) -> None:
     """SQLite, which alters no column's type: ``table`` of ``file`` made again by hand
     with ``column`` declared ``declared``, its rows copied (as an operator "fixing" a
-    table would)."""
-    conn = sqlite3.connect(settings.data_dir / file)
+    table would), in one transaction: done statement by statement, a running server's
+    worker could meet the table missing between the rename and the copy, another damage
+    than the one the tests make (seen once in a run of the 0238 tests)."""
+    conn = sqlite3.connect(settings.data_dir / file, isolation_level=None)
     try:
         made = conn.execute(
             "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
@@ -67,6 +69,7 @@ def _recreated_with(settings: Settings, file: str, table: str, column: str, decl
         declared_now = {row[1]: row[2] for row in conn.execute(f"PRAGMA table_info({table})")}
         remade = made.replace(f"{column} {declared_now[column]}", f"{column} {declared}", 1)
         assert remade != made, made
+        conn.execute("BEGIN IMMEDIATE")
         conn.execute(f"ALTER TABLE {table} RENAME TO {table}_old")
         conn.execute(remade)
         names = ", ".join(columns)
@@ -74,7 +77,7 @@ def _recreated_with(settings: Settings, file: str, table: str, column: str, decl
         conn.execute(f"DROP TABLE {table}_old")
         for (index,) in kept:
             conn.execute(index)
-        conn.commit()
+        conn.execute("COMMIT")
     finally:
         conn.close()
 
