@@ -49,16 +49,13 @@ import numpy as np
 from benchmarks import locomo
 from benchmarks.bench_common import DEFAULT_DATA_DIR
 from benchmarks.retrieval_replay import (
-    TextVectors,
     _bench_slice,
     _counter,
     load_inputs,
-    minilm_embed,
     parse_variant,
     recorded_questions_by_conversation,
     recorded_slice,
     service_options,
-    subquery_vectors,
 )
 from uprof.retrieval import MemoryIndex, builder, packer, ranker
 from uprof.retrieval.index import epoch_seconds
@@ -86,21 +83,15 @@ class Terms:
     relevance: np.ndarray  # the ranker's final relevance (sum of the parts)
 
 
-def relevance_terms(
-    index: MemoryIndex, got: Any, options: SliceOptions, subqueries: np.ndarray | None = None
-) -> Terms:
+def relevance_terms(index: MemoryIndex, got: Any, options: SliceOptions) -> Terms:
     """The ranker's relevance of every memory, split by term.
 
     Recomputes ``memory_relevance``'s fusion term by term (score fusion, no feedback:
-    the service's options) and checks the sum against the ranker's own functions. The
-    sub-queries' vectors (``subqueries``), when the options fuse them, are part of the
-    dense term."""
+    the service's options) and checks the sum against the ranker's own functions."""
     if options.fusion != "score" or options.feedback_weight > 0:
         raise ValueError("the split covers score fusion without feedback only")
     query = ranker.analyse_query(got.query)
-    fused, weight, _ = ranker.memory_relevance(
-        index, query, got.query_vector, got.now, options, subqueries
-    )
+    fused, weight, _ = ranker.memory_relevance(index, query, got.query_vector, got.now, options)
     named, name_terms = ranker._query_actors(index, query)
     lexical_terms = [t for t in query.terms if t not in name_terms]
     lexical = index.bm25_scores(lexical_terms).astype(np.float64)
@@ -112,7 +103,6 @@ def relevance_terms(
         q = np.asarray(got.query_vector, dtype=np.float32).reshape(-1)
         cosines = ranker._cosines(index.vectors, q)
         dense = ranker.DenseScale.of(cosines)(cosines).astype(np.float64)
-        dense = ranker.fused_dense(index, dense, subqueries, options)
     else:
         weight = 1.0
     speaker = np.zeros(n)
@@ -184,14 +174,7 @@ def _traced_pack(trace: PackTrace) -> Any:
     return traced
 
 
-def traced_slice(
-    got: Any,
-    index: MemoryIndex,
-    budget: int,
-    counter: Any,
-    options: Any,
-    subqueries: np.ndarray | None = None,
-) -> Any:
+def traced_slice(got: Any, index: MemoryIndex, budget: int, counter: Any, options: Any) -> Any:
     trace = PackTrace(choices=[])
     original = builder._problem
 
@@ -203,7 +186,7 @@ def traced_slice(
         patch.object(builder, "_problem", keep_choices),
         patch.object(builder, "pack", _traced_pack(trace)),
     ):
-        packed = recorded_slice(got, index, budget, counter, options, subqueries)
+        packed = recorded_slice(got, index, budget, counter, options)
     return packed, trace
 
 
@@ -228,10 +211,9 @@ def missed_turns(
     options: SliceOptions,
     budget: int,
     counter: Any,
-    subqueries: np.ndarray | None = None,
 ) -> list[dict[str, Any]]:
     """One row per evidence turn the slice left out, with its cause (empty: a hit)."""
-    packed, trace = traced_slice(got, index, budget, counter, options, subqueries)
+    packed, trace = traced_slice(got, index, budget, counter, options)
     sl = _bench_slice(packed)
     covered = locomo.verbatim_covered(
         [sl.text], q.evidence, conv.verbatim, conv.verbatim_captioned
@@ -244,7 +226,7 @@ def missed_turns(
     choice_of_row = {c.memory_row: j for j, c in enumerate(trace.choices) if c.memory_row >= 0}
     packed_rows = [c.memory_row for c in trace.choices if c.candidate.item_id in in_slice]
     packed_rows = [r for r in packed_rows if r >= 0]
-    terms = relevance_terms(index, got, options, subqueries)
+    terms = relevance_terms(index, got, options)
     rows_of = {ref: r for r, c in enumerate(index.candidates) for ref in c.source_refs}
     out: list[dict[str, Any]] = []
     for ref in missing:
@@ -327,14 +309,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     budgets = [int(b) for b in args.budgets.split(",")]
     counter = _counter()
     rows: list[tuple[str, int, int, list[dict[str, Any]]]] = []
-    # The recording holds only the question's vector: sub-queries are embedded here.
-    texts = TextVectors(minilm_embed()) if options.subquery_max > 0 else None
     walk = recorded_questions_by_conversation(args.data, inputs, args.half, args.category, counter)
     for conv, asked, index in walk:
         for q, got in asked:
-            vectors = subquery_vectors(texts, got.query, index, options)
             for budget in budgets:
-                missed = missed_turns(conv, q, got, index, options, budget, counter, vectors)
+                missed = missed_turns(conv, q, got, index, options, budget, counter)
                 rows.append((conv.sample_id, q.qa_index, budget, missed))
                 if args.show:
                     for m in missed:

@@ -60,7 +60,6 @@ import numpy as np
 from benchmarks import locomo, prefeval
 from benchmarks.bench_common import DEFAULT_DATA_DIR, BenchSlice, SliceItemRef, count_tokens
 from uprof.retrieval import Candidate, MemoryIndex, build_slice
-from uprof.retrieval.ranker import sub_queries
 from uprof.retrieval.slices import SliceOptions
 
 LOCOMO_BUDGETS: tuple[int, ...] = (256, 1024, 2048)
@@ -219,17 +218,6 @@ class TextVectors:
         return np.stack([self._cache[t] for t in texts])
 
 
-def subquery_vectors(
-    texts: TextVectors | None, query: str, index: MemoryIndex, options: SliceOptions
-) -> np.ndarray | None:
-    """The embeddings of ``ranker.sub_queries`` of ``query`` over ``index`` (None when the
-    options ask for none), one batch per question, as the service would embed them beside
-    the question (XXXX-retrieval-round-18)."""
-    if texts is None or options.subquery_max <= 0:
-        return None
-    return texts(sub_queries(query, index, options.subquery_max))
-
-
 def minilm_embed(torch_threads: int = 1) -> Callable[[Sequence[str]], np.ndarray]:
     """The product's MiniLM embedder from its local weights (no download), with torch's
     threads set as the product sets them; loaded on first use."""
@@ -258,15 +246,9 @@ def recorded_questions_by_conversation(
 
 
 def recorded_slice(
-    got: SliceInputs,
-    index: MemoryIndex,
-    budget: int,
-    counter: Any,
-    options: SliceOptions,
-    subquery_vectors: np.ndarray | None = None,
+    got: SliceInputs, index: MemoryIndex, budget: int, counter: Any, options: SliceOptions
 ) -> Any:
-    """``build_slice`` for one recorded question over its conversation's index (with its
-    sub-queries' vectors when the options use them)."""
+    """``build_slice`` for one recorded question over its conversation's index."""
     return build_slice(
         query=got.query,
         attributes=got.attributes,
@@ -279,7 +261,6 @@ def recorded_slice(
         options=options,
         attribute_vectors=got.attribute_vectors,
         intent_vectors=got.intent_vectors,
-        subquery_vectors=subquery_vectors,
     )
 
 
@@ -292,7 +273,6 @@ def replay_locomo(
     indexes: dict[str, MemoryIndex],
     timings: list[float] | None = None,
     half: str = "full",
-    texts: TextVectors | None = None,
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for conv in convs:
@@ -303,12 +283,9 @@ def replay_locomo(
             index = indexes.get(conv.sample_id)
             if index is None:
                 index = indexes[conv.sample_id] = _index(got.memories, got.memory_vectors, counter)
-            # Embedded once per question, before the budgets are timed: the service would
-            # embed them with the question, outside ``build_slice``.
-            vectors = subquery_vectors(texts, got.query, index, options)
             for budget in budgets:
                 start = time.perf_counter()
-                packed = recorded_slice(got, index, budget, counter, options, vectors)
+                packed = recorded_slice(got, index, budget, counter, options)
                 if timings is not None:
                     timings.append(time.perf_counter() - start)
                 _, over, union, *_ = locomo.score_question(conv, q, [_bench_slice(packed)], budget)
@@ -387,7 +364,6 @@ def prefeval_slice(
     budget: int,
     options: SliceOptions,
     counter: Any,
-    subquery_vectors: np.ndarray | None = None,
 ) -> Any:
     """``build_slice`` for one PrefEval user over its ``user_subject`` at ``budget``."""
     index, attrs, attr_vecs, intents, intent_vecs = subject
@@ -403,7 +379,6 @@ def prefeval_slice(
         options=options,
         attribute_vectors=attr_vecs,
         intent_vectors=intent_vecs,
-        subquery_vectors=subquery_vectors,
     )
 
 
@@ -416,7 +391,6 @@ def replay_prefeval(
     subjects: dict[tuple[str, int], Any],
     timings: list[float] | None = None,
     half: str = "full",
-    texts: TextVectors | None = None,
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for n in sorted({n for n, _ in settings}):
@@ -430,10 +404,9 @@ def replay_prefeval(
             if subject is None:
                 subject = subjects[key] = user_subject(events, inputs, counter)
             asked = inputs[user.source_ref]
-            vectors = subquery_vectors(texts, user.question, subject[0], options)
             for budget in budgets:
                 start = time.perf_counter()
-                packed = prefeval_slice(user, subject, asked, budget, options, counter, vectors)
+                packed = prefeval_slice(user, subject, asked, budget, options, counter)
                 if timings is not None:
                     timings.append(time.perf_counter() - start)
                 sl = _bench_slice(packed)
@@ -684,12 +657,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # Second pass, named from the tune half's table only (a smaller k came closer).
     "rrf-equal-k3": {"fusion": "rrf", "lexical_weight": 0.5, "rrf_k": 3.0},
     "rrf-k10": {"fusion": "rrf", "rrf_k": 10.0},
-    # Round 18 (XXXX-retrieval-round-18): sub-queries of the question's content words,
-    # embedded at replay time, fused into the question's dense score; named before the run.
-    "sqf-sum-0.3": {"subquery_max": 2, "subquery_fusion": "sum", "subquery_weight": 0.3},
-    "sqf-sum-0.5": {"subquery_max": 2, "subquery_fusion": "sum", "subquery_weight": 0.5},
-    "sqf-max-0.7": {"subquery_max": 2, "subquery_fusion": "max", "subquery_weight": 0.7},
-    "sqf-max-1": {"subquery_max": 2, "subquery_fusion": "max", "subquery_weight": 1.0},
 }
 
 
@@ -781,14 +748,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     subjects: dict[tuple[str, int], Any] = {}
     parsed = [parse_variant(spec) for spec in specs]
     timings: dict[str, dict[str, list[float]]] = {}
-    texts = (
-        TextVectors(minilm_embed(args.torch_threads or 1))
-        if any(replace(service_options(), **o).subquery_max > 0 for _, o in parsed)
-        else None
-    )
     for name, overrides in parsed:
         options = replace(service_options(), **overrides)
-        embedded = (0.0, 0) if texts is None else (texts.seconds, texts.texts)
         start = time.perf_counter()
         timings[name] = {"locomo": [], "prefeval": []}
         loc = (
@@ -803,7 +764,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 indexes,
                 timings[name]["locomo"],
                 args.half,
-                texts,
             )
         )
         pref = (
@@ -818,18 +778,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 subjects,
                 timings[name]["prefeval"],
                 args.half,
-                texts,
             )
         )
         report["results"][name] = summarise(loc, pref, parts)
         report["results"][name]["overrides"] = overrides
         report["results"][name]["slice_ms"] = slice_times(timings[name], timings.get("default"))
-        if texts is not None and options.subquery_max > 0:
-            # New texts only: a sub-query met by an earlier variant is not embedded again.
-            report["results"][name]["subquery_embedding"] = {
-                "seconds": texts.seconds - embedded[0],
-                "texts": texts.texts - embedded[1],
-            }
         progress(f"{name}: {time.perf_counter() - start:.0f}s")
         if args.out:
             args.out.write_text(json.dumps(report, indent=1))

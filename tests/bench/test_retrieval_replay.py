@@ -26,7 +26,6 @@ from benchmarks.retrieval_replay import (
     pref_users,
     recorded_questions_by_conversation,
     slice_times,
-    subquery_vectors,
     summarise,
     worst_fall,
 )
@@ -258,31 +257,3 @@ def test_texts_are_embedded_once_each_in_one_batch_per_call() -> None:
     assert calls == [["hobbies", "causes"], ["support"]]
     assert again is not None and np.allclose(again, hashing.embed(["causes", "support"]))
     assert vectors.texts == 3 and vectors.calls == 2 and vectors.seconds >= 0
-
-
-def test_a_variant_fusing_sub_queries_embeds_the_questions_sub_queries_in_one_batch() -> None:
-    from dataclasses import replace
-
-    from tests.retrieval.factories import T0, memory
-    from uprof.adapters.tokens import TiktokenCounter
-    from uprof.retrieval import MemoryIndex, SliceOptions
-
-    hashing = HashingEmbedder(dimension=16)
-    calls: list[list[str]] = []
-
-    def embed(texts: Sequence[str]) -> np.ndarray:
-        calls.append(list(texts))
-        return hashing.embed(texts)
-
-    mems = [memory("m0", "We painted the fence.", at=T0, actor="Melanie")]
-    index = MemoryIndex.build(mems, hashing.embed([m.text for m in mems]), TiktokenCounter())
-    texts = TextVectors(embed)
-    question = "What causes does Melanie support with her hobbies?"
-    assert subquery_vectors(texts, question, index, SliceOptions()) is None  # off: none
-    assert subquery_vectors(None, question, index, replace(SliceOptions(), subquery_max=2)) is None
-    assert not calls
-    on = replace(SliceOptions(), subquery_max=2)
-    got = subquery_vectors(texts, question, index, on)
-    # Runs of content words, the speaker's name dropped, at most two, one batch.
-    assert len(calls) == 1 and len(calls[0]) == 2 and "melanie" not in " ".join(calls[0])
-    assert got is not None and np.allclose(got, hashing.embed(calls[0]))

@@ -335,7 +335,6 @@ def build_slice(
     attribute_vectors: np.ndarray | None = None,
     intent_vectors: np.ndarray | None = None,
     profile_lines: ProfileLines | None = None,
-    subquery_vectors: np.ndarray | None = None,
 ) -> PackedSlice:
     """Choose and render the most useful gated items for query within budget_tokens.
 
@@ -344,9 +343,7 @@ def build_slice(
     optionally add embedding match for those layers (one row per candidate).
     The returned text is counted with counter and never exceeds budget_tokens.
     profile_lines optionally keeps attribute and intent lines across calls (it is used
-    only when it counts with this very counter). subquery_vectors holds one embedding
-    per ``ranker.sub_queries(query, memory_index, options.subquery_max)``, by the same
-    embedder (used only when ``options.subquery_max`` is set).
+    only when it counts with this very counter).
     """
     lines = (
         profile_lines if profile_lines is not None and profile_lines.counter is counter else None
@@ -354,7 +351,7 @@ def build_slice(
     with telemetry.span("uprof.slice.rank", memories=len(memory_index)) as ranked:
         q = analyse_query(query)
         left_out: list[LeftOut] = []
-        ranking = rank_memories(memory_index, q, query_vector, now, options, subquery_vectors)
+        ranking = rank_memories(memory_index, q, query_vector, now, options)
         active = [c for c in intents if c.status in _ACTIVE]
         active_rows = [i for i, c in enumerate(intents) if c.status in _ACTIVE]
         left_out += [_low(c, f"intent is {c.status}") for c in intents if c.status not in _ACTIVE]

@@ -36,7 +36,7 @@ from domain.catalogue import CATALOGUE, Catalogue
 from uprof.retrieval.candidates import Candidate
 from uprof.retrieval.index import MemoryIndex, epoch_seconds
 from uprof.retrieval.slices import SliceOptions
-from uprof.retrieval.text import STOPWORDS, stem, term_set, terms, words
+from uprof.retrieval.text import stem, term_set, terms, words
 
 _SECONDS_PER_DAY = 86_400.0
 #: Below this many memories the seeds' cosines are computed in the calling thread alone:
@@ -269,91 +269,17 @@ def _query_actors(index: MemoryIndex, query: Query) -> tuple[np.ndarray, frozens
     return named, frozenset(used)
 
 
-def sub_queries(text: str, index: MemoryIndex, limit: int) -> tuple[str, ...]:
-    """Up to ``limit`` sub-queries of a question: its runs of content words.
-
-    A run is a maximal stretch of words that are not stopwords (the general list the
-    lexical side uses), after dropping the words that name one of the index's speakers
-    (the ranker favours a named speaker's turns already; a name alone would pull every
-    turn that greets them). Runs whose rarest word is rarer in the index come first (a
-    word no memory holds first: the lexical side cannot reach its meaning at all), then
-    by position; a run repeating an earlier one, or the whole question, is skipped.
-    Nothing here knows a data set: only the question's own words and the index's
-    document frequencies."""
-    if limit <= 0:
-        return ()
-    names: set[str] = set().union(*index.actor_terms) if index.actor_terms else set()
-    runs: list[list[str]] = [[]]
-    for word in words(text):
-        if word in STOPWORDS or stem(word) in names:
-            if runs[-1]:
-                runs.append([])
-            continue
-        runs[-1].append(word)
-    vocabulary, idf = index.bm25.vocabulary, index.bm25.idf
-
-    def rarity(run: list[str]) -> float:
-        return max(
-            index.bm25.unseen_idf if (col := vocabulary.get(stem(w))) is None else float(idf[col])
-            for w in run
-        )
-
-    whole = " ".join(words(text))
-    found = sorted((-rarity(run), pos, " ".join(run)) for pos, run in enumerate(runs) if run)
-    out: list[str] = []
-    for _, _, phrase in found:
-        if phrase != whole and phrase not in out:
-            out.append(phrase)
-    return tuple(out[:limit])
-
-
-def fused_dense(
-    index: MemoryIndex,
-    dense: np.ndarray,
-    subquery_vectors: np.ndarray | None,
-    options: SliceOptions,
-) -> np.ndarray:
-    """The question's scaled cosines ``dense`` fused with its sub-queries' (one row per
-    ``sub_queries``): each sub-query's cosines scaled as the question's (median memory 0,
-    its own best 1), their per-memory best s, then ``"sum"``: (1 - w) x dense + w x s, or
-    ``"max"``: max(dense, w x s), w = ``subquery_weight``. Unchanged when off."""
-    if (
-        subquery_vectors is None
-        or index.vectors is None
-        or options.subquery_max <= 0
-        or options.subquery_weight <= 0
-        or len(index) == 0
-    ):
-        return dense
-    vectors = np.asarray(subquery_vectors, dtype=np.float32).reshape(-1, index.vectors.shape[1])
-    if len(vectors) == 0:
-        return dense
-    best = np.zeros(len(index), dtype=np.float64)
-    for vector in vectors[: options.subquery_max]:
-        best = np.maximum(best, _scaled(_cosines(index.vectors, vector)))
-    w = options.subquery_weight
-    if options.subquery_fusion == "max":
-        out: np.ndarray = np.maximum(dense, w * best)
-    elif options.subquery_fusion == "sum":
-        out = (1.0 - w) * dense + w * best
-    else:
-        raise ValueError(f"subquery_fusion must be 'sum' or 'max', not {options.subquery_fusion!r}")
-    return out.astype(dense.dtype, copy=False)
-
-
 def memory_relevance(
     index: MemoryIndex,
     query: Query,
     query_vector: np.ndarray | None,
     now: datetime,
     options: SliceOptions,
-    subquery_vectors: np.ndarray | None = None,
 ) -> tuple[np.ndarray, float, DenseScale | None]:
     """Fused relevance of every memory, before neighbour flow (float32, >= 0).
 
     Also returns the lexical weight used and the raw query's dense scale, so other
-    items can be scored the same way. ``subquery_vectors`` (one row per
-    ``sub_queries``) are fused into the dense score when the options ask for it.
+    items can be scored the same way.
     """
     named, name_terms = _query_actors(index, query)
     # A speaker's name in the question says whose turn to look at; as a BM25 word it
@@ -370,7 +296,6 @@ def memory_relevance(
     if index.vectors is not None and query_vector is not None:
         weight = options.lexical_weight if top > 0 else 0.0
         dense, scale = _dense_scores(index, query_vector, lexical, weight, options)
-        dense = fused_dense(index, dense, subquery_vectors, options)
         if options.fusion == "rrf" and top > 0:
             fused = weight * _reciprocal_ranks(lexical, options.rrf_k, lexical > 0)
             fused += (1.0 - weight) * _reciprocal_ranks(dense, options.rrf_k)
@@ -484,18 +409,13 @@ def rank_memories(
     query_vector: np.ndarray | None,
     now: datetime,
     options: SliceOptions,
-    subquery_vectors: np.ndarray | None = None,
 ) -> MemoryRanking:
-    """Score all memories, keep the best ``pool_size``, and return their utilities
-    (``subquery_vectors``: one row per ``sub_queries`` of the query, see
-    ``memory_relevance``)."""
+    """Score all memories, keep the best ``pool_size``, and return their utilities."""
     n = len(index)
     if n == 0 or options.pool_size <= 0:
         empty = np.zeros(0, dtype=np.int64)
         return MemoryRanking(empty, np.zeros(0), PoolSimilarity(index, empty))
-    fused, weight, scale = memory_relevance(
-        index, query, query_vector, now, options, subquery_vectors
-    )
+    fused, weight, scale = memory_relevance(index, query, query_vector, now, options)
     relevance = _with_neighbours(index, fused, options.neighbour_weight)
     relevance = _with_bridges(index, relevance, options)
     size = min(options.pool_size, n)

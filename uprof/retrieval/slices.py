@@ -101,18 +101,6 @@ class SliceOptions:
     #: near-repeat of a chosen item.
     bridge_weight: float = 0.5
     bridge_seeds: int = 10
-    #: Sub-queries fused into the dense score: up to ``subquery_max`` runs of the question's
-    #: content words (speakers' names left out; words no memory holds first), each embedded
-    #: like the question (``ranker.sub_queries``; 0 turns it off). A question often names a
-    #: category ("hobbies") that its answers never say; the word's own vector sits nearer
-    #: its instances than the whole question's does. Each sub-query's cosines are scaled
-    #: as the question's are (the median memory 0, its own best 1) and the best of them, s,
-    #: is fused with the question's scaled cosine d: ``"sum"`` gives
-    #: (1 - ``subquery_weight``) x d + ``subquery_weight`` x s, ``"max"`` gives
-    #: max(d, ``subquery_weight`` x s). Only the dense share of the fusion changes.
-    subquery_max: int = 0
-    subquery_fusion: Literal["sum", "max"] = "sum"
-    subquery_weight: float = 0.0
     #: Utilities are relevance ** sharpness: higher values follow the ranking more strictly.
     sharpness: float = 3.0
     #: Memories considered for packing (the best by relevance, plus their neighbours).
