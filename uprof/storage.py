@@ -38,8 +38,20 @@ def deployment_place(settings: Settings) -> str:
     or the database URL with its password hidden."""
     if settings.database_url is None:
         return f"the data folder {settings.data_dir}"
-    url = sa.engine.make_url(settings.database_url).render_as_string(hide_password=True)
-    return f"the database {url}"
+    return f"the database {shown_url(settings.database_url)}"
+
+
+#: The URL query parameters that carry a secret (libpq's connection parameters, which
+#: psycopg takes from the query string as from before the host).
+SECRET_URL_PARAMETERS = frozenset({"password", "sslpassword"})
+
+
+def shown_url(database_url: str) -> str:
+    """``database_url`` as it may be shown (stderr, stdout, logs): its password hidden,
+    before the host and in the query string, where libpq takes it too (bug XI)."""
+    url = sa.engine.make_url(database_url)
+    hidden = {name: "***" for name in url.query if name.lower() in SECRET_URL_PARAMETERS}
+    return url.update_query_dict(hidden).render_as_string(hide_password=True)
 
 
 def holds_a_deployment(settings: Settings) -> bool:

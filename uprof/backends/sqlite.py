@@ -218,7 +218,7 @@ class SQLiteBackend:
     writes_rows_by_position = True
     alters_in_batches = True  # SQLite's ALTER TABLE cannot change or drop most things
 
-    def check_database_url(self, url: str) -> None:
+    def check_database_url(self, url: str) -> str:
         raise ValueError(
             "database_url must be a PostgreSQL URL (postgresql+psycopg://...); "
             "leave it unset for the embedded SQLite default"

@@ -1,0 +1,94 @@
+"""Review of 0237-the-wrong-folder and 0242-the-wrong-folder-2 (decision
+XXXX-review-of-0235-to-0242): the database URL as an operator writes it. Each command
+runs as the operator runs it, a process of its own, against a PostgreSQL database made
+for the test (SQLite has no URL: these cases are PostgreSQL's)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from tests import children
+from tests.conftest import Backend
+
+#: The exit code of a command sent where no deployment is (docs/cli.md's table).
+NO_DEPLOYMENT = 8
+#: A password the CLI must never show (the server here trusts the loopback, so any works).
+SECRET = "s3cret-in-query"
+
+
+def _env(place: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UPROF_", "OTEL_"))}
+    return {**env, "HF_HUB_OFFLINE": "1", "UPROF_EMBEDDER": "hashing", **place}
+
+
+def _run(env: dict[str, str], *args: str) -> Any:
+    return children.run_python(children.CLI_SCRIPT, *args, env=env, timeout=300)
+
+
+def _postgres_only(backend: Backend) -> None:
+    if backend.kind != "postgres":
+        pytest.skip("a database URL is PostgreSQL's")
+
+
+# ------------------------------------------ XI: a password in the URL's query string
+
+
+@pytest.mark.parametrize("situation", ["database missing", "database empty", "init"])
+def test_xi_a_password_in_the_urls_query_is_never_shown(
+    empty_backend: Backend, situation: str
+) -> None:
+    """Bug XI. libpq (and so psycopg and SQLAlchemy) takes the password in the URL's
+    query string as well as before the host (``...?password=...``). The CLI names the
+    place it was sent to with "the password hidden" (0237's WM refusal, 0242's XC
+    refusal, `uprof init`'s own sentence), but hid only the one before the host: the
+    query's password was printed whole, to stderr or stdout."""
+    _postgres_only(empty_backend)
+    given = sa.engine.make_url(empty_backend.url)
+    if situation == "database missing":
+        given = given.set(database=f"{empty_backend.pg_dbname}_typo")
+    url = given.update_query_dict({"password": SECRET}).render_as_string(hide_password=False)
+    data = empty_backend.data_dir / "d"
+    env = _env({"UPROF_DATA_DIR": str(data), "UPROF_DATABASE_URL": url})
+    command = ["init"] if situation == "init" else ["apps", "list"]
+    done = _run(env, *command)
+    said = done.stdout + done.stderr
+    expected = 0 if situation == "init" else NO_DEPLOYMENT
+    assert done.returncode == expected, (done.returncode, said[-600:])
+    assert "Traceback" not in said
+    assert given.database in "".join(said.split())  # the place is still named
+    assert SECRET not in "".join(said.split()), said[-600:]  # the console wraps lines
+
+
+# ------------------------------------------- XJ: postgresql:// without a driver named
+
+
+@pytest.mark.parametrize("command", [["apps", "list"], ["init"]])
+def test_xj_a_plain_postgresql_url_is_used_not_a_traceback(
+    empty_backend: Backend, command: list[str]
+) -> None:
+    """Bug XJ. The settings accept ``postgresql://`` (libpq's own form, what psql and
+    pg_dump take), but SQLAlchemy reads it as the psycopg2 driver, which uprof does not
+    ship: every command that opened the stores ended in a traceback (``ModuleNotFoundError:
+    No module named 'psycopg2'``, exit 1), a reader too before it could say that no
+    deployment is there. uprof talks to PostgreSQL through psycopg 3 only: the URL is
+    used through it."""
+    _postgres_only(empty_backend)
+    given = sa.engine.make_url(empty_backend.url).set(drivername="postgresql", password=SECRET)
+    plain = given.render_as_string(hide_password=False)
+    assert plain.startswith("postgresql://")
+    data = empty_backend.data_dir / "d"
+    env = _env({"UPROF_DATA_DIR": str(data), "UPROF_DATABASE_URL": plain})
+    done = _run(env, *command)
+    said = done.stdout + done.stderr
+    assert "Traceback" not in said, said[-800:]
+    assert SECRET not in "".join(said.split())
+    if command == ["init"]:
+        assert done.returncode == 0, said[-600:]
+        listed = _run(env, "apps", "list")
+        assert listed.returncode == 0, (listed.stdout + listed.stderr)[-600:]
+    else:
+        assert done.returncode == NO_DEPLOYMENT, (done.returncode, said[-600:])
