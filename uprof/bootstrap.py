@@ -71,6 +71,7 @@ from uprof.storage import (
     log_holds_events,
     migrate,
     open_engines,
+    refuse_backup_folder,
     refuse_without_deployment,
     schema_lock,
 )
@@ -429,6 +430,7 @@ def bootstrap(
     """
     clock = clock or SystemClock()
     telemetry.configure(settings)
+    refuse_backup_folder(settings)  # before anything opens the copies (bug XK)
     if not restoring:
         refuse_interrupted_restore(settings)
     material = key_material or build_key_material(settings)

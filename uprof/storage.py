@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,10 @@ from uprof.settings import Settings
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 #: Present in the data folder while ``uprof restore`` runs; a start refuses beside it.
 RESTORE_MARKER = "RESTORE-IN-PROGRESS.json"
+#: The manifest ``uprof backup --to`` writes beside the stores' copies; its ``format``
+#: begins with ``BACKUP_FORMAT_PREFIX``. A data folder never holds one.
+BACKUP_MANIFEST = "manifest.json"
+BACKUP_FORMAT_PREFIX = "uprof-backup/"
 
 
 def layout_for(settings: Settings) -> StorageLayout:
@@ -52,6 +57,31 @@ def shown_url(database_url: str) -> str:
     url = sa.engine.make_url(database_url)
     hidden = {name: "***" for name in url.query if name.lower() in SECRET_URL_PARAMETERS}
     return url.update_query_dict(hidden).render_as_string(hide_password=True)
+
+
+def refuse_backup_folder(settings: Settings) -> None:
+    """Raise ``BackupFolderNamedError`` (exit 8) when the SQLite data folder of
+    ``settings`` holds a uprof backup's manifest (or a manifest that cannot be read, as a
+    backup's damaged one): a backup's folder named as the data folder. Asked before any
+    store is opened: opening rewrites the copies, and the backup no longer matched its
+    manifest (bug XK). PostgreSQL's data is in the database, its backup a dump file."""
+    from domain.errors import BackupFolderNamedError
+
+    if settings.database_url is not None:
+        return
+    manifest = settings.data_dir / BACKUP_MANIFEST
+    if not manifest.exists():
+        return
+    try:
+        found = json.loads(manifest.read_text(encoding="utf-8")).get("format")
+    except (OSError, ValueError, AttributeError):
+        found = None  # unreadable: a damaged backup's, as far as anyone can tell
+    if isinstance(found, str) and not found.startswith(BACKUP_FORMAT_PREFIX):
+        return
+    raise BackupFolderNamedError(
+        f"the data folder {settings.data_dir} holds a uprof backup ({BACKUP_MANIFEST}), "
+        "not a deployment: nothing was opened or made there, and the backup is as it was"
+    )
 
 
 def holds_a_deployment(settings: Settings) -> bool:

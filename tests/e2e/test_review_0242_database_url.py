@@ -5,7 +5,9 @@ for the test (SQLite has no URL: these cases are PostgreSQL's)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -92,3 +94,52 @@ def test_xj_a_plain_postgresql_url_is_used_not_a_traceback(
         assert listed.returncode == 0, (listed.stdout + listed.stderr)[-600:]
     else:
         assert done.returncode == NO_DEPLOYMENT, (done.returncode, said[-600:])
+
+
+# ---------------------------------------- XK: a backup folder named as the data folder
+
+
+def _files(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param(["apps", "list"], id="reader with the deployment's key folder"),
+        pytest.param(["apps", "list"], id="reader with no key folder"),
+        pytest.param(["apps", "create", "app:z"], id="creator with the deployment's key folder"),
+    ],
+)
+def test_xk_a_backup_folder_named_as_the_data_folder_is_refused_untouched(
+    tmp_path: Path, command: list[str], request: pytest.FixtureRequest
+) -> None:
+    """Bug XK. ``uprof backup --to B`` writes the stores' files and a signed manifest of
+    their checksums into B. A command sent with ``--data-dir B`` (the backup's folder
+    taken for the deployment's: the same files are there) found "a deployment" there
+    (0237's check: ``views.sqlite`` is a file) and opened it: the start switched the
+    copies to WAL (their headers rewritten), a reader's audit entry went in, lock files
+    were added, and ``uprof restore --from B`` then refused the backup ("events.sqlite is
+    missing or does not match its checksum"). Even a start refused for its key folder
+    (0242's XD, exit 8, "nothing was made") had rewritten them first. A folder holding a
+    uprof backup's manifest is no deployment: refused before anything opens it, exit 8,
+    saying so, the backup left as it was and still restorable. SQLite's: a PostgreSQL
+    backup is a dump file, not a store anything opens."""
+    data, backup = tmp_path / "d", tmp_path / "b"
+    env = _env({"UPROF_DATA_DIR": str(data)})
+    for setup in (["init"], ["apps", "create", "app:a"], ["backup", "--to", str(backup)]):
+        done = _run(env, *setup)
+        assert done.returncode == 0, done.stderr[-600:]
+    before = _files(backup)
+    place = {"UPROF_DATA_DIR": str(backup)}
+    if "no key folder" not in request.node.callspec.id:
+        place["UPROF_KEY_DIR"] = str(data.with_name("d.keys"))
+    done = _run(_env(place), *command)
+    said = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == NO_DEPLOYMENT, (done.returncode, said[-600:])
+    assert "Traceback" not in said
+    assert "backup" in said and "restore" in said, said[-600:]
+    assert _files(backup) == before  # nothing opened, nothing added
+    assert not backup.with_name("b.keys").exists()
+    restored = _run(env, "restore", "--from", str(backup))
+    assert restored.returncode == 0, restored.stderr[-600:]
