@@ -143,3 +143,35 @@ def test_xk_a_backup_folder_named_as_the_data_folder_is_refused_untouched(
     assert not backup.with_name("b.keys").exists()
     restored = _run(env, "restore", "--from", str(backup))
     assert restored.returncode == 0, restored.stderr[-600:]
+
+
+# -------------------------------- XL: the wrong key folder a refused start had made
+
+
+def test_xl_a_start_refused_for_its_key_folder_leaves_no_key_folder(
+    empty_backend: Backend,
+) -> None:
+    """Bug XL. 0242's XD refuses a key folder without a master key beside a deployment's
+    data (exit 8), saying "nothing was made in the folder named"; on SQLite the start had
+    made that folder (empty, mode 0700) before it looked, and left it: a typo'd
+    ``--key-dir`` left a folder at the typo. A folder this start made is taken away
+    again when it refuses; one that was there before is left as it was."""
+    data = empty_backend.data_dir / "data"
+    place = {"UPROF_DATA_DIR": str(data)}
+    if empty_backend.kind == "postgres":
+        place["UPROF_DATABASE_URL"] = empty_backend.url
+    env = _env(place)
+    made = _run(env, "init")
+    assert made.returncode == 0, made.stderr[-600:]
+    wrong = empty_backend.data_dir / "typo" / "elsewhere.keys"
+    done = _run({**env, "UPROF_KEY_DIR": str(wrong)}, "apps", "list")
+    said = " ".join(done.stderr.split())
+    assert done.returncode == NO_DEPLOYMENT, (done.returncode, said[-600:])
+    assert "nothing was made" in said
+    assert not wrong.exists(), sorted(p.name for p in wrong.iterdir())
+    assert not wrong.parent.exists()  # nor the folder above it, made for it
+    there = empty_backend.data_dir / "there.keys"
+    there.mkdir(mode=0o700)
+    done = _run({**env, "UPROF_KEY_DIR": str(there)}, "apps", "list")
+    assert done.returncode == NO_DEPLOYMENT, done.stderr[-600:]
+    assert there.is_dir() and not any(there.iterdir())  # its own folder, left as it was
