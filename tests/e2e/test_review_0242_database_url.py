@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -175,3 +176,67 @@ def test_xl_a_start_refused_for_its_key_folder_leaves_no_key_folder(
     done = _run({**env, "UPROF_KEY_DIR": str(there)}, "apps", "list")
     assert done.returncode == NO_DEPLOYMENT, done.stderr[-600:]
     assert there.is_dir() and not any(there.iterdir())  # its own folder, left as it was
+
+
+# ------------------------------------ XN: a URL that leaves the database or user out
+
+
+@pytest.fixture
+def role_of_its_own(empty_backend: Backend) -> Iterator[str]:
+    """A login role with a database of its own name (libpq's default database), made for
+    the test and dropped after; the server trusts the loopback."""
+    _postgres_only(empty_backend)
+    role = f"{empty_backend.pg_dbname}_role"
+    admin = sa.create_engine(
+        sa.engine.make_url(empty_backend.url).set(database="postgres"),
+        isolation_level="AUTOCOMMIT",
+        poolclass=sa.pool.NullPool,
+    )
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'CREATE ROLE "{role}" LOGIN'))
+            conn.execute(sa.text(f'CREATE DATABASE "{role}" OWNER "{role}"'))
+        yield role
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{role}" WITH (FORCE)'))
+            conn.execute(sa.text(f'DROP ROLE IF EXISTS "{role}"'))
+        admin.dispose()
+
+
+@pytest.mark.parametrize("left_out", ["database", "user"])
+def test_xn_a_url_that_leaves_the_database_or_user_out_is_refused_naming_the_field(
+    empty_backend: Backend, role_of_its_own: str, left_out: str
+) -> None:
+    """Bug XN. A PostgreSQL URL is read twice: SQLAlchemy's engines (views, keys, the
+    start's checks) hand it to libpq, which fills a database left out with the user's
+    name and a user left out with the system user's; the event log's settings
+    (``layout``) filled both with ``postgres``. A URL naming no database, for a role
+    whose own database exists: the views went into that database and the event log into
+    ``postgres``, where PostgreSQL 15 refuses the role: a traceback ("permission denied
+    for schema public", exit 1); a role allowed there would have split the deployment
+    over two databases. The URL must name both: exit 2 naming ``database_url``."""
+    given = sa.engine.make_url(empty_backend.url)
+    # ``URL.set`` keeps a part given None: ``_replace`` leaves it out.
+    if left_out == "database":
+        url = given._replace(username=role_of_its_own, database=None)
+    else:
+        url = given._replace(username=None, database=role_of_its_own)
+    assert (url.database if left_out == "database" else url.username) is None
+    env = _env(
+        {
+            "UPROF_DATA_DIR": str(empty_backend.data_dir / "d"),
+            "UPROF_DATABASE_URL": url.render_as_string(hide_password=False),
+        }
+    )
+    done = _run(env, "init")
+    said = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 2, (done.returncode, said[-600:])
+    assert "Traceback" not in said
+    assert "database_url" in said.lower() and left_out in said, said[-600:]
+    probe = sa.create_engine(given.set(database=role_of_its_own), poolclass=sa.pool.NullPool)
+    try:
+        with probe.connect() as conn:  # nothing was made in the role's own database
+            assert sa.inspect(conn).get_table_names() == []
+    finally:
+        probe.dispose()
