@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -240,3 +241,46 @@ def test_xn_a_url_that_leaves_the_database_or_user_out_is_refused_naming_the_fie
             assert sa.inspect(conn).get_table_names() == []
     finally:
         probe.dispose()
+
+
+# ------------------------------ XO: another program's SQLite file in the data folder
+
+
+def test_xo_another_programs_sqlite_file_in_the_folder_is_no_deployment(tmp_path: Path) -> None:
+    """Bug XO. 0237's check found "a deployment" in a data folder as soon as one of
+    ``views.sqlite``, ``events.sqlite``, ``policies.sqlite`` was a file. A folder holding
+    another program's ``events.sqlite`` (its own tables, its own rows) was taken for one:
+    a reader (``apps list``) made a new deployment there (uprof's tables written into
+    the other program's database, ``views.sqlite``, ``policies.sqlite``, a key folder with
+    new keys) and answered ``[]``, exit 0: WM again, through a file of another format. A
+    file is a deployment's when it holds one of uprof's tables (as PostgreSQL's check
+    asks of the database), or cannot be read as SQLite at all (damage, which the start
+    names, exit 7); read without writing. SQLite's: PostgreSQL's check reads the tables
+    already (0237)."""
+    folder = tmp_path / "d"
+    folder.mkdir()
+    other = sqlite3.connect(folder / "events.sqlite")
+    other.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, total INTEGER)")
+    other.execute("INSERT INTO orders VALUES (1, 42)")
+    other.commit()
+    other.close()
+    before = _files(folder)
+    done = _run(_env({"UPROF_DATA_DIR": str(folder)}), "apps", "list")
+    said = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == NO_DEPLOYMENT, (done.returncode, said[-600:])
+    assert "Traceback" not in said
+    assert _files(folder) == before  # the other program's file as it was, nothing added
+    assert not folder.with_name("d.keys").exists()
+
+
+def test_held_a_damaged_store_file_still_reaches_the_starts_damage_check(tmp_path: Path) -> None:
+    """Held beside XO: a store file that is no SQLite database at all (overwritten,
+    truncated) is still the deployment's, damaged: exit 7 as before, not "no deployment"
+    (exit 8), which would send its operator to make a new one."""
+    folder = tmp_path / "d"
+    folder.mkdir()
+    (folder / "views.sqlite").write_bytes(b"not a database, overwritten by hand\n" * 40)
+    done = _run(_env({"UPROF_DATA_DIR": str(folder)}), "apps", "list")
+    said = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 7, (done.returncode, said[-600:])
+    assert "Traceback" not in said
