@@ -303,6 +303,17 @@ class BackupFolderNamedError(DeploymentNotFoundError):
     )
 
 
+class StoreOfANewerReleaseError(UprofError):
+    """A store records a schema revision this release's migrations do not have: a newer
+    uprof migrated it (an older CLI run on it, a release rolled back). Refused at the
+    start, naming the store and the revision, nothing changed: its migration ended in
+    alembic's traceback (bug XP)."""
+
+    hint = (
+        "run the uprof release that upgraded this deployment (or a newer one); nothing was changed"
+    )
+
+
 class StoredDataDamagedError(UprofError):
     """A stored event failed authentication: the storage was damaged or altered. Raised
     instead of serving anything from it; the message names the event's version only."""

@@ -284,3 +284,51 @@ def test_held_a_damaged_store_file_still_reaches_the_starts_damage_check(tmp_pat
     said = " ".join((done.stdout + done.stderr).split())
     assert done.returncode == 7, (done.returncode, said[-600:])
     assert "Traceback" not in said
+
+
+# ------------------------------------------- XP: a deployment a newer uprof has upgraded
+
+
+FUTURE_REVISION = "0999_from_a_newer_uprof"
+
+
+def test_xp_a_deployment_a_newer_release_upgraded_is_refused_not_a_traceback(
+    empty_backend: Backend,
+) -> None:
+    """Bug XP. A deployment whose stores a newer uprof has migrated (an older CLI run on
+    it, a release rolled back) is "a deployment of another format": 0237's check finds
+    it, and the start's migration met a revision this release does not have: a
+    traceback, alembic's ``CommandError: Can't locate revision identified by ...``, exit
+    1. ``uprof restore`` has refused such a backup by name since bug JI; the start now
+    says the same, naming the store and the revision, and changes nothing."""
+    data = empty_backend.data_dir / "data"
+    place = {"UPROF_DATA_DIR": str(data)}
+    if empty_backend.kind == "postgres":
+        place["UPROF_DATABASE_URL"] = empty_backend.url
+    env = _env(place)
+    made = _run(env, "init")
+    assert made.returncode == 0, made.stderr[-600:]
+    views_url = (
+        empty_backend.url
+        if empty_backend.kind == "postgres"
+        else f"sqlite:///{data / 'views.sqlite'}"
+    )
+    engine = sa.create_engine(views_url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.begin() as conn:
+            rows = [r[0] for r in conn.execute(sa.text("SELECT version_num FROM alembic_version"))]
+            views = next(r for r in rows if "views" in r)
+            conn.execute(
+                sa.text("UPDATE alembic_version SET version_num = :f WHERE version_num = :v"),
+                {"f": FUTURE_REVISION, "v": views},
+            )
+        done = _run(env, "apps", "list")
+        said = " ".join((done.stdout + done.stderr).split())
+        assert "Traceback" not in said, said[-800:]
+        assert done.returncode != 0, said[-600:]
+        assert FUTURE_REVISION in said and "newer" in said, said[-600:]
+        with engine.connect() as conn:  # nothing was changed
+            after = {r[0] for r in conn.execute(sa.text("SELECT version_num FROM alembic_version"))}
+        assert FUTURE_REVISION in after and views not in after
+    finally:
+        engine.dispose()
