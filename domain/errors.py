@@ -291,6 +291,29 @@ class DatabaseNotFoundError(DeploymentNotFoundError):
     )
 
 
+class BackupFolderNamedError(DeploymentNotFoundError):
+    """The data folder named holds a uprof backup (``uprof backup --to``: the stores'
+    files and a signed manifest of their checksums), not a deployment. Opened as one, the
+    start rewrote the copies and a reader's audit entry went in: the backup no longer
+    matched its manifest, and ``uprof restore`` refused it (bug XK)."""
+
+    hint = (
+        "name the deployment's data folder (--data-dir, UPROF_DATA_DIR); to bring the "
+        "backup back, run `uprof restore --from FOLDER` with the deployment's data folder"
+    )
+
+
+class StoreOfANewerReleaseError(UprofError):
+    """A store records a schema revision this release's migrations do not have: a newer
+    uprof migrated it (an older CLI run on it, a release rolled back). Refused at the
+    start, naming the store and the revision, nothing changed: its migration ended in
+    alembic's traceback (bug XP)."""
+
+    hint = (
+        "run the uprof release that upgraded this deployment (or a newer one); nothing was changed"
+    )
+
+
 class StoredDataDamagedError(UprofError):
     """A stored event failed authentication: the storage was damaged or altered. Raised
     instead of serving anything from it; the message names the event's version only."""

@@ -71,6 +71,7 @@ from uprof.storage import (
     log_holds_events,
     migrate,
     open_engines,
+    refuse_backup_folder,
     refuse_without_deployment,
     schema_lock,
 )
@@ -405,6 +406,27 @@ def build_counter(settings: Settings) -> TokenCounter:
     return counter
 
 
+def _folders_missing(path: Path) -> list[Path]:
+    """The folders of ``path`` (itself included) that do not exist yet, deepest first."""
+    missing: list[Path] = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
+def _take_away_empty(folders: list[Path]) -> None:
+    """Remove ``folders`` (deepest first) while each is empty: the key folder a refused
+    start made before it looked. It said "nothing was made in the folder named" and
+    left the folder, and its parents, at a typo'd ``--key-dir`` (bug XL). A folder that
+    holds anything (another start's key, written since) is left, and those above it."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
 def bootstrap(
     settings: Settings,
     *,
@@ -429,8 +451,10 @@ def bootstrap(
     """
     clock = clock or SystemClock()
     telemetry.configure(settings)
+    refuse_backup_folder(settings)  # before anything opens the copies (bug XK)
     if not restoring:
         refuse_interrupted_restore(settings)
+    unmade = _folders_missing(settings.key_path)  # taken away again if refused (XL)
     material = key_material or build_key_material(settings)
     layout = layout_for(settings)
     stores = open_engines(layout)
@@ -445,6 +469,7 @@ def bootstrap(
     ):
         release_stores()
         stores.dispose()
+        _take_away_empty(unmade)
         # A new root secret beside an old log would make every subject unreadable (and
         # look erased), while new captures went on under keys that open nothing old. A
         # log without events is no proof of a new deployment: the audit log's entries

@@ -277,9 +277,9 @@ class Settings(BaseSettings):
             return None
         from uprof.backends import backend_for_url
 
-        # Unknown schemes, and URLs a known backend refuses, fail here, naming the field.
-        backend_for_url(value).check_database_url(value)
-        return value
+        # Unknown schemes, and URLs a known backend refuses, fail here, naming the field;
+        # a URL is kept as the engines use it (``postgresql://`` names psycopg 3, XJ).
+        return backend_for_url(value).check_database_url(value)
 
     @model_validator(mode="after")
     def _keys_apart_from_data(self) -> Settings:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,10 @@ from uprof.settings import Settings
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 #: Present in the data folder while ``uprof restore`` runs; a start refuses beside it.
 RESTORE_MARKER = "RESTORE-IN-PROGRESS.json"
+#: The manifest ``uprof backup --to`` writes beside the stores' copies; its ``format``
+#: begins with ``BACKUP_FORMAT_PREFIX``. A data folder never holds one.
+BACKUP_MANIFEST = "manifest.json"
+BACKUP_FORMAT_PREFIX = "uprof-backup/"
 
 
 def layout_for(settings: Settings) -> StorageLayout:
@@ -38,8 +43,45 @@ def deployment_place(settings: Settings) -> str:
     or the database URL with its password hidden."""
     if settings.database_url is None:
         return f"the data folder {settings.data_dir}"
-    url = sa.engine.make_url(settings.database_url).render_as_string(hide_password=True)
-    return f"the database {url}"
+    return f"the database {shown_url(settings.database_url)}"
+
+
+#: The URL query parameters that carry a secret (libpq's connection parameters, which
+#: psycopg takes from the query string as from before the host).
+SECRET_URL_PARAMETERS = frozenset({"password", "sslpassword"})
+
+
+def shown_url(database_url: str) -> str:
+    """``database_url`` as it may be shown (stderr, stdout, logs): its password hidden,
+    before the host and in the query string, where libpq takes it too (bug XI)."""
+    url = sa.engine.make_url(database_url)
+    hidden = {name: "***" for name in url.query if name.lower() in SECRET_URL_PARAMETERS}
+    return url.update_query_dict(hidden).render_as_string(hide_password=True)
+
+
+def refuse_backup_folder(settings: Settings) -> None:
+    """Raise ``BackupFolderNamedError`` (exit 8) when the SQLite data folder of
+    ``settings`` holds a uprof backup's manifest (or a manifest that cannot be read, as a
+    backup's damaged one): a backup's folder named as the data folder. Asked before any
+    store is opened: opening rewrites the copies, and the backup no longer matched its
+    manifest (bug XK). PostgreSQL's data is in the database, its backup a dump file."""
+    from domain.errors import BackupFolderNamedError
+
+    if settings.database_url is not None:
+        return
+    manifest = settings.data_dir / BACKUP_MANIFEST
+    if not manifest.exists():
+        return
+    try:
+        found = json.loads(manifest.read_text(encoding="utf-8")).get("format")
+    except (OSError, ValueError, AttributeError):
+        found = None  # unreadable: a damaged backup's, as far as anyone can tell
+    if isinstance(found, str) and not found.startswith(BACKUP_FORMAT_PREFIX):
+        return
+    raise BackupFolderNamedError(
+        f"the data folder {settings.data_dir} holds a uprof backup ({BACKUP_MANIFEST}), "
+        "not a deployment: nothing was opened or made there, and the backup is as it was"
+    )
 
 
 def holds_a_deployment(settings: Settings) -> bool:
@@ -180,9 +222,37 @@ def migrate(engine: sa.Engine, branch: str) -> None:
     that has nothing to migrate (decision 0035-observability).
     """
     head = branch_head(branch)
-    if head is not None and head in _current_revisions(engine):
+    current = _current_revisions(engine)
+    if head is not None and head in current:
         return
+    _refuse_unknown_revisions(engine, branch, current)
     _migrate_branch(engine, branch, f"{branch}@head", downgrade=False)
+
+
+def _refuse_unknown_revisions(engine: sa.Engine, branch: str, current: set[str]) -> None:
+    """Raise ``StoreOfANewerReleaseError`` when the store records a revision no migration
+    of this release has (a newer release's): alembic's upgrade ended in its own
+    traceback there (bug XP). Asked only where the store is not at the head already."""
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    from domain.errors import StoreOfANewerReleaseError
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    known = {r.revision for r in ScriptDirectory.from_config(config).walk_revisions()}
+    unknown = sorted(current - known)
+    if unknown:
+        url = engine.url
+        store = (
+            f"the {branch} store {Path(url.database or '').name}"
+            if url.get_backend_name() == "sqlite"
+            else f"the {branch} store in the database {url.database}"
+        )
+        raise StoreOfANewerReleaseError(
+            f"{store} is at schema revision {', '.join(map(repr, unknown))}, which this "
+            "uprof does not know: a newer release upgraded it; nothing was changed"
+        )
 
 
 def downgrade_to(engine: sa.Engine, branch: str, revision: str) -> None:

@@ -31,7 +31,7 @@ NOT_UTF8 = "\udcff"
 
 #: A value each field takes, the byte appended to it (or put inside a path).
 _PLAIN: dict[str, str] = {
-    "database_url": "postgresql+psycopg://127.0.0.1/uprof_env_x",
+    "database_url": "postgresql+psycopg://postgres@127.0.0.1/uprof_env_x",
     "master_secret": "s" * 40,
     "rate_limit": "5/second",
     "privacy_rate_limit": "5/second",

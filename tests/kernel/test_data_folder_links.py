@@ -156,7 +156,7 @@ def test_held_postgresql_does_not_check_the_data_folder(tmp_path: Path) -> None:
     settings = Settings(
         data_dir=shared / "data",
         key_dir=tmp_path / "keys",
-        database_url="postgresql+psycopg://127.0.0.1:5432/uprof_never_opened",
+        database_url="postgresql+psycopg://postgres@127.0.0.1:5432/uprof_never_opened",
     )
     from uprof.storage import layout_for
 

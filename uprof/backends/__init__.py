@@ -323,8 +323,9 @@ class Backend(Protocol):
 
     # --- engines, URLs and eventsourcing settings --------------------------------------
 
-    def check_database_url(self, url: str) -> None:
-        """Raise ValueError (naming ``database_url``) for a URL this backend refuses."""
+    def check_database_url(self, url: str) -> str:
+        """The URL as uprof's engines use it (the driver uprof ships named); raise
+        ValueError (naming ``database_url``) for a URL this backend refuses."""
         ...
 
     def layout(self, settings: Settings) -> StorageLayout:

@@ -106,6 +106,8 @@ INVALID_CATALOG_NAME = "3D000"
 #: Databases every PostgreSQL server has, where the catalogue of databases is read when
 #: the one a URL names refused the connection (``database_missing``).
 MAINTENANCE_DATABASES = ("postgres", "template1")
+#: A PostgreSQL URL that names no driver (libpq's form); read as psycopg 3's (bug XJ).
+PLAIN_SCHEME = "postgresql://"
 
 
 class PostgresBackend:
@@ -121,13 +123,35 @@ class PostgresBackend:
     writes_rows_by_position = False
     alters_in_batches = False
 
-    def check_database_url(self, url: str) -> None:
+    def check_database_url(self, url: str) -> str:
         # eventsourcing talks to PostgreSQL through psycopg 3; so must every engine.
-        if not url.startswith(("postgresql://", "postgresql+psycopg://")):
+        if url.startswith(PLAIN_SCHEME):
+            # libpq's own form (psql's, pg_dump's): SQLAlchemy reads it as psycopg2, which
+            # uprof does not ship, and every command ended in its ModuleNotFoundError's
+            # traceback (bug XJ). The driver uprof ships is named instead.
+            url = "postgresql+psycopg://" + url[len(PLAIN_SCHEME) :]
+        if not url.startswith("postgresql+psycopg://"):
             raise ValueError(
                 "database_url must be a PostgreSQL URL (postgresql+psycopg://...); "
                 "leave it unset for the embedded SQLite default"
             )
+        # Read twice: the engines hand the URL to libpq, which fills a part left out from
+        # its defaults (the user's name for the database, the system user for the user,
+        # PGDATABASE, PGUSER); the event log's settings (``layout``) take the parts as
+        # written. A part left out put the event log in another database, or under
+        # another role, than the views (bug XN): the URL names both.
+        try:
+            parsed = sa.engine.make_url(url)
+        except sa.exc.ArgumentError:
+            raise ValueError("database_url is not a URL uprof can read") from None
+        for part, value in (("database", parsed.database), ("user", parsed.username)):
+            if not value:
+                raise ValueError(
+                    f"database_url must name the {part} "
+                    "(postgresql+psycopg://USER@HOST:PORT/DATABASE): left out, the event "
+                    "log and the other stores would each fill it in their own way"
+                )
+        return url
 
     def layout(self, settings: Settings) -> StorageLayout:
         assert settings.database_url is not None

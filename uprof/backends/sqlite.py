@@ -47,6 +47,10 @@ POLICY_STORE_FILE = "policies.sqlite"
 VIEWS_STORE_FILE = "views.sqlite"
 #: The stores of a deployment's data folder (one of them there: a deployment is).
 DATA_STORE_FILES = (VIEWS_STORE_FILE, "events.sqlite", POLICY_STORE_FILE)
+#: Tables one of the data folder's files holds when it is a deployment's: the migrations'
+#: version table (views), the event logs' table (events, policies), the audit log's.
+#: The same question PostgreSQL's ``holds_a_deployment`` asks of the database.
+DEPLOYMENT_TABLES = frozenset({"alembic_version", "stored_events", "audit_entries"})
 #: The files of a backup, views first: the views' projection position must never be
 #: ahead of the log.
 SQLITE_FILES = ("views.sqlite", "events.sqlite")
@@ -118,6 +122,24 @@ def _into_wal(connection: sqlite3.Connection) -> None:
             raise
 
     WAL_SWITCH.call(switch)
+
+
+def _holds_uprof_tables(path: Path) -> bool:
+    """Whether the SQLite file ``path`` holds one of ``DEPLOYMENT_TABLES``, read without
+    writing (``mode=ro``); True where it cannot be read as SQLite at all: a store file
+    overwritten or cut short is the deployment's, damaged, and the start says so (exit
+    7), where "no deployment" (exit 8) would send its operator to make a new one."""
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+    except sqlite3.Error:
+        return True
+    try:
+        names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+    except sqlite3.Error:
+        return True
+    finally:
+        conn.close()
+    return bool(names & DEPLOYMENT_TABLES)
 
 
 def _file_into_wal(database: Path) -> Path:
@@ -218,7 +240,7 @@ class SQLiteBackend:
     writes_rows_by_position = True
     alters_in_batches = True  # SQLite's ALTER TABLE cannot change or drop most things
 
-    def check_database_url(self, url: str) -> None:
+    def check_database_url(self, url: str) -> str:
         raise ValueError(
             "database_url must be a PostgreSQL URL (postgresql+psycopg://...); "
             "leave it unset for the embedded SQLite default"
@@ -609,8 +631,14 @@ class SQLiteBackend:
         return _holds_a_policy(settings.data_dir / POLICY_STORE_FILE)
 
     def holds_a_deployment(self, settings: Settings) -> bool:
-        # Looked for, not opened: a SQLite connection makes the file it names.
-        return any((settings.data_dir / name).is_file() for name in DATA_STORE_FILES)
+        # Looked for, then read without writing (a SQLite connection in its default mode
+        # makes the file it names): another program's database of the same name is no
+        # deployment (bug XO), a file that cannot be read is a damaged one.
+        return any(
+            _holds_uprof_tables(settings.data_dir / name)
+            for name in DATA_STORE_FILES
+            if (settings.data_dir / name).is_file()
+        )
 
     def database_missing(self, settings: Settings, error: BaseException) -> bool:
         return False  # a data folder, not a server: its absence is holds_a_deployment's

@@ -73,6 +73,8 @@ from uprof.documents import MAX_DOCUMENT_BYTES, read_at_most
 from uprof.services.sign_outs import SignOuts
 from uprof.settings import Settings
 from uprof.storage import (
+    BACKUP_FORMAT_PREFIX,
+    BACKUP_MANIFEST,
     MIGRATIONS_DIR,
     RESTORE_MARKER,
     branch_head,
@@ -84,12 +86,12 @@ from uprof.storage import (
 
 _log = logging.getLogger(__name__)
 
-FORMAT = "uprof-backup/1"
+FORMAT = BACKUP_FORMAT_PREFIX + "1"
 #: Domain separation of a manifest's signature (``_signed_bytes``).
 SIGNATURE_LABEL = b"uprof-backup-manifest/1\n"
 #: Derivation label of the deployment id in a manifest (``deployment_id``).
 DEPLOYMENT_LABEL = "uprof/backup-deployment/1"
-MANIFEST = "manifest.json"
+MANIFEST = BACKUP_MANIFEST
 #: Tables of the key store: never in a backup, never touched by a restore.
 KEY_TABLES = tuple(sorted({*keys_metadata.tables, *api_metadata.tables}))
 #: Audit tables and their primary keys (a restore keeps the live rows).
