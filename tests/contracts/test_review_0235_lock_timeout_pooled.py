@@ -1,4 +1,4 @@
-"""Review of 0235-key-checks-around-the-locks (decision XXXX-review-of-0235-to-0242),
+"""Review of 0235-key-checks-around-the-locks (decision 0244-review-of-0235-to-0242),
 held: the key store's bounded lock wait (bug WK, ``lock_timeout`` of 1.5 s set for a
 read's transaction) does not stay on the pooled connection. Had it leaked, a later,
 unrelated statement on that connection (a migration's, a revocation's) would fail at

@@ -1,5 +1,5 @@
 """Review of 0237-the-wrong-folder and 0242-the-wrong-folder-2 (decision
-XXXX-review-of-0235-to-0242): the database URL as an operator writes it. Each command
+0244-review-of-0235-to-0242): the database URL as an operator writes it. Each command
 runs as the operator runs it, a process of its own, against a PostgreSQL database made
 for the test (SQLite has no URL: these cases are PostgreSQL's)."""
 

@@ -1,4 +1,4 @@
-"""Review of 0235-key-checks-around-the-locks (decision XXXX-review-of-0235-to-0242):
+"""Review of 0235-key-checks-around-the-locks (decision 0244-review-of-0235-to-0242):
 the bound on checks left running counted every check under way, and 0235's checks in
 the writer turns run side by side, one per subject's turn.
 

@@ -1,4 +1,4 @@
-"""Review of 0240-readers-beside-a-rebuild (decision XXXX-review-of-0235-to-0242), held:
+"""Review of 0240-readers-beside-a-rebuild (decision 0244-review-of-0235-to-0242), held:
 a residue scan killed -9 while it holds the views' schema lock (bug WZ put the scan
 under it) leaves no lock behind. The next rebuild and the next scan, in another
 process, proceed at once; neither waits out ``schema_lock_wait_s``. SQLite's lock is an

@@ -1,4 +1,4 @@
-"""Review of 0235-key-checks-around-the-locks (decision XXXX-review-of-0235-to-0242),
+"""Review of 0235-key-checks-around-the-locks (decision 0244-review-of-0235-to-0242),
 held: ``Prefer: wait`` edge values. A value that is no whole number of seconds is ignored
 (RFC 7240, as documented in the header's description); 0 leaves the least bound; a huge
 one (400 digits, read as infinity) leaves the server's own. Every wait a request takes
