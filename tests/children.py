@@ -45,12 +45,18 @@ from multiprocessing import reduction
 from pathlib import Path
 from typing import IO
 
-#: What the fork server imports once: what the children of the kernel tests import.
+#: What the fork server imports once: what the children of the kernel tests import, and
+#: what ``uprof serve`` imports at its start (uvicorn, the server's app and its pages:
+#: ~0.9 s of CPU per forked server otherwise, paid once per fork server here).
 PRELOAD = [
     "tests.conftest",
     "tests.fakes.ports",
     "tests.kernel.conftest",
     "uprof.cli.main",
+    "uvicorn",
+    "uprof.api.logconfig",
+    "uprof.native_memory",
+    "uprof.server",
     "tests.children",  # last: its import in the fork server checks what the others left
 ]
 
@@ -274,6 +280,37 @@ def run_python(
     code = child.returncode
     assert code is not None
     return subprocess.CompletedProcess(child.args, code, out, err)
+
+
+#: The pids of children a fixture holds past its test's body (``held_by_fixture``).
+_HELD_BY_FIXTURES: set[int] = set()
+
+
+def held_by_a_fixture(pid: int | None) -> bool:
+    """Whether the child ``pid`` is one a fixture holds and stops in its own teardown:
+    the suite's check after a test's body (tests/conftest.py) leaves it alone."""
+    return pid in _HELD_BY_FIXTURES
+
+
+@contextmanager
+def held_by_fixture(child: PythonChild) -> Iterator[PythonChild]:
+    """For a fixture that starts a child and yields while it runs (a server the test
+    talks to): the child may outlive the test's body, which the suite's check that no
+    multiprocessing child outlives a test's body otherwise refuses (it runs before the
+    fixtures' teardown). The fixture stops the child inside this block; one still running
+    at its end is killed and reaped, and the fixture's teardown fails naming it: the
+    check's promise (no child left to hang the test process's exit) holds per fixture."""
+    _HELD_BY_FIXTURES.add(child.pid)
+    try:
+        yield child
+    finally:
+        _HELD_BY_FIXTURES.discard(child.pid)
+        left = child.poll() is None
+        if left:
+            child.kill()
+            child.wait(30)
+    if left:  # not reached when the fixture fails: its own error is the report
+        raise AssertionError(f"a fixture left its child running: pid {child.pid}")
 
 
 def serving_child(args: list[str], env: dict[str, str], stderr: Path) -> tuple[PythonChild, int]:

@@ -344,8 +344,12 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def kill_leftover_children() -> list[str]:
-    """Kill and reap this process's multiprocessing children still running; their names."""
-    leftovers = multiprocessing.active_children()
+    """Kill and reap this process's multiprocessing children still running, but those a
+    fixture holds (``tests.children.held_by_fixture``: it stops them in its teardown, and
+    fails if it could not); their names."""
+    from tests.children import held_by_a_fixture
+
+    leftovers = [c for c in multiprocessing.active_children() if not held_by_a_fixture(c.pid)]
     for child in leftovers:
         child.kill()
     for child in leftovers:
@@ -356,7 +360,7 @@ def kill_leftover_children() -> list[str]:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     # After the test body, before its fixtures' teardown: a child still running here is
-    # one the test did not wait for (no fixture starts multiprocessing children).
+    # one the test did not wait for (a fixture's own are held: ``held_by_fixture``).
     try:
         outcome = yield
     except BaseException:

@@ -6,9 +6,8 @@ answered 200 (the second with nothing left to erase), nothing collected left."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,7 +16,8 @@ import httpx
 import pytest
 
 from audit.receipts import RECEIPT_ACTION
-from benchmarks.server_ready import popen_serving, stop_server, wait_until_healthy
+from benchmarks.server_ready import stop_server, wait_until_healthy
+from tests.children import PythonChild, held_by_fixture, serving_child
 from tests.conftest import Backend
 from tests.e2e.test_store_damage_servers import APP
 from tests.fakes.ports import FakeClock
@@ -52,22 +52,25 @@ def two_servers(backend: Backend, tmp_path: Path) -> Iterator[tuple[Settings, st
     }
     if settings.database_url:
         env["UPROF_DATABASE_URL"] = settings.database_url
-    command = [sys.executable, "-m", "uprof.cli.main", "serve", "--log-level", "warning"]
-    processes, urls = [], []
-    try:
-        for n in range(2):
-            with (tmp_path / f"serve-{n}.stderr").open("w") as err:
-                process, port = popen_serving(
-                    command, env=env, stdout=subprocess.DEVNULL, stderr=err
+    processes: list[PythonChild] = []
+    urls: list[str] = []
+    with contextlib.ExitStack() as held:
+        try:
+            for n in range(2):
+                # Forked from the tests' fork server (the project imported once): each a
+                # process of its own all the same; held past the test's body, stopped here.
+                process, port = serving_child(
+                    ["serve", "--log-level", "warning"], env, tmp_path / f"serve-{n}.stderr"
                 )
-            processes.append(process)
-            urls.append(f"http://127.0.0.1:{port}")
-        for process, url in zip(processes, urls, strict=True):
-            wait_until_healthy(process, url, timeout_s=120)
-        yield settings, token, urls
-    finally:
-        for process in processes:
-            stop_server(process)
+                held.enter_context(held_by_fixture(process))
+                processes.append(process)
+                urls.append(f"http://127.0.0.1:{port}")
+            for process, url in zip(processes, urls, strict=True):
+                wait_until_healthy(process, url, timeout_s=120)
+            yield settings, token, urls
+        finally:
+            for process in processes:
+                stop_server(process)
 
 
 def _post(url: str, token: str, path: str, body: dict[str, object]) -> httpx.Response:

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.server_ready import popen_serving, stop_server, wait_until_healthy
+from benchmarks.server_ready import stop_server, wait_until_healthy
 from tests.api.conftest import PRIVACY
 from tests.api.mcp_messages import HELLO, rpc
 from tests.api.test_mcp_stdio_message_limit import _Answers
-from tests.children import PythonChild
+from tests.children import PythonChild, serving_child
 from tests.conftest import Backend
 from tests.e2e.test_review_0232_readiness import _stopped, _worker
 from tests.fakes.ports import FakeClock
@@ -61,7 +61,7 @@ READS: dict[str, tuple[str, dict[str, object]]] = {
 }
 
 
-def _serve(settings: Settings, stderr: Path) -> tuple[subprocess.Popen[bytes], str]:
+def _serve(settings: Settings, stderr: Path) -> tuple[PythonChild, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("UPROF_")}
     env |= {
         "HF_HUB_OFFLINE": "1",
@@ -70,9 +70,9 @@ def _serve(settings: Settings, stderr: Path) -> tuple[subprocess.Popen[bytes], s
     }
     if settings.database_url:
         env["UPROF_DATABASE_URL"] = settings.database_url
-    command = [sys.executable, "-m", "uprof.cli.main", "serve", "--log-level", "warning"]
-    with stderr.open("w") as err:
-        process, port = popen_serving(command, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    # Forked from the tests' fork server (the project imported once): a process of its
+    # own all the same, its start the command's.
+    process, port = serving_child(["serve", "--log-level", "warning"], env, stderr)
     url = f"http://127.0.0.1:{port}"
     wait_until_healthy(process, url, timeout_s=120)
     return process, url

@@ -14,13 +14,17 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
+from subprocess import CompletedProcess
 from typing import Any
 
 import httpx
 
-from benchmarks.server_ready import popen_serving, stop_server, wait_until_healthy
+from benchmarks.server_ready import stop_server, wait_until_healthy
+from tests import children
+from tests.children import PythonChild
 from tests.conftest import Backend
-from tests.e2e.test_user_walk import UPROF, _base, _env, _readyz_until
+from tests.e2e.test_user_walk import _base, _env, _readyz_until
 from tests.fakes.ports import FakeClock
 from tests.kernel.conftest import build_kernel
 from uprof.settings import Settings
@@ -50,28 +54,16 @@ def _grant(http: httpx.Client, subject: str) -> None:
 
 
 def test_we_writes_that_are_no_capture_do_not_reset_the_unmoved_count(
-    backend: Backend,
+    backend: Backend, tmp_path: Path
 ) -> None:
     """A capture waits with no worker; once readiness says it has not moved for a while,
     a consent grant of another subject is written. Nothing was extracted or projected:
     the count goes on. Held: the erasure of another subject by ``uprof erase subject``,
     a process of its own, runs the pipeline to the log's end, and readiness says 0."""
-    created = subprocess.run(
-        [*UPROF, *_base(backend), "apps", "create", "app:planner"],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=WAIT_S,
-    )
+    created = _uprof(backend, _env(), "apps", "create", "app:planner")
     assert created.returncode == 0, created.stderr
     token = next(w for w in created.stdout.split() if w.startswith("upk_"))
-    server, port = popen_serving(
-        [*UPROF, *_base(backend), "serve", "--no-worker", "--host", "127.0.0.1"],
-        env=_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    server, port = _serving(backend, _env(), tmp_path)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_healthy(server, url)
@@ -102,13 +94,7 @@ def test_we_writes_that_are_no_capture_do_not_reset_the_unmoved_count(
             f"a consent grant reset the unmoved count with no worker running: "
             f"{stalled} then {after_grant}"
         )
-        erased = subprocess.run(
-            [*UPROF, *_base(backend), "erase", "subject", "--subject", "bob"],
-            env=_env(),
-            capture_output=True,
-            text=True,
-            timeout=WAIT_S,
-        )
+        erased = _uprof(backend, _env(), "erase", "subject", "--subject", "bob")
         assert erased.returncode == 0, erased.stderr[-2000:]
         after_erasure = httpx.get(f"{url}/readyz", timeout=WAIT_S).json()
     finally:
@@ -120,14 +106,28 @@ def test_we_writes_that_are_no_capture_do_not_reset_the_unmoved_count(
     assert _unmoved(after_erasure) == 0.0, after_erasure
 
 
-def _worker(backend: Backend, partition: int) -> subprocess.Popen[str]:
-    """``uprof worker --partitions 2 --partition K``, once it says it is ready."""
-    worker = subprocess.Popen(
-        [*UPROF, *_base(backend), "worker", "--partitions", "2", "--partition", str(partition)],
+def _uprof(backend: Backend, env: dict[str, str], *args: str) -> CompletedProcess[str]:
+    """``uprof <args>`` on the test's deployment, a process of its own forked from the
+    tests' fork server (the project imported once), as ``subprocess.run`` answers."""
+    return children.run_python(children.CLI_SCRIPT, *_base(backend), *args, env=env, timeout=WAIT_S)
+
+
+def _serving(backend: Backend, env: dict[str, str], folder: Path) -> tuple[PythonChild, int]:
+    """``uprof serve --no-worker`` on the test's deployment, forked as ``_uprof``; its
+    stderr in ``folder``."""
+    args = [*_base(backend), "serve", "--no-worker", "--host", "127.0.0.1"]
+    return children.serving_child(args, env, folder / "serve.stderr")
+
+
+def _worker(backend: Backend, partition: int) -> PythonChild:
+    """``uprof worker --partitions 2 --partition K``, once it says it is ready (forked as
+    ``_uprof``)."""
+    worker = PythonChild(
+        children.CLI_SCRIPT,
+        *_base(backend),
+        *["worker", "--partitions", "2", "--partition", str(partition)],
         env=_env(UPROF_WORKER_PARTITIONS="2"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
+        stream_stdout=True,
     )
     assert worker.stdout is not None
     line = worker.stdout.readline()  # the ready line; a dead worker ends the read
@@ -135,7 +135,7 @@ def _worker(backend: Backend, partition: int) -> subprocess.Popen[str]:
     return worker
 
 
-def _stopped(worker: subprocess.Popen[str]) -> None:
+def _stopped(worker: PythonChild) -> None:
     if worker.poll() is None:
         worker.send_signal(signal.SIGTERM)
         try:
@@ -156,28 +156,18 @@ def _until(condition: Callable[[], bool], within_s: float = WAIT_S) -> bool:
     return True
 
 
-def test_wg_a_partitions_dead_worker_is_not_hidden_by_the_live_one(backend: Backend) -> None:
+def test_wg_a_partitions_dead_worker_is_not_hidden_by_the_live_one(
+    backend: Backend, tmp_path: Path
+) -> None:
     """Bug WG: two partitions, each with its ``uprof worker``; partition 1's is killed
     -9. Captures of both partitions' subjects: partition 0's are done, partition 1's
     wait. Once readiness says they have not moved for a while, a consent is written and
     the live worker projects it: the count goes on (on main it started again at 0)."""
     env = _env(UPROF_WORKER_PARTITIONS="2")
-    created = subprocess.run(
-        [*UPROF, *_base(backend), "apps", "create", "app:planner"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=WAIT_S,
-    )
+    created = _uprof(backend, env, "apps", "create", "app:planner")
     assert created.returncode == 0, created.stderr
     token = next(w for w in created.stdout.split() if w.startswith("upk_"))
-    server, port = popen_serving(
-        [*UPROF, *_base(backend), "serve", "--no-worker", "--host", "127.0.0.1"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    server, port = _serving(backend, env, tmp_path)
     url = f"http://127.0.0.1:{port}"
     dead = _worker(backend, 1)
     dead.kill()  # kill -9

@@ -12,15 +12,14 @@ traceback on every capture of that subject, the damage named nowhere.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from benchmarks.server_ready import popen_serving, stop_server, wait_until_healthy
+from benchmarks.server_ready import stop_server, wait_until_healthy
 from tests.by_hand import by_hand
+from tests.children import held_by_fixture, serving_child
 from tests.conftest import Backend
 from tests.e2e.test_event_table_shape import TABLES, _alter, _deployment, _serve
 from tests.e2e.test_store_damage_servers import (
@@ -70,17 +69,18 @@ def snapshotted(backend: Backend, tmp_path: Path) -> Iterator[Served]:
     if settings.database_url:
         env["UPROF_DATABASE_URL"] = settings.database_url
     stderr = tmp_path / "serve.stderr"
-    command = [sys.executable, "-m", "uprof.cli.main", "serve", "--log-level", "warning"]
-    with stderr.open("w") as err:
-        process, port = popen_serving(command, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    # Forked from the tests' fork server (the project imported once): a process of its
+    # own all the same, its start the command's; held past the test's body, stopped here.
+    process, port = serving_child(["serve", "--log-level", "warning"], env, stderr)
     url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_healthy(process, url, timeout_s=120)
-        served = Served(url, {"Authorization": f"Bearer {token}"}, settings, stderr)
-        assert served.post(*CONSENTS).status_code == 200
-        yield served
-    finally:
-        stop_server(process)
+    with held_by_fixture(process):
+        try:
+            wait_until_healthy(process, url, timeout_s=120)
+            served = Served(url, {"Authorization": f"Bearer {token}"}, settings, stderr)
+            assert served.post(*CONSENTS).status_code == 200
+            yield served
+        finally:
+            stop_server(process)
 
 
 @pytest.mark.parametrize("column", ["topic", "state"])

@@ -159,6 +159,63 @@ def test_a_test_that_leaves_a_multiprocessing_child_running_ends_the_run_with_a_
     assert "the test left multiprocessing children running" in done.stdout
 
 
+HOLDS_A_CHILD = """
+import pytest
+
+from tests.children import PythonChild, held_by_fixture
+
+FOREVER = "import time; time.sleep(600)"
+
+
+@pytest.fixture
+def stopped():
+    child = PythonChild(FOREVER)
+    with held_by_fixture(child):
+        yield child
+        child.kill()
+        child.wait(30)
+
+
+@pytest.fixture
+def left():
+    child = PythonChild(FOREVER)
+    with held_by_fixture(child):
+        yield child
+
+
+def test_a_fixtures_child_outlives_the_body(stopped):
+    assert stopped.poll() is None
+
+
+def test_a_fixture_that_leaves_its_child(left):
+    assert left.poll() is None
+
+
+def test_a_body_that_leaves_a_child():
+    PythonChild(FOREVER)
+"""
+
+
+def test_a_child_held_by_a_fixture_lives_until_its_teardown_and_must_be_stopped_there(
+    tmp_path: Path,
+) -> None:
+    """A fixture's forked server (``tests.children.held_by_fixture``) runs past the test's
+    body, which the leftover-children check runs after; the fixture stops it, and one
+    left running is killed and fails the fixture's teardown. A child the body leaves is
+    still the body's failure."""
+    done = _pytest_on(tmp_path, HOLDS_A_CHILD, "-p", "tests.conftest")
+    out = done.stdout
+    # The second test's body passes, then its fixture's teardown is the error.
+    assert "1 failed, 2 passed, 1 error" in out, out[-3000:]
+    assert "a fixture left its child running" in out, out[-3000:]
+    assert "the test left multiprocessing children running" in out, out[-3000:]
+    summary = [line.split("::")[-1] for line in out.splitlines() if "test_sample.py::" in line]
+    assert [s for s in summary if s.startswith("test_a_")] == [
+        "test_a_body_that_leaves_a_child",
+        "test_a_fixture_that_leaves_its_child",
+    ], out[-3000:]
+
+
 def test_a_server_that_ignores_sigterm_is_killed_and_reaped_by_stop_server() -> None:
     """``terminate(); wait(60)`` raised on such a server and left it running, serving
     (or holding the store of) a test that had ended."""
