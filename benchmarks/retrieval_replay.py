@@ -657,12 +657,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # Second pass, named from the tune half's table only (a smaller k came closer).
     "rrf-equal-k3": {"fusion": "rrf", "lexical_weight": 0.5, "rrf_k": 3.0},
     "rrf-k10": {"fusion": "rrf", "rrf_k": 10.0},
-    # Round 19 (decision XXXX-retrieval-round-19): the packer's cost trade, gain /
-    # tokens ** (a * (1 - utility)), named from the tune-half diagnosis before any replay.
-    "cost-0.125": {"cost_exponent": 0.125},
-    "cost-0.25": {"cost_exponent": 0.25},
-    "cost-0.5": {"cost_exponent": 0.5},
-    "cost-1": {"cost_exponent": 1.0},
 }
 
 

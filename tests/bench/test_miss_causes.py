@@ -7,7 +7,6 @@ from datetime import timedelta
 from types import SimpleNamespace
 
 import numpy as np
-import pytest
 
 from benchmarks.miss_causes import PackTrace, Terms, budget_cause, gap_term, relevance_terms
 from tests.retrieval.factories import NOW, T0, memory
@@ -112,8 +111,7 @@ def test_a_choice_below_every_taken_one_was_ranked_too_low() -> None:
     assert budget_cause(trace, 2) == "ranked too low"
 
 
-@pytest.mark.parametrize("cost_exponent", [0.0, 0.5])
-def test_the_traced_greedy_takes_what_the_packer_takes(cost_exponent: float) -> None:
+def test_the_traced_greedy_takes_what_the_packer_takes() -> None:
     from benchmarks.miss_causes import _traced_pack
 
     rng = np.random.default_rng(5)
@@ -128,7 +126,6 @@ def test_the_traced_greedy_takes_what_the_packer_takes(cost_exponent: float) -> 
         group_costs=np.zeros(0, dtype=np.int64),
         similar_to=lambda j: sims[:, j],
         budget=300,
-        cost_exponent=cost_exponent,
     )
     trace = PackTrace(choices=[])
     got = _traced_pack(trace)(problem)

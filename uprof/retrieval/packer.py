@@ -19,13 +19,6 @@ more relevant chosen items left. Shorter items still fill the room a long one
 cannot use. Choices sharing an ``owner`` are alternatives (an intent in full or
 summarised): at most one of them is taken.
 
-A cost trade is available behind ``cost_exponent`` (a; 0, the default, is the rule
-above): the choice taken is the one with the highest ``gain / tokens ** (a * (1 - u))``
-among those that fit, u its utility (the best item 1) and tokens its marginal cost. The
-cost term vanishes for the items at the top of the ranking, so the best answers are
-taken whatever their length, and it weighs more the weaker an item is (retrieval round
-19, decision XXXX-retrieval-round-19: measured, off).
-
 All bookkeeping is incremental (marginal costs, similarity to the chosen set,
 availability), so one step is a handful of vector operations.
 """
@@ -63,14 +56,6 @@ class PackProblem:
     duplicate_threshold: float = 0.95
     #: At most this many choices are taken (None: as many as fit).
     max_chosen: int | None = None
-    #: The cost trade's exponent a: choices compete on gain / tokens ** (a * (1 - utility)).
-    #: 0 (the default) is rank-order first-fit on gain.
-    cost_exponent: float = 0.0
-
-    def __post_init__(self) -> None:
-        a = self.cost_exponent
-        if not (isinstance(a, int | float) and np.isfinite(a) and a >= 0):
-            raise ValueError(f"cost_exponent must be a finite number >= 0, got {a!r}")
 
 
 @dataclass(frozen=True)
@@ -140,18 +125,6 @@ class _Packing:
             self._gains = self.p.utility * (1.0 - self.p.mmr_penalty * similarity)
         return self._gains
 
-    def keys(self) -> np.ndarray:
-        """What the choices compete on: their gain, or with a cost trade their gain per
-        marginal token, the cost's exponent shrinking to 0 as the utility reaches the top."""
-        gains = self.gains()
-        a = self.p.cost_exponent
-        if a == 0:
-            return gains
-        exponent = a * (1.0 - np.clip(self.p.utility, 0.0, 1.0))
-        cost = np.maximum(self.extra, 1).astype(np.float64)
-        keys: np.ndarray = gains / np.power(cost, exponent)
-        return keys
-
     def duplicates(self) -> np.ndarray:
         return self.max_sim >= self.p.duplicate_threshold
 
@@ -172,16 +145,15 @@ def _members(groups: np.ndarray, n_groups: int) -> list[np.ndarray]:
 
 
 def _first_fit(state: _Packing) -> None:
-    """Take the highest-gain choice (the highest key, with a cost trade) that fits, until
-    none fits, none gains or the most choices allowed are taken."""
+    """Take the highest-gain choice that fits, until none fits, none gains or the most
+    choices allowed are taken."""
     limit = state.p.max_chosen
     while limit is None or len(state.chosen) < limit:
         gains = state.gains()
         ok = state.available & (state.extra <= state.room()) & (gains > 0) & ~state.duplicates()
         if not ok.any():
             return
-        keys = state.keys()
-        best = int(np.argmax(np.where(ok, keys, -np.inf)))  # ties: the better-ranked choice
+        best = int(np.argmax(np.where(ok, gains, -np.inf)))  # ties: the better-ranked choice
         state.take(best)
 
 

@@ -107,11 +107,6 @@ class SliceOptions:
     pool_size: int = 200
     #: Marginal-relevance penalty: gain = utility * (1 - mmr_penalty * max similarity to chosen).
     mmr_penalty: float = 0.5
-    #: The packer's cost trade: choices compete on gain / tokens ** (cost_exponent *
-    #: (1 - utility)), so the top items are taken whatever their length and weaker ones pay
-    #: for theirs. 0 (off): rank-order first-fit on gain (decision 0020). Measured in
-    #: retrieval round 19 (decision XXXX-retrieval-round-19).
-    cost_exponent: float = 0.0
     #: Similarity at or above which a candidate is a near-duplicate of a chosen item.
     duplicate_threshold: float = 0.95
     #: Candidates whose utility falls below this are left out as low relevance.
