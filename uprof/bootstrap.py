@@ -72,6 +72,7 @@ from uprof.storage import (
     migrate,
     open_engines,
     refuse_backup_folder,
+    refuse_unwritable_stores,
     refuse_without_deployment,
     schema_lock,
 )
@@ -452,6 +453,7 @@ def bootstrap(
     clock = clock or SystemClock()
     telemetry.configure(settings)
     refuse_backup_folder(settings)  # before anything opens the copies (bug XK)
+    refuse_unwritable_stores(settings)  # not told as an outage (bug XQ)
     if not restoring:
         refuse_interrupted_restore(settings)
     unmade = _folders_missing(settings.key_path)  # taken away again if refused (XL)

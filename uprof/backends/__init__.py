@@ -538,6 +538,13 @@ class Backend(Protocol):
         (``uprof.storage.refuse_without_deployment``)."""
         ...
 
+    def why_unwritable(self, settings: Settings) -> str | None:
+        """Why the data stores ``settings`` names cannot be written by this process (the
+        start refuses then, naming it: bug XQ), or None where nothing says so. Asked at
+        every start, before any store is opened; what it cannot reach (a server that
+        does not answer) is left to the start, which tells it as before."""
+        ...
+
     def database_missing(self, settings: Settings, error: BaseException) -> bool:
         """Whether ``error``, raised connecting to the stores of ``settings``, is the
         server's answer that the database it names does not exist (not an outage: bug

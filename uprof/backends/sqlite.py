@@ -640,6 +640,31 @@ class SQLiteBackend:
             if (settings.data_dir / name).is_file()
         )
 
+    def why_unwritable(self, settings: Settings) -> str | None:
+        # ``os.access`` asks the kernel as an open would: an immutable file or folder,
+        # and a read-only mount, refuse root too, which no mode bit does (bug XQ).
+        data = settings.data_dir
+        if not os.path.lexists(data):
+            above = data.parent
+            while not os.path.lexists(above):
+                above = above.parent
+            if not os.access(above, os.W_OK | os.X_OK):
+                return f"the folder {above}, where it is to be made, cannot be written"
+            return None
+        if not data.is_dir():
+            return None  # the settings' rule names a data folder that is not one
+        if not os.access(data, os.W_OK | os.X_OK):
+            return (
+                "the folder cannot be written (SQLite makes its journal and shared memory "
+                "files beside each store)"
+            )
+        for name in sorted(os.listdir(data)):
+            path = data / name
+            if name.startswith(DATA_STORE_FILES) and path.is_file():
+                if not os.access(path, os.R_OK | os.W_OK):
+                    return f"its file {name} cannot be written"
+        return None
+
     def database_missing(self, settings: Settings, error: BaseException) -> bool:
         return False  # a data folder, not a server: its absence is holds_a_deployment's
 
