@@ -320,6 +320,17 @@ class StoresUnwritableError(UprofError):
     )
 
 
+class AnotherProgramsStoreError(DeploymentNotFoundError):
+    """A SQLite data folder that holds no deployment, but a store file of uprof's name
+    (``events.sqlite``, ...) holding another program's tables. A start that makes a
+    deployment wrote uprof's tables into that program's database (bug XU, after XO)."""
+
+    hint = (
+        "name another data folder (--data-dir, UPROF_DATA_DIR) for uprof's deployment; "
+        "the file found there is another program's and was not changed"
+    )
+
+
 class StoreOfANewerReleaseError(UprofError):
     """A store records a schema revision this release's migrations do not have: a newer
     uprof migrated it (an older CLI run on it, a release rolled back). Refused at the

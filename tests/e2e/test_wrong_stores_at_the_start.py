@@ -176,3 +176,44 @@ def test_xr_a_folder_whose_path_runs_through_a_file_is_a_bad_setting(
     assert "is a file" in flat and str(a_file) in "".join(done.stderr.split())
     assert a_file.read_text() == "not a folder\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def _another_programs_events_file(folder: Path) -> Path:
+    """``folder/events.sqlite``, another program's SQLite database (its own table, rows)."""
+    import sqlite3
+
+    folder.mkdir()
+    path = folder / "events.sqlite"
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, item TEXT)")
+        conn.executemany("INSERT INTO orders (item) VALUES (?)", [("tea",), ("cups",)])
+        conn.commit()
+    finally:
+        conn.close()
+    return path
+
+
+@pytest.mark.parametrize(
+    "command", [["init"], ["apps", "create", "app:x"], COMMANDS["serve"]], ids=" ".join
+)
+def test_xu_creating_refuses_a_store_file_of_another_program(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """Bug XU (0244's Left, after XO). A data folder holding only another program's
+    ``events.sqlite`` (its own tables, none of uprof's): a command that makes a
+    deployment (``init``, ``apps create``, ``serve``) made one there, writing uprof's
+    tables into that program's database (and switching it to WAL), then answered exit
+    0. Now refused, exit 8 as the other wrong places, naming the file and its tables;
+    the file is as it was and nothing is made, in the data folder or the key folder."""
+    data, keys = tmp_path / "data", tmp_path / "keys"
+    foreign = _another_programs_events_file(data)
+    before = foreign.read_bytes()
+    done = _run(_env({"UPROF_DATA_DIR": str(data), "UPROF_KEY_DIR": str(keys)}), *command)
+    flat = _flat(done.stderr)
+    assert done.returncode == 8, (done.returncode, flat[-600:])
+    assert "Traceback" not in done.stderr
+    assert "events.sqlite" in flat and "orders" in flat and "another program" in flat
+    assert foreign.read_bytes() == before
+    assert sorted(p.name for p in data.iterdir()) == ["events.sqlite"]
+    assert not keys.exists()

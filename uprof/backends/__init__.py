@@ -538,6 +538,12 @@ class Backend(Protocol):
         (``uprof.storage.refuse_without_deployment``)."""
         ...
 
+    def another_programs_store(self, settings: Settings) -> str | None:
+        """Which store of ``settings`` is another program's, where the data stores hold
+        no deployment but a store file holds tables none of which is uprof's (SQLite;
+        bug XU), or None. Read without writing."""
+        ...
+
     def why_unwritable(self, settings: Settings) -> str | None:
         """Why the data stores ``settings`` names cannot be written by this process (the
         start refuses then, naming it: bug XQ), or None where nothing says so. Asked at

@@ -551,6 +551,11 @@ class PostgresBackend:
             engine.dispose()
         return bool(tables & {"alembic_version", EVENTS_TABLE, f"{POLICY_STORE_NAME}_events"})
 
+    def another_programs_store(self, settings: Settings) -> str | None:
+        # A database is often shared by several programs, each with its own tables:
+        # uprof adds its own beside theirs (docs/cli.md).
+        return None
+
     def why_unwritable(self, settings: Settings) -> str | None:
         assert settings.database_url is not None
         # One connection asks the session's setting: a standby's is on, and so is a

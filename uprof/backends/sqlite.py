@@ -142,6 +142,23 @@ def _holds_uprof_tables(path: Path) -> bool:
     return bool(names & DEPLOYMENT_TABLES)
 
 
+def _table_names(path: Path) -> set[str] | None:
+    """The tables of the SQLite file ``path``, read without writing (``mode=ro``); None
+    where it cannot be read as SQLite (damage: the start's to name)."""
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+    except sqlite3.Error:
+        return None
+    try:
+        return {
+            row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        }
+    except sqlite3.Error:
+        return None
+    finally:
+        conn.close()
+
+
 def _file_into_wal(database: Path) -> Path:
     """Switch ``database`` into WAL mode before eventsourcing opens it (creating it if it
     is new), and return it.
@@ -663,6 +680,20 @@ class SQLiteBackend:
             if name.startswith(DATA_STORE_FILES) and path.is_file():
                 if not os.access(path, os.R_OK | os.W_OK):
                     return f"its file {name} cannot be written"
+        return None
+
+    def another_programs_store(self, settings: Settings) -> str | None:
+        # Only where the folder holds no deployment at all: a store of uprof's beside
+        # (its tables renamed by hand, say) is the deployment's, damaged or not, and its
+        # start names what is wrong.
+        if self.holds_a_deployment(settings):
+            return None
+        for name in DATA_STORE_FILES:
+            path = settings.data_dir / name
+            tables = _table_names(path) if path.is_file() else None
+            if tables:
+                listed = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+                return f"{name} is another program's database (its tables: {listed})"
         return None
 
     def database_missing(self, settings: Settings, error: BaseException) -> bool:
