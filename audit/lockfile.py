@@ -264,6 +264,13 @@ def _walked(
                 f"({os.readlink(via)}): mount or make its target first"
             ) from None
         if not stat.S_ISLNK(found.st_mode):
+            if todo and not stat.S_ISDIR(found.st_mode):
+                # A name still to walk under a file: the next look raised
+                # ``NotADirectoryError``, a traceback out of the settings (bug XR).
+                raise refused(
+                    f"refused the {what} {path}: its path runs through {step}, which is a "
+                    "file, not a folder"
+                )
             done = step
             continue
         links.append((step, found.st_uid))

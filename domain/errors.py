@@ -303,6 +303,34 @@ class BackupFolderNamedError(DeploymentNotFoundError):
     )
 
 
+class StoresUnwritableError(UprofError):
+    """The deployment's stores cannot be written: a SQLite data folder, or its store
+    files, that this process may not write (immutable, a read-only mount, another user's
+    mode), a PostgreSQL database that takes no writes (a standby, or one set
+    ``default_transaction_read_only``). Refused at the start, naming the place and what is
+    wrong with it: SQLite's "unable to open database file" was told as the outage ("the
+    database did not answer ... retry"), which waiting does not mend, and PostgreSQL's
+    read-only transaction ended in a traceback (bug XQ)."""
+
+    hint = (
+        "make the data folder and its store files writable by the user that runs uprof "
+        "(chattr -i, chmod u+w, chown, a read-write mount), or name a database that takes "
+        "writes (the primary, not a standby; default_transaction_read_only off); nothing "
+        "was changed"
+    )
+
+
+class AnotherProgramsStoreError(DeploymentNotFoundError):
+    """A SQLite data folder that holds no deployment, but a store file of uprof's name
+    (``events.sqlite``, ...) holding another program's tables. A start that makes a
+    deployment wrote uprof's tables into that program's database (bug XU, after XO)."""
+
+    hint = (
+        "name another data folder (--data-dir, UPROF_DATA_DIR) for uprof's deployment; "
+        "the file found there is another program's and was not changed"
+    )
+
+
 class StoreOfANewerReleaseError(UprofError):
     """A store records a schema revision this release's migrations do not have: a newer
     uprof migrated it (an older CLI run on it, a release rolled back). Refused at the

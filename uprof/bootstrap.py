@@ -71,7 +71,9 @@ from uprof.storage import (
     log_holds_events,
     migrate,
     open_engines,
+    refuse_another_programs_store,
     refuse_backup_folder,
+    refuse_unwritable_stores,
     refuse_without_deployment,
     schema_lock,
 )
@@ -452,6 +454,8 @@ def bootstrap(
     clock = clock or SystemClock()
     telemetry.configure(settings)
     refuse_backup_folder(settings)  # before anything opens the copies (bug XK)
+    refuse_unwritable_stores(settings)  # not told as an outage (bug XQ)
+    refuse_another_programs_store(settings)  # its file left as it is (bug XU)
     if not restoring:
         refuse_interrupted_restore(settings)
     unmade = _folders_missing(settings.key_path)  # taken away again if refused (XL)

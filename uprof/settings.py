@@ -289,7 +289,9 @@ class Settings(BaseSettings):
                 # the key folder's rule, as the key folder below (TC, TD).
                 self.data_dir = data_folder_target(self.data_dir)
             except DataFolderRefusedError as refused:
-                raise ValueError(f"{refused}; {refused.hint}") from None
+                # Named as it is set (a model check names no field by itself: bug XR).
+                said = f"UPROF_DATA_DIR (--data-dir): {refused}; {refused.hint}"
+                raise ValueError(said) from None
         data = self.data_dir.expanduser().resolve()
         if self.key_dir is None:
             self.key_dir = data.with_name(data.name + ".keys")
@@ -299,7 +301,7 @@ class Settings(BaseSettings):
             # link swapped while a process runs redirects none of them (bug PY).
             keys = key_folder_target(self.key_dir)
         except KeyFileRefusedError as refused:
-            raise ValueError(f"{refused}; {refused.hint}") from None
+            raise ValueError(f"UPROF_KEY_DIR (--key-dir): {refused}; {refused.hint}") from None
         self.key_dir = keys
         if keys == data or keys.is_relative_to(data) or data.is_relative_to(keys):
             raise ValueError(

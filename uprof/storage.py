@@ -84,6 +84,34 @@ def refuse_backup_folder(settings: Settings) -> None:
     )
 
 
+def refuse_unwritable_stores(settings: Settings) -> None:
+    """Raise ``StoresUnwritableError`` (exit 1) when the data stores of ``settings``
+    cannot be written by this process (its backend's ``why_unwritable``), naming the data
+    folder or database and why. Asked at every start before any store is opened: a
+    SQLite store that cannot be opened for writing was told as the outage, "retry after
+    a few seconds", and a read-only PostgreSQL database ended in a traceback (bug XQ)."""
+    from domain.errors import StoresUnwritableError
+
+    why = backend_for_settings(settings).why_unwritable(settings)
+    if why is not None:
+        raise StoresUnwritableError(f"{deployment_place(settings)} cannot be used: {why}")
+
+
+def refuse_another_programs_store(settings: Settings) -> None:
+    """Raise ``AnotherProgramsStoreError`` (exit 8) when a store file of ``settings`` is
+    another program's database (its backend's ``another_programs_store``): asked at every
+    start before any store is opened, the starts that make a deployment too, which wrote
+    uprof's tables into it (bug XU). PostgreSQL: never (a database is shared)."""
+    from domain.errors import AnotherProgramsStoreError
+
+    found = backend_for_settings(settings).another_programs_store(settings)
+    if found is not None:
+        raise AnotherProgramsStoreError(
+            f"the data folder {settings.data_dir} holds no uprof deployment: {found}; "
+            "nothing was opened or made there"
+        )
+
+
 def holds_a_deployment(settings: Settings) -> bool:
     """Whether the data stores of ``settings`` hold a deployment (its backend's
     ``holds_a_deployment``): found without making anything."""

@@ -538,6 +538,19 @@ class Backend(Protocol):
         (``uprof.storage.refuse_without_deployment``)."""
         ...
 
+    def another_programs_store(self, settings: Settings) -> str | None:
+        """Which store of ``settings`` is another program's, where the data stores hold
+        no deployment but a store file holds tables none of which is uprof's (SQLite;
+        bug XU), or None. Read without writing."""
+        ...
+
+    def why_unwritable(self, settings: Settings) -> str | None:
+        """Why the data stores ``settings`` names cannot be written by this process (the
+        start refuses then, naming it: bug XQ), or None where nothing says so. Asked at
+        every start, before any store is opened; what it cannot reach (a server that
+        does not answer) is left to the start, which tells it as before."""
+        ...
+
     def database_missing(self, settings: Settings, error: BaseException) -> bool:
         """Whether ``error``, raised connecting to the stores of ``settings``, is the
         server's answer that the database it names does not exist (not an outage: bug

@@ -551,6 +551,31 @@ class PostgresBackend:
             engine.dispose()
         return bool(tables & {"alembic_version", EVENTS_TABLE, f"{POLICY_STORE_NAME}_events"})
 
+    def another_programs_store(self, settings: Settings) -> str | None:
+        # A database is often shared by several programs, each with its own tables:
+        # uprof adds its own beside theirs (docs/cli.md).
+        return None
+
+    def why_unwritable(self, settings: Settings) -> str | None:
+        assert settings.database_url is not None
+        # One connection asks the session's setting: a standby's is on, and so is a
+        # database's ``default_transaction_read_only`` (bug XQ). A server that does not
+        # answer, or has no such database, is left to the start to tell, as before.
+        engine = self.create_engine(settings.database_url, fsync_each_commit=False)
+        try:
+            with engine.connect() as conn:
+                read_only = conn.exec_driver_sql("SHOW transaction_read_only").scalar()
+        except sa.exc.SQLAlchemyError:
+            return None
+        finally:
+            engine.dispose()
+        if read_only == "on":
+            return (
+                "it takes no writes (transaction_read_only is on: a standby, or the "
+                "database's default_transaction_read_only)"
+            )
+        return None
+
     def database_missing(self, settings: Settings, error: BaseException) -> bool:
         assert settings.database_url is not None
         cause = getattr(error, "orig", None) or error

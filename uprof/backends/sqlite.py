@@ -142,6 +142,23 @@ def _holds_uprof_tables(path: Path) -> bool:
     return bool(names & DEPLOYMENT_TABLES)
 
 
+def _table_names(path: Path) -> set[str] | None:
+    """The tables of the SQLite file ``path``, read without writing (``mode=ro``); None
+    where it cannot be read as SQLite (damage: the start's to name)."""
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+    except sqlite3.Error:
+        return None
+    try:
+        return {
+            row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        }
+    except sqlite3.Error:
+        return None
+    finally:
+        conn.close()
+
+
 def _file_into_wal(database: Path) -> Path:
     """Switch ``database`` into WAL mode before eventsourcing opens it (creating it if it
     is new), and return it.
@@ -639,6 +656,45 @@ class SQLiteBackend:
             for name in DATA_STORE_FILES
             if (settings.data_dir / name).is_file()
         )
+
+    def why_unwritable(self, settings: Settings) -> str | None:
+        # ``os.access`` asks the kernel as an open would: an immutable file or folder,
+        # and a read-only mount, refuse root too, which no mode bit does (bug XQ).
+        data = settings.data_dir
+        if not os.path.lexists(data):
+            above = data.parent
+            while not os.path.lexists(above):
+                above = above.parent
+            if not os.access(above, os.W_OK | os.X_OK):
+                return f"the folder {above}, where it is to be made, cannot be written"
+            return None
+        if not data.is_dir():
+            return None  # the settings' rule names a data folder that is not one
+        if not os.access(data, os.W_OK | os.X_OK):
+            return (
+                "the folder cannot be written (SQLite makes its journal and shared memory "
+                "files beside each store)"
+            )
+        for name in sorted(os.listdir(data)):
+            path = data / name
+            if name.startswith(DATA_STORE_FILES) and path.is_file():
+                if not os.access(path, os.R_OK | os.W_OK):
+                    return f"its file {name} cannot be written"
+        return None
+
+    def another_programs_store(self, settings: Settings) -> str | None:
+        # Only where the folder holds no deployment at all: a store of uprof's beside
+        # (its tables renamed by hand, say) is the deployment's, damaged or not, and its
+        # start names what is wrong.
+        if self.holds_a_deployment(settings):
+            return None
+        for name in DATA_STORE_FILES:
+            path = settings.data_dir / name
+            tables = _table_names(path) if path.is_file() else None
+            if tables:
+                listed = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+                return f"{name} is another program's database (its tables: {listed})"
+        return None
 
     def database_missing(self, settings: Settings, error: BaseException) -> bool:
         return False  # a data folder, not a server: its absence is holds_a_deployment's
