@@ -1,6 +1,6 @@
 """0238-shapes-under-running-processes's damages under a running ``uprof worker`` and
 ``uprof mcp --transport stdio`` (0238 drove them against ``uprof serve`` only; decision
-XXXX-wrong-stores-at-the-start): the policy store's events table altered, and an event
+0247-wrong-stores-at-the-start): the policy store's events table altered, and an event
 table's column of another type, by hand while the process runs. Real processes, SQLite
 and PostgreSQL."""
 
@@ -324,7 +324,7 @@ def test_an_event_column_retyped_under_mcp_stdio(backend: Backend, tmp_path: Pat
 def test_a_policy_table_altered_under_mcp_stdio(backend: Backend, tmp_path: Path) -> None:
     """The policy store's ``topic`` column renamed while ``uprof mcp --transport stdio``
     runs. Not told: every check reads the store's head only, which a renamed column does
-    not move, and no MCP tool loads the policy (0238's Left; XXXX-wrong-stores-at-the-
+    not move, and no MCP tool loads the policy (0238's Left; 0247-wrong-stores-at-the-
     start's Left). What holds: no traceback, the process runs on, and what it said it
     captured is kept with its items: once the table is put back, a new start reads
     both captures' items."""

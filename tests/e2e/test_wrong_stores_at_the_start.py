@@ -1,4 +1,4 @@
-"""Stores that cannot be used, met at a start (decision XXXX-wrong-stores-at-the-start):
+"""Stores that cannot be used, met at a start (decision 0247-wrong-stores-at-the-start):
 a SQLite data folder that cannot be written, a PostgreSQL database that takes no
 writes, a data or key folder whose path runs through a file. Each command runs as the
 operator runs it, a process of its own (``tests.children.CLI_SCRIPT``); ``uprof serve``
