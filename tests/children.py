@@ -326,6 +326,23 @@ def serving_child(args: list[str], env: dict[str, str], stderr: Path) -> tuple[P
     return child, port
 
 
+@contextmanager
+def served_from_fork(env: dict[str, str], stderr: Path) -> Iterator[str]:
+    """For a fixture: ``uprof serve`` forked (``serving_child``) with ``env``, held by the
+    fixture past the test's body (``held_by_fixture``), answering its health check;
+    yields its URL and stops it at the end."""
+    from benchmarks.server_ready import stop_server, wait_until_healthy
+
+    process, port = serving_child(["serve", "--log-level", "warning"], env, stderr)
+    url = f"http://127.0.0.1:{port}"
+    with held_by_fixture(process):
+        try:
+            wait_until_healthy(process, url, timeout_s=120)
+            yield url
+        finally:
+            stop_server(process)
+
+
 if _in_the_fork_server():
     _check_forkable()
 

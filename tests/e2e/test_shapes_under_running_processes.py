@@ -28,9 +28,8 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from benchmarks.server_ready import stop_server, wait_until_healthy
 from tests.by_hand import by_hand
-from tests.children import held_by_fixture, serving_child
+from tests.children import served_from_fork
 from tests.conftest import Backend
 from tests.e2e.test_review_of_0224 import POLICY_TABLES, _recreated_with
 from tests.e2e.test_store_damage_servers import (
@@ -124,23 +123,17 @@ def _serve(settings: Settings, stderr: Path) -> Iterator[Live]:
         env["UPROF_DATABASE_URL"] = settings.database_url
     # Forked from the tests' fork server (the project imported once): a process of its
     # own all the same, its start the command's; held past the test's body, stopped here.
-    process, port = serving_child(["serve", "--log-level", "warning"], env, stderr)
-    url = f"http://127.0.0.1:{port}"
-    with held_by_fixture(process):
-        try:
-            wait_until_healthy(process, url, timeout_s=120)
-            live = Live(
-                url,
-                {"Authorization": f"Bearer {app}"},
-                {"Authorization": f"Bearer {operator}"},
-                settings,
-                stderr,
-            )
-            assert live.post(*CONSENTS).status_code == 200
-            assert live.get("/v1/policy").status_code == 200
-            yield live
-        finally:
-            stop_server(process)
+    with served_from_fork(env, stderr) as url:
+        live = Live(
+            url,
+            {"Authorization": f"Bearer {app}"},
+            {"Authorization": f"Bearer {operator}"},
+            settings,
+            stderr,
+        )
+        assert live.post(*CONSENTS).status_code == 200
+        assert live.get("/v1/policy").status_code == 200
+        yield live
 
 
 @pytest.fixture

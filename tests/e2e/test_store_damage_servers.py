@@ -34,7 +34,7 @@ import sqlalchemy as sa
 
 from benchmarks.server_ready import stop_server, wait_until_healthy
 from tests.by_hand import by_hand
-from tests.children import held_by_fixture, serving_child
+from tests.children import served_from_fork
 from tests.conftest import Backend
 from tests.kernel.conftest import consented_settings
 from tests.policies.conftest import on_the_policy_table
@@ -100,16 +100,10 @@ def served(backend: Backend, tmp_path: Path) -> Iterator[Served]:
     stderr = tmp_path / "serve.stderr"
     # Forked from the tests' fork server (the project imported once): a process of its
     # own all the same, its start the command's; held past the test's body, stopped here.
-    process, port = serving_child(["serve", "--log-level", "warning"], env, stderr)
-    url = f"http://127.0.0.1:{port}"
-    with held_by_fixture(process):
-        try:
-            wait_until_healthy(process, url, timeout_s=120)
-            served = Served(url, {"Authorization": f"Bearer {token}"}, settings, stderr)
-            assert served.post(*CONSENTS).status_code == 200
-            yield served
-        finally:
-            stop_server(process)
+    with served_from_fork(env, stderr) as url:
+        served = Served(url, {"Authorization": f"Bearer {token}"}, settings, stderr)
+        assert served.post(*CONSENTS).status_code == 200
+        yield served
 
 
 def _count_events(backend: Backend, settings: Settings) -> int:
