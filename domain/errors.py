@@ -320,6 +320,19 @@ class StoresUnwritableError(UprofError):
     )
 
 
+class KeyFolderUnwritableError(StoresUnwritableError):
+    """The key folder cannot be made (the folder above it cannot be written), or, on
+    SQLite, its key store (``keys.sqlite``, or the folder SQLite makes its journal in)
+    cannot be written by this process. The key store was told as the outage ("retry"),
+    and a key folder that could not be made ended in a traceback (bug XY)."""
+
+    hint = (
+        "make the key folder and its key store writable by the user that runs uprof "
+        "(chattr -i, chmod u+w, chown, a read-write mount), or name a key folder that can "
+        "be (--key-dir, UPROF_KEY_DIR); nothing was changed"
+    )
+
+
 class AnotherProgramsStoreError(DeploymentNotFoundError):
     """A SQLite data folder that holds no deployment, but a store file of uprof's name
     (``events.sqlite``, ...) holding another program's tables. A start that makes a

@@ -71,10 +71,8 @@ from uprof.storage import (
     log_holds_events,
     migrate,
     open_engines,
-    refuse_another_programs_store,
-    refuse_backup_folder,
-    refuse_unwritable_stores,
     refuse_without_deployment,
+    refuse_wrong_stores,
     schema_lock,
 )
 from uprof.vector_model import RecordedModelEmbedder
@@ -453,9 +451,9 @@ def bootstrap(
     """
     clock = clock or SystemClock()
     telemetry.configure(settings)
-    refuse_backup_folder(settings)  # before anything opens the copies (bug XK)
-    refuse_unwritable_stores(settings)  # not told as an outage (bug XQ)
-    refuse_another_programs_store(settings)  # its file left as it is (bug XU)
+    # A backup's folder (XK), stores or a key folder that cannot be written (XQ, XY),
+    # another program's store file (XU): refused before anything is opened or made.
+    refuse_wrong_stores(settings)
     if not restoring:
         refuse_interrupted_restore(settings)
     unmade = _folders_missing(settings.key_path)  # taken away again if refused (XL)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,17 +85,67 @@ def refuse_backup_folder(settings: Settings) -> None:
     )
 
 
+def refuse_wrong_stores(settings: Settings) -> None:
+    """The looks every start takes before it opens or makes anything: a backup's folder
+    (``refuse_backup_folder``, exit 8), stores or a key folder that cannot be written
+    (``refuse_unwritable_stores``, exit 1), another program's store file
+    (``refuse_another_programs_store``, exit 8). ``uprof.bootstrap.bootstrap`` asks them,
+    and so does ``uprof restore`` before it copies anything: it copies the backup's
+    stores over the data folder's before its start, so a backup's folder, a folder that
+    cannot be written and another program's file were written over or told as the
+    outage (bugs XX, XZ, YB)."""
+    refuse_backup_folder(settings)
+    refuse_unwritable_stores(settings)
+    refuse_another_programs_store(settings)
+
+
 def refuse_unwritable_stores(settings: Settings) -> None:
     """Raise ``StoresUnwritableError`` (exit 1) when the data stores of ``settings``
     cannot be written by this process (its backend's ``why_unwritable``), naming the data
-    folder or database and why. Asked at every start before any store is opened: a
-    SQLite store that cannot be opened for writing was told as the outage, "retry after
-    a few seconds", and a read-only PostgreSQL database ended in a traceback (bug XQ)."""
-    from domain.errors import StoresUnwritableError
+    folder or database and why; ``KeyFolderUnwritableError`` (exit 1) when its key
+    folder cannot be made, or its key store written (``_why_key_folder_unwritable``).
+    Asked at every start before any store is opened: a SQLite store that cannot be
+    opened for writing was told as the outage, "retry after a few seconds", and a
+    read-only PostgreSQL database ended in a traceback (bug XQ); so was the key store
+    in a key folder that cannot be written, and a key folder that could not be made
+    ended in a ``PermissionError`` traceback (bug XY)."""
+    from domain.errors import KeyFolderUnwritableError, StoresUnwritableError
 
-    why = backend_for_settings(settings).why_unwritable(settings)
+    backend = backend_for_settings(settings)
+    why = backend.why_unwritable(settings)
     if why is not None:
         raise StoresUnwritableError(f"{deployment_place(settings)} cannot be used: {why}")
+    why = _why_key_folder_unwritable(settings.key_path, backend.key_folder_stores)
+    if why is not None:
+        raise KeyFolderUnwritableError(f"the key folder {settings.key_path} cannot be used: {why}")
+
+
+def _why_key_folder_unwritable(keys: Path, stores: tuple[str, ...]) -> str | None:
+    """Why the key folder ``keys`` cannot be made, or its store files (``stores``, the
+    backend's ``key_folder_stores``) written, by this process; None where nothing says
+    so. ``os.access`` asks the kernel as an open would, so an immutable folder or file
+    and a read-only mount refuse root too (XQ's look, for the key folder). A key folder
+    without a store file of its own (PostgreSQL's) is not asked to be writable: its
+    files' own refusals name them (the lock files), and a reader runs without writing."""
+    if not os.path.lexists(keys):
+        above = keys.parent
+        while not os.path.lexists(above):
+            above = above.parent
+        if not os.access(above, os.W_OK | os.X_OK):
+            return f"the folder {above}, where it is to be made, cannot be written"
+        return None
+    if not stores or not keys.is_dir():
+        return None  # the settings' rule names a key folder that is not a folder
+    if not os.access(keys, os.W_OK | os.X_OK):
+        return (
+            "the folder cannot be written (SQLite makes its journal beside the key store, "
+            f"{stores[0]})"
+        )
+    for name in sorted(os.listdir(keys)):
+        if name.startswith(stores) and (keys / name).is_file():
+            if not os.access(keys / name, os.R_OK | os.W_OK):
+                return f"its file {name} (the key store) cannot be written"
+    return None
 
 
 def refuse_another_programs_store(settings: Settings) -> None:

@@ -16,6 +16,7 @@ import contextlib
 import importlib
 import logging
 import os
+import re
 import signal
 import socket
 import threading
@@ -320,6 +321,10 @@ class Backend(Protocol):
     writes_rows_by_position: bool
     #: Whether alembic must alter tables by copying them (``render_as_batch``).
     alters_in_batches: bool
+    #: The store files this backend keeps in the key folder (SQLite's key store,
+    #: ``keys.sqlite``; none on PostgreSQL): the key folder's look at a start
+    #: (``uprof.storage.refuse_unwritable_stores``, bug XY) asks them to be writable.
+    key_folder_stores: tuple[str, ...]
 
     # --- engines, URLs and eventsourcing settings --------------------------------------
 
@@ -636,11 +641,23 @@ def backend_named(scheme: str) -> Backend:
     return backend
 
 
+#: What a URL's scheme may hold (RFC 3986 §3.1): only such a scheme is quoted back.
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]{0,40}$")
+
+
 def scheme_of(url: str) -> str:
-    """The backend part of a URL's scheme: ``postgresql+psycopg://`` -> ``postgresql``."""
+    """The backend part of a URL's scheme: ``postgresql+psycopg://`` -> ``postgresql``.
+
+    A value that is not a URL is refused quoting none of it: libpq's other form of a
+    connection string, keywords (``host=... password=... dbname=...``), was quoted
+    whole, its password with it, on stderr (bug XW)."""
     scheme, sep, _ = url.partition("://")
-    if not sep:
-        raise ValueError(f"database_url: {url.split(':', 1)[0]!r} is not a database URL")
+    if not sep or not _SCHEME.match(scheme):
+        raise ValueError(
+            "database_url is not a database URL (postgresql+psycopg://USER@HOST:PORT/"
+            "DATABASE); a libpq keyword string (host=... dbname=...) is not taken, and "
+            "what was given is not repeated here: it may hold a password"
+        )
     return scheme.split("+", 1)[0]
 
 

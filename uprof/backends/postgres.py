@@ -108,6 +108,19 @@ INVALID_CATALOG_NAME = "3D000"
 MAINTENANCE_DATABASES = ("postgres", "template1")
 #: A PostgreSQL URL that names no driver (libpq's form); read as psycopg 3's (bug XJ).
 PLAIN_SCHEME = "postgresql://"
+#: The connection's parts eventsourcing's event log takes (its ``POSTGRES_*`` settings),
+#: as libpq names them; the only query parameters a URL may carry (bug YA).
+EVENT_LOG_PARTS = frozenset({"dbname", "host", "port", "user", "password"})
+
+
+def connection_parts(url: str) -> dict[str, str]:
+    """What the engines hand libpq for ``url``: SQLAlchemy's own reading of it (its psycopg
+    dialect's), the query's parameters over the parts before it and several hosts
+    joined with commas, as text. The event log's settings and the client tools take
+    their parts from here, so that every store is reached where the engines reach it."""
+    parsed = sa.engine.make_url(url)
+    _, params = parsed.get_dialect()().create_connect_args(parsed)
+    return {name: str(value) for name, value in params.items() if value is not None}
 
 
 class PostgresBackend:
@@ -122,6 +135,7 @@ class PostgresBackend:
     )
     writes_rows_by_position = False
     alters_in_batches = False
+    key_folder_stores: tuple[str, ...] = ()  # the key tables are in the database
 
     def check_database_url(self, url: str) -> str:
         # eventsourcing talks to PostgreSQL through psycopg 3; so must every engine.
@@ -142,31 +156,67 @@ class PostgresBackend:
         # another role, than the views (bug XN): the URL names both.
         try:
             parsed = sa.engine.make_url(url)
-        except sa.exc.ArgumentError:
+            parts = connection_parts(url)
+        except (sa.exc.ArgumentError, ValueError):
             raise ValueError("database_url is not a URL uprof can read") from None
-        for part, value in (("database", parsed.database), ("user", parsed.username)):
-            if not value:
+        # The query string is read by the engines as libpq reads it, but the event log
+        # takes only the connection's parts (``EVENT_LOG_PARTS``): any other parameter
+        # held for some of the deployment's connections and not for the event log's
+        # (``sslmode``), and one libpq does not know ended in psycopg's traceback (YA).
+        for name, value in parsed.query.items():
+            if name not in EVENT_LOG_PARTS:
+                raise ValueError(
+                    f"database_url: the query parameter {name!r} is not taken: uprof's "
+                    "event log connects with the database, host, port, user and password "
+                    "alone, so it would hold for some of the deployment's connections and "
+                    "not for others; set libpq's environment variable for it instead (such "
+                    "as PGSSLMODE for sslmode), which every connection reads"
+                )
+            if isinstance(value, tuple) and name != "host":
+                raise ValueError(f"database_url: the query parameter {name!r} is given twice")
+        for part, key in (("database", "dbname"), ("user", "user")):
+            if not parts.get(key):
                 raise ValueError(
                     f"database_url must name the {part} "
                     "(postgresql+psycopg://USER@HOST:PORT/DATABASE): left out, the event "
                     "log and the other stores would each fill it in their own way"
                 )
-        return url
+        # Kept with the user, password and database in their own places, so that every
+        # reader of the URL's parts (the messages naming the database, the look for a
+        # missing one) reads what the engines connect to (YA). A host in the query (a
+        # Unix socket's folder, several hosts) stays there: it has no other place.
+        query = parsed.query
+        if not {"user", "password", "dbname"} & set(query):
+            return url
+        # ``parts`` holds them as the engines read them (the query's winning); each was
+        # given once (refused above otherwise), so each is text.
+        return (
+            parsed.set(
+                username=parts["user"],
+                password=parts.get("password", parsed.password),
+                database=parts["dbname"],
+                query={k: v for k, v in query.items() if k not in ("user", "password", "dbname")},
+            )
+        ).render_as_string(hide_password=False)
 
     def layout(self, settings: Settings) -> StorageLayout:
         assert settings.database_url is not None
-        url = sa.engine.make_url(settings.database_url)
+        parts = connection_parts(settings.database_url)
         return StorageLayout(
             views_url=settings.database_url,
             keys_url=settings.database_url,
             events_url=settings.database_url,
             eventsourcing_env={
                 "PERSISTENCE_MODULE": self.persistence_module,
-                "POSTGRES_DBNAME": url.database or "postgres",
-                "POSTGRES_HOST": url.host or "127.0.0.1",
-                "POSTGRES_PORT": str(url.port or 5432),
-                "POSTGRES_USER": url.username or "postgres",
-                "POSTGRES_PASSWORD": url.password or "",
+                # As the engines hand them to libpq (``connection_parts``), the query's
+                # host and port included: a Unix socket's ``?host=/run/postgresql`` put
+                # the event log on 127.0.0.1 (bug YA). A part left out is left to libpq's
+                # default, as for the engines ("": the Unix socket, port 5432).
+                "POSTGRES_DBNAME": parts["dbname"],
+                "POSTGRES_HOST": parts.get("host", ""),
+                "POSTGRES_PORT": parts.get("port", ""),
+                "POSTGRES_USER": parts["user"],
+                "POSTGRES_PASSWORD": parts.get("password", ""),
                 # eventsourcing's pool (psycopg_pool) opens its minimum at start and grows
                 # to the maximum under load: two at start, up to 15 as before (decision
                 # 0048-postgres-connections-per-process).
@@ -1029,13 +1079,18 @@ def _read_large_objects(engine: sa.Engine, matcher: Any, scan: TableScan) -> Tab
 
 
 def _pg_params(url: str) -> tuple[list[str], dict[str, str], str]:
-    u = sa.engine.make_url(url)
-    args = ["--host", u.host or "127.0.0.1", "--port", str(u.port or 5432)]
-    args += ["--username", u.username or "postgres"]
+    """pg_dump's and pg_restore's arguments, environment and database for ``url``, as
+    the engines connect (``connection_parts``: the query's host and port too, bug YA)."""
+    parts = connection_parts(url)
+    args = [f"--{flag}={parts[part]}" for part, flag in _TOOL_FLAGS if parts.get(part)]
     env = {**os.environ}
-    if u.password:
-        env["PGPASSWORD"] = str(u.password)
-    return args, env, u.database or "postgres"
+    if parts.get("password"):
+        env["PGPASSWORD"] = parts["password"]
+    return args, env, parts["dbname"]
+
+
+#: ``connection_parts``'s names and the client tools' options for them.
+_TOOL_FLAGS = (("host", "host"), ("port", "port"), ("user", "username"))
 
 
 def _pg_tool(name: str, engine: sa.Engine) -> str:

@@ -47,6 +47,8 @@ POLICY_STORE_FILE = "policies.sqlite"
 VIEWS_STORE_FILE = "views.sqlite"
 #: The stores of a deployment's data folder (one of them there: a deployment is).
 DATA_STORE_FILES = (VIEWS_STORE_FILE, "events.sqlite", POLICY_STORE_FILE)
+#: The key store's file, in the key folder (``uprof.crypto.keydir.KEYS_DB_FILE``).
+KEY_STORE_FILE = "keys.sqlite"
 #: Tables one of the data folder's files holds when it is a deployment's: the migrations'
 #: version table (views), the event logs' table (events, policies), the audit log's.
 #: The same question PostgreSQL's ``holds_a_deployment`` asks of the database.
@@ -256,6 +258,7 @@ class SQLiteBackend:
     checked_application_recorder_topic = "uprof.recorders:RowsCheckedSQLiteApplicationRecorder"
     writes_rows_by_position = True
     alters_in_batches = True  # SQLite's ALTER TABLE cannot change or drop most things
+    key_folder_stores: tuple[str, ...] = (KEY_STORE_FILE,)
 
     def check_database_url(self, url: str) -> str:
         raise ValueError(
@@ -274,7 +277,7 @@ class SQLiteBackend:
         events = _file_into_wal(data / "events.sqlite")
         return StorageLayout(
             views_url=f"sqlite:///{data / VIEWS_STORE_FILE}",
-            keys_url=f"sqlite:///{keys / 'keys.sqlite'}",
+            keys_url=f"sqlite:///{keys / KEY_STORE_FILE}",
             events_url=f"sqlite:///{events}",
             eventsourcing_env={
                 "PERSISTENCE_MODULE": self.persistence_module,

@@ -82,6 +82,7 @@ from uprof.storage import (
     downgrade_to,
     layout_for,
     migrate,
+    refuse_wrong_stores,
 )
 
 _log = logging.getLogger(__name__)
@@ -769,6 +770,11 @@ def restore(
     in the key history by the current key (``_audit_restart``)."""
     from uprof.bootstrap import build_key_material
 
+    # The start's looks, before anything is read or copied: the start inside the restore
+    # asked them only after the backup's stores were copied over the data folder's, so
+    # another backup's folder (XX) and another program's events.sqlite (YB) were
+    # written over, and a folder that cannot be written was told as the outage (XZ).
+    refuse_wrong_stores(settings)
     src = src.expanduser().resolve()
     manifest = read_manifest(settings, src)
     material = build_key_material(settings)  # refuses misplaced key files before any change
