@@ -1,5 +1,5 @@
 """Review of 0244-review-of-0235-to-0242 and 0247-wrong-stores-at-the-start (decision
-XXXX-review-of-0244-and-0247): their fixes attacked from outside, as a hostile or unlucky
+0248-review-of-0244-and-0247): their fixes attacked from outside, as a hostile or unlucky
 operator runs the CLI (a process of its own, ``tests.children.CLI_SCRIPT``), on SQLite
 and on a PostgreSQL database made for the test. Bugs XW to YA, and the attacks that held."""
 
