@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 from uuid import UUID
 
 from audit.errors import VerificationError
@@ -76,6 +76,7 @@ from uprof.storage import (
     refuse_unwritable_stores,
     refuse_without_deployment,
     schema_lock,
+    start_engine,
 )
 from uprof.vector_model import RecordedModelEmbedder
 
@@ -441,6 +442,7 @@ def bootstrap(
     key_material: KeyMaterialStore | None = None,
     restoring: bool = False,
     partitions: Sequence[int] | None = None,
+    deployment: Literal["required", "may_make"] | None = None,
 ) -> Uprof:
     """Build a ready deployment: migrate stores, open the log, wire the services.
 
@@ -450,18 +452,33 @@ def bootstrap(
     re-applies the ledger itself, after the data is in place).
     ``partitions``: the pipeline partitions this process runs (default: all of
     ``settings.worker_partitions``); ``uprof worker --partition K`` passes ``[K]``.
+    ``deployment``: first, ``"required"`` refuses a place holding no deployment
+    (``refuse_without_deployment``, bug WM) and ``"may_make"`` only a database the
+    server does not have (``deployment_found``, bug XC), as a CLI command's start
+    asks (``uprof.cli.context.kernel``); None asks neither (servers, workers, restore).
     """
     clock = clock or SystemClock()
-    telemetry.configure(settings)
-    refuse_backup_folder(settings)  # before anything opens the copies (bug XK)
-    refuse_unwritable_stores(settings)  # not told as an outage (bug XQ)
-    refuse_another_programs_store(settings)  # its file left as it is (bug XU)
-    if not restoring:
-        refuse_interrupted_restore(settings)
-    unmade = _folders_missing(settings.key_path)  # taken away again if refused (XL)
-    material = key_material or build_key_material(settings)
-    layout = layout_for(settings)
-    stores = open_engines(layout)
+    # PostgreSQL: one engine for the checks and then the stores (XXXX-cli-start-cost).
+    engine = start_engine(settings)
+    try:
+        if deployment == "required":
+            refuse_without_deployment(settings, engine)
+        elif deployment == "may_make":
+            deployment_found(settings, engine)
+        telemetry.configure(settings)
+        refuse_backup_folder(settings)  # before anything opens the copies (bug XK)
+        refuse_unwritable_stores(settings, engine)  # not told as an outage (bug XQ)
+        refuse_another_programs_store(settings)  # its file left as it is (bug XU)
+        if not restoring:
+            refuse_interrupted_restore(settings)
+        unmade = _folders_missing(settings.key_path)  # taken away again if refused (XL)
+        material = key_material or build_key_material(settings)
+        layout = layout_for(settings)
+        stores = open_engines(layout, made=engine)
+    except BaseException:
+        if engine is not None:
+            engine.dispose()
+        raise
     views, keys, events = stores.views, stores.keys, stores.events
     release_stores = _hold_stores_open(settings, stores, restoring=restoring)
     if (

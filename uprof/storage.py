@@ -84,15 +84,16 @@ def refuse_backup_folder(settings: Settings) -> None:
     )
 
 
-def refuse_unwritable_stores(settings: Settings) -> None:
+def refuse_unwritable_stores(settings: Settings, engine: sa.Engine | None = None) -> None:
     """Raise ``StoresUnwritableError`` (exit 1) when the data stores of ``settings``
     cannot be written by this process (its backend's ``why_unwritable``), naming the data
     folder or database and why. Asked at every start before any store is opened: a
     SQLite store that cannot be opened for writing was told as the outage, "retry after
-    a few seconds", and a read-only PostgreSQL database ended in a traceback (bug XQ)."""
+    a few seconds", and a read-only PostgreSQL database ended in a traceback (bug XQ).
+    ``engine``: the start's (``start_engine``), asked through and left open."""
     from domain.errors import StoresUnwritableError
 
-    why = backend_for_settings(settings).why_unwritable(settings)
+    why = backend_for_settings(settings).why_unwritable(settings, engine)
     if why is not None:
         raise StoresUnwritableError(f"{deployment_place(settings)} cannot be used: {why}")
 
@@ -112,22 +113,24 @@ def refuse_another_programs_store(settings: Settings) -> None:
         )
 
 
-def holds_a_deployment(settings: Settings) -> bool:
+def holds_a_deployment(settings: Settings, engine: sa.Engine | None = None) -> bool:
     """Whether the data stores of ``settings`` hold a deployment (its backend's
-    ``holds_a_deployment``): found without making anything."""
-    return backend_for_settings(settings).holds_a_deployment(settings)
+    ``holds_a_deployment``): found without making anything. ``engine``: the start's
+    (``start_engine``), asked through and left open."""
+    return backend_for_settings(settings).holds_a_deployment(settings, engine)
 
 
-def refuse_without_deployment(settings: Settings) -> None:
+def refuse_without_deployment(settings: Settings, engine: sa.Engine | None = None) -> None:
     """Raise ``DeploymentNotFoundError`` unless the data stores of ``settings`` hold a
     deployment, making nothing there. A command that reads or changes a deployment asks
     this before it opens the stores: opened, they are made, and the command answered
     about a new, empty deployment: "residue: 0", no API keys, a backup of nothing (bug
     WM, decision 0237-the-wrong-folder). The commands that start a deployment (``uprof
-    init``, ``serve``, ``apps create``, ...) do not ask."""
+    init``, ``serve``, ``apps create``, ...) do not ask. ``engine``: as
+    ``holds_a_deployment``'s."""
     from domain.errors import DeploymentNotFoundError
 
-    if deployment_found(settings):
+    if deployment_found(settings, engine):
         return
     why = (
         "it does not exist"
@@ -140,13 +143,14 @@ def refuse_without_deployment(settings: Settings) -> None:
     )
 
 
-def deployment_found(settings: Settings) -> bool:
+def deployment_found(settings: Settings, engine: sa.Engine | None = None) -> bool:
     """``holds_a_deployment``, with a database the server does not have refused
     (``refuse_missing_database``, exit 8) rather than let out as the outage it looks
     like. Asked before anything is made: a command that creates made the key folder
-    first, then met the missing database (bug XC)."""
+    first, then met the missing database (bug XC). ``engine``: as
+    ``holds_a_deployment``'s."""
     try:
-        return holds_a_deployment(settings)
+        return holds_a_deployment(settings, engine)
     except Exception as error:
         refuse_missing_database(settings, error)
         raise
@@ -212,10 +216,28 @@ class StoreEngines:
             engine.dispose()
 
 
-def open_engines(layout: StorageLayout) -> StoreEngines:
+def start_engine(settings: Settings) -> sa.Engine | None:
+    """The engine a start's checks ask through and its stores then use (``open_engines``'s
+    ``made``), or None where the checks need none (SQLite: they look at files).
+
+    PostgreSQL: every store is the one database of ``settings.database_url``, and each
+    check (``holds_a_deployment``, ``why_unwritable``) made an engine and a connection of
+    its own before the stores made theirs; through this one their connection goes back
+    to the pool the start then takes its own from (XXXX-cli-start-cost). Made, not
+    connected: whoever makes it disposes of it, unless ``open_engines`` took it."""
+    if settings.database_url is None:
+        return None
+    return create_engine(settings.database_url)
+
+
+def open_engines(layout: StorageLayout, *, made: sa.Engine | None = None) -> StoreEngines:
     """Engines for ``layout``'s stores, as a deployment opens them (the key store commits
-    with fsync each time, ``create_engine``)."""
-    views = create_engine(layout.views_url)
+    with fsync each time, ``create_engine``). ``made``: an engine ``start_engine`` made
+    for the views store's URL, used for it (and its owner is then the returned
+    ``StoreEngines``); one made for another URL is refused (``ValueError``)."""
+    if made is not None and made.url != sa.engine.make_url(layout.views_url):
+        raise ValueError("the start's engine is not for this deployment's views store")
+    views = made if made is not None else create_engine(layout.views_url)
     keys = (
         views
         if layout.keys_url == layout.views_url

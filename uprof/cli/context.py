@@ -271,18 +271,16 @@ def kernel(*, creates: bool = False) -> Iterator[Uprof]:
     command reads or changes an existing one, and is refused a data folder or database
     holding none (``DeploymentNotFoundError``, exit 8), before anything is made there
     (bug WM)."""
-    from uprof.bootstrap import bootstrap, deployment_found, refuse_without_deployment
+    from uprof.bootstrap import bootstrap
 
     k = None
     try:
         chosen = settings()
-        if not creates:
-            refuse_without_deployment(chosen)
-        else:
-            # A database the server does not have is refused before the start makes the
-            # key folder, not told as an outage after (bug XC).
-            deployment_found(chosen)
-        k = bootstrap(chosen)
+        # Asked first by the start, through the engine its stores then use
+        # (XXXX-cli-start-cost): a reader refuses a place holding no deployment; a
+        # creator, a database the server does not have, before the start makes the key
+        # folder, not told as an outage after (bug XC).
+        k = bootstrap(chosen, deployment="may_make" if creates else "required")
         yield k
     except UprofError as e:
         fail(e)
