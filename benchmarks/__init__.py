@@ -11,17 +11,27 @@ Modules:
 - :mod:`benchmarks.locomo`: LoCoMo evidence recall at a token budget (SPEC section 1).
 - :mod:`benchmarks.prefeval`: PrefEval preference recall under distractors (section 2).
 - :mod:`benchmarks.report`: Markdown tables for both.
+
+The names below load with their first use (PEP 562): ``uprof bench`` is added to every
+``uprof`` command line, and its import of this package loaded the token counter's
+library for ``uprof --help`` too (XXXX-cli-start-cost).
 """
 
-from benchmarks.bench_common import (
-    BenchSlice,
-    BenchSystem,
-    BenchTurn,
-    Forgetful,
-    GoldAware,
-    SliceItemRef,
-    SystemFactory,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from benchmarks.bench_common import (
+        BenchSlice,
+        BenchSystem,
+        BenchTurn,
+        Forgetful,
+        GoldAware,
+        SliceItemRef,
+        SystemFactory,
+    )
 
 __all__ = [
     "BenchSlice",
@@ -32,3 +42,11 @@ __all__ = [
     "SliceItemRef",
     "SystemFactory",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module("benchmarks.bench_common"), name)
+    globals()[name] = value  # asked once
+    return value

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 from uuid import UUID
 
 from audit.errors import VerificationError
@@ -74,6 +74,7 @@ from uprof.storage import (
     refuse_without_deployment,
     refuse_wrong_stores,
     schema_lock,
+    start_engine,
 )
 from uprof.vector_model import RecordedModelEmbedder
 
@@ -439,6 +440,7 @@ def bootstrap(
     key_material: KeyMaterialStore | None = None,
     restoring: bool = False,
     partitions: Sequence[int] | None = None,
+    deployment: Literal["required", "may_make"] | None = None,
 ) -> Uprof:
     """Build a ready deployment: migrate stores, open the log, wire the services.
 
@@ -448,18 +450,33 @@ def bootstrap(
     re-applies the ledger itself, after the data is in place).
     ``partitions``: the pipeline partitions this process runs (default: all of
     ``settings.worker_partitions``); ``uprof worker --partition K`` passes ``[K]``.
+    ``deployment``: first, ``"required"`` refuses a place holding no deployment
+    (``refuse_without_deployment``, bug WM) and ``"may_make"`` only a database the
+    server does not have (``deployment_found``, bug XC), as a CLI command's start
+    asks (``uprof.cli.context.kernel``); None asks neither (servers, workers, restore).
     """
     clock = clock or SystemClock()
-    telemetry.configure(settings)
-    # A backup's folder (XK), stores or a key folder that cannot be written (XQ, XY),
-    # another program's store file (XU): refused before anything is opened or made.
-    refuse_wrong_stores(settings)
-    if not restoring:
-        refuse_interrupted_restore(settings)
-    unmade = _folders_missing(settings.key_path)  # taken away again if refused (XL)
-    material = key_material or build_key_material(settings)
-    layout = layout_for(settings)
-    stores = open_engines(layout)
+    # PostgreSQL: one engine for the checks and then the stores (XXXX-cli-start-cost).
+    engine = start_engine(settings)
+    try:
+        if deployment == "required":
+            refuse_without_deployment(settings, engine)
+        elif deployment == "may_make":
+            deployment_found(settings, engine)
+        telemetry.configure(settings)
+        # A backup's folder (XK), stores or a key folder that cannot be written (XQ, XY),
+        # another program's store file (XU): refused before anything is opened or made.
+        refuse_wrong_stores(settings, engine)
+        if not restoring:
+            refuse_interrupted_restore(settings)
+        unmade = _folders_missing(settings.key_path)  # taken away again if refused (XL)
+        material = key_material or build_key_material(settings)
+        layout = layout_for(settings)
+        stores = open_engines(layout, made=engine)
+    except BaseException:
+        if engine is not None:
+            engine.dispose()
+        raise
     views, keys, events = stores.views, stores.keys, stores.events
     release_stores = _hold_stores_open(settings, stores, restoring=restoring)
     if (

@@ -26,6 +26,7 @@ from audit.lockfile import (
     key_folder_target,
 )
 from domain.values import text_problem
+from uprof.bounds import LLM_TIMEOUT_MAX_S
 
 if TYPE_CHECKING:
     from limits import RateLimitItem
@@ -34,8 +35,6 @@ if TYPE_CHECKING:
 #: The longest period a rate limit may have (seconds): a year, within the 32-bit
 #: ``rate_limit_slots.period_s`` (uprof.services.rate_limits) on every backend.
 MAX_RATE_PERIOD_S = 366 * 24 * 3600
-#: The longest wait for the model endpoint's answer (``llm_timeout_s``), seconds.
-LLM_TIMEOUT_MAX_S = 3600.0
 #: "/0 minutes", "/ 00 second": a period of zero units.
 _ZERO_PERIOD = re.compile(r"/\s*0+(?![0-9])")
 

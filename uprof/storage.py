@@ -85,7 +85,7 @@ def refuse_backup_folder(settings: Settings) -> None:
     )
 
 
-def refuse_wrong_stores(settings: Settings) -> None:
+def refuse_wrong_stores(settings: Settings, engine: sa.Engine | None = None) -> None:
     """The looks every start takes before it opens or makes anything: a backup's folder
     (``refuse_backup_folder``, exit 8), stores or a key folder that cannot be written
     (``refuse_unwritable_stores``, exit 1), another program's store file
@@ -93,13 +93,14 @@ def refuse_wrong_stores(settings: Settings) -> None:
     and so does ``uprof restore`` before it copies anything: it copies the backup's
     stores over the data folder's before its start, so a backup's folder, a folder that
     cannot be written and another program's file were written over or told as the
-    outage (bugs XX, XZ, YB)."""
+    outage (bugs XX, XZ, YB). ``engine``: the start's (``start_engine``), asked through
+    and left open."""
     refuse_backup_folder(settings)
-    refuse_unwritable_stores(settings)
+    refuse_unwritable_stores(settings, engine)
     refuse_another_programs_store(settings)
 
 
-def refuse_unwritable_stores(settings: Settings) -> None:
+def refuse_unwritable_stores(settings: Settings, engine: sa.Engine | None = None) -> None:
     """Raise ``StoresUnwritableError`` (exit 1) when the data stores of ``settings``
     cannot be written by this process (its backend's ``why_unwritable``), naming the data
     folder or database and why; ``KeyFolderUnwritableError`` (exit 1) when its key
@@ -108,11 +109,12 @@ def refuse_unwritable_stores(settings: Settings) -> None:
     opened for writing was told as the outage, "retry after a few seconds", and a
     read-only PostgreSQL database ended in a traceback (bug XQ); so was the key store
     in a key folder that cannot be written, and a key folder that could not be made
-    ended in a ``PermissionError`` traceback (bug XY)."""
+    ended in a ``PermissionError`` traceback (bug XY). ``engine``: the start's
+    (``start_engine``), asked through and left open."""
     from domain.errors import KeyFolderUnwritableError, StoresUnwritableError
 
     backend = backend_for_settings(settings)
-    why = backend.why_unwritable(settings)
+    why = backend.why_unwritable(settings, engine)
     if why is not None:
         raise StoresUnwritableError(f"{deployment_place(settings)} cannot be used: {why}")
     why = _why_key_folder_unwritable(settings.key_path, backend.key_folder_stores)
@@ -163,22 +165,24 @@ def refuse_another_programs_store(settings: Settings) -> None:
         )
 
 
-def holds_a_deployment(settings: Settings) -> bool:
+def holds_a_deployment(settings: Settings, engine: sa.Engine | None = None) -> bool:
     """Whether the data stores of ``settings`` hold a deployment (its backend's
-    ``holds_a_deployment``): found without making anything."""
-    return backend_for_settings(settings).holds_a_deployment(settings)
+    ``holds_a_deployment``): found without making anything. ``engine``: the start's
+    (``start_engine``), asked through and left open."""
+    return backend_for_settings(settings).holds_a_deployment(settings, engine)
 
 
-def refuse_without_deployment(settings: Settings) -> None:
+def refuse_without_deployment(settings: Settings, engine: sa.Engine | None = None) -> None:
     """Raise ``DeploymentNotFoundError`` unless the data stores of ``settings`` hold a
     deployment, making nothing there. A command that reads or changes a deployment asks
     this before it opens the stores: opened, they are made, and the command answered
     about a new, empty deployment: "residue: 0", no API keys, a backup of nothing (bug
     WM, decision 0237-the-wrong-folder). The commands that start a deployment (``uprof
-    init``, ``serve``, ``apps create``, ...) do not ask."""
+    init``, ``serve``, ``apps create``, ...) do not ask. ``engine``: as
+    ``holds_a_deployment``'s."""
     from domain.errors import DeploymentNotFoundError
 
-    if deployment_found(settings):
+    if deployment_found(settings, engine):
         return
     why = (
         "it does not exist"
@@ -191,13 +195,14 @@ def refuse_without_deployment(settings: Settings) -> None:
     )
 
 
-def deployment_found(settings: Settings) -> bool:
+def deployment_found(settings: Settings, engine: sa.Engine | None = None) -> bool:
     """``holds_a_deployment``, with a database the server does not have refused
     (``refuse_missing_database``, exit 8) rather than let out as the outage it looks
     like. Asked before anything is made: a command that creates made the key folder
-    first, then met the missing database (bug XC)."""
+    first, then met the missing database (bug XC). ``engine``: as
+    ``holds_a_deployment``'s."""
     try:
-        return holds_a_deployment(settings)
+        return holds_a_deployment(settings, engine)
     except Exception as error:
         refuse_missing_database(settings, error)
         raise
@@ -263,10 +268,28 @@ class StoreEngines:
             engine.dispose()
 
 
-def open_engines(layout: StorageLayout) -> StoreEngines:
+def start_engine(settings: Settings) -> sa.Engine | None:
+    """The engine a start's checks ask through and its stores then use (``open_engines``'s
+    ``made``), or None where the checks need none (SQLite: they look at files).
+
+    PostgreSQL: every store is the one database of ``settings.database_url``, and each
+    check (``holds_a_deployment``, ``why_unwritable``) made an engine and a connection of
+    its own before the stores made theirs; through this one their connection goes back
+    to the pool the start then takes its own from (XXXX-cli-start-cost). Made, not
+    connected: whoever makes it disposes of it, unless ``open_engines`` took it."""
+    if settings.database_url is None:
+        return None
+    return create_engine(settings.database_url)
+
+
+def open_engines(layout: StorageLayout, *, made: sa.Engine | None = None) -> StoreEngines:
     """Engines for ``layout``'s stores, as a deployment opens them (the key store commits
-    with fsync each time, ``create_engine``)."""
-    views = create_engine(layout.views_url)
+    with fsync each time, ``create_engine``). ``made``: an engine ``start_engine`` made
+    for the views store's URL, used for it (and its owner is then the returned
+    ``StoreEngines``); one made for another URL is refused (``ValueError``)."""
+    if made is not None and made.url != sa.engine.make_url(layout.views_url):
+        raise ValueError("the start's engine is not for this deployment's views store")
+    views = made if made is not None else create_engine(layout.views_url)
     keys = (
         views
         if layout.keys_url == layout.views_url

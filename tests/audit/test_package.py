@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -113,3 +114,29 @@ def test_benchmark_runs_small(tmp_path: Path, capsys: object) -> None:
     assert result["entries"] == 300
     assert result["append_entries_per_s"]["median"] > 0
     assert result["verify_entries_per_s"]["median"] > 0
+
+
+def test_every_public_name_loads_from_its_module_on_first_use() -> None:
+    """``audit``'s names load on first use (PEP 562, XXXX-cli-start-cost): each name of
+    ``__all__`` is there, is its defining module's object, and an unknown name is
+    refused as before; a fresh process importing ``audit.lockfile`` (every CLI command's
+    settings) loads no SQLAlchemy."""
+    import audit
+
+    where = audit._WHERE
+    assert set(where) == set(audit.__all__)
+    for name in audit.__all__:
+        assert getattr(audit, name) is getattr(importlib.import_module(where[name]), name)
+        assert name in dir(audit)
+    with pytest.raises(AttributeError, match="no_such_name"):
+        audit.no_such_name  # noqa: B018
+    probe = (
+        "import json, sys\n"
+        "import audit.lockfile\n"
+        "print(json.dumps(sorted(m for m in ('sqlalchemy', 'audit.log', 'audit.export')"
+        " if m in sys.modules)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert json.loads(done.stdout) == []

@@ -535,12 +535,14 @@ class Backend(Protocol):
         ``restore`` keeps instead of the backup's."""
         ...
 
-    def holds_a_deployment(self, settings: Settings) -> bool:
+    def holds_a_deployment(self, settings: Settings, engine: sa.Engine | None = None) -> bool:
         """Whether the data stores ``settings`` names hold a deployment, found without
         making anything (no folder, no file, no table): any store of one, whole or not
         (a damaged one is the start's to refuse, naming what is wrong). Asked before a
         command that reads a deployment opens its stores
-        (``uprof.storage.refuse_without_deployment``)."""
+        (``uprof.storage.refuse_without_deployment``). ``engine``: a server backend's
+        engine for that database to ask through (the start's, ``storage.start_engine``),
+        left open; without one, an engine of its own, disposed after."""
         ...
 
     def another_programs_store(self, settings: Settings) -> str | None:
@@ -549,11 +551,12 @@ class Backend(Protocol):
         bug XU), or None. Read without writing."""
         ...
 
-    def why_unwritable(self, settings: Settings) -> str | None:
+    def why_unwritable(self, settings: Settings, engine: sa.Engine | None = None) -> str | None:
         """Why the data stores ``settings`` names cannot be written by this process (the
         start refuses then, naming it: bug XQ), or None where nothing says so. Asked at
         every start, before any store is opened; what it cannot reach (a server that
-        does not answer) is left to the start, which tells it as before."""
+        does not answer) is left to the start, which tells it as before. ``engine``: as
+        ``holds_a_deployment``'s."""
         ...
 
     def database_missing(self, settings: Settings, error: BaseException) -> bool:

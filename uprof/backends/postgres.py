@@ -589,36 +589,44 @@ class PostgresBackend:
         finally:
             engine.dispose()
 
-    def holds_a_deployment(self, settings: Settings) -> bool:
+    def holds_a_deployment(self, settings: Settings, engine: sa.Engine | None = None) -> bool:
         assert settings.database_url is not None
         # The database is the user's to make; a deployment's tables are uprof's: the
         # migrations' version table, the event log's, the policy store's.
-        engine = self.create_engine(settings.database_url, fsync_each_commit=False)
-        try:
-            with engine.connect() as conn:
+        with self._start_engine(settings.database_url, engine) as asked:
+            with asked.connect() as conn:
                 tables = set(sa.inspect(conn).get_table_names())
-        finally:
-            engine.dispose()
         return bool(tables & {"alembic_version", EVENTS_TABLE, f"{POLICY_STORE_NAME}_events"})
+
+    @contextlib.contextmanager
+    def _start_engine(self, url: str, engine: sa.Engine | None) -> Iterator[sa.Engine]:
+        """``engine`` (the start's, left open: its connection goes back to its pool for
+        the start to use next), or an engine of its own for ``url``, disposed after."""
+        if engine is not None:
+            yield engine
+            return
+        own = self.create_engine(url, fsync_each_commit=False)
+        try:
+            yield own
+        finally:
+            own.dispose()
 
     def another_programs_store(self, settings: Settings) -> str | None:
         # A database is often shared by several programs, each with its own tables:
         # uprof adds its own beside theirs (docs/cli.md).
         return None
 
-    def why_unwritable(self, settings: Settings) -> str | None:
+    def why_unwritable(self, settings: Settings, engine: sa.Engine | None = None) -> str | None:
         assert settings.database_url is not None
         # One connection asks the session's setting: a standby's is on, and so is a
         # database's ``default_transaction_read_only`` (bug XQ). A server that does not
         # answer, or has no such database, is left to the start to tell, as before.
-        engine = self.create_engine(settings.database_url, fsync_each_commit=False)
         try:
-            with engine.connect() as conn:
-                read_only = conn.exec_driver_sql("SHOW transaction_read_only").scalar()
+            with self._start_engine(settings.database_url, engine) as asked:
+                with asked.connect() as conn:
+                    read_only = conn.exec_driver_sql("SHOW transaction_read_only").scalar()
         except sa.exc.SQLAlchemyError:
             return None
-        finally:
-            engine.dispose()
         if read_only == "on":
             return (
                 "it takes no writes (transaction_read_only is on: a standby, or the "

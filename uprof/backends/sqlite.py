@@ -650,7 +650,7 @@ class SQLiteBackend:
     def holds_a_policy(self, settings: Settings) -> bool:
         return _holds_a_policy(settings.data_dir / POLICY_STORE_FILE)
 
-    def holds_a_deployment(self, settings: Settings) -> bool:
+    def holds_a_deployment(self, settings: Settings, engine: sa.Engine | None = None) -> bool:
         # Looked for, then read without writing (a SQLite connection in its default mode
         # makes the file it names): another program's database of the same name is no
         # deployment (bug XO), a file that cannot be read is a damaged one.
@@ -660,7 +660,7 @@ class SQLiteBackend:
             if (settings.data_dir / name).is_file()
         )
 
-    def why_unwritable(self, settings: Settings) -> str | None:
+    def why_unwritable(self, settings: Settings, engine: sa.Engine | None = None) -> str | None:
         # ``os.access`` asks the kernel as an open would: an immutable file or folder,
         # and a read-only mount, refuse root too, which no mode bit does (bug XQ).
         data = settings.data_dir

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
-from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.markup import escape
 from typer._click.core import Command as ClickCommand
@@ -36,16 +35,17 @@ from domain.errors import (
 )
 from domain.principal import Principal
 from domain.values import check_sharing, text_problem
-from uprof.settings import Settings
 
 if TYPE_CHECKING:
     # The context click hands a command's parse (typer bundles its own click).
+    from pydantic import BaseModel
     from typer._click.core import Context as ClickContext
 
     # The kernel and the facade load when a command opens the stores, not when the CLI
     # starts: `uprof --help` and a refused option need neither.
     from uprof.facade import Facade
     from uprof.kernel import Uprof
+    from uprof.settings import Settings
 
 console = Console()
 err_console = Console(stderr=True)
@@ -230,10 +230,16 @@ class CliState:
 
 STATE = CliState()
 
-ModelT = TypeVar("ModelT", bound=BaseModel)
+ModelT = TypeVar("ModelT", bound="BaseModel")
 
 
 def settings() -> Settings:
+    # The settings' model (pydantic-settings, ~0.1 s) loads when a command reads them,
+    # not for `uprof --help` (XXXX-cli-start-cost).
+    from pydantic import ValidationError
+
+    from uprof.settings import Settings
+
     overrides: dict[str, object] = {}
     if STATE.data_dir is not None:
         overrides["data_dir"] = STATE.data_dir
@@ -265,18 +271,16 @@ def kernel(*, creates: bool = False) -> Iterator[Uprof]:
     command reads or changes an existing one, and is refused a data folder or database
     holding none (``DeploymentNotFoundError``, exit 8), before anything is made there
     (bug WM)."""
-    from uprof.bootstrap import bootstrap, deployment_found, refuse_without_deployment
+    from uprof.bootstrap import bootstrap
 
     k = None
     try:
         chosen = settings()
-        if not creates:
-            refuse_without_deployment(chosen)
-        else:
-            # A database the server does not have is refused before the start makes the
-            # key folder, not told as an outage after (bug XC).
-            deployment_found(chosen)
-        k = bootstrap(chosen)
+        # Asked first by the start, through the engine its stores then use
+        # (XXXX-cli-start-cost): a reader refuses a place holding no deployment; a
+        # creator, a database the server does not have, before the start makes the key
+        # folder, not told as an outage after (bug XC).
+        k = bootstrap(chosen, deployment="may_make" if creates else "required")
         yield k
     except UprofError as e:
         fail(e)
@@ -340,6 +344,8 @@ def built_from_options(model: type[ModelT], options: Mapping[str, str], **fields
     reads as a lone surrogate; one too long) is bad input naming the option that gave
     it, exit 2, not pydantic's traceback naming the schema's field (review of 0181, bug
     NT). ``options`` maps the schema's field names to their options."""
+    from pydantic import ValidationError
+
     try:
         return model(**fields)
     except ValidationError as error:

@@ -22,7 +22,6 @@ from domain.values import Interaction
 from uprof.cli.context import STATE, console, door, settings
 from uprof.cli.govern import print_slice
 from uprof.cli.render import print_evidence, print_profile
-from uprof.schemas.capture import InteractionIn
 
 if TYPE_CHECKING:
     from uprof.facade import Facade
@@ -187,6 +186,8 @@ PURPOSE = {PLANNER: "personalization", CALENDAR: "scheduling"}
 
 def run_script(d: Facade, start: datetime) -> datetime:
     """Capture every user's first session, return the time it was done, then the rest."""
+    from uprof.schemas.capture import InteractionIn
+
     for subject in SCRIPT:
         for app_id, categories, purposes in CONSENTS:
             d.grant_consent(
@@ -251,6 +252,7 @@ def show_slices(d: Facade) -> None:
 def govern(d: Facade, out: Path) -> None:
     """Withdraw a consent with erasure, erase a user, verify the receipt offline, scan residue."""
     from audit.receipts import parse_receipt, verify_receipt
+    from uprof.schemas.capture import InteractionIn
 
     console.rule("[bold]governance[/]")
     calendar = next(c for c in d.consents("maya") if c.app_id == CALENDAR)

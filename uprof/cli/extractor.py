@@ -16,8 +16,8 @@ from typing import Annotated
 
 import typer
 
+from uprof.bounds import LLM_TIMEOUT_MAX_S
 from uprof.cli.context import CheckedTyper, console, err_console, settings
-from uprof.settings import LLM_TIMEOUT_MAX_S
 
 extractor_app = CheckedTyper(no_args_is_help=True, help="Check the configured extractor.")
 

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from domain.errors import ItemNotFoundError
 from uprof.cli.context import (
@@ -31,9 +30,10 @@ from uprof.cli.context import (
     writable_file,
 )
 from uprof.cli.render import print_evidence, print_profile, print_receipt
-from uprof.schemas.capture import InteractionIn
 
 if TYPE_CHECKING:
+    from rich.progress import Progress
+
     from uprof.facade import Facade
 
 # Plain help: Rich's boxes wrap error text mid-word and show a type (even <bool>) for
@@ -55,6 +55,14 @@ app.add_typer(quarantine_app, name="quarantine")
 
 
 def _progress() -> Progress:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -132,6 +140,8 @@ def capture(
     ] = "private",
 ) -> None:
     """Capture one interaction through the consent gate."""
+    from uprof.schemas.capture import InteractionIn
+
     row = built_from_options(
         InteractionIn,
         _CAPTURE_OPTIONS,

@@ -27,7 +27,6 @@ from uprof.cli.context import (
     settings,
     stopped_early,
 )
-from uprof.settings import parse_rate_limit
 
 apps_app = CheckedTyper(no_args_is_help=True, help="Create, list and revoke app API keys.")
 
@@ -85,6 +84,8 @@ def serve(
     # Before any thread starts (the model's, the pipeline's, uvicorn's pool).
     limit_malloc_arenas(server_settings.malloc_arenas)
     if rate_limit is not None:
+        from uprof.settings import parse_rate_limit
+
         try:
             parse_rate_limit(rate_limit)
         except ValueError as e:

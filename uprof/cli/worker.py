@@ -25,7 +25,6 @@ from typing import Annotated, Protocol
 import typer
 
 from domain.errors import UprofError
-from uprof import retry
 from uprof.backends.damage import log_fault_or_damage
 from uprof.cli.context import CheckedTyper, console, fail, settings
 
@@ -74,6 +73,7 @@ class SignalledStop:
 
 def run_loop(kernel: object, stop: Stop, *, idle_poll_s: float) -> dict[str, int]:
     """Process batches until ``stop`` is set; a failure is logged and retried with back-off."""
+    from uprof import retry
     from uprof.kernel import Uprof
 
     assert isinstance(kernel, Uprof)
