@@ -7,7 +7,7 @@ The format is documented in docs/audit-format.md.
 
 The names below load with the first use of each (PEP 562): importing one module of the
 package, ``audit.lockfile`` by the settings of every CLI command, ran this file and so
-the whole package, SQLAlchemy with it (~0.4 s of every ``uprof --help``; XXXX-cli-start-cost).
+the whole package, SQLAlchemy with it (~0.4 s of every ``uprof --help``; 0249-cli-start-cost).
 """
 
 from __future__ import annotations

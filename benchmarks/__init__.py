@@ -14,7 +14,7 @@ Modules:
 
 The names below load with their first use (PEP 562): ``uprof bench`` is added to every
 ``uprof`` command line, and its import of this package loaded the token counter's
-library for ``uprof --help`` too (XXXX-cli-start-cost).
+library for ``uprof --help`` too (0249-cli-start-cost).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What a start's PostgreSQL checks cost, asked as main asked them (an engine and a
 connection of their own each) and as the start asks them now (through the engine its
-stores then use: ``uprof.storage.start_engine``, XXXX-cli-start-cost).
+stores then use: ``uprof.storage.start_engine``, 0249-cli-start-cost).
 
 Run: ``python -m benchmarks.start_checks_bench [--runs 40]``. One database made for the
 run on the server of ``UPROF_TEST_POSTGRES_URL`` holding a deployment (``bootstrap``),

@@ -456,7 +456,7 @@ def bootstrap(
     asks (``uprof.cli.context.kernel``); None asks neither (servers, workers, restore).
     """
     clock = clock or SystemClock()
-    # PostgreSQL: one engine for the checks and then the stores (XXXX-cli-start-cost).
+    # PostgreSQL: one engine for the checks and then the stores (0249-cli-start-cost).
     engine = start_engine(settings)
     try:
         if deployment == "required":

@@ -1,7 +1,7 @@
 """Bounds of settings that a command line option shares with ``uprof.settings``.
 
 Importable without the settings' model: the CLI builds its options (``max=``) when it
-starts, and ``uprof --help`` need not load pydantic-settings (XXXX-cli-start-cost).
+starts, and ``uprof --help`` need not load pydantic-settings (0249-cli-start-cost).
 """
 
 from __future__ import annotations

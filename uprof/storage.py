@@ -275,7 +275,7 @@ def start_engine(settings: Settings) -> sa.Engine | None:
     PostgreSQL: every store is the one database of ``settings.database_url``, and each
     check (``holds_a_deployment``, ``why_unwritable``) made an engine and a connection of
     its own before the stores made theirs; through this one their connection goes back
-    to the pool the start then takes its own from (XXXX-cli-start-cost). Made, not
+    to the pool the start then takes its own from (0249-cli-start-cost). Made, not
     connected: whoever makes it disposes of it, unless ``open_engines`` took it."""
     if settings.database_url is None:
         return None

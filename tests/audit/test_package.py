@@ -117,7 +117,7 @@ def test_benchmark_runs_small(tmp_path: Path, capsys: object) -> None:
 
 
 def test_every_public_name_loads_from_its_module_on_first_use() -> None:
-    """``audit``'s names load on first use (PEP 562, XXXX-cli-start-cost): each name of
+    """``audit``'s names load on first use (PEP 562, 0249-cli-start-cost): each name of
     ``__all__`` is there, is its defining module's object, and an unknown name is
     refused as before; a fresh process importing ``audit.lockfile`` (every CLI command's
     settings) loads no SQLAlchemy."""

@@ -1,5 +1,5 @@
 """A CLI command's start on PostgreSQL asks its checks through the engine its stores then
-use (XXXX-cli-start-cost): the deployment check (0237's bug WM, 0242's XC) and the
+use (0249-cli-start-cost): the deployment check (0237's bug WM, 0242's XC) and the
 check that the database takes writes (0247's XQ) each made an engine and a connection
 of their own before the stores made theirs.
 

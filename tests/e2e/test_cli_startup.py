@@ -64,7 +64,7 @@ def test_help_loads_no_kernel_server_or_model() -> None:
     assert seen["loaded"] == []
 
 
-#: What a command line that opens no store needs none of (XXXX-cli-start-cost): the
+#: What a command line that opens no store needs none of (0249-cli-start-cost): the
 #: storage toolkit (reached through ``audit``'s package import from the settings' lock
 #: file checks), the settings' model, the audit log, the retry library and the token
 #: counter's library. ~0.6 s of CPU of every ``uprof --help`` on main at aef8439f.

@@ -235,7 +235,7 @@ ModelT = TypeVar("ModelT", bound="BaseModel")
 
 def settings() -> Settings:
     # The settings' model (pydantic-settings, ~0.1 s) loads when a command reads them,
-    # not for `uprof --help` (XXXX-cli-start-cost).
+    # not for `uprof --help` (0249-cli-start-cost).
     from pydantic import ValidationError
 
     from uprof.settings import Settings
@@ -277,7 +277,7 @@ def kernel(*, creates: bool = False) -> Iterator[Uprof]:
     try:
         chosen = settings()
         # Asked first by the start, through the engine its stores then use
-        # (XXXX-cli-start-cost): a reader refuses a place holding no deployment; a
+        # (0249-cli-start-cost): a reader refuses a place holding no deployment; a
         # creator, a database the server does not have, before the start makes the key
         # folder, not told as an outage after (bug XC).
         k = bootstrap(chosen, deployment="may_make" if creates else "required")
