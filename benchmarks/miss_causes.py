@@ -148,8 +148,7 @@ class PackTrace:
 
     choices: list[Any]
     problem: packer.PackProblem | None = None
-    #: (keys, eligible, taken) per step; keys are the gains unless a cost trade is on.
-    steps: list[tuple[np.ndarray, np.ndarray, int]] | None = None
+    steps: list[tuple[np.ndarray, np.ndarray, int]] | None = None  # (gains, eligible, taken)
 
 
 def _traced_pack(trace: PackTrace) -> Any:
@@ -167,9 +166,8 @@ def _traced_pack(trace: PackTrace) -> Any:
             ok = eligible & (state.extra <= state.room())
             if not ok.any():
                 break
-            keys = state.keys()  # the gains, unless a cost trade is on
-            best = int(np.argmax(np.where(ok, keys, -np.inf)))
-            trace.steps.append((keys.copy(), eligible.copy(), best))
+            best = int(np.argmax(np.where(ok, gains, -np.inf)))
+            trace.steps.append((gains.copy(), eligible.copy(), best))
             state.take(best)
         return packer.PackResult(tuple(state.chosen), state.spent, packer._duplicates(state))
 

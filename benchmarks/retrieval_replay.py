@@ -657,14 +657,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # Second pass, named from the tune half's table only (a smaller k came closer).
     "rrf-equal-k3": {"fusion": "rrf", "lexical_weight": 0.5, "rrf_k": 3.0},
     "rrf-k10": {"fusion": "rrf", "rrf_k": 10.0},
-    # Round 20 (decision XXXX-retrieval-round-20): round 19's cost trade, gain /
-    # tokens ** (a * (1 - utility)), only while the budget holds fewer than cost_lines of
-    # the pool's lines (budget / median cost of the 10 most useful choices); named from
-    # the tune-half diagnosis before any replay.
-    "lines-12-0.125": {"cost_exponent": 0.125, "cost_lines": 12.0},
-    "lines-12-0.5": {"cost_exponent": 0.5, "cost_lines": 12.0},
-    "lines-10-0.5": {"cost_exponent": 0.5, "cost_lines": 10.0},
-    "lines-7-1": {"cost_exponent": 1.0, "cost_lines": 7.0},
 }
 
 

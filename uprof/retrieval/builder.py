@@ -292,9 +292,6 @@ def _problem(
         mmr_penalty=options.mmr_penalty,
         duplicate_threshold=options.duplicate_threshold,
         max_chosen=options.max_items,
-        cost_exponent=options.cost_exponent,
-        cost_lines=options.cost_lines,
-        cost_top_k=options.cost_top_k,
     )
 
 

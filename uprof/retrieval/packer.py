@@ -19,23 +19,12 @@ more relevant chosen items left. Shorter items still fill the room a long one
 cannot use. Choices sharing an ``owner`` are alternatives (an intent in full or
 summarised): at most one of them is taken.
 
-A cost trade is available behind ``cost_exponent`` (a; 0, the default, is the rule
-above): the choice taken is the one with the highest ``gain / tokens ** (a * (1 - u))``
-among those that fit, u its utility (the best item 1) and tokens its marginal cost. The
-cost term vanishes for the items at the top of the ranking, so the best answers are
-taken whatever their length, and it weighs more the weaker an item is (retrieval round
-19, decision 0246-retrieval-round-19: measured, off). With ``cost_lines`` the trade
-depends on the budget (retrieval round 20, decision XXXX-retrieval-round-20: measured,
-off): it applies only when the budget holds few of the pool's lines, counted as the budget
-over the median own-line cost of the ``cost_top_k`` most useful choices.
-
 All bookkeeping is incremental (marginal costs, similarity to the chosen set,
 availability), so one step is a handful of vector operations.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -67,44 +56,6 @@ class PackProblem:
     duplicate_threshold: float = 0.95
     #: At most this many choices are taken (None: as many as fit).
     max_chosen: int | None = None
-    #: The cost trade's exponent a: choices compete on gain / tokens ** (a * (1 - utility)).
-    #: 0 (the default) is rank-order first-fit on gain.
-    cost_exponent: float = 0.0
-    #: The trade applies only while the budget holds fewer than this many of the pool's
-    #: lines (``budget_lines``); infinity: at every budget.
-    cost_lines: float = math.inf
-    #: The lines counted are the median own-line cost of this many most useful choices.
-    cost_top_k: int = 10
-
-    def __post_init__(self) -> None:
-        a = self.cost_exponent
-        if not (isinstance(a, int | float) and np.isfinite(a) and a >= 0):
-            raise ValueError(f"cost_exponent must be a finite number >= 0, got {a!r}")
-        lines = self.cost_lines
-        if not (isinstance(lines, int | float) and not math.isnan(lines) and lines > 0):
-            raise ValueError(f"cost_lines must be a number > 0 (or infinity), got {lines!r}")
-        k = self.cost_top_k
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"cost_top_k must be an integer >= 1, got {k!r}")
-
-
-def budget_lines(problem: PackProblem) -> float:
-    """How many of the pool's lines the budget holds: the budget over the median own-line
-    cost of the ``cost_top_k`` most useful choices (infinity when there are none)."""
-    if len(problem.costs) == 0:
-        return math.inf
-    top = np.argsort(-problem.utility, kind="stable")[: problem.cost_top_k]
-    median = float(np.median(problem.costs[top]))
-    return problem.budget / median if median > 0 else math.inf
-
-
-def trade_exponent(problem: PackProblem) -> float:
-    """The cost trade's exponent for this problem: ``cost_exponent`` while the budget holds
-    fewer than ``cost_lines`` of the pool's lines, 0 (no trade) from there on."""
-    a = float(problem.cost_exponent)
-    if a == 0 or math.isinf(problem.cost_lines):
-        return a
-    return a if budget_lines(problem) < problem.cost_lines else 0.0
 
 
 @dataclass(frozen=True)
@@ -135,7 +86,6 @@ class _Packing:
         self.columns: dict[int, np.ndarray] = {}  # similarity to each choice ever chosen
         self.max_sim = np.zeros(m)
         self._gains: np.ndarray | None = None  # gains() for the current max_sim
-        self.exponent = trade_exponent(problem)  # the cost trade's a here (0: none)
         if problem.similar_to_many is not None and m:
             top = np.argsort(-problem.utility, kind="stable")[:PREFETCH_COLUMNS]
             block = np.ascontiguousarray(problem.similar_to_many(top).T)
@@ -175,18 +125,6 @@ class _Packing:
             self._gains = self.p.utility * (1.0 - self.p.mmr_penalty * similarity)
         return self._gains
 
-    def keys(self) -> np.ndarray:
-        """What the choices compete on: their gain, or with a cost trade their gain per
-        marginal token, the cost's exponent shrinking to 0 as the utility reaches the top."""
-        gains = self.gains()
-        a = self.exponent
-        if a == 0:
-            return gains
-        exponent = a * (1.0 - np.clip(self.p.utility, 0.0, 1.0))
-        cost = np.maximum(self.extra, 1).astype(np.float64)
-        keys: np.ndarray = gains / np.power(cost, exponent)
-        return keys
-
     def duplicates(self) -> np.ndarray:
         return self.max_sim >= self.p.duplicate_threshold
 
@@ -207,16 +145,15 @@ def _members(groups: np.ndarray, n_groups: int) -> list[np.ndarray]:
 
 
 def _first_fit(state: _Packing) -> None:
-    """Take the highest-gain choice (the highest key, with a cost trade) that fits, until
-    none fits, none gains or the most choices allowed are taken."""
+    """Take the highest-gain choice that fits, until none fits, none gains or the most
+    choices allowed are taken."""
     limit = state.p.max_chosen
     while limit is None or len(state.chosen) < limit:
         gains = state.gains()
         ok = state.available & (state.extra <= state.room()) & (gains > 0) & ~state.duplicates()
         if not ok.any():
             return
-        keys = state.keys()
-        best = int(np.argmax(np.where(ok, keys, -np.inf)))  # ties: the better-ranked choice
+        best = int(np.argmax(np.where(ok, gains, -np.inf)))  # ties: the better-ranked choice
         state.take(best)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
@@ -108,17 +107,6 @@ class SliceOptions:
     pool_size: int = 200
     #: Marginal-relevance penalty: gain = utility * (1 - mmr_penalty * max similarity to chosen).
     mmr_penalty: float = 0.5
-    #: The packer's cost trade: choices compete on gain / tokens ** (cost_exponent *
-    #: (1 - utility)), so the top items are taken whatever their length and weaker ones pay
-    #: for theirs. 0 (off): rank-order first-fit on gain (decision 0020). Measured in
-    #: retrieval round 19 (decision 0246-retrieval-round-19).
-    cost_exponent: float = 0.0
-    #: The trade applies only while the budget holds fewer than this many of the pool's
-    #: lines: the budget over the median own-line cost of the ``cost_top_k`` most useful
-    #: choices (a budget that holds many lines pays no cost). Infinity: at every budget.
-    #: Measured in retrieval round 20 (decision XXXX-retrieval-round-20).
-    cost_lines: float = math.inf
-    cost_top_k: int = 10
     #: Similarity at or above which a candidate is a near-duplicate of a chosen item.
     duplicate_threshold: float = 0.95
     #: Candidates whose utility falls below this are left out as low relevance.
