@@ -123,6 +123,18 @@ def connection_parts(url: str) -> dict[str, str]:
     return {name: str(value) for name, value in params.items() if value is not None}
 
 
+def database_place(url: sa.URL) -> str:
+    """The database ``url`` reaches, for a message: its name, host and port as libpq is
+    handed them (``connection_parts``: the query's parts over those before it). Read
+    from the URL's parts alone, a ``?host=`` URL was named "at None:5432" and a
+    ``?dbname=`` one by no name (bug YF). No host is libpq's default, the local socket."""
+    parts = connection_parts(url.render_as_string(hide_password=False))
+    port = parts.get("port", "5432")
+    host = parts.get("host")
+    where = f"at {host}:{port}" if host else f"on the local socket (port {port})"
+    return f"the PostgreSQL database {parts.get('dbname', '')} {where}"
+
+
 class PostgresBackend:
     name = "postgres"
     backup_files: tuple[str, ...] = (PG_DUMP,)
@@ -259,8 +271,7 @@ class PostgresBackend:
         # own connection orders them. Tried without blocking (``_poll_advisory``): a
         # holder stopped, not killed, keeps its session and its lock, and a blocking
         # pg_advisory_lock hung every other start for ever, saying nothing.
-        url = engine.url
-        store = f"the PostgreSQL database {url.database} at {url.host}:{url.port or 5432}"
+        store = database_place(engine.url)
         with engine.connect() as conn:
             wait_for_schema_lock(
                 lambda deadline, stopping: _poll_advisory(
