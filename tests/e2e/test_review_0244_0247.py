@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +16,7 @@ import sqlalchemy as sa
 
 from tests import children
 from tests.conftest import POSTGRES_ADMIN_URL, Backend
+from tests.e2e.test_wrong_stores_at_the_start import _unwritable  # 0247's helper
 
 #: docs/cli.md's exit codes: a refused folder, data folder or lock file (the outage
 #: shares 1, but says "retry"); a bad setting; a place holding no deployment.
@@ -49,33 +48,6 @@ def _files(folder: Path) -> dict[str, str]:
 def _postgres_only(backend: Backend) -> None:
     if backend.kind != "postgres":
         pytest.skip("a database URL is PostgreSQL's")
-
-
-@contextmanager
-def _unwritable(paths: list[Path]) -> Iterator[None]:
-    """``paths`` made unwritable for this process: as root (whom ``chmod`` does not stop)
-    immutable with ``chattr +i``, skipped where the file system refuses the flag;
-    otherwise ``chmod a-w``. Put back at the end (0247's helper)."""
-    if os.geteuid() == 0:
-        made = subprocess.run(
-            ["chattr", "+i", *map(str, paths)], capture_output=True, text=True, check=False
-        )
-        if made.returncode != 0:
-            subprocess.run(["chattr", "-i", *map(str, paths)], capture_output=True, check=False)
-            pytest.skip(f"this file system takes no immutable flag: {made.stderr.strip()}")
-        try:
-            yield
-        finally:
-            subprocess.run(["chattr", "-i", *map(str, paths)], check=True)
-        return
-    modes = {p: p.stat().st_mode for p in paths}
-    for p in paths:
-        p.chmod(modes[p] & ~0o222)
-    try:
-        yield
-    finally:
-        for p, mode in modes.items():
-            p.chmod(mode)
 
 
 def _sqlite_deployment(tmp_path: Path) -> tuple[dict[str, str], Path, Path]:
