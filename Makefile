@@ -17,9 +17,17 @@ $(BIN)/python:
 
 # torch first: the pinned CPU build is on local disk; any later resolver then keeps it
 # instead of pulling a multi-GB CUDA build.
+#
+# `--no-compile`, then one `compileall` on both cores (decision 0251's Left, item 4): pip
+# compiles each package's bytecode on one core as it installs it (~60 s of the set-up);
+# compiling them together afterwards with `-j 0` uses every core and leaves the same
+# bytecode, so commands still start fast where PYTHONDONTWRITEBYTECODE is set. The one
+# file excluded is a test helper of torch's written in Python 3.12 syntax, which pip's own
+# compile skips too (compileall would exit 1 on it).
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --no-compile torch==2.13.0
+	$(BIN)/pip install --quiet --no-compile -e '.[dev]'
+	$(BIN)/python -m compileall -q -j 0 -x 'py312_intrinsics\.py$$' $(VENV)/lib
 	touch $@
 
 # all-mpnet-base-v2 (UPROF_EMBEDDER=mpnet) is not a package: fetched once per machine into
