@@ -207,6 +207,7 @@ class PgStores:
                 }
         finally:
             engine.dispose()
+        self._reset_sql = _reset_statements(self._tables, self.sequences)
         #: How many stores were reset and handed out again, and how many were dropped.
         self.reused = 0
         self.dropped = 0
@@ -246,17 +247,10 @@ class PgStores:
             # backend and its catalog caches again (~5 ms of its CPU per test: 26.5 -> 21.5).
             with engine.connect() as conn:
                 with conn.begin():
-                    conn.execute(sa.text("SET LOCAL session_replication_role = replica"))
-                    for table, tracking in self._tables.items():
-                        # A tracking table keeps eventsourcing's schema version row.
-                        keep = f" WHERE application_name <> '{TRACKING_FORMAT_ROW}'"
-                        conn.execute(sa.text(f'DELETE FROM "{table}"{keep if tracking else ""}'))
-                    for _, sequence, start, last in self.sequences:
-                        value, called = (start, False) if last is None else (last, True)
-                        conn.execute(
-                            sa.text("SELECT setval(:seq, :value, :called)"),
-                            {"seq": f'public."{sequence}"', "value": value, "called": called},
-                        )
+                    # The same statements, sent as one (no parameters: libpq's simple
+                    # query protocol runs them in order, in this transaction): one round
+                    # trip where there were ~40.
+                    conn.exec_driver_sql(self._reset_sql)
                 if pg_schema(conn) != self.schema or _pg_sequences(conn) != self.sequences:
                     raise AssertionError(f"{name} no longer has the template's schema")
         finally:
@@ -277,6 +271,25 @@ class PgStores:
                 {"name": name},
             )
         wait_until_unused(self._admin, name)
+
+
+def _reset_statements(tables: dict[str, bool], sequences: list[tuple[object, ...]]) -> str:
+    """The statements that bring a store back to the template's rows and sequences:
+    triggers off for this transaction (the audit tables refuse deletions otherwise),
+    every row deleted but the schema versions (``tables``: name -> whether it is a
+    tracking table, which keeps eventsourcing's version row), every sequence set back
+    where the template's stands. Names come from the template's catalog; one holding a
+    quote is refused rather than written into SQL."""
+    statements = ["SET LOCAL session_replication_role = replica"]
+    for table, tracking in tables.items():
+        assert '"' not in table and "'" not in table, table
+        keep = f" WHERE application_name <> '{TRACKING_FORMAT_ROW}'" if tracking else ""
+        statements.append(f'DELETE FROM "{table}"{keep}')
+    for _, sequence, start, last in sequences:
+        assert isinstance(sequence, str) and '"' not in sequence and "'" not in sequence
+        value, called = (start, "false") if last is None else (last, "true")
+        statements.append(f"""SELECT setval('public."{sequence}"', {int(str(value))}, {called})""")
+    return ";\n".join(statements)
 
 
 def _new_name(prefix: str) -> str:

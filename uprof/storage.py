@@ -22,7 +22,13 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from uprof.backends import StorageLayout, backend_for, backend_for_settings, backend_for_url
+from uprof.backends import (
+    StorageLayout,
+    backend_for,
+    backend_for_settings,
+    backend_for_url,
+    reading_connection,
+)
 from uprof.settings import Settings
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
@@ -450,12 +456,19 @@ def _revision_headers(
 
 
 def _current_revisions(engine: sa.Engine) -> set[str]:
-    """The revisions recorded in the store's ``alembic_version`` table (none: a new store)."""
-    with engine.connect() as conn:
-        if not sa.inspect(conn).has_table("alembic_version"):
-            return set()
-        rows = conn.execute(sa.text("SELECT version_num FROM alembic_version"))
-        return {row[0] for row in rows}
+    """The revisions recorded in the store's ``alembic_version`` table (none: a new store).
+
+    Read on the connection this thread's schema lock is held on, where there is one
+    (``reading_connection``: a start asks this under the lock), not on a second one."""
+    with reading_connection(engine) as conn:
+        return _revisions_on(conn)
+
+
+def _revisions_on(conn: sa.Connection) -> set[str]:
+    if not sa.inspect(conn).has_table("alembic_version"):
+        return set()
+    rows = conn.execute(sa.text("SELECT version_num FROM alembic_version"))
+    return {row[0] for row in rows}
 
 
 def log_holds_events(engine: sa.Engine) -> bool:

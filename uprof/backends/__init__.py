@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -84,6 +85,58 @@ class SchemaLockWaitStopped(SchemaLockWaitError):
     def __init__(self, message: str, *, signal_number: int | None = None) -> None:
         super().__init__(message)
         self.signal_number = signal_number
+
+
+#: The connections this thread's schema locks are held on, with their engines and the
+#: holding thread (``lock_connection``): set by a backend whose lock is a database
+#: session's. The thread is kept too: a context copied into another thread (asyncio's
+#: ``to_thread``, anyio's worker threads) must not share a connection with its holder.
+_held_on: ContextVar[tuple[tuple[sa.Engine, sa.Connection, int], ...]] = ContextVar(
+    "uprof_schema_lock_connections", default=()
+)
+
+
+@contextlib.contextmanager
+def lending_lock_connection(engine: sa.Engine, conn: sa.Connection) -> Iterator[None]:
+    """For the block: ``conn`` (a connection of ``engine`` holding a schema lock for this
+    thread) is what ``lock_connection(engine)`` answers in this thread."""
+    token = _held_on.set((*_held_on.get(), (engine, conn, threading.get_ident())))
+    try:
+        yield
+    finally:
+        _held_on.reset(token)
+
+
+def lock_connection(engine: sa.Engine) -> sa.Connection | None:
+    """The connection of ``engine`` a schema lock of this thread is held on, or None (no
+    lock held here, or a lock that is not a session's: SQLite's file lock).
+
+    A start's reads under the lock (the revisions a store is at, the tables' shapes, the
+    policy store's anchors) go through it: it is idle while its holder works, and a
+    pooled connection taken beside it cost the server one more session per start
+    (XXXX-postgres-case-cost). The caller ends the transaction its reads began
+    (``reading_connection`` does): the lock is the session's, and stays."""
+    here = threading.get_ident()
+    for held_engine, conn, thread in reversed(_held_on.get()):
+        if held_engine is engine and thread == here:
+            return conn
+    return None
+
+
+@contextlib.contextmanager
+def reading_connection(engine: sa.Engine) -> Iterator[sa.Connection]:
+    """A connection of ``engine`` for a few reads: the one this thread's schema lock is
+    held on (``lock_connection``), its read transaction ended after the block, or else
+    one from the pool, given back after it."""
+    held = lock_connection(engine)
+    if held is None:
+        with engine.connect() as conn:
+            yield conn
+        return
+    try:
+        yield held
+    finally:
+        held.rollback()
 
 
 #: Set by ``stop_schema_lock_waits`` (from a signal handler): every wait of this process

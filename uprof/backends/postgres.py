@@ -35,7 +35,9 @@ from uprof.backends import (
     TableScan,
     TermHit,
     described_holder,
+    lending_lock_connection,
     policy_recorders,
+    reading_connection,
     schema_lock_holder,
     upsert_from_with,
     upsert_with,
@@ -229,11 +231,14 @@ class PostgresBackend:
                 "POSTGRES_PORT": parts.get("port", ""),
                 "POSTGRES_USER": parts["user"],
                 "POSTGRES_PASSWORD": parts.get("password", ""),
-                # eventsourcing's pool (psycopg_pool) opens its minimum at start and grows
-                # to the maximum under load: two at start, up to 15 as before (decision
-                # 0048-postgres-connections-per-process).
-                "POSTGRES_POOL_SIZE": "2",
-                "POSTGRES_MAX_OVERFLOW": "13",
+                # eventsourcing's pool (psycopg_pool) opens a connection when a caller
+                # waits for one and none is free, up to 15 (decision
+                # 0048-postgres-connections-per-process), and closes one left unused for
+                # ten minutes. No minimum: one opened at the pool's first use raced its
+                # first caller, which made the pool grow by one more at once (2 + 1
+                # sessions per start where a command uses one; XXXX-postgres-case-cost).
+                "POSTGRES_POOL_SIZE": "0",
+                "POSTGRES_MAX_OVERFLOW": "15",
             },
             events_path=None,
         )
@@ -244,8 +249,9 @@ class PostgresBackend:
         env = dict(self.layout(settings).eventsourcing_env)
         env.update(
             {
-                "POSTGRES_POOL_SIZE": "1",
-                "POSTGRES_MAX_OVERFLOW": "5",
+                # Opened on need, up to 6, as the profiles log's (1 + 1 per start before).
+                "POSTGRES_POOL_SIZE": "0",
+                "POSTGRES_MAX_OVERFLOW": "6",
                 # How long a read waits for a connection of this pool (psycopg_pool's
                 # ``timeout``; eventsourcing names it the connect timeout, 30 s unset).
                 # A decision's version check holds the policy's lock, and eventsourcing
@@ -289,8 +295,12 @@ class PostgresBackend:
             )
             conn.commit()
             try:
-                yield
+                # The holder's reads under the lock go through this connection, idle
+                # while it works (``lock_connection``): one session fewer per start.
+                with lending_lock_connection(engine, conn):
+                    yield
             finally:
+                conn.rollback()  # a read it lent itself to left a transaction open
                 conn.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": SCHEMA_LOCK_KEY})
                 conn.execute(sa.text("RESET application_name"))  # a pooled connection
                 conn.commit()
@@ -389,7 +399,7 @@ class PostgresBackend:
         # pg_attribute, marked; system columns have attnum <= 0.
         statement = sa.text(COLUMNS_OF_TABLES)
         found: dict[str, dict[str, str]] = {}
-        with engine.connect() as conn:
+        with reading_connection(engine) as conn:  # a start's: the schema lock's own
             for table, column, declared in conn.execute(
                 statement, {"schema": schema or None, "tables": list(tables)}
             ):

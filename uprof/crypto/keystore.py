@@ -36,6 +36,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.keywrap import InvalidUnwrap, aes_key_unwrap, aes_key_wrap
 
 from domain.errors import SubjectErasedError
+from uprof.backends import reading_connection
 from uprof.caching import BoundedCache, CacheStats
 from uprof.crypto.ledger import ErasureLedger
 from uprof.crypto.tables import (
@@ -741,7 +742,7 @@ class KeyStore:
         cached = self._plain_row_keys.get(key_id)
         if cached is not None:
             return cached
-        with self._engine.connect() as conn:
+        with reading_connection(self._engine) as conn:
             row = conn.execute(
                 sa.select(plain_row_keys.c.wrapped_key, plain_row_keys.c.kek_id).where(
                     plain_row_keys.c.key_id == key_id
@@ -965,7 +966,7 @@ class KeyStore:
         """The stream's anchor in that log: its newest version known committed (None: not
         known)."""
         c = stream_heads.c
-        with self._engine.connect() as conn:
+        with reading_connection(self._engine) as conn:
             row = conn.execute(
                 sa.select(c.version, c.digest).where(c.log_id == log_id, c.stream_id == stream_id)
             ).first()
@@ -989,7 +990,7 @@ class KeyStore:
         """Every anchor of that log (one query): what a reader of the whole log checks
         it against (``ProfilesApplication.damaged_streams``)."""
         c = stream_heads.c
-        with self._engine.connect() as conn:
+        with reading_connection(self._engine) as conn:
             rows = conn.execute(
                 sa.select(c.stream_id, c.version, c.digest).where(c.log_id == log_id)
             ).all()

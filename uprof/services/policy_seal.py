@@ -40,6 +40,7 @@ from eventsourcing.domain import OriginatorIDError, OriginatorVersionError
 from eventsourcing.persistence import Mapper, StoredEvent, Transcoder
 
 from domain.errors import StoredDataDamagedError, StoreShapeDamagedError
+from uprof.backends import reading_connection
 from uprof.backends.damage import EVENT_ROW_COLUMNS as _EVENT_COLUMNS
 from uprof.backends.damage import reshaped_tables
 from uprof.crypto.keystore import StreamHead
@@ -223,7 +224,7 @@ class SealedPolicyLog:
         an anchor only ever follows its table."""
         anchored = self.keystore.stream_heads_in(self.log_id)
         table = str(self.recorder.events_table_name)
-        if anchored and not sa.inspect(engine).has_table(table):
+        if anchored and not _has_table(engine, table):
             from uprof.backends import backend_for
 
             where = backend_for(engine).log_location(engine)
@@ -387,3 +388,10 @@ def seal_legacy_policy_rows(
     material.record_data_upgrade(UPGRADE)
     material.forget_data_upgrade(BEGUN)
     return tagged
+
+
+def _has_table(engine: sa.Engine, table: str) -> bool:
+    """Whether ``engine``'s database has ``table``, asked on the start's schema-lock
+    connection where this thread holds one (``reading_connection``)."""
+    with reading_connection(engine) as conn:
+        return sa.inspect(conn).has_table(table)
