@@ -109,7 +109,7 @@ def test_a_commands_start_opens_four_server_sessions(tmp_path: Path) -> None:
     and the policy store's pools, which open a connection when one is first asked for).
     It opened 8: the pools opened their minimum (2, 1) at once and grew by one more
     each for their first caller, and the revisions and table checks under each schema
-    lock took a second pooled session beside the lock's (XXXX-postgres-case-cost).
+    lock took a second pooled session beside the lock's (0253-postgres-case-cost).
     A first start (``apps create`` here) migrates beside the lock: one more."""
     database = _create_pg_database()
     try:

@@ -114,7 +114,7 @@ def lock_connection(engine: sa.Engine) -> sa.Connection | None:
     A start's reads under the lock (the revisions a store is at, the tables' shapes, the
     policy store's anchors) go through it: it is idle while its holder works, and a
     pooled connection taken beside it cost the server one more session per start
-    (XXXX-postgres-case-cost). The caller ends the transaction its reads began
+    (0253-postgres-case-cost). The caller ends the transaction its reads began
     (``reading_connection`` does): the lock is the session's, and stays."""
     here = threading.get_ident()
     for held_engine, conn, thread in reversed(_held_on.get()):

@@ -236,7 +236,7 @@ class PostgresBackend:
                 # 0048-postgres-connections-per-process), and closes one left unused for
                 # ten minutes. No minimum: one opened at the pool's first use raced its
                 # first caller, which made the pool grow by one more at once (2 + 1
-                # sessions per start where a command uses one; XXXX-postgres-case-cost).
+                # sessions per start where a command uses one; 0253-postgres-case-cost).
                 "POSTGRES_POOL_SIZE": "0",
                 "POSTGRES_MAX_OVERFLOW": "15",
             },
