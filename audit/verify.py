@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import json
 import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -502,11 +503,38 @@ def _verify_lines(
             verifier.trailer(read.record, read.text, number)
         elif read.cells is not None:
             _csv_entry(verifier, read.cells, number)
+        elif read.record is not None:
+            _jsonl_entry(verifier, read.record, line, number)
         else:
-            obj = read.record if read.record is not None else _strict_json(line, number)
-            _jsonl_entry(verifier, obj, line, number)
+            _assembled_entry(verifier, line, number)
     frame.end()
     return verifier.report(number)
+
+
+def _assembled_entry(verifier: _ExportVerifier, line: str, number: int) -> None:
+    """An entry line as the exporter assembles it (``{"entry":`` first), read by Python's
+    ``json``, in half the time ``strict_json`` takes. What it reads differently from
+    ``strict_json`` (the last of two equal keys, floats, ``NaN``, deep nesting) never
+    passes ``_jsonl_entry``: a line passes only when it is exactly the canonical assembly
+    of what was read, an entry the log could have stored, which holds none of them. On a
+    refusal, the line is read strictly again: what ``strict_json`` refuses is what is said,
+    as when every line was read by it; else the two readings are the same object, and so
+    is the refusal."""
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError):
+        obj = None
+    if not isinstance(obj, dict):
+        _jsonl_entry(verifier, _strict_json(line, number), line, number)
+        return
+    try:
+        _jsonl_entry(verifier, obj, line, number)
+    except VerificationError as refused:
+        error = refused
+    else:
+        return
+    _strict_json(line, number)
+    raise error
 
 
 def _jsonl_entry(verifier: _ExportVerifier, obj: dict[str, Any], line: str, number: int) -> None:
@@ -517,7 +545,8 @@ def _jsonl_entry(verifier: _ExportVerifier, obj: dict[str, Any], line: str, numb
         raise VerificationError(
             f"entry fields must be {sorted(ENTRY_KEYS)}", line_number=number, leaf_index=shown
         )
-    if shown is None or not isinstance(proof, list) or not all(isinstance(h, str) for h in proof):
+    # JSON's strings are ``str`` itself: the set of the hashes' types, made in C.
+    if shown is None or not isinstance(proof, list) or not set(map(type, proof)) <= {str}:
         raise VerificationError(
             "entry needs an integer leaf_index and a list of base64 hashes",
             line_number=number,

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import rfc8785
 
+from audit import verify
 from audit._codec import b64decode_strict
 from audit.errors import VerificationError
 from audit.export import export_csv, export_jsonl
@@ -37,6 +38,11 @@ def _full_check(self: IncreasingInclusions, leaf: bytes, index: int, proof: Any)
     return True
 
 
+def _strict_entry(verifier: Any, line: str, number: int) -> None:
+    """What the verifier did before: every entry line read by ``strict_json`` first."""
+    verify._jsonl_entry(verifier, verify._strict_json(line, number), line, number)
+
+
 def _verdict(lines: list[bytes], key: object) -> tuple[str, int | None, int | None]:
     try:
         verify_export(lines, key, ORIGIN)  # type: ignore[arg-type]
@@ -53,20 +59,39 @@ def _trials(lines: list[bytes], count: int, seed: int) -> Iterator[list[bytes]]:
 
 
 @pytest.mark.parametrize("filtered", [False, True], ids=["whole", "filtered"])
-def test_every_change_is_refused_as_the_full_check_of_each_line_refused_it(
+def test_every_change_is_refused_as_strict_reading_and_the_full_check_refused_it(
     sqlite_log: AuditLog, monkeypatch: pytest.MonkeyPatch, filtered: bool
 ) -> None:
     # 70 entries: a ragged tree (64 + 4 + 2), proofs of every shape. The same changes as
-    # the 1,000-change test; each verdict, reason, line and leaf, is compared with the
-    # verifier's when every line's proof is checked alone, as before.
+    # the 1,000-change test, and a key doubled, a float, a NaN, deep nesting in an entry
+    # line; each verdict (reason, line, leaf) is compared with the verifier's when every
+    # entry line is read by strict_json and every proof is checked alone, as before.
     fill(sqlite_log, 70)
     lines = export_lines(sqlite_log, **({"app_id": "app-1"} if filtered else {}))
     key = sqlite_log.public_key
     assert _verdict(lines, key) == ("verified", None, None)
     trials = list(_trials(lines, 200, seed=1207 + filtered))
+    for k, (old, new) in enumerate(
+        [
+            (b'"kind":"entry"', b'"kind":"entry","kind":"entry"'),
+            (b'"kind":"entry"', b'"kind":"trailer","kind":"entry"'),
+            (b'"action":', b'"action":"x","action":'),
+            (b'{"items":', b'{"items":1.0,"items":'),
+            (b'"leaf_index":', b'"leaf_index":1.0,"leaf_index":'),
+            (b'"counts":', b'"counts":NaN,"counts":'),
+            (b'"counts":', b'"counts":' + b"[" * 40 + b"]" * 40 + b',"counts":'),
+            (b'"entry":{', b'"entry":{"categories":["a"],'),
+        ]
+    ):
+        changed = list(lines)
+        at = 1 + (7 * k) % (len(lines) - 2)
+        changed[at] = changed[at].replace(old, new, 1)
+        assert changed[at] != lines[at]
+        trials.append(changed)
     verdicts = [_verdict(mutated, key) for mutated in trials]
     with monkeypatch.context() as patched:
         patched.setattr(IncreasingInclusions, "check", _full_check)
+        patched.setattr(verify, "_assembled_entry", _strict_entry)
         assert _verdict(lines, key) == ("verified", None, None)
         reference = [_verdict(mutated, key) for mutated in trials]
     assert verdicts == reference
