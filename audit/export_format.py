@@ -456,7 +456,7 @@ def entry_line(entry_json: str, proof_b64: Sequence[str], leaf_index: int) -> st
 
 def entry_line_tail(proof_b64: Sequence[str], leaf_index: int) -> str:
     """Return what follows the entry object in its canonical line."""
-    hashes = ",".join(f'"{h}"' for h in proof_b64)
+    hashes = '"' + '","'.join(proof_b64) + '"' if proof_b64 else ""
     return f',"inclusion":[{hashes}],"kind":"entry","leaf_index":{leaf_index}}}'
 
 

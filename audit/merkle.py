@@ -25,6 +25,7 @@ import hmac
 from collections.abc import Callable, Iterable, Sequence
 from hashlib import sha256
 
+from audit._codec import b64decode_strict, b64encode
 from audit.errors import VerificationError
 
 HASH_SIZE = 32
@@ -353,3 +354,117 @@ class MerkleTree:
 
     def consistency_proof(self, old_size: int, new_size: int | None = None) -> list[bytes]:
         return consistency_path(self.node, old_size, self._size_or_current(new_size))
+
+
+# --- Many proofs of one tree, read in leaf order ---------------------------------------------
+
+
+def _decoded(text: str) -> bytes | None:
+    """The 32 bytes ``text`` is the canonical base64 of, else None."""
+    try:
+        return b64decode_strict(text, "hash", size=HASH_SIZE)
+    except VerificationError:
+        return None
+
+
+class IncreasingInclusions:
+    """Inclusion proofs (canonical base64 texts) of strictly increasing leaves of one tree,
+    checked hashing each node of the tree about once over the whole run, not once per proof.
+
+    ``check(leaf, leaf_index, proof)`` is True only when ``verify_inclusion(leaf,
+    leaf_index, tree_size, <proof decoded>, root)`` holds, and decides it without running
+    it. It keeps the path of the last leaf it accepted: its ancestors' hashes from the root
+    down and their siblings' hashes, each node of which is the hash of its two children,
+    up to the root, and the texts of that leaf's proof. A later leaf shares that path down
+    to the two leaves' lowest common ancestor: there the proof's elements must be the same
+    texts as the last proof's; one level down, the later leaf sits in the right child (the
+    last path's sibling there, a hash known), and the proof's element there must be the
+    last path's own node (the left child); below, the proof is new and is hashed from the
+    leaf up to that right child's known hash. Those are the hashes the full check computes,
+    in the same order, up to that child; above it the full check would recompute the
+    known path, which leads to the root: a proof this accepts, the full check accepts.
+    An unfiltered trail costs about one node hash per leaf instead of log2(n); a sparse
+    filtered one up to the whole path, as before. Holds O(log n) hashes.
+
+    False says only "not shown here" (a leaf out of order, a proof of the wrong length, a
+    hash that is not canonical base64 of 32 bytes or differs from the known path's): the
+    caller then runs ``verify_inclusion``, which says what is wrong. A proof that it
+    accepts where this refused would need two different hashes at one node that both lead
+    to the root: a SHA-256 collision; the caller refuses it too (fail closed).
+    """
+
+    def __init__(self, tree_size: int, root: bytes) -> None:
+        self._size = tree_size
+        self._last = -1
+        # The last accepted leaf's path by depth from the root (depth 0 is the root): each
+        # node's first leaf, size and hash, and its sibling's hash (none for the root).
+        self._starts: list[int] = [0]
+        self._sizes: list[int] = [tree_size]
+        self._hashes: list[bytes] = [bytes(root)]
+        self._siblings: list[bytes] = [b""]
+        #: The last accepted proof's texts, leaf to root: element ``-d`` is the sibling at
+        #: depth d, the canonical base64 of ``_siblings[d]``.
+        self._texts: list[str] = []
+
+    def check(self, leaf: bytes, leaf_index: int, proof: Sequence[str]) -> bool:
+        """Whether ``proof`` (base64 texts, leaf to root) leads ``leaf`` at ``leaf_index`` to
+        the root; False when it does not, or when that is not shown here."""
+        j = leaf_index
+        if not self._last < j < self._size or len(leaf) != HASH_SIZE:
+            return False
+        starts, sizes, hashes, siblings = self._starts, self._sizes, self._hashes, self._siblings
+        if self._last < 0:
+            # The first proof: the whole path is new, hashed up to the root.
+            base, start, size, known, sibling = 0, 0, self._size, hashes[0], b""
+        else:
+            # The deepest node of the last path that holds j too (the root holds it).
+            top = len(starts) - 1
+            while starts[top] + sizes[top] <= j:
+                top -= 1
+            base = top + 1
+            if len(proof) < base or (top and proof[-top:] != self._texts[-top:]):
+                return False
+            # j is in that node's right child, the last path's sibling at depth ``base``;
+            # the proof's element there is the last path's node at that depth.
+            sibling = hashes[base]
+            if proof[len(proof) - base] != b64encode(sibling):
+                return False
+            split = split_point(sizes[top])
+            start, size, known = starts[top] + split, sizes[top] - split, siblings[base]
+        # From that node, whose hash is known, down to the leaf.
+        new_starts, new_sizes, lefts = [start], [size], []
+        while size > 1:
+            k = split_point(size)
+            if j - start < k:
+                size = k
+                lefts.append(True)
+            else:
+                start, size = start + k, size - k
+                lefts.append(False)
+            new_starts.append(start)
+            new_sizes.append(size)
+        if len(lefts) != len(proof) - base:
+            return False
+        new_siblings: list[bytes] = []
+        for text in proof[: len(lefts)]:  # leaf first
+            decoded = _decoded(text)
+            if decoded is None:
+                return False
+            new_siblings.append(decoded)
+        node = bytes(leaf)
+        new_hashes = [node]
+        for is_left, other in zip(reversed(lefts), new_siblings, strict=True):
+            node = node_hash(node, other) if is_left else node_hash(other, node)
+            new_hashes.append(node)
+        if node != known:
+            return False
+        # Accepted: below the common ancestor, the path is now j's.
+        del starts[base:], sizes[base:], hashes[base:], siblings[base:]
+        starts.extend(new_starts)
+        sizes.extend(new_sizes)
+        hashes.extend(reversed(new_hashes))
+        siblings.append(sibling)
+        siblings.extend(reversed(new_siblings))
+        self._texts = list(proof)
+        self._last = j
+        return True

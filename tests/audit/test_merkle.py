@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import base64
 import random
 from hashlib import sha256
+from typing import Any
 
 import pytest
 
+from audit._codec import b64encode
 from audit.errors import VerificationError
 from audit.merkle import (
     EMPTY_ROOT,
     Frontier,
+    IncreasingInclusions,
     MerkleTree,
     frontier_keys,
     leaf_hash,
@@ -286,3 +290,103 @@ def test_random_large_trees_agree_with_reference() -> None:
             assert tree.inclusion_proof(index) == ref_path(index, leaves)
             old = rng.randrange(1, size)
             assert tree.consistency_proof(old) == ref_proof(old, leaves)
+
+
+# --- Proofs of one tree read in leaf order (decision XXXX-audit-verifier-cost) ---------------
+
+
+def texts(proof: list[bytes]) -> list[str]:
+    return [b64encode(h) for h in proof]
+
+
+def full_check_accepts(leaf: bytes, index: int, size: int, proof: list[str], root: bytes) -> bool:
+    try:
+        hashes = [base64.b64decode(t, validate=True) for t in proof]
+    except ValueError:
+        return False
+    return not rejected(verify_inclusion, leaf, index, size, hashes, root)
+
+
+@pytest.mark.parametrize("size", range(1, MAX_SIZE + 1))
+def test_every_leaf_in_order_is_accepted_and_every_changed_proof_refused(size: int) -> None:
+    # An unfiltered trail: every leaf, in order. Before each genuine proof, each one-bit
+    # flip of the leaf and of every hash of its proof, the proof a hash longer or shorter,
+    # reversed, and the proof of the leaf before or after it: all refused, each leaving the
+    # run as it was (the genuine proof is accepted after them).
+    root = REF_ROOTS[size]
+    run = IncreasingInclusions(size, root)
+    for index in range(size):
+        leaf = leaf_hash(LEAVES[index])
+        raw = ref_path(index, LEAVES[:size])
+        proof = texts(raw)
+        for bit in FLIP_BITS:
+            assert not run.check(flip(leaf, bit), index, proof)
+            for position in range(len(raw)):
+                bad = list(raw)
+                bad[position] = flip(bad[position], bit)
+                assert not run.check(leaf, index, texts(bad)), (index, position, bit)
+        assert not run.check(leaf, index, [*proof, b64encode(leaf)])
+        if proof:
+            assert not run.check(leaf, index, proof[:-1])
+            assert not run.check(leaf, index, proof[1:])
+        if len(set(proof)) > 1:
+            assert not run.check(leaf, index, proof[::-1])
+        for other in (index - 1, index + 1):
+            if 0 <= other < size and ref_path(other, LEAVES[:size]) != raw:
+                assert not run.check(leaf, index, texts(ref_path(other, LEAVES[:size])))
+        assert not run.check(leaf, size, proof)
+        assert run.check(leaf, index, proof), index
+        # Once accepted, a leaf is behind the run: the same or an earlier one is refused.
+        assert not run.check(leaf, index, proof)
+
+
+def test_a_hash_in_another_spelling_is_refused() -> None:
+    # Base64 with its padding bits set spells the same 32 bytes: only the canonical text
+    # is the one the full check reads (and a text equal to the last proof's is canonical).
+    size = 13
+    run = IncreasingInclusions(size, REF_ROOTS[size])
+    for index in range(3):
+        assert run.check(leaf_hash(LEAVES[index]), index, texts(TREE.inclusion_proof(index, size)))
+    proof = texts(TREE.inclusion_proof(3, size))
+    for position, text in enumerate(proof):
+        other = text[:42] + chr(ord(text[42]) + 1) + "="  # the same bytes, padding bits set
+        assert base64.b64decode(other) == base64.b64decode(text)
+        bad = [*proof[:position], other, *proof[position + 1 :]]
+        assert not run.check(leaf_hash(LEAVES[3]), 3, bad)
+        not_text: list[Any] = [*proof[:position], 7, *proof[position + 1 :]]
+        assert not run.check(leaf_hash(LEAVES[3]), 3, not_text)
+    assert run.check(leaf_hash(LEAVES[3]), 3, proof)
+
+
+def test_sparse_leaves_agree_with_the_full_check_on_any_change() -> None:
+    # A filtered trail: some leaves, in order, of trees up to 300. Each proof, genuine or
+    # changed (a hash replaced by another of the tree, dropped, added; another leaf), is
+    # accepted exactly when the full check accepts it.
+    rng = random.Random(20261207)
+    for _ in range(40):
+        size = rng.randrange(1, 300)
+        leaves = [rng.randbytes(rng.randrange(0, 20)) for _ in range(size)]
+        tree = MerkleTree(leaf_hash(d) for d in leaves)
+        root = tree.root()
+        run = IncreasingInclusions(size, root)
+        chosen = sorted(rng.sample(range(size), rng.randint(1, size)))
+        for index in chosen:
+            leaf = leaf_hash(leaves[index])
+            proof = texts(tree.inclusion_proof(index))
+            for _ in range(3):
+                bad, bad_leaf = list(proof), leaf
+                kind = rng.randrange(4)
+                if kind == 0 and bad:
+                    bad[rng.randrange(len(bad))] = b64encode(tree.node(0, rng.randrange(size)))
+                elif kind == 1 and bad:
+                    bad.pop(rng.randrange(len(bad)))
+                elif kind == 2:
+                    bad.insert(rng.randrange(len(bad) + 1), proof[0] if proof else "")
+                else:
+                    bad_leaf = leaf_hash(leaves[rng.randrange(size)])
+                expected = full_check_accepts(bad_leaf, index, size, bad, root)
+                assert run.check(bad_leaf, index, bad) is expected
+                if expected:
+                    break
+            else:
+                assert run.check(leaf, index, proof)
