@@ -1,4 +1,4 @@
-"""The offline verifier's cost per line of an audit export (decision XXXX-audit-verifier-cost).
+"""The offline verifier's cost per line of an audit export (decision 0254-audit-verifier-cost).
 
 Builds a SQLite audit log of ``--small`` and of ``--large`` entries, exports each whole as
 JSONL and as CSV, and times ``verify_export`` of each file ``--calls`` times; reports the

@@ -292,7 +292,7 @@ def test_random_large_trees_agree_with_reference() -> None:
             assert tree.consistency_proof(old) == ref_proof(old, leaves)
 
 
-# --- Proofs of one tree read in leaf order (decision XXXX-audit-verifier-cost) ---------------
+# --- Proofs of one tree read in leaf order (decision 0254-audit-verifier-cost) ---------------
 
 
 def texts(proof: list[bytes]) -> list[str]:

@@ -1,5 +1,5 @@
 """The verifier checks an export's inclusion proofs in leaf order (``IncreasingInclusions``,
-decision XXXX-audit-verifier-cost): every change to a trail is refused as the full check of
+decision 0254-audit-verifier-cost): every change to a trail is refused as the full check of
 each line's proof refused it, with the same reason, line and leaf; and the kinds of change a
 reviewer of a handed-in trail asks about are each refused, naming the line."""
 
