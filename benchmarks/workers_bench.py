@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -64,6 +64,15 @@ WORKER_CLI = ["-m", "uprof.cli.worker"]
 #: How long a child may take to say it is ready (a worker's line, a server's /healthz).
 START_TIMEOUT_S = 300.0
 
+#: How a worker's process is started from its command line (``[python, "-m" | "-c", ...,
+#: *args]``) and environment: ``subprocess.Popen`` of a fresh interpreter when None. The
+#: test suite passes one that forks the same command from its fork server
+#: (``tests.children.forked_popen``): a process of its own all the same, without paying a
+#: fresh interpreter's imports at every start and restart. What it returns is used as a
+#: ``Popen`` in text mode: ``stdout`` a pipe read line by line, ``poll``, ``send_signal``,
+#: ``kill``, ``communicate`` (stdout, stderr), ``returncode`` and ``pid``.
+Launch = Callable[[list[str], dict[str, str]], Any]
+
 
 def _env(target: Target, partitions: int) -> dict[str, str]:
     env = {
@@ -90,7 +99,7 @@ class Child:
     ready: str  # a stdout line prefix (worker) or "http" (server: /healthz answers)
     port: int = 0
     entry: list[str] = field(default_factory=lambda: list(CLI))
-    proc: subprocess.Popen[str] | None = None
+    proc: Any = None  # a ``subprocess.Popen[str]``, or what ``launch`` returned
     #: Whether the running process has been seen ready (a restart may be killed before).
     seen_ready: bool = False
     starts: int = 0
@@ -98,6 +107,8 @@ class Child:
     log: list[str] = field(default_factory=list)
     #: Seconds the child may take to be ready (None: ``START_TIMEOUT_S``).
     start_timeout_s: float | None = None
+    #: How a worker (not a server) is started: ``Launch``; None: a fresh interpreter.
+    launch: Launch | None = None
 
     def start(self) -> None:
         self.spawn()
@@ -114,6 +125,8 @@ class Child:
         }
         if self.ready == "http":  # a server: on a socket of its own, a new port each start
             self.proc, self.port = popen_serving(command, **options)
+        elif self.launch is not None:
+            self.proc = self.launch(command, self.env)
         else:
             self.proc = subprocess.Popen(command, **options)
         self.starts += 1
@@ -206,11 +219,14 @@ def killed_on_failure(children: Sequence[Child]) -> Iterator[None]:
         raise
 
 
-def worker_child(target: Target, partitions: int, partition: int | None) -> Child:
+def worker_child(
+    target: Target, partitions: int, partition: int | None, launch: Launch | None = None
+) -> Child:
     args = ["--partitions", str(partitions), "--idle-poll", "0.02", "--log-level", "warning"]
     if partition is not None:
         args += ["--partition", str(partition)]
-    return Child(args, _env(target, partitions), ready="uprof worker ready", entry=WORKER_CLI)
+    env = _env(target, partitions)
+    return Child(args, env, ready="uprof worker ready", entry=WORKER_CLI, launch=launch)
 
 
 def server_child(target: Target, partitions: int) -> Child:
@@ -380,8 +396,10 @@ def _capture_for(
     return acked
 
 
-def layout_children(target: Target, partitions: int, spec: Sequence[int | None]) -> list[Child]:
-    return [worker_child(target, partitions, k) for k in spec]
+def layout_children(
+    target: Target, partitions: int, spec: Sequence[int | None], launch: Launch | None = None
+) -> list[Child]:
+    return [worker_child(target, partitions, k, launch) for k in spec]
 
 
 def start_all(children: Sequence[Child]) -> None:
@@ -404,15 +422,17 @@ def race_scenario(
     seed: int = 7,
     catch_up_s: float = 120.0,
     max_seconds: float = 180.0,
+    launch: Launch | None = None,
 ) -> dict[str, Any]:
     """Workers (``spec``: the partition each runs, None: all) race while captures arrive
     for ``seconds``; with ``kills``, a random worker is SIGKILLed and restarted every
-    0.1-0.6 s, and captures go on until that many kills happened (at most max_seconds)."""
+    0.1-0.6 s, and captures go on until that many kills happened (at most max_seconds).
+    ``launch``: how each worker's process starts (``Launch``)."""
     rng = random.Random(seed)
     _seed(target, partitions, SUBJECTS)
     # A backlog first, so that every worker starts on the same unprocessed range.
     acked = _capture_for(target, partitions, seconds / 3, seed)
-    children = layout_children(target, partitions, spec)
+    children = layout_children(target, partitions, spec, launch)
     start_all(children)
     done = threading.Event()
     killer_errors: list[str] = []

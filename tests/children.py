@@ -141,6 +141,7 @@ def _run_script(
     err: str,
     new_session: bool = False,
     handed: int | None = None,
+    stdin: int | None = None,
 ) -> None:
     """The child's body: ``python -c script *args`` with fd 1 and 2 on the given files
     (``out`` a descriptor: a pipe's write end), in a session of its own if asked; a
@@ -157,6 +158,11 @@ def _run_script(
             target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(target, fd)
         os.close(target)
+    if stdin is not None:
+        # A pipe's read end as fd 0; multiprocessing set sys.stdin to os.devnull.
+        os.dup2(stdin, 0)
+        os.close(stdin)
+        sys.stdin = open(0, closefd=False)  # the process's own stdin
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
@@ -173,7 +179,9 @@ class PythonChild:
     text=True)`` for a child forked from the fork server: the same ``poll``, ``wait``,
     ``kill``, ``send_signal``, ``communicate`` and ``returncode`` (output goes to files
     until read). With ``stream_stdout``, ``stdout`` is the read end of a pipe, as
-    ``Popen``'s: a test reads the child's lines as it writes them. ``new_session`` is
+    ``Popen``'s: a test reads the child's lines as it writes them. With ``stdin_pipe``,
+    ``stdin`` is the write end of the child's stdin (bytes, unbuffered), as ``Popen``'s
+    ``stdin=PIPE``: closing it is the child's end of input. ``new_session`` is
     ``Popen``'s ``start_new_session``."""
 
     def __init__(
@@ -182,6 +190,7 @@ class PythonChild:
         *args: str,
         env: dict[str, str] | None = None,
         stream_stdout: bool = False,
+        stdin_pipe: bool = False,
         new_session: bool = False,
         hand_over: int | None = None,
         stderr_to: Path | None = None,
@@ -192,6 +201,12 @@ class PythonChild:
         self._out = Path(folder, "stdout")
         self._err = Path(folder, "stderr") if stderr_to is None else stderr_to
         self.stdout: IO[str] | None = None
+        self.stdin: IO[bytes] | None = None
+        read_in: _PipeEnd | None = None
+        if stdin_pipe:  # ``Popen``'s stdin=PIPE, bytes: the test writes, the child reads
+            read_end, write_end = os.pipe()
+            self.stdin = open(write_end, "wb", buffering=0)  # closed by the test
+            read_in = _PipeEnd(read_end)
         out: str | _PipeEnd = str(self._out)
         if stream_stdout:
             read_end, write_end = os.pipe()
@@ -208,6 +223,7 @@ class PythonChild:
                 str(self._err),
                 new_session,
                 None if hand_over is None else _PipeEnd(hand_over),
+                read_in,
             ),
             name="python-child",
         )
@@ -216,6 +232,8 @@ class PythonChild:
         finally:
             if isinstance(out, _PipeEnd):
                 os.close(out.fd)  # the child has its own: EOF once it is gone
+            if read_in is not None:
+                os.close(read_in.fd)  # the child's alone: it sees EOF once stdin is closed
         self.pid = self._process.pid
 
     @property
@@ -282,6 +300,22 @@ def run_python(
     return subprocess.CompletedProcess(child.args, code, out, err)
 
 
+def forked_popen(command: list[str], env: dict[str, str]) -> PythonChild:
+    """``subprocess.Popen(command, env=env, stdout=PIPE, stderr=PIPE, text=True)`` of a
+    Python command line (``[python, "-m", module, *args]`` or ``[python, "-c", script,
+    *args]``), forked from the fork server: ``stdout`` is a pipe read as the child writes
+    it, stderr is read by ``communicate``. ``-m`` runs the module as ``__main__``, as the
+    interpreter does. ``benchmarks.workers_bench.Launch`` for the suite's workers."""
+    flag, what, args = (command[1], command[2], command[3:]) if len(command) > 2 else ("", "", [])
+    if flag == "-m":
+        script = f"import runpy\nrunpy.run_module({what!r}, run_name='__main__', alter_sys=True)\n"
+    elif flag == "-c":
+        script = what
+    else:
+        raise ValueError(f"not a python -m or -c command line: {command[:3]}")
+    return PythonChild(script, *args, env=env, stream_stdout=True)
+
+
 #: The pids of children a fixture holds past its test's body (``held_by_fixture``).
 _HELD_BY_FIXTURES: set[int] = set()
 
@@ -313,11 +347,14 @@ def held_by_fixture(child: PythonChild) -> Iterator[PythonChild]:
         raise AssertionError(f"a fixture left its child running: pid {child.pid}")
 
 
-def serving_child(args: list[str], env: dict[str, str], stderr: Path) -> tuple[PythonChild, int]:
+def serving_child(
+    args: list[str], env: dict[str, str], stderr: Path | None
+) -> tuple[PythonChild, int]:
     """``benchmarks.server_ready.popen_serving`` of the ``uprof`` CLI (``args``: ``serve``
     and its options), forked from the fork server: the command gets a loopback socket
-    bound and listening here as ``--fd``, its stderr goes to ``stderr``; returns the child
-    and its port. This process keeps no copy of the socket."""
+    bound and listening here as ``--fd``, its stderr goes to ``stderr`` (None: a file of
+    the child's own, read by ``communicate``); returns the child and its port. This
+    process keeps no copy of the socket."""
     with socket.create_server(("127.0.0.1", 0)) as sock:
         port = int(sock.getsockname()[1])
         child = PythonChild(

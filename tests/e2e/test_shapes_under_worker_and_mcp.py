@@ -10,7 +10,6 @@ import json
 import os
 import queue
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +22,7 @@ import pytest
 from domain.errors import StoredDataDamagedError
 from tests.api.mcp_messages import HELLO, rpc
 from tests.by_hand import by_hand
+from tests.children import CLI_SCRIPT, PythonChild
 from tests.conftest import Backend
 from tests.e2e.test_review_of_0224 import _recreated_with
 from tests.e2e.test_shapes_under_running_processes import TRACEBACKS, _attack_policy
@@ -88,10 +88,10 @@ def _memories(settings: Settings, subject: str) -> list[str]:
 
 
 @contextmanager
-def _worker(settings: Settings, stderr: Path) -> Iterator[subprocess.Popen[bytes]]:
-    command = [sys.executable, "-m", "uprof.cli.main", "worker", "--log-level", "info"]
-    with stderr.open("w") as err:
-        child = subprocess.Popen(command, env=_env(settings), stdout=subprocess.DEVNULL, stderr=err)
+def _worker(settings: Settings, stderr: Path) -> Iterator[PythonChild]:
+    """``uprof worker``, forked from the suite's fork server (a process of its own)."""
+    args = ["worker", "--log-level", "info"]
+    child = PythonChild(CLI_SCRIPT, *args, env=_env(settings), stderr_to=stderr)
     try:
         yield child
     finally:
@@ -196,17 +196,17 @@ class _Mcp:
     """A ``uprof mcp --transport stdio`` child: JSON-RPC a line each way."""
 
     def __init__(self, settings: Settings, token: str, stderr: Path) -> None:
-        command = [sys.executable, "-m", "uprof.cli.main", "mcp", "--transport", "stdio"]
         self.stderr = stderr
-        with stderr.open("w") as err:
-            self.child = subprocess.Popen(
-                command,
-                env=_env(settings, UPROF_API_KEY=token),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=err,
-            )
-        self._lines: queue.Queue[bytes] = queue.Queue()
+        # Forked from the suite's fork server (a process of its own), its stdin a pipe.
+        self.child = PythonChild(
+            CLI_SCRIPT,
+            *["mcp", "--transport", "stdio"],
+            env=_env(settings, UPROF_API_KEY=token),
+            stream_stdout=True,
+            stdin_pipe=True,
+            stderr_to=stderr,
+        )
+        self._lines: queue.Queue[str] = queue.Queue()
         stdout = self.child.stdout
         assert stdout is not None
         threading.Thread(target=lambda: [self._lines.put(x) for x in stdout], daemon=True).start()

@@ -9,7 +9,6 @@ server process on the same store then takes the caller's retry, as the docs tell
 from __future__ import annotations
 
 import signal
-import subprocess
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +20,7 @@ import pytest
 from benchmarks.reliability import PLANNER, Target, grant_all, kernel_on, make_settings
 from benchmarks.server_ready import stop_server
 from tests.api.test_client_retries import DroppingProxy
+from tests.children import PythonChild
 from tests.reliability.test_group_commit_crash import _start_server
 from uprof.sdk import Client, TransportError
 from uprof.services.idempotency import idempotency_keys
@@ -34,11 +34,11 @@ class KillingProxy(DroppingProxy):
     server process (a connection it cannot forward, no server, is closed at once: the
     base proxy's own behaviour)."""
 
-    def __init__(self, server: subprocess.Popen[bytes], port: int) -> None:
+    def __init__(self, server: PythonChild, port: int) -> None:
         super().__init__(port)
         self.server = server
 
-    def retarget(self, server: subprocess.Popen[bytes], port: int) -> None:
+    def retarget(self, server: PythonChild, port: int) -> None:
         self.server, self._target = server, ("127.0.0.1", port)
 
     def _take_drop(self) -> bool:

@@ -140,3 +140,61 @@ def test_a_child_in_a_new_session_leads_a_process_group_that_dies_together() -> 
         threading.Event().wait(0.1)
     else:
         raise AssertionError("the grandchild outlived its process group's SIGKILL")
+
+
+def test_a_piped_stdin_gives_the_child_each_line_written_and_its_end_when_closed() -> None:
+    """``Popen(stdin=PIPE)``, what ``uprof mcp --transport stdio`` is driven through: the
+    child reads ``sys.stdin`` (its own fd 0, not multiprocessing's os.devnull) line by
+    line as the caller writes, answers each while it runs, and ends at the caller's close."""
+    child = PythonChild(
+        "import sys\n"
+        "for line in sys.stdin:\n"
+        "    print(line.strip().upper(), flush=True)\n"
+        "print('end', sys.stdin.fileno(), flush=True)\n",
+        stream_stdout=True,
+        stdin_pipe=True,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    child.stdin.write(b"one\n")
+    assert child.stdout.readline() == "ONE\n"
+    child.stdin.write(b"two\n")
+    assert child.stdout.readline() == "TWO\n"
+    assert child.poll() is None
+    child.stdin.close()
+    out, err = child.communicate(timeout=30)
+    assert (out, child.returncode) == ("end 0\n", 0), err
+
+
+def test_forked_popen_runs_a_python_m_or_c_command_line_as_the_interpreter_would(
+    tmp_path: Path,
+) -> None:
+    """``benchmarks.workers_bench.Launch`` of the suite: ``-m`` runs the module as
+    ``__main__`` with the arguments after it, ``-c`` runs the script; the environment is
+    the one given, stdout is read as written, stderr comes with ``communicate``."""
+    env = {**os.environ, "CHILD_MARK": "m"}
+    document = tmp_path / "doc.json"
+    document.write_text('{"a": [1, 2]}')
+    # json.tool does its work only under ``if __name__ == '__main__'``.
+    module = children.forked_popen(
+        [sys.executable, "-m", "json.tool", "--compact", str(document)], env
+    )
+    out, err = module.communicate(timeout=60)
+    assert (out, err, module.returncode) == ('{"a":[1,2]}\n', "", 0)
+    script = children.forked_popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys\nprint(__name__, sys.argv[1:], os.environ['CHILD_MARK'], flush=True)\n"
+            "print('to stderr', file=sys.stderr)\nraise SystemExit(3)\n",
+            "a",
+            "b",
+        ],
+        env,
+    )
+    assert script.stdout is not None
+    assert script.stdout.readline() == "__main__ ['a', 'b'] m\n"
+    out, err = script.communicate(timeout=60)
+    assert (out, script.returncode) == ("", 3)
+    assert "to stderr" in err
+    with pytest.raises(ValueError, match="not a python -m or -c"):
+        children.forked_popen([sys.executable, "script.py"], env)

@@ -7,8 +7,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -18,16 +16,19 @@ from typing import Any
 import httpx
 
 from benchmarks.reliability import PLANNER, Target, grant_all, kernel_on, make_settings
-from benchmarks.server_ready import popen_serving, stop_server, wait_until_healthy
+from benchmarks.server_ready import stop_server, wait_until_healthy
+from tests.children import PythonChild, serving_child
 from uprof.eventstore import CAPTURED_TOPIC
 
 SUBJECTS = [f"gc-subject-{i}" for i in range(4)]
 CLIENTS = 6
 
 
-def _start_server(target: Target, log: Path | None = None) -> tuple[subprocess.Popen[bytes], str]:
-    """A ``uprof serve`` on the target's store; its stderr goes to ``log`` when given (so
-    that a test can say why a server went away), else to the test's own."""
+def _start_server(target: Target, log: Path | None = None) -> tuple[PythonChild, str]:
+    """A ``uprof serve`` on the target's store, forked from the suite's fork server (a
+    process of its own: its pid, socket, connections, SIGKILL; the same command and
+    options); its stderr goes to ``log`` when given (so that a test can say why a server
+    went away), else to a file of the child's own that ``communicate`` reads."""
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
@@ -37,12 +38,7 @@ def _start_server(target: Target, log: Path | None = None) -> tuple[subprocess.P
     }
     if target.database_url:
         env["UPROF_DATABASE_URL"] = target.database_url
-    command = [sys.executable, "-m", "uprof.cli.main", "serve", "--log-level", "warning"]
-    if log is None:
-        proc, port = popen_serving(command, env=env)
-    else:
-        with log.open("ab") as stderr:  # the child has its own copy of the descriptor
-            proc, port = popen_serving(command, env=env, stderr=stderr)
+    proc, port = serving_child(["serve", "--log-level", "warning"], env, log)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_healthy(proc, url, timeout_s=120)

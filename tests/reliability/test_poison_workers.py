@@ -27,6 +27,7 @@ from benchmarks.workers_bench import (
     wait_caught_up,
 )
 from domain.profile import SubjectProfile
+from tests.children import forked_popen
 from tests.kernel.poison import MARK
 from uprof import retry
 
@@ -53,7 +54,8 @@ def poisoned_worker(
     env = {**_env(target, partitions), "PYTHONPATH": str(REPO)}
     if exit_at:
         env["UPROF_POISON_EXIT_AT"] = str(exit_at)
-    return Child(args, env, ready="uprof worker ready", entry=entry)
+    # Forked from the suite's fork server: the same command, a process of its own.
+    return Child(args, env, ready="uprof worker ready", entry=entry, launch=forked_popen)
 
 
 def _batches_folder(log: Path) -> Path:

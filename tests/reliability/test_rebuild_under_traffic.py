@@ -17,8 +17,6 @@ once (SQLite and PostgreSQL).
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import threading
 from collections import Counter
 
@@ -35,6 +33,7 @@ from benchmarks.reliability import (
     make_settings,
 )
 from benchmarks.server_ready import stop_server
+from tests.children import run_python
 from tests.reliability.test_group_commit_crash import _start_server
 
 SUBJECTS = [f"rebuild-live-{i}" for i in range(2)]
@@ -154,13 +153,8 @@ def test_a_rebuild_beside_a_live_server_under_captures(
         assert warm.wait(300), f"the server answered no captures: {failed[-3:]}"
         with lock:
             before = len(acked)
-        rebuild = subprocess.run(
-            [sys.executable, "-c", REBUILD, command],
-            env=_cli_env(target),
-            capture_output=True,
-            text=True,
-            timeout=REBUILD_TIMEOUT_S,
-        )
+        # The CLI forked from the suite's fork server: a process of its own (run_python).
+        rebuild = run_python(REBUILD, command, env=_cli_env(target), timeout=REBUILD_TIMEOUT_S)
         with lock:
             during = len(acked) - before
     finally:

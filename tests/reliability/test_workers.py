@@ -20,6 +20,7 @@ from benchmarks.reliability import Target, interaction, line_within, open_kernel
 from benchmarks.workers_bench import Child, derived_counts, killed_on_failure, race_scenario
 from domain.errors import PositionMovedError
 from domain.values import CapturedInteraction, ProposalBatch
+from tests.children import forked_popen
 from uprof.adapters.extraction import RuleBasedExtractor
 from uprof.partitions import PartitioningMismatchError
 from uprof.recorders import GuardedTracking
@@ -39,19 +40,31 @@ def _assert_exact(r: dict[str, Any]) -> None:
 def test_three_workers_on_the_same_positions_extract_and_project_each_capture_once(
     target: Target,
 ) -> None:
-    r = race_scenario(target, partitions=1, spec=(None, None, None), seconds=3.0)
+    r = race_scenario(
+        target, partitions=1, spec=(None, None, None), seconds=3.0, launch=forked_popen
+    )
     _assert_exact(r)
     assert r["exit_codes"] == [0, 0, 0], r["stop_logs"]  # SIGTERM: finish the batch, exit 0
 
 
 def test_partitioned_workers_with_a_second_worker_on_one_partition(target: Target) -> None:
-    r = race_scenario(target, partitions=2, spec=(0, 1, 0), seconds=3.0, seed=11)
+    r = race_scenario(
+        target, partitions=2, spec=(0, 1, 0), seconds=3.0, seed=11, launch=forked_popen
+    )
     _assert_exact(r)
     assert r["exit_codes"] == [0, 0, 0], r["stop_logs"]
 
 
 def test_workers_sigkilled_at_random_and_restarted_end_exact(target: Target) -> None:
-    r = race_scenario(target, partitions=2, spec=(0, 1, None), seconds=2.0, kills=3, seed=5)
+    r = race_scenario(
+        target,
+        partitions=2,
+        spec=(0, 1, None),
+        seconds=2.0,
+        kills=3,
+        seed=5,
+        launch=forked_popen,
+    )
     assert r["sigkills"] >= 3, r  # the kills happened, so the test is not vacuous
     assert not r["restart_errors"], r
     _assert_exact(r)
