@@ -767,10 +767,11 @@ def bootstrap(
             vector_model=vector_model,
         )
     except BaseException:
-        # A policy store that failed, or the wiring after it (an embedder or an extractor
-        # that cannot be built): everything this start opened is let go of, as at every
-        # other failure of a start. It was left open: the stores' open hold, the event
-        # log's and the policy store's pools, until the exception was collected (bug YH).
+        # The wiring (an embedder or an extractor that cannot be built), the policy store,
+        # the kernel: everything this start opened is let go of, as at every other
+        # failure of a start. Around the policy store's build only, it was: the wiring
+        # left the stores' open hold, the event log's and the policy store's pools open
+        # for as long as anything kept the exception (bug YH).
         turn.release()
         if opened_policy is not None:
             opened_policy.close()
