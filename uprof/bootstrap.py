@@ -63,6 +63,8 @@ from uprof.services.subjects import SubjectResolver
 from uprof.settings import Settings
 from uprof.storage import (
     RESTORE_MARKER,
+    START_PURPOSE,
+    SchemaTurn,
     StoreEngines,
     audit_log_holds_entries,
     deployment_found,
@@ -73,7 +75,6 @@ from uprof.storage import (
     open_engines,
     refuse_without_deployment,
     refuse_wrong_stores,
-    schema_lock,
     start_engine,
 )
 from uprof.vector_model import RecordedModelEmbedder
@@ -501,14 +502,20 @@ def bootstrap(
             "wrong folder, or the keys were not restored with the data; refusing to "
             "create new keys"
         )
-    wait_s = settings.schema_lock_wait_s
+    # One turn at the schema locks for the whole start (XXXX-start-lock-turns): the views'
+    # (the views and keys' upgrade; a rebuild's lock), then the event log's (its tables,
+    # the policy store's), held until the erasure ledger has caught the views up and read
+    # them (``reapply_ledger``). It took four turns, and beside a process rebuilding in a
+    # loop waited out a rebuild round at each. Every release below lets go of it first.
+    turn = SchemaTurn((views, events), wait_s=settings.schema_lock_wait_s, purpose=START_PURPOSE)
     try:
-        with schema_lock(views, wait_s=wait_s, purpose="start: upgrading views and keys"):
-            migrate(views, "views")
-            migrate(keys, "keys")
+        turn.take()
+        migrate(views, "views")
+        migrate(keys, "keys")
     except BaseException:
         # A wait given up (``SchemaLockWaitError``) or a failed upgrade: this process
         # lets go of the stores (an embedded caller may try again, or restore).
+        turn.release()
         release_stores()
         stores.dispose()
         raise
@@ -522,20 +529,20 @@ def bootstrap(
         ledger=ErasureLedger(material, root),
     )
     try:
-        # The library creates its tables on first open.
-        with schema_lock(events, wait_s=wait_s, purpose="start: opening the event log"):
-            app = ProfilesApplication(
-                env=layout.eventsourcing_env, keystore=keystore, events_engine=events
-            )
-            # Plaintext rows of before 2026-12-05 get their tags, once per deployment and
-            # at each restore (decision 0136-authenticated-plaintext-rows); under the
-            # lock: one process at a time.
-            try:
-                tag_legacy_plain_rows(app, keystore, material, again=restoring)
-            except BaseException:
-                app.close()
-                raise
+        # The library creates its tables on first open (under the turn's lock).
+        app = ProfilesApplication(
+            env=layout.eventsourcing_env, keystore=keystore, events_engine=events
+        )
+        # Plaintext rows of before 2026-12-05 get their tags, once per deployment and
+        # at each restore (decision 0136-authenticated-plaintext-rows); under the
+        # lock: one process at a time.
+        try:
+            tag_legacy_plain_rows(app, keystore, material, again=restoring)
+        except BaseException:
+            app.close()
+            raise
     except BaseException:
+        turn.release()
         release_stores()
         stores.dispose()
         raise
@@ -543,6 +550,7 @@ def bootstrap(
     try:
         app.claim_partitioning(partitioning.count)
     except BaseException:
+        turn.release()
         app.close()
         release_stores()
         stores.dispose()
@@ -565,197 +573,212 @@ def bootstrap(
         try:
             _refuse_audit_log_behind(audit_log)
         except BaseException:
+            turn.release()
             app.close()
             release_stores()
             stores.dispose()
             raise
-    if audit is None:
-        audit = AuditLogTrail(audit_log, settings.tenant)
-    # Every vector this process makes goes through the check that the store's vectors
-    # are this model's (uprof.vector_model): a projection or a slice with another model's
-    # vectors is refused, not ranked by noise.
-    embedder = vector_model = RecordedModelEmbedder(
-        embedder or build_embedder(settings), app.claim_embedder, app.recorded_embedder
-    )
-    # The runner below writes through this store and is its one writer: a projector holds
-    # per-batch state, and the runner applies one batch at a time. Each batch that writes
-    # vectors checks the record again under its position lock (another process's rebuild
-    # may have recorded another model since).
-    queries = SqlViewStore(
-        views,
-        sealer,
-        ProfileProjector(embedder, sealer, check_vectors=vector_model.check_current),
-    )
-    if extractor is None:
-        extractor = (
-            build_extractor(settings)
-            if settings.background_workers
-            else DeferredExtractor(settings)
-        )
-    evidence = EvidenceChecker(queries)
-
+    # Until the ledger has read the views (``reapply_ledger`` lets go of the turn),
+    # anything raised lets go of it first, and of everything this start opened.
+    opened_policy: PolicyService | None = None
     try:
-        with schema_lock(events, wait_s=wait_s, purpose="start: opening the policy store"):
-            policy = build_policy_service(
-                settings, audit, keys, keystore, material, events, restoring=restoring
+        if audit is None:
+            audit = AuditLogTrail(audit_log, settings.tenant)
+        # Every vector this process makes goes through the check that the store's vectors
+        # are this model's (uprof.vector_model): a projection or a slice with another model's
+        # vectors is refused, not ranked by noise.
+        embedder = vector_model = RecordedModelEmbedder(
+            embedder or build_embedder(settings), app.claim_embedder, app.recorded_embedder
+        )
+        # The runner below writes through this store and is its one writer: a projector holds
+        # per-batch state, and the runner applies one batch at a time. Each batch that writes
+        # vectors checks the record again under its position lock (another process's rebuild
+        # may have recorded another model since).
+        queries = SqlViewStore(
+            views,
+            sealer,
+            ProfileProjector(embedder, sealer, check_vectors=vector_model.check_current),
+        )
+        if extractor is None:
+            extractor = (
+                build_extractor(settings)
+                if settings.background_workers
+                else DeferredExtractor(settings)
             )
+        evidence = EvidenceChecker(queries)
+
+        policy = opened_policy = build_policy_service(  # its tables made under the turn's lock
+            settings, audit, keys, keystore, material, events, restoring=restoring
+        )
+        # The policy store decides, unless the caller brought its own authorizer (tests, benches).
+        deciding: Authorizer = authorizer or policy.authorizer
+
+        def close() -> None:
+            app.close()
+            policy.close()
+            release_stores()  # after the last use of the stores, before their pools go
+            stores.dispose()
+
+        kernel_ref: list[Uprof] = []
+
+        def ensure_subject_fresh(
+            stream_id: UUID, timeout_s: float, known_head: int | None
+        ) -> Freshness:
+            return kernel_ref[0].ensure_subject_fresh(stream_id, timeout_s, known_head=known_head)
+
+        reads = ReadRecorder(app, audit, mode=settings.read_recording)
+        slice_service = SliceService(
+            app,
+            subjects,
+            queries,
+            deciding,
+            embedder,
+            counter or build_counter(settings),
+            clock,
+            reads,
+            ensure_fresh=ensure_subject_fresh,
+            default_wait_s=settings.read_wait_timeout_s,
+        )
+
+        def source_ref_token(app_id: str, ref: str) -> str | None:
+            """The import's keyed token of (app, source_ref): what the stream keeps of an
+            erased capture's ref (bug IC); None without idempotency keys."""
+            kernel = kernel_ref[0]
+            if kernel.idempotency is None:
+                return None
+            return kernel.request_token(app_id, ref, namespace="source_ref")
+
+        erasure_service = ErasureService(
+            app,
+            keystore,
+            subjects,
+            queries,
+            views,
+            engines=stores.distinct(),
+            clock=clock,
+            audit=audit,
+            log=audit_log,
+            catch_up=lambda nid, timeout: kernel_ref[0].catch_up(nid, timeout),
+            flush_caches=lambda stream: kernel_ref[0].flush_caches(stream),
+            tenant=settings.tenant,
+            ref_token=source_ref_token,
+        )
+        # The erasure ledger's check for the update engine: items erased without their
+        # evidence are not recorded again from the same captures (extraction, quarantine
+        # retries, proposals).
+        erased_items = ErasedItemGuard(lambda: keystore.ledger, audit, keystore.subjects_of_streams)
+        extraction = ExtractionWorker(
+            app,
+            extractor,
+            evidence,
+            clock,
+            batch_size=settings.projection_batch_size,
+            may_capture=capture_permits(
+                (lambda _tenant: deciding)
+                if authorizer is not None  # the caller's own authorizer decides every tenant
+                else tenant_authorizers(deciding, policy, settings, audit)
+            ),
+            tenant=settings.tenant,
+            tenants_of=keystore.subjects_of_streams,
+            partitioning=partitioning,
+            partitions=partitions,
+            erased_items=erased_items,
+            # Requests a crash kept off the audit log, recorded late (decision
+            # 0101-capture-accepted-reconciled).
+            late_captures=LateCaptures(
+                app,
+                audit_log,
+                audit,
+                keystore.subjects_of_streams,
+                grace_s=settings.late_capture_check_s,
+            ),
+        )
+        quarantined = QuarantineIndex(
+            app, lambda: keystore.ledger.state() if keystore.ledger else None
+        )
+        quarantine = QuarantineService(
+            app,
+            audit,
+            quarantined,
+            keystore.subjects_of_streams,
+            extraction.extract_again,
+            tenant_pseudonym_of=partial(keystore.pseudonym_of_stream, tenant=settings.tenant),
+        )
+        extraction.on_quarantined = quarantine.recorded
+        extraction.damaged_count = quarantined.damaged_count
+        extraction.already_set_aside = quarantined.set_aside_among
+        kernel = Uprof(
+            settings=settings,
+            app=app,
+            keystore=keystore,
+            subjects=subjects,
+            queries=queries,
+            clock=clock,
+            audit=audit,
+            capture_service=CaptureService(
+                app, subjects, keystore, clock, audit, ref_token=source_ref_token
+            ),
+            consent_service=ConsentService(app, subjects, clock, audit),
+            proposal_service=ProposalService(
+                app, subjects, evidence, clock, audit, erased_items=erased_items
+            ),
+            profile_service=ProfileService(app, queries, sealer),
+            extraction=extraction,
+            quarantine=quarantine,
+            projections=ProjectionRunner(
+                app,
+                queries,
+                partial(embed_memories, embedder),
+                batch_size=settings.projection_batch_size,
+                partitioning=partitioning,
+                partitions=partitions,
+                # Damaged events the extraction worker set aside are passed over, not
+                # projected (decision 0124-damaged-events-quarantined).
+                set_aside=quarantined.set_aside_among,
+                on_damaged=DamagedEvents(
+                    app, quarantined, clock.now, quarantine.recorded
+                ).set_aside,
+            ),
+            maintenance=MaintenanceService(app, subjects, queries),
+            slice_service=slice_service,
+            reads=reads,
+            erasure_service=erasure_service,
+            authorizer=deciding,
+            audit_log=audit_log,
+            views_engine=views,
+            keys_engine=keys,
+            closers=(close,),
+            web_session_key=derive_key(root, WEB_SESSION_KEY_LABEL),
+            web_sign_outs=SignOuts(views),
+            rate_counters=RateCounters(views),
+            idempotency=IdempotencyStore(
+                views,
+                derive_key(master, "uprof/idempotency/1"),
+                tenant=settings.tenant,
+                retention_s=settings.idempotency_retention_s,
+                clock_ms=lambda: int(clock.now().timestamp() * 1000),
+                turn=lambda name, previous, wait_s: backend_for(views).named_lock(
+                    views, name, wait_s=wait_s, previous_release_shared=previous
+                ),
+                in_progress_wait_s=settings.request_in_progress_wait_s,
+            ),
+            policy_service=policy,
+            cursors=CursorCodec(derive_key(master, "uprof/cursor/1")),
+            vector_model=vector_model,
+        )
     except BaseException:
+        # The wiring (an embedder or an extractor that cannot be built), the policy store,
+        # the kernel: everything this start opened is let go of, as at every other
+        # failure of a start. Around the policy store's build only, it was: the wiring
+        # left the stores' open hold, the event log's and the policy store's pools open
+        # for as long as anything kept the exception (bug YH).
+        turn.release()
+        if opened_policy is not None:
+            opened_policy.close()
         app.close()
         release_stores()
         stores.dispose()
         raise
-    # The policy store decides, unless the caller brought its own authorizer (tests, benches).
-    deciding: Authorizer = authorizer or policy.authorizer
-
-    def close() -> None:
-        app.close()
-        policy.close()
-        release_stores()  # after the last use of the stores, before their pools go
-        stores.dispose()
-
-    kernel_ref: list[Uprof] = []
-
-    def ensure_subject_fresh(
-        stream_id: UUID, timeout_s: float, known_head: int | None
-    ) -> Freshness:
-        return kernel_ref[0].ensure_subject_fresh(stream_id, timeout_s, known_head=known_head)
-
-    reads = ReadRecorder(app, audit, mode=settings.read_recording)
-    slice_service = SliceService(
-        app,
-        subjects,
-        queries,
-        deciding,
-        embedder,
-        counter or build_counter(settings),
-        clock,
-        reads,
-        ensure_fresh=ensure_subject_fresh,
-        default_wait_s=settings.read_wait_timeout_s,
-    )
-
-    def source_ref_token(app_id: str, ref: str) -> str | None:
-        """The import's keyed token of (app, source_ref): what the stream keeps of an
-        erased capture's ref (bug IC); None without idempotency keys."""
-        kernel = kernel_ref[0]
-        if kernel.idempotency is None:
-            return None
-        return kernel.request_token(app_id, ref, namespace="source_ref")
-
-    erasure_service = ErasureService(
-        app,
-        keystore,
-        subjects,
-        queries,
-        views,
-        engines=stores.distinct(),
-        clock=clock,
-        audit=audit,
-        log=audit_log,
-        catch_up=lambda nid, timeout: kernel_ref[0].catch_up(nid, timeout),
-        flush_caches=lambda stream: kernel_ref[0].flush_caches(stream),
-        tenant=settings.tenant,
-        ref_token=source_ref_token,
-    )
-    # The erasure ledger's check for the update engine: items erased without their
-    # evidence are not recorded again from the same captures (extraction, quarantine
-    # retries, proposals).
-    erased_items = ErasedItemGuard(lambda: keystore.ledger, audit, keystore.subjects_of_streams)
-    extraction = ExtractionWorker(
-        app,
-        extractor,
-        evidence,
-        clock,
-        batch_size=settings.projection_batch_size,
-        may_capture=capture_permits(
-            (lambda _tenant: deciding)
-            if authorizer is not None  # the caller's own authorizer decides every tenant
-            else tenant_authorizers(deciding, policy, settings, audit)
-        ),
-        tenant=settings.tenant,
-        tenants_of=keystore.subjects_of_streams,
-        partitioning=partitioning,
-        partitions=partitions,
-        erased_items=erased_items,
-        # Requests a crash kept off the audit log, recorded late (decision
-        # 0101-capture-accepted-reconciled).
-        late_captures=LateCaptures(
-            app,
-            audit_log,
-            audit,
-            keystore.subjects_of_streams,
-            grace_s=settings.late_capture_check_s,
-        ),
-    )
-    quarantined = QuarantineIndex(app, lambda: keystore.ledger.state() if keystore.ledger else None)
-    quarantine = QuarantineService(
-        app,
-        audit,
-        quarantined,
-        keystore.subjects_of_streams,
-        extraction.extract_again,
-        tenant_pseudonym_of=partial(keystore.pseudonym_of_stream, tenant=settings.tenant),
-    )
-    extraction.on_quarantined = quarantine.recorded
-    extraction.damaged_count = quarantined.damaged_count
-    extraction.already_set_aside = quarantined.set_aside_among
-    kernel = Uprof(
-        settings=settings,
-        app=app,
-        keystore=keystore,
-        subjects=subjects,
-        queries=queries,
-        clock=clock,
-        audit=audit,
-        capture_service=CaptureService(
-            app, subjects, keystore, clock, audit, ref_token=source_ref_token
-        ),
-        consent_service=ConsentService(app, subjects, clock, audit),
-        proposal_service=ProposalService(
-            app, subjects, evidence, clock, audit, erased_items=erased_items
-        ),
-        profile_service=ProfileService(app, queries, sealer),
-        extraction=extraction,
-        quarantine=quarantine,
-        projections=ProjectionRunner(
-            app,
-            queries,
-            partial(embed_memories, embedder),
-            batch_size=settings.projection_batch_size,
-            partitioning=partitioning,
-            partitions=partitions,
-            # Damaged events the extraction worker set aside are passed over, not
-            # projected (decision 0124-damaged-events-quarantined).
-            set_aside=quarantined.set_aside_among,
-            on_damaged=DamagedEvents(app, quarantined, clock.now, quarantine.recorded).set_aside,
-        ),
-        maintenance=MaintenanceService(app, subjects, queries),
-        slice_service=slice_service,
-        reads=reads,
-        erasure_service=erasure_service,
-        authorizer=deciding,
-        audit_log=audit_log,
-        views_engine=views,
-        keys_engine=keys,
-        closers=(close,),
-        web_session_key=derive_key(root, WEB_SESSION_KEY_LABEL),
-        web_sign_outs=SignOuts(views),
-        rate_counters=RateCounters(views),
-        idempotency=IdempotencyStore(
-            views,
-            derive_key(master, "uprof/idempotency/1"),
-            tenant=settings.tenant,
-            retention_s=settings.idempotency_retention_s,
-            clock_ms=lambda: int(clock.now().timestamp() * 1000),
-            turn=lambda name, previous, wait_s: backend_for(views).named_lock(
-                views, name, wait_s=wait_s, previous_release_shared=previous
-            ),
-            in_progress_wait_s=settings.request_in_progress_wait_s,
-        ),
-        policy_service=policy,
-        cursors=CursorCodec(derive_key(master, "uprof/cursor/1")),
-        vector_model=vector_model,
-    )
     kernel_ref.append(kernel)
     if not restoring:
         from uprof.services.recovery import (
@@ -765,7 +788,9 @@ def bootstrap(
         )
 
         try:
-            reapply_ledger(kernel)
+            # Its views' read is the turn's last use: it lets go of the turn there.
+            reapply_ledger(kernel, turn=turn)
+            turn.release()
             rebuild_views_ahead_of_log(kernel)
             settle_subjects_without_keys(kernel, accept=settings.accept_lost_keys)
             # An audit key rotation killed after its key switch, before its entry: the
@@ -775,6 +800,8 @@ def bootstrap(
             # record: its outcome, abandoned (bug GY).
             kernel.erasure_service.settle_abandoned()
         except BaseException:
+            turn.release()
             kernel.close()
             raise
+    turn.release()  # restoring: ``uprof restore`` re-applies the ledger itself, later
     return kernel

@@ -321,6 +321,73 @@ def schema_lock(
     return backend_for(engine).schema_lock(engine, wait_s=wait_s, purpose=purpose)
 
 
+#: What a start holding its turn at the schema locks does (``SchemaTurn``), for those
+#: waiting: short, so that PostgreSQL's session name (63 bytes) keeps it whole.
+START_PURPOSE = "start: opening the stores"
+
+
+def _same_lock(a: sa.Engine, b: sa.Engine) -> bool:
+    """Whether two engines' schema locks are one lock: the same engine or database URL
+    (PostgreSQL: one advisory key per database; SQLite: one lock file per database)."""
+    return a is b or a.url == b.url
+
+
+class SchemaTurn:
+    """One turn at the schema locks of several stores (XXXX-start-lock-turns): each
+    store's lock taken once, in the order given, all held until ``release`` (or the end
+    of the ``with`` block), each waited for as ``schema_lock`` waits (its bound, its
+    reports, its stops).
+
+    A start took the lock at four moments (the views and keys' upgrade, the event log's
+    tables, the policy store's, the erasure ledger's catch-up of the views); beside a
+    process that rebuilds the views in a loop it waited out a rebuild round at each. Now
+    it waits once. Stores whose locks are one (PostgreSQL: the views, keys and event log
+    are one database, one advisory key) are taken once: a second take from another
+    session of this process would wait for itself.
+
+    Order, to never deadlock: the views' lock first, then the event log's. A rebuild
+    (``Uprof.rebuild``) and the residue scan take the views' alone; nothing takes the
+    event log's and then the views'."""
+
+    def __init__(self, engines: tuple[sa.Engine, ...], *, wait_s: float, purpose: str) -> None:
+        self._engines = engines
+        self._wait_s = wait_s
+        self._purpose = purpose
+        self._held: list[sa.Engine] = []
+        self._stack = contextlib.ExitStack()
+
+    def take(self) -> SchemaTurn:
+        """Wait for each store's lock in turn; on any failure (a wait given up, a stop)
+        let go of those already held and raise."""
+        try:
+            for engine in self._engines:
+                if any(_same_lock(engine, held) for held in self._held):
+                    continue
+                self._stack.enter_context(
+                    schema_lock(engine, wait_s=self._wait_s, purpose=self._purpose)
+                )
+                self._held.append(engine)
+        except BaseException:
+            self.release()
+            raise
+        return self
+
+    def holds(self, engine: sa.Engine) -> bool:
+        """Whether this turn holds ``engine``'s schema lock now."""
+        return any(_same_lock(engine, held) for held in self._held)
+
+    def release(self) -> None:
+        """Let go of every lock held (the last taken first); again: nothing."""
+        self._held = []
+        self._stack.close()
+
+    def __enter__(self) -> SchemaTurn:
+        return self.take()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 def migrate(engine: sa.Engine, branch: str) -> None:
     """Bring one store's tables to the newest revision of its alembic branch.
 

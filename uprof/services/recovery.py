@@ -16,6 +16,7 @@ see docs/decisions/0012-keys-apart-from-data.md for the measured figures.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
@@ -45,7 +46,7 @@ from uprof.crypto.tables import (
     subject_keys,
 )
 from uprof.services import erased_keys
-from uprof.storage import fold_log, schema_lock
+from uprof.storage import SchemaTurn, fold_log, schema_lock
 
 _log = logging.getLogger(__name__)
 
@@ -137,8 +138,14 @@ def adopt_shredded_streams(kernel: Any) -> int:
     return len(missing)
 
 
-def reapply_ledger(kernel: Any, *, rebuild_if_stale: bool = True) -> LedgerReapplied:
-    """Destroy whatever a copy, a backup or a restore brought back of erased data."""
+def reapply_ledger(
+    kernel: Any, *, rebuild_if_stale: bool = True, turn: SchemaTurn | None = None
+) -> LedgerReapplied:
+    """Destroy whatever a copy, a backup or a restore brought back of erased data.
+
+    ``turn``: the start's turn at the schema locks (``bootstrap``), held from its
+    upgrade on; the erased items' catch-up and read of the views run in it instead of a
+    turn of their own, and it is let go of once they are done (XXXX-start-lock-turns)."""
     ledger = kernel.keystore.ledger
     report = LedgerReapplied()
     owed = [engine for engine in _engines(kernel) if _owed_marker(engine, exists=True)]
@@ -153,7 +160,7 @@ def reapply_ledger(kernel: Any, *, rebuild_if_stale: bool = True) -> LedgerReapp
     captures = sorted({c for ids in state.captures.values() for c in ids})
     report.erased_streams, report.erased_captures = len(streams), len(captures)
     report.items_fingerprinted = fingerprint_old_items(kernel, state)
-    report.items_reerased = _erase_items_again(kernel, state)
+    report.items_reerased = _erase_items_again(kernel, state, turn)
     if not streams and not captures:
         return report
     now = datetime.now(UTC)
@@ -478,7 +485,7 @@ def _join_records(kernel: Any, state: LedgerState) -> tuple[int, int]:
     return to_ledger, to_data
 
 
-def _erase_items_again(kernel: Any, state: LedgerState) -> int:
+def _erase_items_again(kernel: Any, state: LedgerState, turn: SchemaTurn | None = None) -> int:
     """Erase again the erased items that the views list (a copy or a restore of data
     older than their erasure brought their events back without the erasure's).
 
@@ -493,11 +500,29 @@ def _erase_items_again(kernel: Any, state: LedgerState) -> int:
     would list it, served again, once they had. Projecting first costs the start the lag
     that its workers would project right after, and only when the ledger names items.
     """
+    try:
+        listed = _listed_again(kernel, state, turn)
+    finally:
+        if turn is not None:
+            turn.release()  # the start's last use of its turn: erasing runs without it
+    for stream_id, ids in sorted(listed.items()):
+        kernel.erasure_service.reapply_items(UUID(stream_id), ids)  # audited (bug KZ)
+        _log.warning(
+            "erasure ledger re-applied: %d erased items of one stream were listed again "
+            "(data older than their erasure); erased again",
+            len(ids),
+        )
+    return sum(len(ids) for ids in listed.values())
+
+
+def _listed_again(kernel: Any, state: LedgerState, turn: SchemaTurn | None) -> dict[str, set[str]]:
+    """The erased items of ``state`` the views list, by stream, read whole (see
+    ``_erase_items_again``); in ``turn`` when it holds the views' lock."""
     wanted = {
         stream: ids for stream, ids in state.items.items() if ids and stream not in state.streams
     }
     if not wanted:
-        return 0
+        return {}
     all_ids = sorted({i for ids in wanted.values() for i in ids})
     listed: dict[str, set[str]] = {}
     # Under the views' schema lock, which a rebuild holds from before its reset until its
@@ -507,11 +532,17 @@ def _erase_items_again(kernel: Any, state: LedgerState) -> int:
     # batch refused (``PositionMovedError``) ended the start: ``uprof backup`` beside
     # ``uprof projections rebuild`` failed with exit 6 (bug KB). Reading the batch again
     # alone would still read the views' items halfway through a replay, before it brings
-    # an erased item back.
-    with schema_lock(
-        kernel.views_engine,
-        wait_s=kernel.settings.schema_lock_wait_s,
-        purpose="start: re-applying erasures",
+    # an erased item back. A start's own turn holds that lock already (one turn per
+    # start, XXXX-start-lock-turns); another take would wait for itself.
+    held = turn is not None and turn.holds(kernel.views_engine)
+    with (
+        contextlib.nullcontext()
+        if held
+        else schema_lock(
+            kernel.views_engine,
+            wait_s=kernel.settings.schema_lock_wait_s,
+            purpose="start: re-applying erasures",
+        )
     ):
         _project_to_head(kernel)
         with kernel.views_engine.connect() as conn:
@@ -519,14 +550,7 @@ def _erase_items_again(kernel: Any, state: LedgerState) -> int:
                 for row in _select_in(conn, table.name, "item_id", all_ids, "item_id, stream_id"):
                     if row.item_id in wanted.get(row.stream_id, ()):
                         listed.setdefault(row.stream_id, set()).add(row.item_id)
-    for stream_id, ids in sorted(listed.items()):
-        kernel.erasure_service.reapply_items(UUID(stream_id), ids)  # audited (bug KZ)
-        _log.warning(
-            "erasure ledger re-applied: %d erased items of one stream were listed again "
-            "(data older than their erasure); erased again",
-            len(ids),
-        )
-    return sum(len(ids) for ids in listed.values())
+    return listed
 
 
 def fingerprint_old_items(kernel: Any, state: LedgerState) -> int:
