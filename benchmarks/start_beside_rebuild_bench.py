@@ -1,5 +1,5 @@
 """How long a start waits for the schema lock beside a process that rebuilds the views in
-a loop, and how many turns at the lock it takes (XXXX-start-lock-turns).
+a loop, and how many turns at the lock it takes (0256-start-lock-turns).
 
     python -m benchmarks.start_beside_rebuild_bench sqlite|postgres [--starts 10]
         [--seed 300] [--rounds 2] [--tree PATH ...] [--out FILE]

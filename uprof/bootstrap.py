@@ -502,7 +502,7 @@ def bootstrap(
             "wrong folder, or the keys were not restored with the data; refusing to "
             "create new keys"
         )
-    # One turn at the schema locks for the whole start (XXXX-start-lock-turns): the views'
+    # One turn at the schema locks for the whole start (0256-start-lock-turns): the views'
     # (the views and keys' upgrade; a rebuild's lock), then the event log's (its tables,
     # the policy store's), held until the erasure ledger has caught the views up and read
     # them (``reapply_ledger``). It took four turns, and beside a process rebuilding in a

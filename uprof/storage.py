@@ -333,7 +333,7 @@ def _same_lock(a: sa.Engine, b: sa.Engine) -> bool:
 
 
 class SchemaTurn:
-    """One turn at the schema locks of several stores (XXXX-start-lock-turns): each
+    """One turn at the schema locks of several stores (0256-start-lock-turns): each
     store's lock taken once, in the order given, all held until ``release`` (or the end
     of the ``with`` block), each waited for as ``schema_lock`` waits (its bound, its
     reports, its stops).

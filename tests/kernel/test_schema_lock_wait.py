@@ -162,7 +162,7 @@ def test_a_start_behind_a_stopped_upgrade_says_so_and_gives_up_without_upgrading
         assert " in PostgreSQL session " in report, stderr
     # Then the error: the holder, what it does and the setting; nothing done.
     assert f"held by pid {holder.pid} " in error, stderr
-    assert f"({START_PURPOSE})" in error, stderr  # one turn per start (XXXX-start-lock-turns)
+    assert f"({START_PURPOSE})" in error, stderr  # one turn per start (0256-start-lock-turns)
     assert "nothing was changed" in error, stderr
     assert starts.upgraders() == {holder.pid}  # it never upgraded beside the holder
     assert not stdout

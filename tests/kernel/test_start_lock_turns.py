@@ -1,4 +1,4 @@
-"""Bug YG: a start took the schema lock four times (XXXX-start-lock-turns), both backends.
+"""Bug YG: a start took the schema lock four times (0256-start-lock-turns), both backends.
 
 ``bootstrap`` took it for the views and keys' upgrade, the event log's tables, the
 policy store's, and (the erasure ledger naming an item) the catch-up and read of the

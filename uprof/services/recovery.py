@@ -145,7 +145,7 @@ def reapply_ledger(
 
     ``turn``: the start's turn at the schema locks (``bootstrap``), held from its
     upgrade on; the erased items' catch-up and read of the views run in it instead of a
-    turn of their own, and it is let go of once they are done (XXXX-start-lock-turns)."""
+    turn of their own, and it is let go of once they are done (0256-start-lock-turns)."""
     ledger = kernel.keystore.ledger
     report = LedgerReapplied()
     owed = [engine for engine in _engines(kernel) if _owed_marker(engine, exists=True)]
@@ -533,7 +533,7 @@ def _listed_again(kernel: Any, state: LedgerState, turn: SchemaTurn | None) -> d
     # ``uprof projections rebuild`` failed with exit 6 (bug KB). Reading the batch again
     # alone would still read the views' items halfway through a replay, before it brings
     # an erased item back. A start's own turn holds that lock already (one turn per
-    # start, XXXX-start-lock-turns); another take would wait for itself.
+    # start, 0256-start-lock-turns); another take would wait for itself.
     held = turn is not None and turn.holds(kernel.views_engine)
     with (
         contextlib.nullcontext()
