@@ -102,7 +102,7 @@ def _sessions_ended_on(database: str) -> int:
 
 
 @pytest.mark.postgres  # SQLite opens files, not server sessions
-def test_a_commands_start_opens_four_server_sessions(tmp_path: Path) -> None:
+def test_a_commands_start_opens_five_server_sessions(tmp_path: Path) -> None:
     """A command on an existing deployment: the open hold's session, one for the
     schema lock and the reads and writes of the start and the command (its reads under
     the lock go through the lock's session), and one per event log (the profiles log's
@@ -110,7 +110,10 @@ def test_a_commands_start_opens_four_server_sessions(tmp_path: Path) -> None:
     It opened 8: the pools opened their minimum (2, 1) at once and grew by one more
     each for their first caller, and the revisions and table checks under each schema
     lock took a second pooled session beside the lock's (0253-postgres-case-cost).
-    A first start (``apps create`` here) migrates beside the lock: one more."""
+    A start holds its turn at the schema lock from the views' upgrade to the erasure
+    ledger's read of the views (0256-start-lock-turns), and the wiring's writes in it
+    (the partitioning's claim, the projection positions) take one pooled session beside
+    the lock's: one more, as a first start's migration (``apps create`` here) does."""
     database = _create_pg_database()
     try:
         env = _cli_env(_pg_url(database), tmp_path / "keys")
@@ -131,7 +134,7 @@ def test_a_commands_start_opens_four_server_sessions(tmp_path: Path) -> None:
         _drop_pg_database(database)
     assert counted == {
         "apps create app:counted": 5,
-        "apps list": 4,
-        "policy show": 4,
-        "consent list --subject nobody": 4,
+        "apps list": 5,
+        "policy show": 5,
+        "consent list --subject nobody": 5,
     }, counted
