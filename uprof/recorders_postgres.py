@@ -124,13 +124,17 @@ class RowsCheckedPostgresRecorder(PostgresAggregateRecorder):
         connection prepared the statement on its own, and the rollback after the refusal
         drops only that connection's, so the next read may take another connection that
         still holds it (the pool hands them out in turn). One read per connection the pool
-        may hold, and one more, at most (0228-review-of-0224-and-store-shapes, bug UY)."""
+        may hold, and one more, at most (0228-review-of-0224-and-store-shapes, bug UY).
+        The table is looked at once, at the first refusal: looked at each time, its own
+        connection taken between two reads, a pool of two connections gave the reads the
+        same stale one every time, and a capture failed 500 (bug YS, 0253-postgres-case-cost)."""
         stale_plans = 0
         while True:
             try:
                 return read()
             except NotSupportedError as error:
-                self._refuse_if_reshaped(error)
+                if not stale_plans:  # looked at once: the reads again take no connection
+                    self._refuse_if_reshaped(error)
                 stale_plans += 1
                 if stale_plans > self._connections_at_most():
                     raise
