@@ -32,23 +32,12 @@ from audit.export import export_csv, export_jsonl
 from audit.log import AuditLog
 from audit.tables import create_tables
 from audit.verify import verify_export
+from benchmarks.audit_bench import _entry  # the same entries as the audit bench
 from benchmarks.side_by_side import side_by_side_main
 from uprof.backends import backend_for
 from uprof.retry import AUDIT_APPEND
 
 ORIGIN = "uprof.bench/verify-cost"
-
-
-def _entry(i: int) -> dict[str, Any]:
-    return {
-        "action": ("AccessDecision", "consent.granted", "KeyCreated")[i % 3],
-        "app_id": f"app-{i % 17}",
-        "subject_ref": f"sub_{i % 5003:06d}",
-        "purpose": "personalization",
-        "categories": ["diet", "preference"],
-        "decision": "allow",
-        "counts": {"items": i % 13},
-    }
 
 
 def _log(path: Path, entries: int, key: Ed25519PrivateKey) -> tuple[AuditLog, sa.Engine]:
